@@ -1,0 +1,30 @@
+# Two targets do all the set-up on a fresh machine with Python 3.11+:
+#   make run    the main job on the bundled example KB
+#   make test   lint and the whole test suite (what .ci/run runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("reviewq needs Python 3.11+") if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/reviewq select --all-gates
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python bench/selector.py
+
+clean:
+	rm -rf $(VENV) .reviewq build *.egg-info

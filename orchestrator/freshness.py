@@ -1,0 +1,105 @@
+"""SPEC §3: why one (note, gate) pair needs a review, judged against its accepted snapshots.
+
+Pure functions over texts: the selector gathers the texts and calls :func:`judge`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .gates import Gate
+from .kb import REGIONS, ParsedNote
+
+MISSING = "missing-review"
+GATE_CHANGED = "gate-changed"
+NOTE_CHANGED = "note-changed"
+REASONS = (MISSING, GATE_CHANGED, NOTE_CHANGED)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    reason: str | None  # None: fresh
+    changed_regions: tuple[str, ...] = ()
+    change_ratio: float | None = None
+
+    @property
+    def fresh(self) -> bool:
+        return self.reason is None
+
+
+FRESH = Verdict(None)
+
+
+def change_ratio(old_body: str, new_body: str) -> float:
+    """1 - SequenceMatcher ratio over body lines, exactly as SPEC §3 defines it."""
+    matcher = difflib.SequenceMatcher(
+        None, old_body.splitlines(), new_body.splitlines(), autojunk=False
+    )
+    return 1.0 - matcher.ratio()
+
+
+class NoteComparison:
+    """The regions of an accepted note text against the current one, computed once and
+    shared by every gate judged on the same pair of texts."""
+
+    __slots__ = ("changed", "_old_body", "_new_body", "_ratio")
+
+    def __init__(self, old: ParsedNote, new: ParsedNote) -> None:
+        old_r, new_r = old.regions(), new.regions()
+        self.changed = tuple(r for r in REGIONS if old_r[r] != new_r[r])
+        self._old_body, self._new_body = old.body, new.body
+        self._ratio: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        if self._ratio is None:
+            self._ratio = change_ratio(self._old_body, self._new_body)
+        return self._ratio
+
+    def verdict(self, gate: Gate) -> Verdict:
+        watched_changed = [r for r in self.changed if r in gate.watches]
+        if not watched_changed:
+            return FRESH  # only unwatched regions differ
+        ratio = self.ratio if "body" in self.changed else None
+        if any(r != "body" for r in watched_changed) or gate.threshold is None:
+            return Verdict(NOTE_CHANGED, self.changed, ratio)
+        # Only the body is watched-and-changed, under rewrite(T): measured against the
+        # accepted snapshot, so small edits add up until they cross T.
+        if ratio is not None and ratio > gate.threshold:
+            return Verdict(NOTE_CHANGED, self.changed, ratio)
+        return FRESH
+
+
+def judge(
+    gate: Gate,
+    current_text: str,
+    accepted_note_text: str | None,
+    gate_text_same: bool | None,
+    compare: Callable[[], NoteComparison],
+) -> Verdict:
+    """One pair's verdict, rules 1-4 of SPEC §3 in order.
+
+    ``accepted_note_text`` None: no acceptance or its note snapshot is gone;
+    ``gate_text_same`` None: its gate snapshot is gone. ``compare`` builds (or fetches
+    from a cache) the region comparison, needed only when the note text differs.
+    """
+    if accepted_note_text is None or gate_text_same is None:
+        return Verdict(MISSING)
+    if not gate_text_same:
+        return Verdict(GATE_CHANGED)
+    if accepted_note_text == current_text:
+        return FRESH
+    return compare().verdict(gate)
+
+
+def unified_diff(path: str, old: str, new: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+        )
+    )

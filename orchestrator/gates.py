@@ -1,0 +1,253 @@
+"""The gate catalog (SPEC §1): loading, validation, bundles and the virtual ``type`` lens.
+
+An invalid gate is reported with its file and reason and never reviewed; the others
+work. Real catalogs carry extra fields and headings, which are accepted as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .kb import (
+    GATES_DIR,
+    KB,
+    REGIONS,
+    TYPES_DIR,
+    FileProblem,
+    NoteParseError,
+    as_str_tuple,
+    decode,
+    parse_note_text,
+    sha256_bytes,
+    type_key,
+)
+
+TYPE_LENS = "type"
+_GATE_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)/([A-Za-z0-9][A-Za-z0-9_.-]*)$")
+_REWRITE = re.compile(r"^rewrite\(\s*([0-9]*\.?[0-9]+)\s*\)$")
+_REQUIRED_HEADINGS = ("failure mode", "test")
+_SKIP_FILES = {"readme.md"}
+
+
+class SelectionError(ValueError):
+    """A selector (bundle, gate id, type request) that names nothing in the catalog."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    gate_id: str
+    path: str
+    lens: str
+    name: str
+    watches: tuple[str, ...]
+    staleness: str  # "changed" or "rewrite"
+    threshold: float | None
+    text: str
+    sha256: str
+    body: str
+    requires_type: tuple[str, ...] = ()  # normalised type keys (spec paths)
+    requires_trait: tuple[str, ...] = ()
+    audit: bool = False
+
+    @property
+    def is_type(self) -> bool:
+        return self.lens == TYPE_LENS
+
+    @property
+    def staleness_text(self) -> str:
+        return "changed" if self.threshold is None else f"rewrite({self.threshold:g})"
+
+
+@dataclass
+class Catalog:
+    gates: dict[str, Gate] = field(default_factory=dict)  # catalog gates by gate_id
+    types: dict[str, Gate] = field(default_factory=dict)  # type specs by name, as gates
+    problems: list[FileProblem] = field(default_factory=list)
+
+    @property
+    def lenses(self) -> list[str]:
+        return sorted({g.lens for g in self.gates.values()})
+
+    def by_path(self) -> dict[str, Gate]:
+        out = {g.path: g for g in self.gates.values()}
+        out.update({g.path: g for g in self.types.values()})
+        return out
+
+    def get(self, gate_id: str) -> Gate | None:
+        if gate_id.startswith(TYPE_LENS + "/"):
+            return self.types.get(gate_id[len(TYPE_LENS) + 1 :])
+        return self.gates.get(gate_id)
+
+    def resolve(self, selectors: Sequence[str], all_gates: bool = False) -> list[Gate]:
+        """The gates that bundle names, gate ids, ``type`` and ``type/NAME`` select."""
+        chosen: dict[str, Gate] = {}
+        if all_gates:
+            chosen.update(self.gates)
+        for sel in selectors:
+            sel = sel.strip().strip("/")
+            if sel == TYPE_LENS:
+                chosen.update({g.gate_id: g for g in self.types.values()})
+            elif sel.startswith(TYPE_LENS + "/"):
+                g = self.types.get(sel[len(TYPE_LENS) + 1 :])
+                if g is None:
+                    raise SelectionError(f"{sel}: no type spec {TYPES_DIR}/{sel[5:]}.md")
+                chosen[g.gate_id] = g
+            elif sel in self.gates:
+                chosen[sel] = self.gates[sel]
+            elif "/" not in sel and any(g.lens == sel for g in self.gates.values()):
+                chosen.update({g.gate_id: g for g in self.gates.values() if g.lens == sel})
+            else:
+                invalid = [p for p in self.problems if sel in p.path]
+                why = f" (invalid: {invalid[0].reason})" if invalid else ""
+                raise SelectionError(f"{sel}: not a bundle, gate id or type request{why}")
+        return sorted(chosen.values(), key=lambda g: g.gate_id)
+
+
+def _headings(body: str) -> set[str]:
+    return {line[3:].strip().lower() for line in body.splitlines() if line.startswith("## ")}
+
+
+def _parse_staleness(value: object) -> tuple[str, float | None]:
+    if value is None or value == "changed":
+        return "changed", None
+    if isinstance(value, str):
+        m = _REWRITE.match(value.strip())
+        if m:
+            t = float(m.group(1))
+            if 0 < t <= 1:
+                return "rewrite", t
+            raise ValueError(f"staleness {value!r}: the threshold must be in (0, 1]")
+    raise ValueError(f"staleness {value!r}: expected 'changed' or 'rewrite(T)'")
+
+
+def _type_list(value: object, field_name: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str) or (
+        isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+    ):
+        return as_str_tuple(value)
+    raise ValueError(f"{field_name} must be a string or a list of strings")
+
+
+def parse_gate(rel: str, data: bytes) -> Gate:
+    """One gate file; raises ValueError naming the first problem found."""
+    parts = rel[len(GATES_DIR) + 1 :].split("/")
+    if len(parts) != 2:
+        raise ValueError(f"a gate sits directly in a lens folder ({GATES_DIR}/LENS/NAME.md)")
+    folder = parts[0]
+    text = decode(data)
+    parsed = parse_note_text(text)
+    meta = parsed.meta
+    gate_id = meta.get("gate_id")
+    if not isinstance(gate_id, str) or not gate_id:
+        raise ValueError("missing gate_id")
+    m = _GATE_ID.match(gate_id)
+    if m is None:
+        raise ValueError(f"gate_id {gate_id!r} is not of the form LENS/NAME")
+    if m.group(1) != folder:
+        raise ValueError(f"gate_id {gate_id!r}: its lens part must be the folder {folder!r}")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("missing name")
+    lens = meta.get("lens")
+    if lens != folder:
+        raise ValueError(f"lens {lens!r} must equal the lens folder {folder!r}")
+    if lens == TYPE_LENS:
+        raise ValueError(f"'{TYPE_LENS}' is the virtual type-conformance lens")
+    watches = meta.get("watches")
+    if not isinstance(watches, list) or not watches:
+        raise ValueError("watches must be a non-empty list")
+    bad = [w for w in watches if w not in REGIONS]
+    if bad:
+        raise ValueError(f"watches {bad}: regions are {', '.join(REGIONS)}")
+    staleness, threshold = _parse_staleness(meta.get("staleness"))
+    if threshold is not None and "body" not in watches:
+        raise ValueError("staleness rewrite(T) applies to the body, which this gate does not watch")
+    requires_type = tuple(
+        type_key(t) or t for t in _type_list(meta.get("requires_type"), "requires_type")
+    )
+    requires_trait = _type_list(meta.get("requires_trait"), "requires_trait")
+    missing = [h for h in _REQUIRED_HEADINGS if h not in _headings(parsed.body)]
+    if missing:
+        raise ValueError("body lacks " + " and ".join(f"'## {h.capitalize()}'" for h in missing))
+    audit = meta.get("audit", False)
+    if not isinstance(audit, bool):
+        raise ValueError("audit must be true or false")
+    return Gate(
+        gate_id=gate_id,
+        path=rel,
+        lens=lens,
+        name=name.strip(),
+        watches=tuple(dict.fromkeys(watches)),
+        staleness=staleness,
+        threshold=threshold,
+        text=text,
+        sha256=sha256_bytes(data),
+        body=parsed.body,
+        requires_type=requires_type,
+        requires_trait=requires_trait,
+        audit=audit,
+    )
+
+
+def type_gate(rel: str, data: bytes) -> Gate:
+    """A type spec as the gate of its type-conformance pairs: it watches the whole note."""
+    text = decode(data)
+    name = rel.rsplit("/", 1)[-1][:-3]
+    return Gate(
+        gate_id=f"{TYPE_LENS}/{name}",
+        path=rel,
+        lens=TYPE_LENS,
+        name=f"Conformance to type {name}",
+        watches=REGIONS,
+        staleness="changed",
+        threshold=None,
+        text=text,
+        sha256=sha256_bytes(data),
+        body=text,
+    )
+
+
+def _md_files(kb: KB, rel_dir: str) -> list[str]:
+    base = kb.root / rel_dir
+    if not base.is_dir():
+        return []
+    return sorted(
+        p.relative_to(kb.root).as_posix()
+        for p in base.rglob("*.md")
+        if p.is_file() and p.name.lower() not in _SKIP_FILES
+    )
+
+
+def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
+    """Every gate under the gate tree and every type spec; invalid ones go to ``problems``."""
+    cat = Catalog()
+    seen: dict[str, list[Gate]] = {}
+    for rel in _md_files(kb, GATES_DIR):
+        try:
+            gate = parse_gate(rel, (kb.root / rel).read_bytes())
+        except (ValueError, NoteParseError, OSError) as exc:
+            cat.problems.append(FileProblem(rel, str(exc)))
+            continue
+        seen.setdefault(gate.gate_id, []).append(gate)
+    for gate_id, gates in seen.items():
+        if len(gates) == 1:
+            cat.gates[gate_id] = gates[0]
+            continue
+        # Reviews are keyed by gate_id, so neither copy can be trusted with them.
+        paths = ", ".join(g.path for g in gates)
+        for g in gates:
+            cat.problems.append(FileProblem(g.path, f"duplicate gate_id {gate_id!r} ({paths})"))
+    type_paths = [p for p in _md_files(kb, TYPES_DIR) if p.count("/") == 2]
+    for rel in [*type_paths, *extra_type_paths]:
+        name = rel.rsplit("/", 1)[-1][:-3]
+        if name in cat.types:
+            continue
+        try:
+            cat.types[name] = type_gate(rel, (kb.root / rel).read_bytes())
+        except (NoteParseError, OSError) as exc:
+            cat.problems.append(FileProblem(rel, str(exc)))
+    return cat

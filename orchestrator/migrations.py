@@ -1,0 +1,119 @@
+"""Numbered schema migrations for state.db, applied in order and recorded in the database.
+
+Never edit a migration that has shipped: add the next number instead.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "snapshots, jobs, attempts, pairs, acceptance",
+        """
+        CREATE TABLE snapshots (
+            id         INTEGER PRIMARY KEY,
+            path       TEXT NOT NULL,
+            sha256     TEXT NOT NULL,
+            text       TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            UNIQUE (path, sha256)
+        );
+        CREATE INDEX snapshots_sha ON snapshots (sha256);
+
+        CREATE TABLE review_jobs (
+            id              INTEGER PRIMARY KEY,
+            kind            TEXT NOT NULL DEFAULT 'review'
+                            CHECK (kind IN ('review', 'fix', 'audit')),
+            status          TEXT NOT NULL
+                            CHECK (status IN ('queued', 'running', 'completed', 'failed', 'split')),
+            model_partition TEXT NOT NULL,
+            grouping        TEXT NOT NULL,
+            lens            TEXT,
+            reviewer        TEXT,
+            job_dir         TEXT NOT NULL,
+            attempt         INTEGER NOT NULL DEFAULT 0,
+            parent_job_id   INTEGER REFERENCES review_jobs (id),
+            sweep           TEXT,
+            failure_reasons TEXT,
+            runner          TEXT,
+            model           TEXT,
+            effort          TEXT,
+            telemetry_json  TEXT,
+            created_at      TEXT NOT NULL,
+            updated_at      TEXT NOT NULL,
+            finished_at     TEXT
+        );
+        CREATE INDEX review_jobs_status ON review_jobs (status);
+
+        CREATE TABLE attempts (
+            id             INTEGER PRIMARY KEY,
+            job_id         INTEGER NOT NULL REFERENCES review_jobs (id),
+            attempt        INTEGER NOT NULL,
+            runner         TEXT,
+            outcome        TEXT NOT NULL DEFAULT 'running',
+            exit_code      INTEGER,
+            started_at     TEXT,
+            ended_at       TEXT,
+            heartbeat_at   TEXT,
+            reasons        TEXT,
+            num_turns      INTEGER,
+            input_tokens   INTEGER,
+            output_tokens  INTEGER,
+            cost_usd       REAL,
+            duration_s     REAL,
+            session_id     TEXT,
+            error_subtype  TEXT,
+            telemetry_json TEXT,
+            UNIQUE (job_id, attempt)
+        );
+
+        CREATE TABLE review_pairs (
+            id               INTEGER PRIMARY KEY,
+            job_id           INTEGER NOT NULL REFERENCES review_jobs (id),
+            note_path        TEXT NOT NULL,
+            gate_id          TEXT NOT NULL,
+            gate_path        TEXT NOT NULL,
+            lens             TEXT NOT NULL,
+            note_snapshot_id INTEGER NOT NULL REFERENCES snapshots (id),
+            gate_snapshot_id INTEGER NOT NULL REFERENCES snapshots (id),
+            decision         TEXT CHECK (decision IN ('PASS', 'WARN', 'FAIL', 'ERROR')),
+            rationale        TEXT,
+            decided_at       TEXT,
+            UNIQUE (job_id, note_path, gate_id)
+        );
+        CREATE INDEX review_pairs_key ON review_pairs (note_path, gate_id);
+
+        -- One current row per (note, gate, partition): the evidence that makes it fresh.
+        CREATE TABLE acceptance (
+            model_partition  TEXT NOT NULL,
+            note_path        TEXT NOT NULL,
+            gate_id          TEXT NOT NULL,
+            review_pair_id   INTEGER NOT NULL REFERENCES review_pairs (id),
+            note_snapshot_id INTEGER NOT NULL,
+            gate_snapshot_id INTEGER NOT NULL,
+            decision         TEXT NOT NULL,
+            source           TEXT NOT NULL DEFAULT 'review'
+                             CHECK (source IN ('review', 'ack', 'human')),
+            accepted_at      TEXT NOT NULL,
+            PRIMARY KEY (model_partition, note_path, gate_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX acceptance_pair ON acceptance (review_pair_id);
+
+        -- A counter every acceptance change bumps, so caches of freshness can tell
+        -- that nothing changed without reading every row.
+        CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+        INSERT INTO counters VALUES ('acceptance_version', 0);
+        CREATE TRIGGER acceptance_ins AFTER INSERT ON acceptance BEGIN
+            UPDATE counters SET value = value + 1 WHERE name = 'acceptance_version';
+        END;
+        CREATE TRIGGER acceptance_upd AFTER UPDATE ON acceptance BEGIN
+            UPDATE counters SET value = value + 1 WHERE name = 'acceptance_version';
+        END;
+        CREATE TRIGGER acceptance_del AFTER DELETE ON acceptance BEGIN
+            UPDATE counters SET value = value + 1 WHERE name = 'acceptance_version';
+        END;
+        """,
+    ),
+]
+
+LATEST = MIGRATIONS[-1][0]

@@ -1,0 +1,309 @@
+"""``reviewq select``: every requested (note, gate) pair that needs a review, and why.
+
+The rules are :mod:`freshness`; this module gathers what they need in bulk. Pairs whose
+note and gate texts both equal their accepted snapshots are counted inside SQLite and
+never become Python objects, which is what keeps a 400,000-pair KB inside SPEC §13.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .freshness import MISSING, NOTE_CHANGED, REASONS, NoteComparison, Verdict, judge
+from .freshness import unified_diff as make_diff
+from .gates import Catalog, Gate
+from .kb import KB, FileProblem, Note, NoteParseError, ParsedNote, parse_note_text, type_key
+from .store import Store
+
+
+class SelectError(ValueError):
+    """A selection that cannot run (nothing selected, a bad reason)."""
+
+
+@dataclass(slots=True)
+class Target:
+    note_path: str
+    gate_id: str
+    gate_path: str
+    lens: str
+    reason: str
+    changed_regions: tuple[str, ...] = ()
+    change_ratio: float | None = None
+    diff: str | None = None
+
+    def to_json(self) -> dict:
+        out: dict = {
+            "note_path": self.note_path,
+            "gate_id": self.gate_id,
+            "gate_path": self.gate_path,
+            "lens": self.lens,
+            "reason": self.reason,
+        }
+        if self.reason == NOTE_CHANGED:
+            out["changed_regions"] = list(self.changed_regions)
+            if self.change_ratio is not None:
+                out["change_ratio"] = round(self.change_ratio, 4)
+            if self.diff is not None:
+                out["diff"] = self.diff
+        return out
+
+
+@dataclass
+class Selection:
+    model_partition: str | None
+    targets: list[Target] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    problems: list[FileProblem] = field(default_factory=list)
+    notes: dict[str, Note] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        counts = {r: self.counts.get(r, 0) for r in REASONS}
+        counts["fresh"] = self.counts.get("fresh", 0)
+        return {
+            "model_partition": self.model_partition,
+            "targets": [t.to_json() for t in self.targets],
+            "counts": counts,
+        }
+
+
+def applies(gate: Gate, note: Note, kb: KB) -> bool:
+    """Whether a gate is asked of a note: type gates by the note's type, others by
+    ``requires_type`` (any of) and ``requires_trait`` (any of)."""
+    if gate.is_type:
+        return type_key(note.meta.get("type"), note.path) == gate.path
+    if gate.requires_type and type_key(note.meta.get("type"), note.path) not in gate.requires_type:
+        return False
+    return not gate.requires_trait or bool(set(gate.requires_trait) & set(note.traits))
+
+
+def select(
+    kb: KB,
+    catalog: Catalog,
+    store: Store,
+    *,
+    selectors: Sequence[str] = (),
+    all_gates: bool = False,
+    note_paths: Sequence[str] | None = None,
+    current: bool = False,
+    model: str | None = None,
+    reasons: Iterable[str] | None = None,
+    diffs: bool = True,
+) -> Selection:
+    """Stale pairs for a model partition (or model-agnostic coverage when ``model`` is None)."""
+    if not selectors and not all_gates:
+        raise SelectError("nothing to select: name bundles, gate ids, 'type', or use --all-gates")
+    wanted = set(reasons) if reasons else set(REASONS)
+    bad = wanted - set(REASONS)
+    if bad:
+        raise SelectError(f"unknown reason {sorted(bad)[0]!r}: choose from {', '.join(REASONS)}")
+
+    kb.problems.clear()
+    paths = kb.note_files(note_paths)
+    notes = kb.load_notes(paths)
+    if current:
+        notes = [n for n in notes if n.status == "current"]
+    sel = Selection(model, problems=list(kb.problems) + list(catalog.problems))
+    sel.notes = {n.path: n for n in notes}
+
+    if any(s == "type" or s.startswith("type/") for s in selectors):
+        _add_note_relative_types(kb, catalog, notes)
+    gates = catalog.resolve(selectors, all_gates)
+    uncond = [g for g in gates if not (g.is_type or g.requires_type or g.requires_trait)]
+    cond = [g for g in gates if g not in uncond]
+
+    if model is None:
+        _coverage(sel, store, notes, gates, kb, wanted)
+    else:
+        _freshness(sel, store, kb, notes, uncond, cond, model, wanted, diffs)
+    sel.targets.sort(key=lambda t: (t.note_path, t.gate_id))
+    return sel
+
+
+def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None:
+    """Type specs that notes name relative to themselves (``./types/x.md``) join the catalog."""
+    from .gates import type_gate
+
+    for note in notes:
+        key = type_key(note.meta.get("type"), note.path)
+        if key is None or key.startswith("kb/types/"):
+            continue
+        name = key.rsplit("/", 1)[-1][:-3]
+        if name in catalog.types or not (kb.root / key).is_file():
+            continue
+        try:
+            catalog.types[name] = type_gate(key, (kb.root / key).read_bytes())
+        except (NoteParseError, OSError) as exc:
+            catalog.problems.append(FileProblem(key, str(exc)))
+
+
+def _coverage(
+    sel: Selection, store: Store, notes: list[Note], gates: list[Gate], kb: KB, wanted: set[str]
+) -> None:
+    covered = store.partitions_covering()
+    for note in notes:
+        for gate in gates:
+            if not applies(gate, note, kb):
+                continue
+            if (note.path, gate.gate_id) in covered:
+                sel.counts["fresh"] += 1
+            else:
+                sel.counts[MISSING] += 1
+                if MISSING in wanted:
+                    sel.targets.append(
+                        Target(note.path, gate.gate_id, gate.path, gate.lens, MISSING)
+                    )
+
+
+@dataclass(slots=True)
+class _Candidate:
+    note: Note
+    gate: Gate
+    note_snap: int
+    gate_snap: int
+    gate_fresh: bool
+
+
+def _freshness(
+    sel: Selection,
+    store: Store,
+    kb: KB,
+    notes: list[Note],
+    uncond: list[Gate],
+    cond: list[Gate],
+    model: str,
+    wanted: set[str],
+    diffs: bool,
+) -> None:
+    by_path = {n.path: n for n in notes}
+    gates_by_id = {g.gate_id: g for g in (*uncond, *cond)}
+    cur_snaps = store.snapshot_ids((n.path, n.sha256) for n in notes)
+    gate_snaps = store.snapshot_ids_by_sha(g.sha256 for g in gates_by_id.values())
+    fresh_gate_snaps = {
+        (g.gate_id, sid) for g in gates_by_id.values() for sid in gate_snaps.get(g.sha256, ())
+    }
+    candidates: list[_Candidate] = []
+
+    def missing(note: Note, gate: Gate) -> None:
+        _emit(sel, note, gate, Verdict(MISSING), wanted, None)
+
+    # Unconditional gates: counted and filtered in one SQL scan.
+    if uncond:
+        uncond_ids = [g.gate_id for g in uncond]
+        seen: set[str] = set()
+        scan = store.scan_acceptance(
+            model,
+            [(n.path, cur_snaps.get((n.path, n.sha256), -1)) for n in notes],
+            uncond_ids,
+            sorted(fresh_gate_snaps),
+        )
+        for note_path, rows, stale in scan:
+            seen.add(note_path)
+            note = by_path[note_path]
+            stale_records = stale.split("\x1e") if stale else []
+            sel.counts["fresh"] += rows - len(stale_records)
+            for rec in stale_records:
+                gate_id, note_snap, gate_snap, gate_fresh = rec.split("\x1f")
+                candidates.append(
+                    _Candidate(
+                        note,
+                        gates_by_id[gate_id],
+                        int(note_snap),
+                        int(gate_snap),
+                        gate_fresh == "1",
+                    )
+                )
+            if rows < len(uncond_ids):
+                accepted = store.accepted_gate_ids(model, note_path)
+                for gate in uncond:
+                    if gate.gate_id not in accepted:
+                        missing(note, gate)
+        for note in notes:
+            if note.path not in seen:
+                for gate in uncond:
+                    missing(note, gate)
+
+    # Conditional gates (requires_type/requires_trait, type specs): few pairs, judged row by row.
+    if cond:
+        accs = {
+            (a.note_path, a.gate_id): a
+            for a in store.acceptances_for(model, [g.gate_id for g in cond])
+        }
+        for note in notes:
+            for gate in cond:
+                if not applies(gate, note, kb):
+                    continue
+                acc = accs.get((note.path, gate.gate_id))
+                if acc is None:
+                    missing(note, gate)
+                    continue
+                cur = cur_snaps.get((note.path, note.sha256), -1)
+                gate_fresh = (gate.gate_id, acc.gate_snapshot_id) in fresh_gate_snaps
+                if acc.note_snapshot_id == cur and gate_fresh:
+                    sel.counts["fresh"] += 1
+                else:
+                    candidates.append(
+                        _Candidate(
+                            note, gate, acc.note_snapshot_id, acc.gate_snapshot_id, gate_fresh
+                        )
+                    )
+
+    _judge_candidates(sel, store, candidates, wanted, diffs)
+
+
+def _judge_candidates(
+    sel: Selection, store: Store, candidates: list[_Candidate], wanted: set[str], diffs: bool
+) -> None:
+    texts = store.snapshot_texts(
+        {c.note_snap for c in candidates} | {c.gate_snap for c in candidates}
+    )
+    comparisons: dict[tuple[str, int], NoteComparison] = {}
+    diff_cache: dict[tuple[str, int], str] = {}
+    for c in candidates:
+        old_text = texts.get(c.note_snap)
+        key = (c.note.path, c.note_snap)
+
+        def compare(c: _Candidate = c, key: tuple[str, int] = key) -> NoteComparison:
+            if key not in comparisons:
+                comparisons[key] = NoteComparison(_parse_old(texts[c.note_snap]), c.note.parsed())
+            return comparisons[key]
+
+        gate_same = None if c.gate_snap not in texts else c.gate_fresh
+        verdict = judge(c.gate, c.note.text, old_text, gate_same, compare)
+        diff = None
+        if verdict.reason == NOTE_CHANGED and diffs and NOTE_CHANGED in wanted:
+            if key not in diff_cache:
+                diff_cache[key] = make_diff(c.note.path, old_text or "", c.note.text)
+            diff = diff_cache[key]
+        _emit(sel, c.note, c.gate, verdict, wanted, diff)
+
+
+def _parse_old(text: str) -> ParsedNote:
+    try:
+        return parse_note_text(text)
+    except NoteParseError:
+        # An accepted text that no longer parses can only be compared whole.
+        return ParsedNote({"unparseable": True}, text)
+
+
+def _emit(
+    sel: Selection, note: Note, gate: Gate, verdict: Verdict, wanted: set[str], diff: str | None
+) -> None:
+    if verdict.reason is None:
+        sel.counts["fresh"] += 1
+        return
+    sel.counts[verdict.reason] += 1
+    if verdict.reason in wanted:
+        sel.targets.append(
+            Target(
+                note.path,
+                gate.gate_id,
+                gate.path,
+                gate.lens,
+                verdict.reason,
+                verdict.changed_regions,
+                verdict.change_ratio,
+                diff,
+            )
+        )

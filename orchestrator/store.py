@@ -1,0 +1,405 @@
+"""state.db (SPEC §2): the connection, migrations, snapshots and acceptance.
+
+state.db is the canonical record; every file reviewq writes for people is a rendering
+of it. Writes happen inside :meth:`Store.write`, an IMMEDIATE transaction, so a process
+killed mid-way leaves nothing partial.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .kb import sha256_text
+from .migrations import LATEST, MIGRATIONS
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+class StoreError(Exception):
+    """state.db cannot be used (a newer schema, a corrupt file)."""
+
+
+def utcnow() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Acceptance:
+    model_partition: str
+    note_path: str
+    gate_id: str
+    review_pair_id: int
+    note_snapshot_id: int
+    gate_snapshot_id: int
+    decision: str
+    source: str
+    accepted_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewRecord:
+    """One (note, gate) decision to record outside a queued job (tests, benchmarks, humans)."""
+
+    note_path: str
+    note_text: str
+    gate_id: str
+    gate_path: str
+    lens: str
+    gate_text: str
+    decision: str
+    rationale: str = ""
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        if readonly and not self.path.exists():
+            # Reads of a state folder that was never used: an empty in-memory schema.
+            self.conn = sqlite3.connect(":memory:", isolation_level=None)
+            self._migrate()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(
+                self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            try:
+                self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                self.conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.DatabaseError as exc:
+                self.conn.close()
+                raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
+            self._migrate()
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self.conn.execute("PRAGMA temp_store = MEMORY")
+        self.conn.row_factory = sqlite3.Row
+
+    @classmethod
+    def open(cls, state_dir: str | os.PathLike, *, readonly: bool = False) -> Store:
+        return cls(Path(state_dir) / "state.db", readonly=readonly)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- schema -----------------------------------------------------------------------
+    def schema_version(self) -> int:
+        row = self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
+        ).fetchone()
+        if row is None:
+            return 0
+        return self.conn.execute(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"
+        ).fetchone()[0]
+
+    def _migrate(self) -> None:
+        try:
+            current = self.schema_version()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
+        if current > LATEST:
+            raise StoreError(
+                f"{self.path}: schema version {current} is newer than this reviewq "
+                f"understands ({LATEST}); upgrade reviewq"
+            )
+        if current == LATEST:
+            return
+        with self.write():
+            self.conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            current = self.schema_version()  # another process may have migrated meanwhile
+            for version, name, sql in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in _statements(sql):
+                    self.conn.execute(statement)
+                self.conn.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, utcnow())
+                )
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: all of it commits or none of it does."""
+        if self.conn.in_transaction:  # nested use joins the outer transaction
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    # --- snapshots --------------------------------------------------------------------
+    def snapshot(self, path: str, text: str, sha256: str | None = None) -> int:
+        """The id of the snapshot of ``text`` at ``path``, stored once per (path, sha256)."""
+        sha = sha256 or sha256_text(text)
+        row = self.conn.execute(
+            "SELECT id FROM snapshots WHERE path = ? AND sha256 = ?", (path, sha)
+        ).fetchone()
+        if row is not None:
+            return row[0]
+        with self.write():
+            cur = self.conn.execute(
+                "INSERT INTO snapshots (path, sha256, text, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (path, sha256) DO UPDATE SET path = excluded.path RETURNING id",
+                (path, sha, text, utcnow()),
+            )
+            return cur.fetchone()[0]
+
+    def snapshot_text(self, snapshot_id: int) -> str | None:
+        row = self.conn.execute(
+            "SELECT text FROM snapshots WHERE id = ?", (snapshot_id,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def snapshot_texts(self, ids: Iterable[int]) -> dict[int, str]:
+        out: dict[int, str] = {}
+        ids = list(set(ids))
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            out.update(
+                self.conn.execute(
+                    f"SELECT id, text FROM snapshots WHERE id IN ({marks})", chunk
+                ).fetchall()
+            )
+        return out
+
+    def snapshot_ids(self, path_shas: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """Existing snapshot ids for (path, sha256) keys; absent keys are left out."""
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS want_snap (path TEXT, sha256 TEXT)")
+        self.conn.execute("DELETE FROM temp.want_snap")
+        self.conn.executemany("INSERT INTO temp.want_snap VALUES (?, ?)", path_shas)
+        rows = self.conn.execute(
+            "SELECT s.path, s.sha256, s.id FROM temp.want_snap w "
+            "JOIN snapshots s ON s.path = w.path AND s.sha256 = w.sha256"
+        ).fetchall()
+        return {(p, h): i for p, h, i in rows}
+
+    def snapshot_ids_by_sha(self, shas: Iterable[str]) -> dict[str, list[int]]:
+        """Every snapshot id holding each text, whatever its path (a renamed gate keeps its reviews)."""
+        out: dict[str, list[int]] = {}
+        shas = list(set(shas))
+        for i in range(0, len(shas), 500):
+            chunk = shas[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            for sha, sid in self.conn.execute(
+                f"SELECT sha256, id FROM snapshots WHERE sha256 IN ({marks})", chunk
+            ):
+                out.setdefault(sha, []).append(sid)
+        return out
+
+    # --- acceptance -------------------------------------------------------------------
+    def acceptance_version(self) -> int:
+        return self.conn.execute(
+            "SELECT value FROM counters WHERE name = 'acceptance_version'"
+        ).fetchone()[0]
+
+    def acceptance(self, model_partition: str, note_path: str, gate_id: str) -> Acceptance | None:
+        row = self.conn.execute(
+            "SELECT * FROM acceptance WHERE model_partition = ? AND note_path = ? AND gate_id = ?",
+            (model_partition, note_path, gate_id),
+        ).fetchone()
+        return None if row is None else Acceptance(**dict(row))
+
+    def acceptances_for(
+        self, model_partition: str, gate_ids: Sequence[str], note_paths: Sequence[str] | None = None
+    ) -> list[Acceptance]:
+        marks = ",".join("?" * len(gate_ids))
+        sql = f"SELECT * FROM acceptance WHERE model_partition = ? AND gate_id IN ({marks})"
+        rows = self.conn.execute(sql, (model_partition, *gate_ids)).fetchall()
+        out = [Acceptance(**dict(r)) for r in rows]
+        if note_paths is not None:
+            keep = set(note_paths)
+            out = [a for a in out if a.note_path in keep]
+        return out
+
+    def scan_acceptance(
+        self,
+        model_partition: str,
+        notes: Sequence[tuple[str, int]],
+        gates: Sequence[str],
+        fresh_gate_snaps: Sequence[tuple[str, int]],
+    ) -> Iterator[tuple[str, int, str | None]]:
+        """Per note with any acceptance among ``gates``: (note_path, rows, not-fresh rows).
+
+        ``notes`` pairs each note with the snapshot id of its current text (-1 if none);
+        ``fresh_gate_snaps`` lists the snapshot ids holding each gate's current text. The
+        fresh rows, the bulk of a nightly KB, are only counted, inside SQLite; the others
+        come back joined by ASCII separators as ``gate_id US note_snap US gate_snap US
+        gate_fresh`` records separated by RS, to be judged one by one.
+        """
+        c = self.conn
+        c.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS scan_notes (path TEXT PRIMARY KEY, snap INTEGER) WITHOUT ROWID"
+        )
+        c.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS scan_gates (gate_id TEXT PRIMARY KEY) WITHOUT ROWID"
+        )
+        c.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS scan_gate_snaps "
+            "(gate_id TEXT, snap INTEGER, PRIMARY KEY (gate_id, snap)) WITHOUT ROWID"
+        )
+        for table in ("scan_notes", "scan_gates", "scan_gate_snaps"):
+            c.execute(f"DELETE FROM temp.{table}")
+        c.executemany("INSERT INTO temp.scan_notes VALUES (?, ?)", notes)
+        c.executemany("INSERT INTO temp.scan_gates VALUES (?)", ((g,) for g in gates))
+        c.executemany("INSERT OR IGNORE INTO temp.scan_gate_snaps VALUES (?, ?)", fresh_gate_snaps)
+        cur = c.execute(
+            """
+            SELECT a.note_path, count(*),
+                   group_concat(
+                     CASE WHEN a.note_snapshot_id = n.snap AND g.snap IS NOT NULL THEN NULL
+                     ELSE a.gate_id || char(31) || a.note_snapshot_id || char(31)
+                          || a.gate_snapshot_id || char(31) || (g.snap IS NOT NULL) END,
+                     char(30))
+            FROM acceptance a
+            JOIN temp.scan_notes n ON n.path = a.note_path
+            JOIN temp.scan_gates s ON s.gate_id = a.gate_id
+            LEFT JOIN temp.scan_gate_snaps g ON g.gate_id = a.gate_id AND g.snap = a.gate_snapshot_id
+            WHERE a.model_partition = ?
+            GROUP BY a.note_path
+            """,
+            (model_partition,),
+        )
+        cur.row_factory = None
+        yield from cur
+
+    def accepted_gate_ids(self, model_partition: str, note_path: str) -> set[str]:
+        return {
+            r[0]
+            for r in self.conn.execute(
+                "SELECT gate_id FROM acceptance WHERE model_partition = ? AND note_path = ?",
+                (model_partition, note_path),
+            )
+        }
+
+    def partitions_covering(self) -> set[tuple[str, str]]:
+        """(note_path, gate_id) pairs with an acceptance in any partition."""
+        return {(r[0], r[1]) for r in self.conn.execute("SELECT DISTINCT note_path, gate_id FROM acceptance")}
+
+    def upsert_acceptance(
+        self,
+        *,
+        model_partition: str,
+        note_path: str,
+        gate_id: str,
+        review_pair_id: int,
+        note_snapshot_id: int,
+        gate_snapshot_id: int,
+        decision: str,
+        source: str = "review",
+        at: str | None = None,
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO acceptance VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (model_partition, note_path, gate_id) DO UPDATE SET "
+            "review_pair_id = excluded.review_pair_id, note_snapshot_id = excluded.note_snapshot_id, "
+            "gate_snapshot_id = excluded.gate_snapshot_id, decision = excluded.decision, "
+            "source = excluded.source, accepted_at = excluded.accepted_at",
+            (
+                model_partition,
+                note_path,
+                gate_id,
+                review_pair_id,
+                note_snapshot_id,
+                gate_snapshot_id,
+                decision,
+                source,
+                at or utcnow(),
+            ),
+        )
+
+    def record_reviews(
+        self, model_partition: str, records: Sequence[ReviewRecord], *, runner: str = "manual"
+    ) -> int:
+        """Record decisions as one completed job and accept every PASS/WARN/FAIL; returns the job id.
+
+        This is the direct path used by tests, benchmarks and imports; queued work goes
+        through finalize, which adds parsing and attempt fencing on top of the same rows.
+        """
+        now = utcnow()
+        with self.write():
+            job_id = self.conn.execute(
+                "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, runner, "
+                "created_at, updated_at, finished_at) VALUES ('completed', ?, 'manual', '', ?, ?, ?, ?) "
+                "RETURNING id",
+                (model_partition, runner, now, now, now),
+            ).fetchone()[0]
+            for rec in records:
+                note_snap = self.snapshot(rec.note_path, rec.note_text)
+                gate_snap = self.snapshot(rec.gate_path, rec.gate_text)
+                pair_id = self.conn.execute(
+                    "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, "
+                    "note_snapshot_id, gate_snapshot_id, decision, rationale, decided_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    (
+                        job_id,
+                        rec.note_path,
+                        rec.gate_id,
+                        rec.gate_path,
+                        rec.lens,
+                        note_snap,
+                        gate_snap,
+                        rec.decision,
+                        rec.rationale,
+                        now,
+                    ),
+                ).fetchone()[0]
+                if rec.decision != "ERROR":
+                    self.upsert_acceptance(
+                        model_partition=model_partition,
+                        note_path=rec.note_path,
+                        gate_id=rec.gate_id,
+                        review_pair_id=pair_id,
+                        note_snapshot_id=note_snap,
+                        gate_snapshot_id=gate_snap,
+                        decision=rec.decision,
+                        at=now,
+                    )
+        return job_id
+
+    def active_pairs(self) -> set[tuple[str, str]]:
+        """(note_path, gate_id) of pairs inside a queued or running job."""
+        return {
+            (r[0], r[1])
+            for r in self.conn.execute(
+                "SELECT p.note_path, p.gate_id FROM review_pairs p JOIN review_jobs j "
+                "ON j.id = p.job_id WHERE j.status IN ('queued', 'running') AND j.kind != 'fix'"
+            )
+        }
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration script into statements, keeping trigger bodies whole."""
+    out: list[str] = []
+    buf: list[str] = []
+    for line in sql.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("--"):
+            continue
+        buf.append(line)
+        text = "\n".join(buf)
+        if stripped.endswith(";") and sqlite3.complete_statement(text):
+            out.append(text)
+            buf = []
+    if buf:
+        out.append("\n".join(buf))
+    return out

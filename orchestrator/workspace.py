@@ -1,0 +1,58 @@
+"""One KB root with its state folder and settings: what every command starts from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from .config import Settings, load_settings
+from .gates import Catalog, load_catalog
+from .kb import KB
+from .store import Store
+
+
+@dataclass
+class Workspace:
+    settings: Settings
+    _store: Store | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(
+        cls, root: str | Path = ".", state: str | Path | None = None, config: str | Path | None = None
+    ) -> Workspace:
+        return cls(load_settings(root, state, config))
+
+    @property
+    def root(self) -> Path:
+        return self.settings.root
+
+    @property
+    def state_dir(self) -> Path:
+        return self.settings.state_dir
+
+    @cached_property
+    def kb(self) -> KB:
+        return KB.open(self.root, self.settings.note_roots)
+
+    def catalog(self) -> Catalog:
+        return load_catalog(self.kb)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store.open(self.state_dir)
+        return self._store
+
+    def read_store(self) -> Store:
+        """The store for a read-only command: a missing state.db is not created."""
+        if self._store is None:
+            if not (self.state_dir / "state.db").exists():
+                return Store.open(self.state_dir, readonly=True)
+            self._store = Store.open(self.state_dir)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None

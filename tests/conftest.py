@@ -1,0 +1,142 @@
+"""Shared fixtures: small KBs built in tmp_path, and the CLI run in-process or as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from orchestrator.cli import cli
+from orchestrator.gates import load_catalog
+from orchestrator.kb import KB
+from orchestrator.store import ReviewRecord, Store
+
+PROJECT = Path(__file__).resolve().parent.parent
+SHARED = PROJECT.parent / "shared"
+CORPUS = SHARED / "corpora" / "commonplace-kb.tar.gz"
+
+
+def gate_text(
+    gate_id: str,
+    watches: list[str],
+    staleness: str | None = None,
+    body: str = "## Failure mode\n\nIt fails.\n\n## Test\n\nCheck it.\n",
+    **extra: object,
+) -> str:
+    lens = gate_id.split("/")[0]
+    meta: dict = {"gate_id": gate_id, "name": gate_id.split("/")[1].replace("-", " ").title(), "lens": lens, "watches": watches}
+    if staleness:
+        meta["staleness"] = staleness
+    meta.update(extra)
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n\n" + body
+
+
+def note_text(body: str = "Some body text.\n", **meta: object) -> str:
+    if not meta:
+        return body
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
+
+
+@dataclass
+class KBBuilder:
+    root: Path
+
+    @property
+    def state(self) -> Path:
+        return self.root / ".reviewq"
+
+    def write(self, rel: str, text: str | bytes) -> str:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+        return rel
+
+    def note(self, name: str, body: str = "Some body text.\n", **meta: object) -> str:
+        meta.setdefault("title", name.replace("-", " ").capitalize())
+        meta.setdefault("description", f"About {name}.")
+        return self.write(f"kb/notes/{name}.md", note_text(body, **meta))
+
+    def gate(self, gate_id: str, watches: list[str], staleness: str | None = None, file: str | None = None, **extra: object) -> str:
+        lens, name = gate_id.split("/")
+        rel = f"kb/instructions/review-gates/{lens}/{file or name}.md"
+        return self.write(rel, gate_text(gate_id, watches, staleness, **extra))
+
+    def type_spec(self, name: str, body: str = "# Type\n\n## Review\n\nConforms.\n") -> str:
+        return self.write(f"kb/types/{name}.md", f"---\nname: {name}\n---\n{body}")
+
+    def read(self, rel: str) -> str:
+        return (self.root / rel).read_text(encoding="utf-8")
+
+    def accept(self, partition: str, pairs: list[tuple[str, str]], decision: str = "PASS") -> int:
+        """Record reviews for (note_path, gate_id) pairs of the KB as it is now."""
+        kb = KB.open(self.root)
+        cat = load_catalog(kb)
+        records = []
+        for note_path, gate_id in pairs:
+            gate = cat.get(gate_id)
+            assert gate is not None, gate_id
+            records.append(
+                ReviewRecord(note_path, self.read(note_path), gate_id, gate.path, gate.lens, gate.text, decision, "ok")
+            )
+        with Store.open(self.state) as store:
+            return store.record_reviews(partition, records)
+
+
+@pytest.fixture
+def kb(tmp_path: Path) -> KBBuilder:
+    root = tmp_path / "kbroot"
+    root.mkdir()
+    return KBBuilder(root)
+
+
+@dataclass
+class CLIResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def run_cli(kb: KBBuilder):
+    """Run ``reviewq --root KB ARGS`` in-process (fast, for option and output tests)."""
+
+    def run(*args: str, input: str | None = None, root: Path | None = None) -> CLIResult:
+        runner = CliRunner()
+        res = runner.invoke(cli, ["--root", str(root or kb.root), *args], input=input, catch_exceptions=False)
+        return CLIResult(res.exit_code, res.stdout, res.stderr)
+
+    return run
+
+
+def reviewq_process(*args: str, cwd: Path | None = None, env: dict | None = None, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the real ``reviewq`` console script as a process."""
+    exe = Path(sys.executable).parent / "reviewq"
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [str(exe), *args], cwd=cwd, env=full_env, input=input, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="session")
+def commonplace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not CORPUS.exists():
+        pytest.skip(f"commonplace corpus not found at {CORPUS}")
+    import tarfile
+
+    dest = tmp_path_factory.mktemp("commonplace")
+    with tarfile.open(CORPUS) as tar:
+        tar.extractall(dest, filter="data")
+    return dest

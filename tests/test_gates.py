@@ -1,0 +1,103 @@
+"""The gate catalog (SPEC §1): validation, bundles, `reviewq gates`."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.gates import load_catalog
+from orchestrator.kb import KB
+
+GOOD_BODY = "## Failure mode\n\nx\n\n## Test\n\ny\n"
+
+
+def problems(kb) -> dict[str, str]:
+    return {p.path.rsplit("/", 1)[-1]: p.reason for p in load_catalog(KB.open(kb.root)).problems}
+
+
+@pytest.mark.parametrize(
+    ("meta", "body", "reason"),
+    [
+        ("name: X\nlens: prose\nwatches: [body]", GOOD_BODY, "missing gate_id"),
+        ("gate_id: prose\nname: X\nlens: prose\nwatches: [body]", GOOD_BODY, "not of the form LENS/NAME"),
+        ("gate_id: other/x\nname: X\nlens: prose\nwatches: [body]", GOOD_BODY, "lens part must be the folder"),
+        ("gate_id: prose/x\nlens: prose\nwatches: [body]", GOOD_BODY, "missing name"),
+        ("gate_id: prose/x\nname: X\nlens: other\nwatches: [body]", GOOD_BODY, "must equal the lens folder"),
+        ("gate_id: prose/x\nname: X\nlens: prose", GOOD_BODY, "watches must be a non-empty list"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: []", GOOD_BODY, "watches must be a non-empty list"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [footer]", GOOD_BODY, "regions are"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: rewrite(1.5)", GOOD_BODY, "threshold must be in (0, 1]"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: rewrite(0)", GOOD_BODY, "threshold must be in (0, 1]"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: sometimes", GOOD_BODY, "expected 'changed' or 'rewrite(T)'"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [title]\nstaleness: rewrite(0.5)", GOOD_BODY, "does not watch"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]", "## Test\n\ny\n", "lacks '## Failure mode'"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]", "## Failure mode\n", "lacks '## Test'"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: 3", GOOD_BODY, "requires_type must be"),
+        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body\n", GOOD_BODY, "broken YAML"),
+    ],
+)
+def test_invalid_gates_are_named_with_a_reason(kb, meta, body, reason):
+    kb.gate("prose/good", ["body"])
+    kb.write("kb/instructions/review-gates/prose/x.md", f"---\n{meta}\n---\n{body}")
+    got = problems(kb)
+    assert list(got) == ["x.md"]
+    assert reason in got["x.md"]
+    assert "prose/good" in load_catalog(KB.open(kb.root)).gates
+
+
+def test_non_utf8_gate(kb):
+    kb.write("kb/instructions/review-gates/prose/x.md", b"---\nname: \xff\n---\n")
+    assert "not UTF-8" in problems(kb)["x.md"]
+
+
+def test_gate_outside_a_lens_folder(kb):
+    kb.write("kb/instructions/review-gates/loose.md", "---\ngate_id: a/b\n---\n")
+    assert "directly in a lens folder" in problems(kb)["loose.md"]
+
+
+def test_duplicate_gate_ids_invalidate_both(kb):
+    kb.gate("prose/x", ["body"], file="one")
+    kb.gate("prose/x", ["body"], file="two")
+    got = problems(kb)
+    assert set(got) == {"one.md", "two.md"} and "duplicate gate_id" in got["one.md"]
+
+
+def test_extra_fields_headings_and_file_name_are_free(kb):
+    kb.gate("prose/x", ["body", "title"], "rewrite(0.25)", file="renamed-file", type="kb/types/review-gate.md",
+            description="d", owner="someone", body=GOOD_BODY + "\n## Example (fail)\n\n## Notes\n")
+    cat = load_catalog(KB.open(kb.root))
+    assert cat.problems == []
+    g = cat.gates["prose/x"]
+    assert g.path.endswith("/renamed-file.md") and g.threshold == 0.25 and g.watches == ("body", "title")
+
+
+def test_gates_check_cli(kb, run_cli):
+    kb.gate("prose/good", ["body"])
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 0 and "1 gates in 1 lenses, 0 invalid" in res.stdout
+    kb.write("kb/instructions/review-gates/prose/bad.md", "---\ngate_id: prose/bad\n---\n")
+    res = run_cli("gates")
+    assert res.exit_code == 0 and "warning: kb/instructions/review-gates/prose/bad.md: missing name" in res.stderr
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 1
+    assert "invalid: kb/instructions/review-gates/prose/bad.md: missing name" in res.stderr
+    data = run_cli("gates", "--json").json()
+    assert [g["gate_id"] for g in data["gates"]] == ["prose/good"]
+    assert data["invalid"] == [{"path": "kb/instructions/review-gates/prose/bad.md", "reason": "missing name"}]
+
+
+@pytest.mark.corpus
+def test_commonplace_catalog_loads_clean(commonplace, run_cli):
+    res = run_cli("gates", "--check", "--json", root=commonplace)
+    assert res.exit_code == 0, res.stderr
+    data = res.json()
+    assert data["invalid"] == []
+    assert len(data["gates"]) == 42
+    assert {g["lens"] for g in data["gates"]} >= {"frontmatter", "prose", "semantic", "accessibility"}
+
+
+@pytest.mark.corpus
+def test_commonplace_select_has_no_warnings(commonplace, run_cli):
+    res = run_cli("select", "--all-gates", "--json", root=commonplace)
+    assert res.exit_code == 0
+    assert res.stderr == ""
+    assert res.json()["counts"]["missing-review"] > 10_000

@@ -1,0 +1,106 @@
+"""Notes and regions (SPEC §1), and the fast frontmatter path checked against YAML."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.frontmatter_fast import parse_simple
+from orchestrator.kb import KB, KBError, NoteParseError, parse_note_text, split_frontmatter
+
+
+def test_regions_from_frontmatter():
+    p = parse_note_text("---\ntitle: T\ndescription: D\ntags: [b, a]\n---\n# Heading\n\nBody.\n")
+    r = p.regions()
+    assert r["title"] == "T" and r["description"] == "D"
+    assert r["frontmatter"] == '{"description":"D","tags":["b","a"],"title":"T"}'
+    assert r["body"] == "# Heading\n\nBody.\n"
+
+
+def test_title_falls_back_to_first_heading_and_description_to_empty():
+    r = parse_note_text("Intro\n\n# The heading\n\n## Sub\n").regions()
+    assert r["title"] == "The heading" and r["description"] == "" and r["frontmatter"] == "{}"
+
+
+def test_split_keeps_body_exact():
+    assert split_frontmatter("---\na: 1\n---\n\nbody\n") == ("a: 1\n", "\nbody\n")
+    assert split_frontmatter("---\r\na: 1\r\n---\r\nbody") == ("a: 1\r\n", "body")
+    assert split_frontmatter("no frontmatter\n---\n") == (None, "no frontmatter\n---\n")
+    with pytest.raises(NoteParseError, match="not closed"):
+        split_frontmatter("---\na: 1\n")
+
+
+def test_broken_and_non_mapping_frontmatter():
+    with pytest.raises(NoteParseError, match="broken YAML"):
+        parse_note_text("---\ntitle: [x\n---\n")
+    with pytest.raises(NoteParseError, match="not a mapping"):
+        parse_note_text("---\n- a\n- b\n---\n")
+
+
+def test_rel_refuses_paths_outside_the_root(tmp_path):
+    (tmp_path / "root" / "kb" / "notes").mkdir(parents=True)
+    kb = KB.open(tmp_path / "root")
+    assert kb.rel(tmp_path / "root" / "kb" / "notes") == "kb/notes"
+    for bad in (tmp_path, "../x.md", "/etc/passwd"):
+        with pytest.raises(KBError, match="outside the KB root"):
+            kb.rel(bad)
+    with pytest.raises(KBError):
+        kb.check_rel("kb/../../x")
+
+
+WORDS = st.sampled_from(
+    ["note", "yes", "No", "on", "null", "True", "kb/types/note.md", "a b", "x: y", "it's", "C#", "a #b",
+     "12", "1.5", "2024-01-01", ".inf", "~", "", "é", "-x", "[a]", "{a}", "&a", "*a", "!x", "|", ">",
+     "'q'", '"dq"', "a,b", "trailing ", "%x", "@x", "`x`", "x:", "ü ber"]
+)
+KEYS = st.sampled_from(["title", "description", "type", "status", "tags", "traits", "on", "yes", "x-y"])
+
+
+@st.composite
+def blocks(draw):
+    lines = []
+    for _ in range(draw(st.integers(0, 6))):
+        key = draw(KEYS)
+        kind = draw(st.sampled_from(["plain", "squote", "dquote", "list", "blank", "comment", "indent"]))
+        w = draw(WORDS)
+        if kind == "plain":
+            lines.append(f"{key}: {w}")
+        elif kind == "squote":
+            lines.append(f"{key}: '{w}'")
+        elif kind == "dquote":
+            lines.append(f'{key}: "{w}"')
+        elif kind == "list":
+            items = draw(st.lists(WORDS, max_size=3))
+            lines.append(f"{key}: [{', '.join(items)}]")
+        elif kind == "blank":
+            lines.append("")
+        elif kind == "comment":
+            lines.append(f"# {w}")
+        else:
+            lines.append(f"  {w}")
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=400, deadline=None)
+@given(blocks())
+def test_fast_path_agrees_with_yaml(block):
+    fast = parse_simple(block)
+    if fast is None:
+        return
+    assert fast == (yaml.safe_load(block) or {})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_fast_path_never_disagrees_on_arbitrary_text(text):
+    fast = parse_simple(text)
+    if fast is None:
+        return
+    assert fast == (yaml.safe_load(text) or {})
+
+
+def test_fast_path_takes_the_common_shape():
+    block = "title: Varroa is the main cause\ndescription: 'A mite, not the cold, kills colonies.'\ntype: kb/types/note.md\nstatus: current\ntags: [pests, winter]\n"
+    assert parse_simple(block) == yaml.safe_load(block)

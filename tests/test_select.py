@@ -1,0 +1,306 @@
+"""SPEC §3 freshness rules and every `reviewq select` option, through the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.store import Store
+
+
+@pytest.fixture
+def small(kb):
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.gate("frontmatter/meta-check", ["frontmatter"])
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/align", ["title", "body"], "rewrite(0.5)")
+    kb.note("alpha", body="# Alpha\n\n" + "".join(f"line {i}\n" for i in range(10)))
+    kb.note("beta", body="Beta body.\n", status="current")
+    return kb
+
+
+ALL = ["frontmatter/title-check", "frontmatter/desc-check", "frontmatter/meta-check", "prose/body-check", "prose/align"]
+
+
+def accept_all(kb, notes=("kb/notes/alpha.md", "kb/notes/beta.md"), partition="m1"):
+    kb.accept(partition, [(n, g) for n in notes for g in ALL])
+
+
+def reasons(result) -> dict[tuple[str, str], str]:
+    return {(t["note_path"], t["gate_id"]): t["reason"] for t in result.json()["targets"]}
+
+
+def test_everything_missing_without_reviews(small, run_cli):
+    res = run_cli("select", "--all-gates", "--model", "m1", "--json")
+    assert res.exit_code == 0
+    data = res.json()
+    assert data["model_partition"] == "m1"
+    assert {t["reason"] for t in data["targets"]} == {"missing-review"}
+    assert len(data["targets"]) == 10
+    assert data["counts"] == {"missing-review": 10, "gate-changed": 0, "note-changed": 0, "fresh": 0}
+    t = data["targets"][0]
+    assert set(t) == {"note_path", "gate_id", "gate_path", "lens", "reason"}
+    assert t["gate_path"].startswith("kb/instructions/review-gates/")
+
+
+def test_fresh_pairs_are_counted_not_listed(small, run_cli):
+    accept_all(small)
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert data["targets"] == []
+    assert data["counts"]["fresh"] == 10
+
+
+def test_partitions_are_separate(small, run_cli):
+    accept_all(small, partition="m1")
+    data = run_cli("select", "--all-gates", "--model", "m2", "--json").json()
+    assert data["counts"]["missing-review"] == 10
+
+
+def test_partitionless_mode_reports_only_uncovered_pairs(small, run_cli):
+    small.accept("m1", [("kb/notes/alpha.md", "prose/body-check")])
+    # A change that would be note-changed in m1 is not judged without a partition.
+    small.write("kb/notes/alpha.md", small.read("kb/notes/alpha.md") + "more\n")
+    data = run_cli("select", "--all-gates", "--json").json()
+    assert data["model_partition"] is None
+    assert ("kb/notes/alpha.md", "prose/body-check") not in reasons_of(data)
+    assert data["counts"] == {"missing-review": 9, "gate-changed": 0, "note-changed": 0, "fresh": 1}
+
+
+def reasons_of(data):
+    return {(t["note_path"], t["gate_id"]): t["reason"] for t in data["targets"]}
+
+
+def test_gate_change_beats_note_change(small, run_cli):
+    accept_all(small)
+    small.gate("prose/body-check", ["body"], body="## Failure mode\n\nNew.\n\n## Test\n\nNew.\n")
+    small.write("kb/notes/alpha.md", small.read("kb/notes/alpha.md") + "extra\n")
+    r = reasons(run_cli("select", "--all-gates", "--model", "m1", "--json"))
+    assert r[("kb/notes/alpha.md", "prose/body-check")] == "gate-changed"
+    assert r[("kb/notes/beta.md", "prose/body-check")] == "gate-changed"
+    assert ("kb/notes/alpha.md", "frontmatter/title-check") not in r  # body-only edit
+
+
+def test_body_edit_only_stales_body_watchers(small, run_cli):
+    accept_all(small)
+    small.write("kb/notes/beta.md", small.read("kb/notes/beta.md").replace("Beta body.", "Beta body, edited."))
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    r = reasons_of(data)
+    assert r == {
+        ("kb/notes/beta.md", "prose/body-check"): "note-changed",
+        # rewrite(0.5): one line of one replaced → ratio 1.0 > 0.5
+        ("kb/notes/beta.md", "prose/align"): "note-changed",
+    }
+    target = data["targets"][0]
+    assert target["changed_regions"] == ["body"]
+    assert target["diff"].startswith("--- a/kb/notes/beta.md\n+++ b/kb/notes/beta.md\n")
+    assert "-Beta body.\n+Beta body, edited.\n" in target["diff"]
+    assert data["counts"]["fresh"] == 8
+
+
+def test_rewrite_threshold_and_accumulation(small, run_cli):
+    accept_all(small)
+    path = "kb/notes/alpha.md"
+    original = small.read(path)
+    # 2 of 12 body lines changed: ratio well under 0.5 → still fresh for prose/align.
+    small.write(path, original.replace("line 1\n", "line one\n").replace("line 2\n", "line two\n"))
+    r = reasons(run_cli("select", "prose", "--model", "m1", "--json"))
+    assert r == {(path, "prose/body-check"): "note-changed"}
+    # More small edits against the same accepted snapshot add up until they cross 0.5.
+    text = small.read(path)
+    for i in range(3, 9):
+        text = text.replace(f"line {i}\n", f"line #{i}\n")
+    small.write(path, text)
+    data = run_cli("select", "prose/align", "--model", "m1", "--json").json()
+    assert reasons_of(data) == {(path, "prose/align"): "note-changed"}
+    assert data["targets"][0]["change_ratio"] > 0.5
+
+
+def test_title_change_stales_title_watchers_even_under_rewrite(small, run_cli):
+    accept_all(small)
+    path = "kb/notes/alpha.md"
+    small.write(path, small.read(path).replace("title: Alpha", "title: Alpha renamed"))
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    r = reasons_of(data)
+    assert r == {
+        (path, "frontmatter/title-check"): "note-changed",
+        (path, "frontmatter/meta-check"): "note-changed",
+        (path, "prose/align"): "note-changed",
+    }
+    assert all(t["changed_regions"] == ["title", "frontmatter"] for t in data["targets"])
+
+
+def test_title_from_heading_when_frontmatter_has_none(kb, run_cli):
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.write("kb/notes/n.md", "# First title\n\nbody\n")
+    kb.accept("m1", [("kb/notes/n.md", "frontmatter/title-check")])
+    kb.write("kb/notes/n.md", "# Second title\n\nbody\n")
+    assert reasons(run_cli("select", "--all-gates", "--model", "m1", "--json")) == {
+        ("kb/notes/n.md", "frontmatter/title-check"): "note-changed"
+    }
+
+
+def test_yaml_reformatting_changes_nothing(kb, run_cli):
+    kb.gate("frontmatter/meta-check", ["frontmatter"])
+    kb.write("kb/notes/n.md", "---\ntitle: T\ntags: [a, b]\n---\nbody\n")
+    kb.accept("m1", [("kb/notes/n.md", "frontmatter/meta-check")])
+    kb.write("kb/notes/n.md", "---\ntags:\n  - a\n  - b\ntitle: 'T'\n---\nbody\n")
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert data["targets"] == [] and data["counts"]["fresh"] == 1
+
+
+def test_unwatched_region_change_is_fresh(small, run_cli):
+    accept_all(small)
+    path = "kb/notes/beta.md"
+    small.write(path, small.read(path).replace("status: current", "status: draft"))
+    r = reasons(run_cli("select", "--all-gates", "--model", "m1", "--json"))
+    assert r == {(path, "frontmatter/meta-check"): "note-changed"}
+
+
+def test_renaming_a_gate_file_keeps_its_reviews(small, run_cli):
+    accept_all(small)
+    old = small.root / "kb/instructions/review-gates/prose/body-check.md"
+    old.rename(old.with_name("renamed.md"))
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert data["targets"] == [] and data["counts"]["fresh"] == 10
+
+
+def test_snapshot_gone_is_missing_review(small, run_cli):
+    accept_all(small)
+    small.write("kb/notes/beta.md", small.read("kb/notes/beta.md") + "x\n")
+    with Store.open(small.state) as store:
+        store.conn.execute("PRAGMA foreign_keys = OFF")
+        store.conn.execute("DELETE FROM snapshots WHERE path = 'kb/notes/beta.md'")
+    r = reasons(run_cli("select", "--all-gates", "--model", "m1", "--json"))
+    assert set(r.values()) == {"missing-review"} and len(r) == 5
+
+
+def test_reason_filter_keeps_counts(small, run_cli):
+    accept_all(small, notes=("kb/notes/alpha.md",))
+    small.write("kb/notes/alpha.md", small.read("kb/notes/alpha.md") + "x\n")
+    data = run_cli("select", "--all-gates", "--model", "m1", "--reason", "note-changed", "--json").json()
+    assert {t["reason"] for t in data["targets"]} == {"note-changed"}
+    assert data["counts"]["missing-review"] == 5
+
+
+def test_bundle_and_gate_id_selectors(small, run_cli):
+    data = run_cli("select", "frontmatter", "prose/body-check", "--json").json()
+    assert {t["gate_id"] for t in data["targets"]} == {
+        "frontmatter/title-check", "frontmatter/desc-check", "frontmatter/meta-check", "prose/body-check"
+    }
+    res = run_cli("select", "nonsense")
+    assert res.exit_code == 1 and res.stderr.startswith("error: nonsense")
+    res = run_cli("select", "--all-gates", "prose")
+    assert res.exit_code == 2
+
+
+def test_nothing_selected_is_refused(small, run_cli):
+    res = run_cli("select")
+    assert res.exit_code == 1 and "nothing to select" in res.stderr
+
+
+def test_note_filter_files_and_folders_and_outside_root(small, run_cli, tmp_path):
+    small.note("sub/gamma")
+    data = run_cli("select", "prose/body-check", "--note", str(small.root / "kb/notes/sub"), "--json").json()
+    assert [t["note_path"] for t in data["targets"]] == ["kb/notes/sub/gamma.md"]
+    data = run_cli("select", "prose/body-check", "--note", "kb/notes/beta.md", "--json").json()
+    assert [t["note_path"] for t in data["targets"]] == ["kb/notes/beta.md"]
+    (tmp_path / "outside.md").write_text("x")
+    res = run_cli("select", "prose/body-check", "--note", str(tmp_path / "outside.md"))
+    assert res.exit_code == 1 and "outside the KB root" in res.stderr
+    res = run_cli("select", "prose/body-check", "--note", "../outside.md")
+    assert res.exit_code == 1 and "outside the KB root" in res.stderr
+
+
+def test_current_filter(small, run_cli):
+    data = run_cli("select", "prose/body-check", "--current", "--json").json()
+    assert [t["note_path"] for t in data["targets"]] == ["kb/notes/beta.md"]
+
+
+def test_type_pairs_are_opt_in(kb, run_cli):
+    kb.gate("prose/body-check", ["body"])
+    kb.type_spec("definition")
+    kb.type_spec("note")
+    kb.note("by-name", type="definition")
+    kb.note("by-path", type="kb/types/definition.md")
+    kb.note("plain", type="note")
+    kb.note("untyped")
+    kb.note("unknown", type="nonexistent")
+    kb.write("kb/notes/sub/types/local.md", "---\nname: local\n---\n# Local type\n")
+    kb.write("kb/notes/sub/rel.md", note_text_with_type("./types/local.md"))
+    data = run_cli("select", "--all-gates", "--json").json()
+    assert {t["gate_id"] for t in data["targets"]} == {"prose/body-check"}
+    data = run_cli("select", "type", "--json").json()
+    got = {(t["note_path"], t["gate_id"], t["gate_path"]) for t in data["targets"]}
+    assert got == {
+        ("kb/notes/by-name.md", "type/definition", "kb/types/definition.md"),
+        ("kb/notes/by-path.md", "type/definition", "kb/types/definition.md"),
+        ("kb/notes/plain.md", "type/note", "kb/types/note.md"),
+        ("kb/notes/sub/rel.md", "type/local", "kb/notes/sub/types/local.md"),
+    }
+    data = run_cli("select", "type/definition", "--json").json()
+    assert {t["note_path"] for t in data["targets"]} == {"kb/notes/by-name.md", "kb/notes/by-path.md"}
+    assert run_cli("select", "type/nope").exit_code == 1
+
+
+def note_text_with_type(t: str) -> str:
+    return f"---\ntitle: Rel\ntype: {t}\n---\nbody\n"
+
+
+def test_editing_a_type_spec_stales_exactly_its_notes(kb, run_cli):
+    kb.type_spec("definition")
+    kb.type_spec("note")
+    kb.note("d", type="definition")
+    kb.note("n", type="note")
+    kb.accept("m1", [("kb/notes/d.md", "type/definition"), ("kb/notes/n.md", "type/note")])
+    kb.type_spec("definition", body="# Definition\n\n## Review\n\nStricter now.\n")
+    r = reasons(run_cli("select", "type", "--model", "m1", "--json"))
+    assert r == {("kb/notes/d.md", "type/definition"): "gate-changed"}
+
+
+def test_requires_type_and_trait(kb, run_cli):
+    kb.type_spec("definition")
+    kb.gate("prose/def-only", ["body"], requires_type="definition")
+    kb.gate("prose/claims", ["title"], requires_trait=["title-as-claim"])
+    kb.note("d", type="kb/types/definition.md")
+    kb.note("c", traits=["title-as-claim"])
+    kb.note("plain")
+    data = run_cli("select", "--all-gates", "--json").json()
+    assert {(t["note_path"], t["gate_id"]) for t in data["targets"]} == {
+        ("kb/notes/d.md", "prose/def-only"),
+        ("kb/notes/c.md", "prose/claims"),
+    }
+    kb.accept("m1", [("kb/notes/d.md", "prose/def-only")])
+    kb.write("kb/notes/d.md", kb.read("kb/notes/d.md") + "more\n")
+    r = reasons(run_cli("select", "--all-gates", "--model", "m1", "--json"))
+    assert r[("kb/notes/d.md", "prose/def-only")] == "note-changed"
+
+
+def test_bad_notes_are_warnings_and_the_rest_proceeds(small, run_cli):
+    small.write("kb/notes/broken.md", "---\ntitle: [unclosed\n---\nbody\n")
+    small.write("kb/notes/latin1.md", "---\ntitle: caf\xe9\n---\n".encode("latin-1"))
+    small.write("kb/notes/unclosed.md", "---\ntitle: x\nbody with no end\n")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0
+    assert res.json()["counts"]["missing-review"] == 10
+    lines = res.stderr.splitlines()
+    assert any(l.startswith("warning: kb/notes/broken.md: broken YAML") for l in lines)
+    assert any(l.startswith("warning: kb/notes/latin1.md: not UTF-8") for l in lines)
+    assert any(l.startswith("warning: kb/notes/unclosed.md: frontmatter block is not closed") for l in lines)
+    assert "Traceback" not in res.stderr
+
+
+def test_invalid_gate_is_skipped_with_a_warning(small, run_cli):
+    small.write("kb/instructions/review-gates/prose/bad.md", "---\ngate_id: prose/bad\nname: Bad\nlens: prose\n---\n## Failure mode\n## Test\n")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0
+    assert "prose/bad" not in {t["gate_id"] for t in res.json()["targets"]}
+    assert "warning: kb/instructions/review-gates/prose/bad.md: watches must be a non-empty list" in res.stderr
+    res = run_cli("select", "prose/bad")
+    assert res.exit_code == 1 and "invalid" in res.stderr
+
+
+def test_human_output(small, run_cli):
+    res = run_cli("select", "prose/body-check")
+    assert res.exit_code == 0
+    assert "missing-review  kb/notes/alpha.md  prose/body-check" in res.stdout
+    assert res.stdout.strip().endswith("missing-review: 2, gate-changed: 0, note-changed: 0, fresh: 0")

@@ -1,0 +1,66 @@
+"""state.db (SPEC §2): migrations, WAL, snapshots, acceptance keyed by gate_id."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from orchestrator.migrations import LATEST
+from orchestrator.store import ReviewRecord, Store, StoreError
+
+
+def test_migrations_are_numbered_and_recorded(tmp_path):
+    with Store.open(tmp_path) as store:
+        rows = store.conn.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
+        assert [r[0] for r in rows] == list(range(1, LATEST + 1))
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert store.conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
+    with Store.open(tmp_path) as again:  # re-opening migrates nothing twice
+        assert again.schema_version() == LATEST
+
+
+def test_newer_schema_is_refused(tmp_path):
+    Store.open(tmp_path).close()
+    conn = sqlite3.connect(tmp_path / "state.db")
+    conn.execute("INSERT INTO schema_migrations VALUES (999, 'future', 'x')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="schema version 999 is newer"):
+        Store.open(tmp_path)
+
+
+def test_not_a_database_is_refused(tmp_path):
+    (tmp_path / "state.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="not a reviewq database"):
+        Store.open(tmp_path)
+
+
+def test_snapshots_are_stored_once_per_path_and_hash(tmp_path):
+    with Store.open(tmp_path) as store:
+        a = store.snapshot("kb/notes/a.md", "text")
+        assert store.snapshot("kb/notes/a.md", "text") == a
+        assert store.snapshot("kb/notes/b.md", "text") != a
+        assert store.snapshot("kb/notes/a.md", "other") != a
+        assert store.conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 3
+        assert store.snapshot_text(a) == "text"
+
+
+def test_record_reviews_accepts_all_but_error(tmp_path):
+    rec = lambda d, g: ReviewRecord("kb/notes/a.md", "n", g, f"kb/g/{g}.md", "prose", "gate", d, "why")  # noqa: E731
+    with Store.open(tmp_path) as store:
+        v0 = store.acceptance_version()
+        store.record_reviews("m", [rec("PASS", "p/a"), rec("FAIL", "p/b"), rec("ERROR", "p/c")])
+        assert store.acceptance("m", "kb/notes/a.md", "p/a").decision == "PASS"
+        assert store.acceptance("m", "kb/notes/a.md", "p/b").decision == "FAIL"
+        assert store.acceptance("m", "kb/notes/a.md", "p/c") is None
+        assert store.acceptance_version() == v0 + 2
+        assert store.conn.execute("SELECT count(*) FROM review_pairs").fetchone()[0] == 3
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    with Store.open(tmp_path) as store:
+        with pytest.raises(RuntimeError), store.write():
+            store.snapshot("kb/notes/a.md", "x")
+            raise RuntimeError("killed")
+        assert store.conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
