@@ -11,9 +11,21 @@ from typing import Any
 
 import click
 
+from .acceptance import AckError, ack, warn_queue
+from .attempts import AttemptError
 from .config import ConfigError
+from .finalize import (
+    FinalizeError,
+    Provenance,
+    check_finalizable,
+    finalize,
+    parse_telemetry,
+    read_output,
+)
 from .gates import SelectionError
-from .kb import KBError, FileProblem
+from .jobs import GROUPINGS, JobError, create_jobs, parse_select_json
+from .kb import FileProblem, KBError
+from .reports import ReportError, export
 from .selector import SelectError, select
 from .store import StoreError
 from .workspace import Workspace
@@ -24,6 +36,11 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
     SelectionError,
     SelectError,
     StoreError,
+    JobError,
+    FinalizeError,
+    AckError,
+    AttemptError,
+    ReportError,
 )
 
 
@@ -56,7 +73,9 @@ def emit_json(data: object) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--root", default=".", show_default=True, help="The KB root (the folder holding kb/).")
+@click.option(
+    "--root", default=".", show_default=True, help="The KB root (the folder holding kb/)."
+)
 @click.option("--state", default=None, help="The state folder [default: ROOT/.reviewq].")
 @click.option("--config", default=None, help="The settings file [default: ROOT/reviewq.toml].")
 @click.pass_context
@@ -105,7 +124,10 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
                     }
                     for g in sorted(cat.gates.values(), key=lambda g: g.gate_id)
                 ],
-                "types": [{"gate_id": g.gate_id, "path": g.path} for g in sorted(cat.types.values(), key=lambda g: g.gate_id)],
+                "types": [
+                    {"gate_id": g.gate_id, "path": g.path}
+                    for g in sorted(cat.types.values(), key=lambda g: g.gate_id)
+                ],
                 "invalid": [{"path": p.path, "reason": p.reason} for p in cat.problems],
             }
         )
@@ -118,7 +140,9 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
                     click.echo(f"  {g.gate_id:<40} watches {watches:<28} {g.staleness_text}")
         if cat.types:
             click.echo("type: " + " ".join(sorted(g.gate_id for g in cat.types.values())))
-        click.echo(f"{len(cat.gates)} gates in {len(cat.lenses)} lenses, {len(cat.problems)} invalid")
+        click.echo(
+            f"{len(cat.gates)} gates in {len(cat.lenses)} lenses, {len(cat.problems)} invalid"
+        )
     if check:
         for p in cat.problems:
             click.echo(f"invalid: {p.path}: {p.reason}", err=True)
@@ -161,7 +185,9 @@ def select_cmd(
       reviewq select prose frontmatter/title-body-alignment --model offline --json
     """
     if all_gates and any(s != "type" and not s.startswith("type/") for s in selectors):
-        raise click.UsageError("--all-gates selects every catalog gate: name no bundle or gate id with it")
+        raise click.UsageError(
+            "--all-gates selects every catalog gate: name no bundle or gate id with it"
+        )
     note_paths = [ws.kb.rel(n) for n in notes] if notes else None
     result = select(
         ws.kb,
@@ -187,6 +213,235 @@ def select_cmd(
         click.echo(f"{t.reason:<15} {t.note_path}  {t.gate_id}{extra}")
     counts = result.to_json()["counts"]
     click.echo(", ".join(f"{k}: {v}" for k, v in counts.items()))
+
+
+@cli.command("create-jobs")
+@click.option(
+    "--input",
+    "input_file",
+    required=True,
+    type=click.File("r", encoding="utf-8"),
+    help="select --json output, or - for stdin.",
+)
+@click.option(
+    "--grouping",
+    type=click.Choice(GROUPINGS),
+    required=True,
+    help="note: one job per (note, lens); gate: one job per gate and batch of notes.",
+)
+@click.option(
+    "--batch-size",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Notes per job with --grouping gate.",
+)
+@click.option("--model", default=None, help="The model partition [default: the input's].")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (SPEC §10).")
+@click.pass_obj
+@refuse_domain_errors
+def create_jobs_cmd(
+    ws: Workspace, input_file, grouping: str, batch_size: int, model: str | None, as_json: bool
+) -> None:
+    """Queued review jobs from select's JSON: a folder per job with prompt.md and MANIFEST.json.
+
+    \b
+    Example:
+      reviewq select prose --model offline --json | reviewq create-jobs --input - --grouping note
+    """
+    partition, targets = parse_select_json(input_file.read())
+    batch = create_jobs(
+        ws.kb,
+        ws.catalog(),
+        ws.store,
+        ws.state_dir,
+        targets,
+        model_partition=model or partition or "",
+        grouping=grouping,
+        batch_size=batch_size,
+    )
+    if as_json:
+        emit_json(batch.to_json())
+    else:
+        for job in batch.jobs:
+            click.echo(
+                f"job {job.review_job_id}: {len(job.pairs)} pair(s)  prompt {job.prompt_path}  output {job.bundle_output_path}"
+            )
+        click.echo(f"{len(batch.jobs)} job(s) created, {len(batch.skipped)} pair(s) skipped")
+    for s in batch.skipped:
+        click.echo(f"skipped: {s.note_path} {s.gate_id}: {s.why}", err=True)
+
+
+@cli.command("finalize")
+@click.option(
+    "--review-job-id",
+    "job_id",
+    required=True,
+    type=int,
+    help="The job whose bundle-output.md to accept.",
+)
+@click.option("--runner", default=None, help="Who produced the output (recorded).")
+@click.option(
+    "--model", default=None, help="The model that reviewed; must match the job's partition."
+)
+@click.option("--effort", default=None, help="The reasoning effort (needs --model).")
+@click.option(
+    "--telemetry-json",
+    "telemetry",
+    default=None,
+    help="Harness telemetry: JSON text or a JSON file.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (SPEC §10).")
+@click.pass_obj
+@refuse_domain_errors
+def finalize_cmd(
+    ws: Workspace, job_id: int, runner, model, effort, telemetry, as_json: bool
+) -> None:
+    """Accept a job's bundle-output.md all-or-nothing; a bad output fails the job with every reason.
+
+    \b
+    Example:
+      reviewq finalize --review-job-id 3 --runner claude-code --model offline
+    """
+    prov = Provenance(
+        runner=runner, model=model, effort=effort, telemetry=parse_telemetry(telemetry)
+    )
+    store = ws.store
+    check_finalizable(store, job_id, prov)
+    job_dir = (
+        ws.state_dir
+        / store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()[
+            0
+        ]
+    )
+    output = read_output(job_dir / "bundle-output.md", ws.settings.max_output_bytes)
+    result = finalize(
+        store, ws.state_dir, job_id, output, provenance=prov, max_bytes=ws.settings.max_output_bytes
+    )
+    if as_json:
+        emit_json(result.to_json())
+    elif result.ok:
+        for p in result.pairs:
+            click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
+        click.echo(f"job {job_id} completed")
+    if not result.ok:
+        for r in result.failure_reasons:
+            click.echo(f"reason: {r}", err=True)
+        raise Refused(
+            f"job {job_id} failed: {len(result.failure_reasons)} problem(s) in its output; nothing accepted"
+        )
+
+
+@cli.command("run-job")
+@click.argument("job_id", type=int)
+@click.option(
+    "--reviewer",
+    default=None,
+    help="The reviewer profile [default: the job's, else the one of its partition].",
+)
+@click.pass_obj
+@refuse_domain_errors
+def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
+    """Run one job's agent in the foreground (own process group, deadline), then finalize it.
+
+    \b
+    Example:
+      reviewq run-job 3 --reviewer offline
+    """
+    from workers.foreground import run_job
+
+    name = reviewer or job_reviewer(ws, job_id)
+    res = run_job(ws, job_id, name)
+    out = res.outcome
+    click.echo(
+        f"job {job_id} attempt {out.attempt}: {out.classification} (exit {out.exit_code}, {out.duration_s:.1f} s)"
+    )
+    if res.finalized is not None and res.finalized.ok:
+        for p in res.finalized.pairs:
+            click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
+        click.echo(f"job {job_id} completed")
+        return
+    reasons = res.finalized.failure_reasons if res.finalized is not None else out.reasons
+    for r in reasons:
+        click.echo(f"reason: {r}", err=True)
+    state = "queued again (launch failure)" if out.classification == "launch-failure" else "failed"
+    raise Refused(f"job {job_id} {state}")
+
+
+def job_reviewer(ws: Workspace, job_id: int) -> str:
+    row = ws.store.conn.execute(
+        "SELECT reviewer, model_partition FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    if row is None:
+        raise Refused(f"no review job {job_id}")
+    if row["reviewer"]:
+        return row["reviewer"]
+    for name, profile in sorted(ws.settings.reviewers.items()):
+        if profile.partition == row["model_partition"]:
+            return name
+    raise Refused(
+        f"no reviewer profile writes partition {row['model_partition']!r}: pass --reviewer"
+    )
+
+
+@cli.command("ack")
+@click.option("--model", required=True, help="The model partition whose review is carried forward.")
+@click.argument("note")
+@click.argument("gate_ids", nargs=-1, required=True)
+@click.pass_obj
+@refuse_domain_errors
+def ack_cmd(ws: Workspace, model: str, note: str, gate_ids: tuple[str, ...]) -> None:
+    """Carry completed reviews forward to the note's current text (all or nothing).
+
+    \b
+    Example:
+      reviewq ack --model offline kb/notes/brood.md prose/unscoped-advice
+    """
+    for a in ack(ws.kb, ws.catalog(), ws.store, model, ws.kb.rel(note), gate_ids):
+        click.echo(f"acked: {a.note_path} {a.gate_id}")
+
+
+@cli.command("warn-queue")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+@refuse_domain_errors
+def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
+    """The latest WARN finding per (note, gate) across partitions, skipping changed gates.
+
+    \b
+    Example:
+      reviewq warn-queue --json
+    """
+    items = warn_queue(ws.read_store(), ws.catalog())
+    if as_json:
+        emit_json({"warnings": [i.to_json() for i in items]})
+        return
+    for i in items:
+        click.echo(f"{i.note_path}  {i.gate_id}  ({i.model_partition}, job {i.review_job_id})")
+        for line in i.rationale.strip().splitlines():
+            click.echo(f"    {line}")
+    click.echo(f"{len(items)} warning(s)")
+
+
+@cli.command("export")
+@click.option(
+    "--model", default=None, help="Only this partition [default: the latest across partitions]."
+)
+@click.pass_obj
+@refuse_domain_errors
+def export_cmd(ws: Workspace, model: str | None) -> None:
+    """Write the file view of reviews: GATE-REVIEW files and gate_reviews.csv under kb/reports/reviews.
+
+    \b
+    Example:
+      reviewq export --model offline
+    """
+    cat = ws.catalog()
+    watches = {g.gate_id: list(g.watches) for g in [*cat.gates.values(), *cat.types.values()]}
+    res = export(ws.read_store(), ws.root, model, watches)
+    click.echo(
+        f"exported {res.files} review(s); index {res.csv_path.relative_to(ws.root).as_posix()}"
+    )
 
 
 def main() -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 KINDS = ("claude", "codex", "gemini", "command", "openai", "offline")
 GROUPINGS = ("note", "gate")
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$"
+)
 
 
 class ConfigError(ValueError):
@@ -104,7 +106,14 @@ class Settings:
             raise ConfigError(f"no reviewer profile {name!r} (known: {known})") from None
 
 
-OFFLINE = ReviewerProfile(name="offline", kind="offline", model="offline", partition="offline", timeout=120.0, concurrency=4)
+OFFLINE = ReviewerProfile(
+    name="offline",
+    kind="offline",
+    model="offline",
+    partition="offline",
+    timeout=120.0,
+    concurrency=4,
+)
 
 
 def _strs(value: object, where: str) -> tuple[str, ...]:
@@ -133,8 +142,20 @@ def _reviewer(name: str, t: dict) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
     _known(
         t,
-        {"kind", "model", "partition", "max_turns", "timeout", "concurrency", "args", "env",
-         "command", "executable", "base_url", "api_key_env"},
+        {
+            "kind",
+            "model",
+            "partition",
+            "max_turns",
+            "timeout",
+            "concurrency",
+            "args",
+            "env",
+            "command",
+            "executable",
+            "base_url",
+            "api_key_env",
+        },
         where,
     )
     kind = t.get("kind")
@@ -179,15 +200,32 @@ def _sweep(t: dict, index: int) -> SweepConfig:
     where = f"[[sweeps]] {name!r}"
     _known(
         t,
-        {"name", "select", "all_gates", "cron", "reviewer", "fixer", "auditor", "grouping",
-         "batch_size", "fix", "sequential", "audit", "notes", "current", "budget_usd"},
+        {
+            "name",
+            "select",
+            "all_gates",
+            "cron",
+            "reviewer",
+            "fixer",
+            "auditor",
+            "grouping",
+            "batch_size",
+            "fix",
+            "sequential",
+            "audit",
+            "notes",
+            "current",
+            "budget_usd",
+        },
         where,
     )
     grouping = t.get("grouping", "note")
     if grouping not in GROUPINGS:
         raise ConfigError(f"{where} grouping: {grouping!r} is not one of {', '.join(GROUPINGS)}")
     budget = t.get("budget_usd")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or budget < 0):
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int | float) or budget < 0
+    ):
         raise ConfigError(f"{where} budget_usd: expected a number ≥ 0")
     select = _strs(t.get("select"), f"{where} select")
     all_gates = bool(t.get("all_gates", not select))
@@ -228,7 +266,9 @@ def load_settings(
 
     kb_t = data.get("kb", {})
     note_roots = _strs(kb_t.get("note_roots"), f"{where} [kb] note_roots") or ("kb/notes",)
-    state_dir = Path(state) if state else root_path / str(data.get("state", {}).get("dir", ".reviewq"))
+    state_dir = (
+        Path(state) if state else root_path / str(data.get("state", {}).get("dir", ".reviewq"))
+    )
     if not state_dir.is_absolute():
         state_dir = (Path.cwd() / state_dir) if state else (root_path / state_dir)
 
@@ -244,8 +284,18 @@ def load_settings(
 
     q = data.get("queue", {})
     try:
-        _known(q, {"url", "lease_seconds", "reaper_seconds", "max_attempts",
-                   "launch_failures_before_pause", "pause_seconds"}, "[queue]")
+        _known(
+            q,
+            {
+                "url",
+                "lease_seconds",
+                "reaper_seconds",
+                "max_attempts",
+                "launch_failures_before_pause",
+                "pause_seconds",
+            },
+            "[queue]",
+        )
         queue = QueueSettings(
             url=str(q.get("url", "")),
             lease_seconds=parse_duration(q.get("lease_seconds", 120), "[queue] lease_seconds"),
@@ -263,11 +313,15 @@ def load_settings(
                 raise ConfigError(f"[[sweeps]] {s.name!r}: defined twice")
             sweeps[s.name] = s
         limits = data.get("limits", {})
-        max_output = _int(limits.get("max_output_bytes", 5 * 1024 * 1024), "[limits] max_output_bytes")
+        max_output = _int(
+            limits.get("max_output_bytes", 5 * 1024 * 1024), "[limits] max_output_bytes"
+        )
     except ConfigError as exc:
         raise ConfigError(f"{where} {exc}") from None
     if queue.url and not queue.url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"{where} [queue] url: only redis:// URLs are supported (or leave it out for SQLite)")
+        raise ConfigError(
+            f"{where} [queue] url: only redis:// URLs are supported (or leave it out for SQLite)"
+        )
 
     return Settings(
         root=root_path,

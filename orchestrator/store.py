@@ -293,7 +293,10 @@ class Store:
 
     def partitions_covering(self) -> set[tuple[str, str]]:
         """(note_path, gate_id) pairs with an acceptance in any partition."""
-        return {(r[0], r[1]) for r in self.conn.execute("SELECT DISTINCT note_path, gate_id FROM acceptance")}
+        return {
+            (r[0], r[1])
+            for r in self.conn.execute("SELECT DISTINCT note_path, gate_id FROM acceptance")
+        }
 
     def upsert_acceptance(
         self,
@@ -376,13 +379,13 @@ class Store:
                     )
         return job_id
 
-    def active_pairs(self) -> set[tuple[str, str]]:
-        """(note_path, gate_id) of pairs inside a queued or running job."""
+    def active_pairs(self) -> dict[tuple[str, str], tuple[int, str]]:
+        """(note_path, gate_id) → (job id, status) for pairs inside a queued or running job."""
         return {
-            (r[0], r[1])
+            (r[0], r[1]): (r[2], r[3])
             for r in self.conn.execute(
-                "SELECT p.note_path, p.gate_id FROM review_pairs p JOIN review_jobs j "
-                "ON j.id = p.job_id WHERE j.status IN ('queued', 'running') AND j.kind != 'fix'"
+                "SELECT p.note_path, p.gate_id, j.id, j.status FROM review_pairs p JOIN review_jobs j "
+                "ON j.id = p.job_id WHERE j.status IN ('queued', 'running') AND j.kind = 'review'"
             )
         }
 

@@ -19,7 +19,10 @@ class Workspace:
 
     @classmethod
     def open(
-        cls, root: str | Path = ".", state: str | Path | None = None, config: str | Path | None = None
+        cls,
+        root: str | Path = ".",
+        state: str | Path | None = None,
+        config: str | Path | None = None,
     ) -> Workspace:
         return cls(load_settings(root, state, config))
 

@@ -31,7 +31,12 @@ def gate_text(
     **extra: object,
 ) -> str:
     lens = gate_id.split("/")[0]
-    meta: dict = {"gate_id": gate_id, "name": gate_id.split("/")[1].replace("-", " ").title(), "lens": lens, "watches": watches}
+    meta: dict = {
+        "gate_id": gate_id,
+        "name": gate_id.split("/")[1].replace("-", " ").title(),
+        "lens": lens,
+        "watches": watches,
+    }
     if staleness:
         meta["staleness"] = staleness
     meta.update(extra)
@@ -66,7 +71,14 @@ class KBBuilder:
         meta.setdefault("description", f"About {name}.")
         return self.write(f"kb/notes/{name}.md", note_text(body, **meta))
 
-    def gate(self, gate_id: str, watches: list[str], staleness: str | None = None, file: str | None = None, **extra: object) -> str:
+    def gate(
+        self,
+        gate_id: str,
+        watches: list[str],
+        staleness: str | None = None,
+        file: str | None = None,
+        **extra: object,
+    ) -> str:
         lens, name = gate_id.split("/")
         rel = f"kb/instructions/review-gates/{lens}/{file or name}.md"
         return self.write(rel, gate_text(gate_id, watches, staleness, **extra))
@@ -86,7 +98,16 @@ class KBBuilder:
             gate = cat.get(gate_id)
             assert gate is not None, gate_id
             records.append(
-                ReviewRecord(note_path, self.read(note_path), gate_id, gate.path, gate.lens, gate.text, decision, "ok")
+                ReviewRecord(
+                    note_path,
+                    self.read(note_path),
+                    gate_id,
+                    gate.path,
+                    gate.lens,
+                    gate.text,
+                    decision,
+                    "ok",
+                )
             )
         with Store.open(self.state) as store:
             return store.record_reviews(partition, records)
@@ -115,18 +136,32 @@ def run_cli(kb: KBBuilder):
 
     def run(*args: str, input: str | None = None, root: Path | None = None) -> CLIResult:
         runner = CliRunner()
-        res = runner.invoke(cli, ["--root", str(root or kb.root), *args], input=input, catch_exceptions=False)
+        res = runner.invoke(
+            cli, ["--root", str(root or kb.root), *args], input=input, catch_exceptions=False
+        )
         return CLIResult(res.exit_code, res.stdout, res.stderr)
 
     return run
 
 
-def reviewq_process(*args: str, cwd: Path | None = None, env: dict | None = None, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def reviewq_process(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    input: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
     """Run the real ``reviewq`` console script as a process."""
     exe = Path(sys.executable).parent / "reviewq"
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [str(exe), *args], cwd=cwd, env=full_env, input=input, capture_output=True, text=True, timeout=timeout
+        [str(exe), *args],
+        cwd=cwd,
+        env=full_env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

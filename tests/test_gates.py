@@ -18,20 +18,64 @@ def problems(kb) -> dict[str, str]:
     ("meta", "body", "reason"),
     [
         ("name: X\nlens: prose\nwatches: [body]", GOOD_BODY, "missing gate_id"),
-        ("gate_id: prose\nname: X\nlens: prose\nwatches: [body]", GOOD_BODY, "not of the form LENS/NAME"),
-        ("gate_id: other/x\nname: X\nlens: prose\nwatches: [body]", GOOD_BODY, "lens part must be the folder"),
+        (
+            "gate_id: prose\nname: X\nlens: prose\nwatches: [body]",
+            GOOD_BODY,
+            "not of the form LENS/NAME",
+        ),
+        (
+            "gate_id: other/x\nname: X\nlens: prose\nwatches: [body]",
+            GOOD_BODY,
+            "lens part must be the folder",
+        ),
         ("gate_id: prose/x\nlens: prose\nwatches: [body]", GOOD_BODY, "missing name"),
-        ("gate_id: prose/x\nname: X\nlens: other\nwatches: [body]", GOOD_BODY, "must equal the lens folder"),
+        (
+            "gate_id: prose/x\nname: X\nlens: other\nwatches: [body]",
+            GOOD_BODY,
+            "must equal the lens folder",
+        ),
         ("gate_id: prose/x\nname: X\nlens: prose", GOOD_BODY, "watches must be a non-empty list"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: []", GOOD_BODY, "watches must be a non-empty list"),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: []",
+            GOOD_BODY,
+            "watches must be a non-empty list",
+        ),
         ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [footer]", GOOD_BODY, "regions are"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: rewrite(1.5)", GOOD_BODY, "threshold must be in (0, 1]"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: rewrite(0)", GOOD_BODY, "threshold must be in (0, 1]"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: sometimes", GOOD_BODY, "expected 'changed' or 'rewrite(T)'"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [title]\nstaleness: rewrite(0.5)", GOOD_BODY, "does not watch"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]", "## Test\n\ny\n", "lacks '## Failure mode'"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]", "## Failure mode\n", "lacks '## Test'"),
-        ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: 3", GOOD_BODY, "requires_type must be"),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: rewrite(1.5)",
+            GOOD_BODY,
+            "threshold must be in (0, 1]",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: rewrite(0)",
+            GOOD_BODY,
+            "threshold must be in (0, 1]",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nstaleness: sometimes",
+            GOOD_BODY,
+            "expected 'changed' or 'rewrite(T)'",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [title]\nstaleness: rewrite(0.5)",
+            GOOD_BODY,
+            "does not watch",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]",
+            "## Test\n\ny\n",
+            "lacks '## Failure mode'",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]",
+            "## Failure mode\n",
+            "lacks '## Test'",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: 3",
+            GOOD_BODY,
+            "requires_type must be",
+        ),
         ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body\n", GOOD_BODY, "broken YAML"),
     ],
 )
@@ -62,12 +106,24 @@ def test_duplicate_gate_ids_invalidate_both(kb):
 
 
 def test_extra_fields_headings_and_file_name_are_free(kb):
-    kb.gate("prose/x", ["body", "title"], "rewrite(0.25)", file="renamed-file", type="kb/types/review-gate.md",
-            description="d", owner="someone", body=GOOD_BODY + "\n## Example (fail)\n\n## Notes\n")
+    kb.gate(
+        "prose/x",
+        ["body", "title"],
+        "rewrite(0.25)",
+        file="renamed-file",
+        type="kb/types/review-gate.md",
+        description="d",
+        owner="someone",
+        body=GOOD_BODY + "\n## Example (fail)\n\n## Notes\n",
+    )
     cat = load_catalog(KB.open(kb.root))
     assert cat.problems == []
     g = cat.gates["prose/x"]
-    assert g.path.endswith("/renamed-file.md") and g.threshold == 0.25 and g.watches == ("body", "title")
+    assert (
+        g.path.endswith("/renamed-file.md")
+        and g.threshold == 0.25
+        and g.watches == ("body", "title")
+    )
 
 
 def test_gates_check_cli(kb, run_cli):
@@ -76,13 +132,18 @@ def test_gates_check_cli(kb, run_cli):
     assert res.exit_code == 0 and "1 gates in 1 lenses, 0 invalid" in res.stdout
     kb.write("kb/instructions/review-gates/prose/bad.md", "---\ngate_id: prose/bad\n---\n")
     res = run_cli("gates")
-    assert res.exit_code == 0 and "warning: kb/instructions/review-gates/prose/bad.md: missing name" in res.stderr
+    assert (
+        res.exit_code == 0
+        and "warning: kb/instructions/review-gates/prose/bad.md: missing name" in res.stderr
+    )
     res = run_cli("gates", "--check")
     assert res.exit_code == 1
     assert "invalid: kb/instructions/review-gates/prose/bad.md: missing name" in res.stderr
     data = run_cli("gates", "--json").json()
     assert [g["gate_id"] for g in data["gates"]] == ["prose/good"]
-    assert data["invalid"] == [{"path": "kb/instructions/review-gates/prose/bad.md", "reason": "missing name"}]
+    assert data["invalid"] == [
+        {"path": "kb/instructions/review-gates/prose/bad.md", "reason": "missing name"}
+    ]
 
 
 @pytest.mark.corpus
@@ -92,7 +153,12 @@ def test_commonplace_catalog_loads_clean(commonplace, run_cli):
     data = res.json()
     assert data["invalid"] == []
     assert len(data["gates"]) == 42
-    assert {g["lens"] for g in data["gates"]} >= {"frontmatter", "prose", "semantic", "accessibility"}
+    assert {g["lens"] for g in data["gates"]} >= {
+        "frontmatter",
+        "prose",
+        "semantic",
+        "accessibility",
+    }
 
 
 @pytest.mark.corpus

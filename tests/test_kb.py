@@ -51,11 +51,48 @@ def test_rel_refuses_paths_outside_the_root(tmp_path):
 
 
 WORDS = st.sampled_from(
-    ["note", "yes", "No", "on", "null", "True", "kb/types/note.md", "a b", "x: y", "it's", "C#", "a #b",
-     "12", "1.5", "2024-01-01", ".inf", "~", "", "é", "-x", "[a]", "{a}", "&a", "*a", "!x", "|", ">",
-     "'q'", '"dq"', "a,b", "trailing ", "%x", "@x", "`x`", "x:", "ü ber"]
+    [
+        "note",
+        "yes",
+        "No",
+        "on",
+        "null",
+        "True",
+        "kb/types/note.md",
+        "a b",
+        "x: y",
+        "it's",
+        "C#",
+        "a #b",
+        "12",
+        "1.5",
+        "2024-01-01",
+        ".inf",
+        "~",
+        "",
+        "é",
+        "-x",
+        "[a]",
+        "{a}",
+        "&a",
+        "*a",
+        "!x",
+        "|",
+        ">",
+        "'q'",
+        '"dq"',
+        "a,b",
+        "trailing ",
+        "%x",
+        "@x",
+        "`x`",
+        "x:",
+        "ü ber",
+    ]
 )
-KEYS = st.sampled_from(["title", "description", "type", "status", "tags", "traits", "on", "yes", "x-y"])
+KEYS = st.sampled_from(
+    ["title", "description", "type", "status", "tags", "traits", "on", "yes", "x-y"]
+)
 
 
 @st.composite
@@ -63,7 +100,9 @@ def blocks(draw):
     lines = []
     for _ in range(draw(st.integers(0, 6))):
         key = draw(KEYS)
-        kind = draw(st.sampled_from(["plain", "squote", "dquote", "list", "blank", "comment", "indent"]))
+        kind = draw(
+            st.sampled_from(["plain", "squote", "dquote", "list", "blank", "comment", "indent"])
+        )
         w = draw(WORDS)
         if kind == "plain":
             lines.append(f"{key}: {w}")

@@ -19,7 +19,13 @@ def small(kb):
     return kb
 
 
-ALL = ["frontmatter/title-check", "frontmatter/desc-check", "frontmatter/meta-check", "prose/body-check", "prose/align"]
+ALL = [
+    "frontmatter/title-check",
+    "frontmatter/desc-check",
+    "frontmatter/meta-check",
+    "prose/body-check",
+    "prose/align",
+]
 
 
 def accept_all(kb, notes=("kb/notes/alpha.md", "kb/notes/beta.md"), partition="m1"):
@@ -37,7 +43,12 @@ def test_everything_missing_without_reviews(small, run_cli):
     assert data["model_partition"] == "m1"
     assert {t["reason"] for t in data["targets"]} == {"missing-review"}
     assert len(data["targets"]) == 10
-    assert data["counts"] == {"missing-review": 10, "gate-changed": 0, "note-changed": 0, "fresh": 0}
+    assert data["counts"] == {
+        "missing-review": 10,
+        "gate-changed": 0,
+        "note-changed": 0,
+        "fresh": 0,
+    }
     t = data["targets"][0]
     assert set(t) == {"note_path", "gate_id", "gate_path", "lens", "reason"}
     assert t["gate_path"].startswith("kb/instructions/review-gates/")
@@ -82,7 +93,10 @@ def test_gate_change_beats_note_change(small, run_cli):
 
 def test_body_edit_only_stales_body_watchers(small, run_cli):
     accept_all(small)
-    small.write("kb/notes/beta.md", small.read("kb/notes/beta.md").replace("Beta body.", "Beta body, edited."))
+    small.write(
+        "kb/notes/beta.md",
+        small.read("kb/notes/beta.md").replace("Beta body.", "Beta body, edited."),
+    )
     data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
     r = reasons_of(data)
     assert r == {
@@ -177,7 +191,9 @@ def test_snapshot_gone_is_missing_review(small, run_cli):
 def test_reason_filter_keeps_counts(small, run_cli):
     accept_all(small, notes=("kb/notes/alpha.md",))
     small.write("kb/notes/alpha.md", small.read("kb/notes/alpha.md") + "x\n")
-    data = run_cli("select", "--all-gates", "--model", "m1", "--reason", "note-changed", "--json").json()
+    data = run_cli(
+        "select", "--all-gates", "--model", "m1", "--reason", "note-changed", "--json"
+    ).json()
     assert {t["reason"] for t in data["targets"]} == {"note-changed"}
     assert data["counts"]["missing-review"] == 5
 
@@ -185,7 +201,10 @@ def test_reason_filter_keeps_counts(small, run_cli):
 def test_bundle_and_gate_id_selectors(small, run_cli):
     data = run_cli("select", "frontmatter", "prose/body-check", "--json").json()
     assert {t["gate_id"] for t in data["targets"]} == {
-        "frontmatter/title-check", "frontmatter/desc-check", "frontmatter/meta-check", "prose/body-check"
+        "frontmatter/title-check",
+        "frontmatter/desc-check",
+        "frontmatter/meta-check",
+        "prose/body-check",
     }
     res = run_cli("select", "nonsense")
     assert res.exit_code == 1 and res.stderr.startswith("error: nonsense")
@@ -200,7 +219,9 @@ def test_nothing_selected_is_refused(small, run_cli):
 
 def test_note_filter_files_and_folders_and_outside_root(small, run_cli, tmp_path):
     small.note("sub/gamma")
-    data = run_cli("select", "prose/body-check", "--note", str(small.root / "kb/notes/sub"), "--json").json()
+    data = run_cli(
+        "select", "prose/body-check", "--note", str(small.root / "kb/notes/sub"), "--json"
+    ).json()
     assert [t["note_path"] for t in data["targets"]] == ["kb/notes/sub/gamma.md"]
     data = run_cli("select", "prose/body-check", "--note", "kb/notes/beta.md", "--json").json()
     assert [t["note_path"] for t in data["targets"]] == ["kb/notes/beta.md"]
@@ -238,7 +259,10 @@ def test_type_pairs_are_opt_in(kb, run_cli):
         ("kb/notes/sub/rel.md", "type/local", "kb/notes/sub/types/local.md"),
     }
     data = run_cli("select", "type/definition", "--json").json()
-    assert {t["note_path"] for t in data["targets"]} == {"kb/notes/by-name.md", "kb/notes/by-path.md"}
+    assert {t["note_path"] for t in data["targets"]} == {
+        "kb/notes/by-name.md",
+        "kb/notes/by-path.md",
+    }
     assert run_cli("select", "type/nope").exit_code == 1
 
 
@@ -283,18 +307,27 @@ def test_bad_notes_are_warnings_and_the_rest_proceeds(small, run_cli):
     assert res.exit_code == 0
     assert res.json()["counts"]["missing-review"] == 10
     lines = res.stderr.splitlines()
-    assert any(l.startswith("warning: kb/notes/broken.md: broken YAML") for l in lines)
-    assert any(l.startswith("warning: kb/notes/latin1.md: not UTF-8") for l in lines)
-    assert any(l.startswith("warning: kb/notes/unclosed.md: frontmatter block is not closed") for l in lines)
+    assert any(line.startswith("warning: kb/notes/broken.md: broken YAML") for line in lines)
+    assert any(line.startswith("warning: kb/notes/latin1.md: not UTF-8") for line in lines)
+    assert any(
+        line.startswith("warning: kb/notes/unclosed.md: frontmatter block is not closed")
+        for line in lines
+    )
     assert "Traceback" not in res.stderr
 
 
 def test_invalid_gate_is_skipped_with_a_warning(small, run_cli):
-    small.write("kb/instructions/review-gates/prose/bad.md", "---\ngate_id: prose/bad\nname: Bad\nlens: prose\n---\n## Failure mode\n## Test\n")
+    small.write(
+        "kb/instructions/review-gates/prose/bad.md",
+        "---\ngate_id: prose/bad\nname: Bad\nlens: prose\n---\n## Failure mode\n## Test\n",
+    )
     res = run_cli("select", "--all-gates", "--json")
     assert res.exit_code == 0
     assert "prose/bad" not in {t["gate_id"] for t in res.json()["targets"]}
-    assert "warning: kb/instructions/review-gates/prose/bad.md: watches must be a non-empty list" in res.stderr
+    assert (
+        "warning: kb/instructions/review-gates/prose/bad.md: watches must be a non-empty list"
+        in res.stderr
+    )
     res = run_cli("select", "prose/bad")
     assert res.exit_code == 1 and "invalid" in res.stderr
 
@@ -303,4 +336,6 @@ def test_human_output(small, run_cli):
     res = run_cli("select", "prose/body-check")
     assert res.exit_code == 0
     assert "missing-review  kb/notes/alpha.md  prose/body-check" in res.stdout
-    assert res.stdout.strip().endswith("missing-review: 2, gate-changed: 0, note-changed: 0, fresh: 0")
+    assert res.stdout.strip().endswith(
+        "missing-review: 2, gate-changed: 0, note-changed: 0, fresh: 0"
+    )

@@ -12,7 +12,9 @@ from orchestrator.store import ReviewRecord, Store, StoreError
 
 def test_migrations_are_numbered_and_recorded(tmp_path):
     with Store.open(tmp_path) as store:
-        rows = store.conn.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
+        rows = store.conn.execute(
+            "SELECT version, name FROM schema_migrations ORDER BY version"
+        ).fetchall()
         assert [r[0] for r in rows] == list(range(1, LATEST + 1))
         assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert store.conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
@@ -47,7 +49,9 @@ def test_snapshots_are_stored_once_per_path_and_hash(tmp_path):
 
 
 def test_record_reviews_accepts_all_but_error(tmp_path):
-    rec = lambda d, g: ReviewRecord("kb/notes/a.md", "n", g, f"kb/g/{g}.md", "prose", "gate", d, "why")  # noqa: E731
+    def rec(d, g):
+        return ReviewRecord("kb/notes/a.md", "n", g, f"kb/g/{g}.md", "prose", "gate", d, "why")
+
     with Store.open(tmp_path) as store:
         v0 = store.acceptance_version()
         store.record_reviews("m", [rec("PASS", "p/a"), rec("FAIL", "p/b"), rec("ERROR", "p/c")])

@@ -1,0 +1,38 @@
+"""Reviewer adapters by kind (SPEC §8). ``for_profile`` picks the adapter of a profile."""
+
+from __future__ import annotations
+
+from orchestrator.config import ReviewerProfile
+
+from .base import AttemptSpec, Command, Reviewer, Telemetry
+from .command import CommandReviewer
+from .offline import OfflineReviewer
+
+ADAPTERS: dict[str, type[Reviewer]] = {
+    CommandReviewer.kind: CommandReviewer,
+    OfflineReviewer.kind: OfflineReviewer,
+}
+
+
+class UnsupportedKind(ValueError):
+    pass
+
+
+def for_profile(profile: ReviewerProfile) -> Reviewer:
+    try:
+        return ADAPTERS[profile.kind](profile)
+    except KeyError:
+        raise UnsupportedKind(
+            f"reviewer {profile.name}: kind {profile.kind!r} has no adapter yet"
+        ) from None
+
+
+__all__ = [
+    "ADAPTERS",
+    "AttemptSpec",
+    "Command",
+    "Reviewer",
+    "Telemetry",
+    "UnsupportedKind",
+    "for_profile",
+]

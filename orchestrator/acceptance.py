@@ -1,0 +1,107 @@
+"""Operations on acceptance beyond finalize: ``ack`` (carry a review forward to the
+current text) and the WARN queue (SPEC §10)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .gates import Catalog
+from .kb import KB, NoteParseError
+from .store import Store
+
+
+class AckError(ValueError):
+    """Nothing was acked: a pair has no completed review, or a path is bad."""
+
+
+@dataclass(frozen=True)
+class Acked:
+    note_path: str
+    gate_id: str
+
+
+def ack(
+    kb: KB, catalog: Catalog, store: Store, model: str, note_path: str, gate_ids: Sequence[str]
+) -> list[Acked]:
+    """Record the current note and gate texts as accepted, each pointing at the latest
+    completed review of the pair in ``model``. All or nothing."""
+    try:
+        note = kb.read_note(kb.check_rel(note_path))
+    except (OSError, NoteParseError) as exc:
+        raise AckError(f"{note_path}: {exc}") from None
+    plan = []
+    for gate_id in dict.fromkeys(gate_ids):
+        gate = catalog.get(gate_id)
+        if gate is None:
+            raise AckError(f"{gate_id}: no such gate; nothing acked")
+        row = store.conn.execute(
+            "SELECT p.id, p.decision FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+            "WHERE p.note_path = ? AND p.gate_id = ? AND j.model_partition = ? AND j.status = 'completed' "
+            "AND p.decision IN ('PASS', 'WARN', 'FAIL') ORDER BY p.decided_at DESC, p.id DESC LIMIT 1",
+            (note.path, gate_id, model),
+        ).fetchone()
+        if row is None:
+            raise AckError(
+                f"{note.path} {gate_id}: no completed review in partition {model}; nothing acked"
+            )
+        plan.append((gate, row["id"], row["decision"]))
+    with store.write():
+        note_snap = store.snapshot(note.path, note.text, note.sha256)
+        for gate, pair_id, decision in plan:
+            store.upsert_acceptance(
+                model_partition=model,
+                note_path=note.path,
+                gate_id=gate.gate_id,
+                review_pair_id=pair_id,
+                note_snapshot_id=note_snap,
+                gate_snapshot_id=store.snapshot(gate.path, gate.text, gate.sha256),
+                decision=decision,
+                source="ack",
+            )
+    return [Acked(note.path, g.gate_id) for g, _, _ in plan]
+
+
+@dataclass(frozen=True)
+class WarnItem:
+    note_path: str
+    gate_id: str
+    model_partition: str
+    review_job_id: int
+    accepted_at: str
+    rationale: str
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+def warn_queue(store: Store, catalog: Catalog) -> list[WarnItem]:
+    """The latest WARN per (note, gate) across partitions, leaving out pairs whose gate
+    text changed since that review was accepted."""
+    rows = store.conn.execute(
+        "SELECT a.note_path, a.gate_id, a.model_partition, a.accepted_at, p.job_id, p.rationale, g.sha256 "
+        "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
+        "JOIN snapshots g ON g.id = a.gate_snapshot_id WHERE a.decision = 'WARN' "
+        "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC"
+    ).fetchall()
+    out: list[WarnItem] = []
+    seen: set[tuple[str, str]] = set()
+    for r in rows:
+        key = (r["note_path"], r["gate_id"])
+        if key in seen:
+            continue
+        seen.add(key)
+        gate = catalog.get(r["gate_id"])
+        if gate is None or gate.sha256 != r["sha256"]:
+            continue  # gate-changed (or gone): the finding may no longer hold
+        out.append(
+            WarnItem(
+                r["note_path"],
+                r["gate_id"],
+                r["model_partition"],
+                r["job_id"],
+                r["accepted_at"],
+                r["rationale"] or "",
+            )
+        )
+    return out

@@ -1,0 +1,155 @@
+"""The database side of an attempt: opening it (the fence), and recording how it ended.
+
+An attempt gets its own folder, ``attempt-N/``, with its own prompt (carrying the last
+attempt's reasons on a retry) and its own output path, so a superseded attempt that is
+still running somewhere can never write over the current one's output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .jobs import load_job_items, render_job_prompt
+from .prompts import render_retry
+from .reports import write_job_files
+from .store import Store, utcnow
+
+
+class AttemptError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class OpenedAttempt:
+    job_id: int
+    attempt: int
+    kind: str
+    model_partition: str
+    job_dir: Path
+    attempt_dir: Path
+    prompt_path: Path
+    output_path: Path
+    guarded: tuple[str, ...]  # the notes and gates the agent must not change
+
+
+def display(root: Path, path: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def open_attempt(
+    store: Store, state_dir: Path, root: Path, job_id: int, runner: str
+) -> OpenedAttempt:
+    """Move a queued job to running under a new attempt number and write its prompt."""
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    if job is None:
+        raise AttemptError(f"no review job {job_id}")
+    if job["status"] not in ("queued", "running"):
+        raise AttemptError(f"job {job_id} is {job['status']}; only queued or running jobs run")
+    folder = state_dir / job["job_dir"]
+    now = utcnow()
+    with store.write():
+        attempt = store.conn.execute(
+            "UPDATE review_jobs SET attempt = attempt + 1, status = 'running', updated_at = ? "
+            "WHERE id = ? RETURNING attempt",
+            (now, job_id),
+        ).fetchone()[0]
+        # An older attempt still marked running is superseded by this one.
+        store.conn.execute(
+            "UPDATE attempts SET outcome = 'superseded', ended_at = COALESCE(ended_at, ?) "
+            "WHERE job_id = ? AND outcome = 'running'",
+            (now, job_id),
+        )
+        store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, runner, outcome, started_at, heartbeat_at) "
+            "VALUES (?, ?, ?, 'running', ?, ?)",
+            (job_id, attempt, runner, now, now),
+        )
+        previous = store.conn.execute(
+            "SELECT attempt, reasons FROM attempts WHERE job_id = ? AND attempt < ? AND reasons IS NOT NULL "
+            "ORDER BY attempt DESC LIMIT 1",
+            (job_id, attempt),
+        ).fetchone()
+    attempt_dir = folder / f"attempt-{attempt}"
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    output = attempt_dir / "bundle-output.md"
+    items = load_job_items(store, job_id)
+    retry = ""
+    if previous is not None and json.loads(previous["reasons"]):
+        retry = render_retry(previous["attempt"], json.loads(previous["reasons"]))
+    prompt = render_job_prompt(job_id, display(root, output), items, retry)
+    prompt_path = attempt_dir / "prompt.md"
+    prompt_path.write_text(prompt, encoding="utf-8")
+    guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
+    return OpenedAttempt(
+        job_id,
+        attempt,
+        job["kind"],
+        job["model_partition"],
+        folder,
+        attempt_dir,
+        prompt_path,
+        output,
+        guarded,
+    )
+
+
+def record_end(
+    store: Store,
+    job_id: int,
+    attempt: int,
+    outcome: str,
+    *,
+    exit_code: int | None = None,
+    ended_at: str | None = None,
+    reasons: list[str] | None = None,
+    telemetry: dict | None = None,
+    duration_s: float | None = None,
+) -> None:
+    t = telemetry or {}
+    with store.write():
+        store.conn.execute(
+            "UPDATE attempts SET outcome = ?, exit_code = ?, ended_at = ?, reasons = ?, num_turns = ?, "
+            "input_tokens = ?, output_tokens = ?, cost_usd = ?, duration_s = ?, session_id = ?, "
+            "error_subtype = ?, telemetry_json = ? WHERE job_id = ? AND attempt = ?",
+            (
+                outcome,
+                exit_code,
+                ended_at or utcnow(),
+                json.dumps(reasons or []),
+                t.get("num_turns"),
+                t.get("input_tokens"),
+                t.get("output_tokens"),
+                t.get("cost_usd"),
+                duration_s,
+                t.get("session_id"),
+                t.get("error_subtype"),
+                json.dumps(t) if t else None,
+                job_id,
+                attempt,
+            ),
+        )
+
+
+def fail_job(store: Store, state_dir: Path, job_id: int, reasons: list[str]) -> None:
+    now = utcnow()
+    with store.write():
+        row = store.conn.execute(
+            "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, finished_at = ? "
+            "WHERE id = ? AND status IN ('queued', 'running') RETURNING job_dir",
+            (json.dumps(reasons), now, now, job_id),
+        ).fetchone()
+    if row is not None:
+        write_job_files(store, state_dir / row[0], job_id)
+
+
+def requeue_job(store: Store, job_id: int) -> None:
+    with store.write():
+        store.conn.execute(
+            "UPDATE review_jobs SET status = 'queued', updated_at = ? WHERE id = ? AND status = 'running'",
+            (utcnow(), job_id),
+        )

@@ -1,0 +1,293 @@
+"""The reviewer output contract: parsing ``bundle-output.md`` all or nothing (SPEC §4, §5).
+
+A review job asks one agent to judge several (note, gate) pairs. It writes one file that
+holds exactly one block per expected pair, named by the note path and the gate *path*::
+
+    === PAIR REVIEW START: kb/notes/x.md :: kb/instructions/review-gates/prose/g.md ===
+    ...any markdown: the rationale...
+    ## Result: WARN
+    === PAIR REVIEW END: kb/notes/x.md :: kb/instructions/review-gates/prose/g.md ===
+
+- Lines are compared with surrounding whitespace stripped, so CRLF and indentation are
+  fine. Every Unicode line break counts as one (``str.splitlines``), both here and in
+  :func:`sentinel_like_lines`, so the parser and the check that refuses notes and gates
+  holding sentinel-like lines always agree on what a line is.
+- Text outside blocks is ignored, except a line that claims to be a pair sentinel and is
+  malformed.
+- The last non-empty line of a block is exactly ``## Result: PASS|WARN|FAIL|ERROR``. No
+  other line in the block may look like a verdict (another result line, a ``Verdict:`` or
+  ``Decision`` label or heading, a bare ``OK``/``FAIL``...), and aliases such as
+  ``## Result: pass`` or ``## Result: INFO`` are invalid.
+- Any defect rejects the whole output: :attr:`ParseResult.results` is then empty and
+  :attr:`ParseResult.reasons` lists every defect found, each naming its line and pair, so
+  a retry prompt can say everything that was wrong at once.
+
+The module is pure (no I/O) and :func:`parse_bundle` never raises on bad output.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+SENTINEL_LIKE: re.Pattern[str] = re.compile(r"^===\s.+\s===$")
+DECISIONS = ("PASS", "WARN", "FAIL", "ERROR")
+DEFAULT_MAX_BYTES = 5 * 1024 * 1024
+
+_SEP = " :: "
+_RESULT_SHAPE = "'## Result: " + "|".join(DECISIONS) + "'"
+_PAIR_SENTINEL = re.compile(r"=== PAIR REVIEW (START|END): (.+) ===")
+_RESULT_LINE = re.compile(r"## Result: (" + "|".join(DECISIONS) + ")")
+_RESULT_HEADING = re.compile(r"#+\s*result\s*:", re.IGNORECASE)
+# Markdown that can dress up a verdict: headings, quotes, bullets, numbering, emphasis.
+_DECORATION = re.compile(r"[\s#>*_+\-]*(?:\d+[.)]\s+)?[\s*_]*")
+# A label or heading ("Verdict: PASS", "**Decision**", "## Outcome") rather than prose
+# that merely starts with the word ("Result of the check...").
+_VERDICT_LABEL = re.compile(
+    r"(?:final\s+|overall\s+)?(?:result|verdict|outcome|decision)s?"
+    r"(?:[\s*_]*(?:[:=]|[-–—](?:\s|$))|[\s*_.!]*$)",
+    re.IGNORECASE,
+)
+_VERDICT_WORD = re.compile(r"(?:PASS|WARN|FAIL|ERROR|INFO|OK|UNKNOWN|PASSED|FAILED)", re.IGNORECASE)
+_SHOW_LIMIT = 200  # room for a real pair name, not for a megabyte line
+
+
+@dataclass(frozen=True)
+class ExpectedPair:
+    note_path: str
+    gate_path: str
+
+
+@dataclass(frozen=True)
+class PairResult:
+    note_path: str
+    gate_path: str
+    decision: str  # one of DECISIONS
+    rationale: str  # the block between START and the result line, stripped, "\n" line ends
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    results: tuple[PairResult, ...]  # empty unless ok; in the order of `expected`
+    reasons: tuple[str, ...]  # empty iff ok
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+
+def start_line(note_path: str, gate_path: str) -> str:
+    return f"=== PAIR REVIEW START: {note_path}{_SEP}{gate_path} ==="
+
+
+def end_line(note_path: str, gate_path: str) -> str:
+    return f"=== PAIR REVIEW END: {note_path}{_SEP}{gate_path} ==="
+
+
+def sentinel_like_lines(text: str) -> list[int]:
+    """1-based numbers of the lines of `text` that could be taken for a review sentinel."""
+    return [n for n, raw in enumerate(_lines(text), 1) if SENTINEL_LIKE.match(raw.strip())]
+
+
+def parse_bundle(
+    data: bytes | None,
+    expected: Sequence[ExpectedPair],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> ParseResult:
+    """Check a reviewer's output against the pairs of its job; accept all of it or none."""
+    keys, reasons = _expected_keys(expected)
+    if data is None:
+        return _rejected([*reasons, "output file is missing"])
+    # Measured before decoding so that a runaway agent cannot make us decode gigabytes.
+    if len(data) > max_bytes:
+        return _rejected(
+            [*reasons, f"output is {len(data)} bytes, over the {max_bytes}-byte limit"]
+        )
+    if not data.strip():
+        return _rejected([*reasons, "output is empty"])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reasons.append(f"output is not UTF-8 (byte {exc.start})")
+        # Keep going on a lossy decoding: the retry prompt should list every other defect too.
+        text = data.decode("utf-8", errors="replace")
+
+    found, scan_reasons = _scan(_lines(text), keys)
+    reasons.extend(scan_reasons)
+    if reasons:
+        return _rejected(reasons)
+    return ParseResult(
+        results=tuple(
+            PairResult(pair.note_path, pair.gate_path, *found[key]) for key, pair in keys.items()
+        ),
+        reasons=(),
+    )
+
+
+@dataclass
+class _Block:
+    key: str
+    name: str  # how reasons show the pair
+    start: int  # line number of its START
+    lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, raw line)
+
+
+def _scan(
+    lines: list[str], keys: dict[str, ExpectedPair]
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """Walk the lines once; return (decision, rationale) per good block, and every defect."""
+    reasons: list[str] = []
+    found: dict[str, tuple[str, str]] = {}
+    first_start: dict[str, int] = {}
+    block: _Block | None = None
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not SENTINEL_LIKE.match(line):
+            if block is not None:
+                block.lines.append((number, raw))
+            continue
+        match = _PAIR_SENTINEL.fullmatch(line)
+        if match is None:
+            if block is not None:
+                reasons.append(
+                    f"line {number}: forged or unknown sentinel in block for {block.name}: "
+                    f"{_show(line)}"
+                )
+            elif "PAIR REVIEW" in line.upper():
+                reasons.append(f"line {number}: malformed sentinel: {_show(line)}")
+            continue
+        kind, key = match.groups()
+        if _SEP not in key:
+            reasons.append(
+                f"line {number}: malformed sentinel, no ' :: ' between note and gate: {_show(line)}"
+            )
+            continue
+        name = key if key in keys else _show(key)
+        if kind == "START":
+            if block is not None:
+                reasons.append(
+                    f"line {number}: nested START for {name} inside {block.name} "
+                    f"(START at line {block.start})"
+                )
+            if key not in keys:
+                reasons.append(f"line {number}: unexpected pair: {name}")
+            elif key in first_start:
+                reasons.append(
+                    f"line {number}: duplicated pair: {name} "
+                    f"(first START at line {first_start[key]})"
+                )
+            else:
+                first_start[key] = number
+            block = _Block(key, name, number)
+        elif block is None:
+            reasons.append(f"line {number}: END without START for {name}")
+        elif key != block.key:
+            reasons.append(
+                f"line {number}: END for {name} does not match the open block for "
+                f"{block.name} (START at line {block.start})"
+            )
+            block = None
+        else:
+            # An unexpected pair is reported once; picking apart its content adds only noise.
+            if key in keys:
+                outcome = _judge(block, reasons)
+                if outcome is not None:
+                    found.setdefault(key, outcome)
+            block = None
+    if block is not None:
+        reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
+    reasons.extend(f"missing pair: {key}" for key in keys if key not in first_start)
+    return found, reasons
+
+
+def _judge(block: _Block, reasons: list[str]) -> tuple[str, str] | None:
+    """The (decision, rationale) of a closed block, or None after reporting its defects."""
+    content = [(number, raw.strip()) for number, raw in block.lines if raw.strip()]
+    if not content:
+        reasons.append(f"line {block.start}: empty block for {block.name}")
+        return None
+    sound = True
+    for number, line in content[:-1]:
+        if _RESULT_LINE.fullmatch(line) or _RESULT_HEADING.match(line):
+            problem = "extra result line"
+        elif _looks_like_verdict(line):
+            problem = "verdict-like line"
+        else:
+            continue
+        reasons.append(f"line {number}: {problem} in block for {block.name}: {_show(line)}")
+        sound = False
+    last_number, last = content[-1]
+    result = _RESULT_LINE.fullmatch(last)
+    if result is None:
+        if _RESULT_HEADING.match(last) or _looks_like_verdict(last):
+            reasons.append(
+                f"line {last_number}: invalid result line for {block.name}: {_show(last)}, "
+                f"must be {_RESULT_SHAPE}"
+            )
+        else:
+            reasons.append(
+                f"line {block.start}: missing result line for {block.name}: "
+                f"its last non-empty line must be {_RESULT_SHAPE}"
+            )
+        return None
+    if not sound:
+        return None
+    rationale = "\n".join(raw for number, raw in block.lines if number < last_number)
+    return result.group(1), rationale.strip()
+
+
+def _looks_like_verdict(line: str) -> bool:
+    core = _DECORATION.sub("", line, count=1)
+    if _VERDICT_LABEL.match(core):
+        return True
+    # A bare verdict word is short; the length bound keeps rstrip off megabyte-long lines.
+    return len(core) <= 40 and _VERDICT_WORD.fullmatch(core.rstrip("*_.!: \t")) is not None
+
+
+def _expected_keys(expected: Sequence[ExpectedPair]) -> tuple[dict[str, ExpectedPair], list[str]]:
+    """Sentinel pair text -> pair, in the caller's order (duplicates collapsed); bad pairs."""
+    keys: dict[str, ExpectedPair] = {}
+    reasons: list[str] = []
+    for pair in expected:
+        key = f"{pair.note_path}{_SEP}{pair.gate_path}"
+        problem = _path_problem(pair.note_path) or _path_problem(pair.gate_path)
+        if problem:
+            # Such a pair could name a file outside the KB or be matched ambiguously, so it
+            # is never expected: a block naming it is reported as unexpected.
+            reasons.append(f"invalid expected pair: {_show(key)} ({problem})")
+        else:
+            keys.setdefault(key, pair)
+    if not expected:
+        reasons.append("no expected pairs")
+    return keys, reasons
+
+
+def _path_problem(path: str) -> str | None:
+    if not path or path != path.strip():
+        return "empty or padded path"
+    if path.startswith("/") or "\\" in path or re.match(r"[A-Za-z]:", path):
+        return "not a relative path with / separators"
+    if ".." in path.split("/"):
+        return "'..' segment"
+    if _SEP in path:
+        return "contains ' :: '"
+    if len(path.splitlines()) != 1:
+        return "line break in path"
+    return None
+
+
+def _lines(text: str) -> list[str]:
+    return text.removeprefix("\ufeff").splitlines()
+
+
+def _show(text: str) -> str:
+    """Quote text from the output for a reason: bounded, and with control characters escaped."""
+    if len(text) > _SHOW_LIMIT:
+        text = text[: _SHOW_LIMIT - 1] + "…"
+    return repr(text)
+
+
+def _rejected(reasons: list[str]) -> ParseResult:
+    return ParseResult(results=(), reasons=tuple(reasons))

@@ -1,0 +1,224 @@
+"""SPEC §6 finalize: accept a job's output all-or-nothing, fenced by attempt.
+
+Parsing happens first and changes nothing. On success one IMMEDIATE transaction records
+every decision, upserts acceptance for every PASS/WARN/FAIL (ERROR is recorded but never
+makes a pair fresh) and completes the job; the result files follow the commit and can be
+regenerated from the database at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .bundle import ExpectedPair, parse_bundle
+from .reports import write_job_files
+from .store import Store, utcnow
+
+ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
+MAX_REASONS = 50
+
+
+class FinalizeError(ValueError):
+    """Finalize refused before changing anything (unknown job, done already, wrong model)."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    runner: str | None = None
+    model: str | None = None
+    effort: str | None = None
+    telemetry: dict | None = None
+
+
+@dataclass
+class FinalizeResult:
+    review_job_id: int
+    status: str  # completed | failed | invalid (queued attempt to retry) | superseded
+    failure_reasons: list[str] = field(default_factory=list)
+    pairs: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def to_json(self) -> dict:
+        return {
+            "review_job_id": self.review_job_id,
+            "status": self.status,
+            "failure_reasons": self.failure_reasons,
+            "pairs": self.pairs,
+        }
+
+
+def read_output(path: Path, max_bytes: int) -> bytes | None:
+    """An output file, or None if there is none. At most ``max_bytes + 1`` bytes are read,
+    so a 50 MB output costs no more memory than the limit and still fails as too large."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(max_bytes + 1)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def parse_telemetry(value: str | None) -> dict | None:
+    """``--telemetry-json``: inline JSON, or the path of a JSON file."""
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError:
+        path = Path(value)
+        if not path.is_file():
+            raise FinalizeError("--telemetry-json: neither JSON nor a readable file") from None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+            raise FinalizeError(f"--telemetry-json {value}: {exc}") from None
+    if not isinstance(data, dict):
+        raise FinalizeError("--telemetry-json: expected a JSON object")
+    return data
+
+
+def _job(store: Store, job_id: int):
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    if job is None:
+        raise FinalizeError(f"no review job {job_id}")
+    return job
+
+
+def check_finalizable(store: Store, job_id: int, prov: Provenance) -> None:
+    job = _job(store, job_id)
+    if job["kind"] != "review" and job["kind"] != "audit":
+        raise FinalizeError(f"job {job_id} is a {job['kind']} job, not a review")
+    if job["status"] in ("completed", "failed", "split"):
+        raise FinalizeError(
+            f"job {job_id} is {job['status']} already; finalizing it again is refused"
+        )
+    if prov.effort and not prov.model:
+        raise FinalizeError("--effort needs --model")
+    if prov.model and prov.model != job["model_partition"]:
+        raise FinalizeError(
+            f"--model {prov.model} does not match job {job_id}'s model partition {job['model_partition']}"
+        )
+
+
+def finalize(
+    store: Store,
+    state_dir: Path,
+    job_id: int,
+    output: bytes | None,
+    *,
+    attempt: int | None = None,
+    provenance: Provenance = Provenance(),
+    max_bytes: int = 5 * 1024 * 1024,
+    fail_on_invalid: bool = True,
+) -> FinalizeResult:
+    """Finalize ``output`` for a job. ``attempt`` fences a queued attempt: an output from
+    any attempt but the job's current one is ignored. With ``fail_on_invalid`` (the
+    manual path) an invalid output fails the job at once and frees its pairs; without
+    it the job is left for the caller to retry."""
+    check_finalizable(store, job_id, provenance)
+    job = _job(store, job_id)
+    if attempt is not None and attempt != job["attempt"]:
+        return FinalizeResult(
+            job_id, "superseded", [f"attempt {attempt} is not the current attempt {job['attempt']}"]
+        )
+    pairs = store.conn.execute(
+        "SELECT id, note_path, gate_id, gate_path, note_snapshot_id, gate_snapshot_id FROM review_pairs "
+        "WHERE job_id = ? ORDER BY id",
+        (job_id,),
+    ).fetchall()
+    parsed = parse_bundle(
+        output, [ExpectedPair(p["note_path"], p["gate_path"]) for p in pairs], max_bytes=max_bytes
+    )
+    now = utcnow()
+    if not parsed.ok:
+        reasons = capped(list(parsed.reasons))
+        if attempt is not None:
+            with store.write():
+                _mark_attempt(store, job_id, attempt, "invalid-output", reasons)
+        if fail_on_invalid:
+            with store.write():
+                _fence(store, job_id, job["attempt"])
+                store.conn.execute(
+                    "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, "
+                    "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
+                    (json.dumps(reasons), now, now, *_prov(provenance), job_id),
+                )
+            write_job_files(store, state_dir / job["job_dir"], job_id)
+            return FinalizeResult(job_id, "failed", reasons)
+        return FinalizeResult(job_id, "invalid", reasons)
+
+    by_key = {(p["note_path"], p["gate_path"]): p for p in pairs}
+    results = []
+    with store.write():
+        _fence(store, job_id, job["attempt"])
+        for r in parsed.results:
+            p = by_key[(r.note_path, r.gate_path)]
+            store.conn.execute(
+                "UPDATE review_pairs SET decision = ?, rationale = ?, decided_at = ? WHERE id = ?",
+                (r.decision, r.rationale, now, p["id"]),
+            )
+            if r.decision in ACCEPTED_DECISIONS:
+                store.upsert_acceptance(
+                    model_partition=job["model_partition"],
+                    note_path=p["note_path"],
+                    gate_id=p["gate_id"],
+                    review_pair_id=p["id"],
+                    note_snapshot_id=p["note_snapshot_id"],
+                    gate_snapshot_id=p["gate_snapshot_id"],
+                    decision=r.decision,
+                    at=now,
+                )
+            results.append(
+                {"note_path": p["note_path"], "gate_id": p["gate_id"], "decision": r.decision}
+            )
+        if attempt is not None:
+            _mark_attempt(store, job_id, attempt, "finalized", [])
+        store.conn.execute(
+            "UPDATE review_jobs SET status = 'completed', failure_reasons = NULL, updated_at = ?, "
+            "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
+            (now, now, *_prov(provenance), job_id),
+        )
+    write_job_files(store, state_dir / job["job_dir"], job_id)
+    return FinalizeResult(job_id, "completed", [], results)
+
+
+def capped(reasons: list[str], limit: int = MAX_REASONS) -> list[str]:
+    """Every reason up to ``limit``, then a count: a forged 5 MiB output can carry
+    hundreds of thousands, which no retry prompt or person needs."""
+    if len(reasons) <= limit:
+        return reasons
+    return [*reasons[:limit], f"... and {len(reasons) - limit} more problem(s)"]
+
+
+def _prov(p: Provenance) -> tuple:
+    return (
+        p.runner,
+        p.model,
+        p.effort,
+        json.dumps(p.telemetry) if p.telemetry is not None else None,
+    )
+
+
+def _fence(store: Store, job_id: int, attempt: int) -> None:
+    """Inside the write transaction: the job is still open at the attempt we judged."""
+    row = store.conn.execute(
+        "SELECT status, attempt FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    if row["status"] not in ("queued", "running") or row["attempt"] != attempt:
+        raise FinalizeError(
+            f"job {job_id} changed while it was being finalized ({row['status']}, attempt {row['attempt']})"
+        )
+
+
+def _mark_attempt(
+    store: Store, job_id: int, attempt: int, outcome: str, reasons: list[str]
+) -> None:
+    store.conn.execute(
+        "UPDATE attempts SET outcome = ?, reasons = ?, ended_at = COALESCE(ended_at, ?) "
+        "WHERE job_id = ? AND attempt = ?",
+        (outcome, json.dumps(reasons), utcnow(), job_id, attempt),
+    )

@@ -1,0 +1,364 @@
+"""Packing selected pairs into review jobs (SPEC §4): snapshots, prompt, job folder.
+
+A pair already inside a queued or running job is not packed again, and a note or gate
+holding a line that looks like a review sentinel is refused for that pair (the prompt
+could not tell it from the real sentinels). Everything else proceeds.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .bundle import sentinel_like_lines
+from .gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
+from .kb import KB, KBError, NoteParseError, decode, sha256_bytes
+from .prompts import PromptGate, PromptPair, render_review
+from .reports import write_manifest
+from .store import Store, utcnow
+
+GROUPINGS = ("note", "gate")
+
+
+class JobError(ValueError):
+    """Jobs cannot be created from this input (bad JSON, no partition, bad grouping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobPair:
+    note_path: str
+    gate_id: str
+    gate_path: str
+
+
+@dataclass
+class CreatedJob:
+    review_job_id: int
+    model_partition: str
+    grouping: str
+    prompt_path: str
+    bundle_output_path: str
+    pairs: list[JobPair] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "pairs": [asdict(p) for p in self.pairs]}
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    note_path: str
+    gate_id: str
+    why: str
+
+
+@dataclass
+class JobBatch:
+    jobs: list[CreatedJob] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "jobs": [j.to_json() for j in self.jobs],
+            "skipped": [asdict(s) for s in self.skipped],
+        }
+
+
+def job_dir(state_dir: Path, job_id: int) -> Path:
+    return state_dir / "jobs" / f"review-job-{job_id}"
+
+
+def display_path(root: Path, path: Path) -> str:
+    """Root-relative when under the root (SPEC §10), else absolute."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def parse_select_json(text: str) -> tuple[str | None, list[dict]]:
+    """(model_partition, targets) from ``reviewq select --json`` output."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JobError(f"input is not select JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
+        raise JobError("input is not select JSON: expected an object with a 'targets' list")
+    targets = []
+    for i, t in enumerate(data["targets"]):
+        if not isinstance(t, dict) or not all(
+            isinstance(t.get(k), str) for k in ("note_path", "gate_id")
+        ):
+            raise JobError(f"input target #{i + 1}: needs string note_path and gate_id")
+        targets.append(t)
+    partition = data.get("model_partition")
+    return (partition if isinstance(partition, str) else None), targets
+
+
+@dataclass
+class _Item:
+    note_path: str
+    gate: Gate
+    note_text: str
+    note_sha: str
+
+
+class _Loader:
+    """Reads each note and gate once, with its refusal reason if it cannot be packed."""
+
+    def __init__(self, kb: KB, catalog: Catalog) -> None:
+        self.kb, self.catalog = kb, catalog
+        self.notes: dict[str, tuple[str, str] | str] = {}
+        self.invalid = {p.path: p.reason for p in catalog.problems}
+
+    def note(self, rel: str) -> tuple[str, str] | str:
+        if rel not in self.notes:
+            try:
+                rel = self.kb.check_rel(rel)
+                data = self.kb.abspath(rel).read_bytes()
+                text = decode(data)
+                lines = sentinel_like_lines(text)
+                self.notes[rel] = (
+                    f"{rel} line {lines[0]}: looks like a review sentinel"
+                    if lines
+                    else (text, sha256_bytes(data))
+                )
+            except KBError as exc:
+                self.notes[rel] = str(exc)
+            except NoteParseError as exc:
+                self.notes[rel] = f"{rel}: {exc}"
+            except OSError as exc:
+                self.notes[rel] = f"{rel}: {exc.strerror or exc}"
+        return self.notes[rel]
+
+    def gate(self, gate_id: str, gate_path: str | None) -> Gate | str:
+        gate = self.catalog.get(gate_id)
+        if gate is None and gate_id.startswith(TYPE_LENS + "/") and gate_path:
+            # A type spec a note names relative to itself is not in the catalog's types/ scan.
+            try:
+                rel = self.kb.check_rel(gate_path)
+                if rel.rsplit("/", 1)[-1][:-3] == gate_id[len(TYPE_LENS) + 1 :]:
+                    gate = type_gate(rel, self.kb.abspath(rel).read_bytes())
+                    self.catalog.types[gate.gate_id[len(TYPE_LENS) + 1 :]] = gate
+            except (KBError, OSError, NoteParseError):
+                gate = None
+        if gate is None:
+            if gate_path and gate_path in self.invalid:
+                return f"{gate_path}: invalid gate: {self.invalid[gate_path]}"
+            return f"{gate_id}: no such gate"
+        lines = sentinel_like_lines(gate.text)
+        if lines:
+            return f"{gate.path} line {lines[0]}: looks like a review sentinel"
+        return gate
+
+
+def _groups(items: list[_Item], grouping: str, batch_size: int) -> list[list[_Item]]:
+    buckets: dict[tuple[str, str], list[_Item]] = {}
+    if grouping == "note":
+        for it in items:
+            buckets.setdefault((it.note_path, it.gate.lens), []).append(it)
+        return [sorted(b, key=lambda i: i.gate.gate_id) for _, b in sorted(buckets.items())]
+    for it in items:
+        buckets.setdefault((it.gate.gate_id, ""), []).append(it)
+    out = []
+    for _, bucket in sorted(buckets.items()):
+        bucket.sort(key=lambda i: i.note_path)
+        out.extend(bucket[i : i + batch_size] for i in range(0, len(bucket), batch_size))
+    return out
+
+
+def create_jobs(
+    kb: KB,
+    catalog: Catalog,
+    store: Store,
+    state_dir: Path,
+    targets: Iterable[dict],
+    *,
+    model_partition: str,
+    grouping: str = "note",
+    batch_size: int = 5,
+    reviewer: str | None = None,
+    sweep: str | None = None,
+    exclude: Iterable[tuple[str, str]] = (),
+) -> JobBatch:
+    """Queued jobs for the targets; pairs that cannot be packed come back as ``skipped``."""
+    if grouping not in GROUPINGS:
+        raise JobError(f"grouping {grouping!r}: choose note or gate")
+    if batch_size < 1:
+        raise JobError("--batch-size must be at least 1")
+    if not model_partition:
+        raise JobError("no model partition: pass --model (the input's model_partition is null)")
+    batch = JobBatch()
+    loader = _Loader(kb, catalog)
+    active = store.active_pairs()
+    held = set(exclude)
+    seen: set[tuple[str, str]] = set()
+    items: list[_Item] = []
+    for t in targets:
+        note_path, gate_id = t["note_path"], t["gate_id"]
+        key = (note_path, gate_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        if key in active:
+            job_id, status = active[key]
+            batch.skipped.append(Skipped(note_path, gate_id, f"already in {status} job {job_id}"))
+            continue
+        if key in held:
+            batch.skipped.append(
+                Skipped(note_path, gate_id, "escalated: waits for a human decision")
+            )
+            continue
+        note = loader.note(note_path)
+        if isinstance(note, str):
+            batch.skipped.append(Skipped(note_path, gate_id, note))
+            continue
+        gate = loader.gate(gate_id, t.get("gate_path"))
+        if isinstance(gate, str):
+            batch.skipped.append(Skipped(note_path, gate_id, gate))
+            continue
+        items.append(_Item(kb.check_rel(note_path), gate, note[0], note[1]))
+
+    groups = _groups(items, grouping, batch_size)
+    snap_cache: dict[tuple[str, str], int] = {}
+    with store.write():
+        for group in groups:
+            batch.jobs.append(
+                _create_one(
+                    kb,
+                    store,
+                    state_dir,
+                    group,
+                    model_partition,
+                    grouping,
+                    reviewer,
+                    sweep,
+                    snap_cache,
+                )
+            )
+    return batch
+
+
+def _create_one(
+    kb: KB,
+    store: Store,
+    state_dir: Path,
+    group: Sequence[_Item],
+    partition: str,
+    grouping: str,
+    reviewer: str | None,
+    sweep: str | None,
+    snap_cache: dict[tuple[str, str], int],
+) -> CreatedJob:
+    def snap(path: str, text: str, sha: str) -> int:
+        key = (path, sha)
+        if key not in snap_cache:
+            snap_cache[key] = store.snapshot(path, text, sha)
+        return snap_cache[key]
+
+    now = utcnow()
+    lens = group[0].gate.lens if len({i.gate.lens for i in group}) == 1 else None
+    job_id = store.conn.execute(
+        "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, "
+        "sweep, created_at, updated_at) VALUES ('review', 'queued', ?, ?, ?, ?, '', ?, ?, ?) RETURNING id",
+        (partition, grouping, lens, reviewer, sweep, now, now),
+    ).fetchone()[0]
+    folder = job_dir(state_dir, job_id)
+    store.conn.execute(
+        "UPDATE review_jobs SET job_dir = ? WHERE id = ?", (display_path(state_dir, folder), job_id)
+    )
+    pairs: list[JobPair] = []
+    for it in group:
+        store.conn.execute(
+            "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+            "gate_snapshot_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                job_id,
+                it.note_path,
+                it.gate.gate_id,
+                it.gate.path,
+                it.gate.lens,
+                snap(it.note_path, it.note_text, it.note_sha),
+                snap(it.gate.path, it.gate.text, it.gate.sha256),
+            ),
+        )
+        pairs.append(JobPair(it.note_path, it.gate.gate_id, it.gate.path))
+
+    # A folder left by a job id that a rolled-back transaction once used must not leak
+    # an old bundle-output.md into this job.
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    output = folder / "bundle-output.md"
+    prompt = render_job_prompt(job_id, display_path(kb.root, output), group)
+    (folder / "prompt.md").write_text(prompt, encoding="utf-8")
+    job = CreatedJob(
+        job_id,
+        partition,
+        grouping,
+        display_path(kb.root, folder / "prompt.md"),
+        display_path(kb.root, output),
+        pairs,
+    )
+    write_manifest(
+        folder,
+        {
+            "review_job_id": job_id,
+            "kind": "review",
+            "status": "queued",
+            "model_partition": partition,
+            "grouping": grouping,
+            "lens": lens,
+            "prompt_path": "prompt.md",
+            "bundle_output_path": "bundle-output.md",
+            "created_at": now,
+            "pairs": [
+                {
+                    "note_path": it.note_path,
+                    "gate_id": it.gate.gate_id,
+                    "gate_path": it.gate.path,
+                    "lens": it.gate.lens,
+                    "watches": list(it.gate.watches),
+                    "note_sha256": it.note_sha,
+                    "gate_sha256": it.gate.sha256,
+                }
+                for it in group
+            ],
+        },
+    )
+    return job
+
+
+def render_job_prompt(
+    job_id: int, output_path: str, group: Sequence[_Item], retry: str = ""
+) -> str:
+    notes: dict[str, str] = {}
+    gates: dict[str, PromptGate] = {}
+    for it in group:
+        notes.setdefault(it.note_path, it.note_text)
+        g = it.gate
+        gates.setdefault(g.gate_id, PromptGate(g.gate_id, g.path, g.name, g.body, g.is_type))
+    pairs = [PromptPair(it.note_path, it.gate.gate_id, it.gate.path) for it in group]
+    return render_review(job_id, output_path, pairs, notes, list(gates.values()), retry)
+
+
+def load_job_items(store: Store, job_id: int) -> list[_Item]:
+    """A job's pairs rebuilt from the snapshots it was created from (for retry prompts)."""
+    rows = store.conn.execute(
+        "SELECT p.note_path, p.gate_id, p.gate_path, p.lens, n.text AS note_text, n.sha256 AS note_sha, "
+        "g.text AS gate_text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
+        "JOIN snapshots g ON g.id = p.gate_snapshot_id WHERE p.job_id = ? ORDER BY p.id",
+        (job_id,),
+    ).fetchall()
+    items = []
+    for r in rows:
+        data = r["gate_text"].encode("utf-8")
+        gate = (
+            type_gate(r["gate_path"], data)
+            if r["lens"] == TYPE_LENS
+            else parse_gate(r["gate_path"], data)
+        )
+        items.append(_Item(r["note_path"], gate, r["note_text"], r["note_sha"]))
+    return items

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""A scripted test agent, driven by environment variables.
+
+FAKE_MODE:   good (default) | bad | nothing | crash | hang | touch | slow | fix
+FAKE_DECISIONS: comma-separated decisions for the pairs in order (default: PASS for all);
+             a single value applies to every pair
+FAKE_TURNS:  write this num_turns (and a cost) to REVIEWQ_TELEMETRY_PATH
+FAKE_SLEEP:  seconds to sleep before acting (slow mode: a random time up to this)
+FAKE_PIDFILE: hang mode writes "leader child" pids here so tests can check both died
+FAKE_FIX_APPEND: fix mode appends this line to the note it was given
+FAKE_LOG:    append one line per run ("task job attempt") to this file
+It reads the job's pairs from MANIFEST.json, as the offline reviewer does.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+env = os.environ
+mode = env.get("FAKE_MODE", "good")
+out = Path(env["REVIEWQ_OUTPUT_PATH"])
+root = Path(env["REVIEWQ_ROOT"])
+if env.get("FAKE_LOG"):
+    with open(env["FAKE_LOG"], "a") as f:
+        f.write(
+            f"{env.get('REVIEWQ_TASK')} {env.get('REVIEWQ_JOB_ID')} {env.get('REVIEWQ_ATTEMPT')}\n"
+        )
+if env.get("FAKE_TURNS"):
+    Path(env["REVIEWQ_TELEMETRY_PATH"]).write_text(
+        json.dumps(
+            {
+                "num_turns": int(env["FAKE_TURNS"]),
+                "input_tokens": 1000,
+                "output_tokens": 200,
+                "cost_usd": 0.01,
+            }
+        )
+    )
+if mode == "slow":
+    time.sleep(random.random() * float(env.get("FAKE_SLEEP", "0.2")))
+elif env.get("FAKE_SLEEP"):
+    time.sleep(float(env["FAKE_SLEEP"]))
+
+if mode == "crash":
+    print("fake agent: crashing on purpose", file=sys.stderr)
+    sys.exit(3)
+if mode == "nothing":
+    sys.exit(0)
+if mode == "hang":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    if env.get("FAKE_PIDFILE"):
+        Path(env["FAKE_PIDFILE"]).write_text(f"{os.getpid()} {child.pid}")
+    time.sleep(3600)
+if mode == "fix":
+    note = root / env["REVIEWQ_NOTE_PATH"]
+    text = note.read_text()
+    if env.get("FAKE_FIX_APPEND"):
+        text = text.rstrip("\n") + "\n" + env["FAKE_FIX_APPEND"] + "\n"
+    out.write_text(text)
+    sys.exit(0)
+
+pairs = json.loads((Path(env["REVIEWQ_JOB_DIR"]) / "MANIFEST.json").read_text())["pairs"]
+if mode == "touch":
+    note = root / pairs[0]["note_path"]
+    note.write_text(note.read_text() + "\nedited by the reviewer\n")
+decisions = env.get("FAKE_DECISIONS", "PASS").split(",")
+blocks = []
+for i, p in enumerate(pairs):
+    d = decisions[i] if len(decisions) > 1 else decisions[0]
+    s = f"{p['note_path']} :: {p['gate_path']}"
+    body = f"Summary: fake review {i}.\nFindings:\n- low: finding {i} for {p['gate_id']}\n"
+    if mode == "bad" and i == 0:
+        blocks.append(
+            f"=== PAIR REVIEW START: {s} ===\n{body}Verdict: {d}\n=== PAIR REVIEW END: {s} ===\n"
+        )
+    else:
+        blocks.append(
+            f"=== PAIR REVIEW START: {s} ===\n{body}## Result: {d}\n=== PAIR REVIEW END: {s} ===\n"
+        )
+out.write_text("Preamble text is ignored.\n\n" + "\n".join(blocks))

@@ -1,0 +1,399 @@
+"""Examples of the bundle-output contract (SPEC §5): what is accepted, and every rejection."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.bundle import (
+    DECISIONS,
+    DEFAULT_MAX_BYTES,
+    SENTINEL_LIKE,
+    ExpectedPair,
+    ParseResult,
+    end_line,
+    parse_bundle,
+    sentinel_like_lines,
+    start_line,
+)
+
+GATE = "kb/instructions/review-gates/prose/source-residue.md"
+A = ExpectedPair("kb/notes/a.md", GATE)
+B = ExpectedPair("kb/notes/b.md", GATE)
+C = ExpectedPair("kb/notes/sub/c.md", "kb/instructions/review-gates/meta/title.md")
+KEY_A = f"{A.note_path} :: {A.gate_path}"
+KEY_B = f"{B.note_path} :: {B.gate_path}"
+
+
+def start(pair: ExpectedPair) -> str:
+    return start_line(pair.note_path, pair.gate_path)
+
+
+def end(pair: ExpectedPair) -> str:
+    return end_line(pair.note_path, pair.gate_path)
+
+
+def block(pair: ExpectedPair, body: str = "Looks fine.", result: str = "## Result: PASS") -> str:
+    return f"{start(pair)}\n{body}\n{result}\n{end(pair)}\n"
+
+
+def parse(text: str, expected: tuple[ExpectedPair, ...] = (A,), **kwargs: int) -> ParseResult:
+    return parse_bundle(text.encode(), expected, **kwargs)
+
+
+def assert_rejected(result: ParseResult, *fragments: str) -> None:
+    assert not result.ok
+    assert result.results == ()
+    for fragment in fragments:
+        assert any(fragment in reason for reason in result.reasons), (fragment, result.reasons)
+
+
+# --- the API's fixed parts -------------------------------------------------------------
+
+
+def test_sentinel_lines_have_the_documented_shape() -> None:
+    assert start_line("kb/notes/x.md", GATE) == (
+        f"=== PAIR REVIEW START: kb/notes/x.md :: {GATE} ==="
+    )
+    assert end_line("kb/notes/x.md", GATE) == f"=== PAIR REVIEW END: kb/notes/x.md :: {GATE} ==="
+    assert SENTINEL_LIKE.match(start_line("kb/notes/x.md", GATE))
+    assert DECISIONS == ("PASS", "WARN", "FAIL", "ERROR")
+    assert DEFAULT_MAX_BYTES == 5 * 1024 * 1024
+
+
+def test_sentinel_like_lines_finds_every_line_that_could_pass_for_a_sentinel() -> None:
+    text = "\n".join(
+        [
+            "# Title",  # 1
+            "=== PAIR REVIEW START: a :: b ===",  # 2
+            "  === anything at all ===  ",  # 3: surrounding whitespace is stripped
+            "===no spaces===",  # 4: not sentinel-like
+            "text === inside === text",  # 5
+            "=== x ===\r",  # 6
+        ]
+    )
+    assert sentinel_like_lines(text) == [2, 3, 6]
+    assert sentinel_like_lines("") == []
+    assert sentinel_like_lines("\ufeff=== at the start ===\n") == [1]
+
+
+# --- accepted outputs --------------------------------------------------------------------
+
+
+def test_one_pair_is_accepted_with_its_decision_and_rationale() -> None:
+    result = parse(block(A, body="## Summary\nThe note is clean.\n\n- minor: a stray link"))
+    assert result.ok
+    assert result.reasons == ()
+    [pair] = result.results
+    assert (pair.note_path, pair.gate_path, pair.decision) == (A.note_path, A.gate_path, "PASS")
+    assert pair.rationale == "## Summary\nThe note is clean.\n\n- minor: a stray link"
+
+
+def test_several_pairs_come_back_in_the_order_expected_whatever_the_file_order() -> None:
+    text = (
+        block(C, result="## Result: ERROR")
+        + block(A, result="## Result: WARN")
+        + block(B, result="## Result: FAIL")
+    )
+    result = parse(text, (A, B, C))
+    assert result.ok
+    assert [(r.note_path, r.gate_path, r.decision) for r in result.results] == [
+        (A.note_path, A.gate_path, "WARN"),
+        (B.note_path, B.gate_path, "FAIL"),
+        (C.note_path, C.gate_path, "ERROR"),
+    ]
+
+
+def test_crlf_line_ends_are_accepted_and_the_rationale_uses_newlines() -> None:
+    text = block(A, body="first line\r\nsecond line", result="## Result: WARN")
+    result = parse(text.replace("\n", "\r\n").replace("\r\r", "\r"))
+    assert result.ok
+    assert result.results[0].decision == "WARN"
+    assert result.results[0].rationale == "first line\nsecond line"
+
+
+def test_text_outside_blocks_is_ignored() -> None:
+    text = (
+        "# Review of job 7\n"
+        "## Result: FAIL\n"
+        "Verdict: everything passes\n"
+        "=== a banner ===\n"
+        + block(A)
+        + "OK\n"
+        + "between blocks\n"
+        + block(B, result="## Result: FAIL")
+        + "\nThat is all.\n"
+    )
+    result = parse(text, (A, B))
+    assert result.ok, result.reasons
+    assert [r.decision for r in result.results] == ["PASS", "FAIL"]
+
+
+def test_surrounding_whitespace_and_blank_lines_are_ignored() -> None:
+    text = (
+        f"   {start(A)}\t\n\n    indented rationale\n\n\t## Result: PASS   \n\n   \n  {end(A)}  \n"
+    )
+    result = parse(text)
+    assert result.ok, result.reasons
+    assert result.results[0].decision == "PASS"
+    assert result.results[0].rationale == "indented rationale"
+
+
+def test_a_block_with_only_a_result_line_has_an_empty_rationale() -> None:
+    result = parse(f"{start(A)}\n## Result: PASS\n{end(A)}")
+    assert result.ok
+    assert result.results[0].rationale == ""
+
+
+def test_a_utf8_byte_order_mark_is_accepted() -> None:
+    result = parse_bundle(("\ufeff" + block(A)).encode(), (A,))
+    assert result.ok, result.reasons
+
+
+def test_prose_that_mentions_verdict_words_is_not_a_verdict() -> None:
+    body = (
+        "The result of the check is mixed.\n"
+        "Outcomes are described in the body.\n"
+        "Decision-making is covered in section two.\n"
+        "- minor: the note says OK twice\n"
+        "It would pass with a better title."
+    )
+    assert parse(block(A, body=body)).ok
+
+
+def test_an_output_exactly_at_the_limit_is_accepted() -> None:
+    text = block(A)
+    assert parse(text, max_bytes=len(text.encode())).ok
+
+
+def test_a_pair_listed_twice_in_expected_is_reviewed_once() -> None:
+    result = parse(block(A), (A, A))
+    assert result.ok
+    assert len(result.results) == 1
+
+
+# --- file-level failures ---------------------------------------------------------------
+
+
+def test_missing_file() -> None:
+    assert_rejected(parse_bundle(None, (A,)), "output file is missing")
+
+
+@pytest.mark.parametrize("data", [b"", b"  \r\n\n\t "])
+def test_empty_file(data: bytes) -> None:
+    assert_rejected(parse_bundle(data, (A,)), "output is empty")
+
+
+def test_not_utf8_names_the_offending_byte() -> None:
+    data = block(A).encode()[:10] + b"\xff" + block(A).encode()[10:]
+    assert_rejected(parse_bundle(data, (A,)), "output is not UTF-8 (byte 10)")
+
+
+def test_not_utf8_still_reports_the_other_defects() -> None:
+    data = b"\xc3(\n" + block(B).encode()
+    assert_rejected(
+        parse_bundle(data, (A,)),
+        "not UTF-8 (byte 0)",
+        "line 2: unexpected pair",
+        f"missing pair: {KEY_A}",
+    )
+
+
+def test_larger_than_the_limit_is_refused_before_decoding() -> None:
+    data = b"\xff" * (DEFAULT_MAX_BYTES + 1)
+    result = parse_bundle(data, (A,))
+    assert_rejected(result)
+    # Not a UTF-8 complaint: the size check comes first and the data is never decoded.
+    assert result.reasons == (
+        f"output is {DEFAULT_MAX_BYTES + 1} bytes, over the {DEFAULT_MAX_BYTES}-byte limit",
+    )
+
+
+def test_the_limit_is_configurable() -> None:
+    text = block(A)
+    size = len(text.encode())
+    assert_rejected(parse(text, max_bytes=size - 1), f"output is {size} bytes, over the")
+
+
+# --- pair-level failures ----------------------------------------------------------------
+
+
+def test_missing_pair() -> None:
+    assert_rejected(parse(block(A), (A, B)), f"missing pair: {KEY_B}")
+
+
+def test_duplicated_pair() -> None:
+    text = block(A) + block(A, result="## Result: FAIL")
+    assert_rejected(parse(text), f"line 5: duplicated pair: {KEY_A} (first START at line 1)")
+
+
+def test_unexpected_pair() -> None:
+    assert_rejected(parse(block(A) + block(B)), "line 5: unexpected pair: ", KEY_B)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ExpectedPair("kb/notes/../../etc/passwd", GATE),
+        ExpectedPair("/etc/passwd", GATE),
+        ExpectedPair("kb/notes/a.md", "../gates/g.md"),
+    ],
+)
+def test_a_pair_outside_the_kb_is_only_ever_unexpected(pair: ExpectedPair) -> None:
+    assert_rejected(parse(block(A) + block(pair)), "unexpected pair", pair.note_path)
+    # Even a caller that expects it gets no acceptance for it.
+    assert_rejected(parse(block(pair), (pair,)), "invalid expected pair", "unexpected pair")
+
+
+def test_no_expected_pairs_is_refused() -> None:
+    assert_rejected(parse(block(A), ()), "no expected pairs")
+
+
+def test_nested_start() -> None:
+    text = f"{start(B)}\nhalf a review\n" + block(A)
+    assert_rejected(
+        parse(text, (A, B)), f"line 3: nested START for {KEY_A} inside {KEY_B} (START at line 1)"
+    )
+
+
+def test_end_without_start() -> None:
+    text = block(A) + f"stray\n{end(A)}\n"
+    assert_rejected(parse(text), f"line 6: END without START for {KEY_A}")
+
+
+def test_end_naming_another_pair() -> None:
+    text = f"{start(A)}\nfine\n## Result: PASS\n{end(B)}\n"
+    assert_rejected(
+        parse(text, (A, B)),
+        f"line 4: END for {KEY_B} does not match the open block for {KEY_A} (START at line 1)",
+    )
+
+
+def test_unterminated_block() -> None:
+    text = f"{start(A)}\nfine\n## Result: PASS\n"
+    assert_rejected(parse(text), f"line 1: unterminated block for {KEY_A} (no END)")
+
+
+@pytest.mark.parametrize("body", ["", "\n\n   \n"])
+def test_empty_block(body: str) -> None:
+    text = f"{start(A)}\n{body}{end(A)}\n"
+    assert_rejected(parse(text), f"line 1: empty block for {KEY_A}")
+
+
+def test_missing_result_line() -> None:
+    text = block(A, body="The note is fine.", result="Nothing else to say.")
+    assert_rejected(parse(text), f"line 1: missing result line for {KEY_A}")
+
+
+def test_result_line_that_is_not_last_is_missing_and_extra() -> None:
+    text = block(A, body="## Result: PASS", result="A closing remark.")
+    assert_rejected(parse(text), "line 2: extra result line", "missing result line")
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "## Result: OK",
+        "## Result: pass",
+        "## Result: INFO",
+        "## Result: UNKNOWN",
+        "## Result: PASSED",
+        "## Result:PASS",
+        "##  Result: PASS",
+        "# Result: PASS",
+        "## Result: PASS.",
+        "## Result: **PASS**",
+        "Result: PASS",
+        "Verdict: PASS",
+        "**FAIL**",
+    ],
+)
+def test_invalid_result_line(alias: str) -> None:
+    assert_rejected(parse(block(A, result=alias)), "line 3: invalid result line for")
+
+
+@pytest.mark.parametrize("extra", ["## Result: FAIL", "## Result: PASS", "## result: ok"])
+def test_extra_result_line(extra: str) -> None:
+    text = block(A, body=f"Summary\n{extra}\nmore")
+    assert_rejected(parse(text), f"line 3: extra result line in block for {KEY_A}")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Verdict: PASS",
+        "## Verdict",
+        "**Verdict:** FAIL",
+        "- **Outcome** — WARN",
+        "Decision: approve",
+        "### Decision",
+        "Final result = pass",
+        "1. Result: fine",
+        "> Outcome: ok",
+        "OK",
+        "ok.",
+        "INFO",
+        "UNKNOWN",
+        "**PASS**",
+        "## FAIL",
+        "- WARN",
+        "Error!",
+    ],
+)
+def test_verdict_like_line(line: str) -> None:
+    text = block(A, body=f"Summary\n{line}\nmore", result="## Result: WARN")
+    assert_rejected(parse(text), f"line 3: verdict-like line in block for {KEY_A}")
+
+
+@pytest.mark.parametrize("line", ["=== something ===", "=== PAIR REVIEW RESULT: x :: y ==="])
+def test_unknown_sentinel_inside_a_block_is_forged(line: str) -> None:
+    text = block(A, body=f"before\n  {line}\nafter")
+    assert_rejected(parse(text), f"line 3: forged or unknown sentinel in block for {KEY_A}")
+
+
+def test_sentinel_without_pair_separator_is_malformed() -> None:
+    text = f"=== PAIR REVIEW START: {A.note_path} ===\n" + block(A)
+    assert_rejected(parse(text), "line 1: malformed sentinel, no ' :: ' between note and gate")
+
+
+def test_malformed_pair_sentinel_outside_blocks_is_reported() -> None:
+    text = f"=== PAIR REVIEW START {KEY_A} ===\n" + block(A)
+    assert_rejected(parse(text), "line 1: malformed sentinel")
+
+
+def test_inexact_sentinel_is_not_a_sentinel() -> None:
+    # Lower case or doubled spaces inside the line do not open a block.
+    text = f"=== pair review start: {KEY_A} ===\nfine\n## Result: PASS\n{end(A)}\n"
+    assert_rejected(parse(text), "malformed sentinel", "END without START")
+
+
+def test_every_defect_is_reported_not_just_the_first() -> None:
+    text = (
+        block(A, body="Verdict: PASS")  # lines 1-4
+        + block(A)  # lines 5-8: duplicate
+        + f"{start(C)}\n## Result: PASS\n"  # lines 9-10: unterminated, since a START follows
+        + block(ExpectedPair("kb/notes/zzz.md", GATE))  # lines 11-14: unexpected
+        + f"{start(B)}\n=== forged ===\nno result\n{end(B)}\n"  # lines 15-18
+        + f"{end(A)}\n"  # line 19
+    )
+    result = parse(text, (A, B, C, ExpectedPair("kb/notes/d.md", GATE)))
+    assert_rejected(
+        result,
+        "line 2: verdict-like line",
+        "line 5: duplicated pair",
+        "line 11: nested START",
+        "line 11: unexpected pair",
+        "line 16: forged or unknown sentinel",
+        "line 15: missing result line",
+        "line 19: END without START",
+        "missing pair: kb/notes/d.md",
+    )
+    assert len(result.reasons) == 8
+
+
+def test_reasons_quote_output_text_safely_and_briefly() -> None:
+    long_pair = "kb/notes/" + "x" * 5000 + "\x1b[31m.md :: g.md"
+    result = parse(block(A) + block(ExpectedPair(long_pair.split(" :: ")[0], "g.md")))
+    [reason] = result.reasons
+    assert reason.startswith("line 5: unexpected pair: 'kb/notes/xxx")
+    assert len(reason) < 250
+    assert "\x1b" not in reason

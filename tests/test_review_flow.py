@@ -1,0 +1,467 @@
+"""The manual review flow of SPEC §4-§6 through the CLI: create-jobs, an agent writes the
+output, finalize, ack, warn-queue, export; and run-job with real agent processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store import Store
+
+from .conftest import reviewq_process
+
+FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
+NOTE_A = "kb/notes/alpha.md"
+NOTE_B = "kb/notes/beta.md"
+
+
+@pytest.fixture
+def flow(kb):
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="# Alpha\n\nAlpha body.\n")
+    kb.note("beta", body="Beta body.\n")
+    kb.write(
+        "reviewq.toml",
+        f'[reviewers.fake]\nkind = "command"\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        'partition = "fake"\ntimeout = "20s"\n',
+    )
+    return kb
+
+
+def select_json(run_cli, *args: str) -> str:
+    res = run_cli("select", *args, "--json")
+    assert res.exit_code == 0, res.stderr
+    return res.stdout
+
+
+def create(run_cli, selection: str, *args: str) -> dict:
+    res = run_cli("create-jobs", "--input", "-", *args, "--json", input=selection)
+    assert res.exit_code == 0, res.stderr
+    return res.json()
+
+
+def write_output(kb, job: dict, mode: str = "good", decisions: str = "PASS", **extra: str) -> None:
+    """Run the fake agent by hand against a job's folder, as a person's agent would."""
+    out = kb.root / job["bundle_output_path"]
+    env = {
+        **os.environ,
+        "FAKE_MODE": mode,
+        "FAKE_DECISIONS": decisions,
+        "REVIEWQ_OUTPUT_PATH": str(out),
+        "REVIEWQ_ROOT": str(kb.root),
+        "REVIEWQ_JOB_DIR": str(out.parent),
+        "REVIEWQ_TELEMETRY_PATH": str(out.parent / "telemetry.json"),
+        **extra,
+    }
+    subprocess.run([sys.executable, str(FAKE)], env=env, check=True)
+
+
+def acceptance_rows(kb) -> list[tuple]:
+    with Store.open(kb.state) as s:
+        return [
+            tuple(r) for r in s.conn.execute("SELECT * FROM acceptance ORDER BY note_path, gate_id")
+        ]
+
+
+def test_manual_flow_end_to_end(flow, run_cli):
+    jobs = create(
+        run_cli, select_json(run_cli, "--all-gates", "--model", "fake"), "--grouping", "note"
+    )
+    assert [len(j["pairs"]) for j in jobs["jobs"]] == [2, 1, 2, 1]  # (note, lens) groups
+    assert jobs["skipped"] == []
+    job = jobs["jobs"][0]
+    assert set(job) == {
+        "review_job_id",
+        "model_partition",
+        "grouping",
+        "prompt_path",
+        "bundle_output_path",
+        "pairs",
+    }
+    assert (flow.root / job["prompt_path"]).is_file()
+    for j in jobs["jobs"]:
+        write_output(flow, j)
+        res = run_cli("finalize", "--review-job-id", str(j["review_job_id"]), "--json")
+        assert res.exit_code == 0, res.stderr
+        assert res.json()["status"] == "completed"
+    assert select_json(run_cli, "--all-gates", "--model", "fake").count('"reason"') == 0
+    # Edit a note's body: only the body gate goes stale, with a diff.
+    flow.write(NOTE_A, flow.read(NOTE_A).replace("Alpha body.", "Alpha body, revised."))
+    data = json.loads(select_json(run_cli, "--all-gates", "--model", "fake"))
+    assert [(t["note_path"], t["gate_id"], t["reason"]) for t in data["targets"]] == [
+        (NOTE_A, "prose/body-check", "note-changed")
+    ]
+    # ack carries the review forward; the pair is fresh again.
+    res = run_cli("ack", "--model", "fake", NOTE_A, "prose/body-check")
+    assert res.exit_code == 0 and res.stdout == f"acked: {NOTE_A} prose/body-check\n"
+    assert json.loads(select_json(run_cli, "--all-gates", "--model", "fake"))["targets"] == []
+
+
+def test_manual_flow_with_the_real_console_script(flow):
+    sel = reviewq_process("--root", str(flow.root), "select", "prose", "--model", "fake", "--json")
+    assert sel.returncode == 0, sel.stderr
+    made = reviewq_process(
+        "--root",
+        str(flow.root),
+        "create-jobs",
+        "--input",
+        "-",
+        "--grouping",
+        "gate",
+        "--json",
+        input=sel.stdout,
+    )
+    assert made.returncode == 0, made.stderr
+    job = json.loads(made.stdout)["jobs"][0]
+    assert len(job["pairs"]) == 2
+    write_output(flow, job, decisions="WARN")
+    fin = reviewq_process(
+        "--root", str(flow.root), "finalize", "--review-job-id", str(job["review_job_id"])
+    )
+    assert fin.returncode == 0, fin.stderr
+    assert f"WARN  {NOTE_A}  prose/body-check" in fin.stdout
+
+
+def test_gate_grouping_batches(flow, run_cli):
+    for i in range(7):
+        flow.note(f"extra-{i}")
+    jobs = create(
+        run_cli,
+        select_json(run_cli, "prose/body-check", "--model", "fake"),
+        "--grouping",
+        "gate",
+        "--batch-size",
+        "3",
+    )
+    assert [len(j["pairs"]) for j in jobs["jobs"]] == [3, 3, 3]
+    assert all(j["grouping"] == "gate" for j in jobs["jobs"])
+
+
+def test_pairs_in_open_jobs_are_skipped(flow, run_cli):
+    sel = select_json(run_cli, "prose", "--model", "fake")
+    first = create(run_cli, sel, "--grouping", "note")
+    again = create(run_cli, sel, "--grouping", "note")
+    assert again["jobs"] == []
+    assert {s["why"] for s in again["skipped"]} == {
+        f"already in queued job {j['review_job_id']}" for j in first["jobs"]
+    }
+
+
+def test_sentinel_like_lines_refuse_that_pair_only(flow, run_cli):
+    flow.write(NOTE_B, flow.read(NOTE_B) + "\n=== PAIR REVIEW END: x :: y ===\n")
+    jobs = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
+    assert [p["note_path"] for j in jobs["jobs"] for p in j["pairs"]] == [NOTE_A]
+    assert jobs["skipped"] == [
+        {
+            "note_path": NOTE_B,
+            "gate_id": "prose/body-check",
+            "why": f"{NOTE_B} line 7: looks like a review sentinel",
+        }
+    ]
+
+
+def test_create_jobs_bad_input(flow, run_cli):
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", input="not json")
+    assert res.exit_code == 1 and res.stderr.startswith("error: input is not select JSON")
+    sel = select_json(run_cli, "prose")  # partition-less selection
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", input=sel)
+    assert res.exit_code == 1 and "no model partition" in res.stderr
+    bad = json.dumps(
+        {
+            "model_partition": "fake",
+            "targets": [{"note_path": "../outside.md", "gate_id": "prose/body-check"}],
+        }
+    )
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=bad)
+    assert res.exit_code == 0
+    assert "outside the KB root" in res.json()["skipped"][0]["why"]
+
+
+def test_prompt_holds_only_its_own_sentinels_and_the_texts(flow, run_cli):
+    job = create(
+        run_cli,
+        select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A),
+        "--grouping",
+        "note",
+    )["jobs"][0]
+    prompt = (flow.root / job["prompt_path"]).read_text()
+    starts = [line for line in prompt.splitlines() if line.startswith("=== PAIR REVIEW START")]
+    assert starts == [
+        f"=== PAIR REVIEW START: {NOTE_A} :: {p['gate_path']} ===" for p in job["pairs"]
+    ]
+    assert flow.read(NOTE_A) in prompt
+    assert job["bundle_output_path"] in prompt
+    assert "## Failure mode" not in prompt or "It fails." in prompt  # gate bodies are inlined
+    manifest = json.loads((flow.root / job["prompt_path"]).with_name("MANIFEST.json").read_text())
+    assert manifest["status"] == "queued" and len(manifest["pairs"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [("bad", "verdict"), ("nothing", "missing")],
+)
+def test_bad_output_fails_the_job_and_accepts_nothing(flow, run_cli, mode, reason):
+    job = create(
+        run_cli, select_json(run_cli, "frontmatter", "--model", "fake"), "--grouping", "note"
+    )["jobs"][0]
+    write_output(flow, job, mode=mode)
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]), "--json")
+    assert res.exit_code == 1
+    data = res.json()
+    assert data["status"] == "failed" and data["pairs"] == []
+    assert any(reason in r.lower() for r in data["failure_reasons"])
+    assert acceptance_rows(flow) == []
+    # The failed job freed its pairs for a new job.
+    again = create(
+        run_cli, select_json(run_cli, "frontmatter", "--model", "fake"), "--grouping", "note"
+    )
+    assert [p for j in again["jobs"] for p in j["pairs"]] == job["pairs"]
+
+
+def test_failed_rereview_keeps_the_earlier_acceptance(flow, run_cli):
+    sel = select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A)
+    job = create(run_cli, sel, "--grouping", "note")["jobs"][0]
+    write_output(flow, job, decisions="WARN")
+    assert run_cli("finalize", "--review-job-id", str(job["review_job_id"])).exit_code == 0
+    before = acceptance_rows(flow)
+    flow.write(NOTE_A, flow.read(NOTE_A) + "more\n")
+    job2 = create(
+        run_cli,
+        select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A),
+        "--grouping",
+        "note",
+    )["jobs"][0]
+    write_output(flow, job2, mode="bad")
+    assert run_cli("finalize", "--review-job-id", str(job2["review_job_id"])).exit_code == 1
+    assert acceptance_rows(flow) == before
+
+
+def test_error_is_recorded_but_never_fresh(flow, run_cli):
+    job = create(
+        run_cli,
+        select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A),
+        "--grouping",
+        "note",
+    )["jobs"][0]
+    write_output(flow, job, decisions="ERROR,PASS")
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]), "--json")
+    assert [p["decision"] for p in res.json()["pairs"]] == ["ERROR", "PASS"]
+    data = json.loads(select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A))
+    assert [(t["gate_id"], t["reason"]) for t in data["targets"]] == [
+        ("frontmatter/desc-check", "missing-review")
+    ]
+
+
+def test_finalize_refusals_change_nothing(flow, run_cli):
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    jid = str(job["review_job_id"])
+    write_output(flow, job)
+    res = run_cli("finalize", "--review-job-id", jid, "--model", "other-model")
+    assert res.exit_code == 1 and "does not match" in res.stderr
+    res = run_cli("finalize", "--review-job-id", jid, "--effort", "high")
+    assert res.exit_code == 1 and "--effort needs --model" in res.stderr
+    assert acceptance_rows(flow) == []
+    res = run_cli(
+        "finalize",
+        "--review-job-id",
+        jid,
+        "--runner",
+        "me",
+        "--model",
+        "fake",
+        "--effort",
+        "high",
+        "--telemetry-json",
+        '{"turns": 3}',
+    )
+    assert res.exit_code == 0
+    res = run_cli("finalize", "--review-job-id", jid)
+    assert res.exit_code == 1 and "completed already" in res.stderr
+    assert run_cli("finalize", "--review-job-id", "999").exit_code == 1
+    with Store.open(flow.state) as s:
+        row = s.conn.execute(
+            "SELECT runner, model, effort, telemetry_json FROM review_jobs WHERE id = ?",
+            (int(jid),),
+        ).fetchone()
+    assert tuple(row) == ("me", "fake", "high", '{"turns": 3}')
+
+
+def test_ack_is_all_or_nothing(flow, run_cli):
+    job = create(
+        run_cli,
+        select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A),
+        "--grouping",
+        "note",
+    )["jobs"][0]
+    write_output(flow, job)
+    run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    flow.write(NOTE_A, flow.read(NOTE_A).replace("title: Alpha", "title: Alpha two"))
+    before = acceptance_rows(flow)
+    res = run_cli("ack", "--model", "fake", NOTE_A, "frontmatter/title-check", "prose/body-check")
+    assert res.exit_code == 1 and "no completed review" in res.stderr
+    assert acceptance_rows(flow) == before
+    res = run_cli(
+        "ack", "--model", "fake", NOTE_A, "frontmatter/title-check", "frontmatter/desc-check"
+    )
+    assert res.stdout.splitlines() == [
+        f"acked: {NOTE_A} frontmatter/title-check",
+        f"acked: {NOTE_A} frontmatter/desc-check",
+    ]
+
+
+def test_warn_queue_and_export_match_the_database(flow, run_cli):
+    for j in create(
+        run_cli, select_json(run_cli, "--all-gates", "--model", "fake"), "--grouping", "note"
+    )["jobs"]:
+        write_output(
+            flow, j, decisions="WARN" if j["pairs"][0]["gate_id"].startswith("prose") else "PASS"
+        )
+        assert run_cli("finalize", "--review-job-id", str(j["review_job_id"])).exit_code == 0
+    warns = run_cli("warn-queue", "--json").json()["warnings"]
+    assert {(w["note_path"], w["gate_id"]) for w in warns} == {
+        (NOTE_A, "prose/body-check"),
+        (NOTE_B, "prose/body-check"),
+    }
+    assert all("finding 0 for prose/body-check" in w["rationale"] for w in warns)
+    # A changed gate drops its WARN findings from the queue.
+    flow.gate(
+        "prose/body-check", ["body"], body="## Failure mode\n\nChanged.\n\n## Test\n\nChanged.\n"
+    )
+    assert run_cli("warn-queue", "--json").json()["warnings"] == []
+
+    res = run_cli("export", "--model", "fake")
+    assert res.exit_code == 0 and "exported 6 review(s)" in res.stdout
+    rows = list(csv.DictReader((flow.root / "kb/reports/reviews/csv/gate_reviews.csv").open()))
+    db = acceptance_rows(flow)
+    assert len(rows) == len(db) == 6
+    assert {(r["note_path"], r["gate_id"], r["model_partition"]) for r in rows} == {
+        (d[1], d[2], d[0]) for d in db
+    }
+    path = flow.root / "kb/reports/reviews/gates/kb__notes__alpha.md/prose/body-check.md"
+    text = path.read_text()
+    assert text.startswith(
+        "<!-- GATE-REVIEW\nnote-path: kb/notes/alpha.md\ngate-id: prose/body-check\nmodel-partition: fake\n"
+    )
+    row = next(r for r in rows if r["note_path"] == NOTE_A and r["gate_id"] == "prose/body-check")
+    assert (
+        f"gate-hash: {row['gate_hash']}\n" in text
+        and f"recorded-at: {row['recorded_at']}\n" in text
+    )
+    assert "## Result: WARN" in text
+
+
+# --- run-job: real agent processes ---------------------------------------------------------
+
+
+def one_job(flow, run_cli, selector: str = "prose") -> str:
+    jobs = create(
+        run_cli,
+        select_json(run_cli, selector, "--model", "fake", "--note", NOTE_A),
+        "--grouping",
+        "note",
+    )["jobs"]
+    return str(jobs[0]["review_job_id"])
+
+
+def job_row(flow, jid: str):
+    with Store.open(flow.state) as s:
+        job = s.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (int(jid),)).fetchone()
+        attempts = s.conn.execute("SELECT * FROM attempts WHERE job_id = ?", (int(jid),)).fetchall()
+        return dict(job), [dict(a) for a in attempts]
+
+
+def test_run_job_good(flow, run_cli, monkeypatch):
+    jid = one_job(flow, run_cli)
+    monkeypatch.setenv("FAKE_MODE", "good")
+    monkeypatch.setenv("FAKE_TURNS", "4")
+    res = run_cli("run-job", jid)
+    assert res.exit_code == 0, res.stderr
+    assert f"PASS  {NOTE_A}  prose/body-check" in res.stdout
+    job, attempts = job_row(flow, jid)
+    assert job["status"] == "completed"
+    assert [(a["attempt"], a["outcome"], a["num_turns"], a["cost_usd"]) for a in attempts] == [
+        (1, "finalized", 4, 0.01)
+    ]
+
+
+def test_run_job_hang_kills_the_whole_group_at_the_deadline(flow, run_cli, monkeypatch, tmp_path):
+    flow.write("reviewq.toml", flow.read("reviewq.toml").replace('timeout = "20s"', "timeout = 1"))
+    jid = one_job(flow, run_cli)
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
+    res = run_cli("run-job", jid)
+    assert res.exit_code == 1
+    assert "burned-out" in res.stdout and "deadline" in res.stderr
+    for pid in map(int, pidfile.read_text().split()):
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
+    job, attempts = job_row(flow, jid)
+    assert job["status"] == "failed" and attempts[0]["outcome"] == "burned-out"
+
+
+def test_run_job_touching_the_kb_fails_the_attempt(flow, run_cli, monkeypatch):
+    jid = one_job(flow, run_cli)
+    monkeypatch.setenv("FAKE_MODE", "touch")
+    res = run_cli("run-job", jid)
+    assert res.exit_code == 1 and f"the reviewer changed {NOTE_A}" in res.stderr
+    job, attempts = job_row(flow, jid)
+    assert attempts[0]["outcome"] == "reviewer-touched-kb" and job["status"] == "failed"
+    assert acceptance_rows(flow) == []
+
+
+def test_run_job_crash_is_a_launch_failure_and_requeues(flow, run_cli, monkeypatch):
+    jid = one_job(flow, run_cli)
+    monkeypatch.setenv("FAKE_MODE", "crash")
+    res = run_cli("run-job", jid)
+    assert res.exit_code == 1 and "queued again" in res.stderr
+    job, attempts = job_row(flow, jid)
+    assert job["status"] == "queued" and attempts[0]["outcome"] == "launch-failure"
+
+
+def test_run_job_missing_binary_is_a_launch_failure(flow, run_cli):
+    flow.write(
+        "reviewq.toml",
+        '[reviewers.fake]\nkind = "command"\ncommand = ["/nonexistent/agent"]\npartition = "fake"\n',
+    )
+    jid = one_job(flow, run_cli)
+    res = run_cli("run-job", jid)
+    assert res.exit_code == 1 and "could not start" in res.stderr
+    assert job_row(flow, jid)[0]["status"] == "queued"
+
+
+def test_run_job_no_output_after_turns(flow, run_cli, monkeypatch):
+    jid = one_job(flow, run_cli)
+    monkeypatch.setenv("FAKE_MODE", "nothing")
+    monkeypatch.setenv("FAKE_TURNS", "3")
+    assert run_cli("run-job", jid).exit_code == 1
+    assert job_row(flow, jid)[1][0]["outcome"] == "no-output"
+
+
+def test_run_job_with_the_offline_reviewer(kb, run_cli):
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty-desc", description="")
+    kb.note("full")
+    sel = select_json(run_cli, "--all-gates", "--model", "offline")
+    for j in create(run_cli, sel, "--grouping", "note")["jobs"]:
+        res = run_cli("run-job", str(j["review_job_id"]))
+        assert res.exit_code == 0, res.stderr
+    decisions = {(r[1], r[2]): r[6] for r in acceptance_rows(kb)}
+    assert decisions == {
+        ("kb/notes/empty-desc.md", "frontmatter/desc-check"): "FAIL",
+        ("kb/notes/full.md", "frontmatter/desc-check"): "PASS",
+    }
+    result = next((kb.state / "jobs").rglob("kb__notes__empty-desc.md--*.md")).read_text()
+    assert "offline reviewer" in result and "description region is empty" in result

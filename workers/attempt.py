@@ -1,0 +1,228 @@
+"""One agent run (SPEC §6 steps 1-4): launch, wait, deadline, process-group kill, classify.
+
+It knows nothing of state.db: what it needs comes in, an :class:`AttemptOutcome` goes out.
+Waiting uses a pidfd, so the output is looked at the moment the process ends rather
+than at the next tick of a polling loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from orchestrator.finalize import read_output
+
+from .reviewers import AttemptSpec, Reviewer
+
+OUTPUT = "output"
+BURNED_OUT = "burned-out"
+NO_OUTPUT = "no-output"
+LAUNCH_FAILURE = "launch-failure"
+TOUCHED_KB = "reviewer-touched-kb"
+LAUNCH_WINDOW_S = 15.0
+KILL_GRACE_S = 5.0
+# Errors that say "try again in a moment", not "this will never work".
+_TRANSIENT = {errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ETXTBSY, errno.EINTR}
+
+
+@dataclass
+class AttemptOutcome:
+    job_id: int
+    attempt: int
+    classification: str
+    runner: str
+    exit_code: int | None = None
+    started_at: str = ""
+    ended_at: str = ""
+    duration_s: float = 0.0
+    output: bytes | None = None
+    reasons: list[str] = field(default_factory=list)
+    telemetry: dict = field(default_factory=dict)
+    touched: list[str] = field(default_factory=list)
+    exited_at: float = 0.0  # time.time() when the process was seen to end
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for rel in rels:
+        try:
+            out[rel] = hashlib.sha256((root / rel).read_bytes()).hexdigest()
+        except OSError:
+            out[rel] = "missing"
+    return out
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT
+
+
+@retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(5),
+    wait=wait_exponential(multiplier=0.1, max=2.0),
+    reraise=True,
+)
+def launch(
+    argv: list[str], env: dict[str, str], cwd: Path | None, stdout: Path, stderr: Path
+) -> subprocess.Popen:
+    """Start the agent in its own process group with stdin closed; only transient OS
+    errors are retried (a missing binary is not transient)."""
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def wait_for_exit(
+    proc: subprocess.Popen,
+    deadline: float,
+    on_tick: Callable[[], None] | None = None,
+    tick_s: float = 30.0,
+) -> bool:
+    """True when the process exited before ``deadline`` (a monotonic time)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return proc.poll() is not None
+            step = min(remaining, tick_s) if on_tick else remaining
+            if pidfd is not None:
+                ready, _, _ = select.select([pidfd], [], [], step)
+                if ready:
+                    proc.wait()
+                    return True
+            else:
+                try:
+                    proc.wait(timeout=step)
+                    return True
+                except subprocess.TimeoutExpired:
+                    pass
+            if on_tick is not None and deadline - time.monotonic() > 0:
+                on_tick()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    if proc.poll() is None:
+        wait_for_exit(proc, time.monotonic() + grace_s)
+    reap_group(proc)
+
+
+def reap_group(proc: subprocess.Popen) -> None:
+    """Leave no process of the agent's group behind (children that outlived it)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=5)
+
+
+def run_attempt(
+    reviewer: Reviewer,
+    spec: AttemptSpec,
+    *,
+    timeout_s: float,
+    max_turns: int,
+    guarded: Iterable[str] = (),
+    max_output_bytes: int = 5 * 1024 * 1024,
+    on_tick: Callable[[], None] | None = None,
+    tick_s: float = 30.0,
+) -> AttemptOutcome:
+    """Run one attempt to its end and classify it (SPEC §6 step 4)."""
+    spec.attempt_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        spec.output_path.unlink()  # a leftover from a run of this attempt that was lost
+    guarded = list(guarded)
+    before = file_hashes(spec.root, guarded)
+    out = AttemptOutcome(
+        spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=_now()
+    )
+    cmd = reviewer.command(spec)
+    env = {**os.environ, **cmd.env, **spec.environment()}
+    start = time.monotonic()
+    try:
+        proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
+    except OSError as exc:
+        out.ended_at = _now()
+        out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
+        return out
+    try:
+        exited = wait_for_exit(proc, start + timeout_s, on_tick, tick_s)
+        out.exited_at = time.time()
+        if not exited:
+            kill_group(proc)
+        else:
+            reap_group(proc)
+    except BaseException:
+        kill_group(proc, grace_s=1.0)  # never leave an agent behind, whatever stopped us
+        raise
+    out.duration_s = time.monotonic() - start
+    out.ended_at = _now()
+    out.exit_code = proc.returncode
+    telemetry = reviewer.telemetry(spec)
+    out.telemetry = telemetry.to_json()
+    out.output = read_output(spec.output_path, max_output_bytes)
+    after = file_hashes(spec.root, guarded)
+    out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
+    turns = telemetry.num_turns
+    if out.touched:
+        out.classification = TOUCHED_KB
+        out.reasons = [f"the reviewer changed {p}" for p in out.touched]
+    elif out.output is not None:
+        out.classification = OUTPUT
+    elif not exited:
+        out.classification = BURNED_OUT
+        out.reasons = [
+            f"deadline of {timeout_s:g} s reached with no output; the process group was killed"
+        ]
+    elif turns is not None and turns >= max_turns:
+        out.classification = BURNED_OUT
+        out.reasons = [f"used {turns} of {max_turns} turns with no output"]
+    elif out.exit_code != 0 and out.duration_s < LAUNCH_WINDOW_S and not turns:
+        out.classification = LAUNCH_FAILURE
+        out.reasons = [
+            f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {_tail(spec.stderr_path)}"
+        ]
+    else:
+        out.classification = NO_OUTPUT
+        out.reasons = [f"exited {out.exit_code} without writing {spec.output_path.name}"]
+    return out
+
+
+def _tail(path: Path, limit: int = 300) -> str:
+    try:
+        data = path.read_bytes()[-limit:]
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace").strip().splitlines()
+    return text[-1] if text else "(no stderr)"

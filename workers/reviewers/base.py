@@ -1,0 +1,148 @@
+"""The reviewer adapter contract, documented once here; each kind is a short subclass.
+
+An adapter turns one attempt into a process to run and reads back what that process
+reported. It never waits, retries, kills or parses bundles: ``workers.attempt`` does that
+once for every kind, and ``orchestrator.finalize`` judges the output.
+
+What an adapter gets: an :class:`AttemptSpec` — the task (``review``, ``fix`` or ``audit``),
+the job id and attempt number, the paths of the prompt, of the output file the agent must
+write, of the job and attempt folders and of the telemetry file, the KB root, the model, and
+for a fix the note to rewrite — plus the :class:`ReviewerProfile` it was built from.
+
+What it returns:
+- :meth:`Reviewer.command` → a :class:`Command`: argv, extra environment, working folder.
+  The agent runs in its own process group with stdin closed, stdout and stderr going to
+  the attempt's log files, and inherits reviewq's environment plus ``Command.env``.
+- :meth:`Reviewer.telemetry` → a :class:`Telemetry` read after the process ended, from its
+  stdout (vendor CLIs print JSON) or from ``REVIEWQ_TELEMETRY_PATH``.
+The output itself is the file at ``spec.output_path``: it exists or it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from orchestrator.config import ReviewerProfile
+
+TASKS = ("review", "fix", "audit")
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    task: str
+    job_id: int
+    attempt: int
+    prompt_path: Path
+    output_path: Path
+    job_dir: Path
+    attempt_dir: Path
+    root: Path
+    model: str
+    note_path: str | None = None  # fix only: the note to rewrite, root-relative
+
+    @property
+    def telemetry_path(self) -> Path:
+        return self.attempt_dir / "telemetry.json"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.attempt_dir / "stdout.log"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.attempt_dir / "stderr.log"
+
+    def placeholders(self) -> dict[str, str]:
+        return {
+            "prompt_path": str(self.prompt_path),
+            "output_path": str(self.output_path),
+            "job_dir": str(self.job_dir),
+            "job_id": str(self.job_id),
+            "attempt": str(self.attempt),
+            "model": self.model,
+            "root": str(self.root),
+        }
+
+    def environment(self) -> dict[str, str]:
+        env = {f"REVIEWQ_{k.upper()}": v for k, v in self.placeholders().items()}
+        env["REVIEWQ_TASK"] = self.task
+        env["REVIEWQ_TELEMETRY_PATH"] = str(self.telemetry_path)
+        if self.note_path:
+            env["REVIEWQ_NOTE_PATH"] = self.note_path
+        return env
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+
+
+@dataclass
+class Telemetry:
+    num_turns: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    session_id: str | None = None
+    error_subtype: str | None = None
+    raw: dict | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "raw" and v is not None}
+
+
+def _num(value: object, kind: type) -> int | float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return kind(value)
+
+
+def telemetry_from_file(path: Path) -> Telemetry:
+    """The ``REVIEWQ_TELEMETRY_PATH`` convention: ``num_turns``, ``input_tokens``,
+    ``output_tokens``, ``cost_usd`` in a JSON object; anything unreadable is ignored."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")[:1_000_000])
+    except (OSError, ValueError):
+        return Telemetry()
+    if not isinstance(data, dict):
+        return Telemetry()
+    return Telemetry(
+        num_turns=_num(data.get("num_turns"), int),
+        input_tokens=_num(data.get("input_tokens"), int),
+        output_tokens=_num(data.get("output_tokens"), int),
+        cost_usd=_num(data.get("cost_usd"), float),
+        session_id=data.get("session_id") if isinstance(data.get("session_id"), str) else None,
+        error_subtype=data.get("error_subtype")
+        if isinstance(data.get("error_subtype"), str)
+        else None,
+    )
+
+
+class Reviewer(ABC):
+    """One reviewer kind. Subclasses set ``kind`` and build the command."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, profile: ReviewerProfile) -> None:
+        self.profile = profile
+
+    @abstractmethod
+    def command(self, spec: AttemptSpec) -> Command:
+        """The process that performs this attempt."""
+
+    def telemetry(self, spec: AttemptSpec) -> Telemetry:
+        """What the finished process reported; by default the telemetry file."""
+        return telemetry_from_file(spec.telemetry_path)
+
+    def executables(self) -> list[str]:
+        """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""
+        return []

@@ -1,0 +1,19 @@
+"""The ``offline`` kind: the deterministic reviewer of ``workers.offline_agent``, run as a
+subprocess like any agent, so the whole pipeline works with no model at all."""
+
+from __future__ import annotations
+
+import sys
+
+from .base import AttemptSpec, Command, Reviewer
+
+
+class OfflineReviewer(Reviewer):
+    kind = "offline"
+
+    def command(self, spec: AttemptSpec) -> Command:
+        return Command(
+            argv=[sys.executable, "-m", "workers.offline_agent"],
+            env=dict(self.profile.env),
+            cwd=spec.root,
+        )
