@@ -16,6 +16,11 @@ from .prompts import render_retry
 from .reports import write_job_files
 from .store import Store, utcnow
 
+# Attempts that count toward a job's limit: the agent ran and produced nothing usable.
+# Launch failures, lost leases and interrupted runs are not the job's fault.
+FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned-out")
+FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
+
 
 class AttemptError(ValueError):
     pass
@@ -42,9 +47,11 @@ def display(root: Path, path: Path) -> str:
 
 
 def open_attempt(
-    store: Store, state_dir: Path, root: Path, job_id: int, runner: str
+    store: Store, state_dir: Path, root: Path, job_id: int, runner: str, outcome: str = "running"
 ) -> OpenedAttempt:
-    """Move a queued job to running under a new attempt number and write its prompt."""
+    """Move a queued job to running under a new attempt number and write its prompt.
+    ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
+    back when it has launched the agent."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if job is None:
         raise AttemptError(f"no review job {job_id}")
@@ -61,17 +68,17 @@ def open_attempt(
         # An older attempt still marked running is superseded by this one.
         store.conn.execute(
             "UPDATE attempts SET outcome = 'superseded', ended_at = COALESCE(ended_at, ?) "
-            "WHERE job_id = ? AND outcome = 'running'",
+            "WHERE job_id = ? AND outcome IN ('running', 'dispatched')",
             (now, job_id),
         )
         store.conn.execute(
             "INSERT INTO attempts (job_id, attempt, runner, outcome, started_at, heartbeat_at) "
-            "VALUES (?, ?, ?, 'running', ?, ?)",
-            (job_id, attempt, runner, now, now),
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, attempt, runner, outcome, now, now),
         )
         previous = store.conn.execute(
-            "SELECT attempt, reasons FROM attempts WHERE job_id = ? AND attempt < ? AND reasons IS NOT NULL "
-            "ORDER BY attempt DESC LIMIT 1",
+            "SELECT attempt, reasons FROM attempts WHERE job_id = ? AND attempt < ? AND outcome IN "
+            f"({FAILED_SQL}) ORDER BY attempt DESC LIMIT 1",
             (job_id, attempt),
         ).fetchone()
     attempt_dir = folder / f"attempt-{attempt}"

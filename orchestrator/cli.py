@@ -444,5 +444,20 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
     )
 
 
+from . import cli_queue  # noqa: E402,F401  (registers the queue commands)
+
+
 def main() -> None:
-    cli(prog_name="reviewq")
+    try:
+        cli(prog_name="reviewq")
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: one line for the person, the traceback for the log
+        import logging
+
+        logging.getLogger("reviewq").error("internal error", exc_info=True)
+        click.echo(
+            f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True
+        )
+        sys.exit(1)

@@ -66,6 +66,8 @@ class QueueSettings:
     max_attempts: int = 3
     launch_failures_before_pause: int = 5
     pause_seconds: float = 900.0
+    launch_backoff_seconds: float = 5.0
+    poll_seconds: float = 0.05  # how often an idle SQLite consumer looks at its queue
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,8 @@ def load_settings(
                 "max_attempts",
                 "launch_failures_before_pause",
                 "pause_seconds",
+                "launch_backoff_seconds",
+                "poll_seconds",
             },
             "[queue]",
         )
@@ -305,6 +309,10 @@ def load_settings(
                 q.get("launch_failures_before_pause", 5), "[queue] launch_failures_before_pause"
             ),
             pause_seconds=parse_duration(q.get("pause_seconds", 900), "[queue] pause_seconds"),
+            launch_backoff_seconds=parse_duration(
+                q.get("launch_backoff_seconds", 5), "[queue] launch_backoff_seconds"
+            ),
+            poll_seconds=parse_duration(q.get("poll_seconds", 0.05), "[queue] poll_seconds"),
         )
         sweeps: dict[str, SweepConfig] = {}
         for i, t in enumerate(data.get("sweeps") or []):

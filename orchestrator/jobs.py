@@ -227,7 +227,7 @@ def create_jobs(
         for group in groups:
             batch.jobs.append(
                 _create_one(
-                    kb,
+                    kb.root,
                     store,
                     state_dir,
                     group,
@@ -242,7 +242,7 @@ def create_jobs(
 
 
 def _create_one(
-    kb: KB,
+    root: Path,
     store: Store,
     state_dir: Path,
     group: Sequence[_Item],
@@ -292,14 +292,14 @@ def _create_one(
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     output = folder / "bundle-output.md"
-    prompt = render_job_prompt(job_id, display_path(kb.root, output), group)
+    prompt = render_job_prompt(job_id, display_path(root, output), group)
     (folder / "prompt.md").write_text(prompt, encoding="utf-8")
     job = CreatedJob(
         job_id,
         partition,
         grouping,
-        display_path(kb.root, folder / "prompt.md"),
-        display_path(kb.root, output),
+        display_path(root, folder / "prompt.md"),
+        display_path(root, output),
         pairs,
     )
     write_manifest(
@@ -362,3 +362,35 @@ def load_job_items(store: Store, job_id: int) -> list[_Item]:
         )
         items.append(_Item(r["note_path"], gate, r["note_text"], r["note_sha"]))
     return items
+
+
+def split_job(store: Store, state_dir: Path, root: Path, job_id: int) -> list[int]:
+    """Replace a multi-pair job by one-pair jobs built from the same snapshots (a job
+    that burned out may fit when it asks less)."""
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    items = load_job_items(store, job_id)
+    new_ids: list[int] = []
+    cache: dict[tuple[str, str], int] = {}
+    with store.write():
+        store.conn.execute(
+            "UPDATE review_jobs SET status = 'split', updated_at = ?, finished_at = ? WHERE id = ?",
+            (utcnow(), utcnow(), job_id),
+        )
+        for it in items:
+            created = _create_one(
+                root,
+                store,
+                state_dir,
+                [it],
+                job["model_partition"],
+                job["grouping"],
+                job["reviewer"],
+                job["sweep"],
+                cache,
+            )
+            store.conn.execute(
+                "UPDATE review_jobs SET parent_job_id = ?, sweep_run_id = ? WHERE id = ?",
+                (job_id, job["sweep_run_id"], created.review_job_id),
+            )
+            new_ids.append(created.review_job_id)
+    return new_ids

@@ -116,4 +116,44 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     ),
 ]
 
+MIGRATIONS.append(
+    (
+        2,
+        "queue bookkeeping: dispatch, leases, reviewer pauses, sweep runs",
+        """
+        ALTER TABLE review_jobs ADD COLUMN not_before TEXT;
+        ALTER TABLE review_jobs ADD COLUMN sweep_run_id INTEGER;
+        ALTER TABLE review_jobs ADD COLUMN launch_failures INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE attempts ADD COLUMN worker TEXT;
+        ALTER TABLE attempts ADD COLUMN launched_at TEXT;
+        CREATE INDEX attempts_open ON attempts (outcome) WHERE outcome IN ('dispatched', 'running');
+
+        CREATE TABLE reviewer_state (
+            name            TEXT PRIMARY KEY,
+            launch_failures INTEGER NOT NULL DEFAULT 0,
+            paused_until    TEXT,
+            updated_at      TEXT NOT NULL
+        ) WITHOUT ROWID;
+
+        CREATE TABLE sweep_runs (
+            id          INTEGER PRIMARY KEY,
+            name        TEXT NOT NULL,
+            trigger     TEXT NOT NULL,
+            options     TEXT NOT NULL,
+            budget_usd  REAL,
+            started_at  TEXT NOT NULL,
+            finished_at TEXT,
+            jobs        INTEGER NOT NULL DEFAULT 0,
+            skipped     INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX sweep_runs_name ON sweep_runs (name, started_at);
+
+        CREATE TABLE cron_state (
+            name         TEXT PRIMARY KEY,
+            last_checked TEXT NOT NULL
+        ) WITHOUT ROWID;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -65,8 +65,13 @@ class Store:
             self._migrate()
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # check_same_thread=False: the control consumer opens the store in its main
+            # thread and uses it from its one worker thread, never from two at once.
             self.conn = sqlite3.connect(
-                self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+                self.path,
+                isolation_level=None,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                check_same_thread=False,
             )
             try:
                 self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

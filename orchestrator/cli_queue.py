@@ -1,0 +1,480 @@
+"""The queue commands of ``reviewq`` (SPEC §10): enqueue, worker, control, sweep, status,
+jobs, job, logs, doctor. Registered on the group in :mod:`orchestrator.cli`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+
+import click
+
+from .cli import Refused, cli, emit_json, refuse_domain_errors, warn
+from .status import STATUSES
+from .workspace import Workspace
+
+
+def _sweep_options(fn):
+    for opt in reversed(
+        [
+            click.argument("selectors", nargs=-1),
+            click.option("--all-gates", is_flag=True, help="Every catalog gate."),
+            click.option(
+                "--note", "notes", multiple=True, help="Only these note files or folders."
+            ),
+            click.option("--current", is_flag=True, help="Only notes with status: current."),
+            click.option(
+                "--reviewer", default="offline", show_default=True, help="The reviewer profile."
+            ),
+            click.option("--fixer", default="", help="The fixer profile [default: the reviewer]."),
+            click.option("--auditor", default="", help="The auditor profile."),
+            click.option(
+                "--grouping", type=click.Choice(["note", "gate"]), default="note", show_default=True
+            ),
+            click.option("--batch-size", default=5, show_default=True, type=click.IntRange(min=1)),
+            click.option("--fix", is_flag=True, help="Send FAIL notes to the fixer (SPEC §7)."),
+            click.option(
+                "--sequential",
+                is_flag=True,
+                help="A note's later bundles wait for its earlier ones.",
+            ),
+            click.option(
+                "--name",
+                "sweep_name",
+                default="cli",
+                show_default=True,
+                help="The sweep's name in logs.",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _request(
+    name,
+    selectors,
+    all_gates,
+    notes,
+    current,
+    reviewer,
+    fixer,
+    auditor,
+    grouping,
+    batch_size,
+    fix,
+    sequential,
+    trigger,
+):
+    from .sweeps import SweepRequest
+
+    if not selectors and not all_gates:
+        all_gates = True  # a sweep with no selection reviews every catalog gate
+    return SweepRequest(
+        name=name,
+        reviewer=reviewer,
+        selectors=tuple(selectors),
+        all_gates=all_gates,
+        notes=tuple(notes),
+        current=current,
+        grouping=grouping,
+        batch_size=batch_size,
+        fix=fix,
+        sequential=sequential,
+        fixer=fixer,
+        auditor=auditor,
+        trigger=trigger,
+    )
+
+
+@cli.command("enqueue")
+@_sweep_options
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@refuse_domain_errors
+def enqueue_cmd(
+    ws: Workspace,
+    selectors,
+    all_gates,
+    notes,
+    current,
+    reviewer,
+    fixer,
+    auditor,
+    grouping,
+    batch_size,
+    fix,
+    sequential,
+    sweep_name,
+    as_json,
+) -> None:
+    """Select stale pairs, create jobs and queue them for the workers (the producer).
+
+    \b
+    Example:
+      reviewq enqueue prose --reviewer claude --fix
+    """
+    from workers.app import make_app
+    from workers.tasks import send
+
+    from .sweeps import enqueue
+
+    req = _request(
+        sweep_name,
+        selectors,
+        all_gates,
+        notes,
+        current,
+        reviewer,
+        fixer,
+        auditor,
+        grouping,
+        batch_size,
+        fix,
+        sequential,
+        "enqueue",
+    )
+    res = enqueue(ws, req)
+    make_app(ws.settings)
+    try:
+        send("dispatch")
+    except Exception as exc:  # the jobs are recorded; the control's next tick dispatches them
+        click.echo(
+            f"warning: could not nudge the control queue ({exc}); jobs wait for its next tick",
+            err=True,
+        )
+    if as_json:
+        emit_json(
+            {
+                "sweep_run": res.run_id,
+                "model_partition": res.model_partition,
+                "jobs": [j.to_json() for j in res.jobs],
+                "skipped": [s.__dict__ for s in res.skipped],
+            }
+        )
+        return
+    pairs = sum(len(j.pairs) for j in res.jobs)
+    click.echo(
+        f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {reviewer}; skipped {len(res.skipped)}"
+    )
+
+
+@cli.command("worker")
+@click.option(
+    "--workers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Agents run at once.",
+)
+@click.pass_obj
+def worker_cmd(ws: Workspace, workers: int) -> None:
+    """Consume the review queue: run agents (SIGINT drains, SIGTERM stops now).
+
+    \b
+    Example:
+      reviewq worker --workers 4
+    """
+    from workers.consumers import run_worker
+
+    run_worker(ws, workers)
+
+
+@cli.command("control")
+@click.pass_obj
+def control_cmd(ws: Workspace) -> None:
+    """Consume the control queue: finalize, retry, reap, fire cron sweeps (run exactly one).
+
+    \b
+    Example:
+      reviewq control
+    """
+    from workers.consumers import AlreadyRunning, run_control
+
+    try:
+        run_control(ws)
+    except AlreadyRunning as exc:
+        raise Refused(str(exc)) from None
+
+
+@cli.command("sweep")
+@_sweep_options
+@click.option(
+    "--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker threads."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+@refuse_domain_errors
+def sweep_cmd(
+    ws: Workspace,
+    selectors,
+    all_gates,
+    notes,
+    current,
+    reviewer,
+    fixer,
+    auditor,
+    grouping,
+    batch_size,
+    fix,
+    sequential,
+    sweep_name,
+    workers,
+    as_json,
+) -> None:
+    """Enqueue, then run control and workers until every job is done or waits; print a summary.
+
+    \b
+    Example:
+      reviewq sweep --reviewer offline --workers 4
+    """
+    from workers.sweep import run_sweep
+
+    from . import logs
+    from .sweep_report import ProgressDisplay, render_summary
+
+    logs.configure(ws.state_dir)
+    req = _request(
+        sweep_name,
+        selectors,
+        all_gates,
+        notes,
+        current,
+        reviewer,
+        fixer,
+        auditor,
+        grouping,
+        batch_size,
+        fix,
+        sequential,
+        "sweep",
+    )
+    with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
+        out = run_sweep(ws, req, workers, on_progress=display.update)
+    if as_json:
+        emit_json(
+            {
+                "sweep_run": out.enqueued.run_id,
+                "enqueued_jobs": len(out.enqueued.jobs),
+                "skipped": len(out.enqueued.skipped),
+                "progress": out.progress.__dict__,
+                "paused": out.paused,
+                **out.summary,
+            }
+        )
+    else:
+        render_summary(out)
+    problems = []
+    if out.summary["failed"]:
+        problems.append(f"{len(out.summary['failed'])} job(s) failed")
+    if out.progress.waiting_paused:
+        who = ", ".join(f"{n} (until {u})" for n, u in out.paused.items())
+        problems.append(f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}")
+    problems.extend(out.children_failed)
+    if problems:
+        raise Refused("; ".join(problems))
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@refuse_domain_errors
+def status_cmd(ws: Workspace, as_json: bool) -> None:
+    """What is queued, running, done, failed and escalated; paused reviewers; cost.
+
+    \b
+    Example:
+      reviewq status --json
+    """
+    from .status import status
+
+    data = status(ws.read_store(), ws.settings)
+    if as_json:
+        emit_json(data)
+        return
+    click.echo("jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items()))
+    click.echo(f"escalations open: {data['escalations_open']}")
+    for name, r in data["reviewers"].items():
+        click.echo(
+            f"reviewer {name}: "
+            + (f"paused until {r['paused_until']}" if r["paused_until"] else "active")
+        )
+    click.echo(
+        f"cost: today ${data['cost_usd']['today']:.4f}, total ${data['cost_usd']['total']:.4f}"
+    )
+
+
+@cli.command("jobs")
+@click.option(
+    "--state", "state", type=click.Choice(STATUSES), default=None, help="Only jobs in this state."
+)
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@refuse_domain_errors
+def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> None:
+    """Review jobs, newest first.
+
+    \b
+    Example:
+      reviewq jobs --state failed
+    """
+    from .status import jobs
+
+    rows = jobs(ws.read_store(), state, limit)
+    if as_json:
+        emit_json({"jobs": rows})
+        return
+    for r in rows:
+        click.echo(
+            f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {r['reviewer'] or '-':<10} "
+            f"{r['lens'] or '-':<14} attempts {r['attempt']}  ${r['cost_usd']:.4f}"
+        )
+
+
+@cli.command("job")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@refuse_domain_errors
+def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
+    """One job: its pairs and decisions, attempts and telemetry.
+
+    \b
+    Example:
+      reviewq job 12
+    """
+    from .status import NotFound, job
+
+    try:
+        data = job(ws.read_store(), job_id)
+    except NotFound as exc:
+        raise Refused(str(exc)) from None
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(
+        f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, reviewer {data['reviewer']})"
+    )
+    for r in data["failure_reasons"]:
+        click.echo(f"  reason: {r}")
+    for p in data["pairs"]:
+        click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
+    for a in data["attempts"]:
+        cost = f"${a['cost_usd']:.4f}" if a["cost_usd"] is not None else "-"
+        click.echo(
+            f"  attempt {a['attempt']}: {a['outcome']} exit {a['exit_code']} turns {a['num_turns']} "
+            f"tokens {a['input_tokens']}/{a['output_tokens']} {cost}"
+        )
+        for r in a["reasons"]:
+            click.echo(f"    {r}")
+
+
+@cli.command("logs")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.option("--job", "job_id", type=int, default=None, help="Only lines about this job.")
+@click.option("--event", default=None, help="Only this event, or a prefix such as 'attempt.'.")
+@click.option("--json", "as_json", is_flag=True, help="The raw JSON lines.")
+@click.pass_obj
+def logs_cmd(
+    ws: Workspace, follow: bool, job_id: int | None, event: str | None, as_json: bool
+) -> None:
+    """The structured log, readable.
+
+    \b
+    Example:
+      reviewq logs --event job. --job 12
+    """
+    from .logs import log_path
+
+    path = log_path(ws.state_dir)
+    if not path.exists() and not follow:
+        raise Refused(f"no log yet at {path}")
+
+    def show(line: str) -> None:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        if job_id is not None and rec.get("job_id") != job_id:
+            return
+        if event and not (
+            rec.get("event") == event
+            or (event.endswith(".") and str(rec.get("event", "")).startswith(event))
+        ):
+            return
+        if as_json:
+            click.echo(line.rstrip("\n"))
+            return
+        head = f"{rec.pop('timestamp', '')[:23]} {rec.pop('level', ''):<7} {rec.pop('event', '')}"
+        rec.pop("logger", None)
+        click.echo(head + "  " + " ".join(f"{k}={v}" for k, v in rec.items()))
+
+    while follow and not path.exists():
+        time.sleep(0.5)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            show(line)
+        while follow:
+            line = f.readline()
+            if line:
+                show(line)
+            else:
+                time.sleep(0.5)
+
+
+@cli.command("doctor")
+@click.pass_obj
+def doctor_cmd(ws: Workspace) -> None:
+    """Check the KB layout, gates, database, queue backend and reviewer binaries.
+
+    \b
+    Example:
+      reviewq doctor
+    """
+    problems = 0
+
+    def report(ok: bool, text: str) -> None:
+        nonlocal problems
+        problems += 0 if ok else 1
+        click.echo(f"{'ok' if ok else 'problem'}: {text}")
+
+    kb_dir = ws.root / "kb"
+    report(kb_dir.is_dir(), f"KB root {ws.root} holds kb/")
+    for rel in ws.settings.note_roots:
+        report((ws.root / rel).is_dir(), f"note root {rel}")
+    cat = ws.catalog()
+    report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
+    for p in cat.problems:
+        report(False, f"invalid gate {p.path}: {p.reason}")
+    try:
+        store = ws.store
+        report(True, f"state.db at {store.path}, schema {store.schema_version()}")
+    except Exception as exc:
+        report(False, f"state.db: {exc}")
+    try:
+        from workers.app import make_app
+
+        app = make_app(ws.settings)
+        app.control.pending_count()
+        report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
+    except Exception as exc:
+        report(False, f"queue backend: {exc}")
+    from workers.reviewers import UnsupportedKind, for_profile
+
+    for name, profile in sorted(ws.settings.reviewers.items()):
+        try:
+            adapter = for_profile(profile)
+        except UnsupportedKind as exc:
+            report(False, str(exc))
+            continue
+        missing = [exe for exe in adapter.executables() if shutil.which(exe) is None]
+        report(
+            not missing,
+            f"reviewer {name} ({profile.kind})"
+            + (f": {', '.join(missing)} not on PATH" if missing else ""),
+        )
+    if problems:
+        raise Refused(f"{problems} problem(s)")
+    warn([])

@@ -1,0 +1,426 @@
+"""The control process's decisions (SPEC §6): dispatch, outcomes, retries, splits,
+reviewer pauses and the reaper.
+
+The control process is the one writer of state.db on the hot path. This module knows
+nothing of Huey: review messages leave through the ``send_review`` callable it is given,
+and the queue layer (``workers.tasks``) calls :meth:`Control.on_outcome` and friends.
+
+Delivery is at least once, acceptance exactly once: every message names its attempt,
+an outcome for any attempt but the job's current one is ignored, and finalize itself is
+fenced by attempt inside its transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+
+from . import logs
+from .attempts import FAILED_SQL, OpenedAttempt, fail_job, open_attempt, record_end
+from .config import ReviewerProfile
+from .finalize import FinalizeError, Provenance, finalize
+from .jobs import split_job
+from .reports import write_job_files
+from .store import utcnow
+from .workspace import Workspace
+
+PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
+
+
+def _ts(dt: datetime) -> str:
+    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _parse(ts: str) -> datetime:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+
+
+class Control:
+    def __init__(
+        self,
+        ws: Workspace,
+        send_review: Callable[[dict], None],
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        hooks: object | None = None,
+    ) -> None:
+        self.ws = ws
+        self.store = ws.store
+        self.settings = ws.settings
+        self.send_review = send_review
+        self.now = now
+        self.hooks = hooks
+        self.log = logs.get()
+        self._budget_logged: set[int] = set()
+
+    def held(self, ws: Workspace, partition: str) -> set[tuple[str, str]]:
+        """Pairs a sweep must not enqueue: escalated pairs waiting for a human."""
+        return set()
+
+    # --- dispatch ---------------------------------------------------------------------
+    def paused(self) -> dict[str, str]:
+        now = _ts(self.now())
+        return {
+            r["name"]: r["paused_until"]
+            for r in self.store.conn.execute(
+                "SELECT name, paused_until FROM reviewer_state WHERE paused_until > ?", (now,)
+            )
+        }
+
+    def dispatch(self) -> int:
+        """Open attempts for queued jobs and send them to the review queue.
+
+        Per profile, up to PREFETCH x ``concurrency`` attempts are open at once, so the
+        next message already waits in the queue when an agent ends; the workers' own
+        per-profile semaphores keep the number of agents *running* at ``concurrency``.
+        """
+        now = _ts(self.now())
+        jobs = self.store.conn.execute(
+            "SELECT id, reviewer, sweep_run_id FROM review_jobs WHERE status = 'queued' "
+            "AND reviewer IS NOT NULL AND (not_before IS NULL OR not_before <= ?) ORDER BY id",
+            (now,),
+        ).fetchall()
+        if not jobs:
+            return 0
+        open_counts = dict(
+            self.store.conn.execute(
+                "SELECT j.reviewer, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+                "WHERE a.outcome IN ('dispatched', 'running') GROUP BY j.reviewer"
+            ).fetchall()
+        )
+        paused = self.paused()
+        over_budget: dict[int, bool] = {}
+        sent = 0
+        for job in jobs:
+            name = job["reviewer"]
+            profile = self.settings.reviewers.get(name)
+            if profile is None:
+                reason = f"reviewer profile {name!r} is not configured"
+                fail_job(self.store, self.ws.state_dir, job["id"], [reason])
+                self.log.error("job.failed", job_id=job["id"], reviewer=name, reason=reason)
+                continue
+            if name in paused or open_counts.get(name, 0) >= PREFETCH * profile.concurrency:
+                continue
+            run_id = job["sweep_run_id"]
+            if run_id is not None:
+                if run_id not in over_budget:
+                    over_budget[run_id] = self._over_budget(run_id)
+                if over_budget[run_id]:
+                    continue
+            try:
+                opened = open_attempt(
+                    self.store,
+                    self.ws.state_dir,
+                    self.ws.root,
+                    job["id"],
+                    name,
+                    outcome="dispatched",
+                )
+            except Exception as exc:  # a job folder that cannot be written: fail that job only
+                fail_job(
+                    self.store, self.ws.state_dir, job["id"], [f"could not open an attempt: {exc}"]
+                )
+                self.log.error("job.failed", job_id=job["id"], reviewer=name, reason=str(exc))
+                continue
+            try:
+                self.send_review(self.message(opened, profile))
+            except Exception as exc:
+                # The attempt stays 'dispatched'; the reaper re-opens it when its lease runs out.
+                self.log.error(
+                    "queue.unavailable", job_id=job["id"], attempt=opened.attempt, error=str(exc)
+                )
+                break
+            open_counts[name] = open_counts.get(name, 0) + 1
+            sent += 1
+            self.log.info(
+                "attempt.dispatched", job_id=job["id"], attempt=opened.attempt, reviewer=name
+            )
+        return sent
+
+    def message(
+        self, opened: OpenedAttempt, profile: ReviewerProfile, note_path: str | None = None
+    ) -> dict:
+        """Everything a worker needs: it never opens state.db."""
+        return {
+            "job_id": opened.job_id,
+            "attempt": opened.attempt,
+            "task": opened.kind,
+            "reviewer": asdict(profile),
+            "root": str(self.ws.root),
+            "job_dir": str(opened.job_dir),
+            "attempt_dir": str(opened.attempt_dir),
+            "prompt_path": str(opened.prompt_path),
+            "output_path": str(opened.output_path),
+            "guarded": list(opened.guarded),
+            "note_path": note_path,
+            "max_output_bytes": self.settings.max_output_bytes,
+            "heartbeat_s": max(0.05, self.settings.queue.lease_seconds / 4),
+        }
+
+    def _over_budget(self, run_id: int) -> bool:
+        run = self.store.conn.execute("SELECT * FROM sweep_runs WHERE id = ?", (run_id,)).fetchone()
+        if run is None or run["budget_usd"] is None:
+            return False
+        spent = self.store.conn.execute(
+            "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "WHERE j.sweep = ? AND a.started_at >= ?",
+            (run["name"], run["started_at"]),
+        ).fetchone()[0]
+        if spent < run["budget_usd"]:
+            return False
+        if run_id not in self._budget_logged:
+            self._budget_logged.add(run_id)
+            self.log.warning(
+                "sweep.budget_reached",
+                sweep=run["name"],
+                sweep_run=run_id,
+                spent_usd=round(spent, 4),
+                budget_usd=run["budget_usd"],
+                note="no new attempt starts; the rest waits for the next run",
+            )
+        return True
+
+    # --- messages from workers --------------------------------------------------------
+    def on_heartbeat(self, job_id: int, attempt: int, worker: str, launched: bool = False) -> None:
+        now = _ts(self.now())
+        with self.store.write():
+            self.store.conn.execute(
+                "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
+                "launched_at = CASE WHEN ? THEN COALESCE(launched_at, ?) ELSE launched_at END, "
+                "outcome = CASE WHEN ? AND outcome = 'dispatched' THEN 'running' ELSE outcome END "
+                "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
+                (now, worker, launched, now, launched, job_id, attempt),
+            )
+        if launched:
+            self.log.info("attempt.started", job_id=job_id, attempt=attempt, worker=worker)
+
+    def on_outcome(self, o: dict) -> None:
+        job_id, attempt = o["job_id"], o["attempt"]
+        job = self.store.conn.execute(
+            "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        if job is None:
+            self.log.error("attempt.unknown_job", job_id=job_id, attempt=attempt)
+            return
+        if attempt != job["attempt"] or job["status"] != "running":
+            self._supersede(job_id, attempt)
+            return
+        cls = o["classification"]
+        record_end(
+            self.store,
+            job_id,
+            attempt,
+            cls,
+            exit_code=o.get("exit_code"),
+            ended_at=o.get("ended_at"),
+            reasons=o.get("reasons"),
+            telemetry=o.get("telemetry"),
+            duration_s=o.get("duration_s"),
+        )
+        self.log.info(
+            "attempt.ended",
+            job_id=job_id,
+            attempt=attempt,
+            reviewer=job["reviewer"],
+            outcome=cls,
+            exit_code=o.get("exit_code"),
+            duration_s=round(o.get("duration_s") or 0, 3),
+            cost_usd=(o.get("telemetry") or {}).get("cost_usd"),
+        )
+        profile = self.settings.reviewers.get(job["reviewer"] or "")
+        if cls == "output":
+            self._reset_launch_failures(job["reviewer"])
+            self._finalize(job, attempt, o)
+        elif cls == "launch-failure":
+            self._launch_failed(job, profile, o.get("reasons") or [])
+        elif cls == "burned-out" and self._pair_count(job_id) > 1:
+            self._reset_launch_failures(job["reviewer"])
+            new = split_job(self.store, self.ws.state_dir, self.ws.root, job_id)
+            write_job_files(self.store, self.ws.state_dir / job["job_dir"], job_id)
+            self.log.warning(
+                "job.split", job_id=job_id, attempt=attempt, into=new, reasons=o.get("reasons")
+            )
+        else:
+            self._reset_launch_failures(job["reviewer"])
+            self._failed_attempt(job, o.get("reasons") or [cls])
+
+    def _finalize(self, job, attempt: int, o: dict) -> None:
+        output = o.get("output")
+        try:
+            res = finalize(
+                self.store,
+                self.ws.state_dir,
+                job["id"],
+                output,
+                attempt=attempt,
+                provenance=Provenance(runner=job["reviewer"], telemetry=o.get("telemetry") or None),
+                max_bytes=self.settings.max_output_bytes,
+                fail_on_invalid=False,
+            )
+        except FinalizeError as exc:
+            self.log.warning(
+                "job.finalize_refused", job_id=job["id"], attempt=attempt, reason=str(exc)
+            )
+            return
+        if res.ok:
+            counts: dict[str, int] = {}
+            for p in res.pairs:
+                counts[p["decision"]] = counts.get(p["decision"], 0) + 1
+            self.log.info(
+                "job.finalized",
+                job_id=job["id"],
+                attempt=attempt,
+                reviewer=job["reviewer"],
+                decisions=counts,
+            )
+            if self.hooks is not None:
+                self.hooks.after_completed(job["id"])  # type: ignore[attr-defined]
+        elif res.status == "invalid":
+            self._failed_attempt(job, res.failure_reasons, outcome_recorded=True)
+        else:
+            self._supersede(job["id"], attempt)
+
+    def _failed_attempt(self, job, reasons: list[str], outcome_recorded: bool = False) -> None:
+        failed = self.store.conn.execute(
+            f"SELECT count(*) FROM attempts WHERE job_id = ? AND outcome IN ({FAILED_SQL})",
+            (job["id"],),
+        ).fetchone()[0]
+        limit = self.settings.queue.max_attempts
+        if failed >= limit:
+            final = [f"{failed} attempt(s) failed; the last: " + "; ".join(reasons[:5])]
+            fail_job(self.store, self.ws.state_dir, job["id"], final + reasons)
+            self.log.error(
+                "job.failed",
+                job_id=job["id"],
+                reviewer=job["reviewer"],
+                attempts=failed,
+                reasons=reasons[:10],
+            )
+            if self.hooks is not None:
+                self.hooks.after_failed(job["id"], reasons)  # type: ignore[attr-defined]
+            return
+        self._requeue(job["id"])
+        self.log.warning(
+            "job.retrying",
+            job_id=job["id"],
+            failed_attempts=failed,
+            limit=limit,
+            reasons=reasons[:10],
+        )
+
+    def _launch_failed(self, job, profile: ReviewerProfile | None, reasons: list[str]) -> None:
+        q = self.settings.queue
+        n = job["launch_failures"] + 1
+        delay = min(300.0, q.launch_backoff_seconds * 2 ** (n - 1))
+        not_before = _ts(self.now() + timedelta(seconds=delay))
+        name = job["reviewer"]
+        with self.store.write():
+            self.store.conn.execute(
+                "UPDATE review_jobs SET status = 'queued', launch_failures = ?, not_before = ?, updated_at = ? "
+                "WHERE id = ? AND status = 'running'",
+                (n, not_before, utcnow(), job["id"]),
+            )
+            count = self.store.conn.execute(
+                "INSERT INTO reviewer_state (name, launch_failures, updated_at) VALUES (?, 1, ?) "
+                "ON CONFLICT (name) DO UPDATE SET launch_failures = launch_failures + 1, "
+                "updated_at = excluded.updated_at RETURNING launch_failures",
+                (name, utcnow()),
+            ).fetchone()[0]
+            paused_until = None
+            if count >= q.launch_failures_before_pause:
+                paused_until = _ts(self.now() + timedelta(seconds=q.pause_seconds))
+                self.store.conn.execute(
+                    "UPDATE reviewer_state SET paused_until = ?, launch_failures = 0 WHERE name = ?",
+                    (paused_until, name),
+                )
+        self.log.warning(
+            "attempt.launch_failed",
+            job_id=job["id"],
+            reviewer=name,
+            retry_in_s=delay,
+            reasons=reasons,
+        )
+        if paused_until:
+            self.log.error(
+                "reviewer.paused",
+                reviewer=name,
+                paused_until=paused_until,
+                launch_failures=count,
+                reason="; ".join(reasons) or "launch failures",
+            )
+
+    def _reset_launch_failures(self, name: str | None) -> None:
+        if name:
+            with self.store.write():
+                self.store.conn.execute(
+                    "UPDATE reviewer_state SET launch_failures = 0 WHERE name = ? AND launch_failures > 0",
+                    (name,),
+                )
+
+    def _requeue(self, job_id: int) -> None:
+        with self.store.write():
+            self.store.conn.execute(
+                "UPDATE review_jobs SET status = 'queued', updated_at = ? WHERE id = ? AND status = 'running'",
+                (utcnow(), job_id),
+            )
+
+    def _supersede(self, job_id: int, attempt: int) -> None:
+        with self.store.write():
+            self.store.conn.execute(
+                "UPDATE attempts SET outcome = 'superseded', ended_at = COALESCE(ended_at, ?) "
+                "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
+                (utcnow(), job_id, attempt),
+            )
+        self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
+
+    def _pair_count(self, job_id: int) -> int:
+        return self.store.conn.execute(
+            "SELECT count(*) FROM review_pairs WHERE job_id = ?", (job_id,)
+        ).fetchone()[0]
+
+    # --- the reaper -------------------------------------------------------------------
+    def reap(self) -> int:
+        """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while
+        the control process was down before its outcome was acted on."""
+        now = self.now()
+        lease = timedelta(seconds=self.settings.queue.lease_seconds)
+        rows = self.store.conn.execute(
+            "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, j.reviewer, j.status, "
+            "j.attempt AS current FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "WHERE j.status = 'running' AND a.attempt = j.attempt"
+        ).fetchall()
+        reaped = 0
+        for r in rows:
+            lost_reason = None
+            if r["outcome"] == "running" and _parse(r["heartbeat_at"]) < now - lease:
+                lost_reason = f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
+            elif r["outcome"] == "dispatched":
+                profile = self.settings.reviewers.get(r["reviewer"] or "")
+                wait = lease + timedelta(seconds=profile.timeout if profile else 0)
+                if _parse(r["started_at"]) < now - wait:
+                    lost_reason = "never picked up by a worker"
+            elif r["outcome"] not in ("dispatched", "running"):
+                lost_reason = f"ended ({r['outcome']}) but was not acted on"
+            if lost_reason is None:
+                continue
+            with self.store.write():
+                self.store.conn.execute(
+                    "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') THEN 'lost' "
+                    "ELSE outcome END, ended_at = COALESCE(ended_at, ?), reasons = COALESCE(reasons, ?) "
+                    "WHERE job_id = ? AND attempt = ?",
+                    (utcnow(), json.dumps([lost_reason]), r["job_id"], r["attempt"]),
+                )
+                self.store.conn.execute(
+                    "UPDATE review_jobs SET status = 'queued', updated_at = ? WHERE id = ? AND status = 'running'",
+                    (utcnow(), r["job_id"]),
+                )
+            reaped += 1
+            self.log.warning(
+                "attempt.lost", job_id=r["job_id"], attempt=r["attempt"], reason=lost_reason
+            )
+        return reaped
+
+    def tick(self) -> None:
+        self.reap()
+        self.dispatch()

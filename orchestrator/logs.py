@@ -1,0 +1,168 @@
+"""Structured logs (SPEC §11): one pipeline for reviewq's events and Huey's records.
+
+Every line is one JSON object with ``timestamp`` (UTC ISO), ``level``, ``event`` (dotted
+names such as ``job.finalized``) and the ids it concerns, bound per task with
+:func:`bound` and cleared after. Lines go to ``STATE/logs/reviewq.jsonl`` and to stderr,
+where a person at a terminal gets a console format instead. Tracebacks carry no local
+variables, and the values of secret-looking environment variables are redacted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import structlog
+
+LOG_NAME = "reviewq"
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+_configured: dict[str, object] = {}
+
+
+def log_path(state_dir: Path) -> Path:
+    return state_dir / "logs" / "reviewq.jsonl"
+
+
+def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+    env = os.environ if environ is None else environ
+    vals = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 6}
+    return sorted(vals, key=len, reverse=True)
+
+
+class _Redactor:
+    def __init__(self, secrets: list[str]) -> None:
+        self.secrets = secrets
+
+    def _clean(self, value: object) -> object:
+        if isinstance(value, str):
+            for s in self.secrets:
+                if s in value:
+                    value = value.replace(s, "[redacted]")
+            return value
+        if isinstance(value, dict):
+            return {k: self._clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._clean(v) for v in value]
+        return value
+
+    def __call__(self, logger: object, name: str, event_dict: dict) -> dict:
+        if not self.secrets:
+            return event_dict
+        return {k: self._clean(v) for k, v in event_dict.items()}
+
+
+def _foreign_event(logger: object, name: str, event_dict: dict) -> dict:
+    """Huey's (and any library's) records: a dotted event, the text as ``message``."""
+    record = event_dict.get("_record")
+    if record is not None and not record.name.startswith(LOG_NAME):
+        event_dict["message"] = event_dict.pop("event", "")
+        event_dict["event"] = (
+            record.name if record.name.startswith("huey") else f"lib.{record.name}"
+        )
+    return event_dict
+
+
+def configure(
+    state_dir: Path | None,
+    *,
+    stderr_level: str = "WARNING",
+    stderr_format: str | None = None,
+    process: str | None = None,
+) -> None:
+    """Set up logging once per process. ``stderr_format``: json, console, or None to
+    choose console on a terminal and JSON elsewhere."""
+    key = f"{state_dir}|{stderr_level}|{stderr_format}|{process}"
+    if _configured.get("key") == key:
+        return
+    fmt = (
+        stderr_format
+        or os.environ.get("REVIEWQ_LOG_FORMAT")
+        or ("console" if sys.stderr.isatty() else "json")
+    )
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+    ]
+    if process:
+        shared.append(_add_static("process", process))
+    redact = _Redactor(secret_values())
+    json_formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, _foreign_event],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            redact,
+            structlog.processors.JSONRenderer(sort_keys=False),
+        ],
+    )
+    console_formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, _foreign_event],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            redact,
+            structlog.dev.ConsoleRenderer(
+                colors=False, exception_formatter=structlog.dev.plain_traceback
+            ),
+        ],
+    )
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_reviewq", False):
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(logging.INFO)
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(stderr_level.upper())
+    err.setFormatter(console_formatter if fmt == "console" else json_formatter)
+    err._reviewq = True  # type: ignore[attr-defined]
+    root.addHandler(err)
+    if state_dir is not None:
+        path = log_path(state_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # delay=True: a command that logs nothing leaves no file behind.
+        fh = logging.FileHandler(path, encoding="utf-8", delay=True)
+        fh.setLevel(logging.INFO)
+        fh.setFormatter(json_formatter)
+        fh._reviewq = True  # type: ignore[attr-defined]
+        root.addHandler(fh)
+    # Huey logs two INFO lines per task executed; its warnings and errors, and the
+    # consumer's start and stop, are what an operator needs from it.
+    logging.getLogger("huey").setLevel(logging.WARNING)
+    logging.getLogger("huey.consumer").setLevel(logging.INFO)
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    _configured["key"] = key
+
+
+def _add_static(key: str, value: str):
+    def proc(logger: object, name: str, event_dict: dict) -> dict:
+        event_dict.setdefault(key, value)
+        return event_dict
+
+    return proc
+
+
+def get() -> structlog.stdlib.BoundLogger:
+    return structlog.get_logger(LOG_NAME)
+
+
+@contextmanager
+def bound(**ids: object) -> Iterator[None]:
+    """Bind ids (job_id, attempt, note_path, gate_id, reviewer…) for one task, then clear them."""
+    tokens = structlog.contextvars.bind_contextvars(
+        **{k: v for k, v in ids.items() if v is not None}
+    )
+    try:
+        yield
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)

@@ -1,0 +1,174 @@
+"""What the queue holds and what happened (SPEC §10 ``status``, ``jobs``, ``job``): read-only
+queries over state.db for people and for the sweep's progress and summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from .config import Settings
+from .store import Store
+
+STATUSES = ("queued", "running", "completed", "failed", "split")
+
+
+class NotFound(ValueError):
+    pass
+
+
+def _table_exists(store: Store, name: str) -> bool:
+    return (
+        store.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+        ).fetchone()
+        is not None
+    )
+
+
+def status(store: Store, settings: Settings) -> dict:
+    counts = dict.fromkeys(STATUSES, 0)
+    for s, n in store.conn.execute(
+        "SELECT status, count(*) FROM review_jobs WHERE reviewer IS NOT NULL OR status != 'queued' GROUP BY status"
+    ):
+        counts[s] = n
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    paused = {
+        r[0]: r[1]
+        for r in store.conn.execute(
+            "SELECT name, paused_until FROM reviewer_state WHERE paused_until > ?", (now,)
+        )
+    }
+    escalations = 0
+    if _table_exists(store, "escalations"):
+        escalations = store.conn.execute(
+            "SELECT count(*) FROM escalations WHERE decision IS NULL"
+        ).fetchone()[0]
+    today = now[:10]
+    total, day = store.conn.execute(
+        "SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN substr(started_at, 1, 10) = ? THEN cost_usd END), 0) "
+        "FROM attempts",
+        (today,),
+    ).fetchone()
+    return {
+        "jobs": counts,
+        "escalations_open": escalations,
+        "reviewers": {
+            name: {"paused_until": paused.get(name)} for name in sorted(settings.reviewers)
+        },
+        "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
+    }
+
+
+def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]:
+    sql = (
+        "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.lens, j.sweep, j.attempt, "
+        "j.created_at, j.finished_at, (SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs, "
+        "(SELECT COALESCE(SUM(cost_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost_usd "
+        "FROM review_jobs j"
+    )
+    args: tuple = ()
+    if state:
+        sql += " WHERE j.status = ?"
+        args = (state,)
+    sql += " ORDER BY j.id DESC LIMIT ?"
+    return [dict(r) for r in store.conn.execute(sql, (*args, limit))]
+
+
+def job(store: Store, job_id: int) -> dict:
+    row = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no review job {job_id}")
+    out = dict(row)
+    out["failure_reasons"] = json.loads(out["failure_reasons"] or "[]")
+    out["telemetry"] = json.loads(out.pop("telemetry_json") or "null")
+    out["pairs"] = [
+        dict(r)
+        for r in store.conn.execute(
+            "SELECT note_path, gate_id, gate_path, decision, rationale FROM review_pairs WHERE job_id = ? ORDER BY id",
+            (job_id,),
+        )
+    ]
+    out["attempts"] = []
+    for a in store.conn.execute(
+        "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
+    ):
+        d = dict(a)
+        d["reasons"] = json.loads(d["reasons"] or "[]")
+        d.pop("telemetry_json", None)
+        out["attempts"].append(d)
+    return out
+
+
+@dataclass
+class Progress:
+    total: int = 0
+    done: int = 0
+    open: int = 0
+    waiting_paused: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+def progress(store: Store, since_job_id: int, paused: set[str]) -> Progress:
+    """Jobs the sweep waits for: every job with a reviewer from ``since_job_id`` on, plus
+    any older one still open (queued earlier by ``enqueue`` or ``decide``)."""
+    p = Progress(by_status=dict.fromkeys(STATUSES, 0))
+    for status_, reviewer, n in store.conn.execute(
+        "SELECT status, reviewer, count(*) FROM review_jobs WHERE reviewer IS NOT NULL AND "
+        "(id >= ? OR status IN ('queued', 'running')) GROUP BY status, reviewer",
+        (since_job_id,),
+    ):
+        p.by_status[status_] += n
+        p.total += n
+        if status_ in ("queued", "running"):
+            if status_ == "queued" and reviewer in paused:
+                p.waiting_paused += n
+            else:
+                p.open += n
+        else:
+            p.done += n
+    return p
+
+
+def summary(store: Store, since_job_id: int) -> dict:
+    """Jobs, decisions, attempts and cost of the jobs from ``since_job_id`` on."""
+    rows = store.conn.execute(
+        "SELECT j.reviewer, j.status, count(*) FROM review_jobs j WHERE j.id >= ? AND j.reviewer IS NOT NULL "
+        "GROUP BY j.reviewer, j.status",
+        (since_job_id,),
+    ).fetchall()
+    decisions = dict(
+        store.conn.execute(
+            "SELECT p.decision, count(*) FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+            "WHERE j.id >= ? AND p.decision IS NOT NULL GROUP BY p.decision",
+            (since_job_id,),
+        ).fetchall()
+    )
+    attempts = dict(
+        store.conn.execute(
+            "SELECT a.outcome, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "WHERE j.id >= ? GROUP BY a.outcome",
+            (since_job_id,),
+        ).fetchall()
+    )
+    cost = store.conn.execute(
+        "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE j.id >= ?",
+        (since_job_id,),
+    ).fetchone()[0]
+    by_reviewer: dict[str, dict[str, int]] = {}
+    for reviewer, st, n in rows:
+        by_reviewer.setdefault(reviewer, dict.fromkeys(STATUSES, 0))[st] = n
+    failed = [
+        {"job_id": r[0], "reasons": json.loads(r[1] or "[]")[:3]}
+        for r in store.conn.execute(
+            "SELECT id, failure_reasons FROM review_jobs WHERE id >= ? AND status = 'failed' ORDER BY id",
+            (since_job_id,),
+        )
+    ]
+    return {
+        "jobs": by_reviewer,
+        "decisions": decisions,
+        "attempts": attempts,
+        "cost_usd": round(cost, 6),
+        "failed": failed,
+    }

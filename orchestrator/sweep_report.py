@@ -1,0 +1,76 @@
+"""How a sweep looks to a person: a progress bar while it runs, a summary table after."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+class ProgressDisplay:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.enabled:
+            self._progress = Progress(
+                TextColumn("[bold]sweep"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("jobs", total=None, detail="")
+        return self
+
+    def update(self, p) -> None:  # p: orchestrator.status.Progress
+        if self._progress is None:
+            return
+        detail = f"running {p.by_status.get('running', 0)}, queued {p.by_status.get('queued', 0)}"
+        if p.waiting_paused:
+            detail += f", {p.waiting_paused} wait on a paused reviewer"
+        self._progress.update(self._task, total=max(p.total, 1), completed=p.done, detail=detail)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+
+def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
+    console = Console()
+    s = out.summary
+    jobs = Table(title="Jobs", show_edge=False)
+    jobs.add_column("reviewer")
+    for col in ("queued", "running", "completed", "failed", "split"):
+        jobs.add_column(col, justify="right")
+    for reviewer, counts in sorted(s["jobs"].items()):
+        jobs.add_row(
+            reviewer,
+            *(str(counts.get(c, 0)) for c in ("queued", "running", "completed", "failed", "split")),
+        )
+    console.print(jobs)
+    decisions = Table(title="Decisions", show_edge=False)
+    for d in ("PASS", "WARN", "FAIL", "ERROR"):
+        decisions.add_column(d, justify="right")
+    decisions.add_row(*(str(s["decisions"].get(d, 0)) for d in ("PASS", "WARN", "FAIL", "ERROR")))
+    console.print(decisions)
+    attempts = Table(title="Attempts", show_edge=False)
+    attempts.add_column("outcome")
+    attempts.add_column("count", justify="right")
+    for outcome, n in sorted(s["attempts"].items()):
+        attempts.add_row(outcome, str(n))
+    console.print(attempts)
+    enq = out.enqueued
+    console.print(
+        f"enqueued {len(enq.jobs)} job(s) ({sum(len(j.pairs) for j in enq.jobs)} pairs), skipped {len(enq.skipped)}; "
+        f"cost ${s['cost_usd']:.4f}"
+    )
+    for f in s["failed"]:
+        console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
+    for name, until in out.paused.items():
+        console.print(f"reviewer {name} is paused until {until}")

@@ -1,0 +1,192 @@
+"""What to enqueue (SPEC §9): a sweep selects stale pairs in its reviewer's partition and
+packs them into queued jobs, idempotently; ``[[sweeps]]`` with ``cron`` fire from the
+control process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from huey import crontab
+
+from . import logs
+from .config import ConfigError, SweepConfig
+from .jobs import CreatedJob, Skipped, create_jobs
+from .selector import select
+from .store import utcnow
+from .workspace import Workspace
+
+
+@dataclass
+class SweepRequest:
+    name: str
+    reviewer: str = "offline"
+    selectors: tuple[str, ...] = ()
+    all_gates: bool = False
+    notes: tuple[str, ...] = ()
+    current: bool = False
+    grouping: str = "note"
+    batch_size: int = 5
+    fix: bool = False
+    sequential: bool = False
+    fixer: str = ""
+    auditor: str = ""
+    audit: tuple[str, ...] = ()
+    budget_usd: float | None = None
+    trigger: str = "cli"
+
+    @classmethod
+    def from_config(cls, s: SweepConfig, trigger: str = "cron") -> SweepRequest:
+        return cls(
+            name=s.name,
+            reviewer=s.reviewer,
+            selectors=s.select,
+            all_gates=s.all_gates,
+            notes=s.notes,
+            current=s.current,
+            grouping=s.grouping,
+            batch_size=s.batch_size,
+            fix=s.fix,
+            sequential=s.sequential,
+            fixer=s.fixer,
+            auditor=s.auditor,
+            audit=s.audit,
+            budget_usd=s.budget_usd,
+            trigger=trigger,
+        )
+
+
+@dataclass
+class EnqueueResult:
+    run_id: int
+    model_partition: str
+    jobs: list[CreatedJob] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+HeldPairs = Callable[[Workspace, str], set[tuple[str, str]]]
+
+
+def enqueue(ws: Workspace, req: SweepRequest, held: HeldPairs | None = None) -> EnqueueResult:
+    """Select, create and record queued jobs for one sweep run. Pairs already queued or
+    running, and pairs held for a human (escalated), are skipped and counted."""
+    profile = ws.settings.reviewer(req.reviewer)
+    for role in (req.fixer, req.auditor):
+        if role:
+            ws.settings.reviewer(role)
+    note_paths = [ws.kb.rel(n) for n in req.notes] if req.notes else None
+    selection = select(
+        ws.kb,
+        ws.catalog(),
+        ws.store,
+        selectors=req.selectors,
+        all_gates=req.all_gates,
+        note_paths=note_paths,
+        current=req.current,
+        model=profile.partition,
+        diffs=False,
+    )
+    store = ws.store
+    options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
+    with store.write():
+        run_id = store.conn.execute(
+            "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) VALUES (?, ?, ?, ?, ?) "
+            "RETURNING id",
+            (req.name, req.trigger, json.dumps(options), req.budget_usd, utcnow()),
+        ).fetchone()[0]
+        # Work left queued by an earlier run of this sweep belongs to this run now, so it
+        # is dispatched under this run's budget instead of the exhausted one.
+        store.conn.execute(
+            "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued'",
+            (run_id, req.name),
+        )
+    exclude = held(ws, profile.partition) if held else set()
+    batch = create_jobs(
+        ws.kb,
+        ws.catalog(),
+        store,
+        ws.state_dir,
+        [t.to_json() for t in selection.targets],
+        model_partition=profile.partition,
+        grouping=req.grouping,
+        batch_size=req.batch_size,
+        reviewer=req.reviewer,
+        sweep=req.name,
+        exclude=exclude,
+    )
+    ids = [j.review_job_id for j in batch.jobs]
+    with store.write():
+        store.conn.executemany(
+            "UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?", [(run_id, i) for i in ids]
+        )
+        store.conn.execute(
+            "UPDATE sweep_runs SET jobs = ?, skipped = ? WHERE id = ?",
+            (len(ids), len(batch.skipped), run_id),
+        )
+    counts = dict(selection.to_json()["counts"])
+    logs.get().info(
+        "sweep.enqueued",
+        sweep=req.name,
+        sweep_run=run_id,
+        reviewer=req.reviewer,
+        trigger=req.trigger,
+        jobs=len(ids),
+        pairs=sum(len(j.pairs) for j in batch.jobs),
+        skipped=len(batch.skipped),
+        counts=counts,
+    )
+    for p in selection.problems:
+        logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
+    return EnqueueResult(run_id, profile.partition, batch.jobs, batch.skipped, counts)
+
+
+# --- cron ------------------------------------------------------------------------------------
+
+
+def cron_validator(expr: str, where: str = "cron") -> Callable[[datetime], bool]:
+    """A five-field cron expression (minute hour day month weekday) as a predicate."""
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ConfigError(f"{where} {expr!r}: expected five fields: minute hour day month weekday")
+    try:
+        return crontab(*fields)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where} {expr!r}: {exc}") from None
+
+
+def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
+    """Sweeps whose cron matched a minute since the last check. A control process that
+    was down does not replay the nights it missed: the first check only starts the clock."""
+    due = []
+    # Cron times are the machine's local time, as in crontab(5).
+    minute = now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
+    store = ws.store
+    for sweep in ws.settings.sweeps.values():
+        if not sweep.cron:
+            continue
+        check = cron_validator(sweep.cron, f"[[sweeps]] {sweep.name!r} cron")
+        row = store.conn.execute(
+            "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
+        ).fetchone()
+        last = datetime.fromisoformat(row[0]) if row else minute
+        t = last + timedelta(minutes=1)
+        fired = False
+        steps = 0
+        while t <= minute and steps < 1440:
+            if check(t):
+                fired = True
+                break
+            t += timedelta(minutes=1)
+            steps += 1
+        with store.write():
+            store.conn.execute(
+                "INSERT INTO cron_state VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET last_checked = excluded.last_checked",
+                (sweep.name, minute.isoformat()),
+            )
+        if fired:
+            due.append(sweep)
+    return due

@@ -1,0 +1,61 @@
+"""The two Huey instances (SPEC §6): ``review`` (agents; any number of workers, anywhere)
+and ``control`` (finalize and bookkeeping; exactly one consumer, next to state.db).
+
+SQLite files in the state folder by default; ``queue.url = "redis://…"`` puts both on
+Redis. Results are off: every outcome travels as a message to the control queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from huey import RedisHuey, SqliteHuey
+from huey.api import Huey
+from huey.signals import SIGNAL_INTERRUPTED
+
+from orchestrator import logs
+from orchestrator.config import Settings
+
+from . import tasks
+
+
+@dataclass
+class App:
+    review: Huey
+    control: Huey
+    settings: Settings
+    wrappers: dict[str, object] = field(default_factory=dict)  # task name -> TaskWrapper
+
+
+def _huey(settings: Settings, queue: str) -> Huey:
+    url = settings.queue.url
+    if url:
+        # blocking=True: idle workers wait on BRPOP and see a message at once.
+        return RedisHuey(
+            f"reviewq-{queue}", url=url, results=False, utc=True, blocking=True, read_timeout=1
+        )
+    folder = settings.state_dir / "queue"
+    folder.mkdir(parents=True, exist_ok=True)
+    return SqliteHuey(
+        queue, filename=str(folder / f"{queue}.db"), results=False, utc=True, timeout=30
+    )
+
+
+def make_app(settings: Settings) -> App:
+    review, control = _huey(settings, "review"), _huey(settings, "control")
+    app = App(review, control, settings)
+    app.wrappers["run_review"] = review.task(name="run_review")(tasks.run_review)
+    for fn in (tasks.deliver_outcome, tasks.attempt_heartbeat, tasks.dispatch, tasks.tick):
+        app.wrappers[fn.__name__] = control.task(name=fn.__name__)(fn)
+
+    for huey in (review, control):
+
+        def requeue_interrupted(signal: str, task: object, huey: Huey = huey) -> None:
+            # A restart (SIGTERM to a consumer) interrupted this task: its transaction was
+            # rolled back or its agent killed, so it runs again from the start.
+            logs.get().warning("task.interrupted", task=getattr(task, "name", "?"), requeued=True)
+            huey.enqueue(task)
+
+        huey.signal(SIGNAL_INTERRUPTED)(requeue_interrupted)
+    tasks.install_app(app)
+    return app

@@ -1,0 +1,103 @@
+"""The two long-running consumers: ``reviewq worker`` and ``reviewq control``.
+
+Signals (Huey's): SIGINT stops gracefully, letting running attempts finish; SIGTERM stops
+at once, killing running agents, and the interrupted tasks are queued again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+from huey.consumer import Consumer
+
+from orchestrator import logs
+from orchestrator.control import Control
+from orchestrator.workspace import Workspace
+
+from . import tasks
+from .app import make_app
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+def run_worker(ws: Workspace, workers: int) -> None:
+    """Consume the review queue with ``workers`` threads, one agent each."""
+    settings = ws.settings
+    logs.configure(ws.state_dir, stderr_level="INFO", process="worker")
+    app = make_app(settings)
+    poll = settings.queue.poll_seconds
+    consumer = Consumer(
+        app.review,
+        workers=workers,
+        periodic=False,
+        initial_delay=poll,
+        backoff=1.15,
+        max_delay=max(poll, 1.0),
+    )
+    logs.get().info(
+        "worker.started", workers=workers, worker=tasks.WORKER_ID, queue=_describe(settings)
+    )
+    consumer.run()
+    logs.get().info("worker.stopped", worker=tasks.WORKER_ID)
+
+
+def _lock(state_dir: Path) -> int:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AlreadyRunning(
+            f"a control process already runs for {state_dir} (exactly one may)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def run_control(ws: Workspace) -> None:
+    """Consume the control queue with one thread (the single writer of state.db), and
+    enqueue a tick every ``reaper_seconds`` for the reaper, cron sweeps and dispatch."""
+    settings = ws.settings
+    lock = _lock(ws.state_dir)
+    logs.configure(ws.state_dir, stderr_level="INFO", process="control")
+    app = make_app(settings)
+    control = Control(ws, send_review=lambda msg: tasks.send("run_review", msg))
+    tasks.install_control(control)
+    poll = settings.queue.poll_seconds
+    consumer = Consumer(
+        app.control, workers=1, periodic=False, initial_delay=poll, backoff=1.0, max_delay=poll
+    )
+    stop = threading.Event()
+
+    def ticker() -> None:
+        while not stop.is_set():
+            try:
+                tasks.request_tick()
+            except Exception as exc:
+                logs.get().error("queue.unavailable", error=str(exc))
+            stop.wait(settings.queue.reaper_seconds)
+
+    thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
+    logs.get().info("control.started", pid=os.getpid(), queue=_describe(settings))
+    thread.start()
+    try:
+        consumer.run()
+    finally:
+        stop.set()
+        os.close(lock)
+        logs.get().info("control.stopped")
+
+
+def _describe(settings) -> str:
+    return (
+        settings.queue.url.split("@")[-1]
+        if settings.queue.url
+        else str(settings.state_dir / "queue")
+    )

@@ -1,0 +1,187 @@
+"""``reviewq sweep``: enqueue, then run a control process and a worker process as children
+until every job is terminal or waits on a paused reviewer, showing progress.
+
+The children are the same ``reviewq control`` and ``reviewq worker`` an operator runs
+from the Procfile; when a control process already runs for this state folder, the sweep
+uses it instead of starting its own.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator import logs
+from orchestrator.status import Progress, progress, summary
+from orchestrator.sweeps import EnqueueResult, SweepRequest, enqueue
+from orchestrator.workspace import Workspace
+
+POLL_S = 0.2  # how often the progress display reads state.db
+
+
+@dataclass
+class SweepOutcome:
+    enqueued: EnqueueResult
+    since_job_id: int
+    summary: dict
+    progress: Progress
+    paused: dict[str, str] = field(default_factory=dict)
+    children_failed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.summary["failed"]
+            and self.progress.waiting_paused == 0
+            and not self.children_failed
+        )
+
+
+def control_running(state_dir: Path) -> bool:
+    path = state_dir / "control.lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _base_argv(ws: Workspace) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "--root",
+        str(ws.root),
+        "--state",
+        str(ws.state_dir),
+    ]
+    if ws.settings.config_path:
+        argv += ["--config", str(ws.settings.config_path)]
+    return argv
+
+
+class Children:
+    """The control and worker processes a sweep started, restarted if they die."""
+
+    def __init__(self, ws: Workspace, workers: int) -> None:
+        self.ws = ws
+        self.specs: dict[str, list[str]] = {}
+        if not control_running(ws.state_dir):
+            self.specs["control"] = [*_base_argv(ws), "control"]
+        self.specs["worker"] = [*_base_argv(ws), "worker", "--workers", str(workers)]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
+        self.failed: list[str] = []
+        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+        self.env = env
+        log_dir = ws.state_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # The children's stderr repeats the structured log; it is kept for crashes only.
+        self.stderr = {
+            name: open(log_dir / f"sweep-{name}.stderr", "ab")  # noqa: SIM115 - closed in stop()
+            for name in self.specs
+        }
+
+    def start(self) -> None:
+        for name in self.specs:
+            self._spawn(name)
+
+    def _spawn(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(
+            self.specs[name],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr[name],
+        )
+
+    def check(self) -> None:
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            self.restarts[name] += 1
+            logs.get().error(
+                "sweep.child_exited", child=name, exit_code=code, restarts=self.restarts[name]
+            )
+            if self.restarts[name] > 3:
+                self.failed.append(f"{name} exited {code} four times; see {self.stderr[name].name}")
+                del self.procs[name]
+            else:
+                self._spawn(name)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # graceful: running tasks finish
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        for f in self.stderr.values():
+            f.close()
+
+
+def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) -> SweepOutcome:
+    store = ws.store
+    start_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM review_jobs").fetchone()[0]
+    enqueued = enqueue(ws, req)
+    children = Children(ws, workers)
+    children.start()
+    try:
+        while True:
+            paused = _paused(ws)
+            p = progress(store, start_id, set(paused))
+            if on_progress is not None:
+                on_progress(p)
+            if p.open == 0 or children.failed:
+                break
+            children.check()
+            time.sleep(POLL_S)
+    finally:
+        children.stop()
+    paused = _paused(ws)
+    final = progress(store, start_id, set(paused))
+    out = SweepOutcome(enqueued, start_id, summary(store, start_id), final, paused, children.failed)
+    logs.get().info(
+        "sweep.finished",
+        sweep=req.name,
+        sweep_run=enqueued.run_id,
+        jobs=final.by_status,
+        waiting_paused=final.waiting_paused,
+        cost_usd=out.summary["cost_usd"],
+    )
+    return out
+
+
+def _paused(ws: Workspace) -> dict[str, str]:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {
+        r[0]: r[1]
+        for r in ws.store.conn.execute(
+            "SELECT name, paused_until FROM reviewer_state WHERE paused_until > ?", (now,)
+        )
+    }

@@ -1,0 +1,193 @@
+"""The queue tasks: module-level functions that take ids (and, for a review, everything
+the worker needs, so it never opens state.db). ``workers.app`` registers them.
+
+Review queue: :func:`run_review`. Control queue: :func:`deliver_outcome`,
+:func:`attempt_heartbeat`, :func:`dispatch`, :func:`tick`; they run in the single
+control consumer, the one writer of state.db.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import threading
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from orchestrator import logs
+from orchestrator.config import ReviewerProfile
+
+from .attempt import run_attempt
+from .reviewers import AttemptSpec, for_profile
+
+if TYPE_CHECKING:
+    from orchestrator.control import Control
+
+    from .app import App
+
+_app: App | None = None
+_control: Control | None = None
+_semaphores: dict[str, threading.BoundedSemaphore] = {}
+_sem_lock = threading.Lock()
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+try:  # Redis errors count as transient too when the client is installed
+    from redis.exceptions import ConnectionError as _RedisConnectionError
+    from redis.exceptions import TimeoutError as _RedisTimeout
+
+    _TRANSIENT: tuple[type[BaseException], ...] = (
+        sqlite3.OperationalError,
+        _RedisConnectionError,
+        _RedisTimeout,
+        ConnectionError,
+    )
+except ImportError:  # pragma: no cover
+    _TRANSIENT = (sqlite3.OperationalError, ConnectionError)
+
+
+def install_app(app: App) -> None:
+    global _app
+    _app = app
+
+
+def install_control(control: Control) -> None:
+    global _control
+    _control = control
+
+
+def _the_app() -> App:
+    if _app is None:
+        raise RuntimeError("workers.app.make_app() was not called in this process")
+    return _app
+
+
+def _the_control() -> Control:
+    if _control is None:
+        raise RuntimeError("this process is not the control process")
+    return _control
+
+
+@retry(
+    retry=retry_if_exception_type(_TRANSIENT),
+    wait=wait_exponential(multiplier=0.2, max=10),
+    stop=stop_after_delay(120),
+    reraise=True,
+    before_sleep=lambda rs: logs.get().warning(
+        "queue.retrying", attempt=rs.attempt_number, error=str(rs.outcome.exception())
+    ),
+)
+def send(task: str, *args: Any) -> None:
+    """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable."""
+    wrapper = _the_app().wrappers.get(task)
+    if wrapper is None:
+        raise RuntimeError(f"task {task} is not registered")
+    wrapper(*args)  # type: ignore[operator]
+
+
+def _profile(data: dict) -> ReviewerProfile:
+    known = {f.name for f in fields(ReviewerProfile)}
+    values = {k: v for k, v in data.items() if k in known}
+    for key in ("args", "command"):
+        values[key] = tuple(values.get(key) or ())
+    return ReviewerProfile(**values)
+
+
+def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
+    with _sem_lock:
+        sem = _semaphores.get(profile.name)
+        if sem is None:
+            sem = _semaphores[profile.name] = threading.BoundedSemaphore(profile.concurrency)
+        return sem
+
+
+# --- review queue -----------------------------------------------------------------------------
+
+
+def run_review(msg: dict) -> None:
+    """Run one attempt (SPEC §6 steps 1-5) and send its outcome to the control queue."""
+    profile = _profile(msg["reviewer"])
+    job_id, attempt = msg["job_id"], msg["attempt"]
+    spec = AttemptSpec(
+        task=msg.get("task") or "review",
+        job_id=job_id,
+        attempt=attempt,
+        prompt_path=Path(msg["prompt_path"]),
+        output_path=Path(msg["output_path"]),
+        job_dir=Path(msg["job_dir"]),
+        attempt_dir=Path(msg["attempt_dir"]),
+        root=Path(msg["root"]),
+        model=profile.model,
+        note_path=msg.get("note_path"),
+    )
+    with _semaphore(profile), logs.bound(job_id=job_id, attempt=attempt, reviewer=profile.name):
+        send("attempt_heartbeat", job_id, attempt, WORKER_ID, True)
+
+        def beat() -> None:
+            try:
+                send("attempt_heartbeat", job_id, attempt, WORKER_ID, False)
+            except Exception as exc:  # a missed heartbeat is not worth killing the agent for
+                logs.get().warning("attempt.heartbeat_failed", error=str(exc))
+
+        outcome = run_attempt(
+            for_profile(profile),
+            spec,
+            timeout_s=profile.timeout,
+            max_turns=profile.max_turns,
+            guarded=msg.get("guarded") or (),
+            max_output_bytes=msg.get("max_output_bytes") or 5 * 1024 * 1024,
+            on_tick=beat,
+            tick_s=msg.get("heartbeat_s") or 30.0,
+        )
+        logs.get().info(
+            "attempt.exited",
+            outcome=outcome.classification,
+            exit_code=outcome.exit_code,
+            duration_s=round(outcome.duration_s, 3),
+        )
+        send("deliver_outcome", asdict(outcome))
+
+
+# --- control queue ----------------------------------------------------------------------------
+
+
+def deliver_outcome(outcome: dict) -> None:
+    with logs.bound(job_id=outcome.get("job_id"), attempt=outcome.get("attempt")):
+        control = _the_control()
+        control.on_outcome(outcome)
+        control.dispatch()
+
+
+def attempt_heartbeat(job_id: int, attempt: int, worker: str, launched: bool) -> None:
+    _the_control().on_heartbeat(job_id, attempt, worker, launched)
+
+
+def dispatch() -> None:
+    _the_control().dispatch()
+
+
+def tick() -> None:
+    from orchestrator.sweeps import SweepRequest, due_sweeps, enqueue
+
+    control = _the_control()
+    _tick_pending.clear()
+    control.reap()
+    for sweep in due_sweeps(control.ws, control.now()):
+        try:
+            enqueue(control.ws, SweepRequest.from_config(sweep, trigger="cron"), held=control.held)
+        except Exception as exc:
+            logs.get().error("sweep.failed", sweep=sweep.name, error=str(exc))
+    control.dispatch()
+
+
+_tick_pending = threading.Event()
+
+
+def request_tick() -> None:
+    """Enqueue a tick unless one is already waiting (the ticker thread calls this)."""
+    if not _tick_pending.is_set():
+        _tick_pending.set()
+        send("tick")
