@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from . import logs
 from .acceptance import AckError, ack, warn_queue
 from .attempts import AttemptError
 from .config import ConfigError
@@ -92,6 +93,9 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         raise Refused(str(exc)) from None
     ctx.obj = ws
     ctx.call_on_close(ws.close)
+    # Short commands log to the state folder's log and say only warnings on stderr;
+    # the consumers reconfigure for their own stderr stream.
+    logs.configure(ws.state_dir)
 
 
 @cli.command()

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faults
 from .bundle import ExpectedPair, parse_bundle
 from .reports import write_job_files
 from .store import Store, utcnow
@@ -175,6 +176,7 @@ def finalize(
             results.append(
                 {"note_path": p["note_path"], "gate_id": p["gate_id"], "decision": r.decision}
             )
+            faults.point("finalize.mid_transaction")
         if attempt is not None:
             _mark_attempt(store, job_id, attempt, "finalized", [])
         store.conn.execute(

@@ -175,3 +175,12 @@ def commonplace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(CORPUS) as tar:
         tar.extractall(dest, filter="data")
     return dest
+
+
+def process_gone(pid: int) -> bool:
+    """Dead: no such process, or a zombie waiting for init to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

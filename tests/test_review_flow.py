@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.store import Store
 
-from .conftest import reviewq_process
+from .conftest import process_gone, reviewq_process
 
 FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
 NOTE_A = "kb/notes/alpha.md"
@@ -404,10 +404,7 @@ def test_run_job_hang_kills_the_whole_group_at_the_deadline(flow, run_cli, monke
     assert res.exit_code == 1
     assert "burned-out" in res.stdout and "deadline" in res.stderr
     for pid in map(int, pidfile.read_text().split()):
-        assert (
-            not Path(f"/proc/{pid}").exists()
-            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
-        )
+        assert process_gone(pid), f"process {pid} survived the deadline"
     job, attempts = job_row(flow, jid)
     assert job["status"] == "failed" and attempts[0]["outcome"] == "burned-out"
 

@@ -82,7 +82,8 @@ class Children:
         self.specs: dict[str, list[str]] = {}
         if not control_running(ws.state_dir):
             self.specs["control"] = [*_base_argv(ws), "control"]
-        self.specs["worker"] = [*_base_argv(ws), "worker", "--workers", str(workers)]
+        if workers > 0:
+            self.specs["worker"] = [*_base_argv(ws), "worker", "--workers", str(workers)]
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
         self.failed: list[str] = []

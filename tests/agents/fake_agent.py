@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A scripted test agent, driven by environment variables.
 
-FAKE_MODE:   good (default) | bad | nothing | crash | hang | touch | slow | fix
+FAKE_MODE:   good (default) | bad | nothing | crash | hang | touch | slow | fix | multi-nothing
 FAKE_DECISIONS: comma-separated decisions for the pairs in order (default: PASS for all);
              a single value applies to every pair
 FAKE_TURNS:  write this num_turns (and a cost) to REVIEWQ_TELEMETRY_PATH
@@ -9,6 +9,9 @@ FAKE_SLEEP:  seconds to sleep before acting (slow mode: a random time up to this
 FAKE_PIDFILE: hang mode writes "leader child" pids here so tests can check both died
 FAKE_FIX_APPEND: fix mode appends this line to the note it was given
 FAKE_LOG:    append one line per run ("task job attempt") to this file
+FAKE_MODE_<n>: the mode for attempt n only
+FAKE_NOTIFY_FIFO: if this FIFO exists, write "pid ppid attempt" to it on start (blocks
+             until the test reads it: the test's way to await "the agent is running")
 It reads the job's pairs from MANIFEST.json, as the offline reviewer does.
 """
 
@@ -21,7 +24,12 @@ import time
 from pathlib import Path
 
 env = os.environ
-mode = env.get("FAKE_MODE", "good")
+# FAKE_MODE_<n> overrides FAKE_MODE for attempt n (e.g. hang on the first, then behave).
+mode = env.get(f"FAKE_MODE_{env.get('REVIEWQ_ATTEMPT', '')}") or env.get("FAKE_MODE", "good")
+if env.get("FAKE_NOTIFY_FIFO") and os.path.exists(env["FAKE_NOTIFY_FIFO"]):
+    # Tell the test this attempt is running: "<agent pid> <parent (worker) pid> <attempt>".
+    with open(env["FAKE_NOTIFY_FIFO"], "w") as fifo:
+        fifo.write(f"{os.getpid()} {os.getppid()} {env.get('REVIEWQ_ATTEMPT')}\n")
 out = Path(env["REVIEWQ_OUTPUT_PATH"])
 root = Path(env["REVIEWQ_ROOT"])
 if env.get("FAKE_LOG"):
@@ -64,6 +72,8 @@ if mode == "fix":
     sys.exit(0)
 
 pairs = json.loads((Path(env["REVIEWQ_JOB_DIR"]) / "MANIFEST.json").read_text())["pairs"]
+if mode == "multi-nothing" and len(pairs) > 1:
+    sys.exit(0)  # gives up on jobs of several pairs, reviews one-pair jobs
 if mode == "touch":
     note = root / pairs[0]["note_path"]
     note.write_text(note.read_text() + "\nedited by the reviewer\n")

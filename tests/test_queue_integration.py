@@ -1,0 +1,299 @@
+"""Unattended sweeps through real Huey consumers on real SQLite files, with agents as real
+subprocesses (SPEC §6, §12): the happy path, kills, a missing binary, a hung agent."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import PROJECT, process_gone, reviewq_process
+
+pytestmark = pytest.mark.integration
+FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
+FAST_QUEUE = "[queue]\nlease_seconds = 2\nreaper_seconds = 0.5\nlaunch_backoff_seconds = 0.05\npoll_seconds = 0.02\n"
+
+
+def fake_profile(timeout: str = '"30s"', command: str | None = None, extra: str = "") -> str:
+    cmd = command or f'["{sys.executable}", "{FAKE}"]'
+    return (
+        f'[reviewers.fake]\nkind = "command"\ncommand = {cmd}\npartition = "fake"\n'
+        f"timeout = {timeout}\nconcurrency = 2\n{extra}\n"
+    )
+
+
+def rq(
+    kb, *args: str, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    return reviewq_process("--root", str(kb.root), *args, env=env, timeout=timeout)
+
+
+def db(kb) -> sqlite3.Connection:
+    conn = sqlite3.connect(kb.state / "state.db")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def log_lines(kb) -> list[dict]:
+    lines = (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]  # every line must be valid JSON
+
+
+def small_kb(kb, notes: int = 3) -> None:
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("prose/body-check", ["body"])
+    for i in range(notes):
+        kb.note(f"n{i}", body=f"Body {i}.\n")
+
+
+def test_sweep_of_the_example_kb_with_the_offline_reviewer(tmp_path):
+    root = tmp_path / "example"
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    res = reviewq_process("--root", str(root), "sweep", "--workers", "2", "--json", timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["jobs"]["offline"]["completed"] == out["enqueued_jobs"] > 10
+    assert out["failed"] == [] and out["decisions"]["FAIL"] > 0 and out["decisions"]["PASS"] > 0
+    sel = reviewq_process(
+        "--root", str(root), "select", "--all-gates", "--model", "offline", "--json"
+    )
+    assert json.loads(sel.stdout)["targets"] == []
+    events = [
+        rec
+        for rec in (
+            json.loads(x) for x in (root / ".reviewq/logs/reviewq.jsonl").read_text().splitlines()
+        )
+    ]
+    names = {e["event"] for e in events}
+    assert {
+        "sweep.enqueued",
+        "attempt.dispatched",
+        "attempt.started",
+        "attempt.ended",
+        "job.finalized",
+    } <= names
+    assert all({"timestamp", "level", "event"} <= e.keys() for e in events)
+    finalized = [e for e in events if e["event"] == "job.finalized"]
+    assert all("job_id" in e and "attempt" in e and "reviewer" in e for e in finalized)
+    # Everything else the sweep wrote is under the state folder.
+    assert sorted(p.name for p in root.iterdir()) == [".reviewq", "kb"]
+
+
+def test_a_second_sweep_is_idempotent(kb):
+    small_kb(kb)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    first = rq(kb, "sweep", "--reviewer", "fake", "--json")
+    assert first.returncode == 0, first.stderr
+    again = rq(kb, "sweep", "--reviewer", "fake", "--json")
+    assert json.loads(again.stdout)["enqueued_jobs"] == 0
+    with db(kb) as conn:
+        rows = conn.execute(
+            "SELECT note_path, gate_id, count(*) FROM acceptance GROUP BY 1, 2"
+        ).fetchall()
+    assert len(rows) == 6 and all(r[2] == 1 for r in rows)
+
+
+def make_fifo(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    os.mkfifo(path)
+    return path
+
+
+def await_fifo(path: Path, timeout: float = 60) -> str:
+    """The first line a process writes to the FIFO: the test's way to await an event in
+    another process, with a bound so a broken run fails instead of hanging."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"nothing was written to {path.name} within {timeout} s"
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+        return data.decode()
+    finally:
+        os.close(fd)
+
+
+def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    env = {"FAKE_MODE_1": "hang", "FAKE_MODE": "good", "FAKE_NOTIFY_FIFO": str(fifo)}
+    sweep = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "reviewq"),
+            "--root",
+            str(kb.root),
+            "sweep",
+            "--reviewer",
+            "fake",
+            "frontmatter",
+            "--json",
+        ],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    agents = []
+    try:
+        agent_pid, worker_pid, attempt = map(int, await_fifo(fifo).split())  # the agent runs
+        agents.append(agent_pid)
+        assert attempt == 1
+        os.kill(worker_pid, signal.SIGKILL)
+        # The sweep restarts its worker; the reaper sees the lost lease and opens attempt 2.
+        os.unlink(fifo)  # later attempts need not report
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        for pid in agents:  # the hung first agent outlived its worker (see notes in RELIABILITY)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    assert sweep.returncode == 0, err
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, attempt FROM review_jobs").fetchall()
+        outcomes = [
+            tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts ORDER BY attempt")
+        ]
+        acc = conn.execute(
+            "SELECT count(*), count(DISTINCT note_path || gate_id) FROM acceptance"
+        ).fetchone()
+    assert [tuple(j) for j in job] == [("completed", 2)]
+    assert outcomes == [(1, "lost"), (2, "finalized")]
+    assert tuple(acc) == (1, 1)  # exactly one acceptance for the one pair
+
+
+def test_control_killed_mid_finalize_leaves_nothing_partial(kb, tmp_path):
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "fault")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    fault_env = {**os.environ, "REVIEWQ_FAULT_FINALIZE_MID_TRANSACTION": str(fifo)}
+    control = subprocess.Popen([*base, "control"], env=fault_env, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        # The control process is inside finalize's transaction now.
+        assert int(await_fifo(fifo)) == control.pid
+        control.kill()
+        control.wait()
+        with db(kb) as conn:
+            assert conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] == 0
+            assert (
+                conn.execute(
+                    "SELECT count(*) FROM review_pairs WHERE decision IS NOT NULL"
+                ).fetchone()[0]
+                == 0
+            )
+            assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "running"
+    finally:
+        if control.poll() is None:
+            control.kill()
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=30)
+    # A sweep with a new control process finishes the job.
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
+        assert conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] == 1
+    log_lines(kb)
+
+
+def test_missing_agent_binary_pauses_the_reviewer_and_burns_no_attempt(kb):
+    small_kb(kb, notes=4)
+    kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
+    res = rq(kb, "sweep", "--reviewer", "fake", "--json")
+    assert res.returncode == 1
+    assert "wait on paused reviewer fake" in res.stderr
+    out = json.loads(res.stdout)
+    assert out["progress"]["waiting_paused"] > 0 and out["failed"] == []
+    with db(kb) as conn:
+        outcomes = {r[0] for r in conn.execute("SELECT outcome FROM attempts")}
+        statuses = {r[0] for r in conn.execute("SELECT status FROM review_jobs")}
+        paused = conn.execute(
+            "SELECT paused_until FROM reviewer_state WHERE name = 'fake'"
+        ).fetchone()[0]
+    assert outcomes == {"launch-failure"} and statuses == {"queued"} and paused
+    events = log_lines(kb)
+    paused_events = [e for e in events if e["event"] == "reviewer.paused"]
+    assert paused_events and "could not start" in paused_events[0]["reason"]
+    status = json.loads(rq(kb, "status", "--json").stdout)
+    assert status["reviewers"]["fake"]["paused_until"] == paused
+
+
+def test_hung_agent_is_killed_at_the_deadline_with_its_group(kb, tmp_path):
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile(timeout="1") + FAST_QUEUE.replace("[queue]\n", "[queue]\nmax_attempts = 1\n"),
+    )
+    pidfile = tmp_path / "pids"
+    res = rq(
+        kb,
+        "sweep",
+        "--reviewer",
+        "fake",
+        "frontmatter",
+        "--json",
+        env={"FAKE_MODE": "hang", "FAKE_PIDFILE": str(pidfile)},
+    )
+    assert res.returncode == 1 and "1 job(s) failed" in res.stderr
+    for pid in map(int, pidfile.read_text().split()):
+        assert process_gone(pid), f"process {pid} survived the deadline"
+    with db(kb) as conn:
+        a = conn.execute("SELECT outcome, reasons FROM attempts").fetchone()
+    assert a[0] == "burned-out" and "deadline" in a[1]
+
+
+def test_invalid_output_is_retried_with_the_reasons_then_fails(kb, tmp_path):
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--json", env={"FAKE_MODE": "bad"})
+    assert res.returncode == 1
+    with db(kb) as conn:
+        attempts = [
+            tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts ORDER BY attempt")
+        ]
+        job_dir = conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    assert attempts == [(1, "invalid-output"), (2, "invalid-output"), (3, "invalid-output")]
+    retry_prompt = (kb.state / job_dir / "attempt-2" / "prompt.md").read_text()
+    assert retry_prompt.startswith("## Your previous attempt was rejected")
+    assert "invalid result line" in retry_prompt and "Verdict: PASS" in retry_prompt
+    assert "previous attempt" not in (kb.state / job_dir / "attempt-1" / "prompt.md").read_text()
+
+
+def test_burned_out_multi_pair_job_is_split(kb):
+    small_kb(kb, notes=1)
+    kb.gate("prose/second", ["body"])
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    # The first attempt uses its whole turn budget without output; the one-pair jobs succeed.
+    res = rq(
+        kb,
+        "sweep",
+        "--reviewer",
+        "fake",
+        "prose",
+        "--json",
+        env={"FAKE_MODE": "multi-nothing", "FAKE_TURNS": "20"},
+    )
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        jobs = [
+            tuple(r)
+            for r in conn.execute("SELECT id, status, parent_job_id FROM review_jobs ORDER BY id")
+        ]
+    assert jobs[0][1] == "split" and [j[1:] for j in jobs[1:]] == [("completed", jobs[0][0])] * 2
