@@ -201,7 +201,11 @@ def control_cmd(ws: Workspace) -> None:
 @cli.command("sweep")
 @_sweep_options
 @click.option(
-    "--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker threads."
+    "--workers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Worker threads; 0 uses only workers already running.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,58 @@ def test_burned_out_multi_pair_job_is_split(kb):
             for r in conn.execute("SELECT id, status, parent_job_id FROM review_jobs ORDER BY id")
         ]
     assert jobs[0][1] == "split" and [j[1:] for j in jobs[1:]] == [("completed", jobs[0][0])] * 2
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    sock = tmp_path / "redis.sock"
+    proc = subprocess.Popen(
+        [exe, "--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    for line in proc.stdout:  # await the server's own "ready" line, not a timer
+        if "ready to accept connections" in line.lower():
+            break
+    else:
+        pytest.fail("redis-server exited before it was ready")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
+    yield f"unix://{sock}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_sweep_on_redis_with_two_worker_processes(kb, redis_url):
+    small_kb(kb, notes=6)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    workers = [
+        subprocess.Popen([*base, "worker", "--workers", "2"], stderr=subprocess.DEVNULL)
+        for _ in range(2)
+    ]
+    try:
+        res = rq(
+            kb,
+            "sweep",
+            "--reviewer",
+            "fake",
+            "--workers",
+            "0",
+            "--json",
+            env={"FAKE_MODE": "slow", "FAKE_SLEEP": "0.3"},
+        )
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGINT)
+        for w in workers:
+            w.wait(timeout=30)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["jobs"]["fake"]["completed"] == 12
+    assert not (kb.state / "queue").exists()  # nothing went to SQLite queue files
+    started = [e for e in log_lines(kb) if e["event"] == "attempt.started"]
+    assert len({e["worker"] for e in started}) == 2  # both worker processes took jobs
