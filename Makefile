@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/reviewq select --all-gates
+	$(BIN)/reviewq sweep --reviewer offline
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

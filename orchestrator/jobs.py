@@ -44,7 +44,17 @@ class CreatedJob:
     pairs: list[JobPair] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "pairs": [asdict(p) for p in self.pairs]}
+        return {
+            "review_job_id": self.review_job_id,
+            "model_partition": self.model_partition,
+            "grouping": self.grouping,
+            "prompt_path": self.prompt_path,
+            "bundle_output_path": self.bundle_output_path,
+            "pairs": [
+                {"note_path": p.note_path, "gate_id": p.gate_id, "gate_path": p.gate_path}
+                for p in self.pairs
+            ],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,7 @@ class _Loader:
         self.kb, self.catalog = kb, catalog
         self.notes: dict[str, tuple[str, str] | str] = {}
         self.invalid = {p.path: p.reason for p in catalog.problems}
+        self.gate_refusals: dict[str, str | None] = {}
 
     def note(self, rel: str) -> tuple[str, str] | str:
         if rel not in self.notes:
@@ -148,10 +159,12 @@ class _Loader:
             if gate_path and gate_path in self.invalid:
                 return f"{gate_path}: invalid gate: {self.invalid[gate_path]}"
             return f"{gate_id}: no such gate"
-        lines = sentinel_like_lines(gate.text)
-        if lines:
-            return f"{gate.path} line {lines[0]}: looks like a review sentinel"
-        return gate
+        if gate.gate_id not in self.gate_refusals:
+            lines = sentinel_like_lines(gate.text)
+            self.gate_refusals[gate.gate_id] = (
+                f"{gate.path} line {lines[0]}: looks like a review sentinel" if lines else None
+            )
+        return self.gate_refusals[gate.gate_id] or gate
 
 
 def _groups(items: list[_Item], grouping: str, batch_size: int) -> list[list[_Item]]:
@@ -327,6 +340,7 @@ def _create_one(
                 for it in group
             ],
         },
+        new_folder=True,
     )
     return job
 

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -37,15 +38,18 @@ class ReportError(Exception):
     pass
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
+def atomic_write(path: Path, data: str | bytes, *, durable: bool = False) -> None:
+    """Write via a temp file and a rename. Files regenerable from state.db skip fsync
+    (``durable=False``): a crash can lose them, never leave half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -53,8 +57,12 @@ def atomic_write(path: Path, data: str | bytes) -> None:
         raise
 
 
-def write_manifest(folder: Path, data: dict) -> None:
-    atomic_write(folder / "MANIFEST.json", json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+def write_manifest(folder: Path, data: dict, *, new_folder: bool = False) -> None:
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    if new_folder:  # nobody reads a folder still being made: a plain write will do
+        (folder / "MANIFEST.json").write_text(text, encoding="utf-8")
+    else:
+        atomic_write(folder / "MANIFEST.json", text)
 
 
 def flat(path: str) -> str:
@@ -118,19 +126,42 @@ def job_manifest(store: Store, job_id: int) -> dict:
 def write_job_files(store: Store, job_dir: Path, job_id: int) -> None:
     """MANIFEST.json and one result file per decided pair, regenerated from the database."""
     manifest = job_manifest(store, job_id)
-    for p in store.conn.execute(
+    rows = store.conn.execute(
         "SELECT note_path, gate_id, gate_path, decision, rationale, decided_at FROM review_pairs "
         "WHERE job_id = ? AND decision IS NOT NULL",
         (job_id,),
-    ):
-        text = (
-            f"# {p['gate_id']} — {p['note_path']}\n\n"
-            f"- decision: {p['decision']}\n- job: {job_id}\n- model partition: {manifest['model_partition']}\n"
-            f"- gate: {p['gate_path']}\n- decided at: {p['decided_at']}\n\n"
-            f"{(p['rationale'] or '').strip()}\n\n## Result: {p['decision']}\n"
-        )
-        atomic_write(job_dir / "results" / result_file_name(p["note_path"], p["gate_id"]), text)
+    ).fetchall()
+    if rows:
+        # The whole results/ folder is built aside and renamed into place, so a reader
+        # sees the old set or the new one, at the cost of one rename, not one per file.
+        staging = Path(tempfile.mkdtemp(dir=job_dir, prefix=".results."))
+        try:
+            for p in rows:
+                text = (
+                    f"# {p['gate_id']} — {p['note_path']}\n\n"
+                    f"- decision: {p['decision']}\n- job: {job_id}\n"
+                    f"- model partition: {manifest['model_partition']}\n"
+                    f"- gate: {p['gate_path']}\n- decided at: {p['decided_at']}\n\n"
+                    f"{(p['rationale'] or '').strip()}\n\n## Result: {p['decision']}\n"
+                )
+                (staging / result_file_name(p["note_path"], p["gate_id"])).write_text(
+                    text, encoding="utf-8"
+                )
+            _swap_folder(staging, job_dir / "results")
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     write_manifest(job_dir, manifest)
+
+
+def _swap_folder(new: Path, target: Path) -> None:
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.rename(target, old)
+        os.rename(new, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(new, target)
 
 
 # --- export ---------------------------------------------------------------------------------
