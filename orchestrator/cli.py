@@ -45,6 +45,9 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
+
+
 class Refused(click.ClickException):
     """The operation was refused or failed: one ``error:`` line, exit 1."""
 
@@ -96,9 +99,10 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         raise Refused(str(exc)) from None
     ctx.obj = ws
     ctx.call_on_close(ws.close)
-    # Short commands log to the state folder's log and say only warnings on stderr;
-    # the consumers reconfigure for their own stderr stream.
-    logs.configure(ws.state_dir)
+    # Commands that change state log to the state folder's log and say only warnings on
+    # stderr; the consumers reconfigure for their own stream. Read-only commands skip it.
+    if ctx.invoked_subcommand not in READ_ONLY:
+        logs.configure(ws.state_dir)
 
 
 @cli.command()
@@ -207,10 +211,16 @@ def select_cmd(
         model=model,
         reasons=reasons or None,
         diffs=as_json,
+        cache_dir=ws.state_dir,
+        memo=as_json,
     )
     warn(result.problems)
     if as_json:
-        emit_json(result.to_json())
+        if result.json_bytes is not None:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(result.json_bytes + b"\n")
+        else:
+            emit_json(result.to_json())
         return
     for t in result.targets:
         extra = ""
@@ -461,9 +471,7 @@ def main() -> None:
         click.echo("error: interrupted", err=True)
         sys.exit(130)
     except Exception as exc:  # a bug: one line for the person, the traceback for the log
-        import logging
-
-        logging.getLogger("reviewq").error("internal error", exc_info=True)
+        logs.get().error("internal.error", exc_info=True)
         click.echo(
             f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True
         )

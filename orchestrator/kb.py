@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from .frontmatter_fast import parse_simple
+from .notecache import NoteCache
 
 REGIONS = ("title", "description", "frontmatter", "body")
 NOTES_DIR = "kb/notes"
@@ -143,26 +144,66 @@ def decode(data: bytes) -> str:
 
 @dataclass(slots=True)
 class Note:
+    """A note as the selector sees it: path, hash and the frontmatter facts that decide
+    which gates apply. The text and the full frontmatter are read on first use, so a
+    note that the note cache knows costs one stat() until it is needed."""
+
     path: str
-    text: str
     sha256: str
-    meta: dict
-    body: str
+    facts: tuple[str | None, tuple[str, ...], str | None]  # (type, traits, status)
+    root: Path | None = None
+    _text: str | None = None
+    _meta: dict | None = None
+
+    @classmethod
+    def from_text(
+        cls, path: str, sha256: str, text: str, meta: dict, root: Path | None = None
+    ) -> Note:
+        return cls(path, sha256, facts_of(meta), root, text, meta)
 
     @property
-    def status(self) -> str | None:
-        s = self.meta.get("status")
-        return s if isinstance(s, str) else None
+    def text(self) -> str:
+        if self._text is None:
+            assert self.root is not None
+            self._text = decode((self.root / self.path).read_bytes())
+        return self._text
+
+    @property
+    def meta(self) -> dict:
+        if self._meta is None:
+            self._meta = parse_note_text(self.text).meta
+        return self._meta
+
+    @property
+    def body(self) -> str:
+        return split_frontmatter(self.text)[1]
+
+    @property
+    def type_value(self) -> str | None:
+        return self.facts[0]
 
     @property
     def traits(self) -> tuple[str, ...]:
-        return as_str_tuple(self.meta.get("traits"))
+        return self.facts[1]
+
+    @property
+    def status(self) -> str | None:
+        return self.facts[2]
 
     def parsed(self) -> ParsedNote:
         return ParsedNote(self.meta, self.body)
 
     def regions(self) -> dict[str, str]:
         return self.parsed().regions()
+
+
+def facts_of(meta: dict) -> tuple[str | None, tuple[str, ...], str | None]:
+    t, s = meta.get("type"), meta.get("status")
+    return (
+        t if isinstance(t, str) else None,
+        as_str_tuple(meta.get("traits")),
+        s if isinstance(s, str) else None,
+    )
 
 
 def as_str_tuple(value: object) -> tuple[str, ...]:
@@ -229,7 +270,7 @@ class KB:
         return sorted(found)
 
     def _walk(self, base: Path) -> Iterator[str]:
-        stack = [base]
+        stack: list[str | Path] = [base]
         root_len = len(str(self.root)) + 1
         while stack:
             d = stack.pop()
@@ -241,22 +282,42 @@ class KB:
                 if e.name.startswith("."):
                     continue
                 if e.is_dir(follow_symlinks=False):
-                    stack.append(Path(e.path))
+                    stack.append(e.path)
                 elif e.name.endswith(".md") and e.is_file():
                     yield e.path[root_len:].replace(os.sep, "/")
 
     def read_note(self, rel: str) -> Note:
-        data = (self.root / rel).read_bytes()
+        with open(os.path.join(self.root, rel), "rb") as f:
+            data = f.read()
         text = decode(data)
         parsed = parse_note_text(text)
-        return Note(rel, text, sha256_bytes(data), parsed.meta, parsed.body)
+        return Note.from_text(rel, sha256_bytes(data), text, parsed.meta, self.root)
 
-    def load_notes(self, paths: Iterable[str]) -> list[Note]:
-        """Notes that load; each one that does not is added to ``problems``."""
+    def load_notes(self, paths: Iterable[str], cache: NoteCache | None = None) -> list[Note]:
+        """Notes that load; each one that does not is added to ``problems``. With a cache,
+        a file whose size, mtime and inode are unchanged is not read at all."""
         notes: list[Note] = []
+        base = str(self.root) + os.sep
         for rel in paths:
             try:
-                notes.append(self.read_note(rel))
+                st = os.stat(base + rel) if cache is not None else None
+                hit = cache.get(rel, st) if cache is not None else None
+                if hit is not None:
+                    sha, facts, error = hit
+                    if error is not None:
+                        self.problems.append(FileProblem(rel, error))
+                    else:
+                        notes.append(Note(rel, sha, facts, self.root))
+                    continue
+                try:
+                    note = self.read_note(rel)
+                except NoteParseError as exc:
+                    if cache is not None:
+                        cache.put(rel, st, "", None, str(exc))
+                    raise
+                if cache is not None:
+                    cache.put(rel, st, note.sha256, note.facts, None)
+                notes.append(note)
             except NoteParseError as exc:
                 self.problems.append(FileProblem(rel, str(exc)))
             except OSError as exc:

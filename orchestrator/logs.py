@@ -16,8 +16,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import structlog
+if TYPE_CHECKING:
+    import structlog
 
 LOG_NAME = "reviewq"
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -76,6 +78,8 @@ def configure(
 ) -> None:
     """Set up logging once per process. ``stderr_format``: json, console, or None to
     choose console on a terminal and JSON elsewhere."""
+    import structlog  # imported here: a read-only command never pays for it
+
     key = f"{state_dir}|{stderr_level}|{stderr_format}|{process}"
     if _configured.get("key") == key:
         return
@@ -121,6 +125,8 @@ def configure(
     err.setLevel(stderr_level.upper())
     err.setFormatter(console_formatter if fmt == "console" else json_formatter)
     err._reviewq = True  # type: ignore[attr-defined]
+    # People get one line; tracebacks go to the log file only.
+    err.addFilter(lambda record: record.exc_info is None)
     root.addHandler(err)
     if state_dir is not None:
         path = log_path(state_dir)
@@ -153,12 +159,18 @@ def _add_static(key: str, value: str):
 
 
 def get() -> structlog.stdlib.BoundLogger:
+    import structlog
+
+    if "key" not in _configured:
+        configure(None)  # never structlog's default, which prints to stdout
     return structlog.get_logger(LOG_NAME)
 
 
 @contextmanager
 def bound(**ids: object) -> Iterator[None]:
     """Bind ids (job_id, attempt, note_path, gate_id, reviewer…) for one task, then clear them."""
+    import structlog
+
     tokens = structlog.contextvars.bind_contextvars(
         **{k: v for k, v in ids.items() if v is not None}
     )

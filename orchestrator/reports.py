@@ -58,11 +58,15 @@ def atomic_write(path: Path, data: str | bytes, *, durable: bool = False) -> Non
 
 
 def write_manifest(folder: Path, data: dict, *, new_folder: bool = False) -> None:
-    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
-    if new_folder:  # nobody reads a folder still being made: a plain write will do
+    if new_folder:
+        # Nobody reads a folder still being made: a plain, compact write will do (the
+        # indented encoder is pure Python and costs ~0.15 ms a job). Finalize rewrites it.
+        text = json.dumps(data, ensure_ascii=False) + "\n"
         (folder / "MANIFEST.json").write_text(text, encoding="utf-8")
     else:
-        atomic_write(folder / "MANIFEST.json", text)
+        atomic_write(
+            folder / "MANIFEST.json", json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+        )
 
 
 def flat(path: str) -> str:

@@ -7,14 +7,17 @@ never become Python objects, which is what keeps a 400,000-pair KB inside SPEC Â
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .freshness import MISSING, NOTE_CHANGED, REASONS, NoteComparison, Verdict, judge
 from .freshness import unified_diff as make_diff
 from .gates import Catalog, Gate
 from .kb import KB, FileProblem, Note, NoteParseError, ParsedNote, parse_note_text, type_key
+from .notecache import NoteCache, SelectMemo
 from .store import Store
 
 
@@ -57,6 +60,7 @@ class Selection:
     counts: Counter = field(default_factory=Counter)
     problems: list[FileProblem] = field(default_factory=list)
     notes: dict[str, Note] = field(default_factory=dict)
+    json_bytes: bytes | None = None  # the --json answer, when memoised
 
     def to_json(self) -> dict:
         counts = {r: self.counts.get(r, 0) for r in REASONS}
@@ -72,8 +76,8 @@ def applies(gate: Gate, note: Note, kb: KB) -> bool:
     """Whether a gate is asked of a note: type gates by the note's type, others by
     ``requires_type`` (any of) and ``requires_trait`` (any of)."""
     if gate.is_type:
-        return type_key(note.meta.get("type"), note.path) == gate.path
-    if gate.requires_type and type_key(note.meta.get("type"), note.path) not in gate.requires_type:
+        return type_key(note.type_value, note.path) == gate.path
+    if gate.requires_type and type_key(note.type_value, note.path) not in gate.requires_type:
         return False
     return not gate.requires_trait or bool(set(gate.requires_trait) & set(note.traits))
 
@@ -90,8 +94,14 @@ def select(
     model: str | None = None,
     reasons: Iterable[str] | None = None,
     diffs: bool = True,
+    cache_dir: Path | None = None,
+    memo: bool = False,
 ) -> Selection:
-    """Stale pairs for a model partition (or model-agnostic coverage when ``model`` is None)."""
+    """Stale pairs for a model partition (or model-agnostic coverage when ``model`` is None).
+
+    With ``cache_dir`` (the state folder) unchanged notes are not read (NoteCache); with
+    ``memo`` too, an identical question about an identical KB and state gets the stored
+    answer in ``Selection.json_bytes`` (SelectMemo)."""
     if not selectors and not all_gates:
         raise SelectError("nothing to select: name bundles, gate ids, 'type', or use --all-gates")
     wanted = set(reasons) if reasons else set(REASONS)
@@ -101,7 +111,10 @@ def select(
 
     kb.problems.clear()
     paths = kb.note_files(note_paths)
-    notes = kb.load_notes(paths)
+    cache = NoteCache.open(cache_dir) if cache_dir is not None else None
+    notes = kb.load_notes(paths, cache)
+    if cache is not None:
+        cache.save()
     if current:
         notes = [n for n in notes if n.status == "current"]
     sel = Selection(model, problems=list(kb.problems) + list(catalog.problems))
@@ -110,6 +123,33 @@ def select(
     if any(s == "type" or s.startswith("type/") for s in selectors):
         _add_note_relative_types(kb, catalog, notes)
     gates = catalog.resolve(selectors, all_gates)
+
+    key = None
+    if memo and cache_dir is not None:
+        extent = store.conn.execute(
+            "SELECT COALESCE(MAX(id), 0), count(*) FROM snapshots"
+        ).fetchone()
+        key = SelectMemo.key(
+            "select/1",
+            model,
+            sorted(selectors),
+            all_gates,
+            note_paths,
+            current,
+            sorted(wanted),
+            diffs,
+            store.acceptance_version()
+            if model is not None
+            else store.conn.execute("SELECT count(*) FROM acceptance").fetchone()[0],
+            tuple(extent),
+            [(g.gate_id, g.path, g.sha256) for g in gates],
+            [(n.path, n.sha256) for n in notes],
+            [(p.path, p.reason) for p in sel.problems],
+        )
+        hit = SelectMemo.open(cache_dir).get(key)
+        if hit is not None:
+            sel.json_bytes = hit
+            return sel
     uncond = [g for g in gates if not (g.is_type or g.requires_type or g.requires_trait)]
     cond = [g for g in gates if g not in uncond]
 
@@ -118,6 +158,9 @@ def select(
     else:
         _freshness(sel, store, kb, notes, uncond, cond, model, wanted, diffs)
     sel.targets.sort(key=lambda t: (t.note_path, t.gate_id))
+    if key is not None:
+        sel.json_bytes = json.dumps(sel.to_json(), ensure_ascii=False).encode("utf-8")
+        SelectMemo.open(cache_dir).put(key, sel.json_bytes)
     return sel
 
 
@@ -126,7 +169,7 @@ def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> Non
     from .gates import type_gate
 
     for note in notes:
-        key = type_key(note.meta.get("type"), note.path)
+        key = type_key(note.type_value, note.path)
         if key is None or key.startswith("kb/types/"):
             continue
         name = key.rsplit("/", 1)[-1][:-3]

@@ -339,3 +339,56 @@ def test_human_output(small, run_cli):
     assert res.stdout.strip().endswith(
         "missing-review: 2, gate-changed: 0, note-changed: 0, fresh: 0"
     )
+
+
+def age_files(root, seconds: float = 3600) -> None:
+    """Move every file's mtime into the past, out of the note cache's racy window."""
+    import os
+    import time
+
+    for p in root.rglob("*.md"):
+        t = time.time() - seconds
+        os.utime(p, (t, t))
+
+
+def test_note_cache_never_hides_an_edit(small, run_cli):
+    accept_all(small)
+    age_files(small.root)
+    first = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert first["targets"] == []
+    assert (small.state / "cache" / "notes.pickle").exists()
+    # Same size, new content, a different (still old) mtime: the cache must not be trusted.
+    path = small.root / "kb/notes/beta.md"
+    path.write_text(path.read_text().replace("Beta body.", "Beta BODY."))
+    age_files(small.root, 1800)
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert {(t["note_path"], t["gate_id"]) for t in data["targets"]} == {
+        ("kb/notes/beta.md", "prose/body-check"),
+        ("kb/notes/beta.md", "prose/align"),
+    }
+
+
+def test_a_damaged_note_cache_is_rebuilt(small, run_cli):
+    age_files(small.root)
+    run_cli("select", "--all-gates", "--json")
+    (small.state / "cache" / "notes.pickle").write_bytes(b"garbage")
+    data = run_cli("select", "--all-gates", "--json").json()
+    assert data["counts"]["missing-review"] == 10
+
+
+def test_memo_answers_only_an_identical_question(small, run_cli):
+    accept_all(small, notes=("kb/notes/alpha.md",))
+    age_files(small.root)
+    a = run_cli("select", "--all-gates", "--model", "m1", "--json")
+    b = run_cli("select", "--all-gates", "--model", "m1", "--json")
+    assert (
+        a.stdout == b.stdout and len(list((small.state / "cache" / "select").glob("*.json"))) == 1
+    )
+    # New acceptance: the memo key changes, the answer too.
+    accept_all(small, notes=("kb/notes/beta.md",))
+    c = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert c["targets"] == [] and c["counts"]["fresh"] == 10
+    # A gate edit changes the answer as well.
+    small.gate("prose/body-check", ["body"], body="## Failure mode\n\nNew.\n\n## Test\n\nNew.\n")
+    d = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert d["counts"]["gate-changed"] == 2

@@ -5,12 +5,20 @@ from __future__ import annotations
 from orchestrator.config import ReviewerProfile
 
 from .base import AttemptSpec, Command, Reviewer, Telemetry
+from .claude import ClaudeReviewer
+from .codex import CodexReviewer
 from .command import CommandReviewer
+from .gemini import GeminiReviewer
 from .offline import OfflineReviewer
+from .openai import OpenAIReviewer
 
 ADAPTERS: dict[str, type[Reviewer]] = {
     CommandReviewer.kind: CommandReviewer,
     OfflineReviewer.kind: OfflineReviewer,
+    ClaudeReviewer.kind: ClaudeReviewer,
+    CodexReviewer.kind: CodexReviewer,
+    GeminiReviewer.kind: GeminiReviewer,
+    OpenAIReviewer.kind: OpenAIReviewer,
 }
 
 

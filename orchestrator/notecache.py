@@ -1,0 +1,121 @@
+"""Caches that let an unchanged KB be judged without reading it (SPEC §13).
+
+:class:`NoteCache` remembers, per note file, its sha256 and frontmatter facts (type, traits,
+status) under the
+file's (size, mtime_ns, inode), so a note that did not change costs one stat(). Like git's
+index it trusts those three; an entry written within two seconds of the file's mtime is
+not kept, so an edit in the same clock tick as the cache write is never missed.
+
+:class:`SelectMemo` keeps ``select --json`` outputs under a key made of everything the
+output depends on: the options, the partition, the acceptance version counter, the
+snapshot table's extent, and the (path, sha256) of every note, gate and type spec.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import tempfile
+import time
+from pathlib import Path
+
+_VERSION = 2
+_RACY_S = 2.0
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class NoteCache:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, tuple] = {}
+        self.dirty = False
+        try:
+            data = pickle.loads(path.read_bytes())
+            if isinstance(data, dict) and data.get("version") == _VERSION:
+                self.entries = data["entries"]
+        except (
+            OSError,
+            pickle.UnpicklingError,
+            EOFError,
+            KeyError,
+            ValueError,
+            TypeError,
+            AttributeError,
+        ):
+            self.entries = {}  # a missing or damaged cache is rebuilt, never trusted
+
+    @classmethod
+    def open(cls, state_dir: Path) -> NoteCache:
+        return cls(state_dir / "cache" / "notes.pickle")
+
+    def get(self, rel: str, st: os.stat_result) -> tuple[str, tuple | None, str | None] | None:
+        e = self.entries.get(rel)
+        if e is None or e[0] != st.st_size or e[1] != st.st_mtime_ns or e[2] != st.st_ino:
+            return None
+        return e[3], e[4], e[5]
+
+    def put(
+        self, rel: str, st: os.stat_result, sha: str, facts: tuple | None, error: str | None
+    ) -> None:
+        if time.time() - st.st_mtime < _RACY_S:
+            self.entries.pop(rel, None)
+            return
+        self.entries[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, sha, facts, error)
+        self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
+                _atomic(
+                    self.path,
+                    pickle.dumps({"version": _VERSION, "entries": self.entries}, protocol=5),
+                )
+            self.dirty = False
+
+
+class SelectMemo:
+    KEEP = 8
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @classmethod
+    def open(cls, state_dir: Path) -> SelectMemo:
+        return cls(state_dir / "cache" / "select")
+
+    @staticmethod
+    def key(*parts: object) -> str:
+        h = hashlib.sha256()
+        for p in parts:
+            h.update(repr(p).encode("utf-8", "surrogatepass"))
+            h.update(b"\x00")
+        return h.hexdigest()
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return (self.folder / f"{key}.json").read_bytes()
+        except OSError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            _atomic(self.folder / f"{key}.json", data)
+            files = sorted(
+                self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True
+            )
+            for old in files[self.KEEP :]:
+                old.unlink(missing_ok=True)

@@ -1,0 +1,447 @@
+"""The vendor reviewer kinds (SPEC §8): claude, codex and gemini against fake CLIs in
+tests/agents/bin, and openai against a small HTTP server, each through the real attempt
+lifecycle (workers.attempt.run_attempt via ``run_job``) on a job made with the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import tomllib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ReviewerProfile
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+from workers.foreground import ForegroundResult, run_job
+from workers.reviewers import ADAPTERS, AttemptSpec, for_profile
+from workers.reviewers.gemini import policy_text
+
+BIN = Path(__file__).parent / "agents" / "bin"
+NOTE = "kb/notes/alpha.md"
+KEY = "sk-test-secret-4f9c"
+
+PROFILES = """
+[reviewers.claude]
+kind = "claude"
+model = "claude-sonnet-4-5"
+partition = "fake"
+max_turns = 7
+timeout = "30s"
+args = ["--append-system-prompt", "Be terse."]
+
+[reviewers.codex]
+kind = "codex"
+model = "gpt-5-codex"
+partition = "fake"
+timeout = "30s"
+args = ["-c", "model_reasoning_effort=high"]
+
+[reviewers.gemini]
+kind = "gemini"
+model = "gemini-2.5-pro"
+partition = "fake"
+timeout = "30s"
+args = ["--debug"]
+"""
+
+
+@pytest.fixture
+def kb2(kb, monkeypatch, tmp_path):
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/style-check", ["body", "title"])
+    kb.note("alpha", body="# Alpha\n\nAlpha body.\n")
+    kb.write("reviewq.toml", PROFILES)
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_ARGV_LOG", str(tmp_path / "argv.json"))
+    monkeypatch.delenv("FAKE_MODE", raising=False)
+    return kb
+
+
+def make_job(run_cli) -> int:
+    """One job of two pairs (one note, one lens), made as a person would: select | create-jobs."""
+    sel = run_cli("select", "--all-gates", "--model", "fake", "--note", NOTE, "--json")
+    assert sel.exit_code == 0, sel.stderr
+    made = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
+    assert made.exit_code == 0, made.stderr
+    jobs = made.json()["jobs"]
+    assert len(jobs) == 1 and len(jobs[0]["pairs"]) == 2
+    return jobs[0]["review_job_id"]
+
+
+def run(kb, job_id: int, reviewer: str) -> ForegroundResult:
+    ws = Workspace.open(kb.root)
+    try:
+        return run_job(ws, job_id, reviewer)
+    finally:
+        ws.close()
+
+
+def argv_of(tmp_path: Path) -> list[str]:
+    return json.loads((tmp_path / "argv.json").read_text())
+
+
+def attempts(kb, job_id: int) -> list[dict]:
+    with Store.open(kb.state) as s:
+        rows = s.conn.execute("SELECT * FROM attempts WHERE job_id = ?", (job_id,)).fetchall()
+        return [dict(r) for r in rows]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+# --- the three vendor CLIs -----------------------------------------------------------------
+
+EXPECTED_TELEMETRY = {
+    "claude": {
+        "num_turns": 3,
+        "input_tokens": 3100,  # input + cache creation + cache reads
+        "output_tokens": 250,
+        "cost_usd": 0.012,
+        "session_id": "9c1d6a3e-fake-claude-session",
+    },
+    "codex": {
+        "num_turns": 3,  # command, file change, message: reasoning is not a step
+        "input_tokens": 5000,
+        "output_tokens": 600,
+        "session_id": "0199-fake-codex-thread",
+    },
+    "gemini": {
+        "num_turns": 4,
+        "input_tokens": 1200,
+        "output_tokens": 350,  # candidates + thoughts
+        "session_id": "fake-gemini-session",
+    },
+}
+
+
+@pytest.mark.parametrize("kind", ["claude", "codex", "gemini"])
+def test_vendor_cli_reviews_a_job(kb2, run_cli, tmp_path, kind):
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, kind)
+    assert res.outcome.classification == "output", res.outcome.reasons
+    assert res.outcome.exit_code == 0
+    assert res.outcome.telemetry == EXPECTED_TELEMETRY[kind]
+    assert res.ok and [p["decision"] for p in res.finalized.pairs] == ["PASS", "PASS"]
+    [row] = attempts(kb2, job_id)
+    assert (row["outcome"], row["num_turns"]) == (
+        "finalized",
+        EXPECTED_TELEMETRY[kind]["num_turns"],
+    )
+    argv = argv_of(tmp_path)
+    profile = Workspace.open(kb2.root).settings.reviewer(kind)
+    assert argv[-len(profile.args) :] == list(profile.args)  # profile args come last
+    assert KEY not in json.dumps(argv)
+
+
+def test_claude_flags(kb2, run_cli, tmp_path):
+    job_id = make_job(run_cli)
+    assert run(kb2, job_id, "claude").ok
+    argv = argv_of(tmp_path)
+    job_dir = next(kb2.state.rglob("MANIFEST.json")).parent.resolve()
+    root = kb2.root.resolve()
+    assert argv[0] == "-p" and "prompt.md" in argv[1]  # the instruction, not the prompt
+    assert flag(argv, "--output-format") == "json"
+    assert flag(argv, "--model") == "claude-sonnet-4-5"
+    assert flag(argv, "--max-turns") == "7"
+    assert flag(argv, "--permission-mode") == "dontAsk"
+    assert flag(argv, "--tools") == "Read,Glob,Grep,Edit,Write"
+    assert flag(argv, "--add-dir") == str(job_dir)
+    i = argv.index("--allowedTools")
+    assert argv[i + 1 : i + 4] == [
+        f"Read(/{root}/**)",
+        f"Read(/{job_dir}/**)",
+        f"Edit(/{job_dir}/**)",
+    ]
+    assert argv[i + 1].startswith("Read(//")  # "//" = an absolute path in a rule
+    assert "Bash" in flag(argv, "--disallowedTools")
+
+
+def test_codex_flags(kb2, run_cli, tmp_path):
+    job_id = make_job(run_cli)
+    assert run(kb2, job_id, "codex").ok
+    argv = argv_of(tmp_path)
+    job_dir = next(kb2.state.rglob("MANIFEST.json")).parent.resolve()
+    assert argv[:2] == ["exec", "--json"]
+    assert flag(argv, "--model") == "gpt-5-codex"
+    assert flag(argv, "--sandbox") == "workspace-write"
+    assert flag(argv, "--cd") == str(job_dir)  # the only writable workspace
+    assert "--skip-git-repo-check" in argv
+    configs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
+    assert "sandbox_workspace_write.network_access=false" in configs
+    assert "--dangerously-bypass-approvals-and-sandbox" not in argv
+
+
+def test_gemini_flags_and_policy(kb2, run_cli, tmp_path):
+    job_id = make_job(run_cli)
+    assert run(kb2, job_id, "gemini").ok
+    argv = argv_of(tmp_path)
+    job_dir = next(kb2.state.rglob("MANIFEST.json")).parent.resolve()
+    assert flag(argv, "--output-format") == "json"
+    assert flag(argv, "--model") == "gemini-2.5-pro"
+    assert flag(argv, "--approval-mode") == "default"
+    assert flag(argv, "--include-directories") == str(job_dir)
+    assert "prompt.md" in flag(argv, "-p")
+    assert "--yolo" not in argv and "yolo" not in argv
+    rules = tomllib.loads(Path(flag(argv, "--policy")).read_text())["rule"]
+    allow = next(r for r in rules if r["decision"] == "allow")
+    assert set(allow["toolName"]) == {"write_file", "replace"}
+    deny = next(r for r in rules if r["decision"] == "deny")
+    assert "run_shell_command" in deny["toolName"] and "argsPattern" not in deny
+
+
+def _gemini_args(path: str) -> str:
+    # Gemini's policy engine matches the tool arguments as compact JSON text.
+    return json.dumps({"content": "x", "file_path": path}, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("weird", ["plain", "with space", "dots.and-dash", "quote'd (x)"])
+def test_gemini_policy_allows_only_the_job_folder(tmp_path, weird):
+    job_dir = tmp_path / weird / ".reviewq" / "jobs" / "job-1"
+    spec = AttemptSpec(
+        "review", 1, 1, job_dir / "p.md", job_dir / "o.md", job_dir, job_dir / "a-1", tmp_path, "m"
+    )
+    rules = tomllib.loads(policy_text(spec))["rule"]
+    pattern = re.compile(next(r for r in rules if r["decision"] == "allow")["argsPattern"])
+    assert pattern.search(_gemini_args(f"{job_dir}/attempt-1/bundle-output.md"))
+    assert not pattern.search(_gemini_args(f"{tmp_path}/kb/notes/alpha.md"))
+    assert not pattern.search(_gemini_args(f"{job_dir}/../../../kb/notes/alpha.md"))
+    assert not pattern.search(_gemini_args(f"{job_dir}-other/x.md"))
+
+
+def test_claude_turn_budget_without_output_is_burned_out(kb2, run_cli, monkeypatch):
+    monkeypatch.setenv("FAKE_MODE", "maxturns")
+    res = run(kb2, make_job(run_cli), "claude")
+    assert res.outcome.classification == "burned-out"
+    assert res.outcome.telemetry["num_turns"] == 7
+    assert res.outcome.telemetry["error_subtype"] == "error_max_turns"
+
+
+def test_claude_cut_off_stdout_falls_back_to_the_telemetry_file(kb2, run_cli, monkeypatch):
+    monkeypatch.setenv("FAKE_MODE", "garbage")
+    res = run(kb2, make_job(run_cli), "claude")
+    assert res.outcome.classification == "output"
+    assert res.outcome.telemetry == {"num_turns": 2}
+
+
+@pytest.mark.parametrize("kind", ["claude", "codex", "gemini"])
+def test_failing_login_is_a_launch_failure(kb2, run_cli, monkeypatch, kind):
+    monkeypatch.setenv("FAKE_MODE", "crash")
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, kind)
+    assert res.outcome.classification == "launch-failure"
+    assert res.outcome.exit_code == 1
+
+
+@pytest.mark.parametrize("kind", ["claude", "codex", "gemini"])
+def test_missing_binary_is_a_launch_failure(kb2, run_cli, monkeypatch, tmp_path, kind):
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    job_id = make_job(run_cli)
+    monkeypatch.setenv("PATH", str(empty))
+    res = run(kb2, job_id, kind)
+    assert res.outcome.classification == "launch-failure"
+    assert res.outcome.exit_code is None
+    assert f"could not start {kind!r}" in res.outcome.reasons[0]
+    with Store.open(kb2.state) as s:  # not the job's fault: it is queued again
+        status = s.conn.execute("SELECT status FROM review_jobs WHERE id = ?", (job_id,))
+        assert status.fetchone()[0] == "queued"
+
+
+def test_executable_and_doctor_names(tmp_path):
+    for kind in ("claude", "codex", "gemini"):
+        plain = for_profile(ReviewerProfile(name=kind, kind=kind, model="m"))
+        assert plain.executables() == [kind]
+        custom = for_profile(ReviewerProfile(name=kind, kind=kind, model="m", executable="/x/y"))
+        assert custom.executables() == ["/x/y"]
+        spec = AttemptSpec("review", 1, 1, *(tmp_path / n for n in "poja"), tmp_path, "m")
+        assert custom.command(spec).argv[0] == "/x/y"
+    assert {"claude", "codex", "gemini", "openai"} <= set(ADAPTERS)
+
+
+BAD_STDOUT = [
+    b"",
+    b"\xff\xfe\x00garbage",
+    b'{"type":"result","num_turns":',
+    b"[1, 2, 3]",
+    b'"just a string"',
+    b'{"type":"result","num_turns":"3","usage":"x","total_cost_usd":NaN,"subtype":5}',
+    b'{"stats":{"models":{"m":{"api":[],"tokens":{"prompt":true}}}},"error":"boom"}',
+    b'{"type":"turn.completed","usage":null}\n{"type":"item.completed","item":"x"}\nnot json\n',
+    b'{"stats":{"models":[1]},"session_id":7}',
+]
+
+
+@pytest.mark.parametrize("kind", ["claude", "codex", "gemini", "openai"])
+@pytest.mark.parametrize("stdout", BAD_STDOUT)
+def test_bad_stdout_never_raises(tmp_path, kind, stdout):
+    spec = AttemptSpec(
+        "review", 1, 1, tmp_path / "p", tmp_path / "o", tmp_path, tmp_path, tmp_path, "m"
+    )
+    spec.stdout_path.write_bytes(stdout)
+    profile = ReviewerProfile(name=kind, kind=kind, model="m", base_url="http://x")
+    t = for_profile(profile).telemetry(spec)
+    for value in (t.num_turns, t.input_tokens, t.output_tokens):
+        assert value is None or (isinstance(value, int) and not isinstance(value, bool))
+    assert t.cost_usd is None or isinstance(t.cost_usd, float)
+    json.dumps(t.to_json())
+
+
+# --- openai: a real HTTP server ------------------------------------------------------------
+
+
+class FakeServer:
+    """An OpenAI-compatible /v1/chat/completions that reviews every pair of the prompt
+    with PASS (from the prompt's sentinel lines) and records each request."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.status = 200
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body}
+                )
+                if server.status != 200:
+                    # A careless server that echoes the request's headers in its error.
+                    data = f"boom: {self.headers.get('Authorization')}".encode()
+                    self.send_response(server.status)
+                elif self.path != "/v1/chat/completions":
+                    data = b"not found"
+                    self.send_response(404)
+                else:
+                    data = json.dumps(server.answer(body)).encode()
+                    self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def answer(self, body: dict) -> dict:
+        prompt = body["messages"][0]["content"]
+        blocks = [
+            f"{line}\nSummary: served.\nFindings:\n- none\n## Result: PASS\n"
+            f"{line.replace('START', 'END')}\n"
+            for line in prompt.splitlines()
+            if line.startswith("=== PAIR REVIEW START: ")
+        ]
+        return {
+            "id": "chatcmpl-fake-1",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "\n".join(blocks)}}
+            ],
+            "usage": {"prompt_tokens": 321, "completion_tokens": 45, "total_tokens": 366},
+        }
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    srv = FakeServer()
+    thread = threading.Thread(target=srv.httpd.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.httpd.shutdown()
+    srv.httpd.server_close()
+
+
+def openai_profile(kb, base_url: str, args: str = '["temperature=0", "max_tokens=2048"]') -> None:
+    kb.write(
+        "reviewq.toml",
+        PROFILES + f'\n[reviewers.local]\nkind = "openai"\nmodel = "qwen3:8b"\npartition = "fake"\n'
+        f'base_url = "{base_url}"\napi_key_env = "REVIEWQ_TEST_KEY"\ntimeout = "30s"\n'
+        f"args = {args}\n",
+    )
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
+def test_openai_reviews_a_job(kb2, run_cli, monkeypatch, server, suffix):
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    openai_profile(kb2, server.url + suffix)
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "output", res.outcome.reasons
+    assert res.outcome.telemetry == {
+        "num_turns": 1,
+        "input_tokens": 321,
+        "output_tokens": 45,
+        "session_id": "chatcmpl-fake-1",
+    }
+    assert res.ok and [p["decision"] for p in res.finalized.pairs] == ["PASS", "PASS"]
+    [req] = server.requests
+    assert req["path"] == "/v1/chat/completions"
+    assert req["headers"]["Authorization"] == f"Bearer {KEY}"
+    body = req["body"]
+    assert body["model"] == "qwen3:8b" and body["stream"] is False
+    assert (body["temperature"], body["max_tokens"]) == (0, 2048)  # profile args
+    prompt = next(kb2.state.rglob("attempt-1/prompt.md")).read_text()  # the attempt's own
+    assert body["messages"] == [{"role": "user", "content": prompt}]
+
+
+def test_openai_key_never_reaches_argv_or_command_env(kb2, monkeypatch, tmp_path):
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    profile = ReviewerProfile(
+        name="local", kind="openai", model="m", base_url="http://x", api_key_env="REVIEWQ_TEST_KEY"
+    )
+    spec = AttemptSpec("review", 1, 1, *(tmp_path / n for n in "poja"), tmp_path, "m")
+    cmd = for_profile(profile).command(spec)
+    assert KEY not in json.dumps([cmd.argv, cmd.env])
+    assert cmd.env["REVIEWQ_OPENAI_API_KEY_ENV"] == "REVIEWQ_TEST_KEY"
+    assert cmd.argv[1:3] == ["-m", "workers.openai_agent"] and cmd.cwd == tmp_path
+
+
+def test_openai_works_without_a_key(kb2, run_cli, monkeypatch, server):
+    monkeypatch.delenv("REVIEWQ_TEST_KEY", raising=False)
+    openai_profile(kb2, server.url, args="[]")
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "output", res.outcome.reasons
+    assert "Authorization" not in server.requests[0]["headers"]
+
+
+def _stderr(kb) -> str:
+    [path] = list(kb.state.rglob("stderr.log"))
+    return path.read_text()
+
+
+def test_openai_server_error_exits_nonzero_without_the_key(kb2, run_cli, monkeypatch, server):
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    server.status = 500
+    openai_profile(kb2, server.url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.exit_code == 1
+    assert res.outcome.classification == "launch-failure"  # fast, no turns: not the job's fault
+    stderr = _stderr(kb2)
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert stderr.startswith("openai reviewer: HTTP 500 from ")
+    assert KEY not in stderr and KEY not in json.dumps(res.outcome.reasons)
+    assert "Bearer ***" in stderr  # the server echoed it; the agent blanked it
+
+
+def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    openai_profile(kb2, f"http://user:pw@127.0.0.1:{port}")
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.exit_code == 1 and res.outcome.classification == "launch-failure"
+    stderr = _stderr(kb2)
+    assert stderr.startswith(f"openai reviewer: cannot reach http://127.0.0.1:{port}/v1/")
+    assert "Traceback" not in stderr and "pw" not in stderr and KEY not in stderr

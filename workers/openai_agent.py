@@ -1,0 +1,143 @@
+"""The ``openai`` reviewer as a program: ``python -m workers.openai_agent``.
+
+It sends the prompt at ``REVIEWQ_PROMPT_PATH`` as one user message to
+``{REVIEWQ_OPENAI_BASE_URL}/v1/chat/completions`` for ``REVIEWQ_MODEL``, writes the
+assistant's answer to ``REVIEWQ_OUTPUT_PATH`` and the ``usage`` to
+``REVIEWQ_TELEMETRY_PATH``. The bearer key, if any, is read from the variable named by
+``REVIEWQ_OPENAI_API_KEY_ENV`` and is never printed. Arguments ``name=value`` (the
+profile's ``args``) add fields to the request, e.g. ``temperature=0`` ``max_tokens=8192``;
+values are read as JSON when they parse, else as strings. On any failure it prints one line to
+stderr (no traceback) and exits 1, so the attempt is classified from its exit code.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+
+class AgentError(Exception):
+    pass
+
+
+def endpoint(base_url: str) -> str:
+    """``…/v1/chat/completions`` whether or not ``base_url`` already ends in ``/v1``."""
+    base = base_url.strip().rstrip("/")
+    if not base:
+        raise AgentError("no base_url configured")
+    return f"{base}/chat/completions" if base.endswith("/v1") else f"{base}/v1/chat/completions"
+
+
+def shown(url: str) -> str:
+    """The URL without any user:password@ part, for messages."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _count(usage: dict, *keys: str) -> int | None:
+    for key in keys:  # OpenAI says prompt/completion_tokens; some servers input/output_tokens
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def extra_fields(args: Sequence[str]) -> dict:
+    fields: dict = {}
+    for arg in args:
+        name, sep, value = arg.partition("=")
+        if not sep or not name:
+            raise AgentError(f"argument {arg!r} is not name=value")
+        try:
+            fields[name] = json.loads(value)
+        except ValueError:
+            fields[name] = value
+    return fields
+
+
+def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]:
+    """The assistant's message and the whole answer (for ``usage``)."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    payload = json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=payload, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(300).decode("utf-8", "replace").replace("\n", " ").strip()
+        if key:
+            detail = detail.replace(key, "***")  # a server that echoes the request
+        raise AgentError(f"HTTP {exc.code} from {shown(url)}: {detail or exc.reason}") from None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise AgentError(f"cannot reach {shown(url)}: {reason}") from None
+    try:
+        data = json.loads(raw)
+        content = data["choices"][0]["message"]["content"]
+    except (ValueError, LookupError, TypeError):
+        raise AgentError(f"{shown(url)} did not answer with a chat completion") from None
+    if not isinstance(content, str) or not content.strip():
+        raise AgentError(f"{shown(url)} answered with an empty message")
+    return content, data
+
+
+def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
+    url = endpoint(env.get("REVIEWQ_OPENAI_BASE_URL", ""))
+    key_var = env.get("REVIEWQ_OPENAI_API_KEY_ENV", "")
+    key = env.get(key_var, "") if key_var else ""
+    try:
+        prompt = Path(env["REVIEWQ_PROMPT_PATH"]).read_text(encoding="utf-8")
+    except (KeyError, OSError, UnicodeDecodeError) as exc:
+        raise AgentError(f"cannot read the prompt: {exc}") from None
+    try:
+        timeout = float(env.get("REVIEWQ_OPENAI_TIMEOUT") or 1800)
+    except ValueError:
+        raise AgentError("REVIEWQ_OPENAI_TIMEOUT is not a number of seconds") from None
+    body = {
+        "model": env.get("REVIEWQ_MODEL", ""),
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": False,
+        **extra_fields(args),
+    }
+    content, data = complete(url, body, key, timeout)
+    output = Path(env["REVIEWQ_OUTPUT_PATH"])
+    tmp = output.with_name(output.name + ".part")
+    tmp.write_text(content, encoding="utf-8")
+    tmp.replace(output)  # the output appears whole or not at all
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    telemetry = {
+        "num_turns": 1,
+        "input_tokens": _count(usage, "prompt_tokens", "input_tokens"),
+        "output_tokens": _count(usage, "completion_tokens", "output_tokens"),
+    }
+    if isinstance(data.get("id"), str):
+        telemetry["session_id"] = data["id"]
+    if env.get("REVIEWQ_TELEMETRY_PATH"):
+        Path(env["REVIEWQ_TELEMETRY_PATH"]).write_text(
+            json.dumps({k: v for k, v in telemetry.items() if v is not None}), encoding="utf-8"
+        )
+
+
+def main() -> int:
+    try:
+        run(os.environ, sys.argv[1:])
+    except AgentError as exc:
+        print(f"openai reviewer: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # writing the output or telemetry
+        print(f"openai reviewer: cannot write: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The ``openai`` kind: one POST to an OpenAI-compatible ``/v1/chat/completions`` (ollama,
+llama.cpp, vLLM), made by ``python -m workers.openai_agent`` as a subprocess so deadlines,
+process-group kills and classification work exactly as for every other kind (SPEC §8)."""
+
+from __future__ import annotations
+
+import sys
+
+from .base import AttemptSpec, Command, Reviewer
+
+
+class OpenAIReviewer(Reviewer):
+    kind = "openai"
+
+    def command(self, spec: AttemptSpec) -> Command:
+        env = {
+            **self.profile.env,
+            "REVIEWQ_OPENAI_BASE_URL": self.profile.base_url,
+            # The *name* of the variable holding the key: the key itself never goes through
+            # reviewq's argv, logs or telemetry; the agent reads it from its environment.
+            "REVIEWQ_OPENAI_API_KEY_ENV": self.profile.api_key_env,
+            "REVIEWQ_OPENAI_TIMEOUT": str(self.profile.timeout),
+        }
+        return Command(
+            # profile args are name=value fields added to the request (see the agent)
+            argv=[sys.executable, "-m", "workers.openai_agent", *self.profile.args],
+            env=env,
+            cwd=spec.root,
+        )
