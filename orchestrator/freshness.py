@@ -74,22 +74,22 @@ class NoteComparison:
 
 def judge(
     gate: Gate,
-    current_text: str,
-    accepted_note_text: str | None,
+    note_snapshot_present: bool,
     gate_text_same: bool | None,
+    note_text_same: bool,
     compare: Callable[[], NoteComparison],
 ) -> Verdict:
     """One pair's verdict, rules 1-4 of SPEC §3 in order.
 
-    ``accepted_note_text`` None: no acceptance or its note snapshot is gone;
+    ``note_snapshot_present`` False: no acceptance, or its note snapshot is gone;
     ``gate_text_same`` None: its gate snapshot is gone. ``compare`` builds (or fetches
     from a cache) the region comparison, needed only when the note text differs.
     """
-    if accepted_note_text is None or gate_text_same is None:
+    if not note_snapshot_present or gate_text_same is None:
         return Verdict(MISSING)
     if not gate_text_same:
         return Verdict(GATE_CHANGED)
-    if accepted_note_text == current_text:
+    if note_text_same:
         return FRESH
     return compare().verdict(gate)
 

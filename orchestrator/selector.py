@@ -156,7 +156,18 @@ def select(
     if model is None:
         _coverage(sel, store, notes, gates, kb, wanted)
     else:
-        _freshness(sel, store, kb, notes, uncond, cond, model, wanted, diffs)
+        _freshness(
+            sel,
+            store,
+            kb,
+            notes,
+            uncond,
+            cond,
+            model,
+            wanted,
+            diffs,
+            note_paths is not None or current,
+        )
     sel.targets.sort(key=lambda t: (t.note_path, t.gate_id))
     if key is not None:
         sel.json_bytes = json.dumps(sel.to_json(), ensure_ascii=False).encode("utf-8")
@@ -206,6 +217,7 @@ class _Candidate:
     note_snap: int
     gate_snap: int
     gate_fresh: bool
+    note_same: bool
 
 
 def _freshness(
@@ -218,50 +230,68 @@ def _freshness(
     model: str,
     wanted: set[str],
     diffs: bool,
+    note_filter: bool,
 ) -> None:
     by_path = {n.path: n for n in notes}
     gates_by_id = {g.gate_id: g for g in (*uncond, *cond)}
     cur_snaps = store.snapshot_ids((n.path, n.sha256) for n in notes)
+    cur = {n.path: cur_snaps.get((n.path, n.sha256), -1) for n in notes}
     gate_snaps = store.snapshot_ids_by_sha(g.sha256 for g in gates_by_id.values())
     fresh_gate_snaps = {
         (g.gate_id, sid) for g in gates_by_id.values() for sid in gate_snaps.get(g.sha256, ())
     }
     candidates: list[_Candidate] = []
 
+    def candidate(note: Note, gate: Gate, note_snap: int, gate_snap: int) -> None:
+        fresh_gate = (gate.gate_id, gate_snap) in fresh_gate_snaps
+        if note_snap == cur[note.path] and fresh_gate:
+            sel.counts["fresh"] += 1
+        else:
+            candidates.append(
+                _Candidate(
+                    note, gate, note_snap, gate_snap, fresh_gate, note_snap == cur[note.path]
+                )
+            )
+
     def missing(note: Note, gate: Gate) -> None:
         _emit(sel, note, gate, Verdict(MISSING), wanted, None)
 
-    # Unconditional gates: counted and filtered in one SQL scan.
+    # Unconditional gates: one aggregated pass; only notes that are not wholly fresh
+    # (or not wholly covered) are looked at row by row.
     if uncond:
-        uncond_ids = [g.gate_id for g in uncond]
+        uncond_by_id = {g.gate_id: g for g in uncond}
         seen: set[str] = set()
         scan = store.scan_acceptance(
             model,
-            [(n.path, cur_snaps.get((n.path, n.sha256), -1)) for n in notes],
-            uncond_ids,
-            sorted(fresh_gate_snaps),
+            list(uncond_by_id),
+            sorted({sid for _, sid in fresh_gate_snaps}),
+            [n.path for n in notes] if note_filter else None,
         )
-        for note_path, rows, stale in scan:
+        for note_path, rows, min_snap, max_snap, stale in scan:
+            note = by_path.get(note_path)
+            if note is None:
+                continue  # accepted once, but no longer a note (or filtered out by --current)
             seen.add(note_path)
-            note = by_path[note_path]
-            stale_records = stale.split("\x1e") if stale else []
-            sel.counts["fresh"] += rows - len(stale_records)
-            for rec in stale_records:
-                gate_id, note_snap, gate_snap, gate_fresh = rec.split("\x1f")
-                candidates.append(
-                    _Candidate(
-                        note,
-                        gates_by_id[gate_id],
-                        int(note_snap),
-                        int(gate_snap),
-                        gate_fresh == "1",
+            if rows == len(uncond_by_id) and min_snap == max_snap == cur[note_path]:
+                stale_records = stale.split("\x1e") if stale else []
+                sel.counts["fresh"] += rows - len(stale_records)
+                for rec in stale_records:
+                    gate_id, gate_snap = rec.split("\x1f")
+                    candidates.append(
+                        _Candidate(
+                            note, uncond_by_id[gate_id], min_snap, int(gate_snap), False, True
+                        )
                     )
-                )
-            if rows < len(uncond_ids):
-                accepted = store.accepted_gate_ids(model, note_path)
-                for gate in uncond:
-                    if gate.gate_id not in accepted:
-                        missing(note, gate)
+                continue
+            accepted = set()
+            for gate_id, note_snap, gate_snap in store.acceptance_rows(model, note_path):
+                gate = uncond_by_id.get(gate_id)
+                if gate is not None:
+                    accepted.add(gate_id)
+                    candidate(note, gate, note_snap, gate_snap)
+            for gate in uncond:
+                if gate.gate_id not in accepted:
+                    missing(note, gate)
         for note in notes:
             if note.path not in seen:
                 for gate in uncond:
@@ -280,17 +310,8 @@ def _freshness(
                 acc = accs.get((note.path, gate.gate_id))
                 if acc is None:
                     missing(note, gate)
-                    continue
-                cur = cur_snaps.get((note.path, note.sha256), -1)
-                gate_fresh = (gate.gate_id, acc.gate_snapshot_id) in fresh_gate_snaps
-                if acc.note_snapshot_id == cur and gate_fresh:
-                    sel.counts["fresh"] += 1
                 else:
-                    candidates.append(
-                        _Candidate(
-                            note, gate, acc.note_snapshot_id, acc.gate_snapshot_id, gate_fresh
-                        )
-                    )
+                    candidate(note, gate, acc.note_snapshot_id, acc.gate_snapshot_id)
 
     _judge_candidates(sel, store, candidates, wanted, diffs)
 
@@ -298,13 +319,20 @@ def _freshness(
 def _judge_candidates(
     sel: Selection, store: Store, candidates: list[_Candidate], wanted: set[str], diffs: bool
 ) -> None:
-    texts = store.snapshot_texts(
+    existing = store.existing_snapshots(
         {c.note_snap for c in candidates} | {c.gate_snap for c in candidates}
+    )
+    # Old note texts are needed only where the note changed under a current gate.
+    texts = store.snapshot_texts(
+        {
+            c.note_snap
+            for c in candidates
+            if c.gate_fresh and not c.note_same and c.note_snap in existing
+        }
     )
     comparisons: dict[tuple[str, int], NoteComparison] = {}
     diff_cache: dict[tuple[str, int], str] = {}
     for c in candidates:
-        old_text = texts.get(c.note_snap)
         key = (c.note.path, c.note_snap)
 
         def compare(c: _Candidate = c, key: tuple[str, int] = key) -> NoteComparison:
@@ -312,12 +340,17 @@ def _judge_candidates(
                 comparisons[key] = NoteComparison(_parse_old(texts[c.note_snap]), c.note.parsed())
             return comparisons[key]
 
-        gate_same = None if c.gate_snap not in texts else c.gate_fresh
-        verdict = judge(c.gate, c.note.text, old_text, gate_same, compare)
+        verdict = judge(
+            c.gate,
+            c.note_snap in existing,
+            c.gate_fresh if c.gate_snap in existing else None,
+            c.note_same,
+            compare,
+        )
         diff = None
         if verdict.reason == NOTE_CHANGED and diffs and NOTE_CHANGED in wanted:
             if key not in diff_cache:
-                diff_cache[key] = make_diff(c.note.path, old_text or "", c.note.text)
+                diff_cache[key] = make_diff(c.note.path, texts.get(c.note_snap, ""), c.note.text)
             diff = diff_cache[key]
         _emit(sel, c.note, c.gate, verdict, wanted, diff)
 

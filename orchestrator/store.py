@@ -239,53 +239,71 @@ class Store:
     def scan_acceptance(
         self,
         model_partition: str,
-        notes: Sequence[tuple[str, int]],
         gates: Sequence[str],
-        fresh_gate_snaps: Sequence[tuple[str, int]],
-    ) -> Iterator[tuple[str, int, str | None]]:
-        """Per note with any acceptance among ``gates``: (note_path, rows, not-fresh rows).
+        fresh_gate_snaps: Sequence[int],
+        notes: Sequence[str] | None = None,
+    ) -> Iterator[tuple[str, int, int, int, str | None]]:
+        """Per note with acceptance among ``gates``: (note_path, rows, min and max note
+        snapshot id, the rows whose gate snapshot is not current as ``gate_id US
+        gate_snap`` records joined by RS).
 
-        ``notes`` pairs each note with the snapshot id of its current text (-1 if none);
-        ``fresh_gate_snaps`` lists the snapshot ids holding each gate's current text. The
-        fresh rows, the bulk of a nightly KB, are only counted, inside SQLite; the others
-        come back joined by ASCII separators as ``gate_id US note_snap US gate_snap US
-        gate_fresh`` records separated by RS, to be judged one by one.
+        One pass over the partition with no join: when min = max = the note's current
+        snapshot, every row's note text is current and only the listed gate rows are
+        stale. That is the bulk of a nightly KB, and it never becomes Python objects.
+        ``notes`` limits the scan to some notes (``--note``).
         """
         c = self.conn
         c.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS scan_notes (path TEXT PRIMARY KEY, snap INTEGER) WITHOUT ROWID"
-        )
-        c.execute(
             "CREATE TEMP TABLE IF NOT EXISTS scan_gates (gate_id TEXT PRIMARY KEY) WITHOUT ROWID"
         )
+        c.execute("CREATE TEMP TABLE IF NOT EXISTS scan_fresh (snap INTEGER PRIMARY KEY)")
         c.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS scan_gate_snaps "
-            "(gate_id TEXT, snap INTEGER, PRIMARY KEY (gate_id, snap)) WITHOUT ROWID"
+            "CREATE TEMP TABLE IF NOT EXISTS scan_notes (path TEXT PRIMARY KEY) WITHOUT ROWID"
         )
-        for table in ("scan_notes", "scan_gates", "scan_gate_snaps"):
+        for table in ("scan_gates", "scan_fresh", "scan_notes"):
             c.execute(f"DELETE FROM temp.{table}")
-        c.executemany("INSERT INTO temp.scan_notes VALUES (?, ?)", notes)
         c.executemany("INSERT INTO temp.scan_gates VALUES (?)", ((g,) for g in gates))
-        c.executemany("INSERT OR IGNORE INTO temp.scan_gate_snaps VALUES (?, ?)", fresh_gate_snaps)
+        c.executemany(
+            "INSERT OR IGNORE INTO temp.scan_fresh VALUES (?)", ((s,) for s in fresh_gate_snaps)
+        )
+        where = ""
+        if notes is not None:
+            c.executemany("INSERT OR IGNORE INTO temp.scan_notes VALUES (?)", ((n,) for n in notes))
+            where = " AND note_path IN temp.scan_notes"
         cur = c.execute(
-            """
-            SELECT a.note_path, count(*),
-                   group_concat(
-                     CASE WHEN a.note_snapshot_id = n.snap AND g.snap IS NOT NULL THEN NULL
-                     ELSE a.gate_id || char(31) || a.note_snapshot_id || char(31)
-                          || a.gate_snapshot_id || char(31) || (g.snap IS NOT NULL) END,
-                     char(30))
-            FROM acceptance a
-            JOIN temp.scan_notes n ON n.path = a.note_path
-            JOIN temp.scan_gates s ON s.gate_id = a.gate_id
-            LEFT JOIN temp.scan_gate_snaps g ON g.gate_id = a.gate_id AND g.snap = a.gate_snapshot_id
-            WHERE a.model_partition = ?
-            GROUP BY a.note_path
-            """,
+            "SELECT note_path, count(*), min(note_snapshot_id), max(note_snapshot_id), "
+            "group_concat(CASE WHEN gate_snapshot_id IN temp.scan_fresh THEN NULL "
+            "ELSE gate_id || char(31) || gate_snapshot_id END, char(30)) "
+            "FROM acceptance WHERE model_partition = ? AND gate_id IN temp.scan_gates"
+            + where
+            + " GROUP BY note_path",
             (model_partition,),
         )
         cur.row_factory = None
         yield from cur
+
+    def acceptance_rows(self, model_partition: str, note_path: str) -> list[tuple[str, int, int]]:
+        """(gate_id, note snapshot id, gate snapshot id) of one note's acceptance."""
+        return [
+            (r[0], r[1], r[2])
+            for r in self.conn.execute(
+                "SELECT gate_id, note_snapshot_id, gate_snapshot_id FROM acceptance "
+                "WHERE model_partition = ? AND note_path = ?",
+                (model_partition, note_path),
+            )
+        ]
+
+    def existing_snapshots(self, ids: Iterable[int]) -> set[int]:
+        out: set[int] = set()
+        ids = list(set(ids))
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            out.update(
+                r[0]
+                for r in self.conn.execute(f"SELECT id FROM snapshots WHERE id IN ({marks})", chunk)
+            )
+        return out
 
     def accepted_gate_ids(self, model_partition: str, note_path: str) -> set[str]:
         return {
