@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fixes import render_fix_prompt
 from .jobs import load_job_items, render_job_prompt
-from .prompts import render_retry
+from .prompts import render_retry, template
 from .reports import write_job_files
 from .store import Store, utcnow
 
@@ -83,15 +84,26 @@ def open_attempt(
         ).fetchone()
     attempt_dir = folder / f"attempt-{attempt}"
     attempt_dir.mkdir(parents=True, exist_ok=True)
-    output = attempt_dir / "bundle-output.md"
-    items = load_job_items(store, job_id)
     retry = ""
     if previous is not None and json.loads(previous["reasons"]):
         retry = render_retry(previous["attempt"], json.loads(previous["reasons"]))
-    prompt = render_job_prompt(job_id, display(root, output), items, retry)
+    if job["kind"] == "fix":
+        # A fixer's output is the whole new note, not a bundle.
+        output = attempt_dir / "fixed-note.md"
+        prompt = render_fix_prompt(store, job_id, display(root, output), retry)
+        paths = store.conn.execute(
+            "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
+        ).fetchall()
+        guarded = tuple(sorted({r[0] for r in paths} | {r[1] for r in paths}))
+    else:
+        output = attempt_dir / "bundle-output.md"
+        items = load_job_items(store, job_id)
+        if job["kind"] == "audit":
+            retry += render_audit_preamble(store, job_id)
+        prompt = render_job_prompt(job_id, display(root, output), items, retry)
+        guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
     prompt_path = attempt_dir / "prompt.md"
     prompt_path.write_text(prompt, encoding="utf-8")
-    guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
     return OpenedAttempt(
         job_id,
         attempt,
@@ -103,6 +115,20 @@ def open_attempt(
         output,
         guarded,
     )
+
+
+def render_audit_preamble(store: Store, job_id: int) -> str:
+    """The audit instruction with the PASS rationales the auditor is asked to refute."""
+    rows = store.conn.execute(
+        "SELECT a.note_path, a.gate_id, o.rationale FROM review_pairs a JOIN review_jobs j ON j.id = a.job_id "
+        "JOIN review_pairs o ON o.job_id = j.source_job_id AND o.note_path = a.note_path AND o.gate_id = a.gate_id "
+        "WHERE a.job_id = ? ORDER BY a.id",
+        (job_id,),
+    ).fetchall()
+    rationales = "\n".join(
+        f"- `{r[0]}` against `{r[1]}`: " + " ".join((r[2] or "").split())[:800] for r in rows
+    )
+    return template("audit").substitute(rationales=rationales)
 
 
 def record_end(

@@ -15,6 +15,7 @@ from . import logs
 from .acceptance import AckError, ack, warn_queue
 from .attempts import AttemptError
 from .config import ConfigError
+from .cycles import DecideError, record_decisions
 from .finalize import (
     FinalizeError,
     Provenance,
@@ -42,6 +43,7 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
     AckError,
     AttemptError,
     ReportError,
+    DecideError,
 )
 
 
@@ -333,7 +335,13 @@ def finalize_cmd(
     )
     output = read_output(job_dir / "bundle-output.md", ws.settings.max_output_bytes)
     result = finalize(
-        store, ws.state_dir, job_id, output, provenance=prov, max_bytes=ws.settings.max_output_bytes
+        store,
+        ws.state_dir,
+        job_id,
+        output,
+        provenance=prov,
+        max_bytes=ws.settings.max_output_bytes,
+        within=record_decisions,
     )
     if as_json:
         emit_json(result.to_json())

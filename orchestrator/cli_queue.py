@@ -115,9 +115,6 @@ def enqueue_cmd(
     Example:
       reviewq enqueue prose --reviewer claude --fix
     """
-    from workers.app import make_app
-    from workers.tasks import send
-
     from .sweeps import enqueue
 
     req = _request(
@@ -136,14 +133,7 @@ def enqueue_cmd(
         "enqueue",
     )
     res = enqueue(ws, req)
-    make_app(ws.settings)
-    try:
-        send("dispatch")
-    except Exception as exc:  # the jobs are recorded; the control's next tick dispatches them
-        click.echo(
-            f"warning: could not nudge the control queue ({exc}); jobs wait for its next tick",
-            err=True,
-        )
+    _nudge(ws)
     if as_json:
         emit_json(
             {
@@ -482,3 +472,94 @@ def doctor_cmd(ws: Workspace) -> None:
     if problems:
         raise Refused(f"{problems} problem(s)")
     warn([])
+
+
+@cli.command("escalations")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@refuse_domain_errors
+def escalations_cmd(ws: Workspace, as_json: bool) -> None:
+    """The human's queue: pairs rejected three times (or refuted by an audit), with reports.
+
+    \b
+    Example:
+      reviewq escalations
+    """
+    from .cycles import open_escalations
+
+    items = open_escalations(ws.read_store())
+    if as_json:
+        emit_json({"escalations": [e.to_json() for e in items]})
+        return
+    for e in items:
+        report = ws.state_dir / e.report_path
+        click.echo(
+            f"escalation {e.id}: {e.note_path}  {e.gate_id}  ({e.model_partition}, {e.cycles} cycle(s))"
+        )
+        try:
+            head = report.read_text(encoding="utf-8").splitlines()[:3]
+        except OSError:
+            head = [f"(report missing: {report})"]
+        for line in head:
+            click.echo(f"    {line}")
+        click.echo(f"    report: {report}")
+    click.echo(f"{len(items)} open escalation(s)")
+
+
+@cli.command("decide")
+@click.argument("escalation_id", type=int)
+@click.argument("decision", type=click.Choice(["approve", "redo", "reject"]))
+@click.option("--feedback", default=None, help="Concrete asks (required for redo; kept verbatim).")
+@click.pass_obj
+@refuse_domain_errors
+def decide_cmd(ws: Workspace, escalation_id: int, decision: str, feedback: str | None) -> None:
+    """Answer an escalation: approve (accept as is), redo (fix with your asks), reject.
+
+    \b
+    Example:
+      reviewq decide 3 redo --feedback "Say what 'OA' stands for in the first paragraph."
+    """
+    from .cycles import decide
+    from .followup import FollowUp
+    from .kb import NoteParseError
+
+    store = ws.store
+    row = store.conn.execute(
+        "SELECT note_path, gate_id FROM escalations WHERE id = ?", (escalation_id,)
+    ).fetchone()
+    note_text = gate = None
+    if row is not None:
+        try:
+            note_text = ws.kb.read_note(ws.kb.check_rel(row["note_path"])).text
+        except (OSError, NoteParseError):
+            note_text = None
+        gate = ws.catalog().get(row["gate_id"])
+    esc = decide(store, escalation_id, decision, feedback, note_text, gate)
+    if decision == "redo":
+        job_id = FollowUp(ws).redo(esc, feedback or "")
+        _nudge(ws)
+        click.echo(
+            f"redo: fix job {job_id} queued for {esc['note_path']} with your asks"
+            if job_id
+            else f"redo: no fix job queued ({esc['note_path']} has an open fix job or no FAIL left)"
+        )
+    elif decision == "approve":
+        click.echo(f"approved: {esc['note_path']} {esc['gate_id']} (recorded as a human review)")
+    else:
+        click.echo(
+            f"rejected: {esc['note_path']} {esc['gate_id']} is not reviewed again until the note or gate changes"
+        )
+
+
+def _nudge(ws: Workspace) -> None:
+    from workers.app import make_app
+    from workers.tasks import send
+
+    make_app(ws.settings)
+    try:
+        send("dispatch")
+    except Exception as exc:  # the job is recorded; the control's next tick dispatches it
+        click.echo(
+            f"warning: could not nudge the control queue ({exc}); the job waits for its next tick",
+            err=True,
+        )

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from . import logs
 from .attempts import FAILED_SQL, OpenedAttempt, fail_job, open_attempt, record_end
 from .config import ReviewerProfile
+from .cycles import record_decisions
 from .finalize import FinalizeError, Provenance, finalize
 from .jobs import split_job
 from .reports import write_job_files
@@ -56,7 +57,7 @@ class Control:
 
     def held(self, ws: Workspace, partition: str) -> set[tuple[str, str]]:
         """Pairs a sweep must not enqueue: escalated pairs waiting for a human."""
-        return set()
+        return self.hooks.held(ws, partition) if self.hooks is not None else set()  # type: ignore[attr-defined]
 
     # --- dispatch ---------------------------------------------------------------------
     def paused(self) -> dict[str, str]:
@@ -124,7 +125,12 @@ class Control:
                 self.log.error("job.failed", job_id=job["id"], reviewer=name, reason=str(exc))
                 continue
             try:
-                self.send_review(self.message(opened, profile))
+                note_path = None
+                if opened.kind == "fix":
+                    note_path = self.store.conn.execute(
+                        "SELECT note_path FROM review_jobs WHERE id = ?", (job["id"],)
+                    ).fetchone()[0]
+                self.send_review(self.message(opened, profile, note_path))
             except Exception as exc:
                 # The attempt stays 'dispatched'; the reaper re-opens it when its lease runs out.
                 self.log.error(
@@ -207,6 +213,10 @@ class Control:
             self._supersede(job_id, attempt)
             return
         cls = o["classification"]
+        if cls == "reviewer-touched-kb" and self._only_our_writes(o):
+            # The only change was reviewq's own (a fix applied meanwhile): judge the output.
+            cls = "output" if o.get("output") is not None else "no-output"
+            o = {**o, "classification": cls, "reasons": []}
         record_end(
             self.store,
             job_id,
@@ -229,7 +239,27 @@ class Control:
             cost_usd=(o.get("telemetry") or {}).get("cost_usd"),
         )
         profile = self.settings.reviewers.get(job["reviewer"] or "")
-        if cls == "output":
+        if cls == "output" and job["kind"] == "fix":
+            self._reset_launch_failures(job["reviewer"])
+            problem = (
+                self.hooks.fix_output(job, o.get("output"))
+                if self.hooks is not None
+                else "no fix handler"
+            )  # type: ignore[attr-defined]
+            if problem:
+                with self.store.write():
+                    self.store.conn.execute(
+                        "UPDATE attempts SET outcome = 'invalid-output', reasons = ? WHERE job_id = ? AND attempt = ?",
+                        (json.dumps([problem]), job["id"], attempt),
+                    )
+                self._failed_attempt(job, [problem])
+            else:
+                with self.store.write():
+                    self.store.conn.execute(
+                        "UPDATE attempts SET outcome = 'finalized' WHERE job_id = ? AND attempt = ?",
+                        (job["id"], attempt),
+                    )
+        elif cls == "output":
             self._reset_launch_failures(job["reviewer"])
             self._finalize(job, attempt, o)
         elif cls == "launch-failure":
@@ -253,6 +283,7 @@ class Control:
                 self.ws.state_dir,
                 job["id"],
                 output,
+                within=record_decisions,
                 attempt=attempt,
                 provenance=Provenance(runner=job["reviewer"], telemetry=o.get("telemetry") or None),
                 max_bytes=self.settings.max_output_bytes,
@@ -373,6 +404,20 @@ class Control:
                 (utcnow(), job_id, attempt),
             )
         self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
+
+    def _only_our_writes(self, o: dict) -> bool:
+        touched = o.get("touched") or []
+        hashes = o.get("touched_hashes") or {}
+        if not touched:
+            return False
+        for path in touched:
+            sha = hashes.get(path)
+            ours = self.store.conn.execute(
+                "SELECT 1 FROM fix_writes WHERE path = ? AND sha256 = ?", (path, sha)
+            ).fetchone()
+            if ours is None:
+                return False
+        return True
 
     def _pair_count(self, job_id: int) -> int:
         return self.store.conn.execute(

@@ -9,8 +9,10 @@ regenerated from the database at any time.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import faults
 from .bundle import ExpectedPair, parse_bundle
@@ -115,6 +117,7 @@ def finalize(
     provenance: Provenance = Provenance(),
     max_bytes: int = 5 * 1024 * 1024,
     fail_on_invalid: bool = True,
+    within: Callable[[Store, Any, list[dict]], None] | None = None,
 ) -> FinalizeResult:
     """Finalize ``output`` for a job. ``attempt`` fences a queued attempt: an output from
     any attempt but the job's current one is ignored. With ``fail_on_invalid`` (the
@@ -162,7 +165,8 @@ def finalize(
                 "UPDATE review_pairs SET decision = ?, rationale = ?, decided_at = ? WHERE id = ?",
                 (r.decision, r.rationale, now, p["id"]),
             )
-            if r.decision in ACCEPTED_DECISIONS:
+            # An audit judges someone else's PASS: it records, it does not accept.
+            if r.decision in ACCEPTED_DECISIONS and job["kind"] == "review":
                 store.upsert_acceptance(
                     model_partition=job["model_partition"],
                     note_path=p["note_path"],
@@ -177,6 +181,15 @@ def finalize(
                 {"note_path": p["note_path"], "gate_id": p["gate_id"], "decision": r.decision}
             )
             faults.point("finalize.mid_transaction")
+        if within is not None:  # rejection counts change in this same transaction
+            within(
+                store,
+                job,
+                [
+                    dict(x, rationale=r.rationale)
+                    for x, r in zip(results, parsed.results, strict=True)
+                ],
+            )
         if attempt is not None:
             _mark_attempt(store, job_id, attempt, "finalized", [])
         store.conn.execute(

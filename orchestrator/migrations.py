@@ -156,4 +156,70 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        3,
+        "rejection cycles, fix and audit jobs, escalations",
+        """
+        ALTER TABLE review_jobs ADD COLUMN note_path TEXT;
+        ALTER TABLE review_jobs ADD COLUMN source_job_id INTEGER;
+        ALTER TABLE review_jobs ADD COLUMN feedback TEXT;
+        ALTER TABLE review_jobs ADD COLUMN result TEXT;
+        ALTER TABLE review_jobs ADD COLUMN review_reviewer TEXT;
+
+        -- Consecutive rejections per (note, gate, partition); reset by PASS, WARN or a
+        -- human decision, always in the transaction that records what changed it.
+        CREATE TABLE cycles (
+            model_partition TEXT NOT NULL,
+            note_path       TEXT NOT NULL,
+            gate_id         TEXT NOT NULL,
+            rejections      INTEGER NOT NULL DEFAULT 0,
+            updated_at      TEXT NOT NULL,
+            PRIMARY KEY (model_partition, note_path, gate_id)
+        ) WITHOUT ROWID;
+
+        CREATE TABLE cycle_events (
+            id              INTEGER PRIMARY KEY,
+            model_partition TEXT NOT NULL,
+            note_path       TEXT NOT NULL,
+            gate_id         TEXT NOT NULL,
+            rejection       INTEGER NOT NULL,
+            kind            TEXT NOT NULL,
+            job_id          INTEGER,
+            gist            TEXT NOT NULL,
+            at              TEXT NOT NULL
+        );
+        CREATE INDEX cycle_events_pair ON cycle_events (model_partition, note_path, gate_id, id);
+
+        CREATE TABLE escalations (
+            id              INTEGER PRIMARY KEY,
+            model_partition TEXT NOT NULL,
+            note_path       TEXT NOT NULL,
+            gate_id         TEXT NOT NULL,
+            reason          TEXT NOT NULL,
+            cycles          INTEGER NOT NULL,
+            reviewer        TEXT,
+            fixer           TEXT,
+            report_path     TEXT NOT NULL,
+            raised_at       TEXT NOT NULL,
+            decision        TEXT CHECK (decision IN ('approve', 'redo', 'reject')),
+            feedback        TEXT,
+            decided_at      TEXT,
+            note_sha256     TEXT,
+            gate_sha256     TEXT
+        );
+        CREATE INDEX escalations_open ON escalations (note_path, gate_id) WHERE decision IS NULL;
+
+        -- Note texts reviewq itself wrote (applied fixes), so an agent is not blamed for them.
+        CREATE TABLE fix_writes (
+            path    TEXT NOT NULL,
+            sha256  TEXT NOT NULL,
+            job_id  INTEGER NOT NULL,
+            at      TEXT NOT NULL,
+            PRIMARY KEY (path, sha256)
+        ) WITHOUT ROWID;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

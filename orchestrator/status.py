@@ -171,4 +171,16 @@ def summary(store: Store, since_job_id: int) -> dict:
         "attempts": attempts,
         "cost_usd": round(cost, 6),
         "failed": failed,
+        "escalations": open_escalations(store),
     }
+
+
+def open_escalations(store: Store) -> list[dict]:
+    if not _table_exists(store, "escalations"):
+        return []
+    return [
+        {"id": r[0], "note_path": r[1], "gate_id": r[2], "reason": r[3], "report_path": r[4]}
+        for r in store.conn.execute(
+            "SELECT id, note_path, gate_id, reason, report_path FROM escalations WHERE decision IS NULL ORDER BY id"
+        )
+    ]

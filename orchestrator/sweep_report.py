@@ -72,5 +72,11 @@ def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
     )
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
+    if s.get("escalations"):
+        console.print(
+            f"{len(s['escalations'])} escalation(s) wait for a person (reviewq escalations):"
+        )
+        for e in s["escalations"][:20]:
+            console.print(f"  {e['id']}: {e['note_path']}  {e['gate_id']}  ({e['reason']})")
     for name, until in out.paused.items():
         console.print(f"reviewer {name} is paused until {until}")

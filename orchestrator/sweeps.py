@@ -14,6 +14,7 @@ from huey import crontab
 
 from . import logs
 from .config import ConfigError, SweepConfig
+from .followup import FollowUp
 from .jobs import CreatedJob, Skipped, create_jobs
 from .selector import select
 from .store import utcnow
@@ -71,9 +72,12 @@ class EnqueueResult:
 HeldPairs = Callable[[Workspace, str], set[tuple[str, str]]]
 
 
-def enqueue(ws: Workspace, req: SweepRequest, held: HeldPairs | None = None) -> EnqueueResult:
+def enqueue(
+    ws: Workspace, req: SweepRequest, held: HeldPairs | None = None, run_id: int | None = None
+) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
-    running, and pairs held for a human (escalated), are skipped and counted."""
+    running, and pairs held for a human (escalated), are skipped and counted. With
+    ``run_id`` the jobs join that run (the next bundle of a sequential sweep)."""
     profile = ws.settings.reviewer(req.reviewer)
     for role in (req.fixer, req.auditor):
         if role:
@@ -92,25 +96,30 @@ def enqueue(ws: Workspace, req: SweepRequest, held: HeldPairs | None = None) -> 
     )
     store = ws.store
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
-    with store.write():
-        run_id = store.conn.execute(
-            "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) VALUES (?, ?, ?, ?, ?) "
-            "RETURNING id",
-            (req.name, req.trigger, json.dumps(options), req.budget_usd, utcnow()),
-        ).fetchone()[0]
-        # Work left queued by an earlier run of this sweep belongs to this run now, so it
-        # is dispatched under this run's budget instead of the exhausted one.
-        store.conn.execute(
-            "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued'",
-            (run_id, req.name),
-        )
-    exclude = held(ws, profile.partition) if held else set()
+    if run_id is None:
+        with store.write():
+            run_id = store.conn.execute(
+                "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) "
+                "VALUES (?, ?, ?, ?, ?) RETURNING id",
+                (req.name, req.trigger, json.dumps(options), req.budget_usd, utcnow()),
+            ).fetchone()[0]
+            # Work left queued by an earlier run of this sweep belongs to this run now, so
+            # it is dispatched under this run's budget instead of the exhausted one.
+            store.conn.execute(
+                "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued'",
+                (run_id, req.name),
+            )
+    exclude = (held or FollowUp(ws).held)(ws, profile.partition)
+    targets = [t.to_json() for t in selection.targets]
+    waiting: list[Skipped] = []
+    if req.sequential:
+        targets, waiting = _sequential(ws, profile.partition, req, targets)
     batch = create_jobs(
         ws.kb,
         ws.catalog(),
         store,
         ws.state_dir,
-        [t.to_json() for t in selection.targets],
+        targets,
         model_partition=profile.partition,
         grouping=req.grouping,
         batch_size=req.batch_size,
@@ -118,6 +127,7 @@ def enqueue(ws: Workspace, req: SweepRequest, held: HeldPairs | None = None) -> 
         sweep=req.name,
         exclude=exclude,
     )
+    batch.skipped.extend(waiting)
     ids = [j.review_job_id for j in batch.jobs]
     with store.write():
         store.conn.executemany(
@@ -142,6 +152,51 @@ def enqueue(ws: Workspace, req: SweepRequest, held: HeldPairs | None = None) -> 
     for p in selection.problems:
         logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
     return EnqueueResult(run_id, profile.partition, batch.jobs, batch.skipped, counts)
+
+
+def _sequential(
+    ws: Workspace, partition: str, req: SweepRequest, targets: list[dict]
+) -> tuple[list[dict], list[Skipped]]:
+    """Keep, per note, only the pairs of its first bundle that is not yet fresh with no
+    FAIL; the later bundles wait (SPEC §7). Bundles are taken in the order named."""
+    cat = ws.catalog()
+    order: list[str] = []
+    for sel in req.selectors or tuple(cat.lenses):
+        lens = sel.split("/")[0]
+        if lens not in order:
+            order.append(lens)
+    if req.all_gates:
+        order += [lens for lens in cat.lenses if lens not in order]
+    stale_lenses: dict[str, set[str]] = {}
+    for t in targets:
+        stale_lenses.setdefault(t["note_path"], set()).add(t["lens"])
+    fails: dict[str, set[str]] = {}
+    for note_path, gate_id in ws.store.conn.execute(
+        "SELECT note_path, gate_id FROM acceptance WHERE model_partition = ? AND decision = 'FAIL'",
+        (partition,),
+    ):
+        fails.setdefault(note_path, set()).add(gate_id.split("/")[0])
+    keep, waiting = [], []
+    for t in targets:
+        note = t["note_path"]
+        blocked_by = next(
+            (
+                lens
+                for lens in order[: order.index(t["lens"])]
+                if t["lens"] in order
+                and (lens in stale_lenses.get(note, set()) or lens in fails.get(note, set()))
+            ),
+            None,
+        )
+        if blocked_by is None:
+            keep.append(t)
+        else:
+            waiting.append(
+                Skipped(
+                    note, t["gate_id"], f"waits for bundle {blocked_by} to be fresh with no FAIL"
+                )
+            )
+    return keep, waiting
 
 
 # --- cron ------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class AttemptOutcome:
     reasons: list[str] = field(default_factory=list)
     telemetry: dict = field(default_factory=dict)
     touched: list[str] = field(default_factory=list)
+    touched_hashes: dict[str, str] = field(default_factory=dict)  # path -> sha256 after the run
     exited_at: float = 0.0  # time.time() when the process was seen to end
 
 
@@ -194,6 +195,7 @@ def run_attempt(
     out.output = read_output(spec.output_path, max_output_bytes)
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
+    out.touched_hashes = {p: after[p] for p in out.touched}
     turns = telemetry.num_turns
     if out.touched:
         out.classification = TOUCHED_KB

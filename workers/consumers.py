@@ -15,6 +15,7 @@ from huey.consumer import Consumer
 
 from orchestrator import logs
 from orchestrator.control import Control
+from orchestrator.followup import FollowUp
 from orchestrator.workspace import Workspace
 
 from . import tasks
@@ -68,7 +69,7 @@ def run_control(ws: Workspace) -> None:
     lock = _lock(ws.state_dir)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     app = make_app(settings)
-    control = Control(ws, send_review=lambda msg: tasks.send("run_review", msg))
+    control = Control(ws, send_review=lambda msg: tasks.send("run_review", msg), hooks=FollowUp(ws))
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
     consumer = Consumer(

@@ -1,0 +1,341 @@
+"""SPEC §7: rejection cycles, escalations and human decisions.
+
+A rejection is a FAIL for (note, gate, partition). The count of consecutive rejections is
+updated in the same transaction as the decision that changes it (:func:`record_decisions`
+runs inside finalize's transaction); PASS, WARN and human decisions reset it. The third
+rejection escalates instead of starting another fix. An escalation is a row plus a
+gate-review report a person can vote on after three lines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import logs
+from .kb import sha256_bytes
+from .reports import atomic_write
+from .store import Store, utcnow
+
+ESCALATE_AT = 3
+DECISIONS = ("approve", "redo", "reject")
+
+
+class DecideError(ValueError):
+    """A decision that cannot be taken (unknown or closed escalation, bad call)."""
+
+
+def gist(rationale: str | None, limit: int = 140) -> str:
+    """The first finding of a rationale (``- severity: text``), else its first line."""
+    lines = [ln.strip() for ln in (rationale or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("- ") and ln[2:].strip().lower() not in ("none", "none."):
+            text = ln[2:]
+            return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = lines[0] if lines else "no rationale given"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def count(store: Store, partition: str, note_path: str, gate_id: str) -> int:
+    row = store.conn.execute(
+        "SELECT rejections FROM cycles WHERE model_partition = ? AND note_path = ? AND gate_id = ?",
+        (partition, note_path, gate_id),
+    ).fetchone()
+    return row[0] if row else 0
+
+
+def reset(store: Store, partition: str, note_path: str, gate_id: str) -> None:
+    store.conn.execute(
+        "INSERT INTO cycles VALUES (?, ?, ?, 0, ?) ON CONFLICT (model_partition, note_path, gate_id) "
+        "DO UPDATE SET rejections = 0, updated_at = excluded.updated_at",
+        (partition, note_path, gate_id, utcnow()),
+    )
+
+
+def reject(
+    store: Store,
+    partition: str,
+    note_path: str,
+    gate_id: str,
+    kind: str,
+    job_id: int | None,
+    why: str,
+) -> int:
+    """One more rejection (inside the caller's transaction); returns the new count."""
+    n = store.conn.execute(
+        "INSERT INTO cycles VALUES (?, ?, ?, 1, ?) ON CONFLICT (model_partition, note_path, gate_id) "
+        "DO UPDATE SET rejections = rejections + 1, updated_at = excluded.updated_at RETURNING rejections",
+        (partition, note_path, gate_id, utcnow()),
+    ).fetchone()[0]
+    store.conn.execute(
+        "INSERT INTO cycle_events (model_partition, note_path, gate_id, rejection, kind, job_id, gist, at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (partition, note_path, gate_id, n, kind, job_id, why, utcnow()),
+    )
+    return n
+
+
+def record_decisions(store: Store, job, results: list[dict]) -> None:
+    """Inside finalize's transaction: FAIL counts a rejection, PASS and WARN reset the count.
+    Audit jobs judge a PASS, not the note's history, and leave counts alone."""
+    if job["kind"] != "review":
+        return
+    for r in results:
+        if r["decision"] == "FAIL":
+            reject(
+                store,
+                job["model_partition"],
+                r["note_path"],
+                r["gate_id"],
+                "review-fail",
+                job["id"],
+                gist(r.get("rationale")),
+            )
+        elif r["decision"] in ("PASS", "WARN"):
+            reset(store, job["model_partition"], r["note_path"], r["gate_id"])
+
+
+# --- escalations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Escalation:
+    id: int
+    note_path: str
+    gate_id: str
+    model_partition: str
+    reason: str
+    cycles: int
+    report_path: str
+    decision: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "note_path": self.note_path,
+            "gate_id": self.gate_id,
+            "model_partition": self.model_partition,
+            "reason": self.reason,
+            "cycles": self.cycles,
+            "report_path": self.report_path,
+        }
+
+
+def is_open(store: Store, partition: str, note_path: str, gate_id: str) -> bool:
+    return (
+        store.conn.execute(
+            "SELECT 1 FROM escalations WHERE model_partition = ? AND note_path = ? AND gate_id = ? "
+            "AND decision IS NULL",
+            (partition, note_path, gate_id),
+        ).fetchone()
+        is not None
+    )
+
+
+def escalate(
+    store: Store,
+    state_dir: Path,
+    root: Path,
+    *,
+    partition: str,
+    note_path: str,
+    gate_id: str,
+    reason: str,
+    reviewer: str | None,
+    fixer: str | None,
+    material: list[str],
+    recommend: str,
+) -> int | None:
+    """Raise an escalation (one open escalation per pair) and write its report."""
+    if is_open(store, partition, note_path, gate_id):
+        return None
+    n = count(store, partition, note_path, gate_id)
+    with store.write():
+        esc_id = store.conn.execute(
+            "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, fixer, "
+            "report_path, raised_at) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?) RETURNING id",
+            (partition, note_path, gate_id, reason, n, reviewer, fixer, utcnow()),
+        ).fetchone()[0]
+        rel = f"escalations/escalation-{esc_id}.md"
+        store.conn.execute("UPDATE escalations SET report_path = ? WHERE id = ?", (rel, esc_id))
+    atomic_write(state_dir / rel, report(store, esc_id, material, recommend))
+    logs.get().warning(
+        "escalation.raised",
+        escalation_id=esc_id,
+        note_path=note_path,
+        gate_id=gate_id,
+        model_partition=partition,
+        reason=reason,
+        cycles=n,
+        report_path=str(state_dir / rel),
+    )
+    return esc_id
+
+
+def report(store: Store, esc_id: int, material: list[str], recommend: str) -> str:
+    """The gate-review report (SPEC §7): three lines in, a person can vote."""
+    e = store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
+    events = store.conn.execute(
+        "SELECT rejection, kind, job_id, gist FROM cycle_events WHERE model_partition = ? AND note_path = ? "
+        "AND gate_id = ? ORDER BY id DESC LIMIT ?",
+        (e["model_partition"], e["note_path"], e["gate_id"], max(e["cycles"], 1)),
+    ).fetchall()
+    cycles = [
+        f"- Cycle {i}: FAIL — {ev['gist']}" + (f" (job {ev['job_id']})" if ev["job_id"] else "")
+        for i, ev in enumerate(reversed(events), 1)
+    ] or ["- (no rejection cycles: " + e["reason"] + ")"]
+    lines = [
+        f"Gate review: {e['note_path']} — {e['gate_id']}",
+        f"Recommend reject: {recommend.rstrip('.')}.",
+        f"Cycles ({e['cycles']} consecutive rejection(s) in partition {e['model_partition']}):",
+        *cycles,
+        "",
+        "Material:",
+        *(f"- {m}" for m in material),
+        "",
+        f"Assessment: {e['reason']}; reviewer {e['reviewer'] or '-'}, fixer {e['fixer'] or '-'}.",
+        f"Decision: `reviewq decide {esc_id} approve` accepts the note as it is for {e['gate_id']} "
+        f'(recorded as a human review); `reviewq decide {esc_id} redo --feedback "..."` queues a fix '
+        "with your concrete asks and starts a fresh count; `reviewq decide "
+        f"{esc_id} reject` stops reviewing this pair until the note or the gate changes.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def open_escalations(store: Store) -> list[Escalation]:
+    return [
+        Escalation(
+            r["id"],
+            r["note_path"],
+            r["gate_id"],
+            r["model_partition"],
+            r["reason"],
+            r["cycles"],
+            r["report_path"],
+        )
+        for r in store.conn.execute("SELECT * FROM escalations WHERE decision IS NULL ORDER BY id")
+    ]
+
+
+def held_pairs(
+    store: Store, partition: str, current_sha: dict[tuple[str, str], tuple[str | None, str | None]]
+) -> set[tuple[str, str]]:
+    """Pairs sweeps must not enqueue: open escalations, and rejected ones whose note and
+    gate are unchanged since the decision. ``current_sha`` maps (note, gate) to the
+    current (note sha, gate sha) for the rejected pairs asked about."""
+    held = {
+        (r[0], r[1])
+        for r in store.conn.execute(
+            "SELECT note_path, gate_id FROM escalations WHERE model_partition = ? AND decision IS NULL",
+            (partition,),
+        )
+    }
+    for r in store.conn.execute(
+        "SELECT note_path, gate_id, note_sha256, gate_sha256 FROM escalations WHERE model_partition = ? "
+        "AND decision = 'reject' AND id IN (SELECT MAX(id) FROM escalations GROUP BY model_partition, note_path, gate_id)",
+        (partition,),
+    ):
+        if current_sha.get((r[0], r[1])) == (r[2], r[3]):
+            held.add((r[0], r[1]))
+    return held
+
+
+def rejected_pairs(store: Store, partition: str) -> list[tuple[str, str]]:
+    return [
+        (r[0], r[1])
+        for r in store.conn.execute(
+            "SELECT DISTINCT note_path, gate_id FROM escalations WHERE model_partition = ? AND decision = 'reject'",
+            (partition,),
+        )
+    ]
+
+
+def decide(
+    store: Store, esc_id: int, decision: str, feedback: str | None, note_text: str | None, gate
+) -> dict:
+    """Record a person's call (one transaction). Returns what the caller must do next:
+    for ``redo``, queue a fix with the feedback."""
+    if decision not in DECISIONS:
+        raise DecideError(f"decision {decision!r}: choose approve, redo or reject")
+    e = store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
+    if e is None:
+        raise DecideError(f"no escalation {esc_id}")
+    if e["decision"] is not None:
+        raise DecideError(
+            f"escalation {esc_id} was decided already ({e['decision']} at {e['decided_at']})"
+        )
+    if decision == "redo" and not (feedback and feedback.strip()):
+        raise DecideError("redo needs --feedback with the concrete asks for the fixer")
+    if note_text is None:
+        raise DecideError(f"{e['note_path']}: the note cannot be read; nothing decided")
+    if gate is None:
+        raise DecideError(f"{e['gate_id']}: the gate is not in the catalog; nothing decided")
+    now = utcnow()
+    note_sha = sha256_bytes(note_text.encode("utf-8"))
+    with store.write():
+        store.conn.execute(
+            "UPDATE escalations SET decision = ?, feedback = ?, decided_at = ?, note_sha256 = ?, gate_sha256 = ? "
+            "WHERE id = ?",
+            (decision, feedback, now, note_sha, gate.sha256, esc_id),
+        )
+        reset(store, e["model_partition"], e["note_path"], e["gate_id"])
+        if decision == "approve":
+            job_id = store.conn.execute(
+                "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, runner, "
+                "created_at, updated_at, finished_at, result) VALUES ('review', 'completed', ?, 'human', ?, NULL, '', "
+                "'human', ?, ?, ?, 'approved') RETURNING id",
+                (e["model_partition"], gate.lens, now, now, now),
+            ).fetchone()[0]
+            note_snap = store.snapshot(e["note_path"], note_text, note_sha)
+            gate_snap = store.snapshot(gate.path, gate.text, gate.sha256)
+            rationale = f"Approved by a person (escalation {esc_id})." + (
+                f"\n\n{feedback}" if feedback else ""
+            )
+            pair_id = store.conn.execute(
+                "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+                "gate_snapshot_id, decision, rationale, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'PASS', ?, ?) "
+                "RETURNING id",
+                (
+                    job_id,
+                    e["note_path"],
+                    gate.gate_id,
+                    gate.path,
+                    gate.lens,
+                    note_snap,
+                    gate_snap,
+                    rationale,
+                    now,
+                ),
+            ).fetchone()[0]
+            store.upsert_acceptance(
+                model_partition=e["model_partition"],
+                note_path=e["note_path"],
+                gate_id=gate.gate_id,
+                review_pair_id=pair_id,
+                note_snapshot_id=note_snap,
+                gate_snapshot_id=gate_snap,
+                decision="PASS",
+                source="human",
+                at=now,
+            )
+    logs.get().info(
+        "escalation.decided",
+        escalation_id=esc_id,
+        decision=decision,
+        note_path=e["note_path"],
+        gate_id=e["gate_id"],
+        model_partition=e["model_partition"],
+    )
+    return dict(e)
+
+
+def run_options(store: Store, job) -> dict:
+    """The sweep options a job was enqueued with (fix, sequential, fixer, auditor, audit)."""
+    if job["sweep_run_id"] is None:
+        return {}
+    row = store.conn.execute(
+        "SELECT options FROM sweep_runs WHERE id = ?", (job["sweep_run_id"],)
+    ).fetchone()
+    return json.loads(row[0]) if row else {}

@@ -1,0 +1,262 @@
+"""Fix jobs (SPEC §7): a fixer agent gets a note, every current FAIL finding for it with
+the gate texts and the directive "make the smallest edit"; its output is the whole new
+note. reviewq writes it only if the note is still exactly the text the fixer was given,
+and only to that one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import logs
+from .gates import Catalog
+from .jobs import display_path, job_dir
+from .kb import KB, NoteParseError, decode, parse_note_text, sha256_bytes
+from .prompts import fenced, template
+from .reports import write_manifest
+from .store import Store, utcnow
+
+
+@dataclass(frozen=True)
+class FixTarget:
+    gate_id: str
+    gate_path: str
+    lens: str
+    rationale: str
+
+
+def open_fix_job(store: Store, note_path: str) -> int | None:
+    row = store.conn.execute(
+        "SELECT id FROM review_jobs WHERE kind = 'fix' AND note_path = ? AND status IN ('queued', 'running')",
+        (note_path,),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def current_failures(
+    store: Store, partition: str, note_path: str, include: set[str] | None = None
+) -> list[FixTarget]:
+    """Every current FAIL finding for the note, leaving out pairs waiting for a person
+    (``include`` names pairs to keep anyway, such as the one a redo is about)."""
+    rows = store.conn.execute(
+        "SELECT a.gate_id, p.gate_path, p.lens, p.rationale FROM acceptance a "
+        "JOIN review_pairs p ON p.id = a.review_pair_id WHERE a.model_partition = ? AND a.note_path = ? "
+        "AND a.decision = 'FAIL' ORDER BY a.gate_id",
+        (partition, note_path),
+    ).fetchall()
+    held = {
+        r[0]
+        for r in store.conn.execute(
+            "SELECT gate_id FROM escalations WHERE model_partition = ? AND note_path = ? "
+            "AND (decision IS NULL OR decision = 'reject')",
+            (partition, note_path),
+        )
+    }
+    keep = include or set()
+    return [
+        FixTarget(r[0], r[1], r[2], r[3] or "") for r in rows if r[0] not in held or r[0] in keep
+    ]
+
+
+def create_fix_job(
+    kb: KB,
+    catalog: Catalog,
+    store: Store,
+    state_dir: Path,
+    *,
+    note_path: str,
+    partition: str,
+    fixer: str,
+    review_reviewer: str | None,
+    sweep: str | None,
+    sweep_run_id: int | None,
+    source_job_id: int | None,
+    feedback: str | None = None,
+    include: set[str] | None = None,
+) -> int | None:
+    """Queue a fix job for a note, unless one is open already or nothing FAILs."""
+    if open_fix_job(store, note_path) is not None:
+        logs.get().info(
+            "fix.skipped", note_path=note_path, reason="a fix job for this note is open"
+        )
+        return None
+    targets = current_failures(store, partition, note_path, include)
+    if not targets:
+        return None
+    note = kb.read_note(kb.check_rel(note_path))
+    now = utcnow()
+    with store.write():
+        job_id = store.conn.execute(
+            "INSERT INTO review_jobs (kind, status, model_partition, grouping, reviewer, job_dir, sweep, sweep_run_id, "
+            "note_path, source_job_id, feedback, review_reviewer, created_at, updated_at) "
+            "VALUES ('fix', 'queued', ?, 'fix', ?, '', ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                partition,
+                fixer,
+                sweep,
+                sweep_run_id,
+                note.path,
+                source_job_id,
+                feedback,
+                review_reviewer,
+                now,
+                now,
+            ),
+        ).fetchone()[0]
+        folder = job_dir(state_dir, job_id)
+        store.conn.execute(
+            "UPDATE review_jobs SET job_dir = ? WHERE id = ?",
+            (display_path(state_dir, folder), job_id),
+        )
+        note_snap = store.snapshot(note.path, note.text, note.sha256)
+        for t in targets:
+            gate = catalog.get(t.gate_id)
+            gate_text = gate.text if gate else ""
+            store.conn.execute(
+                "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+                "gate_snapshot_id, rationale) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    note.path,
+                    t.gate_id,
+                    t.gate_path,
+                    t.lens,
+                    note_snap,
+                    store.snapshot(t.gate_path, gate_text),
+                    t.rationale,
+                ),
+            )
+    folder.mkdir(parents=True, exist_ok=True)
+    write_manifest(
+        folder,
+        {
+            "review_job_id": job_id,
+            "kind": "fix",
+            "status": "queued",
+            "model_partition": partition,
+            "note_path": note.path,
+            "note_sha256": note.sha256,
+            "feedback": feedback,
+            "pairs": [
+                {"note_path": note.path, "gate_id": t.gate_id, "gate_path": t.gate_path}
+                for t in targets
+            ],
+        },
+        new_folder=True,
+    )
+    logs.get().info(
+        "fix.queued",
+        job_id=job_id,
+        note_path=note.path,
+        gates=[t.gate_id for t in targets],
+        reviewer=fixer,
+    )
+    return job_id
+
+
+def render_fix_prompt(store: Store, job_id: int, output_path: str, retry: str = "") -> str:
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    pairs = store.conn.execute(
+        "SELECT p.gate_id, p.gate_path, p.rationale, n.text AS note_text, g.text AS gate_text FROM review_pairs p "
+        "JOIN snapshots n ON n.id = p.note_snapshot_id JOIN snapshots g ON g.id = p.gate_snapshot_id "
+        "WHERE p.job_id = ? ORDER BY p.id",
+        (job_id,),
+    ).fetchall()
+    findings = "\n".join(
+        f"\n### Against `{p['gate_id']}`\n\n{(p['rationale'] or '').strip()}\n" for p in pairs
+    )
+    gates = "\n".join(
+        f"\n### `{p['gate_id']}` (`{p['gate_path']}`)\n\n{fenced(p['gate_text'])}" for p in pairs
+    )
+    feedback = ""
+    if job["feedback"]:
+        feedback = (
+            "\n## A person's asks (do these)\n\nA person reviewed the earlier attempts and asks for exactly this:\n\n"
+            f"{job['feedback'].strip()}\n"
+        )
+    text = template("fix").substitute(
+        job_id=job_id,
+        note_path=job["note_path"],
+        output_path=output_path,
+        feedback_section=feedback,
+        findings=findings,
+        gates=gates,
+        note=fenced(pairs[0]["note_text"] if pairs else ""),
+    )
+    return retry + text if retry else text
+
+
+@dataclass(frozen=True)
+class FixResult:
+    status: str  # applied | unchanged | stale | invalid
+    reason: str = ""
+    new_sha256: str | None = None
+
+
+def apply_fix(kb: KB, store: Store, job, output: bytes | None) -> FixResult:
+    """Write the fixer's note if the note is still the text it was given."""
+    if output is None:
+        return FixResult("invalid", "the fixer wrote no output")
+    try:
+        new_text = decode(output)
+        parse_note_text(new_text)
+    except NoteParseError as exc:
+        return FixResult("invalid", f"the fixed note is unusable: {exc}")
+    if not new_text.strip():
+        return FixResult("invalid", "the fixed note is empty")
+    given = store.conn.execute(
+        "SELECT n.text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id WHERE p.job_id = ? LIMIT 1",
+        (job["id"],),
+    ).fetchone()[0]
+    rel = kb.check_rel(job["note_path"])
+    path = kb.abspath(rel)
+    try:
+        current = decode(path.read_bytes())
+    except (OSError, NoteParseError) as exc:
+        return FixResult("stale", f"the note cannot be read now ({exc}); nothing written")
+    if current != given:
+        return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
+    if new_text == given:
+        return FixResult("unchanged", "the fix changed nothing")
+    data = new_text.encode("utf-8")
+    sha = sha256_bytes(data)
+    with store.write():
+        store.conn.execute(
+            "INSERT OR IGNORE INTO fix_writes VALUES (?, ?, ?, ?)", (rel, sha, job["id"], utcnow())
+        )
+    _replace_file(path, data)
+    return FixResult("applied", new_sha256=sha)
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Atomic and durable: this is a person's note, not a rendering."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".reviewq")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def finish_fix_job(
+    store: Store, state_dir: Path, job_id: int, status: str, result: str, reason: str
+) -> None:
+    now = utcnow()
+    with store.write():
+        store.conn.execute(
+            "UPDATE review_jobs SET status = ?, result = ?, failure_reasons = ?, updated_at = ?, finished_at = ? "
+            "WHERE id = ?",
+            (status, result, json.dumps([reason]) if reason else None, now, now, job_id),
+        )

@@ -1,0 +1,381 @@
+"""What the control process does after a job ends (SPEC §7): fixes and their re-reviews,
+escalations, audits of PASS decisions, and the next bundle of a sequential sweep.
+
+:class:`FollowUp` is the ``hooks`` object of :class:`orchestrator.control.Control`.
+"""
+
+from __future__ import annotations
+
+from . import cycles, logs
+from .fixes import apply_fix, create_fix_job, finish_fix_job
+from .jobs import create_jobs, display_path, job_dir
+from .kb import sha256_bytes
+from .reports import write_manifest
+from .store import utcnow
+from .workspace import Workspace
+
+
+class FollowUp:
+    def __init__(self, ws: Workspace) -> None:
+        self.ws = ws
+        self.store = ws.store
+        self.log = logs.get()
+
+    # --- review and audit jobs --------------------------------------------------------
+    def after_completed(self, job_id: int) -> None:
+        job = self._job(job_id)
+        if job["kind"] == "audit":
+            self._after_audit(job)
+            return
+        if job["kind"] != "review":
+            return
+        opts = cycles.run_options(self.store, job)
+        pairs = self._pairs(job_id)
+        fix_notes: set[str] = set()
+        for p in pairs:
+            if p["decision"] != "FAIL":
+                continue
+            n = cycles.count(self.store, job["model_partition"], p["note_path"], p["gate_id"])
+            if n >= cycles.ESCALATE_AT:
+                self._escalate_pair(
+                    job, p, f"{n} consecutive rejections", opts, cycles.gist(p["rationale"])
+                )
+            elif opts.get("fix"):
+                fix_notes.add(p["note_path"])
+        for note_path in sorted(fix_notes):
+            self._start_fix(job, note_path, opts)
+        self._audit(job, pairs, opts)
+        if opts.get("sequential"):
+            self._next_bundle(job, opts)
+
+    def _after_audit(self, job) -> None:
+        for p in self._pairs(job["id"]):
+            if p["decision"] != "FAIL":
+                continue
+            original = self.store.conn.execute(
+                "SELECT rationale FROM review_pairs WHERE job_id = ? AND note_path = ? AND gate_id = ?",
+                (job["source_job_id"], p["note_path"], p["gate_id"]),
+            ).fetchone()
+            review_partition = self.store.conn.execute(
+                "SELECT model_partition, reviewer FROM review_jobs WHERE id = ?",
+                (job["source_job_id"],),
+            ).fetchone()
+            cycles.escalate(
+                self.store,
+                self.ws.state_dir,
+                self.ws.root,
+                partition=review_partition["model_partition"],
+                note_path=p["note_path"],
+                gate_id=p["gate_id"],
+                reason=f"the auditor ({job['reviewer']}) refuted a PASS (audit job {job['id']})",
+                reviewer=review_partition["reviewer"],
+                fixer=None,
+                material=[
+                    f"Reviewer's PASS (job {job['source_job_id']}): "
+                    + _one_block(original[0] if original else ""),
+                    f"Auditor's FAIL (job {job['id']}): " + _one_block(p["rationale"]),
+                ],
+                recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
+            )
+
+    def after_failed(self, job_id: int, reasons: list[str]) -> None:
+        """A job out of attempts: its pairs go to a person with the reason."""
+        job = self._job(job_id)
+        opts = cycles.run_options(self.store, job)
+        why = "; ".join(reasons[:3]) or "no reason recorded"
+        what = "the fixer" if job["kind"] == "fix" else "the reviewer"
+        for p in self._pairs(job_id):
+            self._escalate_pair(job, p, f"{what} failed every attempt: {why}", opts, why)
+
+    def _escalate_pair(self, job, p, reason: str, opts: dict, recommend: str) -> None:
+        partition = job["model_partition"]
+        material = findings(p["rationale"]) or [reason]
+        cycles.escalate(
+            self.store,
+            self.ws.state_dir,
+            self.ws.root,
+            partition=partition,
+            note_path=p["note_path"],
+            gate_id=p["gate_id"],
+            reason=reason,
+            reviewer=job["review_reviewer"] if job["kind"] == "fix" else job["reviewer"],
+            fixer=opts.get("fixer") or opts.get("reviewer") or job["reviewer"],
+            material=material,
+            recommend=recommend,
+        )
+
+    # --- fixes ------------------------------------------------------------------------
+    def _start_fix(
+        self, job, note_path: str, opts: dict, feedback: str | None = None, include=None
+    ) -> None:
+        fixer = opts.get("fixer") or job["reviewer"]
+        create_fix_job(
+            self.ws.kb,
+            self.ws.catalog(),
+            self.store,
+            self.ws.state_dir,
+            note_path=note_path,
+            partition=job["model_partition"],
+            fixer=fixer,
+            review_reviewer=job["reviewer"] if job["kind"] == "review" else job["review_reviewer"],
+            sweep=job["sweep"],
+            sweep_run_id=job["sweep_run_id"],
+            source_job_id=job["id"],
+            feedback=feedback,
+            include=include,
+        )
+
+    def fix_output(self, job, output: bytes | None) -> str | None:
+        """Apply a fixer's output. Returns a reason if the attempt failed, else None."""
+        res = apply_fix(self.ws.kb, self.store, job, output)
+        if res.status == "invalid":
+            return res.reason
+        pairs = self._pairs(job["id"])
+        partition = job["model_partition"]
+        if res.status == "stale":
+            finish_fix_job(
+                self.store, self.ws.state_dir, job["id"], "completed", "not-applied", res.reason
+            )
+            self.log.warning(
+                "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
+            )
+            return None
+        if res.status == "unchanged":
+            # Counts as a rejection with no re-review (SPEC §7).
+            again = []
+            with self.store.write():
+                for p in pairs:
+                    n = cycles.reject(
+                        self.store,
+                        partition,
+                        p["note_path"],
+                        p["gate_id"],
+                        "fix-unchanged",
+                        job["id"],
+                        "the fix changed nothing",
+                    )
+                    again.append((p, n))
+                finish_fix_job(
+                    self.store, self.ws.state_dir, job["id"], "completed", "unchanged", res.reason
+                )
+            self.log.warning("fix.unchanged", job_id=job["id"], note_path=job["note_path"])
+            opts = cycles.run_options(self.store, job)
+            retry_fix = False
+            for p, n in again:
+                if n >= cycles.ESCALATE_AT:
+                    self._escalate_pair(
+                        job,
+                        p,
+                        f"{n} consecutive rejections (the last fix changed nothing)",
+                        opts,
+                        cycles.gist(p["rationale"]) + "; the fixer's last attempt changed nothing",
+                    )
+                else:
+                    retry_fix = True
+            if retry_fix:
+                self._start_fix(job, job["note_path"], opts)
+            return None
+        finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")
+        self.log.info(
+            "fix.applied",
+            job_id=job["id"],
+            note_path=job["note_path"],
+            sha256=res.new_sha256,
+            gates=[p["gate_id"] for p in pairs],
+        )
+        self._rereview(job, pairs)
+        return None
+
+    def _rereview(self, job, pairs) -> None:
+        """Re-review the failing pairs, whether or not the selector would call them stale."""
+        reviewer = job["review_reviewer"] or job["reviewer"]
+        cat = self.ws.catalog()
+        targets = [
+            {"note_path": p["note_path"], "gate_id": p["gate_id"], "gate_path": p["gate_path"]}
+            for p in pairs
+        ]
+        batch = create_jobs(
+            self.ws.kb,
+            cat,
+            self.store,
+            self.ws.state_dir,
+            targets,
+            model_partition=job["model_partition"],
+            grouping="note",
+            reviewer=reviewer,
+            sweep=job["sweep"],
+        )
+        with self.store.write():
+            for j in batch.jobs:
+                self.store.conn.execute(
+                    "UPDATE review_jobs SET sweep_run_id = ?, source_job_id = ? WHERE id = ?",
+                    (job["sweep_run_id"], job["id"], j.review_job_id),
+                )
+        self.log.info(
+            "fix.rereview",
+            job_id=job["id"],
+            jobs=[j.review_job_id for j in batch.jobs],
+            skipped=[s.why for s in batch.skipped],
+        )
+
+    def redo(self, esc: dict, feedback: str) -> int | None:
+        """A person's redo: a fix job carrying their asks verbatim."""
+        fixer = esc["fixer"] or esc["reviewer"] or "offline"
+        return create_fix_job(
+            self.ws.kb,
+            self.ws.catalog(),
+            self.store,
+            self.ws.state_dir,
+            note_path=esc["note_path"],
+            partition=esc["model_partition"],
+            fixer=fixer,
+            review_reviewer=esc["reviewer"] or fixer,
+            sweep="decide",
+            sweep_run_id=None,
+            source_job_id=None,
+            feedback=feedback,
+            include={esc["gate_id"]},
+        )
+
+    # --- audits -----------------------------------------------------------------------
+    def _audit(self, job, pairs, opts: dict) -> None:
+        marked = set(opts.get("audit") or ())
+        cat = self.ws.catalog()
+        chosen = []
+        for p in pairs:
+            gate = cat.get(p["gate_id"])
+            if (
+                p["decision"] == "PASS"
+                and gate is not None
+                and (gate.audit or gate.lens in marked or gate.gate_id in marked)
+            ):
+                chosen.append(p)
+        if not chosen:
+            return
+        auditor = opts.get("auditor") or job["reviewer"]
+        profile = self.ws.settings.reviewers.get(auditor)
+        if profile is None:
+            self.log.error(
+                "audit.skipped", job_id=job["id"], reason=f"no reviewer profile {auditor!r}"
+            )
+            return
+        now = utcnow()
+        with self.store.write():
+            audit_id = self.store.conn.execute(
+                "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, sweep, "
+                "sweep_run_id, source_job_id, created_at, updated_at) VALUES ('audit', 'queued', ?, 'audit', ?, ?, '', "
+                "?, ?, ?, ?, ?) RETURNING id",
+                (
+                    profile.partition,
+                    job["lens"],
+                    auditor,
+                    job["sweep"],
+                    job["sweep_run_id"],
+                    job["id"],
+                    now,
+                    now,
+                ),
+            ).fetchone()[0]
+            folder = job_dir(self.ws.state_dir, audit_id)
+            self.store.conn.execute(
+                "UPDATE review_jobs SET job_dir = ? WHERE id = ?",
+                (display_path(self.ws.state_dir, folder), audit_id),
+            )
+            for p in chosen:
+                self.store.conn.execute(
+                    "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+                    "gate_snapshot_id) SELECT ?, note_path, gate_id, gate_path, lens, note_snapshot_id, gate_snapshot_id "
+                    "FROM review_pairs WHERE id = ?",
+                    (audit_id, p["id"]),
+                )
+        folder.mkdir(parents=True, exist_ok=True)
+        write_manifest(
+            folder,
+            {
+                "review_job_id": audit_id,
+                "kind": "audit",
+                "status": "queued",
+                "model_partition": profile.partition,
+                "source_job_id": job["id"],
+                "pairs": [
+                    {
+                        "note_path": p["note_path"],
+                        "gate_id": p["gate_id"],
+                        "gate_path": p["gate_path"],
+                        "lens": p["lens"],
+                        "watches": list(cat.get(p["gate_id"]).watches),
+                    }
+                    for p in chosen
+                ],
+            },
+            new_folder=True,
+        )
+        self.log.info(
+            "audit.queued",
+            job_id=audit_id,
+            source_job_id=job["id"],
+            reviewer=auditor,
+            pairs=len(chosen),
+        )
+
+    # --- sequential sweeps ------------------------------------------------------------
+    def _next_bundle(self, job, opts: dict) -> None:
+        from .sweeps import SweepRequest, enqueue
+
+        notes = {p["note_path"] for p in self._pairs(job["id"])}
+        for note_path in sorted(notes):
+            req = SweepRequest(
+                name=job["sweep"] or "sequential",
+                reviewer=opts.get("reviewer") or job["reviewer"],
+                selectors=tuple(opts.get("selectors") or ()),
+                all_gates=bool(opts.get("all_gates")),
+                notes=(note_path,),
+                grouping=opts.get("grouping") or "note",
+                batch_size=opts.get("batch_size") or 5,
+                fix=bool(opts.get("fix")),
+                sequential=True,
+                fixer=opts.get("fixer") or "",
+                auditor=opts.get("auditor") or "",
+                audit=tuple(opts.get("audit") or ()),
+                trigger="sequential",
+            )
+            enqueue(self.ws, req, held=self.held, run_id=job["sweep_run_id"])
+
+    # --- what sweeps must skip ----------------------------------------------------------
+    def held(self, ws: Workspace, partition: str) -> set[tuple[str, str]]:
+        current: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+        cat = ws.catalog()
+        for note_path, gate_id in cycles.rejected_pairs(self.store, partition):
+            try:
+                note_sha = sha256_bytes(ws.kb.abspath(note_path).read_bytes())
+            except OSError:
+                note_sha = None
+            gate = cat.get(gate_id)
+            current[(note_path, gate_id)] = (note_sha, gate.sha256 if gate else None)
+        return cycles.held_pairs(self.store, partition, current)
+
+    # --- helpers ------------------------------------------------------------------------
+    def _job(self, job_id: int):
+        return self.store.conn.execute(
+            "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+
+    def _pairs(self, job_id: int):
+        return self.store.conn.execute(
+            "SELECT * FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
+        ).fetchall()
+
+
+def findings(rationale: str | None) -> list[str]:
+    """The ``- severity: text`` lines of a rationale, without their dash."""
+    out = []
+    for line in (rationale or "").splitlines():
+        line = line.strip()
+        if line.startswith("- ") and line[2:].strip().lower() not in ("none", "none."):
+            out.append(line[2:].strip())
+    return out[:10]
+
+
+def _one_block(text: str | None, limit: int = 600) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
