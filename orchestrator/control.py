@@ -213,7 +213,16 @@ class Control:
             self._supersede(job_id, attempt)
             return
         cls = o["classification"]
-        if cls == "reviewer-touched-kb" and self._only_our_writes(o):
+        if (
+            cls == "reviewer-touched-kb"
+            and job["kind"] == "fix"
+            and set(o.get("touched") or []) == {job["note_path"]}
+        ):
+            # The note a fix targets changed during the fix: whoever changed it, the fix
+            # must not be applied and the text must be kept (fix_output finds it stale).
+            cls = "output" if o.get("output") is not None else "no-output"
+            o = {**o, "classification": cls, "reasons": []}
+        elif cls == "reviewer-touched-kb" and self._only_our_writes(o):
             # The only change was reviewq's own (a fix applied meanwhile): judge the output.
             cls = "output" if o.get("output") is not None else "no-output"
             o = {**o, "classification": cls, "reasons": []}

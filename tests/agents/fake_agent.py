@@ -9,6 +9,9 @@ FAKE_SLEEP:  seconds to sleep before acting (slow mode: a random time up to this
 FAKE_PIDFILE: hang mode writes "leader child" pids here so tests can check both died
 FAKE_FIX_APPEND: fix mode appends this line to the note it was given
 FAKE_LOG:    append one line per run ("task job attempt") to this file
+FAKE_PASS_IF_CONTAINS: review PASS when the note holds this text, FAIL otherwise
+FAKE_CONTINUE_FIFO: after FAKE_NOTIFY_FIFO, wait until the test writes to this FIFO
+A fix task (REVIEWQ_TASK=fix) rewrites the note from the prompt, adding FAKE_FIX_APPEND.
 FAKE_MODE_<n>: the mode for attempt n only
 FAKE_NOTIFY_FIFO: if this FIFO exists, write "pid ppid attempt" to it on start (blocks
              until the test reads it: the test's way to await "the agent is running")
@@ -26,6 +29,8 @@ from pathlib import Path
 env = os.environ
 # FAKE_MODE_<n> overrides FAKE_MODE for attempt n (e.g. hang on the first, then behave).
 mode = env.get(f"FAKE_MODE_{env.get('REVIEWQ_ATTEMPT', '')}") or env.get("FAKE_MODE", "good")
+if env.get("REVIEWQ_TASK") == "fix" and mode in ("good", "slow"):
+    mode = "fix"
 if env.get("FAKE_NOTIFY_FIFO") and os.path.exists(env["FAKE_NOTIFY_FIFO"]):
     # Tell the test this attempt is running: "<agent pid> <parent (worker) pid> <attempt>".
     with open(env["FAKE_NOTIFY_FIFO"], "w") as fifo:
@@ -63,9 +68,16 @@ if mode == "hang":
     if env.get("FAKE_PIDFILE"):
         Path(env["FAKE_PIDFILE"]).write_text(f"{os.getpid()} {child.pid}")
     time.sleep(3600)
+if env.get("FAKE_CONTINUE_FIFO"):
+    with open(env["FAKE_CONTINUE_FIFO"]) as fifo:  # wait until the test says go
+        fifo.read()
 if mode == "fix":
     note = root / env["REVIEWQ_NOTE_PATH"]
-    text = note.read_text()
+    # The fixer works from the text in its prompt, as a real agent would.
+    prompt = Path(env["REVIEWQ_PROMPT_PATH"]).read_text()
+    text = prompt.split("## The note as it is now", 1)[1].split("\n", 2)[2]
+    fence = text.split("\n", 1)[0].rstrip("markdown")
+    text = text.split("\n", 1)[1].rsplit(fence, 1)[0]
     if env.get("FAKE_FIX_APPEND"):
         text = text.rstrip("\n") + "\n" + env["FAKE_FIX_APPEND"] + "\n"
     out.write_text(text)
@@ -78,9 +90,12 @@ if mode == "touch":
     note = root / pairs[0]["note_path"]
     note.write_text(note.read_text() + "\nedited by the reviewer\n")
 decisions = env.get("FAKE_DECISIONS", "PASS").split(",")
+marker = env.get("FAKE_PASS_IF_CONTAINS")
 blocks = []
 for i, p in enumerate(pairs):
     d = decisions[i] if len(decisions) > 1 else decisions[0]
+    if marker is not None:
+        d = "PASS" if marker in (root / p["note_path"]).read_text() else "FAIL"
     s = f"{p['note_path']} :: {p['gate_path']}"
     body = f"Summary: fake review {i}.\nFindings:\n- low: finding {i} for {p['gate_id']}\n"
     if mode == "bad" and i == 0:

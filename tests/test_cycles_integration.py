@@ -1,0 +1,254 @@
+"""SPEC §7 through real consumers and scripted agents: fixes, the three-cycle escalation,
+human decisions, sequential sweeps and audits."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import reviewq_process
+from .test_queue_integration import FAST_QUEUE, await_fifo, make_fifo
+
+pytestmark = pytest.mark.integration
+FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
+NOTE = "kb/notes/alpha.md"
+
+
+def profile(name: str, partition: str = "fake", **env: str) -> str:
+    env_toml = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    return (
+        f'[reviewers.{name}]\nkind = "command"\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        f'partition = "{partition}"\ntimeout = "30s"\nconcurrency = 2\nenv = {{ {env_toml} }}\n'
+    )
+
+
+@pytest.fixture
+def cyc(kb):
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    return kb
+
+
+def config(kb, *profiles: str) -> None:
+    kb.write("reviewq.toml", "".join(profiles) + FAST_QUEUE)
+
+
+def rq(kb, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return reviewq_process("--root", str(kb.root), *args, env=env, timeout=180)
+
+
+def db(kb) -> sqlite3.Connection:
+    conn = sqlite3.connect(kb.state / "state.db")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def review_jobs_for(kb, gate_id: str) -> list[sqlite3.Row]:
+    with db(kb) as conn:
+        return conn.execute(
+            "SELECT j.* FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "WHERE j.kind = 'review' AND p.gate_id = ? AND j.reviewer IS NOT NULL ORDER BY j.id",
+            (gate_id,),
+        ).fetchall()
+
+
+def test_fail_fix_pass(cyc):
+    config(
+        cyc,
+        profile(
+            "fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: the body says more now."
+        ),
+    )
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["escalations"] == []
+    assert "FIXED: the body says more now." in cyc.read(NOTE)
+    with db(cyc) as conn:
+        acc = conn.execute("SELECT decision FROM acceptance").fetchone()[0]
+        count = conn.execute("SELECT rejections FROM cycles").fetchone()[0]
+        fixes = conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'").fetchall()
+    assert acc == "PASS" and count == 0 and [f[0] for f in fixes] == ["applied"]
+    assert len(review_jobs_for(cyc, "prose/body-check")) == 2
+
+
+def test_three_rejections_escalate_with_no_fourth_review(cyc):
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"))
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert [(e["note_path"], e["gate_id"]) for e in out["escalations"]] == [
+        (NOTE, "prose/body-check")
+    ]
+    assert len(review_jobs_for(cyc, "prose/body-check")) == 3  # three reviews, no fourth
+    with db(cyc) as conn:
+        fixes = conn.execute(
+            "SELECT result FROM review_jobs WHERE kind = 'fix' ORDER BY id"
+        ).fetchall()
+        esc = conn.execute("SELECT * FROM escalations").fetchone()
+    assert [f[0] for f in fixes] == ["applied", "applied"]
+    assert esc["cycles"] == 3
+    report = (cyc.state / esc["report_path"]).read_text().splitlines()
+    assert report[0] == f"Gate review: {NOTE} — prose/body-check"
+    assert report[1].startswith("Recommend reject: ")
+    assert sum(line.startswith("- Cycle ") for line in report) == 3
+    assert "Material:" in report and any(line.startswith("Assessment: ") for line in report)
+    assert any(line.startswith("Decision: ") for line in report)
+    esc_json = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    assert esc_json[0]["cycles"] == 3 and set(esc_json[0]) >= {
+        "id",
+        "note_path",
+        "gate_id",
+        "model_partition",
+        "reason",
+        "report_path",
+    }
+    # A second sweep never enqueues the escalated pair.
+    again = json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json").stdout)
+    assert again["enqueued_jobs"] == 0
+    assert len(review_jobs_for(cyc, "prose/body-check")) == 3
+
+
+def test_a_persons_edit_during_the_fix_wins(cyc, tmp_path):
+    notify, go = make_fifo(tmp_path, "notify"), make_fifo(tmp_path, "go")
+    config(
+        cyc,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
+        profile(
+            "fixer",
+            FAKE_FIX_APPEND="FIXED by the agent",
+            FAKE_NOTIFY_FIFO=str(notify),
+            FAKE_CONTINUE_FIFO=str(go),
+        ),
+    )
+    sweep = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "reviewq"),
+            "--root",
+            str(cyc.root),
+            "sweep",
+            "--reviewer",
+            "fake",
+            "--fixer",
+            "fixer",
+            "--fix",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await_fifo(notify)  # the fixer is running
+        person = cyc.read(NOTE) + "A person's sentence.\n"
+        cyc.write(NOTE, person)
+        fd = os.open(go, os.O_WRONLY)
+        os.write(fd, b"go\n")
+        os.close(fd)
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert cyc.read(NOTE) == person  # the person's text is kept, the fix not applied
+    with db(cyc) as conn:
+        fix = conn.execute(
+            "SELECT result, failure_reasons FROM review_jobs WHERE kind = 'fix'"
+        ).fetchone()
+    assert fix[0] == "not-applied" and "person's text is kept" in fix[1]
+    logs = [json.loads(x) for x in (cyc.state / "logs/reviewq.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "fix.not_applied" for e in logs)
+
+
+def escalate(cyc) -> int:
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"))
+    assert rq(cyc, "sweep", "--reviewer", "fake", "--fix").returncode == 0
+    return json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"][0]["id"]
+
+
+def test_redo_puts_the_asks_in_the_next_fix_prompt_and_restarts_the_count(cyc):
+    esc = escalate(cyc)
+    asks = "Name the hive type in the first sentence; cite the 2019 survey."
+    res = rq(cyc, "decide", str(esc), "redo", "--feedback", asks)
+    assert res.returncode == 0 and "fix job" in res.stdout, res.stderr
+    with db(cyc) as conn:
+        assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 0
+        assert conn.execute("SELECT decision FROM escalations").fetchone()[0] == "redo"
+    rq(cyc, "sweep", "--reviewer", "fake", "--json")  # runs the queued fix and its re-review
+    with db(cyc) as conn:
+        fix = conn.execute(
+            "SELECT job_dir FROM review_jobs WHERE kind = 'fix' ORDER BY id DESC"
+        ).fetchone()[0]
+        count = conn.execute("SELECT rejections FROM cycles").fetchone()[0]
+    prompt = (cyc.state / fix / "attempt-1" / "prompt.md").read_text()
+    assert asks in prompt
+    assert count == 1  # a fresh count: the re-review's FAIL is the first of a new cycle
+
+
+def test_approve_records_a_human_review(cyc):
+    esc = escalate(cyc)
+    res = rq(cyc, "decide", str(esc), "approve")
+    assert res.returncode == 0 and "approved" in res.stdout
+    with db(cyc) as conn:
+        acc = conn.execute("SELECT decision, source FROM acceptance").fetchone()
+    assert tuple(acc) == ("PASS", "human")
+    sel = json.loads(rq(cyc, "select", "--all-gates", "--model", "fake", "--json").stdout)
+    assert sel["targets"] == [] and sel["counts"]["fresh"] == 1
+    assert rq(cyc, "decide", str(esc), "reject").returncode == 1  # decided already
+
+
+def test_reject_holds_the_pair_until_the_note_changes(cyc):
+    esc = escalate(cyc)
+    assert rq(cyc, "decide", str(esc), "reject").returncode == 0
+    with db(cyc) as conn:  # make it stale so a sweep would want it
+        conn.execute("DELETE FROM acceptance")
+        conn.commit()
+    held = json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)
+    assert held["enqueued_jobs"] == 0
+    cyc.write(NOTE, cyc.read(NOTE) + "A real change.\n")
+    after = json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)
+    assert after["enqueued_jobs"] == 1
+
+
+def test_sequential_sweep_waits_on_earlier_bundles(kb):
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.gate("prose/body-check", ["body"])
+    kb.note("good", description="Described.")
+    kb.note("bad", description="")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="Described"))
+    res = rq(kb, "sweep", "--reviewer", "fake", "--sequential", "frontmatter", "prose", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        prose = {
+            r[0]
+            for r in conn.execute(
+                "SELECT p.note_path FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id WHERE p.lens = 'prose'"
+            )
+        }
+    assert prose == {"kb/notes/good.md"}  # the note whose frontmatter fails got no prose job
+
+
+def test_audit_disagreement_escalates_with_both_rationales(kb):
+    kb.gate("prose/body-check", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_DECISIONS="PASS"),
+        profile("auditor", partition="audit", FAKE_DECISIONS="FAIL"),
+    )
+    res = rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert len(out["escalations"]) == 1 and "auditor" in out["escalations"][0]["reason"]
+    report = (kb.state / out["escalations"][0]["report_path"]).read_text()
+    assert "Reviewer's PASS" in report and "Auditor's FAIL" in report
+    with db(kb) as conn:
+        kinds = [r[0] for r in conn.execute("SELECT kind FROM review_jobs ORDER BY id")]
+        acc = conn.execute("SELECT model_partition, decision FROM acceptance").fetchall()
+    assert kinds == ["review", "audit"]
+    assert [tuple(a) for a in acc] == [("fake", "PASS")]  # the audit accepted nothing itself
