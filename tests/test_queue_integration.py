@@ -157,6 +157,7 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
         # The sweep restarts its worker; the reaper sees the lost lease and opens attempt 2.
         os.unlink(fifo)  # later attempts need not report
         out, err = sweep.communicate(timeout=120)
+        orphan_gone = process_gone(agent_pid)  # before the cleanup below could kill it
     finally:
         if sweep.poll() is None:
             sweep.kill()
@@ -175,6 +176,8 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
     assert [tuple(j) for j in job] == [("completed", 2)]
     assert outcomes == [(1, "lost"), (2, "finalized")]
     assert tuple(acc) == (1, 1)  # exactly one acceptance for the one pair
+    # The restarted worker killed the agent its dead predecessor left behind.
+    assert orphan_gone, "the first attempt's agent outlived its worker"
 
 
 def test_control_killed_mid_finalize_leaves_nothing_partial(kb, tmp_path):

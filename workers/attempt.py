@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -177,6 +179,7 @@ def run_attempt(
         out.ended_at = _now()
         out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
         return out
+    registry = register_agent(spec, proc.pid)
     try:
         exited = wait_for_exit(proc, start + timeout_s, on_tick, tick_s)
         out.exited_at = time.time()
@@ -187,6 +190,9 @@ def run_attempt(
     except BaseException:
         kill_group(proc, grace_s=1.0)  # never leave an agent behind, whatever stopped us
         raise
+    finally:
+        if registry is not None:
+            registry.unlink(missing_ok=True)
     out.duration_s = time.monotonic() - start
     out.ended_at = _now()
     out.exit_code = proc.returncode
@@ -219,6 +225,76 @@ def run_attempt(
         out.classification = NO_OUTPUT
         out.reasons = [f"exited {out.exit_code} without writing {spec.output_path.name}"]
     return out
+
+
+# --- agents left behind by a worker that died ----------------------------------------------
+# An agent runs in its own session so the deadline can kill its whole group; the price is
+# that it outlives a SIGKILLed worker. Each running agent is registered in the state folder,
+# and a worker starting on the same host kills the groups whose worker is gone.
+
+
+def registry_dir(state_dir: Path) -> Path:
+    return state_dir / "run" / "agents"
+
+
+def register_agent(spec: AttemptSpec, pgid: int) -> Path | None:
+    state_dir = spec.job_dir.parent.parent  # STATE/jobs/review-job-N
+    folder = registry_dir(state_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{socket.gethostname()}-{pgid}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "worker_pid": os.getpid(),
+                    "pgid": pgid,
+                    "job_id": spec.job_id,
+                    "attempt": spec.attempt,
+                }
+            )
+        )
+        return path
+    except OSError:
+        return None
+
+
+def _alive_worker(pid: int) -> bool:
+    """The registering process still runs. A reused pid reads as alive: leaving an
+    orphan is better than killing the agent of a live run."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _group_is_agent(pgid: int, job_id: int) -> bool:
+    """The group leader still is the agent we started (its pid was not reused)."""
+    try:
+        environ = Path(f"/proc/{pgid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"REVIEWQ_JOB_ID={job_id}".encode() in environ
+
+
+def reap_orphans(state_dir: Path) -> list[int]:
+    """Kill the agent groups on this host whose worker process is gone; returns them."""
+    killed = []
+    folder = registry_dir(state_dir)
+    for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            path.unlink(missing_ok=True)
+            continue
+        if _alive_worker(entry["worker_pid"]):
+            continue
+        if _group_is_agent(entry["pgid"], entry["job_id"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry["pgid"], signal.SIGKILL)
+                killed.append(entry["pgid"])
+        path.unlink(missing_ok=True)
+    return killed
 
 
 def _tail(path: Path, limit: int = 300) -> str:

@@ -20,6 +20,7 @@ from orchestrator.workspace import Workspace
 
 from . import tasks
 from .app import make_app
+from .attempt import reap_orphans
 
 
 class AlreadyRunning(RuntimeError):
@@ -31,6 +32,11 @@ def run_worker(ws: Workspace, workers: int) -> None:
     settings = ws.settings
     logs.configure(ws.state_dir, stderr_level="INFO", process="worker")
     app = make_app(settings)
+    orphans = reap_orphans(ws.state_dir)
+    if orphans:
+        logs.get().warning(
+            "worker.reaped_orphans", process_groups=orphans, reason="their worker died"
+        )
     poll = settings.queue.poll_seconds
     consumer = Consumer(
         app.review,
