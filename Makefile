@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/reviewq sweep --reviewer offline
+	$(BIN)/reviewq sweep --reviewer offline --fix
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
