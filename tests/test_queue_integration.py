@@ -356,3 +356,40 @@ def test_sweep_on_redis_with_two_worker_processes(kb, redis_url):
     assert not (kb.state / "queue").exists()  # nothing went to SQLite queue files
     started = [e for e in log_lines(kb) if e["event"] == "attempt.started"]
     assert len({e["worker"] for e in started}) == 2  # both worker processes took jobs
+
+
+def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60"),
+    )
+    fifo = make_fifo(tmp_path, "started")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent_pid = int(await_fifo(fifo).split()[0])
+        worker.send_signal(signal.SIGTERM)  # Huey's immediate stop: interrupt, re-enqueue
+        assert worker.wait(timeout=30) == 0
+        agent_gone = process_gone(agent_pid)
+        os.unlink(fifo)
+        # A new worker takes the re-enqueued task; the sweep (no workers of its own) waits.
+        worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+        res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "0", "--json")
+    finally:
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    assert agent_gone, "the interrupted agent was left running"
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
+        outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
+    # The same attempt ran again: no lease had to expire, no attempt was burned.
+    assert tuple(job) == ("completed", 1) and outcomes == [(1, "finalized")]
+    assert any(e["event"] == "task.interrupted" for e in log_lines(kb))

@@ -277,8 +277,9 @@ def _group_is_agent(pgid: int, job_id: int) -> bool:
     return f"REVIEWQ_JOB_ID={job_id}".encode() in environ
 
 
-def reap_orphans(state_dir: Path) -> list[int]:
-    """Kill the agent groups on this host whose worker process is gone; returns them."""
+def reap_orphans(state_dir: Path, mine: bool = False) -> list[int]:
+    """Kill the agent groups on this host whose worker process is gone (or, with
+    ``mine``, this process's own, as a stopping worker does); returns them."""
     killed = []
     folder = registry_dir(state_dir)
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -287,7 +288,9 @@ def reap_orphans(state_dir: Path) -> list[int]:
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
             continue
-        if _alive_worker(entry["worker_pid"]):
+        if mine and entry["worker_pid"] != os.getpid():
+            continue
+        if not mine and _alive_worker(entry["worker_pid"]):
             continue
         if _group_is_agent(entry["pgid"], entry["job_id"]):
             with contextlib.suppress(ProcessLookupError, PermissionError):

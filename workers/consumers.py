@@ -50,7 +50,10 @@ def run_worker(ws: Workspace, workers: int) -> None:
         "worker.started", workers=workers, worker=tasks.WORKER_ID, queue=_describe(settings)
     )
     consumer.run()
-    logs.get().info("worker.stopped", worker=tasks.WORKER_ID)
+    # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process with
+    # the agents still running, and the interrupted tasks already queued again. Stop them.
+    left = reap_orphans(ws.state_dir, mine=True)
+    logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
 
 
 def _lock(state_dir: Path) -> int:
