@@ -46,44 +46,36 @@ def _sweep_options(fn):
                 show_default=True,
                 help="The sweep's name in logs.",
             ),
+            click.option(
+                "--budget-usd",
+                type=float,
+                default=None,
+                help="Start no new attempt once this run's recorded cost reaches it.",
+            ),
         ]
     ):
         fn = opt(fn)
     return fn
 
 
-def _request(
-    name,
-    selectors,
-    all_gates,
-    notes,
-    current,
-    reviewer,
-    fixer,
-    auditor,
-    grouping,
-    batch_size,
-    fix,
-    sequential,
-    trigger,
-):
+def _request(opts: dict, trigger: str):
     from .sweeps import SweepRequest
 
-    if not selectors and not all_gates:
-        all_gates = True  # a sweep with no selection reviews every catalog gate
+    all_gates = opts["all_gates"] or not opts["selectors"]  # no selection: every catalog gate
     return SweepRequest(
-        name=name,
-        reviewer=reviewer,
-        selectors=tuple(selectors),
+        name=opts["sweep_name"],
+        reviewer=opts["reviewer"],
+        selectors=tuple(opts["selectors"]),
         all_gates=all_gates,
-        notes=tuple(notes),
-        current=current,
-        grouping=grouping,
-        batch_size=batch_size,
-        fix=fix,
-        sequential=sequential,
-        fixer=fixer,
-        auditor=auditor,
+        notes=tuple(opts["notes"]),
+        current=opts["current"],
+        grouping=opts["grouping"],
+        batch_size=opts["batch_size"],
+        fix=opts["fix"],
+        sequential=opts["sequential"],
+        fixer=opts["fixer"],
+        auditor=opts["auditor"],
+        budget_usd=opts["budget_usd"],
         trigger=trigger,
     )
 
@@ -93,22 +85,7 @@ def _request(
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @refuse_domain_errors
-def enqueue_cmd(
-    ws: Workspace,
-    selectors,
-    all_gates,
-    notes,
-    current,
-    reviewer,
-    fixer,
-    auditor,
-    grouping,
-    batch_size,
-    fix,
-    sequential,
-    sweep_name,
-    as_json,
-) -> None:
+def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     """Select stale pairs, create jobs and queue them for the workers (the producer).
 
     \b
@@ -117,21 +94,7 @@ def enqueue_cmd(
     """
     from .sweeps import enqueue
 
-    req = _request(
-        sweep_name,
-        selectors,
-        all_gates,
-        notes,
-        current,
-        reviewer,
-        fixer,
-        auditor,
-        grouping,
-        batch_size,
-        fix,
-        sequential,
-        "enqueue",
-    )
+    req = _request(opts, "enqueue")
     res = enqueue(ws, req)
     _nudge(ws)
     if as_json:
@@ -146,7 +109,7 @@ def enqueue_cmd(
         return
     pairs = sum(len(j.pairs) for j in res.jobs)
     click.echo(
-        f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {reviewer}; skipped {len(res.skipped)}"
+        f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; skipped {len(res.skipped)}"
     )
 
 
@@ -200,23 +163,7 @@ def control_cmd(ws: Workspace) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
 @refuse_domain_errors
-def sweep_cmd(
-    ws: Workspace,
-    selectors,
-    all_gates,
-    notes,
-    current,
-    reviewer,
-    fixer,
-    auditor,
-    grouping,
-    batch_size,
-    fix,
-    sequential,
-    sweep_name,
-    workers,
-    as_json,
-) -> None:
+def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     """Enqueue, then run control and workers until every job is done or waits; print a summary.
 
     \b
@@ -229,21 +176,7 @@ def sweep_cmd(
     from .sweep_report import ProgressDisplay, render_summary
 
     logs.configure(ws.state_dir)
-    req = _request(
-        sweep_name,
-        selectors,
-        all_gates,
-        notes,
-        current,
-        reviewer,
-        fixer,
-        auditor,
-        grouping,
-        batch_size,
-        fix,
-        sequential,
-        "sweep",
-    )
+    req = _request(opts, "sweep")
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
     if as_json:
@@ -262,6 +195,10 @@ def sweep_cmd(
     problems = []
     if out.summary["failed"]:
         problems.append(f"{len(out.summary['failed'])} job(s) failed")
+    if out.progress.waiting_budget:
+        problems.append(
+            f"{out.progress.waiting_budget} job(s) wait for the next run: the sweep's budget is spent"
+        )
     if out.progress.waiting_paused:
         who = ", ".join(f"{n} (until {u})" for n, u in out.paused.items())
         problems.append(f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}")

@@ -229,6 +229,11 @@ def _sweep(t: dict, index: int) -> SweepConfig:
         isinstance(budget, bool) or not isinstance(budget, int | float) or budget < 0
     ):
         raise ConfigError(f"{where} budget_usd: expected a number ≥ 0")
+    cron = str(t.get("cron", ""))
+    if cron:
+        from .sweeps import cron_validator  # checked at load: a bad cron is refused at once
+
+        cron_validator(cron, f"{where} cron")
     select = _strs(t.get("select"), f"{where} select")
     all_gates = bool(t.get("all_gates", not select))
     return SweepConfig(

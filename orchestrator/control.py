@@ -24,6 +24,7 @@ from .cycles import record_decisions
 from .finalize import FinalizeError, Provenance, finalize
 from .jobs import split_job
 from .reports import write_job_files
+from .status import spent_usd
 from .store import utcnow
 from .workspace import Workspace
 
@@ -168,11 +169,7 @@ class Control:
         run = self.store.conn.execute("SELECT * FROM sweep_runs WHERE id = ?", (run_id,)).fetchone()
         if run is None or run["budget_usd"] is None:
             return False
-        spent = self.store.conn.execute(
-            "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            "WHERE j.sweep = ? AND a.started_at >= ?",
-            (run["name"], run["started_at"]),
-        ).fetchone()[0]
+        spent = spent_usd(self.store, run["name"], run["started_at"])
         if spent < run["budget_usd"]:
             return False
         if run_id not in self._budget_logged:

@@ -106,16 +106,40 @@ class Progress:
     done: int = 0
     open: int = 0
     waiting_paused: int = 0
+    waiting_budget: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 
 
-def progress(store: Store, since_job_id: int, paused: set[str]) -> Progress:
+def over_budget_runs(store: Store) -> set[int]:
+    """Sweep runs whose recorded cost reached their ``budget_usd``."""
+    out = set()
+    for run in store.conn.execute(
+        "SELECT id, name, budget_usd, started_at FROM sweep_runs WHERE budget_usd IS NOT NULL"
+    ):
+        if spent_usd(store, run["name"], run["started_at"]) >= run["budget_usd"]:
+            out.add(run["id"])
+    return out
+
+
+def spent_usd(store: Store, sweep: str, since: str) -> float:
+    """The cost of every attempt started for a sweep's jobs since a run began."""
+    return store.conn.execute(
+        "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+        "WHERE j.sweep = ? AND a.started_at >= ?",
+        (sweep, since),
+    ).fetchone()[0]
+
+
+def progress(
+    store: Store, since_job_id: int, paused: set[str], over_budget: set[int] = frozenset()
+) -> Progress:
     """Jobs the sweep waits for: every job with a reviewer from ``since_job_id`` on, plus
-    any older one still open (queued earlier by ``enqueue`` or ``decide``)."""
+    any older one still open (queued earlier by ``enqueue`` or ``decide``). Queued jobs
+    of a paused reviewer or of a sweep run over its budget wait; they are not open."""
     p = Progress(by_status=dict.fromkeys(STATUSES, 0))
-    for status_, reviewer, n in store.conn.execute(
-        "SELECT status, reviewer, count(*) FROM review_jobs WHERE reviewer IS NOT NULL AND "
-        "(id >= ? OR status IN ('queued', 'running')) GROUP BY status, reviewer",
+    for status_, reviewer, run_id, n in store.conn.execute(
+        "SELECT status, reviewer, sweep_run_id, count(*) FROM review_jobs WHERE reviewer IS NOT NULL AND "
+        "(id >= ? OR status IN ('queued', 'running')) GROUP BY status, reviewer, sweep_run_id",
         (since_job_id,),
     ):
         p.by_status[status_] += n
@@ -123,6 +147,8 @@ def progress(store: Store, since_job_id: int, paused: set[str]) -> Progress:
         if status_ in ("queued", "running"):
             if status_ == "queued" and reviewer in paused:
                 p.waiting_paused += n
+            elif status_ == "queued" and run_id in over_budget:
+                p.waiting_budget += n
             else:
                 p.open += n
         else:

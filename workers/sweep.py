@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.status import Progress, progress, summary
+from orchestrator.status import Progress, over_budget_runs, progress, summary
 from orchestrator.sweeps import EnqueueResult, SweepRequest, enqueue
 from orchestrator.workspace import Workspace
 
@@ -39,6 +39,7 @@ class SweepOutcome:
         return (
             not self.summary["failed"]
             and self.progress.waiting_paused == 0
+            and self.progress.waiting_budget == 0
             and not self.children_failed
         )
 
@@ -153,7 +154,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     try:
         while True:
             paused = _paused(ws)
-            p = progress(store, start_id, set(paused))
+            p = progress(store, start_id, set(paused), over_budget_runs(store))
             if on_progress is not None:
                 on_progress(p)
             if p.open == 0 or children.failed:
@@ -163,7 +164,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     finally:
         children.stop()
     paused = _paused(ws)
-    final = progress(store, start_id, set(paused))
+    final = progress(store, start_id, set(paused), over_budget_runs(store))
     out = SweepOutcome(enqueued, start_id, summary(store, start_id), final, paused, children.failed)
     logs.get().info(
         "sweep.finished",
