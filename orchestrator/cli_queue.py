@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import asdict
 
 import click
 
@@ -103,7 +104,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
                 "sweep_run": res.run_id,
                 "model_partition": res.model_partition,
                 "jobs": [j.to_json() for j in res.jobs],
-                "skipped": [s.__dict__ for s in res.skipped],
+                "skipped": [asdict(s) for s in res.skipped],
             }
         )
         return
@@ -426,7 +427,14 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
 
     items = open_escalations(ws.read_store())
     if as_json:
-        emit_json({"escalations": [e.to_json() for e in items]})
+        emit_json(
+            {
+                "escalations": [
+                    {**e.to_json(), "report_path": _root_rel(ws, ws.state_dir / e.report_path)}
+                    for e in items
+                ]
+            }
+        )
         return
     for e in items:
         report = ws.state_dir / e.report_path
@@ -486,6 +494,14 @@ def decide_cmd(ws: Workspace, escalation_id: int, decision: str, feedback: str |
         click.echo(
             f"rejected: {esc['note_path']} {esc['gate_id']} is not reviewed again until the note or gate changes"
         )
+
+
+def _root_rel(ws: Workspace, path) -> str:
+    """SPEC §10: paths in JSON are relative to the root when they lie under it."""
+    try:
+        return path.relative_to(ws.root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _nudge(ws: Workspace) -> None:

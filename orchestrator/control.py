@@ -78,13 +78,6 @@ class Control:
         per-profile semaphores keep the number of agents *running* at ``concurrency``.
         """
         now = _ts(self.now())
-        jobs = self.store.conn.execute(
-            "SELECT id, reviewer, sweep_run_id FROM review_jobs WHERE status = 'queued' "
-            "AND reviewer IS NOT NULL AND (not_before IS NULL OR not_before <= ?) ORDER BY id",
-            (now,),
-        ).fetchall()
-        if not jobs:
-            return 0
         open_counts = dict(
             self.store.conn.execute(
                 "SELECT j.reviewer, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
@@ -92,6 +85,29 @@ class Control:
             ).fetchall()
         )
         paused = self.paused()
+        # Per reviewer, only as many queued jobs as it has free slots (plus a margin for
+        # jobs held back by a budget): the queue can hold thousands, dispatch runs per job.
+        jobs = []
+        for name in [
+            r[0]
+            for r in self.store.conn.execute(
+                "SELECT DISTINCT reviewer FROM review_jobs WHERE status = 'queued' AND reviewer IS NOT NULL"
+            )
+        ]:
+            profile = self.settings.reviewers.get(name)
+            free = (
+                50 if profile is None else PREFETCH * profile.concurrency - open_counts.get(name, 0)
+            )
+            if name in paused or free <= 0:
+                continue
+            jobs += self.store.conn.execute(
+                "SELECT id, reviewer, sweep_run_id FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
+                "AND (not_before IS NULL OR not_before <= ?) ORDER BY id LIMIT ?",
+                (name, now, free + 16),
+            ).fetchall()
+        if not jobs:
+            return 0
+        jobs.sort(key=lambda j: j["id"])
         over_budget: dict[int, bool] = {}
         sent = 0
         for job in jobs:
@@ -199,6 +215,13 @@ class Control:
             self.log.info("attempt.started", job_id=job_id, attempt=attempt, worker=worker)
 
     def on_outcome(self, o: dict) -> None:
+        """Judge an attempt's outcome and start what follows it (retry, split, fix,
+        re-review, escalation) in one transaction, so no reader ever sees a job ended
+        with its follow-up not yet queued."""
+        with self.store.write():
+            self._on_outcome(o)
+
+    def _on_outcome(self, o: dict) -> None:
         job_id, attempt = o["job_id"], o["attempt"]
         job = self.store.conn.execute(
             "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
@@ -470,6 +493,20 @@ class Control:
             self.log.warning(
                 "attempt.lost", job_id=r["job_id"], attempt=r["attempt"], reason=lost_reason
             )
+            lost = self.store.conn.execute(
+                "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost'",
+                (r["job_id"],),
+            ).fetchone()[0]
+            if lost >= 2 * self.settings.queue.max_attempts:
+                # An agent that takes its worker down every time would otherwise retry forever.
+                reasons = [f"{lost} attempts lost their worker (the last: {lost_reason})"]
+                with self.store.write():
+                    fail_job(self.store, self.ws.state_dir, r["job_id"], reasons)
+                    if self.hooks is not None:
+                        self.hooks.after_failed(r["job_id"], reasons)  # type: ignore[attr-defined]
+                self.log.error(
+                    "job.failed", job_id=r["job_id"], reviewer=r["reviewer"], reasons=reasons
+                )
         return reaped
 
     def tick(self) -> None:

@@ -6,6 +6,8 @@ escalations, audits of PASS decisions, and the next bundle of a sequential sweep
 
 from __future__ import annotations
 
+import json
+
 from . import cycles, logs
 from .fixes import apply_fix, create_fix_job, finish_fix_job
 from .jobs import create_jobs, display_path, job_dir
@@ -43,7 +45,7 @@ class FollowUp:
             elif opts.get("fix"):
                 fix_notes.add(p["note_path"])
         for note_path in sorted(fix_notes):
-            self._start_fix(job, note_path, opts)
+            self._start_fix(job, note_path, opts, feedback=self._asks(job))
         self._audit(job, pairs, opts)
         if opts.get("sequential"):
             self._next_bundle(job, opts)
@@ -173,7 +175,7 @@ class FollowUp:
                 else:
                     retry_fix = True
             if retry_fix:
-                self._start_fix(job, job["note_path"], opts)
+                self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
         finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")
         self.log.info(
@@ -219,8 +221,17 @@ class FollowUp:
         )
 
     def redo(self, esc: dict, feedback: str) -> int | None:
-        """A person's redo: a fix job carrying their asks verbatim."""
+        """A person's redo: a fix job carrying their asks verbatim. It belongs to a sweep
+        run of its own with fixing on, so the cycle goes on from a fresh count."""
         fixer = esc["fixer"] or esc["reviewer"] or "offline"
+        reviewer = esc["reviewer"] or fixer
+        options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": [esc["gate_id"]]}
+        with self.store.write():
+            run_id = self.store.conn.execute(
+                "INSERT INTO sweep_runs (name, trigger, options, started_at) VALUES ('decide', 'decide', ?, ?) "
+                "RETURNING id",
+                (json.dumps(options), utcnow()),
+            ).fetchone()[0]
         return create_fix_job(
             self.ws.kb,
             self.ws.catalog(),
@@ -229,9 +240,9 @@ class FollowUp:
             note_path=esc["note_path"],
             partition=esc["model_partition"],
             fixer=fixer,
-            review_reviewer=esc["reviewer"] or fixer,
+            review_reviewer=reviewer,
             sweep="decide",
-            sweep_run_id=None,
+            sweep_run_id=run_id,
             source_job_id=None,
             feedback=feedback,
             include={esc["gate_id"]},
@@ -353,6 +364,14 @@ class FollowUp:
             gate = cat.get(gate_id)
             current[(note_path, gate_id)] = (note_sha, gate.sha256 if gate else None)
         return cycles.held_pairs(self.store, partition, current)
+
+    def _asks(self, job) -> str | None:
+        """A person's redo asks stay with the cycle they started: a re-review made after a
+        fix carries the asks of that fix on to the next one."""
+        if job["source_job_id"] is None:
+            return None
+        src = self._job(job["source_job_id"])
+        return src["feedback"] if src is not None and src["kind"] == "fix" else None
 
     # --- helpers ------------------------------------------------------------------------
     def _job(self, job_id: int):

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import logs
 from .bundle import sentinel_like_lines
 from .gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
 from .kb import KB, KBError, NoteParseError, decode, sha256_bytes
@@ -251,6 +252,17 @@ def create_jobs(
                     snap_cache,
                 )
             )
+    log = logs.get()
+    for job in batch.jobs:
+        log.info(
+            "job.created",
+            job_id=job.review_job_id,
+            model_partition=job.model_partition,
+            grouping=job.grouping,
+            pairs=len(job.pairs),
+            reviewer=reviewer,
+            sweep=sweep,
+        )
     return batch
 
 

@@ -126,7 +126,7 @@ def configure(
     err.setFormatter(console_formatter if fmt == "console" else json_formatter)
     err._reviewq = True  # type: ignore[attr-defined]
     # People get one line; tracebacks go to the log file only.
-    err.addFilter(lambda record: record.exc_info is None)
+    err.addFilter(_no_traceback)
     root.addHandler(err)
     if state_dir is not None:
         path = log_path(state_dir)
@@ -148,6 +148,13 @@ def configure(
         cache_logger_on_first_use=False,
     )
     _configured["key"] = key
+
+
+def _no_traceback(record: logging.LogRecord) -> bool:
+    if record.exc_info:
+        return False
+    # structlog carries the exception in its event dict, not on the record.
+    return not (isinstance(record.msg, dict) and record.msg.get("exc_info"))
 
 
 def _add_static(key: str, value: str):

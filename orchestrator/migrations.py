@@ -222,4 +222,14 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        4,
+        "dispatch reads only the next jobs of each reviewer",
+        """
+        CREATE INDEX review_jobs_dispatch ON review_jobs (reviewer, status, id);
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

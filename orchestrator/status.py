@@ -29,7 +29,7 @@ def _table_exists(store: Store, name: str) -> bool:
 def status(store: Store, settings: Settings) -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     for s, n in store.conn.execute(
-        "SELECT status, count(*) FROM review_jobs WHERE reviewer IS NOT NULL OR status != 'queued' GROUP BY status"
+        "SELECT status, count(*) FROM review_jobs WHERE grouping != 'human' GROUP BY status"
     ):
         counts[s] = n
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -179,15 +179,22 @@ def test_redo_puts_the_asks_in_the_next_fix_prompt_and_restarts_the_count(cyc):
     with db(cyc) as conn:
         assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 0
         assert conn.execute("SELECT decision FROM escalations").fetchone()[0] == "redo"
-    rq(cyc, "sweep", "--reviewer", "fake", "--json")  # runs the queued fix and its re-review
+    rq(cyc, "sweep", "--reviewer", "fake", "--json")  # runs the redo's fix and the cycle after it
     with db(cyc) as conn:
-        fix = conn.execute(
-            "SELECT job_dir FROM review_jobs WHERE kind = 'fix' ORDER BY id DESC"
-        ).fetchone()[0]
-        count = conn.execute("SELECT rejections FROM cycles").fetchone()[0]
-    prompt = (cyc.state / fix / "attempt-1" / "prompt.md").read_text()
-    assert asks in prompt
-    assert count == 1  # a fresh count: the re-review's FAIL is the first of a new cycle
+        fixes = conn.execute(
+            "SELECT job_dir, feedback FROM review_jobs WHERE kind = 'fix' ORDER BY id"
+        ).fetchall()
+        escalations = conn.execute(
+            "SELECT cycles, decision FROM escalations ORDER BY id"
+        ).fetchall()
+        events = conn.execute("SELECT rejection FROM cycle_events ORDER BY id").fetchall()
+    after_redo = [f for f in fixes if f["feedback"]]
+    assert after_redo and all(f["feedback"] == asks for f in after_redo)
+    for f in after_redo:  # the asks reach every fix of the new cycle, verbatim
+        assert asks in (cyc.state / f["job_dir"] / "attempt-1" / "prompt.md").read_text()
+    # A fresh count: the new cycle counted 1, 2, 3 again and escalated once more.
+    assert [r[0] for r in events][-3:] == [1, 2, 3]
+    assert [tuple(e) for e in escalations] == [(3, "redo"), (3, None)]
 
 
 def test_approve_records_a_human_review(cyc):

@@ -399,14 +399,27 @@ def test_budget_stops_new_attempts_and_says_so(kb):
     small_kb(kb, notes=12)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     # Every attempt of the fake agent records a cost of $0.01.
-    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--name", "nightly", "--budget-usd", "0.025",
-             "--json", env={"FAKE_TURNS": "1"})
+    res = rq(
+        kb,
+        "sweep",
+        "--reviewer",
+        "fake",
+        "frontmatter",
+        "--name",
+        "nightly",
+        "--budget-usd",
+        "0.025",
+        "--json",
+        env={"FAKE_TURNS": "1"},
+    )
     assert res.returncode == 1 and "budget is spent" in res.stderr
     out = json.loads(res.stdout)
     assert out["progress"]["waiting_budget"] > 0
     with db(kb) as conn:
         spent = conn.execute("SELECT SUM(cost_usd), count(*) FROM attempts").fetchone()
-        queued = conn.execute("SELECT count(*) FROM review_jobs WHERE status = 'queued'").fetchone()[0]
+        queued = conn.execute(
+            "SELECT count(*) FROM review_jobs WHERE status = 'queued'"
+        ).fetchone()[0]
     # Dispatch stops once the recorded cost reaches the budget; what was open finishes
     # (at most PREFETCH x concurrency = 4 attempts past the one that crossed it).
     assert 0.025 <= spent[0] <= 0.025 + 0.01 * 5 and spent[1] < 12 and queued == 12 - spent[1]
@@ -421,7 +434,10 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     from orchestrator.workspace import Workspace
 
     small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile() + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nreviewer = "fake"\n')
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nreviewer = "fake"\n',
+    )
     ws = Workspace.open(kb.root)
 
     def at(h: int, m: int, s: int = 0):
@@ -433,7 +449,9 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     ws.close()
     ws = Workspace.open(kb.root)  # a restarted control process does not fire it again
     assert due_sweeps(ws, at(3, 5)) == []
-    assert [s.name for s in due_sweeps(ws, datetime(2026, 1, 3, 3, 0, 5).astimezone())] == ["nightly"]
+    assert [s.name for s in due_sweeps(ws, datetime(2026, 1, 3, 3, 0, 5).astimezone())] == [
+        "nightly"
+    ]
     ws.close()
     kb.write("reviewq.toml", fake_profile() + '[[sweeps]]\nname = "bad"\ncron = "99 * * * *"\n')
     res = rq(kb, "control")  # refused at load, before it would run all night

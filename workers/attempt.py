@@ -160,8 +160,10 @@ def run_attempt(
     max_output_bytes: int = 5 * 1024 * 1024,
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 30.0,
+    on_launch: Callable[[], None] | None = None,
 ) -> AttemptOutcome:
-    """Run one attempt to its end and classify it (SPEC §6 step 4)."""
+    """Run one attempt to its end and classify it (SPEC §6 step 4). ``on_launch`` runs
+    once the agent has started; ``on_tick`` every ``tick_s`` while it runs."""
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         spec.output_path.unlink()  # a leftover from a run of this attempt that was lost
@@ -181,6 +183,8 @@ def run_attempt(
         return out
     registry = register_agent(spec, proc.pid)
     try:
+        if on_launch is not None:
+            on_launch()
         exited = wait_for_exit(proc, start + timeout_s, on_tick, tick_s)
         out.exited_at = time.time()
         if not exited:

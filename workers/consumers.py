@@ -43,8 +43,8 @@ def run_worker(ws: Workspace, workers: int) -> None:
         workers=workers,
         periodic=False,
         initial_delay=poll,
-        backoff=1.15,
-        max_delay=max(poll, 1.0),
+        backoff=1.0,
+        max_delay=poll,
     )
     logs.get().info(
         "worker.started", workers=workers, worker=tasks.WORKER_ID, queue=_describe(settings)
@@ -52,6 +52,7 @@ def run_worker(ws: Workspace, workers: int) -> None:
     consumer.run()
     # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process with
     # the agents still running, and the interrupted tasks already queued again. Stop them.
+    tasks.STOPPING.set()
     left = reap_orphans(ws.state_dir, mine=True)
     logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.attempts import fail_job, open_attempt, record_end, requeue_job
+from orchestrator.cycles import record_decisions
 from orchestrator.finalize import FinalizeError, FinalizeResult, Provenance, finalize
 from orchestrator.workspace import Workspace
 
@@ -80,6 +81,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
             provenance=Provenance(runner=profile.name, telemetry=outcome.telemetry or None),
             max_bytes=ws.settings.max_output_bytes,
             fail_on_invalid=True,
+            within=record_decisions,
         )
     elif outcome.classification == LAUNCH_FAILURE:
         requeue_job(store, job_id)  # not the job's fault: back to the queue untouched

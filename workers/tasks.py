@@ -34,6 +34,7 @@ _control: Control | None = None
 _semaphores: dict[str, threading.BoundedSemaphore] = {}
 _sem_lock = threading.Lock()
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+STOPPING = threading.Event()  # set by a stopping worker before it kills its agents
 
 try:  # Redis errors count as transient too when the client is installed
     from redis.exceptions import ConnectionError as _RedisConnectionError
@@ -124,11 +125,10 @@ def run_review(msg: dict) -> None:
         note_path=msg.get("note_path"),
     )
     with _semaphore(profile), logs.bound(job_id=job_id, attempt=attempt, reviewer=profile.name):
-        send("attempt_heartbeat", job_id, attempt, WORKER_ID, True)
 
-        def beat() -> None:
+        def beat(launched: bool = False) -> None:
             try:
-                send("attempt_heartbeat", job_id, attempt, WORKER_ID, False)
+                send("attempt_heartbeat", job_id, attempt, WORKER_ID, launched)
             except Exception as exc:  # a missed heartbeat is not worth killing the agent for
                 logs.get().warning("attempt.heartbeat_failed", error=str(exc))
 
@@ -141,7 +141,14 @@ def run_review(msg: dict) -> None:
             max_output_bytes=msg.get("max_output_bytes") or 5 * 1024 * 1024,
             on_tick=beat,
             tick_s=msg.get("heartbeat_s") or 30.0,
+            on_launch=lambda: beat(True),  # the agent starts first: no queue write delays it
         )
+        if STOPPING.is_set():
+            # The worker is stopping and killed this agent; Huey queued the task again.
+            logs.get().info(
+                "attempt.abandoned", reason="worker stopping; the task was queued again"
+            )
+            return
         logs.get().info(
             "attempt.exited",
             outcome=outcome.classification,
