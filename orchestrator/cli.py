@@ -4,6 +4,7 @@ print, and turn domain errors into one ``error:`` line with exit code 1."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -64,6 +65,12 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except DOMAIN_ERRORS as exc:
             raise Refused(str(exc)) from None
+        except sqlite3.OperationalError as exc:
+            # Nothing was changed: the transaction rolled back. Say what and how to go on.
+            raise Refused(
+                f"state.db or a queue file is unavailable ({exc}); another process holds it "
+                "longer than the busy timeout. Nothing was changed; run the command again."
+            ) from None
 
     return wrapper
 

@@ -58,7 +58,9 @@ def make_app(settings: Settings) -> App:
     app = App(review, control, settings)
     app.wrappers["run_review"] = review.task(name="run_review")(tasks.run_review)
     for fn in (tasks.deliver_outcome, tasks.attempt_heartbeat, tasks.dispatch, tasks.tick):
-        app.wrappers[fn.__name__] = control.task(name=fn.__name__)(fn)
+        # A control task that fails (state.db locked past its busy timeout, a full disk)
+        # rolled its transaction back; Huey runs it again a little later.
+        app.wrappers[fn.__name__] = control.task(name=fn.__name__, retries=20, retry_delay=3)(fn)
 
     for huey in (review, control):
 
