@@ -59,8 +59,16 @@ def _sweep_options(fn):
     return fn
 
 
-def _request(opts: dict, trigger: str):
+def _request(opts: dict, trigger: str, ws: Workspace | None = None):
     from .sweeps import SweepRequest
+
+    configured = ws.settings.sweeps.get(opts["sweep_name"]) if ws is not None else None
+    if configured is not None and not opts["selectors"] and not opts["all_gates"]:
+        # `--name NIGHTLY` alone runs a [[sweeps]] entry now, as its cron would.
+        req = SweepRequest.from_config(configured, trigger=trigger)
+        if opts["budget_usd"] is not None:
+            req.budget_usd = opts["budget_usd"]
+        return req
 
     all_gates = opts["all_gates"] or not opts["selectors"]  # no selection: every catalog gate
     return SweepRequest(
@@ -95,7 +103,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     """
     from .sweeps import enqueue
 
-    req = _request(opts, "enqueue")
+    req = _request(opts, "enqueue", ws)
     res = enqueue(ws, req)
     _nudge(ws)
     if as_json:
@@ -177,7 +185,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     from .sweep_report import ProgressDisplay, render_summary
 
     logs.configure(ws.state_dir)
-    req = _request(opts, "sweep")
+    req = _request(opts, "sweep", ws)
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
     if as_json:

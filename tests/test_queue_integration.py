@@ -456,3 +456,17 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     kb.write("reviewq.toml", fake_profile() + '[[sweeps]]\nname = "bad"\ncron = "99 * * * *"\n')
     res = rq(kb, "control")  # refused at load, before it would run all night
     assert res.returncode == 1 and "cron" in res.stderr and "99" in res.stderr
+
+
+def test_a_configured_sweep_runs_by_name(kb):
+    small_kb(kb, notes=2)
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + FAST_QUEUE + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nselect = ["prose"]\nreviewer = "fake"\n',
+    )
+    res = rq(kb, "sweep", "--name", "nightly", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        lenses = {r[0] for r in conn.execute("SELECT lens FROM review_jobs")}
+        runs = [tuple(r) for r in conn.execute("SELECT name, trigger FROM sweep_runs")]
+    assert lenses == {"prose"} and runs == [("nightly", "sweep")]

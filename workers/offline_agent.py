@@ -22,11 +22,29 @@ SUMMARY = (
 )
 
 
-def review_block(root: Path, pair: dict) -> str:
+def note_from_prompt(prompt: str, note_path: str) -> str | None:
+    """The note text the prompt carries (the snapshot the job was made from), as a real
+    agent would read it, rather than the file, which may have changed since."""
+    head = f"### Note `{note_path}`\n\n"
+    start = prompt.find(head)
+    if start < 0:
+        return None
+    fence_line, _, rest = prompt[start + len(head) :].partition("\n")
+    fence = fence_line.rstrip("abcdefghijklmnopqrstuvwxyz")
+    text, sep, _ = rest.partition("\n" + fence + "\n")
+    if not sep:
+        return None
+    return text + "\n"
+
+
+def review_block(root: Path, pair: dict, prompt: str = "") -> str:
     note_path, gate_path = pair["note_path"], pair["gate_path"]
     watches = pair.get("watches") or list(REGIONS)
     try:
-        regions = parse_note_text((root / note_path).read_text(encoding="utf-8")).regions()
+        text = note_from_prompt(prompt, note_path)
+        if text is None:
+            text = (root / note_path).read_text(encoding="utf-8")
+        regions = parse_note_text(text).regions()
     except (OSError, UnicodeDecodeError, NoteParseError) as exc:
         findings, result = (
             [f"- high: the offline reviewer could not read the note ({exc})."],
@@ -61,7 +79,8 @@ def main() -> int:
     manifest = json.loads(
         (Path(os.environ["REVIEWQ_JOB_DIR"]) / "MANIFEST.json").read_text(encoding="utf-8")
     )
-    text = "\n".join(review_block(root, p) for p in manifest["pairs"])
+    prompt = Path(os.environ["REVIEWQ_PROMPT_PATH"]).read_text(encoding="utf-8")
+    text = "\n".join(review_block(root, p, prompt) for p in manifest["pairs"])
     tmp = output.with_name(output.name + ".part")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(output)
