@@ -16,7 +16,7 @@ from pathlib import Path
 from . import logs
 from .gates import Catalog
 from .jobs import display_path, job_dir
-from .kb import KB, NoteParseError, decode, parse_note_text, sha256_bytes
+from .kb import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
 from .prompts import fenced, template
 from .reports import write_manifest
 from .store import Store, utcnow
@@ -88,7 +88,12 @@ def create_fix_job(
     targets = current_failures(store, partition, note_path, include)
     if not targets:
         return None
-    note = kb.read_note(kb.check_rel(note_path))
+    try:
+        note = kb.read_note(kb.check_rel(note_path))
+    except (KBError, NoteParseError, OSError) as exc:
+        # Deleted, broken or leading outside the root since its review: nothing to fix.
+        logs.get().warning("fix.skipped", note_path=note_path, reason=str(exc))
+        return None
     now = utcnow()
     with store.write():
         job_id = store.conn.execute(
@@ -213,11 +218,11 @@ def apply_fix(kb: KB, store: Store, job, output: bytes | None) -> FixResult:
         "SELECT n.text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id WHERE p.job_id = ? LIMIT 1",
         (job["id"],),
     ).fetchone()[0]
-    rel = kb.check_rel(job["note_path"])
-    path = kb.abspath(rel)
     try:
+        rel = kb.check_rel(job["note_path"])
+        path = kb.abspath(rel)
         current = decode(path.read_bytes())
-    except (OSError, NoteParseError) as exc:
+    except (KBError, OSError, NoteParseError) as exc:
         return FixResult("stale", f"the note cannot be read now ({exc}); nothing written")
     if current != given:
         return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")

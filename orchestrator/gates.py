@@ -211,14 +211,11 @@ def type_gate(rel: str, data: bytes) -> Gate:
     )
 
 
-def _md_files(kb: KB, rel_dir: str) -> list[str]:
-    base = kb.root / rel_dir
-    if not base.is_dir():
-        return []
+def _md_files(kb: KB, rel_dir: str, problems: list[FileProblem]) -> list[str]:
     return sorted(
-        p.relative_to(kb.root).as_posix()
-        for p in base.rglob("*.md")
-        if p.is_file() and p.name.lower() not in _SKIP_FILES
+        rel
+        for rel in kb.walk(kb.root / rel_dir, problems)
+        if rel.rsplit("/", 1)[-1].lower() not in _SKIP_FILES
     )
 
 
@@ -226,7 +223,7 @@ def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
     """Every gate under the gate tree and every type spec; invalid ones go to ``problems``."""
     cat = Catalog()
     seen: dict[str, list[Gate]] = {}
-    for rel in _md_files(kb, GATES_DIR):
+    for rel in _md_files(kb, GATES_DIR, cat.problems):
         try:
             gate = parse_gate(rel, (kb.root / rel).read_bytes())
         except (ValueError, NoteParseError, OSError) as exc:
@@ -241,7 +238,7 @@ def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
         paths = ", ".join(g.path for g in gates)
         for g in gates:
             cat.problems.append(FileProblem(g.path, f"duplicate gate_id {gate_id!r} ({paths})"))
-    type_paths = [p for p in _md_files(kb, TYPES_DIR) if p.count("/") == 2]
+    type_paths = [p for p in _md_files(kb, TYPES_DIR, cat.problems) if p.count("/") == 2]
     for rel in [*type_paths, *extra_type_paths]:
         name = rel.rsplit("/", 1)[-1][:-3]
         if name in cat.types:

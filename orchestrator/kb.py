@@ -77,13 +77,26 @@ def split_frontmatter(text: str) -> tuple[str | None, str]:
     raise NoteParseError("frontmatter block is not closed with '---'")
 
 
+# A frontmatter deeper or larger than this is not a note's metadata but an attack on the
+# loader: libyaml's composer recurses in C (a ~30,000-deep block overflows the stack and
+# kills the process), and aliases can expand a few hundred bytes into gigabytes.
+MAX_DEPTH = 100
+MAX_VALUES = 10_000
+# Each nesting level needs one of these characters, so fewer of them bound the depth.
+_NESTING_CHARS = "[{-:?"
+_UNCONSTRUCTABLE = (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError)
+
+
 def parse_frontmatter(block: str | None) -> dict:
-    """The frontmatter mapping; raises NoteParseError for YAML that is broken or not a mapping."""
+    """The frontmatter mapping; raises NoteParseError for YAML that is broken, not a
+    mapping, nested deeper than MAX_DEPTH or expanding to more than MAX_VALUES values."""
     if block is None:
         return {}
     simple = parse_simple(block)
     if simple is not None:
         return simple
+    if sum(block.count(c) for c in _NESTING_CHARS) > 1000:
+        _check_event_depth(block)
     try:
         data = yaml.load(block, Loader=_Loader)
     except yaml.YAMLError as exc:
@@ -91,15 +104,87 @@ def parse_frontmatter(block: str | None) -> dict:
         where = f" (frontmatter line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise NoteParseError(f"broken YAML{where}: {problem}") from None
+    except _UNCONSTRUCTABLE as exc:
+        # A tagged or implicit value YAML resolves but cannot build (`created: 2023-02-29`).
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise NoteParseError(f"frontmatter holds a value YAML cannot read: {first}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise NoteParseError("frontmatter is not a mapping")
+    _check_shape(data)
     return data
 
 
+def _check_event_depth(block: str) -> None:
+    """Refuse deep nesting from the event stream, which libyaml produces without recursion."""
+    depth = 0
+    try:
+        for event in yaml.parse(block, Loader=_Loader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise NoteParseError(f"frontmatter is nested deeper than {MAX_DEPTH} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # the real load reports it with its line
+
+
+def _check_shape(data: dict) -> None:
+    """Walk the loaded value without recursion. Shared aliases count once per use, so an
+    alias bomb trips MAX_VALUES and a self-reference trips MAX_DEPTH."""
+    stack: list[tuple[object, int]] = [(data, 1)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise NoteParseError(
+                f"frontmatter expands to more than {MAX_VALUES:,} values (aliases?)"
+            )
+        if isinstance(value, dict):
+            children: Iterable[object] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise NoteParseError(
+                f"frontmatter is nested deeper than {MAX_DEPTH} levels (or refers to itself)"
+            )
+        stack.extend((child, depth + 1) for child in children)
+
+
 def canonical_json(value: object) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str, separators=(",", ":"))
+    try:
+        return json.dumps(
+            value, sort_keys=True, ensure_ascii=False, default=str, separators=(",", ":")
+        )
+    except TypeError:
+        # YAML allows keys that are numbers, dates or null beside strings, which cannot be
+        # sorted together; as text they can, and string-keyed notes hash as before.
+        return json.dumps(
+            _string_keys(value),
+            sort_keys=True,
+            ensure_ascii=False,
+            default=str,
+            separators=(",", ":"),
+        )
+
+
+def _string_keys(value: object) -> object:
+    if isinstance(value, dict):
+        return {_key_text(k): _string_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_string_keys(v) for v in value]
+    return value
+
+
+def _key_text(key: object) -> str:
+    if isinstance(key, str):
+        return key
+    return json.dumps(key) if isinstance(key, (bool, int, float)) or key is None else str(key)
 
 
 def _first_heading(body: str) -> str:
@@ -247,11 +332,20 @@ class KB:
         return "" if str(rel) == "." else rel.as_posix()
 
     def check_rel(self, rel: str) -> str:
-        """Refuse a root-relative path that escapes the root (``..``, absolute)."""
+        """Refuse a root-relative path that escapes the root: ``..``, absolute, or through
+        a symlink whose target is outside (a note read into a prompt, a fix written)."""
         norm = posixpath.normpath(rel)
         if rel.startswith("/") or norm == ".." or norm.startswith("../") or "\x00" in rel:
             raise KBError(f"{rel}: outside the KB root")
+        if not self.inside(os.path.join(self.root, norm)):
+            raise KBError(f"{rel}: outside the KB root (through a symlink)")
         return norm
+
+    def inside(self, path: str) -> bool:
+        """Whether ``path``, every symlink resolved, is under the root."""
+        real = os.path.realpath(path)
+        root = str(self.root)
+        return real == root or real.startswith(root + os.sep)
 
     def abspath(self, rel: str) -> Path:
         return self.root / self.check_rel(rel)
@@ -266,10 +360,13 @@ class KB:
                 if base.suffix == ".md":
                     found.add(self.check_rel(start))
                 continue
-            found.update(self._walk(base))
+            found.update(self.walk(base, self.problems))
         return sorted(found)
 
-    def _walk(self, base: Path) -> Iterator[str]:
+    def walk(self, base: Path, problems: list[FileProblem]) -> Iterator[str]:
+        """Root-relative paths of the ``.md`` files under ``base``. Hidden entries and
+        symlinked folders are not entered; a file whose name is not UTF-8, or a symlink
+        leading outside the root, is added to ``problems`` instead."""
         stack: list[str | Path] = [base]
         root_len = len(str(self.root)) + 1
         while stack:
@@ -283,8 +380,21 @@ class KB:
                     continue
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
-                elif e.name.endswith(".md") and e.is_file():
-                    yield e.path[root_len:].replace(os.sep, "/")
+                    continue
+                if not e.name.endswith(".md"):
+                    continue
+                rel = e.path[root_len:].replace(os.sep, "/")
+                try:
+                    rel.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+                    problems.append(FileProblem(shown, "file name is not UTF-8; skipped"))
+                    continue
+                if e.is_symlink() and not self.inside(e.path):
+                    problems.append(FileProblem(rel, "a symlink to outside the KB root; skipped"))
+                    continue
+                if e.is_file():
+                    yield rel
 
     def read_note(self, rel: str) -> Note:
         with open(os.path.join(self.root, rel), "rb") as f:
