@@ -28,8 +28,9 @@ The module is pure (no I/O) and :func:`parse_bundle` never raises on bad output.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import unicodedata
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 SENTINEL_LIKE: re.Pattern[str] = re.compile(r"^===\s.+\s===$")
 DECISIONS = ("PASS", "WARN", "FAIL", "ERROR")
@@ -50,6 +51,10 @@ _VERDICT_LABEL = re.compile(
     re.IGNORECASE,
 )
 _VERDICT_WORD = re.compile(r"(?:PASS|WARN|FAIL|ERROR|INFO|OK|UNKNOWN|PASSED|FAILED)", re.IGNORECASE)
+# Every break str.splitlines honours, so the parser and sentinel_like_lines agree.
+_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 _SHOW_LIMIT = 200  # room for a real pair name, not for a megabyte line
 
 
@@ -114,7 +119,7 @@ def parse_bundle(
         # Keep going on a lossy decoding: the retry prompt should list every other defect too.
         text = data.decode("utf-8", errors="replace")
 
-    found, scan_reasons = _scan(_lines(text), keys)
+    found, scan_reasons = _scan(text.removeprefix("\ufeff"), keys)
     reasons.extend(scan_reasons)
     if reasons:
         return _rejected(reasons)
@@ -128,25 +133,32 @@ def parse_bundle(
 
 @dataclass
 class _Block:
+    """An open block. Its lines are not kept: an output of millions of short lines must
+    cost memory in proportion to its size, not a tuple per line."""
+
     key: str
     name: str  # how reasons show the pair
     start: int  # line number of its START
-    lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, raw line)
+    body_start: int  # offset in the text of the line after START
+    sound: bool = True
+    # The last non-empty line so far: (line number, stripped text, offset of the line).
+    last: tuple[int, str, int] | None = None
 
 
-def _scan(
-    lines: list[str], keys: dict[str, ExpectedPair]
-) -> tuple[dict[str, tuple[str, str]], list[str]]:
+def _scan(text: str, keys: dict[str, ExpectedPair]) -> tuple[dict[str, tuple[str, str]], list[str]]:
     """Walk the lines once; return (decision, rationale) per good block, and every defect."""
     reasons: list[str] = []
     found: dict[str, tuple[str, str]] = {}
     first_start: dict[str, int] = {}
     block: _Block | None = None
-    for number, raw in enumerate(lines, 1):
+    for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
         if not SENTINEL_LIKE.match(line):
-            if block is not None:
-                block.lines.append((number, raw))
+            if block is not None and line:
+                if block.last is not None:
+                    # No longer the last line, so it must not read as a verdict.
+                    _check_inner(block, *block.last[:2], reasons)
+                block.last = (number, line, offset)
             continue
         match = _PAIR_SENTINEL.fullmatch(line)
         if match is None:
@@ -180,7 +192,7 @@ def _scan(
                 )
             else:
                 first_start[key] = number
-            block = _Block(key, name, number)
+            block = _Block(key, name, number, after)
         elif block is None:
             reasons.append(f"line {number}: END without START for {name}")
         elif key != block.key:
@@ -192,7 +204,7 @@ def _scan(
         else:
             # An unexpected pair is reported once; picking apart its content adds only noise.
             if key in keys:
-                outcome = _judge(block, reasons)
+                outcome = _judge(text, block, reasons)
                 if outcome is not None:
                     found.setdefault(key, outcome)
             block = None
@@ -202,26 +214,29 @@ def _scan(
     return found, reasons
 
 
-def _judge(block: _Block, reasons: list[str]) -> tuple[str, str] | None:
+def _check_inner(block: _Block, number: int, line: str, reasons: list[str]) -> None:
+    """Report a line before the last of a block that reads as a result or a verdict."""
+    view = _verdict_view(line)
+    if _RESULT_LINE.fullmatch(view) or _RESULT_HEADING.match(view):
+        problem = "extra result line"
+    elif _looks_like_verdict(view):
+        problem = "verdict-like line"
+    else:
+        return
+    reasons.append(f"line {number}: {problem} in block for {block.name}: {_show(line)}")
+    block.sound = False
+
+
+def _judge(text: str, block: _Block, reasons: list[str]) -> tuple[str, str] | None:
     """The (decision, rationale) of a closed block, or None after reporting its defects."""
-    content = [(number, raw.strip()) for number, raw in block.lines if raw.strip()]
-    if not content:
+    if block.last is None:
         reasons.append(f"line {block.start}: empty block for {block.name}")
         return None
-    sound = True
-    for number, line in content[:-1]:
-        if _RESULT_LINE.fullmatch(line) or _RESULT_HEADING.match(line):
-            problem = "extra result line"
-        elif _looks_like_verdict(line):
-            problem = "verdict-like line"
-        else:
-            continue
-        reasons.append(f"line {number}: {problem} in block for {block.name}: {_show(line)}")
-        sound = False
-    last_number, last = content[-1]
+    last_number, last, last_offset = block.last
     result = _RESULT_LINE.fullmatch(last)
     if result is None:
-        if _RESULT_HEADING.match(last) or _looks_like_verdict(last):
+        view = _verdict_view(last)
+        if _RESULT_HEADING.match(view) or _looks_like_verdict(view):
             reasons.append(
                 f"line {last_number}: invalid result line for {block.name}: {_show(last)}, "
                 f"must be {_RESULT_SHAPE}"
@@ -232,10 +247,18 @@ def _judge(block: _Block, reasons: list[str]) -> tuple[str, str] | None:
                 f"its last non-empty line must be {_RESULT_SHAPE}"
             )
         return None
-    if not sound:
+    if not block.sound:
         return None
-    rationale = "\n".join(raw for number, raw in block.lines if number < last_number)
-    return result.group(1), rationale.strip()
+    rationale = text[block.body_start : last_offset].strip()
+    return result.group(1), "\n".join(rationale.splitlines())
+
+
+def _verdict_view(line: str) -> str:
+    """The line as a reader sees it: look-alike letters folded (fullwidth "ＦＡＩＬ" is
+    "FAIL"), invisible characters and code backticks dropped."""
+    if line.isascii():
+        return line.replace("`", "").strip() if "`" in line else line
+    return _INVISIBLE.sub("", unicodedata.normalize("NFKC", line)).replace("`", "").strip()
 
 
 def _looks_like_verdict(line: str) -> bool:
@@ -269,8 +292,13 @@ def _path_problem(path: str) -> str | None:
         return "empty or padded path"
     if path.startswith("/") or "\\" in path or re.match(r"[A-Za-z]:", path):
         return "not a relative path with / separators"
-    if ".." in path.split("/"):
+    if _CONTROL.search(path):
+        return "control character in path"
+    segments = path.split("/")
+    if ".." in segments:
         return "'..' segment"
+    if "." in segments or "" in segments:
+        return "not a normalised path ('.' or empty segment)"
     if _SEP in path:
         return "contains ' :: '"
     if len(path.splitlines()) != 1:
@@ -280,6 +308,17 @@ def _path_problem(path: str) -> str | None:
 
 def _lines(text: str) -> list[str]:
     return text.removeprefix("\ufeff").splitlines()
+
+
+def _iter_lines(text: str) -> Iterator[tuple[int, str, int]]:
+    """(offset, line, offset after its break) for each line, split exactly as
+    ``str.splitlines`` splits, without building the list."""
+    pos = 0
+    for brk in _LINE_BREAK.finditer(text):
+        yield pos, text[pos : brk.start()], brk.end()
+        pos = brk.end()
+    if pos < len(text):
+        yield pos, text[pos:], len(text)
 
 
 def _show(text: str) -> str:
