@@ -38,6 +38,8 @@ class OpenedAttempt:
     prompt_path: Path
     output_path: Path
     guarded: tuple[str, ...]  # the notes and gates the agent must not change
+    # Folders in which a fixer may change no file at all but its note (it has write access).
+    trees: tuple[str, ...] = ()
 
 
 def display(root: Path, path: Path) -> str:
@@ -95,7 +97,9 @@ def open_attempt(
             "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
         ).fetchall()
         guarded = tuple(sorted({r[0] for r in paths} | {r[1] for r in paths}))
+        trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
     else:
+        trees = ()
         output = attempt_dir / "bundle-output.md"
         items = load_job_items(store, job_id)
         if job["kind"] == "audit":
@@ -114,6 +118,7 @@ def open_attempt(
         prompt_path,
         output,
         guarded,
+        trees,
     )
 
 

@@ -10,6 +10,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from . import logs
 
 KINDS = ("claude", "codex", "gemini", "command", "openai", "offline")
 GROUPINGS = ("note", "gate")
@@ -336,6 +339,10 @@ def load_settings(
             f"{where} [queue] url: only redis:// URLs are supported (or leave it out for SQLite)"
         )
 
+    for profile in reviewers.values():
+        logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
+    if queue.url:
+        logs.add_secrets([urlsplit(queue.url).password or ""])
     return Settings(
         root=root_path,
         state_dir=state_dir.resolve(),

@@ -176,6 +176,7 @@ class Control:
             "prompt_path": str(opened.prompt_path),
             "output_path": str(opened.output_path),
             "guarded": list(opened.guarded),
+            "trees": list(opened.trees),
             "note_path": note_path,
             "max_output_bytes": self.settings.max_output_bytes,
             "heartbeat_s": max(0.05, self.settings.queue.lease_seconds / 4),
@@ -223,6 +224,8 @@ class Control:
 
     def _on_outcome(self, o: dict) -> None:
         job_id, attempt = o["job_id"], o["attempt"]
+        # A worker elsewhere may not know this machine's secrets; nothing stored quotes them.
+        o = {**o, "reasons": logs.redact_all(o.get("reasons") or [])}
         job = self.store.conn.execute(
             "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
         ).fetchone()

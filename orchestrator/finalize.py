@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import faults
+from . import faults, logs
 from .bundle import ExpectedPair, parse_bundle
 from .reports import write_job_files
 from .store import Store, utcnow
@@ -139,7 +139,7 @@ def finalize(
     )
     now = utcnow()
     if not parsed.ok:
-        reasons = capped(list(parsed.reasons))
+        reasons = capped(logs.redact_all(parsed.reasons))
         if attempt is not None:
             with store.write():
                 _mark_attempt(store, job_id, attempt, "invalid-output", reasons)
@@ -163,7 +163,7 @@ def finalize(
             p = by_key[(r.note_path, r.gate_path)]
             store.conn.execute(
                 "UPDATE review_pairs SET decision = ?, rationale = ?, decided_at = ? WHERE id = ?",
-                (r.decision, r.rationale, now, p["id"]),
+                (r.decision, logs.redact(r.rationale), now, p["id"]),
             )
             # An audit judges someone else's PASS: it records, it does not accept.
             if r.decision in ACCEPTED_DECISIONS and job["kind"] == "review":

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,22 +30,56 @@ def log_path(state_dir: Path) -> Path:
     return state_dir / "logs" / "reviewq.jsonl"
 
 
-def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+# Secrets that are not in this process's environment: a reviewer profile's `env` table,
+# a password in the queue URL. Registered when settings load (config.load_settings).
+_extra_secrets: set[str] = set()
+_cache: dict[str, object] = {}
+
+
+def secret_name(name: str) -> bool:
+    return _SECRET_NAME.search(name) is not None
+
+
+def add_secrets(values: Iterable[str]) -> None:
+    new = {v for v in values if len(v) >= 6} - _extra_secrets
+    if new:
+        _extra_secrets.update(new)
+        _cache.clear()
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
-    vals = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 6}
+    vals = {v for k, v in env.items() if secret_name(k) and len(v) >= 6} | _extra_secrets
     return sorted(vals, key=len, reverse=True)
 
 
-class _Redactor:
-    def __init__(self, secrets: list[str]) -> None:
-        self.secrets = secrets
+def _secrets() -> list[str]:
+    # The environment is read again when it changed size (a test, an embedding program).
+    key = len(os.environ)
+    if _cache.get("key") != key:
+        _cache["key"] = key
+        _cache["values"] = secret_values()
+    return _cache["values"]  # type: ignore[return-value]
 
+
+def redact(text: str) -> str:
+    """``text`` with every known secret replaced. Used on agent output quoted in failure
+    reasons and rationales before they are stored, so no report, manifest, retry prompt
+    or summary can repeat a key an agent printed."""
+    for s in _secrets():
+        if s in text:
+            text = text.replace(s, "[redacted]")
+    return text
+
+
+def redact_all(texts: Iterable[str]) -> list[str]:
+    return [redact(t) for t in texts]
+
+
+class _Redactor:
     def _clean(self, value: object) -> object:
         if isinstance(value, str):
-            for s in self.secrets:
-                if s in value:
-                    value = value.replace(s, "[redacted]")
-            return value
+            return redact(value)
         if isinstance(value, dict):
             return {k: self._clean(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
@@ -53,7 +87,7 @@ class _Redactor:
         return value
 
     def __call__(self, logger: object, name: str, event_dict: dict) -> dict:
-        if not self.secrets:
+        if not _secrets():
             return event_dict
         return {k: self._clean(v) for k, v in event_dict.items()}
 
@@ -95,13 +129,13 @@ def configure(
     ]
     if process:
         shared.append(_add_static("process", process))
-    redact = _Redactor(secret_values())
+    redactor = _Redactor()
     json_formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, _foreign_event],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
-            redact,
+            redactor,
             structlog.processors.JSONRenderer(sort_keys=False),
         ],
     )
@@ -109,7 +143,7 @@ def configure(
         foreign_pre_chain=[*shared, _foreign_event],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            redact,
+            redactor,
             structlog.dev.ConsoleRenderer(
                 colors=False, exception_formatter=structlog.dev.plain_traceback
             ),
@@ -130,7 +164,8 @@ def configure(
     root.addHandler(err)
     if state_dir is not None:
         path = log_path(state_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)
         # delay=True: a command that logs nothing leaves no file behind.
         fh = logging.FileHandler(path, encoding="utf-8", delay=True)
         fh.setLevel(logging.INFO)

@@ -64,7 +64,8 @@ class Store:
             self.conn = sqlite3.connect(":memory:", isolation_level=None)
             self._migrate()
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Private: prompts quote notes, and agents' output may quote their environment.
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             # check_same_thread=False: the control consumer opens the store in its main
             # thread and uses it from its one worker thread, never from two at once.
             self.conn = sqlite3.connect(

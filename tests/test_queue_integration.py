@@ -462,7 +462,9 @@ def test_a_configured_sweep_runs_by_name(kb):
     small_kb(kb, notes=2)
     kb.write(
         "reviewq.toml",
-        fake_profile() + FAST_QUEUE + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nselect = ["prose"]\nreviewer = "fake"\n',
+        fake_profile()
+        + FAST_QUEUE
+        + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nselect = ["prose"]\nreviewer = "fake"\n',
     )
     res = rq(kb, "sweep", "--name", "nightly", "--json")
     assert res.returncode == 0, res.stderr

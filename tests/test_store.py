@@ -68,3 +68,11 @@ def test_a_failed_write_leaves_nothing(tmp_path):
             store.snapshot("kb/notes/a.md", "x")
             raise RuntimeError("killed")
         assert store.conn.execute("SELECT count(*) FROM snapshots").fetchone()[0] == 0
+
+
+def test_a_new_state_folder_is_private(tmp_path):
+    # Prompts quote notes, and failure reasons quote agents: only the owner may read them.
+    state = tmp_path / "state"
+    with Store.open(state):
+        pass
+    assert state.stat().st_mode & 0o777 == 0o700

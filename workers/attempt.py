@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from orchestrator import logs
 from orchestrator.finalize import read_output
 
 from .reviewers import AttemptSpec, Reviewer
@@ -68,6 +69,32 @@ def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:
             out[rel] = hashlib.sha256((root / rel).read_bytes()).hexdigest()
         except OSError:
             out[rel] = "missing"
+    return out
+
+
+def tree_stamps(root: Path, trees: Iterable[str]) -> dict[str, tuple[int, int, int]]:
+    """(size, mtime, inode) of every file under the folders ``trees`` of ``root``; hidden
+    entries (an editor's swap files) are left out."""
+    out: dict[str, tuple[int, int, int]] = {}
+    prefix = len(str(root)) + 1
+    for tree in trees:
+        stack = [str(root / tree)]
+        while stack:
+            try:
+                entries = list(os.scandir(stack.pop()))
+            except OSError:
+                continue
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out[e.path[prefix:]] = (st.st_size, st.st_mtime_ns, st.st_ino)
     return out
 
 
@@ -157,18 +184,22 @@ def run_attempt(
     timeout_s: float,
     max_turns: int,
     guarded: Iterable[str] = (),
+    trees: Iterable[str] = (),
     max_output_bytes: int = 5 * 1024 * 1024,
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 30.0,
     on_launch: Callable[[], None] | None = None,
 ) -> AttemptOutcome:
     """Run one attempt to its end and classify it (SPEC §6 step 4). ``on_launch`` runs
-    once the agent has started; ``on_tick`` every ``tick_s`` while it runs."""
+    once the agent has started; ``on_tick`` every ``tick_s`` while it runs. A file under
+    ``trees`` that changes, appears or goes away counts as touched like a guarded one."""
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         spec.output_path.unlink()  # a leftover from a run of this attempt that was lost
     guarded = list(guarded)
     before = file_hashes(spec.root, guarded)
+    trees = list(trees)
+    stamps_before = tree_stamps(spec.root, trees)
     out = AttemptOutcome(
         spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=_now()
     )
@@ -206,6 +237,15 @@ def run_attempt(
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
+    if trees:
+        stamps_after = tree_stamps(spec.root, trees)
+        others = {
+            p
+            for p in stamps_before.keys() | stamps_after.keys()
+            if stamps_before.get(p) != stamps_after.get(p) and p not in before
+        }
+        out.touched_hashes.update(file_hashes(spec.root, others))
+        out.touched = sorted({*out.touched, *others})
     turns = telemetry.num_turns
     if out.touched:
         out.classification = TOUCHED_KB
@@ -310,4 +350,4 @@ def _tail(path: Path, limit: int = 300) -> str:
     except OSError:
         return ""
     text = data.decode("utf-8", "replace").strip().splitlines()
-    return text[-1] if text else "(no stderr)"
+    return logs.redact(text[-1]) if text else "(no stderr)"

@@ -58,7 +58,7 @@ def run_worker(ws: Workspace, workers: int) -> None:
 
 
 def _lock(state_dir: Path) -> int:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -57,6 +57,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         timeout_s=profile.timeout,
         max_turns=profile.max_turns,
         guarded=opened.guarded,
+        trees=opened.trees,
         max_output_bytes=ws.settings.max_output_bytes,
     )
     result: FinalizeResult | None = None

@@ -94,7 +94,9 @@ def _profile(data: dict) -> ReviewerProfile:
     values = {k: v for k, v in data.items() if k in known}
     for key in ("args", "command"):
         values[key] = tuple(values.get(key) or ())
-    return ReviewerProfile(**values)
+    profile = ReviewerProfile(**values)
+    logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
+    return profile
 
 
 def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
@@ -138,6 +140,7 @@ def run_review(msg: dict) -> None:
             timeout_s=profile.timeout,
             max_turns=profile.max_turns,
             guarded=msg.get("guarded") or (),
+            trees=msg.get("trees") or (),
             max_output_bytes=msg.get("max_output_bytes") or 5 * 1024 * 1024,
             on_tick=beat,
             tick_s=msg.get("heartbeat_s") or 30.0,
