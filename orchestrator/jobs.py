@@ -196,8 +196,13 @@ def create_jobs(
     reviewer: str | None = None,
     sweep: str | None = None,
     exclude: Iterable[tuple[str, str]] = (),
+    selected_at_version: int | None = None,
 ) -> JobBatch:
-    """Queued jobs for the targets; pairs that cannot be packed come back as ``skipped``."""
+    """Queued jobs for the targets; pairs that cannot be packed come back as ``skipped``.
+
+    ``selected_at_version`` is the store's acceptance version read before the targets
+    were selected: a pair whose review was accepted since, for exactly the texts about
+    to be packed, is skipped instead of reviewed twice."""
     if grouping not in GROUPINGS:
         raise JobError(f"grouping {grouping!r}: choose note or gate")
     if batch_size < 1:
@@ -235,10 +240,12 @@ def create_jobs(
             continue
         items.append(_Item(kb.check_rel(note_path), gate, note[0], note[1]))
 
-    groups = _groups(items, grouping, batch_size)
     snap_cache: dict[tuple[str, str], int] = {}
     with store.write():
-        for group in groups:
+        # Another enqueue or a finalize may have committed since the open jobs and the
+        # acceptance were read; under the write lock nothing else can, so look again.
+        items = _still_wanted(store, items, model_partition, selected_at_version, batch)
+        for group in _groups(items, grouping, batch_size):
             batch.jobs.append(
                 _create_one(
                     kb.root,
@@ -264,6 +271,30 @@ def create_jobs(
             sweep=sweep,
         )
     return batch
+
+
+def _still_wanted(
+    store: Store,
+    items: list[_Item],
+    partition: str,
+    selected_at_version: int | None,
+    batch: JobBatch,
+) -> list[_Item]:
+    active = store.active_pairs()
+    check_fresh = (
+        selected_at_version is not None and store.acceptance_version() != selected_at_version
+    )
+    kept = []
+    for item in items:
+        key = (item.note_path, item.gate.gate_id)
+        if key in active:
+            job_id, status = active[key]
+            batch.skipped.append(Skipped(*key, f"already in {status} job {job_id}"))
+        elif check_fresh and store.accepted_as_is(partition, *key, item.note_sha, item.gate.sha256):
+            batch.skipped.append(Skipped(*key, "reviewed since it was selected: fresh"))
+        else:
+            kept.append(item)
+    return kept
 
 
 def _create_one(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,6 +59,8 @@ class ReviewRecord:
 class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
+        self._after_commit: list[Callable[[], None]] = []
+        self.files_due: set[int] = set()  # jobs whose files wait for room (see reports)
         if readonly and not self.path.exists():
             # Reads of a state folder that was never used: an empty in-memory schema.
             self.conn = sqlite3.connect(":memory:", isolation_level=None)
@@ -148,9 +150,21 @@ class Store:
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
+            self._after_commit.clear()
             raise
         else:
             self.conn.execute("COMMIT")
+            while self._after_commit:
+                self._after_commit.pop(0)()
+
+    def after_commit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the current transaction commits (at once outside one); a
+        rollback drops it. For files rendered from the rows: they must never be written
+        for rows that did not commit, and failing to write them must not undo the rows."""
+        if self.conn.in_transaction:
+            self._after_commit.append(fn)
+        else:
+            fn()
 
     # --- snapshots --------------------------------------------------------------------
     def snapshot(self, path: str, text: str, sha256: str | None = None) -> int:
@@ -213,6 +227,20 @@ class Store:
         return out
 
     # --- acceptance -------------------------------------------------------------------
+    def accepted_as_is(
+        self, partition: str, note_path: str, gate_id: str, note_sha: str, gate_sha: str
+    ) -> bool:
+        """Whether the pair's acceptance is for exactly these note and gate texts."""
+        return (
+            self.conn.execute(
+                "SELECT 1 FROM acceptance a JOIN snapshots n ON n.id = a.note_snapshot_id "
+                "JOIN snapshots g ON g.id = a.gate_snapshot_id WHERE a.model_partition = ? "
+                "AND a.note_path = ? AND a.gate_id = ? AND n.sha256 = ? AND g.sha256 = ?",
+                (partition, note_path, gate_id, note_sha, gate_sha),
+            ).fetchone()
+            is not None
+        )
+
     def acceptance_version(self) -> int:
         return self.conn.execute(
             "SELECT value FROM counters WHERE name = 'acceptance_version'"

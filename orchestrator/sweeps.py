@@ -83,6 +83,7 @@ def enqueue(
         if role:
             ws.settings.reviewer(role)
     note_paths = [ws.kb.rel(n) for n in req.notes] if req.notes else None
+    selected_at_version = ws.store.acceptance_version()
     selection = select(
         ws.kb,
         ws.catalog(),
@@ -126,6 +127,7 @@ def enqueue(
         reviewer=req.reviewer,
         sweep=req.name,
         exclude=exclude,
+        selected_at_version=selected_at_version,
     )
     batch.skipped.extend(waiting)
     ids = [j.review_job_id for j in batch.jobs]
