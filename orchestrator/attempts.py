@@ -14,7 +14,7 @@ from pathlib import Path
 from .fixes import render_fix_prompt
 from .jobs import load_job_items, render_job_prompt
 from .prompts import render_retry, template
-from .reports import write_job_files
+from .reports import write_job_files_after_commit
 from .store import Store, utcnow
 
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.
@@ -182,7 +182,7 @@ def fail_job(store: Store, state_dir: Path, job_id: int, reasons: list[str]) -> 
             (json.dumps(reasons), now, now, job_id),
         ).fetchone()
     if row is not None:
-        write_job_files(store, state_dir / row[0], job_id)
+        write_job_files_after_commit(store, state_dir, job_id)
 
 
 def requeue_job(store: Store, job_id: int) -> None:

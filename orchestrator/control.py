@@ -23,7 +23,7 @@ from .config import ReviewerProfile
 from .cycles import record_decisions
 from .finalize import FinalizeError, Provenance, finalize
 from .jobs import split_job
-from .reports import write_job_files
+from .reports import write_due_job_files, write_job_files_after_commit
 from .status import spent_usd
 from .store import utcnow
 from .workspace import Workspace
@@ -299,7 +299,7 @@ class Control:
         elif cls == "burned-out" and self._pair_count(job_id) > 1:
             self._reset_launch_failures(job["reviewer"])
             new = split_job(self.store, self.ws.state_dir, self.ws.root, job_id)
-            write_job_files(self.store, self.ws.state_dir / job["job_dir"], job_id)
+            write_job_files_after_commit(self.store, self.ws.state_dir, job_id)
             self.log.warning(
                 "job.split", job_id=job_id, attempt=attempt, into=new, reasons=o.get("reasons")
             )
@@ -457,6 +457,10 @@ class Control:
         ).fetchone()[0]
 
     # --- the reaper -------------------------------------------------------------------
+    def write_due_files(self) -> int:
+        """Job files that a full disk kept from being written, written now if there is room."""
+        return write_due_job_files(self.store, self.ws.state_dir)
+
     def reap(self) -> int:
         """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while
         the control process was down before its outcome was acted on."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import faults, logs
 from .bundle import ExpectedPair, parse_bundle
-from .reports import write_job_files
+from .reports import write_job_files_after_commit
 from .store import Store, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
@@ -151,7 +151,7 @@ def finalize(
                     "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
                     (json.dumps(reasons), now, now, *_prov(provenance), job_id),
                 )
-            write_job_files(store, state_dir / job["job_dir"], job_id)
+            write_job_files_after_commit(store, state_dir, job_id)
             return FinalizeResult(job_id, "failed", reasons)
         return FinalizeResult(job_id, "invalid", reasons)
 
@@ -197,7 +197,7 @@ def finalize(
             "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
             (now, now, *_prov(provenance), job_id),
         )
-    write_job_files(store, state_dir / job["job_dir"], job_id)
+    write_job_files_after_commit(store, state_dir, job_id)
     return FinalizeResult(job_id, "completed", [], results)
 
 

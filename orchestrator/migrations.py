@@ -232,4 +232,18 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        5,
+        "jobs whose files could not be written wait to be written again",
+        """
+        CREATE TABLE job_files_due (
+            job_id  INTEGER PRIMARY KEY REFERENCES review_jobs (id),
+            since   TEXT NOT NULL,
+            error   TEXT NOT NULL
+        );
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -14,13 +14,15 @@ import io
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import logs
 from .kb import canonical_json, parse_note_text
-from .store import Store
+from .store import Store, utcnow
 
 EXPORT_DIR = "kb/reports/reviews"
 CSV_HEADER = [
@@ -156,6 +158,54 @@ def write_job_files(store: Store, job_dir: Path, job_id: int) -> None:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     write_manifest(job_dir, manifest)
+
+
+def write_job_files_after_commit(store: Store, state_dir: Path, job_id: int) -> None:
+    """Render a job's files once the transaction that changed it commits. A failure
+    (a full disk) is logged and remembered; :func:`write_due_job_files` tries again."""
+    store.after_commit(lambda: _write_or_defer(store, state_dir, job_id))
+
+
+def _write_or_defer(store: Store, state_dir: Path, job_id: int) -> bool:
+    row = store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        return True
+    try:
+        write_job_files(store, state_dir / row[0], job_id)
+    except OSError as exc:
+        logs.get().error(
+            "job.files_failed",
+            job_id=job_id,
+            error=str(exc),
+            recovery="state.db holds the result; the control process writes the files "
+            "again at each tick until it can",
+        )
+        try:
+            with store.write():
+                store.conn.execute(
+                    "INSERT OR REPLACE INTO job_files_due VALUES (?, ?, ?)",
+                    (job_id, utcnow(), str(exc)),
+                )
+        except sqlite3.Error:
+            store.files_due.add(job_id)  # state.db is on the full disk too: keep it here
+        return False
+    return True
+
+
+def write_due_job_files(store: Store, state_dir: Path) -> int:
+    """Write the files of jobs whose writing failed; the number written."""
+    due = {r[0] for r in store.conn.execute("SELECT job_id FROM job_files_due")}
+    due |= store.files_due
+    written = 0
+    for job_id in sorted(due):
+        if not _write_or_defer(store, state_dir, job_id):
+            break  # still no room: the next tick tries again
+        store.files_due.discard(job_id)
+        with store.write():
+            store.conn.execute("DELETE FROM job_files_due WHERE job_id = ?", (job_id,))
+        logs.get().info("job.files_written", job_id=job_id, late=True)
+        written += 1
+    return written
 
 
 def _swap_folder(new: Path, target: Path) -> None:
