@@ -90,7 +90,7 @@ def run_control(ws: Workspace) -> None:
     def ticker() -> None:
         while not stop.is_set():
             try:
-                tasks.request_tick()
+                tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
             except Exception as exc:
                 logs.get().error("queue.unavailable", error=str(exc))
             stop.wait(settings.queue.reaper_seconds)

@@ -12,6 +12,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,8 +184,9 @@ def tick() -> None:
     from orchestrator.sweeps import SweepRequest, due_sweeps, enqueue
 
     control = _the_control()
-    _tick_pending.clear()
+    _tick_sent_at[0] = 0.0
     control.reap()
+    control.write_due_files()
     for sweep in due_sweeps(control.ws, control.now()):
         try:
             enqueue(control.ws, SweepRequest.from_config(sweep, trigger="cron"), held=control.held)
@@ -193,11 +195,24 @@ def tick() -> None:
     control.dispatch()
 
 
-_tick_pending = threading.Event()
+# When the tick now waiting in the queue was sent (0: none waits). Only the ticker
+# thread sends and only tick() clears, so a plain list cell is enough.
+_tick_sent_at = [0.0]
 
 
-def request_tick() -> None:
-    """Enqueue a tick unless one is already waiting (the ticker thread calls this)."""
-    if not _tick_pending.is_set():
-        _tick_pending.set()
+def request_tick(lost_after: float) -> None:
+    """Enqueue a tick unless one is already waiting (the ticker thread calls this). A
+    tick waiting longer than ``lost_after`` seconds is taken as lost (a Redis restarted
+    without its data), and another is sent: otherwise the reaper would never run again."""
+    now = time.monotonic()
+    sent = _tick_sent_at[0]
+    if sent and now - sent < lost_after:
+        return
+    if sent:
+        logs.get().warning("control.tick_lost", waited_s=round(now - sent, 1))
+    _tick_sent_at[0] = now
+    try:
         send("tick")
+    except BaseException:
+        _tick_sent_at[0] = 0.0  # not queued: the next period tries again
+        raise
