@@ -1,0 +1,164 @@
+"""Kills at random moments (SPEC §6, §12: "worker killed at any moment, control killed
+mid-finalize: no partial acceptance; the job finishes after restart").
+
+The short campaign here is the CI version of ``scripts/kill_campaign.py``: ~48 one-pair
+jobs, a real control process and two real worker processes, 4 SIGKILLs at seeded random
+moments, each killed process restarted at once, the drain awaited with a sweep, and every
+invariant read back from state.db, the log and /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from orchestrator.attempts import open_attempt
+from orchestrator.finalize import finalize
+from orchestrator.sweeps import SweepRequest, enqueue
+from orchestrator.workspace import Workspace
+
+from .harness import CampaignConfig, build_kb, format_row, header, run_campaign, write_config
+
+pytestmark = pytest.mark.integration
+SEED = int(os.environ.get("REVIEWQ_KILL_SEED", "7"))
+
+
+def _report(res) -> str:
+    return (
+        f"\n{header()}\n{format_row(res.row())}\nkills: {res.kills}\n"
+        f"attempts: {res.check.attempts}\nerror events: {res.check.error_events}\n"
+        f"folder: {res.root}"
+    )
+
+
+def _assert_campaign(res) -> None:
+    problems = res.violations()
+    assert not problems, "\n".join(problems) + _report(res)
+    c = res.check
+    # The kills hit while there was work to lose, and the system still did all of it.
+    assert res.kills_with_work_open >= 1, _report(res)
+    assert c.losses == [] and c.not_terminal == [], _report(res)
+    assert c.job_status.get("completed", 0) >= res.enqueued_jobs, _report(res)
+
+
+@pytest.mark.timeout(240)
+def test_short_kill_campaign_loses_and_duplicates_nothing(tmp_path):
+    res = run_campaign(
+        CampaignConfig(seed=SEED, jobs=48, gates=4, kills=4, workers=2, threads=2),
+        workdir=tmp_path,
+    )
+    print(_report(res))
+    _assert_campaign(res)
+    assert res.check.accepted == 48 and res.enqueued_jobs == 48
+
+
+@pytest.mark.timeout(240)
+def test_short_kill_campaign_on_redis(tmp_path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    from .harness import RedisServer
+
+    redis = RedisServer(tmp_path / "redis.sock", tmp_path / "redis")
+    redis.start()
+    try:
+        res = run_campaign(
+            CampaignConfig(
+                seed=SEED + 1, jobs=40, gates=4, kills=3, workers=2, threads=2, queue_url=redis.url
+            ),
+            workdir=tmp_path,
+        )
+    finally:
+        redis.stop()
+    print(_report(res))
+    _assert_campaign(res)
+    assert res.check.accepted == 40
+    assert not (res.root / ".reviewq" / "queue").exists()  # the queue really was Redis
+
+
+def _bundle_output(pairs: list[tuple[str, str]]) -> bytes:
+    blocks = []
+    for note_path, gate_path in pairs:
+        s = f"{note_path} :: {gate_path}"
+        blocks.append(
+            f"=== PAIR REVIEW START: {s} ===\nSummary: fine.\nFindings:\n- low: none\n"
+            f"## Result: PASS\n=== PAIR REVIEW END: {s} ===\n"
+        )
+    return "\n".join(blocks).encode()
+
+
+def test_enqueue_races_finalize(tmp_path, monkeypatch):
+    """Deterministic form of what the kill campaign's final sweep hits about one seed in
+    two: the control process commits a finalize between the enqueue's select and its
+    create_jobs. The pair is fresh by then; enqueueing it again is not idempotent."""
+    root = tmp_path / "kb"
+    (pair,) = build_kb(root, notes=1, gates=1)
+    write_config(root)
+    ws = Workspace.open(root)
+    req = SweepRequest(name="cli", reviewer="fake", all_gates=True, trigger="enqueue")
+    first = enqueue(ws, req)
+    assert len(first.jobs) == 1
+    job_id = first.jobs[0].review_job_id
+
+    import orchestrator.sweeps as sweeps
+
+    real_create_jobs = sweeps.create_jobs
+
+    def finalize_lands_now(*args, **kwargs):
+        # The control process finalizes the pair's job after select read the acceptance
+        # table and before create_jobs looks at the open jobs.
+        opened = open_attempt(ws.store, ws.state_dir, ws.root, job_id, "fake")
+        gate_path = ws.store.conn.execute(
+            "SELECT gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
+        ).fetchone()[0]
+        res = finalize(
+            ws.store,
+            ws.state_dir,
+            job_id,
+            _bundle_output([(pair[0], gate_path)]),
+            attempt=opened.attempt,
+            fail_on_invalid=False,
+        )
+        assert res.ok, res.failure_reasons
+        return real_create_jobs(*args, **kwargs)
+
+    monkeypatch.setattr(sweeps, "create_jobs", finalize_lands_now)
+    second = enqueue(ws, SweepRequest(name="cli", reviewer="fake", all_gates=True))
+    ws.store.close()
+    # The pair was accepted a moment before the second enqueue created its jobs.
+    assert [j.review_job_id for j in second.jobs] == []
+
+
+def test_two_enqueues_at_once_pack_a_pair_once(tmp_path, monkeypatch):
+    """The other face of the race above: SPEC §4 "a pair already in a queued or running
+    job is not packed again". The second enqueue commits its job after the first read
+    the open jobs and before the first writes its own."""
+    root = tmp_path / "kb"
+    build_kb(root, notes=1, gates=1)
+    write_config(root)
+    ws = Workspace.open(root)
+    other = Workspace.open(root)  # another process: its own connection to state.db
+    req = SweepRequest(name="cli", reviewer="fake", all_gates=True, trigger="enqueue")
+    real_active_pairs = type(ws.store).active_pairs
+
+    landed = []
+
+    def other_enqueue_lands_now(store):
+        seen = real_active_pairs(store)
+        if store is ws.store and not landed:
+            landed.append(True)
+            assert (
+                len(enqueue(other, SweepRequest(name="cron", reviewer="fake", all_gates=True)).jobs)
+                == 1
+            )
+        return seen
+
+    monkeypatch.setattr(type(ws.store), "active_pairs", other_enqueue_lands_now)
+    mine = enqueue(ws, req)
+    open_jobs = ws.store.conn.execute(
+        "SELECT count(*) FROM review_jobs WHERE status IN ('queued', 'running')"
+    ).fetchone()[0]
+    ws.store.close()
+    other.store.close()
+    assert mine.jobs == [] and open_jobs == 1

@@ -1,0 +1,445 @@
+"""Outages (SPEC §12: "Redis or the queue file briefly unavailable: retried with backoff;
+nothing lost"), each against a real control process, real workers and real agents, each
+ending with every pair accepted exactly once and a log line that says what happened.
+
+- redis-server frozen (SIGSTOP) or killed for 10 s mid-sweep and started again on the same
+  unix socket, with and without an append-only file;
+- state.db or a queue file held by another process's ``BEGIN EXCLUSIVE`` past the busy
+  timeout while a sweep runs;
+- the disk full while the result files of a finalized job are written.
+
+The timed waits here are the outages themselves; everything else is awaited by an event
+(an agent writing to a FIFO, a process's "started" line, a sweep returning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from .harness import (
+    Cluster,
+    RedisServer,
+    StartFifo,
+    agent_processes,
+    build_kb,
+    check,
+    kill_agents,
+    read_log,
+    stale_job_files,
+    state_db,
+    write_config,
+)
+
+pytestmark = pytest.mark.integration
+
+OUTAGE_S = 10.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _window(state: Path, start: str, end: str | None = None) -> list[dict]:
+    """Log records from ``start`` (to ``end``): ISO UTC timestamps sort as text."""
+    events, _ = read_log(state)
+    return [e for e in events if e["timestamp"] >= start and (end is None or e["timestamp"] <= end)]
+
+
+def _await_event(state: Path, name: str, timeout: float) -> dict | None:
+    """The first log record named ``name``, awaited by re-reading the log up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in read_log(state)[0] if e["event"] == name]
+        if found or time.monotonic() > deadline:
+            return found[0] if found else None
+        time.sleep(0.1)
+
+
+def _summary(events: list[dict]) -> dict[str, int]:
+    """Event names, Huey's records with the start of their message (what an operator sees)."""
+    out: Counter[str] = Counter()
+    for e in events:
+        if e["level"] not in ("warning", "error", "critical"):
+            continue
+        name = e["event"]
+        if name.startswith("huey"):
+            name += ": " + str(e.get("message", ""))[:40]
+        out[f"{e['level']} {name}"] += 1
+    return dict(out)
+
+
+def _setup(
+    tmp_path: Path,
+    *,
+    notes: int,
+    gates: int,
+    queue_url: str = "",
+    sleep: float = 1.0,
+    workers: int = 1,
+    config: dict | None = None,
+    **fake_env: str,
+):
+    root = tmp_path / "kb"
+    expected = build_kb(root, notes, gates)
+    fifo = StartFifo(tmp_path / "agent-started")
+    write_config(
+        root,
+        queue_url=queue_url,
+        fake_sleep=sleep,
+        fake_env={"FAKE_NOTIFY_FIFO": str(fifo.path), **fake_env},
+        **(config or {}),
+    )
+    cluster = Cluster(root, workers=workers, threads=2)
+    return root, expected, cluster, fifo
+
+
+def _finish(cluster: Cluster, fifo: StartFifo) -> list:
+    """Stop everything; agents of this KB still running afterwards are leaks."""
+    with contextlib.suppress(Exception):
+        cluster.stop(timeout=30)
+    cluster.kill_all()
+    left = agent_processes(cluster.root)
+    kill_agents(left)
+    fifo.close()
+    return left
+
+
+def _assert_nothing_lost(root: Path, expected, c=None, allow_locked: bool = False) -> None:
+    c = c or check(root, expected)
+    problems = [v for v in c.violations() if not (allow_locked and "database is locked" in v)]
+    assert not problems, problems
+    assert c.accepted == len(expected) and c.losses == [] and c.escalated == 0
+    assert c.job_status == {"completed": len(expected)}, c.job_status
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "sigstop",
+        "restart-aof",
+        "restart-volatile",
+    ],
+)
+def test_redis_outage_mid_sweep(tmp_path, mode):
+    """sigstop: the server frozen (connections hang, nothing lost); restart-aof: killed and
+    restarted from its append-only file (fsync always); restart-volatile: killed and
+    restarted empty, so every queued message is gone and the reaper must recover them."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    redis = RedisServer(tmp_path / "r.sock", tmp_path / "redis", persist=(mode == "restart-aof"))
+    redis.start()
+    root, expected, cluster, fifo = _setup(
+        tmp_path, notes=5, gates=4, queue_url=redis.url, sleep=1.0
+    )
+    sweep = None
+    try:
+        cluster.start()
+        sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
+        fifo.await_starts(6)  # mid-way: six of the twenty agents have started
+        t_down = _now()
+        if mode == "sigstop":
+            redis.pause()
+        else:
+            redis.kill()
+        time.sleep(OUTAGE_S)  # the outage itself
+        t_up = _now()
+        if mode == "sigstop":
+            redis.resume()
+        else:
+            redis.start()
+        t0 = time.monotonic()
+        out, err = sweep.communicate(timeout=120)
+        drain_s = time.monotonic() - t0
+        assert sweep.returncode == 0, err
+        assert json.loads(out)["enqueued_jobs"] == len(expected)
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+        left = _finish(cluster, fifo)
+        redis.stop()
+    assert left == []
+    c = check(root, expected)
+    during = _summary(_window(root / ".reviewq", t_down, t_up))
+    after = _summary(_window(root / ".reviewq", t_up))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "drain_after_restore_s": round(drain_s, 1),
+                "attempts": c.attempts,
+                "during_outage": during,
+                "after_restore": after,
+            },
+            indent=1,
+        )
+    )
+    _assert_nothing_lost(root, expected, c)
+    seen = set(during) | set(after)
+    if mode == "sigstop":
+        # A frozen server refuses nothing: calls wait for it, nothing is lost or retried.
+        assert c.attempts.get("finalized") == len(expected)
+    else:
+        # A refused connection is said in the log, once a minute, not at every poll: the
+        # consumers' reads waited and the sends retried.
+        assert "error queue.unavailable" in seen, seen
+        assert not any("Error reading" in k for k in seen), seen
+        assert any("queue.retrying" in k for k in seen), seen
+
+
+# --- SQLite files held by another process --------------------------------------------------------
+
+
+def _hold_exclusive(path: Path, seconds: float) -> tuple[str, str]:
+    """``BEGIN EXCLUSIVE`` on a SQLite file for ``seconds`` (the outage), then release."""
+    conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        start = _now()
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        return start, _now()
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target", ["state.db", "queue/control.db", "queue/review.db"])
+def test_sqlite_file_locked_past_the_busy_timeout(tmp_path, target):
+    from orchestrator.store import BUSY_TIMEOUT_MS
+    from workers.app import make_app
+
+    root, expected, cluster, fifo = _setup(tmp_path, notes=5, gates=4, sleep=1.0)
+    path = root / ".reviewq" / target
+    sweep = None
+    try:
+        cluster.start()
+        if target == "state.db":
+            busy_s = BUSY_TIMEOUT_MS / 1000
+        else:
+            from orchestrator.workspace import Workspace
+
+            app = make_app(Workspace.open(root).settings)
+            busy_s = app.control.storage._timeout  # what the consumers wait for a lock
+        hold = busy_s + 5
+        sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
+        fifo.await_starts(6)  # mid-sweep: six agents have started
+        t_lock, t_free = _hold_exclusive(path, hold)
+        t0 = time.monotonic()
+        out, err = sweep.communicate(timeout=240)
+        drain_s = time.monotonic() - t0
+        assert sweep.returncode == 0, err
+        assert json.loads(out)["enqueued_jobs"] == len(expected)
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+        left = _finish(cluster, fifo)
+    assert left == []
+    c = check(root, expected)
+    during = _summary(_window(root / ".reviewq", t_lock, t_free))
+    after = _summary(_window(root / ".reviewq", t_free))
+    print(
+        json.dumps(
+            {
+                "target": target,
+                "held_s": hold,
+                "busy_timeout_s": busy_s,
+                "drain_after_release_s": round(drain_s, 1),
+                "attempts": c.attempts,
+                "during_lock": during,
+                "after_release": after,
+                "locked_mentions": c.locked,
+            },
+            indent=1,
+        )
+    )
+    _assert_nothing_lost(root, expected, c, allow_locked=True)
+    said = [e for e in _window(root / ".reviewq", t_lock) if "database is locked" in json.dumps(e)]
+    assert said, "nothing in the log says the database was locked"
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_tick_message_stops_the_reaper(tmp_path):
+    """Deterministic form of what restart-volatile above hits when a tick is queued at the
+    moment Redis dies. The control's one consumer thread is held inside a heartbeat (state.db
+    locked for 2 s, far below its busy timeout) so its ticker's next tick waits in Redis;
+    Redis restarts empty; then a worker is SIGKILLed mid-attempt. The reaper must see the
+    lost lease and start attempt 2 (lease 2 s): the drain should take seconds."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    redis = RedisServer(tmp_path / "r.sock", tmp_path / "redis", persist=False)
+    redis.start()
+    root, expected, cluster, fifo = _setup(
+        tmp_path, notes=1, gates=1, queue_url=redis.url, FAKE_MODE_1="hang", FAKE_MODE="good"
+    )
+    try:
+        cluster.start()
+        assert cluster.rq("enqueue", "--all-gates", "--reviewer", "fake").returncode == 0
+        fifo.await_starts(1)  # attempt 1 runs (and hangs): heartbeats every 0.5 s
+        conn = sqlite3.connect(root / ".reviewq" / "state.db", timeout=30, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")  # the control blocks in its next heartbeat write
+        time.sleep(2)  # four ticker periods: a tick is now queued behind it
+        redis.kill()
+        redis.start()  # empty: the queued tick is gone
+        conn.execute("COMMIT")
+        conn.close()
+        cluster.kill("worker-0")  # attempt 1 loses its lease
+        cluster.restart("worker-0").await_ready()
+        res = cluster.drain(timeout=30)
+    finally:
+        left = _finish(cluster, fifo)
+        redis.stop()
+    assert res.returncode == 0, res.stderr
+    with contextlib.closing(state_db(root)) as db:
+        outcomes = [tuple(r) for r in db.execute("SELECT attempt, outcome FROM attempts")]
+    assert outcomes == [(1, "lost"), (2, "finalized")] and left == []
+
+
+# --- a full disk while the result files are written ---------------------------------------------
+
+DISK_FULL_S = 7.0  # longer than two of the control tasks' 3-s retries
+
+
+def _full_disk_run(
+    tmp_path: Path, *, decision: str, fix: bool, full_for: float | None, lease: float
+):
+    """One one-pair job whose folder sits on a small tmpfs of its own. The agent starts and
+    waits at a FIFO while the test fills that disk, leaving one page; it writes its output
+    into that page and exits; the control process finalizes and cannot write the result
+    files (ENOSPC). ``full_for``: free the disk after that long (None: it stays full until
+    the drain ends). Returns what the test looks at."""
+    from .harness import ContinueGate, SmallDisk
+
+    gate_path = tmp_path / "agent-continue"
+    root, expected, cluster, fifo = _setup(
+        tmp_path,
+        notes=1,
+        gates=1,
+        sleep=0,
+        config={"lease_seconds": lease},
+        FAKE_MODE="good",
+        FAKE_DECISIONS=decision,
+        FAKE_CONTINUE_FIFO=str(gate_path),
+    )
+    gate = ContinueGate(gate_path)
+    args = ["enqueue", "--all-gates", "--reviewer", "fake"] + (["--fix"] if fix else [])
+    enq = cluster.rq(*args)  # no control yet: the job waits, its folder is made
+    assert enq.returncode == 0, enq.stderr
+    with contextlib.closing(state_db(root)) as db:
+        job_dir = root / ".reviewq" / db.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    disk = SmallDisk(job_dir, "256k")
+    try:
+        disk.mount()
+    except PermissionError as exc:
+        gate.close()
+        fifo.close()
+        pytest.skip(str(exc))
+    out = {"root": root, "expected": expected, "job_dir": job_dir}
+    try:
+        cluster.start()
+        fifo.await_starts(1)  # the agent runs and waits at the gate
+        filler = disk.fill(leave=4096)  # room for its output, none for the result files
+        out["t_full"] = _now()
+        gate.open_gate()  # this agent and any later one (a fixer) go on
+        if full_for is not None:
+            time.sleep(full_for)  # the disk stays full this long: the scenario
+            filler.unlink()
+        out["drain"] = cluster.drain(timeout=150)
+        if full_for is not None:
+            # The review committed while the disk was full; the control process writes
+            # the files at its next tick with room, and says so.
+            out["late"] = _await_event(root / ".reviewq", "job.files_written", timeout=30)
+        with contextlib.closing(state_db(root)) as db:
+            out["stale"] = stale_job_files(root, db)
+            out["kinds"] = [r[0] for r in db.execute("SELECT kind FROM review_jobs ORDER BY id")]
+        if full_for is None:
+            filler.unlink()
+        # Can the files be made again from state.db alone? Delete them and regenerate.
+        from orchestrator.reports import write_job_files
+        from orchestrator.store import Store
+
+        for name in ("MANIFEST.json", "results"):
+            p = job_dir / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        with Store.open(root / ".reviewq") as store:
+            write_job_files(store, job_dir, 1)
+        out["manifest_after"] = json.loads((job_dir / "MANIFEST.json").read_text())
+        out["results_after"] = [p.read_text() for p in sorted((job_dir / "results").glob("*"))]
+        with contextlib.closing(state_db(root)) as db:
+            out["stale_after"] = stale_job_files(root, db)
+    finally:
+        out["left"] = _finish(cluster, fifo)
+        gate.close()
+        disk.unmount()  # (the folder shows its pre-mount copy again: look before this)
+    events = _window(root / ".reviewq", out["t_full"])
+    out["enospc"] = [
+        e for e in events if e["level"] == "error" and "No space left on device" in json.dumps(e)
+    ]
+    out["events"] = _summary(events)
+    out["finalized"] = [e for e in events if e["event"] == "job.finalized"]
+    print(
+        json.dumps(
+            {
+                "decision": decision,
+                "full_for_s": full_for,
+                "kinds": out["kinds"],
+                "stale_job_files": out["stale"],
+                "events": out["events"],
+                "enospc_lines": [
+                    {k: (v[-200:] if isinstance(v, str) else v) for k, v in e.items()}
+                    for e in out["enospc"][:2]
+                ],
+            },
+            indent=1,
+        )
+    )
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_disk_full_for_a_moment_at_finalize(tmp_path):
+    """The disk is full for 7 s from the moment the agent writes its output. The review
+    commits at once; writing its files fails, is logged (ENOSPC) and is tried again at
+    every tick until the disk has room: accepted once, files written, nothing lost."""
+    out = _full_disk_run(tmp_path, decision="PASS", fix=False, full_for=DISK_FULL_S, lease=120)
+    root = out["root"]
+    assert out["drain"].returncode == 0, out["drain"].stderr
+    assert out["left"] == []
+    c = check(root, out["expected"])  # (job files: the tmpfs is gone, checked before)
+    c.stale_job_files = []
+    _assert_nothing_lost(root, out["expected"], c)
+    assert c.attempts == {"finalized": 1}, c.attempts
+    assert out["late"] is not None, "the control process never wrote the files again"
+    assert out["stale"] == [], "the result files were not written once the disk had room"
+    assert out["enospc"], "nothing in the log says the disk was full"
+    # The files can be regenerated from state.db.
+    assert out["stale_after"] == [] and out["manifest_after"]["status"] == "completed"
+    assert [t.rstrip().endswith("## Result: PASS") for t in out["results_after"]] == [True]
+
+
+@pytest.mark.timeout(240)
+def test_disk_full_at_finalize_keeps_the_acceptance_and_its_follow_up(tmp_path):
+    """SPEC §6: finalize commits, *then* writes the result files, which can be regenerated
+    from the DB. A disk that stays full must cost the files, not the review: the FAIL is
+    accepted, the fix job starts (its folder is on another disk), ENOSPC is logged."""
+    out = _full_disk_run(tmp_path, decision="FAIL", fix=True, full_for=None, lease=2)
+    root = out["root"]
+    assert out["left"] == []
+    assert out["enospc"], "nothing in the log says the disk was full"
+    with contextlib.closing(state_db(root)) as db:
+        status = db.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()[0]
+        decision = db.execute("SELECT decision FROM acceptance").fetchone()
+    assert status == "completed" and decision is not None and decision[0] == "FAIL"
+    assert "fix" in out["kinds"] and out["finalized"]
