@@ -84,30 +84,32 @@ def open_attempt(
             f"({FAILED_SQL}) ORDER BY attempt DESC LIMIT 1",
             (job_id, attempt),
         ).fetchone()
-    attempt_dir = folder / f"attempt-{attempt}"
-    attempt_dir.mkdir(parents=True, exist_ok=True)
-    retry = ""
-    if previous is not None and json.loads(previous["reasons"]):
-        retry = render_retry(previous["attempt"], json.loads(previous["reasons"]))
-    if job["kind"] == "fix":
-        # A fixer's output is the whole new note, not a bundle.
-        output = attempt_dir / "fixed-note.md"
-        prompt = render_fix_prompt(store, job_id, display(root, output), retry)
-        paths = store.conn.execute(
-            "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
-        ).fetchall()
-        guarded = tuple(sorted({r[0] for r in paths} | {r[1] for r in paths}))
-        trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
-    else:
-        trees = ()
-        output = attempt_dir / "bundle-output.md"
-        items = load_job_items(store, job_id)
-        if job["kind"] == "audit":
-            retry += render_audit_preamble(store, job_id)
-        prompt = render_job_prompt(job_id, display(root, output), items, retry)
-        guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
-    prompt_path = attempt_dir / "prompt.md"
-    prompt_path.write_text(prompt, encoding="utf-8")
+        # The prompt is written inside the transaction: a disk that cannot take it (full)
+        # leaves the job queued as it was, not running an attempt that has no prompt.
+        attempt_dir = folder / f"attempt-{attempt}"
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        retry = ""
+        if previous is not None and json.loads(previous["reasons"]):
+            retry = render_retry(previous["attempt"], json.loads(previous["reasons"]))
+        if job["kind"] == "fix":
+            # A fixer's output is the whole new note, not a bundle.
+            output = attempt_dir / "fixed-note.md"
+            prompt = render_fix_prompt(store, job_id, display(root, output), retry)
+            paths = store.conn.execute(
+                "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
+            ).fetchall()
+            guarded = tuple(sorted({r[0] for r in paths} | {r[1] for r in paths}))
+            trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
+        else:
+            trees = ()
+            output = attempt_dir / "bundle-output.md"
+            items = load_job_items(store, job_id)
+            if job["kind"] == "audit":
+                retry += render_audit_preamble(store, job_id)
+            prompt = render_job_prompt(job_id, display(root, output), items, retry)
+            guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
+        prompt_path = attempt_dir / "prompt.md"
+        prompt_path.write_text(prompt, encoding="utf-8")
     return OpenedAttempt(
         job_id,
         attempt,

@@ -12,6 +12,7 @@ fenced by attempt inside its transaction.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable
 from dataclasses import asdict
@@ -135,7 +136,19 @@ class Control:
                     name,
                     outcome="dispatched",
                 )
-            except Exception as exc:  # a job folder that cannot be written: fail that job only
+            except Exception as exc:
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    # No room for a prompt: every job would fail alike, and none should. The
+                    # job stays queued; the next dispatch (an outcome, a tick) tries again.
+                    self.log.error(
+                        "dispatch.deferred",
+                        job_id=job["id"],
+                        reviewer=name,
+                        reason=str(exc),
+                        recovery="free space in the state folder; queued jobs then go on",
+                    )
+                    break
+                # A job folder that cannot be written otherwise: fail that job only.
                 fail_job(
                     self.store, self.ws.state_dir, job["id"], [f"could not open an attempt: {exc}"]
                 )
