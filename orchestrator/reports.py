@@ -161,17 +161,22 @@ def write_job_files(store: Store, job_dir: Path, job_id: int) -> None:
 
 
 def write_job_files_after_commit(store: Store, state_dir: Path, job_id: int) -> None:
-    """Render a job's files once the transaction that changed it commits. A failure
-    (a full disk) is logged and remembered; :func:`write_due_job_files` tries again."""
-    store.after_commit(lambda: _write_or_defer(store, state_dir, job_id))
+    """Render a job's files once the transaction that changed it commits. The job is
+    marked due in that same transaction, so files a crash or a full disk kept from being
+    written are written by :func:`write_due_job_files` (the control process's tick)."""
+    with store.write():
+        store.conn.execute(
+            "INSERT OR IGNORE INTO job_files_due VALUES (?, ?, 'not written yet')",
+            (job_id, utcnow()),
+        )
+    store.after_commit(lambda: _write_due(store, state_dir, job_id))
 
 
-def _write_or_defer(store: Store, state_dir: Path, job_id: int) -> bool:
+def _write_due(store: Store, state_dir: Path, job_id: int, *, late: bool = False) -> bool:
     row = store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
-    if row is None:
-        return True
     try:
-        write_job_files(store, state_dir / row[0], job_id)
+        if row is not None:
+            write_job_files(store, state_dir / row[0], job_id)
     except OSError as exc:
         logs.get().error(
             "job.files_failed",
@@ -180,30 +185,27 @@ def _write_or_defer(store: Store, state_dir: Path, job_id: int) -> bool:
             recovery="state.db holds the result; the control process writes the files "
             "again at each tick until it can",
         )
-        try:
-            with store.write():
-                store.conn.execute(
-                    "INSERT OR REPLACE INTO job_files_due VALUES (?, ?, ?)",
-                    (job_id, utcnow(), str(exc)),
-                )
-        except sqlite3.Error:
-            store.files_due.add(job_id)  # state.db is on the full disk too: keep it here
+        # state.db may be on the full disk too; the row says 'due' either way.
+        with contextlib.suppress(sqlite3.Error), store.write():
+            store.conn.execute(
+                "UPDATE job_files_due SET error = ? WHERE job_id = ?", (str(exc), job_id)
+            )
         return False
+    with contextlib.suppress(sqlite3.Error), store.write():  # if not: rewritten next tick
+        store.conn.execute("DELETE FROM job_files_due WHERE job_id = ?", (job_id,))
+    if late:
+        logs.get().info("job.files_written", job_id=job_id, late=True)
     return True
 
 
 def write_due_job_files(store: Store, state_dir: Path) -> int:
-    """Write the files of jobs whose writing failed; the number written."""
-    due = {r[0] for r in store.conn.execute("SELECT job_id FROM job_files_due")}
-    due |= store.files_due
+    """Write the files of jobs whose writing failed or was cut short; the number written."""
     written = 0
-    for job_id in sorted(due):
-        if not _write_or_defer(store, state_dir, job_id):
+    for (job_id,) in store.conn.execute(
+        "SELECT job_id FROM job_files_due ORDER BY job_id"
+    ).fetchall():
+        if not _write_due(store, state_dir, job_id, late=True):
             break  # still no room: the next tick tries again
-        store.files_due.discard(job_id)
-        with store.write():
-            store.conn.execute("DELETE FROM job_files_due WHERE job_id = ?", (job_id,))
-        logs.get().info("job.files_written", job_id=job_id, late=True)
         written += 1
     return written
 

@@ -60,7 +60,6 @@ class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
-        self.files_due: set[int] = set()  # jobs whose files wait for room (see reports)
         if readonly and not self.path.exists():
             # Reads of a state folder that was never used: an empty in-memory schema.
             self.conn = sqlite3.connect(":memory:", isolation_level=None)

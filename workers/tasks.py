@@ -8,11 +8,13 @@ control consumer, the one writer of state.db.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,6 +165,36 @@ def run_review(msg: dict) -> None:
 
 
 # --- control queue ----------------------------------------------------------------------------
+
+
+def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
+    """A control task that fails (state.db locked past its busy timeout, a full disk) has
+    rolled its transaction back and Huey runs it again in 3 s; say so with our own event
+    and the task's ids, not only Huey's generic 'Unhandled exception in task <uuid>'."""
+
+    @functools.wraps(fn)
+    def run(*args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            first = args[0] if args else None
+            ids = (
+                {"job_id": first.get("job_id"), "attempt": first.get("attempt")}
+                if isinstance(first, dict)
+                else {"job_id": first}
+                if isinstance(first, int)
+                else {}
+            )
+            logs.get().error(
+                "control.task_failed",
+                task=fn.__name__,
+                error=f"{type(exc).__name__}: {exc}",
+                retry_s=3,
+                **ids,
+            )
+            raise
+
+    return run
 
 
 def deliver_outcome(outcome: dict) -> None:

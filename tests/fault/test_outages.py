@@ -268,6 +268,10 @@ def test_sqlite_file_locked_past_the_busy_timeout(tmp_path, target):
     _assert_nothing_lost(root, expected, c, allow_locked=True)
     said = [e for e in _window(root / ".reviewq", t_lock) if "database is locked" in json.dumps(e)]
     assert said, "nothing in the log says the database was locked"
+    if target == "state.db":
+        # The control task that failed says so under reviewq's own event, with its ids.
+        failed = [e for e in said if e["event"] == "control.task_failed"]
+        assert failed and all(e.get("task") for e in failed), said
 
 
 @pytest.mark.timeout(180)
