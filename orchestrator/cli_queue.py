@@ -391,6 +391,14 @@ def doctor_cmd(ws: Workspace) -> None:
     try:
         store = ws.store
         report(True, f"state.db at {store.path}, schema {store.schema_version()}")
+        due = store.conn.execute("SELECT count(*), min(error) FROM job_files_due").fetchone()
+        report(
+            due[0] == 0,
+            "job files written"
+            if due[0] == 0
+            else f"{due[0]} job(s) whose MANIFEST.json and results wait to be written "
+            f"({due[1]}); the control process writes them at its next tick with room",
+        )
     except Exception as exc:
         report(False, f"state.db: {exc}")
     try:
