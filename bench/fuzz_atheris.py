@@ -24,7 +24,7 @@ body, read in one of two ways, chosen by the mode byte:
 Every parse is held to the same oracle as ``tests/test_fuzz.py`` (``check_bundle``): never
 raises, all or nothing, and an accepted output is UTF-8, within the limit, with exactly one
 well-formed block and one result line per expected pair and no pair it did not expect.
-Figures of past runs are in docs/reliability-fuzz.md.
+Figures of past runs are in docs/RELIABILITY.md.
 """
 
 from __future__ import annotations

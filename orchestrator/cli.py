@@ -77,7 +77,13 @@ def refuse_domain_errors(fn: Callable) -> Callable:
 
 def warn(problems: list[FileProblem]) -> None:
     for p in problems:
-        click.echo(f"warning: {p.path}: {p.reason}", err=True)
+        click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
+
+
+def shown(text: str) -> str:
+    """Text from input as one printable line: control characters (a NUL, a line break an
+    input smuggled into a path) are shown escaped, not written to the terminal."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def emit_json(data: object) -> None:
@@ -295,7 +301,7 @@ def create_jobs_cmd(
             )
         click.echo(f"{len(batch.jobs)} job(s) created, {len(batch.skipped)} pair(s) skipped")
     for s in batch.skipped:
-        click.echo(f"skipped: {s.note_path} {s.gate_id}: {s.why}", err=True)
+        click.echo(f"skipped: {shown(s.note_path)} {shown(s.gate_id)}: {shown(s.why)}", err=True)
 
 
 @cli.command("finalize")

@@ -17,7 +17,7 @@ Every property test is bounded so the module runs in seconds in CI. To run it lo
 ``HYPOTHESIS_PROFILE=long`` switches every test here to the ``long`` profile registered
 below (FUZZ_LONG_EXAMPLES examples a test, 20,000 unless that variable says otherwise);
 ``--hypothesis-seed`` replays or varies a run. Figures of the last runs are in
-docs/reliability-fuzz.md; bench/fuzz_atheris.py is a coverage-guided harness for
+docs/RELIABILITY.md; bench/fuzz_atheris.py is a coverage-guided harness for
 parse_bundle, run by hand.
 
 Each input the campaign found breaking a loader (deep nesting, alias bombs, values YAML

@@ -183,6 +183,17 @@ def test_create_jobs_bad_input(flow, run_cli):
     res = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=bad)
     assert res.exit_code == 0
     assert "outside the KB root" in res.json()["skipped"][0]["why"]
+    # A path smuggling a NUL and a line break is named in one printable line.
+    smuggled = json.dumps(
+        {
+            "model_partition": "fake",
+            "targets": [{"note_path": "kb/notes/a\x00b\nc.md", "gate_id": "prose/body-check"}],
+        }
+    )
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", input=smuggled)
+    assert res.exit_code == 0
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("skipped: kb/notes/a\\x00b\\nc.md prose/body-check: ")
 
 
 def test_prompt_holds_only_its_own_sentinels_and_the_texts(flow, run_cli):
