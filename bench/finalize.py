@@ -241,9 +241,14 @@ def run_once(
     # fsync inside finalize does not pay for writing back the copy.
     os.sync()
     split = Split()
-    real_parse, real_files, real_write = fin.parse_bundle, fin.write_job_files, reports.atomic_write
+    real_parse, real_files, real_write = (
+        fin.parse_bundle,
+        reports.write_job_files,
+        reports.atomic_write,
+    )
     fin.parse_bundle = split.wrap(real_parse, "parse")
-    fin.write_job_files = split.wrap(real_files, "files")
+    # Rendered after the commit by reports._write_due, which looks the name up in reports.
+    reports.write_job_files = split.wrap(real_files, "files")
     if no_fsync:
         reports.atomic_write = atomic_write_no_fsync
     try:
@@ -252,7 +257,7 @@ def run_once(
         wall = time.perf_counter() - t0
         problems = check(store, state, job_id)
     finally:
-        fin.parse_bundle, fin.write_job_files = real_parse, real_files
+        fin.parse_bundle, reports.write_job_files = real_parse, real_files
         reports.atomic_write = real_write
         store.close()
         shutil.rmtree(state)

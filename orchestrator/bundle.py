@@ -51,8 +51,7 @@ _VERDICT_LABEL = re.compile(
     re.IGNORECASE,
 )
 _VERDICT_WORD = re.compile(r"(?:PASS|WARN|FAIL|ERROR|INFO|OK|UNKNOWN|PASSED|FAILED)", re.IGNORECASE)
-# Every break str.splitlines honours, so the parser and sentinel_like_lines agree.
-_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_SLICE = 64 * 1024
 _INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _SHOW_LIMIT = 200  # room for a real pair name, not for a megabyte line
@@ -153,7 +152,7 @@ def _scan(text: str, keys: dict[str, ExpectedPair]) -> tuple[dict[str, tuple[str
     block: _Block | None = None
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
-        if not SENTINEL_LIKE.match(line):
+        if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
             if block is not None and line:
                 if block.last is not None:
                     # No longer the last line, so it must not read as a verdict.
@@ -311,14 +310,17 @@ def _lines(text: str) -> list[str]:
 
 
 def _iter_lines(text: str) -> Iterator[tuple[int, str, int]]:
-    """(offset, line, offset after its break) for each line, split exactly as
-    ``str.splitlines`` splits, without building the list."""
-    pos = 0
-    for brk in _LINE_BREAK.finditer(text):
-        yield pos, text[pos : brk.start()], brk.end()
-        pos = brk.end()
-    if pos < len(text):
-        yield pos, text[pos:], len(text)
+    """(offset, line with its break, offset after it) for each line, split exactly as
+    ``str.splitlines`` splits. The text is split in slices of about 64 KiB ending at a
+    "\n", so a list of lines never holds more than one slice's worth."""
+    pos, end = 0, len(text)
+    while pos < end:
+        cut = text.find("\n", pos + _SLICE)
+        cut = end if cut == -1 else cut + 1
+        for line in text[pos:cut].splitlines(keepends=True):
+            after = pos + len(line)
+            yield pos, line, after
+            pos = after
 
 
 def _show(text: str) -> str:

@@ -460,11 +460,15 @@ class SmallDisk:
     def mount(self) -> None:
         aside = Path(tempfile.mkdtemp(prefix="smalldisk-"))
         shutil.copytree(self.folder, aside / "c")
-        res = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.folder)],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            res = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.folder)],
+                capture_output=True,
+                text=True,
+            )
+        except FileNotFoundError:
+            shutil.rmtree(aside, ignore_errors=True)
+            raise PermissionError("cannot mount a tmpfs: no mount command") from None
         if res.returncode != 0:
             shutil.rmtree(aside, ignore_errors=True)
             raise PermissionError(f"cannot mount a tmpfs: {res.stderr.strip()}")
