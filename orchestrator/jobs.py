@@ -121,29 +121,31 @@ class _Loader:
 
     def __init__(self, kb: KB, catalog: Catalog) -> None:
         self.kb, self.catalog = kb, catalog
-        self.notes: dict[str, tuple[str, str] | str] = {}
+        self.notes: dict[str, tuple[str, str, str] | str] = {}
         self.invalid = {p.path: p.reason for p in catalog.problems}
         self.gate_refusals: dict[str, str | None] = {}
 
-    def note(self, rel: str) -> tuple[str, str] | str:
-        if rel not in self.notes:
+    def note(self, given: str) -> tuple[str, str, str] | str:
+        """(normalised path, text, sha256), or why the note cannot be packed."""
+        if given not in self.notes:
+            rel = given
             try:
-                rel = self.kb.check_rel(rel)
-                data = self.kb.abspath(rel).read_bytes()
+                rel = self.kb.check_rel(given)  # resolves symlinks: once per note
+                data = (self.kb.root / rel).read_bytes()
                 text = decode(data)
                 lines = sentinel_like_lines(text)
-                self.notes[rel] = (
+                self.notes[given] = (
                     f"{rel} line {lines[0]}: looks like a review sentinel"
                     if lines
-                    else (text, sha256_bytes(data))
+                    else (rel, text, sha256_bytes(data))
                 )
             except KBError as exc:
-                self.notes[rel] = str(exc)
+                self.notes[given] = str(exc)
             except NoteParseError as exc:
-                self.notes[rel] = f"{rel}: {exc}"
+                self.notes[given] = f"{rel}: {exc}"
             except OSError as exc:
-                self.notes[rel] = f"{rel}: {exc.strerror or exc}"
-        return self.notes[rel]
+                self.notes[given] = f"{rel}: {exc.strerror or exc}"
+        return self.notes[given]
 
     def gate(self, gate_id: str, gate_path: str | None) -> Gate | str:
         gate = self.catalog.get(gate_id)
@@ -238,7 +240,7 @@ def create_jobs(
         if isinstance(gate, str):
             batch.skipped.append(Skipped(note_path, gate_id, gate))
             continue
-        items.append(_Item(kb.check_rel(note_path), gate, note[0], note[1]))
+        items.append(_Item(note[0], gate, note[1], note[2]))
 
     snap_cache: dict[tuple[str, str], int] = {}
     with store.write():
