@@ -54,6 +54,16 @@ def _window(state: Path, start: str, end: str | None = None) -> list[dict]:
     return [e for e in events if e["timestamp"] >= start and (end is None or e["timestamp"] <= end)]
 
 
+def _await_sweep(sweep, expected, timeout: float) -> float:
+    """Seconds until the background sweep ended, having enqueued every expected job."""
+    t0 = time.monotonic()
+    out, err = sweep.communicate(timeout=timeout)
+    drain_s = time.monotonic() - t0
+    assert sweep.returncode == 0, err
+    assert json.loads(out)["enqueued_jobs"] == len(expected)
+    return drain_s
+
+
 def _await_event(state: Path, name: str, timeout: float) -> dict | None:
     """The first log record named ``name``, awaited by re-reading the log up to ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -160,11 +170,7 @@ def test_redis_outage_mid_sweep(tmp_path, mode):
             redis.resume()
         else:
             redis.start()
-        t0 = time.monotonic()
-        out, err = sweep.communicate(timeout=120)
-        drain_s = time.monotonic() - t0
-        assert sweep.returncode == 0, err
-        assert json.loads(out)["enqueued_jobs"] == len(expected)
+        drain_s = _await_sweep(sweep, expected, timeout=120)
     finally:
         if sweep is not None and sweep.poll() is None:
             sweep.kill()
@@ -237,11 +243,7 @@ def test_sqlite_file_locked_past_the_busy_timeout(tmp_path, target):
         sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
         fifo.await_starts(6)  # mid-sweep: six agents have started
         t_lock, t_free = _hold_exclusive(path, hold)
-        t0 = time.monotonic()
-        out, err = sweep.communicate(timeout=240)
-        drain_s = time.monotonic() - t0
-        assert sweep.returncode == 0, err
-        assert json.loads(out)["enqueued_jobs"] == len(expected)
+        drain_s = _await_sweep(sweep, expected, timeout=240)
     finally:
         if sweep is not None and sweep.poll() is None:
             sweep.kill()
