@@ -145,7 +145,7 @@ def _check_shape(data: dict) -> None:
             )
         if isinstance(value, dict):
             children: Iterable[object] = value.values()
-        elif isinstance(value, list):
+        elif isinstance(value, (list, tuple, set, frozenset)):  # tuples: `!!omap`, `!!pairs`
             children = value
         else:
             continue

@@ -153,8 +153,11 @@ class Store:
             raise
         else:
             self.conn.execute("COMMIT")
-            while self._after_commit:
-                self._after_commit.pop(0)()
+            # Taken before running: a callback that fails must not leave the others to
+            # run after some later, unrelated commit.
+            callbacks, self._after_commit = self._after_commit, []
+            for fn in callbacks:
+                fn()
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the current transaction commits (at once outside one); a
