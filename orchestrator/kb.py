@@ -384,9 +384,7 @@ class KB:
                 if not e.name.endswith(".md"):
                     continue
                 rel = e.path[root_len:].replace(os.sep, "/")
-                try:
-                    rel.encode("utf-8")
-                except UnicodeEncodeError:
+                if not rel.isascii() and not _utf8(rel):
                     shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
                     problems.append(FileProblem(shown, "file name is not UTF-8; skipped"))
                     continue
@@ -441,6 +439,15 @@ class KB:
         if key is None:
             return None
         return key if (self.root / key).is_file() else None
+
+
+def _utf8(name: str) -> bool:
+    """Whether a name from the file system is valid UTF-8 (not surrogate-escaped bytes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def type_key(value: object, relative_to: str | None = None) -> str | None:
