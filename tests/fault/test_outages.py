@@ -74,6 +74,17 @@ def _await_event(state: Path, name: str, timeout: float) -> dict | None:
         time.sleep(0.1)
 
 
+def _outage_report(root: Path, expected, start: str, end: str, **facts: object):
+    """The check after an outage, and what the log said during it and after; printed
+    with ``facts`` (see it with ``pytest -s``)."""
+    c = check(root, expected)
+    during = _summary(_window(root / ".reviewq", start, end))
+    after = _summary(_window(root / ".reviewq", end))
+    summary = {"attempts": c.attempts, "during": during, "after": after, "locked": c.locked}
+    print(json.dumps({**facts, **summary}, indent=1))
+    return c, during, after
+
+
 def _summary(events: list[dict]) -> dict[str, int]:
     """Event names, Huey's records with the start of their message (what an operator sees)."""
     out: Counter[str] = Counter()
@@ -177,20 +188,8 @@ def test_redis_outage_mid_sweep(tmp_path, mode):
         left = _finish(cluster, fifo)
         redis.stop()
     assert left == []
-    c = check(root, expected)
-    during = _summary(_window(root / ".reviewq", t_down, t_up))
-    after = _summary(_window(root / ".reviewq", t_up))
-    print(
-        json.dumps(
-            {
-                "mode": mode,
-                "drain_after_restore_s": round(drain_s, 1),
-                "attempts": c.attempts,
-                "during_outage": during,
-                "after_restore": after,
-            },
-            indent=1,
-        )
+    c, during, after = _outage_report(
+        root, expected, t_down, t_up, mode=mode, drain_after_restore_s=round(drain_s, 1)
     )
     _assert_nothing_lost(root, expected, c)
     seen = set(during) | set(after)
@@ -249,23 +248,15 @@ def test_sqlite_file_locked_past_the_busy_timeout(tmp_path, target):
             sweep.kill()
         left = _finish(cluster, fifo)
     assert left == []
-    c = check(root, expected)
-    during = _summary(_window(root / ".reviewq", t_lock, t_free))
-    after = _summary(_window(root / ".reviewq", t_free))
-    print(
-        json.dumps(
-            {
-                "target": target,
-                "held_s": hold,
-                "busy_timeout_s": busy_s,
-                "drain_after_release_s": round(drain_s, 1),
-                "attempts": c.attempts,
-                "during_lock": during,
-                "after_release": after,
-                "locked_mentions": c.locked,
-            },
-            indent=1,
-        )
+    c, _, _ = _outage_report(
+        root,
+        expected,
+        t_lock,
+        t_free,
+        target=target,
+        held_s=hold,
+        busy_timeout_s=busy_s,
+        drain_after_release_s=round(drain_s, 1),
     )
     _assert_nothing_lost(root, expected, c, allow_locked=True)
     said = [e for e in _window(root / ".reviewq", t_lock) if "database is locked" in json.dumps(e)]
