@@ -219,8 +219,8 @@ def apply_fix(kb: KB, store: Store, job, output: bytes | None) -> FixResult:
         (job["id"],),
     ).fetchone()[0]
     try:
-        rel = kb.check_rel(job["note_path"])
-        path = kb.abspath(rel)
+        rel = kb.check_rel(job["note_path"])  # resolves symlinks: never outside the root
+        path = kb.root / rel
         current = decode(path.read_bytes())
     except (KBError, OSError, NoteParseError) as exc:
         return FixResult("stale", f"the note cannot be read now ({exc}); nothing written")

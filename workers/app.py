@@ -7,7 +7,6 @@ Redis. Results are off: every outcome travels as a message to the control queue.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import dataclass, field
 
@@ -15,19 +14,6 @@ from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
 from huey.signals import SIGNAL_INTERRUPTED
 from huey.storage import RedisStorage, SqliteStorage
-
-try:
-    from redis.exceptions import ConnectionError as _RedisConnectionError
-    from redis.exceptions import TimeoutError as _RedisTimeout
-
-    _UNAVAILABLE: tuple[type[BaseException], ...] = (
-        sqlite3.OperationalError,
-        _RedisConnectionError,
-        _RedisTimeout,
-        ConnectionError,
-    )
-except ImportError:  # pragma: no cover - redis is a dependency
-    _UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
 
 from orchestrator import logs
 from orchestrator.config import Settings
@@ -62,7 +48,7 @@ class _PatientReads:
     def _patiently(self, read, empty):  # noqa: ANN001, ANN202
         try:
             data = read()
-        except _UNAVAILABLE as exc:
+        except tasks.QUEUE_UNAVAILABLE as exc:
             now = time.monotonic()
             if now - self._said_at >= 60:
                 self._said_at = now

@@ -39,18 +39,20 @@ _sem_lock = threading.Lock()
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 STOPPING = threading.Event()  # set by a stopping worker before it kills its agents
 
-try:  # Redis errors count as transient too when the client is installed
+# What a queue backend raises while it is unavailable (Redis down or restarting, a SQLite
+# queue file locked past its busy timeout): sends retry on it, consumers wait it out.
+try:
     from redis.exceptions import ConnectionError as _RedisConnectionError
     from redis.exceptions import TimeoutError as _RedisTimeout
 
-    _TRANSIENT: tuple[type[BaseException], ...] = (
+    QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (
         sqlite3.OperationalError,
         _RedisConnectionError,
         _RedisTimeout,
         ConnectionError,
     )
 except ImportError:  # pragma: no cover
-    _TRANSIENT = (sqlite3.OperationalError, ConnectionError)
+    QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
 
 
 def install_app(app: App) -> None:
@@ -76,7 +78,7 @@ def _the_control() -> Control:
 
 
 @retry(
-    retry=retry_if_exception_type(_TRANSIENT),
+    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
     wait=wait_exponential(multiplier=0.2, max=10),
     stop=stop_after_delay(120),
     reraise=True,
