@@ -31,10 +31,9 @@ from orchestrator.gates import load_catalog
 from orchestrator.kb import KB
 from orchestrator.store import Store
 
-from .conftest import reviewq_process
-from .test_queue_integration import FAST_QUEUE
+from .test_cycles_integration import config as configure
+from .test_cycles_integration import db, profile, rq
 
-FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
 NOTE = "kb/notes/alpha.md"
 OTHER = "kb/notes/beta.md"
 GATE_ID = "prose/body-check"
@@ -65,28 +64,6 @@ def snapshot(base: Path, skip: Path | None = None) -> dict[str, str]:
 
 def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
     return {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
-
-
-def profile(name: str, script: Path = FAKE, partition: str = "fake", **env: str) -> str:
-    env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
-    return (
-        f'[reviewers.{name}]\nkind = "command"\ncommand = ["{sys.executable}", "{script}"]\n'
-        f'partition = "{partition}"\ntimeout = "30s"\nconcurrency = 2\nenv = {{ {env_toml} }}\n'
-    )
-
-
-def configure(kb, *profiles: str) -> None:
-    kb.write("reviewq.toml", "".join(profiles) + FAST_QUEUE)
-
-
-def rq(kb, *args: str, env: dict | None = None, input: str | None = None):
-    return reviewq_process("--root", str(kb.root), *args, env=env, input=input, timeout=180)
-
-
-def db(kb) -> sqlite3.Connection:
-    conn = sqlite3.connect(kb.state / "state.db")
-    conn.row_factory = sqlite3.Row
-    return conn
 
 
 def outside(tmp_path: Path) -> Path:

@@ -20,10 +20,11 @@ FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
 NOTE = "kb/notes/alpha.md"
 
 
-def profile(name: str, partition: str = "fake", **env: str) -> str:
-    env_toml = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+def profile(name: str, script: Path = FAKE, partition: str = "fake", **env: str) -> str:
+    """A ``command`` reviewer profile running ``script`` (the fake agent) with ``env``."""
+    env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
     return (
-        f'[reviewers.{name}]\nkind = "command"\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        f'[reviewers.{name}]\nkind = "command"\ncommand = ["{sys.executable}", "{script}"]\n'
         f'partition = "{partition}"\ntimeout = "30s"\nconcurrency = 2\nenv = {{ {env_toml} }}\n'
     )
 

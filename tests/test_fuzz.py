@@ -58,7 +58,7 @@ from orchestrator.gates import GATES_DIR, load_catalog, parse_gate
 from orchestrator.kb import KB, REGIONS, NoteParseError, canonical_json, parse_note_text
 from orchestrator.kb import MAX_DEPTH as LOADER_DEPTH
 
-from .conftest import reviewq_process
+from .conftest import PROJECT, reviewq_process
 
 # --- settings profiles ---------------------------------------------------------------------
 
@@ -82,8 +82,6 @@ def fuzz(examples: int) -> settings:
         return settings(settings.get_profile("long"))
     return settings(settings.get_profile("fuzz"), max_examples=examples)
 
-
-PROJECT = Path(__file__).resolve().parent.parent
 
 # --- the bundle output: vocabulary ----------------------------------------------------------
 

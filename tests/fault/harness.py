@@ -289,19 +289,9 @@ class Cluster:
         return self.sweep("type", timeout=timeout)
 
     def final_sweep(self, timeout: float = 600):
-        """Await the drain: ``sweep --workers 0`` enqueues (nothing new is expected), uses
-        the running control and workers, and returns when every job is terminal."""
+        """Await the drain (nothing new is expected to be enqueued); (result, seconds)."""
         t0 = time.monotonic()
-        res = self.rq(
-            "sweep",
-            "--reviewer",
-            "fake",
-            "--workers",
-            "0",
-            "--all-gates",
-            "--json",
-            timeout=timeout,
-        )
+        res = self.sweep("--all-gates", timeout=timeout)
         return res, time.monotonic() - t0
 
 
@@ -327,7 +317,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     return rest[0], int(rest[1]), int(rest[2])  # state, ppid, pgrp
 
 
-def agent_processes(root: Path, include_zombies: bool = False) -> list[AgentProc]:
+def agent_processes(root: Path) -> list[AgentProc]:
     """Processes whose environment holds this KB's REVIEWQ_ROOT: agents (reviewq passes
     REVIEWQ_ROOT to the agents it launches; our own reviewq processes run without it)."""
     needle = f"REVIEWQ_ROOT={root}".encode()
@@ -347,7 +337,7 @@ def agent_processes(root: Path, include_zombies: bool = False) -> list[AgentProc
         if st is None:
             continue
         state, ppid, pgid = st
-        if state in ("Z", "X") and not include_zombies:
+        if state in ("Z", "X"):
             continue
         env = dict(e.split(b"=", 1) for e in environ if b"=" in e)
         found.append(
@@ -417,15 +407,6 @@ class ContinueGate:
         os.mkfifo(path)
         self._open = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def release_one(self, timeout: float = 60) -> None:
-        """Let the next (or the waiting) agent go: a writer opens and closes the FIFO,
-        which ends the agent's read. The open blocks until an agent holds the other end."""
-        t = threading.Thread(target=lambda: os.close(os.open(self.path, os.O_WRONLY)), daemon=True)
-        t.start()
-        t.join(timeout)
-        if t.is_alive():
-            raise TimeoutError(f"no agent waited at {self.path.name} within {timeout:g} s")
 
     def open_gate(self) -> None:
         """From now on let every agent through as it arrives."""

@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from orchestrator.attempts import open_attempt
+from orchestrator.bundle import end_line, start_line
 from orchestrator.finalize import finalize
 from orchestrator.sweeps import SweepRequest, enqueue
 from orchestrator.workspace import Workspace
@@ -80,10 +81,9 @@ def test_short_kill_campaign_on_redis(tmp_path):
 def _bundle_output(pairs: list[tuple[str, str]]) -> bytes:
     blocks = []
     for note_path, gate_path in pairs:
-        s = f"{note_path} :: {gate_path}"
         blocks.append(
-            f"=== PAIR REVIEW START: {s} ===\nSummary: fine.\nFindings:\n- low: none\n"
-            f"## Result: PASS\n=== PAIR REVIEW END: {s} ===\n"
+            f"{start_line(note_path, gate_path)}\nSummary: fine.\nFindings:\n- low: none\n"
+            f"## Result: PASS\n{end_line(note_path, gate_path)}\n"
         )
     return "\n".join(blocks).encode()
 
