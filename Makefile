@@ -1,6 +1,7 @@
 # Two targets do all the set-up on a fresh machine with Python 3.11+:
 #   make run    the main job on the bundled example KB
-#   make test   lint and the whole test suite (what .ci/run runs)
+#   make test   lint, the import-linter layer contracts and the whole test suite
+#               (what .ci/run runs)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -19,6 +20,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider

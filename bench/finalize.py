@@ -1,16 +1,16 @@
 """Benchmark of finalizing one 1,000-pair review job against SPEC §13 (≤ 250 ms).
 
 It builds a KB of N notes and one gate in a temporary folder, creates ONE job holding
-every pair through ``orchestrator.jobs.create_jobs`` (``--grouping gate --batch-size N``),
+every pair through ``orchestrator.review.jobs.create_jobs`` (``--grouping gate --batch-size N``),
 writes a valid ``bundle-output.md`` for it (a few lines of rationale per block and a
 seeded mix of PASS, WARN and FAIL), and keeps that state folder as a template. Each
 repeat copies the template to a fresh state folder and times the in-process call
-``orchestrator.finalize.finalize(store, state_dir, job_id, output)``: parse, the write
+``orchestrator.review.finalize.finalize(store, state_dir, job_id, output)``: parse, the write
 transaction and the result files with MANIFEST.json. Opening the store and reading the
 output file are not timed.
 
 The split is measured inside the same call by wrapping the two names that
-``orchestrator.finalize`` calls (``parse_bundle`` and ``write_job_files``); the
+``orchestrator.review.finalize`` calls (``parse_bundle`` and ``write_job_files``); the
 transaction is the rest. ``parse_bundle`` is also timed alone, repeatedly, on the same
 bytes.
 
@@ -39,12 +39,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import orchestrator.finalize as fin
-import orchestrator.reports as reports
-from orchestrator.bundle import ExpectedPair, end_line, parse_bundle, start_line
-from orchestrator.jobs import create_jobs
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
+import orchestrator.review.finalize as fin
+import orchestrator.state.files as reports
+from orchestrator.review.bundle import ExpectedPair, end_line, parse_bundle, start_line
+from orchestrator.review.jobs import create_jobs
+from orchestrator.state.store import Store
+from orchestrator.state.workspace import Workspace
 
 TARGET_PAIRS = 1000
 TARGET_MS = 250.0  # SPEC §13: finalizing a 1,000-pair bundle
@@ -203,7 +203,7 @@ def setup(root: Path, pairs: int, seed: int) -> tuple[int, Path, Counter]:
 
 
 class Split:
-    """Wraps the names orchestrator.finalize calls so one finalize can be split in time."""
+    """Wraps the names orchestrator.review.finalize calls so one finalize can be split in time."""
 
     def __init__(self) -> None:
         self.parse = 0.0
@@ -221,7 +221,7 @@ class Split:
 
 
 def atomic_write_no_fsync(path: Path, data: str | bytes) -> None:
-    """What-if only: ``orchestrator.reports.atomic_write`` (temp file + rename) without the
+    """What-if only: ``orchestrator.state.files.atomic_write`` (temp file + rename) without the
     per-file fsync, to show what the result files would cost without it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -37,7 +37,7 @@ import atheris
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 with atheris.instrument_imports(include=["orchestrator"]):
-    from orchestrator.bundle import DECISIONS, ExpectedPair, end_line, start_line
+    from orchestrator.review.bundle import DECISIONS, ExpectedPair, end_line, start_line
 
 from tests.test_fuzz import BAD_PATHS, FORGED_NOTES, GATES, NOTES, RESULT_VARIANTS, check_bundle
 

@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.store import ReviewRecord, Store
+from orchestrator.state.store import ReviewRecord, Store
 
 NOTES_DIR = "kb/notes"
 GATES_DIR = "kb/instructions/review-gates"

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import logs
+from croniter import croniter
+
+from orchestrator import logs
 
 KINDS = ("claude", "codex", "gemini", "command", "openai", "offline")
 GROUPINGS = ("note", "gate")
@@ -234,9 +236,7 @@ def _sweep(t: dict, index: int) -> SweepConfig:
         raise ConfigError(f"{where} budget_usd: expected a number ≥ 0")
     cron = str(t.get("cron", ""))
     if cron:
-        from .sweeps import cron_validator  # checked at load: a bad cron is refused at once
-
-        cron_validator(cron, f"{where} cron")
+        check_cron(cron, f"{where} cron")
     select = _strs(t.get("select"), f"{where} select")
     all_gates = bool(t.get("all_gates", not select))
     return SweepConfig(
@@ -353,3 +353,11 @@ def load_settings(
         queue=queue,
         sweeps=sweeps,
     )
+
+
+def check_cron(expr: str, where: str = "cron") -> None:
+    """A bad cron expression is refused when the settings load, not at 3 a.m."""
+    if len(expr.split()) != 5:
+        raise ConfigError(f"{where} {expr!r}: expected five fields: minute hour day month weekday")
+    if not croniter.is_valid(expr):
+        raise ConfigError(f"{where} {expr!r}: not a valid cron expression")

@@ -14,9 +14,9 @@ import yaml
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.gates import load_catalog
-from orchestrator.kb import KB
-from orchestrator.store import ReviewRecord, Store
+from orchestrator.kb.gates import load_catalog
+from orchestrator.kb.notes import KB
+from orchestrator.state.store import ReviewRecord, Store
 
 PROJECT = Path(__file__).resolve().parent.parent
 SHARED = PROJECT.parent / "shared"

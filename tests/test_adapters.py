@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ReviewerProfile
-from orchestrator.store import Store
-from orchestrator.workspace import Workspace
+from orchestrator.state.store import Store
+from orchestrator.state.workspace import Workspace
 from workers.foreground import ForegroundResult, run_job
 from workers.reviewers import ADAPTERS, AttemptSpec, for_profile
 from workers.reviewers.gemini import policy_text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.bundle import (
+from orchestrator.review.bundle import (
     DECISIONS,
     DEFAULT_MAX_BYTES,
     SENTINEL_LIKE,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.bundle import (
+from orchestrator.review.bundle import (
     DECISIONS,
     ExpectedPair,
     ParseResult,

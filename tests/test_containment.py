@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bundle import end_line, start_line
-from orchestrator.fixes import apply_fix, create_fix_job
-from orchestrator.gates import load_catalog
-from orchestrator.kb import KB
-from orchestrator.store import Store
+from orchestrator.cycles.fixes import apply_fix, create_fix_job
+from orchestrator.kb.gates import load_catalog
+from orchestrator.kb.notes import KB
+from orchestrator.review.bundle import end_line, start_line
+from orchestrator.state.store import Store
 
 from .test_cycles_integration import config as configure
 from .test_cycles_integration import db, profile, rq
@@ -514,13 +514,14 @@ _INTERNAL_ERROR = textwrap.dedent(
     """
     import sys
     import orchestrator.cli as cli
+    import orchestrator.cli.review as review
 
     def broken_export(*args, **kwargs):
         api_key = "sk-test-LOCAL-VARIABLE-777"
         note_text = "LOCAL-NOTE-TEXT-MARKER"
         raise RuntimeError("export broke")
 
-    cli.export = broken_export
+    review.export = broken_export
     sys.argv = ["reviewq", "--root", sys.argv[1], "export"]
     cli.main()
     """

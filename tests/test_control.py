@@ -5,10 +5,10 @@ from __future__ import annotations
 import errno
 import pathlib
 
-from orchestrator.control import Control
-from orchestrator.followup import FollowUp
-from orchestrator.sweeps import SweepRequest, enqueue
-from orchestrator.workspace import Workspace
+from orchestrator.control.control import Control
+from orchestrator.control.followup import FollowUp
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 
 def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, monkeypatch):
@@ -41,9 +41,9 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
 
 
 def test_files_a_full_disk_kept_from_being_written_are_written_at_the_next_tick(kb, monkeypatch):
-    import orchestrator.reports as reports
-    from orchestrator.bundle import end_line, start_line
-    from orchestrator.finalize import finalize
+    import orchestrator.state.files as reports
+    from orchestrator.review.bundle import end_line, start_line
+    from orchestrator.review.finalize import finalize
 
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")

@@ -1,11 +1,11 @@
 """Fuzz tests (SPEC §5, §12; "Reliability and security campaign" item 2): the three parsers
 that read what people and agents write, fed hostile input.
 
-- :func:`orchestrator.bundle.parse_bundle`, the reviewer output contract: forged and
+- :func:`orchestrator.review.bundle.parse_bundle`, the reviewer output contract: forged and
   look-alike sentinels, quoted sentinel and result lines, pair names that escape the KB,
   NUL bytes, invalid UTF-8, CR/LF/CRLF and Unicode line-break mixes, sizes over the limit.
-- the note loader (:func:`orchestrator.kb.parse_note_text`, :meth:`KB.load_notes`) and the
-  gate loader (:func:`orchestrator.gates.parse_gate`, :func:`load_catalog`): arbitrary
+- the note loader (:func:`orchestrator.kb.notes.parse_note_text`, :meth:`KB.load_notes`) and the
+  gate loader (:func:`orchestrator.kb.gates.parse_gate`, :func:`load_catalog`): arbitrary
   bytes, YAML bombs (deep nesting, alias fan-out), tabs, BOMs, frontmatter that is a list
   or a scalar.
 
@@ -43,7 +43,10 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.bundle import (
+from orchestrator.kb.gates import GATES_DIR, load_catalog, parse_gate
+from orchestrator.kb.notes import KB, REGIONS, NoteParseError, canonical_json, parse_note_text
+from orchestrator.kb.notes import MAX_DEPTH as LOADER_DEPTH
+from orchestrator.review.bundle import (
     DECISIONS,
     DEFAULT_MAX_BYTES,
     SENTINEL_LIKE,
@@ -53,10 +56,7 @@ from orchestrator.bundle import (
     parse_bundle,
     start_line,
 )
-from orchestrator.finalize import read_output
-from orchestrator.gates import GATES_DIR, load_catalog, parse_gate
-from orchestrator.kb import KB, REGIONS, NoteParseError, canonical_json, parse_note_text
-from orchestrator.kb import MAX_DEPTH as LOADER_DEPTH
+from orchestrator.review.finalize import read_output
 
 from .conftest import PROJECT, reviewq_process
 
@@ -505,7 +505,7 @@ def test_an_output_at_the_limit_costs_a_small_multiple_of_its_size() -> None:
 _MEMORY_PROBE = textwrap.dedent(
     """
     import sys, time
-    from orchestrator.bundle import ExpectedPair, end_line, parse_bundle, start_line
+    from orchestrator.review.bundle import ExpectedPair, end_line, parse_bundle, start_line
 
     def peak_rss():  # VmHWM belongs to this process image; ru_maxrss survives exec
         for line in open("/proc/self/status"):
@@ -888,7 +888,7 @@ _LOADER_PROBE = textwrap.dedent(
     import resource, sys
     limit = 512 * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    from orchestrator.kb import NoteParseError, parse_note_text
+    from orchestrator.kb.notes import NoteParseError, parse_note_text
     text = open(sys.argv[1], encoding="utf-8").read()
     try:
         parse_note_text(text).regions()

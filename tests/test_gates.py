@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.gates import load_catalog
-from orchestrator.kb import KB
+from orchestrator.kb.gates import load_catalog
+from orchestrator.kb.notes import KB
 
 GOOD_BODY = "## Failure mode\n\nx\n\n## Test\n\ny\n"
 

@@ -7,8 +7,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.frontmatter_fast import parse_simple
-from orchestrator.kb import KB, KBError, NoteParseError, parse_note_text, split_frontmatter
+from orchestrator.kb.frontmatter import parse_simple
+from orchestrator.kb.notes import KB, KBError, NoteParseError, parse_note_text, split_frontmatter
 
 
 def test_regions_from_frontmatter():

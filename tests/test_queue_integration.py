@@ -430,8 +430,8 @@ def test_budget_stops_new_attempts_and_says_so(kb):
 def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     from datetime import datetime
 
-    from orchestrator.sweeps import due_sweeps
-    from orchestrator.workspace import Workspace
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import due_sweeps
 
     small_kb(kb, notes=1)
     kb.write(

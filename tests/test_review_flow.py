@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import Store
+from orchestrator.state.store import Store
 
 from .conftest import process_gone, reviewq_process
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.store import Store
+from orchestrator.state.store import Store
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from orchestrator.migrations import LATEST
-from orchestrator.store import ReviewRecord, Store, StoreError
+from orchestrator.state.migrations import LATEST
+from orchestrator.state.store import ReviewRecord, Store, StoreError
 
 
 def test_migrations_are_numbered_and_recorded(tmp_path):

@@ -25,7 +25,7 @@ from pathlib import Path
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from orchestrator import logs
-from orchestrator.finalize import read_output
+from orchestrator.review.finalize import read_output
 
 from .reviewers import AttemptSpec, Reviewer
 

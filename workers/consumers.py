@@ -14,13 +14,14 @@ from pathlib import Path
 from huey.consumer import Consumer
 
 from orchestrator import logs
-from orchestrator.control import Control
-from orchestrator.followup import FollowUp
-from orchestrator.workspace import Workspace
+from orchestrator.control.control import Control
+from orchestrator.control.followup import FollowUp
+from orchestrator.state.workspace import Workspace
 
 from . import tasks
 from .app import make_app
 from .attempt import reap_orphans
+from .queues import send
 
 
 class AlreadyRunning(RuntimeError):
@@ -79,7 +80,7 @@ def run_control(ws: Workspace) -> None:
     lock = _lock(ws.state_dir)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     app = make_app(settings)
-    control = Control(ws, send_review=lambda msg: tasks.send("run_review", msg), hooks=FollowUp(ws))
+    control = Control(ws, send_review=lambda msg: send("run_review", msg), hooks=FollowUp(ws))
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
     consumer = Consumer(

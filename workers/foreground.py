@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.attempts import fail_job, open_attempt, record_end, requeue_job
-from orchestrator.cycles import record_decisions
-from orchestrator.finalize import FinalizeError, FinalizeResult, Provenance, finalize
-from orchestrator.workspace import Workspace
+from orchestrator.control.attempts import fail_job, open_attempt, record_end, requeue_job
+from orchestrator.cycles.escalations import record_decisions
+from orchestrator.review.finalize import FinalizeError, FinalizeResult, Provenance, finalize
+from orchestrator.state.workspace import Workspace
 
 from .attempt import LAUNCH_FAILURE, OUTPUT, AttemptOutcome, run_attempt
 from .reviewers import AttemptSpec, for_profile

@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.bundle import end_line, start_line
-from orchestrator.kb import REGIONS, NoteParseError, parse_note_text
+from orchestrator.kb.notes import REGIONS, NoteParseError, parse_note_text
+from orchestrator.review.bundle import end_line, start_line
 
 SUMMARY = (
     "The offline reviewer (no model) checked only that the regions this gate watches are not empty."

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.status import Progress, over_budget_runs, progress, summary
-from orchestrator.sweeps import EnqueueResult, SweepRequest, enqueue
-from orchestrator.workspace import Workspace
+from orchestrator.state.status import Progress, over_budget_runs, progress, summary
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 POLL_S = 0.2  # how often the progress display reads state.db
 

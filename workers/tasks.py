@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -19,79 +18,32 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
-
 from orchestrator import logs
 from orchestrator.config import ReviewerProfile
 
 from .attempt import run_attempt
+from .queues import send
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
-    from orchestrator.control import Control
+    from orchestrator.control.control import Control
 
-    from .app import App
 
-_app: App | None = None
 _control: Control | None = None
 _semaphores: dict[str, threading.BoundedSemaphore] = {}
 _sem_lock = threading.Lock()
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 STOPPING = threading.Event()  # set by a stopping worker before it kills its agents
 
-# What a queue backend raises while it is unavailable (Redis down or restarting, a SQLite
-# queue file locked past its busy timeout): sends retry on it, consumers wait it out.
-try:
-    from redis.exceptions import ConnectionError as _RedisConnectionError
-    from redis.exceptions import TimeoutError as _RedisTimeout
-
-    QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (
-        sqlite3.OperationalError,
-        _RedisConnectionError,
-        _RedisTimeout,
-        ConnectionError,
-    )
-except ImportError:  # pragma: no cover
-    QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
-
-
-def install_app(app: App) -> None:
-    global _app
-    _app = app
-
-
 def install_control(control: Control) -> None:
     global _control
     _control = control
-
-
-def _the_app() -> App:
-    if _app is None:
-        raise RuntimeError("workers.app.make_app() was not called in this process")
-    return _app
 
 
 def _the_control() -> Control:
     if _control is None:
         raise RuntimeError("this process is not the control process")
     return _control
-
-
-@retry(
-    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
-    wait=wait_exponential(multiplier=0.2, max=10),
-    stop=stop_after_delay(120),
-    reraise=True,
-    before_sleep=lambda rs: logs.get().warning(
-        "queue.retrying", attempt=rs.attempt_number, error=str(rs.outcome.exception())
-    ),
-)
-def send(task: str, *args: Any) -> None:
-    """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable."""
-    wrapper = _the_app().wrappers.get(task)
-    if wrapper is None:
-        raise RuntimeError(f"task {task} is not registered")
-    wrapper(*args)  # type: ignore[operator]
 
 
 def _profile(data: dict) -> ReviewerProfile:
@@ -215,7 +167,7 @@ def dispatch() -> None:
 
 
 def tick() -> None:
-    from orchestrator.sweeps import SweepRequest, due_sweeps, enqueue
+    from orchestrator.sweeps.producer import SweepRequest, due_sweeps, enqueue
 
     control = _the_control()
     _tick_sent_at[0] = 0.0
@@ -223,7 +175,7 @@ def tick() -> None:
     control.write_due_files()
     for sweep in due_sweeps(control.ws, control.now()):
         try:
-            enqueue(control.ws, SweepRequest.from_config(sweep, trigger="cron"), held=control.held)
+            enqueue(control.ws, SweepRequest.from_config(sweep, trigger="cron"))
         except Exception as exc:
             logs.get().error("sweep.failed", sweep=sweep.name, error=str(exc))
     control.dispatch()

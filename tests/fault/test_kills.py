@@ -14,11 +14,11 @@ import shutil
 
 import pytest
 
-from orchestrator.attempts import open_attempt
-from orchestrator.bundle import end_line, start_line
-from orchestrator.finalize import finalize
-from orchestrator.sweeps import SweepRequest, enqueue
-from orchestrator.workspace import Workspace
+from orchestrator.control.attempts import open_attempt
+from orchestrator.review.bundle import end_line, start_line
+from orchestrator.review.finalize import finalize
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 from .harness import CampaignConfig, build_kb, format_row, header, run_campaign, write_config
 
@@ -101,7 +101,7 @@ def test_enqueue_races_finalize(tmp_path, monkeypatch):
     assert len(first.jobs) == 1
     job_id = first.jobs[0].review_job_id
 
-    import orchestrator.sweeps as sweeps
+    import orchestrator.sweeps.producer as sweeps
 
     real_create_jobs = sweeps.create_jobs
 

@@ -223,7 +223,7 @@ def _hold_exclusive(path: Path, seconds: float) -> tuple[str, str]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", ["state.db", "queue/control.db", "queue/review.db"])
 def test_sqlite_file_locked_past_the_busy_timeout(tmp_path, target):
-    from orchestrator.store import BUSY_TIMEOUT_MS
+    from orchestrator.state.store import BUSY_TIMEOUT_MS
     from workers.app import make_app
 
     root, expected, cluster, fifo = _setup(tmp_path, notes=5, gates=4, sleep=1.0)
@@ -234,7 +234,7 @@ def test_sqlite_file_locked_past_the_busy_timeout(tmp_path, target):
         if target == "state.db":
             busy_s = BUSY_TIMEOUT_MS / 1000
         else:
-            from orchestrator.workspace import Workspace
+            from orchestrator.state.workspace import Workspace
 
             app = make_app(Workspace.open(root).settings)
             busy_s = app.control.storage._timeout  # what the consumers wait for a lock
@@ -364,8 +364,8 @@ def _full_disk_run(
         if full_for is None:
             filler.unlink()
         # Can the files be made again from state.db alone? Delete them and regenerate.
-        from orchestrator.reports import write_job_files
-        from orchestrator.store import Store
+        from orchestrator.state.files import write_job_files
+        from orchestrator.state.store import Store
 
         for name in ("MANIFEST.json", "results"):
             p = job_dir / name

@@ -2,7 +2,7 @@
 
 An adapter turns one attempt into a process to run and reads back what that process
 reported. It never waits, retries, kills or parses bundles: ``workers.attempt`` does that
-once for every kind, and ``orchestrator.finalize`` judges the output.
+once for every kind, and ``orchestrator.review.finalize`` judges the output.
 
 What an adapter gets: an :class:`AttemptSpec` — the task (``review``, ``fix`` or ``audit``),
 the job id and attempt number, the paths of the prompt, of the output file the agent must

@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .fixes import render_fix_prompt
-from .jobs import load_job_items, render_job_prompt
-from .prompts import render_retry, template
-from .reports import write_job_files_after_commit
-from .store import Store, utcnow
+from orchestrator.cycles.fixes import render_fix_prompt
+from orchestrator.review.jobs import load_job_items, render_job_prompt
+from orchestrator.review.prompts import render_retry, template
+from orchestrator.state.files import write_job_files_after_commit
+from orchestrator.state.store import Store, utcnow
 
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.
 # Launch failures, lost leases and interrupted runs are not the job's fault.

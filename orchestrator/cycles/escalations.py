@@ -13,10 +13,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import logs
-from .kb import sha256_bytes
-from .reports import atomic_write
-from .store import Store, utcnow
+from orchestrator import logs
+from orchestrator.kb.notes import sha256_bytes
+from orchestrator.state.files import atomic_write
+from orchestrator.state.store import Store, utcnow
+from orchestrator.state.workspace import Workspace
 
 ESCALATE_AT = 3
 DECISIONS = ("approve", "redo", "reject")
@@ -240,6 +241,21 @@ def held_pairs(
         if current_sha.get((r[0], r[1])) == (r[2], r[3]):
             held.add((r[0], r[1]))
     return held
+
+
+def held(ws: Workspace, partition: str) -> set[tuple[str, str]]:
+    """What a sweep in ``partition`` must skip now: :func:`held_pairs` with the current
+    note and gate hashes of the rejected pairs."""
+    current: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+    cat = ws.catalog()
+    for note_path, gate_id in rejected_pairs(ws.store, partition):
+        try:
+            note_sha = sha256_bytes(ws.kb.abspath(note_path).read_bytes())
+        except OSError:
+            note_sha = None
+        gate = cat.get(gate_id)
+        current[(note_path, gate_id)] = (note_sha, gate.sha256 if gate else None)
+    return held_pairs(ws.store, partition, current)
 
 
 def rejected_pairs(store: Store, partition: str) -> list[tuple[str, str]]:

@@ -18,16 +18,22 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
-from . import logs
-from .attempts import FAILED_SQL, OpenedAttempt, fail_job, open_attempt, record_end
-from .config import ReviewerProfile
-from .cycles import record_decisions
-from .finalize import FinalizeError, Provenance, finalize
-from .jobs import split_job
-from .reports import write_due_job_files, write_job_files_after_commit
-from .status import spent_usd
-from .store import utcnow
-from .workspace import Workspace
+from orchestrator import logs
+from orchestrator.config import ReviewerProfile
+from orchestrator.control.attempts import (
+    FAILED_SQL,
+    OpenedAttempt,
+    fail_job,
+    open_attempt,
+    record_end,
+)
+from orchestrator.cycles.escalations import record_decisions
+from orchestrator.review.finalize import FinalizeError, Provenance, finalize
+from orchestrator.review.jobs import split_job
+from orchestrator.state.files import write_due_job_files, write_job_files_after_commit
+from orchestrator.state.status import spent_usd
+from orchestrator.state.store import utcnow
+from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
 
@@ -57,11 +63,6 @@ class Control:
         self.log = logs.get()
         self._budget_logged: set[int] = set()
 
-    def held(self, ws: Workspace, partition: str) -> set[tuple[str, str]]:
-        """Pairs a sweep must not enqueue: escalated pairs waiting for a human."""
-        return self.hooks.held(ws, partition) if self.hooks is not None else set()  # type: ignore[attr-defined]
-
-    # --- dispatch ---------------------------------------------------------------------
     def paused(self) -> dict[str, str]:
         now = _ts(self.now())
         return {

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from .config import Settings
-from .store import Store
+from orchestrator.config import Settings
+from orchestrator.state.store import Store
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
 

@@ -13,13 +13,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import logs
-from .gates import Catalog
-from .jobs import display_path, job_dir
-from .kb import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
-from .prompts import fenced, template
-from .reports import write_manifest
-from .store import Store, utcnow
+from orchestrator import logs
+from orchestrator.kb.gates import Catalog
+from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
+from orchestrator.review.jobs import display_path, job_dir
+from orchestrator.review.prompts import fenced, template
+from orchestrator.state.files import write_manifest
+from orchestrator.state.store import Store, utcnow
 
 
 @dataclass(frozen=True)

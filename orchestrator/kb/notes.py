@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from .frontmatter_fast import parse_simple
-from .notecache import NoteCache
+from orchestrator.kb.frontmatter import parse_simple
+from orchestrator.kb.notecache import NoteCache
 
 REGIONS = ("title", "description", "frontmatter", "body")
 NOTES_DIR = "kb/notes"

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .config import Settings, load_settings
-from .gates import Catalog, load_catalog
-from .kb import KB
-from .store import Store
+from orchestrator.config import Settings, load_settings
+from orchestrator.kb.gates import Catalog, load_catalog
+from orchestrator.kb.notes import KB
+from orchestrator.state.store import Store
 
 
 @dataclass

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .kb import sha256_text
-from .migrations import LATEST, MIGRATIONS
+from orchestrator.kb.notes import sha256_text
+from orchestrator.state.migrations import LATEST, MIGRATIONS
 
 BUSY_TIMEOUT_MS = 10_000
 

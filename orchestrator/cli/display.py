@@ -28,7 +28,7 @@ class ProgressDisplay:
             self._task = self._progress.add_task("jobs", total=None, detail="")
         return self
 
-    def update(self, p) -> None:  # p: orchestrator.status.Progress
+    def update(self, p) -> None:  # p: orchestrator.state.status.Progress
         if self._progress is None:
             return
         detail = f"running {p.by_status.get('running', 0)}, queued {p.by_status.get('queued', 0)}"

@@ -1,20 +1,21 @@
 """What the control process does after a job ends (SPEC §7): fixes and their re-reviews,
 escalations, audits of PASS decisions, and the next bundle of a sequential sweep.
 
-:class:`FollowUp` is the ``hooks`` object of :class:`orchestrator.control.Control`.
+:class:`FollowUp` is the ``hooks`` object of :class:`orchestrator.control.control.Control`.
 """
 
 from __future__ import annotations
 
 import json
 
-from . import cycles, logs
-from .fixes import apply_fix, create_fix_job, finish_fix_job
-from .jobs import create_jobs, display_path, job_dir
-from .kb import sha256_bytes
-from .reports import write_manifest
-from .store import utcnow
-from .workspace import Workspace
+from orchestrator import logs
+from orchestrator.cycles import escalations as cycles
+from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
+from orchestrator.review.jobs import create_jobs, display_path, job_dir
+from orchestrator.state.files import write_manifest
+from orchestrator.state.store import utcnow
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 
 class FollowUp:
@@ -331,8 +332,6 @@ class FollowUp:
 
     # --- sequential sweeps ------------------------------------------------------------
     def _next_bundle(self, job, opts: dict) -> None:
-        from .sweeps import SweepRequest, enqueue
-
         notes = {p["note_path"] for p in self._pairs(job["id"])}
         for note_path in sorted(notes):
             req = SweepRequest(
@@ -350,20 +349,7 @@ class FollowUp:
                 audit=tuple(opts.get("audit") or ()),
                 trigger="sequential",
             )
-            enqueue(self.ws, req, held=self.held, run_id=job["sweep_run_id"])
-
-    # --- what sweeps must skip ----------------------------------------------------------
-    def held(self, ws: Workspace, partition: str) -> set[tuple[str, str]]:
-        current: dict[tuple[str, str], tuple[str | None, str | None]] = {}
-        cat = ws.catalog()
-        for note_path, gate_id in cycles.rejected_pairs(self.store, partition):
-            try:
-                note_sha = sha256_bytes(ws.kb.abspath(note_path).read_bytes())
-            except OSError:
-                note_sha = None
-            gate = cat.get(gate_id)
-            current[(note_path, gate_id)] = (note_sha, gate.sha256 if gate else None)
-        return cycles.held_pairs(self.store, partition, current)
+            enqueue(self.ws, req, run_id=job["sweep_run_id"])
 
     def _asks(self, job) -> str | None:
         """A person's redo asks stay with the cycle they started: a re-review made after a

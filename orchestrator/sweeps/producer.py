@@ -6,19 +6,18 @@ control process.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from huey import crontab
+from croniter import croniter
 
-from . import logs
-from .config import ConfigError, SweepConfig
-from .followup import FollowUp
-from .jobs import CreatedJob, Skipped, create_jobs
-from .selector import select
-from .store import utcnow
-from .workspace import Workspace
+from orchestrator import logs
+from orchestrator.config import SweepConfig
+from orchestrator.cycles import escalations
+from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
+from orchestrator.review.selector import select
+from orchestrator.state.store import utcnow
+from orchestrator.state.workspace import Workspace
 
 
 @dataclass
@@ -69,11 +68,10 @@ class EnqueueResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-HeldPairs = Callable[[Workspace, str], set[tuple[str, str]]]
 
 
 def enqueue(
-    ws: Workspace, req: SweepRequest, held: HeldPairs | None = None, run_id: int | None = None
+    ws: Workspace, req: SweepRequest, run_id: int | None = None
 ) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
@@ -110,7 +108,7 @@ def enqueue(
                 "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued'",
                 (run_id, req.name),
             )
-    exclude = (held or FollowUp(ws).held)(ws, profile.partition)
+    exclude = escalations.held(ws, profile.partition)
     targets = [t.to_json() for t in selection.targets]
     waiting: list[Skipped] = []
     if req.sequential:
@@ -204,17 +202,6 @@ def _sequential(
 # --- cron ------------------------------------------------------------------------------------
 
 
-def cron_validator(expr: str, where: str = "cron") -> Callable[[datetime], bool]:
-    """A five-field cron expression (minute hour day month weekday) as a predicate."""
-    fields = expr.split()
-    if len(fields) != 5:
-        raise ConfigError(f"{where} {expr!r}: expected five fields: minute hour day month weekday")
-    try:
-        return crontab(*fields)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{where} {expr!r}: {exc}") from None
-
-
 def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check. A control process that
     was down does not replay the nights it missed: the first check only starts the clock."""
@@ -225,20 +212,11 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
     for sweep in ws.settings.sweeps.values():
         if not sweep.cron:
             continue
-        check = cron_validator(sweep.cron, f"[[sweeps]] {sweep.name!r} cron")
         row = store.conn.execute(
             "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
         ).fetchone()
         last = datetime.fromisoformat(row[0]) if row else minute
-        t = last + timedelta(minutes=1)
-        fired = False
-        steps = 0
-        while t <= minute and steps < 1440:
-            if check(t):
-                fired = True
-                break
-            t += timedelta(minutes=1)
-            steps += 1
+        fired = croniter(sweep.cron, last).get_next(datetime) <= minute
         with store.write():
             store.conn.execute(
                 "INSERT INTO cron_state VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET last_checked = excluded.last_checked",

@@ -1,123 +1,26 @@
-"""``reviewq``: a thin click CLI over the core. Commands parse, call one core function,
-print, and turn domain errors into one ``error:`` line with exit code 1."""
+"""The review commands of ``reviewq`` (SPEC §10): gates, select, create-jobs, finalize,
+run-job, ack, warn-queue, export."""
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
 
 import click
 
-from . import logs
-from .acceptance import AckError, ack, warn_queue
-from .attempts import AttemptError
-from .config import ConfigError
-from .cycles import DecideError, record_decisions
-from .finalize import (
-    FinalizeError,
+from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, shown, warn
+from orchestrator.cycles.escalations import record_decisions
+from orchestrator.review.acceptance import ack, warn_queue
+from orchestrator.review.export import export
+from orchestrator.review.finalize import (
     Provenance,
     check_finalizable,
     finalize,
     parse_telemetry,
     read_output,
 )
-from .gates import SelectionError
-from .jobs import GROUPINGS, JobError, create_jobs, parse_select_json
-from .kb import FileProblem, KBError
-from .reports import ReportError, export
-from .selector import SelectError, select
-from .store import StoreError
-from .workspace import Workspace
-
-DOMAIN_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError,
-    KBError,
-    SelectionError,
-    SelectError,
-    StoreError,
-    JobError,
-    FinalizeError,
-    AckError,
-    AttemptError,
-    ReportError,
-    DecideError,
-)
-
-
-READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
-
-
-class Refused(click.ClickException):
-    """The operation was refused or failed: one ``error:`` line, exit 1."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-def refuse_domain_errors(fn: Callable) -> Callable:
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DOMAIN_ERRORS as exc:
-            raise Refused(str(exc)) from None
-        except sqlite3.OperationalError as exc:
-            # Nothing was changed: the transaction rolled back. Say what and how to go on.
-            raise Refused(
-                f"state.db or a queue file is unavailable ({exc}); another process holds it "
-                "longer than the busy timeout. Nothing was changed; run the command again."
-            ) from None
-
-    return wrapper
-
-
-def warn(problems: list[FileProblem]) -> None:
-    for p in problems:
-        click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
-
-
-def shown(text: str) -> str:
-    """Text from input as one printable line: control characters (a NUL, a line break an
-    input smuggled into a path) are shown escaped, not written to the terminal."""
-    return text if text.isprintable() else repr(text)[1:-1]
-
-
-def emit_json(data: object) -> None:
-    # Indented for a person at a terminal; compact into a pipe, where indent=2 would
-    # force the pure-Python encoder and cost a third of a large select's time.
-    indent = 2 if sys.stdout.isatty() else None
-    sys.stdout.write(json.dumps(data, indent=indent, ensure_ascii=False))
-    sys.stdout.write("\n")
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--root", default=".", show_default=True, help="The KB root (the folder holding kb/)."
-)
-@click.option("--state", default=None, help="The state folder [default: ROOT/.reviewq].")
-@click.option("--config", default=None, help="The settings file [default: ROOT/reviewq.toml].")
-@click.pass_context
-def cli(ctx: click.Context, root: str, state: str | None, config: str | None) -> None:
-    """Gate-based LLM reviews of a markdown knowledge base.
-
-    \b
-    Example:
-      reviewq select --all-gates --model offline --json
-    """
-    try:
-        ws = Workspace.open(root, state, config)
-    except DOMAIN_ERRORS as exc:
-        raise Refused(str(exc)) from None
-    ctx.obj = ws
-    ctx.call_on_close(ws.close)
-    # Commands that change state log to the state folder's log and say only warnings on
-    # stderr; the consumers reconfigure for their own stream. Read-only commands skip it.
-    if ctx.invoked_subcommand not in READ_ONLY:
-        logs.configure(ws.state_dir)
+from orchestrator.review.jobs import GROUPINGS, create_jobs, parse_select_json
+from orchestrator.review.selector import select
+from orchestrator.state.workspace import Workspace
 
 
 @cli.command()
@@ -480,20 +383,3 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
     click.echo(
         f"exported {res.files} review(s); index {res.csv_path.relative_to(ws.root).as_posix()}"
     )
-
-
-from . import cli_queue  # noqa: E402,F401  (registers the queue commands)
-
-
-def main() -> None:
-    try:
-        cli(prog_name="reviewq")
-    except KeyboardInterrupt:
-        click.echo("error: interrupted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # a bug: one line for the person, the traceback for the log
-        logs.get().error("internal.error", exc_info=True)
-        click.echo(
-            f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True
-        )
-        sys.exit(1)

@@ -1,5 +1,5 @@
 """Files reviewq writes for people, all renderings of state.db: a job's MANIFEST.json and
-per-pair result files, and the export of SPEC §10 (GATE-REVIEW files and the CSV).
+per-pair result files (the export of SPEC §10 is :mod:`orchestrator.review.export`).
 
 Every file is written atomically (a temp file in the same folder, then a rename), so a
 reader never sees half a file and a crash leaves the old one.
@@ -8,32 +8,15 @@ reader never sees half a file and a crash leaves the old one.
 from __future__ import annotations
 
 import contextlib
-import csv
-import hashlib
-import io
 import json
 import os
 import shutil
 import sqlite3
-import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from . import logs
-from .kb import canonical_json, parse_note_text
-from .store import Store, utcnow
-
-EXPORT_DIR = "kb/reports/reviews"
-CSV_HEADER = [
-    "note_path",
-    "gate_id",
-    "model_partition",
-    "gate_hash",
-    "recorded_commit",
-    "watched_hash",
-    "recorded_at",
-]
+from orchestrator import logs
+from orchestrator.state.store import Store, utcnow
 
 
 class ReportError(Exception):
@@ -218,96 +201,3 @@ def _swap_folder(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(new, target)
-
-
-# --- export ---------------------------------------------------------------------------------
-
-
-def git_blob_hash(text: str) -> str:
-    data = text.encode("utf-8")
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def git_head(root: Path) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
-def watched_hash(note_text: str, watches: list[str]) -> str:
-    try:
-        regions = parse_note_text(note_text).regions()
-    except ValueError:
-        regions = {"body": note_text}
-    picked = {w: regions.get(w, "") for w in sorted(watches)}
-    return hashlib.sha256(canonical_json(picked).encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True)
-class ExportResult:
-    files: int
-    csv_path: Path
-
-
-def export(
-    store: Store, root: Path, model: str | None = None, watches: dict[str, list[str]] | None = None
-) -> ExportResult:
-    """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
-    in partition ``model``, or else the most recent across partitions."""
-    rows = store.conn.execute(
-        "SELECT a.*, p.rationale, p.gate_path, n.text AS note_text, g.text AS gate_text "
-        "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
-        "JOIN snapshots n ON n.id = a.note_snapshot_id JOIN snapshots g ON g.id = a.gate_snapshot_id "
-        + ("WHERE a.model_partition = ? " if model else "")
-        + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
-        (model,) if model else (),
-    ).fetchall()
-    latest: dict[tuple[str, str], object] = {}
-    for r in rows:
-        latest.setdefault((r["note_path"], r["gate_id"]), r)
-    base = root / EXPORT_DIR
-    commit = git_head(root)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_HEADER)
-    for (note_path, gate_id), r in sorted(latest.items()):
-        _check_component(note_path)
-        _check_component(gate_id)
-        watch = (watches or {}).get(gate_id) or ["title", "description", "frontmatter", "body"]
-        fields = {
-            "note_path": note_path,
-            "gate_id": gate_id,
-            "model_partition": r["model_partition"],
-            "gate_hash": git_blob_hash(r["gate_text"]),
-            "recorded_commit": commit,
-            "watched_hash": watched_hash(r["note_text"], watch),
-            "recorded_at": r["accepted_at"],
-        }
-        header = (
-            "<!-- GATE-REVIEW\n"
-            + "".join(f"{k.replace('_', '-')}: {v}\n" for k, v in fields.items())
-            + "-->\n"
-        )
-        body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"
-        atomic_write(base / "gates" / flat(note_path) / f"{gate_id}.md", header + body)
-        writer.writerow([fields[k] for k in CSV_HEADER])
-    csv_path = base / "csv" / "gate_reviews.csv"
-    atomic_write(csv_path, buf.getvalue())
-    return ExportResult(len(latest), csv_path)
-
-
-def _check_component(value: str) -> None:
-    # Paths in the database were validated when recorded; refuse anything that could
-    # still steer a write out of the export folder.
-    parts = value.split("/")
-    if value.startswith("/") or ".." in parts or "\x00" in value or "" in parts:
-        raise ReportError(f"refusing to export {value!r}: not a clean relative path")

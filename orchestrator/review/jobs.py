@@ -13,13 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import logs
-from .bundle import sentinel_like_lines
-from .gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
-from .kb import KB, KBError, NoteParseError, decode, sha256_bytes
-from .prompts import PromptGate, PromptPair, render_review
-from .reports import write_manifest
-from .store import Store, utcnow
+from orchestrator import logs
+from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
+from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, sha256_bytes
+from orchestrator.review.bundle import sentinel_like_lines
+from orchestrator.review.prompts import PromptGate, PromptPair, render_review
+from orchestrator.state.files import write_manifest
+from orchestrator.state.store import Store, utcnow
 
 GROUPINGS = ("note", "gate")
 

@@ -13,12 +13,27 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .freshness import MISSING, NOTE_CHANGED, REASONS, NoteComparison, Verdict, judge
-from .freshness import unified_diff as make_diff
-from .gates import Catalog, Gate
-from .kb import KB, FileProblem, Note, NoteParseError, ParsedNote, parse_note_text, type_key
-from .notecache import NoteCache, SelectMemo
-from .store import Store
+from orchestrator.kb.gates import Catalog, Gate
+from orchestrator.kb.notecache import NoteCache, SelectMemo
+from orchestrator.kb.notes import (
+    KB,
+    FileProblem,
+    Note,
+    NoteParseError,
+    ParsedNote,
+    parse_note_text,
+    type_key,
+)
+from orchestrator.review.freshness import (
+    MISSING,
+    NOTE_CHANGED,
+    REASONS,
+    NoteComparison,
+    Verdict,
+    judge,
+)
+from orchestrator.review.freshness import unified_diff as make_diff
+from orchestrator.state.store import Store
 
 
 class SelectError(ValueError):
@@ -177,7 +192,7 @@ def select(
 
 def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None:
     """Type specs that notes name relative to themselves (``./types/x.md``) join the catalog."""
-    from .gates import type_gate
+    from orchestrator.kb.gates import type_gate
 
     for note in notes:
         key = type_key(note.type_value, note.path)

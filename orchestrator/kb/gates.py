@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .kb import (
+from orchestrator.kb.notes import (
     GATES_DIR,
     KB,
     REGIONS,

@@ -9,8 +9,8 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .gates import Gate
-from .kb import REGIONS, ParsedNote
+from orchestrator.kb.gates import Gate
+from orchestrator.kb.notes import REGIONS, ParsedNote
 
 MISSING = "missing-review"
 GATE_CHANGED = "gate-changed"

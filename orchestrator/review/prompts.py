@@ -13,7 +13,7 @@ from functools import cache
 from importlib import resources
 from string import Template
 
-from .bundle import end_line, start_line
+from orchestrator.review.bundle import end_line, start_line
 
 _BACKTICKS = re.compile(r"`{3,}")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .gates import Catalog
-from .kb import KB, NoteParseError
-from .store import Store
+from orchestrator.kb.gates import Catalog
+from orchestrator.kb.notes import KB, NoteParseError
+from orchestrator.state.store import Store
 
 
 class AckError(ValueError):

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import faults, logs
-from .bundle import ExpectedPair, parse_bundle
-from .reports import write_job_files_after_commit
-from .store import Store, utcnow
+from orchestrator import faults, logs
+from orchestrator.review.bundle import ExpectedPair, parse_bundle
+from orchestrator.state.files import write_job_files_after_commit
+from orchestrator.state.store import Store, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
 MAX_REASONS = 50

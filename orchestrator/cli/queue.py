@@ -1,5 +1,5 @@
 """The queue commands of ``reviewq`` (SPEC §10): enqueue, worker, control, sweep, status,
-jobs, job, logs, doctor. Registered on the group in :mod:`orchestrator.cli`."""
+jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.common`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import asdict
 
 import click
 
-from .cli import Refused, cli, emit_json, refuse_domain_errors, warn
-from .status import STATUSES
-from .workspace import Workspace
+from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, warn
+from orchestrator.state.status import STATUSES
+from orchestrator.state.workspace import Workspace
 
 
 def _sweep_options(fn):
@@ -60,7 +60,7 @@ def _sweep_options(fn):
 
 
 def _request(opts: dict, trigger: str, ws: Workspace | None = None):
-    from .sweeps import SweepRequest
+    from orchestrator.sweeps.producer import SweepRequest
 
     configured = ws.settings.sweeps.get(opts["sweep_name"]) if ws is not None else None
     if configured is not None and not opts["selectors"] and not opts["all_gates"]:
@@ -101,7 +101,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     Example:
       reviewq enqueue prose --reviewer claude --fix
     """
-    from .sweeps import enqueue
+    from orchestrator.sweeps.producer import enqueue
 
     req = _request(opts, "enqueue", ws)
     res = enqueue(ws, req)
@@ -179,10 +179,9 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     Example:
       reviewq sweep --reviewer offline --workers 4
     """
+    from orchestrator import logs
+    from orchestrator.cli.display import ProgressDisplay, render_summary
     from workers.sweep import run_sweep
-
-    from . import logs
-    from .sweep_report import ProgressDisplay, render_summary
 
     logs.configure(ws.state_dir)
     req = _request(opts, "sweep", ws)
@@ -227,7 +226,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq status --json
     """
-    from .status import status
+    from orchestrator.state.status import status
 
     data = status(ws.read_store(), ws.settings)
     if as_json:
@@ -260,7 +259,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
     Example:
       reviewq jobs --state failed
     """
-    from .status import jobs
+    from orchestrator.state.status import jobs
 
     rows = jobs(ws.read_store(), state, limit)
     if as_json:
@@ -285,7 +284,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     Example:
       reviewq job 12
     """
-    from .status import NotFound, job
+    from orchestrator.state.status import NotFound, job
 
     try:
         data = job(ws.read_store(), job_id)
@@ -326,7 +325,7 @@ def logs_cmd(
     Example:
       reviewq logs --event job. --job 12
     """
-    from .logs import log_path
+    from orchestrator.logs import log_path
 
     path = log_path(ws.state_dir)
     if not path.exists() and not follow:
@@ -439,7 +438,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq escalations
     """
-    from .cycles import open_escalations
+    from orchestrator.cycles.escalations import open_escalations
 
     items = open_escalations(ws.read_store())
     if as_json:
@@ -480,9 +479,9 @@ def decide_cmd(ws: Workspace, escalation_id: int, decision: str, feedback: str |
     Example:
       reviewq decide 3 redo --feedback "Say what 'OA' stands for in the first paragraph."
     """
-    from .cycles import decide
-    from .followup import FollowUp
-    from .kb import NoteParseError
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.cycles.escalations import decide
+    from orchestrator.kb.notes import NoteParseError
 
     store = ws.store
     row = store.conn.execute(

@@ -1,0 +1,31 @@
+"""``reviewq``: a thin click CLI over the core. Commands parse, call one core function,
+print, and turn domain errors into one ``error:`` line with exit code 1.
+
+The commands live in :mod:`.review` and :mod:`.queue`; importing them registers them on the
+group of :mod:`.common`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from orchestrator import logs
+from orchestrator.cli import queue, review  # noqa: F401  (registers the commands)
+from orchestrator.cli.common import cli
+
+__all__ = ["cli", "main"]
+
+
+def main() -> None:
+    try:
+        cli(prog_name="reviewq")
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: one line for the person, the traceback for the log
+        logs.get().error("internal.error", exc_info=True)
+        click.echo(
+            f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True
+        )
+        sys.exit(1)

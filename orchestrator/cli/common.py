@@ -1,0 +1,115 @@
+"""What every ``reviewq`` command shares: the click group, the domain errors that become one
+``error:`` line with exit code 1, and the small printing helpers."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from orchestrator import logs
+from orchestrator.config import ConfigError
+from orchestrator.control.attempts import AttemptError
+from orchestrator.cycles.escalations import DecideError
+from orchestrator.kb.gates import SelectionError
+from orchestrator.kb.notes import FileProblem, KBError
+from orchestrator.review.acceptance import AckError
+from orchestrator.review.finalize import (
+    FinalizeError,
+)
+from orchestrator.review.jobs import JobError
+from orchestrator.review.selector import SelectError
+from orchestrator.state.files import ReportError
+from orchestrator.state.store import StoreError
+from orchestrator.state.workspace import Workspace
+
+DOMAIN_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError,
+    KBError,
+    SelectionError,
+    SelectError,
+    StoreError,
+    JobError,
+    FinalizeError,
+    AckError,
+    AttemptError,
+    ReportError,
+    DecideError,
+)
+
+
+READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
+
+
+class Refused(click.ClickException):
+    """The operation was refused or failed: one ``error:`` line, exit 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def refuse_domain_errors(fn: Callable) -> Callable:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DOMAIN_ERRORS as exc:
+            raise Refused(str(exc)) from None
+        except sqlite3.OperationalError as exc:
+            # Nothing was changed: the transaction rolled back. Say what and how to go on.
+            raise Refused(
+                f"state.db or a queue file is unavailable ({exc}); another process holds it "
+                "longer than the busy timeout. Nothing was changed; run the command again."
+            ) from None
+
+    return wrapper
+
+
+def warn(problems: list[FileProblem]) -> None:
+    for p in problems:
+        click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
+
+
+def shown(text: str) -> str:
+    """Text from input as one printable line: control characters (a NUL, a line break an
+    input smuggled into a path) are shown escaped, not written to the terminal."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def emit_json(data: object) -> None:
+    # Indented for a person at a terminal; compact into a pipe, where indent=2 would
+    # force the pure-Python encoder and cost a third of a large select's time.
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(data, indent=indent, ensure_ascii=False))
+    sys.stdout.write("\n")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root", default=".", show_default=True, help="The KB root (the folder holding kb/)."
+)
+@click.option("--state", default=None, help="The state folder [default: ROOT/.reviewq].")
+@click.option("--config", default=None, help="The settings file [default: ROOT/reviewq.toml].")
+@click.pass_context
+def cli(ctx: click.Context, root: str, state: str | None, config: str | None) -> None:
+    """Gate-based LLM reviews of a markdown knowledge base.
+
+    \b
+    Example:
+      reviewq select --all-gates --model offline --json
+    """
+    try:
+        ws = Workspace.open(root, state, config)
+    except DOMAIN_ERRORS as exc:
+        raise Refused(str(exc)) from None
+    ctx.obj = ws
+    ctx.call_on_close(ws.close)
+    # Commands that change state log to the state folder's log and say only warnings on
+    # stderr; the consumers reconfigure for their own stream. Read-only commands skip it.
+    if ctx.invoked_subcommand not in READ_ONLY:
+        logs.configure(ws.state_dir)

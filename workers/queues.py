@@ -1,0 +1,152 @@
+"""The two Huey queues (SPEC §6): ``review`` (agents; any number of workers, anywhere)
+and ``control`` (finalize and bookkeeping; exactly one consumer, next to state.db), and
+:func:`send`, the one way a message is put on either.
+
+SQLite files in the state folder by default; ``queue.url = "redis://…"`` puts both on
+Redis. Results are off: every outcome travels as a message to the control queue.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from huey import RedisHuey, SqliteHuey
+from huey.api import Huey
+from huey.storage import RedisStorage, SqliteStorage
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from orchestrator import logs
+from orchestrator.config import Settings
+
+_MAX_PAUSE = 2.0
+_app: App | None = None
+
+
+@dataclass
+class App:
+    review: Huey
+    control: Huey
+    settings: Settings
+    wrappers: dict[str, object] = field(default_factory=dict)  # task name -> TaskWrapper
+
+
+class _PatientReads:
+    """A queue that cannot be read (Redis restarting, the queue file locked past its busy
+    timeout) is waited out here, with a growing pause and one log line a minute, instead
+    of Huey logging a traceback at every poll (tens a second) until it is back."""
+
+    _pause = 0.0
+    _said_at = 0.0
+
+    def dequeue(self):  # noqa: ANN201 - Huey's signature
+        return self._patiently(super().dequeue, None)  # type: ignore[misc]
+
+    def read_schedule(self, timestamp):  # noqa: ANN001, ANN201 - Huey's signature
+        return self._patiently(lambda: super(_PatientReads, self).read_schedule(timestamp), [])  # type: ignore[misc]
+
+    def _patiently(self, read, empty):  # noqa: ANN001, ANN202
+        try:
+            data = read()
+        except QUEUE_UNAVAILABLE as exc:
+            now = time.monotonic()
+            if now - self._said_at >= 60:
+                self._said_at = now
+                logs.get().error(
+                    "queue.unavailable", queue=self.name, error=str(exc), retry_s=_MAX_PAUSE
+                )
+            self._pause = min(_MAX_PAUSE, max(0.1, self._pause * 2))
+            time.sleep(self._pause)
+            return empty
+        if self._pause:
+            self._pause = self._said_at = 0.0
+            logs.get().info("queue.available", queue=self.name)
+        return data
+
+
+class QueueStorage(_PatientReads, SqliteStorage):
+    """Huey's SQLite storage at synchronous=NORMAL: in WAL mode still safe against a
+    crashed process (only a power cut can lose the last messages, and the reaper resends
+    what state.db says was not done), without an fsync for each of a job's messages."""
+
+    def _create_connection(self):  # noqa: ANN202 - Huey's signature
+        conn = super()._create_connection()
+        conn.execute("pragma synchronous=1")
+        return conn
+
+
+class RedisQueueStorage(_PatientReads, RedisStorage):
+    pass
+
+
+def huey_for(settings: Settings, queue: str) -> Huey:
+    url = settings.queue.url
+    if url:
+        # blocking=True: idle workers wait on BRPOP and see a message at once.
+        return RedisHuey(
+            f"reviewq-{queue}",
+            url=url,
+            results=False,
+            utc=True,
+            blocking=True,
+            read_timeout=1,
+            storage_class=RedisQueueStorage,
+        )
+    folder = settings.state_dir / "queue"
+    folder.mkdir(parents=True, exist_ok=True)
+    return SqliteHuey(
+        queue,
+        filename=str(folder / f"{queue}.db"),
+        results=False,
+        utc=True,
+        timeout=30,
+        storage_class=QueueStorage,
+    )
+
+
+# What a queue backend raises while it is unavailable (Redis down or restarting, a SQLite
+# queue file locked past its busy timeout): sends retry on it, consumers wait it out.
+try:
+    from redis.exceptions import ConnectionError as _RedisConnectionError
+    from redis.exceptions import TimeoutError as _RedisTimeout
+
+    QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (
+        sqlite3.OperationalError,
+        _RedisConnectionError,
+        _RedisTimeout,
+        ConnectionError,
+    )
+except ImportError:  # pragma: no cover
+    QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
+
+
+def install_app(app: App) -> None:
+    global _app
+    _app = app
+
+
+def _the_app() -> App:
+    if _app is None:
+        raise RuntimeError("workers.app.make_app() was not called in this process")
+    return _app
+
+
+@retry(
+    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
+    wait=wait_exponential(multiplier=0.2, max=10),
+    stop=stop_after_delay(120),
+    reraise=True,
+    before_sleep=lambda rs: logs.get().warning(
+        "queue.retrying", attempt=rs.attempt_number, error=str(rs.outcome.exception())
+    ),
+)
+def send(task: str, *args: Any) -> None:
+    """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable."""
+    wrapper = _the_app().wrappers.get(task)
+    if wrapper is None:
+        raise RuntimeError(f"task {task} is not registered")
+    wrapper(*args)  # type: ignore[operator]
+
+
