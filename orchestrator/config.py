@@ -76,6 +76,11 @@ class QueueSettings:
 
 
 @dataclass(frozen=True)
+class FixSettings:
+    git_commit: bool = False  # commit each applied fix when the KB is in a git repository
+
+
+@dataclass(frozen=True)
 class SweepConfig:
     name: str
     select: tuple[str, ...] = ()
@@ -104,6 +109,7 @@ class Settings:
     reviewers: dict[str, ReviewerProfile] = field(default_factory=dict)
     queue: QueueSettings = field(default_factory=QueueSettings)
     sweeps: dict[str, SweepConfig] = field(default_factory=dict)
+    fix: FixSettings = field(default_factory=FixSettings)
 
     def reviewer(self, name: str) -> ReviewerProfile:
         try:
@@ -258,6 +264,16 @@ def _sweep(t: dict, index: int) -> SweepConfig:
     )
 
 
+def _fix(t: object) -> FixSettings:
+    if not isinstance(t, dict):
+        raise ConfigError("[fix]: expected a table")
+    _known(t, {"git_commit"}, "[fix]")
+    git_commit = t.get("git_commit", False)
+    if not isinstance(git_commit, bool):
+        raise ConfigError("[fix] git_commit: expected true or false")
+    return FixSettings(git_commit=git_commit)
+
+
 def load_settings(
     root: str | Path = ".", state: str | Path | None = None, config: str | Path | None = None
 ) -> Settings:
@@ -272,7 +288,7 @@ def load_settings(
     elif config:
         raise ConfigError(f"{config_path}: no such file")
     where = str(config_path)
-    _known(data, {"kb", "state", "reviewers", "queue", "sweeps", "limits"}, where)
+    _known(data, {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"}, where)
 
     kb_t = data.get("kb", {})
     note_roots = _strs(kb_t.get("note_roots"), f"{where} [kb] note_roots") or ("kb/notes",)
@@ -328,6 +344,7 @@ def load_settings(
             if s.name in sweeps:
                 raise ConfigError(f"[[sweeps]] {s.name!r}: defined twice")
             sweeps[s.name] = s
+        fix = _fix(data.get("fix", {}))
         limits = data.get("limits", {})
         max_output = _int(
             limits.get("max_output_bytes", 5 * 1024 * 1024), "[limits] max_output_bytes"
@@ -352,6 +369,7 @@ def load_settings(
         reviewers=reviewers,
         queue=queue,
         sweeps=sweeps,
+        fix=fix,
     )
 
 

@@ -130,7 +130,9 @@ class FollowUp:
 
     def fix_output(self, job, output: bytes | None) -> str | None:
         """Apply a fixer's output. Returns a reason if the attempt failed, else None."""
-        res = apply_fix(self.ws.kb, self.store, job, output)
+        res = apply_fix(
+            self.ws.kb, self.store, job, output, git_commit=self.ws.settings.fix.git_commit
+        )
         if res.status == "invalid":
             return res.reason
         pairs = self._pairs(job["id"])
@@ -178,14 +180,25 @@ class FollowUp:
             if retry_fix:
                 self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
-        finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")
+        finish_fix_job(
+            self.store, self.ws.state_dir, job["id"], "completed", "applied", "", res.commit
+        )
         self.log.info(
             "fix.applied",
             job_id=job["id"],
             note_path=job["note_path"],
             sha256=res.new_sha256,
             gates=[p["gate_id"] for p in pairs],
+            commit=res.commit.sha if res.commit else None,
         )
+        if res.commit is not None and res.commit.why_not:
+            self.log.warning(
+                "fix.uncommitted" if res.commit.sha is None else "fix.commit_mixed",
+                job_id=job["id"],
+                note_path=job["note_path"],
+                commit=res.commit.sha,
+                reason=res.commit.why_not,
+            )
         self._rereview(job, pairs)
         return None
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.kb.gates import Catalog
+from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
 from orchestrator.review.jobs import display_path, job_dir
 from orchestrator.review.prompts import fenced, template
@@ -201,10 +202,14 @@ class FixResult:
     status: str  # applied | unchanged | stale | invalid
     reason: str = ""
     new_sha256: str | None = None
+    commit: CommitOutcome | None = None  # None: commits are off
 
 
-def apply_fix(kb: KB, store: Store, job, output: bytes | None) -> FixResult:
-    """Write the fixer's note if the note is still the text it was given."""
+def apply_fix(
+    kb: KB, store: Store, job, output: bytes | None, *, git_commit: bool = False
+) -> FixResult:
+    """Write the fixer's note if the note is still the text it was given; with
+    ``git_commit``, commit it as its own commit (see :func:`commit_applied_fix`)."""
     if output is None:
         return FixResult("invalid", "the fixer wrote no output")
     try:
@@ -234,8 +239,26 @@ def apply_fix(kb: KB, store: Store, job, output: bytes | None) -> FixResult:
         store.conn.execute(
             "INSERT OR IGNORE INTO fix_writes VALUES (?, ?, ?, ?)", (rel, sha, job["id"], utcnow())
         )
+        fixed = store.snapshot(rel, new_text, sha)  # the report's diff: given → fixed
+        store.conn.execute(
+            "UPDATE review_jobs SET fixed_snapshot_id = ? WHERE id = ?", (fixed, job["id"])
+        )
     _replace_file(path, data)
-    return FixResult("applied", new_sha256=sha)
+    commit = commit_applied_fix(kb, store, job, rel, given, data) if git_commit else None
+    return FixResult("applied", new_sha256=sha, commit=commit)
+
+
+def commit_applied_fix(kb: KB, store: Store, job, rel: str, given: str, data: bytes):
+    """The fix just written as one git commit of that note alone. Called right after the
+    note file is replaced (it compares HEAD with the text the fixer was given)."""
+    gates = [
+        r[0]
+        for r in store.conn.execute(
+            "SELECT gate_id FROM review_pairs WHERE job_id = ? ORDER BY id", (job["id"],)
+        )
+    ]
+    msg = message(rel, gates, job["id"], job["review_reviewer"], job["reviewer"])
+    return commit_fix(kb.root, rel, given.encode("utf-8"), data, msg)
 
 
 def _replace_file(path: Path, data: bytes) -> None:
@@ -256,12 +279,27 @@ def _replace_file(path: Path, data: bytes) -> None:
 
 
 def finish_fix_job(
-    store: Store, state_dir: Path, job_id: int, status: str, result: str, reason: str
+    store: Store,
+    state_dir: Path,
+    job_id: int,
+    status: str,
+    result: str,
+    reason: str,
+    commit: CommitOutcome | None = None,
 ) -> None:
     now = utcnow()
     with store.write():
         store.conn.execute(
-            "UPDATE review_jobs SET status = ?, result = ?, failure_reasons = ?, updated_at = ?, finished_at = ? "
-            "WHERE id = ?",
-            (status, result, json.dumps([reason]) if reason else None, now, now, job_id),
+            "UPDATE review_jobs SET status = ?, result = ?, failure_reasons = ?, updated_at = ?, finished_at = ?, "
+            "fix_commit = ?, fix_no_commit = ? WHERE id = ?",
+            (
+                status,
+                result,
+                json.dumps([reason]) if reason else None,
+                now,
+                now,
+                commit.sha if commit else None,
+                commit.why_not if commit else None,
+                job_id,
+            ),
         )

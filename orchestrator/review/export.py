@@ -67,7 +67,10 @@ def export(
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
     in partition ``model``, or else the most recent across partitions."""
     rows = store.conn.execute(
-        "SELECT a.*, p.rationale, p.gate_path, n.text AS note_text, g.text AS gate_text "
+        "SELECT a.*, p.rationale, p.gate_path, n.text AS note_text, g.text AS gate_text, "
+        # The commit of the fix that wrote the accepted text, when a fix wrote it.
+        "(SELECT f.fix_commit FROM review_jobs f WHERE f.kind = 'fix' AND f.fixed_snapshot_id = "
+        "a.note_snapshot_id AND f.fix_commit IS NOT NULL ORDER BY f.id DESC LIMIT 1) AS fix_commit "
         "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
         "JOIN snapshots n ON n.id = a.note_snapshot_id JOIN snapshots g ON g.id = a.gate_snapshot_id "
         + ("WHERE a.model_partition = ? " if model else "")
@@ -95,9 +98,10 @@ def export(
             "watched_hash": watched_hash(r["note_text"], watch),
             "recorded_at": r["accepted_at"],
         }
+        extra = {"fix_commit": r["fix_commit"]} if r["fix_commit"] else {}
         header = (
             "<!-- GATE-REVIEW\n"
-            + "".join(f"{k.replace('_', '-')}: {v}\n" for k, v in fields.items())
+            + "".join(f"{k.replace('_', '-')}: {v}\n" for k, v in (fields | extra).items())
             + "-->\n"
         )
         body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"

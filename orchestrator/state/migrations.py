@@ -246,4 +246,26 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        6,
+        "fix commits and the morning report",
+        """
+        -- What an applied fix wrote, and the git commit that holds it (or why there is none).
+        ALTER TABLE review_jobs ADD COLUMN fixed_snapshot_id INTEGER;
+        ALTER TABLE review_jobs ADD COLUMN fix_commit TEXT;
+        ALTER TABLE review_jobs ADD COLUMN fix_no_commit TEXT;
+
+        -- Reports a person was shown, so the next one starts where this one ended.
+        CREATE TABLE report_runs (
+            id         INTEGER PRIMARY KEY,
+            since      TEXT NOT NULL,
+            until      TEXT NOT NULL,
+            html_path  TEXT,
+            made_at    TEXT NOT NULL
+        );
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

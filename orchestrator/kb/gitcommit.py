@@ -1,0 +1,119 @@
+"""An applied fix as its own git commit (issue 13): one note, never anything else.
+
+:func:`commit_fix` runs right after the fixed note replaced the old one. It commits only
+when the commit would hold exactly reviewq's edit: the note is tracked, nothing of it is
+staged, and the text the fixer was given is what HEAD holds. Otherwise the fix stays
+applied and uncommitted, and the caller records why. ``git commit --only -- PATH`` keeps
+a person's staged changes to other files staged and their unstaged changes untouched.
+Undoing a fix is ``git revert <sha>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+GIT_TIMEOUT_S = 30.0
+# Unattended: no editor, no pager, no credential or passphrase prompt may wait for a person.
+_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_EDITOR": "true", "GIT_PAGER": "cat", "LC_ALL": "C"}
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "reviewq",
+    "GIT_AUTHOR_EMAIL": "reviewq@localhost",
+    "GIT_COMMITTER_NAME": "reviewq",
+    "GIT_COMMITTER_EMAIL": "reviewq@localhost",
+}
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    sha: str | None = None  # the commit, when there is one
+    why_not: str | None = None  # else why the fix was left uncommitted
+
+    def to_json(self) -> dict:
+        return {"commit": self.sha, "why_not": self.why_not}
+
+
+def blob_sha(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _git(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", *args],
+        cwd=root,
+        env={**os.environ, **_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=GIT_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _first_line(p: subprocess.CompletedProcess) -> str:
+    text = (p.stderr or p.stdout or "").strip().splitlines()
+    return text[0] if text else f"exit {p.returncode}"
+
+
+def message(
+    note_path: str, gates: list[str], job_id: int, reviewer: str | None, fixer: str | None
+) -> str:
+    subject = f"reviewq fix: {note_path} ({', '.join(gates)})"
+    return "\n".join(
+        [
+            subject if len(subject) <= 100 else subject[:99] + "…",
+            "",
+            f"The fixer {fixer or '-'} edited {note_path} to meet {', '.join(gates)}.",
+            "Undo with `git revert` of this commit.",
+            "",
+            f"Reviewq-Job: {job_id}",
+            *(f"Reviewq-Gate: {g}" for g in gates),
+            f"Reviewq-Reviewer: {reviewer or '-'}",
+            "",
+        ]
+    )
+
+
+def commit_fix(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> CommitOutcome:
+    """Commit the note at ``rel`` (root-relative) that now holds ``after`` and held
+    ``before``. Never raises for git's sake: a failure is a reason, and the fix stands."""
+    try:
+        return _commit(root, rel, before, after, msg)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return CommitOutcome(why_not=f"git could not run: {exc}")
+
+
+def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> CommitOutcome:
+    inside = _git(root, "rev-parse", "--is-inside-work-tree")
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        return CommitOutcome(why_not="the KB is not in a git repository")
+    # "./" makes the path relative to the KB root, wherever the repository's top is.
+    head = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}")
+    if head.returncode != 0:
+        return CommitOutcome(why_not="the note is not committed in git yet (new or untracked)")
+    staged = _git(root, "ls-files", "--stage", "--", rel)
+    index_blob = staged.stdout.split()[1] if staged.stdout.split()[1:] else ""
+    if index_blob != head.stdout.strip():
+        return CommitOutcome(why_not="the note has staged changes; a commit would take them")
+    if head.stdout.strip() != blob_sha(before):
+        return CommitOutcome(
+            why_not="the note had uncommitted edits; a commit would take them as reviewq's"
+        )
+    env = {}
+    if _git(root, "config", "user.email").returncode != 0:
+        env = _IDENTITY  # a machine with no git identity still gets a commit, as reviewq
+    # --no-verify: hooks are a person's tools for their own commits; one that waits for
+    # input or fails on style would stall the control process or lose the trail.
+    done = _git(root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
+    if done.returncode != 0:
+        return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}")
+    sha = _git(root, "rev-parse", "HEAD").stdout.strip()
+    now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
+    if now != blob_sha(after):
+        # Someone wrote the note between the fix and the commit: the commit holds their text.
+        return CommitOutcome(
+            sha=sha, why_not="the note changed while committing; the commit holds that text"
+        )
+    return CommitOutcome(sha=sha)

@@ -1,0 +1,147 @@
+"""Issue 13: every applied fix can be a git commit of that one note, and nothing else of
+the person's work goes into it. Real sweeps, real git repositories."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from .conftest import reviewq_process
+from .test_cycles_integration import db, profile
+from .test_queue_integration import FAST_QUEUE
+
+pytestmark = pytest.mark.integration
+NOTE = "kb/notes/alpha.md"
+OTHER = "kb/notes/beta.md"
+FIXED = "FIXED: the body says more now."
+
+
+def git(root, *args: str) -> str:
+    out = subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True
+    )
+    return out.stdout
+
+
+@pytest.fixture
+def repo(kb):
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    kb.note("beta", body="Beta body.\n")
+    kb.write("scratch.txt", "a person's file\n")
+    kb.write(
+        "reviewq.toml",
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=FIXED)
+        + FAST_QUEUE
+        + "[fix]\ngit_commit = true\n",
+    )
+    kb.write(".gitignore", ".reviewq/\n")
+    git(kb.root, "init", "-q", "-b", "main")
+    git(kb.root, "config", "user.name", "A Person")
+    git(kb.root, "config", "user.email", "person@example.org")
+    git(kb.root, "add", "-A")
+    git(kb.root, "commit", "-q", "-m", "the KB")
+    return kb
+
+
+def sweep(kb) -> dict:
+    # Only alpha: beta carries the person's staged edit, which must not be reviewed or fixed.
+    res = reviewq_process(
+        "--root", str(kb.root), "sweep", "--reviewer", "fake", "--fix", "--json", "--note", NOTE,
+        timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def fix_job(kb):
+    with db(kb) as conn:
+        return conn.execute("SELECT * FROM review_jobs WHERE kind = 'fix'").fetchone()
+
+
+def log_events(kb, event: str) -> list[dict]:
+    lines = (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("event") == event]
+
+
+def test_a_fix_is_one_commit_of_one_note_with_trailers(repo):
+    # A person's work in progress: a staged edit to another note, an unstaged one elsewhere.
+    repo.write(OTHER, repo.read(OTHER) + "A staged line.\n")
+    git(repo.root, "add", OTHER)
+    repo.write("scratch.txt", "a person's file\nan unstaged line\n")
+    head_before = git(repo.root, "rev-parse", "HEAD").strip()
+
+    sweep(repo)
+
+    job = fix_job(repo)
+    assert job["result"] == "applied" and job["fix_no_commit"] is None
+    sha = job["fix_commit"]
+    assert git(repo.root, "rev-parse", "HEAD").strip() == sha
+    assert git(repo.root, "rev-parse", "HEAD~1").strip() == head_before
+    assert git(repo.root, "show", "--name-only", "--format=", sha).split() == [NOTE]
+    body = git(repo.root, "log", "-1", "--format=%B", sha)
+    assert body.startswith(f"reviewq fix: {NOTE} (prose/body-check)\n")
+    trailers = git(repo.root, "log", "-1", "--format=%(trailers:only,unfold)", sha).split("\n")
+    assert f"Reviewq-Job: {job['id']}" in trailers
+    assert "Reviewq-Gate: prose/body-check" in trailers
+    assert "Reviewq-Reviewer: fake" in trailers
+    assert FIXED in git(repo.root, "show", f"{sha}:{NOTE}")
+    # The person's changes are where they left them: staged, and unstaged.
+    assert git(repo.root, "diff", "--cached", "--name-only").split() == [OTHER]
+    assert git(repo.root, "diff", "--name-only").split() == ["scratch.txt"]
+    assert "A staged line." in git(repo.root, "show", f":{OTHER}")
+    assert [e["commit"] for e in log_events(repo, "fix.applied")] == [sha]
+    # Undoing the fix is a plain revert (once the person's work in progress is put aside).
+    git(repo.root, "stash", "-q")
+    git(repo.root, "revert", "--no-edit", sha)
+    assert FIXED not in repo.read(NOTE)
+
+    # reviewq export shows the commit of the fix behind the accepted text.
+    res = reviewq_process("--root", str(repo.root), "export", "--model", "fake")
+    assert res.returncode == 0, res.stderr
+    exported = repo.root / "kb/reports/reviews/gates/kb__notes__alpha.md/prose/body-check.md"
+    assert f"fix-commit: {sha}\n" in exported.read_text()
+
+
+def test_a_note_with_uncommitted_edits_gets_no_commit_and_keeps_them(repo):
+    repo.write(NOTE, repo.read(NOTE) + "A person's unfinished sentence\n")
+    head_before = git(repo.root, "rev-parse", "HEAD").strip()
+
+    sweep(repo)
+
+    job = fix_job(repo)
+    assert job["result"] == "applied" and job["fix_commit"] is None
+    assert "uncommitted edits" in job["fix_no_commit"]
+    assert git(repo.root, "rev-parse", "HEAD").strip() == head_before
+    text = repo.read(NOTE)
+    assert "A person's unfinished sentence" in text and FIXED in text
+    [warned] = log_events(repo, "fix.uncommitted")
+    assert warned["job_id"] == job["id"] and "uncommitted edits" in warned["reason"]
+
+
+def test_a_kb_that_is_no_repository_is_fixed_as_before(kb):
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    kb.write(
+        "reviewq.toml",
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=FIXED)
+        + FAST_QUEUE
+        + "[fix]\ngit_commit = true\n",
+    )
+    out = sweep(kb)
+    assert out["escalations"] == []
+    job = fix_job(kb)
+    assert job["result"] == "applied" and job["fix_commit"] is None
+    assert job["fix_no_commit"] == "the KB is not in a git repository"
+    assert FIXED in kb.read(NOTE)
+
+
+def test_unknown_fix_keys_are_refused(kb):
+    kb.write("reviewq.toml", "[fix]\ngit_comit = true\n")
+    res = reviewq_process("--root", str(kb.root), "status")
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"error: {kb.root / 'reviewq.toml'} [fix]: unknown key 'git_comit'"
+    ]
