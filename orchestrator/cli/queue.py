@@ -432,83 +432,95 @@ def doctor_cmd(ws: Workspace) -> None:
 @click.pass_obj
 @refuse_domain_errors
 def escalations_cmd(ws: Workspace, as_json: bool) -> None:
-    """The human's queue: pairs rejected three times (or refuted by an audit), with reports.
+    """The human's queue: pairs rejected three times (or refuted by an audit), by note.
 
     \b
     Example:
       reviewq escalations
     """
-    from orchestrator.cycles.escalations import open_escalations
+    from orchestrator.cycles.escalations import by_note, open_escalations
 
     items = open_escalations(ws.read_store())
+    groups = by_note(items)
     if as_json:
         emit_json(
             {
                 "escalations": [
                     {**e.to_json(), "report_path": _root_rel(ws, ws.state_dir / e.report_path)}
                     for e in items
-                ]
+                ],
+                "notes": [
+                    {"note_path": note, "escalation_ids": [e.id for e in group]}
+                    for note, group in groups
+                ],
             }
         )
         return
-    for e in items:
-        report = ws.state_dir / e.report_path
-        click.echo(
-            f"escalation {e.id}: {e.note_path}  {e.gate_id}  ({e.model_partition}, {e.cycles} cycle(s))"
-        )
-        try:
-            head = report.read_text(encoding="utf-8").splitlines()[:3]
-        except OSError:
-            head = [f"(report missing: {report})"]
-        for line in head:
-            click.echo(f"    {line}")
-        click.echo(f"    report: {report}")
-    click.echo(f"{len(items)} open escalation(s)")
+    for note, group in groups:
+        click.echo(f"{note}: {len(group)} escalation(s)")
+        for e in group:
+            report = ws.state_dir / e.report_path
+            try:
+                head = report.read_text(encoding="utf-8").splitlines()[1:3]
+            except OSError:
+                head = [f"(report missing: {report})"]
+            click.echo(
+                f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {e.cycles} cycle(s))"
+            )
+            for line in head:
+                click.echo(f"      {line}")
+            click.echo(f"      report: {report}")
+        if len(group) > 1:
+            click.echo(f"  decide them at once: reviewq decide --note {note} approve|redo|reject")
+    click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
 
 
 @cli.command("decide")
-@click.argument("escalation_id", type=int)
-@click.argument("decision", type=click.Choice(["approve", "redo", "reject"]))
+@click.argument("args", nargs=-1, required=True, metavar="[ESCALATION_ID]... DECISION")
+@click.option("--note", default=None, help="Every open escalation of this note.")
 @click.option("--feedback", default=None, help="Concrete asks (required for redo; kept verbatim).")
 @click.pass_obj
 @refuse_domain_errors
-def decide_cmd(ws: Workspace, escalation_id: int, decision: str, feedback: str | None) -> None:
-    """Answer an escalation: approve (accept as is), redo (fix with your asks), reject.
+def decide_cmd(
+    ws: Workspace, args: tuple[str, ...], note: str | None, feedback: str | None
+) -> None:
+    """Answer escalations at once: approve (accept as is), redo (one fix with your asks
+    per note), reject. DECISION is approve, redo or reject.
 
     \b
-    Example:
+    Examples:
       reviewq decide 3 redo --feedback "Say what 'OA' stands for in the first paragraph."
+      reviewq decide --note kb/notes/city-honey.md approve
+      reviewq decide 4 5 6 reject
     """
     from orchestrator.control.followup import FollowUp
-    from orchestrator.cycles.escalations import decide
-    from orchestrator.kb.notes import NoteParseError
 
-    store = ws.store
-    row = store.conn.execute(
-        "SELECT note_path, gate_id FROM escalations WHERE id = ?", (escalation_id,)
-    ).fetchone()
-    note_text = gate = None
-    if row is not None:
-        try:
-            note_text = ws.kb.read_note(ws.kb.check_rel(row["note_path"])).text
-        except (OSError, NoteParseError):
-            note_text = None
-        gate = ws.catalog().get(row["gate_id"])
-    esc = decide(store, escalation_id, decision, feedback, note_text, gate)
+    *raw_ids, decision = args
+    if decision not in ("approve", "redo", "reject"):
+        raise Refused(f"DECISION: {decision!r} is not approve, redo or reject")
+    ids = []
+    for raw in raw_ids:
+        if not raw.isdigit():
+            raise Refused(f"ESCALATION_ID: {raw!r} is not an escalation id (a whole number)")
+        ids.append(int(raw))
+    escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback)
     if decision == "redo":
-        job_id = FollowUp(ws).redo(esc, feedback or "")
         _nudge(ws)
-        click.echo(
-            f"redo: fix job {job_id} queued for {esc['note_path']} with your asks"
-            if job_id
-            else f"redo: no fix job queued ({esc['note_path']} has an open fix job or no FAIL left)"
-        )
-    elif decision == "approve":
-        click.echo(f"approved: {esc['note_path']} {esc['gate_id']} (recorded as a human review)")
-    else:
-        click.echo(
-            f"rejected: {esc['note_path']} {esc['gate_id']} is not reviewed again until the note or gate changes"
-        )
+        for note_path, job_id in jobs.items():
+            gates = [e["gate_id"] for e in escs if e["note_path"] == note_path]
+            click.echo(
+                f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s)) with your asks"
+                if job_id
+                else f"redo: no fix job queued ({note_path} has an open fix job or no FAIL left)"
+            )
+        return
+    for e in escs:
+        if decision == "approve":
+            click.echo(f"approved: {e['note_path']} {e['gate_id']} (recorded as a human review)")
+        else:
+            click.echo(
+                f"rejected: {e['note_path']} {e['gate_id']} is not reviewed again until the note or gate changes"
+            )
 
 
 def _root_rel(ws: Workspace, path) -> str:

@@ -234,12 +234,36 @@ class FollowUp:
             skipped=[s.why for s in batch.skipped],
         )
 
-    def redo(self, esc: dict, feedback: str) -> int | None:
+    def decide(
+        self, ids: list[int], note: str | None, decision: str, feedback: str | None
+    ) -> tuple[list[dict], dict[str, int | None]]:
+        """A person's one call on escalations (these ids and/or all of a note's): recorded
+        in one transaction; a redo then queues one fix job per note carrying every gate's
+        findings and the person's asks. Returns the escalations and note → fix job."""
+        escs = cycles.decide_many(
+            self.store,
+            self.ws.kb,
+            self.ws.catalog(),
+            cycles.resolve(self.store, ids, note),
+            decision,
+            feedback,
+        )
+        jobs: dict[str, int | None] = {}
+        if decision == "redo":
+            groups: dict[tuple[str, str], list[dict]] = {}
+            for e in escs:
+                groups.setdefault((e["note_path"], e["model_partition"]), []).append(e)
+            for (note_path, _), group in groups.items():
+                jobs[note_path] = self.redo(group[0], feedback or "", {e["gate_id"] for e in group})
+        return escs, jobs
+
+    def redo(self, esc: dict, feedback: str, gates: set[str] | None = None) -> int | None:
         """A person's redo: a fix job carrying their asks verbatim. It belongs to a sweep
         run of its own with fixing on, so the cycle goes on from a fresh count."""
+        gates = gates or {esc["gate_id"]}
         fixer = esc["fixer"] or esc["reviewer"] or "offline"
         reviewer = esc["reviewer"] or fixer
-        options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": [esc["gate_id"]]}
+        options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": sorted(gates)}
         with self.store.write():
             run_id = self.store.conn.execute(
                 "INSERT INTO sweep_runs (name, trigger, options, started_at) VALUES ('decide', 'decide', ?, ?) "
@@ -259,7 +283,7 @@ class FollowUp:
             sweep_run_id=run_id,
             source_job_id=None,
             feedback=feedback,
-            include={esc["gate_id"]},
+            include=gates,
         )
 
     # --- audits -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.kb.notes import sha256_bytes
+from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
 from orchestrator.state.files import atomic_write
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
@@ -268,14 +268,73 @@ def rejected_pairs(store: Store, partition: str) -> list[tuple[str, str]]:
     ]
 
 
+def by_note(items: list[Escalation]) -> list[tuple[str, list[Escalation]]]:
+    """Open escalations grouped by note, in the order their first one was raised: a
+    note's escalations are one decision."""
+    groups: dict[str, list[Escalation]] = {}
+    for e in items:
+        groups.setdefault(e.note_path, []).append(e)
+    return list(groups.items())
+
+
+def resolve(store: Store, ids: list[int], note: str | None) -> list[int]:
+    """The escalations a decision settles: these ids, and every open one of ``note``."""
+    if not ids and not note:
+        raise DecideError("name escalation ids or --note PATH")
+    out = list(dict.fromkeys(ids))
+    if note:
+        rows = store.conn.execute(
+            "SELECT id FROM escalations WHERE note_path = ? AND decision IS NULL ORDER BY id",
+            (note.strip("/"),),
+        ).fetchall()
+        if not rows:
+            raise DecideError(f"--note {note}: no open escalation for this note")
+        out.extend(r[0] for r in rows if r[0] not in out)
+    return out
+
+
+def escalation_row(store: Store, esc_id: int):
+    return store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
+
+
+def decide_many(
+    store: Store, kb, catalog, esc_ids: list[int], decision: str, feedback: str | None
+) -> list[dict]:
+    """Record one person's call on several escalations in one transaction: every one is
+    checked first, so one that cannot be decided leaves all of them open."""
+    checked = []
+    for esc_id in esc_ids:
+        e = escalation_row(store, esc_id)
+        note_text = gate = None
+        if e is not None:
+            try:
+                note_text = kb.read_note(kb.check_rel(e["note_path"])).text
+            except (OSError, KBError, NoteParseError):
+                note_text = None
+            gate = catalog.get(e["gate_id"])
+        checked.append((_check(e, esc_id, decision, feedback, note_text, gate), note_text, gate))
+    with store.write():
+        for e, note_text, gate in checked:
+            _record(store, e, decision, feedback, note_text, gate)
+    for e, _, _ in checked:
+        _log_decided(e, decision)
+    return [dict(e) for e, _, _ in checked]
+
+
 def decide(
     store: Store, esc_id: int, decision: str, feedback: str | None, note_text: str | None, gate
 ) -> dict:
-    """Record a person's call (one transaction). Returns what the caller must do next:
-    for ``redo``, queue a fix with the feedback."""
+    """Record a person's call on one escalation (one transaction)."""
+    e = _check(escalation_row(store, esc_id), esc_id, decision, feedback, note_text, gate)
+    with store.write():
+        _record(store, e, decision, feedback, note_text, gate)
+    _log_decided(e, decision)
+    return dict(e)
+
+
+def _check(e, esc_id: int, decision: str, feedback: str | None, note_text, gate):
     if decision not in DECISIONS:
         raise DecideError(f"decision {decision!r}: choose approve, redo or reject")
-    e = store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
     if e is None:
         raise DecideError(f"no escalation {esc_id}")
     if e["decision"] is not None:
@@ -288,6 +347,11 @@ def decide(
         raise DecideError(f"{e['note_path']}: the note cannot be read; nothing decided")
     if gate is None:
         raise DecideError(f"{e['gate_id']}: the gate is not in the catalog; nothing decided")
+    return e
+
+
+def _record(store: Store, e, decision: str, feedback: str | None, note_text: str, gate) -> None:
+    esc_id = e["id"]
     now = utcnow()
     note_sha = sha256_bytes(note_text.encode("utf-8"))
     with store.write():
@@ -336,15 +400,17 @@ def decide(
                 source="human",
                 at=now,
             )
+
+
+def _log_decided(e, decision: str) -> None:
     logs.get().info(
         "escalation.decided",
-        escalation_id=esc_id,
+        escalation_id=e["id"],
         decision=decision,
         note_path=e["note_path"],
         gate_id=e["gate_id"],
         model_partition=e["model_partition"],
     )
-    return dict(e)
 
 
 def run_options(store: Store, job) -> dict:
