@@ -1,7 +1,7 @@
 """``reviewq``: a thin click CLI over the core. Commands parse, call one core function,
 print, and turn domain errors into one ``error:`` line with exit code 1.
 
-The commands live in :mod:`.review` and :mod:`.queue`; importing them registers them on the
+The commands live in :mod:`.review`, :mod:`.queue` and :mod:`.report`; importing them registers them on the
 group of :mod:`.common`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import click
 
 from orchestrator import logs
-from orchestrator.cli import queue, review  # noqa: F401  (registers the commands)
+from orchestrator.cli import queue, report, review  # noqa: F401  (registers the commands)
 from orchestrator.cli.common import cli
 
 __all__ = ["cli", "main"]

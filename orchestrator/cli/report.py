@@ -1,0 +1,68 @@
+"""``reviewq report``: the morning report. Registered on the group in :mod:`orchestrator.cli`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors
+from orchestrator.state.workspace import Workspace
+
+
+@cli.command("report")
+@click.option("--since", default=None, help="A duration back from now (24h, 90m) or a date/time.")
+@click.option("--sweep", default=None, help="The last run of this sweep.")
+@click.option("--run", "run_id", type=click.IntRange(min=1), default=None, help="One sweep run.")
+@click.option(
+    "--html",
+    "html",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the page here [default: STATE/report.html].",
+)
+@click.option("--json", "as_json", is_flag=True, help="The data as JSON (writes no page).")
+@click.option("--full", is_flag=True, help="Every item, not the worst 50 of each list.")
+@click.pass_obj
+@refuse_domain_errors
+def report_cmd(
+    ws: Workspace,
+    since: str | None,
+    sweep: str | None,
+    run_id: int | None,
+    html: str | None,
+    as_json: bool,
+    full: bool,
+) -> None:
+    """What happened overnight: what needs you, what changed in the KB, what was reviewed
+    and what it cost. Without a period: since the last report (else the last 24 h).
+
+    \b
+    Examples:
+      reviewq report
+      reviewq report --since 24h --html ~/night.html
+      reviewq report --sweep nightly --json
+    """
+    from orchestrator.report import ReportError, make_report
+
+    if html is not None and Path(html).is_dir():
+        raise Refused(f"--html {html}: is a folder; name the file to write")
+    page = Path(html).resolve() if html else (None if as_json else ws.state_dir / "report.html")
+    try:
+        rep = make_report(
+            ws.store,
+            ws.state_dir,
+            since=since,
+            sweep=sweep,
+            run=run_id,
+            html_path=page,
+            full=full,
+            # A script's --json does not move "since the last report" under a person's feet.
+            remember=not as_json,
+        )
+    except ReportError as exc:
+        raise Refused(str(exc)) from None
+    if as_json:
+        emit_json({**rep.data, "html_path": str(page) if page else None})
+    else:
+        click.echo(rep.text(), nl=False)

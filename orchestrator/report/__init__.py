@@ -1,0 +1,76 @@
+"""The morning report (issue 13): what a night of sweeps did, for a person with a coffee.
+
+Data gathering reads state.db (:mod:`.data`); rendering is Jinja2 templates and pygal
+charts (:mod:`.render`). It reads the state and KB layers only, never the queue, so it
+can run while the control process works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.report import data as _data
+from orchestrator.report import period as _period
+from orchestrator.report import render
+from orchestrator.report.period import Period, ReportError
+from orchestrator.state.store import Store, utcnow
+
+__all__ = ["Period", "Report", "ReportError", "make_report"]
+
+
+@dataclass(frozen=True)
+class Report:
+    data: dict
+    html_path: Path | None
+
+    def text(self) -> str:
+        return render.text(self.data, str(self.html_path) if self.html_path else None)
+
+
+def make_report(
+    store: Store,
+    state_dir: Path,
+    *,
+    since: str | None = None,
+    sweep: str | None = None,
+    run: int | None = None,
+    html_path: Path | None = None,
+    full: bool = False,
+    remember: bool = True,
+    limit: int = 50,
+    now: str | None = None,
+) -> Report:
+    """Gather the period's data and, with ``html_path``, write the page. ``remember``
+    records the report so the next one starts where this one ends."""
+    now = now or utcnow()
+    period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
+    data = _data.gather(store, state_dir, period, limit=None if full else limit, now=now)
+    if remember:
+        _period.record(store, period, str(html_path) if html_path else None)
+    if html_path is not None:
+        # The page renders rows already committed; it is written after the report is recorded.
+        page = render.html(data)
+        try:
+            _write(html_path, page)
+        except OSError as exc:
+            raise ReportError(f"--html {html_path}: cannot write ({exc.strerror or exc})") from None
+    return Report(data, html_path)
+
+
+def _write(path: Path, text: str) -> None:
+    """A reader (a browser reloading the page) sees the old page or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

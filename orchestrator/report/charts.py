@@ -1,0 +1,108 @@
+"""The report's charts, drawn by pygal as inline SVG. Each chart comes with its numbers
+as rows, which the page shows as a table: the chart is for the eye, the table for a
+screen reader and for anyone who wants the figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from xml.etree import ElementTree as ET
+
+import pygal
+from pygal.style import Style
+
+SVG_NS = "http://www.w3.org/2000/svg"
+ET.register_namespace("", SVG_NS)
+ET.register_namespace("xlink", "http://www.w3.org/1999/xlink")
+
+COLOURS = {"PASS": "#2e7d32", "WARN": "#ef8f00", "FAIL": "#c62828", "ERROR": "#6a1b9a"}
+STYLE = Style(
+    background="transparent",
+    plot_background="transparent",
+    font_family="system-ui, -apple-system, 'Segoe UI', sans-serif",
+    colors=("#1565c0", "#2e7d32", "#ef8f00", "#c62828", "#6a1b9a", "#00838f"),
+    title_font_size=18,
+    label_font_size=13,
+    major_label_font_size=13,
+    legend_font_size=14,
+    value_font_size=12,
+)
+
+
+@dataclass
+class Chart:
+    title: str
+    svg: str
+    columns: list[str]
+    rows: list[list] = field(default_factory=list)
+
+
+def _svg(chart: pygal.graph.graph.Graph) -> str:
+    # pygal always adds a script with its tooltip config; the page runs no script (its
+    # Content-Security-Policy forbids them), so the chart is the SVG alone.
+    tree = chart.render_tree()
+    for parent in tree.iter():
+        for child in list(parent):
+            if isinstance(child.tag, str) and child.tag.rsplit("}", 1)[-1] == "script":
+                parent.remove(child)
+    svg = ET.tostring(tree, encoding="unicode")
+    return svg.replace("<svg ", '<svg role="img" aria-hidden="true" focusable="false" ', 1)
+
+
+def _config(title: str, rows: int, **kw) -> dict:
+    return {
+        "title": title,
+        "style": STYLE,
+        "js": [],
+        "disable_xml_declaration": True,
+        "width": 800,
+        "height": max(220, 90 + 34 * rows),
+        "print_values": False,
+        "legend_at_bottom": True,
+        "truncate_label": 48,
+        "truncate_legend": 30,
+        **kw,
+    }
+
+
+def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> Chart | None:
+    """Stacked horizontal bars: PASS, WARN, FAIL, ERROR per lens or gate."""
+    if not counts:
+        return None
+    keys = list(counts)
+    decisions = [
+        d for d in ("PASS", "WARN", "FAIL", "ERROR") if any(d in c for c in counts.values())
+    ]
+    style = Style(**{**STYLE.__dict__, "colors": tuple(COLOURS[d] for d in decisions)})
+    chart = pygal.HorizontalStackedBar(**_config(title, len(keys), style=style))
+    chart.x_labels = keys
+    for d in decisions:
+        chart.add(d, [counts[k].get(d, 0) for k in keys])
+    rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in keys]
+    return Chart(title, _svg(chart), [label, *decisions], rows)
+
+
+def bars(
+    title: str, label: str, value: str, items: list[tuple[str, float]], *, percent: bool = False
+) -> Chart | None:
+    if not items:
+        return None
+    fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:,.4f}".rstrip("0").rstrip("."))
+    chart = pygal.HorizontalBar(
+        **_config(title, len(items), show_legend=False, value_formatter=fmt)
+    )
+    chart.x_labels = [k for k, _ in items]
+    chart.add(value, [v for _, v in items])
+    return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])
+
+
+def columns(title: str, label: str, value: str, items: list[tuple[str, float]]) -> Chart | None:
+    """Vertical bars over time (cost per night)."""
+    if not items:
+        return None
+    fmt = lambda v: f"${v:,.4f}"  # noqa: E731
+    chart = pygal.Bar(
+        **_config(title, 6, show_legend=False, value_formatter=fmt, x_label_rotation=35)
+    )
+    chart.x_labels = [k for k, _ in items]
+    chart.add(value, [v for _, v in items])
+    return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])

@@ -1,0 +1,369 @@
+"""The morning report's data: read-only SQL over state.db, one dict a template, a terminal
+and a script can all use. Lists are cut to the worst ``limit`` items (``None``: all), and
+every cut list carries its full count, so a large night stays a small page."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import statistics
+from datetime import timedelta
+from pathlib import Path
+
+from orchestrator.report.period import Period, iso, parse_ts
+from orchestrator.state.store import Store
+
+TREND_NIGHTS = 14
+DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
+REPORT_LINES = 60  # per gate-review report
+FAILED_ATTEMPT = "a.outcome NOT IN ('finalized', 'superseded', 'dispatched', 'running')"
+# A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
+NIGHT = "date(substr({col}, 1, 19), '-12 hours')"
+
+
+def gather(
+    store: Store, state_dir: Path, period: Period, *, limit: int | None = 50, now: str
+) -> dict:
+    scope, args = _scope(period)
+    return {
+        "period": period.to_json(),
+        "generated_at": now,
+        "needs_you": _needs_you(store, state_dir, scope, args, limit, now),
+        "kb_changes": _kb_changes(store, scope, args, limit),
+        "reviewed": _reviewed(store, scope, args, limit),
+        "trends": _trends(store, period),
+    }
+
+
+def _scope(period: Period) -> tuple[str, tuple]:
+    """A WHERE clause over ``review_jobs j`` for the jobs the report is about."""
+    if period.run_id is not None:
+        return "j.sweep_run_id = ?", (period.run_id,)
+    return "j.created_at >= ? AND j.created_at < ?", (period.since, period.until)
+
+
+def _rows(store: Store, sql: str, args: tuple = ()) -> list[dict]:
+    return [dict(r) for r in store.conn.execute(sql, args)]
+
+
+def _cut(items: list, limit: int | None) -> list:
+    return items if limit is None else items[:limit]
+
+
+def first_finding(rationale: str | None, width: int = 200) -> str:
+    """The first ``- severity: text`` finding of a rationale, else its first line."""
+    lines = [ln.strip() for ln in (rationale or "").splitlines() if ln.strip()]
+    pick = next(
+        (ln[2:] for ln in lines if ln.startswith("- ") and ln[2:].lower() not in ("none", "none.")),
+        lines[0] if lines else "no rationale given",
+    )
+    return pick if len(pick) <= width else pick[: width - 1] + "…"
+
+
+def diff(before: str | None, after: str | None, path: str) -> dict:
+    """A unified diff as lines tagged add/del/hunk/ctx, cut at DIFF_LINES."""
+    lines = list(
+        difflib.unified_diff(
+            (before or "").splitlines(),
+            (after or "").splitlines(),
+            f"a/{path}",
+            f"b/{path}",
+            lineterm="",
+        )
+    )
+    tagged = []
+    for ln in lines[2:]:
+        kind = {"+": "add", "-": "del", "@": "hunk"}.get(ln[:1], "ctx")
+        tagged.append({"kind": kind, "text": ln})
+    return {
+        "lines": tagged[:DIFF_LINES],
+        "more": max(0, len(tagged) - DIFF_LINES),
+        "added": sum(1 for t in tagged if t["kind"] == "add"),
+        "removed": sum(1 for t in tagged if t["kind"] == "del"),
+    }
+
+
+# --- needs you --------------------------------------------------------------------------------
+
+
+def _needs_you(
+    store: Store, state_dir: Path, scope: str, args: tuple, limit: int | None, now: str
+) -> dict:
+    open_escs = _rows(
+        store,
+        "SELECT id, note_path, gate_id, model_partition, reason, cycles, reviewer, fixer, "
+        "report_path, raised_at FROM escalations WHERE decision IS NULL ORDER BY id",
+    )
+    notes: dict[str, list[dict]] = {}
+    for e in open_escs:
+        notes.setdefault(e["note_path"], []).append(e)
+    # Most urgent first: the notes with the most open gates, then the oldest.
+    ordered = sorted(notes.items(), key=lambda kv: (-len(kv[1]), kv[1][0]["id"]))
+    groups = [_escalated_note(store, state_dir, note, escs) for note, escs in _cut(ordered, limit)]
+    failed = _rows(
+        store,
+        f"SELECT j.id, j.kind, j.reviewer, j.lens, j.note_path, j.failure_reasons, j.finished_at, "
+        f"(SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs "
+        f"FROM review_jobs j WHERE {scope} AND j.status = 'failed' ORDER BY j.id",
+        args,
+    )
+    for f in failed:
+        f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
+    paused = _rows(
+        store,
+        "SELECT name AS reviewer, paused_until FROM reviewer_state WHERE paused_until > ? ORDER BY name",
+        (now,),
+    )
+    for p in paused:
+        last = store.conn.execute(
+            "SELECT a.reasons FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
+            "AND a.reasons IS NOT NULL AND a.reasons != '[]' ORDER BY a.id DESC LIMIT 1",
+            (p["reviewer"],),
+        ).fetchone()
+        reasons = json.loads(last[0]) if last else []
+        p["why"] = "its agent failed to start several times in a row" + (
+            f"; last: {reasons[0]}" if reasons else ""
+        )
+    return {
+        "escalations": groups,
+        "escalations_open": len(open_escs),
+        "escalated_notes": len(notes),
+        "failed_jobs": _cut(failed, limit),
+        "failed_total": len(failed),
+        "paused_reviewers": paused,
+        "budgets_reached": _budgets(store, scope, args),
+    }
+
+
+def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) -> dict:
+    for e in escs:
+        try:
+            text = (state_dir / e["report_path"]).read_text(encoding="utf-8")
+        except OSError as exc:
+            text = f"(the gate-review report cannot be read: {exc})"
+        lines = text.rstrip("\n").splitlines()
+        e["report"] = "\n".join(lines[:REPORT_LINES]) + ("\n…" if len(lines) > REPORT_LINES else "")
+    fixes = _rows(
+        store,
+        "SELECT j.id, j.status, j.result, j.reviewer AS fixer, j.feedback, j.failure_reasons, "
+        "j.finished_at, j.fix_commit, j.fix_no_commit, g.text AS given, f.text AS fixed "
+        "FROM review_jobs j LEFT JOIN snapshots f ON f.id = j.fixed_snapshot_id "
+        "LEFT JOIN snapshots g ON g.id = (SELECT note_snapshot_id FROM review_pairs WHERE job_id = j.id "
+        "ORDER BY id LIMIT 1) WHERE j.kind = 'fix' AND j.note_path = ? ORDER BY j.id DESC LIMIT 5",
+        (note,),
+    )
+    attempts = []
+    for f in reversed(fixes):
+        given, fixed = f.pop("given"), f.pop("fixed")
+        f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
+        f["diff"] = diff(given, fixed, note) if fixed is not None else None
+        attempts.append(f)
+    ids = " ".join(str(e["id"]) for e in escs)
+    target = f"--note {note}" if len(escs) > 1 else ids
+    return {
+        "note_path": note,
+        "escalations": escs,
+        "gates": [e["gate_id"] for e in escs],
+        "fix_attempts": attempts,
+        "commands": {
+            "approve": f"reviewq decide {target} approve",
+            "redo": f'reviewq decide {target} redo --feedback "…"',
+            "reject": f"reviewq decide {target} reject",
+        },
+    }
+
+
+def _budgets(store: Store, scope: str, args: tuple) -> list[dict]:
+    out = []
+    for run in _rows(
+        store,
+        f"SELECT r.id, r.name, r.budget_usd, r.started_at FROM sweep_runs r WHERE r.budget_usd IS NOT NULL "
+        f"AND r.id IN (SELECT j.sweep_run_id FROM review_jobs j WHERE {scope}) ORDER BY r.id",
+        args,
+    ):
+        spent = store.conn.execute(
+            "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "WHERE j.sweep = ? AND a.started_at >= ?",
+            (run["name"], run["started_at"]),
+        ).fetchone()[0]
+        if spent >= run["budget_usd"]:
+            waiting = store.conn.execute(
+                "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'",
+                (run["id"],),
+            ).fetchone()[0]
+            out.append({**run, "spent_usd": round(spent, 6), "jobs_waiting": waiting})
+    return out
+
+
+# --- what changed in the KB --------------------------------------------------------------------
+
+
+def _kb_changes(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
+    counts = dict(
+        store.conn.execute(
+            f"SELECT COALESCE(j.result, j.status), count(*) FROM review_jobs j WHERE {scope} "
+            "AND j.kind = 'fix' GROUP BY 1",
+            args,
+        ).fetchall()
+    )
+    committed = store.conn.execute(
+        f"SELECT count(*) FROM review_jobs j WHERE {scope} AND j.kind = 'fix' AND j.fix_commit IS NOT NULL",
+        args,
+    ).fetchone()[0]
+    applied = _rows(
+        store,
+        "SELECT j.id, j.note_path, j.reviewer AS fixer, j.review_reviewer AS reviewer, j.finished_at, "
+        "j.fix_commit, j.fix_no_commit, j.feedback, g.text AS given, f.text AS fixed, "
+        "(SELECT group_concat(p.gate_id, ', ') FROM review_pairs p WHERE p.job_id = j.id) AS gates, "
+        "j.source_job_id FROM review_jobs j JOIN snapshots f ON f.id = j.fixed_snapshot_id "
+        "LEFT JOIN snapshots g ON g.id = (SELECT note_snapshot_id FROM review_pairs WHERE job_id = j.id "
+        f"ORDER BY id LIMIT 1) WHERE {scope} AND j.kind = 'fix' AND j.result = 'applied' "
+        "ORDER BY j.id" + ("" if limit is None else f" LIMIT {int(limit)}"),
+        args,
+    )
+    for f in applied:
+        f["diff"] = diff(f.pop("given"), f.pop("fixed"), f["note_path"])
+    human = _rows(
+        store,
+        f"SELECT j.id, j.note_path, j.finished_at, j.failure_reasons FROM review_jobs j WHERE {scope} "
+        "AND j.kind = 'fix' AND j.result = 'not-applied' ORDER BY j.id",
+        args,
+    )
+    for h in human:
+        h["reason"] = (json.loads(h.pop("failure_reasons") or "[]") or ["the note changed"])[0]
+    return {
+        "fixes": applied,
+        "fix_results": counts,
+        "fixes_applied": counts.get("applied", 0),
+        "fixes_committed": committed,
+        "human_edits": _cut(human, limit),
+        "human_edits_total": len(human),
+    }
+
+
+# --- what was reviewed -------------------------------------------------------------------------
+
+
+def _reviewed(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
+    pair_scope = f"FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id WHERE {scope} AND j.kind = 'review' AND j.grouping != 'human' AND p.decision IS NOT NULL"
+    decisions = dict(
+        store.conn.execute(f"SELECT p.decision, count(*) {pair_scope} GROUP BY 1", args).fetchall()
+    )
+    by_lens: dict[str, dict[str, int]] = {}
+    for lens, d, n in store.conn.execute(
+        f"SELECT p.lens, p.decision, count(*) {pair_scope} GROUP BY 1, 2 ORDER BY 1", args
+    ):
+        by_lens.setdefault(lens, {})[d] = n
+    by_gate: dict[str, dict[str, int]] = {}
+    for gate, d, n in store.conn.execute(
+        f"SELECT p.gate_id, p.decision, count(*) {pair_scope} GROUP BY 1, 2 ORDER BY 1", args
+    ):
+        by_gate.setdefault(gate, {})[d] = n
+    reviewers = _rows(
+        store,
+        "SELECT COALESCE(j.reviewer, '-') AS reviewer, count(*) AS attempts, "
+        "COALESCE(SUM(a.cost_usd), 0) AS cost_usd, COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
+        "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, COALESCE(SUM(a.duration_s), 0) AS agent_s, "
+        f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed "
+        f"FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE {scope} GROUP BY 1 ORDER BY 1",
+        args,
+    )
+    attempts = dict(
+        store.conn.execute(
+            f"SELECT a.outcome, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            f"WHERE {scope} GROUP BY 1 ORDER BY 2 DESC",
+            args,
+        ).fetchall()
+    )
+    jobs: dict[str, dict[str, int]] = {}
+    for kind, st, n in store.conn.execute(
+        f"SELECT j.kind, j.status, count(*) FROM review_jobs j WHERE {scope} AND j.grouping != 'human' "
+        "GROUP BY 1, 2",
+        args,
+    ):
+        jobs.setdefault(kind, {})[st] = n
+    first, last = store.conn.execute(
+        f"SELECT min(j.created_at), max(COALESCE(j.finished_at, j.updated_at)) FROM review_jobs j "
+        f"WHERE {scope} AND j.grouping != 'human'",
+        args,
+    ).fetchone()
+    wall = (parse_ts(last) - parse_ts(first)).total_seconds() if first and last else 0.0
+    warns = _rows(
+        store,
+        f"SELECT p.note_path, p.gate_id, p.rationale, j.id AS job_id {pair_scope} AND p.decision = 'WARN' "
+        "ORDER BY p.note_path, p.gate_id" + ("" if limit is None else f" LIMIT {int(limit)}"),
+        args,
+    )
+    for w in warns:
+        w["finding"] = first_finding(w.pop("rationale"))
+    cost = sum(r["cost_usd"] for r in reviewers)
+    return {
+        "pairs": sum(decisions.values()),
+        "decisions": decisions,
+        "by_lens": by_lens,
+        "by_gate": by_gate,
+        "reviewers": reviewers,
+        "attempts": attempts,
+        "jobs": jobs,
+        "cost_usd": round(cost, 6),
+        "tokens": sum(r["input_tokens"] + r["output_tokens"] for r in reviewers),
+        "wall_time_s": round(wall, 1),
+        "first_job_at": first,
+        "last_job_at": last,
+        "warns": warns,
+        "warns_total": decisions.get("WARN", 0),
+    }
+
+
+# --- trends ----------------------------------------------------------------------------------
+
+
+def _trends(store: Store, period: Period) -> dict:
+    end = parse_ts(period.until)
+    start = iso(end - timedelta(days=TREND_NIGHTS))
+    nights = [
+        (end - timedelta(hours=12) - timedelta(days=i)).date().isoformat()
+        for i in reversed(range(TREND_NIGHTS))
+    ]
+    gate_rates = []
+    for gate, fails, decided in store.conn.execute(
+        "SELECT p.gate_id, SUM(p.decision = 'FAIL'), count(*) FROM review_pairs p JOIN review_jobs j "
+        "ON j.id = p.job_id WHERE j.kind = 'review' AND j.grouping != 'human' AND p.decision IN "
+        "('PASS', 'WARN', 'FAIL') AND j.created_at >= ? AND j.created_at < ? GROUP BY 1 ORDER BY 1",
+        (start, period.until),
+    ):
+        gate_rates.append({"gate_id": gate, "fail": fails, "decided": decided})
+    for g in gate_rates:
+        g["rate"] = round(g["fail"] / g["decided"], 4) if g["decided"] else 0.0
+    median = statistics.median([g["rate"] for g in gate_rates]) if gate_rates else 0.0
+    for g in gate_rates:
+        # Far above the rest: most notes fail it while the typical gate passes them.
+        g["suspect"] = (
+            g["decided"] >= 3 and g["rate"] >= 0.5 and g["rate"] >= max(2 * median, median + 0.25)
+        )
+    night = NIGHT.format(col="a.started_at")
+    cost = dict(
+        store.conn.execute(
+            f"SELECT {night}, COALESCE(SUM(a.cost_usd), 0) FROM attempts a WHERE a.started_at >= ? "
+            "AND a.started_at < ? GROUP BY 1",
+            (start, period.until),
+        ).fetchall()
+    )
+    per_reviewer = _rows(
+        store,
+        f"SELECT COALESCE(j.reviewer, '-') AS reviewer, count(*) AS attempts, "
+        f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed FROM attempts a "
+        "JOIN review_jobs j ON j.id = a.job_id WHERE a.started_at >= ? AND a.started_at < ? "
+        "AND a.outcome NOT IN ('dispatched', 'running') GROUP BY 1 ORDER BY 1",
+        (start, period.until),
+    )
+    for r in per_reviewer:
+        r["rate"] = round(r["failed"] / r["attempts"], 4) if r["attempts"] else 0.0
+    return {
+        "nights": nights,
+        "fail_rate_by_gate": gate_rates,
+        "median_fail_rate": round(median, 4),
+        "suspect_gates": [g["gate_id"] for g in gate_rates if g["suspect"]],
+        "cost_by_night": [{"night": n, "cost_usd": round(cost.get(n, 0.0), 6)} for n in nights],
+        "attempt_failure_by_reviewer": per_reviewer,
+    }

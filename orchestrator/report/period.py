@@ -1,0 +1,97 @@
+"""Which part of the record a report covers: a time window, or one sweep run."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from orchestrator.config import ConfigError, parse_duration
+from orchestrator.state.store import Store, utcnow
+
+DEFAULT_WINDOW = timedelta(hours=24)
+
+
+class ReportError(ValueError):
+    """A report that cannot be made; the message names the argument and the reason."""
+
+
+@dataclass(frozen=True)
+class Period:
+    since: str  # ISO UTC, inclusive
+    until: str  # ISO UTC, exclusive
+    label: str  # for people: "since the last report", "sweep nightly (run 4)"
+    run_id: int | None = None  # a sweep run: jobs are the run's, whatever their time
+
+    def to_json(self) -> dict:
+        return {"since": self.since, "until": self.until, "label": self.label, "run": self.run_id}
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def resolve(
+    store: Store,
+    *,
+    since: str | None = None,
+    sweep: str | None = None,
+    run: int | None = None,
+    now: str | None = None,
+) -> Period:
+    """``--since`` (a duration back from now, or a date/time), ``--sweep NAME`` (its last
+    run), ``--run ID``; with none of them, since the last report (else the last 24 h)."""
+    chosen = [n for n, v in (("--since", since), ("--sweep", sweep), ("--run", run)) if v]
+    if len(chosen) > 1:
+        raise ReportError(f"{' and '.join(chosen)}: choose one period")
+    until = now or utcnow()
+    end = parse_ts(until)
+    if since:
+        if _DATE.match(since):
+            try:
+                start = parse_ts(since if "T" in since or " " in since else since + "T00:00:00Z")
+            except ValueError:
+                raise ReportError(f"--since {since!r}: not a date or time") from None
+            if start.tzinfo is None:
+                start = start.replace(tzinfo=UTC)
+            return Period(iso(start), until, f"since {iso(start)[:16]}Z")
+        try:
+            seconds = parse_duration(since, "--since")
+        except ConfigError as exc:
+            raise ReportError(str(exc)) from None
+        return Period(iso(end - timedelta(seconds=seconds)), until, f"the last {since.strip()}")
+    if sweep or run is not None:
+        if run is not None:
+            row = store.conn.execute(
+                "SELECT id, name, started_at FROM sweep_runs WHERE id = ?", (run,)
+            ).fetchone()
+            if row is None:
+                raise ReportError(f"--run {run}: no such sweep run")
+        else:
+            row = store.conn.execute(
+                "SELECT id, name, started_at FROM sweep_runs WHERE name = ? ORDER BY id DESC LIMIT 1",
+                (sweep,),
+            ).fetchone()
+            if row is None:
+                raise ReportError(f"--sweep {sweep!r}: no run of this sweep is recorded")
+        return Period(row["started_at"], until, f"sweep {row['name']} (run {row['id']})", row["id"])
+    last = store.conn.execute("SELECT until FROM report_runs ORDER BY id DESC LIMIT 1").fetchone()
+    if last is not None:
+        return Period(last[0], until, f"since the last report ({last[0][:16]}Z)")
+    return Period(iso(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
+
+
+def record(store: Store, period: Period, html_path: str | None) -> None:
+    """Remember a report a person was shown: the next one starts where it ended."""
+    with store.write():
+        store.conn.execute(
+            "INSERT INTO report_runs (since, until, html_path, made_at) VALUES (?, ?, ?, ?)",
+            (period.since, period.until, html_path, utcnow()),
+        )

@@ -1,0 +1,117 @@
+"""The report's three forms: a short text for a terminal, one self-contained HTML page
+(inline CSS and SVG, no script, nothing fetched), and JSON for scripts."""
+
+from __future__ import annotations
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from orchestrator.report import charts
+
+_ENV = Environment(
+    loader=PackageLoader("orchestrator.report", "templates"),
+    autoescape=select_autoescape(["html", "j2"]),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def money(v: float | None) -> str:
+    return f"${v or 0:,.4f}"
+
+
+def duration(seconds: float | None) -> str:
+    s = int(seconds or 0)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
+
+
+_ENV.filters["money"] = money
+_ENV.filters["duration"] = duration
+
+
+def build_charts(data: dict) -> dict[str, charts.Chart | None]:
+    r, t = data["reviewed"], data["trends"]
+    return {
+        "by_lens": charts.decisions_by("Decisions per lens", "Lens", r["by_lens"]),
+        "by_gate": charts.decisions_by("Decisions per gate", "Gate", r["by_gate"]),
+        "cost_by_reviewer": charts.bars(
+            "Cost per reviewer (USD)",
+            "Reviewer",
+            "Cost (USD)",
+            [(x["reviewer"], x["cost_usd"]) for x in r["reviewers"]],
+        ),
+        "fail_rate": charts.bars(
+            f"FAIL rate per gate, last {len(t['nights'])} nights",
+            "Gate",
+            "FAIL rate",
+            [(g["gate_id"], g["rate"]) for g in t["fail_rate_by_gate"]],
+            percent=True,
+        ),
+        "cost_by_night": charts.columns(
+            "Cost per night (USD)",
+            "Night",
+            "Cost (USD)",
+            [(n["night"], n["cost_usd"]) for n in t["cost_by_night"]],
+        ),
+        "attempt_failures": charts.bars(
+            "Attempt failure rate per reviewer profile",
+            "Reviewer",
+            "Failed attempts",
+            [(x["reviewer"], x["rate"]) for x in t["attempt_failure_by_reviewer"]],
+            percent=True,
+        ),
+    }
+
+
+def html(data: dict) -> str:
+    return _ENV.get_template("report.html.j2").render(d=data, charts=build_charts(data))
+
+
+def text(data: dict, html_path: str | None) -> str:
+    """What a person reads at a terminal before opening the page."""
+    n, k, r = data["needs_you"], data["kb_changes"], data["reviewed"]
+    jobs = {}
+    for by_status in r["jobs"].values():
+        for st, c in by_status.items():
+            jobs[st] = jobs.get(st, 0) + c
+    dec = r["decisions"]
+    lines = [
+        f"reviewq report: {data['period']['label']}, to {data['period']['until'][:16]}Z",
+        "jobs: " + (", ".join(f"{c} {st}" for st, c in sorted(jobs.items())) or "none"),
+        f"pairs reviewed: {r['pairs']} (PASS {dec.get('PASS', 0)}, WARN {dec.get('WARN', 0)}, "
+        f"FAIL {dec.get('FAIL', 0)}, ERROR {dec.get('ERROR', 0)})",
+        f"cost: {money(r['cost_usd'])}, {r['tokens']:,} tokens, wall time {duration(r['wall_time_s'])}",
+        f"fixes: {k['fixes_applied']} applied ({k['fixes_committed']} committed), "
+        f"{k['fix_results'].get('unchanged', 0)} changed nothing, "
+        f"{k['human_edits_total']} not applied (a person edited the note)",
+    ]
+    needs = []
+    if n["escalations_open"]:
+        needs.append(f"{n['escalations_open']} escalation(s) on {n['escalated_notes']} note(s)")
+    if n["failed_total"]:
+        needs.append(f"{n['failed_total']} failed job(s)")
+    if n["paused_reviewers"]:
+        needs.append(f"{len(n['paused_reviewers'])} paused reviewer(s)")
+    if n["budgets_reached"]:
+        needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
+    lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
+    for g in n["escalations"][:5]:
+        lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands']['approve']}")
+    if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
+        lines.append(f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s)")
+    for f in n["failed_jobs"][:3]:
+        lines.append(f"  job {f['id']} failed: {(f['reasons'] or ['no reason recorded'])[0]}")
+    for p in n["paused_reviewers"]:
+        lines.append(f"  reviewer {p['reviewer']} paused until {p['paused_until']}: {p['why']}")
+    for b in n["budgets_reached"]:
+        lines.append(
+            f"  sweep {b['name']} (run {b['id']}) spent {money(b['spent_usd'])} of {money(b['budget_usd'])}; "
+            f"{b['jobs_waiting']} job(s) wait"
+        )
+    for gate in data["trends"]["suspect_gates"]:
+        lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
+    if html_path:
+        lines.append(f"report: {html_path}")
+    return "\n".join(lines) + "\n"
