@@ -48,9 +48,9 @@ def _svg(chart: pygal.graph.graph.Graph) -> str:
     return svg.replace("<svg ", '<svg role="img" aria-hidden="true" focusable="false" ', 1)
 
 
-def _config(title: str, rows: int, **kw) -> dict:
+def _config(rows: int, **kw) -> dict:
+    # No pygal title: the page's <figcaption> names the chart once, in HTML.
     return {
-        "title": title,
         "style": STYLE,
         "js": [],
         "disable_xml_declaration": True,
@@ -68,16 +68,16 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
     """Stacked horizontal bars: PASS, WARN, FAIL, ERROR per lens or gate."""
     if not counts:
         return None
-    keys = list(counts)
+    keys = list(counts)[::-1]  # pygal draws the first bar at the bottom; read top-down
     decisions = [
         d for d in ("PASS", "WARN", "FAIL", "ERROR") if any(d in c for c in counts.values())
     ]
     style = Style(**{**STYLE.__dict__, "colors": tuple(COLOURS[d] for d in decisions)})
-    chart = pygal.HorizontalStackedBar(**_config(title, len(keys), style=style))
+    chart = pygal.HorizontalStackedBar(**_config(len(keys), style=style))
     chart.x_labels = keys
     for d in decisions:
         chart.add(d, [counts[k].get(d, 0) for k in keys])
-    rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in keys]
+    rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in counts]
     return Chart(title, _svg(chart), [label, *decisions], rows)
 
 
@@ -87,11 +87,12 @@ def bars(
     if not items:
         return None
     fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:,.4f}".rstrip("0").rstrip("."))
+    extra = {"range": (0, 1)} if percent else {}  # a rate's scale is 0 to 100 %, always
     chart = pygal.HorizontalBar(
-        **_config(title, len(items), show_legend=False, value_formatter=fmt)
+        **_config(len(items), show_legend=False, value_formatter=fmt, **extra)
     )
-    chart.x_labels = [k for k, _ in items]
-    chart.add(value, [v for _, v in items])
+    chart.x_labels = [k for k, _ in items][::-1]
+    chart.add(value, [v for _, v in items][::-1])
     return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])
 
 
@@ -100,9 +101,7 @@ def columns(title: str, label: str, value: str, items: list[tuple[str, float]]) 
     if not items:
         return None
     fmt = lambda v: f"${v:,.4f}"  # noqa: E731
-    chart = pygal.Bar(
-        **_config(title, 6, show_legend=False, value_formatter=fmt, x_label_rotation=35)
-    )
+    chart = pygal.Bar(**_config(6, show_legend=False, value_formatter=fmt, x_label_rotation=35))
     chart.x_labels = [k for k, _ in items]
     chart.add(value, [v for _, v in items])
     return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])

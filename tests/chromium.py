@@ -1,0 +1,185 @@
+"""Headless Chromium driven over the DevTools protocol through a pipe (stdlib only).
+
+``--remote-debugging-pipe`` makes Chromium read protocol messages from fd 3 and write to
+fd 4, each a JSON text ended by a NUL: no port, no websocket library. Every wait has a
+deadline, and the whole process group is killed and awaited on close.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",  # tests run as root, where Chromium's sandbox cannot start
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-pipe",
+]
+DEADLINE_S = 60.0
+
+
+def executable() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class Chromium:
+    def __init__(self, exe: str, profile_dir: Path) -> None:
+        cmd_r, self._cmd_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+
+        def fds() -> None:  # in the child: the pipe ends where Chromium looks for them
+            os.dup2(cmd_r, 3)
+            os.dup2(resp_w, 4)
+
+        self.proc = subprocess.Popen(
+            [exe, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(3, 4),
+            preexec_fn=fds,
+            start_new_session=True,  # its renderers and helpers share one group to kill
+        )
+        os.close(cmd_r)
+        os.close(resp_w)
+        self._buf = b""
+        self._next_id = 0
+        self.events: list[dict] = []
+
+    # --- the protocol ------------------------------------------------------------------
+    def _read_message(self, deadline: float) -> dict:
+        while b"\0" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("Chromium did not answer in time")
+            ready, _, _ = select.select([self._resp_r], [], [], left)
+            if ready:
+                chunk = os.read(self._resp_r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError(f"Chromium closed its pipe (exit {self.proc.poll()})")
+                self._buf += chunk
+        raw, _, self._buf = self._buf.partition(b"\0")
+        return json.loads(raw)
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+        self._next_id += 1
+        msg = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            m = self._read_message(deadline)
+            if m.get("id") == self._next_id:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                return m.get("result", {})
+            self.events.append(m)
+
+    def wait_event(self, method: str, session: str | None = None) -> dict:
+        deadline = time.monotonic() + DEADLINE_S
+        for i, e in enumerate(self.events):
+            if e.get("method") == method and e.get("sessionId") == session:
+                return self.events.pop(i)
+        while True:
+            m = self._read_message(deadline)
+            if m.get("method") == method and m.get("sessionId") == session:
+                return m
+            self.events.append(m)
+
+    # --- a page ------------------------------------------------------------------------
+    def open(self, url: str, width: int = 1200, height: int = 900, mobile: bool = False) -> Page:
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
+        for domain in ("Network", "Page", "Log"):
+            self.call(f"{domain}.enable", session=session)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
+            session,
+        )
+        self.call("Page.navigate", {"url": url}, session)
+        self.wait_event("Page.loadEventFired", session)
+        return Page(self, session)
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        for fd in (self._cmd_w, self._resp_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> Chromium:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Page:
+    def __init__(self, browser: Chromium, session: str) -> None:
+        self.browser = browser
+        self.session = session
+
+    def evaluate(self, expression: str):
+        """Runs in DevTools' world: the page's Content-Security-Policy forbids its own
+        scripts, not the inspector's."""
+        res = self.browser.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}, self.session
+        )
+        if "exceptionDetails" in res:
+            raise RuntimeError(f"{expression}: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def requests(self) -> list[str]:
+        """Every URL the page asked for (the protocol reports even those it blocked)."""
+        self.evaluate("1")  # a round trip: events sent before it have been read
+        return [
+            e["params"]["request"]["url"]
+            for e in self.browser.events
+            if e.get("sessionId") == self.session and e.get("method") == "Network.requestWillBeSent"
+        ]
+
+    def log_entries(self) -> list[dict]:
+        self.evaluate("1")
+        return [
+            e["params"]["entry"]
+            for e in self.browser.events
+            if e.get("sessionId") == self.session and e.get("method") == "Log.entryAdded"
+        ]
+
+    def screenshot(self, path: Path, top: int = 0, height: int | None = None) -> Path:
+        """The page from ``top`` down, ``height`` pixels (default: to its end)."""
+        w, h = self.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+        )
+        height = min(height or h, h - top, 16000)
+        params = {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": top, "width": w, "height": height, "scale": 1},
+        }
+        data = self.browser.call("Page.captureScreenshot", params, self.session)["data"]
+        path.write_bytes(base64.b64decode(data))
+        return path
