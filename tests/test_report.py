@@ -1,0 +1,252 @@
+"""Issue 13: the morning report. One real night over a copy of the example KB (the offline
+reviewer with --fix and its escalations, a fix that lands, a crashing reviewer, one that
+cannot start, a spent budget); the report's data is checked against state.db, and its
+page is opened in real headless Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .chromium import Chromium, executable
+from .conftest import PROJECT, process_gone, reviewq_process
+from .test_cycles_integration import profile
+from .test_queue_integration import FAST_QUEUE
+
+pytestmark = pytest.mark.integration
+CITY = "kb/notes/city-honey-carries-a-street-tree-signature.md"
+FIXED_NOTE = "kb/notes/nectar-flow.md"
+GATE = "prose/substantive-body"
+QUEUE = FAST_QUEUE.replace(
+    "[queue]\n", "[queue]\nmax_attempts = 1\nlaunch_failures_before_pause = 1\npause_seconds = 3600\n"
+)
+
+
+class Night:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state = root / ".reviewq"
+
+    def rq(self, *args: str):
+        return reviewq_process("--root", str(self.root), *args, timeout=180)
+
+    @contextlib.contextmanager
+    def db(self):
+        conn = sqlite3.connect(self.state / "state.db")
+        conn.row_factory = sqlite3.Row
+        try:
+            yield conn
+        finally:
+            conn.close()  # closed, not left to the collector: copies of the folder follow
+
+    def report(self, *args: str) -> dict:
+        res = self.rq("report", "--json", "--since", "24h", *args)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def night(tmp_path_factory) -> Night:
+    root = tmp_path_factory.mktemp("night")
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    (root / "reviewq.toml").write_text(
+        profile("fixer", partition="fix", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: now it says more.")
+        + profile("crashy", partition="crash", FAKE_MODE="crash", FAKE_TURNS="1")
+        + profile("costly", partition="costly", FAKE_TURNS="3")
+        + '[reviewers.missing]\nkind = "command"\ncommand = ["/nonexistent/agent"]\npartition = "missing"\n'
+        + QUEUE
+    )  # fmt: skip
+    n = Night(root)
+    res = n.rq("sweep", "--reviewer", "offline", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    res = n.rq("sweep", "--reviewer", "fixer", "--fix", "--note", str(root / FIXED_NOTE), GATE)
+    assert res.returncode == 0, res.stderr
+    # A reviewer that crashes, one that cannot start, a budget spent before the first job:
+    # each sweep says so and exits 1, and the report must say it again in the morning.
+    # One note each: a pair in an open job is not queued again for another reviewer.
+    for reviewer, note, extra in (
+        ("crashy", "brood.md", ()),
+        ("missing", "extract-only-capped-honey.md", ()),
+        ("costly", "inspect-every-seven-days-in-swarm-season.md", ("--budget-usd", "0")),
+    ):
+        res = n.rq("sweep", "--reviewer", reviewer, "--note", str(root / "kb/notes" / note), GATE, *extra)
+        assert res.returncode == 1 and res.stderr.startswith("error: "), (reviewer, res.stderr)
+    return n
+
+
+def test_report_data_matches_state_db(night):
+    data = night.report()
+    with night.db() as db:
+        decisions = dict(
+            db.execute(
+                "SELECT p.decision, count(*) FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+                "WHERE j.kind = 'review' AND j.grouping != 'human' AND p.decision IS NOT NULL GROUP BY 1"
+            ).fetchall()
+        )
+        open_escs = db.execute(
+            "SELECT id, note_path, gate_id FROM escalations WHERE decision IS NULL ORDER BY id"
+        ).fetchall()
+        failed = [r[0] for r in db.execute("SELECT id FROM review_jobs WHERE status = 'failed'")]
+        attempts = db.execute("SELECT count(*), COALESCE(SUM(cost_usd), 0) FROM attempts").fetchone()
+        fixes = db.execute(
+            "SELECT id, fixed_snapshot_id, fix_commit, fix_no_commit FROM review_jobs "
+            "WHERE kind = 'fix' AND result = 'applied'"
+        ).fetchall()
+        unchanged = db.execute(
+            "SELECT count(*) FROM review_jobs WHERE kind = 'fix' AND result = 'unchanged'"
+        ).fetchone()[0]
+    r, n, k = data["reviewed"], data["needs_you"], data["kb_changes"]
+    assert r["decisions"] == decisions and r["pairs"] == sum(decisions.values())
+    assert sum(sum(g.values()) for g in r["by_gate"].values()) == r["pairs"]
+    assert sum(sum(g.values()) for g in r["by_lens"].values()) == r["pairs"]
+    assert sum(x["attempts"] for x in r["reviewers"]) == attempts[0]
+    assert r["cost_usd"] == pytest.approx(attempts[1]) and attempts[1] > 0
+    cost = {x["reviewer"]: x["cost_usd"] for x in r["reviewers"]}
+    assert cost["crashy"] == pytest.approx(0.01) and cost["offline"] == 0
+    # Needs you: every open escalation, a note's escalations together, one command for all.
+    assert n["escalations_open"] == len(open_escs)
+    by_note: dict[str, list[int]] = {}
+    for e in open_escs:
+        by_note.setdefault(e["note_path"], []).append(e["id"])
+    assert {g["note_path"]: [e["id"] for e in g["escalations"]] for g in n["escalations"]} == by_note
+    city = next(g for g in n["escalations"] if g["note_path"] == CITY)
+    assert len(city["gates"]) >= 7
+    assert city["commands"]["approve"] == f"reviewq decide --note {CITY} approve"
+    assert all(e["report"].startswith("Gate review: ") for e in city["escalations"])
+    assert [f["result"] for f in city["fix_attempts"]] and all(
+        f["result"] == "unchanged" and f["diff"] is None for f in city["fix_attempts"]
+    )
+    assert [f["id"] for f in n["failed_jobs"]] == failed and n["failed_total"] == 1
+    assert "exit" in " ".join(n["failed_jobs"][0]["reasons"]) or n["failed_jobs"][0]["reasons"]
+    [paused] = n["paused_reviewers"]
+    assert paused["reviewer"] == "missing" and "failed to start" in paused["why"]
+    [budget] = n["budgets_reached"]
+    with night.db() as db:
+        waiting = db.execute(
+            "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'",
+            (budget["id"],),
+        ).fetchone()[0]
+    assert budget["name"] == "cli" and budget["budget_usd"] == 0
+    assert budget["jobs_waiting"] == waiting >= 1
+    # What changed: the one fix that landed, as a diff; the offline fixer's non-changes.
+    [fix] = k["fixes"]
+    assert [fix["id"]] == [f["id"] for f in fixes] and fix["note_path"] == FIXED_NOTE
+    assert {"kind": "add", "text": "+FIXED: now it says more."} in fix["diff"]["lines"]
+    assert fix["diff"]["added"] == 1 and fix["diff"]["removed"] == 0
+    assert fix["fix_commit"] is None and fix["fix_no_commit"] is None  # commits are off
+    assert k["fix_results"]["unchanged"] == unchanged
+    # Trends: the gate that fails every empty description stands out from the rest.
+    rates = {g["gate_id"]: g for g in data["trends"]["fail_rate_by_gate"]}
+    assert rates[GATE]["decided"] >= 1 and 0 <= rates[GATE]["rate"] <= 1
+    assert len(data["trends"]["nights"]) == 14
+
+
+def test_one_decision_settles_a_notes_escalations(night, tmp_path):
+    # A copy: the module's night stays as the other tests expect it.
+    copy = Night(tmp_path / "copy")
+    shutil.copytree(night.root, copy.root)
+    before = copy.report()["needs_you"]
+    city = next(g for g in before["escalations"] if g["note_path"] == CITY)
+    res = copy.rq("decide", "--note", CITY, "reject")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("rejected: ") == len(city["escalations"])
+    after = copy.report()["needs_you"]
+    assert CITY not in [g["note_path"] for g in after["escalations"]]
+    assert after["escalations_open"] == before["escalations_open"] - len(city["escalations"])
+    res = copy.rq("decide", "--note", CITY, "approve")
+    assert (res.returncode, res.stderr) == (1, f"error: --note {CITY}: no open escalation for this note\n")
+
+
+def test_bad_arguments_get_one_line(night):
+    for args, expected in (
+        (("--since", "soon"), "error: --since: 'soon' is not a duration like '30m', '90s', '1h30m'\n"),
+        (("--run", "999"), "error: --run 999: no such sweep run\n"),
+        (("--sweep", "nope"), "error: --sweep 'nope': no run of this sweep is recorded\n"),
+        (("--since", "1h", "--run", "1"), "error: --since and --run: choose one period\n"),
+    ):
+        res = night.rq("report", *args)
+        assert (res.returncode, res.stderr) == (1, expected), args
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    exe = executable()
+    if exe is None:
+        pytest.skip("Chromium is not installed (.ci/run installs the Debian package chromium)")
+    with Chromium(exe, Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))) as c:
+        yield c
+    # Every Chromium process of the group is gone (or a zombie its new parent will reap).
+    assert [pid for pid in group_members(c.proc.pid) if not process_gone(pid)] == []
+
+
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path):
+    page_path = tmp_path / "night.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    assert f"report: {page_path}" in res.stdout
+    data = night.report()
+    url = page_path.as_uri()
+    page = browser.open(url)
+    assert page.requests() == [url]  # the file itself, and nothing else
+    assert not [e for e in page.log_entries() if e.get("level") == "error"]
+    dom = page.evaluate(
+        """({
+        sections: [...document.querySelectorAll('main > section')].map(s => s.id),
+        notes: [...document.querySelectorAll('article.escalated-note h3')].map(h => h.textContent),
+        failed: document.querySelectorAll('tr.failed-job').length,
+        paused: document.querySelectorAll('li.paused').length,
+        budgets: document.querySelectorAll('li.budget').length,
+        fixes: document.querySelectorAll('article.fix').length,
+        commands: [...document.querySelectorAll('code.cmd')].map(c => c.textContent),
+        figures: document.querySelectorAll('figure.chart svg').length,
+        tables: document.querySelectorAll('figure.chart table').length,
+        scripts: document.querySelectorAll('script').length,
+        added: [...document.querySelectorAll('article.fix .diff .add')].map(s => s.textContent),
+    })"""
+    )
+    assert dom["sections"] == ["needs-you", "kb-changes", "reviewed", "trends"]
+    assert dom["notes"] == [g["note_path"] for g in data["needs_you"]["escalations"]]
+    assert (dom["failed"], dom["paused"], dom["budgets"], dom["fixes"]) == (1, 1, 1, 1)
+    assert f"reviewq decide --note {CITY} approve" in "\n".join(dom["commands"])
+    assert dom["figures"] == dom["tables"] >= 5 and dom["scripts"] == 0
+    assert dom["added"] == ["+FIXED: now it says more."]
+    page.screenshot(tmp_path / "report-laptop.png")
+    phone = browser.open(url, width=390, height=844, mobile=True)
+    # Readable on a phone: nothing wider than the screen but what scrolls inside its box.
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    phone.screenshot(tmp_path / "report-phone.png", 0, 2400)
+    for name in ("report-laptop.png", "report-phone.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_request_check_sees_a_page_that_fetches(browser, tmp_path):
+    """The check above can fail: a page with an outside image and style is caught."""
+    page_path = tmp_path / "leaky.html"
+    page_path.write_text(
+        '<!DOCTYPE html><meta http-equiv="Content-Security-Policy" content="default-src \'none\'">'
+        '<link rel="stylesheet" href="http://127.0.0.1:9/x.css"><img src="http://127.0.0.1:9/x.png">'
+    )
+    page = browser.open(page_path.as_uri())
+    assert set(page.requests()) == {
+        page_path.as_uri(),
+        "http://127.0.0.1:9/x.css",
+        "http://127.0.0.1:9/x.png",
+    }
