@@ -61,6 +61,12 @@ def fix_job(kb):
         return conn.execute("SELECT * FROM review_jobs WHERE kind = 'fix'").fetchone()
 
 
+def report(kb) -> dict:
+    res = reviewq_process("--root", str(kb.root), "report", "--json", "--since", "1h")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
 def log_events(kb, event: str) -> list[dict]:
     lines = (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r.get("event") == event]
@@ -93,6 +99,8 @@ def test_a_fix_is_one_commit_of_one_note_with_trailers(repo):
     assert git(repo.root, "diff", "--name-only").split() == ["scratch.txt"]
     assert "A staged line." in git(repo.root, "show", f":{OTHER}")
     assert [e["commit"] for e in log_events(repo, "fix.applied")] == [sha]
+    [shown] = report(repo)["kb_changes"]["fixes"]
+    assert (shown["id"], shown["fix_commit"], shown["note_path"]) == (job["id"], sha, NOTE)
     # Undoing the fix is a plain revert (once the person's work in progress is put aside).
     git(repo.root, "stash", "-q")
     git(repo.root, "revert", "--no-edit", sha)
@@ -119,6 +127,8 @@ def test_a_note_with_uncommitted_edits_gets_no_commit_and_keeps_them(repo):
     assert "A person's unfinished sentence" in text and FIXED in text
     [warned] = log_events(repo, "fix.uncommitted")
     assert warned["job_id"] == job["id"] and "uncommitted edits" in warned["reason"]
+    [shown] = report(repo)["kb_changes"]["fixes"]
+    assert shown["fix_commit"] is None and shown["fix_no_commit"] == job["fix_no_commit"]
 
 
 def test_a_kb_that_is_no_repository_is_fixed_as_before(kb):

@@ -24,7 +24,8 @@ CITY = "kb/notes/city-honey-carries-a-street-tree-signature.md"
 FIXED_NOTE = "kb/notes/nectar-flow.md"
 GATE = "prose/substantive-body"
 QUEUE = FAST_QUEUE.replace(
-    "[queue]\n", "[queue]\nmax_attempts = 1\nlaunch_failures_before_pause = 1\npause_seconds = 3600\n"
+    "[queue]\n",
+    "[queue]\nmax_attempts = 1\nlaunch_failures_before_pause = 1\npause_seconds = 3600\n",
 )
 
 
@@ -75,7 +76,9 @@ def night(tmp_path_factory) -> Night:
         ("missing", "extract-only-capped-honey.md", ()),
         ("costly", "inspect-every-seven-days-in-swarm-season.md", ("--budget-usd", "0")),
     ):
-        res = n.rq("sweep", "--reviewer", reviewer, "--note", str(root / "kb/notes" / note), GATE, *extra)
+        res = n.rq(
+            "sweep", "--reviewer", reviewer, "--note", str(root / "kb/notes" / note), GATE, *extra
+        )
         assert res.returncode == 1 and res.stderr.startswith("error: "), (reviewer, res.stderr)
     return n
 
@@ -93,7 +96,9 @@ def test_report_data_matches_state_db(night):
             "SELECT id, note_path, gate_id FROM escalations WHERE decision IS NULL ORDER BY id"
         ).fetchall()
         failed = [r[0] for r in db.execute("SELECT id FROM review_jobs WHERE status = 'failed'")]
-        attempts = db.execute("SELECT count(*), COALESCE(SUM(cost_usd), 0) FROM attempts").fetchone()
+        attempts = db.execute(
+            "SELECT count(*), COALESCE(SUM(cost_usd), 0) FROM attempts"
+        ).fetchone()
         fixes = db.execute(
             "SELECT id, fixed_snapshot_id, fix_commit, fix_no_commit FROM review_jobs "
             "WHERE kind = 'fix' AND result = 'applied'"
@@ -114,7 +119,9 @@ def test_report_data_matches_state_db(night):
     by_note: dict[str, list[int]] = {}
     for e in open_escs:
         by_note.setdefault(e["note_path"], []).append(e["id"])
-    assert {g["note_path"]: [e["id"] for e in g["escalations"]] for g in n["escalations"]} == by_note
+    assert {
+        g["note_path"]: [e["id"] for e in g["escalations"]] for g in n["escalations"]
+    } == by_note
     city = next(g for g in n["escalations"] if g["note_path"] == CITY)
     assert len(city["gates"]) >= 7
     assert city["commands"]["approve"] == f"reviewq decide --note {CITY} approve"
@@ -153,19 +160,52 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
     shutil.copytree(night.root, copy.root)
     before = copy.report()["needs_you"]
     city = next(g for g in before["escalations"] if g["note_path"] == CITY)
-    res = copy.rq("decide", "--note", CITY, "reject")
+    singles = [g["escalations"][0]["id"] for g in before["escalations"] if len(g["gates"]) == 1]
+    assert len(singles) >= 2
+    # All or nothing: one id that cannot be decided leaves the others open.
+    res = copy.rq("decide", str(singles[0]), "9999", "approve")
+    assert (res.returncode, res.stderr) == (1, "error: no escalation 9999\n")
+    assert copy.report()["needs_you"]["escalations_open"] == before["escalations_open"]
+
+    res = copy.rq("decide", *map(str, singles), "approve")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.count("rejected: ") == len(city["escalations"])
+    assert res.stdout.count("approved: ") == len(singles)
+    res = copy.rq("decide", "--note", CITY, "redo", "--feedback", "Write the body: two paragraphs.")
+    assert res.returncode == 0, res.stderr
+    [line] = res.stdout.splitlines()
+    assert line.startswith("redo: fix job ") and f"({len(city['gates'])} gate(s))" in line
+    job_id = int(line.split()[3])
+    with copy.db() as db:
+        gates = [
+            r[0] for r in db.execute("SELECT gate_id FROM review_pairs WHERE job_id = ?", (job_id,))
+        ]
+        job = db.execute(
+            "SELECT kind, note_path, feedback FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        decided = db.execute(
+            "SELECT decision, count(*) FROM escalations WHERE note_path = ? GROUP BY 1", (CITY,)
+        ).fetchall()
+    assert sorted(gates) == sorted(city["gates"])
+    assert tuple(job) == ("fix", CITY, "Write the body: two paragraphs.")
+    assert [tuple(r) for r in decided] == [("redo", len(city["gates"]))]
     after = copy.report()["needs_you"]
     assert CITY not in [g["note_path"] for g in after["escalations"]]
-    assert after["escalations_open"] == before["escalations_open"] - len(city["escalations"])
-    res = copy.rq("decide", "--note", CITY, "approve")
-    assert (res.returncode, res.stderr) == (1, f"error: --note {CITY}: no open escalation for this note\n")
+    assert after["escalations_open"] == before["escalations_open"] - len(city["gates"]) - len(
+        singles
+    )
+    res = copy.rq("decide", "--note", CITY, "reject")
+    assert (res.returncode, res.stderr) == (
+        1,
+        f"error: --note {CITY}: no open escalation for this note\n",
+    )
 
 
 def test_bad_arguments_get_one_line(night):
     for args, expected in (
-        (("--since", "soon"), "error: --since: 'soon' is not a duration like '30m', '90s', '1h30m'\n"),
+        (
+            ("--since", "soon"),
+            "error: --since: 'soon' is not a duration like '30m', '90s', '1h30m'\n",
+        ),
         (("--run", "999"), "error: --run 999: no such sweep run\n"),
         (("--sweep", "nope"), "error: --sweep 'nope': no run of this sweep is recorded\n"),
         (("--since", "1h", "--run", "1"), "error: --since and --run: choose one period\n"),
