@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The sweep exits 1 when a job failed or waits; the morning report is written either way.
 run: $(STAMP)
-	$(BIN)/reviewq sweep --reviewer offline --fix
+	$(BIN)/reviewq sweep --reviewer offline --fix; status=$$?; \
+	$(BIN)/reviewq report --html .reviewq/report.html && exit $$status
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
