@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.store import Store  # noqa: E402
+from orchestrator.state.store import Store  # noqa: E402
 
 TARGET_S = 2.0
 TARGET_BYTES = 5_000_000
