@@ -170,7 +170,15 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
     res = copy.rq("decide", *map(str, singles), "approve")
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("approved: ") == len(singles)
-    res = copy.rq("decide", "--note", CITY, "redo", "--feedback", "Write the body: two paragraphs.")
+    # The path as the shell sees it works as well as the one the report prints.
+    res = copy.rq(
+        "decide",
+        "--note",
+        str(copy.root / CITY),
+        "redo",
+        "--feedback",
+        "Write the body: two paragraphs.",
+    )
     assert res.returncode == 0, res.stderr
     [line] = res.stdout.splitlines()
     assert line.startswith("redo: fix job ") and f"({len(city['gates'])} gate(s))" in line

@@ -244,7 +244,7 @@ class FollowUp:
             self.store,
             self.ws.kb,
             self.ws.catalog(),
-            cycles.resolve(self.store, ids, note),
+            cycles.resolve(self.store, ids, note, self.ws.root),
             decision,
             feedback,
         )

@@ -9,6 +9,7 @@ gate-review report a person can vote on after three lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,15 +278,20 @@ def by_note(items: list[Escalation]) -> list[tuple[str, list[Escalation]]]:
     return list(groups.items())
 
 
-def resolve(store: Store, ids: list[int], note: str | None) -> list[int]:
-    """The escalations a decision settles: these ids, and every open one of ``note``."""
+def resolve(store: Store, ids: list[int], note: str | None, root: Path | None = None) -> list[int]:
+    """The escalations a decision settles: these ids, and every open one of ``note`` (as
+    the report prints it, relative to the KB root, or a path to the file from here)."""
     if not ids and not note:
         raise DecideError("name escalation ids or --note PATH")
     out = list(dict.fromkeys(ids))
     if note:
+        keys = [note.removeprefix("./")]
+        if root is not None:
+            with contextlib.suppress(ValueError, OSError):  # outside the root: no match
+                keys.append(Path(note).resolve().relative_to(root.resolve()).as_posix())
         rows = store.conn.execute(
-            "SELECT id FROM escalations WHERE note_path = ? AND decision IS NULL ORDER BY id",
-            (note.strip("/"),),
+            "SELECT id FROM escalations WHERE note_path IN (?, ?) AND decision IS NULL ORDER BY id",
+            (keys[0], keys[-1]),
         ).fetchall()
         if not rows:
             raise DecideError(f"--note {note}: no open escalation for this note")
