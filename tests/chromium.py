@@ -123,9 +123,30 @@ class Chromium:
         return Page(self, session)
 
     def close(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
+        # A pidfd per process of the group turns readable when that process has exited:
+        # the wait is bounded and needs no polling. A second round catches a process
+        # forked between listing the group and killing it.
+        deadline = time.monotonic() + 30
+        for _ in range(3):
+            fds = []
+            for pid in group_members(self.proc.pid):
+                with contextlib.suppress(OSError):
+                    fds.append(os.pidfd_open(pid))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            if self.proc.returncode is None:
+                self.proc.wait(timeout=30)
+            try:
+                while fds and time.monotonic() < deadline:
+                    ready, _, _ = select.select(fds, [], [], deadline - time.monotonic())
+                    for fd in ready:
+                        fds.remove(fd)
+                        os.close(fd)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if not [p for p in group_members(self.proc.pid) if _alive(p)]:
+                break
         for fd in (self._cmd_w, self._resp_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -183,3 +204,25 @@ class Page:
         data = self.browser.call("Page.captureScreenshot", params, self.session)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of a process group, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its new parent to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .chromium import Chromium, executable
+from .chromium import Chromium, executable, group_members
 from .conftest import PROJECT, process_gone, reviewq_process
 from .test_cycles_integration import profile
 from .test_queue_integration import FAST_QUEUE
@@ -233,18 +233,6 @@ def browser(tmp_path_factory):
     assert [pid for pid in group_members(c.proc.pid) if not process_gone(pid)] == []
 
 
-def group_members(pgid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path):
     page_path = tmp_path / "night.html"
     res = night.rq("report", "--since", "24h", "--html", str(page_path))
@@ -298,3 +286,17 @@ def test_the_request_check_sees_a_page_that_fetches(browser, tmp_path):
         "http://127.0.0.1:9/x.css",
         "http://127.0.0.1:9/x.png",
     }
+
+
+def test_a_report_of_nothing_yet(kb, run_cli):
+    # --json reads only: a state.db never used is not created.
+    res = run_cli("report", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["reviewed"]["pairs"] == 0 and data["needs_you"]["escalations"] == []
+    assert data["html_path"] is None and not (kb.state / "state.db").exists()
+    # For a person: a page, and "nothing" where nothing needs them.
+    res = run_cli("report")
+    assert res.exit_code == 0 and "needs you: nothing" in res.stdout
+    assert f"report: {kb.state / 'report.html'}" in res.stdout
+    assert "Nothing: no escalation is open" in (kb.state / "report.html").read_text()

@@ -50,7 +50,8 @@ def report_cmd(
     page = Path(html).resolve() if html else (None if as_json else ws.state_dir / "report.html")
     try:
         rep = make_report(
-            ws.store,
+            # --json writes nothing, so it reads as the read-only commands do.
+            ws.read_store() if as_json else ws.store,
             ws.state_dir,
             since=since,
             sweep=sweep,
