@@ -161,6 +161,10 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
     before = copy.report()["needs_you"]
     city = next(g for g in before["escalations"] if g["note_path"] == CITY)
     singles = [g["escalations"][0]["id"] for g in before["escalations"] if len(g["gates"]) == 1]
+    listed = json.loads(copy.rq("escalations", "--json").stdout)["notes"]
+    assert {n["note_path"]: n["escalation_ids"] for n in listed} == {
+        g["note_path"]: [e["id"] for e in g["escalations"]] for g in before["escalations"]
+    }
     assert len(singles) >= 2
     # All or nothing: one id that cannot be decided leaves the others open.
     res = copy.rq("decide", str(singles[0]), "9999", "approve")
@@ -300,3 +304,25 @@ def test_a_report_of_nothing_yet(kb, run_cli):
     assert res.exit_code == 0 and "needs you: nothing" in res.stdout
     assert f"report: {kb.state / 'report.html'}" in res.stdout
     assert "Nothing: no escalation is open" in (kb.state / "report.html").read_text()
+
+
+def test_a_gate_that_fails_most_notes_is_called_into_question(kb, run_cli):
+    # Four notes with no description: the gate watching it fails them all, the rest pass.
+    kb.gate("frontmatter/has-description", ["description"])
+    for gate in ("prose/has-body", "prose/body-again", "accessibility/has-title"):
+        kb.gate(gate, ["title"] if gate.endswith("title") else ["body"])
+    for name in ("a", "b", "c", "d"):
+        kb.note(name, body=f"Body of {name}.\n", description="")
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--json")
+    assert res.returncode == 0, res.stderr
+    res = run_cli("report", "--since", "1h", "--json")
+    trends = json.loads(res.stdout)["trends"]
+    rates = {g["gate_id"]: (g["fail"], g["decided"]) for g in trends["fail_rate_by_gate"]}
+    assert rates["frontmatter/has-description"] == (4, 4) and rates["prose/has-body"] == (0, 4)
+    assert trends["suspect_gates"] == ["frontmatter/has-description"]
+    res = run_cli("report", "--since", "1h", "--html", str(kb.root / "r.html"))
+    assert res.exit_code == 0
+    assert "gate frontmatter/has-description fails far more notes than the others" in res.stdout
+    page = (kb.root / "r.html").read_text()
+    assert page.count('class="note suspect-gate"') == 1
+    assert "<b>frontmatter/has-description</b> fails 100% of the notes it judged" in page
