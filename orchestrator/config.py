@@ -61,6 +61,13 @@ class ReviewerProfile:
     executable: str = ""  # vendor kinds: the CLI to run (default: the kind's name)
     base_url: str = ""  # openai kind
     api_key_env: str = ""  # openai kind: the variable holding the key, never the key
+    # A CLI whose output says it cannot reach its endpoint is ended after this many
+    # seconds (a reviewer failure), not left waiting until ``timeout``; None: never.
+    connect_timeout: float | None = None
+    # USD per million tokens, for CLIs that report no cost (cached: default the input price)
+    price_input_per_mtok: float | None = None
+    price_output_per_mtok: float | None = None
+    price_cached_input_per_mtok: float | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,17 @@ def _known(table: dict, allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key {extra[0]!r}")
 
 
+_PRICES = ("price_input_per_mtok", "price_output_per_mtok", "price_cached_input_per_mtok")
+
+
+def _price(value: object, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise ConfigError(f"{where}: expected USD per million tokens, a number ≥ 0")
+    return float(value)
+
+
 def _reviewer(name: str, t: dict) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
     _known(
@@ -168,6 +186,8 @@ def _reviewer(name: str, t: dict) -> ReviewerProfile:
             "executable",
             "base_url",
             "api_key_env",
+            "connect_timeout",
+            *_PRICES,
         },
         where,
     )
@@ -188,13 +208,22 @@ def _reviewer(name: str, t: dict) -> ReviewerProfile:
         raise ConfigError(f"{where} command: required for kind 'command' (an argv list)")
     if kind == "openai" and not t.get("base_url"):
         raise ConfigError(f"{where} base_url: required for kind 'openai'")
+    timeout = parse_duration(t.get("timeout", 1800), f"{where} timeout")
+    connect_timeout = None
+    if "connect_timeout" in t:
+        connect_timeout = parse_duration(t["connect_timeout"], f"{where} connect_timeout")
+        if connect_timeout >= timeout:
+            raise ConfigError(
+                f"{where} connect_timeout: must be shorter than timeout ({timeout:g} s)"
+            )
+    prices = {k: _price(t.get(k), f"{where} {k}") for k in _PRICES}
     return ReviewerProfile(
         name=name,
         kind=kind,
         model=model,
         partition=str(partition),
         max_turns=_int(t.get("max_turns", 20), f"{where} max_turns"),
-        timeout=parse_duration(t.get("timeout", 1800), f"{where} timeout"),
+        timeout=timeout,
         concurrency=_int(t.get("concurrency", 1), f"{where} concurrency"),
         args=_strs(t.get("args"), f"{where} args"),
         env=dict(env),
@@ -202,6 +231,8 @@ def _reviewer(name: str, t: dict) -> ReviewerProfile:
         executable=str(t.get("executable", "")),
         base_url=str(t.get("base_url", "")),
         api_key_env=str(t.get("api_key_env", "")),
+        connect_timeout=connect_timeout,
+        **prices,
     )
 
 

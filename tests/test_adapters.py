@@ -106,18 +106,21 @@ EXPECTED_TELEMETRY = {
         "output_tokens": 250,
         "cost_usd": 0.012,
         "session_id": "9c1d6a3e-fake-claude-session",
+        "cached_input_tokens": 2000,
     },
     "codex": {
         "num_turns": 3,  # command, file change, message: reasoning is not a step
         "input_tokens": 5000,
         "output_tokens": 600,
         "session_id": "0199-fake-codex-thread",
+        "cached_input_tokens": 4000,
     },
     "gemini": {
         "num_turns": 4,
         "input_tokens": 1200,
         "output_tokens": 350,  # candidates + thoughts
         "session_id": "fake-gemini-session",
+        "cached_input_tokens": 1000,
     },
 }
 
@@ -187,14 +190,22 @@ def test_gemini_flags_and_policy(kb2, run_cli, tmp_path):
     assert flag(argv, "--output-format") == "json"
     assert flag(argv, "--model") == "gemini-2.5-pro"
     assert flag(argv, "--approval-mode") == "default"
-    assert flag(argv, "--include-directories") == str(job_dir)
+    assert flag(argv, "--include-directories") == str(kb2.root.resolve())
     assert "prompt.md" in flag(argv, "-p")
     assert "--yolo" not in argv and "yolo" not in argv
     rules = tomllib.loads(Path(flag(argv, "--policy")).read_text())["rule"]
     allow = next(r for r in rules if r["decision"] == "allow")
     assert set(allow["toolName"]) == {"write_file", "replace"}
-    deny = next(r for r in rules if r["decision"] == "deny")
-    assert "run_shell_command" in deny["toolName"] and "argsPattern" not in deny
+    shell = next(r for r in rules if "run_shell_command" in r["toolName"])
+    assert shell["decision"] == "deny" and "argsPattern" not in shell
+    cmd = for_profile(ReviewerProfile(name="g", kind="gemini", model="m")).command(
+        AttemptSpec(
+            "review", 1, 1, job_dir / "p", job_dir / "o", job_dir, job_dir / "a", kb2.root, "m"
+        )
+    )
+    # The job folder is the workspace (the KB's .gitignore would hide the prompt from
+    # read_file), and the folder is trusted for this run only.
+    assert cmd.cwd == job_dir and cmd.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
 
 
 def _gemini_args(path: str) -> str:
@@ -202,18 +213,51 @@ def _gemini_args(path: str) -> str:
     return json.dumps({"content": "x", "file_path": path}, separators=(",", ":"))
 
 
-@pytest.mark.parametrize("weird", ["plain", "with space", "dots.and-dash", "quote'd (x)"])
+def _gemini_accepts(pattern: str) -> bool:
+    """Gemini CLI 0.61's isSafeRegExp (policy/utils.ts): it drops a rule whose pattern has
+    a group followed by a quantifier, or is over 2048 characters long."""
+    return len(pattern) <= 2048 and not re.search(r"\([^)]*[*+?{].*\)[*+?{]", pattern)
+
+
+def _gemini_decides(rules: list[dict], tool: str, path: str) -> str:
+    """The engine's choice: the highest-priority rule that matches; headless, a call no
+    rule allows needs a person's approval and is refused."""
+    for r in sorted(rules, key=lambda r: -r["priority"]):
+        if tool in r["toolName"] and (
+            "argsPattern" not in r or re.search(r["argsPattern"], _gemini_args(path))
+        ):
+            return r["decision"]
+    return "deny"
+
+
+@pytest.mark.parametrize("weird", ["plain", "with space", "dots.and-dash", "quote'd (x)+"])
 def test_gemini_policy_allows_only_the_job_folder(tmp_path, weird):
     job_dir = tmp_path / weird / ".reviewq" / "jobs" / "job-1"
     spec = AttemptSpec(
         "review", 1, 1, job_dir / "p.md", job_dir / "o.md", job_dir, job_dir / "a-1", tmp_path, "m"
     )
     rules = tomllib.loads(policy_text(spec))["rule"]
-    pattern = re.compile(next(r for r in rules if r["decision"] == "allow")["argsPattern"])
-    assert pattern.search(_gemini_args(f"{job_dir}/attempt-1/bundle-output.md"))
-    assert not pattern.search(_gemini_args(f"{tmp_path}/kb/notes/alpha.md"))
-    assert not pattern.search(_gemini_args(f"{job_dir}/../../../kb/notes/alpha.md"))
-    assert not pattern.search(_gemini_args(f"{job_dir}-other/x.md"))
+    for r in rules:
+        assert "argsPattern" not in r or _gemini_accepts(r["argsPattern"]), r
+    for tool in ("write_file", "replace"):
+        assert _gemini_decides(rules, tool, f"{job_dir}/attempt-1/bundle-output.md") == "allow"
+        for refused in (
+            f"{tmp_path}/kb/notes/alpha.md",
+            f"{job_dir}/../../../kb/notes/alpha.md",
+            f"{job_dir}/attempt-1/../../job-2/x.md",
+            f"{job_dir}/..",
+            f"{job_dir}-other/x.md",
+            f'{job_dir}/a"/../../x.md',
+            f"{job_dir}/a\\..\\..\\x.md",
+            "attempt-1/bundle-output.md",  # relative: resolved against the workspace
+        ):
+            assert _gemini_decides(rules, tool, refused) == "deny", refused
+    assert _gemini_decides(rules, "run_shell_command", f"{job_dir}/x") == "deny"
+
+
+def test_the_old_gemini_policy_was_dropped_by_the_engine():
+    # The pattern reviewq wrote before 0.61 was tried: a group followed by "*".
+    assert not _gemini_accepts('"file_path":"\\/job/(?:(?!\\.\\.)[^"\\\\])*"')
 
 
 def test_claude_turn_budget_without_output_is_burned_out(kb2, run_cli, monkeypatch):

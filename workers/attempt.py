@@ -24,15 +24,17 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from orchestrator import logs
 from orchestrator.review.finalize import read_output
 
 from .reviewers import AttemptSpec, Reviewer
+from .reviewers.base import priced
+from .reviewers.vendor import bounded
 
 OUTPUT = "output"
 BURNED_OUT = "burned-out"
 NO_OUTPUT = "no-output"
 LAUNCH_FAILURE = "launch-failure"
+REVIEWER_FAILURE = "reviewer-failure"  # the CLI never got a model's answer: key, quota, network
 TOUCHED_KB = "reviewer-touched-kb"
 LAUNCH_WINDOW_S = 15.0
 KILL_GRACE_S = 5.0
@@ -216,7 +218,7 @@ def run_attempt(
     try:
         if on_launch is not None:
             on_launch()
-        exited = wait_for_exit(proc, start + timeout_s, on_tick, tick_s)
+        exited, unreachable = _wait(reviewer, spec, proc, start, timeout_s, on_tick, tick_s)
         out.exited_at = time.time()
         if not exited:
             kill_group(proc)
@@ -231,7 +233,9 @@ def run_attempt(
     out.duration_s = time.monotonic() - start
     out.ended_at = _now()
     out.exit_code = proc.returncode
-    telemetry = reviewer.telemetry(spec)
+    telemetry = priced(reviewer.telemetry(spec), reviewer.profile)
+    if unreachable:
+        telemetry.error, telemetry.failure = unreachable, "unreachable"
     out.telemetry = telemetry.to_json()
     out.output = read_output(spec.output_path, max_output_bytes)
     after = file_hashes(spec.root, guarded)
@@ -252,6 +256,10 @@ def run_attempt(
         out.reasons = [f"the reviewer changed {p}" for p in out.touched]
     elif out.output is not None:
         out.classification = OUTPUT
+    elif telemetry.failure:
+        # No model answered (or stopped answering): nothing here speaks of the job.
+        out.classification = REVIEWER_FAILURE
+        out.reasons = [f"{telemetry.failure}: {telemetry.error or 'no detail'}"]
     elif not exited:
         out.classification = BURNED_OUT
         out.reasons = [
@@ -262,13 +270,42 @@ def run_attempt(
         out.reasons = [f"used {turns} of {max_turns} turns with no output"]
     elif out.exit_code != 0 and out.duration_s < LAUNCH_WINDOW_S and not turns:
         out.classification = LAUNCH_FAILURE
-        out.reasons = [
-            f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {_tail(spec.stderr_path)}"
-        ]
+        why = telemetry.error or _tail(spec.stderr_path)
+        out.reasons = [f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {why}"]
     else:
         out.classification = NO_OUTPUT
         out.reasons = [f"exited {out.exit_code} without writing {spec.output_path.name}"]
+        if telemetry.error:
+            out.reasons[0] += f": {telemetry.error}"
     return out
+
+
+def _wait(
+    reviewer: Reviewer,
+    spec: AttemptSpec,
+    proc: subprocess.Popen,
+    start: float,
+    timeout_s: float,
+    on_tick: Callable[[], None] | None,
+    tick_s: float,
+) -> tuple[bool, str | None]:
+    """Wait for the agent until its deadline; past the profile's ``connect_timeout``, and
+    every ``connect_timeout`` after, ask the adapter whether the CLI has reached its
+    endpoint, and end it (killed here) when its own output says it has not."""
+    deadline = start + timeout_s
+    step = reviewer.profile.connect_timeout
+    if not step:
+        return wait_for_exit(proc, deadline, on_tick, tick_s), None
+    check = start + step
+    while check < deadline:
+        if wait_for_exit(proc, check, on_tick, tick_s):
+            return True, None
+        reason = reviewer.unreachable(spec)
+        if reason:
+            kill_group(proc)
+            return False, reason
+        check += step
+    return wait_for_exit(proc, deadline, on_tick, tick_s), None
 
 
 # --- agents left behind by a worker that died ----------------------------------------------
@@ -350,4 +387,4 @@ def _tail(path: Path, limit: int = 300) -> str:
     except OSError:
         return ""
     text = data.decode("utf-8", "replace").strip().splitlines()
-    return logs.redact(text[-1]) if text else "(no stderr)"
+    return bounded(text[-1]) if text else "(no stderr)"

@@ -13,7 +13,7 @@ from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.finalize import FinalizeError, FinalizeResult, Provenance, finalize
 from orchestrator.state.workspace import Workspace
 
-from .attempt import LAUNCH_FAILURE, OUTPUT, AttemptOutcome, run_attempt
+from .attempt import LAUNCH_FAILURE, OUTPUT, REVIEWER_FAILURE, AttemptOutcome, run_attempt
 from .reviewers import AttemptSpec, for_profile
 
 
@@ -84,7 +84,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
             fail_on_invalid=True,
             within=record_decisions,
         )
-    elif outcome.classification == LAUNCH_FAILURE:
+    elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
         requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
     else:
         fail_job(store, ws.state_dir, job_id, outcome.reasons)

@@ -208,7 +208,10 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
             f"{out.progress.waiting_budget} job(s) wait for the next run: the sweep's budget is spent"
         )
     if out.progress.waiting_paused:
-        who = ", ".join(f"{n} (until {u})" for n, u in out.paused.items())
+        why = dict(ws.store.conn.execute("SELECT name, paused_reason FROM reviewer_state"))
+        who = ", ".join(
+            f"{n} (until {u}{': ' + why[n] if why.get(n) else ''})" for n, u in out.paused.items()
+        )
         problems.append(f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}")
     problems.extend(out.children_failed)
     if problems:
@@ -235,10 +238,10 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     click.echo("jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items()))
     click.echo(f"escalations open: {data['escalations_open']}")
     for name, r in data["reviewers"].items():
-        click.echo(
-            f"reviewer {name}: "
-            + (f"paused until {r['paused_until']}" if r["paused_until"] else "active")
-        )
+        state = f"paused until {r['paused_until']}" if r["paused_until"] else "active"
+        if r["paused_until"] and r.get("paused_reason"):
+            state += f": {r['paused_reason']}"
+        click.echo(f"reviewer {name}: {state}")
     click.echo(
         f"cost: today ${data['cost_usd']['today']:.4f}, total ${data['cost_usd']['total']:.4f}"
     )

@@ -305,7 +305,10 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
     reasons = res.finalized.failure_reasons if res.finalized is not None else out.reasons
     for r in reasons:
         click.echo(f"reason: {r}", err=True)
-    state = "queued again (launch failure)" if out.classification == "launch-failure" else "failed"
+    state = {
+        "launch-failure": "queued again (launch failure)",
+        "reviewer-failure": "queued again (reviewer failure, not the job's)",
+    }.get(out.classification, "failed")
     raise Refused(f"job {job_id} {state}")
 
 

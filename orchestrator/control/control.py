@@ -308,7 +308,9 @@ class Control:
         elif cls == "output":
             self._reset_launch_failures(job["reviewer"])
             self._finalize(job, attempt, o)
-        elif cls == "launch-failure":
+        elif cls in ("launch-failure", "reviewer-failure"):
+            # Neither says anything of the job: the agent never started, or no model
+            # answered it (a rejected key, a quota, an endpoint out of reach).
             self._launch_failed(job, profile, o.get("reasons") or [])
         elif cls == "burned-out" and self._pair_count(job_id) > 1:
             self._reset_launch_failures(job["reviewer"])
@@ -405,11 +407,13 @@ class Control:
                 (name, utcnow()),
             ).fetchone()[0]
             paused_until = None
+            reason = "; ".join(reasons) or "launch failures"
             if count >= q.launch_failures_before_pause:
                 paused_until = _ts(self.now() + timedelta(seconds=q.pause_seconds))
                 self.store.conn.execute(
-                    "UPDATE reviewer_state SET paused_until = ?, launch_failures = 0 WHERE name = ?",
-                    (paused_until, name),
+                    "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
+                    "launch_failures = 0 WHERE name = ?",
+                    (paused_until, reason, name),
                 )
         self.log.warning(
             "attempt.launch_failed",
@@ -424,7 +428,7 @@ class Control:
                 reviewer=name,
                 paused_until=paused_until,
                 launch_failures=count,
-                reason="; ".join(reasons) or "launch failures",
+                reason=reason,
             )
 
     def _reset_launch_failures(self, name: str | None) -> None:

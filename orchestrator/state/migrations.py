@@ -268,4 +268,14 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        7,
+        "a paused reviewer says why",
+        """
+        ALTER TABLE reviewer_state ADD COLUMN paused_reason TEXT;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

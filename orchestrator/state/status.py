@@ -34,9 +34,10 @@ def status(store: Store, settings: Settings) -> dict:
         counts[s] = n
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     paused = {
-        r[0]: r[1]
+        r[0]: (r[1], r[2])
         for r in store.conn.execute(
-            "SELECT name, paused_until FROM reviewer_state WHERE paused_until > ?", (now,)
+            "SELECT name, paused_until, paused_reason FROM reviewer_state WHERE paused_until > ?",
+            (now,),
         )
     }
     escalations = 0
@@ -54,7 +55,11 @@ def status(store: Store, settings: Settings) -> dict:
         "jobs": counts,
         "escalations_open": escalations,
         "reviewers": {
-            name: {"paused_until": paused.get(name)} for name in sorted(settings.reviewers)
+            name: {
+                "paused_until": paused.get(name, (None, None))[0],
+                "paused_reason": paused.get(name, (None, None))[1],
+            }
+            for name in sorted(settings.reviewers)
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
     }

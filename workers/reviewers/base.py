@@ -14,8 +14,18 @@ What it returns:
   The agent runs in its own process group with stdin closed, stdout and stderr going to
   the attempt's log files, and inherits reviewq's environment plus ``Command.env``.
 - :meth:`Reviewer.telemetry` → a :class:`Telemetry` read after the process ended, from its
-  stdout (vendor CLIs print JSON) or from ``REVIEWQ_TELEMETRY_PATH``.
+  stdout (vendor CLIs print JSON) or from ``REVIEWQ_TELEMETRY_PATH``. When the CLI reports
+  an error in its own structured form, ``error`` holds its message (one bounded line) and,
+  if that error means no model answered — a rejected key, a rate limit, a spent quota, an
+  endpoint out of reach — ``failure`` names the kind (``vendor.failure_kind``). Such an
+  attempt is the reviewer's failure, never a verdict on the job: it does not count, the
+  job waits and the profile pauses as after a launch failure.
+- :meth:`Reviewer.unreachable` → while the process runs, past the profile's
+  ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
+  endpoint (it is then ended), else None.
 The output itself is the file at ``spec.output_path``: it exists or it does not.
+Costs: a CLI that reports no ``cost_usd`` gets one from the profile's per-million-token
+prices (:func:`priced`), so sweep budgets hold for every kind.
 """
 
 from __future__ import annotations
@@ -87,11 +97,14 @@ class Command:
 @dataclass
 class Telemetry:
     num_turns: int | None = None
-    input_tokens: int | None = None
+    input_tokens: int | None = None  # every prompt token, cached ones included
     output_tokens: int | None = None
     cost_usd: float | None = None
     session_id: str | None = None
     error_subtype: str | None = None
+    cached_input_tokens: int | None = None  # of input_tokens, read from a prompt cache
+    error: str | None = None  # the CLI's own error message, one bounded line
+    failure: str | None = None  # set when that error means no model answered
     raw: dict | None = None
 
     def to_json(self) -> dict:
@@ -127,6 +140,22 @@ def telemetry_from_file(path: Path) -> Telemetry:
     )
 
 
+def priced(t: Telemetry, profile: ReviewerProfile) -> Telemetry:
+    """Fill ``cost_usd`` from the profile's prices when the CLI reported none."""
+    if t.cost_usd is not None or (t.input_tokens is None and t.output_tokens is None):
+        return t
+    p_in, p_out = profile.price_input_per_mtok, profile.price_output_per_mtok
+    if p_in is None and p_out is None:
+        return t
+    p_cached = profile.price_cached_input_per_mtok
+    cached = min(t.cached_input_tokens or 0, t.input_tokens or 0)
+    fresh = (t.input_tokens or 0) - cached
+    cost = fresh * (p_in or 0.0) + cached * ((p_in or 0.0) if p_cached is None else p_cached)
+    cost += (t.output_tokens or 0) * (p_out or 0.0)
+    t.cost_usd = cost / 1_000_000
+    return t
+
+
 class Reviewer(ABC):
     """One reviewer kind. Subclasses set ``kind`` and build the command."""
 
@@ -142,6 +171,11 @@ class Reviewer(ABC):
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
         """What the finished process reported; by default the telemetry file."""
         return telemetry_from_file(spec.telemetry_path)
+
+    def unreachable(self, spec: AttemptSpec) -> str | None:
+        """Why the running CLI has not reached its endpoint, in its own words; None when
+        its output does not say so (the default: no kind can tell)."""
+        return None
 
     def executables(self) -> list[str]:
         """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""

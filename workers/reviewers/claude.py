@@ -1,13 +1,9 @@
-"""The ``claude`` kind: Claude Code in headless (print) mode (SPEC §8).
-
-Also home of the two helpers the vendor CLI kinds share: the short instruction that points
-the agent at its prompt file, and a forgiving reader of JSON/JSONL stdout logs.
-"""
+"""The ``claude`` kind: Claude Code in headless (print) mode (SPEC §8)."""
 
 from __future__ import annotations
 
 from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
-from .vendor import add_counts, instruction, json_objects
+from .vendor import add_counts, bounded, failure_kind, instruction, json_objects, last_line
 
 
 class ClaudeReviewer(Reviewer):
@@ -48,7 +44,9 @@ class ClaudeReviewer(Reviewer):
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
         results = [o for o in json_objects(spec.stdout_path) if o.get("type") == "result"]
         if not results:
-            return telemetry_from_file(spec.telemetry_path)
+            t = telemetry_from_file(spec.telemetry_path)
+            t.error = last_line(spec.stderr_path)
+            return t
         r = results[-1]
         usage = r.get("usage") if isinstance(r.get("usage"), dict) else {}
         subtype = r.get("subtype") if isinstance(r.get("subtype"), str) else None
@@ -65,6 +63,14 @@ class ClaudeReviewer(Reviewer):
         reads = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
         add_counts(t, "input_tokens", *(usage.get(k) for k in reads))
         add_counts(t, "output_tokens", usage.get("output_tokens"))
+        add_counts(t, "cached_input_tokens", usage.get("cache_read_input_tokens"))
+        if r.get("is_error") is True and isinstance(r.get("result"), str):
+            # An API error ends the run with is_error, the HTTP status (null when nothing
+            # answered) and the message in "result"; a turn or budget limit has no status.
+            t.error = bounded(r["result"])
+            status = _num(r.get("api_error_status"), int)
+            if status is not None or r.get("terminal_reason") == "api_error":
+                t.failure = failure_kind(r["result"], status)
         return t
 
     def executables(self) -> list[str]:

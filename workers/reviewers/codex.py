@@ -1,12 +1,33 @@
-"""The ``codex`` kind: OpenAI Codex CLI's ``codex exec`` with ``--json`` events (SPEC §8)."""
+"""The ``codex`` kind: OpenAI Codex CLI's ``codex exec`` with ``--json`` events (SPEC §8).
+
+Telemetry comes from two places. ``--json`` on stdout names the thread and ends with the
+turn's usage or the error that ended it, but it shows no model call the sandbox refused
+and no usage at all until the turn ends. Codex also keeps a session log of its own
+(``$CODEX_HOME/sessions/…/rollout-…-<thread>.jsonl``) with one usage record per model
+response and a running token total, so a run killed at its deadline keeps what it used.
+"""
 
 from __future__ import annotations
 
-from .base import AttemptSpec, Command, Reviewer, Telemetry, telemetry_from_file
-from .vendor import add_counts, instruction, json_objects
+import os
+import re
+from pathlib import Path
+
+from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .vendor import (
+    add_counts,
+    bounded,
+    failure_kind,
+    instruction,
+    json_objects,
+    last_line,
+)
 
 # Item kinds that are one step of the agent (a model call acting); reasoning is not.
 _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", "web_search"}
+# stderr lines that are Codex talking about itself, never the reason it failed
+_CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9-]{8,80}$")
 
 
 class CodexReviewer(Reviewer):
@@ -40,6 +61,7 @@ class CodexReviewer(Reviewer):
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
         t = Telemetry()
         seen = False
+        error: str | None = None
         for ev in json_objects(spec.stdout_path):
             kind = ev.get("type")
             if kind == "thread.started" and isinstance(ev.get("thread_id"), str):
@@ -47,6 +69,7 @@ class CodexReviewer(Reviewer):
             elif kind == "turn.completed" and isinstance(ev.get("usage"), dict):
                 # exec runs one turn per prompt; sum anyway in case of several
                 add_counts(t, "input_tokens", ev["usage"].get("input_tokens"))
+                add_counts(t, "cached_input_tokens", ev["usage"].get("cached_input_tokens"))
                 add_counts(t, "output_tokens", ev["usage"].get("output_tokens"))
                 seen = True
             elif kind == "item.completed" and isinstance(ev.get("item"), dict):
@@ -55,8 +78,82 @@ class CodexReviewer(Reviewer):
                     seen = True
             elif kind in ("turn.failed", "error"):
                 t.error_subtype, seen = kind.replace(".", "_"), True
-        # codex reports no cost; cost_usd stays None
-        return t if seen else telemetry_from_file(spec.telemetry_path)
+                error = _message(ev) or error
+                continue
+            if kind != "turn.started":
+                error = None  # only an error that ended the run speaks for it
+        if not seen:
+            t = telemetry_from_file(spec.telemetry_path)
+        self._from_session(t)
+        if error:
+            t.error, t.failure = bounded(error), failure_kind(error)
+        elif t.num_turns is None:
+            t.error = last_line(spec.stderr_path, skip=_CHATTER)
+        return t
+
+    def unreachable(self, spec: AttemptSpec) -> str | None:
+        # Codex waits for an endpoint it cannot reach without end ("Reconnecting...");
+        # only a run whose last word is such an error, and that never reached a model, is.
+        last, reached = None, False
+        for ev in json_objects(spec.stdout_path):
+            kind = ev.get("type")
+            if kind in ("error", "turn.failed"):
+                last = _message(ev)
+            elif kind != "turn.started":
+                last = None
+                item = ev.get("item") if isinstance(ev.get("item"), dict) else {}
+                if kind == "turn.completed" or item.get("type") in _STEPS:
+                    reached = True
+        if last and not reached and failure_kind(last) == "unreachable":
+            return bounded(last)
+        return None
+
+    def _from_session(self, t: Telemetry) -> None:
+        """Turns and tokens from Codex's session log, when it can be found: it counts every
+        model response, refused tool calls and runs killed before their end included."""
+        path = self._session_log(t.session_id)
+        if path is None:
+            return
+        turns, total = 0, None
+        for rec in json_objects(path):
+            payload = rec.get("payload") if isinstance(rec.get("payload"), dict) else {}
+            if rec.get("type") == "token_usage_record":
+                turns += 1
+            elif rec.get("type") == "event_msg" and payload.get("type") == "token_count":
+                info = payload.get("info")
+                if isinstance(info, dict) and isinstance(info.get("total_token_usage"), dict):
+                    total = info["total_token_usage"]
+        if turns:
+            t.num_turns = turns
+        if total is not None:
+            for attr, key in (
+                ("input_tokens", "input_tokens"),
+                ("cached_input_tokens", "cached_input_tokens"),
+                ("output_tokens", "output_tokens"),
+            ):
+                value = _num(total.get(key), int)
+                if value is not None:
+                    setattr(t, attr, value)
+
+    def _session_log(self, thread_id: str | None) -> Path | None:
+        if not thread_id or not _SAFE_ID.match(thread_id):
+            return None
+        env = {**os.environ, **self.profile.env}
+        home = Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
+        try:
+            found = sorted((home / "sessions").glob(f"*/*/*/rollout-*{thread_id}.jsonl"))
+        except OSError:
+            return None
+        return found[-1] if found else None
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "codex"]
+
+
+def _message(ev: dict) -> str | None:
+    if isinstance(ev.get("message"), str):
+        return ev["message"]
+    err = ev.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    return None

@@ -2,9 +2,9 @@
 
 Gemini CLI's file tools work anywhere in its workspace, which includes the KB, and its
 flags cannot narrow a tool to a folder. Its policy engine can: each attempt writes a small
-policy file that lets ``write_file``/``replace`` through only for paths in the job folder.
-In headless mode any tool call that would need a person's approval is refused, so
-everything else that writes (and the shell) stays off.
+policy file that lets ``write_file``/``replace`` through only for paths in the job folder
+and refuses any path with ``..``. In headless mode any tool call that would need a
+person's approval is refused, so everything else that writes (and the shell) stays off.
 """
 
 from __future__ import annotations
@@ -12,21 +12,39 @@ from __future__ import annotations
 import json
 import re
 
-from .base import AttemptSpec, Command, Reviewer, Telemetry, telemetry_from_file
-from .vendor import add_counts, instruction, json_objects
+from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .vendor import (
+    add_counts,
+    bounded,
+    failure_kind,
+    instruction,
+    json_objects,
+    last_document,
+    last_line,
+    unwrap,
+)
+
+# stderr lines that are Gemini talking about itself, never the reason it failed
+_CHATTER = re.compile(r"^(Warning: 256-color|Ripgrep is not available|Loaded cached credentials)")
 
 _POLICY = """\
 # Written by reviewq for job {job_id} attempt {attempt}: writes only inside the job folder.
 [[rule]]
 toolName = ["write_file", "replace"]
-argsPattern = {pattern}
+argsPattern = {allow}
 decision = "allow"
 priority = 900
 
 [[rule]]
+toolName = ["write_file", "replace"]
+argsPattern = {deny}
+decision = "deny"
+priority = 950
+
+[[rule]]
 toolName = ["run_shell_command", "web_fetch", "google_web_search", "save_memory"]
 decision = "deny"
-priority = 900
+priority = 950
 """
 
 
@@ -36,11 +54,17 @@ def _js_escape(text: str) -> str:
 
 
 def policy_text(spec: AttemptSpec) -> str:
-    # The engine matches the tool's arguments as JSON text; refuse ".." so that a path
-    # cannot climb out of the job folder after matching its prefix.
+    """The engine matches a regex against the tool's arguments as JSON text, and refuses
+    any pattern it suspects of ReDoS (a group followed by a quantifier), so neither rule
+    has a group. The allow rule wants the whole path value free of quotes and backslashes
+    (nothing escaped can hide in it) under the job folder; the deny rule, ranked above it,
+    refuses any ``..`` in such a path, so no path climbs out after matching the prefix."""
     job = json.dumps(str(spec.job_dir.resolve()), ensure_ascii=False)[1:-1]
-    pattern = f'"file_path":"{_js_escape(job)}/(?:(?!\\.\\.)[^"\\\\])*"'
-    return _POLICY.format(job_id=spec.job_id, attempt=spec.attempt, pattern=json.dumps(pattern))
+    allow = f'"file_path":"{_js_escape(job)}/[^"\\\\]*"'
+    deny = '"file_path":"[^"\\\\]*\\.\\.'
+    return _POLICY.format(
+        job_id=spec.job_id, attempt=spec.attempt, allow=json.dumps(allow), deny=json.dumps(deny)
+    )
 
 
 class GeminiReviewer(Reviewer):
@@ -61,19 +85,30 @@ class GeminiReviewer(Reviewer):
             "--policy",
             str(policy),
             "--include-directories",
-            str(spec.job_dir.resolve()),  # the job folder may live outside the KB
+            str(spec.root.resolve()),  # the KB, to read
             "-p",  # after the array-valued flags, which would swallow a positional
             instruction(spec),
             *self.profile.args,
         ]
-        return Command(argv=argv, env=dict(self.profile.env), cwd=spec.root)
+        # The job folder is the workspace: Gemini applies the .gitignore of its workspace
+        # to read_file, and the KB's ignores the state folder, prompt included. Trust is
+        # granted per run: headless, an untrusted folder is an exit 55, never a prompt.
+        env = {"GEMINI_CLI_TRUST_WORKSPACE": "true", **self.profile.env}
+        return Command(argv=argv, env=env, cwd=spec.job_dir)
 
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
         docs = [
             o for o in json_objects(spec.stdout_path) if {"stats", "response", "error"} & set(o)
         ]
         if not docs:
-            return telemetry_from_file(spec.telemetry_path)
+            # Headless with JSON output, Gemini writes a failed run's document to stderr,
+            # after its warnings and a stack trace.
+            doc = last_document(spec.stderr_path)
+            if doc is None or "error" not in doc:
+                t = telemetry_from_file(spec.telemetry_path)
+                t.error = last_line(spec.stderr_path, skip=_CHATTER)
+                return t
+            docs = [doc]
         doc = docs[-1]
         stats = doc.get("stats") if isinstance(doc.get("stats"), dict) else {}
         models = stats.get("models") if isinstance(stats.get("models"), dict) else {}
@@ -84,12 +119,20 @@ class GeminiReviewer(Reviewer):
             api, tok = (m.get(k) if isinstance(m.get(k), dict) else {} for k in ("api", "tokens"))
             add_counts(t, "num_turns", api.get("totalRequests"))  # one request per model turn
             add_counts(t, "input_tokens", tok.get("prompt"))  # "prompt" includes cached tokens
+            add_counts(t, "cached_input_tokens", tok.get("cached"))
             add_counts(t, "output_tokens", tok.get("candidates"), tok.get("thoughts"))
         if isinstance(doc.get("session_id"), str):
             t.session_id = doc["session_id"]
         err = doc.get("error")
         if isinstance(err, dict):
             t.error_subtype = str(err.get("type") or "error")
+            if isinstance(err.get("message"), str):
+                # The message is often the API's own error document, as text.
+                message, status = unwrap(err["message"])
+                code = _num(err.get("code"), int)
+                if status is None and code is not None and 400 <= code < 600:
+                    status = code
+                t.error, t.failure = bounded(message), failure_kind(message, status)
         return t
 
     def executables(self) -> list[str]:

@@ -5,6 +5,7 @@ output."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +59,124 @@ def add_counts(t: Telemetry, attr: str, *values: object) -> None:
         n = _num(v, int)
         if n is not None:
             setattr(t, attr, (getattr(t, attr) or 0) + n)
+
+
+# --- the CLIs' own errors -----------------------------------------------------------------
+# An attempt whose CLI never got an answer from a model says nothing about the note: an
+# expired key, a rate limit, a spent quota or an endpoint out of reach is the reviewer's
+# failure. Each adapter finds its CLI's structured error; these helpers name the kind.
+
+MAX_REASON = 300
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_STATUS = re.compile(r"\b(?:status|code)[ :=]*(\d{3})\b", re.I)
+_KINDS = (
+    ("quota", re.compile(r"quota|billing|credit balance|usage limit|insufficient_quota", re.I)),
+    (
+        "rate-limit",
+        re.compile(r"rate.?limit|too many requests|resource.?exhausted|overloaded", re.I),
+    ),
+    (
+        "auth",
+        re.compile(
+            r"api.?key|unauthori[sz]ed|unauthenticated|authentication|permission denied|"
+            r"forbidden|/login|not logged in|oauth token",
+            re.I,
+        ),
+    ),
+    (
+        "unreachable",
+        re.compile(
+            r"connection (?:refused|reset|failed|error)|econnrefused|econnreset|enotfound|"
+            r"eai_again|etimedout|ehostunreach|enetunreach|fetch failed|error sending request|"
+            r"reconnecting|network|timed? ?out|dns|unable to connect|socket hang up",
+            re.I,
+        ),
+    ),
+)
+
+
+def failure_kind(message: str, status: int | None = None) -> str | None:
+    """``auth``, ``quota``, ``rate-limit``, ``unreachable``, ``server`` or ``not-found``
+    when an error says
+    the model was never (or no longer) reachable; None for anything that may be the job's
+    doing (a prompt too long, a refusal) or that nobody recognises."""
+    if status is None:
+        m = _STATUS.search(message)
+        status = int(m.group(1)) if m else None
+    if status in (401, 403, 407):
+        return "auth"
+    if status == 402:
+        return "quota"
+    if status == 429:
+        return "quota" if _KINDS[0][1].search(message) else "rate-limit"
+    if status == 404:
+        return "not-found"  # no such endpoint or model: a profile to fix, not a note
+    if status is not None and status >= 500:
+        return "server"
+    for kind, pattern in _KINDS:
+        if pattern.search(message):
+            return kind
+    return None
+
+
+def bounded(message: str, limit: int = MAX_REASON) -> str:
+    """One line of at most ``limit`` characters, colour codes gone, secrets redacted."""
+    from orchestrator import logs
+
+    text = " ".join(_ANSI.sub("", message).split())
+    text = logs.redact(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def unwrap(message: str) -> tuple[str, int | None]:
+    """A message that is itself an API error document (Gemini puts the response body in
+    its error's message): its inner message and status code."""
+    try:
+        doc = json.loads(message)
+    except ValueError:
+        return message, None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        code = _num(err.get("code"), int)
+        return err["message"], code
+    return message, None
+
+
+def last_document(path: Path) -> dict | None:
+    """The last JSON object in a log that mixes text and pretty-printed JSON (Gemini's
+    stderr: warnings, a stack trace, then its error document)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - _MAX_LOG_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    decoder = json.JSONDecoder()
+    found = None
+    for m in re.finditer(r"(?m)^\{", text):
+        try:
+            doc, _ = decoder.raw_decode(text, m.start())
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            found = doc
+    return found
+
+
+def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
+    """The last line of a log that says something: not blank, not JSON punctuation, not
+    matching ``skip`` (a CLI's chatter such as Codex's "Reading additional input")."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        text = _ANSI.sub("", line).strip()
+        if not text or re.fullmatch(r"[\[\]{}(),]+", text) or (skip and skip.search(text)):
+            continue
+        return bounded(text)
+    return None
