@@ -101,13 +101,15 @@ def open_attempt(
             guarded = tuple(sorted({r[0] for r in paths} | {r[1] for r in paths}))
             trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
         else:
-            trees = ()
             output = attempt_dir / "bundle-output.md"
             items = load_job_items(store, job_id)
             if job["kind"] == "audit":
                 retry += render_audit_preamble(store, job_id)
             prompt = render_job_prompt(job_id, display(root, output), items, retry)
             guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
+            # A reviewer must leave the whole KB alone, not only the files it was shown: a
+            # note it creates or deletes beside them counts as touched too.
+            trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
         prompt_path = attempt_dir / "prompt.md"
         prompt_path.write_text(prompt, encoding="utf-8")
     return OpenedAttempt(

@@ -213,7 +213,7 @@ def create_jobs(
         raise JobError("no model partition: pass --model (the input's model_partition is null)")
     batch = JobBatch()
     loader = _Loader(kb, catalog)
-    active = store.active_pairs()
+    active = store.active_pairs(model_partition)
     held = set(exclude)
     seen: set[tuple[str, str]] = set()
     items: list[_Item] = []
@@ -282,7 +282,7 @@ def _still_wanted(
     selected_at_version: int | None,
     batch: JobBatch,
 ) -> list[_Item]:
-    active = store.active_pairs()
+    active = store.active_pairs(partition)
     check_fresh = (
         selected_at_version is not None and store.acceptance_version() != selected_at_version
     )

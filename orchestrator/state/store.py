@@ -433,15 +433,18 @@ class Store:
                     )
         return job_id
 
-    def active_pairs(self) -> dict[tuple[str, str], tuple[int, str]]:
-        """(note_path, gate_id) → (job id, status) for pairs inside a queued or running job."""
-        return {
-            (r[0], r[1]): (r[2], r[3])
-            for r in self.conn.execute(
-                "SELECT p.note_path, p.gate_id, j.id, j.status FROM review_pairs p JOIN review_jobs j "
-                "ON j.id = p.job_id WHERE j.status IN ('queued', 'running') AND j.kind = 'review'"
-            )
-        }
+    def active_pairs(self, partition: str | None = None) -> dict[tuple[str, str], tuple[int, str]]:
+        """(note_path, gate_id) → (job id, status) for pairs inside a queued or running job
+        (of ``partition`` only, when given: each partition reviews a pair on its own)."""
+        sql = (
+            "SELECT p.note_path, p.gate_id, j.id, j.status FROM review_pairs p JOIN review_jobs j "
+            "ON j.id = p.job_id WHERE j.status IN ('queued', 'running') AND j.kind = 'review'"
+        )
+        args: tuple = ()
+        if partition is not None:
+            sql += " AND j.model_partition = ?"
+            args = (partition,)
+        return {(r[0], r[1]): (r[2], r[3]) for r in self.conn.execute(sql, args)}
 
 
 def _statements(sql: str) -> list[str]:

@@ -144,8 +144,8 @@ def test_two_enqueues_at_once_pack_a_pair_once(tmp_path, monkeypatch):
 
     landed = []
 
-    def other_enqueue_lands_now(store):
-        seen = real_active_pairs(store)
+    def other_enqueue_lands_now(store, partition=None):
+        seen = real_active_pairs(store, partition)
         if store is ws.store and not landed:
             landed.append(True)
             assert (

@@ -1,0 +1,387 @@
+"""What the real vendor CLIs print when no model answers, and what reviewq makes of it.
+
+The outputs below were captured from Claude Code 2.1.328, Codex CLI 0.169.0 and Gemini CLI
+0.61.0 run against tests/vendor_model.py (a 401, a port nothing listens on); the real
+programs run in tests/test_vendor_clis.py. Here the adapters read them, the control process
+acts on the outcome, and the smaller defects of issue 12 each have a test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ConfigError, ReviewerProfile, load_settings
+from orchestrator.control import Control
+from orchestrator.followup import FollowUp
+from orchestrator.status import status
+from orchestrator.sweeps import SweepRequest, enqueue
+from orchestrator.workspace import Workspace
+from workers.attempt import REVIEWER_FAILURE, run_attempt
+from workers.reviewers import AttemptSpec, Command, for_profile
+
+CLAUDE_401 = {
+    "type": "result",
+    "subtype": "success",
+    "is_error": True,
+    "api_error_status": 401,
+    "terminal_reason": "api_error",
+    "result": "Invalid API key · Fix external API key",
+    "num_turns": 1,
+    "total_cost_usd": 0,
+    "session_id": "05a05c58-85e0-4871-89a7-1ca176282ee3",
+    "usage": {"input_tokens": 0, "output_tokens": 0},
+}
+CLAUDE_DOWN = {
+    **CLAUDE_401,
+    "api_error_status": None,
+    "result": "API Error: Connection refused — a firewall or proxy may be blocking it (ECONNREFUSED)",
+}
+CLAUDE_MAX_TURNS = {
+    "type": "result",
+    "subtype": "error_max_turns",
+    "is_error": True,
+    "api_error_status": None,
+    "terminal_reason": "max_turns",
+    "num_turns": 8,
+}
+CODEX_HEAD = [
+    {"type": "thread.started", "thread_id": "01a20873-af71-7121-a6d0-754fa97bd063"},
+    {
+        "type": "item.completed",
+        "item": {"id": "item_0", "type": "error", "message": "Model metadata for `m` not found."},
+    },
+    {"type": "turn.started"},
+]
+CODEX_401 = [
+    *CODEX_HEAD,
+    {
+        "type": "error",
+        "message": "unexpected status 401 Unauthorized: Incorrect API key provided: sk-expired., "
+        "url: http://127.0.0.1:8080/auth/v1/responses",
+    },
+    {
+        "type": "turn.failed",
+        "error": {
+            "message": "unexpected status 401 Unauthorized: Incorrect API key provided: "
+            "sk-expired., url: http://127.0.0.1:8080/auth/v1/responses"
+        },
+    },
+]
+CODEX_DOWN = [
+    *CODEX_HEAD,
+    *[
+        {
+            "type": "error",
+            "message": "Reconnecting... waiting for network (Connection failed: error sending request)",
+        }
+    ]
+    * 3,
+]
+CODEX_STDERR = (
+    'WARNING: proceeding, even though we could not create PATH aliases: Refusing to create helper binaries under temporary dir "/tmp"\n'
+    "Reading additional input from stdin...\n"
+)
+GEMINI_401_STDERR = """Warning: 256-color support not detected.
+Ripgrep is not available. Falling back to GrepTool.
+    at async Turn.run (file:///x/bundle/chunk-JDPZ4CE3.js:333001:24) {
+  status: 401
+}
+{
+  "session_id": "bf8c2ba4-fc03-4184-aa1b-04368ea24b06",
+  "error": {
+    "type": "Error",
+    "message": "{\\"error\\":{\\"code\\":401,\\"message\\":\\"API key expired. Please renew the API key.\\",\\"status\\":\\"UNAUTHENTICATED\\"}}",
+    "code": 401
+  }
+}
+"""
+GEMINI_DOWN_STDERR = """Warning: 256-color support not detected.
+Error when talking to Gemini API Full report available at: /tmp/gemini-client-error.json Error: exception TypeError: fetch failed sending request
+{
+  "session_id": "4555cc11-7063-4493-8e8e-d7cbbe0b9e53",
+  "error": {
+    "type": "Error",
+    "message": "exception TypeError: fetch failed sending request",
+    "code": 1
+  }
+}
+"""
+GEMINI_UNTRUSTED_STDERR = (
+    "\x1b[31mGemini CLI is not running in a trusted directory. To proceed, either use "
+    "`--skip-trust`, set the `GEMINI_CLI_TRUST_WORKSPACE=true` environment variable, or trust "
+    "this directory in interactive mode.\x1b[0m"
+)
+
+
+def _spec(tmp_path: Path) -> AttemptSpec:
+    job = tmp_path / "state" / "jobs" / "review-job-1"
+    att = job / "attempt-1"
+    att.mkdir(parents=True, exist_ok=True)
+    return AttemptSpec("review", 1, 1, att / "prompt.md", att / "out.md", job, att, tmp_path, "m")
+
+
+def _telemetry(tmp_path, kind, stdout="", stderr="", **profile):
+    spec = _spec(tmp_path)
+    spec.stdout_path.write_text(stdout)
+    spec.stderr_path.write_text(stderr)
+    p = ReviewerProfile(name=kind, kind=kind, model="m", **profile)
+    return for_profile(p).telemetry(spec)
+
+
+def _lines(events: list[dict]) -> str:
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("kind", "stdout", "stderr", "failure", "error"),
+    [
+        ("claude", json.dumps(CLAUDE_401), "", "auth", "Invalid API key · Fix external API key"),
+        ("claude", json.dumps(CLAUDE_DOWN), "", "unreachable", "API Error: Connection refused"),
+        ("codex", _lines(CODEX_401), CODEX_STDERR, "auth", "unexpected status 401 Unauthorized"),
+        ("codex", _lines(CODEX_DOWN), CODEX_STDERR, "unreachable", "Reconnecting... waiting"),
+        ("gemini", "", GEMINI_401_STDERR, "auth", "API key expired. Please renew the API key."),
+        ("gemini", "", GEMINI_DOWN_STDERR, "unreachable", "exception TypeError: fetch failed"),
+    ],
+)
+def test_each_cli_s_own_error_names_a_reviewer_failure(
+    tmp_path, kind, stdout, stderr, failure, error
+):
+    t = _telemetry(tmp_path, kind, stdout, stderr)
+    assert t.failure == failure
+    assert t.error.startswith(error) and len(t.error) <= 300
+
+
+def test_limits_and_job_errors_are_no_reviewer_failure(tmp_path):
+    assert _telemetry(tmp_path, "claude", json.dumps(CLAUDE_MAX_TURNS)).failure is None
+    too_long = {**CLAUDE_401, "api_error_status": 400, "result": "prompt is too long"}
+    assert _telemetry(tmp_path, "claude", json.dumps(too_long)).failure is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "stderr", "reason"),
+    [
+        ("codex", CODEX_STDERR + "Error: unknown model flag\n", "Error: unknown model flag"),
+        ("codex", CODEX_STDERR, None),
+        ("gemini", GEMINI_401_STDERR, "API key expired. Please renew the API key."),
+        ("gemini", GEMINI_UNTRUSTED_STDERR, "Gemini CLI is not running in a trusted directory."),
+    ],
+)
+def test_the_reason_is_the_cli_s_message_never_a_stray_line(tmp_path, kind, stderr, reason):
+    # Before: "Reading additional input from stdin..." (Codex) and "}" (Gemini).
+    t = _telemetry(tmp_path, kind, "", stderr)
+    if reason is None:
+        assert t.error is None
+    else:
+        assert t.error.startswith(reason) and "\x1b" not in t.error
+
+
+# --- through an attempt: a reviewer failure, not the job's ---------------------------------
+
+
+def _run(tmp_path, script: str, kind: str = "claude", **fields):
+    """run_attempt with a ``kind`` adapter reading what a short Python script prints."""
+    spec = _spec(tmp_path)
+    reviewer = for_profile(ReviewerProfile(name=kind, kind=kind, model="m", **fields))
+    argv = [sys.executable, "-c", script]
+    reviewer.command = lambda spec: Command(argv=argv, cwd=tmp_path)  # type: ignore[method-assign]
+    return run_attempt(reviewer, spec, timeout_s=fields.get("timeout", 30), max_turns=5)
+
+
+def test_a_401_after_minutes_of_retries_is_a_reviewer_failure_not_no_output(tmp_path):
+    # Claude retries a 401 for minutes, so the launch window has long passed when it exits.
+    script = f"import sys; print({json.dumps(json.dumps(CLAUDE_401))}); sys.exit(1)"
+    out = _run(tmp_path, script)
+    assert out.classification == REVIEWER_FAILURE
+    assert out.reasons == ["auth: Invalid API key · Fix external API key"]
+
+
+def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
+    # Codex 0.169 prints "Reconnecting..." until its deadline when the endpoint is down.
+    lines = _lines(CODEX_DOWN).replace("\n", "\\n")
+    script = f"import sys, time; sys.stdout.write('{lines}'); sys.stdout.flush(); time.sleep(60)"
+    out = _run(tmp_path, script, kind="codex", timeout=30, connect_timeout=0.5)
+    assert out.classification == "reviewer-failure"
+    assert out.duration_s < 10
+    assert out.reasons[0].startswith("unreachable: Reconnecting... waiting for network")
+
+
+# --- Codex: every model call, and the tokens of a killed run ------------------------------
+
+
+def _rollout(home: Path, thread: str, calls: int, total_in: int, total_out: int) -> None:
+    day = home / "sessions" / "2026" / "11" / "23"
+    day.mkdir(parents=True)
+    recs = [{"type": "session_meta", "payload": {"id": thread}}]
+    for i in range(calls):
+        recs += [
+            {"type": "response_item", "payload": {"type": "function_call", "name": "exec"}},
+            {"type": "token_usage_record", "payload": {"response_id": f"resp_{i}"}},
+            {
+                "type": "event_msg",
+                "payload": {
+                    "type": "token_count",
+                    "info": {
+                        "total_token_usage": {
+                            "input_tokens": total_in * (i + 1) // calls,
+                            "cached_input_tokens": 100 * (i + 1),
+                            "output_tokens": total_out * (i + 1) // calls,
+                        }
+                    },
+                },
+            },
+        ]
+    (day / f"rollout-2026-11-23T12-48-14-{thread}.jsonl").write_text(_lines(recs))
+
+
+def test_codex_turns_count_refused_calls_and_a_killed_run_keeps_its_tokens(tmp_path):
+    # Five model calls; the sandbox refused three commands, which --json never shows, and
+    # the run was killed at its deadline before turn.completed.
+    thread = "01a20873-291e-7bf0-837a-38d8395a8d2d"
+    home = tmp_path / "codex-home"
+    _rollout(home, thread, calls=5, total_in=5000, total_out=500)
+    stdout = _lines(
+        [
+            {"type": "thread.started", "thread_id": thread},
+            {"type": "turn.started"},
+            {"type": "item.completed", "item": {"type": "command_execution", "exit_code": 0}},
+        ]
+    )
+    t = _telemetry(tmp_path, "codex", stdout, env={"CODEX_HOME": str(home)})
+    assert (t.num_turns, t.input_tokens, t.output_tokens) == (5, 5000, 500)
+    assert t.cached_input_tokens == 500
+
+
+def test_prices_give_codex_and_gemini_a_cost(tmp_path):
+    stdout = _lines(
+        [
+            {"type": "thread.started", "thread_id": "x-no-session-log-here"},
+            {
+                "type": "turn.completed",
+                "usage": {"input_tokens": 3000, "cached_input_tokens": 1000, "output_tokens": 300},
+            },
+        ]
+    )
+    from workers.reviewers.base import priced
+
+    p = ReviewerProfile(
+        name="c",
+        kind="codex",
+        model="m",
+        env={"CODEX_HOME": str(tmp_path / "none")},
+        price_input_per_mtok=1.25,
+        price_output_per_mtok=10.0,
+        price_cached_input_per_mtok=0.125,
+    )
+    t = priced(_telemetry(tmp_path, "codex", stdout, env=p.env), p)
+    assert t.cost_usd == pytest.approx((2000 * 1.25 + 1000 * 0.125 + 300 * 10.0) / 1e6)
+    claude = _telemetry(tmp_path, "claude", json.dumps({**CLAUDE_401, "total_cost_usd": 0.5}))
+    assert priced(claude, p).cost_usd == 0.5  # a CLI's own figure wins
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('price_input_per_mtok = "cheap"', "price_input_per_mtok: expected USD per million"),
+        ("price_output_per_mtok = -1", "price_output_per_mtok: expected USD per million"),
+        ("connect_timeout = 0", "connect_timeout: must be more than 0 seconds"),
+        ('connect_timeout = "1h"', "connect_timeout: must be shorter than timeout"),
+    ],
+)
+def test_bad_prices_and_connect_timeouts_are_refused_at_load(tmp_path, line, message):
+    (tmp_path / "reviewq.toml").write_text(
+        f'[reviewers.c]\nkind = "codex"\nmodel = "m"\ntimeout = "30m"\n{line}\n'
+    )
+    with pytest.raises(ConfigError, match=message):
+        load_settings(tmp_path)
+
+
+# --- the control process: no count, no escalation, a pause that says why -------------------
+
+QUEUE = "[queue]\nlaunch_failures_before_pause = 2\nlaunch_backoff_seconds = 1\nmax_attempts = 1\n"
+
+
+def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_the_reason(kb):
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", QUEUE)
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    clock = [datetime.now(UTC)]
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
+    reason = "auth: Invalid API key · Fix external API key"
+    for _ in range(2):
+        assert control.dispatch() == 1
+        msg = sent[-1]
+        control.on_outcome(
+            {
+                "job_id": msg["job_id"],
+                "attempt": msg["attempt"],
+                "classification": "reviewer-failure",
+                "reasons": [reason],
+                "exit_code": 1,
+            }
+        )
+        clock[0] += timedelta(seconds=10)  # past the backoff
+    row = ws.store.conn.execute(
+        "SELECT status, failure_reasons FROM review_jobs WHERE id = ?", (job.review_job_id,)
+    ).fetchone()
+    assert tuple(row) == ("queued", None)  # max_attempts = 1, yet two attempts did not count
+    outcomes = [r[0] for r in ws.store.conn.execute("SELECT outcome FROM attempts")]
+    assert outcomes == ["reviewer-failure", "reviewer-failure"]
+    assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
+    assert control.dispatch() == 0  # paused
+    shown = status(ws.store, ws.settings)["reviewers"]["offline"]
+    assert shown["paused_until"] and shown["paused_reason"] == reason
+    ws.store.close()
+
+
+# --- smaller defects ----------------------------------------------------------------------
+
+
+def test_a_note_created_in_the_kb_during_a_review_counts_as_touched(kb, run_cli):
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    script = (
+        "import os, pathlib; r = os.environ['REVIEWQ_ROOT'];"
+        "pathlib.Path(r, 'kb/notes/planted.md').write_text('x');"
+        "pathlib.Path(os.environ['REVIEWQ_OUTPUT_PATH']).write_text('nothing')"
+    )
+    kb.write(
+        "reviewq.toml",
+        f'[reviewers.cmd]\nkind = "command"\npartition = "p"\n'
+        f"command = {json.dumps([sys.executable, '-c', script])}\n",
+    )
+    sel = run_cli("select", "--all-gates", "--model", "p", "--json")
+    made = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
+    job_id = made.json()["jobs"][0]["review_job_id"]
+    res = run_cli("run-job", str(job_id), "--reviewer", "cmd")
+    assert res.exit_code != 0
+    ws = Workspace.open(kb.root)
+    outcome, reasons = ws.store.conn.execute(
+        "SELECT outcome, reasons FROM attempts WHERE job_id = ?", (job_id,)
+    ).fetchone()
+    ws.close()
+    assert outcome == "reviewer-touched-kb"
+    assert json.loads(reasons) == ["the reviewer changed kb/notes/planted.md"]
+
+
+def test_a_job_queued_in_one_partition_does_not_block_another_partition(kb, run_cli):
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    for model in ("model-a", "model-b"):
+        sel = run_cli("select", "--all-gates", "--model", model, "--json")
+        made = run_cli(
+            "create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout
+        )
+        assert made.exit_code == 0, made.stderr
+        assert len(made.json()["jobs"]) == 1, (model, made.json())
+    # and within one partition, the queued job still holds its pairs
+    sel = run_cli("select", "--all-gates", "--model", "model-a", "--json")
+    again = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
+    assert again.json()["jobs"] == []
