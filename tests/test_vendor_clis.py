@@ -1,0 +1,376 @@
+"""The real vendor CLIs — Claude Code, Codex CLI, Gemini CLI, pinned in tests/vendor — run
+by reviewq against a scripted model (tests/vendor_model.py), through ``run-job`` and
+through a sweep.
+
+Everything runs inside a network namespace the test makes, with only ``lo`` up: the
+model server, reviewq and the CLIs it starts can reach nothing else. The CLIs are
+installed by ``.ci/run`` (``npm ci --prefix tests/vendor``); without them, without root
+or without ``ip``, the tests skip and say why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store import Store
+
+HERE = Path(__file__).parent
+BIN = HERE / "vendor" / "node_modules" / ".bin"
+VENDORS = ("claude", "codex", "gemini")
+REVIEWQ = Path(sys.executable).parent / "reviewq"
+NOTE = "kb/notes/alpha.md"
+DEAD_PORT = 9  # nothing listens there inside the namespace: connection refused
+# Per token, the prices the profiles below give Codex and Gemini (USD per million).
+PRICES = {"in": 1.25, "out": 10.0, "cached": 0.125}
+
+
+def _why_not() -> str | None:
+    missing = [v for v in VENDORS if not (BIN / v).exists()]
+    if missing:
+        return (
+            f"vendor CLIs not installed ({', '.join(missing)}): "
+            "run `npm ci --prefix tests/vendor` (.ci/run does)"
+        )
+    if os.geteuid() != 0:
+        return "the vendor CLI tests need root to make a network namespace"
+    if shutil.which("ip") is None:
+        return "the vendor CLI tests need `ip` (iproute2) to make a network namespace"
+    if shutil.which("node") is None:
+        return "the vendor CLI tests need node"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+# --- the namespace and the model ----------------------------------------------------------
+
+
+class Model:
+    """The scripted model server, listening on loopback inside the namespace."""
+
+    def __init__(self, netns: str, log: Path) -> None:
+        self.netns, self.log = netns, log
+        self.proc = subprocess.Popen(
+            [*_in(netns), sys.executable, str(HERE / "vendor_model.py"), "--log", str(log)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
+        if not line.startswith("ready "):
+            self.stop()
+            raise RuntimeError(f"the model server did not start: {line!r}")
+        self.port = int(line.split()[1])
+
+    def url(self, scenario: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{scenario}"
+
+    def requests(self, scenario: str) -> list[dict]:
+        if not self.log.exists():
+            return []
+        entries = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return [e for e in entries if e["scenario"] == scenario]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _in(netns: str) -> list[str]:
+    return ["ip", "netns", "exec", netns]
+
+
+@pytest.fixture(scope="module")
+def netns():
+    name = f"reviewq-vendor-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        subprocess.run([*_in(name), "ip", "link", "set", "lo", "up"], check=True)
+        yield name
+        left = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        pids = left.stdout.split()
+        for pid in pids:  # fail below, but leave nothing running
+            subprocess.run(["kill", "-9", pid], capture_output=True)
+        assert pids == [], f"processes left in the namespace: {pids}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def model(netns, tmp_path_factory):
+    m = Model(netns, tmp_path_factory.mktemp("model") / "requests.jsonl")
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A HOME of the tests' own: no CLI reads the machine's logins or settings. Shared by
+    the module: Codex spends seconds setting up a fresh one."""
+    h = tmp_path_factory.mktemp("home")
+    (h / ".gemini").mkdir(parents=True)
+    (h / ".gemini" / "settings.json").write_text(
+        json.dumps(
+            {
+                # With GOOGLE_GEMINI_BASE_URL alone Gemini picks its "gateway" auth, which
+                # headless mode refuses; an API key sent to our base URL is what we want.
+                "security": {"auth": {"selectedType": "gemini-api-key"}},
+                "general": {"maxAttempts": 1},  # no 5-30 s backoff between retries
+            }
+        )
+    )
+    (h / "tmp").mkdir()
+    return h
+
+
+# --- the KB and reviewq -------------------------------------------------------------------
+
+
+def profiles(model: Model, scenario: str, **over: str) -> str:
+    """A profile per vendor, each pointed at ``scenario`` of the model (or at a dead port)."""
+    base = model.url(scenario) if scenario != "dead" else f"http://127.0.0.1:{DEAD_PORT}/dead"
+    prices = (
+        f"price_input_per_mtok = {PRICES['in']}\nprice_output_per_mtok = {PRICES['out']}\n"
+        f"price_cached_input_per_mtok = {PRICES['cached']}\n"
+    )
+    provider = (
+        f'{{name = "scripted", base_url = "{base}/v1", wire_api = "responses", '
+        'env_key = "SCRIPTED_API_KEY", request_max_retries = 0, stream_max_retries = 0}'
+    )
+    return f"""
+[queue]
+launch_failures_before_pause = 1
+launch_backoff_seconds = 0.2
+pause_seconds = 600
+lease_seconds = 60
+
+[reviewers.claude]
+kind = "claude"
+executable = "{BIN / "claude"}"
+model = "claude-sonnet-4-5"
+partition = "scripted"
+max_turns = {over.get("max_turns", 8)}
+timeout = "{over.get("timeout", "60s")}"
+env = {{ ANTHROPIC_BASE_URL = "{base}", ANTHROPIC_API_KEY = "sk-ant-scripted", CLAUDE_CODE_MAX_RETRIES = "0", DISABLE_AUTOUPDATER = "1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = "1" }}
+
+[reviewers.codex]
+kind = "codex"
+executable = "{BIN / "codex"}"
+model = "gpt-5.1-codex"
+partition = "scripted"
+timeout = "{over.get("timeout", "60s")}"
+connect_timeout = "{over.get("connect_timeout", "8s")}"
+args = ["-c", 'model_provider="scripted"', "-c", '''model_providers.scripted={provider}''']
+env = {{ SCRIPTED_API_KEY = "sk-scripted" }}
+{prices}
+[reviewers.gemini]
+kind = "gemini"
+executable = "{BIN / "gemini"}"
+model = "gemini-2.5-pro"
+partition = "scripted"
+timeout = "{over.get("timeout", "60s")}"
+env = {{ GOOGLE_GEMINI_BASE_URL = "{base}", GEMINI_API_KEY = "scripted-key" }}
+{prices}"""
+
+
+@pytest.fixture
+def vkb(kb):
+    """One note, one gate: one pair, in a git checkout that ignores the state folder as
+    a real KB does (Gemini's read_file applies that .gitignore)."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="# Alpha\n\nAlpha body.\n")
+    kb.write(".gitignore", ".reviewq/\n")
+    subprocess.run(["git", "init", "-q", str(kb.root)], check=True)
+    return kb
+
+
+def reviewq(
+    netns: str, home: Path, root: Path, *args: str, timeout: float = 120, input: str | None = None
+) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "TMPDIR": str(home / "tmp"),
+        "LANG": "C.UTF-8",
+    }
+    return subprocess.run(
+        [*_in(netns), str(REVIEWQ), "--root", str(root), *args],
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def make_job(netns, home, root) -> int:
+    sel = reviewq(netns, home, root, "select", "--all-gates", "--model", "scripted", "--json")
+    assert sel.returncode == 0, sel.stderr
+    made = reviewq(
+        netns,
+        home,
+        root,
+        "create-jobs",
+        "--input",
+        "-",
+        "--grouping",
+        "note",
+        "--json",
+        input=sel.stdout,
+    )
+    assert made.returncode == 0, made.stderr
+    (job,) = json.loads(made.stdout)["jobs"]
+    return job["review_job_id"]
+
+
+def rows(root: Path, sql: str, *args) -> list[dict]:
+    with Store.open(root / ".reviewq") as s:
+        return [dict(r) for r in s.conn.execute(sql, args)]
+
+
+def _counts(sweep: dict) -> dict[str, int]:
+    return {k: n for k, n in sweep["progress"]["by_status"].items() if n}
+
+
+def kb_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "kb").rglob("*") if p.is_file())
+
+
+# --- reviews ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_run_job_reviews_with_the_real_cli(netns, model, home, vkb, vendor):
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"job {job_id} completed" in res.stdout
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    [a] = rows(vkb.root, "SELECT * FROM attempts WHERE job_id = ?", job_id)
+    assert a["outcome"] == "finalized"
+    # Three model calls (read the prompt, write the output, say done) of 1000 + 100
+    # tokens each, as the server reported them.
+    assert (a["num_turns"], a["input_tokens"], a["output_tokens"]) == (3, 3000, 300)
+    if vendor == "claude":
+        # Claude prices its own tokens: claude-sonnet-4-5 at $3 / $15 per million.
+        assert a["cost_usd"] == pytest.approx(3000 * 3e-6 + 300 * 15e-6)
+    else:
+        assert a["cost_usd"] == pytest.approx((3000 * PRICES["in"] + 300 * PRICES["out"]) / 1e6)
+    calls = [r for r in model.requests("review") if r.get("action")]
+    assert [c["action"] for c in calls][-3:] == ["read", "write", "text"]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_the_real_cli_is_refused_the_kb_dotdot_paths_and_the_shell(netns, model, home, vkb, vendor):
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "hostile"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    # Every forbidden write was refused, so the review itself goes through.
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert kb_files(vkb.root) == before
+    assert not (vkb.state / "jobs" / "escaped.md").exists()
+    last = [r for r in model.requests("hostile") if r.get("action")][-1]
+    refusals = last["results"][:3]  # what the CLI told the model about its three attempts
+    assert len(refusals) == 3, last
+    for text in refusals:
+        assert any(
+            word in text
+            for word in ("denied", "Read-only file system", "not found", "No such tool")
+        ), text
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    res = reviewq(netns, home, vkb.root, "sweep", "--reviewer", vendor, "--all-gates", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert _counts(out) == {"completed": 1}, out
+    decisions = rows(vkb.root, "SELECT decision FROM acceptance")
+    assert [d["decision"] for d in decisions] == ["PASS"]
+
+
+# --- infrastructure failures: never a verdict on the note ---------------------------------
+
+EXPECTED_REASON = {
+    ("claude", "auth"): "auth: Invalid API key",
+    ("codex", "auth"): "auth: unexpected status 401 Unauthorized: Incorrect API key",
+    ("gemini", "auth"): "auth: API key expired. Please renew the API key.",
+    ("claude", "dead"): "unreachable: API Error: Connection refused",
+    ("codex", "dead"): "unreachable: Reconnecting... waiting for network",
+    ("gemini", "dead"): "unreachable: exception TypeError: fetch failed sending request",
+}
+
+
+@pytest.mark.parametrize("scenario", ["auth", "dead"])
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
+    netns, model, home, vkb, vendor, scenario
+):
+    (vkb.root / "reviewq.toml").write_text(profiles(model, scenario, connect_timeout="4s"))
+    start = time.monotonic()
+    res = reviewq(netns, home, vkb.root, "sweep", "--reviewer", vendor, "--all-gates", "--json")
+    took = time.monotonic() - start
+    out = json.loads(res.stdout)
+    assert _counts(out) == {"queued": 1}, out  # the job waits: it did not fail
+    assert out["failed"] == [] and out.get("escalations", []) == []
+    assert rows(vkb.root, "SELECT count(*) AS n FROM escalations")[0]["n"] == 0
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure"
+    reason = EXPECTED_REASON[(vendor, scenario)]
+    assert json.loads(a["reasons"])[0].startswith(reason), a["reasons"]
+    assert reason in res.stderr  # "1 job(s) wait on paused reviewer X (until …: reason)"
+    st = reviewq(netns, home, vkb.root, "status")
+    assert f"reviewer {vendor}: paused until" in st.stdout and reason in st.stdout, st.stdout
+    assert took < 45, f"{vendor} took {took:.0f} s to give up"
+
+
+# --- a runaway agent ----------------------------------------------------------------------
+
+
+API = {"claude": "anthropic", "codex": "responses", "gemini": "gemini"}
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_runaway_agent_ends_and_its_tokens_are_kept(netns, model, home, vkb, vendor):
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "runaway", max_turns="4", timeout="10s", connect_timeout="4s")
+    )
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert res.returncode != 0
+    [a] = rows(vkb.root, "SELECT * FROM attempts WHERE job_id = ?", job_id)
+    calls = len([r for r in model.requests("runaway") if r.get("api") == API[vendor]])
+    if vendor == "gemini":
+        # Gemini's own loop guard ends an agent that keeps reading the same files: it
+        # exits 0 with nothing written, and its JSON counts every call.
+        # (Gemini resends a request now and then and counts it once.)
+        assert a["outcome"] == "no-output", a
+        assert 4 <= a["num_turns"] <= calls and a["input_tokens"] == a["num_turns"] * 1000, a
+    elif vendor == "claude":
+        assert a["outcome"] == "burned-out", a  # --max-turns 4
+        assert a["input_tokens"] == calls * 1000 == 4000, a
+    else:
+        # Codex has no turn limit reviewq can set: killed at the deadline, it keeps the
+        # calls and tokens its session log shows (which may lag the last call by one).
+        assert a["outcome"] == "burned-out", a
+        assert calls - 1 <= a["num_turns"] <= calls, (calls, a)
+        assert (calls - 1) * 1000 <= a["input_tokens"] <= calls * 1000, (calls, a)
+    assert a["cost_usd"] and a["cost_usd"] > 0

@@ -1,0 +1,469 @@
+"""A scripted model on loopback for the real vendor CLIs (tests/test_vendor_clis.py).
+
+It speaks just enough of three wire protocols, streaming, to drive a review:
+the Anthropic Messages API (Claude Code), the OpenAI Responses API (Codex CLI) and the
+Gemini API (Gemini CLI). The first path segment of every request names the scenario, so
+one server serves every test: ``http://127.0.0.1:PORT/<scenario>/...``.
+
+Scenarios (each step answers the conversation as it stands; no state is kept, so a CLI
+that retries a request gets the same answer):
+  review   read the prompt, write a PASS bundle to the output path, say done
+  hostile  first write a new KB note, write through ``..``, run a shell that writes, then review
+  runaway  read the prompt and a note again and again, never write
+  auth     every model request gets a 401 in the vendor's own error shape
+
+Run: ``python tests/vendor_model.py --port 0 --log FILE`` prints ``ready PORT`` once it
+listens. Every request is appended to FILE as one JSON line (path, tool results seen,
+the step answered), so a test can check what the CLI saw and did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# at a line's start, or after the line number Claude's Read puts before each line
+_START = re.compile(r"^(?:\s*\d+\t)?=== PAIR REVIEW START: (.+) ===$", re.M)
+_INSTRUCTION = re.compile(
+    r"Read the file (\S+) and follow its instructions exactly \(relative paths in it are "
+    r"relative to (\S+)\)\. Write your complete answer to (\S+)\."
+)
+USAGE = {"input": 1000, "output": 100, "cached": 0}
+
+
+def bundle(prompt: str) -> str:
+    """A PASS for every pair whose START sentinel the prompt carries."""
+    out = []
+    for pair in dict.fromkeys(_START.findall(prompt)):
+        out.append(
+            f"=== PAIR REVIEW START: {pair} ===\nSummary: scripted review.\nFindings:\n- none\n"
+            f"## Result: PASS\n=== PAIR REVIEW END: {pair} ===\n"
+        )
+    return "\n".join(out)
+
+
+def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict | str]:
+    """The next action: ("read", path) | ("write", (path, text)) | ("shell", cmd) |
+    ("text", words), from the scenario and the tool results the conversation holds."""
+    m = _INSTRUCTION.search(instruction)
+    if not m:
+        return "text", "ok"  # a side request of the CLI (titles, checks): say little
+    prompt_path, root, output = m.groups()
+    steps: list[tuple[str, object]] = []
+    if scenario == "hostile":
+        job = output.rsplit("/", 2)[0]
+        steps += [
+            ("write", (f"{root}/kb/notes/planted.md", "planted by the agent\n")),
+            ("write", (f"{job}/../escaped.md", "escaped through ..\n")),
+            ("shell", f"echo shell-was-here > {root}/kb/notes/shell.md"),
+        ]
+    if scenario == "runaway":
+        # alternate two files: Gemini stops an agent repeating one call 5 times
+        return "read", prompt_path if len(results) % 2 == 0 else f"{root}/kb/notes/alpha.md"
+    steps += [("read", prompt_path), ("write", None), ("text", "done")]
+    if len(results) >= len(steps):
+        return "text", "done"
+    kind, arg = steps[len(results)]
+    if kind == "write" and arg is None:
+        prompt = next((r for r in reversed(results) if "PAIR REVIEW START" in r), "")
+        arg = (output, bundle(prompt))
+    return kind, arg
+
+
+# --- Anthropic Messages -------------------------------------------------------------------
+
+
+def _anthropic_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, dict):
+            if block.get("type") == "text":
+                parts.append(block.get("text", ""))
+            elif block.get("type") == "tool_result":
+                parts.append(_anthropic_text(block.get("content")))
+    return "\n".join(parts)
+
+
+def anthropic_turn(body: dict) -> tuple[str, list[str]]:
+    msgs = body.get("messages") or []
+    instruction = "\n".join(
+        _anthropic_text(m.get("content")) for m in msgs if m.get("role") == "user"
+    )
+    results = []
+    for m in msgs:
+        for block in m.get("content") if isinstance(m.get("content"), list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                results.append(_anthropic_text(block.get("content")))
+    return instruction, results
+
+
+def anthropic_events(kind: str, arg: object, model: str, n: int) -> list[tuple[str, dict]]:
+    usage = {
+        "input_tokens": USAGE["input"],
+        "output_tokens": 1,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    msg = {
+        "id": f"msg_{n}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    evs: list[tuple[str, dict]] = [("message_start", {"type": "message_start", "message": msg})]
+    if kind == "text":
+        block = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": str(arg)}
+        stop = "end_turn"
+    else:
+        name, inp = {
+            "read": ("Read", lambda: {"file_path": arg}),
+            "write": ("Write", lambda: {"file_path": arg[0], "content": arg[1]}),
+            "shell": ("Bash", lambda: {"command": arg}),
+        }[kind]
+        block = {"type": "tool_use", "id": f"toolu_{n}", "name": name, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(inp())}
+        stop = "tool_use"
+    evs += [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        ),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": USAGE["output"]},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return evs
+
+
+def anthropic_message(kind: str, arg: object, model: str, n: int) -> dict:
+    """The same answer as one JSON document (a request without ``stream``)."""
+    evs = dict(anthropic_events(kind, arg, model, n))
+    msg = evs["message_start"]["message"]
+    block = evs["content_block_start"]["content_block"]
+    delta = evs["content_block_delta"]["delta"]
+    if block["type"] == "text":
+        block = {"type": "text", "text": delta["text"]}
+    else:
+        block = {**block, "input": json.loads(delta["partial_json"])}
+    return {
+        **msg,
+        "content": [block],
+        "stop_reason": evs["message_delta"]["delta"]["stop_reason"],
+        "usage": {**msg["usage"], "output_tokens": USAGE["output"]},
+    }
+
+
+# --- OpenAI Responses ---------------------------------------------------------------------
+
+
+def _responses_text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    return (
+        "\n".join(
+            c.get("text", "")
+            for c in content
+            if isinstance(c, dict) and isinstance(c.get("text"), str)
+        )
+        if isinstance(content, list)
+        else ""
+    )
+
+
+def responses_turn(body: dict) -> tuple[str, list[str]]:
+    items = body.get("input") or []
+    instruction = "\n".join(
+        _responses_text(i.get("content"))
+        for i in items
+        if isinstance(i, dict) and i.get("role") == "user"
+    )
+    results = []
+    for i in items:
+        if isinstance(i, dict) and i.get("type") in (
+            "function_call_output",
+            "custom_tool_call_output",
+        ):
+            out = i.get("output")
+            results.append(out if isinstance(out, str) else json.dumps(out))
+    return instruction, results
+
+
+def responses_item(kind: str, arg: object, tools: set[str], n: int) -> dict:
+    if kind == "text":
+        return {
+            "type": "message",
+            "role": "assistant",
+            "id": f"msg_{n}",
+            "content": [{"type": "output_text", "text": str(arg), "annotations": []}],
+        }
+    if kind == "read":
+        cmd = f"cat {arg}"
+    elif kind == "shell":
+        cmd = str(arg)
+    else:
+        path, text = arg  # type: ignore[misc]
+        cmd = f"cat > {path} <<'REVIEWQ_EOF'\n{text}REVIEWQ_EOF\n"
+    if "exec_command" in tools:  # Codex 0.16x: unified exec
+        name, args = "exec_command", {"cmd": cmd, "login": False}
+    else:
+        name, args = "shell", {"command": ["bash", "-c", cmd]}
+    return {
+        "type": "function_call",
+        "id": f"fc_{n}",
+        "call_id": f"call_{n}",
+        "name": name,
+        "arguments": json.dumps(args),
+    }
+
+
+# --- Gemini -------------------------------------------------------------------------------
+
+
+def gemini_turn(body: dict) -> tuple[str, list[str]]:
+    instruction, results = [], []
+    for c in body.get("contents") or []:
+        for p in c.get("parts") or [] if isinstance(c, dict) else []:
+            if not isinstance(p, dict):
+                continue
+            if c.get("role") == "user" and isinstance(p.get("text"), str):
+                instruction.append(p["text"])
+            fr = p.get("functionResponse")
+            if isinstance(fr, dict):
+                results.append(json.dumps(fr.get("response")))
+    # json.dumps escapes the newlines of a file read; undo that for the sentinel search
+    return "\n".join(instruction), [r.replace("\\n", "\n") for r in results]
+
+
+def gemini_part(kind: str, arg: object) -> dict:
+    if kind == "text":
+        return {"text": str(arg)}
+    if kind == "read":
+        return {"functionCall": {"name": "read_file", "args": {"file_path": arg}}}
+    if kind == "shell":
+        return {"functionCall": {"name": "run_shell_command", "args": {"command": arg}}}
+    path, text = arg  # type: ignore[misc]
+    return {"functionCall": {"name": "write_file", "args": {"file_path": path, "content": text}}}
+
+
+def gemini_chunk(part: dict) -> dict:
+    return {
+        "candidates": [
+            {"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}
+        ],
+        "usageMetadata": {
+            "promptTokenCount": USAGE["input"],
+            "candidatesTokenCount": USAGE["output"],
+            "totalTokenCount": USAGE["input"] + USAGE["output"],
+        },
+        "modelVersion": "scripted",
+    }
+
+
+# --- the server ---------------------------------------------------------------------------
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    log_path = ""
+    dump_dir = ""  # when set, every request body is saved there (for debugging a CLI)
+    dumped = [0]
+    lock = threading.Lock()
+    counter = [0]
+
+    def log_message(self, *args: object) -> None:  # quiet: the JSON log says it all
+        pass
+
+    def _record(self, **entry: object) -> int:
+        with self.lock:
+            self.counter[0] += 1
+            entry["n"] = self.counter[0]
+            if self.log_path:
+                with open(self.log_path, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+            return self.counter[0]
+
+    def _send(self, status: int, body: dict | list, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _sse(self, events: list[tuple[str | None, dict]]) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.end_headers()
+        for name, data in events:
+            head = f"event: {name}\n" if name else ""
+            self.wfile.write(f"{head}data: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
+        self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        scenario, _, rest = self.path.lstrip("/").partition("/")
+        self._record(method="GET", scenario=scenario, path="/" + rest)
+        if rest.split("?")[0].endswith("models"):
+            self._send(200, {"data": [], "models": [], "object": "list"})
+        else:
+            self._send(404, {"error": {"message": "not found"}})
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {}
+        scenario, _, rest = self.path.lstrip("/").partition("/")
+        path = "/" + rest.split("?")[0]
+        if self.dump_dir:
+            with self.lock:
+                self.dumped[0] += 1
+                with open(f"{self.dump_dir}/{self.dumped[0]:03d}.json", "wb") as f:
+                    f.write(raw)
+        if path.endswith("/messages"):
+            api = "anthropic"
+            instruction, results = anthropic_turn(body)
+        elif path.endswith("/responses"):
+            api = "responses"
+            instruction, results = responses_turn(body)
+        elif ":streamGenerateContent" in path or ":generateContent" in path:
+            api = "gemini"
+            instruction, results = gemini_turn(body)
+        elif path.endswith(":countTokens") or path.endswith("/count_tokens"):
+            self._record(method="POST", scenario=scenario, path=path, api="count")
+            self._send(200, {"totalTokens": 10, "input_tokens": 10})
+            return
+        else:
+            self._record(method="POST", scenario=scenario, path=path, api="unknown")
+            self._send(404, {"error": {"message": f"no route {path}"}})
+            return
+        if scenario == "auth":
+            self._record(method="POST", scenario=scenario, path=path, api=api, status=401)
+            self._auth_error(api)
+            return
+        kind, arg = plan(scenario, instruction, results)
+        n = self._record(
+            method="POST",
+            scenario=scenario,
+            path=path,
+            api=api,
+            step=len(results),
+            action=kind,
+            arg=arg if kind != "write" else arg[0],  # type: ignore[index]
+            results=[r[:300] for r in results],
+            tools=sorted(self._tools(api, body)),
+        )
+        if api == "anthropic":
+            model = body.get("model", "scripted")
+            if body.get("stream"):
+                self._sse(anthropic_events(kind, arg, model, n))
+            else:
+                self._send(200, anthropic_message(kind, arg, model, n))
+        elif api == "responses":
+            item = responses_item(kind, arg, self._tools(api, body), n)
+            rid = f"resp_{n}"
+            usage = {
+                "input_tokens": USAGE["input"],
+                "input_tokens_details": {"cached_tokens": USAGE["cached"]},
+                "output_tokens": USAGE["output"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": USAGE["input"] + USAGE["output"],
+            }
+            self._sse(
+                [
+                    ("response.created", {"type": "response.created", "response": {"id": rid}}),
+                    (
+                        "response.output_item.done",
+                        {"type": "response.output_item.done", "output_index": 0, "item": item},
+                    ),
+                    (
+                        "response.completed",
+                        {"type": "response.completed", "response": {"id": rid, "usage": usage}},
+                    ),
+                ]
+            )
+        else:
+            chunk = gemini_chunk(gemini_part(kind, arg))
+            if ":streamGenerateContent" in path:
+                self._sse([(None, chunk)])
+            else:
+                self._send(200, chunk)
+
+    @staticmethod
+    def _tools(api: str, body: dict) -> set[str]:
+        names = set()
+        for t in body.get("tools") or []:
+            if not isinstance(t, dict):
+                continue
+            if api == "gemini":
+                names |= {d.get("name") for d in t.get("functionDeclarations") or []}
+            else:
+                names.add(t.get("name"))
+        return {n for n in names if isinstance(n, str)}
+
+    def _auth_error(self, api: str) -> None:
+        if api == "anthropic":
+            body = {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+            }
+        elif api == "responses":
+            body = {
+                "error": {
+                    "message": "Incorrect API key provided: sk-expired.",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            }
+        else:
+            body = {
+                "error": {
+                    "code": 401,
+                    "message": "API key expired. Please renew the API key.",
+                    "status": "UNAUTHENTICATED",
+                }
+            }
+        self._send(401, body)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--log", default="")
+    ap.add_argument("--dump", default="")
+    a = ap.parse_args()
+    Handler.log_path = a.log
+    Handler.dump_dir = a.dump
+    server = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    server.daemon_threads = True
+    print(f"ready {server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
