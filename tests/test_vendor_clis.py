@@ -171,7 +171,7 @@ env = {{ ANTHROPIC_BASE_URL = "{base}", ANTHROPIC_API_KEY = "sk-ant-scripted", C
 [reviewers.codex]
 kind = "codex"
 executable = "{BIN / "codex"}"
-model = "gpt-5.1-codex"
+model = "scripted-codex"
 partition = "scripted"
 timeout = "{over.get("timeout", "60s")}"
 connect_timeout = "{over.get("connect_timeout", "8s")}"
