@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import Store
+from orchestrator.state.store import Store
 
 HERE = Path(__file__).parent
 BIN = HERE / "vendor" / "node_modules" / ".bin"
@@ -175,7 +175,7 @@ model = "scripted-codex"
 partition = "scripted"
 timeout = "{over.get("timeout", "60s")}"
 connect_timeout = "{over.get("connect_timeout", "8s")}"
-args = ["-c", 'model_provider="scripted"', "-c", '''model_providers.scripted={provider}''']
+args = ["-c", 'model_provider="scripted"', "-c", '''model_providers.scripted={provider}''', "-c", "analytics.enabled=false", "-c", 'otel.metrics_exporter="none"']
 env = {{ SCRIPTED_API_KEY = "sk-scripted" }}
 {prices}
 [reviewers.gemini]
@@ -324,7 +324,7 @@ EXPECTED_REASON = {
 def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     netns, model, home, vkb, vendor, scenario
 ):
-    (vkb.root / "reviewq.toml").write_text(profiles(model, scenario, connect_timeout="4s"))
+    (vkb.root / "reviewq.toml").write_text(profiles(model, scenario, connect_timeout="2s"))
     start = time.monotonic()
     res = reviewq(netns, home, vkb.root, "sweep", "--reviewer", vendor, "--all-gates", "--json")
     took = time.monotonic() - start
@@ -339,6 +339,9 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     assert reason in res.stderr  # "1 job(s) wait on paused reviewer X (until …: reason)"
     st = reviewq(netns, home, vkb.root, "status")
     assert f"reviewer {vendor}: paused until" in st.stdout and reason in st.stdout, st.stdout
+    logged = reviewq(netns, home, vkb.root, "logs", "--event", "reviewer.paused", "--json")
+    [event] = [json.loads(line) for line in logged.stdout.splitlines()]
+    assert event["reviewer"] == vendor and event["reason"].startswith(reason), event
     assert took < 45, f"{vendor} took {took:.0f} s to give up"
 
 

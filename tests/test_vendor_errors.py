@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, ReviewerProfile, load_settings
-from orchestrator.control import Control
-from orchestrator.followup import FollowUp
-from orchestrator.status import status
-from orchestrator.sweeps import SweepRequest, enqueue
-from orchestrator.workspace import Workspace
+from orchestrator.control.control import Control
+from orchestrator.control.followup import FollowUp
+from orchestrator.state.status import status
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
 from workers.attempt import REVIEWER_FAILURE, run_attempt
 from workers.reviewers import AttemptSpec, Command, for_profile
 
