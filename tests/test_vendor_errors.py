@@ -156,6 +156,21 @@ def test_each_cli_s_own_error_names_a_reviewer_failure(
     assert t.error.startswith(error) and len(t.error) <= 300
 
 
+def test_a_gemini_policy_the_engine_drops_is_the_profile_s_failure(tmp_path):
+    # What Gemini 0.61 printed for the policy reviewq wrote before: no write_file, so no
+    # job could ever produce output.
+    stderr = (
+        "[USER] Policy file error in gemini-policy.toml:\n"
+        "  Unsafe regex pattern (potential ReDoS)\n"
+        'Pattern: "file_path":"\\/job/(?:(?!\\.\\.)[^"\\\\])*"\n'
+    )
+    t = _telemetry(tmp_path, "gemini", '{"session_id": "s", "response": "done"}', stderr)
+    assert t.failure == "config"
+    assert t.error == (
+        "Policy file error in gemini-policy.toml: Unsafe regex pattern (potential ReDoS)"
+    )
+
+
 def test_limits_and_job_errors_are_no_reviewer_failure(tmp_path):
     assert _telemetry(tmp_path, "claude", json.dumps(CLAUDE_MAX_TURNS)).failure is None
     too_long = {**CLAUDE_401, "api_error_status": 400, "result": "prompt is too long"}

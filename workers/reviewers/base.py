@@ -17,9 +17,10 @@ What it returns:
   stdout (vendor CLIs print JSON) or from ``REVIEWQ_TELEMETRY_PATH``. When the CLI reports
   an error in its own structured form, ``error`` holds its message (one bounded line) and,
   if that error means no model answered — a rejected key, a rate limit, a spent quota, an
-  endpoint out of reach — ``failure`` names the kind (``vendor.failure_kind``). Such an
-  attempt is the reviewer's failure, never a verdict on the job: it does not count, the
-  job waits and the profile pauses as after a launch failure.
+  endpoint out of reach — ``failure`` names the kind (``vendor.failure_kind``; ``config``
+  when the CLI refused the set-up reviewq gave it). Such an attempt is the reviewer's
+  failure, never a verdict on the job: it does not count, the job waits and the profile
+  pauses as after a launch failure.
 - :meth:`Reviewer.unreachable` → while the process runs, past the profile's
   ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
   endpoint (it is then ended), else None.
@@ -104,7 +105,7 @@ class Telemetry:
     error_subtype: str | None = None
     cached_input_tokens: int | None = None  # of input_tokens, read from a prompt cache
     error: str | None = None  # the CLI's own error message, one bounded line
-    failure: str | None = None  # set when that error means no model answered
+    failure: str | None = None  # set when that error is the reviewer's, not the job's
     raw: dict | None = None
 
     def to_json(self) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
 from .vendor import (
@@ -97,6 +98,15 @@ class GeminiReviewer(Reviewer):
         return Command(argv=argv, env=env, cwd=spec.job_dir)
 
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
+        t = self._telemetry(spec)
+        dropped = _policy_error(spec.stderr_path)
+        if dropped:
+            # A rule the engine refused leaves the agent without write_file: every job
+            # would end with no output. That is this profile's fault, not the job's.
+            t.error, t.failure = dropped, "config"
+        return t
+
+    def _telemetry(self, spec: AttemptSpec) -> Telemetry:
         docs = [
             o for o in json_objects(spec.stdout_path) if {"stats", "response", "error"} & set(o)
         ]
@@ -137,3 +147,18 @@ class GeminiReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "gemini"]
+
+
+def _policy_error(stderr: Path) -> str | None:
+    """Gemini's complaint about reviewq's policy file, e.g. "Policy file error in
+    gemini-policy.toml: Unsafe regex pattern (potential ReDoS)"."""
+    try:
+        with stderr.open("rb") as f:
+            lines = f.read(256 * 1024).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for i, line in enumerate(lines):
+        if "Policy file error in gemini-policy.toml" in line:
+            detail = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return bounded(f"{line.strip()} {detail}".replace("[USER] ", ""))
+    return None
