@@ -97,9 +97,8 @@ _KINDS = (
 
 def failure_kind(message: str, status: int | None = None) -> str | None:
     """``auth``, ``quota``, ``rate-limit``, ``unreachable``, ``server`` or ``not-found``
-    when an error says
-    the model was never (or no longer) reachable; None for anything that may be the job's
-    doing (a prompt too long, a refusal) or that nobody recognises."""
+    when an error says the model was never (or no longer) reachable; None for anything
+    that may be the job's doing (a prompt too long, a refusal) or that nobody recognises."""
     if status is None:
         m = _STATUS.search(message)
         status = int(m.group(1)) if m else None
