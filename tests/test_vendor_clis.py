@@ -286,6 +286,10 @@ def test_the_real_cli_is_refused_the_kb_dotdot_paths_and_the_shell(netns, model,
     assert res.returncode == 0, res.stdout + res.stderr
     assert kb_files(vkb.root) == before
     assert not (vkb.state / "jobs" / "escaped.md").exists()
+    # Six model calls: three refused writes, read, write, done. Codex's --json shows no
+    # refused command; its session log does.
+    [a] = rows(vkb.root, "SELECT num_turns, input_tokens FROM attempts WHERE job_id = ?", job_id)
+    assert (a["num_turns"], a["input_tokens"]) == (6, 6000), a
     last = [r for r in model.requests("hostile") if r.get("action")][-1]
     refusals = last["results"][:3]  # what the CLI told the model about its three attempts
     assert len(refusals) == 3, last
