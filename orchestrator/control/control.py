@@ -311,7 +311,10 @@ class Control:
         elif cls in ("launch-failure", "reviewer-failure"):
             # Neither says anything of the job: the agent never started, or no model
             # answered it (a rejected key, a quota, an endpoint out of reach).
-            self._launch_failed(job, profile, o.get("reasons") or [])
+            event = (
+                "attempt.launch_failed" if cls == "launch-failure" else "attempt.reviewer_failed"
+            )
+            self._launch_failed(job, profile, o.get("reasons") or [], event)
         elif cls == "burned-out" and self._pair_count(job_id) > 1:
             self._reset_launch_failures(job["reviewer"])
             new = split_job(self.store, self.ws.state_dir, self.ws.root, job_id)
@@ -388,7 +391,13 @@ class Control:
             reasons=reasons[:10],
         )
 
-    def _launch_failed(self, job, profile: ReviewerProfile | None, reasons: list[str]) -> None:
+    def _launch_failed(
+        self,
+        job,
+        profile: ReviewerProfile | None,
+        reasons: list[str],
+        event: str = "attempt.launch_failed",
+    ) -> None:
         q = self.settings.queue
         n = job["launch_failures"] + 1
         delay = min(300.0, q.launch_backoff_seconds * 2 ** (n - 1))
@@ -416,7 +425,7 @@ class Control:
                     (paused_until, reason, name),
                 )
         self.log.warning(
-            "attempt.launch_failed",
+            event,
             job_id=job["id"],
             reviewer=name,
             retry_in_s=delay,
