@@ -196,7 +196,29 @@ def vkb(kb):
     kb.note("alpha", body="# Alpha\n\nAlpha body.\n")
     kb.write(".gitignore", ".reviewq/\n")
     subprocess.run(["git", "init", "-q", str(kb.root)], check=True)
-    return kb
+    yield kb
+    # Nothing an agent started may outlive the test, wherever it went (Codex's sandbox
+    # runs in namespaces and a process group of its own): every one carries REVIEWQ_ROOT.
+    left = leftovers(kb.root)
+    for pid in left:
+        subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+    assert left == [], f"processes of the test still running: {left}"
+
+
+def leftovers(root: Path) -> list[int]:
+    mark = f"REVIEWQ_ROOT={root}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
 
 
 def reviewq(

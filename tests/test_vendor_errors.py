@@ -9,6 +9,9 @@ acts on the outcome, and the smaller defects of issue 12 each have a test.
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +26,8 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 from workers.attempt import REVIEWER_FAILURE, run_attempt
 from workers.reviewers import AttemptSpec, Command, for_profile
+
+from .conftest import process_gone
 
 CLAUDE_401 = {
     "type": "result",
@@ -223,6 +228,34 @@ def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
     assert out.classification == "reviewer-failure"
     assert out.duration_s < 10
     assert out.reasons[0].startswith("unreachable: Reconnecting... waiting for network")
+
+
+def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path):
+    # Codex 0.169 runs its sandbox (bwrap) in its own process group: killing the agent's
+    # group at the deadline left it running, outside any namespace reviewq made.
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " process_group=0);"
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid));"
+        "time.sleep(120)"
+    )
+    out = _run(tmp_path, script, timeout=2)
+    assert out.classification == "burned-out"
+    child = int(pidfile.read_text())
+    try:
+        fd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return  # gone and reaped
+    try:
+        ready, _, _ = select.select([fd], [], [], 10)  # readable once the process exits
+        gone = bool(ready) or process_gone(child)
+    finally:
+        if not process_gone(child):
+            os.kill(child, signal.SIGKILL)  # leave nothing behind, even when failing
+        os.close(fd)
+    assert gone, f"pid {child} outlived the agent"
 
 
 # --- Codex: every model call, and the tokens of a killed run ------------------------------

@@ -172,11 +172,35 @@ def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
 
 
 def reap_group(proc: subprocess.Popen) -> None:
-    """Leave no process of the agent's group behind (children that outlived it)."""
+    """Leave no process of the agent's group behind (children that outlived it), nor of
+    its session: Codex starts its sandbox (bwrap) in a process group of its own, which
+    a group kill misses and which outlives Codex."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.wait(timeout=5)
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes whose session is ``sid`` (Linux /proc; elsewhere none). The
+    kernel does not hand out a pid still in use as a session id, so none is a stranger."""
+    out = []
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return out
+    for name in entries:
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after the command: state, ppid, pgrp, session
+        if len(fields) > 3 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
 
 
 def run_attempt(
@@ -377,6 +401,9 @@ def reap_orphans(state_dir: Path, mine: bool = False) -> list[int]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(entry["pgid"], signal.SIGKILL)
                 killed.append(entry["pgid"])
+            for pid in session_members(entry["pgid"]):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
     return killed
 
