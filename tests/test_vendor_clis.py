@@ -44,8 +44,8 @@ def _why_not() -> str | None:
         return "the vendor CLI tests need root to make a network namespace"
     if shutil.which("ip") is None:
         return "the vendor CLI tests need `ip` (iproute2) to make a network namespace"
-    if shutil.which("node") is None:
-        return "the vendor CLI tests need node"
+    if shutil.which("node") is None or shutil.which("git") is None:
+        return "the vendor CLI tests need node and git"
     return None
 
 
@@ -148,6 +148,8 @@ def profiles(model: Model, scenario: str, **over: str) -> str:
         f"price_input_per_mtok = {PRICES['in']}\nprice_output_per_mtok = {PRICES['out']}\n"
         f"price_cached_input_per_mtok = {PRICES['cached']}\n"
     )
+    # Codex: a model outside 0.169's catalog gets the classic tools (exec_command) the
+    # scripted model speaks; catalog models (gpt-6.1-sol…) get "code mode", which it does not.
     provider = (
         f'{{name = "scripted", base_url = "{base}/v1", wire_api = "responses", '
         'env_key = "SCRIPTED_API_KEY", request_max_retries = 0, stream_max_retries = 0}'
