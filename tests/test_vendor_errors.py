@@ -385,7 +385,8 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
     assert control.dispatch() == 0  # paused
     shown = status(ws.store, ws.settings)["reviewers"]["offline"]
-    assert shown["paused_until"] and shown["paused_reason"] == reason
+    assert shown["paused_until"]
+    assert shown["paused_reason"] == f"its CLI reported a failure that is not the job's: {reason}"
     ws.store.close()
 
 

@@ -416,7 +416,12 @@ class Control:
                 (name, utcnow()),
             ).fetchone()[0]
             paused_until = None
-            reason = "; ".join(reasons) or "launch failures"
+            what = (
+                "its agent failed to start"
+                if event == "attempt.launch_failed"
+                else "its CLI reported a failure that is not the job's"
+            )
+            reason = f"{what}: {'; '.join(reasons)}" if reasons else what
             if count >= q.launch_failures_before_pause:
                 paused_until = _ts(self.now() + timedelta(seconds=q.pause_seconds))
                 self.store.conn.execute(

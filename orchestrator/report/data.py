@@ -111,10 +111,15 @@ def _needs_you(
         f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
     paused = _rows(
         store,
-        "SELECT name AS reviewer, paused_until FROM reviewer_state WHERE paused_until > ? ORDER BY name",
+        "SELECT name AS reviewer, paused_until, paused_reason FROM reviewer_state "
+        "WHERE paused_until > ? ORDER BY name",
         (now,),
     )
     for p in paused:
+        reason = p.pop("paused_reason")
+        if reason:  # the CLI's own words: a key, a quota, an endpoint, a missing program
+            p["why"] = reason
+            continue
         last = store.conn.execute(
             "SELECT a.reasons FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
             "AND a.reasons IS NOT NULL AND a.reasons != '[]' ORDER BY a.id DESC LIMIT 1",
