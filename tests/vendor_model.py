@@ -14,7 +14,8 @@ that retries a request gets the same answer):
 
 Run: ``python tests/vendor_model.py --port 0 --log FILE`` prints ``ready PORT`` once it
 listens. Every request is appended to FILE as one JSON line (path, tool results seen,
-the step answered), so a test can check what the CLI saw and did.
+the step answered), so a test can check what the CLI saw and did. ``--dump DIR`` also
+saves every request body there, to see what a new CLI version sends.
 """
 
 from __future__ import annotations
