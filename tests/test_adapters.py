@@ -151,7 +151,7 @@ def test_claude_flags(kb2, run_cli, tmp_path):
     job_dir = next(kb2.state.rglob("MANIFEST.json")).parent.resolve()
     root = kb2.root.resolve()
     assert argv[0] == "-p" and "prompt.md" in argv[1]  # the instruction, not the prompt
-    assert flag(argv, "--output-format") == "json"
+    assert flag(argv, "--output-format") == "stream-json" and "--verbose" in argv
     assert flag(argv, "--model") == "claude-sonnet-4-5"
     assert flag(argv, "--max-turns") == "7"
     assert flag(argv, "--permission-mode") == "dontAsk"

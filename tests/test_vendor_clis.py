@@ -154,6 +154,11 @@ def profiles(model: Model, scenario: str, **over: str) -> str:
         f'{{name = "scripted", base_url = "{base}/v1", wire_api = "responses", '
         'env_key = "SCRIPTED_API_KEY", request_max_retries = 0, stream_max_retries = 0}'
     )
+    # Claude retries a failing API ten times, minutes in all; most tests want its verdict
+    # at once, one wants to see connect_timeout cut the retries short.
+    claude_retries = (
+        "" if over.get("claude_retries") == "default" else 'CLAUDE_CODE_MAX_RETRIES = "0", '
+    )
     return f"""
 [queue]
 launch_failures_before_pause = 1
@@ -168,7 +173,8 @@ model = "claude-sonnet-4-5"
 partition = "scripted"
 max_turns = {over.get("max_turns", 8)}
 timeout = "{over.get("timeout", "60s")}"
-env = {{ ANTHROPIC_BASE_URL = "{base}", ANTHROPIC_API_KEY = "sk-ant-scripted", CLAUDE_CODE_MAX_RETRIES = "0", DISABLE_AUTOUPDATER = "1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = "1" }}
+connect_timeout = "{over.get("connect_timeout", "8s")}"
+env = {{ ANTHROPIC_BASE_URL = "{base}", ANTHROPIC_API_KEY = "sk-ant-scripted", {claude_retries}DISABLE_AUTOUPDATER = "1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = "1" }}
 
 [reviewers.codex]
 kind = "codex"
@@ -374,6 +380,27 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     [paused] = report["needs_you"]["paused_reviewers"]
     assert paused["reviewer"] == vendor and reason in paused["why"], paused
     assert took < 45, f"{vendor} took {took:.0f} s to give up"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "kind", "detail"),
+    [("auth", "auth", "status 401, authentication_failed"), ("dead", "unreachable", "no response")],
+)
+def test_connect_timeout_cuts_claude_s_retries_short(
+    netns, model, home, vkb, scenario, kind, detail
+):
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, scenario, claude_retries="default", connect_timeout="3s")
+    )
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
+    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
+    assert a["outcome"] == "reviewer-failure"
+    # The first retries come after 0.5 s, 1 s, 2 s: by 3 s Claude has said which it is.
+    (said,) = json.loads(a["reasons"])
+    assert said.startswith(f"{kind}: API retry ") and detail in said, said
+    assert a["duration_s"] < 10, a
 
 
 # --- a runaway agent ----------------------------------------------------------------------

@@ -258,6 +258,79 @@ def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path
     assert gone, f"pid {child} outlived the agent"
 
 
+CLAUDE_INIT = {"type": "system", "subtype": "init", "session_id": "bb262194-d4b9"}
+
+
+def _claude_retry(n: int, status: int | None, error: str) -> dict:
+    # Claude Code 2.1.328, stream-json: what it prints while retrying a failing API.
+    return {
+        "type": "system",
+        "subtype": "api_retry",
+        "attempt": n,
+        "max_retries": 10,
+        "retry_delay_ms": 500 * n,
+        "error_status": status,
+        "error": error,
+        "session_id": "bb262194-d4b9",
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "reason"),
+    [
+        (401, "authentication_failed", "auth: API retry 2/10: status 401, authentication_failed"),
+        (None, "unknown", "unreachable: API retry 2/10: no response, unknown"),
+    ],
+)
+def test_connect_timeout_ends_claude_retrying_a_key_or_an_endpoint(tmp_path, status, error, reason):
+    # Claude retries a 401 or a dead endpoint ten times, minutes in all, before it exits.
+    lines = _lines([CLAUDE_INIT, _claude_retry(1, status, error), _claude_retry(2, status, error)])
+    lines = lines.replace("\n", "\\n")
+    script = f"import sys, time; sys.stdout.write('{lines}'); sys.stdout.flush(); time.sleep(60)"
+    out = _run(tmp_path, script, kind="claude", timeout=30, connect_timeout=0.5)
+    assert out.classification == "reviewer-failure"
+    assert out.duration_s < 10
+    assert out.reasons == [reason]
+
+
+def test_a_claude_retry_between_answers_is_left_alone(tmp_path):
+    answered = {
+        "type": "assistant",
+        "message": {"id": "msg_1", "usage": {"input_tokens": 1000, "output_tokens": 1}},
+    }
+    lines = _lines([CLAUDE_INIT, answered, _claude_retry(1, 529, "overloaded")])
+    lines = lines.replace("\n", "\\n")
+    script = f"import sys, time; sys.stdout.write('{lines}'); sys.stdout.flush(); time.sleep(2)"
+    out = _run(tmp_path, script, kind="claude", timeout=30, connect_timeout=0.3)
+    assert out.duration_s >= 1.5  # not ended at connect_timeout
+    # It then exited with no result, still retrying: the model stopped answering.
+    assert out.classification == "reviewer-failure"
+    assert out.reasons == ["server: API retry 1/10: status 529, overloaded"]
+
+
+def test_a_killed_claude_run_keeps_the_calls_its_events_show(tmp_path):
+    events = [CLAUDE_INIT]
+    for i in range(3):  # a call's usage may come with each of its content blocks
+        for _ in range(2):
+            events.append(
+                {
+                    "type": "assistant",
+                    "message": {
+                        "id": f"msg_{i}",
+                        "usage": {
+                            "input_tokens": 100,
+                            "cache_read_input_tokens": 900,
+                            "output_tokens": 1,
+                        },
+                    },
+                }
+            )
+        events.append({"type": "user", "message": {"content": [{"type": "tool_result"}]}})
+    t = _telemetry(tmp_path, "claude", _lines(events))
+    assert (t.num_turns, t.input_tokens, t.cached_input_tokens) == (3, 3000, 2700)
+    assert t.session_id == "bb262194-d4b9" and t.failure is None
+
+
 # --- Codex: every model call, and the tokens of a killed run ------------------------------
 
 

@@ -28,7 +28,7 @@ from orchestrator.review.finalize import read_output
 
 from .reviewers import AttemptSpec, Reviewer
 from .reviewers.base import priced
-from .reviewers.vendor import bounded
+from .reviewers.vendor import bounded, failure_kind
 
 OUTPUT = "output"
 BURNED_OUT = "burned-out"
@@ -259,7 +259,8 @@ def run_attempt(
     out.exit_code = proc.returncode
     telemetry = priced(reviewer.telemetry(spec), reviewer.profile)
     if unreachable:
-        telemetry.error, telemetry.failure = unreachable, "unreachable"
+        telemetry.error = unreachable
+        telemetry.failure = failure_kind(unreachable) or "unreachable"
     out.telemetry = telemetry.to_json()
     out.output = read_output(spec.output_path, max_output_bytes)
     after = file_hashes(spec.root, guarded)

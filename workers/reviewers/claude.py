@@ -1,4 +1,10 @@
-"""The ``claude`` kind: Claude Code in headless (print) mode (SPEC §8)."""
+"""The ``claude`` kind: Claude Code in headless (print) mode (SPEC §8).
+
+Output is ``stream-json``: one event per line while the run goes on, the same ``result``
+object as ``--output-format json`` at its end. The live events are what let a run be
+judged before it ends (Claude retries a rejected key or a dead endpoint for minutes,
+saying so in ``api_retry`` events) and what a run killed at its deadline leaves behind.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ class ClaudeReviewer(Reviewer):
             "-p",  # the prompt right after -p: the variadic flags below cannot swallow it
             instruction(spec),
             "--output-format",
-            "json",
+            "stream-json",
+            "--verbose",  # stream-json in print mode requires it
             "--model",
             self.profile.model,
             "--max-turns",
@@ -42,11 +49,10 @@ class ClaudeReviewer(Reviewer):
         return Command(argv=argv, env=dict(self.profile.env), cwd=spec.root)
 
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
-        results = [o for o in json_objects(spec.stdout_path) if o.get("type") == "result"]
+        events = list(json_objects(spec.stdout_path))
+        results = [o for o in events if o.get("type") == "result"]
         if not results:
-            t = telemetry_from_file(spec.telemetry_path)
-            t.error = last_line(spec.stderr_path)
-            return t
+            return self._unfinished(spec, events)
         r = results[-1]
         usage = r.get("usage") if isinstance(r.get("usage"), dict) else {}
         subtype = r.get("subtype") if isinstance(r.get("subtype"), str) else None
@@ -73,5 +79,56 @@ class ClaudeReviewer(Reviewer):
                 t.failure = failure_kind(r["result"], status)
         return t
 
+    def _unfinished(self, spec: AttemptSpec, events: list[dict]) -> Telemetry:
+        """A run with no result (killed, or crashed): the model calls its events show.
+        Each call's usage is as streamed at its start, so output tokens fall short."""
+        usage: dict[str, dict] = {}
+        for ev in events:
+            msg = ev.get("message") if ev.get("type") == "assistant" else None
+            if isinstance(msg, dict) and isinstance(msg.get("usage"), dict):
+                usage[str(msg.get("id"))] = msg["usage"]  # one call may span several events
+        if not usage:
+            t = telemetry_from_file(spec.telemetry_path)
+        else:
+            t = Telemetry(num_turns=len(usage))
+            reads = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+            for u in usage.values():
+                add_counts(t, "input_tokens", *(u.get(k) for k in reads))
+                add_counts(t, "output_tokens", u.get("output_tokens"))
+                add_counts(t, "cached_input_tokens", u.get("cache_read_input_tokens"))
+        for ev in events:
+            if ev.get("type") == "system" and isinstance(ev.get("session_id"), str):
+                t.session_id = ev["session_id"]
+                break
+        retry = _retrying(events)
+        if retry:
+            t.error, t.failure = retry, failure_kind(retry) or "unreachable"
+        else:
+            t.error = last_line(spec.stderr_path)
+        return t
+
+    def unreachable(self, spec: AttemptSpec) -> str | None:
+        # Only a run that never got an answer: a retry between answers may pass.
+        events = list(json_objects(spec.stdout_path))
+        if any(ev.get("type") == "assistant" for ev in events):
+            return None
+        return _retrying(events)
+
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
+
+
+def _retrying(events: list[dict]) -> str | None:
+    """Claude's own account of an API it keeps retrying, when that is the last thing it
+    said: "API retry 4/10: status 401, authentication_failed"; None otherwise."""
+    for ev in reversed(events):
+        if ev.get("type") == "system" and ev.get("subtype") == "api_retry":
+            status = _num(ev.get("error_status"), int)
+            return bounded(
+                f"API retry {ev.get('attempt')}/{ev.get('max_retries')}: "
+                + (f"status {status}, " if status is not None else "no response, ")
+                + str(ev.get("error") or "unknown error")
+            )
+        if ev.get("type") in ("assistant", "user", "result"):
+            return None  # it reached the model since
+    return None
