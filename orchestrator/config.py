@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -136,26 +136,61 @@ OFFLINE = ReviewerProfile(
 )
 
 
-def _strs(value: object, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    raise ConfigError(f"{where}: expected a string or a list of strings")
+class _Table:
+    """One table of reviewq.toml: its unknown keys refused and its values read with their
+    types checked, every error naming the table and the key."""
 
+    def __init__(self, value: object, where: str, keys: set[str]) -> None:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table")
+        self.data = value
+        self.where = where
+        extra = sorted(set(value) - keys)
+        if extra:
+            known = ", ".join(sorted(keys))
+            raise ConfigError(f"{self._at(extra[0])}: unknown key (known: {known})")
 
-def _int(value: object, where: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: expected a whole number ≥ {minimum}")
-    return value
+    def _at(self, key: str) -> str:
+        return f"{self.where} {key}".lstrip()
 
+    def string(self, key: str, default: str = "") -> str:
+        value = self.data.get(key, default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self._at(key)}: expected a string")
+        return value
 
-def _known(table: dict, allowed: set[str], where: str) -> None:
-    extra = sorted(set(table) - allowed)
-    if extra:
-        raise ConfigError(f"{where}: unknown key {extra[0]!r}")
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self._at(key)}: expected true or false")
+        return value
+
+    def count(self, key: str, default: int, minimum: int = 1) -> int:
+        value = self.data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{self._at(key)}: expected a whole number ≥ {minimum}")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{self._at(key)}: expected a string or a list of strings")
+
+    def duration(self, key: str, default: float) -> float:
+        return parse_duration(self.data.get(key, default), self._at(key))
+
+    def string_table(self, key: str) -> dict[str, str]:
+        value = self.data.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f"{self._at(key)}: expected a table of strings")
+        return dict(value)
 
 
 _PRICES = ("price_input_per_mtok", "price_output_per_mtok", "price_cached_input_per_mtok")
@@ -169,140 +204,133 @@ def _price(value: object, where: str) -> float | None:
     return float(value)
 
 
-def _reviewer(name: str, t: dict) -> ReviewerProfile:
+_REVIEWER_KEYS = {
+    "kind",
+    "model",
+    "partition",
+    "max_turns",
+    "timeout",
+    "concurrency",
+    "args",
+    "env",
+    "command",
+    "executable",
+    "base_url",
+    "api_key_env",
+    "connect_timeout",
+    *_PRICES,
+}
+_SWEEP_KEYS = {
+    "name",
+    "select",
+    "all_gates",
+    "cron",
+    "reviewer",
+    "fixer",
+    "auditor",
+    "grouping",
+    "batch_size",
+    "fix",
+    "sequential",
+    "audit",
+    "notes",
+    "current",
+    "budget_usd",
+}
+_QUEUE_KEYS = {
+    "url",
+    "lease_seconds",
+    "reaper_seconds",
+    "max_attempts",
+    "launch_failures_before_pause",
+    "pause_seconds",
+    "launch_backoff_seconds",
+    "poll_seconds",
+}
+
+
+def _reviewer(name: str, value: object) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
-    _known(
-        t,
-        {
-            "kind",
-            "model",
-            "partition",
-            "max_turns",
-            "timeout",
-            "concurrency",
-            "args",
-            "env",
-            "command",
-            "executable",
-            "base_url",
-            "api_key_env",
-            "connect_timeout",
-            *_PRICES,
-        },
-        where,
-    )
-    kind = t.get("kind")
+    t = _Table(value, where, _REVIEWER_KEYS)
+    kind = t.data.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{where} kind: {kind!r} is not one of {', '.join(KINDS)}")
-    model = t.get("model", "offline" if kind == "offline" else "")
-    if not isinstance(model, str):
-        raise ConfigError(f"{where} model: expected a string")
+    model = t.string("model", "offline" if kind == "offline" else "")
     if kind not in ("offline", "command") and not model:
         raise ConfigError(f"{where} model: required for kind {kind!r}")
-    partition = t.get("partition") or ("offline" if kind == "offline" else model or name)
-    env = t.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ConfigError(f"{where} env: expected a table of strings")
-    command = _strs(t.get("command"), f"{where} command")
+    partition = t.string("partition") or ("offline" if kind == "offline" else model or name)
+    command = t.strings("command")
     if kind == "command" and not command:
         raise ConfigError(f"{where} command: required for kind 'command' (an argv list)")
-    if kind == "openai" and not t.get("base_url"):
+    base_url = t.string("base_url")
+    if kind == "openai" and not base_url:
         raise ConfigError(f"{where} base_url: required for kind 'openai'")
-    timeout = parse_duration(t.get("timeout", 1800), f"{where} timeout")
+    timeout = t.duration("timeout", 1800)
     connect_timeout = None
-    if "connect_timeout" in t:
-        connect_timeout = parse_duration(t["connect_timeout"], f"{where} connect_timeout")
+    if "connect_timeout" in t.data:
+        connect_timeout = t.duration("connect_timeout", timeout)
         if connect_timeout >= timeout:
             raise ConfigError(
                 f"{where} connect_timeout: must be shorter than timeout ({timeout:g} s)"
             )
-    prices = {k: _price(t.get(k), f"{where} {k}") for k in _PRICES}
+    prices = {k: _price(t.data.get(k), f"{where} {k}") for k in _PRICES}
     return ReviewerProfile(
         name=name,
         kind=kind,
         model=model,
-        partition=str(partition),
-        max_turns=_int(t.get("max_turns", 20), f"{where} max_turns"),
+        partition=partition,
+        max_turns=t.count("max_turns", 20),
         timeout=timeout,
-        concurrency=_int(t.get("concurrency", 1), f"{where} concurrency"),
-        args=_strs(t.get("args"), f"{where} args"),
-        env=dict(env),
+        concurrency=t.count("concurrency", 1),
+        args=t.strings("args"),
+        env=t.string_table("env"),
         command=command,
-        executable=str(t.get("executable", "")),
-        base_url=str(t.get("base_url", "")),
-        api_key_env=str(t.get("api_key_env", "")),
+        executable=t.string("executable"),
+        base_url=base_url,
+        api_key_env=t.string("api_key_env"),
         connect_timeout=connect_timeout,
         **prices,
     )
 
 
-def _sweep(t: dict, index: int) -> SweepConfig:
-    name = t.get("name")
+def _sweep(value: object, index: int) -> SweepConfig:
     where = f"[[sweeps]] #{index + 1}"
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a table")
+    name = value.get("name")
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"{where}: name is required")
+        raise ConfigError(f"{where} name: required, a string")
     where = f"[[sweeps]] {name!r}"
-    _known(
-        t,
-        {
-            "name",
-            "select",
-            "all_gates",
-            "cron",
-            "reviewer",
-            "fixer",
-            "auditor",
-            "grouping",
-            "batch_size",
-            "fix",
-            "sequential",
-            "audit",
-            "notes",
-            "current",
-            "budget_usd",
-        },
-        where,
-    )
-    grouping = t.get("grouping", "note")
+    t = _Table(value, where, _SWEEP_KEYS)
+    grouping = t.string("grouping", "note")
     if grouping not in GROUPINGS:
         raise ConfigError(f"{where} grouping: {grouping!r} is not one of {', '.join(GROUPINGS)}")
-    budget = t.get("budget_usd")
+    budget = t.data.get("budget_usd")
     if budget is not None and (
         isinstance(budget, bool) or not isinstance(budget, int | float) or budget < 0
     ):
         raise ConfigError(f"{where} budget_usd: expected a number ≥ 0")
-    cron = str(t.get("cron", ""))
+    cron = t.string("cron")
     if cron:
         check_cron(cron, f"{where} cron")
-    select = _strs(t.get("select"), f"{where} select")
-    all_gates = bool(t.get("all_gates", not select))
+    select = t.strings("select")
     return SweepConfig(
         name=name,
         select=select,
-        all_gates=all_gates,
-        cron=str(t.get("cron", "")),
-        reviewer=str(t.get("reviewer", "offline")),
-        fixer=str(t.get("fixer", "")),
-        auditor=str(t.get("auditor", "")),
+        all_gates=t.flag("all_gates", not select),
+        cron=cron,
+        reviewer=t.string("reviewer", "offline"),
+        fixer=t.string("fixer"),
+        auditor=t.string("auditor"),
         grouping=grouping,
-        batch_size=_int(t.get("batch_size", 5), f"{where} batch_size"),
-        fix=bool(t.get("fix", False)),
-        sequential=bool(t.get("sequential", False)),
-        audit=_strs(t.get("audit"), f"{where} audit"),
-        notes=_strs(t.get("notes"), f"{where} notes"),
-        current=bool(t.get("current", False)),
+        batch_size=t.count("batch_size", 5),
+        fix=t.flag("fix"),
+        sequential=t.flag("sequential"),
+        audit=t.strings("audit"),
+        notes=t.strings("notes"),
+        current=t.flag("current"),
         budget_usd=None if budget is None else float(budget),
     )
-
-
-def _fix(t: object) -> FixSettings:
-    if not isinstance(t, dict):
-        raise ConfigError("[fix]: expected a table")
-    _known(t, {"git_commit"}, "[fix]")
-    git_commit = t.get("git_commit", False)
-    if not isinstance(git_commit, bool):
-        raise ConfigError("[fix] git_commit: expected true or false")
-    return FixSettings(git_commit=git_commit)
 
 
 def load_settings(
@@ -318,84 +346,67 @@ def load_settings(
             raise ConfigError(f"{config_path}: {exc}") from None
     elif config:
         raise ConfigError(f"{config_path}: no such file")
-    where = str(config_path)
-    _known(data, {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"}, where)
+    try:
+        settings = _settings(data, root_path, state)
+    except ConfigError as exc:
+        raise ConfigError(f"{config_path} {exc}") from None
+    for profile in settings.reviewers.values():
+        logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
+    if settings.queue.url:
+        logs.add_secrets([urlsplit(settings.queue.url).password or ""])
+    return replace(settings, config_path=config_path if config_path.exists() else None)
 
-    kb_t = data.get("kb", {})
-    note_roots = _strs(kb_t.get("note_roots"), f"{where} [kb] note_roots") or ("kb/notes",)
-    state_dir = (
-        Path(state) if state else root_path / str(data.get("state", {}).get("dir", ".reviewq"))
+
+def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings:
+    """Settings from the parsed file; a ConfigError names the table and the key."""
+    top = _Table(data, "", {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"})
+    note_roots = _Table(top.data.get("kb"), "[kb]", {"note_roots"}).strings("note_roots")
+    state_dir_name = _Table(top.data.get("state"), "[state]", {"dir"}).string("dir", ".reviewq")
+    limits = _Table(top.data.get("limits"), "[limits]", {"max_output_bytes"})
+    max_output = limits.count("max_output_bytes", 5 * 1024 * 1024)
+    fix = FixSettings(
+        git_commit=_Table(top.data.get("fix"), "[fix]", {"git_commit"}).flag("git_commit")
     )
+    state_dir = Path(state) if state else root_path / state_dir_name
     if not state_dir.is_absolute():
         state_dir = (Path.cwd() / state_dir) if state else (root_path / state_dir)
 
-    reviewers: dict[str, ReviewerProfile] = {}
-    for name, table in (data.get("reviewers") or {}).items():
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where} [reviewers.{name}]: expected a table")
-        try:
-            reviewers[name] = _reviewer(name, table)
-        except ConfigError as exc:
-            raise ConfigError(f"{where} {exc}") from None
+    reviewers_t = top.data.get("reviewers", {})
+    if not isinstance(reviewers_t, dict):
+        raise ConfigError("[reviewers]: expected a table")
+    reviewers = {name: _reviewer(name, table) for name, table in reviewers_t.items()}
     reviewers.setdefault("offline", OFFLINE)
 
-    q = data.get("queue", {})
-    try:
-        _known(
-            q,
-            {
-                "url",
-                "lease_seconds",
-                "reaper_seconds",
-                "max_attempts",
-                "launch_failures_before_pause",
-                "pause_seconds",
-                "launch_backoff_seconds",
-                "poll_seconds",
-            },
-            "[queue]",
-        )
-        queue = QueueSettings(
-            url=str(q.get("url", "")),
-            lease_seconds=parse_duration(q.get("lease_seconds", 120), "[queue] lease_seconds"),
-            reaper_seconds=parse_duration(q.get("reaper_seconds", 60), "[queue] reaper_seconds"),
-            max_attempts=_int(q.get("max_attempts", 3), "[queue] max_attempts"),
-            launch_failures_before_pause=_int(
-                q.get("launch_failures_before_pause", 5), "[queue] launch_failures_before_pause"
-            ),
-            pause_seconds=parse_duration(q.get("pause_seconds", 900), "[queue] pause_seconds"),
-            launch_backoff_seconds=parse_duration(
-                q.get("launch_backoff_seconds", 5), "[queue] launch_backoff_seconds"
-            ),
-            poll_seconds=parse_duration(q.get("poll_seconds", 0.05), "[queue] poll_seconds"),
-        )
-        sweeps: dict[str, SweepConfig] = {}
-        for i, t in enumerate(data.get("sweeps") or []):
-            s = _sweep(t, i)
-            if s.name in sweeps:
-                raise ConfigError(f"[[sweeps]] {s.name!r}: defined twice")
-            sweeps[s.name] = s
-        fix = _fix(data.get("fix", {}))
-        limits = data.get("limits", {})
-        max_output = _int(
-            limits.get("max_output_bytes", 5 * 1024 * 1024), "[limits] max_output_bytes"
-        )
-    except ConfigError as exc:
-        raise ConfigError(f"{where} {exc}") from None
+    q = _Table(top.data.get("queue"), "[queue]", _QUEUE_KEYS)
+    queue = QueueSettings(
+        url=q.string("url"),
+        lease_seconds=q.duration("lease_seconds", 120),
+        reaper_seconds=q.duration("reaper_seconds", 60),
+        max_attempts=q.count("max_attempts", 3),
+        launch_failures_before_pause=q.count("launch_failures_before_pause", 5),
+        pause_seconds=q.duration("pause_seconds", 900),
+        launch_backoff_seconds=q.duration("launch_backoff_seconds", 5),
+        poll_seconds=q.duration("poll_seconds", 0.05),
+    )
     if queue.url and not queue.url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(
-            f"{where} [queue] url: only redis:// URLs are supported (or leave it out for SQLite)"
+            "[queue] url: only redis:// URLs are supported (or leave it out for SQLite)"
         )
 
-    for profile in reviewers.values():
-        logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
-    if queue.url:
-        logs.add_secrets([urlsplit(queue.url).password or ""])
+    sweeps_a = top.data.get("sweeps", [])
+    if not isinstance(sweeps_a, list):
+        raise ConfigError("[[sweeps]]: expected an array of tables")
+    sweeps: dict[str, SweepConfig] = {}
+    for i, t in enumerate(sweeps_a):
+        s = _sweep(t, i)
+        if s.name in sweeps:
+            raise ConfigError(f"[[sweeps]] {s.name!r}: defined twice")
+        sweeps[s.name] = s
     return Settings(
         root=root_path,
         state_dir=state_dir.resolve(),
-        config_path=config_path if config_path.exists() else None,
-        note_roots=note_roots,
+        config_path=None,
+        note_roots=note_roots or ("kb/notes",),
         max_output_bytes=max_output,
         reviewers=reviewers,
         queue=queue,

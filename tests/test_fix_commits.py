@@ -153,5 +153,5 @@ def test_unknown_fix_keys_are_refused(kb):
     res = reviewq_process("--root", str(kb.root), "status")
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
-        f"error: {kb.root / 'reviewq.toml'} [fix]: unknown key 'git_comit'"
+        f"error: {kb.root / 'reviewq.toml'} [fix] git_comit: unknown key (known: git_commit)"
     ]

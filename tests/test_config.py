@@ -1,0 +1,91 @@
+"""reviewq.toml: every table, key and type is checked when the settings load; a mistake is
+one ``error:`` line naming the file, the table.key and the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ConfigError, load_settings
+
+BAD = [
+    # (toml text, what the message must name, the reason)
+    ("[kbb]\n", "reviewq.toml kbb", "unknown key"),
+    ('[kb]\nnote_root = ["kb/x"]\n', "[kb] note_root", "unknown key"),
+    ('[state]\ndirectory = "x"\n', "[state] directory", "unknown key"),
+    ("[limits]\nmax_output = 10\n", "[limits] max_output", "unknown key"),
+    ("[queue]\nlease = 10\n", "[queue] lease", "unknown key"),
+    ('[reviewers.x]\nkind = "offline"\nmodle = "m"\n', "[reviewers.x] modle", "unknown key"),
+    ('[[sweeps]]\nname = "n"\ncorn = "* * * * *"\n', "[[sweeps]] 'n' corn", "unknown key"),
+    ("[fix]\ngit_comit = true\n", "[fix] git_comit", "unknown key"),
+    ('[fix]\ngit_commit = "yes"\n', "[fix] git_commit", "true or false"),
+    ("kb = 1\n", "[kb]", "expected a table"),
+    ("fix = 1\n", "[fix]", "expected a table"),
+    ('state = "x"\n', "[state]", "expected a table"),
+    ("limits = [1]\n", "[limits]", "expected a table"),
+    ("queue = 3\n", "[queue]", "expected a table"),
+    ("reviewers = 3\n", "[reviewers]", "expected a table"),
+    ("[reviewers]\nx = 3\n", "[reviewers.x]", "expected a table"),
+    ("sweeps = 3\n", "[[sweeps]]", "expected an array of tables"),
+    ("[sweeps]\nname = 'n'\n", "[[sweeps]]", "expected an array of tables"),
+    ("sweeps = [1]\n", "[[sweeps]] #1", "expected a table"),
+    ("[state]\ndir = 3\n", "[state] dir", "expected a string"),
+    ("[kb]\nnote_roots = 3\n", "[kb] note_roots", "expected a string or a list of strings"),
+    ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
+    ("[queue]\nurl = 6379\n", "[queue] url", "expected a string"),
+    ('[reviewers.x]\nkind = "offline"\npartition = 2\n', "[reviewers.x] partition", "string"),
+    ('[reviewers.x]\nkind = "offline"\nexecutable = 2\n', "[reviewers.x] executable", "string"),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = ["u"]\n',
+        "[reviewers.x] base_url",
+        "string",
+    ),
+    ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
+    ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
+    ('[[sweeps]]\nname = "n"\nfix = "no"\n', "[[sweeps]] 'n' fix", "true or false"),
+    ('[[sweeps]]\nname = "n"\nsequential = 1\n', "[[sweeps]] 'n' sequential", "true or false"),
+    ('[[sweeps]]\nname = "n"\nall_gates = "yes"\n', "[[sweeps]] 'n' all_gates", "true or false"),
+    ('[[sweeps]]\nname = "n"\ncurrent = 0\n', "[[sweeps]] 'n' current", "true or false"),
+    ('[[sweeps]]\nname = "n"\nreviewer = 1\n', "[[sweeps]] 'n' reviewer", "string"),
+    ('[[sweeps]]\nname = "n"\nfixer = []\n', "[[sweeps]] 'n' fixer", "string"),
+    ('[[sweeps]]\nname = "n"\nauditor = 2\n', "[[sweeps]] 'n' auditor", "string"),
+    ('[[sweeps]]\nname = "n"\ncron = 5\n', "[[sweeps]] 'n' cron", "string"),
+    ('[[sweeps]]\nname = "n"\ngrouping = "lens"\n', "[[sweeps]] 'n' grouping", "not one of"),
+]
+
+
+@pytest.mark.parametrize(("text", "names", "reason"), BAD, ids=[b[1] + " " + b[2] for b in BAD])
+def test_a_config_mistake_is_one_error_line_naming_file_key_and_reason(
+    kb, run_cli, text, names, reason
+):
+    kb.write("reviewq.toml", text)
+    res = run_cli("gates")
+    assert res.exit_code == 1
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    line = lines[0]
+    assert line.startswith(f"error: {kb.root / 'reviewq.toml'}"), line
+    assert names in line and reason in line, line
+    assert "Traceback" not in res.stderr
+
+
+def test_a_config_with_every_documented_key_loads(kb):
+    kb.write(
+        "reviewq.toml",
+        '[kb]\nnote_roots = ["kb/notes", "kb/more"]\n[state]\ndir = "st"\n'
+        "[limits]\nmax_output_bytes = 1024\n"
+        '[queue]\nlease_seconds = "2m"\n'
+        '[reviewers.x]\nkind = "command"\ncommand = ["a", "{prompt_path}"]\nexecutable = "a"\n'
+        '[[sweeps]]\nname = "n"\nfix = true\nsequential = false\nreviewer = "x"\n'
+        'cron = "0 3 * * *"\n',
+    )
+    s = load_settings(kb.root)
+    assert s.note_roots == ("kb/notes", "kb/more")
+    assert s.state_dir == (kb.root / "st").resolve()
+    assert s.max_output_bytes == 1024 and s.queue.lease_seconds == 120.0
+    assert s.sweeps["n"].fix is True and s.sweeps["n"].reviewer == "x"
+
+
+def test_load_settings_raises_config_error_not_attribute_error(kb):
+    kb.write("reviewq.toml", "kb = 1\n")
+    with pytest.raises(ConfigError, match=r"\[kb\]: expected a table"):
+        load_settings(kb.root)
