@@ -546,3 +546,52 @@ def test_an_internal_error_logs_a_traceback_without_local_variables(flow):
     assert "LOCAL-NOTE-TEXT-MARKER" not in text and "LOCAL-VARIABLE" not in text
     assert isinstance(err["exception"], str)  # a plain traceback, not structured frames
     assert "locals" not in text
+
+
+_READ_ONLY_ERROR = textwrap.dedent(
+    """
+    import sys
+    import orchestrator.cli as cli
+    import orchestrator.cli.review as review
+    import orchestrator.state.status as status
+
+    def broken(*args, **kwargs):
+        api_key = "sk-test-LOCAL-VARIABLE-777"
+        raise RuntimeError("read broke")
+
+    review.select = broken
+    status.status = broken
+    sys.argv = ["reviewq", "--root", sys.argv[1], *sys.argv[2:]]
+    cli.main()
+    """
+)
+
+
+@pytest.mark.parametrize("args", [["select", "--all-gates", "--model", "fake"], ["status"]])
+def test_a_read_only_command_logs_its_internal_error_traceback(flow, args):
+    flow.state.mkdir(exist_ok=True)  # the state folder exists: the traceback goes to its log
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "error: internal error: RuntimeError: read broke (please report it)"
+    ]
+    lines = [json.loads(x) for x in (flow.state / "logs/reviewq.jsonl").read_text().splitlines()]
+    err = next(x for x in lines if x["event"] == "internal.error")
+    assert "Traceback" in err["exception"] and "in broken" in err["exception"]
+    assert "LOCAL-VARIABLE" not in json.dumps(err)
+
+
+def test_a_read_only_command_without_a_state_folder_creates_none_on_an_internal_error(flow):
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and proc.stderr.startswith("error: internal error:")
+    assert not flow.state.exists()

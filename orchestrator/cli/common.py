@@ -89,7 +89,24 @@ def emit_json(data: object) -> None:
     sys.stdout.write("\n")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Group(click.Group):
+    """The ``reviewq`` group: a bug in any command leaves its traceback in the log file."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception:
+            # Read-only commands skip the log file to stay fast and create nothing; a bug
+            # in one still needs its traceback where an operator looks (main logs it).
+            ws = ctx.obj
+            if isinstance(ws, Workspace) and ws.state_dir.is_dir():
+                logs.configure(ws.state_dir)
+            raise
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--root", default=".", show_default=True, help="The KB root (the folder holding kb/)."
 )
