@@ -260,3 +260,39 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
         acc = conn.execute("SELECT model_partition, decision FROM acceptance").fetchall()
     assert kinds == ["review", "audit"]
     assert [tuple(a) for a in acc] == [("fake", "PASS")]  # the audit accepted nothing itself
+
+
+def sweep_runs(kb) -> int:
+    if not (kb.state / "state.db").exists():
+        return 0
+    with db(kb) as conn:
+        return conn.execute("SELECT count(*) FROM sweep_runs").fetchone()[0]
+
+
+def test_a_sequential_enqueue_takes_bundles_as_select_spells_them(kb):
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.gate("prose/body-check", ["body"])
+    kb.note("good", description="Described.")
+    config(kb, profile("fake"))
+    res = rq(
+        kb, "enqueue", "--reviewer", "fake", "--sequential", "/frontmatter", "prose/", "--json"
+    )
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    out = json.loads(res.stdout)
+    assert [p["gate_id"] for j in out["jobs"] for p in j["pairs"]] == ["frontmatter/desc-check"]
+    assert [s["why"] for s in out["skipped"]] == [
+        "waits for bundle frontmatter to be fresh with no FAIL"
+    ]
+    assert sweep_runs(kb) == 1
+
+
+@pytest.mark.parametrize("selector", ["nope", "prose/nope", "type/nope"])
+def test_a_bad_selector_in_a_sequential_enqueue_is_one_error_line_and_writes_nothing(kb, selector):
+    kb.gate("prose/body-check", ["body"])
+    kb.note("good", description="Described.")
+    config(kb, profile("fake"))
+    res = rq(kb, "enqueue", "--reviewer", "fake", "--sequential", "prose", selector)
+    assert res.returncode == 1
+    assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("error: "), res.stderr
+    assert selector in res.stderr
+    assert sweep_runs(kb) == 0

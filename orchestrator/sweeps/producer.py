@@ -68,11 +68,7 @@ class EnqueueResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-
-
-def enqueue(
-    ws: Workspace, req: SweepRequest, run_id: int | None = None
-) -> EnqueueResult:
+def enqueue(ws: Workspace, req: SweepRequest, run_id: int | None = None) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
     ``run_id`` the jobs join that run (the next bundle of a sequential sweep)."""
@@ -94,6 +90,12 @@ def enqueue(
         diffs=False,
     )
     store = ws.store
+    # Everything that reads and judges comes before the first write: a refusal leaves no run.
+    exclude = escalations.held(ws, profile.partition)
+    targets = [t.to_json() for t in selection.targets]
+    waiting: list[Skipped] = []
+    if req.sequential:
+        targets, waiting = _sequential(ws, profile.partition, req, targets)
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
     if run_id is None:
         with store.write():
@@ -108,11 +110,6 @@ def enqueue(
                 "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued'",
                 (run_id, req.name),
             )
-    exclude = escalations.held(ws, profile.partition)
-    targets = [t.to_json() for t in selection.targets]
-    waiting: list[Skipped] = []
-    if req.sequential:
-        targets, waiting = _sequential(ws, profile.partition, req, targets)
     batch = create_jobs(
         ws.kb,
         ws.catalog(),
@@ -161,10 +158,12 @@ def _sequential(
     FAIL; the later bundles wait (SPEC §7). Bundles are taken in the order named."""
     cat = ws.catalog()
     order: list[str] = []
+    # Each selector resolved as select resolves it, so "/prose" or "type/x" name a bundle
+    # the way they name gates; the selection already refused a selector that names none.
     for sel in req.selectors or tuple(cat.lenses):
-        lens = sel.split("/")[0]
-        if lens not in order:
-            order.append(lens)
+        for gate in cat.resolve([sel]):
+            if gate.lens not in order:
+                order.append(gate.lens)
     if req.all_gates:
         order += [lens for lens in cat.lenses if lens not in order]
     stale_lenses: dict[str, set[str]] = {}
@@ -179,12 +178,12 @@ def _sequential(
     keep, waiting = [], []
     for t in targets:
         note = t["note_path"]
+        earlier = order[: order.index(t["lens"])] if t["lens"] in order else []
         blocked_by = next(
             (
                 lens
-                for lens in order[: order.index(t["lens"])]
-                if t["lens"] in order
-                and (lens in stale_lenses.get(note, set()) or lens in fails.get(note, set()))
+                for lens in earlier
+                if lens in stale_lenses.get(note, set()) or lens in fails.get(note, set())
             ),
             None,
         )
