@@ -390,16 +390,18 @@ def doctor_cmd(ws: Workspace) -> None:
     report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
     for p in cat.problems:
         report(False, f"invalid gate {p.path}: {p.reason}")
+    from orchestrator.state.files import files_due
+
     try:
         store = ws.store
         report(True, f"state.db at {store.path}, schema {store.schema_version()}")
-        due = store.conn.execute("SELECT count(*), min(error) FROM job_files_due").fetchone()
+        due, error = files_due(store)
         report(
-            due[0] == 0,
+            due == 0,
             "job files written"
-            if due[0] == 0
-            else f"{due[0]} job(s) whose MANIFEST.json and results wait to be written "
-            f"({due[1]}); the control process writes them at its next tick with room",
+            if due == 0
+            else f"{due} job(s) whose MANIFEST.json and results wait to be written "
+            f"({error}); the control process writes them at its next tick with room",
         )
     except Exception as exc:
         report(False, f"state.db: {exc}")

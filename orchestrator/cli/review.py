@@ -11,14 +11,8 @@ from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_error
 from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.export import export
-from orchestrator.review.finalize import (
-    Provenance,
-    check_finalizable,
-    finalize,
-    parse_telemetry,
-    read_output,
-)
-from orchestrator.review.jobs import GROUPINGS, create_jobs, parse_select_json
+from orchestrator.review.finalize import Provenance, finalize, manual_output, parse_telemetry
+from orchestrator.review.jobs import GROUPINGS, create_jobs, parse_select_json, reviewer_for
 from orchestrator.review.selector import select
 from orchestrator.state.workspace import Workspace
 
@@ -241,17 +235,9 @@ def finalize_cmd(
     prov = Provenance(
         runner=runner, model=model, effort=effort, telemetry=parse_telemetry(telemetry)
     )
-    store = ws.store
-    check_finalizable(store, job_id, prov)
-    job_dir = (
-        ws.state_dir
-        / store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()[
-            0
-        ]
-    )
-    output = read_output(job_dir / "bundle-output.md", ws.settings.max_output_bytes)
+    output = manual_output(ws.store, ws.state_dir, job_id, prov, ws.settings.max_output_bytes)
     result = finalize(
-        store,
+        ws.store,
         ws.state_dir,
         job_id,
         output,
@@ -291,7 +277,7 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
     """
     from workers.foreground import run_job
 
-    name = reviewer or job_reviewer(ws, job_id)
+    name = reviewer or reviewer_for(ws.store, ws.settings, job_id)
     res = run_job(ws, job_id, name)
     out = res.outcome
     click.echo(
@@ -310,22 +296,6 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         "reviewer-failure": "queued again (reviewer failure, not the job's)",
     }.get(out.classification, "failed")
     raise Refused(f"job {job_id} {state}")
-
-
-def job_reviewer(ws: Workspace, job_id: int) -> str:
-    row = ws.store.conn.execute(
-        "SELECT reviewer, model_partition FROM review_jobs WHERE id = ?", (job_id,)
-    ).fetchone()
-    if row is None:
-        raise Refused(f"no review job {job_id}")
-    if row["reviewer"]:
-        return row["reviewer"]
-    for name, profile in sorted(ws.settings.reviewers.items()):
-        if profile.partition == row["model_partition"]:
-            return name
-    raise Refused(
-        f"no reviewer profile writes partition {row['model_partition']!r}: pass --reviewer"
-    )
 
 
 @cli.command("ack")

@@ -107,6 +107,15 @@ def check_finalizable(store: Store, job_id: int, prov: Provenance) -> None:
         )
 
 
+def manual_output(
+    store: Store, state_dir: Path, job_id: int, prov: Provenance, max_bytes: int
+) -> bytes | None:
+    """The output a person asks ``finalize`` to accept: the job is checked before its
+    bundle-output.md is read."""
+    check_finalizable(store, job_id, prov)
+    return read_output(state_dir / _job(store, job_id)["job_dir"] / "bundle-output.md", max_bytes)
+
+
 def finalize(
     store: Store,
     state_dir: Path,

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
+from orchestrator.config import Settings
 from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, sha256_bytes
 from orchestrator.review.bundle import sentinel_like_lines
@@ -87,6 +88,23 @@ def display_path(root: Path, path: Path) -> str:
         return path.relative_to(root).as_posix()
     except ValueError:
         return str(path)
+
+
+def reviewer_for(store: Store, settings: Settings, job_id: int) -> str:
+    """The reviewer profile that runs a job: its own, else the one writing its partition."""
+    row = store.conn.execute(
+        "SELECT reviewer, model_partition FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    if row is None:
+        raise JobError(f"no review job {job_id}")
+    if row["reviewer"]:
+        return row["reviewer"]
+    for name, profile in sorted(settings.reviewers.items()):
+        if profile.partition == row["model_partition"]:
+            return name
+    raise JobError(
+        f"no reviewer profile writes partition {row['model_partition']!r}: pass --reviewer"
+    )
 
 
 def parse_select_json(text: str) -> tuple[str | None, list[dict]]:

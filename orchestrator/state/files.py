@@ -201,3 +201,9 @@ def _swap_folder(new: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(new, target)
+
+
+def files_due(store: Store) -> tuple[int, str | None]:
+    """How many jobs' files wait to be written, and one error that kept them back."""
+    count, error = store.conn.execute("SELECT count(*), min(error) FROM job_files_due").fetchone()
+    return count, error
