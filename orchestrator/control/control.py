@@ -359,11 +359,11 @@ class Control:
             if self.hooks is not None:
                 self.hooks.after_completed(job["id"])  # type: ignore[attr-defined]
         elif res.status == "invalid":
-            self._failed_attempt(job, res.failure_reasons, outcome_recorded=True)
+            self._failed_attempt(job, res.failure_reasons)
         else:
             self._supersede(job["id"], attempt)
 
-    def _failed_attempt(self, job, reasons: list[str], outcome_recorded: bool = False) -> None:
+    def _failed_attempt(self, job, reasons: list[str]) -> None:
         failed = self.store.conn.execute(
             f"SELECT count(*) FROM attempts WHERE job_id = ? AND outcome IN ({FAILED_SQL})",
             (job["id"],),

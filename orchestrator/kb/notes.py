@@ -432,14 +432,6 @@ class KB:
                 self.problems.append(FileProblem(rel, exc.strerror or str(exc)))
         return notes
 
-    # --- types -------------------------------------------------------------------------
-    def type_spec_path(self, value: object, relative_to: str | None = None) -> str | None:
-        """The type spec a ``type:`` value names (name, root path or note-relative path)."""
-        key = type_key(value, relative_to)
-        if key is None:
-            return None
-        return key if (self.root / key).is_file() else None
-
 
 def _utf8(name: str) -> bool:
     """Whether a name from the file system is valid UTF-8 (not surrogate-escaped bytes)."""

@@ -24,10 +24,6 @@ class Verdict:
     changed_regions: tuple[str, ...] = ()
     change_ratio: float | None = None
 
-    @property
-    def fresh(self) -> bool:
-        return self.reason is None
-
 
 FRESH = Verdict(None)
 

@@ -336,15 +336,6 @@ class Store:
             )
         return out
 
-    def accepted_gate_ids(self, model_partition: str, note_path: str) -> set[str]:
-        return {
-            r[0]
-            for r in self.conn.execute(
-                "SELECT gate_id FROM acceptance WHERE model_partition = ? AND note_path = ?",
-                (model_partition, note_path),
-            )
-        }
-
     def partitions_covering(self) -> set[tuple[str, str]]:
         """(note_path, gate_id) pairs with an acceptance in any partition."""
         return {
