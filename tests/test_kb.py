@@ -7,6 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notes import KB, KBError, NoteParseError, parse_note_text, split_frontmatter
 
@@ -143,3 +144,18 @@ def test_fast_path_never_disagrees_on_arbitrary_text(text):
 def test_fast_path_takes_the_common_shape():
     block = "title: Varroa is the main cause\ndescription: 'A mite, not the cold, kills colonies.'\ntype: kb/types/note.md\nstatus: current\ntags: [pests, winter]\n"
     assert parse_simple(block) == yaml.safe_load(block)
+
+
+def test_atomic_write_keeps_a_notes_mode_and_leaves_no_temp_file(tmp_path):
+    note = tmp_path / "note.md"
+    note.write_text("old\n")
+    note.chmod(0o640)
+    atomic_write(note, "new\n", durable=True, keep_mode=True)
+    assert note.read_text() == "new\n" and note.stat().st_mode & 0o777 == 0o640
+    rendering = tmp_path / "sub" / "MANIFEST.json"
+    atomic_write(rendering, b"{}")
+    assert rendering.read_bytes() == b"{}" and rendering.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(TypeError):
+        atomic_write(note, object())  # type: ignore[arg-type]
+    assert note.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["MANIFEST.json", "note.md", "sub"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
-from orchestrator.state.files import atomic_write
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 

@@ -7,13 +7,11 @@ and only to that one file.
 from __future__ import annotations
 
 import json
-import os
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gates import Catalog
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
@@ -243,7 +241,8 @@ def apply_fix(
         store.conn.execute(
             "UPDATE review_jobs SET fixed_snapshot_id = ? WHERE id = ?", (fixed, job["id"])
         )
-    _replace_file(path, data)
+    # Durable, and the note keeps its permissions: this is a person's note, not a rendering.
+    atomic_write(path, data, durable=True, keep_mode=True)
     commit = commit_applied_fix(kb, store, job, rel, given, data) if git_commit else None
     return FixResult("applied", new_sha256=sha, commit=commit)
 
@@ -259,23 +258,6 @@ def commit_applied_fix(kb: KB, store: Store, job, rel: str, given: str, data: by
     ]
     msg = message(rel, gates, job["id"], job["review_reviewer"], job["reviewer"])
     return commit_fix(kb.root, rel, given.encode("utf-8"), data, msg)
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    """Atomic and durable: this is a person's note, not a rendering."""
-    mode = stat.S_IMODE(path.stat().st_mode)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".reviewq")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def finish_fix_job(

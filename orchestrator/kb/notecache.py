@@ -17,25 +17,13 @@ import contextlib
 import hashlib
 import os
 import pickle
-import tempfile
 import time
 from pathlib import Path
 
+from orchestrator.kb.atomicfile import atomic_write
+
 _VERSION = 2
 _RACY_S = 2.0
-
-
-def _atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 class NoteCache:
@@ -80,7 +68,7 @@ class NoteCache:
     def save(self) -> None:
         if self.dirty:
             with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-                _atomic(
+                atomic_write(
                     self.path,
                     pickle.dumps({"version": _VERSION, "entries": self.entries}, protocol=5),
                 )
@@ -113,7 +101,7 @@ class SelectMemo:
 
     def put(self, key: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
-            _atomic(self.folder / f"{key}.json", data)
+            atomic_write(self.folder / f"{key}.json", data)
             files = sorted(
                 self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True
             )

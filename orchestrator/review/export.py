@@ -10,8 +10,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import canonical_json, parse_note_text
-from orchestrator.state.files import ReportError, atomic_write, flat
+from orchestrator.state.files import ReportError, flat
 from orchestrator.state.store import Store
 
 EXPORT_DIR = "kb/reports/reviews"

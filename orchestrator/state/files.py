@@ -16,30 +16,12 @@ import tempfile
 from pathlib import Path
 
 from orchestrator import logs
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.state.store import Store, utcnow
 
 
 class ReportError(Exception):
     pass
-
-
-def atomic_write(path: Path, data: str | bytes, *, durable: bool = False) -> None:
-    """Write via a temp file and a rename. Files regenerable from state.db skip fsync
-    (``durable=False``): a crash can lose them, never leave half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_manifest(folder: Path, data: dict, *, new_folder: bool = False) -> None:
