@@ -12,7 +12,13 @@ from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.export import export
 from orchestrator.review.finalize import Provenance, finalize, manual_output, parse_telemetry
-from orchestrator.review.jobs import GROUPINGS, create_jobs, parse_select_json, reviewer_for
+from orchestrator.review.jobs import (
+    GROUPINGS,
+    create_jobs,
+    display_path,
+    parse_select_json,
+    reviewer_for,
+)
 from orchestrator.review.selector import select
 from orchestrator.state.workspace import Workspace
 
@@ -353,6 +359,4 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
     cat = ws.catalog()
     watches = {g.gate_id: list(g.watches) for g in [*cat.gates.values(), *cat.types.values()]}
     res = export(ws.read_store(), ws.root, model, watches)
-    click.echo(
-        f"exported {res.files} review(s); index {res.csv_path.relative_to(ws.root).as_posix()}"
-    )
+    click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.cycles.fixes import render_fix_prompt
-from orchestrator.review.jobs import load_job_items, render_job_prompt
+from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
@@ -40,13 +40,6 @@ class OpenedAttempt:
     guarded: tuple[str, ...]  # the notes and gates the agent must not change
     # Folders in which a fixer may change no file at all but its note (it has write access).
     trees: tuple[str, ...] = ()
-
-
-def display(root: Path, path: Path) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def open_attempt(
@@ -94,7 +87,7 @@ def open_attempt(
         if job["kind"] == "fix":
             # A fixer's output is the whole new note, not a bundle.
             output = attempt_dir / "fixed-note.md"
-            prompt = render_fix_prompt(store, job_id, display(root, output), retry)
+            prompt = render_fix_prompt(store, job_id, display_path(root, output), retry)
             paths = store.conn.execute(
                 "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
             ).fetchall()
@@ -105,7 +98,7 @@ def open_attempt(
             items = load_job_items(store, job_id)
             if job["kind"] == "audit":
                 retry += render_audit_preamble(store, job_id)
-            prompt = render_job_prompt(job_id, display(root, output), items, retry)
+            prompt = render_job_prompt(job_id, display_path(root, output), items, retry)
             guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
             # A reviewer must leave the whole KB alone, not only the files it was shown: a
             # note it creates or deletes beside them counts as touched too.
