@@ -19,12 +19,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from orchestrator.review.finalize import read_output
+from orchestrator.state.store import utcnow
 
 from .reviewers import AttemptSpec, Reviewer
 from .reviewers.base import priced
@@ -58,10 +58,6 @@ class AttemptOutcome:
     touched: list[str] = field(default_factory=list)
     touched_hashes: dict[str, str] = field(default_factory=dict)  # path -> sha256 after the run
     exited_at: float = 0.0  # time.time() when the process was seen to end
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:
@@ -227,7 +223,7 @@ def run_attempt(
     trees = list(trees)
     stamps_before = tree_stamps(spec.root, trees)
     out = AttemptOutcome(
-        spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=_now()
+        spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=utcnow()
     )
     cmd = reviewer.command(spec)
     env = {**os.environ, **cmd.env, **spec.environment()}
@@ -235,7 +231,7 @@ def run_attempt(
     try:
         proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
     except OSError as exc:
-        out.ended_at = _now()
+        out.ended_at = utcnow()
         out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
         return out
     registry = register_agent(spec, proc.pid)
@@ -255,7 +251,7 @@ def run_attempt(
         if registry is not None:
             registry.unlink(missing_ok=True)
     out.duration_s = time.monotonic() - start
-    out.ended_at = _now()
+    out.ended_at = utcnow()
     out.exit_code = proc.returncode
     telemetry = priced(reviewer.telemetry(spec), reviewer.profile)
     if unreachable:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.state.status import Progress, over_budget_runs, progress, summary
+from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
@@ -178,9 +179,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
 
 
 def _paused(ws: Workspace) -> dict[str, str]:
-    from datetime import UTC, datetime
-
-    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    now = utcnow()
     return {
         r[0]: r[1]
         for r in ws.store.conn.execute(

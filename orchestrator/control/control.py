@@ -32,14 +32,10 @@ from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import split_job
 from orchestrator.state.files import write_due_job_files, write_job_files_after_commit
 from orchestrator.state.status import spent_usd
-from orchestrator.state.store import utcnow
+from orchestrator.state.store import timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
-
-
-def _ts(dt: datetime) -> str:
-    return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _parse(ts: str) -> datetime:
@@ -64,7 +60,7 @@ class Control:
         self._budget_logged: set[int] = set()
 
     def paused(self) -> dict[str, str]:
-        now = _ts(self.now())
+        now = timestamp(self.now())
         return {
             r["name"]: r["paused_until"]
             for r in self.store.conn.execute(
@@ -79,7 +75,7 @@ class Control:
         next message already waits in the queue when an agent ends; the workers' own
         per-profile semaphores keep the number of agents *running* at ``concurrency``.
         """
-        now = _ts(self.now())
+        now = timestamp(self.now())
         open_counts = dict(
             self.store.conn.execute(
                 "SELECT j.reviewer, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
@@ -217,7 +213,7 @@ class Control:
 
     # --- messages from workers --------------------------------------------------------
     def on_heartbeat(self, job_id: int, attempt: int, worker: str, launched: bool = False) -> None:
-        now = _ts(self.now())
+        now = timestamp(self.now())
         with self.store.write():
             self.store.conn.execute(
                 "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
@@ -401,7 +397,7 @@ class Control:
         q = self.settings.queue
         n = job["launch_failures"] + 1
         delay = min(300.0, q.launch_backoff_seconds * 2 ** (n - 1))
-        not_before = _ts(self.now() + timedelta(seconds=delay))
+        not_before = timestamp(self.now() + timedelta(seconds=delay))
         name = job["reviewer"]
         with self.store.write():
             self.store.conn.execute(
@@ -423,7 +419,7 @@ class Control:
             )
             reason = f"{what}: {'; '.join(reasons)}" if reasons else what
             if count >= q.launch_failures_before_pause:
-                paused_until = _ts(self.now() + timedelta(seconds=q.pause_seconds))
+                paused_until = timestamp(self.now() + timedelta(seconds=q.pause_seconds))
                 self.store.conn.execute(
                     "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
                     "launch_failures = 0 WHERE name = ?",

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from orchestrator.config import Settings
-from orchestrator.state.store import Store
+from orchestrator.state.store import Store, utcnow
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
 
@@ -32,7 +31,7 @@ def status(store: Store, settings: Settings) -> dict:
         "SELECT status, count(*) FROM review_jobs WHERE grouping != 'human' GROUP BY status"
     ):
         counts[s] = n
-    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    now = utcnow()
     paused = {
         r[0]: (r[1], r[2])
         for r in store.conn.execute(

@@ -25,8 +25,14 @@ class StoreError(Exception):
     """state.db cannot be used (a newer schema, a corrupt file)."""
 
 
+def timestamp(at: datetime) -> str:
+    """A UTC time as state.db stores it: ISO 8601 to the millisecond, with a ``Z``, so
+    stored times compare as text."""
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def utcnow() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return timestamp(datetime.now(UTC))
 
 
 @dataclass(frozen=True, slots=True)
