@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.state.status import Progress, over_budget_runs, progress, summary
+from orchestrator.state.status import (
+    Pause,
+    Progress,
+    over_budget_runs,
+    paused_reviewers,
+    progress,
+    summary,
+)
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
@@ -32,7 +39,7 @@ class SweepOutcome:
     since_job_id: int
     summary: dict
     progress: Progress
-    paused: dict[str, str] = field(default_factory=dict)
+    paused: dict[str, Pause] = field(default_factory=dict)
     children_failed: list[str] = field(default_factory=list)
 
     @property
@@ -154,7 +161,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     children.start()
     try:
         while True:
-            paused = _paused(ws)
+            paused = paused_reviewers(ws.store, utcnow())
             p = progress(store, start_id, set(paused), over_budget_runs(store))
             if on_progress is not None:
                 on_progress(p)
@@ -164,7 +171,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
             time.sleep(POLL_S)
     finally:
         children.stop()
-    paused = _paused(ws)
+    paused = paused_reviewers(ws.store, utcnow())
     final = progress(store, start_id, set(paused), over_budget_runs(store))
     out = SweepOutcome(enqueued, start_id, summary(store, start_id), final, paused, children.failed)
     logs.get().info(
@@ -176,13 +183,3 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
         cost_usd=out.summary["cost_usd"],
     )
     return out
-
-
-def _paused(ws: Workspace) -> dict[str, str]:
-    now = utcnow()
-    return {
-        r[0]: r[1]
-        for r in ws.store.conn.execute(
-            "SELECT name, paused_until FROM reviewer_state WHERE paused_until > ?", (now,)
-        )
-    }

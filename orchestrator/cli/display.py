@@ -78,5 +78,5 @@ def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
         )
         for e in s["escalations"][:20]:
             console.print(f"  {e['id']}: {e['note_path']}  {e['gate_id']}  ({e['reason']})")
-    for name, until in out.paused.items():
-        console.print(f"reviewer {name} is paused until {until}")
+    for name, pause in out.paused.items():
+        console.print(f"reviewer {name} is paused until {pause.until}")

@@ -194,7 +194,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "enqueued_jobs": len(out.enqueued.jobs),
                 "skipped": len(out.enqueued.skipped),
                 "progress": out.progress.__dict__,
-                "paused": out.paused,
+                "paused": {name: pause.until for name, pause in out.paused.items()},
                 **out.summary,
             }
         )
@@ -208,9 +208,9 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
             f"{out.progress.waiting_budget} job(s) wait for the next run: the sweep's budget is spent"
         )
     if out.progress.waiting_paused:
-        why = dict(ws.store.conn.execute("SELECT name, paused_reason FROM reviewer_state"))
         who = ", ".join(
-            f"{n} (until {u}{': ' + why[n] if why.get(n) else ''})" for n, u in out.paused.items()
+            f"{n} (until {p.until}{': ' + p.reason if p.reason else ''})"
+            for n, p in out.paused.items()
         )
         problems.append(f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}")
     problems.extend(out.children_failed)

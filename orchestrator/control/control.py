@@ -31,7 +31,7 @@ from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import split_job
 from orchestrator.state.files import write_due_job_files, write_job_files_after_commit
-from orchestrator.state.status import spent_usd
+from orchestrator.state.status import Pause, paused_reviewers, spent_usd
 from orchestrator.state.store import timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -59,14 +59,8 @@ class Control:
         self.log = logs.get()
         self._budget_logged: set[int] = set()
 
-    def paused(self) -> dict[str, str]:
-        now = timestamp(self.now())
-        return {
-            r["name"]: r["paused_until"]
-            for r in self.store.conn.execute(
-                "SELECT name, paused_until FROM reviewer_state WHERE paused_until > ?", (now,)
-            )
-        }
+    def paused(self) -> dict[str, Pause]:
+        return paused_reviewers(self.store, timestamp(self.now()))
 
     def dispatch(self) -> int:
         """Open attempts for queued jobs and send them to the review queue.

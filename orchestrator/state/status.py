@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from orchestrator.config import Settings
 from orchestrator.state.store import Store, utcnow
@@ -25,6 +26,22 @@ def _table_exists(store: Store, name: str) -> bool:
     )
 
 
+class Pause(NamedTuple):
+    until: str
+    reason: str | None  # what kind of failure paused it
+
+
+def paused_reviewers(store: Store, now: str) -> dict[str, Pause]:
+    """Reviewer profiles paused at ``now`` (after failures in a row), by name."""
+    return {
+        name: Pause(until, reason)
+        for name, until, reason in store.conn.execute(
+            "SELECT name, paused_until, paused_reason FROM reviewer_state WHERE paused_until > ?",
+            (now,),
+        )
+    }
+
+
 def status(store: Store, settings: Settings) -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     for s, n in store.conn.execute(
@@ -32,13 +49,7 @@ def status(store: Store, settings: Settings) -> dict:
     ):
         counts[s] = n
     now = utcnow()
-    paused = {
-        r[0]: (r[1], r[2])
-        for r in store.conn.execute(
-            "SELECT name, paused_until, paused_reason FROM reviewer_state WHERE paused_until > ?",
-            (now,),
-        )
-    }
+    paused = paused_reviewers(store, now)
     escalations = 0
     if _table_exists(store, "escalations"):
         escalations = store.conn.execute(
