@@ -12,6 +12,7 @@ from dataclasses import asdict
 import click
 
 from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, warn
+from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES
 from orchestrator.state.workspace import Workspace
 
@@ -31,7 +32,7 @@ def _sweep_options(fn):
             click.option("--fixer", default="", help="The fixer profile [default: the reviewer]."),
             click.option("--auditor", default="", help="The auditor profile."),
             click.option(
-                "--grouping", type=click.Choice(["note", "gate"]), default="note", show_default=True
+                "--grouping", type=click.Choice(GROUPINGS), default="note", show_default=True
             ),
             click.option("--batch-size", default=5, show_default=True, type=click.IntRange(min=1)),
             click.option("--fix", is_flag=True, help="Send FAIL notes to the fixer (SPEC §7)."),

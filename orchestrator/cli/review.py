@@ -8,17 +8,12 @@ import sys
 import click
 
 from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, shown, warn
+from orchestrator.config import GROUPINGS
 from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.export import export
 from orchestrator.review.finalize import Provenance, finalize, manual_output, parse_telemetry
-from orchestrator.review.jobs import (
-    GROUPINGS,
-    create_jobs,
-    display_path,
-    parse_select_json,
-    reviewer_for,
-)
+from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import select
 from orchestrator.state.workspace import Workspace
 

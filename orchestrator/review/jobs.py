@@ -14,15 +14,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.config import Settings
+from orchestrator.config import GROUPINGS, Settings
 from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, sha256_bytes
 from orchestrator.review.bundle import sentinel_like_lines
 from orchestrator.review.prompts import PromptGate, PromptPair, render_review
 from orchestrator.state.files import write_manifest
 from orchestrator.state.store import Store, utcnow
-
-GROUPINGS = ("note", "gate")
 
 
 class JobError(ValueError):
