@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cycles.fixes import create_fix_job
+from orchestrator.kb.gates import load_catalog
+from orchestrator.kb.notes import KB
+from orchestrator.review.jobs import job_dir
+from orchestrator.state.store import Store
+
 from .conftest import reviewq_process
 from .test_queue_integration import FAST_QUEUE, await_fifo, make_fifo
 
@@ -296,3 +302,28 @@ def test_a_bad_selector_in_a_sequential_enqueue_is_one_error_line_and_writes_not
     assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith("error: "), res.stderr
     assert selector in res.stderr
     assert sweep_runs(kb) == 0
+
+
+def test_a_fix_job_folder_left_by_a_rolled_back_id_starts_empty(cyc):
+    cyc.accept("fake", [(NOTE, "prose/body-check")], decision="FAIL")
+    root = KB.open(cyc.root)
+    with Store.open(cyc.state) as store:
+        next_id = store.conn.execute("SELECT max(id) + 1 FROM review_jobs").fetchone()[0]
+        stale = job_dir(cyc.state, next_id)
+        stale.mkdir(parents=True)
+        (stale / "bundle-output.md").write_text("an old output\n")
+        job_id = create_fix_job(
+            root,
+            load_catalog(root),
+            store,
+            cyc.state,
+            note_path=NOTE,
+            partition="fake",
+            fixer="fake",
+            review_reviewer="fake",
+            sweep=None,
+            sweep_run_id=None,
+            source_job_id=None,
+        )
+    assert job_id == next_id
+    assert sorted(p.name for p in stale.iterdir()) == ["MANIFEST.json"]

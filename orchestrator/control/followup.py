@@ -11,7 +11,7 @@ import json
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
-from orchestrator.review.jobs import create_jobs, display_path, job_dir
+from orchestrator.review.jobs import create_jobs, display_path, job_dir, make_job_folder
 from orchestrator.state.files import write_manifest
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
@@ -337,7 +337,7 @@ class FollowUp:
                     "FROM review_pairs WHERE id = ?",
                     (audit_id, p["id"]),
                 )
-        folder.mkdir(parents=True, exist_ok=True)
+        make_job_folder(self.ws.state_dir, audit_id)
         write_manifest(
             folder,
             {

@@ -15,7 +15,7 @@ from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gates import Catalog
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
-from orchestrator.review.jobs import display_path, job_dir
+from orchestrator.review.jobs import display_path, job_dir, make_job_folder
 from orchestrator.review.prompts import fenced, template
 from orchestrator.state.files import write_manifest
 from orchestrator.state.store import Store, utcnow
@@ -135,7 +135,7 @@ def create_fix_job(
                     t.rationale,
                 ),
             )
-    folder.mkdir(parents=True, exist_ok=True)
+    make_job_folder(state_dir, job_id)
     write_manifest(
         folder,
         {

@@ -80,6 +80,16 @@ def job_dir(state_dir: Path, job_id: int) -> Path:
     return state_dir / "jobs" / f"review-job-{job_id}"
 
 
+def make_job_folder(state_dir: Path, job_id: int) -> Path:
+    """A new job's folder, empty. A folder left by a job id that a rolled-back
+    transaction once used must not leak an old bundle-output.md into this job."""
+    folder = job_dir(state_dir, job_id)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return folder
+
+
 def display_path(root: Path, path: Path) -> str:
     """Root-relative when under the root (SPEC §10), else absolute."""
     try:
@@ -360,11 +370,7 @@ def _create_one(
         )
         pairs.append(JobPair(it.note_path, it.gate.gate_id, it.gate.path))
 
-    # A folder left by a job id that a rolled-back transaction once used must not leak
-    # an old bundle-output.md into this job.
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    make_job_folder(state_dir, job_id)
     output = folder / "bundle-output.md"
     prompt = render_job_prompt(job_id, display_path(root, output), group)
     (folder / "prompt.md").write_text(prompt, encoding="utf-8")
