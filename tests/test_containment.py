@@ -25,14 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cycles.fixes import apply_fix, create_fix_job
-from orchestrator.kb.gates import load_catalog
+from orchestrator.cycles.fixes import apply_fix
 from orchestrator.kb.notes import KB
 from orchestrator.review.bundle import end_line, start_line
 from orchestrator.state.store import Store
 
 from .test_cycles_integration import config as configure
-from .test_cycles_integration import db, profile, rq
+from .test_cycles_integration import db, profile, queue_fix, rq
 
 NOTE = "kb/notes/alpha.md"
 OTHER = "kb/notes/beta.md"
@@ -222,19 +221,7 @@ def test_a_fix_never_writes_through_a_symlinked_folder(kb, tmp_path):
     before = snapshot(tmp_path, skip=kb.state)
     root = KB.open(kb.root)
     with Store.open(kb.state) as store:
-        job_id = create_fix_job(
-            root,
-            load_catalog(root),
-            store,
-            kb.state,
-            note_path=note,
-            partition="fake",
-            fixer="fake",
-            review_reviewer="fake",
-            sweep=None,
-            sweep_run_id=None,
-            source_job_id=None,
-        )
+        job_id = queue_fix(root, store, kb.state, note)
         if job_id is not None:
             job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
             fixed = kb.read(note) + "Fixed.\n"

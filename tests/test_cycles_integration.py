@@ -56,6 +56,23 @@ def db(kb) -> sqlite3.Connection:
     return conn
 
 
+def queue_fix(root: KB, store: Store, state: Path, note_path: str) -> int | None:
+    """A fix job by the ``fake`` profile for a note's FAILs, outside any sweep."""
+    return create_fix_job(
+        root,
+        load_catalog(root),
+        store,
+        state,
+        note_path=note_path,
+        partition="fake",
+        fixer="fake",
+        review_reviewer="fake",
+        sweep=None,
+        sweep_run_id=None,
+        source_job_id=None,
+    )
+
+
 def review_jobs_for(kb, gate_id: str) -> list[sqlite3.Row]:
     with db(kb) as conn:
         return conn.execute(
@@ -312,18 +329,6 @@ def test_a_fix_job_folder_left_by_a_rolled_back_id_starts_empty(cyc):
         stale = job_dir(cyc.state, next_id)
         stale.mkdir(parents=True)
         (stale / "bundle-output.md").write_text("an old output\n")
-        job_id = create_fix_job(
-            root,
-            load_catalog(root),
-            store,
-            cyc.state,
-            note_path=NOTE,
-            partition="fake",
-            fixer="fake",
-            review_reviewer="fake",
-            sweep=None,
-            sweep_run_id=None,
-            source_job_id=None,
-        )
+        job_id = queue_fix(root, store, cyc.state, NOTE)
     assert job_id == next_id
     assert sorted(p.name for p in stale.iterdir()) == ["MANIFEST.json"]
