@@ -101,7 +101,8 @@ class Group(click.Group):
             # Read-only commands skip the log file to stay fast and create nothing; a bug
             # in one still needs its traceback where an operator looks (main logs it).
             ws = ctx.obj
-            if isinstance(ws, Workspace) and ws.state_dir.is_dir():
+            read_only = ctx.invoked_subcommand in READ_ONLY
+            if read_only and isinstance(ws, Workspace) and ws.state_dir.is_dir():
                 logs.configure(ws.state_dir)
             raise
 
