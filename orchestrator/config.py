@@ -344,6 +344,8 @@ def load_settings(
             data = tomllib.loads(config_path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{config_path}: {exc}") from None
+        except OSError as exc:  # a folder, no permission
+            raise ConfigError(f"{config_path}: {exc.strerror or exc}") from None
     elif config:
         raise ConfigError(f"{config_path}: no such file")
     try:

@@ -89,3 +89,10 @@ def test_load_settings_raises_config_error_not_attribute_error(kb):
     kb.write("reviewq.toml", "kb = 1\n")
     with pytest.raises(ConfigError, match=r"\[kb\]: expected a table"):
         load_settings(kb.root)
+
+
+def test_a_config_path_that_is_a_folder_is_one_error_line(kb, run_cli):
+    (kb.root / "conf").mkdir()
+    res = run_cli("--config", str(kb.root / "conf"), "gates")
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [f"error: {kb.root / 'conf'}: Is a directory"]
