@@ -352,6 +352,9 @@ def load_settings(
         settings = _settings(data, root_path, state)
     except ConfigError as exc:
         raise ConfigError(f"{config_path} {exc}") from None
+    if settings.state_dir.exists() and not settings.state_dir.is_dir():
+        where = "--state" if state else f"{config_path} [state] dir"
+        raise ConfigError(f"{where} {settings.state_dir}: not a folder")
     for profile in settings.reviewers.values():
         logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
     if settings.queue.url:

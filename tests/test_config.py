@@ -96,3 +96,11 @@ def test_a_config_path_that_is_a_folder_is_one_error_line(kb, run_cli):
     res = run_cli("--config", str(kb.root / "conf"), "gates")
     assert res.exit_code == 1
     assert res.stderr.splitlines() == [f"error: {kb.root / 'conf'}: Is a directory"]
+
+
+@pytest.mark.parametrize("command", ["status", "enqueue"])
+def test_a_state_path_that_is_a_file_is_one_error_line(kb, run_cli, command):
+    (kb.root / "f").write_text("")
+    res = run_cli("--state", str(kb.root / "f"), command)
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [f"error: --state {kb.root / 'f'}: not a folder"]
