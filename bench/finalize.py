@@ -221,7 +221,7 @@ class Split:
 
 
 def atomic_write_no_fsync(path: Path, data: str | bytes) -> None:
-    """What-if only: ``orchestrator.state.files.atomic_write`` (temp file + rename) without the
+    """What-if only: ``orchestrator.kb.atomicfile.atomic_write`` (temp file + rename) without the
     per-file fsync, to show what the result files would cost without it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -20,10 +20,11 @@ import shutil
 import sqlite3
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+from orchestrator.state.store import utcnow
 
 from .harness import (
     Cluster,
@@ -42,10 +43,6 @@ from .harness import (
 pytestmark = pytest.mark.integration
 
 OUTAGE_S = 10.0
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _window(state: Path, start: str, end: str | None = None) -> list[dict]:
@@ -170,13 +167,13 @@ def test_redis_outage_mid_sweep(tmp_path, mode):
         cluster.start()
         sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
         fifo.await_starts(6)  # mid-way: six of the twenty agents have started
-        t_down = _now()
+        t_down = utcnow()
         if mode == "sigstop":
             redis.pause()
         else:
             redis.kill()
         time.sleep(OUTAGE_S)  # the outage itself
-        t_up = _now()
+        t_up = utcnow()
         if mode == "sigstop":
             redis.resume()
         else:
@@ -212,10 +209,10 @@ def _hold_exclusive(path: Path, seconds: float) -> tuple[str, str]:
     conn = sqlite3.connect(path, timeout=60, isolation_level=None)
     try:
         conn.execute("BEGIN EXCLUSIVE")
-        start = _now()
+        start = utcnow()
         time.sleep(seconds)
         conn.execute("COMMIT")
-        return start, _now()
+        return start, utcnow()
     finally:
         conn.close()
 
@@ -348,7 +345,7 @@ def _full_disk_run(
         cluster.start()
         fifo.await_starts(1)  # the agent runs and waits at the gate
         filler = disk.fill(leave=4096)  # room for its output, none for the result files
-        out["t_full"] = _now()
+        out["t_full"] = utcnow()
         gate.open_gate()  # this agent and any later one (a fixer) go on
         if full_for is not None:
             time.sleep(full_for)  # the disk stays full this long: the scenario
