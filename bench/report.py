@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.state.store import Store  # noqa: E402
+from orchestrator.state.store import Store, timestamp  # noqa: E402
 
 TARGET_S = 2.0
 TARGET_BYTES = 5_000_000
@@ -45,10 +45,6 @@ GATES = [
     for lens in ("prose", "frontmatter", "access", "links")
     for i in range(10)
 ]
-
-
-def ts(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def note_text(i: int, rng: random.Random) -> str:
@@ -83,14 +79,14 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
             note_snaps = [
                 c.execute(
                     "INSERT INTO snapshots (path, sha256, text, created_at) VALUES (?, ?, ?, ?) RETURNING id",
-                    (f"kb/notes/n{i:05d}.md", f"n{i}", texts[i], ts(now)),
+                    (f"kb/notes/n{i:05d}.md", f"n{i}", texts[i], timestamp(now)),
                 ).fetchone()[0]
                 for i in range(notes)
             ]
             gate_snaps = [
                 c.execute(
                     "INSERT INTO snapshots (path, sha256, text, created_at) VALUES (?, ?, ?, ?) RETURNING id",
-                    (f"kb/instructions/review-gates/{g}.md", f"g{g}", f"# {g}\n", ts(now)),
+                    (f"kb/instructions/review-gates/{g}.md", f"g{g}", f"# {g}\n", timestamp(now)),
                 ).fetchone()[0]
                 for g in GATES
             ]
@@ -101,7 +97,7 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                 run = c.execute(
                     "INSERT INTO sweep_runs (name, trigger, options, started_at, jobs) VALUES "
                     "('nightly', 'cron', '{}', ?, ?) RETURNING id",
-                    (ts(start), n_jobs),
+                    (timestamp(start), n_jobs),
                 ).fetchone()[0]
                 job_rows, pair_rows, attempt_rows = [], [], []
                 for k in range(n_jobs):
@@ -112,7 +108,7 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                     job_rows.append(
                         (job_id, "failed" if failed else "completed", GATES[lens_i * 10].split("/")[0],
                          "claude", run, json.dumps(["exited 1 after 12 s: rate limited"]) if failed else None,
-                         ts(t), ts(t + timedelta(seconds=30)), ts(t + timedelta(seconds=30)))
+                         timestamp(t), timestamp(t + timedelta(seconds=30)), timestamp(t + timedelta(seconds=30)))
                     )  # fmt: skip
                     note = rng.randrange(notes)
                     for g in range(5):
@@ -127,13 +123,13 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                             (job_id, f"kb/notes/n{note:05d}.md", gate, f"kb/instructions/review-gates/{gate}.md",
                              gate.split("/")[0], note_snaps[note], gate_snaps[GATES.index(gate)], decision,
                              f"Summary: s.\nFindings:\n- medium: finding about {gate}\n## Result: {decision}",
-                             ts(t + timedelta(seconds=30)) if decision else None)
+                             timestamp(t + timedelta(seconds=30)) if decision else None)
                         )  # fmt: skip
                         if night == 0 and decision:
                             counts["pairs"] += 1
                             counts[decision] = counts.get(decision, 0) + 1
                     attempt_rows.append(
-                        (job_id, 1, "queue", "failed" if failed else "finalized", ts(t), ts(t + timedelta(seconds=30)),
+                        (job_id, 1, "queue", "failed" if failed else "finalized", timestamp(t), timestamp(t + timedelta(seconds=30)),
                          3, 12_000, 900, 0.021, 30.0)
                     )  # fmt: skip
                     if night == 0:
@@ -166,7 +162,7 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                     )
                     fixed_snap = c.execute(
                         "INSERT INTO snapshots (path, sha256, text, created_at) VALUES (?, ?, ?, ?) RETURNING id",
-                        (f"kb/notes/n{note:05d}.md", f"f{job_id}", fixed, ts(now)),
+                        (f"kb/notes/n{note:05d}.md", f"f{job_id}", fixed, timestamp(now)),
                     ).fetchone()[0]
                     t = start + timedelta(seconds=k * 3)
                     c.execute(
@@ -180,9 +176,9 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                             f"kb/notes/n{note:05d}.md",
                             fixed_snap,
                             f"{job_id:040x}",
-                            ts(t),
-                            ts(t),
-                            ts(t),
+                            timestamp(t),
+                            timestamp(t),
+                            timestamp(t),
                         ),
                     )
                     c.execute(
@@ -199,7 +195,7 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                             "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, "
                             "fixer, report_path, raised_at) VALUES ('claude', ?, ?, '3 consecutive rejections', 3, "
                             "'claude', 'claude', '', ?) RETURNING id",
-                            (f"kb/notes/n{note:05d}.md", g, ts(now)),
+                            (f"kb/notes/n{note:05d}.md", g, timestamp(now)),
                         ).fetchone()[0]
                         rel = f"escalations/escalation-{esc}.md"
                         c.execute("UPDATE escalations SET report_path = ? WHERE id = ?", (rel, esc))

@@ -32,14 +32,10 @@ from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import split_job
 from orchestrator.state.files import write_due_job_files, write_job_files_after_commit
 from orchestrator.state.status import Pause, paused_reviewers, spent_usd
-from orchestrator.state.store import timestamp, utcnow
+from orchestrator.state.store import parse_timestamp, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
-
-
-def _parse(ts: str) -> datetime:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
 
 
 class Control:
@@ -496,12 +492,12 @@ class Control:
         reaped = 0
         for r in rows:
             lost_reason = None
-            if r["outcome"] == "running" and _parse(r["heartbeat_at"]) < now - lease:
+            if r["outcome"] == "running" and parse_timestamp(r["heartbeat_at"]) < now - lease:
                 lost_reason = f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
             elif r["outcome"] == "dispatched":
                 profile = self.settings.reviewers.get(r["reviewer"] or "")
                 wait = lease + timedelta(seconds=profile.timeout if profile else 0)
-                if _parse(r["started_at"]) < now - wait:
+                if parse_timestamp(r["started_at"]) < now - wait:
                     lost_reason = "never picked up by a worker"
             elif r["outcome"] not in ("dispatched", "running"):
                 lost_reason = f"ended ({r['outcome']}) but was not acted on"

@@ -10,8 +10,9 @@ import statistics
 from datetime import timedelta
 from pathlib import Path
 
-from orchestrator.report.period import Period, iso, parse_ts
-from orchestrator.state.store import Store
+from orchestrator.report.period import Period
+from orchestrator.state.status import paused_reviewers
+from orchestrator.state.store import Store, parse_timestamp, timestamp
 
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
@@ -109,12 +110,10 @@ def _needs_you(
     )
     for f in failed:
         f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
-    paused = _rows(
-        store,
-        "SELECT name AS reviewer, paused_until, paused_reason FROM reviewer_state "
-        "WHERE paused_until > ? ORDER BY name",
-        (now,),
-    )
+    paused = [
+        {"reviewer": name, "paused_until": pause.until, "paused_reason": pause.reason}
+        for name, pause in sorted(paused_reviewers(store, now).items())
+    ]
     for p in paused:
         reason = p.pop("paused_reason")
         if reason:  # the CLI's own words: a key, a quota, an endpoint, a missing program
@@ -294,7 +293,9 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
         f"WHERE {scope} AND j.grouping != 'human'",
         args,
     ).fetchone()
-    wall = (parse_ts(last) - parse_ts(first)).total_seconds() if first and last else 0.0
+    wall = (
+        (parse_timestamp(last) - parse_timestamp(first)).total_seconds() if first and last else 0.0
+    )
     warns = _rows(
         store,
         f"SELECT p.note_path, p.gate_id, p.rationale, j.id AS job_id {pair_scope} AND p.decision = 'WARN' "
@@ -326,8 +327,8 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
 
 
 def _trends(store: Store, period: Period) -> dict:
-    end = parse_ts(period.until)
-    start = iso(end - timedelta(days=TREND_NIGHTS))
+    end = parse_timestamp(period.until)
+    start = timestamp(end - timedelta(days=TREND_NIGHTS))
     nights = [
         (end - timedelta(hours=12) - timedelta(days=i)).date().isoformat()
         for i in reversed(range(TREND_NIGHTS))

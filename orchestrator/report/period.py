@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 
 from orchestrator.config import ConfigError, parse_duration
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, parse_timestamp, timestamp, utcnow
 
 DEFAULT_WINDOW = timedelta(hours=24)
 
@@ -27,14 +27,6 @@ class Period:
         return {"since": self.since, "until": self.until, "label": self.label, "run": self.run_id}
 
 
-def iso(t: datetime) -> str:
-    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_ts(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
 
@@ -52,21 +44,25 @@ def resolve(
     if len(chosen) > 1:
         raise ReportError(f"{' and '.join(chosen)}: choose one period")
     until = now or utcnow()
-    end = parse_ts(until)
+    end = parse_timestamp(until)
     if since:
         if _DATE.match(since):
             try:
-                start = parse_ts(since if "T" in since or " " in since else since + "T00:00:00Z")
+                start = parse_timestamp(
+                    since if "T" in since or " " in since else since + "T00:00:00Z"
+                )
             except ValueError:
                 raise ReportError(f"--since {since!r}: not a date or time") from None
             if start.tzinfo is None:
                 start = start.replace(tzinfo=UTC)
-            return Period(iso(start), until, f"since {iso(start)[:16]}Z")
+            return Period(timestamp(start), until, f"since {timestamp(start)[:16]}Z")
         try:
             seconds = parse_duration(since, "--since")
         except ConfigError as exc:
             raise ReportError(str(exc)) from None
-        return Period(iso(end - timedelta(seconds=seconds)), until, f"the last {since.strip()}")
+        return Period(
+            timestamp(end - timedelta(seconds=seconds)), until, f"the last {since.strip()}"
+        )
     if sweep or run is not None:
         if run is not None:
             row = store.conn.execute(
@@ -85,7 +81,7 @@ def resolve(
     last = store.conn.execute("SELECT until FROM report_runs ORDER BY id DESC LIMIT 1").fetchone()
     if last is not None:
         return Period(last[0], until, f"since the last report ({last[0][:16]}Z)")
-    return Period(iso(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
+    return Period(timestamp(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
 
 
 def record(store: Store, period: Period, html_path: str | None) -> None:

@@ -26,9 +26,14 @@ class StoreError(Exception):
 
 
 def timestamp(at: datetime) -> str:
-    """A UTC time as state.db stores it: ISO 8601 to the millisecond, with a ``Z``, so
+    """A time as state.db stores it: in UTC, ISO 8601 to the millisecond, with a ``Z``, so
     stored times compare as text."""
-    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """The time a :func:`timestamp` (or any ISO 8601 text) names."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def utcnow() -> str:
