@@ -6,9 +6,6 @@ import ast
 
 from .conftest import PROJECT
 
-# `decide` is being reworked (grouped decisions); its lookup moves with that change.
-NOT_YET_MOVED = {"decide_cmd"}
-
 
 def _functions_running_sql(path) -> set[str]:
     found = set()
@@ -29,4 +26,4 @@ def test_cli_commands_run_no_sql_of_their_own():
     found = set()
     for path in sorted((PROJECT / "orchestrator" / "cli").glob("*.py")):
         found |= _functions_running_sql(path)
-    assert {f.split(":")[1] for f in found} <= NOT_YET_MOVED, sorted(found)
+    assert not found, sorted(found)
