@@ -7,7 +7,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.atomicfile import atomic_write, mode_of
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notes import KB, KBError, NoteParseError, parse_note_text, split_frontmatter
 
@@ -150,7 +150,7 @@ def test_atomic_write_keeps_a_notes_mode_and_leaves_no_temp_file(tmp_path):
     note = tmp_path / "note.md"
     note.write_text("old\n")
     note.chmod(0o640)
-    atomic_write(note, "new\n", durable=True, keep_mode=True)
+    atomic_write(note, "new\n", durable=True, mode=mode_of(note))
     assert note.read_text() == "new\n" and note.stat().st_mode & 0o777 == 0o640
     rendering = tmp_path / "sub" / "MANIFEST.json"
     atomic_write(rendering, b"{}")

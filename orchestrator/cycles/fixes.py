@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.atomicfile import atomic_write, mode_of
 from orchestrator.kb.gates import Catalog
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
@@ -242,7 +242,7 @@ def apply_fix(
             "UPDATE review_jobs SET fixed_snapshot_id = ? WHERE id = ?", (fixed, job["id"])
         )
     # Durable, and the note keeps its permissions: this is a person's note, not a rendering.
-    atomic_write(path, data, durable=True, keep_mode=True)
+    atomic_write(path, data, durable=True, mode=mode_of(path))
     commit = commit_applied_fix(kb, store, job, rel, given, data) if git_commit else None
     return FixResult("applied", new_sha256=sha, commit=commit)
 

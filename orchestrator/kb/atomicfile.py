@@ -10,16 +10,20 @@ import tempfile
 from pathlib import Path
 
 
+def mode_of(path: Path) -> int:
+    """The permissions of an existing file, for a replacement that keeps them."""
+    return stat.S_IMODE(path.stat().st_mode)
+
+
 def atomic_write(
-    path: Path, data: str | bytes, *, durable: bool = False, keep_mode: bool = False
+    path: Path, data: str | bytes, *, durable: bool = False, mode: int | None = None
 ) -> None:
     """Write ``data`` to ``path`` via a temp file and a rename. ``durable`` syncs the data
     before the rename: a person's note needs it; files regenerable from state.db skip it
-    (a crash can lose them, never leave half of one). ``keep_mode`` gives the new file the
-    permissions of the one it replaces (a note keeps its mode; renderings are 0600)."""
+    (a crash can lose them, never leave half of one). ``mode``: the new file's permissions
+    (default 0600, the owner's only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    mode = stat.S_IMODE(path.stat().st_mode) if keep_mode else None
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

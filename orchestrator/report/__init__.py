@@ -7,12 +7,10 @@ can run while the control process works.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.report import data as _data
 from orchestrator.report import period as _period
 from orchestrator.report import render
@@ -55,22 +53,7 @@ def make_report(
         # The page renders rows already committed; it is written after the report is recorded.
         page = render.html(data)
         try:
-            _write(html_path, page)
+            atomic_write(html_path, page, mode=0o644)
         except OSError as exc:
             raise ReportError(f"--html {html_path}: cannot write ({exc.strerror or exc})") from None
     return Report(data, html_path)
-
-
-def _write(path: Path, text: str) -> None:
-    """A reader (a browser reloading the page) sees the old page or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
