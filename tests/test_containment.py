@@ -582,3 +582,18 @@ def test_a_read_only_command_without_a_state_folder_creates_none_on_an_internal_
     )
     assert proc.returncode == 1 and proc.stderr.startswith("error: internal error:")
     assert not flow.state.exists()
+
+
+def test_an_unwritable_log_never_hides_the_internal_error_it_was_to_record(flow):
+    flow.state.mkdir()
+    (flow.state / "logs").write_text("a file where the log folder belongs\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "error: internal error: RuntimeError: read broke (please report it)"
+    ]

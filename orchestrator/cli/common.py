@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import sys
@@ -103,7 +104,9 @@ class Group(click.Group):
             ws = ctx.obj
             read_only = ctx.invoked_subcommand in READ_ONLY
             if read_only and isinstance(ws, Workspace) and ws.state_dir.is_dir():
-                logs.configure(ws.state_dir)
+                # A log that cannot be opened must not replace the error it was to record.
+                with contextlib.suppress(OSError):
+                    logs.configure(ws.state_dir)
             raise
 
 
