@@ -104,3 +104,13 @@ def test_a_state_path_that_is_a_file_is_one_error_line(kb, run_cli, command):
     res = run_cli("--state", str(kb.root / "f"), command)
     assert res.exit_code == 1
     assert res.stderr.splitlines() == [f"error: --state {kb.root / 'f'}: not a folder"]
+
+
+def test_a_log_folder_that_cannot_be_made_is_one_error_line(kb, run_cli):
+    kb.state.mkdir()
+    (kb.state / "logs").write_text("a file where the log folder belongs\n")
+    res = run_cli("create-jobs", "--input", "-", input="{}")
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [
+        f"error: {kb.state / 'logs'}: cannot open the log: File exists"
+    ]

@@ -133,4 +133,8 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     # Commands that change state log to the state folder's log and say only warnings on
     # stderr; the consumers reconfigure for their own stream. Read-only commands skip it.
     if ctx.invoked_subcommand not in READ_ONLY:
-        logs.configure(ws.state_dir)
+        try:
+            logs.configure(ws.state_dir)
+        except OSError as exc:
+            where = exc.filename or logs.log_path(ws.state_dir)
+            raise Refused(f"{where}: cannot open the log: {exc.strerror or exc}") from None
