@@ -337,6 +337,9 @@ def load_settings(
     root: str | Path = ".", state: str | Path | None = None, config: str | Path | None = None
 ) -> Settings:
     root_path = Path(root).resolve()
+    if not root_path.is_dir():
+        # A mistyped --root would otherwise read as a KB with nothing in it.
+        raise ConfigError(f"--root {root}: not a folder")
     config_path = Path(config) if config else root_path / "reviewq.toml"
     data: dict = {}
     if config_path.exists():

@@ -114,3 +114,13 @@ def test_a_log_folder_that_cannot_be_made_is_one_error_line(kb, run_cli):
     assert res.stderr.splitlines() == [
         f"error: {kb.state / 'logs'}: cannot open the log: File exists"
     ]
+
+
+@pytest.mark.parametrize("command", ["status", "select"])
+def test_a_root_that_is_not_a_folder_is_one_error_line(tmp_path, run_cli, command):
+    # A mistyped --root used to print an empty status, as if the KB had nothing in it.
+    missing = tmp_path / "no-such-kb"
+    res = run_cli("--root", str(missing), command)
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [f"error: --root {missing}: not a folder"]
+    assert not missing.exists()
