@@ -332,3 +332,19 @@ def test_a_fix_job_folder_left_by_a_rolled_back_id_starts_empty(cyc):
         job_id = queue_fix(root, store, cyc.state, NOTE)
     assert job_id == next_id
     assert sorted(p.name for p in stale.iterdir()) == ["MANIFEST.json"]
+
+
+def test_an_unchanged_fix_escalates_with_a_report_that_reads_as_one_sentence(kb):
+    # The offline fixer cannot write prose: it returns an empty body as it was, and the
+    # third rejection says so. The finding's own full stop must not end up in front of
+    # the semicolon (".;").
+    kb.gate("prose/body-check", ["body"])
+    kb.note("empty", body="")
+    res = rq(kb, "sweep", "--reviewer", "offline", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        esc = conn.execute("SELECT * FROM escalations").fetchone()
+    assert "changed nothing" in esc["reason"]
+    recommend = (kb.state / esc["report_path"]).read_text().splitlines()[1]
+    assert recommend.endswith("; the fixer's last attempt changed nothing.")
+    assert ".;" not in recommend

@@ -173,7 +173,8 @@ class FollowUp:
                         p,
                         f"{n} consecutive rejections (the last fix changed nothing)",
                         opts,
-                        cycles.gist(p["rationale"]) + "; the fixer's last attempt changed nothing",
+                        cycles.gist(p["rationale"]).rstrip(".")
+                        + "; the fixer's last attempt changed nothing",
                     )
                 else:
                     retry_fix = True
