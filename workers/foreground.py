@@ -6,11 +6,23 @@ try a reviewer profile on a single job, and for tests of the lifecycle itself.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
-from orchestrator.control.attempts import fail_job, open_attempt, record_end, requeue_job
+from orchestrator import logs
+from orchestrator.control.attempts import (
+    fail_job,
+    heartbeat,
+    open_attempt,
+    record_end,
+    requeue_job,
+    set_outcome,
+)
+from orchestrator.control.followup import FollowUp
 from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.finalize import FinalizeError, FinalizeResult, Provenance, finalize
+from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
 from .attempt import LAUNCH_FAILURE, OUTPUT, REVIEWER_FAILURE, AttemptOutcome, run_attempt
@@ -40,8 +52,21 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
             f"but job {job_id} belongs to {job['model_partition']}"
         )
     opened = open_attempt(store, ws.state_dir, ws.root, job_id, profile.name)
+    note_path = store.conn.execute(
+        "SELECT note_path FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()[0]
+    runner = f"{socket.gethostname()}:{os.getpid()}"
+
+    def beat() -> None:
+        # A control process may be running: without heartbeats its reaper takes the
+        # attempt for lost after lease_seconds, and a worker runs a second agent on the job.
+        try:
+            heartbeat(store, job_id, opened.attempt, runner, utcnow())
+        except Exception as exc:  # a missed heartbeat is not worth killing the agent for
+            logs.get().warning("attempt.heartbeat_failed", job_id=job_id, error=str(exc))
+
     spec = AttemptSpec(
-        task="review",
+        task=opened.kind,
         job_id=job_id,
         attempt=opened.attempt,
         prompt_path=opened.prompt_path,
@@ -50,6 +75,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         attempt_dir=opened.attempt_dir,
         root=ws.root,
         model=profile.model,
+        note_path=note_path if opened.kind == "fix" else None,
     )
     outcome = run_attempt(
         reviewer,
@@ -59,6 +85,8 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         guarded=opened.guarded,
         trees=opened.trees,
         max_output_bytes=ws.settings.max_output_bytes,
+        on_tick=beat,
+        tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
     )
     result: FinalizeResult | None = None
     record_end(
@@ -72,7 +100,9 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         telemetry=outcome.telemetry,
         duration_s=outcome.duration_s,
     )
-    if outcome.classification == OUTPUT:
+    if outcome.classification == OUTPUT and opened.kind == "fix":
+        result = _apply_fix(ws, job_id, opened.attempt, outcome)
+    elif outcome.classification == OUTPUT:
         result = finalize(
             store,
             ws.state_dir,
@@ -89,3 +119,23 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     else:
         fail_job(store, ws.state_dir, job_id, outcome.reasons)
     return ForegroundResult(outcome, result)
+
+
+def _apply_fix(ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome) -> FinalizeResult:
+    """A fixer's output is the note's new text, applied as the control process would; an
+    unusable one fails the job at once, as the manual path does for a review."""
+    store = ws.store
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    with store.write():
+        problem = FollowUp(ws).fix_output(job, outcome.output)
+        set_outcome(
+            store,
+            job_id,
+            attempt,
+            "invalid-output" if problem else "finalized",
+            [problem] if problem else None,
+        )
+    if problem:
+        fail_job(store, ws.state_dir, job_id, [problem])
+        return FinalizeResult(job_id, "failed", [problem])
+    return FinalizeResult(job_id, "completed")

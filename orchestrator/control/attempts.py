@@ -133,6 +133,20 @@ def render_audit_preamble(store: Store, job_id: int) -> str:
     return template("audit").substitute(rationales=rationales)
 
 
+def heartbeat(
+    store: Store, job_id: int, attempt: int, worker: str, now: str, launched: bool = False
+) -> None:
+    """An open attempt is alive: refresh its lease (a launch also moves it to running)."""
+    with store.write():
+        store.conn.execute(
+            "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
+            "launched_at = CASE WHEN ? THEN COALESCE(launched_at, ?) ELSE launched_at END, "
+            "outcome = CASE WHEN ? AND outcome = 'dispatched' THEN 'running' ELSE outcome END "
+            "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
+            (now, worker, launched, now, launched, job_id, attempt),
+        )
+
+
 def record_end(
     store: Store,
     job_id: int,
@@ -167,6 +181,18 @@ def record_end(
                 job_id,
                 attempt,
             ),
+        )
+
+
+def set_outcome(
+    store: Store, job_id: int, attempt: int, outcome: str, reasons: list[str] | None = None
+) -> None:
+    """What the control side judged of an attempt whose end is already recorded."""
+    with store.write():
+        store.conn.execute(
+            "UPDATE attempts SET outcome = ?, reasons = COALESCE(?, reasons) "
+            "WHERE job_id = ? AND attempt = ?",
+            (outcome, json.dumps(reasons) if reasons else None, job_id, attempt),
         )
 
 

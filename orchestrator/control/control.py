@@ -24,6 +24,7 @@ from orchestrator.control.attempts import (
     FAILED_SQL,
     OpenedAttempt,
     fail_job,
+    heartbeat,
     open_attempt,
     record_end,
 )
@@ -203,15 +204,7 @@ class Control:
 
     # --- messages from workers --------------------------------------------------------
     def on_heartbeat(self, job_id: int, attempt: int, worker: str, launched: bool = False) -> None:
-        now = timestamp(self.now())
-        with self.store.write():
-            self.store.conn.execute(
-                "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
-                "launched_at = CASE WHEN ? THEN COALESCE(launched_at, ?) ELSE launched_at END, "
-                "outcome = CASE WHEN ? AND outcome = 'dispatched' THEN 'running' ELSE outcome END "
-                "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
-                (now, worker, launched, now, launched, job_id, attempt),
-            )
+        heartbeat(self.store, job_id, attempt, worker, timestamp(self.now()), launched)
         if launched:
             self.log.info("attempt.started", job_id=job_id, attempt=attempt, worker=worker)
 

@@ -1,0 +1,88 @@
+"""``reviewq run-job``: one attempt in the foreground, beside a running control process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cycles.fixes import create_fix_job
+from orchestrator.state.workspace import Workspace
+from workers.foreground import run_job
+
+from .conftest import reviewq_process
+from .test_queue_integration import FAST_QUEUE, db, fake_profile, log_lines, rq, small_kb
+
+pytestmark = pytest.mark.integration
+
+
+def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
+    small_kb(kb, notes=1)
+    # A lease of 1 s and a reaper every 0.2 s: an attempt with no heartbeats is lost at once.
+    kb.write(
+        "reviewq.toml",
+        fake_profile()
+        + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 1").replace(
+            "reaper_seconds = 0.5", "reaper_seconds = 0.2"
+        ),
+    )
+    sel = rq(kb, "select", "frontmatter", "--model", "fake", "--json")
+    made = reviewq_process(
+        "--root",
+        str(kb.root),
+        "create-jobs",
+        "--input",
+        "-",
+        "--grouping",
+        "note",
+        input=sel.stdout,
+    )
+    assert made.returncode == 0, made.stderr
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    try:
+        res = rq(kb, "run-job", "1", "--reviewer", "fake", env={"FAKE_SLEEP": "3"})
+    finally:
+        control.send_signal(signal.SIGINT)
+        control.wait(timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+    with db(kb) as conn:
+        outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
+        status = conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()[0]
+    assert outcomes == [(1, "finalized")] and status == "completed"
+    # Reaped, the job would be queued again and a worker could run a second agent on it.
+    assert not [e for e in log_lines(kb) if e["event"] == "attempt.lost"]
+
+
+def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.write("reviewq.toml", fake_profile())
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    job_id = create_fix_job(
+        ws.kb,
+        ws.catalog(),
+        ws.store,
+        ws.state_dir,
+        note_path=note,
+        partition="fake",
+        fixer="fake",
+        review_reviewer="fake",
+        sweep=None,
+        sweep_run_id=None,
+        source_job_id=None,
+    )
+    monkeypatch.setenv("FAKE_FIX_APPEND", "FIXED by run-job.")
+    res = run_job(ws, job_id, "fake")
+    assert res.outcome.classification == "output", res.outcome.reasons
+    assert res.ok
+    assert "FIXED by run-job." in kb.read(note)
+    row = ws.store.conn.execute(
+        "SELECT status, result FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    assert tuple(row) == ("completed", "applied")
+    ws.close()
