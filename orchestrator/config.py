@@ -7,6 +7,8 @@ exists unless the file defines one, so a fresh checkout runs end to end.
 from __future__ import annotations
 
 import re
+import shlex
+import string
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +23,10 @@ GROUPINGS = ("note", "gate")
 _DURATION = re.compile(
     r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$"
 )
+
+
+# What a `command` profile's argv may name; workers.reviewers.AttemptSpec fills each.
+PLACEHOLDERS = ("prompt_path", "output_path", "job_dir", "job_id", "attempt", "model", "root")
 
 
 class ConfigError(ValueError):
@@ -155,6 +161,16 @@ class _Table:
     def _at(self, key: str) -> str:
         return f"{self.where} {key}".lstrip()
 
+    def argv(self, key: str) -> tuple[str, ...]:
+        """A command as a list, or as one string split the way a shell would."""
+        value = self.data.get(key)
+        if isinstance(value, str):
+            try:
+                return tuple(shlex.split(value))
+            except ValueError as exc:
+                raise ConfigError(f"{self._at(key)}: {exc}") from None
+        return self.strings(key)
+
     def string(self, key: str, default: str = "") -> str:
         value = self.data.get(key, default)
         if not isinstance(value, str):
@@ -249,6 +265,21 @@ _QUEUE_KEYS = {
 }
 
 
+def _check_placeholders(parts: tuple[str, ...], where: str) -> None:
+    """An unknown ``{name}`` would fail every attempt at launch; refuse it now."""
+    for part in parts:
+        try:
+            names = [f[1] for f in string.Formatter().parse(part) if f[1] is not None]
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {part!r}: {exc}") from None
+        for name in names:
+            if name not in PLACEHOLDERS:
+                known = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                raise ConfigError(
+                    f"{where}: unknown placeholder {{{name}}} in {part!r} (known: {known})"
+                )
+
+
 def _reviewer(name: str, value: object) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
     t = _Table(value, where, _REVIEWER_KEYS)
@@ -259,7 +290,9 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     if kind not in ("offline", "command") and not model:
         raise ConfigError(f"{where} model: required for kind {kind!r}")
     partition = t.string("partition") or ("offline" if kind == "offline" else model or name)
-    command = t.strings("command")
+    command = t.argv("command")
+    if kind == "command":  # only this kind fills placeholders, in its command and args
+        _check_placeholders((*command, *t.strings("args")), f"{where} command")
     if kind == "command" and not command:
         raise ConfigError(f"{where} command: required for kind 'command' (an argv list)")
     base_url = t.string("base_url")

@@ -489,3 +489,51 @@ def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     stderr = _stderr(kb2)
     assert stderr.startswith(f"openai reviewer: cannot reach http://127.0.0.1:{port}/v1/")
     assert "Traceback" not in stderr and "pw" not in stderr and KEY not in stderr
+
+
+# --- errors before the agent starts ----------------------------------------------------------
+
+
+def test_an_unknown_placeholder_is_refused_when_the_config_loads(tmp_path, run_cli, kb):
+    from orchestrator.config import ConfigError, load_settings
+
+    kb.write("reviewq.toml", '[reviewers.x]\nkind = "command"\ncommand = "echo {prompt_pth}"\n')
+    with pytest.raises(ConfigError, match=r"\{prompt_pth\}") as err:
+        load_settings(kb.root)
+    assert "reviewers.x" in str(err.value) and "command" in str(err.value)
+    res = run_cli("doctor")
+    assert res.exit_code == 1 and "{prompt_pth}" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_doctor_checks_the_first_word_of_a_command_string(run_cli, kb):
+    kb.write("reviewq.toml", '[reviewers.x]\nkind = "command"\ncommand = "echo {prompt_path}"\n')
+    res = run_cli("doctor")
+    line = next(x for x in (res.stdout + res.stderr).splitlines() if "reviewer x" in x)
+    assert "not on PATH" not in line, line
+    kb.write(
+        "reviewq.toml", '[reviewers.x]\nkind = "command"\ncommand = "no-such-agent-cli {job_id}"\n'
+    )
+    res = run_cli("doctor")
+    line = next(x for x in (res.stdout + res.stderr).splitlines() if "reviewer x" in x)
+    assert "no-such-agent-cli not on PATH" in line, line
+
+
+def test_an_adapter_that_raises_before_launch_still_gives_an_outcome(tmp_path):
+    from workers.attempt import run_attempt
+    from workers.reviewers.base import Reviewer
+
+    class Broken(Reviewer):
+        kind = "command"
+
+        def command(self, spec):
+            raise KeyError("unknown placeholder {prompt_pth} in command")
+
+    spec = AttemptSpec(
+        "review", 1, 1, tmp_path / "p", tmp_path / "o", tmp_path, tmp_path / "a", tmp_path, "m"
+    )
+    out = run_attempt(
+        Broken(ReviewerProfile(name="b", kind="command")), spec, timeout_s=5, max_turns=1
+    )
+    assert out.classification == "launch-failure"
+    assert "{prompt_pth}" in out.reasons[0] and out.ended_at

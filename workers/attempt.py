@@ -225,9 +225,18 @@ def run_attempt(
     out = AttemptOutcome(
         spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=utcnow()
     )
-    cmd = reviewer.command(spec)
-    env = {**os.environ, **cmd.env, **spec.environment()}
     start = time.monotonic()
+    try:
+        cmd = reviewer.command(spec)
+    except Exception as exc:
+        # The profile cannot make a command (a placeholder the config check did not see,
+        # a policy file it could not write): the outcome still goes back at once, as a
+        # launch failure, instead of the attempt waiting out its lease as lost.
+        out.ended_at = utcnow()
+        detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        out.reasons = [f"could not build the command of {reviewer.profile.name}: {detail}"]
+        return out
+    env = {**os.environ, **cmd.env, **spec.environment()}
     try:
         proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
     except OSError as exc:

@@ -148,5 +148,3 @@ def send(task: str, *args: Any) -> None:
     if wrapper is None:
         raise RuntimeError(f"task {task} is not registered")
     wrapper(*args)  # type: ignore[operator]
-
-

@@ -35,6 +35,7 @@ _sem_lock = threading.Lock()
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 STOPPING = threading.Event()  # set by a stopping worker before it kills its agents
 
+
 def install_control(control: Control) -> None:
     global _control
     _control = control

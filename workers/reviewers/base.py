@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from orchestrator.config import ReviewerProfile
+from orchestrator.config import PLACEHOLDERS, ReviewerProfile
 
 TASKS = ("review", "fix", "audit")
 
@@ -69,7 +69,7 @@ class AttemptSpec:
         return self.attempt_dir / "stderr.log"
 
     def placeholders(self) -> dict[str, str]:
-        return {
+        values = {
             "prompt_path": str(self.prompt_path),
             "output_path": str(self.output_path),
             "job_dir": str(self.job_dir),
@@ -78,6 +78,8 @@ class AttemptSpec:
             "model": self.model,
             "root": str(self.root),
         }
+        assert tuple(values) == PLACEHOLDERS  # the config check knows the same names
+        return values
 
     def environment(self) -> dict[str, str]:
         env = {f"REVIEWQ_{k.upper()}": v for k, v in self.placeholders().items()}
