@@ -414,9 +414,17 @@ def reap_orphans(state_dir: Path, mine: bool = False) -> list[int]:
     return killed
 
 
+def read_tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of a file, read without reading the rest."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        return f.read(limit)
+
+
 def _tail(path: Path, limit: int = 300) -> str:
     try:
-        data = path.read_bytes()[-limit:]
+        data = read_tail(path, limit)
     except OSError:
         return ""
     text = data.decode("utf-8", "replace").strip().splitlines()

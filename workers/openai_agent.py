@@ -22,6 +22,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+# Past this an answer is not a review of a bundle (and would be refused as output anyway).
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
 
 class AgentError(Exception):
     pass
@@ -71,7 +74,7 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     request = urllib.request.Request(url, data=payload, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
+            raw = response.read(MAX_ANSWER_BYTES + 1)
     except urllib.error.HTTPError as exc:
         detail = exc.read(300).decode("utf-8", "replace").replace("\n", " ").strip()
         if key:
@@ -80,6 +83,8 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AgentError(f"cannot reach {shown(url)}: {reason}") from None
+    if len(raw) > MAX_ANSWER_BYTES:
+        raise AgentError(f"{shown(url)} answered with more than {MAX_ANSWER_BYTES} bytes")
     try:
         data = json.loads(raw)
         content = data["choices"][0]["message"]["content"]

@@ -77,16 +77,22 @@ def export(
         + ("WHERE a.model_partition = ? " if model else "")
         + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
         (model,) if model else (),
-    ).fetchall()
-    latest: dict[tuple[str, str], object] = {}
-    for r in rows:
-        latest.setdefault((r["note_path"], r["gate_id"]), r)
+    )
     base = root / EXPORT_DIR
     commit = git_head(root)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_HEADER)
-    for (note_path, gate_id), r in sorted(latest.items()):
+    files = 0
+    last: tuple[str, str] | None = None
+    # One row at a time, in (note, gate) order: the first row of a pair is its latest, and
+    # memory holds one pair's texts, not every acceptance's.
+    for r in rows:
+        note_path, gate_id = key = (r["note_path"], r["gate_id"])
+        if key == last:
+            continue
+        last = key
+        files += 1
         _check_component(note_path)
         _check_component(gate_id)
         watch = (watches or {}).get(gate_id) or ["title", "description", "frontmatter", "body"]
@@ -110,7 +116,7 @@ def export(
         writer.writerow([fields[k] for k in CSV_HEADER])
     csv_path = base / "csv" / "gate_reviews.csv"
     atomic_write(csv_path, buf.getvalue())
-    return ExportResult(len(latest), csv_path)
+    return ExportResult(files, csv_path)
 
 
 def _check_component(value: str) -> None:

@@ -41,6 +41,7 @@ from typing import ClassVar
 from orchestrator.config import PLACEHOLDERS, ReviewerProfile
 
 TASKS = ("review", "fix", "audit")
+_MAX_TELEMETRY_BYTES = 1_000_000  # a few numbers; anything longer is not telemetry
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def telemetry_from_file(path: Path) -> Telemetry:
     """The ``REVIEWQ_TELEMETRY_PATH`` convention: ``num_turns``, ``input_tokens``,
     ``output_tokens``, ``cost_usd`` in a JSON object; anything unreadable is ignored."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8")[:1_000_000])
+        with path.open("rb") as f:
+            data = json.loads(f.read(_MAX_TELEMETRY_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return Telemetry()
     if not isinstance(data, dict):
