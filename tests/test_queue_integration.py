@@ -45,7 +45,11 @@ def db(kb) -> sqlite3.Connection:
 
 
 def log_lines(kb) -> list[dict]:
-    lines = (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
+    """The control's log, then the local workers' (they keep to STATE/worker/)."""
+    lines = []
+    for path in (kb.state / "logs" / "reviewq.jsonl", kb.state / "worker/logs/reviewq.jsonl"):
+        if path.exists() or path.parent.parent == kb.state:
+            lines += path.read_text().splitlines()
     return [json.loads(line) for line in lines]  # every line must be valid JSON
 
 

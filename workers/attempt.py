@@ -31,6 +31,7 @@ from .reviewers.base import priced
 from .reviewers.vendor import bounded, failure_kind
 
 OUTPUT = "output"
+INVALID_OUTPUT = "invalid-output"
 BURNED_OUT = "burned-out"
 NO_OUTPUT = "no-output"
 LAUNCH_FAILURE = "launch-failure"
@@ -211,10 +212,12 @@ def run_attempt(
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 30.0,
     on_launch: Callable[[], None] | None = None,
+    registry: Path | None = None,
 ) -> AttemptOutcome:
     """Run one attempt to its end and classify it (SPEC §6 step 4). ``on_launch`` runs
     once the agent has started; ``on_tick`` every ``tick_s`` while it runs. A file under
-    ``trees`` that changes, appears or goes away counts as touched like a guarded one."""
+    ``trees`` that changes, appears or goes away counts as touched like a guarded one.
+    ``registry`` is the folder where the running agent is registered for orphan reaping."""
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         spec.output_path.unlink()  # a leftover from a run of this attempt that was lost
@@ -243,7 +246,7 @@ def run_attempt(
         out.ended_at = utcnow()
         out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
         return out
-    registry = register_agent(spec, proc.pid)
+    registered = register_agent(registry, spec, proc.pid) if registry is not None else None
     try:
         if on_launch is not None:
             on_launch()
@@ -257,8 +260,8 @@ def run_attempt(
         kill_group(proc, grace_s=1.0)  # never leave an agent behind, whatever stopped us
         raise
     finally:
-        if registry is not None:
-            registry.unlink(missing_ok=True)
+        if registered is not None:
+            registered.unlink(missing_ok=True)
     out.duration_s = time.monotonic() - start
     out.ended_at = utcnow()
     out.exit_code = proc.returncode
@@ -268,6 +271,9 @@ def run_attempt(
         telemetry.failure = failure_kind(unreachable) or "unreachable"
     out.telemetry = telemetry.to_json()
     out.output = read_output(spec.output_path, max_output_bytes)
+    too_large = out.output is not None and len(out.output) > max_output_bytes
+    if too_large:
+        out.output = None  # not carried anywhere: the size is the whole story
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
@@ -284,6 +290,13 @@ def run_attempt(
     if out.touched:
         out.classification = TOUCHED_KB
         out.reasons = [f"the reviewer changed {p}" for p in out.touched]
+    elif too_large:
+        try:
+            size = spec.output_path.stat().st_size
+        except OSError:
+            size = max_output_bytes + 1
+        out.classification = INVALID_OUTPUT
+        out.reasons = [f"output is {size} bytes, over the {max_output_bytes}-byte limit"]
     elif out.output is not None:
         out.classification = OUTPUT
     elif telemetry.failure:
@@ -348,9 +361,7 @@ def registry_dir(state_dir: Path) -> Path:
     return state_dir / "run" / "agents"
 
 
-def register_agent(spec: AttemptSpec, pgid: int) -> Path | None:
-    state_dir = spec.job_dir.parent.parent  # STATE/jobs/review-job-N
-    folder = registry_dir(state_dir)
+def register_agent(folder: Path, spec: AttemptSpec, pgid: int) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{socket.gethostname()}-{pgid}.json"

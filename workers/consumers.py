@@ -14,8 +14,10 @@ from pathlib import Path
 from huey.consumer import Consumer
 
 from orchestrator import logs
+from orchestrator.config import Settings
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
+from orchestrator.control.messages import VERSION
 from orchestrator.state.workspace import Workspace
 
 from . import tasks
@@ -28,12 +30,26 @@ class AlreadyRunning(RuntimeError):
     pass
 
 
-def run_worker(ws: Workspace, workers: int) -> None:
-    """Consume the review queue with ``workers`` threads, one agent each."""
-    settings = ws.settings
-    logs.configure(ws.state_dir, stderr_level="INFO", process="worker")
+def worker_folder(settings: Settings) -> Path:
+    """A worker's private folder: ``--state`` itself on a machine of its own; but when that
+    folder is a control process's (it holds state.db or control.lock, or the queue is SQLite
+    and so lives there), its subfolder ``worker/``. A worker writes nowhere else."""
+    state = settings.state_dir
+    if not settings.queue.url or (state / "state.db").exists() or (state / "control.lock").exists():
+        return state / "worker"
+    return state
+
+
+def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None:
+    """Consume the review queue with ``workers`` threads, one agent each. The worker opens
+    no state folder but its own (``worker_folder``); ``kb`` is an optional read-only copy
+    of the KB root for agents that follow links."""
+    folder = worker_folder(settings)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    logs.configure(folder, stderr_level="INFO", process="worker")
     app = make_app(settings)
-    orphans = reap_orphans(ws.state_dir)
+    tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
+    orphans = reap_orphans(folder)
     if orphans:
         logs.get().warning(
             "worker.reaped_orphans", process_groups=orphans, reason="their worker died"
@@ -48,13 +64,19 @@ def run_worker(ws: Workspace, workers: int) -> None:
         max_delay=poll,
     )
     logs.get().info(
-        "worker.started", workers=workers, worker=tasks.WORKER_ID, queue=_describe(settings)
+        "worker.started",
+        workers=workers,
+        worker=tasks.WORKER_ID,
+        queue=_describe(settings),
+        folder=str(folder),
+        kb=str(kb) if kb else None,
+        messages=VERSION,
     )
     consumer.run()
     # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process with
     # the agents still running, and the interrupted tasks already queued again. Stop them.
     tasks.STOPPING.set()
-    left = reap_orphans(ws.state_dir, mine=True)
+    left = reap_orphans(folder, mine=True)
     logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
 
 

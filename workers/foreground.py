@@ -25,7 +25,14 @@ from orchestrator.review.finalize import FinalizeError, FinalizeResult, Provenan
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
-from .attempt import LAUNCH_FAILURE, OUTPUT, REVIEWER_FAILURE, AttemptOutcome, run_attempt
+from .attempt import (
+    LAUNCH_FAILURE,
+    OUTPUT,
+    REVIEWER_FAILURE,
+    AttemptOutcome,
+    registry_dir,
+    run_attempt,
+)
 from .reviewers import AttemptSpec, for_profile
 
 
@@ -86,6 +93,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         trees=opened.trees,
         max_output_bytes=ws.settings.max_output_bytes,
         on_tick=beat,
+        registry=registry_dir(ws.state_dir),
         tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
     )
     result: FinalizeResult | None = None

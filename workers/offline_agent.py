@@ -72,7 +72,9 @@ def main() -> int:
     root = Path(os.environ["REVIEWQ_ROOT"])
     output = Path(os.environ["REVIEWQ_OUTPUT_PATH"])
     if task == "fix":
-        note = root / os.environ["REVIEWQ_NOTE_PATH"]
+        # The text the fixer was given; a worker may have no KB (or an older copy of it).
+        given = os.environ.get("REVIEWQ_NOTE_FILE")
+        note = Path(given) if given else root / os.environ["REVIEWQ_NOTE_PATH"]
         print("offline fixer: cannot write prose; returning the note unchanged", file=sys.stderr)
         output.write_bytes(note.read_bytes())
         return 0

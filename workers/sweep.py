@@ -92,7 +92,16 @@ class Children:
         if not control_running(ws.state_dir):
             self.specs["control"] = [*_base_argv(ws), "control"]
         if workers > 0:
-            self.specs["worker"] = [*_base_argv(ws), "worker", "--workers", str(workers)]
+            # The sweep's worker sees the KB, so agents may follow links and a reviewer
+            # that edits a note is caught.
+            self.specs["worker"] = [
+                *_base_argv(ws),
+                "worker",
+                "--workers",
+                str(workers),
+                "--kb",
+                str(ws.root),
+            ]
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
         self.failed: list[str] = []

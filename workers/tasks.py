@@ -1,5 +1,6 @@
-"""The queue tasks: module-level functions that take ids (and, for a review, everything
-the worker needs, so it never opens state.db). ``workers.app`` registers them.
+"""The queue tasks: module-level functions that take one message each (shapes and
+versions: :mod:`orchestrator.control.messages`). A review message carries everything the
+worker needs, so it opens no state folder and needs no KB. ``workers.app`` registers them.
 
 Review queue: :func:`run_review`. Control queue: :func:`deliver_outcome`,
 :func:`attempt_heartbeat`, :func:`dispatch`, :func:`tick`; they run in the single
@@ -9,19 +10,22 @@ control consumer, the one writer of state.db.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import logs
-from orchestrator.config import ReviewerProfile
+from orchestrator.config import ReviewerProfile, Settings
+from orchestrator.control import messages
 
-from .attempt import run_attempt
+from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
 from .queues import send
 from .reviewers import AttemptSpec, for_profile
 
@@ -32,13 +36,34 @@ if TYPE_CHECKING:
 _control: Control | None = None
 _semaphores: dict[str, threading.BoundedSemaphore] = {}
 _sem_lock = threading.Lock()
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+HOST = socket.gethostname()
+WORKER_ID = f"{HOST}:{os.getpid()}"
 STOPPING = threading.Event()  # set by a stopping worker before it kills its agents
+OUTPUT_NAMES = ("bundle-output.md", "fixed-note.md")
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """What a worker has of its own: its settings (the queue and how to start each
+    reviewer), its private folder (logs/, run/agents/, attempts/) and, if it was given one,
+    a read-only copy of the KB root for agents that follow links."""
+
+    settings: Settings
+    folder: Path
+    kb: Path | None = None
+
+
+_place: WorkerPlace | None = None
 
 
 def install_control(control: Control) -> None:
     global _control
     _control = control
+
+
+def install_worker(place: WorkerPlace) -> None:
+    global _place
+    _place = place
 
 
 def _the_control() -> Control:
@@ -47,14 +72,10 @@ def _the_control() -> Control:
     return _control
 
 
-def _profile(data: dict) -> ReviewerProfile:
-    known = {f.name for f in fields(ReviewerProfile)}
-    values = {k: v for k, v in data.items() if k in known}
-    for key in ("args", "command"):
-        values[key] = tuple(values.get(key) or ())
-    profile = ReviewerProfile(**values)
-    logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
-    return profile
+def _the_worker() -> WorkerPlace:
+    if _place is None:
+        raise RuntimeError("this process is not a worker")
+    return _place
 
 
 def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
@@ -69,41 +90,59 @@ def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
 
 
 def run_review(msg: dict) -> None:
-    """Run one attempt (SPEC §6 steps 1-5) and send its outcome to the control queue."""
-    profile = _profile(msg["reviewer"])
-    job_id, attempt = msg["job_id"], msg["attempt"]
-    spec = AttemptSpec(
-        task=msg.get("task") or "review",
-        job_id=job_id,
-        attempt=attempt,
-        prompt_path=Path(msg["prompt_path"]),
-        output_path=Path(msg["output_path"]),
-        job_dir=Path(msg["job_dir"]),
-        attempt_dir=Path(msg["attempt_dir"]),
-        root=Path(msg["root"]),
-        model=profile.model,
-        note_path=msg.get("note_path"),
-    )
-    with _semaphore(profile), logs.bound(job_id=job_id, attempt=attempt, reviewer=profile.name):
+    """Run one attempt (SPEC §6 steps 1-5) in a private folder and send its outcome, with
+    the output and the evidence, to the control queue."""
+    refused = messages.refusal("review", msg)
+    if refused is not None:
+        logs.get().error("message.refused", worker=WORKER_ID, **refused)
+        return
+    place = _the_worker()
+    job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
+    with logs.bound(job_id=job_id, attempt=attempt, reviewer=name):
+        profile = place.settings.reviewers.get(name)
+        if profile is None or msg.get("output_name") not in OUTPUT_NAMES:
+            reason = (
+                f"worker {WORKER_ID} has no reviewer profile {name!r} in its configuration"
+                if profile is None
+                else f"the message names no known output file ({msg.get('output_name')!r})"
+            )
+            logs.get().error("attempt.not_started", reason=reason)
+            _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
+            return
+        folder = place.folder / "attempts" / f"job-{job_id}-attempt-{attempt}"
+        spec = _prepare(folder, msg, profile, place.kb)
 
         def beat(launched: bool = False) -> None:
             try:
-                send("attempt_heartbeat", job_id, attempt, WORKER_ID, launched)
+                send(
+                    "attempt_heartbeat",
+                    {
+                        "v": messages.VERSION,
+                        "job_id": job_id,
+                        "attempt": attempt,
+                        "worker": WORKER_ID,
+                        "host": HOST,
+                        "launched": launched,
+                    },
+                )
             except Exception as exc:  # a missed heartbeat is not worth killing the agent for
                 logs.get().warning("attempt.heartbeat_failed", error=str(exc))
 
-        outcome = run_attempt(
-            for_profile(profile),
-            spec,
-            timeout_s=profile.timeout,
-            max_turns=profile.max_turns,
-            guarded=msg.get("guarded") or (),
-            trees=msg.get("trees") or (),
-            max_output_bytes=msg.get("max_output_bytes") or 5 * 1024 * 1024,
-            on_tick=beat,
-            tick_s=msg.get("heartbeat_s") or 30.0,
-            on_launch=lambda: beat(True),  # the agent starts first: no queue write delays it
-        )
+        with _semaphore(profile):
+            outcome = run_attempt(
+                for_profile(profile),
+                spec,
+                timeout_s=msg["timeout_s"],
+                max_turns=profile.max_turns,
+                # The KB check needs a KB: a worker without one has nothing to guard.
+                guarded=msg.get("guarded") or () if place.kb else (),
+                trees=msg.get("trees") or () if place.kb else (),
+                max_output_bytes=msg["max_output_bytes"],
+                on_tick=beat,
+                tick_s=msg["heartbeat_s"],
+                on_launch=lambda: beat(True),  # the agent starts first: no queue write delays it
+                registry=registry_dir(place.folder),
+            )
         if STOPPING.is_set():
             # The worker is stopping and killed this agent; Huey queued the task again.
             logs.get().info(
@@ -116,7 +155,72 @@ def run_review(msg: dict) -> None:
             exit_code=outcome.exit_code,
             duration_s=round(outcome.duration_s, 3),
         )
-        send("deliver_outcome", asdict(outcome))
+        _report(outcome, _evidence(spec))
+        # Sent: the control process keeps what matters; this worker holds nothing.
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None) -> AttemptSpec:
+    """The attempt's private folder, as the agent expects a job folder to look: its
+    prompt, a MANIFEST.json with the pairs and, for a fix, the note it was given."""
+    shutil.rmtree(folder, ignore_errors=True)  # a run of this attempt that was interrupted
+    folder.mkdir(parents=True)
+    output = folder / msg["output_name"]
+    prompt = msg["prompt"]
+    if msg.get("output_shown"):
+        prompt = prompt.replace(f"`{msg['output_shown']}`", f"`{output}`")
+    (folder / "prompt.md").write_text(prompt, encoding="utf-8")
+    manifest = {"review_job_id": msg["job_id"], "kind": msg["task"], "pairs": msg["pairs"]}
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest), encoding="utf-8")
+    note_file = None
+    if msg["task"] == "fix" and msg.get("note_text") is not None:
+        note_file = folder / "note.md"
+        note_file.write_text(msg["note_text"], encoding="utf-8")
+    return AttemptSpec(
+        task=msg["task"],
+        job_id=msg["job_id"],
+        attempt=msg["attempt"],
+        prompt_path=folder / "prompt.md",
+        output_path=output,
+        job_dir=folder,
+        attempt_dir=folder,
+        root=kb or folder,
+        model=profile.model,
+        note_path=msg.get("note_path"),
+        note_file=note_file,
+    )
+
+
+def _evidence(spec: AttemptSpec) -> dict[str, bytes]:
+    """Bounded copies of what the agent left beside its output, for the job folder."""
+    files = {}
+    for path, limit, tail in (
+        (spec.stdout_path, messages.LOG_TAIL_BYTES, True),
+        (spec.stderr_path, messages.LOG_TAIL_BYTES, True),
+        (spec.telemetry_path, messages.TELEMETRY_BYTES, False),
+    ):
+        try:
+            if tail:
+                files[path.name] = read_tail(path, limit)
+            else:
+                with path.open("rb") as f:
+                    files[path.name] = f.read(limit)
+        except OSError:
+            continue
+    return files
+
+
+def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
+    send(
+        "deliver_outcome",
+        {
+            **asdict(outcome),
+            "v": messages.VERSION,
+            "worker": WORKER_ID,
+            "host": HOST,
+            "files": files,
+        },
+    )
 
 
 # --- control queue ----------------------------------------------------------------------------
@@ -153,14 +257,25 @@ def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 def deliver_outcome(outcome: dict) -> None:
+    refused = messages.refusal("outcome", outcome)
+    if refused is not None:
+        logs.get().error("message.refused", **refused)
+        return
     with logs.bound(job_id=outcome.get("job_id"), attempt=outcome.get("attempt")):
         control = _the_control()
         control.on_outcome(outcome)
         control.dispatch()
 
 
-def attempt_heartbeat(job_id: int, attempt: int, worker: str, launched: bool) -> None:
-    _the_control().on_heartbeat(job_id, attempt, worker, launched)
+def attempt_heartbeat(msg: dict, *version_1: object) -> None:
+    """``version_1``: a worker of version 1 sent (job_id, attempt, worker, launched)."""
+    refused = messages.refusal("heartbeat", msg)
+    if refused is not None:
+        logs.get().error("message.refused", **refused)
+        return
+    _the_control().on_heartbeat(
+        msg["job_id"], msg["attempt"], msg["worker"], bool(msg.get("launched")), msg.get("host", "")
+    )
 
 
 def dispatch() -> None:

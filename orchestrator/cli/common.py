@@ -132,7 +132,8 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     ctx.call_on_close(ws.close)
     # Commands that change state log to the state folder's log and say only warnings on
     # stderr; the consumers reconfigure for their own stream. Read-only commands skip it.
-    if ctx.invoked_subcommand not in READ_ONLY:
+    # A worker logs only to a folder of its own, which it sets up itself.
+    if ctx.invoked_subcommand not in READ_ONLY and ctx.invoked_subcommand != "worker":
         try:
             logs.configure(ws.state_dir)
         except OSError as exc:

@@ -8,10 +8,11 @@ import shutil
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, warn
+from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, shown, warn
 from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES
 from orchestrator.state.workspace import Workspace
@@ -131,17 +132,31 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     type=click.IntRange(min=1),
     help="Agents run at once.",
 )
+@click.option(
+    "--kb",
+    "kb",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A read-only copy of the KB root (the folder holding kb/) for agents that "
+    "follow links; without it agents work in their attempt folder.",
+)
 @click.pass_obj
-def worker_cmd(ws: Workspace, workers: int) -> None:
+def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
     """Consume the review queue: run agents (SIGINT drains, SIGTERM stops now).
+
+    A worker needs only the queue: on another machine give it a file with `[queue] url`
+    and the `[reviewers.*]` profiles, and a folder of its own.
 
     \b
     Example:
       reviewq worker --workers 4
+      reviewq --config worker.toml --state /var/lib/reviewq-worker worker --workers 4
     """
     from workers.consumers import run_worker
 
-    run_worker(ws, workers)
+    if kb is not None and not kb.is_dir():
+        raise Refused(f"--kb {shown(str(kb))}: no such folder")
+    run_worker(ws.settings, workers, kb.resolve() if kb is not None else None)
 
 
 @cli.command("control")

@@ -14,7 +14,7 @@ from pathlib import Path
 from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
-from orchestrator.state.files import write_job_files_after_commit
+from orchestrator.state.files import atomic_write, write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
 
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.
@@ -40,6 +40,13 @@ class OpenedAttempt:
     guarded: tuple[str, ...]  # the notes and gates the agent must not change
     # Folders in which a fixer may change no file at all but its note (it has write access).
     trees: tuple[str, ...] = ()
+    prompt: str = ""
+    # What an agent reads besides its prompt: the job's pairs (its MANIFEST.json) and, for
+    # a fix, the note's path and the text the fixer was given.
+    pairs: tuple[dict, ...] = ()
+    note_path: str | None = None
+    note_text: str | None = None
+    output_shown: str = ""  # the output path as the prompt names it
 
 
 def open_attempt(
@@ -84,14 +91,21 @@ def open_attempt(
         retry = ""
         if previous is not None and json.loads(previous["reasons"]):
             retry = render_retry(previous["attempt"], json.loads(previous["reasons"]))
+        note_text = None
         if job["kind"] == "fix":
             # A fixer's output is the whole new note, not a bundle.
             output = attempt_dir / "fixed-note.md"
             prompt = render_fix_prompt(store, job_id, display_path(root, output), retry)
-            paths = store.conn.execute(
-                "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
+            rows = store.conn.execute(
+                "SELECT p.note_path, p.gate_id, p.gate_path, p.lens, n.text FROM review_pairs p "
+                "JOIN snapshots n ON n.id = p.note_snapshot_id WHERE p.job_id = ? ORDER BY p.id",
+                (job_id,),
             ).fetchall()
-            guarded = tuple(sorted({r[0] for r in paths} | {r[1] for r in paths}))
+            pairs = tuple(
+                {"note_path": r[0], "gate_id": r[1], "gate_path": r[2], "lens": r[3]} for r in rows
+            )
+            note_text = rows[0][4] if rows else None
+            guarded = tuple(sorted({r[0] for r in rows} | {r[2] for r in rows}))
             trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
         else:
             output = attempt_dir / "bundle-output.md"
@@ -99,6 +113,16 @@ def open_attempt(
             if job["kind"] == "audit":
                 retry += render_audit_preamble(store, job_id)
             prompt = render_job_prompt(job_id, display_path(root, output), items, retry)
+            pairs = tuple(
+                {
+                    "note_path": i.note_path,
+                    "gate_id": i.gate.gate_id,
+                    "gate_path": i.gate.path,
+                    "lens": i.gate.lens,
+                    "watches": list(i.gate.watches),
+                }
+                for i in items
+            )
             guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
             # A reviewer must leave the whole KB alone, not only the files it was shown: a
             # note it creates or deletes beside them counts as touched too.
@@ -116,6 +140,11 @@ def open_attempt(
         output,
         guarded,
         trees,
+        prompt,
+        pairs,
+        job["note_path"] if job["kind"] == "fix" else None,
+        note_text,
+        display_path(root, output),
     )
 
 
@@ -182,6 +211,14 @@ def record_end(
                 attempt,
             ),
         )
+
+
+def write_attempt_files(attempt_dir: Path, files: dict[str, bytes]) -> None:
+    """What a worker reported of an attempt (its output, log tails, telemetry), kept in the
+    attempt's folder as evidence, as a local agent would have left it. Names are checked
+    by the caller; each file appears whole or not at all."""
+    for name, data in files.items():
+        atomic_write(attempt_dir / name, data)
 
 
 def set_outcome(

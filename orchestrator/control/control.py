@@ -15,11 +15,11 @@ from __future__ import annotations
 import errno
 import json
 from collections.abc import Callable
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
 from orchestrator import logs
 from orchestrator.config import ReviewerProfile
+from orchestrator.control import messages
 from orchestrator.control.attempts import (
     FAILED_SQL,
     OpenedAttempt,
@@ -27,6 +27,7 @@ from orchestrator.control.attempts import (
     heartbeat,
     open_attempt,
     record_end,
+    write_attempt_files,
 )
 from orchestrator.cycles.escalations import record_decisions
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
@@ -143,12 +144,7 @@ class Control:
                 self.log.error("job.failed", job_id=job["id"], reviewer=name, reason=str(exc))
                 continue
             try:
-                note_path = None
-                if opened.kind == "fix":
-                    note_path = self.store.conn.execute(
-                        "SELECT note_path FROM review_jobs WHERE id = ?", (job["id"],)
-                    ).fetchone()[0]
-                self.send_review(self.message(opened, profile, note_path))
+                self.send_review(self.message(opened, profile))
             except Exception as exc:
                 # The attempt stays 'dispatched'; the reaper re-opens it when its lease runs out.
                 self.log.error(
@@ -162,25 +158,30 @@ class Control:
             )
         return sent
 
-    def message(
-        self, opened: OpenedAttempt, profile: ReviewerProfile, note_path: str | None = None
-    ) -> dict:
-        """Everything a worker needs: it never opens state.db."""
+    def message(self, opened: OpenedAttempt, profile: ReviewerProfile) -> dict:
+        """Everything a worker needs, so that it holds nothing: no state.db, no job folder,
+        no KB (shapes: :mod:`orchestrator.control.messages`). What this process decides
+        (deadline, lease, output limit) travels here; how to start the reviewer is the
+        worker's own configuration."""
+        lease = self.settings.queue.lease_seconds
         return {
+            "v": messages.VERSION,
             "job_id": opened.job_id,
             "attempt": opened.attempt,
             "task": opened.kind,
-            "reviewer": asdict(profile),
-            "root": str(self.ws.root),
-            "job_dir": str(opened.job_dir),
-            "attempt_dir": str(opened.attempt_dir),
-            "prompt_path": str(opened.prompt_path),
-            "output_path": str(opened.output_path),
+            "reviewer": profile.name,
+            "prompt": opened.prompt,
+            "pairs": list(opened.pairs),
+            "output_name": opened.output_path.name,
+            "output_shown": opened.output_shown,
+            "note_path": opened.note_path,
+            "note_text": opened.note_text,
             "guarded": list(opened.guarded),
             "trees": list(opened.trees),
-            "note_path": note_path,
+            "timeout_s": profile.timeout,
+            "lease_s": lease,
+            "heartbeat_s": max(0.05, lease / 4),
             "max_output_bytes": self.settings.max_output_bytes,
-            "heartbeat_s": max(0.05, self.settings.queue.lease_seconds / 4),
         }
 
     def _over_budget(self, run_id: int) -> bool:
@@ -203,17 +204,55 @@ class Control:
         return True
 
     # --- messages from workers --------------------------------------------------------
-    def on_heartbeat(self, job_id: int, attempt: int, worker: str, launched: bool = False) -> None:
+    def on_heartbeat(
+        self, job_id: int, attempt: int, worker: str, launched: bool = False, host: str = ""
+    ) -> None:
         heartbeat(self.store, job_id, attempt, worker, timestamp(self.now()), launched)
         if launched:
-            self.log.info("attempt.started", job_id=job_id, attempt=attempt, worker=worker)
+            self.log.info(
+                "attempt.started", job_id=job_id, attempt=attempt, worker=worker, host=host
+            )
 
     def on_outcome(self, o: dict) -> None:
         """Judge an attempt's outcome and start what follows it (retry, split, fix,
         re-review, escalation) in one transaction, so no reader ever sees a job ended
         with its follow-up not yet queued."""
+        self._keep_attempt_files(o)
         with self.store.write():
             self._on_outcome(o)
+
+    def _keep_attempt_files(self, o: dict) -> None:
+        """The worker's report of the attempt into ``attempt-N/``, where `reviewq job`, the
+        manual flow and people look: written before the transaction, as the agent itself
+        wrote them when workers shared the folder, so a crash between the two loses
+        no evidence. Only known names; a folder that is not there is not made."""
+        row = self.store.conn.execute(
+            "SELECT kind, job_dir FROM review_jobs WHERE id = ?", (o.get("job_id"),)
+        ).fetchone()
+        if row is None or not isinstance(o.get("attempt"), int):
+            return
+        folder = self.ws.state_dir / row["job_dir"] / f"attempt-{o['attempt']}"
+        sent = o.get("files") if isinstance(o.get("files"), dict) else {}
+        files = {
+            name: data
+            for name, data in sent.items()
+            if name in messages.ATTEMPT_FILES and isinstance(data, bytes)
+        }
+        if isinstance(o.get("output"), bytes):
+            files["fixed-note.md" if row["kind"] == "fix" else "bundle-output.md"] = o["output"]
+        if not files or not folder.is_dir():
+            return
+        try:
+            write_attempt_files(folder, files)
+        except OSError as exc:
+            # The decision needs none of these files (the output travels in the message).
+            self.log.error(
+                "attempt.files_unwritten",
+                job_id=o["job_id"],
+                attempt=o["attempt"],
+                folder=str(folder),
+                error=str(exc),
+            )
 
     def _on_outcome(self, o: dict) -> None:
         job_id, attempt = o["job_id"], o["attempt"]
@@ -259,6 +298,8 @@ class Control:
             attempt=attempt,
             reviewer=job["reviewer"],
             outcome=cls,
+            worker=o.get("worker"),
+            host=o.get("host"),
             exit_code=o.get("exit_code"),
             duration_s=round(o.get("duration_s") or 0, 3),
             cost_usd=(o.get("telemetry") or {}).get("cost_usd"),

@@ -7,7 +7,7 @@ once for every kind, and ``orchestrator.review.finalize`` judges the output.
 What an adapter gets: an :class:`AttemptSpec` — the task (``review``, ``fix`` or ``audit``),
 the job id and attempt number, the paths of the prompt, of the output file the agent must
 write, of the job and attempt folders and of the telemetry file, the KB root, the model, and
-for a fix the note to rewrite — plus the :class:`ReviewerProfile` it was built from.
+for a fix the note to rewrite (and ``REVIEWQ_NOTE_FILE``, the text the fixer was given) — plus the :class:`ReviewerProfile` it was built from.
 
 What it returns:
 - :meth:`Reviewer.command` → a :class:`Command`: argv, extra environment, working folder.
@@ -56,6 +56,8 @@ class AttemptSpec:
     root: Path
     model: str
     note_path: str | None = None  # fix only: the note to rewrite, root-relative
+    # fix only: the text the fixer was given, as a file (a worker may have no KB to read)
+    note_file: Path | None = None
 
     @property
     def telemetry_path(self) -> Path:
@@ -88,6 +90,8 @@ class AttemptSpec:
         env["REVIEWQ_TELEMETRY_PATH"] = str(self.telemetry_path)
         if self.note_path:
             env["REVIEWQ_NOTE_PATH"] = self.note_path
+        if self.note_file:
+            env["REVIEWQ_NOTE_FILE"] = str(self.note_file)
         return env
 
 

@@ -1,0 +1,61 @@
+"""The messages between the control process and its workers, and their version.
+
+A worker may run on another machine with another release of reviewq. Every message
+carries ``v``; a process refuses a message of another version with one log line and
+does nothing else with it. Nothing is lost by that: a refused review leaves its attempt
+``dispatched`` and a refused heartbeat or outcome leaves it silent, so the reaper takes
+it as lost and dispatches it again, for a worker of the matching version to take.
+
+Shapes (version 2; version 1 was the shape before workers held nothing, without ``v``):
+
+- review (control → worker, ``run_review``): ``v``, ``job_id``, ``attempt``, ``task``
+  (review/fix/audit), ``reviewer`` (a profile *name*: how to start it is the worker's
+  business), ``prompt`` (the text), ``pairs`` (note_path, gate_id, gate_path, lens,
+  watches), ``output_name`` and ``output_shown`` (the output path as the prompt names
+  it, which the worker replaces with its own), ``note_path`` and ``note_text`` (a fix: the text the fixer
+  was given), ``guarded`` and ``trees`` (root-relative, checked when the worker has a
+  KB), ``timeout_s`` (the deadline), ``lease_s``, ``heartbeat_s``, ``max_output_bytes``.
+- heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
+  ``worker`` (host:pid), ``host``, ``launched``.
+- outcome (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
+  ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
+  ``ended_at``, ``duration_s``, ``output`` (bytes, or None: none, or over the limit),
+  ``reasons``, ``telemetry``, ``touched``, ``touched_hashes``, ``files`` (bounded
+  stdout.log/stderr.log tails and telemetry.json, by name).
+"""
+
+from __future__ import annotations
+
+VERSION = 2
+LOG_TAIL_BYTES = 64 * 1024  # of stdout.log and stderr.log each, in an outcome
+TELEMETRY_BYTES = 1024 * 1024
+# The only names an outcome's files may have: a worker never chooses a path here.
+ATTEMPT_FILES = ("stdout.log", "stderr.log", "telemetry.json")
+
+
+def version_of(msg: object) -> object:
+    """A message's version: version 1 had no ``v`` (and its heartbeat was not a dict)."""
+    if isinstance(msg, dict):
+        return msg.get("v", 1)
+    return 1
+
+
+def refusal(kind: str, msg: object) -> dict | None:
+    """What to log when ``msg`` is not of this version (None: take it)."""
+    v = version_of(msg)
+    if v == VERSION:
+        return None
+    ids = (
+        {"job_id": msg.get("job_id"), "attempt": msg.get("attempt")}
+        if isinstance(msg, dict)
+        else {}
+    )
+    return {
+        "message": kind,
+        "version": v,
+        "expected": VERSION,
+        "reason": f"a {kind} message of version {v!r}, this reviewq speaks {VERSION}: "
+        "run the same reviewq release on the control and the workers; the reaper "
+        "dispatches the attempt again",
+        **ids,
+    }
