@@ -9,7 +9,9 @@ FAKE_SLEEP:  seconds to sleep before acting (slow mode: a random time up to this
 FAKE_PIDFILE: hang mode writes "leader child" pids here so tests can check both died
 FAKE_FIX_APPEND: fix mode appends this line to the note it was given
 FAKE_LOG:    append one line per run ("task job attempt") to this file
-FAKE_PASS_IF_CONTAINS: review PASS when the note holds this text, FAIL otherwise
+FAKE_PASS_IF_CONTAINS: review PASS when the note (as the prompt carries it) holds this
+             text, FAIL otherwise
+FAKE_PAD_BYTES: pad the review output to about this many bytes
 FAKE_CONTINUE_FIFO: after FAKE_NOTIFY_FIFO, wait until the test writes to this FIFO
 A fix task (REVIEWQ_TASK=fix) rewrites the note from the prompt, adding FAKE_FIX_APPEND.
 FAKE_MODE_<n>: the mode for attempt n only
@@ -25,6 +27,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from workers.offline_agent import note_from_prompt
 
 env = os.environ
 # FAKE_MODE_<n> overrides FAKE_MODE for attempt n (e.g. hang on the first, then behave).
@@ -89,13 +93,18 @@ if mode == "multi-nothing" and len(pairs) > 1:
 if mode == "touch":
     note = root / pairs[0]["note_path"]
     note.write_text(note.read_text() + "\nedited by the reviewer\n")
+prompt = Path(env["REVIEWQ_PROMPT_PATH"]).read_text()
 decisions = env.get("FAKE_DECISIONS", "PASS").split(",")
 marker = env.get("FAKE_PASS_IF_CONTAINS")
 blocks = []
 for i, p in enumerate(pairs):
     d = decisions[i] if len(decisions) > 1 else decisions[0]
     if marker is not None:
-        d = "PASS" if marker in (root / p["note_path"]).read_text() else "FAIL"
+        # The note as the prompt carries it, as a real agent reads it (a worker may have no KB).
+        text = note_from_prompt(prompt, p["note_path"])
+        if text is None:
+            text = (root / p["note_path"]).read_text()
+        d = "PASS" if marker in text else "FAIL"
     s = f"{p['note_path']} :: {p['gate_path']}"
     body = f"Summary: fake review {i}.\nFindings:\n- low: finding {i} for {p['gate_id']}\n"
     if mode == "bad" and i == 0:
@@ -106,4 +115,8 @@ for i, p in enumerate(pairs):
         blocks.append(
             f"=== PAIR REVIEW START: {s} ===\n{body}## Result: {d}\n=== PAIR REVIEW END: {s} ===\n"
         )
-out.write_text("Preamble text is ignored.\n\n" + "\n".join(blocks))
+text = "Preamble text is ignored.\n\n" + "\n".join(blocks)
+if env.get("FAKE_PAD_BYTES"):  # an output of about this size: the preamble grows
+    pad = int(env["FAKE_PAD_BYTES"]) - len(text.encode())
+    text = "Preamble " + "p" * max(0, pad - 10) + "\n" + text
+out.write_text(text)

@@ -207,6 +207,10 @@ class Cluster:
         self.threads = threads
         self.procs: dict[str, Proc] = {}
         self.starts: Counter[str] = Counter()
+        config = root / "reviewq.toml"
+        # On Redis each worker gets a state folder of its own, as on a machine of its own;
+        # SQLite queues live in the control's folder, whose worker/ the local workers share.
+        self.redis = config.exists() and "\nurl = " in config.read_text(encoding="utf-8")
 
     @property
     def base(self) -> list[str]:
@@ -228,7 +232,11 @@ class Cluster:
         if name == "control":
             argv, marker = [*self.base, "control"], "control.started"
         else:
-            argv, marker = [*self.base, "worker", "--workers", str(self.threads)], "worker.started"
+            private = ["--state", str(self.root / "workers" / name)] if self.redis else []
+            argv = [*self.base, *private, "worker", "--workers", str(self.threads)]
+            # --kb: agents see the KB, so a reviewer's edit is caught and the orphan scan
+            # finds them by REVIEWQ_ROOT.
+            argv, marker = [*argv, "--kb", str(self.root)], "worker.started"
         log = self.logs / f"{name}.{self.starts[name]}.stderr"
         proc = Proc(name, argv, {**self.env, **(env or {})}, log, marker)
         self.procs[name] = proc
@@ -578,13 +586,21 @@ def open_jobs(root: Path) -> int:
         return -1
 
 
+def log_paths(state: Path) -> list[Path]:
+    """The control's log and the workers' (each keeps to a folder of its own: STATE/worker/
+    for local workers on SQLite, ROOT/workers/NAME/ on Redis)."""
+    paths = [state / "logs" / "reviewq.jsonl", state / "worker" / "logs" / "reviewq.jsonl"]
+    paths += sorted((state.parent / "workers").glob("*/logs/reviewq.jsonl"))
+    return [p for p in paths if p.exists()]
+
+
 def read_log(state: Path) -> tuple[list[dict], list[str]]:
-    """Every line of STATE/logs/reviewq.jsonl parsed; the lines that are not JSON apart."""
-    path = state / "logs" / "reviewq.jsonl"
+    """Every line of the logs of ``log_paths`` parsed; the lines that are not JSON apart."""
     good, bad = [], []
-    if not path.exists():
-        return good, bad
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    lines = []
+    for path in log_paths(state):
+        lines += path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:

@@ -1,0 +1,202 @@
+"""Workers that need only the queue (issue 11): a worker with nothing but its own folder,
+its profiles and the queue URL runs every kind of job; big prompts and outputs travel in
+the messages; messages of another version are refused with one line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+from .test_queue_integration import FAKE, FAST_QUEUE, db, fake_profile, log_lines, redis_url, rq
+
+pytestmark = pytest.mark.integration
+__all__ = ["redis_url"]  # a fixture, used by name
+EXE = str(Path(sys.executable).parent / "reviewq")
+
+
+def worker_toml(path: Path, url: str, env: dict[str, str] | None = None) -> Path:
+    """All a remote worker is given: the queue URL and how to start its reviewers."""
+    env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in (env or {}).items())
+    path.write_text(
+        f'[queue]\nurl = "{url}"\npoll_seconds = 0.02\n\n'
+        f'[reviewers.fake]\nkind = "command"\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        f'partition = "fake"\nconcurrency = 2\nenv = {{ {env_toml} }}\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def start_worker(tmp_path: Path, url: str, env: dict[str, str] | None = None, *extra: str):
+    """``reviewq --config worker.toml --state W worker`` from an empty folder: no KB, no
+    state folder of the control process, nothing but the file and its own folder."""
+    home = tmp_path / "remote"
+    home.mkdir(exist_ok=True)
+    config = worker_toml(home / "worker.toml", url, env)
+    return subprocess.Popen(
+        [
+            EXE,
+            "--config",
+            str(config),
+            "--state",
+            str(home / "state"),
+            "worker",
+            "--workers",
+            "2",
+            *extra,
+        ],
+        cwd=home,
+        stderr=subprocess.DEVNULL,
+    ), home
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+
+
+def small(kb, notes: int = 2) -> None:
+    kb.gate("prose/body-check", ["body"])
+    for i in range(notes):
+        kb.note(f"n{i}", body=f"Body {i}.\n")
+
+
+def test_a_worker_with_only_the_queue_reviews_and_fixes(kb, tmp_path, redis_url):
+    small(kb)
+    fix_env = {"FAKE_PASS_IF_CONTAINS": "FIXED", "FAKE_FIX_APPEND": "FIXED: more body."}
+    # The control side's profile says only what the control decides (its deadline).
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    worker, home = start_worker(tmp_path, redis_url, fix_env)
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--fix", "--workers", "0", "--json")
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    # Review FAIL, fix applied by the control process, re-review PASS: on both notes.
+    for i in range(2):
+        assert "FIXED: more body." in kb.read(f"kb/notes/n{i}.md")
+    with db(kb) as conn:
+        decisions = {r[0] for r in conn.execute("SELECT decision FROM acceptance")}
+        fixes = [r[0] for r in conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'")]
+        job_dir = conn.execute("SELECT job_dir FROM review_jobs ORDER BY id").fetchone()[0]
+    assert decisions == {"PASS"} and fixes == ["applied", "applied"]
+    # The job folder holds what the worker reported, as if the agent had run here.
+    attempt = kb.state / job_dir / "attempt-1"
+    names = {p.name for p in attempt.iterdir()}
+    assert {"prompt.md", "bundle-output.md", "stdout.log", "stderr.log"} <= names
+    assert "=== PAIR REVIEW START" in (attempt / "bundle-output.md").read_text()
+    # The worker wrote nowhere but its own folder, and keeps no attempt once reported.
+    assert not (kb.state / "worker").exists()
+    assert sorted(p.name for p in home.iterdir()) == ["state", "worker.toml"]
+    assert list((home / "state" / "attempts").iterdir()) == []
+    own = [json.loads(x) for x in (home / "state/logs/reviewq.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "attempt.exited" for e in own)
+    # The control's log tells the story of each attempt, with the worker's host.
+    events = log_lines(kb)
+    started = [e for e in events if e["event"] == "attempt.started"]
+    ended = [e for e in events if e["event"] == "attempt.ended"]
+    assert started and all(e["host"] and e["worker"] for e in started)
+    assert ended and all(e["host"] and e["outcome"] for e in ended)
+    story = rq(kb, "logs", "--job", "1")
+    assert "attempt.started" in story.stdout and "attempt.ended" in story.stdout
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_1_mib_prompt_and_a_5_mib_output_travel_in_the_messages(kb, request, queue):
+    kb.gate("prose/body-check", ["body"])
+    kb.note("big", body="A long body. " * (1024 * 1024 // 13) + "\n")
+    url = f'url = "{request.getfixturevalue("redis_url")}"\n' if queue == "redis" else ""
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + url)
+    size = 5 * 1024 * 1024 - 4096  # just under the default limit of 5 MiB
+    res = rq(
+        kb,
+        "sweep",
+        "--reviewer",
+        "fake",
+        "--workers",
+        "1",
+        "--json",
+        env={"FAKE_PAD_BYTES": str(size)},
+    )
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        job_dir = conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+        assert conn.execute("SELECT decision FROM acceptance").fetchone()[0] == "PASS"
+    attempt = kb.state / job_dir / "attempt-1"
+    assert (attempt / "prompt.md").stat().st_size > 1024 * 1024
+    assert abs((attempt / "bundle-output.md").stat().st_size - size) < 64
+
+
+def test_an_output_over_the_limit_is_refused_by_size_and_not_sent(kb):
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        fake_profile()
+        + FAST_QUEUE.replace("[queue]\n", "[queue]\nmax_attempts = 1\n")
+        + "[limits]\nmax_output_bytes = 100000\n",
+    )
+    res = rq(kb, "sweep", "--reviewer", "fake", "--json", env={"FAKE_PAD_BYTES": "300000"})
+    assert res.returncode == 1
+    with db(kb) as conn:
+        outcome, reasons, job_dir = conn.execute(
+            "SELECT a.outcome, a.reasons, j.job_dir FROM attempts a JOIN review_jobs j ON j.id = a.job_id"
+        ).fetchone()
+    assert outcome == "invalid-output"
+    assert "over the 100000-byte limit" in reasons and "300" in reasons
+    assert not (kb.state / job_dir / "attempt-1" / "bundle-output.md").exists()
+
+
+# --- message versions (task logic, no consumer) ---------------------------------------------
+
+
+def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
+    from orchestrator import logs
+    from workers import tasks
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    sent: list[tuple] = []
+    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+
+    class Control:
+        calls: list = []
+
+        def on_outcome(self, o):
+            self.calls.append(o)
+
+        def on_heartbeat(self, *args):
+            self.calls.append(args)
+
+        def dispatch(self):
+            pass
+
+    control = Control()
+    monkeypatch.setattr(tasks, "_control", control)
+    monkeypatch.setattr(tasks, "_place", None)  # a refused review never reaches the worker
+    old_review = {"job_id": job.review_job_id, "attempt": 1, "prompt_path": "/x/prompt.md"}
+    tasks.run_review(old_review)
+    tasks.run_review({**old_review, "v": 3})
+    tasks.deliver_outcome({"job_id": job.review_job_id, "attempt": 1, "classification": "output"})
+    tasks.attempt_heartbeat(job.review_job_id, 1, "host:1", True)  # version 1: positional
+    assert sent == [] and control.calls == []
+    refused = [e for e in log_lines(kb) if e["event"] == "message.refused"]
+    assert [(e["message"], e["version"]) for e in refused] == [
+        ("review", 1),
+        ("review", 3),
+        ("outcome", 1),
+        ("heartbeat", 1),
+    ]
+    assert all(e["expected"] == 2 and "release" in e["reason"] for e in refused)
+    assert refused[0]["job_id"] == job.review_job_id
+    ws.close()
