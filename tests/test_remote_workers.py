@@ -200,3 +200,48 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
     assert all(e["expected"] == 2 and "release" in e["reason"] for e in refused)
     assert refused[0]["job_id"] == job.review_job_id
     ws.close()
+
+
+# --- outcomes waiting together are taken together ----------------------------------------------
+
+
+def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch):
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.review.bundle import end_line, start_line
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import send
+
+    kb.gate("prose/body-check", ["body"])
+    for i in range(3):
+        kb.note(f"n{i}")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == 3
+    app = make_app(ws.settings)  # the real SQLite control queue in the state folder
+    monkeypatch.setattr(tasks, "_control", control)
+    batches: list[tuple[int, int]] = []
+    real = control.on_messages
+
+    def spy(beats, outcomes):
+        batches.append((len(beats), len(outcomes)))
+        return real(beats, outcomes)
+
+    monkeypatch.setattr(control, "on_messages", spy)
+    for msg in sent:
+        pair = msg["pairs"][0]
+        output = (
+            f"{start_line(pair['note_path'], pair['gate_path'])}\nSummary: ok.\nFindings:\n- none\n"
+            f"## Result: PASS\n{end_line(pair['note_path'], pair['gate_path'])}\n"
+        )
+        send("attempt_heartbeat", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
+        send("deliver_outcome", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
+    assert app.control.pending_count() == 6
+    app.control.execute(app.control.dequeue())  # what the consumer does with one message
+    assert batches == [(3, 3)] and app.control.pending_count() == 0
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
+    assert statuses == ["completed"] * 3
+    ws.close()

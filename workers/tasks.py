@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import send
+from .queues import _the_app, send
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -256,26 +256,99 @@ def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+BATCH = 100  # messages taken together at most: a bound on one transaction's length
+
+
 def deliver_outcome(outcome: dict) -> None:
-    refused = messages.refusal("outcome", outcome)
-    if refused is not None:
-        logs.get().error("message.refused", **refused)
-        return
-    with logs.bound(job_id=outcome.get("job_id"), attempt=outcome.get("attempt")):
-        control = _the_control()
-        control.on_outcome(outcome)
-        control.dispatch()
+    _take_waiting("outcome", outcome)
 
 
 def attempt_heartbeat(msg: dict, *version_1: object) -> None:
     """``version_1``: a worker of version 1 sent (job_id, attempt, worker, launched)."""
-    refused = messages.refusal("heartbeat", msg)
+    _take_waiting("heartbeat", msg)
+
+
+def _take_waiting(kind: str, first: dict) -> None:
+    """Handle this message with the outcomes and heartbeats waiting behind it, in one
+    transaction, then dispatch once. Other tasks taken off the queue meanwhile go back on
+    it (a dispatch nudge is dropped: the dispatch here does its work)."""
+    refused = messages.refusal(kind, first)
     if refused is not None:
         logs.get().error("message.refused", **refused)
         return
-    _the_control().on_heartbeat(
-        msg["job_id"], msg["attempt"], msg["worker"], bool(msg.get("launched")), msg.get("host", "")
-    )
+    control = _the_control()
+    huey = _control_queue()
+    batch: list[tuple[str, dict, object]] = [(kind, first, None)]
+    others = []
+    while huey is not None and len(batch) < BATCH:
+        task = huey.dequeue()
+        if task is None:
+            break
+        name = {"deliver_outcome": "outcome", "attempt_heartbeat": "heartbeat"}.get(task.name)
+        msg = task.args[0] if task.args else None
+        if name is None:
+            if task.name != "dispatch":
+                others.append(task)
+            continue
+        refused = messages.refusal(name, msg)
+        if refused is not None:
+            logs.get().error("message.refused", **refused)
+            continue
+        batch.append((name, msg, task))
+    for task in others:
+        huey.enqueue(task)
+    beats = [m for k, m, _ in batch if k == "heartbeat"]
+    outcomes = [m for k, m, _ in batch if k == "outcome"]
+    try:
+        with logs.bound(job_id=first.get("job_id"), attempt=first.get("attempt")):
+            control.on_messages(beats, outcomes)
+    except Exception:
+        if len(batch) == 1:
+            raise
+        # Nothing of the batch was kept: take the messages one by one, so one that cannot
+        # be handled now does not hold back the rest.
+        _one_by_one(control, huey, batch)
+    if outcomes:
+        control.dispatch()
+
+
+def _one_by_one(control: Control, huey, batch: list[tuple[str, dict, object]]) -> None:  # noqa: ANN001
+    """This task's own message, if it fails, is raised for Huey to retry; a message taken
+    off the queue goes back on it with one retry less, and is dropped with an error line
+    when it has none left (as Huey does with a task out of retries)."""
+    failed: Exception | None = None
+    for kind, msg, task in batch:
+        try:
+            with logs.bound(job_id=msg.get("job_id"), attempt=msg.get("attempt")):
+                if kind == "heartbeat":
+                    control.on_messages([msg], [])
+                else:
+                    control.on_messages([], [msg])
+        except Exception as exc:
+            if task is None:
+                failed = exc
+                continue
+            left = getattr(task, "retries", 0) or 0
+            logs.get().error(
+                "control.task_failed",
+                task=kind,
+                job_id=msg.get("job_id"),
+                attempt=msg.get("attempt"),
+                error=f"{type(exc).__name__}: {exc}",
+                retries_left=max(0, left - 1),
+            )
+            if left > 0:
+                task.retries = left - 1  # type: ignore[attr-defined]
+                huey.enqueue(task)
+    if failed is not None:
+        raise failed
+
+
+def _control_queue():  # noqa: ANN202 - a Huey, or None in a process without the app
+    try:
+        return _the_app().control
+    except RuntimeError:
+        return None
 
 
 def dispatch() -> None:

@@ -217,9 +217,37 @@ class Control:
         """Judge an attempt's outcome and start what follows it (retry, split, fix,
         re-review, escalation) in one transaction, so no reader ever sees a job ended
         with its follow-up not yet queued."""
-        self._keep_attempt_files(o)
+        self.on_messages([], [o])
+
+    def on_messages(self, heartbeats: list[dict], outcomes: list[dict]) -> None:
+        """Heartbeats, then outcomes, that were waiting together, in one transaction: one
+        commit for the lot is what lets the control process keep up with fast agents.
+        All or nothing: if one fails, none is kept (the caller then takes them one by one)."""
+        for o in outcomes:
+            self._keep_attempt_files(o)
+        started = []
         with self.store.write():
-            self._on_outcome(o)
+            for h in heartbeats:
+                heartbeat(
+                    self.store,
+                    h["job_id"],
+                    h["attempt"],
+                    h["worker"],
+                    timestamp(self.now()),
+                    bool(h.get("launched")),
+                )
+                if h.get("launched"):
+                    started.append(h)
+            for o in outcomes:
+                self._on_outcome(o)
+        for h in started:
+            self.log.info(
+                "attempt.started",
+                job_id=h["job_id"],
+                attempt=h["attempt"],
+                worker=h["worker"],
+                host=h.get("host", ""),
+            )
 
     def _keep_attempt_files(self, o: dict) -> None:
         """The worker's report of the attempt into ``attempt-N/``, where `reviewq job`, the
