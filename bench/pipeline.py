@@ -7,8 +7,8 @@ It builds in a temporary folder a KB of ``--jobs`` notes (in 20 folders) and one
 (``--agent sh``: ``#!/bin/sh`` + sed over the prompt's ``=== PAIR REVIEW START`` lines;
 ``--agent python``: fake_agent.py's good mode reading MANIFEST.json, run with ``python -I
 -S``), ``concurrency = --concurrency``, ``[queue]`` at its defaults. The agent writes
-``time.time()`` (``date +%s.%N``) to ``exited_at`` in its attempt folder just before it
-exits. Each repeat then times:
+``exited_at`` and ``time.time()`` (``date +%s.%N``) to stderr just before it exits (the
+worker reports stderr to the control process, which keeps it in ``attempt-N/stderr.log``). Each repeat then times:
 
 - the bare loop: the same agent spawned once per job by ``--concurrency`` threads
   (``subprocess.run``), against job folders made beforehand (untimed) by ``reviewq
@@ -18,7 +18,7 @@ exits. Each repeat then times:
   ``S/logs/reviewq.jsonl`` it splits the wall time into enqueue (process start →
   ``sweep.enqueued``), startup (→ first ``attempt.dispatched``), steady state (→ last
   ``job.finalized``) and tail (→ process exit), and per job into dispatch → launch (the
-  attempt's ``stdout.log`` mtime) → agent exit (``exited_at``) → ``attempt.exited`` →
+  ``attempt.started``, the worker's "launched" heartbeat as logged by the control process) → agent exit (``exited_at``) → ``attempt.exited`` →
   ``attempt.ended`` → ``job.finalized`` (``attempt.dispatched`` is logged after the
   message is sent, so dispatch → launch can be slightly negative). The RSS (VmRSS and VmHWM) and CPU time of the
   sweep's ``control`` and ``worker`` children and of the sweep itself are sampled from
@@ -90,7 +90,7 @@ sed -n 's/^=== PAIR REVIEW START: \(.*\) ===$/=== PAIR REVIEW START: \1 ===\
 Summary: instant review.\
 ## Result: PASS\
 === PAIR REVIEW END: \1 ===/p' "$REVIEWQ_PROMPT_PATH" > "$REVIEWQ_OUTPUT_PATH"
-date +%s.%N > "${REVIEWQ_OUTPUT_PATH%/*}/exited_at"
+echo "exited_at $(date +%s.%N)" >&2
 """
 
 AGENT_PY = """\
@@ -113,8 +113,7 @@ for p in pairs:
 out = env["REVIEWQ_OUTPUT_PATH"]
 with open(out, "w") as f:
     f.write("\\n".join(blocks))
-with open(os.path.join(os.path.dirname(out), "exited_at"), "w") as f:
-    f.write(repr(time.time()))
+os.write(2, f"exited_at {time.time()!r}\\n".encode())
 os._exit(0)
 """
 
@@ -336,10 +335,13 @@ def ts(e: dict) -> float:
 
 
 def read_log(state: Path) -> list[dict]:
-    path = state / "logs" / "reviewq.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    """The control's log and the local workers' (STATE/worker/), in time order."""
+    events = []
+    for path in (state / "logs" / "reviewq.jsonl", state / "worker" / "logs" / "reviewq.jsonl"):
+        if path.exists():
+            lines = path.read_text(encoding="utf-8").splitlines()
+            events += [json.loads(line) for line in lines if line]
+    return sorted(events, key=lambda e: e["timestamp"])
 
 
 def pct(values: list[float], p: float) -> float:
@@ -533,9 +535,12 @@ def run_pipeline(
     for job_id, ev in by_job.items():
         attempt_dir = state / job_dirs[job_id] / "attempt-1"
         try:
-            launched = (attempt_dir / "stdout.log").stat().st_mtime
-            exited = float((attempt_dir / "exited_at").read_text())
-        except (OSError, ValueError):
+            # The worker reports the agent's stderr, where it wrote its exit time; the
+            # launch is the worker's "launched" heartbeat as the control logged it.
+            said = (attempt_dir / "stderr.log").read_text().split()
+            exited = float(said[said.index("exited_at") + 1])
+            launched = ev["attempt.started"]
+        except (OSError, ValueError, IndexError, KeyError):
             continue
         need = ("attempt.dispatched", "attempt.exited", "attempt.ended", "job.finalized")
         if not all(k in ev for k in need):
@@ -905,7 +910,9 @@ def report(args, results, locking: LockingRun | None) -> None:
             f"      target <= {TARGET_NOTICE_MS:.0f} ms: {verdict(worst <= TARGET_NOTICE_MS)} "
             f"(max), {verdict(p95 <= TARGET_NOTICE_MS)} (p95)"
         )
-        print("    per job, last run (attempt 1; launched = the attempt's stdout.log mtime):")
+        print(
+            "    per job, last run (attempt 1; launched = attempt.started, the worker's heartbeat):"
+        )
         for k, v in p.gaps.items():
             print(f"      {k:42s} {dist(v)}")
         slot = sum(p.gaps["worker slot (launched -> attempt.exited)"])
