@@ -169,9 +169,16 @@ def test_a_sweep_through_a_worker_on_another_host(hosts, tmp_path):
         # The worker host cannot see the control's folders at all.
         peek = sh(*in_wrk, "ls", "-A", str(hidden))
         assert peek.returncode == 0 and peek.stdout == "", peek
-        procs.start(
-            [*in_ctl, EXE, "--root", str(root), "control"], env=env, stderr=subprocess.DEVNULL
-        )
+        control = procs.start(
+            [*in_ctl, EXE, "--root", str(root), "control"],
+            env={**env, "REVIEWQ_LOG_FORMAT": "json"}, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for line in control.stderr:  # up before the sweep looks, or it starts its own
+            if "control.started" in line:
+                break
+        else:
+            pytest.fail("the control process exited before it started")
+        threading.Thread(target=control.stderr.read, daemon=True).start()
         worker = procs.start(worker_argv, env=env, stderr=subprocess.DEVNULL)
         sweep = procs.start(
             [*in_ctl, EXE, "--root", str(root), "sweep", "--reviewer", "fake", "--workers", "0", "--json"],
