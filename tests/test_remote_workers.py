@@ -205,7 +205,8 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
 # --- outcomes waiting together are taken together ----------------------------------------------
 
 
-def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch):
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request, queue):
     from orchestrator.control.control import Control
     from orchestrator.control.followup import FollowUp
     from orchestrator.review.bundle import end_line, start_line
@@ -216,6 +217,8 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch):
     kb.gate("prose/body-check", ["body"])
     for i in range(3):
         kb.note(f"n{i}")
+    if queue == "redis":
+        kb.write("reviewq.toml", f'[queue]\nurl = "{request.getfixturevalue("redis_url")}"\n')
     ws = Workspace.open(kb.root)
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     sent: list[dict] = []
@@ -240,7 +243,15 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch):
         send("attempt_heartbeat", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
         send("deliver_outcome", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
     assert app.control.pending_count() == 6
-    app.control.execute(app.control.dequeue())  # what the consumer does with one message
+    task = app.control.dequeue()  # what the consumer does with one message
+    if queue == "redis":
+        # Taking what waits must not block: the consumer's blocking read would hold every
+        # batch for its read timeout (1 s) once the queue is empty.
+        def blocked(*args, **kwargs):
+            raise AssertionError("the batch waited on an empty queue")
+
+        monkeypatch.setattr(app.control.storage.conn, "brpop", blocked)
+    app.control.execute(task)
     assert batches == [(3, 3)] and app.control.pending_count() == 0
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["completed"] * 3

@@ -122,6 +122,21 @@ except ImportError:  # pragma: no cover
     QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
 
 
+def take_waiting(huey: Huey):  # noqa: ANN201 - a huey Task, or None
+    """The next message already waiting on ``huey``, or None at once: never the blocking
+    read the consumer uses, which on Redis waits its read timeout (1 s) on an empty queue.
+    A queue that does not answer counts as empty here; the consumer waits it out."""
+    storage = huey.storage
+    try:
+        if isinstance(storage, RedisStorage):
+            data = storage.conn.rpop(storage.queue_key)
+        else:
+            data = SqliteStorage.dequeue(storage)
+    except QUEUE_UNAVAILABLE:
+        return None
+    return huey.deserialize_task(data) if data is not None else None
+
+
 def install_app(app: App) -> None:
     global _app
     _app = app

@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import _the_app, send
+from .queues import _the_app, send, take_waiting
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -281,7 +281,7 @@ def _take_waiting(kind: str, first: dict) -> None:
     batch: list[tuple[str, dict, object]] = [(kind, first, None)]
     others = []
     while huey is not None and len(batch) < BATCH:
-        task = huey.dequeue()
+        task = take_waiting(huey)
         if task is None:
             break
         name = {"deliver_outcome": "outcome", "attempt_heartbeat": "heartbeat"}.get(task.name)
