@@ -256,3 +256,31 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["completed"] * 3
     ws.close()
+
+
+def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeypatch):
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    config = worker_toml(tmp_path / "worker.toml", "redis://127.0.0.1:1/0")
+    settings = load_settings(tmp_path, tmp_path / "w", config)
+    sent: list[tuple] = []
+    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    msg = {
+        "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "nobody",
+        "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
+        "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
+        "max_output_bytes": 1000,
+    }  # fmt: skip
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "w"))
+    tasks.run_review(msg)  # a profile this worker's file does not have
+    (tmp_path / "blocked").write_text("a file where the attempts folder should be")
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "blocked"))
+    tasks.run_review({**msg, "reviewer": "fake"})  # no attempt folder can be made
+    outcomes = [args[1] for args in sent if args[0] == "deliver_outcome"]
+    assert [(o["job_id"], o["attempt"], o["classification"]) for o in outcomes] == [
+        (7, 2, "launch-failure")
+    ] * 2
+    assert "no reviewer profile 'nobody'" in outcomes[0]["reasons"][0]
+    assert "could not prepare its attempt folder" in outcomes[1]["reasons"][0]
+    assert all(o["v"] == 2 and o["host"] for o in outcomes)

@@ -110,7 +110,15 @@ def run_review(msg: dict) -> None:
             _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
             return
         folder = place.folder / "attempts" / f"job-{job_id}-attempt-{attempt}"
-        spec = _prepare(folder, msg, profile, place.kb)
+        try:
+            spec = _prepare(folder, msg, profile, place.kb)
+        except OSError as exc:
+            # This worker's disk (full, read-only): not the job's fault, and said at once
+            # rather than by a lease running out.
+            reason = f"worker {WORKER_ID} could not prepare its attempt folder: {exc}"
+            logs.get().error("attempt.not_started", reason=reason)
+            _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
+            return
 
         def beat(launched: bool = False) -> None:
             try:
