@@ -284,3 +284,26 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     assert "no reviewer profile 'nobody'" in outcomes[0]["reasons"][0]
     assert "could not prepare its attempt folder" in outcomes[1]["reasons"][0]
     assert all(o["v"] == 2 and o["host"] for o in outcomes)
+
+
+def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
+    from orchestrator.config import load_settings
+    from orchestrator.control.control import Control
+    from workers import tasks
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    Control(ws, send_review=sent.append).dispatch()
+    (msg,) = sent
+    assert f"`{msg['output_shown']}`" in msg["prompt"]  # the control's path, in backticks
+    profile = load_settings(kb.root).reviewer("offline")
+    spec = tasks._prepare(tmp_path / "attempt", msg, profile, None)
+    prompt = spec.prompt_path.read_text()
+    assert msg["output_shown"] not in prompt and f"`{spec.output_path}`" in prompt
+    assert spec.root == spec.job_dir == tmp_path / "attempt"  # no KB: the folder is all
+    manifest = json.loads((spec.job_dir / "MANIFEST.json").read_text())
+    assert [p["gate_id"] for p in manifest["pairs"]] == ["prose/body-check"]
+    ws.close()
