@@ -310,11 +310,19 @@ def _take_waiting(kind: str, first: dict) -> None:
     try:
         with logs.bound(job_id=first.get("job_id"), attempt=first.get("attempt")):
             control.on_messages(beats, outcomes)
-    except Exception:
+    except Exception as exc:
         if len(batch) == 1:
             raise
         # Nothing of the batch was kept: take the messages one by one, so one that cannot
         # be handled now does not hold back the rest.
+        logs.get().error(
+            "control.task_failed",
+            task=f"batch of {len(batch)} (outcomes {len(outcomes)}, heartbeats {len(beats)})",
+            error=f"{type(exc).__name__}: {exc}",
+            retry="one by one, now",
+            job_id=first.get("job_id"),
+            attempt=first.get("attempt"),
+        )
         _one_by_one(control, huey, batch)
     if outcomes:
         control.dispatch()
