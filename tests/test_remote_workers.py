@@ -307,3 +307,30 @@ def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
     manifest = json.loads((spec.job_dir / "MANIFEST.json").read_text())
     assert [p["gate_id"] for p in manifest["pairs"]] == ["prose/body-check"]
     ws.close()
+
+
+def test_a_dispatch_nudge_taken_into_a_batch_of_heartbeats_still_dispatches(kb, monkeypatch):
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import send
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("a")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == 1
+    kb.note("b")  # a job queued after the last dispatch, as an `enqueue` makes one
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    app = make_app(ws.settings)
+    monkeypatch.setattr(tasks, "_control", control)
+    beat = {"v": 2, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    send("attempt_heartbeat", {**beat, "launched": True})
+    send("dispatch")  # the nudge `enqueue` sends
+    app.control.execute(app.control.dequeue())
+    assert app.control.pending_count() == 0
+    assert len(sent) == 2  # job b went out although the nudge was taken into the batch
+    ws.close()

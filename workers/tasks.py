@@ -288,6 +288,7 @@ def _take_waiting(kind: str, first: dict) -> None:
     huey = _control_queue()
     batch: list[tuple[str, dict, object]] = [(kind, first, None)]
     others = []
+    nudged = False
     while huey is not None and len(batch) < BATCH:
         task = take_waiting(huey)
         if task is None:
@@ -295,7 +296,9 @@ def _take_waiting(kind: str, first: dict) -> None:
         name = {"deliver_outcome": "outcome", "attempt_heartbeat": "heartbeat"}.get(task.name)
         msg = task.args[0] if task.args else None
         if name is None:
-            if task.name != "dispatch":
+            if task.name == "dispatch":
+                nudged = True  # done below, once
+            else:
                 others.append(task)
             continue
         refused = messages.refusal(name, msg)
@@ -324,7 +327,7 @@ def _take_waiting(kind: str, first: dict) -> None:
             attempt=first.get("attempt"),
         )
         _one_by_one(control, huey, batch)
-    if outcomes:
+    if outcomes or nudged:
         control.dispatch()
 
 
