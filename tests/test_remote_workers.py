@@ -172,11 +172,8 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
     class Control:
         calls: list = []
 
-        def on_outcome(self, o):
-            self.calls.append(o)
-
-        def on_heartbeat(self, *args):
-            self.calls.append(args)
+        def on_messages(self, beats, outcomes):
+            self.calls.append((beats, outcomes))
 
         def dispatch(self):
             pass

@@ -204,15 +204,6 @@ class Control:
         return True
 
     # --- messages from workers --------------------------------------------------------
-    def on_heartbeat(
-        self, job_id: int, attempt: int, worker: str, launched: bool = False, host: str = ""
-    ) -> None:
-        heartbeat(self.store, job_id, attempt, worker, timestamp(self.now()), launched)
-        if launched:
-            self.log.info(
-                "attempt.started", job_id=job_id, attempt=attempt, worker=worker, host=host
-            )
-
     def on_outcome(self, o: dict) -> None:
         """Judge an attempt's outcome and start what follows it (retry, split, fix,
         re-review, escalation) in one transaction, so no reader ever sees a job ended
