@@ -348,3 +348,33 @@ def test_an_unchanged_fix_escalates_with_a_report_that_reads_as_one_sentence(kb)
     recommend = (kb.state / esc["report_path"]).read_text().splitlines()[1]
     assert recommend.endswith("; the fixer's last attempt changed nothing.")
     assert ".;" not in recommend
+
+
+def test_the_sweep_summary_shows_a_notes_escalations_as_one_decision(kb):
+    # Two gates fail one empty note three times each: the person reads one line for the
+    # note with the command that settles both, not one line per gate.
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/body-depth", ["body"])
+    kb.note("empty", body="")
+    res = rq(kb, "sweep", "--reviewer", "offline", "--fix", env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "2 escalation(s) on 1 note(s) wait for a person (reviewq escalations):" in lines
+    note_lines = [line for line in lines if "kb/notes/empty.md" in line]
+    assert note_lines == [
+        "  kb/notes/empty.md: 2 gate(s) (prose/body-check, prose/body-depth); "
+        "reviewq decide --note kb/notes/empty.md approve|redo|reject"
+    ]
+
+
+def test_the_decide_command_shown_for_a_note_quotes_its_path(kb):
+    # A command a person copies from the summary or the page must run as shown.
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/body-depth", ["body"])
+    kb.note("two words", body="")
+    res = rq(kb, "sweep", "--reviewer", "offline", "--fix", env={"COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    assert "reviewq decide --note 'kb/notes/two words.md' approve|redo|reject" in res.stdout
+    page = json.loads(rq(kb, "report", "--since", "1h", "--json").stdout)
+    commands = [n["commands"]["approve"] for n in page["needs_you"]["escalations"]]
+    assert commands == ["reviewq decide --note 'kb/notes/two words.md' approve"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -73,10 +75,21 @@ def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
     if s.get("escalations"):
+        # A note's escalations are one decision: one line a note, with the command.
+        notes: dict[str, list[str]] = {}
+        for e in s["escalations"]:
+            notes.setdefault(e["note_path"], []).append(e["gate_id"])
         console.print(
-            f"{len(s['escalations'])} escalation(s) wait for a person (reviewq escalations):"
+            f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
+            "(reviewq escalations):",
+            markup=False,
         )
-        for e in s["escalations"][:20]:
-            console.print(f"  {e['id']}: {e['note_path']}  {e['gate_id']}  ({e['reason']})")
+        for note_path, gates in list(notes.items())[:20]:
+            console.print(
+                f"  {note_path}: {len(gates)} gate(s) ({', '.join(gates)}); "
+                f"reviewq decide --note {shlex.quote(note_path)} approve|redo|reject",
+                markup=False,
+                soft_wrap=True,
+            )
     for name, pause in out.paused.items():
         console.print(f"reviewer {name} is paused until {pause.until}")

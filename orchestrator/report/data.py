@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 import statistics
 from datetime import timedelta
 from pathlib import Path
@@ -163,7 +164,7 @@ def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) 
         f["diff"] = diff(given, fixed, note) if fixed is not None else None
         attempts.append(f)
     ids = " ".join(str(e["id"]) for e in escs)
-    target = f"--note {note}" if len(escs) > 1 else ids
+    target = f"--note {shlex.quote(note)}" if len(escs) > 1 else ids
     return {
         "note_path": note,
         "escalations": escs,
