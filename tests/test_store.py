@@ -76,3 +76,55 @@ def test_a_new_state_folder_is_private(tmp_path):
     with Store.open(state):
         pass
     assert state.stat().st_mode & 0o777 == 0o700
+
+
+def _other(tmp_path) -> sqlite3.Connection:
+    return sqlite3.connect(tmp_path / "state.db")
+
+
+def test_a_failed_commit_is_rolled_back_and_drops_its_callbacks(tmp_path):
+    # A deferred foreign key fails at COMMIT, not at the INSERT: the transaction must
+    # not stay open for the next write() to join.
+    ran: list[str] = []
+    with Store.open(tmp_path) as store:
+        store.conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        store.conn.execute(
+            "CREATE TABLE child (pid INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        with pytest.raises(sqlite3.IntegrityError), store.write():
+            store.conn.execute("INSERT INTO child VALUES (99)")
+            store.after_commit(lambda: ran.append("bad"))
+        assert not store.conn.in_transaction and ran == []
+        with store.write():
+            store.conn.execute("INSERT INTO parent VALUES (1)")
+            store.after_commit(lambda: ran.append("good"))
+        assert ran == ["good"]
+        with _other(tmp_path) as other:
+            assert other.execute("SELECT count(*) FROM parent").fetchone()[0] == 1
+            assert other.execute("SELECT count(*) FROM child").fetchone()[0] == 0
+
+
+def test_a_nested_write_that_fails_undoes_only_itself(tmp_path):
+    ran: list[str] = []
+    with Store.open(tmp_path) as store:
+        with store.write():
+            store.snapshot("kb/notes/a.md", "outer")
+            store.after_commit(lambda: ran.append("outer"))
+            with pytest.raises(RuntimeError), store.write():
+                store.snapshot("kb/notes/b.md", "inner")
+                store.after_commit(lambda: ran.append("inner"))
+                raise RuntimeError("inner step failed")
+            assert ran == []  # nothing runs before the outermost commit
+        paths = [r[0] for r in store.conn.execute("SELECT path FROM snapshots")]
+        assert paths == ["kb/notes/a.md"] and ran == ["outer"]
+
+
+def test_a_rollback_that_fails_does_not_hide_the_error(tmp_path):
+    with Store.open(tmp_path) as store:
+        with pytest.raises(RuntimeError, match="the real error"), store.write():
+            store.conn.execute("ROLLBACK")  # as SQLite does by itself on some errors
+            raise RuntimeError("the real error")
+        with pytest.raises(sqlite3.OperationalError, match="rolled back by SQLite"), store.write():
+            store.conn.execute("ROLLBACK")
+            store.snapshot("kb/notes/a.md", "ran in autocommit")
+        assert not store.conn.in_transaction

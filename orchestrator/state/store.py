@@ -71,6 +71,7 @@ class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
+        self._savepoints = 0  # depth of nested write() blocks
         if readonly and not self.path.exists():
             # Reads of a state folder that was never used: an empty in-memory schema.
             self.conn = sqlite3.connect(":memory:", isolation_level=None)
@@ -151,24 +152,58 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction: all of it commits or none of it does."""
-        if self.conn.in_transaction:  # nested use joins the outer transaction
-            yield self.conn
+        """One IMMEDIATE transaction: all of it commits or none of it does.
+
+        Nested use is a SAVEPOINT inside the outer transaction (as sqlite-utils'
+        ``atomic()``): an inner block that raises undoes its own statements and its
+        after-commit callbacks, and the outer one goes on if it catches the error. A
+        failed COMMIT (a deferred constraint, a full disk) is rolled back, so the
+        connection never stays inside a transaction nobody will end."""
+        if self.conn.in_transaction:
+            yield from self._savepoint()
             return
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
+            if not self.conn.in_transaction:
+                # SQLite ends a transaction by itself on some errors (SQLITE_FULL, IOERR);
+                # whatever ran after that ran in autocommit, outside this transaction.
+                raise sqlite3.OperationalError("the transaction was rolled back by SQLite")
+            self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            self._rollback("ROLLBACK")
             self._after_commit.clear()
             raise
+        # Taken before running: a callback that fails must not leave the others to run
+        # after some later, unrelated commit.
+        callbacks, self._after_commit = self._after_commit, []
+        for fn in callbacks:
+            fn()
+
+    def _savepoint(self) -> Iterator[sqlite3.Connection]:
+        self._savepoints += 1
+        name = f"reviewq_{self._savepoints}"
+        kept = len(self._after_commit)
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield self.conn
+        except BaseException:
+            self._rollback(f"ROLLBACK TO {name}", f"RELEASE {name}")
+            del self._after_commit[kept:]
+            raise
         else:
-            self.conn.execute("COMMIT")
-            # Taken before running: a callback that fails must not leave the others to
-            # run after some later, unrelated commit.
-            callbacks, self._after_commit = self._after_commit, []
-            for fn in callbacks:
-                fn()
+            self.conn.execute(f"RELEASE {name}")
+        finally:
+            self._savepoints -= 1
+
+    def _rollback(self, *statements: str) -> None:
+        """Undo after an error; a rollback that fails itself (SQLite already rolled the
+        transaction back) must not hide the error that led here."""
+        for sql in statements:
+            try:
+                self.conn.execute(sql)
+            except sqlite3.Error:
+                return
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the current transaction commits (at once outside one); a
