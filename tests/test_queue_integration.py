@@ -435,7 +435,7 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     from datetime import datetime
 
     from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import due_sweeps
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
 
     small_kb(kb, notes=1)
     kb.write(
@@ -449,6 +449,7 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
 
     assert due_sweeps(ws, at(2, 58)) == []  # the first check only starts the clock
     assert [s.name for s in due_sweeps(ws, at(3, 0, 30))] == ["nightly"]
+    cron_fired(ws, "nightly", at(3, 0, 30))  # (the tick's enqueue committed)
     assert due_sweeps(ws, at(3, 1)) == []
     ws.close()
     ws = Workspace.open(kb.root)  # a restarted control process does not fire it again

@@ -375,17 +375,13 @@ def dispatch() -> None:
 
 
 def tick() -> None:
-    from orchestrator.sweeps.producer import SweepRequest, due_sweeps, enqueue
+    from orchestrator.sweeps.producer import enqueue_due_sweeps
 
     control = _the_control()
     _tick_sent_at[0] = 0.0
     control.reap()
     control.write_due_files()
-    for sweep in due_sweeps(control.ws, control.now()):
-        try:
-            enqueue(control.ws, SweepRequest.from_config(sweep, trigger="cron"))
-        except Exception as exc:
-            logs.get().error("sweep.failed", sweep=sweep.name, error=str(exc))
+    enqueue_due_sweeps(control.ws, control.now())
     control.dispatch()
 
 

@@ -6,6 +6,7 @@ control process.
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
@@ -207,10 +208,11 @@ def _sequential(
 
 def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check. A control process that
-    was down does not replay the nights it missed: the first check only starts the clock."""
+    was down does not replay the nights it missed: the first check only starts the clock.
+    A due sweep's clock moves only when :func:`cron_fired` says its enqueue committed, so
+    a sweep whose enqueue failed is still due at the next check."""
     due = []
-    # Cron times are the machine's local time, as in crontab(5).
-    minute = now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
+    minute = _minute(now)
     store = ws.store
     for sweep in ws.settings.sweeps.values():
         if not sweep.cron:
@@ -219,12 +221,43 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
             "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
         ).fetchone()
         last = datetime.fromisoformat(row[0]) if row else minute
-        fired = croniter(sweep.cron, last).get_next(datetime) <= minute
-        with store.write():
-            store.conn.execute(
-                "INSERT INTO cron_state VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET last_checked = excluded.last_checked",
-                (sweep.name, minute.isoformat()),
-            )
-        if fired:
+        if croniter(sweep.cron, last).get_next(datetime) <= minute:
             due.append(sweep)
+        else:
+            cron_fired(ws, sweep.name, now)
     return due
+
+
+def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
+    """Move a cron sweep's clock to ``now``: checked, and enqueued if it was due."""
+    with ws.store.write():
+        ws.store.conn.execute(
+            "INSERT INTO cron_state VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "last_checked = excluded.last_checked",
+            (name, _minute(now).isoformat()),
+        )
+
+
+def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
+    """Enqueue the cron sweeps due now (the control process's tick). A failure that can
+    pass (state.db locked, a full disk) propagates with the sweep still due, so the tick
+    that is run again enqueues it; any other is logged, and the sweep waits for its next
+    matching minute."""
+    for sweep in due_sweeps(ws, now):
+        try:
+            enqueue(ws, SweepRequest.from_config(sweep, trigger="cron"))
+        except (sqlite3.Error, OSError):
+            raise
+        except Exception as exc:
+            logs.get().error(
+                "sweep.failed",
+                sweep=sweep.name,
+                error=f"{type(exc).__name__}: {exc}",
+                recovery="the sweep runs again at its next matching minute",
+            )
+        cron_fired(ws, sweep.name, now)
+
+
+def _minute(now: datetime) -> datetime:
+    # Cron times are the machine's local time, as in crontab(5).
+    return now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
