@@ -76,3 +76,151 @@ def test_files_a_full_disk_kept_from_being_written_are_written_at_the_next_tick(
         p.read_text().rstrip().endswith("## Result: PASS") for p in (job_dir / "results").iterdir()
     ] == [True]
     ws.store.close()
+
+
+def _pass_output(ws, job_id: int) -> bytes:
+    from orchestrator.review.bundle import end_line, start_line
+
+    note, gate = ws.store.conn.execute(
+        "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (job_id,)
+    ).fetchone()
+    return f"{start_line(note, gate)}\nFine.\n## Result: PASS\n{end_line(note, gate)}\n".encode()
+
+
+def test_one_jobs_broken_folder_does_not_keep_the_other_jobs_files_from_being_written(
+    kb, monkeypatch
+):
+    import shutil
+
+    import orchestrator.state.files as files
+    from orchestrator.review.finalize import finalize
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    jobs = [j.review_job_id for j in enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs]
+    real = files.write_job_files
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "write_job_files", disk_full)
+    for job_id in jobs:
+        assert finalize(ws.store, ws.state_dir, job_id, _pass_output(ws, job_id)).ok
+    monkeypatch.setattr(files, "write_job_files", real)
+    folders = [
+        ws.state_dir / r[0]
+        for r in ws.store.conn.execute("SELECT job_dir FROM review_jobs ORDER BY id")
+    ]
+    # A person replaced the first job's folder by a file: its files cannot be written.
+    shutil.rmtree(folders[0])
+    folders[0].write_text("not a folder")
+
+    control = Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws))
+    assert control.write_due_files() == 1
+    assert [p.name.endswith(".md") for p in (folders[1] / "results").iterdir()] == [True]
+    due = ws.store.conn.execute("SELECT job_id, error FROM job_files_due").fetchall()
+    assert [(r[0], "review-job-1" in r[1]) for r in due] == [(jobs[0], True)]
+    ws.store.close()
+
+
+def test_a_locked_database_at_dispatch_leaves_the_job_queued(kb, monkeypatch):
+    import sqlite3
+
+    import pytest
+
+    import orchestrator.control.control as control_module
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    real = control_module.open_attempt
+
+    def locked(*args, **kwargs):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(control_module, "open_attempt", locked)
+    # The control task fails (Huey runs it again); the job is not failed for it.
+    with pytest.raises(sqlite3.OperationalError):
+        control.dispatch()
+    row = ws.store.conn.execute("SELECT status, failure_reasons FROM review_jobs").fetchone()
+    assert tuple(row) == ("queued", None) and sent == []
+
+    monkeypatch.setattr(control_module, "open_attempt", real)
+    control.dispatch()
+    assert [m["job_id"] for m in sent] == [job.review_job_id]
+    ws.store.close()
+
+
+def test_a_cron_sweep_whose_enqueue_failed_is_enqueued_at_the_next_tick(kb, monkeypatch):
+    import contextlib
+    import sqlite3
+    from datetime import datetime
+
+    import orchestrator.sweeps.producer as producer
+    from workers import tasks
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    clock = [datetime(2026, 1, 2, 2, 59).astimezone()]
+    control = Control(ws, send_review=lambda m: None, now=lambda: clock[0], hooks=FollowUp(ws))
+    monkeypatch.setattr(tasks, "_control", control)
+    tasks.tick()  # the first check starts the clock
+    real = producer.enqueue
+    calls = []
+
+    def locked_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(producer, "enqueue", locked_once)
+    clock[0] = datetime(2026, 1, 2, 3, 0, 10).astimezone()
+    with contextlib.suppress(sqlite3.OperationalError):
+        tasks.tick()  # the enqueue fails: state.db locked past the busy timeout
+    clock[0] = datetime(2026, 1, 2, 3, 0, 40).astimezone()
+    tasks.tick()  # Huey runs the tick again (or the next one comes)
+    runs = ws.store.conn.execute("SELECT name, trigger, jobs FROM sweep_runs").fetchall()
+    assert [tuple(r) for r in runs] == [("nightly", "cron", 1)]
+    ws.store.close()
+
+
+def test_create_jobs_writes_the_job_folders_outside_the_write_lock(kb, monkeypatch):
+    import sqlite3
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    real_mkdir = pathlib.Path.mkdir
+    lock_free: list[bool] = []
+
+    def mkdir(self, *args, **kwargs):
+        if self.name.startswith("review-job-"):
+            probe = sqlite3.connect(ws.state_dir / "state.db", timeout=0, isolation_level=None)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                lock_free.append(True)
+            except sqlite3.OperationalError:
+                lock_free.append(False)
+            finally:
+                probe.close()
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    jobs = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    monkeypatch.setattr(pathlib.Path, "mkdir", real_mkdir)
+    assert len(jobs) == 2 and lock_free and all(lock_free), lock_free
+    for job in jobs:
+        assert (kb.root / job.prompt_path).is_file()
+        assert (kb.root / job.prompt_path).with_name("MANIFEST.json").is_file()
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    ws.store.close()

@@ -12,7 +12,6 @@ fenced by attempt inside its transaction.
 
 from __future__ import annotations
 
-import errno
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -29,10 +28,11 @@ from orchestrator.control.attempts import (
     record_end,
     write_attempt_files,
 )
-from orchestrator.cycles.escalations import record_decisions
+from orchestrator.cycles.escalations import record_decisions, write_due_reports
+from orchestrator.cycles.fixes import write_due_fixes
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
-from orchestrator.review.jobs import split_job
-from orchestrator.state.files import write_due_job_files, write_job_files_after_commit
+from orchestrator.review.jobs import prompt_renderer, split_job
+from orchestrator.state.files import DISK_FULL, write_due_job_files
 from orchestrator.state.status import Pause, paused_reviewers, spent_usd
 from orchestrator.state.store import parse_timestamp, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
@@ -56,6 +56,7 @@ class Control:
         self.hooks = hooks
         self.log = logs.get()
         self._budget_logged: set[int] = set()
+        self._prompt = prompt_renderer(self.store, ws.state_dir, ws.root)
 
     def paused(self) -> dict[str, Pause]:
         return paused_reviewers(self.store, timestamp(self.now()))
@@ -116,6 +117,11 @@ class Control:
                     over_budget[run_id] = self._over_budget(run_id)
                 if over_budget[run_id]:
                     continue
+            # A job made by another process has its folder written after that process's
+            # commit; an agent must not start before its MANIFEST.json is there.
+            write_due_job_files(
+                self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False
+            )
             try:
                 opened = open_attempt(
                     self.store,
@@ -125,8 +131,8 @@ class Control:
                     name,
                     outcome="dispatched",
                 )
-            except Exception as exc:
-                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            except OSError as exc:
+                if exc.errno in DISK_FULL:
                     # No room for a prompt: every job would fail alike, and none should. The
                     # job stays queued; the next dispatch (an outcome, a tick) tries again.
                     self.log.error(
@@ -137,12 +143,14 @@ class Control:
                         recovery="free space in the state folder; queued jobs then go on",
                     )
                     break
-                # A job folder that cannot be written otherwise: fail that job only.
-                fail_job(
-                    self.store, self.ws.state_dir, job["id"], [f"could not open an attempt: {exc}"]
-                )
-                self.log.error("job.failed", job_id=job["id"], reviewer=name, reason=str(exc))
+                self._cannot_open(job, name, exc)  # a job folder that cannot be written
                 continue
+            except ValueError as exc:  # a prompt that cannot be made from its snapshots
+                self._cannot_open(job, name, exc)
+                continue
+            # Anything else (state.db locked past the busy timeout) can pass: the attempt's
+            # transaction rolled back, the job is still queued, and the control task that
+            # raised is run again.
             try:
                 self.send_review(self.message(opened, profile))
             except Exception as exc:
@@ -157,6 +165,11 @@ class Control:
                 "attempt.dispatched", job_id=job["id"], attempt=opened.attempt, reviewer=name
             )
         return sent
+
+    def _cannot_open(self, job, reviewer: str, exc: Exception) -> None:
+        """An attempt that can never be opened: fail that job only."""
+        fail_job(self.store, self.ws.state_dir, job["id"], [f"could not open an attempt: {exc}"])
+        self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=str(exc))
 
     def message(self, opened: OpenedAttempt, profile: ReviewerProfile) -> dict:
         """Everything a worker needs, so that it holds nothing: no state.db, no job folder,
@@ -357,7 +370,6 @@ class Control:
         elif cls == "burned-out" and self._pair_count(job_id) > 1:
             self._reset_launch_failures(job["reviewer"])
             new = split_job(self.store, self.ws.state_dir, self.ws.root, job_id)
-            write_job_files_after_commit(self.store, self.ws.state_dir, job_id)
             self.log.warning(
                 "job.split", job_id=job_id, attempt=attempt, into=new, reasons=o.get("reasons")
             )
@@ -529,8 +541,14 @@ class Control:
 
     # --- the reaper -------------------------------------------------------------------
     def write_due_files(self) -> int:
-        """Job files that a full disk kept from being written, written now if there is room."""
-        return write_due_job_files(self.store, self.ws.state_dir)
+        """What a crash or a full disk kept from being written after its transaction
+        committed (applied fixes, job folders, escalation reports), written now if it can
+        be; the number written."""
+        return (
+            write_due_fixes(self.ws.kb, self.store, git_commit=self.settings.fix.git_commit)
+            + write_due_job_files(self.store, self.ws.state_dir, prompt=self._prompt)
+            + write_due_reports(self.store, self.ws.state_dir)
+        )
 
     def reap(self) -> int:
         """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while

@@ -11,8 +11,8 @@ import json
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
-from orchestrator.review.jobs import create_jobs, display_path, job_dir, make_job_folder
-from orchestrator.state.files import write_manifest
+from orchestrator.review.jobs import create_jobs, display_path, job_dir
+from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
@@ -181,29 +181,12 @@ class FollowUp:
             if retry_fix:
                 self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
-        finish_fix_job(
-            self.store, self.ws.state_dir, job["id"], "completed", "applied", "", res.commit
-        )
-        self.log.info(
-            "fix.applied",
-            job_id=job["id"],
-            note_path=job["note_path"],
-            sha256=res.new_sha256,
-            gates=[p["gate_id"] for p in pairs],
-            commit=res.commit.sha if res.commit else None,
-        )
-        if res.commit is not None and res.commit.why_not:
-            self.log.warning(
-                "fix.uncommitted" if res.commit.sha is None else "fix.commit_mixed",
-                job_id=job["id"],
-                note_path=job["note_path"],
-                commit=res.commit.sha,
-                reason=res.commit.why_not,
-            )
-        self._rereview(job, pairs)
+        # The note is written, logged (fix.applied) and committed once this commits.
+        finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")
+        self._rereview(job, pairs, res.new_text)
         return None
 
-    def _rereview(self, job, pairs) -> None:
+    def _rereview(self, job, pairs, new_text: str | None) -> None:
         """Re-review the failing pairs, whether or not the selector would call them stale."""
         reviewer = job["review_reviewer"] or job["reviewer"]
         cat = self.ws.catalog()
@@ -221,6 +204,8 @@ class FollowUp:
             grouping="note",
             reviewer=reviewer,
             sweep=job["sweep"],
+            # The fixed note is written once this transaction commits: review that text.
+            pending={job["note_path"]: new_text} if new_text is not None else None,
         )
         with self.store.write():
             for j in batch.jobs:
@@ -338,28 +323,7 @@ class FollowUp:
                     "FROM review_pairs WHERE id = ?",
                     (audit_id, p["id"]),
                 )
-        make_job_folder(self.ws.state_dir, audit_id)
-        write_manifest(
-            folder,
-            {
-                "review_job_id": audit_id,
-                "kind": "audit",
-                "status": "queued",
-                "model_partition": profile.partition,
-                "source_job_id": job["id"],
-                "pairs": [
-                    {
-                        "note_path": p["note_path"],
-                        "gate_id": p["gate_id"],
-                        "gate_path": p["gate_path"],
-                        "lens": p["lens"],
-                        "watches": list(cat.get(p["gate_id"]).watches),
-                    }
-                    for p in chosen
-                ],
-            },
-            new_folder=True,
-        )
+            write_job_files_after_commit(self.store, self.ws.state_dir, audit_id)
         self.log.info(
             "audit.queued",
             job_id=audit_id,

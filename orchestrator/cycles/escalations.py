@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
+from orchestrator.state.files import write_each
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -156,12 +158,30 @@ def escalate(
     with store.write():
         esc_id = store.conn.execute(
             "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, fixer, "
-            "report_path, raised_at) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?) RETURNING id",
-            (partition, note_path, gate_id, reason, n, reviewer, fixer, utcnow()),
+            "report_path, raised_at, material, recommend) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?) "
+            "RETURNING id",
+            (
+                partition,
+                note_path,
+                gate_id,
+                reason,
+                n,
+                reviewer,
+                fixer,
+                utcnow(),
+                json.dumps(material),
+                recommend,
+            ),
         ).fetchone()[0]
         rel = f"escalations/escalation-{esc_id}.md"
         store.conn.execute("UPDATE escalations SET report_path = ? WHERE id = ?", (rel, esc_id))
-    atomic_write(state_dir / rel, report(store, esc_id, material, recommend))
+        # The report is written once this commits (a full disk costs the file, not the
+        # escalation), and again at the control process's tick if that fails.
+        store.conn.execute(
+            "INSERT INTO escalation_reports_due VALUES (?, ?, 'not written yet')",
+            (esc_id, utcnow()),
+        )
+    store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
     logs.get().warning(
         "escalation.raised",
         escalation_id=esc_id,
@@ -175,14 +195,52 @@ def escalate(
     return esc_id
 
 
-def report(store: Store, esc_id: int, material: list[str], recommend: str) -> str:
+def write_due_reports(
+    store: Store, state_dir: Path, ids: list[int] | None = None, *, late: bool = True
+) -> int:
+    """Write the reports of escalations still due (``ids``, else all); the number written."""
+    due = dict(
+        store.conn.execute(
+            "SELECT escalation_id, error FROM escalation_reports_due ORDER BY escalation_id"
+        ).fetchall()
+    )
+    if ids is not None:
+        due = {i: due[i] for i in ids if i in due}
+    written, failed = write_each(
+        due,
+        lambda i: atomic_write(state_dir / _report_path(store, i), report(store, i)),
+        what="escalation.report",
+        key="escalation_id",
+        late=late,
+    )
+    with contextlib.suppress(sqlite3.Error), store.write():  # if not: written next tick
+        store.conn.executemany(
+            "DELETE FROM escalation_reports_due WHERE escalation_id = ?", [(i,) for i in written]
+        )
+        store.conn.executemany(
+            "UPDATE escalation_reports_due SET error = ? WHERE escalation_id = ?",
+            [(e, i) for i, e in failed.items()],
+        )
+    return len(written)
+
+
+def _report_path(store: Store, esc_id: int) -> str:
+    return store.conn.execute(
+        "SELECT report_path FROM escalations WHERE id = ?", (esc_id,)
+    ).fetchone()[0]
+
+
+def report(store: Store, esc_id: int) -> str:
     """The gate-review report (SPEC §7): three lines in, a person can vote."""
     e = store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
+    # The rejections up to the escalation: written again later, the report says the same.
     events = store.conn.execute(
         "SELECT rejection, kind, job_id, gist FROM cycle_events WHERE model_partition = ? AND note_path = ? "
-        "AND gate_id = ? ORDER BY id DESC LIMIT ?",
-        (e["model_partition"], e["note_path"], e["gate_id"], max(e["cycles"], 1)),
+        "AND gate_id = ? AND at <= ? ORDER BY id DESC LIMIT ?",
+        (e["model_partition"], e["note_path"], e["gate_id"], e["raised_at"], max(e["cycles"], 1)),
     ).fetchall()
+    material = json.loads(e["material"] or "[]")
+    recommend = e["recommend"] or e["reason"]
     cycles = [
         f"- Cycle {i}: FAIL — {ev['gist']}" + (f" (job {ev['job_id']})" if ev["job_id"] else "")
         for i, ev in enumerate(reversed(events), 1)

@@ -6,7 +6,9 @@ and only to that one file.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,10 +16,18 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write, mode_of
 from orchestrator.kb.gates import Catalog
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
-from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, parse_note_text, sha256_bytes
-from orchestrator.review.jobs import display_path, job_dir, make_job_folder
+from orchestrator.kb.notes import (
+    KB,
+    KBError,
+    NoteParseError,
+    decode,
+    parse_note_text,
+    sha256_bytes,
+    sha256_text,
+)
+from orchestrator.review.jobs import display_path, job_dir
 from orchestrator.review.prompts import fenced, template
-from orchestrator.state.files import write_manifest
+from orchestrator.state.files import write_each, write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
 
 
@@ -135,24 +145,7 @@ def create_fix_job(
                     t.rationale,
                 ),
             )
-    make_job_folder(state_dir, job_id)
-    write_manifest(
-        folder,
-        {
-            "review_job_id": job_id,
-            "kind": "fix",
-            "status": "queued",
-            "model_partition": partition,
-            "note_path": note.path,
-            "note_sha256": note.sha256,
-            "feedback": feedback,
-            "pairs": [
-                {"note_path": note.path, "gate_id": t.gate_id, "gate_path": t.gate_path}
-                for t in targets
-            ],
-        },
-        new_folder=True,
-    )
+        write_job_files_after_commit(store, state_dir, job_id)
     logs.get().info(
         "fix.queued",
         job_id=job_id,
@@ -200,14 +193,19 @@ class FixResult:
     status: str  # applied | unchanged | stale | invalid
     reason: str = ""
     new_sha256: str | None = None
-    commit: CommitOutcome | None = None  # None: commits are off
+    new_text: str | None = None
 
 
 def apply_fix(
     kb: KB, store: Store, job, output: bytes | None, *, git_commit: bool = False
 ) -> FixResult:
-    """Write the fixer's note if the note is still the text it was given; with
-    ``git_commit``, commit it as its own commit (see :func:`commit_applied_fix`)."""
+    """Decide whether the fixer's note is applied: only over the text the fixer was given.
+
+    Called inside the transaction that ends the fix job. An applied fix is recorded
+    (``fix_writes``, the fixed snapshot, and ``fix_writes_due`` with the old and new
+    text's sha256) and the note is written once that transaction commits, with its git
+    commit if ``git_commit`` (:func:`write_due_fixes`): a rollback leaves the note as it
+    was, and a crash before the write is healed at the next tick."""
     if output is None:
         return FixResult("invalid", "the fixer wrote no output")
     try:
@@ -223,65 +221,166 @@ def apply_fix(
     ).fetchone()[0]
     try:
         rel = kb.check_rel(job["note_path"])  # resolves symlinks: never outside the root
-        path = kb.root / rel
-        current = decode(path.read_bytes())
+        current = decode((kb.root / rel).read_bytes())
     except (KBError, OSError, NoteParseError) as exc:
         return FixResult("stale", f"the note cannot be read now ({exc}); nothing written")
-    if current != given:
-        return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
     if new_text == given:
         return FixResult("unchanged", "the fix changed nothing")
-    data = new_text.encode("utf-8")
-    sha = sha256_bytes(data)
+    if current not in (given, new_text):  # (already the new text: counts as applied)
+        return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
+    sha = sha256_text(new_text)
+    now = utcnow()
     with store.write():
-        store.conn.execute(
-            "INSERT OR IGNORE INTO fix_writes VALUES (?, ?, ?, ?)", (rel, sha, job["id"], utcnow())
-        )
         fixed = store.snapshot(rel, new_text, sha)  # the report's diff: given → fixed
         store.conn.execute(
             "UPDATE review_jobs SET fixed_snapshot_id = ? WHERE id = ?", (fixed, job["id"])
         )
-    # Durable, and the note keeps its permissions: this is a person's note, not a rendering.
+        store.conn.execute(
+            "INSERT OR IGNORE INTO fix_writes VALUES (?, ?, ?, ?)", (rel, sha, job["id"], now)
+        )
+        store.conn.execute(
+            "INSERT OR REPLACE INTO fix_writes_due VALUES (?, ?, ?, ?, ?, 'not written yet')",
+            (job["id"], rel, sha256_text(given), sha, now),
+        )
+    store.after_commit(lambda: write_due_fixes(kb, store, [job["id"]], git_commit, late=False))
+    return FixResult("applied", new_sha256=sha, new_text=new_text)
+
+
+def write_due_fixes(
+    kb: KB,
+    store: Store,
+    job_ids: list[int] | None = None,
+    git_commit: bool = False,
+    *,
+    late: bool = True,
+) -> int:
+    """Write the notes of applied fixes still due (``job_ids``, else all); the number
+    written or found written already."""
+    due = {
+        r["job_id"]: r
+        for r in store.conn.execute("SELECT * FROM fix_writes_due ORDER BY job_id").fetchall()
+    }
+    if job_ids is not None:
+        due = {i: due[i] for i in job_ids if i in due}
+    done, failed = write_each(
+        {i: r["error"] for i, r in due.items()},
+        lambda i: _write_fix(kb, store, due[i], git_commit),
+        what="fix.note",
+        key="job_id",
+        late=late,
+    )
+    with contextlib.suppress(sqlite3.Error), store.write():  # if not: done again next tick
+        store.conn.executemany("DELETE FROM fix_writes_due WHERE job_id = ?", [(i,) for i in done])
+        store.conn.executemany(
+            "UPDATE fix_writes_due SET error = ? WHERE job_id = ?",
+            [(e, i) for i, e in failed.items()],
+        )
+    return len(done)
+
+
+def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
+    """One decided fix: written over the text the fixer was given, and only over that;
+    then, with ``git_commit``, its commit (once: a job with an outcome is not committed
+    again when a crash left the row behind)."""
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (due["job_id"],)).fetchone()
+    path = kb.root / due["path"]
+
+    def text(sha: str) -> bytes:
+        return (
+            store.conn.execute(
+                "SELECT text FROM snapshots WHERE path = ? AND sha256 = ?", (due["path"], sha)
+            )
+            .fetchone()[0]
+            .encode("utf-8")
+        )
+
+    try:
+        current = sha256_bytes(path.read_bytes())
+    except FileNotFoundError:
+        current = None
+    if current != due["new_sha256"]:  # else written already (a crash came before the row went)
+        if current != due["old_sha256"]:
+            _not_written(store, job, due["path"])
+            return
+        replace_note(path, text(due["new_sha256"]))
+    commit = None
+    if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
+        commit = commit_applied_fix(
+            kb, store, job, due["path"], text(due["old_sha256"]), text(due["new_sha256"])
+        )
+        _record_commit(store, job, due["path"], commit)
+    logs.get().info(
+        "fix.applied",
+        job_id=job["id"],
+        note_path=due["path"],
+        sha256=due["new_sha256"],
+        gates=_gates(store, job["id"]),
+        commit=commit.sha if commit else job["fix_commit"],
+    )
+
+
+def _not_written(store: Store, job, note_path: str) -> None:
+    reason = (
+        "the note was changed or removed by someone since the fix was decided; their text "
+        "is kept and the fix is not applied"
+    )
+    logs.get().warning("fix.not_written", job_id=job["id"], note_path=note_path, reason=reason)
+    with store.write():
+        store.conn.execute(
+            "UPDATE review_jobs SET result = 'not-applied', failure_reasons = ? WHERE id = ?",
+            (json.dumps([reason]), job["id"]),
+        )
+
+
+def replace_note(path: Path, data: bytes) -> None:
+    """The one place a fix reaches the KB: the note replaced atomically and durably
+    (this is a person's note, not a rendering). Its git commit, if any, follows at once
+    (:func:`commit_applied_fix`)."""
     atomic_write(path, data, durable=True, mode=mode_of(path))
-    commit = commit_applied_fix(kb, store, job, rel, given, data) if git_commit else None
-    return FixResult("applied", new_sha256=sha, commit=commit)
 
 
-def commit_applied_fix(kb: KB, store: Store, job, rel: str, given: str, data: bytes):
+def commit_applied_fix(
+    kb: KB, store: Store, job, rel: str, given: bytes, data: bytes
+) -> CommitOutcome:
     """The fix just written as one git commit of that note alone. Called right after the
     note file is replaced (it compares HEAD with the text the fixer was given)."""
-    gates = [
+    msg = message(rel, _gates(store, job["id"]), job["id"], job["review_reviewer"], job["reviewer"])
+    return commit_fix(kb.root, rel, given, data, msg)
+
+
+def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> None:
+    with store.write():
+        store.conn.execute(
+            "UPDATE review_jobs SET fix_commit = ?, fix_no_commit = ? WHERE id = ?",
+            (commit.sha, commit.why_not, job["id"]),
+        )
+    if commit.why_not:
+        logs.get().warning(
+            "fix.uncommitted" if commit.sha is None else "fix.commit_mixed",
+            job_id=job["id"],
+            note_path=note_path,
+            commit=commit.sha,
+            reason=commit.why_not,
+        )
+
+
+def _gates(store: Store, job_id: int) -> list[str]:
+    return [
         r[0]
         for r in store.conn.execute(
-            "SELECT gate_id FROM review_pairs WHERE job_id = ? ORDER BY id", (job["id"],)
+            "SELECT gate_id FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
         )
     ]
-    msg = message(rel, gates, job["id"], job["review_reviewer"], job["reviewer"])
-    return commit_fix(kb.root, rel, given.encode("utf-8"), data, msg)
 
 
 def finish_fix_job(
-    store: Store,
-    state_dir: Path,
-    job_id: int,
-    status: str,
-    result: str,
-    reason: str,
-    commit: CommitOutcome | None = None,
+    store: Store, state_dir: Path, job_id: int, status: str, result: str, reason: str
 ) -> None:
     now = utcnow()
     with store.write():
         store.conn.execute(
-            "UPDATE review_jobs SET status = ?, result = ?, failure_reasons = ?, updated_at = ?, finished_at = ?, "
-            "fix_commit = ?, fix_no_commit = ? WHERE id = ?",
-            (
-                status,
-                result,
-                json.dumps([reason]) if reason else None,
-                now,
-                now,
-                commit.sha if commit else None,
-                commit.why_not if commit else None,
-                job_id,
-            ),
+            "UPDATE review_jobs SET status = ?, result = ?, failure_reasons = ?, updated_at = ?, finished_at = ? "
+            "WHERE id = ?",
+            (status, result, json.dumps([reason]) if reason else None, now, now, job_id),
         )
+        write_job_files_after_commit(store, state_dir, job_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gat
 from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, sha256_bytes
 from orchestrator.review.bundle import sentinel_like_lines
 from orchestrator.review.prompts import PromptGate, PromptPair, render_review
-from orchestrator.state.files import write_manifest
+from orchestrator.state.files import PromptRenderer, write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
 
 
@@ -80,16 +80,6 @@ def job_dir(state_dir: Path, job_id: int) -> Path:
     return state_dir / "jobs" / f"review-job-{job_id}"
 
 
-def make_job_folder(state_dir: Path, job_id: int) -> Path:
-    """A new job's folder, empty. A folder left by a job id that a rolled-back
-    transaction once used must not leak an old bundle-output.md into this job."""
-    folder = job_dir(state_dir, job_id)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    return folder
-
-
 def display_path(root: Path, path: Path) -> str:
     """Root-relative when under the root (SPEC §10), else absolute."""
     try:
@@ -145,8 +135,8 @@ class _Item:
 class _Loader:
     """Reads each note and gate once, with its refusal reason if it cannot be packed."""
 
-    def __init__(self, kb: KB, catalog: Catalog) -> None:
-        self.kb, self.catalog = kb, catalog
+    def __init__(self, kb: KB, catalog: Catalog, pending: Mapping[str, str]) -> None:
+        self.kb, self.catalog, self.pending = kb, catalog, pending
         self.notes: dict[str, tuple[str, str, str] | str] = {}
         self.invalid = {p.path: p.reason for p in catalog.problems}
         self.gate_refusals: dict[str, str | None] = {}
@@ -157,7 +147,10 @@ class _Loader:
             rel = given
             try:
                 rel = self.kb.check_rel(given)  # resolves symlinks: once per note
-                data = (self.kb.root / rel).read_bytes()
+                if rel in self.pending:
+                    data = self.pending[rel].encode("utf-8")
+                else:
+                    data = (self.kb.root / rel).read_bytes()
                 text = decode(data)
                 lines = sentinel_like_lines(text)
                 self.notes[given] = (
@@ -225,8 +218,12 @@ def create_jobs(
     sweep: str | None = None,
     exclude: Iterable[tuple[str, str]] = (),
     selected_at_version: int | None = None,
+    pending: Mapping[str, str] | None = None,
 ) -> JobBatch:
     """Queued jobs for the targets; pairs that cannot be packed come back as ``skipped``.
+
+    ``pending`` maps note paths to texts decided in the open transaction but written to
+    the KB only after it commits (an applied fix): those are the texts packed.
 
     ``selected_at_version`` is the store's acceptance version read before the targets
     were selected: a pair whose review was accepted since, for exactly the texts about
@@ -238,7 +235,7 @@ def create_jobs(
     if not model_partition:
         raise JobError("no model partition: pass --model (the input's model_partition is null)")
     batch = JobBatch()
-    loader = _Loader(kb, catalog)
+    loader = _Loader(kb, catalog, pending or {})
     active = store.active_pairs(model_partition)
     held = set(exclude)
     seen: set[tuple[str, str]] = set()
@@ -269,24 +266,30 @@ def create_jobs(
         items.append(_Item(note[0], gate, note[1], note[2]))
 
     snap_cache: dict[tuple[str, str], int] = {}
+    made: dict[int, Sequence[_Item]] = {}
     with store.write():
         # Another enqueue or a finalize may have committed since the open jobs and the
         # acceptance were read; under the write lock nothing else can, so look again.
         items = _still_wanted(store, items, model_partition, selected_at_version, batch)
         for group in _groups(items, grouping, batch_size):
-            batch.jobs.append(
-                _create_one(
-                    kb.root,
-                    store,
-                    state_dir,
-                    group,
-                    model_partition,
-                    grouping,
-                    reviewer,
-                    sweep,
-                    snap_cache,
-                )
+            job = _create_one(
+                kb.root,
+                store,
+                state_dir,
+                group,
+                model_partition,
+                grouping,
+                reviewer,
+                sweep,
+                snap_cache,
             )
+            batch.jobs.append(job)
+            made[job.review_job_id] = group
+        # The folders are written after the commit, outside the write lock (and again
+        # at the control process's tick if that fails).
+        write_job_files_after_commit(
+            store, state_dir, list(made), prompt_renderer(store, state_dir, kb.root, made)
+        )
     log = logs.get()
     for job in batch.jobs:
         log.info(
@@ -370,11 +373,13 @@ def _create_one(
         )
         pairs.append(JobPair(it.note_path, it.gate.gate_id, it.gate.path))
 
-    make_job_folder(state_dir, job_id)
+    # A folder left by a job id used before (a state.db started afresh, an older reviewq
+    # that wrote files inside a transaction that then rolled back) must not leak an old
+    # bundle-output.md into this job. No other process can be making this job id now.
+    if folder.exists():
+        shutil.rmtree(folder)
     output = folder / "bundle-output.md"
-    prompt = render_job_prompt(job_id, display_path(root, output), group)
-    (folder / "prompt.md").write_text(prompt, encoding="utf-8")
-    job = CreatedJob(
+    return CreatedJob(
         job_id,
         partition,
         grouping,
@@ -382,34 +387,25 @@ def _create_one(
         display_path(root, output),
         pairs,
     )
-    write_manifest(
-        folder,
-        {
-            "review_job_id": job_id,
-            "kind": "review",
-            "status": "queued",
-            "model_partition": partition,
-            "grouping": grouping,
-            "lens": lens,
-            "prompt_path": "prompt.md",
-            "bundle_output_path": "bundle-output.md",
-            "created_at": now,
-            "pairs": [
-                {
-                    "note_path": it.note_path,
-                    "gate_id": it.gate.gate_id,
-                    "gate_path": it.gate.path,
-                    "lens": it.gate.lens,
-                    "watches": list(it.gate.watches),
-                    "note_sha256": it.note_sha,
-                    "gate_sha256": it.gate.sha256,
-                }
-                for it in group
-            ],
-        },
-        new_folder=True,
-    )
-    return job
+
+
+def prompt_renderer(
+    store: Store, state_dir: Path, root: Path, known: dict[int, Sequence[_Item]] | None = None
+) -> PromptRenderer:
+    """The job-level prompt.md of a review job, rendered from state.db (``known``: the
+    items of jobs just made, so they are not read back)."""
+
+    def render(job_id: int) -> str | None:
+        job = store.conn.execute(
+            "SELECT kind, job_dir FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        if job is None or job["kind"] != "review":
+            return None
+        items = (known or {}).get(job_id) or load_job_items(store, job_id)
+        output = display_path(root, state_dir / job["job_dir"] / "bundle-output.md")
+        return render_job_prompt(job_id, output, items)
+
+    return render
 
 
 def render_job_prompt(
@@ -452,6 +448,7 @@ def split_job(store: Store, state_dir: Path, root: Path, job_id: int) -> list[in
     items = load_job_items(store, job_id)
     new_ids: list[int] = []
     cache: dict[tuple[str, str], int] = {}
+    made: dict[int, Sequence[_Item]] = {}
     with store.write():
         store.conn.execute(
             "UPDATE review_jobs SET status = 'split', updated_at = ?, finished_at = ? WHERE id = ?",
@@ -474,4 +471,8 @@ def split_job(store: Store, state_dir: Path, root: Path, job_id: int) -> list[in
                 (job_id, job["sweep_run_id"], created.review_job_id),
             )
             new_ids.append(created.review_job_id)
+            made[created.review_job_id] = [it]
+        write_job_files_after_commit(
+            store, state_dir, [job_id, *new_ids], prompt_renderer(store, state_dir, root, made)
+        )
     return new_ids

@@ -8,32 +8,36 @@ reader never sees half a file and a crash leaves the old one.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
 import os
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.gates import TYPE_LENS, parse_gate
+from orchestrator.kb.notes import REGIONS
 from orchestrator.state.store import Store, utcnow
+
+# A job id → its prompt.md text (None: the job has no job-level prompt). Prompts are
+# rendered a layer above (orchestrator.review.jobs), which passes this in.
+PromptRenderer = Callable[[int], "str | None"]
+
+# A full disk or quota: every file after this one would fail alike.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class ReportError(Exception):
     pass
 
 
-def write_manifest(folder: Path, data: dict, *, new_folder: bool = False) -> None:
-    if new_folder:
-        # Nobody reads a folder still being made: a plain, compact write will do (the
-        # indented encoder is pure Python and costs ~0.15 ms a job). Finalize rewrites it.
-        text = json.dumps(data, ensure_ascii=False) + "\n"
-        (folder / "MANIFEST.json").write_text(text, encoding="utf-8")
-    else:
-        atomic_write(
-            folder / "MANIFEST.json", json.dumps(data, indent=1, ensure_ascii=False) + "\n"
-        )
+def write_manifest(folder: Path, data: dict) -> None:
+    atomic_write(folder / "MANIFEST.json", json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
 def flat(path: str) -> str:
@@ -50,7 +54,8 @@ def job_manifest(store: Store, job_id: int) -> dict:
     if job is None:
         raise ReportError(f"no review job {job_id}")
     pairs = store.conn.execute(
-        "SELECT p.*, n.sha256 AS note_sha256, g.sha256 AS gate_sha256 FROM review_pairs p "
+        "SELECT p.*, n.sha256 AS note_sha256, g.sha256 AS gate_sha256, g.text AS gate_text "
+        "FROM review_pairs p "
         "JOIN snapshots n ON n.id = p.note_snapshot_id JOIN snapshots g ON g.id = p.gate_snapshot_id "
         "WHERE p.job_id = ? ORDER BY p.id",
         (job_id,),
@@ -60,9 +65,13 @@ def job_manifest(store: Store, job_id: int) -> dict:
         "input_tokens, output_tokens, cost_usd, duration_s FROM attempts WHERE job_id = ? ORDER BY attempt",
         (job_id,),
     ).fetchall()
+    links = {}
+    if job["kind"] != "review":
+        links = {k: job[k] for k in ("note_path", "source_job_id", "feedback")}
     return {
         "review_job_id": job_id,
         "kind": job["kind"],
+        **links,
         "status": job["status"],
         "model_partition": job["model_partition"],
         "grouping": job["grouping"],
@@ -82,6 +91,7 @@ def job_manifest(store: Store, job_id: int) -> dict:
                 "gate_id": p["gate_id"],
                 "gate_path": p["gate_path"],
                 "lens": p["lens"],
+                "watches": _watches(p["gate_path"], p["lens"], p["gate_text"]),
                 "note_sha256": p["note_sha256"],
                 "gate_sha256": p["gate_sha256"],
                 "decision": p["decision"],
@@ -94,8 +104,28 @@ def job_manifest(store: Store, job_id: int) -> dict:
     }
 
 
-def write_job_files(store: Store, job_dir: Path, job_id: int) -> None:
-    """MANIFEST.json and one result file per decided pair, regenerated from the database."""
+@functools.lru_cache(maxsize=1024)
+def _watches(gate_path: str, lens: str, gate_text: str) -> list[str] | None:
+    """The regions a pair's gate watches, from the gate text the job was made with
+    (agents such as the offline reviewer read them from the manifest)."""
+    if lens == TYPE_LENS:
+        return list(REGIONS)
+    try:
+        return list(parse_gate(gate_path, gate_text.encode("utf-8")).watches)
+    except ValueError:  # a gate gone or broken since: the agent falls back to every region
+        return None
+
+
+def write_job_files(
+    store: Store, job_dir: Path, job_id: int, prompt: PromptRenderer | None = None
+) -> None:
+    """A job's folder regenerated from the database: MANIFEST.json, one result file per
+    decided pair, and (given ``prompt``, if missing) the job's prompt.md."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    if prompt is not None and not (job_dir / "prompt.md").exists():
+        text = prompt(job_id)
+        if text is not None:
+            atomic_write(job_dir / "prompt.md", text)
     manifest = job_manifest(store, job_id)
     rows = store.conn.execute(
         "SELECT note_path, gate_id, gate_path, decision, rationale, decided_at FROM review_pairs "
@@ -125,54 +155,96 @@ def write_job_files(store: Store, job_dir: Path, job_id: int) -> None:
     write_manifest(job_dir, manifest)
 
 
-def write_job_files_after_commit(store: Store, state_dir: Path, job_id: int) -> None:
-    """Render a job's files once the transaction that changed it commits. The job is
+def write_job_files_after_commit(
+    store: Store,
+    state_dir: Path,
+    job_ids: int | Sequence[int],
+    prompt: PromptRenderer | None = None,
+) -> None:
+    """Render jobs' files once the transaction that changed them commits. The jobs are
     marked due in that same transaction, so files a crash or a full disk kept from being
     written are written by :func:`write_due_job_files` (the control process's tick)."""
+    ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
+    now = utcnow()
     with store.write():
-        store.conn.execute(
+        store.conn.executemany(
             "INSERT OR IGNORE INTO job_files_due VALUES (?, ?, 'not written yet')",
-            (job_id, utcnow()),
+            [(i, now) for i in ids],
         )
-    store.after_commit(lambda: _write_due(store, state_dir, job_id))
+    store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
 
 
-def _write_due(store: Store, state_dir: Path, job_id: int, *, late: bool = False) -> bool:
-    row = store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
-    try:
-        if row is not None:
-            write_job_files(store, state_dir / row[0], job_id)
-    except OSError as exc:
-        logs.get().error(
-            "job.files_failed",
-            job_id=job_id,
-            error=str(exc),
-            recovery="state.db holds the result; the control process writes the files "
-            "again at each tick until it can",
+def write_due_job_files(
+    store: Store,
+    state_dir: Path,
+    job_ids: Sequence[int] | None = None,
+    prompt: PromptRenderer | None = None,
+    *,
+    late: bool = True,
+) -> int:
+    """Write the files of due jobs (``job_ids``, else every due job); the number written."""
+    due = {
+        r[0]: (r[1], r[2])
+        for r in store.conn.execute(
+            "SELECT d.job_id, j.job_dir, d.error FROM job_files_due d "
+            "JOIN review_jobs j ON j.id = d.job_id ORDER BY d.job_id"
         )
-        # state.db may be on the full disk too; the row says 'due' either way.
-        with contextlib.suppress(sqlite3.Error), store.write():
-            store.conn.execute(
-                "UPDATE job_files_due SET error = ? WHERE job_id = ?", (str(exc), job_id)
-            )
-        return False
-    with contextlib.suppress(sqlite3.Error), store.write():  # if not: rewritten next tick
-        store.conn.execute("DELETE FROM job_files_due WHERE job_id = ?", (job_id,))
-    if late:
-        logs.get().info("job.files_written", job_id=job_id, late=True)
-    return True
+    }
+    if job_ids is not None:
+        due = {i: due[i] for i in job_ids if i in due}  # others were written meanwhile
+    written, failed = write_each(
+        {i: error for i, (_, error) in due.items()},
+        lambda i: write_job_files(store, state_dir / due[i][0], i, prompt),
+        what="job.files",
+        key="job_id",
+        late=late,
+    )
+    # state.db may be on the full disk too: if so the rows stay and the next tick tries.
+    with contextlib.suppress(sqlite3.Error), store.write():
+        store.conn.executemany(
+            "DELETE FROM job_files_due WHERE job_id = ?", [(i,) for i in written]
+        )
+        store.conn.executemany(
+            "UPDATE job_files_due SET error = ? WHERE job_id = ?",
+            [(e, i) for i, e in failed.items()],
+        )
+    return len(written)
 
 
-def write_due_job_files(store: Store, state_dir: Path) -> int:
-    """Write the files of jobs whose writing failed or was cut short; the number written."""
-    written = 0
-    for (job_id,) in store.conn.execute(
-        "SELECT job_id FROM job_files_due ORDER BY job_id"
-    ).fetchall():
-        if not _write_due(store, state_dir, job_id, late=True):
-            break  # still no room: the next tick tries again
-        written += 1
-    return written
+def write_each(
+    due: dict[int, str],
+    write: Callable[[int], None],
+    *,
+    what: str,
+    key: str,
+    late: bool,
+) -> tuple[list[int], dict[int, str]]:
+    """Write the renderings of due rows (id → the error the last try recorded): the ids
+    written, and the errors of the others. A full disk stops the pass, since every later
+    file would fail alike; any other failure costs that row's files only. A failure is
+    logged (``WHAT_failed``) the first time, not again at every tick."""
+    written: list[int] = []
+    failed: dict[int, str] = {}
+    for i, before in due.items():
+        try:
+            write(i)
+        except OSError as exc:
+            failed[i] = str(exc)
+            if f"[Errno {exc.errno}]" not in before:
+                logs.get().error(
+                    f"{what}_failed",
+                    **{key: i},
+                    error=str(exc),
+                    recovery="state.db holds what they render; the control process writes "
+                    "them again at each tick until it can",
+                )
+            if exc.errno in DISK_FULL:
+                break
+            continue
+        written.append(i)
+        if late:
+            logs.get().info(f"{what}_written", **{key: i}, late=True)
+    return written, failed
 
 
 def _swap_folder(new: Path, target: Path) -> None:

@@ -278,4 +278,33 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        8,
+        "escalation reports and applied fixes are written after their transaction commits",
+        """
+        -- What an escalation's report quotes, so the report can be written again from here.
+        ALTER TABLE escalations ADD COLUMN material TEXT;
+        ALTER TABLE escalations ADD COLUMN recommend TEXT;
+
+        CREATE TABLE escalation_reports_due (
+            escalation_id  INTEGER PRIMARY KEY REFERENCES escalations (id),
+            since          TEXT NOT NULL,
+            error          TEXT NOT NULL
+        );
+
+        -- A fix decided as applied whose note is not yet written: the new text is the
+        -- snapshot (path, new_sha256); it is written only over the text the fixer was given.
+        CREATE TABLE fix_writes_due (
+            job_id      INTEGER PRIMARY KEY REFERENCES review_jobs (id),
+            path        TEXT NOT NULL,
+            old_sha256  TEXT NOT NULL,
+            new_sha256  TEXT NOT NULL,
+            since       TEXT NOT NULL,
+            error       TEXT NOT NULL
+        );
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

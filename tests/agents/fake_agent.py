@@ -12,6 +12,8 @@ FAKE_LOG:    append one line per run ("task job attempt") to this file
 FAKE_PASS_IF_CONTAINS: review PASS when the note (as the prompt carries it) holds this
              text, FAIL otherwise
 FAKE_PAD_BYTES: pad the review output to about this many bytes
+FAKE_FAIL_GATES: comma-separated gate ids a review FAILs; it PASSes the others
+FAKE_AUDIT_DECISION: what an audit (REVIEWQ_TASK=audit) decides for every pair
 FAKE_CONTINUE_FIFO: after FAKE_NOTIFY_FIFO, wait until the test writes to this FIFO
 A fix task (REVIEWQ_TASK=fix) rewrites the note from the prompt, adding FAKE_FIX_APPEND.
 FAKE_MODE_<n>: the mode for attempt n only
@@ -105,6 +107,10 @@ for i, p in enumerate(pairs):
         if text is None:
             text = (root / p["note_path"]).read_text()
         d = "PASS" if marker in text else "FAIL"
+    if env.get("FAKE_FAIL_GATES") is not None:
+        d = "FAIL" if p["gate_id"] in env["FAKE_FAIL_GATES"].split(",") else "PASS"
+    if env.get("REVIEWQ_TASK") == "audit" and env.get("FAKE_AUDIT_DECISION"):
+        d = env["FAKE_AUDIT_DECISION"]
     s = f"{p['note_path']} :: {p['gate_path']}"
     body = f"Summary: fake review {i}.\nFindings:\n- low: finding {i} for {p['gate_id']}\n"
     if mode == "bad" and i == 0:

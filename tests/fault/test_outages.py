@@ -437,3 +437,108 @@ def test_disk_full_at_finalize_keeps_the_acceptance_and_its_follow_up(tmp_path):
         decision = db.execute("SELECT decision FROM acceptance").fetchone()
     assert status == "completed" and decision is not None and decision[0] == "FAIL"
     assert "fix" in out["kinds"] and out["finalized"]
+
+
+def _await_events(state: Path, name: str, n: int, timeout: float) -> list[dict]:
+    """The first ``n`` log records named ``name``, awaited by re-reading the log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in read_log(state)[0] if e["event"] == name]
+        if len(found) >= n or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+def test_disk_full_for_the_follow_ups_of_a_review(tmp_path):
+    """Every follow-up of a review meets a full disk: the fix and audit job folders and the
+    re-review folders (all of STATE/jobs on a small tmpfs, full for 7 s from the moment the
+    first two agents write their output) and the escalation reports (STATE/escalations on
+    another tmpfs, full until the drain ends). lens0 FAILs every time, so it is fixed twice,
+    re-reviewed twice and escalated; lens1 PASSes, is audited, and the auditor's FAIL
+    escalates it. Nothing is rolled back, and once there is room every file is written."""
+    from .harness import ContinueGate, SmallDisk
+
+    gate_path = tmp_path / "agent-continue"
+    root, expected, cluster, fifo = _setup(
+        tmp_path,
+        notes=1,
+        gates=2,
+        sleep=0,
+        config={"lease_seconds": 30},
+        FAKE_MODE="good",
+        FAKE_FAIL_GATES="lens0/check0",
+        FAKE_AUDIT_DECISION="FAIL",
+        FAKE_FIX_APPEND="Another try.",
+        FAKE_CONTINUE_FIFO=str(gate_path),
+    )
+    audited = root / "kb" / "instructions" / "review-gates" / "lens1" / "check1.md"
+    audited.write_text(audited.read_text().replace("lens: lens1\n", "lens: lens1\naudit: true\n"))
+    gate = ContinueGate(gate_path)
+    enq = cluster.rq("enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--auditor", "fake")
+    assert enq.returncode == 0, enq.stderr
+    state = root / ".reviewq"
+    (state / "escalations").mkdir()
+    jobs_disk, esc_disk = SmallDisk(state / "jobs", "512k"), SmallDisk(state / "escalations", "64k")
+    try:
+        jobs_disk.mount()
+        esc_disk.mount()
+    except PermissionError as exc:
+        jobs_disk.unmount()
+        gate.close()
+        fifo.close()
+        pytest.skip(str(exc))
+    try:
+        cluster.start()
+        fifo.await_starts(2)  # both reviews run and wait at the gate
+        jobs_filler = jobs_disk.fill(leave=2 * 4096)  # room for their two outputs only
+        esc_filler = esc_disk.fill()
+        t_full = utcnow()
+        gate.open_gate()
+        time.sleep(DISK_FULL_S)  # the outage itself
+        jobs_filler.unlink()
+        drain = cluster.drain(timeout=150)
+        assert drain.returncode == 0, drain.stderr
+        with contextlib.closing(state_db(root)) as db:
+            waiting = [r[0] for r in db.execute("SELECT escalation_id FROM escalation_reports_due")]
+        esc_filler.unlink()
+        written = _await_events(state, "escalation.report_written", 2, timeout=30)
+        with contextlib.closing(state_db(root)) as db:
+            jobs = [tuple(r) for r in db.execute("SELECT kind, status, result FROM review_jobs")]
+            stale = stale_job_files(root, db)
+            escalations = db.execute("SELECT gate_id, report_path FROM escalations").fetchall()
+            acceptance = dict(db.execute("SELECT gate_id, decision FROM acceptance").fetchall())
+            left_due = [
+                db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("job_files_due", "escalation_reports_due", "fix_writes_due")
+            ]
+        reports = {e[0]: (state / e[1]).read_text().splitlines() for e in escalations}
+        missing_manifests = [
+            p.name for p in (state / "jobs").iterdir() if not (p / "MANIFEST.json").is_file()
+        ]
+    finally:
+        left = _finish(cluster, fifo)
+        gate.close()
+        esc_disk.unmount()
+        jobs_disk.unmount()
+    events = _window(state, t_full)
+    enospc = [e for e in events if e["level"] == "error" and "No space left" in json.dumps(e)]
+    print(
+        json.dumps({"jobs": jobs, "waiting_reports": waiting, "events": _summary(events)}, indent=1)
+    )
+    assert left == []
+    assert sorted(jobs) == sorted(
+        [("review", "completed", None)] * 4
+        + [("fix", "completed", "applied")] * 2
+        + [("audit", "completed", None)]
+    ), jobs
+    assert acceptance == {"lens0/check0": "FAIL", "lens1/check1": "PASS"}
+    note = (root / expected[0][0]).read_text()
+    assert note.count("Another try.") == 2
+    assert sorted(waiting) == [1, 2], "the escalation reports were not on the full disk"
+    assert len(written) == 2 and all(e.get("late") for e in written)
+    assert sorted(reports) == ["lens0/check0", "lens1/check1"]
+    assert all(r[0].startswith("Gate review: ") for r in reports.values())
+    assert stale == [] and missing_manifests == [] and left_due == [0, 0, 0]
+    said = {e["event"] for e in enospc}
+    assert {"job.files_failed", "escalation.report_failed"} <= said, said

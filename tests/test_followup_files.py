@@ -1,0 +1,221 @@
+"""What follows a job, in-process (Control + FollowUp, no queue): the files and the note
+a finalize transaction decides are written only after it commits."""
+
+from __future__ import annotations
+
+import errno
+import pathlib
+import sqlite3
+
+import pytest
+
+from orchestrator.control.control import Control
+from orchestrator.control.followup import FollowUp
+from orchestrator.review.bundle import end_line, start_line
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+NOTE = "kb/notes/alpha.md"
+
+
+def _run(control: Control, sent: list[dict], output: bytes) -> dict:
+    """Dispatch the next queued job and deliver ``output`` as its attempt's outcome."""
+    control.dispatch()
+    msg = sent.pop(0)
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": output,
+        }
+    )
+    return msg
+
+
+def _bundle(ws: Workspace, job_id: int, decision: str) -> bytes:
+    blocks = []
+    for note, gate in ws.store.conn.execute(
+        "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
+    ):
+        blocks.append(
+            f"{start_line(note, gate)}\n- high: thin.\n## Result: {decision}\n{end_line(note, gate)}\n"
+        )
+    return "\n".join(blocks).encode()
+
+
+@pytest.fixture
+def cycle(kb):
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    yield kb, ws, control, sent, job.review_job_id
+    ws.store.close()
+
+
+def test_a_fix_rolled_back_leaves_the_note_and_is_applied_on_the_retry(cycle, monkeypatch):
+    kb, ws, control, sent, review = cycle
+    _run(control, sent, _bundle(ws, review, "FAIL"))  # a FAIL with fixing on: a fix job
+    fixed = kb.read(NOTE).rstrip("\n") + "\nFixed: the body says more now.\n"
+    given = kb.read(NOTE)
+
+    def locked(self, *args):  # something later in the same transaction fails
+        raise sqlite3.OperationalError("database is locked")
+
+    real = FollowUp._rereview
+    monkeypatch.setattr(FollowUp, "_rereview", locked)
+    control.dispatch()
+    msg = sent.pop(0)
+    outcome = {
+        "job_id": msg["job_id"],
+        "attempt": msg["attempt"],
+        "classification": "output",
+        "output": fixed.encode(),
+    }
+    with pytest.raises(sqlite3.OperationalError):
+        control.on_outcome(outcome)
+    assert kb.read(NOTE) == given  # rolled back: the note is untouched
+
+    monkeypatch.setattr(FollowUp, "_rereview", real)
+    control.on_outcome(outcome)  # Huey runs the task again
+    assert kb.read(NOTE) == fixed
+    result = ws.store.conn.execute(
+        "SELECT result FROM review_jobs WHERE id = ?", (msg["job_id"],)
+    ).fetchone()[0]
+    assert result == "applied"
+    # The re-review is queued, for the fixed text.
+    (text,) = ws.store.conn.execute(
+        "SELECT n.text FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+        "JOIN snapshots n ON n.id = p.note_snapshot_id WHERE j.kind = 'review' AND j.status = 'queued'"
+    ).fetchone()
+    assert text == fixed
+    assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+
+
+def test_a_fix_not_yet_written_is_written_at_the_tick_unless_a_person_edited_the_note(
+    cycle, monkeypatch
+):
+    import orchestrator.cycles.fixes as fixes
+
+    kb, ws, control, sent, review = cycle
+    _run(control, sent, _bundle(ws, review, "FAIL"))
+    given = kb.read(NOTE)
+    fixed = given.rstrip("\n") + "\nFixed.\n"
+
+    def crash(*args):  # the process dies between the commit and the write
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fixes, "replace_note", crash)
+    msg = _run(control, sent, fixed.encode())
+    assert kb.read(NOTE) == given
+    due = ws.store.conn.execute("SELECT job_id, error FROM fix_writes_due").fetchall()
+    assert [(r[0], "Input/output error" in r[1]) for r in due] == [(msg["job_id"], True)]
+    monkeypatch.undo()
+    assert control.write_due_files() >= 1
+    assert kb.read(NOTE) == fixed
+    assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+
+    # Written already (the row was left behind): counts as applied, nothing rewritten.
+    with ws.store.write():
+        ws.store.conn.execute(
+            "INSERT INTO fix_writes_due SELECT ?, ?, ?, sha256, 'x', 'x' FROM fix_writes",
+            (msg["job_id"], NOTE, "0" * 64),
+        )
+    assert control.write_due_files() >= 1 and kb.read(NOTE) == fixed
+    # A person's edit since the decision is kept.
+    with ws.store.write():
+        ws.store.conn.execute(
+            "INSERT INTO fix_writes_due SELECT ?, ?, sha256, ?, 'x', 'x' FROM fix_writes",
+            (msg["job_id"], NOTE, "f" * 64),
+        )
+    kb.write(NOTE, "A person's own text.\n")
+    control.write_due_files()
+    assert kb.read(NOTE) == "A person's own text.\n"
+    assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+
+
+def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, monkeypatch):
+    """FAIL three times: every follow-up (fix folders, re-review folders, the escalation
+    report) meets a full disk, and none of it undoes the review that decided it."""
+    import orchestrator.state.files as files
+
+    kb, ws, control, sent, review = cycle
+    full = [True]
+    real_mkdir, real_atomic = pathlib.Path.mkdir, files.atomic_write
+
+    def mkdir(self, *args, **kwargs):
+        if full[0] and self.name.startswith("review-job-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkdir(self, *args, **kwargs)
+
+    def atomic_write(path, *args, **kwargs):
+        if full[0] and path.parent.name == "escalations":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_atomic(path, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    monkeypatch.setattr(files, "atomic_write", atomic_write)
+    import orchestrator.cycles.escalations as escalations
+
+    monkeypatch.setattr(escalations, "atomic_write", atomic_write)
+    job = review
+    for _ in range(3):
+        # Room for the attempt folder only long enough to open the attempt.
+        full[0] = False
+        control.dispatch()
+        full[0] = True
+        msg = sent.pop(0)
+        assert msg["job_id"] == job
+        control.on_outcome(
+            {
+                "job_id": job,
+                "attempt": msg["attempt"],
+                "classification": "output",
+                "output": _bundle(ws, job, "FAIL"),
+            }
+        )
+        fix = ws.store.conn.execute(
+            "SELECT id FROM review_jobs WHERE kind = 'fix' AND status = 'queued'"
+        ).fetchone()
+        if fix is None:
+            break
+        full[0] = False
+        control.dispatch()
+        full[0] = True
+        msg = sent.pop(0)
+        text = kb.read(NOTE).rstrip("\n") + "\nAnother try.\n"
+        control.on_outcome(
+            {
+                "job_id": fix[0],
+                "attempt": msg["attempt"],
+                "classification": "output",
+                "output": text.encode(),
+            }
+        )
+        job = ws.store.conn.execute(
+            "SELECT id FROM review_jobs WHERE kind = 'review' AND status = 'queued'"
+        ).fetchone()[0]
+
+    conn = ws.store.conn
+    statuses = [tuple(r) for r in conn.execute("SELECT kind, status FROM review_jobs ORDER BY id")]
+    assert statuses == [("review", "completed"), ("fix", "completed")] * 2 + [
+        ("review", "completed")
+    ]
+    (esc_id, report_path) = conn.execute("SELECT id, report_path FROM escalations").fetchone()
+    assert not (ws.state_dir / report_path).exists()
+    assert conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 5
+    assert conn.execute("SELECT count(*) FROM escalation_reports_due").fetchone()[0] == 1
+
+    full[0] = False  # space returns: the tick writes everything
+    control.write_due_files()
+    assert conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM escalation_reports_due").fetchone()[0] == 0
+    report = (ws.state_dir / report_path).read_text().splitlines()
+    assert report[0] == f"Gate review: {NOTE} — prose/clarity"
+    assert sum(line.startswith("- Cycle ") for line in report) == 3
+    assert any(line.startswith("- high: thin.") or "thin" in line for line in report)
+    for (folder,) in conn.execute("SELECT job_dir FROM review_jobs"):
+        assert (ws.state_dir / folder / "MANIFEST.json").is_file()
