@@ -475,7 +475,12 @@ def test_disk_full_for_the_follow_ups_of_a_review(tmp_path):
     audited = root / "kb" / "instructions" / "review-gates" / "lens1" / "check1.md"
     audited.write_text(audited.read_text().replace("lens: lens1\n", "lens: lens1\naudit: true\n"))
     gate = ContinueGate(gate_path)
-    enq = cluster.rq("enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--auditor", "fake")
+    # A sweep name of its own: the drain below (a sweep named "cli") adopts the queued jobs
+    # of a sweep with its name, and with them its options (no --fix).
+    enq = cluster.rq(
+        "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--auditor", "fake",
+        "--name", "follow-ups",
+    )  # fmt: skip
     assert enq.returncode == 0, enq.stderr
     state = root / ".reviewq"
     (state / "escalations").mkdir()
