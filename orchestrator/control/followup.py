@@ -11,7 +11,7 @@ import json
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
-from orchestrator.review.jobs import create_jobs, display_path, job_dir
+from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
@@ -311,7 +311,7 @@ class FollowUp:
                     now,
                 ),
             ).fetchone()[0]
-            folder = job_dir(self.ws.state_dir, audit_id)
+            folder = clear_job_folder(self.ws.state_dir, audit_id)
             self.store.conn.execute(
                 "UPDATE review_jobs SET job_dir = ? WHERE id = ?",
                 (display_path(self.ws.state_dir, folder), audit_id),

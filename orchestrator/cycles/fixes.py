@@ -25,7 +25,7 @@ from orchestrator.kb.notes import (
     sha256_bytes,
     sha256_text,
 )
-from orchestrator.review.jobs import display_path, job_dir
+from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
 from orchestrator.state.files import write_each, write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
@@ -122,7 +122,7 @@ def create_fix_job(
                 now,
             ),
         ).fetchone()[0]
-        folder = job_dir(state_dir, job_id)
+        folder = clear_job_folder(state_dir, job_id)
         store.conn.execute(
             "UPDATE review_jobs SET job_dir = ? WHERE id = ?",
             (display_path(state_dir, folder), job_id),

@@ -80,6 +80,18 @@ def job_dir(state_dir: Path, job_id: int) -> Path:
     return state_dir / "jobs" / f"review-job-{job_id}"
 
 
+def clear_job_folder(state_dir: Path, job_id: int) -> Path:
+    """A new job's folder, made empty inside the transaction that creates the job (its
+    files come after the commit). A folder left by a job id used before (a state.db
+    started afresh, an older reviewq that wrote files inside a transaction that then
+    rolled back) must not leak an old bundle-output.md into this job; no other process
+    can be making this job id now."""
+    folder = job_dir(state_dir, job_id)
+    if folder.exists():
+        shutil.rmtree(folder)
+    return folder
+
+
 def display_path(root: Path, path: Path) -> str:
     """Root-relative when under the root (SPEC §10), else absolute."""
     try:
@@ -373,11 +385,7 @@ def _create_one(
         )
         pairs.append(JobPair(it.note_path, it.gate.gate_id, it.gate.path))
 
-    # A folder left by a job id used before (a state.db started afresh, an older reviewq
-    # that wrote files inside a transaction that then rolled back) must not leak an old
-    # bundle-output.md into this job. No other process can be making this job id now.
-    if folder.exists():
-        shutil.rmtree(folder)
+    clear_job_folder(state_dir, job_id)
     output = folder / "bundle-output.md"
     return CreatedJob(
         job_id,
