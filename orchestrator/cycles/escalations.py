@@ -213,14 +213,16 @@ def write_due_reports(
         key="escalation_id",
         late=late,
     )
-    with contextlib.suppress(sqlite3.Error), store.write():  # if not: written next tick
-        store.conn.executemany(
-            "DELETE FROM escalation_reports_due WHERE escalation_id = ?", [(i,) for i in written]
-        )
-        store.conn.executemany(
-            "UPDATE escalation_reports_due SET error = ? WHERE escalation_id = ?",
-            [(e, i) for i, e in failed.items()],
-        )
+    if written or failed:  # else no transaction: every tick calls this
+        with contextlib.suppress(sqlite3.Error), store.write():  # if not: written next tick
+            store.conn.executemany(
+                "DELETE FROM escalation_reports_due WHERE escalation_id = ?",
+                [(i,) for i in written],
+            )
+            store.conn.executemany(
+                "UPDATE escalation_reports_due SET error = ? WHERE escalation_id = ?",
+                [(e, i) for i, e in failed.items()],
+            )
     return len(written)
 
 

@@ -269,12 +269,15 @@ def write_due_fixes(
         key="job_id",
         late=late,
     )
-    with contextlib.suppress(sqlite3.Error), store.write():  # if not: done again next tick
-        store.conn.executemany("DELETE FROM fix_writes_due WHERE job_id = ?", [(i,) for i in done])
-        store.conn.executemany(
-            "UPDATE fix_writes_due SET error = ? WHERE job_id = ?",
-            [(e, i) for i, e in failed.items()],
-        )
+    if done or failed:  # else no transaction: every tick calls this
+        with contextlib.suppress(sqlite3.Error), store.write():  # if not: done again next tick
+            store.conn.executemany(
+                "DELETE FROM fix_writes_due WHERE job_id = ?", [(i,) for i in done]
+            )
+            store.conn.executemany(
+                "UPDATE fix_writes_due SET error = ? WHERE job_id = ?",
+                [(e, i) for i, e in failed.items()],
+            )
     return len(done)
 
 

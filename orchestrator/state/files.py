@@ -204,14 +204,15 @@ def write_due_job_files(
         late=late,
     )
     # state.db may be on the full disk too: if so the rows stay and the next tick tries.
-    with contextlib.suppress(sqlite3.Error), store.write():
-        store.conn.executemany(
-            "DELETE FROM job_files_due WHERE job_id = ?", [(i,) for i in written]
-        )
-        store.conn.executemany(
-            "UPDATE job_files_due SET error = ? WHERE job_id = ?",
-            [(e, i) for i, e in failed.items()],
-        )
+    if written or failed:  # else no transaction: dispatch asks about every job it opens
+        with contextlib.suppress(sqlite3.Error), store.write():
+            store.conn.executemany(
+                "DELETE FROM job_files_due WHERE job_id = ?", [(i,) for i in written]
+            )
+            store.conn.executemany(
+                "UPDATE job_files_due SET error = ? WHERE job_id = ?",
+                [(e, i) for i, e in failed.items()],
+            )
     return len(written)
 
 
