@@ -258,6 +258,41 @@ def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path
     assert gone, f"pid {child} outlived the agent"
 
 
+def test_session_members_are_the_live_processes_of_the_session_in_any_group():
+    # What reap_group kills after every attempt: members in a group of their own count,
+    # a zombie (already dead, its parent has not waited) does not.
+    import subprocess
+
+    from workers.attempt import session_members
+
+    script = (
+        "import os, subprocess, sys;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " process_group=0);"
+        "z = subprocess.Popen(['true']); os.waitid(os.P_PID, z.pid, os.WEXITED | os.WNOWAIT);"
+        "print(c.pid, z.pid, flush=True); sys.stdin.read()"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    child = None
+    try:
+        child, zombie = map(int, leader.stdout.readline().split())
+        assert sorted(session_members(leader.pid)) == sorted([leader.pid, child])
+        assert zombie not in session_members(leader.pid)
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+        leader.wait(10)
+        leader.stdout.close()
+        leader.stdin.close()
+
+
 CLAUDE_INIT = {"type": "system", "subtype": "init", "session_id": "bb262194-d4b9"}
 
 

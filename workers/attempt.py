@@ -186,17 +186,21 @@ def session_members(sid: int) -> list[int]:
     kernel does not hand out a pid still in use as a session id, so none is a stranger."""
     out = []
     try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+        pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
         return out
-    for name in entries:
+    for pid in pids:
+        # getsid is one system call where reading /proc/PID/stat is three and a parse:
+        # this runs after every attempt, over every process of a shared machine.
         try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            if os.getsid(pid) != sid:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         # after the command: state, ppid, pgrp, session
         if len(fields) > 3 and fields[3] == str(sid) and fields[0] not in ("Z", "X"):
-            out.append(int(name))
+            out.append(pid)
     return out
 
 
