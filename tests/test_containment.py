@@ -597,3 +597,46 @@ def test_an_unwritable_log_never_hides_the_internal_error_it_was_to_record(flow)
     assert proc.stderr.splitlines() == [
         "error: internal error: RuntimeError: read broke (please report it)"
     ]
+
+
+def test_scans_asked_for_together_share_one_that_began_after_every_ask(tmp_path, monkeypatch):
+    # Several agents at once each scanned the whole KB twice; a shared scan must still be
+    # one that began after the attempt asked, or an edit made meanwhile would be missed.
+    import threading
+
+    from workers import attempt
+
+    first_running, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def scan(root, trees):
+        calls.append(len(calls) + 1)
+        if len(calls) == 1:
+            first_running.set()
+            assert release.wait(10)
+        return {"scan": len(calls)}
+
+    monkeypatch.setattr(attempt, "tree_stamps", scan)
+    scans = attempt.SharedScans()
+    got: dict[str, dict] = {}
+    threads = {
+        name: threading.Thread(
+            target=lambda n=name: got.update({n: scans.stamps(tmp_path, ["kb"])})
+        )
+        for name in ("first", "second", "third")
+    }
+    threads["first"].start()
+    assert first_running.wait(10)
+    threads["second"].start()
+    threads["third"].start()
+    for _ in range(1000):  # bounded: both later callers are waiting on the running scan
+        if len(scans._cond._waiters) == 2:  # type: ignore[attr-defined]
+            break
+        release.wait(0.01)
+    assert len(scans._cond._waiters) == 2  # type: ignore[attr-defined]
+    release.set()
+    for t in threads.values():
+        t.join(10)
+    assert got == {"first": {"scan": 1}, "second": {"scan": 2}, "third": {"scan": 2}}
+    assert calls == [1, 2]
+    assert scans.stamps(tmp_path, ["kb"]) == {"scan": 3}  # asked alone: a scan of its own
