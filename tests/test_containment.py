@@ -640,3 +640,40 @@ def test_scans_asked_for_together_share_one_that_began_after_every_ask(tmp_path,
     assert got == {"first": {"scan": 1}, "second": {"scan": 2}, "third": {"scan": 2}}
     assert calls == [1, 2]
     assert scans.stamps(tmp_path, ["kb"]) == {"scan": 3}  # asked alone: a scan of its own
+
+
+_LOG_TWICE = textwrap.dedent(
+    """
+    import logging, sys
+    from pathlib import Path
+    import structlog
+    from orchestrator import logs
+
+    rendered = []
+    render = structlog.processors.JSONRenderer.__call__
+    def counting(self, *args):
+        rendered.append(1)
+        return render(self, *args)
+    structlog.processors.JSONRenderer.__call__ = counting
+    logs.configure(Path(sys.argv[1]), stderr_level="INFO", stderr_format="json", process="control")
+    logs.get().info("job.finalized", job_id=7)
+    logging.getLogger("huey.consumer").info("Huey consumer started")
+    print(len(rendered), file=sys.stdout)
+    """
+)
+
+
+def test_a_log_line_is_rendered_once_for_the_file_and_stderr(tmp_path):
+    # The control process logs several lines per job; rendering each twice (once per
+    # handler) was a tenth of its CPU. Both copies must stay the same line.
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOG_TWICE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2"]
+    in_file = (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
+    assert in_file == proc.stderr.splitlines()
+    assert [json.loads(line)["event"] for line in in_file] == ["job.finalized", "huey.consumer"]
