@@ -754,6 +754,10 @@ def main() -> int:
 
 
 def bench(args: argparse.Namespace, base: Path) -> int:
+    # The sweep starts its children with `python -m orchestrator`, which puts the current
+    # folder first on sys.path: run from a checkout, they imported that checkout's code
+    # whatever PYTHONPATH named, and an old-versus-new comparison compared nothing.
+    os.chdir(base)
     root = base / "kb-root"
     t = time.perf_counter()
     folders = build_kb(root, args.jobs)
