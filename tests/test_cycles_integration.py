@@ -378,3 +378,22 @@ def test_the_decide_command_shown_for_a_note_quotes_its_path(kb):
     page = json.loads(rq(kb, "report", "--since", "1h", "--json").stdout)
     commands = [n["commands"]["approve"] for n in page["needs_you"]["escalations"]]
     assert commands == ["reviewq decide --note 'kb/notes/two words.md' approve"]
+
+
+def test_a_job_keeps_the_options_it_was_enqueued_with_when_a_later_run_shares_its_name(cyc):
+    config(
+        cyc,
+        profile(
+            "fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: the body says more now."
+        ),
+    )
+    enq = rq(cyc, "enqueue", "--reviewer", "fake", "--fix")
+    assert enq.returncode == 0, enq.stderr
+    # A plain sweep of the default name drains the queue; it must not turn fixing off for
+    # the job queued with --fix.
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--json")
+    assert res.returncode == 0, res.stderr
+    assert "FIXED: the body says more now." in cyc.read(NOTE)
+    with db(cyc) as conn:
+        fixes = conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'").fetchall()
+    assert [f[0] for f in fixes] == ["applied"]

@@ -109,11 +109,14 @@ def enqueue(
                 "VALUES (?, ?, ?, ?, ?) RETURNING id",
                 (req.name, req.trigger, json.dumps(options), req.budget_usd, utcnow()),
             ).fetchone()[0]
-            # Work left queued by an earlier run of this sweep belongs to this run now, so
-            # it is dispatched under this run's budget instead of the exhausted one.
+            # Work left queued by an earlier run of this sweep with the same options belongs
+            # to this run now, so it is dispatched under this run's budget instead of the
+            # exhausted one. A run with other options leaves it: a job's follow-ups (fix,
+            # audit, sequential) keep the options it was enqueued with.
             store.conn.execute(
-                "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued'",
-                (run_id, req.name),
+                "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued' "
+                "AND sweep_run_id IN (SELECT id FROM sweep_runs WHERE options = ?)",
+                (run_id, req.name, json.dumps(options)),
             )
     batch = create_jobs(
         ws.kb,
