@@ -475,8 +475,7 @@ def test_disk_full_for_the_follow_ups_of_a_review(tmp_path):
     audited = root / "kb" / "instructions" / "review-gates" / "lens1" / "check1.md"
     audited.write_text(audited.read_text().replace("lens: lens1\n", "lens: lens1\naudit: true\n"))
     gate = ContinueGate(gate_path)
-    # A sweep name of its own: the drain below (a sweep named "cli") adopts the queued jobs
-    # of a sweep with its name, and with them its options (no --fix).
+    # A sweep name of its own keeps this run's jobs apart from the drain below in the log.
     enq = cluster.rq(
         "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--auditor", "fake",
         "--name", "follow-ups",
