@@ -326,3 +326,14 @@ def test_a_gate_that_fails_most_notes_is_called_into_question(kb, run_cli):
     page = (kb.root / "r.html").read_text()
     assert page.count('class="note suspect-gate"') == 1
     assert "<b>frontmatter/has-description</b> fails 100% of the notes it judged" in page
+
+
+def test_a_page_that_cannot_be_written_is_not_remembered_as_shown(kb, run_cli):
+    blocker = kb.root / "not-a-folder"
+    blocker.write_text("a file where the page's folder should be\n")
+    res = run_cli("report", "--since", "2000-01-01", "--html", str(blocker / "r.html"))
+    assert res.exit_code == 1 and res.stderr.startswith("error: --html ")
+    assert res.stderr.count("\n") == 1
+    # Nobody saw that report: the next one still starts where it would have without it.
+    data = json.loads(run_cli("report", "--json").stdout)
+    assert data["period"]["label"] == "the last 24 h (no earlier report)"

@@ -47,13 +47,15 @@ def make_report(
     now = now or utcnow()
     period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
     data = _data.gather(store, state_dir, period, limit=None if full else limit, now=now)
-    if remember:
-        _period.record(store, period, str(html_path) if html_path else None)
     if html_path is not None:
-        # The page renders rows already committed; it is written after the report is recorded.
+        # The page renders rows already committed. It is written before the report is
+        # remembered: a page that could not be written was shown to nobody, so the next
+        # report must still cover its period.
         page = render.html(data)
         try:
             atomic_write(html_path, page, mode=0o644)
         except OSError as exc:
             raise ReportError(f"--html {html_path}: cannot write ({exc.strerror or exc})") from None
+    if remember:
+        _period.record(store, period, str(html_path) if html_path else None)
     return Report(data, html_path)
