@@ -224,3 +224,41 @@ def test_create_jobs_writes_the_job_folders_outside_the_write_lock(kb, monkeypat
         assert (kb.root / job.prompt_path).with_name("MANIFEST.json").is_file()
     assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
     ws.store.close()
+
+
+def test_a_redo_whose_fix_job_cannot_be_queued_leaves_the_escalation_open(kb, run_cli, monkeypatch):
+    import sqlite3
+
+    import orchestrator.control.followup as followup
+    from orchestrator.cycles.escalations import escalate
+    from orchestrator.review.finalize import finalize
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    output = _pass_output(ws, job.review_job_id).replace(b"## Result: PASS", b"## Result: FAIL")
+    assert finalize(ws.store, ws.state_dir, job.review_job_id, output).status == "completed"
+    esc_id = escalate(
+        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
+        gate_id="prose/clarity", reason="three rejections", reviewer="offline",
+        fixer="offline", material=["- major: unclear"], recommend="say it plainly",
+    )  # fmt: skip
+    ws.store.close()
+    real = followup.create_fix_job
+
+    def locked(*args, **kwargs):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(followup, "create_fix_job", locked)
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Say what it means.")
+    assert res.exit_code == 1 and "run the command again" in res.stderr
+    # As the error says, nothing was changed: the person's redo is not lost half-way.
+    monkeypatch.setattr(followup, "create_fix_job", real)
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Say what it means.")
+    assert res.exit_code == 0, res.stderr
+    with Workspace.open(kb.root).store as store:
+        fix = store.conn.execute("SELECT feedback FROM review_jobs WHERE kind = 'fix'").fetchall()
+        decided = store.conn.execute("SELECT decision FROM escalations").fetchall()
+    assert [tuple(r) for r in fix] == [("Say what it means.",)]
+    assert [tuple(r) for r in decided] == [("redo",)]

@@ -225,22 +225,23 @@ class FollowUp:
     ) -> tuple[list[dict], dict[str, int | None]]:
         """A person's one call on escalations (these ids and/or all of a note's): recorded
         in one transaction; a redo then queues one fix job per note carrying every gate's
-        findings and the person's asks. Returns the escalations and note → fix job."""
-        escs = cycles.decide_many(
-            self.store,
-            self.ws.kb,
-            self.ws.catalog(),
-            cycles.resolve(self.store, ids, note, self.ws.root),
-            decision,
-            feedback,
-        )
+        findings and the person's asks. Returns the escalations and note → fix job.
+
+        The decisions and the fix jobs commit together: a redo recorded without its fix
+        job would close the escalation and lose the person's asks."""
+        esc_ids = cycles.resolve(self.store, ids, note, self.ws.root)
         jobs: dict[str, int | None] = {}
-        if decision == "redo":
-            groups: dict[tuple[str, str], list[dict]] = {}
-            for e in escs:
-                groups.setdefault((e["note_path"], e["model_partition"]), []).append(e)
-            for (note_path, _), group in groups.items():
-                jobs[note_path] = self.redo(group[0], feedback or "", {e["gate_id"] for e in group})
+        with self.store.write():
+            escs = cycles.decide_many(
+                self.store, self.ws.kb, self.ws.catalog(), esc_ids, decision, feedback
+            )
+            if decision == "redo":
+                groups: dict[tuple[str, str], list[dict]] = {}
+                for e in escs:
+                    groups.setdefault((e["note_path"], e["model_partition"]), []).append(e)
+                for (note_path, _), group in groups.items():
+                    gates = {e["gate_id"] for e in group}
+                    jobs[note_path] = self.redo(group[0], feedback or "", gates)
         return escs, jobs
 
     def redo(self, esc: dict, feedback: str, gates: set[str] | None = None) -> int | None:

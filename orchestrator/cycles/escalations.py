@@ -382,8 +382,13 @@ def decide_many(
     with store.write():
         for e, note_text, gate in checked:
             _record(store, e, decision, feedback, note_text, gate)
-    for e, _, _ in checked:
-        _log_decided(e, decision)
+
+        def log() -> None:
+            for e, _, _ in checked:
+                _log_decided(e, decision)
+
+        # Logged once the caller's transaction (a redo's fix jobs join it) commits.
+        store.after_commit(log)
     return [dict(e) for e, _, _ in checked]
 
 
