@@ -392,17 +392,6 @@ def decide_many(
     return [dict(e) for e, _, _ in checked]
 
 
-def decide(
-    store: Store, esc_id: int, decision: str, feedback: str | None, note_text: str | None, gate
-) -> dict:
-    """Record a person's call on one escalation (one transaction)."""
-    e = _check(escalation_row(store, esc_id), esc_id, decision, feedback, note_text, gate)
-    with store.write():
-        _record(store, e, decision, feedback, note_text, gate)
-    _log_decided(e, decision)
-    return dict(e)
-
-
 def _check(e, esc_id: int, decision: str, feedback: str | None, note_text, gate):
     if decision not in DECISIONS:
         raise DecideError(f"decision {decision!r}: choose approve, redo or reject")
