@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import errno
+import json
 import pathlib
+
+import pytest
 
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
@@ -262,3 +265,30 @@ def test_a_redo_whose_fix_job_cannot_be_queued_leaves_the_escalation_open(kb, ru
         decided = store.conn.execute("SELECT decision FROM escalations").fetchall()
     assert [tuple(r) for r in fix] == [("Say what it means.",)]
     assert [tuple(r) for r in decided] == [("redo",)]
+
+
+def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(kb, monkeypatch):
+    import sqlite3
+
+    import orchestrator.sweeps.producer as producer
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    real = producer.create_jobs
+
+    def then_locked(*args, **kwargs):
+        # The jobs are committed: a control process may dispatch and finish them now, and
+        # the next write of this enqueue may hit a busy timeout.
+        real(*args, **kwargs)
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(producer, "create_jobs", then_locked)
+    with pytest.raises(sqlite3.OperationalError):
+        enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True, fix=True))
+    rows = ws.store.conn.execute(
+        "SELECT r.options FROM review_jobs j LEFT JOIN sweep_runs r ON r.id = j.sweep_run_id"
+    ).fetchall()
+    # Its follow-ups read the job's run: without one, fixing would be off for it.
+    assert [json.loads(r[0] or "{}").get("fix") for r in rows] == [True]
+    ws.store.close()

@@ -228,11 +228,15 @@ def create_jobs(
     batch_size: int = 5,
     reviewer: str | None = None,
     sweep: str | None = None,
+    sweep_run_id: int | None = None,
     exclude: Iterable[tuple[str, str]] = (),
     selected_at_version: int | None = None,
     pending: Mapping[str, str] | None = None,
 ) -> JobBatch:
     """Queued jobs for the targets; pairs that cannot be packed come back as ``skipped``.
+
+    ``sweep_run_id`` is written with each job: a control process may dispatch a job, and
+    read its run's options for the follow-ups, as soon as this commits.
 
     ``pending`` maps note paths to texts decided in the open transaction but written to
     the KB only after it commits (an applied fix): those are the texts packed.
@@ -293,6 +297,7 @@ def create_jobs(
                 grouping,
                 reviewer,
                 sweep,
+                sweep_run_id,
                 snap_cache,
             )
             batch.jobs.append(job)
@@ -349,6 +354,7 @@ def _create_one(
     grouping: str,
     reviewer: str | None,
     sweep: str | None,
+    sweep_run_id: int | None,
     snap_cache: dict[tuple[str, str], int],
 ) -> CreatedJob:
     def snap(path: str, text: str, sha: str) -> int:
@@ -361,8 +367,9 @@ def _create_one(
     lens = group[0].gate.lens if len({i.gate.lens for i in group}) == 1 else None
     job_id = store.conn.execute(
         "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, "
-        "sweep, created_at, updated_at) VALUES ('review', 'queued', ?, ?, ?, ?, '', ?, ?, ?) RETURNING id",
-        (partition, grouping, lens, reviewer, sweep, now, now),
+        "sweep, sweep_run_id, created_at, updated_at) "
+        "VALUES ('review', 'queued', ?, ?, ?, ?, '', ?, ?, ?, ?) RETURNING id",
+        (partition, grouping, lens, reviewer, sweep, sweep_run_id, now, now),
     ).fetchone()[0]
     folder = job_dir(state_dir, job_id)
     store.conn.execute(
@@ -472,11 +479,12 @@ def split_job(store: Store, state_dir: Path, root: Path, job_id: int) -> list[in
                 job["grouping"],
                 job["reviewer"],
                 job["sweep"],
+                job["sweep_run_id"],
                 cache,
             )
             store.conn.execute(
-                "UPDATE review_jobs SET parent_job_id = ?, sweep_run_id = ? WHERE id = ?",
-                (job_id, job["sweep_run_id"], created.review_job_id),
+                "UPDATE review_jobs SET parent_job_id = ? WHERE id = ?",
+                (job_id, created.review_job_id),
             )
             new_ids.append(created.review_job_id)
             made[created.review_job_id] = [it]

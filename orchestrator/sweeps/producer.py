@@ -129,15 +129,13 @@ def enqueue(
         batch_size=req.batch_size,
         reviewer=req.reviewer,
         sweep=req.name,
+        sweep_run_id=run_id,
         exclude=exclude,
         selected_at_version=selected_at_version,
     )
     batch.skipped.extend(waiting)
     ids = [j.review_job_id for j in batch.jobs]
     with store.write():
-        store.conn.executemany(
-            "UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?", [(run_id, i) for i in ids]
-        )
         store.conn.execute(
             "UPDATE sweep_runs SET jobs = ?, skipped = ? WHERE id = ?",
             (len(ids), len(batch.skipped), run_id),
