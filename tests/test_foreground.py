@@ -86,3 +86,22 @@ def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
     ).fetchone()
     assert tuple(row) == ("completed", "applied")
     ws.close()
+
+
+def test_run_job_with_a_reviewer_of_another_partition_is_one_line_and_starts_nothing(
+    kb, run_cli
+):
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    assert run_cli("enqueue", "--reviewer", "offline").exit_code == 0
+    res = run_cli("run-job", "1", "--reviewer", "fake")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        "error: reviewer fake writes partition fake, but job 1 belongs to offline\n",
+    )
+    with db(kb) as conn:
+        assert tuple(conn.execute("SELECT status, attempt FROM review_jobs").fetchone()) == (
+            "queued",
+            0,
+        )
+        assert conn.execute("SELECT count(*) FROM attempts").fetchone()[0] == 0

@@ -21,7 +21,7 @@ from orchestrator.control.attempts import (
 )
 from orchestrator.control.followup import FollowUp
 from orchestrator.cycles.escalations import record_decisions
-from orchestrator.review.finalize import FinalizeError, FinalizeResult, Provenance, finalize
+from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -50,18 +50,9 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     profile = ws.settings.reviewer(reviewer_name)
     reviewer = for_profile(profile)
     store = ws.store
-    job = store.conn.execute(
-        "SELECT model_partition FROM review_jobs WHERE id = ?", (job_id,)
-    ).fetchone()
-    if job is not None and job["model_partition"] != profile.partition:
-        raise FinalizeError(
-            f"reviewer {profile.name} writes partition {profile.partition}, "
-            f"but job {job_id} belongs to {job['model_partition']}"
-        )
-    opened = open_attempt(store, ws.state_dir, ws.root, job_id, profile.name)
-    note_path = store.conn.execute(
-        "SELECT note_path FROM review_jobs WHERE id = ?", (job_id,)
-    ).fetchone()[0]
+    opened = open_attempt(
+        store, ws.state_dir, ws.root, job_id, profile.name, partition=profile.partition
+    )
     runner = f"{socket.gethostname()}:{os.getpid()}"
 
     def beat() -> None:
@@ -82,7 +73,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         attempt_dir=opened.attempt_dir,
         root=ws.root,
         model=profile.model,
-        note_path=note_path if opened.kind == "fix" else None,
+        note_path=opened.note_path if opened.kind == "fix" else None,
     )
     outcome = run_attempt(
         reviewer,
@@ -133,9 +124,9 @@ def _apply_fix(ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome
     """A fixer's output is the note's new text, applied as the control process would; an
     unusable one fails the job at once, as the manual path does for a review."""
     store = ws.store
-    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    follow = FollowUp(ws)
     with store.write():
-        problem = FollowUp(ws).fix_output(job, outcome.output)
+        problem = follow.fix_output(follow.job(job_id), outcome.output)
         set_outcome(
             store,
             job_id,

@@ -50,14 +50,26 @@ class OpenedAttempt:
 
 
 def open_attempt(
-    store: Store, state_dir: Path, root: Path, job_id: int, runner: str, outcome: str = "running"
+    store: Store,
+    state_dir: Path,
+    root: Path,
+    job_id: int,
+    runner: str,
+    outcome: str = "running",
+    partition: str | None = None,
 ) -> OpenedAttempt:
     """Move a queued job to running under a new attempt number and write its prompt.
     ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
-    back when it has launched the agent."""
+    back when it has launched the agent. With ``partition`` (the runner's), a job of
+    another partition is refused: its decisions would be recorded under the wrong model."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if job is None:
         raise AttemptError(f"no review job {job_id}")
+    if partition is not None and job["model_partition"] != partition:
+        raise AttemptError(
+            f"reviewer {runner} writes partition {partition}, "
+            f"but job {job_id} belongs to {job['model_partition']}"
+        )
     if job["status"] not in ("queued", "running"):
         raise AttemptError(f"job {job_id} is {job['status']}; only queued or running jobs run")
     folder = state_dir / job["job_dir"]

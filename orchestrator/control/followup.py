@@ -26,7 +26,7 @@ class FollowUp:
 
     # --- review and audit jobs --------------------------------------------------------
     def after_completed(self, job_id: int) -> None:
-        job = self._job(job_id)
+        job = self.job(job_id)
         if job["kind"] == "audit":
             self._after_audit(job)
             return
@@ -83,7 +83,7 @@ class FollowUp:
 
     def after_failed(self, job_id: int, reasons: list[str]) -> None:
         """A job out of attempts: its pairs go to a person with the reason."""
-        job = self._job(job_id)
+        job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
         why = "; ".join(reasons[:3]) or "no reason recorded"
         what = "the fixer" if job["kind"] == "fix" else "the reviewer"
@@ -359,11 +359,11 @@ class FollowUp:
         fix carries the asks of that fix on to the next one."""
         if job["source_job_id"] is None:
             return None
-        src = self._job(job["source_job_id"])
+        src = self.job(job["source_job_id"])
         return src["feedback"] if src is not None and src["kind"] == "fix" else None
 
     # --- helpers ------------------------------------------------------------------------
-    def _job(self, job_id: int):
+    def job(self, job_id: int):
         return self.store.conn.execute(
             "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
         ).fetchone()
