@@ -477,3 +477,19 @@ def test_a_configured_sweep_runs_by_name(kb):
         lenses = {r[0] for r in conn.execute("SELECT lens FROM review_jobs")}
         runs = [tuple(r) for r in conn.execute("SELECT name, trigger FROM sweep_runs")]
     assert lenses == {"prose"} and runs == [("nightly", "sweep")]
+
+
+@pytest.mark.parametrize("option", [("--fix",), ("--reviewer", "offline"), ("--grouping", "gate")])
+def test_an_option_a_configured_sweep_would_ignore_is_refused(kb, run_cli, option):
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nreviewer = "fake"\n',
+    )
+    res = run_cli("enqueue", "--name", "nightly", *option)
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: {option[0]}: sweep 'nightly' runs as reviewq.toml configures it; "
+        "change it there, or name the gates to run an ad-hoc sweep\n",
+    )
+    assert not (kb.state / "state.db").exists()  # refused before anything was written

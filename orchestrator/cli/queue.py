@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, shown, warn
 from orchestrator.config import GROUPINGS
@@ -61,12 +62,30 @@ def _sweep_options(fn):
     return fn
 
 
+# What a [[sweeps]] entry decides for a run of it by name (its budget may be given anew).
+_CONFIGURED = {
+    "notes", "current", "reviewer", "fixer", "auditor", "grouping", "batch_size", "fix",
+    "sequential",
+}  # fmt: skip
+
+
 def _request(opts: dict, trigger: str, ws: Workspace | None = None):
     from orchestrator.sweeps.producer import SweepRequest
 
     configured = ws.settings.sweeps.get(opts["sweep_name"]) if ws is not None else None
     if configured is not None and not opts["selectors"] and not opts["all_gates"]:
-        # `--name NIGHTLY` alone runs a [[sweeps]] entry now, as its cron would.
+        # `--name NIGHTLY` alone runs a [[sweeps]] entry now, as its cron would. An option
+        # it would not use is refused rather than dropped: `--fix` must not mean no fix.
+        ctx = click.get_current_context()
+        for param in ctx.command.params:
+            if (
+                param.name in _CONFIGURED
+                and ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE
+            ):
+                raise Refused(
+                    f"{param.opts[0]}: sweep {configured.name!r} runs as reviewq.toml "
+                    "configures it; change it there, or name the gates to run an ad-hoc sweep"
+                )
         req = SweepRequest.from_config(configured, trigger=trigger)
         if opts["budget_usd"] is not None:
             req.budget_usd = opts["budget_usd"]
