@@ -292,3 +292,23 @@ def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(k
     # Its follow-ups read the job's run: without one, fixing would be off for it.
     assert [json.loads(r[0] or "{}").get("fix") for r in rows] == [True]
     ws.store.close()
+
+
+def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed(kb, run_cli):
+    from orchestrator.cycles.escalations import escalate
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    esc_id = escalate(
+        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
+        gate_id="prose/clarity", reason="three rejections", reviewer="offline",
+        fixer="offline", material=["- major: unclear"], recommend="say it plainly",
+    )  # fmt: skip
+    report = ws.state_dir / f"escalations/escalation-{esc_id}.md"
+    ws.store.close()
+    report.write_bytes(b"# Gate review\nNotes by a person: caf\xe9\nmore\n")  # Latin-1
+    res = run_cli("escalations")
+    assert res.exit_code == 0 and f"escalation {esc_id}:" in res.stdout, res.stderr
+    res = run_cli("report", "--json")
+    assert res.exit_code == 0, res.stderr

@@ -501,7 +501,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
         for e in group:
             report = ws.state_dir / e.report_path
             try:
-                head = report.read_text(encoding="utf-8").splitlines()[1:3]
+                head = report.read_text(encoding="utf-8", errors="replace").splitlines()[1:3]
             except OSError:
                 head = [f"(report missing: {report})"]
             click.echo(

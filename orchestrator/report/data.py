@@ -143,7 +143,8 @@ def _needs_you(
 def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) -> dict:
     for e in escs:
         try:
-            text = (state_dir / e["report_path"]).read_text(encoding="utf-8")
+            # A person may have edited it (STATE is theirs to read): shown as it decodes.
+            text = (state_dir / e["report_path"]).read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
             text = f"(the gate-review report cannot be read: {exc})"
         lines = text.rstrip("\n").splitlines()
