@@ -6,8 +6,6 @@ escalations, audits of PASS decisions, and the next bundle of a sequential sweep
 
 from __future__ import annotations
 
-import json
-
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
@@ -15,7 +13,7 @@ from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
-from orchestrator.sweeps.producer import SweepRequest, enqueue
+from orchestrator.sweeps.producer import SweepRequest, enqueue, start_run
 
 
 class FollowUp:
@@ -252,11 +250,7 @@ class FollowUp:
         reviewer = esc["reviewer"] or fixer
         options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": sorted(gates)}
         with self.store.write():
-            run_id = self.store.conn.execute(
-                "INSERT INTO sweep_runs (name, trigger, options, started_at) VALUES ('decide', 'decide', ?, ?) "
-                "RETURNING id",
-                (json.dumps(options), utcnow()),
-            ).fetchone()[0]
+            run_id = start_run(self.store, "decide", "decide", options)
         return create_fix_job(
             self.ws.kb,
             self.ws.catalog(),

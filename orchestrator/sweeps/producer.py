@@ -17,7 +17,7 @@ from orchestrator.config import SweepConfig
 from orchestrator.cycles import escalations
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
-from orchestrator.state.store import utcnow
+from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
 
@@ -104,11 +104,7 @@ def enqueue(
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
     if run_id is None:
         with store.write():
-            run_id = store.conn.execute(
-                "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) "
-                "VALUES (?, ?, ?, ?, ?) RETURNING id",
-                (req.name, req.trigger, json.dumps(options), req.budget_usd, utcnow()),
-            ).fetchone()[0]
+            run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
             # Work left queued by an earlier run of this sweep with the same options belongs
             # to this run now, so it is dispatched under this run's budget instead of the
             # exhausted one. A run with other options leaves it: a job's follow-ups (fix,
@@ -155,6 +151,17 @@ def enqueue(
     for p in selection.problems:
         logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
     return EnqueueResult(run_id, profile.partition, batch.jobs, batch.skipped, counts)
+
+
+def start_run(
+    store: Store, name: str, trigger: str, options: dict, budget_usd: float | None = None
+) -> int:
+    """A new ``sweep_runs`` row; its ``options`` are what its jobs' follow-ups read."""
+    return store.conn.execute(
+        "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) "
+        "VALUES (?, ?, ?, ?, ?) RETURNING id",
+        (name, trigger, json.dumps(options), budget_usd, utcnow()),
+    ).fetchone()[0]
 
 
 def _sequential(
