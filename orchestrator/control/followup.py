@@ -202,14 +202,15 @@ class FollowUp:
             grouping="note",
             reviewer=reviewer,
             sweep=job["sweep"],
+            sweep_run_id=job["sweep_run_id"],
             # The fixed note is written once this transaction commits: review that text.
             pending={job["note_path"]: new_text} if new_text is not None else None,
         )
         with self.store.write():
             for j in batch.jobs:
                 self.store.conn.execute(
-                    "UPDATE review_jobs SET sweep_run_id = ?, source_job_id = ? WHERE id = ?",
-                    (job["sweep_run_id"], job["id"], j.review_job_id),
+                    "UPDATE review_jobs SET source_job_id = ? WHERE id = ?",
+                    (job["id"], j.review_job_id),
                 )
         self.log.info(
             "fix.rereview",
