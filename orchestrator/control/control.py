@@ -13,8 +13,10 @@ fenced by attempt inside its transaction.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from orchestrator import logs
 from orchestrator.config import ReviewerProfile
@@ -40,13 +42,28 @@ from orchestrator.state.workspace import Workspace
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
 
 
+class Hooks(Protocol):
+    """What the control process does after a job ends (SPEC §7), called inside the
+    transaction that records the outcome; :class:`orchestrator.control.followup.FollowUp`
+    is the one implementation. Without hooks a job's outcome is recorded and nothing
+    follows (fix outputs are refused)."""
+
+    def after_completed(self, job_id: int) -> None: ...
+
+    def after_failed(self, job_id: int, reasons: list[str]) -> None: ...
+
+    def fix_output(self, job: sqlite3.Row, output: bytes | None) -> str | None:
+        """Apply a fixer's output; a reason when the attempt failed, else None."""
+        ...
+
+
 class Control:
     def __init__(
         self,
         ws: Workspace,
         send_review: Callable[[dict], None],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
-        hooks: object | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.ws = ws
         self.store = ws.store
@@ -343,7 +360,7 @@ class Control:
                 self.hooks.fix_output(job, o.get("output"))
                 if self.hooks is not None
                 else "no fix handler"
-            )  # type: ignore[attr-defined]
+            )
             if problem:
                 with self.store.write():
                     self.store.conn.execute(
@@ -408,7 +425,7 @@ class Control:
                 decisions=counts,
             )
             if self.hooks is not None:
-                self.hooks.after_completed(job["id"])  # type: ignore[attr-defined]
+                self.hooks.after_completed(job["id"])
         elif res.status == "invalid":
             self._failed_attempt(job, res.failure_reasons)
         else:
@@ -431,7 +448,7 @@ class Control:
                 reasons=reasons[:10],
             )
             if self.hooks is not None:
-                self.hooks.after_failed(job["id"], reasons)  # type: ignore[attr-defined]
+                self.hooks.after_failed(job["id"], reasons)
             return
         self._requeue(job["id"])
         self.log.warning(
@@ -599,7 +616,7 @@ class Control:
                 with self.store.write():
                     fail_job(self.store, self.ws.state_dir, r["job_id"], reasons)
                     if self.hooks is not None:
-                        self.hooks.after_failed(r["job_id"], reasons)  # type: ignore[attr-defined]
+                        self.hooks.after_failed(r["job_id"], reasons)
                 self.log.error(
                     "job.failed", job_id=r["job_id"], reviewer=r["reviewer"], reasons=reasons
                 )
