@@ -137,6 +137,31 @@ def test_a_fix_not_yet_written_is_written_at_the_tick_unless_a_person_edited_the
     assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
 
 
+def test_doctor_says_when_a_fixed_note_waits_to_be_written(cycle, monkeypatch, run_cli):
+    # An operator asking "is anything stuck?" must hear about a decided fix whose note is
+    # not on disk yet, not only about job folders.
+    import orchestrator.cycles.fixes as fixes
+
+    kb, ws, control, sent, review = cycle
+    _run(control, sent, _bundle(ws, review, "FAIL"))
+    fixed = kb.read(NOTE).rstrip("\n") + "\nFixed.\n"
+
+    def crash(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fixes, "replace_note", crash)
+    _run(control, sent, fixed.encode())
+    monkeypatch.undo()
+    lines = run_cli("doctor").stdout.splitlines()
+    assert any(
+        "1 fixed note(s) wait to be written" in line and "Input/output error" in line
+        for line in lines
+    ), lines
+    control.write_due_files()
+    lines = run_cli("doctor").stdout.splitlines()
+    assert not any("wait to be written" in line for line in lines), lines
+
+
 def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, monkeypatch):
     """FAIL three times: every follow-up (fix folders, re-review folders, the escalation
     report) meets a full disk, and none of it undoes the review that decided it."""

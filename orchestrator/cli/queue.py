@@ -425,6 +425,8 @@ def doctor_cmd(ws: Workspace) -> None:
     report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
     for p in cat.problems:
         report(False, f"invalid gate {p.path}: {p.reason}")
+    from orchestrator.cycles.escalations import reports_due
+    from orchestrator.cycles.fixes import notes_due
     from orchestrator.state.files import files_due
 
     try:
@@ -438,6 +440,17 @@ def doctor_cmd(ws: Workspace) -> None:
             else f"{due} job(s) whose MANIFEST.json and results wait to be written "
             f"({error}); the control process writes them at its next tick with room",
         )
+        # Files decided in state.db and not yet on disk: said, since nothing else shows them.
+        for what, (n, why) in (
+            ("fixed note(s)", notes_due(store)),
+            ("escalation report(s)", reports_due(store)),
+        ):
+            if n:
+                report(
+                    False,
+                    f"{n} {what} wait to be written ({why}); the control process writes "
+                    "them at its next tick",
+                )
     except Exception as exc:
         report(False, f"state.db: {exc}")
     try:

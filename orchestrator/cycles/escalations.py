@@ -481,3 +481,12 @@ def run_options(store: Store, job) -> dict:
         "SELECT options FROM sweep_runs WHERE id = ?", (job["sweep_run_id"],)
     ).fetchone()
     return json.loads(row[0]) if row else {}
+
+
+def reports_due(store: Store) -> tuple[int, str | None]:
+    """How many escalation reports wait to be written, and one error that kept them back
+    (for ``reviewq doctor``)."""
+    count, error = store.conn.execute(
+        "SELECT count(*), min(error) FROM escalation_reports_due"
+    ).fetchone()
+    return count, error

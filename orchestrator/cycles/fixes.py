@@ -387,3 +387,10 @@ def finish_fix_job(
             (status, result, json.dumps([reason]) if reason else None, now, now, job_id),
         )
         write_job_files_after_commit(store, state_dir, job_id)
+
+
+def notes_due(store: Store) -> tuple[int, str | None]:
+    """How many decided fixes wait for their note to be written, and one error that kept
+    them back (for ``reviewq doctor``)."""
+    count, error = store.conn.execute("SELECT count(*), min(error) FROM fix_writes_due").fetchone()
+    return count, error
