@@ -331,3 +331,26 @@ def test_a_dispatch_nudge_taken_into_a_batch_of_heartbeats_still_dispatches(kb, 
     assert app.control.pending_count() == 0
     assert len(sent) == 2  # job b went out although the nudge was taken into the batch
     ws.close()
+
+
+def test_doctor_on_a_worker_machine_checks_only_what_a_worker_needs(tmp_path, redis_url):
+    # A second machine has no KB and no state.db; `doctor --worker` must not call that a
+    # problem, and must still catch a reviewer program that is not there.
+    home = tmp_path / "remote"
+    home.mkdir()
+    config = worker_toml(home / "worker.toml", redis_url)
+    args = [EXE, "--root", str(home), "--config", str(config), "--state", str(home / "state")]
+    ok = subprocess.run([*args, "doctor", "--worker"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.splitlines() == [
+        "ok: queue backend Redis answers",
+        "ok: reviewer fake (command)",
+        "ok: reviewer offline (offline)",
+    ]
+    assert not (home / "state" / "state.db").exists()
+    config.write_text(
+        config.read_text().replace(f'["{sys.executable}", "{FAKE}"]', '["no-such-agent-cli"]')
+    )
+    bad = subprocess.run([*args, "doctor", "--worker"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "problem: reviewer fake (command): no-such-agent-cli not on PATH" in bad.stdout

@@ -402,13 +402,20 @@ def logs_cmd(
 
 
 @cli.command("doctor")
+@click.option(
+    "--worker",
+    "worker_only",
+    is_flag=True,
+    help="Check only what a worker needs: the queue and the reviewer programs (no KB, no state.db).",
+)
 @click.pass_obj
-def doctor_cmd(ws: Workspace) -> None:
+def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
     """Check the KB layout, gates, database, queue backend and reviewer binaries.
 
     \b
-    Example:
+    Examples:
       reviewq doctor
+      reviewq --config worker.toml --state /var/lib/reviewq-worker doctor --worker
     """
     problems = 0
 
@@ -417,6 +424,16 @@ def doctor_cmd(ws: Workspace) -> None:
         problems += 0 if ok else 1
         click.echo(f"{'ok' if ok else 'problem'}: {text}")
 
+    if not worker_only:
+        _doctor_control_side(ws, report)
+    _doctor_queue_and_reviewers(ws, report)
+    if problems:
+        raise Refused(f"{problems} problem(s)")
+    warn([])
+
+
+def _doctor_control_side(ws: Workspace, report) -> None:
+    """The KB, the gates and state.db: what the control process's machine needs."""
     kb_dir = ws.root / "kb"
     report(kb_dir.is_dir(), f"KB root {ws.root} holds kb/")
     for rel in ws.settings.note_roots:
@@ -453,6 +470,10 @@ def doctor_cmd(ws: Workspace) -> None:
                 )
     except Exception as exc:
         report(False, f"state.db: {exc}")
+
+
+def _doctor_queue_and_reviewers(ws: Workspace, report) -> None:
+    """The queue backend and each reviewer's program: what every worker needs."""
     try:
         from workers.app import make_app
 
@@ -475,9 +496,6 @@ def doctor_cmd(ws: Workspace) -> None:
             f"reviewer {name} ({profile.kind})"
             + (f": {', '.join(missing)} not on PATH" if missing else ""),
         )
-    if problems:
-        raise Refused(f"{problems} problem(s)")
-    warn([])
 
 
 @cli.command("escalations")
