@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cycles.fixes import create_fix_job
 from orchestrator.state.workspace import Workspace
 from workers.foreground import run_job
 
 from .conftest import reviewq_process
+from .test_cycles_integration import queue_fix
 from .test_queue_integration import FAST_QUEUE, db, fake_profile, log_lines, rq, small_kb
 
 pytestmark = pytest.mark.integration
@@ -63,19 +63,7 @@ def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
     kb.write("reviewq.toml", fake_profile())
     kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
     ws = Workspace.open(kb.root)
-    job_id = create_fix_job(
-        ws.kb,
-        ws.catalog(),
-        ws.store,
-        ws.state_dir,
-        note_path=note,
-        partition="fake",
-        fixer="fake",
-        review_reviewer="fake",
-        sweep=None,
-        sweep_run_id=None,
-        source_job_id=None,
-    )
+    job_id = queue_fix(ws.kb, ws.store, ws.state_dir, note)
     monkeypatch.setenv("FAKE_FIX_APPEND", "FIXED by run-job.")
     res = run_job(ws, job_id, "fake")
     assert res.outcome.classification == "output", res.outcome.reasons
