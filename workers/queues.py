@@ -142,7 +142,7 @@ def install_app(app: App) -> None:
     _app = app
 
 
-def _the_app() -> App:
+def the_app() -> App:
     if _app is None:
         raise RuntimeError("workers.app.make_app() was not called in this process")
     return _app
@@ -159,7 +159,7 @@ def _the_app() -> App:
 )
 def send(task: str, *args: Any) -> None:
     """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable."""
-    wrapper = _the_app().wrappers.get(task)
+    wrapper = the_app().wrappers.get(task)
     if wrapper is None:
         raise RuntimeError(f"task {task} is not registered")
     wrapper(*args)  # type: ignore[operator]

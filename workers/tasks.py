@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import _the_app, send, take_waiting
+from .queues import send, take_waiting, the_app
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -365,7 +365,7 @@ def _one_by_one(control: Control, huey, batch: list[tuple[str, dict, object]]) -
 
 def _control_queue():  # noqa: ANN202 - a Huey, or None in a process without the app
     try:
-        return _the_app().control
+        return the_app().control
     except RuntimeError:
         return None
 
