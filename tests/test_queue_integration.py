@@ -9,6 +9,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -493,3 +494,34 @@ def test_an_option_a_configured_sweep_would_ignore_is_refused(kb, run_cli, optio
         "change it there, or name the gates to run an ad-hoc sweep\n",
     )
     assert not (kb.state / "state.db").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("down", ["refused", "unanswered"])
+def test_enqueue_with_the_queue_down_keeps_the_jobs_and_says_so_in_one_line(kb, down):
+    """A person enqueues while Redis is down: the jobs are recorded in state.db (the
+    control's next tick dispatches them), and the command says so within seconds, in one
+    line, instead of retrying its dispatch nudge for two minutes with log lines on stderr.
+    "unanswered": a host that drops connections (a full accept queue drops the SYNs),
+    where a connect without a timeout waits out the kernel's SYN retries (~2 min)."""
+    small_kb(kb)
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(socket.socket())
+        srv.bind(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+        if down == "refused":
+            srv.close()  # nobody listens: connection refused
+        else:
+            srv.listen(0)
+            filler = stack.enter_context(socket.socket())
+            filler.connect(("127.0.0.1", port))  # fills the queue; it is never accepted
+        kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "redis://127.0.0.1:{port}/0"\n')
+        res = rq(kb, "enqueue", "--reviewer", "fake", timeout=40)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("queued "), res.stdout
+    queued = int(res.stdout.split()[1])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: could not nudge"), res.stderr
+    assert "next tick" in lines[0]
+    with db(kb) as conn:
+        rows = conn.execute("SELECT count(*) FROM review_jobs WHERE status = 'queued'").fetchone()
+    assert queued > 0 and rows[0] == queued

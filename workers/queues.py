@@ -159,6 +159,12 @@ def the_app() -> App:
 )
 def send(task: str, *args: Any) -> None:
     """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable."""
+    send_once(task, *args)
+
+
+def send_once(task: str, *args: Any) -> None:
+    """Enqueue ``task`` once, without retrying: for a nudge whose loss the control's
+    next tick makes good, where a person should not wait for a queue that is down."""
     wrapper = the_app().wrappers.get(task)
     if wrapper is None:
         raise RuntimeError(f"task {task} is not registered")

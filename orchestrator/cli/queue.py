@@ -603,13 +603,15 @@ def _root_rel(ws: Workspace, path) -> str:
 
 
 def _nudge(ws: Workspace) -> None:
+    """Ask the control process to dispatch now. Once: the jobs are recorded, and the
+    control's next tick dispatches them if the queue cannot be reached."""
     from workers.app import make_app
-    from workers.tasks import send
+    from workers.queues import send_once
 
     make_app(ws.settings)
     try:
-        send("dispatch")
-    except Exception as exc:  # the job is recorded; the control's next tick dispatches it
+        send_once("dispatch")
+    except Exception as exc:
         click.echo(
             f"warning: could not nudge the control queue ({exc}); the job waits for its next tick",
             err=True,
