@@ -604,7 +604,7 @@ def test_scans_asked_for_together_share_one_that_began_after_every_ask(tmp_path,
     # one that began after the attempt asked, or an edit made meanwhile would be missed.
     import threading
 
-    from workers import attempt
+    from workers import kbwatch
 
     first_running, release = threading.Event(), threading.Event()
     calls: list[int] = []
@@ -616,8 +616,8 @@ def test_scans_asked_for_together_share_one_that_began_after_every_ask(tmp_path,
             assert release.wait(10)
         return {"scan": len(calls)}
 
-    monkeypatch.setattr(attempt, "tree_stamps", scan)
-    scans = attempt.SharedScans()
+    monkeypatch.setattr(kbwatch, "tree_stamps", scan)
+    scans = kbwatch.SharedScans()
     got: dict[str, dict] = {}
     threads = {
         name: threading.Thread(

@@ -16,7 +16,6 @@ import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from orchestrator.review.finalize import read_output
 from orchestrator.state.store import utcnow
 
+from .kbwatch import WATCH
 from .reviewers import AttemptSpec, Reviewer
 from .reviewers.base import priced
 from .reviewers.vendor import bounded, failure_kind
@@ -70,72 +70,6 @@ def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:
         except OSError:
             out[rel] = "missing"
     return out
-
-
-def tree_stamps(root: Path, trees: Iterable[str]) -> dict[str, tuple[int, int, int]]:
-    """(size, mtime, inode) of every file under the folders ``trees`` of ``root``; hidden
-    entries (an editor's swap files) are left out."""
-    out: dict[str, tuple[int, int, int]] = {}
-    prefix = len(str(root)) + 1
-    for tree in trees:
-        stack = [str(root / tree)]
-        while stack:
-            try:
-                entries = list(os.scandir(stack.pop()))
-            except OSError:
-                continue
-            for e in entries:
-                if e.name.startswith("."):
-                    continue
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                        continue
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                out[e.path[prefix:]] = (st.st_size, st.st_mtime_ns, st.st_ino)
-    return out
-
-
-class SharedScans:
-    """:func:`tree_stamps` for attempts that run at the same time in one worker. A scan
-    of a 1,000-note KB costs ~4 ms and each attempt takes two, so with several agents at
-    once most of a worker's CPU went to scanning the same folders. A caller that asks while
-    a scan of the same folders runs waits for the next one and shares it with everyone who
-    asked meanwhile: each still gets a scan that began after it asked, as if it had taken
-    its own, so what counts as touched is unchanged. The dict returned is shared: read it,
-    never change it."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._started: dict[tuple, int] = {}  # (root, trees) -> scans begun
-        self._done: dict[tuple, tuple[int, dict]] = {}  # -> (last scan finished, its stamps)
-        self._running: set[tuple] = set()
-
-    def stamps(self, root: Path, trees: Iterable[str]) -> dict[str, tuple[int, int, int]]:
-        trees = tuple(trees)
-        key = (str(root), trees)
-        with self._cond:
-            wanted = self._started.get(key, 0) + 1  # the next scan to begin
-            while self._done.get(key, (0, {}))[0] < wanted:
-                if key in self._running:
-                    self._cond.wait()
-                    continue
-                self._running.add(key)
-                number = self._started[key] = self._started.get(key, 0) + 1
-                self._cond.release()
-                try:
-                    result = tree_stamps(root, trees)
-                finally:
-                    self._cond.acquire()
-                    self._running.discard(key)
-                    self._cond.notify_all()
-                self._done[key] = (number, result)
-            return self._done[key][1]
-
-
-SCANS = SharedScans()
 
 
 def _transient(exc: BaseException) -> bool:
@@ -269,7 +203,6 @@ def run_attempt(
     guarded = list(guarded)
     before = file_hashes(spec.root, guarded)
     trees = list(trees)
-    stamps_before = SCANS.stamps(spec.root, trees) if trees else {}
     out = AttemptOutcome(
         spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=utcnow()
     )
@@ -285,9 +218,13 @@ def run_attempt(
         out.reasons = [f"could not build the command of {reviewer.profile.name}: {detail}"]
         return out
     env = {**os.environ, **cmd.env, **spec.environment()}
+    # From here to the end of the agent's group, whatever changes under ``trees`` is its.
+    window = WATCH.begin(spec.root, trees) if trees else None
     try:
         proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
     except OSError as exc:
+        if window is not None:
+            WATCH.end(window)
         out.ended_at = utcnow()
         out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
         return out
@@ -305,6 +242,8 @@ def run_attempt(
         kill_group(proc, grace_s=1.0)  # never leave an agent behind, whatever stopped us
         raise
     finally:
+        # Ended on every way out: an open window keeps the watch's log growing.
+        changed = WATCH.end(window) if window is not None else set()
         if registered is not None:
             registered.unlink(missing_ok=True)
     out.duration_s = time.monotonic() - start
@@ -322,13 +261,8 @@ def run_attempt(
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
-    if trees:
-        stamps_after = SCANS.stamps(spec.root, trees)
-        others = {
-            p
-            for p in stamps_before.keys() | stamps_after.keys()
-            if stamps_before.get(p) != stamps_after.get(p) and p not in before
-        }
+    if changed:
+        others = {p for p in changed if p not in before}
         out.touched_hashes.update(file_hashes(spec.root, others))
         out.touched = sorted({*out.touched, *others})
     turns = telemetry.num_turns
