@@ -172,15 +172,17 @@ class KBWatch:
     reported, one that goes away is reported by its own path. When events may have been
     lost (IN_Q_OVERFLOW, a watch that could not be added for a new folder) each open window
     reports :func:`lost` for its trees. A tree that does not exist yet is watched through
-    the root folder and reported when it appears.
+    the root folder and reported when it appears. A tree is a folder right under the
+    root (a deeper one is scanned).
 
     Where inotify cannot be used (not Linux, inotify_simple missing, inotify_init failing
     with EMFILE, a watch failing with ENOSPC), the root or tree concerned is compared by two
     scans as before, with one ``kbwatch.unavailable`` warning. :meth:`begin` and :meth:`end`
     never raise."""
 
-    def __init__(self, factory: Callable[..., object] | None = None) -> None:
+    def __init__(self, factory: Callable[..., object] | None = None, reader: bool = True) -> None:
         self._factory = factory  # a stand-in for INotify (tests); None: inotify_simple's
+        self._reader_on = reader  # False (tests): only begin and end read, so the queue can fill
         self._lock = threading.Lock()
         self._read = threading.Condition(self._lock)  # the thread read what was queued
         self._fd = None
@@ -200,7 +202,9 @@ class KBWatch:
                 state = self._watching(Path(root), trees)
                 if state is not None:
                     self._drain()
-                    token.watched = tuple(t for t in trees if state.trees.get(t) is None)
+                    token.watched = tuple(
+                        t for t in trees if _top(t) and state.trees.get(t) is None
+                    )
                     token.scanned = tuple(t for t in trees if t not in token.watched)
                     if token.watched:
                         token.seq, token.state = self._seq, state
@@ -273,7 +277,7 @@ class KBWatch:
                 _warn(state.failed, root=key)
         if state.failed is not None:
             return None
-        for tree in trees:
+        for tree in filter(_top, trees):
             if tree not in state.trees:
                 state.trees[tree] = None
                 # A tree that does not exist yet is seen appearing through the root's watch.
@@ -292,6 +296,8 @@ class KBWatch:
                 self._unavailable = f"inotify_init failed: {exc.strerror or exc}"
         if self._unavailable is not None:
             _warn(self._unavailable)
+            return
+        if not self._reader_on:
             return
         self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(
@@ -494,7 +500,13 @@ class KBWatch:
         for end in self._wake or ():
             with contextlib.suppress(OSError):
                 os.close(end)
-        self.__init__(self._factory)  # type: ignore[misc]
+        self.__init__(self._factory, self._reader_on)  # type: ignore[misc]
+
+
+def _top(tree: str) -> bool:
+    """A folder right under the root, as the worker's trees are (the top folders of the
+    job's notes and gates); a deeper one is scanned."""
+    return bool(tree) and tree not in (".", "..") and "/" not in tree and os.sep not in tree
 
 
 def _queued(fd) -> int:

@@ -1,0 +1,388 @@
+"""The KB watch (workers/kbwatch.py) with real inotify, real files and real agent processes:
+what one window reports, what it must not, and the scans it falls back to."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from orchestrator import logs
+from workers import kbwatch
+from workers.kbwatch import KBWatch, lost
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or kbwatch.INotify is None, reason="inotify is Linux's"
+)
+
+TREES = ("kb",)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "root"
+    for rel in ("kb/notes/a.md", "kb/notes/sub/b.md", "kb/gates/g.md", "kb/.hidden/h.md"):
+        (r / rel).parent.mkdir(parents=True, exist_ok=True)
+        (r / rel).write_text(f"{rel}\n")
+    (r / "outside").mkdir()
+    return r
+
+
+@pytest.fixture
+def watch():
+    w = KBWatch()
+    yield w
+    w.close()
+
+
+def agent(root: Path, script: str) -> None:
+    """Run ``script`` with sh in ``root``, as an agent would, to its end."""
+    subprocess.run(["sh", "-ec", script], cwd=root, check=True, timeout=60)
+
+
+def window(w: KBWatch, root: Path, script: str, trees=TREES) -> set[str]:
+    token = w.begin(root, trees)
+    assert token.watched == tuple(trees) and not token.scanned  # inotify, not the scans
+    agent(root, script)
+    return w.end(token)
+
+
+# --- what a window reports -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        ("echo more >> kb/notes/a.md", {"kb/notes/a.md"}),
+        ("echo new > kb/notes/new.md", {"kb/notes/new.md"}),
+        ("rm kb/notes/sub/b.md", {"kb/notes/sub/b.md"}),
+        ("touch kb/gates/g.md", {"kb/gates/g.md"}),
+        ("mv kb/notes/a.md kb/notes/c.md", {"kb/notes/a.md", "kb/notes/c.md"}),
+        ("echo x > outside/in.md; mv outside/in.md kb/notes/in.md", {"kb/notes/in.md"}),
+        ("mv kb/notes/a.md outside/a.md", {"kb/notes/a.md"}),
+        ("echo x > outside/o.md; echo y >> kb/../outside/o.md", set()),  # not under a tree
+    ],
+    ids=["modify", "create", "delete", "touch", "rename", "move-in", "move-out", "outside"],
+)
+def test_a_window_reports_each_file_changed_created_deleted_or_moved(watch, root, script, expected):
+    assert window(watch, root, script) == expected
+
+
+def test_a_new_folder_of_notes_reports_every_file_in_it_and_is_watched_from_then_on(watch, root):
+    made = window(
+        watch,
+        root,
+        "mkdir -p kb/notes/new/deeper; echo 1 > kb/notes/new/one.md;"
+        " echo 2 > kb/notes/new/deeper/two.md",
+    )
+    assert made == {"kb/notes/new/one.md", "kb/notes/new/deeper/two.md"}
+    # A folder filled elsewhere and moved in: its files were written before it was watched.
+    moved = window(
+        watch,
+        root,
+        "mkdir -p outside/pack/inner; echo 3 > outside/pack/three.md;"
+        " echo 4 > outside/pack/inner/four.md; mv outside/pack kb/notes/pack",
+    )
+    assert moved == {"kb/notes/pack/three.md", "kb/notes/pack/inner/four.md"}
+    later = window(
+        watch, root, "echo x >> kb/notes/pack/inner/four.md; echo y >> kb/notes/new/deeper/two.md"
+    )
+    assert later == {"kb/notes/pack/inner/four.md", "kb/notes/new/deeper/two.md"}
+
+
+def test_a_folder_moved_away_is_reported_by_its_path_and_no_longer_followed(watch, root):
+    assert window(watch, root, "mv kb/notes/sub outside/sub") == {"kb/notes/sub"}
+    # Its watch went with it: what happens to it outside the KB is nobody's business here,
+    # and must not come back under its old path.
+    assert window(watch, root, "echo x >> outside/sub/b.md; echo y > outside/sub/c.md") == set()
+    assert window(watch, root, "rm -r kb/notes") == {"kb/notes", "kb/notes/a.md"}
+
+
+def test_hidden_entries_are_not_reported(watch, root):
+    script = (
+        "echo swap > kb/notes/.a.md.swp; echo x >> kb/.hidden/h.md;"
+        " mkdir -p kb/notes/.git/objects; echo o > kb/notes/.git/objects/o;"
+        " echo z > kb/notes/.tmp; mv kb/notes/.tmp kb/notes/.tmp2"
+    )
+    assert window(watch, root, script) == set()
+    # ... while the same window does see a visible file
+    assert window(watch, root, script.replace("; echo z", "; echo v > kb/notes/v.md; echo z")) == {
+        "kb/notes/v.md"
+    }
+
+
+def test_a_tree_that_does_not_exist_yet_is_reported_when_it_appears(watch, root):
+    trees = ("kb", "gates")
+    # A file named like the tree is not a tree (the scans ignored it too).
+    assert window(watch, root, "echo g > gates; echo x >> kb/notes/a.md; rm gates", trees) == {
+        "kb/notes/a.md"
+    }
+    assert window(watch, root, "mkdir gates; echo g > gates/g.md", trees) == {"gates/g.md"}
+    assert window(watch, root, "echo more >> gates/g.md", trees) == {"gates/g.md"}
+    assert window(watch, root, "rm -r gates", trees) == {"gates", "gates/g.md"}
+    # A tree asked for by no window of this one is not reported to it.
+    assert window(watch, root, "mkdir gates; echo g > gates/g.md") == set()
+
+
+# --- the window's bounds ---------------------------------------------------------------------
+
+
+def test_what_happened_before_begin_or_after_end_is_not_reported(watch, root):
+    assert window(watch, root, "true") == set()
+    for i in range(30):  # the events are still in the kernel's queue when begin runs
+        agent(root, f"echo {i} >> kb/notes/a.md; echo {i} > kb/notes/n{i}.md")
+        token = watch.begin(root, TREES)
+        agent(root, "true")
+        assert watch.end(token) == set(), i
+    token = watch.begin(root, TREES)
+    agent(root, "echo in >> kb/notes/sub/b.md")
+    assert watch.end(token) == {"kb/notes/sub/b.md"}
+    agent(root, "echo after >> kb/notes/a.md")
+    assert watch.end(token) == set()  # ended once; a second end reports nothing
+
+
+def test_overlapping_windows_each_see_their_own_span(watch, root):
+    first = watch.begin(root, TREES)
+    agent(root, "echo 1 >> kb/notes/a.md")
+    second = watch.begin(root, TREES)
+    agent(root, "echo 2 >> kb/notes/sub/b.md")
+    assert watch.end(first) == {"kb/notes/a.md", "kb/notes/sub/b.md"}
+    agent(root, "echo 3 >> kb/gates/g.md")
+    third = watch.begin(root, TREES)
+    agent(root, "echo 4 > kb/notes/d.md")
+    assert watch.end(second) == {"kb/notes/sub/b.md", "kb/gates/g.md", "kb/notes/d.md"}
+    assert watch.end(third) == {"kb/notes/d.md"}
+
+
+def test_windows_on_other_trees_and_roots_do_not_see_each_other(watch, root, tmp_path):
+    other = tmp_path / "other"
+    (other / "kb").mkdir(parents=True)
+    (root / "gates").mkdir()
+    kb, gates, elsewhere = (
+        watch.begin(root, ["kb"]),
+        watch.begin(root, ["gates"]),
+        watch.begin(other, TREES),
+    )
+    agent(root, "echo x >> kb/notes/a.md; echo y > ../other/kb/z.md")
+    assert watch.end(gates) == set()
+    assert watch.end(kb) == {"kb/notes/a.md"}
+    assert watch.end(elsewhere) == {"kb/z.md"}
+
+
+def test_a_tree_deeper_than_the_root_s_own_folders_is_scanned(watch, root):
+    token = watch.begin(root, ["kb/notes", "kb"])
+    assert token.watched == ("kb",) and token.scanned == ("kb/notes",)
+    agent(root, "echo x >> kb/notes/a.md; echo y >> kb/gates/g.md")
+    assert watch.end(token) == {"kb/notes/a.md", "kb/gates/g.md"}
+
+
+# --- the log and the kernel's queue ----------------------------------------------------------
+
+
+def test_nothing_is_kept_while_no_window_is_open(watch, root):
+    assert window(watch, root, "echo x >> kb/notes/a.md") == {"kb/notes/a.md"}
+    assert watch.held() == 0
+    agent(root, "for i in $(seq 300); do echo $i > kb/notes/idle$i.md; done")
+    assert watch.settle(30)  # the thread read all of it, with no one to tell
+    assert watch.held() == 0
+    token = watch.begin(root, TREES)
+    agent(root, "for i in $(seq 2000); do echo $i >> kb/notes/a.md; done")
+    assert watch.settle(30)
+    assert watch.held() == 1  # 4,000 events on one file are one path
+    assert watch.end(token) == {"kb/notes/a.md"}
+    assert watch.held() == 0
+
+
+def _queue_limit() -> int:
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    if limit > 100_000:
+        pytest.skip(f"fs.inotify.max_queued_events is {limit}: too many events to make")
+    return limit
+
+
+def test_the_thread_keeps_the_kernel_queue_from_overflowing(watch, root):
+    # Each batch fits the queue; all of them twice over do not: without the thread
+    # reading while the agents run, the queue overflows (the next test).
+    limit = _queue_limit()
+    token = watch.begin(root, TREES)
+    for _ in range(8):
+        agent(root, f"for i in $(seq {limit // 8}); do echo $i >> kb/notes/a.md; done")
+    assert watch.end(token) == {"kb/notes/a.md"}  # and no lost("kb")
+
+
+def test_an_overflowed_queue_reports_the_whole_tree_and_the_watch_recovers(root):
+    limit = _queue_limit()
+    unread = KBWatch(reader=False)  # only begin and end read the queue
+    try:
+        token = unread.begin(root, TREES)
+        # A folder made in the gap is seen by the walk that follows the overflow.
+        agent(
+            root,
+            f"for i in $(seq {limit}); do echo $i >> kb/notes/a.md; done;"
+            " mkdir kb/notes/unseen; echo u > kb/notes/unseen/u.md",
+        )
+        changed = unread.end(token)
+        assert lost("kb") in changed and changed <= {lost("kb"), "kb/notes/a.md"}
+        assert window(unread, root, "echo again >> kb/notes/unseen/u.md") == {
+            "kb/notes/unseen/u.md"
+        }
+    finally:
+        unread.close()
+
+
+# --- the scans it falls back to --------------------------------------------------------------
+
+
+def _emfile(**_kw):
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.mark.parametrize("cause", ["emfile", "no-module"])
+def test_without_inotify_the_scans_still_report_every_change(root, monkeypatch, cause):
+    if cause == "no-module":
+        monkeypatch.setattr(kbwatch, "INotify", None)
+    w = KBWatch(factory=_emfile if cause == "emfile" else None)
+    logs.get()  # configured before the capture, not inside it
+    try:
+        with capture_logs() as logged:
+            token = w.begin(root, TREES)
+            agent(root, "echo x >> kb/notes/a.md; echo n > kb/notes/sub/n.md; rm kb/gates/g.md")
+            changed = w.end(token)
+            assert token.scanned == TREES and not token.watched
+            assert changed == {"kb/notes/a.md", "kb/notes/sub/n.md", "kb/gates/g.md"}
+            second = w.begin(root, TREES)
+            assert w.end(second) == set()
+        warnings = [e for e in logged if e["event"] == "kbwatch.unavailable"]
+        assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
+        assert ("EMFILE" in warnings[0]["reason"] or "Too many" in warnings[0]["reason"]) == (
+            cause == "emfile"
+        )
+    finally:
+        w.close()
+
+
+def _few_watches(n: int):
+    """An inotify whose user may add ``n`` watches in all (fs.inotify.max_user_watches)."""
+
+    class Few(kbwatch.INotify):  # type: ignore[misc, valid-type]
+        added = 0
+
+        def add_watch(self, path, mask):
+            if Few.added >= n:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            Few.added += 1
+            return super().add_watch(path, mask)
+
+    return Few
+
+
+def test_a_tree_over_the_watch_limit_is_scanned_instead(root):
+    w = KBWatch(factory=_few_watches(3))  # the root, kb and one of its four folders
+    logs.get()
+    try:
+        with capture_logs() as logged:
+            token = w.begin(root, TREES)
+        assert token.scanned == TREES and not token.watched
+        agent(root, "echo x >> kb/notes/sub/b.md; echo y > kb/gates/new.md")
+        assert w.end(token) == {"kb/notes/sub/b.md", "kb/gates/new.md"}
+        assert [e["event"] for e in logged] == ["kbwatch.unavailable"]
+        assert "max_user_watches" in logged[0]["reason"]
+        assert not [rel for rel in w._roots[str(root)].dirs if rel]  # its watches were freed
+    finally:
+        w.close()
+
+
+def test_a_folder_that_cannot_be_watched_mid_window_counts_the_tree_as_touched(root):
+    w = KBWatch(factory=_few_watches(5))  # exactly the root and kb's four folders
+    try:
+        token = w.begin(root, TREES)
+        assert token.watched == TREES
+        agent(root, "mkdir kb/notes/more; echo m > kb/notes/more/m.md")
+        assert lost("kb") in w.end(token)  # events in it from then on would be missed
+        token = w.begin(root, TREES)  # later windows scan
+        assert token.scanned == TREES
+        agent(root, "echo x >> kb/notes/more/m.md")
+        assert w.end(token) == {"kb/notes/more/m.md"}
+    finally:
+        w.close()
+
+
+def test_a_root_that_is_not_a_folder_is_scanned(watch, tmp_path):
+    missing = tmp_path / "nowhere"
+    token = watch.begin(missing, TREES)
+    assert token.scanned == TREES
+    assert watch.end(token) == set()
+
+
+# --- in an attempt -----------------------------------------------------------------------------
+
+
+def _attempt(root: Path, script: str, guarded=("kb/notes/a.md",), trees=TREES):
+    from orchestrator.config import ReviewerProfile
+    from workers.attempt import run_attempt
+    from workers.reviewers import AttemptSpec, Command, for_profile
+
+    folder = root.parent / "attempt"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    spec = AttemptSpec(
+        "review", 1, 1, folder / "prompt.md", folder / "out.md", folder, folder, root, "m"
+    )
+    reviewer = for_profile(ReviewerProfile(name="sh", kind="command", command=["x"]))
+    argv = ["sh", "-ec", script + '; echo "## Result: PASS" > "$1"', "agent", str(spec.output_path)]
+    reviewer.command = lambda spec: Command(argv=argv, cwd=root)  # type: ignore[method-assign]
+    return run_attempt(reviewer, spec, timeout_s=30, max_turns=5, guarded=guarded, trees=trees)
+
+
+def _open_windows() -> int:
+    return sum(len(r.open) for r in kbwatch.WATCH._roots.values())
+
+
+def test_an_agent_that_changes_the_kb_fails_its_attempt_and_says_what_it_changed(root):
+    clean = _attempt(root, "cat kb/notes/a.md kb/notes/sub/b.md > /dev/null")
+    assert clean.classification == "output" and clean.touched == []
+    out = _attempt(root, "echo x >> kb/notes/a.md; echo y > kb/notes/sub/new.md; rm kb/gates/g.md")
+    assert out.classification == "reviewer-touched-kb"
+    assert out.touched == ["kb/gates/g.md", "kb/notes/a.md", "kb/notes/sub/new.md"]
+    assert out.reasons == [f"the reviewer changed {p}" for p in out.touched]
+    assert out.touched_hashes == {
+        "kb/notes/a.md": hashlib.sha256((root / "kb/notes/a.md").read_bytes()).hexdigest(),
+        "kb/notes/sub/new.md": hashlib.sha256(b"y\n").hexdigest(),
+        "kb/gates/g.md": "missing",
+    }
+    assert _open_windows() == 0
+
+
+def test_an_attempt_that_cannot_launch_closes_its_window(root):
+    from orchestrator.config import ReviewerProfile
+    from workers.attempt import LAUNCH_FAILURE, run_attempt
+    from workers.reviewers import AttemptSpec, Command, for_profile
+
+    folder = root.parent / "attempt"
+    folder.mkdir()
+    spec = AttemptSpec("review", 1, 1, folder / "p.md", folder / "o.md", folder, folder, root, "m")
+    reviewer = for_profile(ReviewerProfile(name="none", kind="command", command=["x"]))
+    argv = [str(root / "no-such-agent")]
+    reviewer.command = lambda spec: Command(argv=argv, cwd=root)  # type: ignore[method-assign]
+    out = run_attempt(reviewer, spec, timeout_s=30, max_turns=5, trees=TREES)
+    assert out.classification == LAUNCH_FAILURE
+    assert _open_windows() == 0
+
+
+def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):
+    from workers import attempt
+
+    scans_only = KBWatch(factory=_emfile)
+    monkeypatch.setattr(attempt, "WATCH", scans_only)
+    try:
+        out = _attempt(root, "echo y > kb/notes/sub/new.md")
+        assert out.classification == "reviewer-touched-kb"
+        assert out.touched == ["kb/notes/sub/new.md"]
+    finally:
+        scans_only.close()
