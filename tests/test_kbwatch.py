@@ -158,6 +158,13 @@ def test_overlapping_windows_each_see_their_own_span(watch, root):
     agent(root, "echo 4 > kb/notes/d.md")
     assert watch.end(second) == {"kb/notes/sub/b.md", "kb/gates/g.md", "kb/notes/d.md"}
     assert watch.end(third) == {"kb/notes/d.md"}
+    # The later window ends first: what came before it stays the earlier one's alone.
+    outer = watch.begin(root, TREES)
+    agent(root, "echo 5 >> kb/notes/a.md")
+    inner = watch.begin(root, TREES)
+    agent(root, "echo 6 >> kb/notes/sub/b.md")
+    assert watch.end(inner) == {"kb/notes/sub/b.md"}
+    assert watch.end(outer) == {"kb/notes/a.md", "kb/notes/sub/b.md"}
 
 
 def test_windows_on_other_trees_and_roots_do_not_see_each_other(watch, root, tmp_path):
