@@ -104,6 +104,24 @@ def test_a_folder_moved_away_is_reported_by_its_path_and_no_longer_followed(watc
     assert window(watch, root, "rm -r kb/notes") == {"kb/notes", "kb/notes/a.md"}
 
 
+def test_a_folder_found_in_a_new_folder_before_its_move_is_read_is_followed_at_its_new_path(
+    root,
+):
+    # Read only at end: the new folder is listed before the move of sub into it is read,
+    # so sub's watch turns up again under another path.
+    unread = KBWatch(reader=False)
+    try:
+        token = unread.begin(root, TREES)
+        agent(root, "mkdir kb/notes/c; mv kb/notes/sub kb/notes/c/d")
+        assert unread.end(token) == {"kb/notes/sub", "kb/notes/c/d/b.md"}
+        token = unread.begin(root, TREES)
+        assert token.watched == TREES  # not mistaken for a folder of another KB
+        agent(root, "echo x >> kb/notes/c/d/b.md")
+        assert unread.end(token) == {"kb/notes/c/d/b.md"}
+    finally:
+        unread.close()
+
+
 def test_hidden_entries_are_not_reported(watch, root):
     script = (
         "echo swap > kb/notes/.a.md.swp; echo x >> kb/.hidden/h.md;"
@@ -182,11 +200,12 @@ def test_windows_on_other_trees_and_roots_do_not_see_each_other(watch, root, tmp
     assert watch.end(elsewhere) == {"kb/z.md"}
 
 
-def test_a_tree_deeper_than_the_root_s_own_folders_is_scanned(watch, root):
-    token = watch.begin(root, ["kb/notes", "kb"])
-    assert token.watched == ("kb",) and token.scanned == ("kb/notes",)
-    agent(root, "echo x >> kb/notes/a.md; echo y >> kb/gates/g.md")
-    assert watch.end(token) == {"kb/notes/a.md", "kb/gates/g.md"}
+def test_a_tree_deeper_than_the_root_s_own_folders_or_hidden_is_scanned(watch, root):
+    (root / ".hidden-tree").mkdir()
+    token = watch.begin(root, ["kb/notes", "kb", ".hidden-tree"])
+    assert token.watched == ("kb",) and token.scanned == ("kb/notes", ".hidden-tree")
+    agent(root, "echo x >> kb/notes/a.md; echo y >> kb/gates/g.md; echo z > .hidden-tree/z")
+    assert watch.end(token) == {"kb/notes/a.md", "kb/gates/g.md", ".hidden-tree/z"}
 
 
 # --- the log and the kernel's queue ----------------------------------------------------------

@@ -173,7 +173,7 @@ class KBWatch:
     lost (IN_Q_OVERFLOW, a watch that could not be added for a new folder) each open window
     reports :func:`lost` for its trees. A tree that does not exist yet is watched through
     the root folder and reported when it appears. A tree is a folder right under the
-    root (a deeper one is scanned).
+    root (a deeper or a hidden one is scanned).
 
     Where inotify cannot be used (not Linux, inotify_simple missing, inotify_init failing
     with EMFILE, a watch failing with ENOSPC), the root or tree concerned is compared by two
@@ -318,8 +318,10 @@ class KBWatch:
                 raise _Full("fs.inotify.max_user_watches reached") from exc
             raise
         owner = self._wds.get(wd)
-        if owner is not None and owner != (state, rel):
-            raise _Full(f"{path} is already watched as {owner[0].path}/{owner[1]}")
+        if owner is not None and owner[0] is not state:
+            raise _Full(f"{path} is already watched for the KB at {owner[0].path}")
+        # The same root under another path: the folder moved and its event is still to be
+        # read; it is this path now (the old one's entry in ``dirs`` goes with that event).
         self._wds[wd] = (state, rel)
         state.dirs[rel] = wd
         return True
@@ -505,8 +507,8 @@ class KBWatch:
 
 def _top(tree: str) -> bool:
     """A folder right under the root, as the worker's trees are (the top folders of the
-    job's notes and gates); a deeper one is scanned."""
-    return bool(tree) and tree not in (".", "..") and "/" not in tree and os.sep not in tree
+    job's notes and gates); a deeper or a hidden one is scanned."""
+    return bool(tree) and not tree.startswith(".") and "/" not in tree and os.sep not in tree
 
 
 def _queued(fd) -> int:
