@@ -18,7 +18,8 @@ worker reports stderr to the control process, which keeps it in ``attempt-N/stde
   ``S/logs/reviewq.jsonl`` it splits the wall time into enqueue (process start →
   ``sweep.enqueued``), startup (→ first ``attempt.dispatched``), steady state (→ last
   ``job.finalized``) and tail (→ process exit), and per job into dispatch → launch (the
-  ``attempt.started``, the worker's "launched" heartbeat as logged by the control process) → agent exit (``exited_at``) → ``attempt.exited`` →
+  the attempt's ``launched_at`` in state.db: the worker's clock just before the launch when
+  the outcome carried the start, the control's when the "launched" heartbeat did) → agent exit (``exited_at``) → ``attempt.exited`` →
   ``attempt.ended`` → ``job.finalized`` (``attempt.dispatched`` is logged after the
   message is sent, so dispatch → launch can be slightly negative). The RSS (VmRSS and VmHWM) and CPU time of the
   sweep's ``control`` and ``worker`` children and of the sweep itself are sampled from
@@ -517,6 +518,11 @@ def run_pipeline(
     conn = sqlite3.connect(state / "state.db")
     try:
         job_dirs = dict(conn.execute("SELECT id, job_dir FROM review_jobs").fetchall())
+        launched_at = dict(
+            conn.execute(
+                "SELECT job_id, launched_at FROM attempts WHERE attempt = 1 AND launched_at IS NOT NULL"
+            ).fetchall()
+        )
         retried = conn.execute("SELECT count(*) FROM attempts WHERE attempt > 1").fetchone()[0]
     finally:
         conn.close()
@@ -536,10 +542,11 @@ def run_pipeline(
         attempt_dir = state / job_dirs[job_id] / "attempt-1"
         try:
             # The worker reports the agent's stderr, where it wrote its exit time; the
-            # launch is the worker's "launched" heartbeat as the control logged it.
+            # launch is the attempt's launched_at (its outcome's start for a quick agent,
+            # the control's clock at the "launched" heartbeat for a longer one).
             said = (attempt_dir / "stderr.log").read_text().split()
             exited = float(said[said.index("exited_at") + 1])
-            launched = ev["attempt.started"]
+            launched = ts({"timestamp": launched_at[job_id].replace("Z", "+00:00")})
         except (OSError, ValueError, IndexError, KeyError):
             continue
         need = ("attempt.dispatched", "attempt.exited", "attempt.ended", "job.finalized")
@@ -915,7 +922,7 @@ def report(args, results, locking: LockingRun | None) -> None:
             f"(max), {verdict(p95 <= TARGET_NOTICE_MS)} (p95)"
         )
         print(
-            "    per job, last run (attempt 1; launched = attempt.started, the worker's heartbeat):"
+            "    per job, last run (attempt 1; launched = the attempt's launched_at):"
         )
         for k, v in p.gaps.items():
             print(f"      {k:42s} {dist(v)}")

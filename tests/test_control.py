@@ -312,3 +312,146 @@ def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed
     assert res.exit_code == 0 and f"escalation {esc_id}:" in res.stdout, res.stderr
     res = run_cli("report", "--json")
     assert res.exit_code == 0, res.stderr
+
+
+# --- an attempt's start, from its heartbeat or from its outcome ----------------------------------
+
+
+def _outcome(ws, msg: dict, **extra) -> dict:
+    return {
+        "v": 2,
+        "job_id": msg["job_id"],
+        "attempt": msg["attempt"],
+        "classification": "output",
+        "runner": "offline",
+        "exit_code": 0,
+        "started_at": "2030-01-02T03:04:05.678Z",
+        "ended_at": "2030-01-02T03:04:05.900Z",
+        "duration_s": 0.2,
+        "exited_at": 1893553445.9,
+        "output": _pass_output(ws, msg["job_id"]),
+        "worker": "far:42",
+        "host": "far",
+        "files": {},
+        **extra,
+    }
+
+
+def _story(ws, job_id: int) -> list[tuple[str, str | None]]:
+    lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    return [
+        (e["event"], e.get("host"))
+        for e in map(json.loads, lines)
+        if e.get("job_id") == job_id and e["event"].startswith(("attempt.", "job.finalized"))
+    ]
+
+
+def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb, run_cli):
+    from orchestrator import logs
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == 2
+    quick, slow = sent
+    # The slow attempt's worker sent the "launched" heartbeat; the quick one's did not.
+    beat = {"v": 2, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
+    control.on_messages([{**beat, "launched": True}], [])
+    control.on_messages([], [_outcome(ws, quick), _outcome(ws, slow, worker="near:7", host="near")])
+    rows = {
+        r[0]: tuple(r[1:])
+        for r in ws.store.conn.execute("SELECT job_id, outcome, worker, launched_at FROM attempts")
+    }
+    # The quick one's start is the worker's, from its outcome; the slow one's its heartbeat's.
+    assert rows[quick["job_id"]] == ("finalized", "far:42", "2030-01-02T03:04:05.678Z")
+    assert rows[slow["job_id"]][:2] == ("finalized", "near:7")
+    assert rows[slow["job_id"]][2] != "2030-01-02T03:04:05.678Z"
+    story = [
+        ("attempt.dispatched", None),
+        ("attempt.started", "far"),
+        ("attempt.ended", "far"),
+        ("job.finalized", None),
+    ]
+    assert _story(ws, quick["job_id"]) == story
+    assert _story(ws, slow["job_id"]) == [(e, h and "near") for e, h in story]  # told once
+    res = run_cli("logs", "--job", str(quick["job_id"]))
+    told = [line.split()[2] for line in res.stdout.splitlines()]
+    assert told == [
+        "job.created",
+        "attempt.dispatched",
+        "attempt.started",
+        "attempt.ended",
+        "job.finalized",
+    ]
+    assert "host=far" in res.stdout.splitlines()[2]
+    ws.close()
+
+
+def test_an_agent_that_never_started_is_not_logged_as_started(kb):
+    from orchestrator import logs
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control.dispatch()
+    # The worker could not start the program: no launch, so no exited_at.
+    failed = _outcome(ws, sent[0], classification="launch-failure", output=None, exited_at=0.0)
+    control.on_messages([], [failed])
+    assert [e for e, _ in _story(ws, sent[0]["job_id"])] == [
+        "attempt.dispatched",
+        "attempt.ended",
+        "attempt.launch_failed",
+    ]
+    assert ws.store.conn.execute("SELECT worker, launched_at FROM attempts").fetchone()[:] == (
+        None,
+        None,
+    )
+    ws.close()
+
+
+def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a_lease(kb):
+    # A quick attempt's worker sends no heartbeat: its attempt stays 'dispatched' until the
+    # outcome, which the reaper must wait for as long as for one never picked up.
+    from datetime import UTC, datetime, timedelta
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    kb.write("reviewq.toml", "[queue]\nlease_seconds = 10\n")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    t0 = datetime.now(UTC)
+    clock = [t0]
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
+    assert control.dispatch() == 2
+    silent, beating = sent
+    beat = {"v": 2, "job_id": beating["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    clock[0] = t0 + timedelta(seconds=1)
+    control.on_messages([{**beat, "launched": True}], [])
+    timeout = ws.settings.reviewer("offline").timeout  # 120 s, far over the lease
+
+    def lost() -> dict[int, str]:
+        rows = ws.store.conn.execute("SELECT job_id, reasons FROM attempts WHERE outcome = 'lost'")
+        return {r[0]: json.loads(r[1])[0] for r in rows}
+
+    clock[0] = t0 + timedelta(seconds=10)
+    assert control.reap() == 0
+    clock[0] = t0 + timedelta(seconds=12)  # the heartbeat is 11 s old: over the lease
+    assert control.reap() == 1
+    assert lost() == {beating["job_id"]: "no heartbeat for 10 s"}
+    clock[0] = t0 + timedelta(seconds=10 + timeout - 1)
+    assert control.reap() == 0
+    clock[0] = t0 + timedelta(seconds=10 + timeout + 2)
+    assert control.reap() == 1
+    assert lost()[silent["job_id"]] == "never picked up by a worker"
+    ws.close()

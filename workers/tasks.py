@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import socket
@@ -136,6 +137,7 @@ def run_review(msg: dict) -> None:
             except Exception as exc:  # a missed heartbeat is not worth killing the agent for
                 logs.get().warning("attempt.heartbeat_failed", error=str(exc))
 
+        ticks = _Heartbeats(beat, msg["heartbeat_s"])
         with _semaphore(profile):
             outcome = run_attempt(
                 for_profile(profile),
@@ -146,9 +148,8 @@ def run_review(msg: dict) -> None:
                 guarded=msg.get("guarded") or () if place.kb else (),
                 trees=msg.get("trees") or () if place.kb else (),
                 max_output_bytes=msg["max_output_bytes"],
-                on_tick=beat,
-                tick_s=msg["heartbeat_s"],
-                on_launch=lambda: beat(True),  # the agent starts first: no queue write delays it
+                on_tick=ticks,
+                tick_s=ticks.step,
                 registry=registry_dir(place.folder),
             )
         if STOPPING.is_set():
@@ -166,6 +167,41 @@ def run_review(msg: dict) -> None:
         _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# An agent still running this long after its launch is announced with the "launched"
+# heartbeat; one that ends sooner is not: its outcome carries the start (started_at,
+# worker, host), which the control process records and logs as attempt.started in the
+# transaction that judges the outcome. 1 s is far below any lease (the control reaps a
+# 'dispatched' attempt only after lease + the reviewer's timeout from its dispatch, a
+# 'running' one after a lease without heartbeat), and a person looking at `reviewq status`
+# does not miss a second; yet most quick agents (the offline reviewer, a command over the
+# prompt) end within it, so they cost the control process one message, one transaction
+# and one log line less per attempt.
+LAUNCH_BEAT_S = 1.0
+
+
+class _Heartbeats:
+    """The ``on_tick`` of an attempt: ticks every ``step`` (at most :data:`LAUNCH_BEAT_S`
+    and at most the heartbeat interval, dividing it evenly); the first tick sends the
+    "launched" heartbeat, then one goes every ``every`` seconds as before. No tick comes
+    after the agent has exited, so an attempt shorter than ``step`` sends none."""
+
+    def __init__(self, beat: Callable[..., None], every: float) -> None:
+        self.beat = beat
+        self.every = every
+        self.step = every / max(1, math.ceil(every / LAUNCH_BEAT_S - 1e-9))
+        self.last: float | None = None  # monotonic time of the last heartbeat sent
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if self.last is None:
+            self.beat(True)
+        elif now - self.last >= self.every - self.step / 2:
+            self.beat()
+        else:
+            return
+        self.last = now
 
 
 def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None) -> AttemptSpec:

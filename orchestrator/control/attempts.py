@@ -60,8 +60,9 @@ def open_attempt(
 ) -> OpenedAttempt:
     """Move a queued job to running under a new attempt number and write its prompt.
     ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
-    back when it has launched the agent. With ``partition`` (the runner's), a job of
-    another partition is refused: its decisions would be recorded under the wrong model."""
+    back when it has launched the agent (a heartbeat, or for a quick agent its outcome).
+    With ``partition`` (the runner's), a job of another partition is refused: its
+    decisions would be recorded under the wrong model."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if job is None:
         raise AttemptError(f"no review job {job_id}")

@@ -316,6 +316,8 @@ class Control:
         if attempt != job["attempt"] or job["status"] != "running":
             self._supersede(job_id, attempt)
             return
+        if o.get("exited_at"):
+            self._started_with_outcome(o)
         cls = o["classification"]
         if (
             cls == "reviewer-touched-kb"
@@ -393,6 +395,34 @@ class Control:
         else:
             self._reset_launch_failures(job["reviewer"])
             self._failed_attempt(job, o.get("reasons") or [cls])
+
+    def _started_with_outcome(self, o: dict) -> None:
+        """A worker sends the "launched" heartbeat only for an agent still running a moment
+        after its launch (``workers.tasks.LAUNCH_BEAT_S``): a quicker one's outcome, whose
+        ``exited_at`` says the agent did start, carries the start instead. Recorded (worker,
+        launch time) and logged as the heartbeat would have been, in the transaction that
+        judges the outcome, before ``attempt.ended``."""
+        started_at = o.get("started_at")
+        now = timestamp(self.now())
+        row = self.store.conn.execute(
+            "UPDATE attempts SET worker = ?, heartbeat_at = ?, launched_at = COALESCE(launched_at, ?) "
+            "WHERE job_id = ? AND attempt = ? AND outcome = 'dispatched' RETURNING attempt",
+            (
+                o.get("worker"),
+                now,
+                started_at if isinstance(started_at, str) and started_at else now,
+                o["job_id"],
+                o["attempt"],
+            ),
+        ).fetchone()
+        if row is not None:
+            self.log.info(
+                "attempt.started",
+                job_id=o["job_id"],
+                attempt=o["attempt"],
+                worker=o.get("worker"),
+                host=o.get("host", ""),
+            )
 
     def _finalize(self, job, attempt: int, o: dict) -> None:
         output = o.get("output")

@@ -16,12 +16,22 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   was given), ``guarded`` and ``trees`` (root-relative, checked when the worker has a
   KB), ``timeout_s`` (the deadline), ``lease_s``, ``heartbeat_s``, ``max_output_bytes``.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
-  ``worker`` (host:pid), ``host``, ``launched``.
+  ``worker`` (host:pid), ``host``, ``launched``. The first (``launched`` true) goes once
+  the agent has run for a moment (at most 1 s, at most ``heartbeat_s``), then one every
+  ``heartbeat_s``: an agent that ends sooner sends none.
 - outcome (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
   ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
   ``ended_at``, ``duration_s``, ``output`` (bytes, or None: none, or over the limit),
   ``reasons``, ``telemetry``, ``touched``, ``touched_hashes``, ``files`` (bounded
-  stdout.log/stderr.log tails and telemetry.json, by name).
+  stdout.log/stderr.log tails and telemetry.json, by name). An outcome with ``exited_at``
+  (the agent was launched) for an attempt still ``dispatched`` carries its start: the
+  control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
+  ``attempt.started`` from it, as from a "launched" heartbeat.
+
+Heartbeats that became optional for quick attempts did not change the version: an outcome
+without a heartbeat before it was always valid (a heartbeat can be lost), the shapes are the
+same, and a control process of the same version that predates this records such an
+attempt's end without its worker, nothing worse.
 """
 
 from __future__ import annotations
