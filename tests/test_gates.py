@@ -167,3 +167,54 @@ def test_commonplace_select_has_no_warnings(commonplace, run_cli):
     assert res.exit_code == 0
     assert res.stderr == ""
     assert res.json()["counts"]["missing-review"] > 10_000
+
+
+def test_the_workspace_catalog_is_parsed_again_only_when_a_gate_file_changed(kb, monkeypatch):
+    import os
+
+    import orchestrator.kb.gates as gates
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/clarity", ["body"])
+    kb.type_spec("definition")
+    ws = Workspace.open(kb.root)
+    loads = []
+    real = gates.load_catalog
+    monkeypatch.setattr(gates, "load_catalog", lambda kb: loads.append(1) or real(kb))
+    # A file changed in the last two seconds is read again every time; not so here.
+    monkeypatch.setattr(gates.CatalogCache, "RACY_NS", 0)
+    first = ws.catalog()
+    first.gates.clear()  # a caller's copy: the next caller still gets every gate
+    assert sorted(ws.catalog().gates) == ["prose/clarity"] and len(loads) == 1
+    assert "definition" in ws.catalog().types and len(loads) == 1
+
+    # An edit that keeps the size: seen all the same (ctime), between two jobs.
+    path = kb.root / "kb/instructions/review-gates/prose/clarity.md"
+    text = path.read_text()
+    stat = path.stat()
+    path.write_text(text.replace("It fails.", "It FAILS."))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with the old mtime
+    assert "It FAILS." in ws.catalog().gates["prose/clarity"].text and len(loads) == 2
+    kb.gate("prose/brevity", ["body"])
+    assert sorted(ws.catalog().gates) == ["prose/brevity", "prose/clarity"]
+    (kb.root / "kb/instructions/review-gates/prose/brevity.md").unlink()
+    (kb.root / "kb/types/definition.md").unlink()
+    cat = ws.catalog()
+    assert sorted(cat.gates) == ["prose/clarity"] and cat.types == {} and len(loads) == 4
+    ws.close()
+
+
+def test_a_gate_changed_a_moment_ago_is_not_trusted_to_its_stamp(kb, monkeypatch):
+    import orchestrator.kb.gates as gates
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    loads = []
+    real = gates.load_catalog
+    monkeypatch.setattr(gates, "load_catalog", lambda kb: loads.append(1) or real(kb))
+    monkeypatch.setattr(gates.CatalogCache, "RACY_NS", 3600 * 10**9)
+    ws.catalog()
+    ws.catalog()
+    assert len(loads) == 2
+    ws.close()

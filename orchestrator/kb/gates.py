@@ -6,7 +6,9 @@ work. Real catalogs carry extra fields and headings, which are accepted as they 
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -74,6 +76,11 @@ class Catalog:
         out = {g.path: g for g in self.gates.values()}
         out.update({g.path: g for g in self.types.values()})
         return out
+
+    def copy(self) -> Catalog:
+        """A copy whose dicts and list a caller may change (``create_jobs`` adds the type
+        specs notes name relative to themselves); the gates themselves are frozen."""
+        return Catalog(dict(self.gates), dict(self.types), list(self.problems))
 
     def get(self, gate_id: str) -> Gate | None:
         if gate_id.startswith(TYPE_LENS + "/"):
@@ -248,3 +255,46 @@ def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
         except (NoteParseError, OSError) as exc:
             cat.problems.append(FileProblem(rel, str(exc)))
     return cat
+
+
+class CatalogCache:
+    """:func:`load_catalog`, parsed again only when a gate or type spec file changed, came
+    or went: an unchanged catalog costs a walk of its two folders and one ``stat()`` per
+    file, where a load reads and parses every file (the control process asks for the
+    catalog after every completed job). A file is known by (size, mtime, ctime, inode);
+    one changed less than :attr:`RACY_NS` ago is not trusted to that stamp (an edit within
+    the same clock tick can keep size and mtime), and the catalog is loaded again at every
+    call until it is older. Each call returns a copy a caller may change."""
+
+    RACY_NS = 2_000_000_000
+
+    def __init__(self) -> None:
+        self._stamp: tuple | None = None
+        self._catalog: Catalog | None = None
+
+    def load(self, kb: KB) -> Catalog:
+        stamp = catalog_stamp(kb, self.RACY_NS)
+        if self._catalog is None or stamp is None or stamp != self._stamp:
+            # Stamped before the load: a file changed in between is loaded again next time.
+            self._catalog = load_catalog(kb)
+            self._stamp = stamp
+        return self._catalog.copy()
+
+
+def catalog_stamp(kb: KB, racy_ns: int) -> tuple | None:
+    """What :func:`load_catalog` reads, as (path, size, mtime, ctime, inode) per file and
+    the problems met on the way; None when a file changed within ``racy_ns`` of now or
+    could not be looked at (then only a load can tell)."""
+    problems: list[FileProblem] = []
+    rels = [*_md_files(kb, GATES_DIR, problems), *_md_files(kb, TYPES_DIR, problems)]
+    recent = time.time_ns() - racy_ns
+    files = []
+    for rel in rels:
+        try:
+            st = os.stat(kb.root / rel)
+        except OSError:
+            return None
+        if st.st_mtime_ns >= recent or st.st_ctime_ns >= recent:
+            return None
+        files.append((rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return (tuple(files), tuple(problems))

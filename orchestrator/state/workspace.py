@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from orchestrator.config import Settings, load_settings
-from orchestrator.kb.gates import Catalog, load_catalog
+from orchestrator.kb.gates import Catalog, CatalogCache
 from orchestrator.kb.notes import KB
 from orchestrator.state.store import Store
 
@@ -16,6 +16,7 @@ from orchestrator.state.store import Store
 class Workspace:
     settings: Settings
     _store: Store | None = field(default=None, repr=False)
+    _catalogs: CatalogCache = field(default_factory=CatalogCache, repr=False)
 
     @classmethod
     def open(
@@ -39,7 +40,9 @@ class Workspace:
         return KB.open(self.root, self.settings.note_roots)
 
     def catalog(self) -> Catalog:
-        return load_catalog(self.kb)
+        """The gates and type specs as the files are now: parsed again only when one of
+        them changed (:class:`CatalogCache`), so a gate edited between two jobs is seen."""
+        return self._catalogs.load(self.kb)
 
     @property
     def store(self) -> Store:
