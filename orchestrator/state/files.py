@@ -54,16 +54,23 @@ def result_file_name(note_path: str, gate_id: str) -> str:
 
 
 def job_manifest(store: Store, job_id: int) -> dict:
-    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
-    if job is None:
-        raise ReportError(f"no review job {job_id}")
-    pairs = store.conn.execute(
+    return _manifest(store, job_id, _pairs(store, job_id))
+
+
+def _pairs(store: Store, job_id: int) -> list[sqlite3.Row]:
+    return store.conn.execute(
         "SELECT p.*, n.sha256 AS note_sha256, g.sha256 AS gate_sha256, g.text AS gate_text "
         "FROM review_pairs p "
         "JOIN snapshots n ON n.id = p.note_snapshot_id JOIN snapshots g ON g.id = p.gate_snapshot_id "
         "WHERE p.job_id = ? ORDER BY p.id",
         (job_id,),
     ).fetchall()
+
+
+def _manifest(store: Store, job_id: int, pairs: list[sqlite3.Row]) -> dict:
+    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    if job is None:
+        raise ReportError(f"no review job {job_id}")
     attempts = store.conn.execute(
         "SELECT attempt, runner, outcome, exit_code, started_at, ended_at, reasons, num_turns, "
         "input_tokens, output_tokens, cost_usd, duration_s FROM attempts WHERE job_id = ? ORDER BY attempt",
@@ -130,12 +137,9 @@ def write_job_files(
         text = prompt(job_id)
         if text is not None:
             atomic_write(job_dir / "prompt.md", text)
-    manifest = job_manifest(store, job_id)
-    rows = store.conn.execute(
-        "SELECT note_path, gate_id, gate_path, decision, rationale, decided_at FROM review_pairs "
-        "WHERE job_id = ? AND decision IS NOT NULL",
-        (job_id,),
-    ).fetchall()
+    pairs = _pairs(store, job_id)
+    manifest = _manifest(store, job_id, pairs)
+    rows = [p for p in pairs if p["decision"] is not None]
     if rows:
         # The whole results/ folder is built aside and renamed into place, so a reader
         # sees the old set or the new one, at the cost of one rename, not one per file.
@@ -187,15 +191,16 @@ def write_due_job_files(
     late: bool = True,
 ) -> int:
     """Write the files of due jobs (``job_ids``, else every due job); the number written."""
-    due = {
-        r[0]: (r[1], r[2])
-        for r in store.conn.execute(
-            "SELECT d.job_id, j.job_dir, d.error FROM job_files_due d "
-            "JOIN review_jobs j ON j.id = d.job_id ORDER BY d.job_id"
-        )
-    }
-    if job_ids is not None:
-        due = {i: due[i] for i in job_ids if i in due}  # others were written meanwhile
+    sql = "SELECT d.job_id, j.job_dir, d.error FROM job_files_due d JOIN review_jobs j ON j.id = d.job_id"
+    ids = None if job_ids is None else list(job_ids)
+    if ids is not None and len(ids) <= 500:
+        # Only these rows (dispatch asks about every job it opens, most of them not due).
+        rows = store.conn.execute(f"{sql} WHERE d.job_id IN ({', '.join('?' * len(ids))})", ids)
+    else:
+        rows = store.conn.execute(sql + " ORDER BY d.job_id")
+    due = {r[0]: (r[1], r[2]) for r in rows}
+    if ids is not None:
+        due = {i: due[i] for i in ids if i in due}  # others were written meanwhile
     written, failed = write_each(
         {i: error for i, (_, error) in due.items()},
         lambda i: write_job_files(store, state_dir / due[i][0], i, prompt),
