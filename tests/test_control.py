@@ -455,3 +455,39 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
     assert control.reap() == 1
     assert lost()[silent["job_id"]] == "never picked up by a worker"
     ws.close()
+
+
+def test_a_success_resets_the_launch_failures_of_its_reviewer_after_any_failure(kb):
+    # The control process skips the reset while it knows the count is 0: a failure, even
+    # one in the same batch after a success, must make the next success write it again.
+    kb.gate("prose/clarity", ["body"])
+    for name in ("a", "b", "c", "d"):
+        kb.note(name)
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    from datetime import UTC, datetime, timedelta
+
+    clock = [datetime.now(UTC)]
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
+    assert control.dispatch() == 4
+    ok = [_outcome(ws, m) for m in sent]
+    failed = [_outcome(ws, m, classification="launch-failure", output=None) for m in sent]
+
+    def failures() -> int:
+        row = ws.store.conn.execute("SELECT launch_failures FROM reviewer_state").fetchone()
+        return row[0] if row else 0
+
+    control.on_messages([], [failed[0]])
+    assert failures() == 1
+    control.on_messages([], [ok[1], failed[2]])  # one batch: the failure comes last
+    assert failures() == 1
+    control.on_messages([], [ok[3]])
+    assert failures() == 0
+    clock[0] += timedelta(hours=1)  # past the launch-failure backoff
+    assert control.dispatch() == 2  # the failed jobs go out again, as attempt 2
+    control.on_messages([], [_outcome(ws, sent[4], classification="launch-failure", output=None)])
+    assert failures() == 1
+    control.on_messages([], [_outcome(ws, sent[5])])
+    assert failures() == 0
+    ws.close()

@@ -92,11 +92,15 @@ def open_attempt(
             "VALUES (?, ?, ?, ?, ?, ?)",
             (job_id, attempt, runner, outcome, now, now),
         )
-        previous = store.conn.execute(
-            "SELECT attempt, reasons FROM attempts WHERE job_id = ? AND attempt < ? AND outcome IN "
-            f"({FAILED_SQL}) ORDER BY attempt DESC LIMIT 1",
-            (job_id, attempt),
-        ).fetchone()
+        previous = (
+            store.conn.execute(
+                "SELECT attempt, reasons FROM attempts WHERE job_id = ? AND attempt < ? AND outcome IN "
+                f"({FAILED_SQL}) ORDER BY attempt DESC LIMIT 1",
+                (job_id, attempt),
+            ).fetchone()
+            if attempt > 1
+            else None  # a first attempt has no reasons to carry
+        )
         # The prompt is written inside the transaction: a disk that cannot take it (full)
         # leaves the job queued as it was, not running an attempt that has no prompt.
         attempt_dir = folder / f"attempt-{attempt}"

@@ -73,6 +73,9 @@ class Control:
         self.hooks = hooks
         self.log = logs.get()
         self._budget_logged: set[int] = set()
+        # Reviewers whose launch_failures count is 0 in state.db (committed), so that every
+        # outcome does not write it again; only this process writes reviewer_state.
+        self._no_launch_failures: set[str] = set()
         self._prompt = prompt_renderer(self.store, ws.state_dir, ws.root)
 
     def paused(self) -> dict[str, Pause]:
@@ -497,6 +500,9 @@ class Control:
         event: str = "attempt.launch_failed",
     ) -> None:
         q = self.settings.queue
+        # Now, and again at the commit: after an earlier outcome's reset of the same batch.
+        self._no_launch_failures.discard(job["reviewer"])
+        self.store.after_commit(lambda: self._no_launch_failures.discard(job["reviewer"]))
         n = job["launch_failures"] + 1
         delay = min(300.0, q.launch_backoff_seconds * 2 ** (n - 1))
         not_before = timestamp(self.now() + timedelta(seconds=delay))
@@ -544,12 +550,13 @@ class Control:
             )
 
     def _reset_launch_failures(self, name: str | None) -> None:
-        if name:
+        if name and name not in self._no_launch_failures:
             with self.store.write():
                 self.store.conn.execute(
                     "UPDATE reviewer_state SET launch_failures = 0 WHERE name = ? AND launch_failures > 0",
                     (name,),
                 )
+                self.store.after_commit(lambda: self._no_launch_failures.add(name))
 
     def _requeue(self, job_id: int) -> None:
         with self.store.write():

@@ -91,7 +91,8 @@ def _job(store: Store, job_id: int):
     return job
 
 
-def check_finalizable(store: Store, job_id: int, prov: Provenance) -> None:
+def check_finalizable(store: Store, job_id: int, prov: Provenance):
+    """The job, if ``prov`` may finalize it; else :class:`FinalizeError`."""
     job = _job(store, job_id)
     if job["kind"] != "review" and job["kind"] != "audit":
         raise FinalizeError(f"job {job_id} is a {job['kind']} job, not a review")
@@ -105,6 +106,7 @@ def check_finalizable(store: Store, job_id: int, prov: Provenance) -> None:
         raise FinalizeError(
             f"--model {prov.model} does not match job {job_id}'s model partition {job['model_partition']}"
         )
+    return job
 
 
 def manual_output(
@@ -132,8 +134,7 @@ def finalize(
     any attempt but the job's current one is ignored. With ``fail_on_invalid`` (the
     manual path) an invalid output fails the job at once and frees its pairs; without
     it the job is left for the caller to retry."""
-    check_finalizable(store, job_id, provenance)
-    job = _job(store, job_id)
+    job = check_finalizable(store, job_id, provenance)
     if attempt is not None and attempt != job["attempt"]:
         return FinalizeResult(
             job_id, "superseded", [f"attempt {attempt} is not the current attempt {job['attempt']}"]
