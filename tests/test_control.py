@@ -352,13 +352,14 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     kb.note("beta")
+    kb.note("gamma")
     ws = Workspace.open(kb.root)
     logs.configure(ws.state_dir)
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    assert control.dispatch() == 2
-    quick, slow = sent
+    assert control.dispatch() == 3
+    quick, slow, together = sent
     # The slow attempt's worker sent the "launched" heartbeat; the quick one's did not.
     beat = {"v": 2, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
     control.on_messages([{**beat, "launched": True}], [])
@@ -379,6 +380,13 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
     ]
     assert _story(ws, quick["job_id"]) == story
     assert _story(ws, slow["job_id"]) == [(e, h and "near") for e, h in story]  # told once
+    # A heartbeat that waited in the queue with its outcome: the same story, in order.
+    far = {"worker": "far:42", "host": "far"}
+    control.on_messages(
+        [{**beat, **far, "job_id": together["job_id"], "launched": True}],
+        [_outcome(ws, together)],
+    )
+    assert _story(ws, together["job_id"]) == story
     res = run_cli("logs", "--job", str(quick["job_id"]))
     told = [line.split()[2] for line in res.stdout.splitlines()]
     assert told == [

@@ -249,7 +249,6 @@ class Control:
         All or nothing: if one fails, none is kept (the caller then takes them one by one)."""
         for o in outcomes:
             self._keep_attempt_files(o)
-        started = []
         with self.store.write():
             for h in heartbeats:
                 heartbeat(
@@ -261,17 +260,17 @@ class Control:
                     bool(h.get("launched")),
                 )
                 if h.get("launched"):
-                    started.append(h)
+                    # Before the outcomes of the batch: an attempt's story reads
+                    # dispatched, started, ended even when both waited together.
+                    self.log.info(
+                        "attempt.started",
+                        job_id=h["job_id"],
+                        attempt=h["attempt"],
+                        worker=h["worker"],
+                        host=h.get("host", ""),
+                    )
             for o in outcomes:
                 self._on_outcome(o)
-        for h in started:
-            self.log.info(
-                "attempt.started",
-                job_id=h["job_id"],
-                attempt=h["attempt"],
-                worker=h["worker"],
-                host=h.get("host", ""),
-            )
 
     def _keep_attempt_files(self, o: dict) -> None:
         """The worker's report of the attempt into ``attempt-N/``, where `reviewq job`, the
