@@ -177,7 +177,9 @@ def run_review(msg: dict) -> None:
 # 'running' one after a lease without heartbeat), and a person looking at `reviewq status`
 # does not miss a second; yet most quick agents (the offline reviewer, a command over the
 # prompt) end within it, so they cost the control process one message, one transaction
-# and one log line less per attempt.
+# and one log line less per attempt. The price: a worker that dies within an agent's first
+# second leaves its attempt 'dispatched', which the reaper takes as never picked up (after
+# lease + timeout) rather than as silent (after a lease).
 LAUNCH_BEAT_S = 1.0
 
 
