@@ -7,6 +7,7 @@ could not tell it from the real sentinels). Everything else proceeds.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -444,16 +445,23 @@ def load_job_items(store: Store, job_id: int) -> list[_Item]:
         "JOIN snapshots g ON g.id = p.gate_snapshot_id WHERE p.job_id = ? ORDER BY p.id",
         (job_id,),
     ).fetchall()
-    items = []
-    for r in rows:
-        data = r["gate_text"].encode("utf-8")
-        gate = (
-            type_gate(r["gate_path"], data)
-            if r["lens"] == TYPE_LENS
-            else parse_gate(r["gate_path"], data)
+    return [
+        _Item(
+            r["note_path"],
+            _snapshot_gate(r["lens"] == TYPE_LENS, r["gate_path"], r["gate_text"]),
+            r["note_text"],
+            r["note_sha"],
         )
-        items.append(_Item(r["note_path"], gate, r["note_text"], r["note_sha"]))
-    return items
+        for r in rows
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _snapshot_gate(is_type: bool, gate_path: str, gate_text: str) -> Gate:
+    """A gate as its snapshot was (Gate is frozen): every job of a sweep shares a handful of
+    gate texts, and the control process renders a prompt per attempt."""
+    data = gate_text.encode("utf-8")
+    return type_gate(gate_path, data) if is_type else parse_gate(gate_path, data)
 
 
 def split_job(store: Store, state_dir: Path, root: Path, job_id: int) -> list[int]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import itertools
 import json
 import os
 import shutil
 import sqlite3
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -143,7 +143,7 @@ def write_job_files(
     if rows:
         # The whole results/ folder is built aside and renamed into place, so a reader
         # sees the old set or the new one, at the cost of one rename, not one per file.
-        staging = Path(tempfile.mkdtemp(dir=job_dir, prefix=".results."))
+        staging = _staging_folder(job_dir)
         try:
             for p in rows:
                 text = (
@@ -262,6 +262,22 @@ def _reason(error: str) -> str:
     """An error without its file name ("[Errno 28] No space left on device"), to tell a
     new reason from the same one met again (temp file names differ every time)."""
     return error.split(": '", 1)[0]
+
+
+_staged = itertools.count()
+
+
+def _staging_folder(job_dir: Path) -> Path:
+    """A new empty folder beside results/ (0700, as mkdtemp's), named by this process's pid
+    and a counter: a leftover of a dead process with the same pid is skipped."""
+    for _ in range(100):
+        path = job_dir / f".results.{os.getpid()}-{next(_staged)}"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free staging folder name in {job_dir}")
 
 
 def _swap_folder(new: Path, target: Path) -> None:
