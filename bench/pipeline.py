@@ -542,8 +542,8 @@ def run_pipeline(
         attempt_dir = state / job_dirs[job_id] / "attempt-1"
         try:
             # The worker reports the agent's stderr, where it wrote its exit time; the
-            # launch is the attempt's launched_at (its outcome's start for a quick agent,
-            # the control's clock at the "launched" heartbeat for a longer one).
+            # launch is the attempt's launched_at (the control's clock at the "launched"
+            # heartbeat, or the outcome's start when the outcome came first).
             said = (attempt_dir / "stderr.log").read_text().split()
             exited = float(said[said.index("exited_at") + 1])
             launched = ts({"timestamp": launched_at[job_id].replace("Z", "+00:00")})

@@ -427,8 +427,8 @@ def test_an_agent_that_never_started_is_not_logged_as_started(kb):
 
 
 def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a_lease(kb):
-    # A quick attempt's worker sends no heartbeat: its attempt stays 'dispatched' until the
-    # outcome, which the reaper must wait for as long as for one never picked up.
+    # An attempt no worker has announced stays 'dispatched' (its message may wait in the
+    # queue behind others): the reaper gives it lease + timeout, a running one a lease.
     from datetime import UTC, datetime, timedelta
 
     kb.gate("prose/clarity", ["body"])

@@ -133,8 +133,11 @@ def await_fifo(path: Path, timeout: float = 60) -> str:
 
 
 def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
+    """The worker dies in its agent's first moments: the agent's launch was announced, so
+    the reaper takes the attempt as silent after one lease (2 s), not as never picked up
+    after lease + the reviewer's timeout (here 600 s, past the sweep's wait below)."""
     small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
     fifo = make_fifo(tmp_path, "started")
     env = {"FAKE_MODE_1": "hang", "FAKE_MODE": "good", "FAKE_NOTIFY_FIFO": str(fifo)}
     sweep = subprocess.Popen(
@@ -178,8 +181,10 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
         acc = conn.execute(
             "SELECT count(*), count(DISTINCT note_path || gate_id) FROM acceptance"
         ).fetchone()
+        lost = conn.execute("SELECT reasons FROM attempts WHERE attempt = 1").fetchone()[0]
     assert [tuple(j) for j in job] == [("completed", 2)]
     assert outcomes == [(1, "lost"), (2, "finalized")]
+    assert json.loads(lost) == ["no heartbeat for 2 s"]
     assert tuple(acc) == (1, 1)  # exactly one acceptance for the one pair
     # The restarted worker killed the agent its dead predecessor left behind.
     assert orphan_gone, "the first attempt's agent outlived its worker"

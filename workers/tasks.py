@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shutil
 import socket
@@ -137,7 +136,6 @@ def run_review(msg: dict) -> None:
             except Exception as exc:  # a missed heartbeat is not worth killing the agent for
                 logs.get().warning("attempt.heartbeat_failed", error=str(exc))
 
-        ticks = _Heartbeats(beat, msg["heartbeat_s"])
         with _semaphore(profile):
             outcome = run_attempt(
                 for_profile(profile),
@@ -148,8 +146,17 @@ def run_review(msg: dict) -> None:
                 guarded=msg.get("guarded") or () if place.kb else (),
                 trees=msg.get("trees") or () if place.kb else (),
                 max_output_bytes=msg["max_output_bytes"],
-                on_tick=ticks,
-                tick_s=ticks.step,
+                on_tick=beat,
+                tick_s=msg["heartbeat_s"],
+                # The agent starts first: no queue write delays it. Sent even for an agent
+                # that ends at once: a worker that dies before its agent's outcome is sent
+                # must leave a 'running' attempt, which the reaper takes back after one
+                # lease, not a 'dispatched' one, which it leaves for lease + timeout (a
+                # message may wait that long in the queue). Holding this heartbeat back
+                # for quick agents saved the control one transaction per job and was
+                # undone for that reason (tests/test_queue_integration.py, the worker
+                # killed mid-attempt).
+                on_launch=lambda: beat(True),
                 registry=registry_dir(place.folder),
             )
         if STOPPING.is_set():
@@ -167,43 +174,6 @@ def run_review(msg: dict) -> None:
         _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
         shutil.rmtree(folder, ignore_errors=True)
-
-
-# An agent still running this long after its launch is announced with the "launched"
-# heartbeat; one that ends sooner is not: its outcome carries the start (started_at,
-# worker, host), which the control process records and logs as attempt.started in the
-# transaction that judges the outcome. 1 s is far below any lease (the control reaps a
-# 'dispatched' attempt only after lease + the reviewer's timeout from its dispatch, a
-# 'running' one after a lease without heartbeat), and a person looking at `reviewq status`
-# does not miss a second; yet most quick agents (the offline reviewer, a command over the
-# prompt) end within it, so they cost the control process one message, one transaction
-# and one log line less per attempt. The price: a worker that dies within an agent's first
-# second leaves its attempt 'dispatched', which the reaper takes as never picked up (after
-# lease + timeout) rather than as silent (after a lease).
-LAUNCH_BEAT_S = 1.0
-
-
-class _Heartbeats:
-    """The ``on_tick`` of an attempt: ticks every ``step`` (at most :data:`LAUNCH_BEAT_S`
-    and at most the heartbeat interval, dividing it evenly); the first tick sends the
-    "launched" heartbeat, then one goes every ``every`` seconds as before. No tick comes
-    after the agent has exited, so an attempt shorter than ``step`` sends none."""
-
-    def __init__(self, beat: Callable[..., None], every: float) -> None:
-        self.beat = beat
-        self.every = every
-        self.step = every / max(1, math.ceil(every / LAUNCH_BEAT_S - 1e-9))
-        self.last: float | None = None  # monotonic time of the last heartbeat sent
-
-    def __call__(self) -> None:
-        now = time.monotonic()
-        if self.last is None:
-            self.beat(True)
-        elif now - self.last >= self.every - self.step / 2:
-            self.beat()
-        else:
-            return
-        self.last = now
 
 
 def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None) -> AttemptSpec:

@@ -60,7 +60,8 @@ def open_attempt(
 ) -> OpenedAttempt:
     """Move a queued job to running under a new attempt number and write its prompt.
     ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
-    back when it has launched the agent (a heartbeat, or for a quick agent its outcome).
+    back when it has launched the agent (its "launched" heartbeat, or the outcome when
+    that heartbeat was lost or waits behind it).
     With ``partition`` (the runner's), a job of another partition is refused: its
     decisions would be recorded under the wrong model."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()

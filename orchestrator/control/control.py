@@ -399,11 +399,10 @@ class Control:
             self._failed_attempt(job, o.get("reasons") or [cls])
 
     def _started_with_outcome(self, o: dict) -> None:
-        """A worker sends the "launched" heartbeat only for an agent still running a moment
-        after its launch (``workers.tasks.LAUNCH_BEAT_S``): a quicker one's outcome, whose
-        ``exited_at`` says the agent did start, carries the start instead. Recorded (worker,
-        launch time) and logged as the heartbeat would have been, in the transaction that
-        judges the outcome, before ``attempt.ended``."""
+        """An outcome for an attempt still 'dispatched' (its "launched" heartbeat was lost,
+        or waits in the queue behind it): its ``exited_at`` says the agent did start, so the
+        start (worker, launch time) is recorded and logged as the heartbeat would have been,
+        in the transaction that judges the outcome, before ``attempt.ended``."""
         started_at = o.get("started_at")
         now = timestamp(self.now())
         row = self.store.conn.execute(

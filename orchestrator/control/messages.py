@@ -28,10 +28,8 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
   ``attempt.started`` from it, as from a "launched" heartbeat.
 
-Heartbeats that became optional for quick attempts did not change the version: an outcome
-without a heartbeat before it was always valid (a heartbeat can be lost), the shapes are the
-same, and a control process of the same version that predates this records such an
-attempt's end without its worker, nothing worse.
+An outcome without a heartbeat before it was always valid (a heartbeat can be lost), so
+recording the start from it did not change the version.
 """
 
 from __future__ import annotations
