@@ -244,3 +244,42 @@ def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, m
     assert any(line.startswith("- high: thin.") or "thin" in line for line in report)
     for (folder,) in conn.execute("SELECT job_dir FROM review_jobs"):
         assert (ws.state_dir / folder / "MANIFEST.json").is_file()
+
+
+def test_due_rows_that_cannot_be_cleared_stay_and_say_why(kb, tmp_path):
+    """The files are written but state.db is locked past the busy timeout when their due
+    rows would be cleared: the rows stay (the next tick writes the files again) and the log
+    says the database was locked, where the error used to be swallowed without a word."""
+    import json
+
+    from orchestrator import logs
+    from orchestrator.state.files import write_due_job_files
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    store = ws.store
+    ids = [r[0] for r in store.conn.execute("SELECT id FROM review_jobs")]
+    store.conn.executemany(
+        "INSERT INTO job_files_due VALUES (?, '2030-01-01T00:00:00Z', 'not written yet')",
+        [(i,) for i in ids],
+    )
+    store.conn.commit()
+    holder = sqlite3.connect(ws.state_dir / "state.db", isolation_level=None)
+    store.conn.execute("PRAGMA busy_timeout = 50")
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        assert store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == len(ids)
+        assert write_due_job_files(store, ws.state_dir, ids) == len(ids)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    due = store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0]
+    assert due == len(ids)  # kept: written again at the next tick
+    lines = [json.loads(x) for x in logs.log_path(ws.state_dir).read_text().splitlines()]
+    said = [e for e in lines if e["event"] == "files_due.not_cleared"]
+    assert said and "database is locked" in said[0]["error"], lines[-3:]
+    assert said[0]["table"] == "job_files_due"
+    ws.close()

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
-from orchestrator.state.files import write_each
+from orchestrator.state.files import settle_due, write_each
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -213,16 +212,7 @@ def write_due_reports(
         key="escalation_id",
         late=late,
     )
-    if written or failed:  # else no transaction: every tick calls this
-        with contextlib.suppress(sqlite3.Error), store.write():  # if not: written next tick
-            store.conn.executemany(
-                "DELETE FROM escalation_reports_due WHERE escalation_id = ?",
-                [(i,) for i in written],
-            )
-            store.conn.executemany(
-                "UPDATE escalation_reports_due SET error = ? WHERE escalation_id = ?",
-                [(e, i) for i, e in failed.items()],
-            )
+    settle_due(store, "escalation_reports_due", "escalation_id", written, failed)
     return len(written)
 
 

@@ -6,9 +6,7 @@ and only to that one file.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from orchestrator.kb.notes import (
 )
 from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
-from orchestrator.state.files import write_each, write_job_files_after_commit
+from orchestrator.state.files import settle_due, write_each, write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
 
 
@@ -269,15 +267,7 @@ def write_due_fixes(
         key="job_id",
         late=late,
     )
-    if done or failed:  # else no transaction: every tick calls this
-        with contextlib.suppress(sqlite3.Error), store.write():  # if not: done again next tick
-            store.conn.executemany(
-                "DELETE FROM fix_writes_due WHERE job_id = ?", [(i,) for i in done]
-            )
-            store.conn.executemany(
-                "UPDATE fix_writes_due SET error = ? WHERE job_id = ?",
-                [(e, i) for i, e in failed.items()],
-            )
+    settle_due(store, "fix_writes_due", "job_id", done, failed)
     return len(done)
 
 

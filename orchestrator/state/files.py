@@ -7,7 +7,6 @@ reader never sees half a file and a crash leaves the old one.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import itertools
@@ -208,17 +207,33 @@ def write_due_job_files(
         key="job_id",
         late=late,
     )
-    # state.db may be on the full disk too: if so the rows stay and the next tick tries.
-    if written or failed:  # else no transaction: dispatch asks about every job it opens
-        with contextlib.suppress(sqlite3.Error), store.write():
+    settle_due(store, "job_files_due", "job_id", written, failed)
+    return len(written)
+
+
+def settle_due(
+    store: Store, table: str, key: str, done: Sequence[int], failed: dict[int, str]
+) -> None:
+    """Clear the due rows of what was written and record why the others were not. When
+    state.db cannot take it (locked past its busy timeout, on the full disk too) the rows
+    stay, the next tick writes those files again, and the log says why."""
+    if not done and not failed:  # no transaction: dispatch asks about every job it opens
+        return
+    try:
+        with store.write():
+            store.conn.executemany(f"DELETE FROM {table} WHERE {key} = ?", [(i,) for i in done])
             store.conn.executemany(
-                "DELETE FROM job_files_due WHERE job_id = ?", [(i,) for i in written]
-            )
-            store.conn.executemany(
-                "UPDATE job_files_due SET error = ? WHERE job_id = ?",
+                f"UPDATE {table} SET error = ? WHERE {key} = ?",
                 [(e, i) for i, e in failed.items()],
             )
-    return len(written)
+    except sqlite3.Error as exc:
+        logs.get().warning(
+            "files_due.not_cleared",
+            table=table,
+            rows=len(done) + len(failed),
+            error=str(exc),
+            recovery="the files are written again at the next tick",
+        )
 
 
 def write_each(
