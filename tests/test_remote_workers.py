@@ -62,6 +62,21 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def dispatched_message(kb) -> dict:
+    """The review message the control process sends for one note and one gate."""
+    from orchestrator.control.control import Control
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    Control(ws, send_review=sent.append).dispatch()
+    ws.close()
+    (msg,) = sent
+    return msg
+
+
 def small(kb, notes: int = 2) -> None:
     kb.gate("prose/body-check", ["body"])
     for i in range(notes):
@@ -285,16 +300,9 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
 
 def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
     from orchestrator.config import load_settings
-    from orchestrator.control.control import Control
     from workers import tasks
 
-    kb.gate("prose/body-check", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
-    sent: list[dict] = []
-    Control(ws, send_review=sent.append).dispatch()
-    (msg,) = sent
+    msg = dispatched_message(kb)
     assert f"`{msg['output_shown']}`" in msg["prompt"]  # the control's path, in backticks
     profile = load_settings(kb.root).reviewer("offline")
     spec = tasks._prepare(tmp_path / "attempt", msg, profile, None)
@@ -303,7 +311,6 @@ def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
     assert spec.root == spec.job_dir == tmp_path / "attempt"  # no KB: the folder is all
     manifest = json.loads((spec.job_dir / "MANIFEST.json").read_text())
     assert [p["gate_id"] for p in manifest["pairs"]] == ["prose/body-check"]
-    ws.close()
 
 
 def test_a_dispatch_nudge_taken_into_a_batch_of_heartbeats_still_dispatches(kb, monkeypatch):
@@ -364,17 +371,9 @@ def test_even_a_quick_agent_announces_its_launch_before_its_outcome(kb, tmp_path
     that dies before the outcome must leave a 'running' attempt (reaped after one lease),
     not a 'dispatched' one (left for lease + timeout)."""
     from orchestrator.config import load_settings
-    from orchestrator.control.control import Control
     from workers import tasks
 
-    kb.gate("prose/body-check", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
-    reviews: list[dict] = []
-    Control(ws, send_review=reviews.append).dispatch()
-    ws.close()
-    msg = {**reviews[0], "reviewer": "fake", "heartbeat_s": 30.0}
+    msg = {**dispatched_message(kb), "reviewer": "fake", "heartbeat_s": 30.0}
     config = worker_toml(tmp_path / "w.toml", "redis://127.0.0.1:1/0")
     place = tasks.WorkerPlace(load_settings(tmp_path, tmp_path / "w", config), tmp_path / "w")
     sent: list[tuple[str, dict]] = []

@@ -262,13 +262,7 @@ class Control:
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
                     # dispatched, started, ended even when both waited together.
-                    self.log.info(
-                        "attempt.started",
-                        job_id=h["job_id"],
-                        attempt=h["attempt"],
-                        worker=h["worker"],
-                        host=h.get("host", ""),
-                    )
+                    self._log_started(h)
             for o in outcomes:
                 self._on_outcome(o)
 
@@ -417,13 +411,18 @@ class Control:
             ),
         ).fetchone()
         if row is not None:
-            self.log.info(
-                "attempt.started",
-                job_id=o["job_id"],
-                attempt=o["attempt"],
-                worker=o.get("worker"),
-                host=o.get("host", ""),
-            )
+            self._log_started(o)
+
+    def _log_started(self, msg: dict) -> None:
+        """``attempt.started`` from a worker's message: its "launched" heartbeat or, when
+        that did not come first, its outcome."""
+        self.log.info(
+            "attempt.started",
+            job_id=msg["job_id"],
+            attempt=msg["attempt"],
+            worker=msg.get("worker"),
+            host=msg.get("host", ""),
+        )
 
     def _finalize(self, job, attempt: int, o: dict) -> None:
         output = o.get("output")
