@@ -85,7 +85,9 @@ class QueueSettings:
     launch_failures_before_pause: int = 5
     pause_seconds: float = 900.0
     launch_backoff_seconds: float = 5.0
-    poll_seconds: float = 0.05  # how often an idle SQLite consumer looks at its queue
+    # How long an idle SQLite consumer waits for its queue's doorbell before it looks anyway
+    # (without a doorbell: how often it looks).
+    poll_seconds: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -427,7 +429,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         launch_failures_before_pause=q.count("launch_failures_before_pause", 5),
         pause_seconds=q.duration("pause_seconds", 900),
         launch_backoff_seconds=q.duration("launch_backoff_seconds", 5),
-        poll_seconds=q.duration("poll_seconds", 0.05),
+        poll_seconds=q.duration("poll_seconds", 1.0),
     )
     if queue.url and not queue.url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(

@@ -30,6 +30,18 @@ class AlreadyRunning(RuntimeError):
     pass
 
 
+class QueueConsumer(Consumer):
+    """Huey's consumer, whose stop also wakes the threads waiting on a SQLite queue's
+    doorbell, so a stop is not held up by their wait (``poll_seconds``)."""
+
+    def stop(self, graceful=False):  # noqa: ANN001, ANN201 - Huey's signature
+        self.stop_flag.set()
+        bell = getattr(self.huey.storage, "bell", None)
+        if bell is not None:
+            bell.interrupt()
+        super().stop(graceful)
+
+
 def worker_folder(settings: Settings) -> Path:
     """A worker's private folder: ``--state`` itself on a machine of its own; but when that
     folder is a control process's (it holds state.db or control.lock, or the queue is SQLite
@@ -55,7 +67,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             "worker.reaped_orphans", process_groups=orphans, reason="their worker died"
         )
     poll = settings.queue.poll_seconds
-    consumer = Consumer(
+    consumer = QueueConsumer(
         app.review,
         workers=workers,
         periodic=False,
@@ -105,7 +117,7 @@ def run_control(ws: Workspace) -> None:
     control = Control(ws, send_review=lambda msg: send("run_review", msg), hooks=FollowUp(ws))
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
-    consumer = Consumer(
+    consumer = QueueConsumer(
         app.control, workers=1, periodic=False, initial_delay=poll, backoff=1.0, max_delay=poll
     )
     stop = threading.Event()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from huey import RedisHuey, SqliteHuey
@@ -20,6 +21,8 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 
 from orchestrator import logs
 from orchestrator.config import Settings
+
+from .doorbell import Doorbell
 
 _MAX_PAUSE = 2.0
 _app: App | None = None
@@ -69,12 +72,32 @@ class _PatientReads:
 class QueueStorage(_PatientReads, SqliteStorage):
     """Huey's SQLite storage at synchronous=NORMAL: in WAL mode still safe against a
     crashed process (only a power cut can lose the last messages, and the reaper resends
-    what state.db says was not done), without an fsync for each of a job's messages."""
+    what state.db says was not done), without an fsync for each of a job's messages.
+
+    With a :class:`~workers.doorbell.Doorbell` beside the file it is a blocking storage,
+    like Redis's: an empty read waits for a ring (or ``idle_look`` seconds, for a sender
+    that could not ring) instead of the consumer sleeping a fixed poll."""
+
+    def __init__(self, name, filename, idle_look=1.0, **kwargs):  # noqa: ANN001 - Huey's
+        super().__init__(name, filename, **kwargs)
+        self.idle_look = idle_look
+        self.bell = Doorbell(Path(filename).with_suffix(".bell"))
+        self.blocking = self.bell.usable
 
     def _create_connection(self):  # noqa: ANN202 - Huey's signature
         conn = super()._create_connection()
         conn.execute("pragma synchronous=1")
         return conn
+
+    def enqueue(self, data, priority=None):  # noqa: ANN001, ANN201 - Huey's signature
+        super().enqueue(data, priority)
+        self.bell.ring()
+
+    def dequeue(self):  # noqa: ANN201 - Huey's signature
+        data = super().dequeue()
+        if data is None and self.blocking:
+            self.bell.wait(self.idle_look)
+        return data
 
 
 class RedisQueueStorage(_PatientReads, RedisStorage):
@@ -103,6 +126,7 @@ def huey_for(settings: Settings, queue: str) -> Huey:
         utc=True,
         timeout=30,
         storage_class=QueueStorage,
+        idle_look=settings.queue.poll_seconds,
     )
 
 

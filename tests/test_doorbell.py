@@ -1,0 +1,135 @@
+"""The SQLite queues' doorbell (workers/doorbell.py): a message wakes an idle consumer at
+once instead of at its next look, and a stopping consumer does not wait out its look."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+
+from huey import SqliteHuey
+from structlog.testing import capture_logs
+
+from orchestrator import logs
+from workers.consumers import QueueConsumer
+from workers.doorbell import Doorbell
+from workers.queues import QueueStorage
+
+from .conftest import PROJECT
+
+LONG = 60.0  # a look this long would fail every bounded wait below
+
+
+def test_a_ring_before_the_wait_is_kept_for_it(tmp_path):
+    bell = Doorbell(tmp_path / "q.bell")
+    bell.ring()
+    assert bell.wait(LONG) is True
+
+
+def test_one_ring_wakes_one_of_several_waiters(tmp_path):
+    bell = Doorbell(tmp_path / "q.bell")
+    results: list[bool] = []
+    done = threading.Condition()
+
+    def waiter() -> None:
+        woke = bell.wait(LONG)
+        with done:
+            results.append(woke)
+            done.notify_all()
+
+    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    for t in threads:
+        t.start()
+    bell.ring()
+    with done:
+        assert done.wait_for(lambda: results, timeout=20), "no waiter took the ring"
+    bell.interrupt()  # the other two
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(results) == [False, False, True]
+
+
+def test_a_message_from_another_process_wakes_a_waiting_consumer(tmp_path):
+    """The consumer's look is a minute away; the sender's ring brings the message at once."""
+    db = tmp_path / "review.db"
+    storage = QueueStorage("review", str(db), idle_look=LONG)
+    assert storage.blocking
+    waiting, woke, got = threading.Event(), [], []
+    plain_wait = storage.bell.wait
+
+    def watched_wait(timeout: float) -> bool:
+        waiting.set()
+        woke.append(plain_wait(timeout))
+        return woke[-1]
+
+    storage.bell.wait = watched_wait  # type: ignore[method-assign]
+
+    def consume() -> None:
+        for _ in range(3):  # empty and wait; woken; the message
+            data = storage.dequeue()
+            if data is not None:
+                got.append(data)
+                return
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    try:
+        assert waiting.wait(20), "the consumer never waited on its bell"
+        sender = (
+            "import sys; from workers.queues import QueueStorage; "
+            "QueueStorage('review', sys.argv[1]).enqueue(b'hello', 0)"
+        )
+        subprocess.run([sys.executable, "-c", sender, str(db)], cwd=PROJECT, check=True, timeout=60)
+        consumer.join(20)
+        assert not consumer.is_alive(), "the ring did not wake the consumer"
+    finally:
+        storage.bell.interrupt()
+        consumer.join(20)
+    assert woke[0] is True and got == [b"hello"]
+
+
+def test_a_bell_that_is_not_a_fifo_leaves_the_queue_polling_and_says_so(tmp_path):
+    (tmp_path / "review.bell").write_text("not a fifo\n")
+    logs.get()  # configured before the capture, not inside it
+    with capture_logs() as logged:
+        storage = QueueStorage("review", str(tmp_path / "review.db"), idle_look=LONG)
+        storage.enqueue(b"m", 0)  # the ring is skipped, the message kept
+        storage.enqueue(b"n", 0)
+    assert storage.blocking is False  # Huey's consumer sleeps poll_seconds between looks
+    assert [storage.dequeue(), storage.dequeue(), storage.dequeue()] == [b"m", b"n", None]
+    warned = [e for e in logged if e["event"] == "queue.doorbell_unavailable"]
+    assert len(warned) == 1 and "not a FIFO" in warned[0]["error"]
+    assert (tmp_path / "review.bell").read_text() == "not a fifo\n"
+
+
+def test_a_stopping_consumer_does_not_wait_out_its_look(tmp_path):
+    """A graceful stop of Huey's consumer joins its threads; they wait on the bell for a
+    minute, so the stop must wake them (Huey's own stop flag cannot)."""
+    huey = SqliteHuey(
+        "review", filename=str(tmp_path / "review.db"), storage_class=QueueStorage, idle_look=LONG
+    )
+    entered = threading.Semaphore(0)
+    plain_wait = huey.storage.bell.wait
+
+    def watched_wait(timeout: float) -> bool:
+        entered.release()
+        return plain_wait(timeout)
+
+    huey.storage.bell.wait = watched_wait  # type: ignore[method-assign]
+    consumer = QueueConsumer(huey, workers=3, periodic=False, initial_delay=LONG, max_delay=LONG)
+    consumer.shutdown_timeout = 20  # a broken stop returns after this, its threads alive
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        consumer.start()
+        for _ in range(3):
+            assert entered.acquire(timeout=20), "a consumer thread never waited on its bell"
+        consumer.stop(graceful=True)
+        threads = [t for _, t in consumer.worker_threads]
+        assert not any(t.is_alive() for t in threads), "a thread still waits on its bell"
+    finally:
+        consumer.stop_flag.set()
+        huey.storage.bell.interrupt()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
