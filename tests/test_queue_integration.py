@@ -336,6 +336,26 @@ def redis_url(tmp_path):
     proc.wait(timeout=10)
 
 
+def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
+    """The sweep uses the control process already running, whose next tick is ten minutes
+    away: the sweep asks it to dispatch, so the jobs do not wait for that tick."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + "[queue]\nreaper_seconds = 600\n")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    try:
+        first = rq(kb, "sweep", "--reviewer", "fake", "--json", timeout=60)
+        assert first.returncode == 0, first.stderr  # the control's first tick has passed
+        kb.note("later", body="Written after the first sweep.\n")
+        second = rq(kb, "sweep", "--reviewer", "fake", "--json", timeout=60)
+        assert second.returncode == 0, second.stderr
+    finally:
+        control.send_signal(signal.SIGINT)
+        control.wait(timeout=30)
+    assert json.loads(second.stdout)["jobs"]["fake"]["completed"] == 2
+    assert control.returncode == 0
+
+
 def test_sweep_on_redis_with_two_worker_processes(kb, redis_url):
     small_kb(kb, notes=6)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')

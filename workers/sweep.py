@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
+from orchestrator.config import Settings
 from orchestrator.state.status import (
     Pause,
     Progress,
@@ -29,6 +30,9 @@ from orchestrator.state.status import (
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
+
+from .app import make_app
+from .queues import send_once
 
 POLL_S = 0.2  # how often the progress display reads state.db
 
@@ -162,13 +166,25 @@ class Children:
             f.close()
 
 
+def _nudge(settings: Settings) -> None:
+    """Ask the control process to dispatch now: it started, or already ran, before the
+    jobs existed. Once: if the queue cannot take it, the control's next tick dispatches."""
+    try:
+        make_app(settings)
+        send_once("dispatch")
+    except Exception as exc:
+        logs.get().warning("sweep.nudge_failed", error=str(exc), recovery="the next tick dispatches")
+
+
 def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) -> SweepOutcome:
     store = ws.store
     start_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM review_jobs").fetchone()[0]
-    enqueued = enqueue(ws, req)
+    ws.settings.reviewer(req.reviewer)  # an unknown profile is refused before any child starts
     children = Children(ws, workers)
-    children.start()
+    children.start()  # their start-up overlaps the selection below
     try:
+        enqueued = enqueue(ws, req)
+        _nudge(ws.settings)
         while True:
             paused = paused_reviewers(ws.store, utcnow())
             p = progress(store, start_id, set(paused), over_budget_runs(store))
