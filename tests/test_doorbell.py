@@ -4,11 +4,13 @@ once instead of at its next look, and a stopping consumer does not wait out its 
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 
 from huey import SqliteHuey
+from huey.constants import EmptyData
 from structlog.testing import capture_logs
 
 from orchestrator import logs
@@ -133,3 +135,25 @@ def test_a_stopping_consumer_does_not_wait_out_its_look(tmp_path):
         huey.storage.bell.interrupt()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def test_a_task_without_a_revoke_flag_takes_no_write_lock_after_it_runs(tmp_path):
+    """Huey clears a task's revoke flag after every task; with none set (reviewq never
+    revokes) that must not wait for the queue file's write lock, which others hold."""
+    db = tmp_path / "review.db"
+    storage = QueueStorage("review", str(db), timeout=30)
+    storage.put_data("r:flagged", b"1")
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process mid-enqueue
+    answers: list[bool] = []
+    clearing = threading.Thread(target=lambda: answers.append(storage.delete_data("r:none")))
+    clearing.start()
+    clearing.join(10)
+    waited = clearing.is_alive()
+    holder.execute("ROLLBACK")
+    clearing.join(60)
+    holder.close()
+    assert not waited, "clearing an absent flag waited for the write lock"
+    assert answers == [False]
+    assert storage.delete_data("r:flagged") is True  # a flag that is set is still cleared
+    assert storage.peek_data("r:flagged") is EmptyData

@@ -93,6 +93,16 @@ class QueueStorage(_PatientReads, SqliteStorage):
         super().enqueue(data, priority)
         self.bell.ring()
 
+    def delete_data(self, key):  # noqa: ANN001, ANN201 - Huey's signature
+        # Huey clears a task's revoke flag after every task it runs, in an exclusive
+        # transaction on the queue file, which each worker thread and the control then wait
+        # on in turn. reviewq never revokes a task: look first, with a read.
+        if not self.sql(
+            "select 1 from kv where queue = ? and key = ? limit 1", (self.name, key), results=True
+        ):
+            return False
+        return super().delete_data(key)
+
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         data = super().dequeue()
         if data is None and self.blocking:
