@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -151,18 +152,28 @@ def reviewq_process(
     input: str | None = None,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess:
-    """Run the real ``reviewq`` console script as a process."""
+    """Run the real ``reviewq`` console script as a process. In a session of its own, so
+    that a run past ``timeout`` is killed with what it started (a sweep's control and
+    worker) instead of leaving them behind."""
     exe = Path(sys.executable).parent / "reviewq"
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
+    with subprocess.Popen(
         [str(exe), *args],
         cwd=cwd,
         env=full_env,
-        input=input,
-        capture_output=True,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="session")
