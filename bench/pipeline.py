@@ -33,6 +33,12 @@ and stderr file is searched for "database is locked" (and error-level lines are 
     .venv/bin/python bench/pipeline.py                  # 1,000 jobs, both agents, ~2 min
     .venv/bin/python bench/pipeline.py --jobs 50        # smoke, about 30 s
     .venv/bin/python bench/pipeline.py --agent sh --repeat 3 --no-locking
+    .venv/bin/python bench/pipeline.py --agent sh --no-locking --dir /dev/shm/pb  # on tmpfs
+
+Where the work folder is matters: a pipeline job creates ~15 files, a bare-loop job one.
+On an ext4 without a journal (this project's VM), creating inodes slows down as deleted
+ones pile up (the kernel skips recently deleted inodes), so runs on / drift slower by up to
+2x within an hour of benchmarking; on tmpfs they do not.
 
 Exit status: 0 when every run completed all its jobs (targets are reported, not
 enforced), 1 when a run failed.
