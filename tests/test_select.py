@@ -392,3 +392,40 @@ def test_memo_answers_only_an_identical_question(small, run_cli):
     small.gate("prose/body-check", ["body"], body="## Failure mode\n\nNew.\n\n## Test\n\nNew.\n")
     d = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
     assert d["counts"]["gate-changed"] == 2
+
+
+def test_a_note_folder_above_the_note_roots_selects_only_notes(small, run_cli, monkeypatch):
+    """``--note kb`` holds the gates and the KB's README too: they are not notes."""
+    monkeypatch.chdir(small.root)  # --note paths are taken from the working folder first
+    small.write("kb/README.md", "# About this KB\n")
+    whole = run_cli("select", "--all-gates", "--model", "m1", "--json", "--note", "kb")
+    assert whole.exit_code == 0, whole.stderr
+    picked = {t["note_path"] for t in whole.json()["targets"]}
+    assert picked == {"kb/notes/alpha.md", "kb/notes/beta.md"}
+
+
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ("kb/notes/alhpa.md", "no such note file or folder in the KB"),
+        ("kb/notes/gone", "no such note file or folder in the KB"),
+        ("kb/README.md", "not under the note roots (kb/notes)"),
+        ("kb/instructions", "not under the note roots (kb/notes)"),
+        ("kb/notes/data.txt", "not a note (notes are .md files)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["select", "enqueue"])
+def test_a_note_path_that_names_no_note_is_refused_in_one_line(
+    small, run_cli, monkeypatch, command, given, reason
+):
+    """A typo in ``--note`` used to select nothing and say "0 pairs", read as all fresh."""
+    monkeypatch.chdir(small.root)
+    small.write("kb/README.md", "# About this KB\n")
+    small.write("kb/notes/data.txt", "not a note\n")
+    args = ["--model", "m1"] if command == "select" else ["--reviewer", "offline"]
+    res = run_cli(command, "--all-gates", *args, "--note", given)
+    assert res.exit_code != 0
+    assert res.stderr.strip().splitlines() == [f"error: --note {given}: {reason}"]
+    if command == "enqueue":
+        with Store.open(small.state) as store:
+            assert store.conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0

@@ -112,7 +112,7 @@ def select_cmd(
         raise click.UsageError(
             "--all-gates selects every catalog gate: name no bundle or gate id with it"
         )
-    note_paths = [ws.kb.rel(n) for n in notes] if notes else None
+    note_paths = ws.kb.note_selection(notes) if notes else None
     result = select(
         ws.kb,
         ws.catalog(),

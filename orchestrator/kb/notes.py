@@ -314,7 +314,9 @@ class KB:
         path = Path(root).resolve()
         if not path.is_dir():
             raise KBError(f"KB root {root} is not a folder")
-        return cls(path, tuple(note_roots))
+        # "kb/notes/" and "./kb/notes" name the root "kb/notes" that paths are compared with.
+        roots = (posixpath.normpath(r).strip("/") for r in note_roots)
+        return cls(path, tuple("" if r == "." else r for r in roots))
 
     # --- paths -------------------------------------------------------------------------
     def rel(self, path: str | os.PathLike) -> str:
@@ -330,6 +332,28 @@ class KB:
         except ValueError:
             raise KBError(f"{path}: outside the KB root {self.root}") from None
         return "" if str(rel) == "." else rel.as_posix()
+
+    def note_selection(self, paths: Iterable[str | os.PathLike]) -> list[str]:
+        """User-given note files or folders (``--note``), root-relative. One that is not
+        there is refused: silently selecting nothing reads as "all fresh"."""
+        rels = []
+        for path in paths:
+            rel = self.rel(path)
+            target = self.root / rel
+            if not target.exists():
+                raise KBError(f"--note {path}: no such note file or folder in the KB")
+            if target.is_file() and target.suffix != ".md":
+                raise KBError(f"--note {path}: not a note (notes are .md files)")
+            if not self.in_note_roots(rel) and not any(
+                r.startswith(f"{rel}/") or not rel for r in self.note_roots
+            ):
+                roots = ", ".join(self.note_roots)
+                raise KBError(f"--note {path}: not under the note roots ({roots})")
+            rels.append(rel)
+        return rels
+
+    def in_note_roots(self, rel: str) -> bool:
+        return any(not r or rel == r or rel.startswith(f"{r}/") for r in self.note_roots)
 
     def check_rel(self, rel: str) -> str:
         """Refuse a root-relative path that escapes the root: ``..``, absolute, or through
@@ -352,7 +376,8 @@ class KB:
 
     # --- notes -------------------------------------------------------------------------
     def note_files(self, under: Iterable[str] | None = None) -> list[str]:
-        """Root-relative paths of every note under the note roots (or the given paths)."""
+        """Root-relative paths of every note under the note roots (or the given paths, of
+        which only what lies under a note root: ``kb`` holds the gates too)."""
         found: set[str] = set()
         for start in under if under is not None else self.note_roots:
             base = self.root / start
@@ -361,6 +386,8 @@ class KB:
                     found.add(self.check_rel(start))
                 continue
             found.update(self.walk(base, self.problems))
+        if under is not None:
+            found = {rel for rel in found if self.in_note_roots(rel)}
         return sorted(found)
 
     def walk(self, base: Path, problems: list[FileProblem]) -> Iterator[str]:

@@ -81,7 +81,7 @@ def enqueue(
     for role in (req.fixer, req.auditor):
         if role:
             ws.settings.reviewer(role)
-    note_paths = [ws.kb.rel(n) for n in req.notes] if req.notes else None
+    note_paths = ws.kb.note_selection(req.notes) if req.notes else None
     selected_at_version = ws.store.acceptance_version()
     selection = select(
         ws.kb,
