@@ -3,14 +3,19 @@ once instead of at its next look, and a stopping consumer does not wait out its 
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import termios
 import threading
 
 from huey import SqliteHuey
 from huey.constants import EmptyData
+from huey.storage import SqliteStorage
 from structlog.testing import capture_logs
 
 from orchestrator import logs
@@ -130,6 +135,8 @@ def test_a_stopping_consumer_does_not_wait_out_its_look(tmp_path):
         consumer.stop(graceful=True)
         threads = [t for _, t in consumer.worker_threads]
         assert not any(t.is_alive() for t in threads), "a thread still waits on its bell"
+        # An interrupted bell returns at once: a look after the stop must not spin on it.
+        assert huey.storage.blocking is False
     finally:
         consumer.stop_flag.set()
         huey.storage.bell.interrupt()
@@ -157,3 +164,96 @@ def test_a_task_without_a_revoke_flag_takes_no_write_lock_after_it_runs(tmp_path
     assert answers == [False]
     assert storage.delete_data("r:flagged") is True  # a flag that is set is still cleared
     assert storage.peek_data("r:flagged") is EmptyData
+
+
+def _waiting_bytes(bell: Doorbell) -> int:
+    buf = bytearray(4)
+    fcntl.ioctl(bell._fd, termios.FIONREAD, buf)
+    return int.from_bytes(buf, sys.byteorder)
+
+
+def test_bytes_left_by_a_busy_consumer_are_dropped_before_an_idle_wait(tmp_path):
+    """A busy consumer takes messages without their bytes; going idle, one consumer drops
+    them instead of making one empty look per byte, each waking every waiter."""
+    storage = QueueStorage("review", str(tmp_path / "review.db"), idle_look=0.05)
+    for i in range(300):
+        storage.enqueue(b"m%d" % i, 0)
+    taken = [SqliteStorage.dequeue(storage) for _ in range(300)]  # the busy thread's looks
+    assert None not in taken and _waiting_bytes(storage.bell) == 300
+    assert storage.dequeue() is None  # idle: drops them, looks again, waits out its look
+    assert _waiting_bytes(storage.bell) == 0
+
+
+def test_a_consumer_that_finds_a_message_passes_the_wake_up_on(tmp_path):
+    """Two messages, one byte (the other dropped with stale ones by a drain): the consumer
+    woken by it takes one message and rings, so the second waiting consumer takes the
+    other at once, not at its next look a minute later."""
+    db = str(tmp_path / "review.db")
+    consumers = [QueueStorage("review", db, idle_look=LONG) for _ in range(2)]
+    waiting = threading.Semaphore(0)
+    got: list[bytes] = []
+    for c in consumers:
+        plain_wait = c.bell.wait
+
+        def watched_wait(timeout: float, plain_wait=plain_wait) -> bool:
+            waiting.release()
+            return plain_wait(timeout)
+
+        c.bell.wait = watched_wait  # type: ignore[method-assign]
+
+    def take(c: QueueStorage) -> None:
+        for _ in range(4):
+            data = c.dequeue()
+            if data is not None:
+                got.append(data)
+                return
+
+    threads = [threading.Thread(target=take, args=(c,)) for c in consumers]
+    for t in threads:
+        t.start()
+    try:
+        for _ in consumers:
+            assert waiting.acquire(timeout=20), "a consumer never waited on its bell"
+        SqliteStorage.enqueue(consumers[0], b"a", 0)
+        SqliteStorage.enqueue(consumers[0], b"b", 0)
+        consumers[0].bell.ring()  # one byte for two messages
+        for t in threads:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads), "the wake-up was not passed on"
+    finally:
+        for c in consumers:
+            c.bell.interrupt()
+        for t in threads:
+            t.join(20)
+    assert sorted(got) == [b"a", b"b"]
+
+
+def test_a_bell_without_its_stop_pipe_is_not_used_half_made(tmp_path, monkeypatch):
+    """No pipe for the stop (out of descriptors): the bell is unusable as a whole, its
+    FIFO closed, and the queue polls; it never waits on half a bell."""
+    def no_pipe() -> tuple[int, int]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "pipe", no_pipe)
+    before = len(os.listdir("/proc/self/fd"))
+    storage = QueueStorage("review", str(tmp_path / "review.db"), idle_look=LONG)
+    assert storage.blocking is False and storage.bell.usable is False
+    assert storage.bell.wait(LONG) is False  # at once, without an error
+    storage.enqueue(b"m", 0)
+    assert storage.dequeue() == b"m"
+    storage.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_bell_made_again_on_disk_is_followed(tmp_path):
+    """The bell deleted and made again while a consumer waits (say by a clean-up while
+    it ran): the consumer's wait runs out, it opens the new bell, and a ring on the new
+    one reaches it."""
+    path = tmp_path / "review.bell"
+    waiter = Doorbell(path)
+    assert waiter.usable
+    path.unlink()
+    sender = Doorbell(path)  # a process started later makes a new FIFO
+    sender.ring()
+    woke = [waiter.wait(0.2) for _ in range(3)]
+    assert True in woke

@@ -38,6 +38,8 @@ class QueueConsumer(Consumer):
         self.stop_flag.set()
         bell = getattr(self.huey.storage, "bell", None)
         if bell is not None:
+            # Interrupted, a wait returns at once: Huey's own pause between looks comes back.
+            self.huey.storage.blocking = False
             bell.interrupt()
         super().stop(graceful)
 

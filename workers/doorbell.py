@@ -2,18 +2,25 @@
 instead of at its next look (Redis queues have BRPOP for this).
 
 The bell is a FIFO (``review.bell`` next to ``review.db``). Every enqueue writes one byte
-to it; an idle consumer thread waits in ``poll()`` on it and takes one byte before it
-looks at the queue again. A byte stays in the pipe until some consumer takes it, so a
-message sent just before a consumer starts to wait still wakes it; a byte whose message
-another thread took first costs one empty look. Every process opens the FIFO read-write,
-so a ring never blocks or fails for want of a reader, and a waiter never sees end-of-file.
+to it after its commit; an idle consumer thread waits in ``poll()`` on it and takes one
+byte before it looks at the queue again. A byte stays in the pipe until some consumer
+takes it, so a message sent just before a consumer starts to wait still wakes it. Every
+process opens the FIFO read-write, so a ring never blocks or fails for want of a reader,
+and a waiter never sees end-of-file.
+
+A busy consumer takes messages without taking their bytes, so bytes pile up behind a
+burst. A consumer that is about to wait therefore first drops the bytes waiting
+(:meth:`Doorbell.drain`) and looks once more, and a consumer that found a message after a
+drain or a wake-up rings once to pass the wake-up on, for a message whose byte was dropped.
 
 A process-local pipe is polled beside it: :meth:`Doorbell.interrupt` (a consumer
 stopping) wakes every waiting thread of this process and keeps them from waiting again.
 
 Where a FIFO cannot be made or opened (a file system without them, not POSIX), the bell
-is unusable: the consumer looks at its queue every ``poll_seconds`` as before, and one
-``queue.doorbell_unavailable`` warning says so.
+is unusable: the consumer looks at its queue every ``poll_seconds``, and one
+``queue.doorbell_unavailable`` warning says so. A bell replaced on disk while processes
+run (deleted and made again by a new process) is opened again by a waiter whose wait ran
+out and by a sender at most once a second.
 """
 
 from __future__ import annotations
@@ -30,16 +37,17 @@ from pathlib import Path
 from orchestrator import logs
 
 _EMPTY = (BlockingIOError, InterruptedError)
+_RECHECK_S = 1.0  # how often a sender checks that the bell on disk is still its own
 
 
 class Doorbell:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
-        self._stop_r: int | None = None
-        self._stop_w: int | None = None
+        self._stop_r = self._stop_w = -1
         self._lock = threading.Lock()
         self._broken = False
+        self._checked_at = 0.0
 
     @property
     def usable(self) -> bool:
@@ -50,10 +58,16 @@ class Doorbell:
             return self._fd
         with self._lock:
             if self._fd is None and not self._broken:
+                fd = stop_r = stop_w = -1
                 try:
-                    self._fd = self._make()
-                    self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-                except (OSError, AttributeError) as exc:
+                    fd = self._make()
+                    stop_r, stop_w = os.pipe()  # not inherited by agents (PEP 446)
+                    os.set_blocking(stop_r, False)
+                    os.set_blocking(stop_w, False)
+                except OSError as exc:
+                    for f in (fd, stop_r, stop_w):
+                        if f >= 0:
+                            os.close(f)
                     self._broken = True
                     logs.get().warning(
                         "queue.doorbell_unavailable",
@@ -61,6 +75,10 @@ class Doorbell:
                         error=str(exc),
                         fallback="looking at the queue every poll_seconds",
                     )
+                else:
+                    # The stop pipe first: a thread that sees the FIFO sees the pipe too.
+                    self._stop_r, self._stop_w = stop_r, stop_w
+                    self._fd = fd
         return self._fd
 
     def _make(self) -> int:
@@ -72,13 +90,45 @@ class Doorbell:
             raise OSError(errno.EINVAL, "exists and is not a FIFO")
         return fd
 
+    def _still_ours(self, fd: int) -> int:
+        """The FIFO to use: ``fd``, or the bell now on disk if it was replaced. The old
+        descriptor stays open: another thread may be polling it."""
+        self._checked_at = time.monotonic()
+        try:
+            if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                return fd
+            with self._lock:
+                if self._fd == fd:
+                    self._fd = self._make()
+                    logs.get().warning("queue.doorbell_replaced", path=str(self.path))
+                return self._fd
+        except OSError:
+            return fd  # gone or unreadable: the next check tries again
+
     def ring(self) -> None:
         """Say one message was sent. Never blocks; a full pipe already wakes everyone."""
         fd = self._open()
         if fd is None:
             return
-        with contextlib.suppress(_EMPTY):
+        if time.monotonic() - self._checked_at >= _RECHECK_S:
+            fd = self._still_ours(fd)
+        with contextlib.suppress(*_EMPTY):
             os.write(fd, b"\0")
+
+    def drain(self) -> int:
+        """Drop the bytes waiting (their messages were taken, or are about to be looked
+        for by the caller); how many there were."""
+        fd = self._open()
+        dropped = 0
+        while fd is not None:
+            try:
+                got = len(os.read(fd, 65536))
+            except _EMPTY:
+                break
+            dropped += got
+            if got < 65536:
+                break
+        return dropped
 
     def wait(self, timeout: float) -> bool:
         """Block until this thread takes a ring (True) or ``timeout`` seconds pass or the
@@ -94,6 +144,7 @@ class Doorbell:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                self._still_ours(fd)
                 return False
             ready = {f for f, _ in poller.poll(left * 1000)}
             if self._stop_r in ready:
@@ -108,5 +159,5 @@ class Doorbell:
     def interrupt(self) -> None:
         """Wake every thread waiting here, now and later: the consumer is stopping."""
         if self._open() is not None:
-            with contextlib.suppress(_EMPTY):
+            with contextlib.suppress(*_EMPTY):
                 os.write(self._stop_w, b"\0")

@@ -105,8 +105,21 @@ class QueueStorage(_PatientReads, SqliteStorage):
 
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         data = super().dequeue()
-        if data is None and self.blocking:
-            self.bell.wait(self.idle_look)
+        if data is not None or not self.blocking:
+            return data
+        # About to wait: the bytes waiting are stale (their messages were taken without
+        # them) unless a message came since the look above, so drop them and look again.
+        if self.bell.drain():
+            data = super().dequeue()
+        if data is None:
+            if not self.bell.wait(self.idle_look):
+                return None
+            data = super().dequeue()
+            if data is None:
+                return None
+        # Found after a drain or a wake-up: another message's byte may have been dropped
+        # with the stale ones, so wake one more consumer to look.
+        self.bell.ring()
         return data
 
 
