@@ -12,6 +12,7 @@ import subprocess
 import sys
 import termios
 import threading
+from collections.abc import Callable
 
 from huey import SqliteHuey
 from huey.constants import EmptyData
@@ -26,6 +27,21 @@ from workers.queues import QueueStorage
 from .conftest import PROJECT
 
 LONG = 60.0  # a look this long would fail every bounded wait below
+
+
+def _watch_waits(bell: Doorbell, on_wait: Callable[[], object], woke: list | None = None) -> None:
+    """Call ``on_wait`` as a thread starts to wait on ``bell`` (so a test knows it waits);
+    each wait's answer goes to ``woke``."""
+    plain_wait = bell.wait
+
+    def watched_wait(timeout: float) -> bool:
+        on_wait()
+        answer = plain_wait(timeout)
+        if woke is not None:
+            woke.append(answer)
+        return answer
+
+    bell.wait = watched_wait  # type: ignore[method-assign]
 
 
 def test_a_ring_before_the_wait_is_kept_for_it(tmp_path):
@@ -64,14 +80,7 @@ def test_a_message_from_another_process_wakes_a_waiting_consumer(tmp_path):
     storage = QueueStorage("review", str(db), idle_look=LONG)
     assert storage.blocking
     waiting, woke, got = threading.Event(), [], []
-    plain_wait = storage.bell.wait
-
-    def watched_wait(timeout: float) -> bool:
-        waiting.set()
-        woke.append(plain_wait(timeout))
-        return woke[-1]
-
-    storage.bell.wait = watched_wait  # type: ignore[method-assign]
+    _watch_waits(storage.bell, waiting.set, woke)
 
     def consume() -> None:
         for _ in range(3):  # empty and wait; woken; the message
@@ -118,13 +127,7 @@ def test_a_stopping_consumer_does_not_wait_out_its_look(tmp_path):
         "review", filename=str(tmp_path / "review.db"), storage_class=QueueStorage, idle_look=LONG
     )
     entered = threading.Semaphore(0)
-    plain_wait = huey.storage.bell.wait
-
-    def watched_wait(timeout: float) -> bool:
-        entered.release()
-        return plain_wait(timeout)
-
-    huey.storage.bell.wait = watched_wait  # type: ignore[method-assign]
+    _watch_waits(huey.storage.bell, entered.release)
     consumer = QueueConsumer(huey, workers=3, periodic=False, initial_delay=LONG, max_delay=LONG)
     consumer.shutdown_timeout = 20  # a broken stop returns after this, its threads alive
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -193,13 +196,7 @@ def test_a_consumer_that_finds_a_message_passes_the_wake_up_on(tmp_path):
     waiting = threading.Semaphore(0)
     got: list[bytes] = []
     for c in consumers:
-        plain_wait = c.bell.wait
-
-        def watched_wait(timeout: float, plain_wait=plain_wait) -> bool:
-            waiting.release()
-            return plain_wait(timeout)
-
-        c.bell.wait = watched_wait  # type: ignore[method-assign]
+        _watch_waits(c.bell, waiting.release)
 
     def take(c: QueueStorage) -> None:
         for _ in range(4):
