@@ -346,19 +346,25 @@ def _story(ws, job_id: int) -> list[tuple[str, str | None]]:
     ]
 
 
-def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb, run_cli):
+def _dispatched(kb, notes: list[str]) -> tuple[Workspace, Control, list[dict]]:
+    """One gate, these notes, their jobs dispatched by a control that logs to the state
+    folder; the review messages it sent."""
     from orchestrator import logs
 
     kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    kb.note("beta")
-    kb.note("gamma")
+    for name in notes:
+        kb.note(name)
     ws = Workspace.open(kb.root)
     logs.configure(ws.state_dir)
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    assert control.dispatch() == 3
+    assert control.dispatch() == len(notes)
+    return ws, control, sent
+
+
+def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb, run_cli):
+    ws, control, sent = _dispatched(kb, ["alpha", "beta", "gamma"])
     quick, slow, together = sent
     # The slow attempt's worker sent the "launched" heartbeat; the quick one's did not.
     beat = {"v": 2, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
@@ -401,16 +407,7 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
 
 
 def test_an_agent_that_never_started_is_not_logged_as_started(kb):
-    from orchestrator import logs
-
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    logs.configure(ws.state_dir)
-    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    control.dispatch()
+    ws, control, sent = _dispatched(kb, ["alpha"])
     # The worker could not start the program: no launch, so no exited_at.
     failed = _outcome(ws, sent[0], classification="launch-failure", output=None, exited_at=0.0)
     control.on_messages([], [failed])
