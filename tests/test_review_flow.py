@@ -473,3 +473,47 @@ def test_run_job_with_the_offline_reviewer(kb, run_cli):
     }
     result = next((kb.state / "jobs").rglob("kb__notes__empty-desc.md--*.md")).read_text()
     assert "offline reviewer" in result and "description region is empty" in result
+
+
+def test_a_third_rejection_finalized_by_hand_is_escalated(flow, run_cli):
+    """SPEC §7 counts rejections however a decision is recorded: the manual path's third
+    FAIL goes to a person, as the control process's would."""
+    for cycle in (1, 2, 3):
+        # A person's edit between the reviews, as a fix's would be: the pair is stale again.
+        flow.write(NOTE_A, flow.read(NOTE_A) + f"Edit {cycle}.\n")
+        job = create(
+            run_cli,
+            select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A),
+            "--grouping",
+            "note",
+        )["jobs"][0]
+        write_output(flow, job, decisions="FAIL")
+        res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+        assert res.exit_code == 0, res.stderr
+        assert ("escalated:" in res.stdout) == (cycle == 3), res.stdout
+    assert f"escalated: {NOTE_A} prose/body-check (escalation 1;" in res.stdout
+    with Store.open(flow.state) as s:
+        escs = s.conn.execute("SELECT note_path, gate_id, cycles FROM escalations").fetchall()
+    assert [tuple(e) for e in escs] == [(NOTE_A, "prose/body-check", 3)]
+    report = (flow.state / "escalations" / "escalation-1.md").read_text()
+    assert report.startswith(f"Gate review: {NOTE_A} — prose/body-check")
+
+
+def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
+    """A job of a ``--fix`` sweep run by hand is followed as a worker's would be: its FAIL
+    note gets a fix job, queued for the control process."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty-desc", description="")
+    res = run_cli("enqueue", "--all-gates", "--reviewer", "offline", "--fix", "--json")
+    assert res.exit_code == 0, res.stderr
+    (job,) = res.json()["jobs"]
+    res = run_cli("run-job", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    with Store.open(kb.state) as s:
+        fixes = s.conn.execute(
+            "SELECT id, note_path, status, source_job_id FROM review_jobs WHERE kind = 'fix'"
+        ).fetchall()
+    assert [tuple(f)[1:] for f in fixes] == [
+        ("kb/notes/empty-desc.md", "queued", job["review_job_id"])
+    ]
+    assert f"follow-up: fix job {fixes[0]['id']} queued" in res.stdout

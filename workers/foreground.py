@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator import logs
 from orchestrator.control.attempts import (
@@ -19,9 +19,8 @@ from orchestrator.control.attempts import (
     requeue_job,
     set_outcome,
 )
-from orchestrator.control.followup import FollowUp
-from orchestrator.cycles.escalations import record_decisions
-from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
+from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
+from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -40,6 +39,7 @@ from .reviewers import AttemptSpec, for_profile
 class ForegroundResult:
     outcome: AttemptOutcome
     finalized: FinalizeResult | None
+    followed: Followed = field(default_factory=Followed)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +88,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
     )
     result: FinalizeResult | None = None
+    followed = Followed()
     record_end(
         store,
         job_id,
@@ -102,22 +103,18 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     if outcome.classification == OUTPUT and opened.kind == "fix":
         result = _apply_fix(ws, job_id, opened.attempt, outcome)
     elif outcome.classification == OUTPUT:
-        result = finalize(
-            store,
-            ws.state_dir,
+        result, followed = finalize_by_hand(
+            ws,
             job_id,
             outcome.output,
+            Provenance(runner=profile.name, telemetry=outcome.telemetry or None),
             attempt=opened.attempt,
-            provenance=Provenance(runner=profile.name, telemetry=outcome.telemetry or None),
-            max_bytes=ws.settings.max_output_bytes,
-            fail_on_invalid=True,
-            within=record_decisions,
         )
     elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
         requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
     else:
         fail_job(store, ws.state_dir, job_id, outcome.reasons)
-    return ForegroundResult(outcome, result)
+    return ForegroundResult(outcome, result, followed)
 
 
 def _apply_fix(ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome) -> FinalizeResult:

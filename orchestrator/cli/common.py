@@ -9,7 +9,7 @@ import sqlite3
 import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -28,6 +28,9 @@ from orchestrator.review.selector import SelectError
 from orchestrator.state.files import ReportError
 from orchestrator.state.store import StoreError
 from orchestrator.state.workspace import Workspace
+
+if TYPE_CHECKING:
+    from orchestrator.control.followup import Followed
 
 DOMAIN_ERRORS: tuple[type[Exception], ...] = (
     ConfigError,
@@ -88,6 +91,36 @@ def emit_json(data: object) -> None:
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(data, indent=indent, ensure_ascii=False))
     sys.stdout.write("\n")
+
+
+def nudge_control(ws: Workspace) -> None:
+    """Ask the control process to dispatch now. Once: the jobs are recorded, and the
+    control's next tick dispatches them if the queue cannot be reached."""
+    from workers.app import make_app
+    from workers.queues import send_once
+
+    make_app(ws.settings)
+    try:
+        send_once("dispatch")
+    except Exception as exc:
+        click.echo(
+            f"warning: could not nudge the control queue ({exc}); the job waits for its next tick",
+            err=True,
+        )
+
+
+def show_followed(ws: Workspace, followed: Followed, err: bool = False) -> None:
+    """What a finalize by hand started, one line each; queued jobs are dispatched by a
+    running control process (nudged here) or by the next one to start."""
+    for job_id, kind in followed.jobs:
+        click.echo(f"follow-up: {kind} job {job_id} queued", err=err)
+    for esc_id, note_path, gate_id in followed.escalations:
+        click.echo(
+            f"escalated: {shown(note_path)} {gate_id} (escalation {esc_id}; reviewq escalations)",
+            err=err,
+        )
+    if followed.jobs:
+        nudge_control(ws)
 
 
 class Group(click.Group):

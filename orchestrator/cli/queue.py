@@ -13,7 +13,15 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, shown, warn
+from orchestrator.cli.common import (
+    Refused,
+    cli,
+    emit_json,
+    nudge_control,
+    refuse_domain_errors,
+    shown,
+    warn,
+)
 from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES
 from orchestrator.state.workspace import Workspace
@@ -126,7 +134,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
 
     req = _request(opts, "enqueue", ws)
     res = enqueue(ws, req)
-    _nudge(ws)
+    nudge_control(ws)
     if as_json:
         emit_json(
             {
@@ -576,7 +584,7 @@ def decide_cmd(
         ids.append(int(raw))
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback)
     if decision == "redo":
-        _nudge(ws)
+        nudge_control(ws)
         for note_path, job_id in jobs.items():
             gates = [e["gate_id"] for e in escs if e["note_path"] == note_path]
             click.echo(
@@ -600,19 +608,3 @@ def _root_rel(ws: Workspace, path) -> str:
         return path.relative_to(ws.root).as_posix()
     except ValueError:
         return str(path)
-
-
-def _nudge(ws: Workspace) -> None:
-    """Ask the control process to dispatch now. Once: the jobs are recorded, and the
-    control's next tick dispatches them if the queue cannot be reached."""
-    from workers.app import make_app
-    from workers.queues import send_once
-
-    make_app(ws.settings)
-    try:
-        send_once("dispatch")
-    except Exception as exc:
-        click.echo(
-            f"warning: could not nudge the control queue ({exc}); the job waits for its next tick",
-            err=True,
-        )

@@ -7,12 +7,20 @@ import sys
 
 import click
 
-from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors, shown, warn
+from orchestrator.cli.common import (
+    Refused,
+    cli,
+    emit_json,
+    refuse_domain_errors,
+    show_followed,
+    shown,
+    warn,
+)
 from orchestrator.config import GROUPINGS
-from orchestrator.cycles.escalations import record_decisions
+from orchestrator.control.followup import finalize_by_hand
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.export import export
-from orchestrator.review.finalize import Provenance, finalize, manual_output, parse_telemetry
+from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import select
 from orchestrator.state.workspace import Workspace
@@ -237,21 +245,14 @@ def finalize_cmd(
         runner=runner, model=model, effort=effort, telemetry=parse_telemetry(telemetry)
     )
     output = manual_output(ws.store, ws.state_dir, job_id, prov, ws.settings.max_output_bytes)
-    result = finalize(
-        ws.store,
-        ws.state_dir,
-        job_id,
-        output,
-        provenance=prov,
-        max_bytes=ws.settings.max_output_bytes,
-        within=record_decisions,
-    )
+    result, followed = finalize_by_hand(ws, job_id, output, prov)
     if as_json:
         emit_json(result.to_json())
     elif result.ok:
         for p in result.pairs:
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
         click.echo(f"job {job_id} completed")
+    show_followed(ws, followed, err=as_json)
     if not result.ok:
         for r in result.failure_reasons:
             click.echo(f"reason: {r}", err=True)
@@ -288,6 +289,7 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         for p in res.finalized.pairs:
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
         click.echo(f"job {job_id} completed")
+        show_followed(ws, res.followed)
         return
     reasons = res.finalized.failure_reasons if res.finalized is not None else out.reasons
     for r in reasons:

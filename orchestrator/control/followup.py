@@ -6,9 +6,12 @@ escalations, audits of PASS decisions, and the next bundle of a sequential sweep
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
+from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import utcnow
@@ -367,6 +370,61 @@ class FollowUp:
         return self.store.conn.execute(
             "SELECT * FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
         ).fetchall()
+
+
+@dataclass
+class Followed:
+    """What a job's follow-up started: jobs queued (fixes, audits, a next bundle) and
+    escalations opened."""
+
+    jobs: list[tuple[int, str]] = field(default_factory=list)  # (id, kind)
+    escalations: list[tuple[int, str, str]] = field(default_factory=list)  # (id, note, gate)
+
+
+def finalize_by_hand(
+    ws: Workspace,
+    job_id: int,
+    output: bytes | None,
+    provenance: Provenance,
+    attempt: int | None = None,
+) -> tuple[FinalizeResult, Followed]:
+    """The manual paths' finalize (``reviewq finalize``, ``run-job``): a bad output fails
+    the job at once (SPEC §5); a good one is followed as the control process follows it,
+    by a fix, an audit, the escalation of a third rejection or a sequential sweep's next
+    bundle, in the same transaction."""
+    store = ws.store
+    followed = Followed()
+    with store.write():
+        last_job, last_esc = store.conn.execute(
+            "SELECT (SELECT coalesce(max(id), 0) FROM review_jobs), "
+            "(SELECT coalesce(max(id), 0) FROM escalations)"
+        ).fetchone()
+        res = finalize(
+            store,
+            ws.state_dir,
+            job_id,
+            output,
+            attempt=attempt,
+            provenance=provenance,
+            max_bytes=ws.settings.max_output_bytes,
+            within=cycles.record_decisions,
+        )
+        if res.ok:
+            FollowUp(ws).after_completed(job_id)
+            followed.jobs = [
+                tuple(r)
+                for r in store.conn.execute(
+                    "SELECT id, kind FROM review_jobs WHERE id > ? ORDER BY id", (last_job,)
+                )
+            ]
+            followed.escalations = [
+                tuple(r)
+                for r in store.conn.execute(
+                    "SELECT id, note_path, gate_id FROM escalations WHERE id > ? ORDER BY id",
+                    (last_esc,),
+                )
+            ]
+    return res, followed
 
 
 def findings(rationale: str | None) -> list[str]:
