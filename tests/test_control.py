@@ -496,3 +496,55 @@ def test_a_success_resets_the_launch_failures_of_its_reviewer_after_any_failure(
     control.on_messages([], [_outcome(ws, sent[5])])
     assert failures() == 0
     ws.close()
+
+
+def _sequential_job_dispatched(kb) -> tuple[Workspace, Control, dict]:
+    """A sequential sweep over two bundles of one note; its first job dispatched."""
+    from orchestrator import logs
+
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    req = SweepRequest(
+        name="cli", reviewer="offline", selectors=("frontmatter", "prose"), sequential=True
+    )
+    enqueue(ws, req)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == 1
+    return ws, control, sent[0]
+
+
+def _events(ws, name: str) -> list[dict]:
+    lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+def test_a_sequential_sweeps_note_renamed_while_its_job_ran_does_not_hold_the_outcome(kb):
+    """The next bundle of a note that is gone cannot be enqueued; the outcome is still
+    kept. Raised, it rolled the outcome back and the control took it again all night."""
+    ws, control, msg = _sequential_job_dispatched(kb)
+    (kb.root / "kb/notes/alpha.md").rename(kb.root / "kb/notes/alpha-renamed.md")
+    control.on_messages([], [_outcome(ws, msg)])
+    status = ws.store.conn.execute(
+        "SELECT status FROM review_jobs WHERE id = ?", (msg["job_id"],)
+    ).fetchone()[0]
+    assert status == "completed"
+    assert [e["note_path"] for e in _events(ws, "sequential.skipped")] == ["kb/notes/alpha.md"]
+    ws.close()
+
+
+def test_a_follow_up_that_cannot_be_made_is_logged_and_the_outcome_kept(kb, monkeypatch):
+    """A profile gone from the configuration since the job was queued: the next bundle
+    cannot be enqueued, which is said once; the decisions stand."""
+    ws, control, msg = _sequential_job_dispatched(kb)
+    monkeypatch.delitem(ws.settings.reviewers, "offline")
+    control.on_messages([], [_outcome(ws, msg)])
+    rows = ws.store.conn.execute("SELECT kind, status FROM review_jobs ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [("review", "completed")]  # no half-made next bundle
+    assert ws.store.conn.execute("SELECT decision FROM acceptance").fetchone()[0] == "PASS"
+    (failed,) = _events(ws, "followup.failed")
+    assert failed["job_id"] == msg["job_id"] and "offline" in failed["error"]
+    ws.close()

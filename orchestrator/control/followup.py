@@ -6,11 +6,15 @@ escalations, audits of PASS decisions, and the next bundle of a sequential sweep
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
+from orchestrator.kb.notes import KBError
 from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.state.files import write_job_files_after_commit
@@ -27,6 +31,35 @@ class FollowUp:
 
     # --- review and audit jobs --------------------------------------------------------
     def after_completed(self, job_id: int) -> None:
+        with self._or_logged(job_id, "after a completed job"):
+            self._after_completed(job_id)
+
+    def after_failed(self, job_id: int, reasons: list[str]) -> None:
+        """A job out of attempts: its pairs go to a person with the reason."""
+        with self._or_logged(job_id, "after a failed job"):
+            self._after_failed(job_id, reasons)
+
+    @contextmanager
+    def _or_logged(self, job_id: int, what: str) -> Iterator[None]:
+        """A follow-up that cannot be made (a note renamed, a profile or gate removed
+        since the job was queued) is logged and left out, and the outcome it follows is
+        kept: raised, it would roll that outcome back, and the control process would
+        take the outcome again and again all night. Database errors still raise: the
+        transaction itself is in question then."""
+        try:
+            with self.store.write():  # a savepoint: a half-made follow-up is undone
+                yield
+        except sqlite3.Error:
+            raise
+        except Exception as exc:
+            self.log.error(
+                "followup.failed",
+                job_id=job_id,
+                follow_up=what,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    def _after_completed(self, job_id: int) -> None:
         job = self.job(job_id)
         if job["kind"] == "audit":
             self._after_audit(job)
@@ -82,8 +115,7 @@ class FollowUp:
                 recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
             )
 
-    def after_failed(self, job_id: int, reasons: list[str]) -> None:
-        """A job out of attempts: its pairs go to a person with the reason."""
+    def _after_failed(self, job_id: int, reasons: list[str]) -> None:
         job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
         why = "; ".join(reasons[:3]) or "no reason recorded"
@@ -350,7 +382,14 @@ class FollowUp:
                 audit=tuple(opts.get("audit") or ()),
                 trigger="sequential",
             )
-            enqueue(self.ws, req, run_id=job["sweep_run_id"])
+            try:
+                with self.store.write():
+                    enqueue(self.ws, req, run_id=job["sweep_run_id"])
+            except KBError as exc:
+                # Renamed or deleted since its review: the sweep goes on without it.
+                self.log.warning(
+                    "sequential.skipped", job_id=job["id"], note_path=note_path, reason=str(exc)
+                )
 
     def _asks(self, job) -> str | None:
         """A person's redo asks stay with the cycle they started: a re-review made after a
