@@ -93,3 +93,57 @@ def test_run_job_with_a_reviewer_of_another_partition_is_one_line_and_starts_not
             0,
         )
         assert conn.execute("SELECT count(*) FROM attempts").fetchone()[0] == 0
+
+
+def _fix_job_then_a_persons_edit(kb, fixer_toml: str) -> tuple[Workspace, int, str, str]:
+    """A FAIL, a fix job queued for it, then a person's edit of the note before it runs."""
+    from orchestrator.cycles.fixes import create_fix_job
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.write("reviewq.toml", fixer_toml)
+    kb.accept("offline", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    job_id = create_fix_job(
+        ws.kb,
+        ws.catalog(),
+        ws.store,
+        ws.state_dir,
+        note_path=note,
+        partition="offline",
+        fixer="given",
+        review_reviewer="offline",
+        sweep=None,
+        sweep_run_id=None,
+        source_job_id=None,
+    )
+    person = kb.read(note) + "A person's sentence.\n"
+    kb.write(note, person)
+    return ws, job_id, note, person
+
+
+# Returns exactly the note it was handed in REVIEWQ_NOTE_FILE: a fix that changes nothing.
+GIVEN_BACK = (
+    '[reviewers.given]\nkind = "command"\npartition = "offline"\n'
+    'command = ["sh", "-c", "cat \\"$REVIEWQ_NOTE_FILE\\" > \\"$REVIEWQ_OUTPUT_PATH\\""]\n'
+)
+
+
+def test_a_fix_that_changed_nothing_after_a_persons_edit_is_not_a_rejection(kb):
+    """The person's edit wins (SPEC §7): the fix is not applied, and handing back the
+    text it was given is not counted against a note the person has changed since."""
+    from orchestrator.cycles import escalations as cycles
+
+    ws, job_id, note, person = _fix_job_then_a_persons_edit(kb, GIVEN_BACK)
+    before = cycles.count(ws.store, "offline", note, "prose/body-check")
+    res = run_job(ws, job_id, "given")
+    assert res.outcome.classification == "output", res.outcome.reasons
+    row = ws.store.conn.execute(
+        "SELECT status, result FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    assert tuple(row) == ("completed", "not-applied")
+    assert cycles.count(ws.store, "offline", note, "prose/body-check") == before
+    events = ws.store.conn.execute("SELECT count(*) FROM cycle_events").fetchone()[0]
+    assert events == 0
+    assert kb.read(note) == person
+    ws.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.control.attempts import (
@@ -74,6 +75,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         root=ws.root,
         model=profile.model,
         note_path=opened.note_path if opened.kind == "fix" else None,
+        note_file=_given_note(opened),
     )
     outcome = run_attempt(
         reviewer,
@@ -115,6 +117,18 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     else:
         fail_job(store, ws.state_dir, job_id, outcome.reasons)
     return ForegroundResult(outcome, result, followed)
+
+
+def _given_note(opened) -> Path | None:  # noqa: ANN001 - an OpenedAttempt
+    """A fixer reads the note it was given from a file beside its prompt, as on a queue
+    worker: the live note may change while it runs, and the fix is applied only over
+    the text it was given."""
+    if opened.kind != "fix" or opened.note_text is None:
+        return None
+    opened.attempt_dir.mkdir(parents=True, exist_ok=True)
+    path = opened.attempt_dir / "note.md"
+    path.write_text(opened.note_text, encoding="utf-8")
+    return path
 
 
 def _apply_fix(ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome) -> FinalizeResult:

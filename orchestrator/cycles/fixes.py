@@ -222,10 +222,13 @@ def apply_fix(
         current = decode((kb.root / rel).read_bytes())
     except (KBError, OSError, NoteParseError) as exc:
         return FixResult("stale", f"the note cannot be read now ({exc}); nothing written")
+    # The note first: once a person has edited it, the fixer's answer is moot, whether it
+    # changed nothing (not a rejection of the person's text) or matches the person's
+    # edit (their work, not the fixer's: it is not recorded or committed as a fix).
+    if current != given:
+        return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
     if new_text == given:
         return FixResult("unchanged", "the fix changed nothing")
-    if current not in (given, new_text):  # (already the new text: counts as applied)
-        return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
     sha = sha256_text(new_text)
     now = utcnow()
     with store.write():
