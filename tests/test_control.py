@@ -548,3 +548,78 @@ def test_a_follow_up_that_cannot_be_made_is_logged_and_the_outcome_kept(kb, monk
     (failed,) = _events(ws, "followup.failed")
     assert failed["job_id"] == msg["job_id"] and "offline" in failed["error"]
     ws.close()
+
+
+def _escalated(kb, decision: str) -> tuple[Workspace, int]:
+    """A finalized review of alpha against prose/clarity with ``decision``, and an open
+    escalation of that pair."""
+    from orchestrator.cycles.escalations import escalate
+    from orchestrator.review.finalize import finalize
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    output = _pass_output(ws, job.review_job_id).replace(b"PASS", decision.encode())
+    assert finalize(ws.store, ws.state_dir, job.review_job_id, output).status == "completed"
+    esc_id = escalate(
+        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
+        gate_id="prose/clarity", reason="the auditor refuted a PASS", reviewer="offline",
+        fixer="offline", material=["- major: unclear"], recommend="say it plainly",
+    )  # fmt: skip
+    return ws, esc_id
+
+
+def _open_escalations(kb) -> list[int]:
+    with Workspace.open(kb.root).store as store:
+        rows = store.conn.execute("SELECT id FROM escalations WHERE decision IS NULL")
+        return [r[0] for r in rows]
+
+
+def test_a_redo_that_would_do_nothing_is_refused_and_the_escalation_stays_open(kb, run_cli):
+    """A fresh PASS the auditor refuted: no FAIL to fix, nothing to release. Closing the
+    escalation as a redo lost the person's asks and the refutation."""
+    ws, esc_id = _escalated(kb, "PASS")
+    ws.store.close()
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Say what it means.")
+    assert res.exit_code == 1
+    assert f"escalation {esc_id} (kb/notes/alpha.md prose/clarity): no FAIL is left" in res.stderr
+    assert _open_escalations(kb) == [esc_id]
+
+
+def test_a_redo_while_the_notes_fix_job_is_open_is_refused(kb, run_cli):
+    """The open fix job would not carry the asks; decided anyway, they were lost."""
+    from orchestrator.cycles.fixes import create_fix_job
+
+    ws, esc_id = _escalated(kb, "FAIL")
+    fix = create_fix_job(
+        ws.kb, ws.catalog(), ws.store, ws.state_dir, note_path="kb/notes/alpha.md",
+        partition="offline", fixer="offline", review_reviewer="offline", sweep=None,
+        sweep_run_id=None, source_job_id=None, include={"prose/clarity"},
+    )  # fmt: skip
+    ws.store.close()
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Say what it means.")
+    assert res.exit_code == 1 and f"fix job {fix} for this note is still open" in res.stderr
+    assert _open_escalations(kb) == [esc_id]
+
+
+def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(kb, run_cli):
+    """A job that failed every attempt recorded no decision: a redo (after the reviewer
+    was repaired) queues no fix, closes the escalation, and the next sweep reviews it."""
+    from orchestrator.cycles.escalations import escalate
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    esc_id = escalate(
+        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
+        gate_id="prose/clarity", reason="the reviewer failed every attempt", reviewer="offline",
+        fixer="offline", material=["no output"], recommend="repair the reviewer",
+    )  # fmt: skip
+    ws.store.close()
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Try again.")
+    assert res.exit_code == 0, res.stderr
+    assert "released: the next sweep reviews it again" in res.stdout
+    assert _open_escalations(kb) == []
+    res = run_cli("enqueue", "prose", "--json")
+    assert [len(j["pairs"]) for j in res.json()["jobs"]] == [1]

@@ -590,7 +590,8 @@ def decide_cmd(
             click.echo(
                 f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s)) with your asks"
                 if job_id
-                else f"redo: no fix job queued ({note_path} has an open fix job or no FAIL left)"
+                else f"redo: no fix job queued ({note_path} has no FAIL on record); "
+                "released: the next sweep reviews it again"
             )
         return
     for e in escs:

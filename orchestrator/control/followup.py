@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 
 from orchestrator import logs
 from orchestrator.cycles import escalations as cycles
-from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job
+from orchestrator.cycles.escalations import DecideError
+from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job, open_fix_job
+from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import KBError
 from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
+from orchestrator.review.selector import SelectError, select
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
@@ -275,8 +278,46 @@ class FollowUp:
                     groups.setdefault((e["note_path"], e["model_partition"]), []).append(e)
                 for (note_path, _), group in groups.items():
                     gates = {e["gate_id"] for e in group}
-                    jobs[note_path] = self.redo(group[0], feedback or "", gates)
+                    job_id = self.redo(group[0], feedback or "", gates)
+                    jobs[note_path] = jobs.get(note_path) or job_id
+                for note_path, job_id in jobs.items():
+                    if job_id is None:
+                        self._check_released(
+                            note_path, [e for e in escs if e["note_path"] == note_path]
+                        )
         return escs, jobs
+
+    def _check_released(self, note_path: str, escs: list[dict]) -> None:
+        """A redo that queued no fix job is still worth something when it releases stale
+        pairs for the next sweep (a job that failed every attempt, SPEC §7). Otherwise
+        the person's asks would go nowhere, so the whole decision is refused."""
+        open_job = open_fix_job(self.store, note_path)
+        if open_job is not None:
+            raise DecideError(
+                f"{note_path}: fix job {open_job} for this note is still open, and your asks "
+                f"would not reach it; redo once it has ended (reviewq job {open_job}), or "
+                "decide all of the note's escalations in one call (--note)"
+            )
+        for e in escs:
+            try:
+                stale = select(
+                    self.ws.kb,
+                    self.ws.catalog(),
+                    self.store,
+                    selectors=(e["gate_id"],),
+                    note_paths=(note_path,),
+                    model=e["model_partition"],
+                    diffs=False,
+                ).targets
+            except (SelectionError, SelectError, KBError):
+                continue  # the gate or the note is gone: nothing left to review
+            if not stale:
+                raise DecideError(
+                    f"escalation {e['id']} ({note_path} {e['gate_id']}): no FAIL is left to "
+                    "fix and the pair is fresh (an auditor refuted its PASS, or a review "
+                    "passed since), so a redo would do nothing; approve or reject it, or "
+                    "edit the note yourself"
+                )
 
     def redo(self, esc: dict, feedback: str, gates: set[str] | None = None) -> int | None:
         """A person's redo: a fix job carrying their asks verbatim. It belongs to a sweep
