@@ -623,3 +623,28 @@ def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(
     assert _open_escalations(kb) == []
     res = run_cli("enqueue", "prose", "--json")
     assert [len(j["pairs"]) for j in res.json()["jobs"]] == [1]
+
+
+def test_a_rejected_pair_is_fixed_again_once_its_note_has_changed(kb, run_cli):
+    """A reject holds the pair until the note or the gate changes (SPEC §7), for fixes
+    as for sweeps: a new FAIL of the changed note got a review and no fix, ever."""
+    from orchestrator.cycles.fixes import create_fix_job
+
+    ws, esc_id = _escalated(kb, "FAIL")
+    ws.store.close()
+    assert run_cli("decide", str(esc_id), "reject").exit_code == 0
+
+    def fix() -> int | None:
+        ws = Workspace.open(kb.root)
+        try:
+            return create_fix_job(
+                ws.kb, ws.catalog(), ws.store, ws.state_dir, note_path="kb/notes/alpha.md",
+                partition="offline", fixer="offline", review_reviewer="offline", sweep=None,
+                sweep_run_id=None, source_job_id=None,
+            )  # fmt: skip
+        finally:
+            ws.close()
+
+    assert fix() is None  # held: the note is as the person rejected it
+    kb.write("kb/notes/alpha.md", kb.read("kb/notes/alpha.md") + "A new paragraph.\n")
+    assert fix() is not None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
+from orchestrator.cycles.escalations import held_pairs
 from orchestrator.kb.atomicfile import atomic_write, mode_of
 from orchestrator.kb.gates import Catalog
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
@@ -46,24 +47,27 @@ def open_fix_job(store: Store, note_path: str) -> int | None:
 
 
 def current_failures(
-    store: Store, partition: str, note_path: str, include: set[str] | None = None
+    store: Store,
+    catalog: Catalog,
+    partition: str,
+    note_path: str,
+    note_sha256: str,
+    include: set[str] | None = None,
 ) -> list[FixTarget]:
     """Every current FAIL finding for the note, leaving out pairs waiting for a person
-    (``include`` names pairs to keep anyway, such as the one a redo is about)."""
+    and rejected pairs whose note and gate are unchanged since (as a sweep does);
+    ``include`` names pairs to keep anyway, such as the one a redo is about."""
     rows = store.conn.execute(
         "SELECT a.gate_id, p.gate_path, p.lens, p.rationale FROM acceptance a "
         "JOIN review_pairs p ON p.id = a.review_pair_id WHERE a.model_partition = ? AND a.note_path = ? "
         "AND a.decision = 'FAIL' ORDER BY a.gate_id",
         (partition, note_path),
     ).fetchall()
-    held = {
-        r[0]
-        for r in store.conn.execute(
-            "SELECT gate_id FROM escalations WHERE model_partition = ? AND note_path = ? "
-            "AND (decision IS NULL OR decision = 'reject')",
-            (partition, note_path),
-        )
-    }
+    current = {}
+    for r in rows:
+        gate = catalog.get(r[0])
+        current[(note_path, r[0])] = (note_sha256, gate.sha256 if gate else None)
+    held = {g for n, g in held_pairs(store, partition, current) if n == note_path}
     keep = include or set()
     return [
         FixTarget(r[0], r[1], r[2], r[3] or "") for r in rows if r[0] not in held or r[0] in keep
@@ -92,14 +96,14 @@ def create_fix_job(
             "fix.skipped", note_path=note_path, reason="a fix job for this note is open"
         )
         return None
-    targets = current_failures(store, partition, note_path, include)
-    if not targets:
-        return None
     try:
         note = kb.read_note(kb.check_rel(note_path))
     except (KBError, NoteParseError, OSError) as exc:
         # Deleted, broken or leading outside the root since its review: nothing to fix.
         logs.get().warning("fix.skipped", note_path=note_path, reason=str(exc))
+        return None
+    targets = current_failures(store, catalog, partition, note_path, note.sha256, include)
+    if not targets:
         return None
     now = utcnow()
     with store.write():
