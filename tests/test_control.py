@@ -648,3 +648,26 @@ def test_a_rejected_pair_is_fixed_again_once_its_note_has_changed(kb, run_cli):
     assert fix() is None  # held: the note is as the person rejected it
     kb.write("kb/notes/alpha.md", kb.read("kb/notes/alpha.md") + "A new paragraph.\n")
     assert fix() is not None
+
+
+def test_an_escalation_report_lists_only_the_rejections_that_still_count(kb):
+    """A FAIL that a PASS has since reset is history, not a cycle: a report of a job that
+    then failed every attempt showed it as "Cycle 1" under "0 consecutive rejection(s)"."""
+    from orchestrator.cycles import escalations as cycles
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    pair = ("offline", "kb/notes/alpha.md", "prose/clarity")
+    with ws.store.write():
+        cycles.reject(ws.store, *pair, "review-fail", 1, "high: the body is empty.")
+        cycles.reset(ws.store, *pair)
+    esc_id = cycles.escalate(
+        ws.store, ws.state_dir, ws.root, partition="offline", note_path=pair[1],
+        gate_id=pair[2], reason="the reviewer failed every attempt", reviewer="offline",
+        fixer="offline", material=["no output"], recommend="repair the reviewer",
+    )  # fmt: skip
+    text = cycles.report(ws.store, esc_id)
+    assert "Cycle 1" not in text and "the body is empty" not in text
+    assert "- (no rejection cycles: the reviewer failed every attempt)" in text
+    ws.close()

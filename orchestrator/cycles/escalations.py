@@ -229,7 +229,7 @@ def report(store: Store, esc_id: int) -> str:
     events = store.conn.execute(
         "SELECT rejection, kind, job_id, gist FROM cycle_events WHERE model_partition = ? AND note_path = ? "
         "AND gate_id = ? AND at <= ? ORDER BY id DESC LIMIT ?",
-        (e["model_partition"], e["note_path"], e["gate_id"], e["raised_at"], max(e["cycles"], 1)),
+        (e["model_partition"], e["note_path"], e["gate_id"], e["raised_at"], e["cycles"]),
     ).fetchall()
     material = json.loads(e["material"] or "[]")
     recommend = e["recommend"] or e["reason"]
