@@ -285,6 +285,24 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
     assert [tuple(a) for a in acc] == [("fake", "PASS")]  # the audit accepted nothing itself
 
 
+def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb):
+    """The auditor's partition holds no review of the pair: escalated there, a person's
+    approve wrote a human PASS into a partition that never reviewed it."""
+    kb.gate("prose/body-check", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_DECISIONS="PASS"),
+        profile("auditor", partition="audit", FAKE_MODE="bad"),
+    )
+    res = rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
+    assert res.returncode == 1 and "1 job(s) failed" in res.stderr  # the audit job
+    with db(kb) as conn:
+        escs = conn.execute("SELECT model_partition, reviewer, reason FROM escalations").fetchall()
+    assert [tuple(e)[:2] for e in escs] == [("fake", "fake")]
+    assert escs[0]["reason"].startswith("the auditor (auditor) failed every attempt")
+
+
 def sweep_runs(kb) -> int:
     if not (kb.state / "state.db").exists():
         return 0

@@ -122,6 +122,13 @@ class FollowUp:
         job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
         why = "; ".join(reasons[:3]) or "no reason recorded"
+        if job["kind"] == "audit":
+            # An audit records nothing of its own: the pairs, and a person's decision on
+            # them, belong to the reviewed job's partition, not the auditor's.
+            reason = f"the auditor ({job['reviewer']}) failed every attempt: {why}"
+            for p in self._pairs(job_id):
+                self._escalate_pair(self.job(job["source_job_id"]), p, reason, opts, why)
+            return
         what = "the fixer" if job["kind"] == "fix" else "the reviewer"
         for p in self._pairs(job_id):
             self._escalate_pair(job, p, f"{what} failed every attempt: {why}", opts, why)
