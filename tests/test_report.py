@@ -338,3 +338,20 @@ def test_a_page_that_cannot_be_written_is_not_remembered_as_shown(kb, run_cli):
     # Nobody saw that report: the next one still starts where it would have without it.
     data = json.loads(run_cli("report", "--json").stdout)
     assert data["period"]["label"] == "the last 24 h (no earlier report)"
+
+
+def test_a_job_queued_before_the_last_report_and_run_after_it_is_in_the_next(kb, run_cli):
+    """Reports run "since the last report": by creation time alone, work queued before a
+    report a person saw and done after it (enqueue, a budget or a pause that held it)
+    was in neither report."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("empty", description="")
+    kb.note("full")
+    jobs = run_cli("enqueue", "--all-gates", "--json").json()["jobs"]
+    res = run_cli("report")  # a person looks: two jobs queued
+    assert res.exit_code == 0, res.stderr
+    for job in jobs:
+        assert run_cli("run-job", str(job["review_job_id"])).exit_code == 0
+    data = run_cli("report", "--json").json()
+    assert data["reviewed"]["pairs"] == 2
+    assert data["reviewed"]["decisions"] == {"PASS": 1, "FAIL": 1}

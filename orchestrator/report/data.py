@@ -38,10 +38,18 @@ def gather(
 
 
 def _scope(period: Period) -> tuple[str, tuple]:
-    """A WHERE clause over ``review_jobs j`` for the jobs the report is about."""
+    """A WHERE clause over ``review_jobs j`` for the jobs the report is about: a run's,
+    or those that did something in the window: were queued, had an attempt start or end,
+    or ended. By creation alone, a job queued before the last report and run after it
+    (enqueue, a budget or pause that held it) was in neither report."""
     if period.run_id is not None:
         return "j.sweep_run_id = ?", (period.run_id,)
-    return "j.created_at >= ? AND j.created_at < ?", (period.since, period.until)
+    return (
+        "(j.created_at >= ?1 AND j.created_at < ?2 OR j.finished_at >= ?1 AND j.finished_at < ?2 "
+        "OR EXISTS (SELECT 1 FROM attempts a0 WHERE a0.job_id = j.id AND "
+        "(a0.started_at >= ?1 AND a0.started_at < ?2 OR a0.ended_at >= ?1 AND a0.ended_at < ?2)))",
+        (period.since, period.until),
+    )
 
 
 def _rows(store: Store, sql: str, args: tuple = ()) -> list[dict]:
