@@ -394,6 +394,7 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
     )
     assert _story(ws, together["job_id"]) == story
     res = run_cli("logs", "--job", str(quick["job_id"]))
+    assert res.stdout.split()[0].endswith("Z")  # UTC, and said so
     told = [line.split()[2] for line in res.stdout.splitlines()]
     assert told == [
         "job.created",

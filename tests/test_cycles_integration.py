@@ -396,6 +396,8 @@ def test_the_decide_command_shown_for_a_note_quotes_its_path(kb):
     page = json.loads(rq(kb, "report", "--since", "1h", "--json").stdout)
     commands = [n["commands"]["approve"] for n in page["needs_you"]["escalations"]]
     assert commands == ["reviewq decide --note 'kb/notes/two words.md' approve"]
+    listed = rq(kb, "escalations").stdout
+    assert "reviewq decide --note 'kb/notes/two words.md' approve|redo|reject" in listed
 
 
 def test_a_job_keeps_the_options_it_was_enqueued_with_when_a_later_run_shares_its_name(cyc):

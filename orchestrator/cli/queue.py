@@ -4,6 +4,7 @@ jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.commo
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -392,7 +393,10 @@ def logs_cmd(
         if as_json:
             click.echo(line.rstrip("\n"))
             return
-        head = f"{rec.pop('timestamp', '')[:23]} {rec.pop('level', ''):<7} {rec.pop('event', '')}"
+        # Cut to milliseconds; the zone stays: these are UTC, as every time reviewq shows.
+        stamp = str(rec.pop("timestamp", ""))
+        stamp = stamp[:23] + "Z" if stamp.endswith("Z") else stamp
+        head = f"{stamp} {rec.pop('level', ''):<7} {rec.pop('event', '')}"
         rec.pop("logger", None)
         click.echo(head + "  " + " ".join(f"{k}={v}" for k, v in rec.items()))
 
@@ -550,7 +554,9 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 click.echo(f"      {line}")
             click.echo(f"      report: {report}")
         if len(group) > 1:
-            click.echo(f"  decide them at once: reviewq decide --note {note} approve|redo|reject")
+            click.echo(
+                f"  decide them at once: reviewq decide --note {shlex.quote(note)} approve|redo|reject"
+            )
     click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
 
 
