@@ -517,3 +517,29 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         ("kb/notes/empty-desc.md", "queued", job["review_job_id"])
     ]
     assert f"follow-up: fix job {fixes[0]['id']} queued" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("job", "99999999999999999999999"), "is not in the range 1<=x<="),
+        (("logs", "--job", "99999999999999999999999"), "is not in the range 1<=x<="),
+        (("decide", "99999999999999999999999", "approve"), "is not an escalation id"),
+        (("enqueue", "prose", "--budget-usd", "nan"), "nan: a cap in dollars, 0 or more"),
+        (("enqueue", "prose", "--budget-usd", "-1"), "-1.0: a cap in dollars, 0 or more"),
+        (("create-jobs", "--input", "{bad}", "--grouping", "note"), "bad.json: not UTF-8 text"),
+        (("--state", "{file}/state", "worker"), "cannot make the worker's folder"),
+        (("export", "--model", "typo"), "--model typo: no review recorded in this partition"),
+    ],
+)
+def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
+    """Each was an internal error (OverflowError, UnicodeDecodeError, PermissionError) or
+    was taken silently: NaN stored as no budget at all, a typo'd partition exported as an
+    empty index beside the last export's files."""
+    bad = flow.root / "bad.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    (flow.root / "file").write_text("")
+    args = tuple(a.format(bad=bad, file=flow.root / "file") for a in args)
+    res = run_cli(*args)
+    assert res.exit_code in (1, 2), res.stdout
+    assert says in res.stderr and "internal error" not in res.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sqlite3
 import sys
 from collections.abc import Callable
@@ -72,6 +73,19 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             ) from None
 
     return wrapper
+
+
+# A job or escalation id: SQLite's integers end at 2**63 - 1, and a larger one raised
+# OverflowError inside the query instead of saying "no such job".
+JOB_ID = click.IntRange(min=1, max=2**63 - 1)
+
+
+def budget_usd(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A spending cap: NaN was stored as NULL (no cap at all) and a negative one allowed
+    nothing to start, both without a word."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"{value!r}: a cap in dollars, 0 or more")
+    return value
 
 
 def warn(problems: list[FileProblem]) -> None:

@@ -15,7 +15,9 @@ import click
 from click.core import ParameterSource
 
 from orchestrator.cli.common import (
+    JOB_ID,
     Refused,
+    budget_usd,
     cli,
     emit_json,
     nudge_control,
@@ -63,6 +65,7 @@ def _sweep_options(fn):
                 "--budget-usd",
                 type=float,
                 default=None,
+                callback=budget_usd,
                 help="Start no new attempt once this run's recorded cost reaches it.",
             ),
         ]
@@ -180,10 +183,18 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
       reviewq worker --workers 4
       reviewq --config worker.toml --state /var/lib/reviewq-worker worker --workers 4
     """
-    from workers.consumers import run_worker
+    from workers.consumers import run_worker, worker_folder
 
     if kb is not None and not kb.is_dir():
         raise Refused(f"--kb {shown(str(kb))}: no such folder")
+    folder = worker_folder(ws.settings)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Refused(
+            f"--state {shown(str(ws.settings.state_dir))}: cannot make the worker's folder "
+            f"{shown(str(folder))}: {exc.strerror or exc}"
+        ) from None
     run_worker(ws.settings, workers, kb.resolve() if kb is not None else None)
 
 
@@ -320,7 +331,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
 
 
 @cli.command("job")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @refuse_domain_errors
@@ -359,7 +370,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
 
 @cli.command("logs")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
-@click.option("--job", "job_id", type=int, default=None, help="Only lines about this job.")
+@click.option("--job", "job_id", type=JOB_ID, default=None, help="Only lines about this job.")
 @click.option("--event", default=None, help="Only this event, or a prefix such as 'attempt.'.")
 @click.option("--json", "as_json", is_flag=True, help="The raw JSON lines.")
 @click.pass_obj
@@ -585,7 +596,7 @@ def decide_cmd(
         raise Refused(f"DECISION: {decision!r} is not approve, redo or reject")
     ids = []
     for raw in raw_ids:
-        if not raw.isdigit():
+        if not raw.isdigit() or int(raw) > JOB_ID.max:
             raise Refused(f"ESCALATION_ID: {raw!r} is not an escalation id (a whole number)")
         ids.append(int(raw))
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback)

@@ -8,6 +8,7 @@ import sys
 import click
 
 from orchestrator.cli.common import (
+    JOB_ID,
     Refused,
     cli,
     emit_json,
@@ -187,7 +188,13 @@ def create_jobs_cmd(
     Example:
       reviewq select prose --model offline --json | reviewq create-jobs --input - --grouping note
     """
-    partition, targets = parse_select_json(input_file.read())
+    try:
+        text = input_file.read()
+    except UnicodeDecodeError as exc:
+        raise Refused(
+            f"--input {shown(input_file.name)}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    partition, targets = parse_select_json(text)
     batch = create_jobs(
         ws.kb,
         ws.catalog(),
@@ -215,7 +222,7 @@ def create_jobs_cmd(
     "--review-job-id",
     "job_id",
     required=True,
-    type=int,
+    type=JOB_ID,
     help="The job whose bundle-output.md to accept.",
 )
 @click.option("--runner", default=None, help="Who produced the output (recorded).")
@@ -262,7 +269,7 @@ def finalize_cmd(
 
 
 @cli.command("run-job")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option(
     "--reviewer",
     default=None,

@@ -67,6 +67,23 @@ def export(
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
     in partition ``model``, or else the most recent across partitions."""
+    if (
+        model
+        and not store.conn.execute(
+            "SELECT 1 FROM acceptance WHERE model_partition = ? LIMIT 1", (model,)
+        ).fetchone()
+    ):
+        # A typo would rewrite the index empty while the files of the last export stay.
+        known = [
+            r[0]
+            for r in store.conn.execute(
+                "SELECT DISTINCT model_partition FROM acceptance ORDER BY 1"
+            )
+        ]
+        raise ReportError(
+            f"--model {model}: no review recorded in this partition "
+            f"(known: {', '.join(known) or 'none'}); nothing exported"
+        )
     rows = store.conn.execute(
         "SELECT a.*, p.rationale, p.gate_path, n.text AS note_text, g.text AS gate_text, "
         # The commit of the fix that wrote the accepted text, when a fix wrote it.
