@@ -444,6 +444,14 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         s = _sweep(t, i)
         if s.name in sweeps:
             raise ConfigError(f"[[sweeps]] {s.name!r}: defined twice")
+        # Like a bad cron expression: said now, not by a cron run failing every night.
+        for role in ("reviewer", "fixer", "auditor"):
+            name = getattr(s, role)
+            if name and name not in reviewers:
+                known = ", ".join(sorted(reviewers))
+                raise ConfigError(
+                    f"[[sweeps]] {s.name!r} {role}: no reviewer profile {name!r} (known: {known})"
+                )
         sweeps[s.name] = s
     return Settings(
         root=root_path,

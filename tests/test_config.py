@@ -50,6 +50,22 @@ BAD = [
     ('[[sweeps]]\nname = "n"\nauditor = 2\n', "[[sweeps]] 'n' auditor", "string"),
     ('[[sweeps]]\nname = "n"\ncron = 5\n', "[[sweeps]] 'n' cron", "string"),
     ('[[sweeps]]\nname = "n"\ngrouping = "lens"\n', "[[sweeps]] 'n' grouping", "not one of"),
+    # A profile typo failed the cron run every night, said only in the control's log.
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 2 * * *"\nreviewer = "claude-sonet"\n',
+        "[[sweeps]] 'n' reviewer",
+        "no reviewer profile 'claude-sonet' (known: offline)",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\nfix = true\nfixer = "fx"\n',
+        "[[sweeps]] 'n' fixer",
+        "no reviewer profile 'fx'",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\nauditor = "au"\n',
+        "[[sweeps]] 'n' auditor",
+        "no reviewer profile 'au'",
+    ),
 ]
 
 
