@@ -543,3 +543,21 @@ def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
     res = run_cli(*args)
     assert res.exit_code in (1, 2), res.stdout
     assert says in res.stderr and "internal error" not in res.stderr
+
+
+def test_run_job_runs_a_fix_job_with_a_fixer_of_another_partition(kb, run_cli):
+    """A fix records no decision: the sweep's fixer runs it by hand as on a worker, where
+    it was refused for writing another partition than the reviewed job's."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty-desc", description="")
+    kb.write("reviewq.toml", '[reviewers.fixbot]\nkind = "offline"\npartition = "fixbot"\n')
+    res = run_cli("enqueue", "--all-gates", "--fix", "--fixer", "fixbot", "--json")
+    (job,) = res.json()["jobs"]
+    assert run_cli("run-job", str(job["review_job_id"])).exit_code == 0
+    with Store.open(kb.state) as s:
+        fix_id, fixer = s.conn.execute(
+            "SELECT id, reviewer FROM review_jobs WHERE kind = 'fix'"
+        ).fetchone()
+    assert fixer == "fixbot"
+    res = run_cli("run-job", str(fix_id))
+    assert res.exit_code == 0, res.stderr

@@ -63,11 +63,12 @@ def open_attempt(
     back when it has launched the agent (its "launched" heartbeat, or the outcome when
     that heartbeat was lost or waits behind it).
     With ``partition`` (the runner's), a job of another partition is refused: its
-    decisions would be recorded under the wrong model."""
+    decisions would be recorded under the wrong model. A fix job records no decision
+    (its fixer may write another partition, as the queue allows), so any profile runs it."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if job is None:
         raise AttemptError(f"no review job {job_id}")
-    if partition is not None and job["model_partition"] != partition:
+    if partition is not None and job["kind"] != "fix" and job["model_partition"] != partition:
         raise AttemptError(
             f"reviewer {runner} writes partition {partition}, "
             f"but job {job_id} belongs to {job['model_partition']}"
