@@ -303,6 +303,20 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
     assert escs[0]["reason"].startswith("the auditor (auditor) failed every attempt")
 
 
+def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):
+    """Garbage output three times says nothing about the note: the report recommended
+    "reject" and the summary offered "approve", each a verdict nobody made."""
+    config(cyc, profile("fake", FAKE_MODE="bad"))
+    res = rq(cyc, "sweep", "--reviewer", "fake")
+    assert res.returncode == 1 and "1 job(s) failed" in res.stderr
+    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    report = (cyc.root / esc["report_path"]).read_text().splitlines()
+    assert report[1].startswith("Recommend redo: the reviewer failed every attempt (")
+    assert "no judgement of the note; repair the reviewer, then redo." in report[1]
+    summary = rq(cyc, "report").stdout
+    assert f'{NOTE} (1 gate(s)): reviewq decide {esc["id"]} redo --feedback "…"' in summary
+
+
 def sweep_runs(kb) -> int:
     if not (kb.state / "state.db").exists():
         return 0

@@ -122,18 +122,27 @@ class FollowUp:
         job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
         why = "; ".join(reasons[:3]) or "no reason recorded"
+        # An agent that failed every attempt said nothing about the note: the person is
+        # asked to repair it and redo, not to reject the note for it.
         if job["kind"] == "audit":
             # An audit records nothing of its own: the pairs, and a person's decision on
             # them, belong to the reviewed job's partition, not the auditor's.
-            reason = f"the auditor ({job['reviewer']}) failed every attempt: {why}"
-            for p in self._pairs(job_id):
-                self._escalate_pair(self.job(job["source_job_id"]), p, reason, opts, why)
-            return
-        what = "the fixer" if job["kind"] == "fix" else "the reviewer"
+            what = f"the auditor ({job['reviewer']})"
+            owner = self.job(job["source_job_id"])
+        else:
+            what = "the fixer" if job["kind"] == "fix" else "the reviewer"
+            owner = job
+        recommend = (
+            f"{what} failed every attempt ({why}), which is no judgement of the note; "
+            f"repair {what.split(' (')[0]}, then redo"
+        )
         for p in self._pairs(job_id):
-            self._escalate_pair(job, p, f"{what} failed every attempt: {why}", opts, why)
+            reason = f"{what} failed every attempt: {why}"
+            self._escalate_pair(owner, p, reason, opts, recommend, call="redo")
 
-    def _escalate_pair(self, job, p, reason: str, opts: dict, recommend: str) -> None:
+    def _escalate_pair(
+        self, job, p, reason: str, opts: dict, recommend: str, call: str = "reject"
+    ) -> None:
         partition = job["model_partition"]
         material = findings(p["rationale"]) or [reason]
         cycles.escalate(
@@ -148,6 +157,7 @@ class FollowUp:
             fixer=opts.get("fixer") or opts.get("reviewer") or job["reviewer"],
             material=material,
             recommend=recommend,
+            call=call,
         )
 
     # --- fixes ------------------------------------------------------------------------

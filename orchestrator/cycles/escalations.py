@@ -149,15 +149,18 @@ def escalate(
     fixer: str | None,
     material: list[str],
     recommend: str,
+    call: str = "reject",
 ) -> int | None:
-    """Raise an escalation (one open escalation per pair) and write its report."""
+    """Raise an escalation (one open escalation per pair) and write its report. ``call``
+    is what the report recommends: ``reject`` after rejections, ``redo`` when an agent
+    failed every attempt (that says nothing about the note)."""
     if is_open(store, partition, note_path, gate_id):
         return None
     n = count(store, partition, note_path, gate_id)
     with store.write():
         esc_id = store.conn.execute(
             "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, fixer, "
-            "report_path, raised_at, material, recommend) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?) "
+            "report_path, raised_at, material, recommend, call) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?) "
             "RETURNING id",
             (
                 partition,
@@ -170,6 +173,7 @@ def escalate(
                 utcnow(),
                 json.dumps(material),
                 recommend,
+                call,
             ),
         ).fetchone()[0]
         rel = f"escalations/escalation-{esc_id}.md"
@@ -239,7 +243,7 @@ def report(store: Store, esc_id: int) -> str:
     ] or ["- (no rejection cycles: " + e["reason"] + ")"]
     lines = [
         f"Gate review: {e['note_path']} — {e['gate_id']}",
-        f"Recommend reject: {recommend.rstrip('.')}.",
+        f"Recommend {e['call']}: {recommend.rstrip('.')}.",
         f"Cycles ({e['cycles']} consecutive rejection(s) in partition {e['model_partition']}):",
         *cycles,
         "",

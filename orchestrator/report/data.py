@@ -102,7 +102,7 @@ def _needs_you(
     open_escs = _rows(
         store,
         "SELECT id, note_path, gate_id, model_partition, reason, cycles, reviewer, fixer, "
-        "report_path, raised_at FROM escalations WHERE decision IS NULL ORDER BY id",
+        "report_path, raised_at, call FROM escalations WHERE decision IS NULL ORDER BY id",
     )
     notes: dict[str, list[dict]] = {}
     for e in open_escs:
@@ -179,6 +179,9 @@ def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) 
         "escalations": escs,
         "gates": [e["gate_id"] for e in escs],
         "fix_attempts": attempts,
+        # The command the summary shows: an agent that failed every attempt judged nothing,
+        # so approving (or rejecting) the note for it would record a verdict nobody made.
+        "suggested": "redo" if all(e["call"] == "redo" for e in escs) else "approve",
         "commands": {
             "approve": f"reviewq decide {target} approve",
             "redo": f'reviewq decide {target} redo --feedback "…"',

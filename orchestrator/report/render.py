@@ -98,7 +98,7 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for g in n["escalations"][:5]:
-        lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands']['approve']}")
+        lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands'][g['suggested']]}")
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
         lines.append(f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s)")
     for f in n["failed_jobs"][:3]:

@@ -307,4 +307,17 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        9,
+        "an escalation recommends a call: reject after rejections, redo after failures",
+        """
+        -- 'reject' (the note failed its gate again and again) or 'redo' (the agent failed
+        -- every attempt: no judgement of the note, so nothing to reject).
+        ALTER TABLE escalations ADD COLUMN call TEXT NOT NULL DEFAULT 'reject'
+            CHECK (call IN ('reject', 'redo'));
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
