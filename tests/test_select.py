@@ -429,3 +429,28 @@ def test_a_note_path_that_names_no_note_is_refused_in_one_line(
     if command == "enqueue":
         with Store.open(small.state) as store:
             assert store.conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("note_roots", "says"),
+    [
+        ('["kb/Notes"]', "note root kb/Notes: no such folder in"),
+        ('["../"]', "note root ..: outside the KB root"),
+    ],
+)
+def test_a_note_root_that_is_not_there_is_refused_not_read_as_no_notes(
+    small, run_cli, note_roots, says
+):
+    """A typo'd root was 'enqueued 0 job(s)' and exit 0, which reads as all fresh; '../'
+    listed the files beside the root as notes."""
+    small.write("reviewq.toml", f"[kb]\nnote_roots = {note_roots}\n")
+    for command in (("select", "--all-gates"), ("enqueue", "--all-gates")):
+        res = run_cli(*command)
+        assert res.exit_code == 1 and says in res.stderr, res.stderr
+
+
+def test_a_root_without_a_kb_is_refused(tmp_path, run_cli):
+    res = run_cli("select", "--all-gates", root=tmp_path)
+    assert res.exit_code == 1
+    assert "note root kb/notes: no such folder" in res.stderr
+    assert "is --root the folder that holds kb/?" in res.stderr

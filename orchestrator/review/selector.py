@@ -124,6 +124,16 @@ def select(
     if bad:
         raise SelectError(f"unknown reason {sorted(bad)[0]!r}: choose from {', '.join(REASONS)}")
 
+    for r in kb.note_roots:
+        # A root mistyped, or a --root without kb/ (a cron job started in the wrong
+        # folder), read as a KB of no notes: "0 pairs", which looks like "all fresh".
+        if r == ".." or r.startswith("../") or not kb.inside(str(kb.root / r)):
+            raise SelectError(f"note root {r}: outside the KB root {kb.root}")
+        if not (kb.root / r).is_dir():
+            raise SelectError(
+                f"note root {r or '.'}: no such folder in {kb.root} "
+                "(is --root the folder that holds kb/? see [kb] note_roots)"
+            )
     kb.problems.clear()
     paths = kb.note_files(note_paths)
     cache = NoteCache.open(cache_dir) if cache_dir is not None else None
