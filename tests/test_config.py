@@ -140,3 +140,37 @@ def test_a_root_that_is_not_a_folder_is_one_error_line(tmp_path, run_cli, comman
     assert res.exit_code == 1
     assert res.stderr.splitlines() == [f"error: --root {missing}: not a folder"]
     assert not missing.exists()
+
+
+def _immutable(path) -> bool:
+    """chattr +i: even root cannot write it (tests run as root, where modes do not stop it)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("chattr") is None:
+        return False
+    return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+
+
+def test_a_state_folder_that_cannot_be_written_is_named_as_such(kb, run_cli):
+    """It read "not a reviewq database" (a folder) or "another process holds it" (the
+    file): the first sends an operator to repair the one file they must not lose."""
+    import subprocess
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert run_cli("enqueue", "prose").exit_code == 0
+    for leftover in ("state.db-wal", "state.db-shm"):
+        (kb.state / leftover).unlink(missing_ok=True)
+    for target, command, says in (
+        (kb.state, "status", "cannot be opened for writing (unable to open database file)"),
+        (kb.state / "state.db", "report", "cannot be written here (attempt to write a readonly"),
+    ):
+        if not _immutable(target):
+            pytest.skip("chattr +i is not available on this file system")
+        try:
+            res = run_cli(command)
+        finally:
+            subprocess.run(["chattr", "-i", str(target)], check=True)
+        assert res.exit_code == 1 and says in res.stderr, res.stderr
+        assert "not a reviewq database" not in res.stderr

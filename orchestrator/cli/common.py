@@ -67,6 +67,11 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             raise Refused(str(exc)) from None
         except sqlite3.OperationalError as exc:
             # Nothing was changed: the transaction rolled back. Say what and how to go on.
+            if "readonly" in str(exc) or "unable to open" in str(exc):
+                raise Refused(
+                    f"state.db or a queue file cannot be written here ({exc}): reviewq needs "
+                    "write access to the state folder, even to read it. Nothing was changed."
+                ) from None
             raise Refused(
                 f"state.db or a queue file is unavailable ({exc}); another process holds it "
                 "longer than the busy timeout. Nothing was changed; run the command again."

@@ -93,6 +93,13 @@ class Store:
                 self.conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.DatabaseError as exc:
                 self.conn.close()
+                if "unable to open" in str(exc) or "readonly" in str(exc):
+                    # A permission, not a damaged file: "not a reviewq database" would send
+                    # the operator to repair the one file they must not lose.
+                    raise StoreError(
+                        f"{self.path}: cannot be opened for writing ({exc}); reviewq needs "
+                        "write access to the state folder, even to read it"
+                    ) from None
                 raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
             self._migrate()
         self.conn.execute("PRAGMA foreign_keys = ON")
