@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -537,3 +538,34 @@ def test_an_adapter_that_raises_before_launch_still_gives_an_outcome(tmp_path):
     )
     assert out.classification == "launch-failure"
     assert "{prompt_pth}" in out.reasons[0] and out.ended_at
+
+
+def test_heartbeats_keep_coming_when_connect_checks_are_more_frequent(tmp_path):
+    """Each connect-check window started the heartbeat clock again, so with a
+    connect_timeout at or below the heartbeat period no heartbeat was ever sent and a
+    healthy attempt was reaped as lost after one lease. The agent here waits on a FIFO
+    that the third heartbeat opens."""
+    from workers.attempt import run_attempt
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    profile = ReviewerProfile(
+        name="c", kind="command", command=("sh", "-c", f"read x < {fifo}"), connect_timeout=0.05
+    )
+    spec = AttemptSpec(
+        "review", 1, 1, tmp_path / "p", tmp_path / "o", tmp_path, tmp_path / "a", tmp_path, "m"
+    )
+    beats: list[float] = []
+
+    def beat() -> None:
+        beats.append(time.monotonic())
+        if len(beats) == 3:
+            fd = os.open(fifo, os.O_WRONLY)  # the agent has it open for reading: no wait
+            os.write(fd, b"go\n")
+            os.close(fd)
+
+    out = run_attempt(
+        for_profile(profile), spec, timeout_s=10, max_turns=1, on_tick=beat, tick_s=0.2
+    )
+    assert len(beats) >= 3, out.reasons
+    assert out.classification == "no-output"  # released by the test, not by the deadline

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import select
 import signal
@@ -99,13 +100,35 @@ def launch(
         )
 
 
+class Ticker:
+    """Calls ``fn`` every ``period`` seconds of one attempt's wait, however many waits it
+    is split into: the connect checks cut it into windows, and a clock that started again
+    with each window never reached a period shorter than the window (no heartbeat, and a
+    healthy attempt reaped as lost)."""
+
+    def __init__(self, fn: Callable[[], None] | None, period: float) -> None:
+        self.fn, self.period = fn, period
+        self.next = time.monotonic() + period
+
+    def due_in(self) -> float:
+        return self.next - time.monotonic() if self.fn is not None else math.inf
+
+    def run_if_due(self) -> None:
+        if self.fn is not None and time.monotonic() >= self.next:
+            self.fn()
+            self.next = time.monotonic() + self.period
+
+
 def wait_for_exit(
     proc: subprocess.Popen,
     deadline: float,
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 30.0,
+    ticker: Ticker | None = None,
 ) -> bool:
-    """True when the process exited before ``deadline`` (a monotonic time)."""
+    """True when the process exited before ``deadline`` (a monotonic time). ``on_tick``
+    runs every ``tick_s`` meanwhile (or ``ticker``'s, kept across several waits)."""
+    ticker = ticker or Ticker(on_tick, tick_s)
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
@@ -115,7 +138,7 @@ def wait_for_exit(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return proc.poll() is not None
-            step = min(remaining, tick_s) if on_tick else remaining
+            step = max(0.0, min(remaining, ticker.due_in()))
             if pidfd is not None:
                 ready, _, _ = select.select([pidfd], [], [], step)
                 if ready:
@@ -127,8 +150,7 @@ def wait_for_exit(
                     return True
                 except subprocess.TimeoutExpired:
                     pass
-            if on_tick is not None and deadline - time.monotonic() > 0:
-                on_tick()
+            ticker.run_if_due()
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -315,19 +337,20 @@ def _wait(
     every ``connect_timeout`` after, ask the adapter whether the CLI has reached its
     endpoint, and end it (killed here) when its own output says it has not."""
     deadline = start + timeout_s
+    ticker = Ticker(on_tick, tick_s)
     step = reviewer.profile.connect_timeout
     if not step:
-        return wait_for_exit(proc, deadline, on_tick, tick_s), None
+        return wait_for_exit(proc, deadline, ticker=ticker), None
     check = start + step
     while check < deadline:
-        if wait_for_exit(proc, check, on_tick, tick_s):
+        if wait_for_exit(proc, check, ticker=ticker):
             return True, None
         reason = reviewer.unreachable(spec)
         if reason:
             kill_group(proc)
             return False, reason
         check += step
-    return wait_for_exit(proc, deadline, on_tick, tick_s), None
+    return wait_for_exit(proc, deadline, ticker=ticker), None
 
 
 # --- agents left behind by a worker that died ----------------------------------------------
