@@ -159,3 +159,24 @@ def test_atomic_write_keeps_a_notes_mode_and_leaves_no_temp_file(tmp_path):
         atomic_write(note, object())  # type: ignore[arg-type]
     assert note.read_text() == "new\n"
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["MANIFEST.json", "note.md", "sub"]
+
+
+def test_frontmatter_delimiters_may_carry_trailing_blanks():
+    """An editor's stray space after the opening '---' made the whole block body text: the
+    note lost its type, status and description without a word."""
+    from orchestrator.kb.notes import parse_note_text
+
+    for text in ("--- \ntitle: A\n---\nBody.\n", "---\ntitle: A\n---  \nBody.\n"):
+        parsed = parse_note_text(text)
+        assert parsed.meta == {"title": "A"}, text
+
+
+def test_the_title_is_the_first_h1_outside_fenced_code():
+    """A shell comment in a code block before the real H1 was the note's title: editing the
+    real title left title-watching gates fresh, editing the comment made them stale."""
+    from orchestrator.kb.notes import _first_heading
+
+    body = "```sh\n# install deps\n```\n\n~~~\n# not this\n~~~\n# Swarms start when congested #\n"
+    assert _first_heading(body) == "Swarms start when congested"
+    assert _first_heading("  # Indented title\n") == "Indented title"
+    assert _first_heading("# C# in a title\n") == "C# in a title"

@@ -561,3 +561,19 @@ def test_run_job_runs_a_fix_job_with_a_fixer_of_another_partition(kb, run_cli):
     assert fixer == "fixbot"
     res = run_cli("run-job", str(fix_id))
     assert res.exit_code == 0, res.stderr
+
+
+def test_create_jobs_takes_one_pair_however_its_note_path_is_spelled(flow, run_cli):
+    """'./kb/notes/a.md' and 'kb/notes//a.md' are one pair: as two, the second INSERT
+    failed a UNIQUE constraint and no job was created, not even for the other targets."""
+    spellings = [NOTE_A, f"./{NOTE_A}", NOTE_A.replace("notes/", "notes//"), NOTE_B]
+    selection = json.dumps(
+        {
+            "model_partition": "fake",
+            "targets": [{"note_path": p, "gate_id": "prose/body-check"} for p in spellings],
+        }
+    )
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "gate", "--json", input=selection)
+    assert res.exit_code == 0, res.stderr
+    pairs = [(p["note_path"], p["gate_id"]) for j in res.json()["jobs"] for p in j["pairs"]]
+    assert sorted(pairs) == [(NOTE_A, "prose/body-check"), (NOTE_B, "prose/body-check")]

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,14 +61,17 @@ def split_frontmatter(text: str) -> tuple[str | None, str]:
     """(frontmatter block or None, body). The body is everything after the block."""
     if text.startswith("\ufeff"):
         text = text[1:]
-    if not (text.startswith("---\n") or text.startswith("---\r\n") or text.rstrip("\r\n") == "---"):
-        return None, text
+    # Delimiter lines may carry trailing blanks, as Jekyll and python-frontmatter allow: an
+    # editor's stray space after the opening '---' turned the whole block into body text.
     first_nl = text.find("\n")
+    first = text if first_nl == -1 else text[:first_nl]
+    if first.rstrip() != "---":
+        return None, text
     pos = first_nl + 1
     while pos <= len(text):
         nl = text.find("\n", pos)
         line = text[pos:] if nl == -1 else text[pos:nl]
-        if line.rstrip("\r") in ("---", "..."):
+        if line.rstrip() in ("---", "..."):
             block = text[first_nl + 1 : pos]
             body = "" if nl == -1 else text[nl + 1 :]
             return block, body
@@ -187,10 +191,27 @@ def _key_text(key: object) -> str:
     return json.dumps(key) if isinstance(key, (bool, int, float)) or key is None else str(key)
 
 
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_H1 = re.compile(r" {0,3}# +(.*?)(?: +#+)? *$")
+
+
 def _first_heading(body: str) -> str:
+    """The first level-1 ATX heading outside fenced code: a shell comment in a code block
+    is not the note's title."""
+    fence = ""
     for line in body.splitlines():
-        if line.startswith("# "):
-            return line[2:].strip()
+        m = _FENCE.match(line)
+        if m:
+            if not fence:
+                fence = m.group(1)
+            elif m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = ""
+            continue
+        if fence:
+            continue
+        h = _H1.match(line)
+        if h:
+            return h.group(1).strip()
     return ""
 
 

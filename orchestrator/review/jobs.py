@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -258,7 +259,9 @@ def create_jobs(
     seen: set[tuple[str, str]] = set()
     items: list[_Item] = []
     for t in targets:
-        note_path, gate_id = t["note_path"], t["gate_id"]
+        # As check_rel spells it: "./kb/notes/a.md" and "kb/notes//a.md" are one pair, which
+        # two items would make twice (a UNIQUE failure that created no job at all).
+        note_path, gate_id = posixpath.normpath(t["note_path"]), t["gate_id"]
         key = (note_path, gate_id)
         if key in seen:
             continue
