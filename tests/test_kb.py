@@ -141,6 +141,16 @@ def test_fast_path_never_disagrees_on_arbitrary_text(text):
     assert fast == (yaml.safe_load(text) or {})
 
 
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029"])
+def test_fast_path_leaves_yamls_line_separators_to_yaml(sep):
+    """YAML breaks a line at U+2028/U+2029: taken by the fast path, a pasted one made a note
+    readable or 'broken YAML' depending on other, unrelated keys."""
+    block = f"title: Brood\ndescription: eggs, larvae{sep}and pupae\n"
+    assert parse_simple(block) is None
+    with pytest.raises(yaml.YAMLError):
+        yaml.safe_load(block)
+
+
 def test_fast_path_takes_the_common_shape():
     block = "title: Varroa is the main cause\ndescription: 'A mite, not the cold, kills colonies.'\ntype: kb/types/note.md\nstatus: current\ntags: [pests, winter]\n"
     assert parse_simple(block) == yaml.safe_load(block)

@@ -16,7 +16,8 @@ _KEY = r"[A-Za-z_][A-Za-z0-9_-]*"
 _LINE = re.compile(rf"^({_KEY}):(?:[ ]+(.*))?$")
 # A plain scalar YAML 1.1 resolves to a string: starts with a letter or '/', no
 # indicators that change meaning, and not one of the implicit bool/null words.
-_TEXT = "\\x20-\\x7e\\u00a0-\\ud7ff\\ue000-\\ufefe\\uff00-\\ufffd"
+# U+2028/U+2029 are line breaks to YAML: left to it, which says so (U+0085 is outside already).
+_TEXT = "\\x20-\\x7e\\u00a0-\\u2027\\u202a-\\ud7ff\\ue000-\\ufefe\\uff00-\\ufffd"
 _PLAIN = re.compile(rf"^[A-Za-z/][{_TEXT}]*$")
 _RESERVED = frozenset(["y", "n", "yes", "no", "true", "false", "on", "off", "null"])
 _SQUOTED = re.compile(rf"^'([{_TEXT}]*)'$")
