@@ -454,3 +454,19 @@ def test_a_root_without_a_kb_is_refused(tmp_path, run_cli):
     assert res.exit_code == 1
     assert "note root kb/notes: no such folder" in res.stderr
     assert "is --root the folder that holds kb/?" in res.stderr
+
+
+def test_a_relative_type_spec_named_like_a_catalog_one_is_warned_about(kb, run_cli):
+    """Type specs are gates by name: './types/definition.md' beside kb/types/definition.md
+    cannot be a second type/definition, and its notes' type pairs went unreviewed silently."""
+    kb.type_spec("definition")
+    kb.note("by-name", type="definition")
+    kb.write("kb/notes/sub/types/definition.md", "---\nname: definition\n---\n# Local\n")
+    kb.write("kb/notes/sub/rel.md", note_text_with_type("./types/definition.md"))
+    res = run_cli("select", "type")
+    assert res.exit_code == 0, res.stderr
+    assert (
+        "warning: kb/notes/sub/types/definition.md: type spec named like "
+        "kb/types/definition.md (both are type/definition)" in res.stderr
+    )
+    assert res.stderr.count("type spec named like") == 1

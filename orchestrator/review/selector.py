@@ -146,7 +146,10 @@ def select(
     sel.notes = {n.path: n for n in notes}
 
     if any(s == "type" or s.startswith("type/") for s in selectors):
+        catalog = catalog.copy()  # the workspace's cached catalog stays as the files say
+        known = len(catalog.problems)
         _add_note_relative_types(kb, catalog, notes)
+        sel.problems.extend(catalog.problems[known:])
     gates = catalog.resolve(selectors, all_gates)
 
     key = None
@@ -209,7 +212,19 @@ def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> Non
         if key is None or key.startswith("kb/types/"):
             continue
         name = key.rsplit("/", 1)[-1][:-3]
-        if name in catalog.types or not (kb.root / key).is_file():
+        taken = catalog.types.get(name)
+        if taken is not None and taken.path != key and (kb.root / key).is_file():
+            # Type specs are gates by name (type/NAME): this one cannot be one beside the
+            # other, and its notes' conformance pairs would go unreviewed without a word.
+            problem = FileProblem(
+                key,
+                f"type spec named like {taken.path} (both are type/{name}); the notes that "
+                "name this one get no type review until one of the two is renamed",
+            )
+            if problem not in catalog.problems:
+                catalog.problems.append(problem)
+            continue
+        if taken is not None or not (kb.root / key).is_file():
             continue
         try:
             catalog.types[name] = type_gate(key, (kb.root / key).read_bytes())
