@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import posixpath
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -259,29 +258,27 @@ def create_jobs(
     seen: set[tuple[str, str]] = set()
     items: list[_Item] = []
     for t in targets:
+        raw, gate_id = t["note_path"], t["gate_id"]
+        note = loader.note(raw)
+        if isinstance(note, str):
+            batch.skipped.append(Skipped(raw, gate_id, note))
+            continue
         # As check_rel spells it: "./kb/notes/a.md" and "kb/notes//a.md" are one pair, which
         # two items would make twice (a UNIQUE failure that created no job at all).
-        note_path, gate_id = posixpath.normpath(t["note_path"]), t["gate_id"]
-        key = (note_path, gate_id)
+        key = (note[0], gate_id)
         if key in seen:
             continue
         seen.add(key)
         if key in active:
             job_id, status = active[key]
-            batch.skipped.append(Skipped(note_path, gate_id, f"already in {status} job {job_id}"))
+            batch.skipped.append(Skipped(raw, gate_id, f"already in {status} job {job_id}"))
             continue
         if key in held:
-            batch.skipped.append(
-                Skipped(note_path, gate_id, "escalated: waits for a human decision")
-            )
-            continue
-        note = loader.note(note_path)
-        if isinstance(note, str):
-            batch.skipped.append(Skipped(note_path, gate_id, note))
+            batch.skipped.append(Skipped(raw, gate_id, "escalated: waits for a human decision"))
             continue
         gate = loader.gate(gate_id, t.get("gate_path"))
         if isinstance(gate, str):
-            batch.skipped.append(Skipped(note_path, gate_id, gate))
+            batch.skipped.append(Skipped(raw, gate_id, gate))
             continue
         items.append(_Item(note[0], gate, note[1], note[2]))
 
