@@ -127,7 +127,9 @@ def await_fifo(path: Path, timeout: float = 60) -> str:
             if not chunk:
                 break
             data += chunk
-        return data.decode()
+        # Two writers that were waiting for a reader may both have written (two agents at
+        # once): the first line is the event awaited, as said.
+        return data.decode().split("\n", 1)[0]
     finally:
         os.close(fd)
 
