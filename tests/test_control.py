@@ -14,6 +14,17 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 
+def _open_escalation(ws: Workspace, reason: str, material: list[str], recommend: str) -> int:
+    """An open escalation of alpha against prose/clarity, raised as the control would."""
+    from orchestrator.cycles.escalations import escalate
+
+    return escalate(
+        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
+        gate_id="prose/clarity", reason=reason, reviewer="offline", fixer="offline",
+        material=material, recommend=recommend,
+    )  # fmt: skip
+
+
 def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, monkeypatch):
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
@@ -233,7 +244,6 @@ def test_a_redo_whose_fix_job_cannot_be_queued_leaves_the_escalation_open(kb, ru
     import sqlite3
 
     import orchestrator.control.followup as followup
-    from orchestrator.cycles.escalations import escalate
     from orchestrator.review.finalize import finalize
 
     kb.gate("prose/clarity", ["body"])
@@ -242,11 +252,7 @@ def test_a_redo_whose_fix_job_cannot_be_queued_leaves_the_escalation_open(kb, ru
     (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
     output = _pass_output(ws, job.review_job_id).replace(b"## Result: PASS", b"## Result: FAIL")
     assert finalize(ws.store, ws.state_dir, job.review_job_id, output).status == "completed"
-    esc_id = escalate(
-        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
-        gate_id="prose/clarity", reason="three rejections", reviewer="offline",
-        fixer="offline", material=["- major: unclear"], recommend="say it plainly",
-    )  # fmt: skip
+    esc_id = _open_escalation(ws, "three rejections", ["- major: unclear"], "say it plainly")
     ws.store.close()
     real = followup.create_fix_job
 
@@ -295,16 +301,11 @@ def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(k
 
 
 def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed(kb, run_cli):
-    from orchestrator.cycles.escalations import escalate
 
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     ws = Workspace.open(kb.root)
-    esc_id = escalate(
-        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
-        gate_id="prose/clarity", reason="three rejections", reviewer="offline",
-        fixer="offline", material=["- major: unclear"], recommend="say it plainly",
-    )  # fmt: skip
+    esc_id = _open_escalation(ws, "three rejections", ["- major: unclear"], "say it plainly")
     report = ws.state_dir / f"escalations/escalation-{esc_id}.md"
     ws.store.close()
     report.write_bytes(b"# Gate review\nNotes by a person: caf\xe9\nmore\n")  # Latin-1
@@ -554,7 +555,6 @@ def test_a_follow_up_that_cannot_be_made_is_logged_and_the_outcome_kept(kb, monk
 def _escalated(kb, decision: str) -> tuple[Workspace, int]:
     """A finalized review of alpha against prose/clarity with ``decision``, and an open
     escalation of that pair."""
-    from orchestrator.cycles.escalations import escalate
     from orchestrator.review.finalize import finalize
 
     kb.gate("prose/clarity", ["body"])
@@ -563,11 +563,7 @@ def _escalated(kb, decision: str) -> tuple[Workspace, int]:
     (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
     output = _pass_output(ws, job.review_job_id).replace(b"PASS", decision.encode())
     assert finalize(ws.store, ws.state_dir, job.review_job_id, output).status == "completed"
-    esc_id = escalate(
-        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
-        gate_id="prose/clarity", reason="the auditor refuted a PASS", reviewer="offline",
-        fixer="offline", material=["- major: unclear"], recommend="say it plainly",
-    )  # fmt: skip
+    esc_id = _open_escalation(ws, "the auditor refuted a PASS", ["- major: unclear"], "say it plainly")
     return ws, esc_id
 
 
@@ -607,16 +603,11 @@ def test_a_redo_while_the_notes_fix_job_is_open_is_refused(kb, run_cli):
 def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(kb, run_cli):
     """A job that failed every attempt recorded no decision: a redo (after the reviewer
     was repaired) queues no fix, closes the escalation, and the next sweep reviews it."""
-    from orchestrator.cycles.escalations import escalate
 
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     ws = Workspace.open(kb.root)
-    esc_id = escalate(
-        ws.store, ws.state_dir, ws.root, partition="offline", note_path="kb/notes/alpha.md",
-        gate_id="prose/clarity", reason="the reviewer failed every attempt", reviewer="offline",
-        fixer="offline", material=["no output"], recommend="repair the reviewer",
-    )  # fmt: skip
+    esc_id = _open_escalation(ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer")
     ws.store.close()
     res = run_cli("decide", str(esc_id), "redo", "--feedback", "Try again.")
     assert res.exit_code == 0, res.stderr
@@ -663,11 +654,7 @@ def test_an_escalation_report_lists_only_the_rejections_that_still_count(kb):
     with ws.store.write():
         cycles.reject(ws.store, *pair, "review-fail", 1, "high: the body is empty.")
         cycles.reset(ws.store, *pair)
-    esc_id = cycles.escalate(
-        ws.store, ws.state_dir, ws.root, partition="offline", note_path=pair[1],
-        gate_id=pair[2], reason="the reviewer failed every attempt", reviewer="offline",
-        fixer="offline", material=["no output"], recommend="repair the reviewer",
-    )  # fmt: skip
+    esc_id = _open_escalation(ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer")
     text = cycles.report(ws.store, esc_id)
     assert "Cycle 1" not in text and "the body is empty" not in text
     assert "- (no rejection cycles: the reviewer failed every attempt)" in text

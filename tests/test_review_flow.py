@@ -244,12 +244,7 @@ def test_failed_rereview_keeps_the_earlier_acceptance(flow, run_cli):
     assert run_cli("finalize", "--review-job-id", str(job["review_job_id"])).exit_code == 0
     before = acceptance_rows(flow)
     flow.write(NOTE_A, flow.read(NOTE_A) + "more\n")
-    job2 = create(
-        run_cli,
-        select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A),
-        "--grouping",
-        "note",
-    )["jobs"][0]
+    job2 = alpha_job(run_cli)
     write_output(flow, job2, mode="bad")
     assert run_cli("finalize", "--review-job-id", str(job2["review_job_id"])).exit_code == 1
     assert acceptance_rows(flow) == before
@@ -374,14 +369,14 @@ def test_warn_queue_and_export_match_the_database(flow, run_cli):
 # --- run-job: real agent processes ---------------------------------------------------------
 
 
+def alpha_job(run_cli, selector: str = "prose") -> dict:
+    """The job create-jobs makes for alpha's stale pairs of ``selector``."""
+    sel = select_json(run_cli, selector, "--model", "fake", "--note", NOTE_A)
+    return create(run_cli, sel, "--grouping", "note")["jobs"][0]
+
+
 def one_job(flow, run_cli, selector: str = "prose") -> str:
-    jobs = create(
-        run_cli,
-        select_json(run_cli, selector, "--model", "fake", "--note", NOTE_A),
-        "--grouping",
-        "note",
-    )["jobs"]
-    return str(jobs[0]["review_job_id"])
+    return str(alpha_job(run_cli, selector)["review_job_id"])
 
 
 def job_row(flow, jid: str):
@@ -481,12 +476,7 @@ def test_a_third_rejection_finalized_by_hand_is_escalated(flow, run_cli):
     for cycle in (1, 2, 3):
         # A person's edit between the reviews, as a fix's would be: the pair is stale again.
         flow.write(NOTE_A, flow.read(NOTE_A) + f"Edit {cycle}.\n")
-        job = create(
-            run_cli,
-            select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A),
-            "--grouping",
-            "note",
-        )["jobs"][0]
+        job = alpha_job(run_cli)
         write_output(flow, job, decisions="FAIL")
         res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
         assert res.exit_code == 0, res.stderr
