@@ -56,17 +56,24 @@ def db(kb) -> sqlite3.Connection:
     return conn
 
 
-def queue_fix(root: KB, store: Store, state: Path, note_path: str) -> int | None:
-    """A fix job by the ``fake`` profile for a note's FAILs, outside any sweep."""
+def queue_fix(
+    root: KB,
+    store: Store,
+    state: Path,
+    note_path: str,
+    partition: str = "fake",
+    fixer: str = "fake",
+) -> int | None:
+    """A fix job by the ``fixer`` profile for a note's FAILs, outside any sweep."""
     return create_fix_job(
         root,
         load_catalog(root),
         store,
         state,
         note_path=note_path,
-        partition="fake",
-        fixer="fake",
-        review_reviewer="fake",
+        partition=partition,
+        fixer=fixer,
+        review_reviewer=partition,
         sweep=None,
         sweep_run_id=None,
         source_job_id=None,

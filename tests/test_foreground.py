@@ -97,26 +97,12 @@ def test_run_job_with_a_reviewer_of_another_partition_is_one_line_and_starts_not
 
 def _fix_job_then_a_persons_edit(kb, fixer_toml: str) -> tuple[Workspace, int, str, str]:
     """A FAIL, a fix job queued for it, then a person's edit of the note before it runs."""
-    from orchestrator.cycles.fixes import create_fix_job
-
     kb.gate("prose/body-check", ["body"])
     note = kb.note("alpha", body="Alpha body.\n")
     kb.write("reviewq.toml", fixer_toml)
     kb.accept("offline", [(note, "prose/body-check")], decision="FAIL")
     ws = Workspace.open(kb.root)
-    job_id = create_fix_job(
-        ws.kb,
-        ws.catalog(),
-        ws.store,
-        ws.state_dir,
-        note_path=note,
-        partition="offline",
-        fixer="given",
-        review_reviewer="offline",
-        sweep=None,
-        sweep_run_id=None,
-        source_job_id=None,
-    )
+    job_id = queue_fix(ws.kb, ws.store, ws.state_dir, note, partition="offline", fixer="given")
     person = kb.read(note) + "A person's sentence.\n"
     kb.write(note, person)
     return ws, job_id, note, person
