@@ -659,3 +659,26 @@ def test_an_escalation_report_lists_only_the_rejections_that_still_count(kb):
     assert "Cycle 1" not in text and "the body is empty" not in text
     assert "- (no rejection cycles: the reviewer failed every attempt)" in text
     ws.close()
+
+
+def test_a_follow_up_that_cannot_be_made_does_not_undo_a_third_rejections_escalation(
+    kb, monkeypatch
+):
+    """The follow-ups shared one savepoint: the next bundle's failure (its profile gone)
+    rolled back the escalation made just before, leaving the pair at three rejections with
+    nobody told."""
+    from orchestrator.cycles import escalations as cycles
+
+    ws, control, msg = _sequential_job_dispatched(kb)
+    pair = ("offline", "kb/notes/alpha.md", "frontmatter/title-check")
+    with ws.store.write():
+        for job in (101, 102):
+            cycles.reject(ws.store, *pair, "review-fail", job, "high: no title.")
+    monkeypatch.delitem(ws.settings.reviewers, "offline")
+    failing = _outcome(ws, msg, output=_pass_output(ws, msg["job_id"]).replace(b"PASS", b"FAIL"))
+    control.on_messages([], [failing])
+    escs = ws.store.conn.execute("SELECT note_path, gate_id FROM escalations").fetchall()
+    assert [tuple(e) for e in escs] == [pair[1:]]
+    (failed,) = _events(ws, "followup.failed")
+    assert failed["follow_up"] == "next bundle of kb/notes/alpha.md"
+    ws.close()

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from orchestrator import logs
+from orchestrator.config import ConfigError
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.escalations import DecideError
 from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job, open_fix_job
@@ -77,14 +78,19 @@ class FollowUp:
                 continue
             n = cycles.count(self.store, job["model_partition"], p["note_path"], p["gate_id"])
             if n >= cycles.ESCALATE_AT:
-                self._escalate_pair(
-                    job, p, f"{n} consecutive rejections", opts, cycles.gist(p["rationale"])
-                )
+                # Each follow-up in a savepoint of its own: one that cannot be made must not
+                # undo the others (a third rejection's escalation above all).
+                with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
+                    self._escalate_pair(
+                        job, p, f"{n} consecutive rejections", opts, cycles.gist(p["rationale"])
+                    )
             elif opts.get("fix"):
                 fix_notes.add(p["note_path"])
         for note_path in sorted(fix_notes):
-            self._start_fix(job, note_path, opts, feedback=self._asks(job))
-        self._audit(job, pairs, opts)
+            with self._or_logged(job_id, f"fix of {note_path}"):
+                self._start_fix(job, note_path, opts, feedback=self._asks(job))
+        with self._or_logged(job_id, "audit"):
+            self._audit(job, pairs, opts)
         if opts.get("sequential"):
             self._next_bundle(job, opts)
 
@@ -447,6 +453,15 @@ class FollowUp:
                 # Renamed or deleted since its review: the sweep goes on without it.
                 self.log.warning(
                     "sequential.skipped", job_id=job["id"], note_path=note_path, reason=str(exc)
+                )
+            except (ConfigError, SelectError, SelectionError) as exc:
+                # A profile, a gate or a note root gone since: said once per note, and the
+                # job's other follow-ups stand.
+                self.log.error(
+                    "followup.failed",
+                    job_id=job["id"],
+                    follow_up=f"next bundle of {note_path}",
+                    error=f"{type(exc).__name__}: {exc}",
                 )
 
     def _asks(self, job) -> str | None:
