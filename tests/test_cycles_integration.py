@@ -308,6 +308,13 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
         escs = conn.execute("SELECT model_partition, reviewer, reason FROM escalations").fetchall()
     assert [tuple(e)[:2] for e in escs] == [("fake", "fake")]
     assert escs[0]["reason"].startswith("the auditor (auditor) failed every attempt")
+    # The reviewer's PASS stands: a redo has nothing to fix, so the report does not send
+    # the person to one (decide refuses it).
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    report = (kb.root / esc["report_path"]).read_text().splitlines()
+    assert report[1].startswith("Recommend approve: the auditor (auditor) failed every attempt")
+    summary = rq(kb, "report").stdout
+    assert f"reviewq decide {esc['id']} approve" in summary
 
 
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):

@@ -132,19 +132,26 @@ class FollowUp:
         # asked to repair it and redo, not to reject the note for it.
         if job["kind"] == "audit":
             # An audit records nothing of its own: the pairs, and a person's decision on
-            # them, belong to the reviewed job's partition, not the auditor's.
+            # them, belong to the reviewed job's partition, not the auditor's. Its PASSes
+            # stand, so a redo has nothing to fix (decide refuses it): approve, or repair
+            # the auditor and audit again.
             what = f"the auditor ({job['reviewer']})"
-            owner = self.job(job["source_job_id"])
+            owner, call = self.job(job["source_job_id"]), "approve"
+            recommend = (
+                f"{what} failed every attempt ({why}); the reviewer's PASS stands unaudited: "
+                "approve it, or repair the auditor"
+            )
         else:
             what = "the fixer" if job["kind"] == "fix" else "the reviewer"
-            owner = job
-        recommend = (
-            f"{what} failed every attempt ({why}), which is no judgement of the note; "
-            f"repair {what.split(' (')[0]}, then redo"
-        )
+            owner, call = job, "redo"
+            recommend = (
+                f"{what} failed every attempt ({why}), which is no judgement of the note; "
+                f"repair {what}, then redo"
+            )
         for p in self._pairs(job_id):
             reason = f"{what} failed every attempt: {why}"
-            self._escalate_pair(owner, p, reason, opts, recommend, call="redo")
+            with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
+                self._escalate_pair(owner, p, reason, opts, recommend, call=call)
 
     def _escalate_pair(
         self, job, p, reason: str, opts: dict, recommend: str, call: str = "reject"

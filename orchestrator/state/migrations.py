@@ -310,12 +310,13 @@ MIGRATIONS.append(
 MIGRATIONS.append(
     (
         9,
-        "an escalation recommends a call: reject after rejections, redo after failures",
+        "an escalation recommends a call: reject after rejections, redo or approve after failures",
         """
-        -- 'reject' (the note failed its gate again and again) or 'redo' (the agent failed
-        -- every attempt: no judgement of the note, so nothing to reject).
+        -- 'reject' (the note failed its gate again and again), 'redo' (the reviewer or the
+        -- fixer failed every attempt: no judgement of the note, so nothing to reject) or
+        -- 'approve' (the auditor failed every attempt: the reviewer's PASS stands unaudited).
         ALTER TABLE escalations ADD COLUMN call TEXT NOT NULL DEFAULT 'reject'
-            CHECK (call IN ('reject', 'redo'));
+            CHECK (call IN ('reject', 'redo', 'approve'));
         """,
     )
 )
