@@ -190,3 +190,7 @@ def test_the_title_is_the_first_h1_outside_fenced_code():
     assert _first_heading(body) == "Swarms start when congested"
     assert _first_heading("  # Indented title\n") == "Indented title"
     assert _first_heading("# C# in a title\n") == "C# in a title"
+    # A closing fence has no info string; a backtick fence's info string has no backtick.
+    assert _first_heading("```python\n# x\n```python\n# y\n```\n# Title\n") == "Title"
+    assert _first_heading("``` a ` b\n# Title\n") == "Title"
+    assert _first_heading("~~~~\n# a\n~~~\n# b\n~~~~\n# Title\n") == "Title"

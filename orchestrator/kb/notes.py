@@ -191,23 +191,24 @@ def _key_text(key: object) -> str:
     return json.dumps(key) if isinstance(key, (bool, int, float)) or key is None else str(key)
 
 
-_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)$")
 _H1 = re.compile(r" {0,3}# +(.*?)(?: +#+)? *$")
 
 
 def _first_heading(body: str) -> str:
     """The first level-1 ATX heading outside fenced code: a shell comment in a code block
-    is not the note's title."""
+    is not the note's title. Fences as CommonMark has them: a backtick fence's info string
+    holds no backtick, and a closing fence has no info string."""
     fence = ""
     for line in body.splitlines():
         m = _FENCE.match(line)
-        if m:
-            if not fence:
-                fence = m.group(1)
-            elif m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+        if fence:
+            closes = m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)
+            if closes and not m.group(2).strip():
                 fence = ""
             continue
-        if fence:
+        if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
+            fence = m.group(1)
             continue
         h = _H1.match(line)
         if h:
