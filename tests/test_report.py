@@ -347,7 +347,14 @@ def test_a_job_queued_before_the_last_report_and_run_after_it_is_in_the_next(kb,
     kb.gate("frontmatter/has-description", ["description"])
     kb.note("empty", description="")
     kb.note("full")
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.broken]\nkind = "command"\ncommand = ["/nonexistent/agent"]\n'
+        'partition = "offline"\n',
+    )
     jobs = run_cli("enqueue", "--all-gates", "--json").json()["jobs"]
+    # An attempt before the report: its program is missing; the job goes back to the queue.
+    assert run_cli("run-job", str(jobs[0]["review_job_id"]), "--reviewer", "broken").exit_code == 1
     res = run_cli("report")  # a person looks: two jobs queued
     assert res.exit_code == 0, res.stderr
     for job in jobs:
@@ -355,3 +362,5 @@ def test_a_job_queued_before_the_last_report_and_run_after_it_is_in_the_next(kb,
     data = run_cli("report", "--json").json()
     assert data["reviewed"]["pairs"] == 2
     assert data["reviewed"]["decisions"] == {"PASS": 1, "FAIL": 1}
+    # Each attempt counts in the report of its own window: the launch failure was told.
+    assert data["reviewed"]["attempts"] == {"finalized": 2}

@@ -32,7 +32,7 @@ def gather(
         "generated_at": now,
         "needs_you": _needs_you(store, state_dir, scope, args, limit, now),
         "kb_changes": _kb_changes(store, scope, args, limit),
-        "reviewed": _reviewed(store, scope, args, limit),
+        "reviewed": _reviewed(store, scope, args, limit, period),
         "trends": _trends(store, period),
     }
 
@@ -261,7 +261,15 @@ def _kb_changes(store: Store, scope: str, args: tuple, limit: int | None) -> dic
 # --- what was reviewed -------------------------------------------------------------------------
 
 
-def _reviewed(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
+def _attempts_in(period: Period) -> str:
+    """Which attempts of the jobs in scope count (their cost, tokens, outcomes): a job that
+    ran on both sides of a report is in both, each attempt in one."""
+    if period.run_id is not None:
+        return "1"
+    return "(a.started_at >= ?1 AND a.started_at < ?2 OR a.ended_at >= ?1 AND a.ended_at < ?2)"
+
+
+def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: Period) -> dict:
     # CROSS JOIN keeps SQLite from scanning every pair ever recorded: the period's jobs
     # first, then their pairs by job id (3x faster on a 10,000-job night).
     pair_scope = (
@@ -284,13 +292,14 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
         "COALESCE(SUM(a.cost_usd), 0) AS cost_usd, COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
         "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, COALESCE(SUM(a.duration_s), 0) AS agent_s, "
         f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed "
-        f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {scope} GROUP BY 1 ORDER BY 1",
+        f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {scope} "
+        f"AND {_attempts_in(period)} GROUP BY 1 ORDER BY 1",
         args,
     )
     attempts = dict(
         store.conn.execute(
             f"SELECT a.outcome, count(*) FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id "
-            f"WHERE {scope} GROUP BY 1 ORDER BY 2 DESC",
+            f"WHERE {scope} AND {_attempts_in(period)} GROUP BY 1 ORDER BY 2 DESC",
             args,
         ).fetchall()
     )
@@ -306,6 +315,8 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
         f"WHERE {scope} AND j.grouping != 'human'",
         args,
     ).fetchone()
+    if first and period.run_id is None:
+        first = max(first, period.since)  # a job queued before the window: from its start
     wall = (
         (parse_timestamp(last) - parse_timestamp(first)).total_seconds() if first and last else 0.0
     )
