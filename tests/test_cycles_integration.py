@@ -271,15 +271,21 @@ def test_sequential_sweep_waits_on_earlier_bundles(kb):
     assert prose == {"kb/notes/good.md"}  # the note whose frontmatter fails got no prose job
 
 
-def test_audit_disagreement_escalates_with_both_rationales(kb):
+def audited_sweep(kb, **auditor_env: str) -> subprocess.CompletedProcess:
+    """A sweep of alpha against an audited gate: the ``fake`` reviewer PASSes it, and the
+    ``auditor`` profile (partition ``audit``) runs the fake agent with ``auditor_env``."""
     kb.gate("prose/body-check", ["body"], audit=True)
     kb.note("alpha", body="Alpha body.\n")
     config(
         kb,
         profile("fake", FAKE_DECISIONS="PASS"),
-        profile("auditor", partition="audit", FAKE_DECISIONS="FAIL"),
+        profile("auditor", partition="audit", **auditor_env),
     )
-    res = rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
+    return rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
+
+
+def test_audit_disagreement_escalates_with_both_rationales(kb):
+    res = audited_sweep(kb, FAKE_DECISIONS="FAIL")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert len(out["escalations"]) == 1 and "auditor" in out["escalations"][0]["reason"]
@@ -295,14 +301,7 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
 def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb):
     """The auditor's partition holds no review of the pair: escalated there, a person's
     approve wrote a human PASS into a partition that never reviewed it."""
-    kb.gate("prose/body-check", ["body"], audit=True)
-    kb.note("alpha", body="Alpha body.\n")
-    config(
-        kb,
-        profile("fake", FAKE_DECISIONS="PASS"),
-        profile("auditor", partition="audit", FAKE_MODE="bad"),
-    )
-    res = rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
+    res = audited_sweep(kb, FAKE_MODE="bad")
     assert res.returncode == 1 and "1 job(s) failed" in res.stderr  # the audit job
     with db(kb) as conn:
         escs = conn.execute("SELECT model_partition, reviewer, reason FROM escalations").fetchall()
