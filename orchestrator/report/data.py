@@ -45,11 +45,15 @@ def _scope(period: Period) -> tuple[str, tuple]:
     if period.run_id is not None:
         return "j.sweep_run_id = ?", (period.run_id,)
     return (
-        "(j.created_at >= ?1 AND j.created_at < ?2 OR j.finished_at >= ?1 AND j.finished_at < ?2 "
-        "OR EXISTS (SELECT 1 FROM attempts a0 WHERE a0.job_id = j.id AND "
-        "(a0.started_at >= ?1 AND a0.started_at < ?2 OR a0.ended_at >= ?1 AND a0.ended_at < ?2)))",
+        f"({_in_window('j.created_at', 'j.finished_at')} OR EXISTS (SELECT 1 FROM attempts a0 "
+        f"WHERE a0.job_id = j.id AND {_in_window('a0.started_at', 'a0.ended_at')}))",
         (period.since, period.until),
     )
+
+
+def _in_window(*columns: str) -> str:
+    """Any of these times in the window, whose bounds are the parameters ?1 and ?2."""
+    return "(" + " OR ".join(f"{c} >= ?1 AND {c} < ?2" for c in columns) + ")"
 
 
 def _rows(store: Store, sql: str, args: tuple = ()) -> list[dict]:
@@ -266,7 +270,7 @@ def _attempts_in(period: Period) -> str:
     ran on both sides of a report is in both, each attempt in one."""
     if period.run_id is not None:
         return "1"
-    return "(a.started_at >= ?1 AND a.started_at < ?2 OR a.ended_at >= ?1 AND a.ended_at < ?2)"
+    return _in_window("a.started_at", "a.ended_at")
 
 
 def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: Period) -> dict:
