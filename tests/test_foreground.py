@@ -19,6 +19,16 @@ from .test_queue_integration import FAST_QUEUE, db, fake_profile, log_lines, rq,
 pytestmark = pytest.mark.integration
 
 
+def _one_job_for_fake(kb) -> None:
+    """Job 1: the note's frontmatter gate for the fake reviewer, made as a person would."""
+    sel = rq(kb, "select", "frontmatter", "--model", "fake", "--json")
+    made = reviewq_process(
+        "--root", str(kb.root), "create-jobs", "--input", "-", "--grouping", "note",
+        input=sel.stdout,
+    )
+    assert made.returncode == 0, made.stderr
+
+
 def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
     small_kb(kb, notes=1)
     # A lease of 1 s and a reaper every 0.2 s: an attempt with no heartbeats is lost at once.
@@ -29,18 +39,7 @@ def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
             "reaper_seconds = 0.5", "reaper_seconds = 0.2"
         ),
     )
-    sel = rq(kb, "select", "frontmatter", "--model", "fake", "--json")
-    made = reviewq_process(
-        "--root",
-        str(kb.root),
-        "create-jobs",
-        "--input",
-        "-",
-        "--grouping",
-        "note",
-        input=sel.stdout,
-    )
-    assert made.returncode == 0, made.stderr
+    _one_job_for_fake(kb)
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
     try:
@@ -55,6 +54,39 @@ def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
     assert outcomes == [(1, "finalized")] and status == "completed"
     # Reaped, the job would be queued again and a worker could run a second agent on it.
     assert not [e for e in log_lines(kb) if e["event"] == "attempt.lost"]
+
+
+def test_a_reaper_between_run_jobs_end_and_its_finalize_does_not_take_the_attempt(
+    kb, monkeypatch
+):
+    """The attempt's end and its finalize are one transaction: a control process's reaper
+    that runs between them would otherwise find an attempt that "ended but was not acted
+    on", queue the job again, and a worker would run a second agent on it."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers import foreground
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    other = Workspace.open(kb.root)  # the control process's own connection
+    control = Control(other, send_review=lambda msg: None, hooks=FollowUp(other))
+    reaped: list[int] = []
+    original = foreground.finalize_by_hand
+
+    def reap_first(*args, **kwargs):
+        reaped.append(control.reap())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(foreground, "finalize_by_hand", reap_first)
+    ws = Workspace.open(kb.root)
+    res = run_job(ws, 1, "fake")
+    assert res.ok, res.outcome.reasons
+    assert reaped == [0]
+    row = ws.store.conn.execute("SELECT status, attempt FROM review_jobs WHERE id = 1").fetchone()
+    assert tuple(row) == ("completed", 1)
+    ws.close()
+    other.close()
 
 
 def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):

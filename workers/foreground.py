@@ -91,31 +91,35 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     )
     result: FinalizeResult | None = None
     followed = Followed()
-    record_end(
-        store,
-        job_id,
-        opened.attempt,
-        outcome.classification,
-        exit_code=outcome.exit_code,
-        ended_at=outcome.ended_at,
-        reasons=outcome.reasons,
-        telemetry=outcome.telemetry,
-        duration_s=outcome.duration_s,
-    )
-    if outcome.classification == OUTPUT and opened.kind == "fix":
-        result = _apply_fix(ws, job_id, opened.attempt, outcome)
-    elif outcome.classification == OUTPUT:
-        result, followed = finalize_by_hand(
-            ws,
+    # The end and what follows it are one transaction: a control process's reaper that
+    # saw the end alone would take the attempt for "ended but not acted on" and queue
+    # the job again for a worker.
+    with store.write():
+        record_end(
+            store,
             job_id,
-            outcome.output,
-            Provenance(runner=profile.name, telemetry=outcome.telemetry or None),
-            attempt=opened.attempt,
+            opened.attempt,
+            outcome.classification,
+            exit_code=outcome.exit_code,
+            ended_at=outcome.ended_at,
+            reasons=outcome.reasons,
+            telemetry=outcome.telemetry,
+            duration_s=outcome.duration_s,
         )
-    elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
-        requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
-    else:
-        fail_job(store, ws.state_dir, job_id, outcome.reasons)
+        if outcome.classification == OUTPUT and opened.kind == "fix":
+            result = _apply_fix(ws, job_id, opened.attempt, outcome)
+        elif outcome.classification == OUTPUT:
+            result, followed = finalize_by_hand(
+                ws,
+                job_id,
+                outcome.output,
+                Provenance(runner=profile.name, telemetry=outcome.telemetry or None),
+                attempt=opened.attempt,
+            )
+        elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
+            requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
+        else:
+            fail_job(store, ws.state_dir, job_id, outcome.reasons)
     return ForegroundResult(outcome, result, followed)
 
 
