@@ -682,3 +682,36 @@ def test_a_follow_up_that_cannot_be_made_does_not_undo_a_third_rejections_escala
     (failed,) = _events(ws, "followup.failed")
     assert failed["follow_up"] == "next bundle of kb/notes/alpha.md"
     ws.close()
+
+
+def test_the_reaper_leaves_an_attempt_finalized_by_hand_since_it_looked(kb):
+    """The reaper decides from what it reads under the write lock: a person's
+    ``reviewq finalize`` between its look and its write keeps its job and its attempt."""
+    from contextlib import contextmanager
+    from datetime import UTC, datetime
+
+    from orchestrator.control.followup import finalize_by_hand
+    from orchestrator.review.finalize import Provenance
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    control.now = lambda: datetime(2099, 1, 1, tzinfo=UTC)  # every lease long past
+    person = Workspace.open(kb.root)
+    write = control.store.write
+
+    @contextmanager
+    def finalized_first():
+        control.store.write = write  # once
+        res, _ = finalize_by_hand(
+            person, 1, _pass_output(person, 1), Provenance(runner="offline")
+        )
+        assert res.ok, res.failure_reasons
+        with write() as conn:
+            yield conn
+
+    control.store.write = finalized_first
+    assert control.reap() == 0
+    assert ("attempt.lost", None) not in _story(ws, 1)
+    row = ws.store.conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()
+    assert row[0] == "completed"
+    person.close()
+    ws.close()

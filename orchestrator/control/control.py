@@ -41,6 +41,13 @@ from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
 
+# The current attempt of each running job: what the reaper looks at.
+_REAPABLE = (
+    "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, j.reviewer "
+    "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+    "WHERE j.status = 'running' AND a.attempt = j.attempt"
+)
+
 
 class Hooks(Protocol):
     """What the control process does after a job ends (SPEC §7), called inside the
@@ -605,27 +612,20 @@ class Control:
         """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while
         the control process was down before its outcome was acted on."""
         now = self.now()
-        lease = timedelta(seconds=self.settings.queue.lease_seconds)
-        rows = self.store.conn.execute(
-            "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, j.reviewer, j.status, "
-            "j.attempt AS current FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            "WHERE j.status = 'running' AND a.attempt = j.attempt"
-        ).fetchall()
+        rows = self.store.conn.execute(_REAPABLE).fetchall()
         reaped = 0
         for r in rows:
-            lost_reason = None
-            if r["outcome"] == "running" and parse_timestamp(r["heartbeat_at"]) < now - lease:
-                lost_reason = f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
-            elif r["outcome"] == "dispatched":
-                profile = self.settings.reviewers.get(r["reviewer"] or "")
-                wait = lease + timedelta(seconds=profile.timeout if profile else 0)
-                if parse_timestamp(r["started_at"]) < now - wait:
-                    lost_reason = "never picked up by a worker"
-            elif r["outcome"] not in ("dispatched", "running"):
-                lost_reason = f"ended ({r['outcome']}) but was not acted on"
-            if lost_reason is None:
+            if self._lost_reason(r, now) is None:
                 continue
             with self.store.write():
+                # Read again under the lock: a manual finalize or run-job may have acted
+                # on the attempt since the look above.
+                r = self.store.conn.execute(
+                    _REAPABLE + " AND a.job_id = ?", (r["job_id"],)
+                ).fetchone()
+                lost_reason = self._lost_reason(r, now) if r is not None else None
+                if lost_reason is None:
+                    continue
                 self.store.conn.execute(
                     "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') THEN 'lost' "
                     "ELSE outcome END, ended_at = COALESCE(ended_at, ?), reasons = COALESCE(reasons, ?) "
@@ -655,6 +655,22 @@ class Control:
                     "job.failed", job_id=r["job_id"], reviewer=r["reviewer"], reasons=reasons
                 )
         return reaped
+
+    def _lost_reason(self, r, now: datetime) -> str | None:  # noqa: ANN001 - a _REAPABLE row
+        """Why this running job's current attempt counts as lost, or None while it may
+        still end."""
+        lease = timedelta(seconds=self.settings.queue.lease_seconds)
+        if r["outcome"] == "running":
+            if parse_timestamp(r["heartbeat_at"]) < now - lease:
+                return f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
+            return None
+        if r["outcome"] == "dispatched":
+            profile = self.settings.reviewers.get(r["reviewer"] or "")
+            wait = lease + timedelta(seconds=profile.timeout if profile else 0)
+            if parse_timestamp(r["started_at"]) < now - wait:
+                return "never picked up by a worker"
+            return None
+        return f"ended ({r['outcome']}) but was not acted on"
 
     def tick(self) -> None:
         self.reap()
