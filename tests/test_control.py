@@ -715,3 +715,19 @@ def test_the_reaper_leaves_an_attempt_finalized_by_hand_since_it_looked(kb):
     assert row[0] == "completed"
     person.close()
     ws.close()
+
+
+def test_an_outcome_that_comes_again_after_it_was_kept_changes_nothing(kb):
+    """A control process stopped between keeping a batch and taking it off the queue
+    meets the batch again: the attempt stays as it was decided, and the log says so."""
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    outcome = _outcome(ws, sent[0])
+    control.on_messages([], [outcome])
+    control.on_messages([], [outcome])
+    row = ws.store.conn.execute("SELECT outcome FROM attempts WHERE job_id = 1").fetchone()
+    assert row[0] == "finalized"
+    assert [e for e, _ in _story(ws, 1) if e != "attempt.dispatched"][-2:] == [
+        "job.finalized",
+        "attempt.repeated",
+    ]
+    ws.close()

@@ -217,8 +217,9 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
 # --- outcomes waiting together are taken together ----------------------------------------------
 
 
-@pytest.mark.parametrize("queue", ["sqlite", "redis"])
-def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request, queue):
+def _three_outcomes_waiting(kb, monkeypatch, request, queue):  # noqa: ANN202
+    """Three dispatched jobs, their heartbeats and outcomes waiting on the real control
+    queue (SQLite or Redis), and a spy on the control's transactions."""
     from orchestrator.control.control import Control
     from orchestrator.control.followup import FollowUp
     from orchestrator.review.bundle import end_line, start_line
@@ -236,7 +237,7 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
     assert control.dispatch() == 3
-    app = make_app(ws.settings)  # the real SQLite control queue in the state folder
+    app = make_app(ws.settings)  # the real control queue
     monkeypatch.setattr(tasks, "_control", control)
     batches: list[tuple[int, int]] = []
     real = control.on_messages
@@ -255,6 +256,12 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
         send("attempt_heartbeat", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
         send("deliver_outcome", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
     assert app.control.pending_count() == 6
+    return ws, app, control, batches
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request, queue):
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
     task = app.control.dequeue()  # what the consumer does with one message
     if queue == "redis":
         # Taking what waits must not block: the consumer's blocking read would hold every
@@ -265,6 +272,39 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
         monkeypatch.setattr(app.control.storage.conn, "brpop", blocked)
     app.control.execute(task)
     assert batches == [(3, 3)] and app.control.pending_count() == 0
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
+    assert statuses == ["completed"] * 3
+    ws.close()
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_batch_stays_on_the_queue_until_its_transaction_commits(
+    kb, monkeypatch, request, queue
+):
+    """A control process stopped mid-batch (here by an interrupt inside the transaction)
+    finds the batch's messages again: only the one Huey was running is gone, and its
+    job's outcome is still among them."""
+    from workers import tasks
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
+
+    class Stopped(BaseException):
+        pass
+
+    real = control.on_messages
+
+    def stopped(beats, outcomes):
+        with ws.store.write():
+            real(beats, outcomes)
+            raise Stopped
+
+    monkeypatch.setattr(control, "on_messages", stopped)
+    with pytest.raises(Stopped):
+        tasks.attempt_heartbeat(app.control.dequeue().args[0])
+    assert app.control.pending_count() == 5
+    monkeypatch.setattr(control, "on_messages", real)
+    app.control.execute(app.control.dequeue())  # the restarted control's first message
+    assert app.control.pending_count() == 0
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["completed"] * 3
     ws.close()

@@ -169,19 +169,47 @@ except ImportError:  # pragma: no cover
     QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
 
 
-def take_waiting(huey: Huey):  # noqa: ANN201 - a huey Task, or None
-    """The next message already waiting on ``huey``, or None at once: never the blocking
-    read the consumer uses, which on Redis waits its read timeout (1 s) on an empty queue.
-    A queue that does not answer counts as empty here; the consumer waits it out."""
+def waiting(huey: Huey, limit: int) -> list[tuple[object, Any]]:
+    """Up to ``limit`` messages waiting on ``huey``, oldest first, each with the token
+    :func:`acknowledge` takes it off the queue by: they stay on it until then, so a
+    process killed before it has kept what they say loses none of them. Only for a queue
+    with one consumer (the control queue), which nothing else reads meanwhile. Never the
+    blocking read the consumer uses; a queue that does not answer counts as empty."""
     storage = huey.storage
     try:
         if isinstance(storage, RedisStorage):
-            data = storage.conn.rpop(storage.queue_key)
+            # LPUSH puts the newest at the head: the oldest are at the tail.
+            found = [(d, d) for d in reversed(storage.conn.lrange(storage.queue_key, -limit, -1))]
         else:
-            data = SqliteStorage.dequeue(storage)
+            found = storage.sql(
+                "select id, data from task where queue = ? order by priority desc, id limit ?",
+                (storage.name, limit),
+                results=True,
+            )
     except QUEUE_UNAVAILABLE:
-        return None
-    return huey.deserialize_task(data) if data is not None else None
+        return []
+    return [(token, huey.deserialize_task(data)) for token, data in found]
+
+
+@retry(
+    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
+    wait=wait_exponential(multiplier=0.2, max=10),
+    stop=stop_after_delay(120),
+    reraise=True,
+)
+def acknowledge(huey: Huey, tokens: list[object]) -> None:
+    """Take messages :func:`waiting` returned off the queue, once what they say is kept."""
+    if not tokens:
+        return
+    storage = huey.storage
+    if isinstance(storage, RedisStorage):
+        pipe = storage.conn.pipeline()
+        for data in tokens:
+            pipe.lrem(storage.queue_key, -1, data)  # from the tail: the oldest copy
+        pipe.execute()
+    else:
+        marks = ", ".join("?" * len(tokens))
+        storage.sql(f"delete from task where id in ({marks})", tokens, commit=True)
 
 
 def install_app(app: App) -> None:

@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import send, take_waiting, the_app
+from .queues import acknowledge, send, the_app, waiting
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -286,8 +286,10 @@ def attempt_heartbeat(msg: dict, *version_1: object) -> None:
 
 def _take_waiting(kind: str, first: dict) -> None:
     """Handle this message with the outcomes and heartbeats waiting behind it, in one
-    transaction, then dispatch once. Other tasks taken off the queue meanwhile go back on
-    it (a dispatch nudge is dropped: the dispatch here does its work)."""
+    transaction, then dispatch once. Those stay on the queue until the transaction has
+    committed: a control process killed meanwhile finds them again when it restarts (a
+    lost outcome would cost an agent's run). Other tasks are left where they are (a
+    dispatch nudge is dropped: the dispatch here does its work)."""
     refused = messages.refusal(kind, first)
     if refused is not None:
         logs.get().error("message.refused", **refused)
@@ -295,27 +297,42 @@ def _take_waiting(kind: str, first: dict) -> None:
     control = _the_control()
     huey = _control_queue()
     batch: list[tuple[str, dict, object]] = [(kind, first, None)]
-    others = []
+    taken: list[object] = []  # acknowledged once the batch is kept
     nudged = False
-    while huey is not None and len(batch) < BATCH:
-        task = take_waiting(huey)
-        if task is None:
-            break
+    for token, task in waiting(huey, BATCH - 1) if huey is not None else []:
         name = {"deliver_outcome": "outcome", "attempt_heartbeat": "heartbeat"}.get(task.name)
-        msg = task.args[0] if task.args else None
         if name is None:
             if task.name == "dispatch":
                 nudged = True  # done below, once
-            else:
-                others.append(task)
+                taken.append(token)
             continue
+        taken.append(token)
+        msg = task.args[0] if task.args else None
         refused = messages.refusal(name, msg)
         if refused is not None:
             logs.get().error("message.refused", **refused)
             continue
         batch.append((name, msg, task))
-    for task in others:
-        huey.enqueue(task)
+    # Taken off once kept, or once back on the queue with one retry less (_one_by_one);
+    # not on an interrupt, which leaves the transaction uncommitted and the messages owed.
+    try:
+        _keep(control, huey, batch)
+    except Exception:
+        _acknowledge(huey, taken)
+        raise
+    _acknowledge(huey, taken)
+    if nudged or any(k == "outcome" for k, _, _ in batch):
+        control.dispatch()
+
+
+def _acknowledge(huey, taken: list[object]) -> None:  # noqa: ANN001
+    if huey is not None:
+        acknowledge(huey, taken)
+
+
+def _keep(control: Control, huey, batch: list[tuple[str, dict, object]]) -> None:  # noqa: ANN001
+    """The batch in one transaction; if that fails, its messages one by one."""
+    first = batch[0][1]
     beats = [m for k, m, _ in batch if k == "heartbeat"]
     outcomes = [m for k, m, _ in batch if k == "outcome"]
     try:
@@ -335,8 +352,6 @@ def _take_waiting(kind: str, first: dict) -> None:
             attempt=first.get("attempt"),
         )
         _one_by_one(control, huey, batch)
-    if outcomes or nudged:
-        control.dispatch()
 
 
 def _one_by_one(control: Control, huey, batch: list[tuple[str, dict, object]]) -> None:  # noqa: ANN001

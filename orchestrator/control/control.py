@@ -576,6 +576,14 @@ class Control:
                 "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
                 (utcnow(), job_id, attempt),
             )
+            row = self.store.conn.execute(
+                "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+            ).fetchone()
+        if row is not None and row[0] not in ("superseded", "lost"):
+            # Acted on already: a control process stopped after keeping a batch and before
+            # taking it off the queue meets its outcomes again.
+            self.log.info("attempt.repeated", job_id=job_id, attempt=attempt, outcome=row[0])
+            return
         self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
 
     def _only_our_writes(self, o: dict) -> bool:
