@@ -176,6 +176,22 @@ def test_a_gemini_policy_the_engine_drops_is_the_profile_s_failure(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        "API Error: unable to get local issuer certificate",
+        "API Error: certificate has expired",
+        "API Error: The socket connection was closed unexpectedly.",
+        "Request was aborted.",
+    ],
+)
+def test_a_claude_api_error_with_no_http_status_is_a_reviewer_failure(tmp_path, message):
+    # api_error_status null: nothing answered, whatever the words; with a turn counted,
+    # it was "no-output" before, counted against the job.
+    t = _telemetry(tmp_path, "claude", json.dumps({**CLAUDE_DOWN, "result": message}))
+    assert (t.failure, t.error) == ("unreachable", message)
+
+
 def test_limits_and_job_errors_are_no_reviewer_failure(tmp_path):
     assert _telemetry(tmp_path, "claude", json.dumps(CLAUDE_MAX_TURNS)).failure is None
     too_long = {**CLAUDE_401, "api_error_status": 400, "result": "prompt is too long"}

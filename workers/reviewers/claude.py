@@ -77,6 +77,10 @@ class ClaudeReviewer(Reviewer):
             status = _num(r.get("api_error_status"), int)
             if status is not None or r.get("terminal_reason") == "api_error":
                 t.failure = failure_kind(r["result"], status)
+            if t.failure is None and status is None and r.get("terminal_reason") == "api_error":
+                # No HTTP status: no model answered at all (a TLS failure, a closed socket,
+                # an aborted request), in whatever words.
+                t.failure = "unreachable"
         return t
 
     def _unfinished(self, spec: AttemptSpec, events: list[dict]) -> Telemetry:
