@@ -558,3 +558,88 @@ def test_a_job_queued_in_one_partition_does_not_block_another_partition(kb, run_
     sel = run_cli("select", "--all-gates", "--model", "model-a", "--json")
     again = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
     assert again.json()["jobs"] == []
+
+
+# --- what an agent leaves behind is read safely ------------------------------------------
+
+
+def _bounded_attempt(tmp_path, script: str, kind: str = "command"):
+    """_run in a thread, so an attempt that hangs fails the test instead of holding it."""
+    import threading
+
+    done: dict = {}
+    thread = threading.Thread(
+        target=lambda: done.update(out=_run(tmp_path, script, kind=kind, timeout=3)), daemon=True
+    )
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the attempt was still running 27 s past its deadline"
+    return done["out"]
+
+
+def test_an_output_left_as_a_fifo_is_refused_not_waited_on(tmp_path):
+    out = _bounded_attempt(tmp_path, "import os; os.mkfifo(os.environ['REVIEWQ_OUTPUT_PATH'])")
+    assert out.classification == "invalid-output"
+    assert out.reasons == ["out.md is not a regular file (a FIFO, socket or device)"]
+
+
+def test_an_output_left_as_a_symlink_is_refused_and_what_it_points_at_is_not_read(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-OUTSIDE-THE-JOB\n")
+    out = _bounded_attempt(
+        tmp_path, f"import os; os.symlink({str(secret)!r}, os.environ['REVIEWQ_OUTPUT_PATH'])"
+    )
+    assert out.classification == "invalid-output" and out.output is None
+    assert out.reasons == ["out.md is a symbolic link, not a file"]
+
+
+@pytest.mark.parametrize(
+    "report",  # a Python expression: the file's text
+    [
+        """'{"num_turns": 2, "cost_usd": 1' + '0' * 400 + '}'""",  # float() of it overflows
+        """'{"num_turns": 1' + '0' * 30 + '}'""",  # past SQLite's INTEGER
+        "'[' * 200_000",  # deeper than the JSON parser goes
+    ],
+)
+def test_a_telemetry_report_past_the_parsers_limits_still_gives_an_outcome(tmp_path, report):
+    script = (
+        "import os, pathlib; e = os.environ; "
+        f"pathlib.Path(e['REVIEWQ_TELEMETRY_PATH']).write_text({report}); "
+        "pathlib.Path(e['REVIEWQ_OUTPUT_PATH']).write_text('review')"
+    )
+    out = _bounded_attempt(tmp_path, script)
+    assert out.classification == "output" and out.output == b"review"
+    assert "cost_usd" not in out.telemetry
+    assert out.telemetry.get("num_turns") in (None, 2)
+
+
+def test_an_adapter_whose_report_reader_raises_still_gives_an_outcome(tmp_path):
+    spec = _spec(tmp_path)
+    reviewer = for_profile(ReviewerProfile(name="c", kind="command", command=("true",)))
+
+    def broken(spec):
+        raise RuntimeError("a shape nobody foresaw")
+
+    reviewer.telemetry = broken  # type: ignore[method-assign]
+    out = run_attempt(reviewer, spec, timeout_s=10, max_turns=5)
+    assert out.classification == "no-output"
+    assert out.telemetry["error"] == "unreadable CLI report: RuntimeError: a shape nobody foresaw"
+
+
+def test_an_agent_is_awaited_with_more_than_1024_descriptors_open(tmp_path):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1100: no descriptor can pass 1023")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        out = _run(tmp_path, "print('ok')", kind="command")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert out.classification == "no-output" and out.exit_code == 0

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from orchestrator.review.finalize import read_output
+from orchestrator.review.finalize import FinalizeError, read_output
 from orchestrator.state.store import utcnow
 
 from .kbwatch import WATCH
 from .reviewers import AttemptSpec, Reviewer
-from .reviewers.base import priced
+from .reviewers.base import Telemetry, priced
 from .reviewers.vendor import bounded, failure_kind
 
 OUTPUT = "output"
@@ -133,15 +133,18 @@ def wait_for_exit(
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
         pidfd = None
+    poller = None
+    if pidfd is not None:
+        poller = select.poll()  # not select(): it fails on descriptors past 1023
+        poller.register(pidfd, select.POLLIN)
     try:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return proc.poll() is not None
             step = max(0.0, min(remaining, ticker.due_in()))
-            if pidfd is not None:
-                ready, _, _ = select.select([pidfd], [], [], step)
-                if ready:
+            if poller is not None:
+                if poller.poll(step * 1000):
                     proc.wait()
                     return True
             else:
@@ -271,12 +274,20 @@ def run_attempt(
     out.duration_s = time.monotonic() - start
     out.ended_at = utcnow()
     out.exit_code = proc.returncode
-    telemetry = priced(reviewer.telemetry(spec), reviewer.profile)
+    try:
+        telemetry = priced(reviewer.telemetry(spec), reviewer.profile)
+    except Exception as exc:
+        # A report no adapter foresaw must not cost the outcome: the attempt would be
+        # reaped as lost and its agent run again, and again.
+        telemetry = Telemetry(error=bounded(f"unreadable CLI report: {type(exc).__name__}: {exc}"))
     if unreachable:
         telemetry.error = unreachable
         telemetry.failure = failure_kind(unreachable) or "unreachable"
     out.telemetry = telemetry.to_json()
-    out.output = read_output(spec.output_path, max_output_bytes)
+    try:
+        out.output, refused = read_output(spec.output_path, max_output_bytes), None
+    except FinalizeError as exc:
+        out.output, refused = None, str(exc)
     too_large = out.output is not None and len(out.output) > max_output_bytes
     if too_large:
         out.output = None  # not carried anywhere: the size is the whole story
@@ -291,6 +302,9 @@ def run_attempt(
     if out.touched:
         out.classification = TOUCHED_KB
         out.reasons = [f"the reviewer changed {p}" for p in out.touched]
+    elif refused:
+        out.classification = INVALID_OUTPUT
+        out.reasons = [refused]
     elif too_large:
         try:
             size = spec.output_path.stat().st_size
@@ -345,7 +359,10 @@ def _wait(
     while check < deadline:
         if wait_for_exit(proc, check, ticker=ticker):
             return True, None
-        reason = reviewer.unreachable(spec)
+        try:
+            reason = reviewer.unreachable(spec)
+        except Exception:
+            reason = None  # what cannot be read says nothing of the endpoint
         if reason:
             kill_group(proc)
             return False, reason

@@ -8,7 +8,10 @@ regenerated from the database at any time.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,12 +60,25 @@ class FinalizeResult:
 
 def read_output(path: Path, max_bytes: int) -> bytes | None:
     """An output file, or None if there is none. At most ``max_bytes + 1`` bytes are read,
-    so a 50 MB output costs no more memory than the limit and still fails as too large."""
+    so a 50 MB output costs no more memory than the limit and still fails as too large.
+    Anything but a regular file is refused (:class:`FinalizeError`): a symbolic link's
+    bytes belong to whatever it points at (a note, a key), and a FIFO would hold the read
+    until someone writes to it."""
     try:
-        with open(path, "rb") as f:
-            return f.read(max_bytes + 1)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FinalizeError(f"{path.name} is a symbolic link, not a file") from None
+        raise
+    with open(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            return None
+        if not stat.S_ISREG(mode):
+            raise FinalizeError(f"{path.name} is not a regular file (a FIFO, socket or device)")
+        return f.read(max_bytes + 1)
 
 
 def parse_telemetry(value: str | None) -> dict | None:

@@ -42,6 +42,9 @@ from orchestrator.config import PLACEHOLDERS, ReviewerProfile
 
 TASKS = ("review", "fix", "audit")
 _MAX_TELEMETRY_BYTES = 1_000_000  # a few numbers; anything longer is not telemetry
+# What reading a CLI's JSON may raise: not JSON, or nested deeper than the parser goes.
+UNREADABLE = (ValueError, RecursionError)
+_MAX_COUNT = 2**63  # SQLite's INTEGER; a count past it is not a count
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ def _num(value: object, kind: type) -> int | float | None:
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if not -_MAX_COUNT < value < _MAX_COUNT:
+        return None
     return kind(value)
 
 
@@ -133,7 +138,7 @@ def telemetry_from_file(path: Path) -> Telemetry:
     try:
         with path.open("rb") as f:
             data = json.loads(f.read(_MAX_TELEMETRY_BYTES).decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, *UNREADABLE):
         return Telemetry()
     if not isinstance(data, dict):
         return Telemetry()
@@ -146,6 +151,7 @@ def telemetry_from_file(path: Path) -> Telemetry:
         error_subtype=data.get("error_subtype")
         if isinstance(data.get("error_subtype"), str)
         else None,
+        raw=data,
     )
 
 

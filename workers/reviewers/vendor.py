@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .base import AttemptSpec, Telemetry, _num
+from .base import UNREADABLE, AttemptSpec, Telemetry, _num
 
 _MAX_LOG_BYTES = 8 * 1024 * 1024
 
@@ -38,12 +38,12 @@ def json_objects(path: Path) -> Iterator[dict]:
         return
     try:
         whole = json.loads(text)
-    except ValueError:
+    except UNREADABLE:
         whole = None
         for line in text.splitlines():
             try:
                 item = json.loads(line)
-            except ValueError:
+            except UNREADABLE:
                 continue
             if isinstance(item, dict):
                 yield item
@@ -132,7 +132,7 @@ def unwrap(message: str) -> tuple[str, int | None]:
     its error's message): its inner message and status code."""
     try:
         doc = json.loads(message)
-    except ValueError:
+    except UNREADABLE:
         return message, None
     err = doc.get("error") if isinstance(doc, dict) else None
     if isinstance(err, dict) and isinstance(err.get("message"), str):
@@ -156,7 +156,7 @@ def last_document(path: Path) -> dict | None:
     for m in re.finditer(r"(?m)^\{", text):
         try:
             doc, _ = decoder.raw_decode(text, m.start())
-        except ValueError:
+        except UNREADABLE:
             continue
         if isinstance(doc, dict):
             found = doc
