@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import socket
 import threading
 import time
@@ -407,12 +408,14 @@ def server() -> Iterator[FakeServer]:
     srv.httpd.server_close()
 
 
-def openai_profile(kb, base_url: str, args: str = '["temperature=0", "max_tokens=2048"]') -> None:
+def openai_profile(
+    kb, base_url: str, args: str = '["temperature=0", "max_tokens=2048"]', extra: str = ""
+) -> None:
     kb.write(
         "reviewq.toml",
         PROFILES + f'\n[reviewers.local]\nkind = "openai"\nmodel = "qwen3:8b"\npartition = "fake"\n'
         f'base_url = "{base_url}"\napi_key_env = "REVIEWQ_TEST_KEY"\ntimeout = "30s"\n'
-        f"args = {args}\n",
+        f"args = {args}\n{extra}",
     )
 
 
@@ -471,7 +474,9 @@ def test_openai_server_error_exits_nonzero_without_the_key(kb2, run_cli, monkeyp
     openai_profile(kb2, server.url)
     res = run(kb2, make_job(run_cli), "local")
     assert res.outcome.exit_code == 1
-    assert res.outcome.classification == "launch-failure"  # fast, no turns: not the job's fault
+    # The server's failure, however long it took to say so: never counted against the job.
+    assert res.outcome.classification == "reviewer-failure"
+    assert res.outcome.reasons[0].startswith("server: HTTP 500 from ")
     stderr = _stderr(kb2)
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
     assert stderr.startswith("openai reviewer: HTTP 500 from ")
@@ -486,10 +491,68 @@ def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     openai_profile(kb2, f"http://user:pw@127.0.0.1:{port}")
     res = run(kb2, make_job(run_cli), "local")
-    assert res.outcome.exit_code == 1 and res.outcome.classification == "launch-failure"
+    assert res.outcome.exit_code == 1 and res.outcome.classification == "reviewer-failure"
     stderr = _stderr(kb2)
     assert stderr.startswith(f"openai reviewer: cannot reach http://127.0.0.1:{port}/v1/")
     assert "Traceback" not in stderr and "pw" not in stderr and KEY not in stderr
+    assert "pw" not in json.dumps(res.outcome.reasons)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "failure"),
+    [
+        (504, "upstream timed out", "server"),
+        (429, "slow down", "rate-limit"),
+        (401, "bad key", "auth"),
+        (None, "did not answer with a chat completion", "server"),
+    ],
+)
+def test_openai_says_why_no_model_answered_however_long_it_took(tmp_path, status, body, failure):
+    """The agent's account of an HTTP error in the telemetry file makes the attempt the
+    reviewer's failure: past the 15-s launch window it was "no-output" before, counted
+    against the job and escalated."""
+    spec = AttemptSpec("review", 1, 1, *(tmp_path / n for n in "poja"), tmp_path, "m")
+    spec.attempt_dir.mkdir()
+    error = f"HTTP {status} from http://h/v1/chat/completions: {body}" if status else body
+    report = {"error": error, "status": status, "failure": None if status else "server"}
+    spec.telemetry_path.write_text(json.dumps(report))
+    profile = ReviewerProfile(name="local", kind="openai", model="m", base_url="http://h")
+    t = for_profile(profile).telemetry(spec)
+    assert (t.failure, t.error) == (failure, error)
+
+
+def test_openai_endpoint_that_takes_no_connection_is_unreachable_after_connect_timeout(
+    kb2, run_cli, monkeypatch
+):
+    """An address that drops the connection's packets (here a listener whose backlog is
+    full) was waited on until the deadline and taken for a job too big ("burned-out"),
+    which splits the job and escalates its pairs."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    waiting: list[socket.socket] = []
+    try:
+        for _ in range(64):  # fill the accept queue until a connect is left unanswered
+            c = socket.socket()
+            c.setblocking(False)
+            waiting.append(c)
+            c.connect_ex(("127.0.0.1", port))
+            if not select.select([], [c], [], 0.2)[1]:
+                break  # its SYN was dropped: the agent's will be too
+        else:
+            pytest.skip("this kernel answered every connection to a full backlog")
+        monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+        openai_profile(kb2, f"http://127.0.0.1:{port}", extra='connect_timeout = "1s"\n')
+        res = run(kb2, make_job(run_cli), "local")
+    finally:
+        for c in waiting:
+            c.close()
+        listener.close()
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert res.outcome.reasons[0].startswith("unreachable: cannot reach http://127.0.0.1:")
+    assert "within 1 s: timed out" in res.outcome.reasons[0]
+    assert res.outcome.duration_s < 20
 
 
 # --- errors before the agent starts ----------------------------------------------------------

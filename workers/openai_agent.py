@@ -7,14 +7,22 @@ assistant's answer to ``REVIEWQ_OUTPUT_PATH`` and the ``usage`` to
 ``REVIEWQ_OPENAI_API_KEY_ENV`` and is never printed. Arguments ``name=value`` (the
 profile's ``args``) add fields to the request, e.g. ``temperature=0`` ``max_tokens=8192``;
 values are read as JSON when they parse, else as strings. On any failure it prints one line to
-stderr (no traceback) and exits 1, so the attempt is classified from its exit code.
+stderr (no traceback), writes ``{"error", "status", "failure"}`` to the telemetry file
+(the HTTP status if there was one; ``failure`` when the endpoint was never reached or did
+not answer as one) and exits 1, so the attempt is classified from what happened.
+
+The endpoint (or the proxy the environment names for it) must accept a TCP connection
+within ``REVIEWQ_OPENAI_CONNECT_TIMEOUT`` seconds: an address that drops packets is then
+reported as out of reach, not waited on until the attempt's deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -27,7 +35,13 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class AgentError(Exception):
-    pass
+    """One line for stderr; ``status`` the HTTP status the endpoint answered with, and
+    ``failure`` ``unreachable`` or ``server`` when no model answer could come at all."""
+
+    def __init__(self, message: str, status: int | None = None, failure: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.failure = failure
 
 
 def endpoint(base_url: str) -> str:
@@ -65,6 +79,25 @@ def extra_fields(args: Sequence[str]) -> dict:
     return fields
 
 
+def reach(url: str, timeout: float) -> None:
+    """A TCP connection to the endpoint, or to the proxy the environment gives for it,
+    within ``timeout``; closed at once."""
+    parts = urlsplit(url)
+    proxy = None
+    if not urllib.request.proxy_bypass(parts.hostname or ""):
+        proxy = urllib.request.getproxies().get(parts.scheme)
+    target = urlsplit(proxy if "//" in proxy else f"//{proxy}") if proxy else parts
+    port = target.port or (443 if (target.scheme or parts.scheme) == "https" else 80)
+    try:
+        socket.create_connection((target.hostname or "", port), timeout=timeout).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or exc
+        raise AgentError(
+            f"cannot reach {shown(proxy or url)} within {timeout:g} s: {reason}",
+            failure="unreachable",
+        ) from None
+
+
 def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]:
     """The assistant's message and the whole answer (for ``usage``)."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -79,17 +112,21 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
         detail = exc.read(300).decode("utf-8", "replace").replace("\n", " ").strip()
         if key:
             detail = detail.replace(key, "***")  # a server that echoes the request
-        raise AgentError(f"HTTP {exc.code} from {shown(url)}: {detail or exc.reason}") from None
+        raise AgentError(
+            f"HTTP {exc.code} from {shown(url)}: {detail or exc.reason}", status=exc.code
+        ) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise AgentError(f"cannot reach {shown(url)}: {reason}") from None
+        raise AgentError(f"cannot reach {shown(url)}: {reason}", failure="unreachable") from None
     if len(raw) > MAX_ANSWER_BYTES:
         raise AgentError(f"{shown(url)} answered with more than {MAX_ANSWER_BYTES} bytes")
     try:
         data = json.loads(raw)
         content = data["choices"][0]["message"]["content"]
     except (ValueError, LookupError, TypeError):
-        raise AgentError(f"{shown(url)} did not answer with a chat completion") from None
+        raise AgentError(
+            f"{shown(url)} did not answer with a chat completion", failure="server"
+        ) from None
     if not isinstance(content, str) or not content.strip():
         raise AgentError(f"{shown(url)} answered with an empty message")
     return content, data
@@ -105,14 +142,16 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
         raise AgentError(f"cannot read the prompt: {exc}") from None
     try:
         timeout = float(env.get("REVIEWQ_OPENAI_TIMEOUT") or 1800)
+        connect_timeout = float(env.get("REVIEWQ_OPENAI_CONNECT_TIMEOUT") or min(30, timeout))
     except ValueError:
-        raise AgentError("REVIEWQ_OPENAI_TIMEOUT is not a number of seconds") from None
+        raise AgentError("REVIEWQ_OPENAI_*TIMEOUT is not a number of seconds") from None
     body = {
         "model": env.get("REVIEWQ_MODEL", ""),
         "messages": [{"role": "user", "content": prompt}],
         "stream": False,
         **extra_fields(args),
     }
+    reach(url, connect_timeout)
     content, data = complete(url, body, key, timeout)
     output = Path(env["REVIEWQ_OUTPUT_PATH"])
     tmp = output.with_name(output.name + ".part")
@@ -137,6 +176,10 @@ def main() -> int:
         run(os.environ, sys.argv[1:])
     except AgentError as exc:
         print(f"openai reviewer: {exc}", file=sys.stderr)
+        if os.environ.get("REVIEWQ_TELEMETRY_PATH"):
+            report = {"error": str(exc), "status": exc.status, "failure": exc.failure}
+            with contextlib.suppress(OSError):  # stderr has said it
+                Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
         return 1
     except OSError as exc:  # writing the output or telemetry
         print(f"openai reviewer: cannot write: {exc}", file=sys.stderr)

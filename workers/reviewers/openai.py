@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from .base import AttemptSpec, Command, Reviewer
+from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .vendor import bounded, failure_kind
 
 
 class OpenAIReviewer(Reviewer):
@@ -20,6 +21,9 @@ class OpenAIReviewer(Reviewer):
             # reviewq's argv, logs or telemetry; the agent reads it from its environment.
             "REVIEWQ_OPENAI_API_KEY_ENV": self.profile.api_key_env,
             "REVIEWQ_OPENAI_TIMEOUT": str(self.profile.timeout),
+            "REVIEWQ_OPENAI_CONNECT_TIMEOUT": str(
+                self.profile.connect_timeout or min(30.0, self.profile.timeout)
+            ),
         }
         return Command(
             # profile args are name=value fields added to the request (see the agent)
@@ -27,3 +31,14 @@ class OpenAIReviewer(Reviewer):
             env=env,
             cwd=spec.root,
         )
+
+    def telemetry(self, spec: AttemptSpec) -> Telemetry:
+        """The usage of an answer, or the agent's account of why there was none: an HTTP
+        error by its status, an endpoint out of reach or not answering as one (SPEC §8)."""
+        t = telemetry_from_file(spec.telemetry_path)
+        raw = t.raw or {}
+        if isinstance(raw.get("error"), str):
+            t.error = bounded(raw["error"])
+            hint = raw.get("failure") if raw.get("failure") in ("unreachable", "server") else None
+            t.failure = failure_kind(raw["error"], _num(raw.get("status"), int)) or hint
+        return t
