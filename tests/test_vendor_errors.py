@@ -274,6 +274,56 @@ def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path
     assert gone, f"pid {child} outlived the agent"
 
 
+@pytest.mark.parametrize("end", ["exits", "deadline"])
+def test_a_child_that_started_a_session_of_its_own_is_killed_with_the_agent(tmp_path, end):
+    # setsid (Node's spawn detached) leaves the agent's group and session: it outlived
+    # both the deadline kill and a normal exit, running (and spending) without a deadline.
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " start_new_session=True);"
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid));"
+        + ("time.sleep(120)" if end == "deadline" else "sys.exit(0)")
+    )
+    out = _run(tmp_path, script, timeout=3)
+    assert out.classification == ("burned-out" if end == "deadline" else "no-output")
+    child = int(pidfile.read_text())
+    try:
+        fd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return  # gone and reaped
+    try:
+        ready, _, _ = select.select([fd], [], [], 10)  # readable once the process exits
+        gone = bool(ready) or process_gone(child)
+    finally:
+        if not process_gone(child):
+            os.kill(child, signal.SIGKILL)  # leave nothing behind, even when failing
+        os.close(fd)
+    assert gone, f"pid {child} outlived the agent"
+
+
+def test_a_session_of_another_attempt_is_left_alone(tmp_path):
+    """The same job and attempt number in another state folder (another KB on this
+    machine) is another attempt: its processes are not this attempt's to kill."""
+    import subprocess
+
+    from workers.attempt import attempt_marker, reap_group
+
+    ours, theirs = _spec(tmp_path / "ours"), _spec(tmp_path / "theirs")
+    env = {**os.environ, **theirs.environment()}
+    other = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    agent = subprocess.Popen(["true"], env={**os.environ, **ours.environment()},
+                             start_new_session=True)  # fmt: skip
+    try:
+        agent.wait(timeout=10)
+        reap_group(agent, attempt_marker(ours))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait(timeout=10)
+
+
 def test_session_members_are_the_live_processes_of_the_session_in_any_group():
     # What reap_group kills after every attempt: members in a group of their own count,
     # a zombie (already dead, its parent has not waited) does not.

@@ -159,32 +159,58 @@ def wait_for_exit(
             os.close(pidfd)
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+def kill_group(
+    proc: subprocess.Popen, grace_s: float = KILL_GRACE_S, marker: tuple[bytes, ...] = ()
+) -> None:
     """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
     if proc.poll() is None:
         wait_for_exit(proc, time.monotonic() + grace_s)
-    reap_group(proc)
+    reap_group(proc, marker)
 
 
-def reap_group(proc: subprocess.Popen) -> None:
+def reap_group(proc: subprocess.Popen, marker: tuple[bytes, ...] = ()) -> None:
     """Leave no process of the agent's group behind (children that outlived it), nor of
     its session: Codex starts its sandbox (bwrap) in a process group of its own, which
-    a group kill misses and which outlives Codex."""
+    a group kill misses and which outlives Codex. With ``marker`` (:func:`attempt_marker`),
+    nor of a session one of its processes started (``setsid``, Node's detached spawn),
+    found by the attempt's variables in its environment."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    for pid in session_members(proc.pid):
+    sessions = _sessions()
+    doomed = list(sessions.get(proc.pid, []))
+    if marker:
+        for sid, members in sessions.items():
+            # A session's leader carries its environment; a leader gone (a daemon's
+            # double fork), its first member.
+            if sid != proc.pid and _carries(sid if sid in members else members[0], marker):
+                doomed += members
+    for pid in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.wait(timeout=5)
 
 
-def session_members(sid: int) -> list[int]:
-    """The live processes whose session is ``sid`` (Linux /proc; elsewhere none). The
-    kernel does not hand out a pid still in use as a session id, so none is a stranger."""
-    out = []
+def attempt_marker(spec: AttemptSpec) -> tuple[bytes, ...]:
+    """What only this attempt's processes have in their environment: its job folder is
+    this state folder's (or this worker's) own, and its number is the job's current."""
+    env = spec.environment()
+    return tuple(f"\0{k}={env[k]}\0".encode() for k in ("REVIEWQ_JOB_DIR", "REVIEWQ_ATTEMPT"))
+
+
+def _carries(pid: int, marker: tuple[bytes, ...]) -> bool:
+    try:
+        environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return all(m in environ for m in marker)
+
+
+def _sessions() -> dict[int, list[int]]:
+    """Every process of this machine by session (Linux /proc; elsewhere none)."""
+    out: dict[int, list[int]] = {}
     try:
         pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
@@ -193,8 +219,18 @@ def session_members(sid: int) -> list[int]:
         # getsid is one system call where reading /proc/PID/stat is three and a parse:
         # this runs after every attempt, over every process of a shared machine.
         try:
-            if os.getsid(pid) != sid:
-                continue
+            out.setdefault(os.getsid(pid), []).append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def session_members(sid: int) -> list[int]:
+    """The live processes whose session is ``sid``. The kernel does not hand out a pid
+    still in use as a session id, so none is a stranger."""
+    out = []
+    for pid in _sessions().get(sid, []):
+        try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
@@ -254,17 +290,19 @@ def run_attempt(
         out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
         return out
     registered = register_agent(registry, spec, proc.pid) if registry is not None else None
+    marker = attempt_marker(spec)
     try:
         if on_launch is not None:
             on_launch()
         exited, unreachable = _wait(reviewer, spec, proc, start, timeout_s, on_tick, tick_s)
         out.exited_at = time.time()
         if not exited:
-            kill_group(proc)
+            kill_group(proc, marker=marker)
         else:
-            reap_group(proc)
+            reap_group(proc, marker)
     except BaseException:
-        kill_group(proc, grace_s=1.0)  # never leave an agent behind, whatever stopped us
+        # Never leave an agent behind, whatever stopped us.
+        kill_group(proc, grace_s=1.0, marker=marker)
         raise
     finally:
         # Ended on every way out: an open window keeps the watch's log growing.
