@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from orchestrator import logs
 
@@ -33,6 +33,9 @@ class ConfigError(ValueError):
     """reviewq.toml says something reviewq cannot use; the message names the key."""
 
 
+_LONGEST = 366 * 86400.0  # past it a duration is a typo (or inf), and time arithmetic fails
+
+
 def parse_duration(value: object, where: str) -> float:
     """Seconds from a number or a string such as "30m", "90s", "1h30m"."""
     if isinstance(value, bool):
@@ -47,8 +50,8 @@ def parse_duration(value: object, where: str) -> float:
         seconds = h * 3600 + mi * 60 + s
     else:
         raise ConfigError(f"{where}: expected seconds or a duration like '30m'")
-    if seconds <= 0:
-        raise ConfigError(f"{where}: must be more than 0 seconds")
+    if not 0 < seconds <= _LONGEST:  # NaN fails both
+        raise ConfigError(f"{where}: must be more than 0 seconds and at most a year")
     return seconds
 
 
@@ -342,9 +345,12 @@ def _sweep(value: object, index: int) -> SweepConfig:
         raise ConfigError(f"{where} grouping: {grouping!r} is not one of {', '.join(GROUPINGS)}")
     budget = t.data.get("budget_usd")
     if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int | float) or budget < 0
+        isinstance(budget, bool) or not isinstance(budget, int | float) or not 0 <= budget < 1e12
     ):
         raise ConfigError(f"{where} budget_usd: expected a number ≥ 0")
+    for role in ("reviewer", "fixer", "auditor"):
+        if t.data.get(role) == "":
+            raise ConfigError(f"{where} {role}: empty; name a reviewer profile or leave it out")
     cron = t.string("cron")
     if cron:
         check_cron(cron, f"{where} cron")
@@ -472,3 +478,7 @@ def check_cron(expr: str, where: str = "cron") -> None:
         raise ConfigError(f"{where} {expr!r}: expected five fields: minute hour day month weekday")
     if not croniter.is_valid(expr):
         raise ConfigError(f"{where} {expr!r}: not a valid cron expression")
+    try:
+        croniter(expr).get_next()
+    except CroniterBadDateError:
+        raise ConfigError(f"{where} {expr!r}: matches no date (such as 31 February)") from None

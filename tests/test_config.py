@@ -66,6 +66,18 @@ BAD = [
         "[[sweeps]] 'n' auditor",
         "no reviewer profile 'au'",
     ),
+    # Values TOML allows that failed every tick or were silently no limit at all.
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 1 31 2 *"\n',
+        "[[sweeps]] 'n' cron '0 1 31 2 *'",
+        "matches no date (such as 31 February)",
+    ),
+    ('[[sweeps]]\nname = "n"\nbudget_usd = nan\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
+    ('[[sweeps]]\nname = "n"\nbudget_usd = inf\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
+    ("[queue]\nreaper_seconds = inf\n", "[queue] reaper_seconds", "at most a year"),
+    ("[queue]\nlease_seconds = nan\n", "[queue] lease_seconds", "more than 0 seconds"),
+    ('[[sweeps]]\nname = "n"\nreviewer = ""\n', "[[sweeps]] 'n' reviewer", "empty"),
+    ('[[sweeps]]\nname = "n"\nfixer = ""\n', "[[sweeps]] 'n' fixer", "empty"),
 ]
 
 
