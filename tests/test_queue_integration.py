@@ -491,6 +491,71 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     assert res.returncode == 1 and "cron" in res.stderr and "99" in res.stderr
 
 
+def test_a_run_missed_while_no_control_ran_is_not_replayed(kb):
+    """OPERATIONS §2: a control process down at the sweep's time does not catch up at
+    07:00. Before, any run since the last check fired, however long ago."""
+    from datetime import UTC, datetime
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+
+    def at(d: int, h: int, m: int):
+        return datetime(2026, 1, d, h, m).astimezone()
+
+    assert due_sweeps(ws, at(2, 2, 58)) == []  # the clock starts; then the control stops
+    assert due_sweeps(ws, at(2, 7, 0)) == []
+    [missed] = [e for e in log_lines(kb) if e["event"] == "sweep.missed"]
+    assert missed["sweep"] == "nightly"
+    assert missed["at"] == at(2, 3, 0).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert due_sweeps(ws, at(3, 2, 59)) == []
+    # Restarted a few minutes late, it still runs that night's sweep.
+    assert [s.name for s in due_sweeps(ws, at(3, 3, 6))] == ["nightly"]
+    cron_fired(ws, "nightly", at(3, 3, 6))
+    assert due_sweeps(ws, at(3, 3, 7)) == []
+    ws.close()
+
+
+@pytest.fixture
+def new_york(monkeypatch):
+    """The process's local time zone is New York's (DST ends 2026-11-01 02:00 EDT)."""
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_an_hour_the_autumn_change_repeats_fires_a_sweep_once(kb, new_york):
+    from datetime import UTC, datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "n"\ncron = "30 1 * * *"\n')
+    ws = Workspace.open(kb.root)
+
+    def utc(h: int, m: int):
+        return datetime(2026, 11, 1, h, m, 30, tzinfo=UTC)
+
+    assert due_sweeps(ws, utc(4, 0)) == []  # 00:00 EDT: the clock starts
+    assert [s.name for s in due_sweeps(ws, utc(5, 30))] == ["n"]  # 01:30 EDT
+    cron_fired(ws, "n", utc(5, 30))
+    assert due_sweeps(ws, utc(5, 45)) == []
+    assert due_sweeps(ws, utc(6, 0)) == []  # 01:00 again, now EST: the wall clock went back
+    assert due_sweeps(ws, utc(6, 30)) == []  # 01:30 again
+    assert due_sweeps(ws, utc(6, 45)) == []
+    ws.close()
+
+
 def test_a_configured_sweep_runs_by_name(kb):
     small_kb(kb, notes=2)
     kb.write(

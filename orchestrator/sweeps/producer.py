@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from orchestrator import logs
 from orchestrator.config import SweepConfig
@@ -214,13 +214,19 @@ def _sequential(
 # --- cron ------------------------------------------------------------------------------------
 
 
+# A run whose minute passed longer ago than this while no control process checked is
+# missed, not replayed: a control restarted at 07:00 does not start the 01:30 sweep.
+LATE = timedelta(minutes=10)
+
+
 def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
-    """Sweeps whose cron matched a minute since the last check. A control process that
-    was down does not replay the nights it missed: the first check only starts the clock.
-    A due sweep's clock moves only when :func:`cron_fired` says its enqueue committed, so
-    a sweep whose enqueue failed is still due at the next check."""
+    """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
+    ago. The first check only starts the clock. A due sweep's clock moves only when
+    :func:`cron_fired` says its enqueue committed, so a sweep whose enqueue failed is
+    still due at the next check. Cron minutes are the machine's local wall time, as in
+    crontab(5); the clock is kept in UTC, so an hour the autumn change repeats does not
+    fire a sweep twice."""
     due = []
-    minute = _minute(now)
     store = ws.store
     for sweep in ws.settings.sweeps.values():
         if not sweep.cron:
@@ -228,11 +234,22 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
         row = store.conn.execute(
             "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
         ).fetchone()
-        last = datetime.fromisoformat(row[0]) if row else minute
-        if croniter(sweep.cron, last).get_next(datetime) <= minute:
-            due.append(sweep)
-        else:
+        if row is None:
             cron_fired(ws, sweep.name, now)
+            continue
+        fired = _last_match(sweep.cron, now)
+        if fired is None or fired <= _instant(row[0]):
+            continue
+        if fired < now - LATE:
+            logs.get().warning(
+                "sweep.missed",
+                sweep=sweep.name,
+                at=fired.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+                reason="no control process was running then; the sweep waits for its next time",
+            )
+            cron_fired(ws, sweep.name, now)
+            continue
+        due.append(sweep)
     return due
 
 
@@ -242,7 +259,7 @@ def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
         ws.store.conn.execute(
             "INSERT INTO cron_state VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
             "last_checked = excluded.last_checked",
-            (name, _minute(now).isoformat()),
+            (name, now.astimezone(UTC).isoformat()),
         )
 
 
@@ -266,6 +283,19 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
         cron_fired(ws, sweep.name, now)
 
 
-def _minute(now: datetime) -> datetime:
-    # Cron times are the machine's local time, as in crontab(5).
-    return now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
+def _last_match(cron: str, now: datetime) -> datetime | None:
+    """The instant of the latest minute at or before ``now`` that ``cron`` matches in
+    local wall time; None if it matches none (refused when the settings load)."""
+    wall = now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
+    try:
+        match = croniter(cron, wall + timedelta(minutes=1)).get_prev(datetime)
+    except CroniterError:
+        return None
+    # A wall time the autumn change repeats is taken at its first instant (fold 0).
+    return match.astimezone()
+
+
+def _instant(text: str) -> datetime:
+    """A stored clock: UTC, or (written before it was) naive local wall time."""
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.astimezone()
