@@ -13,7 +13,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,57 @@ def log_path(state_dir: Path) -> Path:
 # a password in the queue URL. Registered when settings load (config.load_settings).
 _extra_secrets: set[str] = set()
 _cache: dict[str, object] = {}
+
+
+def lines(
+    path: Path, follow: bool = False, wait: Callable[[], None] = lambda: time.sleep(0.5)
+) -> Iterator[str]:
+    """The log's whole lines; with ``follow``, then each new one as it is written, for
+    ever (``wait`` between looks). A line still being written waits for its end. A file
+    truncated in place (``copytruncate``, as OPERATIONS §5 rotates it) or replaced by a
+    new one is read again from its start."""
+    while follow and not path.exists():
+        wait()
+    while True:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            partial, last = "", None
+            while True:
+                chunk = f.readline()
+                if chunk.endswith("\n"):
+                    yield partial + chunk
+                    partial = ""
+                    continue
+                partial += chunk  # the end of the file, for now
+                if not follow:
+                    if partial:
+                        yield partial
+                    return
+                now = _end_of(path)
+                if now is not None and _started_again(f, now, last if not chunk else None):
+                    break
+                last = now
+                wait()
+
+
+def _started_again(f, now: tuple[int, int, int], last: tuple[int, int, int] | None) -> bool:  # noqa: ANN001 - an open file
+    """The file at the log's path is not the rest of the one open as ``f``: another file
+    by that name, or this one truncated in place; and, when ``last`` is the look before
+    this one with nothing read since, truncated and written again to the very size read
+    so far, which only its modification time tells."""
+    ino, size, mtime = now
+    if ino != os.fstat(f.fileno()).st_ino or size < f.tell():
+        return True
+    return last is not None and last[:2] == (ino, size) and last[2] != mtime
+
+
+def _end_of(path: Path) -> tuple[int, int, int] | None:
+    """The file's inode, size and modification time, or None between a rename and the
+    new file."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def secret_name(name: str) -> bool:

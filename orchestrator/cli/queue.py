@@ -7,7 +7,6 @@ import json
 import shlex
 import shutil
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -383,7 +382,7 @@ def logs_cmd(
     Example:
       reviewq logs --event job. --job 12
     """
-    from orchestrator.logs import log_path
+    from orchestrator.logs import lines, log_path
 
     path = log_path(ws.state_dir)
     if not path.exists() and not follow:
@@ -394,6 +393,8 @@ def logs_cmd(
             rec = json.loads(line)
         except json.JSONDecodeError:
             return
+        if not isinstance(rec, dict):
+            return  # JSON, but not one of reviewq's lines
         if job_id is not None and rec.get("job_id") != job_id:
             return
         if event and not (
@@ -411,17 +412,8 @@ def logs_cmd(
         rec.pop("logger", None)
         click.echo(head + "  " + " ".join(f"{k}={v}" for k, v in rec.items()))
 
-    while follow and not path.exists():
-        time.sleep(0.5)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            show(line)
-        while follow:
-            line = f.readline()
-            if line:
-                show(line)
-            else:
-                time.sleep(0.5)
+    for line in lines(path, follow):
+        show(line)
 
 
 @cli.command("doctor")

@@ -1,0 +1,95 @@
+"""``reviewq logs``: the structured log, readable, and followed across its rotation."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXE = str(Path(sys.executable).parent / "reviewq")
+
+
+def _line(event: str) -> str:
+    return json.dumps({"event": event, "level": "info", "timestamp": "2026-11-23T01:02:03.456Z"})
+
+
+@pytest.fixture
+def follower(kb):
+    """``reviewq logs -f --json`` running on the KB's log; ``next_line()`` waits (10 s at
+    most) for the next line it prints."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(_line("first") + "\n")
+    proc = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "logs", "-f", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def next_line() -> str:
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        assert ready, "logs -f printed nothing within 10 s"
+        return json.loads(proc.stdout.readline())["event"]
+
+    try:
+        yield log, next_line
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_logs_follows_a_log_truncated_in_place(follower):
+    # OPERATIONS §5 rotates with copytruncate: the follower kept its old offset, past the
+    # end of the emptied file, and printed nothing more.
+    log, next_line = follower
+    assert next_line() == "first"
+    shutil.copy(log, log.with_suffix(".jsonl.1"))
+    with open(log, "r+") as f:
+        f.truncate(0)
+    with open(log, "a") as f:
+        f.write(_line("after") + "\n")
+    assert next_line() == "after"
+
+
+def test_logs_follows_a_log_replaced_by_a_new_file(follower):
+    log, next_line = follower
+    assert next_line() == "first"
+    os.rename(log, log.with_suffix(".jsonl.1"))
+    log.write_text(_line("new file") + "\n")
+    assert next_line() == "new file"
+
+
+def test_a_line_read_while_it_is_written_is_given_once_whole(tmp_path):
+    # Before, each half was read as a line of its own: neither parsed, and the line was
+    # never shown.
+    from orchestrator.logs import lines
+
+    log = tmp_path / "reviewq.jsonl"
+    text = _line("halves")
+    log.write_text(text[:10])
+    looks = []
+
+    def wait() -> None:  # the writer finishes the line while the reader waits
+        looks.append(1)
+        assert len(looks) < 3, "the reader kept waiting"
+        with open(log, "a") as f:
+            f.write(text[10:] + "\n")
+
+    assert next(lines(log, follow=True, wait=wait)) == text + "\n"
+    assert looks == [1]
+
+
+def test_a_log_line_that_is_json_but_not_an_object_is_passed_over(kb, run_cli):
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("[1, 2]\n" + _line("kept") + "\n")
+    res = run_cli("logs")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.split()[2] == "kept"
