@@ -731,3 +731,25 @@ def test_an_outcome_that_comes_again_after_it_was_kept_changes_nothing(kb):
         "attempt.repeated",
     ]
     ws.close()
+
+
+def test_what_a_late_agent_spent_is_counted(kb):
+    """An outcome for an attempt the reaper gave up on is not acted on, but its agent
+    ran: its cost and tokens count in status, `job N` and the sweep's budget."""
+    from datetime import UTC, datetime
+
+    from orchestrator.state.status import status
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    now = control.now
+    control.now = lambda: datetime(2099, 1, 1, tzinfo=UTC)
+    assert control.reap() == 1
+    control.now = now
+    telemetry = {"cost_usd": 1.25, "input_tokens": 1000, "output_tokens": 50, "num_turns": 3}
+    control.on_messages([], [_outcome(ws, sent[0], telemetry=telemetry)])
+    row = ws.store.conn.execute(
+        "SELECT outcome, cost_usd, input_tokens, num_turns FROM attempts WHERE job_id = 1"
+    ).fetchone()
+    assert tuple(row) == ("lost", 1.25, 1000, 3)
+    assert status(ws.store, ws.settings)["cost_usd"]["total"] == 1.25
+    ws.close()

@@ -338,6 +338,30 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     assert all(o["v"] == 2 and o["host"] for o in outcomes)
 
 
+def test_a_worker_does_not_start_an_attempt_the_reaper_has_given_up(kb, tmp_path, monkeypatch):
+    """A message left in the queue past lease + timeout (no worker was up) has been
+    reaped and dispatched again: the worker that takes it later ran the agent anyway,
+    for an outcome nobody acts on, and paid for it."""
+    import time
+
+    from orchestrator import logs
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    msg = dispatched_message(kb)
+    profile = load_settings(kb.root).reviewer("offline")
+    assert 0 < msg["expires_at"] - time.time() <= msg["lease_s"] + profile.timeout
+    logs.configure(tmp_path)
+    sent: list[tuple] = []
+    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
+    tasks.run_review({**msg, "expires_at": time.time() - 5})
+    assert sent == [] and not (tmp_path / "w" / "attempts").exists()
+    lines = (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
+    [expired] = [e for e in map(json.loads, lines) if e["event"] == "attempt.expired"]
+    assert (expired["job_id"], expired["attempt"]) == (msg["job_id"], msg["attempt"])
+
+
 def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
     from orchestrator.config import load_settings
     from workers import tasks

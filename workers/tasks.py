@@ -96,6 +96,18 @@ def run_review(msg: dict) -> None:
     if refused is not None:
         logs.get().error("message.refused", worker=WORKER_ID, **refused)
         return
+    expires = msg.get("expires_at")
+    if isinstance(expires, int | float) and time.time() > expires:
+        # The reaper has taken this attempt for lost and queued another: running it
+        # would only spend money on an outcome nobody acts on.
+        logs.get().warning(
+            "attempt.expired",
+            worker=WORKER_ID,
+            job_id=msg.get("job_id"),
+            attempt=msg.get("attempt"),
+            late_s=round(time.time() - expires, 1),
+        )
+        return
     place = _the_worker()
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     with logs.bound(job_id=job_id, attempt=attempt, reviewer=name):

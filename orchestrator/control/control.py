@@ -13,7 +13,9 @@ fenced by attempt inside its transaction.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -206,6 +208,9 @@ class Control:
         lease = self.settings.queue.lease_seconds
         return {
             "v": messages.VERSION,
+            # The reaper takes an attempt no worker started by then for lost and opens
+            # another: a worker that takes this message later does not start it.
+            "expires_at": time.time() + lease + profile.timeout,
             "job_id": opened.job_id,
             "attempt": opened.attempt,
             "task": opened.kind,
@@ -317,7 +322,7 @@ class Control:
             self.log.error("attempt.unknown_job", job_id=job_id, attempt=attempt)
             return
         if attempt != job["attempt"] or job["status"] != "running":
-            self._supersede(job_id, attempt)
+            self._supersede(job_id, attempt, o.get("telemetry"))
             return
         if o.get("exited_at"):
             self._started_with_outcome(o)
@@ -569,12 +574,25 @@ class Control:
                 (utcnow(), job_id),
             )
 
-    def _supersede(self, job_id: int, attempt: int) -> None:
+    def _supersede(self, job_id: int, attempt: int, telemetry: object = None) -> None:
+        t = telemetry if isinstance(telemetry, dict) else {}
         with self.store.write():
+            # What a late agent spent was spent: status, `job N` and budgets count it.
             self.store.conn.execute(
-                "UPDATE attempts SET outcome = 'superseded', ended_at = COALESCE(ended_at, ?) "
-                "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
-                (utcnow(), job_id, attempt),
+                "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') "
+                "THEN 'superseded' ELSE outcome END, ended_at = COALESCE(ended_at, ?), "
+                "cost_usd = COALESCE(cost_usd, ?), input_tokens = COALESCE(input_tokens, ?), "
+                "output_tokens = COALESCE(output_tokens, ?), num_turns = COALESCE(num_turns, ?) "
+                "WHERE job_id = ? AND attempt = ?",
+                (
+                    utcnow(),
+                    _number(t.get("cost_usd")),
+                    _number(t.get("input_tokens")),
+                    _number(t.get("output_tokens")),
+                    _number(t.get("num_turns")),
+                    job_id,
+                    attempt,
+                ),
             )
             row = self.store.conn.execute(
                 "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
@@ -683,3 +701,11 @@ class Control:
     def tick(self) -> None:
         self.reap()
         self.dispatch()
+
+
+def _number(value: object) -> float | None:
+    """A count or a cost from a worker's telemetry, or None: SQLite stores no NaN, and
+    what is not a finite number is nobody's spend."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) and abs(value) < 2**63 else None
