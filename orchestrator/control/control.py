@@ -128,7 +128,7 @@ class Control:
         if not jobs:
             return 0
         jobs.sort(key=lambda j: j["id"])
-        over_budget: dict[int, bool] = {}
+        over_budget: dict[int, bool | None] = {}
         sent = 0
         for job in jobs:
             name = job["reviewer"]
@@ -145,6 +145,10 @@ class Control:
                 if run_id not in over_budget:
                     over_budget[run_id] = self._over_budget(run_id)
                 if over_budget[run_id]:
+                    continue
+                if over_budget[run_id] is False and open_counts.get(name, 0) >= profile.concurrency:
+                    # A run with a budget is not prefetched: a message waiting in the queue
+                    # would start after the budget is reached.
                     continue
             # A job made by another process has its folder written after that process's
             # commit; an agent must not start before its MANIFEST.json is there.
@@ -229,10 +233,11 @@ class Control:
             "max_output_bytes": self.settings.max_output_bytes,
         }
 
-    def _over_budget(self, run_id: int) -> bool:
+    def _over_budget(self, run_id: int) -> bool | None:
+        """Whether a sweep run has spent its budget; None when it has none."""
         run = self.store.conn.execute("SELECT * FROM sweep_runs WHERE id = ?", (run_id,)).fetchone()
         if run is None or run["budget_usd"] is None:
-            return False
+            return None
         spent = spent_usd(self.store, run["name"], run["started_at"])
         if spent < run["budget_usd"]:
             return False
