@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -520,6 +521,10 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         (("create-jobs", "--input", "{bad}", "--grouping", "note"), "bad.json: not UTF-8 text"),
         (("--state", "{file}/state", "worker"), "cannot make the worker's folder"),
         (("export", "--model", "typo"), "--model typo: no review recorded in this partition"),
+        (("export", "--model", ""), "Invalid value for '--model': empty"),
+        (("report", "--since", " "), "Invalid value for '--since': empty"),
+        (("report", "--sweep", ""), "Invalid value for '--sweep': empty"),
+        (("select", "prose", "--model", ""), "Invalid value for '--model': empty"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
@@ -567,3 +572,15 @@ def test_create_jobs_takes_one_pair_however_its_note_path_is_spelled(flow, run_c
     assert res.exit_code == 0, res.stderr
     pairs = [(p["note_path"], p["gate_id"]) for j in res.json()["jobs"] for p in j["pairs"]]
     assert sorted(pairs) == [(NOTE_A, "prose/body-check"), (NOTE_B, "prose/body-check")]
+
+
+def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
+    # kb/reports made a file: an internal error (NotADirectoryError) before.
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    assert run_cli("run-job", "1").exit_code == 0
+    shutil.rmtree(flow.root / "kb" / "reports", ignore_errors=True)
+    (flow.root / "kb" / "reports").write_text("a file where the export folder belongs\n")
+    res = run_cli("export")
+    assert res.exit_code == 1
+    assert res.stderr.startswith("error: cannot write the export at ") and res.stderr.count("\n") == 1
+    assert "Not a directory" in res.stderr

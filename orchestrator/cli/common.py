@@ -93,6 +93,14 @@ def budget_usd(ctx: click.Context, param: click.Parameter, value: float | None) 
     return value
 
 
+def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An option given as '' (an unset shell variable, most likely) is a mistake, not the
+    default it would otherwise silently stand for."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("empty")
+    return value
+
+
 def warn(problems: list[FileProblem]) -> None:
     for p in problems:
         click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)

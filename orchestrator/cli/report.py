@@ -6,13 +6,18 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import Refused, cli, emit_json, refuse_domain_errors
+from orchestrator.cli.common import Refused, cli, emit_json, not_blank, refuse_domain_errors
 from orchestrator.state.workspace import Workspace
 
 
 @cli.command("report")
-@click.option("--since", default=None, help="A duration back from now (24h, 90m) or a date/time.")
-@click.option("--sweep", default=None, help="The last run of this sweep.")
+@click.option(
+    "--since",
+    default=None,
+    callback=not_blank,
+    help="A duration back from now (24h, 90m) or a date/time.",
+)
+@click.option("--sweep", default=None, callback=not_blank, help="The last run of this sweep.")
 @click.option("--run", "run_id", type=click.IntRange(min=1), default=None, help="One sweep run.")
 @click.option(
     "--html",

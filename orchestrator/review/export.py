@@ -96,7 +96,16 @@ def export(
         (model,) if model else (),
     )
     base = root / EXPORT_DIR
-    commit = git_head(root)
+    try:
+        return _write(rows, base, git_head(root), watches or {})
+    except OSError as exc:
+        # A file where a folder belongs, a read-only or full disk: said as such.
+        where = exc.filename or base
+        raise ReportError(f"cannot write the export at {where}: {exc.strerror or exc}") from None
+
+
+def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> ExportResult:  # noqa: ANN001 - a cursor
+    """The GATE-REVIEW files and the index, from acceptance rows in (note, gate) order."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_HEADER)
@@ -112,7 +121,7 @@ def export(
         files += 1
         _check_component(note_path)
         _check_component(gate_id)
-        watch = (watches or {}).get(gate_id) or ["title", "description", "frontmatter", "body"]
+        watch = watches.get(gate_id) or ["title", "description", "frontmatter", "body"]
         fields = {
             "note_path": note_path,
             "gate_id": gate_id,
