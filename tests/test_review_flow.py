@@ -584,3 +584,21 @@ def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
     assert res.exit_code == 1
     assert res.stderr.startswith("error: cannot write the export at ") and res.stderr.count("\n") == 1
     assert "Not a directory" in res.stderr
+
+
+def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
+    """The export is the view of the reviews now: a file from an earlier export (a note
+    since renamed, another partition's) stayed beside the new index and read as current."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    gates = flow.root / "kb" / "reports" / "reviews" / "gates"
+    old = gates / "kb__notes__renamed.md" / "prose" / "body-check.md"
+    old.parent.mkdir(parents=True)
+    old.write_text("<!-- GATE-REVIEW\nnote-path: kb/notes/renamed.md\n-->\n")
+    res = run_cli("export")
+    assert res.exit_code == 0, res.stderr
+    exported = {p.relative_to(gates).as_posix() for p in gates.rglob("*") if p.is_file()}
+    rows = list(csv.DictReader((gates.parent / "csv" / "gate_reviews.csv").open()))
+    assert len(exported) == len(rows) > 0
+    assert not (gates / "kb__notes__renamed.md").exists()

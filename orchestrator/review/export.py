@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,7 @@ def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> Expo
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_HEADER)
     files = 0
+    written: set[Path] = set()
     last: tuple[str, str] | None = None
     # One row at a time, in (note, gate) order: the first row of a pair is its latest, and
     # memory holds one pair's texts, not every acceptance's.
@@ -138,11 +140,26 @@ def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> Expo
             + "-->\n"
         )
         body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"
-        atomic_write(base / "gates" / flat(note_path) / f"{gate_id}.md", header + body)
+        path = base / "gates" / flat(note_path) / f"{gate_id}.md"
+        atomic_write(path, header + body)
+        written.add(path)
         writer.writerow([fields[k] for k in CSV_HEADER])
     csv_path = base / "csv" / "gate_reviews.csv"
     atomic_write(csv_path, buf.getvalue())
+    _remove_others(base / "gates", written)
     return ExportResult(files, csv_path)
+
+
+def _remove_others(folder: Path, written: set[Path]) -> None:
+    """The export is the view of the reviews now: a file of an earlier export (another
+    partition's, a renamed note's, a gate no longer reviewed) would read as current."""
+    for top, _dirs, names in os.walk(folder, topdown=False):
+        here = Path(top)
+        for name in names:
+            if here / name not in written:
+                (here / name).unlink()
+        if here != folder and not any(here.iterdir()):
+            here.rmdir()
 
 
 def _check_component(value: str) -> None:
