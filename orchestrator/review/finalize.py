@@ -72,12 +72,13 @@ def read_output(path: Path, max_bytes: int) -> bytes | None:
         if exc.errno == errno.ELOOP:
             raise FinalizeError(f"{path.name} is a symbolic link, not a file") from None
         raise
-    with open(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
         if stat.S_ISDIR(mode):
             return None
-        if not stat.S_ISREG(mode):
-            raise FinalizeError(f"{path.name} is not a regular file (a FIFO, socket or device)")
+        raise FinalizeError(f"{path.name} is not a regular file (a FIFO, socket or device)")
+    with open(fd, "rb") as f:
         return f.read(max_bytes + 1)
 
 
