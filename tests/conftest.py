@@ -118,7 +118,7 @@ class KBBuilder:
 @pytest.fixture
 def kb(tmp_path: Path) -> KBBuilder:
     root = tmp_path / "kbroot"
-    root.mkdir()
+    (root / "kb").mkdir(parents=True)  # a KB root holds kb/, even before its first note
     return KBBuilder(root)
 
 

@@ -154,6 +154,31 @@ def test_a_root_that_is_not_a_folder_is_one_error_line(tmp_path, run_cli, comman
     assert not missing.exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("enqueue", "prose"), ("report",), ("export",), ("control",), ("decide", "1", "approve")],
+)
+def test_a_command_run_outside_a_kb_root_says_so_and_makes_nothing(tmp_path, run_cli, args):
+    # Each left a .reviewq/ in the folder (`export` a kb/reports/, `report` a page),
+    # and `control` ran all night over nothing.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = run_cli("--root", str(elsewhere), *args)
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [
+        f"error: {elsewhere}: no kb/ folder here (is --root the folder that holds kb/?)"
+    ]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_commands_help_is_printed_anywhere_and_makes_nothing(tmp_path, run_cli):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = run_cli("--root", str(elsewhere), "enqueue", "--help")
+    assert res.exit_code == 0 and res.stdout.startswith("Usage: ")
+    assert list(elsewhere.iterdir()) == []
+
+
 def _immutable(path) -> bool:
     """chattr +i: even root cannot write it (tests run as root, where modes do not stop it)."""
     import shutil

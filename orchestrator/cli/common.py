@@ -49,6 +49,15 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
 
 
 READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
+# Commands with a use outside a KB root: a worker on another machine, and doctor, which
+# says what is missing.
+NO_KB = {"worker", "doctor"}
+
+
+def _asks_for_help(ctx: click.Context) -> bool:
+    # The group runs before its command reads its options: `reviewq enqueue --help` must
+    # still print the help wherever it is typed (Group.invoke saw the command's words).
+    return bool(ctx.meta.get("reviewq.help"))
 
 
 class Refused(click.ClickException):
@@ -154,6 +163,7 @@ class Group(click.Group):
     """The ``reviewq`` group: a bug in any command leaves its traceback in the log file."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        ctx.meta["reviewq.help"] = any(a in ("-h", "--help") for a in ctx.args)
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
@@ -193,6 +203,12 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     # Commands that change state log to the state folder's log and say only warnings on
     # stderr; the consumers reconfigure for their own stream. Read-only commands skip it.
     # A worker logs only to a folder of its own, which it sets up itself.
+    if _asks_for_help(ctx):
+        return
+    if ctx.invoked_subcommand not in READ_ONLY | NO_KB and not (ws.root / "kb").is_dir():
+        # Said before anything is made: a command run in the wrong folder left a .reviewq/
+        # (and `export` a kb/reports/) behind in it.
+        raise Refused(f"{ws.root}: no kb/ folder here (is --root the folder that holds kb/?)")
     if ctx.invoked_subcommand not in READ_ONLY and ctx.invoked_subcommand != "worker":
         try:
             logs.configure(ws.state_dir)
