@@ -753,3 +753,48 @@ def test_what_a_late_agent_spent_is_counted(kb):
     assert tuple(row) == ("lost", 1.25, 1000, 3)
     assert status(ws.store, ws.settings)["cost_usd"]["total"] == 1.25
     ws.close()
+
+
+def test_a_job_failed_at_dispatch_keeps_its_files_due_through_a_crash(kb, monkeypatch):
+    """fail_job marked the files due in a second transaction: a process that died
+    between the two left MANIFEST.json saying "queued" for good."""
+    from contextlib import contextmanager
+
+    from orchestrator.review.jobs import create_jobs
+    from orchestrator.state import files
+
+    class Killed(BaseException):
+        pass
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    targets = [{"note_path": "kb/notes/alpha.md", "gate_id": "prose/clarity"}]
+    (job,) = create_jobs(
+        ws.kb, ws.catalog(), ws.store, ws.state_dir, targets,
+        model_partition="offline", reviewer="removed-since",
+    ).jobs  # fmt: skip
+    manifest = ws.state_dir / "jobs" / f"review-job-{job.review_job_id}" / "MANIFEST.json"
+    write = ws.store.write
+
+    @contextmanager
+    def dies_once_the_failure_is_committed():
+        with write() as conn:
+            yield conn
+        failed = ws.store.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "failed"
+        if failed and not ws.store.conn.in_transaction:
+            raise Killed
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(ws.store, "write", dies_once_the_failure_is_committed)
+    monkeypatch.setattr(files, "write_due_job_files", killed)  # nor are the files written
+    with pytest.raises(Killed):
+        Control(ws, send_review=lambda m: None, hooks=FollowUp(ws)).dispatch()
+    monkeypatch.undo()
+    again = Workspace.open(kb.root)  # the restarted control process
+    Control(again, send_review=lambda m: None, hooks=FollowUp(again)).write_due_files()
+    assert json.loads(manifest.read_text())["status"] == "failed"
+    again.close()
+    ws.close()

@@ -260,8 +260,10 @@ def fail_job(store: Store, state_dir: Path, job_id: int, reasons: list[str]) -> 
             "WHERE id = ? AND status IN ('queued', 'running') RETURNING job_dir",
             (json.dumps(reasons), now, now, job_id),
         ).fetchone()
-    if row is not None:
-        write_job_files_after_commit(store, state_dir, job_id)
+        if row is not None:
+            # Marked due in the transaction that fails the job: a crash right after its
+            # commit must still leave the files to write.
+            write_job_files_after_commit(store, state_dir, job_id)
 
 
 def requeue_job(store: Store, job_id: int) -> None:

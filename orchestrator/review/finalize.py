@@ -178,7 +178,7 @@ def finalize(
                     "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
                     (json.dumps(reasons), now, now, *_prov(provenance), job_id),
                 )
-            write_job_files_after_commit(store, state_dir, job_id)
+                write_job_files_after_commit(store, state_dir, job_id)
             return FinalizeResult(job_id, "failed", reasons)
         return FinalizeResult(job_id, "invalid", reasons)
 
@@ -224,7 +224,7 @@ def finalize(
             "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
             (now, now, *_prov(provenance), job_id),
         )
-    write_job_files_after_commit(store, state_dir, job_id)
+        write_job_files_after_commit(store, state_dir, job_id)
     return FinalizeResult(job_id, "completed", [], results)
 
 
