@@ -121,14 +121,14 @@ def test_a_fix_not_yet_written_is_written_at_the_tick_unless_a_person_edited_the
     # Written already (the row was left behind): counts as applied, nothing rewritten.
     with ws.store.write():
         ws.store.conn.execute(
-            "INSERT INTO fix_writes_due SELECT ?, ?, ?, sha256, 'x', 'x' FROM fix_writes",
+            "INSERT INTO fix_writes_due SELECT ?, ?, ?, sha256, 'x', 'x', 0 FROM fix_writes",
             (msg["job_id"], NOTE, "0" * 64),
         )
     assert control.write_due_files() >= 1 and kb.read(NOTE) == fixed
     # A person's edit since the decision is kept.
     with ws.store.write():
         ws.store.conn.execute(
-            "INSERT INTO fix_writes_due SELECT ?, ?, sha256, ?, 'x', 'x' FROM fix_writes",
+            "INSERT INTO fix_writes_due SELECT ?, ?, sha256, ?, 'x', 'x', 0 FROM fix_writes",
             (msg["job_id"], NOTE, "f" * 64),
         )
     kb.write(NOTE, "A person's own text.\n")
@@ -282,4 +282,80 @@ def test_due_rows_that_cannot_be_cleared_stay_and_say_why(kb, tmp_path):
     said = [e for e in lines if e["event"] == "files_due.not_cleared"]
     assert said and "database is locked" in said[0]["error"], lines[-3:]
     assert said[0]["table"] == "job_files_due"
+    ws.close()
+
+
+def test_a_fix_written_then_reverted_before_its_row_went_is_not_written_again(
+    cycle, monkeypatch
+):
+    """The row of a written fix could outlive it (state.db locked when it was to be
+    cleared, or a crash): the next tick took a person's revert to the old text for a
+    write still to do, and wrote the fix over it."""
+    import orchestrator.cycles.fixes as fixes
+
+    kb, ws, control, sent, job_id = cycle
+    note = "kb/notes/alpha.md"
+    _run(control, sent, _bundle(ws, job_id, "FAIL"))  # the fix job is queued
+    given = ws.root.joinpath(note).read_text()
+    fixed = given.rstrip("\n") + "\nFixed.\n"
+    monkeypatch.setattr(fixes, "settle_due", lambda *args, **kwargs: None)  # row stays
+    _run(control, sent, fixed.encode())
+    monkeypatch.undo()
+    assert ws.root.joinpath(note).read_text() == fixed
+    ws.root.joinpath(note).write_text(given)  # the person undoes it before the next tick
+    control.write_due_files()
+    assert ws.root.joinpath(note).read_text() == given
+    assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+
+
+def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit(
+    kb, monkeypatch
+):
+    """The commit was decided from state.db only: after a crash between `git commit`
+    and its record, HEAD held the fixed text, and the job was recorded as "the note had
+    uncommitted edits" with no commit."""
+    import subprocess
+
+    import orchestrator.cycles.fixes as fixes
+
+    class Killed(BaseException):
+        pass
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    kb.write(".gitignore", ".reviewq/\n")
+    kb.write("reviewq.toml", "[fix]\ngit_commit = true\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=kb.root, capture_output=True, text=True, check=True
+        ).stdout
+
+    git("init", "-q", "-b", "main")
+    git("config", "user.name", "P")
+    git("config", "user.email", "p@example.org")
+    git("add", "-A")
+    git("commit", "-qm", "kb")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    fixed = kb.read("kb/notes/alpha.md").rstrip("\n") + "\nFixed.\n"
+
+    def killed(*args, **kwargs):
+        raise Killed
+
+    monkeypatch.setattr(fixes, "_record_commit", killed)  # dies right after `git commit`
+    with pytest.raises(Killed):
+        _run(control, sent, fixed.encode())
+    monkeypatch.undo()
+    again = Workspace.open(kb.root)
+    Control(again, send_review=lambda m: None, hooks=FollowUp(again)).write_due_files()
+    row = again.store.conn.execute(
+        "SELECT fix_commit, fix_no_commit FROM review_jobs WHERE kind = 'fix'"
+    ).fetchone()
+    assert tuple(row) == (git("rev-parse", "HEAD").strip(), None)
+    assert git("log", "--format=%s").count("reviewq fix:") == 1
+    again.close()
     ws.close()

@@ -244,7 +244,7 @@ def apply_fix(
             "INSERT OR IGNORE INTO fix_writes VALUES (?, ?, ?, ?)", (rel, sha, job["id"], now)
         )
         store.conn.execute(
-            "INSERT OR REPLACE INTO fix_writes_due VALUES (?, ?, ?, ?, ?, 'not written yet')",
+            "INSERT OR REPLACE INTO fix_writes_due VALUES (?, ?, ?, ?, ?, 'not written yet', 0)",
             (job["id"], rel, sha256_text(given), sha, now),
         )
     store.after_commit(lambda: write_due_fixes(kb, store, [job["id"]], git_commit, late=False))
@@ -298,11 +298,21 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
         current = sha256_bytes(path.read_bytes())
     except FileNotFoundError:
         current = None
-    if current != due["new_sha256"]:  # else written already (a crash came before the row went)
+    if due["written"]:
+        if current != due["new_sha256"]:
+            # Written, then changed (a person's revert or edit) before its row went: theirs.
+            _changed_since(store, job, due["path"], git_commit)
+            return
+    elif current != due["new_sha256"]:  # else written already, by a run that then died
         if current != due["old_sha256"]:
             _not_written(store, job, due["path"])
             return
         replace_note(path, text(due["new_sha256"]))
+    if not due["written"]:
+        with store.write():
+            store.conn.execute(
+                "UPDATE fix_writes_due SET written = 1 WHERE job_id = ?", (due["job_id"],)
+            )
     commit = None
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
         commit = commit_applied_fix(
@@ -317,6 +327,13 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
         gates=_gates(store, job["id"]),
         commit=commit.sha if commit else job["fix_commit"],
     )
+
+
+def _changed_since(store: Store, job, note_path: str, git_commit: bool) -> None:
+    reason = "the note was changed after the fix was written, before its commit"
+    logs.get().info("fix.changed_since", job_id=job["id"], note_path=note_path)
+    if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
+        _record_commit(store, job, note_path, CommitOutcome(why_not=reason))
 
 
 def _not_written(store: Store, job, note_path: str) -> None:
@@ -350,8 +367,10 @@ def commit_applied_fix(
 
 def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> None:
     with store.write():
+        # Once: a run-job and a tick writing the same due fix must not undo each other.
         store.conn.execute(
-            "UPDATE review_jobs SET fix_commit = ?, fix_no_commit = ? WHERE id = ?",
+            "UPDATE review_jobs SET fix_commit = ?, fix_no_commit = ? "
+            "WHERE id = ? AND fix_commit IS NULL AND fix_no_commit IS NULL",
             (commit.sha, commit.why_not, job["id"]),
         )
     if commit.why_not:

@@ -93,6 +93,11 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
     head = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}")
     if head.returncode != 0:
         return CommitOutcome(why_not="the note is not committed in git yet (new or untracked)")
+    if head.stdout.strip() == blob_sha(after):
+        last = _git(root, "log", "-1", "--format=%B", "HEAD")
+        if last.returncode == 0 and last.stdout.strip() == msg.strip():
+            # This very commit, made by a run that died before it was recorded.
+            return CommitOutcome(sha=_git(root, "rev-parse", "HEAD").stdout.strip())
     staged = _git(root, "ls-files", "--stage", "--", rel)
     index_blob = staged.stdout.split()[1] if staged.stdout.split()[1:] else ""
     if index_blob != head.stdout.strip():

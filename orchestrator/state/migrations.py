@@ -321,4 +321,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        10,
+        "a due fix remembers that its note was written",
+        """
+        -- 1 once reviewq has written the note: a note that then holds the old text again
+        -- is a person's revert, not a write still to do.
+        ALTER TABLE fix_writes_due ADD COLUMN written INTEGER NOT NULL DEFAULT 0;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
