@@ -359,3 +359,70 @@ def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit
     assert git("log", "--format=%s").count("reviewq fix:") == 1
     again.close()
     ws.close()
+
+
+def test_a_fix_of_a_symlinked_note_is_written_to_the_file_it_names(kb):
+    """The link was replaced by a regular file holding the fix, and the file it named
+    (the note people edit) kept the old text."""
+    kb.gate("prose/clarity", ["body"])
+    real = kb.root / "shared" / "real.md"  # inside the root, outside the note roots
+    real.parent.mkdir()
+    real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
+    link = kb.root / "kb" / "notes" / "link.md"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to("../../shared/real.md")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    fixed = link.read_text().rstrip("\n") + "\nFixed.\n"
+    _run(control, sent, fixed.encode())
+    assert link.is_symlink()
+    assert real.read_text() == fixed
+    ws.close()
+
+
+def test_a_written_fix_survives_a_power_cut_its_folder_is_synced(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from orchestrator.cycles.fixes import replace_note
+
+    note = tmp_path / "note.md"
+    note.write_text("old\n")
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    replace_note(note, b"new\n")
+    assert synced == ["file", "folder"] and note.read_text() == "new\n"
+
+
+def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(kb):
+    """The old results/ was renamed to a name made of the pid alone: a leftover of that
+    name (a process killed in the rmtree; pids repeat in containers) made every later
+    rewrite of the job's files fail with ENOTEMPTY."""
+    import os
+
+    from orchestrator.state.files import write_job_files
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    _run(control, sent, _bundle(ws, job.review_job_id, "PASS"))  # it has results now
+    job_dir = ws.state_dir / "jobs" / f"review-job-{job.review_job_id}"
+    assert (job_dir / "results").is_dir()
+    for name in (f".results.old.{os.getpid()}", f".results.old.{os.getpid()}-1"):
+        (job_dir / name / "stale").mkdir(parents=True)
+    write_job_files(ws.store, job_dir, job.review_job_id)
+    write_job_files(ws.store, job_dir, job.review_job_id)
+    assert (job_dir / "results").is_dir()
+    ws.close()

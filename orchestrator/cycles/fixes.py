@@ -283,7 +283,10 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
     then, with ``git_commit``, its commit (once: a job with an outcome is not committed
     again when a crash left the row behind)."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (due["job_id"],)).fetchone()
-    path = kb.root / due["path"]
+    # A note that is a symbolic link (to a file inside the root: no other is a note) is
+    # fixed in the file it names; replacing the link would leave that file as it was.
+    path = (kb.root / due["path"]).resolve()
+    real = path.relative_to(kb.root.resolve()).as_posix()
 
     def text(sha: str) -> bytes:
         return (
@@ -316,7 +319,7 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
     commit = None
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
         commit = commit_applied_fix(
-            kb, store, job, due["path"], text(due["old_sha256"]), text(due["new_sha256"])
+            kb, store, job, real, text(due["old_sha256"]), text(due["new_sha256"])
         )
         _record_commit(store, job, due["path"], commit)
     logs.get().info(
