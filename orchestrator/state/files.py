@@ -297,7 +297,11 @@ def _staging_folder(job_dir: Path) -> Path:
 
 def _swap_folder(new: Path, target: Path) -> None:
     if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        # Named as the staging folder was, not by the pid alone: a leftover of a process
+        # killed during the rmtree below (pids repeat in containers) would make every
+        # later rename fail with ENOTEMPTY, and the job's files stay stale for good.
+        old = target.with_name(f".{target.name}.old.{new.name.rsplit('.', 1)[-1]}")
+        shutil.rmtree(old, ignore_errors=True)
         os.rename(target, old)
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
