@@ -798,3 +798,33 @@ def test_a_job_failed_at_dispatch_keeps_its_files_due_through_a_crash(kb, monkey
     assert json.loads(manifest.read_text())["status"] == "failed"
     again.close()
     ws.close()
+
+
+def test_attempts_no_worker_picked_up_never_fail_the_job(kb):
+    """With no worker up all night, each attempt was reaped as "never picked up" every
+    lease + timeout, and the sixth failed the job and escalated its pairs, as if its
+    agent took its worker down each time."""
+    from datetime import UTC, datetime, timedelta
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    clock = [datetime.now(UTC)]
+    control.now = lambda: clock[0]
+    for _ in range(8):
+        clock[0] += timedelta(hours=1)  # past lease + timeout
+        assert control.reap() == 1
+        assert control.dispatch() == 1
+    lost = ws.store.conn.execute("SELECT count(*) FROM attempts WHERE outcome = 'lost'")
+    assert lost.fetchone()[0] == 8
+    row = ws.store.conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()
+    assert row[0] == "running"
+    # Launched and then silent, six times: that agent takes its worker down. It fails.
+    for _ in range(6):
+        attempt = ws.store.conn.execute("SELECT attempt FROM review_jobs WHERE id = 1").fetchone()[0]
+        beat = {"job_id": 1, "attempt": attempt, "worker": "w:1", "host": "w", "launched": True}
+        control.on_messages([beat], [])
+        clock[0] += timedelta(hours=1)
+        assert control.reap() == 1
+        control.dispatch()
+    row = ws.store.conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()
+    assert row[0] == "failed"
+    ws.close()

@@ -672,11 +672,14 @@ class Control:
                 "attempt.lost", job_id=r["job_id"], attempt=r["attempt"], reason=lost_reason
             )
             lost = self.store.conn.execute(
-                "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost'",
+                "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
+                "AND launched_at IS NOT NULL",
                 (r["job_id"],),
             ).fetchone()[0]
             if lost >= 2 * self.settings.queue.max_attempts:
                 # An agent that takes its worker down every time would otherwise retry forever.
+                # Only launched attempts count: one no worker picked up (none running all
+                # night) says nothing of the job, and must not fail it by morning.
                 reasons = [f"{lost} attempts lost their worker (the last: {lost_reason})"]
                 with self.store.write():
                     fail_job(self.store, self.ws.state_dir, r["job_id"], reasons)
