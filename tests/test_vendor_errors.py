@@ -246,6 +246,23 @@ def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
     assert out.reasons[0].startswith("unreachable: Reconnecting... waiting for network")
 
 
+def _assert_gone(child: int) -> None:
+    """The agent's child is gone within 10 s; killed here if not, so a failing test
+    leaves nothing behind."""
+    try:
+        fd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return  # gone and reaped
+    try:
+        ready, _, _ = select.select([fd], [], [], 10)  # readable once the process exits
+        gone = bool(ready) or process_gone(child)
+    finally:
+        if not process_gone(child):
+            os.kill(child, signal.SIGKILL)
+        os.close(fd)
+    assert gone, f"pid {child} outlived the agent"
+
+
 def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path):
     # Codex 0.169 runs its sandbox (bwrap) in its own process group: killing the agent's
     # group at the deadline left it running, outside any namespace reviewq made.
@@ -259,19 +276,7 @@ def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path
     )
     out = _run(tmp_path, script, timeout=2)
     assert out.classification == "burned-out"
-    child = int(pidfile.read_text())
-    try:
-        fd = os.pidfd_open(child)
-    except ProcessLookupError:
-        return  # gone and reaped
-    try:
-        ready, _, _ = select.select([fd], [], [], 10)  # readable once the process exits
-        gone = bool(ready) or process_gone(child)
-    finally:
-        if not process_gone(child):
-            os.kill(child, signal.SIGKILL)  # leave nothing behind, even when failing
-        os.close(fd)
-    assert gone, f"pid {child} outlived the agent"
+    _assert_gone(int(pidfile.read_text()))
 
 
 @pytest.mark.parametrize("end", ["exits", "deadline"])
@@ -288,19 +293,7 @@ def test_a_child_that_started_a_session_of_its_own_is_killed_with_the_agent(tmp_
     )
     out = _run(tmp_path, script, timeout=3)
     assert out.classification == ("burned-out" if end == "deadline" else "no-output")
-    child = int(pidfile.read_text())
-    try:
-        fd = os.pidfd_open(child)
-    except ProcessLookupError:
-        return  # gone and reaped
-    try:
-        ready, _, _ = select.select([fd], [], [], 10)  # readable once the process exits
-        gone = bool(ready) or process_gone(child)
-    finally:
-        if not process_gone(child):
-            os.kill(child, signal.SIGKILL)  # leave nothing behind, even when failing
-        os.close(fd)
-    assert gone, f"pid {child} outlived the agent"
+    _assert_gone(int(pidfile.read_text()))
 
 
 def test_a_session_of_another_attempt_is_left_alone(tmp_path):
