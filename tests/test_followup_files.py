@@ -403,7 +403,7 @@ def test_a_written_fix_survives_a_power_cut_its_folder_is_synced(tmp_path, monke
     assert synced == ["file", "folder"] and note.read_text() == "new\n"
 
 
-def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(kb):
+def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(cycle):
     """The old results/ was renamed to a name made of the pid alone: a leftover of that
     name (a process killed in the rmtree; pids repeat in containers) made every later
     rewrite of the job's files fail with ENOTEMPTY."""
@@ -411,18 +411,12 @@ def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(kb):
 
     from orchestrator.state.files import write_job_files
 
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    _run(control, sent, _bundle(ws, job.review_job_id, "PASS"))  # it has results now
-    job_dir = ws.state_dir / "jobs" / f"review-job-{job.review_job_id}"
+    kb, ws, control, sent, job_id = cycle
+    _run(control, sent, _bundle(ws, job_id, "PASS"))  # it has results now
+    job_dir = ws.state_dir / "jobs" / f"review-job-{job_id}"
     assert (job_dir / "results").is_dir()
     for name in (f".results.old.{os.getpid()}", f".results.old.{os.getpid()}-1"):
         (job_dir / name / "stale").mkdir(parents=True)
-    write_job_files(ws.store, job_dir, job.review_job_id)
-    write_job_files(ws.store, job_dir, job.review_job_id)
+    write_job_files(ws.store, job_dir, job_id)
+    write_job_files(ws.store, job_dir, job_id)
     assert (job_dir / "results").is_dir()
-    ws.close()
