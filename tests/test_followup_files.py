@@ -263,7 +263,8 @@ def test_due_rows_that_cannot_be_cleared_stay_and_say_why(kb, tmp_path):
     store = ws.store
     ids = [r[0] for r in store.conn.execute("SELECT id FROM review_jobs")]
     store.conn.executemany(
-        "INSERT INTO job_files_due VALUES (?, '2030-01-01T00:00:00Z', 'not written yet')",
+        "INSERT INTO job_files_due (job_id, since, error) "
+        "VALUES (?, '2030-01-01T00:00:00Z', 'not written yet')",
         [(i,) for i in ids],
     )
     store.conn.commit()
@@ -420,3 +421,122 @@ def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(cycle
     write_job_files(ws.store, job_dir, job_id)
     write_job_files(ws.store, job_dir, job_id)
     assert (job_dir / "results").is_dir()
+
+
+def _two_writers(kb, job_id, a_between, b_write=None):
+    """Writer A (one process's store) marks the job due and renders it, and stops at
+    ``a_between`` (``"render"``: after it read state.db, ``"settle"``: after it wrote the
+    files); meanwhile writer B (another store) decides again and writes, with ``b_write``
+    in place of the real writing if given. Each writer in a thread with its own store, as
+    two processes would be."""
+    import json
+    import threading
+
+    from orchestrator.state import files
+
+    a_read, b_waits, go = threading.Event(), threading.Event(), threading.Event()
+    real_manifest, real_settle, real_write = files._manifest, files.settle_due, files.write_job_files
+    real_fcntl = getattr(files, "fcntl", None)
+    names = {}
+
+    def me() -> str:
+        return names.get(threading.get_ident(), "")
+
+    def manifest(*args):
+        out = real_manifest(*args)
+        if me() == "A" and a_between == "render":
+            a_read.set()
+            assert go.wait(10)
+        return out
+
+    def settle(*args):
+        if me() == "A" and a_between == "settle":
+            a_read.set()
+            assert go.wait(10)
+        return real_settle(*args)
+
+    def write(*args, **kwargs):
+        if me() == "B" and b_write is not None:
+            return b_write(*args, **kwargs)
+        return real_write(*args, **kwargs)
+
+    class Flock:  # says when B is about to wait for A's lock
+        LOCK_EX = getattr(real_fcntl, "LOCK_EX", 2)
+
+        @staticmethod
+        def flock(fd, op):
+            if me() == "B":
+                b_waits.set()
+            return real_fcntl.flock(fd, op)
+
+    errors = []
+
+    def writer(name: str, reason: str) -> None:
+        names[threading.get_ident()] = name
+        ws = Workspace.open(kb.root)
+        try:
+            with ws.store.write():
+                ws.store.conn.execute(
+                    "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?",
+                    (json.dumps([reason]), job_id),
+                )
+                files.write_job_files_after_commit(ws.store, ws.state_dir, job_id)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            if name == "B":
+                b_waits.set()
+            ws.close()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(files, "_manifest", manifest)
+        mp.setattr(files, "settle_due", settle)
+        mp.setattr(files, "write_job_files", write)
+        mp.setattr(files, "fcntl", Flock, raising=False)
+        a = threading.Thread(target=writer, args=("A", "A decided"))
+        a.start()
+        assert a_read.wait(10)
+        b = threading.Thread(target=writer, args=("B", "B decided"))
+        b.start()
+        assert b_waits.wait(10)  # B wrote its files, or waits for A's lock
+        go.set()
+        a.join(10)
+        b.join(10)
+    assert not errors, errors
+    return files
+
+
+def test_a_writer_that_read_an_older_decision_does_not_write_over_a_newer_one(cycle):
+    """Two processes write one job's files (the control process, a command run by hand).
+    A read the job, B decided again and wrote the job's files, then A wrote what it had
+    read: the folder showed the older decision for good, and no due row was left to
+    mend it."""
+    import json
+
+    kb, ws, control, sent, job_id = cycle
+    _two_writers(kb, job_id, "render")
+    job_dir = ws.state_dir / "jobs" / f"review-job-{job_id}"
+    manifest = json.loads((job_dir / "MANIFEST.json").read_text())
+    assert manifest["failure_reasons"] == ["B decided"]
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+
+
+def test_a_decision_made_while_another_writer_wrote_keeps_its_due_row(cycle):
+    """A wrote the job's files; before A cleared the due row, B decided again and could
+    not write (a full disk). A's clearing took B's row too: the files showed A's decision
+    and nothing would ever write B's."""
+    import errno
+    import json
+
+    kb, ws, control, sent, job_id = cycle
+
+    def full(*args, **kwargs):
+        raise OSError(errno.EIO, "I/O error")
+
+    files = _two_writers(kb, job_id, "settle", b_write=full)
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 1
+    assert files.write_due_job_files(ws.store, ws.state_dir) == 1  # the control's tick
+    job_dir = ws.state_dir / "jobs" / f"review-job-{job_id}"
+    manifest = json.loads((job_dir / "MANIFEST.json").read_text())
+    assert manifest["failure_reasons"] == ["B decided"]
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0

@@ -7,7 +7,9 @@ reader never sees half a file and a crash leaves the old one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import functools
 import itertools
 import json
@@ -175,7 +177,8 @@ def write_job_files_after_commit(
     now = utcnow()
     with store.write():
         store.conn.executemany(
-            "INSERT OR IGNORE INTO job_files_due VALUES (?, ?, 'not written yet')",
+            "INSERT INTO job_files_due (job_id, since, error) VALUES (?, ?, 'not written yet') "
+            "ON CONFLICT (job_id) DO UPDATE SET generation = generation + 1",
             [(i, now) for i in ids],
         )
     store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
@@ -189,39 +192,79 @@ def write_due_job_files(
     *,
     late: bool = True,
 ) -> int:
-    """Write the files of due jobs (``job_ids``, else every due job); the number written."""
-    sql = "SELECT d.job_id, j.job_dir, d.error FROM job_files_due d JOIN review_jobs j ON j.id = d.job_id"
+    """Write the files of due jobs (``job_ids``, else every due job); the number written.
+
+    Two processes may write one job's files (the control process, a command run by hand):
+    each renders what state.db holds when it holds the job folder's lock, so the last one
+    to write shows the last decision, and a due row is cleared only by a writer that read
+    its generation before it rendered (a decision made meanwhile keeps the row)."""
+    sql = (
+        "SELECT d.job_id, j.job_dir, d.error, d.generation "
+        "FROM job_files_due d JOIN review_jobs j ON j.id = d.job_id"
+    )
     ids = None if job_ids is None else list(job_ids)
     if ids is not None and len(ids) <= 500:
         # Only these rows (dispatch asks about every job it opens, most of them not due).
         rows = store.conn.execute(f"{sql} WHERE d.job_id IN ({', '.join('?' * len(ids))})", ids)
     else:
         rows = store.conn.execute(sql + " ORDER BY d.job_id")
-    due = {r[0]: (r[1], r[2]) for r in rows}
+    due = {r[0]: (r[1], r[2], r[3]) for r in rows}
     if ids is not None:
         due = {i: due[i] for i in ids if i in due}  # others were written meanwhile
+
+    def write(i: int) -> None:
+        job_dir = state_dir / due[i][0]
+        job_dir.mkdir(parents=True, exist_ok=True)
+        with _folder_lock(job_dir):
+            write_job_files(store, job_dir, i, prompt)
+
     written, failed = write_each(
-        {i: error for i, (_, error) in due.items()},
-        lambda i: write_job_files(store, state_dir / due[i][0], i, prompt),
+        {i: error for i, (_, error, _) in due.items()},
+        write,
         what="job.files",
         key="job_id",
         late=late,
     )
-    settle_due(store, "job_files_due", "job_id", written, failed)
+    settle_due(store, "job_files_due", "job_id", written, failed, {i: due[i][2] for i in written})
     return len(written)
 
 
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
+    leave behind, and the kernel lets go of it when its holder dies."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def settle_due(
-    store: Store, table: str, key: str, done: Sequence[int], failed: dict[int, str]
+    store: Store,
+    table: str,
+    key: str,
+    done: Sequence[int],
+    failed: dict[int, str],
+    generations: dict[int, int] | None = None,
 ) -> None:
     """Clear the due rows of what was written and record why the others were not. When
     state.db cannot take it (locked past its busy timeout, on the full disk too) the rows
-    stay, the next tick writes those files again, and the log says why."""
+    stay, the next tick writes those files again, and the log says why. With
+    ``generations`` (id → the row's generation read before rendering), a row marked due
+    again since is kept."""
     if not done and not failed:  # no transaction: dispatch asks about every job it opens
         return
     try:
         with store.write():
-            store.conn.executemany(f"DELETE FROM {table} WHERE {key} = ?", [(i,) for i in done])
+            if generations is None:
+                store.conn.executemany(f"DELETE FROM {table} WHERE {key} = ?", [(i,) for i in done])
+            else:
+                store.conn.executemany(
+                    f"DELETE FROM {table} WHERE {key} = ? AND generation = ?",
+                    [(i, generations[i]) for i in done],
+                )
             store.conn.executemany(
                 f"UPDATE {table} SET error = ? WHERE {key} = ?",
                 [(e, i) for i, e in failed.items()],

@@ -333,4 +333,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        11,
+        "a job's due files know which decision they must show",
+        """
+        -- Bumped by every transaction that marks the job due again: a writer that rendered
+        -- an older state clears the row only if no decision came after the one it read.
+        ALTER TABLE job_files_due ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
