@@ -626,6 +626,39 @@ def test_an_output_left_as_a_fifo_is_refused_not_waited_on(tmp_path):
     assert out.reasons == ["out.md is not a regular file (a FIFO, socket or device)"]
 
 
+def test_an_output_left_as_a_unix_socket_is_refused_not_raised(tmp_path):
+    """open(2) refuses a socket with ENXIO before the fstat that refuses a FIFO: the error
+    escaped the attempt, the worker sent no outcome, and the agent was run again until
+    the job failed as "lost its worker"."""
+    out = _bounded_attempt(
+        tmp_path,
+        "import os, socket; s = socket.socket(socket.AF_UNIX); "
+        "s.bind(os.environ['REVIEWQ_OUTPUT_PATH'])",
+    )
+    assert out.classification == "invalid-output"
+    assert out.reasons == ["out.md is not a regular file (a FIFO, socket or device)"]
+
+
+def test_an_output_the_worker_may_not_read_is_refused_not_raised(tmp_path, monkeypatch):
+    """An agent that leaves its output mode 000 (the worker runs as its user, not root):
+    the EACCES escaped the attempt as the socket's ENXIO did. Root reads any mode, so the
+    refusal of open(2) is made here rather than by a file."""
+    import errno
+    import os
+
+    from orchestrator.review import finalize
+
+    path = tmp_path / "out.md"
+    path.write_text("x")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(finalize.os, "open", refused)
+    with pytest.raises(finalize.FinalizeError, match=r"^out.md cannot be read: Permission denied$"):
+        finalize.read_output(path, 100)
+
+
 def test_an_output_left_as_a_symlink_is_refused_and_what_it_points_at_is_not_read(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("SECRET-OUTSIDE-THE-JOB\n")

@@ -58,6 +58,9 @@ class FinalizeResult:
         }
 
 
+NOT_REGULAR = "{} is not a regular file (a FIFO, socket or device)"
+
+
 def read_output(path: Path, max_bytes: int) -> bytes | None:
     """An output file, or None if there is none. At most ``max_bytes + 1`` bytes are read,
     so a 50 MB output costs no more memory than the limit and still fails as too large.
@@ -71,13 +74,18 @@ def read_output(path: Path, max_bytes: int) -> bytes | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise FinalizeError(f"{path.name} is a symbolic link, not a file") from None
+        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+            # open(2) refuses a socket (and an absent device) before any fstat could.
+            raise FinalizeError(NOT_REGULAR.format(path.name)) from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise FinalizeError(f"{path.name} cannot be read: {exc.strerror}") from None
         raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         if stat.S_ISDIR(mode):
             return None
-        raise FinalizeError(f"{path.name} is not a regular file (a FIFO, socket or device)")
+        raise FinalizeError(NOT_REGULAR.format(path.name))
     with open(fd, "rb") as f:
         return f.read(max_bytes + 1)
 
