@@ -558,6 +558,35 @@ def test_an_hour_the_autumn_change_repeats_fires_a_sweep_once(kb, new_york):
     ws.close()
 
 
+def test_a_time_the_spring_change_skips_still_fires_once(kb, new_york):
+    """On 2026-03-08 New York's clocks go from 02:00 EST to 03:00 EDT: the wall clock never
+    shows 02:30. The sweep was read as due an hour earlier than 03:00, so at 03:00 it was
+    past LATE: logged as missed (blaming a stopped control) and not run that night. cron(8)
+    runs it at 03:00."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "n"\ncron = "30 2 * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    t = datetime(2026, 3, 8, 5, 0, 30, tzinfo=UTC)  # 00:00:30 EST, a control running all night
+    assert due_sweeps(ws, t) == []  # the clock starts
+    fired = []
+    while t < datetime(2026, 3, 8, 8, 0, tzinfo=UTC):  # until 04:00 EDT, a tick a minute
+        t += timedelta(minutes=1)
+        if due_sweeps(ws, t):
+            fired.append(t.astimezone().strftime("%H:%M %Z"))
+            cron_fired(ws, "n", t)
+    ws.close()
+    assert fired == ["03:00 EDT"]
+    said = log_lines(kb) if (ws.state_dir / "logs" / "reviewq.jsonl").exists() else []
+    assert not [e for e in said if e["event"] == "sweep.missed"]
+
+
 def test_a_configured_sweep_runs_by_name(kb):
     small_kb(kb, notes=2)
     kb.write(

@@ -291,7 +291,14 @@ def _last_match(cron: str, now: datetime) -> datetime | None:
         match = croniter(cron, wall + timedelta(minutes=1)).get_prev(datetime)
     except CroniterError:
         return None
-    # A wall time the autumn change repeats is taken at its first instant (fold 0).
+    # A wall time the spring change skips (02:30 on the night 02:00 becomes 03:00) runs
+    # at the first minute that exists after it, as cron(8) does; astimezone() alone would
+    # read it as an instant an hour earlier, already past LATE when 03:00 comes. A wall
+    # time the autumn change repeats is taken at its first instant (fold 0).
+    for _ in range(24 * 60):
+        if match.astimezone().replace(tzinfo=None) == match:
+            break
+        match += timedelta(minutes=1)
     return match.astimezone()
 
 
