@@ -36,8 +36,9 @@ class ConfigError(ValueError):
 _LONGEST = 366 * 86400.0  # past it a duration is a typo (or inf), and time arithmetic fails
 
 
-def parse_duration(value: object, where: str) -> float:
-    """Seconds from a number or a string such as "30m", "90s", "1h30m"."""
+def parse_duration(value: object, where: str, years: int = 1) -> float:
+    """Seconds from a number or a string such as "30m", "90s", "1h30m", at most ``years``
+    (a setting past a year is a typo; a report may look back further)."""
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected seconds or a duration like '30m'")
     if isinstance(value, int | float):
@@ -50,8 +51,9 @@ def parse_duration(value: object, where: str) -> float:
         seconds = h * 3600 + mi * 60 + s
     else:
         raise ConfigError(f"{where}: expected seconds or a duration like '30m'")
-    if not 0 < seconds <= _LONGEST:  # NaN fails both
-        raise ConfigError(f"{where}: must be more than 0 seconds and at most a year")
+    if not 0 < seconds <= years * _LONGEST:  # NaN fails both
+        most = "a year" if years == 1 else f"{years} years"
+        raise ConfigError(f"{where}: must be more than 0 seconds and at most {most}")
     return seconds
 
 

@@ -227,6 +227,18 @@ def test_bad_arguments_get_one_line(night):
         assert (res.returncode, res.stderr) == (1, expected), args
 
 
+def test_a_report_may_look_back_more_than_a_year(night):
+    """The one-year limit on durations is for reviewq.toml; --since went through the same
+    check, so an all-time report (`--since 9000h`) was refused."""
+    res = night.rq("report", "--since", "9000h")
+    assert res.returncode == 0, res.stderr
+    res = night.rq("report", "--since", "99999999h")  # past the calendar: one line
+    assert (res.returncode, res.stderr) == (
+        1,
+        "error: --since: must be more than 0 seconds and at most 100 years\n",
+    )
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     exe = executable()

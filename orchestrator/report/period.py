@@ -57,7 +57,7 @@ def resolve(
                 start = start.replace(tzinfo=UTC)
             return Period(timestamp(start), until, f"since {timestamp(start)[:16]}Z")
         try:
-            seconds = parse_duration(since, "--since")
+            seconds = parse_duration(since, "--since", years=100)
         except ConfigError as exc:
             raise ReportError(str(exc)) from None
         return Period(
