@@ -212,9 +212,12 @@ class Control:
         lease = self.settings.queue.lease_seconds
         return {
             "v": messages.VERSION,
-            # The reaper takes an attempt no worker started by then for lost and opens
-            # another: a worker that takes this message later does not start it.
-            "expires_at": time.time() + lease + profile.timeout,
+            # The reaper takes an attempt no worker started within lease + timeout of its
+            # opening for lost and opens another: a worker that takes this message later
+            # does not start it. Half a lease early, so that neither the time this message
+            # took to build nor a worker's clock running a little behind lets an agent
+            # start for an attempt already given up (a declined one is reaped as before).
+            "expires_at": time.time() + lease / 2 + profile.timeout,
             "job_id": opened.job_id,
             "attempt": opened.attempt,
             "task": opened.kind,

@@ -15,7 +15,7 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   it, which the worker replaces with its own), ``note_path`` and ``note_text`` (a fix: the text the fixer
   was given), ``guarded`` and ``trees`` (root-relative, checked when the worker has a
   KB), ``timeout_s`` (the deadline), ``lease_s``, ``heartbeat_s``, ``max_output_bytes``,
-  ``expires_at`` (epoch seconds on the control's clock, when the reaper gives up an
+  ``expires_at`` (epoch seconds on the control's clock, half a lease before the reaper gives up an
   attempt no worker started; optional, so no new version: a worker takes it as absent).
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
   ``worker`` (host:pid), ``host``, ``launched``. The first (``launched`` true) goes once
