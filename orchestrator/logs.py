@@ -62,6 +62,13 @@ def lines(
                     return
                 now = _end_of(path)
                 if now is not None and _started_again(f, now, last if not chunk else None):
+                    if now[0] != os.fstat(f.fileno()).st_ino:
+                        # Renamed away: what was written to it since the last look first.
+                        for chunk in f:
+                            partial += chunk
+                            if partial.endswith("\n"):
+                                yield partial
+                                partial = ""
                     break
                 last = now
                 wait()

@@ -86,6 +86,35 @@ def test_a_line_read_while_it_is_written_is_given_once_whole(tmp_path):
     assert looks == [1]
 
 
+def test_lines_written_to_a_log_just_before_it_was_renamed_away_are_shown(
+    tmp_path, monkeypatch
+):
+    # The follower read to the end of the file, then found a new file by its name and
+    # switched to it: what the writer put in the old one in between was never shown.
+    from orchestrator import logs
+
+    log = tmp_path / "reviewq.jsonl"
+    log.write_text(_line("first") + "\n")
+    real_end_of, rotated = logs._end_of, []
+
+    def end_of(path):  # between the follower's read and its look at the name: a rotation
+        if not rotated:
+            rotated.append(1)
+            with open(log, "a") as f:
+                f.write(_line("last in the old file") + "\n")
+            os.rename(log, log.with_suffix(".jsonl.1"))
+            log.write_text(_line("new file") + "\n")
+        return real_end_of(path)
+
+    def wait() -> None:
+        raise AssertionError("the reader waited with lines to read")
+
+    monkeypatch.setattr(logs, "_end_of", end_of)
+    follow = logs.lines(log, follow=True, wait=wait)
+    said = [json.loads(next(follow))["event"] for _ in range(3)]
+    assert said == ["first", "last in the old file", "new file"]
+
+
 def test_a_log_line_that_is_json_but_not_an_object_is_passed_over(kb, run_cli):
     log = kb.state / "logs" / "reviewq.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
