@@ -296,6 +296,53 @@ def test_a_child_that_started_a_session_of_its_own_is_killed_with_the_agent(tmp_
     _assert_gone(int(pidfile.read_text()))
 
 
+@pytest.mark.parametrize("agent", ["running", "gone"])
+@pytest.mark.parametrize("session", [True, False])
+def test_what_an_agent_started_is_reaped_when_its_worker_died(tmp_path, agent, session):
+    """A worker killed while its agent ran: the next worker kills the agent's group from
+    the registry, but a process the agent had started in a session of its own (setsid)
+    ran on, and when the agent itself had exited nothing at all was killed, not even a
+    child left in its group."""
+    import json
+    import subprocess
+
+    from workers.attempt import launch, reap_orphans, register_agent, registry_dir
+
+    spec = _spec(tmp_path)
+    said = tmp_path / "child.fifo"  # the agent says its child's pid here
+    os.mkfifo(said)
+    reader = os.open(said, os.O_RDONLY | os.O_NONBLOCK)
+    script = (
+        "import subprocess, sys, time;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        f" start_new_session={session});"
+        f"open({str(said)!r}, 'w').write(str(c.pid));"
+        + ("time.sleep(120)" if agent == "running" else "sys.exit(0)")
+    )
+    env = {**os.environ, **spec.environment()}
+    proc = launch([sys.executable, "-c", script], env, tmp_path, tmp_path / "o", tmp_path / "e")
+    worker_state = tmp_path / "worker"
+    try:
+        entry_path = register_agent(registry_dir(worker_state), spec, proc.pid)
+        dead = subprocess.Popen(["true"])
+        dead.wait(timeout=10)
+        entry = json.loads(entry_path.read_text())
+        entry_path.write_text(json.dumps({**entry, "worker_pid": dead.pid}))  # the worker died
+        ready, _, _ = select.select([reader], [], [], 30)
+        assert ready, "the agent did not say its child's pid within 30 s"
+        child = int(os.read(reader, 64))
+        if agent == "gone":
+            proc.wait(timeout=30)
+        reap_orphans(worker_state)
+        _assert_gone(child)
+        assert proc.wait(timeout=10) is not None
+    finally:
+        os.close(reader)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def test_a_session_of_another_attempt_is_left_alone(tmp_path):
     """The same job and attempt number in another state folder (another KB on this
     machine) is another attempt: its processes are not this attempt's to kill."""

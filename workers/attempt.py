@@ -179,13 +179,7 @@ def reap_group(proc: subprocess.Popen, marker: tuple[bytes, ...] = ()) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     sessions = _sessions()
-    doomed = list(sessions.get(proc.pid, []))
-    if marker:
-        for sid, members in sessions.items():
-            # A session's leader carries its environment; a leader gone (a daemon's
-            # double fork), its first member.
-            if sid != proc.pid and _carries(sid if sid in members else members[0], marker):
-                doomed += members
+    doomed = list(sessions.get(proc.pid, [])) + _marked(sessions, marker, proc.pid)
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -198,6 +192,20 @@ def attempt_marker(spec: AttemptSpec) -> tuple[bytes, ...]:
     this state folder's (or this worker's) own, and its number is the job's current."""
     env = spec.environment()
     return tuple(f"\0{k}={env[k]}\0".encode() for k in ("REVIEWQ_JOB_DIR", "REVIEWQ_ATTEMPT"))
+
+
+def _marked(sessions: dict[int, list[int]], marker: tuple[bytes, ...], skip: int) -> list[int]:
+    """The members of the sessions (but ``skip``) one of the attempt's processes started:
+    a session's leader carries its environment; a leader gone (a daemon's double fork),
+    its first member."""
+    if not marker:
+        return []
+    return [
+        pid
+        for sid, members in sessions.items()
+        if sid != skip and _carries(sid if sid in members else members[0], marker)
+        for pid in members
+    ]
 
 
 def _carries(pid: int, marker: tuple[bytes, ...]) -> bool:
@@ -429,6 +437,8 @@ def register_agent(folder: Path, spec: AttemptSpec, pgid: int) -> Path | None:
                     "pgid": pgid,
                     "job_id": spec.job_id,
                     "attempt": spec.attempt,
+                    # What the sessions its processes start carry (latin-1: bytes back).
+                    "marker": [m.decode("latin-1") for m in attempt_marker(spec)],
                 }
             )
         )
@@ -471,13 +481,20 @@ def reap_orphans(state_dir: Path, mine: bool = False) -> list[int]:
             continue
         if not mine and _alive_worker(entry["worker_pid"]):
             continue
-        if _group_is_agent(entry["pgid"], entry["job_id"]):
+        doomed, ours = [], _group_is_agent(entry["pgid"], entry["job_id"])
+        if ours:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(entry["pgid"], signal.SIGKILL)
                 killed.append(entry["pgid"])
-            for pid in session_members(entry["pgid"]):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            doomed = session_members(entry["pgid"])
+        # Sessions the agent's processes started (setsid, Node's detached spawn) outlive
+        # its group, and the agent itself may be gone (then its own session's members
+        # too): found by the attempt's marker.
+        marker = tuple(m.encode("latin-1") for m in entry.get("marker") or [])
+        doomed += _marked(_sessions(), marker, entry["pgid"] if ours else -1)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
     return killed
 
