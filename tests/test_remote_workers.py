@@ -282,9 +282,8 @@ def test_a_batch_stays_on_the_queue_until_its_transaction_commits(
     kb, monkeypatch, request, queue
 ):
     """A control process stopped mid-batch (here by an interrupt inside the transaction)
-    finds the batch's messages again: only the one Huey was running is gone, and its
-    job's outcome is still among them."""
-    from workers import tasks
+    finds the batch's messages again, the one Huey was running among them."""
+    from workers.app import make_app
 
     ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
 
@@ -300,13 +299,62 @@ def test_a_batch_stays_on_the_queue_until_its_transaction_commits(
 
     monkeypatch.setattr(control, "on_messages", stopped)
     with pytest.raises(Stopped):
-        tasks.attempt_heartbeat(app.control.dequeue().args[0])
-    assert app.control.pending_count() == 5
+        app.control.execute(app.control.dequeue())
     monkeypatch.setattr(control, "on_messages", real)
-    app.control.execute(app.control.dequeue())  # the restarted control's first message
-    assert app.control.pending_count() == 0
+    restarted = make_app(ws.settings)  # the restarted control process's queue
+    restarted.control.execute(restarted.control.dequeue())
+    assert batches[-1] == (3, 3)  # the heartbeat Huey was running came back with the rest
+    assert restarted.control.pending_count() == 0
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["completed"] * 3
+    ws.close()
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
+    kb, monkeypatch, request, queue
+):
+    """Huey takes a message off the queue before it runs it: a control process killed
+    inside that message's transaction lost its outcome, and the agent was reaped after a
+    lease and run again (paid twice). The message now stays on the queue, held, until its
+    transaction commits."""
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import send
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
+    while app.control.pending_count():  # keep one outcome alone on the queue
+        app.control.execute(app.control.dequeue())
+    job_id = ws.store.conn.execute("SELECT max(id) FROM review_jobs").fetchone()[0]
+    with ws.store.write():
+        ws.store.conn.execute("UPDATE review_jobs SET status = 'running' WHERE id = ?", (job_id,))
+        ws.store.conn.execute(
+            "UPDATE attempts SET outcome = 'running', ended_at = NULL WHERE job_id = ?", (job_id,)
+        )
+        ws.store.conn.execute("DELETE FROM acceptance")
+    send("deliver_outcome", {"v": 2, "job_id": job_id, "attempt": 1, "classification": "burned-out", "files": {}})  # fmt: skip
+
+    class Killed(BaseException):
+        pass
+
+    def killed(beats, outcomes):
+        with ws.store.write():
+            raise Killed
+
+    monkeypatch.setattr(control, "on_messages", killed)
+    with pytest.raises(Killed):
+        app.control.execute(app.control.dequeue())
+    monkeypatch.undo()
+    monkeypatch.setattr(tasks, "_control", control)
+    restarted = make_app(ws.settings)  # the restarted control process's queue
+    task = restarted.control.dequeue()
+    assert task is not None and task.name == "deliver_outcome"
+    restarted.control.execute(task)
+    outcome = ws.store.conn.execute(
+        "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = 1", (job_id,)
+    ).fetchone()[0]
+    assert outcome == "burned-out"
+    assert restarted.control.pending_count() == 0 and restarted.control.dequeue() is None
     ws.close()
 
 
@@ -450,3 +498,16 @@ def test_even_a_quick_agent_announces_its_launch_before_its_outcome(kb, tmp_path
     beat, outcome = sent[0][1], sent[1][1]
     assert beat["launched"] is True and beat["host"] and beat["job_id"] == msg["job_id"]
     assert outcome["classification"] == "output" and outcome["exited_at"] > 0
+
+
+def test_a_held_message_that_never_runs_is_given_up_after_three_tries(tmp_path):
+    """A control message Huey cannot run (unreadable, or Huey failed around the task) is
+    never released: handed out again and again, it would hold the queue for good."""
+    from workers.queues import QueueStorage
+
+    queue = QueueStorage("control", str(tmp_path / "control.db"), holds=True, idle_look=0.01)
+    queue.enqueue(b"unreadable", 0)
+    queue.enqueue(b"next", 0)
+    assert [queue.dequeue() for _ in range(4)] == [b"unreadable"] * 3 + [b"next"]
+    queue.release()
+    assert queue.dequeue() is None and queue.queue_size() == 0

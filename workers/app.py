@@ -28,9 +28,14 @@ def make_app(settings: Settings) -> App:
 
         def requeue_interrupted(signal: str, task: object, huey: Huey = huey) -> None:
             # A restart (SIGTERM to a consumer) interrupted this task: its transaction was
-            # rolled back or its agent killed, so it runs again from the start.
-            logs.get().warning("task.interrupted", task=getattr(task, "name", "?"), requeued=True)
-            huey.enqueue(task)
+            # rolled back or its agent killed, so it runs again from the start. A control
+            # message is still on its queue (held), and runs again from there.
+            held = getattr(huey.storage, "holds", False)
+            logs.get().warning(
+                "task.interrupted", task=getattr(task, "name", "?"), requeued=not held
+            )
+            if not held:
+                huey.enqueue(task)
 
         huey.signal(SIGNAL_INTERRUPTED)(requeue_interrupted)
     install_app(app)

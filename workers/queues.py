@@ -69,7 +69,45 @@ class _PatientReads:
         return data
 
 
-class QueueStorage(_PatientReads, SqliteStorage):
+class _Holding:
+    """The control queue's read: a message handed to the consumer stays on the queue,
+    *held*, until :meth:`release` takes it off once what it says is kept (the control
+    task's transaction committed). A control process killed meanwhile finds it again
+    when it restarts, where a taken message would be gone with its outcome (and the
+    agent's run with it). Only for a queue with one consumer thread.
+
+    A message handed out and not released was not run (Huey could not read it, or failed
+    around the task): it is handed out again, and after ``GIVE_UP`` such tries taken off
+    with an error line, so one message cannot hold the queue."""
+
+    GIVE_UP = 3
+    holds = False
+    held: object = None  # the token of the message handed out and not yet released
+    _tries = 0
+
+    def _hand_out(self, token: object, data: bytes) -> bytes | None:
+        if self.held is not None and token == self.held:
+            self._tries += 1
+            if self._tries >= self.GIVE_UP:
+                logs.get().error(
+                    "message.dropped",
+                    queue=self.name,  # type: ignore[attr-defined]
+                    tries=self._tries,
+                    reason="handed out and never run (unreadable, or Huey failed around it)",
+                )
+                self.release()
+                return None
+        else:
+            self._tries = 0
+        self.held = token
+        return data
+
+    def release(self) -> None:
+        """Take the held message off the queue (its task has run); no-op if none."""
+        raise NotImplementedError
+
+
+class QueueStorage(_Holding, _PatientReads, SqliteStorage):
     """Huey's SQLite storage at synchronous=NORMAL: in WAL mode still safe against a
     crashed process (only a power cut can lose the last messages, and the reaper resends
     what state.db says was not done), without an fsync for each of a job's messages.
@@ -78,9 +116,10 @@ class QueueStorage(_PatientReads, SqliteStorage):
     like Redis's: an empty read waits for a ring (or ``idle_look`` seconds, for a sender
     that could not ring) instead of the consumer sleeping a fixed poll."""
 
-    def __init__(self, name, filename, idle_look=1.0, **kwargs):  # noqa: ANN001 - Huey's
+    def __init__(self, name, filename, idle_look=1.0, holds=False, **kwargs):  # noqa: ANN001 - Huey's
         super().__init__(name, filename, **kwargs)
         self.idle_look = idle_look
+        self.holds = holds
         self.bell = Doorbell(Path(filename).with_suffix(".bell"))
         self.blocking = self.bell.usable
 
@@ -103,18 +142,39 @@ class QueueStorage(_PatientReads, SqliteStorage):
             return False
         return super().delete_data(key)
 
+    def _take(self):  # noqa: ANN202
+        if not self.holds:
+            return super().dequeue()
+        return self._patiently(self._peek, None)
+
+    def _peek(self):  # noqa: ANN202
+        found = self.sql(
+            "select id, data from task where queue = ? order by priority desc, id limit 1",
+            (self.name,),
+            results=True,
+        )
+        if not found:
+            return None
+        data = self._hand_out(*found[0])
+        return data if data is not None else self._peek()
+
+    def release(self) -> None:
+        if self.held is not None:
+            self.sql("delete from task where id = ?", (self.held,), commit=True)
+            self.held = None
+
     def dequeue(self):  # noqa: ANN201 - Huey's signature
-        data = super().dequeue()
+        data = self._take()
         if data is not None or not self.blocking:
             return data
         # About to wait: the bytes waiting are stale (their messages were taken without
         # them) unless a message came since the look above, so drop them and look again.
         if self.bell.drain():
-            data = super().dequeue()
+            data = self._take()
         if data is None:
             if not self.bell.wait(self.idle_look):
                 return None
-            data = super().dequeue()
+            data = self._take()
             if data is None:
                 return None
         # Found after a drain or a wake-up: another message's byte may have been dropped
@@ -123,8 +183,52 @@ class QueueStorage(_PatientReads, SqliteStorage):
         return data
 
 
-class RedisQueueStorage(_PatientReads, RedisStorage):
-    pass
+class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
+    """Held messages wait in a list of their own (``…held``), moved there as they are
+    read (BLMOVE); the first read of a control process puts back on the queue what a
+    killed one held."""
+
+    def __init__(self, name="huey", holds=False, **kwargs):  # noqa: ANN001 - Huey's
+        super().__init__(name, **kwargs)
+        self.holds = holds
+        self.held_key = self.queue_key + ".held"
+        self._restored = False
+
+    def dequeue(self):  # noqa: ANN201 - Huey's signature
+        if not self.holds:
+            return super().dequeue()
+        return self._patiently(self._peek, None)
+
+    def _peek(self):  # noqa: ANN202
+        if not self._restored:
+            moved = self.restore()
+            self._restored = True
+            if moved:
+                logs.get().warning("queue.messages_restored", queue=self.name, messages=moved)
+        if self.held is not None:  # handed out and not run: the same again
+            data = self._hand_out(self.held, self.held)  # type: ignore[arg-type]
+            if data is not None:
+                return data
+        try:
+            data = self.conn.blmove(
+                self.queue_key, self.held_key, self.read_timeout, src="RIGHT", dest="LEFT"
+            )
+        except _RedisTimeout:  # an empty queue, as Huey's own read takes it
+            return None
+        return None if data is None else self._hand_out(data, data)
+
+    def release(self) -> None:
+        if self.held is not None:
+            self.conn.lrem(self.held_key, 1, self.held)
+            self.held = None
+
+    def restore(self) -> int:
+        """Put the messages a killed control process held back on the queue, at its
+        reading end (they are the oldest); the number put back."""
+        moved = 0
+        while self.conn.lmove(self.held_key, self.queue_key, src="RIGHT", dest="RIGHT"):
+            moved += 1
+        return moved
 
 
 def huey_for(settings: Settings, queue: str) -> Huey:
@@ -139,6 +243,7 @@ def huey_for(settings: Settings, queue: str) -> Huey:
             blocking=True,
             read_timeout=1,
             storage_class=RedisQueueStorage,
+            holds=queue == "control",
         )
     folder = settings.state_dir / "queue"
     folder.mkdir(parents=True, exist_ok=True)
@@ -150,6 +255,7 @@ def huey_for(settings: Settings, queue: str) -> Huey:
         timeout=30,
         storage_class=QueueStorage,
         idle_look=settings.queue.poll_seconds,
+        holds=queue == "control",
     )
 
 
@@ -182,8 +288,9 @@ def waiting(huey: Huey, limit: int) -> list[tuple[object, Any]]:
             found = [(d, d) for d in reversed(storage.conn.lrange(storage.queue_key, -limit, -1))]
         else:
             found = storage.sql(
-                "select id, data from task where queue = ? order by priority desc, id limit ?",
-                (storage.name, limit),
+                "select id, data from task where queue = ? and id is not ? "
+                "order by priority desc, id limit ?",
+                (storage.name, getattr(storage, "held", None), limit),
                 results=True,
             )
     except QUEUE_UNAVAILABLE:
@@ -210,6 +317,19 @@ def acknowledge(huey: Huey, tokens: list[object]) -> None:
     else:
         marks = ", ".join("?" * len(tokens))
         storage.sql(f"delete from task where id in ({marks})", tokens, commit=True)
+
+
+@retry(
+    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
+    wait=wait_exponential(multiplier=0.2, max=10),
+    stop=stop_after_delay(120),
+    reraise=True,
+)
+def release(huey: Huey) -> None:
+    """Take the message the consumer is running off ``huey`` if it holds it (the control
+    queue: :class:`_Holding`), once its task has run."""
+    if getattr(huey.storage, "holds", False):
+        huey.storage.release()  # type: ignore[attr-defined]
 
 
 def install_app(app: App) -> None:

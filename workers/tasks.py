@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import acknowledge, send, the_app, waiting
+from .queues import acknowledge, release, send, the_app, waiting
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -264,6 +264,7 @@ def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
         try:
             fn(*args)
         except Exception as exc:
+            _release()  # Huey queues it again, with one retry less
             first = args[0] if args else None
             ids = (
                 {"job_id": first.get("job_id"), "attempt": first.get("attempt")}
@@ -280,8 +281,15 @@ def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
                 **ids,
             )
             raise
+        _release()  # kept: off the queue (an interrupt leaves it there, to run again)
 
     return run
+
+
+def _release() -> None:
+    huey = _control_queue()
+    if huey is not None:
+        release(huey)
 
 
 BATCH = 100  # messages taken together at most: a bound on one transaction's length
