@@ -129,8 +129,19 @@ def test_report_data_matches_state_db(night):
     assert [f["result"] for f in city["fix_attempts"]] and all(
         f["result"] == "unchanged" and f["diff"] is None for f in city["fix_attempts"]
     )
-    assert [f["id"] for f in n["failed_jobs"]] == failed and n["failed_total"] == 1
-    assert "exit" in " ".join(n["failed_jobs"][0]["reasons"]) or n["failed_jobs"][0]["reasons"]
+    # The failed job raised an escalation (call redo): it needs a person once, there.
+    [job] = failed
+    with night.db() as db:
+        pairs = {
+            tuple(r)
+            for r in db.execute(
+                "SELECT note_path, gate_id FROM review_pairs WHERE job_id = ?", (job,)
+            )
+        }
+    assert pairs <= {(e["note_path"], e["gate_id"]) for e in open_escs}
+    assert n["failed_jobs"] == [] and n["failed_total"] == 0
+    [redo] = [g for g in n["escalations"] if {g["note_path"]} == {p[0] for p in pairs}]
+    assert redo["suggested"] == "redo"
     [paused] = n["paused_reviewers"]
     assert paused["reviewer"] == "missing" and "failed to start" in paused["why"]
     [budget] = n["budgets_reached"]
@@ -277,7 +288,8 @@ def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path)
     )
     assert dom["sections"] == ["needs-you", "kb-changes", "reviewed", "trends"]
     assert dom["notes"] == [g["note_path"] for g in data["needs_you"]["escalations"]]
-    assert (dom["failed"], dom["paused"], dom["budgets"], dom["fixes"]) == (1, 1, 1, 1)
+    # The one failed job is shown as its escalation (call redo), not twice.
+    assert (dom["failed"], dom["paused"], dom["budgets"], dom["fixes"]) == (0, 1, 1, 1)
     assert f"reviewq decide --note {CITY} approve" in "\n".join(dom["commands"])
     assert dom["figures"] == dom["tables"] >= 5 and dom["scripts"] == 0
     assert dom["added"] == ["+FIXED: now it says more."]

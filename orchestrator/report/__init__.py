@@ -43,7 +43,7 @@ def make_report(
     now: str | None = None,
 ) -> Report:
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
-    records the report so the next one starts where this one ends."""
+    records a report of the default period so the next one starts where it ends."""
     now = now or utcnow()
     period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
     data = _data.gather(store, state_dir, period, limit=None if full else limit, now=now)
@@ -56,6 +56,8 @@ def make_report(
             atomic_write(html_path, page, mode=0o644)
         except OSError as exc:
             raise ReportError(f"--html {html_path}: cannot write ({exc.strerror or exc})") from None
-    if remember:
+    if remember and not (since or sweep or run is not None):
+        # Only a report of the default period moves "since the last report": a look at
+        # the last two hours or one run would leave the rest of the night in no report.
         _period.record(store, period, str(html_path) if html_path else None)
     return Report(data, html_path)

@@ -118,7 +118,11 @@ def _needs_you(
         store,
         f"SELECT j.id, j.kind, j.reviewer, j.lens, j.note_path, j.failure_reasons, j.finished_at, "
         f"(SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs "
-        f"FROM review_jobs j WHERE {scope} AND j.status = 'failed' ORDER BY j.id",
+        f"FROM review_jobs j WHERE {scope} AND j.status = 'failed' "
+        # A failure that raised an escalation (call redo) needs a person once, there.
+        "AND NOT EXISTS (SELECT 1 FROM review_pairs p JOIN escalations e "
+        "ON e.note_path = p.note_path AND e.gate_id = p.gate_id "
+        "WHERE p.job_id = j.id AND e.decision IS NULL) ORDER BY j.id",
         args,
     )
     for f in failed:
@@ -183,9 +187,11 @@ def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) 
         "escalations": escs,
         "gates": [e["gate_id"] for e in escs],
         "fix_attempts": attempts,
-        # The command the summary shows: an agent that failed every attempt judged nothing,
-        # so approving (or rejecting) the note for it would record a verdict nobody made.
-        "suggested": "redo" if all(e["call"] == "redo" for e in escs) else "approve",
+        # The command the summary shows: the call the escalations recommend (reject after
+        # rejections; redo when an agent failed every attempt and judged nothing; approve
+        # when only the audit failed). Calls that differ get redo, the one that records
+        # no verdict nobody made.
+        "suggested": escs[0]["call"] if len({e["call"] for e in escs}) == 1 else "redo",
         "commands": {
             "approve": f"reviewq decide {target} approve",
             "redo": f'reviewq decide {target} redo --feedback "…"',

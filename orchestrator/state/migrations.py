@@ -345,4 +345,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        12,
+        "a note's fix jobs are found by the note",
+        """
+        -- The morning report shows each escalated note's last fixes: without it, a scan of
+        -- every job per note (30 s for 2,000 notes over 200,000 jobs).
+        CREATE INDEX review_jobs_fix_note ON review_jobs (note_path, id) WHERE kind = 'fix';
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

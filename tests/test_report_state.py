@@ -1,0 +1,151 @@
+"""The morning report over a small state.db made by hand (the real schema, fixed clocks):
+what it tells a person to do, which period it covers, and how it scales."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.report import make_report
+from orchestrator.state.store import Store
+
+T = "2026-11-25T{}:00.000Z"  # T.format("07:00") -> 07:00 UTC on the 25th
+
+
+@pytest.fixture
+def st(tmp_path):
+    store = Store(tmp_path / "state.db")
+    (tmp_path / "escalations").mkdir()
+    yield store, tmp_path
+    store.conn.close()
+
+
+def job(
+    store,
+    jid,
+    *,
+    created,
+    finished=None,
+    status="completed",
+    kind="review",
+    reviewer="claude",
+    sweep="nightly",
+    run=None,
+):
+    store.conn.execute(
+        "INSERT INTO review_jobs (id, kind, status, model_partition, grouping, lens, reviewer, job_dir, "
+        "attempt, sweep, sweep_run_id, created_at, updated_at, finished_at) "
+        "VALUES (?, ?, ?, 'p', 'note', 'prose', ?, ?, 1, ?, ?, ?, ?, ?)",
+        (
+            jid,
+            kind,
+            status,
+            reviewer,
+            f"jobs/review-job-{jid}",
+            sweep,
+            run,
+            created,
+            finished or created,
+            finished,
+        ),
+    )
+
+
+def attempt(store, jid, n, *, started, ended, outcome="finalized", cost=None):
+    store.conn.execute(
+        "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (jid, n, outcome, started, ended, cost),
+    )
+
+
+def escalation(store, note, gate, call, state_dir):
+    cur = store.conn.execute(
+        "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, report_path, "
+        "raised_at, call) VALUES ('p', ?, ?, 'r', 3, 'escalations/x.md', ?, ?)",
+        (note, gate, T.format("03:00"), call),
+    )
+    (state_dir / "escalations" / "x.md").write_text("Gate review: x\n")
+    return cur.lastrowid
+
+
+def report(store, state_dir, now, **kw):
+    return make_report(store, state_dir, now=now, **kw).data
+
+
+# The terminal summary offers `approve` for notes whose escalations recommend `reject`,
+#    and for a note where one gate's reviewer failed every attempt (call 'redo').
+def test_the_suggested_command_follows_the_escalations_call(st):
+    store, sd = st
+    escalation(store, "kb/notes/a.md", "prose/g1", "reject", sd)  # failed its gate 3 times
+    escalation(store, "kb/notes/b.md", "prose/g1", "reject", sd)
+    escalation(store, "kb/notes/b.md", "prose/g2", "redo", sd)  # reviewer failed: nobody judged
+    d = report(store, sd, T.format("07:00"), remember=False)
+    by_note = {g["note_path"]: g["suggested"] for g in d["needs_you"]["escalations"]}
+    assert by_note["kb/notes/a.md"] == "reject"  # was 'approve'
+    assert by_note["kb/notes/b.md"] == "redo"  # approve recorded a PASS for g2 nobody made
+
+
+# A narrower report (--since 2h, --run, --sweep) is remembered as "the last report", so
+#    the next default report starts at its end: what happened before it is in no report.
+@pytest.mark.parametrize("narrow", [{"since": "2h"}, {"run": 2}])
+def test_a_narrow_look_does_not_skip_the_night(st, narrow):
+    store, sd = st
+    store.conn.execute(
+        "INSERT INTO report_runs (since, until, made_at) VALUES (?, ?, ?)",
+        ("2026-11-24T07:00:00.000Z", "2026-11-25T07:00:00.000Z", T.format("07:00")),
+    )
+    store.conn.execute(
+        "INSERT INTO sweep_runs (id, name, trigger, options, started_at) VALUES "
+        "(1, 'nightly', 'cron', '{}', ?), (2, 'weekly', 'cron', '{}', ?)",
+        (T.format("09:00"), T.format("16:00")),
+    )
+    job(store, 1, created=T.format("09:00"), finished=T.format("09:10"), run=1)  # nightly, 09:00
+    attempt(store, 1, 1, started=T.format("09:01"), ended=T.format("09:10"), cost=1.0)
+    job(store, 2, created=T.format("16:00"), finished=T.format("16:10"), run=2, sweep="weekly")
+    attempt(store, 2, 1, started=T.format("16:01"), ended=T.format("16:10"), cost=2.0)
+    report(store, sd, T.format("17:00"), **narrow)  # a person glances at the last bit
+    morning = report(store, sd, "2026-11-26T07:00:00.000Z")  # the next morning's default report
+    assert morning["reviewed"]["cost_usd"] >= 1.0, morning[
+        "period"
+    ]  # job 1 (09:00) was in no report
+
+
+# One failed job is two things that "need you": its failed-job row and the escalation
+#    its failure raised (call 'redo'); the tile and the text add them up.
+def test_a_failed_job_needs_you_once(st):
+    store, sd = st
+    job(store, 1, created=T.format("01:00"), finished=T.format("01:05"), status="failed")
+    store.conn.execute(
+        "UPDATE review_jobs SET failure_reasons = ? WHERE id = 1",
+        (json.dumps(["3 attempt(s) failed"]),),
+    )
+    snap = store.snapshot("kb/notes/a.md", "text")
+    store.conn.execute(
+        "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, "
+        "note_snapshot_id, gate_snapshot_id) VALUES (1, 'kb/notes/a.md', 'prose/g1', "
+        "'kb/gates/prose/g1.md', 'prose', ?, ?)",
+        (snap, snap),
+    )
+    escalation(store, "kb/notes/a.md", "prose/g1", "redo", sd)  # its failure raised it
+    n = report(store, sd, T.format("07:00"), remember=False)["needs_you"]
+    assert n["escalations_open"] + n["failed_total"] == 1  # was 2
+    job(store, 2, created=T.format("02:00"), finished=T.format("02:05"), status="failed")
+    n = report(store, sd, T.format("07:00"), remember=False)["needs_you"]
+    assert [f["id"] for f in n["failed_jobs"]] == [2]  # a failure with no escalation stays
+
+
+def test_a_notes_fix_jobs_are_found_by_an_index(st):
+    # The report's --full section looks up each escalated note's last fixes: without an
+    # index, a scan of every job per note (29.7 s for 2,000 notes over 200,000 jobs).
+    store, _ = st
+    plan = " ".join(
+        r[3]
+        for r in store.conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM review_jobs j WHERE j.kind = 'fix' "
+            "AND j.note_path = ? ORDER BY j.id DESC LIMIT 5",
+            ("kb/notes/a.md",),
+        )
+    )
+    assert "USING INDEX review_jobs_fix_note" in plan, plan
