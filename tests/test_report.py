@@ -238,6 +238,32 @@ def test_bad_arguments_get_one_line(night):
         assert (res.returncode, res.stderr) == (1, expected), args
 
 
+def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
+    """--html naming state.db, a note or reviewq.toml replaced it with the page: every
+    review, escalation and queued job gone, without a word."""
+    db = night.state / "state.db"
+    before = db.read_bytes()
+    note = next((night.root / "kb" / "notes").glob("*.md"))
+    text = note.read_text()
+    for target in (db, note):
+        res = night.rq("report", "--html", str(target))
+        assert (res.returncode, res.stderr) == (
+            1,
+            f"error: --html {target}: exists and is not a reviewq report; nothing was written "
+            "(remove it or name another file)\n",
+        )
+    assert db.read_bytes() == before and note.read_text() == text
+    old = tmp_path / "old.html"  # a page written before pages said who made them
+    old.write_text(
+        "<!DOCTYPE html><meta http-equiv=\"Content-Security-Policy\" "
+        "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
+    )
+    for _ in range(2):  # over an older page, then over its own
+        res = night.rq("report", "--since", "24h", "--html", str(old))
+        assert res.returncode == 0, res.stderr
+    assert '<meta name="generator" content="reviewq">' in old.read_text()
+
+
 def test_a_report_may_look_back_more_than_a_year(night):
     """The one-year limit on durations is for reviewq.toml; --since went through the same
     check, so an all-time report (`--since 9000h`) was refused."""

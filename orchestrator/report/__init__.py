@@ -7,6 +7,9 @@ can run while the control process works.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +48,8 @@ def make_report(
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
     records a report of the default period so the next one starts where it ends."""
     now = now or utcnow()
+    if html_path is not None:
+        _may_replace(html_path)
     period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
     data = _data.gather(store, state_dir, period, limit=None if full else limit, now=now)
     if html_path is not None:
@@ -61,3 +66,32 @@ def make_report(
         # the last two hours or one run would leave the rest of the night in no report.
         _period.record(store, period, str(html_path) if html_path else None)
     return Report(data, html_path)
+
+
+# What every page reviewq wrote has in its head: the generator tag, or (pages written
+# before it) the policy that forbids fetching anything.
+_OURS = (b'<meta name="generator" content="reviewq">', b"default-src 'none'; style-src")
+
+
+def _may_replace(path: Path) -> None:
+    """A page is written only where nothing is, or over an earlier page: ``--html`` naming
+    state.db, a note or reviewq.toml replaced it with the page, without a word."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ReportError(f"--html {path}: is a symbolic link; name the file itself") from None
+        raise ReportError(f"--html {path}: cannot be replaced ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReportError(f"--html {path}: not a regular file; name the page's own file")
+        head = os.read(fd, 2048)
+    finally:
+        os.close(fd)
+    if not any(mark in head for mark in _OURS):
+        raise ReportError(
+            f"--html {path}: exists and is not a reviewq report; nothing was written "
+            "(remove it or name another file)"
+        )
