@@ -470,3 +470,29 @@ def test_a_relative_type_spec_named_like_a_catalog_one_is_warned_about(kb, run_c
         "kb/types/definition.md (both are type/definition)" in res.stderr
     )
     assert res.stderr.count("type spec named like") == 1
+
+
+def test_a_folder_that_cannot_be_read_is_skipped_with_a_warning(small, run_cli, monkeypatch):
+    """A notes folder this user may not read (chmod 000; root reads it anyway, so the
+    refusal is made here): select, gates, enqueue and sweep ended for the whole KB in
+    'internal error: PermissionError', where an unreadable file is a warning."""
+    import os
+
+    small.note("pests/varroa")
+    real = os.scandir
+
+    def scandir(path):  # noqa: ANN001, ANN202
+        if str(path).endswith(os.path.join("kb", "notes", "pests")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert {t["note_path"] for t in res.json()["targets"]} == {
+        "kb/notes/alpha.md",
+        "kb/notes/beta.md",
+    }
+    assert (
+        "warning: kb/notes/pests: folder cannot be read (Permission denied); skipped" in res.stderr
+    )

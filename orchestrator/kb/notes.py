@@ -424,6 +424,12 @@ class KB:
                 entries = list(os.scandir(d))
             except (FileNotFoundError, NotADirectoryError):
                 continue
+            except OSError as exc:  # a folder this user may not read: its notes, not all
+                rel = str(d)[root_len:].replace(os.sep, "/") or "."
+                problems.append(
+                    FileProblem(rel, f"folder cannot be read ({exc.strerror or exc}); skipped")
+                )
+                continue
             for e in entries:
                 if e.name.startswith("."):
                     continue
