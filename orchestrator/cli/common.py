@@ -89,9 +89,12 @@ def refuse_domain_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-# A job or escalation id: SQLite's integers end at 2**63 - 1, and a larger one raised
-# OverflowError inside the query instead of saying "no such job".
-JOB_ID = click.IntRange(min=1, max=2**63 - 1)
+# A number that reaches a query (an id, a row limit): SQLite's integers end at 2**63 - 1,
+# and a larger one raised OverflowError inside the query instead of saying "no such job".
+SQL_INT = click.IntRange(min=1, max=2**63 - 1)
+JOB_ID = SQL_INT
+# Threads a process starts, one agent each: past this a typo, which started them all.
+THREADS = 256
 
 
 def budget_usd(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

@@ -15,6 +15,8 @@ from click.core import ParameterSource
 
 from orchestrator.cli.common import (
     JOB_ID,
+    SQL_INT,
+    THREADS,
     Refused,
     budget_usd,
     cli,
@@ -159,7 +161,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     "--workers",
     default=2,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=THREADS),
     help="Agents run at once.",
 )
 @click.option(
@@ -220,7 +222,7 @@ def control_cmd(ws: Workspace) -> None:
     "--workers",
     default=2,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=THREADS),
     help="Worker threads; 0 uses only workers already running.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -305,7 +307,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
 @click.option(
     "--state", "state", type=click.Choice(STATUSES), default=None, help="Only jobs in this state."
 )
-@click.option("--limit", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", default=200, show_default=True, type=SQL_INT)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @refuse_domain_errors

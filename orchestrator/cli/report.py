@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli.common import Refused, cli, emit_json, not_blank, refuse_domain_errors
+from orchestrator.cli.common import (
+    SQL_INT,
+    Refused,
+    cli,
+    emit_json,
+    not_blank,
+    refuse_domain_errors,
+)
 from orchestrator.state.workspace import Workspace
 
 
@@ -18,7 +25,7 @@ from orchestrator.state.workspace import Workspace
     help="A duration back from now (24h, 90m) or a date/time.",
 )
 @click.option("--sweep", default=None, callback=not_blank, help="The last run of this sweep.")
-@click.option("--run", "run_id", type=click.IntRange(min=1), default=None, help="One sweep run.")
+@click.option("--run", "run_id", type=SQL_INT, default=None, help="One sweep run.")
 @click.option(
     "--html",
     "html",
