@@ -32,6 +32,28 @@ def test_newer_schema_is_refused(tmp_path):
         Store.open(tmp_path)
 
 
+def test_a_schema_that_does_not_match_its_version_is_refused_as_such(run_cli, kb):
+    """Migration 10's column already there though its row is not (a restored table, a
+    hand edit): the error read "another process holds it ... run the command again",
+    which could never help."""
+    Store.open(kb.state).close()
+    conn = sqlite3.connect(kb.state / "state.db")
+    conn.execute("DELETE FROM schema_migrations WHERE version >= 10")
+    conn.commit()
+    conn.close()
+    res = run_cli("status")
+    assert res.exit_code == 1
+    assert res.stderr.startswith(
+        f"error: {kb.state / 'state.db'}: cannot bring the schema from version 9 to 10"
+    )
+    assert (
+        "duplicate column name: written" in res.stderr and "run the command again" not in res.stderr
+    )
+    conn = sqlite3.connect(kb.state / "state.db")  # nothing was half done
+    assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0] == 9
+    conn.close()
+
+
 def test_not_a_database_is_refused(tmp_path):
     (tmp_path / "state.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a reviewq database"):

@@ -152,7 +152,18 @@ class Store:
                 if version <= current:
                     continue
                 for statement in _statements(sql):
-                    self.conn.execute(statement)
+                    try:
+                        self.conn.execute(statement)
+                    except sqlite3.OperationalError as exc:
+                        if "locked" in str(exc) or "busy" in str(exc):
+                            raise  # another process: the command may be run again
+                        # The schema does not match the version it records: running the
+                        # command again would meet the same error. Nothing was changed.
+                        raise StoreError(
+                            f"{self.path}: cannot bring the schema from version {current} "
+                            f"to {version} ({name}): {exc}; nothing was changed (its recorded "
+                            "version does not match its tables: restore a backup)"
+                        ) from None
                 self.conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, utcnow())
                 )
