@@ -6,8 +6,10 @@ exists unless the file defines one, so a fresh checkout runs end to end.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import stat
 import string
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -385,13 +387,12 @@ def load_settings(
         raise ConfigError(f"--root {root}: not a folder")
     config_path = Path(config) if config else root_path / "reviewq.toml"
     data: dict = {}
-    if config_path.exists():
+    text = _config_text(config_path)
+    if text is not None:
         try:
-            data = tomllib.loads(config_path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_path}: {exc}") from None
-        except OSError as exc:  # a folder, no permission
-            raise ConfigError(f"{config_path}: {exc.strerror or exc}") from None
     elif config:
         raise ConfigError(f"{config_path}: no such file")
     try:
@@ -406,6 +407,32 @@ def load_settings(
     if settings.queue.url:
         logs.add_secrets([urlsplit(settings.queue.url).password or ""])
     return replace(settings, config_path=config_path if config_path.exists() else None)
+
+
+def _config_text(path: Path) -> str | None:
+    """The settings file's text; None where there is none. A FIFO there held every command
+    for good, and a symbolic link to nothing was read as no settings at all."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise ConfigError(
+                f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+            ) from None
+        return None
+    except OSError as exc:  # no permission
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ConfigError(f"{path}: {what}; reviewq reads its settings from a TOML file")
+    with open(fd, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
 
 
 def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings:

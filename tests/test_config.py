@@ -123,7 +123,34 @@ def test_a_config_path_that_is_a_folder_is_one_error_line(kb, run_cli):
     (kb.root / "conf").mkdir()
     res = run_cli("--config", str(kb.root / "conf"), "gates")
     assert res.exit_code == 1
-    assert res.stderr.splitlines() == [f"error: {kb.root / 'conf'}: Is a directory"]
+    assert res.stderr.splitlines() == [
+        f"error: {kb.root / 'conf'}: a folder; reviewq reads its settings from a TOML file"
+    ]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling symlink", "not utf-8"])
+def test_a_settings_file_that_cannot_be_read_as_text_is_one_error_line(kb, run_cli, kind):
+    """A FIFO as reviewq.toml held every command for good; a symbolic link to nothing was
+    taken for no settings at all (a KB swept with the defaults); bytes that are not UTF-8
+    gave the codec's own words."""
+    import os
+
+    path = kb.root / "reviewq.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dangling symlink":
+        path.symlink_to(kb.root / "gone.toml")
+    else:
+        path.write_bytes(b"[queue]\npoll_seconds = 1 # \xff\n")
+    res = run_cli("status")
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [
+        {
+            "fifo": f"error: {path}: not a regular file; reviewq reads its settings from a TOML file",
+            "dangling symlink": f"error: {path}: a symbolic link to {kb.root / 'gone.toml'}, which does not exist",
+            "not utf-8": f"error: {path}: not UTF-8 text (byte 28)",
+        }[kind]
+    ]
 
 
 @pytest.mark.parametrize("command", ["status", "enqueue"])
