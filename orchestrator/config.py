@@ -440,6 +440,8 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     top = _Table(data, "", {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"})
     note_roots = _Table(top.data.get("kb"), "[kb]", {"note_roots"}).strings("note_roots")
     state_dir_name = _Table(top.data.get("state"), "[state]", {"dir"}).string("dir", ".reviewq")
+    if not state_dir_name.strip():  # would put state.db, jobs/ and logs/ beside kb/
+        raise ConfigError("[state] dir: empty; name the state folder (default .reviewq)")
     limits = _Table(top.data.get("limits"), "[limits]", {"max_output_bytes"})
     max_output = limits.count("max_output_bytes", 5 * 1024 * 1024)
     fix = FixSettings(

@@ -119,6 +119,14 @@ def test_load_settings_raises_config_error_not_attribute_error(kb):
         load_settings(kb.root)
 
 
+def test_an_empty_state_folder_name_is_refused(kb):
+    # It put state.db, jobs/ and logs/ in the root beside kb/, and the state folder that
+    # held the night's escalations dropped out of view.
+    kb.write("reviewq.toml", '[state]\ndir = ""\n')
+    with pytest.raises(ConfigError, match=r"\[state\] dir: empty"):
+        load_settings(kb.root)
+
+
 def test_a_config_path_that_is_a_folder_is_one_error_line(kb, run_cli):
     (kb.root / "conf").mkdir()
     res = run_cli("--config", str(kb.root / "conf"), "gates")

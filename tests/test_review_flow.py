@@ -528,6 +528,9 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         (("export", "--model", ""), "Invalid value for '--model': empty"),
         (("report", "--since", " "), "Invalid value for '--since': empty"),
         (("report", "--sweep", ""), "Invalid value for '--sweep': empty"),
+        (("--root", "", "status"), "Invalid value for '--root': empty"),
+        (("--state", " ", "status"), "Invalid value for '--state': empty"),
+        (("--config", "", "status"), "Invalid value for '--config': empty"),
         (("select", "prose", "--model", ""), "Invalid value for '--model': empty"),
     ],
 )

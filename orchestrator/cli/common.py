@@ -185,10 +185,21 @@ class Group(click.Group):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
-    "--root", default=".", show_default=True, help="The KB root (the folder holding kb/)."
+    "--root",
+    default=".",
+    show_default=True,
+    callback=not_blank,
+    help="The KB root (the folder holding kb/).",
 )
-@click.option("--state", default=None, help="The state folder [default: ROOT/.reviewq].")
-@click.option("--config", default=None, help="The settings file [default: ROOT/reviewq.toml].")
+@click.option(
+    "--state", default=None, callback=not_blank, help="The state folder [default: ROOT/.reviewq]."
+)
+@click.option(
+    "--config",
+    default=None,
+    callback=not_blank,
+    help="The settings file [default: ROOT/reviewq.toml].",
+)
 @click.pass_context
 def cli(ctx: click.Context, root: str, state: str | None, config: str | None) -> None:
     """Gate-based LLM reviews of a markdown knowledge base.
