@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import stat
 import string
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from urllib.parse import urlsplit
 from croniter import CroniterBadDateError, croniter
 
 from orchestrator import logs
+from orchestrator.regularfile import NotRegular, open_regular
 
 KINDS = ("claude", "codex", "gemini", "command", "openai", "offline")
 GROUPINGS = ("note", "gate")
@@ -413,20 +413,19 @@ def _config_text(path: Path) -> str | None:
     """The settings file's text; None where there is none. A FIFO there held every command
     for good, and a symbolic link to nothing was read as no settings at all."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
+        fd = open_regular(path)
+    except NotRegular as exc:
+        raise ConfigError(
+            f"{path}: {exc.kind}; reviewq reads its settings from a TOML file"
+        ) from None
+    except OSError as exc:  # no permission
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    if fd is None:
         if path.is_symlink():
             raise ConfigError(
                 f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
-            ) from None
+            )
         return None
-    except OSError as exc:  # no permission
-        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-        raise ConfigError(f"{path}: {what}; reviewq reads its settings from a TOML file")
     with open(fd, "rb") as f:
         raw = f.read()
     try:

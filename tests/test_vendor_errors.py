@@ -701,7 +701,7 @@ def test_an_output_the_worker_may_not_read_is_refused_not_raised(tmp_path, monke
     def refused(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
-    monkeypatch.setattr(finalize.os, "open", refused)
+    monkeypatch.setattr(os, "open", refused)
     with pytest.raises(finalize.FinalizeError, match=r"^out.md cannot be read: Permission denied$"):
         finalize.read_output(path, 100)
 

@@ -7,13 +7,12 @@ can run while the control process works.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.regularfile import SYMLINK, NotRegular, open_regular
 from orchestrator.report import data as _data
 from orchestrator.report import period as _period
 from orchestrator.report import render
@@ -77,16 +76,16 @@ def _may_replace(path: Path) -> None:
     """A page is written only where nothing is, or over an earlier page: ``--html`` naming
     state.db, a note or reviewq.toml replaced it with the page, without a word."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        fd = open_regular(path, follow=False)
+    except NotRegular as exc:
+        if exc.kind == SYMLINK:
             raise ReportError(f"--html {path}: is a symbolic link; name the file itself") from None
+        raise ReportError(f"--html {path}: not a regular file; name the page's own file") from None
+    except OSError as exc:
         raise ReportError(f"--html {path}: cannot be replaced ({exc.strerror or exc})") from None
+    if fd is None:
+        return
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ReportError(f"--html {path}: not a regular file; name the page's own file")
         head = os.read(fd, 2048)
     finally:
         os.close(fd)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator import faults, logs
+from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
@@ -68,24 +67,19 @@ def read_output(path: Path, max_bytes: int) -> bytes | None:
     bytes belong to whatever it points at (a note, a key), and a FIFO would hold the read
     until someone writes to it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        fd = open_regular(path, follow=False)
+    except NotRegular as exc:
+        if exc.kind == FOLDER:
+            return None
+        if exc.kind == SYMLINK:
             raise FinalizeError(f"{path.name} is a symbolic link, not a file") from None
-        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
-            # open(2) refuses a socket (and an absent device) before any fstat could.
-            raise FinalizeError(NOT_REGULAR.format(path.name)) from None
+        raise FinalizeError(NOT_REGULAR.format(path.name)) from None
+    except OSError as exc:
         if exc.errno in (errno.EACCES, errno.EPERM):
             raise FinalizeError(f"{path.name} cannot be read: {exc.strerror}") from None
         raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        if stat.S_ISDIR(mode):
-            return None
-        raise FinalizeError(NOT_REGULAR.format(path.name))
+    if fd is None:
+        return None
     with open(fd, "rb") as f:
         return f.read(max_bytes + 1)
 

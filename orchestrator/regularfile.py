@@ -1,0 +1,44 @@
+"""Opening a file that must be a regular file: an agent's output, the settings, a page
+about to be replaced. A FIFO there would hold the read until someone writes to it, and a
+symbolic link's bytes belong to whatever it points at, so neither is read."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+FOLDER, SYMLINK, SPECIAL = "a folder", "a symbolic link", "not a regular file"
+
+
+class NotRegular(Exception):
+    """What is at the path instead: :data:`FOLDER`, :data:`SYMLINK` or :data:`SPECIAL`
+    (a FIFO, a socket, a device)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def open_regular(path: Path, follow: bool = True) -> int | None:
+    """A descriptor of ``path`` opened to read without blocking, or None if nothing is
+    there; with ``follow`` false a symbolic link is refused. Raises :class:`NotRegular`,
+    or the OSError of a file that is there but cannot be opened (no permission)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegular(SYMLINK) from None
+        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+            # open(2) refuses a socket (and an absent device) before any fstat could.
+            raise NotRegular(SPECIAL) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegular(FOLDER if stat.S_ISDIR(mode) else SPECIAL)
+    return fd
