@@ -298,12 +298,17 @@ def waiting(huey: Huey, limit: int) -> list[tuple[object, Any]]:
     return [(token, huey.deserialize_task(data)) for token, data in found]
 
 
-@retry(
-    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
-    wait=wait_exponential(multiplier=0.2, max=10),
-    stop=stop_after_delay(120),
-    reraise=True,
-)
+# A queue that is unavailable (Redis restarting, a file locked past its busy timeout) is
+# waited for, up to two minutes, before the write gives up.
+_WHILE_UNAVAILABLE = {
+    "retry": retry_if_exception_type(QUEUE_UNAVAILABLE),
+    "wait": wait_exponential(multiplier=0.2, max=10),
+    "stop": stop_after_delay(120),
+    "reraise": True,
+}
+
+
+@retry(**_WHILE_UNAVAILABLE)
 def acknowledge(huey: Huey, tokens: list[object]) -> None:
     """Take messages :func:`waiting` returned off the queue, once what they say is kept."""
     if not tokens:
@@ -319,12 +324,7 @@ def acknowledge(huey: Huey, tokens: list[object]) -> None:
         storage.sql(f"delete from task where id in ({marks})", tokens, commit=True)
 
 
-@retry(
-    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
-    wait=wait_exponential(multiplier=0.2, max=10),
-    stop=stop_after_delay(120),
-    reraise=True,
-)
+@retry(**_WHILE_UNAVAILABLE)
 def release(huey: Huey) -> None:
     """Take the message the consumer is running off ``huey`` if it holds it (the control
     queue: :class:`_Holding`), once its task has run."""
@@ -344,10 +344,7 @@ def the_app() -> App:
 
 
 @retry(
-    retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
-    wait=wait_exponential(multiplier=0.2, max=10),
-    stop=stop_after_delay(120),
-    reraise=True,
+    **_WHILE_UNAVAILABLE,
     before_sleep=lambda rs: logs.get().warning(
         "queue.retrying", attempt=rs.attempt_number, error=str(rs.outcome.exception())
     ),
