@@ -253,6 +253,40 @@ def test_reject_holds_the_pair_until_the_note_changes(cyc):
     assert after["enqueued_jobs"] == 1
 
 
+def test_an_escalation_of_a_deleted_note_is_closed_by_reject_alone(cyc):
+    esc = escalate(cyc)
+    (cyc.root / NOTE).unlink()
+    for call in (["approve"], ["redo", "--feedback", "Say more."]):
+        res = rq(cyc, "decide", str(esc), *call)
+        assert res.returncode == 1
+        assert res.stderr.strip().splitlines() == [
+            f"error: {NOTE}: the note is gone (deleted or renamed); nothing decided "
+            f"(to close the escalation as it is: reviewq decide {esc} reject)"
+        ]
+    res = rq(cyc, "decide", "--note", NOTE, "reject")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"] == []
+    with db(cyc) as conn:
+        row = conn.execute("SELECT decision, note_sha256, gate_sha256 FROM escalations").fetchone()
+    assert row["decision"] == "reject" and row["note_sha256"] is None and row["gate_sha256"]
+    # The note back under its name is a note to review again.
+    cyc.note("alpha", body="Alpha body, rewritten.\n")
+    assert json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)["enqueued_jobs"] == 1
+
+
+def test_an_escalation_of_a_gate_gone_from_the_catalog_is_closed_by_reject_alone(cyc):
+    esc = escalate(cyc)
+    gate = next((cyc.root / "kb/instructions/review-gates").rglob("body-check.md"))
+    gate.unlink()
+    res = rq(cyc, "decide", str(esc), "approve")
+    assert res.returncode == 1 and "the gate is not in the catalog" in res.stderr
+    assert f"reviewq decide {esc} reject" in res.stderr
+    assert rq(cyc, "decide", str(esc), "reject").returncode == 0
+    with db(cyc) as conn:
+        row = conn.execute("SELECT decision, note_sha256, gate_sha256 FROM escalations").fetchone()
+    assert row["decision"] == "reject" and row["note_sha256"] and row["gate_sha256"] is None
+
+
 def test_sequential_sweep_waits_on_earlier_bundles(kb):
     kb.gate("frontmatter/desc-check", ["description"])
     kb.gate("prose/body-check", ["body"])

@@ -365,17 +365,14 @@ def decide_many(
     checked = []
     for esc_id in esc_ids:
         e = escalation_row(store, esc_id)
-        note_text = gate = None
+        note = gate = None
         if e is not None:
-            try:
-                note_text = kb.read_note(kb.check_rel(e["note_path"])).text
-            except (OSError, KBError, NoteParseError):
-                note_text = None
+            note = _current_note(kb, e["note_path"])
             gate = catalog.get(e["gate_id"])
-        checked.append((_check(e, esc_id, decision, feedback, note_text, gate), note_text, gate))
+        checked.append((_check(e, esc_id, decision, feedback, note, gate), note, gate))
     with store.write():
-        for e, note_text, gate in checked:
-            _record(store, e, decision, feedback, note_text, gate)
+        for e, note, gate in checked:
+            _record(store, e, decision, feedback, note, gate)
 
         def log() -> None:
             for e, _, _ in checked:
@@ -386,7 +383,30 @@ def decide_many(
     return [dict(e) for e, _, _ in checked]
 
 
-def _check(e, esc_id: int, decision: str, feedback: str | None, note_text, gate):
+@dataclass(frozen=True)
+class _NoteNow:
+    """An escalated note as it is now: its text (None: it does not parse), the hash of
+    its bytes (None: it is gone or cannot be read), and why it cannot be decided on."""
+
+    text: str | None
+    sha256: str | None
+    problem: str | None
+
+
+def _current_note(kb, note_path: str) -> _NoteNow:
+    try:
+        data = kb.abspath(note_path).read_bytes()
+    except FileNotFoundError:
+        return _NoteNow(None, None, "is gone (deleted or renamed)")
+    except (OSError, KBError) as exc:
+        return _NoteNow(None, None, f"cannot be read ({getattr(exc, 'strerror', None) or exc})")
+    try:
+        return _NoteNow(kb.read_note(kb.check_rel(note_path)).text, sha256_bytes(data), None)
+    except (OSError, KBError, NoteParseError) as exc:
+        return _NoteNow(None, sha256_bytes(data), f"cannot be read ({exc})")
+
+
+def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate):
     if decision not in DECISIONS:
         raise DecideError(f"decision {decision!r}: choose approve, redo or reject")
     if e is None:
@@ -397,22 +417,31 @@ def _check(e, esc_id: int, decision: str, feedback: str | None, note_text, gate)
         )
     if decision == "redo" and not (feedback and feedback.strip()):
         raise DecideError("redo needs --feedback with the concrete asks for the fixer")
-    if note_text is None:
-        raise DecideError(f"{e['note_path']}: the note cannot be read; nothing decided")
+    # A reject needs neither text: it holds the pair until the note or the gate is back
+    # or changed. Refusing it would leave an escalation of a deleted note open for good.
+    if decision == "reject":
+        return e
+    if note.problem is not None:
+        raise DecideError(
+            f"{e['note_path']}: the note {note.problem}; nothing decided "
+            f"(to close the escalation as it is: reviewq decide {esc_id} reject)"
+        )
     if gate is None:
-        raise DecideError(f"{e['gate_id']}: the gate is not in the catalog; nothing decided")
+        raise DecideError(
+            f"{e['gate_id']}: the gate is not in the catalog; nothing decided "
+            f"(to close the escalation as it is: reviewq decide {esc_id} reject)"
+        )
     return e
 
 
-def _record(store: Store, e, decision: str, feedback: str | None, note_text: str, gate) -> None:
+def _record(store: Store, e, decision: str, feedback: str | None, note: _NoteNow, gate) -> None:
     esc_id = e["id"]
     now = utcnow()
-    note_sha = sha256_bytes(note_text.encode("utf-8"))
     with store.write():
         store.conn.execute(
             "UPDATE escalations SET decision = ?, feedback = ?, decided_at = ?, note_sha256 = ?, gate_sha256 = ? "
             "WHERE id = ?",
-            (decision, feedback, now, note_sha, gate.sha256, esc_id),
+            (decision, feedback, now, note.sha256, gate.sha256 if gate else None, esc_id),
         )
         reset(store, e["model_partition"], e["note_path"], e["gate_id"])
         if decision == "approve":
@@ -422,7 +451,7 @@ def _record(store: Store, e, decision: str, feedback: str | None, note_text: str
                 "'human', ?, ?, ?, 'approved') RETURNING id",
                 (e["model_partition"], gate.lens, now, now, now),
             ).fetchone()[0]
-            note_snap = store.snapshot(e["note_path"], note_text, note_sha)
+            note_snap = store.snapshot(e["note_path"], note.text, note.sha256)
             gate_snap = store.snapshot(gate.path, gate.text, gate.sha256)
             rationale = f"Approved by a person (escalation {esc_id})." + (
                 f"\n\n{feedback}" if feedback else ""
