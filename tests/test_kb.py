@@ -171,6 +171,15 @@ def test_atomic_write_keeps_a_notes_mode_and_leaves_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["MANIFEST.json", "note.md", "sub"]
 
 
+def test_atomic_write_replaces_a_file_whose_name_is_as_long_as_the_system_allows(tmp_path):
+    for name in ("n" * 252 + ".md", "é" * 126 + ".md"):  # 255 bytes each
+        note = tmp_path / name
+        note.write_text("old\n")
+        atomic_write(note, "new\n", durable=True)
+        assert note.read_text() == "new\n"
+    assert len(list(tmp_path.iterdir())) == 2
+
+
 def test_frontmatter_delimiters_may_carry_trailing_blanks():
     """An editor's stray space after the opening '---' made the whole block body text: the
     note lost its type, status and description without a word."""

@@ -21,12 +21,19 @@ def mode_of(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+# Bytes of the target's name a temp name keeps: a name near the file system's 255 would
+# not fit with the pid and counter beside it, and the file could never be replaced.
+_TEMP_HEAD = 200
+
+
 def _create(path: Path) -> tuple[int, str]:
     """A new temp file beside ``path`` (0600 before the umask, as mkstemp's), its folder
     made if it is missing."""
     folder = os.fspath(path.parent)
+    # Cut in bytes; a character cut in two round-trips as surrogate escapes.
+    head = os.fsdecode(os.fsencode(path.name)[:_TEMP_HEAD])
     for attempt in range(100):
-        tmp = os.path.join(folder, f".{path.name}.{os.getpid()}-{next(_serial)}.tmp")
+        tmp = os.path.join(folder, f".{head}.{os.getpid()}-{next(_serial)}.tmp")
         try:
             return os.open(tmp, _FLAGS, 0o600), tmp
         except FileExistsError:
