@@ -109,6 +109,33 @@ def test_fail_fix_pass(cyc):
     assert len(review_jobs_for(cyc, "prose/body-check")) == 2
 
 
+def test_a_note_whose_name_nears_the_limit_is_fixed_and_keeps_its_files(kb, run_cli):
+    # 248 bytes: a legal name, but its result file (note--gate) and export folder
+    # (kb__notes__deep__…) are over 255, and so was the temp name of its fix.
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("deep/" + "a-long-claim-" * 18 + "x" * 11, body="Body.\n")
+    assert len(Path(note).name) == 248
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: more."))
+    res = rq(kb, "sweep", "--reviewer", "fake", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    assert "FIXED: more." in kb.read(note)
+    assert not list((kb.root / "kb/notes/deep").glob(".*"))  # no temp file left
+    doctor = rq(kb, "doctor").stdout
+    assert "wait to be written" not in doctor, doctor
+    with db(kb) as conn:
+        dirs = [r[0] for r in conn.execute("SELECT job_dir FROM review_jobs WHERE kind = 'review'")]
+    for d in dirs:  # every job's manifest points at its result file, each name its own
+        manifest = json.loads((kb.state / d / "MANIFEST.json").read_text())
+        (pair,) = manifest["pairs"]
+        result = kb.state / d / pair["result_path"]
+        assert len(result.name.encode()) <= 255
+        assert result.read_text().startswith(f"# {pair['gate_id']} — {note}")
+    assert run_cli("export", "--model", "fake").exit_code == 0
+    (folder,) = (kb.root / "kb/reports/reviews/gates").iterdir()
+    assert folder.name.startswith("kb__notes__deep__a-long-claim-") and "~" in folder.name
+    assert "## Result: PASS" in (folder / "prose/body-check.md").read_text()
+
+
 def test_three_rejections_escalate_with_no_fourth_review(cyc):
     config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"))
     res = rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json")

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -45,13 +46,23 @@ def write_manifest(folder: Path, data: dict) -> None:
     atomic_write(folder / "MANIFEST.json", text)
 
 
-def flat(path: str) -> str:
-    """A root-relative path as one file-name component: ``/`` becomes ``__``."""
-    return path.replace("/", "__")
+NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
+
+
+def flat(path: str, suffix: str = "") -> str:
+    """A root-relative path as one file-name component: ``/`` becomes ``__``. A name over
+    NAME_MAX bytes keeps its head and ends in ``~`` and a hash of the whole, so that a
+    note with a long name (a title-as-claim) still has its files, each its own."""
+    name = path.replace("/", "__")
+    if len(os.fsencode(name + suffix)) <= NAME_MAX:
+        return name + suffix
+    tag = "~" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    room = NAME_MAX - len(os.fsencode(tag + suffix))
+    return os.fsencode(name)[:room].decode("utf-8", "ignore") + tag + suffix
 
 
 def result_file_name(note_path: str, gate_id: str) -> str:
-    return f"{flat(note_path)}--{flat(gate_id)}.md"
+    return flat(f"{note_path}--{gate_id}", ".md")
 
 
 def job_manifest(store: Store, job_id: int) -> dict:
