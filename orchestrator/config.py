@@ -23,7 +23,8 @@ from orchestrator.regularfile import NotRegular, open_regular
 KINDS = ("claude", "codex", "gemini", "command", "openai", "offline")
 GROUPINGS = ("note", "gate")
 _DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$"
+    r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?"
+    r"\s*(?:(\d+(?:\.\d+)?)s?)?\s*$"
 )
 
 
@@ -39,7 +40,7 @@ _LONGEST = 366 * 86400.0  # past it a duration is a typo (or inf), and time arit
 
 
 def parse_duration(value: object, where: str, years: int = 1) -> float:
-    """Seconds from a number or a string such as "30m", "90s", "1h30m", at most ``years``
+    """Seconds from a number or a string such as "30m", "90s", "1h30m", "7d", at most ``years``
     (a setting past a year is a typo; a report may look back further)."""
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected seconds or a duration like '30m'")
@@ -48,9 +49,11 @@ def parse_duration(value: object, where: str, years: int = 1) -> float:
     elif isinstance(value, str) and value.strip():
         m = _DURATION.match(value)
         if not m or not any(m.groups()):
-            raise ConfigError(f"{where}: {value!r} is not a duration like '30m', '90s', '1h30m'")
-        h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-        seconds = h * 3600 + mi * 60 + s
+            raise ConfigError(
+                f"{where}: {value!r} is not a duration like '30m', '90s', '1h30m', '7d'"
+            )
+        d, h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+        seconds = d * 86400 + h * 3600 + mi * 60 + s
     else:
         raise ConfigError(f"{where}: expected seconds or a duration like '30m'")
     if not 0 < seconds <= years * _LONGEST:  # NaN fails both

@@ -228,7 +228,7 @@ def test_bad_arguments_get_one_line(night):
     for args, expected in (
         (
             ("--since", "soon"),
-            "error: --since: 'soon' is not a duration like '30m', '90s', '1h30m'\n",
+            "error: --since: 'soon' is not a duration like '30m', '90s', '1h30m', '7d'\n",
         ),
         (("--run", "999"), "error: --run 999: no such sweep run\n"),
         (("--sweep", "nope"), "error: --sweep 'nope': no run of this sweep is recorded\n"),
@@ -269,6 +269,8 @@ def test_a_report_may_look_back_more_than_a_year(night):
     check, so an all-time report (`--since 9000h`) was refused."""
     res = night.rq("report", "--since", "9000h")
     assert res.returncode == 0, res.stderr
+    res = night.rq("report", "--since", "7d")  # what a person types for "this week"
+    assert res.returncode == 0 and "the last 7d" in res.stdout.splitlines()[0], res.stderr
     res = night.rq("report", "--since", "99999999h")  # past the calendar: one line
     assert (res.returncode, res.stderr) == (
         1,
