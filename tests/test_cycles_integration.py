@@ -136,6 +136,28 @@ def test_a_note_whose_name_nears_the_limit_is_fixed_and_keeps_its_files(kb, run_
     assert "## Result: PASS" in (folder / "prose/body-check.md").read_text()
 
 
+def test_a_sweep_whose_fix_cannot_reach_the_kb_says_so_and_fails(cyc):
+    # The fix was decided and its diff reported as applied, while the note kept its old
+    # text: only the log said so, and the sweep exited 0.
+    folder = cyc.root / "kb/notes"
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip(
+            "chattr +i is refused here (it needs root and ext4, xfs or btrfs): the test "
+            "makes the note's folder immutable to refuse the fix's write"
+        )
+    try:
+        config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: more."))
+        res = rq(cyc, "sweep", "--reviewer", "fake", "--fix")
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert res.returncode == 1
+    assert "FIXED" not in cyc.read(NOTE)
+    assert f"fix job 2 is not written to {NOTE}: [Errno 1] Operation not permitted" in res.stdout
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        f"error: 1 fixed note(s) not written to the KB ({NOTE}: [Errno 1] Operation not permitted"
+    ), res.stderr
+
+
 def test_three_rejections_escalate_with_no_fourth_review(cyc):
     config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"))
     res = rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json")

@@ -162,6 +162,44 @@ def test_doctor_says_when_a_fixed_note_waits_to_be_written(cycle, monkeypatch, r
     assert not any("wait to be written" in line for line in lines), lines
 
 
+def test_a_fix_not_written_to_the_kb_is_in_status_and_the_morning_report(
+    cycle, monkeypatch, run_cli, tmp_path
+):
+    # The report showed the fix's diff as applied while the note kept its old text, and
+    # only the log (and doctor) said otherwise.
+    import orchestrator.cycles.fixes as fixes
+
+    kb, ws, control, sent, review = cycle
+    _run(control, sent, _bundle(ws, review, "FAIL"))
+    fixed = kb.read(NOTE).rstrip("\n") + "\nFixed.\n"
+
+    def refused(*args):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(fixes, "replace_note", refused)
+    fix_job = _run(control, sent, fixed.encode())["job_id"]
+    monkeypatch.undo()
+    status = run_cli("status").stdout
+    assert (
+        f"fix not written to the KB: {NOTE} (fix job {fix_job}, since " in status
+        and "Operation not permitted; the control process tries again at each tick" in status
+    ), status
+    (row,) = run_cli("status", "--json").json()["fixes_unwritten"]
+    assert row["job_id"] == fix_job and "Operation not permitted" in row["error"]
+    page = tmp_path / "night.html"
+    text = run_cli("report", "--html", str(page)).stdout
+    assert "needs you: 1 fixed note(s) not written to the KB" in text, text
+    assert f"  fix job {fix_job} not written to {NOTE}: [Errno 1] Operation not permitted" in text
+    html = page.read_text()
+    assert "Fixes not written to the KB" in html and "Not in the KB yet" in html
+    assert '<b>1</b> need you' in html
+
+    control.write_due_files()  # the tick after the folder is writable again
+    assert kb.read(NOTE) == fixed
+    assert "not written" not in run_cli("status").stdout
+    assert "needs you: nothing" in run_cli("report", "--since", "1d").stdout
+
+
 def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, monkeypatch):
     """FAIL three times: every follow-up (fix folders, re-review folders, the escalation
     report) meets a full disk, and none of it undoes the review that decided it."""

@@ -91,5 +91,11 @@ def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
                 markup=False,
                 soft_wrap=True,
             )
+    for f in s.get("fixes_unwritten", []):
+        console.print(
+            f"fix job {f['job_id']} is not written to {f['note_path']}: {f['error']}",
+            markup=False,
+            soft_wrap=True,
+        )
     for name, pause in out.paused.items():
         console.print(f"reviewer {name} is paused until {pause.until}")

@@ -269,6 +269,12 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
             for n, p in out.paused.items()
         )
         problems.append(f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}")
+    if out.summary["fixes_unwritten"]:
+        first = out.summary["fixes_unwritten"][0]
+        problems.append(
+            f"{len(out.summary['fixes_unwritten'])} fixed note(s) not written to the KB "
+            f"({first['note_path']}: {first['error']}); the control process tries again at each tick"
+        )
     problems.extend(out.children_failed)
     if problems:
         raise Refused("; ".join(problems))
@@ -301,6 +307,11 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     click.echo(
         f"cost: today ${data['cost_usd']['today']:.4f}, total ${data['cost_usd']['total']:.4f}"
     )
+    for f in data["fixes_unwritten"]:
+        click.echo(
+            f"fix not written to the KB: {f['note_path']} (fix job {f['job_id']}, since "
+            f"{f['since'][:19]}Z): {f['error']}; the control process tries again at each tick"
+        )
 
 
 @cli.command("jobs")
@@ -460,8 +471,8 @@ def _doctor_control_side(ws: Workspace, report) -> None:
     for p in cat.problems:
         report(False, f"invalid gate {p.path}: {p.reason}")
     from orchestrator.cycles.escalations import reports_due
-    from orchestrator.cycles.fixes import notes_due
     from orchestrator.state.files import files_due
+    from orchestrator.state.status import unwritten_fixes
 
     try:
         store = ws.store
@@ -475,8 +486,9 @@ def _doctor_control_side(ws: Workspace, report) -> None:
             f"({error}); the control process writes them at its next tick with room",
         )
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
+        fixes = unwritten_fixes(store)
         for what, (n, why) in (
-            ("fixed note(s)", notes_due(store)),
+            ("fixed note(s)", (len(fixes), fixes[0]["error"] if fixes else None)),
             ("escalation report(s)", reports_due(store)),
         ):
             if n:

@@ -17,7 +17,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
-from orchestrator.state.files import settle_due, write_each
+from orchestrator.state.files import NOT_TRIED, settle_due, write_each
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -181,8 +181,8 @@ def escalate(
         # The report is written once this commits (a full disk costs the file, not the
         # escalation), and again at the control process's tick if that fails.
         store.conn.execute(
-            "INSERT INTO escalation_reports_due VALUES (?, ?, 'not written yet')",
-            (esc_id, utcnow()),
+            "INSERT INTO escalation_reports_due VALUES (?, ?, ?)",
+            (esc_id, utcnow(), NOT_TRIED),
         )
     store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
     logs.get().warning(

@@ -26,7 +26,12 @@ from orchestrator.kb.notes import (
 )
 from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
-from orchestrator.state.files import settle_due, write_each, write_job_files_after_commit
+from orchestrator.state.files import (
+    NOT_TRIED,
+    settle_due,
+    write_each,
+    write_job_files_after_commit,
+)
 from orchestrator.state.store import Store, utcnow
 
 
@@ -244,8 +249,8 @@ def apply_fix(
             "INSERT OR IGNORE INTO fix_writes VALUES (?, ?, ?, ?)", (rel, sha, job["id"], now)
         )
         store.conn.execute(
-            "INSERT OR REPLACE INTO fix_writes_due VALUES (?, ?, ?, ?, ?, 'not written yet', 0)",
-            (job["id"], rel, sha256_text(given), sha, now),
+            "INSERT OR REPLACE INTO fix_writes_due VALUES (?, ?, ?, ?, ?, ?, 0)",
+            (job["id"], rel, sha256_text(given), sha, now, NOT_TRIED),
         )
     store.after_commit(lambda: write_due_fixes(kb, store, [job["id"]], git_commit, late=False))
     return FixResult("applied", new_sha256=sha, new_text=new_text)
@@ -406,10 +411,3 @@ def finish_fix_job(
             (status, result, json.dumps([reason]) if reason else None, now, now, job_id),
         )
         write_job_files_after_commit(store, state_dir, job_id)
-
-
-def notes_due(store: Store) -> tuple[int, str | None]:
-    """How many decided fixes wait for their note to be written, and one error that kept
-    them back (for ``reviewq doctor``)."""
-    count, error = store.conn.execute("SELECT count(*), min(error) FROM fix_writes_due").fetchone()
-    return count, error

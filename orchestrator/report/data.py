@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from orchestrator.report.period import Period
-from orchestrator.state.status import paused_reviewers
+from orchestrator.state.status import paused_reviewers, unwritten_fixes
 from orchestrator.state.store import Store, parse_timestamp, timestamp
 
 TREND_NIGHTS = 14
@@ -127,6 +127,7 @@ def _needs_you(
     )
     for f in failed:
         f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
+    budgets = _budgets(store, scope, args)
     paused = [
         {"reviewer": name, "paused_until": pause.until, "paused_reason": pause.reason}
         for name, pause in sorted(paused_reviewers(store, now).items())
@@ -145,14 +146,18 @@ def _needs_you(
         p["why"] = "its agent failed to start several times in a row" + (
             f"; last: {reasons[0]}" if reasons else ""
         )
+    unwritten = unwritten_fixes(store)
     return {
+        # Everything below that waits on a person, for the page's tile.
+        "count": len(open_escs) + len(failed) + len(paused) + len(budgets) + len(unwritten),
         "escalations": groups,
         "escalations_open": len(open_escs),
         "escalated_notes": len(notes),
         "failed_jobs": _cut(failed, limit),
         "failed_total": len(failed),
         "paused_reviewers": paused,
-        "budgets_reached": _budgets(store, scope, args),
+        "budgets_reached": budgets,
+        "fixes_unwritten": unwritten,
     }
 
 
@@ -248,8 +253,10 @@ def _kb_changes(store: Store, scope: str, args: tuple, limit: int | None) -> dic
         "ORDER BY j.id" + ("" if limit is None else f" LIMIT {int(limit)}"),
         args,
     )
+    unwritten = {u["job_id"]: u["error"] for u in unwritten_fixes(store)}
     for f in applied:
         f["diff"] = diff(f.pop("given"), f.pop("fixed"), f["note_path"])
+        f["unwritten"] = unwritten.get(f["id"])
     human = _rows(
         store,
         f"SELECT j.id, j.note_path, j.finished_at, j.failure_reasons FROM review_jobs j WHERE {scope} "

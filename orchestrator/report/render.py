@@ -96,6 +96,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['paused_reviewers'])} paused reviewer(s)")
     if n["budgets_reached"]:
         needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
+    if n["fixes_unwritten"]:
+        needs.append(f"{len(n['fixes_unwritten'])} fixed note(s) not written to the KB")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for g in n["escalations"][:5]:
         lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands'][g['suggested']]}")
@@ -110,6 +112,8 @@ def text(data: dict, html_path: str | None) -> str:
             f"  sweep {b['name']} (run {b['id']}) spent {money(b['spent_usd'])} of {money(b['budget_usd'])}; "
             f"{b['jobs_waiting']} job(s) wait"
         )
+    for f in n["fixes_unwritten"][:3]:
+        lines.append(f"  fix job {f['job_id']} not written to {f['note_path']}: {f['error']}")
     for gate in data["trends"]["suspect_gates"]:
         lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
     if html_path:

@@ -30,6 +30,9 @@ from orchestrator.state.store import Store, utcnow
 # rendered a layer above (orchestrator.review.jobs), which passes this in.
 PromptRenderer = Callable[[int], "str | None"]
 
+# A due row's error until a write is tried and fails.
+NOT_TRIED = "not written yet"
+
 # A full disk or quota: every file after this one would fail alike.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -188,9 +191,9 @@ def write_job_files_after_commit(
     now = utcnow()
     with store.write():
         store.conn.executemany(
-            "INSERT INTO job_files_due (job_id, since, error) VALUES (?, ?, 'not written yet') "
+            "INSERT INTO job_files_due (job_id, since, error) VALUES (?, ?, ?) "
             "ON CONFLICT (job_id) DO UPDATE SET generation = generation + 1",
-            [(i, now) for i in ids],
+            [(i, now, NOT_TRIED) for i in ids],
         )
     store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
 

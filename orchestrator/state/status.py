@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from orchestrator.config import Settings
+from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import Store, utcnow
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
@@ -72,7 +73,25 @@ def status(store: Store, settings: Settings) -> dict:
             for name in sorted(settings.reviewers)
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
+        "fixes_unwritten": unwritten_fixes(store),
     }
+
+
+def unwritten_fixes(store: Store, failed_only: bool = False) -> list[dict]:
+    """Fixes decided as applied whose note is not in the KB yet (a read-only folder, a full
+    disk), with the error that kept each back: the control process writes them again at
+    each tick, and until then the KB does not say what the reviews say it does.
+    ``failed_only``: those a write was tried for, not those just decided."""
+    if not _table_exists(store, "fix_writes_due"):
+        return []
+    return [
+        dict(r)
+        for r in store.conn.execute(
+            "SELECT job_id, path AS note_path, since, error FROM fix_writes_due WHERE written = 0 "
+            "AND (? = 0 OR error != ?) ORDER BY job_id",
+            (failed_only, NOT_TRIED),
+        )
+    ]
 
 
 def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]:
@@ -213,6 +232,7 @@ def summary(store: Store, since_job_id: int) -> dict:
         "cost_usd": round(cost, 6),
         "failed": failed,
         "escalations": open_escalations(store),
+        "fixes_unwritten": unwritten_fixes(store, failed_only=True),
     }
 
 
