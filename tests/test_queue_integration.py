@@ -648,3 +648,31 @@ def test_enqueue_with_the_queue_down_keeps_the_jobs_and_says_so_in_one_line(kb, 
     with db(kb) as conn:
         rows = conn.execute("SELECT count(*) FROM review_jobs WHERE status = 'queued'").fetchone()
     assert queued > 0 and rows[0] == queued
+
+
+@pytest.mark.parametrize("queue", ["control", "review"])
+def test_a_corrupt_queue_file_is_named_in_one_line_and_no_job_is_made(kb, queue):
+    """A queue file that is not a database was an 'internal error: DatabaseError' naming
+    no file, and a sweep enqueued its jobs, then restarted each child four times."""
+    small_kb(kb)
+    kb.write("reviewq.toml", fake_profile())
+    path = kb.state / "queue" / f"{queue}.db"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a database " * 300)
+    expected = f"error: {path}: file is not a database. The file holds queue messages only"
+    for args in (["control"], ["worker"], ["sweep", "--reviewer", "fake"]):
+        res = rq(kb, *args, timeout=60)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith(expected), (args, lines)
+    with db(kb) as conn:
+        assert conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
+
+
+def test_a_worker_kb_without_kb_folder_is_refused(kb, tmp_path):
+    res = rq(kb, "worker", "--kb", str(kb.root / "kb"))
+    assert (res.returncode, res.stderr) == (
+        1,
+        f"error: --kb {kb.root / 'kb'}: no kb/ folder in it; give the KB root, the folder "
+        "that holds kb/\n",
+    )

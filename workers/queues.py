@@ -21,6 +21,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_expo
 
 from orchestrator import logs
 from orchestrator.config import Settings
+from orchestrator.state.store import StoreError
 
 from .doorbell import Doorbell
 
@@ -247,16 +248,26 @@ def huey_for(settings: Settings, queue: str) -> Huey:
         )
     folder = settings.state_dir / "queue"
     folder.mkdir(parents=True, exist_ok=True)
-    return SqliteHuey(
-        queue,
-        filename=str(folder / f"{queue}.db"),
-        results=False,
-        utc=True,
-        timeout=30,
-        storage_class=QueueStorage,
-        idle_look=settings.queue.poll_seconds,
-        holds=queue == "control",
-    )
+    path = folder / f"{queue}.db"
+    try:
+        return SqliteHuey(
+            queue,
+            filename=str(path),
+            results=False,
+            utc=True,
+            timeout=30,
+            storage_class=QueueStorage,
+            idle_look=settings.queue.poll_seconds,
+            holds=queue == "control",
+        )
+    except sqlite3.DatabaseError as exc:
+        if isinstance(exc, sqlite3.OperationalError):  # locked, read-only: the caller's
+            raise
+        raise StoreError(
+            f"{path}: {exc}. The file holds queue messages only: stop every reviewq process, "
+            "move it aside and start again; queued jobs are sent again from state.db and "
+            "attempts in flight re-run"
+        ) from None
 
 
 # What a queue backend raises while it is unavailable (Redis down or restarting, a SQLite

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.config import Settings
 from orchestrator.state.status import (
     Pause,
     Progress,
@@ -142,10 +141,23 @@ class Children:
                 "sweep.child_exited", child=name, exit_code=code, restarts=self.restarts[name]
             )
             if self.restarts[name] > 3:
-                self.failed.append(f"{name} exited {code} four times; see {self.stderr[name].name}")
+                self.failed.append(
+                    f"{name} exited {code} four times ({self._last_words(name)}); "
+                    f"see {self.stderr[name].name}"
+                )
                 del self.procs[name]
             else:
                 self._spawn(name)
+
+    def _last_words(self, name: str) -> str:
+        """The last line a child wrote to stderr: its one-line refusal, most often."""
+        try:
+            with open(self.stderr[name].name, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                lines = f.read().decode("utf-8", "replace").strip().splitlines()
+        except OSError:
+            return "its stderr cannot be read"
+        return lines[-1].removeprefix("error: ") if lines else "nothing on stderr"
 
     def stop(self, timeout: float = 60.0) -> None:
         for proc in self.procs.values():
@@ -166,25 +178,29 @@ class Children:
             f.close()
 
 
-def _nudge(settings: Settings) -> None:
+def _nudge() -> None:
     """Ask the control process to dispatch now: one that already ran has had its tick
     before these jobs existed. Once: if the queue cannot take it, the next tick dispatches."""
     try:
-        make_app(settings)
         send_once("dispatch")
     except Exception as exc:
-        logs.get().warning("sweep.nudge_failed", error=str(exc), recovery="the next tick dispatches")
+        logs.get().warning(
+            "sweep.nudge_failed", error=str(exc), recovery="the next tick dispatches"
+        )
 
 
 def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) -> SweepOutcome:
     store = ws.store
+    # The queue first: one that cannot be opened (a corrupt file) is said in one line
+    # before anything is enqueued, not four restarts of each child later.
+    make_app(ws.settings)
     start_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM review_jobs").fetchone()[0]
     enqueued = enqueue(ws, req)
     # Started after the selection, not beside it: on a small machine their start-up only
     # slowed the selection down (1,000 jobs on two cores: 0.2 s later in all).
     children = Children(ws, workers)
     children.start()
-    _nudge(ws.settings)
+    _nudge()
     try:
         while True:
             paused = paused_reviewers(ws.store, utcnow())

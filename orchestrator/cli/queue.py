@@ -173,6 +173,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     "follow links; without it agents work in their attempt folder.",
 )
 @click.pass_obj
+@refuse_domain_errors
 def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
     """Consume the review queue: run agents (SIGINT drains, SIGTERM stops now).
 
@@ -188,6 +189,11 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
 
     if kb is not None and not kb.is_dir():
         raise Refused(f"--kb {shown(str(kb))}: no such folder")
+    if kb is not None and not (kb / "kb").is_dir():
+        # The notes' own folder given, most likely: agents would follow no link in it.
+        raise Refused(
+            f"--kb {shown(str(kb))}: no kb/ folder in it; give the KB root, the folder that holds kb/"
+        )
     folder = worker_folder(ws.settings)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -201,6 +207,7 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
 
 @cli.command("control")
 @click.pass_obj
+@refuse_domain_errors
 def control_cmd(ws: Workspace) -> None:
     """Consume the control queue: finalize, retry, reap, fire cron sweeps (run exactly one).
 
