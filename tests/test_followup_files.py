@@ -192,12 +192,60 @@ def test_a_fix_not_written_to_the_kb_is_in_status_and_the_morning_report(
     assert f"  fix job {fix_job} not written to {NOTE}: [Errno 1] Operation not permitted" in text
     html = page.read_text()
     assert "Fixes not written to the KB" in html and "Not in the KB yet" in html
-    assert '<b>1</b> need you' in html
+    assert "<b>1</b> need you" in html
 
     control.write_due_files()  # the tick after the folder is writable again
     assert kb.read(NOTE) == fixed
     assert "not written" not in run_cli("status").stdout
     assert "needs you: nothing" in run_cli("report", "--since", "1d").stdout
+
+
+def test_a_writer_that_read_an_older_row_keeps_a_row_marked_since_it_was_cleared(
+    cycle, monkeypatch
+):
+    """Generations counted from 0 again once a row was cleared, so a writer holding an
+    old generation 0 cleared a newer row too, and the folder kept the older render."""
+    import json
+
+    from orchestrator.state import files
+
+    kb, ws, control, sent, job_id = cycle
+    by_hand = Workspace.open(kb.root)  # a command run by hand, beside the control
+    real_settle = files.settle_due
+    once = []
+
+    def settle(store, *args, **kwargs):
+        if store is by_hand.store and not once:
+            once.append(True)
+            # The command has rendered "A". Meanwhile the control writes the job (the
+            # row goes), decides "B" (a new row) and dies before writing its files.
+            assert files.write_due_job_files(ws.store, ws.state_dir) == 1
+            monkeypatch.setattr(ws.store, "after_commit", lambda fn: None)
+            with ws.store.write():
+                ws.store.conn.execute(
+                    "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?",
+                    (json.dumps(["B decided"]), job_id),
+                )
+                files.write_job_files_after_commit(ws.store, ws.state_dir, job_id)
+        return real_settle(store, *args, **kwargs)
+
+    monkeypatch.setattr(files, "settle_due", settle)
+    with by_hand.store.write():
+        by_hand.store.conn.execute(
+            "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?",
+            (json.dumps(["A decided"]), job_id),
+        )
+        files.write_job_files_after_commit(by_hand.store, by_hand.state_dir, job_id)
+    assert once
+    # B's row is still due, so the next tick shows B.
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 1
+    monkeypatch.undo()
+    control.write_due_files()
+    manifest = json.loads(
+        (ws.state_dir / "jobs" / f"review-job-{job_id}" / "MANIFEST.json").read_text()
+    )
+    assert manifest["failure_reasons"] == ["B decided"]
+    by_hand.store.close()
 
 
 def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, monkeypatch):
@@ -324,9 +372,7 @@ def test_due_rows_that_cannot_be_cleared_stay_and_say_why(kb, tmp_path):
     ws.close()
 
 
-def test_a_fix_written_then_reverted_before_its_row_went_is_not_written_again(
-    cycle, monkeypatch
-):
+def test_a_fix_written_then_reverted_before_its_row_went_is_not_written_again(cycle, monkeypatch):
     """The row of a written fix could outlive it (state.db locked when it was to be
     cleared, or a crash): the next tick took a person's revert to the old text for a
     write still to do, and wrote the fix over it."""
@@ -347,9 +393,7 @@ def test_a_fix_written_then_reverted_before_its_row_went_is_not_written_again(
     assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
 
 
-def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit(
-    kb, monkeypatch
-):
+def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit(kb, monkeypatch):
     """The commit was decided from state.db only: after a crash between `git commit`
     and its record, HEAD held the fixed text, and the job was recorded as "the note had
     uncommitted edits" with no commit."""
@@ -473,7 +517,11 @@ def _two_writers(kb, job_id, a_between, b_write=None):
     from orchestrator.state import files
 
     a_read, b_waits, go = threading.Event(), threading.Event(), threading.Event()
-    real_manifest, real_settle, real_write = files._manifest, files.settle_due, files.write_job_files
+    real_manifest, real_settle, real_write = (
+        files._manifest,
+        files.settle_due,
+        files.write_job_files,
+    )
     real_fcntl = getattr(files, "fcntl", None)
     names = {}
 

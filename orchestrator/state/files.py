@@ -190,9 +190,12 @@ def write_job_files_after_commit(
     ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
     now = utcnow()
     with store.write():
+        # A random generation at each marking: a count would start again at the same
+        # value once a writer cleared the row, and a writer that read the old row would
+        # then clear the new one as well.
         store.conn.executemany(
-            "INSERT INTO job_files_due (job_id, since, error) VALUES (?, ?, ?) "
-            "ON CONFLICT (job_id) DO UPDATE SET generation = generation + 1",
+            "INSERT INTO job_files_due (job_id, since, error, generation) VALUES (?, ?, ?, random()) "
+            "ON CONFLICT (job_id) DO UPDATE SET generation = random()",
             [(i, now, NOT_TRIED) for i in ids],
         )
     store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
