@@ -54,6 +54,33 @@ def test_a_schema_that_does_not_match_its_version_is_refused_as_such(run_cli, kb
     conn.close()
 
 
+def test_a_full_disk_during_a_migration_is_not_called_a_broken_schema(tmp_path, monkeypatch):
+    """A migration that meets a full disk said "restore a backup": an operator would have
+    replaced a sound state.db with an older copy, where freeing space was all it took."""
+    path = tmp_path / "state.db"
+    store = Store(path)
+    store.conn.execute("DROP INDEX review_jobs_fix_note")  # back to version 11
+    store.conn.execute("DELETE FROM schema_migrations WHERE version = 12")
+    store.conn.execute("VACUUM")
+    store.close()
+    real = sqlite3.connect
+
+    def full(*args, **kwargs):
+        conn = real(*args, **kwargs)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")  # no room for one more page
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", full)
+    with pytest.raises(StoreError) as err:
+        Store(path)
+    assert "database or disk is full" in str(err.value)
+    assert str(err.value).endswith("run the command again once that is fixed")
+    assert "restore a backup" not in str(err.value)
+    monkeypatch.undo()
+    Store(path).close()  # with room again, the migration goes through
+
+
 def test_not_a_database_is_refused(tmp_path):
     (tmp_path / "state.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a reviewq database"):

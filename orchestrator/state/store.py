@@ -157,12 +157,18 @@ class Store:
                     except sqlite3.OperationalError as exc:
                         if "locked" in str(exc) or "busy" in str(exc):
                             raise  # another process: the command may be run again
+                        what = f"{self.path}: cannot bring the schema from version {current} to {version} ({name}): {exc}; nothing was changed"
+                        if getattr(exc, "sqlite_errorname", "SQLITE_ERROR") != "SQLITE_ERROR":
+                            # A full disk, an I/O error, no write access: the database is
+                            # sound, and the command works once the cause is gone.
+                            raise StoreError(
+                                f"{what}; run the command again once that is fixed"
+                            ) from None
                         # The schema does not match the version it records: running the
-                        # command again would meet the same error. Nothing was changed.
+                        # command again would meet the same error.
                         raise StoreError(
-                            f"{self.path}: cannot bring the schema from version {current} "
-                            f"to {version} ({name}): {exc}; nothing was changed (its recorded "
-                            "version does not match its tables: restore a backup)"
+                            f"{what} (its recorded version does not match its tables: "
+                            "restore a backup)"
                         ) from None
                 self.conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, utcnow())
