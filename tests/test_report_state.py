@@ -134,6 +134,10 @@ def test_a_failed_job_needs_you_once(st):
     job(store, 2, created=T.format("02:00"), finished=T.format("02:05"), status="failed")
     n = report(store, sd, T.format("07:00"), remember=False)["needs_you"]
     assert [f["id"] for f in n["failed_jobs"]] == [2]  # a failure with no escalation stays
+    # Escalations are per partition: another partition's does not stand for this failure.
+    store.conn.execute("UPDATE review_jobs SET model_partition = 'codex' WHERE id = 1")
+    n = report(store, sd, T.format("07:00"), remember=False)["needs_you"]
+    assert [f["id"] for f in n["failed_jobs"]] == [1, 2]
 
 
 def test_a_notes_fix_jobs_are_found_by_an_index(st):

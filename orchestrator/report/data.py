@@ -122,6 +122,7 @@ def _needs_you(
         # A failure that raised an escalation (call redo) needs a person once, there.
         "AND NOT EXISTS (SELECT 1 FROM review_pairs p JOIN escalations e "
         "ON e.note_path = p.note_path AND e.gate_id = p.gate_id "
+        "AND e.model_partition = j.model_partition "
         "WHERE p.job_id = j.id AND e.decision IS NULL) ORDER BY j.id",
         args,
     )
