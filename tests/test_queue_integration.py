@@ -315,27 +315,47 @@ def test_burned_out_multi_pair_job_is_split(kb):
     assert jobs[0][1] == "split" and [j[1:] for j in jobs[1:]] == [("completed", jobs[0][0])] * 2
 
 
-@pytest.fixture
-def redis_url(tmp_path):
+@contextlib.contextmanager
+def redis_server(folder: Path, *options: str):
+    """A redis-server of its own on a unix socket in ``folder``; its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (CI installs it with apt)")
-    sock = tmp_path / "redis.sock"
+    sock = folder / "redis.sock"
     proc = subprocess.Popen(
-        [exe, "--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no"],
+        [
+            exe,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *options,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    for line in proc.stdout:  # await the server's own "ready" line, not a timer
-        if "ready to accept connections" in line.lower():
-            break
-    else:
-        pytest.fail("redis-server exited before it was ready")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
-    yield f"unix://{sock}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        for line in proc.stdout:  # await the server's own "ready" line, not a timer
+            if "ready to accept connections" in line.lower():
+                break
+        else:
+            pytest.fail("redis-server exited before it was ready")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    with redis_server(tmp_path) as url:
+        yield url
 
 
 def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
@@ -676,3 +696,21 @@ def test_a_worker_kb_without_kb_folder_is_refused(kb, tmp_path):
         f"error: --kb {kb.root / 'kb'}: no kb/ folder in it; give the KB root, the folder "
         "that holds kb/\n",
     )
+
+
+def test_a_redis_server_that_cannot_hold_control_messages_is_refused_in_one_line(kb, tmp_path):
+    """Holding a control message takes BLMOVE (Redis 6.2): an older server answered
+    "unknown command" at every read, the control queue never ran, and doctor said the
+    queue answered. A server with them renamed away stands in for an old one."""
+    small_kb(kb)
+    renamed = ("--rename-command", "BLMOVE", "", "--rename-command", "LMOVE", "")
+    with redis_server(tmp_path, *renamed) as url:
+        kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "{url}"\n')
+        control = rq(kb, "control", timeout=60)
+        doctor = rq(kb, "doctor", timeout=60)
+    expected = (
+        "[queue] url: the Redis server lacks BLMOVE and LMOVE, which the control queue "
+        "needs (Redis 6.2 or later)"
+    )
+    assert (control.returncode, control.stderr) == (1, f"error: {expected}\n")
+    assert doctor.returncode == 1 and f"problem: queue backend: {expected}" in doctor.stdout

@@ -23,7 +23,7 @@ from orchestrator.state.workspace import Workspace
 from . import tasks
 from .app import make_app
 from .attempt import reap_orphans
-from .queues import send
+from .queues import check_server, send
 
 
 class AlreadyRunning(RuntimeError):
@@ -116,6 +116,7 @@ def run_control(ws: Workspace) -> None:
     lock = _lock(ws.state_dir)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     app = make_app(settings)
+    check_server(app.control)
     control = Control(ws, send_review=lambda msg: send("run_review", msg), hooks=FollowUp(ws))
     tasks.install_control(control)
     poll = settings.queue.poll_seconds

@@ -20,7 +20,7 @@ from huey.storage import RedisStorage, SqliteStorage
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from orchestrator import logs
-from orchestrator.config import Settings
+from orchestrator.config import ConfigError, Settings
 from orchestrator.state.store import StoreError
 
 from .doorbell import Doorbell
@@ -223,6 +223,25 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
             self.conn.lrem(self.held_key, 1, self.held)
             self.held = None
 
+    def missing_commands(self) -> list[str]:
+        """What holding needs and this server does not know: BLMOVE and LMOVE came with
+        Redis 6.2, and an older server answers "unknown command" at every read. Each is
+        tried on a key that is never there (a move from it moves nothing)."""
+        from redis.exceptions import ResponseError
+
+        probe = self.queue_key + ".probe"
+        tries = {
+            "BLMOVE": lambda: self.conn.blmove(probe, probe, 0.01, src="RIGHT", dest="LEFT"),
+            "LMOVE": lambda: self.conn.lmove(probe, probe, src="RIGHT", dest="RIGHT"),
+        }
+        missing = []
+        for name, attempt in tries.items():
+            try:
+                attempt()
+            except ResponseError:
+                missing.append(name)
+        return missing
+
     def restore(self) -> int:
         """Put the messages a killed control process held back on the queue, at its
         reading end (they are the oldest); the number put back."""
@@ -230,6 +249,19 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         while self.conn.lmove(self.held_key, self.queue_key, src="RIGHT", dest="RIGHT"):
             moved += 1
         return moved
+
+
+def check_server(huey: Huey) -> None:
+    """Refuse a queue server that cannot hold control messages, in one line, before a
+    control process reads from it."""
+    storage = huey.storage
+    if isinstance(storage, RedisQueueStorage) and storage.holds:
+        missing = storage.missing_commands()
+        if missing:
+            raise ConfigError(
+                f"[queue] url: the Redis server lacks {' and '.join(missing)}, which the "
+                "control queue needs (Redis 6.2 or later)"
+            )
 
 
 def huey_for(settings: Settings, queue: str) -> Huey:

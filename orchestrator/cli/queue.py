@@ -512,9 +512,11 @@ def _doctor_queue_and_reviewers(ws: Workspace, report) -> None:
     """The queue backend and each reviewer's program: what every worker needs."""
     try:
         from workers.app import make_app
+        from workers.queues import check_server
 
         app = make_app(ws.settings)
         app.control.pending_count()
+        check_server(app.control)
         report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
     except Exception as exc:
         report(False, f"queue backend: {exc}")
