@@ -248,6 +248,41 @@ def test_a_writer_that_read_an_older_row_keeps_a_row_marked_since_it_was_cleared
     by_hand.store.close()
 
 
+def test_the_control_does_not_wait_on_a_folder_a_suspended_command_holds(cycle):
+    """A command run by hand holds a job folder's lock while it renders it; suspended
+    there (Ctrl-Z), it stopped the control process, and every outcome behind it."""
+    import fcntl
+    import os
+    import threading
+
+    kb, ws, control, sent, job_id = cycle
+    control.dispatch()
+    msg = sent.pop(0)
+    folder = ws.state_dir / "jobs" / f"review-job-{job_id}"
+    held = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the suspended command
+    try:
+        outcome = {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": _bundle(ws, job_id, "PASS"),
+        }
+        done = threading.Thread(target=control.on_outcome, args=(outcome,), daemon=True)
+        done.start()
+        done.join(timeout=60)
+        assert not done.is_alive(), "the control waited on the folder"
+        (error,) = ws.store.conn.execute(
+            "SELECT error FROM job_files_due WHERE job_id = ?", (job_id,)
+        ).fetchone()
+        assert "another reviewq process is writing this folder" in error
+    finally:
+        os.close(held)
+    control.write_due_files()  # its next tick
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    assert (folder / "results").is_dir()
+
+
 def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, monkeypatch):
     """FAIL three times: every follow-up (fix folders, re-review folders, the escalation
     report) meets a full disk, and none of it undoes the review that decided it."""

@@ -76,6 +76,7 @@ class Control:
     ) -> None:
         self.ws = ws
         self.store = ws.store
+        self.store.waits_for_folders = False
         self.settings = ws.settings
         self.send_review = send_review
         self.now = now

@@ -232,7 +232,7 @@ def write_due_job_files(
     def write(i: int) -> None:
         job_dir = state_dir / due[i][0]
         job_dir.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(job_dir):
+        with _folder_lock(job_dir, wait=store.waits_for_folders):
             write_job_files(store, job_dir, i, prompt)
 
     written, failed = write_each(
@@ -247,12 +247,18 @@ def write_due_job_files(
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path):
+def _folder_lock(folder: Path, wait: bool = True):
     """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
-    leave behind, and the kernel lets go of it when its holder dies."""
+    leave behind, and the kernel lets go of it when its holder dies. Without ``wait``, a
+    folder another process holds is an error of that job's files (tried again later)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise BlockingIOError(
+                errno.EWOULDBLOCK, "another reviewq process is writing this folder", str(folder)
+            ) from None
         yield
     finally:
         os.close(fd)

@@ -72,6 +72,10 @@ class Store:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
         self._savepoints = 0  # depth of nested write() blocks
+        # Whether a writer of job folders waits for a folder another process is writing.
+        # The control process does not: every outcome would wait behind a command run by
+        # hand that is suspended mid-render; the folder stays due for its next tick.
+        self.waits_for_folders = True
         if readonly and not self.path.exists():
             # Reads of a state folder that was never used: an empty in-memory schema.
             self.conn = sqlite3.connect(":memory:", isolation_level=None)
