@@ -278,9 +278,7 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
 
 
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
-def test_a_batch_stays_on_the_queue_until_its_transaction_commits(
-    kb, monkeypatch, request, queue
-):
+def test_a_batch_stays_on_the_queue_until_its_transaction_commits(kb, monkeypatch, request, queue):
     """A control process stopped mid-batch (here by an interrupt inside the transaction)
     finds the batch's messages again, the one Huey was running among them."""
     from workers.app import make_app
@@ -511,3 +509,34 @@ def test_a_held_message_that_never_runs_is_given_up_after_three_tries(tmp_path):
     assert [queue.dequeue() for _ in range(4)] == [b"unreadable"] * 3 + [b"next"]
     queue.release()
     assert queue.dequeue() is None and queue.queue_size() == 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_a_message_each_control_process_dies_on_is_given_up_after_three(tmp_path, request, backend):
+    """A held message that kills the process running it (out of memory, say) was handed
+    first to every control process after it: the count of tries lived in the dead
+    process, so the control queue never ran again. The first hand-out of each process
+    now counts in the queue itself."""
+    from workers.queues import QueueStorage, RedisQueueStorage
+
+    def control_process():  # the control queue as a newly started process opens it
+        if backend == "sqlite":
+            return QueueStorage("control", str(tmp_path / "control.db"), holds=True, idle_look=0.01)
+        url = request.getfixturevalue("redis_url")
+        return RedisQueueStorage("reviewq-control", url=url, holds=True, read_timeout=1)
+
+    first = control_process()
+    first.enqueue(b"kills its process", 0)
+    first.enqueue(b"next", 0)
+    assert first.dequeue() == b"kills its process"  # ... and the process dies
+    assert control_process().dequeue() == b"kills its process"  # and dies again
+    third = control_process()
+    assert third.dequeue() == b"next"  # the third gives it up
+    third.release()
+    assert control_process().dequeue() is None
+    # A first message that ran leaves no count behind: it could not add up over restarts.
+    for _ in range(4):
+        queue = control_process()
+        queue.enqueue(b"a message that runs", 0)
+        assert queue.dequeue() == b"a message that runs"
+        queue.release()

@@ -8,6 +8,7 @@ Redis. Results are off: every outcome travels as a message to the control queue.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -79,32 +80,54 @@ class _Holding:
 
     A message handed out and not released was not run (Huey could not read it, or failed
     around the task): it is handed out again, and after ``GIVE_UP`` such tries taken off
-    with an error line, so one message cannot hold the queue."""
+    with an error line, so one message cannot hold the queue. A message that kills the
+    process it runs in would be handed first to every process that follows: the first
+    message a process is handed counts in the queue itself (:meth:`_count_first`), and is
+    dropped once ``GIVE_UP`` processes were handed it first and none of them ran it."""
 
     GIVE_UP = 3
     holds = False
     held: object = None  # the token of the message handed out and not yet released
     _tries = 0
+    _first: object = None  # the token of the first message this process was handed
 
     def _hand_out(self, token: object, data: bytes) -> bytes | None:
+        if self._first is None:
+            self._first = token
+            starts = self._count_first(token, data)
+            if starts >= self.GIVE_UP:
+                return self._drop(token, starts, "each control process handed it first died")
         if self.held is not None and token == self.held:
             self._tries += 1
             if self._tries >= self.GIVE_UP:
-                logs.get().error(
-                    "message.dropped",
-                    queue=self.name,  # type: ignore[attr-defined]
-                    tries=self._tries,
-                    reason="handed out and never run (unreadable, or Huey failed around it)",
+                return self._drop(
+                    token,
+                    self._tries,
+                    "handed out and never run (unreadable, or Huey failed around it)",
                 )
-                self.release()
-                return None
         else:
             self._tries = 0
         self.held = token
         return data
 
+    def _drop(self, token: object, tries: int, reason: str) -> None:
+        logs.get().error(
+            "message.dropped",
+            queue=self.name,  # type: ignore[attr-defined]
+            tries=tries,
+            reason=reason,
+        )
+        self.held = token
+        self.release()
+        return None
+
     def release(self) -> None:
-        """Take the held message off the queue (its task has run); no-op if none."""
+        """Take the held message off the queue (its task has run), with its count of
+        first hand-outs; no-op if none."""
+        raise NotImplementedError
+
+    def _count_first(self, token: object, data: bytes) -> int:
+        """Count one more process handed this message first; the count so far."""
         raise NotImplementedError
 
 
@@ -161,8 +184,24 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
 
     def release(self) -> None:
         if self.held is not None:
-            self.sql("delete from task where id = ?", (self.held,), commit=True)
+            with self.db(commit=True) as curs:
+                curs.execute("delete from task where id = ?", (self.held,))
+                if self.held == self._first:
+                    curs.execute(
+                        "delete from counter where queue = ? and key = ?",
+                        (self.name, f"first:{self.held}"),
+                    )
             self.held = None
+
+    def _count_first(self, token: object, data: bytes) -> int:
+        found = self.sql(
+            "insert into counter (queue, key, value) values (?, ?, 1) on conflict (queue, key) "
+            "do update set value = value + 1 returning value",
+            (self.name, f"first:{token}"),
+            commit=True,
+            results=True,
+        )
+        return found[0][0]
 
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         data = self._take()
@@ -216,12 +255,22 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
             )
         except _RedisTimeout:  # an empty queue, as Huey's own read takes it
             return None
-        return None if data is None else self._hand_out(data, data)
+        if data is None:
+            return None
+        data = self._hand_out(data, data)
+        return data if data is not None else self._peek()  # dropped: the next one
 
     def release(self) -> None:
         if self.held is not None:
-            self.conn.lrem(self.held_key, 1, self.held)
+            with self.conn.pipeline(transaction=True) as pipe:
+                pipe.lrem(self.held_key, 1, self.held)
+                if self.held == self._first:
+                    pipe.hdel(self.held_key + ".first", _digest(self.held))
+                pipe.execute()
             self.held = None
+
+    def _count_first(self, token: object, data: bytes) -> int:
+        return self.conn.hincrby(self.held_key + ".first", _digest(data), 1)
 
     def missing_commands(self) -> list[str]:
         """What holding needs and this server does not know: BLMOVE and LMOVE came with
@@ -249,6 +298,11 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         while self.conn.lmove(self.held_key, self.queue_key, src="RIGHT", dest="RIGHT"):
             moved += 1
         return moved
+
+
+def _digest(data: bytes) -> str:
+    """A Redis message's name in the count of first hand-outs (messages run to MiBs)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def check_server(huey: Huey) -> None:
