@@ -927,9 +927,7 @@ def report(args, results, locking: LockingRun | None) -> None:
             f"      target <= {TARGET_NOTICE_MS:.0f} ms: {verdict(worst <= TARGET_NOTICE_MS)} "
             f"(max), {verdict(p95 <= TARGET_NOTICE_MS)} (p95)"
         )
-        print(
-            "    per job, last run (attempt 1; launched = the attempt's launched_at):"
-        )
+        print("    per job, last run (attempt 1; launched = the attempt's launched_at):")
         for k, v in p.gaps.items():
             print(f"      {k:42s} {dist(v)}")
         slot = sum(p.gaps["worker slot (launched -> attempt.exited)"])

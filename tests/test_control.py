@@ -563,7 +563,9 @@ def _escalated(kb, decision: str) -> tuple[Workspace, int]:
     (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
     output = _pass_output(ws, job.review_job_id).replace(b"PASS", decision.encode())
     assert finalize(ws.store, ws.state_dir, job.review_job_id, output).status == "completed"
-    esc_id = _open_escalation(ws, "the auditor refuted a PASS", ["- major: unclear"], "say it plainly")
+    esc_id = _open_escalation(
+        ws, "the auditor refuted a PASS", ["- major: unclear"], "say it plainly"
+    )
     return ws, esc_id
 
 
@@ -607,7 +609,9 @@ def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     ws = Workspace.open(kb.root)
-    esc_id = _open_escalation(ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer")
+    esc_id = _open_escalation(
+        ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer"
+    )
     ws.store.close()
     res = run_cli("decide", str(esc_id), "redo", "--feedback", "Try again.")
     assert res.exit_code == 0, res.stderr
@@ -654,7 +658,9 @@ def test_an_escalation_report_lists_only_the_rejections_that_still_count(kb):
     with ws.store.write():
         cycles.reject(ws.store, *pair, "review-fail", 1, "high: the body is empty.")
         cycles.reset(ws.store, *pair)
-    esc_id = _open_escalation(ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer")
+    esc_id = _open_escalation(
+        ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer"
+    )
     text = cycles.report(ws.store, esc_id)
     assert "Cycle 1" not in text and "the body is empty" not in text
     assert "- (no rejection cycles: the reviewer failed every attempt)" in text
@@ -701,9 +707,7 @@ def test_the_reaper_leaves_an_attempt_finalized_by_hand_since_it_looked(kb):
     @contextmanager
     def finalized_first():
         control.store.write = write  # once
-        res, _ = finalize_by_hand(
-            person, 1, _pass_output(person, 1), Provenance(runner="offline")
-        )
+        res, _ = finalize_by_hand(person, 1, _pass_output(person, 1), Provenance(runner="offline"))
         assert res.ok, res.failure_reasons
         with write() as conn:
             yield conn
@@ -819,7 +823,9 @@ def test_attempts_no_worker_picked_up_never_fail_the_job(kb):
     assert row[0] == "running"
     # Launched and then silent, six times: that agent takes its worker down. It fails.
     for _ in range(6):
-        attempt = ws.store.conn.execute("SELECT attempt FROM review_jobs WHERE id = 1").fetchone()[0]
+        attempt = ws.store.conn.execute("SELECT attempt FROM review_jobs WHERE id = 1").fetchone()[
+            0
+        ]
         beat = {"job_id": 1, "attempt": attempt, "worker": "w:1", "host": "w", "launched": True}
         control.on_messages([beat], [])
         clock[0] += timedelta(hours=1)

@@ -153,8 +153,12 @@ def test_a_sweep_whose_fix_cannot_reach_the_kb_says_so_and_fails(cyc):
     assert res.returncode == 1
     assert "FIXED" not in cyc.read(NOTE)
     assert f"fix job 2 is not written to {NOTE}: [Errno 1] Operation not permitted" in res.stdout
-    assert res.stderr.strip().splitlines()[-1].startswith(
-        f"error: 1 fixed note(s) not written to the KB ({NOTE}: [Errno 1] Operation not permitted"
+    assert (
+        res.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: 1 fixed note(s) not written to the KB ({NOTE}: [Errno 1] Operation not permitted"
+        )
     ), res.stderr
 
 

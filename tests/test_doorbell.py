@@ -229,6 +229,7 @@ def test_a_consumer_that_finds_a_message_passes_the_wake_up_on(tmp_path):
 def test_a_bell_without_its_stop_pipe_is_not_used_half_made(tmp_path, monkeypatch):
     """No pipe for the stop (out of descriptors): the bell is unusable as a whole, its
     FIFO closed, and the queue polls; it never waits on half a bell."""
+
     def no_pipe() -> tuple[int, int]:
         raise OSError(errno.EMFILE, "Too many open files")
 

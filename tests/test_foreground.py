@@ -23,7 +23,13 @@ def _one_job_for_fake(kb) -> None:
     """Job 1: the note's frontmatter gate for the fake reviewer, made as a person would."""
     sel = rq(kb, "select", "frontmatter", "--model", "fake", "--json")
     made = reviewq_process(
-        "--root", str(kb.root), "create-jobs", "--input", "-", "--grouping", "note",
+        "--root",
+        str(kb.root),
+        "create-jobs",
+        "--input",
+        "-",
+        "--grouping",
+        "note",
         input=sel.stdout,
     )
     assert made.returncode == 0, made.stderr
@@ -56,9 +62,7 @@ def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
     assert not [e for e in log_lines(kb) if e["event"] == "attempt.lost"]
 
 
-def test_a_reaper_between_run_jobs_end_and_its_finalize_does_not_take_the_attempt(
-    kb, monkeypatch
-):
+def test_a_reaper_between_run_jobs_end_and_its_finalize_does_not_take_the_attempt(kb, monkeypatch):
     """The attempt's end and its finalize are one transaction: a control process's reaper
     that runs between them would otherwise find an attempt that "ended but was not acted
     on", queue the job again, and a worker would run a second agent on it."""
@@ -108,9 +112,7 @@ def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
     ws.close()
 
 
-def test_run_job_with_a_reviewer_of_another_partition_is_one_line_and_starts_nothing(
-    kb, run_cli
-):
+def test_run_job_with_a_reviewer_of_another_partition_is_one_line_and_starts_nothing(kb, run_cli):
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile())
     assert run_cli("enqueue", "--reviewer", "offline").exit_code == 0

@@ -86,9 +86,7 @@ def test_a_line_read_while_it_is_written_is_given_once_whole(tmp_path):
     assert looks == [1]
 
 
-def test_lines_written_to_a_log_just_before_it_was_renamed_away_are_shown(
-    tmp_path, monkeypatch
-):
+def test_lines_written_to_a_log_just_before_it_was_renamed_away_are_shown(tmp_path, monkeypatch):
     # The follower read to the end of the file, then found a new file by its name and
     # switched to it: what the writer put in the old one in between was never shown.
     from orchestrator import logs

@@ -255,7 +255,7 @@ def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
     assert db.read_bytes() == before and note.read_text() == text
     old = tmp_path / "old.html"  # a page written before pages said who made them
     old.write_text(
-        "<!DOCTYPE html><meta http-equiv=\"Content-Security-Policy\" "
+        '<!DOCTYPE html><meta http-equiv="Content-Security-Policy" '
         "content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
     )
     for _ in range(2):  # over an older page, then over its own

@@ -589,7 +589,9 @@ def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
     (flow.root / "kb" / "reports").write_text("a file where the export folder belongs\n")
     res = run_cli("export")
     assert res.exit_code == 1
-    assert res.stderr.startswith("error: cannot write the export at ") and res.stderr.count("\n") == 1
+    assert (
+        res.stderr.startswith("error: cannot write the export at ") and res.stderr.count("\n") == 1
+    )
     assert "Not a directory" in res.stderr
 
 

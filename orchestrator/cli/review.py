@@ -91,7 +91,9 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
 @click.option("--all-gates", is_flag=True, help="Every catalog gate (type pairs stay opt-in).")
 @click.option("--note", "notes", multiple=True, help="Only these note files or folders.")
 @click.option("--current", is_flag=True, help="Only notes with status: current.")
-@click.option("--model", default=None, callback=not_blank, help="The model partition to judge freshness in.")
+@click.option(
+    "--model", default=None, callback=not_blank, help="The model partition to judge freshness in."
+)
 @click.option(
     "--reason",
     "reasons",
@@ -176,7 +178,9 @@ def select_cmd(
     type=click.IntRange(min=1),
     help="Notes per job with --grouping gate.",
 )
-@click.option("--model", default=None, callback=not_blank, help="The model partition [default: the input's].")
+@click.option(
+    "--model", default=None, callback=not_blank, help="The model partition [default: the input's]."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (SPEC §10).")
 @click.pass_obj
 @refuse_domain_errors
@@ -228,7 +232,10 @@ def create_jobs_cmd(
 )
 @click.option("--runner", default=None, help="Who produced the output (recorded).")
 @click.option(
-    "--model", default=None, callback=not_blank, help="The model that reviewed; must match the job's partition."
+    "--model",
+    default=None,
+    callback=not_blank,
+    help="The model that reviewed; must match the job's partition.",
 )
 @click.option("--effort", default=None, help="The reasoning effort (needs --model).")
 @click.option(
@@ -310,7 +317,12 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
 
 
 @cli.command("ack")
-@click.option("--model", required=True, callback=not_blank, help="The model partition whose review is carried forward.")
+@click.option(
+    "--model",
+    required=True,
+    callback=not_blank,
+    help="The model partition whose review is carried forward.",
+)
 @click.argument("note")
 @click.argument("gate_ids", nargs=-1, required=True)
 @click.pass_obj
@@ -350,7 +362,10 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
 
 @cli.command("export")
 @click.option(
-    "--model", default=None, callback=not_blank, help="Only this partition [default: the latest across partitions]."
+    "--model",
+    default=None,
+    callback=not_blank,
+    help="Only this partition [default: the latest across partitions].",
 )
 @click.pass_obj
 @refuse_domain_errors

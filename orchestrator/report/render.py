@@ -100,7 +100,9 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['fixes_unwritten'])} fixed note(s) not written to the KB")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for g in n["escalations"][:5]:
-        lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands'][g['suggested']]}")
+        lines.append(
+            f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands'][g['suggested']]}"
+        )
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
         lines.append(f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s)")
     for f in n["failed_jobs"][:3]:

@@ -69,11 +69,7 @@ class EnqueueResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-
-
-def enqueue(
-    ws: Workspace, req: SweepRequest, run_id: int | None = None
-) -> EnqueueResult:
+def enqueue(ws: Workspace, req: SweepRequest, run_id: int | None = None) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
     ``run_id`` the jobs join that run (the next bundle of a sequential sweep)."""
