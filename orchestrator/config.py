@@ -62,6 +62,15 @@ def parse_duration(value: object, where: str, years: int = 1) -> float:
     return seconds
 
 
+def _http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises on a port out of range
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a bad port or bracket
+        return False
+
+
 @dataclass(frozen=True)
 class ReviewerProfile:
     name: str
@@ -310,6 +319,9 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     base_url = t.string("base_url")
     if kind == "openai" and not base_url:
         raise ConfigError(f"{where} base_url: required for kind 'openai'")
+    if base_url and not _http_url(base_url):
+        # Else every attempt failed as an unreachable endpoint, and doctor saw nothing.
+        raise ConfigError(f"{where} base_url: {base_url!r} is not an http or https URL")
     timeout = t.duration("timeout", 1800)
     connect_timeout = None
     if "connect_timeout" in t.data:

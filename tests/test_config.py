@@ -39,6 +39,17 @@ BAD = [
         "[reviewers.x] base_url",
         "string",
     ),
+    # Taken as it was, it failed every attempt as an endpoint out of reach.
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "not a url"\n',
+        "[reviewers.x] base_url",
+        "'not a url' is not an http or https URL",
+    ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h:99999/v1"\n',
+        "[reviewers.x] base_url",
+        "is not an http or https URL",
+    ),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
     ('[[sweeps]]\nname = "n"\nfix = "no"\n', "[[sweeps]] 'n' fix", "true or false"),
