@@ -714,3 +714,39 @@ def test_a_redis_server_that_cannot_hold_control_messages_is_refused_in_one_line
     )
     assert (control.returncode, control.stderr) == (1, f"error: {expected}\n")
     assert doctor.returncode == 1 and f"problem: queue backend: {expected}" in doctor.stdout
+
+
+def test_a_control_started_before_redis_waits_for_it(kb):
+    """The check of the Redis server's commands met a refused connection at start-up and
+    exited ("internal error: ConnectionError"): a control started before Redis at boot
+    crash-looped. It waits for the queue, as the consumer always has."""
+    small_kb(kb)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "redis://127.0.0.1:{port}/0"\n')
+    exe = Path(sys.executable).parent / "reviewq"
+    proc = subprocess.Popen(
+        [str(exe), "--root", str(kb.root), "control"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    watchdog = threading.Timer(60, proc.kill)  # a control that says nothing fails, not hangs
+    watchdog.start()
+    seen = []
+    try:
+        for line in proc.stderr:  # until it says it waits, or exits
+            seen.append(line)
+            if "queue.unavailable" in line:
+                break
+        assert proc.poll() is None, seen
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert any("queue.unavailable" in line for line in seen), seen
+    assert not any("internal error" in line for line in seen), seen

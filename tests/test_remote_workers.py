@@ -530,9 +530,10 @@ def test_a_message_each_control_process_dies_on_is_given_up_after_three(tmp_path
     first.enqueue(b"next", 0)
     assert first.dequeue() == b"kills its process"  # ... and the process dies
     assert control_process().dequeue() == b"kills its process"  # and dies again
-    third = control_process()
-    assert third.dequeue() == b"next"  # the third gives it up
-    third.release()
+    assert control_process().dequeue() == b"kills its process"  # three processes died
+    fourth = control_process()
+    assert fourth.dequeue() == b"next"  # the fourth gives it up
+    fourth.release()
     assert control_process().dequeue() is None
     # A first message that ran leaves no count behind: it could not add up over restarts.
     for _ in range(4):
@@ -540,3 +541,25 @@ def test_a_message_each_control_process_dies_on_is_given_up_after_three(tmp_path
         queue.enqueue(b"a message that runs", 0)
         assert queue.dequeue() == b"a message that runs"
         queue.release()
+
+
+def test_a_redis_message_whose_count_fails_is_handed_out_at_the_next_read(redis_url, monkeypatch):
+    """BLMOVE had moved the message to the held list when writing its count failed (Redis
+    gone between the two): it stayed there, unrun, until the next control process."""
+    from redis.exceptions import ConnectionError as RedisDown
+
+    from workers.queues import RedisQueueStorage
+
+    queue = RedisQueueStorage("reviewq-control", url=redis_url, holds=True, read_timeout=1)
+    queue.enqueue(b"an outcome", 0)
+    real = queue._count_first
+
+    def down_once(token, data):
+        monkeypatch.setattr(queue, "_count_first", real)
+        raise RedisDown("Connection refused")
+
+    monkeypatch.setattr(queue, "_count_first", down_once)
+    assert queue.dequeue() is None  # the read waited the outage out
+    assert queue.dequeue() == b"an outcome"
+    queue.release()
+    assert queue.dequeue() is None

@@ -92,12 +92,18 @@ class _Holding:
     _first: object = None  # the token of the first message this process was handed
 
     def _hand_out(self, token: object, data: bytes) -> bytes | None:
+        again = self.held is not None and token == self.held
+        # Held before the count below is written: a count that fails (the queue gone
+        # meanwhile) leaves the message held here, handed out again at the next read.
+        self.held = token
         if self._first is None:
-            self._first = token
             starts = self._count_first(token, data)
-            if starts >= self.GIVE_UP:
-                return self._drop(token, starts, "each control process handed it first died")
-        if self.held is not None and token == self.held:
+            self._first = token
+            if starts > self.GIVE_UP:
+                return self._drop(
+                    token, starts, f"the {self.GIVE_UP} control processes handed it first died"
+                )
+        if again:
             self._tries += 1
             if self._tries >= self.GIVE_UP:
                 return self._drop(
@@ -107,7 +113,6 @@ class _Holding:
                 )
         else:
             self._tries = 0
-        self.held = token
         return data
 
     def _drop(self, token: object, tries: int, reason: str) -> None:
@@ -117,7 +122,6 @@ class _Holding:
             tries=tries,
             reason=reason,
         )
-        self.held = token
         self.release()
         return None
 
@@ -287,7 +291,12 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         for name, attempt in tries.items():
             try:
                 attempt()
-            except ResponseError:
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    # NOPERM, READONLY: the server has it and refuses this client.
+                    raise ConfigError(
+                        f"[queue] url: the Redis server refused {name}: {exc}"
+                    ) from None
                 missing.append(name)
         return missing
 
@@ -310,7 +319,10 @@ def check_server(huey: Huey) -> None:
     control process reads from it."""
     storage = huey.storage
     if isinstance(storage, RedisQueueStorage) and storage.holds:
-        missing = storage.missing_commands()
+        try:
+            missing = storage.missing_commands()
+        except QUEUE_UNAVAILABLE:
+            return  # Redis not up yet: the consumer waits for it, as it always has
         if missing:
             raise ConfigError(
                 f"[queue] url: the Redis server lacks {' and '.join(missing)}, which the "
