@@ -148,8 +148,11 @@ def test_a_sweep_whose_fix_cannot_reach_the_kb_says_so_and_fails(cyc):
     try:
         config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: more."))
         res = rq(cyc, "sweep", "--reviewer", "fake", "--fix")
+        # A later sweep that decides no fix of its own is not failed by this one's.
+        later = rq(cyc, "sweep", "--reviewer", "fake")
     finally:
         subprocess.run(["chattr", "-i", str(folder)], check=True)
+    assert later.returncode == 0 and "not written" not in later.stdout + later.stderr, later
     assert res.returncode == 1
     assert "FIXED" not in cyc.read(NOTE)
     assert f"fix job 2 is not written to {NOTE}: [Errno 1] Operation not permitted" in res.stdout
@@ -325,6 +328,32 @@ def test_an_escalation_of_a_deleted_note_is_closed_by_reject_alone(cyc):
     # The note back under its name is a note to review again.
     cyc.note("alpha", body="Alpha body, rewritten.\n")
     assert json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)["enqueued_jobs"] == 1
+
+
+def test_an_approval_records_the_text_it_read_under_that_texts_hash(cyc, monkeypatch):
+    """decide read the note twice, its bytes for the hash and then its text: an edit in
+    between recorded the new text under the old text's hash."""
+    from orchestrator.cycles import escalations
+    from orchestrator.kb.notes import sha256_bytes
+
+    esc = escalate(cyc)
+    kb = KB.open(cyc.root)
+    real = KB.read_note
+
+    def edited_meanwhile(self, rel):
+        cyc.write(NOTE, cyc.read(NOTE) + "A person's late edit.\n")
+        monkeypatch.setattr(KB, "read_note", real)
+        return real(self, rel)
+
+    monkeypatch.setattr(KB, "read_note", edited_meanwhile)
+    store = Store.open(cyc.state)
+    with store.write():
+        escalations.decide_many(store, kb, load_catalog(kb), [esc], "approve", None)
+    text, sha = store.conn.execute(
+        "SELECT s.text, s.sha256 FROM acceptance a JOIN snapshots s ON s.id = a.note_snapshot_id"
+    ).fetchone()
+    store.close()
+    assert "A person's late edit." in text and sha == sha256_bytes(text.encode())
 
 
 def test_an_escalation_of_a_gate_gone_from_the_catalog_is_closed_by_reject_alone(cyc):

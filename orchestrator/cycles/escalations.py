@@ -395,15 +395,20 @@ class _NoteNow:
 
 def _current_note(kb, note_path: str) -> _NoteNow:
     try:
-        data = kb.abspath(note_path).read_bytes()
+        # One read for the text and its hash: an edit between two reads would record an
+        # approval of text nobody saw under the hash of the text they did.
+        note = kb.read_note(kb.check_rel(note_path))
     except FileNotFoundError:
         return _NoteNow(None, None, "is gone (deleted or renamed)")
+    except NoteParseError as exc:
+        try:  # a reject still holds the pair until these bytes change
+            sha = sha256_bytes(kb.abspath(note_path).read_bytes())
+        except (OSError, KBError):
+            sha = None
+        return _NoteNow(None, sha, f"cannot be read ({exc})")
     except (OSError, KBError) as exc:
         return _NoteNow(None, None, f"cannot be read ({getattr(exc, 'strerror', None) or exc})")
-    try:
-        return _NoteNow(kb.read_note(kb.check_rel(note_path)).text, sha256_bytes(data), None)
-    except (OSError, KBError, NoteParseError) as exc:
-        return _NoteNow(None, sha256_bytes(data), f"cannot be read ({exc})")
+    return _NoteNow(note.text, note.sha256, None)
 
 
 def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate):
