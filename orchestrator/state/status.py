@@ -232,7 +232,10 @@ def summary(store: Store, since_job_id: int) -> dict:
         "cost_usd": round(cost, 6),
         "failed": failed,
         "escalations": open_escalations(store),
-        "fixes_unwritten": unwritten_fixes(store, failed_only=True),
+        # This run's own: an older one is status's and the report's to tell.
+        "fixes_unwritten": [
+            f for f in unwritten_fixes(store, failed_only=True) if f["job_id"] >= since_job_id
+        ],
     }
 
 
