@@ -137,21 +137,29 @@ def test_a_fix_not_yet_written_is_written_at_the_tick_unless_a_person_edited_the
     assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
 
 
-def test_doctor_says_when_a_fixed_note_waits_to_be_written(cycle, monkeypatch, run_cli):
-    # An operator asking "is anything stuck?" must hear about a decided fix whose note is
-    # not on disk yet, not only about job folders.
+def _fix_not_written(cycle, monkeypatch, error: OSError) -> tuple[str, int]:
+    """A FAIL, then a fix decided as applied whose note write meets ``error``: the
+    fixed text and the fix job's id."""
     import orchestrator.cycles.fixes as fixes
 
     kb, ws, control, sent, review = cycle
     _run(control, sent, _bundle(ws, review, "FAIL"))
     fixed = kb.read(NOTE).rstrip("\n") + "\nFixed.\n"
 
-    def crash(*args):
-        raise OSError(errno.EIO, "Input/output error")
+    def refused(*args):
+        raise error
 
-    monkeypatch.setattr(fixes, "replace_note", crash)
-    _run(control, sent, fixed.encode())
+    monkeypatch.setattr(fixes, "replace_note", refused)
+    fix_job = _run(control, sent, fixed.encode())["job_id"]
     monkeypatch.undo()
+    return fixed, fix_job
+
+
+def test_doctor_says_when_a_fixed_note_waits_to_be_written(cycle, monkeypatch, run_cli):
+    # An operator asking "is anything stuck?" must hear about a decided fix whose note is
+    # not on disk yet, not only about job folders.
+    kb, ws, control, sent, review = cycle
+    _fix_not_written(cycle, monkeypatch, OSError(errno.EIO, "Input/output error"))
     lines = run_cli("doctor").stdout.splitlines()
     assert any(
         "1 fixed note(s) wait to be written" in line and "Input/output error" in line
@@ -167,18 +175,10 @@ def test_a_fix_not_written_to_the_kb_is_in_status_and_the_morning_report(
 ):
     # The report showed the fix's diff as applied while the note kept its old text, and
     # only the log (and doctor) said otherwise.
-    import orchestrator.cycles.fixes as fixes
-
     kb, ws, control, sent, review = cycle
-    _run(control, sent, _bundle(ws, review, "FAIL"))
-    fixed = kb.read(NOTE).rstrip("\n") + "\nFixed.\n"
-
-    def refused(*args):
-        raise PermissionError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(fixes, "replace_note", refused)
-    fix_job = _run(control, sent, fixed.encode())["job_id"]
-    monkeypatch.undo()
+    fixed, fix_job = _fix_not_written(
+        cycle, monkeypatch, PermissionError(errno.EPERM, "Operation not permitted")
+    )
     status = run_cli("status").stdout
     assert (
         f"fix not written to the KB: {NOTE} (fix job {fix_job}, since " in status
