@@ -101,21 +101,20 @@ class _Holding:
             self._first = token
             if starts > self.GIVE_UP:
                 return self._drop(
-                    token, starts, f"the {self.GIVE_UP} control processes handed it first died"
+                    starts, f"the {self.GIVE_UP} control processes handed it first died"
                 )
         if again:
             self._tries += 1
             if self._tries >= self.GIVE_UP:
                 return self._drop(
-                    token,
-                    self._tries,
-                    "handed out and never run (unreadable, or Huey failed around it)",
+                    self._tries, "handed out and never run (unreadable, or Huey failed around it)"
                 )
         else:
             self._tries = 0
         return data
 
-    def _drop(self, token: object, tries: int, reason: str) -> None:
+    def _drop(self, tries: int, reason: str) -> None:
+        """Take the held message off the queue unrun, with an error line."""
         logs.get().error(
             "message.dropped",
             queue=self.name,  # type: ignore[attr-defined]
