@@ -27,11 +27,12 @@ def gather(
     store: Store, state_dir: Path, period: Period, *, limit: int | None = 50, now: str
 ) -> dict:
     scope, args = _scope(period)
+    unwritten = unwritten_fixes(store)  # both sections show them
     return {
         "period": period.to_json(),
         "generated_at": now,
-        "needs_you": _needs_you(store, state_dir, scope, args, limit, now),
-        "kb_changes": _kb_changes(store, scope, args, limit),
+        "needs_you": _needs_you(store, state_dir, scope, args, limit, now, unwritten),
+        "kb_changes": _kb_changes(store, scope, args, limit, unwritten),
         "reviewed": _reviewed(store, scope, args, limit, period),
         "trends": _trends(store, period),
     }
@@ -101,7 +102,13 @@ def diff(before: str | None, after: str | None, path: str) -> dict:
 
 
 def _needs_you(
-    store: Store, state_dir: Path, scope: str, args: tuple, limit: int | None, now: str
+    store: Store,
+    state_dir: Path,
+    scope: str,
+    args: tuple,
+    limit: int | None,
+    now: str,
+    unwritten: list[dict],
 ) -> dict:
     open_escs = _rows(
         store,
@@ -147,7 +154,6 @@ def _needs_you(
         p["why"] = "its agent failed to start several times in a row" + (
             f"; last: {reasons[0]}" if reasons else ""
         )
-    unwritten = unwritten_fixes(store)
     return {
         # Everything below that waits on a person, for the page's tile.
         "count": len(open_escs) + len(failed) + len(paused) + len(budgets) + len(unwritten),
@@ -231,7 +237,9 @@ def _budgets(store: Store, scope: str, args: tuple) -> list[dict]:
 # --- what changed in the KB --------------------------------------------------------------------
 
 
-def _kb_changes(store: Store, scope: str, args: tuple, limit: int | None) -> dict:
+def _kb_changes(
+    store: Store, scope: str, args: tuple, limit: int | None, unwritten: list[dict]
+) -> dict:
     counts = dict(
         store.conn.execute(
             f"SELECT COALESCE(j.result, j.status), count(*) FROM review_jobs j WHERE {scope} "
@@ -254,10 +262,10 @@ def _kb_changes(store: Store, scope: str, args: tuple, limit: int | None) -> dic
         "ORDER BY j.id" + ("" if limit is None else f" LIMIT {int(limit)}"),
         args,
     )
-    unwritten = {u["job_id"]: u["error"] for u in unwritten_fixes(store)}
+    unwritten_error = {u["job_id"]: u["error"] for u in unwritten}
     for f in applied:
         f["diff"] = diff(f.pop("given"), f.pop("fixed"), f["note_path"])
-        f["unwritten"] = unwritten.get(f["id"])
+        f["unwritten"] = unwritten_error.get(f["id"])
     human = _rows(
         store,
         f"SELECT j.id, j.note_path, j.finished_at, j.failure_reasons FROM review_jobs j WHERE {scope} "
