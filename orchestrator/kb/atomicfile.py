@@ -26,12 +26,16 @@ def mode_of(path: Path) -> int:
 _TEMP_HEAD = 200
 
 
+def name_head(name: str, size: int) -> str:
+    """The first ``size`` bytes of a file name, a character cut in two left out."""
+    return os.fsencode(name)[:size].decode("utf-8", "ignore")
+
+
 def _create(path: Path) -> tuple[int, str]:
     """A new temp file beside ``path`` (0600 before the umask, as mkstemp's), its folder
     made if it is missing."""
     folder = os.fspath(path.parent)
-    # Cut in bytes; a character cut in two round-trips as surrogate escapes.
-    head = os.fsdecode(os.fsencode(path.name)[:_TEMP_HEAD])
+    head = name_head(path.name, _TEMP_HEAD)
     for attempt in range(100):
         tmp = os.path.join(folder, f".{head}.{os.getpid()}-{next(_serial)}.tmp")
         try:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.atomicfile import atomic_write, name_head
 from orchestrator.kb.gates import TYPE_LENS, parse_gate
 from orchestrator.kb.notes import REGIONS
 from orchestrator.state.store import Store, utcnow
@@ -61,7 +61,7 @@ def flat(path: str, suffix: str = "") -> str:
         return name + suffix
     tag = "~" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     room = NAME_MAX - len(os.fsencode(tag + suffix))
-    return os.fsencode(name)[:room].decode("utf-8", "ignore") + tag + suffix
+    return name_head(name, room) + tag + suffix
 
 
 def result_file_name(note_path: str, gate_id: str) -> str:
