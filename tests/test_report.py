@@ -224,6 +224,43 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
     )
 
 
+def test_an_escalation_whose_note_is_gone_says_only_reject_closes_it(night, tmp_path):
+    """`decide` refuses approve and redo once the note is deleted or renamed; the morning
+    report and `escalations` suggested them all the same, so a person learnt it only
+    from the refusal."""
+    copy = Night(tmp_path / "copy")
+    shutil.copytree(night.root, copy.root, ignore=shutil.ignore_patterns("*.bell"))
+    (copy.root / CITY).rename(copy.root / "kb/notes/renamed.md")
+    data = copy.report()["needs_you"]
+    city = next(g for g in data["escalations"] if g["note_path"] == CITY)
+    others = [g for g in data["escalations"] if g["note_path"] != CITY]
+    assert len(city["gates"]) > 1 and others
+    assert {e["only_reject"] for e in city["escalations"]} == {
+        "the note is gone (deleted or renamed)"
+    }
+    assert city["suggested"] == "reject"
+    assert all(e["only_reject"] is None for g in others for e in g["escalations"])
+    res = copy.rq("report", "--since", "24h")
+    assert res.returncode == 0, res.stderr
+    assert (
+        f"  {CITY} ({len(city['gates'])} gate(s)): reviewq decide --note {CITY} reject\n"
+        "    the note is gone (deleted or renamed): only reject closes it\n"
+    ) in res.stdout
+    page = (copy.state / "report.html").read_text()
+    assert page.count("Only <code>reject</code> closes this escalation") == len(city["gates"])
+    listed = copy.rq("escalations")
+    assert listed.stdout.count("the note is gone (deleted or renamed): only reject closes it") == (
+        len(city["gates"])
+    )
+    listed = json.loads(copy.rq("escalations", "--json").stdout)["escalations"]
+    assert sorted(e["id"] for e in listed if e["only_reject"]) == sorted(
+        e["id"] for e in city["escalations"]
+    )
+    # What the report suggests, decide takes.
+    res = copy.rq("decide", "--note", CITY, "reject")
+    assert res.returncode == 0, res.stderr
+
+
 def test_bad_arguments_get_one_line(night):
     for args, expected in (
         (

@@ -229,3 +229,16 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         except OSError as exc:
             where = exc.filename or logs.log_path(ws.state_dir)
             raise Refused(f"{where}: cannot open the log: {exc.strerror or exc}") from None
+
+
+def only_reject_check(ws: Workspace):
+    """Which escalations can now only be rejected, judged on the KB as it is; None when
+    the KB or its gates cannot be read (the report still shows the night)."""
+    from orchestrator.cycles.escalations import only_reject
+    from orchestrator.kb.notes import KBError
+
+    try:
+        kb, catalog = ws.kb, ws.catalog()
+    except (KBError, OSError):
+        return None
+    return lambda note, gate: only_reject(kb, catalog, note, gate)

@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     cli,
     emit_json,
     nudge_control,
+    only_reject_check,
     refuse_domain_errors,
     shown,
     warn,
@@ -551,11 +552,17 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
 
     items = open_escalations(ws.read_store())
     groups = by_note(items)
+    why_only_reject = only_reject_check(ws) or (lambda note, gate: None)
+    only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
     if as_json:
         emit_json(
             {
                 "escalations": [
-                    {**e.to_json(), "report_path": _root_rel(ws, ws.state_dir / e.report_path)}
+                    {
+                        **e.to_json(),
+                        "report_path": _root_rel(ws, ws.state_dir / e.report_path),
+                        "only_reject": only[e.id],
+                    }
                     for e in items
                 ],
                 "notes": [
@@ -578,6 +585,8 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             )
             for line in head:
                 click.echo(f"      {line}")
+            if only[e.id]:
+                click.echo(f"      {only[e.id]}: only reject closes it")
             click.echo(f"      report: {report}")
         if len(group) > 1:
             click.echo(

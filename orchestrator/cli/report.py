@@ -12,6 +12,7 @@ from orchestrator.cli.common import (
     cli,
     emit_json,
     not_blank,
+    only_reject_check,
     refuse_domain_errors,
 )
 from orchestrator.state.workspace import Workspace
@@ -72,6 +73,7 @@ def report_cmd(
             full=full,
             # A script's --json does not move "since the last report" under a person's feet.
             remember=not as_json,
+            only_reject=only_reject_check(ws),
         )
     except ReportError as exc:
         raise Refused(str(exc)) from None

@@ -411,6 +411,16 @@ def _current_note(kb, note_path: str) -> _NoteNow:
     return _NoteNow(note.text, note.sha256, None)
 
 
+def only_reject(kb, catalog, note_path: str, gate_id: str) -> str | None:
+    """Why an open escalation can now only be rejected (its note is gone or unreadable,
+    or its gate left the catalog), or None: what ``decide`` would refuse, said before a
+    person tries."""
+    problem = _current_note(kb, note_path).problem
+    if problem is not None:
+        return f"the note {problem}"
+    return None if catalog.get(gate_id) is not None else "the gate is not in the catalog"
+
+
 def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate):
     if decision not in DECISIONS:
         raise DecideError(f"decision {decision!r}: choose approve, redo or reject")

@@ -43,14 +43,23 @@ def make_report(
     remember: bool = True,
     limit: int = 50,
     now: str | None = None,
+    only_reject: _data.OnlyReject | None = None,
 ) -> Report:
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
-    records a report of the default period so the next one starts where it ends."""
+    records a report of the default period so the next one starts where it ends;
+    ``only_reject`` tells which escalations can now only be rejected."""
     now = now or utcnow()
     if html_path is not None:
         _may_replace(html_path)
     period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
-    data = _data.gather(store, state_dir, period, limit=None if full else limit, now=now)
+    data = _data.gather(
+        store,
+        state_dir,
+        period,
+        limit=None if full else limit,
+        now=now,
+        only_reject=only_reject,
+    )
     if html_path is not None:
         # The page renders rows already committed. It is written before the report is
         # remembered: a page that could not be written was shown to nobody, so the next

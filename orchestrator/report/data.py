@@ -8,6 +8,7 @@ import difflib
 import json
 import shlex
 import statistics
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,15 +24,27 @@ FAILED_ATTEMPT = "a.outcome NOT IN ('finalized', 'superseded', 'dispatched', 'ru
 NIGHT = "date(substr({col}, 1, 19), '-12 hours')"
 
 
+# Why an open escalation can now only be rejected, given its note and gate, or None.
+OnlyReject = Callable[[str, str], "str | None"]
+
+
 def gather(
-    store: Store, state_dir: Path, period: Period, *, limit: int | None = 50, now: str
+    store: Store,
+    state_dir: Path,
+    period: Period,
+    *,
+    limit: int | None = 50,
+    now: str,
+    only_reject: OnlyReject | None = None,
 ) -> dict:
+    """``only_reject`` looks at the KB: without it (no KB to read) every escalation is
+    shown as decidable."""
     scope, args = _scope(period)
     unwritten = unwritten_fixes(store)  # both sections show them
     return {
         "period": period.to_json(),
         "generated_at": now,
-        "needs_you": _needs_you(store, state_dir, scope, args, limit, now, unwritten),
+        "needs_you": _needs_you(store, state_dir, scope, args, limit, now, unwritten, only_reject),
         "kb_changes": _kb_changes(store, scope, args, limit, unwritten),
         "reviewed": _reviewed(store, scope, args, limit, period),
         "trends": _trends(store, period),
@@ -109,6 +122,7 @@ def _needs_you(
     limit: int | None,
     now: str,
     unwritten: list[dict],
+    only_reject: OnlyReject | None,
 ) -> dict:
     open_escs = _rows(
         store,
@@ -120,7 +134,10 @@ def _needs_you(
         notes.setdefault(e["note_path"], []).append(e)
     # Most urgent first: the notes with the most open gates, then the oldest.
     ordered = sorted(notes.items(), key=lambda kv: (-len(kv[1]), kv[1][0]["id"]))
-    groups = [_escalated_note(store, state_dir, note, escs) for note, escs in _cut(ordered, limit)]
+    groups = [
+        _escalated_note(store, state_dir, note, escs, only_reject)
+        for note, escs in _cut(ordered, limit)
+    ]
     failed = _rows(
         store,
         f"SELECT j.id, j.kind, j.reviewer, j.lens, j.note_path, j.failure_reasons, j.finished_at, "
@@ -168,8 +185,13 @@ def _needs_you(
     }
 
 
-def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) -> dict:
+def _escalated_note(
+    store: Store, state_dir: Path, note: str, escs: list[dict], only_reject: OnlyReject | None
+) -> dict:
     for e in escs:
+        # A note deleted or renamed since (or a gate gone) leaves reject as the only call
+        # `decide` takes: said here, not after a person tried approve.
+        e["only_reject"] = only_reject(note, e["gate_id"]) if only_reject else None
         try:
             # A person may have edited it (STATE is theirs to read): shown as it decodes.
             text = (state_dir / e["report_path"]).read_text(encoding="utf-8", errors="replace")
@@ -203,7 +225,12 @@ def _escalated_note(store: Store, state_dir: Path, note: str, escs: list[dict]) 
         # rejections; redo when an agent failed every attempt and judged nothing; approve
         # when only the audit failed). Calls that differ get redo, the one that records
         # no verdict nobody made.
-        "suggested": escs[0]["call"] if len({e["call"] for e in escs}) == 1 else "redo",
+        # A note-wide approve or redo is refused while any of them can only be rejected.
+        "suggested": "reject"
+        if any(e["only_reject"] for e in escs)
+        else escs[0]["call"]
+        if len({e["call"] for e in escs}) == 1
+        else "redo",
         "commands": {
             "approve": f"reviewq decide {target} approve",
             "redo": f'reviewq decide {target} redo --feedback "…"',

@@ -103,6 +103,8 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(
             f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands'][g['suggested']]}"
         )
+        for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
+            lines.append(f"    {why}: only reject closes it")
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
         lines.append(f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s)")
     for f in n["failed_jobs"][:3]:
