@@ -444,11 +444,41 @@ def test_a_dispatch_nudge_taken_into_a_batch_of_heartbeats_still_dispatches(kb, 
     app = make_app(ws.settings)
     monkeypatch.setattr(tasks, "_control", control)
     beat = {"v": 2, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    send("attempt_heartbeat", beat)  # the process's first message, which runs alone
+    app.control.execute(app.control.dequeue())
     send("attempt_heartbeat", {**beat, "launched": True})
     send("dispatch")  # the nudge `enqueue` sends
     app.control.execute(app.control.dequeue())
     assert app.control.pending_count() == 0
     assert len(sent) == 2  # job b went out although the nudge was taken into the batch
+    ws.close()
+
+
+def test_a_control_process_runs_its_first_message_alone(kb, monkeypatch):
+    """The queue counts the control processes that died holding a message first, and
+    drops it after three. Run with the messages waiting behind it, it was blamed for a
+    death any of them caused: an innocent outcome was dropped, and its agent's run lost."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import send
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("a")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    control = Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws))
+    assert control.dispatch() == 1
+    monkeypatch.setattr(tasks, "_control", control)
+    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"}
+    app = make_app(ws.settings)
+    for _ in range(3):
+        send("attempt_heartbeat", beat)
+    app.control.execute(app.control.dequeue())
+    assert app.control.pending_count() == 2  # the first ran alone
+    app.control.execute(app.control.dequeue())
+    assert app.control.pending_count() == 0  # later ones take what waits behind them
     ws.close()
 
 
@@ -541,6 +571,30 @@ def test_a_message_each_control_process_dies_on_is_given_up_after_three(tmp_path
         queue.enqueue(b"a message that runs", 0)
         assert queue.dequeue() == b"a message that runs"
         queue.release()
+
+
+def test_a_count_left_by_a_message_run_later_is_not_met_again(tmp_path):
+    """A message handed first to a process that died, then run by a process that was
+    handed another first, left its count behind; SQLite gives a free id again, so a new
+    message under that id started with the old count and was given up a death early."""
+    from workers.queues import QueueStorage
+
+    def control_process():
+        return QueueStorage("control", str(tmp_path / "control.db"), holds=True, idle_look=0.01)
+
+    first = control_process()
+    first.enqueue(b"old", 0)
+    assert first.dequeue() == b"old"  # ... and the process dies
+    second = control_process()
+    second.enqueue(b"urgent", 1)  # handed out before the older one
+    assert second.dequeue() == b"urgent"
+    second.release()
+    assert second.dequeue() == b"old"
+    second.release()
+    second.enqueue(b"new", 0)  # the table is empty: the id of "old" again
+    for _ in range(3):  # three processes handed it first die: none gives it up yet
+        assert control_process().dequeue() == b"new"
+    assert control_process().dequeue() is None  # the fourth does
 
 
 def test_a_redis_message_whose_count_fails_is_handed_out_at_the_next_read(redis_url, monkeypatch):

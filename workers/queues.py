@@ -89,16 +89,17 @@ class _Holding:
     holds = False
     held: object = None  # the token of the message handed out and not yet released
     _tries = 0
-    _first: object = None  # the token of the first message this process was handed
+    _handed_one = False
+    _released_one = False
 
     def _hand_out(self, token: object, data: bytes) -> bytes | None:
         again = self.held is not None and token == self.held
         # Held before the count below is written: a count that fails (the queue gone
         # meanwhile) leaves the message held here, handed out again at the next read.
         self.held = token
-        if self._first is None:
+        if not self._handed_one:
             starts = self._count_first(token, data)
-            self._first = token
+            self._handed_one = True
             if starts > self.GIVE_UP:
                 return self._drop(
                     starts, f"the {self.GIVE_UP} control processes handed it first died"
@@ -113,6 +114,12 @@ class _Holding:
             self._tries = 0
         return data
 
+    @property
+    def holding_first(self) -> bool:
+        """The message held is the first this process was handed: its task must run it
+        alone, or a death the count blames on it could be another message's."""
+        return self.held is not None and not self._released_one
+
     def _drop(self, tries: int, reason: str) -> None:
         """Take the held message off the queue unrun, with an error line."""
         logs.get().error(
@@ -125,8 +132,16 @@ class _Holding:
         return None
 
     def release(self) -> None:
-        """Take the held message off the queue (its task has run), with its count of
-        first hand-outs; no-op if none."""
+        """Take the held message off the queue (its task has run); no-op if none."""
+        if self.held is not None:
+            self._take_off(self.held)
+            self.held = None
+            self._released_one = True
+
+    def _take_off(self, token: object) -> None:
+        """Delete the message and its count of first hand-outs, in one transaction. Any
+        message's count, not only this process's first: a count left behind would be
+        met again by a later message given the same token (SQLite reuses a free id)."""
         raise NotImplementedError
 
     def _count_first(self, token: object, data: bytes) -> int:
@@ -185,16 +200,12 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
         data = self._hand_out(*found[0])
         return data if data is not None else self._peek()
 
-    def release(self) -> None:
-        if self.held is not None:
-            with self.db(commit=True) as curs:
-                curs.execute("delete from task where id = ?", (self.held,))
-                if self.held == self._first:
-                    curs.execute(
-                        "delete from counter where queue = ? and key = ?",
-                        (self.name, f"first:{self.held}"),
-                    )
-            self.held = None
+    def _take_off(self, token: object) -> None:
+        with self.db(commit=True) as curs:
+            curs.execute("delete from task where id = ?", (token,))
+            curs.execute(
+                "delete from counter where queue = ? and key = ?", (self.name, f"first:{token}")
+            )
 
     def _count_first(self, token: object, data: bytes) -> int:
         found = self.sql(
@@ -263,14 +274,11 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         data = self._hand_out(data, data)
         return data if data is not None else self._peek()  # dropped: the next one
 
-    def release(self) -> None:
-        if self.held is not None:
-            with self.conn.pipeline(transaction=True) as pipe:
-                pipe.lrem(self.held_key, 1, self.held)
-                if self.held == self._first:
-                    pipe.hdel(self.held_key + ".first", _digest(self.held))
-                pipe.execute()
-            self.held = None
+    def _take_off(self, token: object) -> None:
+        with self.conn.pipeline(transaction=True) as pipe:
+            pipe.lrem(self.held_key, 1, token)
+            pipe.hdel(self.held_key + ".first", _digest(token))
+            pipe.execute()
 
     def _count_first(self, token: object, data: bytes) -> int:
         return self.conn.hincrby(self.held_key + ".first", _digest(data), 1)

@@ -319,7 +319,10 @@ def _take_waiting(kind: str, first: dict) -> None:
     batch: list[tuple[str, dict, object]] = [(kind, first, None)]
     taken: list[object] = []  # acknowledged once the batch is kept
     nudged = False
-    for token, task in waiting(huey, BATCH - 1) if huey is not None else []:
+    # A process's first message runs alone: the queue counts the processes that died
+    # holding it first, and in a batch one behind it could have been the killer.
+    alone = huey is None or getattr(huey.storage, "holding_first", False)
+    for token, task in [] if alone else waiting(huey, BATCH - 1):
         name = {"deliver_outcome": "outcome", "attempt_heartbeat": "heartbeat"}.get(task.name)
         if name is None:
             if task.name == "dispatch":
