@@ -239,6 +239,8 @@ def _three_outcomes_waiting(kb, monkeypatch, request, queue):  # noqa: ANN202
     assert control.dispatch() == 3
     app = make_app(ws.settings)  # the real control queue
     monkeypatch.setattr(tasks, "_control", control)
+    send("dispatch")  # a control process runs its first message alone: past it
+    app.control.execute(app.control.dequeue())
     batches: list[tuple[int, int]] = []
     real = control.on_messages
 
@@ -300,8 +302,10 @@ def test_a_batch_stays_on_the_queue_until_its_transaction_commits(kb, monkeypatc
         app.control.execute(app.control.dequeue())
     monkeypatch.setattr(control, "on_messages", real)
     restarted = make_app(ws.settings)  # the restarted control process's queue
+    restarted.control.execute(restarted.control.dequeue())  # its first message, alone
     restarted.control.execute(restarted.control.dequeue())
-    assert batches[-1] == (3, 3)  # the heartbeat Huey was running came back with the rest
+    # The heartbeat Huey was running came back with the rest.
+    assert batches[-2:] == [(1, 0), (2, 3)]
     assert restarted.control.pending_count() == 0
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["completed"] * 3
@@ -571,6 +575,43 @@ def test_a_message_each_control_process_dies_on_is_given_up_after_three(tmp_path
         queue.enqueue(b"a message that runs", 0)
         assert queue.dequeue() == b"a message that runs"
         queue.release()
+
+
+def test_a_failed_control_task_stays_on_the_queue_until_its_retry_is_written(kb, monkeypatch):
+    """The task wrapper released the held message before Huey wrote the retry: a control
+    process killed in between lost the message (an outcome: its agent's run)."""
+    import sqlite3
+
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import send
+
+    class Killed(BaseException):
+        """The process dies here."""
+
+    class Locked:
+        def on_messages(self, beats, outcomes):
+            raise sqlite3.OperationalError("database is locked")
+
+    ws = Workspace.open(kb.root)
+    monkeypatch.setattr(tasks, "_control", Locked())
+    app = make_app(ws.settings)
+    send("attempt_heartbeat", {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"})
+
+    def dies(data, ts):
+        raise Killed
+
+    monkeypatch.setattr(app.control.storage, "add_to_schedule", dies)
+    with pytest.raises(Killed):
+        app.control.execute(app.control.dequeue())
+    after = make_app(ws.settings)  # the next control process
+    assert after.control.pending_count() == 1
+    monkeypatch.undo()
+    app = make_app(ws.settings)
+    monkeypatch.setattr(tasks, "_control", Locked())
+    app.control.execute(app.control.dequeue())  # fails; Huey writes the retry
+    assert app.control.pending_count() == 0 and app.control.scheduled_count() == 1
+    ws.close()
 
 
 def test_a_count_left_by_a_message_run_later_is_not_met_again(tmp_path):

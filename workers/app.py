@@ -20,9 +20,9 @@ def make_app(settings: Settings) -> App:
     for fn in (tasks.deliver_outcome, tasks.attempt_heartbeat, tasks.dispatch, tasks.tick):
         # A control task that fails (state.db locked past its busy timeout, a full disk)
         # rolled its transaction back; Huey runs it again a little later.
-        app.wrappers[fn.__name__] = control.task(name=fn.__name__, retries=20, retry_delay=3)(
-            tasks.said_on_failure(fn)
-        )
+        app.wrappers[fn.__name__] = control.task(
+            name=fn.__name__, retries=20, retry_delay=3, context=True
+        )(tasks.said_on_failure(fn))
 
     for huey in (review, control):
 

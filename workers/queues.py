@@ -138,6 +138,13 @@ class _Holding:
             self.held = None
             self._released_one = True
 
+    def add_to_schedule(self, data, ts):  # noqa: ANN001, ANN201 - Huey's signature
+        super().add_to_schedule(data, ts)  # type: ignore[misc]
+        # On the control queue Huey schedules only a failed task's retry: the held
+        # message it replaces goes once it is written. Released before (by the task), a
+        # process killed in between lost it; killed after, both run (they are idempotent).
+        self.release()
+
     def _take_off(self, token: object) -> None:
         """Delete the message and its count of first hand-outs, in one transaction. Any
         message's count, not only this process's first: a count left behind would be

@@ -257,14 +257,17 @@ def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
 def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
     """A control task that fails (state.db locked past its busy timeout, a full disk) has
     rolled its transaction back and Huey runs it again in 3 s; say so with our own event
-    and the task's ids, not only Huey's generic 'Unhandled exception in task <uuid>'."""
+    and the task's ids, not only Huey's generic 'Unhandled exception in task <uuid>'.
+    ``task`` is Huey's (``context=True``)."""
 
     @functools.wraps(fn)
-    def run(*args: Any) -> None:
+    def run(*args: Any, task: Any = None) -> None:
         try:
             fn(*args)
         except Exception as exc:
-            _release()  # Huey queues it again, with one retry less
+            if not getattr(task, "retries", 0):
+                _release()  # out of retries: nothing runs it again, so it goes now
+            # else Huey writes the retry, and the queue releases it then (add_to_schedule)
             first = args[0] if args else None
             ids = (
                 {"job_id": first.get("job_id"), "attempt": first.get("attempt")}
