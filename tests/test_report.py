@@ -256,6 +256,12 @@ def test_an_escalation_whose_note_is_gone_says_only_reject_closes_it(night, tmp_
     assert sorted(e["id"] for e in listed if e["only_reject"]) == sorted(
         e["id"] for e in city["escalations"]
     )
+    # The night's paused reviewer and spent budget make any sweep exit 1: its summary counts.
+    res = copy.rq("sweep", "--reviewer", "offline", "--note", str(copy.root / FIXED_NOTE), GATE)
+    assert (
+        f"reviewq decide --note {CITY} reject (the note is gone (deleted or renamed): "
+        "only reject closes it)"
+    ) in res.stdout
     # What the report suggests, decide takes.
     res = copy.rq("decide", "--note", CITY, "reject")
     assert res.returncode == 0, res.stderr

@@ -43,7 +43,8 @@ class ProgressDisplay:
             self._progress.__exit__(*exc)
 
 
-def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
+def render_summary(out, only_reject=None) -> None:  # noqa: ANN001 - workers.sweep.SweepOutcome
+    """``only_reject(note, gate)``: why an escalation can now only be rejected, or None."""
     console = Console()
     s = out.summary
     jobs = Table(title="Jobs", show_edge=False)
@@ -74,6 +75,7 @@ def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
     )
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
+    only_reject = only_reject or (lambda note, gate: None)
     if s.get("escalations"):
         # A note's escalations are one decision: one line a note, with the command.
         notes: dict[str, list[str]] = {}
@@ -85,9 +87,11 @@ def render_summary(out) -> None:  # out: workers.sweep.SweepOutcome
             markup=False,
         )
         for note_path, gates in list(notes.items())[:20]:
+            why = next(filter(None, (only_reject(note_path, g) for g in gates)), None)
+            calls = f"reject ({why}: only reject closes it)" if why else "approve|redo|reject"
             console.print(
                 f"  {note_path}: {len(gates)} gate(s) ({', '.join(gates)}); "
-                f"reviewq decide --note {shlex.quote(note_path)} approve|redo|reject",
+                f"reviewq decide --note {shlex.quote(note_path)} {calls}",
                 markup=False,
                 soft_wrap=True,
             )
