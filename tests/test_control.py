@@ -139,6 +139,54 @@ def test_one_jobs_broken_folder_does_not_keep_the_other_jobs_files_from_being_wr
     ws.store.close()
 
 
+def _bundle(store, job_id: int, decision: str) -> bytes:
+    from orchestrator.review.bundle import end_line, start_line
+
+    return "\n".join(
+        f"{start_line(note, gate)}\n- high: thin.\n## Result: {decision}\n{end_line(note, gate)}\n"
+        for note, gate in store.conn.execute(
+            "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
+        )
+    ).encode()
+
+
+def test_dispatch_does_not_reopen_a_job_finalized_by_hand_meanwhile(kb, monkeypatch):
+    """Dispatch read the job before it took the write lock: a `reviewq finalize` that
+    committed in between was reopened, run again and accepted twice (one FAIL counted as
+    two rejections)."""
+    import sys
+
+    from orchestrator.control.followup import finalize_by_hand
+    from orchestrator.review.finalize import Provenance
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    person = Workspace.open(kb.root)  # another process: `reviewq finalize` by hand
+    real_write = ws.store.write
+
+    def write():
+        if sys._getframe(1).f_code.co_name == "open_attempt" and not person_done:
+            person_done.append(True)
+            bundle = _bundle(person.store, job.review_job_id, "FAIL")
+            res, _ = finalize_by_hand(person, job.review_job_id, bundle, Provenance(runner="me"))
+            assert res.ok
+        return real_write()
+
+    person_done: list[bool] = []
+    monkeypatch.setattr(ws.store, "write", write)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == 0 and person_done and sent == []
+    row = ws.store.conn.execute(
+        "SELECT status, attempt FROM review_jobs WHERE id = ?", (job.review_job_id,)
+    ).fetchone()
+    assert tuple(row) == ("completed", 0)
+    person.close()
+    ws.close()
+
+
 def test_a_locked_database_at_dispatch_leaves_the_job_queued(kb, monkeypatch):
     import sqlite3
 

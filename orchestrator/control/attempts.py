@@ -27,6 +27,11 @@ class AttemptError(ValueError):
     pass
 
 
+class JobMoved(AttemptError):
+    """The job is no longer in a state this attempt may be opened from (finalized, failed
+    or taken by another runner since it was picked)."""
+
+
 @dataclass(frozen=True)
 class OpenedAttempt:
     job_id: int
@@ -57,6 +62,7 @@ def open_attempt(
     runner: str,
     outcome: str = "running",
     partition: str | None = None,
+    statuses: tuple[str, ...] = ("queued", "running"),
 ) -> OpenedAttempt:
     """Move a queued job to running under a new attempt number and write its prompt.
     ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
@@ -64,20 +70,26 @@ def open_attempt(
     that heartbeat was lost or waits behind it).
     With ``partition`` (the runner's), a job of another partition is refused: its
     decisions would be recorded under the wrong model. A fix job records no decision
-    (its fixer may write another partition, as the queue allows), so any profile runs it."""
-    job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
-    if job is None:
-        raise AttemptError(f"no review job {job_id}")
-    if partition is not None and job["kind"] != "fix" and job["model_partition"] != partition:
-        raise AttemptError(
-            f"reviewer {runner} writes partition {partition}, "
-            f"but job {job_id} belongs to {job['model_partition']}"
-        )
-    if job["status"] not in ("queued", "running"):
-        raise AttemptError(f"job {job_id} is {job['status']}; only queued or running jobs run")
-    folder = state_dir / job["job_dir"]
-    now = utcnow()
+    (its fixer may write another partition, as the queue allows), so any profile runs it.
+    ``statuses``: what the job may be (dispatch takes only queued jobs); otherwise
+    :class:`JobMoved`."""
     with store.write():
+        # Read under the write lock: a finalize that committed after a read taken before
+        # it would be reopened here, and the job accepted twice.
+        job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+        if job is None:
+            raise AttemptError(f"no review job {job_id}")
+        if partition is not None and job["kind"] != "fix" and job["model_partition"] != partition:
+            raise AttemptError(
+                f"reviewer {runner} writes partition {partition}, "
+                f"but job {job_id} belongs to {job['model_partition']}"
+            )
+        if job["status"] not in statuses:
+            raise JobMoved(
+                f"job {job_id} is {job['status']}; only {' or '.join(statuses)} jobs run"
+            )
+        folder = state_dir / job["job_dir"]
+        now = utcnow()
         attempt = store.conn.execute(
             "UPDATE review_jobs SET attempt = attempt + 1, status = 'running', updated_at = ? "
             "WHERE id = ? RETURNING attempt",

@@ -25,6 +25,7 @@ from orchestrator.config import ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
     FAILED_SQL,
+    JobMoved,
     OpenedAttempt,
     fail_job,
     heartbeat,
@@ -164,7 +165,10 @@ class Control:
                     job["id"],
                     name,
                     outcome="dispatched",
+                    statuses=("queued",),
                 )
+            except JobMoved:
+                continue  # finalized, failed or run by hand since the look above
             except OSError as exc:
                 if exc.errno in DISK_FULL:
                     # No room for a prompt: every job would fail alike, and none should. The
