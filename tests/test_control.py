@@ -187,6 +187,60 @@ def test_dispatch_does_not_reopen_a_job_finalized_by_hand_meanwhile(kb, monkeypa
     ws.close()
 
 
+@pytest.mark.parametrize("kind", ["fix", "audit"])
+def test_a_burned_out_fix_or_audit_is_retried_not_split_into_reviews(kb, kind):
+    """A burned-out job of several pairs was split into one-pair *review* jobs whatever
+    its kind: a fix became re-reviews of the unfixed note (FAILs counted as rejections,
+    the fixer's attempt cap bypassed); an audit became reviews whose verdicts were
+    accepted, and an auditor's FAIL escalated nothing."""
+    kb.gate("prose/clarity", ["body"], audit=kind == "audit")
+    kb.gate("prose/brevity", ["body"], audit=kind == "audit")
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=kind == "fix")).jobs
+    control.dispatch()
+    msg = sent.pop(0)
+    verdict = "FAIL" if kind == "fix" else "PASS"
+    output = _bundle(ws.store, job.review_job_id, verdict)
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    control.dispatch()
+    msg = sent.pop(0)
+    assert msg["task"] == kind and len(msg["pairs"]) == 2
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "burned-out", "reasons": ["deadline"]})  # fmt: skip
+    rows = ws.store.conn.execute(
+        "SELECT kind, status FROM review_jobs WHERE id = ? OR parent_job_id = ?",
+        (msg["job_id"], msg["job_id"]),
+    ).fetchall()
+    assert [tuple(r) for r in rows] == [(kind, "queued")]  # tried again, whole
+    control.dispatch()
+    again = sent.pop(0)
+    assert (again["job_id"], again["attempt"], again["task"]) == (msg["job_id"], 2, kind)
+    ws.close()
+
+
+def test_the_parts_of_a_split_re_review_keep_the_fix_they_follow(kb):
+    from orchestrator.review.jobs import split_job
+
+    kb.gate("prose/clarity", ["body"])
+    kb.gate("prose/brevity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    with ws.store.write():
+        ws.store.conn.execute(
+            "UPDATE review_jobs SET source_job_id = 99 WHERE id = ?", (job.review_job_id,)
+        )
+    parts = split_job(ws.store, ws.state_dir, ws.root, job.review_job_id)
+    sources = ws.store.conn.execute(
+        f"SELECT source_job_id FROM review_jobs WHERE id IN ({','.join('?' * len(parts))})",
+        parts,
+    ).fetchall()
+    assert [r[0] for r in sources] == [99, 99]
+    ws.close()
+
+
 def test_a_locked_database_at_dispatch_leaves_the_job_queued(kb, monkeypatch):
     import sqlite3
 

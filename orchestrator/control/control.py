@@ -407,7 +407,9 @@ class Control:
                 "attempt.launch_failed" if cls == "launch-failure" else "attempt.reviewer_failed"
             )
             self._launch_failed(job, profile, o.get("reasons") or [], event)
-        elif cls == "burned-out" and self._pair_count(job_id) > 1:
+        elif cls == "burned-out" and job["kind"] == "review" and self._pair_count(job_id) > 1:
+            # Only a review asks less in parts: a fix rewrites its note whole, and an
+            # audit split into reviews would accept what it was only to check.
             self._reset_launch_failures(job["reviewer"])
             new = split_job(self.store, self.ws.state_dir, self.ws.root, job_id)
             self.log.warning(

@@ -491,8 +491,10 @@ def split_job(store: Store, state_dir: Path, root: Path, job_id: int) -> list[in
                 cache,
             )
             store.conn.execute(
-                "UPDATE review_jobs SET parent_job_id = ? WHERE id = ?",
-                (job_id, created.review_job_id),
+                # The fix a re-review follows goes with its parts: a person's redo asks
+                # reach the next fix through it.
+                "UPDATE review_jobs SET parent_job_id = ?, source_job_id = ? WHERE id = ?",
+                (job_id, job["source_job_id"], created.review_job_id),
             )
             new_ids.append(created.review_job_id)
             made[created.review_job_id] = [it]
