@@ -241,6 +241,36 @@ def test_the_parts_of_a_split_re_review_keep_the_fix_they_follow(kb):
     ws.close()
 
 
+def test_a_job_finalized_by_hand_frees_its_reviewer_s_dispatch_slot(kb):
+    """`reviewq finalize` of a dispatched job left its attempt open: with no outcome to
+    come (workers down, the message expired), it counted against the reviewer's slots for
+    good, and at 2 x concurrency such jobs the reviewer never dispatched again."""
+    from orchestrator.control.control import PREFETCH
+    from orchestrator.control.followup import finalize_by_hand
+    from orchestrator.review.finalize import Provenance
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    slots = PREFETCH * ws.settings.reviewers["offline"].concurrency
+    for i in range(slots):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == slots
+    for msg in sent:  # no worker takes them: a person does the jobs by hand
+        res, _ = finalize_by_hand(
+            ws, msg["job_id"], _bundle(ws.store, msg["job_id"], "PASS"), Provenance(runner="me")
+        )
+        assert res.ok
+    outcomes = {r[0] for r in ws.store.conn.execute("SELECT outcome FROM attempts")}
+    assert outcomes == {"superseded"}
+    kb.note("later")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    assert control.dispatch() == 1
+    ws.close()
+
+
 def test_a_locked_database_at_dispatch_leaves_the_job_queued(kb, monkeypatch):
     import sqlite3
 

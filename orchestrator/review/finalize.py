@@ -175,6 +175,8 @@ def finalize(
         if fail_on_invalid:
             with store.write():
                 _fence(store, job_id, job["attempt"])
+                if attempt is None:
+                    _supersede_open(store, job_id, now)
                 store.conn.execute(
                     "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, "
                     "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
@@ -221,6 +223,8 @@ def finalize(
             )
         if attempt is not None:
             _mark_attempt(store, job_id, attempt, "finalized", [])
+        else:
+            _supersede_open(store, job_id, now)
         store.conn.execute(
             "UPDATE review_jobs SET status = 'completed', failure_reasons = NULL, updated_at = ?, "
             "finished_at = ?, runner = ?, model = ?, effort = ?, telemetry_json = ? WHERE id = ?",
@@ -244,6 +248,17 @@ def _prov(p: Provenance) -> tuple:
         p.model,
         p.effort,
         json.dumps(p.telemetry) if p.telemetry is not None else None,
+    )
+
+
+def _supersede_open(store: Store, job_id: int, now: str) -> None:
+    """A job finalized by hand ends the attempt a worker may still run: left open, it held
+    one of its reviewer's dispatch slots for good when no outcome came (the worker died,
+    the message expired). An outcome that does come is recorded as a late one."""
+    store.conn.execute(
+        "UPDATE attempts SET outcome = 'superseded', ended_at = COALESCE(ended_at, ?) "
+        "WHERE job_id = ? AND outcome IN ('dispatched', 'running')",
+        (now, job_id),
     )
 
 
