@@ -279,6 +279,51 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
     ws.close()
 
 
+def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, request):
+    """Taken one by one after its batch failed, a message that failed again is put back
+    with one retry less. When that send failed (the queue file locked), the exception left
+    the loop, and every message taken was acknowledged: the failed one and those behind it
+    that were never handled, their agents' runs lost."""
+    import sqlite3
+
+    from tenacity import stop_after_attempt, wait_none
+
+    from workers import queues
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, "sqlite")
+    jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    spy = control.on_messages
+
+    def picky(beats, outcomes):
+        if any(o["job_id"] == jobs[1] for o in outcomes):
+            raise ValueError("this outcome cannot be handled now")
+        return spy(beats, outcomes)
+
+    sends: list[object] = []
+
+    def queue_locked(task):
+        sends.append(task)
+        raise sqlite3.OperationalError("database is locked")
+
+    real_enqueue = app.control.enqueue
+    monkeypatch.setattr(control, "on_messages", picky)
+    monkeypatch.setattr(app.control, "enqueue", queue_locked)
+    # The send waits out a locked queue for two minutes; here, for two tries.
+    monkeypatch.setattr(queues.requeue.retry, "stop", stop_after_attempt(2))
+    monkeypatch.setattr(queues.requeue.retry, "wait", wait_none())
+    app.control.execute(app.control.dequeue())
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs ORDER BY id")]
+    assert statuses == ["completed", "running", "completed"]
+    assert app.control.pending_count() == 1  # job 2's outcome, as it came
+    assert len(sends) == 2  # the send was tried again
+    monkeypatch.setattr(control, "on_messages", spy)
+    monkeypatch.setattr(app.control, "enqueue", real_enqueue)
+    app.control.execute(app.control.dequeue())
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs ORDER BY id")]
+    assert statuses == ["completed"] * 3
+    ws.close()
+
+
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_a_batch_stays_on_the_queue_until_its_transaction_commits(kb, monkeypatch, request, queue):
     """A control process stopped mid-batch (here by an interrupt inside the transaction)

@@ -448,6 +448,12 @@ def acknowledge(huey: Huey, tokens: list[object]) -> None:
 
 
 @retry(**_WHILE_UNAVAILABLE)
+def requeue(huey: Huey, task: Any) -> None:
+    """Put a task :func:`waiting` returned back on ``huey`` as a new message."""
+    huey.enqueue(task)
+
+
+@retry(**_WHILE_UNAVAILABLE)
 def release(huey: Huey) -> None:
     """Take the message the consumer is running off ``huey`` if it holds it (the control
     queue: :class:`_Holding`), once its task has run."""

@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import acknowledge, release, send, the_app, waiting
+from .queues import acknowledge, release, requeue, send, the_app, waiting
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -319,8 +319,9 @@ def _take_waiting(kind: str, first: dict) -> None:
         return
     control = _the_control()
     huey = _control_queue()
-    batch: list[tuple[str, dict, object]] = [(kind, first, None)]
+    batch: list[_Taken] = [(kind, first, None, None)]
     taken: list[object] = []  # acknowledged once the batch is kept
+    stay: set[object] = set()  # ... but for those _one_by_one could not put back
     nudged = False
     # A process's first message runs alone: the queue counts the processes that died
     # holding it first, and in a batch one behind it could have been the killer.
@@ -338,16 +339,16 @@ def _take_waiting(kind: str, first: dict) -> None:
         if refused is not None:
             logs.get().error("message.refused", **refused)
             continue
-        batch.append((name, msg, task))
+        batch.append((name, msg, task, token))
     # Taken off once kept, or once back on the queue with one retry less (_one_by_one);
     # not on an interrupt, which leaves the transaction uncommitted and the messages owed.
     try:
-        _keep(control, huey, batch)
+        _keep(control, huey, batch, stay)
     except Exception:
-        _acknowledge(huey, taken)
+        _acknowledge(huey, [t for t in taken if t not in stay])
         raise
-    _acknowledge(huey, taken)
-    if nudged or any(k == "outcome" for k, _, _ in batch):
+    _acknowledge(huey, [t for t in taken if t not in stay])
+    if nudged or any(b[0] == "outcome" for b in batch):
         control.dispatch()
 
 
@@ -356,11 +357,16 @@ def _acknowledge(huey, taken: list[object]) -> None:  # noqa: ANN001
         acknowledge(huey, taken)
 
 
-def _keep(control: Control, huey, batch: list[tuple[str, dict, object]]) -> None:  # noqa: ANN001
+# A message of a batch: its kind, payload, Huey task and queue token (None for the
+# message Huey is running, which the queue holds).
+_Taken = tuple[str, dict, object, object]
+
+
+def _keep(control: Control, huey, batch: list[_Taken], stay: set[object]) -> None:  # noqa: ANN001
     """The batch in one transaction; if that fails, its messages one by one."""
     first = batch[0][1]
-    beats = [m for k, m, _ in batch if k == "heartbeat"]
-    outcomes = [m for k, m, _ in batch if k == "outcome"]
+    beats = [m for k, m, _, _ in batch if k == "heartbeat"]
+    outcomes = [m for k, m, _, _ in batch if k == "outcome"]
     try:
         with logs.bound(job_id=first.get("job_id"), attempt=first.get("attempt")):
             control.on_messages(beats, outcomes)
@@ -377,15 +383,17 @@ def _keep(control: Control, huey, batch: list[tuple[str, dict, object]]) -> None
             job_id=first.get("job_id"),
             attempt=first.get("attempt"),
         )
-        _one_by_one(control, huey, batch)
+        _one_by_one(control, huey, batch, stay)
 
 
-def _one_by_one(control: Control, huey, batch: list[tuple[str, dict, object]]) -> None:  # noqa: ANN001
+def _one_by_one(control: Control, huey, batch: list[_Taken], stay: set[object]) -> None:  # noqa: ANN001
     """This task's own message, if it fails, is raised for Huey to retry; a message taken
     off the queue goes back on it with one retry less, and is dropped with an error line
-    when it has none left (as Huey does with a task out of retries)."""
+    when it has none left (as Huey does with a task out of retries). One that cannot be
+    put back (the queue unavailable past the send's patience) goes into ``stay``: it is
+    left on the queue as it came, for a later batch."""
     failed: Exception | None = None
-    for kind, msg, task in batch:
+    for kind, msg, task, token in batch:
         try:
             with logs.bound(job_id=msg.get("job_id"), attempt=msg.get("attempt")):
                 if kind == "heartbeat":
@@ -407,7 +415,17 @@ def _one_by_one(control: Control, huey, batch: list[tuple[str, dict, object]]) -
             )
             if left > 0:
                 task.retries = left - 1  # type: ignore[attr-defined]
-                huey.enqueue(task)
+                try:
+                    requeue(huey, task)
+                except Exception as lost:  # noqa: BLE001 - any: the message must not go
+                    stay.add(token)
+                    logs.get().error(
+                        "control.requeue_failed",
+                        task=kind,
+                        job_id=msg.get("job_id"),
+                        error=f"{type(lost).__name__}: {lost}",
+                        recovery="left on the queue for the next batch",
+                    )
     if failed is not None:
         raise failed
 
