@@ -220,6 +220,30 @@ def test_a_burned_out_fix_or_audit_is_retried_not_split_into_reviews(kb, kind):
     ws.close()
 
 
+def test_a_job_no_agent_can_run_goes_to_a_person(kb):
+    """A job failed at dispatch (its profile removed from reviewq.toml) was failed
+    silently: for a fix, the note's FAILs stayed fresh, so no sweep took them up again and
+    no person was told."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    control.dispatch()
+    msg = sent.pop(0)
+    output = _bundle(ws.store, job.review_job_id, "FAIL")
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    with ws.store.write():  # the fixer's profile is gone from reviewq.toml
+        ws.store.conn.execute("UPDATE review_jobs SET reviewer = 'gone' WHERE kind = 'fix'")
+    control.dispatch()
+    fix = ws.store.conn.execute("SELECT status FROM review_jobs WHERE kind = 'fix'").fetchone()
+    escalated = ws.store.conn.execute("SELECT note_path, gate_id FROM escalations").fetchall()
+    assert fix[0] == "failed"
+    assert [tuple(r) for r in escalated] == [("kb/notes/alpha.md", "prose/clarity")]
+    ws.close()
+
+
 def test_the_parts_of_a_split_re_review_keep_the_fix_they_follow(kb):
     from orchestrator.review.jobs import split_job
 

@@ -136,9 +136,7 @@ class Control:
             name = job["reviewer"]
             profile = self.settings.reviewers.get(name)
             if profile is None:
-                reason = f"reviewer profile {name!r} is not configured"
-                fail_job(self.store, self.ws.state_dir, job["id"], [reason])
-                self.log.error("job.failed", job_id=job["id"], reviewer=name, reason=reason)
+                self._fail_unrun(job, name, f"reviewer profile {name!r} is not configured")
                 continue
             if name in paused or open_counts.get(name, 0) >= PREFETCH * profile.concurrency:
                 continue
@@ -206,8 +204,16 @@ class Control:
 
     def _cannot_open(self, job, reviewer: str, exc: Exception) -> None:
         """An attempt that can never be opened: fail that job only."""
-        fail_job(self.store, self.ws.state_dir, job["id"], [f"could not open an attempt: {exc}"])
-        self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=str(exc))
+        self._fail_unrun(job, reviewer, f"could not open an attempt: {exc}")
+
+    def _fail_unrun(self, job, reviewer: str, reason: str) -> None:
+        """Fail a job no agent can run, and hand its pairs to a person as any failed job's
+        are: failed silently, a fix's FAILs stayed fresh, so no sweep or person met them."""
+        with self.store.write():
+            fail_job(self.store, self.ws.state_dir, job["id"], [reason])
+            if self.hooks is not None:
+                self.hooks.after_failed(job["id"], [reason])
+        self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=reason)
 
     def message(self, opened: OpenedAttempt, profile: ReviewerProfile) -> dict:
         """Everything a worker needs, so that it holds nothing: no state.db, no job folder,
