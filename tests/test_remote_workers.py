@@ -459,6 +459,36 @@ def test_a_worker_does_not_start_an_attempt_the_reaper_has_given_up(kb, tmp_path
     assert (expired["job_id"], expired["attempt"]) == (msg["job_id"], msg["attempt"])
 
 
+def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
+    kb, tmp_path, monkeypatch
+):
+    """The expiry was looked at before the wait for a free agent slot: a message that
+    waited there past its lease (every slot busy with long agents) still started an agent
+    the reaper had given up, for an outcome nobody acts on."""
+    import contextlib
+    import time
+
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    msg = {**dispatched_message(kb), "expires_at": time.time() + 60}
+    clock = [time.time()]
+
+    @contextlib.contextmanager
+    def busy_slots(profile):
+        clock[0] += 120  # the other agents took two minutes to free a slot
+        yield
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
+    monkeypatch.setattr(tasks, "_semaphore", busy_slots)
+    monkeypatch.setattr(tasks.time, "time", lambda: clock[0])
+    tasks.run_review(msg)
+    assert sent == []  # no heartbeat, no outcome: no agent ran
+    assert list((tmp_path / "w" / "attempts").iterdir()) == []
+
+
 def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
     from orchestrator.config import load_settings
     from workers import tasks

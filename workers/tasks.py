@@ -96,17 +96,7 @@ def run_review(msg: dict) -> None:
     if refused is not None:
         logs.get().error("message.refused", worker=WORKER_ID, **refused)
         return
-    expires = msg.get("expires_at")
-    if isinstance(expires, int | float) and time.time() > expires:
-        # The reaper has taken this attempt for lost and queued another: running it
-        # would only spend money on an outcome nobody acts on.
-        logs.get().warning(
-            "attempt.expired",
-            worker=WORKER_ID,
-            job_id=msg.get("job_id"),
-            attempt=msg.get("attempt"),
-            late_s=round(time.time() - expires, 1),
-        )
+    if _expired(msg):
         return
     place = _the_worker()
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
@@ -149,6 +139,9 @@ def run_review(msg: dict) -> None:
                 logs.get().warning("attempt.heartbeat_failed", error=str(exc))
 
         with _semaphore(profile):
+            if _expired(msg):  # it waited for a free agent slot past its lease
+                shutil.rmtree(folder, ignore_errors=True)
+                return
             outcome = run_attempt(
                 for_profile(profile),
                 spec,
@@ -186,6 +179,22 @@ def run_review(msg: dict) -> None:
         _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _expired(msg: dict) -> bool:
+    """Whether the reaper has taken this attempt for lost and queued another (said in
+    the log): running it would only spend money on an outcome nobody acts on."""
+    expires = msg.get("expires_at")
+    if not isinstance(expires, int | float) or time.time() <= expires:
+        return False
+    logs.get().warning(
+        "attempt.expired",
+        worker=WORKER_ID,
+        job_id=msg.get("job_id"),
+        attempt=msg.get("attempt"),
+        late_s=round(time.time() - expires, 1),
+    )
+    return True
 
 
 def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None) -> AttemptSpec:
