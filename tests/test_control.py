@@ -244,6 +244,29 @@ def test_a_job_no_agent_can_run_goes_to_a_person(kb):
     ws.close()
 
 
+def test_a_sequential_sweep_does_not_ask_again_for_a_pair_just_answered_error(kb):
+    """ERROR is never accepted, so the pair stays stale and in the current bundle: the
+    next-bundle follow-up queued it again after every job, a paid review each time,
+    without end."""
+    kb.gate("prose/clarity", ["body"])
+    kb.gate("style/tone", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    enqueue(ws, SweepRequest(name="seq", reviewer="offline", all_gates=True, sequential=True))
+    for _ in range(5):
+        control.dispatch()
+        if not sent:
+            break
+        msg = sent.pop(0)
+        output = _bundle(ws.store, msg["job_id"], "ERROR")
+        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    jobs = ws.store.conn.execute("SELECT status, lens FROM review_jobs").fetchall()
+    assert [tuple(r) for r in jobs] == [("completed", "prose")]  # style waits behind it
+    ws.close()
+
+
 def test_the_parts_of_a_split_re_review_keep_the_fix_they_follow(kb):
     from orchestrator.review.jobs import split_job
 

@@ -436,7 +436,9 @@ class FollowUp:
 
     # --- sequential sweeps ------------------------------------------------------------
     def _next_bundle(self, job, opts: dict) -> None:
-        notes = {p["note_path"] for p in self._pairs(job["id"])}
+        pairs = self._pairs(job["id"])
+        notes = {p["note_path"] for p in pairs}
+        reviewed = {(p["note_path"], p["gate_id"]) for p in pairs}
         for note_path in sorted(notes):
             req = SweepRequest(
                 name=job["sweep"] or "sequential",
@@ -455,7 +457,7 @@ class FollowUp:
             )
             try:
                 with self.store.write():
-                    enqueue(self.ws, req, run_id=job["sweep_run_id"])
+                    enqueue(self.ws, req, run_id=job["sweep_run_id"], just_reviewed=reviewed)
             except KBError as exc:
                 # Renamed or deleted since its review: the sweep goes on without it.
                 self.log.warning(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -69,10 +70,17 @@ class EnqueueResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def enqueue(ws: Workspace, req: SweepRequest, run_id: int | None = None) -> EnqueueResult:
+def enqueue(
+    ws: Workspace,
+    req: SweepRequest,
+    run_id: int | None = None,
+    just_reviewed: Collection[tuple[str, str]] = (),
+) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
-    ``run_id`` the jobs join that run (the next bundle of a sequential sweep)."""
+    ``run_id`` the jobs join that run (the next bundle of a sequential sweep), and the
+    (note, gate) pairs ``just_reviewed`` by the job it follows are skipped: one answered
+    ERROR is still stale, and asked again after every job it would run without end."""
     profile = ws.settings.reviewer(req.reviewer)
     for role in (req.fixer, req.auditor):
         if role:
@@ -97,6 +105,13 @@ def enqueue(ws: Workspace, req: SweepRequest, run_id: int | None = None) -> Enqu
     waiting: list[Skipped] = []
     if req.sequential:
         targets, waiting = _sequential(ws, profile.partition, req, targets)
+    if just_reviewed:
+        again = {(t["note_path"], t["gate_id"]) for t in targets} & set(just_reviewed)
+        targets = [t for t in targets if (t["note_path"], t["gate_id"]) not in again]
+        waiting += [
+            Skipped(n, g, "answered ERROR in the job just finished: the next sweep asks again")
+            for n, g in sorted(again)
+        ]
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
     if run_id is None:
         with store.write():
