@@ -595,6 +595,46 @@ def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
     assert "Not a directory" in res.stderr
 
 
+@pytest.mark.parametrize("link", ["kb/reports", "kb/reports/reviews/gates"])
+def test_an_export_through_a_linked_folder_is_refused_and_removes_nothing(
+    flow, run_cli, tmp_path, link
+):
+    """The export's clean-up walked a linked folder too: with `gates` a link to /etc,
+    every file there that this export did not write was removed."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    assert run_cli("run-job", "1").exit_code == 0
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "precious.txt").write_text("keep\n")
+    (victim / "sub" / "also.md").write_text("keep\n")
+    where = flow.root / link
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.symlink_to(victim)
+    res = run_cli("export")
+    assert res.exit_code == 1
+    assert res.stderr == (
+        f"error: {where}: is a symbolic link; the export writes only in folders of the KB "
+        "itself (replace the link with a folder); nothing exported\n"
+    )
+    assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == [
+        "precious.txt",
+        "sub",
+        "sub/also.md",
+    ]
+
+
+def test_an_export_removes_only_files_an_export_wrote(flow, run_cli):
+    """A person's own file beside the exported ones (a README) was removed as a stale
+    export."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    assert run_cli("run-job", "1").exit_code == 0
+    gates = flow.root / "kb" / "reports" / "reviews" / "gates"
+    gates.mkdir(parents=True)
+    (gates / "README.md").write_text("# What these files are\n")
+    assert run_cli("export").exit_code == 0
+    assert (gates / "README.md").read_text() == "# What these files are\n"
+
+
 def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
     """The export is the view of the reviews now: a file from an earlier export (a note
     since renamed, another partition's) stayed beside the new index and read as current."""

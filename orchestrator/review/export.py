@@ -13,10 +13,12 @@ from pathlib import Path
 
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import canonical_json, parse_note_text
+from orchestrator.regularfile import NotRegular, open_regular
 from orchestrator.state.files import ReportError, flat
 from orchestrator.state.store import Store
 
 EXPORT_DIR = "kb/reports/reviews"
+HEADER = "<!-- GATE-REVIEW\n"  # how an export's own files begin: the only ones it removes
 CSV_HEADER = [
     "note_path",
     "gate_id",
@@ -97,6 +99,8 @@ def export(
         (model,) if model else (),
     )
     base = root / EXPORT_DIR
+    for folder in (base.parent, base, base / "gates", base / "csv"):
+        _not_a_link(folder)
     try:
         return _write(rows, base, git_head(root), watches or {})
     except OSError as exc:
@@ -135,12 +139,13 @@ def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> Expo
         }
         extra = {"fix_commit": r["fix_commit"]} if r["fix_commit"] else {}
         header = (
-            "<!-- GATE-REVIEW\n"
+            HEADER
             + "".join(f"{k.replace('_', '-')}: {v}\n" for k, v in (fields | extra).items())
             + "-->\n"
         )
         body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"
         path = base / "gates" / flat(note_path) / f"{gate_id}.md"
+        _not_a_link(path.parent)
         atomic_write(path, header + body)
         written.add(path)
         writer.writerow([fields[k] for k in CSV_HEADER])
@@ -152,14 +157,39 @@ def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> Expo
 
 def _remove_others(folder: Path, written: set[Path]) -> None:
     """The export is the view of the reviews now: a file of an earlier export (another
-    partition's, a renamed note's, a gate no longer reviewed) would read as current."""
+    partition's, a renamed note's, a gate no longer reviewed) would read as current. Only
+    files an export wrote go (a person's README stays), and links are not followed."""
     for top, _dirs, names in os.walk(folder, topdown=False):
         here = Path(top)
         for name in names:
-            if here / name not in written:
+            if here / name not in written and _exported(here / name):
                 (here / name).unlink()
         if here != folder and not any(here.iterdir()):
             here.rmdir()
+
+
+def _exported(path: Path) -> bool:
+    """A regular file (not a link) that begins as an export's GATE-REVIEW file does."""
+    try:
+        fd = open_regular(path, follow=False)
+    except (NotRegular, OSError):
+        return False
+    if fd is None:
+        return False
+    try:
+        return os.read(fd, len(HEADER)) == HEADER.encode()
+    finally:
+        os.close(fd)
+
+
+def _not_a_link(folder: Path) -> None:
+    """The export writes and removes files: through a link, it would do both outside the
+    KB (a link to /etc, and every file there not of this export was removed)."""
+    if folder.is_symlink():
+        raise ReportError(
+            f"{folder}: is a symbolic link; the export writes only in folders of the KB "
+            "itself (replace the link with a folder); nothing exported"
+        )
 
 
 def _check_component(value: str) -> None:
