@@ -532,6 +532,16 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         (("--state", " ", "status"), "Invalid value for '--state': empty"),
         (("--config", "", "status"), "Invalid value for '--config': empty"),
         (("select", "prose", "--model", ""), "Invalid value for '--model': empty"),
+        # An unset shell variable: `--note ''` swept (and with --fix rewrote) every note.
+        (("select", "--all-gates", "--note", ""), "Invalid value for '--note': empty"),
+        (("sweep", "--fix", "--note", "{note}", "--note", " "), "'--note': empty"),
+        (("enqueue", "--all-gates", "--reviewer", ""), "Invalid value for '--reviewer': empty"),
+        (("enqueue", "--fix", "--fixer", ""), "Invalid value for '--fixer': empty"),
+        (("enqueue", "--auditor", ""), "Invalid value for '--auditor': empty"),
+        (("enqueue", "--name", ""), "Invalid value for '--name': empty"),
+        (("run-job", "1", "--reviewer", ""), "Invalid value for '--reviewer': empty"),
+        (("logs", "--event", ""), "Invalid value for '--event': empty"),
+        (("decide", "--note", "", "reject"), "Invalid value for '--note': empty"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
@@ -541,7 +551,8 @@ def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
     bad = flow.root / "bad.json"
     bad.write_bytes(b"\xff\xfe{}")
     (flow.root / "file").write_text("")
-    args = tuple(a.format(bad=bad, file=flow.root / "file") for a in args)
+    note = flow.root / "kb" / "notes" / "alpha.md"
+    args = tuple(a.format(bad=bad, file=flow.root / "file", note=note) for a in args)
     res = run_cli(*args)
     assert res.exit_code in (1, 2), res.stdout
     assert says in res.stderr and "internal error" not in res.stderr

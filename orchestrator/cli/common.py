@@ -13,6 +13,7 @@ from functools import wraps
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from orchestrator import logs
 from orchestrator.config import ConfigError
@@ -105,11 +106,15 @@ def budget_usd(ctx: click.Context, param: click.Parameter, value: float | None) 
     return value
 
 
-def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def not_blank(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, ANN201
     """An option given as '' (an unset shell variable, most likely) is a mistake, not the
-    default it would otherwise silently stand for."""
-    if value is not None and not value.strip():
-        raise click.BadParameter("empty")
+    default it would otherwise silently stand for: `--note ''` swept, and with --fix
+    rewrote, every note. A repeated option's values are checked each."""
+    if param.name and ctx.get_parameter_source(param.name) == ParameterSource.DEFAULT:
+        return value
+    for one in value if isinstance(value, tuple) else (value,):
+        if one is not None and not one.strip():
+            raise click.BadParameter("empty")
     return value
 
 

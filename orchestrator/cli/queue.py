@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     budget_usd,
     cli,
     emit_json,
+    not_blank,
     nudge_control,
     only_reject_check,
     refuse_domain_errors,
@@ -38,14 +39,27 @@ def _sweep_options(fn):
             click.argument("selectors", nargs=-1),
             click.option("--all-gates", is_flag=True, help="Every catalog gate."),
             click.option(
-                "--note", "notes", multiple=True, help="Only these note files or folders."
+                "--note",
+                "notes",
+                multiple=True,
+                callback=not_blank,
+                help="Only these note files or folders.",
             ),
             click.option("--current", is_flag=True, help="Only notes with status: current."),
             click.option(
-                "--reviewer", default="offline", show_default=True, help="The reviewer profile."
+                "--reviewer",
+                default="offline",
+                show_default=True,
+                callback=not_blank,
+                help="The reviewer profile.",
             ),
-            click.option("--fixer", default="", help="The fixer profile [default: the reviewer]."),
-            click.option("--auditor", default="", help="The auditor profile."),
+            click.option(
+                "--fixer",
+                default="",
+                callback=not_blank,
+                help="The fixer profile [default: the reviewer].",
+            ),
+            click.option("--auditor", default="", callback=not_blank, help="The auditor profile."),
             click.option(
                 "--grouping", type=click.Choice(GROUPINGS), default="note", show_default=True
             ),
@@ -61,6 +75,7 @@ def _sweep_options(fn):
                 "sweep_name",
                 default="cli",
                 show_default=True,
+                callback=not_blank,
                 help="The sweep's name in logs.",
             ),
             click.option(
@@ -391,7 +406,12 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
 @cli.command("logs")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.option("--job", "job_id", type=JOB_ID, default=None, help="Only lines about this job.")
-@click.option("--event", default=None, help="Only this event, or a prefix such as 'attempt.'.")
+@click.option(
+    "--event",
+    default=None,
+    callback=not_blank,
+    help="Only this event, or a prefix such as 'attempt.'.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The raw JSON lines.")
 @click.pass_obj
 def logs_cmd(
@@ -597,7 +617,9 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
 
 @cli.command("decide")
 @click.argument("args", nargs=-1, required=True, metavar="[ESCALATION_ID]... DECISION")
-@click.option("--note", default=None, help="Every open escalation of this note.")
+@click.option(
+    "--note", default=None, callback=not_blank, help="Every open escalation of this note."
+)
 @click.option("--feedback", default=None, help="Concrete asks (required for redo; kept verbatim).")
 @click.pass_obj
 @refuse_domain_errors

@@ -89,7 +89,13 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
 @cli.command("select")
 @click.argument("selectors", nargs=-1)
 @click.option("--all-gates", is_flag=True, help="Every catalog gate (type pairs stay opt-in).")
-@click.option("--note", "notes", multiple=True, help="Only these note files or folders.")
+@click.option(
+    "--note",
+    "notes",
+    multiple=True,
+    callback=not_blank,
+    help="Only these note files or folders.",
+)
 @click.option("--current", is_flag=True, help="Only notes with status: current.")
 @click.option(
     "--model", default=None, callback=not_blank, help="The model partition to judge freshness in."
@@ -281,6 +287,7 @@ def finalize_cmd(
 @click.option(
     "--reviewer",
     default=None,
+    callback=not_blank,
     help="The reviewer profile [default: the job's, else the one of its partition].",
 )
 @click.pass_obj
