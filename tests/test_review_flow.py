@@ -606,7 +606,10 @@ def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
     assert "Not a directory" in res.stderr
 
 
-@pytest.mark.parametrize("link", ["kb/reports", "kb/reports/reviews/gates"])
+@pytest.mark.parametrize(
+    "link",
+    ["kb/reports", "kb/reports/reviews/gates", "kb/reports/reviews/gates/kb__notes__alpha.md"],
+)
 def test_an_export_through_a_linked_folder_is_refused_and_removes_nothing(
     flow, run_cli, tmp_path, link
 ):

@@ -99,7 +99,7 @@ def export(
         (model,) if model else (),
     )
     base = root / EXPORT_DIR
-    for folder in (base.parent, base, base / "gates", base / "csv"):
+    for folder in (base.parent, base, base / "gates", base / "csv", *_note_folders(base)):
         _not_a_link(folder)
     try:
         return _write(rows, base, git_head(root), watches or {})
@@ -180,6 +180,15 @@ def _exported(path: Path) -> bool:
         return os.read(fd, len(HEADER)) == HEADER.encode()
     finally:
         os.close(fd)
+
+
+def _note_folders(base: Path) -> list[Path]:
+    """The notes' folders an earlier export made under ``gates/`` (looked at before the
+    first write, so a link among them stops the export before it wrote anything)."""
+    try:
+        return [Path(e.path) for e in os.scandir(base / "gates")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _not_a_link(folder: Path) -> None:
