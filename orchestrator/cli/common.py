@@ -236,8 +236,8 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
             raise Refused(f"{where}: cannot open the log: {exc.strerror or exc}") from None
 
 
-def only_reject_check(ws: Workspace):
-    """Which escalations can now only be rejected, judged on the KB as it is; None when
+def only_reject_check(ws: Workspace):  # noqa: ANN201 - (note, gate) -> str | None
+    """Which escalations can now only be rejected, judged on the KB as it is; none when
     the KB or its gates cannot be read (the report still shows the night)."""
     from orchestrator.cycles.escalations import only_reject
     from orchestrator.kb.notes import KBError
@@ -245,5 +245,5 @@ def only_reject_check(ws: Workspace):
     try:
         kb, catalog = ws.kb, ws.catalog()
     except (KBError, OSError):
-        return None
+        return lambda note, gate: None
     return lambda note, gate: only_reject(kb, catalog, note, gate)

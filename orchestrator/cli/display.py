@@ -43,7 +43,7 @@ class ProgressDisplay:
             self._progress.__exit__(*exc)
 
 
-def render_summary(out, only_reject=None) -> None:  # noqa: ANN001 - workers.sweep.SweepOutcome
+def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.SweepOutcome
     """``only_reject(note, gate)``: why an escalation can now only be rejected, or None."""
     console = Console()
     s = out.summary
@@ -75,7 +75,6 @@ def render_summary(out, only_reject=None) -> None:  # noqa: ANN001 - workers.swe
     )
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
-    only_reject = only_reject or (lambda note, gate: None)
     if s.get("escalations"):
         # A note's escalations are one decision: one line a note, with the command.
         notes: dict[str, list[str]] = {}

@@ -572,7 +572,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
 
     items = open_escalations(ws.read_store())
     groups = by_note(items)
-    why_only_reject = only_reject_check(ws) or (lambda note, gate: None)
+    why_only_reject = only_reject_check(ws)
     only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
     if as_json:
         emit_json(

@@ -415,10 +415,14 @@ def only_reject(kb, catalog, note_path: str, gate_id: str) -> str | None:
     """Why an open escalation can now only be rejected (its note is gone or unreadable,
     or its gate left the catalog), or None: what ``decide`` would refuse, said before a
     person tries."""
-    problem = _current_note(kb, note_path).problem
-    if problem is not None:
-        return f"the note {problem}"
-    return None if catalog.get(gate_id) is not None else "the gate is not in the catalog"
+    return _undecidable(_current_note(kb, note_path), catalog.get(gate_id))
+
+
+def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate or None
+    """What keeps approve and redo from this note and gate, or None."""
+    if note.problem is not None:
+        return f"the note {note.problem}"
+    return None if gate is not None else "the gate is not in the catalog"
 
 
 def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate):
@@ -436,14 +440,11 @@ def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, 
     # or changed. Refusing it would leave an escalation of a deleted note open for good.
     if decision == "reject":
         return e
-    if note.problem is not None:
+    why = _undecidable(note, gate)
+    if why is not None:
+        subject = e["note_path"] if note.problem is not None else e["gate_id"]
         raise DecideError(
-            f"{e['note_path']}: the note {note.problem}; nothing decided "
-            f"(to close the escalation as it is: reviewq decide {esc_id} reject)"
-        )
-    if gate is None:
-        raise DecideError(
-            f"{e['gate_id']}: the gate is not in the catalog; nothing decided "
+            f"{subject}: {why}; nothing decided "
             f"(to close the escalation as it is: reviewq decide {esc_id} reject)"
         )
     return e
