@@ -516,6 +516,7 @@ _INTERNAL_ERROR = textwrap.dedent(
 
 
 def test_an_internal_error_logs_a_traceback_without_local_variables(flow):
+    Store.open(flow.state).close()
     proc = subprocess.run(
         [sys.executable, "-c", _INTERNAL_ERROR, str(flow.root)],
         capture_output=True,
@@ -556,7 +557,7 @@ _READ_ONLY_ERROR = textwrap.dedent(
 
 @pytest.mark.parametrize("args", [["select", "--all-gates", "--model", "fake"], ["status"]])
 def test_a_read_only_command_logs_its_internal_error_traceback(flow, args):
-    flow.state.mkdir(exist_ok=True)  # the state folder exists: the traceback goes to its log
+    Store.open(flow.state).close()  # the state folder exists: the traceback goes to its log
     proc = subprocess.run(
         [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), *args],
         capture_output=True,
@@ -575,7 +576,7 @@ def test_a_read_only_command_logs_its_internal_error_traceback(flow, args):
 
 def test_a_read_only_command_without_a_state_folder_creates_none_on_an_internal_error(flow):
     proc = subprocess.run(
-        [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), "status"],
+        [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), "select", "--all-gates"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -585,7 +586,7 @@ def test_a_read_only_command_without_a_state_folder_creates_none_on_an_internal_
 
 
 def test_an_unwritable_log_never_hides_the_internal_error_it_was_to_record(flow):
-    flow.state.mkdir()
+    Store.open(flow.state).close()
     (flow.state / "logs").write_text("a file where the log folder belongs\n")
     proc = subprocess.run(
         [sys.executable, "-c", _READ_ONLY_ERROR, str(flow.root), "status"],

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.state.store import Store
+
 from .chromium import Chromium, executable, group_members
 from .conftest import PROJECT, process_gone, reviewq_process
 from .test_cycles_integration import profile
@@ -389,12 +391,23 @@ def test_the_request_check_sees_a_page_that_fetches(browser, tmp_path):
 
 
 def test_a_report_of_nothing_yet(kb, run_cli):
-    # --json reads only: a state.db never used is not created.
+    # A state folder never used is refused, and none is made: read as empty, a mistyped
+    # --state reported "needs you: nothing" over a night that needed someone.
+    for args in (("report", "--json"), ("report",)):
+        res = run_cli(*args)
+        assert res.exit_code == 1 and res.stdout == ""
+        assert res.stderr == (
+            f"error: {kb.state}: no state.db here; nothing has run with this state folder "
+            "yet (is --state or --root right?)\n"
+        )
+    assert not (kb.state / "state.db").exists()
+    Store.open(kb.state).close()
+    # --json reads only.
     res = run_cli("report", "--json")
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["reviewed"]["pairs"] == 0 and data["needs_you"]["escalations"] == []
-    assert data["html_path"] is None and not (kb.state / "state.db").exists()
+    assert data["html_path"] is None and not (kb.state / "report.html").exists()
     # For a person: a page, and "nothing" where nothing needs them.
     res = run_cli("report")
     assert res.exit_code == 0 and "needs you: nothing" in res.stdout

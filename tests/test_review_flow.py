@@ -548,6 +548,7 @@ def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
     """Each was an internal error (OverflowError, UnicodeDecodeError, PermissionError) or
     was taken silently: NaN stored as no budget at all, a typo'd partition exported as an
     empty index beside the last export's files."""
+    Store.open(flow.state).close()  # a state folder in use: the arguments are what is wrong
     bad = flow.root / "bad.json"
     bad.write_bytes(b"\xff\xfe{}")
     (flow.root / "file").write_text("")
@@ -665,3 +666,34 @@ def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
     rows = list(csv.DictReader((gates.parent / "csv" / "gate_reviews.csv").open()))
     assert len(exported) == len(rows) > 0
     assert not (gates / "kb__notes__renamed.md").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status",),
+        ("status", "--json"),
+        ("jobs",),
+        ("job", "1"),
+        ("escalations",),
+        ("warn-queue",),
+        ("export",),
+    ],
+)
+def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args):
+    """Read as empty, `--state /tmp/typo status` said no job was failed or waiting and no
+    escalation open: all clear, over a state folder that was never the night's."""
+    typo = flow.root / "typo"
+    res = run_cli("--state", str(typo), *args)
+    assert res.exit_code == 1 and res.stdout == ""
+    assert res.stderr == (
+        f"error: {typo}: no state.db here; nothing has run with this state folder yet "
+        "(is --state or --root right?)\n"
+    )
+    assert not (typo / "state.db").exists()
+
+
+def test_a_first_select_reads_no_history_and_makes_no_state_db(flow, run_cli):
+    res = run_cli("select", "--all-gates", "--model", "fake", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert res.json()["targets"] and not (flow.state / "state.db").exists()

@@ -61,10 +61,11 @@ def report_cmd(
     if html is not None and Path(html).is_dir():
         raise Refused(f"--html {html}: is a folder; name the file to write")
     page = Path(html).resolve() if html else (None if as_json else ws.state_dir / "report.html")
+    # A state folder never used is refused: a mistyped --state reported "nothing".
+    store = ws.read_store()
     try:
         rep = make_report(
-            # --json writes nothing, so it reads as the read-only commands do.
-            ws.read_store() if as_json else ws.store,
+            store,
             ws.state_dir,
             since=since,
             sweep=sweep,

@@ -134,7 +134,7 @@ def select_cmd(
     result = select(
         ws.kb,
         ws.catalog(),
-        ws.read_store(),
+        ws.read_store(empty_if_new=True),
         selectors=selectors,
         all_gates=all_gates,
         note_paths=note_paths,

@@ -9,7 +9,7 @@ from pathlib import Path
 from orchestrator.config import Settings, load_settings
 from orchestrator.kb.gates import Catalog, CatalogCache
 from orchestrator.kb.notes import KB
-from orchestrator.state.store import Store
+from orchestrator.state.store import Store, StoreError
 
 
 @dataclass
@@ -50,11 +50,18 @@ class Workspace:
             self._store = Store.open(self.state_dir)
         return self._store
 
-    def read_store(self) -> Store:
-        """The store for a read-only command: a missing state.db is not created."""
+    def read_store(self, *, empty_if_new: bool = False) -> Store:
+        """The store for a read-only command; a missing state.db is not created. It is
+        refused unless ``empty_if_new``: read as empty, a mistyped ``--state`` made
+        ``status`` say all was clear. A first ``select`` is right to read no history."""
         if self._store is None:
             if not (self.state_dir / "state.db").exists():
-                return Store.open(self.state_dir, readonly=True)
+                if empty_if_new:
+                    return Store.open(self.state_dir, readonly=True)
+                raise StoreError(
+                    f"{self.state_dir}: no state.db here; nothing has run with this state "
+                    "folder yet (is --state or --root right?)"
+                )
             self._store = Store.open(self.state_dir)
         return self._store
 
