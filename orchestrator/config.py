@@ -449,10 +449,31 @@ def _config_text(path: Path) -> str | None:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
 
 
+def _note_roots(kb: _Table) -> tuple[str, ...]:
+    """The note roots as written: what no KB can make right is refused here, before a
+    command reads the KB (what is under ROOT, the selector checks)."""
+    roots = kb.strings("note_roots")
+    if "note_roots" in kb.data and not roots:
+        # An empty list meant the default in silence.
+        raise ConfigError("[kb] note_roots: empty; name the folders of notes (default kb/notes)")
+    for r in roots:
+        if not r.strip() or os.path.normpath(r) == ".":
+            raise ConfigError(
+                f"[kb] note_roots: {r!r} names all of ROOT, the gates and type specs "
+                "included; name the folders of notes (default kb/notes)"
+            )
+        if os.path.isabs(r):
+            raise ConfigError(
+                f"[kb] note_roots: {r}: an absolute path; name a folder under ROOT, "
+                "relative to it (default kb/notes)"
+            )
+    return roots
+
+
 def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings:
     """Settings from the parsed file; a ConfigError names the table and the key."""
     top = _Table(data, "", {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"})
-    note_roots = _Table(top.data.get("kb"), "[kb]", {"note_roots"}).strings("note_roots")
+    note_roots = _note_roots(_Table(top.data.get("kb"), "[kb]", {"note_roots"}))
     state_dir_name = _Table(top.data.get("state"), "[state]", {"dir"}).string("dir", ".reviewq")
     if not state_dir_name.strip():  # would put state.db, jobs/ and logs/ beside kb/
         raise ConfigError("[state] dir: empty; name the state folder (default .reviewq)")

@@ -30,6 +30,11 @@ BAD = [
     ("sweeps = [1]\n", "[[sweeps]] #1", "expected a table"),
     ("[state]\ndir = 3\n", "[state] dir", "expected a string"),
     ("[kb]\nnote_roots = 3\n", "[kb] note_roots", "expected a string or a list of strings"),
+    # Each meant more than the notes, or (the empty list) the default in silence.
+    ("[kb]\nnote_roots = []\n", "[kb] note_roots", "empty; name the folders of notes"),
+    ('[kb]\nnote_roots = ["."]\n', "[kb] note_roots", "'.' names all of ROOT"),
+    ('[kb]\nnote_roots = ["kb/notes", " "]\n', "[kb] note_roots", "' ' names all of ROOT"),
+    ('[kb]\nnote_roots = ["/srv/kb"]\n', "[kb] note_roots", "/srv/kb: an absolute path"),
     ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
     ("[queue]\nurl = 6379\n", "[queue] url", "expected a string"),
     ('[reviewers.x]\nkind = "offline"\npartition = 2\n', "[reviewers.x] partition", "string"),

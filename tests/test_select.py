@@ -436,6 +436,10 @@ def test_a_note_path_that_names_no_note_is_refused_in_one_line(
     [
         ('["kb/Notes"]', "note root kb/Notes: no such folder in"),
         ('["../"]', "note root ..: outside the KB root"),
+        # The gates, the type specs and kb/README.md taken as notes to review and fix.
+        ('["kb"]', "note root kb: overlaps kb/instructions/review-gates"),
+        ('["kb/notes", "kb/instructions"]', "note root kb/instructions: overlaps kb/instr"),
+        ('["kb/instructions/review-gates/prose"]', "prose: overlaps kb/instructions/review-"),
     ],
 )
 def test_a_note_root_that_is_not_there_is_refused_not_read_as_no_notes(

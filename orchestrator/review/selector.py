@@ -16,7 +16,9 @@ from pathlib import Path
 from orchestrator.kb.gates import Catalog, Gate
 from orchestrator.kb.notecache import NoteCache, SelectMemo
 from orchestrator.kb.notes import (
+    GATES_DIR,
     KB,
+    TYPES_DIR,
     FileProblem,
     Note,
     NoteParseError,
@@ -134,6 +136,14 @@ def select(
                 f"note root {r or '.'}: no such folder in {kb.root} "
                 "(is --root the folder that holds kb/? see [kb] note_roots)"
             )
+        for held in (GATES_DIR, TYPES_DIR):
+            # "kb" or "." took the gates, the type specs and kb/README.md as notes to
+            # review, and as notes a fixer may rewrite.
+            if not r or held == r or held.startswith(f"{r}/") or r.startswith(f"{held}/"):
+                raise SelectError(
+                    f"note root {r or '.'}: overlaps {held}; name the folders of notes "
+                    "(see [kb] note_roots, default kb/notes)"
+                )
     kb.problems.clear()
     paths = kb.note_files(note_paths)
     cache = NoteCache.open(cache_dir) if cache_dir is not None else None
