@@ -197,6 +197,31 @@ def test_create_jobs_bad_input(flow, run_cli):
     assert line.startswith("skipped: kb/notes/a\\x00b\\nc.md prose/body-check: ")
 
 
+def test_create_jobs_packs_only_notes_under_the_note_roots(flow, run_cli):
+    """A gate, a type spec, kb/README.md or the targets file itself was packed and reviewed
+    as a note, and a fix of it would have rewritten a gate."""
+    flow.write("kb/types/definition.md", "---\ntitle: Definition\n---\nA type.\n")
+    flow.write("in.json", "{}")
+    others = [
+        "kb/instructions/review-gates/prose/body-check.md",
+        "kb/types/definition.md",
+        "kb/README.md",
+        "in.json",
+    ]
+    flow.write("kb/README.md", "# The KB\n")
+    targets = [
+        {"note_path": p, "gate_id": "prose/body-check"} for p in [*others, "kb/notes/alpha.md"]
+    ]
+    data = json.dumps({"model_partition": "fake", "targets": targets})
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=data)
+    assert res.exit_code == 0, res.stderr
+    out = res.json()
+    assert [p["note_path"] for j in out["jobs"] for p in j["pairs"]] == ["kb/notes/alpha.md"]
+    assert [(s["note_path"], s["why"]) for s in out["skipped"]] == [
+        (p, f"{p}: not a note (a .md file under kb/notes)") for p in others
+    ]
+
+
 def test_prompt_holds_only_its_own_sentinels_and_the_texts(flow, run_cli):
     job = create(
         run_cli,

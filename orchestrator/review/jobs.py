@@ -160,6 +160,11 @@ class _Loader:
             rel = given
             try:
                 rel = self.kb.check_rel(given)  # resolves symlinks: once per note
+                if not rel.endswith(".md") or not self.kb.in_note_roots(rel):
+                    # A type spec, a gate or the targets file itself, reviewed as a note.
+                    roots = ", ".join(self.kb.note_roots)
+                    self.notes[given] = f"{rel}: not a note (a .md file under {roots})"
+                    return self.notes[given]
                 if rel in self.pending:
                     data = self.pending[rel].encode("utf-8")
                 else:
