@@ -722,3 +722,34 @@ def test_a_first_select_reads_no_history_and_makes_no_state_db(flow, run_cli):
     res = run_cli("select", "--all-gates", "--model", "fake", "--json")
     assert res.exit_code == 0, res.stderr
     assert res.json()["targets"] and not (flow.state / "state.db").exists()
+
+
+def test_a_json_column_edited_by_hand_is_shown_as_it_stands(flow, run_cli):
+    """`job N`, the report and the job's MANIFEST ended in "internal error" on a
+    failure_reasons, telemetry_json or reasons that was not JSON, or a cost that was text."""
+    jobs = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
+    job_id = jobs["jobs"][0]["review_job_id"]
+    with Store.open(flow.state) as s:
+        s.conn.execute(
+            "UPDATE review_jobs SET status = 'failed', failure_reasons = '{bad', "
+            "telemetry_json = '[oops' WHERE id = ?",
+            (job_id,),
+        )
+        s.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, reasons, cost_usd) "
+            "VALUES (?, 1, 'failed', '\"one reason\"', 'abc')",
+            (job_id,),
+        )
+    res = run_cli("job", str(job_id))
+    assert res.exit_code == 0, res.stderr
+    assert "  reason: (not JSON) {bad\n" in res.stdout
+    assert "  attempt 1: failed exit - turns - tokens -/- abc\n    one reason\n" in res.stdout
+    data = run_cli("job", str(job_id), "--json").json()
+    assert data["telemetry"] == "(not JSON) [oops" and data["attempts"][0]["reasons"] == [
+        "one reason"
+    ]
+    res = run_cli("report", "--json")
+    assert res.exit_code == 0, res.stderr
+    failed = res.json()["needs_you"]["failed_jobs"]
+    assert [(f["id"], f["reasons"]) for f in failed] == [(job_id, ["(not JSON) {bad"])]
+    assert run_cli("status").exit_code == 0

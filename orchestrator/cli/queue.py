@@ -386,18 +386,25 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
+
+    def shown(v: object) -> str:
+        return "-" if v is None else str(v)
+
     click.echo(
-        f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, reviewer {data['reviewer']})"
+        f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
+        f"reviewer {shown(data['reviewer'])})"
     )
     for r in data["failure_reasons"]:
         click.echo(f"  reason: {r}")
     for p in data["pairs"]:
         click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
     for a in data["attempts"]:
-        cost = f"${a['cost_usd']:.4f}" if a["cost_usd"] is not None else "-"
+        cost = a["cost_usd"]
+        cost = f"${cost:.4f}" if isinstance(cost, int | float) else shown(cost)
         click.echo(
-            f"  attempt {a['attempt']}: {a['outcome']} exit {a['exit_code']} turns {a['num_turns']} "
-            f"tokens {a['input_tokens']}/{a['output_tokens']} {cost}"
+            f"  attempt {a['attempt']}: {a['outcome']} exit {shown(a['exit_code'])} "
+            f"turns {shown(a['num_turns'])} "
+            f"tokens {shown(a['input_tokens'])}/{shown(a['output_tokens'])} {cost}"
         )
         for r in a["reasons"]:
             click.echo(f"    {r}")

@@ -15,7 +15,7 @@ from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, reasons_column, utcnow
 
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.
 # Launch failures, lost leases and interrupted runs are not the job's fault.
@@ -120,8 +120,8 @@ def open_attempt(
         attempt_dir = folder / f"attempt-{attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         retry = ""
-        if previous is not None and json.loads(previous["reasons"]):
-            retry = render_retry(previous["attempt"], json.loads(previous["reasons"]))
+        if previous is not None and reasons_column(previous["reasons"]):
+            retry = render_retry(previous["attempt"], reasons_column(previous["reasons"]))
         note_text = None
         if job["kind"] == "fix":
             # A fixer's output is the whole new note, not a bundle.

@@ -5,7 +5,6 @@ every cut list carries its full count, so a large night stays a small page."""
 from __future__ import annotations
 
 import difflib
-import json
 import shlex
 import statistics
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.report.period import Period
 from orchestrator.state.status import paused_reviewers, unwritten_fixes
-from orchestrator.state.store import Store, parse_timestamp, timestamp
+from orchestrator.state.store import Store, parse_timestamp, reasons_column, timestamp
 
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
@@ -151,7 +150,7 @@ def _needs_you(
         args,
     )
     for f in failed:
-        f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
+        f["reasons"] = reasons_column(f.pop("failure_reasons"))[:3]
     budgets = _budgets(store, scope, args)
     paused = [
         {"reviewer": name, "paused_until": pause.until, "paused_reason": pause.reason}
@@ -167,7 +166,7 @@ def _needs_you(
             "AND a.reasons IS NOT NULL AND a.reasons != '[]' ORDER BY a.id DESC LIMIT 1",
             (p["reviewer"],),
         ).fetchone()
-        reasons = json.loads(last[0]) if last else []
+        reasons = reasons_column(last[0]) if last else []
         p["why"] = "its agent failed to start several times in a row" + (
             f"; last: {reasons[0]}" if reasons else ""
         )
@@ -211,7 +210,7 @@ def _escalated_note(
     attempts = []
     for f in reversed(fixes):
         given, fixed = f.pop("given"), f.pop("fixed")
-        f["reasons"] = json.loads(f.pop("failure_reasons") or "[]")[:3]
+        f["reasons"] = reasons_column(f.pop("failure_reasons"))[:3]
         f["diff"] = diff(given, fixed, note) if fixed is not None else None
         attempts.append(f)
     ids = " ".join(str(e["id"]) for e in escs)
@@ -300,7 +299,7 @@ def _kb_changes(
         args,
     )
     for h in human:
-        h["reason"] = (json.loads(h.pop("failure_reasons") or "[]") or ["the note changed"])[0]
+        h["reason"] = (reasons_column(h.pop("failure_reasons")) or ["the note changed"])[0]
     return {
         "fixes": applied,
         "fix_results": counts,

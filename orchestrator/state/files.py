@@ -24,7 +24,7 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write, name_head
 from orchestrator.kb.gates import TYPE_LENS, parse_gate
 from orchestrator.kb.notes import REGIONS
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, json_column, reasons_column, utcnow
 
 # A job id → its prompt.md text (None: the job has no job-level prompt). Prompts are
 # rendered a layer above (orchestrator.review.jobs), which passes this in.
@@ -107,10 +107,10 @@ def _manifest(store: Store, job_id: int, pairs: list[sqlite3.Row]) -> dict:
         "bundle_output_path": "bundle-output.md",
         "created_at": job["created_at"],
         "finished_at": job["finished_at"],
-        "failure_reasons": json.loads(job["failure_reasons"] or "[]"),
+        "failure_reasons": reasons_column(job["failure_reasons"]),
         "provenance": {k: job[k] for k in ("runner", "model", "effort")}
-        | {"telemetry": json.loads(job["telemetry_json"]) if job["telemetry_json"] else None},
-        "attempts": [{**dict(a), "reasons": json.loads(a["reasons"] or "[]")} for a in attempts],
+        | {"telemetry": json_column(job["telemetry_json"])},
+        "attempts": [{**dict(a), "reasons": reasons_column(a["reasons"])} for a in attempts],
         "pairs": [
             {
                 "note_path": p["note_path"],

@@ -3,13 +3,12 @@ queries over state.db for people and for the sweep's progress and summary."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, json_column, reasons_column, utcnow
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
 
@@ -114,8 +113,8 @@ def job(store: Store, job_id: int) -> dict:
     if row is None:
         raise NotFound(f"no review job {job_id}")
     out = dict(row)
-    out["failure_reasons"] = json.loads(out["failure_reasons"] or "[]")
-    out["telemetry"] = json.loads(out.pop("telemetry_json") or "null")
+    out["failure_reasons"] = reasons_column(out["failure_reasons"])
+    out["telemetry"] = json_column(out.pop("telemetry_json"))
     out["pairs"] = [
         dict(r)
         for r in store.conn.execute(
@@ -128,7 +127,7 @@ def job(store: Store, job_id: int) -> dict:
         "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
     ):
         d = dict(a)
-        d["reasons"] = json.loads(d["reasons"] or "[]")
+        d["reasons"] = reasons_column(d["reasons"])
         d.pop("telemetry_json", None)
         out["attempts"].append(d)
     return out
@@ -219,7 +218,7 @@ def summary(store: Store, since_job_id: int) -> dict:
     for reviewer, st, n in rows:
         by_reviewer.setdefault(reviewer, dict.fromkeys(STATUSES, 0))[st] = n
     failed = [
-        {"job_id": r[0], "reasons": json.loads(r[1] or "[]")[:3]}
+        {"job_id": r[0], "reasons": reasons_column(r[1])[:3]}
         for r in store.conn.execute(
             "SELECT id, failure_reasons FROM review_jobs WHERE id >= ? AND status = 'failed' ORDER BY id",
             (since_job_id,),

@@ -7,6 +7,7 @@ killed mid-way leaves nothing partial.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +35,25 @@ def timestamp(at: datetime) -> str:
 def parse_timestamp(text: str) -> datetime:
     """The time a :func:`timestamp` (or any ISO 8601 text) names."""
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def json_column(text: str | None) -> object:
+    """A JSON column as it was written. One edited by hand into something else comes back
+    as its text, marked, rather than ending the command, report or control tick that reads
+    it."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return f"(not JSON) {text}"
+
+
+def reasons_column(text: str | None) -> list:
+    """A list of reasons (``failure_reasons``, ``attempts.reasons``), read as
+    :func:`json_column` reads, and always a list."""
+    value = json_column(text or "[]")
+    return value if isinstance(value, list) else [value]
 
 
 def utcnow() -> str:
