@@ -438,6 +438,7 @@ def test_a_gate_that_fails_most_notes_is_called_into_question(kb, run_cli):
 
 
 def test_a_page_that_cannot_be_written_is_not_remembered_as_shown(kb, run_cli):
+    Store.open(kb.state).close()
     blocker = kb.root / "not-a-folder"
     blocker.write_text("a file where the page's folder should be\n")
     res = run_cli("report", "--since", "2000-01-01", "--html", str(blocker / "r.html"))
