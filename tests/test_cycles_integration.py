@@ -560,3 +560,32 @@ def test_a_job_keeps_the_options_it_was_enqueued_with_when_a_later_run_shares_it
     with db(cyc) as conn:
         fixes = conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'").fetchall()
     assert [f[0] for f in fixes] == ["applied"]
+
+
+def test_a_fail_about_a_text_a_person_has_since_edited_makes_no_fix(kb):
+    """A person fixed the note while its review waited in the queue. The review FAILed
+    the old text, and a fix job was made from those findings with the person's text: the
+    fixer changed nothing, which counted as rejections, and the third escalated the
+    person's own correction. That FAIL is not current: the note is stale instead."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"), profile("nofix"))
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--fixer", "nofix")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (job,) = conn.execute("SELECT id FROM review_jobs").fetchone()
+    note = kb.root / "kb/notes/alpha.md"
+    note.write_text(note.read_text().replace("Alpha body.", "Alpha body, FIXED by a person."))
+    res = rq(kb, "run-job", str(job), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        decisions = conn.execute("SELECT decision FROM review_pairs WHERE job_id = ?", (job,))
+        assert [r[0] for r in decisions] == ["FAIL"]  # the snapshot it was given
+        assert (
+            conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0] == 0
+        )
+    res = rq(kb, "select", "--all-gates", "--model", "fake", "--json")
+    targets = json.loads(res.stdout)["targets"]
+    assert [(t["note_path"], t["reason"]) for t in targets] == [
+        ("kb/notes/alpha.md", "note-changed")
+    ]

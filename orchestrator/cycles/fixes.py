@@ -61,13 +61,24 @@ def current_failures(
 ) -> list[FixTarget]:
     """Every current FAIL finding for the note, leaving out pairs waiting for a person
     and rejected pairs whose note and gate are unchanged since (as a sweep does);
-    ``include`` names pairs to keep anyway, such as the one a redo is about."""
-    rows = store.conn.execute(
-        "SELECT a.gate_id, p.gate_path, p.lens, p.rationale FROM acceptance a "
-        "JOIN review_pairs p ON p.id = a.review_pair_id WHERE a.model_partition = ? AND a.note_path = ? "
-        "AND a.decision = 'FAIL' ORDER BY a.gate_id",
-        (partition, note_path),
-    ).fetchall()
+    ``include`` names pairs to keep anyway, such as the one a redo is about.
+
+    A FAIL about another text than the note's now is not current: a person edited the
+    note while its review waited. Handed to a fixer with today's text, its findings
+    came back "changed nothing" and counted as rejections of the person's own fix; the
+    note is stale instead, and the next sweep reviews the person's text."""
+    rows = [
+        r
+        for r in store.conn.execute(
+            "SELECT a.gate_id, p.gate_path, p.lens, p.rationale, s.sha256 FROM acceptance a "
+            "JOIN review_pairs p ON p.id = a.review_pair_id "
+            "JOIN snapshots s ON s.id = a.note_snapshot_id "
+            "WHERE a.model_partition = ? AND a.note_path = ? AND a.decision = 'FAIL' "
+            "ORDER BY a.gate_id",
+            (partition, note_path),
+        )
+        if r[4] == note_sha256 or r[0] in (include or ())
+    ]
     current = {}
     for r in rows:
         gate = catalog.get(r[0])
