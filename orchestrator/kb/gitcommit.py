@@ -1,8 +1,9 @@
 """An applied fix as its own git commit (issue 13): one note, never anything else.
 
 :func:`commit_fix` runs right after the fixed note replaced the old one. It commits only
-when the commit would hold exactly reviewq's edit: the note is tracked, nothing of it is
-staged, and the text the fixer was given is what HEAD holds. Otherwise the fix stays
+when the commit would hold exactly reviewq's edit and stay on a branch: the note is
+tracked, nothing of it is staged, the text the fixer was given is what HEAD holds (as git
+stores it), and HEAD is a branch. Otherwise the fix stays
 applied and uncommitted, and the caller records why. ``git commit --only -- PATH`` keeps
 a person's staged changes to other files staged and their unstaged changes untouched.
 Undoing a fix is ``git revert <sha>``.
@@ -10,15 +11,27 @@ Undoing a fix is ``git revert <sha>``.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
+
 GIT_TIMEOUT_S = 30.0
 # Unattended: no editor, no pager, no credential or passphrase prompt may wait for a person.
-_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_EDITOR": "true", "GIT_PAGER": "cat", "LC_ALL": "C"}
+# Literal pathspecs: a note named "v?.md" is that file, not every "v1.md" beside it.
+_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_EDITOR": "true",
+    "GIT_PAGER": "cat",
+    "LC_ALL": "C",
+    "GIT_LITERAL_PATHSPECS": "1",
+}
+# Another git in the same repository (a person's editor running `git status`) holds
+# index.lock for a moment: the commit is tried again for a few seconds before it is given up.
+_LOCK_TRIES = 6
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "reviewq",
     "GIT_AUTHOR_EMAIL": "reviewq@localhost",
@@ -36,10 +49,6 @@ class CommitOutcome:
         return {"commit": self.sha, "why_not": self.why_not}
 
 
-def blob_sha(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def _git(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["git", "-c", "commit.gpgsign=false", *args],
@@ -50,6 +59,35 @@ def _git(root: Path, *args: str, env: dict | None = None) -> subprocess.Complete
         timeout=GIT_TIMEOUT_S,
         check=False,
     )
+
+
+def _stored_sha(root: Path, rel: str, data: bytes) -> str:
+    """The blob git would store for ``data`` at ``rel``: after the repository's line-ending
+    conversion and clean filters. Raw bytes hashed as they are never matched HEAD in a
+    repository with ``eol=crlf`` or ``core.autocrlf``, so no fix there was committed."""
+    p = subprocess.run(
+        ["git", "hash-object", f"--path=./{rel}", "--stdin"],
+        cwd=root,
+        env={**os.environ, **_ENV},
+        input=data,
+        capture_output=True,
+        timeout=GIT_TIMEOUT_S,
+        check=True,
+    )
+    return p.stdout.decode().strip()
+
+
+def _earlier_commit(root: Path, msg: str) -> str | None:
+    """The commit of this very fix, if a run that died before recording it made one:
+    found by its job trailer anywhere in HEAD's history, not only at HEAD (a person may
+    have committed since)."""
+    trailer = next((line for line in msg.splitlines() if line.startswith("Reviewq-Job: ")), None)
+    if trailer is None:
+        return None
+    found = _git(root, "log", "-1", "--format=%H", f"--grep=^{re.escape(trailer)}$", "HEAD")
+    if found.returncode != 0:
+        return None
+    return found.stdout.strip() or None
 
 
 def _first_line(p: subprocess.CompletedProcess) -> str:
@@ -81,6 +119,14 @@ def commit_fix(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> C
     ``before``. Never raises for git's sake: a failure is a reason, and the fix stands."""
     try:
         return _commit(root, rel, before, after, msg)
+    except subprocess.TimeoutExpired as exc:
+        # A slow post-commit hook (--no-verify does not skip it) outlives the wait after
+        # the commit was made: look for it before calling it failed.
+        try:
+            sha = _earlier_commit(root, msg)
+        except (OSError, subprocess.SubprocessError):
+            sha = None
+        return CommitOutcome(sha=sha) if sha else CommitOutcome(why_not=f"git could not run: {exc}")
     except (OSError, subprocess.SubprocessError) as exc:
         return CommitOutcome(why_not=f"git could not run: {exc}")
 
@@ -93,16 +139,23 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
     head = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}")
     if head.returncode != 0:
         return CommitOutcome(why_not="the note is not committed in git yet (new or untracked)")
-    if head.stdout.strip() == blob_sha(after):
-        last = _git(root, "log", "-1", "--format=%B", "HEAD")
-        if last.returncode == 0 and last.stdout.strip() == msg.strip():
-            # This very commit, made by a run that died before it was recorded.
-            return CommitOutcome(sha=_git(root, "rev-parse", "HEAD").stdout.strip())
+    head_blob = head.stdout.strip()
+    if _git(root, "symbolic-ref", "-q", "HEAD").returncode != 0:
+        # A tag or commit checked out, a bisect, a rebase: the next checkout of a branch
+        # would leave the commit behind and put the old note back without a word.
+        return CommitOutcome(
+            why_not="HEAD is detached (no branch is checked out); a commit there would be "
+            "left behind at the next checkout"
+        )
+    if head_blob == _stored_sha(root, rel, after):
+        earlier = _earlier_commit(root, msg)
+        if earlier:  # this very commit, made by a run that died before it was recorded
+            return CommitOutcome(sha=earlier)
     staged = _git(root, "ls-files", "--stage", "--", rel)
     index_blob = staged.stdout.split()[1] if staged.stdout.split()[1:] else ""
-    if index_blob != head.stdout.strip():
+    if index_blob != head_blob:
         return CommitOutcome(why_not="the note has staged changes; a commit would take them")
-    if head.stdout.strip() != blob_sha(before):
+    if head_blob != _stored_sha(root, rel, before):
         return CommitOutcome(
             why_not="the note had uncommitted edits; a commit would take them as reviewq's"
         )
@@ -111,12 +164,17 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
         env = _IDENTITY  # a machine with no git identity still gets a commit, as reviewq
     # --no-verify: hooks are a person's tools for their own commits; one that waits for
     # input or fails on style would stall the control process or lose the trail.
-    done = _git(root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
+    done = Retrying(
+        stop=stop_after_attempt(_LOCK_TRIES),
+        wait=wait_exponential(multiplier=0.1, max=2),
+        retry=retry_if_result(lambda p: p.returncode != 0 and "index.lock" in p.stderr),
+        retry_error_callback=lambda state: state.outcome.result(),
+    )(_git, root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
     if done.returncode != 0:
         return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}")
     sha = _git(root, "rev-parse", "HEAD").stdout.strip()
     now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
-    if now != blob_sha(after):
+    if now != _stored_sha(root, rel, after):
         # Someone wrote the note between the fix and the commit: the commit holds their text.
         return CommitOutcome(
             sha=sha, why_not="the note changed while committing; the commit holds that text"

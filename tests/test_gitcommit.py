@@ -1,0 +1,147 @@
+"""A fix's git commit in repositories as people keep them: line endings converted, a
+detached HEAD, a note whose name is a glob, another git holding the index for a moment,
+and a run that died after committing. Real git, called as the fix path calls it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+
+import pytest
+
+from orchestrator.kb import gitcommit
+from orchestrator.kb.gitcommit import commit_fix, message
+
+NOTE = "kb/notes/alpha.md"
+
+
+def git(root, *args: str) -> str:
+    out = subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True
+    )
+    return out.stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "kbroot"
+    (root / "kb" / "notes").mkdir(parents=True)
+    (root / NOTE).write_bytes(b"# Alpha\n\nAlpha body.\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.name", "A Person")
+    git(root, "config", "user.email", "person@example.org")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "the KB")
+    return root
+
+
+def fix(root, rel: str = NOTE, job_id: int = 7):
+    """Write the fixed note as the fix path does, then commit it."""
+    before = (root / rel).read_bytes()
+    after = before.replace(b"Alpha body.", b"Alpha body, FIXED.")
+    (root / rel).write_bytes(after)
+    msg = message(rel, ["prose/body-check"], job_id, "fake", "fake")
+    return commit_fix(root, rel, before, after, msg)
+
+
+def commits(root) -> list[str]:
+    return git(root, "log", "--format=%s").splitlines()
+
+
+def test_a_repository_that_converts_line_endings_gets_its_commit(repo):
+    """The raw bytes were hashed as they are: with eol=crlf the note never matched HEAD,
+    and every fix was left uncommitted as 'the note had uncommitted edits'."""
+    (repo / ".gitattributes").write_text("*.md text eol=crlf\n")
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-q", "-m", "crlf")
+    (repo / NOTE).unlink()
+    git(repo, "checkout", "--", NOTE)
+    assert b"\r\n" in (repo / NOTE).read_bytes() and git(repo, "status", "--porcelain") == ""
+    out = fix(repo)
+    assert out.why_not is None and out.sha
+    assert commits(repo)[0].startswith(f"reviewq fix: {NOTE}")
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_a_detached_head_gets_no_commit(repo):
+    """A commit on a detached HEAD was left behind at the next checkout of the branch,
+    which put the old note back without a word while state.db said committed."""
+    git(repo, "checkout", "-q", "--detach")
+    out = fix(repo)
+    assert out.sha is None and out.why_not.startswith("HEAD is detached")
+    assert commits(repo) == ["the KB"]
+
+
+def test_a_note_named_like_a_glob_is_that_file_only(repo):
+    """'v?.md' as a pathspec also named 'v1.md', whose staged edit refused the fix."""
+    rel = "kb/notes/v?.md"
+    (repo / rel).write_bytes(b"# V\n\nAlpha body.\n")
+    (repo / "kb/notes/v1.md").write_text("# V1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "two notes")
+    (repo / "kb/notes/v1.md").write_text("# V1\n\nA person's staged edit.\n")
+    git(repo, "add", "kb/notes/v1.md")
+    out = fix(repo, rel)
+    assert out.why_not is None and out.sha
+    assert git(repo, "show", "--name-only", "--format=", out.sha).split() == [rel]
+    assert git(repo, "diff", "--cached", "--name-only").split() == ["kb/notes/v1.md"]
+
+
+def test_an_index_held_for_a_moment_by_another_git_is_waited_out(repo, monkeypatch):
+    """One failed try was recorded for good: the fix stayed uncommitted, and every later
+    fix of the note was refused for the 'uncommitted edits' the first one left."""
+    lock = repo / ".git" / "index.lock"
+    real = gitcommit._git
+    held = []
+
+    def another_git_holds_the_index_once(root, *args, **kw):
+        if args[0] == "commit" and not held:
+            held.append(True)
+            lock.write_text("")  # a person's editor runs `git status` just then
+            try:
+                return real(root, *args, **kw)
+            finally:
+                lock.unlink()
+        return real(root, *args, **kw)
+
+    monkeypatch.setattr(gitcommit, "_git", another_git_holds_the_index_once)
+    out = fix(repo)
+    assert held and out.why_not is None and out.sha
+    assert commits(repo)[0].startswith("reviewq fix:")
+
+
+def test_a_commit_made_before_a_crash_is_found_after_a_persons_commit(repo):
+    """A run that died after committing and before recording it: the next run looked
+    for its commit at HEAD only, and after a person's commit called the note edited."""
+    before = (repo / NOTE).read_bytes()
+    first = fix(repo, job_id=42)
+    assert first.sha
+    (repo / "elsewhere.txt").write_text("a person's work\n")
+    git(repo, "add", "elsewhere.txt")
+    git(repo, "commit", "-q", "-m", "a person's commit")
+    after = (repo / NOTE).read_bytes()
+    msg = message(NOTE, ["prose/body-check"], 42, "fake", "fake")
+    again = commit_fix(repo, NOTE, before, after, msg)
+    assert again.sha == first.sha and again.why_not is None
+    assert len(commits(repo)) == 3
+
+
+def test_a_post_commit_hook_that_outlives_the_wait_is_no_failure(repo, monkeypatch):
+    """The commit was made, but the slow hook's timeout was recorded as 'git could not
+    run', beside a commit that exists."""
+    monkeypatch.setattr(gitcommit, "GIT_TIMEOUT_S", 2.0)
+    hook = repo / ".git" / "hooks" / "post-commit"
+    pid = repo / ".git" / "hook.pid"
+    hook.write_text(f"#!/bin/sh\necho $$ > {pid}\nexec sleep 30\n")
+    hook.chmod(0o755)
+    try:
+        out = fix(repo)
+    finally:
+        # git was killed at the timeout; its hook was not, and is this test's to end.
+        if pid.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+    assert out.why_not is None and out.sha
+    assert git(repo, "rev-parse", "HEAD").strip() == out.sha
