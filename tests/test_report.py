@@ -473,3 +473,66 @@ def test_a_job_queued_before_the_last_report_and_run_after_it_is_in_the_next(kb,
     assert data["reviewed"]["decisions"] == {"PASS": 1, "FAIL": 1}
     # Each attempt counts in the report of its own window: the launch failure was told.
     assert data["reviewed"]["attempts"] == {"finalized": 2}
+
+
+def _minutes_ago(minutes: int) -> str:
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.state.store import timestamp
+
+    return timestamp(datetime.now(UTC) - timedelta(minutes=minutes))
+
+
+def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
+    """With no worker running, a night's jobs stayed queued, none had an attempt in the
+    report's window, and the report said 'needs you: nothing'."""
+    kb.gate("frontmatter/has-description", ["description"])
+    for name in ("a", "b"):
+        kb.note(name)
+    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
+    # Queued only a moment ago: that is no backlog yet.
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(run_cli("report", "--json").stdout)["needs_you"]["stalled"] == []
+    # Twenty minutes on, nothing ran; the reaper gave up on one attempt no worker took.
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        conn.execute("UPDATE review_jobs SET created_at = ?", (_minutes_ago(20),))
+        job_id = conn.execute("SELECT min(id) FROM review_jobs").fetchone()[0]
+        conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, reasons) "
+            "VALUES (?, 1, 'lost', ?, ?, '[\"never picked up by a worker\"]')",
+            (job_id, _minutes_ago(19), _minutes_ago(1)),
+        )
+    res = run_cli("report", "--since", "10m", "--json")
+    needs = json.loads(res.stdout)["needs_you"]
+    assert [
+        (s["reviewer"], s["queued"], s["running"], s["never_picked_up"]) for s in needs["stalled"]
+    ] == [("fake", 2, 0, 1)]
+    assert needs["count"] == 1
+    res = run_cli("report", "--since", "10m")
+    assert "needs you: 1 reviewer(s) whose jobs do not move" in res.stdout
+    assert "  reviewer fake: 2 queued and 0 running job(s), nothing has run since " in res.stdout
+    assert "1 attempt(s) were never picked up by a worker: is a worker running?" in res.stdout
+    page = (kb.state / "report.html").read_text()
+    assert 'href="#stalled">1 reviewer(s) whose jobs do not move' in page
+
+
+def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):
+    """A run's spend was every attempt of its sweep's name since it began: the next run of
+    'nightly' was charged to the first too, which then read 'budget reached'."""
+    kb.gate("frontmatter/has-description", ["description"])
+    for name in ("a", "b"):
+        kb.note(name)
+    kb.write("reviewq.toml", profile("fake", FAKE_TURNS="1") + FAST_QUEUE)  # $0.01 an attempt
+    for name in ("a", "b"):
+        res = reviewq_process(
+            "--root", str(kb.root), "sweep", "--reviewer", "fake", "--name", "nightly",
+            "--budget-usd", "0.015", "--note", f"kb/notes/{name}.md", "--all-gates",
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    data = json.loads(run_cli("report", "--since", "1h", "--json").stdout)
+    assert data["needs_you"]["budgets_reached"] == [] and data["reviewed"]["cost_usd"] == 0.02
+    from orchestrator.state.status import over_budget_runs
+
+    with Store.open(kb.state) as store:
+        assert over_budget_runs(store) == set()

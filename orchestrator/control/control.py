@@ -252,7 +252,7 @@ class Control:
         run = self.store.conn.execute("SELECT * FROM sweep_runs WHERE id = ?", (run_id,)).fetchone()
         if run is None or run["budget_usd"] is None:
             return None
-        spent = spent_usd(self.store, run["name"], run["started_at"])
+        spent = spent_usd(self.store, run_id)
         if spent < run["budget_usd"]:
             return False
         if run_id not in self._budget_logged:

@@ -12,13 +12,20 @@ from datetime import timedelta
 from pathlib import Path
 
 from orchestrator.report.period import Period
-from orchestrator.state.status import paused_reviewers, unwritten_fixes
+from orchestrator.state.status import (
+    over_budget_runs,
+    paused_reviewers,
+    spent_usd,
+    unwritten_fixes,
+)
 from orchestrator.state.store import Store, parse_timestamp, reasons_column, timestamp
 
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
 REPORT_LINES = 60  # per gate-review report
 FAILED_ATTEMPT = "a.outcome NOT IN ('finalized', 'superseded', 'dispatched', 'running')"
+# Open jobs none of whose attempts launched, beat or ended for this long have stalled.
+STALLED_AFTER = timedelta(minutes=15)
 # A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
 NIGHT = "date(substr({col}, 1, 19), '-12 hours')"
 
@@ -170,9 +177,15 @@ def _needs_you(
         p["why"] = "its agent failed to start several times in a row" + (
             f"; last: {reasons[0]}" if reasons else ""
         )
+    stalled = _stalled(store, now, {p["reviewer"] for p in paused})
     return {
         # Everything below that waits on a person, for the page's tile.
-        "count": len(open_escs) + len(failed) + len(paused) + len(budgets) + len(unwritten),
+        "count": len(open_escs)
+        + len(failed)
+        + len(paused)
+        + len(budgets)
+        + len(unwritten)
+        + len(stalled),
         "escalations": groups,
         "escalations_open": len(open_escs),
         "escalated_notes": len(notes),
@@ -181,7 +194,48 @@ def _needs_you(
         "paused_reviewers": paused,
         "budgets_reached": budgets,
         "fixes_unwritten": unwritten,
+        "stalled": stalled,
     }
+
+
+def _stalled(store: Store, now: str, paused: set[str]) -> list[dict]:
+    """Reviewers whose open jobs have not moved for :data:`STALLED_AFTER`: no attempt of
+    theirs launched, sent a heartbeat or ended since. Read at ``now``, whatever the
+    period: with no worker running, the jobs were queued before the window and nothing
+    happened to them in it, so the report said "needs you: nothing" over a night's backlog.
+    Jobs that wait on a pause or a spent budget are shown there instead."""
+    cutoff = timestamp(parse_timestamp(now) - STALLED_AFTER)
+    held = over_budget_runs(store)
+    out = []
+    for r in _rows(
+        store,
+        "SELECT reviewer, SUM(status = 'queued') AS queued, SUM(status = 'running') AS running, "
+        "MIN(created_at) AS oldest, GROUP_CONCAT(DISTINCT sweep_run_id) AS runs FROM review_jobs "
+        "WHERE status IN ('queued', 'running') AND reviewer IS NOT NULL "
+        "AND (not_before IS NULL OR not_before <= ?) GROUP BY reviewer ORDER BY reviewer",
+        (now,),
+    ):
+        runs = {int(x) for x in (r.pop("runs") or "").split(",") if x}
+        if r["reviewer"] in paused or (runs and runs <= held and not r["running"]):
+            continue
+        moved = store.conn.execute(
+            "SELECT MAX(MAX(a.launched_at, COALESCE(a.heartbeat_at, ''), COALESCE(a.ended_at, ''))) "
+            "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "WHERE j.reviewer = ? AND a.launched_at IS NOT NULL",
+            (r["reviewer"],),
+        ).fetchone()[0]
+        since = max(moved or "", r["oldest"])
+        if since >= cutoff:
+            continue  # moving, or queued only a moment ago
+        r["last_moved"] = moved
+        r["never_picked_up"] = store.conn.execute(
+            "SELECT count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "WHERE j.reviewer = ? AND a.outcome = 'lost' AND a.ended_at >= ? "
+            "AND a.reasons LIKE '%never picked up by a worker%'",
+            (r["reviewer"], since),
+        ).fetchone()[0]
+        out.append(r)
+    return out
 
 
 def _escalated_note(
@@ -246,17 +300,14 @@ def _budgets(store: Store, scope: str, args: tuple) -> list[dict]:
         f"AND r.id IN (SELECT j.sweep_run_id FROM review_jobs j WHERE {scope}) ORDER BY r.id",
         args,
     ):
-        spent = store.conn.execute(
-            "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            "WHERE j.sweep = ? AND a.started_at >= ?",
-            (run["name"], run["started_at"]),
-        ).fetchone()[0]
+        spent = spent_usd(store, run["id"])
         if spent >= run["budget_usd"]:
             waiting = store.conn.execute(
                 "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'",
                 (run["id"],),
             ).fetchone()[0]
-            out.append({**run, "spent_usd": round(spent, 6), "jobs_waiting": waiting})
+            if waiting:  # a run that ended at its budget with nothing left is no one's task
+                out.append({**run, "spent_usd": round(spent, 6), "jobs_waiting": waiting})
     return out
 
 

@@ -69,6 +69,22 @@ def html(data: dict) -> str:
     return _ENV.get_template("report.html.j2").render(d=data, charts=build_charts(data))
 
 
+def stalled(st: dict) -> str:
+    """One reviewer's jobs that do not move, and the likeliest why, in one sentence."""
+    since = (st["last_moved"] or st["oldest"])[:16] + "Z"
+    moved = "nothing has run" if st["last_moved"] is None else "no attempt has moved"
+    why = (
+        f"; {st['never_picked_up']} attempt(s) were never picked up by a worker: is a "
+        "worker running?"
+        if st["never_picked_up"]
+        else "; is the control process running, with workers?"
+    )
+    return f"{st['queued']} queued and {st['running']} running job(s), {moved} since {since}{why}"
+
+
+_ENV.filters["stalled"] = stalled
+
+
 def text(data: dict, html_path: str | None) -> str:
     """What a person reads at a terminal before opening the page."""
     n, k, r = data["needs_you"], data["kb_changes"], data["reviewed"]
@@ -98,6 +114,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
     if n["fixes_unwritten"]:
         needs.append(f"{len(n['fixes_unwritten'])} fixed note(s) not written to the KB")
+    if n["stalled"]:
+        needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for g in n["escalations"][:5]:
         lines.append(
@@ -118,6 +136,8 @@ def text(data: dict, html_path: str | None) -> str:
         )
     for f in n["fixes_unwritten"][:3]:
         lines.append(f"  fix job {f['job_id']} not written to {f['note_path']}: {f['error']}")
+    for st in n["stalled"]:
+        lines.append(f"  reviewer {st['reviewer']}: {stalled(st)}")
     for gate in data["trends"]["suspect_gates"]:
         lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
     if html_path:

@@ -145,21 +145,23 @@ class Progress:
 
 def over_budget_runs(store: Store) -> set[int]:
     """Sweep runs whose recorded cost reached their ``budget_usd``."""
-    out = set()
-    for run in store.conn.execute(
-        "SELECT id, name, budget_usd, started_at FROM sweep_runs WHERE budget_usd IS NOT NULL"
-    ):
-        if spent_usd(store, run["name"], run["started_at"]) >= run["budget_usd"]:
-            out.add(run["id"])
-    return out
+    return {
+        run["id"]
+        for run in store.conn.execute(
+            "SELECT id, budget_usd FROM sweep_runs WHERE budget_usd IS NOT NULL"
+        )
+        if spent_usd(store, run["id"]) >= run["budget_usd"]
+    }
 
 
-def spent_usd(store: Store, sweep: str, since: str) -> float:
-    """The cost of every attempt started for a sweep's jobs since a run began."""
+def spent_usd(store: Store, run_id: int) -> float:
+    """The recorded cost of a sweep run's attempts: its jobs' and their follow-ups'. By
+    the sweep's name and start time, every later run of that name was charged to it too,
+    and held its queued jobs back at dispatch."""
     return store.conn.execute(
         "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-        "WHERE j.sweep = ? AND a.started_at >= ?",
-        (sweep, since),
+        "WHERE j.sweep_run_id = ?",
+        (run_id,),
     ).fetchone()[0]
 
 
