@@ -536,3 +536,27 @@ def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):
 
     with Store.open(kb.state) as store:
         assert over_budget_runs(store) == set()
+
+
+def test_attempts_no_agent_answered_are_not_the_reviewers_failures(kb, run_cli):
+    """Lost, launch-failure and reviewer-failure attempts were counted as the profile's
+    failed attempts: with the workers down, every reviewer showed a 100 % failure rate."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("a")
+    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    outcomes = ["lost", "launch-failure", "reviewer-failure", "invalid-output", "finalized"]
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        job_id = conn.execute("SELECT id FROM review_jobs").fetchone()[0]
+        for n, outcome in enumerate(outcomes, 1):
+            conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (job_id, n, outcome, _minutes_ago(30 - n), _minutes_ago(29 - n)),
+            )
+    data = json.loads(run_cli("report", "--since", "1h", "--json").stdout)
+    (row,) = data["reviewed"]["reviewers"]
+    assert (row["attempts"], row["failed"], row["not_run"]) == (5, 1, 3)
+    (trend,) = data["trends"]["attempt_failure_by_reviewer"]
+    assert (trend["attempts"], trend["failed"], trend["rate"]) == (2, 1, 0.5)

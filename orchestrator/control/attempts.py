@@ -15,11 +15,9 @@ from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
+from orchestrator.state.status import FAILED_OUTCOMES
 from orchestrator.state.store import Store, reasons_column, utcnow
 
-# Attempts that count toward a job's limit: the agent ran and produced nothing usable.
-# Launch failures, lost leases and interrupted runs are not the job's fault.
-FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned-out")
 FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
 
 

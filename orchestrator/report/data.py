@@ -13,6 +13,8 @@ from pathlib import Path
 
 from orchestrator.report.period import Period
 from orchestrator.state.status import (
+    FAILED_OUTCOMES,
+    NOT_RUN_OUTCOMES,
     over_budget_runs,
     paused_reviewers,
     spent_usd,
@@ -23,7 +25,11 @@ from orchestrator.state.store import Store, parse_timestamp, reasons_column, tim
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
 REPORT_LINES = 60  # per gate-review report
-FAILED_ATTEMPT = "a.outcome NOT IN ('finalized', 'superseded', 'dispatched', 'running')"
+# An attempt whose agent ran and failed (a charge on the profile's work), and one whose
+# agent never answered (no worker, no program, no model): counted as failed, a night with
+# the workers down showed every reviewer at 100 %.
+FAILED_ATTEMPT = "a.outcome IN (" + ", ".join(f"'{o}'" for o in FAILED_OUTCOMES) + ")"
+NOT_RUN_ATTEMPT = "a.outcome IN (" + ", ".join(f"'{o}'" for o in NOT_RUN_OUTCOMES) + ")"
 # Open jobs none of whose attempts launched, beat or ended for this long have stalled.
 STALLED_AFTER = timedelta(minutes=15)
 # A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
@@ -394,7 +400,8 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: 
         "SELECT COALESCE(j.reviewer, '-') AS reviewer, count(*) AS attempts, "
         "COALESCE(SUM(a.cost_usd), 0) AS cost_usd, COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
         "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, COALESCE(SUM(a.duration_s), 0) AS agent_s, "
-        f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed "
+        f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed, "
+        f"SUM(CASE WHEN {NOT_RUN_ATTEMPT} THEN 1 ELSE 0 END) AS not_run "
         f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {scope} "
         f"AND {_attempts_in(period)} GROUP BY 1 ORDER BY 1",
         args,
@@ -489,7 +496,8 @@ def _trends(store: Store, period: Period) -> dict:
         f"SELECT COALESCE(j.reviewer, '-') AS reviewer, count(*) AS attempts, "
         f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed FROM attempts a "
         "JOIN review_jobs j ON j.id = a.job_id WHERE a.started_at >= ? AND a.started_at < ? "
-        "AND a.outcome NOT IN ('dispatched', 'running') GROUP BY 1 ORDER BY 1",
+        f"AND a.outcome NOT IN ('dispatched', 'running') AND NOT {NOT_RUN_ATTEMPT} "
+        "GROUP BY 1 ORDER BY 1",
         (start, period.until),
     )
     for r in per_reviewer:

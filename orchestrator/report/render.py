@@ -56,7 +56,7 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             [(n["night"], n["cost_usd"]) for n in t["cost_by_night"]],
         ),
         "attempt_failures": charts.bars(
-            "Attempt failure rate per reviewer profile",
+            "Attempt failure rate per reviewer profile (agents that ran)",
             "Reviewer",
             "Failed attempts",
             [(x["reviewer"], x["rate"]) for x in t["attempt_failure_by_reviewer"]],

@@ -11,6 +11,12 @@ from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import Store, json_column, reasons_column, utcnow
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
+# Attempts that count toward a job's limit: the agent ran and produced nothing usable.
+# Launch failures, lost leases and interrupted runs are not the job's fault.
+FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned-out")
+# Attempts whose agent never answered: no program, no model, no worker. Infrastructure,
+# not a verdict on the reviewer's work.
+NOT_RUN_OUTCOMES = ("launch-failure", "reviewer-failure", "lost")
 
 
 class NotFound(ValueError):
