@@ -589,3 +589,25 @@ def test_a_fail_about_a_text_a_person_has_since_edited_makes_no_fix(kb):
     assert [(t["note_path"], t["reason"]) for t in targets] == [
         ("kb/notes/alpha.md", "note-changed")
     ]
+
+
+def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
+    """A job queued earlier by enqueue, which the sweep ran and which failed, was left out
+    of the sweep's summary and cost, and the sweep exited 0 over it."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("older")
+    kb.note("newer")
+    config(kb, profile("bad", FAKE_MODE="bad", FAKE_TURNS="1"), profile("fake"))
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "bad", "--note", "kb/notes/older.md")
+    assert res.returncode == 0, res.stderr
+    res = rq(
+        kb, "sweep", "--all-gates", "--reviewer", "fake", "--note", "kb/notes/newer.md", "--json"
+    )
+    assert res.returncode == 1, res.stdout
+    out = json.loads(res.stdout)
+    with db(kb) as conn:
+        (older,) = conn.execute("SELECT id FROM review_jobs WHERE reviewer = 'bad'").fetchone()
+    assert [f["job_id"] for f in out["failed"]] == [older]
+    assert out["jobs"]["bad"]["failed"] == 1
+    assert out["cost_usd"] == 0.03  # its three attempts
+    assert out["progress"]["total"] == 2

@@ -21,6 +21,7 @@ from orchestrator import logs
 from orchestrator.state.status import (
     Pause,
     Progress,
+    SweepJobs,
     over_budget_runs,
     paused_reviewers,
     progress,
@@ -194,7 +195,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     # The queue first: one that cannot be opened (a corrupt file) is said in one line
     # before anything is enqueued, not four restarts of each child later.
     make_app(ws.settings)
-    start_id = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM review_jobs").fetchone()[0]
+    jobs = SweepJobs.starting(store)
     enqueued = enqueue(ws, req)
     # Started after the selection, not beside it: on a small machine their start-up only
     # slowed the selection down (1,000 jobs on two cores: 0.2 s later in all).
@@ -204,7 +205,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     try:
         while True:
             paused = paused_reviewers(ws.store, utcnow())
-            p = progress(store, start_id, set(paused), over_budget_runs(store))
+            p = progress(store, jobs, set(paused), over_budget_runs(store))
             if on_progress is not None:
                 on_progress(p)
             if p.open == 0 or children.failed:
@@ -214,8 +215,10 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     finally:
         children.stop()
     paused = paused_reviewers(ws.store, utcnow())
-    final = progress(store, start_id, set(paused), over_budget_runs(store))
-    out = SweepOutcome(enqueued, start_id, summary(store, start_id), final, paused, children.failed)
+    final = progress(store, jobs, set(paused), over_budget_runs(store))
+    out = SweepOutcome(
+        enqueued, jobs.first_id, summary(store, jobs), final, paused, children.failed
+    )
     logs.get().info(
         "sweep.finished",
         sweep=req.name,

@@ -3,6 +3,7 @@ queries over state.db for people and for the sweep's progress and summary."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -171,17 +172,44 @@ def spent_usd(store: Store, run_id: int) -> float:
     ).fetchone()[0]
 
 
+@dataclass(frozen=True)
+class SweepJobs:
+    """The jobs a sweep answers for: those queued from ``first_id`` on, and the older ones
+    it found open and waited for. By id alone, a job queued earlier by ``enqueue`` that the
+    sweep ran and that failed was left out of its summary, and the sweep exited 0."""
+
+    first_id: int
+    earlier: tuple[int, ...] = ()
+
+    @classmethod
+    def starting(cls, store: Store) -> SweepJobs:
+        first = store.conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM review_jobs").fetchone()
+        earlier = store.conn.execute(
+            "SELECT id FROM review_jobs WHERE status IN ('queued', 'running') "
+            "AND reviewer IS NOT NULL ORDER BY id"
+        )
+        return cls(first[0], tuple(r[0] for r in earlier))
+
+    def where(self, column: str = "id") -> tuple[str, tuple]:
+        """A condition on a job id column, and its parameters."""
+        return (
+            f"({column} >= ? OR {column} IN (SELECT value FROM json_each(?)))",
+            (self.first_id, json.dumps(self.earlier)),
+        )
+
+
 def progress(
-    store: Store, since_job_id: int, paused: set[str], over_budget: set[int] = frozenset()
+    store: Store, jobs: SweepJobs, paused: set[str], over_budget: set[int] = frozenset()
 ) -> Progress:
-    """Jobs the sweep waits for: every job with a reviewer from ``since_job_id`` on, plus
-    any older one still open (queued earlier by ``enqueue`` or ``decide``). Queued jobs
-    of a paused reviewer or of a sweep run over its budget wait; they are not open."""
+    """Jobs the sweep waits for: its own, plus any other still open (queued meanwhile by
+    ``enqueue`` or ``decide``). Queued jobs of a paused reviewer or of a sweep run over
+    its budget wait; they are not open."""
+    ours, args = jobs.where()
     p = Progress(by_status=dict.fromkeys(STATUSES, 0))
     for status_, reviewer, run_id, n in store.conn.execute(
         "SELECT status, reviewer, sweep_run_id, count(*) FROM review_jobs WHERE reviewer IS NOT NULL AND "
-        "(id >= ? OR status IN ('queued', 'running')) GROUP BY status, reviewer, sweep_run_id",
-        (since_job_id,),
+        f"({ours} OR status IN ('queued', 'running')) GROUP BY status, reviewer, sweep_run_id",
+        args,
     ):
         p.by_status[status_] += n
         p.total += n
@@ -197,30 +225,31 @@ def progress(
     return p
 
 
-def summary(store: Store, since_job_id: int) -> dict:
-    """Jobs, decisions, attempts and cost of the jobs from ``since_job_id`` on."""
+def summary(store: Store, jobs: SweepJobs) -> dict:
+    """Jobs, decisions, attempts and cost of the sweep's jobs (:class:`SweepJobs`)."""
+    ours, args = jobs.where("j.id")
     rows = store.conn.execute(
-        "SELECT j.reviewer, j.status, count(*) FROM review_jobs j WHERE j.id >= ? AND j.reviewer IS NOT NULL "
+        f"SELECT j.reviewer, j.status, count(*) FROM review_jobs j WHERE {ours} AND j.reviewer IS NOT NULL "
         "GROUP BY j.reviewer, j.status",
-        (since_job_id,),
+        args,
     ).fetchall()
     decisions = dict(
         store.conn.execute(
             "SELECT p.decision, count(*) FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
-            "WHERE j.id >= ? AND p.decision IS NOT NULL GROUP BY p.decision",
-            (since_job_id,),
+            f"WHERE {ours} AND p.decision IS NOT NULL GROUP BY p.decision",
+            args,
         ).fetchall()
     )
     attempts = dict(
         store.conn.execute(
             "SELECT a.outcome, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            "WHERE j.id >= ? GROUP BY a.outcome",
-            (since_job_id,),
+            f"WHERE {ours} GROUP BY a.outcome",
+            args,
         ).fetchall()
     )
     cost = store.conn.execute(
-        "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE j.id >= ?",
-        (since_job_id,),
+        f"SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE {ours}",
+        args,
     ).fetchone()[0]
     by_reviewer: dict[str, dict[str, int]] = {}
     for reviewer, st, n in rows:
@@ -228,8 +257,8 @@ def summary(store: Store, since_job_id: int) -> dict:
     failed = [
         {"job_id": r[0], "reasons": reasons_column(r[1])[:3]}
         for r in store.conn.execute(
-            "SELECT id, failure_reasons FROM review_jobs WHERE id >= ? AND status = 'failed' ORDER BY id",
-            (since_job_id,),
+            f"SELECT j.id, j.failure_reasons FROM review_jobs j WHERE {ours} AND j.status = 'failed' ORDER BY j.id",
+            args,
         )
     ]
     return {
@@ -241,7 +270,9 @@ def summary(store: Store, since_job_id: int) -> dict:
         "escalations": open_escalations(store),
         # This run's own: an older one is status's and the report's to tell.
         "fixes_unwritten": [
-            f for f in unwritten_fixes(store, failed_only=True) if f["job_id"] >= since_job_id
+            f
+            for f in unwritten_fixes(store, failed_only=True)
+            if f["job_id"] >= jobs.first_id or f["job_id"] in jobs.earlier
         ],
     }
 
