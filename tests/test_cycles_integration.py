@@ -430,6 +430,9 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
     assert report[1].startswith("Recommend approve: the auditor (auditor) failed every attempt")
     summary = rq(kb, "report").stdout
     assert f"reviewq decide {esc['id']} approve" in summary
+    # Listed once, as that escalation: the failed audit job is not a second item.
+    assert "needs you: 1 escalation(s) on 1 note(s)\n" in summary
+    assert json.loads(rq(kb, "report", "--json").stdout)["needs_you"]["failed_jobs"] == []
 
 
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):

@@ -155,10 +155,12 @@ def _needs_you(
         f"SELECT j.id, j.kind, j.reviewer, j.lens, j.note_path, j.failure_reasons, j.finished_at, "
         f"(SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs "
         f"FROM review_jobs j WHERE {scope} AND j.status = 'failed' "
-        # A failure that raised an escalation (call redo) needs a person once, there.
+        # A failure that raised an escalation (call redo) needs a person once, there. An
+        # audit's is raised in the reviewed job's partition, not the auditor's.
         "AND NOT EXISTS (SELECT 1 FROM review_pairs p JOIN escalations e "
         "ON e.note_path = p.note_path AND e.gate_id = p.gate_id "
-        "AND e.model_partition = j.model_partition "
+        "AND e.model_partition = COALESCE((SELECT s.model_partition FROM review_jobs s "
+        "WHERE j.kind = 'audit' AND s.id = j.source_job_id), j.model_partition) "
         "WHERE p.job_id = j.id AND e.decision IS NULL) ORDER BY j.id",
         args,
     )
