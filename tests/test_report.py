@@ -560,3 +560,21 @@ def test_attempts_no_agent_answered_are_not_the_reviewers_failures(kb, run_cli):
     assert (row["attempts"], row["failed"], row["not_run"]) == (5, 1, 3)
     (trend,) = data["trends"]["attempt_failure_by_reviewer"]
     assert (trend["attempts"], trend["failed"], trend["rate"]) == (2, 1, 0.5)
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/zoneinfo/America/Los_Angeles").exists(), reason="no tzdata here"
+)
+def test_a_since_without_an_offset_is_the_persons_local_time(kb):
+    """An operator in UTC-8 who typed their 08:00 got a window eight hours off."""
+    Store.open(kb.state).close()
+    la = {"TZ": "America/Los_Angeles"}
+
+    def since(value: str) -> str:
+        res = reviewq_process("--root", str(kb.root), "report", "--json", "--since", value, env=la)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)["period"]["since"]
+
+    assert since("2026-11-22T08:00") == "2026-11-22T16:00:00.000Z"
+    assert since("2026-11-22") == "2026-11-22T08:00:00.000Z"
+    assert since("2026-11-22T08:00Z") == "2026-11-22T08:00:00.000Z"  # an offset is kept

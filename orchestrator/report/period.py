@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import timedelta
 
 from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import Store, parse_timestamp, timestamp, utcnow
@@ -48,13 +48,13 @@ def resolve(
     if since:
         if _DATE.match(since):
             try:
-                start = parse_timestamp(
-                    since if "T" in since or " " in since else since + "T00:00:00Z"
-                )
+                start = parse_timestamp(since if "T" in since or " " in since else since)
             except ValueError:
                 raise ReportError(f"--since {since!r}: not a date or time") from None
             if start.tzinfo is None:
-                start = start.replace(tzinfo=UTC)
+                # A person's "08:00" or "2026-11-22" is on their clock, as cron times
+                # are: read as UTC it was hours off. The label says it in UTC.
+                start = start.astimezone()
             return Period(timestamp(start), until, f"since {timestamp(start)[:16]}Z")
         try:
             seconds = parse_duration(since, "--since", years=100)
