@@ -614,3 +614,86 @@ def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     assert out["jobs"]["bad"]["failed"] == 1
     assert out["cost_usd"] == 0.03  # its three attempts
     assert out["progress"]["total"] == 2
+
+
+_HELD_AGENT = """\
+import os, select, sys
+go = os.open(os.environ["HELD_GO"], os.O_RDONLY | os.O_NONBLOCK)
+started = os.open(os.environ["HELD_STARTED"], os.O_WRONLY | os.O_NONBLOCK)
+os.write(started, b"1")
+os.close(started)
+poller = select.poll()
+poller.register(go, select.POLLIN)
+poller.poll(60_000)
+os.execv(sys.executable, [sys.executable, os.environ["HELD_THEN"]])
+"""
+
+
+def test_run_job_does_not_blame_its_reviewer_for_a_fix_reviewq_wrote_meanwhile(kb, tmp_path):
+    """A review run by hand failed as 'the reviewer changed kb/notes/beta.md' when another
+    run-job applied a fix to beta while it ran: the control process already knew such a
+    write for reviewq's own; the foreground path did not."""
+    import select
+    import signal
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body, FIXED.\n")
+    kb.note("beta", body="Beta body.\n")
+    held = tmp_path / "held_agent.py"
+    held.write_text(_HELD_AGENT)
+    go, started = tmp_path / "go", tmp_path / "started"
+    os.mkfifo(go)
+    os.mkfifo(started)
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
+        profile("fixer", FAKE_FIX_APPEND="FIXED"),
+        profile(
+            "held",
+            held,
+            FAKE_PASS_IF_CONTAINS="FIXED",
+            HELD_GO=str(go),
+            HELD_STARTED=str(started),
+            HELD_THEN=str(FAKE),
+        ),
+    )
+    res = rq(kb, "enqueue", "--all-gates", "--note", "kb/notes/beta.md", "--fix", "--fixer",
+             "fixer", "--reviewer", "fake", "--json")  # fmt: skip
+    (beta,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    assert rq(kb, "run-job", str(beta), "--reviewer", "fake").returncode == 0
+    with db(kb) as conn:
+        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    res = rq(kb, "enqueue", "--all-gates", "--note", "kb/notes/alpha.md", "--reviewer", "held",
+             "--json")  # fmt: skip
+    (alpha,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    listening = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    exe = Path(sys.executable).parent / "reviewq"
+    review = subprocess.Popen(
+        [str(exe), "--root", str(kb.root), "run-job", str(alpha), "--reviewer", "held"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        poller = select.poll()
+        poller.register(listening, select.POLLIN)
+        assert poller.poll(60_000), "the held agent never started"
+        # While alpha's agent runs, another run-job applies beta's fix to the KB.
+        res = rq(kb, "run-job", str(fix), "--reviewer", "fixer")
+        assert res.returncode == 0, res.stderr
+        assert "FIXED" in (kb.root / "kb/notes/beta.md").read_text()
+        release = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(release, b"1")
+        os.close(release)
+        out, err = review.communicate(timeout=60)
+    finally:
+        os.close(listening)
+        if review.poll() is None:
+            os.killpg(review.pid, signal.SIGKILL)
+            review.communicate()
+    assert review.returncode == 0, out + err
+    with db(kb) as conn:
+        status = conn.execute("SELECT status FROM review_jobs WHERE id = ?", (alpha,)).fetchone()
+        outcome = conn.execute("SELECT outcome FROM attempts WHERE job_id = ?", (alpha,)).fetchone()
+    assert (status[0], outcome[0]) == ("completed", "finalized")

@@ -21,14 +21,17 @@ from orchestrator.control.attempts import (
     set_outcome,
 )
 from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
+from orchestrator.cycles.fixes import only_reviewqs_writes
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
 from .attempt import (
     LAUNCH_FAILURE,
+    NO_OUTPUT,
     OUTPUT,
     REVIEWER_FAILURE,
+    TOUCHED_KB,
     AttemptOutcome,
     registry_dir,
     run_attempt,
@@ -95,6 +98,13 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     # saw the end alone would take the attempt for "ended but not acted on" and queue
     # the job again for a worker.
     with store.write():
+        if outcome.classification == TOUCHED_KB and only_reviewqs_writes(
+            store, outcome.touched, outcome.touched_hashes
+        ):
+            # The only change was reviewq's own (another job's fix applied meanwhile):
+            # judge the output, as the control process does.
+            outcome.classification = OUTPUT if outcome.output is not None else NO_OUTPUT
+            outcome.reasons = []
         record_end(
             store,
             job_id,

@@ -34,7 +34,7 @@ from orchestrator.control.attempts import (
     write_attempt_files,
 )
 from orchestrator.cycles.escalations import record_decisions, write_due_reports
-from orchestrator.cycles.fixes import write_due_fixes
+from orchestrator.cycles.fixes import only_reviewqs_writes, write_due_fixes
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, write_due_job_files
@@ -355,7 +355,9 @@ class Control:
             # must not be applied and the text must be kept (fix_output finds it stale).
             cls = "output" if o.get("output") is not None else "no-output"
             o = {**o, "classification": cls, "reasons": []}
-        elif cls == "reviewer-touched-kb" and self._only_our_writes(o):
+        elif cls == "reviewer-touched-kb" and only_reviewqs_writes(
+            self.store, o.get("touched") or [], o.get("touched_hashes") or {}
+        ):
             # The only change was reviewq's own (a fix applied meanwhile): judge the output.
             cls = "output" if o.get("output") is not None else "no-output"
             o = {**o, "classification": cls, "reasons": []}
@@ -624,20 +626,6 @@ class Control:
             self.log.info("attempt.repeated", job_id=job_id, attempt=attempt, outcome=row[0])
             return
         self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
-
-    def _only_our_writes(self, o: dict) -> bool:
-        touched = o.get("touched") or []
-        hashes = o.get("touched_hashes") or {}
-        if not touched:
-            return False
-        for path in touched:
-            sha = hashes.get(path)
-            ours = self.store.conn.execute(
-                "SELECT 1 FROM fix_writes WHERE path = ? AND sha256 = ?", (path, sha)
-            ).fetchone()
-            if ours is None:
-                return False
-        return True
 
     def _pair_count(self, job_id: int) -> int:
         return self.store.conn.execute(

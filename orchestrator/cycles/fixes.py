@@ -368,6 +368,17 @@ def _not_written(store: Store, job, note_path: str) -> None:
         )
 
 
+def only_reviewqs_writes(store: Store, touched: list[str], hashes: dict[str, str]) -> bool:
+    """Whether every change an attempt saw in the KB is a fix reviewq itself wrote there
+    meanwhile (its path and resulting hash in ``fix_writes``): no fault of the agent."""
+    return bool(touched) and all(
+        store.conn.execute(
+            "SELECT 1 FROM fix_writes WHERE path = ? AND sha256 = ?", (path, hashes.get(path))
+        ).fetchone()
+        for path in touched
+    )
+
+
 def replace_note(path: Path, data: bytes) -> None:
     """The one place a fix reaches the KB: the note replaced atomically and durably
     (this is a person's note, not a rendering). Its git commit, if any, follows at once
