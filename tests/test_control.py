@@ -822,7 +822,17 @@ def test_a_rejected_pair_is_fixed_again_once_its_note_has_changed(kb, run_cli):
 
     assert fix() is None  # held: the note is as the person rejected it
     kb.write("kb/notes/alpha.md", kb.read("kb/notes/alpha.md") + "A new paragraph.\n")
-    assert fix() is not None
+    assert fix() is None  # the FAIL was about the old text: the note is stale, not failing
+    from orchestrator.review.finalize import finalize
+
+    ws = Workspace.open(kb.root)
+    try:
+        (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+        output = _pass_output(ws, job.review_job_id).replace(b"PASS", b"FAIL")
+        assert finalize(ws.store, ws.state_dir, job.review_job_id, output).status == "completed"
+    finally:
+        ws.close()
+    assert fix() is not None  # a FAIL of the changed note is fixed, the reject notwithstanding
 
 
 def test_an_escalation_report_lists_only_the_rejections_that_still_count(kb):
