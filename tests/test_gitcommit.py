@@ -145,3 +145,20 @@ def test_a_post_commit_hook_that_outlives_the_wait_is_no_failure(repo, monkeypat
                 os.kill(int(pid.read_text()), signal.SIGKILL)
     assert out.why_not is None and out.sha
     assert git(repo, "rev-parse", "HEAD").strip() == out.sha
+
+
+def test_a_commit_another_writer_of_the_fix_made_first_is_recorded_as_the_commit(repo, monkeypatch):
+    """A run-job and a control tick writing the same due fix both ran git commit; the one
+    that found nothing left to commit recorded 'git commit failed', and the first record
+    wins, so the real commit's sha could be lost."""
+    real = gitcommit._git
+
+    def the_other_writer_commits_first(root, *args, **kw):
+        if args[0] == "commit":
+            assert real(root, *args, **kw).returncode == 0  # the other process's commit
+        return real(root, *args, **kw)
+
+    monkeypatch.setattr(gitcommit, "_git", the_other_writer_commits_first)
+    out = fix(repo)
+    assert out.why_not is None and out.sha == git(repo, "rev-parse", "HEAD").strip()
+    assert len(commits(repo)) == 2

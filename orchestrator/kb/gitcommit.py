@@ -171,6 +171,10 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
         retry_error_callback=lambda state: state.outcome.result(),
     )(_git, root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
     if done.returncode != 0:
+        # Another writer of this due fix (a run-job beside the control) committed it first.
+        earlier = _earlier_commit(root, msg)
+        if earlier:
+            return CommitOutcome(sha=earlier)
         return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}")
     sha = _git(root, "rev-parse", "HEAD").stdout.strip()
     now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
