@@ -162,3 +162,18 @@ def test_a_commit_another_writer_of_the_fix_made_first_is_recorded_as_the_commit
     out = fix(repo)
     assert out.why_not is None and out.sha == git(repo, "rev-parse", "HEAD").strip()
     assert len(commits(repo)) == 2
+
+
+def test_another_notes_commit_under_the_same_job_id_is_not_taken_for_this_fix(repo, monkeypatch):
+    """Job ids start again with a new state folder: a failed commit looked for 'its' commit
+    by the job trailer alone and took another note's fix for it, so no reason was recorded
+    and the report offered a revert of the wrong fix."""
+    other = "kb/notes/beta.md"
+    (repo / other).write_bytes(b"# Beta\n\nAlpha body.\n")
+    git(repo, "add", other)
+    git(repo, "commit", "-q", "-m", "beta")
+    assert fix(repo, other, job_id=3).sha  # an earlier state folder's job 3
+    monkeypatch.setattr(gitcommit, "_LOCK_TRIES", 1)
+    (repo / ".git" / "index.lock").write_text("")  # this commit cannot be made
+    out = fix(repo, NOTE, job_id=3)
+    assert out.sha is None and out.why_not.startswith("git commit failed")

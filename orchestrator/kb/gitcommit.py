@@ -77,17 +77,27 @@ def _stored_sha(root: Path, rel: str, data: bytes) -> str:
     return p.stdout.decode().strip()
 
 
-def _earlier_commit(root: Path, msg: str) -> str | None:
-    """The commit of this very fix, if a run that died before recording it made one:
-    found by its job trailer anywhere in HEAD's history, not only at HEAD (a person may
-    have committed since)."""
+def _earlier_commit(root: Path, rel: str, msg: str, after: bytes) -> str | None:
+    """The commit of this very fix, if a run that died before recording it (or another
+    writer of the same due fix) made one: anywhere in HEAD's history, not only at HEAD (a
+    person may have committed since). It must touch the note, carry this message whole
+    and hold this text: a job id alone repeats across state folders, and another note's
+    fix under the same id was taken for this one."""
     trailer = next((line for line in msg.splitlines() if line.startswith("Reviewq-Job: ")), None)
     if trailer is None:
         return None
-    found = _git(root, "log", "-1", "--format=%H", f"--grep=^{re.escape(trailer)}$", "HEAD")
+    found = _git(
+        root, "log", "-5", "--format=%H", f"--grep=^{re.escape(trailer)}$", "HEAD", "--", rel
+    )
     if found.returncode != 0:
         return None
-    return found.stdout.strip() or None
+    fixed = _stored_sha(root, rel, after)
+    for sha in found.stdout.split():
+        body = _git(root, "log", "-1", "--format=%B", sha).stdout
+        blob = _git(root, "rev-parse", "--verify", "--quiet", f"{sha}:./{rel}").stdout.strip()
+        if body.strip() == msg.strip() and blob == fixed:
+            return sha
+    return None
 
 
 def _first_line(p: subprocess.CompletedProcess) -> str:
@@ -123,7 +133,7 @@ def commit_fix(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> C
         # A slow post-commit hook (--no-verify does not skip it) outlives the wait after
         # the commit was made: look for it before calling it failed.
         try:
-            sha = _earlier_commit(root, msg)
+            sha = _earlier_commit(root, rel, msg, after)
         except (OSError, subprocess.SubprocessError):
             sha = None
         return CommitOutcome(sha=sha) if sha else CommitOutcome(why_not=f"git could not run: {exc}")
@@ -148,7 +158,7 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
             "left behind at the next checkout"
         )
     if head_blob == _stored_sha(root, rel, after):
-        earlier = _earlier_commit(root, msg)
+        earlier = _earlier_commit(root, rel, msg, after)
         if earlier:  # this very commit, made by a run that died before it was recorded
             return CommitOutcome(sha=earlier)
     staged = _git(root, "ls-files", "--stage", "--", rel)
@@ -172,7 +182,7 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
     )(_git, root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
     if done.returncode != 0:
         # Another writer of this due fix (a run-job beside the control) committed it first.
-        earlier = _earlier_commit(root, msg)
+        earlier = _earlier_commit(root, rel, msg, after)
         if earlier:
             return CommitOutcome(sha=earlier)
         return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}")
