@@ -697,3 +697,65 @@ def test_run_job_does_not_blame_its_reviewer_for_a_fix_reviewq_wrote_meanwhile(k
         status = conn.execute("SELECT status FROM review_jobs WHERE id = ?", (alpha,)).fetchone()
         outcome = conn.execute("SELECT outcome FROM attempts WHERE job_id = ?", (alpha,)).fetchone()
     assert (status[0], outcome[0]) == ("completed", "finalized")
+
+
+def test_run_job_keeps_a_persons_edit_made_while_its_fixer_ran(kb, tmp_path):
+    """The control process judges a fix whose own note a person edited meanwhile as stale
+    and keeps their text; run-job failed the fix as 'the reviewer changed' the note."""
+    import select
+    import signal
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("beta", body="Beta body.\n")
+    held = tmp_path / "held_agent.py"
+    held.write_text(_HELD_AGENT)
+    go, started = tmp_path / "go", tmp_path / "started"
+    os.mkfifo(go)
+    os.mkfifo(started)
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
+        profile(
+            "held",
+            held,
+            FAKE_FIX_APPEND="FIXED",
+            HELD_GO=str(go),
+            HELD_STARTED=str(started),
+            HELD_THEN=str(FAKE),
+        ),
+    )
+    res = rq(kb, "enqueue", "--all-gates", "--fix", "--fixer", "held", "--reviewer", "fake",
+             "--json")  # fmt: skip
+    (review,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    assert rq(kb, "run-job", str(review), "--reviewer", "fake").returncode == 0
+    with db(kb) as conn:
+        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    listening = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    exe = Path(sys.executable).parent / "reviewq"
+    run = subprocess.Popen(
+        [str(exe), "--root", str(kb.root), "run-job", str(fix), "--reviewer", "held"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    note = kb.root / "kb/notes/beta.md"
+    try:
+        poller = select.poll()
+        poller.register(listening, select.POLLIN)
+        assert poller.poll(60_000), "the held fixer never started"
+        note.write_text(note.read_text() + "A person's own line.\n")
+        release = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(release, b"1")
+        os.close(release)
+        out, err = run.communicate(timeout=60)
+    finally:
+        os.close(listening)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+    assert "reviewer changed" not in out + err
+    assert note.read_text().endswith("A person's own line.\n") and "FIXED" not in note.read_text()
+    with db(kb) as conn:
+        row = conn.execute("SELECT status, result FROM review_jobs WHERE id = ?", (fix,)).fetchone()
+    assert tuple(row) == ("completed", "not-applied")

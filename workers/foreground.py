@@ -21,7 +21,7 @@ from orchestrator.control.attempts import (
     set_outcome,
 )
 from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
-from orchestrator.cycles.fixes import only_reviewqs_writes
+from orchestrator.cycles.fixes import changes_not_the_agents
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
@@ -98,11 +98,11 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     # saw the end alone would take the attempt for "ended but not acted on" and queue
     # the job again for a worker.
     with store.write():
-        if outcome.classification == TOUCHED_KB and only_reviewqs_writes(
-            store, outcome.touched, outcome.touched_hashes
+        if outcome.classification == TOUCHED_KB and changes_not_the_agents(
+            store, opened.kind, opened.note_path, outcome.touched, outcome.touched_hashes
         ):
-            # The only change was reviewq's own (another job's fix applied meanwhile):
-            # judge the output, as the control process does.
+            # Judge the output, as the control process does (a fix of a note changed
+            # meanwhile is found stale; another job's fix written meanwhile is no fault).
             outcome.classification = OUTPUT if outcome.output is not None else NO_OUTPUT
             outcome.reasons = []
         record_end(

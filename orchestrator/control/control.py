@@ -34,7 +34,7 @@ from orchestrator.control.attempts import (
     write_attempt_files,
 )
 from orchestrator.cycles.escalations import record_decisions, write_due_reports
-from orchestrator.cycles.fixes import only_reviewqs_writes, write_due_fixes
+from orchestrator.cycles.fixes import changes_not_the_agents, write_due_fixes
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, write_due_job_files
@@ -346,19 +346,14 @@ class Control:
         if o.get("exited_at"):
             self._started_with_outcome(o)
         cls = o["classification"]
-        if (
-            cls == "reviewer-touched-kb"
-            and job["kind"] == "fix"
-            and set(o.get("touched") or []) == {job["note_path"]}
+        if cls == "reviewer-touched-kb" and changes_not_the_agents(
+            self.store,
+            job["kind"],
+            job["note_path"],
+            o.get("touched") or [],
+            o.get("touched_hashes") or {},
         ):
-            # The note a fix targets changed during the fix: whoever changed it, the fix
-            # must not be applied and the text must be kept (fix_output finds it stale).
-            cls = "output" if o.get("output") is not None else "no-output"
-            o = {**o, "classification": cls, "reasons": []}
-        elif cls == "reviewer-touched-kb" and only_reviewqs_writes(
-            self.store, o.get("touched") or [], o.get("touched_hashes") or {}
-        ):
-            # The only change was reviewq's own (a fix applied meanwhile): judge the output.
+            # Judge the output (a fix of a note changed meanwhile is found stale).
             cls = "output" if o.get("output") is not None else "no-output"
             o = {**o, "classification": cls, "reasons": []}
         record_end(

@@ -368,10 +368,18 @@ def _not_written(store: Store, job, note_path: str) -> None:
         )
 
 
-def only_reviewqs_writes(store: Store, touched: list[str], hashes: dict[str, str]) -> bool:
-    """Whether every change an attempt saw in the KB is a fix reviewq itself wrote there
-    meanwhile (its path and resulting hash in ``fix_writes``): no fault of the agent."""
-    return bool(touched) and all(
+def changes_not_the_agents(
+    store: Store, kind: str, note_path: str | None, touched: list[str], hashes: dict[str, str]
+) -> bool:
+    """Whether every change an attempt saw in the KB is excused: the note a fix targets
+    changed during the fix (whoever changed it, the fix is then judged stale and the text
+    kept), or each change is a fix reviewq itself wrote meanwhile (its path and resulting
+    hash in ``fix_writes``). The control process and ``run-job`` ask alike."""
+    if not touched:
+        return False
+    if kind == "fix" and set(touched) == {note_path}:
+        return True
+    return all(
         store.conn.execute(
             "SELECT 1 FROM fix_writes WHERE path = ? AND sha256 = ?", (path, hashes.get(path))
         ).fetchone()
