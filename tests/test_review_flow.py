@@ -737,11 +737,12 @@ def test_a_json_column_edited_by_hand_is_shown_as_it_stands(flow, run_cli):
         )
         s.conn.execute(
             "INSERT INTO attempts (job_id, attempt, outcome, reasons, cost_usd) "
-            "VALUES (?, 1, 'failed', '\"one reason\"', 'abc')",
-            (job_id,),
+            "VALUES (?, 1, 'failed', '\"one reason\"', 'abc'), (?, 2, 'failed', '[1, null]', NULL)",
+            (job_id, job_id),
         )
     res = run_cli("job", str(job_id))
     assert res.exit_code == 0, res.stderr
+    assert "  attempt 2: failed exit - turns - tokens -/- -\n    1\n    null\n" in res.stdout
     assert "  reason: (not JSON) {bad\n" in res.stdout
     assert "  attempt 1: failed exit - turns - tokens -/- abc\n    one reason\n" in res.stdout
     data = run_cli("job", str(job_id), "--json").json()

@@ -51,9 +51,11 @@ def json_column(text: str | None) -> object:
 
 def reasons_column(text: str | None) -> list:
     """A list of reasons (``failure_reasons``, ``attempts.reasons``), read as
-    :func:`json_column` reads, and always a list."""
+    :func:`json_column` reads, and always a list of strings."""
     value = json_column(text or "[]")
-    return value if isinstance(value, list) else [value]
+    items = value if isinstance(value, list) else [value]
+    # Strings, as every reader joins them: `null` or `{"a": 1}` edited in are shown as JSON.
+    return [x if isinstance(x, str) else json.dumps(x) for x in items]
 
 
 def utcnow() -> str:
