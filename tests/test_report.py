@@ -578,3 +578,30 @@ def test_a_since_without_an_offset_is_the_persons_local_time(kb):
     assert since("2026-11-22T08:00") == "2026-11-22T16:00:00.000Z"
     assert since("2026-11-22") == "2026-11-22T08:00:00.000Z"
     assert since("2026-11-22T08:00Z") == "2026-11-22T08:00:00.000Z"  # an offset is kept
+
+
+def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
+    """Queued work of an earlier run moves to the next run of the same sweep; its earlier
+    attempts' cost was charged to the new run's budget."""
+    from orchestrator.state.status import spent_usd
+    from orchestrator.sweeps.producer import start_run
+
+    with Store.open(kb.state) as store:
+        with store.write():
+            first = start_run(store, "nightly", "cli", {}, 1.0)
+            job = store.conn.execute(
+                "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
+                "sweep, sweep_run_id, created_at, updated_at) VALUES ('queued', 'p', 'note', "
+                "'fake', 'jobs/x', 'nightly', ?, ?, ?) RETURNING id",
+                (first, _minutes_ago(60), _minutes_ago(60)),
+            ).fetchone()[0]
+            store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+                "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+                (job, _minutes_ago(59), _minutes_ago(58)),
+            )
+            second = start_run(store, "nightly", "cli", {}, 1.0)
+            store.conn.execute(
+                "UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?", (second, job)
+            )
+        assert spent_usd(store, second) == 0

@@ -162,12 +162,13 @@ def over_budget_runs(store: Store) -> set[int]:
 
 
 def spent_usd(store: Store, run_id: int) -> float:
-    """The recorded cost of a sweep run's attempts: its jobs' and their follow-ups'. By
-    the sweep's name and start time, every later run of that name was charged to it too,
-    and held its queued jobs back at dispatch."""
+    """The recorded cost of a sweep run's attempts: those of its jobs and their follow-ups
+    since it began. By the sweep's name and start time, every later run of that name was
+    charged to it too, and held its queued jobs back at dispatch; a job a later run took
+    over (queued, same options) brings no earlier attempt's cost with it."""
     return store.conn.execute(
         "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-        "WHERE j.sweep_run_id = ?",
+        "JOIN sweep_runs r ON r.id = j.sweep_run_id WHERE r.id = ? AND a.started_at >= r.started_at",
         (run_id,),
     ).fetchone()[0]
 
