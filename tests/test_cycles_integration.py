@@ -603,6 +603,12 @@ def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     config(kb, profile("bad", FAKE_MODE="bad", FAKE_TURNS="1"), profile("fake"))
     res = rq(kb, "enqueue", "--all-gates", "--reviewer", "bad", "--note", "kb/notes/older.md")
     assert res.returncode == 0, res.stderr
+    with db(kb) as conn:  # yesterday's lost attempt of it, whose late cost came in then
+        conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "SELECT id, -1, 'lost', '2026-01-01T00:00:00.000Z', '2026-01-01T00:01:00.000Z', "
+            "0.5 FROM review_jobs"
+        )
     res = rq(
         kb, "sweep", "--all-gates", "--reviewer", "fake", "--note", "kb/notes/newer.md", "--json"
     )
@@ -612,7 +618,8 @@ def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
         (older,) = conn.execute("SELECT id FROM review_jobs WHERE reviewer = 'bad'").fetchone()
     assert [f["job_id"] for f in out["failed"]] == [older]
     assert out["jobs"]["bad"]["failed"] == 1
-    assert out["cost_usd"] == 0.03  # its three attempts
+    assert out["cost_usd"] == 0.03  # its three attempts in this sweep
+    assert "lost" not in out["attempts"]
     assert out["progress"]["total"] == 2
 
 

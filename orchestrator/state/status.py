@@ -181,6 +181,7 @@ class SweepJobs:
 
     first_id: int
     earlier: tuple[int, ...] = ()
+    started_at: str = ""
 
     @classmethod
     def starting(cls, store: Store) -> SweepJobs:
@@ -189,13 +190,21 @@ class SweepJobs:
             "SELECT id FROM review_jobs WHERE status IN ('queued', 'running') "
             "AND reviewer IS NOT NULL ORDER BY id"
         )
-        return cls(first[0], tuple(r[0] for r in earlier))
+        return cls(first[0], tuple(r[0] for r in earlier), utcnow())
 
     def where(self, column: str = "id") -> tuple[str, tuple]:
         """A condition on a job id column, and its parameters."""
         return (
             f"({column} >= ? OR {column} IN (SELECT value FROM json_each(?)))",
             (self.first_id, json.dumps(self.earlier)),
+        )
+
+    def attempts_where(self) -> tuple[str, tuple]:
+        """The same over ``attempts a`` joined to ``review_jobs j``: of an older job, only
+        the attempts made since the sweep began (not yesterday's retries)."""
+        return (
+            "(j.id >= ? OR (j.id IN (SELECT value FROM json_each(?)) AND a.started_at >= ?))",
+            (self.first_id, json.dumps(self.earlier), self.started_at),
         )
 
 
@@ -241,16 +250,17 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
             args,
         ).fetchall()
     )
+    tried, tried_args = jobs.attempts_where()
     attempts = dict(
         store.conn.execute(
             "SELECT a.outcome, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            f"WHERE {ours} GROUP BY a.outcome",
-            args,
+            f"WHERE {tried} GROUP BY a.outcome",
+            tried_args,
         ).fetchall()
     )
     cost = store.conn.execute(
-        f"SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE {ours}",
-        args,
+        f"SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE {tried}",
+        tried_args,
     ).fetchone()[0]
     by_reviewer: dict[str, dict[str, int]] = {}
     for reviewer, st, n in rows:
