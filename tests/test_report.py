@@ -515,6 +515,16 @@ def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
     assert "1 attempt(s) were never picked up by a worker: is a worker running?" in res.stdout
     page = (kb.state / "report.html").read_text()
     assert 'href="#stalled">1 reviewer(s) whose jobs do not move' in page
+    # A job held by a spent budget waits for its run's next turn: said there, not here.
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        run = conn.execute(
+            "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) "
+            "VALUES ('nightly', 'cli', '{}', 0, ?) RETURNING id",
+            (_minutes_ago(20),),
+        ).fetchone()[0]
+        conn.execute("UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?", (run, job_id))
+    needs = json.loads(run_cli("report", "--since", "10m", "--json").stdout)["needs_you"]
+    assert [(s["reviewer"], s["queued"]) for s in needs["stalled"]] == [("fake", 1)]
 
 
 def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):

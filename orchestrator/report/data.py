@@ -5,6 +5,7 @@ every cut list carries its full count, so a large night stays a small page."""
 from __future__ import annotations
 
 import difflib
+import json
 import shlex
 import statistics
 from collections.abc import Callable
@@ -217,14 +218,15 @@ def _stalled(store: Store, now: str, paused: set[str]) -> list[dict]:
     out = []
     for r in _rows(
         store,
+        # Queued jobs of a run over its budget wait for its next run, and are said there.
         "SELECT reviewer, SUM(status = 'queued') AS queued, SUM(status = 'running') AS running, "
-        "MIN(created_at) AS oldest, GROUP_CONCAT(DISTINCT sweep_run_id) AS runs FROM review_jobs "
-        "WHERE status IN ('queued', 'running') AND reviewer IS NOT NULL "
+        "MIN(created_at) AS oldest FROM review_jobs WHERE reviewer IS NOT NULL "
+        "AND (status = 'running' OR (status = 'queued' AND (sweep_run_id IS NULL OR "
+        "sweep_run_id NOT IN (SELECT value FROM json_each(?))))) "
         "AND (not_before IS NULL OR not_before <= ?) GROUP BY reviewer ORDER BY reviewer",
-        (now,),
+        (json.dumps(sorted(held)), now),
     ):
-        runs = {int(x) for x in (r.pop("runs") or "").split(",") if x}
-        if r["reviewer"] in paused or (runs and runs <= held and not r["running"]):
+        if r["reviewer"] in paused:
             continue
         moved = store.conn.execute(
             "SELECT MAX(MAX(a.launched_at, COALESCE(a.heartbeat_at, ''), COALESCE(a.ended_at, ''))) "
