@@ -400,7 +400,7 @@ def test_a_report_of_nothing_yet(kb, run_cli):
             f"error: {kb.state}: no state.db here; nothing has run with this state folder "
             "yet (is --state or --root right?)\n"
         )
-    assert not (kb.state / "state.db").exists()
+    assert not kb.state.exists()
     Store.open(kb.state).close()
     # --json reads only.
     res = run_cli("report", "--json")

@@ -703,6 +703,8 @@ def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
         ("escalations",),
         ("warn-queue",),
         ("export",),
+        ("report",),
+        ("decide", "1", "approve"),
     ],
 )
 def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args):
@@ -715,7 +717,7 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
         f"error: {typo}: no state.db here; nothing has run with this state folder yet "
         "(is --state or --root right?)\n"
     )
-    assert not (typo / "state.db").exists()
+    assert not typo.exists()  # nor its logs/, nor a state.db a later status would read
 
 
 def test_a_first_select_reads_no_history_and_makes_no_state_db(flow, run_cli):

@@ -50,6 +50,8 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
 
 
 READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
+# Commands about what has run: a state folder where nothing has is a mistake to name.
+NEEDS_STATE = {"status", "jobs", "job", "escalations", "warn-queue", "export", "report", "decide"}
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
 NO_KB = {"worker", "doctor"}
@@ -228,6 +230,11 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         # Said before anything is made: a command run in the wrong folder left a .reviewq/
         # (and `export` a kb/reports/) behind in it.
         raise Refused(f"{ws.root}: no kb/ folder here (is --root the folder that holds kb/?)")
+    if ctx.invoked_subcommand in NEEDS_STATE:
+        try:  # before the log is set up: that made the mistyped folder and its logs/
+            ws.require_state()
+        except DOMAIN_ERRORS as exc:
+            raise Refused(str(exc)) from None
     if ctx.invoked_subcommand not in READ_ONLY and ctx.invoked_subcommand != "worker":
         try:
             logs.configure(ws.state_dir)

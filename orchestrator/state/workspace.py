@@ -50,18 +50,24 @@ class Workspace:
             self._store = Store.open(self.state_dir)
         return self._store
 
+    def require_state(self) -> None:
+        """Refuse a state folder where nothing has run: read as empty, a mistyped
+        ``--state`` made ``status`` say all was clear."""
+        if not (self.state_dir / "state.db").exists():
+            raise StoreError(
+                f"{self.state_dir}: no state.db here; nothing has run with this state "
+                "folder yet (is --state or --root right?)"
+            )
+
     def read_store(self, *, empty_if_new: bool = False) -> Store:
         """The store for a read-only command; a missing state.db is not created. It is
-        refused unless ``empty_if_new``: read as empty, a mistyped ``--state`` made
-        ``status`` say all was clear. A first ``select`` is right to read no history."""
+        refused (:meth:`require_state`) unless ``empty_if_new``: a first ``select`` is
+        right to read no history."""
         if self._store is None:
             if not (self.state_dir / "state.db").exists():
                 if empty_if_new:
                     return Store.open(self.state_dir, readonly=True)
-                raise StoreError(
-                    f"{self.state_dir}: no state.db here; nothing has run with this state "
-                    "folder yet (is --state or --root right?)"
-                )
+                self.require_state()
             self._store = Store.open(self.state_dir)
         return self._store
 
