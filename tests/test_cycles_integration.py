@@ -636,33 +636,66 @@ os.execv(sys.executable, [sys.executable, os.environ["HELD_THEN"]])
 """
 
 
+class HeldAgent:
+    """The fake agent, held after it starts until the test releases it: what a test does
+    meanwhile happens while the agent runs, with no sleep. Two FIFOs: the agent writes to
+    ``started`` once running, and waits for a byte on ``go``."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.script = tmp_path / "held_agent.py"
+        self.script.write_text(_HELD_AGENT)
+        self.go, self.started = tmp_path / "go", tmp_path / "started"
+        os.mkfifo(self.go)
+        os.mkfifo(self.started)
+
+    def profile(self, name: str, **env: str) -> str:
+        held = {"HELD_GO": str(self.go), "HELD_STARTED": str(self.started), "HELD_THEN": str(FAKE)}
+        return profile(name, self.script, **env, **held)
+
+    def run_job(self, kb, job_id: int, reviewer: str, meanwhile) -> subprocess.CompletedProcess:
+        """``reviewq run-job`` with the held agent; ``meanwhile()`` runs while it is held."""
+        import select
+        import signal
+
+        listening = os.open(self.started, os.O_RDONLY | os.O_NONBLOCK)
+        exe = Path(sys.executable).parent / "reviewq"
+        run = subprocess.Popen(
+            [str(exe), "--root", str(kb.root), "run-job", str(job_id), "--reviewer", reviewer],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            poller = select.poll()
+            poller.register(listening, select.POLLIN)
+            assert poller.poll(60_000), "the held agent never started"
+            meanwhile()
+            release = os.open(self.go, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(release, b"1")
+            os.close(release)
+            out, err = run.communicate(timeout=60)
+        finally:
+            os.close(listening)
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.communicate()
+        return subprocess.CompletedProcess(run.args, run.returncode, out, err)
+
+
 def test_run_job_does_not_blame_its_reviewer_for_a_fix_reviewq_wrote_meanwhile(kb, tmp_path):
     """A review run by hand failed as 'the reviewer changed kb/notes/beta.md' when another
     run-job applied a fix to beta while it ran: the control process already knew such a
     write for reviewq's own; the foreground path did not."""
-    import select
-    import signal
-
     kb.gate("prose/body-check", ["body"])
     kb.note("alpha", body="Alpha body, FIXED.\n")
     kb.note("beta", body="Beta body.\n")
-    held = tmp_path / "held_agent.py"
-    held.write_text(_HELD_AGENT)
-    go, started = tmp_path / "go", tmp_path / "started"
-    os.mkfifo(go)
-    os.mkfifo(started)
+    held = HeldAgent(tmp_path)
     config(
         kb,
         profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
         profile("fixer", FAKE_FIX_APPEND="FIXED"),
-        profile(
-            "held",
-            held,
-            FAKE_PASS_IF_CONTAINS="FIXED",
-            HELD_GO=str(go),
-            HELD_STARTED=str(started),
-            HELD_THEN=str(FAKE),
-        ),
+        held.profile("held", FAKE_PASS_IF_CONTAINS="FIXED"),
     )
     res = rq(kb, "enqueue", "--all-gates", "--note", "kb/notes/beta.md", "--fix", "--fixer",
              "fixer", "--reviewer", "fake", "--json")  # fmt: skip
@@ -673,33 +706,14 @@ def test_run_job_does_not_blame_its_reviewer_for_a_fix_reviewq_wrote_meanwhile(k
     res = rq(kb, "enqueue", "--all-gates", "--note", "kb/notes/alpha.md", "--reviewer", "held",
              "--json")  # fmt: skip
     (alpha,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
-    listening = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    exe = Path(sys.executable).parent / "reviewq"
-    review = subprocess.Popen(
-        [str(exe), "--root", str(kb.root), "run-job", str(alpha), "--reviewer", "held"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        poller = select.poll()
-        poller.register(listening, select.POLLIN)
-        assert poller.poll(60_000), "the held agent never started"
-        # While alpha's agent runs, another run-job applies beta's fix to the KB.
+
+    def another_run_job_applies_betas_fix() -> None:
         res = rq(kb, "run-job", str(fix), "--reviewer", "fixer")
         assert res.returncode == 0, res.stderr
         assert "FIXED" in (kb.root / "kb/notes/beta.md").read_text()
-        release = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
-        os.write(release, b"1")
-        os.close(release)
-        out, err = review.communicate(timeout=60)
-    finally:
-        os.close(listening)
-        if review.poll() is None:
-            os.killpg(review.pid, signal.SIGKILL)
-            review.communicate()
-    assert review.returncode == 0, out + err
+
+    review = held.run_job(kb, alpha, "held", another_run_job_applies_betas_fix)
+    assert review.returncode == 0, review.stdout + review.stderr
     with db(kb) as conn:
         status = conn.execute("SELECT status FROM review_jobs WHERE id = ?", (alpha,)).fetchone()
         outcome = conn.execute("SELECT outcome FROM attempts WHERE job_id = ?", (alpha,)).fetchone()
@@ -709,27 +723,13 @@ def test_run_job_does_not_blame_its_reviewer_for_a_fix_reviewq_wrote_meanwhile(k
 def test_run_job_keeps_a_persons_edit_made_while_its_fixer_ran(kb, tmp_path):
     """The control process judges a fix whose own note a person edited meanwhile as stale
     and keeps their text; run-job failed the fix as 'the reviewer changed' the note."""
-    import select
-    import signal
-
     kb.gate("prose/body-check", ["body"])
     kb.note("beta", body="Beta body.\n")
-    held = tmp_path / "held_agent.py"
-    held.write_text(_HELD_AGENT)
-    go, started = tmp_path / "go", tmp_path / "started"
-    os.mkfifo(go)
-    os.mkfifo(started)
+    held = HeldAgent(tmp_path)
     config(
         kb,
         profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
-        profile(
-            "held",
-            held,
-            FAKE_FIX_APPEND="FIXED",
-            HELD_GO=str(go),
-            HELD_STARTED=str(started),
-            HELD_THEN=str(FAKE),
-        ),
+        held.profile("held", FAKE_FIX_APPEND="FIXED"),
     )
     res = rq(kb, "enqueue", "--all-gates", "--fix", "--fixer", "held", "--reviewer", "fake",
              "--json")  # fmt: skip
@@ -737,31 +737,13 @@ def test_run_job_keeps_a_persons_edit_made_while_its_fixer_ran(kb, tmp_path):
     assert rq(kb, "run-job", str(review), "--reviewer", "fake").returncode == 0
     with db(kb) as conn:
         (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
-    listening = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    exe = Path(sys.executable).parent / "reviewq"
-    run = subprocess.Popen(
-        [str(exe), "--root", str(kb.root), "run-job", str(fix), "--reviewer", "held"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     note = kb.root / "kb/notes/beta.md"
-    try:
-        poller = select.poll()
-        poller.register(listening, select.POLLIN)
-        assert poller.poll(60_000), "the held fixer never started"
+
+    def a_person_edits_the_note() -> None:
         note.write_text(note.read_text() + "A person's own line.\n")
-        release = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
-        os.write(release, b"1")
-        os.close(release)
-        out, err = run.communicate(timeout=60)
-    finally:
-        os.close(listening)
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.communicate()
-    assert "reviewer changed" not in out + err
+
+    run = held.run_job(kb, fix, "held", a_person_edits_the_note)
+    assert "reviewer changed" not in run.stdout + run.stderr
     assert note.read_text().endswith("A person's own line.\n") and "FIXED" not in note.read_text()
     with db(kb) as conn:
         row = conn.execute("SELECT status, result FROM review_jobs WHERE id = ?", (fix,)).fetchone()

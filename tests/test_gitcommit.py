@@ -7,21 +7,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 
 import pytest
 
 from orchestrator.kb import gitcommit
 from orchestrator.kb.gitcommit import commit_fix, message
 
+from .test_fix_commits import git
+
 NOTE = "kb/notes/alpha.md"
-
-
-def git(root, *args: str) -> str:
-    out = subprocess.run(
-        ["git", *args], cwd=root, capture_output=True, text=True, timeout=30, check=True
-    )
-    return out.stdout
 
 
 @pytest.fixture
