@@ -1023,3 +1023,33 @@ def test_attempts_no_worker_picked_up_never_fail_the_job(kb):
     row = ws.store.conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()
     assert row[0] == "failed"
     ws.close()
+
+
+def test_a_lost_attempts_late_cost_is_in_the_next_report(kb, run_cli):
+    """A lost agent's late cost is counted (the contract), but the report counted an
+    attempt by its start and end: both were before the next report's window, so the money
+    was in no morning report."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control.dispatch()
+    (msg,) = sent
+    with ws.store.write():  # the reaper gave the attempt up, long ago
+        ws.store.conn.execute(
+            "UPDATE attempts SET outcome = 'lost', started_at = '2026-01-01T00:00:00.000Z', "
+            "ended_at = '2026-01-01T00:10:00.000Z' WHERE job_id = ?",
+            (job.review_job_id,),
+        )
+    ws.close()
+    first = json.loads(run_cli("report", "--json").stdout)  # nobody saw it: --json
+    assert run_cli("report").exit_code == 0  # the morning report a person saw
+    ws = Workspace.open(kb.root)
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    # Its agent's outcome comes in after all, with what it spent.
+    control._supersede(msg["job_id"], msg["attempt"], {"cost_usd": 0.5})
+    ws.close()
+    later = json.loads(run_cli("report", "--json").stdout)
+    assert first["reviewed"]["cost_usd"] == 0 and later["reviewed"]["cost_usd"] == 0.5

@@ -59,8 +59,10 @@ def test_a_full_disk_during_a_migration_is_not_called_a_broken_schema(tmp_path, 
     replaced a sound state.db with an older copy, where freeing space was all it took."""
     path = tmp_path / "state.db"
     store = Store(path)
-    store.conn.execute("DROP INDEX review_jobs_fix_note")  # back to version 11
-    store.conn.execute("DELETE FROM schema_migrations WHERE version = 12")
+    store.conn.execute("DROP TRIGGER attempts_recorded")  # back to version 11
+    store.conn.execute("ALTER TABLE attempts DROP COLUMN recorded_at")
+    store.conn.execute("DROP INDEX review_jobs_fix_note")
+    store.conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
     store.conn.execute("VACUUM")
     store.close()
     real = sqlite3.connect

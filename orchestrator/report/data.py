@@ -73,7 +73,8 @@ def _scope(period: Period) -> tuple[str, tuple]:
         return "j.sweep_run_id = ?", (period.run_id,)
     return (
         f"({_in_window('j.created_at', 'j.finished_at')} OR EXISTS (SELECT 1 FROM attempts a0 "
-        f"WHERE a0.job_id = j.id AND {_in_window('a0.started_at', 'a0.ended_at')}))",
+        f"WHERE a0.job_id = j.id AND "
+        f"{_in_window('a0.started_at', 'a0.ended_at', 'a0.recorded_at')}))",
         (period.since, period.until),
     )
 
@@ -376,10 +377,12 @@ def _kb_changes(
 
 def _attempts_in(period: Period) -> str:
     """Which attempts of the jobs in scope count (their cost, tokens, outcomes): a job that
-    ran on both sides of a report is in both, each attempt in one."""
+    ran on both sides of a report is in both, each attempt's cost in one."""
     if period.run_id is not None:
         return "1"
-    return _in_window("a.started_at", "a.ended_at")
+    # When its outcome and cost were recorded (migration 13); an open attempt where it
+    # started, so tonight's report shows it running and a later one what it came to.
+    return _in_window("COALESCE(a.recorded_at, a.started_at)")
 
 
 def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: Period) -> dict:

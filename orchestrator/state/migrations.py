@@ -357,4 +357,27 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        13,
+        "an attempt knows when its outcome and cost were recorded",
+        """
+        -- The morning report counts an attempt's cost and outcome in the window in which
+        -- they were recorded. By its start and end times (the worker's clock), an outcome
+        -- the control took in after a report (it was down; a lost agent's late cost) was
+        -- in neither that report nor the next.
+        ALTER TABLE attempts ADD COLUMN recorded_at TEXT;
+        UPDATE attempts SET recorded_at = ended_at
+            WHERE outcome NOT IN ('dispatched', 'running');
+        CREATE TRIGGER attempts_recorded AFTER UPDATE OF outcome, cost_usd ON attempts
+            WHEN NEW.outcome NOT IN ('dispatched', 'running')
+            AND (OLD.outcome IS NOT NEW.outcome OR OLD.cost_usd IS NOT NEW.cost_usd)
+        BEGIN
+            UPDATE attempts SET recorded_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+                WHERE id = NEW.id;
+        END;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
