@@ -4,6 +4,7 @@ a finalize transaction decides are written only after it commits."""
 from __future__ import annotations
 
 import errno
+import json
 import pathlib
 import sqlite3
 
@@ -661,3 +662,21 @@ def test_a_decision_made_while_another_writer_wrote_keeps_its_due_row(cycle):
     manifest = json.loads((job_dir / "MANIFEST.json").read_text())
     assert manifest["failure_reasons"] == ["B decided"]
     assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+
+
+def test_a_fix_a_person_overtook_says_so_in_its_manifest(cycle, monkeypatch):
+    """A due fix not written because a person changed the note meanwhile recorded the
+    reason in state.db, but its MANIFEST.json kept saying there was none."""
+    kb, ws, control, sent, review = cycle
+    _, fix_job = _fix_not_written(cycle, monkeypatch, OSError(errno.EIO, "Input/output error"))
+    kb.write(NOTE, "A person's own text.\n")
+    control.write_due_files()
+    assert kb.read(NOTE) == "A person's own text.\n"
+    job_dir = ws.store.conn.execute(
+        "SELECT job_dir FROM review_jobs WHERE id = ?", (fix_job,)
+    ).fetchone()[0]
+    manifest = json.loads((ws.state_dir / job_dir / "MANIFEST.json").read_text())
+    assert manifest["failure_reasons"] == [
+        "the note was changed or removed by someone since the fix was decided; their text "
+        "is kept and the fix is not applied"
+    ]

@@ -28,6 +28,7 @@ from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
 from orchestrator.state.files import (
     NOT_TRIED,
+    mark_job_files_due,
     settle_due,
     write_each,
     write_job_files_after_commit,
@@ -366,6 +367,7 @@ def _not_written(store: Store, job, note_path: str) -> None:
             "UPDATE review_jobs SET result = 'not-applied', failure_reasons = ? WHERE id = ?",
             (json.dumps([reason]), job["id"]),
         )
+        mark_job_files_due(store, [job["id"]])  # its MANIFEST says the reason too
 
 
 def changes_not_the_agents(

@@ -188,6 +188,13 @@ def write_job_files_after_commit(
     marked due in that same transaction, so files a crash or a full disk kept from being
     written are written by :func:`write_due_job_files` (the control process's tick)."""
     ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
+    mark_job_files_due(store, ids)
+    store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
+
+
+def mark_job_files_due(store: Store, job_ids: Sequence[int]) -> None:
+    """Mark jobs' files to be rendered again, in the caller's transaction: the control
+    process's tick writes them (:func:`write_due_job_files`) when no writer follows."""
     now = utcnow()
     with store.write():
         # A random generation at each marking: a count would start again at the same
@@ -196,9 +203,8 @@ def write_job_files_after_commit(
         store.conn.executemany(
             "INSERT INTO job_files_due (job_id, since, error, generation) VALUES (?, ?, ?, random()) "
             "ON CONFLICT (job_id) DO UPDATE SET generation = random()",
-            [(i, now, NOT_TRIED) for i in ids],
+            [(i, now, NOT_TRIED) for i in job_ids],
         )
-    store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
 
 
 def write_due_job_files(
