@@ -566,6 +566,15 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         (("enqueue", "--name", ""), "Invalid value for '--name': empty"),
         (("run-job", "1", "--reviewer", ""), "Invalid value for '--reviewer': empty"),
         (("logs", "--event", ""), "Invalid value for '--event': empty"),
+        # Summed into budgets and reports: a negative or infinite cost was recorded as given.
+        (
+            ("finalize", "--review-job-id", "1", "--telemetry-json", '{{"cost_usd": -1}}'),
+            "--telemetry-json: cost_usd -1: expected a number, 0 or more",
+        ),
+        (
+            ("finalize", "--review-job-id", "1", "--telemetry-json", '{{"cost_usd": Infinity}}'),
+            "--telemetry-json: cost_usd inf: expected a number, 0 or more",
+        ),
         (("decide", "--note", "", "reject"), "Invalid value for '--note': empty"),
     ],
 )

@@ -100,6 +100,14 @@ def parse_telemetry(value: str | None) -> dict | None:
             raise FinalizeError(f"--telemetry-json {value}: {exc}") from None
     if not isinstance(data, dict):
         raise FinalizeError("--telemetry-json: expected a JSON object")
+    for key in ("cost_usd", "input_tokens", "output_tokens", "num_turns"):
+        # Summed into status, budgets and reports: a negative or infinite cost (JSON
+        # takes Infinity and NaN) would stop a budget for good or hide real spend.
+        v = data.get(key)
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 2**63
+        ):
+            raise FinalizeError(f"--telemetry-json: {key} {v!r}: expected a number, 0 or more")
     return data
 
 
