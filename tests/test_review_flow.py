@@ -765,3 +765,28 @@ def test_a_json_column_edited_by_hand_is_shown_as_it_stands(flow, run_cli):
     failed = res.json()["needs_you"]["failed_jobs"]
     assert [(f["id"], f["reasons"]) for f in failed] == [(job_id, ["(not JSON) {bad"])]
     assert run_cli("status").exit_code == 0
+
+
+def test_two_notes_whose_paths_flatten_alike_keep_a_file_each(flow, run_cli):
+    """'a/b.md' and 'a__b.md' both became 'a__b.md' in a job's results and in the export:
+    the note written last was the only one left on disk."""
+    flow.write("kb/notes/a/b.md", "---\ntitle: B under a\n---\nNested body.\n")
+    flow.write("kb/notes/a__b.md", "---\ntitle: A and B\n---\nFlat body.\n")
+    sel = select_json(run_cli, "prose", "--model", "fake", "--note", "kb/notes/a")
+    sel2 = select_json(run_cli, "prose", "--model", "fake", "--note", "kb/notes/a__b.md")
+    targets = json.loads(sel)["targets"] + json.loads(sel2)["targets"]
+    data = json.dumps({"model_partition": "fake", "targets": targets})
+    (job,) = create(run_cli, data, "--grouping", "gate")["jobs"]
+    assert len(job["pairs"]) == 2
+    write_output(flow, job)
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    results = sorted(
+        (flow.state / "jobs" / f"review-job-{job['review_job_id']}" / "results").iterdir()
+    )
+    assert len(results) == 2
+    assert {p.read_text().count("kb/notes/a/b.md") > 0 for p in results} == {True, False}
+    assert run_cli("export").exit_code == 0
+    gates = flow.root / "kb/reports/reviews/gates"
+    exported = sorted(p for p in gates.rglob("*.md") if p.is_file())
+    assert len(exported) == 2, [str(p.relative_to(flow.root)) for p in exported]

@@ -55,11 +55,14 @@ NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
 def flat(path: str, suffix: str = "") -> str:
     """A root-relative path as one file-name component: ``/`` becomes ``__``. A name over
     NAME_MAX bytes keeps its head and ends in ``~`` and a hash of the whole, so that a
-    note with a long name (a title-as-claim) still has its files, each its own."""
+    note with a long name (a title-as-claim) still has its files, each its own. So does a
+    path the ``__`` could be read back from two ways (``a__b.md`` and ``a/b.md``; ``a_/b``
+    and ``a/_b``), which shared one file: the one written last was the only one left."""
     name = path.replace("/", "__")
-    if len(os.fsencode(name + suffix)) <= NAME_MAX:
+    ambiguous = "__" in path or "_/" in path or "/_" in path
+    if not ambiguous and len(os.fsencode(name + suffix)) <= NAME_MAX:
         return name + suffix
-    tag = "~" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    tag = "~" + hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     room = NAME_MAX - len(os.fsencode(tag + suffix))
     return name_head(name, room) + tag + suffix
 
