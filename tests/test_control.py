@@ -25,13 +25,19 @@ def _open_escalation(ws: Workspace, reason: str, material: list[str], recommend:
     )  # fmt: skip
 
 
-def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, monkeypatch):
+def _one_queued_job(kb):
+    """alpha against prose/clarity queued for the offline reviewer, and a control process
+    in-process whose review messages land in ``sent``."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     ws = Workspace.open(kb.root)
     (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
     sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    return ws, job, sent, Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+
+
+def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, monkeypatch):
+    ws, job, sent, control = _one_queued_job(kb)
     real_write_text = pathlib.Path.write_text
 
     def disk_full(self, *args, **kwargs):
@@ -1029,12 +1035,7 @@ def test_a_lost_attempts_late_cost_is_in_the_next_report(kb, run_cli):
     """A lost agent's late cost is counted (the contract), but the report counted an
     attempt by its start and end: both were before the next report's window, so the money
     was in no morning report."""
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    ws, job, sent, control = _one_queued_job(kb)
     control.dispatch()
     (msg,) = sent
     with ws.store.write():  # the reaper gave the attempt up, long ago
