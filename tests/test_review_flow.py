@@ -566,6 +566,12 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         (("enqueue", "--name", ""), "Invalid value for '--name': empty"),
         (("run-job", "1", "--reviewer", ""), "Invalid value for '--reviewer': empty"),
         (("logs", "--event", ""), "Invalid value for '--event': empty"),
+        # Said as they are: "is null" for a number; "[Errno 21] Is a directory: '/…'".
+        (
+            ("create-jobs", "--input", "{num}", "--grouping", "note"),
+            "input's model_partition 5: expected a partition name",
+        ),
+        (("ack", "--model", "fake", "{notes}", "prose/body-check"), "kb/notes: Is a directory\n"),
         # Summed into budgets and reports: a negative or infinite cost was recorded as given.
         (
             ("finalize", "--review-job-id", "1", "--telemetry-json", '{{"cost_usd": -1}}'),
@@ -585,9 +591,12 @@ def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
     Store.open(flow.state).close()  # a state folder in use: the arguments are what is wrong
     bad = flow.root / "bad.json"
     bad.write_bytes(b"\xff\xfe{}")
+    num = flow.root / "num.json"
+    num.write_text('{"model_partition": 5, "targets": []}')
     (flow.root / "file").write_text("")
     note = flow.root / "kb" / "notes" / "alpha.md"
-    args = tuple(a.format(bad=bad, file=flow.root / "file", note=note) for a in args)
+    file, notes = flow.root / "file", note.parent
+    args = tuple(a.format(bad=bad, num=num, file=file, note=note, notes=notes) for a in args)
     res = run_cli(*args)
     assert res.exit_code in (1, 2), res.stdout
     assert says in res.stderr and "internal error" not in res.stderr

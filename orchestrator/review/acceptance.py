@@ -28,7 +28,9 @@ def ack(
     completed review of the pair in ``model``. All or nothing."""
     try:
         note = kb.read_note(kb.check_rel(note_path))
-    except (OSError, NoteParseError) as exc:
+    except OSError as exc:  # a folder, a file gone: its reason, not Python's errno
+        raise AckError(f"{note_path}: {exc.strerror or exc}") from None
+    except NoteParseError as exc:
         raise AckError(f"{note_path}: {exc}") from None
     plan = []
     for gate_id in dict.fromkeys(gate_ids):

@@ -134,7 +134,10 @@ def parse_select_json(text: str) -> tuple[str | None, list[dict]]:
             raise JobError(f"input target #{i + 1}: needs string note_path and gate_id")
         targets.append(t)
     partition = data.get("model_partition")
-    return (partition if isinstance(partition, str) else None), targets
+    if partition is not None and not isinstance(partition, str):
+        # Said as it is: "is null" for a 5 sent the person looking for a missing key.
+        raise JobError(f"input's model_partition {partition!r}: expected a partition name")
+    return partition, targets
 
 
 @dataclass
