@@ -632,3 +632,16 @@ def test_heartbeats_keep_coming_when_connect_checks_are_more_frequent(tmp_path):
     )
     assert len(beats) >= 3, out.reasons
     assert out.classification == "no-output"  # released by the test, not by the deadline
+
+
+def test_doctor_says_when_it_made_the_state_db(run_cli, kb):
+    """Run on a mistyped --state, doctor made a state.db there and said 'ok' as if it were
+    the night's; after that, status read it as all clear."""
+    typo = kb.root / "typo"
+    first = run_cli("--state", str(typo), "doctor").stdout
+    assert (
+        f"ok: state.db created at {typo / 'state.db'}: nothing had run with this state folder "
+        "(is --state right?)"
+    ) in first
+    again = run_cli("--state", str(typo), "doctor").stdout
+    assert f"ok: state.db at {typo / 'state.db'}, schema " in again

@@ -510,8 +510,15 @@ def _doctor_control_side(ws: Workspace, report) -> None:
     from orchestrator.state.status import unwritten_fixes
 
     try:
+        new = not (ws.state_dir / "state.db").exists()
         store = ws.store
-        report(True, f"state.db at {store.path}, schema {store.schema_version()}")
+        report(
+            True,
+            f"state.db created at {store.path}: nothing had run with this state folder "
+            "(is --state right?)"
+            if new
+            else f"state.db at {store.path}, schema {store.schema_version()}",
+        )
         due, error = files_due(store)
         report(
             due == 0,
