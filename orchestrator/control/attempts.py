@@ -15,10 +15,8 @@ from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
-from orchestrator.state.status import FAILED_OUTCOMES
+from orchestrator.state.status import FAILED_SQL
 from orchestrator.state.store import Store, reasons_column, utcnow
-
-FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
 
 
 class AttemptError(ValueError):
@@ -118,8 +116,9 @@ def open_attempt(
         attempt_dir = folder / f"attempt-{attempt}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         retry = ""
-        if previous is not None and reasons_column(previous["reasons"]):
-            retry = render_retry(previous["attempt"], reasons_column(previous["reasons"]))
+        reasons = reasons_column(previous["reasons"]) if previous is not None else []
+        if reasons:
+            retry = render_retry(previous["attempt"], reasons)
         note_text = None
         if job["kind"] == "fix":
             # A fixer's output is the whole new note, not a bundle.

@@ -24,7 +24,6 @@ from orchestrator import logs
 from orchestrator.config import ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
-    FAILED_SQL,
     JobMoved,
     OpenedAttempt,
     fail_job,
@@ -38,7 +37,7 @@ from orchestrator.cycles.fixes import changes_not_the_agents, write_due_fixes
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, write_due_job_files
-from orchestrator.state.status import Pause, paused_reviewers, spent_usd
+from orchestrator.state.status import FAILED_SQL, Pause, paused_reviewers, spent_usd
 from orchestrator.state.store import parse_timestamp, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from orchestrator.report.period import Period
 from orchestrator.state.status import (
-    FAILED_OUTCOMES,
-    NOT_RUN_OUTCOMES,
+    FAILED_SQL,
+    NOT_RUN_SQL,
     over_budget_runs,
     paused_reviewers,
     spent_usd,
@@ -29,8 +29,8 @@ REPORT_LINES = 60  # per gate-review report
 # An attempt whose agent ran and failed (a charge on the profile's work), and one whose
 # agent never answered (no worker, no program, no model): counted as failed, a night with
 # the workers down showed every reviewer at 100 %.
-FAILED_ATTEMPT = "a.outcome IN (" + ", ".join(f"'{o}'" for o in FAILED_OUTCOMES) + ")"
-NOT_RUN_ATTEMPT = "a.outcome IN (" + ", ".join(f"'{o}'" for o in NOT_RUN_OUTCOMES) + ")"
+FAILED_ATTEMPT = f"a.outcome IN ({FAILED_SQL})"
+NOT_RUN_ATTEMPT = f"a.outcome IN ({NOT_RUN_SQL})"
 # Open jobs none of whose attempts launched, beat or ended for this long have stalled.
 STALLED_AFTER = timedelta(minutes=15)
 # A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.

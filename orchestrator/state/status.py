@@ -18,6 +18,9 @@ FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned
 # Attempts whose agent never answered: no program, no model, no worker. Infrastructure,
 # not a verdict on the reviewer's work.
 NOT_RUN_OUTCOMES = ("launch-failure", "reviewer-failure", "lost")
+# The same as SQL lists, for `outcome IN (...)`.
+FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
+NOT_RUN_SQL = ", ".join(f"'{o}'" for o in NOT_RUN_OUTCOMES)
 
 
 class NotFound(ValueError):
