@@ -77,12 +77,12 @@ def _stored_sha(root: Path, rel: str, data: bytes) -> str:
     return p.stdout.decode().strip()
 
 
-def _earlier_commit(root: Path, rel: str, msg: str, after: bytes) -> str | None:
+def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
     """The commit of this very fix, if a run that died before recording it (or another
     writer of the same due fix) made one: anywhere in HEAD's history, not only at HEAD (a
     person may have committed since). It must touch the note, carry this message whole
-    and hold this text: a job id alone repeats across state folders, and another note's
-    fix under the same id was taken for this one."""
+    and hold the fixed text (``fixed``, its blob): a job id alone repeats across state
+    folders, and another note's fix under the same id was taken for this one."""
     trailer = next((line for line in msg.splitlines() if line.startswith("Reviewq-Job: ")), None)
     if trailer is None:
         return None
@@ -91,7 +91,6 @@ def _earlier_commit(root: Path, rel: str, msg: str, after: bytes) -> str | None:
     )
     if found.returncode != 0:
         return None
-    fixed = _stored_sha(root, rel, after)
     for sha in found.stdout.split():
         body = _git(root, "log", "-1", "--format=%B", sha).stdout
         blob = _git(root, "rev-parse", "--verify", "--quiet", f"{sha}:./{rel}").stdout.strip()
@@ -133,7 +132,7 @@ def commit_fix(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> C
         # A slow post-commit hook (--no-verify does not skip it) outlives the wait after
         # the commit was made: look for it before calling it failed.
         try:
-            sha = _earlier_commit(root, rel, msg, after)
+            sha = _earlier_commit(root, rel, msg, _stored_sha(root, rel, after))
         except (OSError, subprocess.SubprocessError):
             sha = None
         return CommitOutcome(sha=sha) if sha else CommitOutcome(why_not=f"git could not run: {exc}")
@@ -157,8 +156,9 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
             why_not="HEAD is detached (no branch is checked out); a commit there would be "
             "left behind at the next checkout"
         )
-    if head_blob == _stored_sha(root, rel, after):
-        earlier = _earlier_commit(root, rel, msg, after)
+    fixed = _stored_sha(root, rel, after)
+    if head_blob == fixed:
+        earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:  # this very commit, made by a run that died before it was recorded
             return CommitOutcome(sha=earlier)
     staged = _git(root, "ls-files", "--stage", "--", rel)
@@ -182,13 +182,13 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
     )(_git, root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
     if done.returncode != 0:
         # Another writer of this due fix (a run-job beside the control) committed it first.
-        earlier = _earlier_commit(root, rel, msg, after)
+        earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:
             return CommitOutcome(sha=earlier)
         return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}")
     sha = _git(root, "rev-parse", "HEAD").stdout.strip()
     now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
-    if now != _stored_sha(root, rel, after):
+    if now != fixed:
         # Someone wrote the note between the fix and the commit: the commit holds their text.
         return CommitOutcome(
             sha=sha, why_not="the note changed while committing; the commit holds that text"
