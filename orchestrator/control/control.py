@@ -13,7 +13,6 @@ fenced by attempt inside its transaction.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, write_due_job_files
 from orchestrator.state.status import FAILED_SQL, Pause, paused_reviewers, spent_usd
-from orchestrator.state.store import parse_timestamp, timestamp, utcnow
+from orchestrator.state.store import parse_timestamp, storable_number, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
@@ -712,6 +711,4 @@ class Control:
 def _number(value: object) -> float | None:
     """A count or a cost from a worker's telemetry, or None: SQLite stores no NaN, and
     what is not a finite number is nobody's spend."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return value if math.isfinite(value) and abs(value) < 2**63 else None
+    return value if storable_number(value) else None

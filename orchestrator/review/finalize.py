@@ -19,7 +19,7 @@ from orchestrator import faults, logs
 from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.state.files import write_job_files_after_commit
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, storable_number, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
 MAX_REASONS = 50
@@ -104,9 +104,7 @@ def parse_telemetry(value: str | None) -> dict | None:
         # Summed into status, budgets and reports: a negative or infinite cost (JSON
         # takes Infinity and NaN) would stop a budget for good or hide real spend.
         v = data.get(key)
-        if v is not None and (
-            isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 2**63
-        ):
+        if v is not None and not (storable_number(v) and v >= 0):
             raise FinalizeError(f"--telemetry-json: {key} {v!r}: expected a number, 0 or more")
     return data
 

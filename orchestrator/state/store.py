@@ -37,6 +37,14 @@ def parse_timestamp(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def storable_number(value: object) -> bool:
+    """Whether a cost or a count is one SQLite holds as given: an int or a float within its
+    64-bit range, not a bool, NaN or infinity. What is not one is nobody's spend."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and -(2**63) < value < 2**63
+    )
+
+
 def json_column(text: str | None) -> object:
     """A JSON column as it was written. One edited by hand into something else comes back
     as its text, marked, rather than ending the command, report or control tick that reads

@@ -32,19 +32,18 @@ prices (:func:`priced`), so sweep budgets hold for every kind.
 from __future__ import annotations
 
 import json
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from orchestrator.config import PLACEHOLDERS, ReviewerProfile
+from orchestrator.state.store import storable_number
 
 TASKS = ("review", "fix", "audit")
 _MAX_TELEMETRY_BYTES = 1_000_000  # a few numbers; anything longer is not telemetry
 # What reading a CLI's JSON may raise: not JSON, or nested deeper than the parser goes.
 UNREADABLE = (ValueError, RecursionError)
-_MAX_COUNT = 2**63  # SQLite's INTEGER; a count past it is not a count
 
 
 @dataclass(frozen=True)
@@ -123,13 +122,7 @@ class Telemetry:
 
 
 def _num(value: object, kind: type) -> int | float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if not -_MAX_COUNT < value < _MAX_COUNT:
-        return None
-    return kind(value)
+    return kind(value) if storable_number(value) else None
 
 
 def telemetry_from_file(path: Path) -> Telemetry:
