@@ -387,12 +387,12 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         emit_json(data)
         return
 
-    def shown(v: object) -> str:
+    def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
         return "-" if v is None else str(v)
 
     click.echo(
         f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
-        f"reviewer {shown(data['reviewer'])})"
+        f"reviewer {dash(data['reviewer'])})"
     )
     for r in data["failure_reasons"]:
         click.echo(f"  reason: {r}")
@@ -400,11 +400,11 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
     for a in data["attempts"]:
         cost = a["cost_usd"]
-        cost = f"${cost:.4f}" if isinstance(cost, int | float) else shown(cost)
+        cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)
         click.echo(
-            f"  attempt {a['attempt']}: {a['outcome']} exit {shown(a['exit_code'])} "
-            f"turns {shown(a['num_turns'])} "
-            f"tokens {shown(a['input_tokens'])}/{shown(a['output_tokens'])} {cost}"
+            f"  attempt {a['attempt']}: {a['outcome']} exit {dash(a['exit_code'])} "
+            f"turns {dash(a['num_turns'])} "
+            f"tokens {dash(a['input_tokens'])}/{dash(a['output_tokens'])} {cost}"
         )
         for r in a["reasons"]:
             click.echo(f"    {r}")
