@@ -229,7 +229,7 @@ def test_control_killed_mid_finalize_leaves_nothing_partial(kb, tmp_path):
     log_lines(kb)
 
 
-def test_missing_agent_binary_pauses_the_reviewer_and_burns_no_attempt(kb):
+def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_lifts_it(kb):
     small_kb(kb, notes=4)
     kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
     res = rq(kb, "sweep", "--reviewer", "fake", "--json")
@@ -249,6 +249,20 @@ def test_missing_agent_binary_pauses_the_reviewer_and_burns_no_attempt(kb):
     assert paused_events and "could not start" in paused_events[0]["reason"]
     status = json.loads(rq(kb, "status", "--json").stdout)
     assert status["reviewers"]["fake"]["paused_until"] == paused
+    # The agent installed, a person lifts the pause instead of waiting out pause_seconds.
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "sweep", "--reviewer", "fake").returncode == 1  # still paused
+    res = rq(kb, "resume", "fake")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"reviewer fake resumed (it was paused until {paused}: its agent")
+    assert [e["event"] for e in log_lines(kb)].count("reviewer.resumed") == 1
+    res = rq(kb, "sweep", "--reviewer", "fake", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        assert {r[0] for r in conn.execute("SELECT status FROM review_jobs")} == {"completed"}
+    assert rq(kb, "resume", "fake").stdout == "reviewer fake is not paused\n"
+    res = rq(kb, "resume", "fakee")
+    assert res.returncode == 1 and res.stderr.startswith("error: no reviewer profile 'fakee'")
 
 
 def test_hung_agent_is_killed_at_the_deadline_with_its_group(kb, tmp_path):

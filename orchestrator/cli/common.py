@@ -51,7 +51,17 @@ DOMAIN_ERRORS: tuple[type[Exception], ...] = (
 
 READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
 # Commands about what has run: a state folder where nothing has is a mistake to name.
-NEEDS_STATE = {"status", "jobs", "job", "escalations", "warn-queue", "export", "report", "decide"}
+NEEDS_STATE = {
+    "status",
+    "jobs",
+    "job",
+    "escalations",
+    "warn-queue",
+    "export",
+    "report",
+    "decide",
+    "resume",
+}
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
 NO_KB = {"worker", "doctor"}

@@ -8,11 +8,13 @@ import shlex
 import shutil
 import sys
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
+from orchestrator import logs
 from orchestrator.cli.common import (
     JOB_ID,
     SQL_INT,
@@ -301,6 +303,35 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     problems.extend(out.children_failed)
     if problems:
         raise Refused("; ".join(problems))
+
+
+@cli.command("resume")
+@click.argument("reviewer", callback=not_blank)
+@click.pass_obj
+@refuse_domain_errors
+def resume_cmd(ws: Workspace, reviewer: str) -> None:
+    """Lift a reviewer's pause now that its cause is fixed (a key renewed, a CLI
+    installed), instead of waiting out pause_seconds. The control process may keep
+    running: it dispatches the reviewer's queued jobs at once.
+
+    \b
+    Example:
+      reviewq resume claude
+    """
+    from orchestrator.control.control import lift_pause
+
+    store = ws.store
+    lifted = lift_pause(store, reviewer, datetime.now(UTC))
+    if lifted is None:
+        ws.settings.reviewer(reviewer)  # a mistyped name is an error, not "not paused"
+        click.echo(f"reviewer {reviewer} is not paused")
+        return
+    logs.get().info(
+        "reviewer.resumed", reviewer=reviewer, paused_until=lifted.until, reason=lifted.reason
+    )
+    nudge_control(ws)
+    why = f": {lifted.reason}" if lifted.reason else ""
+    click.echo(f"reviewer {reviewer} resumed (it was paused until {lifted.until}{why})")
 
 
 @cli.command("status")

@@ -37,7 +37,13 @@ from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, write_due_job_files
 from orchestrator.state.status import FAILED_SQL, Pause, paused_reviewers, spent_usd
-from orchestrator.state.store import parse_timestamp, storable_number, timestamp, utcnow
+from orchestrator.state.store import (
+    Store,
+    parse_timestamp,
+    storable_number,
+    timestamp,
+    utcnow,
+)
 from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
@@ -712,3 +718,28 @@ def _number(value: object) -> float | None:
     """A count or a cost from a worker's telemetry, or None: SQLite stores no NaN, and
     what is not a finite number is nobody's spend."""
     return value if storable_number(value) else None
+
+
+def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
+    """Resume a paused reviewer profile at once (its cause fixed: a key renewed, a CLI
+    installed), with its queued jobs' launch backoff: the pause that was lifted, or None
+    when ``name`` was not paused. The control process reads pauses from state.db at each
+    dispatch, so it need not be stopped."""
+    with store.write():
+        row = store.conn.execute(
+            "SELECT paused_until, paused_reason FROM reviewer_state "
+            "WHERE name = ? AND paused_until > ?",
+            (name, timestamp(now)),
+        ).fetchone()
+        store.conn.execute(
+            "UPDATE reviewer_state SET paused_until = NULL, paused_reason = NULL, "
+            "launch_failures = 0, updated_at = ? WHERE name = ?",
+            (utcnow(), name),
+        )
+        if row is None:
+            return None
+        store.conn.execute(
+            "UPDATE review_jobs SET not_before = NULL WHERE reviewer = ? AND status = 'queued'",
+            (name,),
+        )
+    return Pause(row[0], row[1])
