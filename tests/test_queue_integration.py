@@ -234,7 +234,7 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
     res = rq(kb, "sweep", "--reviewer", "fake", "--json")
     assert res.returncode == 1
-    assert "wait on paused reviewer fake" in res.stderr
+    assert "wait on paused reviewer fake" in res.stderr and "`reviewq resume NAME`" in res.stderr
     out = json.loads(res.stdout)
     assert out["progress"]["waiting_paused"] > 0 and out["failed"] == []
     with db(kb) as conn:

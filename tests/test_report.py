@@ -364,6 +364,7 @@ def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path)
     # The one failed job is shown as its escalation (call redo), not twice.
     assert (dom["failed"], dom["paused"], dom["budgets"], dom["fixes"]) == (0, 1, 1, 1)
     assert f"reviewq decide --note {CITY} approve" in "\n".join(dom["commands"])
+    assert "reviewq resume missing" in dom["commands"]
     assert dom["figures"] == dom["tables"] >= 5 and dom["scripts"] == 0
     assert dom["added"] == ["+FIXED: now it says more."]
     page.screenshot(tmp_path / "report-laptop.png")

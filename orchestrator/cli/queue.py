@@ -293,7 +293,10 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
             f"{n} (until {p.until}{': ' + p.reason if p.reason else ''})"
             for n, p in out.paused.items()
         )
-        problems.append(f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}")
+        problems.append(
+            f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}; "
+            "once the cause is fixed, `reviewq resume NAME` lifts the pause"
+        )
     if out.summary["fixes_unwritten"]:
         first = out.summary["fixes_unwritten"][0]
         problems.append(

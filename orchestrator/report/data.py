@@ -170,7 +170,12 @@ def _needs_you(
         f["reasons"] = reasons_column(f.pop("failure_reasons"))[:3]
     budgets = _budgets(store, scope, args)
     paused = [
-        {"reviewer": name, "paused_until": pause.until, "paused_reason": pause.reason}
+        {
+            "reviewer": name,
+            "paused_until": pause.until,
+            "paused_reason": pause.reason,
+            "resume": f"reviewq resume {shlex.quote(name)}",
+        }
         for name, pause in sorted(paused_reviewers(store, now).items())
     ]
     for p in paused:
