@@ -8,6 +8,9 @@ import subprocess
 
 import pytest
 
+from orchestrator.cycles.fixes import write_due_fixes
+from orchestrator.state.workspace import Workspace
+
 from .conftest import reviewq_process
 from .test_cycles_integration import db, profile
 from .test_queue_integration import FAST_QUEUE
@@ -155,3 +158,63 @@ def test_unknown_fix_keys_are_refused(kb):
     assert res.stderr.strip().splitlines() == [
         f"error: {kb.root / 'reviewq.toml'} [fix] git_comit: unknown key (known: git_commit)"
     ]
+
+
+def _tick(kb) -> None:
+    """What the control process's tick does for fixes whose file or commit is still due."""
+    ws = Workspace.open(kb.root)
+    try:
+        write_due_fixes(ws.kb, ws.store, git_commit=True)
+    finally:
+        ws.close()
+
+
+def test_a_commit_an_index_lock_refused_is_made_at_a_tick_once_the_lock_is_gone(repo):
+    """A person's git that crashed leaves .git/index.lock behind. The first refusal was
+    final: the fix stayed uncommitted for good, and every later fix of the note was
+    refused for the 'uncommitted edits' it left."""
+    lock = repo.root / ".git" / "index.lock"
+    lock.write_text("")
+    head_before = git(repo.root, "rev-parse", "HEAD").strip()
+
+    sweep(repo)
+
+    job = fix_job(repo)
+    assert job["result"] == "applied" and FIXED in repo.read(NOTE)
+    assert (job["fix_commit"], job["fix_no_commit"]) == (None, None)  # not given up
+    [deferred] = log_events(repo, "fix.commit_deferred")  # once, though each tick tried
+    assert deferred["job_id"] == job["id"] and "index.lock" in deferred["reason"]
+    [shown] = report(repo)["kb_changes"]["fixes"]
+    assert "index.lock" in shown["commit_pending"] and shown["fix_no_commit"] is None
+    _tick(repo)  # still held
+    assert (
+        fix_job(repo)["fix_commit"] is None
+        and git(repo.root, "rev-parse", "HEAD").strip() == head_before
+    )
+
+    lock.unlink()  # the person removes it
+    _tick(repo)
+
+    sha = fix_job(repo)["fix_commit"]
+    assert sha == git(repo.root, "rev-parse", "HEAD").strip()
+    assert git(repo.root, "rev-parse", "HEAD~1").strip() == head_before
+    assert git(repo.root, "show", "--name-only", "--format=", sha).split() == [NOTE]
+    [shown] = report(repo)["kb_changes"]["fixes"]
+    assert (shown["fix_commit"], shown["commit_pending"]) == (sha, None)
+    with db(repo) as conn:
+        assert conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+
+
+def test_a_commit_refused_for_a_day_is_given_up_with_the_reason(repo):
+    (repo.root / ".git" / "index.lock").write_text("")
+    sweep(repo)
+    with db(repo) as conn:
+        conn.execute("UPDATE fix_writes_due SET since = '2000-01-01T00:00:00.000000Z'")
+    _tick(repo)
+    job = fix_job(repo)
+    assert job["fix_commit"] is None
+    assert "index.lock" in job["fix_no_commit"] and job["fix_no_commit"].endswith(
+        "(tried for a day)"
+    )
+    with db(repo) as conn:
+        assert conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0

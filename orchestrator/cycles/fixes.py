@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from orchestrator import logs
@@ -28,12 +29,17 @@ from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
 from orchestrator.state.files import (
     NOT_TRIED,
+    Later,
     mark_job_files_due,
     settle_due,
     write_each,
     write_job_files_after_commit,
 )
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, parse_timestamp, utcnow
+
+# A fix commit refused for an index lock another git holds is tried again at each tick
+# for this long (a person's git that crashed leaves its lock behind until they remove it).
+COMMIT_TRIED_FOR = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -335,9 +341,14 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
             )
     commit = None
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
+        tried = due["written"] and due["error"] != NOT_TRIED  # its commit waited a tick
         commit = commit_applied_fix(
-            kb, store, job, real, text(due["old_sha256"]), text(due["new_sha256"])
+            kb, store, job, real, text(due["old_sha256"]), text(due["new_sha256"]), tried
         )
+        if commit.again:
+            if parse_timestamp(due["since"]) > datetime.now(UTC) - COMMIT_TRIED_FOR:
+                raise Later("fix.commit_deferred", commit.why_not or "")
+            commit = CommitOutcome(why_not=f"{commit.why_not} (tried for a day)")
         _record_commit(store, job, due["path"], commit)
     logs.get().info(
         "fix.applied",
@@ -397,12 +408,13 @@ def replace_note(path: Path, data: bytes) -> None:
 
 
 def commit_applied_fix(
-    kb: KB, store: Store, job, rel: str, given: bytes, data: bytes
+    kb: KB, store: Store, job, rel: str, given: bytes, data: bytes, tried: bool = False
 ) -> CommitOutcome:
     """The fix just written as one git commit of that note alone. Called right after the
-    note file is replaced (it compares HEAD with the text the fixer was given)."""
+    note file is replaced (it compares HEAD with the text the fixer was given). A fix
+    ``tried`` at an earlier tick tries once: a lock still held must not stall the tick."""
     msg = message(rel, _gates(store, job["id"]), job["id"], job["review_reviewer"], job["reviewer"])
-    return commit_fix(kb.root, rel, given, data, msg)
+    return commit_fix(kb.root, rel, given, data, msg, patient=not tried)
 
 
 def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> None:

@@ -44,6 +44,7 @@ _IDENTITY = {
 class CommitOutcome:
     sha: str | None = None  # the commit, when there is one
     why_not: str | None = None  # else why the fix was left uncommitted
+    again: bool = False  # refused for an index lock another git holds: try again later
 
     def to_json(self) -> dict:
         return {"commit": self.sha, "why_not": self.why_not}
@@ -123,11 +124,14 @@ def message(
     )
 
 
-def commit_fix(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> CommitOutcome:
+def commit_fix(
+    root: Path, rel: str, before: bytes, after: bytes, msg: str, *, patient: bool = True
+) -> CommitOutcome:
     """Commit the note at ``rel`` (root-relative) that now holds ``after`` and held
-    ``before``. Never raises for git's sake: a failure is a reason, and the fix stands."""
+    ``before``. Never raises for git's sake: a failure is a reason, and the fix stands.
+    ``patient``: wait out an index lock another git holds for a few seconds, else try once."""
     try:
-        return _commit(root, rel, before, after, msg)
+        return _commit(root, rel, before, after, msg, _LOCK_TRIES if patient else 1)
     except subprocess.TimeoutExpired as exc:
         # A slow post-commit hook (--no-verify does not skip it) outlives the wait after
         # the commit was made: look for it before calling it failed.
@@ -140,7 +144,9 @@ def commit_fix(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> C
         return CommitOutcome(why_not=f"git could not run: {exc}")
 
 
-def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> CommitOutcome:
+def _commit(
+    root: Path, rel: str, before: bytes, after: bytes, msg: str, lock_tries: int
+) -> CommitOutcome:
     inside = _git(root, "rev-parse", "--is-inside-work-tree")
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return CommitOutcome(why_not="the KB is not in a git repository")
@@ -175,7 +181,7 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
     # --no-verify: hooks are a person's tools for their own commits; one that waits for
     # input or fails on style would stall the control process or lose the trail.
     done = Retrying(
-        stop=stop_after_attempt(_LOCK_TRIES),
+        stop=stop_after_attempt(lock_tries),
         wait=wait_exponential(multiplier=0.1, max=2),
         retry=retry_if_result(lambda p: p.returncode != 0 and "index.lock" in p.stderr),
         retry_error_callback=lambda state: state.outcome.result(),
@@ -185,7 +191,9 @@ def _commit(root: Path, rel: str, before: bytes, after: bytes, msg: str) -> Comm
         earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:
             return CommitOutcome(sha=earlier)
-        return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}")
+        return CommitOutcome(
+            why_not=f"git commit failed: {_first_line(done)}", again="index.lock" in done.stderr
+        )
     sha = _git(root, "rev-parse", "HEAD").stdout.strip()
     now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
     if now != fixed:

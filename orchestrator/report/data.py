@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from orchestrator.report.period import Period
+from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.status import (
     FAILED_SQL,
     NOT_RUN_SQL,
@@ -35,6 +36,11 @@ NOT_RUN_ATTEMPT = f"a.outcome IN ({NOT_RUN_SQL})"
 STALLED_AFTER = timedelta(minutes=15)
 # A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
 NIGHT = "date(substr({col}, 1, 19), '-12 hours')"
+# Why an applied fix's commit waits for a later tick (another git's index lock), if it does.
+_COMMIT_PENDING = (
+    "(SELECT d.error FROM fix_writes_due d WHERE d.job_id = j.id AND d.written = 1 "
+    f"AND d.error != '{NOT_TRIED}') AS commit_pending"
+)
 
 
 # Why an open escalation can now only be rejected, given its note and gate, or None.
@@ -271,7 +277,7 @@ def _escalated_note(
     fixes = _rows(
         store,
         "SELECT j.id, j.status, j.result, j.reviewer AS fixer, j.feedback, j.failure_reasons, "
-        "j.finished_at, j.fix_commit, j.fix_no_commit, g.text AS given, f.text AS fixed "
+        f"j.finished_at, j.fix_commit, j.fix_no_commit, {_COMMIT_PENDING}, g.text AS given, f.text AS fixed "
         "FROM review_jobs j LEFT JOIN snapshots f ON f.id = j.fixed_snapshot_id "
         "LEFT JOIN snapshots g ON g.id = (SELECT note_snapshot_id FROM review_pairs WHERE job_id = j.id "
         "ORDER BY id LIMIT 1) WHERE j.kind = 'fix' AND j.note_path = ? ORDER BY j.id DESC LIMIT 5",
@@ -347,7 +353,7 @@ def _kb_changes(
     applied = _rows(
         store,
         "SELECT j.id, j.note_path, j.reviewer AS fixer, j.review_reviewer AS reviewer, j.finished_at, "
-        "j.fix_commit, j.fix_no_commit, j.feedback, g.text AS given, f.text AS fixed, "
+        f"j.fix_commit, j.fix_no_commit, {_COMMIT_PENDING}, j.feedback, g.text AS given, f.text AS fixed, "
         "(SELECT group_concat(p.gate_id, ', ') FROM review_pairs p WHERE p.job_id = j.id) AS gates, "
         "j.source_job_id FROM review_jobs j JOIN snapshots f ON f.id = j.fixed_snapshot_id "
         "LEFT JOIN snapshots g ON g.id = (SELECT note_snapshot_id FROM review_pairs WHERE job_id = j.id "

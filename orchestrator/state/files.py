@@ -311,6 +311,16 @@ def settle_due(
         )
 
 
+class Later(Exception):
+    """Raised by a ``write_each`` writer whose work cannot be finished now and is tried
+    again at the next tick (not a failure: a lock another program holds for a while).
+    ``event`` is logged as a warning when its reason is new."""
+
+    def __init__(self, event: str, reason: str) -> None:
+        super().__init__(reason)
+        self.event = event
+
+
 def write_each(
     due: dict[int, str],
     write: Callable[[int], None],
@@ -328,6 +338,13 @@ def write_each(
     for i, before in due.items():
         try:
             write(i)
+        except Later as exc:
+            failed[i] = str(exc)
+            if str(exc) != before:
+                logs.get().warning(
+                    exc.event, **{key: i}, reason=str(exc), recovery="tried again at each tick"
+                )
+            continue
         except Exception as exc:  # whatever it is, it must not keep the others unwritten
             error = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
             failed[i] = error
