@@ -281,6 +281,19 @@ def test_editing_a_type_spec_stales_exactly_its_notes(kb, run_cli):
     assert r == {("kb/notes/d.md", "type/definition"): "gate-changed"}
 
 
+def test_a_gate_edit_is_seen_when_another_selected_gate_holds_its_old_text(kb, run_cli):
+    """The aggregated scan took any selected gate's current snapshot as current for every
+    gate: a type spec copied from a gate's reviewed text hid that gate's edit."""
+    gate = kb.gate("prose/body-check", ["body"])
+    kb.type_spec("plain")
+    kb.note("a", type="plain")
+    kb.accept("m1", [("kb/notes/a.md", "prose/body-check")])
+    kb.write("kb/types/gate-template.md", kb.read(gate))
+    kb.gate("prose/body-check", ["body"], body="## Failure mode\n\nx\n\n## Test\n\nStricter.\n")
+    r = reasons(run_cli("select", "--all-gates", "type", "--model", "m1", "--json"))
+    assert r[("kb/notes/a.md", "prose/body-check")] == "gate-changed"
+
+
 def test_requires_type_and_trait(kb, run_cli):
     kb.type_spec("definition")
     kb.gate("prose/def-only", ["body"], requires_type="definition")

@@ -168,7 +168,7 @@ def select(
             "SELECT COALESCE(MAX(id), 0), count(*) FROM snapshots"
         ).fetchone()
         key = SelectMemo.key(
-            "select/1",
+            "select/2",  # bumped when an answer of the same inputs changes
             model,
             sorted(selectors),
             all_gates,
@@ -314,7 +314,7 @@ def _freshness(
         scan = store.scan_acceptance(
             model,
             list(uncond_by_id),
-            sorted({sid for _, sid in fresh_gate_snaps}),
+            sorted(fresh_gate_snaps),
             [n.path for n in notes] if note_filter else None,
         )
         for note_path, rows, min_snap, max_snap, stale in scan:

@@ -375,12 +375,13 @@ class Store:
         self,
         model_partition: str,
         gates: Sequence[str],
-        fresh_gate_snaps: Sequence[int],
+        fresh_gate_snaps: Iterable[tuple[str, int]],
         notes: Sequence[str] | None = None,
     ) -> Iterator[tuple[str, int, int, int, str | None]]:
         """Per note with acceptance among ``gates``: (note_path, rows, min and max note
         snapshot id, the rows whose gate snapshot is not current as ``gate_id US
-        gate_snap`` records joined by RS).
+        gate_snap`` records joined by RS). ``fresh_gate_snaps`` are (gate_id, snapshot id)
+        pairs: a snapshot holding one gate's current text says nothing of another gate's.
 
         One pass over the partition with no join: when min = max = the note's current
         snapshot, every row's note text is current and only the listed gate rows are
@@ -391,15 +392,18 @@ class Store:
         c.execute(
             "CREATE TEMP TABLE IF NOT EXISTS scan_gates (gate_id TEXT PRIMARY KEY) WITHOUT ROWID"
         )
-        c.execute("CREATE TEMP TABLE IF NOT EXISTS scan_fresh (snap INTEGER PRIMARY KEY)")
+        c.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS scan_fresh_gates "
+            "(gate_id TEXT, snap INTEGER, PRIMARY KEY (gate_id, snap)) WITHOUT ROWID"
+        )
         c.execute(
             "CREATE TEMP TABLE IF NOT EXISTS scan_notes (path TEXT PRIMARY KEY) WITHOUT ROWID"
         )
-        for table in ("scan_gates", "scan_fresh", "scan_notes"):
+        for table in ("scan_gates", "scan_fresh_gates", "scan_notes"):
             c.execute(f"DELETE FROM temp.{table}")
         c.executemany("INSERT INTO temp.scan_gates VALUES (?)", ((g,) for g in gates))
         c.executemany(
-            "INSERT OR IGNORE INTO temp.scan_fresh VALUES (?)", ((s,) for s in fresh_gate_snaps)
+            "INSERT OR IGNORE INTO temp.scan_fresh_gates VALUES (?, ?)", fresh_gate_snaps
         )
         where = ""
         if notes is not None:
@@ -407,7 +411,7 @@ class Store:
             where = " AND note_path IN temp.scan_notes"
         cur = c.execute(
             "SELECT note_path, count(*), min(note_snapshot_id), max(note_snapshot_id), "
-            "group_concat(CASE WHEN gate_snapshot_id IN temp.scan_fresh THEN NULL "
+            "group_concat(CASE WHEN (gate_id, gate_snapshot_id) IN temp.scan_fresh_gates THEN NULL "
             "ELSE gate_id || char(31) || gate_snapshot_id END, char(30)) "
             "FROM acceptance WHERE model_partition = ? AND gate_id IN temp.scan_gates"
             + where
