@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from orchestrator.kb import notecache
 from orchestrator.state.store import Store
 
 
@@ -364,7 +367,9 @@ def age_files(root, seconds: float = 3600) -> None:
         os.utime(p, (t, t))
 
 
-def test_note_cache_never_hides_an_edit(small, run_cli):
+def test_note_cache_never_hides_an_edit(small, run_cli, monkeypatch):
+    # A file's ctime cannot be set into the past: trust the stamps at once.
+    monkeypatch.setattr(notecache, "_RACY_S", 0.0)
     accept_all(small)
     age_files(small.root)
     first = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
@@ -379,6 +384,25 @@ def test_note_cache_never_hides_an_edit(small, run_cli):
         ("kb/notes/beta.md", "prose/body-check"),
         ("kb/notes/beta.md", "prose/align"),
     }
+    # The accepted text back in place, same size, same inode, and the old mtime put back
+    # (what cp -p, rsync -t and tar do): only the ctime says the file changed.
+    cached = path.stat()
+    with open(path, "r+b") as f:
+        data = f.read().replace(b"Beta BODY.", b"Beta body.")
+        f.seek(0)
+        f.write(data)
+    for _ in range(100_000):  # until the coarse clock moves on from the cached ctime
+        os.utime(path, ns=(cached.st_atime_ns, cached.st_mtime_ns))
+        now = path.stat()
+        if now.st_ctime_ns != cached.st_ctime_ns:
+            break
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (
+        cached.st_size,
+        cached.st_mtime_ns,
+        cached.st_ino,
+    )
+    data = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert data["targets"] == []  # fresh again, not note-changed as the cache remembered
 
 
 def test_a_damaged_note_cache_is_rebuilt(small, run_cli):

@@ -2,8 +2,10 @@
 
 :class:`NoteCache` remembers, per note file, its sha256 and frontmatter facts (type, traits,
 status) under the
-file's (size, mtime_ns, inode), so a note that did not change costs one stat(). Like git's
-index it trusts those three; an entry written within two seconds of the file's mtime is
+file's (size, mtime_ns, ctime_ns, inode, device), so a note that did not change costs one
+stat(). Like git's index it trusts those; ctime is among them because tools that copy or
+sync files (``cp -p``, ``rsync -a``, ``tar``) set the old mtime on new content, but no
+tool can set ctime. An entry written within two seconds of the file's mtime or ctime is
 not kept, so an edit in the same clock tick as the cache write is never missed.
 
 :class:`SelectMemo` keeps ``select --json`` outputs under a key made of everything the
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from orchestrator.kb.atomicfile import atomic_write
 
-_VERSION = 2
+_VERSION = 3
 _RACY_S = 2.0
 
 
@@ -52,17 +54,17 @@ class NoteCache:
 
     def get(self, rel: str, st: os.stat_result) -> tuple[str, tuple | None, str | None] | None:
         e = self.entries.get(rel)
-        if e is None or e[0] != st.st_size or e[1] != st.st_mtime_ns or e[2] != st.st_ino:
+        if e is None or e[0] != _stamp(st):
             return None
-        return e[3], e[4], e[5]
+        return e[1], e[2], e[3]
 
     def put(
         self, rel: str, st: os.stat_result, sha: str, facts: tuple | None, error: str | None
     ) -> None:
-        if time.time() - st.st_mtime < _RACY_S:
+        if time.time() - max(st.st_mtime, st.st_ctime) < _RACY_S:
             self.entries.pop(rel, None)
             return
-        self.entries[rel] = (st.st_size, st.st_mtime_ns, st.st_ino, sha, facts, error)
+        self.entries[rel] = (_stamp(st), sha, facts, error)
         self.dirty = True
 
     def save(self) -> None:
@@ -73,6 +75,10 @@ class NoteCache:
                     pickle.dumps({"version": _VERSION, "entries": self.entries}, protocol=5),
                 )
             self.dirty = False
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 
 class SelectMemo:
