@@ -272,7 +272,12 @@ class Note:
     def text(self) -> str:
         if self._text is None:
             assert self.root is not None
-            self._text = decode((self.root / self.path).read_bytes())
+            data = (self.root / self.path).read_bytes()
+            if sha256_bytes(data) != self.sha256:
+                # Judged by the hash the scan (or the note cache) gave it: this text is
+                # another one, and judging it by that hash would be a guess.
+                raise NoteParseError("changed while it was being read; run select again")
+            self._text = decode(data)
         return self._text
 
     @property

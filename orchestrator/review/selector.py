@@ -382,26 +382,38 @@ def _judge_candidates(
     )
     comparisons: dict[tuple[str, int], NoteComparison] = {}
     diff_cache: dict[tuple[str, int], str] = {}
+    unreadable: set[str] = set()
     for c in candidates:
         key = (c.note.path, c.note_snap)
+        if c.note.path in unreadable:
+            continue
 
         def compare(c: _Candidate = c, key: tuple[str, int] = key) -> NoteComparison:
             if key not in comparisons:
                 comparisons[key] = NoteComparison(_parse_old(texts[c.note_snap]), c.note.parsed())
             return comparisons[key]
 
-        verdict = judge(
-            c.gate,
-            c.note_snap in existing,
-            c.gate_fresh if c.gate_snap in existing else None,
-            c.note_same,
-            compare,
-        )
-        diff = None
-        if verdict.reason == NOTE_CHANGED and diffs and NOTE_CHANGED in wanted:
-            if key not in diff_cache:
-                diff_cache[key] = make_diff(c.note.path, texts.get(c.note_snap, ""), c.note.text)
-            diff = diff_cache[key]
+        try:
+            verdict = judge(
+                c.gate,
+                c.note_snap in existing,
+                c.gate_fresh if c.gate_snap in existing else None,
+                c.note_same,
+                compare,
+            )
+            diff = None
+            if verdict.reason == NOTE_CHANGED and diffs and NOTE_CHANGED in wanted:
+                if key not in diff_cache:
+                    diff_cache[key] = make_diff(
+                        c.note.path, texts.get(c.note_snap, ""), c.note.text
+                    )
+                diff = diff_cache[key]
+        except (NoteParseError, OSError) as exc:
+            # Read only now (the scan had its hash): edited, broken or gone since.
+            unreadable.add(c.note.path)
+            reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            sel.problems.append(FileProblem(c.note.path, reason))
+            continue
         _emit(sel, c.note, c.gate, verdict, wanted, diff)
 
 

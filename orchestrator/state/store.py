@@ -402,9 +402,7 @@ class Store:
         for table in ("scan_gates", "scan_fresh_gates", "scan_notes"):
             c.execute(f"DELETE FROM temp.{table}")
         c.executemany("INSERT INTO temp.scan_gates VALUES (?)", ((g,) for g in gates))
-        c.executemany(
-            "INSERT OR IGNORE INTO temp.scan_fresh_gates VALUES (?, ?)", fresh_gate_snaps
-        )
+        c.executemany("INSERT OR IGNORE INTO temp.scan_fresh_gates VALUES (?, ?)", fresh_gate_snaps)
         where = ""
         if notes is not None:
             c.executemany("INSERT OR IGNORE INTO temp.scan_notes VALUES (?)", ((n,) for n in notes))
