@@ -451,6 +451,24 @@ def test_memo_answers_only_an_identical_question(small, run_cli):
     assert d["counts"]["gate-changed"] == 2
 
 
+def test_memo_tells_apart_two_histories_of_one_copy_of_state_db(small, run_cli):
+    """Restored from a backup and changed as often as the lost copy was, state.db had the
+    same acceptance counter, and the memo served the lost copy's answer."""
+    import shutil
+
+    age_files(small.root)
+    Store.open(small.state).close()  # state.db and its schema
+    db = small.state / "state.db"
+    shutil.copy(db, small.state / "backup.db")
+    accept_all(small, notes=("kb/notes/alpha.md",))
+    lost = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert {t["note_path"] for t in lost["targets"]} == {"kb/notes/beta.md"}
+    shutil.copy(small.state / "backup.db", db)
+    accept_all(small, notes=("kb/notes/beta.md",))
+    now = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    assert {t["note_path"] for t in now["targets"]} == {"kb/notes/alpha.md"}
+
+
 def test_a_note_folder_above_the_note_roots_selects_only_notes(small, run_cli, monkeypatch):
     """``--note kb`` holds the gates and the KB's README too: they are not notes."""
     monkeypatch.chdir(small.root)  # --note paths are taken from the working folder first

@@ -176,7 +176,7 @@ def select(
             current,
             sorted(wanted),
             diffs,
-            store.acceptance_version()
+            store.acceptance_state()
             if model is not None
             else store.conn.execute("SELECT count(*) FROM acceptance").fetchone()[0],
             tuple(extent),

@@ -380,4 +380,32 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        14,
+        "acceptance changes also draw a random epoch",
+        """
+        -- The counter alone repeats across copies of state.db: restored from a backup and
+        -- changed as often as the lost copy was, it named another history, and select's
+        -- memo served that history's answer. The epoch is drawn anew at every change.
+        INSERT INTO counters VALUES ('acceptance_epoch', 0);
+        DROP TRIGGER acceptance_ins;
+        DROP TRIGGER acceptance_upd;
+        DROP TRIGGER acceptance_del;
+        CREATE TRIGGER acceptance_ins AFTER INSERT ON acceptance BEGIN
+            UPDATE counters SET value = CASE name WHEN 'acceptance_version' THEN value + 1
+                ELSE random() END WHERE name IN ('acceptance_version', 'acceptance_epoch');
+        END;
+        CREATE TRIGGER acceptance_upd AFTER UPDATE ON acceptance BEGIN
+            UPDATE counters SET value = CASE name WHEN 'acceptance_version' THEN value + 1
+                ELSE random() END WHERE name IN ('acceptance_version', 'acceptance_epoch');
+        END;
+        CREATE TRIGGER acceptance_del AFTER DELETE ON acceptance BEGIN
+            UPDATE counters SET value = CASE name WHEN 'acceptance_version' THEN value + 1
+                ELSE random() END WHERE name IN ('acceptance_version', 'acceptance_epoch');
+        END;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

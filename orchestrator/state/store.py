@@ -352,6 +352,18 @@ class Store:
             "SELECT value FROM counters WHERE name = 'acceptance_version'"
         ).fetchone()[0]
 
+    def acceptance_state(self) -> tuple[int, int]:
+        """(version, epoch): what names the acceptance table's content for a cache. The
+        version counts changes; the epoch, drawn at random at each, tells apart two
+        histories of one copy of state.db that made as many changes."""
+        rows = dict(
+            self.conn.execute(
+                "SELECT name, value FROM counters "
+                "WHERE name IN ('acceptance_version', 'acceptance_epoch')"
+            )
+        )
+        return rows.get("acceptance_version", 0), rows.get("acceptance_epoch", 0)
+
     def acceptance(self, model_partition: str, note_path: str, gate_id: str) -> Acceptance | None:
         row = self.conn.execute(
             "SELECT * FROM acceptance WHERE model_partition = ? AND note_path = ? AND gate_id = ?",
