@@ -132,6 +132,22 @@ def test_rewrite_threshold_and_accumulation(small, run_cli):
     assert data["targets"][0]["change_ratio"] > 0.5
 
 
+def test_a_change_exactly_at_the_rewrite_threshold_is_not_over_it(kb, run_cli):
+    """3 of 10 lines changed is 0.3, not 0.30000000000000004 > rewrite(0.3): the contract
+    says "more than 30 %", and the float made it a needless paid review."""
+    kb.gate("prose/rw", ["body"], "rewrite(0.3)")
+    body = "".join(f"line {i}\n" for i in range(10))
+    path = kb.note("n", body=body)
+    kb.accept("m1", [(path, "prose/rw")])
+    kb.write(path, kb.read(path).replace("line 0\n", "l0\n").replace("line 1\n", "l1\n"))
+    kb.write(path, kb.read(path).replace("line 2\n", "l2\n"))
+    data = run_cli("select", "prose/rw", "--model", "m1", "--json").json()
+    assert data["targets"] == [] and data["counts"]["fresh"] == 1
+    kb.write(path, kb.read(path).replace("line 3\n", "l3\n"))  # 0.4
+    data = run_cli("select", "prose/rw", "--model", "m1", "--json").json()
+    assert [t["change_ratio"] for t in data["targets"]] == [0.4]
+
+
 def test_title_change_stales_title_watchers_even_under_rewrite(small, run_cli):
     accept_all(small)
     path = "kb/notes/alpha.md"

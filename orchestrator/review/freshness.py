@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from orchestrator.kb.gates import Gate
 from orchestrator.kb.notes import REGIONS, ParsedNote
@@ -28,12 +29,16 @@ class Verdict:
 FRESH = Verdict(None)
 
 
-def change_ratio(old_body: str, new_body: str) -> float:
-    """1 - SequenceMatcher ratio over body lines, exactly as SPEC §3 defines it."""
-    matcher = difflib.SequenceMatcher(
-        None, old_body.splitlines(), new_body.splitlines(), autojunk=False
-    )
-    return 1.0 - matcher.ratio()
+def change_ratio(old_body: str, new_body: str) -> Fraction:
+    """1 - SequenceMatcher ratio over body lines, exactly as SPEC §3 defines it, as an
+    exact fraction: in floating point, 3 of 10 lines changed came out as
+    0.30000000000000004, over a ``rewrite(0.3)`` threshold the contract says it is not."""
+    a, b = old_body.splitlines(), new_body.splitlines()
+    if not a and not b:
+        return Fraction(0)
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    matched = sum(block.size for block in matcher.get_matching_blocks())
+    return 1 - Fraction(2 * matched, len(a) + len(b))
 
 
 class NoteComparison:
@@ -41,15 +46,16 @@ class NoteComparison:
     shared by every gate judged on the same pair of texts."""
 
     __slots__ = ("changed", "_old_body", "_new_body", "_ratio")
+    _ratio: Fraction | None
 
     def __init__(self, old: ParsedNote, new: ParsedNote) -> None:
         old_r, new_r = old.regions(), new.regions()
         self.changed = tuple(r for r in REGIONS if old_r[r] != new_r[r])
         self._old_body, self._new_body = old.body, new.body
-        self._ratio: float | None = None
+        self._ratio = None
 
     @property
-    def ratio(self) -> float:
+    def ratio(self) -> Fraction:
         if self._ratio is None:
             self._ratio = change_ratio(self._old_body, self._new_body)
         return self._ratio
@@ -59,12 +65,14 @@ class NoteComparison:
         if not watched_changed:
             return FRESH  # only unwatched regions differ
         ratio = self.ratio if "body" in self.changed else None
+        shown = float(ratio) if ratio is not None else None
         if any(r != "body" for r in watched_changed) or gate.threshold is None:
-            return Verdict(NOTE_CHANGED, self.changed, ratio)
+            return Verdict(NOTE_CHANGED, self.changed, shown)
         # Only the body is watched-and-changed, under rewrite(T): measured against the
-        # accepted snapshot, so small edits add up until they cross T.
-        if ratio is not None and ratio > gate.threshold:
-            return Verdict(NOTE_CHANGED, self.changed, ratio)
+        # accepted snapshot, so small edits add up until they cross T. T as written
+        # (0.3 is 3/10, not the float nearest it).
+        if ratio is not None and ratio > Fraction(str(gate.threshold)):
+            return Verdict(NOTE_CHANGED, self.changed, shown)
         return FRESH
 
 
