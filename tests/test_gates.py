@@ -77,6 +77,8 @@ def problems(kb) -> dict[str, str]:
             "requires_type must be",
         ),
         ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body\n", GOOD_BODY, "broken YAML"),
+        # `$` matched before a final newline: the id no selector could name was taken.
+        ('gate_id: "prose/x\\n"\nname: X\nlens: prose\nwatches: [body]', GOOD_BODY, "LENS/NAME"),
     ],
 )
 def test_invalid_gates_are_named_with_a_reason(kb, meta, body, reason):

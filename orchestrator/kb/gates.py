@@ -27,8 +27,8 @@ from orchestrator.kb.notes import (
 )
 
 TYPE_LENS = "type"
-_GATE_ID = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)/([A-Za-z0-9][A-Za-z0-9_.-]*)$")
-_REWRITE = re.compile(r"^rewrite\(\s*([0-9]*\.?[0-9]+)\s*\)$")
+_GATE_ID = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]*)/([A-Za-z0-9][A-Za-z0-9_.-]*)")
+_REWRITE = re.compile(r"rewrite\(\s*([0-9]*\.?[0-9]+)\s*\)")
 _REQUIRED_HEADINGS = ("failure mode", "test")
 _SKIP_FILES = {"readme.md"}
 
@@ -120,7 +120,7 @@ def _parse_staleness(value: object) -> tuple[str, float | None]:
     if value is None or value == "changed":
         return "changed", None
     if isinstance(value, str):
-        m = _REWRITE.match(value.strip())
+        m = _REWRITE.fullmatch(value.strip())
         if m:
             t = float(m.group(1))
             if 0 < t <= 1:
@@ -151,7 +151,7 @@ def parse_gate(rel: str, data: bytes) -> Gate:
     gate_id = meta.get("gate_id")
     if not isinstance(gate_id, str) or not gate_id:
         raise ValueError("missing gate_id")
-    m = _GATE_ID.match(gate_id)
+    m = _GATE_ID.fullmatch(gate_id)
     if m is None:
         raise ValueError(f"gate_id {gate_id!r} is not of the form LENS/NAME")
     if m.group(1) != folder:

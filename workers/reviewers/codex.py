@@ -27,7 +27,7 @@ from .vendor import (
 _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", "web_search"}
 # stderr lines that are Codex talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
-_SAFE_ID = re.compile(r"^[A-Za-z0-9-]{8,80}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
 
 
 class CodexReviewer(Reviewer):
@@ -136,7 +136,7 @@ class CodexReviewer(Reviewer):
                     setattr(t, attr, value)
 
     def _session_log(self, thread_id: str | None) -> Path | None:
-        if not thread_id or not _SAFE_ID.match(thread_id):
+        if not thread_id or not _SAFE_ID.fullmatch(thread_id):
             return None
         env = {**os.environ, **self.profile.env}
         home = Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
