@@ -567,6 +567,24 @@ def test_a_relative_type_spec_named_like_a_catalog_one_is_warned_about(kb, run_c
     assert res.stderr.count("type spec named like") == 1
 
 
+def test_a_relative_type_spec_that_leads_outside_the_root_is_not_read(kb, run_cli, tmp_path):
+    """Read through its symlink, the outside file became type/evil: a pair create-jobs then
+    refused, listed as missing for good."""
+    outside = tmp_path / "outside-spec.md"
+    outside.write_text("---\nname: evil\n---\n# Evil\n")
+    kb.note("a", type="./evil.md")
+    (kb.root / "kb/notes/evil.md").symlink_to(outside)
+    res = run_cli("select", "type", "--json")
+    assert res.exit_code == 0 and res.json()["targets"] == []
+    assert res.stderr.count("warning: kb/notes/evil.md:") == 1, res.stderr  # said once
+    (kb.root / "kb/notes/sub").mkdir()
+    (kb.root / "kb/notes/sub/evil.md").symlink_to(outside)
+    kb.note("b", type="./sub/evil.md")
+    res = run_cli("select", "type", "--json", "--note", str(kb.root / "kb/notes/b.md"))
+    assert res.json()["targets"] == []
+    assert "warning: kb/notes/sub/evil.md: outside the KB root (through a symlink)" in res.stderr
+
+
 def test_a_folder_that_cannot_be_read_is_skipped_with_a_warning(small, run_cli, monkeypatch):
     """A notes folder this user may not read (chmod 000; root reads it anyway, so the
     refusal is made here): select, gates, enqueue and sweep ended for the whole KB in

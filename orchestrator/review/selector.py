@@ -20,6 +20,7 @@ from orchestrator.kb.notes import (
     KB,
     TYPES_DIR,
     FileProblem,
+    KBError,
     Note,
     NoteParseError,
     ParsedNote,
@@ -222,6 +223,14 @@ def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> Non
         if key is None or key.startswith("kb/types/"):
             continue
         name = key.rsplit("/", 1)[-1][:-3]
+        try:
+            kb.check_rel(key)  # a symlink to a file outside the root is no spec of this KB
+        except KBError as exc:
+            problem = FileProblem(key, str(exc).removeprefix(f"{key}: "))
+            said = {p.path for p in (*kb.problems, *catalog.problems)}  # as a note, maybe
+            if key not in said:
+                catalog.problems.append(problem)
+            continue
         taken = catalog.types.get(name)
         if taken is not None and taken.path != key and (kb.root / key).is_file():
             # Type specs are gates by name (type/NAME): this one cannot be one beside the
