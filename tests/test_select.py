@@ -503,6 +503,7 @@ def test_a_note_folder_above_the_note_roots_selects_only_notes(small, run_cli, m
         ("kb/README.md", "not under the note roots (kb/notes)"),
         ("kb/instructions", "not under the note roots (kb/notes)"),
         ("kb/notes/data.txt", "not a note (notes are .md files)"),
+        ("kb/notes/fifo.md", "not a note file or folder (a special file)"),  # selected nothing
     ],
 )
 @pytest.mark.parametrize("command", ["select", "enqueue"])
@@ -513,6 +514,7 @@ def test_a_note_path_that_names_no_note_is_refused_in_one_line(
     monkeypatch.chdir(small.root)
     small.write("kb/README.md", "# About this KB\n")
     small.write("kb/notes/data.txt", "not a note\n")
+    os.mkfifo(small.root / "kb/notes/fifo.md")
     args = ["--model", "m1"] if command == "select" else ["--reviewer", "offline"]
     res = run_cli(command, "--all-gates", *args, "--note", given)
     assert res.exit_code != 0
@@ -565,6 +567,24 @@ def test_a_relative_type_spec_named_like_a_catalog_one_is_warned_about(kb, run_c
         "kb/types/definition.md (both are type/definition)" in res.stderr
     )
     assert res.stderr.count("type spec named like") == 1
+
+
+def test_a_symlink_among_the_notes_to_a_gate_is_no_note(small, run_cli):
+    """Listed (and so reviewed and fixed) as a note: the gate under a note's name."""
+    alias = small.root / "kb/notes/gate-alias.md"
+    alias.symlink_to(small.root / "kb/instructions/review-gates/prose/body-check.md")
+    (small.root / "kb/notes/beta-alias.md").symlink_to(small.root / "kb/notes/beta.md")
+    said = (
+        "warning: kb/notes/gate-alias.md: a symlink to "
+        "kb/instructions/review-gates/prose/body-check.md, which is not under the note roots"
+    )
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert said in res.stderr
+    notes = {t["note_path"] for t in res.json()["targets"]}
+    assert notes == {f"kb/notes/{n}.md" for n in ("alpha", "beta", "beta-alias")}
+    res = run_cli("select", "--all-gates", "--note", str(alias))  # named, it is refused
+    assert res.exit_code == 1 and "not under the note roots (kb/notes)" in res.stderr
 
 
 def test_a_relative_type_spec_that_leads_outside_the_root_is_not_read(kb, run_cli, tmp_path):

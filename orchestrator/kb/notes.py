@@ -369,6 +369,8 @@ class KB:
             target = self.root / rel
             if not target.exists():
                 raise KBError(f"--note {path}: no such note file or folder in the KB")
+            if not target.is_file() and not target.is_dir():
+                raise KBError(f"--note {path}: not a note file or folder (a special file)")
             if target.is_file() and target.suffix != ".md":
                 raise KBError(f"--note {path}: not a note (notes are .md files)")
             if not self.in_note_roots(rel) and not any(
@@ -412,15 +414,25 @@ class KB:
                 if base.suffix == ".md":
                     found.add(self.check_rel(start))
                 continue
-            found.update(self.walk(base, self.problems))
+            found.update(self.walk(base, self.problems, notes=True))
         if under is not None:
             found = {rel for rel in found if self.in_note_roots(rel)}
         return sorted(found)
 
-    def walk(self, base: Path, problems: list[FileProblem]) -> Iterator[str]:
+    def _elsewhere(self, rel: str) -> str | None:
+        """Why the symlink at ``rel`` is no note, when it leads to a file outside the note
+        roots (a gate, a type spec, the KB's README): it would be reviewed and fixed as one."""
+        path = os.path.join(self.root, rel)
+        target = os.path.relpath(os.path.realpath(path), self.root).replace(os.sep, "/")
+        if self.in_note_roots(target):
+            return None
+        return f"a symlink to {target}, which is not under the note roots; skipped"
+
+    def walk(self, base: Path, problems: list[FileProblem], notes: bool = False) -> Iterator[str]:
         """Root-relative paths of the ``.md`` files under ``base``. Hidden entries and
         symlinked folders are not entered; a file whose name is not UTF-8, or a symlink
-        leading outside the root, is added to ``problems`` instead."""
+        leading outside the root (for ``notes``, outside the note roots), is added to
+        ``problems`` instead."""
         stack: list[str | Path] = [base]
         root_len = len(str(self.root)) + 1
         while stack:
@@ -448,9 +460,16 @@ class KB:
                     shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
                     problems.append(FileProblem(shown, "file name is not UTF-8; skipped"))
                     continue
-                if e.is_symlink() and not self.inside(e.path):
-                    problems.append(FileProblem(rel, "a symlink to outside the KB root; skipped"))
-                    continue
+                if e.is_symlink():
+                    if not self.inside(e.path):
+                        problems.append(
+                            FileProblem(rel, "a symlink to outside the KB root; skipped")
+                        )
+                        continue
+                    why = self._elsewhere(rel) if notes else None
+                    if why:
+                        problems.append(FileProblem(rel, why))
+                        continue
                 if e.is_file():
                     yield rel
 
