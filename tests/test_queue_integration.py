@@ -764,3 +764,152 @@ def test_a_control_started_before_redis_waits_for_it(kb):
         proc.wait(timeout=30)
     assert any("queue.unavailable" in line for line in seen), seen
     assert not any("internal error" in line for line in seen), seen
+
+
+def _await_exit(pids: list[int], timeout: float = 60) -> None:
+    """Wait for processes that are not this one's children to end (pidfds)."""
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))
+    try:
+        for fd in fds:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            assert ready, f"a process outlived its sweep by {timeout} s"
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb, tmp_path, sig):
+    """`kill PID` (a closed terminal, a cancelled CI job) ended the sweep alone: its
+    control and worker, reparented to init, went on running agents unwatched."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    sweep = subprocess.Popen(
+        [exe, "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    agent = worker = control = None
+    try:
+        agent, worker, _ = map(int, await_fifo(fifo).split())  # the agent runs
+        control = int((kb.state / "control.lock").read_text())
+        sweep.send_signal(sig)
+        _, err = sweep.communicate(timeout=60)
+        if sig == signal.SIGTERM:
+            assert sweep.returncode == 130 and "error: interrupted" in err, err
+        _await_exit([worker, control])  # at once for SIGTERM: the sweep stopped them
+        assert process_gone(agent), "the agent outlived its worker"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGKILL)
+        for pid in (agent, worker, control):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    # The interrupted attempt was put back on the queue: the next sweep runs it, unburned.
+    os.unlink(fifo)
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
+    assert tuple(job) == ("completed", 1)
+
+
+def test_a_sweep_whose_borrowed_control_goes_away_starts_its_own(kb, tmp_path):
+    """A sweep uses a control process already running (an operator's, another sweep's).
+    When that one stopped, the sweep waited for good: nothing took its outcomes."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    started, go = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go")
+    exe = str(Path(sys.executable).parent / "reviewq")
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen(
+        [exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    sweep = None
+    try:
+        for line in control.stderr:  # the lock is held once it says so
+            if '"control.started"' in line:
+                break
+        agent_env = {**env, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(go)}
+        sweep = subprocess.Popen(
+            [exe, "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter"],
+            env=agent_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        await_fifo(started)  # the agent runs, dispatched by the borrowed control
+        control.send_signal(signal.SIGINT)
+        assert control.wait(timeout=30) == 0
+        with open(go, "w") as f:
+            f.write("go")
+        _, err = sweep.communicate(timeout=60)
+        assert sweep.returncode == 0, err
+    finally:
+        for proc in (control, sweep):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if sweep is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sweep.pid, signal.SIGKILL)
+    with db(kb) as conn:
+        assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
+
+
+def test_a_sweep_whose_control_lost_the_race_for_the_lock_uses_the_winner(kb):
+    """Two sweeps started together both started a control; the loser's exit ('a control
+    process already runs') was counted as a crash, and that sweep exited 1 four restarts
+    later while the other one did its work."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    exe = str(Path(sys.executable).parent / "reviewq")
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    winner = subprocess.Popen(
+        [exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=0)
+    try:
+        for line in winner.stderr:
+            if '"control.started"' in line:
+                break
+        children._spawn("control")  # as if it started a moment before the winner's lock
+        assert children.procs["control"].wait(timeout=30) == 1
+        children.check()
+        assert "control" not in children.procs and children.restarts["control"] == 0
+        assert children.failed == []
+    finally:
+        children.stop()
+        winner.send_signal(signal.SIGINT)
+        winner.wait(timeout=30)
+        ws.close()
+
+
+def test_a_sweep_run_from_a_folder_holding_an_orchestrator_package_runs_its_own(kb, tmp_path):
+    """`python -m orchestrator` put the working folder first on sys.path: from an older
+    checkout's folder the children were that checkout (or any code named so)."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    impostor = tmp_path / "cwd" / "orchestrator"
+    impostor.mkdir(parents=True)
+    (impostor / "__init__.py").write_text("")
+    (impostor / "__main__.py").write_text("raise SystemExit('this is ./orchestrator')\n")
+    res = reviewq_process(
+        "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter", cwd=impostor.parent
+    )
+    assert res.returncode == 0, res.stderr

@@ -23,6 +23,7 @@ from orchestrator.state.workspace import Workspace
 from . import tasks
 from .app import make_app
 from .attempt import reap_orphans
+from .parent import follow_parent
 from .queues import check_server, send
 
 
@@ -61,6 +62,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     folder = worker_folder(settings)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     logs.configure(folder, stderr_level="INFO", process="worker")
+    follow_parent()
     app = make_app(settings)
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
     orphans = reap_orphans(folder)
@@ -115,6 +117,7 @@ def run_control(ws: Workspace) -> None:
     settings = ws.settings
     lock = _lock(ws.state_dir)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
+    follow_parent()
     app = make_app(settings)
     check_server(app.control)
     control = Control(ws, send_review=lambda msg: send("run_review", msg), hooks=FollowUp(ws))

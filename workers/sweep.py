@@ -8,12 +8,15 @@ uses it instead of starting its own.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app
+from .parent import PARENT_ENV
 from .queues import send_once
 
 POLL_S = 0.2  # how often the progress display reads state.db
@@ -73,8 +77,11 @@ def control_running(state_dir: Path) -> bool:
 
 
 def _base_argv(ws: Workspace) -> list[str]:
+    # -P: `-m` would put the working folder first on sys.path, and a folder holding an
+    # `orchestrator` package (an older checkout) would run instead of this reviewq.
     argv = [
         sys.executable,
+        "-P",
         "-m",
         "orchestrator",
         "--root",
@@ -88,13 +95,13 @@ def _base_argv(ws: Workspace) -> list[str]:
 
 
 class Children:
-    """The control and worker processes a sweep started, restarted if they die."""
+    """The control and worker processes a sweep started, restarted if they die. A control
+    process that already runs for the state folder (the operator's, another sweep's) is
+    used instead of one of its own, as long as it runs."""
 
     def __init__(self, ws: Workspace, workers: int) -> None:
         self.ws = ws
-        self.specs: dict[str, list[str]] = {}
-        if not control_running(ws.state_dir):
-            self.specs["control"] = [*_base_argv(ws), "control"]
+        self.specs: dict[str, list[str]] = {"control": [*_base_argv(ws), "control"]}
         if workers > 0:
             # The sweep's worker sees the KB, so agents may follow links and a reviewer
             # that edits a note is caught.
@@ -109,8 +116,7 @@ class Children:
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
         self.failed: list[str] = []
-        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-        self.env = env
+        self.env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json", PARENT_ENV: str(os.getpid())}
         log_dir = ws.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         # The children's stderr repeats the structured log; it is kept for crashes only.
@@ -121,7 +127,8 @@ class Children:
 
     def start(self) -> None:
         for name in self.specs:
-            self._spawn(name)
+            if name != "control" or not control_running(self.ws.state_dir):
+                self._spawn(name)
 
     def _spawn(self, name: str) -> None:
         self.procs[name] = subprocess.Popen(
@@ -137,6 +144,11 @@ class Children:
             code = proc.poll()
             if code is None:
                 continue
+            if name == "control" and control_running(self.ws.state_dir):
+                # Another control took the state folder first (two sweeps started
+                # together): it is used, and this is no crash.
+                del self.procs[name]
+                continue
             self.restarts[name] += 1
             logs.get().error(
                 "sweep.child_exited", child=name, exit_code=code, restarts=self.restarts[name]
@@ -149,6 +161,10 @@ class Children:
                 del self.procs[name]
             else:
                 self._spawn(name)
+        gone = "control" not in self.procs and self.restarts["control"] <= 3
+        if gone and not control_running(self.ws.state_dir):
+            # The control this sweep used belonged to another sweep, which has ended.
+            self._spawn("control")
 
     def _last_words(self, name: str) -> str:
         """The last line a child wrote to stderr: its one-line refusal, most often."""
@@ -160,10 +176,12 @@ class Children:
             return "its stderr cannot be read"
         return lines[-1].removeprefix("error: ") if lines else "nothing on stderr"
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def stop(self, timeout: float = 60.0, *, at_once: bool = False) -> None:
+        """Stop the children: gracefully (running tasks finish), or ``at_once`` (their
+        agents killed, their tasks queued again)."""
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # graceful: running tasks finish
+                proc.send_signal(signal.SIGTERM if at_once else signal.SIGINT)
         deadline = time.monotonic() + timeout
         for proc in self.procs.values():
             try:
@@ -190,6 +208,29 @@ def _nudge() -> None:
         )
 
 
+@contextlib.contextmanager
+def _terminate_raises(terminated: list) -> Iterator[None]:
+    """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
+    the sweep as Ctrl-C does, so that its children are stopped: by default Python dies at
+    once and leaves them running agents. A second such signal while they stop is ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        for s in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) -> SweepOutcome:
     store = ws.store
     # The queue first: one that cannot be opened (a corrupt file) is said in one line
@@ -202,18 +243,20 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     children = Children(ws, workers)
     children.start()
     _nudge()
+    terminated = []
     try:
-        while True:
-            paused = paused_reviewers(ws.store, utcnow())
-            p = progress(store, jobs, set(paused), over_budget_runs(store))
-            if on_progress is not None:
-                on_progress(p)
-            if p.open == 0 or children.failed:
-                break
-            children.check()
-            time.sleep(POLL_S)
+        with _terminate_raises(terminated):
+            while True:
+                paused = paused_reviewers(ws.store, utcnow())
+                p = progress(store, jobs, set(paused), over_budget_runs(store))
+                if on_progress is not None:
+                    on_progress(p)
+                if p.open == 0 or children.failed:
+                    break
+                children.check()
+                time.sleep(POLL_S)
     finally:
-        children.stop()
+        children.stop(at_once=bool(terminated))
     paused = paused_reviewers(ws.store, utcnow())
     final = progress(store, jobs, set(paused), over_budget_runs(store))
     out = SweepOutcome(

@@ -18,14 +18,20 @@ __all__ = ["cli", "main"]
 
 
 def main() -> None:
+    # Not click's standalone mode: it turns Ctrl-C into "Aborted!" and exit code 1, where
+    # the contract says 130.
     try:
-        cli(prog_name="reviewq")
-    except KeyboardInterrupt:
+        code = cli.main(prog_name="reviewq", standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
         click.echo("error: interrupted", err=True)
         sys.exit(130)
+    except click.ClickException as exc:  # bad usage (2), or a command's refusal (1)
+        exc.show()
+        sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: one line for the person, the traceback for the log
         logs.get().error("internal.error", exc_info=True)
         click.echo(
             f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True
         )
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
