@@ -555,6 +555,12 @@ def test_a_run_missed_while_no_control_ran_is_not_replayed(kb):
     cron_fired(ws, "nightly", at(3, 3, 6))
     assert due_sweeps(ws, at(3, 3, 7)) == []
     ws.close()
+    # Ticks every 15 minutes: a run is due at the first tick after its minute, 14 min late.
+    kb.write("reviewq.toml", '[queue]\nreaper_seconds = "15m"\n' + kb.read("reviewq.toml"))
+    ws = Workspace.open(kb.root)
+    assert due_sweeps(ws, at(4, 2, 59)) == []
+    assert [s.name for s in due_sweeps(ws, at(4, 3, 14))] == ["nightly"]
+    ws.close()
 
 
 @pytest.fixture

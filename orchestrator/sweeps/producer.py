@@ -226,19 +226,21 @@ def _sequential(
 
 
 # A run whose minute passed longer ago than this while no control process checked is
-# missed, not replayed: a control restarted at 07:00 does not start the 01:30 sweep.
+# missed, not replayed: a control restarted at 07:00 does not start the 01:30 sweep. At
+# least two ticks (reaper_seconds): with ticks every 15 minutes, a fixed 10 let no run fire.
 LATE = timedelta(minutes=10)
 
 
 def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
-    ago. The first check only starts the clock. A due sweep's clock moves only when
+    (or two ticks) ago. The first check only starts the clock. A due sweep's clock moves only when
     :func:`cron_fired` says its enqueue committed, so a sweep whose enqueue failed is
     still due at the next check. Cron minutes are the machine's local wall time, as in
     crontab(5); the clock is kept in UTC, so an hour the autumn change repeats does not
     fire a sweep twice."""
     due = []
     store = ws.store
+    late = max(LATE, 2 * timedelta(seconds=ws.settings.queue.reaper_seconds))
     for sweep in ws.settings.sweeps.values():
         if not sweep.cron:
             continue
@@ -251,7 +253,7 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
         fired = _last_match(sweep.cron, now)
         if fired is None or fired <= _instant(row[0]):
             continue
-        if fired < now - LATE:
+        if fired < now - late:
             logs.get().warning(
                 "sweep.missed",
                 sweep=sweep.name,
