@@ -659,6 +659,21 @@ def test_an_option_a_configured_sweep_would_ignore_is_refused(kb, run_cli, optio
     assert not (kb.state / "state.db").exists()  # refused before anything was written
 
 
+def test_a_name_no_sweep_has_is_refused_when_it_would_mean_every_gate(kb, run_cli):
+    """A mistyped `--name nightley` queued every gate of the catalog as an ad-hoc sweep."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + '[[sweeps]]\nname = "nightly"\nreviewer = "fake"\n')
+    res = run_cli("enqueue", "--name", "nightley", "--reviewer", "fake")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        "error: --name nightley: no [[sweeps]] entry of that name (configured: nightly); "
+        "name gates, or --all-gates, to run an ad-hoc sweep under it\n",
+    )
+    assert not (kb.state / "state.db").exists()
+    res = run_cli("enqueue", "--name", "adhoc", "--reviewer", "fake", "--all-gates")
+    assert res.exit_code == 0, res.stderr
+
+
 @pytest.mark.parametrize("down", ["refused", "unanswered"])
 def test_enqueue_with_the_queue_down_keeps_the_jobs_and_says_so_in_one_line(kb, down):
     """A person enqueues while Redis is down: the jobs are recorded in state.db (the
