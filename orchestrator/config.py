@@ -538,10 +538,25 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     )
 
 
+_CRON_NAMES = {
+    *["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
+    *["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+}
+
+
 def check_cron(expr: str, where: str = "cron") -> None:
     """A bad cron expression is refused when the settings load, not at 3 a.m."""
     if len(expr.split()) != 5:
         raise ConfigError(f"{where} {expr!r}: expected five fields: minute hour day month weekday")
+    for field_ in expr.split():
+        # croniter also takes R (a random value, drawn anew at each check: a daily sweep
+        # fired many times a day), H, L, W, # and reversed ranges, which cron(8) does not.
+        for word in re.findall(r"[A-Za-z]+", field_):
+            if word.lower() not in _CRON_NAMES:
+                raise ConfigError(f"{where} {expr!r}: {word!r} is not part of cron(5) syntax")
+        for low, high in re.findall(r"(\d+)-(\d+)", field_):
+            if int(low) > int(high):
+                raise ConfigError(f"{where} {expr!r}: the range {low}-{high} runs backwards")
     if not croniter.is_valid(expr):
         raise ConfigError(f"{where} {expr!r}: not a valid cron expression")
     try:
