@@ -645,3 +645,26 @@ def test_doctor_says_when_it_made_the_state_db(run_cli, kb):
     ) in first
     again = run_cli("--state", str(typo), "doctor").stdout
     assert f"ok: state.db at {typo / 'state.db'}, schema " in again
+
+
+def test_doctor_names_what_a_sweep_entry_selects_that_the_kb_lacks(run_cli, kb):
+    """A typo in a [[sweeps]] entry's select failed its cron run every night while doctor
+    said ok; one in its audit list audited nothing, silently."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "n"\ncron = "0 3 * * *"\nselect = ["prose", "prse"]\n'
+        'audit = ["/prose", "prose/body-chek"]\nnotes = ["kb/notes/alpha.md", "kb/notes/beta.md"]\n',
+    )
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    cfg = kb.root / "reviewq.toml"
+    problems = [line for line in res.stdout.splitlines() if line.startswith("problem: ")]
+    assert problems[:3] == [
+        f"problem: {cfg}: [[sweeps]] 'n' select: prse: not a bundle, gate id or type request",
+        f"problem: {cfg}: [[sweeps]] 'n' audit: prose/body-chek: not a bundle, gate id or type "
+        "request",
+        f"problem: {cfg}: [[sweeps]] 'n' notes: {kb.root / 'kb/notes/beta.md'}: no such note "
+        "file or folder in the KB",
+    ]

@@ -414,6 +414,24 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
     assert [tuple(a) for a in acc] == [("fake", "PASS")]  # the audit accepted nothing itself
 
 
+def test_a_sweep_entry_audits_a_lens_written_as_select_takes_it(kb):
+    """`audit = ["/prose"]` names the lens as `select` reads it; it audited nothing."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_DECISIONS="PASS"),
+        profile("auditor", partition="audit"),
+        '[[sweeps]]\nname = "n"\nselect = ["prose"]\nreviewer = "fake"\nauditor = "auditor"\n'
+        'audit = ["/prose"]\n',
+    )
+    res = rq(kb, "sweep", "--name", "n", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        kinds = [r[0] for r in conn.execute("SELECT kind FROM review_jobs ORDER BY id")]
+    assert kinds == ["review", "audit"]
+
+
 def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb):
     """The auditor's partition holds no review of the pair: escalated there, a person's
     approve wrote a human PASS into a partition that never reviewed it."""

@@ -19,6 +19,7 @@ from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
 from orchestrator.control.messages import VERSION
 from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import sweep_problems
 
 from . import tasks
 from .app import make_app
@@ -138,6 +139,11 @@ def run_control(ws: Workspace) -> None:
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
     logs.get().info("control.started", pid=os.getpid(), queue=_describe(settings))
+    for sweep in settings.sweeps.values():
+        for problem in sweep_problems(ws, sweep):
+            logs.get().error(
+                "sweep.invalid", sweep=sweep.name, problem=problem, config=str(settings.config_path)
+            )
     thread.start()
     try:
         consumer.run()

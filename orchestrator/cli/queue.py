@@ -547,6 +547,11 @@ def _doctor_control_side(ws: Workspace, report) -> None:
     report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
     for p in cat.problems:
         report(False, f"invalid gate {p.path}: {p.reason}")
+    from orchestrator.sweeps.producer import sweep_problems
+
+    for sweep in ws.settings.sweeps.values():
+        for problem in sweep_problems(ws, sweep):
+            report(False, f"{ws.settings.config_path}: {problem}")
     from orchestrator.cycles.escalations import reports_due
     from orchestrator.state.files import files_due
     from orchestrator.state.status import unwritten_fixes

@@ -376,7 +376,7 @@ class FollowUp:
 
     # --- audits -----------------------------------------------------------------------
     def _audit(self, job, pairs, opts: dict) -> None:
-        marked = set(opts.get("audit") or ())
+        marked = {m.strip().strip("/") for m in opts.get("audit") or ()}  # as select reads them
         cat = self.ws.catalog()
         chosen = []
         for p in pairs:

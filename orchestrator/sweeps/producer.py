@@ -16,6 +16,8 @@ from croniter import CroniterError, croniter
 from orchestrator import logs
 from orchestrator.config import SweepConfig
 from orchestrator.cycles import escalations
+from orchestrator.kb.gates import SelectionError
+from orchestrator.kb.notes import KBError
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
 from orchestrator.state.store import Store, utcnow
@@ -59,6 +61,27 @@ class SweepRequest:
             budget_usd=s.budget_usd,
             trigger=trigger,
         )
+
+
+def sweep_problems(ws: Workspace, sweep: SweepConfig) -> list[str]:
+    """What in a ``[[sweeps]]`` entry names no gate or note of this KB: said by ``doctor``
+    and when the control process starts, not by a cron run that fails every night (or an
+    audit list that silently audits nothing). The settings load cannot know the KB."""
+    where = f"[[sweeps]] {sweep.name!r}"
+    problems = []
+    catalog = ws.catalog()
+    for key, selectors in (("select", sweep.select), ("audit", sweep.audit)):
+        for sel in selectors:
+            try:
+                catalog.resolve([sel])
+            except SelectionError as exc:
+                problems.append(f"{where} {key}: {exc}")
+    for note in sweep.notes:
+        try:
+            ws.kb.note_selection([ws.root / note])
+        except KBError as exc:
+            problems.append(f"{where} notes: {str(exc).removeprefix('--note ')}")
+    return problems
 
 
 @dataclass
