@@ -478,8 +478,17 @@ def test_budget_stops_new_attempts_and_says_so(kb):
         "--json",
         env={"FAKE_TURNS": "1"},
     )
-    assert res.returncode == 1 and "budget is spent" in res.stderr
+    assert res.returncode == 1
     out = json.loads(res.stdout)
+    waiting = out["progress"]["waiting_budget"]
+    assert (
+        f"{waiting} job(s) of sweep 'nightly' (run 1) wait: its budget of $0.025 is spent; a "
+        "run of that sweep with the same options takes them over (with a new --budget-usd)"
+    ) in res.stderr
+    # Another run, with no budget, holds none of them: it said the budget was its own.
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--grouping", "gate")
+    assert res.returncode == 1 and "of sweep 'cli'" not in res.stderr
+    assert f"{waiting} job(s) of sweep 'nightly' (run 1) wait" in res.stderr
     assert out["progress"]["waiting_budget"] > 0
     with db(kb) as conn:
         spent = conn.execute("SELECT SUM(cost_usd), count(*) FROM attempts").fetchone()

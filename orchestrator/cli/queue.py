@@ -31,7 +31,7 @@ from orchestrator.cli.common import (
     warn,
 )
 from orchestrator.config import GROUPINGS
-from orchestrator.state.status import STATUSES
+from orchestrator.state.status import STATUSES, held_by_budget
 from orchestrator.state.workspace import Workspace
 
 
@@ -268,7 +268,6 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     Example:
       reviewq sweep --reviewer offline --workers 4
     """
-    from orchestrator import logs
     from orchestrator.cli.display import ProgressDisplay, render_summary
     from workers.sweep import run_sweep
 
@@ -292,10 +291,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     problems = []
     if out.summary["failed"]:
         problems.append(f"{len(out.summary['failed'])} job(s) failed")
-    if out.progress.waiting_budget:
-        problems.append(
-            f"{out.progress.waiting_budget} job(s) wait for the next run: the sweep's budget is spent"
-        )
+    problems.extend(held_by_budget(ws.store, out.progress.budget_runs))
     if out.progress.waiting_paused:
         who = ", ".join(
             f"{n} (until {p.until}{': ' + p.reason if p.reason else ''})"

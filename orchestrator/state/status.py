@@ -151,6 +151,7 @@ class Progress:
     waiting_paused: int = 0
     waiting_budget: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
+    budget_runs: dict[int, int] = field(default_factory=dict)  # run id -> its jobs that wait
 
 
 def over_budget_runs(store: Store) -> set[int]:
@@ -162,6 +163,23 @@ def over_budget_runs(store: Store) -> set[int]:
         )
         if spent_usd(store, run["id"]) >= run["budget_usd"]
     }
+
+
+def held_by_budget(store: Store, runs: dict[int, int]) -> list[str]:
+    """Who holds queued jobs back, from :attr:`Progress.budget_runs`: each run named, with
+    the way to take its jobs over. They hold their pairs from every other run too, so a
+    run with no budget of its own said "the sweep's budget is spent" of them."""
+    out = []
+    for run_id, n in sorted(runs.items()):
+        name, budget = store.conn.execute(
+            "SELECT name, budget_usd FROM sweep_runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        out.append(
+            f"{n} job(s) of sweep {name!r} (run {run_id}) wait: its budget of ${budget:g} is "
+            "spent; a run of that sweep with the same options takes them over (with a new "
+            "--budget-usd)"
+        )
+    return out
 
 
 def spent_usd(store: Store, run_id: int) -> float:
@@ -231,6 +249,7 @@ def progress(
                 p.waiting_paused += n
             elif status_ == "queued" and run_id in over_budget:
                 p.waiting_budget += n
+                p.budget_runs[run_id] = p.budget_runs.get(run_id, 0) + n
             else:
                 p.open += n
         else:
