@@ -484,6 +484,47 @@ def test_openai_server_error_exits_nonzero_without_the_key(kb2, run_cli, monkeyp
     assert "Bearer ***" in stderr  # the server echoed it; the agent blanked it
 
 
+def test_openai_answer_that_is_about_the_request_is_a_counted_attempt_however_fast(
+    kb2, run_cli, monkeypatch, server
+):
+    """The server answered (a 400 about the request, or an empty message cut at
+    max_tokens): quickly it was a launch failure, paused the profile and never failed the
+    job; slowly, a counted attempt. One answer now gets one classification, its usage kept."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    openai_profile(kb2, server.url)
+    server.status = 400
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "no-output", res.outcome.reasons
+    assert "HTTP 400 from " in res.outcome.reasons[0]
+    assert res.outcome.telemetry["num_turns"] == 1
+    server.status = 200
+    server.answer = lambda body: {
+        "choices": [{"index": 0, "message": {"content": None}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 8192},
+    }
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "no-output", res.outcome.reasons
+    assert "answered with an empty message (finish_reason length)" in res.outcome.reasons[0]
+    t = res.outcome.telemetry
+    assert (t["num_turns"], t["input_tokens"], t["output_tokens"]) == (1, 900, 8192)
+
+
+def test_openai_error_is_judged_by_the_servers_words_not_the_url(tmp_path):
+    """A base_url with "network" (or "quota", "/login") in it made every error that kind."""
+    spec = AttemptSpec("review", 1, 1, *(tmp_path / n for n in "poja"), tmp_path, "m")
+    spec.attempt_dir.mkdir()
+    report = {
+        "error": "HTTP 400 from http://h/network/v1/chat/completions: context length exceeded",
+        "status": 400,
+        "failure": None,
+        "detail": "context length exceeded",
+        "num_turns": 1,
+    }
+    spec.telemetry_path.write_text(json.dumps(report))
+    profile = ReviewerProfile(name="local", kind="openai", model="m", base_url="http://h")
+    assert for_profile(profile).telemetry(spec).failure is None
+
+
 def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

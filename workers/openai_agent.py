@@ -36,12 +36,26 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 class AgentError(Exception):
     """One line for stderr; ``status`` the HTTP status the endpoint answered with, and
-    ``failure`` ``unreachable`` or ``server`` when no model answer could come at all."""
+    ``failure`` ``unreachable`` or ``server`` when no model answer could come at all.
+    ``answered``: the server took the request and answered it (an HTTP error about the
+    request, an empty message), with ``detail``, its own words, and ``usage``."""
 
-    def __init__(self, message: str, status: int | None = None, failure: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        failure: str | None = None,
+        *,
+        answered: bool = False,
+        detail: str | None = None,
+        usage: object = None,
+    ):
         super().__init__(message)
         self.status = status
         self.failure = failure
+        self.answered = answered
+        self.detail = detail
+        self.usage = usage if isinstance(usage, dict) else {}
 
 
 def endpoint(base_url: str) -> str:
@@ -113,7 +127,10 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
         if key:
             detail = detail.replace(key, "***")  # a server that echoes the request
         raise AgentError(
-            f"HTTP {exc.code} from {shown(url)}: {detail or exc.reason}", status=exc.code
+            f"HTTP {exc.code} from {shown(url)}: {detail or exc.reason}",
+            status=exc.code,
+            answered=True,
+            detail=detail or str(exc.reason),
         ) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -128,7 +145,17 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
             f"{shown(url)} did not answer with a chat completion", failure="server"
         ) from None
     if not isinstance(content, str) or not content.strip():
-        raise AgentError(f"{shown(url)} answered with an empty message")
+        finish = (
+            data["choices"][0].get("finish_reason")
+            if isinstance(data["choices"][0], dict)
+            else None
+        )
+        raise AgentError(
+            f"{shown(url)} answered with an empty message"
+            + (f" (finish_reason {finish})" if isinstance(finish, str) else ""),
+            answered=True,
+            usage=data.get("usage"),
+        )
     return content, data
 
 
@@ -157,18 +184,23 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
     tmp = output.with_name(output.name + ".part")
     tmp.write_text(content, encoding="utf-8")
     tmp.replace(output)  # the output appears whole or not at all
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    telemetry = {
-        "num_turns": 1,
-        "input_tokens": _count(usage, "prompt_tokens", "input_tokens"),
-        "output_tokens": _count(usage, "completion_tokens", "output_tokens"),
-    }
+    telemetry = _turn(data.get("usage"))
     if isinstance(data.get("id"), str):
         telemetry["session_id"] = data["id"]
     if env.get("REVIEWQ_TELEMETRY_PATH"):
         Path(env["REVIEWQ_TELEMETRY_PATH"]).write_text(
             json.dumps({k: v for k, v in telemetry.items() if v is not None}), encoding="utf-8"
         )
+
+
+def _turn(usage: object) -> dict:
+    """One turn's telemetry: the model was asked and answered (well or not)."""
+    usage = usage if isinstance(usage, dict) else {}
+    return {
+        "num_turns": 1,
+        "input_tokens": _count(usage, "prompt_tokens", "input_tokens"),
+        "output_tokens": _count(usage, "completion_tokens", "output_tokens"),
+    }
 
 
 def main() -> int:
@@ -178,6 +210,10 @@ def main() -> int:
         print(f"openai reviewer: {exc}", file=sys.stderr)
         if os.environ.get("REVIEWQ_TELEMETRY_PATH"):
             report = {"error": str(exc), "status": exc.status, "failure": exc.failure}
+            if exc.answered:
+                # A turn: however fast it came, not a launch failure, and what it used counts.
+                report |= {k: v for k, v in _turn(exc.usage).items() if v is not None}
+                report["detail"] = exc.detail
             with contextlib.suppress(OSError):  # stderr has said it
                 Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
         return 1

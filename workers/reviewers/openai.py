@@ -40,5 +40,8 @@ class OpenAIReviewer(Reviewer):
         if isinstance(raw.get("error"), str):
             t.error = bounded(raw["error"])
             hint = raw.get("failure") if raw.get("failure") in ("unreachable", "server") else None
-            t.failure = failure_kind(raw["error"], _num(raw.get("status"), int)) or hint
+            # The server's own words, not the message with the URL in it: a base_url
+            # holding "auth" or "quota" made every error look like one.
+            said = raw["detail"] if isinstance(raw.get("detail"), str) else raw["error"]
+            t.failure = hint or failure_kind(said, _num(raw.get("status"), int))
         return t
