@@ -525,6 +525,54 @@ def test_openai_error_is_judged_by_the_servers_words_not_the_url(tmp_path):
     assert for_profile(profile).telemetry(spec).failure is None
 
 
+def _command_profile(kb, tmp_path, script: str) -> None:
+    agent = tmp_path / "agent.sh"
+    agent.write_text("#!/bin/sh\n" + script)
+    agent.chmod(0o755)
+    kb.write(
+        "reviewq.toml",
+        PROFILES + f'\n[reviewers.cmd]\nkind = "command"\ncommand = ["{agent}"]\n'
+        'partition = "fake"\ntimeout = "30s"\n',
+    )
+
+
+@pytest.mark.parametrize(
+    ("script", "classification", "reason"),
+    [
+        # A wrapper's `exec > $OUT` before a request that was refused: the empty file was
+        # judged as output, invalid, and the outage failed the job and escalated it.
+        (
+            'exec > "$REVIEWQ_OUTPUT_PATH"\necho "curl: (7) Connection refused" >&2\nexit 7\n',
+            "launch-failure",
+            "exited 7 after",
+        ),
+        # An agent that says in its telemetry that no model answered: the reviewer's
+        # failure, however long it took (past 15 s it was a counted no-output).
+        (
+            'echo \'{"num_turns": 0, "failure": "rate-limit", "error": "HTTP 429"}\' '
+            '> "$REVIEWQ_TELEMETRY_PATH"\nexit 1\n',
+            "reviewer-failure",
+            "rate-limit: HTTP 429",
+        ),
+        # A failure that is not one of those kinds counts; its stderr now says why.
+        (
+            'echo \'{"num_turns": 2}\' > "$REVIEWQ_TELEMETRY_PATH"\n'
+            "echo 'model said: prompt too long' >&2\nexit 3\n",
+            "no-output",
+            "exited 3 without writing bundle-output.md: model said: prompt too long",
+        ),
+    ],
+    ids=["empty-file", "telemetry-failure", "stderr-in-reason"],
+)
+def test_a_command_agent_that_failed_is_classified_by_what_it_said(
+    kb2, run_cli, tmp_path, script, classification, reason
+):
+    _command_profile(kb2, tmp_path, script)
+    res = run(kb2, make_job(run_cli), "cmd")
+    assert res.outcome.classification == classification, res.outcome.reasons
+    assert res.outcome.reasons[0].startswith(reason) or reason in res.outcome.reasons[0]
+
+
 def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

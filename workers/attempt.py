@@ -337,6 +337,11 @@ def run_attempt(
     too_large = out.output is not None and len(out.output) > max_output_bytes
     if too_large:
         out.output = None  # not carried anywhere: the size is the whole story
+    if out.output is not None and not out.output.strip() and (out.exit_code or telemetry.failure):
+        # An empty file a failed agent left (a wrapper's `exec > "$REVIEWQ_OUTPUT_PATH"`
+        # before a request that was refused) is no output: judged as invalid, the
+        # reviewer's outage failed the job and escalated it.
+        out.output = None
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
@@ -379,8 +384,9 @@ def run_attempt(
     else:
         out.classification = NO_OUTPUT
         out.reasons = [f"exited {out.exit_code} without writing {spec.output_path.name}"]
-        if telemetry.error:
-            out.reasons[0] += f": {telemetry.error}"
+        why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
+        if why:
+            out.reasons[0] += f": {why}"
     return out
 
 

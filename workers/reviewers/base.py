@@ -32,6 +32,7 @@ prices (:func:`priced`), so sweep budgets hold for every kind.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,9 +126,29 @@ def _num(value: object, kind: type) -> int | float | None:
     return kind(value) if storable_number(value) else None
 
 
+MAX_REASON = 300
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def bounded(message: str, limit: int = MAX_REASON) -> str:
+    """One line of at most ``limit`` characters, colour codes gone, secrets redacted."""
+    from orchestrator import logs
+
+    text = " ".join(ANSI.sub("", message).split())
+    text = logs.redact(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# What an agent may say in its telemetry file stopped it: no model could answer. Anything
+# else (a prompt too long, a refusal) may be the job's doing, and counts as its attempt.
+FAILURES = ("auth", "quota", "rate-limit", "unreachable", "server", "not-found", "config")
+
+
 def telemetry_from_file(path: Path) -> Telemetry:
     """The ``REVIEWQ_TELEMETRY_PATH`` convention: ``num_turns``, ``input_tokens``,
-    ``output_tokens``, ``cost_usd`` in a JSON object; anything unreadable is ignored."""
+    ``output_tokens``, ``cost_usd`` in a JSON object, and for an agent that got no answer
+    from its model ``failure`` (one of :data:`FAILURES`) with ``error``, its words;
+    anything unreadable is ignored."""
     try:
         with path.open("rb") as f:
             data = json.loads(f.read(_MAX_TELEMETRY_BYTES).decode("utf-8"))
@@ -144,6 +165,8 @@ def telemetry_from_file(path: Path) -> Telemetry:
         error_subtype=data.get("error_subtype")
         if isinstance(data.get("error_subtype"), str)
         else None,
+        error=bounded(data["error"]) if isinstance(data.get("error"), str) else None,
+        failure=data.get("failure") if data.get("failure") in FAILURES else None,
         raw=data,
     )
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .base import UNREADABLE, AttemptSpec, Telemetry, _num
+from .base import ANSI, UNREADABLE, AttemptSpec, Telemetry, _num, bounded
 
 _MAX_LOG_BYTES = 8 * 1024 * 1024
 
@@ -66,8 +66,6 @@ def add_counts(t: Telemetry, attr: str, *values: object) -> None:
 # expired key, a rate limit, a spent quota or an endpoint out of reach is the reviewer's
 # failure. Each adapter finds its CLI's structured error; these helpers name the kind.
 
-MAX_REASON = 300
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _STATUS = re.compile(r"\b(?:status|code)[ :=]*(\d{3})\b", re.I)
 _KINDS = (
     ("quota", re.compile(r"quota|billing|credit balance|usage limit|insufficient_quota", re.I)),
@@ -118,15 +116,6 @@ def failure_kind(message: str, status: int | None = None) -> str | None:
     return None
 
 
-def bounded(message: str, limit: int = MAX_REASON) -> str:
-    """One line of at most ``limit`` characters, colour codes gone, secrets redacted."""
-    from orchestrator import logs
-
-    text = " ".join(_ANSI.sub("", message).split())
-    text = logs.redact(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def unwrap(message: str) -> tuple[str, int | None]:
     """A message that is itself an API error document (Gemini puts the response body in
     its error's message): its inner message and status code."""
@@ -174,7 +163,7 @@ def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
     except OSError:
         return None
     for line in reversed(lines):
-        text = _ANSI.sub("", line).strip()
+        text = ANSI.sub("", line).strip()
         if not text or re.fullmatch(r"[\[\]{}(),]+", text) or (skip and skip.search(text)):
             continue
         return bounded(text)
