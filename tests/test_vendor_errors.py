@@ -434,6 +434,37 @@ def test_connect_timeout_ends_claude_retrying_a_key_or_an_endpoint(tmp_path, sta
     assert out.reasons == [reason]
 
 
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("claude", [CLAUDE_INIT, _claude_retry(1, 529, "overloaded_error")]),
+        (
+            "codex",
+            [
+                *CODEX_HEAD,
+                {
+                    "type": "error",
+                    "message": "Reconnecting... 1/5 (stream disconnected before completion: "
+                    "error sending request)",
+                },
+            ],
+        ),
+    ],
+)
+def test_one_retry_that_went_through_is_not_ended_while_the_model_thinks(tmp_path, kind, said):
+    """One transient retry, then silence while the model thinks before its first message:
+    connect_timeout ended the run and lost the review on its way (and paused the profile)."""
+    lines = _lines(said).replace("\n", "\\n")
+    script = (
+        "import os, sys, time;"
+        f"sys.stdout.write('{lines}'); sys.stdout.flush();"
+        "time.sleep(1.2);"  # the model thinking: past connect_timeout four times
+        "open(os.environ['REVIEWQ_OUTPUT_PATH'], 'w').write('the review')"
+    )
+    out = _run(tmp_path, script, kind=kind, timeout=30, connect_timeout=0.3)
+    assert out.classification == "output", out.reasons
+
+
 def test_a_claude_retry_between_answers_is_left_alone(tmp_path):
     answered = {
         "type": "assistant",

@@ -9,7 +9,15 @@ saying so in ``api_retry`` events) and what a run killed at its deadline leaves 
 from __future__ import annotations
 
 from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
-from .vendor import add_counts, bounded, failure_kind, instruction, json_objects, last_line
+from .vendor import (
+    RETRIES_TO_END,
+    add_counts,
+    bounded,
+    failure_kind,
+    instruction,
+    json_objects,
+    last_line,
+)
 
 
 class ClaudeReviewer(Reviewer):
@@ -112,11 +120,16 @@ class ClaudeReviewer(Reviewer):
         return t
 
     def unreachable(self, spec: AttemptSpec) -> str | None:
-        # Only a run that never got an answer: a retry between answers may pass.
+        # Only a run that never got an answer: a retry between answers may pass. And only
+        # one that failed again: after a single retry that went through, the model may
+        # think for minutes before its first message, and ending it lost the answer.
         events = list(json_objects(spec.stdout_path))
         if any(ev.get("type") == "assistant" for ev in events):
             return None
-        return _retrying(events)
+        retries = sum(
+            ev.get("type") == "system" and ev.get("subtype") == "api_retry" for ev in events
+        )
+        return _retrying(events) if retries >= RETRIES_TO_END else None
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
 from .vendor import (
+    RETRIES_TO_END,
     add_counts,
     bounded,
     failure_kind,
@@ -94,17 +95,26 @@ class CodexReviewer(Reviewer):
     def unreachable(self, spec: AttemptSpec) -> str | None:
         # Codex waits for an endpoint it cannot reach without end ("Reconnecting...");
         # only a run whose last word is such an error, and that never reached a model, is.
-        last, reached = None, False
+        # And only one that failed again: one reconnect that went through may be followed
+        # by minutes of reasoning before the next event, and ending it lost the answer.
+        last, reached, errors = None, False, 0
         for ev in json_objects(spec.stdout_path):
             kind = ev.get("type")
             if kind in ("error", "turn.failed"):
-                last = _message(ev)
+                last, errors = _message(ev), errors + 1
             elif kind != "turn.started":
-                last = None
+                last, errors = None, 0
                 item = ev.get("item") if isinstance(ev.get("item"), dict) else {}
-                if kind == "turn.completed" or item.get("type") in _STEPS:
-                    reached = True
-        if last and not reached and failure_kind(last) == "unreachable":
+                if kind == "turn.completed" or (
+                    str(kind).startswith("item.") and item.get("type") != "error"
+                ):
+                    reached = True  # any item, reasoning too: a model answered
+        if (
+            last
+            and not reached
+            and errors >= RETRIES_TO_END
+            and failure_kind(last) == "unreachable"
+        ):
             return bounded(last)
         return None
 

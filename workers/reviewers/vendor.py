@@ -67,6 +67,9 @@ def add_counts(t: Telemetry, attr: str, *values: object) -> None:
 # failure. Each adapter finds its CLI's structured error; these helpers name the kind.
 
 _STATUS = re.compile(r"\b(?:status|code)[ :=]*(\d{3})\b", re.I)
+# Failed tries in a row (API retries, reconnects) before connect_timeout may end a CLI that
+# has not reached its model: after one that went through, silence is the model thinking.
+RETRIES_TO_END = 2
 _KINDS = (
     ("quota", re.compile(r"quota|billing|credit balance|usage limit|insufficient_quota", re.I)),
     (
