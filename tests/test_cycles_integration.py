@@ -766,3 +766,31 @@ def test_run_job_keeps_a_persons_edit_made_while_its_fixer_ran(kb, tmp_path):
     with db(kb) as conn:
         row = conn.execute("SELECT status, result FROM review_jobs WHERE id = ?", (fix,)).fetchone()
     assert tuple(row) == ("completed", "not-applied")
+
+
+def test_a_sweep_does_not_answer_for_a_sweep_running_beside_it(kb):
+    """Two sweeps on one state folder: each counted the other's new jobs as its own, so
+    one's failures made the other exit 1 and filled its summary."""
+    from orchestrator.state.status import SweepJobs, summary
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("mine")
+    kb.note("theirs")
+    ws = Workspace.open(kb.root)
+    try:
+        jobs = SweepJobs.starting(ws.store)
+        mine = enqueue(ws, SweepRequest(name="a", all_gates=True, notes=("kb/notes/mine.md",)))
+        jobs = jobs.of_run(mine.run_id)
+        theirs = enqueue(ws, SweepRequest(name="b", all_gates=True, notes=("kb/notes/theirs.md",)))
+        (their_job,) = [j.review_job_id for j in theirs.jobs]
+        with ws.store.write():
+            ws.store.conn.execute(
+                "UPDATE review_jobs SET status = 'failed' WHERE id = ?", (their_job,)
+            )
+        out = summary(ws.store, jobs)
+    finally:
+        ws.close()
+    assert out["failed"] == []
+    assert out["jobs"] == {"offline": {**dict.fromkeys(out["jobs"]["offline"], 0), "queued": 1}}

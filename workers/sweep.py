@@ -238,6 +238,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     make_app(ws.settings)
     jobs = SweepJobs.starting(store)
     enqueued = enqueue(ws, req)
+    jobs = jobs.of_run(enqueued.run_id)
     # Started after the selection, not beside it: on a small machine their start-up only
     # slowed the selection down (1,000 jobs on two cores: 0.2 s later in all).
     children = Children(ws, workers)

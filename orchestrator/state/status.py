@@ -4,7 +4,7 @@ queries over state.db for people and for the sweep's progress and summary."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from orchestrator.config import Settings
@@ -196,13 +196,16 @@ def spent_usd(store: Store, run_id: int) -> float:
 
 @dataclass(frozen=True)
 class SweepJobs:
-    """The jobs a sweep answers for: those queued from ``first_id`` on, and the older ones
-    it found open and waited for. By id alone, a job queued earlier by ``enqueue`` that the
-    sweep ran and that failed was left out of its summary, and the sweep exited 0."""
+    """The jobs a sweep answers for: those of its run (``run_id``: its jobs and their
+    follow-ups, queued from ``first_id`` on), and the older ones it found open and waited
+    for. By id alone, a job queued earlier by ``enqueue`` that the sweep ran and that failed
+    was left out of its summary, and the sweep exited 0; and a sweep running beside it
+    answered for the other's jobs (their failures made it exit 1)."""
 
     first_id: int
     earlier: tuple[int, ...] = ()
     started_at: str = ""
+    run_id: int | None = None  # known once the sweep's run is recorded
 
     @classmethod
     def starting(cls, store: Store) -> SweepJobs:
@@ -213,19 +216,31 @@ class SweepJobs:
         )
         return cls(first[0], tuple(r[0] for r in earlier), utcnow())
 
+    def of_run(self, run_id: int) -> SweepJobs:
+        return replace(self, run_id=run_id)
+
+    def _new(self, column: str) -> tuple[str, tuple]:
+        """Its own jobs: from ``first_id`` on (the primary key's range), of its run."""
+        if self.run_id is None:
+            return f"{column} >= ?", (self.first_id,)
+        run = column.rpartition(".")[0] + "." if "." in column else ""
+        return f"({column} >= ? AND {run}sweep_run_id = ?)", (self.first_id, self.run_id)
+
     def where(self, column: str = "id") -> tuple[str, tuple]:
-        """A condition on a job id column, and its parameters."""
+        """A condition on a job id column (of ``review_jobs``), and its parameters."""
+        new, args = self._new(column)
         return (
-            f"({column} >= ? OR {column} IN (SELECT value FROM json_each(?)))",
-            (self.first_id, json.dumps(self.earlier)),
+            f"({new} OR {column} IN (SELECT value FROM json_each(?)))",
+            (*args, json.dumps(self.earlier)),
         )
 
     def attempts_where(self) -> tuple[str, tuple]:
         """The same over ``attempts a`` joined to ``review_jobs j``: of an older job, only
         the attempts made since the sweep began (not yesterday's retries)."""
+        new, args = self._new("j.id")
         return (
-            "(j.id >= ? OR (j.id IN (SELECT value FROM json_each(?)) AND a.started_at >= ?))",
-            (self.first_id, json.dumps(self.earlier), self.started_at),
+            f"({new} OR (j.id IN (SELECT value FROM json_each(?)) AND a.started_at >= ?))",
+            (*args, json.dumps(self.earlier), self.started_at),
         )
 
 
@@ -302,12 +317,23 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
         "failed": failed,
         "escalations": open_escalations(store),
         # This run's own: an older one is status's and the report's to tell.
-        "fixes_unwritten": [
-            f
-            for f in unwritten_fixes(store, failed_only=True)
-            if f["job_id"] >= jobs.first_id or f["job_id"] in jobs.earlier
-        ],
+        "fixes_unwritten": _of(store, jobs, unwritten_fixes(store, failed_only=True)),
     }
+
+
+def _of(store: Store, jobs: SweepJobs, rows: list[dict]) -> list[dict]:
+    """The rows (with ``job_id``) about the sweep's own jobs."""
+    if not rows:
+        return []
+    ours, args = jobs.where()
+    mine = {
+        r[0]
+        for r in store.conn.execute(
+            f"SELECT id FROM review_jobs WHERE id IN (SELECT value FROM json_each(?)) AND {ours}",
+            (json.dumps([r["job_id"] for r in rows]), *args),
+        )
+    }
+    return [r for r in rows if r["job_id"] in mine]
 
 
 def open_escalations(store: Store) -> list[dict]:
