@@ -576,7 +576,7 @@ def test_a_symlink_among_the_notes_to_a_gate_is_no_note(small, run_cli):
     (small.root / "kb/notes/beta-alias.md").symlink_to(small.root / "kb/notes/beta.md")
     said = (
         "warning: kb/notes/gate-alias.md: a symlink to "
-        "kb/instructions/review-gates/prose/body-check.md, which is not under the note roots"
+        "kb/instructions/review-gates/prose/body-check.md, a gate or type spec, not a note"
     )
     res = run_cli("select", "--all-gates", "--json")
     assert res.exit_code == 0, res.stderr

@@ -420,18 +420,19 @@ class KB:
         return sorted(found)
 
     def _elsewhere(self, rel: str) -> str | None:
-        """Why the symlink at ``rel`` is no note, when it leads to a file outside the note
-        roots (a gate, a type spec, the KB's README): it would be reviewed and fixed as one."""
+        """Why the symlink at ``rel`` is no note, when it leads to a gate or a type spec:
+        it would be reviewed and fixed as one. (A link to a file kept elsewhere in the
+        root is a note, fixed in the file it names.)"""
         path = os.path.join(self.root, rel)
         target = os.path.relpath(os.path.realpath(path), self.root).replace(os.sep, "/")
-        if self.in_note_roots(target):
+        if not target.startswith((f"{GATES_DIR}/", f"{TYPES_DIR}/")):
             return None
-        return f"a symlink to {target}, which is not under the note roots; skipped"
+        return f"a symlink to {target}, a gate or type spec, not a note; skipped"
 
     def walk(self, base: Path, problems: list[FileProblem], notes: bool = False) -> Iterator[str]:
         """Root-relative paths of the ``.md`` files under ``base``. Hidden entries and
         symlinked folders are not entered; a file whose name is not UTF-8, or a symlink
-        leading outside the root (for ``notes``, outside the note roots), is added to
+        leading outside the root (for ``notes``, to a gate or type spec), is added to
         ``problems`` instead."""
         stack: list[str | Path] = [base]
         root_len = len(str(self.root)) + 1
