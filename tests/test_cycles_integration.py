@@ -432,6 +432,26 @@ def test_a_sweep_entry_audits_a_lens_written_as_select_takes_it(kb):
     assert kinds == ["review", "audit"]
 
 
+def test_ack_carries_the_review_forward_not_an_audit_in_its_partition(kb):
+    """With the auditor in the reviewer's partition (the default: the reviewer audits),
+    ack took the audit's FAIL as the latest review and accepted it."""
+    kb.gate("prose/body-check", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_DECISIONS="PASS"),
+        profile("auditor", partition="fake", FAKE_DECISIONS="FAIL"),
+    )
+    res = rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
+    assert res.returncode == 0, res.stderr
+    kb.write("kb/notes/alpha.md", kb.read("kb/notes/alpha.md") + "One more line.\n")
+    res = rq(kb, "ack", "--model", "fake", "kb/notes/alpha.md", "prose/body-check")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (decision,) = conn.execute("SELECT decision FROM acceptance").fetchone()
+    assert decision == "PASS"
+
+
 def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb):
     """The auditor's partition holds no review of the pair: escalated there, a person's
     approve wrote a human PASS into a partition that never reviewed it."""

@@ -365,6 +365,11 @@ def test_warn_queue_and_export_match_the_database(flow, run_cli):
         (NOTE_B, "prose/body-check"),
     }
     assert all("finding 0 for prose/body-check" in w["rationale"] for w in warns)
+    # A note renamed (or deleted) since: its WARN is about no note of the KB now.
+    (flow.root / NOTE_B).rename(flow.root / "kb/notes/elsewhere.md")
+    warns = run_cli("warn-queue", "--json").json()["warnings"]
+    assert {(w["note_path"], w["gate_id"]) for w in warns} == {(NOTE_A, "prose/body-check")}
+    (flow.root / "kb/notes/elsewhere.md").rename(flow.root / NOTE_B)
     # A changed gate drops its WARN findings from the queue.
     flow.gate(
         "prose/body-check", ["body"], body="## Failure mode\n\nChanged.\n\n## Test\n\nChanged.\n"
@@ -390,6 +395,24 @@ def test_warn_queue_and_export_match_the_database(flow, run_cli):
         and f"recorded-at: {row['recorded_at']}\n" in text
     )
     assert "## Result: WARN" in text
+    # A note renamed and a gate gone since: their files went on being exported as current.
+    (flow.root / NOTE_B).rename(flow.root / "kb/notes/beta-renamed.md")
+    gate = next(g for g in {r["gate_id"] for r in rows} if g != "prose/body-check")
+    [gate_file] = [
+        p
+        for p in (flow.root / "kb/instructions/review-gates").rglob("*.md")
+        if gate in p.read_text()
+    ]
+    gate_file.unlink()
+    res = run_cli("export", "--model", "fake")
+    assert res.exit_code == 0, res.stderr
+    now = list(csv.DictReader((flow.root / "kb/reports/reviews/csv/gate_reviews.csv").open()))
+    assert now and {r["note_path"] for r in now} == {NOTE_A}
+    assert gate not in {r["gate_id"] for r in now}
+    assert f"exported {len(now)} review(s)" in res.stdout
+    gates = flow.root / "kb/reports/reviews/gates"
+    assert not (gates / "kb__notes__beta.md").exists()
+    assert not list(gates.rglob(f"{gate.split('/')[1]}.md"))
 
 
 # --- run-job: real agent processes ---------------------------------------------------------

@@ -356,7 +356,7 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq warn-queue --json
     """
-    items = warn_queue(ws.read_store(), ws.catalog())
+    items = warn_queue(ws.read_store(), ws.catalog(), set(ws.kb.note_files()))
     if as_json:
         emit_json({"warnings": [i.to_json() for i in items]})
         return
@@ -385,5 +385,6 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
     """
     cat = ws.catalog()
     watches = {g.gate_id: list(g.watches) for g in [*cat.gates.values(), *cat.types.values()]}
-    res = export(ws.read_store(), ws.root, model, watches)
+    notes = set(ws.kb.note_files())
+    res = export(ws.read_store(), ws.root, model, watches, notes)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

@@ -3,7 +3,7 @@ current text) and the WARN queue (SPEC §10)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from orchestrator.kb.gates import Catalog
@@ -39,8 +39,11 @@ def ack(
             raise AckError(f"{gate_id}: no such gate; nothing acked")
         row = store.conn.execute(
             "SELECT p.id, p.decision FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+            # A review's, never an audit's: the audit accepts nothing (it shares the
+            # partition when the auditor is the reviewer, as by default).
             "WHERE p.note_path = ? AND p.gate_id = ? AND j.model_partition = ? AND j.status = 'completed' "
-            "AND p.decision IN ('PASS', 'WARN', 'FAIL') ORDER BY p.decided_at DESC, p.id DESC LIMIT 1",
+            "AND j.kind = 'review' AND p.decision IN ('PASS', 'WARN', 'FAIL') "
+            "ORDER BY p.decided_at DESC, p.id DESC LIMIT 1",
             (note.path, gate_id, model),
         ).fetchone()
         if row is None:
@@ -77,9 +80,10 @@ class WarnItem:
         return self.__dict__.copy()
 
 
-def warn_queue(store: Store, catalog: Catalog) -> list[WarnItem]:
+def warn_queue(store: Store, catalog: Catalog, notes: Collection[str]) -> list[WarnItem]:
     """The latest WARN per (note, gate) across partitions, leaving out pairs whose gate
-    text changed since that review was accepted."""
+    text changed since that review was accepted, and notes no longer there (``notes``:
+    the KB's note paths; renamed or deleted, the finding is about no note of the KB)."""
     rows = store.conn.execute(
         "SELECT a.note_path, a.gate_id, a.model_partition, a.accepted_at, p.job_id, p.rationale, g.sha256 "
         "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
@@ -94,8 +98,8 @@ def warn_queue(store: Store, catalog: Catalog) -> list[WarnItem]:
             continue
         seen.add(key)
         gate = catalog.get(r["gate_id"])
-        if gate is None or gate.sha256 != r["sha256"]:
-            continue  # gate-changed (or gone): the finding may no longer hold
+        if gate is None or gate.sha256 != r["sha256"] or r["note_path"] not in notes:
+            continue  # gate-changed (or gone), note gone: the finding may no longer hold
         out.append(
             WarnItem(
                 r["note_path"],

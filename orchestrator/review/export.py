@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 import subprocess
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,10 +67,17 @@ class ExportResult:
 
 
 def export(
-    store: Store, root: Path, model: str | None = None, watches: dict[str, list[str]] | None = None
+    store: Store,
+    root: Path,
+    model: str | None = None,
+    watches: dict[str, list[str]] | None = None,
+    notes: Collection[str] | None = None,
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
-    in partition ``model``, or else the most recent across partitions."""
+    in partition ``model``, or else the most recent across partitions. ``watches`` (the
+    catalog's gates, by id) and ``notes`` (the KB's note paths), when given, are the
+    reviews as they are now: a note since renamed or deleted, or a gate gone from the
+    catalog, keeps its acceptance in state.db but has no file."""
     if (
         model
         and not store.conn.execute(
@@ -102,14 +110,16 @@ def export(
     for folder in (base.parent, base, base / "gates", base / "csv", *_note_folders(base)):
         _not_a_link(folder)
     try:
-        return _write(rows, base, git_head(root), watches or {})
+        return _write(rows, base, git_head(root), watches, notes)
     except OSError as exc:
         # A file where a folder belongs, a read-only or full disk: said as such.
         where = exc.filename or base
         raise ReportError(f"cannot write the export at {where}: {exc.strerror or exc}") from None
 
 
-def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> ExportResult:  # noqa: ANN001 - a cursor
+def _write(  # noqa: ANN001 - rows: a cursor
+    rows, base: Path, commit: str, watches: dict | None, notes: Collection[str] | None
+) -> ExportResult:
     """The GATE-REVIEW files and the index, from acceptance rows in (note, gate) order."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -124,10 +134,14 @@ def _write(rows, base: Path, commit: str, watches: dict[str, list[str]]) -> Expo
         if key == last:
             continue
         last = key
+        if (notes is not None and note_path not in notes) or (
+            watches is not None and gate_id not in watches
+        ):
+            continue
         files += 1
         _check_component(note_path)
         _check_component(gate_id)
-        watch = watches.get(gate_id) or ["title", "description", "frontmatter", "body"]
+        watch = (watches or {}).get(gate_id) or ["title", "description", "frontmatter", "body"]
         fields = {
             "note_path": note_path,
             "gate_id": gate_id,
