@@ -605,6 +605,12 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
             "--telemetry-json: cost_usd inf: expected a number, 0 or more",
         ),
         (("decide", "--note", "", "reject"), "Invalid value for '--note': empty"),
+        # Unicode digits: '١' decided escalation 1, '²' was an internal error (ValueError).
+        (("decide", "\u0661", "reject"), "'\u0661' is not an escalation id"),
+        (("decide", "\u00b2", "reject"), "'\u00b2' is not an escalation id"),
+        # Bytes that are not UTF-8 (a Latin-1 terminal): UnicodeEncodeError at the store.
+        (("decide", "1", "redo", "--feedback", "fix \udcff it"), "fix \\udcff it: not UTF-8"),
+        (("decide", "--note", "kb/notes/\udcff.md", "reject"), "'--note': kb/notes/\\udcff.md"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):

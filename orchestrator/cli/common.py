@@ -127,6 +127,18 @@ def not_blank(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN00
     for one in value if isinstance(value, tuple) else (value,):
         if one is not None and not one.strip():
             raise click.BadParameter("empty")
+    return utf8(ctx, param, value)
+
+
+def utf8(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, ANN201
+    """Text that will be stored or matched: bytes that are not UTF-8 (a Latin-1 terminal)
+    reached SQLite as surrogates and ended in 'internal error: UnicodeEncodeError'."""
+    for one in value if isinstance(value, tuple) else (value,):
+        if isinstance(one, str):
+            try:
+                one.encode("utf-8")
+            except UnicodeEncodeError:
+                raise click.BadParameter(f"{shown(one)}: not UTF-8 text") from None
     return value
 
 

@@ -28,6 +28,7 @@ from orchestrator.cli.common import (
     only_reject_check,
     refuse_domain_errors,
     shown,
+    utf8,
     warn,
 )
 from orchestrator.config import GROUPINGS
@@ -677,7 +678,12 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
 @click.option(
     "--note", default=None, callback=not_blank, help="Every open escalation of this note."
 )
-@click.option("--feedback", default=None, help="Concrete asks (required for redo; kept verbatim).")
+@click.option(
+    "--feedback",
+    default=None,
+    callback=utf8,
+    help="Concrete asks (required for redo; kept verbatim).",
+)
 @click.pass_obj
 @refuse_domain_errors
 def decide_cmd(
@@ -699,7 +705,7 @@ def decide_cmd(
         raise Refused(f"DECISION: {decision!r} is not approve, redo or reject")
     ids = []
     for raw in raw_ids:
-        if not raw.isdigit() or int(raw) > JOB_ID.max:
+        if not (raw.isascii() and raw.isdigit()) or int(raw) > JOB_ID.max:
             raise Refused(f"ESCALATION_ID: {raw!r} is not an escalation id (a whole number)")
         ids.append(int(raw))
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback)
