@@ -814,3 +814,34 @@ def test_a_sweep_does_not_answer_for_a_sweep_running_beside_it(kb):
         ws.close()
     assert out["failed"] == []
     assert out["jobs"] == {"offline": {**dict.fromkeys(out["jobs"]["offline"], 0), "queued": 1}}
+
+
+def test_a_redo_of_one_notes_escalations_in_two_partitions_is_refused(kb):
+    """One fix job at a time per note, of one partition: the redo made one and closed both
+    escalations, and the other partition's pair stayed an accepted FAIL that no sweep
+    would review or fix again."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty", description="")
+    kb.write(
+        "reviewq.toml", '[reviewers.off2]\nkind = "offline"\npartition = "off2"\n' + FAST_QUEUE
+    )
+    for reviewer in ("offline", "off2"):
+        assert rq(kb, "sweep", "--reviewer", reviewer, "--fix").returncode == 0  # escalated
+    with db(kb) as conn:
+        escs = conn.execute("SELECT id, model_partition FROM escalations ORDER BY id").fetchall()
+    assert [e["model_partition"] for e in escs] == ["offline", "off2"]
+    res = rq(kb, "decide", "--note", "kb/notes/empty.md", "redo", "--feedback", "Say what it is.")
+    assert res.returncode == 1
+    assert "its escalations are in 2 partitions" in res.stderr, res.stderr
+    assert f"off2: reviewq decide {escs[1]['id']} redo" in res.stderr
+    with db(kb) as conn:
+        assert (
+            conn.execute("SELECT count(*) FROM escalations WHERE decision IS NULL").fetchone()[0]
+            == 2
+        )
+        assert (
+            conn.execute("SELECT count(*) FROM review_jobs WHERE sweep = 'decide'").fetchone()[0]
+            == 0
+        )
+    res = rq(kb, "decide", str(escs[1]["id"]), "redo", "--feedback", "Say what it is.")
+    assert res.returncode == 0, res.stderr

@@ -6,6 +6,7 @@ escalations, audits of PASS decisions, and the next bundle of a sequential sweep
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -297,6 +298,8 @@ class FollowUp:
         The decisions and the fix jobs commit together: a redo recorded without its fix
         job would close the escalation and lose the person's asks."""
         esc_ids = cycles.resolve(self.store, ids, note, self.ws.root)
+        if decision == "redo":
+            self._one_partition_per_note(esc_ids)
         jobs: dict[str, int | None] = {}
         with self.store.write():
             escs = cycles.decide_many(
@@ -316,6 +319,29 @@ class FollowUp:
                             note_path, [e for e in escs if e["note_path"] == note_path]
                         )
         return escs, jobs
+
+    def _one_partition_per_note(self, esc_ids: list[int]) -> None:
+        """A note has one fix job at a time, and a fix job is a partition's: a redo of one
+        note's escalations in two partitions made one and closed both, and the other's
+        pair stayed an accepted FAIL that no sweep would review or fix again."""
+        by_note: dict[str, dict[str, list[int]]] = {}
+        for esc_id, note_path, partition in self.store.conn.execute(
+            "SELECT id, note_path, model_partition FROM escalations "
+            "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
+            (json.dumps(esc_ids),),
+        ):
+            by_note.setdefault(note_path, {}).setdefault(partition, []).append(esc_id)
+        for note_path, parts in by_note.items():
+            if len(parts) > 1:
+                calls = "; ".join(
+                    f"{p}: reviewq decide {' '.join(map(str, ids))} redo --feedback …"
+                    for p, ids in sorted(parts.items())
+                )
+                raise DecideError(
+                    f"{note_path}: its escalations are in {len(parts)} partitions, and a note "
+                    f"gets one fix job at a time, of one partition; redo one partition now "
+                    f"and the other once its fix has ended ({calls})"
+                )
 
     def _check_released(self, note_path: str, escs: list[dict]) -> None:
         """A redo that queued no fix job is still worth something when it releases stale
