@@ -845,3 +845,27 @@ def test_a_redo_of_one_notes_escalations_in_two_partitions_is_refused(kb):
         )
     res = rq(kb, "decide", str(escs[1]["id"]), "redo", "--feedback", "Say what it is.")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_redo_after_the_person_edited_the_note_reviews_their_text(kb):
+    """The escalated FAIL was about the text before the person's edit: the redo's fixer
+    was told 'the description region is empty' of a note that no longer had it so, its
+    fix changed nothing, and that counted as a rejection right after a PASS."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty", description="")
+    kb.write("reviewq.toml", FAST_QUEUE)
+    assert rq(kb, "sweep", "--reviewer", "offline", "--fix").returncode == 0
+    with db(kb) as conn:
+        (esc,) = conn.execute("SELECT id FROM escalations").fetchone()
+    kb.note("empty", description="Says what it is now.")  # the person's own fix
+    res = rq(kb, "decide", str(esc), "redo", "--feedback", "Keep my description.")
+    assert res.returncode == 0, res.stderr
+    assert "no fix job queued" in res.stdout and "released" in res.stdout
+    assert rq(kb, "sweep", "--reviewer", "offline", "--fix").returncode == 0
+    with db(kb) as conn:
+        assert conn.execute("SELECT decision FROM acceptance").fetchone()[0] == "PASS"
+        assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 0
+        assert (
+            conn.execute("SELECT count(*) FROM escalations WHERE decision IS NULL").fetchone()[0]
+            == 0
+        )

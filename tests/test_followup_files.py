@@ -680,3 +680,18 @@ def test_a_fix_a_person_overtook_says_so_in_its_manifest(cycle, monkeypatch):
         "the note was changed or removed by someone since the fix was decided; their text "
         "is kept and the fix is not applied"
     ]
+
+
+def test_a_fix_that_changed_nothing_rejects_no_pair_a_review_passed_meanwhile(cycle):
+    """A review of the person's text PASSed while the fix ran (a redo and a sweep at
+    once): the fix's 'changed nothing' still counted a rejection, right after the PASS."""
+    kb, ws, control, sent, job = cycle
+    _run(control, sent, _bundle(ws, job, "FAIL"))  # the fix job is queued
+    kb.accept("offline", [("kb/notes/alpha.md", "prose/clarity")])  # a PASS comes in
+    _run(control, sent, kb.read("kb/notes/alpha.md").encode())  # the fixer changed nothing
+    kinds = [r[0] for r in ws.store.conn.execute("SELECT kind FROM cycle_events ORDER BY id")]
+    assert "fix-unchanged" not in kinds
+    assert (
+        ws.store.conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
+        == "unchanged"
+    )

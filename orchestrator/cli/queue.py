@@ -716,7 +716,7 @@ def decide_cmd(
             click.echo(
                 f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s)) with your asks"
                 if job_id
-                else f"redo: no fix job queued ({note_path} has no FAIL on record); "
+                else f"redo: no fix job queued ({note_path} has no FAIL on record about its current text); "
                 "released: the next sweep reviews it again"
             )
         return

@@ -217,6 +217,11 @@ class FollowUp:
             again = []
             with self.store.write():
                 for p in pairs:
+                    acc = self.store.acceptance(partition, p["note_path"], p["gate_id"])
+                    if acc is None or acc.decision != "FAIL":
+                        # A review of a person's text came in while the fix ran, and did
+                        # not fail: a fix that changed nothing rejects nothing of it.
+                        continue
                     n = cycles.reject(
                         self.store,
                         partition,

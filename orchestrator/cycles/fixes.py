@@ -70,10 +70,11 @@ def current_failures(
     and rejected pairs whose note and gate are unchanged since (as a sweep does);
     ``include`` names pairs to keep anyway, such as the one a redo is about.
 
-    A FAIL about another text than the note's now is not current: a person edited the
-    note while its review waited. Handed to a fixer with today's text, its findings
-    came back "changed nothing" and counted as rejections of the person's own fix; the
-    note is stale instead, and the next sweep reviews the person's text."""
+    A FAIL about another text than the note's now is not current, not even for a redo: a
+    person edited the note while its review waited, or before deciding. Handed to a fixer
+    with today's text, its findings (about a text that is gone) came back "changed
+    nothing" and counted as rejections of the person's own fix; the note is stale
+    instead, and the next sweep reviews the person's text."""
     rows = [
         r
         for r in store.conn.execute(
@@ -84,7 +85,7 @@ def current_failures(
             "ORDER BY a.gate_id",
             (partition, note_path),
         )
-        if r[4] == note_sha256 or r[0] in (include or ())
+        if r[4] == note_sha256
     ]
     current = {}
     for r in rows:
