@@ -200,6 +200,15 @@ def test_three_rejections_escalate_with_no_fourth_review(cyc):
     again = json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json").stdout)
     assert again["enqueued_jobs"] == 0
     assert len(review_jobs_for(cyc, "prose/body-check")) == 3
+    # Decided, the report says so: its calls would now be refused ("decided already").
+    res = rq(cyc, "decide", str(esc["id"]), "reject")
+    assert res.returncode == 0, res.stderr
+    report = (cyc.state / esc["report_path"]).read_text().splitlines()
+    assert report[0] == f"Gate review: {NOTE} — prose/body-check"
+    assert not any(line.startswith("Decision: ") for line in report)
+    assert [line[:21] for line in report if line.startswith("Decided: ")] == [
+        "Decided: reject at 20"
+    ]
 
 
 def test_a_persons_edit_during_the_fix_wins(cyc, tmp_path):
@@ -348,7 +357,7 @@ def test_an_approval_records_the_text_it_read_under_that_texts_hash(cyc, monkeyp
     monkeypatch.setattr(KB, "read_note", edited_meanwhile)
     store = Store.open(cyc.state)
     with store.write():
-        escalations.decide_many(store, kb, load_catalog(kb), [esc], "approve", None)
+        escalations.decide_many(store, cyc.state, kb, load_catalog(kb), [esc], "approve", None)
     text, sha = store.conn.execute(
         "SELECT s.text, s.sha256 FROM acceptance a JOIN snapshots s ON s.id = a.note_snapshot_id"
     ).fetchone()

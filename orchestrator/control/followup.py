@@ -308,7 +308,13 @@ class FollowUp:
         jobs: dict[str, int | None] = {}
         with self.store.write():
             escs = cycles.decide_many(
-                self.store, self.ws.kb, self.ws.catalog(), esc_ids, decision, feedback
+                self.store,
+                self.ws.state_dir,
+                self.ws.kb,
+                self.ws.catalog(),
+                esc_ids,
+                decision,
+                feedback,
             )
             if decision == "redo":
                 groups: dict[tuple[str, str], list[dict]] = {}

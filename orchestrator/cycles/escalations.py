@@ -251,10 +251,16 @@ def report(store: Store, esc_id: int) -> str:
         *(f"- {m}" for m in material),
         "",
         f"Assessment: {e['reason']}; reviewer {e['reviewer'] or '-'}, fixer {e['fixer'] or '-'}.",
-        f"Decision: `reviewq decide {esc_id} approve` accepts the note as it is for {e['gate_id']} "
-        f'(recorded as a human review); `reviewq decide {esc_id} redo --feedback "..."` queues a fix '
-        "with your concrete asks and starts a fresh count; `reviewq decide "
-        f"{esc_id} reject` stops reviewing this pair until the note or the gate changes.",
+        # Decided, the calls would be refused ("decided already"): the file says what was.
+        f"Decided: {e['decision']} at {e['decided_at'][:19]}Z"
+        + (f", with the asks: {e['feedback']}" if e["feedback"] else "")
+        + "."
+        if e["decision"]
+        else f"Decision: `reviewq decide {esc_id} approve` accepts the note as it is for "
+        f"{e['gate_id']} (recorded as a human review); `reviewq decide {esc_id} redo "
+        '--feedback "..."` queues a fix with your concrete asks and starts a fresh count; '
+        f"`reviewq decide {esc_id} reject` stops reviewing this pair until the note or the "
+        "gate changes.",
         "",
     ]
     return "\n".join(lines)
@@ -358,7 +364,13 @@ def escalation_row(store: Store, esc_id: int):
 
 
 def decide_many(
-    store: Store, kb, catalog, esc_ids: list[int], decision: str, feedback: str | None
+    store: Store,
+    state_dir: Path,
+    kb,  # noqa: ANN001 - a KB
+    catalog,  # noqa: ANN001 - a Catalog
+    esc_ids: list[int],
+    decision: str,
+    feedback: str | None,
 ) -> list[dict]:
     """Record one person's call on several escalations in one transaction: every one is
     checked first, so one that cannot be decided leaves all of them open."""
@@ -372,7 +384,7 @@ def decide_many(
         checked.append((_check(e, esc_id, decision, feedback, note, gate), note, gate))
     with store.write():
         for e, note, gate in checked:
-            _record(store, e, decision, feedback, note, gate)
+            _record(store, state_dir, e, decision, feedback, note, gate)
 
         def log() -> None:
             for e, _, _ in checked:
@@ -450,7 +462,9 @@ def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, 
     return e
 
 
-def _record(store: Store, e, decision: str, feedback: str | None, note: _NoteNow, gate) -> None:
+def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
+    store: Store, state_dir: Path, e, decision: str, feedback: str | None, note: _NoteNow, gate
+) -> None:
     esc_id = e["id"]
     now = utcnow()
     with store.write():
@@ -460,6 +474,11 @@ def _record(store: Store, e, decision: str, feedback: str | None, note: _NoteNow
             (decision, feedback, now, note.sha256, gate.sha256 if gate else None, esc_id),
         )
         reset(store, e["model_partition"], e["note_path"], e["gate_id"])
+        store.conn.execute(
+            "INSERT OR REPLACE INTO escalation_reports_due VALUES (?, ?, ?)",
+            (esc_id, now, NOT_TRIED),
+        )
+        store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
         if decision == "approve":
             job_id = store.conn.execute(
                 "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, runner, "
