@@ -811,7 +811,11 @@ def _await_exit(pids: list[int], timeout: float = 60) -> None:
             os.close(fd)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize(
+    "sig",
+    [(signal.SIGTERM,), (signal.SIGTERM, signal.SIGTERM), (signal.SIGKILL,)],
+    ids=["SIGTERM", "SIGTERM-twice", "SIGKILL"],
+)
 def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb, tmp_path, sig):
     """`kill PID` (a closed terminal, a cancelled CI job) ended the sweep alone: its
     control and worker, reparented to init, went on running agents unwatched."""
@@ -832,9 +836,12 @@ def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb
     try:
         agent, worker, _ = map(int, await_fifo(fifo).split())  # the agent runs
         control = int((kb.state / "control.lock").read_text())
-        sweep.send_signal(sig)
+        sweep.send_signal(sig[0])
+        if len(sig) > 1:  # the second once its worker is gone: it stops, then sums up
+            _await_exit([worker])
+            sweep.send_signal(sig[1])
         _, err = sweep.communicate(timeout=60)
-        if sig == signal.SIGTERM:
+        if sig[0] == signal.SIGTERM:
             assert sweep.returncode == 130 and "error: interrupted" in err, err
         _await_exit([worker, control])  # at once for SIGTERM: the sweep stopped them
         assert process_gone(agent), "the agent outlived its worker"
@@ -854,22 +861,35 @@ def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb
     assert tuple(job) == ("completed", 1)
 
 
-def test_a_sweep_whose_borrowed_control_goes_away_starts_its_own(kb, tmp_path):
-    """A sweep uses a control process already running (an operator's, another sweep's).
-    When that one stopped, the sweep waited for good: nothing took its outcomes."""
+def _start_control(kb, env: dict, owner: str) -> tuple[subprocess.Popen, int]:
+    """A control process for the KB, as a service runs it or as a sweep's child (under a
+    parent whose argv says ``sweep``); returns the process to wait for and the control's
+    pid, once it holds the state folder."""
+    exe = str(Path(sys.executable).parent / "reviewq")
+    argv = [exe, "--root", str(kb.root), "control"]
+    if owner == "sweep":
+        argv = [sys.executable, "-c", "import subprocess, sys; subprocess.call(sys.argv[2:])",
+                "sweep", *argv]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # the lock is held once it says so
+        if '"control.started"' in line:
+            return proc, int((kb.state / "control.lock").read_text())
+    raise AssertionError(f"the control did not start: {proc.wait()}")
+
+
+def test_a_sweep_whose_borrowed_control_goes_with_its_sweep_starts_its_own(kb, tmp_path):
+    """A sweep uses a control process already running. When another sweep's stopped with
+    that sweep, this one waited for good: nothing took its outcomes."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     started, go = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go")
     exe = str(Path(sys.executable).parent / "reviewq")
     env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen(
-        [exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE, text=True
-    )
+    procs: list[subprocess.Popen] = []
     sweep = None
     try:
-        for line in control.stderr:  # the lock is held once it says so
-            if '"control.started"' in line:
-                break
+        control, pid = _start_control(kb, env, "sweep")
+        procs.append(control)
         agent_env = {**env, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(go)}
         sweep = subprocess.Popen(
             [exe, "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter"],
@@ -880,20 +900,21 @@ def test_a_sweep_whose_borrowed_control_goes_away_starts_its_own(kb, tmp_path):
             start_new_session=True,
         )
         await_fifo(started)  # the agent runs, dispatched by the borrowed control
-        control.send_signal(signal.SIGINT)
+        os.kill(pid, signal.SIGINT)
         assert control.wait(timeout=30) == 0
         with open(go, "w") as f:
             f.write("go")
         _, err = sweep.communicate(timeout=60)
         assert sweep.returncode == 0, err
     finally:
-        for proc in (control, sweep):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=30)
         if sweep is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(sweep.pid, signal.SIGKILL)
+            sweep.wait()
     with db(kb) as conn:
         assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
 
@@ -943,3 +964,31 @@ def test_a_sweep_run_from_a_folder_holding_an_orchestrator_package_runs_its_own(
         "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter", cwd=impostor.parent
     )
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("owner", ["sweep", "service"])
+def test_a_gone_control_is_replaced_by_the_sweep_only_if_it_was_another_sweeps(kb, owner):
+    """Replacing a service's control that stopped (a crash, a planned stop) took the state
+    folder from it: its restart by systemd failed 'already runs' while the sweep lasted."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control, pid = _start_control(kb, env, owner)
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=0)
+    try:
+        children.start()
+        assert children.procs == {}  # borrowed
+        os.kill(pid, signal.SIGINT)  # (before Huey's handlers are in: KeyboardInterrupt, 130)
+        assert control.wait(timeout=30) in (0, 130)
+        children.check()
+        assert ("control" in children.procs) is (owner == "sweep")
+    finally:
+        children.stop()
+        if control.poll() is None:
+            control.kill()
+            control.wait()
+        ws.close()

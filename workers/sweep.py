@@ -94,10 +94,25 @@ def _base_argv(ws: Workspace) -> list[str]:
     return argv
 
 
+def _a_sweeps_control(state_dir: Path) -> bool:
+    """Whether the control process holding the state folder is a sweep's child (not a
+    service's, not one a person started): one a sweep may replace once it is gone."""
+    try:
+        pid = int((state_dir / "control.lock").read_text())
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        argv = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return False
+    return b"sweep" in argv
+
+
 class Children:
     """The control and worker processes a sweep started, restarted if they die. A control
     process that already runs for the state folder (the operator's, another sweep's) is
-    used instead of one of its own, as long as it runs."""
+    used instead of one of its own, as long as it runs; when another sweep's goes with
+    that sweep, this one starts its own. A service's is never replaced: its restart would
+    then find the folder taken."""
 
     def __init__(self, ws: Workspace, workers: int) -> None:
         self.ws = ws
@@ -114,6 +129,7 @@ class Children:
                 str(ws.root),
             ]
         self.procs: dict[str, subprocess.Popen] = {}
+        self.adopt = False  # the control used is another sweep's: replace it when it goes
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
         self.failed: list[str] = []
         self.env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json", PARENT_ENV: str(os.getpid())}
@@ -129,14 +145,19 @@ class Children:
         for name in self.specs:
             if name != "control" or not control_running(self.ws.state_dir):
                 self._spawn(name)
+            else:
+                self.adopt = _a_sweeps_control(self.ws.state_dir)
 
     def _spawn(self, name: str) -> None:
+        # A process group of their own: a closed terminal's SIGHUP (which Huey takes as
+        # "restart") and Ctrl-C reach the sweep alone, and it stops them as it means to.
         self.procs[name] = subprocess.Popen(
             self.specs[name],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr[name],
+            process_group=0,
         )
 
     def check(self) -> None:
@@ -148,6 +169,7 @@ class Children:
                 # Another control took the state folder first (two sweeps started
                 # together): it is used, and this is no crash.
                 del self.procs[name]
+                self.adopt = _a_sweeps_control(self.ws.state_dir)
                 continue
             self.restarts[name] += 1
             logs.get().error(
@@ -162,7 +184,7 @@ class Children:
             else:
                 self._spawn(name)
         gone = "control" not in self.procs and self.restarts["control"] <= 3
-        if gone and not control_running(self.ws.state_dir):
+        if gone and self.adopt and not control_running(self.ws.state_dir):
             # The control this sweep used belonged to another sweep, which has ended.
             self._spawn("control")
 
@@ -212,23 +234,24 @@ def _nudge() -> None:
 def _terminate_raises(terminated: list) -> Iterator[None]:
     """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
     the sweep as Ctrl-C does, so that its children are stopped: by default Python dies at
-    once and leaves them running agents. A second such signal while they stop is ignored."""
+    once and leaves them running agents. Once one came, any further one is ignored until
+    the process ends: the children are being stopped, and the summary is due."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: object) -> None:
-        terminated.append(signum)
-        for s in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(s, signal.SIG_IGN)
-        raise KeyboardInterrupt
+        if not terminated:
+            terminated.append(signum)
+            raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, interrupt) for s in signals}
     try:
         yield
     finally:
         for s, handler in old.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if terminated else handler)
 
 
 def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) -> SweepOutcome:
@@ -245,8 +268,8 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     children.start()
     _nudge()
     terminated = []
-    try:
-        with _terminate_raises(terminated):
+    with _terminate_raises(terminated):
+        try:
             while True:
                 paused = paused_reviewers(ws.store, utcnow())
                 p = progress(store, jobs, set(paused), over_budget_runs(store))
@@ -256,8 +279,8 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
                     break
                 children.check()
                 time.sleep(POLL_S)
-    finally:
-        children.stop(at_once=bool(terminated))
+        finally:
+            children.stop(at_once=bool(terminated))
     paused = paused_reviewers(ws.store, utcnow())
     final = progress(store, jobs, set(paused), over_budget_runs(store))
     out = SweepOutcome(
