@@ -362,7 +362,7 @@ class FakeServer:
                     # A careless server that echoes the request's headers in its error.
                     data = f"boom: {self.headers.get('Authorization')}".encode()
                     self.send_response(server.status)
-                elif self.path != "/v1/chat/completions":
+                elif not self.path.endswith("/v1/chat/completions"):
                     data = b"not found"
                     self.send_response(404)
                 else:
@@ -507,6 +507,10 @@ def test_openai_answer_that_is_about_the_request_is_a_counted_attempt_however_fa
     assert "answered with an empty message (finish_reason length)" in res.outcome.reasons[0]
     t = res.outcome.telemetry
     assert (t["num_turns"], t["input_tokens"], t["output_tokens"]) == (1, 900, 8192)
+    # Behind a gateway whose path says "network": the URL is no word of the server's.
+    openai_profile(kb2, server.url + "/network-gw")
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "no-output", res.outcome.reasons
 
 
 def test_openai_error_is_judged_by_the_servers_words_not_the_url(tmp_path):

@@ -38,7 +38,8 @@ class AgentError(Exception):
     """One line for stderr; ``status`` the HTTP status the endpoint answered with, and
     ``failure`` ``unreachable`` or ``server`` when no model answer could come at all.
     ``answered``: the server took the request and answered it (an HTTP error about the
-    request, an empty message), with ``detail``, its own words, and ``usage``."""
+    request, an empty message), with ``detail``, what it said without the URL (which may
+    hold any word: the kind of failure is read from ``detail`` alone), and ``usage``."""
 
     def __init__(
         self,
@@ -136,7 +137,8 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
         reason = getattr(exc, "reason", exc)
         raise AgentError(f"cannot reach {shown(url)}: {reason}", failure="unreachable") from None
     if len(raw) > MAX_ANSWER_BYTES:
-        raise AgentError(f"{shown(url)} answered with more than {MAX_ANSWER_BYTES} bytes")
+        said = f"answered with more than {MAX_ANSWER_BYTES} bytes"
+        raise AgentError(f"{shown(url)} {said}", answered=True, detail=said)
     try:
         data = json.loads(raw)
         content = data["choices"][0]["message"]["content"]
@@ -150,11 +152,11 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
             if isinstance(data["choices"][0], dict)
             else None
         )
+        said = "answered with an empty message" + (
+            f" (finish_reason {finish})" if isinstance(finish, str) else ""
+        )
         raise AgentError(
-            f"{shown(url)} answered with an empty message"
-            + (f" (finish_reason {finish})" if isinstance(finish, str) else ""),
-            answered=True,
-            usage=data.get("usage"),
+            f"{shown(url)} {said}", answered=True, detail=said, usage=data.get("usage")
         )
     return content, data
 

@@ -42,6 +42,10 @@ class OpenAIReviewer(Reviewer):
             hint = raw.get("failure") if raw.get("failure") in ("unreachable", "server") else None
             # The server's own words, not the message with the URL in it: a base_url
             # holding "auth" or "quota" made every error look like one.
-            said = raw["detail"] if isinstance(raw.get("detail"), str) else raw["error"]
-            t.failure = hint or failure_kind(said, _num(raw.get("status"), int))
+            if isinstance(raw.get("detail"), str):
+                t.failure = failure_kind(raw["detail"], _num(raw.get("status"), int))
+            elif hint is None:  # no answer at all: classified by the status alone
+                t.failure = failure_kind("", _num(raw.get("status"), int))
+            else:
+                t.failure = hint
         return t
