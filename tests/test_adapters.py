@@ -452,7 +452,7 @@ def test_openai_key_never_reaches_argv_or_command_env(kb2, monkeypatch, tmp_path
     cmd = for_profile(profile).command(spec)
     assert KEY not in json.dumps([cmd.argv, cmd.env])
     assert cmd.env["REVIEWQ_OPENAI_API_KEY_ENV"] == "REVIEWQ_TEST_KEY"
-    assert cmd.argv[1:3] == ["-m", "workers.openai_agent"] and cmd.cwd == tmp_path
+    assert cmd.argv[1:4] == ["-P", "-m", "workers.openai_agent"] and cmd.cwd == tmp_path
 
 
 def test_openai_works_without_a_key(kb2, run_cli, monkeypatch, server):

@@ -992,3 +992,16 @@ def test_a_gone_control_is_replaced_by_the_sweep_only_if_it_was_another_sweeps(k
             control.kill()
             control.wait()
         ws.close()
+
+
+def test_a_kb_holding_a_workers_package_runs_reviewqs_own_agents(kb):
+    """The offline and openai agents run as `python -m workers.…` in the KB root, which
+    `-m` put first on sys.path: a `workers` package there was run instead (a launch
+    failure each time, and any code in a KB folder run by the worker)."""
+    small_kb(kb, notes=1)
+    kb.write("workers/__init__.py", "")
+    kb.write(
+        "workers/offline_agent.py", "raise SystemExit('this is the KB root workers package')\n"
+    )
+    res = rq(kb, "sweep", "--reviewer", "offline", "frontmatter")
+    assert res.returncode == 0, res.stderr

@@ -13,7 +13,6 @@ import fcntl
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 from .app import make_app
 from .parent import PARENT_ENV
 from .queues import send_once
+from .reviewers.base import python_module
 
 POLL_S = 0.2  # how often the progress display reads state.db
 
@@ -77,13 +77,8 @@ def control_running(state_dir: Path) -> bool:
 
 
 def _base_argv(ws: Workspace) -> list[str]:
-    # -P: `-m` would put the working folder first on sys.path, and a folder holding an
-    # `orchestrator` package (an older checkout) would run instead of this reviewq.
     argv = [
-        sys.executable,
-        "-P",
-        "-m",
-        "orchestrator",
+        *python_module("orchestrator"),
         "--root",
         str(ws.root),
         "--state",

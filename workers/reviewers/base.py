@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,14 @@ def priced(t: Telemetry, profile: ReviewerProfile) -> Telemetry:
     cost += (t.output_tokens or 0) * (p_out or 0.0)
     t.cost_usd = cost / 1_000_000
     return t
+
+
+def python_module(name: str) -> list[str]:
+    """The argv that runs a module of this reviewq with this Python. ``-P``: ``-m`` would
+    put the working folder first on sys.path, and agents run in the KB root, where a
+    ``workers`` package (or a sweep's working folder, an ``orchestrator`` one) would be
+    run instead."""
+    return [sys.executable, "-P", "-m", name]
 
 
 class Reviewer(ABC):

@@ -3,9 +3,7 @@ subprocess like any agent, so the whole pipeline works with no model at all."""
 
 from __future__ import annotations
 
-import sys
-
-from .base import AttemptSpec, Command, Reviewer
+from .base import AttemptSpec, Command, Reviewer, python_module
 
 
 class OfflineReviewer(Reviewer):
@@ -13,7 +11,7 @@ class OfflineReviewer(Reviewer):
 
     def command(self, spec: AttemptSpec) -> Command:
         return Command(
-            argv=[sys.executable, "-m", "workers.offline_agent"],
+            argv=python_module("workers.offline_agent"),
             env=dict(self.profile.env),
             cwd=spec.root,
         )

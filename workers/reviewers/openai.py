@@ -4,9 +4,15 @@ process-group kills and classification work exactly as for every other kind (SPE
 
 from __future__ import annotations
 
-import sys
-
-from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .base import (
+    AttemptSpec,
+    Command,
+    Reviewer,
+    Telemetry,
+    _num,
+    python_module,
+    telemetry_from_file,
+)
 from .vendor import bounded, failure_kind
 
 
@@ -27,7 +33,7 @@ class OpenAIReviewer(Reviewer):
         }
         return Command(
             # profile args are name=value fields added to the request (see the agent)
-            argv=[sys.executable, "-m", "workers.openai_agent", *self.profile.args],
+            argv=[*python_module("workers.openai_agent"), *self.profile.args],
             env=env,
             cwd=spec.root,
         )
