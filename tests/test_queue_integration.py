@@ -234,7 +234,7 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
     res = rq(kb, "sweep", "--reviewer", "fake", "--json")
     assert res.returncode == 1
-    assert "wait on paused reviewer fake" in res.stderr and "`reviewq resume NAME`" in res.stderr
+    assert "wait on paused reviewer fake" in res.stderr and "`reviewq resume fake`" in res.stderr
     out = json.loads(res.stdout)
     assert out["progress"]["waiting_paused"] > 0 and out["failed"] == []
     with db(kb) as conn:
@@ -260,7 +260,11 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     assert res.returncode == 0, res.stderr
     with db(kb) as conn:
         assert {r[0] for r in conn.execute("SELECT status FROM review_jobs")} == {"completed"}
+    with db(kb) as conn:  # two failures in a row, not yet a pause
+        conn.execute("UPDATE reviewer_state SET launch_failures = 2 WHERE name = 'fake'")
     assert rq(kb, "resume", "fake").stdout == "reviewer fake is not paused\n"
+    with db(kb) as conn:  # and so nothing of it changed
+        assert conn.execute("SELECT launch_failures FROM reviewer_state").fetchone()[0] == 2
     res = rq(kb, "resume", "fakee")
     assert res.returncode == 1 and res.stderr.startswith("error: no reviewer profile 'fakee'")
 

@@ -298,9 +298,10 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
             f"{n} (until {p.until}{': ' + p.reason if p.reason else ''})"
             for n, p in out.paused.items()
         )
+        lift = " / ".join(f"reviewq resume {shlex.quote(n)}" for n in out.paused)
         problems.append(
             f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}; "
-            "once the cause is fixed, `reviewq resume NAME` lifts the pause"
+            f"once the cause is fixed, `{lift}` lifts the pause"
         )
     if out.summary["fixes_unwritten"]:
         first = out.summary["fixes_unwritten"][0]

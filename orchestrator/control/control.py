@@ -731,13 +731,13 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
             "WHERE name = ? AND paused_until > ?",
             (name, timestamp(now)),
         ).fetchone()
+        if row is None:
+            return None  # and its count of failures in a row stays as it is
         store.conn.execute(
             "UPDATE reviewer_state SET paused_until = NULL, paused_reason = NULL, "
             "launch_failures = 0, updated_at = ? WHERE name = ?",
             (utcnow(), name),
         )
-        if row is None:
-            return None
         store.conn.execute(
             "UPDATE review_jobs SET not_before = NULL WHERE reviewer = ? AND status = 'queued'",
             (name,),
