@@ -538,9 +538,12 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     )
 
 
+_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
+# The names cron(5) takes, as numbers, for the month (field 3) and weekday (field 4).
 _CRON_NAMES = {
-    *["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
-    *["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+    3: {m: i for i, m in enumerate(_MONTHS, 1)},
+    4: {d: i for i, d in enumerate(_DAYS)},
 }
 
 
@@ -548,14 +551,19 @@ def check_cron(expr: str, where: str = "cron") -> None:
     """A bad cron expression is refused when the settings load, not at 3 a.m."""
     if len(expr.split()) != 5:
         raise ConfigError(f"{where} {expr!r}: expected five fields: minute hour day month weekday")
-    for field_ in expr.split():
+    for i, field_ in enumerate(expr.split()):
         # croniter also takes R (a random value, drawn anew at each check: a daily sweep
-        # fired many times a day), H, L, W, # and reversed ranges, which cron(8) does not.
-        for word in re.findall(r"[A-Za-z]+", field_):
-            if word.lower() not in _CRON_NAMES:
-                raise ConfigError(f"{where} {expr!r}: {word!r} is not part of cron(5) syntax")
-        for low, high in re.findall(r"(\d+)-(\d+)", field_):
-            if int(low) > int(high):
+        # fired many times a day), H, L, W, #, ? and ranges that run backwards (wrapped
+        # around), which cron(8) does not.
+        names = _CRON_NAMES.get(i, {})
+        odd = re.search(r"[^0-9A-Za-z*,/-]", field_)
+        words = [w for w in re.findall(r"[A-Za-z]+", field_) if w.lower() not in names]
+        if odd or words:
+            what = odd.group() if odd else words[0]
+            raise ConfigError(f"{where} {expr!r}: {what!r} is not part of cron(5) syntax")
+        for low, high in re.findall(r"(\w+)-(\w+)", field_):
+            a, b = (int(v) if v.isdigit() else names[v.lower()] for v in (low, high))
+            if a > b:
                 raise ConfigError(f"{where} {expr!r}: the range {low}-{high} runs backwards")
     if not croniter.is_valid(expr):
         raise ConfigError(f"{where} {expr!r}: not a valid cron expression")

@@ -91,6 +91,9 @@ BAD = [
     # croniter's R drew a new random hour at every check: "once a day" fired 16 times in 48 h.
     ('[[sweeps]]\nname = "n"\ncron = "0 R * * *"\n', "[[sweeps]] 'n' cron", "'R' is not part"),
     ('[[sweeps]]\nname = "n"\ncron = "0 5-1 * * *"\n', "[[sweeps]] 'n' cron", "runs backwards"),
+    ('[[sweeps]]\nname = "n"\ncron = "0 1 * * fri-mon"\n', "[[sweeps]] 'n' cron", "backwards"),
+    ('[[sweeps]]\nname = "n"\ncron = "0 1 * * 1#2"\n', "[[sweeps]] 'n' cron", "'#' is not part"),
+    ('[[sweeps]]\nname = "n"\ncron = "0 1 ? * *"\n', "[[sweeps]] 'n' cron", "'?' is not part"),
     ('[[sweeps]]\nname = "n"\nbudget_usd = nan\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
     ('[[sweeps]]\nname = "n"\nbudget_usd = inf\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
     ("[queue]\nreaper_seconds = inf\n", "[queue] reaper_seconds", "at most a year"),
