@@ -680,11 +680,15 @@ def test_a_name_no_sweep_has_is_refused_when_it_would_mean_every_gate(kb, run_cl
     assert (res.exit_code, res.stderr) == (
         1,
         "error: --name nightley: no [[sweeps]] entry of that name (configured: nightly); "
-        "name gates, or --all-gates, to run an ad-hoc sweep under it\n",
+        "name gates, --all-gates or --note to run an ad-hoc sweep under it\n",
     )
     assert not (kb.state / "state.db").exists()
     res = run_cli("enqueue", "--name", "adhoc", "--reviewer", "fake", "--all-gates")
     assert res.exit_code == 0, res.stderr
+    res = run_cli(
+        "enqueue", "--name", "adhoc", "--reviewer", "fake", "--note", str(kb.root / "kb/notes")
+    )
+    assert res.exit_code == 0, res.stderr  # notes named: every gate on them, as before
 
 
 @pytest.mark.parametrize("down", ["refused", "unanswered"])

@@ -124,12 +124,14 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
         return req
 
     named = click.get_current_context().get_parameter_source("sweep_name")
-    if named == ParameterSource.COMMANDLINE and not opts["selectors"] and not opts["all_gates"]:
+    chose = opts["selectors"] or opts["all_gates"] or opts["notes"]
+    if named == ParameterSource.COMMANDLINE and not chose:
         # A mistyped `--name nightly` ran every gate of the catalog, silently.
         known = ", ".join(sorted(ws.settings.sweeps)) if ws is not None else ""
         raise Refused(
             f"--name {opts['sweep_name']}: no [[sweeps]] entry of that name (configured: "
-            f"{known or 'none'}); name gates, or --all-gates, to run an ad-hoc sweep under it"
+            f"{known or 'none'}); name gates, --all-gates or --note to run an ad-hoc sweep "
+            "under it"
         )
     all_gates = opts["all_gates"] or not opts["selectors"]  # no selection: every catalog gate
     return SweepRequest(
