@@ -1013,3 +1013,57 @@ def test_a_kb_holding_a_workers_package_runs_reviewqs_own_agents(kb):
     )
     res = rq(kb, "sweep", "--reviewer", "offline", "frontmatter")
     assert res.returncode == 0, res.stderr
+
+
+def test_a_tick_waiting_ahead_of_heartbeats_reaps_no_live_attempt(kb, tmp_path):
+    """The control was down longer than a lease while an agent ran: a tick at the head of
+    its queue reaped the attempt as silent, with the worker's heartbeats waiting right
+    behind it; its agent ran a second time."""
+    from orchestrator.control import messages
+    from orchestrator.state.workspace import Workspace
+    from workers.app import make_app
+    from workers.queues import send
+
+    small_kb(kb, notes=1)
+    # A long lease: the worker's own heartbeats (every lease/4) stay out of the way.
+    queue = FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60")
+    kb.write("reviewq.toml", fake_profile() + queue)
+    started, go = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go")
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    agent_env = {**env, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(go)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    worker = subprocess.Popen(
+        [exe, "--root", str(kb.root), "worker", "--workers", "1"],
+        env=agent_env,
+        stderr=subprocess.DEVNULL,
+    )
+    procs = [worker]
+    try:
+        control, pid = _start_control(kb, env, "service")
+        procs.append(control)
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        _, _, attempt = map(int, await_fifo(started).split())
+        os.kill(pid, signal.SIGKILL)  # the control goes away...
+        control.wait(timeout=30)
+        with db(kb) as conn:  # ... for longer than a lease, its last heartbeat long ago
+            conn.execute("UPDATE attempts SET heartbeat_at = '2000-01-01T00:00:00.000Z'")
+        ws = Workspace.open(kb.root)
+        make_app(ws.settings)
+        send("tick")  # ahead of the heartbeat the worker sent meanwhile
+        beat = {"v": messages.VERSION, "job_id": 1, "attempt": attempt, "worker": "w",
+                "host": "h", "launched": False}  # fmt: skip
+        send("attempt_heartbeat", beat)
+        ws.close()
+        procs.append(_start_control(kb, env, "service")[0])
+        with open(go, "w") as f:  # the agent ends
+            f.write("go")
+        res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "0")
+        assert res.returncode == 0, res.stderr
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=30)
+    with db(kb) as conn:
+        outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
+    assert outcomes == [(1, "finalized")]

@@ -305,6 +305,7 @@ def _release() -> None:
 
 
 BATCH = 100  # messages taken together at most: a bound on one transaction's length
+_DRAIN_BATCHES = 50  # batches a tick takes before it reaps, at most
 
 
 def deliver_outcome(outcome: dict) -> None:
@@ -316,19 +317,21 @@ def attempt_heartbeat(msg: dict, *version_1: object) -> None:
     _take_waiting("heartbeat", msg)
 
 
-def _take_waiting(kind: str, first: dict) -> None:
+def _take_waiting(kind: str | None, first: dict | None) -> int:
     """Handle this message with the outcomes and heartbeats waiting behind it, in one
     transaction, then dispatch once. Those stay on the queue until the transaction has
     committed: a control process killed meanwhile finds them again when it restarts (a
     lost outcome would cost an agent's run). Other tasks are left where they are (a
-    dispatch nudge is dropped: the dispatch here does its work)."""
-    refused = messages.refusal(kind, first)
-    if refused is not None:
-        logs.get().error("message.refused", **refused)
-        return
+    dispatch nudge is dropped: the dispatch here does its work). With no message of its
+    own (``kind`` None: a tick), only those waiting. Returns how many were taken."""
+    if kind is not None:
+        refused = messages.refusal(kind, first)
+        if refused is not None:
+            logs.get().error("message.refused", **refused)
+            return 0
     control = _the_control()
     huey = _control_queue()
-    batch: list[_Taken] = [(kind, first, None, None)]
+    batch: list[_Taken] = [(kind, first, None, None)] if kind is not None else []
     taken: list[object] = []  # acknowledged once the batch is kept
     stay: set[object] = set()  # ... but for those _one_by_one could not put back
     nudged = False
@@ -352,13 +355,15 @@ def _take_waiting(kind: str, first: dict) -> None:
     # Taken off once kept, or once back on the queue with one retry less (_one_by_one);
     # not on an interrupt, which leaves the transaction uncommitted and the messages owed.
     try:
-        _keep(control, huey, batch, stay)
+        if batch:
+            _keep(control, huey, batch, stay)
     except Exception:
         _acknowledge(huey, [t for t in taken if t not in stay])
         raise
     _acknowledge(huey, [t for t in taken if t not in stay])
     if nudged or any(b[0] == "outcome" for b in batch):
         control.dispatch()
+    return len(taken)
 
 
 def _acknowledge(huey, taken: list[object]) -> None:  # noqa: ANN001
@@ -380,7 +385,7 @@ def _keep(control: Control, huey, batch: list[_Taken], stay: set[object]) -> Non
         with logs.bound(job_id=first.get("job_id"), attempt=first.get("attempt")):
             control.on_messages(beats, outcomes)
     except Exception as exc:
-        if len(batch) == 1:
+        if len(batch) == 1 and batch[0][2] is None:  # the task's own message: Huey retries it
             raise
         # Nothing of the batch was kept: take the messages one by one, so one that cannot
         # be handled now does not hold back the rest.
@@ -450,12 +455,31 @@ def dispatch() -> None:
     _the_control().dispatch()
 
 
+def _applied_waiting() -> bool:
+    """Apply the heartbeats and outcomes waiting in the queue before the reaper judges:
+    after the control (or the queue) was away longer than a lease, those behind a tick
+    are news of live attempts and of attempts that ended. Judged before them, every live
+    attempt was "lost" and its agent run again. False when some wait that cannot be taken
+    now (a process's first message runs alone): the reaper then waits for the next tick."""
+    huey = _control_queue()
+    if huey is None:
+        return True
+    if getattr(huey.storage, "holding_first", False):
+        news = ("deliver_outcome", "attempt_heartbeat")
+        return not any(task.name in news for _, task in waiting(huey, BATCH))
+    for _ in range(_DRAIN_BATCHES):
+        if _take_waiting(None, None) < BATCH - 1:
+            break
+    return True
+
+
 def tick() -> None:
     from orchestrator.sweeps.producer import enqueue_due_sweeps
 
     control = _the_control()
     _tick_sent_at[0] = 0.0
-    control.reap()
+    if _applied_waiting():
+        control.reap()
     control.write_due_files()
     enqueue_due_sweeps(control.ws, control.now())
     control.dispatch()
