@@ -120,3 +120,23 @@ def test_a_log_line_that_is_json_but_not_an_object_is_passed_over(kb, run_cli):
     res = run_cli("logs")
     assert res.exit_code == 0, res.stderr
     assert res.stdout.split()[2] == "kept"
+
+
+def test_a_retried_send_keeps_the_jobs_attempt_in_its_log_line(tmp_path):
+    """queue.retrying logged its own try count as `attempt`, over the job's attempt the
+    task had bound: `reviewq logs --job N` showed attempt 3 during attempt 1."""
+    from types import SimpleNamespace
+
+    from orchestrator import logs
+    from workers.queues import send
+
+    logs.configure(tmp_path)
+    failed = SimpleNamespace(exception=lambda: ConnectionError("refused"))
+    with logs.bound(job_id=1, attempt=1):
+        send.retry.before_sleep(SimpleNamespace(attempt_number=3, outcome=failed))
+    [line] = [
+        json.loads(x)
+        for x in (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
+        if '"queue.retrying"' in x
+    ]
+    assert (line["job_id"], line["attempt"], line["try"]) == (1, 1, 3)

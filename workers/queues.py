@@ -475,7 +475,10 @@ def the_app() -> App:
 @retry(
     **_WHILE_UNAVAILABLE,
     before_sleep=lambda rs: logs.get().warning(
-        "queue.retrying", attempt=rs.attempt_number, error=str(rs.outcome.exception())
+        # `try`, not `attempt`: the log binds a job's attempt number under that name.
+        "queue.retrying",
+        **{"try": rs.attempt_number},
+        error=str(rs.outcome.exception()),
     ),
 )
 def send(task: str, *args: Any) -> None:
