@@ -920,9 +920,15 @@ def test_an_outcome_that_comes_again_after_it_was_kept_changes_nothing(kb):
     """A control process stopped between keeping a batch and taking it off the queue
     meets the batch again: the attempt stays as it was decided, and the log says so."""
     ws, control, sent = _dispatched(kb, ["alpha"])
-    outcome = _outcome(ws, sent[0])
+    outcome = _outcome(ws, sent[0], files={"stdout.log": b"the run decided on\n"})
     control.on_messages([], [outcome])
-    control.on_messages([], [outcome])
+    folder = next(ws.state_dir.glob("jobs/*/attempt-1"))
+    kept = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    # Another run's report under the same attempt (a redelivered message): its files did
+    # not overwrite the evidence of the decision made from the first.
+    again = {**outcome, "output": b"something else", "files": {"stdout.log": b"another run\n"}}
+    control.on_messages([], [again])
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == kept
     row = ws.store.conn.execute("SELECT outcome FROM attempts WHERE job_id = 1").fetchone()
     assert row[0] == "finalized"
     assert [e for e, _ in _story(ws, 1) if e != "attempt.dispatched"][-2:] == [

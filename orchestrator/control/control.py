@@ -305,11 +305,17 @@ class Control:
         """The worker's report of the attempt into ``attempt-N/``, where `reviewq job`, the
         manual flow and people look: written before the transaction, as the agent itself
         wrote them when workers shared the folder, so a crash between the two loses
-        no evidence. Only known names; a folder that is not there is not made."""
+        no evidence. Only known names; a folder that is not there is not made. Not over an
+        attempt whose outcome was acted on: a repeat of it (a redelivered message) wrote
+        another run's output and logs beside the decision made from the first."""
         row = self.store.conn.execute(
-            "SELECT kind, job_dir FROM review_jobs WHERE id = ?", (o.get("job_id"),)
+            "SELECT j.kind, j.job_dir, a.outcome FROM review_jobs j LEFT JOIN attempts a "
+            "ON a.job_id = j.id AND a.attempt = ? WHERE j.id = ?",
+            (o.get("attempt"), o.get("job_id")),
         ).fetchone()
         if row is None or not isinstance(o.get("attempt"), int):
+            return
+        if row["outcome"] not in (None, "dispatched", "running", "lost"):
             return
         folder = self.ws.state_dir / row["job_dir"] / f"attempt-{o['attempt']}"
         sent = o.get("files") if isinstance(o.get("files"), dict) else {}
