@@ -1060,3 +1060,14 @@ def test_a_lost_attempts_late_cost_is_in_the_next_report(kb, run_cli):
     ws.close()
     later = json.loads(run_cli("report", "--json").stdout)
     assert first["reviewed"]["cost_usd"] == 0 and later["reviewed"]["cost_usd"] == 0.5
+
+
+def test_any_heartbeat_says_the_agent_runs(kb):
+    """The launch's own heartbeat lost (a queue busy for a moment), the later ones left the
+    attempt 'dispatched': the reaper waited lease + timeout for an agent long running."""
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    beat = {"v": 2, "job_id": 1, "attempt": sent[0]["attempt"], "worker": "w", "host": "h"}
+    control.on_messages([{**beat, "launched": False}], [])
+    row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
+    assert row[0] == "running" and row[1] is not None
+    ws.close()

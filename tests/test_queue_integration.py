@@ -1067,3 +1067,36 @@ def test_a_tick_waiting_ahead_of_heartbeats_reaps_no_live_attempt(kb, tmp_path):
     with db(kb) as conn:
         outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
     assert outcomes == [(1, "finalized")]
+
+
+def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path):
+    """The worker's heartbeat waited out a busy queue (two minutes at most) inside the
+    loop that watches the agent: its exit and its deadline went unnoticed as long."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"1s"') + FAST_QUEUE)
+    started = make_fifo(tmp_path, "started")
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(started)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    base = [exe, "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
+    )
+    lock = None
+    agent = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent = int(await_fifo(started).split()[0])
+        lock = sqlite3.connect(kb.state / "queue" / "control.db", timeout=30)
+        lock.execute("BEGIN EXCLUSIVE")  # no heartbeat gets through now
+        _await_exit([agent], timeout=20)  # the 1-s deadline, kept
+    finally:
+        if lock is not None:
+            lock.rollback()
+            lock.close()
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        if agent:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent, signal.SIGKILL)

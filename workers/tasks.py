@@ -78,6 +78,49 @@ def _the_worker() -> WorkerPlace:
     return _place
 
 
+class _Beats:
+    """An attempt's heartbeats, each sent from a thread of its own. Sent in the loop that
+    watches the agent, one waiting out a busy queue (up to two minutes) held the agent's
+    exit and its deadline up as long. While one waits, the next is skipped (it would say
+    the same); :meth:`wait` lets the last one go out before the attempt's outcome does."""
+
+    def __init__(self, job_id: int, attempt: int) -> None:
+        self.job_id, self.attempt = job_id, attempt
+        self._in_flight = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def send(self, launched: bool = False) -> None:
+        if not self._in_flight.acquire(blocking=False):
+            return
+        msg = {
+            "v": messages.VERSION,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "worker": WORKER_ID,
+            "host": HOST,
+            "launched": launched,
+        }
+        self._thread = threading.Thread(
+            target=self._send, args=(msg,), name="reviewq-beat", daemon=True
+        )
+        self._thread.start()
+
+    def _send(self, msg: dict) -> None:
+        try:
+            with logs.bound(job_id=self.job_id, attempt=self.attempt):
+                send("attempt_heartbeat", msg)
+        except Exception as exc:  # a missed heartbeat is not worth killing the agent for
+            logs.get().warning(
+                "attempt.heartbeat_failed", job_id=self.job_id, attempt=self.attempt, error=str(exc)
+            )
+        finally:
+            self._in_flight.release()
+
+
 def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
     with _sem_lock:
         sem = _semaphores.get(profile.name)
@@ -122,21 +165,7 @@ def run_review(msg: dict) -> None:
             _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
             return
 
-        def beat(launched: bool = False) -> None:
-            try:
-                send(
-                    "attempt_heartbeat",
-                    {
-                        "v": messages.VERSION,
-                        "job_id": job_id,
-                        "attempt": attempt,
-                        "worker": WORKER_ID,
-                        "host": HOST,
-                        "launched": launched,
-                    },
-                )
-            except Exception as exc:  # a missed heartbeat is not worth killing the agent for
-                logs.get().warning("attempt.heartbeat_failed", error=str(exc))
+        beat = _Beats(job_id, attempt)
 
         with _semaphore(profile):
             if _expired(msg):  # it waited for a free agent slot past its lease
@@ -151,7 +180,7 @@ def run_review(msg: dict) -> None:
                 guarded=msg.get("guarded") or () if place.kb else (),
                 trees=msg.get("trees") or () if place.kb else (),
                 max_output_bytes=msg["max_output_bytes"],
-                on_tick=beat,
+                on_tick=beat.send,
                 tick_s=msg["heartbeat_s"],
                 # The agent starts first: no queue write delays it. Sent even for an agent
                 # that ends at once: a worker that dies before its agent's outcome is sent
@@ -161,9 +190,10 @@ def run_review(msg: dict) -> None:
                 # for quick agents saved the control one transaction per job and was
                 # undone for that reason (tests/test_queue_integration.py, the worker
                 # killed mid-attempt).
-                on_launch=lambda: beat(True),
+                on_launch=lambda: beat.send(launched=True),
                 registry=registry_dir(place.folder),
             )
+        beat.wait()  # the launch said before the outcome, even of an agent that ended at once
         if STOPPING.is_set():
             # The worker is stopping and killed this agent; Huey queued the task again.
             logs.get().info(

@@ -190,17 +190,17 @@ def render_audit_preamble(store: Store, job_id: int) -> str:
     return template("audit").substitute(rationales=rationales)
 
 
-def heartbeat(
-    store: Store, job_id: int, attempt: int, worker: str, now: str, launched: bool = False
-) -> None:
-    """An open attempt is alive: refresh its lease (a launch also moves it to running)."""
+def heartbeat(store: Store, job_id: int, attempt: int, worker: str, now: str) -> None:
+    """An open attempt is alive: refresh its lease, and move it to running. Only a
+    running agent beats: when the launch's own heartbeat was lost (a queue busy for a
+    moment), the next one says as much, or the reaper waited lease + timeout for it."""
     with store.write():
         store.conn.execute(
             "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
-            "launched_at = CASE WHEN ? THEN COALESCE(launched_at, ?) ELSE launched_at END, "
-            "outcome = CASE WHEN ? AND outcome = 'dispatched' THEN 'running' ELSE outcome END "
+            "launched_at = COALESCE(launched_at, ?), "
+            "outcome = CASE WHEN outcome = 'dispatched' THEN 'running' ELSE outcome END "
             "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
-            (now, worker, launched, now, launched, job_id, attempt),
+            (now, worker, now, job_id, attempt),
         )
 
 

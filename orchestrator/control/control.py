@@ -286,14 +286,7 @@ class Control:
             self._keep_attempt_files(o)
         with self.store.write():
             for h in heartbeats:
-                heartbeat(
-                    self.store,
-                    h["job_id"],
-                    h["attempt"],
-                    h["worker"],
-                    timestamp(self.now()),
-                    bool(h.get("launched")),
-                )
+                heartbeat(self.store, h["job_id"], h["attempt"], h["worker"], timestamp(self.now()))
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
                     # dispatched, started, ended even when both waited together.
