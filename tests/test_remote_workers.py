@@ -5,6 +5,7 @@ the messages; messages of another version are refused with one line."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -457,6 +458,38 @@ def test_a_worker_does_not_start_an_attempt_the_reaper_has_given_up(kb, tmp_path
     lines = (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
     [expired] = [e for e in map(json.loads, lines) if e["event"] == "attempt.expired"]
     assert (expired["job_id"], expired["attempt"]) == (msg["job_id"], msg["attempt"])
+
+
+@pytest.mark.parametrize("skew_s", [3600, -3600], ids=["ahead", "behind"])
+def test_a_worker_whose_clock_is_off_times_expiry_by_the_queues_clock(
+    kb, tmp_path, redis_url, skew_s
+):
+    """The expiry was the control's epoch time, read against the worker's own clock: one
+    running ahead declined every message (dispatched, reaped and dispatched again for
+    good); one running behind would start attempts already given up."""
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    skew = tmp_path / "skew"
+    skew.mkdir()
+    (skew / "sitecustomize.py").write_text(
+        f"import time\n_real = time.time\ntime.time = lambda: _real() + {skew_s}\n"
+    )
+    home = tmp_path / "remote"
+    home.mkdir()
+    config = worker_toml(home / "worker.toml", redis_url)
+    worker = subprocess.Popen(
+        [EXE, "--config", str(config), "--state", str(home / "state"), "worker"],
+        cwd=home,
+        env={**os.environ, "PYTHONPATH": str(skew)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json", timeout=60)
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    own = (home / "state" / "logs" / "reviewq.jsonl").read_text()
+    assert '"attempt.expired"' not in own and '"attempt.exited"' in own
 
 
 def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(

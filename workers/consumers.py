@@ -25,7 +25,7 @@ from . import tasks
 from .app import make_app
 from .attempt import reap_orphans
 from .parent import follow_parent
-from .queues import check_server, send
+from .queues import check_server, queue_clock, send
 
 
 class AlreadyRunning(RuntimeError):
@@ -121,7 +121,11 @@ def run_control(ws: Workspace) -> None:
     follow_parent()
     app = make_app(settings)
     check_server(app.control)
-    control = Control(ws, send_review=lambda msg: send("run_review", msg), hooks=FollowUp(ws))
+
+    def send_review(msg: dict) -> None:
+        send("run_review", {**msg, "queued_at": queue_clock(app.review)})
+
+    control = Control(ws, send_review=send_review, hooks=FollowUp(ws))
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(

@@ -398,6 +398,17 @@ except ImportError:  # pragma: no cover
     QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
 
 
+def queue_clock(huey: Huey) -> float:
+    """Seconds since the epoch by the queue's clock: the Redis server's, which the control
+    process and every worker read alike whatever their own clocks say; for SQLite (one
+    machine) this machine's."""
+    storage = huey.storage
+    if isinstance(storage, RedisStorage):
+        seconds, micros = storage.conn.time()
+        return seconds + micros / 1e6
+    return time.time()
+
+
 def waiting(huey: Huey, limit: int) -> list[tuple[object, Any]]:
     """Up to ``limit`` messages waiting on ``huey``, oldest first, each with the token
     :func:`acknowledge` takes it off the queue by: they stay on it until then, so a

@@ -26,7 +26,7 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import acknowledge, release, requeue, send, the_app, waiting
+from .queues import acknowledge, queue_clock, release, requeue, send, the_app, waiting
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -213,16 +213,31 @@ def run_review(msg: dict) -> None:
 
 def _expired(msg: dict) -> bool:
     """Whether the reaper has taken this attempt for lost and queued another (said in
-    the log): running it would only spend money on an outcome nobody acts on."""
-    expires = msg.get("expires_at")
-    if not isinstance(expires, int | float) or time.time() <= expires:
+    the log): running it would only spend money on an outcome nobody acts on. Timed on
+    the queue's clock when the message was stamped with it: by the expiry the control
+    wrote on its own clock, a worker whose clock ran ahead declined every message, and
+    one running behind started attempts already given up."""
+    ttl, queued = msg.get("ttl_s"), msg.get("queued_at")
+    if isinstance(ttl, int | float) and isinstance(queued, int | float):
+        try:
+            late = queue_clock(the_app().review) - queued - ttl
+        except Exception:  # the queue's clock cannot be read: this machine's, as before
+            late = None
+    else:
+        late = None
+    if late is None:
+        expires = msg.get("expires_at")
+        if not isinstance(expires, int | float):
+            return False
+        late = time.time() - expires
+    if late <= 0:
         return False
     logs.get().warning(
         "attempt.expired",
         worker=WORKER_ID,
         job_id=msg.get("job_id"),
         attempt=msg.get("attempt"),
-        late_s=round(time.time() - expires, 1),
+        late_s=round(late, 1),
     )
     return True
 

@@ -233,6 +233,10 @@ class Control:
             # took to build nor a worker's clock running a little behind lets an agent
             # start for an attempt already given up (a declined one is reaped as before).
             "expires_at": time.time() + lease / 2 + profile.timeout,
+            # The same as a duration, for a worker whose clock is not this machine's: the
+            # sender stamps the message with the queue's own clock (queued_at), and the
+            # worker reads that clock again (workers.queues.queue_clock).
+            "ttl_s": lease / 2 + profile.timeout,
             "job_id": opened.job_id,
             "attempt": opened.attempt,
             "task": opened.kind,

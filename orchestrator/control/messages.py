@@ -16,7 +16,10 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   was given), ``guarded`` and ``trees`` (root-relative, checked when the worker has a
   KB), ``timeout_s`` (the deadline), ``lease_s``, ``heartbeat_s``, ``max_output_bytes``,
   ``expires_at`` (epoch seconds on the control's clock, half a lease before the reaper gives up an
-  attempt no worker started; optional, so no new version: a worker takes it as absent).
+  attempt no worker started), and the same as ``ttl_s`` (seconds) with ``queued_at``
+  (the queue's clock when sent: the Redis server's, or the one machine's for SQLite),
+  which a worker times it by; all three optional, so no new version: a worker takes them
+  as absent, and one of an earlier release reads ``expires_at``.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
   ``worker`` (host:pid), ``host``, ``launched``. The first (``launched`` true) goes once
   the agent has run for a moment (at most 1 s, at most ``heartbeat_s``), then one every
