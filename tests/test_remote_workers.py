@@ -766,3 +766,20 @@ def test_a_redis_message_whose_count_fails_is_handed_out_at_the_next_read(redis_
     assert queue.dequeue() == b"an outcome"
     queue.release()
     assert queue.dequeue() is None
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_batch_takes_no_more_bytes_than_its_budget(kb, monkeypatch, request, queue):
+    """A hundred waiting outcomes of 6 MiB each were read in one batch: 1.3 GB in the
+    control, a MemoryError under a memory cap, and outcomes stranded. What the budget
+    leaves waits for the next batch."""
+    from workers import tasks
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
+    monkeypatch.setattr(tasks, "BATCH_BYTES", 1)  # one message's worth: each exceeds it
+    while app.control.pending_count():
+        app.control.execute(app.control.dequeue())
+    assert [sum(b) for b in batches] == [2] * 3  # its own message and one more each time
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
+    assert statuses == ["completed"] * 3
+    ws.close()

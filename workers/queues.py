@@ -9,8 +9,10 @@ Redis. Results are off: every outcome travels as a message to the control queue.
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -409,27 +411,65 @@ def queue_clock(huey: Huey) -> float:
     return time.time()
 
 
-def waiting(huey: Huey, limit: int) -> list[tuple[object, Any]]:
+def waiting(huey: Huey, limit: int, max_bytes: int | None = None) -> list[tuple[object, Any]]:
     """Up to ``limit`` messages waiting on ``huey``, oldest first, each with the token
     :func:`acknowledge` takes it off the queue by: they stay on it until then, so a
     process killed before it has kept what they say loses none of them. Only for a queue
     with one consumer (the control queue), which nothing else reads meanwhile. Never the
-    blocking read the consumer uses; a queue that does not answer counts as empty."""
+    blocking read the consumer uses; a queue that does not answer counts as empty. With
+    ``max_bytes``, no more than that many bytes of messages (but always one): outcomes
+    carry outputs of up to 5 MiB, and a hundred of them cost the control 1.3 GB."""
     storage = huey.storage
+    budget = max_bytes if max_bytes is not None else float("inf")
     try:
         if isinstance(storage, RedisStorage):
-            # LPUSH puts the newest at the head: the oldest are at the tail.
-            found = [(d, d) for d in reversed(storage.conn.lrange(storage.queue_key, -limit, -1))]
+            found = _redis_waiting(storage, limit, budget)
         else:
-            found = storage.sql(
-                "select id, data from task where queue = ? and id is not ? "
+            sizes = storage.sql(
+                "select id, length(data) from task where queue = ? and id is not ? "
                 "order by priority desc, id limit ?",
                 (storage.name, getattr(storage, "held", None), limit),
+                results=True,
+            )
+            ids = _within(sizes, budget)
+            found = storage.sql(
+                "select id, data from task where id in (select value from json_each(?)) "
+                "order by priority desc, id",
+                (json.dumps(ids),),
                 results=True,
             )
     except QUEUE_UNAVAILABLE:
         return []
     return [(token, huey.deserialize_task(data)) for token, data in found]
+
+
+def _within(sized: Iterable[tuple[Any, int]], budget: float) -> list[Any]:
+    """The first of (token, size) that fit in ``budget`` bytes, and at least one."""
+    chosen, total = [], 0
+    for token, size in sized:
+        if chosen and total + size > budget:
+            break
+        chosen.append(token)
+        total += size
+    return chosen
+
+
+def _redis_waiting(storage: RedisStorage, limit: int, budget: float) -> list[tuple[bytes, bytes]]:
+    """The oldest messages (LPUSH puts the newest at the head: these are at the tail), read
+    a few at a time so that the budget bounds what is read, not only what is kept."""
+    found: list[tuple[bytes, bytes]] = []
+    total, step = 0, 4
+    while len(found) < limit:
+        hi = -1 - len(found)
+        chunk = storage.conn.lrange(storage.queue_key, hi - step + 1, hi)
+        for data in reversed(chunk):
+            if len(found) == limit or (found and total + len(data) > budget):
+                return found
+            found.append((data, data))
+            total += len(data)
+        if len(chunk) < step:
+            break
+    return found
 
 
 # A queue that is unavailable (Redis restarting, a file locked past its busy timeout) is

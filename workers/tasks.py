@@ -350,6 +350,7 @@ def _release() -> None:
 
 
 BATCH = 100  # messages taken together at most: a bound on one transaction's length
+BATCH_BYTES = 64 * 1024 * 1024  # ... and their size: a bound on the control's memory
 _DRAIN_BATCHES = 50  # batches a tick takes before it reaps, at most
 
 
@@ -383,7 +384,7 @@ def _take_waiting(kind: str | None, first: dict | None) -> int:
     # A process's first message runs alone: the queue counts the processes that died
     # holding it first, and in a batch one behind it could have been the killer.
     alone = huey is None or getattr(huey.storage, "holding_first", False)
-    for token, task in [] if alone else waiting(huey, BATCH - 1):
+    for token, task in [] if alone else waiting(huey, BATCH - 1, BATCH_BYTES):
         name = {"deliver_outcome": "outcome", "attempt_heartbeat": "heartbeat"}.get(task.name)
         if name is None:
             if task.name == "dispatch":
@@ -511,9 +512,9 @@ def _applied_waiting() -> bool:
         return True
     if getattr(huey.storage, "holding_first", False):
         news = ("deliver_outcome", "attempt_heartbeat")
-        return not any(task.name in news for _, task in waiting(huey, BATCH))
+        return not any(task.name in news for _, task in waiting(huey, BATCH, BATCH_BYTES))
     for _ in range(_DRAIN_BATCHES):
-        if _take_waiting(None, None) < BATCH - 1:
+        if _take_waiting(None, None) == 0:
             break
     return True
 
