@@ -102,6 +102,8 @@ def test_a_fix_is_one_commit_of_one_note_with_trailers(repo):
     assert git(repo.root, "diff", "--name-only").split() == ["scratch.txt"]
     assert "A staged line." in git(repo.root, "show", f":{OTHER}")
     assert [e["commit"] for e in log_events(repo, "fix.applied")] == [sha]
+    shown_job = reviewq_process("--root", str(repo.root), "job", str(job["id"])).stdout
+    assert f"  fix: applied; commit {sha}\n" in shown_job
     [shown] = report(repo)["kb_changes"]["fixes"]
     assert (shown["id"], shown["fix_commit"], shown["note_path"]) == (job["id"], sha, NOTE)
     # Undoing the fix is a plain revert (once the person's work in progress is put aside).
@@ -128,6 +130,8 @@ def test_a_note_with_uncommitted_edits_gets_no_commit_and_keeps_them(repo):
     assert git(repo.root, "rev-parse", "HEAD").strip() == head_before
     text = repo.read(NOTE)
     assert "A person's unfinished sentence" in text and FIXED in text
+    shown_job = reviewq_process("--root", str(repo.root), "job", str(job["id"])).stdout
+    assert "  fix: applied; no commit: the note had uncommitted edits" in shown_job
     [warned] = log_events(repo, "fix.uncommitted")
     assert warned["job_id"] == job["id"] and "uncommitted edits" in warned["reason"]
     [shown] = report(repo)["kb_changes"]["fixes"]

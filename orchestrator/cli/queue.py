@@ -436,6 +436,16 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
         f"reviewer {dash(data['reviewer'])})"
     )
+    if data["kind"] == "fix" and data.get("result"):
+        # What became of the fix (applied, unchanged, not-applied) and of its commit.
+        commit = (
+            f"; commit {data['fix_commit']}"
+            if data.get("fix_commit")
+            else f"; no commit: {data['fix_no_commit']}"
+            if data.get("fix_no_commit")
+            else ""
+        )
+        click.echo(f"  fix: {data['result']}{commit}")
     for r in data["failure_reasons"]:
         click.echo(f"  reason: {r}")
     for p in data["pairs"]:
