@@ -1071,3 +1071,21 @@ def test_any_heartbeat_says_the_agent_runs(kb):
     row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
     assert row[0] == "running" and row[1] is not None
     ws.close()
+
+
+def test_the_late_report_of_an_attempt_closed_without_one_is_kept(kb):
+    """A person finalized the job by hand while its agent ran: the attempt was closed
+    (superseded) with no report of its own, and the agent's late one, the only evidence
+    of what it did, was dropped with the files of repeated outcomes."""
+    from orchestrator.control.followup import finalize_by_hand
+    from orchestrator.review.finalize import Provenance
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    person = Workspace.open(kb.root)
+    res, _ = finalize_by_hand(person, 1, _pass_output(person, 1), Provenance(runner="me"))
+    assert res.ok
+    person.close()
+    late = _outcome(ws, sent[0], files={"stdout.log": b"the late run\n"})
+    control.on_messages([], [late])
+    assert next(ws.state_dir.glob("jobs/*/attempt-1/stdout.log")).read_bytes() == b"the late run\n"
+    ws.close()

@@ -992,8 +992,11 @@ def test_a_gone_control_is_replaced_by_the_sweep_only_if_it_was_another_sweeps(k
         assert children.procs == {}  # borrowed
         os.kill(pid, signal.SIGINT)  # (before Huey's handlers are in: KeyboardInterrupt, 130)
         assert control.wait(timeout=30) in (0, 130)
+        children.BORROWED_GRACE_S = 0.0  # the service did not come back in time
         children.check()
         assert ("control" in children.procs) is (owner == "sweep")
+        children.check()  # ... and the sweep says so rather than wait for good
+        assert bool(children.failed) is (owner == "service"), children.failed
     finally:
         children.stop()
         if control.poll() is None:
@@ -1015,10 +1018,12 @@ def test_a_kb_holding_a_workers_package_runs_reviewqs_own_agents(kb):
     assert res.returncode == 0, res.stderr
 
 
-def test_a_tick_waiting_ahead_of_heartbeats_reaps_no_live_attempt(kb, tmp_path):
+@pytest.mark.parametrize("first", ["tick", "dispatch"], ids=["tick-first", "tick-second"])
+def test_a_tick_waiting_ahead_of_heartbeats_reaps_no_live_attempt(kb, tmp_path, first):
     """The control was down longer than a lease while an agent ran: a tick at the head of
     its queue reaped the attempt as silent, with the worker's heartbeats waiting right
-    behind it; its agent ran a second time."""
+    behind it; its agent ran a second time. First of the restarted control's messages, the
+    tick runs alone and leaves the reaping to the next; second, it takes them first."""
     from orchestrator.control import messages
     from orchestrator.state.workspace import Workspace
     from workers.app import make_app
@@ -1049,6 +1054,8 @@ def test_a_tick_waiting_ahead_of_heartbeats_reaps_no_live_attempt(kb, tmp_path):
             conn.execute("UPDATE attempts SET heartbeat_at = '2000-01-01T00:00:00.000Z'")
         ws = Workspace.open(kb.root)
         make_app(ws.settings)
+        if first == "dispatch":
+            send("dispatch")  # the restarted control's first message, run alone
         send("tick")  # ahead of the heartbeat the worker sent meanwhile
         beat = {"v": messages.VERSION, "job_id": 1, "attempt": attempt, "worker": "w",
                 "host": "h", "launched": False}  # fmt: skip

@@ -783,3 +783,36 @@ def test_a_batch_takes_no_more_bytes_than_its_budget(kb, monkeypatch, request, q
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["completed"] * 3
     ws.close()
+
+
+def test_a_review_message_is_sent_though_the_queues_clock_cannot_be_read(monkeypatch):
+    """Read outside the send's patience, a queue away for a moment made the stamp fail and
+    the dispatch with it: the attempt waited lease + timeout for the reaper."""
+    from types import SimpleNamespace
+
+    from workers import consumers
+
+    def away(huey):
+        raise ConnectionError("Redis is restarting")
+
+    sent: list[tuple] = []
+    monkeypatch.setattr(consumers, "queue_clock", away)
+    monkeypatch.setattr(consumers, "send", lambda *args: sent.append(args))
+    consumers.send_review(SimpleNamespace(review=None), {"job_id": 1, "expires_at": 9.0})
+    assert sent == [("run_review", {"job_id": 1, "expires_at": 9.0})]
+
+
+def test_a_heartbeat_with_no_thread_to_be_had_is_a_missed_beat(monkeypatch):
+    """A thread that could not start raised out of the loop that watches the agent, which
+    then killed it; and the beat's lock stayed taken, so no later beat went out."""
+    import threading
+
+    from workers import tasks
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    beats = tasks._Beats(1, 1)
+    beats.send()  # no exception
+    assert beats._in_flight.acquire(blocking=False)  # free for the next one

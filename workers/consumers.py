@@ -6,7 +6,9 @@ at once, killing running agents, and the interrupted tasks are queued again.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import functools
 import os
 import threading
 from pathlib import Path
@@ -97,6 +99,15 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
 
 
+def send_review(app, msg: dict) -> None:  # noqa: ANN001 - the App
+    """A review message, stamped with the queue's clock (its expiry is timed on it). Not
+    read (the queue away for a moment), expires_at serves, and send() waits the queue out
+    as it always did: a dispatch is not given up for the stamp."""
+    with contextlib.suppress(Exception):
+        msg = {**msg, "queued_at": queue_clock(app.review)}
+    send("run_review", msg)
+
+
 def _lock(state_dir: Path) -> int:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -122,10 +133,7 @@ def run_control(ws: Workspace) -> None:
     app = make_app(settings)
     check_server(app.control)
 
-    def send_review(msg: dict) -> None:
-        send("run_review", {**msg, "queued_at": queue_clock(app.review)})
-
-    control = Control(ws, send_review=send_review, hooks=FollowUp(ws))
+    control = Control(ws, send_review=functools.partial(send_review, app), hooks=FollowUp(ws))
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(

@@ -107,7 +107,10 @@ class Children:
     process that already runs for the state folder (the operator's, another sweep's) is
     used instead of one of its own, as long as it runs; when another sweep's goes with
     that sweep, this one starts its own. A service's is never replaced: its restart would
-    then find the folder taken."""
+    then find the folder taken. Gone for longer than :attr:`BORROWED_GRACE_S`, it fails
+    the sweep, which otherwise waited without a word for good."""
+
+    BORROWED_GRACE_S = 30.0
 
     def __init__(self, ws: Workspace, workers: int) -> None:
         self.ws = ws
@@ -125,6 +128,7 @@ class Children:
             ]
         self.procs: dict[str, subprocess.Popen] = {}
         self.adopt = False  # the control used is another sweep's: replace it when it goes
+        self.gone_since: float | None = None  # when the borrowed control was last missed
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
         self.failed: list[str] = []
         self.env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json", PARENT_ENV: str(os.getpid())}
@@ -179,9 +183,19 @@ class Children:
             else:
                 self._spawn(name)
         gone = "control" not in self.procs and self.restarts["control"] <= 3
-        if gone and self.adopt and not control_running(self.ws.state_dir):
+        if not gone or control_running(self.ws.state_dir):
+            self.gone_since = None
+        elif self.adopt:
             # The control this sweep used belonged to another sweep, which has ended.
             self._spawn("control")
+        elif self.gone_since is None:
+            self.gone_since = time.monotonic()
+        elif time.monotonic() - self.gone_since > self.BORROWED_GRACE_S:
+            self.failed.append(
+                f"the control process this sweep used (a service's, or one started by hand) "
+                f"stopped and has not come back in {self.BORROWED_GRACE_S:g} s; start it "
+                "again, or run the sweep once none runs (it then starts its own)"
+            )
 
     def _last_words(self, name: str) -> str:
         """The last line a child wrote to stderr: its one-line refusal, most often."""

@@ -104,10 +104,17 @@ class _Beats:
             "host": HOST,
             "launched": launched,
         }
-        self._thread = threading.Thread(
-            target=self._send, args=(msg,), name="reviewq-beat", daemon=True
-        )
-        self._thread.start()
+        try:
+            self._thread = threading.Thread(
+                target=self._send, args=(msg,), name="reviewq-beat", daemon=True
+            )
+            self._thread.start()
+        except RuntimeError as exc:  # no thread to be had: a missed beat, not a dead agent
+            self._thread = None
+            self._in_flight.release()
+            logs.get().warning(
+                "attempt.heartbeat_failed", job_id=self.job_id, attempt=self.attempt, error=str(exc)
+            )
 
     def _send(self, msg: dict) -> None:
         try:

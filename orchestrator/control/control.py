@@ -312,8 +312,8 @@ class Control:
         ).fetchone()
         if row is None or not isinstance(o.get("attempt"), int):
             return
-        if row["outcome"] not in (None, "dispatched", "running", "lost"):
-            return
+        if row["outcome"] not in (None, "dispatched", "running", "lost", "superseded"):
+            return  # (lost and superseded: closed without an outcome, which this is)
         folder = self.ws.state_dir / row["job_dir"] / f"attempt-{o['attempt']}"
         sent = o.get("files") if isinstance(o.get("files"), dict) else {}
         files = {
