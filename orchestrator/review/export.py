@@ -134,13 +134,13 @@ def _write(  # noqa: ANN001 - rows: a cursor
         if key == last:
             continue
         last = key
+        _check_component(note_path)  # first: a path tampered with is refused, not skipped
+        _check_component(gate_id)
         if (notes is not None and note_path not in notes) or (
             watches is not None and gate_id not in watches
         ):
             continue
         files += 1
-        _check_component(note_path)
-        _check_component(gate_id)
         watch = (watches or {}).get(gate_id) or ["title", "description", "frontmatter", "body"]
         fields = {
             "note_path": note_path,
