@@ -804,6 +804,19 @@ def test_a_control_started_before_redis_waits_for_it(kb):
     assert not any("internal error" in line for line in seen), seen
 
 
+def _sweep_in_background(kb, env: dict) -> subprocess.Popen:
+    """``reviewq sweep --reviewer fake frontmatter`` running, in a session of its own."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "sweep",
+         "--reviewer", "fake", "frontmatter"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
 def _await_exit(pids: list[int], timeout: float = 60) -> None:
     """Wait for processes that are not this one's children to end (pidfds)."""
     fds = []
@@ -831,15 +844,7 @@ def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb
     kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
     fifo = make_fifo(tmp_path, "started")
     env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
-    exe = str(Path(sys.executable).parent / "reviewq")
-    sweep = subprocess.Popen(
-        [exe, "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    sweep = _sweep_in_background(kb, env)
     agent = worker = control = None
     try:
         agent, worker, _ = map(int, await_fifo(fifo).split())  # the agent runs
@@ -891,7 +896,6 @@ def test_a_sweep_whose_borrowed_control_goes_with_its_sweep_starts_its_own(kb, t
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     started, go = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go")
-    exe = str(Path(sys.executable).parent / "reviewq")
     env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
     procs: list[subprocess.Popen] = []
     sweep = None
@@ -899,14 +903,7 @@ def test_a_sweep_whose_borrowed_control_goes_with_its_sweep_starts_its_own(kb, t
         control, pid = _start_control(kb, env, "sweep")
         procs.append(control)
         agent_env = {**env, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(go)}
-        sweep = subprocess.Popen(
-            [exe, "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter"],
-            env=agent_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        sweep = _sweep_in_background(kb, agent_env)
         await_fifo(started)  # the agent runs, dispatched by the borrowed control
         os.kill(pid, signal.SIGINT)
         assert control.wait(timeout=30) == 0
