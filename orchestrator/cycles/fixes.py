@@ -342,9 +342,9 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
             )
     commit = None
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
-        tried = due["written"] and due["error"] != NOT_TRIED  # its commit waited a tick
+        waited = due["written"] and due["error"] != NOT_TRIED  # its commit waited a tick
         commit = commit_applied_fix(
-            kb, store, job, real, text(due["old_sha256"]), text(due["new_sha256"]), tried
+            kb, store, job, real, text(due["old_sha256"]), text(due["new_sha256"]), not waited
         )
         if commit.again:
             if parse_timestamp(due["since"]) > datetime.now(UTC) - COMMIT_TRIED_FOR:
@@ -409,13 +409,14 @@ def replace_note(path: Path, data: bytes) -> None:
 
 
 def commit_applied_fix(
-    kb: KB, store: Store, job, rel: str, given: bytes, data: bytes, tried: bool = False
+    kb: KB, store: Store, job, rel: str, given: bytes, data: bytes, patient: bool = True
 ) -> CommitOutcome:
     """The fix just written as one git commit of that note alone. Called right after the
-    note file is replaced (it compares HEAD with the text the fixer was given). A fix
-    ``tried`` at an earlier tick tries once: a lock still held must not stall the tick."""
+    note file is replaced (it compares HEAD with the text the fixer was given). Not
+    ``patient`` (its commit already waited a tick), it tries once: a lock still held must
+    not stall the tick."""
     msg = message(rel, _gates(store, job["id"]), job["id"], job["review_reviewer"], job["reviewer"])
-    return commit_fix(kb.root, rel, given, data, msg, patient=not tried)
+    return commit_fix(kb.root, rel, given, data, msg, patient=patient)
 
 
 def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> None:
