@@ -9,6 +9,7 @@ control consumer, the one writer of state.db.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -224,20 +225,8 @@ def _expired(msg: dict) -> bool:
     the queue's clock when the message was stamped with it: by the expiry the control
     wrote on its own clock, a worker whose clock ran ahead declined every message, and
     one running behind started attempts already given up."""
-    ttl, queued = msg.get("ttl_s"), msg.get("queued_at")
-    if isinstance(ttl, int | float) and isinstance(queued, int | float):
-        try:
-            late = queue_clock(the_app().review) - queued - ttl
-        except Exception:  # the queue's clock cannot be read: this machine's, as before
-            late = None
-    else:
-        late = None
-    if late is None:
-        expires = msg.get("expires_at")
-        if not isinstance(expires, int | float):
-            return False
-        late = time.time() - expires
-    if late <= 0:
+    late = _late_s(msg)
+    if late is None or late <= 0:
         return False
     logs.get().warning(
         "attempt.expired",
@@ -247,6 +236,18 @@ def _expired(msg: dict) -> bool:
         late_s=round(late, 1),
     )
     return True
+
+
+def _late_s(msg: dict) -> float | None:
+    """How far past its expiry the message is (negative: not yet), or None if it says no
+    expiry: on the queue's clock when it is stamped with it and that clock can be read,
+    else on this machine's against ``expires_at``."""
+    ttl, queued = msg.get("ttl_s"), msg.get("queued_at")
+    if isinstance(ttl, int | float) and isinstance(queued, int | float):
+        with contextlib.suppress(Exception):
+            return queue_clock(the_app().review) - queued - ttl
+    expires = msg.get("expires_at")
+    return time.time() - expires if isinstance(expires, int | float) else None
 
 
 def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None) -> AttemptSpec:
