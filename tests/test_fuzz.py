@@ -28,6 +28,7 @@ deterministic test below as well, and the generators draw it too.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -995,3 +996,45 @@ def test_a_file_name_that_is_not_utf8_is_skipped_with_a_warning(kb, where: str) 
     res = reviewq_process("--root", str(kb.root), *cmd)
     assert res.returncode == 0, res.stderr
     assert "warning:" in res.stderr
+
+
+# --- file names a prompt's and a bundle's sentinel lines cannot carry -----------------------
+
+UNCARRIED_NAMES = {
+    "line break": "c\nd.md",
+    "unicode line break": "c\u2028d.md",
+    "control character": "c\td.md",
+    "backslash": "back\\slash.md",
+    "separator": "a :: b.md",
+}
+
+
+@pytest.mark.parametrize("why", sorted(UNCARRIED_NAMES))
+@pytest.mark.parametrize("where", ["note", "gate"])
+def test_a_file_name_no_sentinel_line_can_carry_is_skipped_with_a_warning(
+    kb, where: str, why: str
+) -> None:
+    """A pair naming such a file is refused by every bundle check: selected, its jobs
+    failed every attempt and escalated as the reviewer's failure, three agent runs each."""
+    name = UNCARRIED_NAMES[why]
+    kb.gate("prose/body-check", ["body"])
+    kb.note("good")
+    if where == "note":
+        (kb.root / "kb/notes" / name).write_text(GOOD_NOTE, encoding="utf-8")
+        cmd = ("select", "--all-gates", "--json")
+    else:
+        text = kb.read(f"{GATES_DIR}/prose/body-check.md").replace("body-check", "other")
+        (kb.root / GATES_DIR / "prose" / name).write_text(text, encoding="utf-8")
+        cmd = ("gates", "--json")
+    res = reviewq_process("--root", str(kb.root), *cmd)
+    assert res.returncode == 0, res.stderr
+    assert "skipped" in res.stderr and repr(name)[1:-1] in res.stderr
+    out = json.loads(res.stdout)
+    paths = [t["note_path"] for t in out["targets"]] if where == "note" else []
+    paths += [g["path"] for g in out.get("gates", ())]
+    assert paths and not any(name in p for p in paths)
+    if where == "note":
+        named = reviewq_process("--root", str(kb.root), "select", "--note", f"kb/notes/{name}")
+        assert named.returncode != 0
+        assert "cannot name a pair" in named.stderr, named.stderr
+        assert "Traceback" not in named.stderr

@@ -25,6 +25,10 @@ REGIONS = ("title", "description", "frontmatter", "body")
 NOTES_DIR = "kb/notes"
 GATES_DIR = "kb/instructions/review-gates"
 TYPES_DIR = "kb/types"
+PAIR_SEP = " :: "  # between a note and a gate on a prompt's and a bundle's sentinel lines
+# What a sentinel line cannot carry: a line break (splitlines' too) or control character
+# ends or garbles the line, and a backslash is read as a Windows separator.
+_UNCARRIED = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\\\\]")
 
 try:  # libyaml is ~10x faster; the pure-Python loader gives the same values
     _Loader = yaml.CSafeLoader
@@ -373,6 +377,9 @@ class KB:
                 raise KBError(f"--note {path}: not a note file or folder (a special file)")
             if target.is_file() and target.suffix != ".md":
                 raise KBError(f"--note {path}: not a note (notes are .md files)")
+            if target.is_file() and (problem := name_problem(rel)) is not None:
+                shown = repr(str(path))[1:-1]
+                raise KBError(f"--note {shown}: {problem}: it cannot name a pair")
             if not self.in_note_roots(rel) and not any(
                 r.startswith(f"{rel}/") or not rel for r in self.note_roots
             ):
@@ -461,6 +468,10 @@ class KB:
                     shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
                     problems.append(FileProblem(shown, "file name is not UTF-8; skipped"))
                     continue
+                if (problem := name_problem(rel)) is not None:
+                    shown = repr(rel)[1:-1]  # one line, whatever the name holds
+                    problems.append(FileProblem(shown, f"{problem}: no pair can name it; skipped"))
+                    continue
                 if e.is_symlink():
                     if not self.inside(e.path):
                         problems.append(
@@ -511,6 +522,17 @@ class KB:
             except OSError as exc:
                 self.problems.append(FileProblem(rel, exc.strerror or str(exc)))
         return notes
+
+
+def name_problem(rel: str) -> str | None:
+    """Why a file's path cannot name a pair on a sentinel line (SPEC §5), or None. Every
+    bundle check refuses such a pair, so a note or gate named so is skipped at the scan:
+    reviewed, it failed each attempt and escalated as the reviewer's failure."""
+    if _UNCARRIED.search(rel):
+        return "a control character, line break or backslash in the name"
+    if PAIR_SEP in rel:
+        return f"{PAIR_SEP.strip()!r} in the name"
+    return None
 
 
 def _utf8(name: str) -> bool:

@@ -32,11 +32,13 @@ import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from orchestrator.kb.notes import PAIR_SEP as _SEP
+from orchestrator.kb.notes import name_problem
+
 SENTINEL_LIKE: re.Pattern[str] = re.compile(r"^===\s.+\s===$")
 DECISIONS = ("PASS", "WARN", "FAIL", "ERROR")
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
 
-_SEP = " :: "
 _RESULT_SHAPE = "'## Result: " + "|".join(DECISIONS) + "'"
 _PAIR_SENTINEL = re.compile(r"=== PAIR REVIEW (START|END): (.+) ===")
 _RESULT_LINE = re.compile(r"## Result: (" + "|".join(DECISIONS) + ")")
@@ -53,7 +55,6 @@ _VERDICT_LABEL = re.compile(
 _VERDICT_WORD = re.compile(r"(?:PASS|WARN|FAIL|ERROR|INFO|OK|UNKNOWN|PASSED|FAILED)", re.IGNORECASE)
 _SLICE = 64 * 1024
 _INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
 _SHOW_LIMIT = 200  # room for a real pair name, not for a megabyte line
 
 
@@ -289,19 +290,15 @@ def _expected_keys(expected: Sequence[ExpectedPair]) -> tuple[dict[str, Expected
 def _path_problem(path: str) -> str | None:
     if not path or path != path.strip():
         return "empty or padded path"
-    if path.startswith("/") or "\\" in path or re.match(r"[A-Za-z]:", path):
+    if path.startswith("/") or re.match(r"[A-Za-z]:", path):
         return "not a relative path with / separators"
-    if _CONTROL.search(path):
-        return "control character in path"
+    if problem := name_problem(path):
+        return problem
     segments = path.split("/")
     if ".." in segments:
         return "'..' segment"
     if "." in segments or "" in segments:
         return "not a normalised path ('.' or empty segment)"
-    if _SEP in path:
-        return "contains ' :: '"
-    if len(path.splitlines()) != 1:
-        return "line break in path"
     return None
 
 
