@@ -828,3 +828,21 @@ def test_two_notes_whose_paths_flatten_alike_keep_a_file_each(flow, run_cli):
     gates = flow.root / "kb/reports/reviews/gates"
     exported = sorted(p for p in gates.rglob("*.md") if p.is_file())
     assert len(exported) == 2, [str(p.relative_to(flow.root)) for p in exported]
+
+
+def test_a_note_path_that_would_end_the_comment_is_written_so_it_cannot(flow, run_cli):
+    """A note named `a-->b.md` ended the GATE-REVIEW comment in the middle of its own
+    header: the rest showed as text and a reader of the header stopped at the name."""
+    flow.note("a-->b")
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in run_cli("jobs", "--json").json()["jobs"]:
+        assert run_cli("run-job", str(job["id"])).exit_code == 0
+    assert run_cli("export").exit_code == 0
+    folder = flow.root / "kb/reports/reviews/gates/kb__notes__a-->b.md"
+    files = list(folder.rglob("*.md"))
+    assert files
+    for path in files:
+        header, end, _ = path.read_text().partition("\n-->\n")
+        assert end and "-->" not in header
+        line = next(x for x in header.splitlines() if x.startswith("note-path: "))
+        assert json.loads(line.removeprefix("note-path: ")) == "kb/notes/a-->b.md"

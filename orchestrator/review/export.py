@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 import subprocess
 from collections.abc import Collection
@@ -154,7 +155,9 @@ def _write(  # noqa: ANN001 - rows: a cursor
         extra = {"fix_commit": r["fix_commit"]} if r["fix_commit"] else {}
         header = (
             HEADER
-            + "".join(f"{k.replace('_', '-')}: {v}\n" for k, v in (fields | extra).items())
+            + "".join(
+                f"{k.replace('_', '-')}: {_in_comment(v)}\n" for k, v in (fields | extra).items()
+            )
             + "-->\n"
         )
         body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"
@@ -167,6 +170,16 @@ def _write(  # noqa: ANN001 - rows: a cursor
     atomic_write(csv_path, buf.getvalue())
     _remove_others(base / "gates", written)
     return ExportResult(files, csv_path)
+
+
+def _in_comment(value: object) -> str:
+    """A header value as the comment can hold it: one that would end the comment (a note
+    named `a-->b.md`) is written as a JSON string with its `>` escaped, and so is one that
+    begins with a quote, so that a reader can tell the two apart."""
+    text = str(value)
+    if "-->" not in text and "--!>" not in text and not text.startswith('"'):
+        return text
+    return json.dumps(text, ensure_ascii=False).replace(">", "\\u003e")
 
 
 def _remove_others(folder: Path, written: set[Path]) -> None:
