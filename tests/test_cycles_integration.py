@@ -856,6 +856,37 @@ def test_a_redo_of_one_notes_escalations_in_two_partitions_is_refused(kb):
     assert res.returncode == 0, res.stderr
 
 
+def test_a_notes_escalations_in_two_partitions_are_offered_one_call_each(kb):
+    """The sweep's summary listed the gate twice on one line and, like `escalations`,
+    offered `decide --note` for a redo that decide refuses."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty", description="")
+    kb.write(
+        "reviewq.toml", '[reviewers.off2]\nkind = "offline"\npartition = "off2"\n' + FAST_QUEUE
+    )
+    for reviewer in ("offline", "off2"):
+        res = rq(kb, "sweep", "--reviewer", reviewer, "--fix")
+        assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        ids = dict(conn.execute("SELECT model_partition, id FROM escalations").fetchall())
+    assert set(ids) == {"offline", "off2"}
+    lines = [x for x in res.stdout.splitlines() if x.startswith("  kb/notes/empty.md")]
+    assert len(lines) == 2, res.stdout
+    for partition, esc_id in ids.items():
+        (line,) = [x for x in lines if f"[{partition}]" in x]
+        assert "1 gate(s) (frontmatter/desc-check)" in line
+        assert line.endswith(f"reviewq decide {esc_id} approve|redo|reject"), line
+    shown = rq(kb, "escalations")
+    assert shown.returncode == 0, shown.stderr
+    assert "decide --note" not in shown.stdout
+    for partition, esc_id in ids.items():
+        assert f"({partition}): reviewq decide {esc_id} approve|redo|reject" in shown.stdout
+    page = kb.root / "report.html"
+    assert rq(kb, "report", "--html", str(page)).returncode == 0
+    # One partition's redo now (the first by name), the other's once its fix has ended.
+    assert f"reviewq decide {ids[min(ids)]} redo --feedback &#34;…&#34;" in page.read_text()
+
+
 def test_a_redo_after_the_person_edited_the_note_reviews_their_text(kb):
     """The escalated FAIL was about the text before the person's edit: the redo's fixer
     was told 'the description region is empty' of a note that no longer had it so, its

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -76,24 +74,30 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
     if s.get("escalations"):
-        # A note's escalations are one decision: one line a note, with the command.
-        notes: dict[str, list[str]] = {}
+        # A note's escalations are one decision: one line a note (a partition, when they
+        # are in several), with the command.
+        notes: dict[str, list[dict]] = {}
         for e in s["escalations"]:
-            notes.setdefault(e["note_path"], []).append(e["gate_id"])
+            notes.setdefault(e["note_path"], []).append(e)
         console.print(
             f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
             "(reviewq escalations):",
             markup=False,
         )
-        for note_path, gates in list(notes.items())[:20]:
-            why = next(filter(None, (only_reject(note_path, g) for g in gates)), None)
-            calls = f"reject ({why}: only reject closes it)" if why else "approve|redo|reject"
-            console.print(
-                f"  {note_path}: {len(gates)} gate(s) ({', '.join(gates)}); "
-                f"reviewq decide --note {shlex.quote(note_path)} {calls}",
-                markup=False,
-                soft_wrap=True,
-            )
+        from orchestrator.state.status import decide_calls
+
+        for note_path, escs in list(notes.items())[:20]:
+            calls = decide_calls(note_path, [(e["id"], e["model_partition"]) for e in escs])
+            for partition, target in calls.items():
+                gates = [e["gate_id"] for e in escs if partition in (None, e["model_partition"])]
+                why = next(filter(None, (only_reject(note_path, g) for g in gates)), None)
+                answers = f"reject ({why}: only reject closes it)" if why else "approve|redo|reject"
+                console.print(
+                    f"  {note_path}{f' [{partition}]' if partition else ''}: {len(gates)} gate(s) "
+                    f"({', '.join(gates)}); reviewq decide {target} {answers}",
+                    markup=False,
+                    soft_wrap=True,
+                )
     for f in s.get("fixes_unwritten", []):
         console.print(
             f"fix job {f['job_id']} is not written to {f['note_path']}: {f['error']}",

@@ -640,6 +640,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq escalations
     """
     from orchestrator.cycles.escalations import by_note, open_escalations
+    from orchestrator.state.status import decide_calls
 
     items = open_escalations(ws.read_store())
     groups = by_note(items)
@@ -680,9 +681,12 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 click.echo(f"      {only[e.id]}: only reject closes it")
             click.echo(f"      report: {report}")
         if len(group) > 1:
-            click.echo(
-                f"  decide them at once: reviewq decide --note {shlex.quote(note)} approve|redo|reject"
-            )
+            calls = decide_calls(note, [(e.id, e.model_partition) for e in group])
+            for partition, target in calls.items():
+                click.echo(
+                    f"  decide them at once{f' ({partition})' if partition else ''}: "
+                    f"reviewq decide {target} approve|redo|reject"
+                )
     click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
 
 

@@ -17,6 +17,7 @@ from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.status import (
     FAILED_SQL,
     NOT_RUN_SQL,
+    decide_calls,
     over_budget_runs,
     paused_reviewers,
     spent_usd,
@@ -291,6 +292,9 @@ def _escalated_note(
         attempts.append(f)
     ids = " ".join(str(e["id"]) for e in escs)
     target = f"--note {shlex.quote(note)}" if len(escs) > 1 else ids
+    calls = decide_calls(note, [(e["id"], e["model_partition"]) for e in escs])
+    # A redo takes one partition's at a time (one fix job a note): the others next time.
+    redo = target if None in calls else next(iter(calls.values()))
     return {
         "note_path": note,
         "escalations": escs,
@@ -308,7 +312,7 @@ def _escalated_note(
         else "redo",
         "commands": {
             "approve": f"reviewq decide {target} approve",
-            "redo": f'reviewq decide {target} redo --feedback "…"',
+            "redo": f'reviewq decide {redo} redo --feedback "…"',
             "reject": f"reviewq decide {target} reject",
         },
     }

@@ -4,6 +4,7 @@ queries over state.db for people and for the sweep's progress and summary."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -340,8 +341,28 @@ def open_escalations(store: Store) -> list[dict]:
     if not _table_exists(store, "escalations"):
         return []
     return [
-        {"id": r[0], "note_path": r[1], "gate_id": r[2], "reason": r[3], "report_path": r[4]}
+        {
+            "id": r[0],
+            "note_path": r[1],
+            "gate_id": r[2],
+            "model_partition": r[3],
+            "reason": r[4],
+            "report_path": r[5],
+        }
         for r in store.conn.execute(
-            "SELECT id, note_path, gate_id, reason, report_path FROM escalations WHERE decision IS NULL ORDER BY id"
+            "SELECT id, note_path, gate_id, model_partition, reason, report_path "
+            "FROM escalations WHERE decision IS NULL ORDER BY id"
         )
     ]
+
+
+def decide_calls(note_path: str, escalations: list[tuple[int, str]]) -> dict[str | None, str]:
+    """What `reviewq decide` takes to answer a note's (id, partition) escalations at once:
+    the note, or each partition's ids when they are in several (a redo makes one fix job,
+    of one partition, and decide refuses the note). Partition (None: all) -> arguments."""
+    parts: dict[str, list[int]] = {}
+    for esc_id, partition in escalations:
+        parts.setdefault(partition, []).append(esc_id)
+    if len(parts) == 1:
+        return {None: f"--note {shlex.quote(note_path)}"}
+    return {p: " ".join(map(str, ids)) for p, ids in sorted(parts.items())}
