@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     import structlog
 
 LOG_NAME = "reviewq"
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+# A word of a variable's name (split at `_` and `-`) that says it holds a secret: a
+# whole word, as in OPENAI_API_KEY or GH-TOKEN, not letters within one (GIT_AUTHOR_NAME,
+# MONKEY_BUSINESS and MAX_THINKING_TOKENS hold none, and their values were redacted out
+# of every stored rationale that named the author).
+_SECRET_WORD = re.compile(
+    r"(?:API|ACCESS)?KEY|TOKEN|SECRETS?|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH|PAT",
+    re.IGNORECASE,
+)
 _configured: dict[str, object] = {}
 
 
@@ -96,7 +103,13 @@ def _end_of(path: Path) -> tuple[int, int, int] | None:
 
 
 def secret_name(name: str) -> bool:
-    return _SECRET_NAME.search(name) is not None
+    return any(_SECRET_WORD.fullmatch(word) for word in re.split(r"[_\-]", name))
+
+
+def _secret_value(value: str) -> bool:
+    """A value of the environment that a secret could be: words (a name, a phrase) or a
+    number are none. (Registered secrets, a password in the queue URL, are taken whole.)"""
+    return len(value) >= 6 and not value.isdigit() and not any(c.isspace() for c in value)
 
 
 def add_secrets(values: Iterable[str]) -> None:
@@ -108,7 +121,7 @@ def add_secrets(values: Iterable[str]) -> None:
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
-    vals = {v for k, v in env.items() if secret_name(k) and len(v) >= 6} | _extra_secrets
+    vals = {v for k, v in env.items() if secret_name(k) and _secret_value(v)} | _extra_secrets
     return sorted(vals, key=len, reverse=True)
 
 

@@ -678,3 +678,54 @@ def test_a_log_line_is_rendered_once_for_the_file_and_stderr(tmp_path):
     in_file = (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
     assert in_file == proc.stderr.splitlines()
     assert [json.loads(line)["event"] for line in in_file] == ["job.finalized", "huey.consumer"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "secret"),
+    [
+        ("OPENAI_API_KEY", "sk-openai-1234567890", True),
+        ("CLAUDE_CODE_OAUTH_TOKEN", "oat-123456789", True),
+        ("AWS_SECRET_ACCESS_KEY", "abcdefghijkl", True),
+        ("REDIS_PASSWORD", "hunter22", True),
+        ("OPENROUTER_APIKEY", "or-12345678", True),
+        ("github-token", "ghp_12345678", True),
+        # Words that only hold the letters: a rationale naming the author or a phrase
+        # that happened to be in one of these was stored as "[redacted]".
+        ("GIT_AUTHOR_NAME", "Jane Doe", False),
+        ("GIT_AUTHOR_EMAIL", "jane@example.org", False),
+        ("MONKEY_BUSINESS", "queen excluder", False),
+        ("MAX_THINKING_TOKENS", "100000", False),
+        ("KEYBOARD_LAYOUT", "dvorak-uk", False),
+        # A value no secret has: words, or a number.
+        ("SESSION_TOKEN", "not set yet", False),
+        ("API_TOKEN_LIMIT", "250000", False),
+    ],
+)
+def test_only_a_secrets_value_is_redacted(name, value, secret):
+    from orchestrator import logs
+
+    assert (value in logs.secret_values({name: value})) is secret
+
+
+def test_a_rationale_naming_the_git_author_is_stored_as_written(flow, run_cli, monkeypatch):
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Jane Doe")
+    monkeypatch.setenv("MONKEY_BUSINESS", "queen excluder")
+    selection = run_cli("select", "--all-gates", "--model", "fake", "--json").stdout
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=selection)
+    assert res.exit_code == 0, res.stderr
+    job = res.json()["jobs"][0]
+    blocks = "".join(
+        f"=== PAIR REVIEW START: {p['note_path']} :: {p['gate_path']} ===\n"
+        "Summary: The queen excluder note was written by Jane Doe.\n## Result: PASS\n"
+        f"=== PAIR REVIEW END: {p['note_path']} :: {p['gate_path']} ===\n"
+        for p in job["pairs"]
+    )
+    (flow.root / job["bundle_output_path"]).write_text(blocks)
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    with db(flow) as conn:
+        texts = [
+            r[0]
+            for r in conn.execute("SELECT rationale FROM review_pairs WHERE decision IS NOT NULL")
+        ]
+    assert texts and all("queen excluder note was written by Jane Doe" in t for t in texts)
