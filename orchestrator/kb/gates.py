@@ -28,6 +28,7 @@ from orchestrator.kb.notes import (
 
 TYPE_LENS = "type"
 _GATE_ID = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]*)/([A-Za-z0-9][A-Za-z0-9_.-]*)")
+_NOT_ONE_LINE = re.compile("[\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]")  # what ends or garbles a line
 _REWRITE = re.compile(r"rewrite\(\s*([0-9]*\.?[0-9]+)\s*\)")
 _REQUIRED_HEADINGS = ("failure mode", "test")
 _SKIP_FILES = {"readme.md"}
@@ -159,6 +160,8 @@ def parse_gate(rel: str, data: bytes) -> Gate:
     name = meta.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("missing name")
+    if _NOT_ONE_LINE.search(name.strip()):
+        raise ValueError("name must be one line of text (it heads the gate in every prompt)")
     lens = meta.get("lens")
     if lens != folder:
         raise ValueError(f"lens {lens!r} must equal the lens folder {folder!r}")
