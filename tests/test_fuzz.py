@@ -50,11 +50,13 @@ from orchestrator.kb.notes import MAX_DEPTH as LOADER_DEPTH
 from orchestrator.review.bundle import (
     DECISIONS,
     DEFAULT_MAX_BYTES,
+    MAX_REASONS,
     SENTINEL_LIKE,
     ExpectedPair,
     ParseResult,
     end_line,
     parse_bundle,
+    problem_count,
     start_line,
 )
 from orchestrator.review.finalize import read_output
@@ -500,6 +502,32 @@ def test_an_output_at_the_limit_costs_a_small_multiple_of_its_size() -> None:
     finally:
         tracemalloc.stop()
     assert res.ok
+    assert peak < 5 * len(data), f"peak {peak} for {len(data)} bytes"
+
+
+def test_an_output_of_a_million_defects_keeps_fifty_and_counts_the_rest() -> None:
+    """A reason was built for every verdict-like line before the list was cut to fifty:
+    a 5 MiB output of `OK` lines took 770 MB in the control process."""
+    pair = ExpectedPair(NOTES[0], GATES[0])
+    lines = 400_000
+    data = (
+        start_line(pair.note_path, pair.gate_path)
+        + "\n"
+        + "OK\n" * lines
+        + "## Result: PASS\n"
+        + end_line(pair.note_path, pair.gate_path)
+        + "\n"
+    ).encode()
+    tracemalloc.start()
+    try:
+        res = parse_bundle(data, [pair])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not res.ok
+    assert len(res.reasons) == MAX_REASONS + 1
+    assert res.reasons[-1] == f"... and {lines - MAX_REASONS} more problem(s)"
+    assert problem_count(res.reasons) == lines
     assert peak < 5 * len(data), f"peak {peak} for {len(data)} bytes"
 
 

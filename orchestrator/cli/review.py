@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.review.acceptance import ack, warn_queue
+from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
@@ -278,7 +279,8 @@ def finalize_cmd(
         for r in result.failure_reasons:
             click.echo(f"reason: {r}", err=True)
         raise Refused(
-            f"job {job_id} failed: {len(result.failure_reasons)} problem(s) in its output; nothing accepted"
+            f"job {job_id} failed: {problem_count(result.failure_reasons)} problem(s) in its "
+            "output; nothing accepted"
         )
 
 

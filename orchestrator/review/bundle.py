@@ -38,6 +38,10 @@ from orchestrator.kb.notes import name_problem
 SENTINEL_LIKE: re.Pattern[str] = re.compile(r"^===\s.+\s===$")
 DECISIONS = ("PASS", "WARN", "FAIL", "ERROR")
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
+# Reasons kept, then a count: a forged 5 MiB output can carry a million, which no retry
+# prompt or person needs, and building them all took hundreds of megabytes.
+MAX_REASONS = 50
+_MORE = re.compile(r"\.\.\. and (\d+) more problem\(s\)")
 
 _RESULT_SHAPE = "'## Result: " + "|".join(DECISIONS) + "'"
 _PAIR_SENTINEL = re.compile(r"=== PAIR REVIEW (START|END): (.+) ===")
@@ -82,6 +86,31 @@ class ParseResult:
         return not self.reasons
 
 
+class _Reasons(list):
+    """The first :data:`MAX_REASONS` reasons; those after them are only counted."""
+
+    more = 0
+
+    def append(self, reason: str) -> None:
+        if len(self) < MAX_REASONS:
+            super().append(reason)
+        else:
+            self.more += 1
+
+    def extend(self, reasons) -> None:  # noqa: ANN001 - any iterable of reasons
+        for reason in reasons:
+            self.append(reason)
+
+    def done(self) -> list[str]:
+        return [*self, f"... and {self.more} more problem(s)"] if self.more else list(self)
+
+
+def problem_count(reasons: Sequence[str]) -> int:
+    """How many problems ``reasons`` stand for, those the cap left out counted."""
+    more = _MORE.fullmatch(reasons[-1]) if reasons else None
+    return len(reasons) - 1 + int(more.group(1)) if more else len(reasons)
+
+
 def start_line(note_path: str, gate_path: str) -> str:
     return f"=== PAIR REVIEW START: {note_path}{_SEP}{gate_path} ==="
 
@@ -102,16 +131,19 @@ def parse_bundle(
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> ParseResult:
     """Check a reviewer's output against the pairs of its job; accept all of it or none."""
-    keys, reasons = _expected_keys(expected)
+    keys, invalid = _expected_keys(expected)
+    reasons = _Reasons()
+    reasons.extend(invalid)
     if data is None:
-        return _rejected([*reasons, "output file is missing"])
+        reasons.append("output file is missing")
+        return _rejected(reasons.done())
     # Measured before decoding so that a runaway agent cannot make us decode gigabytes.
     if len(data) > max_bytes:
-        return _rejected(
-            [*reasons, f"output is {len(data)} bytes, over the {max_bytes}-byte limit"]
-        )
+        reasons.append(f"output is {len(data)} bytes, over the {max_bytes}-byte limit")
+        return _rejected(reasons.done())
     if not data.strip():
-        return _rejected([*reasons, "output is empty"])
+        reasons.append("output is empty")
+        return _rejected(reasons.done())
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -119,10 +151,9 @@ def parse_bundle(
         # Keep going on a lossy decoding: the retry prompt should list every other defect too.
         text = data.decode("utf-8", errors="replace")
 
-    found, scan_reasons = _scan(text.removeprefix("\ufeff"), keys)
-    reasons.extend(scan_reasons)
+    found = _scan(text.removeprefix("\ufeff"), keys, reasons)
     if reasons:
-        return _rejected(reasons)
+        return _rejected(reasons.done())
     return ParseResult(
         results=tuple(
             PairResult(pair.note_path, pair.gate_path, *found[key]) for key, pair in keys.items()
@@ -145,9 +176,11 @@ class _Block:
     last: tuple[int, str, int] | None = None
 
 
-def _scan(text: str, keys: dict[str, ExpectedPair]) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """Walk the lines once; return (decision, rationale) per good block, and every defect."""
-    reasons: list[str] = []
+def _scan(
+    text: str, keys: dict[str, ExpectedPair], reasons: list[str]
+) -> dict[str, tuple[str, str]]:
+    """Walk the lines once; return (decision, rationale) per good block, and add every
+    defect to ``reasons``."""
     found: dict[str, tuple[str, str]] = {}
     first_start: dict[str, int] = {}
     block: _Block | None = None
@@ -211,7 +244,7 @@ def _scan(text: str, keys: dict[str, ExpectedPair]) -> tuple[dict[str, tuple[str
     if block is not None:
         reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
     reasons.extend(f"missing pair: {key}" for key in keys if key not in first_start)
-    return found, reasons
+    return found
 
 
 def _check_inner(block: _Block, number: int, line: str, reasons: list[str]) -> None:

@@ -22,7 +22,6 @@ from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import Store, storable_number, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
-MAX_REASONS = 50
 
 
 class FinalizeError(ValueError):
@@ -174,7 +173,7 @@ def finalize(
     )
     now = utcnow()
     if not parsed.ok:
-        reasons = capped(logs.redact_all(parsed.reasons))
+        reasons = logs.redact_all(parsed.reasons)  # capped by the parser
         if attempt is not None:
             with store.write():
                 _mark_attempt(store, job_id, attempt, "invalid-output", reasons)
@@ -238,14 +237,6 @@ def finalize(
         )
         write_job_files_after_commit(store, state_dir, job_id)
     return FinalizeResult(job_id, "completed", [], results)
-
-
-def capped(reasons: list[str], limit: int = MAX_REASONS) -> list[str]:
-    """Every reason up to ``limit``, then a count: a forged 5 MiB output can carry
-    hundreds of thousands, which no retry prompt or person needs."""
-    if len(reasons) <= limit:
-        return reasons
-    return [*reasons[:limit], f"... and {len(reasons) - limit} more problem(s)"]
 
 
 def _prov(p: Provenance) -> tuple:
