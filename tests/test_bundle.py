@@ -397,3 +397,28 @@ def test_reasons_quote_output_text_safely_and_briefly() -> None:
     assert reason.startswith("line 5: unexpected pair: 'kb/notes/xxx")
     assert len(reason) < 250
     assert "\x1b" not in reason
+
+
+# --- a sentinel copied not quite exactly ----------------------------------------------------
+
+
+def test_an_end_line_missing_a_space_is_named_not_its_result_line() -> None:
+    """The reasons blamed the block's good result line ("extra result line"), a nested
+    START and an unterminated block, and never the END line itself: a retry told so would
+    remove its result line."""
+    near = end(A).removesuffix(" ===") + "==="
+    text = f"{start(A)}\nLooks fine.\n## Result: PASS\n{near}\n{block(B)}"
+    res = parse(text, (A, B))
+    assert_rejected(res, f"line 4: malformed sentinel (copy it exactly): {near!r}")
+    assert not any("extra result line" in r for r in res.reasons), res.reasons
+
+
+def test_sentinels_dressed_in_markdown_are_named() -> None:
+    text = f"**{start(A)}**\nLooks fine.\n## Result: PASS\n**{end(A)}**\n"
+    res = parse(text)
+    assert_rejected(res, "line 1: malformed sentinel (copy it exactly)", "line 4: malformed")
+
+
+def test_a_rationale_that_mentions_the_sentinels_is_accepted() -> None:
+    body = "The note quotes the PAIR REVIEW START line of another tool, which is fine."
+    assert parse(block(A, body=body)).ok

@@ -187,6 +187,13 @@ def _scan(
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
+            if line[:1] in "=*_`" and _near_sentinel(line):
+                # Named as what it is: taken as text, an END copied without its space
+                # made the block's good result line "extra" and the next START "nested".
+                reasons.append(
+                    f"line {number}: malformed sentinel (copy it exactly): {_show(line)}"
+                )
+                continue
             if block is not None and line:
                 if block.last is not None:
                     # No longer the last line, so it must not read as a verdict.
@@ -245,6 +252,13 @@ def _scan(
         reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
     reasons.extend(f"missing pair: {key}" for key in keys if key not in first_start)
     return found
+
+
+def _near_sentinel(line: str) -> bool:
+    """A line meant as a sentinel but not shaped as one (a space left out, markdown
+    around it)."""
+    bare = line.strip("*_` \t")
+    return bare.startswith("===") and "PAIR REVIEW" in bare[:40].upper()
 
 
 def _check_inner(block: _Block, number: int, line: str, reasons: list[str]) -> None:
