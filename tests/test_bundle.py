@@ -422,3 +422,28 @@ def test_sentinels_dressed_in_markdown_are_named() -> None:
 def test_a_rationale_that_mentions_the_sentinels_is_accepted() -> None:
     body = "The note quotes the PAIR REVIEW START line of another tool, which is fine."
     assert parse(block(A, body=body)).ok
+
+
+@pytest.mark.parametrize(
+    ("on_disk", "written"),
+    [("cafe\u0301", "caf\u00e9"), ("caf\u00e9", "cafe\u0301")],
+    ids=["decomposed-name", "composed-name"],
+)
+def test_a_pair_named_in_another_unicode_normal_form_is_that_pair(on_disk, written) -> None:
+    """A note saved on a Mac has a decomposed name (e + combining accent); a model copies
+    it composed. The pair was 'unexpected' and 'missing' at once, in two reasons that
+    print the same."""
+    expected = ExpectedPair(f"kb/notes/{on_disk}.md", GATE)
+    copied = ExpectedPair(f"kb/notes/{written}.md", GATE)
+    res = parse(block(copied), (expected,))
+    assert res.ok, res.reasons
+    assert res.results[0].note_path == expected.note_path
+
+
+def test_two_pairs_that_differ_only_in_normal_form_are_not_guessed_between() -> None:
+    one = ExpectedPair("kb/notes/cafe\u0301.md", GATE)
+    two = ExpectedPair("kb/notes/caf\u00e9.md", GATE)
+    res = parse(block(one) + block(two, result="## Result: FAIL"), (one, two))
+    assert [r.decision for r in res.results] == ["PASS", "FAIL"]
+    res = parse(block(two) + block(two), (one, two))
+    assert_rejected(res, "duplicated pair", f"missing pair: {one.note_path}")

@@ -184,6 +184,7 @@ def _scan(
     found: dict[str, tuple[str, str]] = {}
     first_start: dict[str, int] = {}
     block: _Block | None = None
+    composed: dict[str, str | None] | None = None  # built when a name is not found as is
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
@@ -211,6 +212,10 @@ def _scan(
                 reasons.append(f"line {number}: malformed sentinel: {_show(line)}")
             continue
         kind, key = match.groups()
+        if key not in keys and not key.isascii():
+            if composed is None:
+                composed = _composed(keys)
+            key = composed.get(unicodedata.normalize("NFC", key)) or key
         if _SEP not in key:
             reasons.append(
                 f"line {number}: malformed sentinel, no ' :: ' between note and gate: {_show(line)}"
@@ -252,6 +257,17 @@ def _scan(
         reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
     reasons.extend(f"missing pair: {key}" for key in keys if key not in first_start)
     return found
+
+
+def _composed(keys: dict[str, ExpectedPair]) -> dict[str, str | None]:
+    """Expected keys by their composed (NFC) form, None where two share one: a name saved
+    decomposed on a Mac and copied composed by a model names that pair."""
+    out: dict[str, str | None] = {}
+    for k in keys:
+        if not k.isascii():
+            nfc = unicodedata.normalize("NFC", k)
+            out[nfc] = None if nfc in out else k
+    return out
 
 
 def _near_sentinel(line: str) -> bool:
