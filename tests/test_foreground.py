@@ -167,3 +167,47 @@ def test_a_fix_that_changed_nothing_after_a_persons_edit_is_not_a_rejection(kb):
     assert events == 0
     assert kb.read(note) == person
     ws.close()
+
+
+@pytest.mark.parametrize("mode", ["good", "nothing"])
+def test_run_job_leaves_alone_an_attempt_the_reaper_took_meanwhile(kb, monkeypatch, mode):
+    """A run-job stopped for a while (Ctrl-Z) came back after the reaper had taken its
+    attempt for lost and a worker had started the next: it rewrote the lost attempt's
+    outcome, and with no output failed the job under the running attempt, whose valid
+    output was then thrown away."""
+    from orchestrator.control.attempts import open_attempt
+    from workers import foreground
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    other = Workspace.open(kb.root)  # the control process's connection
+    original = foreground.run_attempt
+
+    def reaped_meanwhile(*args, **kwargs):
+        outcome = original(*args, **kwargs)
+        with other.store.write():
+            other.store.conn.execute(
+                "UPDATE attempts SET outcome = 'lost', ended_at = '2026-01-01T00:00:00.000Z' "
+                "WHERE job_id = 1 AND attempt = 1"
+            )
+            other.store.conn.execute("UPDATE review_jobs SET status = 'queued' WHERE id = 1")
+        open_attempt(other.store, other.state_dir, other.root, 1, "worker", partition="fake")
+        return outcome
+
+    monkeypatch.setattr(foreground, "run_attempt", reaped_meanwhile)
+    monkeypatch.setenv("FAKE_MODE", mode)
+    ws = Workspace.open(kb.root)
+    try:
+        res = run_job(ws, 1, "fake")
+        assert not res.ok
+        assert res.finalized is not None and res.finalized.status == "superseded"
+        rows = ws.store.conn.execute(
+            "SELECT attempt, outcome FROM attempts WHERE job_id = 1 ORDER BY attempt"
+        ).fetchall()
+        assert [tuple(r) for r in rows] == [(1, "lost"), (2, "running")]
+        job = ws.store.conn.execute("SELECT status, attempt FROM review_jobs WHERE id = 1")
+        assert tuple(job.fetchone()) == ("running", 2)
+    finally:
+        ws.close()
+        other.close()

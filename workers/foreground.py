@@ -15,10 +15,12 @@ from orchestrator import logs
 from orchestrator.control.attempts import (
     fail_job,
     heartbeat,
+    is_current,
     open_attempt,
     record_end,
     requeue_job,
     set_outcome,
+    supersede,
 )
 from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
 from orchestrator.cycles.fixes import changes_not_the_agents
@@ -98,6 +100,15 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     # saw the end alone would take the attempt for "ended but not acted on" and queue
     # the job again for a worker.
     with store.write():
+        if not is_current(store, job_id, opened.attempt):
+            # Taken back while this process was away (stopped, suspended): the reaper
+            # queued the job again and another attempt runs it, which alone decides.
+            supersede(store, job_id, opened.attempt, outcome.telemetry)
+            why = (
+                f"attempt {opened.attempt} was taken back while it ran (a control process "
+                "took it for lost); the job's current attempt decides"
+            )
+            return ForegroundResult(outcome, FinalizeResult(job_id, "superseded", [why]))
         if outcome.classification == TOUCHED_KB and changes_not_the_agents(
             store, opened.kind, opened.note_path, outcome.touched, outcome.touched_hashes
         ):

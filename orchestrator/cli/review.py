@@ -322,6 +322,8 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         "launch-failure": "queued again (launch failure)",
         "reviewer-failure": "queued again (reviewer failure, not the job's)",
     }.get(out.classification, "failed")
+    if res.finalized is not None and res.finalized.status == "superseded":
+        state = f"runs on in another attempt (reviewq job {job_id} shows it)"
     raise Refused(f"job {job_id} {state}")
 
 

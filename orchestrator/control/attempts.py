@@ -16,7 +16,7 @@ from orchestrator.review.jobs import display_path, load_job_items, render_job_pr
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
 from orchestrator.state.status import FAILED_SQL
-from orchestrator.state.store import Store, reasons_column, utcnow
+from orchestrator.state.store import Store, reasons_column, storable_number, utcnow
 
 
 class AttemptError(ValueError):
@@ -239,6 +239,49 @@ def record_end(
                 attempt,
             ),
         )
+
+
+def supersede(store: Store, job_id: int, attempt: int, telemetry: object = None) -> str | None:
+    """The end of an attempt that is no longer the job's current one (the reaper took it
+    for lost, or another ran meanwhile): what its agent spent is kept, for status, `job N`
+    and budgets, and a live one is marked superseded; nothing else of the job changes.
+    Returns the attempt's outcome now (None: no such attempt)."""
+    t = telemetry if isinstance(telemetry, dict) else {}
+    with store.write():
+        store.conn.execute(
+            "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') "
+            "THEN 'superseded' ELSE outcome END, ended_at = COALESCE(ended_at, ?), "
+            "cost_usd = COALESCE(cost_usd, ?), input_tokens = COALESCE(input_tokens, ?), "
+            "output_tokens = COALESCE(output_tokens, ?), num_turns = COALESCE(num_turns, ?) "
+            "WHERE job_id = ? AND attempt = ?",
+            (
+                utcnow(),
+                spent(t.get("cost_usd")),
+                spent(t.get("input_tokens")),
+                spent(t.get("output_tokens")),
+                spent(t.get("num_turns")),
+                job_id,
+                attempt,
+            ),
+        )
+        row = store.conn.execute(
+            "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+        ).fetchone()
+    return row[0] if row is not None else None
+
+
+def is_current(store: Store, job_id: int, attempt: int) -> bool:
+    """Whether ``attempt`` is the running job's current attempt: only its end decides."""
+    row = store.conn.execute(
+        "SELECT attempt, status FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    return row is not None and row[0] == attempt and row[1] == "running"
+
+
+def spent(value: object) -> float | None:
+    """A count or a cost from telemetry, or None: SQLite stores no NaN, and what is not a
+    finite number is nobody's spend."""
+    return value if storable_number(value) else None
 
 
 def write_attempt_files(attempt_dir: Path, files: dict[str, bytes]) -> None:

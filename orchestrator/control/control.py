@@ -29,6 +29,7 @@ from orchestrator.control.attempts import (
     heartbeat,
     open_attempt,
     record_end,
+    supersede,
     write_attempt_files,
 )
 from orchestrator.cycles.escalations import record_decisions, write_due_reports
@@ -40,7 +41,6 @@ from orchestrator.state.status import FAILED_SQL, Pause, paused_reviewers, spent
 from orchestrator.state.store import (
     Store,
     parse_timestamp,
-    storable_number,
     timestamp,
     utcnow,
 )
@@ -600,32 +600,11 @@ class Control:
             )
 
     def _supersede(self, job_id: int, attempt: int, telemetry: object = None) -> None:
-        t = telemetry if isinstance(telemetry, dict) else {}
-        with self.store.write():
-            # What a late agent spent was spent: status, `job N` and budgets count it.
-            self.store.conn.execute(
-                "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') "
-                "THEN 'superseded' ELSE outcome END, ended_at = COALESCE(ended_at, ?), "
-                "cost_usd = COALESCE(cost_usd, ?), input_tokens = COALESCE(input_tokens, ?), "
-                "output_tokens = COALESCE(output_tokens, ?), num_turns = COALESCE(num_turns, ?) "
-                "WHERE job_id = ? AND attempt = ?",
-                (
-                    utcnow(),
-                    _number(t.get("cost_usd")),
-                    _number(t.get("input_tokens")),
-                    _number(t.get("output_tokens")),
-                    _number(t.get("num_turns")),
-                    job_id,
-                    attempt,
-                ),
-            )
-            row = self.store.conn.execute(
-                "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
-            ).fetchone()
-        if row is not None and row[0] not in ("superseded", "lost"):
+        outcome = supersede(self.store, job_id, attempt, telemetry)
+        if outcome is not None and outcome not in ("superseded", "lost"):
             # Acted on already: a control process stopped after keeping a batch and before
             # taking it off the queue meets its outcomes again.
-            self.log.info("attempt.repeated", job_id=job_id, attempt=attempt, outcome=row[0])
+            self.log.info("attempt.repeated", job_id=job_id, attempt=attempt, outcome=outcome)
             return
         self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
 
@@ -715,12 +694,6 @@ class Control:
     def tick(self) -> None:
         self.reap()
         self.dispatch()
-
-
-def _number(value: object) -> float | None:
-    """A count or a cost from a worker's telemetry, or None: SQLite stores no NaN, and
-    what is not a finite number is nobody's spend."""
-    return value if storable_number(value) else None
 
 
 def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
