@@ -97,11 +97,11 @@ def test_a_new_folder_of_notes_reports_every_file_in_it_and_is_watched_from_then
 
 
 def test_a_folder_moved_away_is_reported_by_its_path_and_no_longer_followed(watch, root):
-    assert window(watch, root, "mv kb/notes/sub outside/sub") == {"kb/notes/sub"}
+    assert window(watch, root, "mv kb/notes/sub outside/sub") == {"kb/notes/sub/"}
     # Its watch went with it: what happens to it outside the KB is nobody's business here,
     # and must not come back under its old path.
     assert window(watch, root, "echo x >> outside/sub/b.md; echo y > outside/sub/c.md") == set()
-    assert window(watch, root, "rm -r kb/notes") == {"kb/notes", "kb/notes/a.md"}
+    assert window(watch, root, "rm -r kb/notes") == {"kb/notes/", "kb/notes/a.md"}
 
 
 def test_a_folder_found_in_a_new_folder_before_its_move_is_read_is_followed_at_its_new_path(
@@ -113,7 +113,7 @@ def test_a_folder_found_in_a_new_folder_before_its_move_is_read_is_followed_at_i
     try:
         token = unread.begin(root, TREES)
         agent(root, "mkdir kb/notes/c; mv kb/notes/sub kb/notes/c/d")
-        assert unread.end(token) == {"kb/notes/sub", "kb/notes/c/d/b.md"}
+        assert unread.end(token) == {"kb/notes/sub/", "kb/notes/c/d/b.md"}
         token = unread.begin(root, TREES)
         assert token.watched == TREES  # not mistaken for a folder of another KB
         agent(root, "echo x >> kb/notes/c/d/b.md")
@@ -143,7 +143,7 @@ def test_a_tree_that_does_not_exist_yet_is_reported_when_it_appears(watch, root)
     }
     assert window(watch, root, "mkdir gates; echo g > gates/g.md", trees) == {"gates/g.md"}
     assert window(watch, root, "echo more >> gates/g.md", trees) == {"gates/g.md"}
-    assert window(watch, root, "rm -r gates", trees) == {"gates", "gates/g.md"}
+    assert window(watch, root, "rm -r gates", trees) == {"gates/", "gates/g.md"}
     # A tree asked for by no window of this one is not reported to it.
     assert window(watch, root, "mkdir gates; echo g > gates/g.md") == set()
 
@@ -412,3 +412,29 @@ def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):
         assert out.touched == ["kb/notes/sub/new.md"]
     finally:
         scans_only.close()
+
+
+def test_what_is_no_note_gate_or_folder_of_them_is_not_the_agents_touch(root):
+    """Any change under kb/ failed every attempt running at that moment: reviewq's own
+    export (kb/reports/reviews), the probe file vim writes beside a note on every save."""
+    out = _attempt(
+        root,
+        "mkdir -p kb/reports/reviews/x; echo r > kb/reports/reviews/x/g.md;"
+        " echo p > kb/notes/4913; rm kb/notes/4913; echo t > kb/notes/scratch.txt",
+    )
+    assert out.classification == "output", out.reasons
+    assert out.touched == []
+
+
+def test_a_folder_of_notes_moved_away_is_the_agents_touch(root):
+    out = _attempt(root, "mv kb/notes/sub outside/sub")
+    assert out.classification == "reviewer-touched-kb"
+    assert out.touched == ["kb/notes/sub/"]
+
+
+def test_an_agent_that_changes_thousands_of_notes_is_told_so_in_bounded_words(root):
+    """Every changed file was a reason: 20,000 of them made a 920 KB retry prompt."""
+    out = _attempt(root, "for i in $(seq 1 300); do echo x > kb/notes/n$i.md; done")
+    assert out.classification == "reviewer-touched-kb"
+    assert len(out.touched) == 300
+    assert len(out.reasons) == 21 and out.reasons[-1] == "... and 280 more file(s)"

@@ -248,6 +248,19 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
+_NAMED = 20  # touched files named in the reasons (and so in the retry prompt); then a count
+_HASHED = 200  # ... and hashed: a fix write excuses a file only with its hash
+_REPORTS = "kb/reports/"  # reviewq's export writes here while reviews run
+
+
+def _kb_content(rel: str) -> bool:
+    """Whether a change at ``rel`` (besides the job's own notes and gates) is one to the
+    KB: a note, gate or type spec (a `.md` file) or a folder of them gone (``dir/``).
+    Not reviewq's own reports (``reviewq export`` while reviews run failed them all), nor
+    a scratch file beside the notes (vim's ``4913`` probe on every save)."""
+    return not rel.startswith(_REPORTS) and rel.endswith((".md", "/"))
+
+
 def run_attempt(
     reviewer: Reviewer,
     spec: AttemptSpec,
@@ -346,13 +359,15 @@ def run_attempt(
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
     if changed:
-        others = {p for p in changed if p not in before}
-        out.touched_hashes.update(file_hashes(spec.root, others))
+        others = {p for p in changed if p not in before and _kb_content(p)}
+        out.touched_hashes.update(file_hashes(spec.root, sorted(others)[:_HASHED]))
         out.touched = sorted({*out.touched, *others})
     turns = telemetry.num_turns
     if out.touched:
         out.classification = TOUCHED_KB
-        out.reasons = [f"the reviewer changed {p}" for p in out.touched]
+        out.reasons = [f"the reviewer changed {p}" for p in out.touched[:_NAMED]]
+        if len(out.touched) > _NAMED:
+            out.reasons.append(f"... and {len(out.touched) - _NAMED} more file(s)")
     elif refused:
         out.classification = INVALID_OUTPUT
         out.reasons = [refused]

@@ -433,11 +433,12 @@ class KBWatch:
             self._record(state, rel)
 
     def _went(self, state: _Root, rel: str) -> None:
-        """The folder ``rel`` was removed or moved away: it is reported by its own path, and
-        the watches under it go (moved, they would report another place as this one)."""
+        """The folder ``rel`` was removed or moved away: it is reported by its own path with
+        a trailing ``/`` (as :func:`lost` reports a tree), and the watches under it go
+        (moved, they would report another place as this one)."""
         for sub in [r for r in state.dirs if r == rel or r.startswith(rel + "/")]:
             self._unwatch(state, sub)
-        self._record(state, rel)
+        self._record(state, rel + "/")
 
     def _record(self, state: _Root, rel: str) -> None:
         if state.open:  # with no window open there is no one to tell
