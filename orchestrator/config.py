@@ -301,6 +301,25 @@ def _check_placeholders(parts: tuple[str, ...], where: str) -> None:
                 )
 
 
+# What the OS refuses in a program's arguments and environment: checked here, or the
+# worker's task failed before the agent started, and the job was "never picked up by a
+# worker" again and again, for good.
+def _launchable(parts: tuple[str, ...], where: str) -> tuple[str, ...]:
+    for part in parts:
+        if "\x00" in part:
+            raise ConfigError(f"{where}: {part!r} holds a NUL character")
+    return parts
+
+
+def _launchable_env(env: dict[str, str], where: str) -> dict[str, str]:
+    for name, value in env.items():
+        if not name or "=" in name or "\x00" in name:
+            raise ConfigError(f"{where}: {name!r} is no variable name")
+        if "\x00" in value:
+            raise ConfigError(f"{where}: {name}: a NUL character in its value")
+    return env
+
+
 def _reviewer(name: str, value: object) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
     t = _Table(value, where, _REVIEWER_KEYS)
@@ -339,10 +358,10 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         max_turns=t.count("max_turns", 20),
         timeout=timeout,
         concurrency=t.count("concurrency", 1),
-        args=t.strings("args"),
-        env=t.string_table("env"),
-        command=command,
-        executable=t.string("executable"),
+        args=_launchable(t.strings("args"), f"{where} args"),
+        env=_launchable_env(t.string_table("env"), f"{where} env"),
+        command=_launchable(command, f"{where} command"),
+        executable=_launchable((t.string("executable"),), f"{where} executable")[0],
         base_url=base_url,
         api_key_env=t.string("api_key_env"),
         connect_timeout=connect_timeout,

@@ -57,6 +57,34 @@ BAD = [
     ),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
+    # Values the OS refuses at launch: the worker's task crashed before the agent started,
+    # and the job was "never picked up by a worker" again and again, for good.
+    (
+        '[reviewers.x]\nkind = "offline"\nenv = { X = "a\\u0000b" }\n',
+        "[reviewers.x] env",
+        "X: a NUL character",
+    ),
+    (
+        '[reviewers.x]\nkind = "offline"\nenv = { "A=B" = "x" }\n',
+        "[reviewers.x] env",
+        "'A=B' is no variable name",
+    ),
+    ('[reviewers.x]\nkind = "offline"\nenv = { "" = "x" }\n', "[reviewers.x] env", "no variable"),
+    (
+        '[reviewers.x]\nkind = "command"\ncommand = ["a\\u0000b"]\n',
+        "[reviewers.x] command",
+        "a NUL character",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = ["--x\\u0000"]\n',
+        "[reviewers.x] args",
+        "a NUL character",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nexecutable = "c\\u0000"\n',
+        "[reviewers.x] executable",
+        "a NUL character",
+    ),
     ('[[sweeps]]\nname = "n"\nfix = "no"\n', "[[sweeps]] 'n' fix", "true or false"),
     ('[[sweeps]]\nname = "n"\nsequential = 1\n', "[[sweeps]] 'n' sequential", "true or false"),
     ('[[sweeps]]\nname = "n"\nall_gates = "yes"\n', "[[sweeps]] 'n' all_gates", "true or false"),

@@ -438,3 +438,22 @@ def test_an_agent_that_changes_thousands_of_notes_is_told_so_in_bounded_words(ro
     assert out.classification == "reviewer-touched-kb"
     assert len(out.touched) == 300
     assert len(out.reasons) == 21 and out.reasons[-1] == "... and 280 more file(s)"
+
+
+def test_an_attempt_the_os_refuses_to_start_is_a_launch_failure(root):
+    """An environment the OS refuses (a NUL in a value) raised out of the worker's task:
+    no outcome was sent, the window stayed open, the job was reaped as never picked up."""
+    from orchestrator.config import ReviewerProfile
+    from workers.attempt import LAUNCH_FAILURE, run_attempt
+    from workers.reviewers import AttemptSpec, Command, for_profile
+
+    folder = root.parent / "attempt"
+    folder.mkdir()
+    spec = AttemptSpec("review", 1, 1, folder / "p.md", folder / "o.md", folder, folder, root, "m")
+    reviewer = for_profile(ReviewerProfile(name="nul", kind="command", command=["x"]))
+    bad = Command(argv=["true"], cwd=root, env={"X": "a\x00b"})
+    reviewer.command = lambda spec: bad  # type: ignore[method-assign]
+    out = run_attempt(reviewer, spec, timeout_s=30, max_turns=5, trees=TREES)
+    assert out.classification == LAUNCH_FAILURE
+    assert "could not start 'true'" in out.reasons[0] and "null byte" in out.reasons[0]
+    assert _open_windows() == 0

@@ -434,6 +434,35 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     assert all(o["v"] == 2 and o["host"] for o in outcomes)
 
 
+def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypatch):
+    """An error out of the attempt left the task with no outcome sent: the attempt was
+    reaped as never picked up, which counts toward nothing, and ran again for good."""
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    config = worker_toml(tmp_path / "worker.toml", "redis://127.0.0.1:1/0")
+    settings = load_settings(tmp_path, tmp_path / "w", config)
+    sent: list[tuple] = []
+    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a defect in the worker")
+
+    monkeypatch.setattr(tasks, "run_attempt", broken)
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "w"))
+    msg = {
+        "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
+        "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
+        "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
+        "max_output_bytes": 1000,
+    }  # fmt: skip
+    tasks.run_review(msg)
+    (outcome,) = [args[1] for args in sent if args[0] == "deliver_outcome"]
+    assert outcome["classification"] == "launch-failure"
+    assert "RuntimeError: a defect in the worker" in outcome["reasons"][0]
+    assert not list((tmp_path / "w" / "attempts").iterdir())
+
+
 def test_a_worker_does_not_start_an_attempt_the_reaper_has_given_up(kb, tmp_path, monkeypatch):
     """A message left in the queue past lease + timeout (no worker was up) has been
     reaped and dispatched again: the worker that takes it later ran the agent anyway,

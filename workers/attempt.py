@@ -304,11 +304,12 @@ def run_attempt(
     window = WATCH.begin(spec.root, trees) if trees else None
     try:
         proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
         if window is not None:
             WATCH.end(window)
         out.ended_at = utcnow()
-        out.reasons = [f"could not start {cmd.argv[0]!r}: {exc.strerror or exc}"]
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
         return out
     registered = register_agent(registry, spec, proc.pid) if registry is not None else None
     marker = attempt_marker(spec)

@@ -179,28 +179,37 @@ def run_review(msg: dict) -> None:
             if _expired(msg):  # it waited for a free agent slot past its lease
                 shutil.rmtree(folder, ignore_errors=True)
                 return
-            outcome = run_attempt(
-                for_profile(profile),
-                spec,
-                timeout_s=msg["timeout_s"],
-                max_turns=profile.max_turns,
-                # The KB check needs a KB: a worker without one has nothing to guard.
-                guarded=msg.get("guarded") or () if place.kb else (),
-                trees=msg.get("trees") or () if place.kb else (),
-                max_output_bytes=msg["max_output_bytes"],
-                on_tick=beat.send,
-                tick_s=msg["heartbeat_s"],
-                # The agent starts first: no queue write delays it. Sent even for an agent
-                # that ends at once: a worker that dies before its agent's outcome is sent
-                # must leave a 'running' attempt, which the reaper takes back after one
-                # lease, not a 'dispatched' one, which it leaves for lease + timeout (a
-                # message may wait that long in the queue). Holding this heartbeat back
-                # for quick agents saved the control one transaction per job and was
-                # undone for that reason (tests/test_queue_integration.py, the worker
-                # killed mid-attempt).
-                on_launch=lambda: beat.send(launched=True),
-                registry=registry_dir(place.folder),
-            )
+            try:
+                outcome = run_attempt(
+                    for_profile(profile),
+                    spec,
+                    timeout_s=msg["timeout_s"],
+                    max_turns=profile.max_turns,
+                    # The KB check needs a KB: a worker without one has nothing to guard.
+                    guarded=msg.get("guarded") or () if place.kb else (),
+                    trees=msg.get("trees") or () if place.kb else (),
+                    max_output_bytes=msg["max_output_bytes"],
+                    on_tick=beat.send,
+                    tick_s=msg["heartbeat_s"],
+                    # The agent starts first: no queue write delays it. Sent even for an agent
+                    # that ends at once: a worker that dies before its agent's outcome is sent
+                    # must leave a 'running' attempt, which the reaper takes back after one
+                    # lease, not a 'dispatched' one, which it leaves for lease + timeout (a
+                    # message may wait that long in the queue). Holding this heartbeat back
+                    # for quick agents saved the control one transaction per job and was
+                    # undone for that reason (tests/test_queue_integration.py, the worker
+                    # killed mid-attempt).
+                    on_launch=lambda: beat.send(launched=True),
+                    registry=registry_dir(place.folder),
+                )
+            except Exception as exc:  # noqa: BLE001 - said and counted, not lost
+                # Raised out of the task, no outcome went back: the attempt was reaped as
+                # "never picked up", which counts toward nothing, and ran again for good.
+                reason = (
+                    f"worker {WORKER_ID} could not run the attempt: {type(exc).__name__}: {exc}"
+                )
+                logs.get().error("attempt.worker_error", reason=reason)
+                outcome = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
         beat.wait()  # the launch said before the outcome, even of an agent that ended at once
         if STOPPING.is_set():
             # The worker is stopping and killed this agent; Huey queued the task again.
