@@ -9,6 +9,7 @@ variables, and the values of secret-looking environment variables are redacted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -245,8 +246,13 @@ def configure(
         path = log_path(state_dir)
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.parent.mkdir(exist_ok=True)
+        if path.exists():
+            # Opened on its first line, a log that cannot be was found only then: a
+            # command past its checks went on with tracebacks, the control crashed.
+            with open(path, "a", encoding="utf-8"):
+                pass
         # delay=True: a command that logs nothing leaves no file behind.
-        fh = logging.FileHandler(path, encoding="utf-8", delay=True)
+        fh = _LogFile(path, encoding="utf-8", delay=True)
         fh.setLevel(logging.INFO)
         fh.setFormatter(json_formatter)
         fh._reviewq = True  # type: ignore[attr-defined]
@@ -262,6 +268,31 @@ def configure(
         cache_logger_on_first_use=False,
     )
     _configured["key"] = key
+
+
+class _LogFile(logging.FileHandler):
+    """The log file. A line it cannot write (a full disk, the file made read-only) is
+    said on stderr in one line, once until a line goes through again, and the work goes
+    on: logging's own handler printed a traceback for every line."""
+
+    _failing = False  # said, and not written since
+    _failed = False  # the line being written failed
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)  # on failure it calls handleError
+        if not self._failed:
+            self._failing = False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        self._failed = True
+        if self._failing:
+            return
+        self._failing = True
+        exc = sys.exc_info()[1]
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"warning: {self.baseFilename}: cannot write the log ({why})\n")
 
 
 def _formatted_once(base: type) -> type:

@@ -3,6 +3,9 @@ one ``error:`` line naming the file, the table.key and the reason."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
 from orchestrator.config import ConfigError, load_settings
@@ -296,3 +299,63 @@ def test_a_state_folder_that_cannot_be_written_is_named_as_such(kb, run_cli):
             subprocess.run(["chattr", "-i", str(target)], check=True)
         assert res.exit_code == 1 and says in res.stderr, res.stderr
         assert "not a reviewq database" not in res.stderr
+
+
+def test_a_log_that_cannot_be_opened_is_one_error_line_and_changes_nothing(kb):
+    """The log is opened on its first line: a command past its check printed two
+    chained tracebacks and went on (the jobs queued), and the control crashed."""
+    from .conftest import reviewq_process
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0
+    log = kb.state / "logs" / "reviewq.jsonl"
+    if not _immutable(log):
+        pytest.skip("chattr +i is not available here")
+    try:
+        for args in (("enqueue", "--all-gates"), ("control",)):
+            res = reviewq_process("--root", str(kb.root), *args, timeout=60)
+            assert res.returncode == 1, res.stderr
+            assert res.stderr.splitlines() == [
+                f"error: {log}: cannot open the log: Operation not permitted"
+            ], res.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(log)], check=True)
+    res = reviewq_process("--root", str(kb.root), "jobs", "--json")
+    assert len(json.loads(res.stdout)["jobs"]) == 1  # the refused enqueue queued nothing
+
+
+def test_a_log_that_cannot_be_written_is_said_once_and_the_work_goes_on(kb):
+    """A full disk under the log: logging printed a traceback for every line."""
+    from .conftest import reviewq_process
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True)
+    log.symlink_to("/dev/full")
+    res = reviewq_process("--root", str(kb.root), "enqueue", "prose")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "Logging error" not in res.stderr
+    warned = [x for x in res.stderr.splitlines() if "cannot write the log" in x]
+    assert warned == [f"warning: {log}: cannot write the log (No space left on device)"]
+
+
+def test_a_file_another_user_owns_is_one_line_not_an_internal_error():
+    """An operator who is not the service user ran `reviewq status`: "internal error:
+    PermissionError … (please report it)" for a plain permission problem."""
+    import click
+
+    from orchestrator.cli.common import refuse_domain_errors
+
+    @refuse_domain_errors
+    def status() -> None:
+        raise PermissionError(13, "Permission denied", "/srv/kb/.reviewq/state.db")
+
+    with pytest.raises(click.ClickException) as caught:
+        status()
+    assert caught.value.format_message() == (
+        "/srv/kb/.reviewq/state.db: Permission denied (run reviewq as a user who may read and "
+        "write the state folder and the KB)"
+    )

@@ -87,6 +87,11 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except DOMAIN_ERRORS as exc:
             raise Refused(str(exc)) from None
+        except PermissionError as exc:  # an operator who is not the service user
+            raise Refused(
+                f"{exc.filename or 'a file'}: {exc.strerror or exc} (run reviewq as a user who "
+                "may read and write the state folder and the KB)"
+            ) from None
         except sqlite3.OperationalError as exc:
             # Nothing was changed: the transaction rolled back. Say what and how to go on.
             if "readonly" in str(exc) or "unable to open" in str(exc):

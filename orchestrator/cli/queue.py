@@ -473,6 +473,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="The raw JSON lines.")
 @click.pass_obj
+@refuse_domain_errors
 def logs_cmd(
     ws: Workspace, follow: bool, job_id: int | None, event: str | None, as_json: bool
 ) -> None:
@@ -485,6 +486,8 @@ def logs_cmd(
     from orchestrator.logs import lines, log_path
 
     path = log_path(ws.state_dir)
+    if not ws.state_dir.is_dir():  # -f waited for good, in silence, on a mistyped --state
+        raise Refused(f"{ws.state_dir}: no state folder here (is --state right?)")
     if not path.exists() and not follow:
         raise Refused(f"no log yet at {path}")
 
@@ -507,10 +510,12 @@ def logs_cmd(
             return
         # Cut to milliseconds; the zone stays: these are UTC, as every time reviewq shows.
         stamp = str(rec.pop("timestamp", ""))
-        stamp = stamp[:23] + "Z" if stamp.endswith("Z") else stamp
-        head = f"{stamp} {rec.pop('level', ''):<7} {rec.pop('event', '')}"
+        stamp = stamp[:-1][:23] + "Z" if stamp.endswith("Z") else stamp
+        head = f"{stamp} {str(rec.pop('level', '')):<7} {rec.pop('event', '')}"
         rec.pop("logger", None)
-        click.echo(head + "  " + " ".join(f"{k}={v}" for k, v in rec.items()))
+        # One line each, whatever a value holds (a file name with a line break in it
+        # printed a log line of its own).
+        click.echo(shown(head + "  " + " ".join(f"{k}={v}" for k, v in rec.items())))
 
     for line in lines(path, follow):
         show(line)
