@@ -13,7 +13,7 @@ import string
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from croniter import CroniterBadDateError, croniter
 
@@ -22,10 +22,13 @@ from orchestrator.regularfile import NotRegular, open_regular
 
 KINDS = ("claude", "codex", "gemini", "command", "openai", "offline")
 GROUPINGS = ("note", "gate")
+# Units in order, each optional; a bare number is seconds only on its own ("1h30" is no
+# duration: it read as 1 h 30 s where 90 min was meant).
 _DURATION = re.compile(
     r"^\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?"
-    r"\s*(?:(\d+(?:\.\d+)?)s?)?\s*$"
+    r"\s*(?:(\d+(?:\.\d+)?)s)?\s*$"
 )
+_SECONDS = re.compile(r"\s*\d+(?:\.\d+)?\s*")
 
 
 # What a `command` profile's argv may name; workers.reviewers.AttemptSpec fills each.
@@ -44,7 +47,7 @@ def parse_duration(value: object, where: str, years: int = 1) -> float:
     (a setting past a year is a typo; a report may look back further)."""
     if isinstance(value, bool):
         raise ConfigError(f"{where}: expected seconds or a duration like '30m'")
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) or (isinstance(value, str) and _SECONDS.fullmatch(value)):
         seconds = float(value)
     elif isinstance(value, str) and value.strip():
         m = _DURATION.match(value)
@@ -60,6 +63,35 @@ def parse_duration(value: object, where: str, years: int = 1) -> float:
         most = "a year" if years == 1 else f"{years} years"
         raise ConfigError(f"{where}: must be more than 0 seconds and at most {most}")
     return seconds
+
+
+def _queue_url_problem(url: str) -> str | None:
+    """What is wrong with a ``[queue] url``, or None. Taken as they were, such URLs ended
+    in internal errors, a worker waiting for good, or a silent database 0 that another
+    KB's queue shares."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return (
+            "only redis://, rediss:// and unix:// URLs are supported (or leave it out for SQLite)"
+        )
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is no number or out of range
+    except ValueError as exc:
+        return f"the port is not a number from 1 to 65535 ({exc})"
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if set(query) - {"db"}:
+        return f"query parameter(s) {', '.join(sorted(set(query) - {'db'}))}: only db is read"
+    dbs = query.get("db", [])
+    if parts.scheme == "unix":
+        if not parts.path:
+            return "no socket path (unix:///run/redis/redis.sock)"
+    elif not parts.hostname:
+        return "no host (redis://HOST:6379/0)"
+    else:
+        dbs.append(parts.path.lstrip("/") or "0")
+    if not all(db.isdigit() for db in dbs):
+        return f"{', '.join(map(repr, dbs))}: not a database number (redis://HOST:6379/0)"
+    return None
 
 
 def _http_url(url: str) -> bool:
@@ -393,10 +425,13 @@ def _sweep(value: object, index: int) -> SweepConfig:
     if cron:
         check_cron(cron, f"{where} cron")
     select = t.strings("select")
+    all_gates = t.flag("all_gates", not select)
+    if not select and not all_gates:  # else "nothing to select" at every cron minute
+        raise ConfigError(f"{where}: selects nothing: name gates in select, or all_gates = true")
     return SweepConfig(
         name=name,
         select=select,
-        all_gates=t.flag("all_gates", not select),
+        all_gates=all_gates,
         cron=cron,
         reviewer=t.string("reviewer", "offline"),
         fixer=t.string("fixer"),
@@ -501,7 +536,8 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     fix = FixSettings(
         git_commit=_Table(top.data.get("fix"), "[fix]", {"git_commit"}).flag("git_commit")
     )
-    state_dir = Path(state) if state else root_path / state_dir_name
+    # "~/x" made a folder named "~" in ROOT, which a later `rm -rf ~*` would meet.
+    state_dir = Path(state) if state else root_path / Path(state_dir_name).expanduser()
     if not state_dir.is_absolute():
         state_dir = (Path.cwd() / state_dir) if state else (root_path / state_dir)
 
@@ -522,10 +558,8 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         launch_backoff_seconds=q.duration("launch_backoff_seconds", 5),
         poll_seconds=q.duration("poll_seconds", 1.0),
     )
-    if queue.url and not queue.url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(
-            "[queue] url: only redis:// URLs are supported (or leave it out for SQLite)"
-        )
+    if queue.url and (problem := _queue_url_problem(queue.url)):
+        raise ConfigError(f"[queue] url: {problem}")
 
     sweeps_a = top.data.get("sweeps", [])
     if not isinstance(sweeps_a, list):

@@ -130,6 +130,22 @@ BAD = [
     ("[queue]\nreaper_seconds = inf\n", "[queue] reaper_seconds", "at most a year"),
     ("[queue]\nlease_seconds = nan\n", "[queue] lease_seconds", "more than 0 seconds"),
     ('[[sweeps]]\nname = "n"\nreviewer = ""\n', "[[sweeps]] 'n' reviewer", "empty"),
+    # Loaded, it failed "nothing to select" at every cron minute, with a green doctor.
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 2 * * *"\nall_gates = false\n',
+        "[[sweeps]] 'n'",
+        "selects nothing: name gates in select, or all_gates = true",
+    ),
+    # "1h30" read as 1 h 30 s: a bare number after a unit is not minutes.
+    ('[reviewers.x]\nkind = "offline"\ntimeout = "1h30"\n', "[reviewers.x] timeout", "not a"),
+    # Queue URLs whose mistakes surfaced as internal errors, a silent database 0, or a
+    # worker waiting for good on "Too many connections".
+    ('[queue]\nurl = "redis://localhost:notaport/0"\n', "[queue] url", "port"),
+    ('[queue]\nurl = "redis://h:99999/0"\n', "[queue] url", "port"),
+    ('[queue]\nurl = "redis://localhost:6379/0?foo=bar"\n', "[queue] url", "query"),
+    ('[queue]\nurl = "redis://localhost:6379/abc"\n', "[queue] url", "database number"),
+    ('[queue]\nurl = "redis://"\n', "[queue] url", "no host"),
+    ('[queue]\nurl = "unix://"\n', "[queue] url", "no socket path"),
     ('[[sweeps]]\nname = "n"\nfixer = ""\n', "[[sweeps]] 'n' fixer", "empty"),
 ]
 
@@ -359,3 +375,25 @@ def test_a_file_another_user_owns_is_one_line_not_an_internal_error():
         "/srv/kb/.reviewq/state.db: Permission denied (run reviewq as a user who may read and "
         "write the state folder and the KB)"
     )
+
+
+def test_good_queue_urls_and_durations_load(kb):
+    for url in (
+        "redis://localhost:6379/0",
+        "redis://:secret@10.0.0.5/3",
+        "rediss://user:pw@redis.example:6380",
+        "unix:///run/redis.sock",
+        "unix:///run/redis.sock?db=2",
+    ):
+        kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
+        assert load_settings(kb.root).queue.url == url
+    for text, seconds in (("1h30m", 5400), ("90s", 90), ("90", 90), ("2d", 172800), ("1.5h", 5400)):
+        kb.write("reviewq.toml", f'[reviewers.x]\nkind = "offline"\ntimeout = "{text}"\n')
+        assert load_settings(kb.root).reviewers["x"].timeout == seconds, text
+
+
+def test_a_state_folder_under_home_is_read_as_such(kb, monkeypatch, tmp_path):
+    """`dir = "~/reviewq-state"` made a folder named `~` inside ROOT."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    kb.write("reviewq.toml", '[state]\ndir = "~/reviewq-state"\n')
+    assert load_settings(kb.root).state_dir == tmp_path / "home" / "reviewq-state"
