@@ -397,3 +397,32 @@ def test_a_state_folder_under_home_is_read_as_such(kb, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     kb.write("reviewq.toml", '[state]\ndir = "~/reviewq-state"\n')
     assert load_settings(kb.root).state_dir == tmp_path / "home" / "reviewq-state"
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ('[kb]\nnote_roots = ["kb"]\n', "note root kb: overlaps kb/instructions/review-gates"),
+        ('[state]\ndir = "kb/notes/state"\n', "lies in the note root kb/notes"),
+    ],
+    ids=["root-holds-the-gates", "state-in-a-note-root"],
+)
+def test_doctor_refuses_the_note_roots_that_select_refuses(kb, run_cli, toml, says):
+    """Doctor checked only that the folder is there: ok to a root every sweep refused,
+    and to a state folder whose prompts and reports were selected as notes and fixed."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", toml)
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    assert any(line.startswith("problem: ") and says in line for line in res.stdout.splitlines())
+    for args in (("select", "--all-gates", "--json"), ("enqueue", "--all-gates")):
+        res = run_cli(*args)
+        assert res.exit_code == 1 and says in res.stderr, res.stderr
+
+
+def test_a_hidden_state_folder_in_a_note_root_is_no_problem(kb, run_cli):
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[state]\ndir = "kb/notes/.reviewq"\n')
+    assert run_cli("select", "--all-gates", "--json").exit_code == 0

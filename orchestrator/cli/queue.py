@@ -556,8 +556,16 @@ def _doctor_control_side(ws: Workspace, report) -> None:
     """The KB, the gates and state.db: what the control process's machine needs."""
     kb_dir = ws.root / "kb"
     report(kb_dir.is_dir(), f"KB root {ws.root} holds kb/")
-    for rel in ws.settings.note_roots:
-        report((ws.root / rel).is_dir(), f"note root {rel}")
+    from orchestrator.review.selector import note_root_problems
+
+    # What select refuses (a root overlapping the gates, the state folder inside one),
+    # not only whether the folder is there: doctor said ok to roots every sweep refused.
+    root_problems = note_root_problems(ws.kb, ws.state_dir)
+    for problem in root_problems:
+        report(False, problem)
+    if not root_problems:
+        for rel in ws.settings.note_roots:
+            report(True, f"note root {rel}")
     cat = ws.catalog()
     report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
     for p in cat.problems:

@@ -100,6 +100,48 @@ def applies(gate: Gate, note: Note, kb: KB) -> bool:
     return not gate.requires_trait or bool(set(gate.requires_trait) & set(note.traits))
 
 
+def note_root_problems(kb: KB, state_dir: Path | None = None) -> list[str]:
+    """What makes a note root unusable: said by ``select`` (and so by every sweep) and
+    by ``doctor``. A root mistyped, or a --root without kb/ (a cron job started in the
+    wrong folder), read as a KB of no notes: "0 pairs", which looks like "all fresh"."""
+    problems = []
+    for r in kb.note_roots:
+        if r == ".." or r.startswith("../") or not kb.inside(str(kb.root / r)):
+            problems.append(f"note root {r}: outside the KB root {kb.root}")
+            continue
+        if not (kb.root / r).is_dir():
+            problems.append(
+                f"note root {r or '.'}: no such folder in {kb.root} "
+                "(is --root the folder that holds kb/? see [kb] note_roots)"
+            )
+            continue
+        for held in (GATES_DIR, TYPES_DIR):
+            # "kb" or "." took the gates, the type specs and kb/README.md as notes to
+            # review, and as notes a fixer may rewrite.
+            if not r or held == r or held.startswith(f"{r}/") or r.startswith(f"{held}/"):
+                problems.append(
+                    f"note root {r or '.'}: overlaps {held}; name the folders of notes "
+                    "(see [kb] note_roots, default kb/notes)"
+                )
+        if state_dir is not None and _reviewed_inside(kb.root / r, state_dir):
+            # Its prompts, reports and escalations were selected as notes, and fixed.
+            problems.append(
+                f"the state folder {state_dir} lies in the note root {r or '.'}: reviewq's own "
+                "files would be reviewed as notes; move it ([state] dir or --state)"
+            )
+    return problems
+
+
+def _reviewed_inside(folder: Path, path: Path) -> bool:
+    """Whether ``path`` lies in ``folder`` where the note scan goes (no hidden folder on
+    the way: those are skipped)."""
+    try:
+        rel = path.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    return not any(part.startswith(".") for part in rel.parts)
+
+
 def select(
     kb: KB,
     catalog: Catalog,
@@ -114,12 +156,14 @@ def select(
     diffs: bool = True,
     cache_dir: Path | None = None,
     memo: bool = False,
+    state_dir: Path | None = None,
 ) -> Selection:
     """Stale pairs for a model partition (or model-agnostic coverage when ``model`` is None).
 
     With ``cache_dir`` (the state folder) unchanged notes are not read (NoteCache); with
     ``memo`` too, an identical question about an identical KB and state gets the stored
-    answer in ``Selection.json_bytes`` (SelectMemo)."""
+    answer in ``Selection.json_bytes`` (SelectMemo). ``state_dir`` (else ``cache_dir``) is
+    refused inside a note root."""
     if not selectors and not all_gates:
         raise SelectError("nothing to select: name bundles, gate ids, 'type', or use --all-gates")
     wanted = set(reasons) if reasons else set(REASONS)
@@ -127,24 +171,8 @@ def select(
     if bad:
         raise SelectError(f"unknown reason {sorted(bad)[0]!r}: choose from {', '.join(REASONS)}")
 
-    for r in kb.note_roots:
-        # A root mistyped, or a --root without kb/ (a cron job started in the wrong
-        # folder), read as a KB of no notes: "0 pairs", which looks like "all fresh".
-        if r == ".." or r.startswith("../") or not kb.inside(str(kb.root / r)):
-            raise SelectError(f"note root {r}: outside the KB root {kb.root}")
-        if not (kb.root / r).is_dir():
-            raise SelectError(
-                f"note root {r or '.'}: no such folder in {kb.root} "
-                "(is --root the folder that holds kb/? see [kb] note_roots)"
-            )
-        for held in (GATES_DIR, TYPES_DIR):
-            # "kb" or "." took the gates, the type specs and kb/README.md as notes to
-            # review, and as notes a fixer may rewrite.
-            if not r or held == r or held.startswith(f"{r}/") or r.startswith(f"{held}/"):
-                raise SelectError(
-                    f"note root {r or '.'}: overlaps {held}; name the folders of notes "
-                    "(see [kb] note_roots, default kb/notes)"
-                )
+    for problem in note_root_problems(kb, state_dir or cache_dir):
+        raise SelectError(problem)
     kb.problems.clear()
     paths = kb.note_files(note_paths)
     cache = NoteCache.open(cache_dir) if cache_dir is not None else None

@@ -120,6 +120,7 @@ def enqueue(
         current=req.current,
         model=profile.partition,
         diffs=False,
+        state_dir=ws.state_dir,
     )
     store = ws.store
     # Everything that reads and judges comes before the first write: a refusal leaves no run.
