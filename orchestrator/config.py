@@ -94,6 +94,16 @@ def _queue_url_problem(url: str) -> str | None:
     return None
 
 
+def _redis_missing() -> str | None:
+    """Without the redis package every queue command ended in "internal error", an
+    enqueue after its jobs were recorded."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return "a Redis queue needs the redis package: pip install 'reviewq[redis]'"
+    return None
+
+
 def _http_url(url: str) -> bool:
     try:
         parts = urlsplit(url.strip())
@@ -558,7 +568,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         launch_backoff_seconds=q.duration("launch_backoff_seconds", 5),
         poll_seconds=q.duration("poll_seconds", 1.0),
     )
-    if queue.url and (problem := _queue_url_problem(queue.url)):
+    if queue.url and (problem := _queue_url_problem(queue.url) or _redis_missing()):
         raise ConfigError(f"[queue] url: {problem}")
 
     sweeps_a = top.data.get("sweeps", [])

@@ -426,3 +426,24 @@ def test_a_hidden_state_folder_in_a_note_root_is_no_problem(kb, run_cli):
     kb.note("alpha")
     kb.write("reviewq.toml", '[state]\ndir = "kb/notes/.reviewq"\n')
     assert run_cli("select", "--all-gates", "--json").exit_code == 0
+
+
+def test_a_redis_queue_without_the_redis_package_is_one_line_before_anything(kb):
+    """Installed without [redis], control, worker and enqueue ended in "internal error:
+    ConfigurationError", an enqueue after recording its jobs."""
+    import sys
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[queue]\nurl = "redis://127.0.0.1:1/0"\n')
+    without = (
+        "import sys; sys.modules['redis'] = None; from orchestrator.cli import main; "
+        f"sys.argv = ['reviewq', '--root', {str(kb.root)!r}, 'enqueue', '--all-gates']; main()"
+    )
+    res = subprocess.run([sys.executable, "-c", without], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [
+        f"error: {kb.root / 'reviewq.toml'} [queue] url: a Redis queue needs the redis "
+        "package: pip install 'reviewq[redis]'"
+    ], res.stderr
+    assert not (kb.state / "state.db").exists()
