@@ -211,3 +211,67 @@ def test_run_job_leaves_alone_an_attempt_the_reaper_took_meanwhile(kb, monkeypat
     finally:
         ws.close()
         other.close()
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again(kb, tmp_path, how):
+    """Ctrl-C left the job and its attempt running, for good without a control process
+    (enqueue then skipped its pairs); SIGTERM or a closed terminal (SIGHUP) left the
+    agent running unwatched as well, and no worker ever reaped it."""
+    import os
+    import time
+
+    from .conftest import process_gone
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    pids = tmp_path / "pids"
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    proc = subprocess.Popen(
+        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)  # the agent says it started by this file; no event to await
+        leader, child = map(int, pids.read_text().split())
+        proc.send_signal(how)
+        assert proc.wait(timeout=30) == 130
+        assert "error: interrupted" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert process_gone(leader) and process_gone(child)
+    with db(kb) as conn:
+        job = conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()[0]
+        attempt = conn.execute("SELECT outcome, reasons FROM attempts WHERE job_id = 1").fetchone()
+    assert job == "queued"
+    assert attempt["outcome"] == "lost" and "run-job was stopped" in attempt["reasons"]
+
+
+def test_run_job_writes_the_jobs_folder_before_its_agent_starts(kb):
+    """A job made while its folder could not be written (a full disk) was run by hand
+    with no MANIFEST.json: the agent failed, counted as a launch failure."""
+    from orchestrator.state.files import mark_job_files_due
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    ws = Workspace.open(kb.root)
+    try:
+        manifest = next((kb.state / "jobs").rglob("MANIFEST.json"))
+        manifest.unlink()  # as the full disk left it: due, and not there
+        mark_job_files_due(ws.store, [1])
+        res = run_job(ws, 1, "fake")
+        assert res.ok, res.outcome.reasons
+        assert manifest.exists()
+    finally:
+        ws.close()

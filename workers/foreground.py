@@ -6,6 +6,7 @@ try a reviewer profile on a single job, and for tests of the lifecycle itself.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from orchestrator.control.attempts import (
 from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
 from orchestrator.cycles.fixes import changes_not_the_agents
 from orchestrator.review.finalize import FinalizeResult, Provenance
+from orchestrator.review.jobs import prompt_renderer
+from orchestrator.state.files import write_due_job_files
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -35,9 +38,11 @@ from .attempt import (
     REVIEWER_FAILURE,
     TOUCHED_KB,
     AttemptOutcome,
+    reap_orphans,
     registry_dir,
     run_attempt,
 )
+from .parent import terminate_raises
 from .reviewers import AttemptSpec, for_profile
 
 
@@ -56,6 +61,12 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     profile = ws.settings.reviewer(reviewer_name)
     reviewer = for_profile(profile)
     store = ws.store
+    reap_orphans(ws.state_dir)  # agents of a run-job killed with SIGKILL, left running
+    # As dispatch does: a job made while its folder could not be written (a full disk)
+    # has its MANIFEST.json written before its agent starts.
+    write_due_job_files(
+        store, ws.state_dir, [job_id], prompt_renderer(store, ws.state_dir, ws.root), late=False
+    )
     opened = open_attempt(
         store, ws.state_dir, ws.root, job_id, profile.name, partition=profile.partition
     )
@@ -82,18 +93,25 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         note_path=opened.note_path if opened.kind == "fix" else None,
         note_file=_given_note(opened),
     )
-    outcome = run_attempt(
-        reviewer,
-        spec,
-        timeout_s=profile.timeout,
-        max_turns=profile.max_turns,
-        guarded=opened.guarded,
-        trees=opened.trees,
-        max_output_bytes=ws.settings.max_output_bytes,
-        on_tick=beat,
-        registry=registry_dir(ws.state_dir),
-        tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
-    )
+    try:
+        with terminate_raises([]):
+            outcome = run_attempt(
+                reviewer,
+                spec,
+                timeout_s=profile.timeout,
+                max_turns=profile.max_turns,
+                guarded=opened.guarded,
+                trees=opened.trees,
+                max_output_bytes=ws.settings.max_output_bytes,
+                on_tick=beat,
+                registry=registry_dir(ws.state_dir),
+                tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
+            )
+    except BaseException:
+        # Ctrl-C, SIGTERM, a closed terminal: the agent is stopped (run_attempt kills its
+        # group); left running, the job and attempt stayed so for good without a control.
+        _stopped(store, job_id, opened.attempt)
+        raise
     result: FinalizeResult | None = None
     followed = Followed()
     # The end and what follows it are one transaction: a control process's reaper that
@@ -142,6 +160,21 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         else:
             fail_job(store, ws.state_dir, job_id, outcome.reasons)
     return ForegroundResult(outcome, result, followed)
+
+
+def _stopped(store, job_id: int, attempt: int) -> None:  # noqa: ANN001 - a Store
+    """This run-job was stopped: its attempt is lost and the job queued again, for the
+    control process or another run-job (as the reaper would, without waiting a lease)."""
+    reason = "run-job was stopped (an interrupt or a signal); the job is queued again"
+    with store.write():
+        if not is_current(store, job_id, attempt):
+            return
+        store.conn.execute(
+            "UPDATE attempts SET outcome = 'lost', ended_at = ?, reasons = ? "
+            "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
+            (utcnow(), json.dumps([reason]), job_id, attempt),
+        )
+        requeue_job(store, job_id)
 
 
 def _given_note(opened) -> Path | None:  # noqa: ANN001 - an OpenedAttempt

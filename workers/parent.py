@@ -1,12 +1,15 @@
-"""The ``reviewq sweep`` that started this process, if one did: its children must not
-outlive it."""
+"""The life of the processes reviewq starts: a ``reviewq sweep``'s children must not
+outlive it, and a sweep or a run-job stopped by a signal stops what it started."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
@@ -28,3 +31,29 @@ def follow_parent() -> None:
         return
     if os.getppid() != int(parent):  # the sweep died before the prctl
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def terminate_raises(terminated: list) -> Iterator[None]:
+    """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
+    a sweep or a run-job as Ctrl-C does, so that what it started is stopped: by default
+    Python dies at once and leaves its children running agents. Once one came, any
+    further one is ignored until the process ends: the children are being stopped, and
+    what is owed (a summary, the job queued again) is due. ``terminated`` gets the
+    signal's number."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        if not terminated:
+            terminated.append(signum)
+            raise KeyboardInterrupt
+
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, interrupt) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_IGN if terminated else handler)

@@ -8,14 +8,11 @@ uses it instead of starting its own.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +31,7 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app
-from .parent import PARENT_ENV
+from .parent import PARENT_ENV, terminate_raises
 from .queues import send_once
 from .reviewers.base import python_module
 
@@ -239,30 +236,6 @@ def _nudge() -> None:
         )
 
 
-@contextlib.contextmanager
-def _terminate_raises(terminated: list) -> Iterator[None]:
-    """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
-    the sweep as Ctrl-C does, so that its children are stopped: by default Python dies at
-    once and leaves them running agents. Once one came, any further one is ignored until
-    the process ends: the children are being stopped, and the summary is due."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        if not terminated:
-            terminated.append(signum)
-            raise KeyboardInterrupt
-
-    signals = (signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.signal(s, interrupt) for s in signals}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, signal.SIG_IGN if terminated else handler)
-
-
 def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) -> SweepOutcome:
     store = ws.store
     # The queue first: one that cannot be opened (a corrupt file) is said in one line
@@ -277,7 +250,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     children.start()
     _nudge()
     terminated = []
-    with _terminate_raises(terminated):
+    with terminate_raises(terminated):
         try:
             while True:
                 paused = paused_reviewers(ws.store, utcnow())
