@@ -275,3 +275,28 @@ def test_run_job_writes_the_jobs_folder_before_its_agent_starts(kb):
         assert manifest.exists()
     finally:
         ws.close()
+
+
+def test_run_job_splits_a_multi_pair_job_that_burned_out(kb, monkeypatch):
+    """SPEC §6: a multi-pair job that burns out is split into one-pair jobs, which may
+    fit. By hand it was failed, with no split and no escalation."""
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/tone-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    kb.write("reviewq.toml", fake_profile(timeout='"1s"'))
+    sel = rq(kb, "select", "prose", "--model", "fake", "--json")
+    made = reviewq_process(
+        "--root", str(kb.root), "create-jobs", "--input", "-", "--grouping", "note",
+        input=sel.stdout,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    ws = Workspace.open(kb.root)
+    try:
+        res = run_job(ws, 1, "fake")
+        assert res.outcome.classification == "burned-out"
+        assert res.finalized is not None and res.finalized.status == "split"
+        rows = ws.store.conn.execute("SELECT id, status FROM review_jobs ORDER BY id").fetchall()
+        assert [tuple(r) for r in rows] == [(1, "split"), (2, "queued"), (3, "queued")]
+    finally:
+        ws.close()

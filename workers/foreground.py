@@ -26,12 +26,13 @@ from orchestrator.control.attempts import (
 from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
 from orchestrator.cycles.fixes import changes_not_the_agents
 from orchestrator.review.finalize import FinalizeResult, Provenance
-from orchestrator.review.jobs import prompt_renderer
+from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import write_due_job_files
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
 from .attempt import (
+    BURNED_OUT,
     LAUNCH_FAILURE,
     NO_OUTPUT,
     OUTPUT,
@@ -157,6 +158,15 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
             )
         elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
             requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
+        elif (
+            outcome.classification == BURNED_OUT
+            and opened.kind == "review"
+            and len(opened.pairs) > 1
+        ):
+            # As the control process does (SPEC §6): asked less, each pair may fit.
+            new = split_job(store, ws.state_dir, ws.root, job_id)
+            why = f"split into one-pair jobs {', '.join(map(str, new))}"
+            result = FinalizeResult(job_id, "split", [*outcome.reasons, why])
         else:
             fail_job(store, ws.state_dir, job_id, outcome.reasons)
     return ForegroundResult(outcome, result, followed)

@@ -324,6 +324,8 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
     }.get(out.classification, "failed")
     if res.finalized is not None and res.finalized.status == "superseded":
         state = f"runs on in another attempt (reviewq job {job_id} shows it)"
+    elif res.finalized is not None and res.finalized.status == "split":
+        state = "split; its one-pair jobs are queued (reviewq jobs --state queued)"
     raise Refused(f"job {job_id} {state}")
 
 
