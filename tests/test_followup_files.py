@@ -695,3 +695,35 @@ def test_a_fix_that_changed_nothing_rejects_no_pair_a_review_passed_meanwhile(cy
         ws.store.conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
         == "unchanged"
     )
+
+
+def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_cli):
+    """Job folders and escalation reports render state.db, and nothing wrote them again
+    once deleted: doctor said 'job files written', `escalations` pointed at a missing
+    report."""
+    import shutil
+
+    from .conftest import reviewq_process
+
+    shutil.copytree(pathlib.Path(__file__).parent.parent / "kb", kb.root / "kb", dirs_exist_ok=True)
+    sweep = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--fix")
+    assert sweep.returncode in (0, 1), sweep.stderr
+    jobs = sorted((kb.state / "jobs").iterdir())
+    reports = sorted((kb.state / "escalations").glob("escalation-*.md"))
+    assert jobs and reports
+    job = next(j for j in jobs if (j / "results").is_dir())
+    before = {p: p.read_bytes() for p in [*job.rglob("*"), *reports] if p.is_file()}
+    shutil.rmtree(job / "results")
+    (job / "MANIFEST.json").unlink()
+    reports[0].unlink()
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    assert "problem: 1 job folder(s) and 1 escalation report(s) are missing" in res.stdout
+    res = run_cli("rewrite-files")
+    assert res.exit_code == 0, res.stderr
+    assert f"wrote the files of {len(jobs)} job(s) and {len(reports)} escalation report(s)" in (
+        res.stdout
+    )
+    after = {p: p.read_bytes() for p in before if p.is_file()}
+    assert after == before
+    assert run_cli("doctor").exit_code == 0

@@ -61,6 +61,7 @@ NEEDS_STATE = {
     "report",
     "decide",
     "resume",
+    "rewrite-files",
 }
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.

@@ -345,6 +345,24 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
     click.echo(f"reviewer {reviewer} resumed (it was paused until {lifted.until}{why})")
 
 
+@cli.command("rewrite-files")
+@click.pass_obj
+@refuse_domain_errors
+def rewrite_files_cmd(ws: Workspace) -> None:
+    """Write every job folder (MANIFEST.json, results/) and escalation report again from
+    state.db: they render it, and this brings back what was deleted or damaged by hand.
+    Fixes are not written to the KB again. A running control process may stay up.
+
+    \b
+    Example:
+      reviewq rewrite-files
+    """
+    from orchestrator.control.control import rewrite_files
+
+    jobs, reports = rewrite_files(ws)
+    click.echo(f"wrote the files of {jobs} job(s) and {reports} escalation report(s)")
+
+
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
@@ -575,8 +593,8 @@ def _doctor_control_side(ws: Workspace, report) -> None:
     for sweep in ws.settings.sweeps.values():
         for problem in sweep_problems(ws, sweep):
             report(False, f"{ws.settings.config_path}: {problem}")
-    from orchestrator.cycles.escalations import reports_due
-    from orchestrator.state.files import files_due
+    from orchestrator.cycles.escalations import missing_reports, reports_due
+    from orchestrator.state.files import files_due, missing_job_files
     from orchestrator.state.status import unwritten_fixes
 
     try:
@@ -589,6 +607,13 @@ def _doctor_control_side(ws: Workspace, report) -> None:
             if new
             else f"state.db at {store.path}, schema {store.schema_version()}",
         )
+        missing = (missing_job_files(store, ws.state_dir), missing_reports(store, ws.state_dir))
+        if any(missing):
+            report(
+                False,
+                f"{missing[0]} job folder(s) and {missing[1]} escalation report(s) are missing "
+                "their files; reviewq rewrite-files writes them again from state.db",
+            )
         due, error = files_due(store)
         report(
             due == 0,

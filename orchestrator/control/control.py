@@ -32,11 +32,15 @@ from orchestrator.control.attempts import (
     supersede,
     write_attempt_files,
 )
-from orchestrator.cycles.escalations import record_decisions, write_due_reports
+from orchestrator.cycles.escalations import (
+    mark_reports_due,
+    record_decisions,
+    write_due_reports,
+)
 from orchestrator.cycles.fixes import changes_not_the_agents, write_due_fixes
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
-from orchestrator.state.files import DISK_FULL, write_due_job_files
+from orchestrator.state.files import DISK_FULL, mark_job_files_due, write_due_job_files
 from orchestrator.state.status import FAILED_SQL, Pause, paused_reviewers, spent_usd
 from orchestrator.state.store import (
     Store,
@@ -694,6 +698,20 @@ class Control:
     def tick(self) -> None:
         self.reap()
         self.dispatch()
+
+
+def rewrite_files(ws: Workspace) -> tuple[int, int]:
+    """Every job folder (MANIFEST.json, results/, a missing prompt.md) and escalation
+    report written again from state.db: files that render state, deleted or damaged by
+    hand. Returns (jobs, reports) written. Applied fixes are not: the KB is the person's,
+    and a note may have changed since."""
+    store = ws.store
+    ids = [r[0] for r in store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    mark_job_files_due(store, ids)
+    mark_reports_due(store)
+    prompt = prompt_renderer(store, ws.state_dir, ws.root)
+    jobs = write_due_job_files(store, ws.state_dir, ids, prompt, late=False)
+    return jobs, write_due_reports(store, ws.state_dir, late=False)
 
 
 def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:

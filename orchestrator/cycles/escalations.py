@@ -198,6 +198,27 @@ def escalate(
     return esc_id
 
 
+def mark_reports_due(store: Store) -> int:
+    """Mark every escalation's report to be written again (deleted or damaged by hand:
+    it renders state.db); the number marked."""
+    with store.write():
+        return store.conn.execute(
+            "INSERT OR REPLACE INTO escalation_reports_due SELECT id, ?, ? FROM escalations",
+            (utcnow(), NOT_TRIED),
+        ).rowcount
+
+
+def missing_reports(store: Store, state_dir: Path) -> int:
+    """Escalations whose report file is not there (and not waiting to be written)."""
+    return sum(
+        not (state_dir / rel).is_file()
+        for (rel,) in store.conn.execute(
+            "SELECT report_path FROM escalations WHERE report_path IS NOT NULL "
+            "AND id NOT IN (SELECT escalation_id FROM escalation_reports_due)"
+        )
+    )
+
+
 def write_due_reports(
     store: Store, state_dir: Path, ids: list[int] | None = None, *, late: bool = True
 ) -> int:

@@ -401,6 +401,16 @@ def _swap_folder(new: Path, target: Path) -> None:
         os.rename(new, target)
 
 
+def missing_job_files(store: Store, state_dir: Path) -> int:
+    """Jobs whose folder has no MANIFEST.json (and is not waiting to be written)."""
+    return sum(
+        not (state_dir / job_dir / "MANIFEST.json").is_file()
+        for (job_dir,) in store.conn.execute(
+            "SELECT job_dir FROM review_jobs WHERE id NOT IN (SELECT job_id FROM job_files_due)"
+        )
+    )
+
+
 def files_due(store: Store) -> tuple[int, str | None]:
     """How many jobs' files wait to be written, and one error that kept them back."""
     count, error = store.conn.execute("SELECT count(*), min(error) FROM job_files_due").fetchone()
