@@ -300,3 +300,30 @@ def test_run_job_splits_a_multi_pair_job_that_burned_out(kb, monkeypatch):
         assert [tuple(r) for r in rows] == [(1, "split"), (2, "queued"), (3, "queued")]
     finally:
         ws.close()
+
+
+@pytest.mark.parametrize("kb_given", [False, True])
+def test_a_worker_without_kb_on_the_kbs_machine_says_its_agents_are_unguarded(kb, kb_given):
+    """Started without --kb beside the KB (OPERATIONS showed it so), a worker ran every
+    agent with no check that it left the notes alone, and said nothing."""
+    import json
+    import os
+
+    small_kb(kb, notes=1)
+    exe = str(Path(sys.executable).parent / "reviewq")
+    argv = [exe, "--root", str(kb.root), "worker", "--workers", "1"]
+    argv += ["--kb", str(kb.root)] if kb_given else []
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    events = []
+    try:
+        for line in proc.stderr:  # up to its start, which is logged after the warning
+            if line.startswith("{"):
+                events.append(json.loads(line)["event"])
+            if "worker.started" in events:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert "worker.started" in events
+    assert ("worker.kb_unguarded" in events) is not kb_given

@@ -73,6 +73,15 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         logs.get().warning(
             "worker.reaped_orphans", process_groups=orphans, reason="their worker died"
         )
+    if kb is None and (settings.root / "kb").is_dir():
+        # On a machine that has the KB, a worker started without --kb ran its agents with
+        # no check that they left the notes alone, and said nothing of it.
+        logs.get().warning(
+            "worker.kb_unguarded",
+            kb=str(settings.root),
+            reason="no --kb: this worker's agents are not checked for changes to the KB; "
+            f"start it with --kb {settings.root}",
+        )
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(
         app.review,
