@@ -362,6 +362,18 @@ def _launchable_env(env: dict[str, str], where: str) -> dict[str, str]:
     return env
 
 
+# Keys only some kinds read: set on another, they were taken in silence (a wrapper
+# command never run, an executable or an endpoint not used).
+_ONLY_FOR = {
+    "command": ("command",),
+    "executable": ("claude", "codex", "gemini"),
+    "base_url": ("openai",),
+    "api_key_env": ("openai",),
+}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+
+
 def _reviewer(name: str, value: object) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
     t = _Table(value, where, _REVIEWER_KEYS)
@@ -392,7 +404,7 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
                 f"{where} connect_timeout: must be shorter than timeout ({timeout:g} s)"
             )
     prices = {k: _price(t.data.get(k), f"{where} {k}") for k in _PRICES}
-    return ReviewerProfile(
+    profile = ReviewerProfile(
         name=name,
         kind=kind,
         model=model,
@@ -409,6 +421,23 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         connect_timeout=connect_timeout,
         **prices,
     )
+    for key, kinds in _ONLY_FOR.items():
+        if key in t.data and kind not in kinds:
+            raise ConfigError(
+                f"{where} {key}: not read for kind {kind!r} (only {', '.join(kinds)})"
+            )
+    if profile.api_key_env and not _ENV_NAME.fullmatch(profile.api_key_env):
+        raise ConfigError(
+            f"{where} api_key_env: names the variable that holds the key (such as "
+            "OPENAI_API_KEY), never the key itself"
+        )
+    for name, value in profile.env.items():
+        if _ENV_REFERENCE.fullmatch(value.strip()):
+            raise ConfigError(
+                f"{where} env: {name}: values are not expanded; {value!r} would be passed as "
+                "it is (leave it out to pass the variable on from the environment)"
+            )
+    return profile
 
 
 def _sweep(value: object, index: int) -> SweepConfig:

@@ -60,6 +60,35 @@ BAD = [
     ),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
+    # Keys its kind never reads, taken in silence: a wrapper command never used, an
+    # executable or endpoint the profile did not go to.
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\ncommand = ["wrap.sh"]\n',
+        "[reviewers.x] command",
+        "not read for kind 'claude' (only command)",
+    ),
+    (
+        '[reviewers.x]\nkind = "command"\ncommand = ["a"]\nexecutable = "b"\n',
+        "[reviewers.x] executable",
+        "not read for kind 'command' (only claude, codex, gemini)",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nbase_url = "http://h/v1"\n',
+        "[reviewers.x] base_url",
+        "not read for kind 'claude' (only openai)",
+    ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        'api_key_env = "sk-proj-abcdef123456"\n',
+        "[reviewers.x] api_key_env",
+        "names the variable that holds the key",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\n'
+        'env = { ANTHROPIC_API_KEY = "${ANTHROPIC_API_KEY}" }\n',
+        "[reviewers.x] env",
+        "ANTHROPIC_API_KEY: values are not expanded",
+    ),
     # Values the OS refuses at launch: the worker's task crashed before the agent started,
     # and the job was "never picked up by a worker" again and again, for good.
     (
@@ -171,7 +200,8 @@ def test_a_config_with_every_documented_key_loads(kb):
         '[kb]\nnote_roots = ["kb/notes", "kb/more"]\n[state]\ndir = "st"\n'
         "[limits]\nmax_output_bytes = 1024\n"
         '[queue]\nlease_seconds = "2m"\n'
-        '[reviewers.x]\nkind = "command"\ncommand = ["a", "{prompt_path}"]\nexecutable = "a"\n'
+        '[reviewers.x]\nkind = "command"\ncommand = ["a", "{prompt_path}"]\n'
+        '[reviewers.y]\nkind = "claude"\nmodel = "m"\nexecutable = "/opt/claude"\n'
         '[[sweeps]]\nname = "n"\nfix = true\nsequential = false\nreviewer = "x"\n'
         'cron = "0 3 * * *"\n',
     )
