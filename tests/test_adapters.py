@@ -761,3 +761,27 @@ def test_doctor_names_what_a_sweep_entry_selects_that_the_kb_lacks(run_cli, kb):
         f"problem: {cfg}: [[sweeps]] 'n' notes: {kb.root / 'kb/notes/beta.md'}: no such note "
         "file or folder in the KB",
     ]
+
+
+def test_doctor_for_a_worker_with_no_queue_url_and_no_control_says_it_would_wait(run_cli, tmp_path):
+    """`doctor --worker` said "ok: queue backend SQLite answers" of a queue file of the
+    worker's own, which no control process feeds, and made it."""
+    home = tmp_path / "remote"
+    home.mkdir()
+    (home / "worker.toml").write_text('[reviewers.x]\nkind = "offline"\n')
+    res = run_cli(
+        "--root", str(home), "--config", str(home / "worker.toml"), "--state",
+        str(home / "state"), "doctor", "--worker",
+    )  # fmt: skip
+    assert res.exit_code == 1
+    assert res.stdout.splitlines()[0].startswith("problem: no [queue] url, and ")
+    assert not (home / "state" / "queue").exists()
+
+
+def test_doctor_outside_a_kb_root_makes_no_state_folder(run_cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = run_cli("--root", str(empty), "doctor")
+    assert res.exit_code == 1
+    assert res.stdout.splitlines()[0] == f"problem: KB root {empty} holds kb/"
+    assert list(empty.iterdir()) == []

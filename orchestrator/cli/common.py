@@ -263,7 +263,9 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
             ws.require_state()
         except DOMAIN_ERRORS as exc:
             raise Refused(str(exc)) from None
-    if ctx.invoked_subcommand not in READ_ONLY and ctx.invoked_subcommand != "worker":
+    # A worker sets its log up itself; doctor writes none (run in the wrong folder, it
+    # left a .reviewq/logs/ there).
+    if ctx.invoked_subcommand not in READ_ONLY | NO_KB:
         try:
             logs.configure(ws.state_dir)
         except OSError as exc:

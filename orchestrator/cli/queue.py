@@ -562,18 +562,32 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
         problems += 0 if ok else 1
         click.echo(f"{'ok' if ok else 'problem'}: {text}")
 
-    if not worker_only:
-        _doctor_control_side(ws, report)
-    _doctor_queue_and_reviewers(ws, report)
+    in_kb = worker_only or _doctor_control_side(ws, report)
+    if not in_kb and not ws.settings.queue.url:
+        pass  # a SQLite queue lives in the state folder: not made in the wrong folder
+    elif worker_only and not ws.settings.queue.url and not (ws.state_dir / "state.db").exists():
+        # It said "ok: queue backend SQLite answers" of a queue of the worker's own.
+        report(
+            False,
+            f"no [queue] url, and {ws.state_dir} is no control's state folder: this worker "
+            "would wait on a SQLite queue of its own that no control process feeds; set "
+            "[queue] url (Redis), or give --state the control's folder on its machine",
+        )
+    else:
+        _doctor_queue(ws, report)
+    _doctor_reviewers(ws, report)
     if problems:
         raise Refused(f"{problems} problem(s)")
     warn([])
 
 
-def _doctor_control_side(ws: Workspace, report) -> None:
-    """The KB, the gates and state.db: what the control process's machine needs."""
+def _doctor_control_side(ws: Workspace, report) -> bool:
+    """The KB, the gates and state.db: what the control process's machine needs. False
+    when ROOT holds no KB (nothing else is checked, and nothing made there)."""
     kb_dir = ws.root / "kb"
     report(kb_dir.is_dir(), f"KB root {ws.root} holds kb/")
+    if not kb_dir.is_dir():
+        return False  # nothing else to check here, and no state.db to make in the wrong folder
     from orchestrator.review.selector import note_root_problems
 
     # What select refuses (a root overlapping the gates, the state folder inside one),
@@ -636,10 +650,11 @@ def _doctor_control_side(ws: Workspace, report) -> None:
                 )
     except Exception as exc:
         report(False, f"state.db: {exc}")
+    return True
 
 
-def _doctor_queue_and_reviewers(ws: Workspace, report) -> None:
-    """The queue backend and each reviewer's program: what every worker needs."""
+def _doctor_queue(ws: Workspace, report) -> None:
+    """The queue backend answers: what every worker needs."""
     try:
         from workers.app import make_app
         from workers.queues import check_server
@@ -650,6 +665,10 @@ def _doctor_queue_and_reviewers(ws: Workspace, report) -> None:
         report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
     except Exception as exc:
         report(False, f"queue backend: {exc}")
+
+
+def _doctor_reviewers(ws: Workspace, report) -> None:
+    """Each reviewer's program is on PATH."""
     from workers.reviewers import UnsupportedKind, for_profile
 
     for name, profile in sorted(ws.settings.reviewers.items()):
