@@ -909,3 +909,33 @@ def test_a_redo_after_the_person_edited_the_note_reviews_their_text(kb):
             conn.execute("SELECT count(*) FROM escalations WHERE decision IS NULL").fetchone()[0]
             == 0
         )
+
+
+def test_a_fix_that_failed_every_attempt_escalates_every_fail_of_its_note(kb):
+    """A FAIL that came in while the note's fix was open was skipped ("a fix job for this
+    note is open"); when that fix failed every attempt, only its own pairs went to a
+    person: the other FAIL stayed accepted, unfixed and unescalated, and `select` called
+    it fresh."""
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/tone-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.write("reviewq.toml", '[reviewers.fake]\nkind = "offline"\npartition = "fake"\n')
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    try:
+        fix = queue_fix(ws.kb, ws.store, ws.state_dir, note)
+        assert fix is not None
+        kb.accept("fake", [(note, "prose/tone-check")], decision="FAIL")  # while it is open
+        with ws.store.write():
+            ws.store.conn.execute("UPDATE review_jobs SET status = 'failed' WHERE id = ?", (fix,))
+            FollowUp(ws).after_failed(fix, ["no output"])
+        escs = ws.store.conn.execute(
+            "SELECT gate_id, reason FROM escalations ORDER BY gate_id"
+        ).fetchall()
+    finally:
+        ws.close()
+    assert [e[0] for e in escs] == ["prose/body-check", "prose/tone-check"]
+    assert all(e[1].startswith("the fixer failed every attempt") for e in escs)

@@ -16,9 +16,15 @@ from orchestrator import logs
 from orchestrator.config import ConfigError
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.escalations import DecideError
-from orchestrator.cycles.fixes import apply_fix, create_fix_job, finish_fix_job, open_fix_job
+from orchestrator.cycles.fixes import (
+    apply_fix,
+    create_fix_job,
+    current_failures,
+    finish_fix_job,
+    open_fix_job,
+)
 from orchestrator.kb.gates import SelectionError
-from orchestrator.kb.notes import KBError
+from orchestrator.kb.notes import KBError, NoteParseError
 from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.review.selector import SelectError, select
@@ -149,10 +155,39 @@ class FollowUp:
                 f"{what} failed every attempt ({why}), which is no judgement of the note; "
                 f"repair {what}, then redo"
             )
-        for p in self._pairs(job_id):
+        pairs = self._pairs(job_id)
+        if job["kind"] == "fix":
+            pairs = [*pairs, *self._failures_left(job, {p["gate_id"] for p in pairs})]
+        for p in pairs:
             reason = f"{what} failed every attempt: {why}"
             with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
                 self._escalate_pair(owner, p, reason, opts, recommend, call=call)
+
+    def _failures_left(self, job, covered: set[str]) -> list[dict]:
+        """The note's current FAILs a fix job did not carry: they came in while it was
+        open (their own fix was skipped for it). Left out when it failed, they stayed
+        accepted FAILs that nothing would fix, escalate or review again."""
+        kb = self.ws.kb
+        try:
+            note = kb.read_note(kb.check_rel(job["note_path"]))
+        except (KBError, NoteParseError, OSError):
+            return []  # deleted or broken since: the next sweep says so
+        return [
+            {
+                "note_path": job["note_path"],
+                "gate_id": t.gate_id,
+                "gate_path": t.gate_path,
+                "rationale": t.rationale,
+            }
+            for t in current_failures(
+                self.store,
+                self.ws.catalog(),
+                job["model_partition"],
+                job["note_path"],
+                note.sha256,
+            )
+            if t.gate_id not in covered
+        ]
 
     def _escalate_pair(
         self, job, p, reason: str, opts: dict, recommend: str, call: str = "reject"
