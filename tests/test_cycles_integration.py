@@ -939,3 +939,40 @@ def test_a_fix_that_failed_every_attempt_escalates_every_fail_of_its_note(kb):
         ws.close()
     assert [e[0] for e in escs] == ["prose/body-check", "prose/tone-check"]
     assert all(e[1].startswith("the fixer failed every attempt") for e in escs)
+
+
+def test_jobs_of_a_removed_profile_fail_and_only_a_fixs_fails_go_to_a_person(kb):
+    """A removed profile's queued review jobs escalated every pair ("the reviewer failed
+    every attempt: reviewer profile 'tmp' is not configured") though no attempt ran;
+    OPERATIONS says their pairs are free for the next sweep. A fix job's FAILs, which
+    stay accepted, still go to a person."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    other = kb.note("beta", body="Beta body.\n")
+    kb.write("reviewq.toml", '[reviewers.tmp]\nkind = "offline"\npartition = "tmp"\n')
+    assert rq(kb, "enqueue", "prose", "--note", note, "--reviewer", "tmp").returncode == 0
+    kb.accept("tmp", [(other, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    fix = queue_fix(ws.kb, ws.store, ws.state_dir, other, partition="tmp", fixer="tmp")
+    queued = [
+        r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs WHERE status = 'queued'")
+    ]
+    ws.close()
+    kb.write("reviewq.toml", "")  # the profile removed
+    ws = Workspace.open(kb.root)
+    try:
+        control = Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws))
+        control.dispatch()
+        jobs = dict(ws.store.conn.execute("SELECT id, status FROM review_jobs").fetchall())
+        jobs = {i: jobs[i] for i in queued}
+        escs = ws.store.conn.execute("SELECT note_path FROM escalations").fetchall()
+    finally:
+        ws.close()
+    assert len(jobs) == 2 and set(jobs.values()) == {"failed"} and fix in jobs
+    assert [e[0] for e in escs] == [other]
+    res = rq(kb, "select", "prose", "--model", "tmp", "--json")
+    assert note in {t["note_path"] for t in json.loads(res.stdout)["targets"]}

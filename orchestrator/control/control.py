@@ -131,7 +131,7 @@ class Control:
             if name in paused or free <= 0:
                 continue
             jobs += self.store.conn.execute(
-                "SELECT id, reviewer, sweep_run_id FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
+                "SELECT id, kind, reviewer, sweep_run_id FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
                 "AND (not_before IS NULL OR not_before <= ?) ORDER BY id LIMIT ?",
                 (name, now, free + 16),
             ).fetchall()
@@ -215,11 +215,13 @@ class Control:
         self._fail_unrun(job, reviewer, f"could not open an attempt: {exc}")
 
     def _fail_unrun(self, job, reviewer: str, reason: str) -> None:
-        """Fail a job no agent can run, and hand its pairs to a person as any failed job's
-        are: failed silently, a fix's FAILs stayed fresh, so no sweep or person met them."""
+        """Fail a job no agent can run. A review's or an audit's pairs are free for the
+        next sweep, as OPERATIONS says (escalated, each read "the reviewer failed every
+        attempt" though none ran); a fix's FAILs go to a person, as any failed fix's:
+        failed silently, they stayed fresh, so no sweep or person met them."""
         with self.store.write():
             fail_job(self.store, self.ws.state_dir, job["id"], [reason])
-            if self.hooks is not None:
+            if self.hooks is not None and job["kind"] == "fix":
                 self.hooks.after_failed(job["id"], [reason])
         self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=reason)
 
