@@ -976,3 +976,23 @@ def test_jobs_of_a_removed_profile_fail_and_only_a_fixs_fails_go_to_a_person(kb)
     assert [e[0] for e in escs] == [other]
     res = rq(kb, "select", "prose", "--model", "tmp", "--json")
     assert note in {t["note_path"] for t in json.loads(res.stdout)["targets"]}
+
+
+def test_an_empty_note_given_back_empty_changed_nothing(kb):
+    """An empty note's fixer gave it back empty: "the fixed note is empty" was taken for
+    invalid output three times, and escalated as a fixer to repair."""
+    from orchestrator.cycles.fixes import apply_fix
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.write("kb/notes/empty.md", "")
+    kb.write("reviewq.toml", '[reviewers.fake]\nkind = "offline"\npartition = "fake"\n')
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    try:
+        fix = queue_fix(ws.kb, ws.store, ws.state_dir, note)
+        job = ws.store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (fix,)).fetchone()
+        assert apply_fix(ws.kb, ws.store, job, b"").status == "unchanged"
+        assert apply_fix(ws.kb, ws.store, job, b"  \n").reason == "the fixed note is empty"
+    finally:
+        ws.close()

@@ -239,8 +239,6 @@ def apply_fix(
         parse_note_text(new_text)
     except NoteParseError as exc:
         return FixResult("invalid", f"the fixed note is unusable: {exc}")
-    if not new_text.strip():
-        return FixResult("invalid", "the fixed note is empty")
     given = store.conn.execute(
         "SELECT n.text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id WHERE p.job_id = ? LIMIT 1",
         (job["id"],),
@@ -256,7 +254,11 @@ def apply_fix(
     if current != given:
         return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
     if new_text == given:
+        # Before the empty check: an empty note given back empty changed nothing, and
+        # called invalid, three of those escalated as a fixer to repair.
         return FixResult("unchanged", "the fix changed nothing")
+    if not new_text.strip():
+        return FixResult("invalid", "the fixed note is empty")
     sha = sha256_text(new_text)
     now = utcnow()
     with store.write():
