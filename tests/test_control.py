@@ -1089,3 +1089,19 @@ def test_the_late_report_of_an_attempt_closed_without_one_is_kept(kb):
     control.on_messages([], [late])
     assert next(ws.state_dir.glob("jobs/*/attempt-1/stdout.log")).read_bytes() == b"the late run\n"
     ws.close()
+
+
+def test_a_failed_jobs_reasons_are_each_said_once(kb):
+    """Stored as the summary line and then each reason again, the sweep's summary, `job N`
+    and the report said "3 attempt(s) failed; the last: X; X"."""
+    from .test_queue_integration import FAST_QUEUE, fake_profile, rq
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    res = rq(kb, "sweep", "--reviewer", "fake", "prose", env={"FAKE_MODE": "nothing"})
+    assert res.returncode == 1
+    reasons = json.loads(rq(kb, "job", "1", "--json").stdout)["failure_reasons"]
+    assert reasons[0].startswith("3 attempt(s) failed; the last: exited 0 without writing")
+    said = "; ".join(reasons)
+    assert said.count("exited 0 without writing") == 1, reasons

@@ -511,8 +511,10 @@ class Control:
         ).fetchone()[0]
         limit = self.settings.queue.max_attempts
         if failed >= limit:
+            # The first line names the last attempt's reasons, the rest those it left out:
+            # all of them again after it printed each one twice in every summary.
             final = [f"{failed} attempt(s) failed; the last: " + "; ".join(reasons[:5])]
-            fail_job(self.store, self.ws.state_dir, job["id"], final + reasons)
+            fail_job(self.store, self.ws.state_dir, job["id"], final + reasons[5:])
             self.log.error(
                 "job.failed",
                 job_id=job["id"],
