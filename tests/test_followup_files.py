@@ -727,3 +727,34 @@ def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_
     after = {p: p.read_bytes() for p in before if p.is_file()}
     assert after == before
     assert run_cli("doctor").exit_code == 0
+
+
+def test_an_attempt_whose_kb_change_was_excused_still_says_why_it_failed(cycle):
+    """Its only change to the KB was a fix reviewq wrote meanwhile, so it was judged as
+    no-output, with its reasons cleared: `job N` showed none, and the retry's prompt had
+    no "previous attempt" section to tell the agent what went wrong."""
+    _, ws, control, sent, _ = cycle
+    control.dispatch()
+    msg = sent.pop(0)
+    note = next(iter(msg["guarded"]))
+    sha = "0" * 64
+    with ws.store.write():
+        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, '2026-01-01')", (note, sha))
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "reviewer-touched-kb",
+            "output": None,
+            "exit_code": 0,
+            "touched": [note],
+            "touched_hashes": {note: sha},
+            "reasons": [f"the reviewer changed {note}"],
+        }
+    )
+    row = ws.store.conn.execute(
+        "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = ?",
+        (msg["job_id"], msg["attempt"]),
+    ).fetchone()
+    assert row[0] == "no-output"
+    assert json.loads(row[1]) == ["exited 0 without writing its output"]

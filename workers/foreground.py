@@ -24,7 +24,7 @@ from orchestrator.control.attempts import (
     supersede,
 )
 from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
-from orchestrator.cycles.fixes import changes_not_the_agents
+from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import write_due_job_files
@@ -34,7 +34,6 @@ from orchestrator.state.workspace import Workspace
 from .attempt import (
     BURNED_OUT,
     LAUNCH_FAILURE,
-    NO_OUTPUT,
     OUTPUT,
     REVIEWER_FAILURE,
     TOUCHED_KB,
@@ -133,8 +132,9 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         ):
             # Judge the output, as the control process does (a fix of a note changed
             # meanwhile is found stale; another job's fix written meanwhile is no fault).
-            outcome.classification = OUTPUT if outcome.output is not None else NO_OUTPUT
-            outcome.reasons = []
+            outcome.classification, outcome.reasons = judged_without_the_change(
+                outcome.output is not None, outcome.exit_code
+            )
         record_end(
             store,
             job_id,

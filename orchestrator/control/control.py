@@ -37,7 +37,11 @@ from orchestrator.cycles.escalations import (
     record_decisions,
     write_due_reports,
 )
-from orchestrator.cycles.fixes import changes_not_the_agents, write_due_fixes
+from orchestrator.cycles.fixes import (
+    changes_not_the_agents,
+    judged_without_the_change,
+    write_due_fixes,
+)
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, mark_job_files_due, write_due_job_files
@@ -367,8 +371,10 @@ class Control:
             o.get("touched_hashes") or {},
         ):
             # Judge the output (a fix of a note changed meanwhile is found stale).
-            cls = "output" if o.get("output") is not None else "no-output"
-            o = {**o, "classification": cls, "reasons": []}
+            cls, reasons = judged_without_the_change(
+                o.get("output") is not None, o.get("exit_code")
+            )
+            o = {**o, "classification": cls, "reasons": reasons}
         record_end(
             self.store,
             job_id,

@@ -403,6 +403,15 @@ def changes_not_the_agents(
     )
 
 
+def judged_without_the_change(has_output: bool, exit_code: object) -> tuple[str, list[str]]:
+    """How an attempt whose only change to the KB was not its own is judged: its output,
+    or no-output with the reason such an attempt always gets. Its reasons were cleared:
+    `job N` showed none, and the retry's prompt had nothing to tell the agent."""
+    if has_output:
+        return "output", []
+    return "no-output", [f"exited {exit_code} without writing its output"]
+
+
 def replace_note(path: Path, data: bytes) -> None:
     """The one place a fix reaches the KB: the note replaced atomically and durably
     (this is a person's note, not a rendering). Its git commit, if any, follows at once
