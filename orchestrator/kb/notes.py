@@ -427,14 +427,23 @@ class KB:
         return sorted(found)
 
     def _elsewhere(self, rel: str) -> str | None:
-        """Why the symlink at ``rel`` is no note, when it leads to a gate or a type spec:
-        it would be reviewed and fixed as one. (A link to a file kept elsewhere in the
-        root is a note, fixed in the file it names.)"""
+        """Why the symlink at ``rel`` is no note: it leads to a gate or a type spec (it
+        would be reviewed and fixed as one), or to a note reviewed under its own name (an
+        alias: each pair reviewed twice, at twice the cost, and fixed through two paths
+        that each knew nothing of the other's escalations). A link to a file kept
+        elsewhere in the root, outside the note roots, is a note, fixed in the file it
+        names."""
         path = os.path.join(self.root, rel)
         target = os.path.relpath(os.path.realpath(path), self.root).replace(os.sep, "/")
-        if not target.startswith((f"{GATES_DIR}/", f"{TYPES_DIR}/")):
-            return None
-        return f"a symlink to {target}, a gate or type spec, not a note; skipped"
+        if target.startswith((f"{GATES_DIR}/", f"{TYPES_DIR}/")):
+            return f"a symlink to {target}, a gate or type spec, not a note; skipped"
+        if (
+            target.endswith(".md")
+            and self.in_note_roots(target)
+            and not any(part.startswith(".") for part in target.split("/"))
+        ):
+            return f"a symlink to {target}, a note reviewed under its own name; skipped"
+        return None
 
     def walk(self, base: Path, problems: list[FileProblem], notes: bool = False) -> Iterator[str]:
         """Root-relative paths of the ``.md`` files under ``base``. Hidden entries and
