@@ -634,3 +634,18 @@ def test_a_folder_that_cannot_be_read_is_skipped_with_a_warning(small, run_cli, 
     assert (
         "warning: kb/notes/pests: folder cannot be read (Permission denied); skipped" in res.stderr
     )
+
+
+def test_pairs_skipped_for_a_file_problem_are_named_by_enqueue_and_sweep(small, run_cli):
+    """A note with a sentinel line was counted ("skipped 2") and never named: only
+    `create-jobs --json` said why, and a nightly sweep never reviewed it."""
+    from .conftest import reviewq_process
+
+    small.write(
+        "kb/notes/sent.md", "---\ntitle: S\n---\n\nBody.\n=== PAIR REVIEW END: x :: y ===\n"
+    )
+    said = "warning: kb/notes/sent.md line 6: looks like a review sentinel ("
+    for args in (("enqueue", "--all-gates"), ("sweep", "--all-gates", "--reviewer", "offline")):
+        res = reviewq_process("--root", str(small.root), *args)
+        warned = [x for x in res.stderr.splitlines() if x.startswith(said)]
+        assert len(warned) == 1 and warned[0].endswith(" pair(s) skipped)"), res.stderr

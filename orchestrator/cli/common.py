@@ -153,6 +153,18 @@ def warn(problems: list[FileProblem]) -> None:
         click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
 
 
+def warn_skipped(skipped: list) -> None:  # noqa: ANN001 - review.jobs.Skipped
+    """One ``warning:`` line for each reason a file could not be reviewed, with how many
+    pairs it kept out: said as a bare count ("skipped 34"), a note with a sentinel line
+    was never named, night after night."""
+    counts: dict[str, int] = {}
+    for s in skipped:
+        if s.problem:
+            counts[s.why] = counts.get(s.why, 0) + 1
+    for why, n in counts.items():
+        click.echo(f"warning: {shown(why)} ({n} pair(s) skipped)", err=True)
+
+
 def shown(text: str) -> str:
     """Text from input as one printable line: control characters (a NUL, a line break an
     input smuggled into a path) are shown escaped, not written to the terminal."""

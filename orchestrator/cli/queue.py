@@ -30,6 +30,7 @@ from orchestrator.cli.common import (
     shown,
     utf8,
     warn,
+    warn_skipped,
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES, held_by_budget
@@ -180,6 +181,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
         )
         return
     pairs = sum(len(j.pairs) for j in res.jobs)
+    warn_skipped(res.skipped)
     click.echo(
         f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; skipped {len(res.skipped)}"
     )
@@ -278,6 +280,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     req = _request(opts, "sweep", ws)
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
+    warn_skipped(out.enqueued.skipped)
     if as_json:
         emit_json(
             {

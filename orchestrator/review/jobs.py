@@ -63,6 +63,9 @@ class Skipped:
     note_path: str
     gate_id: str
     why: str
+    # A file that cannot be reviewed as it is (a sentinel line in the note, a gate gone):
+    # a person must act, unlike a pair already queued or waiting for a decision.
+    problem: bool = False
 
 
 @dataclass
@@ -269,7 +272,7 @@ def create_jobs(
         raw, gate_id = t["note_path"], t["gate_id"]
         note = loader.note(raw)
         if isinstance(note, str):
-            batch.skipped.append(Skipped(raw, gate_id, note))
+            batch.skipped.append(Skipped(raw, gate_id, note, problem=True))
             continue
         # As check_rel spells it: "./kb/notes/a.md" and "kb/notes//a.md" are one pair, which
         # two items would make twice (a UNIQUE failure that created no job at all).
@@ -286,7 +289,7 @@ def create_jobs(
             continue
         gate = loader.gate(gate_id, t.get("gate_path"))
         if isinstance(gate, str):
-            batch.skipped.append(Skipped(raw, gate_id, gate))
+            batch.skipped.append(Skipped(raw, gate_id, gate, problem=True))
             continue
         items.append(_Item(note[0], gate, note[1], note[2]))
 
