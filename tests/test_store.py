@@ -180,3 +180,22 @@ def test_a_rollback_that_fails_does_not_hide_the_error(tmp_path):
             store.conn.execute("ROLLBACK")
             store.snapshot("kb/notes/a.md", "ran in autocommit")
         assert not store.conn.in_transaction
+
+
+def test_a_new_state_folder_is_ignored_by_the_kbs_git(kb, run_cli):
+    """Made inside the KB's repository (ROOT/.reviewq by default), a `git add -A` staged
+    state.db, the queue files and prompts that quote notes: nothing told git otherwise."""
+    import subprocess
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    subprocess.run(["git", "init", "-q", str(kb.root)], check=True)
+    assert run_cli("enqueue", "--all-gates").exit_code == 0
+    status = subprocess.run(
+        ["git", "-C", str(kb.root), "status", "--porcelain", "--untracked-files=all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "kb/notes/alpha.md" in status
+    assert ".reviewq" not in status, status

@@ -7,6 +7,7 @@ killed mid-way leaves nothing partial.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -97,6 +98,16 @@ class ReviewRecord:
     rationale: str = ""
 
 
+def _ignored_by_git(folder: Path) -> None:
+    """A new state folder says so to git: made inside the KB's repository (ROOT/.reviewq,
+    the default), a `git add -A` staged state.db, the queue files and prompts that quote
+    notes. As pytest's and ruff's caches do."""
+    with contextlib.suppress(OSError):
+        ignore = folder / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
+
+
 class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
@@ -113,6 +124,8 @@ class Store:
         else:
             # Private: prompts quote notes, and agents' output may quote their environment.
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self.path.exists():
+                _ignored_by_git(self.path.parent)
             # check_same_thread=False: the control consumer opens the store in its main
             # thread and uses it from its one worker thread, never from two at once.
             self.conn = sqlite3.connect(
