@@ -254,6 +254,8 @@ def test_an_escalation_whose_note_is_gone_says_only_reject_closes_it(night, tmp_
     assert listed.stdout.count("the note is gone (deleted or renamed): only reject closes it") == (
         len(city["gates"])
     )
+    # ... and its line for the whole note offered approve and redo, which decide refuses.
+    assert f"  decide them at once: reviewq decide --note {CITY} reject\n" in listed.stdout
     listed = json.loads(copy.rq("escalations", "--json").stdout)["escalations"]
     assert sorted(e["id"] for e in listed if e["only_reject"]) == sorted(
         e["id"] for e in city["escalations"]

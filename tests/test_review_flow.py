@@ -847,3 +847,13 @@ def test_a_note_path_that_would_end_the_comment_is_written_so_it_cannot(flow, ru
         assert end and "-->" not in header
         line = next(x for x in header.splitlines() if x.startswith("note-path: "))
         assert json.loads(line.removeprefix("note-path: ")) == "kb/notes/a-->b.md"
+
+
+def test_jobs_says_how_many_it_left_out(flow, run_cli):
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    total = len(run_cli("jobs", "--json").json()["jobs"])
+    assert total > 2
+    res = run_cli("jobs", "--limit", "2")
+    assert res.exit_code == 0
+    assert res.stdout.splitlines()[-1] == f"… {total - 2} older job(s) not shown (--limit N)"
+    assert "not shown" not in run_cli("jobs").stdout

@@ -415,9 +415,10 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
     Example:
       reviewq jobs --state failed
     """
-    from orchestrator.state.status import jobs
+    from orchestrator.state.status import job_count, jobs
 
-    rows = jobs(ws.read_store(), state, limit)
+    store = ws.read_store()
+    rows = jobs(store, state, limit)
     if as_json:
         emit_json({"jobs": rows})
         return
@@ -426,6 +427,9 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
             f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {r['reviewer'] or '-':<10} "
             f"{r['lens'] or '-':<14} attempts {r['attempt']}  ${r['cost_usd']:.4f}"
         )
+    if len(rows) == limit and (total := job_count(store, state)) > limit:
+        # It stopped at 200 of 3,500 without a word.
+        click.echo(f"… {total - limit} older job(s) not shown (--limit N)")
 
 
 @cli.command("job")
@@ -742,10 +746,12 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             click.echo(f"      report: {report}")
         if len(group) > 1:
             calls = decide_calls(note, [(e.id, e.model_partition) for e in group])
+            # A note deleted since (or a gate gone) leaves reject the only call decide takes.
+            answers = "reject" if any(only[e.id] for e in group) else "approve|redo|reject"
             for partition, target in calls.items():
                 click.echo(
                     f"  decide them at once{f' ({partition})' if partition else ''}: "
-                    f"reviewq decide {target} approve|redo|reject"
+                    f"reviewq decide {target} {answers}"
                 )
     click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
 

@@ -119,6 +119,15 @@ def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]
     return [dict(r) for r in store.conn.execute(sql, (*args, limit))]
 
 
+def job_count(store: Store, state: str | None = None) -> int:
+    """How many jobs ``jobs`` would list with no limit."""
+    if state:
+        sql, args = "SELECT count(*) FROM review_jobs WHERE status = ?", (state,)
+    else:
+        sql, args = "SELECT count(*) FROM review_jobs", ()
+    return store.conn.execute(sql, args).fetchone()[0]
+
+
 def job(store: Store, job_id: int) -> dict:
     row = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
