@@ -1105,3 +1105,34 @@ def test_a_failed_jobs_reasons_are_each_said_once(kb):
     assert reasons[0].startswith("3 attempt(s) failed; the last: exited 0 without writing")
     said = "; ".join(reasons)
     assert said.count("exited 0 without writing") == 1, reasons
+
+
+@pytest.mark.parametrize(
+    ("decision", "says"),
+    [
+        ("FAIL", 'redo --feedback "..."` queues a fix with your concrete asks'),
+        (None, 'redo --feedback "..."` releases the pair for the next sweep to review again'),
+        ("PASS", "(a redo has no FAIL to fix: the PASS on record stands until approved or"),
+    ],
+    ids=["fail-on-record", "reviewer-failed", "audit-refuted-pass"],
+)
+def test_an_escalation_report_says_what_a_redo_would_do(kb, decision, says):
+    """It said "redo queues a fix" of every escalation: of a pair with no FAIL on record
+    (the reviewer failed every attempt) a redo releases it, and of an accepted PASS an
+    auditor refuted, decide refuses it."""
+    from orchestrator.cycles import escalations as cycles
+
+    if decision is None:
+        kb.gate("prose/clarity", ["body"])
+        kb.note("alpha")
+        ws = Workspace.open(kb.root)
+        esc_id = _open_escalation(
+            ws, "the reviewer failed every attempt", ["no output"], "repair the reviewer"
+        )
+    else:
+        ws, esc_id = _escalated(kb, decision)
+    try:
+        text = cycles.report(ws.store, esc_id)
+    finally:
+        ws.close()
+    assert says in text, text

@@ -733,7 +733,9 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
         for e in group:
             report = ws.state_dir / e.report_path
             try:
-                head = report.read_text(encoding="utf-8", errors="replace").splitlines()[1:3]
+                # The recommendation: the report's next line heads its list of cycles,
+                # which shown alone was a header with nothing under it.
+                head = report.read_text(encoding="utf-8", errors="replace").splitlines()[1:2]
             except OSError:
                 head = [f"(report missing: {report})"]
             click.echo(
