@@ -996,3 +996,27 @@ def test_an_empty_note_given_back_empty_changed_nothing(kb):
         assert apply_fix(ws.kb, ws.store, job, b"  \n").reason == "the fixed note is empty"
     finally:
         ws.close()
+
+
+def test_a_redo_says_every_gate_its_fix_job_carries(kb):
+    """The fix job carries every current FAIL of the note; the line said "(1 gate(s))"
+    for the one decided while the job carried two."""
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/tone-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.accept("offline", [(note, "prose/body-check"), (note, "prose/tone-check")], decision="FAIL")
+    from orchestrator.cycles.escalations import escalate
+    from orchestrator.state.workspace import Workspace
+
+    ws = Workspace.open(kb.root)
+    try:
+        esc = escalate(
+            ws.store, ws.state_dir, ws.root, partition="offline", note_path=note,
+            gate_id="prose/body-check", reason="3 consecutive rejections", reviewer="offline",
+            fixer="offline", material=[], recommend="fix it",
+        )  # fmt: skip
+    finally:
+        ws.close()
+    res = rq(kb, "decide", str(esc), "redo", "--feedback", "Say more.")
+    assert res.returncode == 0, res.stderr
+    assert "(2 gate(s): prose/body-check, prose/tone-check) with your asks" in res.stdout

@@ -199,7 +199,7 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     [line] = res.stdout.splitlines()
-    assert line.startswith("redo: fix job ") and f"({len(city['gates'])} gate(s))" in line
+    assert line.startswith("redo: fix job ") and f"({len(city['gates'])} gate(s): " in line
     job_id = int(line.split()[3])
     with copy.db() as db:
         gates = [

@@ -796,10 +796,14 @@ def decide_cmd(
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback)
     if decision == "redo":
         nudge_control(ws)
+        from orchestrator.state.status import job as job_row
+
         for note_path, job_id in jobs.items():
-            gates = [e["gate_id"] for e in escs if e["note_path"] == note_path]
+            # The job carries every current FAIL of the note, not only the decided ones.
+            gates = [p["gate_id"] for p in job_row(ws.store, job_id)["pairs"]] if job_id else []
             click.echo(
-                f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s)) with your asks"
+                f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s): "
+                f"{', '.join(gates)}) with your asks"
                 if job_id
                 else f"redo: no fix job queued ({note_path} has no FAIL on record about its current text); "
                 "released: the next sweep reviews it again"
