@@ -421,6 +421,8 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
         acc = conn.execute("SELECT model_partition, decision FROM acceptance").fetchall()
     assert kinds == ["review", "audit"]
     assert [tuple(a) for a in acc] == [("fake", "PASS")]  # the audit accepted nothing itself
+    # ... and the summary counted its FAIL as a third decision for the one pair.
+    assert out["decisions"] == {"PASS": 1} and out["audits"] == {"FAIL": 1}
 
 
 def test_a_sweep_entry_audits_a_lens_written_as_select_takes_it(kb):

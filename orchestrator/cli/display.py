@@ -60,6 +60,12 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
         decisions.add_column(d, justify="right")
     decisions.add_row(*(str(s["decisions"].get(d, 0)) for d in ("PASS", "WARN", "FAIL", "ERROR")))
     console.print(decisions)
+    if s.get("audits"):
+        a = s["audits"]
+        console.print(
+            f"audits of PASS decisions: {a.get('PASS', 0)} upheld, {a.get('FAIL', 0)} refuted"
+            + (f", {a.get('ERROR', 0)} not judged" if a.get("ERROR") else "")
+        )
     attempts = Table(title="Attempts", show_edge=False)
     attempts.add_column("outcome")
     attempts.add_column("count", justify="right")

@@ -290,13 +290,15 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
         "GROUP BY j.reviewer, j.status",
         args,
     ).fetchall()
-    decisions = dict(
-        store.conn.execute(
-            "SELECT p.decision, count(*) FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
-            f"WHERE {ours} AND p.decision IS NOT NULL GROUP BY p.decision",
-            args,
-        ).fetchall()
-    )
+    decisions, audits = {}, {}
+    # An audit's decision judges a review's PASS, it accepts nothing: counted with the
+    # reviews, an auditor's FAIL read as a third decision for two pairs accepted PASS.
+    for kind, decision, n in store.conn.execute(
+        "SELECT j.kind, p.decision, count(*) FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+        f"WHERE {ours} AND p.decision IS NOT NULL GROUP BY j.kind, p.decision",
+        args,
+    ):
+        (audits if kind == "audit" else decisions)[decision] = n
     tried, tried_args = jobs.attempts_where()
     attempts = dict(
         store.conn.execute(
@@ -322,6 +324,7 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
     return {
         "jobs": by_reviewer,
         "decisions": decisions,
+        "audits": audits,
         "attempts": attempts,
         "cost_usd": round(cost, 6),
         "failed": failed,
