@@ -241,6 +241,8 @@ def configure(
     err._reviewq = True  # type: ignore[attr-defined]
     # People get one line; tracebacks go to the log file only.
     err.addFilter(_no_traceback)
+    if process is None:  # a command: it says these itself, as `warning:` lines
+        err.addFilter(_not_said_by_commands)
     root.addHandler(err)
     if state_dir is not None:
         path = log_path(state_dir)
@@ -310,6 +312,15 @@ def _formatted_once(base: type) -> type:
             return line
 
     return Once
+
+
+# Events a command prints itself as one `warning: PATH: reason` line (as select does):
+# on its stderr they came twice, or as a JSON line where select said it plainly.
+SAID_BY_COMMANDS = frozenset({"kb.file_skipped"})
+
+
+def _not_said_by_commands(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, dict) and record.msg.get("event") in SAID_BY_COMMANDS)
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:

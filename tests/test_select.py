@@ -649,3 +649,18 @@ def test_pairs_skipped_for_a_file_problem_are_named_by_enqueue_and_sweep(small, 
         res = reviewq_process("--root", str(small.root), *args)
         warned = [x for x in res.stderr.splitlines() if x.startswith(said)]
         assert len(warned) == 1 and warned[0].endswith(" pair(s) skipped)"), res.stderr
+
+
+def test_enqueue_and_sweep_name_a_broken_note_in_a_warning_line(small):
+    """select said `warning: PATH: reason`; enqueue and sweep wrote a JSON log line to
+    stderr instead (or a console log line on a terminal), for the same note."""
+    from .conftest import reviewq_process
+
+    small.write("kb/notes/broken.md", "---\ntitle: [unclosed\n---\nBody\n")
+    for args in (("enqueue", "--all-gates"), ("sweep", "--all-gates", "--reviewer", "offline")):
+        res = reviewq_process("--root", str(small.root), *args)
+        lines = [x for x in res.stderr.splitlines() if "kb/notes/broken.md" in x]
+        assert lines == ["warning: kb/notes/broken.md: broken YAML (frontmatter line 2): "
+                         "did not find expected ',' or ']'"], res.stderr  # fmt: skip
+    logged = (small.state / "logs" / "reviewq.jsonl").read_text()
+    assert '"event": "kb.file_skipped"' in logged  # the log keeps it

@@ -181,6 +181,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
         )
         return
     pairs = sum(len(j.pairs) for j in res.jobs)
+    warn(res.problems)
     warn_skipped(res.skipped)
     click.echo(
         f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; skipped {len(res.skipped)}"
@@ -280,6 +281,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     req = _request(opts, "sweep", ws)
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
+    warn(out.enqueued.problems)
     warn_skipped(out.enqueued.skipped)
     if as_json:
         emit_json(

@@ -17,7 +17,7 @@ from orchestrator import logs
 from orchestrator.config import SweepConfig
 from orchestrator.cycles import escalations
 from orchestrator.kb.gates import SelectionError
-from orchestrator.kb.notes import KBError
+from orchestrator.kb.notes import FileProblem, KBError
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
 from orchestrator.state.store import Store, utcnow
@@ -91,6 +91,7 @@ class EnqueueResult:
     jobs: list[CreatedJob] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    problems: list[FileProblem] = field(default_factory=list)  # files the selection skipped
 
 
 def enqueue(
@@ -185,7 +186,9 @@ def enqueue(
     )
     for p in selection.problems:
         logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
-    return EnqueueResult(run_id, profile.partition, batch.jobs, batch.skipped, counts)
+    return EnqueueResult(
+        run_id, profile.partition, batch.jobs, batch.skipped, counts, list(selection.problems)
+    )
 
 
 def start_run(
