@@ -535,6 +535,7 @@ class Control:
         self.log.warning(
             "job.retrying",
             job_id=job["id"],
+            reviewer=job["reviewer"],
             failed_attempts=failed,
             limit=limit,
             reasons=reasons[:10],
@@ -668,7 +669,11 @@ class Control:
                 )
             reaped += 1
             self.log.warning(
-                "attempt.lost", job_id=r["job_id"], attempt=r["attempt"], reason=lost_reason
+                "attempt.lost",
+                job_id=r["job_id"],
+                attempt=r["attempt"],
+                reviewer=r["reviewer"],
+                reason=lost_reason,
             )
             lost = self.store.conn.execute(
                 "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
