@@ -160,12 +160,12 @@ def test_a_retried_send_keeps_the_jobs_attempt_in_its_log_line(tmp_path):
     from types import SimpleNamespace
 
     from orchestrator import logs
-    from workers.queues import send
+    from workers.queues import said_retrying
 
     logs.configure(tmp_path)
     failed = SimpleNamespace(exception=lambda: ConnectionError("refused"))
     with logs.bound(job_id=1, attempt=1):
-        send.retry.before_sleep(SimpleNamespace(attempt_number=3, outcome=failed))
+        said_retrying(SimpleNamespace(attempt_number=3, outcome=failed))
     [line] = [
         json.loads(x)
         for x in (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()

@@ -183,7 +183,7 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
     logs.configure(ws.state_dir)
     (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
     sent: list[tuple] = []
-    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
 
     class Control:
         calls: list = []
@@ -413,7 +413,7 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     config = worker_toml(tmp_path / "worker.toml", "redis://127.0.0.1:1/0")
     settings = load_settings(tmp_path, tmp_path / "w", config)
     sent: list[tuple] = []
-    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
     msg = {
         "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "nobody",
         "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
@@ -443,7 +443,7 @@ def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypa
     config = worker_toml(tmp_path / "worker.toml", "redis://127.0.0.1:1/0")
     settings = load_settings(tmp_path, tmp_path / "w", config)
     sent: list[tuple] = []
-    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
 
     def broken(*args, **kwargs):
         raise RuntimeError("a defect in the worker")
@@ -480,7 +480,7 @@ def test_a_worker_does_not_start_an_attempt_the_reaper_has_given_up(kb, tmp_path
     assert 0 < msg["expires_at"] - time.time() <= msg["lease_s"] / 2 + profile.timeout
     logs.configure(tmp_path)
     sent: list[tuple] = []
-    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
     monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
     tasks.run_review({**msg, "expires_at": time.time() - 5})
     assert sent == [] and not (tmp_path / "w" / "attempts").exists()
@@ -542,7 +542,7 @@ def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
         yield
 
     sent: list[tuple] = []
-    monkeypatch.setattr(tasks, "send", lambda *args: sent.append(args))
+    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
     monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
     monkeypatch.setattr(tasks, "_semaphore", busy_slots)
     monkeypatch.setattr(tasks.time, "time", lambda: clock[0])
@@ -660,7 +660,7 @@ def test_even_a_quick_agent_announces_its_launch_before_its_outcome(kb, tmp_path
     config = worker_toml(tmp_path / "w.toml", "redis://127.0.0.1:1/0")
     place = tasks.WorkerPlace(load_settings(tmp_path, tmp_path / "w", config), tmp_path / "w")
     sent: list[tuple[str, dict]] = []
-    monkeypatch.setattr(tasks, "send", lambda name, payload: sent.append((name, payload)))
+    monkeypatch.setattr(tasks, "send", lambda name, payload, **_: sent.append((name, payload)))
     monkeypatch.setattr(tasks, "_place", place)
     tasks.run_review(msg)
     assert [name for name, _ in sent] == ["attempt_heartbeat", "deliver_outcome"]
@@ -845,3 +845,57 @@ def test_a_heartbeat_with_no_thread_to_be_had_is_a_missed_beat(monkeypatch):
     beats = tasks._Beats(1, 1)
     beats.send()  # no exception
     assert beats._in_flight.acquire(blocking=False)  # free for the next one
+
+
+def test_an_outcome_outlasts_a_queue_outage_longer_than_an_ordinary_send_waits(
+    tmp_path, monkeypatch
+):
+    """A worker gave up sending an outcome after the two minutes any send waits: the
+    agent's paid run was dropped, and it ran again once its attempt was reaped. An
+    outcome now waits out a longer outage (here: ordinary sends wait half a second)."""
+    import threading
+
+    from orchestrator.config import load_settings
+    from workers import queues, tasks
+    from workers.app import make_app
+    from workers.attempt import OUTPUT, AttemptOutcome
+
+    from .test_queue_integration import redis_server
+
+    monkeypatch.setattr(queues, "SEND_PATIENCE_S", 0.5)
+    retrying = threading.Event()
+    said = queues.said_retrying
+
+    def noted(rs) -> None:
+        said(rs)
+        retrying.set()
+
+    monkeypatch.setattr(queues, "said_retrying", noted)
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    with redis_server(folder) as url:
+        settings = load_settings(tmp_path, tmp_path / "w", worker_toml(tmp_path / "w.toml", url))
+        app = make_app(settings)
+    # The server is gone: the outcome is sent into the outage.
+    errors: list[BaseException] = []
+
+    def report() -> None:
+        try:
+            tasks._report(AttemptOutcome(7, 1, OUTPUT, "fake", output=b"x"), {})
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+
+    sender = threading.Thread(target=report)
+    sender.start()
+    try:
+        assert retrying.wait(timeout=30), "the send did not retry"
+        sender.join(timeout=1.5)  # past the ordinary patience, with no server
+        assert sender.is_alive() and not errors, errors
+        with redis_server(folder):  # back, on the same socket
+            sender.join(timeout=60)
+            assert not sender.is_alive() and not errors, errors
+            task = app.control.dequeue()
+            assert task is not None and task.name == "deliver_outcome"
+            assert task.args[0]["job_id"] == 7
+    finally:
+        sender.join(timeout=60)

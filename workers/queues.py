@@ -20,7 +20,7 @@ from typing import Any
 from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
 from huey.storage import RedisStorage, SqliteStorage
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import Retrying, retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from orchestrator import logs
 from orchestrator.config import ConfigError, Settings
@@ -523,18 +523,38 @@ def the_app() -> App:
     return _app
 
 
-@retry(
-    **_WHILE_UNAVAILABLE,
-    before_sleep=lambda rs: logs.get().warning(
+SEND_PATIENCE_S = 120.0  # a queue unavailable this long: a write gives up
+# An outcome is an agent's run, paid for: worth waiting out a longer outage (Redis
+# restarted, a network down) than a heartbeat or a nudge is. Given up after two minutes,
+# the outcome was dropped and the agent ran again once the reaper took its attempt back.
+OUTCOME_PATIENCE_S = 3600.0
+
+
+def said_retrying(rs: Any) -> None:
+    logs.get().warning(
         # `try`, not `attempt`: the log binds a job's attempt number under that name.
         "queue.retrying",
         **{"try": rs.attempt_number},
         error=str(rs.outcome.exception()),
-    ),
-)
-def send(task: str, *args: Any) -> None:
-    """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable."""
-    send_once(task, *args)
+    )
+
+
+def send(task: str, *args: Any, patience_s: float | None = None) -> None:
+    """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable, for
+    up to ``patience_s`` (:data:`SEND_PATIENCE_S` unless given); then the error is raised.
+    Tried once before any retry machinery is made: sends are on every job's path."""
+    try:
+        send_once(task, *args)
+        return
+    except QUEUE_UNAVAILABLE:
+        pass
+    Retrying(
+        retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
+        wait=wait_exponential(multiplier=0.2, max=10),
+        stop=stop_after_delay(SEND_PATIENCE_S if patience_s is None else patience_s),
+        before_sleep=said_retrying,
+        reraise=True,
+    )(send_once, task, *args)
 
 
 def send_once(task: str, *args: Any) -> None:

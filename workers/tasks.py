@@ -27,7 +27,16 @@ from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
 from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
-from .queues import acknowledge, queue_clock, release, requeue, send, the_app, waiting
+from .queues import (
+    OUTCOME_PATIENCE_S,
+    acknowledge,
+    queue_clock,
+    release,
+    requeue,
+    send,
+    the_app,
+    waiting,
+)
 from .reviewers import AttemptSpec, for_profile
 
 if TYPE_CHECKING:
@@ -319,6 +328,7 @@ def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
             "host": HOST,
             "files": files,
         },
+        patience_s=OUTCOME_PATIENCE_S,
     )
 
 
