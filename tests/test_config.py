@@ -477,3 +477,23 @@ def test_a_redis_queue_without_the_redis_package_is_one_line_before_anything(kb)
         "package: pip install 'reviewq[redis]'"
     ], res.stderr
     assert not (kb.state / "state.db").exists()
+
+
+def test_doctor_names_what_in_the_state_folder_cannot_be_written(kb, run_cli):
+    """Doctor said all was well of a state folder whose lock and job folders the user
+    could not write; the control then crashed at its start."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert run_cli("enqueue", "prose").exit_code == 0
+    (kb.state / "control.lock").write_text("")
+    targets = [kb.state / "jobs", kb.state / "control.lock"]
+    if not all(_immutable(t) for t in targets):
+        pytest.skip("chattr +i is not available here")
+    try:
+        res = run_cli("doctor")
+    finally:
+        for t in targets:
+            subprocess.run(["chattr", "-i", str(t)], check=True)
+    assert res.exit_code == 1
+    for t in targets:
+        assert f"problem: {t} cannot be written by this user" in res.stdout, res.stdout

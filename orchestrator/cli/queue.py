@@ -4,6 +4,7 @@ jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.commo
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -590,6 +591,23 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
     warn([])
 
 
+# What the control process and a local worker write in the state folder.
+_WRITTEN_IN_STATE = (
+    ".",
+    "state.db",
+    "control.lock",
+    "logs",
+    "logs/reviewq.jsonl",
+    "jobs",
+    "escalations",
+    "queue",
+    "queue/review.db",
+    "queue/control.db",
+    "worker",
+    "cache",
+)
+
+
 def _doctor_control_side(ws: Workspace, report) -> bool:
     """The KB, the gates and state.db: what the control process's machine needs. False
     when ROOT holds no KB (nothing else is checked, and nothing made there)."""
@@ -620,6 +638,12 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     from orchestrator.state.files import files_due, missing_job_files
     from orchestrator.state.status import unwritten_fixes
 
+    # Run as the service user, doctor said all was well of a state folder whose lock, log
+    # or job folders that user could not write: the control crashed at its start.
+    for name in _WRITTEN_IN_STATE:
+        path = ws.state_dir / name
+        if path.exists() and not os.access(path, os.W_OK):
+            report(False, f"{path} cannot be written by this user (uid {os.getuid()})")
     try:
         new = not (ws.state_dir / "state.db").exists()
         store = ws.store
