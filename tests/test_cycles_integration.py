@@ -1022,3 +1022,28 @@ def test_a_redo_says_every_gate_its_fix_job_carries(kb):
     res = rq(kb, "decide", str(esc), "redo", "--feedback", "Say more.")
     assert res.returncode == 0, res.stderr
     assert "(2 gate(s): prose/body-check, prose/tone-check) with your asks" in res.stdout
+
+
+def test_an_audit_of_a_removed_auditor_goes_to_a_person(kb):
+    """With the auditor's profile removed, its queued audit failed unrun and nothing more:
+    the PASS it was to check stayed accepted, and no sweep makes an audit again."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/body-check", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    config(kb, profile("fake", FAKE_DECISIONS="PASS"), profile("aud", partition="audit"))
+    assert rq(kb, "enqueue", "prose", "--reviewer", "fake", "--auditor", "aud").returncode == 0
+    assert rq(kb, "run-job", "1").returncode == 0  # the PASS, which queues its audit
+    config(kb, profile("fake", FAKE_DECISIONS="PASS"))  # the auditor removed
+    ws = Workspace.open(kb.root)
+    try:
+        Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws)).dispatch()
+        kinds = dict(ws.store.conn.execute("SELECT kind, status FROM review_jobs").fetchall())
+        escs = ws.store.conn.execute("SELECT gate_id, reason FROM escalations").fetchall()
+    finally:
+        ws.close()
+    assert kinds == {"review": "completed", "audit": "failed"}
+    assert [e[0] for e in escs] == ["prose/body-check"]
+    assert "auditor" in escs[0][1]

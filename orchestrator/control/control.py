@@ -219,13 +219,13 @@ class Control:
         self._fail_unrun(job, reviewer, f"could not open an attempt: {exc}")
 
     def _fail_unrun(self, job, reviewer: str, reason: str) -> None:
-        """Fail a job no agent can run. A review's or an audit's pairs are free for the
-        next sweep, as OPERATIONS says (escalated, each read "the reviewer failed every
-        attempt" though none ran); a fix's FAILs go to a person, as any failed fix's:
-        failed silently, they stayed fresh, so no sweep or person met them."""
+        """Fail a job no agent can run. A review's pairs are free for the next sweep, as
+        OPERATIONS says (escalated, each read "the reviewer failed every attempt" though
+        none ran). A fix's FAILs and an audit's PASSes go to a person, as any failed
+        fix's or audit's: they are accepted, so no sweep would meet them again."""
         with self.store.write():
             fail_job(self.store, self.ws.state_dir, job["id"], [reason])
-            if self.hooks is not None and job["kind"] == "fix":
+            if self.hooks is not None and job["kind"] in ("fix", "audit"):
                 self.hooks.after_failed(job["id"], [reason])
         self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=reason)
 
