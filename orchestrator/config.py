@@ -6,6 +6,8 @@ exists unless the file defines one, so a fresh checkout runs end to end.
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import os
 import re
 import shlex
@@ -78,10 +80,9 @@ def _queue_url_problem(url: str) -> str | None:
         parts.port  # noqa: B018 - raises on a port that is no number or out of range
     except ValueError as exc:
         return f"the port is not a number from 1 to 65535 ({exc})"
-    query = parse_qs(parts.query, keep_blank_values=True)
-    if set(query) - {"db"}:
-        return f"query parameter(s) {', '.join(sorted(set(query) - {'db'}))}: only db is read"
-    dbs = query.get("db", [])
+    if parts.query and (problem := _query_problem(url)):
+        return problem
+    dbs = parse_qs(parts.query, keep_blank_values=True).get("db", [])
     if parts.scheme == "unix":
         if not parts.path:
             return "no socket path (unix:///run/redis/redis.sock)"
@@ -94,12 +95,39 @@ def _queue_url_problem(url: str) -> str | None:
     return None
 
 
+def _query_problem(url: str) -> str | None:
+    """A query parameter the Redis client would not take: passed on as it is, it failed
+    every connection ("unexpected keyword argument"), which a worker took for a queue
+    out of reach and waited on for good. Those it takes (``ssl_ca_certs``,
+    ``socket_timeout``…) are kept."""
+    try:
+        from redis.connection import Connection, parse_url
+    except ImportError:
+        return None  # said by _redis_missing
+    try:
+        options = parse_url(url)
+    except ValueError as exc:
+        return str(exc)
+    cls = options.pop("connection_class", None) or Connection  # redis:// names none
+    known = {"host", "port", "db", "username", "password", "path"}
+    for klass in getattr(cls, "__mro__", ()):
+        if "__init__" in vars(klass):
+            known |= set(inspect.signature(klass.__init__).parameters)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        return f"query parameter(s) {', '.join(unknown)}: not settings of a Redis connection"
+    return None
+
+
 def _redis_missing() -> str | None:
     """Without the redis package every queue command ended in "internal error", an
-    enqueue after its jobs were recorded."""
+    enqueue after its jobs were recorded. Looked up, not imported: a read-only command
+    does not pay for the import."""
     try:
-        import redis  # noqa: F401
-    except ImportError:
+        found = importlib.util.find_spec("redis") is not None
+    except ValueError:  # a module named so with no spec: taken as not installed
+        found = False
+    if not found:
         return "a Redis queue needs the redis package: pip install 'reviewq[redis]'"
     return None
 

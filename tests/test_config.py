@@ -171,7 +171,11 @@ BAD = [
     # worker waiting for good on "Too many connections".
     ('[queue]\nurl = "redis://localhost:notaport/0"\n', "[queue] url", "port"),
     ('[queue]\nurl = "redis://h:99999/0"\n', "[queue] url", "port"),
-    ('[queue]\nurl = "redis://localhost:6379/0?foo=bar"\n', "[queue] url", "query"),
+    (
+        '[queue]\nurl = "redis://localhost:6379/0?foo=bar"\n',
+        "[queue] url",
+        "query parameter(s) foo: not settings of a Redis connection",
+    ),
     ('[queue]\nurl = "redis://localhost:6379/abc"\n', "[queue] url", "database number"),
     ('[queue]\nurl = "redis://"\n', "[queue] url", "no host"),
     ('[queue]\nurl = "unix://"\n', "[queue] url", "no socket path"),
@@ -414,6 +418,9 @@ def test_good_queue_urls_and_durations_load(kb):
         "rediss://user:pw@redis.example:6380",
         "unix:///run/redis.sock",
         "unix:///run/redis.sock?db=2",
+        # TLS with a private CA, a timeout: settings the Redis client takes from the URL.
+        "rediss://h:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.pem",
+        "redis://h:6379/0?socket_timeout=5",
     ):
         kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
         assert load_settings(kb.root).queue.url == url

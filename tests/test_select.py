@@ -657,7 +657,11 @@ def test_enqueue_and_sweep_name_a_broken_note_in_a_warning_line(small):
     from .conftest import reviewq_process
 
     small.write("kb/notes/broken.md", "---\ntitle: [unclosed\n---\nBody\n")
-    for args in (("enqueue", "--all-gates"), ("sweep", "--all-gates", "--reviewer", "offline")):
+    for args in (
+        ("enqueue", "--all-gates"),
+        ("enqueue", "--all-gates", "--json"),
+        ("sweep", "--all-gates", "--reviewer", "offline"),
+    ):
         res = reviewq_process("--root", str(small.root), *args)
         lines = [x for x in res.stderr.splitlines() if "kb/notes/broken.md" in x]
         assert lines == ["warning: kb/notes/broken.md: broken YAML (frontmatter line 2): "

@@ -153,12 +153,14 @@ def warn(problems: list[FileProblem]) -> None:
         click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
 
 
-def warn_skipped(skipped: list) -> None:  # noqa: ANN001 - review.jobs.Skipped
-    """One ``warning:`` line for each reason a file could not be reviewed, with how many
-    pairs it kept out: said as a bare count ("skipped 34"), a note with a sentinel line
-    was never named, night after night."""
+def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
+    """What an enqueue could not review, as ``warning:`` lines: the files its selection
+    skipped (a command's stderr log leaves them out), and one line for each reason a
+    file's pairs were skipped, with how many: said as a bare count ("skipped 34"), a
+    note with a sentinel line was never named, night after night."""
+    warn(res.problems)
     counts: dict[str, int] = {}
-    for s in skipped:
+    for s in res.skipped:
         if s.problem:
             counts[s.why] = counts.get(s.why, 0) + 1
     for why, n in counts.items():

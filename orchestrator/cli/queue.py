@@ -31,7 +31,7 @@ from orchestrator.cli.common import (
     shown,
     utf8,
     warn,
-    warn_skipped,
+    warn_enqueued,
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES, held_by_budget
@@ -171,6 +171,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     req = _request(opts, "enqueue", ws)
     res = enqueue(ws, req)
     nudge_control(ws)
+    warn_enqueued(res)  # on stderr, --json or not
     if as_json:
         emit_json(
             {
@@ -182,8 +183,6 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
         )
         return
     pairs = sum(len(j.pairs) for j in res.jobs)
-    warn(res.problems)
-    warn_skipped(res.skipped)
     click.echo(
         f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; skipped {len(res.skipped)}"
     )
@@ -282,8 +281,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     req = _request(opts, "sweep", ws)
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
-    warn(out.enqueued.problems)
-    warn_skipped(out.enqueued.skipped)
+    warn_enqueued(out.enqueued)
     if as_json:
         emit_json(
             {
