@@ -399,7 +399,7 @@ _ONLY_FOR = {
     "api_key_env": ("openai",),
 }
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+_ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # ${NAME}, as a shell writes it
 
 
 def _reviewer(name: str, value: object) -> ReviewerProfile:
@@ -460,7 +460,7 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
             "OPENAI_API_KEY), never the key itself"
         )
     for name, value in profile.env.items():
-        if _ENV_REFERENCE.fullmatch(value.strip()):
+        if _ENV_REFERENCE.search(value):
             raise ConfigError(
                 f"{where} env: {name}: values are not expanded; {value!r} would be passed as "
                 "it is (leave it out to pass the variable on from the environment)"

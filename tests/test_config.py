@@ -89,6 +89,11 @@ BAD = [
         "[reviewers.x] env",
         "ANTHROPIC_API_KEY: values are not expanded",
     ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nenv = { PATH = "${PATH}:/opt/bin" }\n',
+        "[reviewers.x] env",
+        "PATH: values are not expanded",
+    ),
     # Values the OS refuses at launch: the worker's task crashed before the agent started,
     # and the job was "never picked up by a worker" again and again, for good.
     (
@@ -504,3 +509,9 @@ def test_doctor_names_what_in_the_state_folder_cannot_be_written(kb, run_cli):
     assert res.exit_code == 1
     for t in targets:
         assert f"problem: {t} cannot be written by this user" in res.stdout, res.stdout
+
+
+def test_an_env_value_with_a_dollar_sign_of_its_own_loads(kb):
+    """A literal password such as "$ecret99" was refused as an unexpanded $NAME."""
+    kb.write("reviewq.toml", '[reviewers.x]\nkind = "offline"\nenv = { PW = "$ecret99" }\n')
+    assert load_settings(kb.root).reviewers["x"].env == {"PW": "$ecret99"}
