@@ -199,3 +199,11 @@ def test_a_new_state_folder_is_ignored_by_the_kbs_git(kb, run_cli):
     ).stdout
     assert "kb/notes/alpha.md" in status
     assert ".reviewq" not in status, status
+
+
+def test_a_state_folder_that_is_the_kb_root_gets_no_gitignore(kb, run_cli):
+    """`--state .` in ROOT: a .gitignore of `*` there hid the whole KB from git."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert run_cli("--state", str(kb.root), "enqueue", "--all-gates").exit_code == 0
+    assert not (kb.root / ".gitignore").exists()

@@ -98,14 +98,20 @@ class ReviewRecord:
     rationale: str = ""
 
 
+# What reviewq makes in a state folder: one holding anything else is not reviewq's alone.
+_STATE_ENTRIES = {"logs", "queue", "jobs", "escalations", "cache", "worker", "run", "control.lock"}
+
+
 def _ignored_by_git(folder: Path) -> None:
     """A new state folder says so to git: made inside the KB's repository (ROOT/.reviewq,
     the default), a `git add -A` staged state.db, the queue files and prompts that quote
-    notes. As pytest's and ruff's caches do."""
+    notes. As pytest's and ruff's caches do; only in a folder that holds nothing but
+    reviewq's own (`--state .` in ROOT would have hidden the whole KB from git)."""
     with contextlib.suppress(OSError):
         ignore = folder / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
+        if ignore.exists() or any(e.name not in _STATE_ENTRIES for e in os.scandir(folder)):
+            return
+        ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
 
 class Store:
