@@ -700,7 +700,8 @@ def test_a_fix_that_changed_nothing_rejects_no_pair_a_review_passed_meanwhile(cy
 def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_cli):
     """Job folders and escalation reports render state.db, and nothing wrote them again
     once deleted: doctor said 'job files written', `escalations` pointed at a missing
-    report."""
+    report. An ended job's folder may be deleted to free a disk (OPERATIONS 6.4): doctor
+    names only what an agent or a person still reads."""
     import shutil
 
     from .conftest import reviewq_process
@@ -708,17 +709,28 @@ def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_
     shutil.copytree(pathlib.Path(__file__).parent.parent / "kb", kb.root / "kb", dirs_exist_ok=True)
     sweep = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--fix")
     assert sweep.returncode in (0, 1), sweep.stderr
+    note = kb.root / "kb/notes/brood.md"
+    note.write_text(note.read_text() + "\nOne more line.\n")
+    assert run_cli("enqueue", "--all-gates", "--note", str(note)).exit_code == 0
     jobs = sorted((kb.state / "jobs").iterdir())
     reports = sorted((kb.state / "escalations").glob("escalation-*.md"))
     assert jobs and reports
-    job = next(j for j in jobs if (j / "results").is_dir())
-    before = {p: p.read_bytes() for p in [*job.rglob("*"), *reports] if p.is_file()}
-    shutil.rmtree(job / "results")
-    (job / "MANIFEST.json").unlink()
+    ended = next(j for j in jobs if (j / "results").is_dir())
+    (first, *_) = run_cli("jobs", "--state", "queued", "--json").json()["jobs"]
+    queued = kb.state / "jobs" / f"review-job-{first['id']}"
+    before = {
+        p: p.read_bytes() for p in [*ended.rglob("*"), *queued.rglob("*"), *reports] if p.is_file()
+    }
+    shutil.rmtree(ended / "results")
+    (ended / "MANIFEST.json").unlink()
+    (queued / "MANIFEST.json").unlink()
     reports[0].unlink()
     res = run_cli("doctor")
     assert res.exit_code == 1
-    assert "problem: 1 job folder(s) and 1 escalation report(s) are missing" in res.stdout
+    assert (
+        "problem: 1 queued or running job folder(s) and 1 open escalation report(s) are missing"
+        in res.stdout
+    ), res.stdout
     res = run_cli("rewrite-files")
     assert res.exit_code == 0, res.stderr
     assert f"wrote the files of {len(jobs)} job(s) and {len(reports)} escalation report(s)" in (
@@ -726,6 +738,8 @@ def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_
     )
     after = {p: p.read_bytes() for p in before if p.is_file()}
     assert after == before
+    assert run_cli("doctor").exit_code == 0
+    shutil.rmtree(ended)  # an ended job's folder, deleted to free the disk
     assert run_cli("doctor").exit_code == 0
 
 

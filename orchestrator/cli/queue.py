@@ -656,8 +656,9 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         if any(missing):
             report(
                 False,
-                f"{missing[0]} job folder(s) and {missing[1]} escalation report(s) are missing "
-                "their files; reviewq rewrite-files writes them again from state.db",
+                f"{missing[0]} queued or running job folder(s) and {missing[1]} open "
+                "escalation report(s) are missing their files; reviewq rewrite-files writes "
+                "them again from state.db",
             )
         due, error = files_due(store)
         report(

@@ -209,11 +209,13 @@ def mark_reports_due(store: Store) -> int:
 
 
 def missing_reports(store: Store, state_dir: Path) -> int:
-    """Escalations whose report file is not there (and not waiting to be written)."""
+    """Open escalations whose report file is not there (and not waiting to be written):
+    a person reads it to decide. A decided one's may be deleted, as OPERATIONS says."""
     return sum(
         not (state_dir / rel).is_file()
         for (rel,) in store.conn.execute(
             "SELECT report_path FROM escalations WHERE report_path IS NOT NULL "
+            "AND decision IS NULL "
             "AND id NOT IN (SELECT escalation_id FROM escalation_reports_due)"
         )
     )

@@ -402,11 +402,14 @@ def _swap_folder(new: Path, target: Path) -> None:
 
 
 def missing_job_files(store: Store, state_dir: Path) -> int:
-    """Jobs whose folder has no MANIFEST.json (and is not waiting to be written)."""
+    """Queued or running jobs whose folder has no MANIFEST.json (and is not waiting to be
+    written): an agent reads it. An ended job's folder may be deleted to free a disk
+    (OPERATIONS 6.4); ``reviewq rewrite-files`` brings it back."""
     return sum(
         not (state_dir / job_dir / "MANIFEST.json").is_file()
         for (job_dir,) in store.conn.execute(
-            "SELECT job_dir FROM review_jobs WHERE id NOT IN (SELECT job_id FROM job_files_due)"
+            "SELECT job_dir FROM review_jobs WHERE status IN ('queued', 'running') "
+            "AND id NOT IN (SELECT job_id FROM job_files_due)"
         )
     )
 
