@@ -281,7 +281,7 @@ def report(store: Store, esc_id: int) -> str:
         if e["decision"]
         else f"Decision: `reviewq decide {esc_id} approve` accepts the note as it is for "
         f"{e['gate_id']} (recorded as a human review); "
-        + _redo_does(store, e, esc_id)
+        + _redo_does(esc_id)
         + f"`reviewq decide {esc_id} reject` stops reviewing this pair until the note or the "
         "gate changes.",
         "",
@@ -289,18 +289,17 @@ def report(store: Store, esc_id: int) -> str:
     return "\n".join(lines)
 
 
-def _redo_does(store: Store, e, esc_id: int) -> str:  # noqa: ANN001 - an escalations row
-    """What a redo of this escalation does, as decide will do it: it fixes a FAIL on
-    record; with none (the reviewer failed every attempt) it releases the pair for the
-    next sweep; over an accepted PASS (an audit's refutation) it has nothing to do. The
-    report said "queues a fix" of all three."""
-    acc = store.acceptance(e["model_partition"], e["note_path"], e["gate_id"])
-    redo = f'`reviewq decide {esc_id} redo --feedback "..."`'
-    if acc is not None and acc.decision == "FAIL":
-        return f"{redo} queues a fix with your concrete asks and starts a fresh count; "
-    if acc is None:
-        return f"{redo} releases the pair for the next sweep to review again; "
-    return f"(a redo has no FAIL to fix: the {acc.decision} on record stands until approved or rejected); "
+def _redo_does(esc_id: int) -> str:
+    """What a redo does, as decide does it, judged when it is run (the note may change
+    meanwhile). It said "queues a fix" of every escalation: with no FAIL about the note's
+    text on record (the reviewer failed every attempt, the note was edited since, an
+    auditor refuted a PASS) none is queued."""
+    return (
+        f'`reviewq decide {esc_id} redo --feedback "..."` queues a fix with your concrete '
+        "asks while a FAIL about the note as it is now is on record (a fresh count starts); "
+        "else it releases the pair for the next sweep if the note or gate changed, and is "
+        "refused if it would do neither; "
+    )
 
 
 def open_escalations(store: Store) -> list[Escalation]:
