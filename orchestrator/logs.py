@@ -10,6 +10,7 @@ variables, and the values of secret-looking environment variables are redacted.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -253,6 +254,8 @@ def configure(
             # command past its checks went on with tracebacks, the control crashed.
             with open(path, "a", encoding="utf-8"):
                 pass
+        elif not os.access(path.parent, os.W_OK | os.X_OK):  # it could not be made
+            raise PermissionError(errno.EACCES, "cannot be created here", str(path))
         # delay=True: a command that logs nothing leaves no file behind.
         fh = _LogFile(path, encoding="utf-8", delay=True)
         fh.setLevel(logging.INFO)
@@ -282,7 +285,10 @@ class _LogFile(logging.FileHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self._failed = False
-        super().emit(record)  # on failure it calls handleError
+        try:
+            super().emit(record)  # on a failed write it calls handleError
+        except OSError:  # ... but not on a failed open (a dangling link, a folder made read-only)
+            self.handleError(record)
         if not self._failed:
             self._failing = False
 

@@ -515,3 +515,30 @@ def test_an_env_value_with_a_dollar_sign_of_its_own_loads(kb):
     """A literal password such as "$ecret99" was refused as an unexpanded $NAME."""
     kb.write("reviewq.toml", '[reviewers.x]\nkind = "offline"\nenv = { PW = "$ecret99" }\n')
     assert load_settings(kb.root).reviewers["x"].env == {"PW": "$ecret99"}
+
+
+def test_a_log_that_cannot_be_created_is_one_line_too(kb):
+    """The check opened only an existing log: with the logs folder made read-only and no
+    log yet, enqueue committed its jobs and then failed; a dangling link as the log gave
+    two tracebacks."""
+    from .conftest import reviewq_process
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    logs_dir = kb.state / "logs"
+    logs_dir.mkdir(parents=True)
+    if not _immutable(logs_dir):
+        pytest.skip("chattr +i is not available here")
+    try:
+        res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates")
+    finally:
+        subprocess.run(["chattr", "-i", str(logs_dir)], check=True)
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [
+        f"error: {logs_dir / 'reviewq.jsonl'}: cannot open the log: cannot be created here"
+    ], res.stderr
+    assert not (kb.state / "state.db").exists()
+    (logs_dir / "reviewq.jsonl").symlink_to("/nonexistent/reviewq.jsonl")
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert f"warning: {logs_dir / 'reviewq.jsonl'}: cannot write the log" in res.stderr
