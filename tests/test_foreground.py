@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -327,3 +328,78 @@ def test_a_worker_without_kb_on_the_kbs_machine_says_its_agents_are_unguarded(kb
         proc.wait(timeout=30)
     assert "worker.started" in events
     assert ("worker.kb_unguarded" in events) is not kb_given
+
+
+def test_a_run_job_stopped_while_it_finalizes_queues_the_job_again(kb, tmp_path):
+    """Only the agent's run was covered: Ctrl-C while the output was being finalized
+    exited 130 and left the job and its attempt running for good."""
+    import os
+
+    from .test_queue_integration import make_fifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    fifo = make_fifo(tmp_path, "finalize")
+    env = {**os.environ, "REVIEWQ_FAULT_FINALIZE_MID_TRANSACTION": str(fifo)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    proc = subprocess.Popen(
+        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
+        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        with open(fifo) as f:  # the process is mid-finalize once it says its pid
+            assert int(f.read().split()[0]) == proc.pid
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with db(kb) as conn:
+        job = conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()[0]
+        attempt = conn.execute("SELECT outcome FROM attempts WHERE job_id = 1").fetchone()[0]
+    assert (job, attempt) == ("queued", "lost")
+
+
+def test_a_second_ctrl_c_does_not_leave_an_agent_that_ignores_the_first(kb, tmp_path):
+    """An agent that ignores SIGTERM is killed after a grace of a second; a second Ctrl-C
+    in that second ended run-job there, with the agent running and its registration,
+    by which a later run-job would reap it, already gone."""
+    import os
+    import time
+
+    from .conftest import process_gone
+
+    small_kb(kb, notes=1)
+    pidfile = tmp_path / "agent.pid"
+    stubborn = (
+        "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(3600)"
+    )
+    kb.write(
+        "reviewq.toml",
+        fake_profile(command=json.dumps([sys.executable, "-c", stubborn, str(pidfile)])),
+    )
+    _one_job_for_fake(kb)
+    exe = str(Path(sys.executable).parent / "reviewq")
+    proc = subprocess.Popen(
+        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)  # the agent says it started by this file; no event to await
+        agent = int(pidfile.read_text())
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)  # the scenario: a second press within the agent's grace
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert process_gone(agent)

@@ -67,9 +67,23 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     write_due_job_files(
         store, ws.state_dir, [job_id], prompt_renderer(store, ws.state_dir, ws.root), late=False
     )
-    opened = open_attempt(
-        store, ws.state_dir, ws.root, job_id, profile.name, partition=profile.partition
-    )
+    with terminate_raises([]):
+        opened = open_attempt(
+            store, ws.state_dir, ws.root, job_id, profile.name, partition=profile.partition
+        )
+        try:
+            return _run(ws, job_id, profile, reviewer, opened)
+        except BaseException:
+            # Ctrl-C, SIGTERM, a closed terminal, at any moment after the attempt opened:
+            # the agent is stopped (run_attempt kills its group) and the job queued again.
+            # Left as they were, the job and attempt stayed running for good without a
+            # control process, whether the agent ran or its output was being finalized.
+            _stopped(store, job_id, opened.attempt)
+            raise
+
+
+def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundResult:  # noqa: ANN001
+    store = ws.store
     runner = f"{socket.gethostname()}:{os.getpid()}"
 
     def beat() -> None:
@@ -93,25 +107,18 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
         note_path=opened.note_path if opened.kind == "fix" else None,
         note_file=_given_note(opened),
     )
-    try:
-        with terminate_raises([]):
-            outcome = run_attempt(
-                reviewer,
-                spec,
-                timeout_s=profile.timeout,
-                max_turns=profile.max_turns,
-                guarded=opened.guarded,
-                trees=opened.trees,
-                max_output_bytes=ws.settings.max_output_bytes,
-                on_tick=beat,
-                registry=registry_dir(ws.state_dir),
-                tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
-            )
-    except BaseException:
-        # Ctrl-C, SIGTERM, a closed terminal: the agent is stopped (run_attempt kills its
-        # group); left running, the job and attempt stayed so for good without a control.
-        _stopped(store, job_id, opened.attempt)
-        raise
+    outcome = run_attempt(
+        reviewer,
+        spec,
+        timeout_s=profile.timeout,
+        max_turns=profile.max_turns,
+        guarded=opened.guarded,
+        trees=opened.trees,
+        max_output_bytes=ws.settings.max_output_bytes,
+        on_tick=beat,
+        registry=registry_dir(ws.state_dir),
+        tick_s=max(0.05, ws.settings.queue.lease_seconds / 4),
+    )
     result: FinalizeResult | None = None
     followed = Followed()
     # The end and what follows it are one transaction: a control process's reaper that

@@ -37,10 +37,10 @@ def follow_parent() -> None:
 def terminate_raises(terminated: list) -> Iterator[None]:
     """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
     a sweep or a run-job as Ctrl-C does, so that what it started is stopped: by default
-    Python dies at once and leaves its children running agents. Once one came, any
-    further one is ignored until the process ends: the children are being stopped, and
-    what is owed (a summary, the job queued again) is due. ``terminated`` gets the
-    signal's number."""
+    Python dies at once and leaves its children running agents. Once one came (Ctrl-C
+    too), any further one is ignored until the process ends: the children are being
+    stopped, and what is owed (a summary, the job queued again) is due. ``terminated``
+    gets the signal's number."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -50,7 +50,9 @@ def terminate_raises(terminated: list) -> Iterator[None]:
             terminated.append(signum)
             raise KeyboardInterrupt
 
-    signals = (signal.SIGTERM, signal.SIGHUP)
+    # SIGINT too: a second Ctrl-C during the stop left an agent that had ignored the
+    # first signal running, its registration already gone.
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, interrupt) for s in signals}
     try:
         yield
