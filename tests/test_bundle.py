@@ -422,6 +422,8 @@ def test_sentinels_dressed_in_markdown_are_named() -> None:
 def test_a_rationale_that_mentions_the_sentinels_is_accepted() -> None:
     body = "The note quotes the PAIR REVIEW START line of another tool, which is fine."
     assert parse(block(A, body=body)).ok
+    # Quoted as code on a line of its own, as a reviewer quotes a line it discusses.
+    assert parse(block(A, body=f"The line reads:\n`{start(B)}`\nwhich is fine.")).ok
 
 
 @pytest.mark.parametrize(

@@ -188,7 +188,7 @@ def _scan(
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
-            if line[:1] in "=*_`" and _near_sentinel(line):
+            if line[:1] in "=*_" and _near_sentinel(line):
                 # Named as what it is: taken as text, an END copied without its space
                 # made the block's good result line "extra" and the next START "nested".
                 reasons.append(
@@ -271,9 +271,9 @@ def _composed(keys: dict[str, ExpectedPair]) -> dict[str, str | None]:
 
 
 def _near_sentinel(line: str) -> bool:
-    """A line meant as a sentinel but not shaped as one (a space left out, markdown
-    around it)."""
-    bare = line.strip("*_` \t")
+    """A line meant as a sentinel but not shaped as one (a space left out, bold around
+    it). In backticks it is code: a rationale may quote a sentinel so."""
+    bare = line.strip("*_ \t")
     return bare.startswith("===") and "PAIR REVIEW" in bare[:40].upper()
 
 
