@@ -668,3 +668,25 @@ def test_enqueue_and_sweep_name_a_broken_note_in_a_warning_line(small):
                          "did not find expected ',' or ']'"], res.stderr  # fmt: skip
     logged = (small.state / "logs" / "reviewq.jsonl").read_text()
     assert '"event": "kb.file_skipped"' in logged  # the log keeps it
+
+
+def test_two_links_to_one_file_are_one_note_and_a_link_to_an_unnamable_note_is_its_note(
+    small, run_cli
+):
+    """Two links to one file kept outside the note roots were two notes: each pair
+    reviewed twice, and the file fixed through both. A link to a note the scan skips for
+    its name was skipped as an alias of it, so neither was reviewed."""
+    small.write("docs/out.md", "---\ntitle: Out\ndescription: Kept elsewhere.\n---\n\nBody.\n")
+    for name in ("l1", "l2"):
+        (small.root / f"kb/notes/{name}.md").symlink_to(small.root / "docs/out.md")
+    small.write("kb/notes/a\\b.md", "---\ntitle: AB\ndescription: D.\n---\n\nBody.\n")
+    (small.root / "kb/notes/ab.md").symlink_to(small.root / "kb/notes/a\\b.md")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert (
+        "warning: kb/notes/l2.md: a symlink to docs/out.md, which kb/notes/l1.md names too; "
+        "skipped" in res.stderr
+    )
+    notes = {t["note_path"] for t in res.json()["targets"]}
+    assert {"kb/notes/l1.md", "kb/notes/ab.md"} <= notes
+    assert "kb/notes/l2.md" not in notes

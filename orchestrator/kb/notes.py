@@ -415,16 +415,35 @@ class KB:
         """Root-relative paths of every note under the note roots (or the given paths, of
         which only what lies under a note root: ``kb`` holds the gates too)."""
         found: set[str] = set()
+        links: set[str] = set()  # the symlinks among them
         for start in under if under is not None else self.note_roots:
             base = self.root / start
             if base.is_file():
                 if base.suffix == ".md":
                     found.add(self.check_rel(start))
                 continue
-            found.update(self.walk(base, self.problems, notes=True))
+            found.update(self.walk(base, self.problems, notes=True, links=links))
         if under is not None:
             found = {rel for rel in found if self.in_note_roots(rel)}
-        return sorted(found)
+        return sorted(found - self._second_names(links & found))
+
+    def _second_names(self, links: set[str]) -> set[str]:
+        """Links among the notes that name a file another link names already: the first
+        by name is its note, the others are skipped (each was reviewed, and fixed, as a
+        note of its own)."""
+        by_target: dict[str, list[str]] = {}
+        for rel in links:
+            by_target.setdefault(os.path.realpath(os.path.join(self.root, rel)), []).append(rel)
+        second: set[str] = set()
+        for target, rels in by_target.items():
+            first, *others = sorted(rels)
+            shown = os.path.relpath(target, self.root).replace(os.sep, "/")
+            for rel in others:
+                self.problems.append(
+                    FileProblem(rel, f"a symlink to {shown}, which {first} names too; skipped")
+                )
+                second.add(rel)
+        return second
 
     def _elsewhere(self, rel: str) -> str | None:
         """Why the symlink at ``rel`` is no note: it leads to a gate or a type spec (it
@@ -441,11 +460,18 @@ class KB:
             target.endswith(".md")
             and self.in_note_roots(target)
             and not any(part.startswith(".") for part in target.split("/"))
+            and name_problem(target) is None  # else the scan skips it: the link is its note
         ):
             return f"a symlink to {target}, a note reviewed under its own name; skipped"
         return None
 
-    def walk(self, base: Path, problems: list[FileProblem], notes: bool = False) -> Iterator[str]:
+    def walk(
+        self,
+        base: Path,
+        problems: list[FileProblem],
+        notes: bool = False,
+        links: set[str] | None = None,
+    ) -> Iterator[str]:
         """Root-relative paths of the ``.md`` files under ``base``. Hidden entries and
         symlinked folders are not entered; a file whose name is not UTF-8, or a symlink
         leading outside the root (for ``notes``, to a gate or type spec), is added to
@@ -491,6 +517,8 @@ class KB:
                     if why:
                         problems.append(FileProblem(rel, why))
                         continue
+                    if links is not None:
+                        links.add(rel)
                 if e.is_file():
                     yield rel
 
