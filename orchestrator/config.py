@@ -540,6 +540,8 @@ def load_settings(
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
     for profile in settings.reviewers.values():
         logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
+        if profile.api_key_env:  # named by the profile: a key, whatever its name says
+            logs.add_secrets([os.environ.get(profile.api_key_env, "")])
     if settings.queue.url:
         logs.add_secrets([urlsplit(settings.queue.url).password or ""])
     return replace(settings, config_path=config_path if config_path.exists() else None)

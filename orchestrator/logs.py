@@ -25,14 +25,17 @@ if TYPE_CHECKING:
     import structlog
 
 LOG_NAME = "reviewq"
-# A word of a variable's name (split at `_` and `-`) that says it holds a secret: a
-# whole word, as in OPENAI_API_KEY or GH-TOKEN, not letters within one (GIT_AUTHOR_NAME,
-# MONKEY_BUSINESS and MAX_THINKING_TOKENS hold none, and their values were redacted out
-# of every stored rationale that named the author).
+# A word of a variable's name (split at `_`, `-` and camelCase) that says it holds a
+# secret: OPENAI_API_KEY, GH-TOKEN, openaiApiKey, ANTHROPIC_AUTHTOKEN, MY_SECRETKEY. Not
+# letters inside a word that means something else (GIT_AUTHOR_NAME, MONKEY_BUSINESS,
+# MAX_THINKING_TOKENS hold none, and their values were redacted out of every stored
+# rationale that named the author).
 _SECRET_WORD = re.compile(
-    r"(?:API|ACCESS)?KEY|TOKEN|SECRETS?|PASSWORD|PASSWD|PASS|CREDENTIALS?|AUTH|PAT",
+    r"[A-Z0-9]*(?:KEY|TOKEN|SECRETS?|PASSWORD|PASSWD|CREDENTIALS?)|O?AUTH|PASS|PAT",
     re.IGNORECASE,
 )
+_NOT_SECRET_WORDS = {"MONKEY", "DONKEY", "TURKEY", "JOCKEY", "HOCKEY", "WHISKEY", "HOTKEY"}
+_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 _configured: dict[str, object] = {}
 
 
@@ -105,13 +108,22 @@ def _end_of(path: Path) -> tuple[int, int, int] | None:
 
 
 def secret_name(name: str) -> bool:
-    return any(_SECRET_WORD.fullmatch(word) for word in re.split(r"[_\-]", name))
+    return any(
+        _SECRET_WORD.fullmatch(word) and word.upper() not in _NOT_SECRET_WORDS
+        for word in _WORDS.findall(name)
+    )
 
 
-def _secret_value(value: str) -> bool:
-    """A value of the environment that a secret could be: words (a name, a phrase) or a
-    number are none. (Registered secrets, a password in the queue URL, are taken whole.)"""
-    return len(value) >= 6 and not value.isdigit() and not any(c.isspace() for c in value)
+def _secret_parts(value: str) -> list[str]:
+    """What of an environment value under a secret's name is secret: the value, or, in
+    one of several words ("Bearer sk-…"), each word long enough to be a key. A number
+    is none. (Registered secrets, a password in the queue URL, are taken whole.)"""
+    if value.isdigit():
+        return []
+    parts = value.split()
+    if len(parts) > 1:
+        return [p for p in parts if len(p) >= 8]
+    return [value] if len(value) >= 6 else []
 
 
 def add_secrets(values: Iterable[str]) -> None:
@@ -123,7 +135,8 @@ def add_secrets(values: Iterable[str]) -> None:
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
-    vals = {v for k, v in env.items() if secret_name(k) and _secret_value(v)} | _extra_secrets
+    vals = {p for k, v in env.items() if secret_name(k) for p in _secret_parts(v)}
+    vals |= _extra_secrets
     return sorted(vals, key=len, reverse=True)
 
 

@@ -689,6 +689,11 @@ def test_a_log_line_is_rendered_once_for_the_file_and_stderr(tmp_path):
         ("REDIS_PASSWORD", "hunter22", True),
         ("OPENROUTER_APIKEY", "or-12345678", True),
         ("github-token", "ghp_12345678", True),
+        # Joined words and camelCase name secrets too, as before the split into words.
+        ("ANTHROPIC_AUTHTOKEN", "tok-123456789", True),
+        ("MY_SECRETKEY", "abcdefghijkl", True),
+        ("LOCAL_LLMKEY", "llm-123456789", True),
+        ("openaiApiKey", "sk-openai-1234567890", True),
         # Words that only hold the letters: a rationale naming the author or a phrase
         # that happened to be in one of these was stored as "[redacted]".
         ("GIT_AUTHOR_NAME", "Jane Doe", False),
@@ -705,6 +710,28 @@ def test_only_a_secrets_value_is_redacted(name, value, secret):
     from orchestrator import logs
 
     assert (value in logs.secret_values({name: value})) is secret
+
+
+def test_a_key_in_a_value_of_several_words_is_redacted():
+    """ "Bearer sk-…" under API_AUTH: a value with a space was taken for words, no key."""
+    from orchestrator import logs
+
+    found = logs.secret_values({"API_AUTH": "Bearer sk-abcdef123456"})
+    assert "sk-abcdef123456" in found and "Bearer" not in found
+
+
+def test_the_variable_an_openai_profile_names_is_a_secret_whatever_its_name(kb, monkeypatch):
+    from orchestrator import logs
+    from orchestrator.config import load_settings
+
+    monkeypatch.setenv("LOCAL_LLM", "local-model-credential-42")
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        'api_key_env = "LOCAL_LLM"\n',
+    )
+    load_settings(kb.root)
+    assert logs.redact("said local-model-credential-42") == "said [redacted]"
 
 
 def test_a_rationale_naming_the_git_author_is_stored_as_written(flow, run_cli, monkeypatch):
