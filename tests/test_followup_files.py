@@ -772,3 +772,35 @@ def test_an_attempt_whose_kb_change_was_excused_still_says_why_it_failed(cycle):
     ).fetchone()
     assert row[0] == "no-output"
     assert json.loads(row[1]) == ["exited 0 without writing its output"]
+
+
+def test_an_excused_attempt_is_judged_as_it_ended_without_the_change(cycle):
+    """The excuse made every such attempt "output" or "no-output": one that had burned
+    out was counted as a failure and not split, and a reviewer's outage counted against
+    the job."""
+    _, ws, control, sent, _ = cycle
+    control.dispatch()
+    msg = sent.pop(0)
+    note = next(iter(msg["guarded"]))
+    sha = "0" * 64
+    with ws.store.write():
+        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, '2026-01-01')", (note, sha))
+    outage = "rate-limited: 429 Too Many Requests"
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "reviewer-touched-kb",
+            "output": None,
+            "exit_code": 1,
+            "touched": [note],
+            "touched_hashes": {note: sha},
+            "reasons": [f"the reviewer changed {note}"],
+            "untouched": ["reviewer-failure", [outage]],
+        }
+    )
+    row = ws.store.conn.execute(
+        "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = ?",
+        (msg["job_id"], msg["attempt"]),
+    ).fetchone()
+    assert (row[0], json.loads(row[1])) == ("reviewer-failure", [outage])

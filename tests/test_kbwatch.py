@@ -457,3 +457,9 @@ def test_an_attempt_the_os_refuses_to_start_is_a_launch_failure(root):
     assert out.classification == LAUNCH_FAILURE
     assert "could not start 'true'" in out.reasons[0] and "null byte" in out.reasons[0]
     assert _open_windows() == 0
+
+
+def test_a_touching_attempt_says_how_it_ended_without_the_change(root):
+    out = _attempt(root, "echo x >> kb/notes/a.md", guarded=("kb/notes/a.md",))
+    assert out.classification == "reviewer-touched-kb"
+    assert out.untouched == ["output", []]  # the script writes its output after the command

@@ -61,6 +61,9 @@ class AttemptOutcome:
     touched: list[str] = field(default_factory=list)
     touched_hashes: dict[str, str] = field(default_factory=dict)  # path -> sha256 after the run
     exited_at: float = 0.0  # time.time() when the process was seen to end
+    # [classification, reasons] as judged without its change to the KB, when it made one:
+    # a change found not to be the agent's (a fix reviewq wrote meanwhile) leaves this.
+    untouched: list = field(default_factory=list)
 
 
 def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:
@@ -364,12 +367,7 @@ def run_attempt(
         out.touched_hashes.update(file_hashes(spec.root, sorted(others)[:_HASHED]))
         out.touched = sorted({*out.touched, *others})
     turns = telemetry.num_turns
-    if out.touched:
-        out.classification = TOUCHED_KB
-        out.reasons = [f"the reviewer changed {p}" for p in out.touched[:_NAMED]]
-        if len(out.touched) > _NAMED:
-            out.reasons.append(f"... and {len(out.touched) - _NAMED} more file(s)")
-    elif refused:
+    if refused:
         out.classification = INVALID_OUTPUT
         out.reasons = [refused]
     elif too_large:
@@ -403,6 +401,12 @@ def run_attempt(
         why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
         if why:
             out.reasons[0] += f": {why}"
+    if out.touched:
+        out.untouched = [out.classification, out.reasons]
+        out.classification = TOUCHED_KB
+        out.reasons = [f"the reviewer changed {p}" for p in out.touched[:_NAMED]]
+        if len(out.touched) > _NAMED:
+            out.reasons.append(f"... and {len(out.touched) - _NAMED} more file(s)")
     return out
 
 

@@ -140,7 +140,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             # Judge the output, as the control process does (a fix of a note changed
             # meanwhile is found stale; another job's fix written meanwhile is no fault).
             outcome.classification, outcome.reasons = judged_without_the_change(
-                outcome.output is not None, outcome.exit_code
+                outcome.untouched, outcome.output is not None, outcome.exit_code
             )
         record_end(
             store,

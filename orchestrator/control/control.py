@@ -372,7 +372,7 @@ class Control:
         ):
             # Judge the output (a fix of a note changed meanwhile is found stale).
             cls, reasons = judged_without_the_change(
-                o.get("output") is not None, o.get("exit_code")
+                o.get("untouched"), o.get("output") is not None, o.get("exit_code")
             )
             o = {**o, "classification": cls, "reasons": reasons}
         record_end(

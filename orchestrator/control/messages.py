@@ -21,13 +21,15 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   which a worker times it by; all three optional, so no new version: a worker takes them
   as absent, and one of an earlier release reads ``expires_at``.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
-  ``worker`` (host:pid), ``host``, ``launched``. The first (``launched`` true) goes once
-  the agent has run for a moment (at most 1 s, at most ``heartbeat_s``), then one every
-  ``heartbeat_s``: an agent that ends sooner sends none.
+  ``worker`` (host:pid), ``host``, ``launched``. The first (``launched`` true) goes as
+  the agent starts, even one that ends at once (a worker that dies before its outcome must
+  leave a running attempt, reaped after a lease), then one every ``heartbeat_s``.
 - outcome (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
   ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
   ``ended_at``, ``duration_s``, ``output`` (bytes, or None: none, or over the limit),
-  ``reasons``, ``telemetry``, ``touched``, ``touched_hashes``, ``files`` (bounded
+  ``reasons``, ``telemetry``, ``touched``, ``touched_hashes``, ``untouched`` (for a
+  ``reviewer-touched-kb`` outcome: [classification, reasons] as judged without the
+  change, optional: a control takes its absence as before), ``files`` (bounded
   stdout.log/stderr.log tails and telemetry.json, by name). An outcome with ``exited_at``
   (the agent was launched) for an attempt still ``dispatched`` carries its start: the
   control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs

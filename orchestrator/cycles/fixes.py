@@ -403,10 +403,22 @@ def changes_not_the_agents(
     )
 
 
-def judged_without_the_change(has_output: bool, exit_code: object) -> tuple[str, list[str]]:
-    """How an attempt whose only change to the KB was not its own is judged: its output,
-    or no-output with the reason such an attempt always gets. Its reasons were cleared:
-    `job N` showed none, and the retry's prompt had nothing to tell the agent."""
+def judged_without_the_change(
+    untouched: object, has_output: bool, exit_code: object
+) -> tuple[str, list[str]]:
+    """How an attempt whose only change to the KB was not its own is judged: as the
+    worker judged it without that change (``untouched``: [classification, reasons]), so
+    a burned-out one is split and a reviewer's outage is not counted against the job.
+    From a worker that does not say (an older release): its output, or no-output with
+    the reason such an attempt gets. Its reasons were cleared: `job N` showed none, and
+    the retry's prompt had nothing to tell the agent."""
+    if (
+        isinstance(untouched, list | tuple)
+        and len(untouched) == 2
+        and isinstance(untouched[0], str)
+        and isinstance(untouched[1], list)
+    ):
+        return untouched[0], [str(r) for r in untouched[1]]
     if has_output:
         return "output", []
     return "no-output", [f"exited {exit_code} without writing its output"]
