@@ -6,7 +6,6 @@ try a reviewer profile on a single job, and for tests of the lifecycle itself.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from orchestrator.control.attempts import (
     fail_job,
     heartbeat,
     is_current,
+    lose,
     open_attempt,
     record_end,
     requeue_job,
@@ -186,12 +186,7 @@ def _stopped(store, job_id: int, attempt: int) -> None:  # noqa: ANN001 - a Stor
     with store.write():
         if not is_current(store, job_id, attempt):
             return
-        store.conn.execute(
-            "UPDATE attempts SET outcome = 'lost', ended_at = ?, reasons = ? "
-            "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
-            (utcnow(), json.dumps([reason]), job_id, attempt),
-        )
-        requeue_job(store, job_id)
+        lose(store, job_id, attempt, reason)
 
 
 def _given_note(opened) -> Path | None:  # noqa: ANN001 - an OpenedAttempt

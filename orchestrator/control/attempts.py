@@ -270,6 +270,21 @@ def supersede(store: Store, job_id: int, attempt: int, telemetry: object = None)
     return row[0] if row is not None else None
 
 
+def lose(store: Store, job_id: int, attempt: int, reason: str) -> None:
+    """The attempt is lost (its worker or its run-job gone) and the job queued again, for
+    the next dispatch: in the caller's transaction."""
+    store.conn.execute(
+        "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') THEN 'lost' "
+        "ELSE outcome END, ended_at = COALESCE(ended_at, ?), reasons = COALESCE(reasons, ?) "
+        "WHERE job_id = ? AND attempt = ?",
+        (utcnow(), json.dumps([reason]), job_id, attempt),
+    )
+    store.conn.execute(
+        "UPDATE review_jobs SET status = 'queued', updated_at = ? WHERE id = ? AND status = 'running'",
+        (utcnow(), job_id),
+    )
+
+
 def is_current(store: Store, job_id: int, attempt: int) -> bool:
     """Whether ``attempt`` is the running job's current attempt: only its end decides."""
     row = store.conn.execute(

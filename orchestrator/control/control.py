@@ -27,6 +27,7 @@ from orchestrator.control.attempts import (
     OpenedAttempt,
     fail_job,
     heartbeat,
+    lose,
     open_attempt,
     record_end,
     supersede,
@@ -657,16 +658,7 @@ class Control:
                 lost_reason = self._lost_reason(r, now) if r is not None else None
                 if lost_reason is None:
                     continue
-                self.store.conn.execute(
-                    "UPDATE attempts SET outcome = CASE WHEN outcome IN ('dispatched', 'running') THEN 'lost' "
-                    "ELSE outcome END, ended_at = COALESCE(ended_at, ?), reasons = COALESCE(reasons, ?) "
-                    "WHERE job_id = ? AND attempt = ?",
-                    (utcnow(), json.dumps([lost_reason]), r["job_id"], r["attempt"]),
-                )
-                self.store.conn.execute(
-                    "UPDATE review_jobs SET status = 'queued', updated_at = ? WHERE id = ? AND status = 'running'",
-                    (utcnow(), r["job_id"]),
-                )
+                lose(self.store, r["job_id"], r["attempt"], lost_reason)
             reaped += 1
             self.log.warning(
                 "attempt.lost",
