@@ -111,21 +111,19 @@ def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]
         "(SELECT COALESCE(SUM(cost_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost_usd "
         "FROM review_jobs j"
     )
-    args: tuple = ()
-    if state:
-        sql += " WHERE j.status = ?"
-        args = (state,)
-    sql += " ORDER BY j.id DESC LIMIT ?"
+    where, args = _in_state(state)
+    sql += where + " ORDER BY j.id DESC LIMIT ?"
     return [dict(r) for r in store.conn.execute(sql, (*args, limit))]
 
 
 def job_count(store: Store, state: str | None = None) -> int:
     """How many jobs ``jobs`` would list with no limit."""
-    if state:
-        sql, args = "SELECT count(*) FROM review_jobs WHERE status = ?", (state,)
-    else:
-        sql, args = "SELECT count(*) FROM review_jobs", ()
-    return store.conn.execute(sql, args).fetchone()[0]
+    where, args = _in_state(state)
+    return store.conn.execute(f"SELECT count(*) FROM review_jobs j{where}", args).fetchone()[0]
+
+
+def _in_state(state: str | None) -> tuple[str, tuple]:
+    return (" WHERE j.status = ?", (state,)) if state else ("", ())
 
 
 def job(store: Store, job_id: int) -> dict:
