@@ -25,13 +25,15 @@ if TYPE_CHECKING:
     import structlog
 
 LOG_NAME = "reviewq"
-# A word of a variable's name (split at `_`, `-` and camelCase) that says it holds a
-# secret: OPENAI_API_KEY, GH-TOKEN, openaiApiKey, ANTHROPIC_AUTHTOKEN, MY_SECRETKEY. Not
-# letters inside a word that means something else (GIT_AUTHOR_NAME, MONKEY_BUSINESS,
-# MAX_THINKING_TOKENS hold none, and their values were redacted out of every stored
-# rationale that named the author).
+# The last word of a variable's name (split at `_`, `-` and camelCase; a number after it
+# aside) says it holds a secret: OPENAI_API_KEY, GH-TOKEN, openaiApiKey, API_KEYS,
+# ANTHROPIC_AUTHTOKEN, MY_SECRETKEY, DB_PASSWORD_2. A word inside the name does not
+# (SSH_AUTH_SOCK, PASSWORD_STORE_DIR, SSH_KEY_PATH), nor letters inside a word that
+# means something else (GIT_AUTHOR_NAME, MONKEY_BUSINESS and MAX_THINKING_TOKENS hold
+# none, and their values were redacted out of every stored rationale naming the author).
 _SECRET_WORD = re.compile(
-    r"[A-Z0-9]*(?:KEY|TOKEN|SECRETS?|PASSWORD|PASSWD|CREDENTIALS?)|O?AUTH|PASS|PAT",
+    r"(?:[A-Z0-9]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL)S?\d*"
+    r"|O?AUTH|AUTHORIZATION|PASS|PAT|DSN)",
     re.IGNORECASE,
 )
 _NOT_SECRET_WORDS = {"MONKEY", "DONKEY", "TURKEY", "JOCKEY", "HOCKEY", "WHISKEY", "HOTKEY"}
@@ -108,16 +110,20 @@ def _end_of(path: Path) -> tuple[int, int, int] | None:
 
 
 def secret_name(name: str) -> bool:
-    return any(
-        _SECRET_WORD.fullmatch(word) and word.upper() not in _NOT_SECRET_WORDS
-        for word in _WORDS.findall(name)
-    )
+    words = _WORDS.findall(name)
+    while words and words[-1].isdigit():  # API_KEY_2
+        words.pop()
+    if not words:
+        return False
+    last = words[-1]
+    return bool(_SECRET_WORD.fullmatch(last)) and last.upper() not in _NOT_SECRET_WORDS
 
 
 def _secret_parts(value: str) -> list[str]:
     """What of an environment value under a secret's name is secret: the value, or, in
     one of several words ("Bearer sk-…"), each word long enough to be a key. A number
     is none. (Registered secrets, a password in the queue URL, are taken whole.)"""
+    value = value.strip()  # a key read from a file keeps its newline
     if value.isdigit():
         return []
     parts = value.split()

@@ -694,6 +694,11 @@ def test_a_log_line_is_rendered_once_for_the_file_and_stderr(tmp_path):
         ("MY_SECRETKEY", "abcdefghijkl", True),
         ("LOCAL_LLMKEY", "llm-123456789", True),
         ("openaiApiKey", "sk-openai-1234567890", True),
+        # Plurals and numbers after the word; a word inside the name is not its last.
+        ("OPENAI_API_KEYS", "sk-a-1234567890", True),
+        ("DB_PASSWORD_2", "hunter2hunter2", True),
+        ("PASSWORD_STORE_X_SELECTION", "clipboard", False),
+        ("SSH_AUTH_SOCK", "/run/user/1000/ssh-agent.sock", False),
         # Words that only hold the letters: a rationale naming the author or a phrase
         # that happened to be in one of these was stored as "[redacted]".
         ("GIT_AUTHOR_NAME", "Jane Doe", False),
@@ -710,6 +715,12 @@ def test_only_a_secrets_value_is_redacted(name, value, secret):
     from orchestrator import logs
 
     assert (value in logs.secret_values({name: value})) is secret
+
+
+def test_a_key_read_with_its_newline_is_redacted_without_it():
+    from orchestrator import logs
+
+    assert "sk-abcdef123456" in logs.secret_values({"OPENAI_API_KEY": "sk-abcdef123456\n"})
 
 
 def test_a_key_in_a_value_of_several_words_is_redacted():

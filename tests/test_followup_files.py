@@ -804,3 +804,36 @@ def test_an_excused_attempt_is_judged_as_it_ended_without_the_change(cycle):
         (msg["job_id"], msg["attempt"]),
     ).fetchone()
     assert (row[0], json.loads(row[1])) == ("reviewer-failure", [outage])
+
+
+def test_an_excused_attempts_own_judgement_is_redacted_and_must_be_a_known_one(cycle):
+    """The reasons of the judgement without the change were stored as sent: a secret the
+    control knows (and the worker elsewhere did not) reached state.db and the retry."""
+    from orchestrator import logs
+
+    _, ws, control, sent, _ = cycle
+    logs.add_secrets(["controlsecret-123456"])
+    control.dispatch()
+    msg = sent.pop(0)
+    note = next(iter(msg["guarded"]))
+    sha = "0" * 64
+    with ws.store.write():
+        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, '2026-01-01')", (note, sha))
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "reviewer-touched-kb",
+            "output": None,
+            "exit_code": 0,
+            "touched": [note],
+            "touched_hashes": {note: sha},
+            "reasons": [],
+            "untouched": ["no-output", ["key controlsecret-123456 refused"]],
+        }
+    )
+    row = ws.store.conn.execute(
+        "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = ?",
+        (msg["job_id"], msg["attempt"]),
+    ).fetchone()
+    assert (row[0], json.loads(row[1])) == ("no-output", ["key [redacted] refused"])

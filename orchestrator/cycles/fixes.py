@@ -403,6 +403,12 @@ def changes_not_the_agents(
     )
 
 
+# What a worker may judge an attempt as, its change to the KB aside.
+_JUDGED_WITHOUT_A_CHANGE = frozenset(
+    {"output", "no-output", "burned-out", "launch-failure", "reviewer-failure", "invalid-output"}
+)
+
+
 def judged_without_the_change(
     untouched: object, has_output: bool, exit_code: object
 ) -> tuple[str, list[str]]:
@@ -415,10 +421,11 @@ def judged_without_the_change(
     if (
         isinstance(untouched, list | tuple)
         and len(untouched) == 2
-        and isinstance(untouched[0], str)
+        and untouched[0] in _JUDGED_WITHOUT_A_CHANGE
         and isinstance(untouched[1], list)
     ):
-        return untouched[0], [str(r) for r in untouched[1]]
+        # Redacted as any reasons from a worker are: one elsewhere may not know them.
+        return untouched[0], logs.redact_all(str(r) for r in untouched[1])
     if has_output:
         return "output", []
     return "no-output", [f"exited {exit_code} without writing its output"]
