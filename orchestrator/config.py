@@ -101,7 +101,7 @@ def _query_problem(url: str) -> str | None:
     out of reach and waited on for good. Those it takes (``ssl_ca_certs``,
     ``socket_timeout``…) are kept."""
     try:
-        from redis.connection import Connection, parse_url
+        from redis.connection import Connection, ConnectionPool, parse_url
     except ImportError:
         return None  # said by _redis_missing
     try:
@@ -110,9 +110,10 @@ def _query_problem(url: str) -> str | None:
         return str(exc)
     cls = options.pop("connection_class", None) or Connection  # redis:// names none
     known = {"host", "port", "db", "username", "password", "path"}
-    for klass in getattr(cls, "__mro__", ()):
+    for klass in (*getattr(cls, "__mro__", ()), ConnectionPool):  # max_connections: the pool's
         if "__init__" in vars(klass):
             known |= set(inspect.signature(klass.__init__).parameters)
+    known -= {"self", "args", "kwargs", "connection_class"}
     unknown = sorted(set(options) - known)
     if unknown:
         return f"query parameter(s) {', '.join(unknown)}: not settings of a Redis connection"
@@ -399,7 +400,9 @@ _ONLY_FOR = {
     "api_key_env": ("openai",),
 }
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")  # ${NAME}, as a shell writes it
+# ${NAME} anywhere, or a whole value $NAME in capitals, as a shell writes a variable
+# ("$ecret99" is a password).
+_ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|^\$[A-Z_][A-Z0-9_]*$")
 
 
 def _reviewer(name: str, value: object) -> ReviewerProfile:

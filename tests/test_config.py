@@ -94,6 +94,12 @@ BAD = [
         "[reviewers.x] env",
         "PATH: values are not expanded",
     ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nenv = { K = "$ANTHROPIC_API_KEY" }\n',
+        "[reviewers.x] env",
+        "K: values are not expanded",
+    ),
+    ('[queue]\nurl = "redis://h:6379/0?self=1"\n', "[queue] url", "self: not settings"),
     # Values the OS refuses at launch: the worker's task crashed before the agent started,
     # and the job was "never picked up by a worker" again and again, for good.
     (
@@ -426,6 +432,7 @@ def test_good_queue_urls_and_durations_load(kb):
         # TLS with a private CA, a timeout: settings the Redis client takes from the URL.
         "rediss://h:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.pem",
         "redis://h:6379/0?socket_timeout=5",
+        "redis://h:6379/0?max_connections=10",
     ):
         kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
         assert load_settings(kb.root).queue.url == url

@@ -1130,6 +1130,6 @@ def test_an_escalation_report_says_what_a_redo_would_do(kb, decision):
     assert (
         f'`reviewq decide {esc_id} redo --feedback "..."` queues a fix with your concrete asks '
         "while a FAIL about the note as it is now is on record (a fresh count starts); else it "
-        "releases the pair for the next sweep if the note or gate changed, and is refused if "
-        "it would do neither;"
+        "releases the pair for the next sweep if it needs a review (never reviewed, or the "
+        "note or gate changed), and is refused if it would do neither;"
     ) in text, text

@@ -297,8 +297,8 @@ def _redo_does(esc_id: int) -> str:
     return (
         f'`reviewq decide {esc_id} redo --feedback "..."` queues a fix with your concrete '
         "asks while a FAIL about the note as it is now is on record (a fresh count starts); "
-        "else it releases the pair for the next sweep if the note or gate changed, and is "
-        "refused if it would do neither; "
+        "else it releases the pair for the next sweep if it needs a review (never reviewed, "
+        "or the note or gate changed), and is refused if it would do neither; "
     )
 
 
