@@ -731,7 +731,11 @@ def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_
         "problem: 1 queued or running job folder(s) and 1 open escalation report(s) are missing"
         in res.stdout
     ), res.stdout
-    res = run_cli("rewrite-files")
+    res = run_cli("rewrite-files")  # what an agent or a person reads: not the ended job's
+    assert res.exit_code == 0, res.stderr
+    assert not (ended / "MANIFEST.json").exists()
+    assert run_cli("doctor").exit_code == 0
+    res = run_cli("rewrite-files", "--all")
     assert res.exit_code == 0, res.stderr
     assert f"wrote the files of {len(jobs)} job(s) and {len(reports)} escalation report(s)" in (
         res.stdout

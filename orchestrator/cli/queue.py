@@ -350,20 +350,28 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
 
 
 @cli.command("rewrite-files")
+@click.option(
+    "--all",
+    "everything",
+    is_flag=True,
+    help="Ended jobs' folders and decided escalations' reports too.",
+)
 @click.pass_obj
 @refuse_domain_errors
-def rewrite_files_cmd(ws: Workspace) -> None:
-    """Write every job folder (MANIFEST.json, results/) and escalation report again from
-    state.db: they render it, and this brings back what was deleted or damaged by hand.
-    Fixes are not written to the KB again. A running control process may stay up.
+def rewrite_files_cmd(ws: Workspace, everything: bool) -> None:
+    """Write the folders (MANIFEST.json, results/) of queued and running jobs and the
+    reports of open escalations again from state.db: they render it, and this brings back
+    what was deleted or damaged by hand. Fixes are not written to the KB again. A running
+    control process may stay up.
 
     \b
-    Example:
+    Examples:
       reviewq rewrite-files
+      reviewq rewrite-files --all
     """
     from orchestrator.control.control import rewrite_files
 
-    jobs, reports = rewrite_files(ws)
+    jobs, reports = rewrite_files(ws, everything)
     click.echo(f"wrote the files of {jobs} job(s) and {reports} escalation report(s)")
 
 

@@ -707,15 +707,18 @@ class Control:
         self.dispatch()
 
 
-def rewrite_files(ws: Workspace) -> tuple[int, int]:
-    """Every job folder (MANIFEST.json, results/, a missing prompt.md) and escalation
-    report written again from state.db: files that render state, deleted or damaged by
-    hand. Returns (jobs, reports) written. Applied fixes are not: the KB is the person's,
-    and a note may have changed since."""
+def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int]:
+    """The folders (MANIFEST.json, results/, a missing prompt.md) of queued and running
+    jobs and the reports of open escalations, written again from state.db: files that
+    render state, deleted or damaged by hand. With ``everything``, ended jobs' and
+    decided escalations' too; without, a disk freed of ended jobs' folders (OPERATIONS
+    6.4) is not filled again. Returns (jobs, reports) written. Applied fixes are not: the
+    KB is the person's, and a note may have changed since."""
     store = ws.store
-    ids = [r[0] for r in store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    live = "" if everything else " WHERE status IN ('queued', 'running')"
+    ids = [r[0] for r in store.conn.execute(f"SELECT id FROM review_jobs{live} ORDER BY id")]
     mark_job_files_due(store, ids)
-    mark_reports_due(store)
+    mark_reports_due(store, everything)
     prompt = prompt_renderer(store, ws.state_dir, ws.root)
     jobs = write_due_job_files(store, ws.state_dir, ids, prompt, late=False)
     return jobs, write_due_reports(store, ws.state_dir, late=False)

@@ -198,12 +198,13 @@ def escalate(
     return esc_id
 
 
-def mark_reports_due(store: Store) -> int:
-    """Mark every escalation's report to be written again (deleted or damaged by hand:
-    it renders state.db); the number marked."""
+def mark_reports_due(store: Store, decided_too: bool = False) -> int:
+    """Mark open escalations' reports (with ``decided_too``, every one's) to be written
+    again (deleted or damaged by hand: they render state.db); the number marked."""
+    which = "" if decided_too else " WHERE decision IS NULL"
     with store.write():
         return store.conn.execute(
-            "INSERT OR REPLACE INTO escalation_reports_due SELECT id, ?, ? FROM escalations",
+            f"INSERT OR REPLACE INTO escalation_reports_due SELECT id, ?, ? FROM escalations{which}",
             (utcnow(), NOT_TRIED),
         ).rowcount
 
