@@ -403,3 +403,45 @@ def test_a_second_ctrl_c_does_not_leave_an_agent_that_ignores_the_first(kb, tmp_
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert process_gone(agent)
+
+
+def test_a_run_job_that_fails_says_why_its_attempt_was_lost(kb, monkeypatch):
+    """Any error after the attempt opened was recorded as a signal ("run-job was
+    stopped"): the real error was not recorded anywhere."""
+    from workers import foreground
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("finalize broke")
+
+    monkeypatch.setattr(foreground, "finalize_by_hand", broken)
+    ws = Workspace.open(kb.root)
+    try:
+        with pytest.raises(RuntimeError):
+            run_job(ws, 1, "fake")
+        row = ws.store.conn.execute("SELECT outcome, reasons FROM attempts WHERE job_id = 1")
+        outcome, reasons = row.fetchone()
+    finally:
+        ws.close()
+    assert outcome == "lost"
+    assert json.loads(reasons) == [
+        "run-job failed (RuntimeError: finalize broke); the job is queued again"
+    ]
+
+
+def test_a_signal_ignored_when_run_job_starts_stays_ignored():
+    """nohup and `cmd &` in a script start a process with SIGHUP or SIGINT ignored: taking
+    them over made such a run-job (or sweep) stop on a signal it was meant to ignore."""
+    from workers.parent import terminate_raises
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with terminate_raises([], ctrl_c=True):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)

@@ -67,18 +67,19 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     write_due_job_files(
         store, ws.state_dir, [job_id], prompt_renderer(store, ws.state_dir, ws.root), late=False
     )
-    with terminate_raises([]):
+    with terminate_raises([], ctrl_c=True):
         opened = open_attempt(
             store, ws.state_dir, ws.root, job_id, profile.name, partition=profile.partition
         )
         try:
             return _run(ws, job_id, profile, reviewer, opened)
-        except BaseException:
-            # Ctrl-C, SIGTERM, a closed terminal, at any moment after the attempt opened:
-            # the agent is stopped (run_attempt kills its group) and the job queued again.
-            # Left as they were, the job and attempt stayed running for good without a
-            # control process, whether the agent ran or its output was being finalized.
-            _stopped(store, job_id, opened.attempt)
+        except BaseException as exc:
+            # Ctrl-C, SIGTERM, a closed terminal (or an error), at any moment after the
+            # attempt opened: the agent is stopped (run_attempt kills its group) and the
+            # job queued again. Left as they were, the job and attempt stayed running for
+            # good without a control process, whether the agent ran or its output was
+            # being finalized.
+            _stopped(store, job_id, opened.attempt, exc)
             raise
 
 
@@ -179,10 +180,14 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
     return ForegroundResult(outcome, result, followed)
 
 
-def _stopped(store, job_id: int, attempt: int) -> None:  # noqa: ANN001 - a Store
+def _stopped(store, job_id: int, attempt: int, exc: BaseException) -> None:  # noqa: ANN001 - a Store
     """This run-job was stopped: its attempt is lost and the job queued again, for the
-    control process or another run-job (as the reaper would, without waiting a lease)."""
-    reason = "run-job was stopped (an interrupt or a signal); the job is queued again"
+    control process or another run-job (as the reaper would, without waiting a lease),
+    with what stopped it."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        reason = "run-job was stopped (an interrupt or a signal); the job is queued again"
+    else:
+        reason = f"run-job failed ({type(exc).__name__}: {exc}); the job is queued again"
     with store.write():
         if not is_current(store, job_id, attempt):
             return

@@ -34,13 +34,16 @@ def follow_parent() -> None:
 
 
 @contextlib.contextmanager
-def terminate_raises(terminated: list) -> Iterator[None]:
+def terminate_raises(terminated: list, ctrl_c: bool = False) -> Iterator[None]:
     """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
     a sweep or a run-job as Ctrl-C does, so that what it started is stopped: by default
-    Python dies at once and leaves its children running agents. Once one came (Ctrl-C
-    too), any further one is ignored until the process ends: the children are being
-    stopped, and what is owed (a summary, the job queued again) is due. ``terminated``
-    gets the signal's number."""
+    Python dies at once and leaves its children running agents. Once one came, any
+    further one is ignored until the process ends: the children are being stopped, and
+    what is owed (a summary, the job queued again) is due. ``terminated`` gets the
+    signal's number. With ``ctrl_c``, SIGINT is taken so too (a run-job: a second Ctrl-C
+    within the grace given an agent that ignores SIGTERM left it running, its
+    registration gone); a sweep keeps it, where a second Ctrl-C means "at once". A
+    signal ignored when this starts (``nohup``, ``cmd &`` in a script) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -50,9 +53,15 @@ def terminate_raises(terminated: list) -> Iterator[None]:
             terminated.append(signum)
             raise KeyboardInterrupt
 
-    # SIGINT too: a second Ctrl-C during the stop left an agent that had ignored the
-    # first signal running, its registration already gone.
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    wanted = (
+        (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        if ctrl_c
+        else (
+            signal.SIGTERM,
+            signal.SIGHUP,
+        )
+    )
+    signals = [s for s in wanted if signal.getsignal(s) is not signal.SIG_IGN]
     old = {s: signal.signal(s, interrupt) for s in signals}
     try:
         yield

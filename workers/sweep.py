@@ -262,9 +262,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
                 children.check()
                 time.sleep(POLL_S)
         finally:
-            # Ctrl-C stops them as a person would (SIGINT: tasks end cleanly); a kill or
-            # a closed terminal, at once.
-            children.stop(at_once=any(s != signal.SIGINT for s in terminated))
+            children.stop(at_once=bool(terminated))
     paused = paused_reviewers(ws.store, utcnow())
     final = progress(store, jobs, set(paused), over_budget_runs(store))
     out = SweepOutcome(
