@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -690,3 +691,29 @@ def test_two_links_to_one_file_are_one_note_and_a_link_to_an_unnamable_note_is_i
     notes = {t["note_path"] for t in res.json()["targets"]}
     assert {"kb/notes/l1.md", "kb/notes/ab.md"} <= notes
     assert "kb/notes/l2.md" not in notes
+
+
+def test_which_of_two_links_is_the_note_does_not_depend_on_the_selection(small, run_cli):
+    """The first by name was judged within the selection: `--note kb/notes/sub` reviewed
+    l2, which a full select skips, and a folder's sweep reviewed the file a second time."""
+    small.write("docs/out.md", "---\ntitle: Out\ndescription: Kept elsewhere.\n---\n\nBody.\n")
+    (small.root / "kb/notes/sub").mkdir()
+    (small.root / "kb/notes/l1.md").symlink_to(small.root / "docs/out.md")
+    (small.root / "kb/notes/sub/l2.md").symlink_to(small.root / "docs/out.md")
+    res = run_cli("select", "--all-gates", "--note", str(small.root / "kb/notes/sub"), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert not res.json()["targets"]
+    assert "kb/notes/sub/l2.md: a symlink to docs/out.md, which kb/notes/l1.md names" in (
+        res.stderr
+    )
+
+
+def test_a_link_to_a_note_whose_name_is_not_utf8_is_its_note(small, run_cli):
+    import os
+
+    bad = os.fsencode(small.root / "kb/notes") + b"/bad\xff.md"
+    Path(os.fsdecode(bad)).write_text("---\ntitle: Bad\ndescription: D.\n---\n\nBody.\n")
+    (small.root / "kb/notes/good-name.md").symlink_to(os.fsdecode(bad))
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert "kb/notes/good-name.md" in {t["note_path"] for t in res.json()["targets"]}

@@ -425,24 +425,31 @@ class KB:
             found.update(self.walk(base, self.problems, notes=True, links=links))
         if under is not None:
             found = {rel for rel in found if self.in_note_roots(rel)}
-        return sorted(found - self._second_names(links & found))
+        links &= found
+        if links and under is not None:
+            # Which link is first is judged over all the note roots: judged within a
+            # selection, a folder's sweep reviewed a file under a name the full one skips.
+            for start in self.note_roots:
+                for _ in self.walk(self.root / start, [], notes=True, links=links):
+                    pass
+        second = self._second_names(links)
+        for rel in sorted(second.keys() & found):
+            self.problems.append(FileProblem(rel, second[rel]))
+        return sorted(found - second.keys())
 
-    def _second_names(self, links: set[str]) -> set[str]:
-        """Links among the notes that name a file another link names already: the first
-        by name is its note, the others are skipped (each was reviewed, and fixed, as a
-        note of its own)."""
+    def _second_names(self, links: set[str]) -> dict[str, str]:
+        """Links among the notes that name a file another link names already, with why
+        they are skipped: the first by name is its note (each was reviewed, and fixed,
+        as a note of its own)."""
         by_target: dict[str, list[str]] = {}
         for rel in links:
             by_target.setdefault(os.path.realpath(os.path.join(self.root, rel)), []).append(rel)
-        second: set[str] = set()
+        second: dict[str, str] = {}
         for target, rels in by_target.items():
             first, *others = sorted(rels)
             shown = os.path.relpath(target, self.root).replace(os.sep, "/")
             for rel in others:
-                self.problems.append(
-                    FileProblem(rel, f"a symlink to {shown}, which {first} names too; skipped")
-                )
-                second.add(rel)
+                second[rel] = f"a symlink to {shown}, which {first} names too; skipped"
         return second
 
     def _elsewhere(self, rel: str) -> str | None:
@@ -460,7 +467,9 @@ class KB:
             target.endswith(".md")
             and self.in_note_roots(target)
             and not any(part.startswith(".") for part in target.split("/"))
-            and name_problem(target) is None  # else the scan skips it: the link is its note
+            # ... one the scan reviews: else the link is its note
+            and _utf8(target)
+            and name_problem(target) is None
         ):
             return f"a symlink to {target}, a note reviewed under its own name; skipped"
         return None
