@@ -268,7 +268,7 @@ def configure(
         path = log_path(state_dir)
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.parent.mkdir(exist_ok=True)
-        if path.exists():
+        if path.exists() or path.is_symlink():  # a link to nowhere fails here too
             # Opened on its first line, a log that cannot be was found only then: a
             # command past its checks went on with tracebacks, the control crashed.
             with open(path, "a", encoding="utf-8"):

@@ -547,5 +547,8 @@ def test_a_log_that_cannot_be_created_is_one_line_too(kb):
     assert not (kb.state / "state.db").exists()
     (logs_dir / "reviewq.jsonl").symlink_to("/nonexistent/reviewq.jsonl")
     res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates")
-    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
-    assert f"warning: {logs_dir / 'reviewq.jsonl'}: cannot write the log" in res.stderr
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.splitlines() == [
+        f"error: {logs_dir / 'reviewq.jsonl'}: cannot open the log: No such file or directory"
+    ], res.stderr
+    assert not (kb.state / "state.db").exists()

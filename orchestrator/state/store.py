@@ -99,7 +99,10 @@ class ReviewRecord:
 
 
 # What reviewq makes in a state folder: one holding anything else is not reviewq's alone.
-_STATE_ENTRIES = {"logs", "queue", "jobs", "escalations", "cache", "worker", "run", "control.lock"}
+_STATE_ENTRIES = {
+    *("logs", "queue", "jobs", "escalations", "cache", "worker", "run", "control.lock"),
+    *("state.db-wal", "state.db-shm", "state.db-journal", "report.html"),
+}
 
 
 def _ignored_by_git(folder: Path) -> None:
@@ -109,8 +112,9 @@ def _ignored_by_git(folder: Path) -> None:
     reviewq's own (`--state .` in ROOT would have hidden the whole KB from git)."""
     with contextlib.suppress(OSError):
         ignore = folder / ".gitignore"
-        if ignore.exists() or any(e.name not in _STATE_ENTRIES for e in os.scandir(folder)):
-            return
+        with os.scandir(folder) as entries:
+            if ignore.exists() or any(e.name not in _STATE_ENTRIES for e in entries):
+                return
         ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
 
