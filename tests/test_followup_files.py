@@ -747,10 +747,9 @@ def test_renderings_deleted_by_hand_are_written_again_from_the_database(kb, run_
     assert run_cli("doctor").exit_code == 0
 
 
-def test_an_attempt_whose_kb_change_was_excused_still_says_why_it_failed(cycle):
-    """Its only change to the KB was a fix reviewq wrote meanwhile, so it was judged as
-    no-output, with its reasons cleared: `job N` showed none, and the retry's prompt had
-    no "previous attempt" section to tell the agent what went wrong."""
+def _excused(cycle, **outcome) -> tuple[str, list[str]]:
+    """The next job's attempt ends reviewer-touched-kb, its one change a fix reviewq wrote
+    meanwhile (so excused), with ``outcome``'s fields; its recorded outcome and reasons."""
     _, ws, control, sent, _ = cycle
     control.dispatch()
     msg = sent.pop(0)
@@ -768,46 +767,31 @@ def test_an_attempt_whose_kb_change_was_excused_still_says_why_it_failed(cycle):
             "touched": [note],
             "touched_hashes": {note: sha},
             "reasons": [f"the reviewer changed {note}"],
+            **outcome,
         }
     )
     row = ws.store.conn.execute(
         "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = ?",
         (msg["job_id"], msg["attempt"]),
     ).fetchone()
-    assert row[0] == "no-output"
-    assert json.loads(row[1]) == ["exited 0 without writing its output"]
+    return row[0], json.loads(row[1])
+
+
+def test_an_attempt_whose_kb_change_was_excused_still_says_why_it_failed(cycle):
+    """Its only change to the KB was a fix reviewq wrote meanwhile, so it was judged as
+    no-output, with its reasons cleared: `job N` showed none, and the retry's prompt had
+    no "previous attempt" section to tell the agent what went wrong. (A worker of an
+    earlier release sends no judgement of its own.)"""
+    assert _excused(cycle) == ("no-output", ["exited 0 without writing its output"])
 
 
 def test_an_excused_attempt_is_judged_as_it_ended_without_the_change(cycle):
     """The excuse made every such attempt "output" or "no-output": one that had burned
     out was counted as a failure and not split, and a reviewer's outage counted against
     the job."""
-    _, ws, control, sent, _ = cycle
-    control.dispatch()
-    msg = sent.pop(0)
-    note = next(iter(msg["guarded"]))
-    sha = "0" * 64
-    with ws.store.write():
-        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, '2026-01-01')", (note, sha))
     outage = "rate-limited: 429 Too Many Requests"
-    control.on_outcome(
-        {
-            "job_id": msg["job_id"],
-            "attempt": msg["attempt"],
-            "classification": "reviewer-touched-kb",
-            "output": None,
-            "exit_code": 1,
-            "touched": [note],
-            "touched_hashes": {note: sha},
-            "reasons": [f"the reviewer changed {note}"],
-            "untouched": ["reviewer-failure", [outage]],
-        }
-    )
-    row = ws.store.conn.execute(
-        "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = ?",
-        (msg["job_id"], msg["attempt"]),
-    ).fetchone()
-    assert (row[0], json.loads(row[1])) == ("reviewer-failure", [outage])
+    got = _excused(cycle, exit_code=1, untouched=["reviewer-failure", [outage]])
+    assert got == ("reviewer-failure", [outage])
 
 
 def test_an_excused_attempts_own_judgement_is_redacted_and_must_be_a_known_one(cycle):
@@ -815,29 +799,6 @@ def test_an_excused_attempts_own_judgement_is_redacted_and_must_be_a_known_one(c
     control knows (and the worker elsewhere did not) reached state.db and the retry."""
     from orchestrator import logs
 
-    _, ws, control, sent, _ = cycle
     logs.add_secrets(["controlsecret-123456"])
-    control.dispatch()
-    msg = sent.pop(0)
-    note = next(iter(msg["guarded"]))
-    sha = "0" * 64
-    with ws.store.write():
-        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, '2026-01-01')", (note, sha))
-    control.on_outcome(
-        {
-            "job_id": msg["job_id"],
-            "attempt": msg["attempt"],
-            "classification": "reviewer-touched-kb",
-            "output": None,
-            "exit_code": 0,
-            "touched": [note],
-            "touched_hashes": {note: sha},
-            "reasons": [],
-            "untouched": ["no-output", ["key controlsecret-123456 refused"]],
-        }
-    )
-    row = ws.store.conn.execute(
-        "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = ?",
-        (msg["job_id"], msg["attempt"]),
-    ).fetchone()
-    assert (row[0], json.loads(row[1])) == ("no-output", ["key [redacted] refused"])
+    got = _excused(cycle, untouched=["no-output", ["key controlsecret-123456 refused"]])
+    assert got == ("no-output", ["key [redacted] refused"])

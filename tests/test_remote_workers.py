@@ -406,7 +406,16 @@ def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
     ws.close()
 
 
-def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeypatch):
+REVIEW_MSG = {
+    "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
+    "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
+    "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
+    "max_output_bytes": 1000,
+}  # fmt: skip
+
+
+def _worker_in_process(tmp_path: Path, monkeypatch):  # noqa: ANN202
+    """This process as a worker whose sends are kept in the list returned, not sent."""
     from orchestrator.config import load_settings
     from workers import tasks
 
@@ -414,13 +423,15 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     settings = load_settings(tmp_path, tmp_path / "w", config)
     sent: list[tuple] = []
     monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
-    msg = {
-        "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "nobody",
-        "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
-        "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
-        "max_output_bytes": 1000,
-    }  # fmt: skip
     monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "w"))
+    return settings, sent
+
+
+def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeypatch):
+    from workers import tasks
+
+    settings, sent = _worker_in_process(tmp_path, monkeypatch)
+    msg = {**REVIEW_MSG, "reviewer": "nobody"}
     tasks.run_review(msg)  # a profile this worker's file does not have
     (tmp_path / "blocked").write_text("a file where the attempts folder should be")
     monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "blocked"))
@@ -437,26 +448,15 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
 def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypatch):
     """An error out of the attempt left the task with no outcome sent: the attempt was
     reaped as never picked up, which counts toward nothing, and ran again for good."""
-    from orchestrator.config import load_settings
     from workers import tasks
 
-    config = worker_toml(tmp_path / "worker.toml", "redis://127.0.0.1:1/0")
-    settings = load_settings(tmp_path, tmp_path / "w", config)
-    sent: list[tuple] = []
-    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
+    _, sent = _worker_in_process(tmp_path, monkeypatch)
 
     def broken(*args, **kwargs):
         raise RuntimeError("a defect in the worker")
 
     monkeypatch.setattr(tasks, "run_attempt", broken)
-    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "w"))
-    msg = {
-        "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
-        "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
-        "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
-        "max_output_bytes": 1000,
-    }  # fmt: skip
-    tasks.run_review(msg)
+    tasks.run_review(REVIEW_MSG)
     (outcome,) = [args[1] for args in sent if args[0] == "deliver_outcome"]
     assert outcome["classification"] == "launch-failure"
     assert "RuntimeError: a defect in the worker" in outcome["reasons"][0]
