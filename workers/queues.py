@@ -474,10 +474,11 @@ def _redis_waiting(storage: RedisStorage, limit: int, budget: float) -> list[tup
 
 # A queue that is unavailable (Redis restarting, a file locked past its busy timeout) is
 # waited for, up to two minutes, before the write gives up.
+SEND_PATIENCE_S = 120.0
 _WHILE_UNAVAILABLE = {
     "retry": retry_if_exception_type(QUEUE_UNAVAILABLE),
     "wait": wait_exponential(multiplier=0.2, max=10),
-    "stop": stop_after_delay(120),
+    "stop": stop_after_delay(SEND_PATIENCE_S),
     "reraise": True,
 }
 
@@ -523,7 +524,6 @@ def the_app() -> App:
     return _app
 
 
-SEND_PATIENCE_S = 120.0  # a queue unavailable this long: a write gives up
 # An outcome is an agent's run, paid for: worth waiting out a longer outage (Redis
 # restarted, a network down) than a heartbeat or a nudge is. Given up after two minutes,
 # the outcome was dropped and the agent ran again once the reaper took its attempt back.
@@ -548,13 +548,10 @@ def send(task: str, *args: Any, patience_s: float | None = None) -> None:
         return
     except QUEUE_UNAVAILABLE:
         pass
-    Retrying(
-        retry=retry_if_exception_type(QUEUE_UNAVAILABLE),
-        wait=wait_exponential(multiplier=0.2, max=10),
-        stop=stop_after_delay(SEND_PATIENCE_S if patience_s is None else patience_s),
-        before_sleep=said_retrying,
-        reraise=True,
-    )(send_once, task, *args)
+    patience = stop_after_delay(SEND_PATIENCE_S if patience_s is None else patience_s)
+    Retrying(**{**_WHILE_UNAVAILABLE, "stop": patience}, before_sleep=said_retrying)(
+        send_once, task, *args
+    )
 
 
 def send_once(task: str, *args: Any) -> None:
