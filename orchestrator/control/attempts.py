@@ -256,10 +256,10 @@ def supersede(store: Store, job_id: int, attempt: int, telemetry: object = None)
             "WHERE job_id = ? AND attempt = ?",
             (
                 utcnow(),
-                spent(t.get("cost_usd")),
-                spent(t.get("input_tokens")),
-                spent(t.get("output_tokens")),
-                spent(t.get("num_turns")),
+                _spent(t.get("cost_usd")),
+                _spent(t.get("input_tokens")),
+                _spent(t.get("output_tokens")),
+                _spent(t.get("num_turns")),
                 job_id,
                 attempt,
             ),
@@ -293,7 +293,7 @@ def is_current(store: Store, job_id: int, attempt: int) -> bool:
     return row is not None and row[0] == attempt and row[1] == "running"
 
 
-def spent(value: object) -> float | None:
+def _spent(value: object) -> float | None:
     """A count or a cost from telemetry, or None: SQLite stores no NaN, and what is not a
     finite number is nobody's spend."""
     return value if storable_number(value) else None
