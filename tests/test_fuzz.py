@@ -489,18 +489,24 @@ def test_a_50mb_output_is_rejected_by_size_without_decoding() -> None:
     assert elapsed < 1.0  # generous: it is one len() and a string format
 
 
-def test_an_output_at_the_limit_costs_a_small_multiple_of_its_size() -> None:
-    pair = ExpectedPair(NOTES[0], GATES[0])
-    head = (start_line(pair.note_path, pair.gate_path) + "\n").encode()
-    tail = ("## Result: PASS\n" + end_line(pair.note_path, pair.gate_path) + "\n").encode()
-    data = head + b"x" * (DEFAULT_MAX_BYTES - len(head) - len(tail) - 1) + b"\n" + tail
-    assert len(data) == DEFAULT_MAX_BYTES
+def _parsed_with_peak(data: bytes, pair: ExpectedPair):  # noqa: ANN202
+    """The parse of ``data`` against ``pair``, and the most memory Python held during it."""
     tracemalloc.start()
     try:
         res = parse_bundle(data, [pair])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    return res, peak
+
+
+def test_an_output_at_the_limit_costs_a_small_multiple_of_its_size() -> None:
+    pair = ExpectedPair(NOTES[0], GATES[0])
+    head = (start_line(pair.note_path, pair.gate_path) + "\n").encode()
+    tail = ("## Result: PASS\n" + end_line(pair.note_path, pair.gate_path) + "\n").encode()
+    data = head + b"x" * (DEFAULT_MAX_BYTES - len(head) - len(tail) - 1) + b"\n" + tail
+    assert len(data) == DEFAULT_MAX_BYTES
+    res, peak = _parsed_with_peak(data, pair)
     assert res.ok
     assert peak < 5 * len(data), f"peak {peak} for {len(data)} bytes"
 
@@ -518,12 +524,7 @@ def test_an_output_of_a_million_defects_keeps_fifty_and_counts_the_rest() -> Non
         + end_line(pair.note_path, pair.gate_path)
         + "\n"
     ).encode()
-    tracemalloc.start()
-    try:
-        res = parse_bundle(data, [pair])
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    res, peak = _parsed_with_peak(data, pair)
     assert not res.ok
     assert len(res.reasons) == MAX_REASONS + 1
     assert res.reasons[-1] == f"... and {lines - MAX_REASONS} more problem(s)"
