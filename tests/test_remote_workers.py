@@ -899,3 +899,28 @@ def test_an_outcome_outlasts_a_queue_outage_longer_than_an_ordinary_send_waits(
             assert task.args[0]["job_id"] == 7
     finally:
         sender.join(timeout=60)
+
+
+def test_a_send_says_its_first_failure(monkeypatch):
+    """A send was tried once in silence before its retries began: a queue file locked for
+    less than two busy timeouts (the first try waits one, the second the rest) left no
+    line in any log, and the outage test could not tell it had happened."""
+    import sqlite3
+
+    from workers import queues
+
+    tries: list[str] = []
+
+    def locked_once(task, *args) -> None:
+        tries.append(task)
+        if len(tries) == 1:
+            raise sqlite3.OperationalError("database is locked")
+
+    said: list[str] = []
+    monkeypatch.setattr(queues, "send_once", locked_once)
+    monkeypatch.setattr(
+        queues, "said_retrying", lambda rs: said.append(str(rs.outcome.exception()))
+    )
+    queues.send("deliver_outcome", {})
+    assert tries == ["deliver_outcome"] * 2
+    assert said == ["database is locked"]

@@ -542,12 +542,8 @@ def said_retrying(rs: Any) -> None:
 def send(task: str, *args: Any, patience_s: float | None = None) -> None:
     """Enqueue ``task`` on its queue, retrying while the queue backend is unavailable, for
     up to ``patience_s`` (:data:`SEND_PATIENCE_S` unless given); then the error is raised.
-    Tried once before any retry machinery is made: sends are on every job's path."""
-    try:
-        send_once(task, *args)
-        return
-    except QUEUE_UNAVAILABLE:
-        pass
+    Every failure is said, the first too: an outage shorter than two busy timeouts is
+    otherwise silent."""
     patience = stop_after_delay(SEND_PATIENCE_S if patience_s is None else patience_s)
     Retrying(**{**_WHILE_UNAVAILABLE, "stop": patience}, before_sleep=said_retrying)(
         send_once, task, *args
