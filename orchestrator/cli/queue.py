@@ -35,6 +35,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES, held_by_budget
+from orchestrator.state.store import STATE_ENTRIES
 from orchestrator.state.workspace import Workspace
 
 
@@ -597,23 +598,6 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
     warn([])
 
 
-# What the control process and a local worker write in the state folder.
-_WRITTEN_IN_STATE = (
-    ".",
-    "state.db",
-    "control.lock",
-    "logs",
-    "logs/reviewq.jsonl",
-    "jobs",
-    "escalations",
-    "queue",
-    "queue/review.db",
-    "queue/control.db",
-    "worker",
-    "cache",
-)
-
-
 def _doctor_control_side(ws: Workspace, report) -> bool:
     """The KB, the gates and state.db: what the control process's machine needs. False
     when ROOT holds no KB (nothing else is checked, and nothing made there)."""
@@ -646,7 +630,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
 
     # Run as the service user, doctor said all was well of a state folder whose lock, log
     # or job folders that user could not write: the control crashed at its start.
-    for name in _WRITTEN_IN_STATE:
+    for name in (".", *STATE_ENTRIES):
         path = ws.state_dir / name
         if path.exists() and not os.access(path, os.W_OK):
             report(False, f"{path} cannot be written by this user (uid {os.getuid()})")

@@ -98,11 +98,14 @@ class ReviewRecord:
     rationale: str = ""
 
 
-# What reviewq makes in a state folder: one holding anything else is not reviewq's alone.
-_STATE_ENTRIES = {
-    *("logs", "queue", "jobs", "escalations", "cache", "worker", "run", "control.lock"),
-    *("state.db-wal", "state.db-shm", "state.db-journal", "report.html"),
-}
+# What reviewq writes in a state folder, relative to it: doctor checks that the user can
+# write each one there is, and a folder holding anything else is not reviewq's alone.
+STATE_ENTRIES = (
+    *("state.db", "state.db-wal", "state.db-shm", "state.db-journal", "control.lock"),
+    *("logs", "logs/reviewq.jsonl", "jobs", "escalations", "cache", "run", "report.html"),
+    *("queue", "queue/review.db", "queue/control.db", "worker"),
+)
+_TOP_ENTRIES = {entry.partition("/")[0] for entry in STATE_ENTRIES}
 
 
 def _ignored_by_git(folder: Path) -> None:
@@ -113,7 +116,7 @@ def _ignored_by_git(folder: Path) -> None:
     with contextlib.suppress(OSError):
         ignore = folder / ".gitignore"
         with os.scandir(folder) as entries:
-            if ignore.exists() or any(e.name not in _STATE_ENTRIES for e in entries):
+            if ignore.exists() or any(e.name not in _TOP_ENTRIES for e in entries):
                 return
         ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
