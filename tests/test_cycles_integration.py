@@ -484,6 +484,28 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
     assert json.loads(rq(kb, "report", "--json").stdout)["needs_you"]["failed_jobs"] == []
 
 
+def test_an_audit_that_fails_under_run_job_goes_to_a_person(kb):
+    """run-job failed an audit job at once and escalated nothing: the reviewer's PASS
+    stood unaudited for good, since no sweep audits an accepted PASS again."""
+    kb.gate("prose/body-check", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_DECISIONS="PASS"),
+        profile("auditor", partition="audit", FAKE_MODE="bad"),
+    )
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    res = rq(kb, "run-job", "1", "--reviewer", "fake")
+    assert res.returncode == 0 and "follow-up: audit job 2 queued" in res.stdout, res.stdout
+    res = rq(kb, "run-job", "2", "--reviewer", "auditor")
+    assert res.returncode == 1 and "error: job 2 failed" in res.stderr, res.stderr
+    assert "escalated: kb/notes/alpha.md prose/body-check" in res.stderr, res.stderr
+    with db(kb) as conn:
+        escs = conn.execute("SELECT model_partition, reason FROM escalations").fetchall()
+    assert [e[0] for e in escs] == ["fake"]
+    assert escs[0][1].startswith("the auditor (auditor) failed when run by hand"), escs[0][1]
+
+
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):
     """Garbage output three times says nothing about the note: the report recommended
     "reject" and the summary offered "approve", each a verdict nobody made."""

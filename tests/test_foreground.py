@@ -445,3 +445,31 @@ def test_a_signal_ignored_when_run_job_starts_stays_ignored():
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, old)
+
+
+@pytest.mark.parametrize("mode", ["nothing", "bad-fix"])
+def test_a_fix_job_that_fails_under_run_job_goes_to_a_person(kb, monkeypatch, run_cli, mode):
+    """run-job failed a fix job at once and escalated nothing: its FAILs stayed accepted,
+    and no sweep starts a fix for an accepted FAIL, so nothing would fix, escalate or
+    review the note again. As after a fix that failed every queued attempt, each FAIL
+    now waits for a person, and run-job names the escalations."""
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    # "nothing": no output file; "bad-fix": a fixed note that is not UTF-8.
+    blank = '["sh", "-c", "printf \'\\\\377\' > \\"$REVIEWQ_OUTPUT_PATH\\""]'
+    kb.write("reviewq.toml", fake_profile(command=blank if mode == "bad-fix" else None))
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    job_id = queue_fix(ws.kb, ws.store, ws.state_dir, note)
+    ws.close()
+    monkeypatch.setenv("FAKE_MODE", "nothing")
+    res = run_cli("run-job", str(job_id), "--reviewer", "fake")
+    assert res.exit_code == 1, res.stdout + res.stderr
+    assert f"error: job {job_id} failed" in res.stderr
+    with db(kb) as conn:
+        escalated = [
+            tuple(r) for r in conn.execute("SELECT note_path, gate_id, reason FROM escalations")
+        ]
+    assert [(n, g) for n, g, _ in escalated] == [(note, "prose/body-check")], escalated
+    assert "the fixer failed" in escalated[0][2] and "every attempt" not in escalated[0][2]
+    assert "escalation" in res.stdout + res.stderr, res.stdout + res.stderr

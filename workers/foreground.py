@@ -13,7 +13,6 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.control.attempts import (
-    fail_job,
     heartbeat,
     is_current,
     lose,
@@ -23,7 +22,7 @@ from orchestrator.control.attempts import (
     set_outcome,
     supersede,
 )
-from orchestrator.control.followup import Followed, FollowUp, finalize_by_hand
+from orchestrator.control.followup import Followed, FollowUp, fail_by_hand, finalize_by_hand
 from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
@@ -155,7 +154,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             duration_s=outcome.duration_s,
         )
         if outcome.classification == OUTPUT and opened.kind == "fix":
-            result = _apply_fix(ws, job_id, opened.attempt, outcome)
+            result, followed = _apply_fix(ws, job_id, opened.attempt, outcome)
         elif outcome.classification == OUTPUT:
             result, followed = finalize_by_hand(
                 ws,
@@ -176,7 +175,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             why = f"split into one-pair jobs {', '.join(map(str, new))}"
             result = FinalizeResult(job_id, "split", [*outcome.reasons, why])
         else:
-            fail_job(store, ws.state_dir, job_id, outcome.reasons)
+            followed = fail_by_hand(ws, job_id, outcome.reasons)
     return ForegroundResult(outcome, result, followed)
 
 
@@ -206,9 +205,11 @@ def _given_note(opened) -> Path | None:  # noqa: ANN001 - an OpenedAttempt
     return path
 
 
-def _apply_fix(ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome) -> FinalizeResult:
+def _apply_fix(
+    ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome
+) -> tuple[FinalizeResult, Followed]:
     """A fixer's output is the note's new text, applied as the control process would; an
-    unusable one fails the job at once, as the manual path does for a review."""
+    unusable one fails the job at once (:func:`fail_by_hand`)."""
     store = ws.store
     follow = FollowUp(ws)
     with store.write():
@@ -221,6 +222,5 @@ def _apply_fix(ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome
             [problem] if problem else None,
         )
     if problem:
-        fail_job(store, ws.state_dir, job_id, [problem])
-        return FinalizeResult(job_id, "failed", [problem])
-    return FinalizeResult(job_id, "completed")
+        return FinalizeResult(job_id, "failed", [problem]), fail_by_hand(ws, job_id, [problem])
+    return FinalizeResult(job_id, "completed"), Followed()

@@ -318,6 +318,7 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
     reasons = res.finalized.failure_reasons if res.finalized is not None else out.reasons
     for r in reasons:
         click.echo(f"reason: {r}", err=True)
+    show_followed(ws, res.followed, err=True)  # a failed fix's FAILs, gone to a person
     state = {
         "launch-failure": "queued again (launch failure)",
         "reviewer-failure": "queued again (reviewer failure, not the job's)",

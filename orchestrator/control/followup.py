@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from orchestrator import logs
 from orchestrator.config import ConfigError
+from orchestrator.control.attempts import fail_job
 from orchestrator.cycles import escalations as cycles
 from orchestrator.cycles.escalations import DecideError
 from orchestrator.cycles.fixes import (
@@ -45,10 +46,11 @@ class FollowUp:
         with self._or_logged(job_id, "after a completed job"):
             self._after_completed(job_id)
 
-    def after_failed(self, job_id: int, reasons: list[str]) -> None:
-        """A job out of attempts: its pairs go to a person with the reason."""
+    def after_failed(self, job_id: int, reasons: list[str], *, by_hand: bool = False) -> None:
+        """A job out of attempts (``by_hand``: failed at once on a manual path): its pairs
+        go to a person with the reason."""
         with self._or_logged(job_id, "after a failed job"):
-            self._after_failed(job_id, reasons)
+            self._after_failed(job_id, reasons, by_hand)
 
     @contextmanager
     def _or_logged(self, job_id: int, what: str) -> Iterator[None]:
@@ -131,10 +133,11 @@ class FollowUp:
                 recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
             )
 
-    def _after_failed(self, job_id: int, reasons: list[str]) -> None:
+    def _after_failed(self, job_id: int, reasons: list[str], by_hand: bool) -> None:
         job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
         why = "; ".join(reasons[:3]) or "no reason recorded"
+        failed = "failed when run by hand" if by_hand else "failed every attempt"
         # An agent that failed every attempt said nothing about the note: the person is
         # asked to repair it and redo, not to reject the note for it.
         if job["kind"] == "audit":
@@ -145,21 +148,21 @@ class FollowUp:
             what = f"the auditor ({job['reviewer']})"
             owner, call = self.job(job["source_job_id"]), "approve"
             recommend = (
-                f"{what} failed every attempt ({why}); the reviewer's PASS stands unaudited: "
+                f"{what} {failed} ({why}); the reviewer's PASS stands unaudited: "
                 "approve it, or repair the auditor"
             )
         else:
             what = "the fixer" if job["kind"] == "fix" else "the reviewer"
             owner, call = job, "redo"
             recommend = (
-                f"{what} failed every attempt ({why}), which is no judgement of the note; "
+                f"{what} {failed} ({why}), which is no judgement of the note; "
                 f"repair {what}, then redo"
             )
         pairs = self._pairs(job_id)
         if job["kind"] == "fix":
             pairs = [*pairs, *self._failures_left(job, {p["gate_id"] for p in pairs})]
         for p in pairs:
-            reason = f"{what} failed every attempt: {why}"
+            reason = f"{what} {failed}: {why}"
             with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
                 self._escalate_pair(owner, p, reason, opts, recommend, call=call)
 
@@ -586,12 +589,8 @@ def finalize_by_hand(
     by a fix, an audit, the escalation of a third rejection or a sequential sweep's next
     bundle, in the same transaction."""
     store = ws.store
-    followed = Followed()
     with store.write():
-        last_job, last_esc = store.conn.execute(
-            "SELECT (SELECT coalesce(max(id), 0) FROM review_jobs), "
-            "(SELECT coalesce(max(id), 0) FROM escalations)"
-        ).fetchone()
+        since = _last_ids(store)
         res = finalize(
             store,
             ws.state_dir,
@@ -602,22 +601,54 @@ def finalize_by_hand(
             max_bytes=ws.settings.max_output_bytes,
             within=cycles.record_decisions,
         )
+        follow = FollowUp(ws)
         if res.ok:
-            FollowUp(ws).after_completed(job_id)
-            followed.jobs = [
-                tuple(r)
-                for r in store.conn.execute(
-                    "SELECT id, kind FROM review_jobs WHERE id > ? ORDER BY id", (last_job,)
-                )
-            ]
-            followed.escalations = [
-                tuple(r)
-                for r in store.conn.execute(
-                    "SELECT id, note_path, gate_id FROM escalations WHERE id > ? ORDER BY id",
-                    (last_esc,),
-                )
-            ]
-    return res, followed
+            follow.after_completed(job_id)
+        elif follow.job(job_id)["kind"] != "review":
+            follow.after_failed(job_id, res.failure_reasons, by_hand=True)
+        return res, _followed_since(store, since)
+
+
+def fail_by_hand(ws: Workspace, job_id: int, reasons: list[str]) -> Followed:
+    """A manual path's failed job (``run-job``): failed at once (SPEC §5). A review's
+    pairs are free for a new job. A fix's FAILs and an audit's PASSes are not (no sweep
+    starts a fix or an audit of an accepted decision), so they go to a person, as after
+    a job out of queued attempts: left, they stayed accepted, fixed and audited by nothing."""
+    store = ws.store
+    with store.write():
+        since = _last_ids(store)
+        fail_job(store, ws.state_dir, job_id, reasons)
+        follow = FollowUp(ws)
+        if follow.job(job_id)["kind"] != "review":
+            follow.after_failed(job_id, reasons, by_hand=True)
+        return _followed_since(store, since)
+
+
+def _last_ids(store) -> tuple[int, int]:  # noqa: ANN001 - a Store
+    return store.conn.execute(
+        "SELECT (SELECT coalesce(max(id), 0) FROM review_jobs), "
+        "(SELECT coalesce(max(id), 0) FROM escalations)"
+    ).fetchone()
+
+
+def _followed_since(store, since: tuple[int, int]) -> Followed:  # noqa: ANN001 - a Store
+    """The jobs and escalations made after :func:`_last_ids` said ``since``."""
+    last_job, last_esc = since
+    return Followed(
+        jobs=[
+            tuple(r)
+            for r in store.conn.execute(
+                "SELECT id, kind FROM review_jobs WHERE id > ? ORDER BY id", (last_job,)
+            )
+        ],
+        escalations=[
+            tuple(r)
+            for r in store.conn.execute(
+                "SELECT id, note_path, gate_id FROM escalations WHERE id > ? ORDER BY id",
+                (last_esc,),
+            )
+        ],
+    )
 
 
 def findings(rationale: str | None) -> list[str]:
