@@ -785,3 +785,201 @@ def test_doctor_outside_a_kb_root_makes_no_state_folder(run_cli, tmp_path):
     assert res.exit_code == 1
     assert res.stdout.splitlines()[0] == f"problem: KB root {empty} holds kb/"
     assert list(empty.iterdir()) == []
+
+
+# --- openai: what an endpoint may answer besides a chat completion -------------------------
+
+
+class Answering:
+    """A loopback HTTP server whose every answer comes from ``handler(request, method,
+    body) -> (status, bytes, headers)``; it records (method, path, Authorization)."""
+
+    def __init__(self, handler) -> None:  # noqa: ANN001
+        self.seen: list[tuple[str, str, str | None]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.seen.append((method, self.path, self.headers.get("Authorization")))
+                status, data, headers = handler(self, method, body)
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                self._answer("POST")
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._answer("GET")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def answering() -> Iterator:
+    made: list[Answering] = []
+
+    def make(handler) -> Answering:  # noqa: ANN001
+        made.append(Answering(handler))
+        return made[-1]
+
+    yield make
+    for srv in made:
+        srv.close()
+
+
+def _chat(content: str, usage: dict | None = None) -> tuple[int, bytes, list]:
+    answer = {"choices": [{"message": {"content": content}}], "usage": usage or {}}
+    return 200, json.dumps(answer).encode(), [("Content-Type", "application/json")]
+
+
+@pytest.mark.parametrize("code", [308, 301])
+def test_openai_endpoint_that_redirects_is_the_profiles_failure(
+    kb2, run_cli, monkeypatch, answering, code
+):
+    """http:// where the server wants https://: a 308 was a counted no-output; after a
+    301 urllib sent a GET, and the server's 405 was one too. Three of them escalated the
+    night's pairs for a base_url to correct."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+
+    def redirect(request, method, body):  # noqa: ANN001
+        if method == "GET":
+            return 405, b'{"detail":"Method Not Allowed"}', []
+        return code, b"", [("Location", "https://127.0.0.1:1" + request.path)]
+
+    openai_profile(kb2, answering(redirect).url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert "redirects to https://127.0.0.1:1/v1/chat/completions" in res.outcome.reasons[0]
+
+
+def test_openai_key_is_not_sent_where_a_redirect_points(kb2, run_cli, monkeypatch, answering):
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    other = answering(lambda request, method, body: (200, b"<html>sign in</html>", []))
+    gateway = answering(
+        lambda request, method, body: (302, b"", [("Location", other.url + "/sso/login")])
+    )
+    openai_profile(kb2, gateway.url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert other.seen == [] and res.outcome.classification == "reviewer-failure"
+
+
+def test_openai_key_from_a_crlf_env_file_is_sent_without_its_line_end(
+    kb2, run_cli, monkeypatch, answering
+):
+    """A key ending in CR made http.client raise: a traceback whose last line held the
+    key went to stderr.log, and from there into the attempt's stored reasons."""
+    srv = answering(lambda request, method, body: (500, b"down", []))
+    openai_profile(kb2, srv.url, extra="env = { }\n")
+    kb2.write("reviewq.toml", kb2.read("reviewq.toml").replace("REVIEWQ_TEST_KEY", "LOCAL_LLM"))
+    monkeypatch.setenv("LOCAL_LLM", KEY + "\r")
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, "local")
+    assert srv.seen[-1][2] == f"Bearer {KEY}"
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    monkeypatch.setenv("LOCAL_LLM", KEY + "\x1btail")
+    res = run(kb2, job_id, "local")  # queued again: the server's failure, not the job's
+    stderr = [p.read_text() for p in kb2.state.rglob("stderr.log")]
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert "LOCAL_LLM holds a key with a space, a control character" in res.outcome.reasons[0]
+    assert not any(KEY in s or "Traceback" in s for s in stderr), stderr
+    assert KEY not in json.dumps(res.outcome.reasons)
+
+
+def test_openai_key_echoed_past_the_cut_of_an_error_is_masked_whole(
+    kb2, run_cli, monkeypatch, answering
+):
+    long_key = "eyJ" + "a1b2c3d4" * 15
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", long_key)
+    srv = answering(
+        lambda request, method, body: (
+            401,
+            ("x" * 250 + f" authorization: {request.headers['Authorization']}").encode(),
+            [],
+        )
+    )
+    openai_profile(kb2, srv.url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure"
+    assert long_key[:24] not in _stderr(kb2) + json.dumps(res.outcome.telemetry)
+
+
+def test_openai_answer_that_is_not_json_it_can_read_is_the_servers_failure(
+    kb2, run_cli, monkeypatch, answering
+):
+    """JSON nested past the parser's depth raised RecursionError: a traceback and no
+    telemetry, so an answer that took more than 15 s was counted against the job."""
+    from workers import attempt
+
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    monkeypatch.setattr(attempt, "LAUNCH_WINDOW_S", 0.0)  # as if the answer came slowly
+    srv = answering(lambda request, method, body: (200, b"[" * 100_000, []))
+    openai_profile(kb2, srv.url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert "Traceback" not in _stderr(kb2)
+
+
+def test_openai_answer_with_a_lone_surrogate_keeps_its_usage(kb2, run_cli, monkeypatch, answering):
+    """An emoji cut in two (\\ud83d) raised writing the output: a traceback, a .part file
+    left, and the answer's tokens lost from the budget."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    answer = (
+        b'{"choices":[{"message":{"content":"emoji \\ud83d cut"}}],'
+        b'"usage":{"prompt_tokens":7000,"completion_tokens":900}}'
+    )
+    openai_profile(kb2, answering(lambda request, method, body: (200, answer, [])).url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.telemetry.get("input_tokens") == 7000, res.outcome.telemetry
+    assert not list(kb2.state.rglob("*.part"))
+    assert "not UTF-8" in " ".join(res.finalized.failure_reasons), res.finalized
+
+
+def test_openai_prompt_reaches_the_model_as_written(kb2, run_cli, monkeypatch, answering):
+    """Read as text, a CRLF note reached the model with LF line ends."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    kb2.write(NOTE, b"---\r\ntitle: Alpha\r\ndescription: About alpha.\r\n---\r\nAlpha.\r\n")
+    got: list[str] = []
+
+    def record(request, method, body):  # noqa: ANN001
+        got.append(json.loads(body)["messages"][0]["content"])
+        return 500, b"down", []
+
+    openai_profile(kb2, answering(record).url)
+    run(kb2, make_job(run_cli), "local")
+    [prompt] = list(kb2.state.rglob("attempt-1/prompt.md"))
+    assert got == [prompt.read_bytes().decode()] and "\r\n" in got[0]
+
+
+def test_openai_fixer_that_wraps_the_note_in_chatter_gives_the_note(kb2, monkeypatch, answering):
+    """A chat model answers "Here is the corrected note:" and a fenced block: written as
+    it came, the chatter and the fence became the note, its frontmatter a paragraph."""
+    from .test_cycles_integration import queue_fix
+
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    original = kb2.read(NOTE)
+    fixed = original.replace("Alpha body.", "Alpha body, fixed.")
+    reply = f"Here is the corrected note:\n\n```markdown\n{fixed}```\n\nI changed one line."
+    openai_profile(kb2, answering(lambda request, method, body: _chat(reply)).url)
+    kb2.accept("fake", [(NOTE, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb2.root)
+    fix = queue_fix(ws.kb, ws.store, ws.state_dir, NOTE, fixer="local")
+    ws.close()
+    res = run(kb2, fix, "local")
+    assert res.ok, res.outcome.reasons
+    assert kb2.read(NOTE) == fixed

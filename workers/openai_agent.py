@@ -22,6 +22,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import socket
 import sys
 import urllib.error
@@ -32,11 +33,27 @@ from urllib.parse import urlsplit, urlunsplit
 
 # Past this an answer is not a review of a bundle (and would be refused as output anyway).
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
+# What an error's body may say in a message; read longer, so a key echoed in it is masked
+# whole before the cut.
+_DETAIL_CHARS = 300
+_DETAIL_READ = 64 * 1024
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error to report, not to follow: urllib sends the bearer key on
+    to whatever host it names, and turns the POST into a GET that the server refuses
+    as a 405, which read as the job's failure. The base_url is to be set where it points."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 class AgentError(Exception):
     """One line for stderr; ``status`` the HTTP status the endpoint answered with, and
-    ``failure`` ``unreachable`` or ``server`` when no model answer could come at all.
+    ``failure`` (``unreachable``, ``server``, ``config``) when no model answer could come.
     ``answered``: the server took the request and answered it (an HTTP error about the
     request, an empty message), with ``detail``, what it said without the URL (which may
     hold any word: the kind of failure is read from ``detail`` alone), and ``usage``."""
@@ -113,6 +130,32 @@ def reach(url: str, timeout: float) -> None:
         ) from None
 
 
+def bearer(key_var: str, key: str) -> str:
+    """The key as it can go in a header: the spaces and line ends round it (a CRLF
+    ``.env`` file) dropped. One left inside, or a letter outside ASCII, made http.client
+    raise with the whole header, key included, in the traceback."""
+    key = key.strip()
+    if key and not (key.isascii() and key.isprintable() and " " not in key):
+        raise AgentError(
+            f"the variable {key_var} holds a key with a space, a control character or a "
+            "letter outside ASCII; nothing was sent",
+            failure="config",
+        )
+    return key
+
+
+def _error_detail(exc: urllib.error.HTTPError, key: str) -> str:
+    """What the server said with its error, on one line, the key masked (a server that
+    echoes the request); empty if its body cannot be read."""
+    try:
+        said = exc.read(_DETAIL_READ).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return ""  # a body cut off or timed out: the status says enough
+    if key:
+        said = said.replace(key, "***")
+    return said.replace("\n", " ").strip()[:_DETAIL_CHARS]
+
+
 def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]:
     """The assistant's message and the whole answer (for ``usage``)."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -121,12 +164,13 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     payload = json.dumps(body).encode("utf-8")
     request = urllib.request.Request(url, data=payload, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _OPENER.open(request, timeout=timeout) as response:
             raw = response.read(MAX_ANSWER_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        detail = exc.read(300).decode("utf-8", "replace").replace("\n", " ").strip()
-        if key:
-            detail = detail.replace(key, "***")  # a server that echoes the request
+        detail = _error_detail(exc, key)
+        if 300 <= exc.code < 400:
+            where = exc.headers.get("Location") or "elsewhere"
+            detail = f"redirects to {shown(where)}; set base_url to the address it names"
         raise AgentError(
             f"HTTP {exc.code} from {shown(url)}: {detail or exc.reason}",
             status=exc.code,
@@ -142,7 +186,7 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     try:
         data = json.loads(raw)
         content = data["choices"][0]["message"]["content"]
-    except (ValueError, LookupError, TypeError):
+    except (ValueError, LookupError, TypeError, RecursionError):
         raise AgentError(
             f"{shown(url)} did not answer with a chat completion", failure="server"
         ) from None
@@ -164,9 +208,11 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
 def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
     url = endpoint(env.get("REVIEWQ_OPENAI_BASE_URL", ""))
     key_var = env.get("REVIEWQ_OPENAI_API_KEY_ENV", "")
-    key = env.get(key_var, "") if key_var else ""
+    key = bearer(key_var, env.get(key_var, "")) if key_var else ""
     try:
-        prompt = Path(env["REVIEWQ_PROMPT_PATH"]).read_text(encoding="utf-8")
+        # As written: read as text, a CRLF note reached the model as LF, and a fixer that
+        # gave it back unchanged rewrote every line end of the note.
+        prompt = Path(env["REVIEWQ_PROMPT_PATH"]).read_bytes().decode("utf-8")
     except (KeyError, OSError, UnicodeDecodeError) as exc:
         raise AgentError(f"cannot read the prompt: {exc}") from None
     try:
@@ -182,17 +228,48 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
     }
     reach(url, connect_timeout)
     content, data = complete(url, body, key, timeout)
-    output = Path(env["REVIEWQ_OUTPUT_PATH"])
-    tmp = output.with_name(output.name + ".part")
-    tmp.write_text(content, encoding="utf-8")
-    tmp.replace(output)  # the output appears whole or not at all
+    if env.get("REVIEWQ_TASK") == "fix":
+        content = unwrapped_note(content)
     telemetry = _turn(data.get("usage"))
     if isinstance(data.get("id"), str):
         telemetry["session_id"] = data["id"]
-    if env.get("REVIEWQ_TELEMETRY_PATH"):
+    if env.get("REVIEWQ_TELEMETRY_PATH"):  # first: what the answer used counts, whatever follows
         Path(env["REVIEWQ_TELEMETRY_PATH"]).write_text(
             json.dumps({k: v for k, v in telemetry.items() if v is not None}), encoding="utf-8"
         )
+    output = Path(env["REVIEWQ_OUTPUT_PATH"])
+    tmp = output.with_name(output.name + ".part")
+    try:
+        # A lone surrogate (an emoji cut in two) is kept as the bytes it stands for: not
+        # UTF-8, so the output is refused as such, as any agent's would be.
+        tmp.write_bytes(content.encode("utf-8", "surrogatepass"))
+        tmp.replace(output)  # the output appears whole or not at all
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+_FENCE = re.compile(r"(`{3,}|~{3,})\s*(markdown|md)?\s*")
+
+
+def unwrapped_note(answer: str) -> str:
+    """A fixer's answer is the note's new text. A chat model wraps it all the same
+    ("Here is the corrected note:", a fenced block, a remark): written as it came, the
+    chatter became the note. The fenced block is taken when it holds a note that starts
+    with frontmatter and the answer does not; anything else is left for the fix's checks."""
+    if answer.lstrip().startswith("---"):
+        return answer
+    lines = answer.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        opener = _FENCE.fullmatch(line.rstrip("\r\n"))
+        if opener is None:
+            continue
+        fence = opener.group(1)
+        # The last line that closes it: the note's own code blocks use shorter fences,
+        # or the same ones in pairs, inside.
+        closes = [j for j in range(len(lines) - 1, i, -1) if lines[j].strip() == fence]
+        inner = "".join(lines[i + 1 : closes[0]]) if closes else ""
+        return inner if inner.startswith("---") else answer
+    return answer
 
 
 def _turn(usage: object) -> dict:
@@ -221,6 +298,13 @@ def main() -> int:
         return 1
     except OSError as exc:  # writing the output or telemetry
         print(f"openai reviewer: cannot write: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback that may quote the key
+        print(f"openai reviewer: failed: {type(exc).__name__}", file=sys.stderr)
+        if os.environ.get("REVIEWQ_TELEMETRY_PATH"):
+            report = {"error": f"failed: {type(exc).__name__}", "failure": "server"}
+            with contextlib.suppress(OSError):
+                Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
         return 1
     return 0
 

@@ -5,6 +5,7 @@ process-group kills and classification work exactly as for every other kind (SPE
 from __future__ import annotations
 
 from .base import (
+    FAILURES,
     AttemptSpec,
     Command,
     Reviewer,
@@ -45,7 +46,7 @@ class OpenAIReviewer(Reviewer):
         raw = t.raw or {}
         if isinstance(raw.get("error"), str):
             t.error = bounded(raw["error"])
-            hint = raw.get("failure") if raw.get("failure") in ("unreachable", "server") else None
+            hint = raw.get("failure") if raw.get("failure") in FAILURES else None
             # The server's own words, not the message with the URL in it: a base_url
             # holding "auth" or "quota" made every error look like one.
             if isinstance(raw.get("detail"), str):

@@ -111,6 +111,8 @@ def failure_kind(message: str, status: int | None = None) -> str | None:
         return "quota" if _KINDS[0][1].search(message) else "rate-limit"
     if status == 404:
         return "not-found"  # no such endpoint or model: a profile to fix, not a note
+    if status == 405 or (status is not None and 300 <= status < 400):
+        return "config"  # a base_url that redirects (http for https), or not the endpoint
     if status is not None and status >= 500:
         return "server"
     for kind, pattern in _KINDS:
