@@ -405,6 +405,24 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|^\$[A-Z_][A-Z0-9_]*$")
 
 
+# The request fields reviewq sets itself: given in args, they recorded reviews under a
+# model the partition does not name, or asked for a stream the agent cannot read.
+_OWN_FIELDS = ("model", "messages", "stream")
+
+
+def _check_request_fields(args: tuple[str, ...], where: str) -> None:
+    """An ``openai`` profile's args are fields of the request, ``name=value``: a CLI's
+    ``--temperature 0`` passed the config and failed every attempt at launch."""
+    for arg in args:
+        field, sep, _ = arg.partition("=")
+        if not sep or not field:
+            raise ConfigError(f"{where}: {arg!r} is not name=value (a field of the request)")
+        if field in _OWN_FIELDS:
+            raise ConfigError(
+                f"{where}: {field!r} is a field reviewq sets itself (the model: the profile's model)"
+            )
+
+
 def _reviewer(name: str, value: object) -> ReviewerProfile:
     where = f"[reviewers.{name}]"
     t = _Table(value, where, _REVIEWER_KEYS)
@@ -426,6 +444,8 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     if base_url and not _http_url(base_url):
         # Else every attempt failed as an unreachable endpoint, and doctor saw nothing.
         raise ConfigError(f"{where} base_url: {base_url!r} is not an http or https URL")
+    if kind == "openai":
+        _check_request_fields(t.strings("args"), f"{where} args")
     timeout = t.duration("timeout", 1800)
     connect_timeout = None
     if "connect_timeout" in t.data:

@@ -58,6 +58,20 @@ BAD = [
         "[reviewers.x] base_url",
         "is not an http or https URL",
     ),
+    # A CLI's flags, or a field reviewq sets: failed at every launch, or reviews recorded
+    # under another model than the partition's.
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        'args = ["--temperature", "0"]\n',
+        "[reviewers.x] args",
+        "'--temperature' is not name=value",
+    ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        'args = ["model=llama3:70b"]\n',
+        "[reviewers.x] args",
+        "'model' is a field reviewq sets itself",
+    ),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
     # Keys its kind never reads, taken in silence: a wrapper command never used, an
