@@ -506,6 +506,25 @@ def test_an_audit_that_fails_under_run_job_goes_to_a_person(kb):
     assert escs[0][1].startswith("the auditor (auditor) failed when run by hand"), escs[0][1]
 
 
+def test_a_sweep_summary_prints_a_failure_reason_with_brackets_as_it_is(cyc, tmp_path):
+    """The summary read stored text as rich markup: an agent's stderr with "[/INST]" in a
+    failed job's reasons made the sweep an internal error before its escalations and
+    decide commands were listed, and "[draft]" vanished from a line."""
+    agent = tmp_path / "brackets.py"
+    agent.write_text(
+        "import json, os, sys\n"
+        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 2}))\n"
+        "print('fatal: [/INST] template error in [draft] prompt', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    config(cyc, profile("fake", script=agent))
+    res = rq(cyc, "sweep", "--reviewer", "fake")
+    assert res.returncode == 1, res.stderr
+    assert "internal error" not in res.stderr, res.stderr
+    assert "fatal: [/INST] template error in [draft] prompt" in res.stdout, res.stdout
+    assert f"{NOTE}: 1 gate(s) (prose/body-check); reviewq decide" in res.stdout, res.stdout
+
+
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):
     """Garbage output three times says nothing about the note: the report recommended
     "reject" and the summary offered "approve", each a verdict nobody made."""
@@ -1069,3 +1088,25 @@ def test_an_audit_of_a_removed_auditor_goes_to_a_person(kb):
     assert kinds == {"review": "completed", "audit": "failed"}
     assert [e[0] for e in escs] == ["prose/body-check"]
     assert "auditor" in escs[0][1]
+
+
+def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
+    """Twenty notes were listed and the rest left out without a word."""
+    from types import SimpleNamespace
+
+    from orchestrator.cli.display import render_summary
+
+    escalations = [
+        {"id": i, "note_path": f"kb/notes/n{i}.md", "gate_id": "g", "model_partition": "p"}
+        for i in range(1, 26)
+    ]
+    summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
+    out = SimpleNamespace(
+        summary={**summary, "escalations": escalations},
+        enqueued=SimpleNamespace(jobs=[], skipped=[]),
+        paused={},
+    )
+    render_summary(out, lambda note, gate: None)
+    printed = capsys.readouterr().out
+    assert "kb/notes/n20.md" in printed and "kb/notes/n21.md" not in printed
+    assert "… and 5 more note(s): reviewq escalations lists all" in printed

@@ -41,9 +41,14 @@ class ProgressDisplay:
             self._progress.__exit__(*exc)
 
 
+_NOTES_SHOWN = 20  # escalated notes listed with their decide command; the rest counted
+
+
 def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.SweepOutcome
     """``only_reject(note, gate)``: why an escalation can now only be rejected, or None."""
-    console = Console()
+    # No markup: every line carries stored text (an agent's stderr in a failed job's
+    # reasons, a note's name), and "[/INST]" in one made the summary an internal error.
+    console = Console(markup=False)
     s = out.summary
     jobs = Table(title="Jobs", show_edge=False)
     jobs.add_column("reviewer")
@@ -78,7 +83,7 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
         f"cost ${s['cost_usd']:.4f}"
     )
     for f in s["failed"]:
-        console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]))
+        console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]), soft_wrap=True)
     if s.get("escalations"):
         # A note's escalations are one decision: one line a note (a partition, when they
         # are in several), with the command.
@@ -87,12 +92,11 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
             notes.setdefault(e["note_path"], []).append(e)
         console.print(
             f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
-            "(reviewq escalations):",
-            markup=False,
+            "(reviewq escalations):"
         )
         from orchestrator.state.status import decide_calls
 
-        for note_path, escs in list(notes.items())[:20]:
+        for note_path, escs in list(notes.items())[:_NOTES_SHOWN]:
             calls = decide_calls(note_path, [(e["id"], e["model_partition"]) for e in escs])
             for partition, target in calls.items():
                 gates = [e["gate_id"] for e in escs if partition in (None, e["model_partition"])]
@@ -101,13 +105,15 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
                 console.print(
                     f"  {note_path}{f' [{partition}]' if partition else ''}: {len(gates)} gate(s) "
                     f"({', '.join(gates)}); reviewq decide {target} {answers}",
-                    markup=False,
                     soft_wrap=True,
                 )
+        if len(notes) > _NOTES_SHOWN:
+            console.print(
+                f"  … and {len(notes) - _NOTES_SHOWN} more note(s): reviewq escalations lists all"
+            )
     for f in s.get("fixes_unwritten", []):
         console.print(
             f"fix job {f['job_id']} is not written to {f['note_path']}: {f['error']}",
-            markup=False,
             soft_wrap=True,
         )
     for name, pause in out.paused.items():
