@@ -171,3 +171,68 @@ def test_another_notes_commit_under_the_same_job_id_is_not_taken_for_this_fix(re
     (repo / ".git" / "index.lock").write_text("")  # this commit cannot be made
     out = fix(repo, NOTE, job_id=3)
     assert out.sha is None and out.why_not.startswith("git commit failed")
+
+
+def test_a_persons_message_hooks_do_not_run_on_reviewqs_commit(repo, monkeypatch):
+    """--no-verify leaves prepare-commit-msg running: one that waited (on /dev/tty, say)
+    was SIGKILLed with git at the timeout, and git's index.lock was left for the person's
+    next command to fail on; one that rewrote the message hid the commit from the next
+    run after a crash, which called the note edited."""
+    monkeypatch.setattr(gitcommit, "GIT_TIMEOUT_S", 5.0)
+    hook = repo / ".git" / "hooks" / "prepare-commit-msg"
+    hook.write_text('#!/bin/sh\nsleep 8\nsed -i "1s/^/[PROJ-1] /" "$1"\n')
+    hook.chmod(0o755)
+    before = (repo / NOTE).read_bytes()
+    out = fix(repo)
+    assert out.why_not is None and out.sha, out
+    assert commits(repo)[0].startswith("reviewq fix:")
+    assert not (repo / ".git" / "index.lock").exists()
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
+    again = commit_fix(repo, NOTE, before, (repo / NOTE).read_bytes(), msg)
+    assert again.sha == out.sha  # found again, as after a crash before it was recorded
+
+
+def test_git_stopped_at_the_timeout_leaves_no_index_lock(repo, monkeypatch):
+    """A commit that outlives the wait (a huge repository; here a slow clean filter while
+    git holds the index) was SIGKILLed, and index.lock stayed: every git command the
+    person ran failed until they deleted it by hand."""
+    monkeypatch.setattr(gitcommit, "GIT_TIMEOUT_S", 2.0)
+    count = repo / ".git" / "filter-calls"
+    count.write_text("0")
+    # Fast for the two hashes reviewq takes before committing, slow from the commit on.
+    slow = f'n=$(cat {count}); echo $((n + 1)) > {count}; if [ "$n" -ge 2 ]; then sleep 5; fi; cat'
+    git(repo, "config", "filter.slow.clean", slow)
+    (repo / ".git" / "info" / "attributes").write_text("*.md filter=slow\n")
+    out = fix(repo)
+    assert out.sha is None and out.why_not == "git could not run: git commit took longer than 2 s"
+    assert not (repo / ".git" / "index.lock").exists()
+    (repo / ".git" / "info" / "attributes").unlink()
+    git(repo, "commit", "-q", "--allow-empty", "-m", "the person's next commit")
+
+
+def test_a_kb_in_a_subfolder_follows_attributes_written_above_it(tmp_path):
+    """hash-object was given "./rel": the repository's .gitattributes pattern for the
+    KB's folder never matched, and every fix was taken for a note with uncommitted edits."""
+    top = tmp_path / "repo"
+    root = top / "sub"
+    (root / "kb" / "notes").mkdir(parents=True)
+    (root / NOTE).write_bytes(b"# Alpha\n\nAlpha body.\n")
+    (top / ".gitattributes").write_text("sub/kb/notes/*.md text eol=crlf\n")
+    git(top, "init", "-q", "-b", "main")
+    git(top, "config", "user.name", "A Person")
+    git(top, "config", "user.email", "person@example.org")
+    git(top, "add", "-A")
+    git(top, "commit", "-q", "-m", "the KB")
+    (root / NOTE).unlink()
+    git(top, "checkout", "--", f"sub/{NOTE}")
+    assert b"\r\n" in (root / NOTE).read_bytes()
+    out = fix(root)
+    assert out.why_not is None and out.sha, out
+
+
+def test_a_repository_git_refuses_says_gits_reason(repo):
+    """Any failure of rev-parse was called "not in a git repository": a repository owned
+    by another user (git's safe.directory check) was reported as no repository at all."""
+    git(repo, "config", "core.repositoryformatversion", "99")
+    out = fix(repo)
+    assert out.sha is None and out.why_not.startswith("git cannot use the KB's repository: ")

@@ -11,8 +11,10 @@ Undoing a fix is ``git revert <sha>``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,31 +52,62 @@ class CommitOutcome:
         return {"commit": self.sha, "why_not": self.why_not}
 
 
-def _git(root: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["git", "-c", "commit.gpgsign=false", *args],
+class GitTimeout(subprocess.SubprocessError):
+    """A git command outlived :data:`GIT_TIMEOUT_S`; it was stopped with SIGTERM."""
+
+
+def _git(
+    root: Path, *args: str, env: dict | None = None, data: bytes | None = None
+) -> subprocess.CompletedProcess:
+    """One git command, with no hook, no terminal and no input but ``data``. Hooks are a
+    person's tools for their own commits: ``--no-verify`` leaves prepare-commit-msg and
+    post-commit running, and one that waits on /dev/tty or rewrites the message stalled
+    the control, or hid reviewq's own commit from it. Stopped with SIGTERM at the
+    timeout, as git cleans up after it: SIGKILL left index.lock, and the person's git
+    refused every command until they deleted it."""
+    argv = ["git", "-c", "commit.gpgsign=false", "-c", f"core.hooksPath={os.devnull}", *args]
+    with subprocess.Popen(
+        argv,
         cwd=root,
         env={**os.environ, **_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=GIT_TIMEOUT_S,
-        check=False,
+        stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    ) as p:
+        try:
+            out, err = p.communicate(data, timeout=GIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # Its session: git and what it runs (a filter, a credential helper).
+            _signal_group(p.pid, signal.SIGTERM)
+            try:
+                p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                _signal_group(p.pid, signal.SIGKILL)
+                p.communicate()
+            raise GitTimeout(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g} s") from None
+    if data is not None:
+        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+    return subprocess.CompletedProcess(
+        argv, p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     )
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
 
 
 def _stored_sha(root: Path, rel: str, data: bytes) -> str:
     """The blob git would store for ``data`` at ``rel``: after the repository's line-ending
     conversion and clean filters. Raw bytes hashed as they are never matched HEAD in a
-    repository with ``eol=crlf`` or ``core.autocrlf``, so no fix there was committed."""
-    p = subprocess.run(
-        ["git", "hash-object", f"--path=./{rel}", "--stdin"],
-        cwd=root,
-        env={**os.environ, **_ENV},
-        input=data,
-        capture_output=True,
-        timeout=GIT_TIMEOUT_S,
-        check=True,
-    )
+    repository with ``eol=crlf`` or ``core.autocrlf``, so no fix there was committed.
+    ``--path`` is relative to the KB root, which git prefixes with its place in the
+    repository: written "./rel", a .gitattributes pattern above a KB in a subfolder never
+    matched, and every fix there was taken for a note with uncommitted edits."""
+    p = _git(root, "hash-object", f"--path={rel}", "--stdin", data=data)
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
     return p.stdout.decode().strip()
 
 
@@ -132,9 +165,9 @@ def commit_fix(
     ``patient``: wait out an index lock another git holds for a few seconds, else try once."""
     try:
         return _commit(root, rel, before, after, msg, _LOCK_TRIES if patient else 1)
-    except subprocess.TimeoutExpired as exc:
-        # A slow post-commit hook (--no-verify does not skip it) outlives the wait after
-        # the commit was made: look for it before calling it failed.
+    except GitTimeout as exc:
+        # A commit in a huge repository may outlive the wait after it was made: look for
+        # it before calling it failed.
         try:
             sha = _earlier_commit(root, rel, msg, _stored_sha(root, rel, after))
         except (OSError, subprocess.SubprocessError):
@@ -148,6 +181,9 @@ def _commit(
     root: Path, rel: str, before: bytes, after: bytes, msg: str, lock_tries: int
 ) -> CommitOutcome:
     inside = _git(root, "rev-parse", "--is-inside-work-tree")
+    if inside.returncode != 0 and "not a git repository" not in inside.stderr:
+        # Dubious ownership, a broken .git: git's own words, not "not a repository".
+        return CommitOutcome(why_not=f"git cannot use the KB's repository: {_first_line(inside)}")
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return CommitOutcome(why_not="the KB is not in a git repository")
     # "./" makes the path relative to the KB root, wherever the repository's top is.
@@ -178,8 +214,8 @@ def _commit(
     env = {}
     if _git(root, "config", "user.email").returncode != 0:
         env = _IDENTITY  # a machine with no git identity still gets a commit, as reviewq
-    # --no-verify: hooks are a person's tools for their own commits; one that waits for
-    # input or fails on style would stall the control process or lose the trail.
+    # --no-verify as well as no hooks path (:func:`_git`): a git that reads hooks from
+    # elsewhere still skips pre-commit and commit-msg.
     done = Retrying(
         stop=stop_after_attempt(lock_tries),
         wait=wait_exponential(multiplier=0.1, max=2),
