@@ -1110,3 +1110,68 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
     printed = capsys.readouterr().out
     assert "kb/notes/n20.md" in printed and "kb/notes/n21.md" not in printed
     assert "… and 5 more note(s): reviewq escalations lists all" in printed
+
+
+def _applied(kb, raw: bytes, fixer) -> tuple[str, bytes]:  # noqa: ANN001
+    """A fix of a note written as ``raw`` (its FAIL recorded on those exact bytes), whose
+    fixer writes ``fixer(given text)``: the fix's status and the note's bytes after."""
+    from orchestrator.cycles.fixes import apply_fix
+    from orchestrator.kb.gates import load_catalog
+    from orchestrator.state.store import ReviewRecord
+    from orchestrator.state.workspace import Workspace
+
+    gate_id = "prose/body-check"
+    kb.gate(gate_id, ["body"])
+    kb.write(NOTE, raw)
+    ws = Workspace.open(kb.root)
+    try:
+        gate = load_catalog(ws.kb).get(gate_id)
+        record = ReviewRecord(
+            NOTE, raw.decode(), gate_id, gate.path, gate.lens, gate.text, "FAIL", "too short"
+        )
+        ws.store.record_reviews("fake", [record])
+        fix = queue_fix(ws.kb, ws.store, ws.state_dir, NOTE)
+        job = ws.store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (fix,)).fetchone()
+        res = apply_fix(ws.kb, ws.store, job, fixer(raw.decode()))
+    finally:
+        ws.close()
+    return res.status, res.reason
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"---\ntitle: Alpha\n---\nAlpha body.",  # no final newline
+        b"---\r\ntitle: Alpha\r\n---\r\nAlpha body.\r\n",  # CRLF
+        "\ufeff---\ntitle: Alpha\n---\nAlpha body.\n".encode(),  # a byte order mark
+    ],
+)
+def test_a_note_given_back_in_a_fixers_own_form_changed_nothing(kb, raw):
+    """A fixer writes LF, a final newline, no BOM: given back so, such a note was
+    "applied" (every line end rewritten, and committed as a fix) where nothing changed,
+    and the FAIL went round again instead of counting as a rejection."""
+    from orchestrator.review.prompts import fenced
+
+    def as_shown(given: str) -> bytes:  # the note as the prompt's fence shows it, read as text
+        inside = fenced(given).split("\n", 1)[1].rsplit("````", 1)[0]
+        return inside.replace("\r\n", "\n").removeprefix("\ufeff").encode()
+
+    assert _applied(kb, raw, as_shown)[0] == "unchanged"
+
+
+def test_a_fix_keeps_the_notes_line_ends_bom_and_last_line(kb):
+    raw = "\ufeff---\r\ntitle: Alpha\r\n---\r\nAlpha body.".encode()
+    status, _ = _applied(kb, raw, lambda given: b"---\ntitle: Alpha\n---\nAlpha body. More.\n")
+    assert status == "applied"
+    assert (
+        kb.root / NOTE
+    ).read_bytes() == "\ufeff---\r\ntitle: Alpha\r\n---\r\nAlpha body. More.".encode()
+
+
+def test_a_fix_that_drops_the_frontmatter_is_refused(kb):
+    raw = b"---\ntitle: Alpha\ndescription: About alpha.\ntype: concept\n---\nAlpha body.\n"
+    status, reason = _applied(kb, raw, lambda given: b"Alpha body. More.\n")
+    assert (status, reason) == (
+        "invalid",
+        "the fixed note has no frontmatter; the note it was given had",
+    )

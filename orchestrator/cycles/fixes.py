@@ -7,6 +7,7 @@ and only to that one file.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +25,7 @@ from orchestrator.kb.notes import (
     parse_note_text,
     sha256_bytes,
     sha256_text,
+    split_frontmatter,
 )
 from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
@@ -222,6 +224,36 @@ class FixResult:
     new_text: str | None = None
 
 
+def in_the_notes_form(new: str, given: str) -> str:
+    """The fixer's text with the given note's byte order mark, line ends and final line
+    end. A fixer reads the note through a prompt or its tools and writes LF with a final
+    newline: given back unchanged, a CRLF note or one with no final newline was "applied"
+    (every line rewritten, and committed) where the fix changed nothing."""
+    bom = "\ufeff"
+    new = bom + new.removeprefix(bom) if given.startswith(bom) else new.removeprefix(bom)
+    crlf = given.count("\r\n")
+    if crlf and crlf == given.count("\n"):
+        new = _BARE_LF.sub("\r\n", new)
+    elif not crlf and "\r\n" in new:
+        new = new.replace("\r\n", "\n")
+    end = "\r\n" if crlf else "\n"
+    if not given.endswith("\n") and new.endswith("\n"):
+        new = new.removesuffix("\r\n") if new.endswith("\r\n") else new[:-1]
+    elif given.endswith("\n") and new and not new.endswith("\n"):
+        new += end
+    return new
+
+
+_BARE_LF = re.compile(r"(?<!\r)\n")
+
+
+def _has_frontmatter(text: str) -> bool:
+    try:
+        return split_frontmatter(text)[0] is not None
+    except NoteParseError:
+        return False
+
+
 def apply_fix(
     kb: KB, store: Store, job, output: bytes | None, *, git_commit: bool = False
 ) -> FixResult:
@@ -234,15 +266,20 @@ def apply_fix(
     was, and a crash before the write is healed at the next tick."""
     if output is None:
         return FixResult("invalid", "the fixer wrote no output")
-    try:
-        new_text = decode(output)
-        parse_note_text(new_text)
-    except NoteParseError as exc:
-        return FixResult("invalid", f"the fixed note is unusable: {exc}")
     given = store.conn.execute(
         "SELECT n.text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id WHERE p.job_id = ? LIMIT 1",
         (job["id"],),
     ).fetchone()[0]
+    try:
+        new_text = in_the_notes_form(decode(output), given)
+        new_block, _ = split_frontmatter(new_text)
+        parse_note_text(new_text)
+    except NoteParseError as exc:
+        return FixResult("invalid", f"the fixed note is unusable: {exc}")
+    if new_block is None and _has_frontmatter(given):
+        # Title, description and type became body text, and the gates that select the
+        # note by its type no longer saw it: no review would have caught it.
+        return FixResult("invalid", "the fixed note has no frontmatter; the note it was given had")
     try:
         rel = kb.check_rel(job["note_path"])  # resolves symlinks: never outside the root
         current = decode((kb.root / rel).read_bytes())
