@@ -207,3 +207,50 @@ def test_a_state_folder_that_is_the_kb_root_gets_no_gitignore(kb, run_cli):
     kb.note("alpha")
     assert run_cli("--state", str(kb.root), "enqueue", "--all-gates").exit_code == 0
     assert not (kb.root / ".gitignore").exists()
+
+
+def _state_db_at(path, version: int) -> sqlite3.Connection:
+    """A state.db as reviewq left it at schema ``version``."""
+    from orchestrator.state.migrations import MIGRATIONS
+    from orchestrator.state.store import _statements
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+        "applied_at TEXT NOT NULL)"
+    )
+    for number, name, sql in MIGRATIONS[:version]:
+        for statement in _statements(sql):
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO schema_migrations VALUES (?, ?, '2026-11-20T00:00:00.000Z')",
+            (number, name),
+        )
+    return conn
+
+
+def test_an_agents_failure_escalated_before_calls_existed_recommends_redo_or_approve(tmp_path):
+    """Migration 9 gave every open escalation 'reject': one raised because the reviewer
+    (or the auditor) failed every attempt then had its report tell a person to reject a
+    note nobody had judged."""
+    conn = _state_db_at(tmp_path / "state.db", 8)
+    columns = (
+        "model_partition, note_path, gate_id, reason, cycles, reviewer, report_path, "
+        "raised_at, recommend"
+    )
+    for gate, reason in [
+        ("g/reviewer", "the reviewer failed every attempt: exited 1 without writing output"),
+        ("g/auditor", "the auditor (aud) failed every attempt: exited 1 without writing output"),
+        ("g/rejected", "3 consecutive rejections"),
+    ]:
+        conn.execute(
+            f"INSERT INTO escalations ({columns}) VALUES "
+            "('p', 'kb/notes/a.md', ?, ?, 0, 'r', 'escalations/e.md', '2026-11-20T02:00:00Z', 'x')",
+            (gate, reason),
+        )
+    conn.close()
+    with Store.open(tmp_path) as store:
+        calls = dict(store.conn.execute("SELECT gate_id, call FROM escalations"))
+        due = {r[0] for r in store.conn.execute("SELECT escalation_id FROM escalation_reports_due")}
+    assert calls == {"g/reviewer": "redo", "g/auditor": "approve", "g/rejected": "reject"}
+    assert due == {1, 2}  # their reports are written again, with the call

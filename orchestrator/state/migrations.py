@@ -408,4 +408,27 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        15,
+        "open escalations of an agent's failure made before calls recommend redo or approve",
+        """
+        -- Migration 9 gave every open escalation 'reject', those of a reviewer, fixer or
+        -- auditor that failed every attempt too: the report then told a person to reject a
+        -- note nobody had judged. Their reasons say what they are; their report files are
+        -- written again (the control process writes due reports at its next tick).
+        UPDATE escalations
+            SET call = CASE WHEN reason LIKE 'the auditor (%' THEN 'approve' ELSE 'redo' END
+            WHERE call = 'reject' AND decision IS NULL
+            AND (reason LIKE 'the reviewer failed every attempt: %'
+                OR reason LIKE 'the fixer failed every attempt: %'
+                OR reason LIKE 'the auditor (%) failed every attempt: %');
+        INSERT OR REPLACE INTO escalation_reports_due
+            SELECT id, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'not written yet'
+            FROM escalations WHERE decision IS NULL AND call != 'reject'
+            AND reason LIKE '% failed every attempt: %';
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
