@@ -618,3 +618,19 @@ def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
                 "UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?", (second, job)
             )
         assert spent_usd(store, second) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("9999-12-31T23:00-05:00", "not a date or time"),  # past the calendar's end in UTC
+        ("20261122", "a duration needs its unit"),  # read as 234 days of seconds
+        ("9999-12-31", "after now"),  # a window that can hold nothing
+    ],
+)
+def test_a_since_that_names_no_window_is_one_line(kb, run_cli, value, said):
+    Store.open(kb.state).close()
+    res = run_cli("report", "--json", "--since", value)
+    assert res.exit_code == 1, res.stdout
+    [line] = res.stderr.splitlines()
+    assert line.startswith(f"error: --since {value!r}: ") and said in line, line

@@ -48,14 +48,25 @@ def resolve(
     if since:
         if _DATE.match(since):
             try:
-                start = parse_timestamp(since if "T" in since or " " in since else since)
-            except ValueError:
+                start = parse_timestamp(since)
+                if start.tzinfo is None:
+                    # A person's "08:00" or "2026-11-22" is on their clock, as cron times
+                    # are: read as UTC it was hours off. The label says it in UTC.
+                    start = start.astimezone()
+                begin = timestamp(start)
+            except (ValueError, OverflowError):  # a date past the calendar's ends too
                 raise ReportError(f"--since {since!r}: not a date or time") from None
-            if start.tzinfo is None:
-                # A person's "08:00" or "2026-11-22" is on their clock, as cron times
-                # are: read as UTC it was hours off. The label says it in UTC.
-                start = start.astimezone()
-            return Period(timestamp(start), until, f"since {timestamp(start)[:16]}Z")
+            if begin >= until:
+                raise ReportError(
+                    f"--since {since!r}: after now ({until[:16]}Z); nothing to report"
+                )
+            return Period(begin, until, f"since {begin[:16]}Z")
+        if since.strip().isdigit():
+            # Read as seconds, "20261122" (a date without its dashes) was 234 days back.
+            raise ReportError(
+                f"--since {since!r}: a duration needs its unit (30m, 12h, 7d), a date its "
+                "dashes (2026-11-22)"
+            )
         try:
             seconds = parse_duration(since, "--since", years=100)
         except ConfigError as exc:
