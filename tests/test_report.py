@@ -634,3 +634,41 @@ def test_a_since_that_names_no_window_is_one_line(kb, run_cli, value, said):
     assert res.exit_code == 1, res.stdout
     [line] = res.stderr.splitlines()
     assert line.startswith(f"error: --since {value!r}: ") and said in line, line
+
+
+def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds(kb, tmp_path):
+    """Raised while the disk was full, its gate-review file waits to be written: the page
+    showed only "cannot be read: No such file", though state.db holds the call and the
+    material a person votes on."""
+    from orchestrator.cycles.escalations import escalate
+    from orchestrator.report import make_report
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    with Store.open(kb.state) as store:
+        esc = escalate(
+            store, kb.state, kb.root, partition="fake", note_path=note,
+            gate_id="prose/body-check", reason="3 consecutive rejections", reviewer="fake",
+            fixer="fake", material=["high: the body is one line."], recommend="it stays thin",
+        )  # fmt: skip
+        path = (
+            kb.state
+            / store.conn.execute(
+                "SELECT report_path FROM escalations WHERE id = ?", (esc,)
+            ).fetchone()[0]
+        )
+        path.unlink()
+        with store.write():
+            store.conn.execute(
+                "INSERT INTO escalation_reports_due VALUES (?, ?, ?)",
+                (esc, "2026-11-26T00:00:00Z", "No space left on device"),
+            )
+        rep = make_report(store, kb.state, since="1h", remember=False)
+    [group] = rep.data["needs_you"]["escalations"]
+    shown = group["escalations"][0]["report"].splitlines()
+    assert shown[0].startswith("(the gate-review report is not written yet: No space left")
+    assert shown[1:] == [
+        "Recommend reject: it stays thin.",
+        "Material:",
+        "- high: the body is one line.",
+    ]

@@ -261,6 +261,35 @@ def _stalled(store: Store, now: str, paused: set[str]) -> list[dict]:
     return out
 
 
+def _unwritten_report(store: Store, e: dict, exc: OSError) -> str:
+    """What state.db holds of a gate-review report whose file is not there: one the
+    control process has yet to write (a full disk when it was raised) says so, and what
+    a person needs to vote, not only the error of a file that was never written."""
+    row = store.conn.execute(
+        "SELECT e.recommend, e.material, d.error FROM escalations e "
+        "LEFT JOIN escalation_reports_due d ON d.escalation_id = e.id WHERE e.id = ?",
+        (e["id"],),
+    ).fetchone()
+    if row is None or row["error"] is None:
+        return f"(the gate-review report cannot be read: {exc})"
+    try:
+        material = json.loads(row["material"] or "[]")
+    except ValueError:
+        material = []
+    return "\n".join(
+        [
+            f"(the gate-review report is not written yet: {row['error']}; the control "
+            "process writes it at its next tick with room)",
+            f"Recommend {e['call']}: {(row['recommend'] or e['reason']).rstrip('.')}.",
+            *(
+                ["Material:", *(f"- {m}" for m in material if isinstance(m, str))]
+                if material
+                else []
+            ),
+        ]
+    )
+
+
 def _escalated_note(
     store: Store, state_dir: Path, note: str, escs: list[dict], only_reject: OnlyReject | None
 ) -> dict:
@@ -272,7 +301,7 @@ def _escalated_note(
             # A person may have edited it (STATE is theirs to read): shown as it decodes.
             text = (state_dir / e["report_path"]).read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            text = f"(the gate-review report cannot be read: {exc})"
+            text = _unwritten_report(store, e, exc)
         lines = text.rstrip("\n").splitlines()
         e["report"] = "\n".join(lines[:REPORT_LINES]) + ("\n…" if len(lines) > REPORT_LINES else "")
     fixes = _rows(
