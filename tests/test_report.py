@@ -672,3 +672,44 @@ def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds
         "Material:",
         "- high: the body is one line.",
     ]
+
+
+def test_a_fix_given_up_after_a_report_said_it_waits_is_in_the_next_report(kb):
+    """A fix the morning report listed as applied but not yet written (a read-only KB),
+    then given up at a tick because a person edited the note meanwhile, was in no later
+    report: its job had no time in the next window."""
+    from orchestrator.cycles.fixes import write_due_fixes
+    from orchestrator.kb.notes import sha256_text
+    from orchestrator.report import make_report
+    from orchestrator.state.store import utcnow
+    from orchestrator.state.workspace import Workspace
+
+    from .test_cycles_integration import queue_fix
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    store = ws.store
+    old = kb.read(note)
+    new = old + "A sentence the fixer added.\n"
+    fix = queue_fix(ws.kb, store, ws.state_dir, note)
+    with store.write():
+        store.conn.execute(
+            "UPDATE review_jobs SET status = 'completed', result = 'applied', created_at = ?1, "
+            "updated_at = ?1, finished_at = ?1, fixed_snapshot_id = ?2 WHERE id = ?3",
+            (_minutes_ago(60), store.snapshot(note, new, sha256_text(new)), fix),
+        )
+        store.conn.execute(
+            "INSERT INTO fix_writes_due (job_id, path, old_sha256, new_sha256, since, error) "
+            "VALUES (?, ?, ?, ?, ?, 'Read-only file system')",
+            (fix, note, sha256_text(old), sha256_text(new), utcnow()),
+        )
+    # The morning's, half an hour ago: the fix waits to be written.
+    first = make_report(store, ws.state_dir, now=_minutes_ago(30))
+    assert first.data["kb_changes"]["fixes"][0]["unwritten"] == "Read-only file system"
+    kb.write(note, old + "The person's own edit.\n")
+    write_due_fixes(ws.kb, store)  # the next tick gives the fix up
+    second = make_report(store, ws.state_dir)
+    ws.close()
+    assert [h["id"] for h in second.data["kb_changes"]["human_edits"]] == [fix]

@@ -414,9 +414,12 @@ def _not_written(store: Store, job, note_path: str) -> None:
     )
     logs.get().warning("fix.not_written", job_id=job["id"], note_path=note_path, reason=reason)
     with store.write():
+        # updated_at: the report of the window where this happens says it, after the one
+        # that said the fix waited to be written.
         store.conn.execute(
-            "UPDATE review_jobs SET result = 'not-applied', failure_reasons = ? WHERE id = ?",
-            (json.dumps([reason]), job["id"]),
+            "UPDATE review_jobs SET result = 'not-applied', failure_reasons = ?, updated_at = ? "
+            "WHERE id = ?",
+            (json.dumps([reason]), utcnow(), job["id"]),
         )
         mark_job_files_due(store, [job["id"]])  # its MANIFEST says the reason too
 

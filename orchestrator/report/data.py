@@ -74,12 +74,14 @@ def gather(
 def _scope(period: Period) -> tuple[str, tuple]:
     """A WHERE clause over ``review_jobs j`` for the jobs the report is about: a run's,
     or those that did something in the window: were queued, had an attempt start or end,
-    or ended. By creation alone, a job queued before the last report and run after it
+    ended, or changed (a fix that could not be written, given up when a person edited the
+    note). By creation alone, a job queued before the last report and run after it
     (enqueue, a budget or pause that held it) was in neither report."""
     if period.run_id is not None:
         return "j.sweep_run_id = ?", (period.run_id,)
     return (
-        f"({_in_window('j.created_at', 'j.finished_at')} OR EXISTS (SELECT 1 FROM attempts a0 "
+        f"({_in_window('j.created_at', 'j.finished_at', 'j.updated_at')} "
+        "OR EXISTS (SELECT 1 FROM attempts a0 "
         f"WHERE a0.job_id = j.id AND "
         f"{_in_window('a0.started_at', 'a0.ended_at', 'a0.recorded_at')}))",
         (period.since, period.until),
