@@ -710,6 +710,6 @@ def test_a_fix_given_up_after_a_report_said_it_waits_is_in_the_next_report(kb):
     assert first.data["kb_changes"]["fixes"][0]["unwritten"] == "Read-only file system"
     kb.write(note, old + "The person's own edit.\n")
     write_due_fixes(ws.kb, store)  # the next tick gives the fix up
-    second = make_report(store, ws.state_dir)
+    second = make_report(store, ws.state_dir, now=_minutes_ago(-1))  # a minute on
     ws.close()
     assert [h["id"] for h in second.data["kb_changes"]["human_edits"]] == [fix]
