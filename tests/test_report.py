@@ -713,3 +713,42 @@ def test_a_fix_given_up_after_a_report_said_it_waits_is_in_the_next_report(kb):
     second = make_report(store, ws.state_dir, now=_minutes_ago(-1))  # a minute on
     ws.close()
     assert [h["id"] for h in second.data["kb_changes"]["human_edits"]] == [fix]
+
+
+def test_a_cost_recorded_while_a_report_is_made_is_in_that_report_or_the_next(kb):
+    """The control stamps an attempt's recorded_at inside its transaction and commits
+    later: a report made between the two ended after the stamp but read before the
+    commit, and the next one started where it ended, so the cost was in neither."""
+    import threading
+
+    from orchestrator.report import make_report
+    from orchestrator.state.store import utcnow
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    assert reviewq_process("--root", str(kb.root), "enqueue", "--all-gates").returncode == 0
+    with Store.open(kb.state) as store:
+        make_report(store, kb.state, now=_minutes_ago(1))  # the next starts where it ends
+        control = sqlite3.connect(
+            kb.state / "state.db", isolation_level=None, timeout=10, check_same_thread=False
+        )
+        control.execute("BEGIN IMMEDIATE")
+        t = utcnow()
+        control.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at) "
+            "VALUES (1, 1, 'running', ?)",
+            (t,),
+        )
+        control.execute(  # the trigger stamps recorded_at, before the commit
+            "UPDATE attempts SET outcome = 'finalized', ended_at = ?, cost_usd = 1.5", (t,)
+        )
+        # ... a moment before the report is asked for, not in its very millisecond.
+        control.execute("UPDATE attempts SET recorded_at = ?", (_minutes_ago(0.1),))
+        commit = threading.Timer(0.5, lambda: control.execute("COMMIT"))
+        commit.start()  # the control's transaction goes on for half a second
+        try:
+            reports = [make_report(store, kb.state), make_report(store, kb.state)]
+        finally:
+            commit.join()
+            control.close()
+    assert sum(r.data["reviewed"]["cost_usd"] or 0 for r in reports) == 1.5

@@ -17,7 +17,7 @@ from orchestrator.report import data as _data
 from orchestrator.report import period as _period
 from orchestrator.report import render
 from orchestrator.report.period import Period, ReportError
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store
 
 __all__ = ["Period", "Report", "ReportError", "make_report"]
 
@@ -48,18 +48,21 @@ def make_report(
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
     records a report of the default period so the next one starts where it ends;
     ``only_reject`` tells which escalations can now only be rejected."""
-    now = now or utcnow()
     if html_path is not None:
         _may_replace(html_path)
-    period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
-    data = _data.gather(
-        store,
-        state_dir,
-        period,
-        limit=None if full else limit,
-        now=now,
-        only_reject=only_reject,
-    )
+    # One snapshot, ending at a time no write in flight was stamped before: the sections
+    # of a report made while the control process writes agree, and the next report
+    # starts where this one ends with nothing between them.
+    with store.settled_read(now) as now:
+        period = _period.resolve(store, since=since, sweep=sweep, run=run, now=now)
+        data = _data.gather(
+            store,
+            state_dir,
+            period,
+            limit=None if full else limit,
+            now=now,
+            only_reject=only_reject,
+        )
     if html_path is not None:
         # The page renders rows already committed. It is written before the report is
         # remembered: a page that could not be written was shown to nobody, so the next

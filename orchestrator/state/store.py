@@ -264,6 +264,38 @@ class Store:
         for fn in callbacks:
             fn()
 
+    @contextmanager
+    def settled_read(self, now: str | None = None) -> Iterator[str]:
+        """One read snapshot, and a time (``now`` unless given) that every write in it
+        was stamped before, and no later write was. A writer stamps its rows (an
+        attempt's ``recorded_at``) before it commits: a report whose window ended between
+        the two left that row out, and the next report, starting where it ended, too.
+        The time is taken holding the write lock, so no writer is between its stamps and
+        its commit; the snapshot starts before the lock is let go."""
+        if self.conn.in_transaction:
+            raise RuntimeError("settled_read inside a transaction")
+        lock = None
+        if now is None and self.path.exists():
+            lock = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            try:
+                lock.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:  # a state.db this user may only read
+                lock.close()
+                lock = None
+        try:
+            stamp = now or utcnow()
+            self.conn.execute("BEGIN")
+            self.conn.execute("SELECT 1 FROM schema_migrations LIMIT 1").fetchall()
+        finally:
+            if lock is not None:
+                lock.execute("ROLLBACK")
+                lock.close()
+        try:
+            yield stamp
+        finally:
+            if self.conn.in_transaction:
+                self.conn.execute("COMMIT")
+
     def _savepoint(self) -> Iterator[sqlite3.Connection]:
         self._savepoints += 1
         name = f"reviewq_{self._savepoints}"
