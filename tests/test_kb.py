@@ -204,3 +204,32 @@ def test_the_title_is_the_first_h1_outside_fenced_code():
     assert _first_heading("```python\n# x\n```python\n# y\n```\n# Title\n") == "Title"
     assert _first_heading("``` a ` b\n# Title\n") == "Title"
     assert _first_heading("~~~~\n# a\n~~~\n# b\n~~~~\n# Title\n") == "Title"
+
+
+def test_a_fix_write_killed_midway_leaves_no_temp_file_once_written_again(tmp_path):
+    """SIGKILL (an OOM kill, a power cut) during a fix's durable write left its temp file
+    in the person's notes folder for good, the fixed text in it, for `git add -A` to take.
+    The write that follows (the fix is still due) clears it; a live writer's is kept."""
+    import os
+    import subprocess
+    import sys
+
+    from orchestrator.cycles.fixes import replace_note
+
+    note = tmp_path / "notes" / "alpha.md"
+    note.parent.mkdir()
+    note.write_text("# Alpha\n\nAlpha body.\n")
+    killed = (
+        "import os, pathlib\n"
+        "from orchestrator.cycles import fixes\n"
+        "os.fsync = lambda fd: os.kill(os.getpid(), 9)  # the kill lands mid-write\n"
+        f"fixes.replace_note(pathlib.Path({str(note)!r}), b'FIXED')\n"
+    )
+    assert subprocess.run([sys.executable, "-c", killed], check=False).returncode == -9
+    left = [p.name for p in note.parent.iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1, left
+    live = note.parent / f".alpha.md.{os.getpid()}-999.tmp"  # a writer still at work
+    live.write_text("")
+    replace_note(note, b"# Alpha\n\nAlpha body, fixed.\n")
+    assert sorted(p.name for p in note.parent.iterdir()) == sorted(["alpha.md", live.name])
+    assert note.read_bytes() == b"# Alpha\n\nAlpha body, fixed.\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.cycles.escalations import held_pairs
-from orchestrator.kb.atomicfile import atomic_write, mode_of
+from orchestrator.kb.atomicfile import atomic_write, clear_leftovers, mode_of
 from orchestrator.kb.gates import Catalog
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import (
@@ -474,7 +474,8 @@ def judged_without_the_change(
 def replace_note(path: Path, data: bytes) -> None:
     """The one place a fix reaches the KB: the note replaced atomically and durably
     (this is a person's note, not a rendering). Its git commit, if any, follows at once
-    (:func:`commit_applied_fix`)."""
+    (:func:`commit_applied_fix`). A write of it that a crash cut short is cleared first."""
+    clear_leftovers(path)
     atomic_write(path, data, durable=True, mode=mode_of(path))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -47,6 +48,42 @@ def _create(path: Path) -> tuple[int, str]:
                 raise
             path.parent.mkdir(parents=True, exist_ok=True)
     raise FileExistsError(f"no free temp name beside {path}")
+
+
+_TEMP_NAME = re.compile(r"\.(?P<head>.+)\.(?P<pid>\d+)-\d+\.tmp")
+
+
+def clear_leftovers(path: Path) -> int:
+    """Remove the temp files a write of ``path`` left when its process was killed (SIGKILL,
+    a power cut): in a notes folder, a person's ``git add -A`` took one in. Only those of
+    a process that is gone; the number removed."""
+    head = name_head(path.name, _TEMP_HEAD)
+    removed = 0
+    try:
+        entries = os.scandir(path.parent)
+    except OSError:
+        return 0
+    with entries:
+        for entry in entries:
+            m = _TEMP_NAME.fullmatch(entry.name)
+            if m is None or m["head"] != head or _alive(int(m["pid"])):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 def atomic_write(
