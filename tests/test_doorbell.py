@@ -266,3 +266,25 @@ def test_a_bell_made_again_on_disk_is_followed(tmp_path):
     sender.ring()
     woke = [waiter.wait(0.2) for _ in range(3)]
     assert True in woke
+
+
+def test_a_bell_made_again_many_times_keeps_one_descriptor(tmp_path, monkeypatch):
+    """Each replacement of the bell on disk opened the new one under a new descriptor and
+    kept the old: one descriptor a replacement, for the life of the process."""
+    from workers import doorbell
+
+    monkeypatch.setattr(doorbell, "_RECHECK_S", 0.0)  # every ring checks the bell on disk
+    path = tmp_path / "review.bell"
+    bell = Doorbell(path)
+    assert bell.usable
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    for _ in range(20):
+        path.unlink()
+        os.mkfifo(path, 0o600)
+        bell.ring()
+    assert open_fds() == before
+    assert bell.wait(0.5)  # the last ring is on the bell now on disk

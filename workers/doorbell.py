@@ -91,17 +91,25 @@ class Doorbell:
         return fd
 
     def _still_ours(self, fd: int) -> int:
-        """The FIFO to use: ``fd``, or the bell now on disk if it was replaced. The old
-        descriptor stays open: another thread may be polling it."""
+        """The FIFO to use: ``fd``, now on the bell on disk if it was replaced. The new
+        bell takes the old one's descriptor number (dup2): a thread polling that number
+        sees the new bell from its next wait, a sender writes to it, and nothing is left
+        open. A new number for each replacement leaked one descriptor each time, and
+        closing the old one under a thread about to write to it could hand its byte to
+        whatever file was opened next with that number."""
         self._checked_at = time.monotonic()
         try:
             if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                 return fd
             with self._lock:
                 if self._fd == fd:
-                    self._fd = self._make()
+                    new = self._make()
+                    try:
+                        os.dup2(new, fd, inheritable=False)
+                    finally:
+                        os.close(new)
                     logs.get().warning("queue.doorbell_replaced", path=str(self.path))
-                return self._fd
+                return fd
         except OSError:
             return fd  # gone or unreadable: the next check tries again
 
