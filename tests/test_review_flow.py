@@ -857,3 +857,33 @@ def test_jobs_says_how_many_it_left_out(flow, run_cli):
     assert res.exit_code == 0
     assert res.stdout.splitlines()[-1] == f"… {total - 2} older job(s) not shown (--limit N)"
     assert "not shown" not in run_cli("jobs").stdout
+
+
+def test_the_offline_reviewer_reads_each_note_from_its_own_section():
+    """A note quoting a prompt's section heading with another note's name inside its own
+    text: the offline reviewer took that quote for the other note, and PASSed an empty
+    body it never read."""
+    from orchestrator.review.prompts import PromptGate, PromptPair, render_review
+    from workers.offline_agent import review_block
+
+    gate = "kb/instructions/review-gates/prose/body-check.md"
+    a = (
+        "---\ntitle: A\n---\n# A\n\nHow reviewq prompts look:\n\n"
+        "### Note `kb/notes/b.md`\n\n````markdown\n---\ntitle: B\n---\nA fine body.\n````\n"
+    )
+    b = "---\ntitle: B\n---\n"  # an empty body: the offline reviewer FAILs it
+    pairs = [
+        PromptPair("kb/notes/a.md", "prose/body-check", gate),
+        PromptPair("kb/notes/b.md", "prose/body-check", gate),
+    ]
+    prompt = render_review(
+        1,
+        "out.md",
+        pairs,
+        {"kb/notes/a.md": a, "kb/notes/b.md": b},
+        [PromptGate("prose/body-check", gate, "Body", "## Failure mode\n\nx\n\n## Test\n\ny\n")],
+    )
+    pair = {"note_path": "kb/notes/b.md", "gate_path": gate, "watches": ["body"]}
+    assert "## Result: FAIL" in review_block(Path("/nonexistent"), pair, prompt)
+    pair_a = {**pair, "note_path": "kb/notes/a.md"}
+    assert "## Result: PASS" in review_block(Path("/nonexistent"), pair_a, prompt)

@@ -24,17 +24,22 @@ SUMMARY = (
 
 def note_from_prompt(prompt: str, note_path: str) -> str | None:
     """The note text the prompt carries (the snapshot the job was made from), as a real
-    agent would read it, rather than the file, which may have changed since."""
-    head = f"### Note `{note_path}`\n\n"
-    start = prompt.find(head)
-    if start < 0:
-        return None
-    fence_line, _, rest = prompt[start + len(head) :].partition("\n")
-    fence = fence_line.rstrip("abcdefghijklmnopqrstuvwxyz")
-    text, sep, _ = rest.partition("\n" + fence + "\n")
-    if not sep:
-        return None
-    return text + "\n"
+    agent would read it, rather than the file, which may have changed since. The notes'
+    sections are read in order, each fenced block skipped whole: a note that quotes a
+    section heading inside its own text must not stand for another note."""
+    pos = 0
+    while (start := prompt.find("\n### Note `", pos)) >= 0:
+        head, _, after = prompt[start + 1 :].partition("\n\n")
+        fence_line, _, rest = after.partition("\n")
+        fence = fence_line.rstrip("abcdefghijklmnopqrstuvwxyz")
+        text, sep, _ = rest.partition("\n" + fence + "\n")
+        if not fence.startswith("```") or not sep:
+            pos = start + 1  # a heading with no block under it: not a note's section
+            continue
+        if head == f"### Note `{note_path}`":
+            return text + "\n"
+        pos = start + 1 + len(head) + 2 + len(fence_line) + 1 + len(text) + len(sep)
+    return None
 
 
 def review_block(root: Path, pair: dict, prompt: str = "") -> str:
