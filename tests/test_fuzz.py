@@ -585,7 +585,7 @@ def test_finalize_reads_at_most_the_limit_of_a_50mb_output(tmp_path: Path) -> No
     finally:
         tracemalloc.stop()
     assert data is not None and len(data) == limit + 1
-    assert not res.ok and "over the" in res.reasons[0]
+    assert not res.ok and "larger than the" in res.reasons[0]
     assert peak < limit + 2 * 1024 * 1024, f"peak {peak} for a {limit}-byte limit"
     assert elapsed < 5.0
     assert read_output(tmp_path / "missing.md", limit) is None

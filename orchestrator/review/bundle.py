@@ -139,7 +139,10 @@ def parse_bundle(
         return _rejected(reasons.done())
     # Measured before decoding so that a runaway agent cannot make us decode gigabytes.
     if len(data) > max_bytes:
-        reasons.append(f"output is {len(data)} bytes, over the {max_bytes}-byte limit")
+        # One byte past the limit is what a reader that stops there hands over
+        # (read_output): the file's size is not known then, only that it is over.
+        size = f"{len(data)} bytes, over" if len(data) > max_bytes + 1 else "larger than"
+        reasons.append(f"output is {size} the {max_bytes}-byte limit")
         return _rejected(reasons.done())
     if not data.strip():
         reasons.append("output is empty")
