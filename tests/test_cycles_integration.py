@@ -1175,3 +1175,13 @@ def test_a_fix_that_drops_the_frontmatter_is_refused(kb):
         "invalid",
         "the fixed note has no frontmatter; the note it was given had",
     )
+
+
+def test_a_sequential_sweep_says_why_it_skipped_pairs(kb):
+    """"skipped 1" read as a pair lost: it waits for the note's earlier bundle."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.gate("prose/body-check", ["body"])
+    kb.note("bad", description="")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="Described"))
+    res = rq(kb, "sweep", "--reviewer", "fake", "--sequential", "frontmatter", "prose")
+    assert "skipped 1 (1 waiting for an earlier bundle)" in res.stdout, res.stdout

@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from orchestrator.cli.common import skipped_count
+
 
 class ProgressDisplay:
     def __init__(self, enabled: bool) -> None:
@@ -79,7 +81,8 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
     console.print(attempts)
     enq = out.enqueued
     console.print(
-        f"enqueued {len(enq.jobs)} job(s) ({sum(len(j.pairs) for j in enq.jobs)} pairs), skipped {len(enq.skipped)}; "
+        f"enqueued {len(enq.jobs)} job(s) ({sum(len(j.pairs) for j in enq.jobs)} pairs), "
+        f"{skipped_count(enq.skipped)}; "
         f"cost ${s['cost_usd']:.4f}"
     )
     for f in s["failed"]:

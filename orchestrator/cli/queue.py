@@ -29,6 +29,7 @@ from orchestrator.cli.common import (
     only_reject_check,
     refuse_domain_errors,
     shown,
+    skipped_count,
     utf8,
     warn,
     warn_enqueued,
@@ -185,7 +186,8 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
         return
     pairs = sum(len(j.pairs) for j in res.jobs)
     click.echo(
-        f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; skipped {len(res.skipped)}"
+        f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; "
+        f"{skipped_count(res.skipped)}"
     )
 
 
