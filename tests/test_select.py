@@ -717,3 +717,32 @@ def test_a_link_to_a_note_whose_name_is_not_utf8_is_its_note(small, run_cli):
     res = run_cli("select", "--all-gates", "--json")
     assert res.exit_code == 0, res.stderr
     assert "kb/notes/good-name.md" in {t["note_path"] for t in res.json()["targets"]}
+
+
+def test_a_long_notes_change_ratio_is_measured_once(kb, run_cli, monkeypatch):
+    """The exact difflib ratio of a long note of repeated lines took seconds, and a note
+    edited under its rewrite threshold was measured again at every select (a select that
+    another note's edit kept from its memo). It is kept by the texts' hashes."""
+    import difflib
+
+    from orchestrator.review import freshness
+
+    kb.gate("prose/rw", ["body"], "rewrite(0.5)")
+    body = "".join("| a | b |\n" if i % 2 else "\n" for i in range(1000))
+    path = kb.note("long", body=body)
+    other = kb.note("other")
+    kb.accept("m1", [(path, "prose/rw"), (other, "prose/rw")])
+    kb.write(path, kb.read(path).replace("| a | b |\n", "| a | c |\n", 1))
+    measured: list[int] = []
+
+    class Counting(difflib.SequenceMatcher):
+        def __init__(self, isjunk, a, b, **kwargs) -> None:  # noqa: ANN001
+            measured.append(len(a))
+            super().__init__(isjunk, a, b, **kwargs)
+
+    monkeypatch.setattr(freshness.difflib, "SequenceMatcher", Counting)
+    for edit in ("one edit", "another edit"):
+        kb.write(other, kb.read(other) + f"{edit}\n")  # the select memo cannot answer
+        data = run_cli("select", "prose/rw", "--model", "m1", "--json").json()
+        assert data["counts"]["fresh"] == 2, data
+    assert [n for n in measured if n > 100] == [1000]

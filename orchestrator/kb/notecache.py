@@ -1,4 +1,5 @@
-"""Caches that let an unchanged KB be judged without reading it (SPEC §13).
+"""Caches that let an unchanged KB be judged without reading it (SPEC §13), and an
+edited one without measuring the same change twice.
 
 :class:`NoteCache` remembers, per note file, its sha256 and frontmatter facts (type, traits,
 status) under the
@@ -20,6 +21,8 @@ import hashlib
 import os
 import pickle
 import time
+from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 
 from orchestrator.kb.atomicfile import atomic_write
@@ -79,6 +82,59 @@ class NoteCache:
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+class RatioMemo:
+    """SPEC §3's change ratios of long bodies, by the sha256 of both: its exact difflib
+    ratio takes seconds on a note of thousands of lines (more where lines repeat), and a
+    note edited under its ``rewrite(T)`` threshold is compared with the same accepted
+    text at every select, night after night. Short bodies are measured, not looked up."""
+
+    MIN_CELLS = 250_000  # old lines × new lines under which measuring is cheap
+    KEEP = 2_000
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[tuple[str, str], tuple[int, int]] = {}
+        self.dirty = False
+        with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+            data = pickle.loads(path.read_bytes())
+            if isinstance(data, dict) and data.get("version") == 1:
+                self.entries = dict(data["entries"])
+
+    @classmethod
+    def open(cls, state_dir: Path) -> RatioMemo:
+        return cls(state_dir / "cache" / "ratios.pickle")
+
+    def ratio(self, old: list[str], new: list[str], measure: Callable[[], Fraction]) -> Fraction:
+        if len(old) * len(new) < self.MIN_CELLS:
+            return measure()
+        key = (_lines_sha(old), _lines_sha(new))
+        known = self.entries.get(key)
+        if known is not None:
+            return Fraction(*known)
+        value = measure()
+        self.entries[key] = (value.numerator, value.denominator)
+        while len(self.entries) > self.KEEP:
+            del self.entries[next(iter(self.entries))]  # the oldest first
+        self.dirty = True
+        return value
+
+    def save(self) -> None:
+        if self.dirty:
+            with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
+                atomic_write(
+                    self.path, pickle.dumps({"version": 1, "entries": self.entries}, protocol=5)
+                )
+            self.dirty = False
+
+
+def _lines_sha(lines: list[str]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode("utf-8", "surrogatepass"))
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 class SelectMemo:

@@ -9,6 +9,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 from orchestrator.kb.gates import Gate
 from orchestrator.kb.notes import REGIONS, ParsedNote
@@ -29,35 +30,47 @@ class Verdict:
 FRESH = Verdict(None)
 
 
-def change_ratio(old_body: str, new_body: str) -> Fraction:
+class RatioMemo(Protocol):
+    def ratio(
+        self, old: list[str], new: list[str], measure: Callable[[], Fraction]
+    ) -> Fraction: ...
+
+
+def change_ratio(old_body: str, new_body: str, memo: RatioMemo | None = None) -> Fraction:
     """1 - SequenceMatcher ratio over body lines, exactly as SPEC §3 defines it, as an
     exact fraction: in floating point, 3 of 10 lines changed came out as
-    0.30000000000000004, over a ``rewrite(0.3)`` threshold the contract says it is not."""
+    0.30000000000000004, over a ``rewrite(0.3)`` threshold the contract says it is not.
+    ``memo`` keeps the ratios of long bodies from one select to the next."""
     a, b = old_body.splitlines(), new_body.splitlines()
     if not a and not b:
         return Fraction(0)
-    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    matched = sum(block.size for block in matcher.get_matching_blocks())
-    return 1 - Fraction(2 * matched, len(a) + len(b))
+
+    def measure() -> Fraction:
+        matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+        matched = sum(block.size for block in matcher.get_matching_blocks())
+        return 1 - Fraction(2 * matched, len(a) + len(b))
+
+    return memo.ratio(a, b, measure) if memo is not None else measure()
 
 
 class NoteComparison:
     """The regions of an accepted note text against the current one, computed once and
     shared by every gate judged on the same pair of texts."""
 
-    __slots__ = ("changed", "_old_body", "_new_body", "_ratio")
+    __slots__ = ("changed", "_old_body", "_new_body", "_ratio", "_memo")
     _ratio: Fraction | None
 
-    def __init__(self, old: ParsedNote, new: ParsedNote) -> None:
+    def __init__(self, old: ParsedNote, new: ParsedNote, memo: RatioMemo | None = None) -> None:
         old_r, new_r = old.regions(), new.regions()
         self.changed = tuple(r for r in REGIONS if old_r[r] != new_r[r])
         self._old_body, self._new_body = old.body, new.body
         self._ratio = None
+        self._memo = memo
 
     @property
     def ratio(self) -> Fraction:
         if self._ratio is None:
-            self._ratio = change_ratio(self._old_body, self._new_body)
+            self._ratio = change_ratio(self._old_body, self._new_body, self._memo)
         return self._ratio
 
     def verdict(self, gate: Gate) -> Verdict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.kb.gates import Catalog, Gate
-from orchestrator.kb.notecache import NoteCache, SelectMemo
+from orchestrator.kb.notecache import NoteCache, RatioMemo, SelectMemo
 from orchestrator.kb.notes import (
     GATES_DIR,
     KB,
@@ -223,6 +223,7 @@ def select(
     if model is None:
         _coverage(sel, store, notes, gates, kb, wanted)
     else:
+        ratios = RatioMemo.open(cache_dir) if cache_dir is not None else None
         _freshness(
             sel,
             store,
@@ -234,7 +235,10 @@ def select(
             wanted,
             diffs,
             note_paths is not None or current,
+            ratios,
         )
+        if ratios is not None:
+            ratios.save()
     sel.targets.sort(key=lambda t: (t.note_path, t.gate_id))
     if key is not None:
         sel.json_bytes = json.dumps(sel.to_json(), ensure_ascii=False).encode("utf-8")
@@ -318,6 +322,7 @@ def _freshness(
     wanted: set[str],
     diffs: bool,
     note_filter: bool,
+    ratios: RatioMemo | None = None,
 ) -> None:
     by_path = {n.path: n for n in notes}
     gates_by_id = {g.gate_id: g for g in (*uncond, *cond)}
@@ -400,11 +405,16 @@ def _freshness(
                 else:
                     candidate(note, gate, acc.note_snapshot_id, acc.gate_snapshot_id)
 
-    _judge_candidates(sel, store, candidates, wanted, diffs)
+    _judge_candidates(sel, store, candidates, wanted, diffs, ratios)
 
 
 def _judge_candidates(
-    sel: Selection, store: Store, candidates: list[_Candidate], wanted: set[str], diffs: bool
+    sel: Selection,
+    store: Store,
+    candidates: list[_Candidate],
+    wanted: set[str],
+    diffs: bool,
+    ratios: RatioMemo | None = None,
 ) -> None:
     existing = store.existing_snapshots(
         {c.note_snap for c in candidates} | {c.gate_snap for c in candidates}
@@ -427,7 +437,9 @@ def _judge_candidates(
 
         def compare(c: _Candidate = c, key: tuple[str, int] = key) -> NoteComparison:
             if key not in comparisons:
-                comparisons[key] = NoteComparison(_parse_old(texts[c.note_snap]), c.note.parsed())
+                comparisons[key] = NoteComparison(
+                    _parse_old(texts[c.note_snap]), c.note.parsed(), ratios
+                )
             return comparisons[key]
 
         try:
