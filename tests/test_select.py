@@ -746,3 +746,14 @@ def test_a_long_notes_change_ratio_is_measured_once(kb, run_cli, monkeypatch):
         data = run_cli("select", "prose/rw", "--model", "m1", "--json").json()
         assert data["counts"]["fresh"] == 2, data
     assert [n for n in measured if n > 100] == [1000]
+
+
+def test_a_sweeps_selection_keeps_long_notes_ratios_too(kb, run_cli):
+    """The nightly sweep selects again every night: the ratio memo is its too."""
+    kb.gate("prose/rw", ["body"], "rewrite(0.5)")
+    body = "".join("| a | b |\n" if i % 2 else "\n" for i in range(1000))
+    path = kb.note("long", body=body)
+    kb.accept("offline", [(path, "prose/rw")])
+    kb.write(path, kb.read(path).replace("| a | b |\n", "| a | c |\n", 1))
+    assert run_cli("enqueue", "prose").exit_code == 0
+    assert (kb.state / "cache" / "ratios.pickle").is_file()

@@ -223,7 +223,9 @@ def select(
     if model is None:
         _coverage(sel, store, notes, gates, kb, wanted)
     else:
-        ratios = RatioMemo.open(cache_dir) if cache_dir is not None else None
+        # Kept by content alone, so sweeps use it too (the note cache trusts file stamps).
+        home = cache_dir or state_dir
+        ratios = RatioMemo.open(home) if home is not None else None
         _freshness(
             sel,
             store,
