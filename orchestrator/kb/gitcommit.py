@@ -78,13 +78,15 @@ def _git(
         try:
             out, err = p.communicate(data, timeout=GIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            # Its session: git and what it runs (a filter, a credential helper).
+            # Its session: git and what it runs (a filter, a credential helper). Waited
+            # for by its exit, not its pipes: a helper that left the session may hold
+            # them open for as long as it lives.
             _signal_group(p.pid, signal.SIGTERM)
             try:
-                p.communicate(timeout=10)
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 _signal_group(p.pid, signal.SIGKILL)
-                p.communicate()
+                p.wait()
             raise GitTimeout(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g} s") from None
     if data is not None:
         return subprocess.CompletedProcess(argv, p.returncode, out, err)
