@@ -230,6 +230,10 @@ def test_a_fix_write_killed_midway_leaves_no_temp_file_once_written_again(tmp_pa
     assert len(left) == 1, left
     live = note.parent / f".alpha.md.{os.getpid()}-999.tmp"  # a writer still at work
     live.write_text("")
+    odd = note.parent / ".alpha.md.99999999999999999999-0.tmp"  # no pid: left alone
+    odd.write_text("")
     replace_note(note, b"# Alpha\n\nAlpha body, fixed.\n")
-    assert sorted(p.name for p in note.parent.iterdir()) == sorted(["alpha.md", live.name])
+    assert sorted(p.name for p in note.parent.iterdir()) == sorted(
+        ["alpha.md", live.name, odd.name]
+    )
     assert note.read_bytes() == b"# Alpha\n\nAlpha body, fixed.\n"

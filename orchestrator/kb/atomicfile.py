@@ -50,7 +50,8 @@ def _create(path: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temp name beside {path}")
 
 
-_TEMP_NAME = re.compile(r"\.(?P<head>.+)\.(?P<pid>\d+)-\d+\.tmp")
+# A pid as the kernel gives them (at most 2**22): a longer number is no temp file of ours.
+_TEMP_NAME = re.compile(r"\.(?P<head>.+)\.(?P<pid>[1-9]\d{0,6})-\d+\.tmp")
 
 
 def clear_leftovers(path: Path) -> int:
