@@ -1097,7 +1097,7 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
     from orchestrator.cli.display import render_summary
 
     escalations = [
-        {"id": i, "note_path": f"kb/notes/n{i}.md", "gate_id": "g", "model_partition": "p"}
+        {"id": i, "note_path": f"kb/notes/n{i}:fire:.md", "gate_id": "g", "model_partition": "p"}
         for i in range(1, 26)
     ]
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
@@ -1108,7 +1108,8 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
     )
     render_summary(out, lambda note, gate: None)
     printed = capsys.readouterr().out
-    assert "kb/notes/n20.md" in printed and "kb/notes/n21.md" not in printed
+    # Names as they are: an emoji code in one is not an emoji.
+    assert "kb/notes/n20:fire:.md" in printed and "kb/notes/n21:fire:.md" not in printed
     assert "… and 5 more note(s): reviewq escalations lists all" in printed
 
 
@@ -1178,7 +1179,7 @@ def test_a_fix_that_drops_the_frontmatter_is_refused(kb):
 
 
 def test_a_sequential_sweep_says_why_it_skipped_pairs(kb):
-    """"skipped 1" read as a pair lost: it waits for the note's earlier bundle."""
+    """ "skipped 1" read as a pair lost: it waits for the note's earlier bundle."""
     kb.gate("frontmatter/desc-check", ["description"])
     kb.gate("prose/body-check", ["body"])
     kb.note("bad", description="")

@@ -48,9 +48,10 @@ _NOTES_SHOWN = 20  # escalated notes listed with their decide command; the rest 
 
 def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.SweepOutcome
     """``only_reject(note, gate)``: why an escalation can now only be rejected, or None."""
-    # No markup: every line carries stored text (an agent's stderr in a failed job's
-    # reasons, a note's name), and "[/INST]" in one made the summary an internal error.
-    console = Console(markup=False)
+    # Stored text as it is: every line carries some (an agent's stderr in a failed job's
+    # reasons, a note's name). As markup, "[/INST]" made the summary an internal error;
+    # as emoji codes, "a:fire:b.md" in a decide line was no longer the note's name.
+    console = Console(markup=False, emoji=False, highlight=False)
     s = out.summary
     jobs = Table(title="Jobs", show_edge=False)
     jobs.add_column("reviewer")
