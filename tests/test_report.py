@@ -666,12 +666,25 @@ def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds
         rep = make_report(store, kb.state, since="1h", remember=False)
     [group] = rep.data["needs_you"]["escalations"]
     shown = group["escalations"][0]["report"].splitlines()
-    assert shown[0].startswith("(the gate-review report is not written yet: No space left")
+    assert shown[0] == (
+        "(the gate-review report is not written yet (No space left on device); the control "
+        "process writes it at its next tick)"
+    )
     assert shown[1:] == [
         "Recommend reject: it stays thin.",
         "Material:",
         "- high: the body is one line.",
     ]
+    # Deleted and marked due again (rewrite-files): no error to name, and no full disk.
+    with Store.open(kb.state) as store:
+        with store.write():
+            store.conn.execute("UPDATE escalation_reports_due SET error = 'not written yet'")
+        rep = make_report(store, kb.state, since="1h", remember=False)
+    [group] = rep.data["needs_you"]["escalations"]
+    assert group["escalations"][0]["report"].splitlines()[0] == (
+        "(the gate-review report is not written yet; the control process writes it at its "
+        "next tick)"
+    )
 
 
 def test_a_fix_given_up_after_a_report_said_it_waits_is_in_the_next_report(kb):

@@ -278,10 +278,11 @@ def _unwritten_report(store: Store, e: dict, exc: OSError) -> str:
         material = json.loads(row["material"] or "[]")
     except ValueError:
         material = []
+    why = "" if row["error"] == NOT_TRIED else f" ({row['error']})"
     return "\n".join(
         [
-            f"(the gate-review report is not written yet: {row['error']}; the control "
-            "process writes it at its next tick with room)",
+            f"(the gate-review report is not written yet{why}; the control process writes "
+            "it at its next tick)",
             f"Recommend {e['call']}: {(row['recommend'] or e['reason']).rstrip('.')}.",
             *(
                 ["Material:", *(f"- {m}" for m in material if isinstance(m, str))]
