@@ -765,3 +765,44 @@ def test_a_cost_recorded_while_a_report_is_made_is_in_that_report_or_the_next(kb
             commit.join()
             control.close()
     assert sum(r.data["reviewed"]["cost_usd"] or 0 for r in reports) == 1.5
+
+
+def test_a_failed_or_finalized_job_is_stamped_inside_its_transaction(kb, run_cli, monkeypatch):
+    """fail_job and finalize took their time before waiting for the write lock: a report
+    that settled its end while they waited ended after their stamp and read before their
+    commit, and the next report started after it, so the job was in neither."""
+    from orchestrator.control import attempts
+    from orchestrator.review import finalize
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    assert run_cli("enqueue", "--all-gates", "--grouping", "note").exit_code == 0
+    inside: list[bool] = []
+    for module in (attempts, finalize):
+        real = module.utcnow
+        monkeypatch.setattr(
+            module, "utcnow", lambda real=real: inside.append(store.conn.in_transaction) or real()
+        )
+    with Store.open(kb.state) as store:
+        attempts.fail_job(store, kb.state, 1, ["could not open an attempt"])
+        finalize.finalize(store, kb.state, 2, b"garbage", fail_on_invalid=True)
+    assert inside and all(inside), inside
+
+
+def test_a_report_whose_end_cannot_be_settled_says_so(kb, monkeypatch):
+    """A write lock busy past the timeout was taken for a state.db this user may only
+    read, and the report went on without settling its end."""
+    from orchestrator.report import make_report
+    from orchestrator.state import store as store_module
+
+    Store.open(kb.state).close()
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 50)
+    holder = sqlite3.connect(kb.state / "state.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with Store.open(kb.state) as store, pytest.raises(sqlite3.OperationalError, match="locked"):
+            make_report(store, kb.state, remember=False)  # a report that writes nothing
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

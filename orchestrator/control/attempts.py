@@ -320,8 +320,8 @@ def set_outcome(
 
 
 def fail_job(store: Store, state_dir: Path, job_id: int, reasons: list[str]) -> None:
-    now = utcnow()
     with store.write():
+        now = utcnow()
         row = store.conn.execute(
             "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, finished_at = ? "
             "WHERE id = ? AND status IN ('queued', 'running') RETURNING job_dir",

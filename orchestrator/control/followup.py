@@ -471,8 +471,8 @@ class FollowUp:
                 "audit.skipped", job_id=job["id"], reason=f"no reviewer profile {auditor!r}"
             )
             return
-        now = utcnow()
         with self.store.write():
+            now = utcnow()
             audit_id = self.store.conn.execute(
                 "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, sweep, "
                 "sweep_run_id, source_job_id, created_at, updated_at) VALUES ('audit', 'queued', ?, 'audit', ?, ?, '', "

@@ -503,8 +503,8 @@ def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
     store: Store, state_dir: Path, e, decision: str, feedback: str | None, note: _NoteNow, gate
 ) -> None:
     esc_id = e["id"]
-    now = utcnow()
     with store.write():
+        now = utcnow()
         store.conn.execute(
             "UPDATE escalations SET decision = ?, feedback = ?, decided_at = ?, note_sha256 = ?, gate_sha256 = ? "
             "WHERE id = ?",

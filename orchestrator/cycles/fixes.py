@@ -131,8 +131,8 @@ def create_fix_job(
     targets = current_failures(store, catalog, partition, note_path, note.sha256, include)
     if not targets:
         return None
-    now = utcnow()
     with store.write():
+        now = utcnow()
         job_id = store.conn.execute(
             "INSERT INTO review_jobs (kind, status, model_partition, grouping, reviewer, job_dir, sweep, sweep_run_id, "
             "note_path, source_job_id, feedback, review_reviewer, created_at, updated_at) "
@@ -297,8 +297,8 @@ def apply_fix(
     if not new_text.strip():
         return FixResult("invalid", "the fixed note is empty")
     sha = sha256_text(new_text)
-    now = utcnow()
     with store.write():
+        now = utcnow()
         fixed = store.snapshot(rel, new_text, sha)  # the report's diff: given → fixed
         store.conn.execute(
             "UPDATE review_jobs SET fixed_snapshot_id = ? WHERE id = ?", (fixed, job["id"])
@@ -520,8 +520,8 @@ def _gates(store: Store, job_id: int) -> list[str]:
 def finish_fix_job(
     store: Store, state_dir: Path, job_id: int, status: str, result: str, reason: str
 ) -> None:
-    now = utcnow()
     with store.write():
+        now = utcnow()
         store.conn.execute(
             "UPDATE review_jobs SET status = ?, result = ?, failure_reasons = ?, updated_at = ?, finished_at = ? "
             "WHERE id = ?",

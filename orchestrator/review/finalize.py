@@ -171,7 +171,6 @@ def finalize(
     parsed = parse_bundle(
         output, [ExpectedPair(p["note_path"], p["gate_path"]) for p in pairs], max_bytes=max_bytes
     )
-    now = utcnow()
     if not parsed.ok:
         reasons = logs.redact_all(parsed.reasons)  # capped by the parser
         if attempt is not None:
@@ -179,6 +178,7 @@ def finalize(
                 _mark_attempt(store, job_id, attempt, "invalid-output", reasons)
         if fail_on_invalid:
             with store.write():
+                now = utcnow()
                 _fence(store, job_id, job["attempt"])
                 if attempt is None:
                     _supersede_open(store, job_id, now)
@@ -194,6 +194,7 @@ def finalize(
     by_key = {(p["note_path"], p["gate_path"]): p for p in pairs}
     results = []
     with store.write():
+        now = utcnow()
         _fence(store, job_id, job["attempt"])
         for r in parsed.results:
             p = by_key[(r.note_path, r.gate_path)]

@@ -271,7 +271,10 @@ class Store:
         attempt's ``recorded_at``) before it commits: a report whose window ended between
         the two left that row out, and the next report, starting where it ended, too.
         The time is taken holding the write lock, so no writer is between its stamps and
-        its commit; the snapshot starts before the lock is let go."""
+        its commit; the snapshot starts before the lock is let go. So writers take the
+        times they stamp inside their transaction (``now = utcnow()`` after ``write()``):
+        one taken before waiting for the lock may be older than a report's end and commit
+        after it. A lock busy past the timeout is raised, as for any write."""
         if self.conn.in_transaction:
             raise RuntimeError("settled_read inside a transaction")
         lock = None
@@ -279,9 +282,11 @@ class Store:
             lock = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             try:
                 lock.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError:  # a state.db this user may only read
+            except sqlite3.OperationalError as exc:
                 lock.close()
                 lock = None
+                if "readonly" not in str(exc):  # a state.db this user may only read: unsettled
+                    raise
         try:
             stamp = now or utcnow()
             self.conn.execute("BEGIN")
