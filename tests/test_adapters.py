@@ -983,3 +983,29 @@ def test_openai_fixer_that_wraps_the_note_in_chatter_gives_the_note(kb2, monkeyp
     res = run(kb2, fix, "local")
     assert res.ok, res.outcome.reasons
     assert kb2.read(NOTE) == fixed
+
+
+@pytest.mark.parametrize(
+    ("given", "answer", "taken"),
+    [
+        # A note without frontmatter that quotes an example note: its answer is the note.
+        (
+            "# How notes look\n\n```markdown\n---\ntitle: Example\n---\nBody.\n```\n",
+            "# How notes look, fixed\n\n```markdown\n---\ntitle: Example\n---\nBody.\n```\n",
+            "answer",
+        ),
+        # An answer that starts with the note's byte order mark is the note as it came.
+        (
+            "\ufeff---\ntitle: A\n---\nBody.\n",
+            "\ufeff---\ntitle: A\n---\nBody, fixed.\n```md\n---\nx: 1\n---\n```\n",
+            "answer",
+        ),
+        # A chat-wrapped answer for a note with frontmatter: the block is the note.
+        ("---\ntitle: A\n---\nBody.\n", "Here:\n```md\n---\ntitle: A\n---\nFixed.\n```\n", "block"),
+    ],
+)
+def test_a_fixers_answer_is_unwrapped_only_when_it_wraps_a_note(given, answer, taken):
+    from workers.openai_agent import unwrapped_note
+
+    want = answer if taken == "answer" else "---\ntitle: A\n---\nFixed.\n"
+    assert unwrapped_note(answer, given) == want

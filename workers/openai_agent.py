@@ -229,7 +229,7 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
     reach(url, connect_timeout)
     content, data = complete(url, body, key, timeout)
     if env.get("REVIEWQ_TASK") == "fix":
-        content = unwrapped_note(content)
+        content = unwrapped_note(content, _given_note(env))
     telemetry = _turn(data.get("usage"))
     if isinstance(data.get("id"), str):
         telemetry["session_id"] = data["id"]
@@ -251,12 +251,26 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
 _FENCE = re.compile(r"(`{3,}|~{3,})\s*(markdown|md)?\s*")
 
 
-def unwrapped_note(answer: str) -> str:
+def _given_note(env: Mapping[str, str]) -> str | None:
+    """The text the fixer was given (``REVIEWQ_NOTE_FILE``), or None."""
+    try:
+        return Path(env["REVIEWQ_NOTE_FILE"]).read_bytes().decode("utf-8")
+    except (KeyError, OSError, UnicodeDecodeError):
+        return None
+
+
+def _starts_with_frontmatter(text: str) -> bool:
+    return text.lstrip("\ufeff \t\r\n").startswith("---")
+
+
+def unwrapped_note(answer: str, given: str | None) -> str:
     """A fixer's answer is the note's new text. A chat model wraps it all the same
     ("Here is the corrected note:", a fenced block, a remark): written as it came, the
-    chatter became the note. The fenced block is taken when it holds a note that starts
-    with frontmatter and the answer does not; anything else is left for the fix's checks."""
-    if answer.lstrip().startswith("---"):
+    chatter became the note. For a ``given`` note that starts with frontmatter, an answer
+    that does not is unwrapped: the fenced block that holds a note starting with
+    frontmatter is taken. Anything else is left for the fix's checks: a note without
+    frontmatter may quote an example note in a block of its own."""
+    if given is None or not _starts_with_frontmatter(given) or _starts_with_frontmatter(answer):
         return answer
     lines = answer.splitlines(keepends=True)
     for i, line in enumerate(lines):
