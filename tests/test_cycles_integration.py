@@ -1145,6 +1145,7 @@ def _applied(kb, raw: bytes, fixer) -> tuple[str, bytes]:  # noqa: ANN001
         b"---\ntitle: Alpha\n---\nAlpha body.",  # no final newline
         b"---\r\ntitle: Alpha\r\n---\r\nAlpha body.\r\n",  # CRLF
         "\ufeff---\ntitle: Alpha\n---\nAlpha body.\n".encode(),  # a byte order mark
+        b"---\r\ntitle: Alpha\n---\r\nAlpha body.\nSecond line.",  # line ends of both kinds
     ],
 )
 def test_a_note_given_back_in_a_fixers_own_form_changed_nothing(kb, raw):

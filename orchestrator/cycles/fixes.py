@@ -232,7 +232,12 @@ def in_the_notes_form(new: str, given: str) -> str:
     bom = "\ufeff"
     new = bom + new.removeprefix(bom) if given.startswith(bom) else new.removeprefix(bom)
     crlf = given.count("\r\n")
-    if crlf and crlf == given.count("\n"):
+    if crlf and crlf != given.count("\n"):
+        # Line ends of both kinds: no one form to give the fixer's text. Given back
+        # with one kind only, it changed nothing if it is the same text but for them.
+        as_lf = given.replace("\r\n", "\n")
+        return given if new.replace("\r\n", "\n") in (as_lf, as_lf + "\n") else new
+    if crlf:
         new = _BARE_LF.sub("\r\n", new)
     elif not crlf and "\r\n" in new:
         new = new.replace("\r\n", "\n")
