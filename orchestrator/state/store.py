@@ -98,14 +98,15 @@ class ReviewRecord:
     rationale: str = ""
 
 
-# What reviewq writes in a state folder, relative to it: doctor checks that the user can
-# write each one there is, and a folder holding anything else is not reviewq's alone.
+# What reviewq writes in place in a state folder, relative to it: doctor checks that the
+# user can write each one there is. With the page it replaces by a rename (the folder's
+# write access is what counts for it), a folder holding anything else is not reviewq's alone.
 STATE_ENTRIES = (
     *("state.db", "state.db-wal", "state.db-shm", "state.db-journal", "control.lock"),
-    *("logs", "logs/reviewq.jsonl", "jobs", "escalations", "cache", "run", "report.html"),
+    *("logs", "logs/reviewq.jsonl", "jobs", "escalations", "cache", "run"),
     *("queue", "queue/review.db", "queue/control.db", "worker"),
 )
-_TOP_ENTRIES = {entry.partition("/")[0] for entry in STATE_ENTRIES}
+_TOP_ENTRIES = {entry.partition("/")[0] for entry in (*STATE_ENTRIES, "report.html")}
 
 
 def _ignored_by_git(folder: Path) -> None:
