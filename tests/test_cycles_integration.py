@@ -1187,3 +1187,24 @@ def test_a_sequential_sweep_says_why_it_skipped_pairs(kb):
     config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="Described"))
     res = rq(kb, "sweep", "--reviewer", "fake", "--sequential", "frontmatter", "prose")
     assert "skipped 1 (1 waiting for an earlier bundle)" in res.stdout, res.stdout
+
+
+def test_rejecting_an_audits_refutation_makes_the_pair_fail(kb):
+    """The report recommends reject when the auditor refutes a PASS; the reject left the
+    reviewer's PASS accepted, so the pair was fresh, and exported as PASS: the person's
+    call showed nowhere. It is now the person's FAIL, held until the note changes."""
+    res = audited_sweep(kb, FAKE_DECISIONS="FAIL")
+    assert res.returncode == 0, res.stderr
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    said = (kb.root / esc["report_path"]).read_text()
+    assert "(a PASS on record, as one an auditor refuted, becomes your FAIL)" in said
+    assert rq(kb, "decide", str(esc["id"]), "reject").returncode == 0
+    with db(kb) as conn:
+        acc = [tuple(r) for r in conn.execute("SELECT decision, source FROM acceptance")]
+    assert acc == [("FAIL", "human")]
+    assert rq(kb, "export", "--model", "fake").returncode == 0
+    gates = kb.root / "kb" / "reports" / "reviews" / "gates"
+    [review] = [p for p in gates.rglob("*.md") if p.is_file()]
+    assert "## Result: FAIL" in review.read_text()
+    sel = json.loads(rq(kb, "select", "--all-gates", "--model", "fake", "--json").stdout)
+    assert sel["targets"] == []  # held, as a reject holds it, until the note or gate changes

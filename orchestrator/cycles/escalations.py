@@ -284,7 +284,7 @@ def report(store: Store, esc_id: int) -> str:
         f"{e['gate_id']} (recorded as a human review); "
         + _redo_does(esc_id)
         + f"`reviewq decide {esc_id} reject` stops reviewing this pair until the note or the "
-        "gate changes.",
+        "gate changes (a PASS on record, as one an auditor refuted, becomes your FAIL).",
         "",
     ]
     return "\n".join(lines)
@@ -517,44 +517,70 @@ def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
         )
         store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
         if decision == "approve":
-            job_id = store.conn.execute(
-                "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, runner, "
-                "created_at, updated_at, finished_at, result) VALUES ('review', 'completed', ?, 'human', ?, NULL, '', "
-                "'human', ?, ?, ?, 'approved') RETURNING id",
-                (e["model_partition"], gate.lens, now, now, now),
-            ).fetchone()[0]
-            note_snap = store.snapshot(e["note_path"], note.text, note.sha256)
-            gate_snap = store.snapshot(gate.path, gate.text, gate.sha256)
-            rationale = f"Approved by a person (escalation {esc_id})." + (
-                f"\n\n{feedback}" if feedback else ""
+            _human_review(
+                store,
+                e,
+                note,
+                gate,
+                "PASS",
+                f"Approved by a person (escalation {esc_id}).",
+                feedback,
+                now,
             )
-            pair_id = store.conn.execute(
-                "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
-                "gate_snapshot_id, decision, rationale, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'PASS', ?, ?) "
-                "RETURNING id",
-                (
-                    job_id,
-                    e["note_path"],
-                    gate.gate_id,
-                    gate.path,
-                    gate.lens,
-                    note_snap,
-                    gate_snap,
-                    rationale,
-                    now,
-                ),
-            ).fetchone()[0]
-            store.upsert_acceptance(
-                model_partition=e["model_partition"],
-                note_path=e["note_path"],
-                gate_id=gate.gate_id,
-                review_pair_id=pair_id,
-                note_snapshot_id=note_snap,
-                gate_snapshot_id=gate_snap,
-                decision="PASS",
-                source="human",
-                at=now,
-            )
+        elif (
+            decision == "reject"
+            and gate is not None
+            and note.problem is None
+            and note.text is not None
+        ):
+            accepted = store.acceptance(e["model_partition"], e["note_path"], e["gate_id"])
+            if accepted is not None and accepted.decision in ("PASS", "WARN"):
+                # An audit's refutation, upheld: the reviewer's PASS stood accepted, so the
+                # pair was fresh and exported as passing, and the person's reject showed
+                # nowhere. It is now the person's FAIL, held until the note or gate changes.
+                why = f"Rejected by a person (escalation {esc_id}): {e['reason']}."
+                _human_review(store, e, note, gate, "FAIL", why, feedback, now)
+
+
+def _human_review(  # noqa: ANN001 - e: an escalations row; note: _NoteNow; gate: a Gate
+    store: Store, e, note, gate, decision: str, said: str, feedback: str | None, now: str
+) -> None:
+    """A person's decision on the pair, recorded as a review of the note as it is and
+    accepted (``source`` human): a job of grouping ``human`` with one pair."""
+    job_id = store.conn.execute(
+        "INSERT INTO review_jobs (kind, status, model_partition, grouping, lens, reviewer, job_dir, runner, "
+        "created_at, updated_at, finished_at, result) VALUES ('review', 'completed', ?, 'human', ?, NULL, '', "
+        "'human', ?, ?, ?, ?) RETURNING id",
+        (
+            e["model_partition"],
+            gate.lens,
+            now,
+            now,
+            now,
+            "approved" if decision == "PASS" else "rejected",
+        ),
+    ).fetchone()[0]
+    note_snap = store.snapshot(e["note_path"], note.text, note.sha256)
+    gate_snap = store.snapshot(gate.path, gate.text, gate.sha256)
+    rationale = said + (f"\n\n{feedback}" if feedback else "")
+    pair_id = store.conn.execute(
+        "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+        "gate_snapshot_id, decision, rationale, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "RETURNING id",
+        (job_id, e["note_path"], gate.gate_id, gate.path, gate.lens, note_snap, gate_snap,
+         decision, rationale, now),
+    ).fetchone()[0]  # fmt: skip
+    store.upsert_acceptance(
+        model_partition=e["model_partition"],
+        note_path=e["note_path"],
+        gate_id=gate.gate_id,
+        review_pair_id=pair_id,
+        note_snapshot_id=note_snap,
+        gate_snapshot_id=gate_snap,
+        decision=decision,
+        source="human",
+        at=now,
+    )
 
 
 def _log_decided(e, decision: str) -> None:
