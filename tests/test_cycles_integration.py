@@ -1208,3 +1208,34 @@ def test_rejecting_an_audits_refutation_makes_the_pair_fail(kb):
     assert "## Result: FAIL" in review.read_text()
     sel = json.loads(rq(kb, "select", "--all-gates", "--model", "fake", "--json").stdout)
     assert sel["targets"] == []  # held, as a reject holds it, until the note or gate changes
+
+
+def test_a_note_wide_redo_does_not_close_a_refutation_it_cannot_fix(kb):
+    """Alone, a redo of an auditor's refutation is refused (it would do nothing). With
+    --note beside another gate's FAIL it was taken: the fix carried only the FAIL's gate,
+    and the refuted pair was closed, a fresh PASS never reviewed or escalated again."""
+    kb.gate("prose/audited", ["body"], audit=True)
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_FAIL_GATES="prose/body-check"),  # its fixer changes nothing
+        profile("auditor", partition="audit", FAKE_AUDIT_DECISION="FAIL"),
+    )
+    rq(kb, "sweep", "--reviewer", "fake", "--fix", "--auditor", "auditor")
+    escs = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert sorted(e["gate_id"] for e in escs) == ["prose/audited", "prose/body-check"]
+    res = rq(kb, "decide", "--note", NOTE, "redo", "--feedback", "Say more.")
+    assert res.returncode == 1, res.stdout
+    assert "prose/audited): no FAIL is left to fix" in res.stderr, res.stderr
+    with db(kb) as conn:  # nothing decided, no fix queued: the call is one transaction
+        assert (
+            conn.execute("SELECT count(*) FROM escalations WHERE decision IS NULL").fetchone()[0]
+            == 2
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM review_jobs WHERE kind = 'fix' AND status = 'queued'"
+            ).fetchone()[0]
+            == 0
+        )

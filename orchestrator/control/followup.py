@@ -363,10 +363,20 @@ class FollowUp:
                     job_id = self.redo(group[0], feedback or "", gates)
                     jobs[note_path] = jobs.get(note_path) or job_id
                 for note_path, job_id in jobs.items():
+                    mine = [e for e in escs if e["note_path"] == note_path]
                     if job_id is None:
-                        self._check_released(
-                            note_path, [e for e in escs if e["note_path"] == note_path]
+                        self._check_released(note_path, mine)
+                        continue
+                    # A gate the fix does not carry (an auditor refuted its PASS) is not
+                    # fixed: decided with the others by --note, it was closed as a redo
+                    # and never reviewed or escalated again.
+                    carried = {
+                        g
+                        for (g,) in self.store.conn.execute(
+                            "SELECT gate_id FROM review_pairs WHERE job_id = ?", (job_id,)
                         )
+                    }
+                    self._check_stale(note_path, [e for e in mine if e["gate_id"] not in carried])
         return escs, jobs
 
     def _one_partition_per_note(self, esc_ids: list[int]) -> None:
@@ -403,6 +413,11 @@ class FollowUp:
                 f"would not reach it; redo once it has ended (reviewq job {open_job}), or "
                 "decide all of the note's escalations in one call (--note)"
             )
+        self._check_stale(note_path, escs)
+
+    def _check_stale(self, note_path: str, escs: list[dict]) -> None:
+        """Refuse the decision if a redo of one of ``escs`` would do nothing: no fix for
+        it, and its pair fresh, so no sweep would review it either."""
         for e in escs:
             try:
                 stale = select(
