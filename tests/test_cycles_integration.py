@@ -1239,3 +1239,24 @@ def test_a_note_wide_redo_does_not_close_a_refutation_it_cannot_fix(kb):
             ).fetchone()[0]
             == 0
         )
+
+
+def test_a_redo_whose_fixer_is_gone_is_refused_and_another_can_be_named(cyc):
+    """The night's fixer profile renamed in reviewq.toml since: the redo queued a fix the
+    control failed unrun, which escalated the pair again with the same fixer, at every
+    redo, with no way out but reject."""
+    esc = escalate(cyc)
+    config(cyc, profile("renamed", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="x"))
+    res = rq(cyc, "decide", str(esc), "redo", "--feedback", "Say more.")
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [
+        f"error: escalation {esc}: its fixer profile 'fake' is not configured in "
+        f"{cyc.root / 'reviewq.toml'}; name one with --fixer, or approve or reject"
+    ]
+    with db(cyc) as conn:
+        assert conn.execute("SELECT decision FROM escalations").fetchone()[0] is None
+    res = rq(cyc, "decide", str(esc), "redo", "--feedback", "Say more.", "--fixer", "renamed")
+    assert res.returncode == 0 and "fix job" in res.stdout, res.stderr
+    with db(cyc) as conn:
+        fixer = conn.execute("SELECT reviewer FROM review_jobs WHERE kind = 'fix' ORDER BY id DESC")
+        assert fixer.fetchone()[0] == "renamed"

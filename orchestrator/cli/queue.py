@@ -788,10 +788,16 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     callback=utf8,
     help="Concrete asks (required for redo; kept verbatim).",
 )
+@click.option(
+    "--fixer",
+    default=None,
+    callback=not_blank,
+    help="redo: the fixer profile [default: the escalation's].",
+)
 @click.pass_obj
 @refuse_domain_errors
 def decide_cmd(
-    ws: Workspace, args: tuple[str, ...], note: str | None, feedback: str | None
+    ws: Workspace, args: tuple[str, ...], note: str | None, feedback: str | None, fixer: str | None
 ) -> None:
     """Answer escalations at once: approve (accept as is), redo (one fix with your asks
     per note), reject. DECISION is approve, redo or reject.
@@ -812,7 +818,9 @@ def decide_cmd(
         if not (raw.isascii() and raw.isdigit()) or int(raw) > JOB_ID.max:
             raise Refused(f"ESCALATION_ID: {raw!r} is not an escalation id (a whole number)")
         ids.append(int(raw))
-    escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback)
+    if fixer and decision != "redo":
+        raise Refused(f"--fixer: names the fixer of a redo, not of {decision}")
+    escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer)
     if decision == "redo":
         nudge_control(ws)
         from orchestrator.state.status import job as job_row

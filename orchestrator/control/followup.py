@@ -332,11 +332,17 @@ class FollowUp:
         )
 
     def decide(
-        self, ids: list[int], note: str | None, decision: str, feedback: str | None
+        self,
+        ids: list[int],
+        note: str | None,
+        decision: str,
+        feedback: str | None,
+        fixer: str | None = None,
     ) -> tuple[list[dict], dict[str, int | None]]:
         """A person's one call on escalations (these ids and/or all of a note's): recorded
         in one transaction; a redo then queues one fix job per note carrying every gate's
-        findings and the person's asks. Returns the escalations and note → fix job.
+        findings and the person's asks, by ``fixer`` if given, else the escalation's.
+        Returns the escalations and note → fix job.
 
         The decisions and the fix jobs commit together: a redo recorded without its fix
         job would close the escalation and lose the person's asks."""
@@ -360,7 +366,7 @@ class FollowUp:
                     groups.setdefault((e["note_path"], e["model_partition"]), []).append(e)
                 for (note_path, _), group in groups.items():
                     gates = {e["gate_id"] for e in group}
-                    job_id = self.redo(group[0], feedback or "", gates)
+                    job_id = self.redo(group[0], feedback or "", gates, fixer)
                     jobs[note_path] = jobs.get(note_path) or job_id
                 for note_path, job_id in jobs.items():
                     mine = [e for e in escs if e["note_path"] == note_path]
@@ -439,11 +445,21 @@ class FollowUp:
                     "edit the note yourself"
                 )
 
-    def redo(self, esc: dict, feedback: str, gates: set[str] | None = None) -> int | None:
+    def redo(
+        self, esc: dict, feedback: str, gates: set[str] | None = None, fixer: str | None = None
+    ) -> int | None:
         """A person's redo: a fix job carrying their asks verbatim. It belongs to a sweep
         run of its own with fixing on, so the cycle goes on from a fresh count."""
         gates = gates or {esc["gate_id"]}
-        fixer = esc["fixer"] or esc["reviewer"] or "offline"
+        fixer = fixer or esc["fixer"] or esc["reviewer"] or "offline"
+        if fixer not in self.ws.settings.reviewers:
+            # Queued, the fix failed unrun and escalated the pair again with the same
+            # fixer, at every redo: a loop with no way out but reject.
+            where = self.ws.settings.config_path or "reviewq.toml"
+            raise DecideError(
+                f"escalation {esc['id']}: its fixer profile {fixer!r} is not configured in "
+                f"{where}; name one with --fixer, or approve or reject"
+            )
         reviewer = esc["reviewer"] or fixer
         options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": sorted(gates)}
         with self.store.write():
