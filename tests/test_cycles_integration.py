@@ -1260,3 +1260,27 @@ def test_a_redo_whose_fixer_is_gone_is_refused_and_another_can_be_named(cyc):
     with db(cyc) as conn:
         fixer = conn.execute("SELECT reviewer FROM review_jobs WHERE kind = 'fix' ORDER BY id DESC")
         assert fixer.fetchone()[0] == "renamed"
+
+
+def test_a_redo_keeps_the_nights_auditor(kb):
+    """The night ran with --auditor: the redo's fix run recorded none, so the PASS after
+    the person's redo was "audited" by its own reviewer, in its own partition."""
+    kb.gate("prose/audited", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    fixed = {"FAKE_PASS_IF_CONTAINS": "FIXED"}
+    config(
+        kb,
+        profile("fake", **fixed, FAKE_FIX_APPEND="FIXED now."),
+        profile("nofix", partition="fake", **fixed),  # its fix changes nothing
+        profile("auditor", partition="audit", FAKE_AUDIT_DECISION="PASS"),
+    )
+    rq(kb, "sweep", "--reviewer", "fake", "--fixer", "nofix", "--fix", "--auditor", "auditor")
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    res = rq(kb, "decide", str(esc["id"]), "redo", "--feedback", "Fix it.", "--fixer", "fake")
+    assert res.returncode == 0, res.stderr
+    rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor")  # runs the redo's fix
+    with db(kb) as conn:
+        audits = [
+            r[0] for r in conn.execute("SELECT reviewer FROM review_jobs WHERE kind = 'audit'")
+        ]
+    assert audits == ["auditor"], audits

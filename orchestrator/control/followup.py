@@ -462,6 +462,17 @@ class FollowUp:
             )
         reviewer = esc["reviewer"] or fixer
         options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": sorted(gates)}
+        # The night's auditor and audit marks go on: without them the fixed note's PASS
+        # was "audited" by its own reviewer, or not at all.
+        night = self.store.conn.execute(
+            "SELECT j.sweep_run_id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "WHERE j.kind = 'review' AND j.model_partition = ? AND p.note_path = ? "
+            "ORDER BY j.id DESC LIMIT 1",
+            (esc["model_partition"], esc["note_path"]),
+        ).fetchone()
+        if night is not None:
+            were = cycles.run_options(self.store, night)
+            options |= {k: were[k] for k in ("auditor", "audit") if were.get(k)}
         with self.store.write():
             run_id = start_run(self.store, "decide", "decide", options)
         return create_fix_job(
