@@ -1284,3 +1284,13 @@ def test_a_redo_keeps_the_nights_auditor(kb):
             r[0] for r in conn.execute("SELECT reviewer FROM review_jobs WHERE kind = 'audit'")
         ]
     assert audits == ["auditor"], audits
+
+
+def test_status_and_jobs_count_the_same_completed_jobs(cyc):
+    """An approve is recorded as a completed review job of grouping human: `jobs` listed it
+    (reviewer -, no attempt), `status` did not count it."""
+    esc = escalate(cyc)
+    assert rq(cyc, "decide", str(esc), "approve").returncode == 0
+    status = json.loads(rq(cyc, "status", "--json").stdout)["jobs"]
+    listed = json.loads(rq(cyc, "jobs", "--state", "completed", "--json").stdout)["jobs"]
+    assert status["completed"] == len(listed)

@@ -123,7 +123,11 @@ def job_count(store: Store, state: str | None = None) -> int:
 
 
 def _in_state(state: str | None) -> tuple[str, tuple]:
-    return (" WHERE j.status = ?", (state,)) if state else ("", ())
+    """The jobs ``jobs`` lists: a person's decisions (grouping ``human``, recorded as jobs
+    so they are reviews) are not work anyone ran, and ``status`` does not count them."""
+    if state:
+        return " WHERE j.grouping != 'human' AND j.status = ?", (state,)
+    return " WHERE j.grouping != 'human'", ()
 
 
 def job(store: Store, job_id: int) -> dict:
