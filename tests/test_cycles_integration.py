@@ -1294,3 +1294,17 @@ def test_status_and_jobs_count_the_same_completed_jobs(cyc):
     status = json.loads(rq(cyc, "status", "--json").stdout)["jobs"]
     listed = json.loads(rq(cyc, "jobs", "--state", "completed", "--json").stdout)["jobs"]
     assert status["completed"] == len(listed)
+
+
+def test_a_rejected_pair_is_not_said_to_wait_for_a_person(kb):
+    """Rejected after the person's own edit, the pair is stale and held: every sweep said
+    it waited for a person, while `escalations` and `status` said nothing did."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER"))
+    rq(kb, "sweep", "--reviewer", "fake", "--fix")
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    kb.write(NOTE, kb.read(NOTE) + "The person's own attempt.\n")
+    assert rq(kb, "decide", str(esc["id"]), "reject").returncode == 0
+    out = rq(kb, "sweep", "--reviewer", "fake")
+    assert "skipped 1 (1 rejected by a person)" in out.stdout, out.stdout

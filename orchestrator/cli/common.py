@@ -172,6 +172,7 @@ def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
 _SKIP_KINDS = (
     ("already in ", "already queued or running"),
     ("escalated", "waiting for a person"),
+    ("rejected by a person", "rejected by a person"),
     ("waits for bundle ", "waiting for an earlier bundle"),
     ("reviewed since it was selected", "reviewed meanwhile"),
     ("answered ERROR", "answered ERROR just now"),

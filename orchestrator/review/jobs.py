@@ -68,6 +68,20 @@ class Skipped:
     problem: bool = False
 
 
+def _held_why(store: Store, partition: str, key: tuple[str, str]) -> str:
+    """Why a held pair is skipped: a person has yet to decide it, or rejected it (held
+    until the note or gate changes; said as waiting, it read as an escalation no list
+    showed)."""
+    open_one = store.conn.execute(
+        "SELECT 1 FROM escalations WHERE model_partition = ? AND note_path = ? AND gate_id = ? "
+        "AND decision IS NULL",
+        (partition, *key),
+    ).fetchone()
+    if open_one:
+        return "escalated: waits for a human decision"
+    return "rejected by a person: held until the note or the gate changes"
+
+
 @dataclass
 class JobBatch:
     jobs: list[CreatedJob] = field(default_factory=list)
@@ -285,7 +299,7 @@ def create_jobs(
             batch.skipped.append(Skipped(raw, gate_id, f"already in {status} job {job_id}"))
             continue
         if key in held:
-            batch.skipped.append(Skipped(raw, gate_id, "escalated: waits for a human decision"))
+            batch.skipped.append(Skipped(raw, gate_id, _held_why(store, model_partition, key)))
             continue
         gate = loader.gate(gate_id, t.get("gate_path"))
         if isinstance(gate, str):
