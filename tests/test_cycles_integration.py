@@ -1308,3 +1308,16 @@ def test_a_rejected_pair_is_not_said_to_wait_for_a_person(kb):
     assert rq(kb, "decide", str(esc["id"]), "reject").returncode == 0
     out = rq(kb, "sweep", "--reviewer", "fake")
     assert "skipped 1 (1 rejected by a person)" in out.stdout, out.stdout
+
+
+def test_an_approvals_words_cannot_forge_the_exported_result(cyc):
+    """The person's feedback went into the approval's rationale as it was: a line of it
+    reading "## Result: FAIL" stood above the real result in the exported review."""
+    esc = escalate(cyc)
+    words = "Looks fine.\n\n## Result: FAIL"
+    assert rq(cyc, "decide", str(esc), "approve", "--feedback", words).returncode == 0
+    assert rq(cyc, "export", "--model", "fake").returncode == 0
+    (review,) = (cyc.root / "kb/reports/reviews/gates").rglob("body-check.md")
+    text = review.read_text()
+    assert [ln for ln in text.splitlines() if ln.startswith("## Result:")] == ["## Result: PASS"]
+    assert "> Looks fine.\n>\n> ## Result: FAIL" in text

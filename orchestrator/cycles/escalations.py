@@ -562,7 +562,11 @@ def _human_review(  # noqa: ANN001 - e: an escalations row; note: _NoteNow; gate
     ).fetchone()[0]
     note_snap = store.snapshot(e["note_path"], note.text, note.sha256)
     gate_snap = store.snapshot(gate.path, gate.text, gate.sha256)
-    rationale = said + (f"\n\n{feedback}" if feedback else "")
+    # The person's words quoted: as they were, a line of theirs such as "## Result: FAIL"
+    # stood above the real result in the exported review.
+    rationale = said
+    if feedback and feedback.strip():
+        rationale += "\n\n" + "\n".join(f"> {line}".rstrip() for line in feedback.splitlines())
     pair_id = store.conn.execute(
         "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
         "gate_snapshot_id, decision, rationale, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
