@@ -1321,3 +1321,20 @@ def test_an_approvals_words_cannot_forge_the_exported_result(cyc):
     text = review.read_text()
     assert [ln for ln in text.splitlines() if ln.startswith("## Result:")] == ["## Result: PASS"]
     assert "> Looks fine.\n>\n> ## Result: FAIL" in text
+
+
+def test_a_fail_against_a_gate_changed_since_is_not_handed_to_a_fixer(kb):
+    """current_failures compared the note's text only: a redo after the gate was edited
+    gave the fixer the old gate's findings beside the new gate's text. The pair is stale
+    (gate-changed) instead, and the next sweep reviews it against the new gate."""
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    kb.gate("prose/body-check", ["body"], body="## Failure mode\n\nNew.\n\n## Test\n\nNew.\n")
+    ws = Workspace.open(kb.root)
+    try:
+        assert queue_fix(ws.kb, ws.store, ws.state_dir, note) is None
+    finally:
+        ws.close()

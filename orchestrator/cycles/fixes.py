@@ -73,21 +73,23 @@ def current_failures(
     ``include`` names pairs to keep anyway, such as the one a redo is about.
 
     A FAIL about another text than the note's now is not current, not even for a redo: a
-    person edited the note while its review waited, or before deciding. Handed to a fixer
-    with today's text, its findings (about a text that is gone) came back "changed
+    person edited the note while its review waited, or before deciding. Handed to a
+    fixer with today's text, its findings (about a text that is gone) came back "changed
     nothing" and counted as rejections of the person's own fix; the note is stale
-    instead, and the next sweep reviews the person's text."""
+    instead, and the next sweep reviews the person's text. So is a FAIL against a gate
+    whose text changed since: the fixer got the old gate's findings beside the new gate."""
     rows = [
         r
         for r in store.conn.execute(
-            "SELECT a.gate_id, p.gate_path, p.lens, p.rationale, s.sha256 FROM acceptance a "
-            "JOIN review_pairs p ON p.id = a.review_pair_id "
+            "SELECT a.gate_id, p.gate_path, p.lens, p.rationale, s.sha256, g.sha256 "
+            "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
             "JOIN snapshots s ON s.id = a.note_snapshot_id "
+            "JOIN snapshots g ON g.id = a.gate_snapshot_id "
             "WHERE a.model_partition = ? AND a.note_path = ? AND a.decision = 'FAIL' "
             "ORDER BY a.gate_id",
             (partition, note_path),
         )
-        if r[4] == note_sha256
+        if r[4] == note_sha256 and _gate_now(catalog, r[0]) == r[5]
     ]
     current = {}
     for r in rows:
@@ -98,6 +100,11 @@ def current_failures(
     return [
         FixTarget(r[0], r[1], r[2], r[3] or "") for r in rows if r[0] not in held or r[0] in keep
     ]
+
+
+def _gate_now(catalog: Catalog, gate_id: str) -> str | None:
+    gate = catalog.get(gate_id)
+    return gate.sha256 if gate else None
 
 
 def create_fix_job(
