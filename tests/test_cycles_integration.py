@@ -1264,8 +1264,10 @@ def test_a_redo_whose_fixer_is_gone_is_refused_and_another_can_be_named(cyc):
 
 def test_a_redo_keeps_the_nights_auditor(kb):
     """The night ran with --auditor: the redo's fix run recorded none, so the PASS after
-    the person's redo was "audited" by its own reviewer, in its own partition."""
+    the person's redo was "audited" by its own reviewer, in its own partition. Another
+    gate's approve first (a review job of no run) must not stand for the night."""
     kb.gate("prose/audited", ["body"], audit=True)
+    kb.gate("prose/other", ["body"])
     kb.note("alpha", body="Alpha body.\n")
     fixed = {"FAKE_PASS_IF_CONTAINS": "FIXED"}
     config(
@@ -1275,8 +1277,11 @@ def test_a_redo_keeps_the_nights_auditor(kb):
         profile("auditor", partition="audit", FAKE_AUDIT_DECISION="PASS"),
     )
     rq(kb, "sweep", "--reviewer", "fake", "--fixer", "nofix", "--fix", "--auditor", "auditor")
-    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
-    res = rq(kb, "decide", str(esc["id"]), "redo", "--feedback", "Fix it.", "--fixer", "fake")
+    escs = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    by_gate = {e["gate_id"]: e["id"] for e in escs}
+    assert rq(kb, "decide", str(by_gate["prose/other"]), "approve").returncode == 0
+    esc = by_gate["prose/audited"]
+    res = rq(kb, "decide", str(esc), "redo", "--feedback", "Fix it.", "--fixer", "fake")
     assert res.returncode == 0, res.stderr
     rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor")  # runs the redo's fix
     with db(kb) as conn:

@@ -465,9 +465,10 @@ class FollowUp:
         # The night's auditor and audit marks go on: without them the fixed note's PASS
         # was "audited" by its own reviewer, or not at all.
         night = self.store.conn.execute(
+            # A person's approve or reject is a review job too, of no run: not the night.
             "SELECT j.sweep_run_id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
             "WHERE j.kind = 'review' AND j.model_partition = ? AND p.note_path = ? "
-            "ORDER BY j.id DESC LIMIT 1",
+            "AND j.sweep_run_id IS NOT NULL ORDER BY j.id DESC LIMIT 1",
             (esc["model_partition"], esc["note_path"]),
         ).fetchone()
         if night is not None:
