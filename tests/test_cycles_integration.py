@@ -1198,7 +1198,8 @@ def test_rejecting_an_audits_refutation_makes_the_pair_fail(kb):
     (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
     said = (kb.root / esc["report_path"]).read_text()
     assert "(a PASS on record, as one an auditor refuted, becomes your FAIL)" in said
-    assert rq(kb, "decide", str(esc["id"]), "reject").returncode == 0
+    res = rq(kb, "decide", str(esc["id"]), "reject")
+    assert "(recorded as your FAIL in place of the refuted PASS)" in res.stdout, res.stdout
     with db(kb) as conn:
         acc = [tuple(r) for r in conn.execute("SELECT decision, source FROM acceptance")]
     assert acc == [("FAIL", "human")]
@@ -1343,3 +1344,23 @@ def test_a_fail_against_a_gate_changed_since_is_not_handed_to_a_fixer(kb):
         assert queue_fix(ws.kb, ws.store, ws.state_dir, note) is None
     finally:
         ws.close()
+
+
+def test_rejecting_an_agents_failure_records_no_verdict(kb):
+    """A reject wrote the person's FAIL over any PASS on record: over a PASS of an earlier
+    text, when the reviewer then failed every attempt on the new one (an escalation that
+    judged nothing), the new text was exported as failing, with the parse error as the
+    person's reason."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(kb, profile("fake"))
+    assert rq(kb, "sweep", "--reviewer", "fake").returncode == 0
+    kb.write(NOTE, kb.read(NOTE).replace("Alpha body.", "A wholly new body, never reviewed."))
+    config(kb, profile("fake", FAKE_MODE="bad"))
+    rq(kb, "sweep", "--reviewer", "fake")
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    res = rq(kb, "decide", str(esc["id"]), "reject")
+    assert res.returncode == 0 and "recorded as your FAIL" not in res.stdout, res.stdout
+    with db(kb) as conn:
+        acc = [tuple(r) for r in conn.execute("SELECT decision, source FROM acceptance")]
+    assert acc == [("PASS", "review")]

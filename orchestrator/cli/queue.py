@@ -840,8 +840,12 @@ def decide_cmd(
         if decision == "approve":
             click.echo(f"approved: {e['note_path']} {e['gate_id']} (recorded as a human review)")
         else:
+            replaced = (
+                " (recorded as your FAIL in place of the refuted PASS)" if e["recorded"] else ""
+            )
             click.echo(
-                f"rejected: {e['note_path']} {e['gate_id']} is not reviewed again until the note or gate changes"
+                f"rejected: {e['note_path']} {e['gate_id']} is not reviewed again until the "
+                f"note or gate changes{replaced}"
             )
 
 

@@ -419,9 +419,11 @@ def decide_many(
             note = _current_note(kb, e["note_path"])
             gate = catalog.get(e["gate_id"])
         checked.append((_check(e, esc_id, decision, feedback, note, gate), note, gate))
+    decided = []
     with store.write():
         for e, note, gate in checked:
-            _record(store, state_dir, e, decision, feedback, note, gate)
+            recorded = _record(store, state_dir, e, decision, feedback, note, gate)
+            decided.append({**dict(e), "recorded": recorded})
 
         def log() -> None:
             for e, _, _ in checked:
@@ -429,7 +431,7 @@ def decide_many(
 
         # Logged once the caller's transaction (a redo's fix jobs join it) commits.
         store.after_commit(log)
-    return [dict(e) for e, _, _ in checked]
+    return decided
 
 
 @dataclass(frozen=True)
@@ -501,7 +503,8 @@ def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, 
 
 def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
     store: Store, state_dir: Path, e, decision: str, feedback: str | None, note: _NoteNow, gate
-) -> None:
+) -> str | None:
+    """Record the decision; the human review it wrote (PASS, FAIL), if any."""
     esc_id = e["id"]
     with store.write():
         now = utcnow()
@@ -517,29 +520,33 @@ def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
         )
         store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
         if decision == "approve":
-            _human_review(
-                store,
-                e,
-                note,
-                gate,
-                "PASS",
-                f"Approved by a person (escalation {esc_id}).",
-                feedback,
-                now,
-            )
-        elif (
-            decision == "reject"
-            and gate is not None
-            and note.problem is None
-            and note.text is not None
-        ):
-            accepted = store.acceptance(e["model_partition"], e["note_path"], e["gate_id"])
-            if accepted is not None and accepted.decision in ("PASS", "WARN"):
-                # An audit's refutation, upheld: the reviewer's PASS stood accepted, so the
-                # pair was fresh and exported as passing, and the person's reject showed
-                # nowhere. It is now the person's FAIL, held until the note or gate changes.
-                why = f"Rejected by a person (escalation {esc_id}): {e['reason']}."
-                _human_review(store, e, note, gate, "FAIL", why, feedback, now)
+            said = f"Approved by a person (escalation {esc_id})."
+            _human_review(store, e, note, gate, "PASS", said, feedback, now)
+            return "PASS"
+        if decision == "reject" and _refuted_pass_stands(store, e, note, gate):
+            # An audit's refutation, upheld: the reviewer's PASS stood accepted, so the
+            # pair was fresh and exported as passing, and the person's reject showed
+            # nowhere. It is now the person's FAIL, held until the note or gate changes.
+            said = f"Rejected by a person (escalation {esc_id}): {e['reason']}."
+            _human_review(store, e, note, gate, "FAIL", said, feedback, now)
+            return "FAIL"
+    return None
+
+
+def _refuted_pass_stands(store: Store, e, note: _NoteNow, gate) -> bool:  # noqa: ANN001
+    """An escalation that recommends reject over a PASS still accepted for the note as it
+    is: an auditor's refutation (the others recommend reject over FAILs, or redo over an
+    agent's failure, which judged nothing). Not a PASS of an earlier text: nobody
+    reviewed this one."""
+    if e["call"] != "reject" or gate is None or note.problem is not None or note.text is None:
+        return False
+    accepted = store.acceptance(e["model_partition"], e["note_path"], e["gate_id"])
+    if accepted is None or accepted.decision not in ("PASS", "WARN"):
+        return False
+    sha = store.conn.execute(
+        "SELECT sha256 FROM snapshots WHERE id = ?", (accepted.note_snapshot_id,)
+    ).fetchone()
+    return sha is not None and sha[0] == note.sha256
 
 
 def _human_review(  # noqa: ANN001 - e: an escalations row; note: _NoteNow; gate: a Gate
