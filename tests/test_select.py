@@ -757,3 +757,25 @@ def test_a_sweeps_selection_keeps_long_notes_ratios_too(kb, run_cli):
     kb.write(path, kb.read(path).replace("| a | b |\n", "| a | c |\n", 1))
     assert run_cli("enqueue", "prose").exit_code == 0
     assert (kb.state / "cache" / "ratios.pickle").is_file()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"not a pickle",
+        __import__("pickle").dumps({"version": 1, "en}ries": {}}),  # no entries
+    ],
+)
+def test_a_damaged_ratio_memo_is_rebuilt(kb, run_cli, damage):
+    """A damaged ratios.pickle made every select, sweep and enqueue an internal error
+    (KeyError), where a cache is to be rebuilt, never trusted."""
+    kb.gate("prose/rw", ["body"], "rewrite(0.5)")
+    body = "".join("| a | b |\n" if i % 2 else "\n" for i in range(1000))
+    path = kb.note("long", body=body)
+    kb.accept("m1", [(path, "prose/rw")])
+    kb.write(path, kb.read(path).replace("| a | b |\n", "| a | c |\n", 1))
+    (kb.state / "cache").mkdir(exist_ok=True)
+    (kb.state / "cache" / "ratios.pickle").write_bytes(damage)
+    res = run_cli("select", "prose/rw", "--model", "m1", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert res.json()["counts"]["fresh"] == 1

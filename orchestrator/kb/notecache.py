@@ -31,25 +31,25 @@ _VERSION = 3
 _RACY_S = 2.0
 
 
+def _entries(path: Path, version: int) -> dict:
+    """A cache file's entries; none from a missing, damaged or older file, which is
+    rebuilt, never trusted. A damaged pickle can raise nearly anything as it loads."""
+    try:
+        data = pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 - see above: OSError, KeyError, MemoryError, ...
+        return {}
+    if isinstance(data, dict) and data.get("version") == version:
+        entries = data.get("entries")
+        if isinstance(entries, dict):
+            return entries
+    return {}
+
+
 class NoteCache:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.entries: dict[str, tuple] = {}
+        self.entries: dict[str, tuple] = _entries(path, _VERSION)
         self.dirty = False
-        try:
-            data = pickle.loads(path.read_bytes())
-            if isinstance(data, dict) and data.get("version") == _VERSION:
-                self.entries = data["entries"]
-        except (
-            OSError,
-            pickle.UnpicklingError,
-            EOFError,
-            KeyError,
-            ValueError,
-            TypeError,
-            AttributeError,
-        ):
-            self.entries = {}  # a missing or damaged cache is rebuilt, never trusted
 
     @classmethod
     def open(cls, state_dir: Path) -> NoteCache:
@@ -95,12 +95,10 @@ class RatioMemo:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.entries: dict[tuple[str, str], tuple[int, int]] = {}
+        self.entries: dict[tuple[str, str], tuple[int, int]] = {
+            key: value for key, value in _entries(path, 1).items() if _a_ratio(value)
+        }
         self.dirty = False
-        with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
-            data = pickle.loads(path.read_bytes())
-            if isinstance(data, dict) and data.get("version") == 1:
-                self.entries = dict(data["entries"])
 
     @classmethod
     def open(cls, state_dir: Path) -> RatioMemo:
@@ -127,6 +125,15 @@ class RatioMemo:
                     self.path, pickle.dumps({"version": 1, "entries": self.entries}, protocol=5)
                 )
             self.dirty = False
+
+
+def _a_ratio(value: object) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(type(n) is int for n in value)
+        and 0 <= value[0] <= value[1] > 0
+    )
 
 
 def _lines_sha(lines: list[str]) -> str:
