@@ -1146,9 +1146,11 @@ def _applied(kb, raw: bytes, fixer) -> tuple[str, bytes]:  # noqa: ANN001
         b"---\r\ntitle: Alpha\r\n---\r\nAlpha body.\r\n",  # CRLF
         "\ufeff---\ntitle: Alpha\n---\nAlpha body.\n".encode(),  # a byte order mark
         b"---\r\ntitle: Alpha\n---\r\nAlpha body.\nSecond line.",  # line ends of both kinds
+        b"---\r\ntitle: Alpha\n---\r\nAlpha body.\nSecond line.\n",  # ... and a last one
     ],
 )
-def test_a_note_given_back_in_a_fixers_own_form_changed_nothing(kb, raw):
+@pytest.mark.parametrize("last_end", [True, False])  # a chat answer often ends without one
+def test_a_note_given_back_in_a_fixers_own_form_changed_nothing(kb, raw, last_end):
     """A fixer writes LF, a final newline, no BOM: given back so, such a note was
     "applied" (every line end rewritten, and committed as a fix) where nothing changed,
     and the FAIL went round again instead of counting as a rejection."""
@@ -1158,7 +1160,10 @@ def test_a_note_given_back_in_a_fixers_own_form_changed_nothing(kb, raw):
         inside = fenced(given).split("\n", 1)[1].rsplit("````", 1)[0]
         return inside.replace("\r\n", "\n").removeprefix("\ufeff").encode()
 
-    assert _applied(kb, raw, as_shown)[0] == "unchanged"
+    def as_answered(given: str) -> bytes:
+        return as_shown(given) if last_end else as_shown(given).rstrip(b"\n")
+
+    assert _applied(kb, raw, as_answered)[0] == "unchanged"
 
 
 def test_a_fix_keeps_the_notes_line_ends_bom_and_last_line(kb):

@@ -240,20 +240,24 @@ def in_the_notes_form(new: str, given: str) -> str:
     new = bom + new.removeprefix(bom) if given.startswith(bom) else new.removeprefix(bom)
     crlf = given.count("\r\n")
     if crlf and crlf != given.count("\n"):
-        # Line ends of both kinds: no one form to give the fixer's text. Given back
-        # with one kind only, it changed nothing if it is the same text but for them.
-        as_lf = given.replace("\r\n", "\n")
-        return given if new.replace("\r\n", "\n") in (as_lf, as_lf + "\n") else new
-    if crlf:
+        # Line ends of both kinds: no one form to give the fixer's text. Given back with
+        # one kind only, it changed nothing if it is the same text but for them.
+        if _lines_of(new) == _lines_of(given):
+            return given
+    elif crlf:
         new = _BARE_LF.sub("\r\n", new)
-    elif not crlf and "\r\n" in new:
+    elif "\r\n" in new:
         new = new.replace("\r\n", "\n")
-    end = "\r\n" if crlf else "\n"
     if not given.endswith("\n") and new.endswith("\n"):
         new = new.removesuffix("\r\n") if new.endswith("\r\n") else new[:-1]
     elif given.endswith("\n") and new and not new.endswith("\n"):
-        new += end
+        new += "\r\n" if given.endswith("\r\n") else "\n"
     return new
+
+
+def _lines_of(text: str) -> str:
+    """The text with LF line ends and no final one: what two forms of it share."""
+    return text.replace("\r\n", "\n").removesuffix("\n")
 
 
 _BARE_LF = re.compile(r"(?<!\r)\n")
