@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def _git(
     timeout, as git cleans up after it: SIGKILL left index.lock, and the person's git
     refused every command until they deleted it."""
     argv = ["git", "-c", "commit.gpgsign=false", "-c", f"core.hooksPath={os.devnull}", *args]
-    with subprocess.Popen(
+    p = subprocess.Popen(
         argv,
         cwd=root,
         env={**os.environ, **_ENV, **(env or {})},
@@ -74,25 +75,51 @@ def _git(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-    ) as p:
-        try:
-            out, err = p.communicate(data, timeout=GIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            # Its session: git and what it runs (a filter, a credential helper). Waited
-            # for by its exit, not its pipes: a helper that left the session may hold
-            # them open for as long as it lives.
-            _signal_group(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                _signal_group(p.pid, signal.SIGKILL)
-                p.wait()
-            raise GitTimeout(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g} s") from None
-    if data is not None:
-        return subprocess.CompletedProcess(argv, p.returncode, out, err)
-    return subprocess.CompletedProcess(
-        argv, p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     )
+    # Git is waited for by its exit, not its pipes: a helper that left its session (a
+    # filter's daemon) may hold them open for as long as it lives. Each pipe is read, and
+    # closed, by a thread of its own; one still held a moment after git exits is left.
+    out: list[bytes] = []
+    err: list[bytes] = []
+    pipes = [threading.Thread(target=_drain, args=(p.stdout, out), daemon=True)]
+    pipes.append(threading.Thread(target=_drain, args=(p.stderr, err), daemon=True))
+    if data is not None:
+        pipes.append(threading.Thread(target=_feed, args=(p.stdin, data), daemon=True))
+    for t in pipes:
+        t.start()
+    try:
+        p.wait(timeout=GIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # Its session: git and what it runs (a filter, a credential helper).
+        _signal_group(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _signal_group(p.pid, signal.SIGKILL)
+            p.wait()
+        raise GitTimeout(f"git {args[0]} took longer than {GIT_TIMEOUT_S:g} s") from None
+    for t in pipes:
+        t.join(timeout=_PIPE_GRACE_S)
+    stdout, stderr = b"".join(out), b"".join(err)
+    if data is not None:
+        return subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
+    return subprocess.CompletedProcess(
+        argv, p.returncode, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace")
+    )
+
+
+_PIPE_GRACE_S = 1.0  # for git's last output after it exits
+
+
+def _drain(pipe, into: list[bytes]) -> None:  # noqa: ANN001 - a binary pipe
+    with pipe:
+        while chunk := pipe.read1(65536):
+            into.append(chunk)
+
+
+def _feed(pipe, data: bytes) -> None:  # noqa: ANN001 - a binary pipe
+    with contextlib.suppress(OSError), pipe:  # git may exit without reading it all
+        pipe.write(data)
 
 
 def _signal_group(pid: int, sig: int) -> None:
