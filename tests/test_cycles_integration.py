@@ -396,9 +396,9 @@ def test_sequential_sweep_waits_on_earlier_bundles(kb):
     assert prose == {"kb/notes/good.md"}  # the note whose frontmatter fails got no prose job
 
 
-def audited_sweep(kb, **auditor_env: str) -> subprocess.CompletedProcess:
-    """A sweep of alpha against an audited gate: the ``fake`` reviewer PASSes it, and the
-    ``auditor`` profile (partition ``audit``) runs the fake agent with ``auditor_env``."""
+def audited_kb(kb, **auditor_env: str) -> None:
+    """Alpha and an audited gate: the ``fake`` reviewer PASSes it, and the ``auditor``
+    profile (partition ``audit``) runs the fake agent with ``auditor_env``."""
     kb.gate("prose/body-check", ["body"], audit=True)
     kb.note("alpha", body="Alpha body.\n")
     config(
@@ -406,6 +406,11 @@ def audited_sweep(kb, **auditor_env: str) -> subprocess.CompletedProcess:
         profile("fake", FAKE_DECISIONS="PASS"),
         profile("auditor", partition="audit", **auditor_env),
     )
+
+
+def audited_sweep(kb, **auditor_env: str) -> subprocess.CompletedProcess:
+    """A sweep of :func:`audited_kb`."""
+    audited_kb(kb, **auditor_env)
     return rq(kb, "sweep", "--reviewer", "fake", "--auditor", "auditor", "--json")
 
 
@@ -487,13 +492,7 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
 def test_an_audit_that_fails_under_run_job_goes_to_a_person(kb):
     """run-job failed an audit job at once and escalated nothing: the reviewer's PASS
     stood unaudited for good, since no sweep audits an accepted PASS again."""
-    kb.gate("prose/body-check", ["body"], audit=True)
-    kb.note("alpha", body="Alpha body.\n")
-    config(
-        kb,
-        profile("fake", FAKE_DECISIONS="PASS"),
-        profile("auditor", partition="audit", FAKE_MODE="bad"),
-    )
+    audited_kb(kb, FAKE_MODE="bad")
     assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
     res = rq(kb, "run-job", "1", "--reviewer", "fake")
     assert res.returncode == 0 and "follow-up: audit job 2 queued" in res.stdout, res.stdout
