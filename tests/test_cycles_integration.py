@@ -1368,3 +1368,52 @@ def test_rejecting_an_agents_failure_records_no_verdict(kb):
     with db(kb) as conn:
         acc = [tuple(r) for r in conn.execute("SELECT decision, source FROM acceptance")]
     assert acc == [("PASS", "review")]
+
+
+def test_a_fail_of_a_gate_gone_since_holds_no_later_bundle(kb):
+    """A sequential sweep read every FAIL of the partition: one of a gate removed since
+    (or not selected) held the note's later bundles "until frontmatter is fresh with no
+    FAIL", which nothing could make true again."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("frontmatter/old-check", ["title"])
+    kb.gate("prose/clarity", ["body"])
+    note = kb.note("alpha")
+    kb.accept("offline", [(note, "frontmatter/title-check")], "PASS")
+    kb.accept("offline", [(note, "frontmatter/old-check")], "FAIL")
+    (kb.root / "kb/instructions/review-gates/frontmatter/old-check.md").unlink()  # retired
+    ws = Workspace.open(kb.root)
+    try:
+        req = SweepRequest(name="seq", reviewer="offline", all_gates=True, sequential=True)
+        res = enqueue(ws, req)
+    finally:
+        ws.close()
+    assert [p.gate_id for j in res.jobs for p in j.pairs] == ["prose/clarity"], res.skipped
+
+
+def test_a_sequential_runs_counts_add_its_next_bundles(kb):
+    """Each note's next bundle, enqueued into the run, set the run's counts to its own."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("prose/clarity", ["body"])
+    alpha = kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    try:
+        first = enqueue(ws, SweepRequest(name="seq", all_gates=True, sequential=True))
+        assert len(first.jobs) == 2
+        kb.accept("offline", [(alpha, "frontmatter/title-check")], "PASS")
+        then = SweepRequest(name="seq", all_gates=True, sequential=True, notes=(alpha,))
+        enqueue(ws, then, run_id=first.run_id)
+        recorded, made = ws.store.conn.execute(
+            "SELECT jobs, (SELECT count(*) FROM review_jobs WHERE sweep_run_id = ?1) "
+            "FROM sweep_runs WHERE id = ?1",
+            (first.run_id,),
+        ).fetchone()
+    finally:
+        ws.close()
+    assert recorded == made == 3

@@ -168,8 +168,10 @@ def enqueue(
     batch.skipped.extend(waiting)
     ids = [j.review_job_id for j in batch.jobs]
     with store.write():
+        # Added to: a sequential run's next bundles are enqueued into it note by note.
         store.conn.execute(
-            "UPDATE sweep_runs SET jobs = ?, skipped = ? WHERE id = ?",
+            "UPDATE sweep_runs SET jobs = COALESCE(jobs, 0) + ?, skipped = COALESCE(skipped, 0) + ? "
+            "WHERE id = ?",
             (len(ids), len(batch.skipped), run_id),
         )
     counts = dict(selection.to_json()["counts"])
@@ -209,14 +211,17 @@ def _sequential(
     FAIL; the later bundles wait (SPEC §7). Bundles are taken in the order named."""
     cat = ws.catalog()
     order: list[str] = []
+    selected: dict[str, str] = {}  # gate id -> its bundle
     # Each selector resolved as select resolves it, so "/prose" or "type/x" name a bundle
     # the way they name gates; the selection already refused a selector that names none.
     for sel in req.selectors or tuple(cat.lenses):
         for gate in cat.resolve([sel]):
+            selected[gate.gate_id] = gate.lens
             if gate.lens not in order:
                 order.append(gate.lens)
     if req.all_gates:
         order += [lens for lens in cat.lenses if lens not in order]
+        selected |= {g.gate_id: g.lens for g in cat.resolve([], True)}
     stale_lenses: dict[str, set[str]] = {}
     for t in targets:
         stale_lenses.setdefault(t["note_path"], set()).add(t["lens"])
@@ -225,7 +230,10 @@ def _sequential(
         "SELECT note_path, gate_id FROM acceptance WHERE model_partition = ? AND decision = 'FAIL'",
         (partition,),
     ):
-        fails.setdefault(note_path, set()).add(gate_id.split("/")[0])
+        # Only a gate this sweep reviews holds a bundle back: a FAIL of a gate removed
+        # since, or one the sweep does not select, held the later bundles for good.
+        if gate_id in selected:
+            fails.setdefault(note_path, set()).add(selected[gate_id])
     keep, waiting = [], []
     for t in targets:
         note = t["note_path"]
