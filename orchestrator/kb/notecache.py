@@ -28,6 +28,7 @@ from pathlib import Path
 from orchestrator.kb.atomicfile import atomic_write
 
 _VERSION = 3
+_RATIO_VERSION = 1
 _RACY_S = 2.0
 
 
@@ -43,6 +44,12 @@ def _entries(path: Path, version: int) -> dict:
         if isinstance(entries, dict):
             return entries
     return {}
+
+
+def _keep(path: Path, version: int, entries: dict) -> None:
+    """Write a cache file that :func:`_entries` reads back."""
+    with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
+        atomic_write(path, pickle.dumps({"version": version, "entries": entries}, protocol=5))
 
 
 class NoteCache:
@@ -72,11 +79,7 @@ class NoteCache:
 
     def save(self) -> None:
         if self.dirty:
-            with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-                atomic_write(
-                    self.path,
-                    pickle.dumps({"version": _VERSION, "entries": self.entries}, protocol=5),
-                )
+            _keep(self.path, _VERSION, self.entries)
             self.dirty = False
 
 
@@ -96,7 +99,7 @@ class RatioMemo:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.entries: dict[tuple[str, str], tuple[int, int]] = {
-            key: value for key, value in _entries(path, 1).items() if _a_ratio(value)
+            key: value for key, value in _entries(path, _RATIO_VERSION).items() if _a_ratio(value)
         }
         self.dirty = False
 
@@ -120,10 +123,7 @@ class RatioMemo:
 
     def save(self) -> None:
         if self.dirty:
-            with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-                atomic_write(
-                    self.path, pickle.dumps({"version": 1, "entries": self.entries}, protocol=5)
-                )
+            _keep(self.path, _RATIO_VERSION, self.entries)
             self.dirty = False
 
 
