@@ -300,27 +300,27 @@ def main() -> int:
     try:
         run(os.environ, sys.argv[1:])
     except AgentError as exc:
-        print(f"openai reviewer: {exc}", file=sys.stderr)
-        if os.environ.get("REVIEWQ_TELEMETRY_PATH"):
-            report = {"error": str(exc), "status": exc.status, "failure": exc.failure}
-            if exc.answered:
-                # A turn: however fast it came, not a launch failure, and what it used counts.
-                report |= {k: v for k, v in _turn(exc.usage).items() if v is not None}
-                report["detail"] = exc.detail
-            with contextlib.suppress(OSError):  # stderr has said it
-                Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
-        return 1
+        return _said(exc)
     except OSError as exc:  # writing the output or telemetry
         print(f"openai reviewer: cannot write: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback that may quote the key
-        print(f"openai reviewer: failed: {type(exc).__name__}", file=sys.stderr)
-        if os.environ.get("REVIEWQ_TELEMETRY_PATH"):
-            report = {"error": f"failed: {type(exc).__name__}", "failure": "server"}
-            with contextlib.suppress(OSError):
-                Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
-        return 1
+        return _said(AgentError(f"failed: {type(exc).__name__}", failure="server"))
     return 0
+
+
+def _said(exc: AgentError) -> int:
+    """The failure on one line of stderr and in the telemetry file; the exit status."""
+    print(f"openai reviewer: {exc}", file=sys.stderr)
+    if os.environ.get("REVIEWQ_TELEMETRY_PATH"):
+        report = {"error": str(exc), "status": exc.status, "failure": exc.failure}
+        if exc.answered:
+            # A turn: however fast it came, not a launch failure, and what it used counts.
+            report |= {k: v for k, v in _turn(exc.usage).items() if v is not None}
+            report["detail"] = exc.detail
+        with contextlib.suppress(OSError):  # stderr has said it
+            Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
+    return 1
 
 
 if __name__ == "__main__":
