@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
+from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
@@ -1133,3 +1134,33 @@ def test_an_escalation_report_says_what_a_redo_would_do(kb, decision):
         "releases the pair for the next sweep if it needs a review (never reviewed, or the "
         "note or gate changed), and is refused if it would do neither;"
     ) in text, text
+
+
+def test_a_run_takes_over_the_queued_jobs_of_an_earlier_run_only_once_its_budget_is_spent(kb):
+    """OPERATIONS 6.7: the next run adopts leftovers that wait on a spent budget. Before, it
+    took every queued job of a run with the same options: two runs at once (a sweep started
+    by hand just before its cron time) took each other's work, and the first sweep's
+    summary lost the failures of what it had enqueued."""
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta"):
+        kb.note(name)
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(name="nightly", reviewer="offline", all_gates=True, budget_usd=0.5)
+    first = enqueue(ws, req)
+    assert len(first.jobs) == 2
+    second = enqueue(ws, req)  # the same sweep again while the first waits to dispatch
+
+    def runs() -> list[int]:
+        rows = ws.store.conn.execute("SELECT sweep_run_id FROM review_jobs ORDER BY id")
+        return [r[0] for r in rows]
+
+    assert second.jobs == [] and runs() == [first.run_id] * 2
+    with ws.store.write():  # the first run's attempts spend its budget
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+            (first.jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+    third = enqueue(ws, req)
+    assert runs() == [third.run_id] * 2
+    ws.store.close()

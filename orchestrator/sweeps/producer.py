@@ -20,6 +20,7 @@ from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import FileProblem, KBError
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
+from orchestrator.state.status import over_budget_runs
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -141,14 +142,20 @@ def enqueue(
     if run_id is None:
         with store.write():
             run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
-            # Work left queued by an earlier run of this sweep with the same options belongs
-            # to this run now, so it is dispatched under this run's budget instead of the
-            # exhausted one. A run with other options leaves it: a job's follow-ups (fix,
-            # audit, sequential) keep the options it was enqueued with.
+            # Work left queued by an earlier run of this sweep with the same options, whose
+            # budget is spent, belongs to this run now, so it is dispatched under this run's
+            # budget. Only then: a run still under its budget dispatches its own jobs, and
+            # the sweep that started it answers for them (two runs at once, as a sweep
+            # started by hand just before its cron time, took each other's work, and the
+            # older one's summary lost the failures of what it had enqueued). A run with
+            # other options leaves it: a job's follow-ups (fix, audit, sequential) keep the
+            # options it was enqueued with.
+            spent = over_budget_runs(store)
             store.conn.execute(
                 "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued' "
-                "AND sweep_run_id IN (SELECT id FROM sweep_runs WHERE options = ?)",
-                (run_id, req.name, json.dumps(options)),
+                "AND sweep_run_id IN (SELECT id FROM sweep_runs WHERE options = ?) "
+                "AND sweep_run_id IN (SELECT value FROM json_each(?))",
+                (run_id, req.name, json.dumps(options), json.dumps(sorted(spent))),
             )
     batch = create_jobs(
         ws.kb,
