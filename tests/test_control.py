@@ -245,9 +245,15 @@ def test_a_job_no_agent_can_run_goes_to_a_person(kb):
         ws.store.conn.execute("UPDATE review_jobs SET reviewer = 'gone' WHERE kind = 'fix'")
     control.dispatch()
     fix = ws.store.conn.execute("SELECT status FROM review_jobs WHERE kind = 'fix'").fetchone()
-    escalated = ws.store.conn.execute("SELECT note_path, gate_id FROM escalations").fetchall()
+    escalated = ws.store.conn.execute(
+        "SELECT note_path, gate_id, reason FROM escalations"
+    ).fetchall()
     assert fix[0] == "failed"
-    assert [tuple(r) for r in escalated] == [("kb/notes/alpha.md", "prose/clarity")]
+    assert [tuple(r)[:2] for r in escalated] == [("kb/notes/alpha.md", "prose/clarity")]
+    # No attempt ran: the reason said "the fixer failed every attempt".
+    assert escalated[0]["reason"] == (
+        "the fixer failed without starting: reviewer profile 'gone' is not configured"
+    )
     ws.close()
 
 

@@ -73,7 +73,9 @@ class Hooks(Protocol):
 
     def after_completed(self, job_id: int) -> None: ...
 
-    def after_failed(self, job_id: int, reasons: list[str]) -> None: ...
+    def after_failed(self, job_id: int, reasons: list[str], *, at_once: str = "") -> None:
+        """``at_once``: how the job failed without using its attempts, or ""."""
+        ...
 
     def fix_output(self, job: sqlite3.Row, output: bytes | None) -> str | None:
         """Apply a fixer's output; a reason when the attempt failed, else None."""
@@ -220,14 +222,11 @@ class Control:
         self._fail_unrun(job, reviewer, f"could not open an attempt: {exc}")
 
     def _fail_unrun(self, job, reviewer: str, reason: str) -> None:
-        """Fail a job no agent can run. A review's pairs are free for the next sweep, as
-        OPERATIONS says (escalated, each read "the reviewer failed every attempt" though
-        none ran). A fix's FAILs and an audit's PASSes go to a person, as any failed
-        fix's or audit's: they are accepted, so no sweep would meet them again."""
+        """Fail a job no agent can run, at once: the hooks say what follows."""
         with self.store.write():
             fail_job(self.store, self.ws.state_dir, job["id"], [reason])
-            if self.hooks is not None and job["kind"] in ("fix", "audit"):
-                self.hooks.after_failed(job["id"], [reason])
+            if self.hooks is not None:
+                self.hooks.after_failed(job["id"], [reason], at_once="without starting")
         self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=reason)
 
     def message(self, opened: OpenedAttempt, profile: ReviewerProfile) -> dict:

@@ -34,6 +34,8 @@ from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue, start_run
 
+BY_HAND = "when run by hand"  # how a manual path's job fails: at once (SPEC §5)
+
 
 class FollowUp:
     def __init__(self, ws: Workspace) -> None:
@@ -46,11 +48,18 @@ class FollowUp:
         with self._or_logged(job_id, "after a completed job"):
             self._after_completed(job_id)
 
-    def after_failed(self, job_id: int, reasons: list[str], *, by_hand: bool = False) -> None:
-        """A job out of attempts (``by_hand``: failed at once on a manual path): its pairs
-        go to a person with the reason."""
+    def after_failed(self, job_id: int, reasons: list[str], *, at_once: str = "") -> None:
+        """A job out of attempts: its pairs go to a person with the reason.
+
+        ``at_once`` says how a job failed without using its attempts ("when run by hand",
+        "without starting"). A review's pairs are then left free for the next sweep, as
+        OPERATIONS says (escalated, each read "the reviewer failed every attempt" though
+        none ran). A fix's FAILs and an audit's PASSes still go to a person: they are
+        accepted, so no sweep would meet them again."""
+        if at_once and self.job(job_id)["kind"] == "review":
+            return
         with self._or_logged(job_id, "after a failed job"):
-            self._after_failed(job_id, reasons, by_hand)
+            self._after_failed(job_id, reasons, f"failed {at_once or 'every attempt'}")
 
     @contextmanager
     def _or_logged(self, job_id: int, what: str) -> Iterator[None]:
@@ -133,11 +142,10 @@ class FollowUp:
                 recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
             )
 
-    def _after_failed(self, job_id: int, reasons: list[str], by_hand: bool) -> None:
+    def _after_failed(self, job_id: int, reasons: list[str], failed: str) -> None:
         job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
         why = "; ".join(reasons[:3]) or "no reason recorded"
-        failed = "failed when run by hand" if by_hand else "failed every attempt"
         # An agent that failed every attempt said nothing about the note: the person is
         # asked to repair it and redo, not to reject the note for it.
         if job["kind"] == "audit":
@@ -647,23 +655,19 @@ def finalize_by_hand(
         follow = FollowUp(ws)
         if res.ok:
             follow.after_completed(job_id)
-        elif follow.job(job_id)["kind"] != "review":
-            follow.after_failed(job_id, res.failure_reasons, by_hand=True)
+        else:
+            follow.after_failed(job_id, res.failure_reasons, at_once=BY_HAND)
         return res, _followed_since(store, since)
 
 
 def fail_by_hand(ws: Workspace, job_id: int, reasons: list[str]) -> Followed:
-    """A manual path's failed job (``run-job``): failed at once (SPEC §5). A review's
-    pairs are free for a new job. A fix's FAILs and an audit's PASSes are not (no sweep
-    starts a fix or an audit of an accepted decision), so they go to a person, as after
-    a job out of queued attempts: left, they stayed accepted, fixed and audited by nothing."""
+    """A manual path's failed job (``run-job``): failed at once (SPEC §5), and followed
+    as :meth:`FollowUp.after_failed` says of a job failed at once."""
     store = ws.store
     with store.write():
         since = _last_ids(store)
         fail_job(store, ws.state_dir, job_id, reasons)
-        follow = FollowUp(ws)
-        if follow.job(job_id)["kind"] != "review":
-            follow.after_failed(job_id, reasons, by_hand=True)
+        FollowUp(ws).after_failed(job_id, reasons, at_once=BY_HAND)
         return _followed_since(store, since)
 
 
