@@ -165,6 +165,7 @@ def test_sentinel_like_lines_refuse_that_pair_only(flow, run_cli):
             "note_path": NOTE_B,
             "gate_id": "prose/body-check",
             "why": f"{NOTE_B} line 7: looks like a review sentinel",
+            "kind": "files to mend",
             "problem": True,
         }
     ]

@@ -167,25 +167,11 @@ def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
         click.echo(f"warning: {shown(why)} ({n} pair(s) skipped)", err=True)
 
 
-# Why pairs were skipped, by the start of their reason: said as a bare count, a
-# sequential sweep's held pairs read as pairs lost.
-_SKIP_KINDS = (
-    ("already in ", "already queued or running"),
-    ("escalated", "waiting for a person"),
-    ("rejected by a person", "rejected by a person"),
-    ("waits for bundle ", "waiting for an earlier bundle"),
-    ("reviewed since it was selected", "reviewed meanwhile"),
-    ("answered ERROR", "answered ERROR just now"),
-)
-
-
 def skipped_count(skipped: list) -> str:  # a list of review.jobs.Skipped
     """``skipped N``, and why: ``skipped 5 (3 waiting for an earlier bundle, 2 ...)``."""
     kinds: dict[str, int] = {}
     for s in skipped:
-        kind = "files to mend" if s.problem else "other"
-        kind = next((k for start, k in _SKIP_KINDS if s.why.startswith(start)), kind)
-        kinds[kind] = kinds.get(kind, 0) + 1
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
     why = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
     return f"skipped {len(skipped)}" + (f" ({why})" if why else "")
 

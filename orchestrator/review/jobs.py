@@ -63,23 +63,31 @@ class Skipped:
     note_path: str
     gate_id: str
     why: str
+    # Why, in a few words, said where skipped pairs are counted ("skipped 5 (3 waiting
+    # for an earlier bundle, ...)"): a bare count read a sequential sweep's held pairs as
+    # pairs lost. Set where the pair is skipped, not read back out of ``why``.
+    kind: str
     # A file that cannot be reviewed as it is (a sentinel line in the note, a gate gone):
     # a person must act, unlike a pair already queued or waiting for a decision.
     problem: bool = False
 
 
-def _held_why(store: Store, partition: str, key: tuple[str, str]) -> str:
-    """Why a held pair is skipped: a person has yet to decide it, or rejected it (held
-    until the note or gate changes; said as waiting, it read as an escalation no list
-    showed)."""
+QUEUED = "already queued or running"
+TO_MEND = "files to mend"
+
+
+def _held_why(store: Store, partition: str, key: tuple[str, str]) -> tuple[str, str]:
+    """Why a held pair is skipped, and its kind: a person has yet to decide it, or
+    rejected it (held until the note or gate changes; said as waiting, it read as an
+    escalation no list showed)."""
     open_one = store.conn.execute(
         "SELECT 1 FROM escalations WHERE model_partition = ? AND note_path = ? AND gate_id = ? "
         "AND decision IS NULL",
         (partition, *key),
     ).fetchone()
     if open_one:
-        return "escalated: waits for a human decision"
-    return "rejected by a person: held until the note or the gate changes"
+        return "escalated: waits for a human decision", "waiting for a person"
+    return "rejected by a person: held until the note or the gate changes", "rejected by a person"
 
 
 @dataclass
@@ -286,7 +294,7 @@ def create_jobs(
         raw, gate_id = t["note_path"], t["gate_id"]
         note = loader.note(raw)
         if isinstance(note, str):
-            batch.skipped.append(Skipped(raw, gate_id, note, problem=True))
+            batch.skipped.append(Skipped(raw, gate_id, note, TO_MEND, problem=True))
             continue
         # As check_rel spells it: "./kb/notes/a.md" and "kb/notes//a.md" are one pair, which
         # two items would make twice (a UNIQUE failure that created no job at all).
@@ -296,14 +304,14 @@ def create_jobs(
         seen.add(key)
         if key in active:
             job_id, status = active[key]
-            batch.skipped.append(Skipped(raw, gate_id, f"already in {status} job {job_id}"))
+            batch.skipped.append(Skipped(raw, gate_id, f"already in {status} job {job_id}", QUEUED))
             continue
         if key in held:
-            batch.skipped.append(Skipped(raw, gate_id, _held_why(store, model_partition, key)))
+            batch.skipped.append(Skipped(raw, gate_id, *_held_why(store, model_partition, key)))
             continue
         gate = loader.gate(gate_id, t.get("gate_path"))
         if isinstance(gate, str):
-            batch.skipped.append(Skipped(raw, gate_id, gate, problem=True))
+            batch.skipped.append(Skipped(raw, gate_id, gate, TO_MEND, problem=True))
             continue
         items.append(_Item(note[0], gate, note[1], note[2]))
 
@@ -363,9 +371,11 @@ def _still_wanted(
         key = (item.note_path, item.gate.gate_id)
         if key in active:
             job_id, status = active[key]
-            batch.skipped.append(Skipped(*key, f"already in {status} job {job_id}"))
+            batch.skipped.append(Skipped(*key, f"already in {status} job {job_id}", QUEUED))
         elif check_fresh and store.accepted_as_is(partition, *key, item.note_sha, item.gate.sha256):
-            batch.skipped.append(Skipped(*key, "reviewed since it was selected: fresh"))
+            batch.skipped.append(
+                Skipped(*key, "reviewed since it was selected: fresh", "reviewed meanwhile")
+            )
         else:
             kept.append(item)
     return kept

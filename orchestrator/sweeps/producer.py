@@ -135,7 +135,12 @@ def enqueue(
         again = {(t["note_path"], t["gate_id"]) for t in targets} & set(just_reviewed)
         targets = [t for t in targets if (t["note_path"], t["gate_id"]) not in again]
         waiting += [
-            Skipped(n, g, "answered ERROR in the job just finished: the next sweep asks again")
+            Skipped(
+                n,
+                g,
+                "answered ERROR in the job just finished: the next sweep asks again",
+                "answered ERROR just now",
+            )
             for n, g in sorted(again)
         ]
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
@@ -258,7 +263,10 @@ def _sequential(
         else:
             waiting.append(
                 Skipped(
-                    note, t["gate_id"], f"waits for bundle {blocked_by} to be fresh with no FAIL"
+                    note,
+                    t["gate_id"],
+                    f"waits for bundle {blocked_by} to be fresh with no FAIL",
+                    "waiting for an earlier bundle",
                 )
             )
     return keep, waiting
