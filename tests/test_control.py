@@ -1170,3 +1170,38 @@ def test_a_run_takes_over_the_queued_jobs_of_an_earlier_run_only_once_its_budget
     third = enqueue(ws, req)
     assert runs() == [third.run_id] * 2
     ws.store.close()
+
+
+def test_a_spent_budget_run_does_not_starve_other_jobs_of_its_reviewer(kb):
+    """Dispatch reads at most PREFETCH*concurrency + 16 queued jobs per reviewer, by id.
+    It read a spent run's and then skipped them: with enough of them in front, a job
+    enqueued later by hand (no budget) for the same reviewer was never dispatched, and a
+    sweep waiting on it never ended."""
+    kb.gate("prose/clarity", ["body"])
+    names = [f"n{i:02d}" for i in range(25)]  # offline: concurrency 4 -> limit 8 + 16 = 24
+    for name in names:
+        kb.note(name)
+    kb.note("zz-by-hand")
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(
+        name="nightly", reviewer="offline", all_gates=True, budget_usd=0.5,
+        notes=tuple(f"kb/notes/{n}.md" for n in names),
+    )  # fmt: skip
+    nightly = enqueue(ws, req)
+    assert len(nightly.jobs) == 25
+    with ws.store.write():  # the nightly run has spent its budget
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.6)",
+            (nightly.jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+    # An operator enqueues one note by hand, same reviewer, no budget.
+    (mine,) = enqueue(
+        ws, SweepRequest(name="cli", reviewer="offline", all_gates=True,
+                         notes=("kb/notes/zz-by-hand.md",))
+    ).jobs  # fmt: skip
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control.dispatch()
+    assert [m["job_id"] for m in sent] == [mine.review_job_id]
+    ws.store.close()

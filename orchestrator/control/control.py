@@ -122,8 +122,20 @@ class Control:
             ).fetchall()
         )
         paused = self.paused()
-        # Per reviewer, only as many queued jobs as it has free slots (plus a margin for
-        # jobs held back by a budget): the queue can hold thousands, dispatch runs per job.
+        # Runs that spent their budget are left out of the read itself: read and skipped
+        # after it, enough of their jobs in front hid every later job of their reviewer
+        # (a job queued by hand, another sweep's), and a sweep waiting on them never ended.
+        over_budget: dict[int, bool | None] = {
+            run_id: True
+            for (run_id,) in self.store.conn.execute(
+                "SELECT DISTINCT sweep_run_id FROM review_jobs WHERE status = 'queued' "
+                "AND sweep_run_id IN (SELECT id FROM sweep_runs WHERE budget_usd IS NOT NULL)"
+            )
+            if self._over_budget(run_id)  # logs sweep.budget_reached once
+        }
+        spent = json.dumps(list(over_budget))
+        # Per reviewer, only as many queued jobs as it has free slots (plus a margin): the
+        # queue can hold thousands, dispatch runs per job.
         jobs = []
         for name in [
             r[0]
@@ -139,13 +151,13 @@ class Control:
                 continue
             jobs += self.store.conn.execute(
                 "SELECT id, kind, reviewer, sweep_run_id FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
-                "AND (not_before IS NULL OR not_before <= ?) ORDER BY id LIMIT ?",
-                (name, now, free + 16),
+                "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
+                "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) ORDER BY id LIMIT ?",
+                (name, now, spent, free + 16),
             ).fetchall()
         if not jobs:
             return 0
         jobs.sort(key=lambda j: j["id"])
-        over_budget: dict[int, bool | None] = {}
         sent = 0
         for job in jobs:
             name = job["reviewer"]
