@@ -1205,3 +1205,38 @@ def test_a_spent_budget_run_does_not_starve_other_jobs_of_its_reviewer(kb):
     control.dispatch()
     assert [m["job_id"] for m in sent] == [mine.review_job_id]
     ws.store.close()
+
+
+def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(kb):
+    """OPERATIONS: changing a profile's model or partition "starts from zero". Jobs queued
+    before the change were still dispatched to the profile (dispatch opened attempts with
+    no partition check, which run-job makes), so the new model's decisions were accepted
+    under the old partition: the old model's coverage held another model's verdicts."""
+    from orchestrator.review.bundle import end_line, start_line
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[reviewers.rev]\nkind = "offline"\npartition = "sonnet"\n')
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="rev", all_gates=True)).jobs
+    ws.store.close()
+    # The operator switches the profile to another model and restarts the control.
+    kb.write("reviewq.toml", '[reviewers.rev]\nkind = "offline"\npartition = "opus"\n')
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control.dispatch()
+    for msg in sent:
+        note, gate = ws.store.conn.execute(
+            "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (msg["job_id"],)
+        ).fetchone()
+        out = f"{start_line(note, gate)}\nFine.\n## Result: PASS\n{end_line(note, gate)}\n"
+        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out.encode()})  # fmt: skip
+    partitions = [r[0] for r in ws.store.conn.execute("SELECT model_partition FROM acceptance")]
+    assert "sonnet" not in partitions, "a review by the 'opus' profile was accepted as 'sonnet'"
+    failed = ws.store.conn.execute(
+        "SELECT status, failure_reasons FROM review_jobs WHERE id = ?", (job.review_job_id,)
+    ).fetchone()
+    assert failed["status"] == "failed"
+    assert "writes partition opus, but job" in failed["failure_reasons"]
+    ws.store.close()

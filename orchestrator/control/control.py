@@ -183,6 +183,9 @@ class Control:
                 self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False
             )
             try:
+                # With the profile's partition: a review queued before its model or
+                # partition changed would be accepted as the old partition's. Refused, it
+                # fails, and its pairs are the new partition's to review.
                 opened = open_attempt(
                     self.store,
                     self.ws.state_dir,
@@ -190,6 +193,7 @@ class Control:
                     job["id"],
                     name,
                     outcome="dispatched",
+                    partition=profile.partition,
                     statuses=("queued",),
                 )
             except JobMoved:
