@@ -1240,3 +1240,33 @@ def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(
     assert failed["status"] == "failed"
     assert "writes partition opus, but job" in failed["failure_reasons"]
     ws.store.close()
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+def test_a_state_folder_that_cannot_be_written_for_a_moment_does_not_fail_the_queue(
+    kb, monkeypatch, code
+):
+    """Dispatch took only ENOSPC/EDQUOT for "every job would fail alike"; any other
+    OSError from writing a prompt failed the job at once (and escalated a fix job's FAILs
+    to a person). A moment of EMFILE in the control failed every queued job the dispatch
+    reached, a batch at each tick: the whole night's queue."""
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta", "gamma"):
+        kb.note(name)
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    real = pathlib.Path.write_text
+
+    def broken(self, *args, **kwargs):
+        if self.name == "prompt.md":
+            raise OSError(code, errno.errorcode[code])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", broken)
+    control.dispatch()
+    monkeypatch.setattr(pathlib.Path, "write_text", real)
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
+    assert statuses == ["queued"] * 3, statuses
+    ws.store.close()

@@ -12,6 +12,7 @@ fenced by attempt inside its transaction.
 
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 import time
@@ -63,6 +64,18 @@ _REAPABLE = (
     "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
     "WHERE j.status = 'running' AND a.attempt = j.attempt"
 )
+
+
+# What a failure to write a job's prompt says of every job after it, and what then
+# lets them go on; any other failure is that job's own.
+_EVERY_JOB_ALIKE = {
+    **dict.fromkeys(DISK_FULL, "free space in the state folder; queued jobs then go on"),
+    **dict.fromkeys(
+        (errno.EMFILE, errno.ENFILE, errno.ENOMEM),
+        "the control process is short of file handles or memory; queued jobs go on when it "
+        "has them again",
+    ),
+}
 
 
 class Hooks(Protocol):
@@ -199,15 +212,17 @@ class Control:
             except JobMoved:
                 continue  # finalized, failed or run by hand since the look above
             except OSError as exc:
-                if exc.errno in DISK_FULL:
-                    # No room for a prompt: every job would fail alike, and none should. The
-                    # job stays queued; the next dispatch (an outcome, a tick) tries again.
+                recovery = _EVERY_JOB_ALIKE.get(exc.errno)
+                if recovery:
+                    # No room for a prompt, or no file handle to write it with: every job
+                    # would fail alike, and none should. The job stays queued; the next
+                    # dispatch (an outcome, a tick) tries again.
                     self.log.error(
                         "dispatch.deferred",
                         job_id=job["id"],
                         reviewer=name,
                         reason=str(exc),
-                        recovery="free space in the state folder; queued jobs then go on",
+                        recovery=recovery,
                     )
                     break
                 self._cannot_open(job, name, exc)  # a job folder that cannot be written
