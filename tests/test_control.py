@@ -1270,3 +1270,30 @@ def test_a_state_folder_that_cannot_be_written_for_a_moment_does_not_fail_the_qu
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["queued"] * 3, statuses
     ws.store.close()
+
+
+def test_a_job_with_a_long_history_of_launch_failures_is_still_backed_off(kb):
+    """The backoff was computed as backoff * 2 ** (n - 1) before it was capped at 300 s: a
+    job's launch_failures is never reset, and from n = 1025 on the product overflowed a
+    float. Every launch-failure outcome of that job then raised, the batch was rolled
+    back, the attempt stayed open until the reaper called it "never picked up by a
+    worker", and the job was dispatched again: a loop with no pause of its reviewer."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    job_id = job.review_job_id
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    with ws.store.write():  # ~10 days of an expired login, this job first in line each time
+        ws.store.conn.execute(
+            "UPDATE review_jobs SET launch_failures = 1024 WHERE id = ?", (job_id,)
+        )
+    assert control.dispatch() == 1
+    msg = sent[0]
+    control.on_outcome({"v": 2, "job_id": job_id, "attempt": msg["attempt"], "classification": "launch-failure", "output": None, "reasons": ["could not start 'claude': No such file"]})  # fmt: skip
+    row = ws.store.conn.execute(
+        "SELECT status, launch_failures, not_before FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    assert row["status"] == "queued" and row["launch_failures"] == 1025
+    ws.store.close()

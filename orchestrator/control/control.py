@@ -584,7 +584,9 @@ class Control:
         self._no_launch_failures.discard(job["reviewer"])
         self.store.after_commit(lambda: self._no_launch_failures.discard(job["reviewer"]))
         n = job["launch_failures"] + 1
-        delay = min(300.0, q.launch_backoff_seconds * 2 ** (n - 1))
+        # The doubling stops at the cap: a float power overflowed past ~1,000 failures
+        # of one job (an expired login for days), and every outcome of it was rolled back.
+        delay = min(300.0, q.launch_backoff_seconds * 2 ** min(n - 1, 32))
         not_before = timestamp(self.now() + timedelta(seconds=delay))
         name = job["reviewer"]
         with self.store.write():
