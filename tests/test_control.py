@@ -1297,3 +1297,40 @@ def test_a_job_with_a_long_history_of_launch_failures_is_still_backed_off(kb):
     ).fetchone()
     assert row["status"] == "queued" and row["launch_failures"] == 1025
     ws.store.close()
+
+
+def test_a_secret_an_agent_quotes_in_a_fail_never_reaches_the_escalation_report(kb, monkeypatch):
+    """finalize stored the rationale redacted (review_pairs), but handed the raw one to
+    ``within`` (record_decisions), which keeps its gist in cycle_events: the escalation
+    report's "- Cycle N: FAIL — {gist}" lines then quoted the key the agent printed."""
+    from orchestrator.review.bundle import end_line, start_line
+
+    secret = "sk-PLANTED-SECRET-0123456789"
+    monkeypatch.setenv("REVIEWER_API_KEY", secret)
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True, fix=True))
+    for _ in range(12):  # review FAIL -> fix -> re-review FAIL ... -> third rejection
+        if not control.dispatch() and not sent:
+            break
+        msg = sent.pop(0)
+        if msg["task"] == "fix":
+            out = (msg["note_text"] + f"\nFixed {len(sent)}-{msg['job_id']}.\n").encode()
+        else:
+            note, gate = msg["pairs"][0]["note_path"], msg["pairs"][0]["gate_path"]
+            out = (
+                f"{start_line(note, gate)}\n- high: the note leaks {secret} in its body.\n"
+                f"## Result: FAIL\n{end_line(note, gate)}\n"
+            ).encode()
+        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+    assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 1
+    stored = [r[0] for r in ws.store.conn.execute("SELECT rationale FROM review_pairs")]
+    assert stored and not any(secret in (s or "") for s in stored)  # redacted here...
+    gists = [r[0] for r in ws.store.conn.execute("SELECT gist FROM cycle_events")]
+    reports = [p.read_text() for p in (ws.state_dir / "escalations").rglob("*.md")]
+    assert not any(secret in g for g in gists), gists  # ...but not here
+    assert reports and not any(secret in r for r in reports)
+    ws.store.close()

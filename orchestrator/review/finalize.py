@@ -193,14 +193,18 @@ def finalize(
 
     by_key = {(p["note_path"], p["gate_path"]): p for p in pairs}
     results = []
+    rationales: list[str] = []
     with store.write():
         now = utcnow()
         _fence(store, job_id, job["attempt"])
         for r in parsed.results:
             p = by_key[(r.note_path, r.gate_path)]
+            # Redacted once, for everything that keeps it: the pair, and what ``within``
+            # stores of it (a cycle's gist, which escalation reports print).
+            rationale = logs.redact(r.rationale)
             store.conn.execute(
                 "UPDATE review_pairs SET decision = ?, rationale = ?, decided_at = ? WHERE id = ?",
-                (r.decision, logs.redact(r.rationale), now, p["id"]),
+                (r.decision, rationale, now, p["id"]),
             )
             # An audit judges someone else's PASS: it records, it does not accept.
             if r.decision in ACCEPTED_DECISIONS and job["kind"] == "review":
@@ -217,15 +221,13 @@ def finalize(
             results.append(
                 {"note_path": p["note_path"], "gate_id": p["gate_id"], "decision": r.decision}
             )
+            rationales.append(rationale)
             faults.point("finalize.mid_transaction")
         if within is not None:  # rejection counts change in this same transaction
             within(
                 store,
                 job,
-                [
-                    dict(x, rationale=r.rationale)
-                    for x, r in zip(results, parsed.results, strict=True)
-                ],
+                [dict(x, rationale=t) for x, t in zip(results, rationales, strict=True)],
             )
         if attempt is not None:
             _mark_attempt(store, job_id, attempt, "finalized", [])
