@@ -106,3 +106,13 @@ def test_the_openai_agent_refuses_an_answer_past_its_limit(monkeypatch):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_negative_count_or_cost_in_the_telemetry_file_is_none(tmp_path):
+    """A negative cost lowered the run's spend against its budget."""
+    from workers.reviewers.base import telemetry_from_file
+
+    path = tmp_path / "telemetry.json"
+    path.write_text(json.dumps({"cost_usd": -0.6, "input_tokens": -1, "output_tokens": 3}))
+    t = telemetry_from_file(path)
+    assert (t.cost_usd, t.input_tokens, t.output_tokens) == (None, None, 3)

@@ -1334,3 +1334,29 @@ def test_a_secret_an_agent_quotes_in_a_fail_never_reaches_the_escalation_report(
     assert not any(secret in g for g in gists), gists  # ...but not here
     assert reports and not any(secret in r for r in reports)
     ws.store.close()
+
+
+def test_a_negative_cost_from_a_worker_is_nobodys_spend(kb):
+    """A command reviewer's telemetry file said cost_usd -0.6: the attempt kept it, and it
+    lowered its run's spend against its budget (only finalize --telemetry-json refused)."""
+    from orchestrator.review.bundle import end_line, start_line
+    from orchestrator.state.status import spent_usd
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest(name="n", reviewer="offline", all_gates=True, budget_usd=1.0))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control.dispatch()
+    msg = sent.pop(0)
+    p = msg["pairs"][0]
+    out = f"{start_line(p['note_path'], p['gate_path'])}\nFine.\n## Result: PASS\n{end_line(p['note_path'], p['gate_path'])}\n"  # fmt: skip
+    telemetry = {"cost_usd": -0.6, "input_tokens": -5, "output_tokens": 7, "num_turns": 1}
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out.encode(), "telemetry": telemetry})  # fmt: skip
+    row = ws.store.conn.execute(
+        "SELECT cost_usd, input_tokens, output_tokens FROM attempts"
+    ).fetchone()
+    assert tuple(row) == (None, None, 7)
+    assert spent_usd(ws.store, run.run_id) == 0
+    ws.store.close()

@@ -227,10 +227,10 @@ def record_end(
                 exit_code,
                 ended_at or utcnow(),
                 json.dumps(reasons or []),
-                t.get("num_turns"),
-                t.get("input_tokens"),
-                t.get("output_tokens"),
-                t.get("cost_usd"),
+                _spent(t.get("num_turns")),
+                _spent(t.get("input_tokens")),
+                _spent(t.get("output_tokens")),
+                _spent(t.get("cost_usd")),
                 duration_s,
                 t.get("session_id"),
                 t.get("error_subtype"),
@@ -295,8 +295,9 @@ def is_current(store: Store, job_id: int, attempt: int) -> bool:
 
 def _spent(value: object) -> float | None:
     """A count or a cost from telemetry, or None: SQLite stores no NaN, and what is not a
-    finite number is nobody's spend."""
-    return value if storable_number(value) else None
+    finite number 0 or more is nobody's spend (a negative cost lowered a run's spend
+    against its budget)."""
+    return value if storable_number(value) and value >= 0 else None
 
 
 def write_attempt_files(attempt_dir: Path, files: dict[str, bytes]) -> None:

@@ -124,7 +124,9 @@ class Telemetry:
 
 
 def _num(value: object, kind: type) -> int | float | None:
-    return kind(value) if storable_number(value) else None
+    """A count, a cost or a status code an agent reported; None for what is not one (a
+    negative cost from a command reviewer's telemetry file lowered its run's spend)."""
+    return kind(value) if storable_number(value) and value >= 0 else None
 
 
 MAX_REASON = 300
