@@ -841,7 +841,10 @@ def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb
     """`kill PID` (a closed terminal, a cancelled CI job) ended the sweep alone: its
     control and worker, reparented to init, went on running agents unwatched."""
     small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    # A lease long enough that the next sweep's reaper, on a loaded machine, does not take
+    # the interrupted attempt for lost before its worker has started and taken it again.
+    queue = FAST_QUEUE.replace("lease_seconds = 2\n", "lease_seconds = 60\n")
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + queue)
     fifo = make_fifo(tmp_path, "started")
     env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
     sweep = _sweep_in_background(kb, env)
@@ -1104,3 +1107,184 @@ def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path)
         if agent:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent, signal.SIGKILL)
+
+
+def _until(stream, event: str) -> None:
+    """Read a child's JSON log lines on its stderr until one says ``event``."""
+    for line in stream:
+        if f'"{event}"' in line:
+            return
+    raise AssertionError(f"the process ended without logging {event}")
+
+
+def test_sigterm_cuts_short_a_workers_graceful_stop(kb, tmp_path):
+    """OPERATIONS §3: SIGTERM stops a worker at once. After a SIGINT (`systemctl stop`, a
+    Ctrl-C) Huey cut its graceful stop short on a second SIGINT only: SIGTERM was ignored
+    until every agent ended, and a sweep's SIGKILL after it left the agents running."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    exe = str(Path(sys.executable).parent / "reviewq")
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    agent_env = {**env, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    control = subprocess.Popen([exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.DEVNULL)  # fmt: skip
+    worker = subprocess.Popen(
+        [exe, "--root", str(kb.root), "worker", "--workers", "1"],
+        env=agent_env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    agent = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent = int(await_fifo(fifo).split()[0])
+        worker.send_signal(signal.SIGINT)
+        _until(worker.stderr, "Shutting down gracefully...")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+        assert process_gone(agent), "the agent outlived its worker"
+    finally:
+        for proc in (worker, control):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        if agent is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent, signal.SIGKILL)
+    assert any(e["event"] == "task.interrupted" for e in log_lines(kb))  # queued again
+
+
+def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
+    """The second Ctrl-C ended the sweep at once; its worker, told to stop by the kernel
+    (SIGTERM) in the middle of a graceful stop, ignored it and ran its agents on, under
+    init, to their timeout."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "REVIEWQ_LOG_FORMAT": "json"}  # fmt: skip
+    sweep = _sweep_in_background(kb, env)
+    agent = worker = control = None
+    try:
+        agent, worker, _ = map(int, await_fifo(fifo).split())
+        control = int((kb.state / "control.lock").read_text())
+        sweep.send_signal(signal.SIGINT)
+        _until(sweep.stderr, "sweep.stopping")  # it says what it waits for
+        sweep.send_signal(signal.SIGINT)
+        _, err = sweep.communicate(timeout=60)
+        assert sweep.returncode == 130, err
+        _await_exit([worker, control], timeout=30)
+        assert process_gone(agent), "the agent outlived its sweep"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+        for pid in (agent, worker, control):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, tmp_path, monkeypatch):  # fmt: skip
+    """One Ctrl-C, with an agent longer than the grace (a real review takes minutes): the
+    sweep's SIGTERM to its worker was ignored, its SIGKILL left the agent running with no
+    worker timing it, and the attempt was lost."""
+    from orchestrator.state.workspace import Workspace
+    from workers.app import make_app
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    monkeypatch.setenv("FAKE_NOTIFY_FIFO", str(fifo))
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=1)
+    children.GRACE_S = 1.0
+    agent = None
+    try:
+        children.start()
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent, worker, _ = map(int, await_fifo(fifo).split())
+        children.stop(control_queue=make_app(ws.settings).control)
+        assert all(p.poll() is not None for p in children.procs.values())
+        assert process_gone(agent), "the agent outlived its worker"
+    finally:
+        for proc in children.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if agent is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent, signal.SIGKILL)
+        ws.close()
+    assert any(e["event"] == "task.interrupted" for e in log_lines(kb))  # queued again
+    with db(kb) as conn:
+        outcomes = [r[0] for r in conn.execute("SELECT outcome FROM attempts")]
+    assert "lost" not in outcomes, outcomes
+
+
+def test_ctrl_c_lets_a_running_agent_finish_and_its_outcome_is_taken(kb, tmp_path):
+    """Ctrl-C stopped the control and the worker together: the outcome of the agent the
+    worker let finish waited in the queue, and state.db said 'running' with no process
+    behind it until some later control came."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    started, go = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(go), "REVIEWQ_LOG_FORMAT": "json"}  # fmt: skip
+    sweep = _sweep_in_background(kb, env)
+    try:
+        await_fifo(started)
+        sweep.send_signal(signal.SIGINT)
+        _until(sweep.stderr, "sweep.stopping")
+        with open(go, "w") as f:
+            f.write("go")
+        _, err = sweep.communicate(timeout=60)
+        assert sweep.returncode == 130, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+    with db(kb) as conn:
+        assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
+
+
+def test_a_sweep_with_nothing_to_do_starts_no_children(kb, monkeypatch):
+    """Started only to be stopped mid-start, they could leave a KeyboardInterrupt
+    traceback in STATE/logs/sweep-*.stderr, which are kept for crashes."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest
+    from workers.sweep import Children, run_sweep
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "sweep", "--reviewer", "fake", "frontmatter").returncode == 0
+    started: list[Children] = []
+    monkeypatch.setattr(Children, "start", started.append)
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(name="cli", reviewer="fake", selectors=("frontmatter",))
+    out = run_sweep(ws, req, workers=1)
+    ws.close()
+    assert out.ok and out.enqueued.jobs == [] and started == []
+
+
+def test_a_sweep_that_started_no_worker_says_when_none_takes_its_jobs(kb):
+    """`sweep --workers 0` with no worker anywhere waited for good without a word."""
+    from orchestrator import logs
+    from orchestrator.control.control import Control
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import NoWorker
+
+    small_kb(kb, notes=1)
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    res = rq(kb, "enqueue", "--reviewer", "offline", "frontmatter")
+    assert res.returncode == 0, res.stderr
+    watch = NoWorker(ws.store, watching=True)
+    watch.AFTER_S = 0.0
+    watch.check()  # nothing dispatched yet: nothing to say
+    Control(ws, send_review=lambda msg: None).dispatch()
+    watch.check()
+    watch.check()
+    said = [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"]
+    assert len(said) == 1 and said[0]["attempts_waiting"] == 1, said
+    ws.close()

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -36,7 +37,8 @@ class AlreadyRunning(RuntimeError):
 
 class QueueConsumer(Consumer):
     """Huey's consumer, whose stop also wakes the threads waiting on a SQLite queue's
-    doorbell, so a stop is not held up by their wait (``poll_seconds``)."""
+    doorbell, so a stop is not held up by their wait (``poll_seconds``); and whose
+    graceful stop SIGTERM cuts short, as a second SIGINT does."""
 
     def stop(self, graceful=False):  # noqa: ANN001, ANN201 - Huey's signature
         self.stop_flag.set()
@@ -45,7 +47,40 @@ class QueueConsumer(Consumer):
             # Interrupted, a wait returns at once: Huey's own pause between looks comes back.
             self.huey.storage.blocking = False
             bell.interrupt()
-        super().stop(graceful)
+        try:
+            super().stop(graceful)
+        finally:
+            # Stopped: a signal now only stops what follows (the agents' reaping) halfway.
+            # (A handler that does nothing, not one that logs: a log call in a handler
+            # can deadlock on the lock the interrupted code holds.)
+            if threading.current_thread() is threading.main_thread():
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, _ignored)
+
+    _draining = False  # in a graceful stop's wait for the running tasks
+
+    def _join_workers(self):  # noqa: ANN202 - Huey's
+        # A graceful stop waits here for every running agent, and Huey cuts the wait
+        # short on a second SIGINT only: SIGTERM (`kill`, a sweep giving up on its grace,
+        # the kernel's signal when the sweep dies) was ignored until the agents ended,
+        # and a SIGKILL after it left them running with no worker. Raised in here, the
+        # KeyboardInterrupt is Huey's "shut down now".
+        self._draining = True
+        try:
+            if self._signum == self._interrupt_sig:  # it came while the stop began
+                raise KeyboardInterrupt
+            return super()._join_workers()
+        finally:
+            self._draining = False
+
+    def _handle_signal(self, signum, frame):  # noqa: ANN001, ANN202 - Huey's signature
+        super()._handle_signal(signum, frame)
+        if self._draining and signum == self._interrupt_sig:
+            raise KeyboardInterrupt
+
+
+def _ignored(signum: int, frame: object) -> None:
+    pass
 
 
 def worker_folder(settings: Settings) -> Path:
@@ -100,12 +135,15 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         kb=str(kb) if kb else None,
         messages=VERSION,
     )
-    consumer.run()
-    # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process with
-    # the agents still running, and the interrupted tasks already queued again. Stop them.
-    tasks.STOPPING.set()
-    left = reap_orphans(folder, mine=True)
-    logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
+    try:
+        consumer.run()
+    finally:
+        # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process
+        # with the agents still running, and the interrupted tasks already queued again.
+        # Stop them, however the consumer ended.
+        tasks.STOPPING.set()
+        left = reap_orphans(folder, mine=True)
+        logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
 
 
 def send_review(app, msg: dict) -> None:  # noqa: ANN001 - the App

@@ -8,6 +8,7 @@ uses it instead of starting its own.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -204,25 +205,76 @@ class Children:
             return "its stderr cannot be read"
         return lines[-1].removeprefix("error: ") if lines else "nothing on stderr"
 
-    def stop(self, timeout: float = 60.0, *, at_once: bool = False) -> None:
-        """Stop the children: gracefully (running tasks finish), or ``at_once`` (their
-        agents killed, their tasks queued again)."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM if at_once else signal.SIGINT)
-        deadline = time.monotonic() + timeout
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.terminate()
+    # How long running agents get to finish after a Ctrl-C, then they are stopped and
+    # their attempts put back on the queue (nothing burned): a real review takes minutes.
+    GRACE_S = 60.0
+    # How long the control gets, the worker stopped, to take the outcomes it sent: left
+    # in the queue, their jobs read 'running' in state.db with no process behind them.
+    DRAIN_S = 10.0
+    END_S = 10.0  # how long a child gets to stop at once before it is killed
+
+    def stop(self, *, at_once: bool = False, control_queue=None) -> None:  # noqa: ANN001
+        """Stop the children. Gracefully: the worker first, its running agents given
+        :attr:`GRACE_S` to finish; then the control, once it has taken the outcomes
+        waiting in ``control_queue`` (a Huey). ``at_once``, for whatever is left after
+        that, and on a second Ctrl-C: SIGTERM, so agents are killed and their attempts
+        queued again; a child that outlives :attr:`END_S` is killed."""
+        try:
+            if not at_once:
+                self._drain(control_queue)
+        finally:
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in self.procs.values():
                 try:
-                    proc.wait(timeout=10)
+                    proc.wait(timeout=self.END_S)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        for f in self.stderr.values():
-            f.close()
+            for f in self.stderr.values():
+                f.close()
+
+    def _drain(self, control_queue) -> None:  # noqa: ANN001
+        running = self.ws.store.conn.execute(
+            "SELECT count(*) FROM attempts WHERE outcome = 'running'"
+        ).fetchone()[0]
+        worker, control = self.procs.get("worker"), self.procs.get("control")
+        if running and worker is not None and worker.poll() is None:
+            logs.get().warning(
+                "sweep.stopping",
+                agents_running=running,
+                note=f"running agents get {self.GRACE_S:g} s to finish, then they are "
+                "stopped and their attempts queued again; Ctrl-C again stops them now",
+            )
+            worker.send_signal(signal.SIGINT)
+            try:
+                worker.wait(timeout=self.GRACE_S)
+            except subprocess.TimeoutExpired:
+                return  # stopped at once, with the control, by stop()
+            deadline = time.monotonic() + self.DRAIN_S
+            while (
+                control is not None
+                and control.poll() is None
+                and _waiting(control_queue)
+                and time.monotonic() < deadline
+            ):
+                time.sleep(POLL_S)
+        # Nothing running (the sweep's jobs all ended): both at once, as quick as one.
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # the control's task in hand finishes
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self.END_S)
+
+
+def _waiting(queue) -> int:  # noqa: ANN001 - a Huey, or None
+    """Messages waiting in a queue; 0 when there is none, or it cannot be read."""
+    try:
+        return queue.pending_count() if queue is not None else 0
+    except Exception:  # noqa: BLE001 - the queue away: nothing to wait for then
+        return 0
 
 
 def _nudge() -> None:
@@ -240,31 +292,35 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     store = ws.store
     # The queue first: one that cannot be opened (a corrupt file) is said in one line
     # before anything is enqueued, not four restarts of each child later.
-    make_app(ws.settings)
+    app = make_app(ws.settings)
     jobs = SweepJobs.starting(store)
     enqueued = enqueue(ws, req)
     jobs = jobs.of_run(enqueued.run_id)
     # Started after the selection, not beside it: on a small machine their start-up only
     # slowed the selection down (1,000 jobs on two cores: 0.2 s later in all).
     children = Children(ws, workers)
-    children.start()
-    _nudge()
+    if _open(ws, jobs).open:
+        # With nothing to wait for, children started only to be stopped mid-start (a
+        # KeyboardInterrupt traceback in their stderr files, which are kept for crashes).
+        children.start()
+        _nudge()
+    no_worker = NoWorker(store, watching=workers == 0)
     terminated = []
     with terminate_raises(terminated):
         try:
             while True:
-                paused = paused_reviewers(ws.store, utcnow())
-                p = progress(store, jobs, set(paused), over_budget_runs(store))
+                p = _open(ws, jobs)
                 if on_progress is not None:
                     on_progress(p)
                 if p.open == 0 or children.failed:
                     break
                 children.check()
+                no_worker.check()
                 time.sleep(POLL_S)
         finally:
-            children.stop(at_once=bool(terminated))
+            children.stop(at_once=bool(terminated), control_queue=app.control)
     paused = paused_reviewers(ws.store, utcnow())
-    final = progress(store, jobs, set(paused), over_budget_runs(store))
+    final = _open(ws, jobs, paused)
     out = SweepOutcome(
         enqueued, jobs.first_id, summary(store, jobs), final, paused, children.failed
     )
@@ -277,3 +333,43 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
         cost_usd=out.summary["cost_usd"],
     )
     return out
+
+
+def _open(ws: Workspace, jobs: SweepJobs, paused: dict[str, Pause] | None = None) -> Progress:
+    if paused is None:
+        paused = paused_reviewers(ws.store, utcnow())
+    return progress(ws.store, jobs, set(paused), over_budget_runs(ws.store))
+
+
+class NoWorker:
+    """Said once, by a sweep that started no worker (``--workers 0``), when its attempts
+    wait and no agent has started for :attr:`AFTER_S`: it waited for good without a word
+    when no worker ran anywhere. It goes on waiting: a worker may yet come."""
+
+    AFTER_S = 60.0
+
+    def __init__(self, store, watching: bool) -> None:  # noqa: ANN001 - a Store
+        self.store = store
+        self.watching = watching
+        self.since = time.monotonic()
+        self.started_at = utcnow()
+
+    def check(self) -> None:
+        if not self.watching or time.monotonic() - self.since < self.AFTER_S:
+            return
+        launched, waiting = self.store.conn.execute(
+            "SELECT count(*) FILTER (WHERE launched_at >= ?), "
+            "count(*) FILTER (WHERE outcome = 'dispatched') FROM attempts",
+            (self.started_at,),
+        ).fetchone()
+        if launched:
+            self.watching = False
+        elif waiting:
+            self.watching = False
+            logs.get().warning(
+                "sweep.no_worker",
+                attempts_waiting=waiting,
+                waited_s=round(time.monotonic() - self.since),
+                note="no worker has started an agent since the sweep began (it started none: "
+                "--workers 0); start `reviewq worker`, or run the sweep without --workers 0",
+            )
