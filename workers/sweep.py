@@ -299,15 +299,16 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     # Started after the selection, not beside it: on a small machine their start-up only
     # slowed the selection down (1,000 jobs on two cores: 0.2 s later in all).
     children = Children(ws, workers)
-    if _open(ws, jobs).open:
-        # With nothing to wait for, children started only to be stopped mid-start (a
-        # KeyboardInterrupt traceback in their stderr files, which are kept for crashes).
-        children.start()
-        _nudge()
     no_worker = NoWorker(store, watching=workers == 0)
     terminated = []
     with terminate_raises(terminated):
         try:
+            # Inside the try: a Ctrl-C while they start stops them as any other does.
+            if _open(ws, jobs).open:
+                # With nothing to wait for, children started only to be stopped mid-start
+                # (a KeyboardInterrupt traceback in their stderr files, kept for crashes).
+                children.start()
+                _nudge()
             while True:
                 p = _open(ws, jobs)
                 if on_progress is not None:
