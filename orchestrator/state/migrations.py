@@ -431,4 +431,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        16,
+        "index of jobs by sweep run",
+        """
+        -- A run's spend (budgets) and its jobs (the report, a sweep's summary) are read by
+        -- run: without it each read scanned every job ever recorded.
+        CREATE INDEX review_jobs_run ON review_jobs (sweep_run_id);
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

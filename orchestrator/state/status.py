@@ -167,11 +167,14 @@ class Progress:
 
 
 def over_budget_runs(store: Store) -> set[int]:
-    """Sweep runs whose recorded cost reached their ``budget_usd``."""
+    """Sweep runs with queued jobs whose recorded cost reached their ``budget_usd``: only
+    a queued job waits on a budget. Every budgeted run ever recorded, each summed, cost
+    seconds a call on a year's state.db (a sweep asks five times a second)."""
     return {
         run["id"]
         for run in store.conn.execute(
-            "SELECT id, budget_usd FROM sweep_runs WHERE budget_usd IS NOT NULL"
+            "SELECT id, budget_usd FROM sweep_runs WHERE budget_usd IS NOT NULL AND id IN "
+            "(SELECT sweep_run_id FROM review_jobs WHERE status = 'queued')"
         )
         if spent_usd(store, run["id"]) >= run["budget_usd"]
     }
