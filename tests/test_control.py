@@ -1238,7 +1238,7 @@ def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(
         "SELECT status, failure_reasons FROM review_jobs WHERE id = ?", (job.review_job_id,)
     ).fetchone()
     assert failed["status"] == "failed"
-    assert "writes partition opus, but job" in failed["failure_reasons"]
+    assert "writes partition 'opus', not the job's 'sonnet'" in failed["failure_reasons"]
     ws.store.close()
 
 
@@ -1359,4 +1359,38 @@ def test_a_negative_cost_from_a_worker_is_nobodys_spend(kb):
     ).fetchone()
     assert tuple(row) == (None, None, 7)
     assert spent_usd(ws.store, run.run_id) == 0
+    ws.store.close()
+
+
+def test_an_audit_queued_before_its_auditor_changed_partition_still_runs(kb):
+    """An audit records nothing under its auditor's partition (its findings belong to the
+    reviewed job's): refused at dispatch like a review, its PASSes went to a person as
+    "the auditor failed without starting", with nothing wrong with the auditor."""
+    from orchestrator.review.bundle import end_line, start_line
+
+    conf = '[reviewers.rev]\nkind = "offline"\npartition = "sonnet"\n[reviewers.aud]\nkind = "offline"\npartition = "{aud}"\n'  # fmt: skip
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", conf.format(aud="a1"))
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(name="cli", reviewer="rev", all_gates=True, auditor="aud", audit=("prose/clarity",))  # fmt: skip
+    enqueue(ws, req)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control.dispatch()
+    msg = sent.pop(0)
+    p = msg["pairs"][0]
+    out = f"{start_line(p['note_path'], p['gate_path'])}\nFine.\n## Result: PASS\n{end_line(p['note_path'], p['gate_path'])}\n"  # fmt: skip
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out.encode()})  # fmt: skip
+    audit = ws.store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'audit'").fetchone()
+    ws.store.close()
+    kb.write("reviewq.toml", conf.format(aud="a2"))  # the auditor moves to another model
+    ws = Workspace.open(kb.root)
+    sent.clear()
+    Control(ws, send_review=sent.append, hooks=FollowUp(ws)).dispatch()
+    status = ws.store.conn.execute(
+        "SELECT status FROM review_jobs WHERE id = ?", (audit["id"],)
+    ).fetchone()[0]
+    assert status == "running" and [m["task"] for m in sent] == ["audit"]
+    assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
     ws.store.close()

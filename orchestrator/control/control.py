@@ -163,7 +163,8 @@ class Control:
             if name in paused or free <= 0:
                 continue
             jobs += self.store.conn.execute(
-                "SELECT id, kind, reviewer, sweep_run_id FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
+                "SELECT id, kind, reviewer, sweep_run_id, model_partition FROM review_jobs "
+                "WHERE reviewer = ? AND status = 'queued' "
                 "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
                 "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) ORDER BY id LIMIT ?",
                 (name, now, spent, free + 16),
@@ -195,10 +196,19 @@ class Control:
             write_due_job_files(
                 self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False
             )
+            if job["kind"] == "review" and job["model_partition"] != profile.partition:
+                # Run, its verdicts would be accepted as another model's. A fix records no
+                # verdict, and an audit's go to the reviewed job's partition: either runs.
+                self._fail_unrun(
+                    job,
+                    name,
+                    f"reviewer profile {name!r} writes partition {profile.partition!r}, not the "
+                    f"job's {job['model_partition']!r}: the profile changed since the job was "
+                    "queued, or this control process was not restarted after reviewq.toml "
+                    "changed; its pairs are free for the next sweep",
+                )
+                continue
             try:
-                # With the profile's partition: a review queued before its model or
-                # partition changed would be accepted as the old partition's. Refused, it
-                # fails, and its pairs are the new partition's to review.
                 opened = open_attempt(
                     self.store,
                     self.ws.state_dir,
@@ -206,7 +216,6 @@ class Control:
                     job["id"],
                     name,
                     outcome="dispatched",
-                    partition=profile.partition,
                     statuses=("queued",),
                 )
             except JobMoved:
