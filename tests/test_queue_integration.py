@@ -1205,7 +1205,7 @@ def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, 
         children.start()
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         agent, worker, _ = map(int, await_fifo(fifo).split())
-        children.stop(control_queue=make_app(ws.settings).control)
+        children.stop(interrupted=True, control_queue=make_app(ws.settings).control)
         assert all(p.poll() is not None for p in children.procs.values())
         assert process_gone(agent), "the agent outlived its worker"
     finally:
@@ -1259,7 +1259,7 @@ def test_a_sweep_with_nothing_to_do_starts_no_children(kb, monkeypatch):
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     assert rq(kb, "sweep", "--reviewer", "fake", "frontmatter").returncode == 0
     started: list[Children] = []
-    monkeypatch.setattr(Children, "start", started.append)
+    monkeypatch.setattr(Children, "start", lambda self: started.append(self))
     ws = Workspace.open(kb.root)
     req = SweepRequest(name="cli", reviewer="fake", selectors=("frontmatter",))
     out = run_sweep(ws, req, workers=1)
@@ -1280,11 +1280,41 @@ def test_a_sweep_that_started_no_worker_says_when_none_takes_its_jobs(kb):
     res = rq(kb, "enqueue", "--reviewer", "offline", "frontmatter")
     assert res.returncode == 0, res.stderr
     watch = NoWorker(ws.store, watching=True)
-    watch.AFTER_S = 0.0
+    watch.next = watch.EVERY_S = 0.0
     watch.check()  # nothing dispatched yet: nothing to say
     Control(ws, send_review=lambda msg: None).dispatch()
     watch.check()
     watch.check()
     said = [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"]
     assert len(said) == 1 and said[0]["attempts_waiting"] == 1, said
+    ws.close()
+
+
+def test_a_sweep_that_started_no_worker_does_not_call_a_busy_one_missing(kb):
+    """A service worker whose slots hold agents launched before the sweep began (reviews
+    take minutes) was taken for none: only launches since the sweep's start counted."""
+    from orchestrator import logs
+    from orchestrator.control.control import Control
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import NoWorker
+
+    small_kb(kb, notes=2)
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    assert rq(kb, "enqueue", "--reviewer", "offline", "--note", "kb/notes/n0.md", "frontmatter").returncode == 0  # fmt: skip
+    control = Control(ws, send_review=lambda msg: None)
+    control.dispatch()
+    control.on_messages([{"job_id": 1, "attempt": 1, "worker": "w", "launched": True}], [])
+    with ws.store.write():  # launched minutes before the sweep began
+        ws.store.conn.execute(
+            "UPDATE attempts SET launched_at = '2026-01-01T00:00:00.000Z', "
+            "heartbeat_at = '2026-01-01T00:00:00.000Z'"
+        )
+    watch = NoWorker(ws.store, watching=True)  # begins with that agent running
+    assert rq(kb, "enqueue", "--reviewer", "offline", "--note", "kb/notes/n1.md", "frontmatter").returncode == 0  # fmt: skip
+    control.dispatch()  # the new job waits for the busy worker's free slot
+    control.on_messages([{"job_id": 1, "attempt": 1, "worker": "w"}], [])  # its agent beats
+    watch.next = watch.EVERY_S = 0.0
+    watch.check()
+    assert [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"] == []
     ws.close()

@@ -211,17 +211,25 @@ class Children:
     # How long the control gets, the worker stopped, to take the outcomes it sent: left
     # in the queue, their jobs read 'running' in state.db with no process behind them.
     DRAIN_S = 10.0
-    END_S = 10.0  # how long a child gets to stop at once before it is killed
+    END_S = 30.0  # how long a child gets to stop before it is killed
 
-    def stop(self, *, at_once: bool = False, control_queue=None) -> None:  # noqa: ANN001
-        """Stop the children. Gracefully: the worker first, its running agents given
+    def stop(self, *, at_once: bool = False, interrupted: bool = False, control_queue=None) -> None:  # noqa: ANN001
+        """Stop the children. At the sweep's end both get SIGINT at once (nothing of its
+        runs). ``interrupted`` (a Ctrl-C): the worker first, its running agents given
         :attr:`GRACE_S` to finish; then the control, once it has taken the outcomes
         waiting in ``control_queue`` (a Huey). ``at_once``, for whatever is left after
         that, and on a second Ctrl-C: SIGTERM, so agents are killed and their attempts
         queued again; a child that outlives :attr:`END_S` is killed."""
         try:
             if not at_once:
-                self._drain(control_queue)
+                if interrupted:
+                    self._drain(control_queue)
+                for proc in self.procs.values():
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGINT)  # the control's task in hand ends
+                for proc in self.procs.values():
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=self.END_S)
         finally:
             for proc in self.procs.values():
                 if proc.poll() is None:
@@ -236,37 +244,33 @@ class Children:
                 f.close()
 
     def _drain(self, control_queue) -> None:  # noqa: ANN001
-        running = self.ws.store.conn.execute(
-            "SELECT count(*) FROM attempts WHERE outcome = 'running'"
-        ).fetchone()[0]
+        """The worker stopped gracefully (always: what state.db says runs lags the agents
+        a worker has just started), then the outcomes it sent taken by the control."""
         worker, control = self.procs.get("worker"), self.procs.get("control")
-        if running and worker is not None and worker.poll() is None:
-            logs.get().warning(
-                "sweep.stopping",
-                agents_running=running,
-                note=f"running agents get {self.GRACE_S:g} s to finish, then they are "
-                "stopped and their attempts queued again; Ctrl-C again stops them now",
-            )
-            worker.send_signal(signal.SIGINT)
-            try:
-                worker.wait(timeout=self.GRACE_S)
-            except subprocess.TimeoutExpired:
-                return  # stopped at once, with the control, by stop()
-            deadline = time.monotonic() + self.DRAIN_S
-            while (
-                control is not None
-                and control.poll() is None
-                and _waiting(control_queue)
-                and time.monotonic() < deadline
-            ):
-                time.sleep(POLL_S)
-        # Nothing running (the sweep's jobs all ended): both at once, as quick as one.
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # the control's task in hand finishes
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=self.END_S)
+        if worker is None or worker.poll() is not None:
+            return
+        running = self.ws.store.conn.execute(
+            "SELECT count(*) FROM attempts WHERE outcome IN ('dispatched', 'running')"
+        ).fetchone()[0]
+        logs.get().warning(
+            "sweep.stopping",
+            attempts_open=running,
+            note=f"running agents get {self.GRACE_S:g} s to finish, then they are stopped "
+            "and their attempts queued again; Ctrl-C again stops them now",
+        )
+        worker.send_signal(signal.SIGINT)
+        try:
+            worker.wait(timeout=self.GRACE_S)
+        except subprocess.TimeoutExpired:
+            return  # stopped at once, with the control, by stop()
+        deadline = time.monotonic() + self.DRAIN_S
+        while (
+            control is not None
+            and control.poll() is None
+            and _waiting(control_queue)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(POLL_S)
 
 
 def _waiting(queue) -> int:  # noqa: ANN001 - a Huey, or None
@@ -301,6 +305,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     children = Children(ws, workers)
     no_worker = NoWorker(store, watching=workers == 0)
     terminated = []
+    interrupted = False
     with terminate_raises(terminated):
         try:
             # Inside the try: a Ctrl-C while they start stops them as any other does.
@@ -318,8 +323,13 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
                 children.check()
                 no_worker.check()
                 time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
-            children.stop(at_once=bool(terminated), control_queue=app.control)
+            children.stop(
+                at_once=bool(terminated), interrupted=interrupted, control_queue=app.control
+            )
     paused = paused_reviewers(ws.store, utcnow())
     final = _open(ws, jobs, paused)
     out = SweepOutcome(
@@ -344,33 +354,38 @@ def _open(ws: Workspace, jobs: SweepJobs, paused: dict[str, Pause] | None = None
 
 class NoWorker:
     """Said once, by a sweep that started no worker (``--workers 0``), when its attempts
-    wait and no agent has started for :attr:`AFTER_S`: it waited for good without a word
-    when no worker ran anywhere. It goes on waiting: a worker may yet come."""
+    wait and no worker has been heard from for :attr:`AFTER_S`: it waited for good
+    without a word when no worker ran anywhere. It goes on waiting: a worker may yet
+    come. Heard from: a heartbeat or an outcome the control took since the sweep began
+    (stamped on the control's clock, as the sweep's start is; a busy worker's agents
+    beat every lease/4)."""
 
     AFTER_S = 60.0
+    EVERY_S = 5.0
 
     def __init__(self, store, watching: bool) -> None:  # noqa: ANN001 - a Store
         self.store = store
         self.watching = watching
-        self.since = time.monotonic()
+        self.next = time.monotonic() + self.AFTER_S
         self.started_at = utcnow()
 
     def check(self) -> None:
-        if not self.watching or time.monotonic() - self.since < self.AFTER_S:
+        if not self.watching or time.monotonic() < self.next:
             return
-        launched, waiting = self.store.conn.execute(
-            "SELECT count(*) FILTER (WHERE launched_at >= ?), "
+        self.next = time.monotonic() + self.EVERY_S
+        heard, waiting = self.store.conn.execute(
+            "SELECT count(*) FILTER (WHERE worker IS NOT NULL "
+            "AND (heartbeat_at >= ?1 OR ended_at >= ?1)), "
             "count(*) FILTER (WHERE outcome = 'dispatched') FROM attempts",
             (self.started_at,),
         ).fetchone()
-        if launched:
+        if heard:
             self.watching = False
         elif waiting:
             self.watching = False
             logs.get().warning(
                 "sweep.no_worker",
                 attempts_waiting=waiting,
-                waited_s=round(time.monotonic() - self.since),
-                note="no worker has started an agent since the sweep began (it started none: "
+                note="no worker has been heard from since the sweep began (it started none: "
                 "--workers 0); start `reviewq worker`, or run the sweep without --workers 0",
             )
