@@ -1212,7 +1212,6 @@ def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(
     before the change were still dispatched to the profile (dispatch opened attempts with
     no partition check, which run-job makes), so the new model's decisions were accepted
     under the old partition: the old model's coverage held another model's verdicts."""
-    from orchestrator.review.bundle import end_line, start_line
 
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
@@ -1227,11 +1226,8 @@ def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
     control.dispatch()
     for msg in sent:
-        note, gate = ws.store.conn.execute(
-            "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ?", (msg["job_id"],)
-        ).fetchone()
-        out = f"{start_line(note, gate)}\nFine.\n## Result: PASS\n{end_line(note, gate)}\n"
-        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out.encode()})  # fmt: skip
+        out = _pass_output(ws, msg["job_id"])
+        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     partitions = [r[0] for r in ws.store.conn.execute("SELECT model_partition FROM acceptance")]
     assert "sonnet" not in partitions, "a review by the 'opus' profile was accepted as 'sonnet'"
     failed = ws.store.conn.execute(
@@ -1339,7 +1335,6 @@ def test_a_secret_an_agent_quotes_in_a_fail_never_reaches_the_escalation_report(
 def test_a_negative_cost_from_a_worker_is_nobodys_spend(kb):
     """A command reviewer's telemetry file said cost_usd -0.6: the attempt kept it, and it
     lowered its run's spend against its budget (only finalize --telemetry-json refused)."""
-    from orchestrator.review.bundle import end_line, start_line
     from orchestrator.state.status import spent_usd
 
     kb.gate("prose/clarity", ["body"])
@@ -1350,10 +1345,9 @@ def test_a_negative_cost_from_a_worker_is_nobodys_spend(kb):
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
     control.dispatch()
     msg = sent.pop(0)
-    p = msg["pairs"][0]
-    out = f"{start_line(p['note_path'], p['gate_path'])}\nFine.\n## Result: PASS\n{end_line(p['note_path'], p['gate_path'])}\n"  # fmt: skip
+    out = _pass_output(ws, msg["job_id"])
     telemetry = {"cost_usd": -0.6, "input_tokens": -5, "output_tokens": 7, "num_turns": 1}
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out.encode(), "telemetry": telemetry})  # fmt: skip
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out, "telemetry": telemetry})  # fmt: skip
     row = ws.store.conn.execute(
         "SELECT cost_usd, input_tokens, output_tokens FROM attempts"
     ).fetchone()
@@ -1366,7 +1360,6 @@ def test_an_audit_queued_before_its_auditor_changed_partition_still_runs(kb):
     """An audit records nothing under its auditor's partition (its findings belong to the
     reviewed job's): refused at dispatch like a review, its PASSes went to a person as
     "the auditor failed without starting", with nothing wrong with the auditor."""
-    from orchestrator.review.bundle import end_line, start_line
 
     conf = '[reviewers.rev]\nkind = "offline"\npartition = "sonnet"\n[reviewers.aud]\nkind = "offline"\npartition = "{aud}"\n'  # fmt: skip
     kb.gate("prose/clarity", ["body"])
@@ -1379,9 +1372,8 @@ def test_an_audit_queued_before_its_auditor_changed_partition_still_runs(kb):
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
     control.dispatch()
     msg = sent.pop(0)
-    p = msg["pairs"][0]
-    out = f"{start_line(p['note_path'], p['gate_path'])}\nFine.\n## Result: PASS\n{end_line(p['note_path'], p['gate_path'])}\n"  # fmt: skip
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out.encode()})  # fmt: skip
+    out = _pass_output(ws, msg["job_id"])
+    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     audit = ws.store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'audit'").fetchone()
     ws.store.close()
     kb.write("reviewq.toml", conf.format(aud="a2"))  # the auditor moves to another model

@@ -1117,6 +1117,17 @@ def _until(stream, event: str) -> None:
     raise AssertionError(f"the process ended without logging {event}")
 
 
+def _kill_all(procs: list[subprocess.Popen], agent: int | None) -> None:
+    """A test's processes gone, whatever it asserted: its children and the agent's group."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    if agent is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent, signal.SIGKILL)
+
+
 def test_sigterm_cuts_short_a_workers_graceful_stop(kb, tmp_path):
     """OPERATIONS §3: SIGTERM stops a worker at once. After a SIGINT (`systemctl stop`, a
     Ctrl-C) Huey cut its graceful stop short on a second SIGINT only: SIGTERM was ignored
@@ -1144,13 +1155,7 @@ def test_sigterm_cuts_short_a_workers_graceful_stop(kb, tmp_path):
         assert worker.wait(timeout=30) == 0
         assert process_gone(agent), "the agent outlived its worker"
     finally:
-        for proc in (worker, control):
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-        if agent is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent, signal.SIGKILL)
+        _kill_all([worker, control], agent)
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))  # queued again
 
 
@@ -1209,13 +1214,7 @@ def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, 
         assert all(p.poll() is not None for p in children.procs.values())
         assert process_gone(agent), "the agent outlived its worker"
     finally:
-        for proc in children.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if agent is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent, signal.SIGKILL)
+        _kill_all(list(children.procs.values()), agent)
         ws.close()
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))  # queued again
     with db(kb) as conn:
