@@ -47,7 +47,13 @@ from orchestrator.cycles.fixes import (
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import DISK_FULL, mark_job_files_due, write_due_job_files
-from orchestrator.state.status import FAILED_SQL, Pause, paused_reviewers, spent_usd
+from orchestrator.state.status import (
+    FAILED_SQL,
+    Pause,
+    budgeted_runs_with_queued_jobs,
+    paused_reviewers,
+    spent_usd,
+)
 from orchestrator.state.store import (
     Store,
     parse_timestamp,
@@ -139,12 +145,9 @@ class Control:
         # after it, enough of their jobs in front hid every later job of their reviewer
         # (a job queued by hand, another sweep's), and a sweep waiting on them never ended.
         over_budget: dict[int, bool | None] = {
-            run_id: True
-            for (run_id,) in self.store.conn.execute(
-                "SELECT DISTINCT sweep_run_id FROM review_jobs WHERE status = 'queued' "
-                "AND sweep_run_id IN (SELECT id FROM sweep_runs WHERE budget_usd IS NOT NULL)"
-            )
-            if self._over_budget(run_id)  # logs sweep.budget_reached once
+            run["id"]: True
+            for run in budgeted_runs_with_queued_jobs(self.store)
+            if self._over_budget(run["id"])  # logs sweep.budget_reached once
         }
         spent = json.dumps(list(over_budget))
         # Per reviewer, only as many queued jobs as it has free slots (plus a margin): the

@@ -166,16 +166,22 @@ class Progress:
     budget_runs: dict[int, int] = field(default_factory=dict)  # run id -> its jobs that wait
 
 
+def budgeted_runs_with_queued_jobs(store: Store) -> list:
+    """``(id, budget_usd)`` of the sweep runs a budget may hold back: those with one and
+    with queued jobs (only a queued job waits on a budget). Every budgeted run ever
+    recorded, each summed, cost seconds a call on a year's state.db (a sweep asks five
+    times a second)."""
+    return store.conn.execute(
+        "SELECT id, budget_usd FROM sweep_runs WHERE budget_usd IS NOT NULL AND id IN "
+        "(SELECT sweep_run_id FROM review_jobs WHERE status = 'queued')"
+    ).fetchall()
+
+
 def over_budget_runs(store: Store) -> set[int]:
-    """Sweep runs with queued jobs whose recorded cost reached their ``budget_usd``: only
-    a queued job waits on a budget. Every budgeted run ever recorded, each summed, cost
-    seconds a call on a year's state.db (a sweep asks five times a second)."""
+    """Sweep runs with queued jobs whose recorded cost reached their ``budget_usd``."""
     return {
         run["id"]
-        for run in store.conn.execute(
-            "SELECT id, budget_usd FROM sweep_runs WHERE budget_usd IS NOT NULL AND id IN "
-            "(SELECT sweep_run_id FROM review_jobs WHERE status = 'queued')"
-        )
+        for run in budgeted_runs_with_queued_jobs(store)
         if spent_usd(store, run["id"]) >= run["budget_usd"]
     }
 
