@@ -309,13 +309,13 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     with terminate_raises(terminated):
         try:
             # Inside the try: a Ctrl-C while they start stops them as any other does.
-            if _open(ws, jobs).open:
+            if _progress(ws, jobs).open:
                 # With nothing to wait for, children started only to be stopped mid-start
                 # (a KeyboardInterrupt traceback in their stderr files, kept for crashes).
                 children.start()
                 _nudge()
             while True:
-                p = _open(ws, jobs)
+                p = _progress(ws, jobs)
                 if on_progress is not None:
                     on_progress(p)
                 if p.open == 0 or children.failed:
@@ -331,7 +331,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
                 at_once=bool(terminated), interrupted=interrupted, control_queue=app.control
             )
     paused = paused_reviewers(ws.store, utcnow())
-    final = _open(ws, jobs, paused)
+    final = _progress(ws, jobs, paused)
     out = SweepOutcome(
         enqueued, jobs.first_id, summary(store, jobs), final, paused, children.failed
     )
@@ -346,7 +346,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     return out
 
 
-def _open(ws: Workspace, jobs: SweepJobs, paused: dict[str, Pause] | None = None) -> Progress:
+def _progress(ws: Workspace, jobs: SweepJobs, paused: dict[str, Pause] | None = None) -> Progress:
     if paused is None:
         paused = paused_reviewers(ws.store, utcnow())
     return progress(ws.store, jobs, set(paused), over_budget_runs(ws.store))
