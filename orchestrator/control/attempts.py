@@ -294,10 +294,8 @@ def is_current(store: Store, job_id: int, attempt: int) -> bool:
 
 
 def _spent(value: object) -> float | None:
-    """A count or a cost from telemetry, or None: SQLite stores no NaN, and what is not a
-    finite number 0 or more is nobody's spend (a negative cost lowered a run's spend
-    against its budget)."""
-    return value if storable_number(value) and value >= 0 else None
+    """A count or a cost from telemetry, or None (:func:`storable_number`)."""
+    return value if storable_number(value) else None
 
 
 def write_attempt_files(attempt_dir: Path, files: dict[str, bytes]) -> None:

@@ -103,7 +103,7 @@ def parse_telemetry(value: str | None) -> dict | None:
         # Summed into status, budgets and reports: a negative or infinite cost (JSON
         # takes Infinity and NaN) would stop a budget for good or hide real spend.
         v = data.get(key)
-        if v is not None and not (storable_number(v) and v >= 0):
+        if v is not None and not storable_number(v):
             raise FinalizeError(f"--telemetry-json: {key} {v!r}: expected a number, 0 or more")
     return data
 

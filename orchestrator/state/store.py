@@ -39,11 +39,10 @@ def parse_timestamp(text: str) -> datetime:
 
 
 def storable_number(value: object) -> bool:
-    """Whether a cost or a count is one SQLite holds as given: an int or a float within its
-    64-bit range, not a bool, NaN or infinity. What is not one is nobody's spend."""
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and -(2**63) < value < 2**63
-    )
+    """Whether a cost or a count is one SQLite holds as given and a budget can sum: an int
+    or a float from 0 within its 64-bit range, not a bool, NaN or infinity. What is not
+    one is nobody's spend (a negative cost lowered a run's spend against its budget)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
 def json_column(text: str | None) -> object:

@@ -124,9 +124,9 @@ class Telemetry:
 
 
 def _num(value: object, kind: type) -> int | float | None:
-    """A count, a cost or a status code an agent reported; None for what is not one (a
-    negative cost from a command reviewer's telemetry file lowered its run's spend)."""
-    return kind(value) if storable_number(value) and value >= 0 else None
+    """A count, a cost or a status code an agent reported; None for what is not one
+    (:func:`~orchestrator.state.store.storable_number`)."""
+    return kind(value) if storable_number(value) else None
 
 
 MAX_REASON = 300
