@@ -656,6 +656,106 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
     ws.close()
 
 
+def test_an_attempt_whose_message_left_the_queue_unannounced_is_lost_a_lease_later(kb):
+    """A worker says nothing as it launches an agent (its first beat comes a quarter lease
+    later). One killed before that, or a message the queue lost, left the attempt
+    'dispatched' for lease + timeout (here 130 s): the reaper now asks the review queue,
+    and an attempt whose message is gone is the worker's, lost a lease after it noticed."""
+    from datetime import UTC, datetime, timedelta
+
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta", "gamma"):
+        kb.note(name)
+    kb.write("reviewq.toml", "[queue]\nlease_seconds = 10\n")
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    t0 = datetime.now(UTC)
+    clock = [t0]
+    sent: list[dict] = []
+    reads: list[int] = []
+    answer: list[set | None] = [set()]
+
+    def on_queue() -> set | None:
+        reads.append(1)
+        return answer[0]
+
+    control = Control(
+        ws,
+        send_review=sent.append,
+        now=lambda: clock[0],
+        hooks=FollowUp(ws),
+        on_review_queue=on_queue,
+    )
+    assert control.dispatch() == 3
+    waiting, taken, unread = ((m["job_id"], m["attempt"]) for m in sent)
+    answer[0] = {waiting}
+
+    def lost() -> dict[int, str]:
+        rows = ws.store.conn.execute("SELECT job_id, reasons FROM attempts WHERE outcome = 'lost'")
+        return {r[0]: json.loads(r[1])[0] for r in rows}
+
+    clock[0] = t0 + timedelta(seconds=4)  # under half a lease: not asked
+    assert control.reap() == 0 and reads == []
+    answer[0] = None  # the queue cannot be read: nothing is known, nothing marked
+    clock[0] = t0 + timedelta(seconds=6)
+    assert control.reap() == 0 and len(reads) == 1
+    answer[0] = {waiting, unread}
+    clock[0] = t0 + timedelta(seconds=7)
+    assert control.reap() == 0 and len(reads) == 2
+    clock[0] = t0 + timedelta(seconds=16)  # 9 s after it was found taken
+    assert control.reap() == 0
+    clock[0] = t0 + timedelta(seconds=18)
+    assert control.reap() == 1
+    assert lost() == {taken[0]: "no heartbeat for 10 s"}
+    row = ws.store.conn.execute(
+        "SELECT outcome, taken_at IS NOT NULL FROM attempts WHERE job_id = ?", (waiting[0],)
+    ).fetchone()
+    assert tuple(row) == ("dispatched", 0)  # still on the queue: lease + timeout, as before
+    # Taken and then silent counts as a launch toward failing the job, as a beat did.
+    assert (
+        ws.store.conn.execute(
+            "SELECT count(*) FROM attempts WHERE outcome = 'lost' AND taken_at IS NOT NULL"
+        ).fetchone()[0]
+        == 1
+    )
+    ws.close()
+
+
+def test_a_worker_waiting_for_an_agent_slot_keeps_its_attempt_dispatched_and_alive(kb):
+    """A worker that took a message and waits for a free agent slot says so: the attempt
+    stays dispatched (no agent runs), taken, and lives a lease from the last such beat."""
+    from datetime import UTC, datetime, timedelta
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    t0 = datetime.now(UTC)
+    clock = [t0]
+    control.now = lambda: clock[0]
+    lease = ws.settings.queue.lease_seconds
+    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": False}
+    for minute in range(1, 4):
+        clock[0] = t0 + timedelta(seconds=minute * lease * 0.9)
+        control.on_messages([{**beat, "waiting": True}], [])
+        assert control.reap() == 0
+    row = ws.store.conn.execute(
+        "SELECT outcome, worker, launched_at, taken_at IS NOT NULL FROM attempts"
+    ).fetchone()
+    assert tuple(row) == ("dispatched", "w:1", None, 1)
+    clock[0] += timedelta(seconds=lease + 1)  # the worker died waiting
+    assert control.reap() == 1
+    ws.close()
+
+
+def test_a_first_heartbeat_records_the_launch_at_the_workers_time(kb):
+    """The first beat comes a quarter lease after the launch and carries its time."""
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": True}
+    control.on_messages([{**beat, "started_at": "2030-01-02T03:04:05.678Z"}], [])
+    row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
+    assert tuple(row) == ("running", "2030-01-02T03:04:05.678Z")
+    assert [e for e, _ in _story(ws, 1)] == ["attempt.dispatched", "attempt.started"]
+    ws.close()
+
+
 def test_a_success_resets_the_launch_failures_of_its_reviewer_after_any_failure(kb):
     # The control process skips the reset while it knows the count is 0: a failure, even
     # one in the same batch after a success, must make the next success write it again.

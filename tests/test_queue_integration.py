@@ -135,9 +135,10 @@ def await_fifo(path: Path, timeout: float = 60) -> str:
 
 
 def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
-    """The worker dies in its agent's first moments: the agent's launch was announced, so
-    the reaper takes the attempt as silent after one lease (2 s), not as never picked up
-    after lease + the reviewer's timeout (here 600 s, past the sweep's wait below)."""
+    """The worker dies in its agent's first moments, before it said anything: its message
+    is gone from the review queue, so the reaper takes the attempt as silent a lease
+    (2 s) after it notices, not as never picked up after lease + the reviewer's timeout
+    (here 600 s, past the sweep's wait below)."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
     fifo = make_fifo(tmp_path, "started")
@@ -190,6 +191,44 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
     assert tuple(acc) == (1, 1)  # exactly one acceptance for the one pair
     # The restarted worker killed the agent its dead predecessor left behind.
     assert orphan_gone, "the first attempt's agent outlived its worker"
+
+
+def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
+    """A message gone from the review queue with no word from a worker (a Redis restarted
+    without its data; here deleted) left its attempt 'dispatched' for lease + the
+    reviewer's timeout (600 s here). The control process finds the message gone and
+    dispatches the job again a lease later."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE, text=True)
+    procs = [control]
+    # A bound: a control that never logs what is awaited is killed, and its stream ends.
+    guard = threading.Timer(90, lambda: [p.kill() for p in procs])
+    guard.start()
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        _until(control.stderr, "attempt.dispatched")
+        queue = sqlite3.connect(kb.state / "queue" / "review.db")
+        with queue:
+            assert queue.execute("DELETE FROM task WHERE queue = 'review'").rowcount == 1
+        queue.close()
+        _until(control.stderr, "attempt.lost")
+        procs.append(
+            subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+        )
+        _until(control.stderr, "job.finalized")
+    finally:
+        guard.cancel()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    with db(kb) as conn:
+        rows = conn.execute("SELECT attempt, outcome, reasons FROM attempts ORDER BY attempt")
+        outcomes = [(r[0], r[1], json.loads(r[2] or "[]")) for r in rows]
+    assert outcomes == [(1, "lost", ["no heartbeat for 2 s"]), (2, "finalized", [])]
 
 
 def test_control_killed_mid_finalize_leaves_nothing_partial(kb, tmp_path):

@@ -537,17 +537,17 @@ def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
     clock = [time.time()]
 
     @contextlib.contextmanager
-    def busy_slots(profile):
+    def busy_slots(profile, beat, period):
         clock[0] += 120  # the other agents took two minutes to free a slot
         yield
 
     sent: list[tuple] = []
     monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
     monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
-    monkeypatch.setattr(tasks, "_semaphore", busy_slots)
+    monkeypatch.setattr(tasks, "_agent_slot", busy_slots)
     monkeypatch.setattr(tasks.time, "time", lambda: clock[0])
     tasks.run_review(msg)
-    assert sent == []  # no heartbeat, no outcome: no agent ran
+    assert sent == []  # no launch, no outcome: no agent ran
     assert list((tmp_path / "w" / "attempts").iterdir()) == []
 
 
@@ -646,27 +646,84 @@ def test_doctor_on_a_worker_machine_checks_only_what_a_worker_needs(tmp_path, re
     assert "problem: reviewer fake (command): no-such-agent-cli not on PATH" in bad.stdout
 
 
-# --- the "launched" heartbeat ---------------------------------------------------------------
+# --- what a worker says of an attempt, and when ------------------------------------------------
 
 
-def test_even_a_quick_agent_announces_its_launch_before_its_outcome(kb, tmp_path, monkeypatch):
-    """The launched heartbeat goes out as the agent starts, however soon it ends: a worker
-    that dies before the outcome must leave a 'running' attempt (reaped after one lease),
-    not a 'dispatched' one (left for lease + timeout)."""
+def _fake_worker(kb, tmp_path, monkeypatch, **msg_extra) -> tuple[dict, list[tuple[str, dict]]]:
     from orchestrator.config import load_settings
     from workers import tasks
 
-    msg = {**dispatched_message(kb), "reviewer": "fake", "heartbeat_s": 30.0}
+    msg = {**dispatched_message(kb), "reviewer": "fake", **msg_extra}
     config = worker_toml(tmp_path / "w.toml", "redis://127.0.0.1:1/0")
     place = tasks.WorkerPlace(load_settings(tmp_path, tmp_path / "w", config), tmp_path / "w")
     sent: list[tuple[str, dict]] = []
     monkeypatch.setattr(tasks, "send", lambda name, payload, **_: sent.append((name, payload)))
     monkeypatch.setattr(tasks, "_place", place)
+    return msg, sent
+
+
+def test_a_quick_agent_is_told_of_by_its_outcome_alone(kb, tmp_path, monkeypatch):
+    """A "launched" heartbeat went out as every agent started: for an agent quicker than
+    a heartbeat period, a second message and a control transaction a job for nothing the
+    outcome does not say (its start and its worker)."""
+    from workers import tasks
+
+    msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=30.0)
     tasks.run_review(msg)
-    assert [name for name, _ in sent] == ["attempt_heartbeat", "deliver_outcome"]
-    beat, outcome = sent[0][1], sent[1][1]
-    assert beat["launched"] is True and beat["host"] and beat["job_id"] == msg["job_id"]
+    assert [name for name, _ in sent] == ["deliver_outcome"]
+    outcome = sent[0][1]
     assert outcome["classification"] == "output" and outcome["exited_at"] > 0
+    assert outcome["started_at"] and outcome["worker"] and outcome["host"]
+
+
+def test_a_longer_agents_first_heartbeat_says_its_launch_and_when(kb, tmp_path, monkeypatch):
+    from workers import tasks
+
+    monkeypatch.setenv("FAKE_SLEEP", "0.5")
+    msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=0.1)
+    tasks.run_review(msg)
+    names = [name for name, _ in sent]
+    assert names[-1] == "deliver_outcome" and names.count("attempt_heartbeat") >= 2
+    beats = [payload for name, payload in sent if name == "attempt_heartbeat"]
+    assert beats[0]["launched"] is True and all(b["launched"] is False for b in beats[1:])
+    # Each says when: one lost on a busy queue leaves the next to say it.
+    assert {b["started_at"] for b in beats} == {sent[-1][1]["started_at"]}
+    assert not any(b.get("waiting") for b in beats)
+
+
+def test_a_worker_waiting_for_an_agent_slot_says_it_holds_the_message(kb, tmp_path, monkeypatch):
+    """It took the message off the queue: without a word the control process would take
+    the attempt for lost a lease later, while it waits for a slot (up to its deadline)."""
+    import threading
+
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=0.05)
+    monkeypatch.setattr(tasks, "_semaphores", {})
+    slots = tasks._semaphore(
+        load_settings(tmp_path, tmp_path / "w", tmp_path / "w.toml").reviewer("fake")
+    )
+    while slots.acquire(blocking=False):  # every slot busy with other agents
+        pass
+    run = threading.Thread(target=tasks.run_review, args=(msg,))
+    run.start()
+    try:
+        for _ in range(200):  # bounded: 10 s
+            if sum(1 for name, _ in sent if name == "attempt_heartbeat") >= 2:
+                break
+            run.join(0.05)
+    finally:
+        while True:
+            try:
+                slots.release()
+            except ValueError:
+                break
+        run.join(30)
+    assert not run.is_alive()
+    waiting = [p for name, p in sent if name == "attempt_heartbeat" and p.get("waiting")]
+    assert len(waiting) >= 2 and all(p["launched"] is False for p in waiting)
+    assert sent[0][1].get("waiting") is True and sent[-1][0] == "deliver_outcome"
 
 
 def test_a_held_message_that_never_runs_is_given_up_after_three_tries(tmp_path):

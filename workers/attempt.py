@@ -275,11 +275,11 @@ def run_attempt(
     max_output_bytes: int = 5 * 1024 * 1024,
     on_tick: Callable[[], None] | None = None,
     tick_s: float = 30.0,
-    on_launch: Callable[[], None] | None = None,
+    on_launch: Callable[[str], None] | None = None,
     registry: Path | None = None,
 ) -> AttemptOutcome:
     """Run one attempt to its end and classify it (SPEC §6 step 4). ``on_launch`` runs
-    once the agent has started; ``on_tick`` every ``tick_s`` while it runs. A file under
+    once the agent has started, with the attempt's ``started_at``; ``on_tick`` every ``tick_s`` while it runs. A file under
     ``trees`` that changes, appears or goes away counts as touched like a guarded one.
     ``registry`` is the folder where the running agent is registered for orphan reaping."""
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
@@ -318,7 +318,7 @@ def run_attempt(
     marker = attempt_marker(spec)
     try:
         if on_launch is not None:
-            on_launch()
+            on_launch(out.started_at)
         exited, unreachable = _wait(reviewer, spec, proc, start, timeout_s, on_tick, tick_s)
         out.exited_at = time.time()
         if not exited:

@@ -28,7 +28,7 @@ from . import tasks
 from .app import make_app
 from .attempt import reap_orphans
 from .parent import follow_parent
-from .queues import check_server, queue_clock, send
+from .queues import attempts_on, check_server, queue_clock, send
 
 
 class AlreadyRunning(RuntimeError):
@@ -180,7 +180,12 @@ def run_control(ws: Workspace) -> None:
     app = make_app(settings)
     check_server(app.control)
 
-    control = Control(ws, send_review=functools.partial(send_review, app), hooks=FollowUp(ws))
+    control = Control(
+        ws,
+        send_review=functools.partial(send_review, app),
+        hooks=FollowUp(ws),
+        on_review_queue=functools.partial(attempts_on, app.review),
+    )
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(

@@ -443,6 +443,25 @@ def waiting(huey: Huey, limit: int, max_bytes: int | None = None) -> list[tuple[
     return [(token, huey.deserialize_task(data)) for token, data in found]
 
 
+def attempts_on(huey: Huey) -> set[tuple[int, int]] | None:
+    """The (job_id, attempt) of every review message waiting on ``huey``, which the
+    control process asks of attempts it has not heard of; None when the queue cannot be
+    read (then nothing is known: an empty answer would call every one of them taken)."""
+    try:
+        found = huey.storage.enqueued_items()
+    except QUEUE_UNAVAILABLE:
+        return None
+    on_queue = set()
+    for data in found:
+        try:
+            msg = huey.deserialize_task(data).args[0]
+        except Exception:  # noqa: BLE001, S112 - not a message a worker would run either
+            continue
+        if isinstance(msg, dict):
+            on_queue.add((msg.get("job_id"), msg.get("attempt")))
+    return on_queue
+
+
 def _within(sized: Iterable[tuple[Any, int]], budget: float) -> list[Any]:
     """The first of (token, size) that fit in ``budget`` bytes, and at least one."""
     chosen, total = [], 0

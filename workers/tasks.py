@@ -17,7 +17,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,18 +92,30 @@ class _Beats:
     """An attempt's heartbeats, each sent from a thread of its own. Sent in the loop that
     watches the agent, one waiting out a busy queue (up to two minutes) held the agent's
     exit and its deadline up as long. While one waits, the next is skipped (it would say
-    the same); :meth:`wait` lets the last one go out before the attempt's outcome does."""
+    the same); :meth:`wait` lets the last one go out before the attempt's outcome does.
+
+    Nothing is sent when the agent starts: the first beat comes a period later and says
+    the launch (``launched``, ``started_at``), and an agent quicker than that is told of
+    by its outcome alone, one message a job instead of two. A worker killed before either
+    leaves its attempt dispatched with its message gone from the queue, which the control
+    process finds and takes as lost a lease later. A worker waiting for a free agent slot
+    says so (``waiting``) at once and every period, or that attempt would be lost too."""
 
     def __init__(self, job_id: int, attempt: int) -> None:
         self.job_id, self.attempt = job_id, attempt
         self._in_flight = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._started_at = ""  # the agent's launch, until a beat has said it
+        self._said = False
 
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
 
-    def send(self, launched: bool = False) -> None:
+    def launched(self, started_at: str) -> None:
+        self._started_at = started_at
+
+    def send(self, waiting: bool = False) -> None:
         if not self._in_flight.acquire(blocking=False):
             return
         msg = {
@@ -112,8 +124,13 @@ class _Beats:
             "attempt": self.attempt,
             "worker": WORKER_ID,
             "host": HOST,
-            "launched": launched,
+            "launched": bool(self._started_at) and not self._said,
         }
+        if waiting:
+            msg["waiting"] = True
+        elif self._started_at:
+            msg["started_at"] = self._started_at  # in each: one may be lost on a busy queue
+            self._said = True
         try:
             self._thread = threading.Thread(
                 target=self._send, args=(msg,), name="reviewq-beat", daemon=True
@@ -121,6 +138,7 @@ class _Beats:
             self._thread.start()
         except RuntimeError as exc:  # no thread to be had: a missed beat, not a dead agent
             self._thread = None
+            self._said = False
             self._in_flight.release()
             logs.get().warning(
                 "attempt.heartbeat_failed", job_id=self.job_id, attempt=self.attempt, error=str(exc)
@@ -136,6 +154,21 @@ class _Beats:
             )
         finally:
             self._in_flight.release()
+
+
+@contextlib.contextmanager
+def _agent_slot(profile: ReviewerProfile, beat: _Beats, period: float) -> Iterator[None]:
+    """One of the profile's agent slots. While none is free the worker holds a message
+    the queue no longer has, and says so at once and every ``period``."""
+    sem = _semaphore(profile)
+    if not sem.acquire(blocking=False):
+        beat.send(waiting=True)
+        while not sem.acquire(timeout=period):
+            beat.send(waiting=True)
+    try:
+        yield
+    finally:
+        sem.release()
 
 
 def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
@@ -184,7 +217,7 @@ def run_review(msg: dict) -> None:
 
         beat = _Beats(job_id, attempt)
 
-        with _semaphore(profile):
+        with _agent_slot(profile, beat, msg["heartbeat_s"]):
             if _expired(msg):  # it waited for a free agent slot past its lease
                 shutil.rmtree(folder, ignore_errors=True)
                 return
@@ -200,15 +233,7 @@ def run_review(msg: dict) -> None:
                     max_output_bytes=msg["max_output_bytes"],
                     on_tick=beat.send,
                     tick_s=msg["heartbeat_s"],
-                    # The agent starts first: no queue write delays it. Sent even for an agent
-                    # that ends at once: a worker that dies before its agent's outcome is sent
-                    # must leave a 'running' attempt, which the reaper takes back after one
-                    # lease, not a 'dispatched' one, which it leaves for lease + timeout (a
-                    # message may wait that long in the queue). Holding this heartbeat back
-                    # for quick agents saved the control one transaction per job and was
-                    # undone for that reason (tests/test_queue_integration.py, the worker
-                    # killed mid-attempt).
-                    on_launch=lambda: beat.send(launched=True),
+                    on_launch=beat.launched,
                     registry=registry_dir(place.folder),
                 )
             except Exception as exc:  # noqa: BLE001 - said and counted, not lost
@@ -219,7 +244,7 @@ def run_review(msg: dict) -> None:
                 )
                 logs.get().error("attempt.worker_error", reason=reason)
                 outcome = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
-        beat.wait()  # the launch said before the outcome, even of an agent that ended at once
+        beat.wait()  # a beat sent goes before the outcome: the attempt's story in order
         if STOPPING.is_set():
             # The worker is stopping and killed this agent; Huey queued the task again.
             logs.get().info(

@@ -190,17 +190,46 @@ def render_audit_preamble(store: Store, job_id: int) -> str:
     return template("audit").substitute(rationales=rationales)
 
 
-def heartbeat(store: Store, job_id: int, attempt: int, worker: str, now: str) -> None:
-    """An open attempt is alive: refresh its lease, and move it to running. Only a
-    running agent beats: when the launch's own heartbeat was lost (a queue busy for a
-    moment), the next one says as much, or the reaper waited lease + timeout for it."""
+def heartbeat(
+    store: Store,
+    job_id: int,
+    attempt: int,
+    worker: str,
+    now: str,
+    *,
+    started_at: str | None = None,
+    waiting: bool = False,
+) -> None:
+    """An open attempt is alive: refresh its lease. A running agent's beat moves the
+    attempt to running, launched at ``started_at`` (the worker's clock, when it says) or
+    now. A ``waiting`` beat comes from a worker that took the message and waits for a free
+    agent slot: the attempt stays dispatched, taken."""
     with store.write():
+        if waiting:
+            store.conn.execute(
+                "UPDATE attempts SET heartbeat_at = ?, worker = ?, taken_at = COALESCE(taken_at, ?) "
+                "WHERE job_id = ? AND attempt = ? AND outcome = 'dispatched'",
+                (now, worker, now, job_id, attempt),
+            )
+            return
         store.conn.execute(
             "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
             "launched_at = COALESCE(launched_at, ?), "
             "outcome = CASE WHEN outcome = 'dispatched' THEN 'running' ELSE outcome END "
             "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
-            (now, worker, now, job_id, attempt),
+            (now, worker, started_at or now, job_id, attempt),
+        )
+
+
+def taken(store: Store, attempts: list[tuple[int, int]], now: str) -> None:
+    """Attempts still dispatched whose message is no longer on the review queue: a
+    worker took it (or the queue lost it). The lease runs from now: the worker's agent
+    beats within a quarter of it, and its outcome ends it sooner."""
+    with store.write():
+        store.conn.executemany(
+            "UPDATE attempts SET taken_at = ?, heartbeat_at = ? "
+            "WHERE job_id = ? AND attempt = ? AND outcome = 'dispatched' AND taken_at IS NULL",
+            [(now, now, job_id, attempt) for job_id, attempt in attempts],
         )
 
 

@@ -32,6 +32,7 @@ from orchestrator.control.attempts import (
     open_attempt,
     record_end,
     supersede,
+    taken,
     write_attempt_files,
 )
 from orchestrator.cycles.escalations import (
@@ -66,7 +67,8 @@ PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch
 
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
-    "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, j.reviewer "
+    "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, a.taken_at, "
+    "j.reviewer "
     "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
     "WHERE j.status = 'running' AND a.attempt = j.attempt"
 )
@@ -108,12 +110,17 @@ class Control:
         send_review: Callable[[dict], None],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         hooks: Hooks | None = None,
+        on_review_queue: Callable[[], set[tuple[int, int]] | None] | None = None,
     ) -> None:
+        """``on_review_queue``: the (job, attempt) of every message on the review queue, or
+        None when the queue cannot be read; without it, an attempt no worker spoke of
+        waits lease + timeout before it is reaped, as one still on the queue does."""
         self.ws = ws
         self.store = ws.store
         self.store.waits_for_folders = False
         self.settings = ws.settings
         self.send_review = send_review
+        self.on_review_queue = on_review_queue
         self.now = now
         self.hooks = hooks
         self.log = logs.get()
@@ -343,7 +350,16 @@ class Control:
             self._keep_attempt_files(o)
         with self.store.write():
             for h in heartbeats:
-                heartbeat(self.store, h["job_id"], h["attempt"], h["worker"], timestamp(self.now()))
+                started_at = h.get("started_at")
+                heartbeat(
+                    self.store,
+                    h["job_id"],
+                    h["attempt"],
+                    h["worker"],
+                    timestamp(self.now()),
+                    started_at=started_at if isinstance(started_at, str) and started_at else None,
+                    waiting=h.get("waiting") is True,
+                )
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
                     # dispatched, started, ended even when both waited together.
@@ -688,6 +704,7 @@ class Control:
         """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while
         the control process was down before its outcome was acted on."""
         now = self.now()
+        self._note_taken(now)
         rows = self.store.conn.execute(_REAPABLE).fetchall()
         reaped = 0
         for r in rows:
@@ -713,13 +730,13 @@ class Control:
             )
             lost = self.store.conn.execute(
                 "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
-                "AND launched_at IS NOT NULL",
+                "AND (launched_at IS NOT NULL OR taken_at IS NOT NULL)",
                 (r["job_id"],),
             ).fetchone()[0]
             if lost >= 2 * self.settings.queue.max_attempts:
                 # An agent that takes its worker down every time would otherwise retry forever.
-                # Only launched attempts count: one no worker picked up (none running all
-                # night) says nothing of the job, and must not fail it by morning.
+                # Only attempts a worker took count: one no worker picked up (none running
+                # all night) says nothing of the job, and must not fail it by morning.
                 reasons = [f"{lost} attempts lost their worker (the last: {lost_reason})"]
                 with self.store.write():
                     fail_job(self.store, self.ws.state_dir, r["job_id"], reasons)
@@ -730,11 +747,38 @@ class Control:
                 )
         return reaped
 
+    def _note_taken(self, now: datetime) -> None:
+        """Mark taken the attempts a worker took without a word yet: those dispatched
+        half a lease ago or more whose message is gone from the review queue. A worker
+        says nothing when it launches an agent (a quick one's outcome says it, a longer
+        one's first heartbeat comes a quarter lease later): one killed in that time leaves
+        such an attempt, lost a lease later, not lease + timeout later. So does a message
+        the queue lost (Redis restarted without its data)."""
+        if self.on_review_queue is None:
+            return
+        half = timestamp(now - timedelta(seconds=self.settings.queue.lease_seconds / 2))
+        quiet = self.store.conn.execute(
+            _REAPABLE + " AND a.outcome = 'dispatched' AND a.taken_at IS NULL AND a.started_at < ?",
+            (half,),
+        ).fetchall()
+        if not quiet:
+            return
+        on_queue = self.on_review_queue()
+        if on_queue is None:  # the queue cannot be read: nothing is known
+            return
+        gone = [
+            (r["job_id"], r["attempt"])
+            for r in quiet
+            if (r["job_id"], r["attempt"]) not in on_queue
+        ]
+        if gone:
+            taken(self.store, gone, timestamp(now))
+
     def _lost_reason(self, r, now: datetime) -> str | None:  # noqa: ANN001 - a _REAPABLE row
         """Why this running job's current attempt counts as lost, or None while it may
         still end."""
         lease = timedelta(seconds=self.settings.queue.lease_seconds)
-        if r["outcome"] == "running":
+        if r["outcome"] == "running" or (r["outcome"] == "dispatched" and r["taken_at"]):
             if parse_timestamp(r["heartbeat_at"]) < now - lease:
                 return f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
             return None

@@ -21,9 +21,15 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   which a worker times it by; all three optional, so no new version: a worker takes them
   as absent, and one of an earlier release reads ``expires_at``.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
-  ``worker`` (host:pid), ``host``, ``launched``. The first (``launched`` true) goes as
-  the agent starts, even one that ends at once (a worker that dies before its outcome must
-  leave a running attempt, reaped after a lease), then one every ``heartbeat_s``.
+  ``worker`` (host:pid), ``host``, ``launched``, and optionally ``started_at`` (the
+  launch, the worker's clock) or ``waiting``. One every ``heartbeat_s`` while the agent
+  runs, the first a period after the launch (``launched`` true): an agent that ends
+  sooner is told of by its outcome alone. ``waiting`` true: the worker took the message
+  and waits for a free agent slot (at once and every ``heartbeat_s``); the attempt stays
+  dispatched. A worker that says nothing and dies leaves its message gone from the
+  review queue, which the control process finds (``taken_at``) and reaps a lease later.
+  A control of an earlier release takes ``waiting`` as a beat (running): the lease
+  still holds, and so none of this changed the version.
 - outcome (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
   ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
   ``ended_at``, ``duration_s``, ``output`` (bytes, or None: none, or over the limit),

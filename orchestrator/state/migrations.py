@@ -443,4 +443,18 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        17,
+        "when a worker took an attempt's message",
+        """
+        -- A worker no longer says it launched an agent at once: a quick agent's outcome
+        -- says it. Set by the control process when it finds an attempt's message gone from
+        -- the review queue (or a worker says it holds it): from then on the attempt is a
+        -- worker's, and lost after a lease without a word, not after lease + timeout.
+        ALTER TABLE attempts ADD COLUMN taken_at TEXT;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
