@@ -1013,6 +1013,33 @@ def test_a_sweep_run_from_a_folder_holding_an_orchestrator_package_runs_its_own(
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.parametrize("ran_s", [0.0, 600.0], ids=["crash-loop", "long-night"])
+def test_only_a_childs_crash_loop_fails_the_sweep(kb, ran_s):
+    """Every death of a sweep's child counted toward the four that fail the sweep, however
+    long it ran before: four unrelated ones over a long night (an OOM kill, a lost
+    Redis) failed it. A child that ran STABLE_S before it died starts its count again."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=1)
+    children.specs["worker"] = [sys.executable, "-c", "raise SystemExit(3)"]
+    children.STABLE_S = 600.0
+    try:
+        children._spawn("worker")
+        for _ in range(6):  # each death restarts it, until the sweep gives up
+            assert children.procs["worker"].wait(timeout=30) == 3
+            children.started_at["worker"] -= ran_s  # it ran that long
+            children.check()
+            if children.failed:
+                break
+        assert bool(children.failed) is (ran_s == 0.0), children.failed
+    finally:
+        children.stop()
+        ws.close()
+
+
 @pytest.mark.parametrize("owner", ["sweep", "service"])
 def test_a_gone_control_is_replaced_by_the_sweep_only_if_it_was_another_sweeps(kb, owner):
     """Replacing a service's control that stopped (a crash, a planned stop) took the state

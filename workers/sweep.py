@@ -109,6 +109,9 @@ class Children:
     the sweep, which otherwise waited without a word for good."""
 
     BORROWED_GRACE_S = 30.0
+    # A child that ran this long before it died was no crash loop: its count starts again,
+    # or four unrelated deaths over a long night (an OOM kill, a reboot of Redis) failed it.
+    STABLE_S = 600.0
 
     def __init__(self, ws: Workspace, workers: int) -> None:
         self.ws = ws
@@ -128,6 +131,7 @@ class Children:
         self.adopt = False  # the control used is another sweep's: replace it when it goes
         self.gone_since: float | None = None  # when the borrowed control was last missed
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
+        self.started_at: dict[str, float] = {}  # monotonic, of each child's last start
         self.failed: list[str] = []
         self.env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json", PARENT_ENV: str(os.getpid())}
         log_dir = ws.state_dir / "logs"
@@ -148,6 +152,7 @@ class Children:
     def _spawn(self, name: str) -> None:
         # A process group of their own: a closed terminal's SIGHUP (which Huey takes as
         # "restart") and Ctrl-C reach the sweep alone, and it stops them as it means to.
+        self.started_at[name] = time.monotonic()
         self.procs[name] = subprocess.Popen(
             self.specs[name],
             env=self.env,
@@ -168,6 +173,8 @@ class Children:
                 del self.procs[name]
                 self.adopt = _a_sweeps_control(self.ws.state_dir)
                 continue
+            if time.monotonic() - self.started_at[name] >= self.STABLE_S:
+                self.restarts[name] = 0
             self.restarts[name] += 1
             logs.get().error(
                 "sweep.child_exited", child=name, exit_code=code, restarts=self.restarts[name]
