@@ -1040,6 +1040,38 @@ def test_only_a_childs_crash_loop_fails_the_sweep(kb, ran_s):
         ws.close()
 
 
+def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_path, monkeypatch):
+    """A worker that died a fourth time was not restarted, and its agent ran on unwatched
+    to its timeout: only a next worker on the host kills a dead one's agents."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    monkeypatch.setenv("FAKE_NOTIFY_FIFO", str(fifo))
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=1)
+    agent = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        children.start()
+        agent, worker, _ = map(int, await_fifo(fifo).split())
+        children.restarts["worker"] = 3  # three deaths already, in a row
+        os.kill(worker, signal.SIGKILL)
+        children.procs["worker"].wait(timeout=30)
+        children.check()
+        assert children.failed and "worker" not in children.procs
+        assert process_gone(agent), "the dead worker's agent ran on"
+    finally:
+        children.stop()
+        ws.close()
+        if agent is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("owner", ["sweep", "service"])
 def test_a_gone_control_is_replaced_by_the_sweep_only_if_it_was_another_sweeps(kb, owner):
     """Replacing a service's control that stopped (a crash, a planned stop) took the state

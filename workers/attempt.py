@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from orchestrator.config import Settings
 from orchestrator.review.finalize import FinalizeError, read_output
 from orchestrator.state.store import utcnow
 
@@ -446,6 +447,16 @@ def _wait(
 # An agent runs in its own session so the deadline can kill its whole group; the price is
 # that it outlives a SIGKILLed worker. Each running agent is registered in the state folder,
 # and a worker starting on the same host kills the groups whose worker is gone.
+
+
+def worker_folder(settings: Settings) -> Path:
+    """A worker's private folder: ``--state`` itself on a machine of its own; but when that
+    folder is a control process's (it holds state.db or control.lock, or the queue is SQLite
+    and so lives there), its subfolder ``worker/``. A worker writes nowhere else."""
+    state = settings.state_dir
+    if not settings.queue.url or (state / "state.db").exists() or (state / "control.lock").exists():
+        return state / "worker"
+    return state
 
 
 def registry_dir(state_dir: Path) -> Path:

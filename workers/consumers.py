@@ -26,7 +26,7 @@ from orchestrator.sweeps.producer import sweep_problems
 
 from . import tasks
 from .app import make_app
-from .attempt import reap_orphans
+from .attempt import reap_orphans, worker_folder
 from .parent import follow_parent
 from .queues import attempts_on, check_server, queue_clock, send
 
@@ -81,16 +81,6 @@ class QueueConsumer(Consumer):
 
 def _ignored(signum: int, frame: object) -> None:
     pass
-
-
-def worker_folder(settings: Settings) -> Path:
-    """A worker's private folder: ``--state`` itself on a machine of its own; but when that
-    folder is a control process's (it holds state.db or control.lock, or the queue is SQLite
-    and so lives there), its subfolder ``worker/``. A worker writes nowhere else."""
-    state = settings.state_dir
-    if not settings.queue.url or (state / "state.db").exists() or (state / "control.lock").exists():
-        return state / "worker"
-    return state
 
 
 def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None:

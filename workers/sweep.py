@@ -32,6 +32,7 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app
+from .attempt import reap_orphans, worker_folder
 from .parent import PARENT_ENV, terminate_raises
 from .queues import send_once
 from .reviewers.base import python_module
@@ -185,6 +186,7 @@ class Children:
                     f"see {self.stderr[name].name}"
                 )
                 del self.procs[name]
+                self._reap_orphans(name)
             else:
                 self._spawn(name)
         gone = "control" not in self.procs and self.restarts["control"] <= 3
@@ -247,8 +249,21 @@ class Children:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            self._reap_orphans("worker")
             for f in self.stderr.values():
                 f.close()
+
+    def _reap_orphans(self, name: str) -> None:
+        """Kill the agents a dead worker of this sweep left running: a worker that stops
+        kills its own, and the next worker on this host those of one that died, but after
+        this sweep's worker no other may come."""
+        if name != "worker" or name not in self.specs:
+            return
+        orphans = reap_orphans(worker_folder(self.ws.settings))
+        if orphans:
+            logs.get().warning(
+                "worker.reaped_orphans", process_groups=orphans, reason="the sweep's worker died"
+            )
 
     def _drain(self, control_queue) -> None:  # noqa: ANN001
         """The worker stopped gracefully (always: what state.db says runs lags the agents

@@ -220,7 +220,8 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
       reviewq worker --workers 4
       reviewq --config worker.toml --state /var/lib/reviewq-worker worker --workers 4
     """
-    from workers.consumers import run_worker, worker_folder
+    from workers.attempt import worker_folder
+    from workers.consumers import run_worker
 
     if kb is not None and not kb.is_dir():
         raise Refused(f"--kb {shown(str(kb))}: no such folder")
