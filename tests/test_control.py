@@ -878,6 +878,37 @@ def test_a_redo_that_would_do_nothing_is_refused_and_the_escalation_stays_open(k
     assert _open_escalations(kb) == [esc_id]
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["no-reviewer", "reviewer-moved"])
+def test_a_redo_whose_re_review_would_run_in_another_partition_is_refused(kb, run_cli, named):
+    """An escalation that names no reviewer has its fixer review the fix; a fixer of
+    another model was queued anyway (so was one whose named reviewer has since moved to
+    another model), and the re-review failed unrun at dispatch, far from the person."""
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.other]\nkind = "command"\ncommand = ["true"]\npartition = "elsewhere"\n',
+    )
+    ws, esc_id = _escalated(kb, "FAIL")
+    with ws.store.write():
+        ws.store.conn.execute(
+            "UPDATE escalations SET reviewer = ? WHERE id = ?", ("other" if named else None, esc_id)
+        )
+    ws.store.close()
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Say it.", "--fixer", "other")
+    assert res.exit_code == 1, res.stdout
+    named_text = "its reviewer 'other' is not configured for it, and " if named else ""
+    assert res.stderr.splitlines() == [
+        f"error: escalation {esc_id}: the fixed note is reviewed again in partition 'offline', "
+        f"but {named_text}the fixer 'other' writes partition 'elsewhere'; name with --fixer a "
+        "profile of partition 'offline', or approve or reject"
+    ]
+    assert _open_escalations(kb) == [esc_id]
+    with Workspace.open(kb.root).store as store:
+        assert (
+            store.conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
+            == 0
+        )
+
+
 def test_a_redo_while_the_notes_fix_job_is_open_is_refused(kb, run_cli):
     """The open fix job would not carry the asks; decided anyway, they were lost."""
     from orchestrator.cycles.fixes import create_fix_job

@@ -468,7 +468,7 @@ class FollowUp:
                 f"escalation {esc['id']}: its fixer profile {fixer!r} is not configured in "
                 f"{where}; name one with --fixer, or approve or reject"
             )
-        reviewer = esc["reviewer"] or fixer
+        reviewer = self._rereviewer(esc, fixer)
         options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": sorted(gates)}
         # The night's auditor and audit marks go on: without them the fixed note's PASS
         # was "audited" by its own reviewer, or not at all.
@@ -498,6 +498,28 @@ class FollowUp:
             source_job_id=None,
             feedback=feedback,
             include=gates,
+        )
+
+    def _rereviewer(self, esc: dict, fixer: str) -> str:
+        """Who reviews the fixed note, in the escalation's partition: its reviewer while
+        configured for it, else the fixer. One of another partition or not configured was
+        queued anyway (a fixer may be any model), and the review failed unrun at dispatch."""
+        partition = esc["model_partition"]
+        for name in (esc["reviewer"], fixer):
+            profile = self.ws.settings.reviewers.get(name or "")
+            if profile is not None and profile.partition == partition:
+                return name
+        profile = self.ws.settings.reviewers[fixer]
+        named = (
+            f"its reviewer {esc['reviewer']!r} is not configured for it, and "
+            if esc["reviewer"]
+            else ""
+        )
+        raise DecideError(
+            f"escalation {esc['id']}: the fixed note is reviewed again in partition "
+            f"{partition!r}, but {named}the fixer {fixer!r} writes partition "
+            f"{profile.partition!r}; name with --fixer a profile of partition {partition!r}, "
+            "or approve or reject"
         )
 
     # --- audits -----------------------------------------------------------------------
