@@ -19,7 +19,7 @@ worker reports stderr to the control process, which keeps it in ``attempt-N/stde
   ``sweep.enqueued``), startup (→ first ``attempt.dispatched``), steady state (→ last
   ``job.finalized``) and tail (→ process exit), and per job into dispatch → launch (the
   the attempt's ``launched_at`` in state.db: the worker's clock just before the launch when
-  the outcome carried the start, the control's when the "launched" heartbeat did) → agent exit (``exited_at``) → ``attempt.exited`` →
+  the first heartbeat or the outcome carried the start) → agent exit (``exited_at``) → ``attempt.exited`` →
   ``attempt.ended`` → ``job.finalized`` (``attempt.dispatched`` is logged after the
   message is sent, so dispatch → launch can be slightly negative). The RSS (VmRSS and VmHWM) and CPU time of the
   sweep's ``control`` and ``worker`` children and of the sweep itself are sampled from
@@ -548,8 +548,8 @@ def run_pipeline(
         attempt_dir = state / job_dirs[job_id] / "attempt-1"
         try:
             # The worker reports the agent's stderr, where it wrote its exit time; the
-            # launch is the attempt's launched_at (the control's clock at the "launched"
-            # heartbeat, or the outcome's start when the outcome came first).
+            # launch is the attempt's launched_at (the worker's clock, from its first
+            # heartbeat or its outcome, whichever came first).
             said = (attempt_dir / "stderr.log").read_text().split()
             exited = float(said[said.index("exited_at") + 1])
             launched = ts({"timestamp": launched_at[job_id].replace("Z", "+00:00")})

@@ -211,11 +211,11 @@ def test_a_burned_out_fix_or_audit_is_retried_not_split_into_reviews(kb, kind):
     msg = sent.pop(0)
     verdict = "FAIL" if kind == "fix" else "PASS"
     output = _bundle(ws.store, job.review_job_id, verdict)
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
     control.dispatch()
     msg = sent.pop(0)
     assert msg["task"] == kind and len(msg["pairs"]) == 2
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "burned-out", "reasons": ["deadline"]})  # fmt: skip
+    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "burned-out", "reasons": ["deadline"]})  # fmt: skip
     rows = ws.store.conn.execute(
         "SELECT kind, status FROM review_jobs WHERE id = ? OR parent_job_id = ?",
         (msg["job_id"], msg["job_id"]),
@@ -240,7 +240,7 @@ def test_a_job_no_agent_can_run_goes_to_a_person(kb):
     control.dispatch()
     msg = sent.pop(0)
     output = _bundle(ws.store, job.review_job_id, "FAIL")
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
     with ws.store.write():  # the fixer's profile is gone from reviewq.toml
         ws.store.conn.execute("UPDATE review_jobs SET reviewer = 'gone' WHERE kind = 'fix'")
     control.dispatch()
@@ -274,7 +274,7 @@ def test_a_sequential_sweep_does_not_ask_again_for_a_pair_just_answered_error(kb
             break
         msg = sent.pop(0)
         output = _bundle(ws.store, msg["job_id"], "ERROR")
-        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+        control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
     jobs = ws.store.conn.execute("SELECT status, lens FROM review_jobs").fetchall()
     assert [tuple(r) for r in jobs] == [("completed", "prose")]  # style waits behind it
     ws.close()
@@ -512,7 +512,7 @@ def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed
 
 def _outcome(ws, msg: dict, **extra) -> dict:
     return {
-        "v": 2,
+        "v": 3,
         "job_id": msg["job_id"],
         "attempt": msg["attempt"],
         "classification": "output",
@@ -560,7 +560,7 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
     ws, control, sent = _dispatched(kb, ["alpha", "beta", "gamma"])
     quick, slow, together = sent
     # The slow attempt's worker sent the "launched" heartbeat; the quick one's did not.
-    beat = {"v": 2, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
+    beat = {"v": 3, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
     control.on_messages([{**beat, "launched": True}], [])
     control.on_messages([], [_outcome(ws, quick), _outcome(ws, slow, worker="near:7", host="near")])
     rows = {
@@ -634,7 +634,7 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
     control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
     assert control.dispatch() == 2
     silent, beating = sent
-    beat = {"v": 2, "job_id": beating["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    beat = {"v": 3, "job_id": beating["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
     clock[0] = t0 + timedelta(seconds=1)
     control.on_messages([{**beat, "launched": True}], [])
     timeout = ws.settings.reviewer("offline").timeout  # 120 s, far over the lease
@@ -657,27 +657,29 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
 
 
 def test_an_attempt_whose_message_left_the_queue_unannounced_is_lost_a_lease_later(kb):
-    """A worker says nothing as it launches an agent (its first beat comes a quarter lease
+    """A worker says nothing as it launches an agent (its first beat comes a second
     later). One killed before that, or a message the queue lost, left the attempt
     'dispatched' for lease + timeout (here 130 s): the reaper now asks the review queue,
-    and an attempt whose message is gone is the worker's, lost a lease after it noticed."""
+    and an attempt whose message is gone is the worker's, lost a lease after it noticed.
+    One whose message is back (a stopping worker's) waits again; past its message's
+    expiry a worker drops it unrun, and it is given up as never picked up, as before."""
     from datetime import UTC, datetime, timedelta
 
     kb.gate("prose/clarity", ["body"])
-    for name in ("alpha", "beta", "gamma"):
+    for name in ("alpha", "beta", "gamma", "delta"):
         kb.note(name)
-    kb.write("reviewq.toml", "[queue]\nlease_seconds = 10\n")
+    kb.write("reviewq.toml", "[queue]\nlease_seconds = 10\n")  # the offline timeout: 120 s
     ws = Workspace.open(kb.root)
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     t0 = datetime.now(UTC)
     clock = [t0]
     sent: list[dict] = []
-    reads: list[int] = []
+    asked: list[set] = []
     answer: list[set | None] = [set()]
 
-    def on_queue() -> set | None:
-        reads.append(1)
-        return answer[0]
+    def on_queue(wanted: set) -> set | None:
+        asked.append(set(wanted))
+        return None if answer[0] is None else answer[0] & wanted
 
     control = Control(
         ws,
@@ -686,38 +688,38 @@ def test_an_attempt_whose_message_left_the_queue_unannounced_is_lost_a_lease_lat
         hooks=FollowUp(ws),
         on_review_queue=on_queue,
     )
-    assert control.dispatch() == 3
-    waiting, taken, unread = ((m["job_id"], m["attempt"]) for m in sent)
-    answer[0] = {waiting}
+    assert control.dispatch() == 4
+    waiting, taken, back, late = ((m["job_id"], m["attempt"]) for m in sent)
+
+    def at(seconds: float) -> int:
+        clock[0] = t0 + timedelta(seconds=seconds)
+        return control.reap()
 
     def lost() -> dict[int, str]:
         rows = ws.store.conn.execute("SELECT job_id, reasons FROM attempts WHERE outcome = 'lost'")
         return {r[0]: json.loads(r[1])[0] for r in rows}
 
-    clock[0] = t0 + timedelta(seconds=4)  # under half a lease: not asked
-    assert control.reap() == 0 and reads == []
+    def taken_at() -> dict[int, bool]:
+        rows = ws.store.conn.execute("SELECT job_id, taken_at IS NOT NULL FROM attempts")
+        return {r[0]: bool(r[1]) for r in rows}
+
+    assert at(4) == 0 and asked == []  # under half a lease: not asked
     answer[0] = None  # the queue cannot be read: nothing is known, nothing marked
-    clock[0] = t0 + timedelta(seconds=6)
-    assert control.reap() == 0 and len(reads) == 1
-    answer[0] = {waiting, unread}
-    clock[0] = t0 + timedelta(seconds=7)
-    assert control.reap() == 0 and len(reads) == 2
-    clock[0] = t0 + timedelta(seconds=16)  # 9 s after it was found taken
-    assert control.reap() == 0
-    clock[0] = t0 + timedelta(seconds=18)
-    assert control.reap() == 1
-    assert lost() == {taken[0]: "no heartbeat for 10 s"}
-    row = ws.store.conn.execute(
-        "SELECT outcome, taken_at IS NOT NULL FROM attempts WHERE job_id = ?", (waiting[0],)
-    ).fetchone()
-    assert tuple(row) == ("dispatched", 0)  # still on the queue: lease + timeout, as before
-    # Taken and then silent counts as a launch toward failing the job, as a beat did.
-    assert (
-        ws.store.conn.execute(
-            "SELECT count(*) FROM attempts WHERE outcome = 'lost' AND taken_at IS NOT NULL"
-        ).fetchone()[0]
-        == 1
-    )
+    assert at(6) == 0 and len(asked) == 1 and not any(taken_at().values())
+    answer[0] = {waiting, late}
+    assert at(7) == 0
+    assert taken_at() == {waiting[0]: False, taken[0]: True, back[0]: True, late[0]: False}
+    answer[0] = {waiting, late, back}  # put back by a stopping worker
+    assert at(8) == 0 and not taken_at()[back[0]]
+    assert at(16) == 0  # 9 s after it was found taken
+    assert at(18) == 1 and lost() == {taken[0]: "no heartbeat for 10 s"}
+    launched = ws.store.conn.execute("SELECT launched_at FROM attempts WHERE job_id = ?", taken[:1])
+    assert launched.fetchone()[0] is None  # no launch known: not counted against the job
+    answer[0] = {waiting}
+    calls = len(asked)
+    assert at(126) == 0 and len(asked) == calls  # past the messages' expiry: not asked
+    assert at(131) == 3
+    assert {lost()[k[0]] for k in (waiting, back, late)} == {"never picked up by a worker"}
     ws.close()
 
 
@@ -731,7 +733,7 @@ def test_a_worker_waiting_for_an_agent_slot_keeps_its_attempt_dispatched_and_ali
     clock = [t0]
     control.now = lambda: clock[0]
     lease = ws.settings.queue.lease_seconds
-    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": False}
+    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": False}
     for minute in range(1, 4):
         clock[0] = t0 + timedelta(seconds=minute * lease * 0.9)
         control.on_messages([{**beat, "waiting": True}], [])
@@ -748,7 +750,7 @@ def test_a_worker_waiting_for_an_agent_slot_keeps_its_attempt_dispatched_and_ali
 def test_a_first_heartbeat_records_the_launch_at_the_workers_time(kb):
     """The first beat comes a quarter lease after the launch and carries its time."""
     ws, control, sent = _dispatched(kb, ["alpha"])
-    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": True}
+    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": True}
     control.on_messages([{**beat, "started_at": "2030-01-02T03:04:05.678Z"}], [])
     row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
     assert tuple(row) == ("running", "2030-01-02T03:04:05.678Z")
@@ -1204,7 +1206,7 @@ def test_any_heartbeat_says_the_agent_runs(kb):
     """The launch's own heartbeat lost (a queue busy for a moment), the later ones left the
     attempt 'dispatched': the reaper waited lease + timeout for an agent long running."""
     ws, control, sent = _dispatched(kb, ["alpha"])
-    beat = {"v": 2, "job_id": 1, "attempt": sent[0]["attempt"], "worker": "w", "host": "h"}
+    beat = {"v": 3, "job_id": 1, "attempt": sent[0]["attempt"], "worker": "w", "host": "h"}
     control.on_messages([{**beat, "launched": False}], [])
     row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
     assert row[0] == "running" and row[1] is not None
@@ -1358,7 +1360,7 @@ def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(
     control.dispatch()
     for msg in sent:
         out = _pass_output(ws, msg["job_id"])
-        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+        control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     partitions = [r[0] for r in ws.store.conn.execute("SELECT model_partition FROM acceptance")]
     assert "sonnet" not in partitions, "a review by the 'opus' profile was accepted as 'sonnet'"
     failed = ws.store.conn.execute(
@@ -1418,7 +1420,7 @@ def test_a_job_with_a_long_history_of_launch_failures_is_still_backed_off(kb):
         )
     assert control.dispatch() == 1
     msg = sent[0]
-    control.on_outcome({"v": 2, "job_id": job_id, "attempt": msg["attempt"], "classification": "launch-failure", "output": None, "reasons": ["could not start 'claude': No such file"]})  # fmt: skip
+    control.on_outcome({"v": 3, "job_id": job_id, "attempt": msg["attempt"], "classification": "launch-failure", "output": None, "reasons": ["could not start 'claude': No such file"]})  # fmt: skip
     row = ws.store.conn.execute(
         "SELECT status, launch_failures, not_before FROM review_jobs WHERE id = ?", (job_id,)
     ).fetchone()
@@ -1452,7 +1454,7 @@ def test_a_secret_an_agent_quotes_in_a_fail_never_reaches_the_escalation_report(
                 f"{start_line(note, gate)}\n- high: the note leaks {secret} in its body.\n"
                 f"## Result: FAIL\n{end_line(note, gate)}\n"
             ).encode()
-        control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+        control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 1
     stored = [r[0] for r in ws.store.conn.execute("SELECT rationale FROM review_pairs")]
     assert stored and not any(secret in (s or "") for s in stored)  # redacted here...
@@ -1478,7 +1480,7 @@ def test_a_negative_cost_from_a_worker_is_nobodys_spend(kb):
     msg = sent.pop(0)
     out = _pass_output(ws, msg["job_id"])
     telemetry = {"cost_usd": -0.6, "input_tokens": -5, "output_tokens": 7, "num_turns": 1}
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out, "telemetry": telemetry})  # fmt: skip
+    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out, "telemetry": telemetry})  # fmt: skip
     row = ws.store.conn.execute(
         "SELECT cost_usd, input_tokens, output_tokens FROM attempts"
     ).fetchone()
@@ -1504,7 +1506,7 @@ def test_an_audit_queued_before_its_auditor_changed_partition_still_runs(kb):
     control.dispatch()
     msg = sent.pop(0)
     out = _pass_output(ws, msg["job_id"])
-    control.on_outcome({"v": 2, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     audit = ws.store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'audit'").fetchone()
     ws.store.close()
     kb.write("reviewq.toml", conf.format(aud="a2"))  # the auditor moves to another model

@@ -1063,7 +1063,7 @@ def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_pa
         children.procs["worker"].wait(timeout=30)
         children.check()
         assert children.failed and "worker" not in children.procs
-        assert process_gone(agent), "the dead worker's agent ran on"
+        _await_exit([agent], timeout=10)  # killed: it hangs for an hour otherwise
     finally:
         children.stop()
         ws.close()

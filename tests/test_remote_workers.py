@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.control import messages
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
@@ -199,18 +200,18 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
     monkeypatch.setattr(tasks, "_place", None)  # a refused review never reaches the worker
     old_review = {"job_id": job.review_job_id, "attempt": 1, "prompt_path": "/x/prompt.md"}
     tasks.run_review(old_review)
-    tasks.run_review({**old_review, "v": 3})
+    tasks.run_review({**old_review, "v": 2})
     tasks.deliver_outcome({"job_id": job.review_job_id, "attempt": 1, "classification": "output"})
     tasks.attempt_heartbeat(job.review_job_id, 1, "host:1", True)  # version 1: positional
     assert sent == [] and control.calls == []
     refused = [e for e in log_lines(kb) if e["event"] == "message.refused"]
     assert [(e["message"], e["version"]) for e in refused] == [
         ("review", 1),
-        ("review", 3),
+        ("review", 2),
         ("outcome", 1),
         ("heartbeat", 1),
     ]
-    assert all(e["expected"] == 2 and "release" in e["reason"] for e in refused)
+    assert all(e["expected"] == 3 and "release" in e["reason"] for e in refused)
     assert refused[0]["job_id"] == job.review_job_id
     ws.close()
 
@@ -256,8 +257,8 @@ def _three_outcomes_waiting(kb, monkeypatch, request, queue):  # noqa: ANN202
             f"{start_line(pair['note_path'], pair['gate_path'])}\nSummary: ok.\nFindings:\n- none\n"
             f"## Result: PASS\n{end_line(pair['note_path'], pair['gate_path'])}\n"
         )
-        send("attempt_heartbeat", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
-        send("deliver_outcome", {"v": 2, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
+        send("attempt_heartbeat", {"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
+        send("deliver_outcome", {"v": 3, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
     assert app.control.pending_count() == 6
     return ws, app, control, batches
 
@@ -380,7 +381,7 @@ def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
             "UPDATE attempts SET outcome = 'running', ended_at = NULL WHERE job_id = ?", (job_id,)
         )
         ws.store.conn.execute("DELETE FROM acceptance")
-    send("deliver_outcome", {"v": 2, "job_id": job_id, "attempt": 1, "classification": "burned-out", "files": {}})  # fmt: skip
+    send("deliver_outcome", {"v": 3, "job_id": job_id, "attempt": 1, "classification": "burned-out", "files": {}})  # fmt: skip
 
     class Killed(BaseException):
         pass
@@ -407,7 +408,7 @@ def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
 
 
 REVIEW_MSG = {
-    "v": 2, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
+    "v": 3, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
     "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
     "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
     "max_output_bytes": 1000,
@@ -442,7 +443,7 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     ] * 2
     assert "no reviewer profile 'nobody'" in outcomes[0]["reasons"][0]
     assert "could not prepare its attempt folder" in outcomes[1]["reasons"][0]
-    assert all(o["v"] == 2 and o["host"] for o in outcomes)
+    assert all(o["v"] == messages.VERSION and o["host"] for o in outcomes)
 
 
 def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypatch):
@@ -537,9 +538,9 @@ def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
     clock = [time.time()]
 
     @contextlib.contextmanager
-    def busy_slots(profile, beat, period):
+    def busy_slots(profile, beat, msg):
         clock[0] += 120  # the other agents took two minutes to free a slot
-        yield
+        yield True
 
     sent: list[tuple] = []
     monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
@@ -584,7 +585,7 @@ def test_a_dispatch_nudge_taken_into_a_batch_of_heartbeats_still_dispatches(kb, 
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     app = make_app(ws.settings)
     monkeypatch.setattr(tasks, "_control", control)
-    beat = {"v": 2, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    beat = {"v": 3, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
     send("attempt_heartbeat", beat)  # the process's first message, which runs alone
     app.control.execute(app.control.dequeue())
     send("attempt_heartbeat", {**beat, "launched": True})
@@ -612,7 +613,7 @@ def test_a_control_process_runs_its_first_message_alone(kb, monkeypatch):
     control = Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws))
     assert control.dispatch() == 1
     monkeypatch.setattr(tasks, "_control", control)
-    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"}
+    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"}
     app = make_app(ws.settings)
     for _ in range(3):
         send("attempt_heartbeat", beat)
@@ -726,6 +727,71 @@ def test_a_worker_waiting_for_an_agent_slot_says_it_holds_the_message(kb, tmp_pa
     assert sent[0][1].get("waiting") is True and sent[-1][0] == "deliver_outcome"
 
 
+def test_a_worker_stops_holding_a_message_that_expired_while_it_waited(kb, tmp_path, monkeypatch):
+    """Its waiting beats kept an attempt alive past the message's expiry, after which the
+    control gives it up as never taken; and the thread waited on for a slot, only to drop
+    the message once it had one."""
+    import threading
+    import time
+
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=0.05)
+    msg = {**msg, "expires_at": time.time() + 0.5}
+    msg.pop("ttl_s", None)
+    monkeypatch.setattr(tasks, "_semaphores", {})
+    profile = load_settings(tmp_path, tmp_path / "w", tmp_path / "w.toml").reviewer("fake")
+    slots = tasks._semaphore(profile)
+    while slots.acquire(blocking=False):  # every slot busy, for good
+        pass
+    run = threading.Thread(target=tasks.run_review, args=(msg,))
+    run.start()
+    run.join(30)
+    alive = run.is_alive()
+    while True:
+        try:
+            slots.release()
+        except ValueError:
+            break
+    run.join(30)
+    assert not alive, "the worker went on waiting for a slot past the message's expiry"
+    assert sent and all(name == "attempt_heartbeat" and p["waiting"] for name, p in sent)
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_the_reaper_finds_which_attempts_still_have_a_message_on_the_review_queue(
+    kb, request, monkeypatch, queue
+):
+    """Read on the real queue, a few messages at a time; a message that is no review's
+    is passed over, and a queue that cannot be read answers nothing (None), not "gone"."""
+    import sqlite3
+
+    from workers import queues
+    from workers.app import make_app
+    from workers.queues import attempts_on, send
+
+    if queue == "redis":
+        kb.write("reviewq.toml", f'[queue]\nurl = "{request.getfixturevalue("redis_url")}"\n')
+    ws = Workspace.open(kb.root)
+    app = make_app(ws.settings)
+    for job in range(1, 41):
+        send("run_review", {"v": messages.VERSION, "job_id": job, "attempt": 1})
+        if job == 20:
+            app.review.storage.enqueue(b"not a message", 0)
+    assert app.review.dequeue() is not None  # a worker takes one (the oldest: job 1)
+    wanted = {(1, 1), (2, 1), (17, 1), (40, 1), (41, 1), (2, 2)}
+    assert attempts_on(app.review, wanted) == {(2, 1), (17, 1), (40, 1)}
+    assert attempts_on(app.review, {(40, 1)}) == {(40, 1)}
+
+    def corrupt(storage):
+        raise sqlite3.DatabaseError("file is not a database")  # not one a retry waits out
+
+    monkeypatch.setattr(queues, "_each_message", corrupt)
+    assert attempts_on(app.review, wanted) is None
+    ws.close()
+
+
 def test_a_held_message_that_never_runs_is_given_up_after_three_tries(tmp_path):
     """A control message Huey cannot run (unreadable, or Huey failed around the task) is
     never released: handed out again and again, it would hold the queue for good."""
@@ -790,7 +856,7 @@ def test_a_failed_control_task_stays_on_the_queue_until_its_retry_is_written(kb,
     ws = Workspace.open(kb.root)
     monkeypatch.setattr(tasks, "_control", Locked())
     app = make_app(ws.settings)
-    send("attempt_heartbeat", {"v": 2, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"})
+    send("attempt_heartbeat", {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"})
 
     def dies(data, ts):
         raise Killed

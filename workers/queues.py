@@ -8,11 +8,12 @@ Redis. Results are off: every outcome travels as a message to the control queue.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -443,23 +444,58 @@ def waiting(huey: Huey, limit: int, max_bytes: int | None = None) -> list[tuple[
     return [(token, huey.deserialize_task(data)) for token, data in found]
 
 
-def attempts_on(huey: Huey) -> set[tuple[int, int]] | None:
-    """The (job_id, attempt) of every review message waiting on ``huey``, which the
-    control process asks of attempts it has not heard of; None when the queue cannot be
-    read (then nothing is known: an empty answer would call every one of them taken)."""
+def attempts_on(huey: Huey, wanted: set[tuple[int, int]]) -> set[tuple[int, int]] | None:
+    """Which of the ``wanted`` (job_id, attempt) have a review message waiting on
+    ``huey``, which the control process asks of attempts it has not heard of; None when
+    the queue cannot be read (then nothing is known: an empty answer would call every one
+    of them taken). Read a few messages at a time until all are found: messages
+    carry prompts of up to MiBs, and the messages of attempts given up stay on the queue
+    until a worker drops them."""
+    found: set[tuple[int, int]] = set()
     try:
-        found = huey.storage.enqueued_items()
-    except QUEUE_UNAVAILABLE:
+        with _each_message(huey.storage) as messages:
+            for data in messages:
+                try:
+                    msg = huey.deserialize_task(data).args[0]
+                except Exception:  # noqa: BLE001, S112 - not a message a worker would run either
+                    continue
+                key = (msg.get("job_id"), msg.get("attempt")) if isinstance(msg, dict) else None
+                if key in wanted:
+                    found.add(key)
+                    if found == wanted:
+                        break
+    except Exception as exc:  # noqa: BLE001 - the reaper goes on with what it knows
+        logs.get().warning(
+            "queue.unreadable", queue=huey.name, error=f"{type(exc).__name__}: {exc}"
+        )
         return None
-    on_queue = set()
-    for data in found:
-        try:
-            msg = huey.deserialize_task(data).args[0]
-        except Exception:  # noqa: BLE001, S112 - not a message a worker would run either
-            continue
-        if isinstance(msg, dict):
-            on_queue.add((msg.get("job_id"), msg.get("attempt")))
-    return on_queue
+    return found
+
+
+@contextlib.contextmanager
+def _each_message(storage: Any) -> Iterator[Iterator[bytes]]:  # noqa: ANN401 - a Huey storage
+    """The messages on a queue, one at a time."""
+    if isinstance(storage, RedisStorage):
+        yield _redis_each(storage)
+        return
+    with storage.db() as cursor:
+        cursor.execute(
+            "select data from task where queue = ? order by priority desc, id", (storage.name,)
+        )
+        yield (row[0] for row in cursor)
+
+
+def _redis_each(storage: RedisStorage, step: int = 16) -> Iterator[bytes]:
+    """From the head (the newest): a push there moves the rest further on, so a message
+    may be read twice but none is skipped, which reading from the tail while workers pop
+    it would do."""
+    start = 0
+    while True:
+        chunk = storage.conn.lrange(storage.queue_key, start, start + step - 1)
+        yield from chunk
+        start += len(chunk)
+        if len(chunk) < step:
+            return
 
 
 def _within(sized: Iterable[tuple[Any, int]], budget: float) -> list[Any]:

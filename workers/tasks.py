@@ -94,12 +94,14 @@ class _Beats:
     exit and its deadline up as long. While one waits, the next is skipped (it would say
     the same); :meth:`wait` lets the last one go out before the attempt's outcome does.
 
-    Nothing is sent when the agent starts: the first beat comes a period later and says
-    the launch (``launched``, ``started_at``), and an agent quicker than that is told of
-    by its outcome alone, one message a job instead of two. A worker killed before either
-    leaves its attempt dispatched with its message gone from the queue, which the control
-    process finds and takes as lost a lease later. A worker waiting for a free agent slot
-    says so (``waiting``) at once and every period, or that attempt would be lost too."""
+    Nothing is sent as the agent starts: the first beat comes a second later
+    (``attempt.FIRST_TICK_S``) and says the launch (``launched``, ``started_at``), then one
+    every period; an agent quicker than that is told of by its outcome alone. A worker
+    killed before either leaves its attempt dispatched with its message gone from the
+    queue, which the control process finds and reaps a lease later. A worker waiting for
+    a free agent slot says so (``waiting``) at once and every period, or that attempt
+    would be reaped while it waits.
+    """
 
     def __init__(self, job_id: int, attempt: int) -> None:
         self.job_id, self.attempt = job_id, attempt
@@ -157,18 +159,24 @@ class _Beats:
 
 
 @contextlib.contextmanager
-def _agent_slot(profile: ReviewerProfile, beat: _Beats, period: float) -> Iterator[None]:
-    """One of the profile's agent slots. While none is free the worker holds a message
-    the queue no longer has, and says so at once and every ``period``."""
+def _agent_slot(profile: ReviewerProfile, beat: _Beats, msg: dict) -> Iterator[bool]:
+    """One of the profile's agent slots (True), or False once the message expired while
+    it waited. Meanwhile the worker holds a message the queue no longer has, and says so
+    at once and every heartbeat period; not past its expiry, after which the control
+    process gives the attempt up as one no worker took."""
     sem = _semaphore(profile)
-    if not sem.acquire(blocking=False):
+    got = sem.acquire(blocking=False)
+    while not got:
+        late = _late_s(msg)
+        if late is not None and late > 0:
+            break
         beat.send(waiting=True)
-        while not sem.acquire(timeout=period):
-            beat.send(waiting=True)
+        got = sem.acquire(timeout=msg["heartbeat_s"])
     try:
-        yield
+        yield got
     finally:
-        sem.release()
+        if got:
+            sem.release()
 
 
 def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
@@ -217,8 +225,8 @@ def run_review(msg: dict) -> None:
 
         beat = _Beats(job_id, attempt)
 
-        with _agent_slot(profile, beat, msg["heartbeat_s"]):
-            if _expired(msg):  # it waited for a free agent slot past its lease
+        with _agent_slot(profile, beat, msg) as got:
+            if _expired(msg) or not got:  # it waited for a free agent slot past its lease
                 shutil.rmtree(folder, ignore_errors=True)
                 return
             try:

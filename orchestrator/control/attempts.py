@@ -62,8 +62,8 @@ def open_attempt(
 ) -> OpenedAttempt:
     """Move a queued job to running under a new attempt number and write its prompt.
     ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
-    back when it has launched the agent (its "launched" heartbeat, or the outcome when
-    that heartbeat was lost or waits behind it).
+    back when it has launched the agent (its first heartbeat, a second after the launch,
+    or the outcome of an agent that ended sooner).
     With ``partition`` (the runner's), a job of another partition is refused: its
     decisions would be recorded under the wrong model. A fix job records no decision
     (its fixer may write another partition, as the queue allows), so any profile runs it.
@@ -221,15 +221,21 @@ def heartbeat(
         )
 
 
-def taken(store: Store, attempts: list[tuple[int, int]], now: str) -> None:
-    """Attempts still dispatched whose message is no longer on the review queue: a
-    worker took it (or the queue lost it). The lease runs from now: the worker's agent
-    beats within a quarter of it, and its outcome ends it sooner."""
+def taken(store: Store, gone: list[tuple[int, int]], back: list[tuple[int, int]], now: str) -> None:
+    """Attempts still dispatched whose message is ``gone`` from the review queue: a worker
+    took it (or the queue lost it). The lease runs from now: the worker's agent beats a
+    second after its launch, and its outcome ends it sooner. Those whose message is
+    ``back`` on the queue wait there again as any message does."""
     with store.write():
         store.conn.executemany(
             "UPDATE attempts SET taken_at = ?, heartbeat_at = ? "
             "WHERE job_id = ? AND attempt = ? AND outcome = 'dispatched' AND taken_at IS NULL",
-            [(now, now, job_id, attempt) for job_id, attempt in attempts],
+            [(now, now, job_id, attempt) for job_id, attempt in gone],
+        )
+        store.conn.executemany(
+            "UPDATE attempts SET taken_at = NULL "
+            "WHERE job_id = ? AND attempt = ? AND outcome = 'dispatched'",
+            back,
         )
 
 

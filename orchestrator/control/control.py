@@ -110,11 +110,13 @@ class Control:
         send_review: Callable[[dict], None],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         hooks: Hooks | None = None,
-        on_review_queue: Callable[[], set[tuple[int, int]] | None] | None = None,
+        on_review_queue: Callable[[set[tuple[int, int]]], set[tuple[int, int]] | None]
+        | None = None,
     ) -> None:
-        """``on_review_queue``: the (job, attempt) of every message on the review queue, or
-        None when the queue cannot be read; without it, an attempt no worker spoke of
-        waits lease + timeout before it is reaped, as one still on the queue does."""
+        """``on_review_queue``: which of the given (job, attempt) have a message on the
+        review queue, or None when the queue cannot be read; without it, an attempt no
+        worker spoke of waits lease + timeout before it is reaped, as one still on the
+        queue does."""
         self.ws = ws
         self.store = ws.store
         self.store.waits_for_folders = False
@@ -501,8 +503,9 @@ class Control:
             self._failed_attempt(job, o.get("reasons") or [cls])
 
     def _started_with_outcome(self, o: dict) -> None:
-        """An outcome for an attempt still 'dispatched' (its "launched" heartbeat was lost,
-        or waits in the queue behind it): its ``exited_at`` says the agent did start, so the
+        """An outcome for an attempt still 'dispatched' (an agent that ended before its first
+        heartbeat, or that heartbeat lost or behind it): its ``exited_at`` says the agent
+        did start, so the
         start (worker, launch time) is recorded and logged as the heartbeat would have been,
         in the transaction that judges the outcome, before ``attempt.ended``."""
         started_at = o.get("started_at")
@@ -730,13 +733,14 @@ class Control:
             )
             lost = self.store.conn.execute(
                 "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
-                "AND (launched_at IS NOT NULL OR taken_at IS NOT NULL)",
+                "AND launched_at IS NOT NULL",
                 (r["job_id"],),
             ).fetchone()[0]
             if lost >= 2 * self.settings.queue.max_attempts:
                 # An agent that takes its worker down every time would otherwise retry forever.
-                # Only attempts a worker took count: one no worker picked up (none running
-                # all night) says nothing of the job, and must not fail it by morning.
+                # Only launched attempts count: one no worker picked up (none running all
+                # night), or one a worker took and dropped (another release's, or past its
+                # expiry), says nothing of the job, and must not fail it by morning.
                 reasons = [f"{lost} attempts lost their worker (the last: {lost_reason})"]
                 with self.store.write():
                     fail_job(self.store, self.ws.state_dir, r["job_id"], reasons)
@@ -750,29 +754,39 @@ class Control:
     def _note_taken(self, now: datetime) -> None:
         """Mark taken the attempts a worker took without a word yet: those dispatched
         half a lease ago or more whose message is gone from the review queue. A worker
-        says nothing when it launches an agent (a quick one's outcome says it, a longer
-        one's first heartbeat comes a quarter lease later): one killed in that time leaves
-        such an attempt, lost a lease later, not lease + timeout later. So does a message
-        the queue lost (Redis restarted without its data)."""
+        says nothing as it launches an agent (a quick one's outcome says it, a longer
+        one's first heartbeat comes a second later): one killed in that time leaves such an
+        attempt, now lost a lease later, not lease + timeout later; so does a message the
+        queue lost (Redis restarted without its data) or a send that failed. Not past the
+        message's expiry, when a worker drops it unrun: that attempt is given up as one no
+        worker took, as before. A taken attempt whose message is back on the queue (a
+        stopping worker's, put back) waits there as any other."""
         if self.on_review_queue is None:
             return
-        half = timestamp(now - timedelta(seconds=self.settings.queue.lease_seconds / 2))
-        quiet = self.store.conn.execute(
-            _REAPABLE + " AND a.outcome = 'dispatched' AND a.taken_at IS NULL AND a.started_at < ?",
-            (half,),
-        ).fetchall()
+        lease = self.settings.queue.lease_seconds
+        half = timestamp(now - timedelta(seconds=lease / 2))
+        quiet = {
+            (r["job_id"], r["attempt"]): r
+            for r in self.store.conn.execute(
+                _REAPABLE + " AND a.outcome = 'dispatched' AND a.started_at < ?", (half,)
+            )
+            if r["taken_at"] or not self._past_expiry(r, now)
+        }
         if not quiet:
             return
-        on_queue = self.on_review_queue()
+        on_queue = self.on_review_queue(set(quiet))
         if on_queue is None:  # the queue cannot be read: nothing is known
             return
-        gone = [
-            (r["job_id"], r["attempt"])
-            for r in quiet
-            if (r["job_id"], r["attempt"]) not in on_queue
-        ]
-        if gone:
-            taken(self.store, gone, timestamp(now))
+        gone = [k for k, r in quiet.items() if not r["taken_at"] and k not in on_queue]
+        back = [k for k, r in quiet.items() if r["taken_at"] and k in on_queue]
+        if gone or back:
+            taken(self.store, gone, back, timestamp(now))
+
+    def _past_expiry(self, r, now: datetime) -> bool:  # noqa: ANN001 - a _REAPABLE row
+        """Whether the attempt's message has expired: dispatch + half a lease + timeout."""
+        profile = self.settings.reviewers.get(r["reviewer"] or "")
+        ttl = self.settings.queue.lease_seconds / 2 + (profile.timeout if profile else 0)
+        return parse_timestamp(r["started_at"]) < now - timedelta(seconds=ttl)
 
     def _lost_reason(self, r, now: datetime) -> str | None:  # noqa: ANN001 - a _REAPABLE row
         """Why this running job's current attempt counts as lost, or None while it may

@@ -4,9 +4,12 @@ A worker may run on another machine with another release of reviewq. Every messa
 carries ``v``; a process refuses a message of another version with one log line and
 does nothing else with it. Nothing is lost by that: a refused review leaves its attempt
 ``dispatched`` and a refused heartbeat or outcome leaves it silent, so the reaper takes
-it as lost and dispatches it again, for a worker of the matching version to take.
+it as lost and dispatches it again, for a worker of the matching version to take; such
+an attempt was never launched, so it does not count toward failing its job.
 
-Shapes (version 2; version 1 was the shape before workers held nothing, without ``v``):
+Shapes (version 3; version 2 sent a heartbeat as each agent started, which the control
+process relied on to tell a worker's attempts from messages still waiting, and had no
+``waiting`` beat; version 1 was the shape before workers held nothing, without ``v``):
 
 - review (control → worker, ``run_review``): ``v``, ``job_id``, ``attempt``, ``task``
   (review/fix/audit), ``reviewer`` (a profile *name*: how to start it is the worker's
@@ -21,15 +24,14 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   which a worker times it by; all three optional, so no new version: a worker takes them
   as absent, and one of an earlier release reads ``expires_at``.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
-  ``worker`` (host:pid), ``host``, ``launched``, and optionally ``started_at`` (the
-  launch, the worker's clock) or ``waiting``. One every ``heartbeat_s`` while the agent
-  runs, the first a period after the launch (``launched`` true): an agent that ends
-  sooner is told of by its outcome alone. ``waiting`` true: the worker took the message
-  and waits for a free agent slot (at once and every ``heartbeat_s``); the attempt stays
-  dispatched. A worker that says nothing and dies leaves its message gone from the
-  review queue, which the control process finds (``taken_at``) and reaps a lease later.
-  A control of an earlier release takes ``waiting`` as a beat (running): the lease
-  still holds, and so none of this changed the version.
+  ``worker`` (host:pid), ``host``, ``launched``, and ``started_at`` (the launch, the
+  worker's clock) or ``waiting``. While the agent runs: the first a second after the
+  launch (``launched`` true; or after ``heartbeat_s`` if sooner), then one every
+  ``heartbeat_s``; an agent that ends sooner is told of by its outcome alone.
+  ``waiting`` true: the worker took the message and waits for a free agent slot (at once
+  and every ``heartbeat_s`` until the message expires); the attempt stays dispatched.
+  A worker that says nothing and dies leaves its message gone from the review queue,
+  which the control process finds (``taken_at``) and reaps a lease later.
 - outcome (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
   ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
   ``ended_at``, ``duration_s``, ``output`` (bytes, or None: none, or over the limit),
@@ -39,7 +41,7 @@ Shapes (version 2; version 1 was the shape before workers held nothing, without 
   stdout.log/stderr.log tails and telemetry.json, by name). An outcome with ``exited_at``
   (the agent was launched) for an attempt still ``dispatched`` carries its start: the
   control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
-  ``attempt.started`` from it, as from a "launched" heartbeat.
+  ``attempt.started`` from it, as from a first heartbeat.
 
 An outcome without a heartbeat before it was always valid (a heartbeat can be lost), so
 recording the start from it did not change the version.
@@ -47,7 +49,7 @@ recording the start from it did not change the version.
 
 from __future__ import annotations
 
-VERSION = 2
+VERSION = 3
 LOG_TAIL_BYTES = 64 * 1024  # of stdout.log and stderr.log each, in an outcome
 TELEMETRY_BYTES = 1024 * 1024
 # The only names an outcome's files may have: a worker never chooses a path here.
