@@ -153,3 +153,63 @@ def test_a_notes_fix_jobs_are_found_by_an_index(st):
         )
     )
     assert "USING INDEX review_jobs_fix_note" in plan, plan
+
+
+def _pair(store, jid, note, gate, decision):
+    snap = store.snapshot(note, "text")
+    store.conn.execute(
+        "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+        "gate_snapshot_id, decision, rationale) VALUES (?, ?, ?, 'g', 'prose', ?, ?, ?, '- x')",
+        (jid, note, gate, snap, snap, decision),
+    )
+
+
+def test_a_lost_agents_late_cost_is_counted_but_not_its_job_again(st):
+    """A job's attempt cost, recorded after the report that showed the job (a lost agent's
+    outcome came late), put the whole job in the next report too: its decisions, its WARN
+    list, "1 completed", an applied fix again, and a negative wall time."""
+    store, sd = st
+    job(store, 1, created=T.format("01:00"), finished=T.format("02:30"))
+    attempt(store, 1, 1, started=T.format("01:01"), ended=T.format("02:00"), outcome="lost")
+    attempt(store, 1, 2, started=T.format("02:01"), ended=T.format("02:30"), cost=1.0)
+    store.conn.execute("UPDATE attempts SET recorded_at = ended_at")
+    _pair(store, 1, "kb/notes/a.md", "prose/g1", "FAIL")
+    _pair(store, 1, "kb/notes/a.md", "prose/g2", "WARN")
+    job(store, 2, created=T.format("01:00"), finished=T.format("02:30"), kind="fix")
+    fixed = store.snapshot("kb/notes/a.md", "new\n")
+    store.conn.execute(
+        "UPDATE review_jobs SET result = 'applied', note_path = 'kb/notes/a.md', "
+        "fixed_snapshot_id = ? WHERE id = 2",
+        (fixed,),
+    )
+    attempt(store, 2, 1, started=T.format("01:01"), ended=T.format("02:00"), outcome="lost")
+    store.conn.execute("UPDATE attempts SET recorded_at = ended_at WHERE job_id = 2")
+    first = report(store, sd, T.format("07:00"))
+    assert first["reviewed"]["pairs"] == 2 and first["kb_changes"]["fixes_applied"] == 1
+    # 08:00: both lost agents' outcomes come after all, with what they cost.
+    store.conn.execute("UPDATE attempts SET cost_usd = 0.25 WHERE attempt = 1")
+    store.conn.execute(
+        "UPDATE attempts SET recorded_at = ? WHERE attempt = 1", (T.format("08:00"),)
+    )
+    data = report(store, sd, "2026-11-26T07:00:00.000Z")
+    second = data["reviewed"]
+    assert second["cost_usd"] == 0.5  # the late cost is in the next report
+    assert (second["pairs"], second["jobs"], second["warns_total"]) == (0, {}, 0)
+    assert data["kb_changes"]["fixes_applied"] == 0 and second["wall_time_s"] >= 0
+
+
+def test_jobs_a_spent_budget_holds_need_you_every_morning_they_wait(st):
+    """Listed only while the run had a job in the report's period: the next morning said
+    "needs you: nothing" while its jobs still waited on the spent budget."""
+    store, sd = st
+    store.conn.execute(
+        "INSERT INTO sweep_runs (id, name, trigger, options, started_at, budget_usd) "
+        "VALUES (1, 'adhoc', 'cli', '{}', ?, 1.0)",
+        (T.format("01:00"),),
+    )
+    job(store, 1, created=T.format("01:00"), finished=T.format("01:10"), run=1)
+    attempt(store, 1, 1, started=T.format("01:01"), ended=T.format("01:10"), cost=1.0)
+    job(store, 2, created=T.format("01:00"), status="queued", run=1)
+    for now in (T.format("07:00"), "2026-11-26T07:00:00.000Z"):
+        (held,) = report(store, sd, now)["needs_you"]["budgets_reached"]
+        assert (held["name"], held["jobs_waiting"]) == ("adhoc", 1)

@@ -64,25 +64,31 @@ def gather(
     return {
         "period": period.to_json(),
         "generated_at": now,
-        "needs_you": _needs_you(store, state_dir, scope, args, limit, now, unwritten, only_reject),
+        "needs_you": _needs_you(
+            store, state_dir, scope, args, limit, now, unwritten, only_reject, period.run_id
+        ),
         "kb_changes": _kb_changes(store, scope, args, limit, unwritten),
-        "reviewed": _reviewed(store, scope, args, limit, period),
+        "reviewed": _reviewed(store, scope, _scope(period, spent=True)[0], args, limit, period),
         "trends": _trends(store, period),
     }
 
 
-def _scope(period: Period) -> tuple[str, tuple]:
+def _scope(period: Period, spent: bool = False) -> tuple[str, tuple]:
     """A WHERE clause over ``review_jobs j`` for the jobs the report is about: a run's,
-    or those that did something in the window: were queued, had an attempt start or end,
+    or those that did something in the window: were queued, ran (an attempt opened),
     ended, or changed (a fix that could not be written, given up when a person edited the
     note). By creation alone, a job queued before the last report and run after it
-    (enqueue, a budget or pause that held it) was in neither report."""
+    (enqueue, a budget or pause that held it) was in neither report. With ``spent``, also
+    those with an attempt that ended or had its cost recorded in the window, for what
+    attempts cost: a lost agent's outcome that came after the report that showed its job
+    put the whole job, decisions and all, in the next report again."""
     if period.run_id is not None:
         return "j.sweep_run_id = ?", (period.run_id,)
+    own = _in_window("j.created_at", "j.finished_at", "j.updated_at")
+    if not spent:
+        return own, (period.since, period.until)
     return (
-        f"({_in_window('j.created_at', 'j.finished_at', 'j.updated_at')} "
-        "OR EXISTS (SELECT 1 FROM attempts a0 "
-        f"WHERE a0.job_id = j.id AND "
+        f"({own} OR EXISTS (SELECT 1 FROM attempts a0 WHERE a0.job_id = j.id AND "
         f"{_in_window('a0.started_at', 'a0.ended_at', 'a0.recorded_at')}))",
         (period.since, period.until),
     )
@@ -146,6 +152,7 @@ def _needs_you(
     now: str,
     unwritten: list[dict],
     only_reject: OnlyReject | None,
+    run_id: int | None,
 ) -> dict:
     open_escs = _rows(
         store,
@@ -177,7 +184,7 @@ def _needs_you(
     )
     for f in failed:
         f["reasons"] = reasons_column(f.pop("failure_reasons"))[:3]
-    budgets = _budgets(store, scope, args)
+    budgets = _budgets(store, run_id)
     paused = [
         {
             "reviewer": name,
@@ -350,22 +357,22 @@ def _escalated_note(
     }
 
 
-def _budgets(store: Store, scope: str, args: tuple) -> list[dict]:
+def _budgets(store: Store, run_id: int | None) -> list[dict]:
+    """Sweep runs whose spent budget holds queued jobs back: each is a person's task for
+    as long as its jobs wait, whatever the period (by the period's jobs, the morning after
+    it was listed said "nothing" of jobs still waiting); a run's report, that run's."""
+    held = over_budget_runs(store)
     out = []
-    for run in _rows(
-        store,
-        f"SELECT r.id, r.name, r.budget_usd, r.started_at FROM sweep_runs r WHERE r.budget_usd IS NOT NULL "
-        f"AND r.id IN (SELECT j.sweep_run_id FROM review_jobs j WHERE {scope}) ORDER BY r.id",
-        args,
-    ):
-        spent = spent_usd(store, run["id"])
-        if spent >= run["budget_usd"]:
-            waiting = store.conn.execute(
-                "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'",
-                (run["id"],),
-            ).fetchone()[0]
-            if waiting:  # a run that ended at its budget with nothing left is no one's task
-                out.append({**run, "spent_usd": round(spent, 6), "jobs_waiting": waiting})
+    for rid in sorted(held if run_id is None else held & {run_id}):
+        run = dict(
+            store.conn.execute(
+                "SELECT id, name, budget_usd, started_at FROM sweep_runs WHERE id = ?", (rid,)
+            ).fetchone()
+        )
+        waiting = store.conn.execute(
+            "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'", (rid,)
+        ).fetchone()[0]
+        out.append({**run, "spent_usd": round(spent_usd(store, rid), 6), "jobs_waiting": waiting})
     return out
 
 
@@ -432,7 +439,9 @@ def _attempts_in(period: Period) -> str:
     return _in_window("COALESCE(a.recorded_at, a.started_at)")
 
 
-def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: Period) -> dict:
+def _reviewed(
+    store: Store, scope: str, spent: str, args: tuple, limit: int | None, period: Period
+) -> dict:
     # CROSS JOIN keeps SQLite from scanning every pair ever recorded: the period's jobs
     # first, then their pairs by job id (3x faster on a 10,000-job night).
     pair_scope = (
@@ -456,14 +465,14 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: 
         "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, COALESCE(SUM(a.duration_s), 0) AS agent_s, "
         f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed, "
         f"SUM(CASE WHEN {NOT_RUN_ATTEMPT} THEN 1 ELSE 0 END) AS not_run "
-        f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {scope} "
+        f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {spent} "
         f"AND {_attempts_in(period)} GROUP BY 1 ORDER BY 1",
         args,
     )
     attempts = dict(
         store.conn.execute(
             f"SELECT a.outcome, count(*) FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id "
-            f"WHERE {scope} AND {_attempts_in(period)} GROUP BY 1 ORDER BY 2 DESC",
+            f"WHERE {spent} AND {_attempts_in(period)} GROUP BY 1 ORDER BY 2 DESC",
             args,
         ).fetchall()
     )
@@ -481,6 +490,8 @@ def _reviewed(store: Store, scope: str, args: tuple, limit: int | None, period: 
     ).fetchone()
     if first and period.run_id is None:
         first = max(first, period.since)  # a job queued before the window: from its start
+    if first and last:
+        last = max(last, first)
     wall = (
         (parse_timestamp(last) - parse_timestamp(first)).total_seconds() if first and last else 0.0
     )
