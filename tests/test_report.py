@@ -806,3 +806,56 @@ def test_a_report_whose_end_cannot_be_settled_says_so(kb, monkeypatch):
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def test_a_damaged_state_db_is_said_so_and_doctor_names_it(kb):
+    """A state.db with damaged pages: `jobs` and `report` said "internal error … please
+    report it", `doctor` said "ok: state.db"; a table gone said "another process holds it
+    … run the command again"."""
+    kb.gate("prose/body-check", ["body"])
+    for i in range(30):
+        kb.note(f"n{i}", body="A body.\n" * 40)
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--reviewer", "offline", "--all-gates")
+    assert res.returncode == 0, res.stderr
+    path = kb.state / "state.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    data = bytearray(path.read_bytes())
+    start = size * (len(data) // size // 2)
+    data[start:] = bytes(len(data) - start)  # the second half of its pages
+    path.write_bytes(bytes(data))
+    for command in ("jobs", "report", "status", "doctor"):
+        res = reviewq_process("--root", str(kb.root), command)
+        assert res.returncode == 1
+        said = [line for line in (res.stdout + res.stderr).splitlines() if "damaged (" in line]
+        assert len(said) == 1, (command, res.stdout, res.stderr)
+        assert "damaged (database disk image is malformed)" in said[0]
+        assert said[0].endswith("(docs/OPERATIONS.md, section 7)"), said
+        if command != "doctor":
+            assert res.stderr.splitlines() == said, command  # one line, no traceback
+
+
+def test_a_table_missing_from_state_db_is_called_damage_not_a_busy_database(kb):
+    """ "no such table" said "another process holds it longer than the busy timeout …
+    run the command again": the next run met the same error."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--reviewer", "offline", "--all-gates")
+    assert res.returncode == 0, res.stderr
+    with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
+        conn.execute("DROP TABLE report_runs")
+        conn.commit()
+    res = reviewq_process("--root", str(kb.root), "report")
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [
+        "error: state.db or a queue file is damaged (no such table: report_runs); nothing was "
+        "changed. `reviewq doctor` says which; restore it from a backup, or recover what it "
+        "holds with `sqlite3 FILE .recover` (docs/OPERATIONS.md, section 7)"
+    ]
+    res = reviewq_process("--root", str(kb.root), "doctor")
+    assert res.returncode == 1
+    assert (
+        f"problem: state.db at {kb.state / 'state.db'} is damaged (missing table report_runs)"
+        in res.stdout
+    )

@@ -95,6 +95,8 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             ) from None
         except sqlite3.OperationalError as exc:
             # Nothing was changed: the transaction rolled back. Say what and how to go on.
+            if str(exc).startswith(("no such table", "no such column")):
+                raise Refused(_damaged(exc)) from None
             if "readonly" in str(exc) or "unable to open" in str(exc):
                 raise Refused(
                     f"state.db or a queue file cannot be written here ({exc}): reviewq needs "
@@ -104,8 +106,20 @@ def refuse_domain_errors(fn: Callable) -> Callable:
                 f"state.db or a queue file is unavailable ({exc}); another process holds it "
                 "longer than the busy timeout. Nothing was changed; run the command again."
             ) from None
+        except sqlite3.DatabaseError as exc:  # "malformed", "not a database": no retry helps
+            raise Refused(_damaged(exc)) from None
 
     return wrapper
+
+
+def _damaged(exc: sqlite3.Error) -> str:
+    """A database file that is damaged: called an internal error to report, or a lock to
+    wait out, it sent a person the wrong way."""
+    return (
+        f"state.db or a queue file is damaged ({exc}); nothing was changed. `reviewq doctor` "
+        "says which; restore it from a backup, or recover what it holds with "
+        "`sqlite3 FILE .recover` (docs/OPERATIONS.md, section 7)"
+    )
 
 
 # A number that reaches a query (an id, a row limit): SQLite's integers end at 2**63 - 1,

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import shutil
+import sqlite3
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -640,6 +641,10 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     try:
         new = not (ws.state_dir / "state.db").exists()
         store = ws.store
+        damage = store.damage()
+        if damage is not None:
+            report(False, _damaged(ws, damage))
+            return True
         report(
             True,
             f"state.db created at {store.path}: nothing had run with this state folder "
@@ -675,9 +680,20 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                     f"{n} {what} wait to be written ({why}); the control process writes "
                     "them at its next tick",
                 )
+    except sqlite3.OperationalError as exc:
+        report(False, f"state.db: {exc}")
+    except sqlite3.DatabaseError as exc:  # "malformed", "not a database"
+        report(False, _damaged(ws, str(exc)))
     except Exception as exc:
         report(False, f"state.db: {exc}")
     return True
+
+
+def _damaged(ws: Workspace, what: str) -> str:
+    return (
+        f"state.db at {ws.state_dir / 'state.db'} is damaged ({what}): restore it from a "
+        "backup, or recover what it holds (docs/OPERATIONS.md, section 7)"
+    )
 
 
 def _doctor_queue(ws: Workspace, report) -> None:

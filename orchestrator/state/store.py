@@ -121,6 +121,10 @@ def _ignored_by_git(folder: Path) -> None:
         ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
 
+def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
+    return set(conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+
 class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
@@ -160,6 +164,12 @@ class Store:
                         f"{self.path}: cannot be opened for writing ({exc}); reviewq needs "
                         "write access to the state folder, even to read it"
                     ) from None
+                if "malformed" in str(exc):
+                    raise StoreError(
+                        f"{self.path} is damaged ({exc}): restore it from a backup, or recover "
+                        "what it holds with `sqlite3 FILE .recover` (docs/OPERATIONS.md, "
+                        "section 7)"
+                    ) from None
                 raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
             self._migrate()
         self.conn.execute("PRAGMA foreign_keys = ON")
@@ -180,6 +190,16 @@ class Store:
         self.close()
 
     # --- schema -----------------------------------------------------------------------
+    def damage(self) -> str | None:
+        """What is wrong with the file, or None: SQLite's quick check (its first line), or a
+        table, index or trigger of the schema missing (dropped by hand)."""
+        problems = [r[0] for r in self.conn.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            return problems[0]
+        with contextlib.closing(Store(":memory:", readonly=True)) as blank:  # a new schema
+            missing = _schema(blank.conn) - _schema(self.conn)
+        return f"missing {', '.join(f'{t} {n}' for t, n in sorted(missing))}" if missing else None
+
     def schema_version(self) -> int:
         row = self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_migrations'"
