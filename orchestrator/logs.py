@@ -155,10 +155,21 @@ def _secrets() -> list[str]:
     return _cache["values"]  # type: ignore[return-value]
 
 
+# Terminal escape sequences (CSI: colours, cursor moves; OSC: a window title, a link; any
+# other ESC pair: a reset) and the other control characters but tab and line end.
+_CONTROLS = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -~]?)"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+
 def redact(text: str) -> str:
-    """``text`` with every known secret replaced. Used on agent output quoted in failure
-    reasons and rationales before they are stored, so no report, manifest, retry prompt
-    or summary can repeat a key an agent printed."""
+    """``text`` with every known secret replaced, and its terminal control sequences
+    removed. Used on agent output quoted in failure reasons and rationales before they are
+    stored, so no report, manifest, retry prompt or summary can repeat a key an agent
+    printed, nor send the terminal of the person who reads it an agent's escape sequence
+    (a window title, a screen reset)."""
+    text = _CONTROLS.sub("", text)
     for s in _secrets():
         if s in text:
             text = text.replace(s, "[redacted]")

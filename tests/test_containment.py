@@ -767,3 +767,25 @@ def test_a_rationale_naming_the_git_author_is_stored_as_written(flow, run_cli, m
             for r in conn.execute("SELECT rationale FROM review_pairs WHERE decision IS NOT NULL")
         ]
     assert texts and all("queen excluder note was written by Jane Doe" in t for t in texts)
+
+
+def test_an_agents_terminal_escapes_never_reach_the_terminal_of_who_reads_its_failure(kb):
+    """Only colour codes were taken out of an agent's words: a window title (OSC), a screen
+    reset (ESC c) and a bell went into the failure reasons, and `reviewq job`, `status` and
+    the report printed them to whoever read them."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    script = kb.root / "agent.sh"
+    script.write_text(
+        "#!/bin/sh\nprintf 'boom \\033]0;PWNED\\007 \\033c\\007 cleared \\033[31mred\\n' >&2\nexit 3\n"
+    )
+    script.chmod(0o755)
+    kb.write(
+        "reviewq.toml",
+        f'[reviewers.bad]\nkind = "command"\ncommand = ["{script}"]\n'
+        "[queue]\nlaunch_failures_before_pause = 1\n",
+    )
+    rq(kb, "sweep", "--reviewer", "bad", "--all-gates")
+    shown = "".join(rq(kb, *cmd).stdout for cmd in (["job", "1"], ["status"], ["report"]))
+    assert "boom" in shown and "cleared" in shown
+    assert not any(c in shown for c in "\x1b\x07"), repr(shown)

@@ -134,11 +134,11 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def bounded(message: str, limit: int = MAX_REASON) -> str:
-    """One line of at most ``limit`` characters, colour codes gone, secrets redacted."""
+    """One line of at most ``limit`` characters, secrets redacted, terminal control
+    sequences (colours, a window title) gone."""
     from orchestrator import logs
 
-    text = " ".join(ANSI.sub("", message).split())
-    text = logs.redact(text)
+    text = " ".join(logs.redact(message).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
