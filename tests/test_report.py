@@ -287,18 +287,33 @@ def test_bad_arguments_get_one_line(night):
 
 def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
     """--html naming state.db, a note or reviewq.toml replaced it with the page: every
-    review, escalation and queued job gone, without a word."""
+    review, escalation and queued job gone, without a word. A new file in the KB was read
+    as a note, and a mistyped folder was made."""
     db = night.state / "state.db"
     before = db.read_bytes()
     note = next((night.root / "kb" / "notes").glob("*.md"))
     text = note.read_text()
-    for target in (db, note):
+    res = night.rq("report", "--html", str(db))
+    assert (res.returncode, res.stderr) == (
+        1,
+        f"error: --html {db}: exists and is not a reviewq report; nothing was written "
+        "(remove it or name another file)\n",
+    )
+    # In the KB even a new file is refused: the page would be read as a note.
+    kb = (night.root / "kb").resolve()
+    for target in (note, note.with_name("report.md")):
         res = night.rq("report", "--html", str(target))
         assert (res.returncode, res.stderr) == (
             1,
-            f"error: --html {target}: exists and is not a reviewq report; nothing was written "
-            "(remove it or name another file)\n",
+            f"error: --html {target}: inside the KB ({kb}), where sweeps read notes and gates\n",
         )
+    missing = tmp_path / "no-such-folder" / "night.html"  # a typo: no folder is made
+    res = night.rq("report", "--html", str(missing))
+    assert (res.returncode, res.stderr) == (
+        1,
+        f"error: --html {missing}: no folder {missing.parent}; name a file in one that exists\n",
+    )
+    assert not missing.parent.exists() and not note.with_name("report.md").exists()
     assert db.read_bytes() == before and note.read_text() == text
     old = tmp_path / "old.html"  # a page written before pages said who made them
     old.write_text(

@@ -61,6 +61,13 @@ def report_cmd(
     if html is not None and Path(html).is_dir():
         raise Refused(f"--html {html}: is a folder; name the file to write")
     page = Path(html).resolve() if html else (None if as_json else ws.state_dir / "report.html")
+    if html is not None and page is not None:
+        # A mistyped folder was made, and a page inside the KB was read as a note.
+        if not page.parent.is_dir():
+            raise Refused(f"--html {html}: no folder {page.parent}; name a file in one that exists")
+        kb = (ws.root / "kb").resolve()
+        if page.is_relative_to(kb):
+            raise Refused(f"--html {html}: inside the KB ({kb}), where sweeps read notes and gates")
     # A state folder never used is refused: a mistyped --state reported "nothing".
     store = ws.read_store()
     try:
