@@ -683,7 +683,12 @@ def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
 
 @pytest.mark.parametrize(
     "link",
-    ["kb/reports", "kb/reports/reviews/gates", "kb/reports/reviews/gates/kb__notes__alpha.md"],
+    [
+        "kb/reports",
+        "kb/reports/reviews/gates",
+        "kb/reports/reviews/gates/kb__notes__alpha.md",
+        "kb/reports/reviews/gates/kb__notes__alpha.md/prose",  # a lens's folder
+    ],
 )
 def test_an_export_through_a_linked_folder_is_refused_and_removes_nothing(
     flow, run_cli, tmp_path, link
@@ -710,6 +715,15 @@ def test_an_export_through_a_linked_folder_is_refused_and_removes_nothing(
         "sub",
         "sub/also.md",
     ]
+    # Nothing written before the refusal either: a lens's folder was found only when
+    # its file was to be written, after the notes' files before it were.
+    written = [
+        Path(top) / name
+        for top, _, names in os.walk(flow.root / "kb" / "reports")
+        for name in names
+        if where not in (Path(top) / name).parents
+    ]
+    assert written == []
 
 
 def test_an_export_removes_only_files_an_export_wrote(flow, run_cli):

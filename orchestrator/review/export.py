@@ -210,12 +210,10 @@ def _exported(path: Path) -> bool:
 
 
 def _note_folders(base: Path) -> list[Path]:
-    """The notes' folders an earlier export made under ``gates/`` (looked at before the
-    first write, so a link among them stops the export before it wrote anything)."""
-    try:
-        return [Path(e.path) for e in os.scandir(base / "gates")]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    """Every folder an earlier export made under ``gates/`` (its notes' and their lenses'),
+    looked at before the first write, so a link among them stops the export before it
+    wrote anything. A linked folder is listed, not entered."""
+    return [Path(top) / d for top, dirs, _ in os.walk(base / "gates") for d in dirs]
 
 
 def _not_a_link(folder: Path) -> None:
