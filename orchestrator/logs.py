@@ -218,6 +218,9 @@ def configure(
     choose console on a terminal and JSON elsewhere."""
     import structlog  # imported here: a read-only command never pays for it
 
+    # A sweep's children: their stderr is a file kept for crashes, which every info line
+    # the log file already holds made as large as the log (and each line cost two writes).
+    stderr_level = os.environ.get("REVIEWQ_STDERR_LEVEL") or stderr_level
     key = f"{state_dir}|{stderr_level}|{stderr_format}|{process}"
     if _configured.get("key") == key:
         return

@@ -1345,6 +1345,19 @@ def test_ctrl_c_lets_a_running_agent_finish_and_its_outcome_is_taken(kb, tmp_pat
         assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
 
 
+def test_a_sweeps_children_keep_only_warnings_on_their_stderr_files(kb):
+    """The children's stderr files, kept for crashes, repeated every line of the log:
+    as large as reviewq.jsonl by morning, and each line written twice."""
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "sweep", "--reviewer", "fake", "frontmatter").returncode == 0
+    events = {e["event"] for e in log_lines(kb)}
+    assert {"control.started", "attempt.dispatched", "job.finalized"} <= events
+    for child in ("control", "worker"):
+        kept = (kb.state / "logs" / f"sweep-{child}.stderr").read_text()
+        assert '"level": "info"' not in kept, kept[:500]
+
+
 def test_a_sweep_with_nothing_to_do_starts_no_children(kb, monkeypatch):
     """Started only to be stopped mid-start, they could leave a KeyboardInterrupt
     traceback in STATE/logs/sweep-*.stderr, which are kept for crashes."""

@@ -134,7 +134,12 @@ class Children:
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
         self.started_at: dict[str, float] = {}  # monotonic, of each child's last start
         self.failed: list[str] = []
-        self.env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json", PARENT_ENV: str(os.getpid())}
+        self.env = {
+            **os.environ,
+            "REVIEWQ_LOG_FORMAT": "json",
+            "REVIEWQ_STDERR_LEVEL": "WARNING",  # stderr here is kept for crashes only
+            PARENT_ENV: str(os.getpid()),
+        }
         log_dir = ws.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         # The children's stderr repeats the structured log; it is kept for crashes only.
