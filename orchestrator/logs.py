@@ -155,11 +155,12 @@ def _secrets() -> list[str]:
     return _cache["values"]  # type: ignore[return-value]
 
 
-# Terminal escape sequences (CSI: colours, cursor moves; OSC: a window title, a link; any
-# other ESC pair: a reset) and the other control characters but tab and line end.
+# Terminal escape sequences (CSI: colours, cursor moves; OSC: a window title, a link, up
+# to its end or the line's; any other ESC pair: a reset) and the other control characters
+# but tab and line end (a lone carriage return, as a progress bar writes, is one).
 _CONTROLS = re.compile(
-    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -~]?)"
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[ -~]?)"
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
 )
 
 
@@ -169,7 +170,7 @@ def redact(text: str) -> str:
     stored, so no report, manifest, retry prompt or summary can repeat a key an agent
     printed, nor send the terminal of the person who reads it an agent's escape sequence
     (a window title, a screen reset)."""
-    text = _CONTROLS.sub("", text)
+    text = _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     for s in _secrets():
         if s in text:
             text = text.replace(s, "[redacted]")
@@ -220,7 +221,9 @@ def configure(
 
     # A sweep's children: their stderr is a file kept for crashes, which every info line
     # the log file already holds made as large as the log (and each line cost two writes).
-    stderr_level = os.environ.get("REVIEWQ_STDERR_LEVEL") or stderr_level
+    chosen = (os.environ.get("REVIEWQ_STDERR_LEVEL") or "").upper()
+    if chosen in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):  # else: ignored
+        stderr_level = chosen
     key = f"{state_dir}|{stderr_level}|{stderr_format}|{process}"
     if _configured.get("key") == key:
         return

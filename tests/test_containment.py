@@ -789,3 +789,22 @@ def test_an_agents_terminal_escapes_never_reach_the_terminal_of_who_reads_its_fa
     shown = "".join(rq(kb, *cmd).stdout for cmd in (["job", "1"], ["status"], ["report"]))
     assert "boom" in shown and "cleared" in shown
     assert not any(c in shown for c in "\x1b\x07"), repr(shown)
+
+
+def test_a_window_title_after_a_clis_error_does_not_hide_the_error(tmp_path):
+    """The last line that says something was judged with colour codes gone only: a CLI's
+    closing window-title sequence counted as words, and was then shown as nothing."""
+    from workers.reviewers.vendor import last_line
+
+    log = tmp_path / "stderr.log"
+    log.write_text("Error: quota exceeded for model x\n\x1b]0;gemini - done\x07\n")
+    assert last_line(log) == "Error: quota exceeded for model x"
+
+
+def test_an_unterminated_escape_takes_no_later_line_of_a_rationale():
+    from orchestrator import logs
+
+    text = "- FAIL: a stray \x1b] here\n- WARN: the second finding\r\n- PASS: 50%\r100%\n"
+    assert logs.redact(text) == (
+        "- FAIL: a stray \n- WARN: the second finding\n- PASS: 50%\n100%\n"
+    )

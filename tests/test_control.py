@@ -911,6 +911,26 @@ def test_a_redo_whose_re_review_would_run_in_another_partition_is_refused(kb, ru
         )
 
 
+def test_a_redo_whose_reviewer_moved_away_is_reviewed_by_its_fixer(kb, run_cli):
+    """The escalation's reviewer now writes another partition: the fixer, of the note's,
+    reviews the fix (the re-review under the moved reviewer failed unrun at dispatch)."""
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.other]\nkind = "command"\ncommand = ["true"]\npartition = "elsewhere"\n',
+    )
+    ws, esc_id = _escalated(kb, "FAIL")
+    with ws.store.write():
+        ws.store.conn.execute("UPDATE escalations SET reviewer = 'other' WHERE id = ?", (esc_id,))
+    ws.store.close()
+    res = run_cli("decide", str(esc_id), "redo", "--feedback", "Say it.", "--fixer", "offline")
+    assert res.exit_code == 0, res.stderr
+    with Workspace.open(kb.root).store as store:
+        row = store.conn.execute(
+            "SELECT reviewer, review_reviewer FROM review_jobs WHERE kind = 'fix'"
+        ).fetchone()
+    assert tuple(row) == ("offline", "offline")
+
+
 def test_a_redo_while_the_notes_fix_job_is_open_is_refused(kb, run_cli):
     """The open fix job would not carry the asks; decided anyway, they were lost."""
     from orchestrator.cycles.fixes import create_fix_job

@@ -1428,3 +1428,17 @@ def test_a_sweep_that_started_no_worker_does_not_call_a_busy_one_missing(kb):
     watch.check()
     assert [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"] == []
     ws.close()
+
+
+def test_a_stderr_level_that_names_no_level_is_ignored(monkeypatch, tmp_path):
+    """REVIEWQ_STDERR_LEVEL=verbose made every command an internal error."""
+    import logging
+
+    from orchestrator import logs
+
+    monkeypatch.setenv("REVIEWQ_STDERR_LEVEL", "verbose")
+    logs.configure(tmp_path, stderr_level="INFO", process="test")
+    (stderr,) = [
+        h for h in logging.getLogger().handlers if getattr(h, "stream", None) is sys.stderr
+    ]
+    assert stderr.level == logging.INFO

@@ -299,14 +299,16 @@ def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
         f"error: --html {db}: exists and is not a reviewq report; nothing was written "
         "(remove it or name another file)\n",
     )
-    # In the KB even a new file is refused: the page would be read as a note.
-    kb = (night.root / "kb").resolve()
+    # Where sweeps read even a new file is refused: the page would be read as a note.
+    notes = (night.root / "kb" / "notes").resolve()
     for target in (note, note.with_name("report.md")):
         res = night.rq("report", "--html", str(target))
         assert (res.returncode, res.stderr) == (
             1,
-            f"error: --html {target}: inside the KB ({kb}), where sweeps read notes and gates\n",
+            f"error: --html {target}: inside {notes}, where sweeps read notes and gates\n",
         )
+    beside = night.root / "kb" / "night.html"  # in the KB, where nothing reads it: fine
+    assert night.rq("report", "--since", "24h", "--html", str(beside)).returncode == 0
     missing = tmp_path / "no-such-folder" / "night.html"  # a typo: no folder is made
     res = night.rq("report", "--html", str(missing))
     assert (res.returncode, res.stderr) == (
@@ -874,3 +876,16 @@ def test_a_table_missing_from_state_db_is_called_damage_not_a_busy_database(kb):
         f"problem: state.db at {kb.state / 'state.db'} is damaged (missing table report_runs)"
         in res.stdout
     )
+
+
+def test_a_constraint_or_query_error_is_a_defect_not_damage():
+    """Every sqlite3.DatabaseError was called damage, and a constraint failure (a defect)
+    sent the operator to replace a sound state.db with a backup."""
+    from orchestrator.cli.common import refuse_domain_errors
+
+    @refuse_domain_errors
+    def defect() -> None:
+        raise sqlite3.IntegrityError("UNIQUE constraint failed: review_jobs.id")
+
+    with pytest.raises(sqlite3.IntegrityError):
+        defect()

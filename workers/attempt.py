@@ -510,9 +510,10 @@ def _group_is_agent(pgid: int, job_id: int) -> bool:
     return f"REVIEWQ_JOB_ID={job_id}".encode() in environ
 
 
-def reap_orphans(state_dir: Path, mine: bool = False) -> list[int]:
+def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[int]:
     """Kill the agent groups on this host whose worker process is gone (or, with
-    ``mine``, this process's own, as a stopping worker does); returns them."""
+    ``mine``, this process's own, as a stopping worker does); returns them. With
+    ``said`` (why they were left), any killed are logged as ``worker.reaped_orphans``."""
     killed = []
     folder = registry_dir(state_dir)
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -540,6 +541,10 @@ def reap_orphans(state_dir: Path, mine: bool = False) -> list[int]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
+    if killed and said:
+        from orchestrator import logs
+
+        logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
     return killed
 
 

@@ -93,11 +93,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     follow_parent()
     app = make_app(settings)
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
-    orphans = reap_orphans(folder)
-    if orphans:
-        logs.get().warning(
-            "worker.reaped_orphans", process_groups=orphans, reason="their worker died"
-        )
+    reap_orphans(folder, said="their worker died")
     if kb is None and (settings.root / "kb").is_dir():
         # On a machine that has the KB, a worker started without --kb ran its agents with
         # no check that they left the notes alone, and said nothing of it.

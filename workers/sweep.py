@@ -142,7 +142,8 @@ class Children:
         }
         log_dir = ws.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        # The children's stderr repeats the structured log; it is kept for crashes only.
+        # The children's stderr: their warnings, errors and last words, kept for crashes
+        # (the structured log has the rest).
         self.stderr = {
             name: open(log_dir / f"sweep-{name}.stderr", "ab")  # noqa: SIM115 - closed in stop()
             for name in self.specs
@@ -264,11 +265,7 @@ class Children:
         this sweep's worker no other may come."""
         if name != "worker" or name not in self.specs:
             return
-        orphans = reap_orphans(worker_folder(self.ws.settings))
-        if orphans:
-            logs.get().warning(
-                "worker.reaped_orphans", process_groups=orphans, reason="the sweep's worker died"
-            )
+        reap_orphans(worker_folder(self.ws.settings), said="the sweep's worker died")
 
     def _drain(self, control_queue) -> None:  # noqa: ANN001
         """The worker stopped gracefully (always: what state.db says runs lags the agents

@@ -28,7 +28,7 @@ from orchestrator.review.finalize import (
 from orchestrator.review.jobs import JobError
 from orchestrator.review.selector import SelectError
 from orchestrator.state.files import ReportError
-from orchestrator.state.store import StoreError
+from orchestrator.state.store import DAMAGED, StoreError, is_damage
 from orchestrator.state.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -93,10 +93,17 @@ def refuse_domain_errors(fn: Callable) -> Callable:
                 f"{exc.filename or 'a file'}: {exc.strerror or exc} (run reviewq as a user who "
                 "may read and write the state folder and the KB)"
             ) from None
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:
+            if is_damage(exc):
+                # Called an internal error to report, or a lock to wait out, it sent a
+                # person the wrong way.
+                raise Refused(
+                    f"state.db or a queue file is damaged ({exc}); nothing was changed. "
+                    f"`reviewq doctor` says which; {DAMAGED}"
+                ) from None
+            if not isinstance(exc, sqlite3.OperationalError):
+                raise  # a constraint, a query: a defect, said as one
             # Nothing was changed: the transaction rolled back. Say what and how to go on.
-            if str(exc).startswith(("no such table", "no such column")):
-                raise Refused(_damaged(exc)) from None
             if "readonly" in str(exc) or "unable to open" in str(exc):
                 raise Refused(
                     f"state.db or a queue file cannot be written here ({exc}): reviewq needs "
@@ -106,20 +113,8 @@ def refuse_domain_errors(fn: Callable) -> Callable:
                 f"state.db or a queue file is unavailable ({exc}); another process holds it "
                 "longer than the busy timeout. Nothing was changed; run the command again."
             ) from None
-        except sqlite3.DatabaseError as exc:  # "malformed", "not a database": no retry helps
-            raise Refused(_damaged(exc)) from None
 
     return wrapper
-
-
-def _damaged(exc: sqlite3.Error) -> str:
-    """A database file that is damaged: called an internal error to report, or a lock to
-    wait out, it sent a person the wrong way."""
-    return (
-        f"state.db or a queue file is damaged ({exc}); nothing was changed. `reviewq doctor` "
-        "says which; restore it from a backup, or recover what it holds with "
-        "`sqlite3 FILE .recover` (docs/OPERATIONS.md, section 7)"
-    )
 
 
 # A number that reaches a query (an id, a row limit): SQLite's integers end at 2**63 - 1,

@@ -37,7 +37,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.state.status import STATUSES, held_by_budget
-from orchestrator.state.store import STATE_ENTRIES
+from orchestrator.state.store import DAMAGED, STATE_ENTRIES, is_damage
 from orchestrator.state.workspace import Workspace
 
 
@@ -680,20 +680,15 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                     f"{n} {what} wait to be written ({why}); the control process writes "
                     "them at its next tick",
                 )
-    except sqlite3.OperationalError as exc:
-        report(False, f"state.db: {exc}")
-    except sqlite3.DatabaseError as exc:  # "malformed", "not a database"
-        report(False, _damaged(ws, str(exc)))
+    except sqlite3.DatabaseError as exc:
+        report(False, _damaged(ws, str(exc)) if is_damage(exc) else f"state.db: {exc}")
     except Exception as exc:
         report(False, f"state.db: {exc}")
     return True
 
 
 def _damaged(ws: Workspace, what: str) -> str:
-    return (
-        f"state.db at {ws.state_dir / 'state.db'} is damaged ({what}): restore it from a "
-        "backup, or recover what it holds (docs/OPERATIONS.md, section 7)"
-    )
+    return f"state.db at {ws.state_dir / 'state.db'} is damaged ({what}): {DAMAGED}"
 
 
 def _doctor_queue(ws: Workspace, report) -> None:

@@ -15,6 +15,7 @@ from orchestrator.cli.common import (
     only_reject_check,
     refuse_domain_errors,
 )
+from orchestrator.kb.notes import GATES_DIR, TYPES_DIR
 from orchestrator.state.workspace import Workspace
 
 
@@ -65,9 +66,10 @@ def report_cmd(
         # A mistyped folder was made, and a page inside the KB was read as a note.
         if not page.parent.is_dir():
             raise Refused(f"--html {html}: no folder {page.parent}; name a file in one that exists")
-        kb = (ws.root / "kb").resolve()
-        if page.is_relative_to(kb):
-            raise Refused(f"--html {html}: inside the KB ({kb}), where sweeps read notes and gates")
+        for rel in (*ws.settings.note_roots, GATES_DIR, TYPES_DIR):
+            read = (ws.root / rel).resolve()
+            if page.is_relative_to(read):
+                raise Refused(f"--html {html}: inside {read}, where sweeps read notes and gates")
     # A state folder never used is refused: a mistyped --state reported "nothing".
     store = ws.read_store()
     try:

@@ -184,7 +184,8 @@ def _needs_you(
     )
     for f in failed:
         f["reasons"] = reasons_column(f.pop("failure_reasons"))[:3]
-    budgets = _budgets(store, run_id)
+    held = over_budget_runs(store)  # runs whose spent budget holds queued jobs back
+    budgets = _budgets(store, held, run_id)
     paused = [
         {
             "reviewer": name,
@@ -208,7 +209,7 @@ def _needs_you(
         p["why"] = "its agent failed to start several times in a row" + (
             f"; last: {reasons[0]}" if reasons else ""
         )
-    stalled = _stalled(store, now, {p["reviewer"] for p in paused})
+    stalled = _stalled(store, now, {p["reviewer"] for p in paused}, held)
     return {
         # Everything below that waits on a person, for the page's tile.
         "count": len(open_escs)
@@ -229,14 +230,13 @@ def _needs_you(
     }
 
 
-def _stalled(store: Store, now: str, paused: set[str]) -> list[dict]:
+def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[dict]:
     """Reviewers whose open jobs have not moved for :data:`STALLED_AFTER`: no attempt of
     theirs launched, sent a heartbeat or ended since. Read at ``now``, whatever the
     period: with no worker running, the jobs were queued before the window and nothing
     happened to them in it, so the report said "needs you: nothing" over a night's backlog.
     Jobs that wait on a pause or a spent budget are shown there instead."""
     cutoff = timestamp(parse_timestamp(now) - STALLED_AFTER)
-    held = over_budget_runs(store)
     out = []
     for r in _rows(
         store,
@@ -357,11 +357,11 @@ def _escalated_note(
     }
 
 
-def _budgets(store: Store, run_id: int | None) -> list[dict]:
-    """Sweep runs whose spent budget holds queued jobs back: each is a person's task for
-    as long as its jobs wait, whatever the period (by the period's jobs, the morning after
-    it was listed said "nothing" of jobs still waiting); a run's report, that run's."""
-    held = over_budget_runs(store)
+def _budgets(store: Store, held: set[int], run_id: int | None) -> list[dict]:
+    """The ``held`` runs (a spent budget holds their queued jobs back): each is a person's
+    task for as long as its jobs wait, whatever the period (by the period's jobs, the
+    morning after it was listed said "nothing" of jobs still waiting); a run's report,
+    that run's."""
     out = []
     for rid in sorted(held if run_id is None else held & {run_id}):
         run = dict(

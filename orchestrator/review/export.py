@@ -108,7 +108,9 @@ def export(
         (model,) if model else (),
     )
     base = root / EXPORT_DIR
-    for folder in (base.parent, base, base / "gates", base / "csv", *_note_folders(base)):
+    for folder in (base.parent, base, base / "gates", base / "csv"):
+        _not_a_link(folder)
+    for folder in _note_folders(base):  # walked only once ``gates`` is known to be no link
         _not_a_link(folder)
     try:
         return _write(rows, base, git_head(root), watches, notes)

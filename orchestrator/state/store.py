@@ -121,6 +121,20 @@ def _ignored_by_git(folder: Path) -> None:
         ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
 
+# What to do about a damaged database file, wherever one is met.
+DAMAGED = (
+    "restore it from a backup, or recover what it holds with `sqlite3 FILE .recover` "
+    "(docs/OPERATIONS.md, section 7)"
+)
+
+
+def is_damage(exc: sqlite3.Error) -> bool:
+    """A file SQLite finds corrupt or not a database at all, or a table of the schema
+    missing: no retry helps. Not a constraint or a query that is wrong (a defect)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or str(exc).startswith("no such table")
+
+
 def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
     return set(conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
 
@@ -164,12 +178,8 @@ class Store:
                         f"{self.path}: cannot be opened for writing ({exc}); reviewq needs "
                         "write access to the state folder, even to read it"
                     ) from None
-                if "malformed" in str(exc):
-                    raise StoreError(
-                        f"{self.path} is damaged ({exc}): restore it from a backup, or recover "
-                        "what it holds with `sqlite3 FILE .recover` (docs/OPERATIONS.md, "
-                        "section 7)"
-                    ) from None
+                if getattr(exc, "sqlite_errorname", "") == "SQLITE_CORRUPT":
+                    raise StoreError(f"{self.path} is damaged ({exc}): {DAMAGED}") from None
                 raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
             self._migrate()
         self.conn.execute("PRAGMA foreign_keys = ON")

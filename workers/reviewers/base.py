@@ -32,7 +32,6 @@ prices (:func:`priced`), so sweep budgets hold for every kind.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -130,7 +129,6 @@ def _num(value: object, kind: type) -> int | float | None:
 
 
 MAX_REASON = 300
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def bounded(message: str, limit: int = MAX_REASON) -> str:

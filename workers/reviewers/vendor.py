@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .base import ANSI, UNREADABLE, AttemptSpec, Telemetry, _num, bounded
+from .base import UNREADABLE, AttemptSpec, Telemetry, _num, bounded
 
 _MAX_LOG_BYTES = 8 * 1024 * 1024
 
@@ -168,8 +168,9 @@ def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
     except OSError:
         return None
     for line in reversed(lines):
-        text = ANSI.sub("", line).strip()
+        # As it will be shown: a line of escape sequences only (a window title) says nothing.
+        text = bounded(line)
         if not text or re.fullmatch(r"[\[\]{}(),]+", text) or (skip and skip.search(text)):
             continue
-        return bounded(text)
+        return text
     return None
