@@ -60,7 +60,7 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     profile = ws.settings.reviewer(reviewer_name)
     reviewer = for_profile(profile)
     store = ws.store
-    reap_orphans(ws.state_dir)  # agents of a run-job killed with SIGKILL, left running
+    reap_orphans(ws.state_dir, said="a run-job that left them was killed")  # with SIGKILL
     # As dispatch does: a job made while its folder could not be written (a full disk)
     # has its MANIFEST.json written before its agent starts.
     write_due_job_files(
