@@ -332,6 +332,49 @@ def test_the_real_cli_is_refused_the_kb_dotdot_paths_and_the_shell(netns, model,
         ), text
 
 
+def _permissive(vendor: str, home: Path, root: Path, into: Path) -> Path:
+    """A HOME (and KB) whose CLI settings allow what reviewq forbids, as a person's own
+    may: each was obeyed, and the agent wrote into the KB."""
+    mine = into / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = root / "kb" / "notes" / "hooked.md"
+    if vendor == "claude":  # hooks run shell commands whatever the tools allowed
+        hook = {"type": "command", "command": f"echo hooked >> {note}"}
+        (root / ".claude").mkdir(exist_ok=True)
+        (root / ".claude" / "settings.json").write_text(
+            json.dumps(
+                {
+                    "permissions": {"allow": ["Write", "Edit", "Bash"]},
+                    "hooks": {"PostToolUse": [{"matcher": ".*", "hooks": [hook]}]},
+                }
+            )
+        )
+    elif vendor == "gemini":  # tools.allowed outranks a policy that only allows
+        settings = mine / ".gemini" / "settings.json"
+        data = json.loads(settings.read_text())
+        data["tools"] = {"allowed": ["write_file", "replace", "run_shell_command"]}
+        settings.write_text(json.dumps(data))
+    else:  # the sandbox writes wherever writable_roots says
+        config = mine / ".codex" / "config.toml"
+        config.parent.mkdir(exist_ok=True)
+        old = config.read_text() if config.exists() else ""
+        config.write_text(old + f'\n[sandbox_workspace_write]\nwritable_roots = ["{root}"]\n')
+    return mine
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_the_real_cli_is_refused_the_kb_whatever_the_persons_settings_allow(
+    netns, model, home, vkb, vendor, tmp_path
+):
+    mine = _permissive(vendor, home, vkb.root, tmp_path)
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "hostile"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert kb_files(vkb.root) == before
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

@@ -33,6 +33,10 @@ class ClaudeReviewer(Reviewer):
             instruction(spec),
             "--output-format",
             "stream-json",
+            # Hooks in the KB's .claude/settings.json or the person's own run shell
+            # commands whatever the tools allowed: one wrote into the KB.
+            "--settings",
+            '{"disableAllHooks": true}',
             "--verbose",  # stream-json in print mode requires it
             "--model",
             self.profile.model,

@@ -54,6 +54,10 @@ class CodexReviewer(Reviewer):
             "sandbox_workspace_write.exclude_slash_tmp=true",
             "-c",
             "sandbox_workspace_write.exclude_tmpdir_env_var=true",
+            # A person's ~/.codex/config.toml may name writable roots (the KB among them):
+            # the sandbox would let every command write there.
+            "-c",
+            "sandbox_workspace_write.writable_roots=[]",
             instruction(spec),
             *self.profile.args,
         ]

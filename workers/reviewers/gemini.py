@@ -42,6 +42,12 @@ argsPattern = {deny}
 decision = "deny"
 priority = 950
 
+# Any other write, whatever the person's settings allow (tools.allowed): refused.
+[[rule]]
+toolName = ["write_file", "replace"]
+decision = "deny"
+priority = 800
+
 [[rule]]
 toolName = ["run_shell_command", "web_fetch", "google_web_search", "save_memory"]
 decision = "deny"
