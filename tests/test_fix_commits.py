@@ -3,6 +3,7 @@ the person's work goes into it. Real sweeps, real git repositories."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 
@@ -222,3 +223,31 @@ def test_a_commit_refused_for_a_day_is_given_up_with_the_reason(repo):
     )
     with db(repo) as conn:
         assert conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+
+
+def test_an_agent_that_puts_an_earlier_fixs_text_back_is_not_excused(repo):
+    """Any fix ever written excused a change to its text: a reviewer that ran `git checkout`
+    over a person's later edit of a fixed note was judged on its output, and the person's
+    edit was gone without a word. Only a fix written while the attempt ran excuses it."""
+    from orchestrator.cycles.fixes import changes_not_the_agents
+    from orchestrator.state.store import Store, utcnow
+
+    from .test_kbwatch import _attempt
+
+    sweep(repo)
+    assert fix_job(repo)["result"] == "applied"
+    fixed = (repo.root / NOTE).read_text()
+    (repo.root / NOTE).write_text(fixed + "A person's new paragraph.\n")
+    with contextlib.closing(Store(repo.state / "state.db")) as store:
+        review = store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'review'").fetchone()[
+            0
+        ]
+        with store.write():  # the attempt that now runs, opened after the fix
+            store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at) "
+                "VALUES (?, 99, 'running', ?)",
+                (review, utcnow()),
+            )
+        out = _attempt(repo.root, f"git checkout -- {NOTE}", guarded=(NOTE,), trees=("kb",))
+        assert out.classification == "reviewer-touched-kb" and out.touched == [NOTE]
+        assert not changes_not_the_agents(store, review, 99, out.touched, out.touched_hashes)

@@ -135,7 +135,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             )
             return ForegroundResult(outcome, FinalizeResult(job_id, "superseded", [why]))
         if outcome.classification == TOUCHED_KB and changes_not_the_agents(
-            store, opened.kind, opened.note_path, outcome.touched, outcome.touched_hashes
+            store, job_id, opened.attempt, outcome.touched, outcome.touched_hashes
         ):
             # Judge the output, as the control process does (a fix of a note changed
             # meanwhile is found stale; another job's fix written meanwhile is no fault).

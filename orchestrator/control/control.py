@@ -426,8 +426,8 @@ class Control:
         cls = o["classification"]
         if cls == "reviewer-touched-kb" and changes_not_the_agents(
             self.store,
-            job["kind"],
-            job["note_path"],
+            job_id,
+            attempt,
             o.get("touched") or [],
             o.get("touched_hashes") or {},
         ):

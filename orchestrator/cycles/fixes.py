@@ -395,6 +395,12 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
             store.conn.execute(
                 "UPDATE fix_writes_due SET written = 1 WHERE job_id = ?", (due["job_id"],)
             )
+            # When it reached the KB (a disk that was full delays it): what it excuses
+            # an attempt running then for.
+            store.conn.execute(
+                "UPDATE fix_writes SET at = ? WHERE path = ? AND sha256 = ?",
+                (utcnow(), due["path"], due["new_sha256"]),
+            )
     commit = None
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
         waited = due["written"] and due["error"] != NOT_TRIED  # its commit waited a tick
@@ -441,19 +447,29 @@ def _not_written(store: Store, job, note_path: str) -> None:
 
 
 def changes_not_the_agents(
-    store: Store, kind: str, note_path: str | None, touched: list[str], hashes: dict[str, str]
+    store: Store, job_id: int, attempt: int, touched: list[str], hashes: dict[str, str]
 ) -> bool:
     """Whether every change an attempt saw in the KB is excused: the note a fix targets
     changed during the fix (whoever changed it, the fix is then judged stale and the text
     kept), or each change is a fix reviewq itself wrote meanwhile (its path and resulting
-    hash in ``fix_writes``). The control process and ``run-job`` ask alike."""
+    hash in ``fix_writes``, written since the attempt opened: any earlier fix excused an
+    agent that put its text back over a person's later edit). The control process and
+    ``run-job`` ask alike."""
     if not touched:
         return False
-    if kind == "fix" and set(touched) == {note_path}:
+    row = store.conn.execute(
+        "SELECT j.kind, j.note_path, a.started_at FROM review_jobs j JOIN attempts a "
+        "ON a.job_id = j.id AND a.attempt = ? WHERE j.id = ?",
+        (attempt, job_id),
+    ).fetchone()
+    if row is None:
+        return False
+    if row["kind"] == "fix" and set(touched) == {row["note_path"]}:
         return True
     return all(
         store.conn.execute(
-            "SELECT 1 FROM fix_writes WHERE path = ? AND sha256 = ?", (path, hashes.get(path))
+            "SELECT 1 FROM fix_writes WHERE path = ? AND sha256 = ? AND at >= ?",
+            (path, hashes.get(path), row["started_at"]),
         ).fetchone()
         for path in touched
     )
