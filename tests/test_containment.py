@@ -808,3 +808,32 @@ def test_an_unterminated_escape_takes_no_later_line_of_a_rationale():
     assert logs.redact(text) == (
         "- FAIL: a stray \n- WARN: the second finding\n- PASS: 50%\n100%\n"
     )
+
+
+def test_a_reviewer_that_changes_another_note_root_is_caught(kb):
+    """Only the top folders of the job's own notes and gates were watched: with a second
+    note root, a reviewer of kb/notes/alpha.md that changed wiki/w.md was finalized."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write("wiki/w.md", "---\ntitle: W\n---\nW body.\n")
+    kb.write(
+        "reviewq.toml",
+        '[kb]\nnote_roots = ["kb/notes", "wiki"]\n'
+        '[reviewers.tamper]\nkind = "command"\npartition = "t"\n'
+        'command = ["sh", "-c", "echo tampered >> wiki/w.md"]\n',
+    )
+    root = ["--root", str(kb.root)]
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "reviewq"), *root, "enqueue", "--reviewer", "tamper",
+         "--note", "kb/notes/alpha.md", "--all-gates"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    subprocess.run(
+        [str(Path(sys.executable).parent / "reviewq"), *root, "run-job", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        outcome, reasons = conn.execute("SELECT outcome, reasons FROM attempts").fetchone()
+    assert outcome == "reviewer-touched-kb", (outcome, reasons)
+    assert "wiki/w.md" in reasons

@@ -68,7 +68,13 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     )
     with terminate_raises([], ctrl_c=True):
         opened = open_attempt(
-            store, ws.state_dir, ws.root, job_id, profile.name, partition=profile.partition
+            store,
+            ws.state_dir,
+            ws.root,
+            job_id,
+            profile.name,
+            partition=profile.partition,
+            note_roots=ws.settings.note_roots,
         )
         try:
             return _run(ws, job_id, profile, reviewer, opened)

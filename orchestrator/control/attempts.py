@@ -59,6 +59,7 @@ def open_attempt(
     outcome: str = "running",
     partition: str | None = None,
     statuses: tuple[str, ...] = ("queued", "running"),
+    note_roots: tuple[str, ...] = (),
 ) -> OpenedAttempt:
     """Move a queued job to running under a new attempt number and write its prompt.
     ``outcome`` is ``dispatched`` when the attempt goes to a queue worker, which reports
@@ -68,7 +69,7 @@ def open_attempt(
     decisions would be recorded under the wrong model. A fix job records no decision
     (its fixer may write another partition, as the queue allows), so any profile runs it.
     ``statuses``: what the job may be (dispatch takes only queued jobs); otherwise
-    :class:`JobMoved`."""
+    :class:`JobMoved`. ``note_roots``: the KB's, every one watched while the agent runs."""
     with store.write():
         # Read under the write lock: a finalize that committed after a read taken before
         # it would be reopened here, and the job accepted twice.
@@ -134,7 +135,6 @@ def open_attempt(
             )
             note_text = rows[0][4] if rows else None
             guarded = tuple(sorted({r[0] for r in rows} | {r[2] for r in rows}))
-            trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
         else:
             output = attempt_dir / "bundle-output.md"
             items = load_job_items(store, job_id)
@@ -152,9 +152,9 @@ def open_attempt(
                 for i in items
             )
             guarded = tuple(sorted({i.note_path for i in items} | {i.gate.path for i in items}))
-            # A reviewer must leave the whole KB alone, not only the files it was shown: a
-            # note it creates or deletes beside them counts as touched too.
-            trees = tuple(sorted({p.split("/", 1)[0] for p in guarded}))
+        # A reviewer must leave the whole KB alone, not only the files it was shown: a note
+        # it creates or deletes beside them counts as touched too, in every note root.
+        trees = tuple(sorted({p.split("/", 1)[0] for p in (*guarded, *note_roots)}))
         prompt_path = attempt_dir / "prompt.md"
         prompt_path.write_text(prompt, encoding="utf-8")
     return OpenedAttempt(

@@ -229,6 +229,7 @@ class Control:
                     name,
                     outcome="dispatched",
                     statuses=("queued",),
+                    note_roots=self.settings.note_roots,
                 )
             except JobMoved:
                 continue  # finalized, failed or run by hand since the look above
