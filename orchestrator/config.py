@@ -14,6 +14,7 @@ import shlex
 import string
 import tomllib
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -692,6 +693,15 @@ _CRON_NAMES = {
 }
 
 
+def cron_iter(expr: str, start: datetime) -> croniter:
+    """``expr`` from ``start``, with cron(5)'s days: when the day of month or the weekday
+    field starts with ``*`` (``*/2``), a day must match both; croniter's default took
+    either, and ``0 3 */2 * 1-5`` (odd days that are weekdays) fired on weekends too."""
+    fields = expr.split()
+    both = len(fields) == 5 and (fields[2].startswith("*") or fields[4].startswith("*"))
+    return croniter(expr, start, day_or=not both)
+
+
 def check_cron(expr: str, where: str = "cron") -> None:
     """A bad cron expression is refused when the settings load, not at 3 a.m."""
     if len(expr.split()) != 5:
@@ -713,6 +723,6 @@ def check_cron(expr: str, where: str = "cron") -> None:
     if not croniter.is_valid(expr):
         raise ConfigError(f"{where} {expr!r}: not a valid cron expression")
     try:
-        croniter(expr).get_next()
+        cron_iter(expr, datetime.now()).get_next()
     except CroniterBadDateError:
         raise ConfigError(f"{where} {expr!r}: matches no date (such as 31 February)") from None

@@ -615,6 +615,120 @@ def test_a_run_missed_while_no_control_ran_is_not_replayed(kb):
     ws.close()
 
 
+def test_a_clock_that_ran_ahead_once_does_not_silence_the_sweep(kb):
+    """One tick under a clock set a year ahead stored that time as the last check: every
+    night after the clock was put right was skipped without a word."""
+    from datetime import datetime
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    assert due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
+    assert due_sweeps(ws, datetime(2027, 1, 1, 0, 0).astimezone()) == []  # the bad clock
+    cron_fired(ws, "nightly", datetime(2027, 1, 1, 0, 0).astimezone())
+    assert due_sweeps(ws, datetime(2026, 1, 2, 3, 30).astimezone()) == []  # put right
+    assert [s.name for s in due_sweeps(ws, datetime(2026, 1, 3, 3, 0, 5).astimezone())] == [
+        "nightly"
+    ]
+    [said] = [e for e in log_lines(kb) if e["event"] == "sweep.clock_went_back"]
+    assert said["sweep"] == "nightly"
+    ws.close()
+
+
+def test_one_sweeps_passing_failure_does_not_keep_the_others_of_its_minute_from_running(
+    kb, monkeypatch
+):
+    """A locked state.db (or a full disk) in one sweep's enqueue was raised at once: the
+    sweeps after it in the same minute were not tried, and ten minutes of it later were
+    logged as missed 'as no control process was running'."""
+    import sqlite3
+    from datetime import datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "a"\ncron = "0 3 * * *"\n[[sweeps]]\nname = "b"\ncron = "0 3 * * *"\n',
+    )
+    ws = Workspace.open(kb.root)
+    real = producer.enqueue
+    tried: list[str] = []
+
+    def enqueue(ws, req):  # noqa: ANN001, ANN202
+        tried.append(req.name)
+        if req.name == "a":
+            raise sqlite3.OperationalError("database is locked")
+        return real(ws, req)
+
+    monkeypatch.setattr(producer, "enqueue", enqueue)
+    assert producer.due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
+    with pytest.raises(sqlite3.OperationalError):
+        producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    assert tried == ["a", "b"]
+    # b ran; a is still due at the tick that is run again.
+    later = datetime(2026, 1, 2, 3, 1).astimezone()
+    assert [s.name for s in producer.due_sweeps(ws, later)] == ["a"]
+    ws.close()
+
+
+def test_a_day_field_with_a_star_must_match_with_the_other_as_in_cron5(kb):
+    """`0 3 */2 * 1-5` is odd days that are weekdays in cron(5); croniter's default read
+    either, and it fired on weekends too."""
+    from datetime import datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "n"\ncron = "0 3 */2 * 1-5"\n')
+    ws = Workspace.open(kb.root)
+    assert due_sweeps(ws, datetime(2026, 2, 28, 23, 0).astimezone()) == []  # the clock starts
+    fired = []
+    for day in range(1, 15):  # Sunday 1 March to Saturday 14, a tick at each 03:00:30
+        t = datetime(2026, 3, day, 3, 0, 30).astimezone()
+        if due_sweeps(ws, t):
+            fired.append(t.strftime("%a %d"))
+            cron_fired(ws, "n", t)
+    ws.close()
+    assert fired == ["Tue 03", "Thu 05", "Mon 09", "Wed 11", "Fri 13"]
+
+
+def test_a_configured_sweeps_notes_are_roots_and_notes_named_with_it_make_it_ad_hoc(kb, tmp_path):
+    """The notes of a [[sweeps]] entry were read from the working folder (a control
+    started elsewhere failed every night, on paths `doctor` found fine); and `--name
+    NIGHTLY --note X` was refused, though OPERATIONS §2 makes it an ad-hoc sweep."""
+    small_kb(kb, notes=2)
+    kb.write(
+        "reviewq.toml",
+        fake_profile()
+        + '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nreviewer = "fake"\n'
+        + 'notes = ["kb/notes/n0.md"]\n',
+    )
+    elsewhere = tmp_path / "elsewhere"  # another checkout, holding the same paths
+    (elsewhere / "kb" / "notes").mkdir(parents=True)
+    (elsewhere / "kb" / "notes" / "n0.md").write_text("---\ntitle: Other\n---\nOther.\n")
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--name", "nightly", cwd=elsewhere)
+    assert res.returncode == 0, res.stderr
+    res = reviewq_process(
+        "--root", str(kb.root), "enqueue", "--name", "nightly", "--reviewer", "fake",
+        "--note", "kb/notes/n1.md", "--json",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        runs = conn.execute("SELECT name, options FROM sweep_runs ORDER BY id").fetchall()
+    assert [(name, json.loads(o)["notes"]) for name, o in runs] == [
+        ("nightly", ["kb/notes/n0.md"]),
+        ("nightly", ["kb/notes/n1.md"]),
+    ]
+
+
 @pytest.fixture
 def new_york(monkeypatch):
     """The process's local time zone is New York's (DST ends 2026-11-01 02:00 EDT)."""

@@ -110,7 +110,7 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
     from orchestrator.sweeps.producer import SweepRequest
 
     configured = ws.settings.sweeps.get(opts["sweep_name"]) if ws is not None else None
-    if configured is not None and not opts["selectors"] and not opts["all_gates"]:
+    if configured is not None and not (opts["selectors"] or opts["all_gates"] or opts["notes"]):
         # `--name NIGHTLY` alone runs a [[sweeps]] entry now, as its cron would. An option
         # it would not use is refused rather than dropped: `--fix` must not mean no fix.
         ctx = click.get_current_context()
@@ -123,7 +123,7 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
                     f"{param.opts[0]}: sweep {configured.name!r} runs as reviewq.toml "
                     "configures it; change it there, or name the gates to run an ad-hoc sweep"
                 )
-        req = SweepRequest.from_config(configured, trigger=trigger)
+        req = SweepRequest.from_config(configured, ws.root, trigger=trigger)
         if opts["budget_usd"] is not None:
             req.budget_usd = opts["budget_usd"]
         return req

@@ -10,11 +10,12 @@ import sqlite3
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from croniter import CroniterError, croniter
+from croniter import CroniterError
 
 from orchestrator import logs
-from orchestrator.config import SweepConfig
+from orchestrator.config import SweepConfig, cron_iter
 from orchestrator.cycles import escalations
 from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import FileProblem, KBError
@@ -44,13 +45,16 @@ class SweepRequest:
     trigger: str = "cli"
 
     @classmethod
-    def from_config(cls, s: SweepConfig, trigger: str = "cron") -> SweepRequest:
+    def from_config(cls, s: SweepConfig, root: Path, trigger: str = "cron") -> SweepRequest:
+        """``root``: the notes an entry names are ROOT's, whatever folder the process runs
+        in (read from the working folder, a control started elsewhere failed every night
+        on paths `doctor` found fine)."""
         return cls(
             name=s.name,
             reviewer=s.reviewer,
             selectors=s.select,
             all_gates=s.all_gates,
-            notes=s.notes,
+            notes=tuple(str(root / n) for n in s.notes),
             current=s.current,
             grouping=s.grouping,
             batch_size=s.batch_size,
@@ -144,6 +148,8 @@ def enqueue(
             for n, g in sorted(again)
         ]
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
+    if note_paths is not None:
+        options["notes"] = note_paths  # root-relative, however they were given
     if run_id is None:
         with store.write():
             run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
@@ -300,6 +306,17 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
         if row is None:
             cron_fired(ws, sweep.name, now)
             continue
+        if _instant(row[0]) > now + late:
+            # Checked under a clock that ran ahead (a VM booted before NTP, a date set by
+            # hand): every night until that time came again was skipped without a word.
+            logs.get().warning(
+                "sweep.clock_went_back",
+                sweep=sweep.name,
+                checked_at=row[0],
+                note="the sweep's clock starts again now",
+            )
+            cron_fired(ws, sweep.name, now)
+            continue
         fired = _last_match(sweep.cron, now)
         if fired is None or fired <= _instant(row[0]):
             continue
@@ -328,14 +345,17 @@ def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
 
 def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
     """Enqueue the cron sweeps due now (the control process's tick). A failure that can
-    pass (state.db locked, a full disk) propagates with the sweep still due, so the tick
-    that is run again enqueues it; any other is logged, and the sweep waits for its next
-    matching minute."""
+    pass (state.db locked, a full disk) leaves its sweep due, so the tick that is run
+    again enqueues it, and is raised once every other due sweep was tried (one sweep's
+    failure kept the others of its minute from running); any other is logged, and the
+    sweep waits for its next matching minute."""
+    passing: Exception | None = None
     for sweep in due_sweeps(ws, now):
         try:
-            enqueue(ws, SweepRequest.from_config(sweep, trigger="cron"))
-        except (sqlite3.Error, OSError):
-            raise
+            enqueue(ws, SweepRequest.from_config(sweep, ws.root, trigger="cron"))
+        except (sqlite3.OperationalError, OSError) as exc:
+            passing = passing or exc
+            continue
         except Exception as exc:
             logs.get().error(
                 "sweep.failed",
@@ -344,6 +364,8 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
                 recovery="the sweep runs again at its next matching minute",
             )
         cron_fired(ws, sweep.name, now)
+    if passing is not None:
+        raise passing
 
 
 def _last_match(cron: str, now: datetime) -> datetime | None:
@@ -351,7 +373,7 @@ def _last_match(cron: str, now: datetime) -> datetime | None:
     local wall time; None if it matches none (refused when the settings load)."""
     wall = now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
     try:
-        match = croniter(cron, wall + timedelta(minutes=1)).get_prev(datetime)
+        match = cron_iter(cron, wall + timedelta(minutes=1)).get_prev(datetime)
     except CroniterError:
         return None
     # A wall time the spring change skips (02:30 on the night 02:00 becomes 03:00) runs
