@@ -256,3 +256,22 @@ def test_a_helper_that_outlives_git_does_not_hold_the_commit(repo, monkeypatch):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(helper_pid), signal.SIGKILL)
     assert out.why_not is None and out.sha == git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_process_started_from_another_repositorys_hook_commits_in_the_kbs(
+    repo, tmp_path, monkeypatch
+):
+    """GIT_DIR (set for a git hook or alias, a person's `git x` that runs reviewq) was
+    inherited: the fix commit landed in that other repository."""
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    git(other, "commit", "-q", "--allow-empty", "-m", "other's own")
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(other))
+    out = fix(repo)
+    monkeypatch.delenv("GIT_DIR")
+    monkeypatch.delenv("GIT_WORK_TREE")
+    assert out.why_not is None and out.sha
+    assert commits(repo)[0].startswith(f"reviewq fix: {NOTE}")
+    assert commits(other) == ["other's own"]

@@ -32,6 +32,18 @@ _ENV = {
     "LC_ALL": "C",
     "GIT_LITERAL_PATHSPECS": "1",
 }
+# What names another repository than the KB's: set in a process started from a git hook
+# or alias (a person's `git x` that runs reviewq), the fix commit landed in that one.
+_ELSEWHERE = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_CEILING_DIRECTORIES",
+)
 # Another git in the same repository (a person's editor running `git status`) holds
 # index.lock for a moment: the commit is tried again for a few seconds before it is given up.
 _LOCK_TRIES = 6
@@ -70,7 +82,11 @@ def _git(
     p = subprocess.Popen(
         argv,
         cwd=root,
-        env={**os.environ, **_ENV, **(env or {})},
+        env={
+            **{k: v for k, v in os.environ.items() if k not in _ELSEWHERE},
+            **_ENV,
+            **(env or {}),
+        },
         stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
