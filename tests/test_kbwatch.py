@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from orchestrator import logs
 from workers import kbwatch
-from workers.kbwatch import KBWatch, lost
+from workers.kbwatch import KBWatch, lost, tree_stamps
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or kbwatch.INotify is None, reason="inotify is Linux's"
@@ -463,3 +463,18 @@ def test_a_touching_attempt_says_how_it_ended_without_the_change(root):
     out = _attempt(root, "echo x >> kb/notes/a.md", guarded=("kb/notes/a.md",))
     assert out.classification == "reviewer-touched-kb"
     assert out.untouched == ["output", []]  # the script writes its output after the command
+
+
+def test_reviewqs_own_export_folder_takes_no_watch_and_no_scan(root, watch):
+    """Every folder of an export (one per note and lens) got an inotify watch, never
+    dropped: a large export took every watch the user had, and every window open then
+    reported the whole KB as touched."""
+    gates = root / "kb" / "reports" / "reviews" / "gates"
+    (gates / "kb__notes__a.md" / "prose").mkdir(parents=True)
+    token = watch.begin(root, TREES)
+    (gates / "kb__notes__b.md" / "prose").mkdir(parents=True)  # an export while it runs
+    (gates / "kb__notes__b.md" / "prose" / "g.md").write_text("exported\n")
+    assert watch.end(token) == set()
+    watched = [rel for state in watch._roots.values() for rel in state.dirs]
+    assert "kb/notes" in watched and not [r for r in watched if r.startswith("kb/reports")]
+    assert not [p for p in tree_stamps(root, TREES) if p.startswith("kb/reports")]

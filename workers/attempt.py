@@ -28,7 +28,7 @@ from orchestrator.config import Settings
 from orchestrator.review.finalize import FinalizeError, read_output
 from orchestrator.state.store import utcnow
 
-from .kbwatch import WATCH
+from .kbwatch import WATCH, unwatched
 from .reviewers import AttemptSpec, Reviewer
 from .reviewers.base import Telemetry, priced
 from .reviewers.vendor import bounded, failure_kind
@@ -261,7 +261,6 @@ def session_members(sid: int) -> list[int]:
 
 _NAMED = 20  # touched files named in the reasons (and so in the retry prompt); then a count
 _HASHED = 200  # ... and hashed: a fix write excuses a file only with its hash
-_REPORTS = "kb/reports/"  # reviewq's export writes here while reviews run
 
 
 def _kb_content(rel: str) -> bool:
@@ -269,7 +268,7 @@ def _kb_content(rel: str) -> bool:
     KB: a note, gate or type spec (a `.md` file) or a folder of them gone (``dir/``).
     Not reviewq's own reports (``reviewq export`` while reviews run failed them all), nor
     a scratch file beside the notes (vim's ``4913`` probe on every save)."""
-    return not rel.startswith(_REPORTS) and rel.endswith((".md", "/"))
+    return not unwatched(rel) and rel.endswith((".md", "/"))
 
 
 def run_attempt(

@@ -47,6 +47,16 @@ _GONE = IN_DELETE | IN_MOVED_FROM
 _CAME = IN_CREATE | IN_MOVED_TO
 
 
+# reviewq's own export writes here while reviews run, and that is no agent's doing: it is
+# neither watched (a large export's folders took every inotify watch the user had, and
+# every window open then reported the whole KB) nor scanned.
+UNWATCHED = "kb/reports"
+
+
+def unwatched(rel: str) -> bool:
+    return rel == UNWATCHED or rel.startswith(UNWATCHED + "/")
+
+
 def tree_stamps(root: Path, trees: Iterable[str]) -> dict[str, tuple[int, int, int]]:
     """(size, mtime, inode) of every file under the folders ``trees`` of ``root``; hidden
     entries (an editor's swap files) are left out."""
@@ -64,7 +74,8 @@ def tree_stamps(root: Path, trees: Iterable[str]) -> dict[str, tuple[int, int, i
                     continue
                 try:
                     if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
+                        if not unwatched(e.path[prefix:]):
+                            stack.append(e.path)
                         continue
                     st = e.stat(follow_symlinks=False)
                 except OSError:
@@ -352,7 +363,8 @@ class KBWatch:
                     except OSError:
                         is_dir = False
                     if is_dir:
-                        stack.append((sub, False))
+                        if not unwatched(sub):
+                            stack.append((sub, False))
                     elif record:
                         self._record(state, sub)
         except _Full as exc:
@@ -415,8 +427,8 @@ class KBWatch:
             if not name or name.startswith("."):
                 continue  # the folder itself (its parent reports it), or a hidden entry
             rel = f"{folder}/{name}" if folder else name
-            if state.trees.get(rel.split("/", 1)[0], "") is not None:
-                continue  # not a tree of this root, or one that is scanned instead
+            if state.trees.get(rel.split("/", 1)[0], "") is not None or unwatched(rel):
+                continue  # not a tree of this root, one that is scanned instead, or reviewq's
             if not folder:  # at the root: a tree's own folder appeared or went away
                 # (a tree that is a symlink to a folder goes away without IN_ISDIR)
                 if mask & _GONE and (mask & IN_ISDIR or rel in state.dirs):
