@@ -467,8 +467,11 @@ def test_a_state_folder_under_home_is_read_as_such(kb, monkeypatch, tmp_path):
     [
         ('[kb]\nnote_roots = ["kb"]\n', "note root kb: overlaps kb/instructions/review-gates"),
         ('[state]\ndir = "kb/notes/state"\n', "lies in the note root kb/notes"),
+        # Beside the notes, in a folder agents must leave alone: every review failed on
+        # reviewq's own files (its prompts, outputs, escalation reports).
+        ('[state]\ndir = "kb/state"\n', "lies in kb/, which agents must leave alone"),
     ],
-    ids=["root-holds-the-gates", "state-in-a-note-root"],
+    ids=["root-holds-the-gates", "state-in-a-note-root", "state-in-the-kb"],
 )
 def test_doctor_refuses_the_note_roots_that_select_refuses(kb, run_cli, toml, says):
     """Doctor checked only that the folder is there: ok to a root every sweep refused,

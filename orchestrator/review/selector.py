@@ -129,6 +129,17 @@ def note_root_problems(kb: KB, state_dir: Path | None = None) -> list[str]:
                 f"the state folder {state_dir} lies in the note root {r or '.'}: reviewq's own "
                 "files would be reviewed as notes; move it ([state] dir or --state)"
             )
+            state_dir = None  # said once
+    # The folders agents must leave alone while they run (every note root's top folder,
+    # the gates'): reviewq's own files written there were each review's "change".
+    watched = {r.split("/", 1)[0] for r in kb.note_roots if r} | {GATES_DIR.split("/", 1)[0]}
+    for tree in sorted(watched):
+        if state_dir is not None and _reviewed_inside(kb.root / tree, state_dir):
+            problems.append(
+                f"the state folder {state_dir} lies in {tree}/, which agents must leave alone "
+                "while they run: every review would fail on reviewq's own files; move it "
+                "([state] dir or --state)"
+            )
     return problems
 
 
