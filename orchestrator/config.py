@@ -499,6 +499,12 @@ def _sweep(value: object, index: int) -> SweepConfig:
     name = value.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where} name: required, a string")
+    if name == "cli":
+        # A plain `reviewq enqueue` (--name cli, the default) ran that entry instead of
+        # what its options asked for, and refused most of them.
+        raise ConfigError(
+            f"{where} name 'cli': the name a sweep run from the command line gets; choose another"
+        )
     where = f"[[sweeps]] {name!r}"
     t = _Table(value, where, _SWEEP_KEYS)
     grouping = t.string("grouping", "note")

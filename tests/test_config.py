@@ -31,6 +31,8 @@ BAD = [
     ("sweeps = 3\n", "[[sweeps]]", "expected an array of tables"),
     ("[sweeps]\nname = 'n'\n", "[[sweeps]]", "expected an array of tables"),
     ("sweeps = [1]\n", "[[sweeps]] #1", "expected a table"),
+    # `reviewq enqueue`'s default --name: a plain enqueue ran the entry instead.
+    ('[[sweeps]]\nname = "cli"\n', "[[sweeps]] #1 name 'cli'", "from the command line"),
     ("[state]\ndir = 3\n", "[state] dir", "expected a string"),
     ("[kb]\nnote_roots = 3\n", "[kb] note_roots", "expected a string or a list of strings"),
     # Each meant more than the notes, or (the empty list) the default in silence.
