@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import posixpath
 import re
 import shlex
 import string
@@ -603,8 +604,9 @@ def _config_text(path: Path) -> str | None:
 
 
 def _note_roots(kb: _Table) -> tuple[str, ...]:
-    """The note roots as written: what no KB can make right is refused here, before a
-    command reads the KB (what is under ROOT, the selector checks)."""
+    """The note roots, normalised (``./wiki/`` is ``wiki``: as written, the folder watched
+    while agents ran was ``.``, all of ROOT): what no KB can make right is refused here,
+    before a command reads the KB (what is under ROOT, the selector checks)."""
     roots = kb.strings("note_roots")
     if "note_roots" in kb.data and not roots:
         # An empty list meant the default in silence.
@@ -620,7 +622,7 @@ def _note_roots(kb: _Table) -> tuple[str, ...]:
                 f"[kb] note_roots: {r}: an absolute path; name a folder under ROOT, "
                 "relative to it (default kb/notes)"
             )
-    return roots
+    return tuple(posixpath.normpath(r.strip()).strip("/") for r in roots)
 
 
 def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings:

@@ -572,3 +572,16 @@ def test_a_log_that_cannot_be_created_is_one_line_too(kb):
         f"error: {logs_dir / 'reviewq.jsonl'}: cannot open the log: No such file or directory"
     ], res.stderr
     assert not (kb.state / "state.db").exists()
+
+
+def test_note_roots_are_normalised():
+    """`./wiki/` was kept as written: the folder watched while agents ran was `.`, all of
+    ROOT, and with a state folder there every review failed on its own output."""
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.config import load_settings
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "reviewq.toml").write_text('[kb]\nnote_roots = ["kb/notes", "./wiki/"]\n')
+        assert load_settings(Path(d)).note_roots == ("kb/notes", "wiki")

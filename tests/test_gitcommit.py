@@ -275,3 +275,22 @@ def test_a_process_started_from_another_repositorys_hook_commits_in_the_kbs(
     assert out.why_not is None and out.sha
     assert commits(repo)[0].startswith(f"reviewq fix: {NOTE}")
     assert commits(other) == ["other's own"]
+
+
+def test_a_kb_fenced_off_from_an_enclosing_repository_gets_no_commit_there(tmp_path, monkeypatch):
+    """GIT_CEILING_DIRECTORIES is the person's fence: dropped with the variables that name
+    another repository, git found the repository above the KB and committed there."""
+    outer = tmp_path / "srv"
+    root = outer / "kbroot"
+    (root / "kb" / "notes").mkdir(parents=True)
+    (root / NOTE).write_bytes(b"# Alpha\n\nAlpha body.\n")
+    git(outer, "init", "-q", "-b", "main")
+    git(outer, "config", "user.name", "A Person")
+    git(outer, "config", "user.email", "person@example.org")
+    git(outer, "add", "-A")
+    git(outer, "commit", "-q", "-m", "the server")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(outer))
+    out = fix(root)
+    assert out.sha is None and "not in a git repository" in out.why_not
+    monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
+    assert git(outer, "log", "--format=%s").splitlines() == ["the server"]

@@ -32,18 +32,40 @@ _ENV = {
     "LC_ALL": "C",
     "GIT_LITERAL_PATHSPECS": "1",
 }
-# What names another repository than the KB's: set in a process started from a git hook
-# or alias (a person's `git x` that runs reviewq), the fix commit landed in that one.
+# What a git hook or alias of another repository sets for the git it runs (`git rev-parse
+# --local-env-vars`): inherited by reviewq started from one (a person's `git x`), the fix
+# commit landed in that repository. GIT_CEILING_DIRECTORIES is not among them: it fences
+# the search upward, and is the person's to keep.
 _ELSEWHERE = (
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
     "GIT_ALTERNATE_OBJECT_DIRECTORIES",
     "GIT_COMMON_DIR",
+    "GIT_CONFIG",
+    "GIT_CONFIG_COUNT",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_DIR",
+    "GIT_GRAFT_FILE",
+    "GIT_IMPLICIT_WORK_TREE",
+    "GIT_INDEX_FILE",
     "GIT_NAMESPACE",
-    "GIT_CEILING_DIRECTORIES",
+    "GIT_NO_REPLACE_OBJECTS",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_PREFIX",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE",
+    "GIT_WORK_TREE",
 )
+
+
+def git_env(**extra: str) -> dict[str, str]:
+    """The environment a git run on the KB gets: this process's, without what names
+    another repository, and unattended (no prompt, editor or pager)."""
+    return {
+        **{k: v for k, v in os.environ.items() if k not in _ELSEWHERE},
+        **_ENV,
+        **extra,
+    }
+
+
 # Another git in the same repository (a person's editor running `git status`) holds
 # index.lock for a moment: the commit is tried again for a few seconds before it is given up.
 _LOCK_TRIES = 6
@@ -82,11 +104,7 @@ def _git(
     p = subprocess.Popen(
         argv,
         cwd=root,
-        env={
-            **{k: v for k, v in os.environ.items() if k not in _ELSEWHERE},
-            **_ENV,
-            **(env or {}),
-        },
+        env=git_env(**(env or {})),
         stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

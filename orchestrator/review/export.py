@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.gitcommit import git_env
 from orchestrator.kb.notes import canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
 from orchestrator.state.files import ReportError, flat
@@ -42,6 +43,7 @@ def git_head(root: Path) -> str:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"],
             cwd=root,
+            env=git_env(),
             capture_output=True,
             text=True,
             timeout=10,
