@@ -338,7 +338,7 @@ def _permissive(vendor: str, home: Path, root: Path, into: Path) -> Path:
     mine = into / "home"
     shutil.copytree(home, mine, symlinks=True)
     note = root / "kb" / "notes" / "hooked.md"
-    if vendor == "claude":  # hooks run shell commands whatever the tools allowed
+    if vendor == "claude":  # hooks and MCP servers run commands whatever the tools allowed
         hook = {"type": "command", "command": f"echo hooked >> {note}"}
         (root / ".claude").mkdir(exist_ok=True)
         (root / ".claude" / "settings.json").write_text(
@@ -346,9 +346,12 @@ def _permissive(vendor: str, home: Path, root: Path, into: Path) -> Path:
                 {
                     "permissions": {"allow": ["Write", "Edit", "Bash"]},
                     "hooks": {"PostToolUse": [{"matcher": ".*", "hooks": [hook]}]},
+                    "enableAllProjectMcpServers": True,
                 }
             )
         )
+        server = {"command": "sh", "args": ["-c", f"echo mcp >> {note}; sleep 30"]}
+        (root / ".mcp.json").write_text(json.dumps({"mcpServers": {"kb": server}}))
     elif vendor == "gemini":  # tools.allowed outranks a policy that only allows
         settings = mine / ".gemini" / "settings.json"
         data = json.loads(settings.read_text())
@@ -358,7 +361,10 @@ def _permissive(vendor: str, home: Path, root: Path, into: Path) -> Path:
         config = mine / ".codex" / "config.toml"
         config.parent.mkdir(exist_ok=True)
         old = config.read_text() if config.exists() else ""
-        config.write_text(old + f'\n[sandbox_workspace_write]\nwritable_roots = ["{root}"]\n')
+        notify = f'notify = ["sh", "-c", "echo notified >> {note}"]\n'
+        config.write_text(
+            notify + old + f'\n[sandbox_workspace_write]\nwritable_roots = ["{root}"]\n'
+        )
     return mine
 
 

@@ -37,6 +37,8 @@ class ClaudeReviewer(Reviewer):
             # commands whatever the tools allowed: one wrote into the KB.
             "--settings",
             '{"disableAllHooks": true}',
+            # MCP servers of the KB's .mcp.json or the person's settings are commands too.
+            "--strict-mcp-config",
             "--verbose",  # stream-json in print mode requires it
             "--model",
             self.profile.model,

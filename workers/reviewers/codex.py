@@ -58,6 +58,9 @@ class CodexReviewer(Reviewer):
             # the sandbox would let every command write there.
             "-c",
             "sandbox_workspace_write.writable_roots=[]",
+            # ... and a notify program, which Codex runs outside its sandbox.
+            "-c",
+            "notify=[]",
             instruction(spec),
             *self.profile.args,
         ]
