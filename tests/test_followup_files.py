@@ -13,6 +13,7 @@ import pytest
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
 from orchestrator.review.bundle import end_line, start_line
+from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
@@ -755,8 +756,8 @@ def _excused(cycle, **outcome) -> tuple[str, list[str]]:
     msg = sent.pop(0)
     note = next(iter(msg["guarded"]))
     sha = "0" * 64
-    with ws.store.write():
-        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, '2026-01-01')", (note, sha))
+    with ws.store.write():  # written while the attempt ran
+        ws.store.conn.execute("INSERT INTO fix_writes VALUES (?, ?, 99, ?)", (note, sha, utcnow()))
     control.on_outcome(
         {
             "job_id": msg["job_id"],
