@@ -21,14 +21,19 @@ NOTE = "kb/notes/alpha.md"
 @pytest.fixture
 def repo(tmp_path):
     root = tmp_path / "kbroot"
+    _committed(root, root, "the KB")
+    return root
+
+
+def _committed(root, top, message: str) -> None:
+    """A KB at ``root`` with its one note, committed in a repository at ``top``."""
     (root / "kb" / "notes").mkdir(parents=True)
     (root / NOTE).write_bytes(b"# Alpha\n\nAlpha body.\n")
-    git(root, "init", "-q", "-b", "main")
-    git(root, "config", "user.name", "A Person")
-    git(root, "config", "user.email", "person@example.org")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "the KB")
-    return root
+    git(top, "init", "-q", "-b", "main")
+    git(top, "config", "user.name", "A Person")
+    git(top, "config", "user.email", "person@example.org")
+    git(top, "add", "-A")
+    git(top, "commit", "-q", "-m", message)
 
 
 def fix(root, rel: str = NOTE, job_id: int = 7):
@@ -282,13 +287,7 @@ def test_a_kb_fenced_off_from_an_enclosing_repository_gets_no_commit_there(tmp_p
     another repository, git found the repository above the KB and committed there."""
     outer = tmp_path / "srv"
     root = outer / "kbroot"
-    (root / "kb" / "notes").mkdir(parents=True)
-    (root / NOTE).write_bytes(b"# Alpha\n\nAlpha body.\n")
-    git(outer, "init", "-q", "-b", "main")
-    git(outer, "config", "user.name", "A Person")
-    git(outer, "config", "user.email", "person@example.org")
-    git(outer, "add", "-A")
-    git(outer, "commit", "-q", "-m", "the server")
+    _committed(root, outer, "the server")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(outer))
     out = fix(root)
     assert out.sha is None and "not in a git repository" in out.why_not

@@ -4,6 +4,7 @@ the messages; messages of another version are refused with one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -692,35 +693,41 @@ def test_a_longer_agents_first_heartbeat_says_its_launch_and_when(kb, tmp_path, 
     assert not any(b.get("waiting") for b in beats)
 
 
+@contextlib.contextmanager
+def _every_slot_busy(tmp_path, monkeypatch):  # noqa: ANN001, ANN202
+    """The fake profile's agent slots, all taken by other agents until the block ends."""
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    monkeypatch.setattr(tasks, "_semaphores", {})
+    profile = load_settings(tmp_path, tmp_path / "w", tmp_path / "w.toml").reviewer("fake")
+    slots = tasks._semaphore(profile)
+    while slots.acquire(blocking=False):
+        pass
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # every slot given back
+            while True:
+                slots.release()
+
+
 def test_a_worker_waiting_for_an_agent_slot_says_it_holds_the_message(kb, tmp_path, monkeypatch):
     """It took the message off the queue: without a word the control process would take
     the attempt for lost a lease later, while it waits for a slot (up to its deadline)."""
     import threading
 
-    from orchestrator.config import load_settings
     from workers import tasks
 
     msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=0.05)
-    monkeypatch.setattr(tasks, "_semaphores", {})
-    slots = tasks._semaphore(
-        load_settings(tmp_path, tmp_path / "w", tmp_path / "w.toml").reviewer("fake")
-    )
-    while slots.acquire(blocking=False):  # every slot busy with other agents
-        pass
     run = threading.Thread(target=tasks.run_review, args=(msg,))
-    run.start()
-    try:
+    with _every_slot_busy(tmp_path, monkeypatch):
+        run.start()
         for _ in range(200):  # bounded: 10 s
             if sum(1 for name, _ in sent if name == "attempt_heartbeat") >= 2:
                 break
             run.join(0.05)
-    finally:
-        while True:
-            try:
-                slots.release()
-            except ValueError:
-                break
-        run.join(30)
+    run.join(30)
     assert not run.is_alive()
     waiting = [p for name, p in sent if name == "attempt_heartbeat" and p.get("waiting")]
     assert len(waiting) >= 2 and all(p["launched"] is False for p in waiting)
@@ -734,26 +741,16 @@ def test_a_worker_stops_holding_a_message_that_expired_while_it_waited(kb, tmp_p
     import threading
     import time
 
-    from orchestrator.config import load_settings
     from workers import tasks
 
     msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=0.05)
     msg = {**msg, "expires_at": time.time() + 0.5}
     msg.pop("ttl_s", None)
-    monkeypatch.setattr(tasks, "_semaphores", {})
-    profile = load_settings(tmp_path, tmp_path / "w", tmp_path / "w.toml").reviewer("fake")
-    slots = tasks._semaphore(profile)
-    while slots.acquire(blocking=False):  # every slot busy, for good
-        pass
     run = threading.Thread(target=tasks.run_review, args=(msg,))
-    run.start()
-    run.join(30)
-    alive = run.is_alive()
-    while True:
-        try:
-            slots.release()
-        except ValueError:
-            break
+    with _every_slot_busy(tmp_path, monkeypatch):  # for good
+        run.start()
+        run.join(30)
+        alive = run.is_alive()
     run.join(30)
     assert not alive, "the worker went on waiting for a slot past the message's expiry"
     assert sent and all(name == "attempt_heartbeat" and p["waiting"] for name, p in sent)
