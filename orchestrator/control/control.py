@@ -295,11 +295,11 @@ class Control:
             # does not start it. Half a lease early, so that neither the time this message
             # took to build nor a worker's clock running a little behind lets an agent
             # start for an attempt already given up (a declined one is reaped as before).
-            "expires_at": time.time() + lease / 2 + profile.timeout,
+            "expires_at": time.time() + self._ttl_s(profile),
             # The same as a duration, for a worker whose clock is not this machine's: the
             # sender stamps the message with the queue's own clock (queued_at), and the
             # worker reads that clock again (workers.queues.queue_clock).
-            "ttl_s": lease / 2 + profile.timeout,
+            "ttl_s": self._ttl_s(profile),
             "job_id": opened.job_id,
             "attempt": opened.attempt,
             "task": opened.kind,
@@ -506,9 +506,9 @@ class Control:
     def _started_with_outcome(self, o: dict) -> None:
         """An outcome for an attempt still 'dispatched' (an agent that ended before its first
         heartbeat, or that heartbeat lost or behind it): its ``exited_at`` says the agent
-        did start, so the
-        start (worker, launch time) is recorded and logged as the heartbeat would have been,
-        in the transaction that judges the outcome, before ``attempt.ended``."""
+        did start, so the start (worker, launch time) is recorded and logged as the
+        heartbeat would have been, in the transaction that judges the outcome, before
+        ``attempt.ended``."""
         started_at = o.get("started_at")
         now = timestamp(self.now())
         row = self.store.conn.execute(
@@ -784,10 +784,14 @@ class Control:
             taken(self.store, gone, back, timestamp(now))
 
     def _past_expiry(self, r, now: datetime) -> bool:  # noqa: ANN001 - a _REAPABLE row
-        """Whether the attempt's message has expired: dispatch + half a lease + timeout."""
-        profile = self.settings.reviewers.get(r["reviewer"] or "")
-        ttl = self.settings.queue.lease_seconds / 2 + (profile.timeout if profile else 0)
+        """Whether the attempt's message has expired (a worker drops it unrun)."""
+        ttl = self._ttl_s(self.settings.reviewers.get(r["reviewer"] or ""))
         return parse_timestamp(r["started_at"]) < now - timedelta(seconds=ttl)
+
+    def _ttl_s(self, profile: ReviewerProfile | None) -> float:
+        """How long a review message may wait to start its agent: half a lease before the
+        reaper gives up an attempt no worker took (lease + timeout)."""
+        return self.settings.queue.lease_seconds / 2 + (profile.timeout if profile else 0)
 
     def _lost_reason(self, r, now: datetime) -> str | None:  # noqa: ANN001 - a _REAPABLE row
         """Why this running job's current attempt counts as lost, or None while it may
