@@ -526,8 +526,8 @@ class Control:
             self._log_started(o)
 
     def _log_started(self, msg: dict) -> None:
-        """``attempt.started`` from a worker's message: its "launched" heartbeat or, when
-        that did not come first, its outcome."""
+        """``attempt.started`` from a worker's message: its first heartbeat (``launched``)
+        or, when that did not come first, its outcome."""
         self.log.info(
             "attempt.started",
             job_id=msg["job_id"],
