@@ -902,3 +902,14 @@ def test_the_offline_reviewer_reads_each_note_from_its_own_section():
     assert "## Result: FAIL" in review_block(Path("/nonexistent"), pair, prompt)
     pair_a = {**pair, "note_path": "kb/notes/a.md"}
     assert "## Result: PASS" in review_block(Path("/nonexistent"), pair_a, prompt)
+
+
+@pytest.mark.parametrize("option", ["--reviewer", "--fixer", "--auditor"])
+def test_an_unknown_profile_names_the_option_that_named_it(flow, run_cli, option):
+    """ "no reviewer profile 'nope'" did not say which of the three options was wrong."""
+    args = ["enqueue", "--all-gates", "--fix", option, "nope"]
+    res = run_cli(*args)
+    assert res.exit_code == 1
+    assert res.stderr.startswith(f"error: {option}: no reviewer profile 'nope' (known: "), (
+        res.stderr
+    )

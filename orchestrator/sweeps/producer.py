@@ -15,7 +15,7 @@ from pathlib import Path
 from croniter import CroniterError
 
 from orchestrator import logs
-from orchestrator.config import SweepConfig, cron_iter
+from orchestrator.config import ConfigError, SweepConfig, cron_iter
 from orchestrator.cycles import escalations
 from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import FileProblem, KBError
@@ -110,10 +110,17 @@ def enqueue(
     ``run_id`` the jobs join that run (the next bundle of a sequential sweep), and the
     (note, gate) pairs ``just_reviewed`` by the job it follows are skipped: one answered
     ERROR is still stale, and asked again after every job it would run without end."""
+    for option, name in (
+        ("--reviewer", req.reviewer),
+        ("--fixer", req.fixer),
+        ("--auditor", req.auditor),
+    ):
+        if name:
+            try:
+                ws.settings.reviewer(name)
+            except ConfigError as exc:  # which of the three, said (a [[sweeps]] entry's are
+                raise ConfigError(f"{option}: {exc}") from None  # checked as it loads)
     profile = ws.settings.reviewer(req.reviewer)
-    for role in (req.fixer, req.auditor):
-        if role:
-            ws.settings.reviewer(role)
     note_paths = ws.kb.note_selection(req.notes) if req.notes else None
     selected_at_version = ws.store.acceptance_version()
     selection = select(
