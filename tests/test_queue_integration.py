@@ -970,6 +970,13 @@ def _sweep_in_background(kb, env: dict) -> subprocess.Popen:
     )  # fmt: skip
 
 
+def _kill_session(sweep: subprocess.Popen) -> None:
+    """A background sweep and every process of its session gone, whatever the test asserted."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+
+
 def _await_exit(pids: list[int], timeout: float = 60) -> None:
     """Wait for processes that are not this one's children to end (pidfds)."""
     fds = []
@@ -1015,8 +1022,7 @@ def test_a_sweep_that_is_stopped_or_killed_takes_its_control_and_worker_along(kb
         _await_exit([worker, control])  # at once for SIGTERM: the sweep stopped them
         assert process_gone(agent), "the agent outlived its worker"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(sweep.pid, signal.SIGKILL)
+        _kill_session(sweep)
         for pid in (agent, worker, control):
             if pid:
                 with contextlib.suppress(ProcessLookupError):
@@ -1073,9 +1079,7 @@ def test_a_sweep_whose_borrowed_control_goes_with_its_sweep_starts_its_own(kb, t
                 proc.send_signal(signal.SIGINT)
                 proc.wait(timeout=30)
         if sweep is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(sweep.pid, signal.SIGKILL)
-            sweep.wait()
+            _kill_session(sweep)
     with db(kb) as conn:
         assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
 
@@ -1392,9 +1396,7 @@ def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
         _await_exit([worker, control], timeout=30)
         assert process_gone(agent), "the agent outlived its sweep"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(sweep.pid, signal.SIGKILL)
-        sweep.wait()
+        _kill_session(sweep)
         for pid in (agent, worker, control):
             if pid:
                 with contextlib.suppress(ProcessLookupError):
@@ -1452,9 +1454,7 @@ def test_ctrl_c_lets_a_running_agent_finish_and_its_outcome_is_taken(kb, tmp_pat
         _, err = sweep.communicate(timeout=60)
         assert sweep.returncode == 130, err
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(sweep.pid, signal.SIGKILL)
-        sweep.wait()
+        _kill_session(sweep)
     with db(kb) as conn:
         assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
 
