@@ -554,6 +554,28 @@ def test_a_root_without_a_kb_is_refused(tmp_path, run_cli):
     assert "is --root the folder that holds kb/?" in res.stderr
 
 
+def test_all_gates_of_a_kb_with_no_gate_folder_is_refused_not_read_as_all_fresh(kb, run_cli):
+    """A gate folder misnamed (or a --root one level off) was '0 pairs' and exit 0 for
+    --all-gates, which reads as all fresh: a nightly all-gates sweep reviewed nothing."""
+    kb.note("alpha")
+    kb.write(
+        "kb/instructions/review_gates/prose/body-check.md",
+        kb.read(kb.gate("prose/body-check", ["body"])),
+    )
+    (kb.root / "kb/instructions/review-gates/prose/body-check.md").unlink()
+    for command in (("select", "--all-gates", "--model", "m1"), ("enqueue", "--all-gates")):
+        res = run_cli(*command)
+        assert (res.exit_code, res.stderr) == (
+            1,
+            "error: --all-gates: no gates in kb/instructions/review-gates "
+            "(is --root the folder that holds kb/?)\n",
+        )
+    # A catalog whose every gate is invalid is said gate by gate, as before.
+    kb.write("kb/instructions/review-gates/prose/bad.md", "---\ngate_id: prose/bad\n---\n")
+    res = run_cli("select", "--all-gates")
+    assert res.exit_code == 0 and "warning: kb/instructions/review-gates/prose/bad.md" in res.stderr
+
+
 def test_a_relative_type_spec_named_like_a_catalog_one_is_warned_about(kb, run_cli):
     """Type specs are gates by name: './types/definition.md' beside kb/types/definition.md
     cannot be a second type/definition, and its notes' type pairs went unreviewed silently."""

@@ -91,6 +91,13 @@ class Catalog:
     def resolve(self, selectors: Sequence[str], all_gates: bool = False) -> list[Gate]:
         """The gates that bundle names, gate ids, ``type`` and ``type/NAME`` select."""
         chosen: dict[str, Gate] = {}
+        if all_gates and not self.gates and not self._gate_files_found():
+            # A gate folder missing or misnamed (review_gates, a --root one level off) read
+            # as "0 pairs", which looks like "all fresh": a nightly all-gates sweep reviewed
+            # nothing, and said so with exit 0, every night.
+            raise SelectionError(
+                f"--all-gates: no gates in {GATES_DIR} (is --root the folder that holds kb/?)"
+            )
         if all_gates:
             chosen.update(self.gates)
         for sel in selectors:
@@ -111,6 +118,11 @@ class Catalog:
                 why = f" (invalid: {invalid[0].reason})" if invalid else ""
                 raise SelectionError(f"{sel}: not a bundle, gate id or type request{why}")
         return sorted(chosen.values(), key=lambda g: g.gate_id)
+
+    def _gate_files_found(self) -> bool:
+        """Whether any file of the gate tree was met, if only as an invalid gate (each one
+        already a warning line of its own)."""
+        return any(p.path.startswith(f"{GATES_DIR}/") for p in self.problems)
 
 
 def _headings(body: str) -> set[str]:
