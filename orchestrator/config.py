@@ -271,6 +271,18 @@ class _Table:
             raise ConfigError(f"{self._at(key)}: expected a string")
         return value
 
+    def exact(self, key: str, default: str = "") -> str:
+        """A string matched exactly elsewhere (a profile's model and partition: ``--model``
+        and every review name the partition). Given blank, or with blanks around it, it
+        made reviews ``select --model`` could not name (it refuses a blank one) or that the
+        partition written without the blanks never counted; "" meant the default in silence."""
+        value = self.string(key, default)
+        if key in self.data and not value.strip():
+            raise ConfigError(f"{self._at(key)}: empty; name one, or leave the key out")
+        if value != value.strip():
+            raise ConfigError(f"{self._at(key)}: {value!r} has blanks around it")
+        return value
+
     def flag(self, key: str, default: bool = False) -> bool:
         value = self.data.get(key, default)
         if not isinstance(value, bool):
@@ -431,10 +443,10 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     kind = t.data.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{where} kind: {kind!r} is not one of {', '.join(KINDS)}")
-    model = t.string("model", "offline" if kind == "offline" else "")
+    model = t.exact("model", "offline" if kind == "offline" else "")
     if kind not in ("offline", "command") and not model:
         raise ConfigError(f"{where} model: required for kind {kind!r}")
-    partition = t.string("partition") or ("offline" if kind == "offline" else model or name)
+    partition = t.exact("partition") or ("offline" if kind == "offline" else model or name)
     command = t.argv("command")
     if kind == "command":  # only this kind fills placeholders, in its command and args
         _check_placeholders((*command, *t.strings("args")), f"{where} command")

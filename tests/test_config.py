@@ -43,6 +43,19 @@ BAD = [
     ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
     ("[queue]\nurl = 6379\n", "[queue] url", "expected a string"),
     ('[reviewers.x]\nkind = "offline"\npartition = 2\n', "[reviewers.x] partition", "string"),
+    # Reviews under a partition `select --model` refuses to name, or one that the partition
+    # written without the blanks never counted; "" stood for the default in silence.
+    (
+        '[reviewers.x]\nkind = "command"\ncommand = "r"\npartition = ""\n',
+        "[reviewers.x] partition",
+        "empty; name one, or leave the key out",
+    ),
+    ('[reviewers.x]\nkind = "claude"\nmodel = "  "\n', "[reviewers.x] model", "empty"),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\npartition = "m "\n',
+        "[reviewers.x] partition",
+        "'m ' has blanks around it",
+    ),
     ('[reviewers.x]\nkind = "offline"\nexecutable = 2\n', "[reviewers.x] executable", "string"),
     (
         '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = ["u"]\n',
