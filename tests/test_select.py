@@ -592,6 +592,27 @@ def test_a_relative_type_spec_named_like_a_catalog_one_is_warned_about(kb, run_c
     assert res.stderr.count("type spec named like") == 1
 
 
+def test_a_symlink_to_no_file_is_said_to_lead_nowhere(small, run_cli):
+    """A link loop in the gate folder ended every command in 'internal error: OSError:
+    Too many levels of symbolic links'. Among the notes, a link whose note was moved (or a
+    loop) was 'a note reviewed under its own name', a note nobody could find."""
+    (small.root / "kb/notes/moved.md").symlink_to("gone.md")
+    (small.root / "kb/notes/self.md").symlink_to("self.md")
+    gates = small.root / "kb/instructions/review-gates/prose"
+    (gates / "shared.md").symlink_to("../../../shared/gone.md")
+    (gates / "loop.md").symlink_to("loop.md")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0 and res.json()["counts"]["missing-review"] == 10
+    for rel in (
+        "kb/notes/moved.md",
+        "kb/notes/self.md",
+        "kb/instructions/review-gates/prose/shared.md",
+        "kb/instructions/review-gates/prose/loop.md",
+    ):
+        assert f"warning: {rel}: a symlink that leads to no file; skipped\n" in res.stderr
+    assert "reviewed under its own name" not in res.stderr
+
+
 def test_a_symlink_among_the_notes_to_a_gate_is_no_note(small, run_cli):
     """Listed (and so reviewed and fixed) as a note: the gate under a note's name."""
     alias = small.root / "kb/notes/gate-alias.md"

@@ -522,6 +522,15 @@ class KB:
                             FileProblem(rel, "a symlink to outside the KB root; skipped")
                         )
                         continue
+                    if not _is_file(e):
+                        # What it named was moved or deleted, or a loop: taken for a link
+                        # to a note, it was "a note reviewed under its own name", one nobody
+                        # could find; a gate's went without a word, or (a loop) ended every
+                        # command in an internal error.
+                        problems.append(
+                            FileProblem(rel, "a symlink that leads to no file; skipped")
+                        )
+                        continue
                     why = self._elsewhere(rel) if notes else None
                     if why:
                         problems.append(FileProblem(rel, why))
@@ -579,6 +588,14 @@ def name_problem(rel: str) -> str | None:
     if PAIR_SEP in rel:
         return f"{PAIR_SEP.strip()!r} in the name"
     return None
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    """``entry.is_file()``, False for a symlink loop, for which it raises (ELOOP)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def _utf8(name: str) -> bool:
