@@ -525,6 +525,22 @@ def test_a_note_path_that_names_no_note_is_refused_in_one_line(
             assert store.conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
 
 
+def test_a_note_path_that_is_a_symlink_loop_is_refused_in_one_line(small, run_cli, monkeypatch):
+    """pathlib raises RuntimeError for a loop: 'internal error ... (please report it)'."""
+    monkeypatch.chdir(small.root)
+    (small.root / "kb/notes/self.md").symlink_to("self.md")
+    for args in (
+        ("select", "--all-gates", "--note", "kb/notes/self.md"),
+        ("enqueue", "--all-gates", "--note", "kb/notes/self.md"),
+        ("ack", "--model", "m1", "kb/notes/self.md", "prose/body-check"),
+    ):
+        res = run_cli(*args)
+        assert (res.exit_code, res.stderr) == (
+            1,
+            "error: kb/notes/self.md: a symlink loop, which names no file\n",
+        ), args
+
+
 @pytest.mark.parametrize(
     ("note_roots", "says"),
     [

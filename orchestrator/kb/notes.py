@@ -357,7 +357,10 @@ class KB:
         cand = p if p.is_absolute() else Path.cwd() / p
         if not p.is_absolute() and not cand.exists():
             cand = self.root / p
-        resolved = cand.resolve()
+        try:
+            resolved = cand.resolve()
+        except RuntimeError:  # pathlib's word for a symlink loop: it was an internal error
+            raise KBError(f"{path}: a symlink loop, which names no file") from None
         try:
             rel = resolved.relative_to(self.root)
         except ValueError:
