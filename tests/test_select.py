@@ -71,6 +71,20 @@ def test_partitions_are_separate(small, run_cli):
     assert data["counts"]["missing-review"] == 10
 
 
+def test_a_partition_with_no_review_among_others_is_warned_about(small, run_cli):
+    """A misspelt --model read as 'nothing reviewed', and that JSON piped to create-jobs
+    paid for every pair again under the typo."""
+    assert run_cli("select", "--all-gates", "--model", "m1").stderr == ""  # a first review
+    accept_all(small, partition="m1")
+    res = run_cli("select", "--all-gates", "--model", "m-1", "--json")
+    assert res.exit_code == 0 and res.json()["counts"]["missing-review"] == 10
+    assert res.stderr == (
+        "warning: --model m-1: no review recorded in this partition (known: m1); "
+        "every pair is missing-review\n"
+    )
+    assert run_cli("select", "--all-gates", "--model", "m1", "--json").stderr == ""
+
+
 def test_partitionless_mode_reports_only_uncovered_pairs(small, run_cli):
     small.accept("m1", [("kb/notes/alpha.md", "prose/body-check")])
     # A change that would be note-changed in m1 is not judged without a partition.

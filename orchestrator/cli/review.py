@@ -25,7 +25,7 @@ from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
-from orchestrator.review.selector import select
+from orchestrator.review.selector import partition_problem, select
 from orchestrator.state.workspace import Workspace
 
 
@@ -132,10 +132,11 @@ def select_cmd(
             "--all-gates selects every catalog gate: name no bundle or gate id with it"
         )
     note_paths = ws.kb.note_selection(notes) if notes else None
+    store = ws.read_store(empty_if_new=True)
     result = select(
         ws.kb,
         ws.catalog(),
-        ws.read_store(empty_if_new=True),
+        store,
         selectors=selectors,
         all_gates=all_gates,
         note_paths=note_paths,
@@ -147,6 +148,8 @@ def select_cmd(
         memo=as_json,
     )
     warn(result.problems)
+    if model is not None and (problem := partition_problem(store, model)):
+        click.echo(f"warning: {problem}", err=True)
     if as_json:
         if result.json_bytes is not None:
             sys.stdout.flush()
