@@ -226,6 +226,18 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
     )
 
 
+def test_decide_note_naming_a_symlink_loop_is_refused_in_one_line(night, tmp_path):
+    """A --note path that is a symlink loop matches no escalation: pathlib's error for the
+    loop was 'internal error ... please report it'."""
+    loop = tmp_path / "loop.md"
+    loop.symlink_to(loop)
+    res = night.rq("decide", "--note", str(loop), "reject")
+    assert (res.returncode, res.stderr) == (
+        1,
+        f"error: --note {loop}: no open escalation for this note\n",
+    )
+
+
 def test_an_escalation_whose_note_is_gone_says_only_reject_closes_it(night, tmp_path):
     """`decide` refuses approve and redo once the note is deleted or renamed; the morning
     report and `escalations` suggested them all the same, so a person learnt it only

@@ -384,7 +384,8 @@ def resolve(store: Store, ids: list[int], note: str | None, root: Path | None = 
     if note:
         keys = [note.removeprefix("./")]
         if root is not None:
-            with contextlib.suppress(ValueError, OSError):  # outside the root: no match
+            # Outside the root, or a symlink loop (pathlib's RuntimeError): no match.
+            with contextlib.suppress(ValueError, OSError, RuntimeError):
                 keys.append(Path(note).resolve().relative_to(root.resolve()).as_posix())
         rows = store.conn.execute(
             "SELECT id FROM escalations WHERE note_path IN (?, ?) AND decision IS NULL ORDER BY id",
