@@ -476,19 +476,28 @@ def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(k
     real = producer.create_jobs
 
     def then_locked(*args, **kwargs):
-        # The jobs are committed: a control process may dispatch and finish them now, and
-        # the next write of this enqueue may hit a busy timeout.
+        # The jobs are made: once committed a control process may dispatch and finish
+        # them, and the next write of this enqueue may hit a busy timeout.
         real(*args, **kwargs)
         raise sqlite3.OperationalError("database is locked")
 
+    def runs_of_jobs() -> list[bool | None]:
+        rows = ws.store.conn.execute(
+            "SELECT r.options FROM review_jobs j LEFT JOIN sweep_runs r ON r.id = j.sweep_run_id"
+        ).fetchall()
+        # Its follow-ups read the job's run: without one, fixing would be off for it.
+        return [json.loads(r[0] or "{}").get("fix") for r in rows]
+
+    req = SweepRequest(name="cli", reviewer="offline", all_gates=True, fix=True)
     monkeypatch.setattr(producer, "create_jobs", then_locked)
     with pytest.raises(sqlite3.OperationalError):
-        enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True, fix=True))
-    rows = ws.store.conn.execute(
-        "SELECT r.options FROM review_jobs j LEFT JOIN sweep_runs r ON r.id = j.sweep_run_id"
-    ).fetchall()
-    # Its follow-ups read the job's run: without one, fixing would be off for it.
-    assert [json.loads(r[0] or "{}").get("fix") for r in rows] == [True]
+        enqueue(ws, req)
+    # The run, its jobs and its counts are one transaction: none of it committed.
+    assert runs_of_jobs() == []
+    assert ws.store.conn.execute("SELECT count(*) FROM sweep_runs").fetchone()[0] == 0
+    monkeypatch.setattr(producer, "create_jobs", real)
+    enqueue(ws, req)
+    assert runs_of_jobs() == [True]
     ws.store.close()
 
 

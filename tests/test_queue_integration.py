@@ -661,11 +661,11 @@ def test_one_sweeps_passing_failure_does_not_keep_the_others_of_its_minute_from_
     real = producer.enqueue
     tried: list[str] = []
 
-    def enqueue(ws, req):  # noqa: ANN001, ANN202
+    def enqueue(ws, req, **kwargs):  # noqa: ANN001, ANN003, ANN202
         tried.append(req.name)
         if req.name == "a":
             raise sqlite3.OperationalError("database is locked")
-        return real(ws, req)
+        return real(ws, req, **kwargs)
 
     monkeypatch.setattr(producer, "enqueue", enqueue)
     assert producer.due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
@@ -675,6 +675,40 @@ def test_one_sweeps_passing_failure_does_not_keep_the_others_of_its_minute_from_
     # b ran; a is still due at the tick that is run again.
     later = datetime(2026, 1, 2, 3, 1).astimezone()
     assert [s.name for s in producer.due_sweeps(ws, later)] == ["a"]
+    ws.close()
+
+
+def test_a_control_killed_right_after_a_cron_enqueue_does_not_enqueue_that_minute_again(
+    kb, monkeypatch
+):
+    """The cron clock moved in a transaction of its own after the enqueue's: a control
+    process killed between the two had the sweep's run and jobs on record and its clock
+    not moved, and the one restarted in the same minutes ran the sweep again (a second
+    run, and its own budget to spend on what the first left)."""
+    from datetime import datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    real = producer.enqueue
+
+    def killed_once_done(*args, **kwargs):  # noqa: ANN202
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # SIGKILL's stand-in: nothing after the enqueue runs
+
+    assert producer.due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
+    monkeypatch.setattr(producer, "enqueue", killed_once_done)
+    with pytest.raises(KeyboardInterrupt):
+        producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    ws.close()
+    monkeypatch.setattr(producer, "enqueue", real)
+    ws = Workspace.open(kb.root)  # the control restarted a minute later
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 1, 5).astimezone())
+    runs = ws.store.conn.execute("SELECT name, trigger FROM sweep_runs").fetchall()
+    assert [tuple(r) for r in runs] == [("nightly", "cron")]
     ws.close()
 
 

@@ -5,9 +5,10 @@ control process.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -104,12 +105,17 @@ def enqueue(
     req: SweepRequest,
     run_id: int | None = None,
     just_reviewed: Collection[tuple[str, str]] = (),
+    also: Callable[[], None] | None = None,
 ) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
     ``run_id`` the jobs join that run (the next bundle of a sequential sweep), and the
     (note, gate) pairs ``just_reviewed`` by the job it follows are skipped: one answered
-    ERROR is still stale, and asked again after every job it would run without end."""
+    ERROR is still stale, and asked again after every job it would run without end.
+
+    The run, its jobs and their counts are one transaction, and ``also`` runs inside it:
+    what must commit with them or not at all (the cron clock of the sweep it fired).
+    The job folders are written once it commits."""
     for option, name in (
         ("--reviewer", req.reviewer),
         ("--fixer", req.fixer),
@@ -157,8 +163,11 @@ def enqueue(
     options = {k: v for k, v in asdict(req).items() if k not in ("name", "trigger", "budget_usd")}
     if note_paths is not None:
         options["notes"] = note_paths  # root-relative, however they were given
-    if run_id is None:
-        with store.write():
+    # One transaction from the run to its counts: a control killed between two of them
+    # left a run with no jobs, or jobs on record with their cron clock not moved (the
+    # restarted control ran the sweep again). Selection stays outside: it reads the KB.
+    with store.write():
+        if run_id is None:
             run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
             # Work left queued by an earlier run of this sweep with the same options, whose
             # budget is spent, belongs to this run now, so it is dispatched under this run's
@@ -175,30 +184,31 @@ def enqueue(
                 "AND sweep_run_id IN (SELECT value FROM json_each(?))",
                 (run_id, req.name, json.dumps(options), json.dumps(sorted(spent))),
             )
-    batch = create_jobs(
-        ws.kb,
-        ws.catalog(),
-        store,
-        ws.state_dir,
-        targets,
-        model_partition=profile.partition,
-        grouping=req.grouping,
-        batch_size=req.batch_size,
-        reviewer=req.reviewer,
-        sweep=req.name,
-        sweep_run_id=run_id,
-        exclude=exclude,
-        selected_at_version=selected_at_version,
-    )
-    batch.skipped.extend(waiting)
-    ids = [j.review_job_id for j in batch.jobs]
-    with store.write():
+        batch = create_jobs(
+            ws.kb,
+            ws.catalog(),
+            store,
+            ws.state_dir,
+            targets,
+            model_partition=profile.partition,
+            grouping=req.grouping,
+            batch_size=req.batch_size,
+            reviewer=req.reviewer,
+            sweep=req.name,
+            sweep_run_id=run_id,
+            exclude=exclude,
+            selected_at_version=selected_at_version,
+        )
+        batch.skipped.extend(waiting)
+        ids = [j.review_job_id for j in batch.jobs]
         # Added to: a sequential run's next bundles are enqueued into it note by note.
         store.conn.execute(
             "UPDATE sweep_runs SET jobs = COALESCE(jobs, 0) + ?, skipped = COALESCE(skipped, 0) + ? "
             "WHERE id = ?",
             (len(ids), len(batch.skipped), run_id),
         )
+        if also is not None:
+            also()
     counts = dict(selection.to_json()["counts"])
     logs.get().info(
         "sweep.enqueued",
@@ -296,9 +306,9 @@ LATE = timedelta(minutes=10)
 
 def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
-    (or two ticks) ago. The first check only starts the clock. A due sweep's clock moves only when
-    :func:`cron_fired` says its enqueue committed, so a sweep whose enqueue failed is
-    still due at the next check. Cron minutes are the machine's local wall time, as in
+    (or two ticks) ago. The first check only starts the clock. A due sweep's clock moves
+    in its enqueue's transaction (:func:`cron_fired` inside it), so a sweep whose enqueue
+    failed is still due at the next check, and one whose enqueue committed is not. Cron minutes are the machine's local wall time, as in
     crontab(5); the clock is kept in UTC, so an hour the autumn change repeats does not
     fire a sweep twice."""
     due = []
@@ -359,10 +369,15 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
     passing: Exception | None = None
     for sweep in due_sweeps(ws, now):
         try:
-            enqueue(ws, SweepRequest.from_config(sweep, ws.root, trigger="cron"))
+            enqueue(
+                ws,
+                SweepRequest.from_config(sweep, ws.root, trigger="cron"),
+                # The clock moves with the run: moved after it, a control killed between
+                # the two commits ran the sweep again once restarted.
+                also=functools.partial(cron_fired, ws, sweep.name, now),
+            )
         except (sqlite3.OperationalError, OSError) as exc:
             passing = passing or exc
-            continue
         except Exception as exc:
             logs.get().error(
                 "sweep.failed",
@@ -370,7 +385,7 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
                 error=f"{type(exc).__name__}: {exc}",
                 recovery="the sweep runs again at its next matching minute",
             )
-        cron_fired(ws, sweep.name, now)
+            cron_fired(ws, sweep.name, now)
     if passing is not None:
         raise passing
 

@@ -132,21 +132,24 @@ def test_enqueue_races_finalize(tmp_path, monkeypatch):
 
 def test_two_enqueues_at_once_pack_a_pair_once(tmp_path, monkeypatch):
     """The other face of the race above: SPEC §4 "a pair already in a queued or running
-    job is not packed again". The second enqueue commits its job after the first read
-    the open jobs and before the first writes its own."""
+    job is not packed again". The second enqueue commits its job after the first selected
+    the pair and before the first takes the write lock (from there on, the first reads the
+    open jobs and writes its own in one transaction)."""
     root = tmp_path / "kb"
     build_kb(root, notes=1, gates=1)
     write_config(root)
     ws = Workspace.open(root)
     other = Workspace.open(root)  # another process: its own connection to state.db
     req = SweepRequest(name="cli", reviewer="fake", all_gates=True, trigger="enqueue")
-    real_active_pairs = type(ws.store).active_pairs
 
+    import orchestrator.sweeps.producer as sweeps
+
+    real_select = sweeps.select
     landed = []
 
-    def other_enqueue_lands_now(store, partition=None):
-        seen = real_active_pairs(store, partition)
-        if store is ws.store and not landed:
+    def other_enqueue_lands_now(*args, **kwargs):
+        seen = real_select(*args, **kwargs)
+        if not landed:
             landed.append(True)
             assert (
                 len(enqueue(other, SweepRequest(name="cron", reviewer="fake", all_gates=True)).jobs)
@@ -154,7 +157,7 @@ def test_two_enqueues_at_once_pack_a_pair_once(tmp_path, monkeypatch):
             )
         return seen
 
-    monkeypatch.setattr(type(ws.store), "active_pairs", other_enqueue_lands_now)
+    monkeypatch.setattr(sweeps, "select", other_enqueue_lands_now)
     mine = enqueue(ws, req)
     open_jobs = ws.store.conn.execute(
         "SELECT count(*) FROM review_jobs WHERE status IN ('queued', 'running')"
