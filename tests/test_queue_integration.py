@@ -678,6 +678,51 @@ def test_one_sweeps_passing_failure_does_not_keep_the_others_of_its_minute_from_
     ws.close()
 
 
+@pytest.mark.parametrize("when", ["its clock starts", "its enqueue failed for good"])
+def test_a_sweeps_clock_that_meets_a_locked_database_does_not_keep_the_others_from_running(
+    kb, monkeypatch, when
+):
+    """Moving one sweep's cron clock (the first check of a new entry, or after an enqueue
+    that failed for good) raised "database is locked" out of the tick at once: the other
+    sweeps of that minute were not tried, and ten minutes of it later were logged as
+    missed 'as no control process was running'."""
+    import sqlite3
+    from datetime import datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "a"\ncron = "0 3 * * *"\n[[sweeps]]\nname = "b"\ncron = "0 3 * * *"\n',
+    )
+    ws = Workspace.open(kb.root)
+    real_fired, real_enqueue = producer.cron_fired, producer.enqueue
+
+    def locked_for_a(ws, name, now):  # noqa: ANN001, ANN202
+        if name == "a":
+            raise sqlite3.OperationalError("database is locked")
+        return real_fired(ws, name, now)
+
+    def a_fails(ws, req, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if req.name == "a":
+            raise ValueError("a mistake that will not pass")
+        return real_enqueue(ws, req, **kwargs)
+
+    if when == "its clock starts":  # b's clock started at 02:58; a is new since
+        producer.cron_fired(ws, "b", datetime(2026, 1, 2, 2, 58).astimezone())
+    else:
+        assert producer.due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
+        monkeypatch.setattr(producer, "enqueue", a_fails)
+    monkeypatch.setattr(producer, "cron_fired", locked_for_a)
+    with pytest.raises(sqlite3.OperationalError):
+        producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    runs = ws.store.conn.execute("SELECT name FROM sweep_runs").fetchall()
+    assert [r[0] for r in runs] == ["b"]
+    ws.close()
+
+
 def test_a_control_killed_right_after_a_cron_enqueue_does_not_enqueue_that_minute_again(
     kb, monkeypatch
 ):

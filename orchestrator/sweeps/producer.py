@@ -304,13 +304,19 @@ def _sequential(
 LATE = timedelta(minutes=10)
 
 
-def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
+def due_sweeps(
+    ws: Workspace, now: datetime, failures: list[Exception] | None = None
+) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
     (or two ticks) ago. The first check only starts the clock. A due sweep's clock moves
     in its enqueue's transaction (:func:`cron_fired` inside it), so a sweep whose enqueue
-    failed is still due at the next check, and one whose enqueue committed is not. Cron minutes are the machine's local wall time, as in
-    crontab(5); the clock is kept in UTC, so an hour the autumn change repeats does not
-    fire a sweep twice."""
+    failed is still due at the next check, and one whose enqueue committed is not. Cron
+    minutes are the machine's local wall time, as in crontab(5); the clock is kept in
+    UTC, so an hour the autumn change repeats does not fire a sweep twice. A clock that
+    cannot be moved now (state.db locked, a full disk) is moved at a later check: the
+    failure goes to ``failures``, so that the sweeps due are still tried, or is raised
+    once every sweep was looked at."""
+    own: list[Exception] = [] if failures is None else failures
     due = []
     store = ws.store
     late = max(LATE, 2 * timedelta(seconds=ws.settings.queue.reaper_seconds))
@@ -321,7 +327,7 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
             "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
         ).fetchone()
         if row is None:
-            cron_fired(ws, sweep.name, now)
+            _move_clock(ws, sweep.name, now, own)
             continue
         if _instant(row[0]) > now + late:
             # Checked under a clock that ran ahead (a VM booted before NTP, a date set by
@@ -332,7 +338,7 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
                 checked_at=row[0],
                 note="the sweep's clock starts again now",
             )
-            cron_fired(ws, sweep.name, now)
+            _move_clock(ws, sweep.name, now, own)
             continue
         fired = _last_match(sweep.cron, now)
         if fired is None or fired <= _instant(row[0]):
@@ -344,9 +350,11 @@ def due_sweeps(ws: Workspace, now: datetime) -> list[SweepConfig]:
                 at=fired.astimezone(UTC).isoformat().replace("+00:00", "Z"),
                 reason="no control process was running then; the sweep waits for its next time",
             )
-            cron_fired(ws, sweep.name, now)
+            _move_clock(ws, sweep.name, now, own)
             continue
         due.append(sweep)
+    if failures is None and own:
+        raise own[0]
     return due
 
 
@@ -360,14 +368,24 @@ def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
         )
 
 
+def _move_clock(ws: Workspace, name: str, now: datetime, failures: list[Exception]) -> None:
+    """:func:`cron_fired`, with a failure that can pass kept in ``failures``: raised at
+    once, one sweep's clock that met a locked state.db kept every other sweep of its
+    minute from being tried."""
+    try:
+        cron_fired(ws, name, now)
+    except (sqlite3.OperationalError, OSError) as exc:
+        failures.append(exc)
+
+
 def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
     """Enqueue the cron sweeps due now (the control process's tick). A failure that can
     pass (state.db locked, a full disk) leaves its sweep due, so the tick that is run
     again enqueues it, and is raised once every other due sweep was tried (one sweep's
-    failure kept the others of its minute from running); any other is logged, and the
-    sweep waits for its next matching minute."""
-    passing: Exception | None = None
-    for sweep in due_sweeps(ws, now):
+    failure kept the others of its minute from running), as is one met moving a sweep's
+    clock; any other is logged, and the sweep waits for its next matching minute."""
+    passing: list[Exception] = []
+    for sweep in due_sweeps(ws, now, passing):
         try:
             enqueue(
                 ws,
@@ -377,7 +395,7 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
                 also=functools.partial(cron_fired, ws, sweep.name, now),
             )
         except (sqlite3.OperationalError, OSError) as exc:
-            passing = passing or exc
+            passing.append(exc)
         except Exception as exc:
             logs.get().error(
                 "sweep.failed",
@@ -385,9 +403,9 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
                 error=f"{type(exc).__name__}: {exc}",
                 recovery="the sweep runs again at its next matching minute",
             )
-            cron_fired(ws, sweep.name, now)
-    if passing is not None:
-        raise passing
+            _move_clock(ws, sweep.name, now, passing)
+    if passing:
+        raise passing[0]
 
 
 def _last_match(cron: str, now: datetime) -> datetime | None:
