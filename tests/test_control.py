@@ -1334,6 +1334,60 @@ def test_a_run_takes_over_the_queued_jobs_of_an_earlier_run_only_once_its_budget
     ws.store.close()
 
 
+def test_the_next_run_of_an_edited_sweeps_entry_takes_over_what_its_spent_budget_held(kb):
+    """OPERATIONS 6.7. The takeover compared the runs' options as text: once the entry
+    was edited (a batch size, fix = true, another auditor), its next runs never took over
+    what its spent run had left queued. Those jobs were held for good, and their pairs
+    with them: every later run skipped them as already queued. A run of the entry takes
+    over the entry's runs now, whatever else was edited; not an ad-hoc run under its name
+    with other options (a job keeps the follow-ups it was enqueued with), nor a run whose
+    reviewer writes another model's partition (that budget is not for the old model)."""
+    from orchestrator.state.status import held_by_budget
+
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta"):
+        kb.note(name)
+    other = '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+    entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n'
+
+    def run_of_entry(config: str):  # noqa: ANN202 - an EnqueueResult
+        kb.write("reviewq.toml", other + config)
+        ws = Workspace.open(kb.root)
+        try:
+            return enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+        finally:
+            ws.close()
+
+    first = run_of_entry(entry)
+    assert len(first.jobs) == 2
+    ws = Workspace.open(kb.root)
+    with ws.store.write():  # the first run's attempts spend its budget
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+            (first.jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+
+    def runs() -> list[int]:
+        rows = ws.store.conn.execute(
+            "SELECT sweep_run_id FROM review_jobs WHERE model_partition = 'offline' ORDER BY id"
+        )
+        return [r[0] for r in rows]
+
+    ad_hoc = enqueue(ws, SweepRequest(name="nightly", all_gates=True, fix=True, budget_usd=1.0))
+    assert ad_hoc.jobs == [] and runs() == [first.run_id] * 2
+    assert held_by_budget(ws.store, {first.run_id: 2}) == [
+        f"2 job(s) of sweep 'nightly' (run {first.run_id}) wait: its budget of $0.5 is spent; "
+        "the next run of its [[sweeps]] entry (reviewq enqueue --name nightly) takes them "
+        "over (with a new --budget-usd)"
+    ]
+    elsewhere = run_of_entry(entry + 'reviewer = "other"\n')
+    assert len(elsewhere.jobs) == 2 and runs() == [first.run_id] * 2
+    edited = run_of_entry(entry + 'batch_size = 10\nfix = true\nauditor = "other"\n')
+    assert edited.jobs == [] and runs() == [edited.run_id] * 2
+    ws.close()
+
+
 def test_a_spent_budget_run_does_not_starve_other_jobs_of_its_reviewer(kb):
     """Dispatch reads at most PREFETCH*concurrency + 16 queued jobs per reviewer, by id.
     It read a spent run's and then skipped them: with enough of them in front, a job

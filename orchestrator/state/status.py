@@ -192,13 +192,20 @@ def held_by_budget(store: Store, runs: dict[int, int]) -> list[str]:
     run with no budget of its own said "the sweep's budget is spent" of them."""
     out = []
     for run_id, n in sorted(runs.items()):
-        name, budget = store.conn.execute(
-            "SELECT name, budget_usd FROM sweep_runs WHERE id = ?", (run_id,)
+        name, budget, options = store.conn.execute(
+            "SELECT name, budget_usd, options FROM sweep_runs WHERE id = ?", (run_id,)
         ).fetchone()
+        options = json_column(options)
+        # As sweeps.producer takes them over: an entry's run by the entry's next run,
+        # however it was edited since; an ad-hoc run by one with its options.
+        if isinstance(options, dict) and options.get("configured"):
+            command = f"reviewq enqueue --name {shlex.quote(name)}"
+            who = f"the next run of its [[sweeps]] entry ({command})"
+        else:
+            who = "a run of that sweep with the same options"
         out.append(
             f"{n} job(s) of sweep {name!r} (run {run_id}) wait: its budget of ${budget:g} is "
-            "spent; a run of that sweep with the same options takes them over (with a new "
-            "--budget-usd)"
+            f"spent; {who} takes them over (with a new --budget-usd)"
         )
     return out
 
@@ -207,7 +214,7 @@ def spent_usd(store: Store, run_id: int) -> float:
     """The recorded cost of a sweep run's attempts: those of its jobs and their follow-ups
     since it began. By the sweep's name and start time, every later run of that name was
     charged to it too, and held its queued jobs back at dispatch; a job a later run took
-    over (queued, same options) brings no earlier attempt's cost with it."""
+    over (queued, its budget spent) brings no earlier attempt's cost with it."""
     return store.conn.execute(
         "SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
         "JOIN sweep_runs r ON r.id = j.sweep_run_id WHERE r.id = ? AND a.started_at >= r.started_at",

@@ -23,7 +23,7 @@ from orchestrator.kb.notes import FileProblem, KBError
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
 from orchestrator.state.status import over_budget_runs
-from orchestrator.state.store import Store, utcnow
+from orchestrator.state.store import Store, json_column, utcnow
 from orchestrator.state.workspace import Workspace
 
 
@@ -44,6 +44,9 @@ class SweepRequest:
     audit: tuple[str, ...] = ()
     budget_usd: float | None = None
     trigger: str = "cli"
+    # A run of the [[sweeps]] entry as configured (its cron, or `--name NAME` alone), not
+    # an ad-hoc sweep under its name: it takes over the entry's held jobs (_taken_over).
+    configured: bool = False
 
     @classmethod
     def from_config(cls, s: SweepConfig, root: Path, trigger: str = "cron") -> SweepRequest:
@@ -51,6 +54,7 @@ class SweepRequest:
         in (read from the working folder, a control started elsewhere failed every night
         on paths `doctor` found fine)."""
         return cls(
+            configured=True,
             name=s.name,
             reviewer=s.reviewer,
             selectors=s.select,
@@ -169,20 +173,16 @@ def enqueue(
     with store.write():
         if run_id is None:
             run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
-            # Work left queued by an earlier run of this sweep with the same options, whose
-            # budget is spent, belongs to this run now, so it is dispatched under this run's
-            # budget. Only then: a run still under its budget dispatches its own jobs, and
-            # the sweep that started it answers for them (two runs at once, as a sweep
-            # started by hand just before its cron time, took each other's work, and the
-            # older one's summary lost the failures of what it had enqueued). A run with
-            # other options leaves it: a job's follow-ups (fix, audit, sequential) keep the
-            # options it was enqueued with.
-            spent = over_budget_runs(store)
+            # Work left queued by an earlier run of this sweep whose budget is spent
+            # belongs to this run now, so it is dispatched under this run's budget. Only
+            # then: a run still under its budget dispatches its own jobs, and the sweep
+            # that started it answers for them (two runs at once, as a sweep started by
+            # hand just before its cron time, took each other's work, and the older one's
+            # summary lost the failures of what it had enqueued). Which runs: _taken_over.
             store.conn.execute(
                 "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued' "
-                "AND sweep_run_id IN (SELECT id FROM sweep_runs WHERE options = ?) "
                 "AND sweep_run_id IN (SELECT value FROM json_each(?))",
-                (run_id, req.name, json.dumps(options), json.dumps(sorted(spent))),
+                (run_id, req.name, json.dumps(_taken_over(ws, req.name, options))),
             )
         batch = create_jobs(
             ws.kb,
@@ -226,6 +226,38 @@ def enqueue(
     return EnqueueResult(
         run_id, profile.partition, batch.jobs, batch.skipped, counts, list(selection.problems)
     )
+
+
+def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
+    """The spent runs of sweep ``name`` whose queued jobs a new run with ``options``
+    takes over (OPERATIONS 6.7): a run with the same options; and for a run of the
+    ``[[sweeps]]`` entry as configured, the entry's earlier runs, whatever was edited in
+    the entry since (compared as text, an edited entry never took them over: they were
+    held for good, and their pairs, which every later run skipped as queued). Left to
+    their run: the jobs of an ad-hoc run with other options (a job keeps the follow-ups
+    it was enqueued with), and those of a profile, still configured, that writes another
+    partition than the new run's reviewer (this budget is for the model the entry uses
+    now). Those of a profile since removed are taken over: dispatch fails them, and
+    their pairs are free."""
+    now = json.loads(json.dumps(options))  # as stored: lists, not tuples
+    same = {**now, "configured": None}  # who started a run is not what its jobs follow
+    partition = ws.settings.reviewer(options["reviewer"]).partition
+    taken = []
+    for run_id, text in ws.store.conn.execute(
+        "SELECT id, options FROM sweep_runs WHERE name = ? AND id IN "
+        "(SELECT value FROM json_each(?))",
+        (name, json.dumps(sorted(over_budget_runs(ws.store)))),
+    ):
+        were = json_column(text)
+        if not isinstance(were, dict):
+            continue
+        if {**were, "configured": None} == same:
+            taken.append(run_id)
+        elif were.get("configured") and now["configured"]:
+            old = ws.settings.reviewers.get(str(were.get("reviewer")))
+            if old is None or old.partition == partition:
+                taken.append(run_id)
+    return taken
 
 
 def start_run(
