@@ -217,6 +217,9 @@ class Settings:
     queue: QueueSettings = field(default_factory=QueueSettings)
     sweeps: dict[str, SweepConfig] = field(default_factory=dict)
     fix: FixSettings = field(default_factory=FixSettings)
+    # [[sweeps]] entries left out, by name (or "#N" when the entry has no usable name):
+    # one line each, naming the file, the entry and what is wrong. See _sweeps.
+    sweep_problems: dict[str, str] = field(default_factory=dict)
 
     def reviewer(self, name: str) -> ReviewerProfile:
         try:
@@ -578,6 +581,8 @@ def load_settings(
         settings = _settings(data, root_path, state)
     except ConfigError as exc:
         raise ConfigError(f"{config_path} {exc}") from None
+    problems = {k: f"{config_path} {v}" for k, v in settings.sweep_problems.items()}
+    settings = replace(settings, sweep_problems=problems)
     if settings.state_dir.exists() and not settings.state_dir.is_dir():
         where = "--state" if state else f"{config_path} [state] dir"
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
@@ -674,23 +679,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     if queue.url and (problem := _queue_url_problem(queue.url) or _redis_missing()):
         raise ConfigError(f"[queue] url: {problem}")
 
-    sweeps_a = top.data.get("sweeps", [])
-    if not isinstance(sweeps_a, list):
-        raise ConfigError("[[sweeps]]: expected an array of tables")
-    sweeps: dict[str, SweepConfig] = {}
-    for i, t in enumerate(sweeps_a):
-        s = _sweep(t, i)
-        if s.name in sweeps:
-            raise ConfigError(f"[[sweeps]] {s.name!r}: defined twice")
-        # Like a bad cron expression: said now, not by a cron run failing every night.
-        for role in ("reviewer", "fixer", "auditor"):
-            name = getattr(s, role)
-            if name and name not in reviewers:
-                known = ", ".join(sorted(reviewers))
-                raise ConfigError(
-                    f"[[sweeps]] {s.name!r} {role}: no reviewer profile {name!r} (known: {known})"
-                )
-        sweeps[s.name] = s
+    sweeps, sweep_problems = _sweeps(top.data.get("sweeps", []), reviewers)
     return Settings(
         root=root_path,
         state_dir=state_dir.resolve(),
@@ -701,7 +690,47 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         queue=queue,
         sweeps=sweeps,
         fix=fix,
+        sweep_problems=sweep_problems,
     )
+
+
+def _sweeps(
+    value: object, reviewers: dict[str, ReviewerProfile]
+) -> tuple[dict[str, SweepConfig], dict[str, str]]:
+    """The usable ``[[sweeps]]`` entries, and why each other one is left out. A bad entry
+    is its own problem, not the file's: raised, it stopped every command (`status` at
+    7 a.m. included) and a control restarted in the night, whose other sweeps and
+    outcomes then waited until a person came. Left out, it neither fires nor runs by
+    name; every command says so (a ``warning:`` line), `doctor` fails on it and the
+    control logs it as it starts. A name defined twice leaves out both: which one was
+    meant is a guess."""
+    if not isinstance(value, list):
+        return {}, {"[[sweeps]]": "[[sweeps]]: expected an array of tables"}
+    sweeps: dict[str, SweepConfig] = {}
+    problems: dict[str, str] = {}
+    for i, t in enumerate(value):
+        name = t.get("name") if isinstance(t, dict) else None
+        key = name if isinstance(name, str) and name and name != "cli" else f"#{i + 1}"
+        if key in sweeps or key in problems:
+            sweeps.pop(key, None)
+            problems[key] = f"[[sweeps]] {key!r}: defined twice; neither runs until one is renamed"
+            continue
+        try:
+            s = _sweep(t, i)
+            # Like a bad cron expression: said now, not by a cron run failing every night.
+            for role in ("reviewer", "fixer", "auditor"):
+                profile = getattr(s, role)
+                if profile and profile not in reviewers:
+                    known = ", ".join(sorted(reviewers))
+                    raise ConfigError(
+                        f"[[sweeps]] {s.name!r} {role}: no reviewer profile {profile!r} "
+                        f"(known: {known})"
+                    )
+        except ConfigError as exc:
+            problems[key] = str(exc)
+            continue
+        sweeps[s.name] = s
+    return sweeps, problems
 
 
 _MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]

@@ -18,7 +18,6 @@ BAD = [
     ("[limits]\nmax_output = 10\n", "[limits] max_output", "unknown key"),
     ("[queue]\nlease = 10\n", "[queue] lease", "unknown key"),
     ('[reviewers.x]\nkind = "offline"\nmodle = "m"\n', "[reviewers.x] modle", "unknown key"),
-    ('[[sweeps]]\nname = "n"\ncorn = "* * * * *"\n', "[[sweeps]] 'n' corn", "unknown key"),
     ("[fix]\ngit_comit = true\n", "[fix] git_comit", "unknown key"),
     ('[fix]\ngit_commit = "yes"\n', "[fix] git_commit", "true or false"),
     ("kb = 1\n", "[kb]", "expected a table"),
@@ -28,11 +27,6 @@ BAD = [
     ("queue = 3\n", "[queue]", "expected a table"),
     ("reviewers = 3\n", "[reviewers]", "expected a table"),
     ("[reviewers]\nx = 3\n", "[reviewers.x]", "expected a table"),
-    ("sweeps = 3\n", "[[sweeps]]", "expected an array of tables"),
-    ("[sweeps]\nname = 'n'\n", "[[sweeps]]", "expected an array of tables"),
-    ("sweeps = [1]\n", "[[sweeps]] #1", "expected a table"),
-    # `reviewq enqueue`'s default --name: a plain enqueue ran the entry instead.
-    ('[[sweeps]]\nname = "cli"\n', "[[sweeps]] #1 name 'cli'", "from the command line"),
     ("[state]\ndir = 3\n", "[state] dir", "expected a string"),
     ("[kb]\nnote_roots = 3\n", "[kb] note_roots", "expected a string or a list of strings"),
     # Each meant more than the notes, or (the empty list) the default in silence.
@@ -157,6 +151,32 @@ BAD = [
         "[reviewers.x] executable",
         "a NUL character",
     ),
+    # Values TOML allows that failed every tick or were silently no limit at all.
+    ("[queue]\nreaper_seconds = inf\n", "[queue] reaper_seconds", "at most a year"),
+    ("[queue]\nlease_seconds = nan\n", "[queue] lease_seconds", "more than 0 seconds"),
+    # "1h30" read as 1 h 30 s: a bare number after a unit is not minutes.
+    ('[reviewers.x]\nkind = "offline"\ntimeout = "1h30"\n', "[reviewers.x] timeout", "not a"),
+    # Queue URLs whose mistakes surfaced as internal errors, a silent database 0, or a
+    # worker waiting for good on "Too many connections".
+    ('[queue]\nurl = "redis://localhost:notaport/0"\n', "[queue] url", "port"),
+    ('[queue]\nurl = "redis://h:99999/0"\n', "[queue] url", "port"),
+    (
+        '[queue]\nurl = "redis://localhost:6379/0?foo=bar"\n',
+        "[queue] url",
+        "query parameter(s) foo: not settings of a Redis connection",
+    ),
+    ('[queue]\nurl = "redis://localhost:6379/abc"\n', "[queue] url", "database number"),
+    ('[queue]\nurl = "redis://"\n', "[queue] url", "no host"),
+    ('[queue]\nurl = "unix://"\n', "[queue] url", "no socket path"),
+]
+# [[sweeps]] entries: each left out, said in one warning line, not an error of the file.
+BAD_SWEEPS = [
+    ('[[sweeps]]\nname = "n"\ncorn = "* * * * *"\n', "[[sweeps]] 'n' corn", "unknown key"),
+    ("sweeps = 3\n", "[[sweeps]]", "expected an array of tables"),
+    ("[sweeps]\nname = 'n'\n", "[[sweeps]]", "expected an array of tables"),
+    ("sweeps = [1]\n", "[[sweeps]] #1", "expected a table"),
+    # `reviewq enqueue`'s default --name: a plain enqueue ran the entry instead.
+    ('[[sweeps]]\nname = "cli"\n', "[[sweeps]] #1 name 'cli'", "from the command line"),
     ('[[sweeps]]\nname = "n"\nfix = "no"\n', "[[sweeps]] 'n' fix", "true or false"),
     ('[[sweeps]]\nname = "n"\nsequential = 1\n', "[[sweeps]] 'n' sequential", "true or false"),
     ('[[sweeps]]\nname = "n"\nall_gates = "yes"\n', "[[sweeps]] 'n' all_gates", "true or false"),
@@ -196,8 +216,6 @@ BAD = [
     ('[[sweeps]]\nname = "n"\ncron = "0 1 ? * *"\n', "[[sweeps]] 'n' cron", "'?' is not part"),
     ('[[sweeps]]\nname = "n"\nbudget_usd = nan\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
     ('[[sweeps]]\nname = "n"\nbudget_usd = inf\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
-    ("[queue]\nreaper_seconds = inf\n", "[queue] reaper_seconds", "at most a year"),
-    ("[queue]\nlease_seconds = nan\n", "[queue] lease_seconds", "more than 0 seconds"),
     ('[[sweeps]]\nname = "n"\nreviewer = ""\n', "[[sweeps]] 'n' reviewer", "empty"),
     # Loaded, it failed "nothing to select" at every cron minute, with a green doctor.
     (
@@ -205,20 +223,6 @@ BAD = [
         "[[sweeps]] 'n'",
         "selects nothing: name gates in select, or all_gates = true",
     ),
-    # "1h30" read as 1 h 30 s: a bare number after a unit is not minutes.
-    ('[reviewers.x]\nkind = "offline"\ntimeout = "1h30"\n', "[reviewers.x] timeout", "not a"),
-    # Queue URLs whose mistakes surfaced as internal errors, a silent database 0, or a
-    # worker waiting for good on "Too many connections".
-    ('[queue]\nurl = "redis://localhost:notaport/0"\n', "[queue] url", "port"),
-    ('[queue]\nurl = "redis://h:99999/0"\n', "[queue] url", "port"),
-    (
-        '[queue]\nurl = "redis://localhost:6379/0?foo=bar"\n',
-        "[queue] url",
-        "query parameter(s) foo: not settings of a Redis connection",
-    ),
-    ('[queue]\nurl = "redis://localhost:6379/abc"\n', "[queue] url", "database number"),
-    ('[queue]\nurl = "redis://"\n', "[queue] url", "no host"),
-    ('[queue]\nurl = "unix://"\n', "[queue] url", "no socket path"),
     ('[[sweeps]]\nname = "n"\nfixer = ""\n', "[[sweeps]] 'n' fixer", "empty"),
 ]
 
@@ -236,6 +240,57 @@ def test_a_config_mistake_is_one_error_line_naming_file_key_and_reason(
     assert line.startswith(f"error: {kb.root / 'reviewq.toml'}"), line
     assert names in line and reason in line, line
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "names", "reason"), BAD_SWEEPS, ids=[b[1] + " " + b[2] for b in BAD_SWEEPS]
+)
+def test_a_bad_sweeps_entry_is_one_warning_line_and_every_command_still_runs(
+    kb, run_cli, text, names, reason
+):
+    """One bad [[sweeps]] entry was an error of the whole file: every command stopped,
+    `status` at 7 a.m. included, and a control restarted in the night ran nothing. The
+    entry is left out, said in one line naming the file, the entry and the reason; the
+    other entries load."""
+    good = '[[sweeps]]\nname = "good"\ncron = "0 3 * * *"\n'
+    kb.write("reviewq.toml", text + good if text.startswith("[[sweeps]]") else text)
+    res = run_cli("gates")
+    assert res.exit_code == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    line = lines[0]
+    assert line.startswith(f"warning: {kb.root / 'reviewq.toml'}"), line
+    assert names in line and reason in line, line
+    assert line.endswith("(the entry is left out until it is fixed: no cron run, no run by name)")
+    expected = ["good"] if text.startswith("[[sweeps]]") else []
+    assert list(load_settings(kb.root).sweeps) == expected
+
+
+def test_a_bad_sweeps_entry_is_refused_by_name_and_a_problem_for_doctor(kb, run_cli):
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "n"\ncron = "0 3 * * *"\nreviewer = "claude-sonet"\n'
+        '[[sweeps]]\nname = "twice"\n[[sweeps]]\nname = "twice"\nselect = ["prose"]\n',
+    )
+    cfg = kb.root / "reviewq.toml"
+    why = f"{cfg} [[sweeps]] 'n' reviewer: no reviewer profile 'claude-sonet' (known: offline)"
+    twice = f"{cfg} [[sweeps]] 'twice': defined twice; neither runs until one is renamed"
+    res = run_cli("enqueue", "--name", "n")
+    assert res.exit_code == 1
+    assert res.stderr.splitlines()[-1] == (
+        f"error: {why}; fix the entry, or name gates to run an ad-hoc sweep under its name"
+    )
+    assert run_cli("enqueue", "--name", "twice").exit_code == 1
+    res = run_cli("enqueue", "--name", "n", "prose")  # ad hoc, under its name: runs
+    assert res.exit_code == 0, res.stderr
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    left_out = "(the entry is left out until it is fixed: no cron run, no run by name)"
+    problems = [line for line in res.stdout.splitlines() if line.startswith("problem: ")]
+    assert problems[:2] == [f"problem: {why} {left_out}", f"problem: {twice} {left_out}"]
+    assert load_settings(kb.root).sweeps == {}
 
 
 def test_a_config_with_every_documented_key_loads(kb):

@@ -574,9 +574,50 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
         "nightly"
     ]
     ws.close()
-    kb.write("reviewq.toml", fake_profile() + '[[sweeps]]\nname = "bad"\ncron = "99 * * * *"\n')
-    res = rq(kb, "control")  # refused at load, before it would run all night
-    assert res.returncode == 1 and "cron" in res.stderr and "99" in res.stderr
+
+
+def test_a_bad_sweeps_entry_is_left_out_and_the_control_runs_the_others(kb):
+    """One bad [[sweeps]] entry refused the whole file: a control restarted in the night
+    (systemd trying again every 10 s) fired no other sweep and took no agent's outcome
+    until a person came. It starts, says which entry it leaves out, and runs the rest."""
+    from datetime import datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "bad"\ncron = "99 * * * *"\n'
+        '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n',
+    )
+    ws = Workspace.open(kb.root)
+    assert due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
+    assert [s.name for s in due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 30).astimezone())] == [
+        "nightly"
+    ]
+    ws.close()
+    exe = str(Path(sys.executable).parent / "reviewq")
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen(
+        [exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    guard = threading.Timer(60, control.kill)  # one that never says it is killed
+    guard.start()
+    said: list[dict] = []
+    try:
+        for line in control.stderr:
+            if '"sweep.invalid"' in line:
+                said.append(json.loads(line))
+            if '"huey.consumer"' in line:  # it runs, and takes SIGTERM as a stop from here
+                break
+        assert control.poll() is None
+    finally:
+        guard.cancel()
+        control.send_signal(signal.SIGTERM)
+        control.wait(timeout=60)
+    assert [(e["sweep"], e["level"]) for e in said] == [("bad", "error")]
+    assert said[0]["problem"].startswith(f"{kb.root / 'reviewq.toml'} [[sweeps]] 'bad' cron '99")
 
 
 def test_a_run_missed_while_no_control_ran_is_not_replayed(kb):

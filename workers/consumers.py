@@ -189,6 +189,16 @@ def run_control(ws: Workspace) -> None:
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
     logs.get().info("control.started", pid=os.getpid(), queue=_describe(settings))
+    for name, problem in settings.sweep_problems.items():
+        # Said, not refused: a control that would not start (systemd restarting it all
+        # night) ran no other sweep either, and left every agent's outcome waiting.
+        logs.get().error(
+            "sweep.invalid",
+            sweep=name,
+            problem=problem,
+            config=str(settings.config_path),
+            recovery="the entry is left out until it is fixed and the control restarted",
+        )
     for sweep in settings.sweeps.values():
         for problem in sweep_problems(ws, sweep):
             logs.get().error(

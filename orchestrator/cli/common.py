@@ -66,6 +66,8 @@ NEEDS_STATE = {
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
 NO_KB = {"worker", "doctor"}
+# What becomes of a [[sweeps]] entry reviewq.toml gets wrong (config.Settings.sweep_problems).
+LEFT_OUT = "the entry is left out until it is fixed: no cron run, no run by name"
 
 
 def _asks_for_help(ctx: click.Context) -> bool:
@@ -286,6 +288,10 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     # A worker logs only to a folder of its own, which it sets up itself.
     if _asks_for_help(ctx):
         return
+    if ctx.invoked_subcommand not in ("doctor", "control"):  # they say it their own way
+        for problem in ws.settings.sweep_problems.values():
+            # A file that had to be skipped is a warning (SPEC §10), and so is an entry.
+            click.echo(f"warning: {shown(problem)} ({LEFT_OUT})", err=True)
     if ctx.invoked_subcommand not in READ_ONLY | NO_KB and not (ws.root / "kb").is_dir():
         # Said before anything is made: a command run in the wrong folder left a .reviewq/
         # (and `export` a kb/reports/) behind in it.

@@ -19,6 +19,7 @@ from click.core import ParameterSource
 from orchestrator import logs
 from orchestrator.cli.common import (
     JOB_ID,
+    LEFT_OUT,
     SQL_INT,
     THREADS,
     Refused,
@@ -130,6 +131,11 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
 
     named = click.get_current_context().get_parameter_source("sweep_name")
     chose = opts["selectors"] or opts["all_gates"] or opts["notes"]
+    problem = ws.settings.sweep_problems.get(opts["sweep_name"]) if ws is not None else None
+    if named == ParameterSource.COMMANDLINE and not chose and problem:
+        raise Refused(
+            f"{problem}; fix the entry, or name gates to run an ad-hoc sweep under its name"
+        )
     if named == ParameterSource.COMMANDLINE and not chose:
         # A mistyped `--name nightly` ran every gate of the catalog, silently.
         known = ", ".join(sorted(ws.settings.sweeps)) if ws is not None else ""
@@ -583,6 +589,9 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
         problems += 0 if ok else 1
         click.echo(f"{'ok' if ok else 'problem'}: {text}")
 
+    if not worker_only:  # a worker runs no sweep
+        for problem in ws.settings.sweep_problems.values():
+            report(False, f"{problem} ({LEFT_OUT})")
     in_kb = worker_only or _doctor_control_side(ws, report)
     if not in_kb and not ws.settings.queue.url:
         pass  # a SQLite queue lives in the state folder: not made in the wrong folder
