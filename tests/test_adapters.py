@@ -529,14 +529,14 @@ def test_openai_error_is_judged_by_the_servers_words_not_the_url(tmp_path):
     assert for_profile(profile).telemetry(spec).failure is None
 
 
-def _command_profile(kb, tmp_path, script: str) -> None:
+def _command_profile(kb, tmp_path, script: str, timeout: str = "30s") -> None:
     agent = tmp_path / "agent.sh"
     agent.write_text("#!/bin/sh\n" + script)
     agent.chmod(0o755)
     kb.write(
         "reviewq.toml",
         PROFILES + f'\n[reviewers.cmd]\nkind = "command"\ncommand = ["{agent}"]\n'
-        'partition = "fake"\ntimeout = "30s"\n',
+        f'partition = "fake"\ntimeout = "{timeout}"\n',
     )
 
 
@@ -575,6 +575,37 @@ def test_a_command_agent_that_failed_is_classified_by_what_it_said(
     res = run(kb2, make_job(run_cli), "cmd")
     assert res.outcome.classification == classification, res.outcome.reasons
     assert res.outcome.reasons[0].startswith(reason) or reason in res.outcome.reasons[0]
+
+
+@pytest.mark.parametrize(
+    ("script", "timeout"),
+    [
+        # A streaming CLI (`llm ... > "$REVIEWQ_OUTPUT_PATH"`) whose connection broke.
+        ('echo "Error: connection reset by peer" >&2\nexit 1\n', "30s"),
+        ("sleep 30\n", "2s"),  # stopped at its deadline mid-answer
+    ],
+    ids=["failed", "deadline"],
+)
+def test_a_fixer_that_did_not_end_cleanly_leaves_the_note_whole(
+    kb2, run_cli, tmp_path, script, timeout
+):
+    """Its output was applied: the note was replaced by the lines the fixer had written
+    when it failed, the rest of the note lost."""
+    from .test_cycles_integration import queue_fix
+
+    original = kb2.read(NOTE)
+    head = original[: original.index("Alpha body.")]  # frontmatter and heading: it parses
+    _command_profile(
+        kb2, tmp_path, f"printf '%s' '{head}' > \"$REVIEWQ_OUTPUT_PATH\"\n" + script, timeout
+    )
+    kb2.accept("fake", [(NOTE, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb2.root)
+    fix = queue_fix(ws.kb, ws.store, ws.state_dir, NOTE, fixer="cmd")
+    ws.close()
+    res = run(kb2, fix, "cmd")
+    assert res.outcome.classification != "output", res.outcome.reasons
+    assert "may be cut short" in res.outcome.reasons[-1]
+    assert kb2.read(NOTE) == original
 
 
 def test_openai_unreachable_server(kb2, run_cli, monkeypatch):

@@ -366,6 +366,16 @@ def run_attempt(
         # before a request that was refused) is no output: judged as invalid, the
         # reviewer's outage failed the job and escalated it.
         out.output = None
+    # A note has no END line: one a fixer left when it failed or was stopped (a streaming
+    # CLI whose connection broke, the deadline) may be cut short anywhere, and applied it
+    # replaced the whole note. Only a clean exit vouches for a fixer's note being whole.
+    cut = (
+        spec.task == "fix"
+        and out.output is not None
+        and bool(out.exit_code or telemetry.failure or not exited)
+    )
+    if cut:
+        out.output = None
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
@@ -404,10 +414,17 @@ def run_attempt(
         out.reasons = [f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {why}"]
     else:
         out.classification = NO_OUTPUT
-        out.reasons = [f"exited {out.exit_code} without writing {spec.output_path.name}"]
+        out.reasons = [
+            f"exited {out.exit_code}" + ("" if cut else f" without writing {spec.output_path.name}")
+        ]
         why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
         if why:
             out.reasons[0] += f": {why}"
+    if cut:
+        out.reasons.append(
+            f"{spec.output_path.name} is not applied: the fixer did not end cleanly, "
+            "so the note it left may be cut short"
+        )
     if out.touched:
         out.untouched = [out.classification, out.reasons]
         out.classification = TOUCHED_KB
