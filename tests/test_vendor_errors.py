@@ -684,6 +684,27 @@ def test_a_job_queued_in_one_partition_does_not_block_another_partition(kb, run_
 # --- what an agent leaves behind is read safely ------------------------------------------
 
 
+def test_an_agent_that_found_no_room_for_its_output_is_a_reviewer_failure(tmp_path, monkeypatch):
+    """The disk where the output goes is full: the agent (here as the openai one does,
+    after its model answered) says so and exits. A counted no-output before: three of
+    them failed the job and escalated its pairs for the worker's full disk."""
+    from workers import attempt
+
+    full = os.statvfs_result((4096, 4096, 1000, 2, 2, 1000, 10, 10, 0, 255))
+    monkeypatch.setattr(attempt.os, "statvfs", lambda path: full)
+    script = (
+        "import json, os, sys\n"
+        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 1}))\n"
+        "print('openai reviewer: cannot write: [Errno 28] No space left on device', "
+        "file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    out = _run(tmp_path, script, kind="command")
+    assert out.classification == REVIEWER_FAILURE, out.reasons
+    assert out.reasons[0].startswith("disk: 8192 bytes free in ")
+    assert out.reasons[0].endswith("No space left on device")
+
+
 def _bounded_attempt(tmp_path, script: str, kind: str = "command"):
     """_run in a thread, so an attempt that hangs fails the test instead of holding it."""
     import threading

@@ -400,6 +400,12 @@ def run_attempt(
         # No model answered (or stopped answering): nothing here speaks of the job.
         out.classification = REVIEWER_FAILURE
         out.reasons = [f"{telemetry.failure}: {telemetry.error or 'no detail'}"]
+    elif (room := _room_for_output(spec.output_path.parent, max_output_bytes)) is not None:
+        # A full disk is the worker's failure, never the job's: counted, three attempts
+        # that could not write their output failed the job and escalated its pairs.
+        out.classification = REVIEWER_FAILURE
+        why = telemetry.error or _tail(spec.stderr_path)
+        out.reasons = [f"disk: {room}; no output: {why}"]
     elif not exited:
         out.classification = BURNED_OUT
         out.reasons = [
@@ -570,6 +576,19 @@ def read_tail(path: Path, limit: int) -> bytes:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - limit))
         return f.read(limit)
+
+
+def _room_for_output(folder: Path, limit: int) -> str | None:
+    """What is wrong with the space left where the output goes, when an output of up to
+    ``limit`` bytes may not have fitted in it; else None."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None  # a folder gone says nothing of the disk
+    free = st.f_bavail * st.f_frsize
+    if free >= limit:
+        return None
+    return f"{free} bytes free in {folder}, under the {limit}-byte limit of an output"
 
 
 def _tail(path: Path, limit: int = 300) -> str:
