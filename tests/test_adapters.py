@@ -966,6 +966,39 @@ def test_openai_answer_that_is_not_json_it_can_read_is_the_servers_failure(
     assert "Traceback" not in _stderr(kb2)
 
 
+@pytest.mark.parametrize(
+    ("status", "body", "failure"),
+    [
+        # A LiteLLM proxy in front of the model, its budget spent (its own words).
+        (
+            400,
+            b'{"error": {"message": "Budget has been exceeded! Current cost: 10.2, '
+            b'Max budget: 10.0", "type": "budget_exceeded", "code": "400"}}',
+            "quota",
+        ),
+        (
+            400,
+            b'{"error": {"message": "ExceededBudget: End User=nightly over budget. '
+            b'Spend=2.1, Budget=2.0"}}',
+            "quota",
+        ),
+        # The server (or a proxy) gave up waiting, as a 504 says.
+        (408, b'{"error": "request took too long"}', "server"),
+    ],
+    ids=["litellm-budget", "end-user-budget", "408"],
+)
+def test_openai_spent_budget_or_request_timeout_is_the_reviewers_failure(
+    kb2, run_cli, monkeypatch, answering, status, body, failure
+):
+    """Both were counted no-outputs: three of them failed the job and escalated its
+    pairs for the proxy's budget or the server's patience."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    openai_profile(kb2, answering(lambda request, method, data: (status, body, [])).url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert res.outcome.reasons[0].startswith(f"{failure}: HTTP {status} from ")
+
+
 def test_openai_answer_with_a_lone_surrogate_keeps_its_usage(kb2, run_cli, monkeypatch, answering):
     """An emoji cut in two (\\ud83d) raised writing the output: a traceback, a .part file
     left, and the answer's tokens lost from the budget."""

@@ -71,7 +71,16 @@ _STATUS = re.compile(r"\b(?:status|code)[ :=]*(\d{3})\b", re.I)
 # has not reached its model: after one that went through, silence is the model thinking.
 RETRIES_TO_END = 2
 _KINDS = (
-    ("quota", re.compile(r"quota|billing|credit balance|usage limit|insufficient_quota", re.I)),
+    (
+        "quota",
+        # LiteLLM's proxy says a spent budget with a 400: "Budget has been exceeded!",
+        # "ExceededBudget: End User=x over budget".
+        re.compile(
+            r"quota|billing|credit balance|usage limit|insufficient_quota|"
+            r"budget.?(?:has been )?exceeded|exceeded.?budget|over budget",
+            re.I,
+        ),
+    ),
     (
         "rate-limit",
         re.compile(r"rate.?limit|too many requests|resource.?exhausted|overloaded", re.I),
@@ -113,8 +122,8 @@ def failure_kind(message: str, status: int | None = None) -> str | None:
         return "not-found"  # no such endpoint or model: a profile to fix, not a note
     if status == 405 or (status is not None and 300 <= status < 400):
         return "config"  # a base_url that redirects (http for https), or not the endpoint
-    if status is not None and status >= 500:
-        return "server"
+    if status is not None and (status >= 500 or status == 408):
+        return "server"  # 408: the server (or a proxy) gave up waiting, as a 504 does
     for kind, pattern in _KINDS:
         if pattern.search(message):
             return kind
