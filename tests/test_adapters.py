@@ -443,6 +443,42 @@ def test_openai_reviews_a_job(kb2, run_cli, monkeypatch, server, suffix):
     assert body["messages"] == [{"role": "user", "content": prompt}]
 
 
+def test_openai_answer_in_parts_or_without_content_is_read_as_the_model_s(
+    kb2, run_cli, monkeypatch, server
+):
+    """A message whose content is a list of parts (Mistral's reasoning models) was read as
+    an empty answer and counted against the job; one with no content at all (mlx-lm, a
+    model stopped inside its reasoning) was taken for a broken server and paused the
+    profile. The first is its text parts, the thinking left out; the second is empty."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    openai_profile(kb2, server.url)
+    server.answer = lambda body: {
+        "choices": [
+            {"message": {"role": "assistant", "reasoning": "Hmm."}, "finish_reason": "length"}
+        ],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 2048},
+    }
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "no-output", res.outcome.reasons
+    assert "answered with an empty message (finish_reason length)" in res.outcome.reasons[0]
+    plain = FakeServer.answer
+
+    def in_parts(body: dict) -> dict:
+        answer = plain(server, body)
+        text = answer["choices"][0]["message"]["content"]
+        draft = {"type": "text", "text": "=== PAIR REVIEW START: a draft ==="}
+        answer["choices"][0]["message"]["content"] = [
+            {"type": "thinking", "thinking": [draft]},
+            {"type": "text", "text": text},
+        ]
+        return answer
+
+    server.answer = in_parts
+    res = run(kb2, make_job(run_cli), "local")  # run-job failed the first job
+    assert res.ok, (res.outcome.reasons, res.finalized)
+    assert [p["decision"] for p in res.finalized.pairs] == ["PASS", "PASS"]
+
+
 def test_openai_key_never_reaches_argv_or_command_env(kb2, monkeypatch, tmp_path):
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     profile = ReviewerProfile(

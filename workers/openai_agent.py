@@ -185,11 +185,16 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
         raise AgentError(f"{shown(url)} {said}", answered=True, detail=said)
     try:
         data = json.loads(raw)
-        content = data["choices"][0]["message"]["content"]
+        message = data["choices"][0]["message"]
+        if not isinstance(message, dict):
+            raise TypeError(message)
     except (ValueError, LookupError, TypeError, RecursionError):
         raise AgentError(
             f"{shown(url)} did not answer with a chat completion", failure="server"
         ) from None
+    # A message with no "content" is an empty answer (mlx-lm leaves it out when the model
+    # stopped inside its reasoning): taken for a broken server, it paused the profile.
+    content = answer_text(message.get("content"))
     if not isinstance(content, str) or not content.strip():
         finish = (
             data["choices"][0].get("finish_reason")
@@ -203,6 +208,24 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
             f"{shown(url)} {said}", answered=True, detail=said, usage=data.get("usage")
         )
     return content, data
+
+
+def answer_text(content: object) -> str | None:
+    """The text of a message's ``content``: a string, or the text parts of a list of
+    parts (Mistral's reasoning models answer ``[{"type": "thinking", ...}, {"type":
+    "text", "text": ...}]``), which was read as an empty answer and counted against the
+    job. The thinking is no part of the answer."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    return "".join(
+        part["text"]
+        for part in content
+        if isinstance(part, dict)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+    )
 
 
 def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
