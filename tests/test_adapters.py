@@ -479,6 +479,28 @@ def test_openai_answer_in_parts_or_without_content_is_read_as_the_model_s(
     assert [p["decision"] for p in res.finalized.pairs] == ["PASS", "PASS"]
 
 
+def test_openai_prompt_cache_reads_are_priced_as_such(kb2, run_cli, monkeypatch, server):
+    """OpenAI and vLLM count cached prompt tokens in ``prompt_tokens_details``; left out,
+    every token was priced in full, and a sweep's budget stopped it early."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    prices = "price_input_per_mtok = 1.0\nprice_output_per_mtok = 2.0\n"
+    openai_profile(kb2, server.url, extra=prices + "price_cached_input_per_mtok = 0.1\n")
+    plain = FakeServer.answer
+
+    def cached(body: dict) -> dict:
+        usage = {"prompt_tokens": 1000, "completion_tokens": 100}
+        return plain(server, body) | {
+            "usage": usage | {"prompt_tokens_details": {"cached_tokens": 800}}
+        }
+
+    server.answer = cached
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.ok, res.outcome.reasons
+    t = res.outcome.telemetry
+    assert (t["input_tokens"], t["cached_input_tokens"], t["output_tokens"]) == (1000, 800, 100)
+    assert t["cost_usd"] == pytest.approx((200 * 1.0 + 800 * 0.1 + 100 * 2.0) / 1e6)
+
+
 def test_openai_key_never_reaches_argv_or_command_env(kb2, monkeypatch, tmp_path):
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     profile = ReviewerProfile(

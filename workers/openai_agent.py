@@ -310,12 +310,17 @@ def unwrapped_note(answer: str, given: str | None) -> str:
 
 
 def _turn(usage: object) -> dict:
-    """One turn's telemetry: the model was asked and answered (well or not)."""
+    """One turn's telemetry: the model was asked and answered (well or not). Of the prompt
+    tokens, those read from a prompt cache (OpenAI, vLLM: ``prompt_tokens_details``) are
+    counted apart, so the profile's cached price applies to them, not the full one."""
     usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    details = details if isinstance(details, dict) else {}
     return {
         "num_turns": 1,
         "input_tokens": _count(usage, "prompt_tokens", "input_tokens"),
         "output_tokens": _count(usage, "completion_tokens", "output_tokens"),
+        "cached_input_tokens": _count(details, "cached_tokens"),
     }
 
 

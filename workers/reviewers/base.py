@@ -147,7 +147,8 @@ FAILURES = ("auth", "quota", "rate-limit", "unreachable", "server", "not-found",
 
 def telemetry_from_file(path: Path) -> Telemetry:
     """The ``REVIEWQ_TELEMETRY_PATH`` convention: ``num_turns``, ``input_tokens``,
-    ``output_tokens``, ``cost_usd`` in a JSON object, and for an agent that got no answer
+    ``output_tokens``, ``cost_usd`` (and ``cached_input_tokens``, those of the input read
+    from a prompt cache) in a JSON object, and for an agent that got no answer
     from its model ``failure`` (one of :data:`FAILURES`) with ``error``, its words;
     anything unreadable is ignored."""
     try:
@@ -161,6 +162,7 @@ def telemetry_from_file(path: Path) -> Telemetry:
         num_turns=_num(data.get("num_turns"), int),
         input_tokens=_num(data.get("input_tokens"), int),
         output_tokens=_num(data.get("output_tokens"), int),
+        cached_input_tokens=_num(data.get("cached_input_tokens"), int),
         cost_usd=_num(data.get("cost_usd"), float),
         session_id=data.get("session_id") if isinstance(data.get("session_id"), str) else None,
         error_subtype=data.get("error_subtype")
