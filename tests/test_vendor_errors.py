@@ -236,6 +236,43 @@ def test_a_401_after_minutes_of_retries_is_a_reviewer_failure_not_no_output(tmp_
     assert out.reasons == ["auth: Invalid API key · Fix external API key"]
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["cut-short", "whole"])
+def test_a_bundle_left_unfinished_by_a_rate_limit_is_a_reviewer_failure(tmp_path, whole):
+    """Claude wrote a long bundle in two steps and was rate-limited between them: the half
+    it left was judged as the job's invalid output, counted, and three escalated the
+    pairs. A bundle it finished before the outage is still its output."""
+    pairs = [("kb/notes/a.md", f"kb/instructions/review-gates/p/g{i}.md") for i in (1, 2)]
+    job = _spec(tmp_path).job_dir
+    manifest = {"pairs": [{"note_path": n, "gate_path": g} for n, g in pairs]}
+    (job / "MANIFEST.json").write_text(json.dumps(manifest))
+    blocks = [
+        f"=== PAIR REVIEW START: {n} :: {g} ===\nFine.\n## Result: PASS\n"
+        f"=== PAIR REVIEW END: {n} :: {g} ===\n"
+        for n, g in pairs
+    ]
+    output = "".join(blocks if whole else blocks[:1])
+    limited = {
+        **CLAUDE_401,
+        "api_error_status": 429,
+        "result": "API Error: 429 rate_limit_error: Number of request tokens has exceeded "
+        "your per-minute rate limit",
+        "num_turns": 6,
+    }
+    script = (
+        "import os, sys\n"
+        f"open(os.environ['REVIEWQ_OUTPUT_PATH'], 'w').write({output!r})\n"
+        f"print({json.dumps(json.dumps(limited))})\n"
+        "sys.exit(1)\n"
+    )
+    out = _run(tmp_path, script)
+    if whole:
+        assert out.classification == "output" and out.output == output.encode()
+    else:
+        assert out.classification == REVIEWER_FAILURE, out.reasons
+        assert out.reasons[0].startswith("rate-limit: API Error: 429") and out.output is None
+        assert "is not judged: it was left unfinished" in out.reasons[-1]
+
+
 def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
     # Codex 0.169 prints "Reconnecting..." until its deadline when the endpoint is down.
     lines = _lines(CODEX_DOWN).replace("\n", "\\n")

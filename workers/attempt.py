@@ -25,6 +25,7 @@ from pathlib import Path
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from orchestrator.config import Settings
+from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.review.finalize import FinalizeError, read_output
 from orchestrator.state.store import utcnow
 
@@ -376,6 +377,17 @@ def run_attempt(
     )
     if cut:
         out.output = None
+    # A bundle has END lines, so one cut short shows: left by an agent whose own report
+    # says its model stopped answering (a rate limit between two writes of a long bundle),
+    # it is that outage, not an invalid output counted against the job.
+    partial = (
+        spec.task != "fix"
+        and out.output is not None
+        and telemetry.failure is not None
+        and not _whole_bundle(spec, out.output, max_output_bytes)
+    )
+    if partial:
+        out.output = None
     after = file_hashes(spec.root, guarded)
     out.touched = sorted(p for p in guarded if before.get(p) != after.get(p))
     out.touched_hashes = {p: after[p] for p in out.touched}
@@ -430,6 +442,11 @@ def run_attempt(
         out.reasons.append(
             f"{spec.output_path.name} is not applied: the fixer did not end cleanly, "
             "so the note it left may be cut short"
+        )
+    if partial:
+        out.reasons.append(
+            f"{spec.output_path.name} is not judged: it was left unfinished when the "
+            "model stopped answering"
         )
     if out.touched:
         out.untouched = [out.classification, out.reasons]
@@ -576,6 +593,17 @@ def read_tail(path: Path, limit: int) -> bytes:
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - limit))
         return f.read(limit)
+
+
+def _whole_bundle(spec: AttemptSpec, output: bytes, limit: int) -> bool:
+    """Whether a review's output parses with every pair of the job (MANIFEST.json beside
+    the prompt names them; finalize judges it again); True when that cannot be told."""
+    try:
+        manifest = json.loads((spec.job_dir / "MANIFEST.json").read_bytes())
+        pairs = [ExpectedPair(p["note_path"], p["gate_path"]) for p in manifest["pairs"]]
+    except (OSError, ValueError, LookupError, TypeError):
+        return True
+    return parse_bundle(output, pairs, max_bytes=limit).ok
 
 
 def _room_for_output(folder: Path, limit: int) -> str | None:
