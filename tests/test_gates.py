@@ -141,6 +141,39 @@ def test_extra_fields_headings_and_file_name_are_free(kb):
     )
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        "## Failure mode ##\n\nx\n\n## Test ##\n\ny\n",  # closing '#'s
+        "   ## Failure mode\n\nx\n\n ## Test\n\ny\n",  # up to three spaces of indent
+        "##\tFailure mode\n\nx\n\n## Test #####  \n\ny\n",
+    ],
+)
+def test_a_commonmark_heading_is_a_heading(kb, body):
+    """'## Test ##' and an indented '## Test' are headings to every Markdown reader: the
+    gate was invalid ("body lacks '## Test'") and never reviewed."""
+    kb.gate("prose/x", ["body"], body=body)
+    assert problems(kb) == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "lacks"),
+    [
+        ("## Failure mode\n\n```markdown\n## Test\n```\n", "'## Test'"),
+        ("## Failure mode\n\n~~~\n## Test\n~~~\n", "'## Test'"),
+        ("## Failure mode\n\n````\n```\n## Test\n````\n", "'## Test'"),
+        ("## Failure mode\n\n```\n## Test\n", "'## Test'"),  # a fence never closed
+        ("    ## Failure mode\n\n## Test\n", "'## Failure mode'"),  # indented code
+        ("## Failure mode\n\n##Test\n", "'## Test'"),
+    ],
+)
+def test_a_heading_quoted_in_code_is_no_heading(kb, body, lacks):
+    """A '## Test' inside a fenced example counted: the gate was valid with no test of its
+    own, and its reviewers were shown the example's test as the gate's."""
+    kb.gate("prose/x", ["body"], body=body)
+    assert problems(kb) == {"x.md": f"body lacks {lacks}"}
+
+
 def test_gates_check_cli(kb, run_cli):
     kb.gate("prose/good", ["body"])
     res = run_cli("gates", "--check")

@@ -204,6 +204,8 @@ def test_the_title_is_the_first_h1_outside_fenced_code():
     assert _first_heading("```python\n# x\n```python\n# y\n```\n# Title\n") == "Title"
     assert _first_heading("``` a ` b\n# Title\n") == "Title"
     assert _first_heading("~~~~\n# a\n~~~\n# b\n~~~~\n# Title\n") == "Title"
+    assert _first_heading("#\tTabbed title #\n") == "Tabbed title"
+    assert _first_heading("#5 bolts\n####### seven\n# Title\n") == "Title"
 
 
 def test_a_fix_write_killed_midway_leaves_no_temp_file_once_written_again(tmp_path):

@@ -20,6 +20,7 @@ from orchestrator.kb.notes import (
     FileProblem,
     NoteParseError,
     as_str_tuple,
+    atx_headings,
     decode,
     parse_note_text,
     sha256_bytes,
@@ -126,7 +127,10 @@ class Catalog:
 
 
 def _headings(body: str) -> set[str]:
-    return {line[3:].strip().lower() for line in body.splitlines() if line.startswith("## ")}
+    """The level-2 headings of a gate's body, lowercased: as CommonMark reads them, so an
+    indented '## Test' or one closed by '##' counts, and one quoted in a code block does not
+    (the gate had no test of its own)."""
+    return {text.lower() for level, text in atx_headings(body) if level == 2}
 
 
 def _parse_staleness(value: object) -> tuple[str, float | None]:

@@ -196,13 +196,16 @@ def _key_text(key: object) -> str:
 
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)$")
-_H1 = re.compile(r" {0,3}# +(.*?)(?: +#+)? *$")
+# An ATX heading as CommonMark has it: up to three spaces of indent, one to six '#'s, then
+# a blank or the end of the line ('#5' is no heading).
+_ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]+(.*))?$")
 
 
-def _first_heading(body: str) -> str:
-    """The first level-1 ATX heading outside fenced code: a shell comment in a code block
-    is not the note's title. Fences as CommonMark has them: a backtick fence's info string
-    holds no backtick, and a closing fence has no info string."""
+def atx_headings(body: str) -> Iterator[tuple[int, str]]:
+    """(level, text) of each ATX heading outside fenced code: a shell comment or a
+    '## Test' quoted in a code block is no heading. Fences as CommonMark has them: a
+    backtick fence's info string holds no backtick, and a closing fence has no info
+    string; one never closed runs to the end."""
     fence = ""
     for line in body.splitlines():
         m = _FENCE.match(line)
@@ -214,10 +217,24 @@ def _first_heading(body: str) -> str:
         if m and not (m.group(1)[0] == "`" and "`" in m.group(2)):
             fence = m.group(1)
             continue
-        h = _H1.match(line)
+        h = _ATX.match(line)
         if h:
-            return h.group(1).strip()
-    return ""
+            yield len(h.group(1)), _heading_text(h.group(2) or "")
+
+
+def _heading_text(rest: str) -> str:
+    """A heading's text without its optional closing '#'s, which a blank must precede
+    ('## Test ##' is "Test"; '# C#' is "C#")."""
+    text = rest.strip(" \t")
+    bare = text.rstrip("#")
+    if bare != text and (not bare or bare[-1] in " \t"):
+        return bare.rstrip(" \t")
+    return text
+
+
+def _first_heading(body: str) -> str:
+    """The text of the first level-1 heading (the title when frontmatter has none)."""
+    return next((text for level, text in atx_headings(body) if level == 1), "")
 
 
 def _as_text(value: object) -> str:
