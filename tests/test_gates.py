@@ -89,6 +89,22 @@ def problems(kb) -> dict[str, str]:
             GOOD_BODY,
             "requires_type must be",
         ),
+        # An empty type or trait matched no note: the gate was reviewed nowhere, silently.
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: ''",
+            GOOD_BODY,
+            "requires_type names an empty value",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: [note, ' ']",
+            GOOD_BODY,
+            "requires_type names an empty value",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_trait: ''",
+            GOOD_BODY,
+            "requires_trait names an empty value",
+        ),
         ("gate_id: prose/x\nname: X\nlens: prose\nwatches: [body\n", GOOD_BODY, "broken YAML"),
         # `$` matched before a final newline: the id no selector could name was taken.
         ('gate_id: "prose/x\\n"\nname: X\nlens: prose\nwatches: [body]', GOOD_BODY, "LENS/NAME"),
