@@ -282,3 +282,33 @@ def test_a_gate_changed_a_moment_ago_is_not_trusted_to_its_stamp(kb, monkeypatch
     ws.catalog()
     assert len(loads) == 2
     ws.close()
+
+
+def test_a_requires_type_naming_no_spec_is_a_warning(kb, run_cli):
+    """A typo ('definiton') made the gate apply to no note, and every command said the
+    catalog was fine. The gate stays valid (a spec may not be written yet); each value is
+    named once, with its gate file."""
+    kb.type_spec("definition")
+    kb.write("kb/notes/types/local.md", "---\nname: local\n---\n# Local\n")
+    kb.gate("prose/typo", ["body"], requires_type="definiton")
+    kb.gate("prose/half", ["body"], requires_type=["definition", "kb/types/gone.md"])
+    kb.gate("prose/out", ["body"], requires_type="../outside.md")
+    kb.gate(
+        "prose/ok", ["body"], requires_type=["kb/types/definition.md", "kb/notes/types/local.md"]
+    )
+    said = [
+        "warning: kb/instructions/review-gates/prose/half.md: requires_type 'kb/types/gone.md' "
+        "names no type spec (no file kb/types/gone.md): no note of an existing type matches it",
+        "warning: kb/instructions/review-gates/prose/out.md: requires_type '../outside.md' "
+        "names no type spec (no file ../outside.md): no note of an existing type matches it",
+        "warning: kb/instructions/review-gates/prose/typo.md: requires_type 'definiton' "
+        "names no type spec (no file kb/types/definiton.md): no note of an existing type "
+        "matches it",
+    ]
+    for args in (("gates", "--check"), ("gates",)):
+        res = run_cli(*args)
+        assert res.exit_code == 0 and "4 gates in 1 lenses, 0 invalid" in res.stdout
+        assert res.stderr.splitlines() == said, res.stderr
+    res = run_cli("doctor")
+    assert [line for line in res.stderr.splitlines() if "requires_type" in line] == said
+    assert res.exit_code == 0 and "problem:" not in res.stdout, res.stdout  # said, not failed

@@ -632,6 +632,9 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
     for p in cat.problems:
         report(False, f"invalid gate {p.path}: {p.reason}")
+    from orchestrator.kb.gates import requires_type_warnings
+
+    warn(requires_type_warnings(ws.kb, cat))  # a gate asked of no note, but a valid one
     from orchestrator.sweeps.producer import sweep_problems
 
     for sweep in ws.settings.sweeps.values():

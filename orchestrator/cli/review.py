@@ -20,6 +20,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
+from orchestrator.kb.gates import requires_type_warnings
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import export
@@ -78,13 +79,16 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
         click.echo(
             f"{len(cat.gates)} gates in {len(cat.lenses)} lenses, {len(cat.problems)} invalid"
         )
+    # A requires_type naming no spec is said, not failed: the gate itself is valid.
+    type_warnings = requires_type_warnings(ws.kb, cat)
     if check:
+        warn(type_warnings)
         for p in cat.problems:
             click.echo(f"invalid: {p.path}: {p.reason}", err=True)
         if cat.problems:
             raise Refused(f"{len(cat.problems)} invalid gate(s)")
     else:
-        warn(cat.problems)
+        warn([*cat.problems, *type_warnings])
 
 
 @cli.command("select")

@@ -18,6 +18,7 @@ from orchestrator.kb.notes import (
     REGIONS,
     TYPES_DIR,
     FileProblem,
+    KBError,
     NoteParseError,
     as_str_tuple,
     atx_headings,
@@ -279,6 +280,36 @@ def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
         except (NoteParseError, OSError) as exc:
             cat.problems.append(FileProblem(rel, str(exc)))
     return cat
+
+
+def requires_type_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
+    """Each ``requires_type`` value of a valid gate that names no type spec, as a problem
+    of its gate: a typo (``definiton``) asked the gate of no note, without a word. Said,
+    not made invalid: the gate itself is sound, and notes typed with the same value still
+    match it. Looked at on each call: a spec may sit outside the folders the catalog
+    cache watches (beside its notes)."""
+    specs = {g.path for g in catalog.types.values()}
+    out = []
+    for gate in sorted(catalog.gates.values(), key=lambda g: g.path):
+        given = _type_list(parse_note_text(gate.text).meta.get("requires_type"), "requires_type")
+        for value, key in zip(given, gate.requires_type, strict=True):
+            if key not in specs and not _is_kb_file(kb, key):
+                out.append(
+                    FileProblem(
+                        gate.path,
+                        f"requires_type {value!r} names no type spec (no file {key}): "
+                        "no note of an existing type matches it",
+                    )
+                )
+    return out
+
+
+def _is_kb_file(kb: KB, rel: str) -> bool:
+    """Whether ``rel`` is a file inside the KB root (a path leading out of it is none)."""
+    try:
+        return kb.abspath(rel).is_file()
+    except KBError:
+        return False
 
 
 class CatalogCache:
