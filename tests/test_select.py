@@ -300,6 +300,29 @@ def test_type_pairs_are_opt_in(kb, run_cli):
     assert run_cli("select", "type/nope").exit_code == 1
 
 
+def test_a_type_spec_in_a_subfolder_of_kb_types_named_by_path_is_reviewed(kb, run_cli):
+    """A note naming kb/types/sub/x.md (from the root, or as ../types/sub/x.md) got no
+    type pair and no word: the spec was taken for one of the kb/types/*.md scan, which
+    does not enter subfolders. Named by a path, it is the note's spec, as one beside the
+    note is."""
+    kb.write("kb/types/sub/x.md", "---\nname: x\n---\n# X type\n")
+    kb.write("kb/notes/rel.md", note_text_with_type("../types/sub/x.md"))
+    kb.write("kb/notes/root.md", note_text_with_type("kb/types/sub/x.md"))
+    kb.note("named", type="x")  # a name is kb/types/x.md, which is not there
+    res = run_cli("select", "type", "--json")
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    got = {(t["note_path"], t["gate_id"], t["gate_path"]) for t in res.json()["targets"]}
+    assert got == {
+        ("kb/notes/rel.md", "type/x", "kb/types/sub/x.md"),
+        ("kb/notes/root.md", "type/x", "kb/types/sub/x.md"),
+    }
+    res = run_cli("select", "type/x", "--json")
+    assert {t["note_path"] for t in res.json()["targets"]} == {
+        "kb/notes/rel.md",
+        "kb/notes/root.md",
+    }
+
+
 def note_text_with_type(t: str) -> str:
     return f"---\ntitle: Rel\ntype: {t}\n---\nbody\n"
 

@@ -8,6 +8,7 @@ never become Python objects, which is what keeps a 400,000-pair KB inside SPEC Â
 from __future__ import annotations
 
 import json
+import posixpath
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -280,12 +281,15 @@ def select(
 
 
 def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None:
-    """Type specs that notes name relative to themselves (``./types/x.md``) join the catalog."""
+    """Type specs that notes name by a path outside the catalog's ``kb/types/*.md`` scan
+    (``./types/x.md``, ``../types/sub/x.md``, ``kb/types/sub/x.md``) join the catalog."""
     from orchestrator.kb.gates import type_gate
 
     for note in notes:
         key = type_key(note.type_value, note.path)
-        if key is None or key.startswith("kb/types/"):
+        # kb/types/NAME.md is the scan's to read or refuse; a subfolder of it is not scanned
+        # (it may hold templates), and its spec, named by a path, went unreviewed silently.
+        if key is None or posixpath.dirname(key) == TYPES_DIR:
             continue
         name = key.rsplit("/", 1)[-1][:-3]
         try:
