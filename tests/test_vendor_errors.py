@@ -273,6 +273,28 @@ def test_a_bundle_left_unfinished_by_a_rate_limit_is_a_reviewer_failure(tmp_path
         assert "is not judged: it was left unfinished" in out.reasons[-1]
 
 
+def test_a_fixer_stopped_at_its_turn_limit_after_writing_the_note_is_applied(tmp_path):
+    """Claude exits 1 at its turn limit (error_max_turns), after the turn whose Write left
+    the whole note: a stop between turns cuts no file short. Read as "did not end
+    cleanly", the finished fix was dropped and counted as burned out "with no output"."""
+    import dataclasses
+
+    note = "---\ntitle: A\n---\n# A\n\nThe whole body.\n"
+    script = (
+        "import os, sys\n"
+        f"open(os.environ['REVIEWQ_OUTPUT_PATH'], 'w').write({note!r})\n"
+        f"print({json.dumps(json.dumps({**CLAUDE_MAX_TURNS, 'num_turns': 5}))})\n"
+        "sys.exit(1)\n"
+    )
+    spec = dataclasses.replace(_spec(tmp_path), task="fix")
+    reviewer = for_profile(ReviewerProfile(name="claude", kind="claude", model="m"))
+    argv = [sys.executable, "-c", script]
+    reviewer.command = lambda spec: Command(argv=argv, cwd=tmp_path)  # type: ignore[method-assign]
+    out = run_attempt(reviewer, spec, timeout_s=30, max_turns=5)
+    assert out.classification == "output", out.reasons
+    assert out.output == note.encode()
+
+
 def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
     # Codex 0.169 prints "Reconnecting..." until its deadline when the endpoint is down.
     lines = _lines(CODEX_DOWN).replace("\n", "\\n")

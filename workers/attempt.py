@@ -369,11 +369,14 @@ def run_attempt(
         out.output = None
     # A note has no END line: one a fixer left when it failed or was stopped (a streaming
     # CLI whose connection broke, the deadline) may be cut short anywhere, and applied it
-    # replaced the whole note. Only a clean exit vouches for a fixer's note being whole.
+    # replaced the whole note. Only a clean exit vouches for a fixer's note being whole,
+    # or a stop at the turn limit: that comes between turns, once the last turn's tools
+    # (its Write of the note) are done, and Claude exits 1 for it (error_max_turns).
+    at_turn_limit = telemetry.num_turns is not None and telemetry.num_turns >= max_turns
     cut = (
         spec.task == "fix"
         and out.output is not None
-        and bool(out.exit_code or telemetry.failure or not exited)
+        and bool((out.exit_code and not at_turn_limit) or telemetry.failure or not exited)
     )
     if cut:
         out.output = None
