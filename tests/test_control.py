@@ -1376,7 +1376,7 @@ def test_the_next_run_of_an_edited_sweeps_entry_takes_over_what_its_spent_budget
 
     ad_hoc = enqueue(ws, SweepRequest(name="nightly", all_gates=True, fix=True, budget_usd=1.0))
     assert ad_hoc.jobs == [] and runs() == [first.run_id] * 2
-    assert held_by_budget(ws.store, {first.run_id: 2}) == [
+    assert held_by_budget(ws.store, {first.run_id: 2}, ws.settings) == [
         f"2 job(s) of sweep 'nightly' (run {first.run_id}) wait: its budget of $0.5 is spent; "
         "the next run of its [[sweeps]] entry (reviewq enqueue --name nightly) takes them "
         "over (with a new --budget-usd)"
@@ -1385,6 +1385,64 @@ def test_the_next_run_of_an_edited_sweeps_entry_takes_over_what_its_spent_budget
     assert len(elsewhere.jobs) == 2 and runs() == [first.run_id] * 2
     edited = run_of_entry(entry + 'batch_size = 10\nfix = true\nauditor = "other"\n')
     assert edited.jobs == [] and runs() == [edited.run_id] * 2
+    ws.close()
+
+
+def test_a_spent_run_of_an_entry_from_before_the_upgrade_is_taken_over_and_said_so(kb):
+    """Runs recorded before their options said 'configured' were never taken over by an
+    entry edited since (the jobs held for good that the takeover was made for), and the
+    waiting line named `enqueue --name NAME` for runs that run would not take (a reviewer
+    now of another partition) or that is refused (the entry gone)."""
+    from orchestrator.state.status import held_by_budget
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    other = '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+    entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n'
+
+    def spent_run(config: str) -> tuple[Workspace, int]:
+        kb.write("reviewq.toml", other + config)
+        ws = Workspace.open(kb.root)
+        res = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+        with ws.store.write():  # recorded before the upgrade; its attempt spent it
+            ws.store.conn.execute(
+                "UPDATE sweep_runs SET options = json_remove(options, '$.configured')"
+            )
+            ws.store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, "
+                "cost_usd) VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+                (res.jobs[0].review_job_id, utcnow(), utcnow()),
+            )
+        return ws, res.run_id
+
+    def said(ws: Workspace, run_id: int) -> str:
+        return held_by_budget(ws.store, {run_id: 1}, ws.settings)[0].split("; ", 1)[1]
+
+    by_entry = "the next run of its [[sweeps]] entry (reviewq enqueue --name nightly) takes"
+    by_options = "a run of that sweep with the same options takes"
+    ws, first = spent_run(entry)
+    assert said(ws, first).startswith(by_entry)
+    ws.close()
+    kb.write("reviewq.toml", other + entry + 'reviewer = "other"\n')
+    ws = Workspace.open(kb.root)
+    assert said(ws, first).startswith(by_options)
+    enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+    rows = ws.store.conn.execute(
+        "SELECT sweep_run_id FROM review_jobs WHERE model_partition = 'offline'"
+    ).fetchall()
+    assert [r[0] for r in rows] == [first]  # not taken: that budget is for the other model
+    ws.close()
+    kb.write("reviewq.toml", other)  # the entry removed: `--name nightly` is refused
+    ws = Workspace.open(kb.root)
+    assert said(ws, first).startswith(by_options)
+    ws.close()
+    kb.write("reviewq.toml", other + entry + "fix = true\n")
+    ws = Workspace.open(kb.root)
+    edited = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+    rows = ws.store.conn.execute(
+        "SELECT sweep_run_id FROM review_jobs WHERE model_partition = 'offline'"
+    ).fetchall()
+    assert [r[0] for r in rows] == [edited.run_id]
     ws.close()
 
 

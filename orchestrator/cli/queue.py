@@ -309,7 +309,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     problems = []
     if out.summary["failed"]:
         problems.append(f"{len(out.summary['failed'])} job(s) failed")
-    problems.extend(held_by_budget(ws.store, out.progress.budget_runs))
+    problems.extend(held_by_budget(ws.store, out.progress.budget_runs, ws.settings))
     if out.progress.waiting_paused:
         who = ", ".join(
             f"{n} (until {p.until}{': ' + p.reason if p.reason else ''})"

@@ -186,19 +186,34 @@ def over_budget_runs(store: Store) -> set[int]:
     }
 
 
-def held_by_budget(store: Store, runs: dict[int, int]) -> list[str]:
+def entry_takes_over(settings: Settings, were: object, trigger: str, reviewer: str) -> bool:
+    """Whether the next run of a ``[[sweeps]]`` entry whose reviewer is now ``reviewer``
+    takes over the queued jobs of a spent run (``were``: its options, ``trigger``) of
+    that entry, however the entry was edited since: unless the run's profile, still
+    configured, writes another partition (this budget is for the model the entry uses
+    now). A run recorded before its options said ``configured`` was the entry's if its
+    cron started it: edited since, its jobs were held for good."""
+    if not isinstance(were, dict) or not were.get("configured", trigger == "cron"):
+        return False
+    old = settings.reviewers.get(str(were.get("reviewer")))
+    return old is None or old.partition == settings.reviewer(reviewer).partition
+
+
+def held_by_budget(store: Store, runs: dict[int, int], settings: Settings) -> list[str]:
     """Who holds queued jobs back, from :attr:`Progress.budget_runs`: each run named, with
     the way to take its jobs over. They hold their pairs from every other run too, so a
     run with no budget of its own said "the sweep's budget is spent" of them."""
     out = []
     for run_id, n in sorted(runs.items()):
-        name, budget, options = store.conn.execute(
-            "SELECT name, budget_usd, options FROM sweep_runs WHERE id = ?", (run_id,)
+        name, budget, options, trigger = store.conn.execute(
+            "SELECT name, budget_usd, options, trigger FROM sweep_runs WHERE id = ?", (run_id,)
         ).fetchone()
         options = json_column(options)
         # As sweeps.producer takes them over: an entry's run by the entry's next run,
-        # however it was edited since; an ad-hoc run by one with its options.
-        if isinstance(options, dict) and options.get("configured"):
+        # however it was edited since (not once its reviewer writes another partition,
+        # nor while the entry is gone or left out); an ad-hoc run by one with its options.
+        entry = settings.sweeps.get(name)
+        if entry is not None and entry_takes_over(settings, options, trigger, entry.reviewer):
             command = f"reviewq enqueue --name {shlex.quote(name)}"
             who = f"the next run of its [[sweeps]] entry ({command})"
         else:

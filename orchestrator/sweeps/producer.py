@@ -22,7 +22,7 @@ from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import FileProblem, KBError
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
-from orchestrator.state.status import over_budget_runs
+from orchestrator.state.status import entry_takes_over, over_budget_runs
 from orchestrator.state.store import Store, json_column, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -241,22 +241,19 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
     their pairs are free."""
     now = json.loads(json.dumps(options))  # as stored: lists, not tuples
     same = {**now, "configured": None}  # who started a run is not what its jobs follow
-    partition = ws.settings.reviewer(options["reviewer"]).partition
     taken = []
-    for run_id, text in ws.store.conn.execute(
-        "SELECT id, options FROM sweep_runs WHERE name = ? AND id IN "
+    for run_id, text, trigger in ws.store.conn.execute(
+        "SELECT id, options, trigger FROM sweep_runs WHERE name = ? AND id IN "
         "(SELECT value FROM json_each(?))",
         (name, json.dumps(sorted(over_budget_runs(ws.store)))),
     ):
         were = json_column(text)
         if not isinstance(were, dict):
             continue
-        if {**were, "configured": None} == same:
+        if {**were, "configured": None} == same or (
+            now["configured"] and entry_takes_over(ws.settings, were, trigger, now["reviewer"])
+        ):
             taken.append(run_id)
-        elif were.get("configured") and now["configured"]:
-            old = ws.settings.reviewers.get(str(were.get("reviewer")))
-            if old is None or old.partition == partition:
-                taken.append(run_id)
     return taken
 
 
