@@ -501,6 +501,38 @@ def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(k
     ws.store.close()
 
 
+def test_an_enqueue_rolled_back_logs_no_job_it_did_not_make(kb):
+    """The run, its jobs and the cron clock are one transaction: create_jobs logged
+    job.created inside it, so an enqueue whose clock move (or COMMIT) failed on a full
+    disk logged jobs that never were, and the next enqueue made the same ids again."""
+    from structlog.testing import capture_logs
+
+    from orchestrator import logs
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(name="nightly", reviewer="offline", all_gates=True)
+
+    def disk_full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    logs.get()  # configured before the capture, not inside it
+    with capture_logs() as logged:
+        with pytest.raises(OSError):
+            enqueue(ws, req, also=disk_full)
+        assert ws.store.conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
+        assert [e["event"] for e in logged if e["event"].startswith(("job.", "sweep."))] == []
+        res = enqueue(ws, req)
+    created = [e["job_id"] for e in logged if e["event"] == "job.created"]
+    assert created == [j.review_job_id for j in res.jobs] and len(created) == 1
+    assert [e["event"] for e in logged if e["event"].startswith(("job.", "sweep."))] == [
+        "job.created",
+        "sweep.enqueued",
+    ]
+    ws.store.close()
+
+
 def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed(kb, run_cli):
 
     kb.gate("prose/clarity", ["body"])

@@ -341,17 +341,23 @@ def create_jobs(
         write_job_files_after_commit(
             store, state_dir, list(made), prompt_renderer(store, state_dir, kb.root, made)
         )
-    log = logs.get()
-    for job in batch.jobs:
-        log.info(
-            "job.created",
-            job_id=job.review_job_id,
-            model_partition=job.model_partition,
-            grouping=job.grouping,
-            pairs=len(job.pairs),
-            reviewer=reviewer,
-            sweep=sweep,
-        )
+
+    def logged() -> None:
+        log = logs.get()
+        for job in batch.jobs:
+            log.info(
+                "job.created",
+                job_id=job.review_job_id,
+                model_partition=job.model_partition,
+                grouping=job.grouping,
+                pairs=len(job.pairs),
+                reviewer=reviewer,
+                sweep=sweep,
+            )
+
+    # Logged once the caller's transaction commits (an enqueue's run and cron clock join
+    # it): one rolled back had its jobs logged, and their ids made again by the next one.
+    store.after_commit(logged)
     return batch
 
 

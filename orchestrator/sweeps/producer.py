@@ -210,19 +210,24 @@ def enqueue(
         if also is not None:
             also()
     counts = dict(selection.to_json()["counts"])
-    logs.get().info(
-        "sweep.enqueued",
-        sweep=req.name,
-        sweep_run=run_id,
-        reviewer=req.reviewer,
-        trigger=req.trigger,
-        jobs=len(ids),
-        pairs=sum(len(j.pairs) for j in batch.jobs),
-        skipped=len(batch.skipped),
-        counts=counts,
-    )
-    for p in selection.problems:
-        logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
+
+    def logged() -> None:
+        logs.get().info(
+            "sweep.enqueued",
+            sweep=req.name,
+            sweep_run=run_id,
+            reviewer=req.reviewer,
+            trigger=req.trigger,
+            jobs=len(ids),
+            pairs=sum(len(j.pairs) for j in batch.jobs),
+            skipped=len(batch.skipped),
+            counts=counts,
+        )
+        for p in selection.problems:
+            logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
+
+    # At once, or (a sequential run's next bundle) once the outcome's transaction commits.
+    store.after_commit(logged)
     return EnqueueResult(
         run_id, profile.partition, batch.jobs, batch.skipped, counts, list(selection.problems)
     )
