@@ -24,7 +24,7 @@ from orchestrator.control.followup import FollowUp
 from orchestrator.state.status import status
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
-from workers.attempt import REVIEWER_FAILURE, run_attempt
+from workers.attempt import BURNED_OUT, REVIEWER_FAILURE, run_attempt
 from workers.reviewers import AttemptSpec, Command, for_profile
 
 from .conftest import process_gone
@@ -760,8 +760,47 @@ def test_an_agent_that_found_no_room_for_its_output_is_a_reviewer_failure(tmp_pa
     )
     out = _run(tmp_path, script, kind="command")
     assert out.classification == REVIEWER_FAILURE, out.reasons
-    assert out.reasons[0].startswith("disk: 8192 bytes free in ")
-    assert out.reasons[0].endswith("No space left on device")
+    assert out.reasons[0].startswith("disk: the agent said 'No space left on device'")
+
+
+@pytest.mark.parametrize(
+    ("blocks_free", "expected"), [(256, BURNED_OUT), (2, REVIEWER_FAILURE)], ids=["1MiB", "8KiB"]
+)
+def test_a_deadline_is_the_disks_only_on_a_disk_nearly_full(
+    tmp_path, monkeypatch, blocks_free, expected
+):
+    """1 MiB free, under the 5-MiB output limit, and an agent that never said it lacked
+    room: its deadline, not the disk. Read as the disk, a job too big for its deadline
+    waited for good (a reviewer failure is never counted, never split), and every five
+    paused its profile; a small disk, or a raised limit, did it to every such job. A
+    disk with 8 KiB left is full."""
+    from workers import attempt
+
+    free = blocks_free
+    disk = os.statvfs_result((4096, 4096, 100_000, free, free, 1000, 10, 10, 0, 255))
+    monkeypatch.setattr(attempt.os, "statvfs", lambda path: disk)
+    spec = _spec(tmp_path)
+    reviewer = for_profile(ReviewerProfile(name="c", kind="command", command=("true",)))
+    reviewer.command = lambda spec: Command(
+        argv=[sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path
+    )
+    out = run_attempt(reviewer, spec, timeout_s=1, max_turns=5)
+    assert out.classification == expected, out.reasons
+
+
+def test_an_agent_that_said_its_disk_was_full_is_a_reviewer_failure_whatever_is_free_now(
+    tmp_path,
+):
+    """ENOSPC said by the agent is the evidence (the room may be back by the time the
+    worker looks, or the full disk was another, its temporary folder's)."""
+    script = (
+        "import sys\n"
+        "print('write failed: ENOSPC: no space left on device, write', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    out = _run(tmp_path, script, kind="command")
+    assert out.classification == REVIEWER_FAILURE, out.reasons
+    assert "ENOSPC" in out.reasons[0]
 
 
 def _bounded_attempt(tmp_path, script: str, kind: str = "command"):

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import select
 import signal
 import socket
@@ -415,7 +416,9 @@ def run_attempt(
         # No model answered (or stopped answering): nothing here speaks of the job.
         out.classification = REVIEWER_FAILURE
         out.reasons = [f"{telemetry.failure}: {telemetry.error or 'no detail'}"]
-    elif (room := _room_for_output(spec.output_path.parent, max_output_bytes)) is not None:
+    elif (
+        room := _no_room(spec.output_path.parent, telemetry.error or _tail(spec.stderr_path))
+    ) is not None:
         # A full disk is the worker's failure, never the job's: counted, three attempts
         # that could not write their output failed the job and escalated its pairs.
         out.classification = REVIEWER_FAILURE
@@ -609,17 +612,25 @@ def _whole_bundle(spec: AttemptSpec, output: bytes, limit: int) -> bool:
     return parse_bundle(output, pairs, max_bytes=limit).ok
 
 
-def _room_for_output(folder: Path, limit: int) -> str | None:
-    """What is wrong with the space left where the output goes, when an output of up to
-    ``limit`` bytes may not have fitted in it; else None."""
+# What an agent says when a write found no room: the errno's text or name (a quota too).
+_NO_ROOM_SAID = re.compile(r"no space left on device|ENOSPC|disk quota exceeded|EDQUOT", re.I)
+_NEARLY_FULL = 64 * 1024  # bytes: no output of a review fits, nor most agents' own files
+
+
+def _no_room(folder: Path, said: str) -> str | None:
+    """Why an attempt without output may have had no room for it, or None: the agent said
+    a write found none, or the disk where the output goes is (nearly) full. A threshold at
+    the output limit read a small disk, or a raised limit, as full: every job too big for
+    its deadline then waited for good (a reviewer failure is never counted nor split)."""
+    if m := _NO_ROOM_SAID.search(said):
+        return f"the agent said {m.group(0)!r}"
     try:
         st = os.statvfs(folder)
     except OSError:
         return None  # a folder gone says nothing of the disk
-    free = st.f_bavail * st.f_frsize
-    if free >= limit:
-        return None
-    return f"{free} bytes free in {folder}, under the {limit}-byte limit of an output"
+    # root writes into the blocks kept back from other users: only their end is full.
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    return f"{free} bytes free in {folder}" if free < _NEARLY_FULL else None
 
 
 def _tail(path: Path, limit: int = 300) -> str:
