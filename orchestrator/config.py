@@ -422,9 +422,17 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|^\$[A-Z_][A-Z0-9_]*$")
 
 
-# The request fields reviewq sets itself: given in args, they recorded reviews under a
-# model the partition does not name, or asked for a stream the agent cannot read.
-_OWN_FIELDS = ("model", "messages", "stream")
+# Request fields args may not set, and why. reviewq sets the first three itself: given in
+# args, they recorded reviews under a model the partition does not name, or asked for a
+# stream the agent cannot read. stream_options goes only with a stream: OpenAI and vLLM
+# answer it with a 400, which read as the model's answer to the job and counted against it.
+_OWN_FIELDS = {
+    "model": "a field reviewq sets itself (the model: the profile's model)",
+    "messages": "a field reviewq sets itself (the prompt)",
+    "stream": "a field reviewq sets itself: it reads one whole answer, never a stream",
+    "stream_options": "for a stream only, and reviewq reads one whole answer (a server "
+    "answers it with an error)",
+}
 
 
 def _check_request_fields(args: tuple[str, ...], where: str) -> None:
@@ -435,9 +443,7 @@ def _check_request_fields(args: tuple[str, ...], where: str) -> None:
         if not sep or not field:
             raise ConfigError(f"{where}: {arg!r} is not name=value (a field of the request)")
         if field in _OWN_FIELDS:
-            raise ConfigError(
-                f"{where}: {field!r} is a field reviewq sets itself (the model: the profile's model)"
-            )
+            raise ConfigError(f"{where}: {field!r} is {_OWN_FIELDS[field]}")
 
 
 def _reviewer(name: str, value: object) -> ReviewerProfile:

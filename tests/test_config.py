@@ -81,6 +81,20 @@ BAD = [
         "[reviewers.x] args",
         "'model' is a field reviewq sets itself",
     ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        'args = ["stream=true"]\n',
+        "[reviewers.x] args",
+        "'stream' is a field reviewq sets itself: it reads one whole answer, never a stream",
+    ),
+    # For a stream only: OpenAI and vLLM answer it with a 400, which was read as the
+    # model's answer to the job and counted against it, every night.
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
+        "args = ['stream_options={\"include_usage\": true}']\n",
+        "[reviewers.x] args",
+        "'stream_options' is for a stream only",
+    ),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
     # Keys its kind never reads, taken in silence: a wrapper command never used, an
