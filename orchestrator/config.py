@@ -135,13 +135,23 @@ def _redis_missing() -> str | None:
     return None
 
 
-def _http_url(url: str) -> bool:
+def _http_url_problem(url: str) -> str | None:
+    """Why ``url`` is no http(s) address a request can go to, or None."""
     try:
         parts = urlsplit(url.strip())
-        parts.port  # noqa: B018 - raises on a port out of range
-        return parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # a bad port or bracket
-        return False
+    except ValueError:  # a bracket left open
+        return "not an http or https URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http or https URL"
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if port == 0:
+        # Port 0 is no port to connect to: taken, every attempt failed as an endpoint out
+        # of reach, the profile paused again and again, and nothing named the setting.
+        return "not an http or https URL: the port is not a number from 1 to 65535"
+    return None
 
 
 @dataclass(frozen=True)
@@ -464,9 +474,9 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     base_url = t.string("base_url")
     if kind == "openai" and not base_url:
         raise ConfigError(f"{where} base_url: required for kind 'openai'")
-    if base_url and not _http_url(base_url):
+    if base_url and (problem := _http_url_problem(base_url)):
         # Else every attempt failed as an unreachable endpoint, and doctor saw nothing.
-        raise ConfigError(f"{where} base_url: {base_url!r} is not an http or https URL")
+        raise ConfigError(f"{where} base_url: {base_url!r} is {problem}")
     if kind == "openai":
         _check_request_fields(t.strings("args"), f"{where} args")
     timeout = t.duration("timeout", 1800)

@@ -65,7 +65,18 @@ BAD = [
     (
         '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h:99999/v1"\n',
         "[reviewers.x] base_url",
-        "is not an http or https URL",
+        "is not an http or https URL: the port is not a number from 1 to 65535",
+    ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:abc/v1"\n',
+        "[reviewers.x] base_url",
+        "is not an http or https URL: the port is not a number from 1 to 65535",
+    ),
+    # Port 0 passed, and every attempt failed as an endpoint out of reach.
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:0/v1"\n',
+        "[reviewers.x] base_url",
+        "is not an http or https URL: the port is not a number from 1 to 65535",
     ),
     # A CLI's flags, or a field reviewq sets: failed at every launch, or reviews recorded
     # under another model than the partition's.
