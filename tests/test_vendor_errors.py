@@ -198,6 +198,30 @@ def test_limits_and_job_errors_are_no_reviewer_failure(tmp_path):
     assert _telemetry(tmp_path, "claude", json.dumps(too_long)).failure is None
 
 
+def _codex_failed(message: str, times: int = 1) -> str:
+    return _lines([*CODEX_HEAD, *[{"type": "error", "message": message}] * times])
+
+
+@pytest.mark.parametrize("host", ["network-gw.example", "quota.example", "h.example/login"])
+def test_a_codex_error_is_judged_by_its_words_not_the_url_in_it(tmp_path, host):
+    """Codex ends its errors with ", url: …": behind a gateway whose address says
+    "network" (or "quota", "/login"), a job's own 400 was the reviewer's failure, and
+    the job waited instead of being counted; connect_timeout could even end the run."""
+    said = (
+        "unexpected status 400 Bad Request: prompt is too long, "
+        f"url: https://{host}/v1/responses, request id: req-1"
+    )
+    t = _telemetry(tmp_path, "codex", _codex_failed(said))
+    assert (t.failure, t.error) == (None, said)
+    spec = _spec(tmp_path)
+    spec.stdout_path.write_text(_codex_failed(said, times=3))
+    codex = for_profile(ReviewerProfile(name="codex", kind="codex", model="m"))
+    assert codex.unreachable(spec) is None
+    # Its words still say so when no model answered.
+    down = f"Reconnecting... 2/5 (error sending request for url (https://{host}/v1/responses))"
+    assert _telemetry(tmp_path, "codex", _codex_failed(down)).failure == "unreachable"
+
+
 @pytest.mark.parametrize(
     ("kind", "stderr", "reason"),
     [

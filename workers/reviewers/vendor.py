@@ -105,10 +105,24 @@ _KINDS = (
 )
 
 
+# A URL in an error says where the request went, never what went wrong: Codex ends its
+# messages with ", url: https://…", and a gateway whose address held "network", "quota" or
+# "/login" made a job's own 400 the reviewer's failure. The openai agent keeps the URL out
+# of the server's words (``detail``) it is judged by; here it is taken out of any message.
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S*", re.I)
+
+
+def _without_urls(message: str) -> str:
+    """``message`` with every URL in it taken out: the words an error is judged by."""
+    return _URL.sub(" ", message)
+
+
 def failure_kind(message: str, status: int | None = None) -> str | None:
     """``auth``, ``quota``, ``rate-limit``, ``unreachable``, ``server`` or ``not-found``
     when an error says the model was never (or no longer) reachable; None for anything
-    that may be the job's doing (a prompt too long, a refusal) or that nobody recognises."""
+    that may be the job's doing (a prompt too long, a refusal) or that nobody recognises.
+    The words are judged, never the URLs among them (:func:`_without_urls`)."""
+    message = _without_urls(message)
     if status is None:
         m = _STATUS.search(message)
         status = int(m.group(1)) if m else None
