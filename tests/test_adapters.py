@@ -1057,6 +1057,47 @@ def test_openai_spent_budget_or_request_timeout_is_the_reviewers_failure(
     assert res.outcome.reasons[0].startswith(f"{failure}: HTTP {status} from ")
 
 
+def _in_band(content: str, error: dict | None, at: str) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}}
+    answer = {"id": "gen-1", "choices": [choice], "usage": {"prompt_tokens": 700}}
+    if at == "choice":
+        choice |= {"finish_reason": "error", "error": error}
+    elif at == "top":
+        answer |= {"error": error, "choices": []}
+    else:  # finish_reason alone
+        choice["finish_reason"] = "error"
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("content", "error", "at", "reason"),
+    [
+        ("", {"code": 502, "message": "Provider returned error"}, "choice", "server"),
+        ("=== PAIR REVIEW START: a", {"code": 502, "message": "Upstream cut"}, "choice", "server"),
+        ("", {"code": 429, "message": "Provider is rate limited"}, "choice", "rate-limit"),
+        ("", {"code": "server_error", "message": "Provider disconnected"}, "top", "server"),
+        ("", None, "finish_reason", "server"),
+    ],
+    ids=["empty", "cut-short", "rate-limited", "top-level", "no-error-object"],
+)
+def test_openai_error_inside_a_200_answer_is_the_reviewers_failure(
+    kb2, run_cli, monkeypatch, answering, content, error, at, reason
+):
+    """OpenRouter answers 200 once a provider has started, and a failure after that comes
+    in the body: finish_reason "error", an error object in the choice or at the top, and
+    no content (or some of it). Read as an empty answer it was a no-output counted
+    against the job; a part of a bundle was judged as the job's output."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    answer = json.dumps(_in_band(content, error, at)).encode()
+    openai_profile(kb2, answering(lambda request, method, body: (200, answer, [])).url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert res.outcome.reasons[0].startswith(f"{reason}: http://127.0.0.1:")
+    said = error["message"] if error else "answered with an error, with no message"
+    assert said in res.outcome.reasons[0]
+    assert res.outcome.telemetry["input_tokens"] == 700  # what it used still counts
+
+
 def test_openai_answer_with_a_lone_surrogate_keeps_its_usage(kb2, run_cli, monkeypatch, answering):
     """An emoji cut in two (\\ud83d) raised writing the output: a traceback, a .part file
     left, and the answer's tokens lost from the budget."""

@@ -145,15 +145,47 @@ def bearer(key_var: str, key: str) -> str:
 
 
 def _error_detail(exc: urllib.error.HTTPError, key: str) -> str:
-    """What the server said with its error, on one line, the key masked (a server that
-    echoes the request); empty if its body cannot be read."""
+    """What the server said with its error, on one line, the key masked; empty if its
+    body cannot be read."""
     try:
         said = exc.read(_DETAIL_READ).decode("utf-8", "replace")
     except (OSError, http.client.HTTPException):
         return ""  # a body cut off or timed out: the status says enough
+    return _one_line(said, key)
+
+
+def _one_line(said: str, key: str) -> str:
+    """What a server said, as a message may show it: one line, cut, the key masked (a
+    server that echoes the request) before the cut."""
     if key:
         said = said.replace(key, "***")
     return said.replace("\n", " ").strip()[:_DETAIL_CHARS]
+
+
+def in_band_error(data: object, key: str) -> str | None:
+    """The error a 200 answer carries in its body, or None. OpenRouter answers 200 once a
+    provider has started, and a failure after that comes as ``finish_reason: "error"``
+    with an ``error`` object (``code``, ``message``) in the choice or at the top, and no
+    content or a part of it: read as the model's answer, an empty one counted against the
+    job and a part of a bundle was judged. An error object beside a whole answer is not
+    one: the answer is there."""
+    if not isinstance(data, dict):
+        return None
+    choices = data.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    choice = choice if isinstance(choice, dict) else {}
+    error = choice.get("error") or data.get("error")
+    message = choice.get("message")
+    content = answer_text(message.get("content")) if isinstance(message, dict) else None
+    if choice.get("finish_reason") != "error" and not (error and not (content or "").strip()):
+        return None
+    said = error if isinstance(error, str) else ""
+    if isinstance(error, dict):
+        said = str(error.get("message") or "")
+        if error.get("code") is not None:  # an HTTP status (OpenRouter) or a word
+            said = f"code {error['code']}: {said}"
+    said = _one_line(said, key)
+    return "answered with an error" + (f": {said}" if said else ", with no message")
 
 
 def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]:
@@ -185,10 +217,22 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
         raise AgentError(f"{shown(url)} {said}", answered=True, detail=said)
     try:
         data = json.loads(raw)
-        message = data["choices"][0]["message"]
+    except (ValueError, RecursionError):
+        data = None
+    if (said := in_band_error(data, key)) is not None:
+        # The server's failure, however it is worded: its words may name a kind.
+        raise AgentError(
+            f"{shown(url)} {said}",
+            failure="server",
+            answered=True,
+            detail=said,
+            usage=data.get("usage"),  # a dict: it holds the error
+        )
+    try:
+        message = data["choices"][0]["message"]  # None (not JSON) raises TypeError
         if not isinstance(message, dict):
             raise TypeError(message)
-    except (ValueError, LookupError, TypeError, RecursionError):
+    except (LookupError, TypeError):
         raise AgentError(
             f"{shown(url)} did not answer with a chat completion", failure="server"
         ) from None

@@ -48,9 +48,10 @@ class OpenAIReviewer(Reviewer):
             t.error = bounded(raw["error"])
             hint = raw.get("failure") if raw.get("failure") in FAILURES else None
             # The server's own words, not the message with the URL in it: a base_url
-            # holding "auth" or "quota" made every error look like one.
+            # holding "auth" or "quota" made every error look like one. An answer the
+            # agent found to be the server's failure (an error in a 200) stays one.
             if isinstance(raw.get("detail"), str):
-                t.failure = failure_kind(raw["detail"], _num(raw.get("status"), int))
+                t.failure = failure_kind(raw["detail"], _num(raw.get("status"), int)) or hint
             elif hint is None:  # no answer at all: classified by the status alone
                 t.failure = failure_kind("", _num(raw.get("status"), int))
             else:
