@@ -680,6 +680,28 @@ def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     assert "pw" not in json.dumps(res.outcome.reasons)
 
 
+def test_openai_connection_check_goes_where_the_request_goes(kb2, run_cli, monkeypatch, server):
+    """no_proxy=host:port sends the request straight to the endpoint (urllib matches the
+    host and the port), but the check before it matched the host alone, tried the proxy
+    and reported the endpoint out of reach: the profile paused for a proxy never used."""
+    with socket.socket() as s:  # a proxy nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    port = server.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{dead}")
+    # Another port of the same host goes through the proxy: that is the one checked.
+    monkeypatch.setenv("no_proxy", "127.0.0.1:1")
+    openai_profile(kb2, server.url)
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert f"cannot reach http://127.0.0.1:{dead} " in res.outcome.reasons[0]
+    monkeypatch.setenv("no_proxy", f"example.org,127.0.0.1:{port}")
+    res = run(kb2, job_id, "local")  # queued again: the proxy's failure, not the job's
+    assert res.outcome.classification == "output", res.outcome.reasons
+
+
 @pytest.mark.parametrize(
     ("status", "body", "failure"),
     [

@@ -113,11 +113,15 @@ def extra_fields(args: Sequence[str]) -> dict:
 
 def reach(url: str, timeout: float) -> None:
     """A TCP connection to the endpoint, or to the proxy the environment gives for it,
-    within ``timeout``; closed at once."""
+    within ``timeout``; closed at once. The proxy is chosen as urllib's ProxyHandler
+    chooses it for the request: ``no_proxy`` is matched against the host *and port*
+    (``host:8000`` in it means that port only); matched by the host alone, the check
+    tried a proxy the request never uses and reported the endpoint out of reach."""
     parts = urlsplit(url)
+    request = urllib.request.Request(url)
     proxy = None
-    if not urllib.request.proxy_bypass(parts.hostname or ""):
-        proxy = urllib.request.getproxies().get(parts.scheme)
+    if not urllib.request.proxy_bypass(request.host):
+        proxy = urllib.request.getproxies().get(request.type)
     target = urlsplit(proxy if "//" in proxy else f"//{proxy}") if proxy else parts
     port = target.port or (443 if (target.scheme or parts.scheme) == "https" else 80)
     try:
