@@ -666,6 +666,17 @@ def test_a_symlink_to_no_file_is_said_to_lead_nowhere(small, run_cli):
     assert "reviewed under its own name" not in res.stderr
 
 
+def test_a_symlink_named_like_a_note_to_a_folder_is_said_to_be_one(small, run_cli):
+    """Not 'leads to no file', which sent a person looking for a target that is there."""
+    (small.root / "kb/notes/folder").mkdir()
+    (small.root / "kb/notes/folder.md").symlink_to("folder")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert "warning: kb/notes/folder.md: a symlink to a folder, not a file; skipped\n" in (
+        res.stderr
+    )
+
+
 def test_a_symlink_among_the_notes_to_a_gate_is_no_note(small, run_cli):
     """Listed (and so reviewed and fixed) as a note: the gate under a note's name."""
     alias = small.root / "kb/notes/gate-alias.md"

@@ -547,9 +547,9 @@ class KB:
                         # to a note, it was "a note reviewed under its own name", one nobody
                         # could find; a gate's went without a word, or (a loop) ended every
                         # command in an internal error.
-                        problems.append(
-                            FileProblem(rel, "a symlink that leads to no file; skipped")
-                        )
+                        # A folder is there to be found: "no file" sent people looking.
+                        what = "to a folder, not a file" if _is_dir(e) else "that leads to no file"
+                        problems.append(FileProblem(rel, f"a symlink {what}; skipped"))
                         continue
                     why = self._elsewhere(rel) if notes else None
                     if why:
@@ -614,6 +614,14 @@ def _is_file(entry: os.DirEntry) -> bool:
     """``entry.is_file()``, False for a symlink loop, for which it raises (ELOOP)."""
     try:
         return entry.is_file()
+    except OSError:
+        return False
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """``entry.is_dir()``, False for a symlink loop, for which it raises (ELOOP)."""
+    try:
+        return entry.is_dir()
     except OSError:
         return False
 
