@@ -616,13 +616,19 @@ def test_all_gates_of_a_kb_with_no_gate_folder_is_refused_not_read_as_all_fresh(
         kb.read(kb.gate("prose/body-check", ["body"])),
     )
     (kb.root / "kb/instructions/review-gates/prose/body-check.md").unlink()
-    for command in (("select", "--all-gates", "--model", "m1"), ("enqueue", "--all-gates")):
+    # `enqueue` with no selector asks for every gate too: the line names no option the
+    # person did not type.
+    for command in (
+        ("select", "--all-gates", "--model", "m1"),
+        ("enqueue", "--all-gates"),
+        ("enqueue", "--reviewer", "offline"),
+    ):
         res = run_cli(*command)
         assert (res.exit_code, res.stderr) == (
             1,
-            "error: --all-gates: no gates in kb/instructions/review-gates "
+            "error: every gate was asked for, and kb/instructions/review-gates holds none "
             "(is --root the folder that holds kb/?)\n",
-        )
+        ), command
     # A catalog whose every gate is invalid is said gate by gate, as before.
     kb.write("kb/instructions/review-gates/prose/bad.md", "---\ngate_id: prose/bad\n---\n")
     res = run_cli("select", "--all-gates")

@@ -97,8 +97,10 @@ class Catalog:
             # A gate folder missing or misnamed (review_gates, a --root one level off) read
             # as "0 pairs", which looks like "all fresh": a nightly all-gates sweep reviewed
             # nothing, and said so with exit 0, every night.
+            # (Not "--all-gates: ...": an enqueue or sweep with no selector asks the same.)
             raise SelectionError(
-                f"--all-gates: no gates in {GATES_DIR} (is --root the folder that holds kb/?)"
+                f"every gate was asked for, and {GATES_DIR} holds none "
+                "(is --root the folder that holds kb/?)"
             )
         if all_gates:
             chosen.update(self.gates)
