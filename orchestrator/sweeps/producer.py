@@ -169,7 +169,8 @@ def enqueue(
         options["notes"] = note_paths  # root-relative, however they were given
     # One transaction from the run to its counts: a control killed between two of them
     # left a run with no jobs, or jobs on record with their cron clock not moved (the
-    # restarted control ran the sweep again). Selection stays outside: it reads the KB.
+    # restarted control ran the sweep again). The selection stays outside; the jobs' own
+    # notes are read for their snapshots inside.
     with store.write():
         if run_id is None:
             run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
