@@ -229,7 +229,7 @@ class Settings:
     fix: FixSettings = field(default_factory=FixSettings)
     # [[sweeps]] entries left out, by name (or "#N" when the entry has no usable name):
     # one line each, naming the file, the entry and what is wrong. See _sweeps.
-    sweep_problems: dict[str, str] = field(default_factory=dict)
+    sweeps_left_out: dict[str, str] = field(default_factory=dict)
 
     def reviewer(self, name: str) -> ReviewerProfile:
         try:
@@ -597,8 +597,8 @@ def load_settings(
         settings = _settings(data, root_path, state)
     except ConfigError as exc:
         raise ConfigError(f"{config_path} {exc}") from None
-    problems = {k: f"{config_path} {v}" for k, v in settings.sweep_problems.items()}
-    settings = replace(settings, sweep_problems=problems)
+    problems = {k: f"{config_path} {v}" for k, v in settings.sweeps_left_out.items()}
+    settings = replace(settings, sweeps_left_out=problems)
     if settings.state_dir.exists() and not settings.state_dir.is_dir():
         where = "--state" if state else f"{config_path} [state] dir"
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
@@ -695,7 +695,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     if queue.url and (problem := _queue_url_problem(queue.url) or _redis_missing()):
         raise ConfigError(f"[queue] url: {problem}")
 
-    sweeps, sweep_problems = _sweeps(top.data.get("sweeps", []), reviewers)
+    sweeps, left_out = _sweeps(top.data.get("sweeps", []), reviewers)
     return Settings(
         root=root_path,
         state_dir=state_dir.resolve(),
@@ -706,7 +706,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         queue=queue,
         sweeps=sweeps,
         fix=fix,
-        sweep_problems=sweep_problems,
+        sweeps_left_out=left_out,
     )
 
 

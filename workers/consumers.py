@@ -189,7 +189,7 @@ def run_control(ws: Workspace) -> None:
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
     logs.get().info("control.started", pid=os.getpid(), queue=_describe(settings))
-    for name, problem in settings.sweep_problems.items():
+    for name, problem in settings.sweeps_left_out.items():
         # Said, not refused: a control that would not start (systemd restarting it all
         # night) ran no other sweep either, and left every agent's outcome waiting.
         logs.get().error(

@@ -66,7 +66,7 @@ NEEDS_STATE = {
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
 NO_KB = {"worker", "doctor"}
-# What becomes of a [[sweeps]] entry reviewq.toml gets wrong (config.Settings.sweep_problems).
+# What becomes of a [[sweeps]] entry reviewq.toml gets wrong (config.Settings.sweeps_left_out).
 LEFT_OUT = "the entry is left out until it is fixed: no cron run, no run by name"
 
 
@@ -289,7 +289,7 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     if _asks_for_help(ctx):
         return
     if ctx.invoked_subcommand not in ("doctor", "control"):  # they say it their own way
-        for problem in ws.settings.sweep_problems.values():
+        for problem in ws.settings.sweeps_left_out.values():
             # A file that had to be skipped is a warning (SPEC §10), and so is an entry.
             click.echo(f"warning: {shown(problem)} ({LEFT_OUT})", err=True)
     if ctx.invoked_subcommand not in READ_ONLY | NO_KB and not (ws.root / "kb").is_dir():

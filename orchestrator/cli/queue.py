@@ -131,7 +131,7 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
 
     named = click.get_current_context().get_parameter_source("sweep_name")
     chose = opts["selectors"] or opts["all_gates"] or opts["notes"]
-    problem = ws.settings.sweep_problems.get(opts["sweep_name"]) if ws is not None else None
+    problem = ws.settings.sweeps_left_out.get(opts["sweep_name"]) if ws is not None else None
     if named == ParameterSource.COMMANDLINE and not chose and problem:
         raise Refused(
             f"{problem}; fix the entry, or name gates to run an ad-hoc sweep under its name"
@@ -590,7 +590,7 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
         click.echo(f"{'ok' if ok else 'problem'}: {text}")
 
     if not worker_only:  # a worker runs no sweep
-        for problem in ws.settings.sweep_problems.values():
+        for problem in ws.settings.sweeps_left_out.values():
             report(False, f"{problem} ({LEFT_OUT})")
     in_kb = worker_only or _doctor_control_side(ws, report)
     if not in_kb and not ws.settings.queue.url:
