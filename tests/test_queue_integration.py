@@ -1278,9 +1278,10 @@ def test_only_a_childs_crash_loop_fails_the_sweep(kb, ran_s):
         ws.close()
 
 
-def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_path, monkeypatch):
-    """A worker that died a fourth time was not restarted, and its agent ran on unwatched
-    to its timeout: only a next worker on the host kills a dead one's agents."""
+def _a_sweeps_children_and_a_hanging_agent(kb, tmp_path, monkeypatch):
+    """A one-note KB whose fake agent hangs for its 600 s and says on a FIFO that it
+    started, and a sweep's children for one worker, not started yet: (workspace,
+    children, the FIFO)."""
     from orchestrator.state.workspace import Workspace
     from workers.sweep import Children
 
@@ -1290,7 +1291,13 @@ def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_pa
     monkeypatch.setenv("FAKE_MODE", "hang")
     monkeypatch.setenv("FAKE_NOTIFY_FIFO", str(fifo))
     ws = Workspace.open(kb.root)
-    children = Children(ws, workers=1)
+    return ws, Children(ws, workers=1), fifo
+
+
+def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_path, monkeypatch):
+    """A worker that died a fourth time was not restarted, and its agent ran on unwatched
+    to its timeout: only a next worker on the host kills a dead one's agents."""
+    ws, children, fifo = _a_sweeps_children_and_a_hanging_agent(kb, tmp_path, monkeypatch)
     agent = None
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
@@ -1527,17 +1534,9 @@ def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, 
     """One Ctrl-C, with an agent longer than the grace (a real review takes minutes): the
     sweep's SIGTERM to its worker was ignored, its SIGKILL left the agent running with no
     worker timing it, and the attempt was lost."""
-    from orchestrator.state.workspace import Workspace
     from workers.app import make_app
-    from workers.sweep import Children
 
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
-    fifo = make_fifo(tmp_path, "started")
-    monkeypatch.setenv("FAKE_MODE", "hang")
-    monkeypatch.setenv("FAKE_NOTIFY_FIFO", str(fifo))
-    ws = Workspace.open(kb.root)
-    children = Children(ws, workers=1)
+    ws, children, fifo = _a_sweeps_children_and_a_hanging_agent(kb, tmp_path, monkeypatch)
     children.GRACE_S = 1.0
     agent = None
     try:
