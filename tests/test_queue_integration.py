@@ -642,6 +642,10 @@ def test_a_run_missed_while_no_control_ran_is_not_replayed(kb):
     [missed] = [e for e in log_lines(kb) if e["event"] == "sweep.missed"]
     assert missed["sweep"] == "nightly"
     assert missed["at"] == at(2, 3, 0).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Not "no control process was running" alone: a control ran while the entry was left
+    # out of the settings (a bad [[sweeps]] entry) and then mended says the same.
+    assert missed["checked_at"].startswith(at(2, 2, 58).astimezone(UTC).strftime("%Y-%m-%dT%H:%M"))
+    assert "or the entry was left out" in missed["reason"]
     assert due_sweeps(ws, at(3, 2, 59)) == []
     # Restarted a few minutes late, it still runs that night's sweep.
     assert [s.name for s in due_sweeps(ws, at(3, 3, 6))] == ["nightly"]

@@ -383,7 +383,11 @@ def due_sweeps(
                 "sweep.missed",
                 sweep=sweep.name,
                 at=fired.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-                reason="no control process was running then; the sweep waits for its next time",
+                checked_at=row[0],
+                # A control that ran while the entry was left out (a bad [[sweeps]] entry,
+                # since mended) looked at other clocks only: "no control" alone was false.
+                reason="no control process looked at its clock then, or the entry was left "
+                "out of the settings; the sweep waits for its next time",
             )
             _move_clock(ws, sweep.name, now, own)
             continue
