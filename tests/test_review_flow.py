@@ -913,3 +913,30 @@ def test_an_unknown_profile_names_the_option_that_named_it(flow, run_cli, option
     assert res.stderr.startswith(f"error: {option}: no reviewer profile 'nope' (known: "), (
         res.stderr
     )
+
+
+# --- the morning commands on escalations -----------------------------------------------------
+
+
+def escalate_alpha(flow, run_cli, selector: str = "prose") -> list[int]:
+    """Three FAILs of alpha's ``selector`` pairs finalized by hand: their escalation ids."""
+    for cycle in (1, 2, 3):
+        flow.write(NOTE_A, flow.read(NOTE_A) + f"Edit {cycle}.\n")
+        job = alpha_job(run_cli, selector)
+        write_output(flow, job, decisions="FAIL")
+        res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+        assert res.exit_code == 0, res.stderr
+    return [e["id"] for e in run_cli("escalations", "--json").json()["escalations"]]
+
+
+def test_rewrite_files_writes_no_folder_for_a_persons_decision(flow, run_cli):
+    """A person's approve is recorded as a job with no folder: `rewrite-files --all` wrote
+    its MANIFEST.json, prompt.md and results/ into the state folder itself, each decision
+    over the last one's."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    assert run_cli("decide", str(esc), "approve").exit_code == 0
+    res = run_cli("rewrite-files", "--all")
+    assert res.exit_code == 0, res.stderr
+    assert not {"MANIFEST.json", "prompt.md", "results"} & {p.name for p in flow.state.iterdir()}
+    jobs = sorted(p.name for p in (flow.state / "jobs").iterdir())
+    assert f"wrote the files of {len(jobs)} job(s) and 1 escalation report(s)" in res.stdout

@@ -822,8 +822,15 @@ def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int]:
     6.4) is not filled again. Returns (jobs, reports) written. Applied fixes are not: the
     KB is the person's, and a note may have changed since."""
     store = ws.store
-    live = "" if everything else " WHERE status IN ('queued', 'running')"
-    ids = [r[0] for r in store.conn.execute(f"SELECT id FROM review_jobs{live} ORDER BY id")]
+    # A person's decision is recorded as a job with no folder (job_dir ''): rendered, its
+    # MANIFEST.json, prompt.md and results/ went into STATE itself, each over the last.
+    live = "" if everything else " AND status IN ('queued', 'running')"
+    ids = [
+        r[0]
+        for r in store.conn.execute(
+            f"SELECT id FROM review_jobs WHERE grouping != 'human'{live} ORDER BY id"
+        )
+    ]
     mark_job_files_due(store, ids)
     mark_reports_due(store, everything)
     prompt = prompt_renderer(store, ws.state_dir, ws.root)
