@@ -940,3 +940,20 @@ def test_rewrite_files_writes_no_folder_for_a_persons_decision(flow, run_cli):
     assert not {"MANIFEST.json", "prompt.md", "results"} & {p.name for p in flow.state.iterdir()}
     jobs = sorted(p.name for p in (flow.state / "jobs").iterdir())
     assert f"wrote the files of {len(jobs)} job(s) and 1 escalation report(s)" in res.stdout
+
+
+def test_rewrite_files_that_cannot_write_a_folder_says_so_and_exits_1(flow, run_cli):
+    """It said "wrote the files of 0 job(s)" and exited 0, the reason only in a JSON log
+    line: the operator who asked for the files back was told all went well."""
+    job = alpha_job(run_cli)
+    manifest = flow.state / "jobs" / f"review-job-{job['review_job_id']}" / "MANIFEST.json"
+    manifest.unlink()
+    (manifest / "in-the-way").mkdir(parents=True)  # a folder where the file goes
+    res = run_cli("rewrite-files")
+    assert res.exit_code == 1, res.stdout
+    assert "wrote the files of 0 job(s) and 0 escalation report(s)" in res.stdout
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"error: 1 job folder(s) or report(s) could not be written: review job {job['review_job_id']}: [Errno 21] Is a directory"
+    ), res.stderr
+    assert "rewrite-files again" in last

@@ -382,8 +382,15 @@ def rewrite_files_cmd(ws: Workspace, everything: bool) -> None:
     """
     from orchestrator.control.control import rewrite_files
 
-    jobs, reports = rewrite_files(ws, everything)
+    jobs, reports, left = rewrite_files(ws, everything)
     click.echo(f"wrote the files of {jobs} job(s) and {reports} escalation report(s)")
+    if left:
+        raise Refused(
+            f"{len(left)} job folder(s) or report(s) could not be written: {left[0]}"
+            + (f" (and {len(left) - 1} more)" if len(left) > 1 else "")
+            + "; state.db still holds them: run reviewq rewrite-files again once that is "
+            "fixed (a running control process tries at each tick)"
+        )
 
 
 @cli.command("status")

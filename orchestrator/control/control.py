@@ -47,7 +47,12 @@ from orchestrator.cycles.fixes import (
 )
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import prompt_renderer, split_job
-from orchestrator.state.files import DISK_FULL, mark_job_files_due, write_due_job_files
+from orchestrator.state.files import (
+    DISK_FULL,
+    NOT_TRIED,
+    mark_job_files_due,
+    write_due_job_files,
+)
 from orchestrator.state.status import (
     FAILED_SQL,
     Pause,
@@ -814,13 +819,14 @@ class Control:
         self.dispatch()
 
 
-def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int]:
+def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int, list[str]]:
     """The folders (MANIFEST.json, results/, a missing prompt.md) of queued and running
     jobs and the reports of open escalations, written again from state.db: files that
     render state, deleted or damaged by hand. With ``everything``, ended jobs' and
     decided escalations' too; without, a disk freed of ended jobs' folders (OPERATIONS
-    6.4) is not filled again. Returns (jobs, reports) written. Applied fixes are not: the
-    KB is the person's, and a note may have changed since."""
+    6.4) is not filled again. Returns (jobs, reports) written, and what could not be
+    (``review job N: error``, ``escalation N: error``). Applied fixes are not: the KB is
+    the person's, and a note may have changed since."""
     store = ws.store
     # A person's decision is recorded as a job with no folder (job_dir ''): rendered, its
     # MANIFEST.json, prompt.md and results/ went into STATE itself, each over the last.
@@ -835,7 +841,25 @@ def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int]:
     mark_reports_due(store, everything)
     prompt = prompt_renderer(store, ws.state_dir, ws.root)
     jobs = write_due_job_files(store, ws.state_dir, ids, prompt, late=False)
-    return jobs, write_due_reports(store, ws.state_dir, late=False)
+    reports = write_due_reports(store, ws.state_dir, late=False)
+    # Still due after a try, with the error it met (not one marked meanwhile, untried).
+    left = [
+        f"review job {i}: {error}"
+        for i, error in store.conn.execute(
+            "SELECT job_id, error FROM job_files_due WHERE error != ? "
+            "AND job_id IN (SELECT value FROM json_each(?)) ORDER BY job_id",
+            (NOT_TRIED, json.dumps(ids)),
+        )
+    ]
+    left += [
+        f"escalation {i}: {error}"
+        for i, error in store.conn.execute(
+            "SELECT escalation_id, error FROM escalation_reports_due WHERE error != ? "
+            "ORDER BY escalation_id",
+            (NOT_TRIED,),
+        )
+    ]
+    return jobs, reports, left
 
 
 def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
