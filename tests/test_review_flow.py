@@ -957,3 +957,23 @@ def test_rewrite_files_that_cannot_write_a_folder_says_so_and_exits_1(flow, run_
         f"error: 1 job folder(s) or report(s) could not be written: review job {job['review_job_id']}: [Errno 21] Is a directory"
     ), res.stderr
     assert "rewrite-files again" in last
+
+
+@pytest.mark.parametrize("how", ["--note", "ids"])
+def test_a_refused_approve_of_a_gone_notes_escalations_names_the_call_that_closes_them(
+    flow, run_cli, how
+):
+    """The refusal named `reviewq decide 1 reject`, the first escalation only: the person
+    who ran it found the note's other escalations still open, and was refused again."""
+    flow.gate("prose/second-check", ["body"])
+    ids = escalate_alpha(flow, run_cli)
+    assert len(ids) == 2
+    (flow.root / NOTE_A).rename(flow.root / "kb/notes/alpha-renamed.md")
+    chosen = ["--note", NOTE_A] if how == "--note" else [str(i) for i in ids]
+    res = run_cli("decide", *chosen, "approve")
+    assert res.exit_code == 1
+    call = f"reviewq decide {' '.join(map(str, ids))} reject"
+    assert res.stderr.strip().endswith(f"(to close them as they are: {call})"), res.stderr
+    res = run_cli(*call.split()[1:])
+    assert res.exit_code == 0, res.stderr
+    assert run_cli("escalations", "--json").json()["escalations"] == []

@@ -412,14 +412,25 @@ def decide_many(
 ) -> list[dict]:
     """Record one person's call on several escalations in one transaction: every one is
     checked first, so one that cannot be decided leaves all of them open."""
-    checked = []
+    found = []
     for esc_id in esc_ids:
         e = escalation_row(store, esc_id)
         note = gate = None
         if e is not None:
             note = _current_note(kb, e["note_path"])
             gate = catalog.get(e["gate_id"])
-        checked.append((_check(e, esc_id, decision, feedback, note, gate), note, gate))
+        found.append((esc_id, e, note, gate))
+    # The call that closes every one of them only a reject can: naming the first alone,
+    # the person who ran it found the note's others still open, and was refused again.
+    stuck = [
+        esc_id
+        for esc_id, e, note, gate in found
+        if e is not None and e["decision"] is None and _undecidable(note, gate) is not None
+    ]
+    checked = [
+        (_check(e, esc_id, decision, feedback, note, gate, stuck), note, gate)
+        for esc_id, e, note, gate in found
+    ]
     decided = []
     with store.write():
         for e, note, gate in checked:
@@ -477,7 +488,9 @@ def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate o
     return None if gate is not None else "the gate is not in the catalog"
 
 
-def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate):
+def _check(
+    e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate, stuck: list[int]
+):
     if decision not in DECISIONS:
         raise DecideError(f"decision {decision!r}: choose approve, redo or reject")
     if e is None:
@@ -495,9 +508,10 @@ def _check(e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, 
     why = _undecidable(note, gate)
     if why is not None:
         subject = e["note_path"] if note.problem is not None else e["gate_id"]
+        them = "them as they are" if len(stuck) > 1 else "the escalation as it is"
         raise DecideError(
             f"{subject}: {why}; nothing decided "
-            f"(to close the escalation as it is: reviewq decide {esc_id} reject)"
+            f"(to close {them}: reviewq decide {' '.join(map(str, stuck))} reject)"
         )
     return e
 
