@@ -419,7 +419,9 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert len(out["escalations"]) == 1 and "auditor" in out["escalations"][0]["reason"]
-    report = (kb.state / out["escalations"][0]["report_path"]).read_text()
+    # Relative to ROOT, as `escalations --json` says it (it was relative to STATE).
+    assert out["escalations"][0]["report_path"] == ".reviewq/escalations/escalation-1.md"
+    report = (kb.root / out["escalations"][0]["report_path"]).read_text()
     assert "Reviewer's PASS" in report and "Auditor's FAIL" in report
     with db(kb) as conn:
         kinds = [r[0] for r in conn.execute("SELECT kind FROM review_jobs ORDER BY id")]

@@ -977,3 +977,18 @@ def test_a_refused_approve_of_a_gone_notes_escalations_names_the_call_that_close
     res = run_cli(*call.split()[1:])
     assert res.exit_code == 0, res.stderr
     assert run_cli("escalations", "--json").json()["escalations"] == []
+
+
+def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
+    """SPEC §10: paths in JSON are relative to ROOT when they lie under it, as
+    `escalations --json` gives report_path. `job --json` gave job_dir and `report --json`
+    report_path relative to STATE: a script that opened them from ROOT found nothing."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    job = run_cli("job", "1", "--json").json()
+    assert job["job_dir"] == ".reviewq/jobs/review-job-1"
+    assert (flow.root / job["job_dir"] / "MANIFEST.json").is_file()
+    (listed,) = run_cli("escalations", "--json").json()["escalations"]
+    assert listed["report_path"] == ".reviewq/escalations/escalation-1.md"
+    rep = run_cli("report", "--json").json()
+    (note,) = rep["needs_you"]["escalations"]
+    assert [e["report_path"] for e in note["escalations"]] == [listed["report_path"]]

@@ -32,6 +32,8 @@ from orchestrator.state.store import DAMAGED, StoreError, is_damage
 from orchestrator.state.workspace import Workspace
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator.control.followup import Followed
 
 DOMAIN_ERRORS: tuple[type[Exception], ...] = (
@@ -191,6 +193,14 @@ def shown(text: str) -> str:
     """Text from input as one printable line: control characters (a NUL, a line break an
     input smuggled into a path) are shown escaped, not written to the terminal."""
     return text if text.isprintable() else repr(text)[1:-1]
+
+
+def root_rel(ws: Workspace, path: Path) -> str:
+    """SPEC §10: paths in JSON are relative to the root when they lie under it."""
+    try:
+        return path.relative_to(ws.root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def emit_json(data: object) -> None:

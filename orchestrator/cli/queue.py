@@ -30,6 +30,7 @@ from orchestrator.cli.common import (
     nudge_control,
     only_reject_check,
     refuse_domain_errors,
+    root_rel,
     shown,
     skipped_count,
     utf8,
@@ -302,6 +303,11 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "progress": out.progress.__dict__,
                 "paused": {name: pause.until for name, pause in out.paused.items()},
                 **out.summary,
+                # Relative to ROOT, as `escalations --json` gives them (SPEC §10).
+                "escalations": [
+                    {**e, "report_path": root_rel(ws, ws.state_dir / e["report_path"])}
+                    for e in out.summary["escalations"]
+                ],
             }
         )
     else:
@@ -478,7 +484,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     except NotFound as exc:
         raise Refused(str(exc)) from None
     if as_json:
-        emit_json(data)
+        emit_json({**data, "job_dir": root_rel(ws, ws.state_dir / data["job_dir"])})
         return
 
     def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
@@ -766,7 +772,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 "escalations": [
                     {
                         **e.to_json(),
-                        "report_path": _root_rel(ws, ws.state_dir / e.report_path),
+                        "report_path": root_rel(ws, ws.state_dir / e.report_path),
                         "only_reject": only[e.id],
                     }
                     for e in items
@@ -878,11 +884,3 @@ def decide_cmd(
                 f"rejected: {e['note_path']} {e['gate_id']} is not reviewed again until the "
                 f"note or gate changes{replaced}"
             )
-
-
-def _root_rel(ws: Workspace, path) -> str:
-    """SPEC §10: paths in JSON are relative to the root when they lie under it."""
-    try:
-        return path.relative_to(ws.root).as_posix()
-    except ValueError:
-        return str(path)

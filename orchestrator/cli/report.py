@@ -14,6 +14,7 @@ from orchestrator.cli.common import (
     not_blank,
     only_reject_check,
     refuse_domain_errors,
+    root_rel,
 )
 from orchestrator.kb.notes import GATES_DIR, TYPES_DIR
 from orchestrator.state.workspace import Workspace
@@ -88,6 +89,24 @@ def report_cmd(
     except ReportError as exc:
         raise Refused(str(exc)) from None
     if as_json:
-        emit_json({**rep.data, "html_path": str(page) if page else None})
+        needs_you = rep.data["needs_you"]
+        notes = [
+            {
+                **n,
+                # Relative to ROOT, as `escalations --json` gives them (SPEC §10).
+                "escalations": [
+                    {**e, "report_path": root_rel(ws, ws.state_dir / e["report_path"])}
+                    for e in n["escalations"]
+                ],
+            }
+            for n in needs_you["escalations"]
+        ]
+        emit_json(
+            {
+                **rep.data,
+                "needs_you": {**needs_you, "escalations": notes},
+                "html_path": str(page) if page else None,
+            }
+        )
     else:
         click.echo(rep.text(), nl=False)
