@@ -992,3 +992,24 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
     rep = run_cli("report", "--json").json()
     (note,) = rep["needs_you"]["escalations"]
     assert [e["report_path"] for e in note["escalations"]] == [listed["report_path"]]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("1", "aprove"), "Invalid value for DECISION: 'aprove' is not approve, redo or reject"),
+        (("approve",), "name escalation ids or --note PATH"),
+        (("one", "approve"), "Invalid value for ESCALATION_ID: 'one' is not an escalation id"),
+        (("--", "-1", "reject"), "'-1' is not an escalation id"),
+        (("1", "approve", "--fixer", "offline"), "--fixer names the fixer of a redo"),
+    ],
+)
+def test_decide_called_wrongly_is_bad_usage(flow, run_cli, args, says):
+    """Exit 2 is bad usage (SPEC §10), as `jobs --state bogus` or `job abc` answer: a
+    mistyped decision exited 1, which a script reads as "refused" (decided already, a
+    note gone), not as its own mistake."""
+    escalate_alpha(flow, run_cli)
+    res = run_cli("decide", *args)
+    assert res.exit_code == 2, res.stderr
+    assert says in res.stderr and "Usage: " in res.stderr
+    assert run_cli("escalations", "--json").json()["escalations"][0]["id"] == 1  # still open

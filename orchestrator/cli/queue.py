@@ -847,16 +847,24 @@ def decide_cmd(
     """
     from orchestrator.control.followup import FollowUp
 
+    # A call written wrongly is bad usage (exit 2), as click says of a bad option value;
+    # exit 1 is kept for a call refused (decided already, a note gone).
     *raw_ids, decision = args
     if decision not in ("approve", "redo", "reject"):
-        raise Refused(f"DECISION: {decision!r} is not approve, redo or reject")
+        raise click.BadParameter(
+            f"{decision!r} is not approve, redo or reject", param_hint="DECISION"
+        )
     ids = []
     for raw in raw_ids:
         if not (raw.isascii() and raw.isdigit()) or int(raw) > JOB_ID.max:
-            raise Refused(f"ESCALATION_ID: {raw!r} is not an escalation id (a whole number)")
+            raise click.BadParameter(
+                f"{raw!r} is not an escalation id (a whole number)", param_hint="ESCALATION_ID"
+            )
         ids.append(int(raw))
+    if not ids and not note:
+        raise click.UsageError("name escalation ids or --note PATH")
     if fixer and decision != "redo":
-        raise Refused(f"--fixer: names the fixer of a redo, not of {decision}")
+        raise click.UsageError(f"--fixer names the fixer of a redo, not of {decision}")
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer)
     if decision == "redo":
         nudge_control(ws)
