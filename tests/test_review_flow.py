@@ -1013,3 +1013,22 @@ def test_decide_called_wrongly_is_bad_usage(flow, run_cli, args, says):
     assert res.exit_code == 2, res.stderr
     assert says in res.stderr and "Usage: " in res.stderr
     assert run_cli("escalations", "--json").json()["escalations"][0]["id"] == 1  # still open
+
+
+def test_job_of_a_split_job_names_the_jobs_it_became(flow, run_cli):
+    """A burned-out job is split into one-pair jobs: `job N` showed its pairs undecided
+    and one burned-out attempt, and nothing said where its pairs went (only the log's
+    job.split line did)."""
+    from orchestrator.review.jobs import split_job
+
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")
+    (made,) = job["jobs"]
+    assert len(made["pairs"]) == 2
+    with Store.open(flow.state) as s:
+        parts = split_job(s, flow.state, flow.root, made["review_job_id"])
+    res = run_cli("job", str(made["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    assert f"  split into job(s) {parts[0]}, {parts[1]}\n" in res.stdout
+    assert run_cli("job", str(made["review_job_id"]), "--json").json()["split_into"] == parts
+    res = run_cli("job", str(parts[0]))
+    assert f"  split from job {made['review_job_id']}\n" in res.stdout

@@ -506,6 +506,10 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         click.echo(f"  fix: {data['result']}{commit}")
     for r in data["failure_reasons"]:
         click.echo(f"  reason: {r}")
+    if data["split_into"]:
+        click.echo(f"  split into job(s) {', '.join(map(str, data['split_into']))}")
+    if data["parent_job_id"]:
+        click.echo(f"  split from job {data['parent_job_id']}")
     for p in data["pairs"]:
         click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
     for a in data["attempts"]:

@@ -144,6 +144,13 @@ def job(store: Store, job_id: int) -> dict:
             (job_id,),
         )
     ]
+    # Where a split job's pairs went: shown nowhere but in the log's job.split line.
+    out["split_into"] = [
+        r[0]
+        for r in store.conn.execute(
+            "SELECT id FROM review_jobs WHERE parent_job_id = ? ORDER BY id", (job_id,)
+        )
+    ]
     out["attempts"] = []
     for a in store.conn.execute(
         "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
