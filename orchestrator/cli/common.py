@@ -25,7 +25,7 @@ from orchestrator.review.acceptance import AckError
 from orchestrator.review.finalize import (
     FinalizeError,
 )
-from orchestrator.review.jobs import JobError
+from orchestrator.review.jobs import JobError, display_path
 from orchestrator.review.selector import SelectError
 from orchestrator.state.files import ReportError
 from orchestrator.state.store import DAMAGED, StoreError, is_damage
@@ -197,10 +197,15 @@ def shown(text: str) -> str:
 
 def root_rel(ws: Workspace, path: Path) -> str:
     """SPEC §10: paths in JSON are relative to the root when they lie under it."""
-    try:
-        return path.relative_to(ws.root).as_posix()
-    except ValueError:
-        return str(path)
+    return display_path(ws.root, path)
+
+
+def root_reports(ws: Workspace, escalations: list[dict]) -> list[dict]:
+    """Escalations with their ``report_path`` relative to ROOT, as JSON gives every path
+    (SPEC §10) and `escalations --json` gives theirs; state.db keeps it relative to STATE."""
+    return [
+        {**e, "report_path": root_rel(ws, ws.state_dir / e["report_path"])} for e in escalations
+    ]
 
 
 def emit_json(data: object) -> None:

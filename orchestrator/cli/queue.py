@@ -31,6 +31,7 @@ from orchestrator.cli.common import (
     only_reject_check,
     refuse_domain_errors,
     root_rel,
+    root_reports,
     shown,
     skipped_count,
     utf8,
@@ -303,11 +304,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "progress": out.progress.__dict__,
                 "paused": {name: pause.until for name, pause in out.paused.items()},
                 **out.summary,
-                # Relative to ROOT, as `escalations --json` gives them (SPEC §10).
-                "escalations": [
-                    {**e, "report_path": root_rel(ws, ws.state_dir / e["report_path"])}
-                    for e in out.summary["escalations"]
-                ],
+                "escalations": root_reports(ws, out.summary["escalations"]),
             }
         )
     else:

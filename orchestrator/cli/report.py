@@ -14,7 +14,7 @@ from orchestrator.cli.common import (
     not_blank,
     only_reject_check,
     refuse_domain_errors,
-    root_rel,
+    root_reports,
 )
 from orchestrator.kb.notes import GATES_DIR, TYPES_DIR
 from orchestrator.state.workspace import Workspace
@@ -91,14 +91,7 @@ def report_cmd(
     if as_json:
         needs_you = rep.data["needs_you"]
         notes = [
-            {
-                **n,
-                # Relative to ROOT, as `escalations --json` gives them (SPEC §10).
-                "escalations": [
-                    {**e, "report_path": root_rel(ws, ws.state_dir / e["report_path"])}
-                    for e in n["escalations"]
-                ],
-            }
+            {**n, "escalations": root_reports(ws, n["escalations"])}
             for n in needs_you["escalations"]
         ]
         emit_json(
