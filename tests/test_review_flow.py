@@ -821,6 +821,43 @@ def test_a_json_column_edited_by_hand_is_shown_as_it_stands(flow, run_cli):
     assert run_cli("status").exit_code == 0
 
 
+def test_job_says_when_it_was_made_and_why_a_queued_job_waits(flow, run_cli):
+    """A queued job behind a paused reviewer, a launch backoff or a spent budget looked
+    like any other queued job: only the log said why nothing ran it, and `job N` showed
+    no time at all."""
+    jobs = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
+    job_id = jobs["jobs"][0]["review_job_id"]
+    with Store.open(flow.state) as s:
+        s.conn.execute(
+            "UPDATE review_jobs SET reviewer = 'fake', not_before = '2999-01-01T00:00:00.000Z' "
+            "WHERE id = ?",
+            (job_id,),
+        )
+        s.conn.execute(
+            "INSERT INTO reviewer_state (name, launch_failures, updated_at, paused_until, "
+            "paused_reason) VALUES ('fake', 5, '2026-01-01T00:00:00.000Z', "
+            "'2999-01-01T00:00:00.000Z', 'auth')"
+        )
+        created = s.conn.execute(
+            "SELECT created_at FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()[0]
+    res = run_cli("job", str(job_id))
+    assert res.exit_code == 0, res.stderr
+    assert f"  created {created}\n" in res.stdout
+    assert (
+        "  waits: reviewer 'fake' is paused until 2999-01-01T00:00:00.000Z (auth); "
+        "reviewq resume fake lifts it\n" in res.stdout
+    )
+    assert "  waits: not before 2999-01-01T00:00:00.000Z (a launch failure's backoff)\n" in (
+        res.stdout
+    )
+    data = run_cli("job", str(job_id), "--json").json()
+    assert len(data["waits"]) == 2
+    with Store.open(flow.state) as s:
+        s.conn.execute("UPDATE review_jobs SET status = 'completed' WHERE id = ?", (job_id,))
+    assert "waits" not in run_cli("job", str(job_id)).stdout
+
+
 def test_two_notes_whose_paths_flatten_alike_keep_a_file_each(flow, run_cli):
     """'a/b.md' and 'a__b.md' both became 'a__b.md' in a job's results and in the export:
     the note written last was the only one left on disk."""

@@ -477,7 +477,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     from orchestrator.state.status import NotFound, job
 
     try:
-        data = job(ws.read_store(), job_id)
+        data = job(ws.read_store(), job_id, ws.settings)
     except NotFound as exc:
         raise Refused(str(exc)) from None
     if as_json:
@@ -491,6 +491,10 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
         f"reviewer {dash(data['reviewer'])})"
     )
+    finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
+    click.echo(f"  created {data['created_at']}{finished}")
+    for w in data["waits"]:
+        click.echo(f"  waits: {w}")
     if data["kind"] == "fix" and data.get("result"):
         # What became of the fix (applied, unchanged, not-applied) and of its commit.
         commit = (
@@ -873,7 +877,11 @@ def decide_cmd(
 
         for note_path, job_id in jobs.items():
             # The job carries every current FAIL of the note, not only the decided ones.
-            gates = [p["gate_id"] for p in job_row(ws.store, job_id)["pairs"]] if job_id else []
+            gates = (
+                [p["gate_id"] for p in job_row(ws.store, job_id, ws.settings)["pairs"]]
+                if job_id
+                else []
+            )
             click.echo(
                 f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s): "
                 f"{', '.join(gates)}) with your asks"

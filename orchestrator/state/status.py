@@ -130,7 +130,7 @@ def _in_state(state: str | None) -> tuple[str, tuple]:
     return " WHERE j.grouping != 'human'", ()
 
 
-def job(store: Store, job_id: int) -> dict:
+def job(store: Store, job_id: int, settings: Settings) -> dict:
     row = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no review job {job_id}")
@@ -151,6 +151,7 @@ def job(store: Store, job_id: int) -> dict:
             "SELECT id FROM review_jobs WHERE parent_job_id = ? ORDER BY id", (job_id,)
         )
     ]
+    out["waits"] = _waits(store, out, settings)
     out["attempts"] = []
     for a in store.conn.execute(
         "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
@@ -159,6 +160,26 @@ def job(store: Store, job_id: int) -> dict:
         d["reasons"] = reasons_column(d["reasons"])
         d.pop("telemetry_json", None)
         out["attempts"].append(d)
+    return out
+
+
+def _waits(store: Store, job: dict, settings: Settings) -> list[str]:
+    """Why a queued job is not dispatched now: a paused reviewer, a launch failure's
+    backoff, its sweep run's spent budget. Said only in the log before, a held job looked
+    like any other queued one."""
+    if job["status"] != "queued":
+        return []
+    now, out = utcnow(), []
+    name = job["reviewer"]
+    if name and (pause := paused_reviewers(store, now).get(name)):
+        out.append(
+            f"reviewer {name!r} is paused until {pause.until} ({pause.reason or 'failures'}); "
+            f"reviewq resume {shlex.quote(name)} lifts it"
+        )
+    if job["not_before"] and job["not_before"] > now:
+        out.append(f"not before {job['not_before']} (a launch failure's backoff)")
+    if job["sweep_run_id"] is not None and job["sweep_run_id"] in over_budget_runs(store):
+        out.extend(held_by_budget(store, {job["sweep_run_id"]: 1}, settings))
     return out
 
 
