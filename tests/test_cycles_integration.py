@@ -107,6 +107,15 @@ def test_fail_fix_pass(cyc):
         fixes = conn.execute("SELECT result FROM review_jobs WHERE kind = 'fix'").fetchall()
     assert acc == "PASS" and count == 0 and [f[0] for f in fixes] == ["applied"]
     assert len(review_jobs_for(cyc, "prose/body-check")) == 2
+    # The review's own story tells of the fix it led to: `fix.queued` named the fix job
+    # alone, so `logs --job REVIEW` never showed it.
+    with db(cyc) as conn:
+        fix_id, source = conn.execute(
+            "SELECT id, source_job_id FROM review_jobs WHERE kind = 'fix'"
+        ).fetchone()
+    res = rq(cyc, "logs", "--job", str(source), "--json")
+    queued = [json.loads(x) for x in res.stdout.splitlines() if '"fix.queued"' in x]
+    assert [(e["job_id"], e["source_job_id"]) for e in queued] == [(fix_id, source)]
 
 
 def test_a_note_whose_name_nears_the_limit_is_fixed_and_keeps_its_files(kb, run_cli):

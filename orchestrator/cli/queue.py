@@ -561,7 +561,8 @@ def logs_cmd(
             return
         if not isinstance(rec, dict):
             return  # JSON, but not one of reviewq's lines
-        if job_id is not None and rec.get("job_id") != job_id:
+        # A follow-up's queueing (fix.queued, audit.queued) is its source job's story too.
+        if job_id is not None and job_id not in (rec.get("job_id"), rec.get("source_job_id")):
             return
         if event and not (
             rec.get("event") == event

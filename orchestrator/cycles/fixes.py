@@ -184,6 +184,7 @@ def create_fix_job(
     logs.get().info(
         "fix.queued",
         job_id=job_id,
+        source_job_id=source_job_id,
         note_path=note.path,
         gates=[t.gate_id for t in targets],
         reviewer=fixer,
