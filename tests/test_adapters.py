@@ -851,6 +851,30 @@ def test_doctor_says_when_it_made_the_state_db(run_cli, kb):
     assert f"ok: state.db at {typo / 'state.db'}, schema " in again
 
 
+def test_doctor_names_a_paused_reviewer_and_how_to_lift_the_pause(run_cli, kb):
+    """A reviewer paused after failures in a row (an expired key) holds back every job of
+    its profile; doctor, the health check, said 'ok' throughout."""
+    from orchestrator.state.store import Store
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[reviewers.claude]\nkind = "offline"\n')
+    first = run_cli("doctor")
+    assert first.exit_code == 0, first.stdout
+    with Store.open(kb.state) as s:
+        s.conn.execute(
+            "INSERT INTO reviewer_state (name, launch_failures, updated_at, paused_until, "
+            "paused_reason) VALUES ('claude', 5, '2026-01-01T00:00:00.000Z', "
+            "'2999-01-01T00:00:00.000Z', 'auth')"
+        )
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    assert (
+        "problem: reviewer 'claude' is paused until 2999-01-01T00:00:00.000Z (auth): its jobs "
+        "wait; mend the cause, then reviewq resume claude\n"
+    ) in res.stdout
+
+
 def test_doctor_names_what_a_sweep_entry_selects_that_the_kb_lacks(run_cli, kb):
     """A typo in a [[sweeps]] entry's select failed its cron run every night while doctor
     said ok; one in its audit list audited nothing, silently."""

@@ -699,6 +699,16 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
             else f"{due} job(s) whose MANIFEST.json and results wait to be written "
             f"({error}); the control process writes them at its next tick with room",
         )
+        from orchestrator.state.status import paused_reviewers
+        from orchestrator.state.store import utcnow
+
+        # Its jobs held back for as long as it lasts: the health check said "ok" of it.
+        for name, pause in sorted(paused_reviewers(store, utcnow()).items()):
+            report(
+                False,
+                f"reviewer {name!r} is paused until {pause.until} ({pause.reason or 'failures'}): "
+                f"its jobs wait; mend the cause, then reviewq resume {shlex.quote(name)}",
+            )
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
         fixes = unwritten_fixes(store)
         for what, (n, why) in (
