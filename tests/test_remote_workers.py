@@ -648,6 +648,24 @@ def test_doctor_on_a_worker_machine_checks_only_what_a_worker_needs(tmp_path, re
     assert "problem: reviewer fake (command): no-such-agent-cli not on PATH" in bad.stdout
 
 
+def test_a_worker_with_no_queue_url_away_from_the_control_refuses_to_start(tmp_path):
+    """A worker.toml without `[queue] url` on a second machine: the worker waited, for
+    good, on a SQLite queue of its own that no control process feeds, and said only
+    `worker.started`; `doctor --worker` knew, the worker did not."""
+    home = tmp_path / "remote"
+    home.mkdir()
+    config = home / "worker.toml"
+    config.write_text(f'[reviewers.fake]\nkind = "command"\ncommand = ["{FAKE}"]\n')
+    args = [EXE, "--root", str(home), "--config", str(config), "--state", str(home / "state")]
+    try:
+        res = subprocess.run([*args, "worker"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker started, to wait on a queue no control process feeds")
+    assert res.returncode == 1
+    assert "no [queue] url" in res.stderr and "set [queue] url" in res.stderr
+    assert not (home / "state" / "queue").exists()
+
+
 # --- what a worker says of an attempt, and when ------------------------------------------------
 
 

@@ -239,6 +239,15 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
         raise Refused(
             f"--kb {shown(str(kb))}: no kb/ folder in it; give the KB root, the folder that holds kb/"
         )
+    unfed = _unfed_queue(ws)
+    if (
+        unfed is not None
+        and not (ws.root / "kb").is_dir()
+        and not (ws.state_dir / "control.lock").exists()
+    ):
+        # Away from the KB and from any control's folder (a second machine whose
+        # worker.toml lacks the url): it waited for good and said only worker.started.
+        raise Refused(unfed)
     folder = worker_folder(ws.settings)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -614,20 +623,29 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
     in_kb = worker_only or _doctor_control_side(ws, report)
     if not in_kb and not ws.settings.queue.url:
         pass  # a SQLite queue lives in the state folder: not made in the wrong folder
-    elif worker_only and not ws.settings.queue.url and not (ws.state_dir / "state.db").exists():
+    elif worker_only and (unfed := _unfed_queue(ws)) is not None:
         # It said "ok: queue backend SQLite answers" of a queue of the worker's own.
-        report(
-            False,
-            f"no [queue] url, and {ws.state_dir} is no control's state folder: this worker "
-            "would wait on a SQLite queue of its own that no control process feeds; set "
-            "[queue] url (Redis), or give --state the control's folder on its machine",
-        )
+        report(False, unfed)
     else:
         _doctor_queue(ws, report)
     _doctor_reviewers(ws, report)
     if problems:
         raise Refused(f"{problems} problem(s)")
     warn([])
+
+
+def _unfed_queue(ws: Workspace) -> str | None:
+    """Why a worker here would wait on a queue no control process feeds (no ``[queue]
+    url``, and ``--state`` holds no control's state.db), or None."""
+    if ws.settings.queue.url or (ws.state_dir / "state.db").exists():
+        return None
+    where = ws.settings.config_path
+    return (
+        f"no [queue] url, and {shown(str(ws.state_dir))} is no control's state folder: this "
+        "worker would wait on a SQLite queue of its own that no control process feeds; set "
+        f"[queue] url (Redis){f' in {shown(str(where))}' if where else ''}, or give --state "
+        "the control's folder on its machine"
+    )
 
 
 def _doctor_control_side(ws: Workspace, report) -> bool:
