@@ -447,6 +447,22 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     assert all(o["v"] == messages.VERSION and o["host"] for o in outcomes)
 
 
+def test_a_worker_whose_profile_runs_another_model_than_the_controls_refuses(tmp_path, monkeypatch):
+    """The control records a review under its profile's model (the partition: which
+    reviews are fresh); the worker started its own file's model. A worker.toml left at
+    the old model after the control's moved on ran every review of the new partition on
+    the old model, recorded as the new one's, and said nothing."""
+    from workers import tasks
+
+    _, sent = _worker_in_process(tmp_path, monkeypatch)  # its "fake" names no model
+    tasks.run_review({**REVIEW_MSG, "model": "house-style-v4"})
+    (outcome,) = [args[1] for args in sent if args[0] == "deliver_outcome"]
+    assert outcome["classification"] == "launch-failure"
+    reason = outcome["reasons"][0]
+    assert "runs model ''" in reason and "'house-style-v4'" in reason and "worker.toml" in reason
+    assert not (tmp_path / "w" / "attempts").exists()
+
+
 def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypatch):
     """An error out of the attempt left the task with no outcome sent: the attempt was
     reaped as never picked up, which counts toward nothing, and ran again for good."""
@@ -673,7 +689,8 @@ def _fake_worker(kb, tmp_path, monkeypatch, **msg_extra) -> tuple[dict, list[tup
     from orchestrator.config import load_settings
     from workers import tasks
 
-    msg = {**dispatched_message(kb), "reviewer": "fake", **msg_extra}
+    # An offline review's message, sent to the worker's "fake" profile, which names no model.
+    msg = {**dispatched_message(kb), "reviewer": "fake", "model": "", **msg_extra}
     config = worker_toml(tmp_path / "w.toml", "redis://127.0.0.1:1/0")
     place = tasks.WorkerPlace(load_settings(tmp_path, tmp_path / "w", config), tmp_path / "w")
     sent: list[tuple[str, dict]] = []

@@ -203,12 +203,8 @@ def run_review(msg: dict) -> None:
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     with logs.bound(job_id=job_id, attempt=attempt, reviewer=name):
         profile = place.settings.reviewers.get(name)
-        if profile is None or msg.get("output_name") not in OUTPUT_NAMES:
-            reason = (
-                f"worker {WORKER_ID} has no reviewer profile {name!r} in its configuration"
-                if profile is None
-                else f"the message names no known output file ({msg.get('output_name')!r})"
-            )
+        reason = _cannot_take(place, profile, name, msg)
+        if reason is not None:
             logs.get().error("attempt.not_started", reason=reason)
             _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
             return
@@ -268,6 +264,27 @@ def run_review(msg: dict) -> None:
         _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _cannot_take(
+    place: WorkerPlace, profile: ReviewerProfile | None, name: str, msg: dict
+) -> str | None:
+    """Why this worker must not start the message's attempt, or None."""
+    if profile is None:
+        return f"worker {WORKER_ID} has no reviewer profile {name!r} in its configuration"
+    if msg.get("output_name") not in OUTPUT_NAMES:
+        return f"the message names no known output file ({msg.get('output_name')!r})"
+    wanted = msg.get("model")
+    if isinstance(wanted, str) and wanted and wanted != profile.model:
+        # The control records the review under its model's partition: run on another
+        # model, it would be filed as this one's, unseen.
+        where = place.settings.config_path or "its configuration"
+        return (
+            f"worker {WORKER_ID}'s reviewer profile {name!r} runs model {profile.model!r}, "
+            f"the control's runs {wanted!r} and records the reviews as that model's: set "
+            f"model = {wanted!r} in [reviewers.{name}] of {where} and restart the worker"
+        )
+    return None
 
 
 def _expired(msg: dict) -> bool:
