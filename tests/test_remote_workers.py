@@ -463,6 +463,36 @@ def test_a_worker_whose_profile_runs_another_model_than_the_controls_refuses(tmp
     assert not (tmp_path / "w" / "attempts").exists()
 
 
+def test_the_attempt_folder_of_a_worker_that_died_goes_with_its_registry_entry(tmp_path):
+    """A worker killed while its agent ran left attempts/job-N-attempt-K/ (the prompt,
+    quoting notes; the agent's output and logs) for good: its outcome was never sent, and
+    the next worker reaped the agent's registry entry but kept the folder. A folder that a
+    live worker sharing the folder has registered stays."""
+    import socket
+    import subprocess
+
+    from workers.attempt import reap_orphans, registry_dir
+
+    folder = tmp_path / "w"
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    entries = {"dead": (dead.pid, 7, 2), "alive": (os.getpid(), 8, 1), "again": (dead.pid, 8, 1)}
+    for n, (pid, job, attempt) in enumerate(entries.values()):
+        (folder / "attempts" / f"job-{job}-attempt-{attempt}").mkdir(parents=True, exist_ok=True)
+        (folder / "attempts" / f"job-{job}-attempt-{attempt}" / "prompt.md").write_text("p")
+        registry_dir(folder).mkdir(parents=True, exist_ok=True)
+        entry = {
+            "worker_pid": pid,
+            "pgid": dead.pid + 100000 + n,
+            "job_id": job,
+            "attempt": attempt,
+        }
+        (registry_dir(folder) / f"{socket.gethostname()}-{n}.json").write_text(json.dumps(entry))
+    reap_orphans(folder, said="their worker died")
+    assert sorted(p.name for p in (folder / "attempts").iterdir()) == ["job-8-attempt-1"]
+    assert len(list(registry_dir(folder).iterdir())) == 1  # the live worker's
+
+
 def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypatch):
     """An error out of the attempt left the task with no outcome sent: the attempt was
     reaped as never picked up, which counts toward nothing, and ran again for good."""

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -515,6 +516,11 @@ def registry_dir(state_dir: Path) -> Path:
     return state_dir / "run" / "agents"
 
 
+def attempt_folder(state_dir: Path, job_id: int, attempt: int) -> Path:
+    """A worker's private folder for one attempt, removed once its outcome is sent."""
+    return state_dir / "attempts" / f"job-{job_id}-attempt-{attempt}"
+
+
 def register_agent(folder: Path, spec: AttemptSpec, pgid: int) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -561,12 +567,18 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[in
     ``said`` (why they were left), any killed are logged as ``worker.reaped_orphans``."""
     killed = []
     folder = registry_dir(state_dir)
+    entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
         try:
-            entry = json.loads(path.read_text())
+            entries.append((path, json.loads(path.read_text())))
         except (OSError, ValueError):
             path.unlink(missing_ok=True)
-            continue
+    # Attempts a live worker runs (one sharing this folder may run an attempt a stopped
+    # worker had queued again): their folders are theirs.
+    running = {
+        (e.get("job_id"), e.get("attempt")) for _, e in entries if _alive_worker(e["worker_pid"])
+    }
+    for path, entry in entries:
         if mine and entry["worker_pid"] != os.getpid():
             continue
         if not mine and _alive_worker(entry["worker_pid"]):
@@ -585,6 +597,12 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[in
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        key = (entry.get("job_id"), entry.get("attempt"))
+        if not mine and key not in running and all(isinstance(k, int) for k in key):
+            # Its worker died: no outcome will be sent, and nothing else removes the
+            # prompt (quoting notes) and what the agent left. (A stopping worker's own
+            # attempts were queued again, maybe to a worker sharing this folder: kept.)
+            shutil.rmtree(attempt_folder(state_dir, *key), ignore_errors=True)
         path.unlink(missing_ok=True)
     if killed and said:
         from orchestrator import logs

@@ -26,7 +26,14 @@ from orchestrator import logs
 from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
-from .attempt import LAUNCH_FAILURE, AttemptOutcome, read_tail, registry_dir, run_attempt
+from .attempt import (
+    LAUNCH_FAILURE,
+    AttemptOutcome,
+    attempt_folder,
+    read_tail,
+    registry_dir,
+    run_attempt,
+)
 from .queues import (
     OUTCOME_PATIENCE_S,
     acknowledge,
@@ -208,7 +215,7 @@ def run_review(msg: dict) -> None:
             logs.get().error("attempt.not_started", reason=reason)
             _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
             return
-        folder = place.folder / "attempts" / f"job-{job_id}-attempt-{attempt}"
+        folder = attempt_folder(place.folder, job_id, attempt)
         try:
             spec = _prepare(folder, msg, profile, place.kb)
         except OSError as exc:
