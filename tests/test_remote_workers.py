@@ -493,6 +493,40 @@ def test_the_attempt_folder_of_a_worker_that_died_goes_with_its_registry_entry(t
     assert len(list(registry_dir(folder).iterdir())) == 1  # the live worker's
 
 
+def test_a_fixer_is_not_shown_a_kb_copy_older_than_the_note_it_fixes(tmp_path, monkeypatch):
+    """A worker's --kb copy left stale: a fixer that read the note there, not in its
+    prompt, wrote the old text back with its edit, and the control applied it over the
+    current note (a person's new sentence was gone). With the copy's note not the text
+    the fixer is given, the fixer runs without the copy, and the worker says so."""
+    from orchestrator import logs
+    from workers import tasks
+
+    settings, sent = _worker_in_process(tmp_path, monkeypatch)
+    copy = tmp_path / "copy"
+    (copy / "kb" / "notes").mkdir(parents=True)
+    (copy / "kb" / "notes" / "n.md").write_text("old text\n")
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "w", copy))
+    roots = []
+
+    def agent(reviewer, spec, **kw):
+        roots.append((spec.root, tuple(kw["guarded"])))
+        return tasks.AttemptOutcome(spec.job_id, spec.attempt, "output", "fake")
+
+    monkeypatch.setattr(tasks, "run_attempt", agent)
+    logs.configure(tmp_path / "logs")
+    fix = {
+        **REVIEW_MSG, "task": "fix", "output_name": "fixed-note.md", "note_path": "kb/notes/n.md",
+        "guarded": ["kb/notes/n.md"],
+    }  # fmt: skip
+    tasks.run_review({**fix, "note_text": "old text\n"})  # the copy is current
+    tasks.run_review({**fix, "note_text": "old text\nA person's new sentence.\n"})
+    assert roots[0] == (copy, ("kb/notes/n.md",))
+    assert roots[1][0] != copy and roots[1][1] == ()
+    lines = (tmp_path / "logs" / "logs" / "reviewq.jsonl").read_text().splitlines()
+    [stale] = [e for e in map(json.loads, lines) if e["event"] == "attempt.kb_stale"]
+    assert stale["note_path"] == "kb/notes/n.md" and str(copy) in stale["reason"]
+
+
 def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypatch):
     """An error out of the attempt left the task with no outcome sent: the attempt was
     reaped as never picked up, which counts toward nothing, and ran again for good."""

@@ -216,8 +216,9 @@ def run_review(msg: dict) -> None:
             _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
             return
         folder = attempt_folder(place.folder, job_id, attempt)
+        kb = _kb_for(place.kb, msg)
         try:
-            spec = _prepare(folder, msg, profile, place.kb)
+            spec = _prepare(folder, msg, profile, kb)
         except OSError as exc:
             # This worker's disk (full, read-only): not the job's fault, and said at once
             # rather than by a lease running out.
@@ -239,8 +240,8 @@ def run_review(msg: dict) -> None:
                     timeout_s=msg["timeout_s"],
                     max_turns=profile.max_turns,
                     # The KB check needs a KB: a worker without one has nothing to guard.
-                    guarded=msg.get("guarded") or () if place.kb else (),
-                    trees=msg.get("trees") or () if place.kb else (),
+                    guarded=msg.get("guarded") or () if kb else (),
+                    trees=msg.get("trees") or () if kb else (),
                     max_output_bytes=msg["max_output_bytes"],
                     on_tick=beat.send,
                     tick_s=msg["heartbeat_s"],
@@ -291,6 +292,31 @@ def _cannot_take(
             f"the control's runs {wanted!r} and records the reviews as that model's: set "
             f"model = {wanted!r} in [reviewers.{name}] of {where} and restart the worker"
         )
+    return None
+
+
+def _kb_for(kb: Path | None, msg: dict) -> Path | None:
+    """The --kb copy for this attempt, or None. A fix is not shown a copy whose note is
+    not the text the fixer is given: a fixer that read the note there, not in its prompt,
+    wrote the old text back with its edit, and the control applied it (the note had not
+    changed since the fix was given it), so a stale copy undid a person's edits."""
+    note, given = msg.get("note_path"), msg.get("note_text")
+    if kb is None or msg.get("task") != "fix" or not isinstance(note, str) or given is None:
+        return kb
+    try:
+        path = (kb / note).resolve()
+        current = path.read_bytes() if path.is_relative_to(kb.resolve()) else None
+    except OSError:
+        current = None
+    if current == str(given).encode("utf-8"):
+        return kb
+    logs.get().warning(
+        "attempt.kb_stale",
+        note_path=note,
+        reason=f"{note} in --kb {kb} is not the text the fixer is given (a stale copy: "
+        "update it while the worker is stopped; or the note was edited since): the fixer "
+        "runs without the KB",
+    )
     return None
 
 
