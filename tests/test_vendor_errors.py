@@ -718,6 +718,50 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     ws.store.close()
 
 
+def test_resume_starts_a_queued_jobs_launch_backoff_over(kb):
+    """OPERATIONS 6.1: `resume` clears the queued jobs' launch backoff. It cleared their
+    wait but not their count: the first failure after it waited as the fifth would have
+    (160 s by default), for a job the person had just been told runs at once."""
+    from orchestrator.control.control import lift_pause
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", QUEUE)
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    clock = [datetime.now(UTC)]
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
+
+    def launch_fails() -> None:
+        assert control.dispatch() == 1
+        msg = sent[-1]
+        control.on_outcome(
+            {
+                "job_id": msg["job_id"],
+                "attempt": msg["attempt"],
+                "classification": "launch-failure",
+                "reasons": ["could not start 'x'"],
+                "exit_code": None,
+            }
+        )
+
+    def wait_s() -> float:
+        (after,) = ws.store.conn.execute(
+            "SELECT not_before FROM review_jobs WHERE id = ?", (job.review_job_id,)
+        ).fetchone()
+        return (datetime.fromisoformat(after.replace("Z", "+00:00")) - clock[0]).total_seconds()
+
+    for _ in range(2):
+        launch_fails()
+        clock[0] += timedelta(seconds=60)  # past the backoff
+    assert control.dispatch() == 0  # paused
+    assert lift_pause(ws.store, "offline", clock[0]) is not None
+    launch_fails()
+    assert wait_s() == pytest.approx(1.0, abs=0.01)  # launch_backoff_seconds, not 1 x 2^2
+    ws.store.close()
+
+
 # --- smaller defects ----------------------------------------------------------------------
 
 

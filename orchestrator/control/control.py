@@ -883,8 +883,10 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
             "launch_failures = 0, updated_at = ? WHERE name = ?",
             (utcnow(), name),
         )
+        # Their count too: kept, the first failure after a resume waited as the fifth would.
         store.conn.execute(
-            "UPDATE review_jobs SET not_before = NULL WHERE reviewer = ? AND status = 'queued'",
+            "UPDATE review_jobs SET not_before = NULL, launch_failures = 0 "
+            "WHERE reviewer = ? AND status = 'queued'",
             (name,),
         )
     return Pause(row[0], row[1])
