@@ -319,6 +319,28 @@ def test_a_fixer_stopped_at_its_turn_limit_after_writing_the_note_is_applied(tmp
     assert out.output == note.encode()
 
 
+def test_a_fixer_that_failed_after_many_turns_without_a_turn_limit_is_not_applied(tmp_path):
+    """Only Claude is given --max-turns and stops between turns at it (error_max_turns).
+    A fixer of another kind that ran as many turns and then failed part-way through its
+    note is not stopped at a turn limit: its note may be cut short, and is not applied."""
+    import dataclasses
+
+    head = "---\ntitle: A\n---\n# A\n"
+    script = (
+        "import json, os, sys\n"
+        f"open(os.environ['REVIEWQ_OUTPUT_PATH'], 'w').write({head!r})\n"
+        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 5}))\n"
+        "sys.exit(1)\n"
+    )
+    spec = dataclasses.replace(_spec(tmp_path), task="fix")
+    reviewer = for_profile(ReviewerProfile(name="cmd", kind="command", command=("true",)))
+    argv = [sys.executable, "-c", script]
+    reviewer.command = lambda spec: Command(argv=argv, cwd=tmp_path)  # type: ignore[method-assign]
+    out = run_attempt(reviewer, spec, timeout_s=30, max_turns=5)
+    assert out.output is None and out.classification != "output", out.reasons
+    assert "may be cut short" in out.reasons[-1]
+
+
 def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
     # Codex 0.169 prints "Reconnecting..." until its deadline when the endpoint is down.
     lines = _lines(CODEX_DOWN).replace("\n", "\\n")

@@ -373,8 +373,10 @@ def run_attempt(
     # CLI whose connection broke, the deadline) may be cut short anywhere, and applied it
     # replaced the whole note. Only a clean exit vouches for a fixer's note being whole,
     # or a stop at the turn limit: that comes between turns, once the last turn's tools
-    # (its Write of the note) are done, and Claude exits 1 for it (error_max_turns).
-    at_turn_limit = telemetry.num_turns is not None and telemetry.num_turns >= max_turns
+    # (its Write of the note) are done, and Claude exits 1 for it (error_max_turns). Its
+    # own report says so: a count of turns does not (no other kind is given a limit, and
+    # one that ran as many turns may have failed part-way through the note).
+    at_turn_limit = telemetry.error_subtype == "error_max_turns"
     cut = (
         spec.task == "fix"
         and out.output is not None
