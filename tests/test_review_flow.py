@@ -1069,3 +1069,15 @@ def test_job_of_a_split_job_names_the_jobs_it_became(flow, run_cli):
     assert run_cli("job", str(made["review_job_id"]), "--json").json()["split_into"] == parts
     res = run_cli("job", str(parts[0]))
     assert f"  split from job {made['review_job_id']}\n" in res.stdout
+
+
+def test_job_json_of_a_persons_decision_names_no_folder(flow, run_cli):
+    """A person's decision is a job with no folder (job_dir ''): made root-relative, it
+    became the state folder itself, which a script pruning job folders would remove."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    assert run_cli("decide", str(esc), "approve").exit_code == 0
+    store = Store(flow.state / "state.db")
+    (human,) = store.conn.execute("SELECT id FROM review_jobs WHERE grouping = 'human'").fetchone()
+    store.close()
+    assert run_cli("job", str(human), "--json").json()["job_dir"] == ""
+    assert run_cli("job", "1", "--json").json()["job_dir"] == ".reviewq/jobs/review-job-1"

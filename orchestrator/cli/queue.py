@@ -490,7 +490,9 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     except NotFound as exc:
         raise Refused(str(exc)) from None
     if as_json:
-        emit_json({**data, "job_dir": root_rel(ws, ws.state_dir / data["job_dir"])})
+        # A person's decision has no folder (job_dir ''): not the state folder itself.
+        folder = data["job_dir"] and root_rel(ws, ws.state_dir / data["job_dir"])
+        emit_json({**data, "job_dir": folder})
         return
 
     def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
