@@ -1428,3 +1428,27 @@ def test_a_sequential_runs_counts_add_its_next_bundles(kb):
     finally:
         ws.close()
     assert recorded == made == 3
+
+
+def test_a_fix_queued_in_a_transaction_rolled_back_is_not_logged(kb):
+    """A review's fix is queued inside the outcome's transaction (a batch of outcomes,
+    all or nothing): fix.queued was logged there, so a batch rolled back logged a fix
+    job that never was, and the one-by-one retry made that id again and logged it twice."""
+    from structlog.testing import capture_logs
+
+    from orchestrator import logs
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="# Alpha\n\nAlpha body.\n")
+    kb.accept("fake", [(NOTE, "prose/body-check")], decision="FAIL")
+    kb_ = KB.open(kb.root)
+    store = Store.open(kb.state)
+    logs.get()  # configured before the capture, not inside it
+    with capture_logs() as logged:
+        with pytest.raises(RuntimeError), store.write():
+            assert queue_fix(kb_, store, kb.state, NOTE) is not None
+            raise RuntimeError("the batch failed")
+        assert [e for e in logged if e["event"] == "fix.queued"] == []
+        fix = queue_fix(kb_, store, kb.state, NOTE)
+    assert [e["job_id"] for e in logged if e["event"] == "fix.queued"] == [fix]
+    store.close()

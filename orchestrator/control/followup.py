@@ -574,12 +574,15 @@ class FollowUp:
                     (audit_id, p["id"]),
                 )
             write_job_files_after_commit(self.store, self.ws.state_dir, audit_id)
-        self.log.info(
-            "audit.queued",
-            job_id=audit_id,
-            source_job_id=job["id"],
-            reviewer=auditor,
-            pairs=len(chosen),
+        source_id = job["id"]
+        self.store.after_commit(  # as fix.queued: the outcome's transaction may roll back
+            lambda: self.log.info(
+                "audit.queued",
+                job_id=audit_id,
+                source_job_id=source_id,
+                reviewer=auditor,
+                pairs=len(chosen),
+            )
         )
 
     # --- sequential sweeps ------------------------------------------------------------

@@ -181,13 +181,17 @@ def create_fix_job(
                 ),
             )
         write_job_files_after_commit(store, state_dir, job_id)
-    logs.get().info(
-        "fix.queued",
-        job_id=job_id,
-        source_job_id=source_job_id,
-        note_path=note.path,
-        gates=[t.gate_id for t in targets],
-        reviewer=fixer,
+    # Once it commits: queued inside an outcome's transaction (a batch, all or nothing),
+    # one rolled back logged a fix that never was, and its id was made again.
+    store.after_commit(
+        lambda: logs.get().info(
+            "fix.queued",
+            job_id=job_id,
+            source_job_id=source_job_id,
+            note_path=note.path,
+            gates=[t.gate_id for t in targets],
+            reviewer=fixer,
+        )
     )
     return job_id
 
