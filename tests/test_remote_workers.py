@@ -447,20 +447,32 @@ def test_a_worker_that_cannot_start_an_attempt_says_so_at_once(tmp_path, monkeyp
     assert all(o["v"] == messages.VERSION and o["host"] for o in outcomes)
 
 
-def test_a_worker_whose_profile_runs_another_model_than_the_controls_refuses(tmp_path, monkeypatch):
-    """The control records a review under its profile's model (the partition: which
-    reviews are fresh); the worker started its own file's model. A worker.toml left at
-    the old model after the control's moved on ran every review of the new partition on
-    the old model, recorded as the new one's, and said nothing."""
+def test_a_worker_whose_profile_writes_another_partition_than_the_controls_refuses(
+    tmp_path, monkeypatch
+):
+    """The control records a review under its profile's partition (which reviews are
+    fresh; it follows the model unless set); the worker started its own file's model. A
+    worker.toml left at the old model after the control's moved on ran every review of
+    the new partition on the old model, recorded as the new one's, and said nothing."""
     from workers import tasks
 
-    _, sent = _worker_in_process(tmp_path, monkeypatch)  # its "fake" names no model
-    tasks.run_review({**REVIEW_MSG, "model": "house-style-v4"})
+    settings, sent = _worker_in_process(tmp_path, monkeypatch)
+    mine = settings.reviewers["fake"].partition
+    tasks.run_review({**REVIEW_MSG, "partition": "house-style-v4"})
     (outcome,) = [args[1] for args in sent if args[0] == "deliver_outcome"]
     assert outcome["classification"] == "launch-failure"
     reason = outcome["reasons"][0]
-    assert "runs model ''" in reason and "'house-style-v4'" in reason and "worker.toml" in reason
+    assert f"writes partition {mine!r}" in reason and "'house-style-v4'" in reason
+    assert "worker.toml" in reason
     assert not (tmp_path / "w" / "attempts").exists()
+    # The model alone may be named otherwise (a provider's own id): the partition decides.
+    sent.clear()
+    tasks.run_review({**REVIEW_MSG, "partition": mine, "model": "another-id"})
+    assert not [
+        args
+        for args in sent
+        if args[0] == "deliver_outcome" and args[1]["classification"] == "launch-failure"
+    ]
 
 
 def test_the_attempt_folder_of_a_worker_that_died_goes_with_its_registry_entry(tmp_path):
@@ -753,8 +765,9 @@ def _fake_worker(kb, tmp_path, monkeypatch, **msg_extra) -> tuple[dict, list[tup
     from orchestrator.config import load_settings
     from workers import tasks
 
-    # An offline review's message, sent to the worker's "fake" profile, which names no model.
-    msg = {**dispatched_message(kb), "reviewer": "fake", "model": "", **msg_extra}
+    # An offline review's message, sent to the worker's "fake" profile (another partition:
+    # the message's is left out, as an earlier control sends it).
+    msg = {**dispatched_message(kb), "reviewer": "fake", "partition": "", **msg_extra}
     config = worker_toml(tmp_path / "w.toml", "redis://127.0.0.1:1/0")
     place = tasks.WorkerPlace(load_settings(tmp_path, tmp_path / "w", config), tmp_path / "w")
     sent: list[tuple[str, dict]] = []

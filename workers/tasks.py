@@ -282,15 +282,18 @@ def _cannot_take(
         return f"worker {WORKER_ID} has no reviewer profile {name!r} in its configuration"
     if msg.get("output_name") not in OUTPUT_NAMES:
         return f"the message names no known output file ({msg.get('output_name')!r})"
-    wanted = msg.get("model")
-    if isinstance(wanted, str) and wanted and wanted != profile.model:
-        # The control records the review under its model's partition: run on another
-        # model, it would be filed as this one's, unseen.
+    wanted = msg.get("partition")
+    if isinstance(wanted, str) and wanted and wanted != profile.partition:
+        # The control records the review under its profile's partition: run here under
+        # another (a worker.toml left at the old model, whose partition follows it), it
+        # would be filed as the control's model's, unseen. The model alone may differ (a
+        # provider's own id for it): the partition says which reviews it stands for.
         where = place.settings.config_path or "its configuration"
         return (
-            f"worker {WORKER_ID}'s reviewer profile {name!r} runs model {profile.model!r}, "
-            f"the control's runs {wanted!r} and records the reviews as that model's: set "
-            f"model = {wanted!r} in [reviewers.{name}] of {where} and restart the worker"
+            f"worker {WORKER_ID}'s reviewer profile {name!r} writes partition "
+            f"{profile.partition!r} (model {profile.model!r}), the control's writes "
+            f"{wanted!r}: give [reviewers.{name}] of {where} the control's model, or "
+            f"partition = {wanted!r}, and restart the worker"
         )
     return None
 

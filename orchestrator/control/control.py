@@ -309,9 +309,9 @@ class Control:
             "attempt": opened.attempt,
             "task": opened.kind,
             "reviewer": profile.name,
-            # The model the reviews are recorded under: a worker whose profile runs another
-            # does not start the attempt (optional, as ttl_s: no new version).
-            "model": profile.model,
+            # The partition the reviews are recorded under: a worker whose profile writes
+            # another does not start the attempt (optional, as ttl_s: no new version).
+            "partition": profile.partition,
             "prompt": opened.prompt,
             "pairs": list(opened.pairs),
             "output_name": opened.output_path.name,

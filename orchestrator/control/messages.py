@@ -22,10 +22,10 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   attempt no worker started), and the same as ``ttl_s`` (seconds) with ``queued_at``
   (the queue's clock when sent: the Redis server's, or the one machine's for SQLite),
   which a worker times it by; all three optional, so no new version: a worker takes them
-  as absent, and one of an earlier release reads ``expires_at``. ``model``: the control's
-  model of the profile, under which the reviews are recorded; a worker whose profile of
-  that name runs another model does not start the attempt (a launch failure saying so).
-  Optional too: empty or absent, any model the worker's profile names is taken.
+  as absent, and one of an earlier release reads ``expires_at``. ``partition``: the
+  control's partition of the profile, under which the reviews are recorded; a worker whose
+  profile of that name writes another (its model moved, and the partition with it) does
+  not start the attempt (a launch failure saying so). Optional too: absent, any is taken.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
   ``worker`` (host:pid), ``host``, ``launched``, and ``started_at`` (the launch, the
   worker's clock) or ``waiting``. While the agent runs: the first a second after the
