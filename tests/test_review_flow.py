@@ -1039,6 +1039,8 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
         (("one", "approve"), "Invalid value for ESCALATION_ID: 'one' is not an escalation id"),
         (("--", "-1", "reject"), "'-1' is not an escalation id"),
         (("1", "approve", "--fixer", "offline"), "--fixer names the fixer of a redo"),
+        (("1", "redo"), "redo needs --feedback with the concrete asks for the fixer"),
+        (("1", "redo", "--feedback", "  "), "redo needs --feedback"),
     ],
 )
 def test_decide_called_wrongly_is_bad_usage(flow, run_cli, args, says):

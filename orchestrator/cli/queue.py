@@ -901,6 +901,9 @@ def decide_cmd(
         raise click.UsageError("name escalation ids or --note PATH")
     if fixer and decision != "redo":
         raise click.UsageError(f"--fixer names the fixer of a redo, not of {decision}")
+    if decision == "redo" and not (feedback and feedback.strip()):
+        # As --fixer without redo: the call's own mistake, not a refusal of it.
+        raise click.UsageError("redo needs --feedback with the concrete asks for the fixer")
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer)
     if decision == "redo":
         nudge_control(ws)
