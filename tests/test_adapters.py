@@ -913,6 +913,16 @@ def test_doctor_for_a_worker_with_no_queue_url_and_no_control_says_it_would_wait
     assert not (home / "state" / "queue").exists()
 
 
+def test_doctor_for_a_worker_in_a_kb_root_agrees_with_the_worker_that_starts_there(run_cli, kb):
+    """A worker in the KB root with no [queue] url starts (the Procfile starts the control
+    beside it); `doctor --worker` there called it a problem before any control had run."""
+    kb.gate("prose/body-check", ["body"])
+    kb.write("reviewq.toml", '[reviewers.x]\nkind = "offline"\n')
+    res = run_cli("doctor", "--worker")
+    assert res.exit_code == 0, res.stdout
+    assert "no [queue] url" not in res.stdout
+
+
 def test_doctor_outside_a_kb_root_makes_no_state_folder(run_cli, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

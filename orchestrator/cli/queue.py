@@ -239,14 +239,9 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
         raise Refused(
             f"--kb {shown(str(kb))}: no kb/ folder in it; give the KB root, the folder that holds kb/"
         )
-    unfed = _unfed_queue(ws)
-    if (
-        unfed is not None
-        and not (ws.root / "kb").is_dir()
-        and not (ws.state_dir / "control.lock").exists()
-    ):
-        # Away from the KB and from any control's folder (a second machine whose
-        # worker.toml lacks the url): it waited for good and said only worker.started.
+    if (unfed := _unfed_queue(ws)) is not None:
+        # A second machine whose worker.toml lacks the url: it waited for good and said
+        # only worker.started.
         raise Refused(unfed)
     folder = worker_folder(ws.settings)
     try:
@@ -637,9 +632,13 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
 
 
 def _unfed_queue(ws: Workspace) -> str | None:
-    """Why a worker here would wait on a queue no control process feeds (no ``[queue]
-    url``, and ``--state`` holds no control's state.db), or None."""
-    if ws.settings.queue.url or (ws.state_dir / "state.db").exists():
+    """Why a worker here would wait on a queue no control process feeds, or None: no
+    ``[queue] url``, away from the KB (where a control may yet start: the Procfile starts
+    both) and from any control's state folder. The worker refuses to start on it, and
+    ``doctor --worker`` names it, in the same words."""
+    if ws.settings.queue.url or (ws.root / "kb").is_dir():
+        return None
+    if any((ws.state_dir / name).exists() for name in ("state.db", "control.lock")):
         return None
     where = ws.settings.config_path
     return (
