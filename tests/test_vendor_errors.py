@@ -703,7 +703,10 @@ def test_bad_prices_and_connect_timeouts_are_refused_at_load(tmp_path, line, mes
 QUEUE = "[queue]\nlaunch_failures_before_pause = 2\nlaunch_backoff_seconds = 1\nmax_attempts = 1\n"
 
 
-def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_the_reason(kb):
+def _one_job_and_its_control(kb):
+    """One queued one-pair job of the offline profile and a control on a clock the test
+    moves: (workspace, the job, the clock, the control, ``fails(classification, reason,
+    exit_code)`` that dispatches the job and takes that outcome of it)."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     kb.write("reviewq.toml", QUEUE)
@@ -712,19 +715,28 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     clock = [datetime.now(UTC)]
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
-    reason = "auth: Invalid API key · Fix external API key"
-    for _ in range(2):
+
+    def fails(classification: str, reason: str, exit_code: int | None) -> None:
         assert control.dispatch() == 1
         msg = sent[-1]
         control.on_outcome(
             {
                 "job_id": msg["job_id"],
                 "attempt": msg["attempt"],
-                "classification": "reviewer-failure",
+                "classification": classification,
                 "reasons": [reason],
-                "exit_code": 1,
+                "exit_code": exit_code,
             }
         )
+
+    return ws, job, clock, control, fails
+
+
+def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_the_reason(kb):
+    ws, job, clock, control, fails = _one_job_and_its_control(kb)
+    reason = "auth: Invalid API key · Fix external API key"
+    for _ in range(2):
+        fails("reviewer-failure", reason, 1)
         clock[0] += timedelta(seconds=10)  # past the backoff
     row = ws.store.conn.execute(
         "SELECT status, failure_reasons FROM review_jobs WHERE id = ?", (job.review_job_id,)
@@ -746,27 +758,10 @@ def test_resume_starts_a_queued_jobs_launch_backoff_over(kb):
     (160 s by default), for a job the person had just been told runs at once."""
     from orchestrator.control.control import lift_pause
 
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    kb.write("reviewq.toml", QUEUE)
-    ws = Workspace.open(kb.root)
-    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
-    clock = [datetime.now(UTC)]
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
+    ws, job, clock, control, fails = _one_job_and_its_control(kb)
 
     def launch_fails() -> None:
-        assert control.dispatch() == 1
-        msg = sent[-1]
-        control.on_outcome(
-            {
-                "job_id": msg["job_id"],
-                "attempt": msg["attempt"],
-                "classification": "launch-failure",
-                "reasons": ["could not start 'x'"],
-                "exit_code": None,
-            }
-        )
+        fails("launch-failure", "could not start 'x'", None)
 
     def wait_s() -> float:
         (after,) = ws.store.conn.execute(
