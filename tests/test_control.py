@@ -1692,3 +1692,55 @@ def test_an_audit_queued_before_its_auditor_changed_partition_still_runs(kb):
     assert status == "running" and [m["task"] for m in sent] == ["audit"]
     assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
     ws.store.close()
+
+
+def test_status_says_whether_a_control_runs_and_when_a_worker_was_last_heard_from(kb, run_cli):
+    """At 7 a.m. the counts have not moved: status says whether a control process holds
+    the state folder, which agents run on which hosts, when a worker was last heard from,
+    and how long review messages have waited untaken. state.db and the control's lock are
+    the only traces of either on the control's side."""
+    import fcntl
+    import os
+
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    out = run_cli("status").stdout
+    assert "control: not running; 2 job(s) wait for one (reviewq control)" in out
+    assert "workers: 0 agent(s) running; none heard from yet" in out
+    assert "review queue: 2 message(s) no worker has taken yet, the oldest sent " in out
+
+    lock = os.open(ws.state_dir / "control.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(lock, b"4242")
+        first, second = sent
+        beat = {"v": 3, "job_id": first["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
+        control.on_messages([{**beat, "launched": True}], [])
+        data = json.loads(run_cli("status", "--json").stdout)
+        assert data["control"] == {"pid": 4242}
+        heard = data["workers"]
+        assert (heard["agents_running"], heard["hosts"], heard["untaken"]) == (1, ["far"], 1)
+        assert heard["last_heard_at"] and heard["untaken_since"]
+        out = run_cli("status").stdout
+        assert "control: running (pid 4242)" in out
+        assert "workers: 1 agent(s) running on far; last heard from " in out
+        assert "review queue: 1 message(s)" in out
+
+        control.on_messages([], [_outcome(ws, first), _outcome(ws, second)])
+        heard = json.loads(run_cli("status", "--json").stdout)["workers"]
+        assert (heard["agents_running"], heard["untaken"]) == (0, 0)
+        assert heard["last_heard_at"] >= data["workers"]["last_heard_at"]
+    finally:
+        os.close(lock)
+    assert "control: not running" in run_cli("status").stdout
+    ws.close()
+
+
+def test_status_asks_for_a_worker_when_review_messages_wait_untaken_for_a_minute(kb, run_cli):
+    ws, _control, _sent = _dispatched(kb, ["alpha"])
+    assert "is a worker running" not in run_cli("status").stdout
+    ws.store.conn.execute("UPDATE attempts SET started_at = '2020-01-01T00:00:00.000Z'")
+    ws.store.conn.commit()
+    out = run_cli("status").stdout
+    assert "the oldest sent 2020-01-01T00:00:00Z (" in out
+    assert "is a worker running on this queue? (reviewq doctor --worker on its machine)" in out
+    ws.close()

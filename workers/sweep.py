@@ -9,7 +9,6 @@ uses it instead of starting its own.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from orchestrator.state.status import (
     summary,
 )
 from orchestrator.state.store import utcnow
-from orchestrator.state.workspace import Workspace
+from orchestrator.state.workspace import Workspace, control_pid
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app
@@ -60,19 +59,7 @@ class SweepOutcome:
 
 
 def control_running(state_dir: Path) -> bool:
-    path = state_dir / "control.lock"
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return control_pid(state_dir) is not None
 
 
 def _base_argv(ws: Workspace) -> list[str]:

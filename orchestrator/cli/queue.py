@@ -432,6 +432,56 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
             f"fix not written to the KB: {f['note_path']} (fix job {f['job_id']}, since "
             f"{f['since'][:19]}Z): {f['error']}; the control process tries again at each tick"
         )
+    for line in _liveness(data):
+        click.echo(line)
+
+
+def _liveness(data: dict) -> list[str]:
+    """Whether anything is working on the queue: the question at 7 a.m. when the counts
+    have not moved."""
+    from orchestrator.state.store import utcnow
+
+    pid, w = data["control"]["pid"], data["workers"]
+    queued = data["jobs"]["queued"] + data["jobs"]["running"]
+    if pid is None:
+        lines = [
+            "control: not running"
+            + (f"; {queued} job(s) wait for one (reviewq control)" if queued else "")
+        ]
+    else:
+        lines = [f"control: running (pid {pid})" if pid else "control: running"]
+    line = f"workers: {w['agents_running']} agent(s) running"
+    if w["hosts"]:
+        line += " on " + ", ".join(w["hosts"])
+    if w["last_heard_at"]:
+        line += f"; last heard from {w['last_heard_at'][:19]}Z ({_ago(_seconds(w['last_heard_at'], utcnow()))})"
+    else:
+        line += "; none heard from yet"
+    lines.append(line)
+    if w["untaken"]:
+        waited = _seconds(w["untaken_since"], utcnow())
+        line = (
+            f"review queue: {w['untaken']} message(s) no worker has taken yet, the oldest sent "
+            f"{w['untaken_since'][:19]}Z ({_ago(waited)})"
+        )
+        if waited >= 60:
+            line += "; is a worker running on this queue? (reviewq doctor --worker on its machine)"
+        lines.append(line)
+    return lines
+
+
+def _seconds(then: str, now: str) -> int:
+    from datetime import datetime
+
+    return int((datetime.fromisoformat(now) - datetime.fromisoformat(then)).total_seconds())
+
+
+def _ago(s: int) -> str:
+    if s < 120:
+        return f"{max(s, 0)} s ago"
+    if s < 7200:
+        return f"{s // 60} min ago"
+    return f"{s // 3600} h {s % 3600 // 60} min ago"
 
 
 @cli.command("jobs")

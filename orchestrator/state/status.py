@@ -11,6 +11,7 @@ from typing import NamedTuple
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import Store, json_column, reasons_column, utcnow
+from orchestrator.state.workspace import control_pid
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.
@@ -84,6 +85,41 @@ def status(store: Store, settings: Settings) -> dict:
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
         "fixes_unwritten": unwritten_fixes(store),
+        "control": {"pid": control_pid(settings.state_dir)},
+        "workers": workers_heard(store),
+    }
+
+
+def workers_heard(store: Store) -> dict:
+    """What state.db says of the workers, the only trace of them on the control's side:
+    the agents running now and on which hosts, when a worker was last heard from (a
+    heartbeat, a message taken, an outcome; the control's clock), and since when the
+    oldest message no worker has taken waits on the review queue."""
+    running = [
+        w
+        for (w,) in store.conn.execute(
+            "SELECT worker FROM attempts WHERE outcome = 'running' ORDER BY worker"
+        )
+    ]
+    heard = [
+        t
+        for (t,) in store.conn.execute(
+            "SELECT max(heartbeat_at) FROM attempts WHERE worker IS NOT NULL OR taken_at IS NOT NULL "
+            "UNION ALL SELECT max(recorded_at) FROM attempts WHERE worker IS NOT NULL "
+            "AND outcome NOT IN ('dispatched', 'running', 'lost', 'superseded')"
+        )
+        if t
+    ]
+    untaken = store.conn.execute(
+        "SELECT count(*), min(started_at) FROM attempts WHERE outcome = 'dispatched' "
+        "AND taken_at IS NULL AND worker IS NULL"
+    ).fetchone()
+    return {
+        "agents_running": len(running),
+        "hosts": sorted({w.rsplit(":", 1)[0] for w in running if w}),
+        "last_heard_at": max(heard) if heard else None,
+        "untaken": untaken[0],
+        "untaken_since": untaken[1],
     }
 
 
