@@ -1156,3 +1156,21 @@ def test_a_send_says_its_first_failure(monkeypatch):
     queues.send("deliver_outcome", {})
     assert tries == ["deliver_outcome"] * 2
     assert said == ["database is locked"]
+
+
+def test_the_prompts_quoting_notes_are_private_to_their_owner(kb, tmp_path):
+    """A prompt quotes the notes (a fix's also the note itself): the attempt folders that
+    hold them, the worker's on its own disk and the job's ``attempt-N/``, are 0700 as the
+    job's own prompt.md is 0600, even under a --state folder made 0755 by hand."""
+    import stat
+
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    msg = dispatched_message(kb)
+    attempt_dir = next((kb.state / "jobs").glob("review-job-*/attempt-1"))
+    assert stat.S_IMODE(attempt_dir.stat().st_mode) & 0o077 == 0
+    (tmp_path / "w").mkdir(mode=0o755)
+    profile = load_settings(kb.root).reviewer("offline")
+    spec = tasks._prepare(tmp_path / "w" / "attempts" / "job-1-attempt-1", msg, profile, None)
+    assert stat.S_IMODE(spec.job_dir.stat().st_mode) & 0o077 == 0

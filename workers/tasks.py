@@ -358,7 +358,7 @@ def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None)
     """The attempt's private folder, as the agent expects a job folder to look: its
     prompt, a MANIFEST.json with the pairs and, for a fix, the note it was given."""
     shutil.rmtree(folder, ignore_errors=True)  # a run of this attempt that was interrupted
-    folder.mkdir(parents=True)
+    folder.mkdir(mode=0o700, parents=True)  # the prompt quotes the notes
     output = folder / msg["output_name"]
     prompt = msg["prompt"]
     if msg.get("output_shown"):

@@ -115,7 +115,8 @@ def open_attempt(
         # The prompt is written inside the transaction: a disk that cannot take it (full)
         # leaves the job queued as it was, not running an attempt that has no prompt.
         attempt_dir = folder / f"attempt-{attempt}"
-        attempt_dir.mkdir(parents=True, exist_ok=True)
+        # 0700: the prompt quotes the notes, as the job's own 0600 prompt.md does.
+        attempt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         retry = ""
         reasons = reasons_column(previous["reasons"]) if previous is not None else []
         if reasons:
