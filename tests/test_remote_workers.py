@@ -1174,3 +1174,28 @@ def test_the_prompts_quoting_notes_are_private_to_their_owner(kb, tmp_path):
     profile = load_settings(kb.root).reviewer("offline")
     spec = tasks._prepare(tmp_path / "w" / "attempts" / "job-1-attempt-1", msg, profile, None)
     assert stat.S_IMODE(spec.job_dir.stat().st_mode) & 0o077 == 0
+
+
+def test_redis_connections_notice_a_dead_link_and_wait_out_a_slow_one(kb):
+    """Built from the URL alone, a queue's connections took redis-py's defaults: before
+    8.0 no timeout and no keepalive (a worker waiting on BRPOP through a cut the server
+    gave up on waited for good: tests/test_partitions.py), from 8.0 a 5-s timeout on a
+    whole write (an outcome of a few MiB over a slow link never arrived)."""
+    import socket
+
+    from workers.queues import huey_for
+
+    kb.write("reviewq.toml", '[queue]\nurl = "redis://192.0.2.1:6379/0"\n')
+    pool = huey_for(Workspace.open(kb.root).settings, "review").storage.pool
+    options = pool.connection_kwargs
+    assert options["socket_timeout"] is None and options["socket_connect_timeout"] == 10
+    assert options["socket_keepalive"] is True
+    probes = options["socket_keepalive_options"]
+    assert probes[socket.TCP_KEEPIDLE] == 15 and probes[socket.TCP_USER_TIMEOUT] == 30_000
+    # What the URL says wins; a unix socket has no link to lose.
+    kb.write("reviewq.toml", '[queue]\nurl = "redis://192.0.2.1:6379/0?socket_timeout=7"\n')
+    pool = huey_for(Workspace.open(kb.root).settings, "control").storage.pool
+    assert pool.connection_kwargs["socket_timeout"] == 7
+    kb.write("reviewq.toml", '[queue]\nurl = "unix:///run/redis.sock"\n')
+    pool = huey_for(Workspace.open(kb.root).settings, "review").storage.pool
+    assert "socket_keepalive" not in pool.connection_kwargs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import socket
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -347,13 +348,42 @@ def check_server(huey: Huey) -> None:
             )
 
 
+# How a connection to Redis over TCP notices that its peer is gone (a partition; the other
+# host restarted while the link was down), whatever the redis-py release: before 8.0 there
+# was neither a socket timeout nor keepalive, and a worker waiting on BRPOP through a cut
+# the server gave up on waited for a reply for good, taking no message again. No socket
+# timeout: redis-py 8's default (5 s) bounds a whole write, so an outcome of a few MiB over
+# a slow link timed out at every try and never arrived. Keepalive probes find a silent
+# peer while a reply is awaited, TCP_USER_TIMEOUT one that stopped acknowledging a write:
+# a dead link is noticed within about 30 s, a slow one is waited for.
+REDIS_CONNECT_TIMEOUT_S = 10
+_REDIS_TCP = {"TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 30_000}
+
+
+def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is optional)
+    """The connections of one queue. Settings named in the URL's query
+    (``?socket_timeout=5``) win over these."""
+    from redis import ConnectionPool
+
+    if url.startswith("unix://"):  # a local socket: no link to lose
+        return ConnectionPool.from_url(url)
+    options = {getattr(socket, k): v for k, v in _REDIS_TCP.items() if hasattr(socket, k)}
+    return ConnectionPool.from_url(
+        url,
+        socket_timeout=None,
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        socket_keepalive=True,
+        socket_keepalive_options=options,
+    )
+
+
 def huey_for(settings: Settings, queue: str) -> Huey:
     url = settings.queue.url
     if url:
         # blocking=True: idle workers wait on BRPOP and see a message at once.
         return RedisHuey(
             f"reviewq-{queue}",
-            url=url,
+            connection_pool=redis_pool(url),
             results=False,
             utc=True,
             blocking=True,
