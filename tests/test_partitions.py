@@ -282,6 +282,11 @@ class TwoHosts:
 
     def stop(self) -> None:
         self.link.restore()
+        if self.go.is_fifo():  # a scenario that failed holding agents lets them go
+            self.free_agents()
+        with contextlib.suppress(AttributeError):
+            while not self._starts.empty():
+                self.agents.append(int(self._starts.get().split()[0]))
         self.procs.stop_all()
         self.relayed = self.link.close()
         for pid in self.agents:
