@@ -1199,3 +1199,31 @@ def test_redis_connections_notice_a_dead_link_and_wait_out_a_slow_one(kb):
     kb.write("reviewq.toml", '[queue]\nurl = "unix:///run/redis.sock"\n')
     pool = huey_for(Workspace.open(kb.root).settings, "review").storage.pool
     assert "socket_keepalive" not in pool.connection_kwargs
+
+
+def test_heartbeats_go_on_while_a_slow_outcome_is_sent(kb, tmp_path, monkeypatch):
+    """Nothing beat for an attempt once its agent had ended: an outcome that took longer
+    than a lease to cross a slow link had the attempt reaped as lost, its outcome thrown
+    away on arrival, and the job failed after enough of that, for the network's sake."""
+    import threading
+
+    from orchestrator.config import load_settings
+    from workers import tasks
+
+    msg = {**dispatched_message(kb), "heartbeat_s": 0.05}
+    beat_after_exit = threading.Event()
+    sending = threading.Event()
+    got: dict[str, bool] = {}
+
+    def slow_send(task: str, payload, **_) -> None:  # noqa: ANN001
+        if task == "attempt_heartbeat" and sending.is_set():
+            beat_after_exit.set()
+        if task == "deliver_outcome":
+            sending.set()
+            # The outcome is still crossing the link; the lease must be kept meanwhile.
+            got["beat"] = beat_after_exit.wait(timeout=10)
+
+    monkeypatch.setattr(tasks, "send", slow_send)
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
+    tasks.run_review(msg)
+    assert got == {"beat": True}

@@ -165,6 +165,54 @@ class _Beats:
             self._in_flight.release()
 
 
+class _Reporting:
+    """Heartbeats for the attempts whose outcome is on its way to the control queue. Once
+    the agent has ended nothing else beats for them, and an outcome of a few MiB crossing
+    a slow link can take longer than a lease: the attempt was reaped as lost, its outcome
+    discarded when it came, and after enough of that the job failed for the network's
+    sake. One thread for all of them, started the first time it is needed, so the common
+    outcome (sent in milliseconds) starts none."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[_Beats, tuple[float, float]] = {}  # beat -> (next, period)
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def beating(self, beat: _Beats, period_s: float) -> Iterator[None]:
+        with self._cond:
+            self._due[beat] = (time.monotonic() + period_s, period_s)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="reviewq-report-beats", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._due.pop(beat, None)
+            beat.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [b for b, (at, _) in self._due.items() if at <= now]
+                for b in due:
+                    self._due[b] = (now + self._due[b][1], self._due[b][1])
+                if not due:
+                    soonest = min((at for at, _ in self._due.values()), default=None)
+                    self._cond.wait(None if soonest is None else soonest - now)
+                    continue
+            for b in due:
+                b.send()
+
+
+REPORTING = _Reporting()
+
+
 @contextlib.contextmanager
 def _agent_slot(profile: ReviewerProfile, beat: _Beats, msg: dict) -> Iterator[bool]:
     """One of the profile's agent slots (True), or False once the message expired while
@@ -269,7 +317,8 @@ def run_review(msg: dict) -> None:
             exit_code=outcome.exit_code,
             duration_s=round(outcome.duration_s, 3),
         )
-        _report(outcome, _evidence(spec))
+        with REPORTING.beating(beat, msg["heartbeat_s"]):
+            _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
         shutil.rmtree(folder, ignore_errors=True)
 

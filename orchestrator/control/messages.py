@@ -30,7 +30,9 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   ``worker`` (host:pid), ``host``, ``launched``, and ``started_at`` (the launch, the
   worker's clock) or ``waiting``. While the agent runs: the first a second after the
   launch (``launched`` true; or after ``heartbeat_s`` if sooner), then one every
-  ``heartbeat_s``; an agent that ends sooner is told of by its outcome alone.
+  ``heartbeat_s``, and on every ``heartbeat_s`` while its outcome is sent (a few MiB
+  over a slow link outlast a lease); an agent that ends sooner is told of by its
+  outcome alone.
   ``waiting`` true: the worker took the message and waits for a free agent slot (at once
   and every ``heartbeat_s`` until the message expires); the attempt stays dispatched.
   A worker that says nothing and dies leaves its message gone from the review queue,
