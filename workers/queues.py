@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from huey import RedisHuey, SqliteHuey
 from huey.api import Huey
@@ -375,6 +376,97 @@ def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is opt
         socket_keepalive=True,
         socket_keepalive_options=options,
     )
+
+
+def shown_url(url: str) -> str:
+    """A queue URL as a message may show it: its password, if any, as ``***``."""
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+
+
+# The first byte of every reply a Redis server gives (RESP2 and RESP3).
+_RESP_FIRST = frozenset(b"+-:$*_,#!=(%~>|")
+_PROBE_S = 5.0
+
+
+def check_queue(settings: Settings) -> None:
+    """Refuse, in one line naming the file and the URL (never its password), a Redis queue
+    that answers but will never take this process: a password or user it refuses, or
+    something other than Redis at that address. Taken for an outage, each was waited on
+    for good, a ``queue.unavailable`` line a minute, by a worker or control that looked
+    alive. A server out of reach (refused, timed out, restarting) is no mistake of the
+    file: the consumers wait for it as they always have."""
+    url = settings.queue.url
+    if not url:
+        return
+    where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(url)}"
+    said = _not_redis(url)
+    if said is not None:
+        raise ConfigError(
+            f"{where}: not a Redis server (it answered {said}); check the host and the port "
+            "(a port of Redis with TLS takes rediss://)"
+        )
+    import redis
+    from redis.exceptions import (
+        AuthenticationError,
+        AuthorizationError,
+        InvalidResponse,
+        NoPermissionError,
+    )
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=_PROBE_S, socket_timeout=_PROBE_S)
+    try:
+        client.ping()
+    except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+        raise ConfigError(
+            f"{where}: the Redis server refused this client ({exc}); set the user and "
+            "password it expects in the URL (redis://USER:PASSWORD@HOST:6379/0)"
+        ) from None
+    except InvalidResponse as exc:
+        raise ConfigError(f"{where}: not a Redis server ({exc}); check the host and port") from None
+    except QUEUE_UNAVAILABLE:
+        return  # away: waited for
+    finally:
+        client.close()
+
+
+def _not_redis(url: str) -> str | None:
+    """What answered a Redis PING at ``url`` when it was not a Redis reply, shown; None
+    for a Redis reply, for no answer at all (a proxy whose Redis is down closes at once:
+    an outage) and for what is not looked at (TLS, whose handshake the client makes)."""
+    parts = urlsplit(url)
+    try:
+        if parts.scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(_PROBE_S)
+            try:
+                sock.connect(parts.path)
+            except OSError:
+                sock.close()
+                raise
+        elif parts.scheme == "redis":
+            sock = socket.create_connection(
+                (parts.hostname or "localhost", parts.port or 6379), timeout=_PROBE_S
+            )
+        else:
+            return None
+    except OSError:
+        return None
+    with sock:
+        try:
+            sock.sendall(b"PING\r\n")  # an inline command: every Redis answers it, +PONG or -NOAUTH
+            said = sock.recv(64)
+        except OSError:
+            return None
+    if not said or said[0] in _RESP_FIRST:
+        return None
+    line = said.split(b"\n")[0].rstrip(b"\r")
+    text = line.decode("ascii", "replace")
+    return repr(text) if text.isascii() and text.isprintable() else repr(line[:16])
 
 
 def huey_for(settings: Settings, queue: str) -> Huey:

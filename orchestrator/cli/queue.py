@@ -243,6 +243,9 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
         # A second machine whose worker.toml lacks the url: it waited for good and said
         # only worker.started.
         raise Refused(unfed)
+    from workers.queues import check_queue
+
+    check_queue(ws.settings)  # a password or address Redis refuses: not an outage to wait out
     folder = worker_folder(ws.settings)
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -265,7 +268,9 @@ def control_cmd(ws: Workspace) -> None:
       reviewq control
     """
     from workers.consumers import AlreadyRunning, run_control
+    from workers.queues import check_queue
 
+    check_queue(ws.settings)  # a password or address Redis refuses: not an outage to wait out
     try:
         run_control(ws)
     except AlreadyRunning as exc:
@@ -292,9 +297,11 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
       reviewq sweep --reviewer offline --workers 4
     """
     from orchestrator.cli.display import ProgressDisplay, render_summary
+    from workers.queues import check_queue
     from workers.sweep import run_sweep
 
     logs.configure(ws.state_dir)
+    check_queue(ws.settings)  # before its jobs are recorded, for a queue that never answers
     req = _request(opts, "sweep", ws)
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
@@ -805,8 +812,9 @@ def _doctor_queue(ws: Workspace, report) -> None:
     """The queue backend answers: what every worker needs."""
     try:
         from workers.app import make_app
-        from workers.queues import check_server
+        from workers.queues import check_queue, check_server
 
+        check_queue(ws.settings)
         app = make_app(ws.settings)
         app.control.pending_count()
         check_server(app.control)

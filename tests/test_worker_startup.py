@@ -1,0 +1,136 @@
+"""Start-up mistakes of a worker on a second machine (and of the control it talks to): each is
+refused, or named by `doctor --worker`, in one line, instead of being waited on for good as
+an outage of the queue or failing every attempt of the profile."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .test_queue_integration import redis_server
+from .test_remote_workers import EXE, worker_toml
+
+pytestmark = pytest.mark.integration
+PASSWORD = "Pw-9f3kQ"
+
+
+def _worker_home(tmp_path: Path, url: str) -> tuple[Path, list[str]]:
+    home = tmp_path / "remote"
+    home.mkdir(exist_ok=True)
+    config = worker_toml(home / "worker.toml", url)
+    return config, [EXE, "--root", str(home), "--config", str(config), "--state", str(home / "s")]
+
+
+def _refused(args: list[str], timeout: float = 15) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{args[-3:]} started and waited, where it should have refused")
+
+
+def _with_credentials(url: str, userinfo: str) -> str:
+    assert url.startswith("unix://")
+    return f"unix://{userinfo}@{url.removeprefix('unix://')}"
+
+
+@pytest.fixture
+def redis_with_password(tmp_path):
+    with redis_server(tmp_path, "--requirepass", PASSWORD) as url:
+        yield url
+
+
+@pytest.mark.parametrize(
+    "userinfo",
+    [":not-the-password", f"nobody:{PASSWORD}", ""],
+    ids=["wrong-password", "wrong-user", "no-password"],
+)
+def test_a_redis_that_refuses_the_credentials_is_refused_at_start(
+    tmp_path, redis_with_password, userinfo
+):
+    """A wrong password was retried for good as `queue.unavailable`, once a minute: the
+    worker looked like it waited for an outage to end, and never would."""
+    url = _with_credentials(redis_with_password, userinfo) if userinfo else redis_with_password
+    config, args = _worker_home(tmp_path, url)
+    res = _refused([*args, "worker", "--workers", "1"])
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.splitlines()  # one line, no log lines before it, no traceback
+    assert line.startswith(f"error: {config} [queue] url"), line
+    assert "refused" in line and "not-the-password" not in line and PASSWORD not in line, line
+    doctor = _refused([*args, "doctor", "--worker"])
+    assert doctor.returncode == 1
+    assert f"problem: queue backend: {config} [queue] url" in doctor.stdout, doctor.stdout
+    assert PASSWORD not in doctor.stdout and "not-the-password" not in doctor.stdout
+
+
+def test_a_control_with_a_wrong_redis_password_is_refused_at_start(kb, redis_with_password):
+    url = _with_credentials(redis_with_password, ":not-the-password")
+    kb.gate("prose/body-check", ["body"])
+    kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
+    res = _refused([EXE, "--root", str(kb.root), "control"])
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {kb.root / 'reviewq.toml'} [queue] url"), line
+    assert "not-the-password" not in line
+
+
+@contextlib.contextmanager
+def _not_redis():
+    """A loopback port where an HTTP server answers: what `redis://host:8080` meets."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    conn.recv(4096)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        srv.close()
+
+
+def test_a_redis_url_to_a_port_where_no_redis_listens_is_refused(tmp_path):
+    with _not_redis() as port:
+        config, args = _worker_home(tmp_path, f"redis://127.0.0.1:{port}/0")
+        res = _refused([*args, "worker", "--workers", "1"])
+        doctor = _refused([*args, "doctor", "--worker"])
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {config} [queue] url redis://127.0.0.1:{port}/0"), line
+    assert "not a Redis server" in line and "HTTP/1.1 400" in line, line
+    assert doctor.returncode == 1 and "not a Redis server" in doctor.stdout, doctor.stdout
+
+
+def test_a_redis_out_of_reach_at_start_is_still_waited_for(tmp_path):
+    """Connection refused is an outage (Redis restarting, not up yet): the worker waits."""
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+    _, args = _worker_home(tmp_path, f"redis://127.0.0.1:{port}/0")
+    proc = subprocess.Popen(
+        [*args, "worker", "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        time.sleep(4)
+        assert proc.poll() is None, proc.stderr.read()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
