@@ -135,6 +135,16 @@ def _redis_missing() -> str | None:
     return None
 
 
+def _shown_http(url: str) -> str:
+    """An http URL as a message may show it: a password in it as ``***``."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}{slash}{path}"
+
+
 def _http_url_problem(url: str) -> str | None:
     """Why ``url`` is no http(s) address a request can go to, or None."""
     try:
@@ -143,6 +153,17 @@ def _http_url_problem(url: str) -> str | None:
         return "not an http or https URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "not an http or https URL"
+    if any(c.isspace() or not c.isprintable() for c in url.strip()):
+        # http.client refuses it in the request line, and a host with one resolves to
+        # nothing: every attempt failed as an endpoint out of reach.
+        return "not an address a request can go to: it holds a space or a control character"
+    if "@" in parts.netloc:
+        # urllib sends no credentials from a URL: it took "user:pw@host" for the host.
+        return (
+            "not an address reviewq can use: credentials in the URL (USER:PASSWORD@), which "
+            "reviewq does not send; put the key in the variable api_key_env names (sent as "
+            "a Bearer token)"
+        )
     try:
         port = parts.port
     except ValueError:  # not a number, or past 65535
@@ -476,7 +497,7 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         raise ConfigError(f"{where} base_url: required for kind 'openai'")
     if base_url and (problem := _http_url_problem(base_url)):
         # Else every attempt failed as an unreachable endpoint, and doctor saw nothing.
-        raise ConfigError(f"{where} base_url: {base_url!r} is {problem}")
+        raise ConfigError(f"{where} base_url: {_shown_http(base_url)!r} is {problem}")
     if kind == "openai":
         _check_request_fields(t.strings("args"), f"{where} args")
     timeout = t.duration("timeout", 1800)

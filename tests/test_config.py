@@ -148,6 +148,24 @@ BAD = [
         "K: values are not expanded",
     ),
     ('[queue]\nurl = "redis://h:6379/0?self=1"\n', "[queue] url", "self: not settings"),
+    # Loaded, each failed every attempt as an endpoint out of reach and paused the profile:
+    # urllib sends no credentials from a URL (it took "user:pw@h" for the host), and a
+    # host or path with a space is no address a request can go to.
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://u:pw@h:8000/v1"\n',
+        "[reviewers.x] base_url",
+        "credentials in the URL (USER:PASSWORD@), which reviewq does not send",
+    ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://my host:8000/v1"\n',
+        "[reviewers.x] base_url",
+        "a space or a control character",
+    ),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h:8000/my v1"\n',
+        "[reviewers.x] base_url",
+        "a space or a control character",
+    ),
     # Values the OS refuses at launch: the worker's task crashed before the agent started,
     # and the job was "never picked up by a worker" again and again, for good.
     (
@@ -265,6 +283,17 @@ def test_a_config_mistake_is_one_error_line_naming_file_key_and_reason(
     assert line.startswith(f"error: {kb.root / 'reviewq.toml'}"), line
     assert names in line and reason in line, line
     assert "Traceback" not in res.stderr
+
+
+def test_a_base_url_with_a_password_is_refused_without_showing_it(kb, run_cli):
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "https://bob:Sekr3t@h/v1"\n',
+    )
+    res = run_cli("gates")
+    assert res.exit_code == 1
+    assert "Sekr3t" not in res.stderr and "https://bob:***@h/v1" in res.stderr, res.stderr
+    assert "api_key_env" in res.stderr  # where a key goes instead
 
 
 @pytest.mark.parametrize(
