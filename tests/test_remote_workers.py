@@ -723,14 +723,22 @@ def test_doctor_on_a_worker_machine_checks_only_what_a_worker_needs(tmp_path, re
     home = tmp_path / "remote"
     home.mkdir()
     config = worker_toml(home / "worker.toml", redis_url)
+    from orchestrator.config import load_settings
+    from workers.queues import huey_for, mark_fed
+
+    # A control process has fed the queue (else it is a problem: test_worker_startup.py).
+    mark_fed(huey_for(load_settings(home, config=config), "control"), Path("/srv/state"))
     args = [EXE, "--root", str(home), "--config", str(config), "--state", str(home / "state")]
     ok = subprocess.run([*args, "doctor", "--worker"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert ok.stdout.splitlines() == [
+    fed, *rest = ok.stdout.splitlines()[1:]
+    assert ok.stdout.splitlines()[:1] + rest == [
         "ok: queue backend Redis answers",
         "ok: reviewer fake (command)",
         "ok: reviewer offline (offline)",
     ]
+    assert fed.startswith("ok: a control process feeds this queue (on "), fed
+    assert "state folder /srv/state" in fed, fed
     assert not (home / "state" / "state.db").exists()
     config.write_text(
         config.read_text().replace(f'["{sys.executable}", "{FAKE}"]', '["no-such-agent-cli"]')

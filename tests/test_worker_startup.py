@@ -5,6 +5,8 @@ an outage of the queue or failing every attempt of the profile."""
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
 import socket
 import subprocess
 import threading
@@ -13,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from .test_queue_integration import redis_server
+from .test_queue_integration import redis_server, redis_url
 from .test_remote_workers import EXE, worker_toml
 
 pytestmark = pytest.mark.integration
 PASSWORD = "Pw-9f3kQ"
+__all__ = ["redis_url"]  # a fixture, used by name
 
 
 def _worker_home(tmp_path: Path, url: str) -> tuple[Path, list[str]]:
@@ -134,3 +137,77 @@ def test_a_redis_out_of_reach_at_start_is_still_waited_for(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# --- a worker on another Redis database than the control's -----------------------------------
+
+
+def _on_db(url: str, db: int) -> str:
+    return f"{url}?db={db}"
+
+
+def _start_control(kb, url: str) -> subprocess.Popen:
+    kb.gate("prose/body-check", ["body"])
+    kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\nreaper_seconds = 0.5\n')
+    return subprocess.Popen(
+        [EXE, "--root", str(kb.root), "control"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _worker_log(home: Path) -> list[dict]:
+    path = home / "s" / "logs" / "reviewq.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_worker_on_another_redis_database_than_the_controls_is_named(kb, tmp_path, redis_url):
+    """`redis://host/3` where the control uses /0: doctor --worker said all was well, and
+    the worker sat idle for good, its queue one no control process feeds."""
+    control = _start_control(kb, _on_db(redis_url, 0))
+    try:
+        config, args = _worker_home(tmp_path, _on_db(redis_url, 0))
+        deadline = time.monotonic() + 30
+        while True:  # the control has started and fed its queue once
+            same = _refused([*args, "doctor", "--worker"])
+            if same.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert same.returncode == 0, same.stdout
+        assert any(
+            line.startswith("ok: a control process feeds") for line in same.stdout.splitlines()
+        )
+
+        config, args = _worker_home(tmp_path, _on_db(redis_url, 3))
+        other = _refused([*args, "doctor", "--worker"])
+        assert other.returncode == 1, other.stdout
+        (problem,) = [line for line in other.stdout.splitlines() if line.startswith("problem:")]
+        assert f"{config} [queue] url" in problem and "no control process" in problem, problem
+        assert "database" in problem, problem
+
+        worker = subprocess.Popen(
+            [*args, "worker", "--workers", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while not any(r["event"] == "worker.started" for r in _worker_log(tmp_path / "remote")):
+                assert time.monotonic() < deadline and worker.poll() is None
+                time.sleep(0.2)
+        finally:
+            _stop(worker)
+        said = [r for r in _worker_log(tmp_path / "remote") if r["event"] == "worker.queue_unfed"]
+        assert len(said) == 1 and said[0]["level"] == "warning", said
+        assert "no control process" in said[0]["reason"]
+    finally:
+        _stop(control)

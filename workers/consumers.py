@@ -28,7 +28,18 @@ from . import tasks
 from .app import make_app
 from .attempt import reap_orphans, worker_folder
 from .parent import follow_parent
-from .queues import attempts_on, check_server, queue_clock, send
+from .queues import (
+    FED_KEY,
+    QUEUE_UNAVAILABLE,
+    attempts_on,
+    beside_a_control,
+    check_server,
+    fed_by,
+    mark_fed,
+    queue_clock,
+    send,
+    unfed_problem,
+)
 
 
 class AlreadyRunning(RuntimeError):
@@ -103,6 +114,14 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             reason="no --kb: this worker's agents are not checked for changes to the KB; "
             f"start it with --kb {settings.root}",
         )
+    if settings.queue.url and not beside_a_control(settings):
+        try:
+            fed = fed_by(app.review)
+        except Exception:  # noqa: BLE001 - Redis away: the consumer waits for it, as ever
+            fed = None
+        if fed == {}:
+            # On another database than the control's, it sat idle for good and said nothing.
+            logs.get().warning("worker.queue_unfed", reason=unfed_problem(settings))
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(
         app.review,
@@ -180,7 +199,16 @@ def run_control(ws: Workspace) -> None:
     stop = threading.Event()
 
     def ticker() -> None:
+        unmarked = False
         while not stop.is_set():
+            try:  # for doctor --worker: this queue is fed. Apart: an ACL may forbid the key.
+                mark_fed(app.control, ws.state_dir)
+            except QUEUE_UNAVAILABLE:
+                pass  # said by the tick's own failure below
+            except Exception as exc:  # noqa: BLE001 - the tick below matters, this does not
+                if not unmarked:
+                    logs.get().warning("queue.unmarked", key=FED_KEY, error=str(exc))
+                unmarked = True
             try:
                 tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
             except Exception as exc:

@@ -469,6 +469,65 @@ def _not_redis(url: str) -> str | None:
     return repr(text) if text.isascii() and text.isprintable() else repr(line[:16])
 
 
+# On Redis, the key a control process writes at each tick: a worker's queue that no
+# control has ever fed is one on another database (redis://host/3 where the control uses
+# /0) or another server, and its worker would sit idle for good. (On SQLite the state
+# folder tells: ``_unfed_queue`` of the CLI.)
+FED_KEY = "reviewq.control"
+
+
+def beside_a_control(settings: Settings) -> bool:
+    """A worker started in the KB root or in a control's state folder (the Procfile's, a
+    sweep's): a control may yet start there and feed its queue, so a queue not fed yet is
+    no mistake of its settings."""
+    return (settings.root / "kb").is_dir() or any(
+        (settings.state_dir / name).exists() for name in ("state.db", "control.lock")
+    )
+
+
+def mark_fed(huey: Huey, state_dir: Path) -> None:
+    """Say on a Redis queue that a control process feeds it: where and when (a no-op on
+    SQLite)."""
+    storage = huey.storage
+    if isinstance(storage, RedisStorage):
+        storage.conn.set(
+            FED_KEY,
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "state": str(state_dir),
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            ),
+        )
+
+
+def fed_by(huey: Huey) -> dict | None:
+    """What :func:`mark_fed` last wrote on this Redis queue: {} for a queue no control
+    process has fed, None on SQLite. Raises what the queue raises when it cannot be read."""
+    storage = huey.storage
+    if not isinstance(storage, RedisStorage):
+        return None
+    raw = storage.conn.get(FED_KEY)
+    if raw is None:
+        return {}
+    try:
+        said = json.loads(raw)
+    except ValueError:
+        said = None
+    return said if isinstance(said, dict) and said else {"host": "?"}
+
+
+def unfed_problem(settings: Settings) -> str:
+    """The words for a Redis queue no control process has fed, for doctor and the worker."""
+    where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(settings.queue.url)}"
+    return (
+        f"{where}: no control process has ever fed this queue, so a worker here would wait "
+        "for good: give the URL the Redis database (the /N or ?db=N) and server of the "
+        "control's reviewq.toml, or, on a new install, start `reviewq control` first"
+    )
+
+
 def huey_for(settings: Settings, queue: str) -> Huey:
     url = settings.queue.url
     if url:

@@ -681,7 +681,7 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
         # It said "ok: queue backend SQLite answers" of a queue of the worker's own.
         report(False, unfed)
     else:
-        _doctor_queue(ws, report)
+        _doctor_queue(ws, report, worker_only)
     _doctor_reviewers(ws, report)
     if problems:
         raise Refused(f"{problems} problem(s)")
@@ -693,9 +693,9 @@ def _unfed_queue(ws: Workspace) -> str | None:
     ``[queue] url``, away from the KB (where a control may yet start: the Procfile starts
     both) and from any control's state folder. The worker refuses to start on it, and
     ``doctor --worker`` names it, in the same words."""
-    if ws.settings.queue.url or (ws.root / "kb").is_dir():
-        return None
-    if any((ws.state_dir / name).exists() for name in ("state.db", "control.lock")):
+    from workers.queues import beside_a_control
+
+    if ws.settings.queue.url or beside_a_control(ws.settings):
         return None
     where = ws.settings.config_path
     return (
@@ -808,19 +808,38 @@ def _damaged(ws: Workspace, what: str) -> str:
     return f"state.db at {ws.state_dir / 'state.db'} is damaged ({what}): {DAMAGED}"
 
 
-def _doctor_queue(ws: Workspace, report) -> None:
+def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
     """The queue backend answers: what every worker needs."""
     try:
         from workers.app import make_app
-        from workers.queues import check_queue, check_server
+        from workers.queues import (
+            beside_a_control,
+            check_queue,
+            check_server,
+            fed_by,
+            unfed_problem,
+        )
 
         check_queue(ws.settings)
         app = make_app(ws.settings)
         app.control.pending_count()
         check_server(app.control)
         report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
+        fed = fed_by(app.control)
     except Exception as exc:
         report(False, f"queue backend: {exc}")
+        return
+    if fed is not None and worker_only and (fed or not beside_a_control(ws.settings)):
+        # A worker on another database than the control's (redis://host/3 where it uses
+        # /0) passed, and then sat idle for good. The worker's own rule (it warns in its
+        # log): beside a control, one may yet start and feed the queue.
+        report(
+            bool(fed),
+            f"a control process feeds this queue (on {fed.get('host')}, state folder "
+            f"{fed.get('state')}, last at {fed.get('at')})"
+            if fed
+            else unfed_problem(ws.settings),
+        )
 
 
 def _doctor_reviewers(ws: Workspace, report) -> None:
