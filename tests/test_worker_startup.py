@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -211,3 +212,35 @@ def test_a_worker_on_another_redis_database_than_the_controls_is_named(kb, tmp_p
         assert "no control process" in said[0]["reason"]
     finally:
         _stop(control)
+
+
+# --- a --state the worker cannot write -----------------------------------------------------------
+
+
+def _immutable(path: Path) -> bool:
+    """chattr +i: even root cannot write it (tests run as root, where modes do not stop it)."""
+    if shutil.which("chattr") is None:
+        return False
+    return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+
+
+def test_a_worker_folder_it_cannot_write_is_refused_at_start(tmp_path, redis_url):
+    """A --state whose log could be written but not the folder its attempts go in: the
+    worker started, then every attempt failed to prepare its folder, a launch failure
+    that paused the profile for every worker; doctor --worker said all was well."""
+    config, args = _worker_home(tmp_path, redis_url)
+    state = tmp_path / "remote" / "s"
+    (state / "logs").mkdir(parents=True)
+    if not _immutable(state):
+        pytest.skip("chattr +i is not available on this file system")
+    try:
+        res = _refused([*args, "worker", "--workers", "1"])
+        doctor = _refused([*args, "doctor", "--worker"])
+    finally:
+        subprocess.run(["chattr", "-i", str(state)], check=True)
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: --state {state}: "), line
+    assert f"{state / 'attempts'}" in line or f"{state / 'run'}" in line, line
+    assert doctor.returncode == 1
+    assert f"problem: --state {state}: " in doctor.stdout, doctor.stdout

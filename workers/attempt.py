@@ -514,6 +514,31 @@ def worker_folder(settings: Settings) -> Path:
     return state
 
 
+def worker_paths(folder: Path) -> tuple[Path, ...]:
+    """The folders a worker writes in ``folder``, its own: its log's, its agents' registry's,
+    its attempts'."""
+    return (folder, folder / "logs", folder / "run", registry_dir(folder), folder / "attempts")
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why a worker could not keep its files in ``folder``, or None; it looks and makes
+    nothing (doctor). Started so, a worker took messages and failed every attempt as
+    "could not prepare its attempt folder", a launch failure that paused the profile for
+    every worker."""
+    # The folders and file it writes in, not those above them: made once, a folder it no
+    # longer writes in may be read-only.
+    for path in (folder / "logs" / "reviewq.jsonl", *worker_paths(folder)[3:]):
+        there = path
+        while not there.exists() and there != there.parent:
+            there = there.parent  # to be made: in the nearest folder that is there
+        if there != path and not there.is_dir():
+            return f"cannot make {path}: {there} is not a folder"
+        if not os.access(there, os.W_OK | (os.X_OK if there.is_dir() else 0)):
+            made = "" if there == path else f"cannot make {path}: "
+            return f"{made}{there} cannot be written by this user (uid {os.getuid()})"
+    return None
+
+
 def registry_dir(state_dir: Path) -> Path:
     return state_dir / "run" / "agents"
 

@@ -3,6 +3,7 @@ jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.commo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -229,7 +230,7 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
       reviewq worker --workers 4
       reviewq --config worker.toml --state /var/lib/reviewq-worker worker --workers 4
     """
-    from workers.attempt import worker_folder
+    from workers.attempt import unwritable, worker_folder, worker_paths
     from workers.consumers import run_worker
 
     if kb is not None and not kb.is_dir():
@@ -254,6 +255,13 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
             f"--state {shown(str(ws.settings.state_dir))}: cannot make the worker's folder "
             f"{shown(str(folder))}: {exc.strerror or exc}"
         ) from None
+    for path in worker_paths(folder)[1:]:
+        with contextlib.suppress(OSError):  # said below, with the one it stopped at
+            path.mkdir(mode=0o700, exist_ok=True)
+    if (problem := unwritable(folder)) is not None:
+        # It started, and failed every attempt as a launch failure, which paused the
+        # profile for every worker.
+        raise Refused(f"--state {shown(str(ws.settings.state_dir))}: {shown(problem)}")
     run_worker(ws.settings, workers, kb.resolve() if kb is not None else None)
 
 
@@ -682,6 +690,11 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
         report(False, unfed)
     else:
         _doctor_queue(ws, report, worker_only)
+    if worker_only:
+        from workers.attempt import unwritable, worker_folder
+
+        if (problem := unwritable(worker_folder(ws.settings))) is not None:
+            report(False, f"--state {shown(str(ws.state_dir))}: {shown(problem)}")
     _doctor_reviewers(ws, report)
     if problems:
         raise Refused(f"{problems} problem(s)")
