@@ -244,3 +244,61 @@ def test_a_worker_folder_it_cannot_write_is_refused_at_start(tmp_path, redis_url
     assert f"{state / 'attempts'}" in line or f"{state / 'run'}" in line, line
     assert doctor.returncode == 1
     assert f"problem: --state {state}: " in doctor.stdout, doctor.stdout
+
+
+# --- a worker.toml whose profiles are not the control's ------------------------------------------
+
+
+def test_a_worker_without_a_profile_the_control_has_is_named_before_it_fails_its_jobs(
+    kb, tmp_path, redis_url
+):
+    """A [reviewers.X] the control has and worker.toml lacks (or writes another partition):
+    the worker took X's messages, failed each as a launch failure, and paused X for every
+    worker; doctor --worker said all was well."""
+    kb.gate("prose/body-check", ["body"])
+    kb.write(
+        "reviewq.toml",
+        f'[queue]\nurl = "{redis_url}"\nreaper_seconds = 0.5\n\n'
+        '[reviewers.fake]\nkind = "command"\ncommand = ["x"]\npartition = "fake-v2"\n\n'
+        '[reviewers.extra]\nkind = "command"\ncommand = ["x"]\n',
+    )
+    control = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "control"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        config, args = _worker_home(tmp_path, redis_url)  # fake, partition "fake"; no extra
+        deadline = time.monotonic() + 30
+        while True:
+            res = _refused([*args, "doctor", "--worker"])
+            if "ok: a control process feeds" in res.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert res.returncode == 1, res.stdout
+        problems = [line for line in res.stdout.splitlines() if line.startswith("problem:")]
+        assert len(problems) == 2, res.stdout
+        extra = next(p for p in problems if "'extra'" in p)
+        assert f"not in {config}" in extra and "pause" in extra, extra
+        fake = next(p for p in problems if "'fake'" in p)
+        assert "'fake-v2'" in fake and "'fake'" in fake, fake
+
+        worker = subprocess.Popen(
+            [*args, "worker", "--workers", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while not any(r["event"] == "worker.started" for r in _worker_log(tmp_path / "remote")):
+                assert time.monotonic() < deadline and worker.poll() is None
+                time.sleep(0.2)
+        finally:
+            _stop(worker)
+        said = [
+            r for r in _worker_log(tmp_path / "remote") if r["event"] == "worker.profile_unlike"
+        ]
+        assert sorted(r["reviewer"] for r in said) == ["extra", "fake"], said
+        assert all(r["level"] == "error" for r in said), said
+    finally:
+        _stop(control)

@@ -36,6 +36,7 @@ from .queues import (
     check_server,
     fed_by,
     mark_fed,
+    profiles_unlike,
     queue_clock,
     send,
     unfed_problem,
@@ -114,6 +115,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             reason="no --kb: this worker's agents are not checked for changes to the KB; "
             f"start it with --kb {settings.root}",
         )
+    fed = None
     if settings.queue.url and not beside_a_control(settings):
         try:
             fed = fed_by(app.review)
@@ -122,6 +124,9 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         if fed == {}:
             # On another database than the control's, it sat idle for good and said nothing.
             logs.get().warning("worker.queue_unfed", reason=unfed_problem(settings))
+    if fed:
+        for name, problem in profiles_unlike(settings, fed).items():
+            logs.get().error("worker.profile_unlike", reviewer=name, reason=problem)
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(
         app.review,
@@ -198,11 +203,13 @@ def run_control(ws: Workspace) -> None:
     )
     stop = threading.Event()
 
+    partitions = {name: p.partition for name, p in settings.reviewers.items()}
+
     def ticker() -> None:
         unmarked = False
         while not stop.is_set():
             try:  # for doctor --worker: this queue is fed. Apart: an ACL may forbid the key.
-                mark_fed(app.control, ws.state_dir)
+                mark_fed(app.control, ws.state_dir, partitions)
             except QUEUE_UNAVAILABLE:
                 pass  # said by the tick's own failure below
             except Exception as exc:  # noqa: BLE001 - the tick below matters, this does not

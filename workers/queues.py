@@ -485,9 +485,9 @@ def beside_a_control(settings: Settings) -> bool:
     )
 
 
-def mark_fed(huey: Huey, state_dir: Path) -> None:
-    """Say on a Redis queue that a control process feeds it: where and when (a no-op on
-    SQLite)."""
+def mark_fed(huey: Huey, state_dir: Path, reviewers: dict[str, str] | None = None) -> None:
+    """Say on a Redis queue that a control process feeds it: where, when, and its reviewer
+    profiles with their partitions, which every worker must have (a no-op on SQLite)."""
     storage = huey.storage
     if isinstance(storage, RedisStorage):
         storage.conn.set(
@@ -497,9 +497,38 @@ def mark_fed(huey: Huey, state_dir: Path) -> None:
                     "host": socket.gethostname(),
                     "state": str(state_dir),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "reviewers": reviewers or {},
                 }
             ),
         )
+
+
+def profiles_unlike(settings: Settings, fed: dict) -> dict[str, str]:
+    """By profile name, how this worker's profiles fail the control's that :func:`mark_fed`
+    wrote: one it lacks, or one writing another partition. Every worker takes messages of
+    every profile (one review queue), and fails such a one's as a launch failure, which
+    pauses the profile for every worker."""
+    theirs = fed.get("reviewers")
+    if not isinstance(theirs, dict):
+        return {}
+    where = settings.config_path or "reviewq.toml"
+    found = {}
+    for name, partition in sorted(theirs.items()):
+        mine = settings.reviewers.get(name)
+        if mine is None:
+            found[name] = (
+                f"the control's reviewer profile {name!r} is not in {where}: this worker "
+                "would fail each of its jobs it takes as a launch failure, which pauses the "
+                f"profile for every worker; add [reviewers.{name}]"
+            )
+        elif isinstance(partition, str) and partition != mine.partition:
+            found[name] = (
+                f"[reviewers.{name}] of {where} writes partition {mine.partition!r}, the "
+                f"control's writes {partition!r}: this worker would refuse each of its jobs, "
+                f"which pauses the profile for every worker; give it the control's model, or "
+                f"partition = {partition!r}"
+            )
+    return found
 
 
 def fed_by(huey: Huey) -> dict | None:

@@ -830,6 +830,7 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             check_queue,
             check_server,
             fed_by,
+            profiles_unlike,
             unfed_problem,
         )
 
@@ -853,6 +854,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             if fed
             else unfed_problem(ws.settings),
         )
+        for problem in profiles_unlike(ws.settings, fed or {}).values():
+            report(False, problem)
 
 
 def _doctor_reviewers(ws: Workspace, report) -> None:
