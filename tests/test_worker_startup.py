@@ -302,3 +302,118 @@ def test_a_worker_without_a_profile_the_control_has_is_named_before_it_fails_its
         assert all(r["level"] == "error" for r in said), said
     finally:
         _stop(control)
+
+
+# --- one host's launch failures pause the profile on that host only ------------------------------
+
+ONE_HOST_QUEUE = (
+    "[queue]\nlaunch_failures_before_pause = 2\nlaunch_backoff_seconds = 1\nmax_attempts = 3\n"
+)
+
+
+def _control_of_two_jobs(kb):  # noqa: ANN202
+    """Two queued one-pair jobs of the offline profile, a control on a clock the test moves,
+    and ``answer(host, classification)`` that dispatches and takes that outcome from a
+    worker on ``host``."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    kb.write("reviewq.toml", ONE_HOST_QUEUE)
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True, batch_size=1))
+    clock = [datetime.now(UTC)]
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
+
+    def answer(host: str, classification: str) -> None:
+        clock[0] += timedelta(seconds=400)  # past any job's launch backoff
+        assert control.dispatch() >= 1
+        msg = sent[-1]
+        ran = classification != "launch-failure"
+        control.on_outcome(
+            {
+                "job_id": msg["job_id"],
+                "attempt": msg["attempt"],
+                "classification": classification,
+                "reasons": ["could not start 'agent-cli': No such file or directory"]
+                if not ran
+                else ["no output file"],
+                "exit_code": 1 if ran else None,
+                "worker": f"{host}:42",
+                "host": host,
+                **({"exited_at": 1.0, "started_at": "2026-01-01T00:00:00.000Z"} if ran else {}),
+            }
+        )
+
+    return ws, control, answer
+
+
+def test_one_hosts_launch_failures_pause_the_profile_on_that_host_only(kb):
+    """A worker whose `command` is missing on its machine failed every job it took, fast,
+    and paused the profile for every worker: the healthy ones on other machines too."""
+    ws, control, answer = _control_of_two_jobs(kb)
+    answer("good-host", "no-output")  # the agent ran there (its answer was of no use)
+    answer("bad-host", "launch-failure")
+    answer("bad-host", "launch-failure")
+    assert control.paused() == {}  # the others go on
+    pauses = control.host_pauses()
+    assert list(pauses) == ["offline"] and list(pauses["offline"]) == ["bad-host"]
+    assert "could not start 'agent-cli'" in pauses["offline"]["bad-host"]
+    from datetime import UTC, datetime
+
+    from orchestrator.control.control import lift_pause
+    from orchestrator.state.status import status
+
+    shown = status(ws.store, ws.settings)["reviewers"]["offline"]
+    assert shown["paused_until"] is None and list(shown["paused_on_hosts"]) == ["bad-host"]
+    lifted = lift_pause(ws.store, "offline", datetime.now(UTC))  # reviewq resume offline
+    assert lifted is not None and lifted.reason.startswith("on bad-host only: its agent failed")
+    assert control.host_pauses() == {}
+    ws.store.close()
+
+
+def test_launch_failures_on_the_only_host_the_profile_ran_on_pause_it_everywhere(kb):
+    ws, control, answer = _control_of_two_jobs(kb)
+    answer("bad-host", "launch-failure")
+    answer("bad-host", "launch-failure")
+    (pause,) = control.paused().values()
+    assert pause.reason.startswith("its agent failed to start on bad-host: could not start")
+    assert control.host_pauses() == {}
+    ws.store.close()
+
+
+def test_a_worker_on_a_paused_host_leaves_the_profiles_messages_to_the_others(
+    tmp_path, monkeypatch, redis_url
+):
+    from orchestrator.config import load_settings
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import mark_fed
+
+    config = worker_toml(tmp_path / "worker.toml", redis_url)
+    settings = load_settings(tmp_path, tmp_path / "w", config)
+    app = make_app(settings)
+    sent: list[tuple] = []
+    monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, tmp_path / "w"))
+    reason = "its agent failed to start on this host: could not start 'x'"
+    mark_fed(app.control, tmp_path, {"fake": "fake"}, {"fake": {tasks.HOST: reason}})
+    from .test_remote_workers import REVIEW_MSG
+
+    started = time.monotonic()
+    tasks.run_review(dict(REVIEW_MSG))
+    assert sent == [("run_review", REVIEW_MSG)]  # put back as it came, for another worker
+    assert time.monotonic() - started >= 0.5  # and not taken again at once
+    assert not (tmp_path / "w" / "attempts").exists()
+    mark_fed(app.control, tmp_path, {"fake": "fake"}, {})  # lifted (reviewq resume)
+    sent.clear()
+    monkeypatch.setattr(tasks, "_HOST_PAUSES_READ_S", 0.0)
+    tasks.run_review(dict(REVIEW_MSG))
+    assert [args[0] for args in sent if args[0] == "run_review"] == []

@@ -29,13 +29,10 @@ from .app import make_app
 from .attempt import reap_orphans, worker_folder
 from .parent import follow_parent
 from .queues import (
-    FED_KEY,
-    QUEUE_UNAVAILABLE,
     attempts_on,
     beside_a_control,
     check_server,
     fed_by,
-    mark_fed,
     profiles_unlike,
     queue_clock,
     send,
@@ -203,19 +200,8 @@ def run_control(ws: Workspace) -> None:
     )
     stop = threading.Event()
 
-    partitions = {name: p.partition for name, p in settings.reviewers.items()}
-
     def ticker() -> None:
-        unmarked = False
         while not stop.is_set():
-            try:  # for doctor --worker: this queue is fed. Apart: an ACL may forbid the key.
-                mark_fed(app.control, ws.state_dir, partitions)
-            except QUEUE_UNAVAILABLE:
-                pass  # said by the tick's own failure below
-            except Exception as exc:  # noqa: BLE001 - the tick below matters, this does not
-                if not unmarked:
-                    logs.get().warning("queue.unmarked", key=FED_KEY, error=str(exc))
-                unmarked = True
             try:
                 tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
             except Exception as exc:

@@ -438,6 +438,8 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         state = f"paused until {r['paused_until']}" if r["paused_until"] else "active"
         if r["paused_until"] and r.get("paused_reason"):
             state += f": {r['paused_reason']}"
+        for host, p in r["paused_on_hosts"].items():  # the other hosts run it
+            state += f"; paused on {host} until {p['until']}: {p['reason']}"
         click.echo(f"reviewer {name}: {state}")
     click.echo(
         f"cost: today ${data['cost_usd']['today']:.4f}, total ${data['cost_usd']['total']:.4f}"
@@ -798,6 +800,16 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 f"reviewer {name!r} is paused until {pause.until} ({pause.reason or 'failures'}): "
                 f"its jobs wait; mend the cause, then reviewq resume {shlex.quote(name)}",
             )
+        from orchestrator.state.status import host_paused_reviewers
+
+        for name, hosts in sorted(host_paused_reviewers(store, utcnow()).items()):
+            for host, pause in hosts.items():
+                report(
+                    False,
+                    f"reviewer {name!r} is paused on {host} until {pause.until} "
+                    f"({pause.reason or 'failures'}): workers there leave its jobs to the "
+                    f"others; mend the cause there, then reviewq resume {shlex.quote(name)}",
+                )
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
         fixes = unwritten_fixes(store)
         for what, (n, why) in (

@@ -457,4 +457,23 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        18,
+        "a reviewer paused on one host",
+        """
+        -- Its agent failed to start on that host (a program missing on that machine) while
+        -- it ran on others: workers there leave its messages to the others until then.
+        -- Paused for every worker, one misconfigured machine stopped the healthy ones.
+        CREATE TABLE reviewer_host_pauses (
+            name          TEXT NOT NULL,
+            host          TEXT NOT NULL,
+            paused_until  TEXT NOT NULL,
+            paused_reason TEXT,
+            PRIMARY KEY (name, host)
+        );
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
