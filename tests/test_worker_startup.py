@@ -417,3 +417,73 @@ def test_a_worker_on_a_paused_host_leaves_the_profiles_messages_to_the_others(
     monkeypatch.setattr(tasks, "_HOST_PAUSES_READ_S", 0.0)
     tasks.run_review(dict(REVIEW_MSG))
     assert [args[0] for args in sent if args[0] == "run_review"] == []
+
+
+# --- TLS: the scheme that does not match the port, a CA the client does not trust ----------------
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def tls_redis(tmp_path):
+    """A redis-server with TLS only on a loopback port, its certificate signed by a CA of
+    the test's own: (port, the CA's file)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path / "tls"
+    d.mkdir()
+
+    def ssl_(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ssl_("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+         "-days", "2", "-subj", "/CN=reviewq-test-ca")  # fmt: skip
+    ssl_("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+         "-subj", "/CN=localhost")  # fmt: skip
+    (d / "ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    ssl_("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+         "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext")  # fmt: skip
+    port = _free_port()
+    tls = ("--tls-port", str(port), "--tls-cert-file", str(d / "server.crt"),
+           "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(d / "ca.crt"),
+           "--tls-auth-clients", "no")  # fmt: skip
+    with redis_server(d, *tls):
+        yield port, d / "ca.crt"
+
+
+def test_a_redis_url_without_tls_to_a_tls_port_is_refused(tmp_path, tls_redis):
+    """redis:// to a port that speaks only TLS: every read was reset, taken for an outage."""
+    port, _ = tls_redis
+    config, args = _worker_home(tmp_path, f"redis://127.0.0.1:{port}/0")
+    res = _refused([*args, "worker", "--workers", "1"])
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {config} [queue] url redis://127.0.0.1:{port}/0"), line
+    assert "TLS" in line and "rediss://" in line, line
+
+
+def test_a_tls_certificate_the_client_does_not_trust_is_refused(tmp_path, tls_redis):
+    port, ca = tls_redis
+    config, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0")
+    res = _refused([*args, "worker", "--workers", "1"])
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {config} [queue] url rediss://127.0.0.1:{port}/0"), line
+    assert "certificate" in line and "ssl_ca_certs" in line, line
+    _, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}")
+    ok = _refused([*args, "doctor", "--worker"])
+    assert "ok: queue backend Redis answers" in ok.stdout, ok.stdout
+
+
+def test_a_tls_url_to_a_redis_without_tls_is_refused(tmp_path):
+    """rediss:// to a plain Redis port: the handshake timed out, taken for an outage."""
+    port = _free_port()
+    with redis_server(tmp_path, "--port", str(port), "--bind", "127.0.0.1"):
+        config, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0")
+        res = _refused([*args, "worker", "--workers", "1"], timeout=30)
+    assert res.returncode == 1
+    (line,) = res.stderr.splitlines()
+    assert "without TLS" in line and "redis://" in line, line

@@ -395,8 +395,10 @@ _PROBE_S = 5.0
 
 def check_queue(settings: Settings) -> None:
     """Refuse, in one line naming the file and the URL (never its password), a Redis queue
-    that answers but will never take this process: a password or user it refuses, or
-    something other than Redis at that address. Taken for an outage, each was waited on
+    that answers but will never take this process: a password or user it refuses,
+    something other than Redis at that address, redis:// to a TLS port or rediss:// to a
+    port without TLS, a certificate the client does not trust. Taken for an outage (a
+    reset, a handshake timed out, a refused certificate at every try), each was waited on
     for good, a ``queue.unavailable`` line a minute, by a worker or control that looked
     alive. A server out of reach (refused, timed out, restarting) is no mistake of the
     file: the consumers wait for it as they always have."""
@@ -404,12 +406,9 @@ def check_queue(settings: Settings) -> None:
     if not url:
         return
     where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(url)}"
-    said = _not_redis(url)
-    if said is not None:
-        raise ConfigError(
-            f"{where}: not a Redis server (it answered {said}); check the host and the port "
-            "(a port of Redis with TLS takes rediss://)"
-        )
+    problem = _probe_problem(url)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
     import redis
     from redis.exceptions import (
         AuthenticationError,
@@ -428,17 +427,37 @@ def check_queue(settings: Settings) -> None:
         ) from None
     except InvalidResponse as exc:
         raise ConfigError(f"{where}: not a Redis server ({exc}); check the host and port") from None
-    except QUEUE_UNAVAILABLE:
+    except QUEUE_UNAVAILABLE as exc:
+        if url.startswith("rediss://") and (problem := _probe_problem(url, True)):
+            raise ConfigError(f"{where}: {problem}") from None
+        if _untrusted(exc):
+            raise ConfigError(
+                f"{where}: the server's TLS certificate is not trusted ({exc.__context__}); "
+                "name its CA with ssl_ca_certs=/path/ca.crt in the URL's query"
+            ) from None
         return  # away: waited for
     finally:
         client.close()
 
 
-def _not_redis(url: str) -> str | None:
-    """What answered a Redis PING at ``url`` when it was not a Redis reply, shown; None
-    for a Redis reply, for no answer at all (a proxy whose Redis is down closes at once:
-    an outage) and for what is not looked at (TLS, whose handshake the client makes)."""
+def _untrusted(exc: BaseException) -> bool:
+    """A TLS certificate the client refused (an unknown CA, another host's name, expired):
+    the same at every try."""
+    import ssl
+
+    return isinstance(exc.__context__ or exc.__cause__, ssl.SSLCertVerificationError)
+
+
+def _probe_problem(url: str, after_tls_failed: bool = False) -> str | None:
+    """What a plain-text Redis PING at ``url`` shows is wrong with the URL, or None: a
+    reply that is not Redis's (a wrong port), a port that speaks only TLS to a redis://
+    URL, a Redis without TLS to a rediss:// one. Each was taken for an outage: the
+    connection reset, or the handshake timed out, at every try. No answer at all is no
+    mistake shown (a proxy whose Redis is down closes at once)."""
     parts = urlsplit(url)
+    if parts.scheme == "rediss" and not after_tls_failed:
+        return None  # the client's handshake comes first: a TLS port logs a plain PING
+    host, port = parts.hostname or "localhost", parts.port or 6379
     try:
         if parts.scheme == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -448,25 +467,45 @@ def _not_redis(url: str) -> str | None:
             except OSError:
                 sock.close()
                 raise
-        elif parts.scheme == "redis":
-            sock = socket.create_connection(
-                (parts.hostname or "localhost", parts.port or 6379), timeout=_PROBE_S
-            )
         else:
-            return None
+            sock = socket.create_connection((host, port), timeout=_PROBE_S)
     except OSError:
-        return None
+        return None  # out of reach: an outage, waited for
     with sock:
         try:
             sock.sendall(b"PING\r\n")  # an inline command: every Redis answers it, +PONG or -NOAUTH
             said = sock.recv(64)
         except OSError:
-            return None
-    if not said or said[0] in _RESP_FIRST:
-        return None
-    line = said.split(b"\n")[0].rstrip(b"\r")
-    text = line.decode("ascii", "replace")
-    return repr(text) if text.isascii() and text.isprintable() else repr(line[:16])
+            said = b""
+    if parts.scheme == "rediss":
+        if said and said[0] in _RESP_FIRST:
+            return "a Redis without TLS answers there; the URL takes redis://"
+        return None  # TLS, or nothing: the client's handshake says
+    if said and said[0] not in _RESP_FIRST:
+        line = said.split(b"\n")[0].rstrip(b"\r")
+        text = line.decode("ascii", "replace")
+        shown = repr(text) if text.isascii() and text.isprintable() else repr(line[:16])
+        return f"not a Redis server (it answered {shown}); check the host and the port"
+    if not said and parts.scheme == "redis" and _speaks_tls(host, port):
+        return "the port speaks only TLS; the URL takes rediss://"
+    return None
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    """Whether a TLS handshake with ``host:port`` goes through (whoever's certificate)."""
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=_PROBE_S) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 # On Redis, the key a control process writes at each tick: a worker's queue that no
