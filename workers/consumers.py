@@ -103,6 +103,12 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     app = make_app(settings)
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
     reap_orphans(folder, said="their worker died")
+    if folder != settings.state_dir:
+        # Before messages were versioned, workers shared the control's state folder and
+        # registered their agents in its run/agents/ (run-job's registry now): a worker of
+        # that release killed before an upgrade left agents, a fixer writing its note
+        # among them, that nothing else stops. A live run-job's are left alone.
+        reap_orphans(settings.state_dir, said="their worker (of an earlier release) died")
     if kb is None and (settings.root / "kb").is_dir():
         # On a machine that has the KB, a worker started without --kb ran its agents with
         # no check that they left the notes alone, and said nothing of it.
