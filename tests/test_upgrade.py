@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 import subprocess
+from pathlib import Path
 
 
 def test_a_worker_stops_the_agents_a_dead_worker_of_an_earlier_release_left(tmp_path, monkeypatch):
@@ -45,3 +47,75 @@ def test_a_worker_stops_the_agents_a_dead_worker_of_an_earlier_release_left(tmp_
         if agent.poll() is None:
             agent.kill()
             agent.wait(timeout=10)
+
+
+def old_state(state: Path, upto: int) -> sqlite3.Connection:
+    """A state.db as a release whose newest migration was ``upto`` left it."""
+    from orchestrator.state.migrations import MIGRATIONS
+
+    state.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(state / "state.db")
+    conn.execute(
+        "CREATE TABLE schema_migrations "
+        "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+    )
+    for version, name, sql in MIGRATIONS[:upto]:
+        conn.executescript(sql)
+        conn.execute(
+            "INSERT INTO schema_migrations VALUES (?, ?, '2026-11-23T00:00:00Z')", (version, name)
+        )
+    conn.commit()
+    return conn
+
+
+def test_an_escalation_raised_before_migration_8_keeps_its_material_when_written_again(tmp_path):
+    """Before migration 8 an escalation's report file was the only record of what it
+    recommended and quoted. Written again from state.db (a decision, rewrite-files, the
+    reports migration 15 marks due), its Material came out empty and its recommendation
+    was the bare reason: a person deciding after the upgrade lost the findings."""
+    from orchestrator.cycles.escalations import report
+    from orchestrator.state.store import Store
+
+    note, gate, t = "kb/notes/a.md", "prose/body-check", "2026-11-23T10:00:0"
+    rationale = "Summary: thin.\nFindings:\n- high: the body region is empty.\n## Result: FAIL"
+    conn = old_state(tmp_path / "state", 7)
+    conn.executescript(
+        f"""
+        INSERT INTO snapshots VALUES (1, '{note}', 'a', 'text', '{t}0Z');
+        INSERT INTO snapshots VALUES (2, 'kb/g.md', 'b', 'gate', '{t}0Z');
+        INSERT INTO review_jobs (id, kind, status, model_partition, grouping, job_dir,
+            created_at, updated_at) VALUES
+            (10, 'review', 'completed', 'offline', 'note', 'jobs/review-job-10', '{t}1Z', '{t}1Z'),
+            (44, 'fix', 'completed', 'offline', 'fix', 'jobs/review-job-44', '{t}2Z', '{t}2Z'),
+            (47, 'fix', 'completed', 'offline', 'fix', 'jobs/review-job-47', '{t}3Z', '{t}3Z');
+        INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens,
+            note_snapshot_id, gate_snapshot_id, decision, rationale) VALUES
+            (10, '{note}', '{gate}', 'kb/g.md', 'prose', 1, 2, 'FAIL', '{rationale}'),
+            (44, '{note}', '{gate}', 'kb/g.md', 'prose', 1, 2, NULL, '{rationale}'),
+            (47, '{note}', '{gate}', 'kb/g.md', 'prose', 1, 2, NULL, '{rationale}');
+        INSERT INTO cycle_events (model_partition, note_path, gate_id, rejection, kind,
+            job_id, gist, at) VALUES
+            ('offline', '{note}', '{gate}', 1, 'review-fail', 10, 'high: the body region is empty.', '{t}1Z'),
+            ('offline', '{note}', '{gate}', 2, 'fix-unchanged', 44, 'the fix changed nothing', '{t}2Z'),
+            ('offline', '{note}', '{gate}', 3, 'fix-unchanged', 47, 'the fix changed nothing', '{t}3Z');
+        INSERT INTO escalations (id, model_partition, note_path, gate_id, reason, cycles,
+            reviewer, fixer, report_path, raised_at) VALUES
+            (1, 'offline', '{note}', '{gate}', '3 consecutive rejections (the last fix changed nothing)',
+             3, 'offline', 'offline', 'escalations/escalation-1.md', '{t}4Z'),
+            (2, 'offline', 'kb/notes/b.md', '{gate}', 'the reviewer failed every attempt: no output',
+             0, 'offline', 'offline', 'escalations/escalation-2.md', '{t}5Z');
+        """
+    )
+    conn.commit()
+    conn.close()
+    with Store.open(tmp_path / "state") as store:
+        first, second = report(store, 1).splitlines(), report(store, 2).splitlines()
+    assert first[1] == (
+        "Recommend reject: high: the body region is empty; the fixer's last attempt changed "
+        "nothing."
+    )
+    assert first[first.index("Material:") + 1] == "- high: the body region is empty."
+    assert second[1] == "Recommend redo: the reviewer failed every attempt: no output."
+    assert second[second.index("Material:") + 1] == (
+        "- the reviewer failed every attempt: no output"
+    )

@@ -30,6 +30,7 @@ from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.review.selector import SelectError, select
 from orchestrator.state.files import write_job_files_after_commit
+from orchestrator.state.status import findings
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue, start_run
@@ -721,16 +722,6 @@ def _followed_since(store, since: tuple[int, int]) -> Followed:  # noqa: ANN001 
             )
         ],
     )
-
-
-def findings(rationale: str | None) -> list[str]:
-    """The ``- severity: text`` lines of a rationale, without their dash."""
-    out = []
-    for line in (rationale or "").splitlines():
-        line = line.strip()
-        if line.startswith("- ") and line[2:].strip().lower() not in ("none", "none."):
-            out.append(line[2:].strip())
-    return out[:10]
 
 
 def _one_block(text: str | None, limit: int = 600) -> str:

@@ -18,6 +18,7 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
+from orchestrator.state.status import gist, quoted
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -27,17 +28,6 @@ DECISIONS = ("approve", "redo", "reject")
 
 class DecideError(ValueError):
     """A decision that cannot be taken (unknown or closed escalation, bad call)."""
-
-
-def gist(rationale: str | None, limit: int = 140) -> str:
-    """The first finding of a rationale (``- severity: text``), else its first line."""
-    lines = [ln.strip() for ln in (rationale or "").splitlines() if ln.strip()]
-    for ln in lines:
-        if ln.startswith("- ") and ln[2:].strip().lower() not in ("none", "none."):
-            text = ln[2:]
-            return text if len(text) <= limit else text[: limit - 1] + "…"
-    text = lines[0] if lines else "no rationale given"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def count(store: Store, partition: str, note_path: str, gate_id: str) -> int:
@@ -259,8 +249,7 @@ def report(store: Store, esc_id: int) -> str:
         "AND gate_id = ? AND at <= ? ORDER BY id DESC LIMIT ?",
         (e["model_partition"], e["note_path"], e["gate_id"], e["raised_at"], e["cycles"]),
     ).fetchall()
-    material = json.loads(e["material"] or "[]")
-    recommend = e["recommend"] or e["reason"]
+    recommend, material = quoted(store, e)
     cycles = [
         f"- Cycle {i}: FAIL — {ev['gist']}" + (f" (job {ev['job_id']})" if ev["job_id"] else "")
         for i, ev in enumerate(reversed(events), 1)

@@ -20,6 +20,7 @@ from orchestrator.state.status import (
     decide_calls,
     over_budget_runs,
     paused_reviewers,
+    quoted,
     spent_usd,
     unwritten_fixes,
 )
@@ -275,27 +276,20 @@ def _unwritten_report(store: Store, e: dict, exc: OSError) -> str:
     control process has yet to write (a full disk when it was raised) says so, and what
     a person needs to vote, not only the error of a file that was never written."""
     row = store.conn.execute(
-        "SELECT e.recommend, e.material, d.error FROM escalations e "
+        "SELECT e.*, d.error FROM escalations e "
         "LEFT JOIN escalation_reports_due d ON d.escalation_id = e.id WHERE e.id = ?",
         (e["id"],),
     ).fetchone()
     if row is None or row["error"] is None:
         return f"(the gate-review report cannot be read: {exc})"
-    try:
-        material = json.loads(row["material"] or "[]")
-    except ValueError:
-        material = []
+    recommend, material = quoted(store, row)
     why = "" if row["error"] == NOT_TRIED else f" ({row['error']})"
     return "\n".join(
         [
             f"(the gate-review report is not written yet{why}; the control process writes "
             "it at its next tick)",
-            f"Recommend {e['call']}: {(row['recommend'] or e['reason']).rstrip('.')}.",
-            *(
-                ["Material:", *(f"- {m}" for m in material if isinstance(m, str))]
-                if material
-                else []
-            ),
+            f"Recommend {e['call']}: {recommend.rstrip('.')}.",
+            *(["Material:", *(f"- {m}" for m in material)] if material else []),
         ]
     )
 

@@ -495,3 +495,54 @@ def decide_calls(note_path: str, escalations: list[tuple[int, str]]) -> dict[str
     if len(parts) == 1:
         return {None: f"--note {shlex.quote(note_path)}"}
     return {p: " ".join(map(str, ids)) for p, ids in sorted(parts.items())}
+
+
+# --- what an escalation's report quotes ------------------------------------------------
+
+
+def gist(rationale: str | None, limit: int = 140) -> str:
+    """The first finding of a rationale (``- severity: text``), else its first line."""
+    lines = [ln.strip() for ln in (rationale or "").splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("- ") and ln[2:].strip().lower() not in ("none", "none."):
+            text = ln[2:]
+            return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = lines[0] if lines else "no rationale given"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def findings(rationale: str | None) -> list[str]:
+    """The ``- severity: text`` lines of a rationale, without their dash."""
+    out = []
+    for line in (rationale or "").splitlines():
+        line = line.strip()
+        if line.startswith("- ") and line[2:].strip().lower() not in ("none", "none."):
+            out.append(line[2:].strip())
+    return out[:10]
+
+
+def quoted(store: Store, e) -> tuple[str, list[str]]:  # noqa: ANN001 - an escalations row
+    """What an escalation's report recommends and quotes (its Material). An escalation
+    raised before migration 8 has neither in state.db (its report file was their only
+    record): they are drawn again as they were then, from the pair of the job of its
+    last rejection (its findings; their gist, and that the fixer changed nothing when
+    it did); an agent's failure, which has no rejection, quotes its reason."""
+    recommend, material = e["recommend"], e["material"]
+    if recommend is not None and material is not None:
+        try:
+            said = json.loads(material)
+        except ValueError:
+            said = []
+        return recommend, [m for m in said if isinstance(m, str)] if isinstance(said, list) else []
+    last = store.conn.execute(
+        "SELECT c.kind, p.rationale FROM cycle_events c JOIN review_pairs p ON p.job_id = c.job_id "
+        "AND p.note_path = c.note_path AND p.gate_id = c.gate_id WHERE c.model_partition = ? "
+        "AND c.note_path = ? AND c.gate_id = ? AND c.at <= ? AND ? > 0 ORDER BY c.id DESC LIMIT 1",
+        (e["model_partition"], e["note_path"], e["gate_id"], e["raised_at"], e["cycles"]),
+    ).fetchone()
+    if last is None:
+        return recommend or e["reason"], [e["reason"]]
+    was = gist(last["rationale"])
+    if last["kind"] == "fix-unchanged":
+        was = was.rstrip(".") + "; the fixer's last attempt changed nothing"
+    return recommend or was, findings(last["rationale"]) or [e["reason"]]
