@@ -119,3 +119,30 @@ def test_an_escalation_raised_before_migration_8_keeps_its_material_when_written
     assert second[second.index("Material:") + 1] == (
         "- the reviewer failed every attempt: no output"
     )
+
+
+def test_escalations_shows_the_call_a_migration_gave_before_the_report_is_written(kb, run_cli):
+    """Migration 15 changed the call of a fixer's failure from reject to redo and marked
+    its report due; the control process writes it at its next tick. Until then
+    `reviewq escalations` read the old file and said "Recommend reject", while the
+    morning report, from state.db, said to run decide N redo."""
+    conn = old_state(kb.state, 14)
+    conn.executescript(
+        """
+        INSERT INTO escalations (id, model_partition, note_path, gate_id, reason, cycles,
+            reviewer, fixer, report_path, raised_at, material, recommend) VALUES
+            (1, 'offline', 'kb/notes/a.md', 'prose/body-check',
+             'the fixer failed every attempt: no output', 0, 'offline', 'offline',
+             'escalations/escalation-1.md', '2026-11-23T10:00:00Z',
+             '["the fixer failed every attempt: no output"]', 'no output');
+        """
+    )
+    conn.commit()
+    conn.close()
+    (kb.state / "escalations").mkdir()
+    (kb.state / "escalations" / "escalation-1.md").write_text(
+        "Gate review: kb/notes/a.md — prose/body-check\nRecommend reject: no output.\n"
+    )
+    res = run_cli("escalations")
+    assert res.exit_code == 0, res.stderr
+    assert "      Recommend redo: no output." in res.stdout.splitlines(), res.stdout

@@ -899,10 +899,15 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq escalations
     """
-    from orchestrator.cycles.escalations import by_note, open_escalations
+    from orchestrator.cycles.escalations import by_note, open_escalations, report
     from orchestrator.state.status import decide_calls
 
-    items = open_escalations(ws.read_store())
+    store = ws.read_store()
+    items = open_escalations(store)
+    # A report still to be written (the control process writes it at its tick) is older
+    # than state.db: after an upgrade whose migration changed a call, the file still
+    # recommended what the release before had.
+    due = {r[0] for r in store.conn.execute("SELECT escalation_id FROM escalation_reports_due")}
     groups = by_note(items)
     why_only_reject = only_reject_check(ws)
     only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
@@ -927,13 +932,18 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     for note, group in groups:
         click.echo(f"{note}: {len(group)} escalation(s)")
         for e in group:
-            report = ws.state_dir / e.report_path
+            path = ws.state_dir / e.report_path
             try:
                 # The recommendation: the report's next line heads its list of cycles,
                 # which shown alone was a header with nothing under it.
-                head = report.read_text(encoding="utf-8", errors="replace").splitlines()[1:2]
+                text = (
+                    report(store, e.id)
+                    if e.id in due
+                    else path.read_text(encoding="utf-8", errors="replace")
+                )
+                head = text.splitlines()[1:2]
             except OSError:
-                head = [f"(report missing: {report})"]
+                head = [f"(report missing: {path})"]
             click.echo(
                 f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {e.cycles} cycle(s))"
             )
@@ -941,7 +951,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 click.echo(f"      {line}")
             if only[e.id]:
                 click.echo(f"      {only[e.id]}: only reject closes it")
-            click.echo(f"      report: {report}")
+            click.echo(f"      report: {path}")
         if len(group) > 1:
             calls = decide_calls(note, [(e.id, e.model_partition) for e in group])
             # A note deleted since (or a gate gone) leaves reject the only call decide takes.
