@@ -146,3 +146,14 @@ def test_escalations_shows_the_call_a_migration_gave_before_the_report_is_writte
     res = run_cli("escalations")
     assert res.exit_code == 0, res.stderr
     assert "      Recommend redo: no output." in res.stdout.splitlines(), res.stdout
+
+
+def test_the_line_refusing_an_older_releases_outcome_reads_as_a_sentence():
+    """The control process started over a queue an older worker had filled logs one
+    line per message; of each outcome it said "a outcome message of version 2"."""
+    from orchestrator.control.messages import refusal
+
+    assert refusal("outcome", {"v": 2, "job_id": 5, "attempt": 1})["reason"].startswith(
+        "an outcome message of version 2, this reviewq speaks 3: "
+    )
+    assert refusal("heartbeat", {"v": 2})["reason"].startswith("a heartbeat message of version 2")

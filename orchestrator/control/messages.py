@@ -82,7 +82,8 @@ def refusal(kind: str, msg: object) -> dict | None:
         "message": kind,
         "version": v,
         "expected": VERSION,
-        "reason": f"a {kind} message of version {v!r}, this reviewq speaks {VERSION}: "
+        "reason": f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} message of version {v!r}, "
+        f"this reviewq speaks {VERSION}: "
         "run the same reviewq release on the control and the workers; the reaper "
         "dispatches the attempt again",
         **ids,
