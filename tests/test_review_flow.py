@@ -1083,3 +1083,43 @@ def test_job_json_of_a_persons_decision_names_no_folder(flow, run_cli):
     store.close()
     assert run_cli("job", str(human), "--json").json()["job_dir"] == ""
     assert run_cli("job", "1", "--json").json()["job_dir"] == ".reviewq/jobs/review-job-1"
+
+
+def test_a_type_spec_named_relative_to_its_notes_is_acked_warned_and_exported(flow, run_cli):
+    """A type spec a note names as ``./types/x.md`` is not in kb/types/: select and
+    create-jobs find it, and so must the commands that look its reviews up by gate id. They
+    answered 'no such gate' (ack) and left its WARNs and GATE-REVIEW files out, without a
+    word, though state.db holds them."""
+    flow.write("kb/notes/types/claim.md", "---\nname: claim\n---\n# Claim\n\nA claim.\n")
+    note = flow.note("gamma", body="# Gamma\n\nGamma body.\n", type="./types/claim.md")
+    jobs = create(
+        run_cli,
+        select_json(run_cli, "type", "--model", "fake", "--note", note),
+        "--grouping",
+        "note",
+    )["jobs"]
+    assert [p["gate_id"] for j in jobs for p in j["pairs"]] == ["type/claim"]
+    write_output(flow, jobs[0], decisions="WARN")
+    res = run_cli("finalize", "--review-job-id", str(jobs[0]["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+
+    warns = run_cli("warn-queue", "--json").json()["warnings"]
+    assert [(w["note_path"], w["gate_id"]) for w in warns] == [(note, "type/claim")]
+
+    res = run_cli("export", "--model", "fake")
+    assert res.exit_code == 0 and "exported 1 review(s)" in res.stdout, res.stdout
+    exported = flow.root / "kb/reports/reviews/gates/kb__notes__gamma.md/type/claim.md"
+    assert "## Result: WARN" in exported.read_text()
+
+    flow.write(note, flow.read(note) + "\nOne more line.\n")
+    res = run_cli("ack", "--model", "fake", note, "type/claim")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines() == [f"acked: {note} type/claim"]
+    assert (
+        "missing-review: 0, gate-changed: 0, note-changed: 0, fresh: 1"
+        in run_cli("select", "type", "--model", "fake", "--note", note).stdout
+    )
+
+    # Its spec changed: gate-changed, as for a spec under kb/types/.
+    flow.write("kb/notes/types/claim.md", "---\nname: claim\n---\n# Claim\n\nA sharper claim.\n")
+    assert run_cli("warn-queue", "--json").json()["warnings"] == []

@@ -370,7 +370,7 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq warn-queue --json
     """
-    items = warn_queue(ws.read_store(), ws.catalog(), set(ws.kb.note_files()))
+    items = warn_queue(ws.kb, ws.read_store(), ws.catalog(), set(ws.kb.note_files()))
     if as_json:
         emit_json({"warnings": [i.to_json() for i in items]})
         return
@@ -398,7 +398,11 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
       reviewq export --model offline
     """
     cat = ws.catalog()
-    watches = {g.gate_id: list(g.watches) for g in [*cat.gates.values(), *cat.types.values()]}
+
+    def watches(gate_id: str, gate_path: str) -> list[str] | None:
+        gate = cat.recorded(ws.kb, gate_id, gate_path)
+        return list(gate.watches) if gate is not None else None
+
     notes = set(ws.kb.note_files())
     res = export(ws.read_store(), ws.root, model, watches, notes)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

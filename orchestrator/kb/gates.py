@@ -90,6 +90,27 @@ class Catalog:
             return self.types.get(gate_id[len(TYPE_LENS) + 1 :])
         return self.gates.get(gate_id)
 
+    def recorded(self, kb: KB, gate_id: str, gate_path: str | None) -> Gate | None:
+        """The gate of a recorded pair as it is now: the catalog's, else, for a type
+        pair, the type spec at the path the pair recorded. A spec that notes name relative
+        to themselves (``./types/x.md``) is outside the scan of ``kb/types/``: select and
+        create-jobs add it from the notes, and what reads its reviews back by gate id
+        (ack, warn-queue, export, fixes, decide) finds it here. It joins this copy of the
+        catalog; None when neither is there (the spec gone, renamed, outside the root)."""
+        gate = self.get(gate_id)
+        if gate is not None or not gate_id.startswith(TYPE_LENS + "/") or not gate_path:
+            return gate
+        name = gate_id[len(TYPE_LENS) + 1 :]
+        try:
+            rel = kb.check_rel(gate_path)  # resolves symlinks: one out of the root is none
+            if rel.rsplit("/", 1)[-1] != f"{name}.md":
+                return None
+            gate = type_gate(rel, kb.abspath(rel).read_bytes())
+        except (KBError, OSError, NoteParseError):
+            return None
+        self.types[name] = gate
+        return gate
+
     def resolve(self, selectors: Sequence[str], all_gates: bool = False) -> list[Gate]:
         """The gates that bundle names, gate ids, ``type`` and ``type/NAME`` select."""
         chosen: dict[str, Gate] = {}

@@ -34,11 +34,8 @@ def ack(
         raise AckError(f"{note_path}: {exc}") from None
     plan = []
     for gate_id in dict.fromkeys(gate_ids):
-        gate = catalog.get(gate_id)
-        if gate is None:
-            raise AckError(f"{gate_id}: no such gate; nothing acked")
         row = store.conn.execute(
-            "SELECT p.id, p.decision FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+            "SELECT p.id, p.decision, p.gate_path FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
             # A review's, never an audit's: the audit accepts nothing (it shares the
             # partition when the auditor is the reviewer, as by default).
             "WHERE p.note_path = ? AND p.gate_id = ? AND j.model_partition = ? AND j.status = 'completed' "
@@ -46,6 +43,9 @@ def ack(
             "ORDER BY p.decided_at DESC, p.id DESC LIMIT 1",
             (note.path, gate_id, model),
         ).fetchone()
+        gate = catalog.recorded(kb, gate_id, row["gate_path"] if row else None)
+        if gate is None:
+            raise AckError(f"{gate_id}: no such gate; nothing acked")
         if row is None:
             raise AckError(
                 f"{note.path} {gate_id}: no completed review in partition {model}; nothing acked"
@@ -80,12 +80,13 @@ class WarnItem:
         return self.__dict__.copy()
 
 
-def warn_queue(store: Store, catalog: Catalog, notes: Collection[str]) -> list[WarnItem]:
+def warn_queue(kb: KB, store: Store, catalog: Catalog, notes: Collection[str]) -> list[WarnItem]:
     """The latest WARN per (note, gate) across partitions, leaving out pairs whose gate
     text changed since that review was accepted, and notes no longer there (``notes``:
     the KB's note paths; renamed or deleted, the finding is about no note of the KB)."""
     rows = store.conn.execute(
-        "SELECT a.note_path, a.gate_id, a.model_partition, a.accepted_at, p.job_id, p.rationale, g.sha256 "
+        "SELECT a.note_path, a.gate_id, a.model_partition, a.accepted_at, p.job_id, p.rationale, "
+        "p.gate_path, g.sha256 "
         "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
         "JOIN snapshots g ON g.id = a.gate_snapshot_id WHERE a.decision = 'WARN' "
         "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC"
@@ -97,7 +98,7 @@ def warn_queue(store: Store, catalog: Catalog, notes: Collection[str]) -> list[W
         if key in seen:
             continue
         seen.add(key)
-        gate = catalog.get(r["gate_id"])
+        gate = catalog.recorded(kb, r["gate_id"], r["gate_path"])
         if gate is None or gate.sha256 != r["sha256"] or r["note_path"] not in notes:
             continue  # gate-changed (or gone), note gone: the finding may no longer hold
         out.append(

@@ -9,7 +9,7 @@ import io
 import json
 import os
 import subprocess
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +63,10 @@ def watched_hash(note_text: str, watches: list[str]) -> str:
     return hashlib.sha256(canonical_json(picked).encode("utf-8")).hexdigest()
 
 
+# (gate_id, gate_path) of a recorded pair -> the regions its gate watches now, or None.
+Watches = Callable[[str, str], Sequence[str] | None]
+
+
 @dataclass(frozen=True)
 class ExportResult:
     files: int
@@ -73,14 +77,15 @@ def export(
     store: Store,
     root: Path,
     model: str | None = None,
-    watches: dict[str, list[str]] | None = None,
+    watches: Watches | None = None,
     notes: Collection[str] | None = None,
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
     in partition ``model``, or else the most recent across partitions. ``watches`` (the
-    catalog's gates, by id) and ``notes`` (the KB's note paths), when given, are the
-    reviews as they are now: a note since renamed or deleted, or a gate gone from the
-    catalog, keeps its acceptance in state.db but has no file."""
+    regions the gate of a recorded gate id and path watches now, None for a gate gone
+    from the catalog) and ``notes`` (the KB's note paths), when given, are the reviews as
+    they are now: a note since renamed or deleted, or a gate gone from the catalog, keeps
+    its acceptance in state.db but has no file."""
     if (
         model
         and not store.conn.execute(
@@ -123,7 +128,7 @@ def export(
 
 
 def _write(  # noqa: ANN001 - rows: a cursor
-    rows, base: Path, commit: str, watches: dict | None, notes: Collection[str] | None
+    rows, base: Path, commit: str, watches: Watches | None, notes: Collection[str] | None
 ) -> ExportResult:
     """The GATE-REVIEW files and the index, from acceptance rows in (note, gate) order."""
     buf = io.StringIO()
@@ -141,12 +146,13 @@ def _write(  # noqa: ANN001 - rows: a cursor
         last = key
         _check_component(note_path)  # first: a path tampered with is refused, not skipped
         _check_component(gate_id)
+        watch = watches(gate_id, r["gate_path"]) if watches is not None else None
         if (notes is not None and note_path not in notes) or (
-            watches is not None and gate_id not in watches
+            watches is not None and watch is None
         ):
             continue
         files += 1
-        watch = (watches or {}).get(gate_id) or ["title", "description", "frontmatter", "body"]
+        watch = watch or ["title", "description", "frontmatter", "body"]
         fields = {
             "note_path": note_path,
             "gate_id": gate_id,

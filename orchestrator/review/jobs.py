@@ -213,16 +213,8 @@ class _Loader:
         return self.notes[given]
 
     def gate(self, gate_id: str, gate_path: str | None) -> Gate | str:
-        gate = self.catalog.get(gate_id)
-        if gate is None and gate_id.startswith(TYPE_LENS + "/") and gate_path:
-            # A type spec a note names relative to itself is not in the catalog's types/ scan.
-            try:
-                rel = self.kb.check_rel(gate_path)
-                if rel.rsplit("/", 1)[-1][:-3] == gate_id[len(TYPE_LENS) + 1 :]:
-                    gate = type_gate(rel, self.kb.abspath(rel).read_bytes())
-                    self.catalog.types[gate.gate_id[len(TYPE_LENS) + 1 :]] = gate
-            except (KBError, OSError, NoteParseError):
-                gate = None
+        # A type spec a note names relative to itself is not in the catalog's types/ scan.
+        gate = self.catalog.recorded(self.kb, gate_id, gate_path)
         if gate is None:
             if gate_path and gate_path in self.invalid:
                 return f"{gate_path}: invalid gate: {self.invalid[gate_path]}"
