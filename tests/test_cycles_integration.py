@@ -1452,3 +1452,32 @@ def test_a_fix_queued_in_a_transaction_rolled_back_is_not_logged(kb):
         fix = queue_fix(kb_, store, kb.state, NOTE)
     assert [e["job_id"] for e in logged if e["event"] == "fix.queued"] == [fix]
     store.close()
+
+
+def test_a_fail_against_a_type_spec_named_by_a_path_is_fixed_escalated_and_decided(kb):
+    # A type spec a note names relative to itself (./types/claim.md) is not in the
+    # catalog's scan of kb/types: its FAILs made no fix and no escalation (the rejection
+    # went nowhere, without a word), and its escalations could only be rejected.
+    kb.write("kb/notes/types/claim.md", "---\nname: claim\n---\n# Claim\n\nA claim.\n")
+    kb.note("one", body="# One\n\nBody.\n", description="", type="./types/claim.md")
+    kb.note("two", body="# Two\n\nBody.\n", description="", type="./types/claim.md")
+    res = rq(kb, "sweep", "type", "--reviewer", "offline", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        escs = conn.execute(
+            "SELECT id, note_path, gate_id FROM escalations ORDER BY note_path"
+        ).fetchall()
+        fixes = conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
+    assert [(e["note_path"], e["gate_id"]) for e in escs] == [
+        ("kb/notes/one.md", "type/claim"),
+        ("kb/notes/two.md", "type/claim"),
+    ]
+    assert fixes == 4  # the review and two fixes changing nothing: three rejections each
+    res = rq(kb, "decide", str(escs[0]["id"]), "approve")
+    assert res.returncode == 0, res.stderr
+    assert rq(kb, "decide", str(escs[1]["id"]), "reject").returncode == 0
+    with db(kb) as conn:  # make the rejected pair stale, so a sweep would want it
+        conn.execute("DELETE FROM acceptance WHERE note_path = 'kb/notes/two.md'")
+        conn.commit()
+    again = json.loads(rq(kb, "sweep", "type", "--reviewer", "offline", "--json").stdout)
+    assert again["enqueued_jobs"] == 0

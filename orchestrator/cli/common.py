@@ -336,4 +336,5 @@ def only_reject_check(ws: Workspace):  # noqa: ANN201 - (note, gate) -> str | No
         kb, catalog = ws.kb, ws.catalog()
     except (KBError, OSError):
         return lambda note, gate: None
-    return lambda note, gate: only_reject(kb, catalog, note, gate)
+    store = ws.read_store()
+    return lambda note, gate: only_reject(store, kb, catalog, note, gate)

@@ -192,6 +192,7 @@ class FollowUp:
                 "rationale": t.rationale,
             }
             for t in current_failures(
+                kb,
                 self.store,
                 self.ws.catalog(),
                 job["model_partition"],
@@ -529,7 +530,7 @@ class FollowUp:
         cat = self.ws.catalog()
         chosen = []
         for p in pairs:
-            gate = cat.get(p["gate_id"])
+            gate = cat.recorded(self.ws.kb, p["gate_id"], p["gate_path"])
             if (
                 p["decision"] == "PASS"
                 and gate is not None

@@ -340,9 +340,24 @@ def held(ws: Workspace, partition: str) -> set[tuple[str, str]]:
             note_sha = sha256_bytes(ws.kb.abspath(note_path).read_bytes())
         except OSError:
             note_sha = None
-        gate = cat.get(gate_id)
+        gate = gate_of(ws.store, ws.kb, cat, note_path, gate_id)
         current[(note_path, gate_id)] = (note_sha, gate.sha256 if gate else None)
     return held_pairs(ws.store, partition, current)
+
+
+def gate_of(store: Store, kb, catalog, note_path: str, gate_id: str):  # noqa: ANN001, ANN201
+    """The gate of an escalated pair as it is now (a Gate or None): the catalog's, or a
+    type spec the note names by a path, found where the pair's last review recorded it
+    (an escalation row keeps no gate path)."""
+    gate = catalog.get(gate_id)
+    if gate is not None:
+        return gate
+    row = store.conn.execute(
+        "SELECT gate_path FROM review_pairs WHERE note_path = ? AND gate_id = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (note_path, gate_id),
+    ).fetchone()
+    return catalog.recorded(kb, gate_id, row[0] if row else None)
 
 
 def rejected_pairs(store: Store, partition: str) -> list[tuple[str, str]]:
@@ -407,7 +422,7 @@ def decide_many(
         note = gate = None
         if e is not None:
             note = _current_note(kb, e["note_path"])
-            gate = catalog.get(e["gate_id"])
+            gate = gate_of(store, kb, catalog, e["note_path"], e["gate_id"])
         found.append((esc_id, e, note, gate))
     # The call that closes every one of them only a reject can: naming the first alone,
     # the person who ran it found the note's others still open, and was refused again.
@@ -463,11 +478,12 @@ def _current_note(kb, note_path: str) -> _NoteNow:
     return _NoteNow(note.text, note.sha256, None)
 
 
-def only_reject(kb, catalog, note_path: str, gate_id: str) -> str | None:
+def only_reject(store: Store, kb, catalog, note_path: str, gate_id: str) -> str | None:
     """Why an open escalation can now only be rejected (its note is gone or unreadable,
     or its gate left the catalog), or None: what ``decide`` would refuse, said before a
     person tries."""
-    return _undecidable(_current_note(kb, note_path), catalog.get(gate_id))
+    gate = gate_of(store, kb, catalog, note_path, gate_id)
+    return _undecidable(_current_note(kb, note_path), gate)
 
 
 def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate or None

@@ -61,6 +61,7 @@ def open_fix_job(store: Store, note_path: str) -> int | None:
 
 
 def current_failures(
+    kb: KB,
     store: Store,
     catalog: Catalog,
     partition: str,
@@ -89,11 +90,11 @@ def current_failures(
             "ORDER BY a.gate_id",
             (partition, note_path),
         )
-        if r[4] == note_sha256 and _gate_now(catalog, r[0]) == r[5]
+        if r[4] == note_sha256 and _gate_now(kb, catalog, r[0], r[1]) == r[5]
     ]
     current = {}
     for r in rows:
-        gate = catalog.get(r[0])
+        gate = catalog.recorded(kb, r[0], r[1])
         current[(note_path, r[0])] = (note_sha256, gate.sha256 if gate else None)
     held = {g for n, g in held_pairs(store, partition, current) if n == note_path}
     keep = include or set()
@@ -102,8 +103,10 @@ def current_failures(
     ]
 
 
-def _gate_now(catalog: Catalog, gate_id: str) -> str | None:
-    gate = catalog.get(gate_id)
+def _gate_now(kb: KB, catalog: Catalog, gate_id: str, gate_path: str) -> str | None:
+    # A type spec a note names by a path is not in the catalog's scan: found where the
+    # review recorded it, or its FAILs made no fix and no escalation.
+    gate = catalog.recorded(kb, gate_id, gate_path)
     return gate.sha256 if gate else None
 
 
@@ -135,7 +138,7 @@ def create_fix_job(
         # Deleted, broken or leading outside the root since its review: nothing to fix.
         logs.get().warning("fix.skipped", note_path=note_path, reason=str(exc))
         return None
-    targets = current_failures(store, catalog, partition, note_path, note.sha256, include)
+    targets = current_failures(kb, store, catalog, partition, note_path, note.sha256, include)
     if not targets:
         return None
     with store.write():
@@ -164,7 +167,7 @@ def create_fix_job(
         )
         note_snap = store.snapshot(note.path, note.text, note.sha256)
         for t in targets:
-            gate = catalog.get(t.gate_id)
+            gate = catalog.recorded(kb, t.gate_id, t.gate_path)
             gate_text = gate.text if gate else ""
             store.conn.execute(
                 "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
