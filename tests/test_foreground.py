@@ -473,3 +473,42 @@ def test_a_fix_job_that_fails_under_run_job_goes_to_a_person(kb, monkeypatch, ru
     assert [(n, g) for n, g, _ in escalated] == [(note, "prose/body-check")], escalated
     assert "the fixer failed" in escalated[0][2] and "every attempt" not in escalated[0][2]
     assert "escalation" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_run_job_of_a_job_finalized_by_hand_while_it_ran_says_the_job_is_done(
+    kb, run_cli, monkeypatch
+):
+    """A person finalized the job by hand while run-job's agent ran: run-job said its
+    attempt was taken back by a control process and the job 'runs on in another
+    attempt', while state.db had it completed with the person's decisions."""
+    from orchestrator.control.followup import finalize_by_hand
+    from orchestrator.review.finalize import Provenance
+    from workers import foreground
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    other = Workspace.open(kb.root)  # the person's `reviewq finalize`
+    original = foreground.run_attempt
+
+    def finalized_meanwhile(*args, **kwargs):
+        outcome = original(*args, **kwargs)
+        res, _ = finalize_by_hand(other, 1, outcome.output, Provenance(runner="me"))
+        assert res.ok, res.failure_reasons
+        return outcome
+
+    monkeypatch.setattr(foreground, "run_attempt", finalized_meanwhile)
+    try:
+        res = run_cli("run-job", "1", "--reviewer", "fake")
+    finally:
+        other.close()
+    assert res.exit_code == 1
+    assert "another attempt" not in res.stderr and "control process" not in res.stderr
+    said = [x for x in res.stderr.splitlines() if x.startswith(("reason:", "error:"))]
+    assert said == [
+        "error: job 1 is completed: it was decided while attempt 1 ran (reviewq job 1 "
+        "shows it); this attempt's output was not used"
+    ]
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, runner FROM review_jobs WHERE id = 1").fetchone()
+    assert tuple(job) == ("completed", "me")

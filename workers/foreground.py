@@ -50,6 +50,8 @@ class ForegroundResult:
     outcome: AttemptOutcome
     finalized: FinalizeResult | None
     followed: Followed = field(default_factory=Followed)
+    # The job's status when it was decided by someone else while this attempt ran.
+    decided: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -132,12 +134,23 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
     # the job again for a worker.
     with store.write():
         if not is_current(store, job_id, opened.attempt):
+            supersede(store, job_id, opened.attempt, outcome.telemetry)
+            status = store.conn.execute(
+                "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
+            ).fetchone()[0]
+            if status in ("completed", "failed", "split"):
+                # Decided meanwhile: a person's `reviewq finalize`, or another attempt.
+                # Said as "runs on in another attempt", it contradicted `reviewq job`.
+                why = f"job {job_id} was {status} while attempt {opened.attempt} ran"
+                return ForegroundResult(
+                    outcome, FinalizeResult(job_id, "superseded", [why]), decided=status
+                )
             # Taken back while this process was away (stopped, suspended): the reaper
             # queued the job again and another attempt runs it, which alone decides.
-            supersede(store, job_id, opened.attempt, outcome.telemetry)
             why = (
                 f"attempt {opened.attempt} was taken back while it ran (a control process "
-                "took it for lost); the job's current attempt decides"
+                "took it for lost, or another run-job started one); the job's current "
+                "attempt decides"
             )
             return ForegroundResult(outcome, FinalizeResult(job_id, "superseded", [why]))
         if outcome.classification == TOUCHED_KB and changes_not_the_agents(
