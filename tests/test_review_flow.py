@@ -302,8 +302,12 @@ def test_finalize_refusals_change_nothing(flow, run_cli):
     write_output(flow, job)
     res = run_cli("finalize", "--review-job-id", jid, "--model", "other-model")
     assert res.exit_code == 1 and "does not match" in res.stderr
+    # The call's own mistake (bad usage, exit 2, as decide's redo without --feedback),
+    # said before anything of the job: not "refused", nor "completed already".
     res = run_cli("finalize", "--review-job-id", jid, "--effort", "high")
-    assert res.exit_code == 1 and "--effort needs --model" in res.stderr
+    assert res.exit_code == 2 and "--effort needs --model" in res.stderr
+    res = run_cli("finalize", "--review-job-id", "999", "--effort", "high")
+    assert res.exit_code == 2 and "--effort needs --model" in res.stderr
     assert acceptance_rows(flow) == []
     res = run_cli(
         "finalize",

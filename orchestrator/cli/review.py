@@ -270,6 +270,9 @@ def finalize_cmd(
     Example:
       reviewq finalize --review-job-id 3 --runner claude-code --model offline
     """
+    if effort and not model:
+        # The call's own mistake, as decide's redo without --feedback: bad usage (exit 2).
+        raise click.UsageError("--effort needs --model (the model that reviewed)")
     prov = Provenance(
         runner=runner, model=model, effort=effort, telemetry=parse_telemetry(telemetry)
     )
