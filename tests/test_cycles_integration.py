@@ -1481,3 +1481,34 @@ def test_a_fail_against_a_type_spec_named_by_a_path_is_fixed_escalated_and_decid
         conn.commit()
     again = json.loads(rq(kb, "sweep", "type", "--reviewer", "offline", "--json").stdout)
     assert again["enqueued_jobs"] == 0
+
+
+def test_run_job_of_a_fix_says_what_followed_it(kb):
+    """run-job of a fix job printed 'job N completed' and nothing of what came of it: the
+    re-review an applied fix queues, the next fix after one that changed nothing, or the
+    escalation of the third rejection, which finalize and run-job of a review print as
+    follow-up and escalated lines."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
+        profile("fixer", FAKE_FIX_APPEND="FIXED"),
+    )
+    res = rq(kb, "enqueue", "--all-gates", "--fix", "--fixer", "fixer", "--reviewer", "fake",
+             "--json")  # fmt: skip
+    (review,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    res = rq(kb, "run-job", str(review), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    res = rq(kb, "run-job", str(fix), "--reviewer", "fixer")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (again,) = conn.execute(
+            "SELECT id FROM review_jobs WHERE kind = 'review' AND id > ?", (fix,)
+        ).fetchone()
+    assert res.stdout.splitlines()[-2:] == [
+        f"job {fix} completed",
+        f"follow-up: review job {again} queued",
+    ]

@@ -22,7 +22,12 @@ from orchestrator.control.attempts import (
     set_outcome,
     supersede,
 )
-from orchestrator.control.followup import Followed, FollowUp, fail_by_hand, finalize_by_hand
+from orchestrator.control.followup import (
+    Followed,
+    fail_by_hand,
+    finalize_by_hand,
+    fix_output_by_hand,
+)
 from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
@@ -230,9 +235,8 @@ def _apply_fix(
     """A fixer's output is the note's new text, applied as the control process would; an
     unusable one fails the job at once (:func:`fail_by_hand`)."""
     store = ws.store
-    follow = FollowUp(ws)
     with store.write():
-        problem = follow.fix_output(follow.job(job_id), outcome.output)
+        problem, followed = fix_output_by_hand(ws, job_id, outcome.output)
         set_outcome(
             store,
             job_id,
@@ -242,4 +246,4 @@ def _apply_fix(
         )
     if problem:
         return FinalizeResult(job_id, "failed", [problem]), fail_by_hand(ws, job_id, [problem])
-    return FinalizeResult(job_id, "completed"), Followed()
+    return FinalizeResult(job_id, "completed"), followed

@@ -698,6 +698,21 @@ def fail_by_hand(ws: Workspace, job_id: int, reasons: list[str]) -> Followed:
         return _followed_since(store, since)
 
 
+def fix_output_by_hand(
+    ws: Workspace, job_id: int, output: bytes | None
+) -> tuple[str | None, Followed]:
+    """A manual path's fixer output (``run-job`` of a fix job), applied as the control
+    process applies it: the reason it is unusable, or None; and what followed it (the
+    re-review of an applied fix, the next fix or the escalation after one that changed
+    nothing), said as :func:`finalize_by_hand` says a review's follow-ups."""
+    store = ws.store
+    with store.write():
+        since = _last_ids(store)
+        follow = FollowUp(ws)
+        problem = follow.fix_output(follow.job(job_id), output)
+        return problem, _followed_since(store, since)
+
+
 def _last_ids(store) -> tuple[int, int]:  # noqa: ANN001 - a Store
     return store.conn.execute(
         "SELECT (SELECT coalesce(max(id), 0) FROM review_jobs), "
