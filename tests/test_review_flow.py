@@ -671,6 +671,25 @@ def test_create_jobs_takes_one_pair_however_its_note_path_is_spelled(flow, run_c
     assert sorted(pairs) == [(NOTE_A, "prose/body-check"), (NOTE_B, "prose/body-check")]
 
 
+def test_create_jobs_takes_an_absolute_note_path_under_the_root(flow, run_cli, tmp_path):
+    """A target edited to the note's absolute path was skipped as 'outside the KB root',
+    though the note is in it (ack takes the same path)."""
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("# Elsewhere\n")
+    targets = [str(flow.root / NOTE_A), NOTE_A, str(outside)]
+    selection = json.dumps(
+        {
+            "model_partition": "fake",
+            "targets": [{"note_path": p, "gate_id": "prose/body-check"} for p in targets],
+        }
+    )
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "gate", "--json", input=selection)
+    assert res.exit_code == 0, res.stderr
+    pairs = [(p["note_path"], p["gate_id"]) for j in res.json()["jobs"] for p in j["pairs"]]
+    assert pairs == [(NOTE_A, "prose/body-check")]
+    assert [s["why"] for s in res.json()["skipped"]] == [f"{outside}: outside the KB root"]
+
+
 def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
     # kb/reports made a file: an internal error (NotADirectoryError) before.
     assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0

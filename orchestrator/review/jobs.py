@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -187,7 +188,7 @@ class _Loader:
         if given not in self.notes:
             rel = given
             try:
-                rel = self.kb.check_rel(given)  # resolves symlinks: once per note
+                rel = self.kb.check_rel(self._under_root(given))  # resolves symlinks
                 if not rel.endswith(".md") or not self.kb.in_note_roots(rel):
                     # A type spec, a gate or the targets file itself, reviewed as a note.
                     roots = ", ".join(self.kb.note_roots)
@@ -211,6 +212,17 @@ class _Loader:
             except OSError as exc:
                 self.notes[given] = f"{rel}: {exc.strerror or exc}"
         return self.notes[given]
+
+    def _under_root(self, given: str) -> str:
+        """An absolute path into the KB root (a target edited by hand; ack takes one too)
+        as the root-relative path it names; any other path as given, for check_rel to
+        judge ("outside the KB root" was said of a note inside it)."""
+        if not given.startswith("/"):
+            return given
+        try:
+            return Path(os.path.normpath(given)).relative_to(self.kb.root).as_posix()
+        except ValueError:
+            return given
 
     def gate(self, gate_id: str, gate_path: str | None) -> Gate | str:
         # A type spec a note names relative to itself is not in the catalog's types/ scan.
