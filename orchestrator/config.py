@@ -601,7 +601,11 @@ def load_settings(
     root: str | Path = ".", state: str | Path | None = None, config: str | Path | None = None
 ) -> Settings:
     root_path = Path(root).resolve()
-    if not root_path.is_dir():
+    try:
+        is_dir = root_path.is_dir()
+    except OSError as exc:  # a name too long for the file system
+        raise ConfigError(f"--root {root}: not a folder ({exc.strerror or exc})") from None
+    if not is_dir:
         # A mistyped --root would otherwise read as a KB with nothing in it.
         raise ConfigError(f"--root {root}: not a folder")
     config_path = Path(config) if config else root_path / "reviewq.toml"
@@ -620,8 +624,12 @@ def load_settings(
         raise ConfigError(f"{config_path} {exc}") from None
     problems = {k: f"{config_path} {v}" for k, v in settings.sweeps_left_out.items()}
     settings = replace(settings, sweeps_left_out=problems)
-    if settings.state_dir.exists() and not settings.state_dir.is_dir():
-        where = "--state" if state else f"{config_path} [state] dir"
+    where = "--state" if state else f"{config_path} [state] dir"
+    try:
+        there = settings.state_dir.exists()
+    except OSError as exc:  # a name too long for the file system
+        raise ConfigError(f"{where} {settings.state_dir}: {exc.strerror or exc}") from None
+    if there and not settings.state_dir.is_dir():
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
     for profile in settings.reviewers.values():
         logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))

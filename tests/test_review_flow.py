@@ -1146,3 +1146,32 @@ def test_a_type_spec_named_relative_to_its_notes_is_acked_warned_and_exported(fl
     # Its spec changed: gate-changed, as for a spec under kb/types/.
     flow.write("kb/notes/types/claim.md", "---\nname: claim\n---\n# Claim\n\nA sharper claim.\n")
     assert run_cli("warn-queue", "--json").json()["warnings"] == []
+
+
+def test_a_name_too_long_for_the_file_system_is_one_error_line(flow, run_cli):
+    """A path argument with a component over 255 bytes (or a long inline JSON with a typo,
+    which --telemetry-json then looked up as a file) was 'internal error: OSError: [Errno
+    36] File name too long ... (please report it)'."""
+    long_name = "a" * 300
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")
+    jid = str(job["jobs"][0]["review_job_id"])
+    telemetry = '{"num_turns": 3, "note": "' + "x" * 300 + '",}'
+    cases = [
+        (("ack", "--model", "fake", f"kb/notes/{long_name}.md", "prose/body-check"), "File name too long"),
+        (("select", "prose", "--note", f"kb/notes/{long_name}.md"), "File name too long"),
+        (("finalize", "--review-job-id", jid, "--telemetry-json", telemetry), "line 1 column"),
+        (("--state", long_name, "status"), "File name too long"),
+    ]  # fmt: skip
+    for args, said in cases:
+        res = run_cli(*args)
+        assert res.exit_code == 1, (args, res.stderr)
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: "), res.stderr
+        assert "internal error" not in res.stderr and said in res.stderr, res.stderr
+    res = run_cli("status", root=flow.root / long_name)
+    assert res.exit_code == 1 and "internal error" not in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "not a folder" in res.stderr
+    with Store.open(flow.state) as s:  # the refused finalize left the job as it was
+        assert (
+            s.conn.execute("SELECT status FROM review_jobs WHERE id = ?", (jid,)).fetchone()[0]
+            == "queued"
+        )

@@ -36,6 +36,15 @@ except AttributeError:  # pragma: no cover - depends on how PyYAML was built
     _Loader = yaml.SafeLoader
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name the file system cannot hold (a component over 255
+    bytes: ENAMETOOLONG) names nothing there, where pathlib raised it as an internal error."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 class KBError(Exception):
     """A problem with the KB as a whole (a missing root, a path outside it)."""
 
@@ -372,7 +381,7 @@ class KB:
         root-relative; a path that leads outside the root is refused."""
         p = Path(path)
         cand = p if p.is_absolute() else Path.cwd() / p
-        if not p.is_absolute() and not cand.exists():
+        if not p.is_absolute() and not _exists(cand):
             cand = self.root / p
         try:
             resolved = cand.resolve()
@@ -391,7 +400,11 @@ class KB:
         for path in paths:
             rel = self.rel(path)
             target = self.root / rel
-            if not target.exists():
+            try:
+                there = target.exists()
+            except OSError as exc:  # a name too long for the file system
+                raise KBError(f"--note {path}: {exc.strerror or exc}") from None
+            if not there:
                 raise KBError(f"--note {path}: no such note file or folder in the KB")
             if not target.is_file() and not target.is_dir():
                 raise KBError(f"--note {path}: not a note file or folder (a special file)")

@@ -89,10 +89,17 @@ def parse_telemetry(value: str | None) -> dict | None:
         return None
     try:
         data = json.loads(value)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as bad:
         path = Path(value)
-        if not path.is_file():
-            raise FinalizeError("--telemetry-json: neither JSON nor a readable file") from None
+        try:
+            is_file = path.is_file()
+        except OSError:  # a long JSON text with a mistake in it: too long for a file name
+            is_file = False
+        if not is_file:
+            raise FinalizeError(
+                f"--telemetry-json: neither JSON ({bad.msg} at line {bad.lineno} column "
+                f"{bad.colno}) nor a readable file"
+            ) from None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
