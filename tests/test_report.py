@@ -328,6 +328,10 @@ def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
         f"error: --html {missing}: no folder {missing.parent}; name a file in one that exists\n",
     )
     assert not missing.parent.exists() and not note.with_name("report.md").exists()
+    # A name too long for the file system was "internal error ... please report it".
+    too_long = tmp_path / ("a" * 300 + ".html")
+    res = night.rq("report", "--html", str(too_long))
+    assert (res.returncode, res.stderr) == (1, f"error: --html {too_long}: File name too long\n")
     assert db.read_bytes() == before and note.read_text() == text
     old = tmp_path / "old.html"  # a page written before pages said who made them
     old.write_text(

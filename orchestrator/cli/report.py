@@ -60,17 +60,10 @@ def report_cmd(
     """
     from orchestrator.report import ReportError, make_report
 
-    if html is not None and Path(html).is_dir():
-        raise Refused(f"--html {html}: is a folder; name the file to write")
-    page = Path(html).resolve() if html else (None if as_json else ws.state_dir / "report.html")
-    if html is not None and page is not None:
-        # A mistyped folder was made, and a page inside the KB was read as a note.
-        if not page.parent.is_dir():
-            raise Refused(f"--html {html}: no folder {page.parent}; name a file in one that exists")
-        for rel in (*ws.settings.note_roots, GATES_DIR, TYPES_DIR):
-            read = (ws.root / rel).resolve()
-            if page.is_relative_to(read):
-                raise Refused(f"--html {html}: inside {read}, where sweeps read notes and gates")
+    try:
+        page = _page(ws, html, as_json)
+    except OSError as exc:  # a name too long for the file system: an internal error before
+        raise Refused(f"--html {html}: {exc.strerror or exc}") from None
     # A state folder never used is refused: a mistyped --state reported "nothing".
     store = ws.read_store()
     try:
@@ -103,3 +96,19 @@ def report_cmd(
         )
     else:
         click.echo(rep.text(), nl=False)
+
+
+def _page(ws: Workspace, html: str | None, as_json: bool) -> Path | None:
+    """The page to write: --html's file, checked, or STATE/report.html (none with --json)."""
+    if html is not None and Path(html).is_dir():
+        raise Refused(f"--html {html}: is a folder; name the file to write")
+    page = Path(html).resolve() if html else (None if as_json else ws.state_dir / "report.html")
+    if html is not None and page is not None:
+        # A mistyped folder was made, and a page inside the KB was read as a note.
+        if not page.parent.is_dir():
+            raise Refused(f"--html {html}: no folder {page.parent}; name a file in one that exists")
+        for rel in (*ws.settings.note_roots, GATES_DIR, TYPES_DIR):
+            read = (ws.root / rel).resolve()
+            if page.is_relative_to(read):
+                raise Refused(f"--html {html}: inside {read}, where sweeps read notes and gates")
+    return page
