@@ -512,3 +512,41 @@ def test_run_job_of_a_job_finalized_by_hand_while_it_ran_says_the_job_is_done(
     with db(kb) as conn:
         job = conn.execute("SELECT status, runner FROM review_jobs WHERE id = 1").fetchone()
     assert tuple(job) == ("completed", "me")
+
+
+def test_run_job_whose_attempt_was_taken_and_lost_meanwhile_says_the_job_is_queued(
+    kb, run_cli, monkeypatch
+):
+    """Another run-job took the job while this one's agent ran, and was stopped: the job
+    is queued again with nobody running it, and run-job said it 'runs on in another
+    attempt'."""
+    from orchestrator.control.attempts import lose, open_attempt
+    from workers import foreground
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    other = Workspace.open(kb.root)  # the other run-job's connection
+    original = foreground.run_attempt
+
+    def taken_and_lost_meanwhile(*args, **kwargs):
+        outcome = original(*args, **kwargs)
+        opened = open_attempt(other.store, other.state_dir, other.root, 1, "fake", partition="fake")
+        with other.store.write():
+            lose(other.store, 1, opened.attempt, "run-job was stopped")
+        return outcome
+
+    monkeypatch.setattr(foreground, "run_attempt", taken_and_lost_meanwhile)
+    try:
+        res = run_cli("run-job", "1", "--reviewer", "fake")
+    finally:
+        other.close()
+    assert res.exit_code == 1
+    said = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+    assert said == [
+        "error: job 1 is queued again: attempt 1 was taken back while it ran (reviewq job 1 "
+        "shows it); this attempt's output was not used"
+    ]
+    with db(kb) as conn:
+        job = conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()
+    assert job[0] == "queued"

@@ -55,8 +55,8 @@ class ForegroundResult:
     outcome: AttemptOutcome
     finalized: FinalizeResult | None
     followed: Followed = field(default_factory=Followed)
-    # The job's status when it was decided by someone else while this attempt ran.
-    decided: str | None = None
+    # The job's status when this attempt was found taken back (None: it was not).
+    job_status: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -143,21 +143,18 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             status = store.conn.execute(
                 "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
             ).fetchone()[0]
-            if status in ("completed", "failed", "split"):
-                # Decided meanwhile: a person's `reviewq finalize`, or another attempt.
-                # Said as "runs on in another attempt", it contradicted `reviewq job`.
-                why = f"job {job_id} was {status} while attempt {opened.attempt} ran"
-                return ForegroundResult(
-                    outcome, FinalizeResult(job_id, "superseded", [why]), decided=status
-                )
-            # Taken back while this process was away (stopped, suspended): the reaper
-            # queued the job again and another attempt runs it, which alone decides.
+            # Decided meanwhile (a person's `reviewq finalize`, another attempt), queued
+            # again (the reaper took this attempt for lost, or another run-job took the
+            # job and was stopped), or run by another attempt, which alone decides. Said
+            # as "runs on in another attempt" whatever it was, it contradicted `reviewq job`.
             why = (
                 f"attempt {opened.attempt} was taken back while it ran (a control process "
-                "took it for lost, or another run-job started one); the job's current "
-                "attempt decides"
+                "took it for lost, a finalize by hand, or another run-job); the job is "
+                f"{status} now"
             )
-            return ForegroundResult(outcome, FinalizeResult(job_id, "superseded", [why]))
+            return ForegroundResult(
+                outcome, FinalizeResult(job_id, "superseded", [why]), job_status=status
+            )
         if outcome.classification == TOUCHED_KB and changes_not_the_agents(
             store, job_id, opened.attempt, outcome.touched, outcome.touched_hashes
         ):

@@ -325,9 +325,14 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         click.echo(f"job {job_id} completed")
         show_followed(ws, res.followed)
         return
-    if res.decided is not None:
+    if res.job_status in ("completed", "failed", "split"):
         raise Refused(
-            f"job {job_id} is {res.decided}: it was decided while attempt {out.attempt} ran "
+            f"job {job_id} is {res.job_status}: it was decided while attempt {out.attempt} ran "
+            f"(reviewq job {job_id} shows it); this attempt's output was not used"
+        )
+    if res.job_status == "queued":
+        raise Refused(
+            f"job {job_id} is queued again: attempt {out.attempt} was taken back while it ran "
             f"(reviewq job {job_id} shows it); this attempt's output was not used"
         )
     reasons = res.finalized.failure_reasons if res.finalized is not None else out.reasons
