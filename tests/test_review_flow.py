@@ -1175,3 +1175,36 @@ def test_a_name_too_long_for_the_file_system_is_one_error_line(flow, run_cli):
             s.conn.execute("SELECT status FROM review_jobs WHERE id = ?", (jid,)).fetchone()[0]
             == "queued"
         )
+
+
+def test_a_job_finalized_or_failed_by_hand_is_in_the_log(flow, run_cli):
+    """finalize and run-job logged nothing of the job's end: `reviewq logs --job N` and the
+    operator tailing the log saw job.created and then nothing, while state.db had the job
+    completed (or failed) with its decisions."""
+    from .test_queue_integration import log_lines
+
+    jobs = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")
+    good = jobs["jobs"][0]
+    write_output(flow, good, decisions="WARN")
+    assert (
+        run_cli(
+            "finalize", "--review-job-id", str(good["review_job_id"]), "--runner", "me"
+        ).exit_code
+        == 0
+    )
+    again = create(
+        run_cli, select_json(run_cli, "frontmatter", "--model", "fake"), "--grouping", "gate"
+    )
+    bad = again["jobs"][0]
+    assert run_cli("finalize", "--review-job-id", str(bad["review_job_id"])).exit_code == 1
+    ends = [
+        (e["event"], e["job_id"])
+        for e in log_lines(flow)
+        if e["event"] in ("job.finalized", "job.failed")
+    ]
+    assert ends == [
+        ("job.finalized", good["review_job_id"]),
+        ("job.failed", bad["review_job_id"]),
+    ]
+    finalized = next(e for e in log_lines(flow) if e["event"] == "job.finalized")
+    assert finalized["decisions"] == {"WARN": 2} and finalized["runner"] == "me"

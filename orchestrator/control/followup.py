@@ -684,7 +684,45 @@ def finalize_by_hand(
             follow.after_completed(job_id)
         else:
             follow.after_failed(job_id, res.failure_reasons, at_once=BY_HAND)
+        _log_end_by_hand(store, res, attempt, provenance.runner)
         return res, _followed_since(store, since)
+
+
+def _log_end_by_hand(
+    store,  # noqa: ANN001 - a Store
+    res: FinalizeResult,
+    attempt: int | None,
+    runner: str | None,
+) -> None:
+    """job.finalized or job.failed of a job ended by hand (``finalize``, ``run-job``), as
+    the control process logs a queued job's, once the transaction that ends it commits:
+    without them the log had the job created and never ended."""
+    log = logs.get()
+    if res.ok:
+        counts: dict[str, int] = {}
+        for p in res.pairs:
+            counts[p["decision"]] = counts.get(p["decision"], 0) + 1
+        store.after_commit(
+            lambda: log.info(
+                "job.finalized",
+                job_id=res.review_job_id,
+                attempt=attempt,
+                runner=runner,
+                by_hand=True,
+                decisions=counts,
+            )
+        )
+    elif res.status == "failed":
+        store.after_commit(
+            lambda: log.error(
+                "job.failed",
+                job_id=res.review_job_id,
+                attempt=attempt,
+                runner=runner,
+                by_hand=True,
+                reasons=res.failure_reasons[:10],
+            )
+        )
 
 
 def fail_by_hand(ws: Workspace, job_id: int, reasons: list[str]) -> Followed:
@@ -695,6 +733,7 @@ def fail_by_hand(ws: Workspace, job_id: int, reasons: list[str]) -> Followed:
         since = _last_ids(store)
         fail_job(store, ws.state_dir, job_id, reasons)
         FollowUp(ws).after_failed(job_id, reasons, at_once=BY_HAND)
+        _log_end_by_hand(store, FinalizeResult(job_id, "failed", reasons), None, None)
         return _followed_since(store, since)
 
 
