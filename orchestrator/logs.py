@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
@@ -107,6 +108,16 @@ def _end_of(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def fields_text(fields: Mapping[str, object]) -> str:
+    """A log line's fields as a person reads them: ``key=value``, a string as it is and
+    any other value (a dict, a list, null, true) as the JSON the log file holds: Python's
+    own form (``{'a': 1}``, ``None``) was neither what the file says nor what ``jq`` reads."""
+    return " ".join(
+        f"{k}={v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)}"
+        for k, v in fields.items()
+    )
 
 
 def secret_name(name: str) -> bool:

@@ -180,3 +180,28 @@ def test_following_the_log_of_a_state_folder_that_is_not_there_is_refused(kb, ru
     assert res.stderr.splitlines() == [
         f"error: {kb.root / 'typo'}: no state folder here (is --state right?)"
     ]
+
+
+def test_a_dict_list_or_null_value_is_shown_as_json(kb, run_cli):
+    """Dicts, lists and nulls were shown as Python wrote them: `counts={'fresh': 0}`,
+    `reasons=['exited 3']`, `cost_usd=None`; the log holds JSON, and `jq` recipes (and a
+    person) read them as such."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    rec = {
+        "timestamp": "2026-11-23T01:02:03.456Z",
+        "level": "info",
+        "event": "sweep.enqueued",
+        "counts": {"missing-review": 3, "fresh": 0},
+        "reasons": ["exited 3 after 0.0 s", "it's"],
+        "cost_usd": None,
+        "fix": True,
+        "note_path": "kb/notes/a b.md",
+    }
+    log.write_text(json.dumps(rec) + "\n")
+    res = run_cli("logs")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.split("sweep.enqueued  ", 1)[1] == (
+        'counts={"missing-review": 3, "fresh": 0} reasons=["exited 3 after 0.0 s", "it\'s"] '
+        "cost_usd=null fix=true note_path=kb/notes/a b.md\n"
+    )

@@ -652,7 +652,7 @@ def logs_cmd(
         rec.pop("logger", None)
         # One line each, whatever a value holds (a file name with a line break in it
         # printed a log line of its own).
-        click.echo(shown(head + "  " + " ".join(f"{k}={v}" for k, v in rec.items())))
+        click.echo(shown(head + "  " + logs.fields_text(rec)))
 
     for line in lines(path, follow):
         show(line)
