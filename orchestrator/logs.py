@@ -2,8 +2,9 @@
 
 Every line is one JSON object with ``timestamp`` (UTC ISO), ``level``, ``event`` (dotted
 names such as ``job.finalized``) and the ids it concerns, bound per task with
-:func:`bound` and cleared after. Lines go to ``STATE/logs/reviewq.jsonl`` and to stderr,
-where a person at a terminal gets a console format instead. Tracebacks carry no local
+:func:`bound` and cleared after. Lines go to ``STATE/logs/reviewq.jsonl`` and to stderr:
+a long-running process's as JSON (a console format on a terminal), a command's as one
+``warning:`` line each. Tracebacks carry no local
 variables, and the values of secret-looking environment variables are redacted.
 """
 
@@ -227,7 +228,10 @@ def configure(
     process: str | None = None,
 ) -> None:
     """Set up logging once per process. ``stderr_format``: json, console, or None to
-    choose console on a terminal and JSON elsewhere."""
+    choose: a command (no ``process``) says its log lines on stderr as ``warning:``
+    lines, on a terminal or not (cron mails a person what it prints: a JSON line beside
+    the command's `error:` line was the log file's business, and the file has it); a
+    long-running process, console on a terminal and JSON elsewhere (the journal)."""
     import structlog  # imported here: a read-only command never pays for it
 
     # A sweep's children: their stderr is a file kept for crashes, which every info line
@@ -241,7 +245,7 @@ def configure(
     fmt = (
         stderr_format
         or os.environ.get("REVIEWQ_LOG_FORMAT")
-        or ("console" if sys.stderr.isatty() else "json")
+        or ("command" if process is None else "console" if sys.stderr.isatty() else "json")
     )
     shared = [
         structlog.contextvars.merge_contextvars,
@@ -270,6 +274,14 @@ def configure(
             ),
         ],
     )
+    command_formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, _foreign_event],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            redactor,
+            _warning_line,
+        ],
+    )
     # No record attribute we render needs the caller's file and line, the thread or the
     # process (structlog's event dict is the line): the logging HOWTO's "Optimization"
     # switches: the caller lookup alone walked the stack for every line.
@@ -285,7 +297,9 @@ def configure(
     root.setLevel(logging.INFO)
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(stderr_level.upper())
-    err.setFormatter(console_formatter if fmt == "console" else json_formatter)
+    err.setFormatter(
+        {"console": console_formatter, "command": command_formatter}.get(fmt, json_formatter)
+    )
     err._reviewq = True  # type: ignore[attr-defined]
     # People get one line; tracebacks go to the log file only.
     err.addFilter(_no_traceback)
@@ -368,8 +382,20 @@ def _formatted_once(base: type) -> type:
 
 
 # Events a command prints itself as one `warning: PATH: reason` line (as select does):
-# on its stderr they came twice, or as a JSON line where select said it plainly.
-SAID_BY_COMMANDS = frozenset({"kb.file_skipped"})
+# on its stderr they came twice, or as a JSON line where select said it plainly. An
+# escalation a command raises (finalize, run-job) is its `escalated:` line.
+SAID_BY_COMMANDS = frozenset({"kb.file_skipped", "escalation.raised"})
+
+
+def _warning_line(logger: object, name: str, event_dict: dict) -> str:
+    """A log line on a command's stderr: ``warning: EVENT  key=value…``, one line (the
+    time and level are the log file's; the command's verdict is its own `error:` line)."""
+    event_dict.pop("timestamp", None)
+    event_dict.pop("level", None)
+    event_dict.pop("logger", None)
+    event = event_dict.pop("event", "")
+    line = f"warning: {event}" + (f"  {fields_text(event_dict)}" if event_dict else "")
+    return line if line.isprintable() else repr(line)[1:-1]
 
 
 def _not_said_by_commands(record: logging.LogRecord) -> bool:

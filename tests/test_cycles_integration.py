@@ -1512,3 +1512,22 @@ def test_run_job_of_a_fix_says_what_followed_it(kb):
         f"job {fix} completed",
         f"follow-up: review job {again} queued",
     ]
+
+
+def test_a_commands_stderr_has_no_json_log_lines_off_a_terminal(kb):
+    """Run from cron (stderr a pipe, mailed to the operator), run-job of a failing job
+    printed the escalation's JSON log line next to its `error:` and `escalated:` lines:
+    the log file holds the JSON; the person reads one plain line for each thing."""
+    audited_kb(kb, FAKE_MODE="bad")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    assert rq(kb, "run-job", "1", "--reviewer", "fake").returncode == 0
+    res = rq(kb, "run-job", "2", "--reviewer", "auditor")
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.splitlines()
+    assert not [x for x in lines if x.lstrip().startswith("{")], res.stderr
+    # Said once, in the command's own words; not again as the log's escalation.raised.
+    assert [x for x in lines if "escalat" in x] == [
+        "escalated: kb/notes/alpha.md prose/body-check (escalation 1; reviewq escalations)"
+    ], res.stderr
+    logged = (kb.state / "logs" / "reviewq.jsonl").read_text()
+    assert '"event": "escalation.raised"' in logged  # the log keeps it, as JSON
