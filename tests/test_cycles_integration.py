@@ -1531,3 +1531,33 @@ def test_a_commands_stderr_has_no_json_log_lines_off_a_terminal(kb):
     ], res.stderr
     logged = (kb.state / "logs" / "reviewq.jsonl").read_text()
     assert '"event": "escalation.raised"' in logged  # the log keeps it, as JSON
+
+
+def test_job_names_the_escalations_its_failure_raised(kb):
+    """`job N` of a failed job said why it failed, not that its pairs now wait for a
+    person, nor on which escalation: the operator had to match notes and gates against
+    `reviewq escalations` by hand."""
+    audited_kb(kb, FAKE_MODE="bad")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    assert rq(kb, "run-job", "1", "--reviewer", "fake").returncode == 0
+    assert rq(kb, "run-job", "2", "--reviewer", "auditor").returncode == 1
+    shown = rq(kb, "job", "2").stdout
+    assert (
+        "  escalated: kb/notes/alpha.md prose/body-check (escalation 1, open; "
+        "reviewq escalations)\n" in shown
+    ), shown
+    # Raised by the audit's failure, though it is the reviewed job's partition's pair.
+    assert "escalat" not in rq(kb, "job", "1").stdout
+    data = json.loads(rq(kb, "job", "2", "--json").stdout)
+    assert data["escalations"] == [
+        {
+            "id": 1,
+            "note_path": "kb/notes/alpha.md",
+            "gate_id": "prose/body-check",
+            "decision": None,
+            "report_path": ".reviewq/escalations/escalation-1.md",
+        }
+    ]
+    res = rq(kb, "decide", "1", "approve")
+    assert res.returncode == 0, res.stderr
+    assert "(escalation 1, decided: approve)\n" in rq(kb, "job", "2").stdout

@@ -1208,3 +1208,15 @@ def test_a_job_finalized_or_failed_by_hand_is_in_the_log(flow, run_cli):
     ]
     finalized = next(e for e in log_lines(flow) if e["event"] == "job.finalized")
     assert finalized["decisions"] == {"WARN": 2} and finalized["runner"] == "me"
+
+
+def test_job_names_the_escalation_its_third_rejection_raised(flow, run_cli):
+    escalate_alpha(flow, run_cli)
+    last = max(j["id"] for j in run_cli("jobs", "--json").json()["jobs"])
+    res = run_cli("job", str(last))
+    assert (
+        f"  escalated: {NOTE_A} prose/body-check (escalation 1, open; reviewq escalations)\n"
+        in res.stdout
+    ), res.stdout
+    assert [e["id"] for e in run_cli("job", str(last), "--json").json()["escalations"]] == [1]
+    assert "escalat" not in run_cli("job", "1").stdout  # the first FAIL raised none

@@ -554,7 +554,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     if as_json:
         # A person's decision has no folder (job_dir ''): not the state folder itself.
         folder = data["job_dir"] and root_rel(ws, ws.state_dir / data["job_dir"])
-        emit_json({**data, "job_dir": folder})
+        emit_json({**data, "job_dir": folder, "escalations": root_reports(ws, data["escalations"])})
         return
 
     def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
@@ -586,6 +586,11 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         click.echo(f"  split from job {data['parent_job_id']}")
     for p in data["pairs"]:
         click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
+    for e in data["escalations"]:
+        state = f"decided: {e['decision']}" if e["decision"] else "open; reviewq escalations"
+        click.echo(
+            f"  escalated: {shown(e['note_path'])} {e['gate_id']} (escalation {e['id']}, {state})"
+        )
     for a in data["attempts"]:
         cost = a["cost_usd"]
         cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)

@@ -141,6 +141,7 @@ class FollowUp:
                     f"Auditor's FAIL (job {job['id']}): " + _one_block(p["rationale"]),
                 ],
                 recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
+                job_id=job["id"],
             )
 
     def _after_failed(self, job_id: int, reasons: list[str], failed: str) -> None:
@@ -173,7 +174,7 @@ class FollowUp:
         for p in pairs:
             reason = f"{what} {failed}: {why}"
             with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
-                self._escalate_pair(owner, p, reason, opts, recommend, call=call)
+                self._escalate_pair(owner, p, reason, opts, recommend, call=call, by=job_id)
 
     def _failures_left(self, job, covered: set[str]) -> list[dict]:
         """The note's current FAILs a fix job did not carry: they came in while it was
@@ -203,8 +204,17 @@ class FollowUp:
         ]
 
     def _escalate_pair(
-        self, job, p, reason: str, opts: dict, recommend: str, call: str = "reject"
+        self,
+        job,
+        p,
+        reason: str,
+        opts: dict,
+        recommend: str,
+        call: str = "reject",
+        by: int | None = None,
     ) -> None:
+        """``by``: the job whose outcome raises it, when not ``job`` (a failed audit
+        escalates its source job's pairs)."""
         partition = job["model_partition"]
         material = findings(p["rationale"]) or [reason]
         cycles.escalate(
@@ -220,6 +230,7 @@ class FollowUp:
             material=material,
             recommend=recommend,
             call=call,
+            job_id=job["id"] if by is None else by,
         )
 
     # --- fixes ------------------------------------------------------------------------

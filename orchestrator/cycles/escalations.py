@@ -140,18 +140,20 @@ def escalate(
     material: list[str],
     recommend: str,
     call: str = "reject",
+    job_id: int | None = None,
 ) -> int | None:
     """Raise an escalation (one open escalation per pair) and write its report. ``call``
     is what the report recommends: ``reject`` after rejections, ``redo`` when an agent
-    failed every attempt (that says nothing about the note)."""
+    failed every attempt (that says nothing about the note). ``job_id``: the job whose
+    outcome raised it (`reviewq job N` names it)."""
     if is_open(store, partition, note_path, gate_id):
         return None
     n = count(store, partition, note_path, gate_id)
     with store.write():
         esc_id = store.conn.execute(
             "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, fixer, "
-            "report_path, raised_at, material, recommend, call) VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?) "
-            "RETURNING id",
+            "report_path, raised_at, material, recommend, call, job_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?) RETURNING id",
             (
                 partition,
                 note_path,
@@ -164,6 +166,7 @@ def escalate(
                 json.dumps(material),
                 recommend,
                 call,
+                job_id,
             ),
         ).fetchone()[0]
         rel = f"escalations/escalation-{esc_id}.md"

@@ -476,4 +476,17 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        19,
+        "the job whose outcome raised an escalation",
+        """
+        -- `reviewq job N` of a failed job (or of the review whose third FAIL escalated)
+        -- names the escalations it raised; none was linked to a job. Unknown (NULL) for
+        -- those raised before.
+        ALTER TABLE escalations ADD COLUMN job_id INTEGER;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

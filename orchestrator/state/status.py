@@ -208,6 +208,19 @@ def job(store: Store, job_id: int, settings: Settings) -> dict:
         )
     ]
     out["waits"] = _waits(store, out, settings)
+    # What its outcome handed to a person (a failure, a third rejection, a refuted PASS).
+    out["escalations"] = (
+        [
+            dict(r)
+            for r in store.conn.execute(
+                "SELECT id, note_path, gate_id, decision, report_path FROM escalations "
+                "WHERE job_id = ? ORDER BY id",
+                (job_id,),
+            )
+        ]
+        if _table_exists(store, "escalations")
+        else []
+    )
     out["attempts"] = []
     for a in store.conn.execute(
         "SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
