@@ -1220,3 +1220,24 @@ def test_job_names_the_escalation_its_third_rejection_raised(flow, run_cli):
     ), res.stdout
     assert [e["id"] for e in run_cli("job", str(last), "--json").json()["escalations"]] == [1]
     assert "escalat" not in run_cli("job", "1").stdout  # the first FAIL raised none
+
+
+def test_job_of_a_persons_decision_reads_as_one(flow, run_cli):
+    """`job N` of a decide outcome read as a completed review by reviewer "-": nothing
+    said a person decided it, nor on which escalation."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    assert run_cli("decide", str(esc), "approve").exit_code == 0
+    with Store.open(flow.state) as s:
+        (human, at) = s.conn.execute(
+            "SELECT id, created_at FROM review_jobs WHERE grouping = 'human'"
+        ).fetchone()
+    res = run_cli("job", str(human))
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.splitlines()[:3] == [
+        f"job {human}: a person's decision: approve (escalation {esc}, fake)",
+        f"  decided {at}",
+        f"  PASS  {NOTE_A}  prose/body-check",
+    ]
+    assert "reviewer -" not in res.stdout and "attempt" not in res.stdout
+    assert run_cli("job", str(human), "--json").json()["decides_escalation"] == esc
+    assert run_cli("job", "1", "--json").json()["decides_escalation"] is None

@@ -560,12 +560,22 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
         return "-" if v is None else str(v)
 
-    click.echo(
-        f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
-        f"reviewer {dash(data['reviewer'])})"
-    )
-    finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
-    click.echo(f"  created {data['created_at']}{finished}")
+    if data["grouping"] == "human":
+        # No reviewer, no attempt, no folder: a person's call on an escalation.
+        call = {"approved": "approve", "rejected": "reject"}.get(data["result"], data["result"])
+        esc = data["decides_escalation"]
+        click.echo(
+            f"job {job_id}: a person's decision: {dash(call)} "
+            f"({f'escalation {esc}, ' if esc else ''}{data['model_partition']})"
+        )
+        click.echo(f"  decided {data['created_at']}")
+    else:
+        click.echo(
+            f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
+            f"reviewer {dash(data['reviewer'])})"
+        )
+        finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
+        click.echo(f"  created {data['created_at']}{finished}")
     for w in data["waits"]:
         click.echo(f"  waits: {w}")
     if data["kind"] == "fix" and data.get("result"):

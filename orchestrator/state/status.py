@@ -208,6 +208,17 @@ def job(store: Store, job_id: int, settings: Settings) -> dict:
         )
     ]
     out["waits"] = _waits(store, out, settings)
+    # A person's decision (decide approve, or reject over a refuted PASS) is recorded as
+    # a job: the escalation it decided, by the pair and the moment (one transaction).
+    decided = None
+    if out["grouping"] == "human" and out["pairs"] and _table_exists(store, "escalations"):
+        p = out["pairs"][0]
+        decided = store.conn.execute(
+            "SELECT id FROM escalations WHERE model_partition = ? AND note_path = ? "
+            "AND gate_id = ? AND decided_at = ? ORDER BY id DESC LIMIT 1",
+            (out["model_partition"], p["note_path"], p["gate_id"], out["created_at"]),
+        ).fetchone()
+    out["decides_escalation"] = decided[0] if decided else None
     # What its outcome handed to a person (a failure, a third rejection, a refuted PASS).
     out["escalations"] = (
         [
