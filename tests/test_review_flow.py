@@ -1241,3 +1241,22 @@ def test_job_of_a_persons_decision_reads_as_one(flow, run_cli):
     assert "reviewer -" not in res.stdout and "attempt" not in res.stdout
     assert run_cli("job", str(human), "--json").json()["decides_escalation"] == esc
     assert run_cli("job", "1", "--json").json()["decides_escalation"] is None
+
+
+def test_job_held_by_a_spent_budget_says_so_of_itself(flow, run_cli):
+    """`job N` said "1 job(s) of sweep 'x' (run 1) wait: …" of the one job it shows: the
+    sweep's count, in the words of the sweep's summary."""
+    jobs = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
+    job_id = jobs["jobs"][0]["review_job_id"]
+    with Store.open(flow.state) as s:
+        run = s.conn.execute(
+            "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) "
+            "VALUES ('adhoc', 'sweep', '{}', 0, '2026-01-01T00:00:00.000Z') RETURNING id"
+        ).fetchone()[0]
+        s.conn.execute("UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?", (run, job_id))
+    res = run_cli("job", str(job_id))
+    assert res.exit_code == 0, res.stderr
+    assert [x for x in res.stdout.splitlines() if "waits" in x] == [
+        f"  waits: sweep 'adhoc' (run {run}) has spent its budget of $0; a run of that sweep "
+        "with the same options takes this job over (with a new --budget-usd)"
+    ], res.stdout

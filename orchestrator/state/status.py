@@ -259,7 +259,7 @@ def _waits(store: Store, job: dict, settings: Settings) -> list[str]:
     if job["not_before"] and job["not_before"] > now:
         out.append(f"not before {job['not_before']} (a launch failure's backoff)")
     if job["sweep_run_id"] is not None and job["sweep_run_id"] in over_budget_runs(store):
-        out.extend(held_by_budget(store, {job["sweep_run_id"]: 1}, settings))
+        out.extend(held_by_budget(store, {job["sweep_run_id"]: 1}, settings, one_job=True))
     return out
 
 
@@ -307,10 +307,13 @@ def entry_takes_over(settings: Settings, were: object, trigger: str, reviewer: s
     return old is None or old.partition == settings.reviewer(reviewer).partition
 
 
-def held_by_budget(store: Store, runs: dict[int, int], settings: Settings) -> list[str]:
+def held_by_budget(
+    store: Store, runs: dict[int, int], settings: Settings, one_job: bool = False
+) -> list[str]:
     """Who holds queued jobs back, from :attr:`Progress.budget_runs`: each run named, with
     the way to take its jobs over. They hold their pairs from every other run too, so a
-    run with no budget of its own said "the sweep's budget is spent" of them."""
+    run with no budget of its own said "the sweep's budget is spent" of them.
+    ``one_job``: said of the one job `job N` shows, not as a count of the run's."""
     out = []
     for run_id, n in sorted(runs.items()):
         name, budget, options, trigger = store.conn.execute(
@@ -326,6 +329,12 @@ def held_by_budget(store: Store, runs: dict[int, int], settings: Settings) -> li
             who = f"the next run of its [[sweeps]] entry ({command})"
         else:
             who = "a run of that sweep with the same options"
+        if one_job:
+            out.append(
+                f"sweep {name!r} (run {run_id}) has spent its budget of ${budget:g}; {who} "
+                "takes this job over (with a new --budget-usd)"
+            )
+            continue
         out.append(
             f"{n} job(s) of sweep {name!r} (run {run_id}) wait: its budget of ${budget:g} is "
             f"spent; {who} takes them over (with a new --budget-usd)"
