@@ -567,11 +567,11 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (("job", "99999999999999999999999"), "is not in the range 1<=x<="),
-        (("logs", "--job", "99999999999999999999999"), "is not in the range 1<=x<="),
+        (("job", "99999999999999999999999"), "is too large for a job id"),
+        (("logs", "--job", "99999999999999999999999"), "is too large for a job id"),
         (("decide", "99999999999999999999999", "approve"), "is not an escalation id"),
-        (("jobs", "--limit", "99999999999999999999999"), "is not in the range 1<=x<="),
-        (("report", "--run", "99999999999999999999999"), "is not in the range 1<=x<="),
+        (("jobs", "--limit", "99999999999999999999999"), "is too large for a count"),
+        (("report", "--run", "99999999999999999999999"), "is too large for a sweep run id"),
         (("worker", "--workers", "100000"), "100000 is not in the range 1<=x<=256"),
         (("sweep", "--workers", "100000"), "100000 is not in the range 0<=x<=256"),
         (("enqueue", "prose", "--budget-usd", "nan"), "nan: a cap in dollars, 0 or more"),
@@ -1260,3 +1260,25 @@ def test_job_held_by_a_spent_budget_says_so_of_itself(flow, run_cli):
         f"  waits: sweep 'adhoc' (run {run}) has spent its budget of $0; a run of that sweep "
         "with the same options takes this job over (with a new --budget-usd)"
     ], res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("job", "abc"), "Invalid value for 'JOB_ID': 'abc' is not a job id (a whole number, 1 or more)"),
+        (("job", "0"), "Invalid value for 'JOB_ID': '0' is not a job id (a whole number, 1 or more)"),
+        (("job", "1e3"), "Invalid value for 'JOB_ID': '1e3' is not a job id (a whole number, 1 or more)"),
+        (("job", str(2**63)), f"Invalid value for 'JOB_ID': '{2**63}' is too large for a job id"),
+        (("logs", "--job", "x"), "Invalid value for '--job': 'x' is not a job id (a whole number, 1 or more)"),
+        (("run-job", "x"), "Invalid value for 'JOB_ID': 'x' is not a job id (a whole number, 1 or more)"),
+        (("jobs", "--limit", "0"), "Invalid value for '--limit': '0' is not a count (a whole number, 1 or more)"),
+        (("report", "--run", "r"), "Invalid value for '--run': 'r' is not a sweep run id (a whole number, 1 or more)"),
+    ],
+)  # fmt: skip
+def test_a_number_that_is_not_one_is_named_in_one_clear_line(flow, run_cli, args, said):
+    """`job abc` said "'abc' is not a valid integer range": click's words for its type,
+    not what the argument is."""
+    create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
+    res = run_cli(*args)
+    assert res.exit_code == 2
+    assert [x for x in res.stderr.splitlines() if x.startswith("Error:")] == [f"Error: {said}"]

@@ -123,8 +123,30 @@ def refuse_domain_errors(fn: Callable) -> Callable:
 
 # A number that reaches a query (an id, a row limit): SQLite's integers end at 2**63 - 1,
 # and a larger one raised OverflowError inside the query instead of saying "no such job".
-SQL_INT = click.IntRange(min=1, max=2**63 - 1)
-JOB_ID = SQL_INT
+class Whole(click.ParamType):
+    """A whole number from 1, named for what it counts or identifies: click's IntRange
+    said "'abc' is not a valid integer range" of `reviewq job abc`."""
+
+    name = "integer"
+    MAX = 2**63 - 1
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 - click's signature
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        text = str(value).strip()
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            self.fail(f"{shown(str(value))!r} is not {self.what} (a whole number, 1 or more)")
+        if int(text) > self.MAX:
+            self.fail(f"{text!r} is too large for {self.what}")
+        return int(text)
+
+
+SQL_INT = Whole("a count")
+JOB_ID = Whole("a job id")
+RUN_ID = Whole("a sweep run id")
 # Threads a process starts, one agent each: past this a typo, which started them all.
 THREADS = 256
 

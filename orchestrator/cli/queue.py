@@ -1021,7 +1021,7 @@ def decide_cmd(
         )
     ids = []
     for raw in raw_ids:
-        if not (raw.isascii() and raw.isdigit()) or int(raw) > JOB_ID.max:
+        if not (raw.isascii() and raw.isdigit()) or int(raw) > JOB_ID.MAX:
             raise click.BadParameter(
                 f"{raw!r} is not an escalation id (a whole number)", param_hint="ESCALATION_ID"
             )

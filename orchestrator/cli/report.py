@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from orchestrator.cli.common import (
-    SQL_INT,
+    RUN_ID,
     Refused,
     cli,
     emit_json,
@@ -28,7 +28,7 @@ from orchestrator.state.workspace import Workspace
     help="A duration back from now (24h, 90m) or a date/time.",
 )
 @click.option("--sweep", default=None, callback=not_blank, help="The last run of this sweep.")
-@click.option("--run", "run_id", type=SQL_INT, default=None, help="One sweep run.")
+@click.option("--run", "run_id", type=RUN_ID, default=None, help="One sweep run.")
 @click.option(
     "--html",
     "html",
