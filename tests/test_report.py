@@ -198,7 +198,8 @@ def test_one_decision_settles_a_notes_escalations(night, tmp_path):
         "Write the body: two paragraphs.",
     )
     assert res.returncode == 0, res.stderr
-    [line] = res.stdout.splitlines()
+    line, waits = res.stdout.splitlines()  # no control runs: the fix waits for one
+    assert waits.startswith("no control process runs for this state folder")
     assert line.startswith("redo: fix job ") and f"({len(city['gates'])} gate(s): " in line
     job_id = int(line.split()[3])
     with copy.db() as db:

@@ -562,6 +562,11 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         ("kb/notes/empty-desc.md", "queued", job["review_job_id"])
     ]
     assert f"follow-up: fix job {fixes[0]['id']} queued" in res.stdout
+    # No control process runs for the folder: said, or the fix was awaited in vain.
+    assert res.stdout.endswith(
+        "no control process runs for this state folder: the follow-up waits for one "
+        "(reviewq control and a worker, or reviewq sweep, which also runs it)\n"
+    ), res.stdout
 
 
 @pytest.mark.parametrize(
@@ -1282,3 +1287,30 @@ def test_a_number_that_is_not_one_is_named_in_one_clear_line(flow, run_cli, args
     res = run_cli(*args)
     assert res.exit_code == 2
     assert [x for x in res.stderr.splitlines() if x.startswith("Error:")] == [f"Error: {said}"]
+
+
+@pytest.mark.parametrize("control", [False, True])
+def test_a_redo_with_no_control_running_says_its_fix_waits_for_one(flow, run_cli, control):
+    """`decide … redo` said "fix job N queued" and nothing more with no control process
+    for the state folder: the operator waited for a fix that nothing would run."""
+    import fcntl
+
+    (esc,) = escalate_alpha(flow, run_cli)
+    fd = os.open(flow.state / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if control:  # a control process holds the folder, as it does while it runs
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = run_cli("decide", str(esc), "redo", "--feedback", "Say more.", "--fixer", "fake")
+    finally:
+        os.close(fd)
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("redo: fix job "), res.stdout
+    assert lines[1:] == (
+        []
+        if control
+        else [
+            "no control process runs for this state folder: the fix waits for one "
+            "(reviewq control and a worker, or reviewq sweep, which also runs it)"
+        ]
+    )

@@ -254,6 +254,23 @@ def nudge_control(ws: Workspace) -> None:
         )
 
 
+def say_if_no_control(ws: Workspace, what: str, err: bool = False) -> None:
+    """Jobs were queued for the control process: say so when none runs for the state
+    folder (its lock is free), or the person waits for work nothing will start."""
+    from workers.sweep import control_running
+
+    try:
+        if control_running(ws.state_dir):
+            return
+    except OSError:
+        return  # the lock cannot be read: nothing known to say
+    click.echo(
+        f"no control process runs for this state folder: {what} waits for one "
+        "(reviewq control and a worker, or reviewq sweep, which also runs it)",
+        err=err,
+    )
+
+
 def show_followed(ws: Workspace, followed: Followed, err: bool = False) -> None:
     """What a finalize by hand started, one line each; queued jobs are dispatched by a
     running control process (nudged here) or by the next one to start."""
@@ -266,6 +283,7 @@ def show_followed(ws: Workspace, followed: Followed, err: bool = False) -> None:
         )
     if followed.jobs:
         nudge_control(ws)
+        say_if_no_control(ws, "the follow-up", err=err)
 
 
 class Group(click.Group):

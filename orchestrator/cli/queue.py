@@ -33,6 +33,7 @@ from orchestrator.cli.common import (
     refuse_domain_errors,
     root_rel,
     root_reports,
+    say_if_no_control,
     shown,
     skipped_count,
     utf8,
@@ -1052,6 +1053,8 @@ def decide_cmd(
                 else f"redo: no fix job queued ({note_path} has no FAIL on record about its current text); "
                 "released: the next sweep reviews it again"
             )
+        if any(jobs.values()):
+            say_if_no_control(ws, "the fix")
         return
     for e in escs:
         if decision == "approve":
