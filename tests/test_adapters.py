@@ -1228,3 +1228,38 @@ def test_a_fixers_answer_is_unwrapped_only_when_it_wraps_a_note(given, answer, t
 
     want = answer if taken == "answer" else "---\ntitle: A\n---\nFixed.\n"
     assert unwrapped_note(answer, given) == want
+
+
+@pytest.mark.parametrize(
+    ("error", "then"),
+    [
+        ("[Errno 28] No space left on device", "the control process writes them at its next tick with room"),
+        (
+            "[Errno 13] Permission denied: '/srv/kb/.reviewq/jobs/review-job-1/results'",
+            "the control process tries again at each tick; mend the cause (reviewq rewrite-files writes them at once)",
+        ),
+        ("not written yet", "the control process writes them at its next tick"),
+    ],
+)  # fmt: skip
+def test_doctor_says_how_unwritten_job_files_get_written_by_their_error(run_cli, kb, error, then):
+    """doctor said job files kept back by any error are written "at its next tick with
+    room": of a folder the service user may not write (EACCES), room is not the matter."""
+    from orchestrator.state.store import Store
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    assert run_cli("doctor").exit_code == 0
+    with Store.open(kb.state) as s:
+        s.conn.execute(
+            "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
+            "updated_at) VALUES ('completed', 'offline', 'note', 'jobs/review-job-1', 'x', 'x')"
+        )
+        s.conn.execute(
+            "INSERT INTO job_files_due (job_id, since, error) VALUES (1, 'x', ?)", (error,)
+        )
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    [line] = [x for x in res.stdout.splitlines() if "MANIFEST.json" in x]
+    assert line == (
+        f"problem: 1 job(s) whose MANIFEST.json and results wait to be written ({error}); {then}"
+    )

@@ -767,7 +767,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         for problem in sweep_problems(ws, sweep):
             report(False, f"{ws.settings.config_path}: {problem}")
     from orchestrator.cycles.escalations import missing_reports, reports_due
-    from orchestrator.state.files import files_due, missing_job_files
+    from orchestrator.state.files import NOT_TRIED, disk_full, files_due, missing_job_files
     from orchestrator.state.status import unwritten_fixes
 
     # Run as the service user, doctor said all was well of a state folder whose lock, log
@@ -799,12 +799,22 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 "them again from state.db",
             )
         due, error = files_due(store)
+        # Room is what a full disk needs; any other error (a folder the service user may
+        # not write) is mended by a person, whatever the tick does.
+        then = (
+            "the control process writes them at its next tick"
+            if error == NOT_TRIED
+            else "the control process writes them at its next tick with room"
+            if disk_full(error)
+            else "the control process tries again at each tick; mend the cause "
+            "(reviewq rewrite-files writes them at once)"
+        )
         report(
             due == 0,
             "job files written"
             if due == 0
             else f"{due} job(s) whose MANIFEST.json and results wait to be written "
-            f"({error}); the control process writes them at its next tick with room",
+            f"({error}); {then}",
         )
         from orchestrator.state.status import paused_reviewers
         from orchestrator.state.store import utcnow

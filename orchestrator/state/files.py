@@ -414,6 +414,11 @@ def missing_job_files(store: Store, state_dir: Path) -> int:
     )
 
 
+def disk_full(error: str | None) -> bool:
+    """Whether a recorded write error (an OSError as text) is a full disk or quota."""
+    return bool(error) and any(error.startswith(f"[Errno {n}]") for n in DISK_FULL)
+
+
 def files_due(store: Store) -> tuple[int, str | None]:
     """How many jobs' files wait to be written, and one error that kept them back."""
     count, error = store.conn.execute("SELECT count(*), min(error) FROM job_files_due").fetchone()
