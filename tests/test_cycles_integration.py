@@ -1561,3 +1561,31 @@ def test_job_names_the_escalations_its_failure_raised(kb):
     res = rq(kb, "decide", "1", "approve")
     assert res.returncode == 0, res.stderr
     assert "(escalation 1, decided: approve)\n" in rq(kb, "job", "2").stdout
+
+
+def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
+    """Mailed by cron (80 columns, no terminal), the summary broke its lines where rich
+    wrapped them: 'skipped 9 (5 already queued or running, 4' and on the next line
+    'waiting for a person); cost $0.39'. A table keeps its width; a sentence its line."""
+    from types import SimpleNamespace
+
+    from orchestrator.cli.display import render_summary
+
+    skipped = [SimpleNamespace(kind="already queued or running")] * 5 + [
+        SimpleNamespace(kind="waiting for a person")
+    ] * 4
+    summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.39, "failed": []}
+    out = SimpleNamespace(
+        summary=summary,
+        enqueued=SimpleNamespace(jobs=[SimpleNamespace(pairs=[1] * 134)] * 41, skipped=skipped),
+        paused={"a-reviewer-with-a-long-name": SimpleNamespace(until="2026-11-26T04:00:00.000Z")},
+    )
+    render_summary(out, lambda note, gate: None)
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        "enqueued 41 job(s) (5494 pairs), skipped 9 (5 already queued or running, 4 waiting "
+        "for a person); cost $0.3900" in printed
+    ), printed
+    assert (
+        "reviewer a-reviewer-with-a-long-name is paused until 2026-11-26T04:00:00.000Z" in printed
+    )

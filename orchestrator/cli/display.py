@@ -72,7 +72,8 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
         a = s["audits"]
         console.print(
             f"audits of PASS decisions: {a.get('PASS', 0)} upheld, {a.get('FAIL', 0)} refuted"
-            + (f", {a.get('ERROR', 0)} not judged" if a.get("ERROR") else "")
+            + (f", {a.get('ERROR', 0)} not judged" if a.get("ERROR") else ""),
+            soft_wrap=True,
         )
     attempts = Table(title="Attempts", show_edge=False)
     attempts.add_column("outcome")
@@ -81,10 +82,14 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
         attempts.add_row(outcome, str(n))
     console.print(attempts)
     enq = out.enqueued
+    # soft_wrap on every sentence: a line keeps its words together however narrow the
+    # console (cron mails what it prints at 80 columns: "skipped 9 (5 …, 4" on one line
+    # and "waiting for a person); cost $0.39" on the next).
     console.print(
         f"enqueued {len(enq.jobs)} job(s) ({sum(len(j.pairs) for j in enq.jobs)} pairs), "
         f"{skipped_count(enq.skipped)}; "
-        f"cost ${s['cost_usd']:.4f}"
+        f"cost ${s['cost_usd']:.4f}",
+        soft_wrap=True,
     )
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]), soft_wrap=True)
@@ -96,7 +101,8 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
             notes.setdefault(e["note_path"], []).append(e)
         console.print(
             f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
-            "(reviewq escalations):"
+            "(reviewq escalations):",
+            soft_wrap=True,
         )
         from orchestrator.state.status import decide_calls
 
@@ -113,7 +119,8 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
                 )
         if len(notes) > _NOTES_SHOWN:
             console.print(
-                f"  … and {len(notes) - _NOTES_SHOWN} more note(s): reviewq escalations lists all"
+                f"  … and {len(notes) - _NOTES_SHOWN} more note(s): reviewq escalations lists all",
+                soft_wrap=True,
             )
     for f in s.get("fixes_unwritten", []):
         console.print(
@@ -121,4 +128,4 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
             soft_wrap=True,
         )
     for name, pause in out.paused.items():
-        console.print(f"reviewer {name} is paused until {pause.until}")
+        console.print(f"reviewer {name} is paused until {pause.until}", soft_wrap=True)
