@@ -248,7 +248,7 @@ def configure(
         or ("command" if process is None else "console" if sys.stderr.isatty() else "json")
     )
     shared = [
-        structlog.contextvars.merge_contextvars,
+        _merge_context,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
     ]
@@ -407,6 +407,21 @@ def _no_traceback(record: logging.LogRecord) -> bool:
         return False
     # structlog carries the exception in its event dict, not on the record.
     return not (isinstance(record.msg, dict) and record.msg.get("exc_info"))
+
+
+def _merge_context(logger: object, name: str, event_dict: dict) -> dict:
+    """The ids bound for the task (structlog's merge_contextvars), but the bound attempt
+    only on lines about the bound job: a follow-up queued while job 94's attempt 1 was
+    finalized logged `fix.queued job_id=104 … attempt=1`, an attempt job 104 never had."""
+    import structlog
+
+    context = structlog.contextvars.get_contextvars()
+    if "attempt" in context and event_dict.get("job_id", context.get("job_id")) != context.get(
+        "job_id"
+    ):
+        del context["attempt"]
+    context.update(event_dict)
+    return context
 
 
 def _add_static(key: str, value: str):

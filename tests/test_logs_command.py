@@ -205,3 +205,23 @@ def test_a_dict_list_or_null_value_is_shown_as_json(kb, run_cli):
         'counts={"missing-review": 3, "fresh": 0} reasons=["exited 3 after 0.0 s", "it\'s"] '
         "cost_usd=null fix=true note_path=kb/notes/a b.md\n"
     )
+
+
+def test_a_line_about_another_job_does_not_carry_the_bound_jobs_attempt(tmp_path):
+    """A follow-up queued while job 94's attempt 1 was finalized logged `fix.queued
+    job_id=104 … attempt=1`: `reviewq logs --job 104` showed an attempt of a job that had
+    none yet. The bound attempt belongs to the bound job only."""
+    from orchestrator import logs
+
+    logs.configure(tmp_path)
+    with logs.bound(job_id=94, attempt=1, reviewer="r"):
+        logs.get().info("fix.queued", job_id=104, source_job_id=94)
+        logs.get().info("job.finalized")
+        logs.get().info("job.created", job_id=105, attempt=0)
+    lines = [json.loads(x) for x in (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()]
+    got = {x["event"]: (x["job_id"], x.get("attempt"), x.get("reviewer")) for x in lines}
+    assert got == {
+        "fix.queued": (104, None, "r"),
+        "job.finalized": (94, 1, "r"),
+        "job.created": (105, 0, "r"),
+    }
