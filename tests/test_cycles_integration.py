@@ -1589,3 +1589,23 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     assert (
         "reviewer a-reviewer-with-a-long-name is paused until 2026-11-26T04:00:00.000Z" in printed
     )
+
+
+def test_job_names_the_job_it_follows_and_its_follow_ups(kb):
+    """`job N` of a FAIL said nothing of the fix it started, the fix nothing of the review
+    it followed nor of the re-review after it: only `--json` had source_job_id, one way."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty-desc", description="")
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "offline", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    (job,) = json.loads(res.stdout)["jobs"]
+    review = job["review_job_id"]
+    assert rq(kb, "run-job", str(review)).returncode == 0
+    fix = review + 1
+    assert rq(kb, "run-job", str(fix)).returncode in (0, 1)
+    shown = rq(kb, "job", str(review)).stdout
+    assert f"  follow-up: fix job {fix}\n" in shown, shown
+    shown = rq(kb, "job", str(fix)).stdout
+    assert f"  fixes the FAILs of job {review}\n" in shown, shown
+    data = json.loads(rq(kb, "job", str(review), "--json").stdout)
+    assert data["follow_ups"] == [{"id": fix, "kind": "fix"}]

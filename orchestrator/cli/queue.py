@@ -595,6 +595,17 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         click.echo(f"  split into job(s) {', '.join(map(str, data['split_into']))}")
     if data["parent_job_id"]:
         click.echo(f"  split from job {data['parent_job_id']}")
+    if data["source_job_id"] and not data["parent_job_id"]:
+        follows = {
+            "fix": "fixes the FAILs of job",
+            "audit": "audits the PASSes of job",
+            "review": "reviews again the note fixed by job",
+        }.get(data["kind"], "follows job")
+        click.echo(f"  {follows} {data['source_job_id']}")
+    for f in data["follow_ups"]:
+        click.echo(
+            f"  follow-up: {f['kind'] if f['kind'] != 'review' else 're-review'} job {f['id']}"
+        )
     for p in data["pairs"]:
         click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
     for e in data["escalations"]:

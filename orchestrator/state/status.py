@@ -208,6 +208,16 @@ def job(store: Store, job_id: int, settings: Settings) -> dict:
         )
     ]
     out["waits"] = _waits(store, out, settings)
+    # The jobs its outcome started (a fix, an audit, a fixed note's re-review); a split
+    # re-review's parts are the split's, shown under their parent.
+    out["follow_ups"] = [
+        dict(r)
+        for r in store.conn.execute(
+            "SELECT id, kind FROM review_jobs WHERE source_job_id = ? AND parent_job_id IS NULL "
+            "ORDER BY id",
+            (job_id,),
+        )
+    ]
     # A person's decision (decide approve, or reject over a refuted PASS) is recorded as
     # a job: the escalation it decided, by the pair and the moment (one transaction).
     decided = None
