@@ -933,7 +933,10 @@ def test_a_notes_escalations_in_two_partitions_are_offered_one_call_each(kb):
     assert shown.returncode == 0, shown.stderr
     assert "decide --note" not in shown.stdout
     for partition, esc_id in ids.items():
-        assert f"({partition}): reviewq decide {esc_id} approve|redo|reject" in shown.stdout
+        # One escalation a partition: "decide them at once" said of one was wrong.
+        assert f"  decide it ({partition}): reviewq decide {esc_id} approve|redo|reject\n" in (
+            shown.stdout
+        )
     page = kb.root / "report.html"
     assert rq(kb, "report", "--html", str(page)).returncode == 0
     # One partition's redo now (the first by name), the other's once its fix has ended.

@@ -994,8 +994,10 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             # A note deleted since (or a gate gone) leaves reject the only call decide takes.
             answers = "reject" if any(only[e.id] for e in group) else "approve|redo|reject"
             for partition, target in calls.items():
+                # A partition's one escalation is "it": "them at once" was said of one.
+                them = "it" if partition and " " not in target else "them at once"
                 click.echo(
-                    f"  decide them at once{f' ({partition})' if partition else ''}: "
+                    f"  decide {them}{f' ({partition})' if partition else ''}: "
                     f"reviewq decide {target} {answers}"
                 )
     click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
