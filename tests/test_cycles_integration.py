@@ -1612,3 +1612,19 @@ def test_job_names_the_job_it_follows_and_its_follow_ups(kb):
     assert f"  fixes the FAILs of job {review}\n" in shown, shown
     data = json.loads(rq(kb, "job", str(review), "--json").stdout)
     assert data["follow_ups"] == [{"id": fix, "kind": "fix"}]
+
+
+def test_a_failed_job_whose_escalations_are_decided_needs_nobody(kb):
+    """A failed job is listed once, as the escalations it raised; once the person decided
+    them, the report listed the job again under "needs you", a failure already answered."""
+    audited_kb(kb, FAKE_MODE="bad")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    assert rq(kb, "run-job", "1", "--reviewer", "fake").returncode == 0
+    assert rq(kb, "run-job", "2", "--reviewer", "auditor").returncode == 1
+    before = json.loads(rq(kb, "report", "--json", "--since", "1h").stdout)["needs_you"]
+    assert (before["escalations_open"], before["failed_jobs"]) == (1, [])
+    res = rq(kb, "decide", "1", "approve")
+    assert res.returncode == 0, res.stderr
+    after = json.loads(rq(kb, "report", "--json", "--since", "1h").stdout)["needs_you"]
+    assert (after["escalations_open"], after["failed_jobs"], after["count"]) == (0, [], 0)
+    assert "needs you: nothing" in rq(kb, "report", "--since", "1h").stdout

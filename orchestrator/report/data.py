@@ -174,13 +174,18 @@ def _needs_you(
         f"SELECT j.id, j.kind, j.reviewer, j.lens, j.note_path, j.failure_reasons, j.finished_at, "
         f"(SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs "
         f"FROM review_jobs j WHERE {scope} AND j.status = 'failed' "
-        # A failure that raised an escalation (call redo) needs a person once, there. An
-        # audit's is raised in the reviewed job's partition, not the auditor's.
+        # A failure that raised an escalation (call redo) needs a person once, there, and
+        # not again once that is decided: the failure was answered (it came back under
+        # "needs you" after every decide). An audit's is raised in the reviewed job's
+        # partition, not the auditor's. Raised before escalations named their job: one
+        # raised on its pairs since it failed.
+        "AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.job_id = j.id) "
         "AND NOT EXISTS (SELECT 1 FROM review_pairs p JOIN escalations e "
         "ON e.note_path = p.note_path AND e.gate_id = p.gate_id "
         "AND e.model_partition = COALESCE((SELECT s.model_partition FROM review_jobs s "
         "WHERE j.kind = 'audit' AND s.id = j.source_job_id), j.model_partition) "
-        "WHERE p.job_id = j.id AND e.decision IS NULL) ORDER BY j.id",
+        "WHERE p.job_id = j.id AND (e.decision IS NULL "
+        "OR (e.job_id IS NULL AND e.raised_at >= j.finished_at))) ORDER BY j.id",
         args,
     )
     for f in failed:
