@@ -1314,3 +1314,16 @@ def test_a_redo_with_no_control_running_says_its_fix_waits_for_one(flow, run_cli
             "(reviewq control and a worker, or reviewq sweep, which also runs it)"
         ]
     )
+
+
+def test_job_of_a_redo_fix_shows_the_persons_asks(flow, run_cli):
+    """A redo's fix job read as any fix: the asks the person gave it (all the fixer was
+    told beyond the findings) were in --json only."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    res = run_cli(
+        "decide", str(esc), "redo", "--feedback", "Say more.\nAnd cite it.", "--fixer", "fake"
+    )
+    assert res.exit_code == 0, res.stderr
+    fix = int(res.stdout.split()[3])
+    shown = run_cli("job", str(fix)).stdout
+    assert "  asks (decide redo): Say more.\\nAnd cite it.\n" in shown, shown

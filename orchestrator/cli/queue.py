@@ -589,6 +589,10 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
             else ""
         )
         click.echo(f"  fix: {data['result']}{commit}")
+    if data["kind"] == "fix" and data.get("feedback"):
+        # What the person asked of the fixer: its prompt carries them, and --json alone
+        # showed them. One line, as every value here.
+        click.echo(f"  asks (decide redo): {shown(data['feedback'])}")
     for r in data["failure_reasons"]:
         click.echo(f"  reason: {r}")
     if data["split_into"]:
