@@ -316,8 +316,10 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
     name = reviewer or reviewer_for(ws.store, ws.settings, job_id)
     res = run_job(ws, job_id, name)
     out = res.outcome
+    # A program that never ran has no exit code ("exit None" was Python's word for it).
+    ran = "never started" if out.exit_code is None else f"exit {out.exit_code}"
     click.echo(
-        f"job {job_id} attempt {out.attempt}: {out.classification} (exit {out.exit_code}, {out.duration_s:.1f} s)"
+        f"job {job_id} attempt {out.attempt}: {out.classification} ({ran}, {out.duration_s:.1f} s)"
     )
     if res.finalized is not None and res.finalized.ok:
         for p in res.finalized.pairs:
