@@ -167,6 +167,9 @@ def test_doctor_says_when_a_fixed_note_waits_to_be_written(cycle, monkeypatch, r
         "1 fixed note(s) wait to be written" in line and "Input/output error" in line
         for line in lines
     ), lines
+    # Not a full disk: no tick mends it by itself ("writes them at its next tick" said so).
+    (line,) = [x for x in lines if "fixed note(s)" in x]
+    assert line.endswith("; the control process tries again at each tick; mend the cause"), line
     control.write_due_files()
     lines = run_cli("doctor").stdout.splitlines()
     assert not any("wait to be written" in line for line in lines), lines

@@ -41,6 +41,7 @@ from orchestrator.cli.common import (
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS
+from orchestrator.state.files import NOT_TRIED, disk_full
 from orchestrator.state.status import STATUSES, held_by_budget
 from orchestrator.state.store import DAMAGED, STATE_ENTRIES, is_damage
 from orchestrator.state.workspace import Workspace
@@ -782,7 +783,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         for problem in sweep_problems(ws, sweep):
             report(False, f"{ws.settings.config_path}: {problem}")
     from orchestrator.cycles.escalations import missing_reports, reports_due
-    from orchestrator.state.files import NOT_TRIED, disk_full, files_due, missing_job_files
+    from orchestrator.state.files import files_due, missing_job_files
     from orchestrator.state.status import unwritten_fixes
 
     # Run as the service user, doctor said all was well of a state folder whose lock, log
@@ -814,16 +815,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 "them again from state.db",
             )
         due, error = files_due(store)
-        # Room is what a full disk needs; any other error (a folder the service user may
-        # not write) is mended by a person, whatever the tick does.
-        then = (
-            "the control process writes them at its next tick"
-            if error == NOT_TRIED
-            else "the control process writes them at its next tick with room"
-            if disk_full(error)
-            else "the control process tries again at each tick; mend the cause "
-            "(reviewq rewrite-files writes them at once)"
-        )
+        then = _written_when(error, "reviewq rewrite-files writes them at once")
         report(
             due == 0,
             "job files written"
@@ -858,16 +850,28 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
             ("escalation report(s)", reports_due(store)),
         ):
             if n:
+                rewrite = "reviewq rewrite-files writes them at once" if "report" in what else None
                 report(
-                    False,
-                    f"{n} {what} wait to be written ({why}); the control process writes "
-                    "them at its next tick",
+                    False, f"{n} {what} wait to be written ({why}); {_written_when(why, rewrite)}"
                 )
     except sqlite3.DatabaseError as exc:
         report(False, _damaged(ws, str(exc)) if is_damage(exc) else f"state.db: {exc}")
     except Exception as exc:
         report(False, f"state.db: {exc}")
     return True
+
+
+def _written_when(error: str | None, rewrite: str | None) -> str:
+    """When files kept back by ``error`` get written: room is what a full disk needs; any
+    other error (a folder the service user may not write, an I/O error) is mended by a
+    person, whatever the tick does. ``rewrite``: the command that writes them now."""
+    if error == NOT_TRIED:
+        return "the control process writes them at its next tick"
+    if disk_full(error):
+        return "the control process writes them at its next tick with room"
+    return "the control process tries again at each tick; mend the cause" + (
+        f" ({rewrite})" if rewrite else ""
+    )
 
 
 def _damaged(ws: Workspace, what: str) -> str:
