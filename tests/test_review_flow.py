@@ -1329,3 +1329,12 @@ def test_job_of_a_redo_fix_shows_the_persons_asks(flow, run_cli):
     fix = int(res.stdout.split()[3])
     shown = run_cli("job", str(fix)).stdout
     assert "  asks (decide redo): Say more.\\nAnd cite it.\n" in shown, shown
+
+
+def test_status_says_its_today_is_the_utc_day(flow, run_cli):
+    """`cost: today $X` was the UTC day's, read at 7 a.m. by a person on local time (and
+    cron times are local): from 16:00 yesterday in California. The line says which day."""
+    create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
+    res = run_cli("status")
+    assert res.exit_code == 0, res.stderr
+    assert "cost: today (UTC) $0.0000, total $0.0000\n" in res.stdout, res.stdout

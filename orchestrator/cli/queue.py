@@ -444,7 +444,9 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
             state += f"; paused on {host} until {p['until']}: {p['reason']}"
         click.echo(f"reviewer {name}: {state}")
     click.echo(
-        f"cost: today ${data['cost_usd']['today']:.4f}, total ${data['cost_usd']['total']:.4f}"
+        # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
+        f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
+        f"total ${data['cost_usd']['total']:.4f}"
     )
     for f in data["fixes_unwritten"]:
         click.echo(
