@@ -1744,3 +1744,44 @@ def test_status_asks_for_a_worker_when_review_messages_wait_untaken_for_a_minute
     assert "the oldest sent 2020-01-01T00:00:00Z (" in out
     assert "is a worker running on this queue? (reviewq doctor --worker on its machine)" in out
     ws.close()
+
+
+def test_a_review_message_a_worker_refused_for_its_version_is_sent_again_at_once(kb):
+    """A message another release left on the queue (an upgrade) is refused by every worker
+    of this one: the attempt was reaped only a lease later, with "no heartbeat" for a
+    reason. The worker's notice (in its own version) loses it now, and the job goes out
+    again in this release's version; the log says which worker refused what."""
+    from workers import tasks
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    (msg,) = sent
+    notice = {"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "far:42",
+              "host": "far", "refused_version": 2}  # fmt: skip
+    tasks.install_control(control)
+    tasks.deliver_outcome(notice)
+    row = ws.store.conn.execute(
+        "SELECT outcome, reasons FROM attempts WHERE job_id = ? AND attempt = 1", (msg["job_id"],)
+    ).fetchone()
+    assert row["outcome"] == "lost" and "refused its review message of version 2" in row["reasons"]
+    assert [(m["job_id"], m["attempt"]) for m in sent[1:]] == [(msg["job_id"], 2)]
+    lost = [e for e in _log(ws) if e["event"] == "attempt.lost"]
+    assert lost[-1]["worker"] == "far:42" and lost[-1]["host"] == "far"
+
+    # Told again (a second worker refused a copy), or of an attempt that runs: nothing lost.
+    tasks.deliver_outcome(notice)
+    beat = {"v": 3, "job_id": msg["job_id"], "attempt": 2, "worker": "near:7", "host": "near"}
+    control.on_messages([{**beat, "launched": True}], [])
+    tasks.deliver_outcome({**notice, "attempt": 2})
+    outcomes = ws.store.conn.execute(
+        "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (msg["job_id"],)
+    ).fetchall()
+    assert [r[0] for r in outcomes] == ["lost", "running"]
+    said = [e["event"] for e in _log(ws) if e.get("worker") == "far:42"]
+    assert said == ["attempt.lost", "message.refused_by_worker", "message.refused_by_worker"]
+    ws.close()
+
+
+def _log(ws) -> list[dict]:
+    return [
+        json.loads(x) for x in (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    ]

@@ -186,6 +186,8 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
     (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
     sent: list[tuple] = []
     monkeypatch.setattr(tasks, "send", lambda *args, **_: sent.append(args))
+    told: list[tuple] = []
+    monkeypatch.setattr(tasks, "send_once", lambda *args: told.append(args))
 
     class Control:
         calls: list = []
@@ -214,6 +216,36 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
     ]
     assert all(e["expected"] == 3 and "release" in e["reason"] for e in refused)
     assert refused[0]["job_id"] == job.review_job_id
+    # The worker told the control of each review message it refused, in its own version:
+    # the control's log said only "attempt.lost" a lease later.
+    assert [(task, m["v"], m["job_id"], m["refused_version"]) for task, m in told] == [
+        ("deliver_outcome", 3, job.review_job_id, 1),
+        ("deliver_outcome", 3, job.review_job_id, 2),
+    ]
+    assert told[0][1]["worker"] == tasks.WORKER_ID and told[0][1]["host"] == tasks.HOST
+    ws.close()
+
+
+def test_the_control_names_the_worker_whose_message_of_another_version_it_refused(kb, monkeypatch):
+    """A newer worker's notice of a refused review reaches an older control as an outcome
+    of another version: its one line names the job, the worker and its host."""
+    from orchestrator import logs
+    from workers import tasks
+
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    monkeypatch.setattr(tasks, "_control", object())  # nothing past the refusal runs
+    notice = {"v": 4, "job_id": 7, "attempt": 2, "worker": "far:42", "host": "far",
+              "refused_version": 3}  # fmt: skip
+    tasks.deliver_outcome(notice)
+    (line,) = [e for e in log_lines(kb) if e["event"] == "message.refused"]
+    assert (line["message"], line["version"], line["expected"]) == ("outcome", 4, 3)
+    assert (line["job_id"], line["attempt"], line["worker"], line["host"]) == (
+        7,
+        2,
+        "far:42",
+        "far",
+    )
     ws.close()
 
 

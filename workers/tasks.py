@@ -45,6 +45,7 @@ from .queues import (
     release,
     requeue,
     send,
+    send_once,
     the_app,
     waiting,
 )
@@ -254,7 +255,8 @@ def run_review(msg: dict) -> None:
     the output and the evidence, to the control queue."""
     refused = messages.refusal("review", msg)
     if refused is not None:
-        logs.get().error("message.refused", worker=WORKER_ID, **refused)
+        logs.get().error("message.refused", **{**refused, "worker": WORKER_ID})
+        _say_refused(msg)
         return
     if _expired(msg):
         return
@@ -385,6 +387,28 @@ def _left_to_others(name: str, msg: dict) -> bool:
         )
     STOPPING.wait(_PUT_BACK_WAIT_S)
     return True
+
+
+def _say_refused(msg: object) -> None:
+    """Tell the control process of a review message refused for its version, in this
+    worker's own: it refuses that in turn, and its ``message.refused`` line (the job, this
+    worker and host, both versions) is then in the log `reviewq logs` reads on the
+    control's machine, which showed only an ``attempt.lost`` a lease later."""
+    ids = messages.refusal("review", msg) or {}
+    if not isinstance(ids.get("job_id"), int):
+        return
+    notice = {
+        "v": messages.VERSION,
+        "job_id": ids["job_id"],
+        "attempt": ids.get("attempt"),
+        "worker": WORKER_ID,
+        "host": HOST,
+        "refused_version": ids["version"],
+    }
+    try:
+        send_once("deliver_outcome", notice)
+    except Exception as exc:  # noqa: BLE001 - said here already; the reaper does the rest
+        logs.get().warning("message.refusal_unsent", job_id=ids["job_id"], error=str(exc))
 
 
 def _cannot_take(

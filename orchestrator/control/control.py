@@ -13,6 +13,7 @@ fenced by attempt inside its transaction.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import sqlite3
 import time
@@ -388,6 +389,33 @@ class Control:
             for o in outcomes:
                 self._on_outcome(o)
 
+    def _refused_by_worker(self, o: dict) -> None:
+        """A worker refused an attempt's review message for its version (one another
+        release left on the queue, at an upgrade): that message will never run. Still
+        dispatched, the attempt is lost now and its job sent again in this release's
+        version, not a lease later; one running meanwhile (a copy of the message another
+        worker took) is left to end."""
+        job_id, attempt = o.get("job_id"), o.get("attempt")
+        reason = (
+            f"worker {o.get('worker')} refused its review message of version "
+            f"{o.get('refused_version')!r}: run one reviewq release everywhere"
+        )
+        row = self.store.conn.execute(
+            "SELECT j.reviewer FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+            "AND j.attempt = a.attempt AND j.status = 'running' "
+            "WHERE a.job_id = ? AND a.attempt = ? AND a.outcome = 'dispatched'",
+            (job_id, attempt),
+        ).fetchone()
+        log = functools.partial(
+            self.log.warning, job_id=job_id, attempt=attempt, worker=o.get("worker"),
+            host=o.get("host"), reason=reason,
+        )  # fmt: skip
+        if row is None:
+            self.store.after_commit(lambda: log("message.refused_by_worker"))
+            return
+        lose(self.store, job_id, attempt, reason)
+        self.store.after_commit(lambda: log("attempt.lost", reviewer=row["reviewer"]))
+
     def _keep_attempt_files(self, o: dict) -> None:
         """The worker's report of the attempt into ``attempt-N/``, where `reviewq job`, the
         manual flow and people look: written before the transaction, as the agent itself
@@ -428,6 +456,9 @@ class Control:
             )
 
     def _on_outcome(self, o: dict) -> None:
+        if "refused_version" in o:
+            self._refused_by_worker(o)
+            return
         job_id, attempt = o["job_id"], o["attempt"]
         # A worker elsewhere may not know this machine's secrets; nothing stored quotes them.
         o = {**o, "reasons": logs.redact_all(o.get("reasons") or [])}

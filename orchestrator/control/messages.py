@@ -47,6 +47,12 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   (the agent was launched) for an attempt still ``dispatched`` carries its start: the
   control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
   ``attempt.started`` from it, as from a first heartbeat.
+- refusal notice (worker → control, ``deliver_outcome``): ``v`` (the worker's),
+  ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``: the worker refused
+  that attempt's review message for its version. A control of the worker's version
+  loses the attempt at once (still dispatched) and dispatches the job again; one of
+  another version refuses the notice, and its ``message.refused`` line names the job,
+  the worker and its host on the control's side.
 
 An outcome without a heartbeat before it was always valid (a heartbeat can be lost), so
 recording the start from it did not change the version.
@@ -73,11 +79,11 @@ def refusal(kind: str, msg: object) -> dict | None:
     v = version_of(msg)
     if v == VERSION:
         return None
-    ids = (
-        {"job_id": msg.get("job_id"), "attempt": msg.get("attempt")}
-        if isinstance(msg, dict)
-        else {}
-    )
+    ids: dict = {}
+    if isinstance(msg, dict):
+        # The sender too, when it says: the control's line then names the worker's host.
+        ids = {"job_id": msg.get("job_id"), "attempt": msg.get("attempt")}
+        ids |= {k: msg[k] for k in ("worker", "host") if isinstance(msg.get(k), str)}
     return {
         "message": kind,
         "version": v,
