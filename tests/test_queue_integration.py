@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,26 @@ def test_control_killed_mid_finalize_leaves_nothing_partial(kb, tmp_path):
         assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "completed"
         assert conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] == 1
     log_lines(kb)
+
+
+def test_a_launch_failures_backoff_ends_on_time_not_at_the_next_tick(kb):
+    """A job that failed to launch is dispatched again when its backoff ends (5 s by
+    default), not at the control's next tick (reaper_seconds, a minute by default): the
+    five failures that pause a profile took five minutes, the backoff said nothing."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("n0", body="Body.\n")
+    kb.write(
+        "reviewq.toml",
+        fake_profile(command='["/nonexistent/agent-cli"]')
+        + "[queue]\nreaper_seconds = 120\nlaunch_backoff_seconds = 0.2\n"
+        "launch_failures_before_pause = 3\npoll_seconds = 0.02\n",
+    )
+    res = rq(kb, "sweep", "--reviewer", "fake", timeout=100)
+    assert res.returncode == 1 and "wait on paused reviewer fake" in res.stderr, res.stderr
+    failed = [e for e in log_lines(kb) if e["event"] == "attempt.launch_failed"]
+    assert len(failed) == 3
+    first, last = (datetime.fromisoformat(e["timestamp"]) for e in (failed[0], failed[-1]))
+    assert (last - first).total_seconds() < 20  # backoffs of 0.2 and 0.4 s, then dispatch
 
 
 def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_lifts_it(kb):

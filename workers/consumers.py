@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import heapq
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from huey.consumer import Consumer
@@ -36,6 +38,7 @@ from .queues import (
     profiles_unlike,
     queue_clock,
     send,
+    send_once,
     unfed_problem,
 )
 
@@ -193,11 +196,23 @@ def run_control(ws: Workspace) -> None:
     app = make_app(settings)
     check_server(app.control)
 
+    woken = threading.Event()
+    # When launch backoffs end (monotonic): the ticker sends a dispatch then. Left to the
+    # next tick, a 5 s backoff waited up to reaper_seconds (a minute by default).
+    backoffs: list[float] = []
+    backoffs_lock = threading.Lock()
+
+    def on_backoff(delay_s: float) -> None:
+        with backoffs_lock:
+            heapq.heappush(backoffs, time.monotonic() + delay_s)
+        woken.set()
+
     control = Control(
         ws,
         send_review=functools.partial(send_review, app),
         hooks=FollowUp(ws),
         on_review_queue=functools.partial(attempts_on, app.review),
+        on_backoff=on_backoff,
     )
     tasks.install_control(control)
     poll = settings.queue.poll_seconds
@@ -207,12 +222,28 @@ def run_control(ws: Workspace) -> None:
     stop = threading.Event()
 
     def ticker() -> None:
+        next_tick = time.monotonic()
         while not stop.is_set():
-            try:
-                tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
-            except Exception as exc:
-                logs.get().error("queue.unavailable", error=str(exc))
-            stop.wait(settings.queue.reaper_seconds)
+            woken.clear()  # before the look: a backoff told meanwhile wakes the wait below
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + settings.queue.reaper_seconds
+                try:
+                    tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
+                except Exception as exc:
+                    logs.get().error("queue.unavailable", error=str(exc))
+            with backoffs_lock:
+                due = False
+                while backoffs and backoffs[0] <= now:
+                    heapq.heappop(backoffs)
+                    due = True
+                wake = min(next_tick, backoffs[0]) if backoffs else next_tick
+            if due:
+                try:
+                    send_once("dispatch")
+                except Exception as exc:  # the next tick dispatches
+                    logs.get().error("queue.unavailable", error=str(exc))
+            woken.wait(max(0.0, wake - time.monotonic()))
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
     logs.get().info("control.started", pid=os.getpid(), queue=_describe(settings))
@@ -236,6 +267,7 @@ def run_control(ws: Workspace) -> None:
         consumer.run()
     finally:
         stop.set()
+        woken.set()
         os.close(lock)
         logs.get().info("control.stopped")
 

@@ -120,17 +120,21 @@ class Control:
         hooks: Hooks | None = None,
         on_review_queue: Callable[[set[tuple[int, int]]], set[tuple[int, int]] | None]
         | None = None,
+        on_backoff: Callable[[float], None] | None = None,
     ) -> None:
         """``on_review_queue``: which of the given (job, attempt) have a message on the
         review queue, or None when the queue cannot be read; without it, an attempt no
         worker spoke of waits lease + timeout before it is reaped, as one still on the
-        queue does."""
+        queue does. ``on_backoff``: told, once it is recorded, that a job's launch backoff
+        ends in so many seconds, so that a dispatch then runs it (without it, the next
+        outcome or tick does, up to ``reaper_seconds`` later)."""
         self.ws = ws
         self.store = ws.store
         self.store.waits_for_folders = False
         self.settings = ws.settings
         self.send_review = send_review
         self.on_review_queue = on_review_queue
+        self.on_backoff = on_backoff
         self.now = now
         self.hooks = hooks
         self.log = logs.get()
@@ -719,6 +723,9 @@ class Control:
                         "launch_failures = 0 WHERE name = ?",
                         (paused_until, reason, name),
                     )
+        if self.on_backoff is not None and paused_until is None:
+            wake = self.on_backoff
+            self.store.after_commit(lambda: wake(delay))
         self.log.warning(
             event,
             job_id=job["id"],
