@@ -312,3 +312,32 @@ def test_a_requires_type_naming_no_spec_is_a_warning(kb, run_cli):
     res = run_cli("doctor")
     assert [line for line in res.stderr.splitlines() if "requires_type" in line] == said
     assert res.exit_code == 0 and "problem:" not in res.stdout, res.stdout  # said, not failed
+
+
+def test_a_type_spec_found_by_its_recorded_path_answers_for_that_path_only(kb):
+    """Two folders each with a spec of one name (both `type/recipe`), each reviewed when
+    a sweep named only its notes: the first found by its recorded path joined the catalog
+    and was then returned for the other's path, its text and sha256 standing for a spec
+    the reviews never saw (warn-queue, export, fixes and decide read one catalog for
+    every pair)."""
+    spec = "---\ntitle: Recipe {}\n---\n\n# Recipe {}\n\nA recipe of {}.\n"
+    for folder in ("a", "b"):
+        path = kb.root / "kb" / "notes" / folder / "types" / "recipe.md"
+        path.parent.mkdir(parents=True)
+        path.write_text(spec.format(folder, folder, folder))
+    kbo = KB.open(kb.root)
+    cat = load_catalog(kbo)
+    a = cat.recorded(kbo, "type/recipe", "kb/notes/a/types/recipe.md")
+    b = cat.recorded(kbo, "type/recipe", "kb/notes/b/types/recipe.md")
+    assert a is not None and a.path == "kb/notes/a/types/recipe.md"
+    assert b is not None and b.path == "kb/notes/b/types/recipe.md", b and b.path
+    assert "A recipe of b." in b.text and a.sha256 != b.sha256
+    # Gone from its path, it is gone: not the other folder's spec of the same name.
+    (kb.root / "kb" / "notes" / "b" / "types" / "recipe.md").unlink()
+    assert cat.recorded(kbo, "type/recipe", "kb/notes/b/types/recipe.md") is None
+    # The scan's kb/types/recipe.md is what type/recipe means once it is there.
+    (kb.root / "kb" / "types").mkdir()
+    (kb.root / "kb" / "types" / "recipe.md").write_text(spec.format("k", "k", "k"))
+    cat = load_catalog(kbo)
+    got = cat.recorded(kbo, "type/recipe", "kb/notes/a/types/recipe.md")
+    assert got is not None and got.path == "kb/types/recipe.md"

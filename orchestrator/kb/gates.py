@@ -96,20 +96,34 @@ class Catalog:
         to themselves (``./types/x.md``) is outside the scan of ``kb/types/``: select and
         create-jobs add it from the notes, and what reads its reviews back by gate id
         (ack, warn-queue, export, fixes, decide) finds it here. It joins this copy of the
-        catalog; None when neither is there (the spec gone, renamed, outside the root)."""
+        catalog; None when neither is there (the spec gone, renamed, outside the root).
+
+        Two folders may each hold a spec of one name (``a/types/recipe.md`` and
+        ``b/types/recipe.md``: both ``type/recipe``), each reviewed when a selection named
+        only its notes. The one a note-relative lookup added answers for its own path
+        only: answering for the other's, it lent its text and sha256 to reviews of the
+        other spec (warn-queue dropped their WARNs as gate-changed, a rejected pair read
+        as changed and was released, export wrote the wrong watched regions). The scan's
+        ``kb/types/NAME.md`` is what ``type/NAME`` means, as select says."""
         gate = self.get(gate_id)
-        if gate is not None or not gate_id.startswith(TYPE_LENS + "/") or not gate_path:
+        if not gate_id.startswith(TYPE_LENS + "/") or not gate_path:
+            return gate
+        if gate is not None and (
+            gate.path == gate_path or gate.path.rsplit("/", 1)[0] == TYPES_DIR
+        ):
             return gate
         name = gate_id[len(TYPE_LENS) + 1 :]
         try:
             rel = kb.check_rel(gate_path)  # resolves symlinks: one out of the root is none
+            if gate is not None and gate.path == rel:
+                return gate
             if rel.rsplit("/", 1)[-1] != f"{name}.md":
                 return None
-            gate = type_gate(rel, kb.abspath(rel).read_bytes())
+            found = type_gate(rel, kb.abspath(rel).read_bytes())
         except (KBError, OSError, NoteParseError):
             return None
-        self.types[name] = gate
-        return gate
+        self.types.setdefault(name, found)
+        return found
 
     def resolve(self, selectors: Sequence[str], all_gates: bool = False) -> list[Gate]:
         """The gates that bundle names, gate ids, ``type`` and ``type/NAME`` select."""
