@@ -576,7 +576,7 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
     [
         (("job", "99999999999999999999999"), "is too large for a job id"),
         (("logs", "--job", "99999999999999999999999"), "is too large for a job id"),
-        (("decide", "99999999999999999999999", "approve"), "is not an escalation id"),
+        (("decide", "99999999999999999999999", "approve"), "is too large for an escalation id"),
         (("jobs", "--limit", "99999999999999999999999"), "is too large for a count"),
         (("report", "--run", "99999999999999999999999"), "is too large for a sweep run id"),
         (("worker", "--workers", "100000"), "100000 is not in the range 1<=x<=256"),
@@ -1068,6 +1068,9 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
         (("approve",), "name escalation ids or --note PATH"),
         (("one", "approve"), "Invalid value for ESCALATION_ID: 'one' is not an escalation id"),
         (("--", "-1", "reject"), "'-1' is not an escalation id"),
+        # As `job 0` and `logs --job 0`: bad usage, not a refusal ("no escalation 0").
+        (("0", "approve"), "'0' is not an escalation id (a whole number, 1 or more)"),
+        (("2", "x", "reject"), "'x' is not an escalation id (a whole number, 1 or more)"),
         (("1", "approve", "--fixer", "offline"), "--fixer names the fixer of a redo"),
         (("1", "redo"), "redo needs --feedback with the concrete asks for the fixer"),
         (("1", "redo", "--feedback", "  "), "redo needs --feedback"),

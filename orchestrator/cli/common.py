@@ -147,6 +147,7 @@ class Whole(click.ParamType):
 SQL_INT = Whole("a count")
 JOB_ID = Whole("a job id")
 RUN_ID = Whole("a sweep run id")
+ESCALATION_ID = Whole("an escalation id")
 # Threads a process starts, one agent each: past this a typo, which started them all.
 THREADS = 256
 

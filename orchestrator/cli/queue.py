@@ -19,6 +19,7 @@ from click.core import ParameterSource
 
 from orchestrator import logs
 from orchestrator.cli.common import (
+    ESCALATION_ID,
     JOB_ID,
     LEFT_OUT,
     SQL_INT,
@@ -1055,11 +1056,12 @@ def decide_cmd(
         )
     ids = []
     for raw in raw_ids:
-        if not (raw.isascii() and raw.isdigit()) or int(raw) > JOB_ID.MAX:
-            raise click.BadParameter(
-                f"{raw!r} is not an escalation id (a whole number)", param_hint="ESCALATION_ID"
-            )
-        ids.append(int(raw))
+        # In the words `job`, `logs --job` and `report --run` use of their ids: escalation
+        # 0 was "no escalation 0" (a refusal, exit 1) where job 0 is bad usage.
+        try:
+            ids.append(ESCALATION_ID.convert(raw, None, None))
+        except click.BadParameter as exc:
+            raise click.BadParameter(exc.message, param_hint="ESCALATION_ID") from None
     if not ids and not note:
         raise click.UsageError("name escalation ids or --note PATH")
     if fixer and decision != "redo":
