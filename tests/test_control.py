@@ -1785,3 +1785,28 @@ def _log(ws) -> list[dict]:
     return [
         json.loads(x) for x in (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
     ]
+
+
+def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
+    """`status`, `decide`, `finalize` and `run-job` ask whether a control runs by taking
+    its lock for a moment (control_pid): a control started in that moment refused to run,
+    saying another already did, though none ever had."""
+    import fcntl
+    import os
+    import threading
+
+    from orchestrator.state.workspace import control_pid
+    from workers.consumers import AlreadyRunning, _lock
+
+    state = tmp_path / "state"
+    state.mkdir()
+    probe = os.open(state / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the probe's moment, drawn out
+    threading.Timer(0.1, lambda: (fcntl.flock(probe, fcntl.LOCK_UN), os.close(probe))).start()
+    fd = _lock(state)
+    try:
+        assert control_pid(state) == os.getpid()
+        with pytest.raises(AlreadyRunning):  # one that runs still refuses a second
+            _lock(state)
+    finally:
+        os.close(fd)

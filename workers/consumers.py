@@ -171,16 +171,29 @@ def send_review(app, msg: dict) -> None:  # noqa: ANN001 - the App
     send("run_review", msg)
 
 
+# How long a starting control waits out a lock held by a probe: `control_pid` (status,
+# decide, finalize, run-job, a sweep's start) takes the lock for a moment to learn that
+# no control holds it, and a control starting in that moment refused to run, saying
+# another did.
+PROBE_WAIT_S = 0.5
+
+
 def _lock(state_dir: Path) -> int:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise AlreadyRunning(
-            f"a control process already runs for {state_dir} (exactly one may)"
-        ) from None
+    deadline = time.monotonic() + PROBE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            os.close(fd)
+            raise AlreadyRunning(
+                f"a control process already runs for {state_dir} (exactly one may)"
+            ) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
