@@ -487,3 +487,50 @@ def test_a_tls_url_to_a_redis_without_tls_is_refused(tmp_path):
     assert res.returncode == 1
     (line,) = res.stderr.splitlines()
     assert "without TLS" in line and "redis://" in line, line
+
+
+@contextlib.contextmanager
+def _protected_mode_redis():
+    """A loopback port that answers as a redis-server in protected mode answers a client
+    from another machine (no password set): its DENIED line at once, then it closes."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    denied = (
+        b"-DENIED Redis is running in protected mode because protected mode is enabled and "
+        b"no password is set for the default user. In this mode connections are only accepted "
+        b"from the loopback interface. If you want to connect from external computers to "
+        b"Redis you may adopt one of the following solutions: ...\r\n"
+    )
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(denied)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        srv.close()
+
+
+def test_a_redis_in_protected_mode_is_refused_in_one_line(tmp_path):
+    """A Redis without a password reached from another machine answers DENIED to every
+    command: check_queue let redis-py's ResponseError out as a traceback."""
+    with _protected_mode_redis() as port:
+        config, args = _worker_home(tmp_path, f"redis://127.0.0.1:{port}/0")
+        res = _refused([*args, "worker", "--workers", "1"])
+        doctor = _refused([*args, "doctor", "--worker"])
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {config} [queue] url redis://127.0.0.1:{port}/0"), line
+    assert "protected mode" in line and "requirepass" in line, line
+    assert doctor.returncode == 1 and "protected mode" in doctor.stdout, doctor.stdout

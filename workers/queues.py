@@ -415,6 +415,7 @@ def check_queue(settings: Settings) -> None:
         AuthorizationError,
         InvalidResponse,
         NoPermissionError,
+        ResponseError,
     )
 
     client = redis.Redis.from_url(url, socket_connect_timeout=_PROBE_S, socket_timeout=_PROBE_S)
@@ -427,6 +428,16 @@ def check_queue(settings: Settings) -> None:
         ) from None
     except InvalidResponse as exc:
         raise ConfigError(f"{where}: not a Redis server ({exc}); check the host and port") from None
+    except ResponseError as exc:
+        if not str(exc).startswith("DENIED"):
+            return  # a busy or a loading server answers so for a while: waited for
+        # A Redis without a password answers only its own machine: DENIED to every
+        # command from another, for good (it was a traceback at start).
+        raise ConfigError(
+            f"{where}: the Redis server is in protected mode and takes no client from another "
+            "machine while it has no password; give it one (requirepass) and put it in the "
+            "URL (redis://:PASSWORD@HOST:6379/0)"
+        ) from None
     except QUEUE_UNAVAILABLE as exc:
         if url.startswith("rediss://") and (problem := _probe_problem(url, True)):
             raise ConfigError(f"{where}: {problem}") from None
