@@ -637,6 +637,8 @@ def load_settings(
             logs.add_secrets([os.environ.get(profile.api_key_env, "")])
     if settings.queue.url:
         logs.add_secrets([urlsplit(settings.queue.url).password or ""])
+        # redis-py takes it from the query too: ?password=...
+        logs.add_secrets(parse_qs(urlsplit(settings.queue.url).query).get("password", []))
     return replace(settings, config_path=config_path if config_path.exists() else None)
 
 

@@ -534,3 +534,26 @@ def test_a_redis_in_protected_mode_is_refused_in_one_line(tmp_path):
     assert line.startswith(f"error: {config} [queue] url redis://127.0.0.1:{port}/0"), line
     assert "protected mode" in line and "requirepass" in line, line
     assert doctor.returncode == 1 and "protected mode" in doctor.stdout, doctor.stdout
+
+
+def test_a_password_in_the_urls_query_is_not_shown(tmp_path, redis_with_password):
+    """redis-py takes the password from the query too (?password=...): the refusal, doctor
+    and the worker's log printed it whole."""
+    config, args = _worker_home(tmp_path, f"{redis_with_password}?password=not-the-password")
+    res = _refused([*args, "worker", "--workers", "1"])
+    doctor = _refused([*args, "doctor", "--worker"])
+    assert res.returncode == 1 and "refused" in res.stderr, res.stderr
+    assert "not-the-password" not in res.stderr, res.stderr
+    assert doctor.returncode == 1 and "not-the-password" not in doctor.stdout, doctor.stdout
+    _, args = _worker_home(tmp_path, f"{redis_with_password}?password={PASSWORD}")
+    worker = subprocess.Popen(
+        [*args, "worker", "--workers", "1"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in worker.stderr:
+            if "worker.started" in line:
+                break
+    finally:
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=30)
+    assert "worker.started" in line and PASSWORD not in line, line

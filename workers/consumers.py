@@ -39,6 +39,7 @@ from .queues import (
     queue_clock,
     send,
     send_once,
+    shown_url,
     unfed_problem,
 )
 
@@ -287,7 +288,7 @@ def run_control(ws: Workspace) -> None:
 
 def _describe(settings) -> str:
     return (
-        settings.queue.url.split("@")[-1]
+        shown_url(settings.queue.url).split("@")[-1]
         if settings.queue.url
         else str(settings.state_dir / "queue")
     )

@@ -379,13 +379,20 @@ def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is opt
 
 
 def shown_url(url: str) -> str:
-    """A queue URL as a message may show it: its password, if any, as ``***``."""
-    parts = urlsplit(url)
+    """A queue URL as a message may show it: its password, if any, as ``***``, whether
+    in the user part or in the query (``?password=``, which redis-py takes too)."""
+    base, mark, query = url.partition("?")
+    if query:
+        query = "&".join(
+            f"{key}=***" if key.lower() == "password" and sep else f"{key}{sep}{value}"
+            for key, sep, value in (item.partition("=") for item in query.split("&"))
+        )
+    parts = urlsplit(base)
     userinfo, at, hostport = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+    if at and ":" in userinfo:
+        user = userinfo.partition(":")[0]
+        base = urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+    return base + mark + query
 
 
 # The first byte of every reply a Redis server gives (RESP2 and RESP3).
