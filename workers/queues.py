@@ -542,15 +542,9 @@ def beside_a_control(settings: Settings) -> bool:
     )
 
 
-def mark_fed(
-    huey: Huey,
-    state_dir: Path,
-    reviewers: dict[str, str] | None = None,
-    host_pauses: dict[str, dict[str, str]] | None = None,
-) -> None:
-    """Say on a Redis queue that a control process feeds it: where, when, its reviewer
-    profiles with their partitions, which every worker must have, and the profiles paused
-    on one host, by host, with the reason (a no-op on SQLite)."""
+def mark_fed(huey: Huey, state_dir: Path, reviewers: dict[str, str] | None = None) -> None:
+    """Say on a Redis queue that a control process feeds it: where, when, and its reviewer
+    profiles with their partitions, which every worker must have (a no-op on SQLite)."""
     storage = huey.storage
     if isinstance(storage, RedisStorage):
         storage.conn.set(
@@ -561,7 +555,6 @@ def mark_fed(
                     "state": str(state_dir),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "reviewers": reviewers or {},
-                    "host_pauses": host_pauses or {},
                 }
             ),
         )

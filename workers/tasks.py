@@ -39,7 +39,6 @@ from .queues import (
     OUTCOME_PATIENCE_S,
     QUEUE_UNAVAILABLE,
     acknowledge,
-    fed_by,
     mark_fed,
     queue_clock,
     release,
@@ -262,8 +261,6 @@ def run_review(msg: dict) -> None:
         return
     place = _the_worker()
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
-    if _left_to_others(name, msg):
-        return
     with logs.bound(job_id=job_id, attempt=attempt, reviewer=name):
         profile = place.settings.reviewers.get(name)
         reason = _cannot_take(place, profile, name, msg)
@@ -329,64 +326,6 @@ def run_review(msg: dict) -> None:
             _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
         shutil.rmtree(folder, ignore_errors=True)
-
-
-# Profiles the control paused on this host (their agent fails to start here while it runs
-# on others), read from the queue's reviewq.control key at most this often.
-_HOST_PAUSES_READ_S = 5.0
-_host_pauses: dict[str, object] = {"at": None, "paused": {}, "said": set()}
-_host_pauses_lock = threading.Lock()
-# A message put back waits this long before this thread takes another: alone on the
-# queue, it would otherwise come straight back to this worker.
-_PUT_BACK_WAIT_S = 1.0
-
-
-def _paused_here(name: str) -> str | None:
-    """Why the control paused reviewer ``name`` on this host, or None."""
-    with _host_pauses_lock:
-        now = time.monotonic()
-        at = _host_pauses["at"]
-        if at is None or now - at >= _HOST_PAUSES_READ_S:  # type: ignore[operator]
-            _host_pauses["at"] = now
-            try:
-                fed = fed_by(the_app().review) or {}
-            except Exception:  # noqa: BLE001 - unread: run as before
-                fed = {}
-            paused = fed.get("host_pauses") if isinstance(fed, dict) else None
-            _host_pauses["paused"] = paused if isinstance(paused, dict) else {}
-        hosts = _host_pauses["paused"].get(name)  # type: ignore[union-attr]
-        reason = hosts.get(HOST) if isinstance(hosts, dict) else None
-        said: set[str] = _host_pauses["said"]  # type: ignore[assignment]
-        if reason is None:
-            said.discard(name)
-            return None
-        if name not in said:
-            said.add(name)
-            logs.get().warning(
-                "worker.reviewer_paused_here",
-                reviewer=name,
-                host=HOST,
-                reason=reason,
-                recovery="its messages are left to workers on other hosts; mend the cause "
-                f"here, then reviewq resume {name} on the control's machine",
-            )
-        return str(reason)
-
-
-def _left_to_others(name: str, msg: dict) -> bool:
-    """Put a message of a reviewer paused on this host back on the review queue, as it
-    came, for a worker on another host: True if it was. Reported, its launch failure
-    here counted against the profile for every worker."""
-    if _paused_here(name) is None:
-        return False
-    try:
-        send("run_review", msg)
-    except Exception as exc:  # noqa: BLE001 - lost: the reaper sends it again
-        logs.get().error(
-            "attempt.not_put_back", job_id=msg["job_id"], attempt=msg["attempt"], error=str(exc)
-        )
-    STOPPING.wait(_PUT_BACK_WAIT_S)
-    return True
 
 
 def _say_refused(msg: object) -> None:
@@ -786,15 +725,14 @@ _unmarked = [False]  # said once: the key could not be written
 
 
 def _publish(control: Control) -> None:
-    """Write, on a Redis queue, that this control feeds it, its profiles' partitions, and
-    the profiles paused on one host (for doctor --worker, and for the workers there)."""
+    """Write, on a Redis queue, that this control feeds it and its profiles' partitions
+    (for doctor --worker, and for a worker's start)."""
     settings = control.settings
     try:
         mark_fed(
             the_app().control,
             control.ws.state_dir,
             {name: p.partition for name, p in settings.reviewers.items()},
-            control.host_pauses(),
         )
     except QUEUE_UNAVAILABLE:
         pass  # the next tick writes it

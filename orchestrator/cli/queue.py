@@ -441,8 +441,6 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         state = f"paused until {r['paused_until']}" if r["paused_until"] else "active"
         if r["paused_until"] and r.get("paused_reason"):
             state += f": {r['paused_reason']}"
-        for host, p in r["paused_on_hosts"].items():  # the other hosts run it
-            state += f"; paused on {host} until {p['until']}: {p['reason']}"
         click.echo(f"reviewer {name}: {state}")
     click.echo(
         # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
@@ -836,16 +834,6 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 f"reviewer {name!r} is paused until {pause.until} ({pause.reason or 'failures'}): "
                 f"its jobs wait; mend the cause, then reviewq resume {shlex.quote(name)}",
             )
-        from orchestrator.state.status import host_paused_reviewers
-
-        for name, hosts in sorted(host_paused_reviewers(store, utcnow()).items()):
-            for host, pause in hosts.items():
-                report(
-                    False,
-                    f"reviewer {name!r} is paused on {host} until {pause.until} "
-                    f"({pause.reason or 'failures'}): workers there leave its jobs to the "
-                    f"others; mend the cause there, then reviewq resume {shlex.quote(name)}",
-                )
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
         fixes = unwritten_fixes(store)
         for what, (n, why) in (

@@ -56,10 +56,8 @@ from orchestrator.state.files import (
 )
 from orchestrator.state.status import (
     FAILED_SQL,
-    NOT_RUN_SQL,
     Pause,
     budgeted_runs_with_queued_jobs,
-    host_paused_reviewers,
     paused_reviewers,
     spent_usd,
 )
@@ -146,14 +144,6 @@ class Control:
 
     def paused(self) -> dict[str, Pause]:
         return paused_reviewers(self.store, timestamp(self.now()))
-
-    def host_pauses(self) -> dict[str, dict[str, str]]:
-        """Reviewer profiles paused on one host, by name, then host: the reason. Workers
-        on such a host leave the profile's messages to the others (``workers.tasks``)."""
-        return {
-            name: {host: pause.reason or "" for host, pause in hosts.items()}
-            for name, hosts in host_paused_reviewers(self.store, timestamp(self.now())).items()
-        }
 
     def dispatch(self) -> int:
         """Open attempts for queued jobs and send them to the review queue.
@@ -689,40 +679,21 @@ class Control:
                 (name, utcnow()),
             ).fetchone()[0]
             paused_until = None
-            launch = event == "attempt.launch_failed"
             what = (
                 "its agent failed to start"
-                if launch
-                else ("its CLI reported a failure that is not the job's")
+                if event == "attempt.launch_failed"
+                else "its CLI reported a failure that is not the job's"
             )
-            if host:
+            if host:  # which machine to mend, when workers run on several
                 what += f" on {host}"
             reason = f"{what}: {'; '.join(reasons)}" if reasons else what
-            elsewhere: list[str] = []
             if count >= q.launch_failures_before_pause:
                 paused_until = timestamp(self.now() + timedelta(seconds=q.pause_seconds))
-                # An agent that cannot start is that worker's own doing (its program,
-                # args, env, folder are its machine's): while the profile ran on another
-                # host, only this host is paused, and its workers leave the profile's
-                # messages to the others. A CLI that reported no model answering (a key,
-                # a quota, an endpoint) may be every host's: paused everywhere, as before.
-                if launch and host:
-                    elsewhere = self._ran_elsewhere(name, host, profile)
-                if elsewhere:
-                    self.store.conn.execute(
-                        "INSERT OR REPLACE INTO reviewer_host_pauses "
-                        "(name, host, paused_until, paused_reason) VALUES (?, ?, ?, ?)",
-                        (name, host, paused_until, reason),
-                    )
-                    self.store.conn.execute(
-                        "UPDATE reviewer_state SET launch_failures = 0 WHERE name = ?", (name,)
-                    )
-                else:
-                    self.store.conn.execute(
-                        "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
-                        "launch_failures = 0 WHERE name = ?",
-                        (paused_until, reason, name),
-                    )
+                self.store.conn.execute(
+                    "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
+                    "launch_failures = 0 WHERE name = ?",
+                    (paused_until, reason, name),
+                )
         if self.on_backoff is not None and paused_until is None:
             wake = self.on_backoff
             self.store.after_commit(lambda: wake(delay))
@@ -733,17 +704,7 @@ class Control:
             retry_in_s=delay,
             reasons=reasons,
         )
-        if paused_until and elsewhere:
-            self.log.error(
-                "reviewer.paused_on_host",
-                reviewer=name,
-                host=host,
-                paused_until=paused_until,
-                launch_failures=count,
-                reason=reason,
-                runs_on=elsewhere,
-            )
-        elif paused_until:
+        if paused_until:
             self.log.error(
                 "reviewer.paused",
                 reviewer=name,
@@ -751,23 +712,6 @@ class Control:
                 launch_failures=count,
                 reason=reason,
             )
-
-    def _ran_elsewhere(self, name: str, host: str, profile: ReviewerProfile | None) -> list[str]:
-        """The other hosts whose agent of ``name`` ran and ended on its own (whatever its
-        answer was worth) lately: within a pause and an attempt's deadline, long enough for
-        one attempt of a healthy host to end. Read from the attempts' workers (host:pid)."""
-        timeout = profile.timeout if profile is not None else 1800.0
-        since = self.now() - timedelta(seconds=self.settings.queue.pause_seconds + timeout)
-        rows = self.store.conn.execute(
-            "SELECT DISTINCT substr(a.worker, 1, instr(a.worker, ':') - 1) FROM attempts a "
-            "JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
-            "AND a.heartbeat_at >= ? AND instr(a.worker, ':') > 1 "
-            "AND substr(a.worker, 1, instr(a.worker, ':') - 1) != ? "
-            f"AND a.outcome NOT IN ({NOT_RUN_SQL}, 'dispatched', 'running', 'superseded') "
-            "LIMIT 5",
-            (name, timestamp(since), host),
-        ).fetchall()
-        return sorted(r[0] for r in rows)
 
     def _reset_launch_failures(self, name: str | None) -> None:
         if name and name not in self._no_launch_failures:
@@ -974,16 +918,6 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
             "WHERE name = ? AND paused_until > ?",
             (name, timestamp(now)),
         ).fetchone()
-        on_hosts = store.conn.execute(
-            "DELETE FROM reviewer_host_pauses WHERE name = ? AND paused_until > ? "
-            "RETURNING host, paused_until, paused_reason",
-            (name, timestamp(now)),
-        ).fetchall()
-        if row is None and on_hosts:
-            # Paused on some hosts only: lifted there (the workers see it at the next tick).
-            hosts = ", ".join(sorted(h for h, _, _ in on_hosts))
-            until = max(u for _, u, _ in on_hosts)
-            return Pause(until, f"on {hosts} only: {on_hosts[0][2] or 'failures'}")
         if row is None:
             return None  # and its count of failures in a row stays as it is
         store.conn.execute(

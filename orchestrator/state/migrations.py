@@ -460,25 +460,6 @@ MIGRATIONS.append(
 MIGRATIONS.append(
     (
         18,
-        "a reviewer paused on one host",
-        """
-        -- Its agent failed to start on that host (a program missing on that machine) while
-        -- it ran on others: workers there leave its messages to the others until then.
-        -- Paused for every worker, one misconfigured machine stopped the healthy ones.
-        CREATE TABLE reviewer_host_pauses (
-            name          TEXT NOT NULL,
-            host          TEXT NOT NULL,
-            paused_until  TEXT NOT NULL,
-            paused_reason TEXT,
-            PRIMARY KEY (name, host)
-        );
-        """,
-    )
-)
-
-MIGRATIONS.append(
-    (
-        19,
         "the job whose outcome raised an escalation",
         """
         -- `reviewq job N` of a failed job (or of the review whose third FAIL escalated)

@@ -54,21 +54,6 @@ def paused_reviewers(store: Store, now: str) -> dict[str, Pause]:
     }
 
 
-def host_paused_reviewers(store: Store, now: str) -> dict[str, dict[str, Pause]]:
-    """Reviewer profiles paused at ``now`` on one host only (their agent fails to start
-    there while it runs elsewhere), by name, then host."""
-    found: dict[str, dict[str, Pause]] = {}
-    if not _table_exists(store, "reviewer_host_pauses"):  # a state.db read before migrating
-        return found
-    for name, host, until, reason in store.conn.execute(
-        "SELECT name, host, paused_until, paused_reason FROM reviewer_host_pauses "
-        "WHERE paused_until > ? ORDER BY name, host",
-        (now,),
-    ):
-        found.setdefault(name, {})[host] = Pause(until, reason)
-    return found
-
-
 def status(store: Store, settings: Settings) -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     for s, n in store.conn.execute(
@@ -77,7 +62,6 @@ def status(store: Store, settings: Settings) -> dict:
         counts[s] = n
     now = utcnow()
     paused = paused_reviewers(store, now)
-    on_hosts = host_paused_reviewers(store, now)
     escalations = 0
     if _table_exists(store, "escalations"):
         escalations = store.conn.execute(
@@ -96,10 +80,6 @@ def status(store: Store, settings: Settings) -> dict:
             name: {
                 "paused_until": paused.get(name, (None, None))[0],
                 "paused_reason": paused.get(name, (None, None))[1],
-                "paused_on_hosts": {
-                    host: {"until": p.until, "reason": p.reason}
-                    for host, p in on_hosts.get(name, {}).items()
-                },
             }
             for name in sorted(settings.reviewers)
         },
