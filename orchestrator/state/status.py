@@ -93,7 +93,8 @@ def status(store: Store, settings: Settings) -> dict:
 def workers_heard(store: Store) -> dict:
     """What state.db says of the workers, the only trace of them on the control's side:
     the agents running now and on which hosts, when a worker was last heard from (a
-    heartbeat, a message taken, an outcome; the control's clock), and since when the
+    heartbeat or an outcome, on the control's clock; not a message found gone from the
+    queue, which a restarted Redis loses as well), and since when the
     oldest message no worker has taken waits on the review queue."""
     running = [
         w
@@ -104,7 +105,7 @@ def workers_heard(store: Store) -> dict:
     heard = [
         t
         for (t,) in store.conn.execute(
-            "SELECT max(heartbeat_at) FROM attempts WHERE worker IS NOT NULL OR taken_at IS NOT NULL "
+            "SELECT max(heartbeat_at) FROM attempts WHERE worker IS NOT NULL "
             "UNION ALL SELECT max(recorded_at) FROM attempts WHERE worker IS NOT NULL "
             "AND outcome NOT IN ('dispatched', 'running', 'lost', 'superseded')"
         )
