@@ -671,13 +671,14 @@ def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
-    openai_profile(kb2, f"http://user:pw@127.0.0.1:{port}")
+    # (A base_url with USER:PASSWORD@ is refused when the settings load.)
+    openai_profile(kb2, f"http://127.0.0.1:{port}")
     res = run(kb2, make_job(run_cli), "local")
     assert res.outcome.exit_code == 1 and res.outcome.classification == "reviewer-failure"
     stderr = _stderr(kb2)
     assert stderr.startswith(f"openai reviewer: cannot reach http://127.0.0.1:{port}/v1/")
-    assert "Traceback" not in stderr and "pw" not in stderr and KEY not in stderr
-    assert "pw" not in json.dumps(res.outcome.reasons)
+    assert "Traceback" not in stderr and KEY not in stderr
+    assert KEY not in json.dumps(res.outcome.reasons)
 
 
 def test_openai_connection_check_goes_where_the_request_goes(kb2, run_cli, monkeypatch, server):
