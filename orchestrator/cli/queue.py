@@ -935,15 +935,11 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq escalations
     """
-    from orchestrator.cycles.escalations import by_note, open_escalations, report
+    from orchestrator.cycles.escalations import by_note, current_report, open_escalations
     from orchestrator.state.status import decide_calls
 
     store = ws.read_store()
     items = open_escalations(store)
-    # A report still to be written (the control process writes it at its tick) is older
-    # than state.db: after an upgrade whose migration changed a call, the file still
-    # recommended what the release before had.
-    due = {r[0] for r in store.conn.execute("SELECT escalation_id FROM escalation_reports_due")}
     groups = by_note(items)
     why_only_reject = only_reject_check(ws)
     only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
@@ -972,12 +968,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             try:
                 # The recommendation: the report's next line heads its list of cycles,
                 # which shown alone was a header with nothing under it.
-                text = (
-                    report(store, e.id)
-                    if e.id in due
-                    else path.read_text(encoding="utf-8", errors="replace")
-                )
-                head = text.splitlines()[1:2]
+                head = current_report(store, ws.state_dir, e.id, e.report_path).splitlines()[1:2]
             except OSError:
                 head = [f"(report missing: {path})"]
             click.echo(

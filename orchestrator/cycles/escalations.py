@@ -645,3 +645,16 @@ def reports_due(store: Store) -> tuple[int, str | None]:
         "SELECT count(*), min(error) FROM escalation_reports_due"
     ).fetchone()
     return count, error
+
+
+def current_report(store: Store, state_dir: Path, esc_id: int, report_path: str) -> str:
+    """An escalation's report as a person should read it now: its file, unless it waits
+    to be written (the control process writes it at its tick): that file is older than
+    state.db (after an upgrade whose migration changed a call, it still recommended what
+    the release before had), so the report is made from state.db. OSError: no file."""
+    due = store.conn.execute(
+        "SELECT 1 FROM escalation_reports_due WHERE escalation_id = ?", (esc_id,)
+    ).fetchone()
+    if due is not None:
+        return report(store, esc_id)
+    return (state_dir / report_path).read_text(encoding="utf-8", errors="replace")
