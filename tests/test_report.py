@@ -906,3 +906,26 @@ def test_a_constraint_or_query_error_is_a_defect_not_damage():
 
     with pytest.raises(sqlite3.IntegrityError):
         defect()
+
+
+def test_the_reports_json_costs_and_agent_time_are_rounded(kb, run_cli):
+    """A reviewer's cost and agent time were sums of floats, printed as they fell:
+    "cost_usd": 0.30000000000000004 in report --json."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("a")
+    with Store.open(kb.state) as store, store.write():
+        job = store.conn.execute(
+            "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
+            "created_at, updated_at) VALUES ('completed', 'p', 'note', 'fake', 'jobs/x', ?, ?) "
+            "RETURNING id",
+            (_minutes_ago(30), _minutes_ago(20)),
+        ).fetchone()[0]
+        for n, (cost, took) in enumerate([(0.1, 0.1), (0.2, 0.2)], 1):
+            store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd, "
+                "duration_s) VALUES (?, ?, 'invalid-output', ?, ?, ?, ?)",
+                (job, n, _minutes_ago(29), _minutes_ago(28), cost, took),
+            )
+    data = json.loads(run_cli("report", "--since", "1h", "--json").stdout)
+    (r,) = data["reviewed"]["reviewers"]
+    assert (r["cost_usd"], r["agent_s"]) == (0.3, 0.3)

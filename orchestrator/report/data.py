@@ -468,6 +468,8 @@ def _reviewed(
         f"AND {_attempts_in(period)} GROUP BY 1 ORDER BY 1",
         args,
     )
+    for r in reviewers:  # sums of floats: 0.31, not 0.3100000000000001, in --json
+        r["cost_usd"], r["agent_s"] = round(r["cost_usd"], 6), round(r["agent_s"], 3)
     attempts = dict(
         store.conn.execute(
             f"SELECT a.outcome, count(*) FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id "
