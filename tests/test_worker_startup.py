@@ -166,6 +166,21 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _start_and_stop_a_worker(args: list[str], home: Path) -> None:
+    """A worker started with ``args``, stopped once it has logged ``worker.started``
+    (what it says at its start is then in its log)."""
+    worker = subprocess.Popen(
+        [*args, "worker", "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not any(r["event"] == "worker.started" for r in _worker_log(home)):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.2)
+    finally:
+        _stop(worker)
+
+
 def _worker_log(home: Path) -> list[dict]:
     path = home / "s" / "logs" / "reviewq.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -195,18 +210,7 @@ def test_a_worker_on_another_redis_database_than_the_controls_is_named(kb, tmp_p
         assert f"{config} [queue] url" in problem and "no control process" in problem, problem
         assert "database" in problem, problem
 
-        worker = subprocess.Popen(
-            [*args, "worker", "--workers", "1"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while not any(r["event"] == "worker.started" for r in _worker_log(tmp_path / "remote")):
-                assert time.monotonic() < deadline and worker.poll() is None
-                time.sleep(0.2)
-        finally:
-            _stop(worker)
+        _start_and_stop_a_worker(args, tmp_path / "remote")
         said = [r for r in _worker_log(tmp_path / "remote") if r["event"] == "worker.queue_unfed"]
         assert len(said) == 1 and said[0]["level"] == "warning", said
         assert "no control process" in said[0]["reason"]
@@ -283,18 +287,7 @@ def test_a_worker_without_a_profile_the_control_has_is_named_before_it_fails_its
         fake = next(p for p in problems if "'fake'" in p)
         assert "'fake-v2'" in fake and "'fake'" in fake, fake
 
-        worker = subprocess.Popen(
-            [*args, "worker", "--workers", "1"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while not any(r["event"] == "worker.started" for r in _worker_log(tmp_path / "remote")):
-                assert time.monotonic() < deadline and worker.poll() is None
-                time.sleep(0.2)
-        finally:
-            _stop(worker)
+        _start_and_stop_a_worker(args, tmp_path / "remote")
         said = [
             r for r in _worker_log(tmp_path / "remote") if r["event"] == "worker.profile_unlike"
         ]
