@@ -388,13 +388,14 @@ SAID_BY_COMMANDS = frozenset({"kb.file_skipped", "escalation.raised"})
 
 
 def _warning_line(logger: object, name: str, event_dict: dict) -> str:
-    """A log line on a command's stderr: ``warning: EVENT  key=value…``, one line (the
-    time and level are the log file's; the command's verdict is its own `error:` line)."""
+    """A log line on a command's stderr: ``warning: EVENT  key=value…`` (``error:`` for
+    an error or worse: cron mail kept its level), one line (the time is the log file's)."""
     event_dict.pop("timestamp", None)
-    event_dict.pop("level", None)
+    level = event_dict.pop("level", None) or name
     event_dict.pop("logger", None)
     event = event_dict.pop("event", "")
-    line = f"warning: {event}" + (f"  {fields_text(event_dict)}" if event_dict else "")
+    said = "error" if str(level).lower() in ("error", "critical", "exception") else "warning"
+    line = f"{said}: {event}" + (f"  {fields_text(event_dict)}" if event_dict else "")
     return line if line.isprintable() else repr(line)[1:-1]
 
 

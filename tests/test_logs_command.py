@@ -225,3 +225,14 @@ def test_a_line_about_another_job_does_not_carry_the_bound_jobs_attempt(tmp_path
         "job.finalized": (94, 1, "r"),
         "job.created": (105, 0, "r"),
     }
+
+
+def test_a_commands_stderr_line_keeps_the_level_of_an_error():
+    """Off a terminal (cron mail) every log line of a command read `warning:`, an error
+    such as followup.failed too: the person reading the mail lost its level."""
+    from orchestrator.logs import _warning_line
+
+    line = _warning_line(None, "error", {"event": "followup.failed", "level": "error", "job_id": 3})
+    assert line == "error: followup.failed  job_id=3"
+    line = _warning_line(None, "warning", {"event": "fix.skipped", "level": "warning"})
+    assert line == "warning: fix.skipped"
