@@ -146,6 +146,8 @@ def test_escalations_shows_the_call_a_migration_gave_before_the_report_is_writte
     res = run_cli("escalations")
     assert res.exit_code == 0, res.stderr
     assert "      Recommend redo: no output." in res.stdout.splitlines(), res.stdout
+    # and its path is not given as if the file said so already
+    assert "escalation-1.md (to be written at the control process's next tick)" in res.stdout
 
 
 def test_the_line_refusing_an_older_releases_outcome_reads_as_a_sentence():

@@ -965,10 +965,12 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
         click.echo(f"{note}: {len(group)} escalation(s)")
         for e in group:
             path = ws.state_dir / e.report_path
+            written = True
             try:
                 # The recommendation: the report's next line heads its list of cycles,
                 # which shown alone was a header with nothing under it.
-                head = current_report(store, ws.state_dir, e.id, e.report_path).splitlines()[1:2]
+                text, written = current_report(store, ws.state_dir, e.id, e.report_path)
+                head = text.splitlines()[1:2]
             except OSError:
                 head = [f"(report missing: {path})"]
             click.echo(
@@ -978,7 +980,10 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 click.echo(f"      {line}")
             if only[e.id]:
                 click.echo(f"      {only[e.id]}: only reject closes it")
-            click.echo(f"      report: {path}")
+            click.echo(
+                f"      report: {path}"
+                + ("" if written else " (to be written at the control process's next tick)")
+            )
         if len(group) > 1:
             calls = decide_calls(note, [(e.id, e.model_partition) for e in group])
             # A note deleted since (or a gate gone) leaves reject the only call decide takes.

@@ -647,14 +647,17 @@ def reports_due(store: Store) -> tuple[int, str | None]:
     return count, error
 
 
-def current_report(store: Store, state_dir: Path, esc_id: int, report_path: str) -> str:
-    """An escalation's report as a person should read it now: its file, unless it waits
-    to be written (the control process writes it at its tick): that file is older than
-    state.db (after an upgrade whose migration changed a call, it still recommended what
-    the release before had), so the report is made from state.db. OSError: no file."""
+def current_report(
+    store: Store, state_dir: Path, esc_id: int, report_path: str
+) -> tuple[str, bool]:
+    """An escalation's report as a person should read it now, and whether its file says
+    so: the file, unless the report waits to be written (the control process writes it at
+    its tick): that file is older than state.db (after an upgrade whose migration changed
+    a call, it still recommended what the release before had), or missing, so the report
+    is made from state.db. OSError: no file and nothing due."""
     due = store.conn.execute(
         "SELECT 1 FROM escalation_reports_due WHERE escalation_id = ?", (esc_id,)
     ).fetchone()
     if due is not None:
-        return report(store, esc_id)
-    return (state_dir / report_path).read_text(encoding="utf-8", errors="replace")
+        return report(store, esc_id), False
+    return (state_dir / report_path).read_text(encoding="utf-8", errors="replace"), True
