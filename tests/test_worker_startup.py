@@ -38,6 +38,16 @@ def _refused(args: list[str], timeout: float = 15) -> subprocess.CompletedProces
         pytest.fail(f"{args[-3:]} started and waited, where it should have refused")
 
 
+def _worker_refuses(args: list[str], config: Path, url: str, timeout: float = 15) -> str:
+    """A worker started with ``args`` refuses its queue ``url`` at once: exit 1 and one
+    ``error:`` line naming the file and the URL, which is returned."""
+    res = _refused([*args, "worker", "--workers", "1"], timeout)
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {config} [queue] url {url}"), line
+    return line
+
+
 def _with_credentials(url: str, userinfo: str) -> str:
     assert url.startswith("unix://")
     return f"unix://{userinfo}@{url.removeprefix('unix://')}"
@@ -399,21 +409,17 @@ def tls_redis(tmp_path):
 def test_a_redis_url_without_tls_to_a_tls_port_is_refused(tmp_path, tls_redis):
     """redis:// to a port that speaks only TLS: every read was reset, taken for an outage."""
     port, _ = tls_redis
-    config, args = _worker_home(tmp_path, f"redis://127.0.0.1:{port}/0")
-    res = _refused([*args, "worker", "--workers", "1"])
-    assert res.returncode == 1
-    (line,) = res.stderr.splitlines()
-    assert line.startswith(f"error: {config} [queue] url redis://127.0.0.1:{port}/0"), line
+    url = f"redis://127.0.0.1:{port}/0"
+    config, args = _worker_home(tmp_path, url)
+    line = _worker_refuses(args, config, url)
     assert "TLS" in line and "rediss://" in line, line
 
 
 def test_a_tls_certificate_the_client_does_not_trust_is_refused(tmp_path, tls_redis):
     port, ca = tls_redis
-    config, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0")
-    res = _refused([*args, "worker", "--workers", "1"])
-    assert res.returncode == 1
-    (line,) = res.stderr.splitlines()
-    assert line.startswith(f"error: {config} [queue] url rediss://127.0.0.1:{port}/0"), line
+    url = f"rediss://127.0.0.1:{port}/0"
+    config, args = _worker_home(tmp_path, url)
+    line = _worker_refuses(args, config, url)
     assert "certificate" in line and "ssl_ca_certs" in line, line
     _, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}")
     ok = _refused([*args, "doctor", "--worker"])
@@ -424,10 +430,9 @@ def test_a_tls_url_to_a_redis_without_tls_is_refused(tmp_path):
     """rediss:// to a plain Redis port: the handshake timed out, taken for an outage."""
     port = _free_port()
     with redis_server(tmp_path, "--port", str(port), "--bind", "127.0.0.1"):
-        config, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0")
-        res = _refused([*args, "worker", "--workers", "1"], timeout=30)
-    assert res.returncode == 1
-    (line,) = res.stderr.splitlines()
+        url = f"rediss://127.0.0.1:{port}/0"
+        config, args = _worker_home(tmp_path, url)
+        line = _worker_refuses(args, config, url, timeout=30)
     assert "without TLS" in line and "redis://" in line, line
 
 
