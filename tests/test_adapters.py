@@ -1259,8 +1259,10 @@ def test_doctor_says_how_unwritten_job_files_get_written_by_their_error(run_cli,
             "INSERT INTO job_files_due (job_id, since, error) VALUES (1, 'x', ?)", (error,)
         )
     res = run_cli("doctor")
-    assert res.exit_code == 1
+    tried = error != "not written yet"  # not yet tried is no problem: the next tick writes them
+    assert res.exit_code == (1 if tried else 0)
     [line] = [x for x in res.stdout.splitlines() if "MANIFEST.json" in x]
     assert line == (
-        f"problem: 1 job(s) whose MANIFEST.json and results wait to be written ({error}); {then}"
+        f"{'problem' if tried else 'ok'}: 1 job(s) whose MANIFEST.json and results wait to be "
+        f"written ({error}); {then}"
     )

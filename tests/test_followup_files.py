@@ -806,3 +806,30 @@ def test_an_excused_attempts_own_judgement_is_redacted_and_must_be_a_known_one(c
     logs.add_secrets(["controlsecret-123456"])
     got = _excused(cycle, untouched=["no-output", ["key controlsecret-123456 refused"]])
     assert got == ("no-output", ["key [redacted] refused"])
+
+
+def test_files_due_that_no_tick_has_tried_yet_are_no_problem_for_doctor(kb, run_cli):
+    """An upgrade's migration marks every open escalation's report due (it renders fields
+    the old release lacked), and OPERATIONS' upgrade steps run doctor before the control
+    starts: doctor exited 1, 'problem: N escalation report(s) wait to be written', for
+    files the first tick writes. Not yet tried is said, not counted; a write that failed
+    still is (test_doctor_says_when_a_fixed_note_waits_to_be_written)."""
+    import shutil
+
+    from orchestrator.cycles.escalations import mark_reports_due
+    from orchestrator.state.store import Store
+
+    from .conftest import reviewq_process
+
+    shutil.copytree(pathlib.Path(__file__).parent.parent / "kb", kb.root / "kb", dirs_exist_ok=True)
+    sweep = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--fix")
+    assert sweep.returncode in (0, 1), sweep.stderr
+    with Store.open(kb.state) as store:
+        marked = mark_reports_due(store)
+    assert marked > 0
+    res = run_cli("doctor")
+    assert res.exit_code == 0, res.stdout
+    assert (
+        f"ok: {marked} escalation report(s) wait to be written (not written yet); the control "
+        "process writes them at its next tick" in res.stdout
+    ), res.stdout

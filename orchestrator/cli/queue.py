@@ -817,8 +817,10 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
             )
         due, error = files_due(store)
         then = _written_when(error, "reviewq rewrite-files writes them at once")
+        # Not yet tried is no problem (a transaction just committed, or a migration marked
+        # them): the next tick writes them. A write that failed is one.
         report(
-            due == 0,
+            due == 0 or error == NOT_TRIED,
             "job files written"
             if due == 0
             else f"{due} job(s) whose MANIFEST.json and results wait to be written "
@@ -843,7 +845,8 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
             if n:
                 rewrite = "reviewq rewrite-files writes them at once" if "report" in what else None
                 report(
-                    False, f"{n} {what} wait to be written ({why}); {_written_when(why, rewrite)}"
+                    why == NOT_TRIED,
+                    f"{n} {what} wait to be written ({why}); {_written_when(why, rewrite)}",
                 )
     except sqlite3.DatabaseError as exc:
         report(False, _damaged(ws, str(exc)) if is_damage(exc) else f"state.db: {exc}")
