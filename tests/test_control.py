@@ -1816,3 +1816,37 @@ def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
             _lock(state)
     finally:
         os.close(fd)
+
+
+def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb):
+    """The reaper gave an attempt up as lost (no heartbeat for a lease: a slow or cut link)
+    and the job runs again; the first agent, still alive, ran on to its deadline for an
+    output that would be discarded. Its next heartbeat is answered with a stop request,
+    said once; the outcome that follows takes the request off the queue."""
+    from datetime import UTC, datetime
+
+    class Stops:
+        def __init__(self):
+            self.asked, self.forgotten = [], []
+
+        def ask(self, job_id, attempt, reason):
+            self.asked.append((job_id, attempt, reason))
+
+        def forget(self, job_id, attempt):
+            self.forgotten.append((job_id, attempt))
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    control.stops = Stops()
+    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    control.on_messages([{**beat, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
+    assert control.stops.asked == []  # a live attempt beats as it should
+    control.now = lambda: datetime(2099, 1, 1, tzinfo=UTC)  # its lease long past
+    assert control.reap() == 1
+    control.on_messages([beat], [])
+    control.on_messages([beat], [])
+    reason = "the control process gave this attempt up as lost and runs the job again"
+    assert control.stops.asked == [(1, 1, reason)] * 2
+    assert [e for e, _ in _story(ws, 1)].count("attempt.stop_asked") == 1
+    control.on_messages([], [_outcome(ws, sent[0])])
+    assert control.stops.forgotten == [(1, 1)]
+    ws.close()

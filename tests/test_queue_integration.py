@@ -525,6 +525,72 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))
 
 
+@pytest.mark.parametrize("redis", [False, True], ids=["sqlite", "redis"])
+def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, request, redis):
+    """A person finalized a job by hand while a worker's agent ran for it: the control
+    superseded the attempt and would discard its output, but nothing told the worker,
+    and the agent ran on to its deadline (here 600 s; a real one spends its tokens all
+    that time). The control answers the attempt's next heartbeat with a stop request."""
+    small_kb(kb, notes=1)
+    queue = FAST_QUEUE
+    if redis:
+        url = request.getfixturevalue("redis_url")
+        queue = FAST_QUEUE.replace("[queue]\n", f'[queue]\nurl = "{url}"\n')
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + queue)
+    fifo = make_fifo(tmp_path, "started")
+    pidfile = tmp_path / "pids"
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {
+        **os.environ,
+        "REVIEWQ_LOG_FORMAT": "json",
+        "FAKE_MODE": "hang",
+        "FAKE_NOTIFY_FIFO": str(fifo),
+        "FAKE_PIDFILE": str(pidfile),
+    }
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
+    )
+    agents: list[int] = []
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agents.append(int(await_fifo(fifo).split()[0]))
+        job_dir = kb.state / "jobs" / "review-job-1"
+        (pair,) = json.loads((job_dir / "MANIFEST.json").read_text())["pairs"]
+        sentinel = f"{pair['note_path']} :: {pair['gate_path']}"
+        (job_dir / "bundle-output.md").write_text(
+            f"=== PAIR REVIEW START: {sentinel} ===\nSummary: read by a person.\n"
+            f"## Result: PASS\n=== PAIR REVIEW END: {sentinel} ===\n"
+        )
+        res = rq(kb, "finalize", "--review-job-id", "1", "--model", "fake")
+        assert res.returncode == 0, res.stderr
+        agents += [int(p) for p in pidfile.read_text().split()]
+        _await_exit(agents, timeout=30)  # a heartbeat is every 0.5 s here
+    finally:
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        for pid in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    lines = log_lines(kb)
+    asked = [e for e in lines if e["event"] == "attempt.stop_asked"]
+    assert len(asked) == 1 and asked[0]["job_id"] == 1 and asked[0]["attempt"] == 1
+    assert "finalized by hand" in asked[0]["reason"]
+    assert '"attempt.stopping"' in (kb.state / "worker/logs/reviewq.jsonl").read_text()
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
+        outcome = conn.execute("SELECT outcome FROM attempts").fetchone()[0]
+    assert tuple(job) == ("completed", 1) and outcome == "superseded"
+    if redis:
+        return
+    # The request was taken (by the worker, or by the control once the outcome came).
+    with sqlite3.connect(kb.state / "queue" / "review.db") as q:
+        assert q.execute("SELECT count(*) FROM kv WHERE key LIKE 'reviewq.stop.%'").fetchone() == (
+            0,
+        )
+
+
 def test_budget_stops_new_attempts_and_says_so(kb):
     small_kb(kb, notes=12)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)

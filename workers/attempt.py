@@ -588,6 +588,29 @@ def _group_is_agent(pgid: int, job_id: int) -> bool:
     return f"REVIEWQ_JOB_ID={job_id}".encode() in environ
 
 
+def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIGTERM) -> bool:
+    """Signal the agent group this process runs for an attempt (found in the registry,
+    and still that agent: its pid not reused); True when there was one. A SIGTERM lets it
+    end as it means to; the thread waiting on it then reaps what is left of its group and
+    sessions, as after any exit."""
+    path = registry_dir(state_dir)
+    for entry_path in path.glob(f"{socket.gethostname()}-*.json") if path.is_dir() else []:
+        try:
+            entry = json.loads(entry_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (entry.get("worker_pid"), entry.get("job_id"), entry.get("attempt")) != (
+            os.getpid(),
+            job_id,
+            attempt,
+        ) or not _group_is_agent(entry["pgid"], job_id):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(entry["pgid"], sig)
+            return True
+    return False
+
+
 def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[int]:
     """Kill the agent groups on this host whose worker process is gone (or, with
     ``mine``, this process's own, as a stopping worker does); returns them. With

@@ -31,6 +31,7 @@ from .app import make_app
 from .attempt import reap_orphans, worker_folder
 from .parent import follow_parent
 from .queues import (
+    StopRequests,
     attempts_on,
     beside_a_control,
     check_server,
@@ -227,6 +228,7 @@ def run_control(ws: Workspace) -> None:
         hooks=FollowUp(ws),
         on_review_queue=functools.partial(attempts_on, app.review),
         on_backoff=on_backoff,
+        stops=StopRequests(app.review),
     )
     tasks.install_control(control)
     poll = settings.queue.poll_seconds

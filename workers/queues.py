@@ -604,6 +604,38 @@ def fed_by(huey: Huey) -> dict | None:
     return said if isinstance(said, dict) and said else {"host": "?"}
 
 
+class StopRequests:
+    """The control process's one word back to a worker: stop the agent of an attempt it
+    no longer wants (finalized by hand, or given up as lost and run again elsewhere). An
+    agent such an attempt left running cost its tokens to its deadline, for an output the
+    control then discarded. A key per attempt beside the review queue (Huey's key-value
+    store: a table of review.db, a hash on Redis), set when a heartbeat comes from such an
+    attempt, read by the worker after each heartbeat it sends, taken off by it or by the
+    control once the attempt's outcome has come."""
+
+    def __init__(self, huey: Huey) -> None:
+        self.huey = huey
+
+    @staticmethod
+    def _key(job_id: int, attempt: int) -> str:
+        return f"reviewq.stop.{job_id}.{attempt}"
+
+    def ask(self, job_id: int, attempt: int, reason: str) -> None:
+        self.huey.put(self._key(job_id, attempt), reason)
+
+    def asked(self, job_id: int, attempt: int) -> str | None:
+        """Why the control wants this attempt's agent stopped, or None. Looked at with a
+        read first: nearly always there is nothing, and a SQLite pop writes the file."""
+        key = self._key(job_id, attempt)
+        if self.huey.get(key, peek=True) is None:
+            return None
+        reason = self.huey.get(key)
+        return str(reason) if reason is not None else None
+
+    def forget(self, job_id: int, attempt: int) -> None:
+        self.huey.delete(self._key(job_id, attempt))
+
+
 def unfed_problem(settings: Settings) -> str:
     """The words for a Redis queue no control process has fed, for doctor and the worker."""
     where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(settings.queue.url)}"
@@ -859,6 +891,11 @@ def said_retrying(rs: Any) -> None:
         **{"try": rs.attempt_number},
         error=str(rs.outcome.exception()),
     )
+
+
+def stop_requests() -> StopRequests:
+    """The control's requests to stop an agent, on this process's review queue."""
+    return StopRequests(the_app().review)
 
 
 def send(task: str, *args: Any, patience_s: float | None = None) -> None:

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -33,6 +34,7 @@ from .attempt import (
     read_tail,
     registry_dir,
     run_attempt,
+    stop_agent,
 )
 from .queues import (
     FED_KEY,
@@ -45,6 +47,7 @@ from .queues import (
     requeue,
     send,
     send_once,
+    stop_requests,
     the_app,
     waiting,
 )
@@ -120,6 +123,7 @@ class _Beats:
         self._thread: threading.Thread | None = None
         self._started_at = ""  # the agent's launch, until a beat has said it
         self._said = False
+        self.stopped: str | None = None  # why the control asked for the agent's end
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -161,12 +165,28 @@ class _Beats:
         try:
             with logs.bound(job_id=self.job_id, attempt=self.attempt):
                 send("attempt_heartbeat", msg)
+                if self._started_at:
+                    self._stop_if_asked()
         except Exception as exc:  # a missed heartbeat is not worth killing the agent for
             logs.get().warning(
                 "attempt.heartbeat_failed", job_id=self.job_id, attempt=self.attempt, error=str(exc)
             )
         finally:
             self._in_flight.release()
+
+    def _stop_if_asked(self) -> None:
+        """The control no longer wants this attempt (finalized by hand, or given up as
+        lost and run again): its agent is stopped, SIGTERM first, SIGKILL if it is still
+        there when asked again a beat later. Its outcome goes back as any other, for the
+        cost it ran up."""
+        reason = stop_requests().asked(self.job_id, self.attempt)
+        if reason is None:
+            return
+        sig = signal.SIGTERM if self.stopped is None else signal.SIGKILL
+        if stop_agent(_the_worker().folder, self.job_id, self.attempt, sig):
+            if self.stopped is None:
+                logs.get().warning("attempt.stopping", reason=reason)
+            self.stopped = reason
 
 
 class _Reporting:
@@ -310,6 +330,8 @@ def run_review(msg: dict) -> None:
                 logs.get().error("attempt.worker_error", reason=reason)
                 outcome = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
         beat.wait()  # a beat sent goes before the outcome: the attempt's story in order
+        if beat.stopped is not None:
+            outcome.reasons.append(f"stopped at the control's request: {beat.stopped}")
         if STOPPING.is_set():
             # The worker is stopping and killed this agent; Huey queued the task again.
             logs.get().info(

@@ -200,11 +200,13 @@ def heartbeat(
     *,
     started_at: str | None = None,
     waiting: bool = False,
-) -> None:
+) -> str | None:
     """An open attempt is alive: refresh its lease. A running agent's beat moves the
     attempt to running, launched at ``started_at`` (the worker's clock, when it says) or
     now. A ``waiting`` beat comes from a worker that took the message and waits for a free
-    agent slot: the attempt stays dispatched, taken."""
+    agent slot: the attempt stays dispatched, taken. Returns the attempt's outcome now
+    (None: no such attempt): a beat from one ``superseded`` or ``lost`` is an agent still
+    running for nothing."""
     with store.write():
         if waiting:
             store.conn.execute(
@@ -212,14 +214,18 @@ def heartbeat(
                 "WHERE job_id = ? AND attempt = ? AND outcome = 'dispatched'",
                 (now, worker, now, job_id, attempt),
             )
-            return
-        store.conn.execute(
-            "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
-            "launched_at = COALESCE(launched_at, ?), "
-            "outcome = CASE WHEN outcome = 'dispatched' THEN 'running' ELSE outcome END "
-            "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
-            (now, worker, started_at or now, job_id, attempt),
-        )
+        else:
+            store.conn.execute(
+                "UPDATE attempts SET heartbeat_at = ?, worker = ?, "
+                "launched_at = COALESCE(launched_at, ?), "
+                "outcome = CASE WHEN outcome = 'dispatched' THEN 'running' ELSE outcome END "
+                "WHERE job_id = ? AND attempt = ? AND outcome IN ('dispatched', 'running')",
+                (now, worker, started_at or now, job_id, attempt),
+            )
+        row = store.conn.execute(
+            "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+        ).fetchone()
+    return row[0] if row is not None else None
 
 
 def taken(store: Store, gone: list[tuple[int, int]], back: list[tuple[int, int]], now: str) -> None:

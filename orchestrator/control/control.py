@@ -109,6 +109,14 @@ class Hooks(Protocol):
         ...
 
 
+class Stops(Protocol):
+    """A worker's agent asked to stop (``workers.queues.StopRequests``)."""
+
+    def ask(self, job_id: int, attempt: int, reason: str) -> None: ...
+
+    def forget(self, job_id: int, attempt: int) -> None: ...
+
+
 class Control:
     def __init__(
         self,
@@ -119,13 +127,16 @@ class Control:
         on_review_queue: Callable[[set[tuple[int, int]]], set[tuple[int, int]] | None]
         | None = None,
         on_backoff: Callable[[float], None] | None = None,
+        stops: Stops | None = None,
     ) -> None:
         """``on_review_queue``: which of the given (job, attempt) have a message on the
         review queue, or None when the queue cannot be read; without it, an attempt no
         worker spoke of waits lease + timeout before it is reaped, as one still on the
         queue does. ``on_backoff``: told, once it is recorded, that a job's launch backoff
         ends in so many seconds, so that a dispatch then runs it (without it, the next
-        outcome or tick does, up to ``reaper_seconds`` later)."""
+        outcome or tick does, up to ``reaper_seconds`` later). ``stops``: how a worker is
+        asked to stop an agent still running for an attempt this process no longer wants;
+        without it, such an agent runs to its end."""
         self.ws = ws
         self.store = ws.store
         self.store.waits_for_folders = False
@@ -133,6 +144,8 @@ class Control:
         self.send_review = send_review
         self.on_review_queue = on_review_queue
         self.on_backoff = on_backoff
+        self.stops = stops
+        self._stops_asked: set[tuple[int, int]] = set()  # logged once each
         self.now = now
         self.hooks = hooks
         self.log = logs.get()
@@ -367,7 +380,7 @@ class Control:
         with self.store.write():
             for h in heartbeats:
                 started_at = h.get("started_at")
-                heartbeat(
+                now_ = heartbeat(
                     self.store,
                     h["job_id"],
                     h["attempt"],
@@ -376,12 +389,40 @@ class Control:
                     started_at=started_at if isinstance(started_at, str) and started_at else None,
                     waiting=h.get("waiting") is True,
                 )
+                if now_ in ("superseded", "lost") and self.stops is not None:
+                    self.store.after_commit(functools.partial(self._ask_stop, h, now_))
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
                     # dispatched, started, ended even when both waited together.
                     self._log_started(h)
             for o in outcomes:
                 self._on_outcome(o)
+
+    def _ask_stop(self, h: dict, outcome: str) -> None:
+        """Ask the worker that beat for an attempt no longer wanted to stop its agent, at
+        each such beat (a worker takes the request once); said once. A queue that cannot
+        take it now is asked again at the next beat."""
+        job_id, attempt = h["job_id"], h["attempt"]
+        why = (
+            "the job was finalized by hand or another attempt replaced this one"
+            if outcome == "superseded"
+            else "the control process gave this attempt up as lost and runs the job again"
+        )
+        try:
+            self.stops.ask(job_id, attempt, why)
+        except Exception as exc:
+            self.log.warning("attempt.stop_unsent", job_id=job_id, attempt=attempt, error=str(exc))
+            return
+        if (job_id, attempt) not in self._stops_asked:
+            self._stops_asked.add((job_id, attempt))
+            self.log.info(
+                "attempt.stop_asked",
+                job_id=job_id,
+                attempt=attempt,
+                worker=h.get("worker"),
+                host=h.get("host"),
+                reason=why,
+            )
 
     def _refused_by_worker(self, o: dict) -> None:
         """A worker refused an attempt's review message for its version (one another
@@ -731,12 +772,23 @@ class Control:
 
     def _supersede(self, job_id: int, attempt: int, telemetry: object = None) -> None:
         outcome = supersede(self.store, job_id, attempt, telemetry)
+        if outcome in ("superseded", "lost") and self.stops is not None:
+            # Its agent has ended: a stop request (this process's, or one before a restart)
+            # that no worker took would stay on the queue for good.
+            self.store.after_commit(functools.partial(self._forget_stop, job_id, attempt))
         if outcome is not None and outcome not in ("superseded", "lost"):
             # Acted on already: a control process stopped after keeping a batch and before
             # taking it off the queue meets its outcomes again.
             self.log.info("attempt.repeated", job_id=job_id, attempt=attempt, outcome=outcome)
             return
         self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
+
+    def _forget_stop(self, job_id: int, attempt: int) -> None:
+        self._stops_asked.discard((job_id, attempt))
+        try:
+            self.stops.forget(job_id, attempt)
+        except Exception as exc:  # a key of a few bytes left on the queue
+            self.log.warning("attempt.stop_unsent", job_id=job_id, attempt=attempt, error=str(exc))
 
     def _pair_count(self, job_id: int) -> int:
         return self.store.conn.execute(
