@@ -3,10 +3,13 @@ output, finalize, ack, warn-queue, export; and run-job with real agent processes
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -784,6 +787,47 @@ def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
     rows = list(csv.DictReader((gates.parent / "csv" / "gate_reviews.csv").open()))
     assert len(exported) == len(rows) > 0
     assert not (gates / "kb__notes__renamed.md").exists()
+
+
+def test_an_export_waits_for_one_already_writing_and_leaves_a_whole_view(flow, run_cli):
+    """Two exports at once (two cron entries, a person's run beside cron's) each removed
+    the files the other had written: the folder held parts of both and fewer files than
+    its index named, and both said they had exported."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    base = flow.root / "kb/reports/reviews"
+    base.mkdir(parents=True)
+    exe = str(Path(sys.executable).parent / "reviewq")
+    held = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as an export writing the folder now holds it
+    try:
+        proc = subprocess.Popen(
+            [exe, "--root", str(flow.root), "export"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            said = proc.stderr.readline()
+            assert said == (
+                "another reviewq export is writing kb/reports/reviews: waiting for it to end\n"
+            )
+            assert list(base.rglob("*")) == []  # nothing written while the other writes
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    finally:
+        os.close(held)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rows = list(csv.DictReader((base / "csv" / "gate_reviews.csv").open()))
+    exported = [p for p in (base / "gates").rglob("*.md") if p.is_file()]
+    assert len(exported) == len(rows) > 0
+    assert out.startswith(f"exported {len(rows)} review(s)")
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from orchestrator.control.followup import finalize_by_hand
 from orchestrator.kb.gates import requires_type_warnings
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.bundle import problem_count
-from orchestrator.review.export import export
+from orchestrator.review.export import EXPORT_DIR, export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import partition_problem, select
@@ -418,6 +418,11 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
         gate = cat.recorded(ws.kb, gate_id, gate_path)
         return list(gate.watches) if gate is not None else None
 
+    def waiting() -> None:
+        click.echo(
+            f"another reviewq export is writing {EXPORT_DIR}: waiting for it to end", err=True
+        )
+
     notes = set(ws.kb.note_files())
-    res = export(ws.read_store(), ws.root, model, watches, notes)
+    res = export(ws.read_store(), ws.root, model, watches, notes, on_wait=waiting)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

@@ -17,7 +17,7 @@ from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gitcommit import git_env
 from orchestrator.kb.notes import canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
-from orchestrator.state.files import ReportError, flat
+from orchestrator.state.files import ReportError, flat, folder_lock
 from orchestrator.state.store import Store
 
 EXPORT_DIR = "kb/reports/reviews"
@@ -79,13 +79,15 @@ def export(
     model: str | None = None,
     watches: Watches | None = None,
     notes: Collection[str] | None = None,
+    on_wait: Callable[[], None] | None = None,
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
     in partition ``model``, or else the most recent across partitions. ``watches`` (the
     regions the gate of a recorded gate id and path watches now, None for a gate gone
     from the catalog) and ``notes`` (the KB's note paths), when given, are the reviews as
     they are now: a note since renamed or deleted, or a gate gone from the catalog, keeps
-    its acceptance in state.db but has no file."""
+    its acceptance in state.db but has no file. One export at a time writes the folder:
+    another one waits for it (``on_wait`` is called first), then reads state.db."""
     if (
         model
         and not store.conn.execute(
@@ -103,24 +105,29 @@ def export(
             f"--model {model}: no review recorded in this partition "
             f"(known: {', '.join(known) or 'none'}); nothing exported"
         )
-    rows = store.conn.execute(
-        "SELECT a.*, p.rationale, p.gate_path, n.text AS note_text, g.text AS gate_text, "
-        # The commit of the fix that wrote the accepted text, when a fix wrote it.
-        "(SELECT f.fix_commit FROM review_jobs f WHERE f.kind = 'fix' AND f.fixed_snapshot_id = "
-        "a.note_snapshot_id AND f.fix_commit IS NOT NULL ORDER BY f.id DESC LIMIT 1) AS fix_commit "
-        "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
-        "JOIN snapshots n ON n.id = a.note_snapshot_id JOIN snapshots g ON g.id = a.gate_snapshot_id "
-        + ("WHERE a.model_partition = ? " if model else "")
-        + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
-        (model,) if model else (),
-    )
     base = root / EXPORT_DIR
     for folder in (base.parent, base, base / "gates", base / "csv"):
         _not_a_link(folder)
-    for folder in _note_folders(base):  # walked only once ``gates`` is known to be no link
-        _not_a_link(folder)
     try:
-        return _write(rows, base, git_head(root), watches, notes)
+        base.mkdir(parents=True, exist_ok=True)
+        # Two exports at once (two cron entries, a person's run beside cron's) each
+        # removed the files the other wrote: the folder was left holding parts of both,
+        # and fewer files than its index named.
+        with folder_lock(base, on_wait=on_wait):
+            for folder in _note_folders(base):  # walked once ``gates`` is known to be no link
+                _not_a_link(folder)
+            rows = store.conn.execute(
+                "SELECT a.*, p.rationale, p.gate_path, n.text AS note_text, g.text AS gate_text, "
+                # The commit of the fix that wrote the accepted text, when a fix wrote it.
+                "(SELECT f.fix_commit FROM review_jobs f WHERE f.kind = 'fix' AND f.fixed_snapshot_id = "
+                "a.note_snapshot_id AND f.fix_commit IS NOT NULL ORDER BY f.id DESC LIMIT 1) AS fix_commit "
+                "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
+                "JOIN snapshots n ON n.id = a.note_snapshot_id JOIN snapshots g ON g.id = a.gate_snapshot_id "
+                + ("WHERE a.model_partition = ? " if model else "")
+                + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
+                (model,) if model else (),
+            )
+            return _write(rows, base, git_head(root), watches, notes)
     except OSError as exc:
         # A file where a folder belongs, a read-only or full disk: said as such.
         where = exc.filename or base

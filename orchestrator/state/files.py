@@ -241,7 +241,7 @@ def write_due_job_files(
     def write(i: int) -> None:
         job_dir = state_dir / due[i][0]
         job_dir.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(job_dir, wait=store.waits_for_folders):
+        with folder_lock(job_dir, wait=store.waits_for_folders):
             write_job_files(store, job_dir, i, prompt)
 
     written, failed = write_each(
@@ -256,18 +256,23 @@ def write_due_job_files(
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path, wait: bool = True):
+def folder_lock(folder: Path, wait: bool = True, on_wait: Callable[[], None] | None = None):
     """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
     leave behind, and the kernel lets go of it when its holder dies. Without ``wait``, a
-    folder another process holds is an error of that job's files (tried again later)."""
+    folder another process holds is an error of that job's files (tried again later).
+    ``on_wait`` is called once before waiting for another holder (a person at a terminal
+    is told why the command pauses)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait and on_wait is None else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise BlockingIOError(
-                errno.EWOULDBLOCK, "another reviewq process is writing this folder", str(folder)
-            ) from None
+            if not wait or on_wait is None:
+                raise BlockingIOError(
+                    errno.EWOULDBLOCK, "another reviewq process is writing this folder", str(folder)
+                ) from None
+            on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
