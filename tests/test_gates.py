@@ -210,6 +210,33 @@ def test_gates_check_cli(kb, run_cli):
     ]
 
 
+def test_gates_lists_the_type_specs_notes_name_by_a_path(kb, run_cli):
+    """`select type` reviewed the spec a note names by a path (`./types/local.md`,
+    `kb/types/sub/x.md`), but `gates` listed only `kb/types/*.md`: a person checking the
+    catalog found no `type/local` for the reviews and FAILs that named it."""
+    from .test_select import note_text_with_type
+
+    kb.type_spec("definition")
+    kb.note("by-name", type="definition")
+    kb.write("kb/notes/sub/types/local.md", "---\nname: local\n---\n# Local type\n")
+    kb.write("kb/notes/sub/rel.md", note_text_with_type("./types/local.md"))
+    kb.write("kb/types/sub/x.md", "---\nname: x\n---\n# X type\n")
+    kb.write("kb/notes/root.md", note_text_with_type("kb/types/sub/x.md"))
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    assert "type: type/definition type/local type/x\n" in res.stdout
+    types = run_cli("gates", "--json").json()["types"]
+    assert types == [
+        {"gate_id": "type/definition", "path": "kb/types/definition.md"},
+        {"gate_id": "type/local", "path": "kb/notes/sub/types/local.md"},
+        {"gate_id": "type/x", "path": "kb/types/sub/x.md"},
+    ]
+    selected = run_cli("select", "type", "--json").json()["targets"]
+    assert {(t["gate_id"], t["gate_path"]) for t in selected} == {
+        (t["gate_id"], t["path"]) for t in types
+    }
+
+
 @pytest.mark.corpus
 def test_commonplace_catalog_loads_clean(commonplace, run_cli):
     res = run_cli("gates", "--check", "--json", root=commonplace)

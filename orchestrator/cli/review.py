@@ -26,7 +26,7 @@ from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import EXPORT_DIR, export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
-from orchestrator.review.selector import partition_problem, select
+from orchestrator.review.selector import partition_problem, select, with_note_relative_types
 from orchestrator.state.workspace import Workspace
 
 
@@ -42,7 +42,8 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
     Example:
       reviewq gates --check
     """
-    cat = ws.catalog()
+    # The type specs notes name by a path are reviewed as type/NAME: listed here too.
+    cat = with_note_relative_types(ws.kb, ws.catalog(), ws.state_dir)
     if as_json:
         emit_json(
             {

@@ -219,7 +219,7 @@ def select(
     if any(s == "type" or s.startswith("type/") for s in selectors):
         catalog = catalog.copy()  # the workspace's cached catalog stays as the files say
         known = len(catalog.problems)
-        _add_note_relative_types(kb, catalog, notes)
+        add_note_relative_types(kb, catalog, notes)
         sel.problems.extend(catalog.problems[known:])
     gates = catalog.resolve(selectors, all_gates)
 
@@ -280,7 +280,23 @@ def select(
     return sel
 
 
-def _add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None:
+def with_note_relative_types(kb: KB, catalog: Catalog, cache_dir: Path | None = None) -> Catalog:
+    """A copy of the catalog with the type specs every note names by a path (as ``select
+    type`` sees them); the notes are read through the note cache of ``cache_dir`` when it
+    exists. A spec that cannot join is among the copy's problems; a note that cannot be
+    read is select's to name."""
+    catalog = catalog.copy()
+    cache = NoteCache.open(cache_dir) if cache_dir is not None and cache_dir.is_dir() else None
+    known = len(kb.problems)
+    notes = kb.load_notes(kb.note_files(), cache)
+    del kb.problems[known:]
+    if cache is not None:
+        cache.save()
+    add_note_relative_types(kb, catalog, notes)
+    return catalog
+
+
+def add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None:
     """Type specs that notes name by a path outside the catalog's ``kb/types/*.md`` scan
     (``./types/x.md``, ``../types/sub/x.md``, ``kb/types/sub/x.md``) join the catalog."""
     from orchestrator.kb.gates import type_gate
