@@ -227,6 +227,53 @@ def test_create_jobs_packs_only_notes_under_the_note_roots(flow, run_cli):
     ]
 
 
+def test_create_jobs_skips_a_pair_whose_gate_the_note_does_not_have(flow, run_cli):
+    """A target pairing a note with a gate its type or traits do not ask for (a type pair
+    of another type, a requires_type gate of an untyped note: written by hand, or the
+    note edited since select) was packed and reviewed, and its verdict recorded for a
+    gate the note does not have."""
+    flow.type_spec("definition")
+    flow.write("kb/notes/sub/types/local.md", "---\nname: local\n---\n# Local type\n")
+    flow.write("kb/notes/sub/rel.md", "---\ntitle: Rel\ntype: ./types/local.md\n---\nbody\n")
+    flow.note("defined", type="definition", traits=["tagged"])
+    flow.gate("prose/definition-check", ["body"], requires_type="definition")
+    flow.gate("prose/untagged-check", ["body"], requires_trait="untagged")
+    local = "kb/notes/sub/types/local.md"
+    targets = [
+        {"note_path": NOTE_A, "gate_id": "prose/definition-check"},
+        {"note_path": NOTE_A, "gate_id": "type/definition"},
+        {"note_path": "kb/notes/defined.md", "gate_id": "type/local", "gate_path": local},
+        {"note_path": "kb/notes/defined.md", "gate_id": "prose/untagged-check"},
+        {"note_path": "kb/notes/defined.md", "gate_id": "prose/definition-check"},  # asked
+        {"note_path": "kb/notes/sub/rel.md", "gate_id": "type/local"},  # asked, by its path
+    ]
+    data = json.dumps({"model_partition": "fake", "targets": targets})
+    flow.write("in.json", data)
+    res = run_cli("create-jobs", "--input", str(flow.root / "in.json"), "--grouping", "note")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        f"skipped: {NOTE_A} prose/definition-check: prose/definition-check does not apply to "
+        f"{NOTE_A}: the gate asks for type kb/types/definition.md; the note has no type",
+        f"skipped: {NOTE_A} type/definition: type/definition does not apply to {NOTE_A}: the "
+        "note has no type (this gate is the spec kb/types/definition.md)",
+        "skipped: kb/notes/defined.md type/local: type/local does not apply to "
+        "kb/notes/defined.md: the note's type is kb/types/definition.md (this gate is the "
+        "spec kb/notes/sub/types/local.md)",
+        "skipped: kb/notes/defined.md prose/untagged-check: prose/untagged-check does not "
+        "apply to kb/notes/defined.md: the gate asks for trait untagged; the note's are tagged",
+    ]
+    with Store.open(flow.state) as s:
+        packed = s.conn.execute("SELECT note_path, gate_id, gate_path FROM review_pairs").fetchall()
+    assert sorted(map(tuple, packed)) == [
+        (
+            "kb/notes/defined.md",
+            "prose/definition-check",
+            "kb/instructions/review-gates/prose/definition-check.md",
+        ),
+        ("kb/notes/sub/rel.md", "type/local", "kb/notes/sub/types/local.md"),
+    ]
+
+
 def test_prompt_holds_only_its_own_sentinels_and_the_texts(flow, run_cli):
     job = create(
         run_cli,

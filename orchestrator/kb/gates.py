@@ -19,6 +19,7 @@ from orchestrator.kb.notes import (
     TYPES_DIR,
     FileProblem,
     KBError,
+    Note,
     NoteParseError,
     as_str_tuple,
     atx_headings,
@@ -162,6 +163,32 @@ class Catalog:
         """Whether any file of the gate tree was met, if only as an invalid gate (each one
         already a warning line of its own)."""
         return any(p.path.startswith(f"{GATES_DIR}/") for p in self.problems)
+
+
+def applies(gate: Gate, note: Note) -> bool:
+    """Whether a gate is asked of a note: type gates by the note's type, others by
+    ``requires_type`` (any of) and ``requires_trait`` (any of)."""
+    if gate.is_type:
+        return type_key(note.type_value, note.path) == gate.path
+    if gate.requires_type and type_key(note.type_value, note.path) not in gate.requires_type:
+        return False
+    return not gate.requires_trait or bool(set(gate.requires_trait) & set(note.traits))
+
+
+def not_asked(gate: Gate, note: Note) -> str | None:
+    """Why a gate is not asked of a note, as :func:`applies` judges it; None when it is."""
+    if applies(gate, note):
+        return None
+    key = type_key(note.type_value, note.path)
+    has = f"the note's type is {key}" if key else "the note has no type"
+    if gate.is_type:
+        why = f"{has} (this gate is the spec {gate.path})"
+    elif gate.requires_type and key not in gate.requires_type:
+        why = f"the gate asks for type {' or '.join(gate.requires_type)}; {has}"
+    else:
+        has = f"the note's are {', '.join(note.traits)}" if note.traits else "the note has none"
+        why = f"the gate asks for trait {' or '.join(gate.requires_trait)}; {has}"
+    return f"{gate.gate_id} does not apply to {note.path}: {why}"
 
 
 def _headings(body: str) -> set[str]:

@@ -17,8 +17,17 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.config import GROUPINGS, Settings
-from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, parse_gate, type_gate
-from orchestrator.kb.notes import KB, KBError, NoteParseError, decode, sha256_bytes
+from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, not_asked, parse_gate, type_gate
+from orchestrator.kb.notes import (
+    KB,
+    KBError,
+    Note,
+    NoteParseError,
+    decode,
+    parse_note_text,
+    sha256_bytes,
+    type_key,
+)
 from orchestrator.review.bundle import sentinel_like_lines
 from orchestrator.review.prompts import PromptGate, PromptPair, render_review
 from orchestrator.state.files import PromptRenderer, write_job_files_after_commit
@@ -75,6 +84,7 @@ class Skipped:
 
 QUEUED = "already queued or running"
 TO_MEND = "files to mend"
+NOT_ASKED = "gate not asked of the note"
 
 
 def _held_why(store: Store, partition: str, key: tuple[str, str]) -> tuple[str, str]:
@@ -179,12 +189,12 @@ class _Loader:
 
     def __init__(self, kb: KB, catalog: Catalog, pending: Mapping[str, str]) -> None:
         self.kb, self.catalog, self.pending = kb, catalog, pending
-        self.notes: dict[str, tuple[str, str, str] | str] = {}
+        self.notes: dict[str, Note | str] = {}
         self.invalid = {p.path: p.reason for p in catalog.problems}
         self.gate_refusals: dict[str, str | None] = {}
 
-    def note(self, given: str) -> tuple[str, str, str] | str:
-        """(normalised path, text, sha256), or why the note cannot be packed."""
+    def note(self, given: str) -> Note | str:
+        """The note at its normalised path, or why it cannot be packed."""
         if given not in self.notes:
             rel = given
             try:
@@ -203,7 +213,8 @@ class _Loader:
                 self.notes[given] = (
                     f"{rel} line {lines[0]}: looks like a review sentinel"
                     if lines
-                    else (rel, text, sha256_bytes(data))
+                    # Its frontmatter says which gates it has (select judges it so too).
+                    else Note.from_text(rel, sha256_bytes(data), text, parse_note_text(text).meta)
                 )
             except KBError as exc:
                 self.notes[given] = str(exc)
@@ -302,7 +313,7 @@ def create_jobs(
             continue
         # As check_rel spells it: "./kb/notes/a.md" and "kb/notes//a.md" are one pair, which
         # two items would make twice (a UNIQUE failure that created no job at all).
-        key = (note[0], gate_id)
+        key = (note.path, gate_id)
         if key in seen:
             continue
         seen.add(key)
@@ -313,11 +324,23 @@ def create_jobs(
         if key in held:
             batch.skipped.append(Skipped(raw, gate_id, *_held_why(store, model_partition, key)))
             continue
-        gate = loader.gate(gate_id, t.get("gate_path"))
+        gate_path = t.get("gate_path")
+        if not gate_path and gate_id.startswith(TYPE_LENS + "/"):
+            # A hand-written target of a spec the note names by a path: the catalog's
+            # kb/types/ scan has no such type/NAME (said as "no such gate").
+            gate_path = type_key(note.type_value, note.path)
+        gate = loader.gate(gate_id, gate_path)
         if isinstance(gate, str):
             batch.skipped.append(Skipped(raw, gate_id, gate, TO_MEND, problem=True))
             continue
-        items.append(_Item(note[0], gate, note[1], note[2]))
+        # A hand-written target (or a note edited since it was selected) may pair a note
+        # with a gate its type or traits do not ask for: reviewed, its verdict was recorded
+        # for a gate the note does not have.
+        why = not_asked(gate, note)
+        if why is not None:
+            batch.skipped.append(Skipped(raw, gate_id, why, NOT_ASKED, problem=True))
+            continue
+        items.append(_Item(note.path, gate, note.text, note.sha256))
 
     snap_cache: dict[tuple[str, str], int] = {}
     made: dict[int, Sequence[_Item]] = {}

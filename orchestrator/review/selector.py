@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.kb.gates import Catalog, Gate
+from orchestrator.kb.gates import Catalog, Gate, applies
 from orchestrator.kb.notecache import NoteCache, RatioMemo, SelectMemo
 from orchestrator.kb.notes import (
     GATES_DIR,
@@ -89,16 +89,6 @@ class Selection:
             "targets": [t.to_json() for t in self.targets],
             "counts": counts,
         }
-
-
-def applies(gate: Gate, note: Note, kb: KB) -> bool:
-    """Whether a gate is asked of a note: type gates by the note's type, others by
-    ``requires_type`` (any of) and ``requires_trait`` (any of)."""
-    if gate.is_type:
-        return type_key(note.type_value, note.path) == gate.path
-    if gate.requires_type and type_key(note.type_value, note.path) not in gate.requires_type:
-        return False
-    return not gate.requires_trait or bool(set(gate.requires_trait) & set(note.traits))
 
 
 def note_root_problems(kb: KB, state_dir: Path | None = None) -> list[str]:
@@ -342,7 +332,7 @@ def _coverage(
     covered = store.partitions_covering()
     for note in notes:
         for gate in gates:
-            if not applies(gate, note, kb):
+            if not applies(gate, note):
                 continue
             if (note.path, gate.gate_id) in covered:
                 sel.counts["fresh"] += 1
@@ -450,7 +440,7 @@ def _freshness(
         }
         for note in notes:
             for gate in cond:
-                if not applies(gate, note, kb):
+                if not applies(gate, note):
                     continue
                 acc = accs.get((note.path, gate.gate_id))
                 if acc is None:
