@@ -877,6 +877,32 @@ def test_an_export_waits_for_one_already_writing_and_leaves_a_whole_view(flow, r
     assert out.startswith(f"exported {len(rows)} review(s)")
 
 
+def test_a_retyped_notes_reviews_of_gates_it_no_longer_has_are_not_shown_nor_acked(flow, run_cli):
+    """A note whose type changed kept, in export and warn-queue, the reviews of its old
+    type's pair and of gates asking for that type, as if current; and ack carried them
+    forward to the retyped text."""
+    flow.type_spec("definition")
+    flow.type_spec("note")
+    flow.gate("prose/definition-check", ["body"], requires_type="definition")
+    note = flow.note("retyped", type="definition")
+    asked = ["type/definition", "prose/definition-check", "prose/body-check"]
+    flow.accept("fake", [(note, g) for g in asked], decision="WARN")
+    flow.write(note, flow.read(note).replace("type: definition", "type: note"))
+    assert run_cli("export").exit_code == 0
+    gates = flow.root / "kb/reports/reviews/gates"
+    assert sorted(p.relative_to(gates).as_posix() for p in gates.rglob("*.md") if p.is_file()) == [
+        "kb__notes__retyped.md/prose/body-check.md"
+    ]
+    warns = run_cli("warn-queue", "--json").json()["warnings"]
+    assert [(w["note_path"], w["gate_id"]) for w in warns] == [(note, "prose/body-check")]
+    res = run_cli("ack", "--model", "fake", note, "prose/body-check", "type/definition")
+    assert res.exit_code == 1
+    assert res.stderr == (
+        f"error: type/definition does not apply to {note}: the note's type is "
+        "kb/types/note.md (this gate is the spec kb/types/definition.md); nothing acked\n"
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -21,12 +21,17 @@ from orchestrator.cli.common import (
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.kb.gates import requires_type_warnings
-from orchestrator.review.acceptance import ack, warn_queue
+from orchestrator.review.acceptance import ack, pair_now, warn_queue
 from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import EXPORT_DIR, export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
-from orchestrator.review.selector import partition_problem, select, with_note_relative_types
+from orchestrator.review.selector import (
+    current_notes,
+    partition_problem,
+    select,
+    with_note_relative_types,
+)
 from orchestrator.state.workspace import Workspace
 
 
@@ -386,7 +391,8 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq warn-queue --json
     """
-    items = warn_queue(ws.kb, ws.read_store(), ws.catalog(), set(ws.kb.note_files()))
+    notes = current_notes(ws.kb, ws.state_dir)
+    items = warn_queue(ws.kb, ws.read_store(), ws.catalog(), notes)
     if as_json:
         emit_json({"warnings": [i.to_json() for i in items]})
         return
@@ -414,9 +420,10 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
       reviewq export --model offline
     """
     cat = ws.catalog()
+    notes = current_notes(ws.kb, ws.state_dir)
 
-    def watches(gate_id: str, gate_path: str) -> list[str] | None:
-        gate = cat.recorded(ws.kb, gate_id, gate_path)
+    def watches(note_path: str, gate_id: str, gate_path: str) -> list[str] | None:
+        gate = pair_now(ws.kb, cat, notes, note_path, gate_id, gate_path)
         return list(gate.watches) if gate is not None else None
 
     def waiting() -> None:
@@ -424,6 +431,5 @@ def export_cmd(ws: Workspace, model: str | None) -> None:
             f"another reviewq export is writing {EXPORT_DIR}: waiting for it to end", err=True
         )
 
-    notes = set(ws.kb.note_files())
-    res = export(ws.read_store(), ws.root, model, watches, notes, on_wait=waiting)
+    res = export(ws.read_store(), ws.root, model, watches, on_wait=waiting)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

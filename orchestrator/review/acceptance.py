@@ -3,11 +3,11 @@ current text) and the WARN queue (SPEC §10)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.kb.gates import Catalog
-from orchestrator.kb.notes import KB, NoteParseError
+from orchestrator.kb.gates import Catalog, Gate, applies, not_asked
+from orchestrator.kb.notes import KB, Note, NoteParseError
 from orchestrator.state.store import Store
 
 
@@ -50,6 +50,10 @@ def ack(
             raise AckError(
                 f"{note.path} {gate_id}: no completed review in partition {model}; nothing acked"
             )
+        if (why := not_asked(gate, note)) is not None:
+            # The note's type or traits changed since: carried forward, the review read as
+            # current for a gate the note no longer has (in export, warn-queue, status).
+            raise AckError(f"{why}; nothing acked")
         plan.append((gate, row["id"], row["decision"]))
     with store.write():
         note_snap = store.snapshot(note.path, note.text, note.sha256)
@@ -80,10 +84,33 @@ class WarnItem:
         return self.__dict__.copy()
 
 
-def warn_queue(kb: KB, store: Store, catalog: Catalog, notes: Collection[str]) -> list[WarnItem]:
+def pair_now(
+    kb: KB,
+    catalog: Catalog,
+    notes: Mapping[str, Note | None],
+    note_path: str,
+    gate_id: str,
+    gate_path: str | None,
+) -> Gate | None:
+    """The gate of a recorded pair when the pair is one of the KB now: its note there
+    (``notes``: the KB's notes by path, None for one that cannot be read), its gate in the
+    catalog or at its recorded path, and asked of the note. Renamed or deleted, retyped
+    (a type pair of its old type), the finding is about no pair of the KB."""
+    if note_path not in notes:
+        return None
+    gate = catalog.recorded(kb, gate_id, gate_path)
+    note = notes[note_path]
+    if gate is None or (note is not None and not applies(gate, note)):
+        return None
+    return gate
+
+
+def warn_queue(
+    kb: KB, store: Store, catalog: Catalog, notes: Mapping[str, Note | None]
+) -> list[WarnItem]:
     """The latest WARN per (note, gate) across partitions, leaving out pairs whose gate
-    text changed since that review was accepted, and notes no longer there (``notes``:
-    the KB's note paths; renamed or deleted, the finding is about no note of the KB)."""
+    text changed since that review was accepted, and pairs no longer of the KB
+    (:func:`pair_now`)."""
     rows = store.conn.execute(
         "SELECT a.note_path, a.gate_id, a.model_partition, a.accepted_at, p.job_id, p.rationale, "
         "p.gate_path, g.sha256 "
@@ -98,9 +125,9 @@ def warn_queue(kb: KB, store: Store, catalog: Catalog, notes: Collection[str]) -
         if key in seen:
             continue
         seen.add(key)
-        gate = catalog.recorded(kb, r["gate_id"], r["gate_path"])
-        if gate is None or gate.sha256 != r["sha256"] or r["note_path"] not in notes:
-            continue  # gate-changed (or gone), note gone: the finding may no longer hold
+        gate = pair_now(kb, catalog, notes, r["note_path"], r["gate_id"], r["gate_path"])
+        if gate is None or gate.sha256 != r["sha256"]:
+            continue  # gate-changed, or no pair now: the finding may no longer hold
         out.append(
             WarnItem(
                 r["note_path"],

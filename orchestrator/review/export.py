@@ -9,7 +9,7 @@ import io
 import json
 import os
 import subprocess
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +63,9 @@ def watched_hash(note_text: str, watches: list[str]) -> str:
     return hashlib.sha256(canonical_json(picked).encode("utf-8")).hexdigest()
 
 
-# (gate_id, gate_path) of a recorded pair -> the regions its gate watches now, or None.
-Watches = Callable[[str, str], Sequence[str] | None]
+# (note_path, gate_id, gate_path) of a recorded pair -> the regions its gate watches now,
+# or None when the pair is no longer one of the KB.
+Watches = Callable[[str, str, str], Sequence[str] | None]
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,13 @@ def export(
     root: Path,
     model: str | None = None,
     watches: Watches | None = None,
-    notes: Collection[str] | None = None,
     on_wait: Callable[[], None] | None = None,
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
     in partition ``model``, or else the most recent across partitions. ``watches`` (the
-    regions the gate of a recorded gate id and path watches now, None for a gate gone
-    from the catalog) and ``notes`` (the KB's note paths), when given, are the reviews as
-    they are now: a note since renamed or deleted, or a gate gone from the catalog, keeps
-    its acceptance in state.db but has no file. One export at a time writes the folder:
+    regions the gate of a recorded pair watches now, None for a pair no longer of the KB),
+    when given, is the reviews as they are now: a note since renamed, deleted or retyped,
+    or a gate gone from the catalog, keeps its acceptance in state.db but has no file. One export at a time writes the folder:
     another one waits for it (``on_wait`` is called first), then reads state.db."""
     if (
         model
@@ -127,7 +126,7 @@ def export(
                 + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
                 (model,) if model else (),
             )
-            return _write(rows, base, git_head(root), watches, notes)
+            return _write(rows, base, git_head(root), watches)
     except OSError as exc:
         # A file where a folder belongs, a read-only or full disk: said as such.
         where = exc.filename or base
@@ -135,7 +134,7 @@ def export(
 
 
 def _write(  # noqa: ANN001 - rows: a cursor
-    rows, base: Path, commit: str, watches: Watches | None, notes: Collection[str] | None
+    rows, base: Path, commit: str, watches: Watches | None
 ) -> ExportResult:
     """The GATE-REVIEW files and the index, from acceptance rows in (note, gate) order."""
     buf = io.StringIO()
@@ -153,10 +152,8 @@ def _write(  # noqa: ANN001 - rows: a cursor
         last = key
         _check_component(note_path)  # first: a path tampered with is refused, not skipped
         _check_component(gate_id)
-        watch = watches(gate_id, r["gate_path"]) if watches is not None else None
-        if (notes is not None and note_path not in notes) or (
-            watches is not None and watch is None
-        ):
+        watch = watches(note_path, gate_id, r["gate_path"]) if watches is not None else None
+        if watches is not None and watch is None:
             continue
         files += 1
         watch = watch or ["title", "description", "frontmatter", "body"]

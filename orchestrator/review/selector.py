@@ -270,19 +270,26 @@ def select(
     return sel
 
 
-def with_note_relative_types(kb: KB, catalog: Catalog, cache_dir: Path | None = None) -> Catalog:
-    """A copy of the catalog with the type specs every note names by a path (as ``select
-    type`` sees them); the notes are read through the note cache of ``cache_dir`` when it
-    exists. A spec that cannot join is among the copy's problems; a note that cannot be
-    read is select's to name."""
-    catalog = catalog.copy()
+def current_notes(kb: KB, cache_dir: Path | None = None) -> dict[str, Note | None]:
+    """Every note of the KB by path, read through the note cache of ``cache_dir`` when it
+    exists; None for a note file that cannot be read or parsed (select names it)."""
     cache = NoteCache.open(cache_dir) if cache_dir is not None and cache_dir.is_dir() else None
     known = len(kb.problems)
-    notes = kb.load_notes(kb.note_files(), cache)
+    paths = kb.note_files()
+    notes: dict[str, Note | None] = dict.fromkeys(paths)
+    notes.update((n.path, n) for n in kb.load_notes(paths, cache))
     del kb.problems[known:]
     if cache is not None:
         cache.save()
-    add_note_relative_types(kb, catalog, notes)
+    return notes
+
+
+def with_note_relative_types(kb: KB, catalog: Catalog, cache_dir: Path | None = None) -> Catalog:
+    """A copy of the catalog with the type specs every note names by a path (as ``select
+    type`` sees them). A spec that cannot join is among the copy's problems."""
+    catalog = catalog.copy()
+    notes = current_notes(kb, cache_dir).values()
+    add_note_relative_types(kb, catalog, [n for n in notes if n is not None])
     return catalog
 
 
