@@ -210,6 +210,19 @@ def test_gates_check_cli(kb, run_cli):
     ]
 
 
+def test_gates_check_fails_a_kb_without_a_gate(kb, run_cli):
+    """A CI step running `gates --check` passed a KB whose gates folder was misnamed or
+    empty, which every `select --all-gates` and doctor then refused."""
+    kb.write("kb/instructions/review-gate/prose/good.md", "misplaced\n")
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 1
+    assert res.stderr == (
+        "error: no gate in kb/instructions/review-gates and no type spec: nothing would be "
+        "reviewed\n"
+    ), res.stderr
+    assert run_cli("gates").exit_code == 0  # listing an empty catalog is no failure
+
+
 def test_gates_lists_the_type_specs_notes_name_by_a_path(kb, run_cli):
     """`select type` reviewed the spec a note names by a path (`./types/local.md`,
     `kb/types/sub/x.md`), but `gates` listed only `kb/types/*.md`: a person checking the

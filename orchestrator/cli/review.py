@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.kb.gates import requires_type_warnings
+from orchestrator.kb.notes import GATES_DIR
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
 from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import EXPORT_DIR, export
@@ -36,7 +37,9 @@ from orchestrator.state.workspace import Workspace
 
 
 @cli.command()
-@click.option("--check", is_flag=True, help="Validate every gate; exit 1 if any is invalid.")
+@click.option(
+    "--check", is_flag=True, help="Validate every gate; exit 1 if any is invalid or there is none."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 @refuse_domain_errors
@@ -93,6 +96,8 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
             click.echo(f"invalid: {p.path}: {p.reason}", err=True)
         if cat.problems:
             raise Refused(f"{len(cat.problems)} invalid gate(s)")
+        if not cat.gates and not cat.types:  # a misnamed folder: doctor refuses it too
+            raise Refused(f"no gate in {GATES_DIR} and no type spec: nothing would be reviewed")
     else:
         warn([*cat.problems, *type_warnings])
 
