@@ -314,6 +314,60 @@ def test_approve_records_a_human_review(cyc):
     assert rq(cyc, "decide", str(esc), "reject").returncode == 1  # decided already
 
 
+def job_of_the_pair(kb, gate_id: str = "prose/body-check") -> int:
+    """A review job of NOTE made by hand (create-jobs skips no escalated pair), queued."""
+    target = {"model_partition": "fake", "targets": [{"note_path": NOTE, "gate_id": gate_id}]}
+    res = reviewq_process(
+        "--root", str(kb.root), "create-jobs", "--input", "-", "--grouping", "note", "--json",
+        input=json.dumps(target),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["jobs"][0]["review_job_id"]
+
+
+def test_a_job_queued_before_an_approve_does_not_undo_it(cyc):
+    """The job's FAIL, about the text the person approved, replaced their PASS when it
+    ended, counted a rejection and (a sweep with --fix) would have started a new cycle."""
+    esc = escalate(cyc)
+    job = job_of_the_pair(cyc)
+    assert rq(cyc, "decide", str(esc), "approve").returncode == 0
+    res = rq(cyc, "run-job", str(job), "--reviewer", "fake")  # the reviewer FAILs it again
+    assert res.returncode == 0, res.stderr
+    assert "warning: acceptance.kept" in res.stderr and "a person's decision" in res.stderr
+    with db(cyc) as conn:
+        acc = conn.execute("SELECT decision, source FROM acceptance").fetchone()
+        count = conn.execute("SELECT rejections FROM cycles").fetchone()[0]
+        verdict = conn.execute(
+            "SELECT decision FROM review_pairs WHERE job_id = ?", (job,)
+        ).fetchone()[0]
+    assert (tuple(acc), count, verdict) == (("PASS", "human"), 0, "FAIL")
+    sel = json.loads(rq(cyc, "select", "--all-gates", "--model", "fake", "--json").stdout)
+    assert sel["counts"]["fresh"] == 1
+
+
+def test_a_job_queued_before_an_ack_does_not_take_the_pair_back_to_the_old_text(cyc):
+    """A gate edit queues a review of the note as it was; the person edits the note and
+    acks it meanwhile. The review, accepted when it ended, pinned the pair to the old
+    text: stale again, the ack lost."""
+    config(cyc, profile("fake", FAKE_DECISIONS="WARN"))
+    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 0
+    gate = "kb/instructions/review-gates/prose/body-check.md"
+    cyc.write(gate, cyc.read(gate) + "\nA clarified test.\n")
+    assert rq(cyc, "enqueue", "--reviewer", "fake").returncode == 0  # gate-changed, queued
+    cyc.write(NOTE, cyc.read(NOTE).replace("Alpha body.", "Alpha body, a typo fixed."))
+    assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--json")  # runs the queued review
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["decisions"] == {"WARN": 1}
+    with db(cyc) as conn:
+        acc = conn.execute(
+            "SELECT a.source, s.text FROM acceptance a JOIN snapshots s ON s.id = a.note_snapshot_id"
+        ).fetchone()
+    assert acc["source"] == "ack" and "a typo fixed" in acc["text"]
+    sel = json.loads(rq(cyc, "select", "--all-gates", "--model", "fake", "--json").stdout)
+    assert sel["targets"] == [], sel
+
+
 def test_reject_holds_the_pair_until_the_note_changes(cyc):
     esc = escalate(cyc)
     assert rq(cyc, "decide", str(esc), "reject").returncode == 0

@@ -93,7 +93,7 @@ class FollowUp:
         pairs = self._pairs(job_id)
         fix_notes: set[str] = set()
         for p in pairs:
-            if p["decision"] != "FAIL":
+            if p["decision"] != "FAIL" or not self._accepted(job, p):
                 continue
             n = cycles.count(self.store, job["model_partition"], p["note_path"], p["gate_id"])
             if n >= cycles.ESCALATE_AT:
@@ -544,6 +544,7 @@ class FollowUp:
             gate = cat.recorded(self.ws.kb, p["gate_id"], p["gate_path"])
             if (
                 p["decision"] == "PASS"
+                and self._accepted(job, p)
                 and gate is not None
                 and (gate.audit or gate.lens in marked or gate.gate_id in marked)
             ):
@@ -650,6 +651,12 @@ class FollowUp:
         return self.store.conn.execute(
             "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
         ).fetchone()
+
+    def _accepted(self, job, p) -> bool:
+        """Whether the pair's verdict is what counts for it now: not one finalize kept
+        out because a person decided or acked the pair after the job read it."""
+        acc = self.store.acceptance(job["model_partition"], p["note_path"], p["gate_id"])
+        return acc is not None and acc.review_pair_id == p["id"]
 
     def _pairs(self, job_id: int):
         return self.store.conn.execute(

@@ -75,6 +75,8 @@ def record_decisions(store: Store, job, results: list[dict]) -> None:
     if job["kind"] != "review":
         return
     for r in results:
+        if not r.get("accepted", True):
+            continue  # a person decided the pair since the job read it: theirs stands
         if r["decision"] == "FAIL":
             reject(
                 store,

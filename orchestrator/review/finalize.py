@@ -22,6 +22,8 @@ from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.store import Store, storable_number, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
+# Acceptance a person recorded: a job that read its texts before does not replace it.
+PEOPLES = ("human", "ack")
 
 
 class FinalizeError(ValueError):
@@ -204,6 +206,7 @@ def finalize(
     with store.write():
         now = utcnow()
         _fence(store, job_id, job["attempt"])
+        taken_at = _texts_taken_at(store, job)
         for r in parsed.results:
             p = by_key[(r.note_path, r.gate_path)]
             # Redacted once, for everything that keeps it: the pair, and what ``within``
@@ -214,7 +217,11 @@ def finalize(
                 (r.decision, rationale, now, p["id"]),
             )
             # An audit judges someone else's PASS: it records, it does not accept.
-            if r.decision in ACCEPTED_DECISIONS and job["kind"] == "review":
+            accepted = r.decision in ACCEPTED_DECISIONS and job["kind"] == "review"
+            if accepted and (who := _decided_since(store, job, p, taken_at)) is not None:
+                accepted = False
+                _log_kept(store, job_id, p, r.decision, who)
+            if accepted:
                 store.upsert_acceptance(
                     model_partition=job["model_partition"],
                     note_path=p["note_path"],
@@ -226,7 +233,12 @@ def finalize(
                     at=now,
                 )
             results.append(
-                {"note_path": p["note_path"], "gate_id": p["gate_id"], "decision": r.decision}
+                {
+                    "note_path": p["note_path"],
+                    "gate_id": p["gate_id"],
+                    "decision": r.decision,
+                    "accepted": accepted,
+                }
             )
             rationales.append(rationale)
             faults.point("finalize.mid_transaction")
@@ -247,6 +259,44 @@ def finalize(
         )
         write_job_files_after_commit(store, state_dir, job_id)
     return FinalizeResult(job_id, "completed", [], results)
+
+
+def _texts_taken_at(store: Store, job) -> str:  # noqa: ANN001 - a review_jobs row
+    """When the job's note and gate texts were read: its own creation, or that of the
+    job it was split from (a part reuses its snapshots)."""
+    return store.conn.execute(
+        "SELECT created_at FROM review_jobs WHERE id = ?",
+        (job["parent_job_id"] or job["id"],),
+    ).fetchone()[0]
+
+
+def _decided_since(store: Store, job, pair, taken_at: str) -> str | None:  # noqa: ANN001
+    """A person's acceptance of the pair (``decide approve``, a reject recorded as their
+    FAIL, ``ack``) recorded after this job read its texts, or None. The person decided
+    with the note as it is in front of them: a verdict of a job queued or running then,
+    about that text or an older one, is no newer word, and accepted it undid theirs (an
+    approve became a FAIL that started a new cycle; an ack went back to the old text,
+    stale again)."""
+    acc = store.acceptance(job["model_partition"], pair["note_path"], pair["gate_id"])
+    if acc is None or acc.source not in PEOPLES or acc.accepted_at <= taken_at:
+        return None
+    return acc.source
+
+
+def _log_kept(store: Store, job_id: int, pair, decision: str, who: str) -> None:  # noqa: ANN001
+    what = "an ack" if who == "ack" else "a person's decision"
+    note_path, gate_id = pair["note_path"], pair["gate_id"]
+    store.after_commit(
+        lambda: logs.get().warning(
+            "acceptance.kept",
+            job_id=job_id,
+            note_path=note_path,
+            gate_id=gate_id,
+            decision=decision,
+            reason=f"{what} recorded after this job read the note stands; "
+            "this verdict is kept in the job, not accepted",
+        )
+    )
 
 
 def _prov(p: Provenance) -> tuple:
