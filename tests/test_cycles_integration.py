@@ -368,6 +368,25 @@ def test_a_job_queued_before_an_ack_does_not_take_the_pair_back_to_the_old_text(
     assert sel["targets"] == [], sel
 
 
+def test_a_review_that_passes_the_note_mended_by_hand_closes_its_escalation(cyc):
+    """The person mended the note and had it reviewed again: the PASS counted, yet the
+    human queue still asked about the old text and sweeps held the pair for good."""
+    esc = escalate(cyc)
+    cyc.write(NOTE, cyc.read(NOTE) + "Mended by hand.\n")
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="Mended by hand."))
+    res = rq(cyc, "run-job", str(job_of_the_pair(cyc)), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"] == []
+    with db(cyc) as conn:
+        row = conn.execute("SELECT decision, report_path FROM escalations").fetchone()
+    assert row["decision"] == "superseded"
+    last = (cyc.state / row["report_path"]).read_text().strip().splitlines()[-1]
+    assert last.startswith("Closed at ") and "passed the pair" in last, last
+    assert "decided already (superseded" in rq(cyc, "decide", str(esc), "approve").stderr
+    cyc.write(NOTE, cyc.read(NOTE) + "A later edit.\n")  # no longer held
+    assert json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)["enqueued_jobs"] == 1
+
+
 def test_reject_holds_the_pair_until_the_note_changes(cyc):
     esc = escalate(cyc)
     assert rq(cyc, "decide", str(esc), "reject").returncode == 0

@@ -159,3 +159,32 @@ def test_the_line_refusing_an_older_releases_outcome_reads_as_a_sentence():
         "an outcome message of version 2, this reviewq speaks 3: "
     )
     assert refusal("heartbeat", {"v": 2})["reason"].startswith("a heartbeat message of version 2")
+
+
+def test_escalations_made_again_by_migration_19_keep_their_rows_and_due_reports(tmp_path):
+    """Migration 19 makes the escalations table again (a CHECK cannot change in place):
+    every row, and every report waiting to be written, comes through it."""
+    from orchestrator.state.store import Store
+
+    conn = old_state(tmp_path / "state", 18)
+    conn.executescript(
+        """
+        INSERT INTO escalations (id, model_partition, note_path, gate_id, reason, cycles,
+            report_path, raised_at, material, recommend, call, job_id) VALUES
+            (3, 'offline', 'kb/notes/a.md', 'prose/g', '3 consecutive rejections', 3,
+             'escalations/escalation-3.md', '2026-11-23T10:00:00Z', '["m"]', 'r', 'reject', 9),
+            (4, 'offline', 'kb/notes/b.md', 'prose/g', 'the reviewer failed every attempt: x', 0,
+             'escalations/escalation-4.md', '2026-11-23T10:00:01Z', '[]', 'r', 'redo', NULL);
+        INSERT INTO escalation_reports_due VALUES (4, '2026-11-23T10:00:01Z', 'disk full');
+        """
+    )
+    conn.commit()
+    conn.close()
+    with Store.open(tmp_path / "state") as store:
+        rows = [tuple(r) for r in store.conn.execute("SELECT id, call, job_id FROM escalations")]
+        due = [tuple(r) for r in store.conn.execute("SELECT * FROM escalation_reports_due")]
+        with store.write():
+            store.conn.execute("UPDATE escalations SET decision = 'superseded' WHERE id = 3")
+        assert store.conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    assert rows == [(3, "reject", 9), (4, "redo", None)]
+    assert due == [(4, "2026-11-23T10:00:01Z", "disk full")]

@@ -17,6 +17,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
+from orchestrator.review.finalize import texts_taken_at
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
 from orchestrator.state.status import gist, quoted
 from orchestrator.state.store import Store, utcnow
@@ -89,6 +90,49 @@ def record_decisions(store: Store, job, results: list[dict]) -> None:
             )
         elif r["decision"] in ("PASS", "WARN"):
             reset(store, job["model_partition"], r["note_path"], r["gate_id"])
+            _supersede(store, job, r)
+
+
+def _supersede(store: Store, job, r: dict) -> None:  # noqa: ANN001 - a review_jobs row
+    """A PASS or WARN from a job that read the note after the pair was escalated (made
+    by hand: sweeps hold the pair) answers the escalation, about the text the person
+    mended or a reviewer that failed: left open, the person was asked about it still,
+    and sweeps held the pair. Closed as ``superseded`` by that job."""
+    now = utcnow()
+    ids = [
+        i
+        for (i,) in store.conn.execute(
+            "UPDATE escalations SET decision = 'superseded', decided_at = ?, closed_by_job = ? "
+            "WHERE model_partition = ? AND note_path = ? AND gate_id = ? AND decision IS NULL "
+            "AND raised_at < ? RETURNING id",
+            (
+                now,
+                job["id"],
+                job["model_partition"],
+                r["note_path"],
+                r["gate_id"],
+                texts_taken_at(store, job),
+            ),
+        ).fetchall()
+    ]
+    for esc_id in ids:
+        store.conn.execute(
+            "INSERT OR REPLACE INTO escalation_reports_due VALUES (?, ?, ?)",
+            (esc_id, now, NOT_TRIED),
+        )
+        store.after_commit(
+            lambda esc_id=esc_id: logs.get().info(
+                "escalation.superseded",
+                escalation_id=esc_id,
+                job_id=job["id"],
+                note_path=r["note_path"],
+                gate_id=r["gate_id"],
+                decision=r["decision"],
+            )
+        )
+    if ids:
+        state_dir = store.path.parent
+        store.after_commit(lambda: write_due_reports(store, state_dir, ids, late=False))
 
 
 # --- escalations ---------------------------------------------------------------------------
@@ -270,7 +314,10 @@ def report(store: Store, esc_id: int) -> str:
         "",
         f"Assessment: {e['reason']}; reviewer {e['reviewer'] or '-'}, fixer {e['fixer'] or '-'}.",
         # Decided, the calls would be refused ("decided already"): the file says what was.
-        f"Decided: {e['decision']} at {e['decided_at'][:19]}Z"
+        f"Closed at {e['decided_at'][:19]}Z: review job {e['closed_by_job']} passed the pair "
+        "since it was raised; nothing is left to decide."
+        if e["decision"] == "superseded"
+        else f"Decided: {e['decision']} at {e['decided_at'][:19]}Z"
         + (f", with the asks: {e['feedback']}" if e["feedback"] else "")
         + "."
         if e["decision"]

@@ -206,7 +206,7 @@ def finalize(
     with store.write():
         now = utcnow()
         _fence(store, job_id, job["attempt"])
-        taken_at = _texts_taken_at(store, job)
+        taken_at = texts_taken_at(store, job)
         for r in parsed.results:
             p = by_key[(r.note_path, r.gate_path)]
             # Redacted once, for everything that keeps it: the pair, and what ``within``
@@ -261,7 +261,7 @@ def finalize(
     return FinalizeResult(job_id, "completed", [], results)
 
 
-def _texts_taken_at(store: Store, job) -> str:  # noqa: ANN001 - a review_jobs row
+def texts_taken_at(store: Store, job) -> str:  # noqa: ANN001 - a review_jobs row
     """When the job's note and gate texts were read: its own creation, or that of the
     job it was split from (a part reuses its snapshots)."""
     return store.conn.execute(

@@ -470,4 +470,53 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        19,
+        "an escalation a later review passed is closed",
+        """
+        -- A review of the pair made after an escalation was raised (by hand: sweeps hold
+        -- the pair) that PASSes or WARNs it answers it: the escalation stayed open, the
+        -- person was asked about a text already mended, and sweeps held the pair. It is
+        -- closed as 'superseded', naming that job. SQLite changes no CHECK in place: the
+        -- table is made again, its report rows kept aside while the old one goes.
+        CREATE TABLE escalations_v19 (
+            id              INTEGER PRIMARY KEY,
+            model_partition TEXT NOT NULL,
+            note_path       TEXT NOT NULL,
+            gate_id         TEXT NOT NULL,
+            reason          TEXT NOT NULL,
+            cycles          INTEGER NOT NULL,
+            reviewer        TEXT,
+            fixer           TEXT,
+            report_path     TEXT NOT NULL,
+            raised_at       TEXT NOT NULL,
+            decision        TEXT CHECK (decision IN ('approve', 'redo', 'reject', 'superseded')),
+            feedback        TEXT,
+            decided_at      TEXT,
+            note_sha256     TEXT,
+            gate_sha256     TEXT,
+            material        TEXT,
+            recommend       TEXT,
+            call            TEXT NOT NULL DEFAULT 'reject' CHECK (call IN ('reject', 'redo', 'approve')),
+            job_id          INTEGER,
+            closed_by_job   INTEGER
+        );
+        INSERT INTO escalations_v19 (id, model_partition, note_path, gate_id, reason, cycles,
+            reviewer, fixer, report_path, raised_at, decision, feedback, decided_at,
+            note_sha256, gate_sha256, material, recommend, call, job_id)
+            SELECT id, model_partition, note_path, gate_id, reason, cycles, reviewer, fixer,
+            report_path, raised_at, decision, feedback, decided_at, note_sha256, gate_sha256,
+            material, recommend, call, job_id FROM escalations;
+        CREATE TEMP TABLE reports_due_v19 AS SELECT * FROM escalation_reports_due;
+        DELETE FROM escalation_reports_due;
+        DROP TABLE escalations;
+        ALTER TABLE escalations_v19 RENAME TO escalations;
+        INSERT INTO escalation_reports_due SELECT * FROM temp.reports_due_v19;
+        DROP TABLE temp.reports_due_v19;
+        CREATE INDEX escalations_open ON escalations (note_path, gate_id) WHERE decision IS NULL;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
