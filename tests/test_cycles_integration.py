@@ -1608,6 +1608,20 @@ def test_a_commands_stderr_has_no_json_log_lines_off_a_terminal(kb):
     assert '"event": "escalation.raised"' in logged  # the log keeps it, as JSON
 
 
+def test_the_escalation_log_line_names_its_report_as_json_does(kb):
+    """escalation.raised gave the report's absolute path, beside a root-relative
+    note_path, where `escalations --json` gives the same report relative to ROOT."""
+    audited_kb(kb, FAKE_MODE="bad")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    assert rq(kb, "run-job", "1", "--reviewer", "fake").returncode == 0
+    assert rq(kb, "run-job", "2", "--reviewer", "auditor").returncode == 1
+    lines = (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
+    (raised,) = [r for r in map(json.loads, lines) if r["event"] == "escalation.raised"]
+    (listed,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert raised["report_path"] == listed["report_path"] == ".reviewq/escalations/escalation-1.md"
+    assert (kb.root / raised["report_path"]).is_file()
+
+
 def test_job_names_the_escalations_its_failure_raised(kb):
     """`job N` of a failed job said why it failed, not that its pairs now wait for a
     person, nor on which escalation: the operator had to match notes and gates against

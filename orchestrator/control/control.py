@@ -47,7 +47,7 @@ from orchestrator.cycles.fixes import (
     write_due_fixes,
 )
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
-from orchestrator.review.jobs import prompt_renderer, split_job
+from orchestrator.review.jobs import display_path, prompt_renderer, split_job
 from orchestrator.state.files import (
     DISK_FULL,
     NOT_TRIED,
@@ -486,7 +486,7 @@ class Control:
                 "attempt.files_unwritten",
                 job_id=o["job_id"],
                 attempt=o["attempt"],
-                folder=str(folder),
+                folder=display_path(self.ws.root, folder),  # as escalation.raised's report
                 error=str(exc),
             )
 

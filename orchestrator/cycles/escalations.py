@@ -18,6 +18,7 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
 from orchestrator.review.finalize import texts_taken_at
+from orchestrator.review.jobs import display_path
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
 from orchestrator.state.status import gist, quoted
 from orchestrator.state.store import Store, utcnow
@@ -232,7 +233,9 @@ def escalate(
         model_partition=partition,
         reason=reason,
         cycles=n,
-        report_path=str(state_dir / rel),
+        # Relative to ROOT, as the line's note_path and every JSON output give a path
+        # (SPEC §10): it was the only absolute path a person read in the log.
+        report_path=display_path(root, state_dir / rel),
     )
     return esc_id
 
