@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -226,6 +227,32 @@ def test_a_worker_on_another_redis_database_than_the_controls_is_named(kb, tmp_p
         assert "no control process" in said[0]["reason"]
     finally:
         _stop(control)
+
+
+def test_doctor_worker_names_an_unset_api_key_variable_and_never_a_key(tmp_path, redis_url):
+    """An openai profile whose api_key_env names a variable unset on the worker's machine:
+    doctor --worker said all was well, and the worker failed every attempt of it (each
+    request went without a key), pausing the profile for every worker."""
+    config, args = _worker_home(tmp_path, redis_url)
+    with config.open("a", encoding="utf-8") as f:
+        f.write(
+            '\n[reviewers.local]\nkind = "openai"\nmodel = "m"\n'
+            'base_url = "http://127.0.0.1:9"\napi_key_env = "RQ_TEST_LOCAL_KEY"\n'
+        )
+    env = {k: v for k, v in os.environ.items() if k != "RQ_TEST_LOCAL_KEY"}
+    unset = subprocess.run([*args, "doctor", "--worker"], capture_output=True, text=True, env=env)
+    assert unset.returncode == 1, unset.stdout
+    (line,) = [x for x in unset.stdout.splitlines() if "RQ_TEST_LOCAL_KEY" in x]
+    assert line.startswith("problem: reviewer local (openai): RQ_TEST_LOCAL_KEY"), line
+    assert "is not set" in line, line
+    _start_and_stop_a_worker(args, tmp_path / "remote")  # its log says it too, at its start
+    said = [r for r in _worker_log(tmp_path / "remote") if r["event"] == "worker.key_unset"]
+    assert [(r["reviewer"], r["level"]) for r in said] == [("local", "error")], said
+    key = "sk-test-0123456789abcdef"
+    env["RQ_TEST_LOCAL_KEY"] = key
+    set_ = subprocess.run([*args, "doctor", "--worker"], capture_output=True, text=True, env=env)
+    assert "RQ_TEST_LOCAL_KEY" not in set_.stdout and key not in set_.stdout + set_.stderr
+    assert "ok: reviewer local (openai)" in set_.stdout.splitlines()
 
 
 # --- a --state the worker cannot write -----------------------------------------------------------

@@ -43,6 +43,7 @@ from .queues import (
     shown_url,
     unfed_problem,
 )
+from .reviewers.openai import key_problem
 
 
 class AlreadyRunning(RuntimeError):
@@ -135,6 +136,11 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     if fed:
         for name, problem in profiles_unlike(settings, fed).items():
             logs.get().error("worker.profile_unlike", reviewer=name, reason=problem)
+    for name, profile in sorted(settings.reviewers.items()):
+        if (problem := key_problem(profile)) is not None:
+            # Said where the failures will be: each attempt of it ends as a reviewer
+            # failure (no key sent), and the profile pauses for every worker.
+            logs.get().error("worker.key_unset", reviewer=name, reason=problem)
     poll = settings.queue.poll_seconds
     consumer = QueueConsumer(
         app.review,

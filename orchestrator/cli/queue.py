@@ -910,8 +910,9 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
 
 
 def _doctor_reviewers(ws: Workspace, report) -> None:
-    """Each reviewer's program is on PATH."""
+    """Each reviewer's program is on PATH, and the key variable it names is set."""
     from workers.reviewers import UnsupportedKind, for_profile
+    from workers.reviewers.openai import key_problem
 
     for name, profile in sorted(ws.settings.reviewers.items()):
         try:
@@ -925,6 +926,10 @@ def _doctor_reviewers(ws: Workspace, report) -> None:
             f"reviewer {name} ({profile.kind})"
             + (f": {', '.join(missing)} not on PATH" if missing else ""),
         )
+        if (problem := key_problem(profile)) is not None:
+            # A worker without it sent every request with no key: each attempt a
+            # reviewer failure, and the profile paused for every worker.
+            report(False, f"reviewer {name} ({profile.kind}): {problem}")
 
 
 @cli.command("escalations")

@@ -4,6 +4,10 @@ process-group kills and classification work exactly as for every other kind (SPE
 
 from __future__ import annotations
 
+import os
+
+from orchestrator.config import ReviewerProfile
+
 from .base import (
     FAILURES,
     AttemptSpec,
@@ -57,3 +61,20 @@ class OpenAIReviewer(Reviewer):
             else:
                 t.failure = hint
         return t
+
+
+def key_problem(profile: ReviewerProfile) -> str | None:
+    """Why the key variable the profile's ``api_key_env`` names is no use here (unset,
+    blank), or None; never the value. Its agents see this environment plus the profile's
+    ``env``, so either may hold it."""
+    var = profile.api_key_env
+    if not var:
+        return None
+    key = profile.env.get(var, os.environ.get(var, ""))
+    if key.strip():
+        return None
+    said = "is empty" if var in profile.env or var in os.environ else "is not set"
+    return (
+        f"{var} (its api_key_env) {said} in this environment: each request would go without "
+        "a key and fail, pausing the profile; set it for the user that runs the worker"
+    )
