@@ -622,6 +622,22 @@ def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_rejec
     assert f'{NOTE} (1 gate(s)): reviewq decide {esc["id"]} redo --feedback "…"' in summary
 
 
+def test_jobs_counts_the_attempts_its_failure_reason_counts(cyc):
+    """Two launch failures, then three runs with no output: the job "failed after 3
+    attempts" (its reason), while `jobs` listed "attempts 5", counting the two the contract
+    does not (an attempt is one run of an agent; a launch failure never ran)."""
+    config(cyc, profile("fake", FAKE_MODE_1="crash", FAKE_MODE_2="crash", FAKE_MODE="nothing"))
+    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 1
+    job = json.loads(rq(cyc, "job", "1", "--json").stdout)
+    outcomes = [a["outcome"] for a in job["attempts"]]
+    assert outcomes == ["launch-failure"] * 2 + ["no-output"] * 3, outcomes
+    assert job["failure_reasons"][0].startswith("3 attempt(s) failed"), job["failure_reasons"]
+    (row,) = json.loads(rq(cyc, "jobs", "--json").stdout)["jobs"]
+    assert (row["attempts"], row["attempts_not_run"], row["attempt"]) == (3, 2, 5), row
+    (line,) = rq(cyc, "jobs").stdout.splitlines()
+    assert " attempts 3 (+2 not run) " in line, line
+
+
 def sweep_runs(kb) -> int:
     if not (kb.state / "state.db").exists():
         return 0

@@ -529,7 +529,10 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
     for r in rows:
         click.echo(
             f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {r['reviewer'] or '-':<10} "
-            f"{r['lens'] or '-':<14} attempts {r['attempt']}  ${r['cost_usd']:.4f}"
+            f"{r['lens'] or '-':<14} attempts {r['attempts']}"
+            # Shown apart: counted in, a job "failed after 3 attempts" read as 5.
+            + (f" (+{r['attempts_not_run']} not run)" if r["attempts_not_run"] else "")
+            + f"  ${r['cost_usd']:.4f}"
         )
     if len(rows) == limit and (total := job_count(store, state)) > limit:
         # It stopped at 200 of 3,500 without a word.
