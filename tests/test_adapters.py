@@ -871,8 +871,8 @@ def test_doctor_names_a_paused_reviewer_and_how_to_lift_the_pause(run_cli, kb):
     res = run_cli("doctor")
     assert res.exit_code == 1
     assert (
-        "problem: reviewer 'claude' is paused until 2999-01-01T00:00:00.000Z (auth): its jobs "
-        "wait; mend the cause, then reviewq resume claude\n"
+        "problem: reviewer claude is paused until 2999-01-01T00:00:00Z (or until reviewq resume "
+        "claude, once the cause is mended): auth\n"
     ) in res.stdout
 
 

@@ -1683,17 +1683,19 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     out = SimpleNamespace(
         summary=summary,
         enqueued=SimpleNamespace(jobs=[SimpleNamespace(pairs=[1] * 134)] * 41, skipped=skipped),
-        paused={"a-reviewer-with-a-long-name": SimpleNamespace(until="2026-11-26T04:00:00.000Z")},
     )
-    render_summary(out, lambda note, gate: None)
+    pause = (
+        "reviewer a-reviewer-with-a-long-name is paused since 2026-11-26T03:45:00Z until "
+        "2026-11-26T04:00:00Z (or until reviewq resume a-reviewer-with-a-long-name, once the "
+        "cause is mended): its agent failed to start: could not start 'x'"
+    )
+    render_summary(out, lambda note, gate: None, [pause])
     printed = capsys.readouterr().out.splitlines()
     assert (
         "enqueued 41 job(s) (5494 pairs), skipped 9 (5 already queued or running, 4 waiting "
         "for a person); cost $0.3900" in printed
     ), printed
-    assert (
-        "reviewer a-reviewer-with-a-long-name is paused until 2026-11-26T04:00:00.000Z" in printed
-    )
+    assert pause in printed
 
 
 def test_job_names_the_job_it_follows_and_its_follow_ups(kb):

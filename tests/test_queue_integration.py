@@ -17,6 +17,7 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
+import markupsafe
 import pytest
 
 from .conftest import PROJECT, process_gone, reviewq_process
@@ -282,7 +283,7 @@ def test_a_launch_failures_backoff_ends_on_time_not_at_the_next_tick(kb):
         "launch_failures_before_pause = 3\npoll_seconds = 0.02\n",
     )
     res = rq(kb, "sweep", "--reviewer", "fake", timeout=100)
-    assert res.returncode == 1 and "wait on paused reviewer fake" in res.stderr, res.stderr
+    assert res.returncode == 1 and "wait on a paused reviewer: fake" in res.stderr, res.stderr
     failed = [e for e in log_lines(kb) if e["event"] == "attempt.launch_failed"]
     assert len(failed) == 3
     first, last = (datetime.fromisoformat(e["timestamp"]) for e in (failed[0], failed[-1]))
@@ -294,7 +295,6 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
     res = rq(kb, "sweep", "--reviewer", "fake", "--json")
     assert res.returncode == 1
-    assert "wait on paused reviewer fake" in res.stderr and "`reviewq resume fake`" in res.stderr
     out = json.loads(res.stdout)
     assert out["progress"]["waiting_paused"] > 0 and out["failed"] == []
     with db(kb) as conn:
@@ -309,12 +309,38 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     assert paused_events and "could not start" in paused_events[0]["reason"]
     status = json.loads(rq(kb, "status", "--json").stdout)
     assert status["reviewers"]["fake"]["paused_until"] == paused
+    # One sentence wherever a person reads it: since when, until when or what command,
+    # and why; the sweep's, status's, doctor's, job N's, the report's and its page's.
+    (since,) = [e["paused_since"] for e in paused_events]
+    assert status["reviewers"]["fake"]["paused_since"] == since
+    said = (
+        f"reviewer fake is paused since {since[:19]}Z until {paused[:19]}Z (or until reviewq "
+        f"resume fake, once the cause is mended): {paused_events[0]['reason']}"
+    )
+    assert res.stderr.splitlines()[-1].startswith(
+        f"error: {out['progress']['waiting_paused']} job(s) wait on a paused reviewer: {said}"
+    )
+    assert said in rq(kb, "status").stdout.splitlines()
+    assert f"problem: {said}" in rq(kb, "doctor").stdout.splitlines()
+    assert f"  waits: {said}" in rq(kb, "job", "1").stdout.splitlines()
+    assert f"  {said}" in rq(kb, "report").stdout.splitlines()
+    page = (kb.state / "report.html").read_text()
+    assert (
+        str(markupsafe.escape(said)).replace(
+            "reviewq resume fake", '<code class="cmd">reviewq resume fake</code>'
+        )
+        in page
+    )
+    (listed,) = json.loads(rq(kb, "report", "--json").stdout)["needs_you"]["paused_reviewers"]
+    assert (listed["says"], listed["paused_since"]) == (said, since)
     # The agent installed, a person lifts the pause instead of waiting out pause_seconds.
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     assert rq(kb, "sweep", "--reviewer", "fake").returncode == 1  # still paused
     res = rq(kb, "resume", "fake")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith(f"reviewer fake resumed (it was paused until {paused}: its agent")
+    assert res.stdout.startswith(
+        f"reviewer fake resumed (it was paused since {since[:19]}Z until {paused[:19]}Z: its agent"
+    )
     assert [e["event"] for e in log_lines(kb)].count("reviewer.resumed") == 1
     res = rq(kb, "sweep", "--reviewer", "fake", "--json")
     assert res.returncode == 0, res.stderr

@@ -992,8 +992,8 @@ def test_job_says_when_it_was_made_and_why_a_queued_job_waits(flow, run_cli):
     assert res.exit_code == 0, res.stderr
     assert f"  created {created}\n" in res.stdout
     assert (
-        "  waits: reviewer 'fake' is paused until 2999-01-01T00:00:00.000Z (auth); "
-        "reviewq resume fake lifts it\n" in res.stdout
+        "  waits: reviewer fake is paused until 2999-01-01T00:00:00Z (or until reviewq resume "
+        "fake, once the cause is mended): auth\n" in res.stdout
     )
     assert "  waits: not before 2999-01-01T00:00:00.000Z (a launch failure's backoff)\n" in (
         res.stdout

@@ -421,9 +421,11 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     assert a["outcome"] == "reviewer-failure"
     reason = EXPECTED_REASON[(vendor, scenario)]
     assert json.loads(a["reasons"])[0].startswith(reason), a["reasons"]
-    assert reason in res.stderr  # "1 job(s) wait on paused reviewer X (until …: reason)"
+    assert (
+        reason in res.stderr
+    )  # "1 job(s) wait on a paused reviewer: reviewer X is paused since …: reason"
     st = reviewq(netns, home, vkb.root, "status")
-    assert f"reviewer {vendor}: paused until" in st.stdout and reason in st.stdout, st.stdout
+    assert f"reviewer {vendor} is paused since " in st.stdout and reason in st.stdout, st.stdout
     logged = reviewq(netns, home, vkb.root, "logs", "--event", "reviewer.paused", "--json")
     [event] = [json.loads(line) for line in logged.stdout.splitlines()]
     assert event["reviewer"] == vendor and reason in event["reason"], event

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -46,8 +48,9 @@ class ProgressDisplay:
 _NOTES_SHOWN = 20  # escalated notes listed with their decide command; the rest counted
 
 
-def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.SweepOutcome
-    """``only_reject(note, gate)``: why an escalation can now only be rejected, or None."""
+def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noqa: ANN001
+    """``only_reject(note, gate)``: why an escalation can now only be rejected, or None.
+    ``pauses``: each paused reviewer, as status says it."""
     # Stored text as it is: every line carries some (an agent's stderr in a failed job's
     # reasons, a note's name). As markup, "[/INST]" made the summary an internal error;
     # as emoji codes, "a:fire:b.md" in a decide line was no longer the note's name.
@@ -127,5 +130,5 @@ def render_summary(out, only_reject) -> None:  # noqa: ANN001 - workers.sweep.Sw
             f"fix job {f['job_id']} is not written to {f['note_path']}: {f['error']}",
             soft_wrap=True,
         )
-    for name, pause in out.paused.items():
-        console.print(f"reviewer {name} is paused until {pause.until}", soft_wrap=True)
+    for line in pauses:
+        console.print(line, soft_wrap=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import sqlite3
 import sys
@@ -317,6 +316,9 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update)
     warn_enqueued(out.enqueued)
+    from orchestrator.state.status import pause_words
+
+    pauses = [pause_words(ws.store, name, pause) for name, pause in out.paused.items()]
     if as_json:
         emit_json(
             {
@@ -325,25 +327,29 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "skipped": len(out.enqueued.skipped),
                 "progress": out.progress.__dict__,
                 "paused": {name: pause.until for name, pause in out.paused.items()},
+                "paused_reviewers": {
+                    name: {
+                        "paused_until": pause.until,
+                        "paused_reason": pause.reason,
+                        "paused_since": pause.since,
+                    }
+                    for name, pause in out.paused.items()
+                },
                 **out.summary,
                 "escalations": root_reports(ws, out.summary["escalations"]),
             }
         )
     else:
-        render_summary(out, only_reject_check(ws))
+        render_summary(out, only_reject_check(ws), pauses)
     problems = []
     if out.summary["failed"]:
         problems.append(f"{len(out.summary['failed'])} job(s) failed")
     problems.extend(held_by_budget(ws.store, out.progress.budget_runs, ws.settings))
     if out.progress.waiting_paused:
-        who = ", ".join(
-            f"{n} (until {p.until}{': ' + p.reason if p.reason else ''})"
-            for n, p in out.paused.items()
-        )
-        lift = " / ".join(f"reviewq resume {shlex.quote(n)}" for n in out.paused)
+        # In full where no summary above says it (--json); the summary's lines otherwise.
         problems.append(
-            f"{out.progress.waiting_paused} job(s) wait on paused reviewer {who}; "
-            f"once the cause is fixed, `{lift}` lifts the pause"
+            f"{out.progress.waiting_paused} job(s) wait on a paused reviewer: "
+            + ("; ".join(pauses) if as_json else f"{', '.join(out.paused)} (above)")
         )
     if out.summary["fixes_unwritten"]:
         first = out.summary["fixes_unwritten"][0]
@@ -370,6 +376,7 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
       reviewq resume claude
     """
     from orchestrator.control.control import lift_pause
+    from orchestrator.state.status import pause_span, pause_why
 
     store = ws.store
     lifted = lift_pause(store, reviewer, datetime.now(UTC))
@@ -378,11 +385,16 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
         click.echo(f"reviewer {reviewer} is not paused")
         return
     logs.get().info(
-        "reviewer.resumed", reviewer=reviewer, paused_until=lifted.until, reason=lifted.reason
+        "reviewer.resumed",
+        reviewer=reviewer,
+        paused_since=lifted.since,
+        paused_until=lifted.until,
+        reason=lifted.reason,
     )
     nudge_control(ws)
-    why = f": {lifted.reason}" if lifted.reason else ""
-    click.echo(f"reviewer {reviewer} resumed (it was paused until {lifted.until}{why})")
+    # The pause as status and doctor said it, in the past.
+    why = pause_why(store, reviewer, lifted)
+    click.echo(f"reviewer {reviewer} resumed (it was paused {pause_span(lifted)}: {why})")
 
 
 @cli.command("rewrite-files")
@@ -429,19 +441,21 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq status --json
     """
-    from orchestrator.state.status import status
+    from orchestrator.state.status import Pause, pause_words, status
 
-    data = status(ws.read_store(), ws.settings)
+    store = ws.read_store()
+    data = status(store, ws.settings)
     if as_json:
         emit_json(data)
         return
     click.echo("jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items()))
     click.echo(f"escalations open: {data['escalations_open']}")
     for name, r in data["reviewers"].items():
-        state = f"paused until {r['paused_until']}" if r["paused_until"] else "active"
-        if r["paused_until"] and r.get("paused_reason"):
-            state += f": {r['paused_reason']}"
-        click.echo(f"reviewer {name}: {state}")
+        if r["paused_until"]:
+            pause = Pause(r["paused_until"], r["paused_reason"], r["paused_since"])
+            click.echo(pause_words(store, name, pause))
+        else:
+            click.echo(f"reviewer {name} is active")
     click.echo(
         # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
         f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
@@ -829,16 +843,12 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
             else f"{due} job(s) whose MANIFEST.json and results wait to be written "
             f"({error}); {then}",
         )
-        from orchestrator.state.status import paused_reviewers
+        from orchestrator.state.status import pause_words, paused_reviewers
         from orchestrator.state.store import utcnow
 
         # Its jobs held back for as long as it lasts: the health check said "ok" of it.
         for name, pause in sorted(paused_reviewers(store, utcnow()).items()):
-            report(
-                False,
-                f"reviewer {name!r} is paused until {pause.until} ({pause.reason or 'failures'}): "
-                f"its jobs wait; mend the cause, then reviewq resume {shlex.quote(name)}",
-            )
+            report(False, pause_words(store, name, pause))
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
         fixes = unwritten_fixes(store)
         for what, (n, why) in (

@@ -729,11 +729,12 @@ class Control:
                 what += f" on {host}"
             reason = f"{what}: {'; '.join(reasons)}" if reasons else what
             if count >= q.launch_failures_before_pause:
-                paused_until = timestamp(self.now() + timedelta(seconds=q.pause_seconds))
+                paused_at = self.now()
+                paused_until = timestamp(paused_at + timedelta(seconds=q.pause_seconds))
                 self.store.conn.execute(
                     "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
-                    "launch_failures = 0 WHERE name = ?",
-                    (paused_until, reason, name),
+                    "paused_at = ?, launch_failures = 0 WHERE name = ?",
+                    (paused_until, reason, timestamp(paused_at), name),
                 )
         if self.on_backoff is not None and paused_until is None:
             wake = self.on_backoff
@@ -749,6 +750,7 @@ class Control:
             self.log.error(
                 "reviewer.paused",
                 reviewer=name,
+                paused_since=timestamp(paused_at),
                 paused_until=paused_until,
                 launch_failures=count,
                 reason=reason,
@@ -966,7 +968,7 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
     dispatch, so it need not be stopped."""
     with store.write():
         row = store.conn.execute(
-            "SELECT paused_until, paused_reason FROM reviewer_state "
+            "SELECT paused_until, paused_reason, paused_at FROM reviewer_state "
             "WHERE name = ? AND paused_until > ?",
             (name, timestamp(now)),
         ).fetchone()
@@ -974,7 +976,7 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
             return None  # and its count of failures in a row stays as it is
         store.conn.execute(
             "UPDATE reviewer_state SET paused_until = NULL, paused_reason = NULL, "
-            "launch_failures = 0, updated_at = ? WHERE name = ?",
+            "paused_at = NULL, launch_failures = 0, updated_at = ? WHERE name = ?",
             (utcnow(), name),
         )
         # Their count too: kept, the first failure after a resume waited as the fifth would.
@@ -983,4 +985,4 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
             "WHERE reviewer = ? AND status = 'queued'",
             (name,),
         )
-    return Pause(row[0], row[1])
+    return Pause(row[0], row[1], row[2])

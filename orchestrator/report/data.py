@@ -19,8 +19,11 @@ from orchestrator.state.status import (
     NOT_RUN_SQL,
     decide_calls,
     over_budget_runs,
+    pause_why,
+    pause_words,
     paused_reviewers,
     quoted,
+    resume_command,
     spent_usd,
     unwritten_fixes,
 )
@@ -195,26 +198,14 @@ def _needs_you(
     paused = [
         {
             "reviewer": name,
+            "paused_since": pause.since,
             "paused_until": pause.until,
-            "paused_reason": pause.reason,
-            "resume": f"reviewq resume {shlex.quote(name)}",
+            "resume": resume_command(name),
+            "why": pause_why(store, name, pause),
+            "says": pause_words(store, name, pause),  # as status, doctor and job N say it
         }
         for name, pause in sorted(paused_reviewers(store, now).items())
     ]
-    for p in paused:
-        reason = p.pop("paused_reason")
-        if reason:  # the CLI's own words: a key, a quota, an endpoint, a missing program
-            p["why"] = reason
-            continue
-        last = store.conn.execute(
-            "SELECT a.reasons FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
-            "AND a.reasons IS NOT NULL AND a.reasons != '[]' ORDER BY a.id DESC LIMIT 1",
-            (p["reviewer"],),
-        ).fetchone()
-        reasons = reasons_column(last[0]) if last else []
-        p["why"] = "its agent failed to start several times in a row" + (
-            f"; last: {reasons[0]}" if reasons else ""
-        )
     stalled = _stalled(store, now, {p["reviewer"] for p in paused}, held)
     return {
         # Everything below that waits on a person, for the page's tile.

@@ -128,10 +128,7 @@ def text(data: dict, html_path: str | None) -> str:
     for f in n["failed_jobs"][:3]:
         lines.append(f"  job {f['id']} failed: {(f['reasons'] or ['no reason recorded'])[0]}")
     for p in n["paused_reviewers"]:
-        lines.append(
-            f"  reviewer {p['reviewer']} paused until {p['paused_until']}: {p['why']}"
-            f" (once fixed: {p['resume']})"
-        )
+        lines.append(f"  {p['says']}")
     for b in n["budgets_reached"]:
         lines.append(
             f"  sweep {b['name']} (run {b['id']}) spent {money(b['spent_usd'])} of {money(b['budget_usd'])}; "

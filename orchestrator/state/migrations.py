@@ -519,4 +519,17 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        20,
+        "when a reviewer was paused",
+        """
+        -- status, doctor, job N, the report and a sweep's summary say since when a
+        -- profile is paused, beside until when and why. Unknown (NULL) for a pause from
+        -- before: they leave the start out.
+        ALTER TABLE reviewer_state ADD COLUMN paused_at TEXT;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -48,18 +48,64 @@ def _table_exists(store: Store, name: str) -> bool:
 
 class Pause(NamedTuple):
     until: str
-    reason: str | None  # what kind of failure paused it
+    reason: str | None  # what kind of failure paused it (None: paused before schema 7)
+    since: str | None = None  # when it was paused (None: paused before schema 20)
 
 
 def paused_reviewers(store: Store, now: str) -> dict[str, Pause]:
     """Reviewer profiles paused at ``now`` (after failures in a row), by name."""
     return {
-        name: Pause(until, reason)
-        for name, until, reason in store.conn.execute(
-            "SELECT name, paused_until, paused_reason FROM reviewer_state WHERE paused_until > ?",
+        name: Pause(until, reason, since)
+        for name, until, reason, since in store.conn.execute(
+            "SELECT name, paused_until, paused_reason, paused_at FROM reviewer_state "
+            "WHERE paused_until > ?",
             (now,),
         )
     }
+
+
+def pause_why(store: Store, name: str, pause: Pause) -> str:
+    """Why the profile is paused: its recorded reason (the CLI's own words: a key, a
+    quota, an endpoint, a missing program) or, for a pause from before reasons were kept,
+    its last attempt's."""
+    if pause.reason:
+        return pause.reason
+    last = store.conn.execute(
+        "SELECT a.reasons FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
+        "AND a.reasons IS NOT NULL AND a.reasons != '[]' ORDER BY a.id DESC LIMIT 1",
+        (name,),
+    ).fetchone()
+    reasons = reasons_column(last[0]) if last else []
+    return "its agent failed to start several times in a row" + (
+        f"; last: {reasons[0]}" if reasons else ""
+    )
+
+
+def pause_words(store: Store, name: str, pause: Pause) -> str:
+    """A paused profile as every command, page and summary says it: since when, what ends
+    it (its time, or `reviewq resume` once the cause is mended) and why, the reason last
+    (the CLI's own words, of any length). Five wordings, one without the reason, others
+    without the command, none with the start, told one pause five ways."""
+    return (
+        f"reviewer {name} is paused {pause_span(pause)} (or until {resume_command(name)}, "
+        f"once the cause is mended): {pause_why(store, name, pause)}"
+    )
+
+
+def pause_span(pause: Pause) -> str:
+    """ "since START until END", UTC to the second (no start for a pause from before it
+    was kept)."""
+    since = f"since {_second(pause.since)} " if pause.since else ""
+    return f"{since}until {_second(pause.until)}"
+
+
+def resume_command(name: str) -> str:
+    return f"reviewq resume {shlex.quote(name)}"
+
+
+def _second(ts: str) -> str:
+    """A stored time to the second, UTC: what a person reads of it."""
+    return ts[:19] + "Z" if len(ts) > 19 else ts
 
 
 def status(store: Store, settings: Settings) -> dict:
@@ -86,10 +132,12 @@ def status(store: Store, settings: Settings) -> dict:
         "escalations_open": escalations,
         "reviewers": {
             name: {
-                "paused_until": paused.get(name, (None, None))[0],
-                "paused_reason": paused.get(name, (None, None))[1],
+                "paused_until": pause.until if pause else None,
+                "paused_reason": pause.reason if pause else None,
+                "paused_since": pause.since if pause else None,
             }
             for name in sorted(settings.reviewers)
+            for pause in [paused.get(name)]
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
         "fixes_unwritten": unwritten_fixes(store),
@@ -253,10 +301,7 @@ def _waits(store: Store, job: dict, settings: Settings) -> list[str]:
     now, out = utcnow(), []
     name = job["reviewer"]
     if name and (pause := paused_reviewers(store, now).get(name)):
-        out.append(
-            f"reviewer {name!r} is paused until {pause.until} ({pause.reason or 'failures'}); "
-            f"reviewq resume {shlex.quote(name)} lifts it"
-        )
+        out.append(pause_words(store, name, pause))
     if job["not_before"] and job["not_before"] > now:
         out.append(f"not before {job['not_before']} (a launch failure's backoff)")
     if job["sweep_run_id"] is not None and job["sweep_run_id"] in over_budget_runs(store):
