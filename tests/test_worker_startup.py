@@ -255,6 +255,54 @@ def test_doctor_worker_names_an_unset_api_key_variable_and_never_a_key(tmp_path,
     assert "ok: reviewer local (openai)" in set_.stdout.splitlines()
 
 
+def _await_event(home: Path, event: str, after: int, timeout: float = 30) -> dict:
+    """The first ``event`` line of the worker's log past its first ``after`` lines."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = _worker_log(home)[after:]
+        found = [r for r in lines if r["event"] == event]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no {event}: {[r['event'] for r in lines]}"
+        time.sleep(0.2)
+
+
+def test_a_worker_says_when_its_queue_becomes_fed_and_when_it_stops_being_fed(
+    kb, tmp_path, redis_url
+):
+    """worker.queue_unfed was said at the start only: a worker started before its control
+    kept that warning as the last word all night, and one whose control stopped feeding
+    its queue (moved to another database, or stopped) said nothing at all."""
+    config, args = _worker_home(tmp_path, redis_url)
+    home = tmp_path / "remote"
+    worker = subprocess.Popen(
+        [*args, "worker", "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    control = None
+    try:
+        _await_event(home, "worker.started", 0)
+        assert [r["event"] for r in _worker_log(home)].count("worker.queue_unfed") == 1
+        seen = len(_worker_log(home))
+        control = _start_control(kb, redis_url)
+        fed = _await_event(home, "worker.queue_fed", seen)
+        assert fed["state"] == str(kb.state) and fed["level"] == "info", fed
+        seen = len(_worker_log(home))
+        _stop(control)  # as a control moved to another database leaves its queue
+        control = None
+        unfed = _await_event(home, "worker.queue_unfed", seen)
+        assert unfed["level"] == "warning" and not unfed["still"], unfed
+        assert "no control process has fed this queue for" in unfed["reason"], unfed
+        assert f"state folder {kb.state}" in unfed["reason"], unfed
+        doctor = _refused([*args, "doctor", "--worker"])  # and doctor says the same
+        assert doctor.returncode == 1 and "has fed this queue for" in doctor.stdout, doctor.stdout
+        said = [r["event"] for r in _worker_log(home)[seen:]]
+        assert said.count("worker.queue_unfed") == 1, said  # said once, not at every look
+    finally:
+        if control is not None:
+            _stop(control)
+        _stop(worker)
+
+
 # --- a --state the worker cannot write -----------------------------------------------------------
 
 

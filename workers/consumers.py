@@ -36,11 +36,13 @@ from .queues import (
     beside_a_control,
     check_server,
     fed_by,
+    fed_late,
     profiles_unlike,
     queue_clock,
     send,
     send_once,
     shown_url,
+    stale_problem,
     unfed_problem,
 )
 from .reviewers.openai import key_problem
@@ -124,16 +126,9 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             reason="no --kb: this worker's agents are not checked for changes to the KB; "
             f"start it with --kb {settings.root}",
         )
-    fed = None
-    if settings.queue.url and not beside_a_control(settings):
-        try:
-            fed = fed_by(app.review)
-        except Exception:  # noqa: BLE001 - Redis away: the consumer waits for it, as ever
-            fed = None
-        if fed == {}:
-            # On another database than the control's, it sat idle for good and said nothing.
-            logs.get().warning("worker.queue_unfed", reason=unfed_problem(settings))
-    if fed:
+    watch = FeedWatch(settings, app.review) if settings.queue.url else None
+    fed = watch.look() if watch is not None else None
+    if fed and not beside_a_control(settings):
         for name, problem in profiles_unlike(settings, fed).items():
             logs.get().error("worker.profile_unlike", reviewer=name, reason=problem)
     for name, profile in sorted(settings.reviewers.items()):
@@ -159,15 +154,70 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         kb=str(kb) if kb else None,
         messages=VERSION,
     )
+    if watch is not None:
+        watch.start()
     try:
         consumer.run()
     finally:
+        if watch is not None:
+            watch.done.set()
         # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process
         # with the agents still running, and the interrupted tasks already queued again.
         # Stop them, however the consumer ended.
         tasks.STOPPING.set()
         left = reap_orphans(folder, mine=True)
         logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
+
+
+class FeedWatch(threading.Thread):
+    """Whether a control process still feeds this worker's Redis queue, looked at as the
+    worker starts and then once a control tick (at most a minute): said when it stops
+    being true (`worker.queue_unfed`: a control stopped, or moved to another database),
+    again each hour while it stays so, and when it is true again (`worker.queue_fed`).
+    Said at the start only, a worker started before its control, or whose control moved
+    later, told the morning nothing true."""
+
+    REMIND_S = 3600.0
+
+    def __init__(self, settings: Settings, huey) -> None:  # noqa: ANN001 - a Huey
+        super().__init__(name="reviewq-feed-watch", daemon=True)
+        self.settings, self.huey = settings, huey
+        self.done = threading.Event()
+        # Until a control says its tick: a look costs one GET.
+        self.period = 10.0
+        self.unfed_said: float | None = None  # when it was last said (the queue's clock)
+
+    def run(self) -> None:
+        while not self.done.wait(self.period):
+            self.look()
+
+    def look(self) -> dict | None:
+        """Look once, say what changed; what the control last wrote (None: unread)."""
+        try:
+            fed = fed_by(self.huey)
+            now = queue_clock(self.huey)
+        except Exception:  # noqa: BLE001 - Redis away: the consumer says so, as ever
+            return None
+        problem = None
+        if fed == {}:
+            # Beside a control's state folder or KB, one may yet start and feed it.
+            problem = None if beside_a_control(self.settings) else unfed_problem(self.settings)
+        elif fed and (silent := fed_late(fed, now)) is not None:
+            problem = stale_problem(self.settings, fed, silent)
+        if fed and isinstance(fed.get("every"), int | float) and fed["every"] > 0:
+            self.period = min(60.0, max(1.0, float(fed["every"])))
+        if problem is not None:
+            if self.unfed_said is None or now - self.unfed_said >= self.REMIND_S:
+                logs.get().warning(
+                    "worker.queue_unfed", reason=problem, still=self.unfed_said is not None
+                )
+                self.unfed_said = now
+        elif self.unfed_said is not None and fed:
+            self.unfed_said = None
+            logs.get().info(
+                "worker.queue_fed", host=fed.get("host"), state=fed.get("state"), at=fed.get("at")
+            )
+        return fed
 
 
 def send_review(app, msg: dict) -> None:  # noqa: ANN001 - the App

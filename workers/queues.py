@@ -542,9 +542,16 @@ def beside_a_control(settings: Settings) -> bool:
     )
 
 
-def mark_fed(huey: Huey, state_dir: Path, reviewers: dict[str, str] | None = None) -> None:
+def mark_fed(
+    huey: Huey,
+    state_dir: Path,
+    reviewers: dict[str, str] | None = None,
+    every: float | None = None,
+) -> None:
     """Say on a Redis queue that a control process feeds it: where, when, and its reviewer
-    profiles with their partitions, which every worker must have (a no-op on SQLite)."""
+    profiles with their partitions, which every worker must have (a no-op on SQLite).
+    ``every``: how often it says so (its tick), so that a worker can tell when it stopped;
+    the time is also given by the queue's clock, which the worker reads alike."""
     storage = huey.storage
     if isinstance(storage, RedisStorage):
         storage.conn.set(
@@ -555,9 +562,35 @@ def mark_fed(huey: Huey, state_dir: Path, reviewers: dict[str, str] | None = Non
                     "state": str(state_dir),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "reviewers": reviewers or {},
+                    "queue_at": queue_clock(huey),
+                    "every": every,
                 }
             ),
         )
+
+
+def fed_late(fed: dict, now: float) -> float | None:
+    """How long past its time the control that wrote ``fed`` (:func:`fed_by`) has been
+    silent, by the queue's clock ``now``; None while it is on time, or when the key does
+    not say (a control of an earlier release). Five of its ticks, as a lost tick is."""
+    at, every = fed.get("queue_at"), fed.get("every")
+    if not isinstance(at, int | float) or not isinstance(every, int | float) or every <= 0:
+        return None
+    silent = now - at
+    return silent if silent > max(5 * every, 2.0) else None
+
+
+def stale_problem(settings: Settings, fed: dict, silent: float) -> str:
+    """The words for a queue its control process fed once and no longer does."""
+    where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(settings.queue.url)}"
+    return (
+        f"{where}: no control process has fed this queue for "
+        f"{f'{silent:.0f} s' if silent < 120 else f'{silent / 60:.0f} min'} (the last, "
+        f"on {fed.get('host')}, state folder {fed.get('state')}, at {fed.get('at')}): it "
+        "stopped, or it now uses another Redis database or server; a worker here waits for "
+        "it. Start it, or give the URL the database (the /N or ?db=N) and server of the "
+        "control's reviewq.toml"
+    )
 
 
 def profiles_unlike(settings: Settings, fed: dict) -> dict[str, str]:

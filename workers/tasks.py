@@ -755,6 +755,7 @@ def _publish(control: Control) -> None:
             the_app().control,
             control.ws.state_dir,
             {name: p.partition for name, p in settings.reviewers.items()},
+            every=settings.queue.reaper_seconds,
         )
     except QUEUE_UNAVAILABLE:
         pass  # the next tick writes it

@@ -894,7 +894,10 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             check_queue,
             check_server,
             fed_by,
+            fed_late,
             profiles_unlike,
+            queue_clock,
+            stale_problem,
             unfed_problem,
         )
 
@@ -904,19 +907,23 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
         check_server(app.control)
         report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
         fed = fed_by(app.control)
+        silent = fed_late(fed, queue_clock(app.control)) if fed else None
     except Exception as exc:
         report(False, f"queue backend: {exc}")
         return
     if fed is not None and worker_only and (fed or not beside_a_control(ws.settings)):
         # A worker on another database than the control's (redis://host/3 where it uses
         # /0) passed, and then sat idle for good. The worker's own rule (it warns in its
-        # log): beside a control, one may yet start and feed the queue.
+        # log): beside a control, one may yet start and feed the queue. A control that fed
+        # it once and stopped (or moved) was "ok" for good.
         report(
-            bool(fed),
-            f"a control process feeds this queue (on {fed.get('host')}, state folder "
-            f"{fed.get('state')}, last at {fed.get('at')})"
-            if fed
-            else unfed_problem(ws.settings),
+            bool(fed) and silent is None,
+            unfed_problem(ws.settings)
+            if not fed
+            else stale_problem(ws.settings, fed, silent)
+            if silent is not None
+            else f"a control process feeds this queue (on {fed.get('host')}, state folder "
+            f"{fed.get('state')}, last at {fed.get('at')})",
         )
         for problem in profiles_unlike(ws.settings, fed or {}).values():
             report(False, problem)
