@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -1645,6 +1646,33 @@ def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tmp_path):
+    """A second Ctrl-C gave the worker END_S to stop and then the control END_S more, one
+    after the other: two children slow to stop kept the sweep a minute, as long as this
+    file's test of a second Ctrl-C waits for it."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=1)
+    children.END_S = 2.0
+    try:
+        for name in ("control", "worker"):
+            up = make_fifo(tmp_path, name)
+            children.specs[name] = ["sh", "-c", f"trap '' INT TERM; echo up > {up}; exec sleep 600"]  # fmt: skip
+            children._spawn(name)
+            await_fifo(up)  # deaf to both signals from here
+        started = time.monotonic()
+        children.stop(at_once=True)
+        took = time.monotonic() - started
+        assert all(proc.poll() is not None for proc in children.procs.values())
+        assert took < 1.75 * children.END_S, f"stopped in {took:.1f} s"
+    finally:
+        _kill_all(list(children.procs.values()), None)
+        ws.close()
 
 
 def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, tmp_path, monkeypatch):  # fmt: skip

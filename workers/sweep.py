@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,7 +222,8 @@ class Children:
         :attr:`GRACE_S` to finish; then the control, once it has taken the outcomes
         waiting in ``control_queue`` (a Huey). ``at_once``, for whatever is left after
         that, and on a second Ctrl-C: SIGTERM, so agents are killed and their attempts
-        queued again; a child that outlives :attr:`END_S` is killed."""
+        queued again; a child still there :attr:`END_S` later is killed (each step gives
+        all the children one :attr:`END_S` together)."""
         try:
             if not at_once:
                 if interrupted:
@@ -229,17 +231,14 @@ class Children:
                 for proc in self.procs.values():
                     if proc.poll() is None:
                         proc.send_signal(signal.SIGINT)  # the control's task in hand ends
-                for proc in self.procs.values():
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=self.END_S)
+                _wait_all(self.procs.values(), self.END_S)
         finally:
             for proc in self.procs.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
+            _wait_all(self.procs.values(), self.END_S)
             for proc in self.procs.values():
-                try:
-                    proc.wait(timeout=self.END_S)
-                except subprocess.TimeoutExpired:
+                if proc.poll() is None:
                     proc.kill()
                     proc.wait()
             self._reap_orphans("worker")
@@ -282,6 +281,16 @@ class Children:
             and time.monotonic() < deadline
         ):
             time.sleep(POLL_S)
+
+
+def _wait_all(procs: Iterable[subprocess.Popen], timeout: float) -> None:
+    """Wait for every process to end, all of them within one ``timeout``. Each given a
+    timeout of its own, one after the other, a control and a worker that were both slow
+    to stop held the sweep twice as long: a minute after the Ctrl-C that says "now"."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _waiting(queue) -> int:  # noqa: ANN001 - a Huey, or None
