@@ -1215,6 +1215,69 @@ def _kill_session(sweep: subprocess.Popen) -> None:
     sweep.wait()
 
 
+def _ended_or_explained(sweep: subprocess.Popen, kb, timeout: float) -> tuple[str, str]:
+    """``sweep.communicate(timeout)``; past it, an AssertionError that says where each
+    process of the sweep's session waits: its state and signal masks, each thread's
+    kernel wait, and each thread's Python stack (a reviewq process writes them to its
+    stderr on SIGUSR1: the sweep's comes here, its children's go to their files)."""
+    try:
+        return sweep.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    said = [f"the sweep had not ended {timeout:g} s on; its session:"]
+    for pid in _session(sweep.pid):
+        said.append(_where_it_waits(pid))
+        if _handles(pid, signal.SIGUSR1):  # no other process of it: SIGUSR1 would kill it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+    try:  # the sweep's stacks, and a bound on the wait for the children's
+        _, err = sweep.communicate(timeout=5)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr
+    said.append("sweep stderr:\n" + (err.decode() if isinstance(err, bytes) else err or ""))
+    for child in ("control", "worker"):
+        path = kb.state / "logs" / f"sweep-{child}.stderr"
+        if path.exists():
+            said.append(f"{path.name}:\n" + path.read_text(errors="replace")[-20_000:])
+    raise AssertionError("\n".join(said))
+
+
+def _session(sid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == sid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for ``signum`` (its SigCgt mask)."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        caught = next(line for line in status if line.startswith("SigCgt:")).split()[1]
+        return bool(int(caught, 16) >> (signum - 1) & 1)
+    return False
+
+
+def _where_it_waits(pid: int) -> str:
+    """A process's command, state, signal masks and each thread's state and kernel wait."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        keep = ("State:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:", "SigCgt:")
+        status = [x for x in (proc / "status").read_text().splitlines() if x.startswith(keep)]
+        threads = []
+        for task in sorted(os.scandir(proc / "task"), key=lambda e: int(e.name)):
+            stat = Path(task.path, "stat").read_text()
+            name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]  # fmt: skip
+            threads.append(f"{task.name} {name} {state} {Path(task.path, 'wchan').read_text()}")
+    except OSError as exc:
+        return f"  {pid}: gone ({exc})"
+    return f"  {pid}: {argv}\n    " + " ".join(status) + "\n    " + "\n    ".join(threads)
+
+
 def _await_exit(pids: list[int], timeout: float = 60) -> None:
     """Wait for processes that are not this one's children to end (pidfds)."""
     fds = []
@@ -1620,6 +1683,27 @@ def test_sigterm_cuts_short_a_workers_graceful_stop(kb, tmp_path):
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))  # queued again
 
 
+def test_sigusr1_makes_a_process_write_its_threads_stacks_and_run_on(kb):
+    """A sweep's child that would not stop could not say where it waited: the one flake of
+    the second-Ctrl-C test left nothing to go on."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    exe = str(Path(sys.executable).parent / "reviewq")
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen(
+        [exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _until(control.stderr, "control.started")
+        control.send_signal(signal.SIGUSR1)
+        # Its main thread's frames; SIGUSR1 unhandled would have ended the process.
+        assert any(line.rstrip().endswith(" in run_control") for line in control.stderr)
+        assert control.poll() is None
+    finally:
+        control.send_signal(signal.SIGINT)
+        control.wait(timeout=30)
+
+
 def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
     """The second Ctrl-C ended the sweep at once; its worker, told to stop by the kernel
     (SIGTERM) in the middle of a graceful stop, ignored it and ran its agents on, under
@@ -1636,7 +1720,7 @@ def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
         sweep.send_signal(signal.SIGINT)
         _until(sweep.stderr, "sweep.stopping")  # it says what it waits for
         sweep.send_signal(signal.SIGINT)
-        _, err = sweep.communicate(timeout=60)
+        _, err = _ended_or_explained(sweep, kb, timeout=60)
         assert sweep.returncode == 130, err
         _await_exit([worker, control], timeout=30)
         assert process_gone(agent), "the agent outlived its sweep"

@@ -6,6 +6,9 @@ group of :mod:`.common`."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import signal
 import sys
 
 import click
@@ -17,7 +20,17 @@ from orchestrator.cli.common import cli
 __all__ = ["cli", "main"]
 
 
+def _stacks_on_request() -> None:
+    """`kill -USR1 PID` writes the stack of each of the process's threads to its stderr,
+    and it runs on: a process that will not stop (a sweep's child past its END_S, a
+    sweep after a second Ctrl-C) then says where it waits."""
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(ValueError, OSError, RuntimeError):  # no stderr to write to
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def main() -> None:
+    _stacks_on_request()
     # Not click's standalone mode: it turns Ctrl-C into "Aborted!" and exit code 1, where
     # the contract says 130.
     try:
