@@ -1732,3 +1732,27 @@ def test_a_failed_job_whose_escalations_are_decided_needs_nobody(kb):
     after = json.loads(rq(kb, "report", "--json", "--since", "1h").stdout)["needs_you"]
     assert (after["escalations_open"], after["failed_jobs"], after["count"]) == (0, [], 0)
     assert "needs you: nothing" in rq(kb, "report", "--since", "1h").stdout
+
+
+def test_an_audit_of_a_pass_a_newer_review_replaced_escalates_nothing(kb):
+    """The auditor refuted a PASS after the note was edited and its new text reviewed and
+    accepted: the pair was escalated about a text no longer on record, held from sweeps,
+    and a `decide reject` then wrote a person's FAIL over the current text's PASS."""
+    audited_kb(kb, FAKE_DECISIONS="FAIL")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    res = rq(kb, "run-job", "1", "--reviewer", "fake")
+    assert "follow-up: audit job 2 queued" in res.stdout, res.stdout
+    kb.write(NOTE, kb.read(NOTE) + "A person's new paragraph.\n")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--auditor", "auditor").returncode == 0
+    res = rq(kb, "run-job", "3", "--reviewer", "fake")  # the new text's PASS, accepted
+    assert res.returncode == 0, res.stderr
+    res = rq(kb, "run-job", "2", "--reviewer", "auditor")  # refutes the old text's PASS
+    assert "escalated" not in res.stderr, res.stderr
+    assert json.loads(rq(kb, "escalations", "--json").stdout)["escalations"] == []
+    with db(kb) as conn:
+        acc = conn.execute("SELECT decision, review_pair_id FROM acceptance").fetchall()
+        (third,) = conn.execute("SELECT id FROM review_pairs WHERE job_id = 3").fetchall()
+    assert [tuple(a) for a in acc] == [("PASS", third[0])]
+    logs = [json.loads(x) for x in (kb.state / "logs/reviewq.jsonl").read_text().splitlines()]
+    (outdated,) = [e for e in logs if e["event"] == "audit.outdated"]
+    assert outdated["note_path"] == NOTE and "review job 3's PASS replaced it" in outdated["reason"]

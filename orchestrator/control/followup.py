@@ -6,6 +6,7 @@ escalations, audits of PASS decisions, and the next bundle of a sequential sweep
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -118,13 +119,19 @@ class FollowUp:
             if p["decision"] != "FAIL":
                 continue
             original = self.store.conn.execute(
-                "SELECT rationale FROM review_pairs WHERE job_id = ? AND note_path = ? AND gate_id = ?",
+                "SELECT id, rationale FROM review_pairs WHERE job_id = ? AND note_path = ? AND gate_id = ?",
                 (job["source_job_id"], p["note_path"], p["gate_id"]),
             ).fetchone()
             review_partition = self.store.conn.execute(
                 "SELECT model_partition, reviewer FROM review_jobs WHERE id = ?",
                 (job["source_job_id"],),
             ).fetchone()
+            if (why := self._audited_pass_replaced(job, p, original, review_partition)) is not None:
+                said = {"job_id": job["id"], "note_path": p["note_path"], "gate_id": p["gate_id"]}
+                self.store.after_commit(
+                    functools.partial(self.log.info, "audit.outdated", **said, reason=why)
+                )
+                continue
             cycles.escalate(
                 self.store,
                 self.ws.state_dir,
@@ -143,6 +150,30 @@ class FollowUp:
                 recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
                 job_id=job["id"],
             )
+
+    def _audited_pass_replaced(self, job, p, original, review) -> str | None:  # noqa: ANN001
+        """Why the PASS an audit refuted is no longer the pair's word, or None: a newer
+        review (of the note edited since) or a person's decision was accepted while the
+        audit waited or ran. Escalated, the pair was held about a text no longer on
+        record, and a `decide reject` wrote a person's FAIL over the current PASS."""
+        acc = self.store.acceptance(review["model_partition"], p["note_path"], p["gate_id"])
+        if acc is None or original is None or acc.review_pair_id == original["id"]:
+            return None
+        by = self.store.conn.execute(
+            "SELECT j.id, j.kind FROM review_pairs r JOIN review_jobs j ON j.id = r.job_id "
+            "WHERE r.id = ?",
+            (acc.review_pair_id,),
+        ).fetchone()
+        whose = (
+            f"review job {by['id']}'s {acc.decision}"
+            if by is not None and acc.source not in ("human", "ack")
+            else f"a person's {'ack' if acc.source == 'ack' else 'decision'}"
+        )
+        return (
+            f"the PASS it audited (review job {job['source_job_id']}) is no longer the "
+            f"pair's accepted review: {whose} replaced it; the auditor's FAIL is kept in "
+            "this job, and nothing is escalated"
+        )
 
     def _after_failed(self, job_id: int, reasons: list[str], failed: str) -> None:
         job = self.job(job_id)
