@@ -109,6 +109,28 @@ def test_manual_flow_end_to_end(flow, run_cli):
     assert json.loads(select_json(run_cli, "--all-gates", "--model", "fake"))["targets"] == []
 
 
+def test_a_pass_finalized_by_hand_of_an_audited_gate_says_why_it_is_not_audited(kb, run_cli):
+    """A job made by create-jobs names no reviewer, and the audit's auditor defaults to
+    the job's reviewer: a successful finalize printed `error: audit.skipped ... no reviewer
+    profile None` and exited 0."""
+    kb.gate("prose/body-check", ["body"], audit=True)
+    kb.note("alpha", body="Alpha body.\n")
+    (job,) = create(run_cli, select_json(run_cli, "prose", "--model", "m1"), "--grouping", "note")[
+        "jobs"
+    ]
+    write_output(kb, job)
+    res = reviewq_process(  # the console script: stderr as cron mails it
+        "--root", str(kb.root), "finalize", "--review-job-id", str(job["review_job_id"]),
+        "--model", "m1",
+    )  # fmt: skip
+    assert res.returncode == 0 and "error:" not in res.stderr, res.stderr
+    assert (
+        f"warning: audit.skipped  job_id={job['review_job_id']} reason=the job was made by hand "
+        "and names no reviewer, so there is no auditor: its PASSes of audited gates stand "
+        "unaudited"
+    ) in res.stderr, res.stderr
+
+
 def test_manual_flow_with_the_real_console_script(flow):
     sel = reviewq_process("--root", str(flow.root), "select", "prose", "--model", "fake", "--json")
     assert sel.returncode == 0, sel.stderr

@@ -583,6 +583,16 @@ class FollowUp:
         if not chosen:
             return
         auditor = opts.get("auditor") or job["reviewer"]
+        if auditor is None:
+            # A job made by create-jobs and finished by hand names no reviewer, and no
+            # sweep named an auditor: said as such, not as an error about a profile "None".
+            self.log.warning(
+                "audit.skipped",
+                job_id=job["id"],
+                reason="the job was made by hand and names no reviewer, so there is no "
+                "auditor: its PASSes of audited gates stand unaudited",
+            )
+            return
         profile = self.ws.settings.reviewers.get(auditor)
         if profile is None:
             self.log.error(
