@@ -1850,3 +1850,21 @@ def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb
     control.on_messages([], [_outcome(ws, sent[0])])
     assert control.stops.forgotten == [(1, 1)]
     ws.close()
+
+
+def test_a_launch_failure_after_its_reviewer_paused_says_the_job_waits_for_the_pause(kb):
+    """Attempts dispatched before a pause end in launch failures after it: each said
+    `retry_in_s=5.0` while its job waited for the pause's end (an hour by default)."""
+    ws, control, sent = _dispatched(kb, ["a", "b", "c", "d", "e", "f"])
+    failed = [_outcome(ws, m, classification="launch-failure", output=None) for m in sent]
+    limit = ws.settings.queue.launch_failures_before_pause
+    control.on_messages([], failed[:limit])  # the last of these pauses the reviewer
+    (paused,) = _events(ws, "reviewer.paused")
+    control.on_messages([], [failed[limit]])  # dispatched before the pause, failed after
+    lines = _events(ws, "attempt.launch_failed")
+    assert [("retry_in_s" in e, e.get("waits_for_pause_until")) for e in lines] == [
+        *[(True, None)] * (limit - 1),
+        (False, paused["paused_until"]),  # the one that paused it
+        (False, paused["paused_until"]),
+    ]
+    ws.close()

@@ -713,13 +713,20 @@ class Control:
                 "WHERE id = ? AND status = 'running'",
                 (n, not_before, utcnow(), job["id"]),
             )
+            # An attempt dispatched before its reviewer paused, failing after: its job
+            # waits for the pause's end, not for its backoff.
+            paused_until = self.store.conn.execute(
+                "SELECT paused_until FROM reviewer_state WHERE name = ? AND paused_until > ?",
+                (name, timestamp(self.now())),
+            ).fetchone()
+            paused_until = paused_until[0] if paused_until else None
             count = self.store.conn.execute(
                 "INSERT INTO reviewer_state (name, launch_failures, updated_at) VALUES (?, 1, ?) "
                 "ON CONFLICT (name) DO UPDATE SET launch_failures = launch_failures + 1, "
                 "updated_at = excluded.updated_at RETURNING launch_failures",
                 (name, utcnow()),
             ).fetchone()[0]
-            paused_until = None
+            pauses = False
             what = (
                 "its agent failed to start"
                 if event == "attempt.launch_failed"
@@ -728,7 +735,8 @@ class Control:
             if host:  # which machine to mend, when workers run on several
                 what += f" on {host}"
             reason = f"{what}: {'; '.join(reasons)}" if reasons else what
-            if count >= q.launch_failures_before_pause:
+            if count >= q.launch_failures_before_pause and paused_until is None:
+                pauses = True
                 paused_at = self.now()
                 paused_until = timestamp(paused_at + timedelta(seconds=q.pause_seconds))
                 self.store.conn.execute(
@@ -739,14 +747,9 @@ class Control:
         if self.on_backoff is not None and paused_until is None:
             wake = self.on_backoff
             self.store.after_commit(lambda: wake(delay))
-        self.log.warning(
-            event,
-            job_id=job["id"],
-            reviewer=name,
-            retry_in_s=delay,
-            reasons=reasons,
-        )
-        if paused_until:
+        when = {"waits_for_pause_until": paused_until} if paused_until else {"retry_in_s": delay}
+        self.log.warning(event, job_id=job["id"], reviewer=name, **when, reasons=reasons)
+        if pauses:
             self.log.error(
                 "reviewer.paused",
                 reviewer=name,
