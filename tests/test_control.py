@@ -1818,6 +1818,19 @@ def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
         os.close(fd)
 
 
+class _Stops:
+    """The stop requests a control made (``workers.queues.StopRequests``' calls)."""
+
+    def __init__(self):
+        self.asked, self.forgotten = [], []
+
+    def ask(self, job_id, attempt, reason):
+        self.asked.append((job_id, attempt, reason))
+
+    def forget(self, job_id, attempt):
+        self.forgotten.append((job_id, attempt))
+
+
 def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb):
     """The reaper gave an attempt up as lost (no heartbeat for a lease: a slow or cut link)
     and the job runs again; the first agent, still alive, ran on to its deadline for an
@@ -1825,18 +1838,8 @@ def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb
     said once; the outcome that follows takes the request off the queue."""
     from datetime import UTC, datetime
 
-    class Stops:
-        def __init__(self):
-            self.asked, self.forgotten = [], []
-
-        def ask(self, job_id, attempt, reason):
-            self.asked.append((job_id, attempt, reason))
-
-        def forget(self, job_id, attempt):
-            self.forgotten.append((job_id, attempt))
-
     ws, control, sent = _dispatched(kb, ["alpha"])
-    control.stops = Stops()
+    control.stops = _Stops()
     beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
     control.on_messages([{**beat, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
     assert control.stops.asked == []  # a live attempt beats as it should
@@ -1867,4 +1870,26 @@ def test_a_launch_failure_after_its_reviewer_paused_says_the_job_waits_for_the_p
         (False, paused["paused_until"]),  # the one that paused it
         (False, paused["paused_until"]),
     ]
+    ws.close()
+
+
+def test_a_waiting_beat_from_an_attempt_given_up_as_lost_asks_no_stop(kb):
+    """A worker cut off while the message waited for a free agent slot beats `waiting`
+    once the link is back: it runs no agent, and reads no stop request on such a beat. A
+    request set then was said as "asked to stop the agent" of an agent that was not
+    there, and stayed on the queue for good once the message expired unrun (no outcome
+    follows to take it off). The agent it may yet start is asked at its first beat."""
+    from datetime import UTC, datetime
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    control.stops = _Stops()
+    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    control.on_messages([{**beat, "launched": False, "waiting": True}], [])
+    control.now = lambda: datetime(2099, 1, 1, tzinfo=UTC)  # its lease long past
+    assert control.reap() == 1
+    control.on_messages([{**beat, "launched": False, "waiting": True}], [])
+    assert control.stops.asked == []
+    assert "attempt.stop_asked" not in [e for e, _ in _story(ws, 1)]
+    control.on_messages([{**beat, "launched": True, "started_at": "2099-01-01T00:00:00Z"}], [])
+    assert [a[:2] for a in control.stops.asked] == [(1, 1)]
     ws.close()

@@ -380,6 +380,7 @@ class Control:
         with self.store.write():
             for h in heartbeats:
                 started_at = h.get("started_at")
+                waiting = h.get("waiting") is True
                 now_ = heartbeat(
                     self.store,
                     h["job_id"],
@@ -387,9 +388,11 @@ class Control:
                     h["worker"],
                     timestamp(self.now()),
                     started_at=started_at if isinstance(started_at, str) and started_at else None,
-                    waiting=h.get("waiting") is True,
+                    waiting=waiting,
                 )
-                if now_ in ("superseded", "lost") and self.stops is not None:
+                if now_ in ("superseded", "lost") and self.stops is not None and not waiting:
+                    # Not a waiting beat: no agent runs to stop, the worker reads no request
+                    # then, and one left unread stayed for good if the message expired.
                     self.store.after_commit(functools.partial(self._ask_stop, h, now_))
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
