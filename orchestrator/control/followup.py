@@ -144,7 +144,7 @@ class FollowUp:
                 fixer=None,
                 material=[
                     f"Reviewer's PASS (job {job['source_job_id']}): "
-                    + _one_block(original[0] if original else ""),
+                    + _one_block(original["rationale"] if original else ""),
                     f"Auditor's FAIL (job {job['id']}): " + _one_block(p["rationale"]),
                 ],
                 recommend=f"the auditor found the failure mode: {cycles.gist(p['rationale'])}",
