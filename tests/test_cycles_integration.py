@@ -514,6 +514,22 @@ def test_audit_disagreement_escalates_with_both_rationales(kb):
     assert out["decisions"] == {"PASS": 1} and out["audits"] == {"FAIL": 1}
 
 
+def test_a_pass_of_the_text_an_auditor_refuted_leaves_its_escalation_open(kb):
+    """The auditor refuted the reviewer's PASS; a person had the pair reviewed again, the
+    note as it was, and the reviewer said PASS once more. That closed the escalation as
+    answered: the auditor's finding went unseen, no longer asked about, and sweeps no
+    longer held the pair. A review of the note since mended does answer it."""
+    assert audited_sweep(kb, FAKE_DECISIONS="FAIL").returncode == 0
+    res = rq(kb, "run-job", str(job_of_the_pair(kb)), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert "auditor" in esc["reason"]
+    kb.write(NOTE, kb.read(NOTE) + "Mended by hand.\n")
+    res = rq(kb, "run-job", str(job_of_the_pair(kb)), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(rq(kb, "escalations", "--json").stdout)["escalations"] == []
+
+
 def test_a_sweep_entry_audits_a_lens_written_as_select_takes_it(kb):
     """`audit = ["/prose"]` names the lens as `select` reads it; it audited nothing."""
     kb.gate("prose/body-check", ["body"])

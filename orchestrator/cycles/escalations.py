@@ -98,14 +98,25 @@ def _supersede(store: Store, job, r: dict) -> None:  # noqa: ANN001 - a review_j
     """A PASS or WARN from a job that read the note after the pair was escalated (made
     by hand: sweeps hold the pair) answers the escalation, about the text the person
     mended or a reviewer that failed: left open, the person was asked about it still,
-    and sweeps held the pair. Closed as ``superseded`` by that job."""
+    and sweeps held the pair. Closed as ``superseded`` by that job. Not an auditor's
+    refutation of a PASS by a PASS of the same texts: that is the verdict the auditor
+    disputes, said again, and closed by it the finding went unseen."""
     now = utcnow()
     ids = [
         i
         for (i,) in store.conn.execute(
             "UPDATE escalations SET decision = 'superseded', decided_at = ?, closed_by_job = ? "
             "WHERE model_partition = ? AND note_path = ? AND gate_id = ? AND decision IS NULL "
-            "AND raised_at < ? RETURNING id",
+            "AND raised_at < ? AND NOT EXISTS (SELECT 1 FROM review_jobs a "
+            "JOIN review_pairs ap ON ap.job_id = a.id JOIN review_pairs np ON np.job_id = ? "
+            "AND np.note_path = ap.note_path AND np.gate_id = ap.gate_id "
+            "JOIN snapshots an ON an.id = ap.note_snapshot_id "
+            "JOIN snapshots nn ON nn.id = np.note_snapshot_id "
+            "JOIN snapshots ag ON ag.id = ap.gate_snapshot_id "
+            "JOIN snapshots ng ON ng.id = np.gate_snapshot_id "
+            "WHERE a.id = escalations.job_id AND a.kind = 'audit' "
+            "AND ap.note_path = escalations.note_path AND ap.gate_id = escalations.gate_id "
+            "AND an.sha256 = nn.sha256 AND ag.sha256 = ng.sha256) RETURNING id",
             (
                 now,
                 job["id"],
@@ -113,6 +124,7 @@ def _supersede(store: Store, job, r: dict) -> None:  # noqa: ANN001 - a review_j
                 r["note_path"],
                 r["gate_id"],
                 texts_taken_at(store, job),
+                job["id"],
             ),
         ).fetchall()
     ]
