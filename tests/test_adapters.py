@@ -1231,6 +1231,35 @@ def test_a_fixers_answer_is_unwrapped_only_when_it_wraps_a_note(given, answer, t
     assert unwrapped_note(answer, given) == want
 
 
+def test_doctor_names_a_failed_write_beside_files_not_tried_yet(run_cli, kb):
+    """Job files of two jobs wait: one not tried yet (a commit a moment ago), one whose
+    write failed. doctor named the one error that sorted first, "not written yet", and
+    said ok of a folder no tick could write."""
+    from orchestrator.state.store import Store
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    assert run_cli("doctor").exit_code == 0
+    failed = "the folder went away (a mount gone)"
+    with Store.open(kb.state) as s:
+        for job_id, error in ((1, "not written yet"), (2, failed)):
+            s.conn.execute(
+                "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
+                "updated_at) VALUES ('completed', 'offline', 'note', ?, 'x', 'x')",
+                (f"jobs/review-job-{job_id}",),
+            )
+            s.conn.execute(
+                "INSERT INTO job_files_due (job_id, since, error) VALUES (?, 'x', ?)",
+                (job_id, error),
+            )
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    [line] = [x for x in res.stdout.splitlines() if "MANIFEST.json" in x]
+    assert line.startswith(
+        f"problem: 2 job(s) whose MANIFEST.json and results wait to be written ({failed})"
+    )
+
+
 @pytest.mark.parametrize(
     ("error", "then"),
     [

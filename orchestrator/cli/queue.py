@@ -852,7 +852,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
         fixes = unwritten_fixes(store)
         for what, (n, why) in (
-            ("fixed note(s)", (len(fixes), fixes[0]["error"] if fixes else None)),
+            ("fixed note(s)", (len(fixes), _first_failure([f["error"] for f in fixes]))),
             ("escalation report(s)", reports_due(store)),
         ):
             if n:
@@ -866,6 +866,11 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     except Exception as exc:
         report(False, f"state.db: {exc}")
     return True
+
+
+def _first_failure(errors: list[str]) -> str | None:
+    """A write that failed before one not tried yet: doctor says ok of those alone."""
+    return next((e for e in errors if e != NOT_TRIED), errors[0] if errors else None)
 
 
 def _written_when(error: str | None, rewrite: str | None) -> str:

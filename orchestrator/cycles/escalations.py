@@ -706,7 +706,9 @@ def reports_due(store: Store) -> tuple[int, str | None]:
     """How many escalation reports wait to be written, and one error that kept them back
     (for ``reviewq doctor``)."""
     count, error = store.conn.execute(
-        "SELECT count(*), min(error) FROM escalation_reports_due"
+        "SELECT count(*), coalesce(min(CASE WHEN error != ?1 THEN error END), min(error)) "
+        "FROM escalation_reports_due",
+        (NOT_TRIED,),
     ).fetchone()
     return count, error
 

@@ -425,6 +425,10 @@ def disk_full(error: str | None) -> bool:
 
 
 def files_due(store: Store) -> tuple[int, str | None]:
-    """How many jobs' files wait to be written, and one error that kept them back."""
-    count, error = store.conn.execute("SELECT count(*), min(error) FROM job_files_due").fetchone()
-    return count, error
+    """How many jobs' files wait to be written, and one error that kept them back: a write
+    that failed before one not tried yet (doctor says ok of those alone)."""
+    return store.conn.execute(
+        "SELECT count(*), coalesce(min(CASE WHEN error != ?1 THEN error END), min(error)) "
+        "FROM job_files_due",
+        (NOT_TRIED,),
+    ).fetchone()
