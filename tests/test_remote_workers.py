@@ -1267,3 +1267,32 @@ def test_heartbeats_go_on_while_a_slow_outcome_is_sent(kb, tmp_path, monkeypatch
     monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), tmp_path / "w"))
     tasks.run_review(msg)
     assert got == {"beat": True}
+
+
+def test_a_stop_request_for_an_attempt_never_signals_another_attempts_agent(tmp_path):
+    """The registry's process group checked only for the job's id: with a pid reused by
+    the same job's next attempt on this worker, a stop request for the lost attempt
+    would have signalled the current one's agent."""
+    import signal
+    import socket
+    import subprocess
+
+    from workers.attempt import registry_dir, stop_agent
+
+    from .conftest import process_gone
+
+    folder = tmp_path / "w"
+    registry_dir(folder).mkdir(parents=True)
+    env = {**os.environ, "REVIEWQ_JOB_ID": "5", "REVIEWQ_ATTEMPT": "2"}
+    current = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        # The lost attempt 1's entry, naming the group that is attempt 2's agent now.
+        entry = {"worker_pid": os.getpid(), "pgid": current.pid, "job_id": 5, "attempt": 1}
+        (registry_dir(folder) / f"{socket.gethostname()}-{current.pid}.json").write_text(
+            json.dumps(entry)
+        )
+        assert stop_agent(folder, 5, 1) is False
+        assert not process_gone(current.pid)
+    finally:
+        os.killpg(current.pid, signal.SIGKILL)
+        current.wait(timeout=10)

@@ -579,13 +579,17 @@ def _alive_worker(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def _group_is_agent(pgid: int, job_id: int) -> bool:
-    """The group leader still is the agent we started (its pid was not reused)."""
+def _group_is_agent(pgid: int, job_id: int, attempt: int | None = None) -> bool:
+    """The group leader still is the agent we started (its pid was not reused), of that
+    attempt when it is named: a worker may run a lost attempt's agent beside the current
+    one of the same job."""
     try:
         environ = Path(f"/proc/{pgid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
-    return f"REVIEWQ_JOB_ID={job_id}".encode() in environ
+    return f"REVIEWQ_JOB_ID={job_id}".encode() in environ and (
+        attempt is None or f"REVIEWQ_ATTEMPT={attempt}".encode() in environ
+    )
 
 
 def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIGTERM) -> bool:
@@ -603,7 +607,7 @@ def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIG
             os.getpid(),
             job_id,
             attempt,
-        ) or not _group_is_agent(entry["pgid"], job_id):
+        ) or not _group_is_agent(entry["pgid"], job_id, attempt):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pgid"], sig)
