@@ -95,8 +95,9 @@ def test_a_control_with_a_wrong_redis_password_is_refused_at_start(kb, redis_wit
 
 
 @contextlib.contextmanager
-def _not_redis():
-    """A loopback port where an HTTP server answers: what `redis://host:8080` meets."""
+def _answering(reply: bytes, *, read_first: bool):
+    """A loopback port whose server sends ``reply`` to every connection (after reading
+    the client's first bytes, with ``read_first``), then closes it; its port."""
     srv = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -107,11 +108,11 @@ def _not_redis():
                 conn, _ = srv.accept()
             except TimeoutError:
                 continue
-            with conn:
+            with conn, contextlib.suppress(OSError):
                 conn.settimeout(2)
-                with contextlib.suppress(OSError):
+                if read_first:
                     conn.recv(4096)
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                conn.sendall(reply)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -121,6 +122,11 @@ def _not_redis():
         stop.set()
         thread.join()
         srv.close()
+
+
+def _not_redis():
+    """A loopback port where an HTTP server answers: what `redis://host:8080` meets."""
+    return _answering(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", read_first=True)
 
 
 def test_a_redis_url_to_a_port_where_no_redis_listens_is_refused(tmp_path):
@@ -511,37 +517,16 @@ def test_a_tls_url_to_a_redis_without_tls_is_refused(tmp_path):
     assert "without TLS" in line and "redis://" in line, line
 
 
-@contextlib.contextmanager
 def _protected_mode_redis():
     """A loopback port that answers as a redis-server in protected mode answers a client
     from another machine (no password set): its DENIED line at once, then it closes."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-    denied = (
+    return _answering(
         b"-DENIED Redis is running in protected mode because protected mode is enabled and "
         b"no password is set for the default user. In this mode connections are only accepted "
         b"from the loopback interface. If you want to connect from external computers to "
-        b"Redis you may adopt one of the following solutions: ...\r\n"
+        b"Redis you may adopt one of the following solutions: ...\r\n",
+        read_first=False,
     )
-
-    def serve() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except TimeoutError:
-                continue
-            with conn, contextlib.suppress(OSError):
-                conn.sendall(denied)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join()
-        srv.close()
 
 
 def test_a_redis_in_protected_mode_is_refused_in_one_line(tmp_path):
