@@ -64,7 +64,6 @@ NEEDS_STATE = {
     "decide",
     "resume",
     "rewrite-files",
-    "ack",  # carries a completed review forward: there is none where nothing has run
 }
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
