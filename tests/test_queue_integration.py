@@ -1688,13 +1688,8 @@ def test_sigusr1_makes_a_process_write_its_threads_stacks_and_run_on(kb):
     the second-Ctrl-C test left nothing to go on."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
-    exe = str(Path(sys.executable).parent / "reviewq")
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen(
-        [exe, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE, text=True
-    )
+    control, _ = _start_control(kb, {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}, "service")
     try:
-        _until(control.stderr, "control.started")
         control.send_signal(signal.SIGUSR1)
         # Its main thread's frames; SIGUSR1 unhandled would have ended the process.
         assert any(line.rstrip().endswith(" in run_control") for line in control.stderr)
