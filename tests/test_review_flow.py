@@ -937,6 +937,7 @@ def test_a_retyped_notes_reviews_of_gates_it_no_longer_has_are_not_shown_nor_ack
         ("export",),
         ("report",),
         ("decide", "1", "approve"),
+        ("ack", "--model", "fake", "kb/notes/alpha.md", "prose/body-check"),
     ],
 )
 def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args):

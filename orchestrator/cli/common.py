@@ -65,6 +65,9 @@ NEEDS_STATE = {
     "resume",
     "rewrite-files",
 }
+# Commands about what has run whose arguments are checked first: a note path that names no
+# note is the mistake to say, whatever the state folder (they call open_state themselves).
+STATE_AFTER_ARGS = {"ack"}
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
 NO_KB = {"worker", "doctor"}
@@ -352,19 +355,31 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         # Said before anything is made: a command run in the wrong folder left a .reviewq/
         # (and `export` a kb/reports/) behind in it.
         raise Refused(f"{ws.root}: no kb/ folder here (is --root the folder that holds kb/?)")
+    if ctx.invoked_subcommand in STATE_AFTER_ARGS:
+        return
     if ctx.invoked_subcommand in NEEDS_STATE:
-        try:  # before the log is set up: that made the mistyped folder and its logs/
-            ws.require_state()
-        except DOMAIN_ERRORS as exc:
-            raise Refused(str(exc)) from None
+        require_state(ws)
     # A worker sets its log up itself; doctor writes none (run in the wrong folder, it
     # left a .reviewq/logs/ there).
     if ctx.invoked_subcommand not in READ_ONLY | NO_KB:
-        try:
-            logs.configure(ws.state_dir)
-        except OSError as exc:
-            where = exc.filename or logs.log_path(ws.state_dir)
-            raise Refused(f"{where}: cannot open the log: {exc.strerror or exc}") from None
+        open_log(ws)
+
+
+def require_state(ws: Workspace) -> None:
+    """Refuse a state folder where nothing has run, in one line; said before the log is set
+    up, which made the mistyped folder and its logs/."""
+    try:
+        ws.require_state()
+    except DOMAIN_ERRORS as exc:
+        raise Refused(str(exc)) from None
+
+
+def open_log(ws: Workspace) -> None:
+    try:
+        logs.configure(ws.state_dir)
+    except OSError as exc:
+        where = exc.filename or logs.log_path(ws.state_dir)
+        raise Refused(f"{where}: cannot open the log: {exc.strerror or exc}") from None
 
 
 def only_reject_check(ws: Workspace):  # noqa: ANN201 - (note, gate) -> str | None

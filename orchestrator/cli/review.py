@@ -13,7 +13,9 @@ from orchestrator.cli.common import (
     cli,
     emit_json,
     not_blank,
+    open_log,
     refuse_domain_errors,
+    require_state,
     show_followed,
     shown,
     warn,
@@ -381,7 +383,10 @@ def ack_cmd(ws: Workspace, model: str, note: str, gate_ids: tuple[str, ...]) -> 
     Example:
       reviewq ack --model offline kb/notes/brood.md prose/unscoped-advice
     """
-    for a in ack(ws.kb, ws.catalog(), ws.store, model, ws.kb.rel(note), gate_ids):
+    note_path = ws.kb.rel(note)
+    require_state(ws)
+    open_log(ws)
+    for a in ack(ws.kb, ws.catalog(), ws.store, model, note_path, gate_ids):
         click.echo(f"acked: {a.note_path} {a.gate_id}")
 
 
