@@ -368,21 +368,28 @@ def test_a_job_queued_before_an_ack_does_not_take_the_pair_back_to_the_old_text(
     assert sel["targets"] == [], sel
 
 
-def test_a_review_that_passes_the_note_mended_by_hand_closes_its_escalation(cyc):
+@pytest.mark.parametrize("verdict", ["PASS", "WARN"])
+def test_a_review_that_passes_the_note_mended_by_hand_closes_its_escalation(cyc, verdict):
     """The person mended the note and had it reviewed again: the PASS counted, yet the
-    human queue still asked about the old text and sweeps held the pair for good."""
+    human queue still asked about the old text and sweeps held the pair for good. What
+    closed it is said as the verdict it was: "passed" was wrong of a WARN."""
     esc = escalate(cyc)
     cyc.write(NOTE, cyc.read(NOTE) + "Mended by hand.\n")
-    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="Mended by hand."))
-    res = rq(cyc, "run-job", str(job_of_the_pair(cyc)), "--reviewer", "fake")
+    if verdict == "PASS":
+        config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="Mended by hand."))
+    else:
+        config(cyc, profile("fake", FAKE_DECISIONS="WARN"))
+    job = job_of_the_pair(cyc)
+    res = rq(cyc, "run-job", str(job), "--reviewer", "fake")
     assert res.returncode == 0, res.stderr
     assert json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"] == []
     with db(cyc) as conn:
         row = conn.execute("SELECT decision, report_path FROM escalations").fetchone()
     assert row["decision"] == "superseded"
     last = (cyc.state / row["report_path"]).read_text().strip().splitlines()[-1]
-    assert last.startswith("Closed at ") and "passed the pair" in last, last
-    assert "decided already (superseded" in rq(cyc, "decide", str(esc), "approve").stderr
+    assert last.startswith("Closed at ") and f"review job {job} gave the pair {verdict}" in last
+    refused = rq(cyc, "decide", str(esc), "approve").stderr
+    assert "was closed at " in refused and f"gave the pair {verdict}" in refused, refused
     cyc.write(NOTE, cyc.read(NOTE) + "A later edit.\n")  # no longer held
     assert json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)["enqueued_jobs"] == 1
 

@@ -298,6 +298,15 @@ def write_due_reports(
     return len(written)
 
 
+def _closed_by(store: Store, e) -> str:  # noqa: ANN001 - an escalations row
+    """What closed a superseded escalation, as its verdict: "passed" read wrong of a WARN."""
+    row = store.conn.execute(
+        "SELECT decision FROM review_pairs WHERE job_id = ? AND note_path = ? AND gate_id = ?",
+        (e["closed_by_job"], e["note_path"], e["gate_id"]),
+    ).fetchone()
+    return f"review job {e['closed_by_job']} gave the pair {row[0] if row else 'PASS or WARN'}"
+
+
 def _report_path(store: Store, esc_id: int) -> str:
     return store.conn.execute(
         "SELECT report_path FROM escalations WHERE id = ?", (esc_id,)
@@ -329,8 +338,8 @@ def report(store: Store, esc_id: int) -> str:
         "",
         f"Assessment: {e['reason']}; reviewer {e['reviewer'] or '-'}, fixer {e['fixer'] or '-'}.",
         # Decided, the calls would be refused ("decided already"): the file says what was.
-        f"Closed at {e['decided_at'][:19]}Z: review job {e['closed_by_job']} passed the pair "
-        "since it was raised; nothing is left to decide."
+        f"Closed at {e['decided_at'][:19]}Z: {_closed_by(store, e)} since it was raised; "
+        "nothing is left to decide."
         if e["decision"] == "superseded"
         else f"Decided: {e['decision']} at {e['decided_at'][:19]}Z"
         + (f", with the asks: {e['feedback']}" if e["feedback"] else "")
@@ -499,7 +508,7 @@ def decide_many(
         if e is not None and e["decision"] is None and _undecidable(note, gate) is not None
     ]
     checked = [
-        (_check(e, esc_id, decision, feedback, note, gate, stuck), note, gate)
+        (_check(store, e, esc_id, decision, feedback, note, gate, stuck), note, gate)
         for esc_id, e, note, gate in found
     ]
     decided = []
@@ -561,12 +570,24 @@ def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate o
 
 
 def _check(
-    e, esc_id: int, decision: str, feedback: str | None, note: _NoteNow, gate, stuck: list[int]
+    store: Store,
+    e,
+    esc_id: int,
+    decision: str,
+    feedback: str | None,
+    note: _NoteNow,
+    gate,
+    stuck: list[int],
 ):
     if decision not in DECISIONS:
         raise DecideError(f"decision {decision!r}: choose approve, redo or reject")
     if e is None:
         raise DecideError(f"no escalation {esc_id}")
+    if e["decision"] == "superseded":
+        raise DecideError(
+            f"escalation {esc_id} was closed at {e['decided_at']}: {_closed_by(store, e)} "
+            "since it was raised; nothing is left to decide"
+        )
     if e["decision"] is not None:
         raise DecideError(
             f"escalation {esc_id} was decided already ({e['decision']} at {e['decided_at']})"
