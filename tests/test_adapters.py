@@ -952,7 +952,8 @@ class Answering:
                 self.send_response(status)
                 for name, value in headers:
                     self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                if "content-length" not in (name.lower() for name, _ in headers):
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -1079,6 +1080,23 @@ def test_openai_answer_that_is_not_json_it_can_read_is_the_servers_failure(
     res = run(kb2, make_job(run_cli), "local")
     assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
     assert "Traceback" not in _stderr(kb2)
+
+
+def test_openai_answer_cut_off_midway_is_said_so_and_is_the_servers_failure(
+    kb2, run_cli, monkeypatch, answering
+):
+    """A body shorter than its Content-Length (a proxy restarted, the connection dropped)
+    was said to be "did not answer with a chat completion" of a server that did answer."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    whole = _chat("Summary: fine.")[1]
+    srv = answering(
+        lambda request, method, body: (200, whole[:20], [("Content-Length", str(len(whole)))])
+    )
+    openai_profile(kb2, srv.url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    said = f"cut its answer off after 20 of {len(whole)} bytes"
+    assert said in _stderr(kb2) and "Traceback" not in _stderr(kb2)
 
 
 @pytest.mark.parametrize(

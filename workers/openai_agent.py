@@ -202,6 +202,9 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     try:
         with _OPENER.open(request, timeout=timeout) as response:
             raw = response.read(MAX_ANSWER_BYTES + 1)
+            # http.client returns what came of a body the server cut short, no error: read
+            # as JSON, it was "did not answer with a chat completion" of a server that did.
+            short = response.length if len(raw) <= MAX_ANSWER_BYTES else None
     except urllib.error.HTTPError as exc:
         detail = _error_detail(exc, key)
         if 300 <= exc.code < 400:
@@ -216,6 +219,9 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AgentError(f"cannot reach {shown(url)}: {reason}", failure="unreachable") from None
+    if short:
+        said = f"cut its answer off after {len(raw)} of {len(raw) + short} bytes"
+        raise AgentError(f"{shown(url)} {said}", failure="server", detail=said)
     if len(raw) > MAX_ANSWER_BYTES:
         said = f"answered with more than {MAX_ANSWER_BYTES} bytes"
         raise AgentError(f"{shown(url)} {said}", answered=True, detail=said)
