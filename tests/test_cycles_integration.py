@@ -1779,3 +1779,71 @@ def test_an_audit_of_a_pass_a_newer_review_replaced_escalates_nothing(kb):
     logs = [json.loads(x) for x in (kb.state / "logs/reviewq.jsonl").read_text().splitlines()]
     (outdated,) = [e for e in logs if e["event"] == "audit.outdated"]
     assert outdated["note_path"] == NOTE and "review job 3's PASS replaced it" in outdated["reason"]
+
+
+def queued_fix_of_a_fail(kb) -> int:
+    """A review by run-job that FAILs NOTE with fixing on: its fix job, queued, not run."""
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
+        profile("fixer", FAKE_FIX_APPEND="FIXED"),
+    )
+    res = rq(kb, "enqueue", "--all-gates", "--fix", "--fixer", "fixer", "--reviewer", "fake",
+             "--json")  # fmt: skip
+    (review,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    assert rq(kb, "run-job", str(review), "--reviewer", "fake").returncode == 0
+    with db(kb) as conn:
+        return conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
+
+
+def test_a_fix_queued_before_an_approve_does_not_rewrite_the_note(cyc):
+    """The pair's third rejection came from reviews made by hand while the fix waited; a
+    person approved the note. The fix then rewrote it for the finding they had settled,
+    and its re-review replaced their PASS."""
+    fix = queued_fix_of_a_fail(cyc)
+    for _ in range(2):  # rejections 2 and 3: the pair is escalated
+        assert rq(cyc, "run-job", str(job_of_the_pair(cyc)), "--reviewer", "fake").returncode == 0
+    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    assert rq(cyc, "decide", str(esc["id"]), "approve").returncode == 0
+    before = cyc.read(NOTE)
+    res = rq(cyc, "run-job", str(fix), "--reviewer", "fixer")
+    assert res.returncode == 0, res.stderr
+    assert cyc.read(NOTE) == before
+    with db(cyc) as conn:
+        result, reasons = conn.execute(
+            "SELECT result, failure_reasons FROM review_jobs WHERE id = ?", (fix,)
+        ).fetchone()
+        acc = conn.execute("SELECT decision, source FROM acceptance").fetchone()
+        later = conn.execute(
+            "SELECT count(*) FROM review_jobs WHERE (kind = 'fix' AND id > ?) OR source_job_id = ?",
+            (fix, fix),
+        ).fetchone()
+    assert result == "not-applied" and "a person's decision" in reasons
+    assert tuple(acc) == ("PASS", "human") and later[0] == 0  # no re-review, no new fix
+
+
+def test_a_fix_queued_before_an_ack_is_not_written_and_is_queued_again(cyc):
+    """An ack after the fix was queued (the gate got a typo fix) stands as a person's
+    word on the pair: the old fix is not written over it; the FAIL it carried forward
+    gets a fix made after it."""
+    fix = queued_fix_of_a_fail(cyc)
+    gate = "kb/instructions/review-gates/prose/body-check.md"
+    cyc.write(gate, cyc.read(gate) + "\nA typo fixed.\n")
+    assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
+    before = cyc.read(NOTE)
+    res = rq(cyc, "run-job", str(fix), "--reviewer", "fixer")
+    assert res.returncode == 0, res.stderr
+    assert cyc.read(NOTE) == before
+    with db(cyc) as conn:
+        result, reasons = conn.execute(
+            "SELECT result, failure_reasons FROM review_jobs WHERE id = ?", (fix,)
+        ).fetchone()
+        (again,) = conn.execute(
+            "SELECT id FROM review_jobs WHERE kind = 'fix' AND id > ?", (fix,)
+        ).fetchone()
+    assert result == "not-applied" and "an ack" in reasons
+    assert f"follow-up: fix job {again} queued" in res.stdout
+    res = rq(cyc, "run-job", str(again), "--reviewer", "fixer")  # made after the ack
+    assert res.returncode == 0, res.stderr
+    assert "FIXED" in cyc.read(NOTE)
+

@@ -302,6 +302,19 @@ class FollowUp:
                 "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
             )
             return None
+        if res.status == "decided":
+            finish_fix_job(
+                self.store, self.ws.state_dir, job["id"], "completed", "not-applied", res.reason
+            )
+            self.log.warning(
+                "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
+            )
+            # The note's other FAILs it carried are still accepted and fresh: no sweep
+            # meets them again, so they get a fix of their own (the person's pair is
+            # left out if they approved it; an acked FAIL is the current finding).
+            opts = cycles.run_options(self.store, job)
+            self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
+            return None
         if res.status == "unchanged":
             # Counts as a rejection with no re-review (SPEC §7).
             again = []

@@ -27,6 +27,7 @@ from orchestrator.kb.notes import (
     sha256_text,
     split_frontmatter,
 )
+from orchestrator.review.finalize import decided_since, texts_taken_at
 from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
 from orchestrator.state.files import (
@@ -233,10 +234,30 @@ def render_fix_prompt(store: Store, job_id: int, output_path: str, retry: str = 
 
 @dataclass(frozen=True)
 class FixResult:
-    status: str  # applied | unchanged | stale | invalid
+    status: str  # applied | unchanged | stale | decided | invalid
     reason: str = ""
     new_sha256: str | None = None
     new_text: str | None = None
+
+
+def decided_by_a_person(store: Store, job) -> str | None:  # noqa: ANN001 - a review_jobs row
+    """Why a fix job's output must not be written: a person approved, rejected into
+    their FAIL or acked one of its pairs after the job read the note, or None. Written,
+    the fix rewrote the note the person had just decided on for a finding they had
+    settled, and its re-review then replaced their decision (as a review job queued
+    before it would: finalize keeps that one out, ``acceptance.kept``). The fixer's
+    note is one text for all of its findings, so none of it is written."""
+    taken_at = texts_taken_at(store, job)
+    for pair in store.conn.execute(
+        "SELECT note_path, gate_id FROM review_pairs WHERE job_id = ? ORDER BY id", (job["id"],)
+    ):
+        if (who := decided_since(store, job, pair, taken_at)) is not None:
+            what = "an ack" if who == "ack" else "a person's decision"
+            return (
+                f"{what} on {pair['gate_id']} was recorded after this fix read the note; "
+                "it stands, and the fix is not written"
+            )
+    return None
 
 
 def in_the_notes_form(new: str, given: str) -> str:
@@ -288,6 +309,8 @@ def apply_fix(
     text's sha256) and the note is written once that transaction commits, with its git
     commit if ``git_commit`` (:func:`write_due_fixes`): a rollback leaves the note as it
     was, and a crash before the write is healed at the next tick."""
+    if (decided := decided_by_a_person(store, job)) is not None:
+        return FixResult("decided", decided)
     if output is None:
         return FixResult("invalid", "the fixer wrote no output")
     given = store.conn.execute(

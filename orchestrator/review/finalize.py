@@ -218,7 +218,7 @@ def finalize(
             )
             # An audit judges someone else's PASS: it records, it does not accept.
             accepted = r.decision in ACCEPTED_DECISIONS and job["kind"] == "review"
-            if accepted and (who := _decided_since(store, job, p, taken_at)) is not None:
+            if accepted and (who := decided_since(store, job, p, taken_at)) is not None:
                 accepted = False
                 _log_kept(store, job_id, p, r.decision, who)
             if accepted:
@@ -270,9 +270,9 @@ def texts_taken_at(store: Store, job) -> str:  # noqa: ANN001 - a review_jobs ro
     ).fetchone()[0]
 
 
-def _decided_since(store: Store, job, pair, taken_at: str) -> str | None:  # noqa: ANN001
+def decided_since(store: Store, job, pair, taken_at: str) -> str | None:  # noqa: ANN001
     """A person's acceptance of the pair (``decide approve``, a reject recorded as their
-    FAIL, ``ack``) recorded after this job read its texts, or None. The person decided
+    FAIL, ``ack``) recorded after this job (a review, or a fix) read its texts, or None. The person decided
     with the note as it is in front of them: a verdict of a job queued or running then,
     about that text or an older one, is no newer word, and accepted it undid theirs (an
     approve became a FAIL that started a new cycle; an ack went back to the old text,
