@@ -1847,3 +1847,29 @@ def test_a_fix_queued_before_an_ack_is_not_written_and_is_queued_again(cyc):
     assert res.returncode == 0, res.stderr
     assert "FIXED" in cyc.read(NOTE)
 
+
+def test_a_fail_of_a_gate_the_retyped_note_no_longer_has_holds_no_later_bundle(kb):
+    """A fix (or a person) retyped the note: its re-review skips the old type's gate, and
+    that gate's FAIL stayed the pair's accepted verdict. A sequential sweep read it as a
+    current FAIL and held the note's later bundles for good, as export and warn-queue
+    no longer read it."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    kb.type_spec("definition")
+    kb.type_spec("concept")
+    kb.gate("frontmatter/title-check", ["title"])
+    kb.gate("frontmatter/definition-check", ["title"], requires_type="definition")
+    kb.gate("prose/clarity", ["body"])
+    note = kb.note("alpha", type="definition")
+    kb.accept("offline", [(note, "frontmatter/title-check")], "PASS")
+    kb.accept("offline", [(note, "frontmatter/definition-check")], "FAIL")
+    kb.write(note, kb.read(note).replace("type: definition", "type: concept"))
+    kb.accept("offline", [(note, "frontmatter/title-check")], "PASS")
+    ws = Workspace.open(kb.root)
+    try:
+        req = SweepRequest(name="seq", reviewer="offline", all_gates=True, sequential=True)
+        res = enqueue(ws, req)
+    finally:
+        ws.close()
+    assert [p.gate_id for j in res.jobs for p in j.pairs] == ["prose/clarity"], res.skipped

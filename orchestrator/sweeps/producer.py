@@ -19,7 +19,8 @@ from orchestrator import logs
 from orchestrator.config import ConfigError, SweepConfig, cron_iter
 from orchestrator.cycles import escalations
 from orchestrator.kb.gates import SelectionError
-from orchestrator.kb.notes import FileProblem, KBError
+from orchestrator.kb.notes import KB, FileProblem, KBError, Note, NoteParseError
+from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
 from orchestrator.state.status import entry_takes_over, over_budget_runs
@@ -274,6 +275,17 @@ def start_run(
     ).fetchone()[0]
 
 
+def _notes(kb: KB, paths: Collection[str]) -> dict[str, Note | None]:
+    """The notes of ``paths`` as they are now; None for one that cannot be read."""
+    notes: dict[str, Note | None] = {}
+    for path in paths:
+        try:
+            notes[path] = kb.read_note(kb.check_rel(path))
+        except (KBError, NoteParseError, OSError):
+            notes[path] = None
+    return notes
+
+
 def _sequential(
     ws: Workspace, partition: str, req: SweepRequest, targets: list[dict]
 ) -> tuple[list[dict], list[Skipped]]:
@@ -296,13 +308,21 @@ def _sequential(
     for t in targets:
         stale_lenses.setdefault(t["note_path"], set()).add(t["lens"])
     fails: dict[str, set[str]] = {}
-    for note_path, gate_id in ws.store.conn.execute(
-        "SELECT note_path, gate_id FROM acceptance WHERE model_partition = ? AND decision = 'FAIL'",
+    notes = _notes(ws.kb, stale_lenses)
+    for note_path, gate_id, gate_path in ws.store.conn.execute(
+        "SELECT a.note_path, a.gate_id, p.gate_path FROM acceptance a "
+        "JOIN review_pairs p ON p.id = a.review_pair_id "
+        "WHERE a.model_partition = ? AND a.decision = 'FAIL'",
         (partition,),
     ):
         # Only a gate this sweep reviews holds a bundle back: a FAIL of a gate removed
-        # since, or one the sweep does not select, held the later bundles for good.
-        if gate_id in selected:
+        # since, or one the sweep does not select, held the later bundles for good. So did
+        # one of a gate the note no longer has (retyped by a fix or a person: its
+        # re-review skips that pair), as export and warn-queue judge it (pair_now).
+        if (
+            gate_id in selected
+            and pair_now(ws.kb, cat, notes, note_path, gate_id, gate_path) is not None
+        ):
             fails.setdefault(note_path, set()).add(selected[gate_id])
     keep, waiting = [], []
     for t in targets:
