@@ -1481,3 +1481,19 @@ def test_status_says_its_today_is_the_utc_day(flow, run_cli):
     res = run_cli("status")
     assert res.exit_code == 0, res.stderr
     assert "cost: today (UTC) $0.0000, total $0.0000\n" in res.stdout, res.stdout
+
+
+def test_a_finalize_of_a_note_renamed_since_its_job_was_made_says_so(flow, run_cli):
+    """The PASS was printed as any other: nothing said that it is recorded under a path
+    where no note is now, and that the note under its new name is not reviewed by it."""
+    job = alpha_job(run_cli)
+    write_output(flow, job)
+    (flow.root / NOTE_A).rename(flow.root / "kb/notes/alpha-renamed.md")
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    assert f"PASS  {NOTE_A}  prose/body-check" in res.stdout.splitlines()
+    assert res.stderr.splitlines() == [
+        f"warning: {NOTE_A} is no longer there (renamed or deleted since job "
+        f"{job['review_job_id']} was made): its verdict is recorded under that path, for no "
+        "note of the KB; a note renamed is missing-review at its new path"
+    ]

@@ -23,7 +23,7 @@ from orchestrator.cli.common import (
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.kb.gates import requires_type_warnings
-from orchestrator.kb.notes import GATES_DIR
+from orchestrator.kb.notes import GATES_DIR, KBError
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
 from orchestrator.review.bundle import problem_count
 from orchestrator.review.export import EXPORT_DIR, export
@@ -297,6 +297,8 @@ def finalize_cmd(
         for p in result.pairs:
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
         click.echo(f"job {job_id} completed")
+    if result.ok:
+        warn_notes_gone(ws, job_id, result.pairs)
     show_followed(ws, followed, err=as_json)
     if not result.ok:
         for r in result.failure_reasons:
@@ -305,6 +307,28 @@ def finalize_cmd(
             f"job {job_id} failed: {problem_count(result.failure_reasons)} problem(s) in its "
             "output; nothing accepted"
         )
+
+
+def warn_notes_gone(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
+    """One line per note of a finalized job that is no longer at its path: its verdicts
+    printed as any other's read as a review of the note, which (renamed) is unreviewed
+    at its new path, and (deleted) has none to review."""
+    counts: dict[str, int] = {}
+    for p in pairs:
+        counts[p["note_path"]] = counts.get(p["note_path"], 0) + 1
+    for note_path, n in counts.items():
+        try:
+            there = ws.kb.abspath(note_path).is_file()
+        except (KBError, OSError):
+            there = False
+        if not there:
+            its = "its verdicts are" if n > 1 else "its verdict is"
+            click.echo(
+                f"warning: {note_path} is no longer there (renamed or deleted since job "
+                f"{job_id} was made): {its} recorded under that path, for no note of the KB; "
+                "a note renamed is missing-review at its new path",
+                err=True,
+            )
 
 
 @cli.command("run-job")
@@ -338,6 +362,7 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         for p in res.finalized.pairs:
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
         click.echo(f"job {job_id} completed")
+        warn_notes_gone(ws, job_id, res.finalized.pairs)
         show_followed(ws, res.followed)
         return
     if res.job_status in ("completed", "failed", "split"):
