@@ -858,21 +858,19 @@ def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
     assert not (gates / "kb__notes__renamed.md").exists()
 
 
-def test_an_export_waits_for_one_already_writing_and_leaves_a_whole_view(flow, run_cli):
-    """Two exports at once (two cron entries, a person's run beside cron's) each removed
-    the files the other had written: the folder held parts of both and fewer files than
-    its index named, and both said they had exported."""
-    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
-    for job in (1, 2):
-        assert run_cli("run-job", str(job)).exit_code == 0
+@contextlib.contextmanager
+def export_behind_a_held_lock(flow, *args: str):
+    """``reviewq export ARGS`` started while this test holds the export folder's lock (as
+    an export writing it does), once it has said it waits: the process, and the folder.
+    The lock is let go when the block ends; the process is killed if the block fails."""
     base = flow.root / "kb/reports/reviews"
     base.mkdir(parents=True)
     exe = str(Path(sys.executable).parent / "reviewq")
     held = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(held, fcntl.LOCK_EX)  # as an export writing the folder now holds it
+    fcntl.flock(held, fcntl.LOCK_EX)
     try:
         proc = subprocess.Popen(
-            [exe, "--root", str(flow.root), "export"],
+            [exe, "--root", str(flow.root), "export", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -880,10 +878,10 @@ def test_an_export_waits_for_one_already_writing_and_leaves_a_whole_view(flow, r
         )
         try:
             said = proc.stderr.readline()
-            assert said == (
-                "another reviewq export is writing kb/reports/reviews: waiting for it to end\n"
-            )
-            assert list(base.rglob("*")) == []  # nothing written while the other writes
+            assert said.startswith(
+                "another reviewq export is writing kb/reports/reviews: waiting for it to end"
+            ), said
+            yield proc, base
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -891,12 +889,52 @@ def test_an_export_waits_for_one_already_writing_and_leaves_a_whole_view(flow, r
             raise
     finally:
         os.close(held)
+
+
+def test_an_export_waits_for_one_already_writing_and_leaves_a_whole_view(flow, run_cli):
+    """Two exports at once (two cron entries, a person's run beside cron's) each removed
+    the files the other had written: the folder held parts of both and fewer files than
+    its index named, and both said they had exported."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    with export_behind_a_held_lock(flow) as (proc, base):
+        assert list(base.rglob("*")) == []  # nothing written while the other writes
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     rows = list(csv.DictReader((base / "csv" / "gate_reviews.csv").open()))
     exported = [p for p in (base / "gates").rglob("*.md") if p.is_file()]
     assert len(exported) == len(rows) > 0
     assert out.startswith(f"exported {len(rows)} review(s)")
+
+
+def test_an_export_reads_the_notes_once_the_other_export_is_done(flow, run_cli):
+    """The notes were read before the wait: a note deleted meanwhile still got its
+    GATE-REVIEW files, as a review of a note the KB no longer has."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2, 3, 4):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    with export_behind_a_held_lock(flow) as (proc, base):
+        (flow.root / NOTE_B).unlink()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    notes = {r["note_path"] for r in csv.DictReader((base / "csv" / "gate_reviews.csv").open())}
+    assert notes == {NOTE_A}
+
+
+def test_an_export_waits_for_a_stuck_one_a_bounded_time_and_names_it(flow, run_cli):
+    """The wait had no end: an export left holding the folder (stopped, hung on a disk)
+    kept every later one waiting, silent, for good."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    assert run_cli("run-job", "1").exit_code == 0
+    with export_behind_a_held_lock(flow, "--wait", "0.3") as (proc, base):
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and out == ""
+    assert err.splitlines() == [
+        f"error: kb/reports/reviews: another reviewq export (pid {os.getpid()}) still holds "
+        "its lock (flock on that folder) after 0.3 s; nothing exported"
+    ]
+    assert list(base.rglob("*")) == []
 
 
 def test_a_retyped_notes_reviews_of_gates_it_no_longer_has_are_not_shown_nor_acked(flow, run_cli):

@@ -26,7 +26,7 @@ from orchestrator.kb.gates import requires_type_warnings
 from orchestrator.kb.notes import GATES_DIR, KBError
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
 from orchestrator.review.bundle import problem_count
-from orchestrator.review.export import EXPORT_DIR, export
+from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import (
@@ -445,26 +445,41 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
     callback=not_blank,
     help="Only this partition [default: the latest across partitions].",
 )
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0, max=86400),
+    default=EXPORT_WAIT,
+    show_default=True,
+    help="Seconds to wait for another export writing the folder; then exit 1.",
+)
 @click.pass_obj
 @refuse_domain_errors
-def export_cmd(ws: Workspace, model: str | None) -> None:
+def export_cmd(ws: Workspace, model: str | None, wait: float) -> None:
     """Write the file view of reviews: GATE-REVIEW files and gate_reviews.csv under kb/reports/reviews.
 
     \b
     Example:
       reviewq export --model offline
     """
-    cat = ws.catalog()
-    notes = current_notes(ws.kb, ws.state_dir)
 
-    def watches(note_path: str, gate_id: str, gate_path: str) -> list[str] | None:
-        gate = pair_now(ws.kb, cat, notes, note_path, gate_id, gate_path)
-        return list(gate.watches) if gate is not None else None
+    def watches_now():  # noqa: ANN202 - export.Watches
+        # Called once the export holds its lock: the KB as it is then, not as it was
+        # when a wait for another export began.
+        cat = ws.catalog()
+        notes = current_notes(ws.kb, ws.state_dir)
+
+        def watches(note_path: str, gate_id: str, gate_path: str) -> list[str] | None:
+            gate = pair_now(ws.kb, cat, notes, note_path, gate_id, gate_path)
+            return list(gate.watches) if gate is not None else None
+
+        return watches
 
     def waiting() -> None:
         click.echo(
-            f"another reviewq export is writing {EXPORT_DIR}: waiting for it to end", err=True
+            f"another reviewq export is writing {EXPORT_DIR}: waiting for it to end "
+            f"(at most {wait:g} s)",
+            err=True,
         )
 
-    res = export(ws.read_store(), ws.root, model, watches, on_wait=waiting)
+    res = export(ws.read_store(), ws.root, model, watches_now, on_wait=waiting, wait=wait)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

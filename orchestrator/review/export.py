@@ -17,10 +17,14 @@ from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gitcommit import git_env
 from orchestrator.kb.notes import canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
-from orchestrator.state.files import ReportError, flat, folder_lock
+from orchestrator.state.files import LockHeld, ReportError, flat, folder_lock
 from orchestrator.state.store import Store
 
 EXPORT_DIR = "kb/reports/reviews"
+# How long an export waits for another one writing the folder: long enough for an
+# export of a large KB; a holder past it is stuck, and cron's next exports must not pile
+# up behind it for good, each silent.
+EXPORT_WAIT = 300.0
 HEADER = "<!-- GATE-REVIEW\n"  # how an export's own files begin: the only ones it removes
 CSV_HEADER = [
     "note_path",
@@ -78,15 +82,19 @@ def export(
     store: Store,
     root: Path,
     model: str | None = None,
-    watches: Watches | None = None,
+    watches: Callable[[], Watches] | None = None,
     on_wait: Callable[[], None] | None = None,
+    wait: float | None = None,
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
-    in partition ``model``, or else the most recent across partitions. ``watches`` (the
-    regions the gate of a recorded pair watches now, None for a pair no longer of the KB),
-    when given, is the reviews as they are now: a note since renamed, deleted or retyped,
-    or a gate gone from the catalog, keeps its acceptance in state.db but has no file. One export at a time writes the folder:
-    another one waits for it (``on_wait`` is called first), then reads state.db."""
+    in partition ``model``, or else the most recent across partitions. ``watches`` makes
+    (the regions the gate of a recorded pair watches now, None for a pair no longer of
+    the KB), when given, the reviews as they are now: a note since renamed, deleted or
+    retyped, or a gate gone from the catalog, keeps its acceptance in state.db but has no
+    file. One export at a time writes the folder: another one waits for it (``on_wait``
+    is called first) up to ``wait`` seconds (None: for as long as it takes), then reads
+    state.db and, through ``watches``, the KB: read before, they were the KB as it was
+    when the wait began."""
     if (
         model
         and not store.conn.execute(
@@ -112,7 +120,7 @@ def export(
         # Two exports at once (two cron entries, a person's run beside cron's) each
         # removed the files the other wrote: the folder was left holding parts of both,
         # and fewer files than its index named.
-        with folder_lock(base, on_wait=on_wait):
+        with folder_lock(base, on_wait=on_wait, timeout=wait):
             for folder in _note_folders(base):  # walked once ``gates`` is known to be no link
                 _not_a_link(folder)
             rows = store.conn.execute(
@@ -126,7 +134,13 @@ def export(
                 + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
                 (model,) if model else (),
             )
-            return _write(rows, base, git_head(root), watches)
+            return _write(rows, base, git_head(root), watches() if watches else None)
+    except LockHeld as exc:
+        holder = f" (pid {exc.holder})" if exc.holder is not None else ""
+        raise ReportError(
+            f"{EXPORT_DIR}: another reviewq export{holder} still holds its lock (flock on that "
+            f"folder) after {wait:g} s; nothing exported"
+        ) from None
     except OSError as exc:
         # A file where a folder belongs, a read-only or full disk: said as such.
         where = exc.filename or base

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -255,13 +256,27 @@ def write_due_job_files(
     return len(written)
 
 
+class LockHeld(BlockingIOError):
+    """A folder lock another process still held when the wait for it ran out."""
+
+    def __init__(self, folder: Path, holder: int | None) -> None:
+        super().__init__(errno.EWOULDBLOCK, "another reviewq process holds its lock", str(folder))
+        self.holder = holder
+
+
 @contextlib.contextmanager
-def folder_lock(folder: Path, wait: bool = True, on_wait: Callable[[], None] | None = None):
+def folder_lock(
+    folder: Path,
+    wait: bool = True,
+    on_wait: Callable[[], None] | None = None,
+    timeout: float | None = None,
+):
     """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
     leave behind, and the kernel lets go of it when its holder dies. Without ``wait``, a
     folder another process holds is an error of that job's files (tried again later).
     ``on_wait`` is called once before waiting for another holder (a person at a terminal
-    is told why the command pauses)."""
+    is told why the command pauses); with ``timeout`` (seconds) the wait ends there in
+    :class:`LockHeld`, naming the holder when the kernel says it."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
@@ -272,10 +287,48 @@ def folder_lock(folder: Path, wait: bool = True, on_wait: Callable[[], None] | N
                     errno.EWOULDBLOCK, "another reviewq process is writing this folder", str(folder)
                 ) from None
             on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if timeout is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            elif not _flock_within(fd, timeout):
+                raise LockHeld(folder, flock_holder(folder)) from None
         yield
     finally:
         os.close(fd)
+
+
+def _flock_within(fd: int, timeout: float) -> bool:
+    """Whether the lock was taken within ``timeout`` seconds. flock has no timeout of its
+    own (a SIGALRM would reach whatever thread the caller runs), so it is asked again at
+    short intervals."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.1, left))
+
+
+def flock_holder(path: Path) -> int | None:
+    """The process holding a flock on ``path``, as Linux's /proc/locks says; None where
+    it does not (another system, or the lock let go meanwhile)."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        # "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"; a waiter's has "->".
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key:
+            with contextlib.suppress(ValueError):
+                return int(fields[4])
+    return None
 
 
 def settle_due(
