@@ -1873,3 +1873,37 @@ def test_a_fail_of_a_gate_the_retyped_note_no_longer_has_holds_no_later_bundle(k
     finally:
         ws.close()
     assert [p.gate_id for j in res.jobs for p in j.pairs] == ["prose/clarity"], res.skipped
+
+
+def test_an_ack_that_carries_a_pass_forward_starts_the_count_afresh(cyc):
+    """A PASS kept out of acceptance (its job read the note before an ack) reset no
+    count; acked since, it became the pair's verdict with the old count still on it, so
+    the next FAIL was one step nearer an escalation than the spec's count says."""
+    config(cyc, profile("fake", FAKE_DECISIONS="FAIL"))
+    res = rq(cyc, "enqueue", "--all-gates", "--reviewer", "fake", "--json")
+    (review,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    assert rq(cyc, "run-job", str(review), "--reviewer", "fake").returncode == 0  # rejection 1
+    job = job_of_the_pair(cyc)
+    assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
+    config(cyc, profile("fake", FAKE_DECISIONS="PASS"))
+    res = rq(cyc, "run-job", str(job), "--reviewer", "fake")
+    assert "warning: acceptance.kept" in res.stderr  # the PASS is kept, not accepted
+    with db(cyc) as conn:
+        assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 1
+    assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
+    with db(cyc) as conn:
+        acc = conn.execute("SELECT decision, source FROM acceptance").fetchone()
+        count = conn.execute("SELECT rejections FROM cycles").fetchone()[0]
+    assert (tuple(acc), count) == (("PASS", "ack"), 0)
+
+
+def test_an_ack_that_carries_a_fail_forward_leaves_the_count(cyc):
+    """An ack of a FAIL says the finding holds for the current text: no decision of the
+    person's (SPEC §7), so no fresh count (acks would put off an escalation for good),
+    and no new rejection either."""
+    config(cyc, profile("fake", FAKE_DECISIONS="FAIL"))
+    assert rq(cyc, "sweep", "--all-gates", "--reviewer", "fake").returncode == 0
+    cyc.write(NOTE, cyc.read(NOTE).replace("Alpha body.", "Alpha body, a typo fixed."))
+    assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
+    with db(cyc) as conn:
+        assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 1

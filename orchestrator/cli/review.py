@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
+from orchestrator.cycles import escalations as cycles
 from orchestrator.kb.gates import requires_type_warnings
 from orchestrator.kb.notes import GATES_DIR, KBError
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
@@ -411,7 +412,8 @@ def ack_cmd(ws: Workspace, model: str, note: str, gate_ids: tuple[str, ...]) -> 
     note_path = ws.kb.rel(note)
     require_state(ws)
     open_log(ws)
-    for a in ack(ws.kb, ws.catalog(), ws.store, model, note_path, gate_ids):
+    acked = ack(ws.kb, ws.catalog(), ws.store, model, note_path, gate_ids, within=cycles.record_ack)
+    for a in acked:
         click.echo(f"acked: {a.note_path} {a.gate_id}")
 
 

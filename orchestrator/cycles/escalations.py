@@ -94,6 +94,18 @@ def record_decisions(store: Store, job, results: list[dict]) -> None:
             _supersede(store, job, r)
 
 
+def record_ack(store: Store, partition: str, acked) -> None:  # noqa: ANN001 - [Acked]
+    """Inside ack's transaction: a PASS or WARN carried forward is the pair's verdict now,
+    and resets its count as it does accepted from a review (one kept out because the
+    person acked after its job read the note reset nothing then). A FAIL carried forward
+    is the same rejection, counted once already; and an ack is no decision of the
+    person's on the finding (SPEC §7): a fresh count for it would let acks put off the
+    escalation for good."""
+    for a in acked:
+        if a.decision in ("PASS", "WARN"):
+            reset(store, partition, a.note_path, a.gate_id)
+
+
 def _supersede(store: Store, job, r: dict) -> None:  # noqa: ANN001 - a review_jobs row
     """A PASS or WARN from a job that read the note after the pair was escalated (made
     by hand: sweeps hold the pair) answers the escalation, about the text the person

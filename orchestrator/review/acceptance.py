@@ -3,7 +3,7 @@ current text) and the WARN queue (SPEC §10)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.kb.gates import Catalog, Gate, applies, not_asked
@@ -19,13 +19,21 @@ class AckError(ValueError):
 class Acked:
     note_path: str
     gate_id: str
+    decision: str  # the verdict carried forward
 
 
 def ack(
-    kb: KB, catalog: Catalog, store: Store, model: str, note_path: str, gate_ids: Sequence[str]
+    kb: KB,
+    catalog: Catalog,
+    store: Store,
+    model: str,
+    note_path: str,
+    gate_ids: Sequence[str],
+    within: Callable[[Store, str, list[Acked]], None] | None = None,
 ) -> list[Acked]:
     """Record the current note and gate texts as accepted, each pointing at the latest
-    completed review of the pair in ``model``. All or nothing."""
+    completed review of the pair in ``model``. All or nothing; ``within`` runs in the
+    same transaction (the rejection counts, which a layer above this one owns)."""
     try:
         note = kb.read_note(kb.check_rel(note_path))
     except OSError as exc:  # a folder, a file gone: its reason, not Python's errno
@@ -68,7 +76,10 @@ def ack(
                 decision=decision,
                 source="ack",
             )
-    return [Acked(note.path, g.gate_id) for g, _, _ in plan]
+        acked = [Acked(note.path, g.gate_id, d) for g, _, d in plan]
+        if within is not None:
+            within(store, model, acked)
+    return acked
 
 
 @dataclass(frozen=True)
