@@ -1796,15 +1796,21 @@ def queued_fix_of_a_fail(kb) -> int:
         return conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
 
 
-def test_a_fix_queued_before_an_approve_does_not_rewrite_the_note(cyc):
-    """The pair's third rejection came from reviews made by hand while the fix waited; a
-    person approved the note. The fix then rewrote it for the finding they had settled,
-    and its re-review replaced their PASS."""
-    fix = queued_fix_of_a_fail(cyc)
+def approved_while_its_fix_waits(kb) -> int:
+    """The pair's third rejection came from reviews made by hand while its fix waited,
+    and a person approved the note: the fix job, still queued."""
+    fix = queued_fix_of_a_fail(kb)
     for _ in range(2):  # rejections 2 and 3: the pair is escalated
-        assert rq(cyc, "run-job", str(job_of_the_pair(cyc)), "--reviewer", "fake").returncode == 0
-    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
-    assert rq(cyc, "decide", str(esc["id"]), "approve").returncode == 0
+        assert rq(kb, "run-job", str(job_of_the_pair(kb)), "--reviewer", "fake").returncode == 0
+    (esc,) = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert rq(kb, "decide", str(esc["id"]), "approve").returncode == 0
+    return fix
+
+
+def test_a_fix_queued_before_an_approve_does_not_rewrite_the_note(cyc):
+    """The fix rewrote the note a person approved for the finding they had settled, and
+    its re-review replaced their PASS."""
+    fix = approved_while_its_fix_waits(cyc)
     before = cyc.read(NOTE)
     res = rq(cyc, "run-job", str(fix), "--reviewer", "fixer")
     assert res.returncode == 0, res.stderr
@@ -1820,6 +1826,16 @@ def test_a_fix_queued_before_an_approve_does_not_rewrite_the_note(cyc):
         ).fetchone()
     assert result == "not-applied" and "a person's decision" in reasons
     assert tuple(acc) == ("PASS", "human") and later[0] == 0  # no re-review, no new fix
+
+
+def test_a_fix_queued_before_an_approve_that_fails_does_not_ask_again(cyc):
+    """A fixer that failed every attempt sent the pair the person had just approved back
+    to them as a new escalation, recommending a redo of a finding they had settled."""
+    fix = approved_while_its_fix_waits(cyc)
+    config(cyc, profile("fake"), profile("fixer", FAKE_MODE="nothing"))
+    res = rq(cyc, "run-job", str(fix), "--reviewer", "fixer")
+    assert res.returncode == 1 and "escalated" not in res.stdout + res.stderr
+    assert json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"] == []
 
 
 def test_a_fix_queued_before_an_ack_is_not_written_and_is_queued_again(cyc):

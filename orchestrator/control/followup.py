@@ -27,7 +27,13 @@ from orchestrator.cycles.fixes import (
 )
 from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import KBError, NoteParseError
-from orchestrator.review.finalize import FinalizeResult, Provenance, finalize
+from orchestrator.review.finalize import (
+    FinalizeResult,
+    Provenance,
+    decided_since,
+    finalize,
+    texts_taken_at,
+)
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.review.selector import SelectError, select
 from orchestrator.state.files import write_job_files_after_commit
@@ -202,10 +208,22 @@ class FollowUp:
         pairs = self._pairs(job_id)
         if job["kind"] == "fix":
             pairs = [*pairs, *self._failures_left(job, {p["gate_id"] for p in pairs})]
+            pairs = [p for p in pairs if not self._settled_since(job, p)]
         for p in pairs:
             reason = f"{what} {failed}: {why}"
             with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
                 self._escalate_pair(owner, p, reason, opts, recommend, call=call, by=job_id)
+
+    def _settled_since(self, job, p) -> bool:  # noqa: ANN001
+        """Whether a person settled the pair after the fix job read the note: approved it,
+        rejected it into their FAIL, or acked a PASS or WARN. Escalated when the fix
+        failed, they were sent a redo of a finding they had settled. An acked FAIL is the
+        finding still, and nothing but that escalation would get it fixed."""
+        who = decided_since(self.store, job, p, texts_taken_at(self.store, job))
+        if who is None:
+            return False
+        acc = self.store.acceptance(job["model_partition"], p["note_path"], p["gate_id"])
+        return who != "ack" or acc is None or acc.decision != "FAIL"
 
     def _failures_left(self, job, covered: set[str]) -> list[dict]:
         """The note's current FAILs a fix job did not carry: they came in while it was
