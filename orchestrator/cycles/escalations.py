@@ -17,6 +17,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
+from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
@@ -94,7 +95,7 @@ def record_decisions(store: Store, job, results: list[dict]) -> None:
             _supersede(store, job, r)
 
 
-def record_ack(store: Store, partition: str, acked) -> None:  # noqa: ANN001 - [Acked]
+def record_ack(store: Store, partition: str, acked: list[Acked]) -> None:
     """Inside ack's transaction: a PASS or WARN carried forward is the pair's verdict now,
     and resets its count as it does accepted from a review (one kept out because the
     person acked after its job read the note reset nothing then). A FAIL carried forward

@@ -87,14 +87,14 @@ def export(
     wait: float | None = None,
 ) -> ExportResult:
     """GATE-REVIEW files and gate_reviews.csv for every (note, gate) with an acceptance:
-    in partition ``model``, or else the most recent across partitions. ``watches`` makes
-    (the regions the gate of a recorded pair watches now, None for a pair no longer of
-    the KB), when given, the reviews as they are now: a note since renamed, deleted or
-    retyped, or a gate gone from the catalog, keeps its acceptance in state.db but has no
-    file. One export at a time writes the folder: another one waits for it (``on_wait``
-    is called first) up to ``wait`` seconds (None: for as long as it takes), then reads
-    state.db and, through ``watches``, the KB: read before, they were the KB as it was
-    when the wait began."""
+    in partition ``model``, or else the most recent across partitions. ``watches``, when
+    given, is called once the folder's lock is held and reads the KB: what it returns
+    gives the regions the gate of a recorded pair watches now, None for a pair no longer
+    of the KB (a note since renamed, deleted or retyped, or a gate gone from the catalog
+    keeps its acceptance in state.db but has no file). Read before the lock, the KB was
+    as it stood when a wait began. One export at a time writes the folder: another one
+    waits for it (``on_wait`` is called first) up to ``wait`` seconds (None: as long as
+    it takes), then reads state.db and the KB."""
     if (
         model
         and not store.conn.execute(
