@@ -15,6 +15,7 @@ import termios
 import threading
 from collections.abc import Callable
 
+import pytest
 from huey import SqliteHuey
 from huey.constants import EmptyData
 from huey.storage import SqliteStorage
@@ -168,6 +169,29 @@ def test_a_task_without_a_revoke_flag_takes_no_write_lock_after_it_runs(tmp_path
     assert answers == [False]
     assert storage.delete_data("r:flagged") is True  # a flag that is set is still cleared
     assert storage.peek_data("r:flagged") is EmptyData
+
+
+def test_an_interrupt_inside_a_queue_write_rolls_it_back(tmp_path):
+    """Huey's storage rolled back on an Exception only: a Ctrl-C inside a write (a sweep's
+    nudge, waiting for the lock the control held) left the exclusive transaction open,
+    and the queue file locked for the other processes until this one ended."""
+    db = tmp_path / "control.db"
+    storage = QueueStorage("control", str(db))
+    with pytest.raises(KeyboardInterrupt), storage.db(commit=True) as curs:
+        curs.execute(
+            "insert into task (queue, data, priority) values (?, ?, ?)", ("control", b"half", 0)
+        )
+        raise KeyboardInterrupt
+    other = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None); "
+        "c.execute('begin immediate'); c.execute('rollback')"
+    )
+    writer = subprocess.run(
+        [sys.executable, "-c", other, str(db)], capture_output=True, text=True, timeout=60
+    )
+    assert writer.returncode == 0, f"another process could not write: {writer.stderr[-300:]}"
+    storage.enqueue(b"next", 0)  # and this connection writes on
+    assert [storage.dequeue(), storage.dequeue()] == [b"next", None]
 
 
 def _waiting_bytes(bell: Doorbell) -> int:

@@ -182,6 +182,35 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
         conn.execute("pragma synchronous=1")
         return conn
 
+    @contextlib.contextmanager
+    def db(self, commit=False, close=False):  # noqa: ANN001, ANN201 - Huey's signature
+        # Huey's rolls back on an Exception only. A Ctrl-C (a KeyboardInterrupt) comes
+        # most often while `begin exclusive` waits for the lock, and is raised as soon as
+        # it has it: the transaction stayed open on the connection, and the queue file
+        # locked for the other processes (a sweep's control and worker, told to stop)
+        # until this one ended.
+        with self.lock:
+            conn = self.conn
+            cursor = conn.cursor()
+            try:
+                if commit:
+                    cursor.execute(self.begin_sql)
+                yield cursor
+                if commit:
+                    conn.commit()
+            except BaseException:
+                if conn.in_transaction:
+                    # Guarded: a rollback that fails (SQLite rolled back already) must
+                    # not hide what led here.
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.rollback()
+                raise
+            finally:
+                cursor.close()
+                if close:
+                    conn.close()
+                    self._conn = None
+
     def enqueue(self, data, priority=None):  # noqa: ANN001, ANN201 - Huey's signature
         super().enqueue(data, priority)
         self.bell.ring()
