@@ -908,6 +908,41 @@ def test_a_worker_stops_holding_a_message_that_expired_while_it_waited(kb, tmp_p
     assert sent and all(name == "attempt_heartbeat" and p["waiting"] for name, p in sent)
 
 
+def test_a_thread_given_an_agent_slot_once_its_worker_stops_starts_no_agent(
+    kb, tmp_path, monkeypatch
+):
+    """A SIGTERM'd worker kills its agents; the thread waiting for an agent slot got the
+    slot one of them freed and launched another, after the kill, for a task Huey had
+    already queued again: an agent with no worker, and the attempt run twice."""
+    import threading
+
+    from workers import tasks
+
+    ran = tmp_path / "agents-run"
+    monkeypatch.setenv("FAKE_LOG", str(ran))
+    msg, sent = _fake_worker(kb, tmp_path, monkeypatch, heartbeat_s=0.05)
+    waits = threading.Event()
+
+    def send(name: str, payload: dict, **_: object) -> None:
+        sent.append((name, payload))
+        if payload.get("waiting"):
+            waits.set()
+
+    monkeypatch.setattr(tasks, "send", send)
+    run = threading.Thread(target=tasks.run_review, args=(msg,))
+    try:
+        with _every_slot_busy(tmp_path, monkeypatch):
+            run.start()
+            assert waits.wait(30), "the attempt never waited for a slot"
+            tasks.STOPPING.set()  # the worker's stop; its agents killed, their slots freed
+        run.join(30)
+        assert not run.is_alive()
+    finally:
+        tasks.STOPPING.clear()
+    assert not ran.exists(), "an agent started after its worker began to stop"
+    assert "deliver_outcome" not in [name for name, _ in sent]  # queued again, not failed
+
+
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_the_reaper_finds_which_attempts_still_have_a_message_on_the_review_queue(
     kb, request, monkeypatch, queue

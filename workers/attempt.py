@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -47,6 +48,20 @@ LAUNCH_WINDOW_S = 15.0
 KILL_GRACE_S = 5.0
 # Errors that say "try again in a moment", not "this will never work".
 _TRANSIENT = {errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ETXTBSY, errno.EINTR}
+
+# Set by a stopping worker before it kills the agents it registered. A thread that got an
+# agent slot only then (the agent it waited for killed by that stop) launched one more,
+# with no worker left to time or kill it, for a task Huey had already queued again. A
+# launch and its registration are one step under the lock, and none is begun once it is set.
+STOPPING = threading.Event()
+_LAUNCHING = threading.Lock()
+
+
+def stop_launching() -> None:
+    """No agent starts in this process from now on; one being started is registered
+    first (so that the stop that follows finds it)."""
+    with _LAUNCHING:
+        STOPPING.set()
 
 
 @dataclass
@@ -315,16 +330,22 @@ def run_attempt(
     env = {**os.environ, **cmd.env, **spec.environment()}
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
+    proc = registered = None
     try:
-        proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
+        with _LAUNCHING:
+            if not STOPPING.is_set():
+                proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
+                if registry is not None:
+                    registered = register_agent(registry, spec, proc.pid)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
+    if proc is None:
         if window is not None:
             WATCH.end(window)
         out.ended_at = utcnow()
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
+        out.reasons = out.reasons or ["not started: the worker is stopping"]
         return out
-    registered = register_agent(registry, spec, proc.pid) if registry is not None else None
     marker = attempt_marker(spec)
     try:
         if on_launch is not None:

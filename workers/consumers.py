@@ -28,7 +28,7 @@ from orchestrator.sweeps.producer import sweep_problems
 
 from . import tasks
 from .app import make_app
-from .attempt import reap_orphans, worker_folder
+from .attempt import reap_orphans, stop_launching, worker_folder
 from .parent import follow_parent
 from .queues import (
     StopRequests,
@@ -163,8 +163,8 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             watch.done.set()
         # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process
         # with the agents still running, and the interrupted tasks already queued again.
-        # Stop them, however the consumer ended.
-        tasks.STOPPING.set()
+        # Stop them, however the consumer ended; none starts after this.
+        stop_launching()
         left = reap_orphans(folder, mine=True)
         logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
 

@@ -29,6 +29,7 @@ from orchestrator.control import messages
 
 from .attempt import (
     LAUNCH_FAILURE,
+    STOPPING,
     AttemptOutcome,
     attempt_folder,
     read_tail,
@@ -62,7 +63,6 @@ _semaphores: dict[str, threading.BoundedSemaphore] = {}
 _sem_lock = threading.Lock()
 HOST = socket.gethostname()
 WORKER_ID = f"{HOST}:{os.getpid()}"
-STOPPING = threading.Event()  # set by a stopping worker before it kills its agents
 OUTPUT_NAMES = ("bundle-output.md", "fixed-note.md")
 
 
