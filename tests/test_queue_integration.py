@@ -1754,6 +1754,48 @@ def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tm
         ws.close()
 
 
+def test_a_third_ctrl_c_kills_the_sweeps_children_that_have_not_stopped(kb, tmp_path):
+    """The third Ctrl-C came in the wait for the children told to stop at once (SIGTERM),
+    and ended the sweep there: a child not stopped yet ran on, and no one reaped its agents."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=1)
+    children.END_S = 60.0
+    termed = make_fifo(tmp_path, "termed")
+    # Slow to stop: told, it says so and goes on (Ctrl-C reaches the sweep alone).
+    slow = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'w').write('told\\n')); "
+        "open(sys.argv[2], 'w').write('up\\n'); [signal.pause() for _ in iter(int, 1)]"
+    )
+    ctrl_c = threading.Thread(
+        target=lambda: await_fifo(termed) and os.kill(os.getpid(), signal.SIGINT)
+    )
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        for name in ("control", "worker"):
+            up = make_fifo(tmp_path, name)
+            children.specs[name] = [sys.executable, "-c", slow, str(termed), str(up)]
+            children._spawn(name)
+            await_fifo(up)
+        ctrl_c.start()  # the third Ctrl-C, once the first child was told to stop
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            children.stop(at_once=True)
+        took = time.monotonic() - started
+        assert all(proc.poll() is not None for proc in children.procs.values())
+        assert all(f.closed for f in children.stderr.values())
+        assert took < children.END_S / 2, f"stopped in {took:.1f} s"
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        ctrl_c.join(30)
+        _kill_all(list(children.procs.values()), None)
+        ws.close()
+
+
 def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, tmp_path, monkeypatch):  # fmt: skip
     """One Ctrl-C, with an agent longer than the grace (a real review takes minutes): the
     sweep's SIGTERM to its worker was ignored, its SIGKILL left the agent running with no

@@ -33,8 +33,9 @@ def follow_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-@contextlib.contextmanager
-def terminate_raises(terminated: list, ctrl_c: bool = False) -> Iterator[None]:
+def terminate_raises(
+    terminated: list, ctrl_c: bool = False
+) -> contextlib.AbstractContextManager[None]:
     """SIGTERM or SIGHUP (``kill PID``, a closed terminal, a CI job cancelled) interrupts
     a sweep or a run-job as Ctrl-C does, so that what it started is stopped: by default
     Python dies at once and leaves its children running agents. Once one came, any
@@ -44,6 +45,15 @@ def terminate_raises(terminated: list, ctrl_c: bool = False) -> Iterator[None]:
     within the grace given an agent that ignores SIGTERM left it running, its
     registration gone); a sweep keeps it, where a second Ctrl-C means "at once". A
     signal ignored when this starts (``nohup``, ``cmd &`` in a script) stays ignored."""
+    wanted = (signal.SIGTERM, signal.SIGHUP)
+    return first_raises(terminated, (signal.SIGINT, *wanted) if ctrl_c else wanted)
+
+
+@contextlib.contextmanager
+def first_raises(terminated: list, wanted: tuple[int, ...]) -> Iterator[None]:
+    """Within: the first of the ``wanted`` signals raises KeyboardInterrupt (its number
+    put in ``terminated``), and any after it is ignored, then and until the process
+    ends. A signal ignored when this starts stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -53,14 +63,6 @@ def terminate_raises(terminated: list, ctrl_c: bool = False) -> Iterator[None]:
             terminated.append(signum)
             raise KeyboardInterrupt
 
-    wanted = (
-        (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        if ctrl_c
-        else (
-            signal.SIGTERM,
-            signal.SIGHUP,
-        )
-    )
     signals = [s for s in wanted if signal.getsignal(s) is not signal.SIG_IGN]
     old = {s: signal.signal(s, interrupt) for s in signals}
     try:

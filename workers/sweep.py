@@ -33,7 +33,7 @@ from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app
 from .attempt import reap_orphans, worker_folder
-from .parent import PARENT_ENV, terminate_raises
+from .parent import PARENT_ENV, first_raises, terminate_raises
 from .queues import send_once
 from .reviewers.base import python_module
 
@@ -223,7 +223,7 @@ class Children:
         waiting in ``control_queue`` (a Huey). ``at_once``, for whatever is left after
         that, and on a second Ctrl-C: SIGTERM, so agents are killed and their attempts
         queued again; a child still there :attr:`END_S` later is killed (each step gives
-        all the children one :attr:`END_S` together)."""
+        all the children one :attr:`END_S` together), or at once on a third Ctrl-C."""
         try:
             if not at_once:
                 if interrupted:
@@ -233,10 +233,24 @@ class Children:
                         proc.send_signal(signal.SIGINT)  # the control's task in hand ends
                 _wait_all(self.procs.values(), self.END_S)
         finally:
-            for proc in self.procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            _wait_all(self.procs.values(), self.END_S)
+            self._end()
+
+    def _end(self) -> None:
+        """SIGTERM, :attr:`END_S`, then SIGKILL for what is left, and the worker's agents
+        reaped. A Ctrl-C here (the third) ended the sweep in the middle of the wait, and
+        left a child that had not stopped yet running, and its agents with it: it cuts
+        the wait short instead, what is left is killed at once, and it is raised once
+        that is done; any Ctrl-C after it is ignored."""
+        cut: list[int] = []
+        interrupted = False  # by that Ctrl-C, or by the sweep's first SIGTERM
+        with first_raises(cut, (signal.SIGINT,)):
+            try:
+                for proc in self.procs.values():
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGTERM)
+                _wait_all(self.procs.values(), self.END_S)
+            except KeyboardInterrupt:
+                interrupted = True
             for proc in self.procs.values():
                 if proc.poll() is None:
                     proc.kill()
@@ -244,6 +258,8 @@ class Children:
             self._reap_orphans("worker")
             for f in self.stderr.values():
                 f.close()
+        if interrupted:
+            raise KeyboardInterrupt
 
     def _reap_orphans(self, name: str) -> None:
         """Kill the agents a dead worker of this sweep left running: a worker that stops
