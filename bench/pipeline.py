@@ -937,10 +937,10 @@ def report(args, results, locking: LockingRun | None) -> None:
             f"{args.concurrency} x steady state (agents alone: "
             f"{agent / (args.concurrency * p.steady_s):.0%}); retried attempts {p.retried}"
         )
-        cpu = ", ".join(f"{r} {c:.1f} s" for r, c in sorted(p.cpu_by_role.items()))
+        cpu = ", ".join(f"{r} {c:.2f} s" for r, c in sorted(p.cpu_by_role.items()))
         print(
-            f"    CPU (last run): {cpu}; whole tree {p.cpu_s:.1f} s over {p.wall:.2f} s "
-            f"wall ({os.cpu_count()} CPUs); bare loop {bares[-1].cpu_s:.1f} s over "
+            f"    CPU (last run): {cpu}; whole tree {p.cpu_s:.2f} s over {p.wall:.2f} s "
+            f"wall ({os.cpu_count()} CPUs); bare loop {bares[-1].cpu_s:.2f} s over "
             f"{bares[-1].wall:.2f} s"
         )
         for pr in pipes:
