@@ -276,3 +276,37 @@ def test_a_runs_spend_is_read_through_an_index_not_a_scan_of_every_job(tmp_path)
             )
         )
     assert "SCAN j" not in plan and "review_jobs_run" in plan, plan
+
+
+def _queued_reviewers_steps(tmp_path, name: str, jobs: int) -> tuple[list[str], int]:
+    """reviewers_with_queued_jobs over ``jobs`` queued jobs of reviewer ``a`` (and one
+    NULL reviewer's, and a finished one of ``b``): its answer and its SQLite VM steps."""
+    from orchestrator.state.status import reviewers_with_queued_jobs
+
+    with Store.open(tmp_path / name) as store:
+        rows = [("queued", "a")] * jobs + [("queued", None), ("completed", "b")]
+        store.conn.executemany(
+            "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
+            "created_at, updated_at) VALUES (?, 'm', 'note', ?, 'd', 't', 't')",
+            rows,
+        )
+        steps = [0]
+
+        def tick() -> int:
+            steps[0] += 1
+            return 0
+
+        store.conn.set_progress_handler(tick, 100)
+        found = reviewers_with_queued_jobs(store)
+        store.conn.set_progress_handler(None, 0)
+        return found, steps[0]
+
+
+def test_reviewers_with_queued_jobs_are_found_without_reading_every_queued_job(tmp_path):
+    """Dispatch, run per outcome, read every queued job (SELECT DISTINCT reviewer) to
+    learn which reviewers have any: a sweep's dispatching grew with the square of its
+    jobs. The reviewers come from the index now, whatever the queue holds."""
+    few, few_steps = _queued_reviewers_steps(tmp_path, "few", 100)
+    many, many_steps = _queued_reviewers_steps(tmp_path, "many", 5000)
+    assert few == many == ["a"]  # not the NULL reviewer, not b (nothing queued)
+    assert many_steps <= few_steps + 5, (few_steps, many_steps)

@@ -59,6 +59,7 @@ from orchestrator.state.status import (
     Pause,
     budgeted_runs_with_queued_jobs,
     paused_reviewers,
+    reviewers_with_queued_jobs,
     spent_usd,
 )
 from orchestrator.state.store import (
@@ -185,12 +186,7 @@ class Control:
         # Per reviewer, only as many queued jobs as it has free slots (plus a margin): the
         # queue can hold thousands, dispatch runs per job.
         jobs = []
-        for name in [
-            r[0]
-            for r in self.store.conn.execute(
-                "SELECT DISTINCT reviewer FROM review_jobs WHERE status = 'queued' AND reviewer IS NOT NULL"
-            )
-        ]:
+        for name in reviewers_with_queued_jobs(self.store):
             profile = self.settings.reviewers.get(name)
             free = (
                 50 if profile is None else PREFETCH * profile.concurrency - open_counts.get(name, 0)

@@ -331,6 +331,23 @@ def budgeted_runs_with_queued_jobs(store: Store) -> list:
     ).fetchall()
 
 
+def reviewers_with_queued_jobs(store: Store) -> list[str]:
+    """The reviewers that have queued jobs. Read as a walk of the distinct reviewers in
+    the ``(reviewer, status, id)`` index, each asked for one queued job: a DISTINCT over
+    the queued jobs read every one of them at each dispatch, which runs per outcome, so
+    a sweep's dispatching grew with the square of its jobs."""
+    return [
+        r[0]
+        for r in store.conn.execute(
+            "WITH RECURSIVE names(name) AS (SELECT min(reviewer) FROM review_jobs UNION ALL "
+            "SELECT (SELECT min(reviewer) FROM review_jobs WHERE reviewer > names.name) "
+            "FROM names WHERE names.name IS NOT NULL) "
+            "SELECT name FROM names WHERE name IS NOT NULL AND EXISTS "
+            "(SELECT 1 FROM review_jobs WHERE reviewer = names.name AND status = 'queued')"
+        )
+    ]
+
+
 def over_budget_runs(store: Store) -> set[int]:
     """Sweep runs with queued jobs whose recorded cost reached their ``budget_usd``."""
     return {
