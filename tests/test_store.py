@@ -63,6 +63,7 @@ def test_a_full_disk_during_a_migration_is_not_called_a_broken_schema(tmp_path, 
     store.conn.execute("ALTER TABLE attempts DROP COLUMN recorded_at")
     store.conn.execute("DROP INDEX review_jobs_fix_note")
     store.conn.execute("DROP INDEX review_jobs_run")
+    store.conn.execute("DROP INDEX review_jobs_queued_runs")
     store.conn.execute("ALTER TABLE attempts DROP COLUMN taken_at")
     store.conn.execute("ALTER TABLE escalations DROP COLUMN closed_by_job")
     store.conn.execute("ALTER TABLE escalations DROP COLUMN job_id")
@@ -278,16 +279,20 @@ def test_a_runs_spend_is_read_through_an_index_not_a_scan_of_every_job(tmp_path)
     assert "SCAN j" not in plan and "review_jobs_run" in plan, plan
 
 
-def _queued_reviewers_steps(tmp_path, name: str, jobs: int) -> tuple[list[str], int]:
-    """reviewers_with_queued_jobs over ``jobs`` queued jobs of reviewer ``a`` (and one
-    NULL reviewer's, and a finished one of ``b``): its answer and its SQLite VM steps."""
-    from orchestrator.state.status import reviewers_with_queued_jobs
-
+def _queued_steps(tmp_path, name: str, jobs: int, read) -> tuple[object, int]:  # noqa: ANN001
+    """``read(store)`` over ``jobs`` queued jobs of reviewer ``a`` in budgeted run 1 (and
+    one queued job with no reviewer in run 2, without a budget, and a finished one of
+    reviewer ``b`` in budgeted run 3): its answer and its SQLite VM steps."""
     with Store.open(tmp_path / name) as store:
-        rows = [("queued", "a")] * jobs + [("queued", None), ("completed", "b")]
+        store.conn.executemany(
+            "INSERT INTO sweep_runs (id, name, trigger, options, budget_usd, started_at) "
+            "VALUES (?, 'cli', 'sweep', '{}', ?, 't')",
+            [(1, 5.0), (2, None), (3, 5.0)],
+        )
+        rows = [("queued", "a", 1)] * jobs + [("queued", None, 2), ("completed", "b", 3)]
         store.conn.executemany(
             "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
-            "created_at, updated_at) VALUES (?, 'm', 'note', ?, 'd', 't', 't')",
+            "created_at, updated_at, sweep_run_id) VALUES (?, 'm', 'note', ?, 'd', 't', 't', ?)",
             rows,
         )
         steps = [0]
@@ -297,7 +302,7 @@ def _queued_reviewers_steps(tmp_path, name: str, jobs: int) -> tuple[list[str], 
             return 0
 
         store.conn.set_progress_handler(tick, 100)
-        found = reviewers_with_queued_jobs(store)
+        found = read(store)
         store.conn.set_progress_handler(None, 0)
         return found, steps[0]
 
@@ -306,7 +311,23 @@ def test_reviewers_with_queued_jobs_are_found_without_reading_every_queued_job(t
     """Dispatch, run per outcome, read every queued job (SELECT DISTINCT reviewer) to
     learn which reviewers have any: a sweep's dispatching grew with the square of its
     jobs. The reviewers come from the index now, whatever the queue holds."""
-    few, few_steps = _queued_reviewers_steps(tmp_path, "few", 100)
-    many, many_steps = _queued_reviewers_steps(tmp_path, "many", 5000)
+    from orchestrator.state.status import reviewers_with_queued_jobs
+
+    few, few_steps = _queued_steps(tmp_path, "few", 100, reviewers_with_queued_jobs)
+    many, many_steps = _queued_steps(tmp_path, "many", 5000, reviewers_with_queued_jobs)
     assert few == many == ["a"]  # not the NULL reviewer, not b (nothing queued)
+    assert many_steps <= few_steps + 5, (few_steps, many_steps)
+
+
+def test_budgeted_runs_with_queued_jobs_are_found_without_reading_every_queued_job(tmp_path):
+    """The same for the sweep runs a budget may hold back, asked at each dispatch too (and
+    five times a second by a sweep's progress)."""
+    from orchestrator.state.status import budgeted_runs_with_queued_jobs
+
+    def read(store: Store) -> list[tuple]:
+        return [tuple(r) for r in budgeted_runs_with_queued_jobs(store)]
+
+    few, few_steps = _queued_steps(tmp_path, "few", 100, read)
+    many, many_steps = _queued_steps(tmp_path, "many", 5000, read)
+    assert few == many == [(1, 5.0)]  # not run 2 (no budget), not run 3 (nothing queued)
     assert many_steps <= few_steps + 5, (few_steps, many_steps)

@@ -532,4 +532,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        21,
+        "the sweep runs of queued jobs, from an index",
+        """
+        -- Dispatch (per outcome) and a sweep's progress (five times a second) ask which
+        -- runs have queued jobs: without this index each asking read every queued job.
+        CREATE INDEX review_jobs_queued_runs ON review_jobs (status, sweep_run_id);
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

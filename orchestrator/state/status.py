@@ -327,8 +327,25 @@ def budgeted_runs_with_queued_jobs(store: Store) -> list:
     times a second)."""
     return store.conn.execute(
         "SELECT id, budget_usd FROM sweep_runs WHERE budget_usd IS NOT NULL AND id IN "
-        "(SELECT sweep_run_id FROM review_jobs WHERE status = 'queued')"
+        "(SELECT value FROM json_each(?)) ORDER BY id",
+        (json.dumps(runs_with_queued_jobs(store)),),
     ).fetchall()
+
+
+def runs_with_queued_jobs(store: Store) -> list[int]:
+    """The sweep runs that have queued jobs, one step of the ``(status, sweep_run_id)``
+    index each: reading every queued job for them, at each dispatch (per outcome), made a
+    sweep's dispatching grow with the square of its jobs."""
+    runs: list[int] = []
+    while (
+        row := store.conn.execute(
+            "SELECT sweep_run_id FROM review_jobs WHERE status = 'queued' AND sweep_run_id > ? "
+            "ORDER BY sweep_run_id LIMIT 1",
+            (runs[-1] if runs else -1,),
+        ).fetchone()
+    ) is not None:
+        runs.append(row[0])
+    return runs
 
 
 def reviewers_with_queued_jobs(store: Store) -> list[str]:
