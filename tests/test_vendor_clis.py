@@ -456,6 +456,33 @@ def test_connect_timeout_cuts_claude_s_retries_short(
     assert a["duration_s"] < 10, a
 
 
+MIDRUN = [
+    (vendor, scenario)
+    for vendor in VENDORS
+    for scenario in ("midfail", "middrop", "midcut", "midevent")
+    # Gemini 0.61 takes an error object inside its stream for an empty answer and exits 0:
+    # nothing it leaves says the server failed (left as it is).
+    if (vendor, scenario) != ("gemini", "midevent")
+]
+
+
+@pytest.mark.parametrize(("vendor", "scenario"), MIDRUN)
+def test_a_model_server_failing_mid_run_is_the_reviewer_s_failure(
+    netns, model, home, vkb, vendor, scenario
+):
+    """The first turn is answered, then the server breaks: a 503, a connection closed with
+    no answer, a stream cut after its first event, a stream ending in an error event.
+    Codex ("stream disconnected before completion") and Gemini ("Incomplete JSON segment
+    at the end") said so in words reviewq did not know: the job failed."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, scenario))
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    assert any(r.get("action") == scenario for r in model.requests(scenario))
+
+
 # --- a runaway agent ----------------------------------------------------------------------
 
 

@@ -87,6 +87,30 @@ CODEX_DOWN = [
     ]
     * 3,
 ]
+# The server answered a first turn, then broke (tests/vendor_model.py midcut, midevent).
+CODEX_CUT = [
+    *CODEX_HEAD,
+    {"type": "item.completed", "item": {"id": "item_1", "type": "command_execution"}},
+    {
+        "type": "error",
+        "message": "stream disconnected before completion: stream closed before response.completed",
+    },
+    {
+        "type": "turn.failed",
+        "error": {
+            "message": "stream disconnected before completion: stream closed before response.completed"
+        },
+    },
+]
+CODEX_FAILED = [
+    {
+        **ev,
+        "message": "stream disconnected before completion: The server had an error while processing your request.",
+    }
+    if ev.get("type") == "error"
+    else ev
+    for ev in CODEX_CUT
+]
 CODEX_STDERR = (
     'WARNING: proceeding, even though we could not create PATH aliases: Refusing to create helper binaries under temporary dir "/tmp"\n'
     "Reading additional input from stdin...\n"
@@ -112,6 +136,19 @@ Error when talking to Gemini API Full report available at: /tmp/gemini-client-er
   "error": {
     "type": "Error",
     "message": "exception TypeError: fetch failed sending request",
+    "code": 1
+  }
+}
+"""
+GEMINI_CUT_STDERR = """Warning: 256-color support not detected.
+Ripgrep is not available. Falling back to GrepTool.
+Error when talking to Gemini API Full report available at: /tmp/gemini-client-error-Turn.run-sendMessageStream.json Error: Incomplete JSON segment at the end
+    at ApiClient.processStreamResponse_1 (file:///x/bundle/chunk-JDPZ4CE3.js:267620:21)
+{
+  "session_id": "82608280-184f-4936-b421-99153ce9c73a",
+  "error": {
+    "type": "Error",
+    "message": "Incomplete JSON segment at the end",
     "code": 1
   }
 }
@@ -151,6 +188,9 @@ def _lines(events: list[dict]) -> str:
         ("codex", _lines(CODEX_DOWN), CODEX_STDERR, "unreachable", "Reconnecting... waiting"),
         ("gemini", "", GEMINI_401_STDERR, "auth", "API key expired. Please renew the API key."),
         ("gemini", "", GEMINI_DOWN_STDERR, "unreachable", "exception TypeError: fetch failed"),
+        ("codex", _lines(CODEX_CUT), CODEX_STDERR, "server", "stream disconnected before"),
+        ("codex", _lines(CODEX_FAILED), CODEX_STDERR, "server", "stream disconnected before"),
+        ("gemini", "", GEMINI_CUT_STDERR, "unreachable", "Incomplete JSON segment at the end"),
     ],
 )
 def test_each_cli_s_own_error_names_a_reviewer_failure(

@@ -11,6 +11,11 @@ that retries a request gets the same answer):
   hostile  first write a new KB note, write through ``..``, run a shell that writes, then review
   runaway  read the prompt and a note again and again, never write
   auth     every model request gets a 401 in the vendor's own error shape
+  midfail  the first turn is answered; every later one gets a 503 in the vendor's shape
+  middrop  the first turn is answered; on every later one the connection is closed unanswered
+  maxtokens  the model stops at its output-token limit (Claude: stop_reason max_tokens;
+           the Responses API: an incomplete response, reason max_output_tokens)
+  hung     every model request is read and never answered: the connection stays open
 
 Run: ``python tests/vendor_model.py --port 0 --log FILE`` prints ``ready PORT`` once it
 listens. Every request is appended to FILE as one JSON line (path, tool results seen,
@@ -289,6 +294,7 @@ class Handler(BaseHTTPRequestHandler):
     dumped = [0]
     lock = threading.Lock()
     counter = [0]
+    hang = threading.Event()  # never set: what the ``hung`` scenario waits on
 
     def log_message(self, *args: object) -> None:  # quiet: the JSON log says it all
         pass
@@ -367,6 +373,22 @@ class Handler(BaseHTTPRequestHandler):
             self._record(method="POST", scenario=scenario, path=path, api=api, status=401)
             self._auth_error(api)
             return
+        if scenario == "hung":
+            self._record(method="POST", scenario=scenario, path=path, api=api, action="hang")
+            self.hang.wait()  # never set: the CLI waits, or gives up, on its own
+            return
+        if scenario in ("midfail", "middrop", "midcut", "midevent") and results:
+            # A server that answered the first turn and then broke.
+            self._record(method="POST", scenario=scenario, path=path, api=api, action=scenario)
+            if scenario == "midfail":
+                self._unavailable(api)
+            elif scenario == "middrop":
+                self.close_connection = True  # closed with no status line at all
+            elif scenario == "midcut":
+                self._cut(api)
+            else:
+                self._error_event(api)
+            return
         kind, arg = plan(scenario, instruction, results)
         n = self._record(
             method="POST",
@@ -379,6 +401,9 @@ class Handler(BaseHTTPRequestHandler):
             results=[r[:300] for r in results],
             tools=sorted(self._tools(api, body)),
         )
+        if scenario == "maxtokens":
+            self._max_tokens(api, body, n)
+            return
         if api == "anthropic":
             model = body.get("model", "scripted")
             if body.get("stream"):
@@ -426,6 +451,116 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 names.add(t.get("name"))
         return {n for n in names if isinstance(n, str)}
+
+    def _cut(self, api: str) -> None:
+        """A 200 whose stream stops after its first event: the connection closed."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        if api == "anthropic":
+            first = anthropic_events("text", "x", "m", 0)[0]
+            self.wfile.write(f"event: {first[0]}\ndata: {json.dumps(first[1])}\n\n".encode())
+        elif api == "responses":
+            ev = {"type": "response.created", "response": {"id": "resp_cut"}}
+            self.wfile.write(f"event: response.created\ndata: {json.dumps(ev)}\n\n".encode())
+        else:
+            self.wfile.write(b'data: {"candidates": [{"content": {"role": "model", "parts": [')
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _error_event(self, api: str) -> None:
+        """A 200 whose stream carries an error event (the server failed after starting)."""
+        if api == "anthropic":
+            err = {
+                "type": "error",
+                "error": {"type": "api_error", "message": "Internal server error"},
+            }
+            self._sse([("error", err)])
+        elif api == "responses":
+            response = {
+                "id": "resp_failed",
+                "status": "failed",
+                "error": {
+                    "code": "server_error",
+                    "message": "The server had an error while processing your request.",
+                },
+            }
+            self._sse(
+                [
+                    (
+                        "response.created",
+                        {"type": "response.created", "response": {"id": "resp_failed"}},
+                    ),
+                    ("response.failed", {"type": "response.failed", "response": response}),
+                ]
+            )
+        else:
+            self._sse(
+                [
+                    (
+                        None,
+                        {
+                            "error": {
+                                "code": 500,
+                                "message": "Internal error encountered.",
+                                "status": "INTERNAL",
+                            }
+                        },
+                    )
+                ]
+            )
+
+    def _unavailable(self, api: str) -> None:
+        if api == "anthropic":
+            body = {
+                "type": "error",
+                "error": {"type": "api_error", "message": "Service unavailable"},
+            }
+        elif api == "responses":
+            body = {"error": {"message": "Service unavailable", "type": "server_error"}}
+        else:
+            body = {
+                "error": {"code": 503, "message": "Service unavailable", "status": "UNAVAILABLE"}
+            }
+        self._send(503, body)
+
+    def _max_tokens(self, api: str, body: dict, n: int) -> None:
+        """An answer cut off at the model's output-token limit, as each API says it."""
+        if api == "anthropic":
+            evs = anthropic_events("text", "A review so long that it", body.get("model", "m"), n)
+            for name, data in evs:
+                if name == "message_delta":
+                    data["delta"]["stop_reason"] = "max_tokens"
+            if body.get("stream"):
+                self._sse(evs)
+            else:
+                msg = anthropic_message("text", "A review so long that it", "m", n)
+                self._send(200, {**msg, "stop_reason": "max_tokens"})
+        elif api == "responses":
+            rid = f"resp_{n}"
+            response = {
+                "id": rid,
+                "status": "incomplete",
+                "incomplete_details": {"reason": "max_output_tokens"},
+                "usage": {
+                    "input_tokens": USAGE["input"],
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": USAGE["output"],
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": USAGE["input"] + USAGE["output"],
+                },
+            }
+            self._sse(
+                [
+                    ("response.created", {"type": "response.created", "response": {"id": rid}}),
+                    ("response.incomplete", {"type": "response.incomplete", "response": response}),
+                ]
+            )
+        else:
+            chunk = gemini_chunk({"text": "A review so long that it"})
+            chunk["candidates"][0]["finishReason"] = "MAX_TOKENS"
+            self._sse([(None, chunk)])
 
     def _auth_error(self, api: str) -> None:
         if api == "anthropic":

@@ -29,6 +29,10 @@ _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", 
 # stderr lines that are Codex talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
 _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
+# Codex's words for a response stream that broke after it began: the connection closed, or
+# the server sent response.failed ("The server had an error…"). Its context-window and
+# quota errors have words of their own, so what follows these is the endpoint's failure.
+_BROKEN = "stream disconnected before completion"
 
 
 class CodexReviewer(Reviewer):
@@ -94,7 +98,8 @@ class CodexReviewer(Reviewer):
             t = telemetry_from_file(spec.telemetry_path)
         self._from_session(t)
         if error:
-            t.error, t.failure = bounded(error), failure_kind(error)
+            t.error = bounded(error)
+            t.failure = failure_kind(error) or ("server" if error.startswith(_BROKEN) else None)
         elif t.num_turns is None:
             t.error = last_line(spec.stderr_path, skip=_CHATTER)
         return t

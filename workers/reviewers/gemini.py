@@ -149,10 +149,26 @@ class GeminiReviewer(Reviewer):
                 if status is None and code is not None and 400 <= code < 600:
                     status = code
                 t.error, t.failure = bounded(message), failure_kind(message, status)
+                if t.failure is None and status is None and _said(spec.stderr_path, _API_ERROR):
+                    # The API call itself failed with no HTTP status: the stream broke
+                    # ("Incomplete JSON segment at the end") or nothing answered.
+                    t.failure = "unreachable"
         return t
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "gemini"]
+
+
+# What Gemini prints when a request to its model failed (a job's own 400 has a status).
+_API_ERROR = "Error when talking to Gemini API"
+
+
+def _said(stderr: Path, words: str) -> bool:
+    try:
+        with stderr.open("rb") as f:
+            return words in f.read(256 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return False
 
 
 def _policy_error(stderr: Path) -> str | None:
