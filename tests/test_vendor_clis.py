@@ -483,6 +483,21 @@ def test_a_model_server_failing_mid_run_is_the_reviewer_s_failure(
     assert any(r.get("action") == scenario for r in model.requests(scenario))
 
 
+@pytest.mark.parametrize("vendor", ["claude", "codex"])
+def test_a_model_stopped_at_its_output_token_limit_burns_the_attempt_out(
+    netns, model, home, vkb, vendor
+):
+    """Claude ("response exceeded the 32000 output token maximum", an API error with no
+    status) was paused as an outage; Codex ("Incomplete response returned, reason:
+    max_output_tokens") failed as no-output. The job is too big: burned out, it splits."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "maxtokens"))
+    job_id = make_job(netns, home, vkb.root)
+    reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "burned-out", a
+    assert "output-token limit" in json.loads(a["reasons"])[0], a
+
+
 # --- a runaway agent ----------------------------------------------------------------------
 
 

@@ -300,6 +300,37 @@ def test_a_401_after_minutes_of_retries_is_a_reviewer_failure_not_no_output(tmp_
     assert out.reasons == ["auth: Invalid API key · Fix external API key"]
 
 
+# What Claude Code 2.1.328 and Codex 0.169 end with when the model stops at its output-token
+# cap (tests/vendor_model.py maxtokens).
+CLAUDE_MAX_OUTPUT = {
+    **CLAUDE_DOWN,
+    "num_turns": 4,
+    "api_error": "max_output_tokens",
+    "result": "API Error: Claude's response exceeded the 32000 output token maximum. To "
+    "configure this behavior, set the CLAUDE_CODE_MAX_OUTPUT_TOKENS environment variable.",
+}
+CODEX_MAX_OUTPUT = [
+    *CODEX_HEAD,
+    {"type": "error", "message": "Incomplete response returned, reason: max_output_tokens"},
+    {
+        "type": "turn.failed",
+        "error": {"message": "Incomplete response returned, reason: max_output_tokens"},
+    },
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("claude", json.dumps(CLAUDE_MAX_OUTPUT)), ("codex", _lines(CODEX_MAX_OUTPUT))],
+)
+def test_a_model_at_its_output_token_limit_is_burned_out_not_an_outage(tmp_path, kind, said):
+    # Claude's was "unreachable" (an API error with no status): the profile paused and
+    # the job, too big for one answer, waited for good instead of splitting.
+    out = _run(tmp_path, f"import sys; print({said!r}); sys.exit(1)", kind)
+    assert out.classification == BURNED_OUT, out.reasons
+    assert out.reasons[0].startswith("the model reached its output-token limit: ")
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["cut-short", "whole"])
 def test_a_bundle_left_unfinished_by_a_rate_limit_is_a_reviewer_failure(tmp_path, whole):
     """Claude wrote a long bundle in two steps and was rate-limited between them: the half

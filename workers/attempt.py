@@ -34,7 +34,7 @@ from orchestrator.state.store import utcnow
 
 from .kbwatch import WATCH, unwatched
 from .reviewers import AttemptSpec, Reviewer
-from .reviewers.base import Telemetry, priced
+from .reviewers.base import OUTPUT_LIMIT, Telemetry, priced
 from .reviewers.vendor import bounded, failure_kind
 
 OUTPUT = "output"
@@ -448,6 +448,13 @@ def run_attempt(
         out.classification = REVIEWER_FAILURE
         why = telemetry.error or _tail(spec.stderr_path)
         out.reasons = [f"disk: {room}; no output: {why}"]
+    elif telemetry.error_subtype == OUTPUT_LIMIT:
+        # The model answered until its output-token cap: the job is too big for one
+        # answer (split, when it has several pairs), not an outage.
+        out.classification = BURNED_OUT
+        out.reasons = [
+            f"the model reached its output-token limit: {telemetry.error or 'no detail'}"
+        ]
     elif not exited:
         out.classification = BURNED_OUT
         out.reasons = [

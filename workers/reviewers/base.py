@@ -20,7 +20,9 @@ What it returns:
   endpoint out of reach — ``failure`` names the kind (``vendor.failure_kind``; ``config``
   when the CLI refused the set-up reviewq gave it). Such an attempt is the reviewer's
   failure, never a verdict on the job: it does not count, the job waits and the profile
-  pauses as after a launch failure.
+  pauses as after a launch failure. When the model stopped at its output-token limit
+  (the job asked for more than one answer holds), ``error_subtype`` is
+  :data:`OUTPUT_LIMIT`: the attempt is burned out, so a job of several pairs splits.
 - :meth:`Reviewer.unreachable` → while the process runs, past the profile's
   ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
   endpoint (it is then ended), else None.
@@ -42,6 +44,7 @@ from orchestrator.config import PLACEHOLDERS, ReviewerProfile
 from orchestrator.state.store import storable_number
 
 TASKS = ("review", "fix", "audit")
+OUTPUT_LIMIT = "max_output_tokens"  # Telemetry.error_subtype: the model's answer hit its cap
 _MAX_TELEMETRY_BYTES = 1_000_000  # a few numbers; anything longer is not telemetry
 # What reading a CLI's JSON may raise: not JSON, or nested deeper than the parser goes.
 UNREADABLE = (ValueError, RecursionError)

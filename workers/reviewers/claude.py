@@ -8,7 +8,15 @@ saying so in ``api_retry`` events) and what a run killed at its deadline leaves 
 
 from __future__ import annotations
 
-from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .base import (
+    OUTPUT_LIMIT,
+    AttemptSpec,
+    Command,
+    Reviewer,
+    Telemetry,
+    _num,
+    telemetry_from_file,
+)
 from .vendor import (
     RETRIES_TO_END,
     add_counts,
@@ -88,6 +96,11 @@ class ClaudeReviewer(Reviewer):
             # An API error ends the run with is_error, the HTTP status (null when nothing
             # answered) and the message in "result"; a turn or budget limit has no status.
             t.error = bounded(r["result"])
+            if r.get("api_error") == OUTPUT_LIMIT or "output token maximum" in r["result"]:
+                # "Claude's response exceeded the 32000 output token maximum": an API
+                # error with no status, yet the model answered; the job is too big.
+                t.error_subtype = OUTPUT_LIMIT
+                return t
             status = _num(r.get("api_error_status"), int)
             if status is not None or r.get("terminal_reason") == "api_error":
                 t.failure = failure_kind(r["result"], status)

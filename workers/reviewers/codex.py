@@ -13,7 +13,15 @@ import os
 import re
 from pathlib import Path
 
-from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .base import (
+    OUTPUT_LIMIT,
+    AttemptSpec,
+    Command,
+    Reviewer,
+    Telemetry,
+    _num,
+    telemetry_from_file,
+)
 from .vendor import (
     RETRIES_TO_END,
     add_counts,
@@ -97,7 +105,10 @@ class CodexReviewer(Reviewer):
         if not seen:
             t = telemetry_from_file(spec.telemetry_path)
         self._from_session(t)
-        if error:
+        if error and error.endswith(f"reason: {OUTPUT_LIMIT}"):
+            # "Incomplete response returned, reason: max_output_tokens": the job is too big.
+            t.error, t.error_subtype = bounded(error), OUTPUT_LIMIT
+        elif error:
             t.error = bounded(error)
             t.failure = failure_kind(error) or ("server" if error.startswith(_BROKEN) else None)
         elif t.num_turns is None:
