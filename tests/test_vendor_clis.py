@@ -498,6 +498,47 @@ def test_a_model_stopped_at_its_output_token_limit_burns_the_attempt_out(
     assert "output-token limit" in json.loads(a["reasons"])[0], a
 
 
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_model_server_that_never_answers_is_the_reviewer_s_failure_at_the_deadline(
+    netns, model, home, vkb, vendor
+):
+    """The server takes each request and never replies: every CLI waits past its deadline
+    and is killed. That was burned-out, counted against the job and splitting it as if it
+    were too big, though no model had answered anything."""
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "hung", timeout="8s", connect_timeout="4s")
+    )
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    assert json.loads(a["reasons"]) == ["unreachable: no model answered within the deadline of 8 s"]
+    assert any(r.get("action") == "hang" for r in model.requests("hung"))
+
+
+def test_gemini_retrying_past_its_deadline_with_no_answer_is_the_reviewer_s_failure(
+    netns, model, home, vkb, tmp_path
+):
+    """With its default retries (ten, backing off for minutes) Gemini outlasts the
+    deadline against an endpoint that refuses it, and is killed before it says why: only
+    its chat log shows that no model answered."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    settings = mine / ".gemini" / "settings.json"
+    data = json.loads(settings.read_text())
+    del data["general"]["maxAttempts"]
+    settings.write_text(json.dumps(data))
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "dead", timeout="8s", connect_timeout="4s")
+    )
+    job_id = make_job(netns, mine, vkb.root)
+    reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    assert a["duration_s"] >= 8, a  # it was the deadline that ended it
+
+
 # --- a runaway agent ----------------------------------------------------------------------
 
 

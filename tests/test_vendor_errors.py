@@ -26,6 +26,7 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 from workers.attempt import BURNED_OUT, REVIEWER_FAILURE, run_attempt
 from workers.reviewers import AttemptSpec, Command, for_profile
+from workers.reviewers.vendor import instruction
 
 from .conftest import process_gone
 
@@ -331,6 +332,59 @@ def test_a_model_at_its_output_token_limit_is_burned_out_not_an_outage(tmp_path,
     assert out.reasons[0].startswith("the model reached its output-token limit: ")
 
 
+CLAUDE_SYNTHETIC = {
+    "type": "assistant",
+    "message": {"model": "<synthetic>", "content": [{"type": "text", "text": "API Error"}]},
+}
+CLAUDE_ANSWER = {"type": "assistant", "message": {"id": "msg_1", "model": "claude-sonnet-4-5"}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "events", "answered"),
+    [
+        ("claude", [{"type": "system", "subtype": "init"}, CLAUDE_SYNTHETIC], False),
+        ("claude", [{"type": "system", "subtype": "init"}, CLAUDE_ANSWER], True),
+        ("codex", CODEX_HEAD, False),
+        ("codex", CODEX_CUT[:4], True),
+    ],
+)
+def test_a_deadline_with_no_model_answer_is_the_reviewer_s_failure(
+    tmp_path, kind, events, answered
+):
+    """Killed at its deadline, a CLI whose model never answered (a hung endpoint) was
+    burned out: counted against the job and splitting it. One that had answers is."""
+    script = f"import time; print({_lines(events)!r}, flush=True); time.sleep(60)"
+    out = _run(tmp_path, script, kind, timeout=2)
+    if answered:
+        assert out.classification == BURNED_OUT, out.reasons
+    else:
+        assert out.classification == REVIEWER_FAILURE, out.reasons
+        assert out.reasons == ["unreachable: no model answered within the deadline of 2 s"]
+
+
+# A Claude whose model answered: killed at its deadline, it is burned out.
+ANSWERING = f"print({json.dumps(CLAUDE_ANSWER)!r}, flush=True);"
+
+
+def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
+    spec = _spec(tmp_path)
+    home = tmp_path / "home"
+    gemini = for_profile(
+        ReviewerProfile(name="g", kind="gemini", model="m", env={"GEMINI_CLI_HOME": str(home)})
+    )
+    assert gemini.answered(spec)  # no log: cannot tell, the deadline stays the job's
+    chats = home / ".gemini" / "tmp" / "review-job-1" / "chats"
+    chats.mkdir(parents=True)
+    projects = {"projects": {str(spec.job_dir.resolve()): "review-job-1"}}
+    (home / ".gemini" / "projects.json").write_text(json.dumps(projects))
+    user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
+    log = chats / "session-2026-11-26T23-02-4650ae9e.jsonl"
+    log.write_text(_lines([{"sessionId": "4650ae9e", "kind": "main"}, user]))
+    assert not gemini.answered(spec)
+    log.write_text(log.read_text() + _lines([{"id": "g", "type": "gemini", "content": ""}]))
+    assert gemini.answered(spec)
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["cut-short", "whole"])
 def test_a_bundle_left_unfinished_by_a_rate_limit_is_a_reviewer_failure(tmp_path, whole):
     """Claude wrote a long bundle in two steps and was rate-limited between them: the half
@@ -445,7 +499,8 @@ def test_a_child_in_a_process_group_of_its_own_is_killed_with_the_agent(tmp_path
     pidfile = tmp_path / "child.pid"
     script = (
         "import subprocess, sys, time;"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        + ANSWERING
+        + "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
         " process_group=0);"
         f"open({str(pidfile)!r}, 'w').write(str(c.pid));"
         "time.sleep(120)"
@@ -462,7 +517,8 @@ def test_a_child_that_started_a_session_of_its_own_is_killed_with_the_agent(tmp_
     pidfile = tmp_path / "child.pid"
     script = (
         "import subprocess, sys, time;"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        + ANSWERING
+        + "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
         " start_new_session=True);"
         f"open({str(pidfile)!r}, 'w').write(str(c.pid));"
         + ("time.sleep(120)" if end == "deadline" else "sys.exit(0)")

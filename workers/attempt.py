@@ -377,6 +377,11 @@ def run_attempt(
     if unreachable:
         telemetry.error = unreachable
         telemetry.failure = failure_kind(unreachable) or "unreachable"
+    elif not exited and telemetry.failure is None and not _answered(reviewer, spec):
+        # A hung endpoint (it took the request and never replied) outlasted the deadline:
+        # no model answered, so the job was not too big; it waits, the profile pauses.
+        telemetry.error = f"no model answered within the deadline of {timeout_s:g} s"
+        telemetry.failure = "unreachable"
     out.telemetry = telemetry.to_json()
     try:
         out.output, refused = read_output(spec.output_path, max_output_bytes), None
@@ -492,6 +497,13 @@ def run_attempt(
         if len(out.touched) > _NAMED:
             out.reasons.append(f"... and {len(out.touched) - _NAMED} more file(s)")
     return out
+
+
+def _answered(reviewer: Reviewer, spec: AttemptSpec) -> bool:
+    try:
+        return reviewer.answered(spec)
+    except Exception:
+        return True  # what cannot be read says nothing: the deadline stays the job's
 
 
 def _wait(

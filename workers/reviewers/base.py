@@ -26,6 +26,10 @@ What it returns:
 - :meth:`Reviewer.unreachable` → while the process runs, past the profile's
   ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
   endpoint (it is then ended), else None.
+- :meth:`Reviewer.answered` → after a process killed at its deadline: whether any model
+  response reached the CLI, from what it left (its events, its session or chat log). A
+  deadline with no answer at all is a hung endpoint, the reviewer's failure; one after
+  answers is the job's (too big: burned out). True when a kind cannot tell.
 The output itself is the file at ``spec.output_path``: it exists or it does not.
 Costs: a CLI that reports no ``cost_usd`` gets one from the profile's per-million-token
 prices (:func:`priced`), so sweep budgets hold for every kind.
@@ -221,6 +225,10 @@ class Reviewer(ABC):
         """Why the running CLI has not reached its endpoint, in its own words; None when
         its output does not say so (the default: no kind can tell)."""
         return None
+
+    def answered(self, spec: AttemptSpec) -> bool:
+        """Whether any model response reached the CLI (the default: cannot tell, so yes)."""
+        return True
 
     def executables(self) -> list[str]:
         """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""

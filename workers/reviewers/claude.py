@@ -143,15 +143,25 @@ class ClaudeReviewer(Reviewer):
         # one that failed again: after a single retry that went through, the model may
         # think for minutes before its first message, and ending it lost the answer.
         events = list(json_objects(spec.stdout_path))
-        if any(ev.get("type") == "assistant" for ev in events):
+        if any(_from_model(ev) for ev in events):
             return None
         retries = sum(
             ev.get("type") == "system" and ev.get("subtype") == "api_retry" for ev in events
         )
         return _retrying(events) if retries >= RETRIES_TO_END else None
 
+    def answered(self, spec: AttemptSpec) -> bool:
+        # Claude's own messages (an API error it reports) are "<synthetic>" assistants.
+        return any(_from_model(ev) for ev in json_objects(spec.stdout_path))
+
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
+
+
+def _from_model(ev: dict) -> bool:
+    """An event carrying a model's message, not one Claude made up to report an error."""
+    msg = ev.get("message") if ev.get("type") == "assistant" else None
+    return isinstance(msg, dict) and msg.get("model") != "<synthetic>"
 
 
 def _retrying(events: list[dict]) -> str | None:

@@ -127,11 +127,7 @@ class CodexReviewer(Reviewer):
                 last, errors = _message(ev), errors + 1
             elif kind != "turn.started":
                 last, errors = None, 0
-                item = ev.get("item") if isinstance(ev.get("item"), dict) else {}
-                if kind == "turn.completed" or (
-                    str(kind).startswith("item.") and item.get("type") != "error"
-                ):
-                    reached = True  # any item, reasoning too: a model answered
+                reached = reached or _from_model(ev)
         if (
             last
             and not reached
@@ -140,6 +136,16 @@ class CodexReviewer(Reviewer):
         ):
             return bounded(last)
         return None
+
+    def answered(self, spec: AttemptSpec) -> bool:
+        events = list(json_objects(spec.stdout_path))
+        if any(_from_model(ev) for ev in events):
+            return True
+        # The session log records each model response, one --json may not show yet.
+        thread = next((ev.get("thread_id") for ev in events if ev.get("thread_id")), None)
+        t = Telemetry(session_id=thread if isinstance(thread, str) else None)
+        self._from_session(t)
+        return bool(t.num_turns)
 
     def _from_session(self, t: Telemetry) -> None:
         """Turns and tokens from Codex's session log, when it can be found: it counts every
@@ -181,6 +187,14 @@ class CodexReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "codex"]
+
+
+def _from_model(ev: dict) -> bool:
+    """An event only a model's answer makes: any item (reasoning too) but Codex's own
+    errors, or a turn's end."""
+    item = ev.get("item") if isinstance(ev.get("item"), dict) else {}
+    kind = str(ev.get("type"))
+    return kind == "turn.completed" or (kind.startswith("item.") and item.get("type") != "error")
 
 
 def _message(ev: dict) -> str | None:

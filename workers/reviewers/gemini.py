@@ -10,10 +10,19 @@ person's approval is refused, so everything else that writes (and the shell) sta
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
-from .base import AttemptSpec, Command, Reviewer, Telemetry, _num, telemetry_from_file
+from .base import (
+    UNREADABLE,
+    AttemptSpec,
+    Command,
+    Reviewer,
+    Telemetry,
+    _num,
+    telemetry_from_file,
+)
 from .vendor import (
     add_counts,
     bounded,
@@ -154,6 +163,39 @@ class GeminiReviewer(Reviewer):
                     # ("Incomplete JSON segment at the end") or nothing answered.
                     t.failure = "unreachable"
         return t
+
+    def answered(self, spec: AttemptSpec) -> bool:
+        # Gemini writes its JSON only at its end; its chat log has each model message as it
+        # comes ("type": "gemini"), in the folder its projects.json names for the job folder.
+        log = self._chat_log(spec)
+        if log is None:
+            return True  # no log to read: cannot tell
+        for rec in json_objects(log):
+            sets = rec.get("$set") if isinstance(rec.get("$set"), dict) else {}
+            messages = sets.get("messages") if isinstance(sets.get("messages"), list) else []
+            if any(isinstance(m, dict) and m.get("type") == "gemini" for m in [rec, *messages]):
+                return True
+        return False
+
+    def _chat_log(self, spec: AttemptSpec) -> Path | None:
+        """This attempt's chat log: the session whose first words name its prompt."""
+        env = {**os.environ, **self.profile.env}
+        home = Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini"
+        try:
+            projects = json.loads((home / "projects.json").read_text(encoding="utf-8"))
+            name = projects["projects"][str(spec.job_dir.resolve())]
+            logs = sorted((home / "tmp" / name / "chats").glob("session-*.jsonl"))
+        except (OSError, *UNREADABLE, LookupError, TypeError):
+            return None
+        said = f"Read the file {spec.prompt_path} "
+        for log in reversed(logs):
+            try:
+                with log.open("rb") as f:
+                    if said in f.read(64 * 1024).decode("utf-8", "replace"):
+                        return log
+            except OSError:
+                continue
+        return None
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "gemini"]
