@@ -379,7 +379,10 @@ def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
     (home / ".gemini" / "projects.json").write_text(json.dumps(projects))
     user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
     log = chats / "session-2026-11-26T23-02-4650ae9e.jsonl"
-    log.write_text(_lines([{"sessionId": "4650ae9e", "kind": "main"}, user]))
+    # The session context before the instruction lists the KB's folders: long for a big KB.
+    listing = "".join(f"kb/notes/topic-{i}/\n" for i in range(8000))
+    context = {"$set": {"messages": [{"type": "user", "content": [{"text": listing}]}]}}
+    log.write_text(_lines([{"sessionId": "4650ae9e", "kind": "main"}, context, user]))
     assert not gemini.answered(spec)
     log.write_text(log.read_text() + _lines([{"id": "g", "type": "gemini", "content": ""}]))
     assert gemini.answered(spec)

@@ -191,7 +191,7 @@ class GeminiReviewer(Reviewer):
         for log in reversed(logs):
             try:
                 with log.open("rb") as f:
-                    if said in f.read(64 * 1024).decode("utf-8", "replace"):
+                    if said in f.read(_CHAT_HEAD_BYTES).decode("utf-8", "replace"):
                         return log
             except OSError:
                 continue
@@ -201,6 +201,9 @@ class GeminiReviewer(Reviewer):
         return [self.profile.executable or "gemini"]
 
 
+# How far into a chat log the instruction is looked for: it follows the session context,
+# which lists the folders of the workspace and the KB.
+_CHAT_HEAD_BYTES = 1024 * 1024
 # What Gemini prints when a request to its model failed (a job's own 400 has a status).
 _API_ERROR = "Error when talking to Gemini API"
 
