@@ -213,6 +213,16 @@ def responses_turn(body: dict) -> tuple[str, list[str]]:
     return instruction, results
 
 
+def responses_usage() -> dict:
+    return {
+        "input_tokens": USAGE["input"],
+        "input_tokens_details": {"cached_tokens": USAGE["cached"]},
+        "output_tokens": USAGE["output"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": USAGE["input"] + USAGE["output"],
+    }
+
+
 def responses_item(kind: str, arg: object, tools: set[str], n: int) -> dict:
     if kind == "text":
         return {
@@ -413,13 +423,7 @@ class Handler(BaseHTTPRequestHandler):
         elif api == "responses":
             item = responses_item(kind, arg, self._tools(api, body), n)
             rid = f"resp_{n}"
-            usage = {
-                "input_tokens": USAGE["input"],
-                "input_tokens_details": {"cached_tokens": USAGE["cached"]},
-                "output_tokens": USAGE["output"],
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": USAGE["input"] + USAGE["output"],
-            }
+            usage = responses_usage()
             self._sse(
                 [
                     ("response.created", {"type": "response.created", "response": {"id": rid}}),
@@ -543,13 +547,7 @@ class Handler(BaseHTTPRequestHandler):
                 "id": rid,
                 "status": "incomplete",
                 "incomplete_details": {"reason": "max_output_tokens"},
-                "usage": {
-                    "input_tokens": USAGE["input"],
-                    "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens": USAGE["output"],
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": USAGE["input"] + USAGE["output"],
-                },
+                "usage": responses_usage(),
             }
             self._sse(
                 [
