@@ -1633,12 +1633,42 @@ def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path)
                 os.killpg(agent, signal.SIGKILL)
 
 
-def _until(stream, event: str) -> None:
-    """Read a child's JSON log lines on its stderr until one says ``event``."""
-    for line in stream:
-        if f'"{event}"' in line:
-            return
-    raise AssertionError(f"the process ended without logging {event}")
+def _until(stream, event: str, timeout: float = 60) -> None:
+    """Read a child's JSON log lines on its stderr until one says ``event``, for up to
+    ``timeout`` seconds: a child that neither logs it nor ends failed the test only when
+    the whole run was killed. A byte at a time from the pipe itself, so that nothing
+    after the line is held in a buffer from a later reader (``communicate``, the next
+    ``_until``)."""
+    fd, line = stream.fileno(), b""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"the process logged no {event} within {timeout} s"
+        byte = os.read(fd, 1)
+        if not byte:
+            raise AssertionError(f"the process ended without logging {event}")
+        line += byte
+        if byte == b"\n":
+            if f'"{event}"'.encode() in line:
+                return
+            line = b""
+
+
+def test_until_gives_up_on_a_child_that_neither_logs_the_event_nor_ends():
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; print('{}', file=sys.stderr, flush=True); time.sleep(60)",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with pytest.raises(AssertionError, match="logged no job.finalized within 0.5 s"):
+            _until(child.stderr, "job.finalized", timeout=0.5)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _kill_all(procs: list[subprocess.Popen], agent: int | None) -> None:
