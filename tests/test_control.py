@@ -658,6 +658,23 @@ def test_an_agent_that_never_started_is_not_logged_as_started(kb):
     ws.close()
 
 
+def test_a_launch_or_reviewer_failure_is_logged_with_its_attempt(kb):
+    """Every line about an attempt names its job and attempt: these named the job alone."""
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    control.on_messages(
+        [],
+        [
+            _outcome(ws, sent[0], classification="launch-failure", output=None),
+            _outcome(ws, sent[1], classification="reviewer-failure", output=None),
+        ],
+    )
+    lines = _events(ws, "attempt.launch_failed") + _events(ws, "attempt.reviewer_failed")
+    assert [(e["job_id"], e.get("attempt")) for e in lines] == [
+        (m["job_id"], m["attempt"]) for m in sent
+    ]
+    ws.close()
+
+
 def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a_lease(kb):
     # An attempt no worker has announced stays 'dispatched' (its message may wait in the
     # queue behind others): the reaper gives it lease + timeout, a running one a lease.

@@ -574,7 +574,7 @@ class Control:
                 "attempt.launch_failed" if cls == "launch-failure" else "attempt.reviewer_failed"
             )
             host = o.get("host") if isinstance(o.get("host"), str) else None
-            self._launch_failed(job, profile, o.get("reasons") or [], event, host or None)
+            self._launch_failed(job, attempt, profile, o.get("reasons") or [], event, host or None)
         elif cls == "burned-out" and job["kind"] == "review" and self._pair_count(job_id) > 1:
             # Only a review asks less in parts: a fix rewrites its note whole, and an
             # audit split into reviews would accept what it was only to check.
@@ -691,6 +691,7 @@ class Control:
     def _launch_failed(
         self,
         job,
+        attempt: int,
         profile: ReviewerProfile | None,
         reasons: list[str],
         event: str = "attempt.launch_failed",
@@ -747,7 +748,9 @@ class Control:
             wake = self.on_backoff
             self.store.after_commit(lambda: wake(delay))
         when = {"waits_for_pause_until": paused_until} if paused_until else {"retry_in_s": delay}
-        self.log.warning(event, job_id=job["id"], reviewer=name, **when, reasons=reasons)
+        self.log.warning(
+            event, job_id=job["id"], attempt=attempt, reviewer=name, **when, reasons=reasons
+        )
         if pauses:
             self.log.error(
                 "reviewer.paused",
