@@ -1840,12 +1840,18 @@ class _Stops:
 
     def __init__(self):
         self.asked, self.forgotten = [], []
+        self.keys: set[tuple[int, int]] = set()  # the requests on the queue
 
     def ask(self, job_id, attempt, reason):
         self.asked.append((job_id, attempt, reason))
+        self.keys.add((job_id, attempt))
 
     def forget(self, job_id, attempt):
         self.forgotten.append((job_id, attempt))
+        self.keys.discard((job_id, attempt))
+
+    def pending(self):
+        return sorted(self.keys)
 
 
 def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb):
@@ -1869,6 +1875,33 @@ def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb
     assert [e for e, _ in _story(ws, 1)].count("attempt.stop_asked") == 1
     control.on_messages([], [_outcome(ws, sent[0])])
     assert control.stops.forgotten == [(1, 1)]
+    ws.close()
+
+
+def test_a_stop_request_set_by_a_beat_after_its_attempts_outcome_is_swept(kb):
+    """A beat of an attempt given up as lost that came after the attempt's outcome (queued
+    behind a slow one, or sent again by a restarted worker) set a stop request no worker
+    read and nothing took off: one key more on the queue for good, each time. The reaper
+    takes off a request no beat has asked again for a lease."""
+    from datetime import UTC, datetime, timedelta
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    control.stops = _Stops()
+    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    control.on_messages([{**beat, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
+    now = datetime(2099, 1, 1, tzinfo=UTC)
+    control.now = lambda: now  # its lease long past
+    assert control.reap() == 1
+    control.on_messages([], [_outcome(ws, sent[0])])
+    control.on_messages([beat], [])  # the late beat
+    assert control.stops.keys == {(1, 1)}
+    lease = timedelta(seconds=ws.settings.queue.lease_seconds)
+    now += lease / 2
+    control.reap()
+    assert control.stops.keys == {(1, 1)}  # asked half a lease ago: an agent may yet read it
+    now += lease
+    control.reap()
+    assert control.stops.keys == set()
     ws.close()
 
 

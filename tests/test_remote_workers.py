@@ -1331,3 +1331,53 @@ def test_a_stop_request_for_an_attempt_never_signals_another_attempts_agent(tmp_
     finally:
         os.killpg(current.pid, signal.SIGKILL)
         current.wait(timeout=10)
+
+
+def _control_on_the_real_queue(kb, request, queue):  # noqa: ANN202
+    """One review dispatched, and its first agent's beat taken, by a control whose stop
+    requests go on the real review queue (SQLite or Redis)."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers.app import make_app
+    from workers.queues import stop_requests
+
+    small(kb, notes=1)
+    if queue == "redis":
+        kb.write("reviewq.toml", f'[queue]\nurl = "{request.getfixturevalue("redis_url")}"\n')
+    ws = Workspace.open(kb.root)
+    app = make_app(ws.settings)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws), stops=stop_requests())
+    assert control.dispatch() == 1
+    beat = {"v": messages.VERSION, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1",
+            "host": "w", "launched": True, "started_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+    control.on_messages([beat], [])
+    return ws, app, control, sent[0], beat
+
+
+def _stop_keys(app) -> list[str]:  # noqa: ANN001
+    return [k for k in app.review.storage.result_items() if k.startswith("reviewq.stop.")]
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_stop_request_a_late_beat_set_is_swept_off_the_queue(kb, request, queue):
+    """A beat of an attempt given up as lost that came after its outcome (queued behind a
+    slow one, or sent again by a restarted worker) set a key in review.db or Redis that no
+    worker read and nothing took off. The reaper takes it off a lease later."""
+    from datetime import UTC, datetime, timedelta
+
+    from .test_control import _outcome
+
+    ws, app, control, msg, beat = _control_on_the_real_queue(kb, request, queue)
+    lease = timedelta(seconds=ws.settings.queue.lease_seconds)
+    now = datetime.now(UTC) + 2 * lease
+    control.now = lambda: now
+    assert control.reap() == 1  # lost
+    control.on_messages([], [_outcome(ws, msg, worker="w:1")])  # superseded
+    control.on_messages([beat], [])  # the late beat
+    assert _stop_keys(app) == [f"reviewq.stop.{msg['job_id']}.1"]
+    now += 2 * lease
+    control.reap()
+    assert _stop_keys(app) == []
+    ws.close()

@@ -678,9 +678,11 @@ class StopRequests:
     def __init__(self, huey: Huey) -> None:
         self.huey = huey
 
-    @staticmethod
-    def _key(job_id: int, attempt: int) -> str:
-        return f"reviewq.stop.{job_id}.{attempt}"
+    PREFIX = "reviewq.stop."
+
+    @classmethod
+    def _key(cls, job_id: int, attempt: int) -> str:
+        return f"{cls.PREFIX}{job_id}.{attempt}"
 
     def ask(self, job_id: int, attempt: int, reason: str) -> None:
         self.huey.put(self._key(job_id, attempt), reason)
@@ -696,6 +698,16 @@ class StopRequests:
 
     def forget(self, job_id: int, attempt: int) -> None:
         self.huey.delete(self._key(job_id, attempt))
+
+    def pending(self) -> list[tuple[int, int]]:
+        """The (job, attempt) of every request on the queue, for the reaper's sweep."""
+        found = []
+        for key in self.huey.storage.result_items():
+            if key.startswith(self.PREFIX):
+                job_id, _, attempt = key.removeprefix(self.PREFIX).partition(".")
+                if job_id.isdigit() and attempt.isdigit():
+                    found.append((int(job_id), int(attempt)))
+        return found
 
 
 def unfed_problem(settings: Settings) -> str:

@@ -335,6 +335,14 @@ def is_current(store: Store, job_id: int, attempt: int) -> bool:
     return row is not None and row[0] == attempt and row[1] == "running"
 
 
+def is_over(store: Store, job_id: int, attempt: int) -> bool:
+    """Whether no beat moves ``attempt`` any more: its outcome is recorded (or it is gone)."""
+    row = store.conn.execute(
+        "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+    ).fetchone()
+    return row is None or row[0] not in ("dispatched", "running")
+
+
 def _spent(value: object) -> float | None:
     """A count or a cost from telemetry, or None (:func:`storable_number`)."""
     return value if storable_number(value) else None

@@ -29,6 +29,7 @@ from orchestrator.control.attempts import (
     OpenedAttempt,
     fail_job,
     heartbeat,
+    is_over,
     lose,
     open_attempt,
     record_end,
@@ -117,6 +118,10 @@ class Stops(Protocol):
 
     def forget(self, job_id: int, attempt: int) -> None: ...
 
+    def pending(self) -> list[tuple[int, int]]:
+        """The (job, attempt) of every request on the queue."""
+        ...
+
 
 class Control:
     def __init__(
@@ -146,7 +151,9 @@ class Control:
         self.on_review_queue = on_review_queue
         self.on_backoff = on_backoff
         self.stops = stops
-        self._stops_asked: set[tuple[int, int]] = set()  # logged once each
+        # When each request was last asked: said once each, and swept by the reaper once
+        # no beat has asked again for a lease.
+        self._stops_asked: dict[tuple[int, int], datetime] = {}
         self.now = now
         self.hooks = hooks
         self.log = logs.get()
@@ -388,7 +395,9 @@ class Control:
                 )
                 if now_ in ("superseded", "lost") and self.stops is not None and not waiting:
                     # Not a waiting beat: no agent runs to stop, the worker reads no request
-                    # then, and one left unread stayed for good if the message expired.
+                    # then, and one left unread stayed for good if the message expired. One
+                    # that came after its attempt's outcome is swept by the reaper
+                    # (:meth:`_sweep_stops`).
                     self.store.after_commit(functools.partial(self._ask_stop, h, now_))
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
@@ -412,8 +421,9 @@ class Control:
         except Exception as exc:
             self.log.warning("attempt.stop_unsent", job_id=job_id, attempt=attempt, error=str(exc))
             return
-        if (job_id, attempt) not in self._stops_asked:
-            self._stops_asked.add((job_id, attempt))
+        first = (job_id, attempt) not in self._stops_asked
+        self._stops_asked[job_id, attempt] = self.now()
+        if first:
             self.log.info(
                 "attempt.stop_asked",
                 job_id=job_id,
@@ -781,7 +791,7 @@ class Control:
         outcome = supersede(self.store, job_id, attempt, telemetry)
         if outcome in ("superseded", "lost") and self.stops is not None:
             # Its agent has ended: a stop request (this process's, or one before a restart)
-            # that no worker took would stay on the queue for good.
+            # that no worker took would wait on the queue for the reaper's sweep.
             self.store.after_commit(functools.partial(self._forget_stop, job_id, attempt))
         if outcome is not None and outcome not in ("superseded", "lost"):
             # Acted on already: a control process stopped after keeping a batch and before
@@ -791,7 +801,7 @@ class Control:
         self.log.info("attempt.superseded", job_id=job_id, attempt=attempt)
 
     def _forget_stop(self, job_id: int, attempt: int) -> None:
-        self._stops_asked.discard((job_id, attempt))
+        self._stops_asked.pop((job_id, attempt), None)
         try:
             self.stops.forget(job_id, attempt)
         except Exception as exc:  # a key of a few bytes left on the queue
@@ -859,7 +869,30 @@ class Control:
                 self.log.error(
                     "job.failed", job_id=r["job_id"], reviewer=r["reviewer"], reasons=reasons
                 )
+        self._sweep_stops(now)
         return reaped
+
+    def _sweep_stops(self, now: datetime) -> None:
+        """Take off the queue the stop requests no agent will read: those of attempts that
+        are over, not asked again for a lease. A beat that came after its attempt's outcome
+        (queued behind a slow one, or sent again by a restarted worker) set a request that
+        nothing else took off. An agent still running for such an attempt beats every
+        quarter lease, and each beat asks again; one asked before this process started is
+        asked again at its next beat."""
+        if self.stops is None:
+            return
+        try:
+            pending = self.stops.pending()
+        except Exception as exc:  # the next reap looks again
+            self.log.warning("stop.sweep_failed", error=str(exc))
+            return
+        quiet_since = now - timedelta(seconds=self.settings.queue.lease_seconds)
+        for job_id, attempt in pending:
+            asked = self._stops_asked.get((job_id, attempt))
+            if asked is not None and asked > quiet_since:
+                continue
+            if is_over(self.store, job_id, attempt):
+                self._forget_stop(job_id, attempt)
 
     def _note_taken(self, now: datetime) -> None:
         """Mark taken the attempts a worker took without a word yet: those dispatched
