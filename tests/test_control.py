@@ -1905,6 +1905,29 @@ def test_a_stop_request_set_by_a_beat_after_its_attempts_outcome_is_swept(kb):
     ws.close()
 
 
+def test_a_second_agent_of_an_attempt_already_acted_on_is_asked_to_stop(kb):
+    """A review message sent twice (a Redis send whose reply was lost, retried) ran two
+    agents of one attempt; the first outcome finalized the job, and the second agent ran
+    on to its deadline for an output that is discarded. Its beat is answered with a stop
+    request; its outcome takes the request off the queue."""
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    control.stops = _Stops()
+    first = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    control.on_messages([{**first, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
+    control.on_messages([], [_outcome(ws, sent[0])])
+    assert ws.store.conn.execute("SELECT outcome FROM attempts").fetchone()[0] == "finalized"
+    second = {**first, "worker": "near:2", "host": "near"}
+    control.on_messages([{**second, "launched": True, "started_at": "2026-01-01T00:00:01Z"}], [])
+    ((job_id, attempt, reason),) = control.stops.asked
+    assert (job_id, attempt) == (1, 1) and "(finalized) is recorded" in reason
+    (said,) = _events(ws, "attempt.stop_asked")
+    assert said["worker"] == "near:2"
+    control.on_messages([], [_outcome(ws, sent[0], worker="near:2", host="near")])
+    assert control.stops.keys == set()
+    assert ws.store.conn.execute("SELECT outcome FROM attempts").fetchone()[0] == "finalized"
+    ws.close()
+
+
 def test_a_launch_failure_after_its_reviewer_paused_says_the_job_waits_for_the_pause(kb):
     """Attempts dispatched before a pause end in launch failures after it: each said
     `retry_in_s=5.0` while its job waited for the pause's end (an hour by default)."""

@@ -1381,3 +1381,21 @@ def test_a_stop_request_a_late_beat_set_is_swept_off_the_queue(kb, request, queu
     control.reap()
     assert _stop_keys(app) == []
     ws.close()
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_second_agent_of_an_attempt_acted_on_reads_a_stop_request(kb, request, queue):
+    """A review message sent twice (a Redis send whose reply was lost, retried) ran two
+    agents of one attempt: once the first's outcome was acted on, the second ran on to its
+    deadline for an output that is discarded. Its worker reads a request to stop it."""
+    from workers.queues import stop_requests
+
+    from .test_control import _outcome
+
+    ws, app, control, msg, beat = _control_on_the_real_queue(kb, request, queue)
+    control.on_messages([], [_outcome(ws, msg, worker="w:1")])
+    control.on_messages([{**beat, "worker": "w:2"}], [])  # the second agent
+    reason = stop_requests().asked(msg["job_id"], 1)  # as its worker reads it
+    assert reason and "(finalized) is recorded" in reason
+    assert _stop_keys(app) == []  # taken
+    ws.close()

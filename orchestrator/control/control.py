@@ -393,11 +393,17 @@ class Control:
                     started_at=started_at if isinstance(started_at, str) and started_at else None,
                     waiting=waiting,
                 )
-                if now_ in ("superseded", "lost") and self.stops is not None and not waiting:
+                if (
+                    now_ not in (None, "dispatched", "running")
+                    and self.stops is not None
+                    and not waiting
+                ):
                     # Not a waiting beat: no agent runs to stop, the worker reads no request
-                    # then, and one left unread stayed for good if the message expired. One
-                    # that came after its attempt's outcome is swept by the reaper
-                    # (:meth:`_sweep_stops`).
+                    # then, and one left unread stayed for good if the message expired. A
+                    # beat from an attempt whose outcome is recorded is a second agent of it
+                    # (a send retried after its reply was lost), whose output is discarded,
+                    # or a late beat of the agent that ended: the reaper sweeps what that
+                    # one's request leaves (:meth:`_sweep_stops`).
                     self.store.after_commit(functools.partial(self._ask_stop, h, now_))
                 if h.get("launched"):
                     # Before the outcomes of the batch: an attempt's story reads
@@ -411,11 +417,12 @@ class Control:
         each such beat (a worker takes the request once); said once. A queue that cannot
         take it now is asked again at the next beat."""
         job_id, attempt = h["job_id"], h["attempt"]
-        why = (
-            "the job was finalized by hand or another attempt replaced this one"
-            if outcome == "superseded"
-            else "the control process gave this attempt up as lost and runs the job again"
-        )
+        if outcome == "superseded":
+            why = "the job was finalized by hand or another attempt replaced this one"
+        elif outcome == "lost":
+            why = "the control process gave this attempt up as lost and runs the job again"
+        else:
+            why = f"this attempt's outcome ({outcome}) is recorded: a second agent's is discarded"
         try:
             self.stops.ask(job_id, attempt, why)
         except Exception as exc:
@@ -789,9 +796,10 @@ class Control:
 
     def _supersede(self, job_id: int, attempt: int, telemetry: object = None) -> None:
         outcome = supersede(self.store, job_id, attempt, telemetry)
-        if outcome in ("superseded", "lost") and self.stops is not None:
-            # Its agent has ended: a stop request (this process's, or one before a restart)
-            # that no worker took would wait on the queue for the reaper's sweep.
+        if outcome is not None and self.stops is not None:
+            # Its agent has ended (a second agent of an attempt acted on already, too): a
+            # stop request (this process's, or one before a restart) no worker took would
+            # wait on the queue for the reaper's sweep.
             self.store.after_commit(functools.partial(self._forget_stop, job_id, attempt))
         if outcome is not None and outcome not in ("superseded", "lost"):
             # Acted on already: a control process stopped after keeping a batch and before
