@@ -1399,3 +1399,56 @@ def test_a_second_agent_of_an_attempt_acted_on_reads_a_stop_request(kb, request,
     assert reason and "(finalized) is recorded" in reason
     assert _stop_keys(app) == []  # taken
     ws.close()
+
+
+def test_a_second_agent_of_an_attempt_already_finalized_is_stopped(kb, tmp_path, redis_url):
+    """A review message sent twice (a Redis send whose reply was lost, retried; here
+    copied on the queue) ran two agents of one attempt on two machines. The first one's
+    output finalized the job; the second, neither superseded nor lost, was never asked to
+    stop and ran on to its deadline (600 s here) for an output that is discarded."""
+    import threading
+
+    from workers.app import make_app
+
+    from .test_queue_integration import _await_exit, _until, await_fifo, make_fifo
+
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE + f'url = "{redis_url}"\n')
+    fifo, pidfile = make_fifo(tmp_path, "started"), tmp_path / "pids"
+    hang = {"FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "FAKE_PIDFILE": str(pidfile)}
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([EXE, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE)  # fmt: skip
+    procs, agents = [control], []
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+        _until(control.stderr, "attempt.dispatched")
+        threading.Thread(target=control.stderr.read, daemon=True).start()  # its pipe drained
+        ws = Workspace.open(kb.root)
+        review = make_app(ws.settings).review.storage
+        ws.close()
+        review.conn.lpush(review.queue_key, review.conn.lindex(review.queue_key, 0))
+        # One machine's agent hangs on one copy; then another's reviews the other.
+        (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+        procs.append(start_worker(tmp_path / "a", redis_url, hang, "--workers", "1")[0])
+        agents.append(int(await_fifo(fifo).split()[0]))
+        procs.append(start_worker(tmp_path / "b", redis_url, {}, "--workers", "1")[0])
+        _await_exit(agents, timeout=60)  # a heartbeat is every 0.5 s here
+        agents += [int(p) for p in pidfile.read_text().split()]  # with its child
+        _await_exit(agents, timeout=30)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        for pid in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
+        outcomes = [r[0] for r in conn.execute("SELECT outcome FROM attempts")]
+    assert tuple(job) == ("completed", 1) and outcomes == ["finalized"]
+    (asked,) = [e for e in log_lines(kb) if e["event"] == "attempt.stop_asked"]
+    assert (asked["job_id"], asked["attempt"]) == (1, 1)
+    assert "(finalized) is recorded" in asked["reason"]
+    stopping = (tmp_path / "a/remote/state/logs/reviewq.jsonl").read_text()
+    assert '"attempt.stopping"' in stopping
