@@ -609,6 +609,42 @@ def test_attempts_no_agent_answered_are_not_the_reviewers_failures(kb, run_cli):
     assert (trend["attempts"], trend["failed"], trend["rate"]) == (2, 1, 0.5)
 
 
+def test_jobs_and_the_report_count_as_run_the_attempts_that_launched_an_agent(kb, run_cli):
+    """`jobs` counted a dispatched attempt and one superseded before its launch as runs,
+    and the report counted a lost attempt as not run even once its agent had launched:
+    the two said different numbers of runs for one job. A run is an attempt that
+    launched an agent, in both."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("a")
+    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    attempts = [  # (outcome, launched)
+        ("lost", True),
+        ("lost", False),
+        ("superseded", True),
+        ("superseded", False),
+        ("launch-failure", False),
+        ("finalized", True),
+        ("dispatched", False),
+    ]
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        job_id = conn.execute("SELECT id FROM review_jobs").fetchone()[0]
+        for n, (outcome, launched) in enumerate(attempts, 1):
+            conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, launched_at, ended_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, n, outcome, _minutes_ago(30 - n), _minutes_ago(30 - n) if launched else None,
+                 None if outcome == "dispatched" else _minutes_ago(29 - n)),
+            )  # fmt: skip
+    (job,) = json.loads(run_cli("jobs", "--json").stdout)["jobs"]
+    assert (job["attempts"], job["attempts_not_run"]) == (3, 4)
+    (row,) = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["reviewed"][
+        "reviewers"
+    ]
+    assert (row["attempts"] - row["not_run"], row["not_run"]) == (3, 4)
+
+
 @pytest.mark.skipif(
     not Path("/usr/share/zoneinfo/America/Los_Angeles").exists(), reason="no tzdata here"
 )

@@ -32,11 +32,10 @@ from orchestrator.state.store import Store, parse_timestamp, reasons_column, tim
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
 REPORT_LINES = 60  # per gate-review report
-# An attempt whose agent ran and failed (a charge on the profile's work), and one whose
-# agent never answered (no worker, no program, no model): counted as failed, a night with
+# An attempt whose agent ran and failed (a charge on the profile's work); one that was no
+# run (NOT_RUN_SQL: no worker, program or model) was counted as failed, and a night with
 # the workers down showed every reviewer at 100 %.
 FAILED_ATTEMPT = f"a.outcome IN ({FAILED_SQL})"
-NOT_RUN_ATTEMPT = f"a.outcome IN ({NOT_RUN_SQL})"
 # Open jobs none of whose attempts launched, beat or ended for this long have stalled.
 STALLED_AFTER = timedelta(minutes=15)
 # A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
@@ -454,7 +453,7 @@ def _reviewed(
         "COALESCE(SUM(a.cost_usd), 0) AS cost_usd, COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
         "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, COALESCE(SUM(a.duration_s), 0) AS agent_s, "
         f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed, "
-        f"SUM(CASE WHEN {NOT_RUN_ATTEMPT} THEN 1 ELSE 0 END) AS not_run "
+        f"SUM(CASE WHEN {NOT_RUN_SQL} THEN 1 ELSE 0 END) AS not_run "
         f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {spent} "
         f"AND {_attempts_in(period)} GROUP BY 1 ORDER BY 1",
         args,
@@ -553,7 +552,7 @@ def _trends(store: Store, period: Period) -> dict:
         f"SELECT COALESCE(j.reviewer, '-') AS reviewer, count(*) AS attempts, "
         f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed FROM attempts a "
         "JOIN review_jobs j ON j.id = a.job_id WHERE a.started_at >= ? AND a.started_at < ? "
-        f"AND a.outcome NOT IN ('dispatched', 'running') AND NOT {NOT_RUN_ATTEMPT} "
+        f"AND a.outcome NOT IN ('dispatched', 'running') AND NOT {NOT_RUN_SQL} "
         "GROUP BY 1 ORDER BY 1",
         (start, period.until),
     )

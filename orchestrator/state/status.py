@@ -17,19 +17,17 @@ STATUSES = ("queued", "running", "completed", "failed", "split")
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.
 # Launch failures, lost leases and interrupted runs are not the job's fault.
 FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned-out")
-# Attempts whose agent never answered: no program, no model, no worker. Infrastructure,
-# not a verdict on the reviewer's work.
-NOT_RUN_OUTCOMES = ("launch-failure", "reviewer-failure", "lost")
-# The same as SQL lists, for `outcome IN (...)`.
+# The same as an SQL list, for `outcome IN (...)`.
 FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
-NOT_RUN_SQL = ", ".join(f"'{o}'" for o in NOT_RUN_OUTCOMES)
 # An attempt opened (``attempt-N/``) that was no run of an agent on the job (SPEC §6): its
-# program did not start, its CLI reached no model, or no worker launched it. The job's
-# reasons ("3 attempt(s) failed") never count these, nor may `jobs`; the reaper counts a
-# lost attempt only once launched, as here.
-NOT_STARTED_SQL = (
-    "(a.outcome IN ('launch-failure', 'reviewer-failure') "
-    "OR (a.outcome = 'lost' AND a.launched_at IS NULL))"
+# program did not start, its CLI reached no model, or no worker launched it (one still
+# dispatched, or lost or superseded before its launch). Infrastructure, not a verdict on
+# the reviewer's work. The one definition of a run: the job's reasons ("3 attempt(s)
+# failed") never count these, nor do `jobs` and the report; the reaper counts a lost
+# attempt only once launched, as here.
+NOT_RUN_SQL = (
+    "(a.outcome IN ('launch-failure', 'reviewer-failure') OR (a.launched_at IS NULL "
+    "AND a.outcome IN ('dispatched', 'lost', 'superseded')))"
 )
 
 
@@ -202,8 +200,8 @@ def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]
         "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.lens, j.sweep, j.attempt, "
         "j.created_at, j.finished_at, (SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs, "
         "(SELECT COALESCE(SUM(cost_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost_usd, "
-        f"(SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND NOT {NOT_STARTED_SQL}) AS attempts, "
-        f"(SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND {NOT_STARTED_SQL}) AS attempts_not_run "
+        f"(SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND NOT {NOT_RUN_SQL}) AS attempts, "
+        f"(SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND {NOT_RUN_SQL}) AS attempts_not_run "
         "FROM review_jobs j"
     )
     where, args = _in_state(state)
