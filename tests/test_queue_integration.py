@@ -1826,6 +1826,49 @@ def test_a_third_ctrl_c_kills_the_sweeps_children_that_have_not_stopped(kb, tmp_
         ws.close()
 
 
+def test_a_ctrl_c_while_the_sweep_reaps_its_workers_agents_does_not_cut_the_reaping_short(
+    kb, tmp_path, monkeypatch
+):
+    """The Ctrl-C that cuts the stop short came after the wait for the children, as the
+    sweep killed what was left and reaped its worker's agents: raised there, it ended the
+    sweep with those agents running and nothing left to reap them."""
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import Children
+
+    small_kb(kb, notes=1)
+    ws = Workspace.open(kb.root)
+    children = Children(ws, workers=1)
+    reaped = []
+    reap = children._reap_orphans
+
+    def ctrl_c_then_reap(name: str) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # pressed as the reaping begins
+        reap(name)
+        reaped.append(name)
+
+    monkeypatch.setattr(children, "_reap_orphans", ctrl_c_then_reap)
+    quiet = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write('up\\n'); [signal.pause() for _ in iter(int, 1)]"
+    )
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        for name in ("control", "worker"):
+            up = make_fifo(tmp_path, name)
+            children.specs[name] = [sys.executable, "-c", quiet, str(up)]
+            children._spawn(name)
+            await_fifo(up)
+        with pytest.raises(KeyboardInterrupt):
+            children.stop(at_once=True)
+        assert reaped == ["worker"]
+        assert all(proc.poll() is not None for proc in children.procs.values())
+        assert all(f.closed for f in children.stderr.values())
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        _kill_all(list(children.procs.values()), None)
+        ws.close()
+
+
 def test_a_sweeps_stop_ends_agents_past_its_grace_and_queues_their_attempts(kb, tmp_path, monkeypatch):  # fmt: skip
     """One Ctrl-C, with an agent longer than the grace (a real review takes minutes): the
     sweep's SIGTERM to its worker was ignored, its SIGKILL left the agent running with no

@@ -251,15 +251,26 @@ class Children:
                 _wait_all(self.procs.values(), self.END_S)
             except KeyboardInterrupt:
                 interrupted = True
-            for proc in self.procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            self._reap_orphans("worker")
-            for f in self.stderr.values():
-                f.close()
+            # Each of the two handlers raises once: a Ctrl-C (or the first SIGTERM) that
+            # came as the rest was killed and reaped ended it there, agents left running.
+            # Killing and reaping again is harmless, so it is begun again, whole.
+            for _ in range(3):
+                try:
+                    self._kill_and_reap()
+                    break
+                except KeyboardInterrupt:
+                    interrupted = True
         if interrupted:
             raise KeyboardInterrupt
+
+    def _kill_and_reap(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self._reap_orphans("worker")
+        for f in self.stderr.values():
+            f.close()
 
     def _reap_orphans(self, name: str) -> None:
         """Kill the agents a dead worker of this sweep left running: a worker that stops
