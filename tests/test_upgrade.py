@@ -17,7 +17,7 @@ def test_a_worker_stops_the_agents_a_dead_worker_of_an_earlier_release_left(tmp_
     the new worker reaped only its own folder's registry (STATE/worker/run/agents), and
     the old agents ran on, unwatched, beside the attempts the reaper dispatched again."""
     from orchestrator.config import load_settings
-    from workers import consumers
+    from workers import attempt, consumers
 
     settings = load_settings(tmp_path)
     state = settings.state_dir
@@ -44,6 +44,9 @@ def test_a_worker_stops_the_agents_a_dead_worker_of_an_earlier_release_left(tmp_
         assert agent.wait(timeout=10) is not None
         assert not list(registry.iterdir())
     finally:
+        # The worker's stop holds this process's agents back for good: the later tests'
+        # run_attempt started none ("not started: the worker is stopping").
+        attempt.STOPPING.clear()
         if agent.poll() is None:
             agent.kill()
             agent.wait(timeout=10)
