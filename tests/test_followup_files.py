@@ -288,6 +288,39 @@ def test_the_control_does_not_wait_on_a_folder_a_suspended_command_holds(cycle):
     assert (folder / "results").is_dir()
 
 
+def test_a_folder_locks_timeout_bounds_the_wait_with_no_one_told_of_it(tmp_path):
+    """Without an ``on_wait`` to call, the lock was asked for blocking at once and the
+    ``timeout`` never came into it: a caller with no terminal (export called as a
+    library) waited for a stuck holder for good."""
+    import fcntl
+    import os
+    import threading
+
+    from orchestrator.state.files import LockHeld, folder_lock
+
+    held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a stuck holder
+    got: list[object] = []
+
+    def take() -> None:
+        try:
+            with folder_lock(tmp_path, timeout=0.2):
+                got.append("taken")
+        except LockHeld as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=take, daemon=True)
+    try:
+        waiter.start()
+        waiter.join(timeout=20)
+    finally:
+        os.close(held)  # lets a waiter with no end go, so that it ends with the test
+        waiter.join(timeout=20)
+    (result,) = got
+    assert isinstance(result, LockHeld), result
+    assert result.holder == os.getpid()
+
+
 def test_a_full_disk_for_follow_up_folders_and_reports_keeps_the_review(cycle, monkeypatch):
     """FAIL three times: every follow-up (fix folders, re-review folders, the escalation
     report) meets a full disk, and none of it undoes the review that decided it."""

@@ -279,14 +279,17 @@ def folder_lock(
     :class:`LockHeld`, naming the holder when the kernel says it."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        # Asked without blocking first whenever a wait is to be told of or bounded.
+        blocking = wait and on_wait is None and timeout is None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait and on_wait is None else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
-            if not wait or on_wait is None:
+            if not wait:
                 raise BlockingIOError(
                     errno.EWOULDBLOCK, "another reviewq process is writing this folder", str(folder)
                 ) from None
-            on_wait()
+            if on_wait is not None:
+                on_wait()
             if timeout is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             elif not _flock_within(fd, timeout):
