@@ -65,8 +65,9 @@ NEEDS_STATE = {
     "resume",
     "rewrite-files",
 }
-# Commands about what has run whose arguments are checked first: a note path that names no
-# note is the mistake to say, whatever the state folder (they call open_state themselves).
+# Commands about what has run whose note path is checked first: one outside the root, or a
+# symlink loop, is the mistake to say, whatever the state folder (a path to no file is not:
+# the state folder is refused first). They call require_state and open_log themselves.
 STATE_AFTER_ARGS = {"ack"}
 # Commands with a use outside a KB root: a worker on another machine, and doctor, which
 # says what is missing.
