@@ -1784,6 +1784,16 @@ def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tm
         ws.close()
 
 
+def spawn_both(children, tmp_path: Path, script: str, *args: str) -> None:  # noqa: ANN001
+    """A sweep's control and worker as ``python -c script ARGS... UP``, each started once
+    it has written a line to its FIFO ``UP``."""
+    for name in ("control", "worker"):
+        up = make_fifo(tmp_path, name)
+        children.specs[name] = [sys.executable, "-c", script, *args, str(up)]
+        children._spawn(name)
+        await_fifo(up)
+
+
 def test_a_third_ctrl_c_kills_the_sweeps_children_that_have_not_stopped(kb, tmp_path):
     """The third Ctrl-C came in the wait for the children told to stop at once (SIGTERM),
     and ended the sweep there: a child not stopped yet ran on, and no one reaped its agents."""
@@ -1806,11 +1816,7 @@ def test_a_third_ctrl_c_kills_the_sweeps_children_that_have_not_stopped(kb, tmp_
     )
     handler = signal.getsignal(signal.SIGINT)
     try:
-        for name in ("control", "worker"):
-            up = make_fifo(tmp_path, name)
-            children.specs[name] = [sys.executable, "-c", slow, str(termed), str(up)]
-            children._spawn(name)
-            await_fifo(up)
+        spawn_both(children, tmp_path, slow, str(termed))
         ctrl_c.start()  # the third Ctrl-C, once the first child was told to stop
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
@@ -1853,11 +1859,7 @@ def test_a_ctrl_c_while_the_sweep_reaps_its_workers_agents_does_not_cut_the_reap
     )
     handler = signal.getsignal(signal.SIGINT)
     try:
-        for name in ("control", "worker"):
-            up = make_fifo(tmp_path, name)
-            children.specs[name] = [sys.executable, "-c", quiet, str(up)]
-            children._spawn(name)
-            await_fifo(up)
+        spawn_both(children, tmp_path, quiet)
         with pytest.raises(KeyboardInterrupt):
             children.stop(at_once=True)
         assert reaped == ["worker"]
