@@ -498,6 +498,19 @@ def test_a_model_stopped_at_its_output_token_limit_burns_the_attempt_out(
     assert "output-token limit" in json.loads(a["reasons"])[0], a
 
 
+def test_a_codex_answer_its_content_filter_stopped_is_the_job_s(netns, model, home, vkb):
+    """Codex says an answer the content filter cut off as "stream disconnected before
+    completion: Incomplete response returned, reason: content_filter", the words of a
+    broken stream: read as the server's failure, the profile paused and the job, whose
+    notes the filter refuses every time, waited for good and paused it again at each try."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "filtered"))
+    job_id = make_job(netns, home, vkb.root)
+    reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "no-output", a
+    assert "content_filter" in json.loads(a["reasons"])[0], a
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_model_server_that_never_answers_is_the_reviewer_s_failure_at_the_deadline(
     netns, model, home, vkb, vendor

@@ -15,6 +15,8 @@ that retries a request gets the same answer):
   middrop  the first turn is answered; on every later one the connection is closed unanswered
   maxtokens  the model stops at its output-token limit (Claude: stop_reason max_tokens;
            the Responses API: an incomplete response, reason max_output_tokens)
+  filtered the first turn is answered; the Responses API ends every later answer incomplete,
+           reason content_filter: the note's own words were refused, no outage
   hung     every model request is read and never answered: the connection stays open
 
 Run: ``python tests/vendor_model.py --port 0 --log FILE`` prints ``ready PORT`` once it
@@ -411,8 +413,8 @@ class Handler(BaseHTTPRequestHandler):
             results=[r[:300] for r in results],
             tools=sorted(self._tools(api, body)),
         )
-        if scenario == "maxtokens":
-            self._max_tokens(api, body, n)
+        if scenario == "maxtokens" or (scenario == "filtered" and results):
+            self._max_tokens(api, body, n, scenario)
             return
         if api == "anthropic":
             model = body.get("model", "scripted")
@@ -529,8 +531,9 @@ class Handler(BaseHTTPRequestHandler):
             }
         self._send(503, body)
 
-    def _max_tokens(self, api: str, body: dict, n: int) -> None:
-        """An answer cut off at the model's output-token limit, as each API says it."""
+    def _max_tokens(self, api: str, body: dict, n: int, scenario: str = "maxtokens") -> None:
+        """An answer cut off at the model's output-token limit, as each API says it (the
+        Responses API's ``filtered``: cut off by its content filter instead)."""
         if api == "anthropic":
             evs = anthropic_events("text", "A review so long that it", body.get("model", "m"), n)
             for name, data in evs:
@@ -546,7 +549,9 @@ class Handler(BaseHTTPRequestHandler):
             response = {
                 "id": rid,
                 "status": "incomplete",
-                "incomplete_details": {"reason": "max_output_tokens"},
+                "incomplete_details": {
+                    "reason": "content_filter" if scenario == "filtered" else "max_output_tokens"
+                },
                 "usage": responses_usage(),
             }
             self._sse(

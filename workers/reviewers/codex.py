@@ -41,6 +41,10 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
 # the server sent response.failed ("The server had an error…"). Its context-window and
 # quota errors have words of their own, so what follows these is the endpoint's failure.
 _BROKEN = "stream disconnected before completion"
+# ... except when the model ended its answer itself: Codex says an incomplete response in
+# the same words ("…: Incomplete response returned, reason: content_filter"), and a filter
+# refusing the job's notes is the job's, not an outage that pauses the profile.
+_INCOMPLETE = "Incomplete response returned, reason: "
 
 
 class CodexReviewer(Reviewer):
@@ -110,7 +114,8 @@ class CodexReviewer(Reviewer):
             t.error, t.error_subtype = bounded(error), OUTPUT_LIMIT
         elif error:
             t.error = bounded(error)
-            t.failure = failure_kind(error) or ("server" if error.startswith(_BROKEN) else None)
+            broken = error.startswith(_BROKEN) and _INCOMPLETE not in error
+            t.failure = failure_kind(error) or ("server" if broken else None)
         elif t.num_turns is None:
             t.error = last_line(spec.stderr_path, skip=_CHATTER)
         return t
