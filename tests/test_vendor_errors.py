@@ -25,7 +25,7 @@ from orchestrator.state.status import status
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 from workers.attempt import BURNED_OUT, REVIEWER_FAILURE, run_attempt
-from workers.reviewers import AttemptSpec, Command, for_profile
+from workers.reviewers import AttemptSpec, Command, Reviewer, for_profile
 from workers.reviewers.vendor import instruction
 
 from .conftest import process_gone
@@ -366,17 +366,24 @@ def test_a_deadline_with_no_model_answer_is_the_reviewer_s_failure(
 ANSWERING = f"print({json.dumps(CLAUDE_ANSWER)!r}, flush=True);"
 
 
-def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
+def _gemini_chats(tmp_path: Path) -> tuple[AttemptSpec, Reviewer, Path]:
+    """A Gemini profile whose home has a project for the job folder of ``_spec``, and the
+    folder of that project's chat logs (empty)."""
     spec = _spec(tmp_path)
     home = tmp_path / "home"
     gemini = for_profile(
         ReviewerProfile(name="g", kind="gemini", model="m", env={"GEMINI_CLI_HOME": str(home)})
     )
-    assert gemini.answered(spec)  # no log: cannot tell, the deadline stays the job's
     chats = home / ".gemini" / "tmp" / "review-job-1" / "chats"
     chats.mkdir(parents=True)
     projects = {"projects": {str(spec.job_dir.resolve()): "review-job-1"}}
     (home / ".gemini" / "projects.json").write_text(json.dumps(projects))
+    return spec, gemini, chats
+
+
+def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
+    spec, gemini, chats = _gemini_chats(tmp_path)
+    assert gemini.answered(spec)  # no log: cannot tell, the deadline stays the job's
     user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
     log = chats / "session-2026-11-26T23-02-4650ae9e.jsonl"
     # The session context before the instruction lists the KB's folders: long for a big KB.
@@ -386,6 +393,20 @@ def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
     assert not gemini.answered(spec)
     log.write_text(log.read_text() + _lines([{"id": "g", "type": "gemini", "content": ""}]))
     assert gemini.answered(spec)
+
+
+def test_gemini_answered_reads_the_newest_chat_log_of_its_attempt(tmp_path):
+    """A chat log is named by the minute its session began and a random id: a run of the
+    same attempt again in the same folder (its task queued again by a stopping worker)
+    within that minute was told apart by the id, and the killed run's answers said a hung
+    endpoint's deadline was the job's, or its silence that a model's answers were not."""
+    spec, gemini, chats = _gemini_chats(tmp_path)
+    user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
+    killed = chats / "session-2026-11-26T23-02-ffffffff.jsonl"
+    killed.write_text(_lines([user, {"id": "g", "type": "gemini", "content": ""}]))
+    os.utime(killed, (1_000_000_000, 1_000_000_000))
+    (chats / "session-2026-11-26T23-02-00000000.jsonl").write_text(_lines([user]))
+    assert not gemini.answered(spec)
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["cut-short", "whole"])

@@ -184,11 +184,14 @@ class GeminiReviewer(Reviewer):
         try:
             projects = json.loads((home / "projects.json").read_text(encoding="utf-8"))
             name = projects["projects"][str(spec.job_dir.resolve())]
-            logs = sorted((home / "tmp" / name / "chats").glob("session-*.jsonl"))
+            logs = list((home / "tmp" / name / "chats").glob("session-*.jsonl"))
         except (OSError, *UNREADABLE, LookupError, TypeError):
             return None
         said = f"Read the file {spec.prompt_path} "
-        for log in reversed(logs):
+        # Newest first by when each was last written: a log's name has the minute its
+        # session began and a random id, so the same attempt run again within that minute
+        # (its task queued again by a stopping worker) sorted by chance before the other.
+        for log in sorted(logs, key=_written, reverse=True):
             try:
                 with log.open("rb") as f:
                     if said in f.read(_CHAT_HEAD_BYTES).decode("utf-8", "replace"):
@@ -206,6 +209,13 @@ class GeminiReviewer(Reviewer):
 _CHAT_HEAD_BYTES = 1024 * 1024
 # What Gemini prints when a request to its model failed (a job's own 400 has a status).
 _API_ERROR = "Error when talking to Gemini API"
+
+
+def _written(path: Path) -> tuple[float, str]:
+    try:
+        return path.stat().st_mtime, path.name
+    except OSError:
+        return 0.0, path.name  # gone meanwhile: looked at last, and skipped then
 
 
 def _said(stderr: Path, words: str) -> bool:
