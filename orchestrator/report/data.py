@@ -17,6 +17,7 @@ from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.status import (
     FAILED_SQL,
     NOT_RUN_SQL,
+    WAITING_SQL,
     decide_calls,
     over_budget_runs,
     pause_why,
@@ -449,7 +450,8 @@ def _reviewed(
         by_gate.setdefault(gate, {})[d] = n
     reviewers = _rows(
         store,
-        "SELECT COALESCE(j.reviewer, '-') AS reviewer, count(*) AS attempts, "
+        "SELECT COALESCE(j.reviewer, '-') AS reviewer, "
+        f"SUM(CASE WHEN {WAITING_SQL} THEN 0 ELSE 1 END) AS attempts, "
         "COALESCE(SUM(a.cost_usd), 0) AS cost_usd, COALESCE(SUM(a.input_tokens), 0) AS input_tokens, "
         "COALESCE(SUM(a.output_tokens), 0) AS output_tokens, COALESCE(SUM(a.duration_s), 0) AS agent_s, "
         f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END) AS failed, "

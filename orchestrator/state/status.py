@@ -20,15 +20,18 @@ FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned
 # The same as an SQL list, for `outcome IN (...)`.
 FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
 # An attempt opened (``attempt-N/``) that was no run of an agent on the job (SPEC §6): its
-# program did not start, its CLI reached no model, or no worker launched it (one still
-# dispatched, or lost or superseded before its launch). Infrastructure, not a verdict on
-# the reviewer's work. The one definition of a run: the job's reasons ("3 attempt(s)
-# failed") never count these, nor do `jobs` and the report; the reaper counts a lost
-# attempt only once launched, as here.
+# program did not start, its CLI reached no model, or no worker launched it (lost or
+# superseded before its launch). Infrastructure, not a verdict on the reviewer's work.
+# The one definition of a run: the job's reasons ("3 attempt(s) failed") never count
+# these, nor do `jobs` and the report; the reaper counts a lost attempt only once
+# launched, as here.
 NOT_RUN_SQL = (
     "(a.outcome IN ('launch-failure', 'reviewer-failure') OR (a.launched_at IS NULL "
-    "AND a.outcome IN ('dispatched', 'lost', 'superseded')))"
+    "AND a.outcome IN ('lost', 'superseded')))"
 )
+# One still waiting for a worker to launch it: neither a run nor one that failed to be.
+# Counted as not run, `jobs` showed every job of a sweep in progress "(+1 not run)".
+WAITING_SQL = "(a.launched_at IS NULL AND a.outcome = 'dispatched')"
 
 
 class NotFound(ValueError):
@@ -200,7 +203,8 @@ def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]
         "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.lens, j.sweep, j.attempt, "
         "j.created_at, j.finished_at, (SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs, "
         "(SELECT COALESCE(SUM(cost_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost_usd, "
-        f"(SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND NOT {NOT_RUN_SQL}) AS attempts, "
+        "(SELECT count(*) FROM attempts a WHERE a.job_id = j.id "
+        f"AND NOT {NOT_RUN_SQL} AND NOT {WAITING_SQL}) AS attempts, "
         f"(SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND {NOT_RUN_SQL}) AS attempts_not_run "
         "FROM review_jobs j"
     )
