@@ -1496,13 +1496,24 @@ def test_rejecting_an_agents_failure_records_no_verdict(kb):
     assert acc == [("PASS", "review")]
 
 
+def _sequentially_enqueued(kb) -> list[str]:
+    """The gates of the pairs a sequential sweep of every gate enqueues now, in order."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    ws = Workspace.open(kb.root)
+    try:
+        req = SweepRequest(name="seq", reviewer="offline", all_gates=True, sequential=True)
+        res = enqueue(ws, req)
+    finally:
+        ws.close()
+    return [p.gate_id for j in res.jobs for p in j.pairs]
+
+
 def test_a_fail_of_a_gate_gone_since_holds_no_later_bundle(kb):
     """A sequential sweep read every FAIL of the partition: one of a gate removed since
     (or not selected) held the note's later bundles "until frontmatter is fresh with no
     FAIL", which nothing could make true again."""
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest, enqueue
-
     kb.gate("frontmatter/title-check", ["title"])
     kb.gate("frontmatter/old-check", ["title"])
     kb.gate("prose/clarity", ["body"])
@@ -1510,13 +1521,7 @@ def test_a_fail_of_a_gate_gone_since_holds_no_later_bundle(kb):
     kb.accept("offline", [(note, "frontmatter/title-check")], "PASS")
     kb.accept("offline", [(note, "frontmatter/old-check")], "FAIL")
     (kb.root / "kb/instructions/review-gates/frontmatter/old-check.md").unlink()  # retired
-    ws = Workspace.open(kb.root)
-    try:
-        req = SweepRequest(name="seq", reviewer="offline", all_gates=True, sequential=True)
-        res = enqueue(ws, req)
-    finally:
-        ws.close()
-    assert [p.gate_id for j in res.jobs for p in j.pairs] == ["prose/clarity"], res.skipped
+    assert _sequentially_enqueued(kb) == ["prose/clarity"]
 
 
 def test_a_sequential_runs_counts_add_its_next_bundles(kb):
@@ -1869,9 +1874,6 @@ def test_a_fail_of_a_gate_the_retyped_note_no_longer_has_holds_no_later_bundle(k
     that gate's FAIL stayed the pair's accepted verdict. A sequential sweep read it as a
     current FAIL and held the note's later bundles for good, as export and warn-queue
     no longer read it."""
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest, enqueue
-
     kb.type_spec("definition")
     kb.type_spec("concept")
     kb.gate("frontmatter/title-check", ["title"])
@@ -1882,13 +1884,7 @@ def test_a_fail_of_a_gate_the_retyped_note_no_longer_has_holds_no_later_bundle(k
     kb.accept("offline", [(note, "frontmatter/definition-check")], "FAIL")
     kb.write(note, kb.read(note).replace("type: definition", "type: concept"))
     kb.accept("offline", [(note, "frontmatter/title-check")], "PASS")
-    ws = Workspace.open(kb.root)
-    try:
-        req = SweepRequest(name="seq", reviewer="offline", all_gates=True, sequential=True)
-        res = enqueue(ws, req)
-    finally:
-        ws.close()
-    assert [p.gate_id for j in res.jobs for p in j.pairs] == ["prose/clarity"], res.skipped
+    assert _sequentially_enqueued(kb) == ["prose/clarity"]
 
 
 def test_an_ack_that_carries_a_pass_forward_starts_the_count_afresh(cyc):
