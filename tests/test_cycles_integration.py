@@ -276,6 +276,22 @@ def escalate(cyc) -> int:
     return json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"][0]["id"]
 
 
+def test_an_escalation_of_a_gate_the_retyped_note_no_longer_has_can_only_be_rejected(kb):
+    """Approved, the pair's PASS stood for a gate the note is no longer asked (export and
+    warn-queue hide it; select would not ask it); a redo fixed the note against it."""
+    kb.type_spec("definition")
+    kb.type_spec("concept")
+    kb.gate("prose/body-check", ["body"], requires_type="definition")
+    kb.note("alpha", body="Alpha body.\n", type="definition")
+    esc = escalate(kb)
+    kb.write(NOTE, kb.read(NOTE).replace("type: definition", "type: concept"))
+    for call in (("approve",), ("redo", "--feedback", "Say more.")):
+        res = rq(kb, "decide", str(esc), *call)
+        assert res.returncode == 1, res.stdout
+        assert "prose/body-check does not apply to kb/notes/alpha.md" in res.stderr, res.stderr
+    assert rq(kb, "decide", str(esc), "reject").returncode == 0
+
+
 def test_redo_puts_the_asks_in_the_next_fix_prompt_and_restarts_the_count(cyc):
     esc = escalate(cyc)
     asks = "Name the hive type in the first sentence; cite the 2019 survey."

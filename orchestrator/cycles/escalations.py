@@ -16,7 +16,8 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
-from orchestrator.kb.notes import KBError, NoteParseError, sha256_bytes
+from orchestrator.kb.gates import not_asked
+from orchestrator.kb.notes import KBError, Note, NoteParseError, sha256_bytes
 from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
@@ -547,6 +548,7 @@ class _NoteNow:
     text: str | None
     sha256: str | None
     problem: str | None
+    note: Note | None = None
 
 
 def _current_note(kb, note_path: str) -> _NoteNow:
@@ -564,7 +566,7 @@ def _current_note(kb, note_path: str) -> _NoteNow:
         return _NoteNow(None, sha, f"cannot be read ({exc})")
     except (OSError, KBError) as exc:
         return _NoteNow(None, None, f"cannot be read ({getattr(exc, 'strerror', None) or exc})")
-    return _NoteNow(note.text, note.sha256, None)
+    return _NoteNow(note.text, note.sha256, None, note)
 
 
 def only_reject(store: Store, kb, catalog, note_path: str, gate_id: str) -> str | None:
@@ -579,7 +581,11 @@ def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate o
     """What keeps approve and redo from this note and gate, or None."""
     if note.problem is not None:
         return f"the note {note.problem}"
-    return None if gate is not None else "the gate is not in the catalog"
+    if gate is None:
+        return "the gate is not in the catalog"
+    # Retyped since (by a fix or a person): approved, the pair's PASS would stand for a
+    # gate the note is no longer asked, and a redo would fix it against that gate.
+    return not_asked(gate, note.note) if note.note is not None else None
 
 
 def _check(
