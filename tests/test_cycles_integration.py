@@ -1626,18 +1626,7 @@ def test_run_job_of_a_fix_says_what_followed_it(kb):
     follow-up and escalated lines."""
     kb.gate("prose/body-check", ["body"])
     kb.note("alpha", body="Alpha body.\n")
-    config(
-        kb,
-        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
-        profile("fixer", FAKE_FIX_APPEND="FIXED"),
-    )
-    res = rq(kb, "enqueue", "--all-gates", "--fix", "--fixer", "fixer", "--reviewer", "fake",
-             "--json")  # fmt: skip
-    (review,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
-    res = rq(kb, "run-job", str(review), "--reviewer", "fake")
-    assert res.returncode == 0, res.stderr
-    with db(kb) as conn:
-        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    fix = queued_fix_of_a_fail(kb)
     res = rq(kb, "run-job", str(fix), "--reviewer", "fixer")
     assert res.returncode == 0, res.stderr
     with db(kb) as conn:
@@ -1812,7 +1801,8 @@ def queued_fix_of_a_fail(kb) -> int:
     res = rq(kb, "enqueue", "--all-gates", "--fix", "--fixer", "fixer", "--reviewer", "fake",
              "--json")  # fmt: skip
     (review,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
-    assert rq(kb, "run-job", str(review), "--reviewer", "fake").returncode == 0
+    res = rq(kb, "run-job", str(review), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
     with db(kb) as conn:
         return conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
 
