@@ -1818,18 +1818,26 @@ def approved_while_its_fix_waits(kb) -> int:
     return fix
 
 
+def fix_run_and_not_written(kb, fix: int):  # noqa: ANN201 - (run-job's result, result, reasons)
+    """run-job of a fix job that ends without writing NOTE: what it printed, the job's
+    result and failure reasons."""
+    before = kb.read(NOTE)
+    res = rq(kb, "run-job", str(fix), "--reviewer", "fixer")
+    assert res.returncode == 0, res.stderr
+    assert kb.read(NOTE) == before
+    with db(kb) as conn:
+        result, reasons = conn.execute(
+            "SELECT result, failure_reasons FROM review_jobs WHERE id = ?", (fix,)
+        ).fetchone()
+    return res, result, reasons
+
+
 def test_a_fix_queued_before_an_approve_does_not_rewrite_the_note(cyc):
     """The fix rewrote the note a person approved for the finding they had settled, and
     its re-review replaced their PASS."""
     fix = approved_while_its_fix_waits(cyc)
-    before = cyc.read(NOTE)
-    res = rq(cyc, "run-job", str(fix), "--reviewer", "fixer")
-    assert res.returncode == 0, res.stderr
-    assert cyc.read(NOTE) == before
+    res, result, reasons = fix_run_and_not_written(cyc, fix)
     with db(cyc) as conn:
-        result, reasons = conn.execute(
-            "SELECT result, failure_reasons FROM review_jobs WHERE id = ?", (fix,)
-        ).fetchone()
         acc = conn.execute("SELECT decision, source FROM acceptance").fetchone()
         later = conn.execute(
             "SELECT count(*) FROM review_jobs WHERE (kind = 'fix' AND id > ?) OR source_job_id = ?",
@@ -1857,14 +1865,8 @@ def test_a_fix_queued_before_an_ack_is_not_written_and_is_queued_again(cyc):
     gate = "kb/instructions/review-gates/prose/body-check.md"
     cyc.write(gate, cyc.read(gate) + "\nA typo fixed.\n")
     assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
-    before = cyc.read(NOTE)
-    res = rq(cyc, "run-job", str(fix), "--reviewer", "fixer")
-    assert res.returncode == 0, res.stderr
-    assert cyc.read(NOTE) == before
+    res, result, reasons = fix_run_and_not_written(cyc, fix)
     with db(cyc) as conn:
-        result, reasons = conn.execute(
-            "SELECT result, failure_reasons FROM review_jobs WHERE id = ?", (fix,)
-        ).fetchone()
         (again,) = conn.execute(
             "SELECT id FROM review_jobs WHERE kind = 'fix' AND id > ?", (fix,)
         ).fetchone()
