@@ -1452,3 +1452,19 @@ def test_a_second_agent_of_an_attempt_already_finalized_is_stopped(kb, tmp_path,
     assert "(finalized) is recorded" in asked["reason"]
     stopping = (tmp_path / "a/remote/state/logs/reviewq.jsonl").read_text()
     assert '"attempt.stopping"' in stopping
+
+
+def test_a_worker_started_before_its_control_keeps_out_of_the_controls_folder(kb, tmp_path):
+    """A worker beside the KB, on Redis, started a moment before its control (as `make`
+    targets and tests start both): the state folder had no state.db or control.lock yet,
+    so the worker took it for a machine of its own and wrote its log and attempts into the
+    control's logs/ and attempts/. A state folder under a KB root is the control's."""
+    from orchestrator.config import load_settings
+    from workers.attempt import worker_folder
+
+    kb.write("reviewq.toml", '[queue]\nurl = "redis://127.0.0.1:1/0"\n')
+    settings = load_settings(kb.root)
+    assert not settings.state_dir.exists()
+    assert worker_folder(settings) == settings.state_dir / "worker"
+    remote = load_settings(tmp_path, tmp_path / "w", kb.root / "reviewq.toml")
+    assert worker_folder(remote) == tmp_path / "w"  # a machine of its own: --state itself
