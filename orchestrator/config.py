@@ -251,6 +251,9 @@ class Settings:
     # [[sweeps]] entries left out, by name (or "#N" when the entry has no usable name):
     # one line each, naming the file, the entry and what is wrong. See _sweeps.
     sweeps_left_out: dict[str, str] = field(default_factory=dict)
+    # --state named the folder, rather than ROOT's [state] dir: a worker so started keeps
+    # its files there (see workers.attempt.worker_folder).
+    state_given: bool = False
 
     def reviewer(self, name: str) -> ReviewerProfile:
         try:
@@ -738,6 +741,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         sweeps=sweeps,
         fix=fix,
         sweeps_left_out=left_out,
+        state_given=bool(state),
     )
 
 

@@ -1458,7 +1458,7 @@ def test_a_worker_started_before_its_control_keeps_out_of_the_controls_folder(kb
     """A worker beside the KB, on Redis, started a moment before its control (as `make`
     targets and tests start both): the state folder had no state.db or control.lock yet,
     so the worker took it for a machine of its own and wrote its log and attempts into the
-    control's logs/ and attempts/. A state folder under a KB root is the control's."""
+    control's logs/ and attempts/. The state folder of a KB root is the control's."""
     from orchestrator.config import load_settings
     from workers.attempt import worker_folder
 
@@ -1468,3 +1468,5 @@ def test_a_worker_started_before_its_control_keeps_out_of_the_controls_folder(kb
     assert worker_folder(settings) == settings.state_dir / "worker"
     remote = load_settings(tmp_path, tmp_path / "w", kb.root / "reviewq.toml")
     assert worker_folder(remote) == tmp_path / "w"  # a machine of its own: --state itself
+    named = load_settings(kb.root, kb.root / "workers" / "w1")  # as the fault harness does
+    assert worker_folder(named) == kb.root / "workers" / "w1"

@@ -547,14 +547,14 @@ def _wait(
 def worker_folder(settings: Settings) -> Path:
     """A worker's private folder: ``--state`` itself on a machine of its own; but when that
     folder is a control process's (it holds state.db or control.lock, the queue is SQLite
-    and so lives there, or it lies under a KB root), its subfolder ``worker/``. A worker
-    writes nowhere else."""
+    and so lives there, or it is the state folder of a KB's root, named by no --state),
+    its subfolder ``worker/``. A worker writes nowhere else."""
     state = settings.state_dir
     if not settings.queue.url or (state / "state.db").exists() or (state / "control.lock").exists():
         return state / "worker"
     # Started a moment before its control, a worker beside the KB found neither file yet
     # and wrote its log and attempts among the control's.
-    if (settings.root / "kb").is_dir() and state.is_relative_to(settings.root):
+    if not settings.state_given and (settings.root / "kb").is_dir():
         return state / "worker"
     return state
 
