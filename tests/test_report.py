@@ -564,6 +564,35 @@ def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
     assert [(s["reviewer"], s["queued"]) for s in needs["stalled"]] == [("fake", 1)]
 
 
+def test_jobs_that_do_not_move_after_an_outage_name_it(kb, run_cli):
+    """A reviewer whose endpoint was out of reach paused, its pause ran out with no control
+    process left to try again, and the morning report asked only "is the control process
+    running?": the outage the night ended on was in no line of it."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("a")
+    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    unreachable = "unreachable: cannot reach http://127.0.0.1:9/v1/chat/completions"
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        conn.execute("UPDATE review_jobs SET created_at = ?", (_minutes_ago(40),))
+        job_id = conn.execute("SELECT min(id) FROM review_jobs").fetchone()[0]
+        for n, outcome, reason in [
+            (1, "invalid-output", "missing pair"),
+            (2, "reviewer-failure", unreachable),
+        ]:
+            conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, launched_at, "
+                "ended_at, reasons) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, n, outcome, *[_minutes_ago(40 - n)] * 3, json.dumps([reason])),
+            )
+    (stalled,) = json.loads(run_cli("report", "--json").stdout)["needs_you"]["stalled"]
+    assert stalled["last_not_run"] == f"reviewer-failure: {unreachable}"
+    res = run_cli("report", "--since", "10m")
+    assert f"its last attempt did not run (reviewer-failure: {unreachable})" in res.stdout
+    assert f"(reviewer-failure: {unreachable})" in (kb.state / "report.html").read_text()
+
+
 def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):
     """A run's spend was every attempt of its sweep's name since it began: the next run of
     'nightly' was charged to the first too, which then read 'budget reached'."""

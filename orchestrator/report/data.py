@@ -263,6 +263,18 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
             "AND a.reasons LIKE '%never picked up by a worker%'",
             (r["reviewer"], since),
         ).fetchone()[0]
+        # A pause that ran out with no control process left to try again leaves no other
+        # trace of the outage the night ended on: the last attempt's own words.
+        last = store.conn.execute(
+            f"SELECT a.outcome, a.reasons, {NOT_RUN_SQL} AS not_run FROM attempts a "
+            "JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
+            "AND a.ended_at IS NOT NULL ORDER BY a.ended_at DESC, a.id DESC LIMIT 1",
+            (r["reviewer"],),
+        ).fetchone()
+        r["last_not_run"] = None
+        if last and last["not_run"]:
+            reasons = reasons_column(last["reasons"])
+            r["last_not_run"] = last["outcome"] + (f": {reasons[0]}" if reasons else "")
         out.append(r)
     return out
 

@@ -79,7 +79,11 @@ def stalled(st: dict) -> str:
         if st["never_picked_up"]
         else "; is the control process running, with workers?"
     )
-    return f"{st['queued']} queued and {st['running']} running job(s), {moved} since {since}{why}"
+    outage = f"; its last attempt did not run ({st['last_not_run']})" if st["last_not_run"] else ""
+    return (
+        f"{st['queued']} queued and {st['running']} running job(s), {moved} since {since}"
+        f"{outage}{why}"
+    )
 
 
 _ENV.filters["stalled"] = stalled
