@@ -1071,6 +1071,21 @@ def test_a_notes_escalations_in_two_partitions_are_offered_one_call_each(kb):
     assert f"reviewq decide {ids[min(ids)]} redo --feedback &#34;…&#34;" in page.read_text()
 
 
+def test_a_notes_one_escalation_is_offered_its_decide_call(kb):
+    """`escalations` named the decide call of a note with several escalations only: under
+    a note's one escalation stood its report's path and no command to answer it."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty", description="")
+    kb.write("reviewq.toml", FAST_QUEUE)
+    res = rq(kb, "sweep", "--reviewer", "offline", "--fix")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (esc_id,) = [r[0] for r in conn.execute("SELECT id FROM escalations")]
+    shown = rq(kb, "escalations")
+    assert shown.returncode == 0, shown.stderr
+    assert f"  decide it: reviewq decide {esc_id} approve|redo|reject\n" in shown.stdout
+
+
 def test_a_redo_after_the_person_edited_the_note_reviews_their_text(kb):
     """The escalated FAIL was about the text before the person's edit: the redo's fixer
     was told 'the description region is empty' of a note that no longer had it so, its

@@ -1017,17 +1017,22 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 f"      report: {path}"
                 + ("" if written else " (to be written at the control process's next tick)")
             )
-        if len(group) > 1:
-            calls = decide_calls(note, [(e.id, e.model_partition) for e in group])
-            # A note deleted since (or a gate gone) leaves reject the only call decide takes.
-            answers = "reject" if any(only[e.id] for e in group) else "approve|redo|reject"
-            for partition, target in calls.items():
-                # A partition's one escalation is "it": "them at once" was said of one.
-                them = "it" if partition and " " not in target else "them at once"
-                click.echo(
-                    f"  decide {them}{f' ({partition})' if partition else ''}: "
-                    f"reviewq decide {target} {answers}"
-                )
+        # A note's one escalation gets its call too: without it, that note alone was
+        # shown with no command to answer it.
+        calls = (
+            decide_calls(note, [(e.id, e.model_partition) for e in group])
+            if len(group) > 1
+            else {None: str(group[0].id)}
+        )
+        # A note deleted since (or a gate gone) leaves reject the only call decide takes.
+        answers = "reject" if any(only[e.id] for e in group) else "approve|redo|reject"
+        for partition, target in calls.items():
+            # One escalation (an id alone) is "it": "them at once" was said of one.
+            them = "it" if " " not in target else "them at once"
+            click.echo(
+                f"  decide {them}{f' ({partition})' if partition else ''}: "
+                f"reviewq decide {target} {answers}"
+            )
     click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
 
 
