@@ -412,6 +412,29 @@ def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path)
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
+    """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
+    four figures ran out of its tile's box, at a laptop's width."""
+    from orchestrator.report import render
+
+    data = night.report()
+    data["reviewed"].update(wall_time_s=3599, cost_usd=1234.5678)
+    page_path = tmp_path / "long-figures.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    for width, mobile in ((1280, False), (390, True)):
+        page = browser.open(page_path.as_uri(), width=width, height=900, mobile=mobile)
+        tiles = page.evaluate(
+            """[...document.querySelectorAll('.tiles li')].map(li => {
+            const b = li.querySelector('b');
+            return [b.textContent, b.getBoundingClientRect().height
+                    < 1.5 * parseFloat(getComputedStyle(b).lineHeight),
+                    b.scrollWidth <= li.clientWidth];
+        })"""
+        )
+        assert [t for t in tiles if not (t[1] and t[2])] == [], (width, tiles)
+        assert ["59 min 59 s", True, True] in tiles and ["$1,234.5678", True, True] in tiles
+
+
 def test_the_request_check_sees_a_page_that_fetches(browser, tmp_path):
     """The check above can fail: a page with an outside image and style is caught."""
     page_path = tmp_path / "leaky.html"
