@@ -1766,6 +1766,21 @@ def test_job_names_the_job_it_follows_and_its_follow_ups(kb):
     assert data["follow_ups"] == [{"id": fix, "kind": "fix"}]
 
 
+def test_job_names_a_fix_jobs_profile_its_fixer(kb):
+    """`job N` of a fix job called its fixer profile "reviewer": a failed fix read as the
+    reviewer's failure, beside an escalation that says "repair the fixer"."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("empty-desc", description="")
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "offline", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    review = json.loads(res.stdout)["jobs"][0]["review_job_id"]
+    assert rq(kb, "run-job", str(review)).returncode == 0
+    shown = rq(kb, "job", str(review)).stdout
+    assert shown.startswith(f"job {review}: completed (review, offline, reviewer offline)\n")
+    shown = rq(kb, "job", str(review + 1)).stdout
+    assert shown.startswith(f"job {review + 1}: queued (fix, offline, fixer offline)\n"), shown
+
+
 def test_a_failed_job_whose_escalations_are_decided_needs_nobody(kb):
     """A failed job is listed once, as the escalations it raised; once the person decided
     them, the report listed the job again under "needs you", a failure already answered."""

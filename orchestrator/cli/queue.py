@@ -590,9 +590,11 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         )
         click.echo(f"  decided {data['created_at']}")
     else:
+        # The profile as the role it played: a failed fix called its fixer the reviewer.
+        role = {"fix": "fixer", "audit": "auditor"}.get(data["kind"], "reviewer")
         click.echo(
             f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
-            f"reviewer {dash(data['reviewer'])})"
+            f"{role} {dash(data['reviewer'])})"
         )
         finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
         click.echo(f"  created {data['created_at']}{finished}")
