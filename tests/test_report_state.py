@@ -140,6 +140,31 @@ def test_a_failed_job_needs_you_once(st):
     assert [f["id"] for f in n["failed_jobs"]] == [1, 2]
 
 
+# A failed review job's row said "prose (2 pair(s))" and its terminal line only its
+#    reason: which note it was about was in neither, only in `reviewq job N`.
+def test_a_failed_jobs_notes_are_named(st):
+    from orchestrator.report import render
+
+    store, sd = st
+    job(store, 1, created=T.format("01:00"), finished=T.format("01:05"), status="failed")
+    store.conn.execute(
+        "UPDATE review_jobs SET failure_reasons = ? WHERE id = 1",
+        (json.dumps(["reviewer profile 'gone' is not configured"]),),
+    )
+    snap = store.snapshot("kb/notes/a.md", "text")
+    for gate in ("prose/g1", "prose/g2"):
+        store.conn.execute(
+            "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, "
+            "note_snapshot_id, gate_snapshot_id) VALUES (1, 'kb/notes/a.md', ?, ?, 'prose', ?, ?)",
+            (gate, f"kb/gates/{gate}.md", snap, snap),
+        )
+    d = report(store, sd, T.format("07:00"), remember=False)
+    (failed,) = d["needs_you"]["failed_jobs"]
+    assert failed["notes"] == ["kb/notes/a.md"]
+    assert "<td>prose: kb/notes/a.md (2 pair(s))</td>" in render.html(d)
+    assert "  job 1 failed (prose: kb/notes/a.md): reviewer profile" in render.text(d, None)
+
+
 def test_a_notes_fix_jobs_are_found_by_an_index(st):
     # The report's --full section looks up each escalated note's last fixes: without an
     # index, a scan of every job per note (29.7 s for 2,000 notes over 200,000 jobs).

@@ -193,6 +193,14 @@ def _needs_you(
     )
     for f in failed:
         f["reasons"] = reasons_column(f.pop("failure_reasons"))[:3]
+        # A review job records no note of its own: its pairs name the notes it was about.
+        f["notes"] = [
+            r[0]
+            for r in store.conn.execute(
+                "SELECT DISTINCT note_path FROM review_pairs WHERE job_id = ? ORDER BY note_path",
+                (f["id"],),
+            )
+        ]
     held = over_budget_runs(store)  # runs whose spent budget holds queued jobs back
     budgets = _budgets(store, held, run_id)
     paused = [

@@ -89,6 +89,18 @@ def stalled(st: dict) -> str:
 _ENV.filters["stalled"] = stalled
 
 
+def failed_what(f: dict, most: int = 3) -> str:
+    """What a failed job was about: its lens, if any, and its notes (the first few)."""
+    notes = f["notes"] or ([f["note_path"]] if f["note_path"] else [])
+    shown = ", ".join(notes[:most]) + (
+        f" and {len(notes) - most} more note(s)" if len(notes) > most else ""
+    )
+    return ": ".join(x for x in (f["lens"], shown) if x) or "-"
+
+
+_ENV.filters["failed_what"] = failed_what
+
+
 def text(data: dict, html_path: str | None) -> str:
     """What a person reads at a terminal before opening the page."""
     n, k, r = data["needs_you"], data["kb_changes"], data["reviewed"]
@@ -130,7 +142,10 @@ def text(data: dict, html_path: str | None) -> str:
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
         lines.append(f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s)")
     for f in n["failed_jobs"][:3]:
-        lines.append(f"  job {f['id']} failed: {(f['reasons'] or ['no reason recorded'])[0]}")
+        lines.append(
+            f"  job {f['id']} failed ({failed_what(f)}): "
+            f"{(f['reasons'] or ['no reason recorded'])[0]}"
+        )
     for p in n["paused_reviewers"]:
         lines.append(f"  {p['says']}")
     for b in n["budgets_reached"]:
