@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shlex
 import shutil
 import subprocess
 import sys
@@ -236,3 +237,40 @@ def test_a_commands_stderr_line_keeps_the_level_of_an_error():
     assert line == "error: followup.failed  job_id=3"
     line = _warning_line(None, "warning", {"event": "fix.skipped", "level": "warning"})
     assert line == "warning: fix.skipped"
+
+
+def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
+    """OPERATIONS' "everything that went wrong tonight" jq recipe picked `reason` only: a
+    job that failed its attempts, a retry and a reviewer failure log `reasons`, so each
+    such line read `"reason": null`, a failure with no why."""
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.skip("jq is not installed")
+    from .test_cycles_integration import profile
+    from .test_queue_integration import FAST_QUEUE
+
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("a")
+    kb.write("reviewq.toml", profile("fake", FAKE_MODE="nothing") + FAST_QUEUE)
+    sweep = subprocess.run(
+        [EXE, "--root", str(kb.root), "sweep", "--all-gates", "--reviewer", "fake"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sweep.returncode == 1 and "failed job" in sweep.stdout, sweep.stderr
+    docs = (Path(__file__).parents[1] / "docs" / "OPERATIONS.md").read_text().splitlines()
+    recipe = docs[docs.index("# everything that went wrong tonight") + 1]
+    assert recipe.startswith("jq ") and recipe.endswith(" $L"), recipe
+    res = subprocess.run(
+        [jq, *shlex.split(recipe)[1:-1], str(kb.state / "logs" / "reviewq.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    failed = [r for r in rows if r["event"] in ("job.failed", "job.retrying")]
+    assert failed, rows
+    for r in failed:
+        assert "without writing bundle-output.md" in json.dumps(r), r
