@@ -274,3 +274,21 @@ def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
     assert failed, rows
     for r in failed:
         assert "without writing bundle-output.md" in json.dumps(r), r
+
+
+def test_a_split_jobs_log_begins_with_the_split_that_made_it(kb, run_cli):
+    """`reviewq logs --job 44` of a job a split made began with its first dispatch, from
+    nowhere: the job.split line naming it (`into=[44, 45]`) was only job 43's, while a fix
+    job's log begins with the fix.queued that made it."""
+    from orchestrator import logs
+
+    logs.configure(kb.state)
+    reasons = ["deadline of 3 s reached with no output; the process group was killed"]
+    logs.get().warning("job.split", job_id=43, attempt=1, into=[44, 45], reasons=reasons)
+    logs.get().info("attempt.dispatched", job_id=44, attempt=1, reviewer="slow")
+    logs.get().info("attempt.dispatched", job_id=45, attempt=1, reviewer="slow")
+    for job, split in ((44, True), (45, True), (43, True), (46, False)):
+        shown = run_cli("logs", "--job", str(job))
+        assert shown.exit_code == 0, shown.stderr
+        assert ("job.split " in shown.stdout) is split, (job, shown.stdout)
+    assert "job_id=45" not in run_cli("logs", "--job", "44").stdout

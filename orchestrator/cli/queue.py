@@ -686,8 +686,14 @@ def logs_cmd(
             return
         if not isinstance(rec, dict):
             return  # JSON, but not one of reviewq's lines
-        # A follow-up's queueing (fix.queued, audit.queued) is its source job's story too.
-        if job_id is not None and job_id not in (rec.get("job_id"), rec.get("source_job_id")):
+        # A follow-up's queueing (fix.queued, audit.queued) is its source job's story too,
+        # and a split (job.split, into=[…]) is the story of the jobs it made.
+        into = rec.get("into") if isinstance(rec.get("into"), list) else []
+        if job_id is not None and job_id not in (
+            rec.get("job_id"),
+            rec.get("source_job_id"),
+            *into,
+        ):
             return
         if event and not (
             rec.get("event") == event
