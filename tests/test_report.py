@@ -543,16 +543,22 @@ def _minutes_ago(minutes: int) -> str:
     return timestamp(datetime.now(UTC) - timedelta(minutes=minutes))
 
 
+def _queued_for_fake(kb, *notes: str) -> None:
+    """One gate, these notes, and every pair of them queued for the fake reviewer (no
+    worker runs them)."""
+    kb.gate("frontmatter/has-description", ["description"])
+    for name in notes:
+        kb.note(name)
+    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+
+
 def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
     """With no worker running, a night's jobs stayed queued, none had an attempt in the
     report's window, and the report said 'needs you: nothing'."""
-    kb.gate("frontmatter/has-description", ["description"])
-    for name in ("a", "b"):
-        kb.note(name)
-    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
     # Queued only a moment ago: that is no backlog yet.
-    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
-    assert res.returncode == 0, res.stderr
+    _queued_for_fake(kb, "a", "b")
     assert json.loads(run_cli("report", "--json").stdout)["needs_you"]["stalled"] == []
     # Twenty minutes on, nothing ran; the reaper gave up on one attempt no worker took.
     with sqlite3.connect(kb.state / "state.db") as conn:
@@ -591,11 +597,7 @@ def test_jobs_that_do_not_move_after_an_outage_name_it(kb, run_cli):
     """A reviewer whose endpoint was out of reach paused, its pause ran out with no control
     process left to try again, and the morning report asked only "is the control process
     running?": the outage the night ended on was in no line of it."""
-    kb.gate("frontmatter/has-description", ["description"])
-    kb.note("a")
-    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
-    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
-    assert res.returncode == 0, res.stderr
+    _queued_for_fake(kb, "a")
     unreachable = "unreachable: cannot reach http://127.0.0.1:9/v1/chat/completions"
     with sqlite3.connect(kb.state / "state.db") as conn:
         conn.execute("UPDATE review_jobs SET created_at = ?", (_minutes_ago(40),))
@@ -640,11 +642,7 @@ def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):
 def test_attempts_no_agent_answered_are_not_the_reviewers_failures(kb, run_cli):
     """Lost, launch-failure and reviewer-failure attempts were counted as the profile's
     failed attempts: with the workers down, every reviewer showed a 100 % failure rate."""
-    kb.gate("frontmatter/has-description", ["description"])
-    kb.note("a")
-    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
-    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
-    assert res.returncode == 0, res.stderr
+    _queued_for_fake(kb, "a")
     outcomes = ["lost", "launch-failure", "reviewer-failure", "invalid-output", "finalized"]
     with sqlite3.connect(kb.state / "state.db") as conn:
         job_id = conn.execute("SELECT id FROM review_jobs").fetchone()[0]
@@ -666,11 +664,7 @@ def test_jobs_and_the_report_count_as_run_the_attempts_that_launched_an_agent(kb
     and the report counted a lost attempt as not run even once its agent had launched:
     the two said different numbers of runs for one job. A run is an attempt that
     launched an agent, in both."""
-    kb.gate("frontmatter/has-description", ["description"])
-    kb.note("a")
-    kb.write("reviewq.toml", profile("fake") + FAST_QUEUE)
-    res = reviewq_process("--root", str(kb.root), "enqueue", "--all-gates", "--reviewer", "fake")
-    assert res.returncode == 0, res.stderr
+    _queued_for_fake(kb, "a")
     attempts = [  # (outcome, launched)
         ("lost", True),
         ("lost", False),
