@@ -60,6 +60,21 @@ def attempt(store, jid, n, *, started, ended, outcome="finalized", cost=None):
     )
 
 
+def failed_job(store, jid, reasons, gates, note="kb/notes/a.md"):
+    """A review job that failed at 01:05 for ``reasons``, with one pair per gate of ``note``."""
+    job(store, jid, created=T.format("01:00"), finished=T.format("01:05"), status="failed")
+    store.conn.execute(
+        "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?", (json.dumps(reasons), jid)
+    )
+    snap = store.snapshot(note, "text")
+    for gate in gates:
+        store.conn.execute(
+            "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, "
+            "note_snapshot_id, gate_snapshot_id) VALUES (?, ?, ?, ?, 'prose', ?, ?)",
+            (jid, note, gate, f"kb/gates/{gate}.md", snap, snap),
+        )
+
+
 def escalation(store, note, gate, call, state_dir):
     cur = store.conn.execute(
         "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, report_path, "
@@ -116,18 +131,7 @@ def test_a_narrow_look_does_not_skip_the_night(st, narrow):
 #    its failure raised (call 'redo'); the tile and the text add them up.
 def test_a_failed_job_needs_you_once(st):
     store, sd = st
-    job(store, 1, created=T.format("01:00"), finished=T.format("01:05"), status="failed")
-    store.conn.execute(
-        "UPDATE review_jobs SET failure_reasons = ? WHERE id = 1",
-        (json.dumps(["3 attempt(s) failed"]),),
-    )
-    snap = store.snapshot("kb/notes/a.md", "text")
-    store.conn.execute(
-        "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, "
-        "note_snapshot_id, gate_snapshot_id) VALUES (1, 'kb/notes/a.md', 'prose/g1', "
-        "'kb/gates/prose/g1.md', 'prose', ?, ?)",
-        (snap, snap),
-    )
+    failed_job(store, 1, ["3 attempt(s) failed"], ["prose/g1"])
     escalation(store, "kb/notes/a.md", "prose/g1", "redo", sd)  # its failure raised it
     n = report(store, sd, T.format("07:00"), remember=False)["needs_you"]
     assert n["escalations_open"] + n["failed_total"] == 1  # was 2
@@ -146,18 +150,7 @@ def test_a_failed_jobs_notes_are_named(st):
     from orchestrator.report import render
 
     store, sd = st
-    job(store, 1, created=T.format("01:00"), finished=T.format("01:05"), status="failed")
-    store.conn.execute(
-        "UPDATE review_jobs SET failure_reasons = ? WHERE id = 1",
-        (json.dumps(["reviewer profile 'gone' is not configured"]),),
-    )
-    snap = store.snapshot("kb/notes/a.md", "text")
-    for gate in ("prose/g1", "prose/g2"):
-        store.conn.execute(
-            "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, "
-            "note_snapshot_id, gate_snapshot_id) VALUES (1, 'kb/notes/a.md', ?, ?, 'prose', ?, ?)",
-            (gate, f"kb/gates/{gate}.md", snap, snap),
-        )
+    failed_job(store, 1, ["reviewer profile 'gone' is not configured"], ["prose/g1", "prose/g2"])
     d = report(store, sd, T.format("07:00"), remember=False)
     (failed,) = d["needs_you"]["failed_jobs"]
     assert failed["notes"] == ["kb/notes/a.md"]
