@@ -1746,16 +1746,22 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     assert pause in printed
 
 
-def test_job_names_the_job_it_follows_and_its_follow_ups(kb):
-    """`job N` of a FAIL said nothing of the fix it started, the fix nothing of the review
-    it followed nor of the re-review after it: only `--json` had source_job_id, one way."""
+def _a_fail_run_with_its_fix_queued(kb) -> int:
+    """A note with no description, its review run by hand (a FAIL) and its fix queued:
+    the review job's id (the fix's is the next)."""
     kb.gate("frontmatter/desc-check", ["description"])
     kb.note("empty-desc", description="")
     res = rq(kb, "enqueue", "--all-gates", "--reviewer", "offline", "--fix", "--json")
     assert res.returncode == 0, res.stderr
     (job,) = json.loads(res.stdout)["jobs"]
-    review = job["review_job_id"]
-    assert rq(kb, "run-job", str(review)).returncode == 0
+    assert rq(kb, "run-job", str(job["review_job_id"])).returncode == 0
+    return job["review_job_id"]
+
+
+def test_job_names_the_job_it_follows_and_its_follow_ups(kb):
+    """`job N` of a FAIL said nothing of the fix it started, the fix nothing of the review
+    it followed nor of the re-review after it: only `--json` had source_job_id, one way."""
+    review = _a_fail_run_with_its_fix_queued(kb)
     fix = review + 1
     assert rq(kb, "run-job", str(fix)).returncode in (0, 1)
     shown = rq(kb, "job", str(review)).stdout
@@ -1769,12 +1775,7 @@ def test_job_names_the_job_it_follows_and_its_follow_ups(kb):
 def test_job_names_a_fix_jobs_profile_its_fixer(kb):
     """`job N` of a fix job called its fixer profile "reviewer": a failed fix read as the
     reviewer's failure, beside an escalation that says "repair the fixer"."""
-    kb.gate("frontmatter/desc-check", ["description"])
-    kb.note("empty-desc", description="")
-    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "offline", "--fix", "--json")
-    assert res.returncode == 0, res.stderr
-    review = json.loads(res.stdout)["jobs"][0]["review_job_id"]
-    assert rq(kb, "run-job", str(review)).returncode == 0
+    review = _a_fail_run_with_its_fix_queued(kb)
     shown = rq(kb, "job", str(review)).stdout
     assert shown.startswith(f"job {review}: completed (review, offline, reviewer offline)\n")
     shown = rq(kb, "job", str(review + 1)).stdout
