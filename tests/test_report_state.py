@@ -158,6 +158,20 @@ def test_a_failed_jobs_notes_are_named(st):
     assert "  job 1 failed (prose: kb/notes/a.md): reviewer profile" in render.text(d, None)
 
 
+# The terminal's "jobs: 1 completed, 1 failed, 1 queued" was on the page nowhere: a person
+#    who opened only the page did not learn that a job still waited, nor how many ran.
+def test_the_page_counts_the_jobs_as_the_terminal_does(st):
+    from orchestrator.report import render
+
+    store, sd = st
+    job(store, 1, created=T.format("01:00"), finished=T.format("01:05"))
+    failed_job(store, 2, ["3 attempt(s) failed"], ["prose/g1"])
+    job(store, 3, created=T.format("01:00"), status="queued")
+    d = report(store, sd, T.format("07:00"), remember=False)
+    assert "jobs: 1 completed, 1 failed, 1 queued\n" in render.text(d, None)
+    assert "<p>Jobs: 1 completed, 1 failed, 1 queued.\n" in render.html(d)
+
+
 def test_a_notes_fix_jobs_are_found_by_an_index(st):
     # The report's --full section looks up each escalated note's last fixes: without an
     # index, a scan of every job per note (29.7 s for 2,000 notes over 200,000 jobs).

@@ -101,17 +101,25 @@ def failed_what(f: dict, most: int = 3) -> str:
 _ENV.filters["failed_what"] = failed_what
 
 
+def jobs_line(reviewed: dict) -> str:
+    """The period's jobs by status, all reviewers together: "2 completed, 1 failed"."""
+    jobs: dict[str, int] = {}
+    for by_status in reviewed["jobs"].values():
+        for st, c in by_status.items():
+            jobs[st] = jobs.get(st, 0) + c
+    return ", ".join(f"{c} {st}" for st, c in sorted(jobs.items())) or "none"
+
+
+_ENV.filters["jobs_line"] = jobs_line
+
+
 def text(data: dict, html_path: str | None) -> str:
     """What a person reads at a terminal before opening the page."""
     n, k, r = data["needs_you"], data["kb_changes"], data["reviewed"]
-    jobs = {}
-    for by_status in r["jobs"].values():
-        for st, c in by_status.items():
-            jobs[st] = jobs.get(st, 0) + c
     dec = r["decisions"]
     lines = [
         f"reviewq report: {data['period']['label']}, to {data['period']['until'][:16]}Z",
-        "jobs: " + (", ".join(f"{c} {st}" for st, c in sorted(jobs.items())) or "none"),
+        "jobs: " + jobs_line(r),
         f"pairs reviewed: {r['pairs']} (PASS {dec.get('PASS', 0)}, WARN {dec.get('WARN', 0)}, "
         f"FAIL {dec.get('FAIL', 0)}, ERROR {dec.get('ERROR', 0)})",
         f"cost: {money(r['cost_usd'])}, {r['tokens']:,} tokens, wall time {duration(r['wall_time_s'])}",
