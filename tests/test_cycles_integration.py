@@ -822,6 +822,32 @@ def test_a_fail_about_a_text_a_person_has_since_edited_makes_no_fix(kb):
     ]
 
 
+def test_a_fail_still_fresh_after_a_persons_edit_elsewhere_gets_its_fix(kb):
+    """A person edited a part of the note the gate does not watch while its review
+    waited. The FAIL is about the note as it is now (the pair is fresh, SPEC §3), but no
+    fix was made, as for a text that is gone: no sweep reviews a fresh pair again, so
+    the FAIL stood, never fixed, re-reviewed or escalated."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"), profile("nofix"))
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--fixer", "nofix")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (job,) = conn.execute("SELECT id FROM review_jobs").fetchone()
+    note = kb.root / NOTE
+    note.write_text(note.read_text().replace("Alpha body.", "Alpha body, and an aside."))
+    res = rq(kb, "run-job", str(job), "--reviewer", "fake")
+    assert res.returncode == 0, res.stderr
+    res = rq(kb, "select", "--all-gates", "--model", "fake", "--json")
+    assert json.loads(res.stdout)["targets"] == []  # fresh: no sweep meets it again
+    with db(kb) as conn:
+        fixes = conn.execute(
+            "SELECT n.text FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "JOIN snapshots n ON n.id = p.note_snapshot_id WHERE j.kind = 'fix'"
+        ).fetchall()
+    assert [f[0] for f in fixes] == [note.read_text()]  # the person's text, to fix
+
+
 def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     """A job queued earlier by enqueue, which the sweep ran and which failed, was left out
     of the sweep's summary and cost, and the sweep exited 0 over it."""

@@ -247,7 +247,7 @@ class FollowUp:
                 self.ws.catalog(),
                 job["model_partition"],
                 job["note_path"],
-                note.sha256,
+                note,
             )
             if t.gate_id not in covered
         ]

@@ -15,11 +15,12 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.cycles.escalations import held_pairs
 from orchestrator.kb.atomicfile import atomic_write, clear_leftovers, mode_of
-from orchestrator.kb.gates import Catalog
+from orchestrator.kb.gates import Catalog, Gate
 from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import (
     KB,
     KBError,
+    Note,
     NoteParseError,
     decode,
     parse_note_text,
@@ -28,6 +29,7 @@ from orchestrator.kb.notes import (
     split_frontmatter,
 )
 from orchestrator.review.finalize import decided_since, texts_taken_at
+from orchestrator.review.freshness import NoteComparison
 from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
 from orchestrator.state.files import (
@@ -67,36 +69,41 @@ def current_failures(
     catalog: Catalog,
     partition: str,
     note_path: str,
-    note_sha256: str,
+    note: Note,
     include: set[str] | None = None,
 ) -> list[FixTarget]:
     """Every current FAIL finding for the note, leaving out pairs waiting for a person
     and rejected pairs whose note and gate are unchanged since (as a sweep does);
     ``include`` names pairs to keep anyway, such as the one a redo is about.
 
-    A FAIL about another text than the note's now is not current, not even for a redo: a
-    person edited the note while its review waited, or before deciding. Handed to a
-    fixer with today's text, its findings (about a text that is gone) came back "changed
-    nothing" and counted as rejections of the person's own fix; the note is stale
-    instead, and the next sweep reviews the person's text. So is a FAIL against a gate
-    whose text changed since: the fixer got the old gate's findings beside the new gate."""
-    rows = [
-        r
-        for r in store.conn.execute(
-            "SELECT a.gate_id, p.gate_path, p.lens, p.rationale, s.sha256, g.sha256 "
-            "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
-            "JOIN snapshots s ON s.id = a.note_snapshot_id "
-            "JOIN snapshots g ON g.id = a.gate_snapshot_id "
-            "WHERE a.model_partition = ? AND a.note_path = ? AND a.decision = 'FAIL' "
-            "ORDER BY a.gate_id",
-            (partition, note_path),
-        )
-        if r[4] == note_sha256 and _gate_now(kb, catalog, r[0], r[1]) == r[5]
-    ]
+    A FAIL about an earlier text is not current, not even for a redo, when the pair is
+    stale now (SPEC §3): a person edited what the gate watches while its review waited,
+    or before deciding. Handed to a fixer with today's text, its findings (about a text
+    that is gone) came back "changed nothing" and counted as rejections of the person's
+    own fix; the next sweep reviews the person's text instead. One their edit left
+    fresh (a region the gate does not watch, a body under its rewrite threshold) is the
+    FAIL of the note as it is: no sweep meets it again, so only a fix gets to it. So is
+    a FAIL against a gate whose text changed since not current: the fixer got the old
+    gate's findings beside the new gate."""
+    rows = []
+    for r in store.conn.execute(
+        "SELECT a.gate_id, p.gate_path, p.lens, p.rationale, s.sha256, g.sha256, s.text "
+        "FROM acceptance a JOIN review_pairs p ON p.id = a.review_pair_id "
+        "JOIN snapshots s ON s.id = a.note_snapshot_id "
+        "JOIN snapshots g ON g.id = a.gate_snapshot_id "
+        "WHERE a.model_partition = ? AND a.note_path = ? AND a.decision = 'FAIL' "
+        "ORDER BY a.gate_id",
+        (partition, note_path),
+    ):
+        # A type spec a note names by a path is not in the catalog's scan: found where the
+        # review recorded it, or its FAILs made no fix and no escalation.
+        gate = catalog.recorded(kb, r[0], r[1])
+        if gate is not None and gate.sha256 == r[5] and _same_for(gate, r[4], r[6], note):
+            rows.append(r)
     current = {}
     for r in rows:
         gate = catalog.recorded(kb, r[0], r[1])
-        current[(note_path, r[0])] = (note_sha256, gate.sha256 if gate else None)
+        current[(note_path, r[0])] = (note.sha256, gate.sha256 if gate else None)
     held = {g for n, g in held_pairs(store, partition, current) if n == note_path}
     keep = include or set()
     return [
@@ -104,11 +111,18 @@ def current_failures(
     ]
 
 
-def _gate_now(kb: KB, catalog: Catalog, gate_id: str, gate_path: str) -> str | None:
-    # A type spec a note names by a path is not in the catalog's scan: found where the
-    # review recorded it, or its FAILs made no fix and no escalation.
-    gate = catalog.recorded(kb, gate_id, gate_path)
-    return gate.sha256 if gate else None
+def _same_for(gate: Gate, accepted_sha: str, accepted_text: str | None, note: Note) -> bool:
+    """Whether the note as it is now is the text a FAIL judged, as far as ``gate`` is
+    concerned: the same text, or a fresh pair by SPEC §3's rules."""
+    if accepted_sha == note.sha256:
+        return True
+    if accepted_text is None:
+        return False
+    try:
+        old = parse_note_text(accepted_text)
+    except NoteParseError:
+        return False  # compared whole, it differs
+    return NoteComparison(old, note.parsed()).verdict(gate).reason is None
 
 
 def create_fix_job(
@@ -139,7 +153,7 @@ def create_fix_job(
         # Deleted, broken or leading outside the root since its review: nothing to fix.
         logs.get().warning("fix.skipped", note_path=note_path, reason=str(exc))
         return None
-    targets = current_failures(kb, store, catalog, partition, note_path, note.sha256, include)
+    targets = current_failures(kb, store, catalog, partition, note_path, note, include)
     if not targets:
         return None
     with store.write():
