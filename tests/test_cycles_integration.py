@@ -848,6 +848,30 @@ def test_a_fail_still_fresh_after_a_persons_edit_elsewhere_gets_its_fix(kb):
     assert [f[0] for f in fixes] == [note.read_text()]  # the person's text, to fix
 
 
+def test_a_third_fail_about_a_text_a_person_has_since_edited_escalates_nothing(cyc):
+    """Two rejections on record, a person mended the note while the next review waited.
+    That review FAILed the old text, the third rejection, and escalated: the pair was held
+    from sweeps, so the person's text was not reviewed until someone decided on findings
+    about a text that is gone (CONTRACT: their text is reviewed at the next sweep)."""
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"))
+    for attempt in range(3):
+        res = rq(cyc, "enqueue", "--all-gates", "--reviewer", "fake", "--json")
+        assert res.returncode == 0, res.stderr
+        (job,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+        if attempt == 2:
+            cyc.write(NOTE, cyc.read(NOTE) + "FIXED by a person.\n")
+        assert rq(cyc, "run-job", str(job), "--reviewer", "fake").returncode == 0
+        if attempt < 2:
+            cyc.write(NOTE, cyc.read(NOTE) + f"Try {attempt}.\n")
+    with db(cyc) as conn:
+        assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 3
+    assert json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"] == []
+    again = json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)
+    assert again["enqueued_jobs"] == 1  # the person's text, reviewed
+    with db(cyc) as conn:
+        assert conn.execute("SELECT decision FROM acceptance").fetchone()[0] == "PASS"
+
+
 def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     """A job queued earlier by enqueue, which the sweep ran and which failed, was left out
     of the sweep's summary and cost, and the sweep exited 0 over it."""

@@ -103,7 +103,22 @@ class FollowUp:
             if p["decision"] != "FAIL" or not self._accepted(job, p):
                 continue
             n = cycles.count(self.store, job["model_partition"], p["note_path"], p["gate_id"])
-            if n >= cycles.ESCALATE_AT:
+            if n >= cycles.ESCALATE_AT and self._about_a_text_gone(job, p):
+                # Held by an escalation, the person's edit would wait for someone to
+                # decide on findings about the text it replaced: it is reviewed at the
+                # next sweep instead, and a FAIL of it is the rejection that escalates.
+                said = {"job_id": job_id, "note_path": p["note_path"], "gate_id": p["gate_id"]}
+                self.store.after_commit(
+                    functools.partial(
+                        self.log.info,
+                        "escalation.skipped",
+                        **said,
+                        cycles=n,
+                        reason="the note or the gate was edited since the job read them, "
+                        "and the pair is stale: the next sweep reviews it as it is",
+                    )
+                )
+            elif n >= cycles.ESCALATE_AT:
                 # Each follow-up in a savepoint of its own: one that cannot be made must not
                 # undo the others (a third rejection's escalation above all).
                 with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
@@ -213,6 +228,29 @@ class FollowUp:
             reason = f"{what} {failed}: {why}"
             with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
                 self._escalate_pair(owner, p, reason, opts, recommend, call=call, by=job_id)
+
+    def _about_a_text_gone(self, job, p) -> bool:  # noqa: ANN001 - rows
+        """Whether a review's FAIL is about a text the note no longer has, as far as its
+        gate is concerned (a person edited what it watches while the job waited, SPEC
+        §3): not the FAIL a fix would be given. A note or gate gone is not: no sweep
+        reviews the pair again, and only a person can close it."""
+        kb = self.ws.kb
+        if self.ws.catalog().recorded(kb, p["gate_id"], p["gate_path"]) is None:
+            return False
+        try:
+            note = kb.read_note(kb.check_rel(p["note_path"]))
+        except (KBError, NoteParseError, OSError):
+            return False
+        current = current_failures(
+            kb,
+            self.store,
+            self.ws.catalog(),
+            job["model_partition"],
+            p["note_path"],
+            note,
+            include={p["gate_id"]},
+        )
+        return p["gate_id"] not in {t.gate_id for t in current}
 
     def _settled_since(self, job, p) -> bool:  # noqa: ANN001
         """Whether a person settled the pair after the fix job read the note: approved it,
