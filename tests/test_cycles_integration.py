@@ -501,6 +501,27 @@ def test_sequential_sweep_waits_on_earlier_bundles(kb):
     assert prose == {"kb/notes/good.md"}  # the note whose frontmatter fails got no prose job
 
 
+def test_a_sequential_sweeps_next_bundle_finds_its_note_under_root_from_anywhere(kb, tmp_path):
+    """The next bundle named its note root-relative, read first from the working folder:
+    a sweep (or control) started in another checkout holding the same path read that
+    file, outside the root, and skipped the note's next bundle as "renamed or deleted"."""
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.gate("prose/body-check", ["body"])
+    kb.note("good", description="Described.")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="Described"))
+    elsewhere = tmp_path / "elsewhere"  # another checkout, holding the same path
+    (elsewhere / "kb" / "notes").mkdir(parents=True)
+    (elsewhere / "kb" / "notes" / "good.md").write_text("---\ntitle: Other\n---\nOther.\n")
+    res = reviewq_process(
+        "--root", str(kb.root), "sweep", "--reviewer", "fake", "--sequential",
+        "frontmatter", "prose", "--json", cwd=elsewhere, timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        lenses = [r[0] for r in conn.execute("SELECT lens FROM review_jobs ORDER BY id")]
+    assert lenses == ["frontmatter", "prose"]
+
+
 def audited_kb(kb, **auditor_env: str) -> None:
     """Alpha and an audited gate: the ``fake`` reviewer PASSes it, and the ``auditor``
     profile (partition ``audit``) runs the fake agent with ``auditor_env``."""

@@ -720,7 +720,9 @@ class FollowUp:
                 reviewer=opts.get("reviewer") or job["reviewer"],
                 selectors=tuple(opts.get("selectors") or ()),
                 all_gates=bool(opts.get("all_gates")),
-                notes=(note_path,),
+                # ROOT's note: read as given, from the working folder first, a control
+                # started in another checkout holding the path read that one instead.
+                notes=(str(self.ws.root / note_path),),
                 grouping=opts.get("grouping") or "note",
                 batch_size=opts.get("batch_size") or 5,
                 fix=bool(opts.get("fix")),
