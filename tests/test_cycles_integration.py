@@ -893,6 +893,45 @@ def test_a_third_fail_about_a_text_a_person_has_since_edited_escalates_nothing(c
         assert conn.execute("SELECT decision FROM acceptance").fetchone()[0] == "PASS"
 
 
+def test_a_fail_that_came_in_while_the_notes_fix_ran_is_not_left_behind(kb):
+    """Two lenses of a note, reviewed side by side: the first FAIL queued a fix, the
+    second's was skipped for it ("a fix job for this note is open"). The fix was applied
+    and only the pairs it carried were reviewed again: the other FAIL, of a region the fix
+    did not touch, stayed fresh (SPEC §3), and nothing fixed, reviewed or escalated it."""
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: more body."),
+        profile("descfail", FAKE_FAIL_GATES="frontmatter/desc-check"),
+    )
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    jobs = {
+        j["pairs"][0]["gate_id"].split("/")[0]: j["review_job_id"]
+        for j in json.loads(res.stdout)["jobs"]
+    }
+    assert rq(kb, "run-job", str(jobs["prose"]), "--reviewer", "fake").returncode == 0
+    res = rq(kb, "run-job", str(jobs["frontmatter"]), "--reviewer", "descfail")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    assert rq(kb, "run-job", str(fix), "--reviewer", "fake").returncode == 0
+    assert "FIXED: more body." in kb.read(NOTE)
+    with db(kb) as conn:
+        after = conn.execute(
+            "SELECT p.gate_id, j.kind FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "WHERE j.id > ? AND j.status = 'queued' ORDER BY p.gate_id",
+            (fix,),
+        ).fetchall()
+    # The fix's own pair is reviewed again, and so is the FAIL it did not carry.
+    assert [tuple(r) for r in after] == [
+        ("frontmatter/desc-check", "review"),
+        ("prose/body-check", "review"),
+    ]
+
+
 def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     """A job queued earlier by enqueue, which the sweep ran and which failed, was left out
     of the sweep's summary and cost, and the sweep exited 0 over it."""

@@ -414,7 +414,10 @@ class FollowUp:
             return None
         # The note is written, logged (fix.applied) and committed once this commits.
         finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")
-        self._rereview(job, pairs, res.new_text)
+        # With the note's FAILs that came in while it ran (their own fix was skipped for
+        # it): one of a region the fix did not touch stays fresh, and no sweep meets it.
+        left = self._failures_left(job, {p["gate_id"] for p in pairs})
+        self._rereview(job, [*pairs, *left], res.new_text)
         return None
 
     def _rereview(self, job, pairs, new_text: str | None) -> None:
