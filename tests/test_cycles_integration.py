@@ -932,6 +932,34 @@ def test_a_fail_that_came_in_while_the_notes_fix_ran_is_not_left_behind(kb):
     ]
 
 
+def test_a_fix_dropped_for_a_persons_edit_elsewhere_is_made_again_for_their_text(cyc):
+    """A person edited a region the gate does not watch while the note's fix waited: the
+    fix was dropped (their text wins), and nothing followed. The FAIL is fresh against
+    their text (SPEC §3), so no sweep meets it again: it stood, never fixed, reviewed or
+    escalated. A fix of their text follows, as after a person's decision."""
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: more."))
+    res = rq(cyc, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    (job,) = [j["review_job_id"] for j in json.loads(res.stdout)["jobs"]]
+    assert rq(cyc, "run-job", str(job), "--reviewer", "fake").returncode == 0
+    with db(cyc) as conn:
+        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    cyc.write(NOTE, cyc.read(NOTE).replace("About alpha.", "About alpha, as a person says."))
+    assert rq(cyc, "run-job", str(fix), "--reviewer", "fake").returncode == 0
+    assert "FIXED" not in cyc.read(NOTE)  # their text is kept
+    with db(cyc) as conn:
+        rows = conn.execute(
+            "SELECT j.id, j.status, j.result, n.text FROM review_jobs j "
+            "JOIN review_pairs p ON p.job_id = j.id JOIN snapshots n ON n.id = p.note_snapshot_id "
+            "WHERE j.kind = 'fix' ORDER BY j.id"
+        ).fetchall()
+    assert [(r["id"] == fix, r["status"], r["result"]) for r in rows] == [
+        (True, "completed", "not-applied"),
+        (False, "queued", None),
+    ]
+    assert rows[1]["text"] == cyc.read(NOTE)
+
+
 def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     """A job queued earlier by enqueue, which the sweep ran and which failed, was left out
     of the sweep's summary and cost, and the sweep exited 0 over it."""

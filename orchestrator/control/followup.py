@@ -357,6 +357,11 @@ class FollowUp:
             self.log.warning(
                 "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
             )
+            # A FAIL the person's edit left fresh (a region its gate does not watch) is a
+            # FAIL of their text, which no sweep meets again: it gets a fix of that text.
+            # One it made stale is not current, and the next sweep reviews their text.
+            opts = cycles.run_options(self.store, job)
+            self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
         if res.status == "decided":
             finish_fix_job(
