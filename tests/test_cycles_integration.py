@@ -960,6 +960,51 @@ def test_a_fix_dropped_for_a_persons_edit_elsewhere_is_made_again_for_their_text
     assert rows[1]["text"] == cyc.read(NOTE)
 
 
+def test_an_unchanged_fix_that_escalates_its_pairs_still_fixes_the_notes_other_fails(kb):
+    """A fix that changed nothing brought its pair to three rejections and escalated it;
+    another fix followed only while one of its own pairs was under three. A FAIL of
+    another lens, which came in while that fix was open (its fix skipped for it), was a
+    FAIL of the note as it is, and nothing fixed, reviewed or escalated it."""
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("frontmatter/desc-check", ["description"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"),
+        profile("nofix"),
+        profile("descfail", FAKE_FAIL_GATES="frontmatter/desc-check"),
+    )
+    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--fixer", "nofix",
+             "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    jobs = {
+        j["pairs"][0]["gate_id"].split("/")[0]: j["review_job_id"]
+        for j in json.loads(res.stdout)["jobs"]
+    }
+
+    def open_fix() -> int:
+        with db(kb) as conn:
+            return conn.execute(
+                "SELECT id FROM review_jobs WHERE kind = 'fix' AND status = 'queued'"
+            ).fetchone()[0]
+
+    assert rq(kb, "run-job", str(jobs["prose"]), "--reviewer", "fake").returncode == 0
+    assert rq(kb, "run-job", str(open_fix()), "--reviewer", "nofix").returncode == 0
+    res = rq(kb, "run-job", str(jobs["frontmatter"]), "--reviewer", "descfail")
+    assert res.returncode == 0, res.stderr
+    last = open_fix()
+    assert rq(kb, "run-job", str(last), "--reviewer", "nofix").returncode == 0
+    escalated = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert [e["gate_id"] for e in escalated] == ["prose/body-check"]
+    with db(kb) as conn:
+        carried = conn.execute(
+            "SELECT p.gate_id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "WHERE j.kind = 'fix' AND j.id > ?",
+            (last,),
+        ).fetchall()
+    assert [r[0] for r in carried] == ["frontmatter/desc-check"]
+
+
 def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
     """A job queued earlier by enqueue, which the sweep ran and which failed, was left out
     of the sweep's summary and cost, and the sweep exited 0 over it."""

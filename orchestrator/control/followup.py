@@ -401,7 +401,6 @@ class FollowUp:
                 )
             self.log.warning("fix.unchanged", job_id=job["id"], note_path=job["note_path"])
             opts = cycles.run_options(self.store, job)
-            retry_fix = False
             for p, n in again:
                 if n >= cycles.ESCALATE_AT:
                     self._escalate_pair(
@@ -412,10 +411,10 @@ class FollowUp:
                         cycles.gist(p["rationale"]).rstrip(".")
                         + "; the fixer's last attempt changed nothing",
                     )
-                else:
-                    retry_fix = True
-            if retry_fix:
-                self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
+            # Another fix of what is left: its pairs under three, and the note's FAILs
+            # that came in while it was open (their own fix was skipped for it), even
+            # when all of its own were escalated. The escalated wait for a person.
+            self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
         # The note is written, logged (fix.applied) and committed once this commits.
         finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")
