@@ -665,7 +665,8 @@ def _config_text(path: Path) -> str | None:
     with open(fd, "rb") as f:
         raw = f.read()
     try:
-        return raw.decode("utf-8")
+        # Windows editors save UTF-8 with a BOM, which tomllib takes for a statement.
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1})") from None
 

@@ -413,6 +413,14 @@ def test_a_settings_file_that_cannot_be_read_as_text_is_one_error_line(kb, run_c
     ]
 
 
+def test_a_settings_file_saved_with_a_byte_order_mark_loads(kb):
+    """Editors on Windows save UTF-8 with a BOM: tomllib took it for a statement, and every
+    command said "Invalid statement (at line 1, column 1)" of a line that looks right.
+    Notes and outputs with one are read as text already."""
+    kb.write("reviewq.toml", "\ufeff[queue]\r\nlease_seconds = 300\r\n")
+    assert load_settings(kb.root).queue.lease_seconds == 300
+
+
 @pytest.mark.parametrize("command", ["status", "enqueue"])
 def test_a_state_path_that_is_a_file_is_one_error_line(kb, run_cli, command):
     (kb.root / "f").write_text("")
