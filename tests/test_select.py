@@ -683,6 +683,18 @@ def test_a_symlink_named_like_a_note_to_a_folder_is_said_to_be_one(small, run_cl
     )
 
 
+def test_a_fifo_named_like_a_note_or_gate_is_a_warning_not_silence(small, run_cli):
+    """A FIFO (or socket) named ``x.md`` among the notes or gates was left out without a
+    word: its pairs never came up, and nothing said why (SPEC §10: a file that had to
+    be skipped is a ``warning:`` line)."""
+    os.mkfifo(small.root / "kb/notes/pipe.md")
+    os.mkfifo(small.root / "kb/instructions/review-gates/prose/pipe.md")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0 and res.json()["counts"]["missing-review"] == 10
+    for rel in ("kb/notes/pipe.md", "kb/instructions/review-gates/prose/pipe.md"):
+        assert f"warning: {rel}: not a regular file (a FIFO); skipped\n" in res.stderr
+
+
 def test_a_symlink_among_the_notes_to_a_gate_is_no_note(small, run_cli):
     """Listed (and so reviewed and fixed) as a note: the gate under a note's name."""
     alias = small.root / "kb/notes/gate-alias.md"

@@ -12,6 +12,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -572,6 +573,10 @@ class KB:
                         links.add(rel)
                 if e.is_file():
                     yield rel
+                elif (kind := _special(e)) is not None:
+                    # Never read (a FIFO would hold the read), but said: its pairs went
+                    # missing from every selection without a word.
+                    problems.append(FileProblem(rel, f"not a regular file ({kind}); skipped"))
 
     def read_note(self, rel: str) -> Note:
         with open(os.path.join(self.root, rel), "rb") as f:
@@ -629,6 +634,20 @@ def _is_file(entry: os.DirEntry) -> bool:
         return entry.is_file()
     except OSError:
         return False
+
+
+def _special(entry: os.DirEntry) -> str | None:
+    """What a FIFO, socket or device among the files is; None for anything else (a file
+    gone since the scan)."""
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
