@@ -96,6 +96,35 @@ def test_not_a_database_is_refused(tmp_path):
         Store.open(tmp_path)
 
 
+@pytest.mark.parametrize("how", ["missing", "empty", "without reviewq's tables"])
+def test_a_lost_state_db_does_not_start_a_new_record_over_the_old_jobs_folders(kb, run_cli, how):
+    """A state.db deleted, or left empty by a restore whose `.recover` failed (OPERATIONS
+    §7), was taken for a new one: the next enqueue numbered its jobs from 1 again and
+    emptied review-job-1/ and on, the agents' transcripts and outputs of the old record
+    (which nothing brings back) gone without a word."""
+    kb.note("alpha")
+    kb.gate("prose/body-check", ["body"])
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    evidence = kb.state / "jobs/review-job-1/attempt-1/stdout.log"
+    kb.write(str(evidence.relative_to(kb.root)), "what the agent said\n")
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        (kb.state / name).unlink(missing_ok=True)
+    if how == "empty":
+        (kb.state / "state.db").write_bytes(b"")
+    elif how != "missing":  # what a `.recover` that stopped part way leaves
+        conn = sqlite3.connect(kb.state / "state.db")
+        conn.execute("CREATE TABLE lost_and_found (rootpgno, pgno, nfield, id, c0)")
+        conn.close()
+    res = run_cli("enqueue", "--all-gates", "--reviewer", "offline")
+    assert res.exit_code == 1
+    assert res.stderr.splitlines() == [
+        f"error: {kb.state / 'state.db'}: {how}, but {kb.state / 'jobs'} holds the folders of "
+        "jobs an earlier state.db recorded; restore state.db from a backup "
+        "(docs/OPERATIONS.md, section 7), or move the jobs folder aside to start a new record"
+    ]
+    assert evidence.read_text() == "what the agent said\n"
+
+
 def test_snapshots_are_stored_once_per_path_and_hash(tmp_path):
     with Store.open(tmp_path) as store:
         a = store.snapshot("kb/notes/a.md", "text")
