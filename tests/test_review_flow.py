@@ -171,6 +171,19 @@ def test_gate_grouping_batches(flow, run_cli):
     assert all(j["grouping"] == "gate" for j in jobs["jobs"])
 
 
+@pytest.mark.parametrize("command", ["create-jobs", "enqueue", "sweep"])
+def test_a_batch_size_without_gate_grouping_is_bad_usage_not_dropped(flow, run_cli, command):
+    """`--batch-size 3` with note grouping (the default of enqueue and sweep) was dropped
+    without a word: one job per note and lens, not the batches asked for."""
+    selection = select_json(run_cli, "prose", "--model", "fake")
+    args = ["--input", "-", "--grouping", "note"] if command == "create-jobs" else ["prose"]
+    res = run_cli(command, *args, "--batch-size", "3", input=selection)
+    assert res.exit_code == 2, res.stderr
+    assert "--batch-size: notes per job with --grouping gate only" in res.stderr
+    with Store.open(flow.state) as store:
+        assert store.conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
+
+
 def test_pairs_in_open_jobs_are_skipped(flow, run_cli):
     sel = select_json(run_cli, "prose", "--model", "fake")
     first = create(run_cli, sel, "--grouping", "note")

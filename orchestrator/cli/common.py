@@ -164,6 +164,17 @@ def budget_usd(ctx: click.Context, param: click.Parameter, value: float | None) 
     return value
 
 
+def batch_size_needs_gate_grouping(grouping: str) -> None:
+    """`--batch-size` given with note grouping (enqueue's and sweep's default) was dropped
+    without a word: one job per note and lens, not the batches asked for."""
+    ctx = click.get_current_context()
+    if grouping != "gate" and ctx.get_parameter_source("batch_size") == ParameterSource.COMMANDLINE:
+        raise click.UsageError(
+            "--batch-size: notes per job with --grouping gate only; --grouping note makes "
+            "one job per note and lens"
+        )
+
+
 def not_blank(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, ANN201
     """An option given as '' (an unset shell variable, most likely) is a mistake, not the
     default it would otherwise silently stand for: `--note ''` swept, and with --fix

@@ -24,6 +24,7 @@ from orchestrator.cli.common import (
     SQL_INT,
     THREADS,
     Refused,
+    batch_size_needs_gate_grouping,
     budget_usd,
     cli,
     emit_json,
@@ -149,6 +150,7 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
             f"{known or 'none'}); name gates, --all-gates or --note to run an ad-hoc sweep "
             "under it"
         )
+    batch_size_needs_gate_grouping(opts["grouping"])
     all_gates = opts["all_gates"] or not opts["selectors"]  # no selection: every catalog gate
     return SweepRequest(
         name=opts["sweep_name"],

@@ -10,6 +10,7 @@ import click
 from orchestrator.cli.common import (
     JOB_ID,
     Refused,
+    batch_size_needs_gate_grouping,
     cli,
     emit_json,
     not_blank,
@@ -221,6 +222,7 @@ def create_jobs_cmd(
     Example:
       reviewq select prose --model offline --json | reviewq create-jobs --input - --grouping note
     """
+    batch_size_needs_gate_grouping(grouping)
     try:
         text = input_file.read()
     except UnicodeDecodeError as exc:
