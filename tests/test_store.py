@@ -115,13 +115,20 @@ def test_a_lost_state_db_does_not_start_a_new_record_over_the_old_jobs_folders(k
         conn = sqlite3.connect(kb.state / "state.db")
         conn.execute("CREATE TABLE lost_and_found (rootpgno, pgno, nfield, id, c0)")
         conn.close()
-    res = run_cli("enqueue", "--all-gates", "--reviewer", "offline")
-    assert res.exit_code == 1
-    assert res.stderr.splitlines() == [
-        f"error: {kb.state / 'state.db'}: {how}, but {kb.state / 'jobs'} holds the folders of "
-        "jobs an earlier state.db recorded; restore state.db from a backup "
-        "(docs/OPERATIONS.md, section 7), or move the jobs folder aside to start a new record"
-    ]
+    for args in (
+        ("enqueue", "--all-gates", "--reviewer", "offline"),
+        # Reads: "nothing has run with this state folder yet", or every pair missing.
+        ("status",),
+        ("select", "--all-gates", "--model", "offline"),
+    ):
+        res = run_cli(*args)
+        assert res.exit_code == 1, args
+        assert res.stderr.splitlines() == [
+            f"error: {kb.state / 'state.db'}: {how}, but {kb.state / 'jobs'} holds the folders "
+            "of jobs an earlier state.db recorded; restore state.db from a backup "
+            "(docs/OPERATIONS.md, section 7), or move the jobs folder aside to start a new "
+            "record"
+        ], args
     assert evidence.read_text() == "what the agent said\n"
 
 

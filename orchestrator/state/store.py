@@ -135,6 +135,26 @@ def is_damage(exc: sqlite3.Error) -> bool:
     return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or str(exc).startswith("no such table")
 
 
+def lost_record(path: Path, how: str) -> str | None:
+    """Why no new record may start at ``path``: state.db ``how`` (missing, empty: deleted,
+    or a restore whose `.recover` failed) in a state folder whose jobs/ holds job folders.
+    Taken for a new database, its jobs were numbered from 1 again and each new job emptied
+    the old folder of that number: the agents' transcripts and outputs of the old record,
+    which nothing brings back. None where a new record may start."""
+    jobs = path.parent / "jobs"
+    try:
+        with os.scandir(jobs) as entries:
+            if not any(e.name.startswith("review-job-") for e in entries):
+                return None
+    except OSError:
+        return None
+    return (
+        f"{path}: {how}, but {jobs} holds the folders of jobs an earlier state.db "
+        "recorded; restore state.db from a backup (docs/OPERATIONS.md, section 7), or "
+        "move the jobs folder aside to start a new record"
+    )
+
+
 def _tables(conn: sqlite3.Connection) -> int:
     return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
 
@@ -157,7 +177,7 @@ class Store:
             self.conn = sqlite3.connect(":memory:", isolation_level=None)
             self._migrate()
         else:
-            if not self.path.exists() and (lost := self._lost_record("missing")):
+            if not self.path.exists() and (lost := lost_record(self.path, "missing")):
                 raise StoreError(lost)
             # Private: prompts quote notes, and agents' output may quote their environment.
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -191,25 +211,6 @@ class Store:
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.execute("PRAGMA temp_store = MEMORY")
         self.conn.row_factory = sqlite3.Row
-
-    def _lost_record(self, how: str) -> str | None:
-        """Why no new record may start here: state.db ``how`` (missing, empty: deleted, or
-        a restore whose `.recover` failed) in a state folder whose jobs/ holds job folders.
-        Taken for a new database, its jobs were numbered from 1 again and each new job
-        emptied the old folder of that number: the agents' transcripts and outputs of the
-        old record, which nothing brings back. None where a new record may start."""
-        jobs = self.path.parent / "jobs"
-        try:
-            with os.scandir(jobs) as entries:
-                if not any(e.name.startswith("review-job-") for e in entries):
-                    return None
-        except OSError:
-            return None
-        return (
-            f"{self.path}: {how}, but {jobs} holds the folders of jobs an earlier state.db "
-            "recorded; restore state.db from a backup (docs/OPERATIONS.md, section 7), or "
-            "move the jobs folder aside to start a new record"
-        )
 
     @classmethod
     def open(cls, state_dir: str | os.PathLike, *, readonly: bool = False) -> Store:
@@ -258,8 +259,8 @@ class Store:
         if current == LATEST:
             return
         if current == 0 and self.path.exists():  # not the in-memory schema of a read
-            lost = self._lost_record(
-                "empty" if not _tables(self.conn) else "without reviewq's tables"
+            lost = lost_record(
+                self.path, "empty" if not _tables(self.conn) else "without reviewq's tables"
             )
             if lost:
                 self.conn.close()

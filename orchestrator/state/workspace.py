@@ -11,7 +11,7 @@ from pathlib import Path
 from orchestrator.config import Settings, load_settings
 from orchestrator.kb.gates import Catalog, CatalogCache
 from orchestrator.kb.notes import KB
-from orchestrator.state.store import Store, StoreError
+from orchestrator.state.store import Store, StoreError, lost_record
 
 
 def control_pid(state_dir: Path) -> int | None:
@@ -77,9 +77,12 @@ class Workspace:
     def require_state(self) -> None:
         """Refuse a state folder where nothing has run: read as empty, a mistyped
         ``--state`` made ``status`` say all was clear."""
-        if not (self.state_dir / "state.db").exists():
+        path = self.state_dir / "state.db"
+        if not path.exists():
+            # Where job folders say something has run, what is missing is its record.
             raise StoreError(
-                f"{self.state_dir}: no state.db here; nothing has run with this state "
+                lost_record(path, "missing")
+                or f"{self.state_dir}: no state.db here; nothing has run with this state "
                 "folder yet (is --state or --root right?)"
             )
 
@@ -89,7 +92,7 @@ class Workspace:
         right to read no history."""
         if self._store is None:
             if not (self.state_dir / "state.db").exists():
-                if empty_if_new:
+                if empty_if_new and not lost_record(self.state_dir / "state.db", "missing"):
                     return Store.open(self.state_dir, readonly=True)
                 self.require_state()
             self._store = Store.open(self.state_dir)
