@@ -419,6 +419,20 @@ def test_finalize_refusals_change_nothing(flow, run_cli):
     assert tuple(row) == ("me", "fake", "high", '{"turns": 3}')
 
 
+def test_a_folder_where_finalize_reads_the_output_is_refused_not_a_failed_job(flow, run_cli):
+    """`mkdir bundle-output.md` (a person's slip, or a tool that writes into a folder of
+    that name) failed the job by hand as "output file is missing", though something was
+    there; a FIFO or a symbolic link there is refused and leaves the job as it was."""
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    (flow.root / job["bundle_output_path"]).mkdir()
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert (res.exit_code, res.stderr) == (1, "error: bundle-output.md is a folder, not a file\n")
+    with Store.open(flow.state) as s:
+        assert s.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "queued"
+
+
 def test_ack_is_all_or_nothing(flow, run_cli):
     job = create(
         run_cli,

@@ -148,7 +148,13 @@ def manual_output(
     """The output a person asks ``finalize`` to accept: the job is checked before its
     bundle-output.md is read."""
     check_finalizable(store, job_id, prov)
-    return read_output(state_dir / _job(store, job_id)["job_dir"] / "bundle-output.md", max_bytes)
+    path = state_dir / _job(store, job_id)["job_dir"] / "bundle-output.md"
+    if path.is_dir() and not path.is_symlink():
+        # A worker's agent that leaves a folder left no output; a person's slip (a tool
+        # writing into a folder of that name) is refused, as a FIFO or a link is, and
+        # does not fail the job as "output file is missing".
+        raise FinalizeError(f"{path.name} is a folder, not a file")
+    return read_output(path, max_bytes)
 
 
 def finalize(
