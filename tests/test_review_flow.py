@@ -433,6 +433,32 @@ def test_a_folder_where_finalize_reads_the_output_is_refused_not_a_failed_job(fl
         assert s.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "queued"
 
 
+@pytest.mark.parametrize("command", ["ack", "create-jobs"])
+def test_a_fifo_named_as_the_note_is_one_error_line_not_a_hang(flow, command):
+    """A note path that is a FIFO (`ack`'s NOTE, a pair of create-jobs' input) was opened
+    and read: the command waited for good for someone to write to it."""
+    Store.open(flow.state).close()
+    os.mkfifo(flow.root / "kb/notes/pipe.md")
+    root = ("--root", str(flow.root))
+    if command == "ack":
+        res = reviewq_process(
+            *root, "ack", "--model", "fake", "kb/notes/pipe.md", "prose/body-check", timeout=15
+        )
+        assert (res.returncode, res.stderr) == (
+            1,
+            "error: kb/notes/pipe.md: not a regular file (a FIFO, socket or device)\n",
+        )
+    else:
+        pair = {"note_path": "kb/notes/pipe.md", "gate_id": "prose/body-check"}
+        res = reviewq_process(
+            *root, "create-jobs", "--input", "-", "--grouping", "note", "--model", "fake", "--json",
+            input=json.dumps({"targets": [pair]}), timeout=15,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        (skipped,) = json.loads(res.stdout)["skipped"]
+        assert skipped["why"] == "kb/notes/pipe.md: not a regular file (a FIFO, socket or device)"
+
+
 def test_ack_is_all_or_nothing(flow, run_cli):
     job = create(
         run_cli,

@@ -7,6 +7,7 @@ of the KB still loads.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import yaml
 
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notecache import NoteCache
+from orchestrator.regularfile import FOLDER, NotRegular, open_regular
 
 REGIONS = ("title", "description", "frontmatter", "body")
 NOTES_DIR = "kb/notes"
@@ -303,7 +305,7 @@ class Note:
     def text(self) -> str:
         if self._text is None:
             assert self.root is not None
-            data = (self.root / self.path).read_bytes()
+            data = read_file(self.root / self.path)
             if sha256_bytes(data) != self.sha256:
                 # Judged by the hash the scan (or the note cache) gave it: this text is
                 # another one, and judging it by that hash would be a guess.
@@ -579,8 +581,7 @@ class KB:
                     problems.append(FileProblem(rel, f"not a regular file ({kind}); skipped"))
 
     def read_note(self, rel: str) -> Note:
-        with open(os.path.join(self.root, rel), "rb") as f:
-            data = f.read()
+        data = read_file(Path(self.root, rel))
         text = decode(data)
         parsed = parse_note_text(text)
         return Note.from_text(rel, sha256_bytes(data), text, parsed.meta, self.root)
@@ -615,6 +616,21 @@ class KB:
             except OSError as exc:
                 self.problems.append(FileProblem(rel, exc.strerror or str(exc)))
         return notes
+
+
+def read_file(path: Path) -> bytes:
+    """A note's bytes; anything but a regular file is an OSError that says what it is: a
+    FIFO held the read (`ack`, create-jobs) for good, waiting for a writer."""
+    try:
+        fd = open_regular(path)
+    except NotRegular as exc:
+        if exc.kind == FOLDER:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
+        raise OSError(errno.EINVAL, f"{exc.kind} (a FIFO, socket or device)") from None
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    with open(fd, "rb") as f:
+        return f.read()
 
 
 def name_problem(rel: str) -> str | None:

@@ -25,6 +25,7 @@ from orchestrator.kb.notes import (
     NoteParseError,
     decode,
     parse_note_text,
+    read_file,
     sha256_bytes,
     type_key,
 )
@@ -207,7 +208,7 @@ class _Loader:
                 if rel in self.pending:
                     data = self.pending[rel].encode("utf-8")
                 else:
-                    data = (self.kb.root / rel).read_bytes()
+                    data = read_file(self.kb.root / rel)
                 text = decode(data)
                 lines = sentinel_like_lines(text)
                 self.notes[given] = (
