@@ -326,10 +326,16 @@ class _Table:
             raise ConfigError(f"{self._at(key)}: expected true or false")
         return value
 
-    def count(self, key: str, default: int, minimum: int = 1) -> int:
+    def count(self, key: str, default: int, minimum: int = 1, maximum: int = 2**31 - 1) -> int:
+        """A whole number; bounded above, as past SQLite's INTEGER every dispatch of the
+        control failed for good (OverflowError), and a read of that many bytes did too."""
         value = self.data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{self._at(key)}: expected a whole number ≥ {minimum}")
+        if value > maximum:
+            raise ConfigError(
+                f"{self._at(key)}: expected a whole number from {minimum} to {maximum}"
+            )
         return value
 
     def strings(self, key: str) -> tuple[str, ...]:
@@ -701,7 +707,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     if not state_dir_name.strip():  # would put state.db, jobs/ and logs/ beside kb/
         raise ConfigError("[state] dir: empty; name the state folder (default .reviewq)")
     limits = _Table(top.data.get("limits"), "[limits]", {"max_output_bytes"})
-    max_output = limits.count("max_output_bytes", 5 * 1024 * 1024)
+    max_output = limits.count("max_output_bytes", 5 * 1024 * 1024, maximum=2**30)
     fix = FixSettings(
         git_commit=_Table(top.data.get("fix"), "[fix]", {"git_commit"}).flag("git_commit")
     )

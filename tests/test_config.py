@@ -35,6 +35,20 @@ BAD = [
     ('[kb]\nnote_roots = ["kb/notes", " "]\n', "[kb] note_roots", "' ' names all of ROOT"),
     ('[kb]\nnote_roots = ["/srv/kb"]\n', "[kb] note_roots", "/srv/kb: an absolute path"),
     ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
+    # Past what a read can be asked for: finalize ended in an internal error
+    # (OverflowError, MemoryError), a worker's attempt in a launch failure.
+    (
+        "[limits]\nmax_output_bytes = 4611686018427387904\n",
+        "[limits] max_output_bytes",
+        "to 1073741824",
+    ),
+    # Past SQLite's INTEGER: every dispatch and tick of the control failed, for good.
+    ("[queue]\nmax_attempts = 99999999999999999999\n", "[queue] max_attempts", "to 2147483647"),
+    (
+        '[reviewers.x]\nkind = "offline"\nconcurrency = 99999999999999999999\n',
+        "[reviewers.x] concurrency",
+        "to 2147483647",
+    ),
     ("[queue]\nurl = 6379\n", "[queue] url", "expected a string"),
     ('[reviewers.x]\nkind = "offline"\npartition = 2\n', "[reviewers.x] partition", "string"),
     # Reviews under a partition `select --model` refuses to name, or one that the partition
