@@ -13,6 +13,7 @@ import pytest
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
 from orchestrator.review.bundle import end_line, start_line
+from orchestrator.state.status import SweepJobs, summary
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
@@ -717,6 +718,88 @@ def test_a_fix_a_person_overtook_says_so_in_its_manifest(cycle, monkeypatch):
         "the note was changed or removed by someone since the fix was decided; their text "
         "is kept and the fix is not applied"
     ]
+
+
+def _rereview_of_a_fix_not_written(cycle, monkeypatch, *, dispatched: bool) -> tuple[int, dict]:
+    """A fix decided as applied whose write waits (a full disk), a person's edit, then the
+    tick that finds the note changed: the re-review job queued with the fix, and its
+    attempt's message if ``dispatched`` before that tick."""
+    kb, ws, control, sent, review = cycle
+    _, fix_job = _fix_not_written(cycle, monkeypatch, OSError(errno.ENOSPC, "No space left"))
+    (rereview,) = ws.store.conn.execute(
+        "SELECT id FROM review_jobs WHERE source_job_id = ? AND kind = 'review'", (fix_job,)
+    ).fetchone()
+    msg = {}
+    if dispatched:
+        control.dispatch()
+        msg = sent.pop(0)
+        assert msg["job_id"] == rereview
+    kb.write(NOTE, "A person's own text.\n")
+    control.write_due_files()  # fix.not_written
+    assert kb.read(NOTE) == "A person's own text.\n"
+    return rereview, msg
+
+
+def _rejections(ws: Workspace) -> int:
+    return ws.store.conn.execute("SELECT COALESCE(SUM(rejections), 0) FROM cycles").fetchone()[0]
+
+
+def test_the_rereview_of_a_fix_not_written_does_not_run(cycle, monkeypatch, run_cli):
+    """Queued with the fix, it reviewed the fixer's text, which never reached the KB: it
+    spent a run, and its FAIL counted a rejection (toward the third's escalation) of a
+    text the note never had. The person's text is reviewed at the next sweep."""
+    kb, ws, control, sent, review = cycle
+    rereview, _ = _rereview_of_a_fix_not_written(cycle, monkeypatch, dispatched=False)
+    before = _rejections(ws)
+    control.dispatch()
+    assert sent == []  # nothing runs
+    status, reasons = ws.store.conn.execute(
+        "SELECT status, failure_reasons FROM review_jobs WHERE id = ?", (rereview,)
+    ).fetchone()
+    assert status == "failed" and "was not written" in reasons, (status, reasons)
+    assert _rejections(ws) == before
+    job_dir = ws.state_dir / "jobs" / f"review-job-{rereview}"
+    assert json.loads((job_dir / "MANIFEST.json").read_text())["status"] == "failed"
+    # No person is asked about it, nor does its sweep fail for it: the next sweep
+    # reviews the person's text.
+    assert "failed job" not in run_cli("report", "--since", "1d").stdout
+    assert summary(ws.store, SweepJobs(first_id=1, run_id=1))["failed"] == []
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    (text,) = ws.store.conn.execute(
+        "SELECT n.text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
+        "WHERE p.job_id = ?",
+        (job.review_job_id,),
+    ).fetchone()
+    assert text == "A person's own text.\n"
+
+
+def test_a_running_rereview_of_a_fix_not_written_counts_nothing(cycle, monkeypatch):
+    """Its agent ran while the fix waited to be written: its FAIL of the fixer's text
+    counted a rejection once the person's edit had kept the fix out of the KB."""
+    kb, ws, control, sent, review = cycle
+    rereview, msg = _rereview_of_a_fix_not_written(cycle, monkeypatch, dispatched=True)
+    before = _rejections(ws)
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": _bundle(ws, rereview, "FAIL"),
+        }
+    )
+    assert _rejections(ws) == before
+    outcome = ws.store.conn.execute(
+        "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?",
+        (rereview, msg["attempt"]),
+    ).fetchone()[0]
+    assert outcome == "superseded"
+    assert (
+        ws.store.conn.execute(
+            "SELECT count(*) FROM review_pairs WHERE job_id = ? AND decision IS NOT NULL",
+            (rereview,),
+        ).fetchone()[0]
+        == 0
+    )
 
 
 def test_a_fix_that_changed_nothing_rejects_no_pair_a_review_passed_meanwhile(cycle):

@@ -28,7 +28,7 @@ from orchestrator.kb.notes import (
     sha256_text,
     split_frontmatter,
 )
-from orchestrator.review.finalize import decided_since, texts_taken_at
+from orchestrator.review.finalize import decided_since, texts_taken_at, withdraw
 from orchestrator.review.freshness import NoteComparison
 from orchestrator.review.jobs import clear_job_folder, display_path
 from orchestrator.review.prompts import fenced, template
@@ -488,7 +488,33 @@ def _not_written(store: Store, job, note_path: str) -> None:
             "WHERE id = ?",
             (json.dumps([reason]), utcnow(), job["id"]),
         )
-        mark_job_files_due(store, [job["id"]])  # its MANIFEST says the reason too
+        # Its re-review, queued with it, reads the fixer's text, which never reached the
+        # KB: run, it spent a run on it and a FAIL counted a rejection of the pair (toward
+        # the third's escalation) of a text the note never had. The person's text is
+        # reviewed at the next sweep (the pair is stale).
+        rereviews = withdraw(
+            store,
+            [
+                r[0]
+                for r in store.conn.execute(
+                    "SELECT id FROM review_jobs WHERE source_job_id = ? AND kind = 'review'",
+                    (job["id"],),
+                )
+            ],
+            f"withdrawn: it re-reviews fix job {job['id']}, which was not written to the KB "
+            "(the note was changed since the fix was decided); the next sweep reviews the "
+            "note as it is",
+        )
+        mark_job_files_due(store, [job["id"], *rereviews])  # its MANIFEST says the reason too
+        if rereviews:
+            store.after_commit(
+                lambda: logs.get().info(
+                    "fix.rereview_withdrawn",
+                    job_id=job["id"],
+                    note_path=note_path,
+                    jobs=rereviews,
+                )
+            )
 
 
 def changes_not_the_agents(

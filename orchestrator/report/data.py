@@ -18,6 +18,7 @@ from orchestrator.state.status import (
     FAILED_SQL,
     NOT_RUN_SQL,
     WAITING_SQL,
+    WITHDRAWN_SQL,
     decide_calls,
     over_budget_runs,
     pause_why,
@@ -188,7 +189,8 @@ def _needs_you(
         "AND e.model_partition = COALESCE((SELECT s.model_partition FROM review_jobs s "
         "WHERE j.kind = 'audit' AND s.id = j.source_job_id), j.model_partition) "
         "WHERE p.job_id = j.id AND (e.decision IS NULL "
-        "OR (e.job_id IS NULL AND e.raised_at >= j.finished_at))) ORDER BY j.id",
+        "OR (e.job_id IS NULL AND e.raised_at >= j.finished_at))) "
+        f"AND NOT {WITHDRAWN_SQL} ORDER BY j.id",
         args,
     )
     for f in failed:

@@ -325,6 +325,27 @@ def _supersede_open(store: Store, job_id: int, now: str) -> None:
     )
 
 
+def withdraw(store: Store, job_ids: list[int], reason: str) -> list[int]:
+    """Fail at once those of ``job_ids`` still queued or running whose review is no longer
+    wanted (the text they were made to read never reached the KB), in the caller's
+    transaction: an agent running one is superseded, so its outcome is not accepted (it
+    is kept as a late one, and its worker asked to stop at the next beat), and their pairs
+    are left to the next sweep, as a job failed without starting leaves them. The caller
+    marks their files due. Returns the ids withdrawn."""
+    now = utcnow()
+    withdrawn = []
+    for job_id in job_ids:
+        row = store.conn.execute(
+            "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, "
+            "finished_at = ? WHERE id = ? AND status IN ('queued', 'running') RETURNING id",
+            (json.dumps([reason]), now, now, job_id),
+        ).fetchone()
+        if row is not None:
+            _supersede_open(store, job_id, now)
+            withdrawn.append(job_id)
+    return withdrawn
+
+
 def _fence(store: Store, job_id: int, attempt: int) -> None:
     """Inside the write transaction: the job is still open at the attempt we judged."""
     row = store.conn.execute(

@@ -29,6 +29,13 @@ NOT_RUN_SQL = (
     "(a.outcome IN ('launch-failure', 'reviewer-failure') OR (a.launched_at IS NULL "
     "AND a.outcome IN ('lost', 'superseded')))"
 )
+# A failed job ``j`` that was withdrawn, not one that failed: the re-review of a fix that
+# was not written (a person's edit came first). It read the fixer's text, which never
+# reached the KB; the next sweep reviews the person's, so nothing waits on anyone.
+WITHDRAWN_SQL = (
+    "EXISTS (SELECT 1 FROM review_jobs f WHERE f.id = j.source_job_id AND f.kind = 'fix' "
+    "AND f.result = 'not-applied')"
+)
 # One still waiting for a worker to launch it: neither a run nor one that failed to be.
 # Counted as not run, `jobs` showed every job of a sweep in progress "(+1 not run)".
 WAITING_SQL = "(a.launched_at IS NULL AND a.outcome = 'dispatched')"
@@ -549,7 +556,8 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
     failed = [
         {"job_id": r[0], "reasons": reasons_column(r[1])[:3]}
         for r in store.conn.execute(
-            f"SELECT j.id, j.failure_reasons FROM review_jobs j WHERE {ours} AND j.status = 'failed' ORDER BY j.id",
+            f"SELECT j.id, j.failure_reasons FROM review_jobs j WHERE {ours} AND j.status = 'failed' "
+            f"AND NOT {WITHDRAWN_SQL} ORDER BY j.id",
             args,
         )
     ]
