@@ -735,8 +735,14 @@ def _rereview_of_a_fix_not_written(cycle, monkeypatch, *, dispatched: bool) -> t
         msg = sent.pop(0)
         assert msg["job_id"] == rereview
     kb.write(NOTE, "A person's own text.\n")
-    control.write_due_files()  # fix.not_written
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logged:
+        control.write_due_files()  # fix.not_written
     assert kb.read(NOTE) == "A person's own text.\n"
+    said = [e["event"] for e in logged if e.get("job_id") == fix_job]
+    # Not also "fix.note_written" (late=True), which said the note was written at last.
+    assert "fix.not_written" in said and "fix.note_written" not in said, said
     return rereview, msg
 
 

@@ -402,10 +402,10 @@ def write_due_fixes(
     return len(done)
 
 
-def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
+def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
     """One decided fix: written over the text the fixer was given, and only over that;
     then, with ``git_commit``, its commit (once: a job with an outcome is not committed
-    again when a crash left the row behind)."""
+    again when a crash left the row behind). False when a person's text is kept."""
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (due["job_id"],)).fetchone()
     # A note that is a symbolic link (to a file inside the root: no other is a note) is
     # fixed in the file it names; replacing the link would leave that file as it was.
@@ -429,11 +429,11 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
         if current != due["new_sha256"]:
             # Written, then changed (a person's revert or edit) before its row went: theirs.
             _changed_since(store, job, due["path"], git_commit)
-            return
+            return True  # written, by an earlier pass
     elif current != due["new_sha256"]:  # else written already, by a run that then died
         if current != due["old_sha256"]:
             _not_written(store, job, due["path"])
-            return
+            return False
         replace_note(path, text(due["new_sha256"]))
     if not due["written"]:
         with store.write():
@@ -465,6 +465,7 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> None:
         gates=_gates(store, job["id"]),
         commit=commit.sha if commit else job["fix_commit"],
     )
+    return True
 
 
 def _changed_since(store: Store, job, note_path: str, git_commit: bool) -> None:

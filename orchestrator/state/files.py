@@ -384,21 +384,23 @@ class Later(Exception):
 
 def write_each(
     due: dict[int, str],
-    write: Callable[[int], None],
+    write: Callable[[int], bool | None],
     *,
     what: str,
     key: str,
     late: bool,
 ) -> tuple[list[int], dict[int, str]]:
     """Write the renderings of due rows (id → the error the last try recorded): the ids
-    written, and the errors of the others. A full disk stops the pass, since every later
-    file would fail alike; any other failure costs that row's files only. A failure is
-    logged (``WHAT_failed``) when its reason is new, not again at every tick."""
+    settled, and the errors of the others. ``write`` returns False for a row settled with
+    nothing written (a fix a person's edit kept out of the KB). A full disk stops the
+    pass, since every later file would fail alike; any other failure costs that row's
+    files only. A failure is logged (``WHAT_failed``) when its reason is new, not again at
+    every tick."""
     written: list[int] = []
     failed: dict[int, str] = {}
     for i, before in due.items():
         try:
-            write(i)
+            wrote = write(i)
         except Later as exc:
             failed[i] = str(exc)
             if str(exc) != before:
@@ -421,7 +423,7 @@ def write_each(
                 break
             continue
         written.append(i)
-        if late:
+        if late and wrote is not False:
             logs.get().info(f"{what}_written", **{key: i}, late=True)
     return written, failed
 
