@@ -350,29 +350,19 @@ class FollowUp:
             return res.reason
         pairs = self._pairs(job["id"])
         partition = job["model_partition"]
-        if res.status == "stale":
+        if res.status in ("stale", "decided"):
             finish_fix_job(
                 self.store, self.ws.state_dir, job["id"], "completed", "not-applied", res.reason
             )
             self.log.warning(
                 "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
             )
-            # A FAIL the person's edit left fresh (a region its gate does not watch) is a
-            # FAIL of their text, which no sweep meets again: it gets a fix of that text.
-            # One it made stale is not current, and the next sweep reviews their text.
-            opts = cycles.run_options(self.store, job)
-            self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
-            return None
-        if res.status == "decided":
-            finish_fix_job(
-                self.store, self.ws.state_dir, job["id"], "completed", "not-applied", res.reason
-            )
-            self.log.warning(
-                "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
-            )
-            # The note's other FAILs it carried are still accepted and fresh: no sweep
-            # meets them again, so they get a fix of their own (the person's pair is
-            # left out if they approved it; an acked FAIL is the current finding).
+            # The note's FAILs that are still current get a fix of the note as it is:
+            # after a person's edit ("stale"), one it left fresh (a region its gate does
+            # not watch), which no sweep meets again (one it made stale is not current,
+            # and the next sweep reviews their text); after a person's decision, the
+            # other FAILs the fix carried (the person's pair is left out if they approved
+            # it; an acked FAIL is the current finding).
             opts = cycles.run_options(self.store, job)
             self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
