@@ -814,22 +814,30 @@ def test_a_job_keeps_the_options_it_was_enqueued_with_when_a_later_run_shares_it
     assert [f[0] for f in fixes] == ["applied"]
 
 
-def test_a_fail_about_a_text_a_person_has_since_edited_makes_no_fix(kb):
-    """A person fixed the note while its review waited in the queue. The review FAILed
-    the old text, and a fix job was made from those findings with the person's text: the
-    fixer changed nothing, which counted as rejections, and the third escalated the
-    person's own correction. That FAIL is not current: the note is stale instead."""
-    kb.gate("prose/body-check", ["body"])
+def _reviewed_after_a_persons_edit(kb, gate: str, watches: list[str], added: str) -> int:
+    """One note and ``gate`` (watching ``watches``) enqueued with a fix by `nofix`; a
+    person adds ``added`` to its body while the job waits; then the job runs (the fake
+    reviewer FAILs the text it was given). The job's id."""
+    kb.gate(gate, watches)
     kb.note("alpha", body="Alpha body.\n")
     config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"), profile("nofix"))
     res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--fixer", "nofix")
     assert res.returncode == 0, res.stderr
     with db(kb) as conn:
         (job,) = conn.execute("SELECT id FROM review_jobs").fetchone()
-    note = kb.root / "kb/notes/alpha.md"
-    note.write_text(note.read_text().replace("Alpha body.", "Alpha body, FIXED by a person."))
+    note = kb.root / NOTE
+    note.write_text(note.read_text().replace("Alpha body.", f"Alpha body{added}."))
     res = rq(kb, "run-job", str(job), "--reviewer", "fake")
     assert res.returncode == 0, res.stderr
+    return job
+
+
+def test_a_fail_about_a_text_a_person_has_since_edited_makes_no_fix(kb):
+    """A person fixed the note while its review waited in the queue. The review FAILed
+    the old text, and a fix job was made from those findings with the person's text: the
+    fixer changed nothing, which counted as rejections, and the third escalated the
+    person's own correction. That FAIL is not current: the note is stale instead."""
+    job = _reviewed_after_a_persons_edit(kb, "prose/body-check", ["body"], ", FIXED by a person")
     with db(kb) as conn:
         decisions = conn.execute("SELECT decision FROM review_pairs WHERE job_id = ?", (job,))
         assert [r[0] for r in decisions] == ["FAIL"]  # the snapshot it was given
@@ -848,17 +856,10 @@ def test_a_fail_still_fresh_after_a_persons_edit_elsewhere_gets_its_fix(kb):
     waited. The FAIL is about the note as it is now (the pair is fresh, SPEC §3), but no
     fix was made, as for a text that is gone: no sweep reviews a fresh pair again, so
     the FAIL stood, never fixed, re-reviewed or escalated."""
-    kb.gate("frontmatter/has-description", ["description"])
-    kb.note("alpha", body="Alpha body.\n")
-    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED"), profile("nofix"))
-    res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--fixer", "nofix")
-    assert res.returncode == 0, res.stderr
-    with db(kb) as conn:
-        (job,) = conn.execute("SELECT id FROM review_jobs").fetchone()
+    _reviewed_after_a_persons_edit(
+        kb, "frontmatter/has-description", ["description"], ", and an aside"
+    )
     note = kb.root / NOTE
-    note.write_text(note.read_text().replace("Alpha body.", "Alpha body, and an aside."))
-    res = rq(kb, "run-job", str(job), "--reviewer", "fake")
-    assert res.returncode == 0, res.stderr
     res = rq(kb, "select", "--all-gates", "--model", "fake", "--json")
     assert json.loads(res.stdout)["targets"] == []  # fresh: no sweep meets it again
     with db(kb) as conn:
