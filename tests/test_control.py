@@ -580,9 +580,10 @@ def _story(ws, job_id: int) -> list[tuple[str, str | None]]:
     ]
 
 
-def _dispatched(kb, notes: list[str]) -> tuple[Workspace, Control, list[dict]]:
+def _dispatched(kb, notes: list[str], **control_kw) -> tuple[Workspace, Control, list[dict]]:
     """One gate, these notes, their jobs dispatched by a control that logs to the state
-    folder; the review messages it sent."""
+    folder (``control_kw``: more of the control's arguments, its clock); the review
+    messages it sent."""
     from orchestrator import logs
 
     kb.gate("prose/clarity", ["body"])
@@ -592,7 +593,7 @@ def _dispatched(kb, notes: list[str]) -> tuple[Workspace, Control, list[dict]]:
     logs.configure(ws.state_dir)
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws), **control_kw)
     assert control.dispatch() == len(notes)
     return ws, control, sent
 
@@ -711,6 +712,24 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
     clock[0] = t0 + timedelta(seconds=10 + timeout + 2)
     assert control.reap() == 1
     assert lost()[silent["job_id"]] == "never picked up by a worker"
+    ws.close()
+
+
+def test_a_lost_attempt_names_the_worker_and_host_it_was_lost_on(kb):
+    """A worker machine killed, or cut off, shows on the control's side first as
+    `attempt.lost`: it named the job alone, and which of several machines went silent
+    was in no line of the control's log."""
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime.now(UTC)
+    clock = [t0]
+    ws, control, sent = _dispatched(kb, ["alpha"], now=lambda: clock[0])
+    beat = {"v": 3, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
+    control.on_messages([{**beat, "launched": True}], [])
+    clock[0] = t0 + timedelta(seconds=ws.settings.queue.lease_seconds + 2)
+    assert control.reap() == 1
+    (line,) = _events(ws, "attempt.lost")
+    assert (line["worker"], line["host"]) == ("far:42", "far")
     ws.close()
 
 

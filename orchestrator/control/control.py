@@ -76,7 +76,7 @@ PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
     "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, a.taken_at, "
-    "j.reviewer "
+    "a.worker, j.reviewer "
     "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
     "WHERE j.status = 'running' AND a.attempt = j.attempt"
 )
@@ -852,12 +852,16 @@ class Control:
                     continue
                 lose(self.store, r["job_id"], r["attempt"], lost_reason)
             reaped += 1
+            # Which machine went silent: with workers on several, the first thing asked.
+            worker = r["worker"]
+            where = {"worker": worker, "host": worker.rpartition(":")[0]} if worker else {}
             self.log.warning(
                 "attempt.lost",
                 job_id=r["job_id"],
                 attempt=r["attempt"],
                 reviewer=r["reviewer"],
                 reason=lost_reason,
+                **where,
             )
             lost = self.store.conn.execute(
                 "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
