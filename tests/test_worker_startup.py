@@ -309,6 +309,35 @@ def test_a_worker_says_when_its_queue_becomes_fed_and_when_it_stops_being_fed(
         _stop(worker)
 
 
+def test_a_queue_that_lost_its_keys_is_not_said_never_fed(tmp_path, redis_url, monkeypatch):
+    """Redis restarted without its data loses the control's `reviewq.control` key with the
+    messages. A worker that had seen its queue fed a moment before said "no control process
+    has ever fed this queue ... give the URL the database and server of the control's"
+    until the control's next tick wrote it again: the URL was right all along. It now waits
+    as for a control it heard from, and names that control once five of its ticks pass."""
+    from orchestrator import logs
+    from orchestrator.config import load_settings
+    from workers import consumers, queues
+
+    config, _ = _worker_home(tmp_path, redis_url)
+    home = tmp_path / "remote"
+    settings = load_settings(home, home / "s", config)
+    logs.configure(settings.state_dir)
+    huey = queues.huey_for(settings, "review")
+    queues.mark_fed(huey, Path("/srv/site/.reviewq"), every=60.0)
+    watch = consumers.FeedWatch(settings, huey)
+    assert watch.look()["state"] == "/srv/site/.reviewq"
+    huey.storage.conn.delete(queues.FED_KEY)  # as a Redis restarted empty leaves it
+    assert watch.look() == {}
+    assert "worker.queue_unfed" not in [r["event"] for r in _worker_log(home)]
+    later = queues.queue_clock(huey) + 5 * 60 + 1
+    monkeypatch.setattr(consumers, "queue_clock", lambda _huey: later)
+    watch.look()
+    (said,) = [r for r in _worker_log(home) if r["event"] == "worker.queue_unfed"]
+    assert "has fed this queue for" in said["reason"], said
+    assert "state folder /srv/site/.reviewq" in said["reason"], said
+
+
 # --- a --state the worker cannot write -----------------------------------------------------------
 
 

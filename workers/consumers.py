@@ -186,6 +186,7 @@ class FeedWatch(threading.Thread):
         # Until a control says its tick: a look costs one GET.
         self.period = 10.0
         self.unfed_said: float | None = None  # when it was last said (the queue's clock)
+        self.last_fed: dict = {}  # what a control last wrote, as this watch saw it
 
     def run(self) -> None:
         while not self.done.wait(self.period):
@@ -199,11 +200,16 @@ class FeedWatch(threading.Thread):
         except Exception:  # noqa: BLE001 - Redis away: the consumer says so, as ever
             return None
         problem = None
-        if fed == {}:
+        if fed:
+            self.last_fed = fed
+        # A key gone that this watch saw (Redis restarted without its data, a flush) says
+        # nothing of the URL: the control writes it again at its next tick.
+        heard = fed or self.last_fed
+        if not heard and fed == {}:
             # Beside a control's state folder or KB, one may yet start and feed it.
             problem = None if beside_a_control(self.settings) else unfed_problem(self.settings)
-        elif fed and (silent := fed_late(fed, now)) is not None:
-            problem = stale_problem(self.settings, fed, silent)
+        elif heard and (silent := fed_late(heard, now)) is not None:
+            problem = stale_problem(self.settings, heard, silent)
         if fed and isinstance(fed.get("every"), int | float) and fed["every"] > 0:
             self.period = min(60.0, max(1.0, float(fed["every"])))
         if problem is not None:
