@@ -642,6 +642,22 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
     ws.close()
 
 
+def test_job_n_names_the_worker_each_attempt_ran_on(kb, run_cli):
+    """With workers on several machines, `reviewq job N` listed each attempt's outcome and
+    exit code but not where it ran: a no-output on the one machine whose CLI is not logged
+    in read like any other, and only `logs --job N` told the machines apart."""
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    control.on_messages([], [_outcome(ws, sent[0], classification="no-output", output=None)])
+    assert control.dispatch() == 1
+    control.on_messages([], [_outcome(ws, sent[1], worker="near:7", host="near")])
+    shown = [
+        x for x in run_cli("job", str(sent[0]["job_id"])).stdout.splitlines() if "attempt" in x
+    ]
+    assert shown[0].startswith("  attempt 1: no-output ") and shown[0].endswith(" on far:42")
+    assert shown[-1].startswith("  attempt 2: finalized ") and shown[-1].endswith(" on near:7")
+    ws.close()
+
+
 def test_an_agent_that_never_started_is_not_logged_as_started(kb):
     ws, control, sent = _dispatched(kb, ["alpha"])
     # The worker could not start the program: no launch, so no exited_at.

@@ -647,6 +647,8 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
             f"  attempt {a['attempt']}: {a['outcome']} exit {dash(a['exit_code'])} "
             f"turns {dash(a['num_turns'])} "
             f"tokens {dash(a['input_tokens'])}/{dash(a['output_tokens'])} {cost}"
+            # With workers on several machines, which one (`host:pid`, as the log says).
+            + (f" on {shown(a['worker'])}" if a.get("worker") else "")
         )
         for r in a["reasons"]:
             click.echo(f"    {r}")
