@@ -235,6 +235,23 @@ def test_a_worker_on_another_redis_database_than_the_controls_is_named(kb, tmp_p
         _stop(control)
 
 
+def test_doctor_names_the_file_and_url_of_a_queue_out_of_reach(tmp_path):
+    """A port mistyped in worker.toml (6397 for 6379) is an outage to the worker, which
+    waits for it; doctor said only "problem: queue backend: Error 111 connecting to
+    127.0.0.1:6397. Connection refused.", naming neither the file nor its URL."""
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    config, args = _worker_home(tmp_path, f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
+    res = _refused([*args, "doctor", "--worker"])
+    assert res.returncode == 1 and PASSWORD not in res.stdout + res.stderr, res.stdout
+    (problem,) = [x for x in res.stdout.splitlines() if x.startswith("problem:")]
+    assert problem.startswith(
+        f"problem: queue backend: {config} [queue] url redis://:***@127.0.0.1:{port}/0: "
+        "out of reach ("
+    ), problem
+
+
 def test_doctor_worker_names_an_unset_api_key_variable_and_never_a_key(tmp_path, redis_url):
     """An openai profile whose api_key_env names a variable unset on the worker's machine:
     doctor --worker said all was well, and the worker failed every attempt of it (each

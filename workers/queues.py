@@ -429,6 +429,21 @@ _RESP_FIRST = frozenset(b"+-:$*_,#!=(%~>|")
 _PROBE_S = 5.0
 
 
+def queue_where(settings: Settings) -> str:
+    """Where a queue's problem lies, as every line about it names it: the file and the URL
+    (never its password)."""
+    return f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(settings.queue.url)}"
+
+
+def out_of_reach(settings: Settings, exc: BaseException) -> str:
+    """The words for a Redis queue that does not answer (refused, no route, no name, no
+    answer), for doctor: an outage the consumers wait out, or a host or port mistyped."""
+    return (
+        f"{queue_where(settings)}: out of reach ({exc}); a worker or control started now "
+        "waits for it: start Redis there, or put its host and port in the URL"
+    )
+
+
 def check_queue(settings: Settings) -> None:
     """Refuse, in one line naming the file and the URL (never its password), a Redis queue
     that answers but will never take this process: a password or user it refuses,
@@ -441,7 +456,7 @@ def check_queue(settings: Settings) -> None:
     url = settings.queue.url
     if not url:
         return
-    where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(url)}"
+    where = queue_where(settings)
     problem = _probe_problem(url)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
@@ -611,7 +626,7 @@ def fed_late(fed: dict, now: float) -> float | None:
 
 def stale_problem(settings: Settings, fed: dict, silent: float) -> str:
     """The words for a queue its control process fed once and no longer does."""
-    where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(settings.queue.url)}"
+    where = queue_where(settings)
     return (
         f"{where}: no control process has fed this queue for "
         f"{f'{silent:.0f} s' if silent < 120 else f'{silent / 60:.0f} min'} (the last, "
@@ -712,7 +727,7 @@ class StopRequests:
 
 def unfed_problem(settings: Settings) -> str:
     """The words for a Redis queue no control process has fed, for doctor and the worker."""
-    where = f"{settings.config_path or 'reviewq.toml'} [queue] url {shown_url(settings.queue.url)}"
+    where = queue_where(settings)
     return (
         f"{where}: no control process has ever fed this queue, so a worker here would wait "
         "for good: give the URL the Redis database (the /N or ?db=N) and server of the "

@@ -907,11 +907,13 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
     try:
         from workers.app import make_app
         from workers.queues import (
+            QUEUE_UNAVAILABLE,
             beside_a_control,
             check_queue,
             check_server,
             fed_by,
             fed_late,
+            out_of_reach,
             profiles_unlike,
             queue_clock,
             stale_problem,
@@ -926,7 +928,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
         fed = fed_by(app.control)
         silent = fed_late(fed, queue_clock(app.control)) if fed else None
     except Exception as exc:
-        report(False, f"queue backend: {exc}")
+        away = ws.settings.queue.url and isinstance(exc, QUEUE_UNAVAILABLE)
+        report(False, f"queue backend: {out_of_reach(ws.settings, exc) if away else exc}")
         return
     if fed is not None and worker_only and (fed or not beside_a_control(ws.settings)):
         # A worker on another database than the control's (redis://host/3 where it uses
