@@ -1713,6 +1713,26 @@ def test_sigterm_cuts_short_a_workers_graceful_stop(kb, tmp_path):
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))  # queued again
 
 
+def test_an_interrupted_review_names_its_job_and_attempt(kb):
+    """A worker stopped with SIGTERM puts its reviews in hand back on the queue: its log
+    said `task.interrupted` with the task's name alone, so which jobs a restart of a
+    remote worker had cut short was nowhere on its machine."""
+    from huey.signals import SIGNAL_INTERRUPTED
+
+    from orchestrator import logs
+    from orchestrator.config import load_settings
+    from workers.app import make_app
+
+    settings = load_settings(kb.root)
+    logs.configure(settings.state_dir)
+    app = make_app(settings)
+    task = app.wrappers["run_review"].s({"v": 3, "job_id": 7, "attempt": 2})
+    app.review._emit(SIGNAL_INTERRUPTED, task)
+    (said,) = [e for e in log_lines(kb) if e["event"] == "task.interrupted"]
+    assert (said["job_id"], said["attempt"], said["requeued"]) == (7, 2, True)
+    assert app.review.pending_count() == 1
+
+
 def test_sigusr1_makes_a_process_write_its_threads_stacks_and_run_on(kb):
     """A sweep's child that would not stop could not say where it waited: the one flake of
     the second-Ctrl-C test left nothing to go on."""

@@ -31,8 +31,12 @@ def make_app(settings: Settings) -> App:
             # rolled back or its agent killed, so it runs again from the start. A control
             # message is still on its queue (held), and runs again from there.
             held = getattr(huey.storage, "holds", False)
+            # A review's job and attempt: which ones a restart cut short, on the worker's side.
+            args = getattr(task, "args", None) or ({},)
+            msg = args[0] if isinstance(args[0], dict) else {}
+            ids = {k: msg[k] for k in ("job_id", "attempt") if k in msg}
             logs.get().warning(
-                "task.interrupted", task=getattr(task, "name", "?"), requeued=not held
+                "task.interrupted", task=getattr(task, "name", "?"), requeued=not held, **ids
             )
             if not held:
                 huey.enqueue(task)
