@@ -387,6 +387,27 @@ def test_a_worker_folder_it_cannot_write_is_refused_at_start(tmp_path, redis_url
     assert f"problem: --state {state}: " in doctor.stdout, doctor.stdout
 
 
+def test_a_worker_folder_on_a_read_only_mount_is_named_so(tmp_path, redis_url):
+    """A --state on a read-only mount was refused as "cannot be written by this user (uid
+    0)": root, told its uid could not write, looked for permissions to mend."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a read-only folder of its own")
+    config, args = _worker_home(tmp_path, redis_url)
+    state = tmp_path / "remote" / "s"
+    state.mkdir()
+    ro = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+          f'mount -t tmpfs -o size=1m,ro rq-ro "{state}" && exec "$0" "$@"']  # fmt: skip
+    res = _refused([*ro, *args, "worker", "--workers", "1"])
+    if "mount" in res.stderr and "--state" not in res.stderr:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {res.stderr.strip()}")
+    doctor = _refused([*ro, *args, "doctor", "--worker"])
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: --state {state}: "), line
+    assert line.endswith(f"{state} is on a read-only file system"), line
+    assert f"{state} is on a read-only file system" in doctor.stdout, doctor.stdout
+
+
 # --- a worker.toml whose profiles are not the control's ------------------------------------------
 
 

@@ -580,8 +580,20 @@ def unwritable(folder: Path) -> str | None:
             return f"cannot make {path}: {there} is not a folder"
         if not os.access(there, os.W_OK | (os.X_OK if there.is_dir() else 0)):
             made = "" if there == path else f"cannot make {path}: "
-            return f"{made}{there} cannot be written by this user (uid {os.getuid()})"
+            return f"{made}{not_writable(there)}"
     return None
+
+
+def not_writable(path: Path) -> str:
+    """Why this process may not write ``path``, as a line says it: a read-only mount, which
+    no user can write (root, told its uid could not, looked for permissions to mend), or
+    else the permissions."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return f"{path} is on a read-only file system"
+    except OSError:
+        pass
+    return f"{path} cannot be written by this user (uid {os.getuid()})"
 
 
 def registry_dir(state_dir: Path) -> Path:

@@ -821,7 +821,9 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     for name in (".", *STATE_ENTRIES):
         path = ws.state_dir / name
         if path.exists() and not os.access(path, os.W_OK):
-            report(False, f"{path} cannot be written by this user (uid {os.getuid()})")
+            from workers.attempt import not_writable
+
+            report(False, not_writable(path))
     try:
         new = not (ws.state_dir / "state.db").exists()
         store = ws.store
