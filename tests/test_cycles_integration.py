@@ -682,6 +682,24 @@ def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_rejec
     assert f'{NOTE} (1 gate(s)): reviewq decide {esc["id"]} redo --feedback "…"' in summary
 
 
+def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):
+    """A sweep without --fix runs no fixer, yet the escalation of its failed job read
+    "reviewer fake, fixer fake": the reviewer named as a fixer that never ran. With
+    --fix, the fixer (the reviewer unless --fixer names another) is still named."""
+    config(cyc, profile("fake", FAKE_MODE="bad"), profile("mender", partition="fake"))
+    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 1
+    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    text = (cyc.root / esc["report_path"]).read_text()
+    assert "; reviewer fake, no fixer (a redo is fixed by fake unless --fixer" in text, text
+    assert rq(cyc, "decide", str(esc["id"]), "reject").returncode == 0
+    cyc.write(NOTE, cyc.read(NOTE) + "More body.\n")  # the pair needs a review again
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--fixer", "mender")
+    assert res.returncode == 1, res.stderr
+    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    text = (cyc.root / esc["report_path"]).read_text()
+    assert "; reviewer fake, fixer mender.\n" in text, text
+
+
 def test_jobs_counts_the_attempts_its_failure_reason_counts(cyc):
     """Two launch failures, then three runs with no output: the job "failed after 3
     attempts" (its reason), while `jobs` listed "attempts 5", counting the two the contract

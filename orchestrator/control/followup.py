@@ -313,7 +313,7 @@ class FollowUp:
             gate_id=p["gate_id"],
             reason=reason,
             reviewer=job["review_reviewer"] if job["kind"] == "fix" else job["reviewer"],
-            fixer=opts.get("fixer") or opts.get("reviewer") or job["reviewer"],
+            fixer=_fixer(job, opts),
             material=material,
             recommend=recommend,
             call=call,
@@ -909,3 +909,14 @@ def _followed_since(store, since: tuple[int, int]) -> Followed:  # noqa: ANN001 
 def _one_block(text: str | None, limit: int = 600) -> str:
     flat = " ".join((text or "").split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _fixer(job, opts: dict) -> str | None:  # noqa: ANN001 - a row
+    """The fixer of the run a job belongs to, or None when it fixed nothing: a run without
+    --fix named its reviewer the fixer of escalations no fixer had touched. A fix job is
+    its own fixer."""
+    if job["kind"] == "fix":
+        return job["reviewer"]
+    if not opts.get("fix") and not opts.get("fixer"):
+        return None
+    return opts.get("fixer") or opts.get("reviewer") or job["reviewer"]

@@ -350,7 +350,14 @@ def report(store: Store, esc_id: int) -> str:
         "Material:",
         *(f"- {m}" for m in material),
         "",
-        f"Assessment: {e['reason']}; reviewer {e['reviewer'] or '-'}, fixer {e['fixer'] or '-'}.",
+        f"Assessment: {e['reason']}; reviewer {e['reviewer'] or '-'}, "
+        + (
+            f"fixer {e['fixer']}."
+            if e["fixer"]
+            # As FollowUp.redo picks it: the fixer a redo gets when none ran.
+            else f"no fixer (a redo is fixed by {e['reviewer'] or 'offline'} unless --fixer "
+            "names another)."
+        ),
         # Decided, the calls would be refused ("decided already"): the file says what was.
         f"Closed at {e['decided_at'][:19]}Z: {_closed_by(store, e)} since it was raised; "
         "nothing is left to decide."
