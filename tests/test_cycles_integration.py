@@ -700,6 +700,29 @@ def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):
     assert "; reviewer fake, fixer mender.\n" in text, text
 
 
+def test_a_job_whose_output_held_none_of_its_pairs_says_missing_once(cyc, tmp_path):
+    """An output with no pair at all made every heading quoting the job's failure read
+    "missing pair: N :: G1; missing pair: N :: G2; …": the recommendation, the sweep's
+    summary, `job N` and the report's heading. Said once now, with the count and the note once."""
+    cyc.gate("prose/second", ["body"])
+    agent = tmp_path / "prose.py"
+    agent.write_text(
+        "import os\nopen(os.environ['REVIEWQ_OUTPUT_PATH'], 'w').write('All fine, I think.\\n')\n"
+    )
+    config(cyc, profile("fake", script=agent))
+    res = rq(cyc, "sweep", "--reviewer", "fake")
+    assert res.returncode == 1, res.stderr
+    (failed,) = [line for line in res.stdout.splitlines() if line.startswith("failed job")]
+    escs = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    recommend = (cyc.root / escs[0]["report_path"]).read_text().splitlines()[1]
+    reason = json.loads(rq(cyc, "job", "1", "--json").stdout)["failure_reasons"][0]
+    for said in (failed, recommend, reason, escs[0]["reason"]):  # the page's heading
+        assert said.count("missing") == 1, said
+    assert f"2 pairs missing from the output: {NOTE} :: kb/instructions/review-gates/prose/" in (
+        recommend
+    )
+
+
 def test_jobs_counts_the_attempts_its_failure_reason_counts(cyc):
     """Two launch failures, then three runs with no output: the job "failed after 3
     attempts" (its reason), while `jobs` listed "attempts 5", counting the two the contract

@@ -47,6 +47,7 @@ from orchestrator.cycles.fixes import (
     judged_without_the_change,
     write_due_fixes,
 )
+from orchestrator.review.bundle import condensed
 from orchestrator.review.finalize import FinalizeError, Provenance, finalize
 from orchestrator.review.jobs import display_path, prompt_renderer, split_job
 from orchestrator.state.files import (
@@ -675,6 +676,7 @@ class Control:
             self._supersede(job["id"], attempt)
 
     def _failed_attempt(self, job, reasons: list[str]) -> None:
+        reasons = condensed(reasons)
         failed = self.store.conn.execute(
             f"SELECT count(*) FROM attempts WHERE job_id = ? AND outcome IN ({FAILED_SQL})",
             (job["id"],),

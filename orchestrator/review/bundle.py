@@ -37,6 +37,7 @@ from orchestrator.kb.notes import name_problem
 
 SENTINEL_LIKE: re.Pattern[str] = re.compile(r"^===\s.+\s===$")
 DECISIONS = ("PASS", "WARN", "FAIL", "ERROR")
+_MISSING = "missing pair: "
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
 # Reasons kept, then a count: a forged 5 MiB output can carry a million, which no retry
 # prompt or person needs, and building them all took hundreds of megabytes.
@@ -109,6 +110,23 @@ def problem_count(reasons: Sequence[str]) -> int:
     """How many problems ``reasons`` stand for, those the cap left out counted."""
     more = _MORE.fullmatch(reasons[-1]) if reasons else None
     return len(reasons) - 1 + int(more.group(1)) if more else len(reasons)
+
+
+def condensed(reasons: Sequence[str]) -> list[str]:
+    """``reasons`` with their missing pairs said once, each note named once: a job whose
+    output held none of its pairs read "missing pair: N :: G1; missing pair: N :: G2; …"
+    in every heading that quoted it. One missing pair is left as it is."""
+    missing = [r.removeprefix(_MISSING) for r in reasons if r.startswith(_MISSING)]
+    if len(missing) < 2:
+        return list(reasons)
+    gates: dict[str, list[str]] = {}
+    for key in missing:
+        note, _, gate = key.partition(_SEP)
+        gates.setdefault(note, []).append(gate)
+    said = "; ".join(f"{note}{_SEP}{', '.join(g)}" for note, g in gates.items())
+    first = next(i for i, r in enumerate(reasons) if r.startswith(_MISSING))
+    rest = [r for r in reasons if not r.startswith(_MISSING)]
+    return [*rest[:first], f"{len(missing)} pairs missing from the output: {said}", *rest[first:]]
 
 
 def start_line(note_path: str, gate_path: str) -> str:
@@ -258,7 +276,7 @@ def _scan(
             block = None
     if block is not None:
         reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
-    reasons.extend(f"missing pair: {key}" for key in keys if key not in first_start)
+    reasons.extend(f"{_MISSING}{key}" for key in keys if key not in first_start)
     return found
 
 
