@@ -412,6 +412,36 @@ def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path)
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_calls_are_offered_as_the_sweep_offers_them_the_recommended_one_marked(
+    night, browser, tmp_path
+):
+    """The terminal showed the recommended call alone (`reviewq decide --note N reject`),
+    which read as the only answer where the sweep's summary offers approve|redo|reject;
+    the page listed the three calls with none marked."""
+    page_path = tmp_path / "calls.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    groups = night.report()["needs_you"]["escalations"]
+    city = next(g for g in groups if g["note_path"] == CITY)
+    assert city["suggested"] == "reject"
+    assert (
+        f"  {CITY} ({len(city['gates'])} gate(s)): reviewq decide --note {CITY} "
+        "approve|redo|reject (recommended: reject)\n"
+    ) in res.stdout
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        """[...document.querySelectorAll('article.escalated-note')].map(a => [
+        [...a.querySelectorAll('ul.calls li')].map(li => li.querySelector('code.cmd').textContent),
+        [...a.querySelectorAll('ul.calls li.recommended')].map(li => li.innerText)])"""
+    )
+    assert len(shown) == len(groups)
+    for g, (calls, marked) in zip(groups, shown, strict=True):
+        assert calls == [g["commands"][c] for c in ("approve", "redo", "reject")]
+        (recommended,) = marked
+        assert recommended.lower().startswith("recommended"), recommended
+        assert recommended.endswith(g["commands"][g["suggested"]]), recommended
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width."""

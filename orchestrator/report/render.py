@@ -113,6 +113,20 @@ def jobs_line(reviewed: dict) -> str:
 _ENV.filters["jobs_line"] = jobs_line
 
 
+def decide_line(g: dict) -> str:
+    """An escalated note's calls as the sweep's summary offers them, the recommended one
+    named: the recommended command alone ("reviewq decide 1 reject") read as if it were
+    the only answer."""
+    cmds, suggested = g["commands"], g["suggested"]
+    if any(e["only_reject"] for e in g["escalations"]):
+        return cmds["reject"]  # the only call decide takes (said on the next line)
+    target = cmds["approve"].removesuffix(" approve")
+    recommended = cmds[suggested].removeprefix(target + " ")
+    if suggested == "redo" and not cmds["redo"].startswith(target + " redo"):
+        recommended = cmds["redo"]  # one partition's escalations at a time
+    return f"{target} approve|redo|reject (recommended: {recommended})"
+
+
 def text(data: dict, html_path: str | None) -> str:
     """What a person reads at a terminal before opening the page."""
     n, k, r = data["needs_you"], data["kb_changes"], data["reviewed"]
@@ -142,9 +156,7 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for g in n["escalations"][:5]:
-        lines.append(
-            f"  {g['note_path']} ({len(g['gates'])} gate(s)): {g['commands'][g['suggested']]}"
-        )
+        lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {decide_line(g)}")
         for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
             lines.append(f"    {why}: only reject closes it")
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
