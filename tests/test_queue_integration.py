@@ -321,19 +321,25 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     assert res.stderr.splitlines()[-1].startswith(
         f"error: {out['progress']['waiting_paused']} job(s) wait on a paused reviewer: {said}"
     )
-    assert said in rq(kb, "status").stdout.splitlines()
+    # status and the report say first how many jobs the pause holds.
+    with db(kb) as conn:
+        (waiting,) = conn.execute("SELECT count(*) FROM review_jobs").fetchone()
+    held = said.replace(
+        "reviewer fake is paused", f"{waiting} job(s) wait for reviewer fake, paused"
+    )
+    assert held in rq(kb, "status").stdout.splitlines()
     assert f"problem: {said}" in rq(kb, "doctor").stdout.splitlines()
     assert f"  waits: {said}" in rq(kb, "job", "1").stdout.splitlines()
-    assert f"  {said}" in rq(kb, "report").stdout.splitlines()
+    assert f"  {held}" in rq(kb, "report").stdout.splitlines()
     page = (kb.state / "report.html").read_text()
     assert (
-        str(markupsafe.escape(said)).replace(
+        str(markupsafe.escape(held)).replace(
             "reviewq resume fake", '<code class="cmd">reviewq resume fake</code>'
         )
         in page
     )
     (listed,) = json.loads(rq(kb, "report", "--json").stdout)["needs_you"]["paused_reviewers"]
-    assert (listed["says"], listed["paused_since"]) == (said, since)
+    assert (listed["says"], listed["paused_since"]) == (held, since)
     # The agent installed, a person lifts the pause instead of waiting out pause_seconds.
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     assert rq(kb, "sweep", "--reviewer", "fake").returncode == 1  # still paused

@@ -442,6 +442,34 @@ def test_the_calls_are_offered_as_the_sweep_offers_them_the_recommended_one_mark
         assert recommended.endswith(g["commands"][g["suggested"]]), recommended
 
 
+def test_the_jobs_a_paused_reviewer_holds_are_counted(night, browser, tmp_path):
+    """Neither the report nor `status` said how many jobs wait behind a paused reviewer
+    (an outage's pause): a night's backlog read as one line about a profile."""
+    with night.db() as db:
+        (held,) = db.execute(
+            "SELECT count(*) FROM review_jobs WHERE reviewer = 'missing' AND status = 'queued'"
+        ).fetchone()
+    assert held >= 1
+    said = f"{held} job(s) wait for reviewer missing, paused since "
+    status = night.rq("status")
+    assert status.returncode == 0, status.stderr
+    assert any(line.startswith(said) for line in status.stdout.splitlines()), status.stdout
+    assert "(or until reviewq resume missing, once the cause is mended): " in status.stdout
+    page_path = tmp_path / "paused.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert f"; 1 paused reviewer(s), {held} job(s) waiting for them" in res.stdout, res.stdout
+    assert f"\n  {said}" in res.stdout, res.stdout
+    (paused,) = night.report()["needs_you"]["paused_reviewers"]
+    assert paused["jobs_waiting"] == held
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        """[[...document.querySelectorAll('ul.needs li')].map(li => li.innerText),
+        [...document.querySelectorAll('li.paused')].map(li => li.innerText)]"""
+    )
+    assert f"1 paused reviewer(s), {held} job(s) waiting for them" in shown[0], shown
+    assert [line.startswith(said) for line in shown[1]] == [True], shown
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width."""

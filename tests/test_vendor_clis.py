@@ -425,7 +425,8 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
         reason in res.stderr
     )  # "1 job(s) wait on a paused reviewer: reviewer X is paused since …: reason"
     st = reviewq(netns, home, vkb.root, "status")
-    assert f"reviewer {vendor} is paused since " in st.stdout and reason in st.stdout, st.stdout
+    said = f"1 job(s) wait for reviewer {vendor}, paused since "  # and how many jobs it holds
+    assert said in st.stdout and reason in st.stdout, st.stdout
     logged = reviewq(netns, home, vkb.root, "logs", "--event", "reviewer.paused", "--json")
     [event] = [json.loads(line) for line in logged.stdout.splitlines()]
     assert event["reviewer"] == vendor and reason in event["reason"], event

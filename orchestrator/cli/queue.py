@@ -455,7 +455,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     for name, r in data["reviewers"].items():
         if r["paused_until"]:
             pause = Pause(r["paused_until"], r["paused_reason"], r["paused_since"])
-            click.echo(pause_words(store, name, pause))
+            click.echo(pause_words(store, name, pause, r["jobs_waiting"]))
         else:
             click.echo(f"reviewer {name} is active")
     click.echo(

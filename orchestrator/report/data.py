@@ -28,6 +28,7 @@ from orchestrator.state.status import (
     resume_command,
     spent_usd,
     unwritten_fixes,
+    waiting_on,
 )
 from orchestrator.state.store import Store, parse_timestamp, reasons_column, timestamp
 
@@ -205,6 +206,8 @@ def _needs_you(
         ]
     held = over_budget_runs(store)  # runs whose spent budget holds queued jobs back
     budgets = _budgets(store, held, run_id)
+    pauses = paused_reviewers(store, now)
+    waiting = waiting_on(store, pauses)  # whatever the period, as the pause itself
     paused = [
         {
             "reviewer": name,
@@ -212,9 +215,11 @@ def _needs_you(
             "paused_until": pause.until,
             "resume": resume_command(name),
             "why": pause_why(store, name, pause),
-            "says": pause_words(store, name, pause),  # as status, doctor and job N say it
+            "jobs_waiting": waiting[name],
+            # as status says it (doctor and job N without the count)
+            "says": pause_words(store, name, pause, waiting[name]),
         }
-        for name, pause in sorted(paused_reviewers(store, now).items())
+        for name, pause in sorted(pauses.items())
     ]
     stalled = _stalled(store, now, {p["reviewer"] for p in paused}, held)
     return {

@@ -113,6 +113,17 @@ def jobs_line(reviewed: dict) -> str:
 _ENV.filters["jobs_line"] = jobs_line
 
 
+def paused_line(paused: list[dict]) -> str:
+    """ "2 paused reviewer(s), 4 job(s) waiting for them": the backlog behind a pause."""
+    held = sum(p["jobs_waiting"] for p in paused)
+    return f"{len(paused)} paused reviewer(s)" + (
+        f", {held} job(s) waiting for them" if held else ""
+    )
+
+
+_ENV.filters["paused_line"] = paused_line
+
+
 def decide_line(g: dict) -> str:
     """An escalated note's calls as the sweep's summary offers them, the recommended one
     named: the recommended command alone ("reviewq decide 1 reject") read as if it were
@@ -147,7 +158,7 @@ def text(data: dict, html_path: str | None) -> str:
     if n["failed_total"]:
         needs.append(f"{n['failed_total']} failed job(s)")
     if n["paused_reviewers"]:
-        needs.append(f"{len(n['paused_reviewers'])} paused reviewer(s)")
+        needs.append(paused_line(n["paused_reviewers"]))
     if n["budgets_reached"]:
         needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
     if n["fixes_unwritten"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -89,15 +90,36 @@ def pause_why(store: Store, name: str, pause: Pause) -> str:
     )
 
 
-def pause_words(store: Store, name: str, pause: Pause) -> str:
+def pause_words(store: Store, name: str, pause: Pause, waiting: int = 0) -> str:
     """A paused profile as every command, page and summary says it: since when, what ends
     it (its time, or `reviewq resume` once the cause is mended) and why, the reason last
     (the CLI's own words, of any length). Five wordings, one without the reason, others
-    without the command, none with the start, told one pause five ways."""
+    without the command, none with the start, told one pause five ways. ``waiting``: the
+    queued jobs it holds, said first where a count is wanted (status, the report)."""
+    who = (
+        f"{waiting} job(s) wait for reviewer {name}, paused"
+        if waiting
+        else f"reviewer {name} is paused"
+    )
     return (
-        f"reviewer {name} is paused {pause_span(pause)} (or until {resume_command(name)}, "
+        f"{who} {pause_span(pause)} (or until {resume_command(name)}, "
         f"once the cause is mended): {pause_why(store, name, pause)}"
     )
+
+
+def waiting_on(store: Store, names: Iterable[str]) -> dict[str, int]:
+    """The queued jobs of each of ``names`` (paused reviewers: the jobs they hold back);
+    neither the report nor status counted them, so a night's backlog behind an outage
+    read as one line about a profile."""
+    names = list(names)
+    return dict.fromkeys(names, 0) | {
+        name: n
+        for name, n in store.conn.execute(
+            "SELECT reviewer, count(*) FROM review_jobs WHERE status = 'queued' "
+            "AND reviewer IN (SELECT value FROM json_each(?)) GROUP BY reviewer",
+            (json.dumps(names),),
+        )
+    }
 
 
 def pause_span(pause: Pause) -> str:
@@ -124,6 +146,7 @@ def status(store: Store, settings: Settings) -> dict:
         counts[s] = n
     now = utcnow()
     paused = paused_reviewers(store, now)
+    waiting = waiting_on(store, paused)
     escalations = 0
     if _table_exists(store, "escalations"):
         escalations = store.conn.execute(
@@ -143,6 +166,7 @@ def status(store: Store, settings: Settings) -> dict:
                 "paused_until": pause.until if pause else None,
                 "paused_reason": pause.reason if pause else None,
                 "paused_since": pause.since if pause else None,
+                "jobs_waiting": waiting.get(name, 0),
             }
             for name in sorted(settings.reviewers)
             for pause in [paused.get(name)]
