@@ -839,6 +839,52 @@ def test_heartbeats_keep_coming_when_connect_checks_are_more_frequent(tmp_path):
     assert out.classification == "no-output"  # released by the test, not by the deadline
 
 
+def test_doctor_probes_an_openai_profiles_base_url(run_cli, kb, tmp_path):
+    """doctor checked each kind's CLI, and of an ``openai`` profile only that Python was
+    there: "ok" of an endpoint at which every attempt would find nothing listening. A dead
+    port is one line naming the profile and the URL; one that takes the connection and
+    never answers is given up within the probe's bound, not waited on."""
+    from .test_vendor_clis import Model
+
+    def doctor_line(base_url: str) -> tuple[str, float]:
+        kb.write(
+            "reviewq.toml",
+            f'[reviewers.local]\nkind = "openai"\nmodel = "m"\nbase_url = "{base_url}"\n'
+            'timeout = "60s"\nconnect_timeout = "2s"\n',
+        )
+        start = time.monotonic()
+        res = run_cli("doctor")
+        took = time.monotonic() - start
+        (line,) = [x for x in res.stdout.splitlines() if "reviewer local" in x]
+        return line, took
+
+    model = Model(None, tmp_path / "requests.jsonl")  # tests/vendor_model.py on loopback
+    try:
+        line, _ = doctor_line(model.url("review") + "/v1")
+        assert line == f"ok: reviewer local (openai): base_url {model.url('review')}/v1 answers"
+        assert [r["path"] for r in model.requests("review")] == ["/v1/models"]
+    finally:
+        model.stop()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    line, _ = doctor_line(f"http://127.0.0.1:{dead}/v1")
+    assert line == (
+        f"problem: reviewer local (openai): cannot reach http://127.0.0.1:{dead}/v1/chat/"
+        "completions within 2 s: Connection refused"
+    ), line
+    with socket.socket() as mute:  # takes the connection (the backlog), never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(1)
+        port = mute.getsockname()[1]
+        line, took = doctor_line(f"http://127.0.0.1:{port}")
+    assert line == (
+        f"problem: reviewer local (openai): no HTTP answer from http://127.0.0.1:{port}/v1/"
+        "models within 2 s: timed out"
+    ), line
+    assert took < 10, took
+
+
 def test_doctor_says_when_it_made_the_state_db(run_cli, kb):
     """Run on a mistyped --state, doctor made a state.db there and said 'ok' as if it were
     the night's; after that, status read it as all clear."""

@@ -58,7 +58,7 @@ pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 class Model:
     """The scripted model server, listening on loopback inside the namespace."""
 
-    def __init__(self, netns: str, log: Path) -> None:
+    def __init__(self, netns: str | None, log: Path) -> None:
         self.netns, self.log = netns, log
         self.proc = subprocess.Popen(
             [*_in(netns), sys.executable, str(HERE / "vendor_model.py"), "--log", str(log)],
@@ -91,8 +91,9 @@ class Model:
             self.proc.wait(timeout=10)
 
 
-def _in(netns: str) -> list[str]:
-    return ["ip", "netns", "exec", netns]
+def _in(netns: str | None) -> list[str]:
+    """The command prefix that runs in ``netns``; None: this host's own loopback."""
+    return ["ip", "netns", "exec", netns] if netns else []
 
 
 @pytest.fixture(scope="module")

@@ -134,6 +134,28 @@ def reach(url: str, timeout: float) -> None:
         ) from None
 
 
+def probe(base_url: str, timeout: float) -> str | None:
+    """Why the endpoint does not answer from here, or None: the TCP connection every
+    attempt makes first, then a GET of its model list, each within ``timeout``. Any HTTP
+    answer (a 401 to a request without a key, a 404 of a server with no list) is one."""
+    try:
+        url = endpoint(base_url)
+        reach(url, timeout)
+    except AgentError as exc:
+        return str(exc)
+    models = url.removesuffix("/chat/completions") + "/models"
+    try:
+        with _OPENER.open(urllib.request.Request(models), timeout=timeout) as response:
+            response.read(1)
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        reason = "timed out" if isinstance(reason, TimeoutError) else reason
+        return f"no HTTP answer from {shown(models)} within {timeout:g} s: {reason}"
+    return None
+
+
 def bearer(key_var: str, key: str) -> str:
     """The key as it can go in a header: the spaces and line ends round it (a CRLF
     ``.env`` file) dropped. One left inside, or a letter outside ASCII, made http.client

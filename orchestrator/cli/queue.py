@@ -952,9 +952,11 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
 
 
 def _doctor_reviewers(ws: Workspace, report) -> None:
-    """Each reviewer's program is on PATH, and the key variable it names is set."""
+    """Each reviewer's program is on PATH (an ``openai`` profile's endpoint answers), and
+    the key variable it names is set."""
+    from workers.openai_agent import shown as url_shown
     from workers.reviewers import UnsupportedKind, for_profile
-    from workers.reviewers.openai import key_problem
+    from workers.reviewers.openai import endpoint_problem, key_problem
 
     for name, profile in sorted(ws.settings.reviewers.items()):
         try:
@@ -963,11 +965,16 @@ def _doctor_reviewers(ws: Workspace, report) -> None:
             report(False, str(exc))
             continue
         missing = [exe for exe in adapter.executables() if shutil.which(exe) is None]
-        report(
-            not missing,
-            f"reviewer {name} ({profile.kind})"
-            + (f": {', '.join(missing)} not on PATH" if missing else ""),
-        )
+        head = f"reviewer {name} ({profile.kind})"
+        if missing:
+            report(False, f"{head}: {', '.join(missing)} not on PATH")
+        elif profile.kind != "openai":
+            report(True, head)
+        elif (problem := endpoint_problem(profile)) is not None:
+            # Its program is this Python: what it needs is an endpoint that answers.
+            report(False, f"{head}: {problem}")
+        else:  # the URL without any user:password@ part
+            report(True, f"{head}: base_url {shown(url_shown(profile.base_url))} answers")
         if (problem := key_problem(profile)) is not None:
             # A worker without it sent every request with no key: each attempt a
             # reviewer failure, and the profile paused for every worker.

@@ -78,3 +78,16 @@ def key_problem(profile: ReviewerProfile) -> str | None:
         f"{var} (its api_key_env) {said} in this environment: each request would go without "
         "a key and fail, pausing the profile; set it for the user that runs the worker"
     )
+
+
+# doctor waits at most this long for an endpoint: an address that drops packets would
+# otherwise hold it for the profile's connect_timeout (up to 30 s) or timeout.
+PROBE_SECONDS = 5.0
+
+
+def endpoint_problem(profile: ReviewerProfile) -> str | None:
+    """Why the profile's ``base_url`` does not answer from this machine, or None: doctor
+    said "ok" of a profile whose every attempt would find nothing listening there."""
+    from workers.openai_agent import probe
+
+    return probe(profile.base_url, min(PROBE_SECONDS, profile.connect_timeout or PROBE_SECONDS))
