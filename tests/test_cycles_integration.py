@@ -726,6 +726,28 @@ def test_a_job_whose_output_held_none_of_its_pairs_says_missing_once(cyc, tmp_pa
     )
 
 
+def test_escalations_the_report_and_the_sweep_list_notes_in_one_order(cyc):
+    """The report put the note with the most open gates first, `escalations` and the
+    sweep's summary the note raised first: a person working down one list and checking
+    the other lost their place. All three: most open escalations first (one decide
+    settles them all), then the note waiting longest."""
+    cyc.gate("prose/second", ["body"])
+    cyc.note("beta", body="Beta body.\n")
+    config(cyc, profile("fake", FAKE_MODE="bad"))
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--note", str(cyc.root / NOTE), "prose/body-check")
+    assert res.returncode == 1, res.stderr
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--note", str(cyc.root / "kb/notes/beta.md"))
+    assert res.returncode == 1, res.stderr
+    beta, alpha = "kb/notes/beta.md", NOTE  # alpha was raised first, beta has two gates
+    swept = [line.split(":")[0].strip() for line in res.stdout.splitlines() if " gate(s) (" in line]
+    listed = rq(cyc, "escalations")
+    headed = [line.split(":")[0] for line in listed.stdout.splitlines() if line.startswith("kb/")]
+    as_json = [n["note_path"] for n in json.loads(rq(cyc, "escalations", "--json").stdout)["notes"]]
+    report = json.loads(rq(cyc, "report", "--json").stdout)["needs_you"]["escalations"]
+    assert [g["note_path"] for g in report] == [beta, alpha]
+    assert headed == as_json == swept == [beta, alpha], (headed, as_json, swept)
+
+
 def test_jobs_counts_the_attempts_its_failure_reason_counts(cyc):
     """Two launch failures, then three runs with no output: the job "failed after 3
     attempts" (its reason), while `jobs` listed "attempts 5", counting the two the contract

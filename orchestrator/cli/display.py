@@ -99,17 +99,15 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
     if s.get("escalations"):
         # A note's escalations are one decision: one line a note (a partition, when they
         # are in several), with the command.
-        notes: dict[str, list[dict]] = {}
-        for e in s["escalations"]:
-            notes.setdefault(e["note_path"], []).append(e)
+        from orchestrator.state.status import by_note, decide_calls
+
+        notes = by_note(s["escalations"], lambda e: e["note_path"])  # as the report has them
         console.print(
             f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
             "(reviewq escalations):",
             soft_wrap=True,
         )
-        from orchestrator.state.status import decide_calls
-
-        for note_path, escs in list(notes.items())[:_NOTES_SHOWN]:
+        for note_path, escs in notes[:_NOTES_SHOWN]:
             calls = decide_calls(note_path, [(e["id"], e["model_partition"]) for e in escs])
             for partition, target in calls.items():
                 gates = [e["gate_id"] for e in escs if partition in (None, e["model_partition"])]

@@ -22,6 +22,7 @@ from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
+from orchestrator.state.status import by_note as notes_in_order
 from orchestrator.state.status import gist, quoted
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
@@ -468,12 +469,9 @@ def rejected_pairs(store: Store, partition: str) -> list[tuple[str, str]]:
 
 
 def by_note(items: list[Escalation]) -> list[tuple[str, list[Escalation]]]:
-    """Open escalations grouped by note, in the order their first one was raised: a
-    note's escalations are one decision."""
-    groups: dict[str, list[Escalation]] = {}
-    for e in items:
-        groups.setdefault(e.note_path, []).append(e)
-    return list(groups.items())
+    """Open escalations grouped by note (a note's escalations are one decision), in the
+    order the report lists them (:func:`orchestrator.state.status.by_note`)."""
+    return notes_in_order(items, lambda e: e.note_path)
 
 
 def resolve(store: Store, ids: list[int], note: str | None, root: Path | None = None) -> list[int]:

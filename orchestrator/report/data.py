@@ -19,6 +19,7 @@ from orchestrator.state.status import (
     NOT_RUN_SQL,
     WAITING_SQL,
     WITHDRAWN_SQL,
+    by_note,
     decide_calls,
     over_budget_runs,
     pause_why,
@@ -165,11 +166,7 @@ def _needs_you(
         "SELECT id, note_path, gate_id, model_partition, reason, cycles, reviewer, fixer, "
         "report_path, raised_at, call FROM escalations WHERE decision IS NULL ORDER BY id",
     )
-    notes: dict[str, list[dict]] = {}
-    for e in open_escs:
-        notes.setdefault(e["note_path"], []).append(e)
-    # Most urgent first: the notes with the most open gates, then the oldest.
-    ordered = sorted(notes.items(), key=lambda kv: (-len(kv[1]), kv[1][0]["id"]))
+    ordered = by_note(open_escs, lambda e: e["note_path"])  # as `escalations` lists them
     groups = [
         _escalated_note(store, state_dir, note, escs, only_reject)
         for note, escs in _cut(ordered, limit)
@@ -232,7 +229,7 @@ def _needs_you(
         + len(stalled),
         "escalations": groups,
         "escalations_open": len(open_escs),
-        "escalated_notes": len(notes),
+        "escalated_notes": len(ordered),
         "failed_jobs": _cut(failed, limit),
         "failed_total": len(failed),
         "paused_reviewers": paused,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
@@ -630,6 +630,23 @@ def open_escalations(store: Store) -> list[dict]:
             "FROM escalations WHERE decision IS NULL ORDER BY id"
         )
     ]
+
+
+_E = TypeVar("_E")
+
+
+def by_note(escalations: Iterable[_E], note: Callable[[_E], str]) -> list[tuple[str, list[_E]]]:
+    """Open ``escalations`` (in the order they were raised) grouped by ``note(e)``, in the
+    order a person deciding them takes them: the note with the most open first (one
+    decide settles them all: an empty body fails every gate that reads it, a broken
+    reviewer every pair of its jobs), then the one waiting longest. The report, the
+    `escalations` list and the sweep's summary all list them so; two orders lost a
+    person working down one list and checking the other their place."""
+    groups: dict[str, list[_E]] = {}
+    for e in escalations:
+        groups.setdefault(note(e), []).append(e)
+    first = {n: i for i, n in enumerate(groups)}
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), first[kv[0]]))
 
 
 def decide_calls(note_path: str, escalations: list[tuple[int, str]]) -> dict[str | None, str]:
