@@ -681,6 +681,28 @@ def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     assert KEY not in json.dumps(res.outcome.reasons)
 
 
+def test_an_openai_profile_paused_for_its_endpoint_is_not_said_to_have_a_cli(kb2, monkeypatch):
+    """An ``openai`` profile paused because its endpoint was out of reach read "its CLI
+    reported a failure that is not the job's" in status, the report, doctor and job N:
+    it has no CLI, and the words sent the person looking for one."""
+    from .conftest import reviewq_process
+    from .test_queue_integration import FAST_QUEUE
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    queue = FAST_QUEUE.replace("[queue]\n", "[queue]\nlaunch_failures_before_pause = 1\n")
+    openai_profile(kb2, f"http://127.0.0.1:{port}", extra=queue)
+    res = reviewq_process("--root", str(kb2.root), "sweep", "--reviewer", "local", timeout=120)
+    assert res.returncode == 1 and "wait on a paused reviewer" in res.stderr, res.stderr
+    status = reviewq_process("--root", str(kb2.root), "status").stdout
+    (line,) = [x for x in status.splitlines() if "wait for reviewer local, paused" in x]
+    assert "CLI" not in line, line
+    assert f"its endpoint failed (not the job's fault) on {socket.gethostname()}: " in line, line
+    assert f"cannot reach http://127.0.0.1:{port}/v1/chat/completions" in line, line
+
+
 def test_openai_connection_check_goes_where_the_request_goes(kb2, run_cli, monkeypatch, server):
     """no_proxy=host:port sends the request straight to the endpoint (urllib matches the
     host and the port), but the check before it matched the host alone, tried the proxy

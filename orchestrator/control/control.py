@@ -749,6 +749,9 @@ class Control:
             what = (
                 "its agent failed to start"
                 if event == "attempt.launch_failed"
+                # An openai profile has no CLI: the words sent a person looking for one.
+                else "its endpoint failed (not the job's fault)"
+                if getattr(self.settings.reviewers.get(name), "kind", None) == "openai"
                 else "its CLI reported a failure that is not the job's"
             )
             if host:  # which machine to mend, when workers run on several
