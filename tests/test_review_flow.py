@@ -1082,10 +1082,9 @@ def test_a_json_column_edited_by_hand_is_shown_as_it_stands(flow, run_cli):
     assert run_cli("status").exit_code == 0
 
 
-def test_job_says_when_it_was_made_and_why_a_queued_job_waits(flow, run_cli):
-    """A queued job behind a paused reviewer, a launch backoff or a spent budget looked
-    like any other queued job: only the log said why nothing ran it, and `job N` showed
-    no time at all."""
+def _queued_behind_a_pause(flow, run_cli) -> int:  # noqa: ANN001 - fixtures
+    """A queued job of reviewer fake, in a launch failure's backoff, and fake paused for
+    'auth' until 2999: the job's id."""
     jobs = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
     job_id = jobs["jobs"][0]["review_job_id"]
     with Store.open(flow.state) as s:
@@ -1099,6 +1098,35 @@ def test_job_says_when_it_was_made_and_why_a_queued_job_waits(flow, run_cli):
             "paused_reason) VALUES ('fake', 5, '2026-01-01T00:00:00.000Z', "
             "'2999-01-01T00:00:00.000Z', 'auth')"
         )
+    return job_id
+
+
+def test_status_says_which_waiting_jobs_a_control_alone_would_not_run(flow, run_cli):
+    """With every queued job behind a paused reviewer, status said "control: not running;
+    N job(s) wait for one (reviewq control)": a person who started it saw nothing run
+    until the pause ended."""
+    _queued_behind_a_pause(flow, run_cli)
+    with Store.open(flow.state) as s:
+        (queued,) = s.conn.execute(
+            "SELECT count(*) FROM review_jobs WHERE status = 'queued'"
+        ).fetchone()
+        (held,) = s.conn.execute(
+            "SELECT count(*) FROM review_jobs WHERE status = 'queued' AND reviewer = 'fake'"
+        ).fetchone()
+    res = run_cli("status")
+    assert res.exit_code == 0, res.stderr
+    assert (
+        f"control: not running; {queued} job(s) wait for one (reviewq control), {held} of "
+        "them for a paused reviewer too (above)\n"
+    ) in res.stdout, res.stdout
+
+
+def test_job_says_when_it_was_made_and_why_a_queued_job_waits(flow, run_cli):
+    """A queued job behind a paused reviewer, a launch backoff or a spent budget looked
+    like any other queued job: only the log said why nothing ran it, and `job N` showed
+    no time at all."""
+    job_id = _queued_behind_a_pause(flow, run_cli)
+    with Store.open(flow.state) as s:
         created = s.conn.execute(
             "SELECT created_at FROM review_jobs WHERE id = ?", (job_id,)
         ).fetchone()[0]

@@ -479,10 +479,13 @@ def _liveness(data: dict) -> list[str]:
 
     pid, w = data["control"]["pid"], data["workers"]
     queued = data["jobs"]["queued"] + data["jobs"]["running"]
+    # Started now, a control runs none of these before their reviewer's pause ends.
+    held = sum(r["jobs_waiting"] for r in data["reviewers"].values() if r["paused_until"])
     if pid is None:
         lines = [
             "control: not running"
             + (f"; {queued} job(s) wait for one (reviewq control)" if queued else "")
+            + (f", {held} of them for a paused reviewer too (above)" if queued and held else "")
         ]
     else:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
