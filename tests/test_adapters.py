@@ -887,24 +887,25 @@ def test_doctor_probes_an_openai_profiles_base_url(run_cli, kb, tmp_path):
         assert [r["path"] for r in model.requests("review")] == ["/v1/models"]
     finally:
         model.stop()
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
-    line, _ = doctor_line(f"http://127.0.0.1:{dead}/v1")
-    assert line == (
-        f"problem: reviewer local (openai): cannot reach http://127.0.0.1:{dead}/v1/chat/"
-        "completions within 2 s: Connection refused"
-    ), line
-    with socket.socket() as mute:  # takes the connection (the backlog), never answers
+    with socket.socket() as dead, socket.socket() as mute:
+        dead.bind(("127.0.0.1", 0))  # bound, not listening: the connection is refused
         mute.bind(("127.0.0.1", 0))
-        mute.listen(1)
-        port = mute.getsockname()[1]
-        line, took = doctor_line(f"http://127.0.0.1:{port}")
-    assert line == (
-        f"problem: reviewer local (openai): no HTTP answer from http://127.0.0.1:{port}/v1/"
-        "models within 2 s: timed out"
-    ), line
-    assert took < 10, took
+        mute.listen(1)  # takes the connection (into its backlog) and never answers
+        d, m = dead.getsockname()[1], mute.getsockname()[1]
+        for base_url, said in (
+            (
+                f"http://127.0.0.1:{d}/v1",
+                f"cannot reach http://127.0.0.1:{d}/v1/chat/completions within 2 s: "
+                "Connection refused",
+            ),
+            (
+                f"http://127.0.0.1:{m}",
+                f"no HTTP answer from http://127.0.0.1:{m}/v1/models within 2 s: timed out",
+            ),
+        ):
+            line, took = doctor_line(base_url)
+            assert line == f"problem: reviewer local (openai): {said}", line
+            assert took < 10, took
 
 
 def test_doctor_says_when_it_made_the_state_db(run_cli, kb):
