@@ -1316,9 +1316,17 @@ def test_a_notes_escalations_in_two_partitions_are_offered_one_call_each(kb):
             shown.stdout
         )
     page = kb.root / "report.html"
-    assert rq(kb, "report", "--html", str(page)).returncode == 0
+    summary = rq(kb, "report", "--html", str(page))
+    assert summary.returncode == 0, summary.stderr
     # One partition's redo now (the first by name), the other's once its fix has ended.
     assert f"reviewq decide {ids[min(ids)]} redo --feedback &#34;…&#34;" in page.read_text()
+    # The terminal offers the note's approve and reject, and that one redo: not a
+    # note-wide redo, which decide refuses.
+    assert (
+        "  kb/notes/empty.md (2 gate(s)): reviewq decide --note kb/notes/empty.md "
+        f'approve|reject, or reviewq decide {ids[min(ids)]} redo --feedback "…" '
+        "(recommended: reject)\n"
+    ) in summary.stdout, summary.stdout
 
 
 def test_a_notes_one_escalation_is_offered_its_decide_call(kb):

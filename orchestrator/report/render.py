@@ -133,9 +133,11 @@ def decide_line(g: dict) -> str:
         return cmds["reject"]  # the only call decide takes (said on the next line)
     target = cmds["approve"].removesuffix(" approve")
     recommended = cmds[suggested].removeprefix(target + " ")
-    if suggested == "redo" and not cmds["redo"].startswith(target + " redo"):
-        recommended = cmds["redo"]  # one partition's escalations at a time
-    return f"{target} approve|redo|reject (recommended: {recommended})"
+    if cmds["redo"].startswith(target + " redo"):
+        return f"{target} approve|redo|reject (recommended: {recommended})"
+    # A redo takes one partition's escalations at a time: decide refuses a note-wide one.
+    recommended = "redo" if suggested == "redo" else recommended
+    return f"{target} approve|reject, or {cmds['redo']} (recommended: {recommended})"
 
 
 def text(data: dict, html_path: str | None) -> str:
