@@ -854,15 +854,16 @@ def test_bad_prices_and_connect_timeouts_are_refused_at_load(tmp_path, line, mes
 QUEUE = "[queue]\nlaunch_failures_before_pause = 2\nlaunch_backoff_seconds = 1\nmax_attempts = 1\n"
 
 
-def _one_job_and_its_control(kb):
-    """One queued one-pair job of the offline profile and a control on a clock the test
-    moves: (workspace, the job, the clock, the control, ``fails(classification, reason,
-    exit_code)`` that dispatches the job and takes that outcome of it)."""
+def _one_job_and_its_control(kb, reviewer: str = "offline", profile: str = ""):
+    """One queued one-pair job of the ``reviewer`` profile (the offline one, or one the
+    ``profile`` text adds) and a control on a clock the test moves: (workspace, the job,
+    the clock, the control, ``fails(classification, reason, exit_code)`` that dispatches
+    the job and takes that outcome of it)."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
-    kb.write("reviewq.toml", QUEUE)
+    kb.write("reviewq.toml", QUEUE + profile)
     ws = Workspace.open(kb.root)
-    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer=reviewer, all_gates=True)).jobs
     clock = [datetime.now(UTC)]
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
@@ -883,9 +884,32 @@ def _one_job_and_its_control(kb):
     return ws, job, clock, control, fails
 
 
-def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_the_reason(kb):
-    ws, job, clock, control, fails = _one_job_and_its_control(kb)
-    reason = "auth: Invalid API key · Fix external API key"
+_OPENAI = '[reviewers.local]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9"\n'
+
+
+@pytest.mark.parametrize(
+    ("reviewer", "profile", "reason", "what"),
+    [
+        (
+            "offline",
+            "",
+            "auth: Invalid API key · Fix external API key",
+            "its CLI reported a failure that is not the job's",
+        ),
+        # An openai profile has no CLI: the words were a riddle for whoever read them.
+        (
+            "local",
+            _OPENAI,
+            'auth: HTTP 401 from http://127.0.0.1:9/v1/chat/completions: {"error": "bad key"}',
+            "its endpoint failed in a way that is not the job's",
+        ),
+    ],
+    ids=["cli", "openai"],
+)
+def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_the_reason(
+    kb, reviewer, profile, reason, what
+):
+    ws, job, clock, control, fails = _one_job_and_its_control(kb, reviewer, profile)
     for _ in range(2):
         fails("reviewer-failure", reason, 1)
         clock[0] += timedelta(seconds=10)  # past the backoff
@@ -897,9 +921,9 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     assert outcomes == ["reviewer-failure", "reviewer-failure"]
     assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
     assert control.dispatch() == 0  # paused
-    shown = status(ws.store, ws.settings)["reviewers"]["offline"]
+    shown = status(ws.store, ws.settings)["reviewers"][reviewer]
     assert shown["paused_until"]
-    assert shown["paused_reason"] == f"its CLI reported a failure that is not the job's: {reason}"
+    assert shown["paused_reason"] == f"{what}: {reason}"
     ws.store.close()
 
 

@@ -124,6 +124,15 @@ class Stops(Protocol):
         ...
 
 
+# Who said that no model answered, in a paused reviewer's reason: a vendor CLI, the
+# endpoint an openai profile posts to (it has no CLI), or a command's own report.
+_NOT_THE_JOBS = {
+    "cli": "its CLI reported a failure that is not the job's",
+    "openai": "its endpoint failed in a way that is not the job's",
+    "command": "its command reported a failure that is not the job's",
+}
+
+
 class Control:
     def __init__(
         self,
@@ -749,10 +758,7 @@ class Control:
             what = (
                 "its agent failed to start"
                 if event == "attempt.launch_failed"
-                # An openai profile has no CLI: the words sent a person looking for one.
-                else "its endpoint failed (not the job's fault)"
-                if getattr(self.settings.reviewers.get(name), "kind", None) == "openai"
-                else "its CLI reported a failure that is not the job's"
+                else _NOT_THE_JOBS.get(profile.kind if profile else "", _NOT_THE_JOBS["cli"])
             )
             if host:  # which machine to mend, when workers run on several
                 what += f" on {host}"
