@@ -485,6 +485,42 @@ def test_a_model_server_failing_mid_run_is_the_reviewer_s_failure(
     assert any(r.get("action") == scenario for r in model.requests(scenario))
 
 
+@pytest.mark.parametrize(
+    ("vendor", "scenario", "reason"),
+    [
+        # Codex drops a 500's words for its own, and says a model_not_found 403 without
+        # its status: neither was known, and after a first answered turn each was a
+        # no-output counted against the job (before it, "its agent failed to start").
+        ("codex", "mid-s500", "server: We\u2019re currently experiencing high demand"),
+        (
+            "codex",
+            "mid-s403",
+            "not-found: Project does not have access to model scripted-codex",
+        ),
+        ("claude", "mid-s529", "server: API Error: 529 Overloaded."),
+        ("gemini", "s429ra", "quota: Resource has been exhausted (e.g. check quota)."),
+    ],
+)
+def test_an_endpoint_s_error_reaches_the_operator_as_the_reviewer_s_failure(
+    netns, model, home, vkb, vendor, scenario, reason
+):
+    """An HTTP error (or an error inside a 200) from the endpoint, met by a sweep: the
+    job waits, and `reviewq job N` and `reviewq logs --job N` say why in the CLI's words."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, scenario))
+    res = reviewq(netns, home, vkb.root, "sweep", "--reviewer", vendor, "--all-gates", "--json")
+    assert _counts(json.loads(res.stdout)) == {"queued": 1}, res.stdout + res.stderr
+    [a] = rows(vkb.root, "SELECT job_id, outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    assert json.loads(a["reasons"])[0].startswith(reason), a
+    job_id = a["job_id"]
+    shown = reviewq(netns, home, vkb.root, "job", str(job_id))
+    assert f"job {job_id}: queued " in shown.stdout and reason in shown.stdout, shown.stdout
+    logged = reviewq(netns, home, vkb.root, "logs", "--job", str(job_id), "--json")
+    events = [json.loads(line) for line in logged.stdout.splitlines()]
+    [failed] = [e for e in events if e["event"] == "attempt.reviewer_failed"]
+    assert failed["reasons"][0].startswith(reason), failed
+
+
 @pytest.mark.parametrize("vendor", ["claude", "codex"])
 def test_a_model_stopped_at_its_output_token_limit_burns_the_attempt_out(
     netns, model, home, vkb, vendor

@@ -112,6 +112,26 @@ CODEX_FAILED = [
     else ev
     for ev in CODEX_CUT
 ]
+
+
+def _codex_turn_failed(message: str) -> list[dict]:
+    """A run whose first turn was answered and whose next request failed, as Codex says it."""
+    return [
+        *CODEX_CUT[:4],
+        {"type": "error", "message": message},
+        {"type": "turn.failed", "error": {"message": message}},
+    ]
+
+
+# Codex 0.169 drops a 500's words for its own (tests/vendor_model.py mid-s500), and says a
+# 403 or 404 with code model_not_found in the server's words without the status (mid-s403).
+CODEX_500 = _codex_turn_failed(
+    "We’re currently experiencing high demand, which may cause temporary errors."
+)
+CODEX_OVERLOADED = _codex_turn_failed(
+    "Selected model is at capacity. Please try a different model."
+)
+CODEX_NO_MODEL = _codex_turn_failed("Project does not have access to model scripted-codex")
 CODEX_STDERR = (
     'WARNING: proceeding, even though we could not create PATH aliases: Refusing to create helper binaries under temporary dir "/tmp"\n'
     "Reading additional input from stdin...\n"
@@ -191,6 +211,9 @@ def _lines(events: list[dict]) -> str:
         ("gemini", "", GEMINI_DOWN_STDERR, "unreachable", "exception TypeError: fetch failed"),
         ("codex", _lines(CODEX_CUT), CODEX_STDERR, "server", "stream disconnected before"),
         ("codex", _lines(CODEX_FAILED), CODEX_STDERR, "server", "stream disconnected before"),
+        ("codex", _lines(CODEX_500), CODEX_STDERR, "server", "We’re currently experiencing"),
+        ("codex", _lines(CODEX_OVERLOADED), CODEX_STDERR, "server", "Selected model is at"),
+        ("codex", _lines(CODEX_NO_MODEL), CODEX_STDERR, "not-found", "Project does not have"),
         ("gemini", "", GEMINI_CUT_STDERR, "unreachable", "Incomplete JSON segment at the end"),
     ],
 )

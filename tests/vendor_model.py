@@ -18,6 +18,11 @@ that retries a request gets the same answer):
   filtered the first turn is answered; the Responses API ends every later answer incomplete,
            reason content_filter: the note's own words were refused, no outage
   hung     every model request is read and never answered: the connection stays open
+  s403, s429, s429ra, s500, s529
+           every model request gets that HTTP status in the vendor's own error shape and
+           words (s429ra with ``retry-after: 1``; s529: Anthropic's 529 overloaded_error,
+           the others' 503 "overloaded", as each API says it); ``mid-`` before one of
+           them (mid-s500): the first turn is answered, every later one gets that error
 
 Run: ``python tests/vendor_model.py --port 0 --log FILE`` prints ``ready PORT`` once it
 listens. Every request is appended to FILE as one JSON line (path, tool results seen,
@@ -385,6 +390,11 @@ class Handler(BaseHTTPRequestHandler):
             self._record(method="POST", scenario=scenario, path=path, api=api, status=401)
             self._auth_error(api)
             return
+        failing = scenario.removeprefix("mid-") if scenario.startswith("mid-") else scenario
+        if failing in STATUS_ERRORS and (results or failing == scenario):
+            self._record(method="POST", scenario=scenario, path=path, api=api, status=failing)
+            self._status_error(api, failing)
+            return
         if scenario == "hung":
             self._record(method="POST", scenario=scenario, path=path, api=api, action="hang")
             self.hang.wait()  # never set: the CLI waits, or gives up, on its own
@@ -565,6 +575,14 @@ class Handler(BaseHTTPRequestHandler):
             chunk["candidates"][0]["finishReason"] = "MAX_TOKENS"
             self._sse([(None, chunk)])
 
+    def _status_error(self, api: str, scenario: str) -> None:
+        status, headers, bodies = STATUS_ERRORS[scenario]
+        if api == "anthropic" and scenario == "s529":
+            status = 529
+        elif scenario == "s529":
+            status = 503
+        self._send(status, bodies[api], headers)
+
     def _auth_error(self, api: str) -> None:
         if api == "anthropic":
             body = {
@@ -588,6 +606,88 @@ class Handler(BaseHTTPRequestHandler):
                 }
             }
         self._send(401, body)
+
+
+def _anthropic_error(kind: str, message: str) -> dict:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _gemini_error(code: int, message: str, status: str) -> dict:
+    return {"error": {"code": code, "message": message, "status": status}}
+
+
+_RATE = {
+    "anthropic": _anthropic_error(
+        "rate_limit_error",
+        "Number of request tokens has exceeded your per-minute rate limit",
+    ),
+    "responses": {
+        "error": {
+            "message": "Rate limit reached for scripted-codex on tokens per min (TPM): "
+            "Limit 30000, Used 30000, Requested 1000.",
+            "type": "tokens",
+            "code": "rate_limit_exceeded",
+        }
+    },
+    "gemini": _gemini_error(
+        429, "Resource has been exhausted (e.g. check quota).", "RESOURCE_EXHAUSTED"
+    ),
+}
+# scenario -> (status, headers, the body each API answers with)
+STATUS_ERRORS: dict[str, tuple[int, dict, dict[str, dict]]] = {
+    "s403": (
+        403,
+        {},
+        {
+            "anthropic": _anthropic_error(
+                "permission_error",
+                "Your API key does not have permission to use the specified resource.",
+            ),
+            "responses": {
+                "error": {
+                    "message": "Project does not have access to model scripted-codex",
+                    "type": "invalid_request_error",
+                    "code": "model_not_found",
+                }
+            },
+            "gemini": _gemini_error(
+                403, "Permission denied: Consumer has been suspended.", "PERMISSION_DENIED"
+            ),
+        },
+    ),
+    "s429": (429, {}, _RATE),
+    "s429ra": (429, {"retry-after": "1"}, _RATE),
+    "s500": (
+        500,
+        {},
+        {
+            "anthropic": _anthropic_error("api_error", "Internal server error"),
+            "responses": {
+                "error": {
+                    "message": "The server had an error processing your request.",
+                    "type": "server_error",
+                }
+            },
+            "gemini": _gemini_error(500, "An internal error has occurred.", "INTERNAL"),
+        },
+    ),
+    "s529": (
+        503,
+        {},
+        {
+            "anthropic": _anthropic_error("overloaded_error", "Overloaded"),
+            "responses": {
+                "error": {
+                    "message": "The engine is currently overloaded, please try again later",
+                    "type": "server_error",
+                }
+            },
+            "gemini": _gemini_error(
+                503, "The model is overloaded. Please try again later.", "UNAVAILABLE"
+            ),
+        },
+    ),
+}
 
 
 def main() -> None:

@@ -45,6 +45,21 @@ _BROKEN = "stream disconnected before completion"
 # the same words ("…: Incomplete response returned, reason: content_filter"), and a filter
 # refusing the job's notes is the job's, not an outage that pauses the profile.
 _INCOMPLETE = "Incomplete response returned, reason: "
+# Codex's own words for a failure it says without the server's status: a 500 ("We're
+# currently experiencing high demand…"; the server's words are dropped), an overloaded
+# model (code server_is_overloaded: "Selected model is at capacity…"), and a model the
+# key may not use (a 403 or 404 with code model_not_found, in the server's words). None
+# is the job's, yet each was a counted no-output once the first turn had been answered.
+_SAYS = (
+    (
+        re.compile(r"experiencing high (?:demand|load)|is at capacity|capacity is unavailable"),
+        "server",
+    ),
+    (
+        re.compile(r"does not exist or you do not have access to it|does not have access to model"),
+        "not-found",
+    ),
+)
 
 
 class CodexReviewer(Reviewer):
@@ -115,7 +130,8 @@ class CodexReviewer(Reviewer):
         elif error:
             t.error = bounded(error)
             broken = error.startswith(_BROKEN) and _INCOMPLETE not in error
-            t.failure = failure_kind(error) or ("server" if broken else None)
+            said = next((kind for words, kind in _SAYS if words.search(error)), None)
+            t.failure = failure_kind(error) or said or ("server" if broken else None)
         elif t.num_turns is None:
             t.error = last_line(spec.stderr_path, skip=_CHATTER)
         return t
