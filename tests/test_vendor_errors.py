@@ -432,6 +432,60 @@ def test_gemini_answered_reads_the_newest_chat_log_of_its_attempt(tmp_path):
     assert not gemini.answered(spec)
 
 
+# What Gemini 0.61 left when the server answered a turn after a tool call with an error
+# inside its 200 stream (tests/vendor_model.py midevent): the SDK drops the error object,
+# and the turn is recorded as a model message with no content and no usage.
+GEMINI_TOOL_TURN = {
+    "id": "g1",
+    "type": "gemini",
+    "content": "",
+    "tokens": {"input": 1000, "output": 100, "total": 1100},
+    "model": "gemini-2.5-pro",
+    "toolCalls": [{"id": "read_file_1", "name": "read_file", "args": {"file_path": "p.md"}}],
+}
+GEMINI_NOTHING = {"id": "g2", "type": "gemini", "content": [], "thoughts": [], "tokens": None}
+GEMINI_EMPTY_DOC = {"session_id": "11a3ee57", "response": "", "stats": {"models": {}}}
+
+
+@pytest.mark.parametrize(
+    ("last", "doc", "failure"),
+    [
+        (GEMINI_NOTHING, GEMINI_EMPTY_DOC, "server"),
+        # On the first turn Gemini retries, then says so in its own words.
+        (
+            GEMINI_NOTHING,
+            {
+                **GEMINI_EMPTY_DOC,
+                "error": {
+                    "type": "INVALID_STREAM",
+                    "message": "Model stream ended without a finish reason.",
+                },
+            },
+            "server",
+        ),
+        # A model's own empty answer carries its usage: the job's.
+        ({**GEMINI_NOTHING, "tokens": {"input": 1000, "output": 0}}, GEMINI_EMPTY_DOC, None),
+    ],
+    ids=["after-a-tool-call", "first-turn", "a-model-s-empty-answer"],
+)
+def test_a_gemini_turn_the_server_failed_inside_a_200_is_the_reviewer_s_failure(
+    tmp_path, last, doc, failure
+):
+    """Gemini exits 0 with an empty answer: a no-output counted against the job, and
+    nothing said that the server had failed."""
+    spec, gemini, chats = _gemini_chats(tmp_path)
+    user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
+    said = {"id": "r", "type": "user", "content": [{"functionResponse": {"id": "read_file_1"}}]}
+    log = chats / "session-2026-11-27T03-30-11a3ee57.jsonl"
+    log.write_text(_lines([user, GEMINI_TOOL_TURN, said, last, {"$set": {"lastUpdated": "x"}}]))
+    spec.stdout_path.write_text(json.dumps(doc, indent=2))
+    spec.stderr_path.write_text("Warning: 256-color support not detected.\n")
+    t = gemini.telemetry(spec)
+    assert t.failure == failure, t
+    if doc is GEMINI_EMPTY_DOC and failure:
+        assert t.error.startswith("the endpoint's last answer (HTTP 200) held no content")
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["cut-short", "whole"])
 def test_a_bundle_left_unfinished_by_a_rate_limit_is_a_reviewer_failure(tmp_path, whole):
     """Claude wrote a long bundle in two steps and was rate-limited between them: the half

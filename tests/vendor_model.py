@@ -17,6 +17,7 @@ that retries a request gets the same answer):
            the Responses API: an incomplete response, reason max_output_tokens)
   filtered the first turn is answered; the Responses API ends every later answer incomplete,
            reason content_filter: the note's own words were refused, no outage
+  event    every model request is answered 200 with a stream that holds only an error event
   hung     every model request is read and never answered: the connection stays open
   s403, s429, s429ra, s500, s529
            every model request gets that HTTP status in the vendor's own error shape and
@@ -394,6 +395,10 @@ class Handler(BaseHTTPRequestHandler):
         if failing in STATUS_ERRORS and (results or failing == scenario):
             self._record(method="POST", scenario=scenario, path=path, api=api, status=failing)
             self._status_error(api, failing)
+            return
+        if scenario == "event":
+            self._record(method="POST", scenario=scenario, path=path, api=api, action=scenario)
+            self._error_event(api)
             return
         if scenario == "hung":
             self._record(method="POST", scenario=scenario, path=path, api=api, action="hang")

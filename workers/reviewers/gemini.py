@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from .base import (
@@ -162,7 +163,31 @@ class GeminiReviewer(Reviewer):
                     # The API call itself failed with no HTTP status: the stream broke
                     # ("Incomplete JSON segment at the end") or nothing answered.
                     t.failure = "unreachable"
+                if t.failure is None and _UNFINISHED in message:
+                    # Its words, after retries, for a stream that held no answer: the
+                    # endpoint's error in a 200, whose own words its SDK dropped.
+                    t.failure = "server"
+        elif (
+            isinstance(doc.get("response"), str)
+            and not doc["response"].strip()
+            and self._dropped(spec)
+        ):
+            t.error, t.failure = _DROPPED, "server"
         return t
+
+    def _dropped(self, spec: AttemptSpec) -> bool:
+        """The last model turn of the run came with no content and no usage: no model
+        answered it. After a tool call Gemini takes that for an empty answer and exits 0;
+        a model's own empty answer carries its token counts."""
+        log = self._chat_log(spec)
+        last = None
+        for message in _model_messages(log) if log else ():
+            last = message
+        return (
+            last is not None
+            and last.get("tokens") is None
+            and not any(last.get(k) for k in ("content", "toolCalls", "thoughts"))
+        )
 
     def answered(self, spec: AttemptSpec) -> bool:
         # Gemini writes its JSON only at its end; its chat log has each model message as it
@@ -170,12 +195,7 @@ class GeminiReviewer(Reviewer):
         log = self._chat_log(spec)
         if log is None:
             return True  # no log to read: cannot tell
-        for rec in json_objects(log):
-            sets = rec.get("$set") if isinstance(rec.get("$set"), dict) else {}
-            messages = sets.get("messages") if isinstance(sets.get("messages"), list) else []
-            if any(isinstance(m, dict) and m.get("type") == "gemini" for m in [rec, *messages]):
-                return True
-        return False
+        return any(True for _ in _model_messages(log))
 
     def _chat_log(self, spec: AttemptSpec) -> Path | None:
         """This attempt's chat log: the session whose first words name its prompt."""
@@ -209,6 +229,27 @@ class GeminiReviewer(Reviewer):
 _CHAT_HEAD_BYTES = 1024 * 1024
 # What Gemini prints when a request to its model failed (a job's own 400 has a status).
 _API_ERROR = "Error when talking to Gemini API"
+
+
+# What Gemini says, after retries, of a first turn whose stream held no answer.
+_UNFINISHED = "Model stream ended without a finish reason"
+# An error object inside an HTTP 200 stream: the SDK keeps a response's candidates and
+# usage, never its "error", so the server's words are lost before the CLI sees them.
+_DROPPED = (
+    "the endpoint's last answer (HTTP 200) held no content and no token usage: an error "
+    "sent inside its stream, whose words Gemini CLI does not keep"
+)
+
+
+def _model_messages(log: Path) -> Iterator[dict]:
+    """Each state of each model message in a chat log, in order: a message is written
+    again as it grows (its usage, its tool calls), the last state last."""
+    for rec in json_objects(log):
+        sets = rec.get("$set") if isinstance(rec.get("$set"), dict) else {}
+        messages = sets.get("messages") if isinstance(sets.get("messages"), list) else []
+        for m in [*messages, rec]:
+            if isinstance(m, dict) and m.get("type") == "gemini":
+                yield m
 
 
 def _written(path: Path) -> tuple[float, str]:
