@@ -635,6 +635,25 @@ def test_a_command_agent_that_failed_is_classified_by_what_it_said(
     assert res.outcome.reasons[0].startswith(reason) or reason in res.outcome.reasons[0]
 
 
+def test_a_reviewer_failure_in_run_job_is_in_the_jobs_log(kb2, run_cli, tmp_path):
+    """`reviewq run-job` put the job back on the queue without a word in the log: `reviewq
+    logs --job N` showed only its creation, while a failed one logs job.failed."""
+    _command_profile(
+        kb2,
+        tmp_path,
+        'echo \'{"num_turns": 0, "failure": "rate-limit", "error": "HTTP 429: slow down"}\' '
+        '> "$REVIEWQ_TELEMETRY_PATH"\nexit 1\n',
+    )
+    job_id = make_job(run_cli)
+    res = run_cli("run-job", str(job_id), "--reviewer", "cmd")
+    assert "queued again (reviewer failure" in res.stderr, res.stderr
+    logged = run_cli("logs", "--job", str(job_id), "--json")
+    events = [json.loads(line) for line in logged.stdout.splitlines()]
+    [failed] = [e for e in events if e["event"] == "attempt.reviewer_failed"]
+    assert failed["reasons"] == ["rate-limit: HTTP 429: slow down"], failed
+    assert (failed["attempt"], failed["reviewer"]) == (1, "cmd"), failed
+
+
 @pytest.mark.parametrize(
     ("script", "timeout"),
     [

@@ -186,6 +186,23 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             )
         elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
             requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
+            # In the job's log as the control says it: else `reviewq logs --job N` showed
+            # nothing of why the job is queued again.
+            event = (
+                "attempt.launch_failed"
+                if outcome.classification == LAUNCH_FAILURE
+                else "attempt.reviewer_failed"
+            )
+            store.after_commit(
+                lambda: logs.get().warning(
+                    event,
+                    job_id=job_id,
+                    attempt=opened.attempt,
+                    reviewer=profile.name,
+                    by_hand=True,
+                    reasons=outcome.reasons,
+                )
+            )
         elif (
             outcome.classification == BURNED_OUT
             and opened.kind == "review"
