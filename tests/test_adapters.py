@@ -750,6 +750,9 @@ def test_openai_connection_check_goes_where_the_request_goes(kb2, run_cli, monke
         (504, "upstream timed out", "server"),
         (429, "slow down", "rate-limit"),
         (401, "bad key", "auth"),
+        (403, '{"error": {"message": "Project does not have access to model m"}}', "auth"),
+        (529, '{"error": {"type": "overloaded_error", "message": "Overloaded"}}', "server"),
+        (503, '{"error": {"message": "The engine is currently overloaded"}}', "server"),
         (None, "did not answer with a chat completion", "server"),
     ],
 )
