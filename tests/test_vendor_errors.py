@@ -980,8 +980,14 @@ _OPENAI = '[reviewers.local]\nkind = "openai"\nmodel = "m"\nbase_url = "http://1
             'auth: HTTP 401 from http://127.0.0.1:9/v1/chat/completions: {"error": "bad key"}',
             "its endpoint failed in a way that is not the job's",
         ),
+        (
+            "cmd",
+            '[reviewers.cmd]\nkind = "command"\ncommand = ["agent"]\n',
+            "rate-limit: HTTP 429",
+            "its command reported a failure that is not the job's",
+        ),
     ],
-    ids=["cli", "openai"],
+    ids=["cli", "openai", "command"],
 )
 def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_the_reason(
     kb, reviewer, profile, reason, what
