@@ -162,6 +162,12 @@ def profiles(model: Model, scenario: str, **over: str) -> str:
     claude_retries = (
         "" if over.get("claude_retries") == "default" else 'CLAUDE_CODE_MAX_RETRIES = "0", '
     )
+    # Gemini's only with its default retries (the home of most tests allows one try).
+    gemini_connect = (
+        f'connect_timeout = "{over["gemini_connect_timeout"]}"\n'
+        if "gemini_connect_timeout" in over
+        else ""
+    )
     return f"""
 [queue]
 launch_failures_before_pause = 1
@@ -195,7 +201,7 @@ executable = "{BIN / "gemini"}"
 model = "gemini-2.5-pro"
 partition = "scripted"
 timeout = "{over.get("timeout", "60s")}"
-env = {{ GOOGLE_GEMINI_BASE_URL = "{base}", GEMINI_API_KEY = "scripted-key" }}
+{gemini_connect}env = {{ GOOGLE_GEMINI_BASE_URL = "{base}", GEMINI_API_KEY = "scripted-key" }}
 {prices}"""
 
 
@@ -513,7 +519,6 @@ def test_a_model_server_failing_mid_run_is_the_reviewer_s_failure(
         # "Model stream ended without a finish reason." as its error: a no-output.
         ("gemini", "event", "server: Model stream ended without a finish reason."),
         ("claude", "mid-s529", "server: API Error: 529 Overloaded."),
-        ("gemini", "s429ra", "quota: Resource has been exhausted (e.g. check quota)."),
     ],
 )
 def test_an_endpoint_s_error_reaches_the_operator_as_the_reviewer_s_failure(
@@ -583,18 +588,44 @@ def test_a_model_server_that_never_answers_is_the_reviewer_s_failure_at_the_dead
     assert any(r.get("action") == "hang" for r in model.requests("hung"))
 
 
+def _retrying(home: Path, into: Path) -> Path:
+    """A copy of ``home`` whose Gemini keeps its default retries (ten, 5-30 s apart)."""
+    mine = into / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    settings = mine / ".gemini" / "settings.json"
+    data = json.loads(settings.read_text())
+    del data["general"]["maxAttempts"]
+    settings.write_text(json.dumps(data))
+    return mine
+
+
+def test_connect_timeout_cuts_gemini_s_retries_short(netns, model, home, vkb, tmp_path):
+    """Gemini retries a 429 for minutes, saying each try on stderr: connect_timeout did
+    nothing for it, and a deadline that came first said "no model answered", the
+    server's words lost. (Its 429 here comes with retry-after: 1.)"""
+    mine = _retrying(home, tmp_path)
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "s429ra", timeout="60s", gemini_connect_timeout="3s")
+    )
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    (said,) = json.loads(a["reasons"])
+    assert said.startswith("quota: API retry ") and said.endswith(
+        ": status 429, Resource has been exhausted (e.g. check quota)."
+    ), said
+    assert a["duration_s"] < 30, a
+
+
 def test_gemini_retrying_past_its_deadline_with_no_answer_is_the_reviewer_s_failure(
     netns, model, home, vkb, tmp_path
 ):
     """With its default retries (ten, backing off for minutes) Gemini outlasts the
     deadline against an endpoint that refuses it, and is killed before it says why: only
     its chat log shows that no model answered."""
-    mine = tmp_path / "home"
-    shutil.copytree(home, mine, symlinks=True)
-    settings = mine / ".gemini" / "settings.json"
-    data = json.loads(settings.read_text())
-    del data["general"]["maxAttempts"]
-    settings.write_text(json.dumps(data))
+    mine = _retrying(home, tmp_path)
     (vkb.root / "reviewq.toml").write_text(
         profiles(model, "dead", timeout="8s", connect_timeout="4s")
     )

@@ -767,6 +767,51 @@ def test_connect_timeout_ends_claude_retrying_a_key_or_an_endpoint(tmp_path, sta
     assert out.reasons == [reason]
 
 
+# Gemini 0.61's stderr while it retries (tests/vendor_model.py s429, a dead port), each
+# try followed by its stack trace.
+_TRACE = "    at async retryWithBackoff (file:///x/bundle/chunk-JDPZ4CE3.js:308039:23)\n"
+GEMINI_429 = '_ApiError: {"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}'
+GEMINI_DEAD = "Error: exception TypeError: fetch failed sending request"
+
+
+def _gemini_retries(n: int, said: str, status: str = "") -> str:
+    how = f" with status {status}" if status else ""
+    return "Warning: 256-color support not detected.\n" + "".join(
+        f"Attempt {i} failed{how}. Retrying with backoff... {said}\n{_TRACE}"
+        for i in range(1, n + 1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("stderr", "answered", "reason"),
+    [
+        (
+            _gemini_retries(2, GEMINI_429, "429"),
+            False,
+            "API retry 2: status 429, Resource has been exhausted (e.g. check quota).",
+        ),
+        (
+            _gemini_retries(3, GEMINI_DEAD),
+            False,
+            "API retry 3: no response, exception TypeError: fetch failed sending request",
+        ),
+        (_gemini_retries(1, GEMINI_DEAD), False, None),  # one retry may go through
+        (_gemini_retries(2, GEMINI_DEAD), True, None),  # a retry between answers
+    ],
+    ids=["429", "dead", "one-retry", "after-an-answer"],
+)
+def test_connect_timeout_reads_gemini_s_retries(tmp_path, stderr, answered, reason):
+    """Gemini retries a failing API up to ten times, 5-30 s apart: connect_timeout did
+    nothing for it, and a deadline that came first said "no model answered", the
+    server's words lost."""
+    spec, gemini, chats = _gemini_chats(tmp_path)
+    user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
+    said = [{"id": "g", "type": "gemini", "content": "reading"}] if answered else []
+    (chats / "session-2026-11-27T04-00-0a0b0c0d.jsonl").write_text(_lines([user, *said]))
+    spec.stderr_path.write_text(stderr)
+    assert gemini.unreachable(spec) == reason
+
+
 @pytest.mark.parametrize(
     ("kind", "said"),
     [

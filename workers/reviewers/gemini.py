@@ -25,6 +25,7 @@ from .base import (
     telemetry_from_file,
 )
 from .vendor import (
+    RETRIES_TO_END,
     add_counts,
     bounded,
     failure_kind,
@@ -189,6 +190,20 @@ class GeminiReviewer(Reviewer):
             and not any(last.get(k) for k in ("content", "toolCalls", "thoughts"))
         )
 
+    def unreachable(self, spec: AttemptSpec) -> str | None:
+        # Gemini retries a failing API up to ten times, 5-30 s apart, minutes in all, and
+        # says each failed try on stderr. As for Claude: only a run no model has answered
+        # (a retry between answers may pass), and only one that failed again.
+        tries = _RETRY.findall(_head(spec.stderr_path))
+        if len(tries) < RETRIES_TO_END or self.answered(spec):
+            return None
+        n, status, said = tries[-1]
+        message, code = unwrap(re.sub(r"^\w*Error: ", "", said.strip()))
+        status = status or (str(code) if code else "")
+        return bounded(
+            f"API retry {n}: " + (f"status {status}, " if status else "no response, ") + message
+        )
+
     def answered(self, spec: AttemptSpec) -> bool:
         # Gemini writes its JSON only at its end; its chat log has each model message as it
         # comes ("type": "gemini"), in the folder its projects.json names for the job folder.
@@ -259,22 +274,32 @@ def _written(path: Path) -> tuple[float, str]:
         return 0.0, path.name  # gone meanwhile: looked at last, and skipped then
 
 
-def _said(stderr: Path, words: str) -> bool:
+# Gemini's line for each failed try of its API, before it backs off: "Attempt 2 failed
+# with status 429. Retrying with backoff... _ApiError: {…}" (or "failed with 5xx error",
+# or no status at all: "… Error: exception TypeError: fetch failed sending request").
+_RETRY = re.compile(
+    r"^Attempt (\d+) failed(?: with status (\d{3}))?[^.\n]*\. Retrying with backoff\.\.\.(.*)$",
+    re.M,
+)
+
+
+def _head(stderr: Path) -> str:
+    """The start of Gemini's stderr, where its warnings and retries are."""
     try:
         with stderr.open("rb") as f:
-            return words in f.read(256 * 1024).decode("utf-8", "replace")
+            return f.read(256 * 1024).decode("utf-8", "replace")
     except OSError:
-        return False
+        return ""
+
+
+def _said(stderr: Path, words: str) -> bool:
+    return words in _head(stderr)
 
 
 def _policy_error(stderr: Path) -> str | None:
     """Gemini's complaint about reviewq's policy file, e.g. "Policy file error in
     gemini-policy.toml: Unsafe regex pattern (potential ReDoS)"."""
-    try:
-        with stderr.open("rb") as f:
-            lines = f.read(256 * 1024).decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
+    lines = _head(stderr).splitlines()
     for i, line in enumerate(lines):
         if "Policy file error in gemini-policy.toml" in line:
             detail = lines[i + 1].strip() if i + 1 < len(lines) else ""
