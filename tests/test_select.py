@@ -683,6 +683,18 @@ def test_a_symlink_named_like_a_note_to_a_folder_is_said_to_be_one(small, run_cl
     )
 
 
+def test_a_symlink_named_like_a_note_to_a_fifo_is_said_to_lead_to_one(small, run_cli):
+    """'a symlink that leads to no file' of a link whose FIFO is there to be found."""
+    os.mkfifo(small.root / "kb/notes/pipe")
+    (small.root / "kb/notes/pipe.md").symlink_to("pipe")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert (
+        "warning: kb/notes/pipe.md: a symlink to a FIFO, not a regular file; skipped\n"
+        in res.stderr
+    )
+
+
 def test_a_fifo_named_like_a_note_or_gate_is_a_warning_not_silence(small, run_cli):
     """A FIFO (or socket) named ``x.md`` among the notes or gates was left out without a
     word: its pairs never came up, and nothing said why (SPEC §10: a file that had to

@@ -563,8 +563,14 @@ class KB:
                         # to a note, it was "a note reviewed under its own name", one nobody
                         # could find; a gate's went without a word, or (a loop) ended every
                         # command in an internal error.
-                        # A folder is there to be found: "no file" sent people looking.
-                        what = "to a folder, not a file" if _is_dir(e) else "that leads to no file"
+                        # A folder is there to be found: "no file" sent people looking,
+                        # and so is a FIFO, a socket or a device.
+                        if _is_dir(e):
+                            what = "to a folder, not a file"
+                        elif (kind := _special(e, follow=True)) is not None:
+                            what = f"to {kind}, not a regular file"
+                        else:
+                            what = "that leads to no file"
                         problems.append(FileProblem(rel, f"a symlink {what}; skipped"))
                         continue
                     why = self._elsewhere(rel) if notes else None
@@ -652,11 +658,11 @@ def _is_file(entry: os.DirEntry) -> bool:
         return False
 
 
-def _special(entry: os.DirEntry) -> str | None:
-    """What a FIFO, socket or device among the files is; None for anything else (a file
-    gone since the scan)."""
+def _special(entry: os.DirEntry, follow: bool = False) -> str | None:
+    """What a FIFO, socket or device among the files is (with ``follow``, what a symlink
+    leads to); None for anything else (a file gone since the scan, a loop)."""
     try:
-        mode = entry.stat(follow_symlinks=False).st_mode
+        mode = entry.stat(follow_symlinks=follow).st_mode
     except OSError:
         return None
     if stat.S_ISFIFO(mode):
