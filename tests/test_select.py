@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -598,6 +599,19 @@ def test_a_note_root_that_is_not_there_is_refused_not_read_as_no_notes(
     for command in (("select", "--all-gates"), ("enqueue", "--all-gates")):
         res = run_cli(*command)
         assert res.exit_code == 1 and says in res.stderr, res.stderr
+
+
+def test_a_note_root_that_is_a_file_is_said_to_be_one(small, run_cli):
+    """'no such folder' of a kb/notes that is there, as a file."""
+    shutil.rmtree(small.root / "kb/notes")
+    small.write("kb/notes", "a file\n")
+    for command in (("select", "--all-gates"), ("enqueue", "--all-gates")):
+        res = run_cli(*command)
+        assert (res.exit_code, res.stderr) == (
+            1,
+            f"error: note root kb/notes: a file in {small.root}, not a folder "
+            "(see [kb] note_roots)\n",
+        ), command
 
 
 def test_a_root_without_a_kb_is_refused(tmp_path, run_cli):

@@ -100,6 +100,12 @@ def note_root_problems(kb: KB, state_dir: Path | None = None) -> list[str]:
         if r == ".." or r.startswith("../") or not kb.inside(str(kb.root / r)):
             problems.append(f"note root {r}: outside the KB root {kb.root}")
             continue
+        if (kb.root / r).exists() and not (kb.root / r).is_dir():
+            # "no such folder" sent a person looking for a folder beside the file there.
+            problems.append(
+                f"note root {r}: a file in {kb.root}, not a folder (see [kb] note_roots)"
+            )
+            continue
         if not (kb.root / r).is_dir():
             problems.append(
                 f"note root {r or '.'}: no such folder in {kb.root} "
