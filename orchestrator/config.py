@@ -619,14 +619,15 @@ def load_settings(
         raise ConfigError(f"--root {root}: not a folder")
     config_path = Path(config) if config else root_path / "reviewq.toml"
     data: dict = {}
-    text = _config_text(config_path)
+    # Given as --config, a path to no file (or to a folder) is the option's mistake: say so.
+    text = _config_text(config_path, "--config " if config else "")
     if text is not None:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_path}: {exc}") from None
     elif config:
-        raise ConfigError(f"{config_path}: no such file")
+        raise ConfigError(f"--config {config_path}: no such file")
     try:
         settings = _settings(data, root_path, state)
     except ConfigError as exc:
@@ -651,21 +652,22 @@ def load_settings(
     return replace(settings, config_path=config_path if config_path.exists() else None)
 
 
-def _config_text(path: Path) -> str | None:
+def _config_text(path: Path, option: str = "") -> str | None:
     """The settings file's text; None where there is none. A FIFO there held every command
-    for good, and a symbolic link to nothing was read as no settings at all."""
+    for good, and a symbolic link to nothing was read as no settings at all. ``option``
+    (``--config ``) begins a line about what is at the path."""
     try:
         fd = open_regular(path)
     except NotRegular as exc:
         raise ConfigError(
-            f"{path}: {exc.kind}; reviewq reads its settings from a TOML file"
+            f"{option}{path}: {exc.kind}; reviewq reads its settings from a TOML file"
         ) from None
     except OSError as exc:  # no permission
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
     if fd is None:
         if path.is_symlink():
             raise ConfigError(
-                f"{path}: a symbolic link to {os.readlink(path)}, which does not exist"
+                f"{option}{path}: a symbolic link to {os.readlink(path)}, which does not exist"
             )
         return None
     with open(fd, "rb") as f:

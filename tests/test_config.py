@@ -398,8 +398,17 @@ def test_a_config_path_that_is_a_folder_is_one_error_line(kb, run_cli):
     res = run_cli("--config", str(kb.root / "conf"), "gates")
     assert res.exit_code == 1
     assert res.stderr.splitlines() == [
-        f"error: {kb.root / 'conf'}: a folder; reviewq reads its settings from a TOML file"
+        f"error: --config {kb.root / 'conf'}: a folder; reviewq reads its settings from a TOML file"
     ]
+
+
+def test_a_config_path_to_no_file_names_the_option(kb, run_cli):
+    """'/missing: no such file' named the file but not where it came from."""
+    res = run_cli("--config", str(kb.root / "missing.toml"), "gates")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: --config {kb.root / 'missing.toml'}: no such file\n",
+    )
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dangling symlink", "not utf-8"])
