@@ -1542,6 +1542,10 @@ def test_job_held_by_a_spent_budget_says_so_of_itself(flow, run_cli):
         (("run-job", "x"), "Invalid value for 'JOB_ID': 'x' is not a job id (a whole number, 1 or more)"),
         (("jobs", "--limit", "0"), "Invalid value for '--limit': '0' is not a count (a whole number, 1 or more)"),
         (("report", "--run", "r"), "Invalid value for '--run': 'r' is not a sweep run id (a whole number, 1 or more)"),
+        # Read as options, they were "No such option '-1'".
+        (("job", "-1"), "Invalid value for 'JOB_ID': '-1' is not a job id (a whole number, 1 or more)"),
+        (("run-job", "-3"), "Invalid value for 'JOB_ID': '-3' is not a job id (a whole number, 1 or more)"),
+        (("decide", "2", "-1", "reject"), "Invalid value for ESCALATION_ID: '-1' is not an escalation id (a whole number, 1 or more)"),
     ],
 )  # fmt: skip
 def test_a_number_that_is_not_one_is_named_in_one_clear_line(flow, run_cli, args, said):

@@ -148,6 +148,29 @@ class Whole(click.ParamType):
         return int(text)
 
 
+class Numbered(click.Command):
+    """A command whose arguments are ids (``ids``: what they are): `reviewq job -1` read
+    the id as an option and said "No such option '-1'"."""
+
+    def __init__(self, *args: Any, ids: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ids = ids
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            token = exc.option_name or ""
+            if not (token[1:].isascii() and token[1:].isdigit()):
+                raise
+            arg = next(p for p in self.params if isinstance(p, click.Argument))
+            # decide's "[ESCALATION_ID]... DECISION": named as its own checks name it.
+            hint = (arg.metavar or "").split(" ")[0].strip("[].") or None
+            raise click.BadParameter(
+                f"{token!r} is not {self.ids} (a whole number, 1 or more)", ctx, arg, hint
+            ) from None
+
+
 SQL_INT = Whole("a count")
 JOB_ID = Whole("a job id")
 RUN_ID = Whole("a sweep run id")

@@ -23,6 +23,7 @@ from orchestrator.cli.common import (
     LEFT_OUT,
     SQL_INT,
     THREADS,
+    Numbered,
     Refused,
     batch_size_needs_gate_grouping,
     budget_usd,
@@ -558,7 +559,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
         click.echo(f"… {total - limit} older job(s) not shown (--limit N)")
 
 
-@cli.command("job")
+@cli.command("job", cls=Numbered, ids=JOB_ID.what)
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
@@ -1063,7 +1064,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
 
 
-@cli.command("decide")
+@cli.command("decide", cls=Numbered, ids=ESCALATION_ID.what)
 @click.argument("args", nargs=-1, required=True, metavar="[ESCALATION_ID]... DECISION")
 @click.option(
     "--note", default=None, callback=not_blank, help="Every open escalation of this note."

@@ -9,6 +9,7 @@ import click
 
 from orchestrator.cli.common import (
     JOB_ID,
+    Numbered,
     Refused,
     batch_size_needs_gate_grouping,
     cli,
@@ -334,7 +335,7 @@ def warn_notes_gone(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
             )
 
 
-@cli.command("run-job")
+@cli.command("run-job", cls=Numbered, ids=JOB_ID.what)
 @click.argument("job_id", type=JOB_ID)
 @click.option(
     "--reviewer",
