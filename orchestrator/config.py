@@ -251,6 +251,8 @@ class Settings:
     # [[sweeps]] entries left out, by name (or "#N" when the entry has no usable name):
     # one line each, naming the file, the entry and what is wrong. See _sweeps.
     sweeps_left_out: dict[str, str] = field(default_factory=dict)
+    # What a usable [[sweeps]] entry says that is not used, one line each (file, entry, key).
+    sweeps_ignored: tuple[str, ...] = ()
     # --state named the folder, rather than ROOT's [state] dir: a worker so started keeps
     # its files there (see workers.attempt.worker_folder).
     state_given: bool = False
@@ -633,7 +635,8 @@ def load_settings(
     except ConfigError as exc:
         raise ConfigError(f"{config_path} {exc}") from None
     problems = {k: f"{config_path} {v}" for k, v in settings.sweeps_left_out.items()}
-    settings = replace(settings, sweeps_left_out=problems)
+    ignored = tuple(f"{config_path} {v}" for v in settings.sweeps_ignored)
+    settings = replace(settings, sweeps_left_out=problems, sweeps_ignored=ignored)
     where = "--state" if state else f"{config_path} [state] dir"
     try:
         there = settings.state_dir.exists()
@@ -738,7 +741,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     if queue.url and (problem := _queue_url_problem(queue.url) or _redis_missing()):
         raise ConfigError(f"[queue] url: {problem}")
 
-    sweeps, left_out = _sweeps(top.data.get("sweeps", []), reviewers)
+    sweeps, left_out, ignored = _sweeps(top.data.get("sweeps", []), reviewers)
     return Settings(
         root=root_path,
         state_dir=state_dir.resolve(),
@@ -750,24 +753,26 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         sweeps=sweeps,
         fix=fix,
         sweeps_left_out=left_out,
+        sweeps_ignored=ignored,
         state_given=bool(state),
     )
 
 
 def _sweeps(
     value: object, reviewers: dict[str, ReviewerProfile]
-) -> tuple[dict[str, SweepConfig], dict[str, str]]:
+) -> tuple[dict[str, SweepConfig], dict[str, str], tuple[str, ...]]:
     """The usable ``[[sweeps]]`` entries, and why each other one is left out. A bad entry
     is its own problem, not the file's: raised, it stopped every command (`status` at
     7 a.m. included) and a control restarted in the night, whose other sweeps and
     outcomes then waited until a person came. Left out, it neither fires nor runs by
     name; every command says so (a ``warning:`` line), `doctor` fails on it and the
     control logs it as it starts. A name defined twice leaves out both: which one was
-    meant is a guess."""
+    meant is a guess. Third, what a usable entry says that is not used."""
     if not isinstance(value, list):
-        return {}, {"[[sweeps]]": "[[sweeps]]: expected an array of tables"}
+        return {}, {"[[sweeps]]": "[[sweeps]]: expected an array of tables"}, ()
     sweeps: dict[str, SweepConfig] = {}
     problems: dict[str, str] = {}
+    ignored: dict[str, str] = {}
     for i, t in enumerate(value):
         name = t.get("name") if isinstance(t, dict) else None
         key = name if isinstance(name, str) and name and name != "cli" else f"#{i + 1}"
@@ -790,7 +795,14 @@ def _sweeps(
             problems[key] = str(exc)
             continue
         sweeps[s.name] = s
-    return sweeps, problems
+        if s.grouping == "note" and "batch_size" in t:
+            # Dropped without a word, as --batch-size was on the command line (F38). The
+            # entry is not left out: it runs as it would without the key.
+            ignored[s.name] = (
+                f'[[sweeps]] {s.name!r} batch_size: notes per job with grouping = "gate" '
+                'only; grouping "note" makes one job per note and lens, so it is not used'
+            )
+    return sweeps, problems, tuple(v for k, v in ignored.items() if k in sweeps)
 
 
 _MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]

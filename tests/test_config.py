@@ -361,6 +361,31 @@ def test_a_bad_sweeps_entry_is_refused_by_name_and_a_problem_for_doctor(kb, run_
     assert load_settings(kb.root).sweeps == {}
 
 
+def test_a_sweeps_batch_size_with_note_grouping_is_one_warning_line_not_dropped(kb, run_cli):
+    """The entry's batch_size was ignored without a word (one job per note and lens), as
+    --batch-size was on the command line (F38). The entry still runs, as it would
+    without the key; an entry with gate grouping uses it."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "n"\ncron = "0 3 * * *"\nbatch_size = 20\n'
+        '[[sweeps]]\nname = "g"\ngrouping = "gate"\nbatch_size = 20\n',
+    )
+    said = (
+        f"warning: {kb.root / 'reviewq.toml'} [[sweeps]] 'n' batch_size: notes per job with "
+        'grouping = "gate" only; grouping "note" makes one job per note and lens, so it is '
+        "not used"
+    )
+    res = run_cli("gates")
+    assert (res.exit_code, res.stderr.splitlines()) == (0, [said])
+    assert sorted(load_settings(kb.root).sweeps) == ["g", "n"]
+    res = run_cli("doctor")
+    assert said in res.stdout.splitlines()
+    res = run_cli("enqueue", "--name", "n")
+    assert res.exit_code == 0 and said in res.stderr.splitlines(), res.stderr
+
+
 def test_a_config_with_every_documented_key_loads(kb):
     kb.write(
         "reviewq.toml",

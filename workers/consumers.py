@@ -335,6 +335,8 @@ def run_control(ws: Workspace) -> None:
             config=str(settings.config_path),
             recovery="the entry is left out until it is fixed and the control restarted",
         )
+    for ignored in settings.sweeps_ignored:
+        logs.get().warning("sweep.setting_ignored", problem=ignored)
     for sweep in settings.sweeps.values():
         for problem in sweep_problems(ws, sweep):
             logs.get().error(

@@ -386,6 +386,8 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         for problem in ws.settings.sweeps_left_out.values():
             # A file that had to be skipped is a warning (SPEC §10), and so is an entry.
             click.echo(f"warning: {shown(problem)} ({LEFT_OUT})", err=True)
+        for ignored in ws.settings.sweeps_ignored:
+            click.echo(f"warning: {shown(ignored)}", err=True)
     if ctx.invoked_subcommand not in READ_ONLY | NO_KB and not (ws.root / "kb").is_dir():
         # Said before anything is made: a command run in the wrong folder left a .reviewq/
         # (and `export` a kb/reports/) behind in it.

@@ -750,6 +750,8 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
     if not worker_only:  # a worker runs no sweep
         for problem in ws.settings.sweeps_left_out.values():
             report(False, f"{problem} ({LEFT_OUT})")
+        for ignored in ws.settings.sweeps_ignored:
+            click.echo(f"warning: {shown(ignored)}")
     in_kb = worker_only or _doctor_control_side(ws, report)
     if not in_kb and not ws.settings.queue.url:
         pass  # a SQLite queue lives in the state folder: not made in the wrong folder
