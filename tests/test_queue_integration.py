@@ -696,6 +696,72 @@ def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):
     ws.close()
 
 
+def test_a_control_whose_first_look_falls_in_the_entrys_minute_runs_it_once(kb):
+    """A control started at 02:00:10 only started the clock of a new `0 2 * * *` entry:
+    that night's sweep never ran. It runs, once: not again by a restarted control, nor
+    after a run of the entry by name in that minute."""
+    from datetime import datetime
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, cron_fired, due_sweeps, enqueue
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    ws = Workspace.open(kb.root)
+
+    def at(h: int, m: int, s: int = 0):
+        return datetime(2026, 1, 2, h, m, s).astimezone()
+
+    assert [s.name for s in due_sweeps(ws, at(2, 0, 10))] == ["nightly"]
+    cron_fired(ws, "nightly", at(2, 0, 10))  # (the tick's enqueue committed)
+    ws.close()
+    ws = Workspace.open(kb.root)  # restarted in the same minute: not run again
+    assert due_sweeps(ws, at(2, 0, 40)) == []
+    ws.close()
+    # A new entry run by name this minute, then a control's first look: not a second run.
+    now = datetime.now().astimezone()
+    kb.write("reviewq.toml", f'[[sweeps]]\nname = "by-name"\ncron = "{now:%M %H} * * *"\n')
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["by-name"], ws.root, "cli"))
+    assert due_sweeps(ws, now) == []
+    ws.close()
+
+
+def test_a_cron_edited_to_a_time_already_past_is_not_missed_by_a_running_control(kb):
+    """The clock stayed where the last run put it: a cron edited at 10:00 to `0 9 * * *`
+    (the control restarted to read it) logged sweep.missed, saying no control had looked
+    at 09:00, when one had run all along."""
+    from datetime import datetime, timedelta
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+
+    def at(d: int, h: int, m: int, s: int = 0):
+        return datetime(2026, 1, d, h, m, s).astimezone()
+
+    assert due_sweeps(ws, at(2, 2, 58)) == []
+    assert [s.name for s in due_sweeps(ws, at(2, 3, 0, 30))] == ["nightly"]
+    cron_fired(ws, "nightly", at(2, 3, 0, 30))
+    tick = at(2, 3, 1, 30)
+    while tick < at(2, 10, 0):  # the control's ticks, a minute apart
+        assert due_sweeps(ws, tick) == []
+        tick += timedelta(minutes=1)
+    ws.close()
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 9 * * *"\n')
+    ws = Workspace.open(kb.root)
+    assert due_sweeps(ws, at(2, 10, 0, 30)) == []
+    log = kb.state / "logs/reviewq.jsonl"
+    assert not log.exists() or "sweep.missed" not in log.read_text()
+    assert [s.name for s in due_sweeps(ws, at(3, 9, 0, 20))] == ["nightly"]
+    ws.close()
+
+
 def test_a_bad_sweeps_entry_is_left_out_and_the_control_runs_the_others(kb):
     """One bad [[sweeps]] entry refused the whole file: a control restarted in the night
     (systemd trying again every 10 s) fired no other sweep and took no agent's outcome

@@ -24,7 +24,7 @@ from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
 from orchestrator.state.status import entry_takes_over, over_budget_runs
-from orchestrator.state.store import Store, json_column, utcnow
+from orchestrator.state.store import Store, json_column, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 
 
@@ -363,11 +363,14 @@ def due_sweeps(
     ws: Workspace, now: datetime, failures: list[Exception] | None = None
 ) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
-    (or two ticks) ago. The first check only starts the clock. A due sweep's clock moves
-    in its enqueue's transaction (:func:`cron_fired` inside it), so a sweep whose enqueue
-    failed is still due at the next check, and one whose enqueue committed is not. Cron
-    minutes are the machine's local wall time, as in crontab(5); the clock is kept in
-    UTC, so an hour the autumn change repeats does not fire a sweep twice. A clock that
+    (or two ticks) ago. A due sweep's clock moves in its enqueue's transaction
+    (:func:`cron_fired` inside it), so a sweep whose enqueue failed is still due at the
+    next check, and one whose enqueue committed is not; the clock of one not due moves
+    once it is half of LATE old, so that a run missed means no control looked then (not
+    a cron edited to a time that passed while a control ran). The first check of an entry
+    starts its clock, and runs it if its minute is this one (see :func:`_first_look`).
+    Cron minutes are the machine's local wall time, as in crontab(5); the clock is kept
+    in UTC, so an hour the autumn change repeats does not fire a sweep twice. A clock that
     cannot be moved now (state.db locked, a full disk) is moved at a later check: the
     failure goes to ``failures``, so that the sweeps due are still tried, or is raised
     once every sweep was looked at."""
@@ -382,7 +385,10 @@ def due_sweeps(
             "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
         ).fetchone()
         if row is None:
-            _move_clock(ws, sweep.name, now, own)
+            if _first_look(ws, sweep, now):
+                due.append(sweep)
+            else:
+                _move_clock(ws, sweep.name, now, own)
             continue
         if _instant(row[0]) > now + late:
             # Checked under a clock that ran ahead (a VM booted before NTP, a date set by
@@ -397,6 +403,11 @@ def due_sweeps(
             continue
         fired = _last_match(sweep.cron, now)
         if fired is None or fired <= _instant(row[0]):
+            if _instant(row[0]) < now - late / 2:
+                # Kept by a control that runs: left where the last run put it, a cron
+                # edited (and the control restarted) to a time already past that day was
+                # "missed" as if no control had run then.
+                _move_clock(ws, sweep.name, now, own)
             continue
         if fired < now - late:
             logs.get().warning(
@@ -407,7 +418,7 @@ def due_sweeps(
                 # A control that ran while the entry was left out (a bad [[sweeps]] entry,
                 # since mended) looked at other clocks only: "no control" alone was false.
                 reason="no control process looked at its clock then, or the entry was left "
-                "out of the settings; the sweep waits for its next time",
+                "out of the settings or had no cron; the sweep waits for its next time",
             )
             _move_clock(ws, sweep.name, now, own)
             continue
@@ -415,6 +426,21 @@ def due_sweeps(
     if failures is None and own:
         raise own[0]
     return due
+
+
+def _first_look(ws: Workspace, sweep: SweepConfig, now: datetime) -> bool:
+    """Whether a sweep never looked at before runs now: when its cron matches this very
+    minute. Only starting its clock, a control started at 02:00:10 skipped that night's
+    `0 2 * * *`. Not when a run of the entry was recorded since that minute began (run by
+    name, or by a control whose clock state.db lost): it would run twice."""
+    fired = _last_match(sweep.cron, now)
+    if fired is None or fired < now.replace(second=0, microsecond=0):
+        return False
+    ran = ws.store.conn.execute(
+        "SELECT 1 FROM sweep_runs WHERE name = ? AND started_at >= ? LIMIT 1",
+        (sweep.name, timestamp(fired)),
+    ).fetchone()
+    return ran is None
 
 
 def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
