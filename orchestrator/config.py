@@ -39,6 +39,11 @@ _SECONDS = re.compile(r"\s*\d+(?:\.\d+)?\s*")
 PLACEHOLDERS = ("prompt_path", "output_path", "job_dir", "job_id", "attempt", "model", "root")
 
 
+# A note past this is no note a model reads whole (a pasted log, an embedded image): its
+# text went into state.db's snapshot, the queue message and the prompt, 60 MB each.
+MAX_NOTE_BYTES = 1024 * 1024
+
+
 class ConfigError(ValueError):
     """reviewq.toml says something reviewq cannot use; the message names the key."""
 
@@ -244,6 +249,7 @@ class Settings:
     config_path: Path | None
     note_roots: tuple[str, ...] = ("kb/notes",)
     max_output_bytes: int = 5 * 1024 * 1024
+    max_note_bytes: int = MAX_NOTE_BYTES
     reviewers: dict[str, ReviewerProfile] = field(default_factory=dict)
     queue: QueueSettings = field(default_factory=QueueSettings)
     sweeps: dict[str, SweepConfig] = field(default_factory=dict)
@@ -711,8 +717,9 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     state_dir_name = _Table(top.data.get("state"), "[state]", {"dir"}).string("dir", ".reviewq")
     if not state_dir_name.strip():  # would put state.db, jobs/ and logs/ beside kb/
         raise ConfigError("[state] dir: empty; name the state folder (default .reviewq)")
-    limits = _Table(top.data.get("limits"), "[limits]", {"max_output_bytes"})
+    limits = _Table(top.data.get("limits"), "[limits]", {"max_output_bytes", "max_note_bytes"})
     max_output = limits.count("max_output_bytes", 5 * 1024 * 1024, maximum=2**30)
+    max_note = limits.count("max_note_bytes", MAX_NOTE_BYTES, maximum=2**30)
     fix = FixSettings(
         git_commit=_Table(top.data.get("fix"), "[fix]", {"git_commit"}).flag("git_commit")
     )
@@ -748,6 +755,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         config_path=None,
         note_roots=note_roots or ("kb/notes",),
         max_output_bytes=max_output,
+        max_note_bytes=max_note,
         reviewers=reviewers,
         queue=queue,
         sweeps=sweeps,

@@ -42,6 +42,8 @@ BAD = [
         "[limits] max_output_bytes",
         "to 1073741824",
     ),
+    ("[limits]\nmax_note_bytes = 0\n", "[limits] max_note_bytes", "whole number ≥ 1"),
+    ("[limits]\nmax_note_bytes = 2147483648\n", "[limits] max_note_bytes", "to 1073741824"),
     # Past SQLite's INTEGER: every dispatch and tick of the control failed, for good.
     ("[queue]\nmax_attempts = 99999999999999999999\n", "[queue] max_attempts", "to 2147483647"),
     (
@@ -390,7 +392,7 @@ def test_a_config_with_every_documented_key_loads(kb):
     kb.write(
         "reviewq.toml",
         '[kb]\nnote_roots = ["kb/notes", "kb/more"]\n[state]\ndir = "st"\n'
-        "[limits]\nmax_output_bytes = 1024\n"
+        "[limits]\nmax_output_bytes = 1024\nmax_note_bytes = 2048\n"
         '[queue]\nlease_seconds = "2m"\n'
         '[reviewers.x]\nkind = "command"\ncommand = ["a", "{prompt_path}"]\n'
         '[reviewers.y]\nkind = "claude"\nmodel = "m"\nexecutable = "/opt/claude"\n'
@@ -401,6 +403,7 @@ def test_a_config_with_every_documented_key_loads(kb):
     assert s.note_roots == ("kb/notes", "kb/more")
     assert s.state_dir == (kb.root / "st").resolve()
     assert s.max_output_bytes == 1024 and s.queue.lease_seconds == 120.0
+    assert s.max_note_bytes == 2048
     assert s.sweeps["n"].fix is True and s.sweeps["n"].reviewer == "x"
 
 

@@ -111,6 +111,35 @@ def test_a_second_sweep_is_idempotent(kb):
     assert len(rows) == 6 and all(r[2] == 1 for r in rows)
 
 
+def test_a_note_over_the_size_limit_is_said_and_left_out_the_others_reviewed(kb):
+    """A 60 MB note became a 60 MB snapshot in state.db, queue message and prompt. Over
+    [limits] max_note_bytes it is one warning line naming the file, its size and the
+    setting, and the sweep's summary lists it as not reviewed; the other notes are."""
+    small_kb(kb, notes=2)
+    big = kb.note("big", body="A line of a note that grew.\n" * 200)
+    size = (kb.root / big).stat().st_size
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + "[limits]\nmax_note_bytes = 4096\n")
+    said = f"kb/notes/big.md: {size} bytes, over [limits] max_note_bytes (4096); not reviewed"
+    res = rq(kb, "sweep", "--reviewer", "fake", "--all-gates")
+    assert res.returncode == 0, res.stderr
+    assert [x for x in res.stderr.splitlines() if "big.md" in x] == [f"warning: {said}"]
+    assert f"1 file(s) left out of the sweep:\n  {said}\n" in res.stdout
+    with db(kb) as conn:
+        reviewed = {r[0] for r in conn.execute("SELECT DISTINCT note_path FROM acceptance")}
+        snapped = conn.execute("SELECT max(length(text)) FROM snapshots").fetchone()[0]
+    assert reviewed == {"kb/notes/n0.md", "kb/notes/n1.md"} and snapped < 4096
+    # Named in a hand-made job too (create-jobs), it is skipped for the same reason.
+    targets = json.dumps(
+        {"model_partition": "fake", "targets": [{"note_path": big, "gate_id": "prose/body-check"}]}
+    )
+    res = reviewq_process(
+        "--root", str(kb.root), "create-jobs", "--input", "-", "--grouping", "note", input=targets
+    )
+    assert res.returncode == 0 and f"skipped: {big} prose/body-check: {said}\n" in res.stderr, (
+        res.stderr
+    )
+
+
 def make_fifo(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     os.mkfifo(path)

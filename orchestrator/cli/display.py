@@ -94,6 +94,14 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
         f"cost ${s['cost_usd']:.4f}",
         soft_wrap=True,
     )
+    if enq.problems:
+        # Said on stderr before the summary, and so lost to a summary kept alone (cron mail
+        # of stdout, a redirect): a note over [limits] max_note_bytes was never reviewed.
+        console.print(f"{len(enq.problems)} file(s) left out of the sweep:", soft_wrap=True)
+        for p in enq.problems[:_NOTES_SHOWN]:
+            console.print(f"  {p.path}: {p.reason}", soft_wrap=True)
+        if len(enq.problems) > _NOTES_SHOWN:
+            console.print(f"  … and {len(enq.problems) - _NOTES_SHOWN} more (the warnings above)")
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]), soft_wrap=True)
     if s.get("escalations"):

@@ -328,6 +328,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "sweep_run": out.enqueued.run_id,
                 "enqueued_jobs": len(out.enqueued.jobs),
                 "skipped": len(out.enqueued.skipped),
+                "files_not_reviewed": [asdict(p) for p in out.enqueued.problems],
                 "progress": out.progress.__dict__,
                 "paused": {name: pause.until for name, pause in out.paused.items()},
                 "paused_reviewers": {

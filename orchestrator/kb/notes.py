@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.config import MAX_NOTE_BYTES
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notecache import NoteCache
 from orchestrator.regularfile import FOLDER, NotRegular, open_regular
@@ -368,15 +369,29 @@ class KB:
     root: Path
     note_roots: tuple[str, ...] = (NOTES_DIR,)
     problems: list[FileProblem] = field(default_factory=list)
+    max_note_bytes: int = MAX_NOTE_BYTES  # [limits] max_note_bytes
 
     @classmethod
-    def open(cls, root: str | os.PathLike, note_roots: Iterable[str] = (NOTES_DIR,)) -> KB:
+    def open(
+        cls,
+        root: str | os.PathLike,
+        note_roots: Iterable[str] = (NOTES_DIR,),
+        max_note_bytes: int = MAX_NOTE_BYTES,
+    ) -> KB:
         path = Path(root).resolve()
         if not path.is_dir():
             raise KBError(f"KB root {root} is not a folder")
         # "kb/notes/" and "./kb/notes" name the root "kb/notes" that paths are compared with.
         roots = (posixpath.normpath(r).strip("/") for r in note_roots)
-        return cls(path, tuple("" if r == "." else r for r in roots))
+        return cls(path, tuple("" if r == "." else r for r in roots), [], max_note_bytes)
+
+    def too_large(self, size: int) -> str | None:
+        """Why a note of ``size`` bytes is not reviewed, or None. Said, not read: its text
+        would be snapshotted, sent in its review's message and made a prompt no model
+        takes whole."""
+        if size <= self.max_note_bytes:
+            return None
+        return f"{size} bytes, over [limits] max_note_bytes ({self.max_note_bytes}); not reviewed"
 
     # --- paths -------------------------------------------------------------------------
     def rel(self, path: str | os.PathLike) -> str:
@@ -599,7 +614,10 @@ class KB:
         base = str(self.root) + os.sep
         for rel in paths:
             try:
-                st = os.stat(base + rel) if cache is not None else None
+                st = os.stat(base + rel)
+                if (why := self.too_large(st.st_size)) is not None:
+                    self.problems.append(FileProblem(rel, why))
+                    continue
                 hit = cache.get(rel, st) if cache is not None else None
                 if hit is not None:
                     sha, facts, error = hit

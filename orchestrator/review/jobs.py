@@ -207,8 +207,15 @@ class _Loader:
                     return self.notes[given]
                 if rel in self.pending:
                     data = self.pending[rel].encode("utf-8")
+                elif (why := self.kb.too_large(os.stat(self.kb.root / rel).st_size)) is not None:
+                    # Before it is read: a 60 MB note made a 60 MB snapshot and message.
+                    self.notes[given] = f"{rel}: {why}"
+                    return self.notes[given]
                 else:
                     data = read_file(self.kb.root / rel)
+                if (why := self.kb.too_large(len(data))) is not None:
+                    self.notes[given] = f"{rel}: {why}"  # a fix's text, or one grown since
+                    return self.notes[given]
                 text = decode(data)
                 lines = sentinel_like_lines(text)
                 self.notes[given] = (

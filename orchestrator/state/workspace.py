@@ -61,7 +61,7 @@ class Workspace:
 
     @cached_property
     def kb(self) -> KB:
-        return KB.open(self.root, self.settings.note_roots)
+        return KB.open(self.root, self.settings.note_roots, self.settings.max_note_bytes)
 
     def catalog(self) -> Catalog:
         """The gates and type specs as the files are now: parsed again only when one of
