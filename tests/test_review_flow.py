@@ -1542,6 +1542,7 @@ def test_job_held_by_a_spent_budget_says_so_of_itself(flow, run_cli):
         (("run-job", "x"), "Invalid value for 'JOB_ID': 'x' is not a job id (a whole number, 1 or more)"),
         (("jobs", "--limit", "0"), "Invalid value for '--limit': '0' is not a count (a whole number, 1 or more)"),
         (("report", "--run", "r"), "Invalid value for '--run': 'r' is not a sweep run id (a whole number, 1 or more)"),
+        (("export", "--wait", "nan"), "Invalid value for '--wait': nan is not a number"),
         # Read as options, they were "No such option '-1'".
         (("job", "-1"), "Invalid value for 'JOB_ID': '-1' is not a job id (a whole number, 1 or more)"),
         (("run-job", "-3"), "Invalid value for 'JOB_ID': '-3' is not a job id (a whole number, 1 or more)"),

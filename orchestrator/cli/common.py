@@ -187,6 +187,14 @@ def budget_usd(ctx: click.Context, param: click.Parameter, value: float | None) 
     return value
 
 
+def a_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A float option's NaN, which every range takes (each comparison is false): an
+    export's `--wait nan` waited for good behind another export, not the seconds asked."""
+    if value is not None and math.isnan(value):
+        raise click.BadParameter(f"{value!r} is not a number")
+    return value
+
+
 def batch_size_needs_gate_grouping(grouping: str) -> None:
     """`--batch-size` given with note grouping (enqueue's and sweep's default) was dropped
     without a word: one job per note and lens, not the batches asked for."""

@@ -11,6 +11,7 @@ from orchestrator.cli.common import (
     JOB_ID,
     Numbered,
     Refused,
+    a_number,
     batch_size_needs_gate_grouping,
     cli,
     emit_json,
@@ -453,6 +454,7 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
 @click.option(
     "--wait",
     type=click.FloatRange(min=0, max=86400),
+    callback=a_number,
     default=EXPORT_WAIT,
     show_default=True,
     help="Seconds to wait for another export writing the folder; then exit 1.",
