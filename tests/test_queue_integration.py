@@ -128,6 +128,9 @@ def test_a_note_over_the_size_limit_is_said_and_left_out_the_others_reviewed(kb)
         reviewed = {r[0] for r in conn.execute("SELECT DISTINCT note_path FROM acceptance")}
         snapped = conn.execute("SELECT max(length(text)) FROM snapshots").fetchone()[0]
     assert reviewed == {"kb/notes/n0.md", "kb/notes/n1.md"} and snapped < 4096
+    # A cron sweep has no summary: status says it too, until the note is cut down.
+    status = rq(kb, "status")
+    assert f"note not reviewed: {said.removesuffix('; not reviewed')}\n" in status.stdout
     # Named in a hand-made job too (create-jobs), it is skipped for the same reason.
     targets = json.dumps(
         {"model_partition": "fake", "targets": [{"note_path": big, "gate_id": "prose/body-check"}]}

@@ -205,17 +205,13 @@ class _Loader:
                     roots = ", ".join(self.kb.note_roots)
                     self.notes[given] = f"{rel}: not a note (a .md file under {roots})"
                     return self.notes[given]
-                if rel in self.pending:
-                    data = self.pending[rel].encode("utf-8")
-                elif (why := self.kb.too_large(os.stat(self.kb.root / rel).st_size)) is not None:
-                    # Before it is read: a 60 MB note made a 60 MB snapshot and message.
-                    self.notes[given] = f"{rel}: {why}"
+                pending = self.pending[rel].encode("utf-8") if rel in self.pending else None
+                # Judged before it is read: a 60 MB note made a 60 MB snapshot and message.
+                size = len(pending) if pending is not None else os.stat(self.kb.root / rel).st_size
+                if (why := self.kb.too_large(size)) is not None:
+                    self.notes[given] = f"{rel}: {why}; not reviewed"
                     return self.notes[given]
-                else:
-                    data = read_file(self.kb.root / rel)
-                if (why := self.kb.too_large(len(data))) is not None:
-                    self.notes[given] = f"{rel}: {why}"  # a fix's text, or one grown since
-                    return self.notes[given]
+                data = pending if pending is not None else read_file(self.kb.root / rel)
                 text = decode(data)
                 lines = sentinel_like_lines(text)
                 self.notes[given] = (
