@@ -483,6 +483,54 @@ _OWN_FIELDS = {
 }
 
 
+_MODEL = "a flag reviewq sets itself (the model: set the profile's model)"
+_CONFINED = "a flag that lifts reviewq's confinement of the agent (SPEC §12)"
+# A vendor CLI's flags args may not give, and why. Profile args come last, so a later
+# flag won over reviewq's: reviews made by another model were recorded under the
+# profile's partition, or an agent wrote where reviewq keeps it out (the KB).
+_OWN_FLAGS = {
+    "claude": {
+        "--model": _MODEL,
+        "--fallback-model": _MODEL,
+        "--permission-mode": _CONFINED,
+        "--dangerously-skip-permissions": _CONFINED,
+        "--allow-dangerously-skip-permissions": _CONFINED,
+        "--tools": _CONFINED,
+        "--allowedTools": _CONFINED,
+        "--allowed-tools": _CONFINED,
+        "--settings": _CONFINED,
+    },
+    "codex": {
+        "--model": _MODEL,
+        "-m": _MODEL,
+        "--sandbox": _CONFINED,
+        "-s": _CONFINED,
+        "--dangerously-bypass-approvals-and-sandbox": _CONFINED,
+        "--cd": _CONFINED,
+        "-C": _CONFINED,
+    },
+    "gemini": {
+        "--model": _MODEL,
+        "-m": _MODEL,
+        "--approval-mode": _CONFINED,
+        "--yolo": _CONFINED,
+        "-y": _CONFINED,
+        "--policy": _CONFINED,
+        "--allowed-tools": _CONFINED,
+    },
+}
+
+
+def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
+    """A vendor CLI profile's args may not give a flag reviewq sets (:data:`_OWN_FLAGS`),
+    as ``--flag value`` or ``--flag=value``."""
+    own = _OWN_FLAGS.get(kind, {})
+    for arg in args:
+        flag = arg.partition("=")[0] if arg.startswith("--") else arg
+        if flag in own:
+            raise ConfigError(f"{where}: {flag!r} is {own[flag]}")
+
+
 def _check_request_fields(args: tuple[str, ...], where: str) -> None:
     """An ``openai`` profile's args are fields of the request, ``name=value``: a CLI's
     ``--temperature 0`` passed the config and failed every attempt at launch."""
@@ -517,6 +565,7 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         raise ConfigError(f"{where} base_url: {_shown_http(base_url)!r} is {problem}")
     if kind == "openai":
         _check_request_fields(t.strings("args"), f"{where} args")
+    _check_own_flags(kind, t.strings("args"), f"{where} args")
     timeout = t.duration("timeout", 1800)
     connect_timeout = None
     if "connect_timeout" in t.data:

@@ -122,6 +122,39 @@ BAD = [
         "[reviewers.x] args",
         "'stream_options' is for a stream only",
     ),
+    # A vendor CLI's flag reviewq sets, given again in args (which come last): another
+    # model than the partition names (codex refused the second and failed every launch),
+    # or the agent let out of its confinement.
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = ["--model", "opus"]\n',
+        "[reviewers.x] args",
+        "'--model' is a flag reviewq sets itself (the model: set the profile's model)",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["-m", "o3"]\n',
+        "[reviewers.x] args",
+        "'-m' is a flag reviewq sets itself",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["--model=pro"]\n',
+        "[reviewers.x] args",
+        "'--model' is a flag reviewq sets itself",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = ["--dangerously-skip-permissions"]\n',
+        "[reviewers.x] args",
+        "'--dangerously-skip-permissions' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["--yolo"]\n',
+        "[reviewers.x] args",
+        "'--yolo' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--sandbox", "danger-full-access"]\n',
+        "[reviewers.x] args",
+        "'--sandbox' is a flag that lifts reviewq's confinement",
+    ),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
     # Keys its kind never reads, taken in silence: a wrapper command never used, an
