@@ -640,6 +640,11 @@ def _sweep(value: object, index: int) -> SweepConfig:
     cron = t.string("cron")
     if cron:
         check_cron(cron, f"{where} cron")
+    for key in ("notes", "select", "audit"):
+        if any(not v.strip() for v in t.strings(key)):
+            # As `--note ''` is on the command line (a template's unset variable): notes
+            # took it for ROOT, every note, and select and audit for a name no gate has.
+            raise ConfigError(f"{where} {key}: an empty entry; name one, or leave it out")
     select = t.strings("select")
     all_gates = t.flag("all_gates", not select)
     if not select and not all_gates:  # else "nothing to select" at every cron minute

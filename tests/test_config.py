@@ -278,6 +278,10 @@ BAD_SWEEPS = [
     ('[[sweeps]]\nname = "n"\nauditor = 2\n', "[[sweeps]] 'n' auditor", "string"),
     ('[[sweeps]]\nname = "n"\ncron = 5\n', "[[sweeps]] 'n' cron", "string"),
     ('[[sweeps]]\nname = "n"\ngrouping = "lens"\n', "[[sweeps]] 'n' grouping", "not one of"),
+    # `--note ''` is refused on the command line; here it named ROOT: every note.
+    ('[[sweeps]]\nname = "n"\nnotes = [""]\n', "[[sweeps]] 'n' notes", "an empty entry"),
+    ('[[sweeps]]\nname = "n"\nselect = ["prose", " "]\n', "[[sweeps]] 'n' select", "an empty"),
+    ('[[sweeps]]\nname = "n"\naudit = ""\n', "[[sweeps]] 'n' audit", "an empty entry"),
     # A profile typo failed the cron run every night, said only in the control's log.
     (
         '[[sweeps]]\nname = "n"\ncron = "0 2 * * *"\nreviewer = "claude-sonet"\n',
