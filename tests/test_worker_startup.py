@@ -612,6 +612,16 @@ def test_a_redis_in_protected_mode_is_refused_in_one_line(tmp_path):
     assert doctor.returncode == 1 and "protected mode" in doctor.stdout, doctor.stdout
 
 
+@pytest.mark.parametrize("db", ["99", "99999999999999999999"])
+def test_a_redis_database_the_server_does_not_have_is_refused_in_one_line(tmp_path, redis_url, db):
+    """A database past the server's `databases` (16 by default): the worker started, read
+    nothing and logged nothing, for good; the control said the server refused BLMOVE."""
+    url = _on_db(redis_url, int(db))
+    config, args = _worker_home(tmp_path, url)
+    line = _worker_refuses(args, config, url)
+    assert "the Redis server has no such database" in line, line
+
+
 def test_a_password_in_the_urls_query_is_not_shown(tmp_path, redis_with_password):
     """redis-py takes the password from the query too (?password=...): the refusal, doctor
     and the worker's log printed it whole."""

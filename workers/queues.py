@@ -480,6 +480,13 @@ def check_queue(settings: Settings) -> None:
     except InvalidResponse as exc:
         raise ConfigError(f"{where}: not a Redis server ({exc}); check the host and port") from None
     except ResponseError as exc:
+        if "DB index is out of range" in str(exc) or "not an integer or out of range" in str(exc):
+            # SELECT of a database past the server's `databases`: a worker so started read
+            # nothing and said nothing, for good.
+            raise ConfigError(
+                f"{where}: the Redis server has no such database ({exc}); name one from 0 "
+                "to its `databases` setting less one (16 by default: 0 to 15)"
+            ) from None
         if not str(exc).startswith("DENIED"):
             return  # a busy or a loading server answers so for a while: waited for
         # A Redis without a password answers only its own machine: DENIED to every
