@@ -807,7 +807,7 @@ def test_a_bad_sweeps_entry_is_left_out_and_the_control_runs_the_others(kb):
     kb.write(
         "reviewq.toml",
         '[[sweeps]]\nname = "bad"\ncron = "99 * * * *"\n'
-        '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n',
+        '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbatch_size = 9\n',
     )
     ws = Workspace.open(kb.root)
     assert due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone()) == []
@@ -825,7 +825,7 @@ def test_a_bad_sweeps_entry_is_left_out_and_the_control_runs_the_others(kb):
     said: list[dict] = []
     try:
         for line in control.stderr:
-            if '"sweep.invalid"' in line:
+            if '"sweep.invalid"' in line or '"sweep.setting_ignored"' in line:
                 said.append(json.loads(line))
             if '"huey.consumer"' in line:  # it runs, and takes SIGTERM as a stop from here
                 break
@@ -834,8 +834,12 @@ def test_a_bad_sweeps_entry_is_left_out_and_the_control_runs_the_others(kb):
         guard.cancel()
         control.send_signal(signal.SIGTERM)
         control.wait(timeout=60)
-    assert [(e["sweep"], e["level"]) for e in said] == [("bad", "error")]
+    assert [(e["event"], e.get("sweep"), e["level"]) for e in said] == [
+        ("sweep.invalid", "bad", "error"),
+        ("sweep.setting_ignored", None, "warning"),  # run, but its batch_size is not used
+    ]
     assert said[0]["problem"].startswith(f"{kb.root / 'reviewq.toml'} [[sweeps]] 'bad' cron '99")
+    assert "[[sweeps]] 'nightly' batch_size: notes per job" in said[1]["problem"]
 
 
 def test_a_run_missed_while_no_control_ran_is_not_replayed(kb):
