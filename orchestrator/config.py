@@ -557,6 +557,9 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         _check_placeholders((*command, *t.strings("args")), f"{where} command")
     if kind == "command" and not command:
         raise ConfigError(f"{where} command: required for kind 'command' (an argv list)")
+    if kind == "command" and not command[0].strip():
+        # Every launch failed ("not on PATH"), said only by doctor, until the profile paused.
+        raise ConfigError(f"{where} command: its first word, the program to run, is empty")
     base_url = t.string("base_url")
     if kind == "openai" and not base_url:
         raise ConfigError(f"{where} base_url: required for kind 'openai'")
@@ -586,7 +589,8 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         args=_launchable(t.strings("args"), f"{where} args"),
         env=_launchable_env(t.string_table("env"), f"{where} env"),
         command=_launchable(command, f"{where} command"),
-        executable=_launchable((t.string("executable"),), f"{where} executable")[0],
+        # Blank, it was no program at all (or the default, in silence): every launch failed.
+        executable=_launchable((t.exact("executable"),), f"{where} executable")[0],
         base_url=base_url,
         api_key_env=t.string("api_key_env"),
         connect_timeout=connect_timeout,

@@ -155,6 +155,18 @@ BAD = [
         "[reviewers.x] args",
         "'--sandbox' is a flag that lifts reviewq's confinement",
     ),
+    # No program: every launch failed, said only by doctor ("not on PATH").
+    (
+        '[reviewers.x]\nkind = "command"\ncommand = ["", "{prompt_path}"]\n',
+        "[reviewers.x] command",
+        "its first word, the program to run, is empty",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nexecutable = " claude"\n',
+        "executable",
+        "blanks",
+    ),
+    ('[reviewers.x]\nkind = "codex"\nmodel = "m"\nexecutable = ""\n', "executable", "empty"),
     ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
     # Keys its kind never reads, taken in silence: a wrapper command never used, an
