@@ -1517,7 +1517,7 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
     out = SimpleNamespace(
         summary={**summary, "escalations": escalations},
-        enqueued=SimpleNamespace(jobs=[], skipped=[]),
+        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[]),
         paused={},
     )
     render_summary(out, lambda note, gate: None)
@@ -1988,7 +1988,9 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.39, "failed": []}
     out = SimpleNamespace(
         summary=summary,
-        enqueued=SimpleNamespace(jobs=[SimpleNamespace(pairs=[1] * 134)] * 41, skipped=skipped),
+        enqueued=SimpleNamespace(
+            jobs=[SimpleNamespace(pairs=[1] * 134)] * 41, skipped=skipped, problems=[]
+        ),
     )
     pause = (
         "reviewer a-reviewer-with-a-long-name is paused since 2026-11-26T03:45:00Z until "
