@@ -39,9 +39,10 @@ _SECONDS = re.compile(r"\s*\d+(?:\.\d+)?\s*")
 PLACEHOLDERS = ("prompt_path", "output_path", "job_dir", "job_id", "attempt", "model", "root")
 
 
-# A note past this is no note a model reads whole (a pasted log, an embedded image): its
-# text went into state.db's snapshot, the queue message and the prompt, 60 MB each.
-MAX_NOTE_BYTES = 1024 * 1024
+# A note past this is no note a model reads whole (about a million tokens, the largest
+# context offered; a pasted log, an embedded image): its text went into state.db's
+# snapshot, the queue message and the prompt, 60 MB each. Prompts of 1 MiB travel.
+MAX_NOTE_BYTES = 4 * 1024 * 1024
 
 
 class ConfigError(ValueError):
