@@ -1040,6 +1040,29 @@ def test_a_redo_while_the_notes_fix_job_is_open_is_refused(kb, run_cli):
     assert _open_escalations(kb) == [esc_id]
 
 
+def test_no_fix_job_is_made_of_a_note_past_the_size_limit(kb):
+    """A FAIL's fix of a note past [limits] max_note_bytes (the limit lowered since its
+    review, the note unchanged: the FAIL still current) carried it whole in the fixer's
+    prompt and message, as no review would."""
+    from orchestrator.cycles.fixes import create_fix_job
+
+    ws, _ = _escalated(kb, "FAIL")
+    ws.store.close()
+    kb.write("reviewq.toml", "[limits]\nmax_note_bytes = 16\n")
+    ws = Workspace.open(kb.root)
+    fix = create_fix_job(
+        ws.kb, ws.catalog(), ws.store, ws.state_dir, note_path="kb/notes/alpha.md",
+        partition="offline", fixer="offline", review_reviewer="offline", sweep=None,
+        sweep_run_id=None, source_job_id=None, include={"prose/clarity"},
+    )  # fmt: skip
+    assert fix is None
+    assert (
+        ws.store.conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
+        == 0
+    )
+    ws.store.close()
+
+
 def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(kb, run_cli):
     """A job that failed every attempt recorded no decision: a redo (after the reviewer
     was repaired) queues no fix, closes the escalation, and the next sweep reviews it."""

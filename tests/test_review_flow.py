@@ -1255,6 +1255,28 @@ def escalate_alpha(flow, run_cli, selector: str = "prose") -> list[int]:
     return [e["id"] for e in run_cli("escalations", "--json").json()["escalations"]]
 
 
+def test_a_redo_of_a_note_grown_past_the_size_limit_is_refused_not_a_whole_note_prompt(
+    flow, run_cli
+):
+    """A note grown past [limits] max_note_bytes after its FAILs: `decide … redo` queued a
+    fix whose prompt and message carried it whole (60 MB), where no review would."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    flow.write("reviewq.toml", flow.read("reviewq.toml") + "[limits]\nmax_note_bytes = 2048\n")
+    flow.write(NOTE_A, flow.read(NOTE_A) + "A pasted log line.\n" * 200)
+    size = (flow.root / NOTE_A).stat().st_size
+    res = run_cli("decide", str(esc), "redo", "--feedback", "Say more.", "--fixer", "fake")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: escalation {esc}: {NOTE_A}: {size} bytes, over [limits] max_note_bytes (2048); "
+        "a fixer would get it whole: cut the note down (or raise the limit), or approve or "
+        "reject\n",
+    )
+    with Store.open(flow.state) as s:
+        assert (
+            s.conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0] == 0
+        )
+
+
 def test_rewrite_files_writes_no_folder_for_a_persons_decision(flow, run_cli):
     """A person's approve is recorded as a job with no folder: `rewrite-files --all` wrote
     its MANIFEST.json, prompt.md and results/ into the state folder itself, each decision

@@ -579,6 +579,7 @@ class FollowUp:
                 f"{where}; name one with --fixer, or approve or reject"
             )
         reviewer = self._rereviewer(esc, fixer)
+        self._not_too_large(esc)
         options = {"fix": True, "reviewer": reviewer, "fixer": fixer, "selectors": sorted(gates)}
         # The night's auditor and audit marks go on: without them the fixed note's PASS
         # was "audited" by its own reviewer, or not at all.
@@ -609,6 +610,19 @@ class FollowUp:
             feedback=feedback,
             include=gates,
         )
+
+    def _not_too_large(self, esc: dict) -> None:
+        """Refuse a redo of a note grown past [limits] max_note_bytes: its fix was skipped
+        (the fixer would be sent it whole), and "fix job queued" waited for nothing."""
+        try:
+            why = self.ws.kb.note_too_large(self.ws.kb.check_rel(esc["note_path"]))
+        except (KBError, OSError):
+            return  # said as it always was, by the fix job's own refusal
+        if why is not None:
+            raise DecideError(
+                f"escalation {esc['id']}: {esc['note_path']}: {why}; a fixer would get it "
+                "whole: cut the note down (or raise the limit), or approve or reject"
+            )
 
     def _rereviewer(self, esc: dict, fixer: str) -> str:
         """Who reviews the fixed note, in the escalation's partition: its reviewer while

@@ -148,7 +148,13 @@ def create_fix_job(
         )
         return None
     try:
-        note = kb.read_note(kb.check_rel(note_path))
+        rel = kb.check_rel(note_path)
+        if (why := kb.note_too_large(rel)) is not None:
+            # Grown past the limit since its review: the fixer's prompt and message would
+            # carry it whole, as a review's would not.
+            logs.get().warning("fix.skipped", note_path=note_path, reason=f"{why}; not fixed")
+            return None
+        note = kb.read_note(rel)
     except (KBError, NoteParseError, OSError) as exc:
         # Deleted, broken or leading outside the root since its review: nothing to fix.
         logs.get().warning("fix.skipped", note_path=note_path, reason=str(exc))

@@ -393,6 +393,10 @@ class KB:
             return None
         return f"{size} bytes, over [limits] max_note_bytes ({self.max_note_bytes})"
 
+    def note_too_large(self, rel: str) -> str | None:
+        """:meth:`too_large` of the note at ``rel`` (root-relative) as it is on disk."""
+        return self.too_large(os.stat(self.root / rel).st_size)
+
     def too_large_notes(self) -> list[FileProblem]:
         """The notes no sweep reviews for their size, for `status`: a cron sweep said so
         only in its log."""
