@@ -485,7 +485,7 @@ _OWN_FIELDS = {
 
 
 _MODEL = "a flag reviewq sets itself (the model: set the profile's model)"
-_CONFINED = "a flag that lifts reviewq's confinement of the agent (SPEC §12)"
+_CONFINED = "a flag that lifts reviewq's confinement of the agent (docs/CONTRACT.md §8)"
 # A vendor CLI's flags args may not give, and why. Profile args come last, so a later
 # flag won over reviewq's: reviews made by another model were recorded under the
 # profile's partition, or an agent wrote where reviewq keeps it out (the KB).
