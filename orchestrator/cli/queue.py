@@ -80,7 +80,9 @@ def _sweep_options(fn):
                 "--grouping", type=click.Choice(GROUPINGS), default="note", show_default=True
             ),
             click.option("--batch-size", default=5, show_default=True, type=click.IntRange(min=1)),
-            click.option("--fix", is_flag=True, help="Send FAIL notes to the fixer (SPEC §7)."),
+            click.option(
+                "--fix", is_flag=True, help="Send FAIL notes to the fixer (docs/CONTRACT.md §7)."
+            ),
             click.option(
                 "--sequential",
                 is_flag=True,

@@ -129,7 +129,9 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
     type=click.Choice(["missing-review", "gate-changed", "note-changed"]),
     help="Only pairs stale for this reason.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (SPEC §10).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (docs/CONTRACT.md §10)."
+)
 @click.pass_obj
 @refuse_domain_errors
 def select_cmd(
@@ -212,7 +214,9 @@ def select_cmd(
 @click.option(
     "--model", default=None, callback=not_blank, help="The model partition [default: the input's]."
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (SPEC §10).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (docs/CONTRACT.md §10)."
+)
 @click.pass_obj
 @refuse_domain_errors
 def create_jobs_cmd(
@@ -276,7 +280,9 @@ def create_jobs_cmd(
     default=None,
     help="Harness telemetry: JSON text or a JSON file.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (SPEC §10).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (docs/CONTRACT.md §10)."
+)
 @click.pass_obj
 @refuse_domain_errors
 def finalize_cmd(
