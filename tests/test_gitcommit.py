@@ -293,3 +293,16 @@ def test_a_kb_fenced_off_from_an_enclosing_repository_gets_no_commit_there(tmp_p
     assert out.sha is None and "not in a git repository" in out.why_not
     monkeypatch.delenv("GIT_CEILING_DIRECTORIES")
     assert git(outer, "log", "--format=%s").splitlines() == ["the server"]
+
+
+def test_a_clean_filter_that_cannot_run_is_named_in_the_reason(repo):
+    """A note under Git LFS on a machine without git-lfs: hashing it failed, and the
+    reason recorded and logged was Python's rendering of the git argv ("Command '['git',
+    '-c', ...]' returned non-zero exit status 128"), not what git said was wrong."""
+    (repo / ".git" / "info" / "attributes").write_text("*.md filter=lfs\n")
+    git(repo, "config", "filter.lfs.process", "git-lfs-not-installed filter-process")
+    git(repo, "config", "filter.lfs.required", "true")
+    out = fix(repo)
+    assert out.sha is None and commits(repo) == ["the KB"]
+    assert out.why_not.startswith("git hash-object failed: "), out.why_not
+    assert "git-lfs-not-installed" in out.why_not and "Command '[" not in out.why_not

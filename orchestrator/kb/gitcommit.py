@@ -91,6 +91,10 @@ class GitTimeout(subprocess.SubprocessError):
     """A git command outlived :data:`GIT_TIMEOUT_S`; it was stopped with SIGTERM."""
 
 
+class GitFailed(subprocess.SubprocessError):
+    """A git command the commit needs failed; the message is git's own first line."""
+
+
 def _git(
     root: Path, *args: str, env: dict | None = None, data: bytes | None = None
 ) -> subprocess.CompletedProcess:
@@ -170,7 +174,8 @@ def _stored_sha(root: Path, rel: str, data: bytes) -> str:
     matched, and every fix there was taken for a note with uncommitted edits."""
     p = _git(root, "hash-object", f"--path={rel}", "--stdin", data=data)
     if p.returncode != 0:
-        raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+        # A clean filter that cannot run (Git LFS not installed): git's words say which.
+        raise GitFailed(f"git hash-object failed: {_first_line(p)}")
     return p.stdout.decode().strip()
 
 
@@ -197,7 +202,10 @@ def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
 
 
 def _first_line(p: subprocess.CompletedProcess) -> str:
-    text = (p.stderr or p.stdout or "").strip().splitlines()
+    said = p.stderr or p.stdout or ""
+    if isinstance(said, bytes):  # a run given ``data``
+        said = said.decode("utf-8", "replace")
+    text = said.strip().splitlines()
     return text[0] if text else f"exit {p.returncode}"
 
 
@@ -236,6 +244,8 @@ def commit_fix(
         except (OSError, subprocess.SubprocessError):
             sha = None
         return CommitOutcome(sha=sha) if sha else CommitOutcome(why_not=f"git could not run: {exc}")
+    except GitFailed as exc:
+        return CommitOutcome(why_not=str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
         return CommitOutcome(why_not=f"git could not run: {exc}")
 
