@@ -306,3 +306,16 @@ def test_a_clean_filter_that_cannot_run_is_named_in_the_reason(repo):
     assert out.sha is None and commits(repo) == ["the KB"]
     assert out.why_not.startswith("git hash-object failed: "), out.why_not
     assert "git-lfs-not-installed" in out.why_not and "Command '[" not in out.why_not
+
+
+def test_a_note_inside_a_submodule_says_so(repo, tmp_path):
+    """A note in a submodule of the KB's repository was "not committed in git yet (new or
+    untracked)": it is committed, in the submodule's own repository."""
+    lib = tmp_path / "lib"
+    _committed(lib, lib, "the library")
+    add = ["-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib)]
+    git(repo, *add, "kb/notes/lib")
+    git(repo, "commit", "-q", "-m", "the library as a submodule")
+    out = fix(repo, f"kb/notes/lib/{NOTE}")
+    assert out.sha is None and "submodule" in out.why_not, out.why_not
+    assert "not committed" not in out.why_not

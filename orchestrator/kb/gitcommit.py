@@ -262,6 +262,16 @@ def _commit(
     # "./" makes the path relative to the KB root, wherever the repository's top is.
     head = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}")
     if head.returncode != 0:
+        # A note in a submodule (or a repository inside the KB's) may well be committed,
+        # in that repository: "not committed yet" sent the person looking for no reason.
+        top = _git(root, "rev-parse", "--show-toplevel").stdout.strip()
+        folder = (root / rel).parent
+        its = _git(folder, "rev-parse", "--show-toplevel").stdout.strip() if folder.is_dir() else ""
+        if its and its != top:
+            return CommitOutcome(
+                why_not=f"the note is in another git repository ({its}, a submodule or a "
+                "repository inside the KB's); fixes are committed only in the KB's repository"
+            )
         return CommitOutcome(why_not="the note is not committed in git yet (new or untracked)")
     head_blob = head.stdout.strip()
     if _git(root, "symbolic-ref", "-q", "HEAD").returncode != 0:
