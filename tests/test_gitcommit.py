@@ -308,6 +308,17 @@ def test_a_clean_filter_that_cannot_run_is_named_in_the_reason(repo):
     assert "git-lfs-not-installed" in out.why_not and "Command '[" not in out.why_not
 
 
+def test_a_note_git_is_told_to_skip_gets_no_commit_and_says_so(repo):
+    """`git update-index --skip-worktree` (a person's way to keep local edits out of git):
+    git commit saw nothing to commit, and the reason recorded was its first line of
+    output, "On branch main"."""
+    git(repo, "update-index", "--skip-worktree", NOTE)
+    out = fix(repo)
+    assert out.sha is None and commits(repo) == ["the KB"]
+    assert "skip-worktree" in out.why_not, out.why_not
+    assert git(repo, "ls-files", "-v", NOTE).startswith("S ")  # the person's flag stays
+
+
 def test_a_note_inside_a_submodule_says_so(repo, tmp_path):
     """A note in a submodule of the KB's repository was "not committed in git yet (new or
     untracked)": it is committed, in the submodule's own repository."""

@@ -286,8 +286,15 @@ def _commit(
         earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:  # this very commit, made by a run that died before it was recorded
             return CommitOutcome(sha=earlier)
-    staged = _git(root, "ls-files", "--stage", "--", rel)
-    index_blob = staged.stdout.split()[1] if staged.stdout.split()[1:] else ""
+    # -v: a tag before the mode ("H" tracked, "S" skip-worktree), then mode, blob, stage.
+    staged = _git(root, "ls-files", "-v", "--stage", "--", rel).stdout.split()
+    if staged[:1] == ["S"]:
+        # The person's way to keep their edits of it out of git: git commit sees none.
+        return CommitOutcome(
+            why_not="the note is marked skip-worktree in git's index, so git sees no change "
+            "to commit (`git update-index --no-skip-worktree` undoes it)"
+        )
+    index_blob = staged[2] if staged[2:] else ""
     if index_blob != head_blob:
         return CommitOutcome(why_not="the note has staged changes; a commit would take them")
     if head_blob != _stored_sha(root, rel, before):
