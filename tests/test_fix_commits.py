@@ -189,6 +189,7 @@ def test_a_commit_an_index_lock_refused_is_made_at_a_tick_once_the_lock_is_gone(
     assert (job["fix_commit"], job["fix_no_commit"]) == (None, None)  # not given up
     [deferred] = log_events(repo, "fix.commit_deferred")  # once, though each tick tried
     assert deferred["job_id"] == job["id"] and "index.lock" in deferred["reason"]
+    assert deferred["note_path"] == NOTE  # the one line the operator gets names the note
     [shown] = report(repo)["kb_changes"]["fixes"]
     assert "index.lock" in shown["commit_pending"] and shown["fix_no_commit"] is None
     _tick(repo)  # still held

@@ -460,7 +460,7 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
         )
         if commit.again:
             if parse_timestamp(due["since"]) > datetime.now(UTC) - COMMIT_TRIED_FOR:
-                raise Later("fix.commit_deferred", commit.why_not or "")
+                raise Later("fix.commit_deferred", commit.why_not or "", note_path=due["path"])
             commit = CommitOutcome(why_not=f"{commit.why_not} (tried for a day)")
         _record_commit(store, job, due["path"], commit)
     logs.get().info(

@@ -375,11 +375,13 @@ def settle_due(
 class Later(Exception):
     """Raised by a ``write_each`` writer whose work cannot be finished now and is tried
     again at the next tick (not a failure: a lock another program holds for a while).
-    ``event`` is logged as a warning when its reason is new."""
+    ``event`` is logged as a warning when its reason is new, with ``fields`` (what the
+    row is about: the id alone names nothing the operator knows)."""
 
-    def __init__(self, event: str, reason: str) -> None:
+    def __init__(self, event: str, reason: str, **fields: object) -> None:
         super().__init__(reason)
         self.event = event
+        self.fields = fields
 
 
 def write_each(
@@ -405,7 +407,11 @@ def write_each(
             failed[i] = str(exc)
             if str(exc) != before:
                 logs.get().warning(
-                    exc.event, **{key: i}, reason=str(exc), recovery="tried again at each tick"
+                    exc.event,
+                    **{key: i},
+                    **exc.fields,
+                    reason=str(exc),
+                    recovery="tried again at each tick",
                 )
             continue
         except Exception as exc:  # whatever it is, it must not keep the others unwritten
