@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 
 import pytest
 
@@ -330,3 +331,42 @@ def test_a_note_inside_a_submodule_says_so(repo, tmp_path):
     out = fix(repo, f"kb/notes/lib/{NOTE}")
     assert out.sha is None and "submodule" in out.why_not, out.why_not
     assert "not committed" not in out.why_not
+
+
+@contextlib.contextmanager
+def _read_only(folder):
+    """``folder`` as a person's read-only mount (root ignores a folder's modes), or
+    without write permission for anyone else."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    mount = ["mount", "--bind", "-o", "ro", str(folder), str(folder)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("no read-only bind mount here")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_git_folder_that_cannot_be_written_is_no_lock_to_wait_for(repo, monkeypatch):
+    """A read-only .git (a mount, another user's repository): "Unable to create
+    '.git/index.lock': Read-only file system" was taken for another git holding the
+    lock. The commit was tried six times over three seconds inside the control's write,
+    then deferred and tried again at every tick for a day."""
+    real = gitcommit._git
+    tries = []
+
+    def counted(root, *args, **kw):
+        tries.extend(args[:1] if args[0] == "commit" else [])
+        return real(root, *args, **kw)
+
+    monkeypatch.setattr(gitcommit, "_git", counted)
+    with _read_only(repo / ".git"):
+        out = fix(repo)
+    assert out.sha is None and "index.lock" in out.why_not, out
+    assert not out.again and tries == ["commit"]

@@ -201,6 +201,13 @@ def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
     return None
 
 
+def _lock_held(p: subprocess.CompletedProcess) -> bool:
+    """Whether git was refused for an index.lock that exists: another git's, for a moment
+    or until a person removes one a crash left. Not a .git it cannot write (read-only,
+    another user's), whose refusal also names index.lock: that one is final."""
+    return p.returncode != 0 and "index.lock': File exists" in p.stderr
+
+
 def _first_line(p: subprocess.CompletedProcess) -> str:
     said = p.stderr or p.stdout or ""
     if isinstance(said, bytes):  # a run given ``data``
@@ -309,7 +316,7 @@ def _commit(
     done = Retrying(
         stop=stop_after_attempt(lock_tries),
         wait=wait_exponential(multiplier=0.1, max=2),
-        retry=retry_if_result(lambda p: p.returncode != 0 and "index.lock" in p.stderr),
+        retry=retry_if_result(_lock_held),
         retry_error_callback=lambda state: state.outcome.result(),
     )(_git, root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
     if done.returncode != 0:
@@ -318,7 +325,7 @@ def _commit(
         if earlier:
             return CommitOutcome(sha=earlier)
         return CommitOutcome(
-            why_not=f"git commit failed: {_first_line(done)}", again="index.lock" in done.stderr
+            why_not=f"git commit failed: {_first_line(done)}", again=_lock_held(done)
         )
     sha = _git(root, "rev-parse", "HEAD").stdout.strip()
     now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
