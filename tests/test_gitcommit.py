@@ -370,3 +370,31 @@ def test_a_git_folder_that_cannot_be_written_is_no_lock_to_wait_for(repo, monkey
         out = fix(repo)
     assert out.sha is None and "index.lock" in out.why_not, out
     assert not out.again and tries == ["commit"]
+
+
+@pytest.mark.parametrize("autocrlf", ["input", "true"])
+def test_a_note_committed_with_crlf_under_autocrlf_gets_its_commit(repo, autocrlf):
+    """A note committed with CRLF line ends (from Windows), and core.autocrlf set since:
+    git leaves a file whose committed text has CRs as it is ("safer autocrlf"), but
+    hash-object, which reads no index, converts it. The note the person never touched
+    was taken for one with uncommitted edits, and no fix of it was ever committed."""
+    (repo / NOTE).write_bytes(b"# Alpha\r\n\r\nAlpha body.\r\n")
+    git(repo, "commit", "-q", "-am", "from Windows")
+    git(repo, "config", "core.autocrlf", autocrlf)
+    assert git(repo, "status", "--porcelain") == ""
+    out = fix(repo)
+    assert out.why_not is None and out.sha, out
+    committed = subprocess.run(["git", "show", f"HEAD:{NOTE}"], cwd=repo, capture_output=True)
+    assert committed.stdout == (repo / NOTE).read_bytes()  # CRLF, as the note is
+    assert git(repo, "status", "--porcelain") == ""
+    assert fix(repo, job_id=7) == out  # a run that died before recording it finds it
+
+
+def test_a_crlf_note_under_autocrlf_with_a_persons_edit_still_gets_no_commit(repo):
+    (repo / NOTE).write_bytes(b"# Alpha\r\n\r\nAlpha body.\r\n")
+    git(repo, "commit", "-q", "-am", "from Windows")
+    git(repo, "config", "core.autocrlf", "input")
+    (repo / NOTE).write_bytes(b"# Alpha\r\n\r\nAlpha body.\r\nA person's line.\r\n")
+    out = fix(repo)
+    assert out.sha is None and "uncommitted edits" in out.why_not
+    assert commits(repo)[0] == "from Windows"

@@ -165,18 +165,36 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _stored_sha(root: Path, rel: str, data: bytes) -> str:
+def _stored_sha(root: Path, rel: str, data: bytes, *, keep_crlf: bool = False) -> str:
     """The blob git would store for ``data`` at ``rel``: after the repository's line-ending
     conversion and clean filters. Raw bytes hashed as they are never matched HEAD in a
     repository with ``eol=crlf`` or ``core.autocrlf``, so no fix there was committed.
     ``--path`` is relative to the KB root, which git prefixes with its place in the
     repository: written "./rel", a .gitattributes pattern above a KB in a subfolder never
-    matched, and every fix there was taken for a note with uncommitted edits."""
-    p = _git(root, "hash-object", f"--path={rel}", "--stdin", data=data)
+    matched, and every fix there was taken for a note with uncommitted edits.
+    ``keep_crlf``: as git stores a note whose committed text has CRs (:func:`_crlf_kept`)."""
+    kept = ("-c", "core.autocrlf=false") if keep_crlf else ()
+    p = _git(root, *kept, "hash-object", f"--path={rel}", "--stdin", data=data)
     if p.returncode != 0:
         # A clean filter that cannot run (Git LFS not installed): git's words say which.
         raise GitFailed(f"git hash-object failed: {_first_line(p)}")
     return p.stdout.decode().strip()
+
+
+def _crlf_kept(root: Path, rel: str, blob: str) -> bool:
+    """Whether git stores the note as it is, CRs and all, where core.autocrlf would convert
+    it: git's "safer autocrlf" leaves a file whose committed text (``blob``) has CRs
+    alone, and hash-object, which reads no index, does not know it. A note committed
+    from Windows, autocrlf set since: the note no one had touched was taken for one with
+    uncommitted edits, and none of its fixes was committed. Only for autocrlf (no text
+    or eol attribute): a ``text`` attribute converts such a file all the same."""
+    attrs = _git(root, "check-attr", "text", "eol", "--", rel).stdout.splitlines()
+    if not attrs or any(not line.endswith(": unspecified") for line in attrs):
+        return False
+    autocrlf = _git(root, "config", "core.autocrlf").stdout.strip().lower()
+    if autocrlf not in ("true", "yes", "on", "1", "input"):
+        return False
+    return b"\r" in _git(root, "cat-file", "blob", blob, data=b"").stdout  # data: bytes out
 
 
 def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
@@ -288,7 +306,8 @@ def _commit(
             why_not="HEAD is detached (no branch is checked out); a commit there would be "
             "left behind at the next checkout"
         )
-    fixed = _stored_sha(root, rel, after)
+    keep_crlf = _crlf_kept(root, rel, head_blob)
+    fixed = _stored_sha(root, rel, after, keep_crlf=keep_crlf)
     if head_blob == fixed:
         earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:  # this very commit, made by a run that died before it was recorded
@@ -304,7 +323,7 @@ def _commit(
     index_blob = staged[2] if staged[2:] else ""
     if index_blob != head_blob:
         return CommitOutcome(why_not="the note has staged changes; a commit would take them")
-    if head_blob != _stored_sha(root, rel, before):
+    if head_blob != _stored_sha(root, rel, before, keep_crlf=keep_crlf):
         return CommitOutcome(
             why_not="the note had uncommitted edits; a commit would take them as reviewq's"
         )
