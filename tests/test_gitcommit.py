@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 
 import pytest
 
@@ -398,3 +399,30 @@ def test_a_crlf_note_under_autocrlf_with_a_persons_edit_still_gets_no_commit(rep
     out = fix(repo)
     assert out.sha is None and "uncommitted edits" in out.why_not
     assert commits(repo)[0] == "from Windows"
+
+
+def test_a_persons_save_while_the_commit_waits_for_the_index_is_not_committed(repo, monkeypatch):
+    """The commit waits up to seconds for another git's index lock: a person who saved
+    the note meanwhile had their text committed as "reviewq fix: ..." (and a warning
+    said so afterwards). Each try now first checks the note still holds the fix."""
+    lock = repo / ".git" / "index.lock"
+    lock.write_text("")  # a person's editor runs `git status` just then
+    saved = threading.Event()
+    real = gitcommit._git
+
+    def person_saves_during_the_first_try(root, *args, **kw):
+        if args[0] == "commit" and not saved.is_set():
+            saved.set()
+            note = repo / NOTE
+            note.write_bytes(note.read_bytes() + b"A person's sentence.\n")
+            try:
+                return real(root, *args, **kw)
+            finally:
+                lock.unlink()  # their git is done
+        return real(root, *args, **kw)
+
+    monkeypatch.setattr(gitcommit, "_git", person_saves_during_the_first_try)
+    out = fix(repo)
+    assert saved.is_set() and out.sha is None, out
+    assert "changed" in out.why_not and commits(repo) == ["the KB"]
+    assert b"A person's sentence." in (repo / NOTE).read_bytes()

@@ -16,7 +16,7 @@ from orchestrator import logs
 from orchestrator.cycles.escalations import held_pairs
 from orchestrator.kb.atomicfile import atomic_write, clear_leftovers, mode_of
 from orchestrator.kb.gates import Catalog, Gate
-from orchestrator.kb.gitcommit import CommitOutcome, commit_fix, message
+from orchestrator.kb.gitcommit import CHANGED_BEFORE_COMMIT, CommitOutcome, commit_fix, message
 from orchestrator.kb.notes import (
     KB,
     KBError,
@@ -475,7 +475,7 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
 
 
 def _changed_since(store: Store, job, note_path: str, git_commit: bool) -> None:
-    reason = "the note was changed after the fix was written, before its commit"
+    reason = CHANGED_BEFORE_COMMIT
     logs.get().info("fix.changed_since", job_id=job["id"], note_path=note_path)
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
         _record_commit(store, job, note_path, CommitOutcome(why_not=reason))

@@ -275,6 +275,23 @@ def commit_fix(
         return CommitOutcome(why_not=f"git could not run: {exc}")
 
 
+CHANGED_BEFORE_COMMIT = "the note was changed after the fix was written, before its commit"
+
+
+def _commit_unchanged(
+    root: Path, rel: str, after: bytes, msg: str, env: dict
+) -> subprocess.CompletedProcess | None:
+    """``git commit --only`` of the note, or None if it no longer holds the fix: git
+    commits the file as it is, and a person's save while the commit waited for another
+    git's index lock went in as "reviewq fix: ..."."""
+    try:
+        if (root / rel).read_bytes() != after:
+            return None
+    except FileNotFoundError:
+        return None
+    return _git(root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
+
+
 def _commit(
     root: Path, rel: str, before: bytes, after: bytes, msg: str, lock_tries: int
 ) -> CommitOutcome:
@@ -335,9 +352,11 @@ def _commit(
     done = Retrying(
         stop=stop_after_attempt(lock_tries),
         wait=wait_exponential(multiplier=0.1, max=2),
-        retry=retry_if_result(_lock_held),
+        retry=retry_if_result(lambda p: p is not None and _lock_held(p)),
         retry_error_callback=lambda state: state.outcome.result(),
-    )(_git, root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
+    )(_commit_unchanged, root, rel, after, msg, env)
+    if done is None:
+        return CommitOutcome(why_not=CHANGED_BEFORE_COMMIT)
     if done.returncode != 0:
         # Another writer of this due fix (a run-job beside the control) committed it first.
         earlier = _earlier_commit(root, rel, msg, fixed)
