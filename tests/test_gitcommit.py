@@ -426,3 +426,17 @@ def test_a_persons_save_while_the_commit_waits_for_the_index_is_not_committed(re
     assert saved.is_set() and out.sha is None, out
     assert "changed" in out.why_not and commits(repo) == ["the KB"]
     assert b"A person's sentence." in (repo / NOTE).read_bytes()
+
+
+def test_a_fix_the_person_committed_themselves_is_not_called_their_uncommitted_edit(repo):
+    """The commit waited (an index lock), and the person committed the fixed note with
+    their own work meanwhile (`git commit -a`): the next try called it "the note had
+    uncommitted edits", sending them to look for edits there are none of."""
+    before = (repo / NOTE).read_bytes()
+    after = before.replace(b"Alpha body.", b"Alpha body, FIXED.")
+    (repo / NOTE).write_bytes(after)
+    git(repo, "commit", "-q", "-am", "the person's commit")
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
+    out = commit_fix(repo, NOTE, before, after, msg)
+    assert out.sha is None and "committed already" in out.why_not, out
+    assert "uncommitted" not in out.why_not and commits(repo)[0] == "the person's commit"

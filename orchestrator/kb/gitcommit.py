@@ -329,6 +329,10 @@ def _commit(
         earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:  # this very commit, made by a run that died before it was recorded
             return CommitOutcome(sha=earlier)
+        # A person's own commit took the fixed note (`git commit -a` while this one waited).
+        return CommitOutcome(
+            why_not="the fixed note was committed already, in a commit not reviewq's"
+        )
     # -v: a tag before the mode ("H" tracked, "S" skip-worktree), then mode, blob, stage.
     staged = _git(root, "ls-files", "-v", "--stage", "--", rel).stdout.split()
     if staged[:1] == ["S"]:
