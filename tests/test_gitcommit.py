@@ -113,9 +113,14 @@ def test_an_index_held_for_a_moment_by_another_git_is_waited_out(repo, monkeypat
     assert commits(repo)[0].startswith("reviewq fix:")
 
 
-def test_a_commit_made_before_a_crash_is_found_after_a_persons_commit(repo):
+@pytest.mark.parametrize("pattern_type", [None, "fixed"])
+def test_a_commit_made_before_a_crash_is_found_after_a_persons_commit(repo, pattern_type):
     """A run that died after committing and before recording it: the next run looked
-    for its commit at HEAD only, and after a person's commit called the note edited."""
+    for its commit at HEAD only, and after a person's commit called the note edited.
+    [fixed]: the person's `grep.patternType = fixed` made git log take the trailer's
+    pattern for a literal string, and the commit was never found."""
+    if pattern_type:
+        git(repo, "config", "grep.patternType", pattern_type)
     before = (repo / NOTE).read_bytes()
     first = fix(repo, job_id=42)
     assert first.sha

@@ -206,9 +206,9 @@ def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
     trailer = next((line for line in msg.splitlines() if line.startswith("Reviewq-Job: ")), None)
     if trailer is None:
         return None
-    found = _git(
-        root, "log", "-5", "--format=%H", f"--grep=^{re.escape(trailer)}$", "HEAD", "--", rel
-    )
+    # --basic-regexp: a person's grep.patternType (fixed) must not make the pattern literal.
+    pattern = f"--grep=^{re.escape(trailer)}$"
+    found = _git(root, "log", "-5", "--format=%H", "--basic-regexp", pattern, "HEAD", "--", rel)
     if found.returncode != 0:
         return None
     for sha in found.stdout.split():
