@@ -378,7 +378,7 @@ def test_a_git_folder_that_cannot_be_written_is_no_lock_to_wait_for(repo, monkey
     assert not out.again and tries == ["commit"]
 
 
-@pytest.mark.parametrize("autocrlf", ["input", "true"])
+@pytest.mark.parametrize("autocrlf", ["input", "true", "text=auto"])
 def test_a_note_committed_with_crlf_under_autocrlf_gets_its_commit(repo, autocrlf):
     """A note committed with CRLF line ends (from Windows), and core.autocrlf set since:
     git leaves a file whose committed text has CRs as it is ("safer autocrlf"), but
@@ -386,7 +386,10 @@ def test_a_note_committed_with_crlf_under_autocrlf_gets_its_commit(repo, autocrl
     was taken for one with uncommitted edits, and no fix of it was ever committed."""
     (repo / NOTE).write_bytes(b"# Alpha\r\n\r\nAlpha body.\r\n")
     git(repo, "commit", "-q", "-am", "from Windows")
-    git(repo, "config", "core.autocrlf", autocrlf)
+    if autocrlf == "text=auto":  # GitHub's suggested .gitattributes, added since
+        (repo / ".git" / "info" / "attributes").write_text("* text=auto\n")
+    else:
+        git(repo, "config", "core.autocrlf", autocrlf)
     assert git(repo, "status", "--porcelain") == ""
     out = fix(repo)
     assert out.why_not is None and out.sha, out

@@ -172,28 +172,37 @@ def _stored_sha(root: Path, rel: str, data: bytes, *, keep_crlf: bool = False) -
     ``--path`` is relative to the KB root, which git prefixes with its place in the
     repository: written "./rel", a .gitattributes pattern above a KB in a subfolder never
     matched, and every fix there was taken for a note with uncommitted edits.
-    ``keep_crlf``: as git stores a note whose committed text has CRs (:func:`_crlf_kept`)."""
-    kept = ("-c", "core.autocrlf=false") if keep_crlf else ()
-    p = _git(root, *kept, "hash-object", f"--path={rel}", "--stdin", data=data)
+    ``keep_crlf``: stored as it is (:func:`_crlf_kept`); without ``--path`` git hashes
+    stdin unconverted."""
+    path = () if keep_crlf else (f"--path={rel}",)
+    p = _git(root, "hash-object", *path, "--stdin", data=data)
     if p.returncode != 0:
         # A clean filter that cannot run (Git LFS not installed): git's words say which.
         raise GitFailed(f"git hash-object failed: {_first_line(p)}")
     return p.stdout.decode().strip()
 
 
+_CONVERTING = ("filter", "ident", "working-tree-encoding")
+
+
 def _crlf_kept(root: Path, rel: str, blob: str) -> bool:
-    """Whether git stores the note as it is, CRs and all, where core.autocrlf would convert
-    it: git's "safer autocrlf" leaves a file whose committed text (``blob``) has CRs
-    alone, and hash-object, which reads no index, does not know it. A note committed
-    from Windows, autocrlf set since: the note no one had touched was taken for one with
-    uncommitted edits, and none of its fixes was committed. Only for autocrlf (no text
-    or eol attribute): a ``text`` attribute converts such a file all the same."""
-    attrs = _git(root, "check-attr", "text", "eol", "--", rel).stdout.splitlines()
-    if not attrs or any(not line.endswith(": unspecified") for line in attrs):
+    """Whether git stores the note as it is, CRs and all, where hash-object converts it.
+    Where line ends are converted "auto" (core.autocrlf with no text or eol attribute, or
+    ``text=auto``), git leaves a file whose committed text (``blob``) has CRs alone, and
+    hash-object, which reads no index, does not know it. A note committed from Windows,
+    autocrlf or ``* text=auto`` set since: the note no one had touched was taken for one
+    with uncommitted edits, and none of its fixes was committed. Only where nothing else
+    converts the note (no filter, ident or working-tree-encoding attribute)."""
+    said = _git(root, "check-attr", "text", "eol", *_CONVERTING, "--", rel).stdout
+    attrs = dict(line.rsplit(": ", 2)[1:] for line in said.splitlines() if line.count(": ") > 1)
+    if len(attrs) != 5 or any(attrs[a] != "unspecified" for a in ("eol", *_CONVERTING)):
         return False
-    autocrlf = _git(root, "config", "core.autocrlf").stdout.strip().lower()
-    if autocrlf not in ("true", "yes", "on", "1", "input"):
-        return False
+    if attrs["text"] == "unspecified":
+        autocrlf = _git(root, "config", "core.autocrlf").stdout.strip().lower()
+        if autocrlf not in ("true", "yes", "on", "1", "input"):
+            return False
+    elif attrs["text"] != "auto":
+        return False  # ``text`` converts such a file all the same
     return b"\r" in _git(root, "cat-file", "blob", blob, data=b"").stdout  # data: bytes out
 
 
