@@ -448,3 +448,19 @@ def test_a_fix_the_person_committed_themselves_is_not_called_their_uncommitted_e
     out = commit_fix(repo, NOTE, before, after, msg)
     assert out.sha is None and "committed already" in out.why_not, out
     assert "uncommitted" not in out.why_not and commits(repo)[0] == "the person's commit"
+
+
+def test_a_branch_lock_another_git_holds_is_waited_for_as_the_index_lock_is(repo, monkeypatch):
+    """A person's git updating the branch holds refs/heads/main.lock (and a crashed one
+    leaves it): the commit failed for good, where the same refusal for index.lock is
+    waited out and then tried again at each tick."""
+    monkeypatch.setattr(gitcommit, "_LOCK_TRIES", 2)
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    lock.write_text("")
+    before = (repo / NOTE).read_bytes()
+    out = fix(repo)
+    assert out.sha is None and out.again and "main.lock" in out.why_not, out
+    lock.unlink()
+    after = (repo / NOTE).read_bytes()
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
+    assert commit_fix(repo, NOTE, before, after, msg).sha == git(repo, "rev-parse", "HEAD").strip()

@@ -67,7 +67,8 @@ def git_env(**extra: str) -> dict[str, str]:
 
 
 # Another git in the same repository (a person's editor running `git status`) holds
-# index.lock for a moment: the commit is tried again for a few seconds before it is given up.
+# index.lock (or the branch's lock) for a moment: the commit is tried again for a few
+# seconds before it is given up.
 _LOCK_TRIES = 6
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "reviewq",
@@ -229,10 +230,11 @@ def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
 
 
 def _lock_held(p: subprocess.CompletedProcess) -> bool:
-    """Whether git was refused for an index.lock that exists: another git's, for a moment
-    or until a person removes one a crash left. Not a .git it cannot write (read-only,
-    another user's), whose refusal also names index.lock: that one is final."""
-    return p.returncode != 0 and "index.lock': File exists" in p.stderr
+    """Whether git was refused for a lock file that exists (index.lock, or the branch's
+    ref lock while another git commits): another git's, for a moment or until a person
+    removes one a crash left. Not a .git it cannot write (read-only, another user's),
+    whose refusal also names the lock: that one is final."""
+    return p.returncode != 0 and ".lock': File exists" in p.stderr
 
 
 def _first_line(p: subprocess.CompletedProcess) -> str:
