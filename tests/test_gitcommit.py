@@ -464,3 +464,17 @@ def test_a_branch_lock_another_git_holds_is_waited_for_as_the_index_lock_is(repo
     after = (repo / NOTE).read_bytes()
     msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
     assert commit_fix(repo, NOTE, before, after, msg).sha == git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_repository_with_half_an_identity_gets_its_commit_as_reviewq(repo, tmp_path, monkeypatch):
+    """user.email set, user.name not, and `user.useConfigOnly` (git may not guess a
+    name): git refused the commit, "Author identity unknown", where a machine with no
+    identity at all gets its commit as reviewq."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    git(repo, "config", "--unset", "user.name")
+    git(repo, "config", "user.useConfigOnly", "true")
+    out = fix(repo)
+    assert out.why_not is None and out.sha, out
+    assert git(repo, "log", "-1", "--format=%an <%ae>") == "reviewq <reviewq@localhost>\n"

@@ -360,8 +360,13 @@ def _commit(
             why_not="the note had uncommitted edits; a commit would take them as reviewq's"
         )
     env = {}
-    if _git(root, "config", "user.email").returncode != 0:
-        env = _IDENTITY  # a machine with no git identity still gets a commit, as reviewq
+    # A machine with no git identity still gets a commit, as reviewq; so does one where
+    # git may not guess the half that is missing (user.useConfigOnly).
+    if (
+        _git(root, "config", "user.email").returncode != 0
+        or _git(root, "var", "GIT_COMMITTER_IDENT").returncode != 0
+    ):
+        env = _IDENTITY
     # --no-verify as well as no hooks path (:func:`_git`): a git that reads hooks from
     # elsewhere still skips pre-commit and commit-msg.
     done = Retrying(
