@@ -478,3 +478,24 @@ def test_a_repository_with_half_an_identity_gets_its_commit_as_reviewq(repo, tmp
     out = fix(repo)
     assert out.why_not is None and out.sha, out
     assert git(repo, "log", "-1", "--format=%an <%ae>") == "reviewq <reviewq@localhost>\n"
+
+
+def test_a_merge_in_progress_holds_the_commit_until_it_ends(repo):
+    """git makes no partial commit during a merge (or a cherry-pick): the fix's commit was
+    given up for good, and the person, once their merge was done, found the fix
+    uncommitted. It is tried again, as for a lock, and made once the merge ends."""
+    git(repo, "checkout", "-q", "-b", "side")
+    (repo / "side.txt").write_text("side\n")
+    git(repo, "add", "side.txt")
+    git(repo, "commit", "-q", "-m", "side")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "--no-commit", "side")
+    before = (repo / NOTE).read_bytes()
+    out = fix(repo)
+    assert out.sha is None and out.again and "during a merge" in out.why_not, out
+    git(repo, "commit", "-q", "--no-edit")  # the person ends their merge
+    after = (repo / NOTE).read_bytes()
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
+    done = commit_fix(repo, NOTE, before, after, msg)
+    assert done.sha and done.sha == git(repo, "rev-parse", "HEAD").strip()
+    assert git(repo, "show", "--name-only", "--format=", done.sha).split() == [NOTE]

@@ -42,8 +42,9 @@ from orchestrator.state.files import (
 )
 from orchestrator.state.store import Store, parse_timestamp, utcnow
 
-# A fix commit refused for an index lock another git holds is tried again at each tick
-# for this long (a person's git that crashed leaves its lock behind until they remove it).
+# A fix commit refused for now (a lock another git holds, a merge in progress) is tried
+# again at each tick for this long (a person's git that crashed leaves its lock behind
+# until they remove it).
 COMMIT_TRIED_FOR = timedelta(days=1)
 
 

@@ -82,7 +82,7 @@ _IDENTITY = {
 class CommitOutcome:
     sha: str | None = None  # the commit, when there is one
     why_not: str | None = None  # else why the fix was left uncommitted
-    again: bool = False  # refused for an index lock another git holds: try again later
+    again: bool = False  # refused for now (another git's lock, a merge): try again later
 
     def to_json(self) -> dict:
         return {"commit": self.sha, "why_not": self.why_not}
@@ -382,9 +382,10 @@ def _commit(
         earlier = _earlier_commit(root, rel, msg, fixed)
         if earlier:
             return CommitOutcome(sha=earlier)
-        return CommitOutcome(
-            why_not=f"git commit failed: {_first_line(done)}", again=_lock_held(done)
-        )
+        # A merge or cherry-pick in progress takes no partial commit: it ends, and then
+        # the commit is made, as when a lock goes.
+        again = _lock_held(done) or "cannot do a partial commit during" in done.stderr
+        return CommitOutcome(why_not=f"git commit failed: {_first_line(done)}", again=again)
     sha = _git(root, "rev-parse", "HEAD").stdout.strip()
     now = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}").stdout.strip()
     if now != fixed:

@@ -44,7 +44,7 @@ FAILED_ATTEMPT = f"a.outcome IN ({FAILED_SQL})"
 STALLED_AFTER = timedelta(minutes=15)
 # A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
 NIGHT = "date(substr({col}, 1, 19), '-12 hours')"
-# Why an applied fix's commit waits for a later tick (another git's index lock), if it does.
+# Why an applied fix's commit waits for a later tick (another git's lock, a merge), if it does.
 _COMMIT_PENDING = (
     "(SELECT d.error FROM fix_writes_due d WHERE d.job_id = j.id AND d.written = 1 "
     f"AND d.error != '{NOT_TRIED}') AS commit_pending"
