@@ -127,10 +127,8 @@ def reach(url: str, timeout: float) -> None:
     try:
         socket.create_connection((target.hostname or "", port), timeout=timeout).close()
     except OSError as exc:
-        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or exc
         raise AgentError(
-            f"cannot reach {shown(proxy or url)} within {timeout:g} s: {reason}",
-            failure="unreachable",
+            f"cannot reach {shown(proxy or url)}{_why(exc, timeout)}", failure="unreachable"
         ) from None
 
 
@@ -150,10 +148,16 @@ def probe(base_url: str, timeout: float) -> str | None:
     except urllib.error.HTTPError:
         return None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        reason = "timed out" if isinstance(reason, TimeoutError) else reason
-        return f"no HTTP answer from {shown(models)} within {timeout:g} s: {reason}"
+        return f"no HTTP answer from {shown(models)}{_why(getattr(exc, 'reason', exc), timeout)}"
     return None
+
+
+def _why(exc: object, timeout: float) -> str:
+    """Why a connection or request failed: "within 10 s" only of a wait that ran out, as a
+    refused connection comes at once ("within 10 s: Connection refused" read as a timeout)."""
+    if isinstance(exc, TimeoutError):
+        return f" within {timeout:g} s: timed out"
+    return f": {getattr(exc, 'strerror', None) or exc}"
 
 
 def bearer(key_var: str, key: str) -> str:
