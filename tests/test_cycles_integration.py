@@ -685,6 +685,25 @@ def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_rejec
     ) in summary
 
 
+def test_a_failed_jobs_escalations_quote_only_their_own_pairs_reasons(cyc):
+    """Every escalation of a failed bundle quoted the job's reasons whole: "invalid result
+    line for N :: G1" stood under G2, whose block was well formed, and read as its own."""
+    cyc.gate("prose/second", ["body"])
+    config(cyc, profile("fake", FAKE_MODE="bad"))  # the first pair's block is invalid
+    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 1
+    escs = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    said = {e["gate_id"]: e["reason"] for e in escs}
+    reports = {
+        e["gate_id"]: (cyc.root / e["report_path"]).read_text().splitlines()[1] for e in escs
+    }
+    assert sorted(said) == ["prose/body-check", "prose/second"], said
+    bad, good = (g for g in sorted(said, key=lambda g: "invalid result line" not in said[g]))
+    assert f"prose/{bad.split('/')[1]}.md" in said[bad] and "invalid result line" in said[bad]
+    for text in (said[good], reports[good]):
+        assert "invalid result line" not in text, text
+        assert "its output for other pairs of job 1 was refused (reviewq job 1)" in text, text
+
+
 def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):
     """A sweep without --fix runs no fixer, yet the escalation of its failed job read
     "reviewer fake, fixer fake": the reviewer named as a fixer that never ran. With

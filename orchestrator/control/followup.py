@@ -199,7 +199,7 @@ class FollowUp:
     def _after_failed(self, job_id: int, reasons: list[str], failed: str) -> None:
         job = self.job(job_id)
         opts = cycles.run_options(self.store, job)
-        why = "; ".join(reasons[:3]) or "no reason recorded"
+        pairs = self._pairs(job_id)
         # An agent that failed every attempt said nothing about the note: the person is
         # asked to repair it and redo, not to reject the note for it.
         if job["kind"] == "audit":
@@ -210,24 +210,25 @@ class FollowUp:
             what = f"the auditor ({job['reviewer']})"
             owner, call = self.job(job["source_job_id"]), "approve"
             recommend = (
-                f"{what} {failed} ({why}); the reviewer's PASS stands unaudited: "
+                "{what} {failed} ({why}); the reviewer's PASS stands unaudited: "
                 "approve it, or repair the auditor"
             )
         else:
             what = "the fixer" if job["kind"] == "fix" else "the reviewer"
             owner, call = job, "redo"
             recommend = (
-                f"{what} {failed} ({why}), which is no judgement of the note; "
-                f"repair {what}, then redo"
+                "{what} {failed} ({why}), which is no judgement of the note; "
+                "repair {what}, then redo"
             )
-        pairs = self._pairs(job_id)
         if job["kind"] == "fix":
             pairs = [*pairs, *self._failures_left(job, {p["gate_id"] for p in pairs})]
             pairs = [p for p in pairs if not self._settled_since(job, p)]
         for p in pairs:
+            why = _reasons_of(reasons, p, pairs, job_id)
             reason = f"{what} {failed}: {why}"
             with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
-                self._escalate_pair(owner, p, reason, opts, recommend, call=call, by=job_id)
+                said = recommend.format(what=what, failed=failed, why=why)
+                self._escalate_pair(owner, p, reason, opts, said, call=call, by=job_id)
 
     def _about_a_text_gone(self, job, p) -> bool:  # noqa: ANN001 - rows
         """Whether a review's FAIL is about a text the note no longer has, as far as its
@@ -785,6 +786,22 @@ class FollowUp:
         return self.store.conn.execute(
             "SELECT * FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
         ).fetchall()
+
+
+def _reasons_of(reasons: list[str], pair, pairs, job_id: int) -> str:  # noqa: ANN001 - rows
+    """A failed job's reasons as one of its pairs' escalation says them: those about
+    this pair and those about no pair. Each of a bundle's escalations quoted the job's
+    reasons whole, so "invalid result line for N :: G1" stood under gate G2 too."""
+
+    def about(reason: str, p) -> bool:  # noqa: ANN001
+        return p["note_path"] in reason and p["gate_path"] in reason
+
+    own = [r for r in reasons if about(r, pair) or not any(about(r, q) for q in pairs)]
+    if own:
+        return "; ".join(own[:3])
+    if reasons:
+        return f"its output for other pairs of job {job_id} was refused (reviewq job {job_id})"
+    return "no reason recorded"
 
 
 @dataclass
