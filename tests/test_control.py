@@ -653,8 +653,9 @@ def test_job_n_names_the_worker_each_attempt_ran_on(kb, run_cli):
     shown = [
         x for x in run_cli("job", str(sent[0]["job_id"])).stdout.splitlines() if "attempt" in x
     ]
-    assert shown[0].startswith("  attempt 1: no-output ") and shown[0].endswith(" on far:42")
-    assert shown[-1].startswith("  attempt 2: finalized ") and shown[-1].endswith(" on near:7")
+    # In words: --json has the outcome as CONTRACT names it.
+    assert shown[0].startswith("  attempt 1: wrote no output, ") and shown[0].endswith(" on far:42")
+    assert shown[-1].startswith("  attempt 2: finished, ") and shown[-1].endswith(" on near:7")
     ws.close()
 
 

@@ -772,7 +772,12 @@ def test_jobs_counts_the_attempts_its_failure_reason_counts(cyc):
     attempts" (its reason), while `jobs` listed "attempts 5", counting the two the contract
     does not (an attempt is one run of an agent; a launch failure never ran)."""
     config(cyc, profile("fake", FAKE_MODE_1="crash", FAKE_MODE_2="crash", FAKE_MODE="nothing"))
-    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 1
+    swept = rq(cyc, "sweep", "--reviewer", "fake")
+    assert swept.returncode == 1
+    # The summary's attempts in words; --json and the log keep CONTRACT's outcomes.
+    assert "the agent did not start │     2" in swept.stdout, swept.stdout
+    assert "wrote no output         │     3" in swept.stdout, swept.stdout
+    assert "launch-failure" not in swept.stdout
     job = json.loads(rq(cyc, "job", "1", "--json").stdout)
     outcomes = [a["outcome"] for a in job["attempts"]]
     assert outcomes == ["launch-failure"] * 2 + ["no-output"] * 3, outcomes

@@ -670,10 +670,18 @@ def test_jobs_that_do_not_move_after_an_outage_name_it(kb, run_cli):
                 (job_id, n, outcome, *[_minutes_ago(40 - n)] * 3, json.dumps([reason])),
             )
     (stalled,) = json.loads(run_cli("report", "--json").stdout)["needs_you"]["stalled"]
-    assert stalled["last_not_run"] == f"reviewer-failure: {unreachable}"
+    assert stalled["last_not_run"] == f"reviewer-failure: {unreachable}"  # as CONTRACT names it
+    # A person reads it in words, not "reviewer-failure: unreachable: cannot reach …".
+    said = "the reviewer's endpoint could not be reached: cannot reach http://127.0.0.1:9/"
     res = run_cli("report", "--since", "10m")
-    assert f"its last attempt did not run (reviewer-failure: {unreachable})" in res.stdout
-    assert f"(reviewer-failure: {unreachable})" in (kb.state / "report.html").read_text()
+    assert f"its last attempt did not run ({said}" in res.stdout, res.stdout
+    page = (kb.state / "report.html").read_text()
+    assert f"({said}" in page.replace("&#39;", "'")
+    for shown in (res.stdout, page):
+        assert "reviewer-failure" not in shown and "unreachable:" not in shown
+    (line,) = [x for x in run_cli("job", str(job_id)).stdout.splitlines() if "attempt 2" in x]
+    assert line.startswith("  attempt 2: no model answered, "), line
+    assert f"    {said}v1/chat/completions\n" in run_cli("job", str(job_id)).stdout
 
 
 def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):

@@ -1068,9 +1068,9 @@ def test_a_json_column_edited_by_hand_is_shown_as_it_stands(flow, run_cli):
         )
     res = run_cli("job", str(job_id))
     assert res.exit_code == 0, res.stderr
-    assert "  attempt 2: failed exit - turns - tokens -/- -\n    1\n    null\n" in res.stdout
+    assert "  attempt 2: failed, exit - turns - tokens -/- -\n    1\n    null\n" in res.stdout
     assert "  reason: (not JSON) {bad\n" in res.stdout
-    assert "  attempt 1: failed exit - turns - tokens -/- abc\n    one reason\n" in res.stdout
+    assert "  attempt 1: failed, exit - turns - tokens -/- abc\n    one reason\n" in res.stdout
     data = run_cli("job", str(job_id), "--json").json()
     assert data["telemetry"] == "(not JSON) [oops" and data["attempts"][0]["reasons"] == [
         "one reason"

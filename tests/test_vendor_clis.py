@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.state.store import Store
+from orchestrator.state.words import reason_words
 
 HERE = Path(__file__).parent
 BIN = HERE / "vendor" / "node_modules" / ".bin"
@@ -428,12 +429,12 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     assert a["outcome"] == "reviewer-failure"
     reason = EXPECTED_REASON[(vendor, scenario)]
     assert json.loads(a["reasons"])[0].startswith(reason), a["reasons"]
-    assert (
-        reason in res.stderr
-    )  # "1 job(s) wait on a paused reviewer: reviewer X is paused since …: reason"
+    # "1 job(s) wait on a paused reviewer: reviewer X is paused since …: reason", the
+    # reason in words ("the reviewer's key or login was refused: …"); the log keeps it.
+    assert reason_words(reason) in res.stderr, res.stderr
     st = reviewq(netns, home, vkb.root, "status")
     said = f"1 job(s) wait for reviewer {vendor}, paused since "  # and how many jobs it holds
-    assert said in st.stdout and reason in st.stdout, st.stdout
+    assert said in st.stdout and reason_words(reason) in st.stdout, st.stdout
     logged = reviewq(netns, home, vkb.root, "logs", "--event", "reviewer.paused", "--json")
     [event] = [json.loads(line) for line in logged.stdout.splitlines()]
     assert event["reviewer"] == vendor and reason in event["reason"], event

@@ -21,7 +21,8 @@ import pytest
 from orchestrator.config import ConfigError, ReviewerProfile, load_settings
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
-from orchestrator.state.status import status
+from orchestrator.state.status import Pause, pause_words, status
+from orchestrator.state.words import FAILURES
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 from workers.attempt import BURNED_OUT, REVIEWER_FAILURE, run_attempt
@@ -1051,7 +1052,12 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     assert control.dispatch() == 0  # paused
     shown = status(ws.store, ws.settings)["reviewers"][reviewer]
     assert shown["paused_until"]
-    assert shown["paused_reason"] == f"{what}: {reason}"
+    assert shown["paused_reason"] == f"{what}: {reason}"  # --json: the kind as stored
+    # status says the kind in words: "auth: HTTP 401" read as a code, not a sentence.
+    pause = Pause(shown["paused_until"], shown["paused_reason"], shown["paused_since"])
+    line = pause_words(ws.store, reviewer, pause)  # status's, doctor's, the report's line
+    kind, detail = reason.split(": ", 1)
+    assert line.endswith(f"{what}: {FAILURES[kind]}: {detail}"), line
     ws.store.close()
 
 

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchestrator.cli.common import skipped_count
+from orchestrator.state.words import outcome_words
 
 
 class ProgressDisplay:
@@ -82,7 +83,7 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
     attempts.add_column("outcome")
     attempts.add_column("count", justify="right")
     for outcome, n in sorted(s["attempts"].items()):
-        attempts.add_row(outcome, str(n))
+        attempts.add_row(outcome_words(outcome), str(n))
     console.print(attempts)
     enq = out.enqueued
     # soft_wrap on every sentence: a line keeps its words together however narrow the

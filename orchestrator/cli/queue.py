@@ -46,6 +46,7 @@ from orchestrator.config import GROUPINGS
 from orchestrator.state.files import NOT_TRIED, disk_full
 from orchestrator.state.status import STATUSES, held_by_budget
 from orchestrator.state.store import DAMAGED, STATE_ENTRIES, is_damage
+from orchestrator.state.words import outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
 
@@ -382,7 +383,7 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
       reviewq resume claude
     """
     from orchestrator.control.control import lift_pause
-    from orchestrator.state.status import pause_span, pause_why
+    from orchestrator.state.status import pause_said, pause_span
 
     store = ws.store
     lifted = lift_pause(store, reviewer, datetime.now(UTC))
@@ -399,7 +400,7 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
     )
     nudge_control(ws)
     # The pause as status and doctor said it, in the past.
-    why = pause_why(store, reviewer, lifted)
+    why = pause_said(store, reviewer, lifted)
     click.echo(f"reviewer {reviewer} resumed (it was paused {pause_span(lifted)}: {why})")
 
 
@@ -665,14 +666,15 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         cost = a["cost_usd"]
         cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)
         click.echo(
-            f"  attempt {a['attempt']}: {a['outcome']} exit {dash(a['exit_code'])} "
+            # In words ("the agent did not start"); --json has the outcome as CONTRACT names it.
+            f"  attempt {a['attempt']}: {outcome_words(a['outcome'])}, exit {dash(a['exit_code'])} "
             f"turns {dash(a['num_turns'])} "
             f"tokens {dash(a['input_tokens'])}/{dash(a['output_tokens'])} {cost}"
             # With workers on several machines, which one (`host:pid`, as the log says).
             + (f" on {shown(a['worker'])}" if a.get("worker") else "")
         )
         for r in a["reasons"]:
-            click.echo(f"    {r}")
+            click.echo(f"    {reason_words(str(r))}")
 
 
 @cli.command("logs")

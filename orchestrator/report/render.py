@@ -6,6 +6,7 @@ from __future__ import annotations
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from orchestrator.report import charts
+from orchestrator.state.words import attempt_words, outcome_words
 
 _ENV = Environment(
     loader=PackageLoader("orchestrator.report", "templates"),
@@ -79,7 +80,10 @@ def stalled(st: dict) -> str:
         if st["never_picked_up"]
         else "; is the control process running, with workers?"
     )
-    outage = f"; its last attempt did not run ({st['last_not_run']})" if st["last_not_run"] else ""
+    outage = ""
+    if st["last_not_run"]:  # "outcome: reason", as --json has it
+        said = attempt_words(*st["last_not_run"].partition(": ")[::2])
+        outage = f"; its last attempt did not run ({said})"
     return (
         f"{st['queued']} queued and {st['running']} running job(s), {moved} since {since}"
         f"{outage}{why}"
@@ -87,6 +91,7 @@ def stalled(st: dict) -> str:
 
 
 _ENV.filters["stalled"] = stalled
+_ENV.filters["outcome_words"] = outcome_words
 
 
 def failed_what(f: dict, most: int = 3) -> str:

@@ -12,6 +12,7 @@ from typing import NamedTuple, TypeVar
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import Store, json_column, reasons_column, utcnow
+from orchestrator.state.words import reason_words
 from orchestrator.state.workspace import control_pid
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
@@ -103,8 +104,16 @@ def pause_words(store: Store, name: str, pause: Pause, waiting: int = 0) -> str:
     )
     return (
         f"{who} {pause_span(pause)} (or until {resume_command(name)}, "
-        f"once the cause is mended): {pause_why(store, name, pause)}"
+        f"once the cause is mended): {pause_said(store, name, pause)}"
     )
+
+
+def pause_said(store: Store, name: str, pause: Pause) -> str:
+    """:func:`pause_why` as a person reads it: the attempts' reasons after its first ": "
+    in words ("the reviewer's endpoint could not be reached: …", not "unreachable: …");
+    ``--json`` and the log keep them as stored."""
+    head, sep, reasons = pause_why(store, name, pause).partition(": ")
+    return head + sep + "; ".join(map(reason_words, reasons.split("; ")))
 
 
 def waiting_on(store: Store, names: Iterable[str]) -> dict[str, int]:

@@ -1,0 +1,55 @@
+"""An attempt's outcome and reason as a person reads them. The stored values
+(``launch-failure``, ``unreachable: …``) stay what ``--json``, the log and CONTRACT name;
+the screens a person reads in the morning (``job N``, the sweep's summary, the report,
+``status``) say them in words."""
+
+from __future__ import annotations
+
+OUTCOMES = {
+    "finalized": "finished",
+    "invalid-output": "wrote an invalid output",
+    "no-output": "wrote no output",
+    "burned-out": "ran out of time or turns",
+    "reviewer-touched-kb": "changed the KB",
+    "launch-failure": "the agent did not start",
+    "reviewer-failure": "no model answered",
+    "lost": "lost (no worker heard from)",
+    "superseded": "superseded",
+    "dispatched": "waiting for a worker",
+    "running": "running",
+}
+
+# The kind a reviewer failure's reason starts with (workers.reviewers.base.FAILURES, and
+# a worker's full disk).
+FAILURES = {
+    "unreachable": "the reviewer's endpoint could not be reached",
+    "auth": "the reviewer's key or login was refused",
+    "quota": "the reviewer's quota is spent",
+    "rate-limit": "the reviewer was rate-limited",
+    "server": "the reviewer's server failed",
+    "not-found": "the reviewer's model was not found",
+    "config": "the reviewer's settings were refused",
+    "disk": "the worker's disk is full",
+}
+
+
+def outcome_words(outcome: str) -> str:
+    return OUTCOMES.get(outcome, outcome)
+
+
+def reason_words(reason: str) -> str:
+    """A reviewer failure's reason, its leading kind ("unreachable: …") in words; any
+    other reason as it is."""
+    kind, sep, rest = reason.partition(": ")
+    return f"{FAILURES[kind]}: {rest}" if sep and kind in FAILURES else reason
+
+
+def attempt_words(outcome: str, reason: str | None) -> str:
+    """One attempt's end in a sentence: "the agent did not start: …", "the reviewer's
+    endpoint could not be reached: …" (a reviewer failure's kind says more than that no
+    model answered)."""
+    if not reason:
+        return outcome_words(outcome)
+    if outcome == "reviewer-failure" and reason_words(reason) != reason:
+        return reason_words(reason)
+    return f"{outcome_words(outcome)}: {reason_words(reason)}"
