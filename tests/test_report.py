@@ -1079,3 +1079,18 @@ def test_the_reports_json_costs_and_agent_time_are_rounded(kb, run_cli):
     data = json.loads(run_cli("report", "--since", "1h", "--json").stdout)
     (r,) = data["reviewed"]["reviewers"]
     assert (r["cost_usd"], r["agent_s"]) == (0.3, 0.3)
+
+
+def test_a_period_that_cost_nothing_says_so_instead_of_a_chart(kb, run_cli, browser, tmp_path):
+    """Cost per night over 14 nights of $0 was a chart with nothing drawn against a
+    "$1.0000" axis pygal made up: an empty chart says there was no cost."""
+    _queued_for_fake(kb, "a")  # jobs, and not a cent spent
+    page_path = tmp_path / "nothing.html"
+    assert run_cli("report", "--html", str(page_path)).exit_code == 0
+    page = browser.open(page_path.as_uri())
+    figures = page.evaluate(
+        """Object.fromEntries([...document.querySelectorAll('figure.chart')].map(f => [
+        f.querySelector('figcaption').textContent, f.innerText]))"""
+    )
+    night = figures["Cost per night (USD)"]
+    assert "No cost in the last 14 nights." in night and "$1" not in night, night

@@ -34,6 +34,15 @@ class Chart:
     svg: str
     columns: list[str]
     rows: list[list] = field(default_factory=list)
+    # Said instead of a chart of nothing but zeros, whose scale pygal makes up ("$1.0000").
+    empty: str = ""
+
+
+def _nothing(title: str, items: list[tuple[str, float]], empty: str | None) -> Chart | None:
+    """A chart of all zeros as a sentence, when ``empty`` gives one."""
+    if empty is None or any(v for _, v in items):
+        return None
+    return Chart(title, "", [], [], empty)
 
 
 def _svg(chart: pygal.graph.graph.Graph) -> str:
@@ -82,10 +91,18 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
 
 
 def bars(
-    title: str, label: str, value: str, items: list[tuple[str, float]], *, percent: bool = False
+    title: str,
+    label: str,
+    value: str,
+    items: list[tuple[str, float]],
+    *,
+    percent: bool = False,
+    empty: str | None = None,
 ) -> Chart | None:
     if not items:
         return None
+    if said := _nothing(title, items, empty):
+        return said
     fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:,.4f}".rstrip("0").rstrip("."))
     extra = {"range": (0, 1)} if percent else {}  # a rate's scale is 0 to 100 %, always
     chart = pygal.HorizontalBar(
@@ -96,10 +113,14 @@ def bars(
     return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])
 
 
-def columns(title: str, label: str, value: str, items: list[tuple[str, float]]) -> Chart | None:
+def columns(
+    title: str, label: str, value: str, items: list[tuple[str, float]], empty: str | None = None
+) -> Chart | None:
     """Vertical bars over time (cost per night)."""
     if not items:
         return None
+    if said := _nothing(title, items, empty):
+        return said
     fmt = lambda v: f"${v:,.4f}"  # noqa: E731
     chart = pygal.Bar(**_config(6, show_legend=False, value_formatter=fmt, x_label_rotation=35))
     chart.x_labels = [k for k, _ in items]

@@ -42,6 +42,7 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             "Reviewer",
             "Cost (USD)",
             [(x["reviewer"], x["cost_usd"]) for x in r["reviewers"]],
+            empty="No attempt cost anything in this period.",
         ),
         "fail_rate": charts.bars(
             f"FAIL rate per gate, last {len(t['nights'])} nights",
@@ -55,6 +56,7 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             "Night",
             "Cost (USD)",
             [(n["night"], n["cost_usd"]) for n in t["cost_by_night"]],
+            empty=f"No cost in the last {len(t['nights'])} nights.",
         ),
         "attempt_failures": charts.bars(
             "Attempt failure rate per reviewer profile (agents that ran)",
