@@ -1817,6 +1817,31 @@ def test_status_says_whether_a_control_runs_and_when_a_worker_was_last_heard_fro
     ws.close()
 
 
+def test_status_hears_a_worker_that_answers_every_message_with_a_launch_failure(kb, run_cli):
+    """A remote worker that could not start any agent answered each message at once, and
+    status said "none heard from yet" (or a time going stale): a launch failure records no
+    worker on its attempt, as no agent ran there. It is an answer: alive, and failing."""
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    why = "worker far:42 has no reviewer profile 'offline' in its configuration"
+    failure = _outcome(ws, sent[0], classification="launch-failure", reasons=[why], output=None)
+    del failure["exited_at"]  # no agent started
+    control.on_messages([], [failure])
+    heard = json.loads(run_cli("status", "--json").stdout)["workers"]
+    assert heard["last_heard_at"], heard
+    assert heard["last_launch_failure"] == {
+        "job_id": sent[0]["job_id"],
+        "attempt": 1,
+        "reasons": [why],
+    }
+    (line,) = [x for x in run_cli("status").stdout.splitlines() if x.startswith("workers:")]
+    assert "; last heard from " in line and " s ago)" in line, line
+    assert line.endswith(
+        f", with a launch failure (job {sent[0]['job_id']} attempt 1: the agent did not start: "
+        f"{why})"
+    ), line
+    ws.close()
+
+
 def test_status_asks_for_a_worker_when_review_messages_wait_untaken_for_a_minute(kb, run_cli):
     ws, _control, _sent = _dispatched(kb, ["alpha"])
     assert "is a worker running" not in run_cli("status").stdout

@@ -46,7 +46,7 @@ from orchestrator.config import GROUPINGS
 from orchestrator.state.files import NOT_TRIED, disk_full
 from orchestrator.state.status import STATUSES, held_by_budget
 from orchestrator.state.store import DAMAGED, STATE_ENTRIES, is_damage
-from orchestrator.state.words import outcome_words, reason_words
+from orchestrator.state.words import attempt_words, outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
 
@@ -513,6 +513,10 @@ def _liveness(data: dict) -> list[str]:
         line += " on " + ", ".join(w["hosts"])
     if w["last_heard_at"]:
         line += f"; last heard from {w['last_heard_at'][:19]}Z ({_ago(_seconds(w['last_heard_at'], utcnow()))})"
+        if failed := w.get("last_launch_failure"):
+            # Alive, and failing: the reason says where and why.
+            said = attempt_words("launch-failure", "; ".join(map(str, failed["reasons"])))
+            line += f", with a launch failure (job {failed['job_id']} attempt {failed['attempt']}: {said})"
     else:
         line += "; none heard from yet"
     lines.append(line)

@@ -192,7 +192,10 @@ def workers_heard(store: Store) -> dict:
     the agents running now and on which hosts, when a worker was last heard from (a
     heartbeat or an outcome, on the control's clock; not a message found gone from the
     queue, which a restarted Redis loses as well), and since when the
-    oldest message no worker has taken waits on the review queue."""
+    oldest message no worker has taken waits on the review queue. A launch failure is a
+    worker's answer too, though it names no worker on its attempt (no agent ran there): a
+    worker that answered every message so read as silent for hours; the last one, when
+    nothing was heard since, is ``last_launch_failure``."""
     running = [
         w
         for (w,) in store.conn.execute(
@@ -208,6 +211,19 @@ def workers_heard(store: Store) -> dict:
         )
         if t
     ]
+    failed = store.conn.execute(
+        "SELECT job_id, attempt, reasons, recorded_at FROM attempts "
+        "WHERE outcome = 'launch-failure' AND recorded_at IS NOT NULL "
+        "ORDER BY recorded_at DESC, id DESC LIMIT 1"
+    ).fetchone()
+    last_failure = None
+    if failed is not None and (not heard or failed["recorded_at"] >= max(heard)):
+        heard.append(failed["recorded_at"])
+        last_failure = {
+            "job_id": failed["job_id"],
+            "attempt": failed["attempt"],
+            "reasons": reasons_column(failed["reasons"]),
+        }
     untaken = store.conn.execute(
         "SELECT count(*), min(started_at) FROM attempts WHERE outcome = 'dispatched' "
         "AND taken_at IS NULL AND worker IS NULL"
@@ -216,6 +232,7 @@ def workers_heard(store: Store) -> dict:
         "agents_running": len(running),
         "hosts": sorted({w.rsplit(":", 1)[0] for w in running if w}),
         "last_heard_at": max(heard) if heard else None,
+        "last_launch_failure": last_failure,
         "untaken": untaken[0],
         "untaken_since": untaken[1],
     }
