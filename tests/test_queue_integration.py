@@ -2102,6 +2102,36 @@ def test_a_sweep_that_started_no_worker_says_when_none_takes_its_jobs(kb):
     ws.close()
 
 
+def test_a_sweep_whose_only_worker_runs_another_release_says_so(kb):
+    """The only worker ran another release and refused every message (the control refused
+    its notices in turn: `message.refused`), and the sweep said "start `reviewq worker`":
+    a person started a second worker beside the one that was there all along."""
+    from orchestrator import logs
+    from orchestrator.control import messages
+    from orchestrator.control.control import Control
+    from orchestrator.state.workspace import Workspace
+    from workers.sweep import NoWorker
+
+    small_kb(kb, notes=1)
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    assert rq(kb, "enqueue", "--reviewer", "offline", "frontmatter").returncode == 0
+    watch = NoWorker(ws.store, watching=True, log=logs.log_path(ws.state_dir))
+    Control(ws, send_review=lambda msg: None).dispatch()
+    # The worker's notice, in its version, as the control process refuses and logs it.
+    notice = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:42", "host": "far"}
+    logs.get().error("message.refused", **messages.refusal("outcome", notice))
+    watch.next = watch.EVERY_S = 0.0
+    watch.check()
+    (said,) = [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"]
+    assert said["note"].startswith(
+        "a worker of another release refuses the messages (far:42 on far: an outcome message "
+        "of version 4, this reviewq speaks 3): run the same reviewq release"
+    ), said
+    assert "start `reviewq worker`" not in said["note"]
+    ws.close()
+
+
 def test_a_sweep_that_started_no_worker_does_not_call_a_busy_one_missing(kb):
     """A service worker whose slots hold agents launched before the sweep began (reviews
     take minutes) was taken for none: only launches since the sweep's start counted."""

@@ -9,6 +9,7 @@ uses it instead of starting its own.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -350,7 +351,7 @@ def run_sweep(ws: Workspace, req: SweepRequest, workers: int, on_progress=None) 
     # Started after the selection, not beside it: on a small machine their start-up only
     # slowed the selection down (1,000 jobs on two cores: 0.2 s later in all).
     children = Children(ws, workers)
-    no_worker = NoWorker(store, watching=workers == 0)
+    no_worker = NoWorker(store, watching=workers == 0, log=logs.log_path(ws.state_dir))
     terminated = []
     interrupted = False
     with terminate_raises(terminated):
@@ -405,16 +406,23 @@ class NoWorker:
     without a word when no worker ran anywhere. It goes on waiting: a worker may yet
     come. Heard from: a heartbeat or an outcome the control took since the sweep began
     (stamped on the control's clock, as the sweep's start is; a busy worker's agents
-    beat every lease/4)."""
+    beat every lease/4). A worker of another release is heard from only in ``log``: it
+    refuses each message, and the control refuses its notice of that (``message.refused``,
+    never in state.db); "start `reviewq worker`" then sent a person to start a second one."""
 
     AFTER_S = 60.0
     EVERY_S = 5.0
 
-    def __init__(self, store, watching: bool) -> None:  # noqa: ANN001 - a Store
+    def __init__(self, store, watching: bool, log: Path | None = None) -> None:  # noqa: ANN001 - a Store
         self.store = store
         self.watching = watching
         self.next = time.monotonic() + self.AFTER_S
         self.started_at = utcnow()
+        self.log = log
+        try:  # only what is written from now on: the log may hold months
+            self.log_from = log.stat().st_size if log is not None else 0
+        except OSError:
+            self.log_from = 0
 
     def check(self) -> None:
         if not self.watching or time.monotonic() < self.next:
@@ -430,9 +438,46 @@ class NoWorker:
             self.watching = False
         elif waiting:
             self.watching = False
+            refused = self._refused()
+            if refused is not None:
+                logs.get().warning(
+                    "sweep.no_worker",
+                    attempts_waiting=waiting,
+                    note=f"a worker of another release refuses the messages "
+                    f"({refused}): run the same reviewq release on the control and the "
+                    "workers (reviewq logs --event message.refused)",
+                )
+                return
             logs.get().warning(
                 "sweep.no_worker",
                 attempts_waiting=waiting,
                 note="no worker has been heard from since the sweep began (it started none: "
                 "--workers 0); start `reviewq worker`, or run the sweep without --workers 0",
             )
+
+    def _refused(self) -> str | None:
+        """Who refused a message for its version since the sweep began, as the last
+        ``message.refused`` line says it ("far:42 on far: an outcome message of version 4,
+        this reviewq speaks 3"), or None."""
+        if self.log is None:
+            return None
+        found = None
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.log_from if f.seek(0, os.SEEK_END) >= self.log_from else 0)
+                for raw in f:
+                    if b'"message.refused"' not in raw:
+                        continue
+                    try:
+                        line = json.loads(raw)
+                    except ValueError:
+                        continue
+                    if isinstance(line, dict) and line.get("event") == "message.refused":
+                        found = line
+        except OSError:
+            return None
+        if found is None:
+            return None
+        who = " on ".join(str(found[k]) for k in ("worker", "host") if found.get(k))
+        what = str(found.get("reason") or "").split(": ", 1)[0]
+        return ": ".join(x for x in (who, what) if x) or "message.refused"
