@@ -13,7 +13,7 @@ OUTCOMES = {
     "reviewer-touched-kb": "changed the KB",
     "launch-failure": "the agent did not start",
     "reviewer-failure": "no model answered",
-    "lost": "lost (no worker heard from)",
+    "lost": "lost (no word from a worker in time)",
     "superseded": "superseded",
     "dispatched": "waiting for a worker",
     "running": "running",
