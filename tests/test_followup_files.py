@@ -540,6 +540,67 @@ def test_a_fix_of_a_symlinked_note_is_written_to_the_file_it_names(kb):
     ws.close()
 
 
+def test_a_fix_of_a_symlinked_note_does_not_blame_an_attempt_running_meanwhile(kb):
+    """The fix was recorded as written at the link's path, but a worker's KB watch sees
+    the change in the file the link names: every attempt running as it was written ended
+    reviewer-touched-kb, a failed attempt counted against its job (a real-KB night: two
+    of them, each naming the linked note's file)."""
+    import hashlib
+
+    kb.gate("prose/clarity", ["body"])
+    real = kb.root / "shared" / "real.md"  # inside the root, outside the note roots
+    real.parent.mkdir()
+    real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
+    kb.note("alpha", body="Alpha body.\n")
+    link = kb.root / "kb" / "notes" / "link.md"
+    link.symlink_to("../../shared/real.md")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True))
+    control.dispatch()
+    msgs = {m["job_id"]: m for m in sent}
+    sent.clear()
+    (link_job,) = [
+        j
+        for (j,) in ws.store.conn.execute(
+            "SELECT job_id FROM review_pairs WHERE note_path = 'kb/notes/link.md'"
+        )
+    ]
+    (other,) = [m for j, m in msgs.items() if j != link_job]
+    control.on_outcome(
+        {
+            "job_id": link_job,
+            "attempt": msgs[link_job]["attempt"],
+            "classification": "output",
+            "output": _bundle(ws, link_job, "FAIL"),
+        }
+    )
+    fixed = link.read_text().rstrip("\n") + "\nFixed.\n"
+    _run(control, sent, fixed.encode())  # the fix, applied while `other` runs
+    assert real.read_text() == fixed
+    touched = "shared/real.md"
+    control.on_outcome(
+        {
+            "job_id": other["job_id"],
+            "attempt": other["attempt"],
+            "classification": "reviewer-touched-kb",
+            "output": _bundle(ws, other["job_id"], "PASS"),
+            "exit_code": 0,
+            "touched": [touched],
+            "touched_hashes": {touched: hashlib.sha256(fixed.encode()).hexdigest()},
+            "reasons": [f"the reviewer changed {touched}"],
+            "untouched": ["output", []],
+        }
+    )
+    outcome = ws.store.conn.execute(
+        "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?",
+        (other["job_id"], other["attempt"]),
+    ).fetchone()[0]
+    assert outcome == "finalized"
+    ws.close()
+
+
 def test_a_written_fix_survives_a_power_cut_its_folder_is_synced(tmp_path, monkeypatch):
     import os
     import stat

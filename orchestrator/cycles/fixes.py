@@ -449,10 +449,18 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
             )
             # When it reached the KB (a disk that was full delays it): what it excuses
             # an attempt running then for.
+            now = utcnow()
             store.conn.execute(
                 "UPDATE fix_writes SET at = ? WHERE path = ? AND sha256 = ?",
-                (utcnow(), due["path"], due["new_sha256"]),
+                (now, due["path"], due["new_sha256"]),
             )
+            if real != due["path"]:
+                # A worker's watch sees the write in the file the link names, not at the
+                # link: that path excuses an attempt running then too.
+                store.conn.execute(
+                    "INSERT OR REPLACE INTO fix_writes VALUES (?, ?, ?, ?)",
+                    (real, due["new_sha256"], due["job_id"], now),
+                )
     commit = None
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
         waited = due["written"] and due["error"] != NOT_TRIED  # its commit waited a tick
