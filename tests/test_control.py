@@ -1842,6 +1842,26 @@ def test_status_hears_a_worker_that_answers_every_message_with_a_launch_failure(
     ws.close()
 
 
+def test_status_does_not_send_jobs_made_by_create_jobs_to_a_control(kb, run_cli):
+    """Jobs made by `create-jobs` have no reviewer, and no control process runs them (a
+    sweep left them queued, its pairs skipped as already queued): status said "2 job(s)
+    wait for one (reviewq control)" of them, and a person who started one saw nothing run."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    sel = run_cli("select", "--all-gates", "--model", "offline", "--json")
+    made = run_cli("create-jobs", "--input", "-", "--grouping", "note", input=sel.stdout)
+    assert made.exit_code == 0, made.stderr
+    out = run_cli("status").stdout
+    assert "wait for one (reviewq control)" not in out
+    assert "control: not running\n" in out
+    assert (
+        "2 job(s) made by create-jobs wait for a run by hand (reviewq run-job N, or an "
+        "agent's output and reviewq finalize): no control process runs them" in out
+    )
+    assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
+
+
 def test_status_asks_for_a_worker_when_review_messages_wait_untaken_for_a_minute(kb, run_cli):
     ws, _control, _sent = _dispatched(kb, ["alpha"])
     assert "is a worker running" not in run_cli("status").stdout

@@ -497,7 +497,8 @@ def _liveness(data: dict) -> list[str]:
     from orchestrator.state.store import utcnow
 
     pid, w = data["control"]["pid"], data["workers"]
-    queued = data["jobs"]["queued"] + data["jobs"]["running"]
+    by_hand = data["jobs_by_hand"]
+    queued = data["jobs"]["queued"] + data["jobs"]["running"] - by_hand
     # Started now, a control runs none of these before their reviewer's pause ends.
     held = sum(r["jobs_waiting"] for r in data["reviewers"].values() if r["paused_until"])
     if pid is None:
@@ -508,6 +509,11 @@ def _liveness(data: dict) -> list[str]:
         ]
     else:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
+    if by_hand:
+        lines.append(
+            f"{by_hand} job(s) made by create-jobs wait for a run by hand (reviewq run-job N, "
+            "or an agent's output and reviewq finalize): no control process runs them"
+        )
     line = f"workers: {w['agents_running']} agent(s) running"
     if w["hosts"]:
         line += " on " + ", ".join(w["hosts"])

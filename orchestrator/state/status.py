@@ -167,8 +167,14 @@ def status(store: Store, settings: Settings) -> dict:
         "FROM attempts",
         (today,),
     ).fetchone()
+    # Made by `create-jobs`: no reviewer, so no control process dispatches them.
+    by_hand = store.conn.execute(
+        "SELECT count(*) FROM review_jobs WHERE status = 'queued' AND reviewer IS NULL "
+        "AND grouping != 'human'"
+    ).fetchone()[0]
     return {
         "jobs": counts,
+        "jobs_by_hand": by_hand,
         "escalations_open": escalations,
         "reviewers": {
             name: {
