@@ -709,6 +709,26 @@ def test_a_symlink_named_like_a_note_to_a_fifo_is_said_to_lead_to_one(small, run
     )
 
 
+def test_a_symlinked_folder_of_notes_is_a_warning_not_silence(small, run_cli):
+    """A folder of notes linked into the note root (a real KB keeps drafts elsewhere) is
+    not entered, as SPEC §1 says, but without a word: its notes never came up in any
+    selection and nothing said why. A linked folder holding no note (images) says nothing."""
+    shared = small.root / "shared"
+    (shared / "drafts").mkdir(parents=True)
+    (shared / "drafts" / "draft.md").write_text("---\ntitle: Draft\n---\nBody.\n")
+    (shared / "images").mkdir()
+    (shared / "images" / "a.png").write_bytes(b"png")
+    (small.root / "kb/notes/drafts").symlink_to("../../shared/drafts")
+    (small.root / "kb/notes/images").symlink_to("../../shared/images")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0 and res.json()["counts"]["missing-review"] == 10
+    assert (
+        "warning: kb/notes/drafts: a symlink to a folder holding notes, not entered: they are "
+        "not reviewed (link each note, or move the folder in); skipped\n"
+    ) in res.stderr
+    assert "kb/notes/images" not in res.stderr
+
+
 def test_a_fifo_named_like_a_note_or_gate_is_a_warning_not_silence(small, run_cli):
     """A FIFO (or socket) named ``x.md`` among the notes or gates was left out without a
     word: its pairs never came up, and nothing said why (SPEC §10: a file that had to

@@ -574,6 +574,17 @@ class KB:
                     stack.append(e.path)
                     continue
                 if not e.name.endswith(".md"):
+                    if notes and e.is_symlink() and _holds_notes(e.path):
+                        # Not entered, as SPEC §1 says; unsaid, its notes went missing
+                        # from every selection without a word.
+                        rel = e.path[root_len:].replace(os.sep, "/")
+                        problems.append(
+                            FileProblem(
+                                repr(rel)[1:-1],
+                                "a symlink to a folder holding notes, not entered: they are "
+                                "not reviewed (link each note, or move the folder in); skipped",
+                            )
+                        )
                     continue
                 rel = e.path[root_len:].replace(os.sep, "/")
                 if not rel.isascii() and not _utf8(rel):
@@ -705,6 +716,16 @@ def _special(entry: os.DirEntry, follow: bool = False) -> str | None:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None
+
+
+def _holds_notes(path: str) -> bool:
+    """Whether the folder a symlink names holds a ``.md`` file at its top (a look, not a
+    walk: this runs at every command); False for a link to no folder, or a loop."""
+    try:
+        with os.scandir(path) as entries:
+            return any(e.name.endswith(".md") and not e.name.startswith(".") for e in entries)
+    except OSError:
+        return False
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
