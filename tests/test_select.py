@@ -729,6 +729,18 @@ def test_a_symlinked_folder_of_notes_is_a_warning_not_silence(small, run_cli):
     assert "kb/notes/images" not in res.stderr
 
 
+def test_a_note_named_md_in_capitals_is_a_warning_not_silence(small, run_cli):
+    """Only ``*.md`` files are notes (SPEC §1), but ``NOTE.MD`` (a Windows or macOS
+    editor's name) was left out without a word: its pairs never came up."""
+    (small.root / "kb/notes/UPPER.MD").write_text("---\ntitle: Upper\n---\nBody.\n")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0 and res.json()["counts"]["missing-review"] == 10
+    assert (
+        "warning: kb/notes/UPPER.MD: only names ending in .md (in small letters) are read; "
+        "skipped\n"
+    ) in res.stderr
+
+
 def test_a_fifo_named_like_a_note_or_gate_is_a_warning_not_silence(small, run_cli):
     """A FIFO (or socket) named ``x.md`` among the notes or gates was left out without a
     word: its pairs never came up, and nothing said why (SPEC §10: a file that had to

@@ -574,7 +574,15 @@ class KB:
                     stack.append(e.path)
                     continue
                 if not e.name.endswith(".md"):
-                    if notes and e.is_symlink() and _holds_notes(e.path):
+                    if e.name.lower().endswith(".md") and not _is_dir(e):
+                        rel = e.path[root_len:].replace(os.sep, "/")
+                        problems.append(
+                            FileProblem(
+                                repr(rel)[1:-1],
+                                "only names ending in .md (in small letters) are read; skipped",
+                            )
+                        )
+                    elif notes and e.is_symlink() and _holds_notes(e.path):
                         # Not entered, as SPEC §1 says; unsaid, its notes went missing
                         # from every selection without a word.
                         rel = e.path[root_len:].replace(os.sep, "/")
