@@ -1016,3 +1016,24 @@ def test_files_due_that_no_tick_has_tried_yet_are_no_problem_for_doctor(kb, run_
         f"ok: {marked} escalation report(s) wait to be written (not written yet); the control "
         "process writes them at its next tick" in res.stdout
     ), res.stdout
+
+
+def test_a_fix_of_a_note_moved_meanwhile_is_not_called_a_persons_edit(cycle, run_cli):
+    """A fix not applied because its note was moved (or deleted, or decided by a person)
+    while the fixer ran was counted in the report as "not applied (a person edited the
+    note)": on a real KB, a redo's fix for a note moved to another folder sent the person
+    looking for an edit nobody made."""
+    kb, ws, control, sent, review = cycle
+    _run(control, sent, _bundle(ws, review, "FAIL"))
+    fixed = kb.read(NOTE) + "Fixed.\n"
+    (kb.root / NOTE).rename(kb.root / "kb/notes/moved.md")
+    _run(control, sent, fixed.encode())
+    res = run_cli("report")
+    assert res.exit_code == 0, res.stderr
+    assert "a person edited the note" not in res.stdout
+    assert "1 not applied (the note was edited, moved or decided while the fixer ran)" in (
+        res.stdout
+    )
+    page = (ws.state_dir / "report.html").read_text()
+    assert "because a person edited the note" not in page
+    assert "the note cannot be read now" in page

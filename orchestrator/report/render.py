@@ -159,7 +159,8 @@ def text(data: dict, html_path: str | None) -> str:
         f"cost: {money(r['cost_usd'])}, {r['tokens']:,} tokens, wall time {duration(r['wall_time_s'])}",
         f"fixes: {k['fixes_applied']} applied ({k['fixes_committed']} committed), "
         f"{k['fix_results'].get('unchanged', 0)} changed nothing, "
-        f"{k['human_edits_total']} not applied (a person edited the note)",
+        f"{k['human_edits_total']} not applied (the note was edited, moved or decided while the "
+        "fixer ran)",
     ]
     needs = []
     if n["escalations_open"]:
