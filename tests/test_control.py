@@ -1862,6 +1862,24 @@ def test_status_does_not_send_jobs_made_by_create_jobs_to_a_control(kb, run_cli)
     assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
 
 
+def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, run_cli):
+    """A job create-jobs made has no reviewer; run by `run-job N --reviewer offline`, it
+    was listed with reviewer "-" by `jobs` and `job N`, and no line of either said which
+    profile had judged its pairs."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    sel = run_cli("select", "--all-gates", "--model", "offline", "--json")
+    made = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
+    (job,) = made.json()["jobs"]
+    job_id = job["review_job_id"]
+    ran = run_cli("run-job", str(job_id), "--reviewer", "offline")
+    assert ran.exit_code == 0, ran.stderr
+    (line,) = [ln for ln in run_cli("jobs").stdout.splitlines() if ln.split()[0] == str(job_id)]
+    assert " (offline) " in line
+    head = run_cli("job", str(job_id)).stdout.splitlines()[0]
+    assert head == f"job {job_id}: completed (review, offline, reviewer -, run by hand: offline)"
+
+
 def test_status_asks_for_a_worker_when_review_messages_wait_untaken_for_a_minute(kb, run_cli):
     ws, _control, _sent = _dispatched(kb, ["alpha"])
     assert "is a worker running" not in run_cli("status").stdout

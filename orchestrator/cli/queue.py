@@ -575,8 +575,10 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
         emit_json({"jobs": rows})
         return
     for r in rows:
+        # A job create-jobs made has no reviewer: the profile run-job ran it with, in brackets.
+        who = r["reviewer"] or (f"({r['runner']})" if r["runner"] else "-")
         click.echo(
-            f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {r['reviewer'] or '-':<10} "
+            f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {who:<10} "
             f"{r['lens'] or '-':<14} attempts {r['attempts']}"
             # Shown apart: counted in, a job "failed after 3 attempts" read as 5.
             + (f" (+{r['attempts_not_run']} not run)" if r["attempts_not_run"] else "")
@@ -628,7 +630,13 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         role = {"fix": "fixer", "audit": "auditor"}.get(data["kind"], "reviewer")
         click.echo(
             f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
-            f"{role} {dash(data['reviewer'])})"
+            f"{role} {dash(data['reviewer'])}"
+            + (
+                f", run by hand: {data['runner']}"
+                if not data["reviewer"] and data["runner"]
+                else ""
+            )
+            + ")"
         )
         finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
         click.echo(f"  created {data['created_at']}{finished}")

@@ -263,7 +263,7 @@ def unwritten_fixes(store: Store, failed_only: bool = False) -> list[dict]:
 
 def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]:
     sql = (
-        "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.lens, j.sweep, j.attempt, "
+        "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.runner, j.lens, j.sweep, j.attempt, "
         "j.created_at, j.finished_at, (SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs, "
         "(SELECT COALESCE(SUM(cost_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost_usd, "
         "(SELECT count(*) FROM attempts a WHERE a.job_id = j.id "
