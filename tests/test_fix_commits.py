@@ -251,4 +251,6 @@ def test_an_agent_that_puts_an_earlier_fixs_text_back_is_not_excused(repo):
             )
         out = _attempt(repo.root, f"git checkout -- {NOTE}", guarded=(NOTE,), trees=("kb",))
         assert out.classification == "reviewer-touched-kb" and out.touched == [NOTE]
-        assert not changes_not_the_agents(store, review, 99, out.touched, out.touched_hashes)
+        assert not changes_not_the_agents(
+            store, repo.root, review, 99, out.touched, out.touched_hashes
+        )

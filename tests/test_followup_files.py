@@ -1037,3 +1037,50 @@ def test_a_fix_of_a_note_moved_meanwhile_is_not_called_a_persons_edit(cycle, run
     page = (ws.state_dir / "report.html").read_text()
     assert "because a person edited the note" not in page
     assert "the note cannot be read now" in page
+
+
+def test_a_person_editing_a_symlinked_note_while_its_fixer_runs_is_not_the_fixers_doing(kb):
+    """A fix's own note changing under it is excused (the fix is then found stale and the
+    person's text kept), but for a note that is a link the watch also names the file it
+    links to: the fixer was failed as reviewer-touched-kb for the person's edit."""
+    import hashlib
+
+    kb.gate("prose/clarity", ["body"])
+    real = kb.root / "shared" / "real.md"
+    real.parent.mkdir()
+    real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
+    link = kb.root / "kb" / "notes" / "link.md"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to("../../shared/real.md")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    control.dispatch()
+    fix = sent.pop(0)
+    fixed = real.read_text() + "Fixed.\n"
+    real.write_text(real.read_text() + "The person's own line.\n")  # while the fixer runs
+    sha = hashlib.sha256(real.read_bytes()).hexdigest()
+    touched = ["kb/notes/link.md", "shared/real.md"]
+    control.on_outcome(
+        {
+            "job_id": fix["job_id"],
+            "attempt": fix["attempt"],
+            "classification": "reviewer-touched-kb",
+            "output": fixed.encode(),
+            "exit_code": 0,
+            "touched": touched,
+            "touched_hashes": dict.fromkeys(touched, sha),
+            "reasons": [f"the reviewer changed {p}" for p in touched],
+            "untouched": ["output", []],
+        }
+    )
+    row = ws.store.conn.execute(
+        "SELECT a.outcome, j.result FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+        "WHERE a.job_id = ? AND a.attempt = ?",
+        (fix["job_id"], fix["attempt"]),
+    ).fetchone()
+    assert tuple(row) == ("finalized", "not-applied")
+    assert "The person's own line." in real.read_text()
+    ws.close()

@@ -156,7 +156,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
                 outcome, FinalizeResult(job_id, "superseded", [why]), job_status=status
             )
         if outcome.classification == TOUCHED_KB and changes_not_the_agents(
-            store, job_id, opened.attempt, outcome.touched, outcome.touched_hashes
+            store, ws.root, job_id, opened.attempt, outcome.touched, outcome.touched_hashes
         ):
             # Judge the output, as the control process does (a fix of a note changed
             # meanwhile is found stale; another job's fix written meanwhile is no fault).

@@ -537,6 +537,7 @@ class Control:
         cls = o["classification"]
         if cls == "reviewer-touched-kb" and changes_not_the_agents(
             self.store,
+            self.ws.root,
             job_id,
             attempt,
             o.get("touched") or [],

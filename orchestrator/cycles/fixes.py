@@ -416,8 +416,8 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (due["job_id"],)).fetchone()
     # A note that is a symbolic link (to a file inside the root: no other is a note) is
     # fixed in the file it names; replacing the link would leave that file as it was.
-    path = (kb.root / due["path"]).resolve()
-    real = path.relative_to(kb.root.resolve()).as_posix()
+    real = linked_file(kb.root, due["path"])
+    path = kb.root / real
 
     def text(sha: str) -> bytes:
         return (
@@ -533,8 +533,22 @@ def _not_written(store: Store, job, note_path: str) -> None:
             )
 
 
+def linked_file(root: Path, rel: str) -> str:
+    """The root-relative file a note's path names: itself, or for a symbolic link the file
+    it leads to (inside the root: no other link is a note), which a KB watch sees change."""
+    try:
+        return (root / rel).resolve().relative_to(root.resolve()).as_posix()
+    except (OSError, RuntimeError, ValueError):  # gone, a loop, or led outside since
+        return rel
+
+
 def changes_not_the_agents(
-    store: Store, job_id: int, attempt: int, touched: list[str], hashes: dict[str, str]
+    store: Store,
+    root: Path,
+    job_id: int,
+    attempt: int,
+    touched: list[str],
+    hashes: dict[str, str],
 ) -> bool:
     """Whether every change an attempt saw in the KB is excused: the note a fix targets
     changed during the fix (whoever changed it, the fix is then judged stale and the text
@@ -551,7 +565,8 @@ def changes_not_the_agents(
     ).fetchone()
     if row is None:
         return False
-    if row["kind"] == "fix" and set(touched) == {row["note_path"]}:
+    note = row["note_path"]
+    if row["kind"] == "fix" and note in touched and set(touched) <= {note, linked_file(root, note)}:
         return True
     return all(
         store.conn.execute(
