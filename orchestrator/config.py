@@ -524,12 +524,29 @@ _OWN_FLAGS = {
 
 def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
     """A vendor CLI profile's args may not give a flag reviewq sets (:data:`_OWN_FLAGS`),
-    as ``--flag value`` or ``--flag=value``."""
+    in any spelling its CLI's parser takes (:func:`_flags_given`)."""
     own = _OWN_FLAGS.get(kind, {})
     for arg in args:
-        flag = arg.partition("=")[0] if arg.startswith("--") else arg
-        if flag in own:
-            raise ConfigError(f"{where}: {flag!r} is {own[flag]}")
+        for given, flag in _flags_given(kind, arg):
+            if flag in own:
+                raise ConfigError(f"{where}: {given!r} is {own[flag]}")
+
+
+def _flags_given(kind: str, arg: str) -> list[tuple[str, str]]:
+    """The flags one word of args gives, each as written and as :data:`_OWN_FLAGS` names
+    it. Listed as written only, they passed: Codex's parser (clap) takes a short flag's
+    value in the same word (``-sdanger-full-access``, ``-m=o3``); Gemini's (yargs) takes
+    a long name in camelCase (``--approvalMode yolo``) and short flags grouped (``-dy``)."""
+    if arg.startswith("--"):
+        name = arg.partition("=")[0]
+        if kind == "gemini":
+            return [(name, re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", name).lower())]
+        return [(name, name)]
+    if len(arg) < 2 or not arg.startswith("-"):
+        return []
+    if kind == "gemini":
+        return [(f"-{c}", f"-{c}") for c in arg[1:].partition("=")[0]]
+    return [(arg[:2], arg[:2])]
 
 
 def _check_request_fields(args: tuple[str, ...], where: str) -> None:

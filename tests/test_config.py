@@ -155,6 +155,28 @@ BAD = [
         "[reviewers.x] args",
         "'--sandbox' is a flag that lifts reviewq's confinement",
     ),
+    # The CLIs' parsers take a flag in other spellings than the list's: Codex's clap a
+    # short flag's value in the same word, Gemini's yargs the camelCase name and a group.
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["-sdanger-full-access"]\n',
+        "[reviewers.x] args",
+        "'-s' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["-m=o3"]\n',
+        "[reviewers.x] args",
+        "'-m' is a flag reviewq sets itself",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["--approvalMode", "yolo"]\n',
+        "[reviewers.x] args",
+        "'--approvalMode' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["-dy"]\n',
+        "[reviewers.x] args",
+        "'-y' is a flag that lifts reviewq's confinement",
+    ),
     # No program: every launch failed, said only by doctor ("not on PATH").
     (
         '[reviewers.x]\nkind = "command"\ncommand = ["", "{prompt_path}"]\n',
