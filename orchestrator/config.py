@@ -526,10 +526,33 @@ def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
     """A vendor CLI profile's args may not give a flag reviewq sets (:data:`_OWN_FLAGS`),
     in any spelling its CLI's parser takes (:func:`_flags_given`)."""
     own = _OWN_FLAGS.get(kind, {})
-    for arg in args:
+    for before, arg in zip(("", *args), args, strict=False):
         for given, flag in _flags_given(kind, arg):
             if flag in own:
                 raise ConfigError(f"{where}: {given!r} is {own[flag]}")
+        if kind == "codex":
+            given = _codex_override(before, arg)
+            if given is not None and given.split()[-1].split(".")[0] in _CODEX_OWN_KEYS:
+                raise ConfigError(f"{where}: {given!r} is {_CONFINED}")
+
+
+# Codex config keys reviewq sets with -c: Codex applies -c overrides in order, so a
+# profile's, which come last, undid them (a writable root at the KB; a notify program,
+# which runs outside the sandbox).
+_CODEX_OWN_KEYS = ("sandbox_workspace_write", "notify")
+
+
+def _codex_override(before: str, arg: str) -> str | None:
+    """The ``-c KEY=VALUE`` override ``arg`` gives (after ``before``), as "-c KEY"."""
+    for flag in ("-c", "--config"):
+        if before == flag:
+            return f"{flag} {arg.partition('=')[0].strip()}"
+        if arg.startswith(flag) and len(arg) > len(flag):
+            rest = arg[len(flag) :]
+            if flag == "--config" and not rest.startswith("="):
+                continue
+            return f"{flag} {rest.removeprefix('=').partition('=')[0].strip()}"
+    return None
 
 
 def _flags_given(kind: str, arg: str) -> list[tuple[str, str]]:

@@ -172,6 +172,19 @@ BAD = [
         "[reviewers.x] args",
         "'--approvalMode' is a flag that lifts reviewq's confinement",
     ),
+    # Codex applies -c overrides in order, so a later one undoes reviewq's own: a
+    # writable root (the KB), a notify program run outside the sandbox.
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\n'
+        "args = ['-c', 'sandbox_workspace_write.writable_roots=[\"/kb\"]']\n",
+        "[reviewers.x] args",
+        "'-c sandbox_workspace_write.writable_roots' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = [\'--config=notify=["sh"]\']\n',
+        "[reviewers.x] args",
+        "'--config notify' is a flag that lifts reviewq's confinement",
+    ),
     (
         '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["-dy"]\n',
         "[reviewers.x] args",
@@ -837,3 +850,16 @@ def test_note_roots_are_normalised():
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "reviewq.toml").write_text('[kb]\nnote_roots = ["kb/notes", "./wiki/"]\n')
         assert load_settings(Path(d)).note_roots == ("kb/notes", "wiki")
+
+
+def test_a_codex_profile_with_the_operations_provider_args_loads(kb, run_cli):
+    """OPERATIONS' own -c overrides (another provider, no analytics) are not reviewq's."""
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\n'
+        "args = ['-c', 'model_provider=\"mine\"', '-c', "
+        '\'model_providers.mine={name="mine", base_url="https://h/v1"}\', '
+        "'-c', 'analytics.enabled=false', '--config=otel.metrics_exporter=\"none\"']\n",
+    )
+    res = run_cli("gates")
+    assert res.exit_code == 0, res.stderr
