@@ -750,6 +750,13 @@ def test_a_control_whose_first_look_falls_in_the_entrys_minute_runs_it_once(kb):
     ws = Workspace.open(kb.root)  # restarted in the same minute: not run again
     assert due_sweeps(ws, at(2, 0, 40)) == []
     ws.close()
+    # A first look whose enqueue failed (state.db locked): due at the next tick, as any
+    # due sweep is, not left for tomorrow because that tick came in the next minute.
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "early"\ncron = "0 1 * * *"\n')
+    ws = Workspace.open(kb.root)
+    assert [s.name for s in due_sweeps(ws, at(1, 0, 50))] == ["early"]
+    assert [s.name for s in due_sweeps(ws, at(1, 1, 20))] == ["early"]
+    ws.close()
     # A new entry run by name this minute, then a control's first look: not a second run.
     now = datetime.now().astimezone()
     kb.write("reviewq.toml", f'[[sweeps]]\nname = "by-name"\ncron = "{now:%M %H} * * *"\n')

@@ -385,7 +385,11 @@ def due_sweeps(
             "SELECT last_checked FROM cron_state WHERE name = ?", (sweep.name,)
         ).fetchone()
         if row is None:
-            if _first_look(ws, sweep, now):
+            fired = _first_look(ws, sweep, now)
+            if fired is not None:
+                # Started just before its minute, not left unset: an enqueue that fails
+                # leaves it due at the next check (in the next minute, too), as any is.
+                _move_clock(ws, sweep.name, fired - timedelta(microseconds=1), own)
                 due.append(sweep)
             else:
                 _move_clock(ws, sweep.name, now, own)
@@ -428,19 +432,20 @@ def due_sweeps(
     return due
 
 
-def _first_look(ws: Workspace, sweep: SweepConfig, now: datetime) -> bool:
-    """Whether a sweep never looked at before runs now: when its cron matches this very
-    minute. Only starting its clock, a control started at 02:00:10 skipped that night's
-    `0 2 * * *`. Not when a run of the entry was recorded since that minute began (run by
-    name, or by a control whose clock state.db lost): it would run twice."""
+def _first_look(ws: Workspace, sweep: SweepConfig, now: datetime) -> datetime | None:
+    """The minute a sweep never looked at before runs for, if it runs now: when its cron
+    matches this very minute. Only starting its clock, a control started at 02:00:10
+    skipped that night's `0 2 * * *`. Not when a run of the entry was recorded since that
+    minute began (run by name, or by a control whose clock state.db lost): it would run
+    twice."""
     fired = _last_match(sweep.cron, now)
     if fired is None or fired < now.replace(second=0, microsecond=0):
-        return False
+        return None
     ran = ws.store.conn.execute(
         "SELECT 1 FROM sweep_runs WHERE name = ? AND started_at >= ? LIMIT 1",
         (sweep.name, timestamp(fired)),
     ).fetchone()
-    return ran is None
+    return fired if ran is None else None
 
 
 def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
