@@ -684,6 +684,25 @@ def test_jobs_that_do_not_move_after_an_outage_name_it(kb, run_cli):
     assert f"    {said}v1/chat/completions\n" in run_cli("job", str(job_id)).stdout
 
 
+def test_job_n_says_a_full_disk_not_that_no_model_answered(kb, run_cli):
+    """A reviewer failure is also the worker's full disk (the model may have answered
+    every turn): `job N` headed it "no model answered", a false lead under which its
+    reason said the disk."""
+    _queued_for_fake(kb, "a")
+    full = "disk: 12 KiB left on /srv/state; no output: exited 0"
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        job_id = conn.execute("SELECT min(id) FROM review_jobs").fetchone()[0]
+        conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, launched_at, "
+            "ended_at, reasons) VALUES (?, 1, 'reviewer-failure', ?, ?, ?, ?)",
+            (job_id, *[_minutes_ago(5)] * 3, json.dumps([full])),
+        )
+    out = run_cli("job", str(job_id)).stdout
+    (line,) = [x for x in out.splitlines() if "attempt 1:" in x]
+    assert line.startswith("  attempt 1: the worker's disk is full, "), line
+    assert "no model answered" not in out
+
+
 def test_a_budget_is_charged_with_its_own_runs_spend_only(kb, run_cli):
     """A run's spend was every attempt of its sweep's name since it began: the next run of
     'nightly' was charged to the first too, which then read 'budget reached'."""

@@ -682,10 +682,12 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         )
     for a in data["attempts"]:
         cost = a["cost_usd"]
+        first = str(a["reasons"][0]) if a["reasons"] else None
         cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)
         click.echo(
             # In words ("the agent did not start"); --json has the outcome as CONTRACT names it.
-            f"  attempt {a['attempt']}: {outcome_words(a['outcome'])}, exit {dash(a['exit_code'])} "
+            f"  attempt {a['attempt']}: {outcome_words(a['outcome'], first)}, "
+            f"exit {dash(a['exit_code'])} "
             f"turns {dash(a['num_turns'])} "
             f"tokens {dash(a['input_tokens'])}/{dash(a['output_tokens'])} {cost}"
             # With workers on several machines, which one (`host:pid`, as the log says).

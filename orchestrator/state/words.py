@@ -33,7 +33,12 @@ FAILURES = {
 }
 
 
-def outcome_words(outcome: str) -> str:
+def outcome_words(outcome: str, reason: str | None = None) -> str:
+    """An outcome in words; with its first ``reason``, a reviewer failure that was the
+    worker's full disk says so ("no model answered" is false of it: the model may have
+    answered every turn)."""
+    if outcome == "reviewer-failure" and (reason or "").startswith("disk: "):
+        return FAILURES["disk"]
     return OUTCOMES.get(outcome, outcome)
 
 
