@@ -745,6 +745,23 @@ def test_a_job_whose_output_held_none_of_its_pairs_says_missing_once(cyc, tmp_pa
     )
 
 
+def test_a_condensed_missing_line_is_quoted_only_under_the_pairs_it_names():
+    """The missing pairs said once ("2 pairs missing from the output: A :: G1; B :: G2")
+    hold every note and gate of them: matched by the names in it, B :: G1 (whose block
+    was there, and invalid) and A :: G2 (well formed) were quoted as missing too."""
+    from orchestrator.control.followup import _reasons_of
+    from orchestrator.review.bundle import condensed
+
+    a, b, g1, g2 = "kb/notes/a.md", "kb/notes/b.md", "kb/gates/p/g1.md", "kb/gates/p/g2.md"
+    pairs = [{"note_path": n, "gate_path": g} for n in (a, b) for g in (g1, g2)]
+    invalid = f"line 7: invalid result line for {b} :: {g1}"
+    reasons = condensed([f"missing pair: {a} :: {g1}", f"missing pair: {b} :: {g2}", invalid])
+    said = {(p["note_path"], p["gate_path"]): _reasons_of(reasons, p, pairs, 1) for p in pairs}
+    assert said[(a, g1)] == said[(b, g2)] == reasons[0]
+    assert said[(b, g1)] == invalid
+    assert said[(a, g2)] == "its output for other pairs of job 1 was refused (reviewq job 1)"
+
+
 def test_escalations_the_report_and_the_sweep_list_notes_in_one_order(cyc):
     """The report put the note with the most open gates first, `escalations` and the
     sweep's summary the note raised first: a person working down one list and checking

@@ -27,6 +27,7 @@ from orchestrator.cycles.fixes import (
 )
 from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import KBError, NoteParseError
+from orchestrator.review.bundle import missing_named
 from orchestrator.review.finalize import (
     FinalizeResult,
     Provenance,
@@ -794,6 +795,9 @@ def _reasons_of(reasons: list[str], pair, pairs, job_id: int) -> str:  # noqa: A
     reasons whole, so "invalid result line for N :: G1" stood under gate G2 too."""
 
     def about(reason: str, p) -> bool:  # noqa: ANN001
+        named = missing_named(reason)
+        if named is not None:
+            return (p["note_path"], p["gate_path"]) in named
         return p["note_path"] in reason and p["gate_path"] in reason
 
     own = [r for r in reasons if about(r, pair) or not any(about(r, q) for q in pairs)]

@@ -38,6 +38,7 @@ from orchestrator.kb.notes import name_problem
 SENTINEL_LIKE: re.Pattern[str] = re.compile(r"^===\s.+\s===$")
 DECISIONS = ("PASS", "WARN", "FAIL", "ERROR")
 _MISSING = "missing pair: "
+_MISSING_SOME = " pairs missing from the output: "  # after the count: see condensed
 DEFAULT_MAX_BYTES = 5 * 1024 * 1024
 # Reasons kept, then a count: a forged 5 MiB output can carry a million, which no retry
 # prompt or person needs, and building them all took hundreds of megabytes.
@@ -126,7 +127,24 @@ def condensed(reasons: Sequence[str]) -> list[str]:
     said = "; ".join(f"{note}{_SEP}{', '.join(g)}" for note, g in gates.items())
     first = next(i for i, r in enumerate(reasons) if r.startswith(_MISSING))
     rest = [r for r in reasons if not r.startswith(_MISSING)]
-    return [*rest[:first], f"{len(missing)} pairs missing from the output: {said}", *rest[first:]]
+    return [*rest[:first], f"{len(missing)}{_MISSING_SOME}{said}", *rest[first:]]
+
+
+def missing_named(reason: str) -> set[tuple[str, str]] | None:
+    """The (note, gate path) pairs a missing-pair reason names, one or :func:`condensed`'s
+    several; None for any other reason. Its text holds every note and gate of them, so
+    a pair whose note and gate are both named in it need not be one of them."""
+    if reason.startswith(_MISSING):
+        note, _, gate = reason.removeprefix(_MISSING).partition(_SEP)
+        return {(note, gate)}
+    count, sep, said = reason.partition(_MISSING_SOME)
+    if not sep or not count.isdigit():
+        return None
+    named = set()
+    for group in said.split("; "):
+        note, _, gates = group.partition(_SEP)
+        named |= {(note, gate) for gate in gates.split(", ")}
+    return named
 
 
 def start_line(note_path: str, gate_path: str) -> str:
