@@ -500,6 +500,9 @@ _OWN_FLAGS = {
         "--allowedTools": _CONFINED,
         "--allowed-tools": _CONFINED,
         "--settings": _CONFINED,
+        # MCP servers and plugins (their hooks, their servers) are commands Claude starts.
+        "--mcp-config": _CONFINED,
+        "--plugin-dir": _CONFINED,
     },
     "codex": {
         "--model": _MODEL,

@@ -172,6 +172,18 @@ BAD = [
         "[reviewers.x] args",
         "'--approvalMode' is a flag that lifts reviewq's confinement",
     ),
+    # Claude starts the MCP servers and plugins these name: commands run outside the
+    # permission rules (reviewq passes --strict-mcp-config to keep every other one out).
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = ["--mcp-config", "servers.json"]\n',
+        "[reviewers.x] args",
+        "'--mcp-config' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = ["--plugin-dir=./p"]\n',
+        "[reviewers.x] args",
+        "'--plugin-dir' is a flag that lifts reviewq's confinement",
+    ),
     # Codex applies -c overrides in order, so a later one undoes reviewq's own: a
     # writable root (the KB), a notify program run outside the sandbox.
     (
