@@ -540,6 +540,54 @@ def test_a_fix_of_a_symlinked_note_is_written_to_the_file_it_names(kb):
     ws.close()
 
 
+@pytest.mark.parametrize("relinked", ["outside", "loop"])
+def test_a_symlinked_note_relinked_before_its_fix_is_written_keeps_the_persons_link(
+    kb, tmp_path, monkeypatch, relinked
+):
+    """Between the fix's decision and its write (a full disk held it) a person pointed the
+    link outside the KB, or into a loop: the write fell back to the link's own path and
+    replaced the person's link with a file holding the fix (outside), or failed at every
+    tick (a loop), where their change is to be kept and the fix not applied."""
+    import orchestrator.cycles.fixes as fixes
+
+    kb.gate("prose/clarity", ["body"])
+    real = kb.root / "shared" / "real.md"
+    real.parent.mkdir()
+    real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
+    link = kb.root / "kb" / "notes" / "link.md"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to("../../shared/real.md")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+
+    def refused(*args):
+        raise OSError(errno.ENOSPC, "No space left")
+
+    monkeypatch.setattr(fixes, "replace_note", refused)
+    fix_job = _run(control, sent, (real.read_text() + "Fixed.\n").encode())["job_id"]
+    monkeypatch.undo()
+    link.unlink()
+    if relinked == "outside":
+        outside = tmp_path / "outside.md"  # the same text, kept out of the KB now
+        real.rename(outside)
+        link.symlink_to(outside)
+    else:
+        link.symlink_to("link.md")
+    control.write_due_files()
+    assert link.is_symlink()
+    if relinked == "outside":
+        assert "Fixed." not in outside.read_text()
+    row = ws.store.conn.execute(
+        "SELECT result FROM review_jobs WHERE id = ?", (fix_job,)
+    ).fetchone()
+    assert row[0] == "not-applied"
+    assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
+    ws.close()
+
+
 def test_a_fix_of_a_symlinked_note_does_not_blame_an_attempt_running_meanwhile(kb):
     """The fix was recorded as written at the link's path, but a worker's KB watch sees
     the change in the file the link names: every attempt running as it was written ended

@@ -6,6 +6,7 @@ and only to that one file.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from dataclasses import dataclass
@@ -416,8 +417,10 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
     job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (due["job_id"],)).fetchone()
     # A note that is a symbolic link (to a file inside the root: no other is a note) is
     # fixed in the file it names; replacing the link would leave that file as it was.
-    real = linked_file(kb.root, due["path"])
-    path = kb.root / real
+    # None: a person pointed the link outside the KB or into a loop since the decision,
+    # and the fallback to the link's own path replaced their link with the fixed text.
+    real = _named_file(kb.root, due["path"])
+    path = kb.root / (real or due["path"])
 
     def text(sha: str) -> bytes:
         return (
@@ -429,8 +432,10 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
         )
 
     try:
-        current = sha256_bytes(path.read_bytes())
-    except FileNotFoundError:
+        current = sha256_bytes(path.read_bytes()) if real is not None else None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise  # not a person's doing: tried again at the next tick
         current = None
     if due["written"]:
         if current != due["new_sha256"]:
@@ -536,10 +541,15 @@ def _not_written(store: Store, job, note_path: str) -> None:
 def linked_file(root: Path, rel: str) -> str:
     """The root-relative file a note's path names: itself, or for a symbolic link the file
     it leads to (inside the root: no other link is a note), which a KB watch sees change."""
+    return _named_file(root, rel) or rel
+
+
+def _named_file(root: Path, rel: str) -> str | None:
+    """:func:`linked_file`, or None when the path leads outside the root or into a loop."""
     try:
         return (root / rel).resolve().relative_to(root.resolve()).as_posix()
-    except (OSError, RuntimeError, ValueError):  # gone, a loop, or led outside since
-        return rel
+    except (OSError, RuntimeError, ValueError):
+        return None
 
 
 def changes_not_the_agents(
