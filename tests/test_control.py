@@ -1856,9 +1856,31 @@ def test_status_does_not_send_jobs_made_by_create_jobs_to_a_control(kb, run_cli)
     assert "wait for one (reviewq control)" not in out
     assert "control: not running\n" in out
     assert (
-        "2 job(s) made by create-jobs wait for a run by hand (reviewq run-job N, or an "
+        "2 job(s) made by create-jobs are run by hand (reviewq run-job N, or an "
         "agent's output and reviewq finalize): no control process runs them" in out
     )
+    assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
+
+
+def test_status_does_not_send_a_create_jobs_job_run_job_is_running_to_a_control(kb, run_cli):
+    """Once `run-job N` took a job create-jobs made it is running, not queued: status
+    counted it again among the jobs that "wait for one (reviewq control)", while the
+    run-job ran it (or, cut short, one alone runs it again)."""
+    from orchestrator.control.attempts import open_attempt
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    sel = run_cli("select", "--all-gates", "--model", "offline", "--json")
+    made = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
+    first = made.json()["jobs"][0]["review_job_id"]
+    ws = Workspace.open(kb.root)
+    open_attempt(ws.store, ws.state_dir, ws.root, first, "host:1", partition="offline")  # run-job's
+    ws.close()
+    out = run_cli("status").stdout
+    assert "wait for one (reviewq control)" not in out
+    assert "control: not running\n" in out
+    assert "2 job(s) made by create-jobs" in out
     assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
 
 

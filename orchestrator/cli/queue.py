@@ -511,8 +511,8 @@ def _liveness(data: dict) -> list[str]:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
     if by_hand:
         lines.append(
-            f"{by_hand} job(s) made by create-jobs wait for a run by hand (reviewq run-job N, "
-            "or an agent's output and reviewq finalize): no control process runs them"
+            f"{by_hand} job(s) made by create-jobs are run by hand (reviewq run-job N, or an "
+            "agent's output and reviewq finalize): no control process runs them"
         )
     line = f"workers: {w['agents_running']} agent(s) running"
     if w["hosts"]:

@@ -167,10 +167,11 @@ def status(store: Store, settings: Settings) -> dict:
         "FROM attempts",
         (today,),
     ).fetchone()
-    # Made by `create-jobs`: no reviewer, so no control process dispatches them.
+    # Made by `create-jobs`: no reviewer, so no control process dispatches them; one a
+    # run-job has taken is running, and no more a control's than before.
     by_hand = store.conn.execute(
-        "SELECT count(*) FROM review_jobs WHERE status = 'queued' AND reviewer IS NULL "
-        "AND grouping != 'human'"
+        "SELECT count(*) FROM review_jobs WHERE status IN ('queued', 'running') "
+        "AND reviewer IS NULL AND grouping != 'human'"
     ).fetchone()[0]
     return {
         "jobs": counts,
