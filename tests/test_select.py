@@ -729,6 +729,19 @@ def test_a_symlinked_folder_of_notes_is_a_warning_not_silence(small, run_cli):
     assert "kb/notes/images" not in res.stderr
 
 
+def test_a_symlinked_folder_whose_notes_are_reviewed_under_their_names_says_nothing(small, run_cli):
+    """A link to a folder inside the note roots (`latest -> 2026-11`, a link to the root
+    itself) leads to notes reviewed under their own names: the warning that they are not
+    reviewed, and to move the folder in, was false, and said at every command."""
+    (small.root / "kb/notes/2026-11").mkdir()
+    (small.root / "kb/notes/2026-11/gamma.md").write_text("---\ntitle: Gamma\n---\nBody.\n")
+    (small.root / "kb/notes/latest").symlink_to("2026-11")
+    (small.root / "kb/notes/all").symlink_to(".")
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0 and res.json()["counts"]["missing-review"] == 15
+    assert "symlink to a folder" not in res.stderr, res.stderr
+
+
 def test_a_note_named_md_in_capitals_is_a_warning_not_silence(small, run_cli):
     """Only ``*.md`` files are notes (SPEC §1), but ``NOTE.MD`` (a Windows or macOS
     editor's name) was left out without a word: its pairs never came up."""

@@ -527,20 +527,24 @@ class KB:
         that each knew nothing of the other's escalations). A link to a file kept
         elsewhere in the root, outside the note roots, is a note, fixed in the file it
         names."""
-        path = os.path.join(self.root, rel)
-        target = os.path.relpath(os.path.realpath(path), self.root).replace(os.sep, "/")
+        target = _under_root(os.path.join(self.root, rel), self.root)
         if target.startswith((f"{GATES_DIR}/", f"{TYPES_DIR}/")):
             return f"a symlink to {target}, a gate or type spec, not a note; skipped"
         if (
             target.endswith(".md")
-            and self.in_note_roots(target)
-            and not any(part.startswith(".") for part in target.split("/"))
+            and self._walked(target)
             # ... one the scan reviews: else the link is its note
             and _utf8(target)
             and name_problem(target) is None
         ):
             return f"a symlink to {target}, a note reviewed under its own name; skipped"
         return None
+
+    def _walked(self, target: str) -> bool:
+        """Whether the scan of the note roots enters ``target`` (root-relative, every link
+        resolved) under its own name: in a note root, no part of it hidden."""
+        parts = [] if target == "." else target.split("/")
+        return self.in_note_roots(target) and not any(p.startswith(".") for p in parts)
 
     def walk(
         self,
@@ -582,7 +586,13 @@ class KB:
                                 "only names ending in .md (in small letters) are read; skipped",
                             )
                         )
-                    elif notes and e.is_symlink() and _holds_notes(e.path):
+                    elif (
+                        notes
+                        and e.is_symlink()
+                        and _holds_notes(e.path)
+                        # (a folder of the note roots: its notes are reviewed there)
+                        and not self._walked(_under_root(e.path, self.root))
+                    ):
                         # Not entered, as SPEC §1 says; unsaid, its notes went missing
                         # from every selection without a word.
                         rel = e.path[root_len:].replace(os.sep, "/")
@@ -724,6 +734,11 @@ def _special(entry: os.DirEntry, follow: bool = False) -> str | None:
     if stat.S_ISSOCK(mode):
         return "a socket"
     return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else None
+
+
+def _under_root(path: str, root: Path) -> str:
+    """Where ``path`` leads, every link resolved, relative to ``root`` (``../…`` outside)."""
+    return os.path.relpath(os.path.realpath(path), root).replace(os.sep, "/")
 
 
 def _holds_notes(path: str) -> bool:
