@@ -210,6 +210,16 @@ def test_gates_check_cli(kb, run_cli):
     ]
 
 
+def test_a_readme_in_capitals_beside_the_gates_is_not_an_invalid_gate(kb, run_cli):
+    """A README.md beside the gates is skipped; since `.MD` names were warned of (c9d79fb)
+    a README.MD there was an invalid gate, and `gates --check` (a CI step) failed the KB."""
+    kb.gate("prose/good", ["body"])
+    kb.write("kb/instructions/review-gates/README.MD", "# What these files are\n")
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 0 and "1 gates in 1 lenses, 0 invalid" in res.stdout, res.stderr
+    assert "README.MD" not in res.stderr
+
+
 def test_gates_check_fails_a_kb_without_a_gate(kb, run_cli):
     """A CI step running `gates --check` passed a KB whose gates folder was misnamed or
     empty, which every `select --all-gates` and doctor then refused."""
