@@ -1079,12 +1079,30 @@ def test_a_fix_of_a_note_moved_meanwhile_is_not_called_a_persons_edit(cycle, run
     res = run_cli("report")
     assert res.exit_code == 0, res.stderr
     assert "a person edited the note" not in res.stdout
-    assert "1 not applied (the note was edited, moved or decided while the fixer ran)" in (
+    assert "1 not applied (the note was edited, moved or decided before the fix was " in (
         res.stdout
     )
     page = (ws.state_dir / "report.html").read_text()
     assert "because a person edited the note" not in page
     assert "the note cannot be read now" in page
+
+
+def test_a_fix_kept_out_by_an_edit_after_its_decision_is_not_said_to_meet_it_in_its_run(
+    cycle, monkeypatch, run_cli
+):
+    """A fix whose write waited (a full disk) and whose note a person then edited is not
+    applied too, but after the fixer ran: the report's count said every one not applied
+    met its edit, move or decision "while the fixer ran", and sent the person to look at
+    the fixer's run for an edit made later."""
+    _rereview_of_a_fix_not_written(cycle, monkeypatch, dispatched=False)
+    res = run_cli("report")
+    assert res.exit_code == 0, res.stderr
+    assert "while the fixer ran" not in res.stdout
+    assert "1 not applied (the note was edited, moved or decided before the fix was " in (
+        res.stdout
+    )
+    page = (cycle[1].state_dir / "report.html").read_text()
+    assert "while the fixer ran" not in page
 
 
 def test_a_person_editing_a_symlinked_note_while_its_fixer_runs_is_not_the_fixers_doing(kb):

@@ -159,8 +159,9 @@ def text(data: dict, html_path: str | None) -> str:
         f"cost: {money(r['cost_usd'])}, {r['tokens']:,} tokens, wall time {duration(r['wall_time_s'])}",
         f"fixes: {k['fixes_applied']} applied ({k['fixes_committed']} committed), "
         f"{k['fix_results'].get('unchanged', 0)} changed nothing, "
-        f"{k['human_edits_total']} not applied (the note was edited, moved or decided while the "
-        "fixer ran)",
+        # Not "while the fixer ran": a write that waited (a full disk) meets later edits too.
+        f"{k['human_edits_total']} not applied (the note was edited, moved or decided before the "
+        "fix was written)",
     ]
     needs = []
     if n["escalations_open"]:
