@@ -646,7 +646,7 @@ def test_a_reviewer_failure_in_run_job_is_in_the_jobs_log(kb2, run_cli, tmp_path
     )
     job_id = make_job(run_cli)
     res = run_cli("run-job", str(job_id), "--reviewer", "cmd")
-    assert "queued again (reviewer failure" in res.stderr, res.stderr
+    assert "not the job's fault)" in res.stderr, res.stderr
     logged = run_cli("logs", "--job", str(job_id), "--json")
     events = [json.loads(line) for line in logged.stdout.splitlines()]
     [failed] = [e for e in events if e["event"] == "attempt.reviewer_failed"]

@@ -550,3 +550,19 @@ def test_run_job_whose_attempt_was_taken_and_lost_meanwhile_says_the_job_is_queu
     with db(kb) as conn:
         job = conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()
     assert job[0] == "queued"
+
+
+def test_run_job_says_the_missing_pairs_once(kb, run_cli):
+    """An output with none of the job's pairs printed one "reason: missing pair: …" line
+    per pair, where the control (the sweep, `job N`) says them once with the count."""
+    small_kb(kb, notes=2)
+    prose = '["sh", "-c", "echo \'All fine, I think.\' > \\"$REVIEWQ_OUTPUT_PATH\\""]'
+    kb.write("reviewq.toml", fake_profile(command=prose))
+    sel = run_cli("select", "--all-gates", "--model", "fake", "--json")
+    made = run_cli("create-jobs", "--input", "-", "--grouping", "gate", input=sel.stdout)
+    assert made.exit_code == 0, made.stderr
+    res = run_cli("run-job", "1", "--reviewer", "fake")
+    assert res.exit_code == 1, res.stdout + res.stderr
+    reasons = [line for line in res.stderr.splitlines() if line.startswith("reason:")]
+    assert len(reasons) == 1 and reasons[0].count("missing") == 1, res.stderr
+    assert "reason: 2 pairs missing from the output: kb/notes/n0.md :: " in reasons[0], reasons

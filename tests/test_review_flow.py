@@ -623,8 +623,10 @@ def test_run_job_missing_binary_is_a_launch_failure(flow, run_cli):
     res = run_cli("run-job", jid)
     assert res.exit_code == 1 and "could not start" in res.stderr
     assert job_row(flow, jid)[0]["status"] == "queued"
-    # A program that never ran has no exit code: it said "exit None", Python's word.
-    assert res.stdout == f"job {jid} attempt 1: launch-failure (never started, 0.0 s)\n"
+    # A program that never ran has no exit code: it said "exit None", Python's word. In
+    # words, as `job N` says it: it said "launch-failure (never started, …)", the log's term.
+    assert res.stdout == f"job {jid} attempt 1: the agent did not start (0.0 s)\n"
+    assert f"error: job {jid} queued again (the agent did not start)\n" in res.stderr
 
 
 def test_run_job_no_output_after_turns(flow, run_cli, monkeypatch):

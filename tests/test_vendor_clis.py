@@ -456,7 +456,7 @@ def test_connect_timeout_cuts_claude_s_retries_short(
     )
     job_id = make_job(netns, home, vkb.root)
     res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
-    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    assert "not the job's fault)" in res.stderr, res.stdout + res.stderr
     [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
     assert a["outcome"] == "reviewer-failure"
     # The first retries come after 0.5 s, 1 s, 2 s: by 3 s Claude has said which it is.
@@ -497,7 +497,7 @@ def test_a_model_server_failing_mid_run_is_the_reviewer_s_failure(
     (vkb.root / "reviewq.toml").write_text(profiles(model, scenario))
     job_id = make_job(netns, home, vkb.root)
     res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
-    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    assert "not the job's fault)" in res.stderr, res.stdout + res.stderr
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     assert json.loads(a["reasons"])[0].startswith(MIDRUN[(vendor, scenario)]), a
@@ -582,7 +582,7 @@ def test_a_model_server_that_never_answers_is_the_reviewer_s_failure_at_the_dead
     )
     job_id = make_job(netns, home, vkb.root)
     res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
-    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    assert "not the job's fault)" in res.stderr, res.stdout + res.stderr
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     assert json.loads(a["reasons"]) == ["unreachable: no model answered within the deadline of 8 s"]
@@ -610,7 +610,7 @@ def test_connect_timeout_cuts_gemini_s_retries_short(netns, model, home, vkb, tm
     )
     job_id = make_job(netns, mine, vkb.root)
     res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
-    assert "queued again (reviewer failure" in res.stderr, res.stdout + res.stderr
+    assert "not the job's fault)" in res.stderr, res.stdout + res.stderr
     [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     (said,) = json.loads(a["reasons"])

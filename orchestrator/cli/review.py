@@ -29,7 +29,7 @@ from orchestrator.cycles import escalations as cycles
 from orchestrator.kb.gates import requires_type_warnings
 from orchestrator.kb.notes import GATES_DIR, KBError
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
-from orchestrator.review.bundle import problem_count
+from orchestrator.review.bundle import condensed, problem_count
 from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export
 from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
@@ -39,6 +39,7 @@ from orchestrator.review.selector import (
     select,
     with_note_relative_types,
 )
+from orchestrator.state.words import outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
 
@@ -364,11 +365,12 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
     name = reviewer or reviewer_for(ws.store, ws.settings, job_id)
     res = run_job(ws, job_id, name)
     out = res.outcome
-    # A program that never ran has no exit code ("exit None" was Python's word for it).
-    ran = "never started" if out.exit_code is None else f"exit {out.exit_code}"
-    click.echo(
-        f"job {job_id} attempt {out.attempt}: {out.classification} ({ran}, {out.duration_s:.1f} s)"
-    )
+    # In words, as `job N` and the sweep say it ("the agent did not start"); a program
+    # that never ran has no exit code ("exit None" was Python's word for it).
+    first = out.reasons[0] if out.reasons else None
+    said = "output" if out.classification == "output" else outcome_words(out.classification, first)
+    ran = "" if out.exit_code is None else f"exit {out.exit_code}, "
+    click.echo(f"job {job_id} attempt {out.attempt}: {said} ({ran}{out.duration_s:.1f} s)")
     if res.finalized is not None and res.finalized.ok:
         for p in res.finalized.pairs:
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
@@ -387,12 +389,13 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
             f"(reviewq job {job_id} shows it); this attempt's output was not used"
         )
     reasons = res.finalized.failure_reasons if res.finalized is not None else out.reasons
-    for r in reasons:
-        click.echo(f"reason: {r}", err=True)
+    for r in condensed(reasons):  # several missing pairs in one line, as the control says them
+        click.echo(f"reason: {reason_words(r)}", err=True)
     show_followed(ws, res.followed, err=True)  # a failed fix's FAILs, gone to a person
     state = {
-        "launch-failure": "queued again (launch failure)",
-        "reviewer-failure": "queued again (reviewer failure, not the job's)",
+        "launch-failure": f"queued again ({outcome_words(out.classification, first)})",
+        "reviewer-failure": f"queued again ({outcome_words(out.classification, first)}; "
+        "not the job's fault)",
     }.get(out.classification, "failed")
     if res.finalized is not None and res.finalized.status == "superseded":
         state = f"runs on in another attempt (reviewq job {job_id} shows it)"
