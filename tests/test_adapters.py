@@ -718,9 +718,13 @@ def test_an_openai_profile_paused_for_its_endpoint_is_not_said_to_have_a_cli(kb2
     status = reviewq_process("--root", str(kb2.root), "status").stdout
     (line,) = [x for x in status.splitlines() if "wait for reviewer local, paused" in x]
     assert "CLI" not in line, line
+    # The endpoint said once, with the host: "its endpoint failed in a way that is not the
+    # job's on HOST: the reviewer's endpoint could not be reached: …" said it twice.
     assert (
-        f"its endpoint failed in a way that is not the job's on {socket.gethostname()}: " in line
+        f"{socket.gethostname()}, the reviewer's endpoint could not be reached: cannot reach"
+        in line
     ), line
+    assert line.count("endpoint") == 1, line
     assert f"cannot reach http://127.0.0.1:{port}/v1/chat/completions" in line, line
 
 

@@ -1057,7 +1057,8 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     pause = Pause(shown["paused_until"], shown["paused_reason"], shown["paused_since"])
     line = pause_words(ws.store, reviewer, pause)  # status's, doctor's, the report's line
     kind, detail = reason.split(": ", 1)
-    assert line.endswith(f"{what}: {FAILURES[kind]}: {detail}"), line
+    # Said once: "{what}: {FAILURES[kind]}: …" told whose failure it was twice.
+    assert line.endswith(f"once the cause is mended): {FAILURES[kind]}: {detail}"), line
     ws.store.close()
 
 

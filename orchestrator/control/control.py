@@ -70,6 +70,7 @@ from orchestrator.state.store import (
     timestamp,
     utcnow,
 )
+from orchestrator.state.words import NOT_THE_JOBS
 from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
@@ -122,15 +123,6 @@ class Stops(Protocol):
     def pending(self) -> list[tuple[int, int]]:
         """The (job, attempt) of every request on the queue."""
         ...
-
-
-# Who said that no model answered, in a paused reviewer's reason: a vendor CLI, the
-# endpoint an openai profile posts to (it has no CLI), or a command's own report.
-_NOT_THE_JOBS = {
-    "cli": "its CLI reported a failure that is not the job's",
-    "openai": "its endpoint failed in a way that is not the job's",
-    "command": "its command reported a failure that is not the job's",
-}
 
 
 class Control:
@@ -759,7 +751,7 @@ class Control:
             what = (
                 "its agent failed to start"
                 if event == "attempt.launch_failed"
-                else _NOT_THE_JOBS.get(profile.kind if profile else "", _NOT_THE_JOBS["cli"])
+                else NOT_THE_JOBS.get(profile.kind if profile else "", NOT_THE_JOBS["cli"])
             )
             if host:  # which machine to mend, when workers run on several
                 what += f" on {host}"

@@ -12,7 +12,7 @@ from typing import NamedTuple, TypeVar
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import Store, json_column, reasons_column, utcnow
-from orchestrator.state.words import reason_words
+from orchestrator.state.words import NOT_THE_JOBS, reason_words
 from orchestrator.state.workspace import control_pid
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
@@ -113,7 +113,17 @@ def pause_said(store: Store, name: str, pause: Pause) -> str:
     in words ("the reviewer's endpoint could not be reached: …", not "unreachable: …");
     ``--json`` and the log keep them as stored."""
     head, sep, reasons = pause_why(store, name, pause).partition(": ")
-    return head + sep + "; ".join(map(reason_words, reasons.split("; ")))
+    stored = reasons.split("; ")
+    said = [reason_words(r) for r in stored]
+    if sep and all(w != r for w, r in zip(said, stored, strict=True)):
+        for generic in NOT_THE_JOBS.values():
+            if head.startswith(generic):
+                # Each reason's kind in words says whose failure it was: "its endpoint
+                # failed in a way that is not the job's on vm: the reviewer's endpoint
+                # could not be reached: …" said it twice. The host stays.
+                host = head.removeprefix(generic).strip()
+                return (f"{host}, " if host else "") + "; ".join(said)
+    return head + sep + "; ".join(said)
 
 
 def waiting_on(store: Store, names: Iterable[str]) -> dict[str, int]:

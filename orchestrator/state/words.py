@@ -32,6 +32,14 @@ FAILURES = {
     "disk": "the worker's disk is full",
 }
 
+# Who said that no model answered, in a paused reviewer's stored reason: a vendor CLI, the
+# endpoint an openai profile posts to (it has no CLI), or a command's own report.
+NOT_THE_JOBS = {
+    "cli": "its CLI reported a failure that is not the job's",
+    "openai": "its endpoint failed in a way that is not the job's",
+    "command": "its command reported a failure that is not the job's",
+}
+
 
 def outcome_words(outcome: str, reason: str | None = None) -> str:
     """An outcome in words; with its first ``reason``, a reviewer failure that was the
