@@ -704,6 +704,17 @@ def test_a_failed_jobs_escalations_quote_only_their_own_pairs_reasons(cyc):
         assert "its output for other pairs of job 1 was refused (reviewq job 1)" in text, text
 
 
+def test_escalations_says_why_a_failed_jobs_pair_is_there(cyc):
+    """A pair escalated because its reviewer's job failed every attempt went through no
+    cycle of rejections: `escalations` said "(fake, 0 cycle(s))", nothing of why."""
+    config(cyc, profile("fake", FAKE_MODE="bad"))
+    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 1
+    out = rq(cyc, "escalations").stdout
+    (line,) = [x for x in out.splitlines() if x.startswith("  escalation ")]
+    assert line.endswith("(fake, the reviewer failed every attempt)"), out
+    assert "cycle(s)" not in out, out
+
+
 def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):
     """A sweep without --fix runs no fixer, yet the escalation of its failed job read
     "reviewer fake, fixer fake": the reviewer named as a fixer that never ran. With

@@ -1075,9 +1075,15 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 head = text.splitlines()[1:2]
             except OSError:
                 head = [f"(report missing: {path})"]
-            click.echo(
-                f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {e.cycles} cycle(s))"
+            # Raised by a failed job or an audit, a pair read "0 cycle(s)" (or its earlier
+            # rejections): why it is here is the reason's head ("the reviewer failed every
+            # attempt").
+            why = (
+                f"{e.cycles} cycle(s)"
+                if "consecutive rejections" in e.reason
+                else e.reason.partition(": ")[0]
             )
+            click.echo(f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why})")
             for line in head:
                 click.echo(f"      {line}")
             if only[e.id]:
