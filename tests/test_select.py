@@ -270,6 +270,21 @@ def test_note_filter_files_and_folders_and_outside_root(small, run_cli, tmp_path
 def test_current_filter(small, run_cli):
     data = run_cli("select", "prose/body-check", "--current", "--json").json()
     assert [t["note_path"] for t in data["targets"]] == ["kb/notes/beta.md"]
+    assert run_cli("select", "prose/body-check", "--current").stderr == ""  # beta has one
+
+
+def test_current_on_a_kb_without_status_says_why_it_selects_nothing(kb, run_cli):
+    """--current on a KB whose notes keep no status: field selected 0 pairs with no word,
+    which read as a KB all reviewed."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    for args in ((), ("--json",)):
+        res = run_cli("select", "prose/body-check", "--current", *args)
+        assert res.exit_code == 0, res.stderr
+        assert res.stderr == (
+            "warning: no note has a status: field, which --current reads (status: current): "
+            "nothing is selected\n"
+        ), res.stderr
 
 
 def test_type_pairs_are_opt_in(kb, run_cli):

@@ -172,6 +172,8 @@ def select_cmd(
         memo=as_json,
     )
     warn(result.problems)
+    for hint in result.hints:
+        click.echo(f"warning: {hint}", err=True)
     if model is not None and (problem := partition_problem(store, model)):
         click.echo(f"warning: {problem}", err=True)
     if as_json:

@@ -80,6 +80,7 @@ class Selection:
     problems: list[FileProblem] = field(default_factory=list)
     notes: dict[str, Note] = field(default_factory=dict)
     json_bytes: bytes | None = None  # the --json answer, when memoised
+    hints: list[str] = field(default_factory=list)  # why it may hold less than meant
 
     def to_json(self) -> dict:
         counts = {r: self.counts.get(r, 0) for r in REASONS}
@@ -207,9 +208,15 @@ def select(
     notes = kb.load_notes(paths, cache)
     if cache is not None:
         cache.save()
-    if current:
-        notes = [n for n in notes if n.status == "current"]
     sel = Selection(model, problems=list(kb.problems) + list(catalog.problems))
+    if current:
+        if notes and all(n.status is None for n in notes):
+            # A KB that keeps no status selected nothing, said as a KB all fresh.
+            sel.hints.append(
+                "no note has a status: field, which --current reads (status: current): "
+                "nothing is selected"
+            )
+        notes = [n for n in notes if n.status == "current"]
     sel.notes = {n.path: n for n in notes}
 
     if any(s == "type" or s.startswith("type/") for s in selectors):
