@@ -1569,7 +1569,7 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
     out = SimpleNamespace(
         summary={**summary, "escalations": escalations},
-        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[]),
+        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p"),
         paused={},
     )
     render_summary(out, lambda note, gate: None)
@@ -1577,6 +1577,35 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
     # Names as they are: an emoji code in one is not an emoji.
     assert "kb/notes/n20:fire:.md" in printed and "kb/notes/n21:fire:.md" not in printed
     assert "… and 5 more note(s): reviewq escalations lists all" in printed
+
+
+def test_a_sweep_summary_labels_other_partitions_escalations(capsys):
+    """A sweep of model p listed model q's open escalations among its own, unlabelled, as
+    if it had raised them: now counted apart, each labelled with its partition."""
+    from types import SimpleNamespace
+
+    from orchestrator.cli.display import render_summary
+
+    escalations = [
+        {"id": 1, "note_path": "kb/notes/a.md", "gate_id": "g", "model_partition": "p"},
+        {"id": 2, "note_path": "kb/notes/b.md", "gate_id": "g", "model_partition": "q"},
+        {"id": 3, "note_path": "kb/notes/c.md", "gate_id": "g", "model_partition": "q"},
+    ]
+    summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
+    out = SimpleNamespace(
+        summary={**summary, "escalations": escalations},
+        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p"),
+    )
+    render_summary(out, lambda note, gate: None)
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        "3 escalation(s) on 3 note(s) wait for a person (2 of other partitions: q) "
+        "(reviewq escalations):" in printed
+    ), printed
+    decide = "reviewq decide --note kb/notes/{}.md approve|redo|reject"
+    assert "  kb/notes/a.md: 1 gate(s) (g); " + decide.format("a") in printed
+    for note in ("b", "c"):
+        assert f"  kb/notes/{note}.md [q]: 1 gate(s) (g); " + decide.format(note) in printed
 
 
 def _applied(kb, raw: bytes, fixer) -> tuple[str, bytes]:  # noqa: ANN001
@@ -2041,7 +2070,10 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     out = SimpleNamespace(
         summary=summary,
         enqueued=SimpleNamespace(
-            jobs=[SimpleNamespace(pairs=[1] * 134)] * 41, skipped=skipped, problems=[]
+            jobs=[SimpleNamespace(pairs=[1] * 134)] * 41,
+            skipped=skipped,
+            problems=[],
+            model_partition="p",
         ),
     )
     pause = (

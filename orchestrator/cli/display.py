@@ -111,9 +111,15 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
         from orchestrator.state.status import by_note, decide_calls
 
         notes = by_note(s["escalations"], lambda e: e["note_path"])  # as the report has them
+        # Another model's are open too, not this sweep's: unlabelled, a line of partition q
+        # under a sweep of p read as raised by it. Each is labelled, and counted apart.
+        ours = enq.model_partition
+        others = sorted({e["model_partition"] for e in s["escalations"]} - {ours})
+        elsewhere = sum(e["model_partition"] != ours for e in s["escalations"])
         console.print(
             f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
-            "(reviewq escalations):",
+            + (f"({elsewhere} of other partitions: {', '.join(others)}) " if others else "")
+            + "(reviewq escalations):",
             soft_wrap=True,
         )
         for note_path, escs in notes[:_NOTES_SHOWN]:
@@ -122,6 +128,8 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
                 gates = [e["gate_id"] for e in escs if partition in (None, e["model_partition"])]
                 why = next(filter(None, (only_reject(note_path, g) for g in gates)), None)
                 answers = f"reject ({why}: only reject closes it)" if why else "approve|redo|reject"
+                if partition is None and escs[0]["model_partition"] != ours:
+                    partition = escs[0]["model_partition"]
                 console.print(
                     f"  {note_path}{f' [{partition}]' if partition else ''}: {len(gates)} gate(s) "
                     f"({', '.join(gates)}); reviewq decide {target} {answers}",
