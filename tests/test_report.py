@@ -826,7 +826,11 @@ def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
 @pytest.mark.parametrize(
     ("value", "said"),
     [
-        ("9999-12-31T23:00-05:00", "not a date or time"),  # past the calendar's end in UTC
+        # A date the clock cannot place said "not a date or time", sending one to a typo.
+        ("9999-12-31T23:00-05:00", "date out of range"),  # past the calendar's end in UTC
+        ("0001-01-01T00:00+01:00", "date out of range"),  # before its start
+        ("0001-01-01", "date out of range"),  # on the local clock
+        ("2026-13-01", "not a date or time"),
         ("20261122", "a duration needs its unit"),  # read as 234 days of seconds
         ("9999-12-31", "after now"),  # a window that can hold nothing
     ],

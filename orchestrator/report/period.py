@@ -49,13 +49,21 @@ def resolve(
         if _DATE.match(since):
             try:
                 start = parse_timestamp(since)
+            except (ValueError, OverflowError):
+                raise ReportError(f"--since {since!r}: not a date or time") from None
+            try:
                 if start.tzinfo is None:
                     # A person's "08:00" or "2026-11-22" is on their clock, as cron times
                     # are: read as UTC it was hours off. The label says it in UTC.
                     start = start.astimezone()
                 begin = timestamp(start)
-            except (ValueError, OverflowError):  # a date past the calendar's ends too
-                raise ReportError(f"--since {since!r}: not a date or time") from None
+            except (ValueError, OverflowError):
+                # A real date the clock cannot place (0001-01-01 on the local clock, or
+                # past year 9999 in UTC): "not a date or time" sent a person looking for a typo.
+                raise ReportError(
+                    f"--since {since!r}: date out of range (too near the calendar's first "
+                    "or last year to place in UTC)"
+                ) from None
             if begin >= until:
                 raise ReportError(
                     f"--since {since!r}: after now ({until[:16]}Z); nothing to report"
