@@ -588,7 +588,7 @@ def test_run_job_hang_kills_the_whole_group_at_the_deadline(flow, run_cli, monke
     monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
     res = run_cli("run-job", jid)
     assert res.exit_code == 1
-    assert "burned-out" in res.stdout and "deadline" in res.stderr
+    assert "ran out of time or turns" in res.stdout and "deadline" in res.stderr
     for pid in map(int, pidfile.read_text().split()):
         assert process_gone(pid), f"process {pid} survived the deadline"
     job, attempts = job_row(flow, jid)
