@@ -1556,24 +1556,28 @@ def test_an_audit_of_a_removed_auditor_goes_to_a_person(kb):
     assert "auditor" in escs[0][1]
 
 
-def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
-    """Twenty notes were listed and the rest left out without a word."""
+def _summary_of_escalations(escalations: list[dict], capsys) -> str:  # noqa: ANN001
+    """What a sweep of partition p with nothing else to say prints of ``escalations``."""
     from types import SimpleNamespace
 
     from orchestrator.cli.display import render_summary
 
-    escalations = [
-        {"id": i, "note_path": f"kb/notes/n{i}:fire:.md", "gate_id": "g", "model_partition": "p"}
-        for i in range(1, 26)
-    ]
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
     out = SimpleNamespace(
         summary={**summary, "escalations": escalations},
         enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p"),
-        paused={},
     )
     render_summary(out, lambda note, gate: None)
-    printed = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
+    """Twenty notes were listed and the rest left out without a word."""
+    escalations = [
+        {"id": i, "note_path": f"kb/notes/n{i}:fire:.md", "gate_id": "g", "model_partition": "p"}
+        for i in range(1, 26)
+    ]
+    printed = _summary_of_escalations(escalations, capsys)
     # Names as they are: an emoji code in one is not an emoji.
     assert "kb/notes/n20:fire:.md" in printed and "kb/notes/n21:fire:.md" not in printed
     assert "… and 5 more note(s): reviewq escalations lists all" in printed
@@ -1582,22 +1586,12 @@ def test_a_sweep_summary_counts_the_escalated_notes_it_does_not_list(capsys):
 def test_a_sweep_summary_labels_other_partitions_escalations(capsys):
     """A sweep of model p listed model q's open escalations among its own, unlabelled, as
     if it had raised them: now counted apart, each labelled with its partition."""
-    from types import SimpleNamespace
-
-    from orchestrator.cli.display import render_summary
-
     escalations = [
         {"id": 1, "note_path": "kb/notes/a.md", "gate_id": "g", "model_partition": "p"},
         {"id": 2, "note_path": "kb/notes/b.md", "gate_id": "g", "model_partition": "q"},
         {"id": 3, "note_path": "kb/notes/c.md", "gate_id": "g", "model_partition": "q"},
     ]
-    summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
-    out = SimpleNamespace(
-        summary={**summary, "escalations": escalations},
-        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p"),
-    )
-    render_summary(out, lambda note, gate: None)
-    printed = capsys.readouterr().out.splitlines()
+    printed = _summary_of_escalations(escalations, capsys).splitlines()
     assert (
         "3 escalation(s) on 3 note(s) wait for a person (2 of other partitions: q) "
         "(reviewq escalations):" in printed
