@@ -350,6 +350,21 @@ def test_bad_output_fails_the_job_and_accepts_nothing(flow, run_cli, mode, reaso
     assert [p for j in again["jobs"] for p in j["pairs"]] == job["pairs"]
 
 
+def test_finalize_says_the_missing_pairs_once(flow, run_cli):
+    """An output with none of the job's pairs printed one "reason: missing pair: …" line
+    per pair, where the control (the sweep, `job N`) says them once with the count."""
+    sel = select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A)
+    job = create(run_cli, sel, "--grouping", "note")["jobs"][0]
+    assert len(job["pairs"]) == 2, job
+    (flow.root / job["bundle_output_path"]).write_text("All fine, I think.\n")
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 1, res.stderr
+    reasons = [line for line in res.stderr.splitlines() if line.startswith("reason:")]
+    assert len(reasons) == 1 and reasons[0].count("missing") == 1, res.stderr
+    assert reasons[0].startswith(f"reason: 2 pairs missing from the output: {NOTE_A} :: "), reasons
+    assert "2 problem(s) in its output" in res.stderr, res.stderr
+
+
 def test_failed_rereview_keeps_the_earlier_acceptance(flow, run_cli):
     sel = select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A)
     job = create(run_cli, sel, "--grouping", "note")["jobs"][0]

@@ -315,7 +315,7 @@ def finalize_cmd(
         warn_notes_gone(ws, job_id, result.pairs)
     show_followed(ws, followed, err=as_json)
     if not result.ok:
-        for r in result.failure_reasons:
+        for r in condensed(result.failure_reasons):  # as run-job and the control say them
             click.echo(f"reason: {r}", err=True)
         raise Refused(
             f"job {job_id} failed: {problem_count(result.failure_reasons)} problem(s) in its "
