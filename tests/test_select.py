@@ -278,13 +278,18 @@ def test_current_on_a_kb_without_status_says_why_it_selects_nothing(kb, run_cli)
     which read as a KB all reviewed."""
     kb.gate("prose/body-check", ["body"])
     kb.note("alpha", body="Alpha body.\n")
+    said = (
+        "warning: no note has a status: field, which --current reads (status: current): "
+        "nothing is selected\n"
+    )
     for args in ((), ("--json",)):
         res = run_cli("select", "prose/body-check", "--current", *args)
         assert res.exit_code == 0, res.stderr
-        assert res.stderr == (
-            "warning: no note has a status: field, which --current reads (status: current): "
-            "nothing is selected\n"
-        ), res.stderr
+        assert res.stderr == said, res.stderr
+    # enqueue (and so sweep) select the same way, and say it the same way.
+    res = run_cli("enqueue", "prose/body-check", "--current", "--reviewer", "offline")
+    assert res.exit_code == 0, res.stderr
+    assert said in res.stderr, res.stderr
 
 
 def test_type_pairs_are_opt_in(kb, run_cli):

@@ -103,6 +103,7 @@ class EnqueueResult:
     skipped: list[Skipped] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     problems: list[FileProblem] = field(default_factory=list)  # files the selection skipped
+    hints: list[str] = field(default_factory=list)  # the selection's (Selection.hints)
 
 
 def enqueue(
@@ -231,7 +232,13 @@ def enqueue(
     # At once, or (a sequential run's next bundle) once the outcome's transaction commits.
     store.after_commit(logged)
     return EnqueueResult(
-        run_id, profile.partition, batch.jobs, batch.skipped, counts, list(selection.problems)
+        run_id,
+        profile.partition,
+        batch.jobs,
+        batch.skipped,
+        counts,
+        list(selection.problems),
+        list(selection.hints),
     )
 
 
