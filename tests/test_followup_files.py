@@ -518,11 +518,11 @@ def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit
     ws.close()
 
 
-def test_a_fix_of_a_symlinked_note_is_written_to_the_file_it_names(kb):
-    """The link was replaced by a regular file holding the fix, and the file it named
-    (the note people edit) kept the old text."""
+def _symlinked_note_failed(kb):
+    """kb/notes/link.md, a link to shared/real.md (inside the root, outside the note
+    roots), reviewed FAIL in a run with --fix: its fix job is the next message sent."""
     kb.gate("prose/clarity", ["body"])
-    real = kb.root / "shared" / "real.md"  # inside the root, outside the note roots
+    real = kb.root / "shared" / "real.md"
     real.parent.mkdir()
     real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
     link = kb.root / "kb" / "notes" / "link.md"
@@ -533,6 +533,13 @@ def test_a_fix_of_a_symlinked_note_is_written_to_the_file_it_names(kb):
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
     (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
     _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    return real, link, ws, control, sent
+
+
+def test_a_fix_of_a_symlinked_note_is_written_to_the_file_it_names(kb):
+    """The link was replaced by a regular file holding the fix, and the file it named
+    (the note people edit) kept the old text."""
+    real, link, ws, control, sent = _symlinked_note_failed(kb)
     fixed = link.read_text().rstrip("\n") + "\nFixed.\n"
     _run(control, sent, fixed.encode())
     assert link.is_symlink()
@@ -550,18 +557,7 @@ def test_a_symlinked_note_relinked_before_its_fix_is_written_keeps_the_persons_l
     tick (a loop), where their change is to be kept and the fix not applied."""
     import orchestrator.cycles.fixes as fixes
 
-    kb.gate("prose/clarity", ["body"])
-    real = kb.root / "shared" / "real.md"
-    real.parent.mkdir()
-    real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
-    link = kb.root / "kb" / "notes" / "link.md"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to("../../shared/real.md")
-    ws = Workspace.open(kb.root)
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
-    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    real, link, ws, control, sent = _symlinked_note_failed(kb)
 
     def refused(*args):
         raise OSError(errno.ENOSPC, "No space left")
@@ -1111,18 +1107,7 @@ def test_a_person_editing_a_symlinked_note_while_its_fixer_runs_is_not_the_fixer
     links to: the fixer was failed as reviewer-touched-kb for the person's edit."""
     import hashlib
 
-    kb.gate("prose/clarity", ["body"])
-    real = kb.root / "shared" / "real.md"
-    real.parent.mkdir()
-    real.write_text("---\ntitle: Real\ndescription: About real.\n---\nReal body.\n")
-    link = kb.root / "kb" / "notes" / "link.md"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to("../../shared/real.md")
-    ws = Workspace.open(kb.root)
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
-    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    real, link, ws, control, sent = _symlinked_note_failed(kb)
     control.dispatch()
     fix = sent.pop(0)
     fixed = real.read_text() + "Fixed.\n"
