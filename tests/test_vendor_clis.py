@@ -444,6 +444,27 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     assert took < 45, f"{vendor} took {took:.0f} s to give up"
 
 
+def test_run_job_pauses_the_reviewer_as_the_control_does(netns, model, home, vkb):
+    """`reviewq run-job` met the same expired key a sweep does and put the job back, but
+    left the profile unpaused and its count of failures untouched: the person's next
+    run-job, and the control behind it, sent request after request to an endpoint that
+    had said no. It pauses now as the worker path pauses it, and says so."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "auth", connect_timeout="2s"))
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
+    assert "not the job's fault); reviewer claude paused until " in res.stderr, res.stderr
+    [r] = rows(vkb.root, "SELECT paused_until, paused_reason FROM reviewer_state")
+    reason = EXPECTED_REASON[("claude", "auth")]
+    assert r["paused_until"] and reason in r["paused_reason"], r
+    [job] = rows(vkb.root, "SELECT status, launch_failures FROM review_jobs")
+    assert (job["status"], job["launch_failures"]) == ("queued", 1), job
+    st = reviewq(netns, home, vkb.root, "status")
+    assert "reviewer claude is paused since " in st.stdout, st.stdout
+    logged = reviewq(netns, home, vkb.root, "logs", "--event", "reviewer.paused", "--json")
+    [event] = [json.loads(line) for line in logged.stdout.splitlines()]
+    assert event["reviewer"] == "claude" and event["by_hand"] is True, event
+
+
 @pytest.mark.parametrize(
     ("scenario", "kind", "detail"),
     [("auth", "auth", "status 401, authentication_failed"), ("dead", "unreachable", "no response")],

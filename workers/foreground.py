@@ -9,16 +9,20 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.control.attempts import (
+    answered,
+    back_off,
     heartbeat,
     is_current,
+    log_paused,
     lose,
+    not_the_jobs,
     open_attempt,
     record_end,
-    requeue_job,
     set_outcome,
     supersede,
 )
@@ -57,6 +61,8 @@ class ForegroundResult:
     followed: Followed = field(default_factory=Followed)
     # The job's status when this attempt was found taken back (None: it was not).
     job_status: str | None = None
+    # The profile's pause this attempt's failure met or began (None: not paused).
+    paused_until: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -134,6 +140,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
     )
     result: FinalizeResult | None = None
     followed = Followed()
+    paused_until = None
     # The end and what follows it are one transaction: a control process's reaper that
     # saw the end alone would take the attempt for "ended but not acted on" and queue
     # the job again for a worker.
@@ -174,6 +181,8 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             telemetry=outcome.telemetry,
             duration_s=outcome.duration_s,
         )
+        if outcome.classification not in (LAUNCH_FAILURE, REVIEWER_FAILURE):
+            answered(store, profile.name)  # as the control counts failures in a row
         if outcome.classification == OUTPUT and opened.kind == "fix":
             result, followed = _apply_fix(ws, job_id, opened.attempt, outcome)
         elif outcome.classification == OUTPUT:
@@ -185,24 +194,44 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
                 attempt=opened.attempt,
             )
         elif outcome.classification in (LAUNCH_FAILURE, REVIEWER_FAILURE):
-            requeue_job(store, job_id)  # not the job's fault: back to the queue untouched
+            # Not the job's fault: back to the queue untouched, counted against the profile
+            # as the control counts it, so that run-job after run-job (or the control
+            # behind them) does not send request after request to an endpoint that said no.
+            launch = outcome.classification == LAUNCH_FAILURE
+            off = back_off(
+                store,
+                ws.settings.queue,
+                job_id,
+                profile.name,
+                not_the_jobs(launch, profile, None),
+                outcome.reasons,
+                datetime.now(UTC),
+            )
             # In the job's log as the control says it: else `reviewq logs --job N` showed
             # nothing of why the job is queued again.
-            event = (
-                "attempt.launch_failed"
-                if outcome.classification == LAUNCH_FAILURE
-                else "attempt.reviewer_failed"
+            event = "attempt.launch_failed" if launch else "attempt.reviewer_failed"
+            when = (
+                {"waits_for_pause_until": off.paused_until}
+                if off.paused_until
+                else {"retry_in_s": off.delay}
             )
-            store.after_commit(
-                lambda: logs.get().warning(
+
+            def said() -> None:
+                log = logs.get()
+                log.warning(
                     event,
                     job_id=job_id,
                     attempt=opened.attempt,
                     reviewer=profile.name,
                     by_hand=True,
+                    **when,
                     reasons=outcome.reasons,
                 )
-            )
+                if off.paused_at:
+                    log_paused(log, profile.name, off, by_hand=True)
+
+            store.after_commit(said)
+            paused_until = off.paused_until
         elif (
             outcome.classification == BURNED_OUT
             and opened.kind == "review"
@@ -214,7 +243,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             result = FinalizeResult(job_id, "split", [*outcome.reasons, why])
         else:
             followed = fail_by_hand(ws, job_id, outcome.reasons)
-    return ForegroundResult(outcome, result, followed)
+    return ForegroundResult(outcome, result, followed, paused_until=paused_until)
 
 
 def _stopped(store, job_id: int, attempt: int, exc: BaseException) -> None:  # noqa: ANN001 - a Store

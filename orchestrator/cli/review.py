@@ -399,6 +399,10 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         "reviewer-failure": f"queued again ({outcome_words(out.classification, first)}; "
         "not the job's fault)",
     }.get(out.classification, "failed")
+    if res.paused_until:  # the control (and the next run-job's person) should know
+        state += (
+            f"; reviewer {name} paused until {res.paused_until} (reviewq resume {name} lifts it)"
+        )
     if res.finalized is not None and res.finalized.status == "superseded":
         state = f"runs on in another attempt (reviewq job {job_id} shows it)"
     elif res.finalized is not None and res.finalized.status == "split":

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from orchestrator.config import QueueSettings, ReviewerProfile
 from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
 from orchestrator.state.status import FAILED_SQL
-from orchestrator.state.store import Store, reasons_column, storable_number, utcnow
+from orchestrator.state.store import Store, reasons_column, storable_number, timestamp, utcnow
+from orchestrator.state.words import NOT_THE_JOBS
 
 
 class AttemptError(ValueError):
@@ -382,9 +385,100 @@ def fail_job(store: Store, state_dir: Path, job_id: int, reasons: list[str]) -> 
             write_job_files_after_commit(store, state_dir, job_id)
 
 
-def requeue_job(store: Store, job_id: int) -> None:
-    with store.write():
+@dataclass(frozen=True)
+class Backoff:
+    """What a failure that was not the job's (its agent did not start, or no model
+    answered it) left: the job's wait, and the profile's pause, if any."""
+
+    delay: float  # seconds the job waits before its next try (ignored while paused)
+    paused_until: str | None  # the profile's pause, this failure's or an earlier one's
+    paused_at: str | None  # set when this failure paused the profile
+    count: int  # the profile's failures in a row, this one included
+    reason: str  # the pause's reason, as stored
+
+
+def not_the_jobs(launch: bool, profile: ReviewerProfile | None, host: str | None) -> str:
+    """Whose failure a pause names: the agent that did not start, or the profile's kind
+    (an ``openai`` profile has no CLI to look for), and on which machine."""
+    what = (
+        "its agent failed to start"
+        if launch
+        else NOT_THE_JOBS.get(profile.kind if profile else "", NOT_THE_JOBS["cli"])
+    )
+    if host:  # which machine to mend, when workers run on several
+        what += f" on {host}"
+    return what
+
+
+def back_off(
+    store: Store,
+    q: QueueSettings,
+    job_id: int,
+    name: str,
+    what: str,
+    reasons: list[str],
+    now: datetime,
+) -> Backoff:
+    """Queue the job again after a failure that was not its own, counting it against the
+    profile ``name``, which pauses once ``launch_failures_before_pause`` come in a row.
+    One helper for the control and ``run-job``: a person's run-job that met the same
+    failure left the profile unpaused, and their next run, or the control, hit the
+    endpoint again at once. Inside the caller's write."""
+    launches = store.conn.execute(
+        "SELECT launch_failures FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()
+    n = (launches[0] if launches else 0) + 1
+    # The doubling stops at the cap: a float power overflowed past ~1,000 failures
+    # of one job (an expired login for days), and every outcome of it was rolled back.
+    delay = min(300.0, q.launch_backoff_seconds * 2 ** min(n - 1, 32))
+    store.conn.execute(
+        "UPDATE review_jobs SET status = 'queued', launch_failures = ?, not_before = ?, "
+        "updated_at = ? WHERE id = ? AND status = 'running'",
+        (n, timestamp(now + timedelta(seconds=delay)), utcnow(), job_id),
+    )
+    # An attempt dispatched before its reviewer paused, failing after: its job
+    # waits for the pause's end, not for its backoff.
+    row = store.conn.execute(
+        "SELECT paused_until FROM reviewer_state WHERE name = ? AND paused_until > ?",
+        (name, timestamp(now)),
+    ).fetchone()
+    paused_until = row[0] if row else None
+    count = store.conn.execute(
+        "INSERT INTO reviewer_state (name, launch_failures, updated_at) VALUES (?, 1, ?) "
+        "ON CONFLICT (name) DO UPDATE SET launch_failures = launch_failures + 1, "
+        "updated_at = excluded.updated_at RETURNING launch_failures",
+        (name, utcnow()),
+    ).fetchone()[0]
+    reason = f"{what}: {'; '.join(reasons)}" if reasons else what
+    paused_at = None
+    if count >= q.launch_failures_before_pause and paused_until is None:
+        paused_at = timestamp(now)
+        paused_until = timestamp(now + timedelta(seconds=q.pause_seconds))
         store.conn.execute(
-            "UPDATE review_jobs SET status = 'queued', updated_at = ? WHERE id = ? AND status = 'running'",
-            (utcnow(), job_id),
+            "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
+            "paused_at = ?, launch_failures = 0 WHERE name = ?",
+            (paused_until, reason, paused_at, name),
         )
+    return Backoff(delay, paused_until, paused_at, count, reason)
+
+
+def log_paused(log, name: str, off: Backoff, **extra: object) -> None:  # noqa: ANN001 - a logger
+    """``reviewer.paused``, the line that says a profile stopped being dispatched."""
+    log.error(
+        "reviewer.paused",
+        reviewer=name,
+        paused_since=off.paused_at,
+        paused_until=off.paused_until,
+        launch_failures=off.count,
+        reason=off.reason,
+        **extra,
+    )
+
+
+def answered(store: Store, name: str) -> None:
+    """The profile ``name`` ran an attempt that was not its failure: its count of failures
+    in a row starts over. Inside the caller's write."""
+    store.conn.execute(
+        "UPDATE reviewer_state SET launch_failures = 0 WHERE name = ? AND launch_failures > 0",
+        (name,),
+    )

@@ -27,10 +27,14 @@ from orchestrator.control import messages
 from orchestrator.control.attempts import (
     JobMoved,
     OpenedAttempt,
+    answered,
+    back_off,
     fail_job,
     heartbeat,
     is_over,
+    log_paused,
     lose,
+    not_the_jobs,
     open_attempt,
     record_end,
     supersede,
@@ -70,7 +74,6 @@ from orchestrator.state.store import (
     timestamp,
     utcnow,
 )
-from orchestrator.state.words import NOT_THE_JOBS
 from orchestrator.state.workspace import Workspace
 
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
@@ -722,73 +725,28 @@ class Control:
         # Now, and again at the commit: after an earlier outcome's reset of the same batch.
         self._no_launch_failures.discard(job["reviewer"])
         self.store.after_commit(lambda: self._no_launch_failures.discard(job["reviewer"]))
-        n = job["launch_failures"] + 1
-        # The doubling stops at the cap: a float power overflowed past ~1,000 failures
-        # of one job (an expired login for days), and every outcome of it was rolled back.
-        delay = min(300.0, q.launch_backoff_seconds * 2 ** min(n - 1, 32))
-        not_before = timestamp(self.now() + timedelta(seconds=delay))
         name = job["reviewer"]
+        what = not_the_jobs(event == "attempt.launch_failed", profile, host)
         with self.store.write():
-            self.store.conn.execute(
-                "UPDATE review_jobs SET status = 'queued', launch_failures = ?, not_before = ?, updated_at = ? "
-                "WHERE id = ? AND status = 'running'",
-                (n, not_before, utcnow(), job["id"]),
-            )
-            # An attempt dispatched before its reviewer paused, failing after: its job
-            # waits for the pause's end, not for its backoff.
-            paused_until = self.store.conn.execute(
-                "SELECT paused_until FROM reviewer_state WHERE name = ? AND paused_until > ?",
-                (name, timestamp(self.now())),
-            ).fetchone()
-            paused_until = paused_until[0] if paused_until else None
-            count = self.store.conn.execute(
-                "INSERT INTO reviewer_state (name, launch_failures, updated_at) VALUES (?, 1, ?) "
-                "ON CONFLICT (name) DO UPDATE SET launch_failures = launch_failures + 1, "
-                "updated_at = excluded.updated_at RETURNING launch_failures",
-                (name, utcnow()),
-            ).fetchone()[0]
-            pauses = False
-            what = (
-                "its agent failed to start"
-                if event == "attempt.launch_failed"
-                else NOT_THE_JOBS.get(profile.kind if profile else "", NOT_THE_JOBS["cli"])
-            )
-            if host:  # which machine to mend, when workers run on several
-                what += f" on {host}"
-            reason = f"{what}: {'; '.join(reasons)}" if reasons else what
-            if count >= q.launch_failures_before_pause and paused_until is None:
-                pauses = True
-                paused_at = self.now()
-                paused_until = timestamp(paused_at + timedelta(seconds=q.pause_seconds))
-                self.store.conn.execute(
-                    "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
-                    "paused_at = ?, launch_failures = 0 WHERE name = ?",
-                    (paused_until, reason, timestamp(paused_at), name),
-                )
-        if self.on_backoff is not None and paused_until is None:
+            off = back_off(self.store, q, job["id"], name, what, reasons, self.now())
+        if self.on_backoff is not None and off.paused_until is None:
             wake = self.on_backoff
-            self.store.after_commit(lambda: wake(delay))
-        when = {"waits_for_pause_until": paused_until} if paused_until else {"retry_in_s": delay}
+            self.store.after_commit(lambda: wake(off.delay))
+        when = (
+            {"waits_for_pause_until": off.paused_until}
+            if off.paused_until
+            else {"retry_in_s": off.delay}
+        )
         self.log.warning(
             event, job_id=job["id"], attempt=attempt, reviewer=name, **when, reasons=reasons
         )
-        if pauses:
-            self.log.error(
-                "reviewer.paused",
-                reviewer=name,
-                paused_since=timestamp(paused_at),
-                paused_until=paused_until,
-                launch_failures=count,
-                reason=reason,
-            )
+        if off.paused_at:
+            log_paused(self.log, name, off)
 
     def _reset_launch_failures(self, name: str | None) -> None:
         if name and name not in self._no_launch_failures:
             with self.store.write():
-                self.store.conn.execute(
-                    "UPDATE reviewer_state SET launch_failures = 0 WHERE name = ? AND launch_failures > 0",
-                    (name,),
-                )
+                answered(self.store, name)
                 self.store.after_commit(lambda: self._no_launch_failures.add(name))
 
     def _requeue(self, job_id: int) -> None:
