@@ -13,13 +13,15 @@ import threading
 import time
 import tomllib
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config import ReviewerProfile
-from orchestrator.state.store import Store
+from orchestrator.state.store import Store, parse_timestamp
 from orchestrator.state.workspace import Workspace
 from workers.foreground import ForegroundResult, run_job
 from workers.reviewers import ADAPTERS, AttemptSpec, for_profile
@@ -350,6 +352,7 @@ class FakeServer:
     def __init__(self) -> None:
         self.requests: list[dict] = []
         self.status = 200
+        self.headers: dict[str, str] = {}  # sent with every answer
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -370,6 +373,8 @@ class FakeServer:
                     self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in server.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -540,6 +545,44 @@ def test_openai_server_error_exits_nonzero_without_the_key(kb2, run_cli, monkeyp
     assert stderr.startswith("openai reviewer: HTTP 500 from ")
     assert KEY not in stderr and KEY not in json.dumps(res.outcome.reasons)
     assert "Bearer ***" in stderr  # the server echoed it; the agent blanked it
+
+
+def test_openai_honours_the_retry_after_its_endpoint_asks_for(kb2, run_cli, monkeypatch, server):
+    """A 429 or 503 with ``Retry-After``: the job came back after launch_backoff_seconds
+    and met the same refusal, and once paused the profile stayed paused for pause_seconds
+    whatever the server had said. The job's wait and the pause's length are what the
+    server asked for (seconds or an HTTP date), within pause_seconds."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    queue = (
+        "\n[queue]\nlaunch_failures_before_pause = 2\nlaunch_backoff_seconds = 1\n"
+        "pause_seconds = 900\n"
+    )
+    openai_profile(kb2, server.url, extra=queue)
+    job_id = make_job(run_cli)
+    server.status, server.headers = 429, {"Retry-After": "120"}
+
+    def waits(sql: str) -> float:
+        with Store.open(kb2.state) as store:
+            (at,) = store.conn.execute(sql).fetchone()
+        return (parse_timestamp(at) - datetime.now(UTC)).total_seconds()
+
+    res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert res.outcome.telemetry["retry_after_s"] == 120
+    assert 110 < waits("SELECT not_before FROM review_jobs") <= 120  # not 1 s
+    server.status = 503
+    server.headers = {
+        "Retry-After": format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
+    }
+    res = run(kb2, job_id, "local")
+    assert res.paused_until, res.outcome.reasons
+    assert 50 < waits("SELECT paused_until FROM reviewer_state") <= 61  # not 900 s
+    # The header as RFC 9110 gives it, and what is not one.
+    from workers.openai_agent import retry_after
+
+    assert retry_after("86400") == 86400
+    assert retry_after("soon") is None and retry_after("-5") is None
+    assert retry_after("Thu, 01 Jan 1970 00:00:00 GMT") == 0
 
 
 def test_openai_answer_that_is_about_the_request_is_a_counted_attempt_however_fast(

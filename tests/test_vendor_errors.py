@@ -991,7 +991,9 @@ def _one_job_and_its_control(kb, reviewer: str = "offline", profile: str = ""):
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
 
-    def fails(classification: str, reason: str, exit_code: int | None) -> None:
+    def fails(
+        classification: str, reason: str, exit_code: int | None, telemetry: dict | None = None
+    ) -> None:
         assert control.dispatch() == 1
         msg = sent[-1]
         control.on_outcome(
@@ -1001,6 +1003,7 @@ def _one_job_and_its_control(kb, reviewer: str = "offline", profile: str = ""):
                 "classification": classification,
                 "reasons": [reason],
                 "exit_code": exit_code,
+                "telemetry": telemetry or {},
             }
         )
 
@@ -1059,6 +1062,24 @@ def test_a_reviewer_failure_fails_no_job_raises_no_escalation_and_pauses_with_th
     kind, detail = reason.split(": ", 1)
     # Said once: "{what}: {FAILURES[kind]}: …" told whose failure it was twice.
     assert line.endswith(f"once the cause is mended): {FAILURES[kind]}: {detail}"), line
+    ws.store.close()
+
+
+def test_the_control_honours_the_retry_after_a_workers_endpoint_asked_for(kb):
+    """A worker's outcome whose endpoint said ``Retry-After: 30``: the control queued the
+    job again after launch_backoff_seconds, into the same refusal, and paused the profile
+    for pause_seconds. It waits what was asked, within pause_seconds (QUEUE: 900 s)."""
+    ws, job, clock, control, fails = _one_job_and_its_control(kb)
+
+    def wait_s(sql: str) -> float:
+        (after,) = ws.store.conn.execute(sql).fetchone()
+        return (datetime.fromisoformat(after.replace("Z", "+00:00")) - clock[0]).total_seconds()
+
+    fails("reviewer-failure", "rate-limit: HTTP 429", 1, {"retry_after_s": 30})
+    assert wait_s("SELECT not_before FROM review_jobs") == pytest.approx(30, abs=0.01)
+    clock[0] += timedelta(seconds=31)
+    fails("reviewer-failure", "rate-limit: HTTP 429", 1, {"retry_after_s": 86400})
+    assert wait_s("SELECT paused_until FROM reviewer_state") == pytest.approx(900, abs=0.01)
     ws.store.close()
 
 

@@ -206,6 +206,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
                 not_the_jobs(launch, profile, None),
                 outcome.reasons,
                 datetime.now(UTC),
+                outcome.telemetry.get("retry_after_s"),
             )
             # In the job's log as the control says it: else `reviewq logs --job N` showed
             # nothing of why the job is queued again.

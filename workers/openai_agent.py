@@ -19,15 +19,18 @@ reported as out of reach, not waited on until the attempt's deadline.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import http.client
 import json
 import os
 import re
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,7 +59,8 @@ class AgentError(Exception):
     ``failure`` (``unreachable``, ``server``, ``config``) when no model answer could come.
     ``answered``: the server took the request and answered it (an HTTP error about the
     request, an empty message), with ``detail``, what it said without the URL (which may
-    hold any word: the kind of failure is read from ``detail`` alone), and ``usage``."""
+    hold any word: the kind of failure is read from ``detail`` alone), and ``usage``;
+    ``retry_after``: the seconds its ``Retry-After`` header asked the client to wait."""
 
     def __init__(
         self,
@@ -67,8 +71,10 @@ class AgentError(Exception):
         answered: bool = False,
         detail: str | None = None,
         usage: object = None,
+        retry_after: float | None = None,
     ):
         super().__init__(message)
+        self.retry_after = retry_after
         self.status = status
         self.failure = failure
         self.answered = answered
@@ -192,6 +198,23 @@ def _one_line(said: str, key: str) -> str:
     return said.replace("\n", " ").strip()[:_DETAIL_CHARS]
 
 
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """The seconds a ``Retry-After`` header asks for (RFC 9110: a number of seconds, or an
+    HTTP date), never less than 0; None for no header or one that is neither."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if at.tzinfo is None:  # an HTTP date is GMT
+        at = at.replace(tzinfo=UTC)
+    return max(0.0, at.timestamp() - (time.time() if now is None else now))
+
+
 def in_band_error(data: object, key: str) -> str | None:
     """The error a 200 answer carries in its body, or None. OpenRouter answers 200 once a
     provider has started, and a failure after that comes as ``finish_reason: "error"``
@@ -241,6 +264,7 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
             status=exc.code,
             answered=True,
             detail=detail or str(exc.reason),
+            retry_after=retry_after(exc.headers.get("Retry-After")),
         ) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -426,6 +450,8 @@ def _said(exc: AgentError) -> int:
             # A turn: however fast it came, not a launch failure, and what it used counts.
             report |= {k: v for k, v in _turn(exc.usage).items() if v is not None}
             report["detail"] = exc.detail
+            if exc.retry_after is not None:  # the pause the server asked for
+                report["retry_after_s"] = exc.retry_after
         with contextlib.suppress(OSError):  # stderr has said it
             Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
     return 1

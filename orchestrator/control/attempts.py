@@ -418,12 +418,15 @@ def back_off(
     what: str,
     reasons: list[str],
     now: datetime,
+    retry_after: float | None = None,
 ) -> Backoff:
     """Queue the job again after a failure that was not its own, counting it against the
     profile ``name``, which pauses once ``launch_failures_before_pause`` come in a row.
     One helper for the control and ``run-job``: a person's run-job that met the same
     failure left the profile unpaused, and their next run, or the control, hit the
-    endpoint again at once. Inside the caller's write."""
+    endpoint again at once. ``retry_after``: the seconds the endpoint asked for (its
+    Retry-After); the job waits at least that long, and a pause lasts that long, each
+    within ``pause_seconds``. Inside the caller's write."""
     launches = store.conn.execute(
         "SELECT launch_failures FROM review_jobs WHERE id = ?", (job_id,)
     ).fetchone()
@@ -431,6 +434,11 @@ def back_off(
     # The doubling stops at the cap: a float power overflowed past ~1,000 failures
     # of one job (an expired login for days), and every outcome of it was rolled back.
     delay = min(300.0, q.launch_backoff_seconds * 2 ** min(n - 1, 32))
+    # The server said when to come back: sooner was refused again, and later kept the
+    # profile paused for pause_seconds after a one-second rate limit.
+    asked = None if retry_after is None else min(retry_after, q.pause_seconds)
+    if asked is not None:
+        delay = max(delay, asked)
     store.conn.execute(
         "UPDATE review_jobs SET status = 'queued', launch_failures = ?, not_before = ?, "
         "updated_at = ? WHERE id = ? AND status = 'running'",
@@ -453,7 +461,8 @@ def back_off(
     paused_at = None
     if count >= q.launch_failures_before_pause and paused_until is None:
         paused_at = timestamp(now)
-        paused_until = timestamp(now + timedelta(seconds=q.pause_seconds))
+        pause = q.pause_seconds if asked is None else max(asked, q.launch_backoff_seconds)
+        paused_until = timestamp(now + timedelta(seconds=pause))
         store.conn.execute(
             "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
             "paused_at = ?, launch_failures = 0 WHERE name = ?",

@@ -71,6 +71,7 @@ from orchestrator.state.status import (
 from orchestrator.state.store import (
     Store,
     parse_timestamp,
+    storable_number,
     timestamp,
     utcnow,
 )
@@ -597,7 +598,9 @@ class Control:
                 "attempt.launch_failed" if cls == "launch-failure" else "attempt.reviewer_failed"
             )
             host = o.get("host") if isinstance(o.get("host"), str) else None
-            self._launch_failed(job, attempt, profile, o.get("reasons") or [], event, host or None)
+            self._launch_failed(
+                job, attempt, profile, o.get("reasons") or [], event, host or None, _asked(o)
+            )
         elif cls == "burned-out" and job["kind"] == "review" and self._pair_count(job_id) > 1:
             # Only a review asks less in parts: a fix rewrites its note whole, and an
             # audit split into reviews would accept what it was only to check.
@@ -720,6 +723,7 @@ class Control:
         reasons: list[str],
         event: str = "attempt.launch_failed",
         host: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         q = self.settings.queue
         # Now, and again at the commit: after an earlier outcome's reset of the same batch.
@@ -728,7 +732,7 @@ class Control:
         name = job["reviewer"]
         what = not_the_jobs(event == "attempt.launch_failed", profile, host)
         with self.store.write():
-            off = back_off(self.store, q, job["id"], name, what, reasons, self.now())
+            off = back_off(self.store, q, job["id"], name, what, reasons, self.now(), retry_after)
         if self.on_backoff is not None and off.paused_until is None:
             wake = self.on_backoff
             self.store.after_commit(lambda: wake(off.delay))
@@ -971,6 +975,14 @@ def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int, li
         )
     ]
     return jobs, reports, left
+
+
+def _asked(o: dict) -> float | None:
+    """The wait an outcome's endpoint asked for (its telemetry's ``retry_after_s``), or
+    None: a worker's message is read as data, whatever it holds."""
+    telemetry = o.get("telemetry")
+    asked = telemetry.get("retry_after_s") if isinstance(telemetry, dict) else None
+    return float(asked) if storable_number(asked) else None
 
 
 def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:

@@ -123,6 +123,9 @@ class Telemetry:
     cached_input_tokens: int | None = None  # of input_tokens, read from a prompt cache
     error: str | None = None  # the CLI's own error message, one bounded line
     failure: str | None = None  # set when that error is the reviewer's, not the job's
+    # The seconds the endpoint asked the client to wait before its next request (an HTTP
+    # Retry-After with a 429 or 503): the job's wait and the profile's pause honour it.
+    retry_after_s: float | None = None
     raw: dict | None = None
 
     def to_json(self) -> dict:
@@ -177,6 +180,7 @@ def telemetry_from_file(path: Path) -> Telemetry:
         else None,
         error=bounded(data["error"]) if isinstance(data.get("error"), str) else None,
         failure=data.get("failure") if data.get("failure") in FAILURES else None,
+        retry_after_s=_num(data.get("retry_after_s"), float),
         raw=data,
     )
 
