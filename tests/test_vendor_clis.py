@@ -491,8 +491,9 @@ def test_connect_timeout_cuts_claude_s_retries_short(
 MIDRUN = {
     ("claude", "midfail"): "server: API Error: 503 Service unavailable.",
     ("claude", "middrop"): "unreachable: API Error: Connection",
-    ("claude", "midcut"): "unreachable: API Error: API returned an empty or malformed response",
-    ("claude", "midevent"): "unreachable: API Error: API returned an empty or malformed response",
+    # The server answered (HTTP 200) and broke: its failure, not an endpoint out of reach.
+    ("claude", "midcut"): "server: API Error: API returned an empty or malformed response",
+    ("claude", "midevent"): "server: API Error: API returned an empty or malformed response",
     ("codex", "midfail"): "server: unexpected status 503 Service Unavailable: Service unavailable",
     ("codex", "middrop"): "unreachable: stream disconnected before completion",
     ("codex", "midcut"): "server: stream disconnected before completion",

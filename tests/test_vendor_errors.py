@@ -257,6 +257,18 @@ def test_a_claude_api_error_with_no_http_status_is_a_reviewer_failure(tmp_path, 
     assert (t.failure, t.error) == ("unreachable", message)
 
 
+def test_a_claude_answer_it_could_not_read_is_the_server_s_failure(tmp_path):
+    """A stream cut mid-answer, or one that held an error event: Claude says "API returned
+    an empty or malformed response (HTTP 200)" with no api_error_status, and it was named
+    `unreachable`, sending the operator to look at a network the server had answered on."""
+    message = (
+        "API Error: API returned an empty or malformed response (HTTP 200) — check for a "
+        "proxy or gateway intercepting the request."
+    )
+    t = _telemetry(tmp_path, "claude", json.dumps({**CLAUDE_DOWN, "result": message}))
+    assert (t.failure, t.error) == ("server", message)
+
+
 def test_limits_and_job_errors_are_no_reviewer_failure(tmp_path):
     assert _telemetry(tmp_path, "claude", json.dumps(CLAUDE_MAX_TURNS)).failure is None
     too_long = {**CLAUDE_401, "api_error_status": 400, "result": "prompt is too long"}

@@ -8,6 +8,8 @@ saying so in ``api_retry`` events) and what a run killed at its deadline leaves 
 
 from __future__ import annotations
 
+import re
+
 from .base import (
     OUTPUT_LIMIT,
     AttemptSpec,
@@ -26,6 +28,9 @@ from .vendor import (
     json_objects,
     last_line,
 )
+
+# How Claude names the HTTP status of an answer it could not read.
+_ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
 
 
 class ClaudeReviewer(Reviewer):
@@ -102,9 +107,18 @@ class ClaudeReviewer(Reviewer):
                 t.error_subtype = OUTPUT_LIMIT
                 return t
             status = _num(r.get("api_error_status"), int)
-            if status is not None or r.get("terminal_reason") == "api_error":
-                t.failure = failure_kind(r["result"], status)
-            if t.failure is None and status is None and r.get("terminal_reason") == "api_error":
+            api_error = r.get("terminal_reason") == "api_error"
+            if status is None and api_error and (said := _ANSWERED.search(r["result"])):
+                # "API returned an empty or malformed response (HTTP 200)": a stream cut
+                # short or ending in an error event. The server answered, so it is the
+                # server's failure, not an endpoint out of reach (Claude keeps none of
+                # its words).
+                status = int(said.group(1))
+            if status is not None or api_error:
+                t.failure = failure_kind(r["result"], status) or (
+                    "server" if status is not None and status < 300 else None
+                )
+            if t.failure is None and status is None and api_error:
                 # No HTTP status: no model answered at all (a TLS failure, a closed socket,
                 # an aborted request), in whatever words.
                 t.failure = "unreachable"
