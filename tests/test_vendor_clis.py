@@ -638,7 +638,8 @@ def test_connect_timeout_cuts_gemini_s_retries_short(netns, model, home, vkb, tm
     [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     (said,) = json.loads(a["reasons"])
-    assert said.startswith("quota: API retry ") and said.endswith(
+    # Google's every 429 says "(e.g. check quota)": a hint, not a quota spent.
+    assert said.startswith("rate-limit: API retry ") and said.endswith(
         ": status 429, Resource has been exhausted (e.g. check quota)."
     ), said
     assert a["duration_s"] < 30, a

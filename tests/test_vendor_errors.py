@@ -27,7 +27,7 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 from workers.attempt import BURNED_OUT, REVIEWER_FAILURE, run_attempt
 from workers.reviewers import AttemptSpec, Command, Reviewer, for_profile
-from workers.reviewers.vendor import instruction
+from workers.reviewers.vendor import failure_kind, instruction
 
 from .conftest import process_gone
 
@@ -267,6 +267,22 @@ def test_a_claude_answer_it_could_not_read_is_the_server_s_failure(tmp_path):
     )
     t = _telemetry(tmp_path, "claude", json.dumps({**CLAUDE_DOWN, "result": message}))
     assert (t.failure, t.error) == ("server", message)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        # Google's words for every 429, a per-minute limit too: a hint, not a quota spent.
+        ("Resource has been exhausted (e.g. check quota).", "rate-limit"),
+        (
+            "You exceeded your current quota, please check your plan and billing details.",
+            "quota",
+        ),
+        ("Rate limit reached for m on tokens per min (TPM): Limit 30000", "rate-limit"),
+    ],
+)
+def test_a_429_is_a_spent_quota_only_when_its_words_say_so(message, kind):
+    assert failure_kind(message, 429) == kind
 
 
 def test_limits_and_job_errors_are_no_reviewer_failure(tmp_path):

@@ -105,6 +105,9 @@ _KINDS = (
 )
 
 
+_QUOTA_HINT = re.compile(r"\(e\.g\. check quota\)", re.I)
+
+
 # A URL in an error says where the request went, never what went wrong: Codex ends its
 # messages with ", url: https://…", and a gateway whose address held "network", "quota" or
 # "/login" made a job's own 400 the reviewer's failure. The openai agent keeps the URL out
@@ -131,7 +134,11 @@ def failure_kind(message: str, status: int | None = None) -> str | None:
     if status == 402:
         return "quota"
     if status == 429:
-        return "quota" if _KINDS[0][1].search(message) else "rate-limit"
+        # Google says every 429 as "Resource has been exhausted (e.g. check quota).", a
+        # per-minute limit too: the hint is no word that a quota is spent ("You exceeded
+        # your current quota…" is), and named quota, it sent the operator to billing.
+        said = _QUOTA_HINT.sub(" ", message)
+        return "quota" if _KINDS[0][1].search(said) else "rate-limit"
     if status == 404:
         return "not-found"  # no such endpoint or model: a profile to fix, not a note
     if status == 405 or (status is not None and 300 <= status < 400):
