@@ -126,6 +126,33 @@ def test_a_worker_with_only_the_queue_reviews_and_fixes(kb, tmp_path, redis_url)
     assert "attempt.started" in story.stdout and "attempt.ended" in story.stdout
 
 
+def test_a_stale_kb_copy_on_a_worker_machine_is_said_in_the_controls_log(kb, tmp_path, redis_url):
+    """A remote worker's --kb copy older than the note its fixer is given: the fixer ran
+    without it and the worker said `attempt.kb_stale`, in its own log only. The operator
+    reads the control's (`reviewq logs` there), which showed a fix that ran as any other,
+    and nothing said to update the copy."""
+    import shutil
+
+    small(kb, notes=1)
+    copy = tmp_path / "copy"
+    shutil.copytree(kb.root / "kb", copy / "kb")
+    (copy / "kb" / "notes" / "n0.md").write_text("An older text of the note.\n")
+    fix_env = {"FAKE_PASS_IF_CONTAINS": "FIXED", "FAKE_FIX_APPEND": "FIXED: more body."}
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    worker, home = start_worker(tmp_path, redis_url, fix_env, "--kb", str(copy))
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--fix", "--workers", "0", "--json")
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    assert "FIXED: more body." in kb.read("kb/notes/n0.md")  # the fix ran, without the copy
+    [stale] = [e for e in log_lines(kb) if e["event"] == "attempt.kb_stale"]
+    assert stale["note_path"] == "kb/notes/n0.md" and str(copy) in stale["reason"], stale
+    assert stale["host"] and stale["worker"] and stale["job_id"] == 2, stale
+    story = rq(kb, "logs", "--job", "2")
+    assert "attempt.kb_stale" in story.stdout, story.stdout
+
+
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_a_1_mib_prompt_and_a_5_mib_output_travel_in_the_messages(kb, request, queue):
     kb.gate("prose/body-check", ["body"])

@@ -83,6 +83,9 @@ class AttemptOutcome:
     # [classification, reasons] as judged without its change to the KB, when it made one:
     # a change found not to be the agent's (a fix reviewq wrote meanwhile) leaves this.
     untouched: list = field(default_factory=list)
+    # What the worker said of this attempt that the operator on the control's machine
+    # needs too: events ({"event", fields…}) the control logs again (``RELAYED``).
+    notices: list = field(default_factory=list)
 
 
 def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:

@@ -289,7 +289,7 @@ def run_review(msg: dict) -> None:
             _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
             return
         folder = attempt_folder(place.folder, job_id, attempt)
-        kb = _kb_for(place.kb, msg)
+        kb, notices = _kb_for(place.kb, msg)
         try:
             spec = _prepare(folder, msg, profile, kb)
         except OSError as exc:
@@ -297,7 +297,9 @@ def run_review(msg: dict) -> None:
             # rather than by a lease running out.
             reason = f"worker {WORKER_ID} could not prepare its attempt folder: {exc}"
             logs.get().error("attempt.not_started", reason=reason)
-            _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
+            failed = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
+            failed.notices = notices
+            _report(failed, {})
             return
 
         beat = _Beats(job_id, attempt)
@@ -344,6 +346,7 @@ def run_review(msg: dict) -> None:
             exit_code=outcome.exit_code,
             duration_s=round(outcome.duration_s, 3),
         )
+        outcome.notices = notices
         with REPORTING.beating(beat, msg["heartbeat_s"]):
             _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
@@ -396,29 +399,31 @@ def _cannot_take(
     return None
 
 
-def _kb_for(kb: Path | None, msg: dict) -> Path | None:
-    """The --kb copy for this attempt, or None. A fix is not shown a copy whose note is
-    not the text the fixer is given: a fixer that read the note there, not in its prompt,
-    wrote the old text back with its edit, and the control applied it (the note had not
-    changed since the fix was given it), so a stale copy undid a person's edits."""
+def _kb_for(kb: Path | None, msg: dict) -> tuple[Path | None, list[dict]]:
+    """The --kb copy for this attempt, or None, and what was said of it for the control
+    to say again (on another machine, the worker's log is not the one its operator reads).
+    A fix is not shown a copy whose note is not the text the fixer is given: a fixer that
+    read the note there, not in its prompt, wrote the old text back with its edit, and
+    the control applied it (the note had not changed since the fix was given it), so a
+    stale copy undid a person's edits."""
     note, given = msg.get("note_path"), msg.get("note_text")
     if kb is None or msg.get("task") != "fix" or not isinstance(note, str) or given is None:
-        return kb
+        return kb, []
     try:
         path = (kb / note).resolve()
         current = path.read_bytes() if path.is_relative_to(kb.resolve()) else None
     except OSError:
         current = None
     if current == str(given).encode("utf-8"):
-        return kb
-    logs.get().warning(
-        "attempt.kb_stale",
-        note_path=note,
-        reason=f"{note} in --kb {kb} is not the text the fixer is given (a stale copy: "
+        return kb, []
+    said = {
+        "note_path": note,
+        "reason": f"{note} in --kb {kb} is not the text the fixer is given (a stale copy: "
         "update it while the worker is stopped; or the note was edited since): the fixer "
         "runs without the KB",
-    )
-    return None
+    }
+    logs.get().warning("attempt.kb_stale", **said)
+    return None, [{"event": "attempt.kb_stale", **said}]
 
 
 def _expired(msg: dict) -> bool:

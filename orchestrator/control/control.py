@@ -77,6 +77,8 @@ from orchestrator.state.store import (
 )
 from orchestrator.state.workspace import Workspace
 
+# The worker's events the control logs again from an outcome's ``notices``, and their fields.
+RELAYED = {"attempt.kb_stale": ("note_path", "reason")}
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
 
 # The current attempt of each running job: what the reaper looks at.
@@ -525,6 +527,7 @@ class Control:
         if job is None:
             self.log.error("attempt.unknown_job", job_id=job_id, attempt=attempt)
             return
+        self._relay(o)
         if attempt != job["attempt"] or job["status"] != "running":
             self._supersede(job_id, attempt, o.get("telemetry"))
             return
@@ -612,6 +615,27 @@ class Control:
         else:
             self._reset_launch_failures(job["reviewer"])
             self._failed_attempt(job, o.get("reasons") or [cls])
+
+    def _relay(self, o: dict) -> None:
+        """Say in this log what the worker said of the attempt in its own (``notices``):
+        on another machine, its log is one the operator here never reads. Only the events
+        of :data:`RELAYED`, with their text fields, redacted: a message is data."""
+        for notice in o.get("notices") or []:
+            if not isinstance(notice, dict) or notice.get("event") not in RELAYED:
+                continue
+            fields = {
+                k: logs.redact(v)
+                for k, v in notice.items()
+                if k in RELAYED[notice["event"]] and isinstance(v, str)
+            }
+            self.log.warning(
+                notice["event"],
+                job_id=o["job_id"],
+                attempt=o["attempt"],
+                worker=o.get("worker"),
+                host=o.get("host"),
+                **fields,
+            )
 
     def _started_with_outcome(self, o: dict) -> None:
         """An outcome for an attempt still 'dispatched' (an agent that ended before its first

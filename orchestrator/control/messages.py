@@ -43,7 +43,9 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   ``reasons``, ``telemetry``, ``touched``, ``touched_hashes``, ``untouched`` (for a
   ``reviewer-touched-kb`` outcome: [classification, reasons] as judged without the
   change, optional: a control takes its absence as before), ``files`` (bounded
-  stdout.log/stderr.log tails and telemetry.json, by name). An outcome with ``exited_at``
+  stdout.log/stderr.log tails and telemetry.json, by name), ``notices`` (optional: events
+  the worker logged of the attempt that the control logs again, ``{"event", fields…}``,
+  only those it knows: ``attempt.kb_stale``). An outcome with ``exited_at``
   (the agent was launched) for an attempt still ``dispatched`` carries its start: the
   control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
   ``attempt.started`` from it, as from a first heartbeat.
