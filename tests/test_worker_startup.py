@@ -19,10 +19,11 @@ import pytest
 
 from .test_queue_integration import redis_server, redis_url
 from .test_remote_workers import EXE, worker_toml
+from .test_vendor_clis import netns
 
 pytestmark = pytest.mark.integration
 PASSWORD = "Pw-9f3kQ"
-__all__ = ["redis_url"]  # a fixture, used by name
+__all__ = ["netns", "redis_url"]  # fixtures, used by name
 
 
 def _worker_home(tmp_path: Path, url: str) -> tuple[Path, list[str]]:
@@ -139,6 +140,32 @@ def test_a_redis_url_to_a_port_where_no_redis_listens_is_refused(tmp_path):
     assert line.startswith(f"error: {config} [queue] url redis://127.0.0.1:{port}/0"), line
     assert "not a Redis server" in line and "HTTP/1.1 400" in line, line
     assert doctor.returncode == 1 and "not a Redis server" in doctor.stdout, doctor.stdout
+
+
+MISTYPED = "redis.mistyped-host.invalid"
+
+
+def test_a_redis_host_that_does_not_resolve_is_refused_at_start(tmp_path):
+    """A host name mistyped in worker.toml was an outage to the worker: it waited, with a
+    `queue.unavailable` line a minute, for a server that no name would ever lead to."""
+    url = f"redis://{MISTYPED}:6379/0"
+    config, args = _worker_home(tmp_path, url)
+    line = _worker_refuses(args, config, url)
+    assert f"the host '{MISTYPED}' does not resolve (" in line, line
+    doctor = _refused([*args, "doctor", "--worker"])
+    assert doctor.returncode == 1 and f"'{MISTYPED}' does not resolve" in doctor.stdout, (
+        doctor.stdout
+    )
+
+
+def test_a_redis_host_the_resolver_answers_try_again_is_refused_at_start(tmp_path, netns):
+    """Where the resolver cannot be reached (a network namespace with only `lo`: the
+    machine's DNS server out of reach) a lookup fails with EAI_AGAIN, "Temporary failure in
+    name resolution", and the mistyped host was waited for as an outage, for good."""
+    url = f"redis://{MISTYPED}:6379/0"
+    config, args = _worker_home(tmp_path, url)
+    line = _worker_refuses(["ip", "netns", "exec", netns, *args], config, url)
+    assert "does not resolve (Temporary failure in name resolution)" in line, line
 
 
 def test_a_redis_out_of_reach_at_start_is_still_waited_for(tmp_path):

@@ -437,7 +437,10 @@ def queue_where(settings: Settings) -> str:
 
 def out_of_reach(settings: Settings, exc: BaseException) -> str:
     """The words for a Redis queue that does not answer (refused, no route, no name, no
-    answer), for doctor: an outage the consumers wait out, or a host or port mistyped."""
+    answer), for doctor: an outage the consumers wait out, or a host or port mistyped; a
+    host name that does not resolve is refused at start, and said so."""
+    if problem := _unresolved(settings.queue.url):
+        return f"{queue_where(settings)}: {problem}; a worker or control started now refuses it"
     return (
         f"{queue_where(settings)}: out of reach ({exc}); a worker or control started now "
         "waits for it: start Redis there, or put its host and port in the URL"
@@ -457,7 +460,7 @@ def check_queue(settings: Settings) -> None:
     if not url:
         return
     where = queue_where(settings)
-    problem = _probe_problem(url)
+    problem = _unresolved(url) or _probe_problem(url)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
     import redis
@@ -507,6 +510,28 @@ def check_queue(settings: Settings) -> None:
         return  # away: waited for
     finally:
         client.close()
+
+
+def _unresolved(url: str) -> str | None:
+    """Why the URL's host name does not resolve here, or None. At start it is a name to
+    mend, whatever the resolver says: a mistyped host that it answered with a temporary
+    failure (EAI_AGAIN, as a resolver out of reach or a search domain's server says it)
+    was waited for as an outage, for good. After a good start, the consumers wait out
+    such a failure as any outage."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        return None
+    try:
+        socket.getaddrinfo(parts.hostname, parts.port or 6379, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        return (
+            f"the host {parts.hostname!r} does not resolve ({why}); check its spelling, "
+            "or this machine's DNS"
+        )
+    except ValueError:  # a port past 65535: the client's own check says it
+        return None
+    return None
 
 
 def _untrusted(exc: BaseException) -> bool:
