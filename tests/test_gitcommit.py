@@ -75,6 +75,46 @@ def test_a_detached_head_gets_no_commit(repo):
     assert commits(repo) == ["the KB"]
 
 
+def _another_commit(repo, name: str) -> None:
+    (repo / name).write_text(f"{name}\n")
+    git(repo, "add", name)
+    git(repo, "commit", "-q", "-m", name)
+
+
+@pytest.mark.parametrize("busy", ["rebase", "bisect"])
+def test_a_rebase_or_bisect_in_progress_holds_the_commit_until_it_ends(repo, busy):
+    """A rebase stopped at a commit, or a bisect, leaves HEAD detached for a while: the
+    fix's commit was given up at once as for a tag checked out, and the person, their
+    rebase or bisect done, found the fix uncommitted for good. It waits, as for a merge."""
+    _another_commit(repo, "one.txt")
+    _another_commit(repo, "two.txt")
+    if busy == "rebase":  # stopped at the last commit, to edit it
+        subprocess.run(
+            ["git", "rebase", "-q", "-i", "HEAD~1"],
+            cwd=repo,
+            env={**os.environ, "GIT_SEQUENCE_EDITOR": "sed -i s/^pick/edit/"},
+            check=True,
+            capture_output=True,
+        )
+    else:
+        git(repo, "bisect", "start", "HEAD", "HEAD~2")  # checks out the commit between
+    before = (repo / NOTE).read_bytes()
+    out = fix(repo)
+    assert out.sha is None and out.again, out
+    assert out.why_not == f"HEAD is detached during a {busy}; the commit is made once it ends"
+    if busy == "rebase":  # git continues only a clean tree: the fix is put aside meanwhile
+        git(repo, "stash", "-q")
+        git(repo, "rebase", "--continue")
+        git(repo, "stash", "pop", "-q")
+    else:
+        git(repo, "bisect", "reset")
+    after = (repo / NOTE).read_bytes()
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
+    done = commit_fix(repo, NOTE, before, after, msg)
+    assert done.sha and done.sha == git(repo, "rev-parse", "HEAD").strip(), done
+    assert git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+
+
 def test_a_note_named_like_a_glob_is_that_file_only(repo):
     """'v?.md' as a pathspec also named 'v1.md', whose staged edit refused the fix."""
     rel = "kb/notes/v?.md"

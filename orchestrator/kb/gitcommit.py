@@ -237,6 +237,21 @@ def _lock_held(p: subprocess.CompletedProcess) -> bool:
     return p.returncode != 0 and ".lock': File exists" in p.stderr
 
 
+# What git keeps in its folder while a rebase or a bisect is under way (`git status` reads
+# the same): the operation's name for each.
+_UNDER_WAY = (("rebase-merge", "rebase"), ("rebase-apply", "rebase"), ("BISECT_START", "bisect"))
+
+
+def _in_progress(root: Path) -> str | None:
+    """``rebase`` or ``bisect`` when one is under way in the KB's repository, else None."""
+    p = _git(root, "rev-parse", *(arg for name, _ in _UNDER_WAY for arg in ("--git-path", name)))
+    paths = p.stdout.splitlines() if p.returncode == 0 else []
+    for path, (_, what) in zip(paths, _UNDER_WAY, strict=False):
+        if (root / path).exists():  # relative to the working folder git ran in, or absolute
+            return what
+    return None
+
+
 def _first_line(p: subprocess.CompletedProcess) -> str:
     said = p.stderr or p.stdout or ""
     if isinstance(said, bytes):  # a run given ``data``
@@ -330,6 +345,14 @@ def _commit(
     if _git(root, "symbolic-ref", "-q", "HEAD").returncode != 0:
         # A tag or commit checked out, a bisect, a rebase: the next checkout of a branch
         # would leave the commit behind and put the old note back without a word.
+        busy = _in_progress(root)
+        if busy:
+            # A rebase or bisect gives the branch back when it ends, as a merge ends: the
+            # commit waits for it (given up at once, the fix stayed uncommitted for good).
+            return CommitOutcome(
+                why_not=f"HEAD is detached during a {busy}; the commit is made once it ends",
+                again=True,
+            )
         return CommitOutcome(
             why_not="HEAD is detached (no branch is checked out); a commit there would be "
             "left behind at the next checkout"
