@@ -115,6 +115,22 @@ def test_a_rebase_or_bisect_in_progress_holds_the_commit_until_it_ends(repo, bus
     assert git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
 
 
+def test_a_reason_is_gits_own_words_with_its_traces_asked_for(repo, monkeypatch):
+    """GIT_TRACE (or GIT_TRACE2, GIT_TRACE_PACKET…) left set where reviewq runs: git writes
+    its trace to stderr before its error, and the reason kept was the trace's first line
+    ("06:29:36.876623 common-main.c:50 version 2.39.5"), where git's error was."""
+    for name in ("GIT_TRACE", "GIT_TRACE2", "GIT_TRACE_SETUP"):
+        monkeypatch.setenv(name, "1")
+    git(repo, "checkout", "-q", "-b", "side")
+    _another_commit(repo, "side.txt")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "--no-commit", "side")
+    out = fix(repo)
+    assert out.again and out.why_not.startswith("git commit failed: fatal: cannot do a partial"), (
+        out
+    )
+
+
 def test_a_note_named_like_a_glob_is_that_file_only(repo):
     """'v?.md' as a pathspec also named 'v1.md', whose staged edit refused the fix."""
     rel = "kb/notes/v?.md"

@@ -56,11 +56,20 @@ _ELSEWHERE = (
 )
 
 
+# What makes git write more than its own words to stderr (GIT_TRACE, GIT_TRACE2_*,
+# GIT_TRACE_PACKET…, GIT_CURL_VERBOSE): left set in a person's shell, a failed commit's
+# reason (stderr's first line) was a trace line, not git's error.
+_CHATTY = ("GIT_TRACE", "GIT_CURL_VERBOSE")
+
+
 def git_env(**extra: str) -> dict[str, str]:
     """The environment a git run on the KB gets: this process's, without what names
-    another repository, and unattended (no prompt, editor or pager)."""
+    another repository or adds traces to git's words, and unattended (no prompt, editor
+    or pager)."""
     return {
-        **{k: v for k, v in os.environ.items() if k not in _ELSEWHERE},
+        **{
+            k: v for k, v in os.environ.items() if k not in _ELSEWHERE and not k.startswith(_CHATTY)
+        },
         **_ENV,
         **extra,
     }
