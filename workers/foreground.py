@@ -211,11 +211,6 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             # In the job's log as the control says it: else `reviewq logs --job N` showed
             # nothing of why the job is queued again.
             event = "attempt.launch_failed" if launch else "attempt.reviewer_failed"
-            when = (
-                {"waits_for_pause_until": off.paused_until}
-                if off.paused_until
-                else {"retry_in_s": off.delay}
-            )
 
             def said() -> None:
                 log = logs.get()
@@ -225,7 +220,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
                     attempt=opened.attempt,
                     reviewer=profile.name,
                     by_hand=True,
-                    **when,
+                    **off.when,
                     reasons=outcome.reasons,
                 )
                 if off.paused_at:

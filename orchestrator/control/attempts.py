@@ -396,6 +396,13 @@ class Backoff:
     count: int  # the profile's failures in a row, this one included
     reason: str  # the pause's reason, as stored
 
+    @property
+    def when(self) -> dict:
+        """When the job runs again, as the log says it."""
+        if self.paused_until:
+            return {"waits_for_pause_until": self.paused_until}
+        return {"retry_in_s": self.delay}
+
 
 def not_the_jobs(launch: bool, profile: ReviewerProfile | None, host: str | None) -> str:
     """Whose failure a pause names: the agent that did not start, or the profile's kind

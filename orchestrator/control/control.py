@@ -760,13 +760,8 @@ class Control:
         if self.on_backoff is not None and off.paused_until is None:
             wake = self.on_backoff
             self.store.after_commit(lambda: wake(off.delay))
-        when = (
-            {"waits_for_pause_until": off.paused_until}
-            if off.paused_until
-            else {"retry_in_s": off.delay}
-        )
         self.log.warning(
-            event, job_id=job["id"], attempt=attempt, reviewer=name, **when, reasons=reasons
+            event, job_id=job["id"], attempt=attempt, reviewer=name, **off.when, reasons=reasons
         )
         if off.paused_at:
             log_paused(self.log, name, off)
