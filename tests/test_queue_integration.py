@@ -459,14 +459,16 @@ def test_burned_out_multi_pair_job_is_split(kb):
 
 
 @contextlib.contextmanager
-def redis_server(folder: Path, *options: str):
-    """A redis-server of its own on a unix socket in ``folder``; its URL."""
+def redis_server(folder: Path, *options: str, prefix: tuple[str, ...] = ()):
+    """A redis-server of its own on a unix socket in ``folder``; its URL. ``prefix``: the
+    command it runs under (``ip netns exec NS``: in a network namespace)."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (CI installs it with apt)")
     sock = folder / "redis.sock"
     proc = subprocess.Popen(
         [
+            *prefix,
             exe,
             "--port",
             "0",

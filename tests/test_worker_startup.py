@@ -168,6 +168,48 @@ def test_a_redis_host_the_resolver_answers_try_again_is_refused_at_start(tmp_pat
     assert "does not resolve (Temporary failure in name resolution)" in line, line
 
 
+def test_a_lookup_that_fails_after_a_good_start_is_an_outage_waited_for(tmp_path, netns):
+    """The other half of refusing a name that does not resolve: once the worker has
+    started, the resolver's temporary failure (EAI_AGAIN) is an outage like any other,
+    waited for and said, and the worker goes on once the name resolves again. The name
+    is in an /etc/hosts of the worker's own (a mount namespace), taken away and put back."""
+    hosts = tmp_path / "hosts"
+    named = "127.0.0.1 localhost\n127.0.0.1 redis-box\n"
+    hosts.write_text(named)
+    port = 16000 + os.getpid() % 1000
+    inside = ("ip", "netns", "exec", netns)
+    with redis_server(tmp_path, "--port", str(port), "--bind", "127.0.0.1", prefix=inside):
+        _, args = _worker_home(tmp_path, f"redis://redis-box:{port}/0")
+        home = tmp_path / "remote"
+        script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+        worker = subprocess.Popen(
+            [*inside, "unshare", "--mount", "sh", "-c", script, str(hosts), *args]
+            + ["worker", "--workers", "1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _await_event(home, "worker.started", 0)
+            seen = len(_worker_log(home))
+            hosts.write_text("127.0.0.1 localhost\n")  # the same file: the mount sees it
+            subprocess.run(
+                [*inside, "redis-cli", "-p", str(port), "CLIENT", "KILL", "TYPE", "normal"],
+                check=True,
+                capture_output=True,
+            )
+            _await_event(home, "queue.unavailable", seen)  # its connection cut
+            # Its reconnects (0.1 s apart, doubling) meet EAI_AGAIN meanwhile: no event
+            # says each, so a few of them are let pass (as for a refused port, above).
+            time.sleep(3)
+            assert worker.poll() is None  # waiting, not refused
+            events = [r["event"] for r in _worker_log(home)[seen:]]
+            assert "queue.available" not in events, events
+            hosts.write_text(named)
+            _await_event(home, "queue.available", seen)
+        finally:
+            _stop(worker)
+
+
 def test_a_redis_out_of_reach_at_start_is_still_waited_for(tmp_path):
     """Connection refused is an outage (Redis restarting, not up yet): the worker waits."""
     with socket.create_server(("127.0.0.1", 0)) as held:
