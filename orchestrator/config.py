@@ -249,6 +249,7 @@ class Settings:
     state_dir: Path
     config_path: Path | None
     note_roots: tuple[str, ...] = ("kb/notes",)
+    exclude: tuple[str, ...] = ()  # [kb] exclude: globs, relative to the note roots
     max_output_bytes: int = 5 * 1024 * 1024
     max_note_bytes: int = MAX_NOTE_BYTES
     reviewers: dict[str, ReviewerProfile] = field(default_factory=dict)
@@ -812,10 +813,83 @@ def _note_roots(kb: _Table) -> tuple[str, ...]:
     return tuple(posixpath.normpath(r.strip()).strip("/") for r in roots)
 
 
+def _exclude(kb: _Table) -> tuple[str, ...]:
+    """``[kb] exclude``: each glob checked as it loads, so a typo is one line at every
+    command rather than a note reviewed (or left out) in silence."""
+    value = kb.data.get("exclude", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            '[kb] exclude: expected a list of globs, e.g. ["**/README.md", "templates/**"]'
+        )
+    for glob in value:
+        try:
+            glob_regex(glob)
+        except ValueError as exc:
+            raise ConfigError(f"[kb] exclude: {glob!r}: {exc}") from None
+    return tuple(value)
+
+
+def glob_regex(glob: str) -> re.Pattern[str]:
+    """A note glob as a regex over a path relative to a note root, matched whole: ``*``
+    and ``?`` stay within one folder, ``[abc]`` is a class, and ``**`` (a whole part
+    only) stands for any number of folders, none included (``**/README.md`` matches the
+    root's own README.md). ValueError says why a glob cannot be one."""
+    if not glob.strip():
+        raise ValueError("empty")
+    if glob.startswith("/"):
+        raise ValueError("starts with '/'; globs are relative to the note roots")
+    if "\\" in glob:
+        raise ValueError("a backslash; note paths use '/'")
+    parts = glob.split("/")
+    if glob.endswith("/"):
+        raise ValueError("ends with '/'; name the files (a folder's: 'folder/**')")
+    out = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part in ("", ".", ".."):
+            what = f"a {part!r}" if part else "an empty"
+            raise ValueError(f"{what} part; name paths under the note roots")
+        if part == "**":
+            out.append(".*" if last else "(?:[^/]+/)*")
+            continue
+        if "**" in part:
+            raise ValueError("'**' only as a whole part ('a/**/b', not 'a**')")
+        out.append(_part_regex(part) + ("" if last else "/"))
+    return re.compile("".join(out))
+
+
+def _part_regex(part: str) -> str:
+    out, i = [], 0
+    while i < len(part):
+        c = part[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = i + 1 + (part[i + 1 : i + 2] == "!")
+            j += part[j : j + 1] == "]"  # a ']' first is one of the class
+            end = part.find("]", j)
+            if end == -1:
+                raise ValueError("'[' without its ']'")
+            body = part[i + 1 : end]
+            if body.startswith("!"):
+                out.append("[^/" + body[1:] + "]")
+            else:
+                out.append("[" + ("\\" if body.startswith("^") else "") + body + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
 def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings:
     """Settings from the parsed file; a ConfigError names the table and the key."""
     top = _Table(data, "", {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"})
-    note_roots = _note_roots(_Table(top.data.get("kb"), "[kb]", {"note_roots"}))
+    kb = _Table(top.data.get("kb"), "[kb]", {"note_roots", "exclude"})
+    note_roots = _note_roots(kb)
+    exclude = _exclude(kb)
     state_dir_name = _Table(top.data.get("state"), "[state]", {"dir"}).string("dir", ".reviewq")
     if not state_dir_name.strip():  # would put state.db, jobs/ and logs/ beside kb/
         raise ConfigError("[state] dir: empty; name the state folder (default .reviewq)")
@@ -856,6 +930,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
         state_dir=state_dir.resolve(),
         config_path=None,
         note_roots=note_roots or ("kb/notes",),
+        exclude=exclude,
         max_output_bytes=max_output,
         max_note_bytes=max_note,
         reviewers=reviewers,

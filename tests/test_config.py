@@ -34,6 +34,15 @@ BAD = [
     ('[kb]\nnote_roots = ["."]\n', "[kb] note_roots", "'.' names all of ROOT"),
     ('[kb]\nnote_roots = ["kb/notes", " "]\n', "[kb] note_roots", "' ' names all of ROOT"),
     ('[kb]\nnote_roots = ["/srv/kb"]\n', "[kb] note_roots", "/srv/kb: an absolute path"),
+    # [kb] exclude: a string (read as a list of one, or as its letters?) and each glob
+    # that cannot be one are refused, not taken as excluding nothing in silence.
+    ('[kb]\nexclude = "templates/**"\n', "[kb] exclude", "expected a list of globs"),
+    ("[kb]\nexclude = [3]\n", "[kb] exclude", "expected a list of globs"),
+    ('[kb]\nexclude = ["[ab.md"]\n', "[kb] exclude", "'[ab.md': '[' without its ']'"),
+    ('[kb]\nexclude = ["/README.md"]\n', "[kb] exclude", "relative to the note roots"),
+    ('[kb]\nexclude = ["a**/x.md"]\n', "[kb] exclude", "'**' only as a whole part"),
+    ('[kb]\nexclude = ["../x.md"]\n', "[kb] exclude", "a '..' part"),
+    ('[kb]\nexclude = [""]\n', "[kb] exclude", "'': empty"),
     ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
     # Past what a read can be asked for: finalize ended in an internal error
     # (OverflowError, MemoryError), a worker's attempt in a launch failure.

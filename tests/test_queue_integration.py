@@ -143,6 +143,49 @@ def test_a_note_over_the_size_limit_is_said_and_left_out_the_others_reviewed(kb)
     )
 
 
+def test_excluded_notes_are_counted_never_selected_swept_or_queued(kb):
+    """An index and templates kept beside the notes were reviewed at every gate of every
+    sweep. Under [kb] exclude (globs relative to the note roots) no sweep, enqueue or
+    select picks them, even named with --note; each command says how many, in one line."""
+    small_kb(kb, notes=2)
+    kb.note("README")
+    kb.note("topic/README")
+    kb.note("templates/t1")
+    kb.note("templates/deep/t2")
+    kb.note("templates-not")  # a sibling the folder's glob must not take
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + FAST_QUEUE + '[kb]\nexclude = ["**/README.md", "templates/**"]\n',
+    )
+    line = "4 note(s) excluded by [kb] exclude: not reviewed"
+    sel = rq(kb, "select", "--all-gates", "--model", "fake", "--json")
+    assert sel.returncode == 0, sel.stderr
+    assert {t["note_path"] for t in json.loads(sel.stdout)["targets"]} == {
+        "kb/notes/n0.md",
+        "kb/notes/n1.md",
+        "kb/notes/templates-not.md",
+    }
+    assert sel.stderr.splitlines() == [line], sel.stderr
+    named = rq(kb, "select", "--all-gates", "--note", "kb/notes/templates", "--json")
+    assert json.loads(named.stdout)["targets"] == [] and line.replace("4", "2") in named.stderr
+    res = rq(kb, "sweep", "--reviewer", "fake", "--all-gates", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["notes_excluded"] == 4
+    assert res.stderr.count("excluded") == 1 and "README" not in res.stderr, res.stderr
+    with db(kb) as conn:
+        reviewed = {r[0] for r in conn.execute("SELECT DISTINCT note_path FROM acceptance")}
+    assert reviewed == {"kb/notes/n0.md", "kb/notes/n1.md", "kb/notes/templates-not.md"}
+    kb.note("n2")
+    enq = rq(kb, "enqueue", "--reviewer", "fake", "--all-gates", "--json")
+    assert enq.returncode == 0, enq.stderr
+    out = json.loads(enq.stdout)
+    assert out["notes_excluded"] == 4 and {
+        p["note_path"] for j in out["jobs"] for p in j["pairs"]
+    } == {"kb/notes/n2.md"}, out
+    status = rq(kb, "status")
+    assert f"\n{line}\n" in status.stdout, status.stdout
+
+
 def make_fifo(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     os.mkfifo(path)

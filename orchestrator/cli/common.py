@@ -235,6 +235,12 @@ def warn(problems: list[FileProblem]) -> None:
         click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
 
 
+def excluded_words(n: int) -> str:
+    """One line for the notes ``[kb] exclude`` left out: counted, never listed (an index
+    or template a note is what the setting is for, not news at every command)."""
+    return f"{n} note(s) excluded by [kb] exclude: not reviewed"
+
+
 def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
     """What an enqueue could not review, as ``warning:`` lines: the files its selection
     skipped (a command's stderr log leaves them out), and one line for each reason a
@@ -243,6 +249,8 @@ def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
     warn(res.problems)
     for hint in res.hints:  # --current on a KB that keeps no status: field
         click.echo(f"warning: {hint}", err=True)
+    if res.excluded:
+        click.echo(excluded_words(res.excluded), err=True)
     counts: dict[str, int] = {}
     for s in res.skipped:
         if s.problem:

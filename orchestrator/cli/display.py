@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchestrator.cli.common import skipped_count
+from orchestrator.cli.common import excluded_words, skipped_count
 from orchestrator.state.words import outcome_words
 
 
@@ -103,6 +103,8 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
             console.print(f"  {p.path}: {p.reason}", soft_wrap=True)
         if len(enq.problems) > _NOTES_SHOWN:
             console.print(f"  … and {len(enq.problems) - _NOTES_SHOWN} more (the warnings above)")
+    if enq.excluded:
+        console.print(excluded_words(enq.excluded), soft_wrap=True)
     for f in s["failed"]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]), soft_wrap=True)
     if s.get("escalations"):

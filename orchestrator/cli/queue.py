@@ -29,6 +29,7 @@ from orchestrator.cli.common import (
     budget_usd,
     cli,
     emit_json,
+    excluded_words,
     not_blank,
     nudge_control,
     only_reject_check,
@@ -199,6 +200,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
                 "model_partition": res.model_partition,
                 "jobs": [j.to_json() for j in res.jobs],
                 "skipped": [asdict(s) for s in res.skipped],
+                "notes_excluded": res.excluded,
             }
         )
         return
@@ -332,6 +334,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "enqueued_jobs": len(out.enqueued.jobs),
                 "skipped": len(out.enqueued.skipped),
                 "files_not_reviewed": [asdict(p) for p in out.enqueued.problems],
+                "notes_excluded": out.enqueued.excluded,
                 "progress": out.progress.__dict__,
                 "paused": {name: pause.until for name, pause in out.paused.items()},
                 "paused_reviewers": {
@@ -453,6 +456,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     store = ws.read_store()
     data = status(store, ws.settings)
     data["notes_not_reviewed"] = [asdict(p) for p in _too_large_notes(ws)]
+    data["notes_excluded"] = len(ws.kb.excluded)  # counted by the scan just made
     if as_json:
         emit_json(data)
         return
@@ -476,6 +480,8 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         )
     for p in data["notes_not_reviewed"]:
         click.echo(f"note not reviewed: {shown(p['path'])}: {p['reason']}")
+    if data["notes_excluded"]:
+        click.echo(excluded_words(data["notes_excluded"]))
     for line in _liveness(data):
         click.echo(line)
 

@@ -15,6 +15,7 @@ from orchestrator.cli.common import (
     batch_size_needs_gate_grouping,
     cli,
     emit_json,
+    excluded_words,
     not_blank,
     open_log,
     refuse_domain_errors,
@@ -174,6 +175,8 @@ def select_cmd(
     warn(result.problems)
     for hint in result.hints:
         click.echo(f"warning: {hint}", err=True)
+    if result.excluded:
+        click.echo(excluded_words(result.excluded), err=True)
     if model is not None and (problem := partition_problem(store, model)):
         click.echo(f"warning: {problem}", err=True)
     if as_json:

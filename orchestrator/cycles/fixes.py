@@ -156,6 +156,13 @@ def create_fix_job(
             # carry it whole, as a review's would not.
             logs.get().warning("fix.skipped", note_path=note_path, reason=f"{why}; not fixed")
             return None
+        if not feedback and kb.is_excluded(rel):
+            # Excluded since its review was queued: the review runs (it was asked for),
+            # no fixer rewrites an index or template unasked. A person's redo still does.
+            logs.get().info(
+                "fix.skipped", note_path=note_path, reason="excluded by [kb] exclude; not fixed"
+            )
+            return None
         note = kb.read_note(rel)
     except (KBError, NoteParseError, OSError) as exc:
         # Deleted, broken or leading outside the root since its review: nothing to fix.

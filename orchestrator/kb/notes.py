@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.config import MAX_NOTE_BYTES
+from orchestrator.config import MAX_NOTE_BYTES, glob_regex
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notecache import NoteCache
 from orchestrator.regularfile import FOLDER, NotRegular, open_regular
@@ -370,6 +370,9 @@ class KB:
     note_roots: tuple[str, ...] = (NOTES_DIR,)
     problems: list[FileProblem] = field(default_factory=list)
     max_note_bytes: int = MAX_NOTE_BYTES  # [limits] max_note_bytes
+    exclude: tuple[str, ...] = ()  # [kb] exclude
+    excluded: set[str] = field(default_factory=set)  # by exclude, at the last scan
+    _exclude_res: list[re.Pattern[str]] | None = field(default=None, repr=False)
 
     @classmethod
     def open(
@@ -377,13 +380,31 @@ class KB:
         root: str | os.PathLike,
         note_roots: Iterable[str] = (NOTES_DIR,),
         max_note_bytes: int = MAX_NOTE_BYTES,
+        exclude: Iterable[str] = (),
     ) -> KB:
         path = Path(root).resolve()
         if not path.is_dir():
             raise KBError(f"KB root {root} is not a folder")
         # "kb/notes/" and "./kb/notes" name the root "kb/notes" that paths are compared with.
         roots = (posixpath.normpath(r).strip("/") for r in note_roots)
-        return cls(path, tuple("" if r == "." else r for r in roots), [], max_note_bytes)
+        return cls(
+            path, tuple("" if r == "." else r for r in roots), [], max_note_bytes, tuple(exclude)
+        )
+
+    def is_excluded(self, rel: str) -> bool:
+        """Whether ``[kb] exclude`` leaves the note at ``rel`` (root-relative) out: a glob
+        is matched against its path relative to each note root that holds it."""
+        if not self.exclude:
+            return False
+        if self._exclude_res is None:
+            self._exclude_res = [glob_regex(g) for g in self.exclude]
+        for r in self.note_roots:
+            if r and not rel.startswith(f"{r}/"):
+                continue
+            under = rel[len(r) + 1 :] if r else rel
+            if any(rx.fullmatch(under) for rx in self._exclude_res):
+                return True
+        return False
 
     def too_large(self, size: int) -> str | None:
         """Why a note of ``size`` bytes is not reviewed, or None. Said, not read: its text
@@ -503,7 +524,10 @@ class KB:
         second = self._second_names(links)
         for rel in sorted(second.keys() & found):
             self.problems.append(FileProblem(rel, second[rel]))
-        return sorted(found - second.keys())
+        # Left out before any is read: an index or a template is neither reviewed nor
+        # said to be broken. Counted, not named (status and the sweep say how many).
+        self.excluded = {rel for rel in found if self.is_excluded(rel)}
+        return sorted(found - second.keys() - self.excluded)
 
     def _second_names(self, links: set[str]) -> dict[str, str]:
         """Links among the notes that name a file another link names already, with why

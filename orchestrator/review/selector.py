@@ -81,6 +81,7 @@ class Selection:
     notes: dict[str, Note] = field(default_factory=dict)
     json_bytes: bytes | None = None  # the --json answer, when memoised
     hints: list[str] = field(default_factory=list)  # why it may hold less than meant
+    excluded: int = 0  # notes [kb] exclude left out
 
     def to_json(self) -> dict:
         counts = {r: self.counts.get(r, 0) for r in REASONS}
@@ -208,7 +209,9 @@ def select(
     notes = kb.load_notes(paths, cache)
     if cache is not None:
         cache.save()
-    sel = Selection(model, problems=list(kb.problems) + list(catalog.problems))
+    sel = Selection(
+        model, problems=list(kb.problems) + list(catalog.problems), excluded=len(kb.excluded)
+    )
     if current:
         if notes and all(n.status is None for n in notes):
             # A KB that keeps no status selected nothing, said as a KB all fresh.

@@ -61,7 +61,12 @@ class Workspace:
 
     @cached_property
     def kb(self) -> KB:
-        return KB.open(self.root, self.settings.note_roots, self.settings.max_note_bytes)
+        return KB.open(
+            self.root,
+            self.settings.note_roots,
+            self.settings.max_note_bytes,
+            self.settings.exclude,
+        )
 
     def catalog(self) -> Catalog:
         """The gates and type specs as the files are now: parsed again only when one of

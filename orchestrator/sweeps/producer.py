@@ -104,6 +104,7 @@ class EnqueueResult:
     counts: dict[str, int] = field(default_factory=dict)
     problems: list[FileProblem] = field(default_factory=list)  # files the selection skipped
     hints: list[str] = field(default_factory=list)  # the selection's (Selection.hints)
+    excluded: int = 0  # notes [kb] exclude left out (Selection.excluded)
 
 
 def enqueue(
@@ -225,6 +226,7 @@ def enqueue(
             pairs=sum(len(j.pairs) for j in batch.jobs),
             skipped=len(batch.skipped),
             counts=counts,
+            excluded=selection.excluded,
         )
         for p in selection.problems:
             logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
@@ -239,6 +241,7 @@ def enqueue(
         counts,
         list(selection.problems),
         list(selection.hints),
+        selection.excluded,
     )
 
 
