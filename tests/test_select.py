@@ -995,3 +995,40 @@ def test_a_damaged_ratio_memo_is_rebuilt(kb, run_cli, damage):
     res = run_cli("select", "prose/rw", "--model", "m1", "--json")
     assert res.exit_code == 0, res.stderr
     assert res.json()["counts"]["fresh"] == 1
+
+
+def test_many_files_skipped_for_one_reason_are_three_lines_and_a_count(small, tmp_path):
+    """200 `.MD` files (or links out of the KB, FIFOs, notes over the size limit) were
+    200 warnings at every command. Each kind of reason names its first files, then one
+    line counts the rest and says where each is named; a lone file is said as before."""
+    from .conftest import reviewq_process
+
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("---\ntitle: Out\n---\nBody\n")
+    notes = small.root / "kb/notes"
+    for i in range(7):
+        (notes / f"UP{i}.MD").write_text("x\n")
+        (notes / f"out{i}.md").symlink_to(outside)
+        os.mkfifo(notes / f"fifo{i}.md")
+        small.note(f"big{i}", body="A line of a note that grew.\n" * (20 + i))
+    small.write("kb/notes/broken.md", "---\ntitle: [unclosed\n---\nBody\n")
+    small.write("reviewq.toml", "[limits]\nmax_note_bytes = 400\n")
+    for args in (("select", "--all-gates"), ("enqueue", "--all-gates")):
+        res = reviewq_process("--root", str(small.root), *args)
+        assert res.returncode == 0, res.stderr
+        lines = [x for x in res.stderr.splitlines() if x.startswith("warning: ")]
+        for kind in ("in small letters", "to outside the KB root", "(a FIFO)", "max_note_bytes"):
+            said = [x for x in lines if kind in x]
+            assert len(said) == 4, (kind, res.stderr)
+            assert said[3].startswith("warning: … and 4 more file(s) for the same reason (")
+            assert "reviewq logs --event kb.file_skipped" in said[3]
+        assert [x for x in lines if "broken" in x] == [
+            "warning: kb/notes/broken.md: broken YAML (frontmatter line 2): "
+            "did not find expected ',' or ']'"
+        ]
+    # The log keeps one line a file: what the count's pointer leads to.
+    logged = (small.state / "logs" / "reviewq.jsonl").read_text()
+    assert logged.count('"event": "kb.file_skipped"') == 7 * 4 + 1
+    status = reviewq_process("--root", str(small.root), "status")
+    said = [x for x in status.stdout.splitlines() if x.startswith("note not reviewed: ")]
+    assert len(said) == 4 and said[3].startswith("note not reviewed: … and 4 more"), status.stdout

@@ -8,7 +8,7 @@ import json
 import math
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
@@ -230,9 +230,34 @@ def utf8(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, AN
     return value
 
 
-def warn(problems: list[FileProblem]) -> None:
+NAMED_PER_REASON = 3  # files a warning names for one reason; the rest are counted
+
+
+def capped(problems: Sequence[FileProblem], prefix: str) -> Iterator[str]:
+    """One line a file, up to NAMED_PER_REASON for each kind of reason, then one line for
+    each kind with how many more: 200 `.MD` files (or links out of the KB, FIFOs, notes
+    over the size limit) were 200 lines at every command, burying everything else. A
+    count of one more would take the line its name takes: that one is named."""
+    total: dict[str, int] = {}
     for p in problems:
-        click.echo(f"warning: {shown(p.path)}: {p.reason}", err=True)
+        total[p.kind] = total.get(p.kind, 0) + 1
+    named: dict[str, int] = {}
+    for p in problems:
+        named[p.kind] = named.get(p.kind, 0) + 1
+        if named[p.kind] <= NAMED_PER_REASON or total[p.kind] == NAMED_PER_REASON + 1:
+            yield f"{prefix}{shown(p.path)}: {p.reason}"
+    for kind, n in total.items():
+        if n > NAMED_PER_REASON + 1:
+            yield (
+                f"{prefix}… and {n - NAMED_PER_REASON} more file(s) for the same reason "
+                f"({shown(kind)}); `reviewq logs --event kb.file_skipped` names each one "
+                "a sweep or enqueue left out"
+            )
+
+
+def warn(problems: Sequence[FileProblem]) -> None:
+    for line in capped(problems, "warning: "):
+        click.echo(line, err=True)
 
 
 def excluded_words(n: int) -> str:

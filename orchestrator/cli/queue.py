@@ -27,6 +27,7 @@ from orchestrator.cli.common import (
     Refused,
     batch_size_needs_gate_grouping,
     budget_usd,
+    capped,
     cli,
     emit_json,
     excluded_words,
@@ -478,8 +479,12 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
             f"fix not written to the KB: {f['note_path']} (fix job {f['job_id']}, since "
             f"{f['since'][:19]}Z): {f['error']}; the control process tries again at each tick"
         )
-    for p in data["notes_not_reviewed"]:
-        click.echo(f"note not reviewed: {shown(p['path'])}: {p['reason']}")
+    from orchestrator.kb.notes import FileProblem
+
+    for line in capped(
+        [FileProblem(**p) for p in data["notes_not_reviewed"]], "note not reviewed: "
+    ):
+        click.echo(line)
     if data["notes_excluded"]:
         click.echo(excluded_words(data["notes_excluded"]))
     for line in _liveness(data):

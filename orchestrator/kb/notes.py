@@ -49,6 +49,10 @@ def _exists(path: Path) -> bool:
         return False
 
 
+# A path (anything with a '/' or ending in .md) or a number in a reason.
+_PARTICULAR = re.compile(r"[^\s,;()]*/[^\s,;()]*|[^\s,;()]+\.md\b|\d+")
+
+
 class KBError(Exception):
     """A problem with the KB as a whole (a missing root, a path outside it)."""
 
@@ -60,6 +64,12 @@ class FileProblem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
+
+    @property
+    def kind(self) -> str:
+        """The reason with what differs from file to file (paths, sizes, line numbers)
+        blanked: 200 files skipped for one cause are one kind, said once with a count."""
+        return _PARTICULAR.sub("…", self.reason)
 
 
 class NoteParseError(ValueError):
