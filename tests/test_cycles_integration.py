@@ -1565,7 +1565,7 @@ def _summary_of_escalations(escalations: list[dict], capsys) -> str:  # noqa: AN
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
     out = SimpleNamespace(
         summary={**summary, "escalations": escalations},
-        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p"),
+        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p", excluded=0),
     )
     render_summary(out, lambda note, gate: None)
     return capsys.readouterr().out
@@ -2068,6 +2068,7 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
             skipped=skipped,
             problems=[],
             model_partition="p",
+            excluded=0,
         ),
     )
     pause = (
