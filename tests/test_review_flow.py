@@ -1295,6 +1295,40 @@ def test_a_redo_of_a_note_grown_past_the_size_limit_is_refused_not_a_whole_note_
         )
 
 
+@pytest.mark.parametrize("how", ["git mv", "deleted"])
+def test_a_redo_whose_note_moved_before_its_fix_is_escalated_again_with_the_asks(
+    flow, run_cli, how
+):
+    """A person's redo, then the note moved (git mv) or deleted before its fix ran: the
+    fix job read "completed", its asks went nowhere and only the log said why. Now its
+    pairs are escalated again, quoting the asks and, for a move, where the same text is."""
+    from .conftest import reviewq_process
+
+    (esc,) = escalate_alpha(flow, run_cli)
+    res = run_cli("decide", str(esc), "redo", "--feedback", "Cite the source.", "--fixer", "fake")
+    assert res.exit_code == 0, res.stderr
+    fix = next(j["id"] for j in run_cli("jobs", "--json").json()["jobs"] if j["kind"] == "fix")
+    moved = "kb/notes/alpha-moved.md"
+    if how == "git mv":
+        for args in (["init", "-q"], ["add", "-A"], ["mv", NOTE_A, moved]):
+            subprocess.run(["git", "-C", str(flow.root), *args], check=True)
+    else:
+        (flow.root / NOTE_A).unlink()
+    ran = reviewq_process("--root", str(flow.root), "run-job", str(fix))
+    assert ran.returncode == 0, ran.stderr
+    (again,) = run_cli("escalations", "--json").json()["escalations"]
+    where = f"moved to {moved}, the same text," if how == "git mv" else "moved or deleted"
+    assert again["note_path"] == NOTE_A and again["reason"] == (
+        f"your redo asks were not delivered (the note was {where} before fix job {fix} was "
+        "applied): Cite the source."
+    ), again
+    shown = run_cli("escalations").stdout
+    assert f"(fake, your redo asks were not delivered (the note was {where}" in shown, shown
+    assert "only reject closes it" in shown
+    assert "escalations open: 1" in run_cli("status").stdout
+    assert run_cli("decide", str(again["id"]), "reject").exit_code == 0
+
+
 def test_rewrite_files_writes_no_folder_for_a_persons_decision(flow, run_cli):
     """A person's approve is recorded as a job with no folder: `rewrite-files --all` wrote
     its MANIFEST.json, prompt.md and results/ into the state folder itself, each decision

@@ -36,7 +36,7 @@ from orchestrator.review.finalize import (
     texts_taken_at,
 )
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
-from orchestrator.review.selector import SelectError, select
+from orchestrator.review.selector import SelectError, current_notes, select
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.status import findings
 from orchestrator.state.store import utcnow
@@ -359,6 +359,9 @@ class FollowUp:
             self.log.warning(
                 "fix.not_applied", job_id=job["id"], note_path=job["note_path"], reason=res.reason
             )
+            if job["feedback"] and self._note_gone(job["note_path"]):
+                self._asks_undelivered(job, pairs)
+                return None
             # The note's FAILs that are still current get a fix of the note as it is:
             # after a person's edit ("stale"), one it left fresh (a region its gate does
             # not watch), which no sweep meets again (one it made stale is not current,
@@ -415,6 +418,68 @@ class FollowUp:
         left = self._failures_left(job, {p["gate_id"] for p in pairs})
         self._rereview(job, [*pairs, *left], res.new_text)
         return None
+
+    def _note_gone(self, note_path: str) -> bool:
+        try:
+            return not (self.ws.kb.root / self.ws.kb.check_rel(note_path)).exists()
+        except KBError:
+            return True
+
+    def _asks_undelivered(self, job, pairs) -> None:  # noqa: ANN001 - rows
+        """A person's redo whose note was moved (git mv, a rename) or deleted before its
+        fix was applied: their asks reached no note, and the job read "completed" with
+        the reason in the log only. Its pairs are escalated again, the asks quoted, so
+        `escalations`, `status` and the report say so until a person closes them (only
+        reject can: the note is gone). Not carried to the new path by itself: a review
+        is of a (path, text), and the fix's findings are of the old one (CONTRACT §3)."""
+        moved = self._same_text_now(job)
+        where = f"moved to {', '.join(moved)}, the same text," if moved else "moved or deleted"
+        asks = " / ".join(line.strip() for line in job["feedback"].splitlines() if line.strip())
+        # Its head (to the first ': ') is what `escalations` shows of a reason.
+        reason = (
+            f"your redo asks were not delivered (the note was {where} before fix job "
+            f"{job['id']} was applied): {asks}"
+        )
+        there = ", ".join(moved) or "its new path"
+        opts = cycles.run_options(self.store, job)
+        for p in pairs:
+            cycles.escalate(
+                self.store,
+                self.ws.state_dir,
+                self.ws.root,
+                partition=job["model_partition"],
+                note_path=p["note_path"],
+                gate_id=p["gate_id"],
+                reason=reason,
+                reviewer=job["review_reviewer"],
+                fixer=_fixer(job, opts),
+                material=[f"your asks: {asks}", *findings(p["rationale"])],
+                recommend=(
+                    f"reject to close it; give your asks again with `reviewq decide … redo` "
+                    f"once the review of {there} fails, or edit the note yourself"
+                ),
+                call="reject",
+                job_id=job["id"],
+            )
+        self.log.warning(
+            "fix.asks_undelivered",
+            job_id=job["id"],
+            note_path=job["note_path"],
+            moved_to=moved,
+            reason=reason,
+        )
+
+    def _same_text_now(self, job) -> list[str]:  # noqa: ANN001 - a review_jobs row
+        """The notes whose text is the one the fixer was given: where a note moved."""
+        row = self.store.conn.execute(
+            "SELECT n.sha256 FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
+            "WHERE p.job_id = ? LIMIT 1",
+            (job["id"],),
+        ).fetchone()
+        if row is None:
+            return []
+        notes = current_notes(self.ws.kb, self.ws.state_dir)
+        return sorted(path for path, n in notes.items() if n is not None and n.sha256 == row[0])
 
     def _rereview(self, job, pairs, new_text: str | None) -> None:
         """Re-review the failing pairs, whether or not the selector would call them stale."""
