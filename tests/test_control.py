@@ -1064,6 +1064,28 @@ def test_no_fix_job_is_made_of_a_note_past_the_size_limit(kb):
     ws.store.close()
 
 
+def test_no_automatic_fix_of_a_note_excluded_since_its_review_but_a_redo_is_made(kb):
+    """A review queued before its note was excluded ([kb] exclude) still runs; its FAIL's
+    automatic fix would have a fixer rewrite an index or template nobody asked about. A
+    person's redo (their asks) is still theirs to make."""
+    from orchestrator.cycles.fixes import create_fix_job
+
+    ws, _ = _escalated(kb, "FAIL")
+    ws.store.close()
+    kb.write("reviewq.toml", '[kb]\nexclude = ["alpha.md"]\n')
+    ws = Workspace.open(kb.root)
+    made = [
+        create_fix_job(
+            ws.kb, ws.catalog(), ws.store, ws.state_dir, note_path="kb/notes/alpha.md",
+            partition="offline", fixer="offline", review_reviewer="offline", sweep=None,
+            sweep_run_id=None, source_job_id=None, include={"prose/clarity"}, feedback=asks,
+        )
+        for asks in (None, "Say what it means.")
+    ]  # fmt: skip
+    assert made[0] is None and made[1] is not None, made
+    ws.store.close()
+
+
 def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(kb, run_cli):
     """A job that failed every attempt recorded no decision: a redo (after the reviewer
     was repaired) queues no fix, closes the escalation, and the next sweep reviews it."""
