@@ -1029,6 +1029,15 @@ def test_many_files_skipped_for_one_reason_are_three_lines_and_a_count(small, tm
     # The log keeps one line a file: what the count's pointer leads to.
     logged = (small.state / "logs" / "reviewq.jsonl").read_text()
     assert logged.count('"event": "kb.file_skipped"') == 7 * 4 + 1
+    # A sweep's summary (stdout, what cron mails) lists them the same way.
+    res = reviewq_process(
+        "--root", str(small.root), "sweep", "--all-gates", "--reviewer", "offline"
+    )
+    assert res.returncode == 0, res.stderr
+    assert "29 file(s) left out of the sweep:\n" in res.stdout, res.stdout
+    listed = [x for x in res.stdout.splitlines() if x.startswith("  ") and "kb/notes/" in x]
+    assert len(listed) == 4 * 3 + 1, res.stdout
+    assert res.stdout.count("  … and 4 more file(s) for the same reason (") == 4, res.stdout
     status = reviewq_process("--root", str(small.root), "status")
     said = [x for x in status.stdout.splitlines() if x.startswith("note not reviewed: ")]
     assert len(said) == 4 and said[3].startswith("note not reviewed: … and 4 more"), status.stdout

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from orchestrator.cli.common import excluded_words, skipped_count
+from orchestrator.cli.common import capped, excluded_words, skipped_count
 from orchestrator.state.words import outcome_words
 
 
@@ -99,10 +99,9 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
         # Said on stderr before the summary, and so lost to a summary kept alone (cron mail
         # of stdout, a redirect): a note over [limits] max_note_bytes was never reviewed.
         console.print(f"{len(enq.problems)} file(s) left out of the sweep:", soft_wrap=True)
-        for p in enq.problems[:_NOTES_SHOWN]:
-            console.print(f"  {p.path}: {p.reason}", soft_wrap=True)
-        if len(enq.problems) > _NOTES_SHOWN:
-            console.print(f"  … and {len(enq.problems) - _NOTES_SHOWN} more (the warnings above)")
+        # As the warnings: a few a reason, the rest counted (the log names each).
+        for line in capped(enq.problems, "  "):
+            console.print(line, soft_wrap=True)
     if enq.excluded:
         console.print(excluded_words(enq.excluded), soft_wrap=True)
     for f in s["failed"]:
