@@ -794,6 +794,12 @@ def test_a_since_without_an_offset_is_the_persons_local_time(kb):
     assert since("2026-11-22T08:00") == "2026-11-22T16:00:00.000Z"
     assert since("2026-11-22") == "2026-11-22T08:00:00.000Z"
     assert since("2026-11-22T08:00Z") == "2026-11-22T08:00:00.000Z"  # an offset is kept
+    # A date with an offset was local midnight, or its offset read as a time of day.
+    assert since("2026-11-22Z") == "2026-11-22T00:00:00.000Z"
+    assert since("2026-11-22-05:00") == "2026-11-22T05:00:00.000Z"
+    # Across the change from daylight time (1 November 2026): each on its own day's clock.
+    assert since("2026-11-01T00:30") == "2026-11-01T07:30:00.000Z"
+    assert since("2026-11-02") == "2026-11-02T08:00:00.000Z"
 
 
 def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
@@ -831,6 +837,7 @@ def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
         ("0001-01-01T00:00+01:00", "date out of range"),  # before its start
         ("0001-01-01", "date out of range"),  # on the local clock
         ("2026-13-01", "not a date or time"),
+        ("2026-11-22x08:00", "not a date or time"),  # any character passed between them
         ("20261122", "a duration needs its unit"),  # read as 234 days of seconds
         ("9999-12-31", "after now"),  # a window that can hold nothing
     ],

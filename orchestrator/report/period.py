@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import Store, parse_timestamp, timestamp, utcnow
@@ -28,6 +28,13 @@ class Period:
 
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+# What --since takes as a date/time: fromisoformat alone took any character between date and
+# time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
+# and "2026-11-22+05:00" five in the morning on the local clock.
+_DATE_TIME = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})(?P<time>[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:\.\d+)?)?)?)?"
+    r"(?P<offset>Z|[+-]\d{2}(?::?\d{2})?)?"
+)
 
 
 def resolve(
@@ -48,7 +55,7 @@ def resolve(
     if since:
         if _DATE.match(since):
             try:
-                start = parse_timestamp(since)
+                start = _date_time(since)
             except (ValueError, OverflowError):
                 raise ReportError(f"--since {since!r}: not a date or time") from None
             try:
@@ -101,6 +108,15 @@ def resolve(
     if last is not None:
         return Period(last[0], until, f"since the last report ({last[0][:16]}Z)")
     return Period(timestamp(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
+
+
+def _date_time(text: str) -> datetime:
+    """A --since date or date and time, naive unless it carries an offset; a date with an
+    offset is that day's midnight at the offset."""
+    m = _DATE_TIME.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(text)
+    return parse_timestamp(m["date"] + (m["time"] or "T00:00") + (m["offset"] or ""))
 
 
 def record(store: Store, period: Period, html_path: str | None) -> None:
