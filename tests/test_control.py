@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import pathlib
+import shutil
 
 import pytest
 
@@ -1906,16 +1907,34 @@ def test_status_does_not_send_a_create_jobs_job_run_job_is_running_to_a_control(
     assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
 
 
-def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, run_cli):
-    """A job create-jobs made has no reviewer; run by `run-job N --reviewer offline`, it
-    was listed with reviewer "-" by `jobs` and `job N`, and no line of either said which
-    profile had judged its pairs."""
+def _one_job_by_hand(kb, run_cli) -> int:
+    """One job create-jobs made for note alpha against one gate; its id."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     sel = run_cli("select", "--all-gates", "--model", "offline", "--json")
     made = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=sel.stdout)
     (job,) = made.json()["jobs"]
-    job_id = job["review_job_id"]
+    return job["review_job_id"]
+
+
+def test_run_job_of_a_job_whose_folder_was_deleted_writes_it_again_first(kb, run_cli):
+    """A job folder is a rendering of state.db, and a person may delete one. run-job wrote
+    only folders marked due, so its agent found no MANIFEST.json: the offline reviewer
+    "did not start" with a FileNotFoundError at every try, and the job went back to the
+    queue for good."""
+    job_id = _one_job_by_hand(kb, run_cli)
+    shutil.rmtree(kb.state / "jobs" / f"review-job-{job_id}")
+    ran = run_cli("run-job", str(job_id), "--reviewer", "offline")
+    assert ran.exit_code == 0, ran.stderr
+    assert run_cli("job", str(job_id)).stdout.startswith(f"job {job_id}: completed ")
+    assert (kb.state / "jobs" / f"review-job-{job_id}" / "MANIFEST.json").is_file()
+
+
+def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, run_cli):
+    """A job create-jobs made has no reviewer; run by `run-job N --reviewer offline`, it
+    was listed with reviewer "-" by `jobs` and `job N`, and no line of either said which
+    profile had judged its pairs."""
+    job_id = _one_job_by_hand(kb, run_cli)
     ran = run_cli("run-job", str(job_id), "--reviewer", "offline")
     assert ran.exit_code == 0, ran.stderr
     (line,) = [ln for ln in run_cli("jobs").stdout.splitlines() if ln.split()[0] == str(job_id)]

@@ -35,7 +35,7 @@ from orchestrator.control.followup import (
 from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
-from orchestrator.state.files import write_due_job_files
+from orchestrator.state.files import mark_job_files_due, write_due_job_files
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -75,7 +75,11 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     store = ws.store
     reap_orphans(ws.state_dir, said="a run-job that left them was killed")  # with SIGKILL
     # As dispatch does: a job made while its folder could not be written (a full disk)
-    # has its MANIFEST.json written before its agent starts.
+    # has its MANIFEST.json written before its agent starts; so does one whose folder a
+    # person deleted (the agent runs in it, and the offline reviewer reads the manifest).
+    row = store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+    if row is not None and row[0] and not (ws.state_dir / row[0] / "MANIFEST.json").is_file():
+        mark_job_files_due(store, [job_id])
     write_due_job_files(
         store, ws.state_dir, [job_id], prompt_renderer(store, ws.state_dir, ws.root), late=False
     )
