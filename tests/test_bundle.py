@@ -420,6 +420,18 @@ def test_sentinels_dressed_in_markdown_are_named() -> None:
     assert_rejected(res, "line 1: malformed sentinel (copy it exactly)", "line 4: malformed")
 
 
+def test_a_sentinel_behind_an_invisible_character_is_named() -> None:
+    """Two outputs joined by hand (`cat a.md b.md`) put the second file's byte-order mark
+    in front of its first START: the line was taken for text, and the reasons blamed its
+    END ("END without START") and a missing pair, each line looking right in an editor."""
+    text = block(A) + "\ufeff" + block(B)
+    res = parse(text, (A, B))
+    assert_rejected(res, "line 5: malformed sentinel (copy it exactly): '\\ufeff=== PAIR")
+    # Inside a block too: its END behind a zero-width space.
+    res = parse(f"{start(A)}\nLooks fine.\n## Result: PASS\n\u200b{end(A)}\n")
+    assert_rejected(res, "line 4: malformed sentinel (copy it exactly): '\\u200b=== PAIR")
+
+
 def test_a_rationale_that_mentions_the_sentinels_is_accepted() -> None:
     body = "The note quotes the PAIR REVIEW START line of another tool, which is fine."
     assert parse(block(A, body=body)).ok

@@ -61,6 +61,7 @@ _VERDICT_LABEL = re.compile(
 _VERDICT_WORD = re.compile(r"(?:PASS|WARN|FAIL|ERROR|INFO|OK|UNKNOWN|PASSED|FAILED)", re.IGNORECASE)
 _SLICE = 64 * 1024
 _INVISIBLE = re.compile("[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]")
+_LEADING_INVISIBLE = re.compile("^[\u00ad\u200b-\u200f\u2060-\u2064\ufeff]+")
 _SHOW_LIMIT = 200  # room for a real pair name, not for a megabyte line
 
 
@@ -227,7 +228,7 @@ def _scan(
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
-            if line[:1] in "=*_" and _near_sentinel(line):
+            if (line[:1] in "=*_" or _INVISIBLE.match(line)) and _near_sentinel(line):
                 # Named as what it is: taken as text, an END copied without its space
                 # made the block's good result line "extra" and the next START "nested".
                 reasons.append(
@@ -312,7 +313,9 @@ def _composed(keys: dict[str, ExpectedPair]) -> dict[str, str | None]:
 def _near_sentinel(line: str) -> bool:
     """A line meant as a sentinel but not shaped as one (a space left out, bold around
     it). In backticks it is code: a rationale may quote a sentinel so."""
-    bare = line.strip("*_ \t")
+    # An invisible character before it (a byte-order mark where two files were joined)
+    # leaves a line that looks like a sentinel in every editor.
+    bare = _LEADING_INVISIBLE.sub("", line).strip("*_ \t")
     return bare.startswith("===") and "PAIR REVIEW" in bare[:40].upper()
 
 
