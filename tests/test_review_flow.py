@@ -853,6 +853,29 @@ def test_an_export_that_cannot_be_written_says_where(flow, run_cli):
     assert "Not a directory" in res.stderr
 
 
+def test_an_export_that_cannot_be_written_names_the_file_not_its_temp_file(flow, run_cli):
+    """The line named the hidden temp file the write went through (`csv/.gate_reviews.csv.
+    4242-3.tmp: Is a directory`), a file that never was, not the one in the way."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    assert run_cli("run-job", "1").exit_code == 0
+    assert run_cli("export").exit_code == 0
+    reviews = flow.root / "kb" / "reports" / "reviews"
+    index = reviews / "csv" / "gate_reviews.csv"
+    index.unlink()
+    index.mkdir()
+    res = run_cli("export")
+    assert res.exit_code == 1
+    assert res.stderr == f"error: cannot write the export at {index}: Is a directory\n"
+    index.rmdir()
+    lens = reviews / "gates" / "kb__notes__alpha.md" / "frontmatter"  # a file there
+    shutil.rmtree(lens)
+    lens.write_text("")
+    res = run_cli("export")
+    assert res.exit_code == 1
+    assert f"cannot write the export at {lens}/" in res.stderr
+    assert ".tmp" not in res.stderr and res.stderr.endswith(".md: Not a directory\n")
+
+
 @pytest.mark.parametrize(
     "link",
     [

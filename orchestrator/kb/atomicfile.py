@@ -87,6 +87,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _of_target(exc: OSError, path: Path) -> OSError:
+    """The error of a write, naming the file written rather than its temp file: a person
+    told "Is a directory: .gate_reviews.csv.4242-3.tmp" looks for a file that never was."""
+    named = [os.path.basename(os.fspath(n)) for n in (exc.filename, exc.filename2) if n]
+    if exc.errno is None or not any(_TEMP_NAME.fullmatch(n) for n in named):
+        return exc  # a folder that could not be made names that folder
+    return OSError(exc.errno, exc.strerror, os.fspath(path))
+
+
 def atomic_write(
     path: Path, data: str | bytes, *, durable: bool = False, mode: int | None = None
 ) -> None:
@@ -95,7 +104,10 @@ def atomic_write(
     (a crash can lose them, never leave half of one). ``mode``: the new file's permissions
     (default 0600, the owner's only)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = _create(path)
+    try:
+        fd, tmp = _create(path)
+    except OSError as exc:
+        raise _of_target(exc, path) from None
     try:
         with open(fd, "wb", closefd=True) as f:
             f.write(raw)
@@ -105,9 +117,11 @@ def atomic_write(
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _of_target(exc, path) from None
         raise
     if durable:
         # The rename itself lives in the folder: without this a power cut can undo it
