@@ -1943,6 +1943,24 @@ def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, ru
     assert head == f"job {job_id}: completed (review, offline, reviewer -, run by hand: offline)"
 
 
+def test_job_names_the_person_who_finalized_a_queued_job_by_hand(kb, run_cli):
+    """A sweep's job a person finalized by hand (its agent was slow) was shown as
+    "reviewer offline", as if that profile had judged its pairs; its only attempt read
+    "superseded", and no line named who had."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    job_id = job.review_job_id
+    job_dir = ws.store.conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    (ws.state_dir / job_dir / "bundle-output.md").write_bytes(_pass_output(ws, job_id))
+    ws.close()
+    res = run_cli("finalize", "--review-job-id", str(job_id), "--runner", "me")
+    assert res.exit_code == 0, res.stderr
+    head = run_cli("job", str(job_id)).stdout.splitlines()[0]
+    assert head == f"job {job_id}: completed (review, offline, reviewer offline, run by hand: me)"
+
+
 def test_status_asks_for_a_worker_when_review_messages_wait_untaken_for_a_minute(kb, run_cli):
     ws, _control, _sent = _dispatched(kb, ["alpha"])
     assert "is a worker running" not in run_cli("status").stdout

@@ -644,7 +644,9 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
             f"{role} {dash(data['reviewer'])}"
             + (
                 f", run by hand: {data['runner']}"
-                if not data["reviewer"] and data["runner"]
+                # A queued job a person finalized, or run-job ran with another profile,
+                # was judged by them, not by the reviewer it was queued for.
+                if data["runner"] and data["runner"] != data["reviewer"]
                 else ""
             )
             + ")"
