@@ -237,6 +237,17 @@ def test_create_jobs_bad_input(flow, run_cli):
     assert line.startswith("skipped: kb/notes/a\\x00b\\nc.md prose/body-check: ")
 
 
+def test_create_jobs_takes_a_selection_saved_with_a_byte_order_mark(flow, run_cli, tmp_path):
+    """`select --json > stale.json` opened and saved in an editor that writes a UTF-8 BOM
+    was refused as "not select JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)",
+    Python's advice to a programmer; a bundle-output.md with one is accepted (CONTRACT §5)."""
+    saved = tmp_path / "stale.json"
+    saved.write_bytes(b"\xef\xbb\xbf" + select_json(run_cli, "prose", "--model", "fake").encode())
+    res = run_cli("create-jobs", "--input", str(saved), "--grouping", "note", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert len(res.json()["jobs"]) == 2
+
+
 def test_create_jobs_packs_only_notes_under_the_note_roots(flow, run_cli):
     """A gate, a type spec, kb/README.md or the targets file itself was packed and reviewed
     as a note, and a fix of it would have rewritten a gate."""

@@ -158,7 +158,9 @@ def reviewer_for(store: Store, settings: Settings, job_id: int) -> str:
 def parse_select_json(text: str) -> tuple[str | None, list[dict]]:
     """(model_partition, targets) from ``reviewq select --json`` output."""
     try:
-        data = json.loads(text)
+        # A selection saved by an editor that writes a byte-order mark, as a bundle with
+        # one is accepted.
+        data = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as exc:
         raise JobError(f"input is not select JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
