@@ -1473,6 +1473,24 @@ def test_job_of_a_split_job_names_the_jobs_it_became(flow, run_cli):
     assert f"  split from job {made['review_job_id']}\n" in res.stdout
 
 
+def test_finalize_and_run_job_of_a_split_job_name_the_jobs_it_became(flow, run_cli):
+    """A person with an output for a job the control had split was told "job 5 is split
+    already; finalizing it again is refused" (nobody had finalized it), and run-job "only
+    queued or running jobs run": neither said where its pairs went."""
+    from orchestrator.review.jobs import split_job
+
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")
+    (made,) = job["jobs"]
+    job_id = made["review_job_id"]
+    with Store.open(flow.state) as s:
+        a, b = split_job(s, flow.state, flow.root, job_id)
+    said = f"error: job {job_id} was split into job(s) {a}, {b}: finalize or run-job those\n"
+    res = run_cli("finalize", "--review-job-id", str(job_id))
+    assert (res.exit_code, res.stderr) == (1, said)
+    res = run_cli("run-job", str(job_id), "--reviewer", "offline")
+    assert (res.exit_code, res.stderr) == (1, said)
+
+
 def test_job_json_of_a_persons_decision_names_no_folder(flow, run_cli):
     """A person's decision is a job with no folder (job_dir ''): made root-relative, it
     became the state folder itself, which a script pruning job folders would remove."""

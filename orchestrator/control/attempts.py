@@ -17,7 +17,7 @@ from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
-from orchestrator.state.status import FAILED_SQL
+from orchestrator.state.status import FAILED_SQL, split_words
 from orchestrator.state.store import Store, reasons_column, storable_number, timestamp, utcnow
 from orchestrator.state.words import NOT_THE_JOBS
 
@@ -79,6 +79,8 @@ def open_attempt(
         job = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
         if job is None:
             raise AttemptError(f"no review job {job_id}")
+        if job["status"] == "split":  # its pairs are its parts', whoever asks
+            raise JobMoved(split_words(store, job_id))
         if partition is not None and job["kind"] != "fix" and job["model_partition"] != partition:
             raise AttemptError(
                 f"reviewer {runner} writes partition {partition}, "

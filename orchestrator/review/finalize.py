@@ -19,6 +19,7 @@ from orchestrator import faults, logs
 from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.state.files import write_job_files_after_commit
+from orchestrator.state.status import split_words
 from orchestrator.state.store import Store, storable_number, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
@@ -129,7 +130,11 @@ def check_finalizable(store: Store, job_id: int, prov: Provenance):
     job = _job(store, job_id)
     if job["kind"] != "review" and job["kind"] != "audit":
         raise FinalizeError(f"job {job_id} is a {job['kind']} job, not a review")
-    if job["status"] in ("completed", "failed", "split"):
+    if job["status"] == "split":
+        # Its pairs are its parts' now: "split already; finalizing it again" sent a person
+        # with an output for it looking for a finalize nobody ran.
+        raise FinalizeError(split_words(store, job_id))
+    if job["status"] in ("completed", "failed"):
         raise FinalizeError(
             f"job {job_id} is {job['status']} already; finalizing it again is refused"
         )

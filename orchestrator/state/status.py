@@ -316,12 +316,7 @@ def job(store: Store, job_id: int, settings: Settings) -> dict:
         )
     ]
     # Where a split job's pairs went: shown nowhere but in the log's job.split line.
-    out["split_into"] = [
-        r[0]
-        for r in store.conn.execute(
-            "SELECT id FROM review_jobs WHERE parent_job_id = ? ORDER BY id", (job_id,)
-        )
-    ]
+    out["split_into"] = split_into(store, job_id)
     out["waits"] = _waits(store, out, settings)
     # The jobs its outcome started (a fix, an audit, a fixed note's re-review); a split
     # re-review's parts are the split's, shown under their parent.
@@ -753,3 +748,19 @@ def quoted(store: Store, e) -> tuple[str, list[str]]:  # noqa: ANN001 - an escal
     if last["kind"] == "fix-unchanged":
         was = was.rstrip(".") + "; the fixer's last attempt changed nothing"
     return recommend or was, findings(last["rationale"]) or [e["reason"]]
+
+
+def split_into(store: Store, job_id: int) -> list[int]:
+    """The one-pair jobs a split job became."""
+    return [
+        r[0]
+        for r in store.conn.execute(
+            "SELECT id FROM review_jobs WHERE parent_job_id = ? ORDER BY id", (job_id,)
+        )
+    ]
+
+
+def split_words(store: Store, job_id: int) -> str:
+    """What a person asking to finalize or run a split job is told instead."""
+    parts = ", ".join(map(str, split_into(store, job_id)))
+    return f"job {job_id} was split into job(s) {parts}: finalize or run-job those"
