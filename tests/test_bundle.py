@@ -188,6 +188,18 @@ def test_not_utf8_names_the_offending_byte() -> None:
     assert_rejected(parse_bundle(data, (A,)), "output is not UTF-8 (byte 10)")
 
 
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be"])
+def test_an_output_saved_as_utf16_says_so_alone(codec: str) -> None:
+    """An output saved as "Unicode" by a Windows editor was "not UTF-8 (byte 0)" and
+    then every pair "missing", though each was there: the retry or the person went
+    looking for pairs rather than at the encoding."""
+    data = ("\ufeff" + block(A)).encode(codec) if codec == "utf-16-be" else block(A).encode(codec)
+    res = parse_bundle(data, (A,))
+    assert res.reasons == (
+        "output is UTF-16 (it begins with a UTF-16 byte-order mark): save it as UTF-8",
+    )
+
+
 def test_not_utf8_still_reports_the_other_defects() -> None:
     data = b"\xc3(\n" + block(B).encode()
     assert_rejected(

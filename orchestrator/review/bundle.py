@@ -184,6 +184,12 @@ def parse_bundle(
     if not data.strip():
         reasons.append("output is empty")
         return _rejected(reasons.done())
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        # Decoded lossily, every pair of it read as missing: the one defect is the encoding.
+        reasons.append(
+            "output is UTF-16 (it begins with a UTF-16 byte-order mark): save it as UTF-8"
+        )
+        return _rejected(reasons.done())
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
