@@ -459,6 +459,29 @@ def test_a_folder_where_finalize_reads_the_output_is_refused_not_a_failed_job(fl
         assert s.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "queued"
 
 
+def test_an_output_left_in_an_attempts_folder_is_pointed_to_not_a_failed_job(flow, run_cli):
+    """After run-job was cut short, its attempt's prompt names attempt-1/bundle-output.md:
+    a person who ran their agent on it and then finalized had the job failed as "output
+    file is missing" and its pairs freed, the output they had made beside it unread."""
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    write_output(flow, job)
+    out = flow.root / job["bundle_output_path"]
+    (out.parent / "attempt-1").mkdir()
+    out.rename(out.parent / "attempt-1" / out.name)
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: {out} is missing; attempt-1/bundle-output.md is there: move it to "
+        f"{out} to finalize it (nothing changed)\n",
+    )
+    with Store.open(flow.state) as s:
+        assert s.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "queued"
+    (out.parent / "attempt-1" / out.name).rename(out)
+    assert run_cli("finalize", "--review-job-id", str(job["review_job_id"])).exit_code == 0
+
+
 @pytest.mark.parametrize("command", ["ack", "create-jobs"])
 def test_a_fifo_named_as_the_note_is_one_error_line_not_a_hang(flow, command):
     """A note path that is a FIFO (`ack`'s NOTE, a pair of create-jobs' input) was opened

@@ -159,7 +159,25 @@ def manual_output(
         # writing into a folder of that name) is refused, as a FIFO or a link is, and
         # does not fail the job as "output file is missing".
         raise FinalizeError(f"{path.name} is a folder, not a file")
-    return read_output(path, max_bytes)
+    output = read_output(path, max_bytes)
+    if output is None:
+        # An attempt's prompt (run-job's, cut short) names its own folder's output: failed
+        # as "missing", the job lost the output a person had made beside it.
+        made = sorted(path.parent.glob(f"attempt-*/{path.name}"), key=_changed_at)
+        if made:
+            raise FinalizeError(
+                f"{path} is missing; {made[-1].relative_to(path.parent)} is there: move it "
+                f"to {path} to finalize it (nothing changed)"
+            )
+    return output
+
+
+def _changed_at(path: Path) -> float:
+    """When a file was last written; 0 for one gone or unreadable meanwhile."""
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def finalize(
