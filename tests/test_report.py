@@ -10,6 +10,7 @@ import json
 import shutil
 import sqlite3
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -1124,3 +1125,28 @@ def test_a_period_that_cost_nothing_says_so_instead_of_a_chart(kb, run_cli, brow
     )
     night = figures["Cost per night (USD)"]
     assert "No cost in the last 14 nights." in night and "$1" not in night, night
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/zoneinfo/America/New_York").exists(), reason="no tzdata here"
+)
+def test_a_since_that_is_a_time_of_day_is_its_last_time_on_the_local_clock(monkeypatch):
+    """`--since 08:00` (the help's "date/time", the code's own example of a person's
+    clock) was refused as "not a duration like '30m'"."""
+    from orchestrator.report.period import resolve
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+
+        def since(value: str, now: str) -> str:
+            return resolve(None, since=value, now=now).since  # type: ignore[arg-type]
+
+        # 10:00 in New York: this morning's eight, and last night's half past eleven.
+        assert since("08:00", "2026-11-22T15:00:00.000Z") == "2026-11-22T13:00:00.000Z"
+        assert since("23:30", "2026-11-22T15:00:00.000Z") == "2026-11-22T04:30:00.000Z"
+        # On the morning daylight time ended (1 November 2026): 00:30 was still EDT.
+        assert since("0:30", "2026-11-01T15:00:00.000Z") == "2026-11-01T04:30:00.000Z"
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -25,7 +25,8 @@ from orchestrator.state.workspace import Workspace
     "--since",
     default=None,
     callback=not_blank,
-    help="A duration back from now (24h, 90m) or a date/time.",
+    help="A duration back from now (24h, 90m), a date/time (2026-11-22T08:00) or a time of "
+    "day (08:00: the last time this machine's clock read it).",
 )
 @click.option("--sweep", default=None, callback=not_blank, help="The last run of this sweep.")
 @click.option("--run", "run_id", type=RUN_ID, default=None, help="One sweep run.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, time, timedelta
 
 from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import Store, parse_timestamp, timestamp, utcnow
@@ -31,6 +31,7 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 # What --since takes as a date/time: fromisoformat alone took any character between date and
 # time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
 # and "2026-11-22+05:00" five in the morning on the local clock.
+_TIME_OF_DAY = re.compile(r"(?P<hour>[01]?\d|2[0-3]):(?P<minute>[0-5]\d)")
 _DATE_TIME = re.compile(
     r"(?P<date>\d{4}-\d{2}-\d{2})(?P<time>[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:\.\d+)?)?)?)?"
     r"(?P<offset>Z|[+-]\d{2}(?::?\d{2})?)?"
@@ -45,8 +46,9 @@ def resolve(
     run: int | None = None,
     now: str | None = None,
 ) -> Period:
-    """``--since`` (a duration back from now, or a date/time), ``--sweep NAME`` (its last
-    run), ``--run ID``; with none of them, since the last report (else the last 24 h)."""
+    """``--since`` (a duration back from now, a date/time, or a time of day on the local
+    clock), ``--sweep NAME`` (its last run), ``--run ID``; with none of them, since the
+    last report (else the last 24 h)."""
     chosen = [n for n, v in (("--since", since), ("--sweep", sweep), ("--run", run)) if v]
     if len(chosen) > 1:
         raise ReportError(f"{' and '.join(chosen)}: choose one period")
@@ -75,6 +77,9 @@ def resolve(
                 raise ReportError(
                     f"--since {since!r}: after now ({until[:16]}Z); nothing to report"
                 )
+            return Period(begin, until, f"since {begin[:16]}Z")
+        if m := _TIME_OF_DAY.fullmatch(since.strip()):
+            begin = timestamp(_last_on_the_clock(m, end))
             return Period(begin, until, f"since {begin[:16]}Z")
         if since.strip().isdigit():
             # Read as seconds, "20261122" (a date without its dashes) was 234 days back.
@@ -108,6 +113,16 @@ def resolve(
     if last is not None:
         return Period(last[0], until, f"since the last report ({last[0][:16]}Z)")
     return Period(timestamp(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
+
+
+def _last_on_the_clock(m: re.Match[str], end: datetime) -> datetime:
+    """The last time before ``end`` the local clock read the matched hour and minute: a
+    person's "08:00" is this morning's, or yesterday's when it is not yet eight. Days are
+    counted on the clock, so a change to or from daylight time between keeps the hour."""
+    at = time(int(m["hour"]), int(m["minute"]))
+    today = end.astimezone().date()
+    start = datetime.combine(today, at).astimezone()
+    return start if start < end else datetime.combine(today - timedelta(days=1), at).astimezone()
 
 
 def _date_time(text: str) -> datetime:
