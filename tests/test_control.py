@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
-from orchestrator.state.store import utcnow
+from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
@@ -1928,6 +1928,21 @@ def test_run_job_of_a_job_whose_folder_was_deleted_writes_it_again_first(kb, run
     assert ran.exit_code == 0, ran.stderr
     assert run_cli("job", str(job_id)).stdout.startswith(f"job {job_id}: completed ")
     assert (kb.state / "jobs" / f"review-job-{job_id}" / "MANIFEST.json").is_file()
+
+
+def test_run_job_of_a_job_whose_manifest_was_edited_writes_it_again_first(kb, run_cli):
+    """The same for a MANIFEST.json edited by hand into something else: the offline
+    reviewer failed on it ("JSONDecodeError") at every try."""
+    job_id = _one_job_by_hand(kb, run_cli)
+    (kb.state / "jobs" / f"review-job-{job_id}" / "MANIFEST.json").write_text("{\n")
+    ran = run_cli("run-job", str(job_id), "--reviewer", "offline")
+    assert ran.exit_code == 0, ran.stderr
+    assert run_cli("job", str(job_id)).stdout.startswith(f"job {job_id}: completed ")
+    # Nor is a folder marked due for a job that has none to write, or is no job at all.
+    assert run_cli("run-job", "99", "--reviewer", "offline").exit_code == 1
+    assert run_cli("run-job", str(job_id), "--reviewer", "offline").exit_code == 1
+    with Store.open(kb.state) as store:
+        assert store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
 
 
 def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, run_cli):

@@ -76,9 +76,13 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     reap_orphans(ws.state_dir, said="a run-job that left them was killed")  # with SIGKILL
     # As dispatch does: a job made while its folder could not be written (a full disk)
     # has its MANIFEST.json written before its agent starts; so does one whose folder a
-    # person deleted (the agent runs in it, and the offline reviewer reads the manifest).
-    row = store.conn.execute("SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
-    if row is not None and row[0] and not (ws.state_dir / row[0] / "MANIFEST.json").is_file():
+    # person deleted or edited (the agent runs in it, and the offline reviewer reads the
+    # manifest): the folder renders state.db, and one job's costs nothing to write again.
+    row = store.conn.execute(
+        "SELECT job_dir FROM review_jobs WHERE id = ? AND status IN ('queued', 'running')",
+        (job_id,),
+    ).fetchone()
+    if row is not None and row[0]:  # a person's decision has no folder; STATE is not one
         mark_job_files_due(store, [job_id])
     write_due_job_files(
         store, ws.state_dir, [job_id], prompt_renderer(store, ws.state_dir, ws.root), late=False
