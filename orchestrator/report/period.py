@@ -28,10 +28,10 @@ class Period:
 
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+_TIME_OF_DAY = re.compile(r"(?P<hour>[01]?\d|2[0-3]):(?P<minute>[0-5]\d)")
 # What --since takes as a date/time: fromisoformat alone took any character between date and
 # time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
 # and "2026-11-22+05:00" five in the morning on the local clock.
-_TIME_OF_DAY = re.compile(r"(?P<hour>[01]?\d|2[0-3]):(?P<minute>[0-5]\d)")
 _DATE_TIME = re.compile(
     r"(?P<date>\d{4}-\d{2}-\d{2})(?P<time>[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:\.\d+)?)?)?)?"
     r"(?P<offset>Z|[+-]\d{2}(?::?\d{2})?)?"
