@@ -694,6 +694,27 @@ def test_a_launch_or_reviewer_failure_is_logged_with_its_attempt(kb):
     ws.close()
 
 
+def test_a_workers_notices_are_read_as_data(kb):
+    """An outcome's ``notices`` (S7) come from a worker, maybe on another machine. One that
+    was not a list of notices (a number; an event that is a list) made the control's
+    handling of the outcome raise: the outcome was never kept, and the attempt, its agent's
+    run done, was lost a lease later. And each notice of a known event, of any size, was a
+    line of the control's log: a worker could write it a thousand times over."""
+    ws, control, sent = _dispatched(kb, ["alpha", "beta", "gamma"])
+    stale = {"event": "attempt.kb_stale", "note_path": "kb/notes/alpha.md", "reason": "x" * 10**5}
+    control.on_messages([], [_outcome(ws, sent[0], notices=7)])
+    junk = [{"event": ["attempt.kb_stale"]}, "attempt.kb_stale", None, {"event": "job.failed"}]
+    control.on_messages([], [_outcome(ws, sent[1], notices=junk)])
+    control.on_messages([], [_outcome(ws, sent[2], notices=[stale] * 1000)])
+    kept = [r[0] for r in ws.store.conn.execute("SELECT outcome FROM attempts ORDER BY job_id")]
+    assert kept == ["finalized"] * 3
+    [said] = _events(ws, "attempt.kb_stale")  # once, bounded, from the one good notice
+    assert said["job_id"] == sent[2]["job_id"] and said["host"] == "far"
+    assert said["note_path"] == "kb/notes/alpha.md" and 100 < len(said["reason"]) <= 1000
+    assert not _events(ws, "job.failed")
+    ws.close()
+
+
 def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a_lease(kb):
     # An attempt no worker has announced stays 'dispatched' (its message may wait in the
     # queue behind others): the reaper gives it lease + timeout, a running one a lease.

@@ -79,6 +79,7 @@ from orchestrator.state.workspace import Workspace
 
 # The worker's events the control logs again from an outcome's ``notices``, and their fields.
 RELAYED = {"attempt.kb_stale": ("note_path", "reason")}
+NOTICE_CHARS = 1000  # of each of a notice's fields: a worker's line, not its file
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
 
 # The current attempt of each running job: what the reaper looks at.
@@ -618,24 +619,24 @@ class Control:
 
     def _relay(self, o: dict) -> None:
         """Say in this log what the worker said of the attempt in its own (``notices``):
-        on another machine, its log is one the operator here never reads. Only the events
-        of :data:`RELAYED`, with their text fields, redacted: a message is data."""
-        for notice in o.get("notices") or []:
-            if not isinstance(notice, dict) or notice.get("event") not in RELAYED:
+        on another machine, its log is one the operator here never reads. A message is
+        data, from a machine less trusted than this one: only the events of
+        :data:`RELAYED`, each once, their text fields redacted and bounded; anything else
+        is passed over (a field that was no list made the outcome raise, never to be kept)."""
+        notices = o.get("notices")
+        said: set[str] = set()
+        for notice in notices if isinstance(notices, list) else []:
+            event = notice.get("event") if isinstance(notice, dict) else None
+            if not isinstance(event, str) or event not in RELAYED or event in said:
                 continue
+            said.add(event)
             fields = {
-                k: logs.redact(v)
+                k: " ".join(logs.redact(v).split())[:NOTICE_CHARS]
                 for k, v in notice.items()
-                if k in RELAYED[notice["event"]] and isinstance(v, str)
+                if k in RELAYED[event] and isinstance(v, str)
             }
-            self.log.warning(
-                notice["event"],
-                job_id=o["job_id"],
-                attempt=o["attempt"],
-                worker=o.get("worker"),
-                host=o.get("host"),
-                **fields,
-            )
+            sender = {k: o[k] for k in ("worker", "host") if isinstance(o.get(k), str)}
+            self.log.warning(event, job_id=o["job_id"], attempt=o["attempt"], **sender, **fields)
 
     def _started_with_outcome(self, o: dict) -> None:
         """An outcome for an attempt still 'dispatched' (an agent that ended before its first

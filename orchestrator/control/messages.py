@@ -45,7 +45,8 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   change, optional: a control takes its absence as before), ``files`` (bounded
   stdout.log/stderr.log tails and telemetry.json, by name), ``notices`` (optional: events
   the worker logged of the attempt that the control logs again, ``{"event", fields…}``,
-  only those it knows: ``attempt.kb_stale``). An outcome with ``exited_at``
+  only those it knows, once each, their text fields bounded: ``attempt.kb_stale``; any
+  other entry is passed over). An outcome with ``exited_at``
   (the agent was launched) for an attempt still ``dispatched`` carries its start: the
   control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
   ``attempt.started`` from it, as from a first heartbeat.
