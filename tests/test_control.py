@@ -910,6 +910,27 @@ def test_a_success_resets_the_launch_failures_of_its_reviewer_after_any_failure(
     ws.close()
 
 
+def test_a_success_resets_the_failures_a_run_job_counted_meanwhile(kb):
+    """run-job counts its reviewer failures against the profile (V9), from its own
+    process. The control, which remembered the count as 0 since its last success, skipped
+    the reset at its next one: failures that were not in a row paused the profile."""
+    from datetime import UTC, datetime
+
+    from orchestrator.control.attempts import back_off
+    from orchestrator.state.store import Store
+
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    control.on_messages([], [_outcome(ws, sent[0])])  # a success: the count is 0
+    with Store.open(ws.state_dir) as by_hand, by_hand.write():  # a run-job's failures
+        for _ in range(ws.settings.queue.launch_failures_before_pause - 1):
+            off = back_off(by_hand, ws.settings.queue, 0, "offline", "x", [], datetime.now(UTC))
+    assert off.count == ws.settings.queue.launch_failures_before_pause - 1
+    control.on_messages([], [_outcome(ws, sent[1])])  # a success between
+    (count,) = ws.store.conn.execute("SELECT launch_failures FROM reviewer_state").fetchone()
+    assert count == 0
+    ws.close()
+
+
 def _sequential_job_dispatched(kb) -> tuple[Workspace, Control, dict]:
     """A sequential sweep over two bundles of one note; its first job dispatched."""
     from orchestrator import logs

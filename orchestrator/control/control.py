@@ -168,8 +168,11 @@ class Control:
         self.log = logs.get()
         self._budget_logged: set[int] = set()
         # Reviewers whose launch_failures count is 0 in state.db (committed), so that every
-        # outcome does not write it again; only this process writes reviewer_state.
+        # outcome does not write it again. A run-job counts failures too, from its own
+        # process: forgotten whenever another connection has committed since (its
+        # data_version, read at each batch).
         self._no_launch_failures: set[str] = set()
+        self._data_version: int | None = None
         self._prompt = prompt_renderer(self.store, ws.state_dir, ws.root)
 
     def paused(self) -> dict[str, Pause]:
@@ -390,6 +393,11 @@ class Control:
         for o in outcomes:
             self._keep_attempt_files(o)
         with self.store.write():
+            # Inside the write: no other commit can come between this and the outcomes.
+            (version,) = self.store.conn.execute("PRAGMA data_version").fetchone()
+            if version != self._data_version:
+                self._no_launch_failures.clear()
+                self._data_version = version
             for h in heartbeats:
                 started_at = h.get("started_at")
                 waiting = h.get("waiting") is True
