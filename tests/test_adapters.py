@@ -585,6 +585,25 @@ def test_openai_honours_the_retry_after_its_endpoint_asks_for(kb2, run_cli, monk
     assert retry_after("Thu, 01 Jan 1970 00:00:00 GMT") == 0
 
 
+def test_a_retry_after_that_is_no_number_of_seconds_is_no_crash(kb2, run_cli, monkeypatch, server):
+    """``str.isdigit`` is true of "²" (and "١٢"), which ``float`` refuses: a 429 whose
+    Retry-After was "²" raised a ValueError in the agent, said "server: failed: ValueError",
+    the rate limit and the server's words lost. A number too large for a float came back
+    infinite, and the control took it for no header at all (a wait of
+    launch_backoff_seconds, not pause_seconds)."""
+    from workers.openai_agent import retry_after
+
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    openai_profile(kb2, server.url)
+    job_id = make_job(run_cli)
+    server.status, server.headers = 429, {"Retry-After": "\u00b2"}
+    res = run(kb2, job_id, "local")
+    assert res.outcome.reasons[0].startswith("rate-limit: HTTP 429"), res.outcome.reasons
+    assert res.outcome.telemetry.get("retry_after_s") is None
+    assert retry_after("\u0661\u0662") is None  # RFC 9110's DIGIT is ASCII
+    assert 86400 <= retry_after("9" * 400) < 2**63  # a long wait, a number the control keeps
+
+
 def test_openai_answer_that_is_about_the_request_is_a_counted_attempt_however_fast(
     kb2, run_cli, monkeypatch, server
 ):

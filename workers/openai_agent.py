@@ -39,6 +39,7 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 # What an error's body may say in a message; read longer, so a key echoed in it is masked
 # whole before the cut.
 _DETAIL_CHARS = 300
+_LONGEST_WAIT_S = 366 * 86400.0  # of a Retry-After: a year (pause_seconds caps it anyway)
 _DETAIL_READ = 64 * 1024
 
 
@@ -204,15 +205,17 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     if value is None or not value.strip():
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():  # isdigit alone takes "²", which float refuses
+        # Longer than any pause is as long as a pause: a float past 2**63 s is no number
+        # the control keeps, and it took the server's wait for none.
+        return min(float(value), _LONGEST_WAIT_S)
     try:
         at = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
     if at.tzinfo is None:  # an HTTP date is GMT
         at = at.replace(tzinfo=UTC)
-    return max(0.0, at.timestamp() - (time.time() if now is None else now))
+    return min(max(0.0, at.timestamp() - (time.time() if now is None else now)), _LONGEST_WAIT_S)
 
 
 def in_band_error(data: object, key: str) -> str | None:
