@@ -131,6 +131,27 @@ def test_a_reason_is_gits_own_words_with_its_traces_asked_for(repo, monkeypatch)
     )
 
 
+def test_a_reason_is_gits_own_words_with_traces_its_config_asks_for(repo, tmp_path, monkeypatch):
+    """G14 left the traces a person's global config asks for (``trace2.normalTarget``,
+    read from the system and global files only): git still wrote them to stderr first,
+    and the reason kept was "common-main.c:50 version 2.39.5"."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        "[trace2]\n\tnormalTarget = 2\n\tperfTarget = 2\n\teventTarget = 2\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    git(repo, "checkout", "-q", "-b", "side")
+    _another_commit(repo, "side.txt")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "--no-commit", "side")
+    out = fix(repo)
+    assert out.again and out.why_not.startswith("git commit failed: fatal: cannot do a partial"), (
+        out
+    )
+
+
 def test_a_note_named_like_a_glob_is_that_file_only(repo):
     """'v?.md' as a pathspec also named 'v1.md', whose staged edit refused the fix."""
     rel = "kb/notes/v?.md"

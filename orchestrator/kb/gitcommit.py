@@ -31,6 +31,11 @@ _ENV = {
     "GIT_PAGER": "cat",
     "LC_ALL": "C",
     "GIT_LITERAL_PATHSPECS": "1",
+    # Off, not only unset: a person's global config can ask for the same traces
+    # (trace2.normalTarget…), which these override (see _CHATTY).
+    "GIT_TRACE2": "0",
+    "GIT_TRACE2_PERF": "0",
+    "GIT_TRACE2_EVENT": "0",
 }
 # What a git hook or alias of another repository sets for the git it runs (`git rev-parse
 # --local-env-vars`): inherited by reviewq started from one (a person's `git x`), the fix
