@@ -1111,6 +1111,34 @@ def test_the_control_honours_the_retry_after_a_workers_endpoint_asked_for(kb):
     ws.store.close()
 
 
+def test_a_pause_shorter_than_the_jobs_backoff_says_and_wakes_for_the_later(kb):
+    """A pause a Retry-After shortened (V6) can end before the job's own backoff, which
+    dispatch waits for as well: the log said the job waited for the pause's end, earlier
+    than it ran, and the control, told of no backoff while paused, dispatched only at its
+    next tick (up to reaper_seconds after a pause of a few seconds)."""
+    from orchestrator import logs
+
+    ws, job, clock, control, fails = _one_job_and_its_control(kb)
+    logs.configure(ws.state_dir)
+    woken: list[float] = []
+    control.on_backoff = woken.append
+    fails("reviewer-failure", "rate-limit: HTTP 429", 1)
+    clock[0] += timedelta(seconds=2)  # past its backoff of 1 s
+    # The second failure in a row pauses it (QUEUE), for the 0 s asked: 1 s at least.
+    fails("reviewer-failure", "rate-limit: HTTP 429", 1, {"retry_after_s": 0})
+    (paused_until,) = ws.store.conn.execute("SELECT paused_until FROM reviewer_state").fetchone()
+    (not_before,) = ws.store.conn.execute("SELECT not_before FROM review_jobs").fetchone()
+    assert paused_until < not_before  # a pause of 1 s, a backoff of 2 s
+    said = [
+        json.loads(line)
+        for line in (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    ]
+    last = [e for e in said if e["event"] == "attempt.reviewer_failed"][-1]
+    assert last.get("retry_in_s") == 2 and "waits_for_pause_until" not in last, last
+    assert woken == [1, 2]  # a dispatch when the job can run, not at the next tick
+    ws.store.close()
+
+
 def test_resume_starts_a_queued_jobs_launch_backoff_over(kb):
     """OPERATIONS 6.1: `resume` clears the queued jobs' launch backoff. It cleared their
     wait but not their count: the first failure after it waited as the fifth would have

@@ -18,7 +18,14 @@ from orchestrator.review.jobs import display_path, load_job_items, render_job_pr
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import atomic_write, write_job_files_after_commit
 from orchestrator.state.status import FAILED_SQL, split_words
-from orchestrator.state.store import Store, reasons_column, storable_number, timestamp, utcnow
+from orchestrator.state.store import (
+    Store,
+    parse_timestamp,
+    reasons_column,
+    storable_number,
+    timestamp,
+    utcnow,
+)
 from orchestrator.state.words import NOT_THE_JOBS
 
 
@@ -392,18 +399,31 @@ class Backoff:
     """What a failure that was not the job's (its agent did not start, or no model
     answered it) left: the job's wait, and the profile's pause, if any."""
 
-    delay: float  # seconds the job waits before its next try (ignored while paused)
+    delay: float  # seconds the job waits before its next try (its not_before)
     paused_until: str | None  # the profile's pause, this failure's or an earlier one's
     paused_at: str | None  # set when this failure paused the profile
     count: int  # the profile's failures in a row, this one included
     reason: str  # the pause's reason, as stored
+    not_before: str  # now + delay, as stored
+
+    @property
+    def paused_longer(self) -> bool:
+        """Whether the pause ends after the job's own backoff. Dispatch waits for both, and
+        a pause as short as a Retry-After asked for can end first."""
+        return self.paused_until is not None and self.paused_until >= self.not_before
 
     @property
     def when(self) -> dict:
         """When the job runs again, as the log says it."""
-        if self.paused_until:
+        if self.paused_longer:
             return {"waits_for_pause_until": self.paused_until}
         return {"retry_in_s": self.delay}
+
+    def wait_s(self, now: datetime) -> float:
+        """Seconds from ``now`` until the job can run again."""
+        if self.paused_longer:
+            return max(self.delay, (parse_timestamp(self.paused_until) - now).total_seconds())
+        return self.delay
 
 
 def not_the_jobs(launch: bool, profile: ReviewerProfile | None, host: str | None) -> str:
@@ -448,10 +468,11 @@ def back_off(
     asked = None if retry_after is None else min(retry_after, q.pause_seconds)
     if asked is not None:
         delay = max(delay, asked)
+    not_before = timestamp(now + timedelta(seconds=delay))
     store.conn.execute(
         "UPDATE review_jobs SET status = 'queued', launch_failures = ?, not_before = ?, "
         "updated_at = ? WHERE id = ? AND status = 'running'",
-        (n, timestamp(now + timedelta(seconds=delay)), utcnow(), job_id),
+        (n, not_before, utcnow(), job_id),
     )
     # An attempt dispatched before its reviewer paused, failing after: its job
     # waits for the pause's end, not for its backoff.
@@ -477,7 +498,7 @@ def back_off(
             "paused_at = ?, launch_failures = 0 WHERE name = ?",
             (paused_until, reason, paused_at, name),
         )
-    return Backoff(delay, paused_until, paused_at, count, reason)
+    return Backoff(delay, paused_until, paused_at, count, reason, not_before)
 
 
 def log_paused(log, name: str, off: Backoff, **extra: object) -> None:  # noqa: ANN001 - a logger

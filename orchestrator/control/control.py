@@ -766,9 +766,11 @@ class Control:
         what = not_the_jobs(event == "attempt.launch_failed", profile, host)
         with self.store.write():
             off = back_off(self.store, q, job["id"], name, what, reasons, self.now(), retry_after)
-        if self.on_backoff is not None and off.paused_until is None:
-            wake = self.on_backoff
-            self.store.after_commit(lambda: wake(off.delay))
+        if self.on_backoff is not None:
+            # Paused too: a pause a Retry-After shortened ends within seconds, and waiting
+            # for the next tick kept the profile idle up to reaper_seconds past it.
+            wake, after = self.on_backoff, off.wait_s(self.now())
+            self.store.after_commit(lambda: wake(after))
         self.log.warning(
             event, job_id=job["id"], attempt=attempt, reviewer=name, **off.when, reasons=reasons
         )
