@@ -715,6 +715,23 @@ def test_a_workers_notices_are_read_as_data(kb):
     ws.close()
 
 
+def test_a_notice_of_a_batch_rolled_back_is_said_once_it_is_kept(kb):
+    """The control said a worker's notice (S7) as it read the outcome, inside the batch's
+    transaction: a batch that then failed (a locked state.db, another outcome it could
+    not handle) was taken again one by one, and the notice was said twice, the first time
+    of an outcome not yet kept."""
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    stale = {"event": "attempt.kb_stale", "note_path": "kb/notes/alpha.md", "reason": "stale"}
+    good = _outcome(ws, sent[0], notices=[stale])
+    bad = {k: v for k, v in _outcome(ws, sent[1]).items() if k != "classification"}
+    with pytest.raises(KeyError):
+        control.on_messages([], [good, bad])
+    assert not _events(ws, "attempt.kb_stale")
+    control.on_messages([], [good])  # as _one_by_one takes it again
+    assert len(_events(ws, "attempt.kb_stale")) == 1
+    ws.close()
+
+
 def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a_lease(kb):
     # An attempt no worker has announced stays 'dispatched' (its message may wait in the
     # queue behind others): the reaper gives it lease + timeout, a running one a lease.

@@ -644,7 +644,17 @@ class Control:
                 if k in RELAYED[event] and isinstance(v, str)
             }
             sender = {k: o[k] for k in ("worker", "host") if isinstance(o.get(k), str)}
-            self.log.warning(event, job_id=o["job_id"], attempt=o["attempt"], **sender, **fields)
+            # Once the outcome is kept: a batch rolled back is taken again, one by one.
+            self.store.after_commit(
+                functools.partial(
+                    self.log.warning,
+                    event,
+                    job_id=o["job_id"],
+                    attempt=o["attempt"],
+                    **sender,
+                    **fields,
+                )
+            )
 
     def _started_with_outcome(self, o: dict) -> None:
         """An outcome for an attempt still 'dispatched' (an agent that ended before its first
