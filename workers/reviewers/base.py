@@ -159,8 +159,9 @@ def telemetry_from_file(path: Path) -> Telemetry:
     """The ``REVIEWQ_TELEMETRY_PATH`` convention: ``num_turns``, ``input_tokens``,
     ``output_tokens``, ``cost_usd`` (and ``cached_input_tokens``, those of the input read
     from a prompt cache) in a JSON object, and for an agent that got no answer
-    from its model ``failure`` (one of :data:`FAILURES`) with ``error``, its words;
-    anything unreadable is ignored."""
+    from its model ``failure`` (one of :data:`FAILURES`) with ``error``, its words, and
+    ``retry_after_s`` when its endpoint said how long to wait (any agent's, as the
+    ``openai`` one's); anything unreadable is ignored."""
     try:
         with path.open("rb") as f:
             data = json.loads(f.read(_MAX_TELEMETRY_BYTES).decode("utf-8"))
