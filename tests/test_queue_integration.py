@@ -1909,6 +1909,22 @@ def test_sigusr1_makes_a_process_write_its_threads_stacks_and_run_on(kb):
         control.wait(timeout=30)
 
 
+def test_a_reviewq_process_leaves_its_heap_to_the_exit():
+    """The interpreter's last collection walked every object the imports made, ~55 ms at
+    each exit: a sweep's end waited for it in its control, its worker and itself."""
+    script = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count()))\n"
+        "sys.argv = ['reviewq', '--help']\n"
+        "from orchestrator.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert int(out.split("frozen ")[-1]) > 10_000, out[-300:]
+
+
 def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
     """The second Ctrl-C ended the sweep at once; its worker, told to stop by the kernel
     (SIGTERM) in the middle of a graceful stop, ignored it and ran its agents on, under
