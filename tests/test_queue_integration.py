@@ -1953,6 +1953,20 @@ def test_a_second_ctrl_c_stops_the_sweeps_worker_and_its_agents(kb, tmp_path):
                     os.kill(pid, signal.SIGKILL)
 
 
+def test_a_sweep_looks_again_soon_while_its_last_jobs_end():
+    """A sweep looked at state.db every 0.2 s to its end: ~0.1 s on average between its
+    last job's end and its own, a few per cent of a sweep of quick jobs."""
+    from workers.sweep import POLL_S, Looks
+
+    looks = Looks()
+    assert looks.wait_after(500, now=0.0) == POLL_S  # many open: no hurry
+    assert looks.wait_after(3, now=0.5) == Looks.ENDING_S  # the last few, moving
+    assert looks.wait_after(3, now=1.2) == Looks.ENDING_S  # still within MOVING_S
+    # The same few open for longer (a paused reviewer, a long agent): slow looks again.
+    assert looks.wait_after(3, now=0.5 + Looks.MOVING_S + 0.1) == POLL_S
+    assert looks.wait_after(2, now=5.0) == Looks.ENDING_S  # one of them ended
+
+
 def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tmp_path):
     """A second Ctrl-C gave the worker END_S to stop and then the control END_S more, one
     after the other: two children slow to stop kept the sweep a minute, as long as this
