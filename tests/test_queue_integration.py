@@ -1967,6 +1967,34 @@ def test_a_sweep_looks_again_soon_while_its_last_jobs_end():
     assert looks.wait_after(2, now=5.0) == Looks.ENDING_S  # one of them ended
 
 
+def test_a_sweep_sees_its_children_gone_as_they_go():
+    """Popen.wait with a timeout sleeps up to 50 ms between looks: a sweep's end waited
+    that long again after its children had stopped."""
+    from workers.sweep import _wait_all
+
+    late = []
+    for _ in range(3):
+        child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        closed = []
+
+        def end_it(child=child, closed=closed) -> None:
+            closed.append(time.monotonic())
+            child.stdin.close()  # cat exits at the end of its input
+
+        # Past Popen.wait's doubling first looks, where its looks are 50 ms apart.
+        told = threading.Timer(0.165, end_it)
+        try:
+            told.start()
+            _wait_all([child], timeout=30)
+            late.append(time.monotonic() - closed[0])
+        finally:
+            told.cancel()
+            child.kill()
+            child.wait()
+        assert child.returncode == 0
+    assert min(late) < 0.025, f"seen {min(late) * 1000:.0f} ms after the exit at best"
+
+
 def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tmp_path):
     """A second Ctrl-C gave the worker END_S to stop and then the control END_S more, one
     after the other: two children slow to stop kept the sweep a minute, as long as this

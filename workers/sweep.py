@@ -8,7 +8,6 @@ uses it instead of starting its own.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ from orchestrator.state.workspace import Workspace, control_pid
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app
-from .attempt import reap_orphans, worker_folder
+from .attempt import reap_orphans, wait_for_exit, worker_folder
 from .parent import PARENT_ENV, first_raises, terminate_raises
 from .queues import send_once
 from .reviewers.base import python_module
@@ -339,8 +338,11 @@ def _wait_all(procs: Iterable[subprocess.Popen], timeout: float) -> None:
     to stop held the sweep twice as long: a minute after the Ctrl-C that says "now"."""
     deadline = time.monotonic() + timeout
     for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        # On the exit's pidfd: Popen.wait with a timeout sleeps up to 50 ms between looks,
+        # which a sweep's end paid after its children had gone. Reaped ones are left out:
+        # their pid may be another process's by now.
+        if proc.poll() is None:
+            wait_for_exit(proc, deadline)
 
 
 def _waiting(queue) -> int:  # noqa: ANN001 - a Huey, or None
