@@ -6,6 +6,7 @@ import errno
 import json
 import pathlib
 import shutil
+import sqlite3
 
 import pytest
 
@@ -970,6 +971,33 @@ def _sequential_job_dispatched(kb) -> tuple[Workspace, Control, dict]:
 def _events(ws, name: str) -> list[dict]:
     lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+def test_a_batch_rolled_back_logs_no_job_finalized(kb, monkeypatch):
+    """The control logged job.finalized inside the batch's transaction: a batch that one
+    outcome failed (or a control killed before its COMMIT) left the job finalized in the
+    log and running in state.db, and the retry taken alone logged it a second time."""
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    first, second = sent
+    plain = control.hooks.after_completed
+
+    def fails_for_the_second(job_id: int) -> None:
+        if job_id == second["job_id"]:
+            raise sqlite3.OperationalError("disk I/O error")
+        plain(job_id)
+
+    monkeypatch.setattr(control.hooks, "after_completed", fails_for_the_second)
+    with pytest.raises(sqlite3.OperationalError):
+        control.on_messages([], [_outcome(ws, first), _outcome(ws, second)])
+    status = ws.store.conn.execute(
+        "SELECT status FROM review_jobs WHERE id = ?", (first["job_id"],)
+    ).fetchone()[0]
+    assert status == "running"
+    assert _events(ws, "job.finalized") == []
+    monkeypatch.setattr(control.hooks, "after_completed", plain)
+    control.on_messages([], [_outcome(ws, first)])
+    assert [e["job_id"] for e in _events(ws, "job.finalized")] == [first["job_id"]]
+    ws.close()
 
 
 def test_a_sequential_sweeps_note_renamed_while_its_job_ran_does_not_hold_the_outcome(kb):

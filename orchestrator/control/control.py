@@ -712,12 +712,18 @@ class Control:
             counts: dict[str, int] = {}
             for p in res.pairs:
                 counts[p["decision"]] = counts.get(p["decision"], 0) + 1
-            self.log.info(
-                "job.finalized",
-                job_id=job["id"],
-                attempt=attempt,
-                reviewer=job["reviewer"],
-                decisions=counts,
+            # Once the batch commits: logged inside it, a batch rolled back (one outcome
+            # of it failed, the control killed before its COMMIT) had the job finalized
+            # in the log and running in state.db, and logged again when taken alone.
+            self.store.after_commit(
+                functools.partial(
+                    self.log.info,
+                    "job.finalized",
+                    job_id=job["id"],
+                    attempt=attempt,
+                    reviewer=job["reviewer"],
+                    decisions=counts,
+                )
             )
             if self.hooks is not None:
                 self.hooks.after_completed(job["id"])
