@@ -855,7 +855,11 @@ def glob_regex(glob: str) -> re.Pattern[str]:
         if "**" in part:
             raise ValueError("'**' only as a whole part ('a/**/b', not 'a**')")
         out.append(_part_regex(part) + ("" if last else "/"))
-    return re.compile("".join(out))
+    try:
+        # DOTALL: a name may hold a newline (a `templates/**` note too is excluded).
+        return re.compile("".join(out), re.DOTALL)
+    except re.error as exc:  # '[z-a]': a range backwards
+        raise ValueError(f"not a glob ({exc.msg})") from None
 
 
 def _part_regex(part: str) -> str:
@@ -873,10 +877,12 @@ def _part_regex(part: str) -> str:
             if end == -1:
                 raise ValueError("'[' without its ']'")
             body = part[i + 1 : end]
-            if body.startswith("!"):
-                out.append("[^/" + body[1:] + "]")
-            else:
-                out.append("[" + ("\\" if body.startswith("^") else "") + body + "]")
+            negated = body.startswith("!")
+            # ']' (first, so one of the class), '[', '^' and '&&', '~~', '||' are letters
+            # of a glob's class: escaped, not read as regex syntax ('[!]a]' was '[^/]a]',
+            # a class then "a]") or warned of as a nested set.
+            body = re.sub(r"([\\[\]^&~|])", r"\\\1", body[negated:])
+            out.append(("[^/" if negated else "[") + body + "]")
             i = end
         else:
             out.append(re.escape(c))

@@ -43,6 +43,8 @@ BAD = [
     ('[kb]\nexclude = ["a**/x.md"]\n', "[kb] exclude", "'**' only as a whole part"),
     ('[kb]\nexclude = ["../x.md"]\n', "[kb] exclude", "a '..' part"),
     ('[kb]\nexclude = [""]\n', "[kb] exclude", "'': empty"),
+    # A range backwards was a re.error: a traceback at every command.
+    ('[kb]\nexclude = ["[z-a].md"]\n', "[kb] exclude", "'[z-a].md': not a glob (bad character"),
     ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
     # Past what a read can be asked for: finalize ended in an internal error
     # (OverflowError, MemoryError), a worker's attempt in a launch failure.
@@ -884,3 +886,32 @@ def test_a_codex_profile_with_the_operations_provider_args_loads(kb, run_cli):
     )
     res = run_cli("gates")
     assert res.exit_code == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("glob", "path", "matches"),
+    [
+        # '[!]a]' (any letter but ']' and 'a') was the regex '[^/]a]': a class, then "a]".
+        ("[!]a].md", "b.md", True),
+        ("[!]a].md", "a.md", False),
+        ("[]a].md", "].md", True),
+        # '[' and '&&' in a class are letters, not a nested set or a set operation.
+        ("[[].md", "[.md", True),
+        ("[a&&b].md", "&.md", True),
+        ("[^a].md", "^.md", True),
+        ("[^a].md", "b.md", False),
+        ("[!a-c].md", "d.md", True),
+        ("x?.md", "x/.md", False),
+        # A name with a newline in it is under templates/ too.
+        ("templates/**", "templates/a\nb.md", True),
+    ],
+)
+def test_an_exclude_glob_matches_as_documented(glob, path, matches):
+    """[kb] exclude's classes are a glob's, whatever letters they hold (OPERATIONS §2)."""
+    import warnings
+
+    from orchestrator.config import glob_regex
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 'Possible nested set' was printed at every command
+        assert bool(glob_regex(glob).fullmatch(path)) is matches
