@@ -1770,3 +1770,22 @@ def test_a_finalize_of_a_note_renamed_since_its_job_was_made_says_so(flow, run_c
         f"{job['review_job_id']} was made): its verdict is recorded under that path, for no "
         "note of the KB; a note renamed is missing-review at its new path"
     ]
+
+
+def test_a_redo_approved_since_and_then_deleted_is_not_escalated_again(flow, run_cli):
+    """A redo, then the pair failed three times more by hand and a person approved it,
+    then the note was deleted before the fix ran: the fix read "decided" (the approve
+    stands) yet its pairs were escalated again as undelivered asks, a new escalation on
+    the pair the person had just approved."""
+    from .conftest import reviewq_process
+
+    (esc,) = escalate_alpha(flow, run_cli)
+    res = run_cli("decide", str(esc), "redo", "--feedback", "Cite the source.", "--fixer", "fake")
+    assert res.exit_code == 0, res.stderr
+    fix = next(j["id"] for j in run_cli("jobs", "--json").json()["jobs"] if j["kind"] == "fix")
+    (again,) = escalate_alpha(flow, run_cli)
+    assert run_cli("decide", str(again), "approve").exit_code == 0
+    (flow.root / NOTE_A).unlink()
+    ran = reviewq_process("--root", str(flow.root), "run-job", str(fix))
+    assert ran.returncode == 0, ran.stderr
+    assert run_cli("escalations", "--json").json()["escalations"] == [], ran.stdout

@@ -432,6 +432,17 @@ class FollowUp:
         `escalations`, `status` and the report say so until a person closes them (only
         reject can: the note is gone). Not carried to the new path by itself: a review
         is of a (path, text), and the fix's findings are of the old one (CONTRACT §3)."""
+        # A pair a person approved since (the fix read "decided") has nothing left to
+        # ask: escalated again, it reopened what they had just settled.
+        partition = job["model_partition"]
+        pairs = [
+            p
+            for p in pairs
+            if (acc := self.store.acceptance(partition, p["note_path"], p["gate_id"])) is not None
+            and acc.decision == "FAIL"
+        ]
+        if not pairs:
+            return
         moved = self._same_text_now(job)
         where = f"moved to {', '.join(moved)}, the same text," if moved else "moved or deleted"
         asks = " / ".join(line.strip() for line in job["feedback"].splitlines() if line.strip())
