@@ -813,7 +813,7 @@ def _note_roots(kb: _Table) -> tuple[str, ...]:
     return tuple(posixpath.normpath(r.strip()).strip("/") for r in roots)
 
 
-def _exclude(kb: _Table) -> tuple[str, ...]:
+def _exclude(kb: _Table, note_roots: tuple[str, ...]) -> tuple[str, ...]:
     """``[kb] exclude``: each glob checked as it loads, so a typo is one line at every
     command rather than a note reviewed (or left out) in silence."""
     value = kb.data.get("exclude", [])
@@ -826,6 +826,12 @@ def _exclude(kb: _Table) -> tuple[str, ...]:
             glob_regex(glob)
         except ValueError as exc:
             raise ConfigError(f"[kb] exclude: {glob!r}: {exc}") from None
+        # Written from ROOT, as note_roots are, it matched no note and said nothing.
+        if root := next((r for r in note_roots if glob.startswith(f"{r}/")), None):
+            raise ConfigError(
+                f"[kb] exclude: {glob!r}: starts with the note root {root!r}; globs are "
+                f"relative to the note roots ({glob.removeprefix(root + '/')!r})"
+            )
     return tuple(value)
 
 
@@ -895,7 +901,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     top = _Table(data, "", {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"})
     kb = _Table(top.data.get("kb"), "[kb]", {"note_roots", "exclude"})
     note_roots = _note_roots(kb)
-    exclude = _exclude(kb)
+    exclude = _exclude(kb, note_roots or ("kb/notes",))
     state_dir_name = _Table(top.data.get("state"), "[state]", {"dir"}).string("dir", ".reviewq")
     if not state_dir_name.strip():  # would put state.db, jobs/ and logs/ beside kb/
         raise ConfigError("[state] dir: empty; name the state folder (default .reviewq)")

@@ -43,6 +43,18 @@ BAD = [
     ('[kb]\nexclude = ["a**/x.md"]\n', "[kb] exclude", "'**' only as a whole part"),
     ('[kb]\nexclude = ["../x.md"]\n', "[kb] exclude", "a '..' part"),
     ('[kb]\nexclude = [""]\n', "[kb] exclude", "'': empty"),
+    # Written from ROOT (as note_roots are): it matched no note, without a word.
+    (
+        '[kb]\nexclude = ["kb/notes/**/README.md"]\n',
+        "[kb] exclude",
+        "starts with the note root 'kb/notes'; globs are relative to the note roots "
+        "('**/README.md')",
+    ),
+    (
+        '[kb]\nnote_roots = ["kb/a", "kb/b"]\nexclude = ["kb/b/t.md"]\n',
+        "[kb] exclude",
+        "starts with the note root 'kb/b'",
+    ),
     # A range backwards was a re.error: a traceback at every command.
     ('[kb]\nexclude = ["[z-a].md"]\n', "[kb] exclude", "'[z-a].md': not a glob (bad character"),
     ('[limits]\nmax_output_bytes = "big"\n', "[limits] max_output_bytes", "whole number"),
