@@ -924,6 +924,21 @@ def test_which_of_two_links_is_the_note_does_not_depend_on_the_selection(small, 
     )
 
 
+def test_a_link_excluded_by_kb_exclude_takes_no_file_from_the_link_after_it(small, run_cli):
+    """Two links to one file, the first by name excluded ([kb] exclude): the second was
+    skipped as a second name of the first, so the file was reviewed under neither; and an
+    excluded second name was warned of, where excluded notes are counted, never named."""
+    small.write("docs/out.md", "---\ntitle: Out\ndescription: Kept elsewhere.\n---\n\nBody.\n")
+    for name in ("README", "later", "templates/z"):
+        (small.root / f"kb/notes/{name}.md").parent.mkdir(exist_ok=True)
+        (small.root / f"kb/notes/{name}.md").symlink_to(small.root / "docs/out.md")
+    small.write("reviewq.toml", '[kb]\nexclude = ["README.md", "templates/**"]\n')
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert "kb/notes/later.md" in {t["note_path"] for t in res.json()["targets"]}
+    assert res.stderr == "2 note(s) excluded by [kb] exclude: not reviewed\n", res.stderr
+
+
 def test_a_link_to_a_note_whose_name_is_not_utf8_is_its_note(small, run_cli):
     import os
 

@@ -531,12 +531,14 @@ class KB:
             for start in self.note_roots:
                 for _ in self.walk(self.root / start, [], notes=True, links=links):
                     pass
-        second = self._second_names(links)
+        # Left out before any is read: an index or a template is neither reviewed nor
+        # said to be broken. Counted, not named (status and the sweep say how many). An
+        # excluded link names its file for no one: taken as the first name, the file
+        # went unreviewed under the link after it too.
+        self.excluded = {rel for rel in found if self.is_excluded(rel)}
+        second = self._second_names({rel for rel in links if not self.is_excluded(rel)})
         for rel in sorted(second.keys() & found):
             self.problems.append(FileProblem(rel, second[rel]))
-        # Left out before any is read: an index or a template is neither reviewed nor
-        # said to be broken. Counted, not named (status and the sweep say how many).
-        self.excluded = {rel for rel in found if self.is_excluded(rel)}
         return sorted(found - second.keys() - self.excluded)
 
     def _second_names(self, links: set[str]) -> dict[str, str]:
