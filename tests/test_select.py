@@ -1056,3 +1056,21 @@ def test_many_files_skipped_for_one_reason_are_three_lines_and_a_count(small, tm
     status = reviewq_process("--root", str(small.root), "status")
     said = [x for x in status.stdout.splitlines() if x.startswith("note not reviewed: ")]
     assert len(said) == 4 and said[3].startswith("note not reviewed: … and 4 more"), status.stdout
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        # The count line said "(not UTF-… (byte …))": the 8 of UTF-8 is no particular.
+        ("not UTF-8 (byte 12)", "not UTF-8 (byte …)"),
+        ("file name is not UTF-8; skipped", "file name is not UTF-8; skipped"),
+        ("broken YAML (frontmatter line 2): x", "broken YAML (frontmatter line …): x"),
+        ("a symlink to docs/out.md, which kb/notes/l1.md names too; skipped",
+         "a symlink to …, which … names too; skipped"),
+    ],
+)  # fmt: skip
+def test_a_skip_reasons_kind_blanks_paths_and_numbers_not_the_words(reason, kind):
+    """The kind groups the capped warnings and is quoted in their count line."""
+    from orchestrator.kb.notes import FileProblem
+
+    assert FileProblem("kb/notes/a.md", reason).kind == kind

@@ -49,8 +49,9 @@ def _exists(path: Path) -> bool:
         return False
 
 
-# A path (anything with a '/' or ending in .md) or a number in a reason.
-_PARTICULAR = re.compile(r"[^\s,;()]*/[^\s,;()]*|[^\s,;()]+\.md\b|\d+")
+# A path (anything with a '/' or ending in .md) or a number in a reason, not a word's
+# digit ("UTF-8" was "UTF-…" in the count line that quotes the kind).
+_PARTICULAR = re.compile(r"[^\s,;()]*/[^\s,;()]*|[^\s,;()]+\.md\b|(?<![\w-])\d+")
 
 
 class KBError(Exception):
