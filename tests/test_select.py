@@ -1074,3 +1074,18 @@ def test_a_skip_reasons_kind_blanks_paths_and_numbers_not_the_words(reason, kind
     from orchestrator.kb.notes import FileProblem
 
     assert FileProblem("kb/notes/a.md", reason).kind == kind
+
+
+def test_an_exclude_glob_matches_a_name_however_its_accents_are_encoded(small, run_cli):
+    """A KB synced from a Mac keeps names decomposed (NFD: 'U' and a combining '¨'), a
+    glob typed in reviewq.toml is composed (NFC): 'Übersicht/**' excluded nothing."""
+    import unicodedata
+
+    folder = small.root / "kb/notes" / unicodedata.normalize("NFD", "Übersicht")
+    folder.mkdir()
+    (folder / "index.md").write_text("---\ntitle: Index\ndescription: D.\n---\n\nBody.\n")
+    small.write("reviewq.toml", '[kb]\nexclude = ["Übersicht/**"]\n')
+    res = run_cli("select", "--all-gates", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert not any("index" in t["note_path"] for t in res.json()["targets"])
+    assert res.stderr == "1 note(s) excluded by [kb] exclude: not reviewed\n", res.stderr

@@ -14,6 +14,7 @@ import os
 import posixpath
 import re
 import stat
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -407,12 +408,14 @@ class KB:
         is matched against its path relative to each note root that holds it."""
         if not self.exclude:
             return False
+        # Both composed (NFC): a KB synced from a Mac keeps names decomposed, a glob
+        # typed in reviewq.toml is composed, and 'Übersicht/**' matched neither.
         if self._exclude_res is None:
-            self._exclude_res = [glob_regex(g) for g in self.exclude]
+            self._exclude_res = [glob_regex(unicodedata.normalize("NFC", g)) for g in self.exclude]
         for r in self.note_roots:
             if r and not rel.startswith(f"{r}/"):
                 continue
-            under = rel[len(r) + 1 :] if r else rel
+            under = unicodedata.normalize("NFC", rel[len(r) + 1 :] if r else rel)
             if any(rx.fullmatch(under) for rx in self._exclude_res):
                 return True
         return False
