@@ -364,6 +364,20 @@ def test_a_requires_type_naming_no_spec_is_a_warning(kb, run_cli):
     assert res.exit_code == 0 and "problem:" not in res.stdout, res.stdout  # said, not failed
 
 
+def test_gates_and_doctor_name_every_gate_they_warn_of(kb, run_cli):
+    """The skip-warning cap (three a kind, then a count pointing at kb.file_skipped in
+    the log) took gate warnings too: five gates naming specs not written yet were three
+    lines and "… and 2 more file(s) … `reviewq logs --event kb.file_skipped` names each
+    one", a log line no requires_type warning ever is. `gates` and `doctor` are where a
+    gate's problems are read: each is named."""
+    for i in range(5):
+        kb.gate(f"prose/g{i}", ["body"], requires_type=f"kb/types/gone{i}.md")
+    for args in (("gates",), ("gates", "--check"), ("doctor",)):
+        res = run_cli(*args)
+        said = [line for line in res.stderr.splitlines() if "requires_type" in line]
+        assert len(said) == 5 and "more file(s)" not in res.stderr, (args, res.stderr)
+
+
 def test_a_type_spec_found_by_its_recorded_path_answers_for_that_path_only(kb):
     """Two folders each with a spec of one name (both `type/recipe`), each reviewed when
     a sweep named only its notes: the first found by its recorded path joined the catalog

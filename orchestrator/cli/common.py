@@ -255,8 +255,15 @@ def capped(problems: Sequence[FileProblem], prefix: str) -> Iterator[str]:
             )
 
 
-def warn(problems: Sequence[FileProblem]) -> None:
-    for line in capped(problems, "warning: "):
+def warn(problems: Sequence[FileProblem], *, every: bool = False) -> None:
+    """``every``: each file named, uncapped: where a gate's problems are read (`gates`,
+    `doctor`), and the cap's pointer would lead to no log line (a requires_type warning
+    is never a kb.file_skipped)."""
+    for line in (
+        (f"warning: {shown(p.path)}: {p.reason}" for p in problems)
+        if every
+        else capped(problems, "warning: ")
+    ):
         click.echo(line, err=True)
 
 

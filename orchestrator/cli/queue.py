@@ -864,7 +864,8 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         report(False, f"invalid gate {p.path}: {p.reason}")
     from orchestrator.kb.gates import requires_type_warnings
 
-    warn(requires_type_warnings(ws.kb, cat))  # a gate asked of no note, but a valid one
+    # A gate asked of no note, but a valid one; each named, as `gates` names it.
+    warn(requires_type_warnings(ws.kb, cat), every=True)
     from orchestrator.sweeps.producer import sweep_problems
 
     for sweep in ws.settings.sweeps.values():

@@ -99,7 +99,7 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
     # A requires_type naming no spec is said, not failed: the gate itself is valid.
     type_warnings = requires_type_warnings(ws.kb, cat)
     if check:
-        warn(type_warnings)
+        warn(type_warnings, every=True)
         for p in cat.problems:
             click.echo(f"invalid: {p.path}: {p.reason}", err=True)
         if cat.problems:
@@ -107,7 +107,7 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
         if not cat.gates and not cat.types:  # a misnamed folder: doctor refuses it too
             raise Refused(f"no gate in {GATES_DIR} and no type spec: nothing would be reviewed")
     else:
-        warn([*cat.problems, *type_warnings])
+        warn([*cat.problems, *type_warnings], every=True)
 
 
 @cli.command("select")
