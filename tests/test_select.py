@@ -1089,3 +1089,18 @@ def test_an_exclude_glob_matches_a_name_however_its_accents_are_encoded(small, r
     assert res.exit_code == 0, res.stderr
     assert not any("index" in t["note_path"] for t in res.json()["targets"])
     assert res.stderr == "1 note(s) excluded by [kb] exclude: not reviewed\n", res.stderr
+
+
+def test_a_link_to_an_excluded_note_is_not_said_to_be_reviewed_under_its_own_name(small, run_cli):
+    """A link among the notes to a template [kb] exclude leaves out was skipped as "a note
+    reviewed under its own name": it is reviewed under no name."""
+    small.write("kb/notes/templates/t.md", "---\ntitle: T\ndescription: D.\n---\n\nBody.\n")
+    (small.root / "kb/notes/alias.md").symlink_to(small.root / "kb/notes/templates/t.md")
+    small.write("reviewq.toml", '[kb]\nexclude = ["templates/**"]\n')
+    res = run_cli("select", "--all-gates")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        "warning: kb/notes/alias.md: a symlink to kb/notes/templates/t.md, a note "
+        "[kb] exclude leaves out; skipped",
+        "1 note(s) excluded by [kb] exclude: not reviewed",
+    ], res.stderr

@@ -577,6 +577,9 @@ class KB:
             and _utf8(target)
             and name_problem(target) is None
         ):
+            # An excluded one is reviewed under no name: said so, not as an alias.
+            if self.is_excluded(target):
+                return f"a symlink to {target}, a note [kb] exclude leaves out; skipped"
             return f"a symlink to {target}, a note reviewed under its own name; skipped"
         return None
 
