@@ -841,6 +841,9 @@ def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
         ("2026-11-22x08:00", "not a date or time"),  # any character passed between them
         ("20261122", "a duration needs its unit"),  # read as 234 days of seconds
         ("9999-12-31", "after now"),  # a window that can hold nothing
+        # A time of day out of range said "not a duration like '30m'".
+        ("24:00", "not a time of day"),
+        ("08:61", "not a time of day"),
     ],
 )
 def test_a_since_that_names_no_window_is_one_line(kb, run_cli, value, said):
@@ -1127,26 +1130,45 @@ def test_a_period_that_cost_nothing_says_so_instead_of_a_chart(kb, run_cli, brow
     assert "No cost in the last 14 nights." in night and "$1" not in night, night
 
 
-@pytest.mark.skipif(
-    not Path("/usr/share/zoneinfo/America/New_York").exists(), reason="no tzdata here"
-)
-def test_a_since_that_is_a_time_of_day_is_its_last_time_on_the_local_clock(monkeypatch):
-    """`--since 08:00` (the help's "date/time", the code's own example of a person's
-    clock) was refused as "not a duration like '30m'"."""
-    from orchestrator.report.period import resolve
-
+@pytest.fixture
+def new_york(monkeypatch):
+    """The local clock of America/New_York, for the times of day --since reads on it."""
+    if not Path("/usr/share/zoneinfo/America/New_York").exists():
+        pytest.skip("no tzdata here")
     monkeypatch.setenv("TZ", "America/New_York")
     time.tzset()
-    try:
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
-        def since(value: str, now: str) -> str:
-            return resolve(None, since=value, now=now).since  # type: ignore[arg-type]
 
-        # 10:00 in New York: this morning's eight, and last night's half past eleven.
-        assert since("08:00", "2026-11-22T15:00:00.000Z") == "2026-11-22T13:00:00.000Z"
-        assert since("23:30", "2026-11-22T15:00:00.000Z") == "2026-11-22T04:30:00.000Z"
-        # On the morning daylight time ended (1 November 2026): 00:30 was still EDT.
-        assert since("0:30", "2026-11-01T15:00:00.000Z") == "2026-11-01T04:30:00.000Z"
-    finally:
-        monkeypatch.undo()
-        time.tzset()
+def _since(value: str, now: str) -> str:
+    from orchestrator.report.period import resolve
+
+    return resolve(None, since=value, now=now).since  # type: ignore[arg-type]
+
+
+def test_a_since_that_is_a_time_of_day_is_its_last_time_on_the_local_clock(new_york):
+    """`--since 08:00` (the help's "date/time", the code's own example of a person's
+    clock) was refused as "not a duration like '30m'"."""
+    # 10:00 in New York: this morning's eight, and last night's half past eleven.
+    assert _since("08:00", "2026-11-22T15:00:00.000Z") == "2026-11-22T13:00:00.000Z"
+    assert _since("23:30", "2026-11-22T15:00:00.000Z") == "2026-11-22T04:30:00.000Z"
+    # On the morning daylight time ended (1 November 2026): 00:30 was still EDT.
+    assert _since("0:30", "2026-11-01T15:00:00.000Z") == "2026-11-01T04:30:00.000Z"
+
+
+def test_a_since_time_of_day_across_a_change_of_daylight_time_is_the_clocks_last_reading(
+    new_york,
+):
+    """A time of day in the hour repeated when daylight time ends was its first reading,
+    an hour before the last; one in the hour skipped when it begins was an hour before
+    the clock jumped past it; one with seconds was "not a duration like '30m'"."""
+    # 1 November 2026, 02:00 EST: 01:30 was read at 05:30Z (EDT) and again at 06:30Z (EST).
+    assert _since("01:30", "2026-11-01T07:00:00.000Z") == "2026-11-01T06:30:00.000Z"
+    assert _since("01:30", "2026-11-01T06:00:00.000Z") == "2026-11-01T05:30:00.000Z"
+    # 8 March 2026, 03:10 EDT: the clock jumped past 02:30 at 07:00Z (02:00 EST).
+    assert _since("02:30", "2026-03-08T07:10:00.000Z") == "2026-03-08T07:00:00.000Z"
+    assert _since("08:00:30", "2026-11-22T15:00:00.000Z") == "2026-11-22T13:00:30.000Z"
+    # A time the clock reads at this very moment is yesterday's: today's window is empty.
+    assert _since("10:00", "2026-11-22T15:00:00.000Z") == "2026-11-21T15:00:00.000Z"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 
 from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import Store, parse_timestamp, timestamp, utcnow
@@ -28,7 +28,8 @@ class Period:
 
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
-_TIME_OF_DAY = re.compile(r"(?P<hour>[01]?\d|2[0-3]):(?P<minute>[0-5]\d)")
+# Ranges are checked after the match: "24:00" or "08:61" said "not a duration".
+_TIME_OF_DAY = re.compile(r"(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<second>\d{2}))?")
 # What --since takes as a date/time: fromisoformat alone took any character between date and
 # time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
 # and "2026-11-22+05:00" five in the morning on the local clock.
@@ -79,7 +80,13 @@ def resolve(
                 )
             return Period(begin, until, f"since {begin[:16]}Z")
         if m := _TIME_OF_DAY.fullmatch(since.strip()):
-            begin = timestamp(_last_on_the_clock(m, end))
+            try:
+                at = time(int(m["hour"]), int(m["minute"]), int(m["second"] or 0))
+            except ValueError:
+                raise ReportError(
+                    f"--since {since!r}: not a time of day (00:00 to 23:59; midnight is 00:00)"
+                ) from None
+            begin = timestamp(_last_on_the_clock(at, end))
             return Period(begin, until, f"since {begin[:16]}Z")
         if since.strip().isdigit():
             # Read as seconds, "20261122" (a date without its dashes) was 234 days back.
@@ -115,14 +122,35 @@ def resolve(
     return Period(timestamp(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
 
 
-def _last_on_the_clock(m: re.Match[str], end: datetime) -> datetime:
-    """The last time before ``end`` the local clock read the matched hour and minute: a
-    person's "08:00" is this morning's, or yesterday's when it is not yet eight. Days are
-    counted on the clock, so a change to or from daylight time between keeps the hour."""
-    at = time(int(m["hour"]), int(m["minute"]))
+def _last_on_the_clock(at: time, end: datetime) -> datetime:
+    """The last time before ``end`` the local clock read ``at``: a person's "08:00" is
+    this morning's, or yesterday's when it is not yet eight. Days are counted on the
+    clock, so a change to or from daylight time between keeps the hour."""
     today = end.astimezone().date()
-    start = datetime.combine(today, at).astimezone()
-    return start if start < end else datetime.combine(today - timedelta(days=1), at).astimezone()
+    later = [t for t in _read_on(today, at) if t < end]
+    return later[-1] if later else _read_on(today - timedelta(days=1), at)[-1]
+
+
+def _read_on(day: date, at: time) -> list[datetime]:
+    """When the local clock read ``at`` on ``day``, earliest first: twice in the hour
+    repeated when daylight time ends (fold 0 alone was the first, not the last); in the
+    hour skipped when it begins, the moment the clock jumped past it (fold 0 alone was up
+    to an hour before the clock read it, or a day back)."""
+    wall = datetime.combine(day, at)
+    first, second = (wall.replace(fold=f).astimezone() for f in (0, 1))
+    both = sorted({first, second})
+    if all(t.replace(tzinfo=None) == wall for t in both):
+        return both  # it was read (twice in a fold)
+    # Skipped: the first instant the clock read past it, found in whole seconds between
+    # the two readings (an hour or so apart, so some twelve halvings).
+    lo, hi = int(both[0].timestamp()), int(both[-1].timestamp())
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if datetime.fromtimestamp(mid).replace(tzinfo=None) < wall:
+            lo = mid
+        else:
+            hi = mid
+    return [datetime.fromtimestamp(hi).astimezone()]
 
 
 def _date_time(text: str) -> datetime:
