@@ -482,6 +482,28 @@ def test_an_output_left_in_an_attempts_folder_is_pointed_to_not_a_failed_job(flo
     assert run_cli("finalize", "--review-job-id", str(job["review_job_id"])).exit_code == 0
 
 
+def test_an_output_an_attempt_had_rejected_does_not_hold_finalize(flow, run_cli):
+    """M9 pointed to any attempt's output: one a worker's attempt had failed as invalid
+    was named to be moved (which failed the job on it), and while it lay in its folder
+    finalize without an output was refused for good."""
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    out = flow.root / job["bundle_output_path"]
+    (out.parent / "attempt-1").mkdir()
+    (out.parent / "attempt-1" / out.name).write_text("not a bundle\n", encoding="utf-8")
+    with Store.open(flow.state) as s, s.write():
+        s.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, runner, outcome, started_at, reasons) "
+            "VALUES (?, 1, 'fake', 'invalid-output', '2026-11-22T08:00:00.000Z', '[]')",
+            (job["review_job_id"],),
+        )
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert "attempt-1" not in res.stderr + res.stdout, res.stderr
+    with Store.open(flow.state) as s:
+        assert s.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "failed"
+
+
 @pytest.mark.parametrize("command", ["ack", "create-jobs"])
 def test_a_fifo_named_as_the_note_is_one_error_line_not_a_hang(flow, command):
     """A note path that is a FIFO (`ack`'s NOTE, a pair of create-jobs' input) was opened

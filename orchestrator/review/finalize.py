@@ -19,7 +19,7 @@ from orchestrator import faults, logs
 from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.state.files import write_job_files_after_commit
-from orchestrator.state.status import split_words
+from orchestrator.state.status import FAILED_SQL, split_words
 from orchestrator.state.store import Store, storable_number, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
@@ -163,7 +163,20 @@ def manual_output(
     if output is None:
         # An attempt's prompt (run-job's, cut short) names its own folder's output: failed
         # as "missing", the job lost the output a person had made beside it.
-        made = sorted(path.parent.glob(f"attempt-*/{path.name}"), key=_changed_at)
+        # Not one an attempt's end already judged (invalid, burned out): moving it as told
+        # failed the job on an output a worker had had rejected, and while it lay there a
+        # person could never finalize the job without one.
+        judged = {
+            f"attempt-{r[0]}"
+            for r in store.conn.execute(
+                f"SELECT attempt FROM attempts WHERE job_id = ? AND outcome IN ({FAILED_SQL})",
+                (job_id,),
+            )
+        }
+        made = sorted(
+            (p for p in path.parent.glob(f"attempt-*/{path.name}") if p.parent.name not in judged),
+            key=_changed_at,
+        )
         if made:
             raise FinalizeError(
                 f"{path} is missing; {made[-1].relative_to(path.parent)} is there: move it "
