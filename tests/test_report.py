@@ -1172,3 +1172,15 @@ def test_a_since_time_of_day_across_a_change_of_daylight_time_is_the_clocks_last
     assert _since("08:00:30", "2026-11-22T15:00:00.000Z") == "2026-11-22T13:00:30.000Z"
     # A time the clock reads at this very moment is yesterday's: today's window is empty.
     assert _since("10:00", "2026-11-22T15:00:00.000Z") == "2026-11-21T15:00:00.000Z"
+
+
+def test_a_since_time_of_day_says_which_day_it_is(new_york):
+    """`--since 08:00` at seven in the morning is yesterday's eight: the label said only
+    "since 2026-11-21T13:00Z", leaving a person to work the day out from UTC."""
+    from orchestrator.report.period import resolve
+
+    at_seven = "2026-11-22T12:00:00.000Z"
+    label = resolve(None, since="08:00", now=at_seven).label  # type: ignore[arg-type]
+    assert label == "since 08:00 yesterday on this machine's clock (2026-11-21T13:00Z)"
+    label = resolve(None, since="06:00", now=at_seven).label  # type: ignore[arg-type]
+    assert label == "since 06:00 today on this machine's clock (2026-11-22T11:00Z)"

@@ -86,8 +86,14 @@ def resolve(
                 raise ReportError(
                     f"--since {since!r}: not a time of day (00:00 to 23:59; midnight is 00:00)"
                 ) from None
-            begin = timestamp(_last_on_the_clock(at, end))
-            return Period(begin, until, f"since {begin[:16]}Z")
+            start = _last_on_the_clock(at, end)
+            begin = timestamp(start)
+            # Said in the person's words too: "since 2026-11-21T13:00Z" left them to work
+            # out that their 08:00 at seven in the morning was yesterday's.
+            day = "today" if start.astimezone().date() == end.astimezone().date() else "yesterday"
+            return Period(
+                begin, until, f"since {since.strip()} {day} on this machine's clock ({begin[:16]}Z)"
+            )
         if since.strip().isdigit():
             # Read as seconds, "20261122" (a date without its dashes) was 234 days back.
             raise ReportError(
