@@ -1184,3 +1184,21 @@ def test_a_since_time_of_day_says_which_day_it_is(new_york):
     assert label == "since 08:00 yesterday on this machine's clock (2026-11-21T13:00Z)"
     label = resolve(None, since="06:00", now=at_seven).label  # type: ignore[arg-type]
     assert label == "since 06:00 today on this machine's clock (2026-11-22T11:00Z)"
+
+
+def test_a_since_date_whose_midnight_the_clock_skips_starts_when_the_day_does(monkeypatch):
+    """In Santiago daylight time begins at midnight (6 September 2026: 23:59:59 -04, then
+    01:00 -03): `--since 2026-09-06` began at 23:00 on the 5th, an hour of the day before
+    in the window, and `2026-09-06T00:30` at 23:30 on the 5th."""
+    if not Path("/usr/share/zoneinfo/America/Santiago").exists():
+        pytest.skip("no tzdata here")
+    monkeypatch.setenv("TZ", "America/Santiago")
+    time.tzset()
+    try:
+        now = "2026-09-10T00:00:00.000Z"
+        assert _since("2026-09-06", now) == "2026-09-06T04:00:00.000Z"
+        assert _since("2026-09-06T00:30", now) == "2026-09-06T04:00:00.000Z"
+        assert _since("2026-09-07", now) == "2026-09-07T03:00:00.000Z"
+    finally:
+        monkeypatch.undo()
+        time.tzset()

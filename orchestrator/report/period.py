@@ -64,8 +64,10 @@ def resolve(
             try:
                 if start.tzinfo is None:
                     # A person's "08:00" or "2026-11-22" is on their clock, as cron times
-                    # are: read as UTC it was hours off. The label says it in UTC.
-                    start = start.astimezone()
+                    # are: read as UTC it was hours off. The label says it in UTC. Its first
+                    # reading: on a day whose midnight the clock skips, the window began an
+                    # hour into the day before.
+                    start = _read_on(start.date(), start.time())[0]
                 begin = timestamp(start)
             except (ValueError, OverflowError):
                 # A real date the clock cannot place (0001-01-01 on the local clock, or
@@ -143,7 +145,11 @@ def _read_on(day: date, at: time) -> list[datetime]:
     hour skipped when it begins, the moment the clock jumped past it (fold 0 alone was up
     to an hour before the clock read it, or a day back)."""
     wall = datetime.combine(day, at)
-    first, second = (wall.replace(fold=f).astimezone() for f in (0, 1))
+    first = wall.astimezone()
+    try:
+        second = wall.replace(fold=1).astimezone()
+    except (ValueError, OverflowError):  # looked for past the calendar's last day
+        second = first
     both = sorted({first, second})
     if all(t.replace(tzinfo=None) == wall for t in both):
         return both  # it was read (twice in a fold)
