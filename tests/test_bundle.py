@@ -444,6 +444,18 @@ def test_a_sentinel_behind_an_invisible_character_is_named() -> None:
     assert_rejected(res, "line 4: malformed sentinel (copy it exactly): '\\u200b=== PAIR")
 
 
+def test_a_zero_width_joiner_in_a_rationale_is_text() -> None:
+    """M3 names a sentinel behind an invisible character; a joiner that belongs to the
+    text (Devanagari and Sinhala conjuncts, emoji sequences), even at a line's start, is
+    not a sentinel and the output is accepted."""
+    for body in (
+        "\u0915\u094d\u200d\u0937 is written with a joiner; the note is fine.",
+        "\u200d\u0dca\u0dba begins with one.",
+        "A family \U0001f468\u200d\U0001f469\u200d\U0001f467 emoji === here.",
+    ):
+        assert parse(block(A, body=body)).ok, body
+
+
 def test_a_rationale_that_mentions_the_sentinels_is_accepted() -> None:
     body = "The note quotes the PAIR REVIEW START line of another tool, which is fine."
     assert parse(block(A, body=body)).ok
