@@ -2032,6 +2032,24 @@ def test_run_job_of_a_job_whose_manifest_was_edited_writes_it_again_first(kb, ru
         assert store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
 
 
+def test_run_job_of_a_job_whose_folder_cannot_be_written_is_one_line(kb, run_cli):
+    """A file where a job's folder was (or a full disk): M2's rewrite failed, and run-job
+    went on to make the attempt's folder inside it, a NotADirectoryError traceback."""
+    job_id = _one_job_by_hand(kb, run_cli)
+    folder = kb.state / "jobs" / f"review-job-{job_id}"
+    shutil.rmtree(folder)
+    folder.write_text("not a folder\n")
+    ran = run_cli("run-job", str(job_id), "--reviewer", "offline")
+    assert ran.exit_code == 1
+    [line] = ran.stderr.splitlines()
+    assert line.startswith(f"error: job {job_id}'s folder {folder} cannot be written (") and (
+        line.endswith("; nothing changed")
+    ), line
+    with Store.open(kb.state) as store:
+        assert store.conn.execute("SELECT status FROM review_jobs").fetchone()[0] == "queued"
+        assert store.conn.execute("SELECT count(*) FROM attempts").fetchone()[0] == 0
+
+
 def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, run_cli):
     """A job create-jobs made has no reviewer; run by `run-job N --reviewer offline`, it
     was listed with reviewer "-" by `jobs` and `job N`, and no line of either said which

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.control.attempts import (
+    AttemptError,
     answered,
     back_off,
     heartbeat,
@@ -35,7 +36,7 @@ from orchestrator.control.followup import (
 from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
-from orchestrator.state.files import mark_job_files_due, write_due_job_files
+from orchestrator.state.files import NOT_TRIED, mark_job_files_due, write_due_job_files
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -87,6 +88,8 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     write_due_job_files(
         store, ws.state_dir, [job_id], prompt_renderer(store, ws.state_dir, ws.root), late=False
     )
+    if row is not None and row[0]:
+        _refuse_unwritten(store, ws.state_dir / row[0], job_id)
     with terminate_raises([], ctrl_c=True):
         opened = open_attempt(
             store,
@@ -107,6 +110,20 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
             # being finalized.
             _stopped(store, job_id, opened.attempt, exc)
             raise
+
+
+def _refuse_unwritten(store, folder: Path, job_id: int) -> None:  # noqa: ANN001 - a Store
+    """Refuse a job whose folder could not be written (a file where it was, a full disk):
+    its attempt's folder raised a traceback, or its agent found no MANIFEST.json and the
+    failure was counted against the profile. The manifest decides, not the due row alone:
+    another process may mark the job again after this one wrote it."""
+    if (folder / "MANIFEST.json").is_file():
+        return
+    left = store.conn.execute(
+        "SELECT error FROM job_files_due WHERE job_id = ?", (job_id,)
+    ).fetchone()
+    why = left[0] if left is not None and left[0] != NOT_TRIED else "no MANIFEST.json in it"
+    raise AttemptError(f"job {job_id}'s folder {folder} cannot be written ({why}); nothing changed")
 
 
 def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundResult:  # noqa: ANN001
