@@ -1000,6 +1000,42 @@ def test_a_batch_rolled_back_logs_no_job_finalized(kb, monkeypatch):
     ws.close()
 
 
+def test_a_batch_rolled_back_logs_no_job_failed(kb, monkeypatch):
+    """As job.finalized (K38): the control logged job.failed, and the escalation of the
+    job's pair, inside the batch's transaction, so a batch that a later outcome failed had
+    the job failed in the log and running in state.db, and the retry taken alone logged it
+    a second time."""
+    import dataclasses
+
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    first, second = sent
+    once = dataclasses.replace(control.settings.queue, max_attempts=1)
+    monkeypatch.setattr(control, "settings", dataclasses.replace(control.settings, queue=once))
+    burned = {"classification": "burned-out", "output": None, "reasons": ["deadline"]}
+    plain = control.hooks.after_completed
+
+    def fails_for_the_second(job_id: int) -> None:
+        if job_id == second["job_id"]:
+            raise sqlite3.OperationalError("disk I/O error")
+        plain(job_id)
+
+    monkeypatch.setattr(control.hooks, "after_completed", fails_for_the_second)
+    with pytest.raises(sqlite3.OperationalError):
+        control.on_messages([], [_outcome(ws, first, **burned), _outcome(ws, second)])
+    status = ws.store.conn.execute(
+        "SELECT status FROM review_jobs WHERE id = ?", (first["job_id"],)
+    ).fetchone()[0]
+    assert status == "running"
+    assert _events(ws, "job.failed") == []
+    assert _events(ws, "escalation.raised") == []  # its id is the next escalation's
+    control.on_messages([], [_outcome(ws, first, **burned)])
+    assert [e["job_id"] for e in _events(ws, "job.failed")] == [first["job_id"]]
+    log = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    said = [json.loads(line)["event"] for line in log]
+    assert said.index("job.failed") < said.index("escalation.raised"), said
+    ws.close()
+
+
 def test_a_sequential_sweeps_note_renamed_while_its_job_ran_does_not_hold_the_outcome(kb):
     """The next bundle of a note that is gone cannot be enqueued; the outcome is still
     kept. Raised, it rolled the outcome back and the control took it again all night."""

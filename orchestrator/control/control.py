@@ -744,12 +744,17 @@ class Control:
             # all of them again after it printed each one twice in every summary.
             final = [f"{failed} attempt(s) failed; the last: " + "; ".join(reasons[:5])]
             fail_job(self.store, self.ws.state_dir, job["id"], final + reasons[5:])
-            self.log.error(
-                "job.failed",
-                job_id=job["id"],
-                reviewer=job["reviewer"],
-                attempts=failed,
-                reasons=reasons[:10],
+            # Once the batch commits, as job.finalized: a batch rolled back had the job
+            # failed in the log and running in state.db, and logged again when retried.
+            self.store.after_commit(
+                functools.partial(
+                    self.log.error,
+                    "job.failed",
+                    job_id=job["id"],
+                    reviewer=job["reviewer"],
+                    attempts=failed,
+                    reasons=reasons[:10],
+                )
             )
             if self.hooks is not None:
                 self.hooks.after_failed(job["id"], reasons)

@@ -10,6 +10,7 @@ gate-review report a person can vote on after three lines.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,17 +253,22 @@ def escalate(
             (esc_id, utcnow(), NOT_TRIED),
         )
     store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
-    logs.get().warning(
-        "escalation.raised",
-        escalation_id=esc_id,
-        note_path=note_path,
-        gate_id=gate_id,
-        model_partition=partition,
-        reason=reason,
-        cycles=n,
-        # Relative to ROOT, as the line's note_path and every JSON output give a path
-        # (SPEC §10): it was the only absolute path a person read in the log.
-        report_path=display_path(root, state_dir / rel),
+    # Once it commits: said inside a transaction rolled back (the control's batch of
+    # outcomes), it named an escalation that was never kept, whose id the next one takes.
+    store.after_commit(
+        functools.partial(
+            logs.get().warning,
+            "escalation.raised",
+            escalation_id=esc_id,
+            note_path=note_path,
+            gate_id=gate_id,
+            model_partition=partition,
+            reason=reason,
+            cycles=n,
+            # Relative to ROOT, as the line's note_path and every JSON output give a path
+            # (SPEC §10): it was the only absolute path a person read in the log.
+            report_path=display_path(root, state_dir / rel),
+        )
     )
     return esc_id
 
