@@ -1036,6 +1036,26 @@ def test_a_batch_rolled_back_logs_no_job_failed(kb, monkeypatch):
     ws.close()
 
 
+def test_a_job_finalized_is_said_when_its_files_fail_after_the_commit(kb, monkeypatch):
+    """job.finalized waits for the commit behind the job's files (K38). The first
+    callback that raised after the commit dropped every one after it: a read of state.db
+    failing as the files were written lost the job's line, and every later job's of the
+    batch, for outcomes that were kept (taken again, they are repeats)."""
+    from orchestrator.state import files
+
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+
+    def fails(*args, **kwargs) -> int:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(files, "write_due_job_files", fails)
+    with pytest.raises(sqlite3.OperationalError):
+        control.on_messages([], [_outcome(ws, m) for m in sent])
+    said = [e["job_id"] for e in _events(ws, "job.finalized")]
+    assert said == [m["job_id"] for m in sent]
+    ws.close()
+
+
 def test_a_sequential_sweeps_note_renamed_while_its_job_ran_does_not_hold_the_outcome(kb):
     """The next bundle of a note that is gone cannot be enqueued; the outcome is still
     kept. Raised, it rolled the outcome back and the control took it again all night."""

@@ -322,10 +322,18 @@ class Store:
             self._after_commit.clear()
             raise
         # Taken before running: a callback that fails must not leave the others to run
-        # after some later, unrelated commit.
+        # after some later, unrelated commit. Nor may it drop them: each says or renders
+        # what did commit (a job's files, then its job.finalized line), and a batch's
+        # outcomes taken again after the error are repeats, which say nothing.
         callbacks, self._after_commit = self._after_commit, []
+        failure: Exception | None = None
         for fn in callbacks:
-            fn()
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - raised below, once the others ran
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     @contextmanager
     def settled_read(self, now: str | None = None) -> Iterator[str]:
@@ -391,8 +399,10 @@ class Store:
 
     def after_commit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the current transaction commits (at once outside one); a
-        rollback drops it. For files rendered from the rows: they must never be written
-        for rows that did not commit, and failing to write them must not undo the rows."""
+        rollback drops it. One that raises does not keep the next from running: the first
+        error is raised once they all have. For files rendered from the rows: they must
+        never be written for rows that did not commit, and failing to write them must not
+        undo the rows."""
         if self.conn.in_transaction:
             self._after_commit.append(fn)
         else:
