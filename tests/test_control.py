@@ -63,6 +63,51 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
     ws.store.close()
 
 
+@pytest.mark.parametrize("broken", ["a file where it was", "a full disk"])
+def test_dispatch_of_a_job_whose_folder_cannot_be_written_leaves_it_queued(kb, monkeypatch, broken):
+    """A person deleted a queued job's folder and put a file there (or deleted it on a
+    full disk): dispatch failed the job "without starting" (NotADirectoryError from the
+    attempt's folder), or sent its agent to a folder with no MANIFEST.json, whose failure
+    was counted against the profile."""
+    import orchestrator.state.files as files
+    from orchestrator import logs
+
+    ws, job, sent, control = _one_queued_job(kb)
+    logs.configure(ws.state_dir)
+    folder = ws.state_dir / ws.store.conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    shutil.rmtree(folder)
+    real = files.write_manifest
+    if broken == "a file where it was":
+        folder.write_text("not a folder\n")
+    else:
+
+        def disk_full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(files, "write_manifest", disk_full)
+    assert control.dispatch() == 0
+    assert control.dispatch() == 0  # tried again, said once
+    assert sent == []
+    row = ws.store.conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
+    assert tuple(row) == ("queued", 0)
+    assert ws.store.conn.execute("SELECT count(*) FROM attempts").fetchone()[0] == 0
+    assert ws.store.conn.execute("SELECT launch_failures FROM reviewer_state").fetchall() in (
+        [],
+        [(0,)],
+    )
+    lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    [said] = [e for e in map(json.loads, lines) if e["event"] == "dispatch.deferred"]
+    assert said["folder"] == str(folder) and said["reason"], said
+
+    if broken == "a file where it was":
+        folder.unlink()
+    monkeypatch.setattr(files, "write_manifest", real)
+    assert control.dispatch() == 1
+    assert [m["job_id"] for m in sent] == [job.review_job_id]
+    assert (folder / "MANIFEST.json").is_file()
+    ws.store.close()
+
+
 def test_files_a_full_disk_kept_from_being_written_are_written_at_the_next_tick(kb, monkeypatch):
     import orchestrator.state.files as reports
     from orchestrator.review.bundle import end_line, start_line

@@ -36,7 +36,11 @@ from orchestrator.control.followup import (
 from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
-from orchestrator.state.files import NOT_TRIED, mark_job_files_due, write_due_job_files
+from orchestrator.state.files import (
+    mark_job_files_due,
+    unwritten_job_folder,
+    write_due_job_files,
+)
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -114,16 +118,12 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
 
 def _refuse_unwritten(store, folder: Path, job_id: int) -> None:  # noqa: ANN001 - a Store
     """Refuse a job whose folder could not be written (a file where it was, a full disk):
-    its attempt's folder raised a traceback, or its agent found no MANIFEST.json and the
-    failure was counted against the profile. The manifest decides, not the due row alone:
-    another process may mark the job again after this one wrote it."""
-    if (folder / "MANIFEST.json").is_file():
-        return
-    left = store.conn.execute(
-        "SELECT error FROM job_files_due WHERE job_id = ?", (job_id,)
-    ).fetchone()
-    why = left[0] if left is not None and left[0] != NOT_TRIED else "no MANIFEST.json in it"
-    raise AttemptError(f"job {job_id}'s folder {folder} cannot be written ({why}); nothing changed")
+    its attempt's folder raised a traceback, or its agent found no MANIFEST.json."""
+    why = unwritten_job_folder(store, folder, job_id)
+    if why is not None:
+        raise AttemptError(
+            f"job {job_id}'s folder {folder} cannot be written ({why}); nothing changed"
+        )
 
 
 def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundResult:  # noqa: ANN001

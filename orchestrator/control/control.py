@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from orchestrator.state.files import (
     DISK_FULL,
     NOT_TRIED,
     mark_job_files_due,
+    unwritten_job_folder,
     write_due_job_files,
 )
 from orchestrator.state.status import (
@@ -167,6 +169,8 @@ class Control:
         self.hooks = hooks
         self.log = logs.get()
         self._budget_logged: set[int] = set()
+        # Jobs whose folder could not be written: (the reason, a full disk), said once each.
+        self._folder_failures: dict[int, tuple[str, bool]] = {}
         # Reviewers whose launch_failures count is 0 in state.db (committed), so that every
         # outcome does not write it again. A run-job counts failures too, from its own
         # process: forgotten whenever another connection has committed since (its
@@ -213,7 +217,7 @@ class Control:
             if name in paused or free <= 0:
                 continue
             jobs += self.store.conn.execute(
-                "SELECT id, kind, reviewer, sweep_run_id, model_partition FROM review_jobs "
+                "SELECT id, kind, reviewer, sweep_run_id, model_partition, job_dir FROM review_jobs "
                 "WHERE reviewer = ? AND status = 'queued' "
                 "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
                 "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) ORDER BY id LIMIT ?",
@@ -243,9 +247,10 @@ class Control:
                     continue
             # A job made by another process has its folder written after that process's
             # commit; an agent must not start before its MANIFEST.json is there.
-            write_due_job_files(
-                self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False
-            )
+            if not self._job_folder_written(job, name):
+                if self._folder_failures[job["id"]][1]:
+                    break  # a full disk: every later job's folder would fail alike
+                continue
             if job["kind"] == "review" and job["model_partition"] != profile.partition:
                 # Run, its verdicts would be accepted as another model's. A fix records no
                 # verdict, and an audit's go to the reviewed job's partition: either runs.
@@ -307,6 +312,37 @@ class Control:
                 "attempt.dispatched", job_id=job["id"], attempt=opened.attempt, reviewer=name
             )
         return sent
+
+    def _job_folder_written(self, job, reviewer: str) -> bool:  # noqa: ANN001 - a row
+        """Write a job's folder if it is due or gone (a person deleted it); whether its
+        MANIFEST.json is there for the agent. One that cannot be written (a file where it
+        was, a full disk) leaves the job queued, tried again at each dispatch and said
+        once per reason: the machine's fault is neither the job's nor the profile's."""
+        folder = self.ws.state_dir / job["job_dir"]
+        if not job["job_dir"]:
+            return True
+        if not (folder / "MANIFEST.json").is_file():
+            mark_job_files_due(self.store, [job["id"]])
+        write_due_job_files(self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False)
+        why = unwritten_job_folder(self.store, folder, job["id"])
+        if why is None:
+            self._folder_failures.pop(job["id"], None)
+            return True
+        full = any(os.strerror(e) in why for e in DISK_FULL)
+        if self._folder_failures.get(job["id"], ("", False))[0] != why:
+            self.log.error(
+                "dispatch.deferred",
+                job_id=job["id"],
+                reviewer=reviewer,
+                folder=str(folder),
+                reason=why,
+                recovery=_EVERY_JOB_ALIKE[errno.ENOSPC]
+                if full
+                else "the job stays queued and is dispatched once its folder can be written: "
+                "mend the cause (reviewq rewrite-files writes it at once)",
+            )
+        self._folder_failures[job["id"]] = (why, full)
+        return False
 
     def _cannot_open(self, job, reviewer: str, exc: Exception) -> None:
         """An attempt that can never be opened: fail that job only."""

@@ -256,6 +256,20 @@ def write_due_job_files(
     return len(written)
 
 
+def unwritten_job_folder(store: Store, folder: Path, job_id: int) -> str | None:
+    """Why a job's folder is not there for its agent (a file where it was, a full disk
+    that kept its write back), or None when its MANIFEST.json is. The manifest decides,
+    not the due row alone: another process may mark the job again after this one wrote
+    it. An agent started without it fails, and its failure is counted against the profile
+    for what is the machine's fault."""
+    if (folder / "MANIFEST.json").is_file():
+        return None
+    left = store.conn.execute(
+        "SELECT error FROM job_files_due WHERE job_id = ?", (job_id,)
+    ).fetchone()
+    return left[0] if left is not None and left[0] != NOT_TRIED else "no MANIFEST.json in it"
+
+
 class LockHeld(BlockingIOError):
     """A folder lock another process still held when the wait for it ran out."""
 
