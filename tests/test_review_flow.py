@@ -445,6 +445,25 @@ def test_finalize_refusals_change_nothing(flow, run_cli):
     assert tuple(row) == ("me", "fake", "high", '{"turns": 3}')
 
 
+@pytest.mark.parametrize("runner", ["me\x1b[2J\x1b]0;pwned\x07", "me\nfake line", "me\x9b31m"])
+def test_a_runner_that_would_move_the_terminal_is_refused_in_one_line(flow, run_cli, runner):
+    """`--runner` was recorded as given, and `jobs` and `job N` printed it: an escape
+    cleared the operator's screen or retitled the window, a line break made a line."""
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    jid = str(job["review_job_id"])
+    write_output(flow, job)
+    res = run_cli("finalize", "--review-job-id", jid, "--runner", runner)
+    assert res.exit_code == 2, res.stdout
+    [line] = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
+    assert "'--runner'" in line and "control character" in line, line
+    assert "\x1b" not in res.stderr and "\x9b" not in res.stderr and "\nfake" not in res.stderr
+    assert acceptance_rows(flow) == []
+    for shown in (run_cli("jobs").stdout, run_cli("job", jid).stdout):
+        assert "\x1b" not in shown and "\x9b" not in shown and "fake line" not in shown, shown
+
+
 def test_a_folder_where_finalize_reads_the_output_is_refused_not_a_failed_job(flow, run_cli):
     """`mkdir bundle-output.md` (a person's slip, or a tool that writes into a folder of
     that name) failed the job by hand as "output file is missing", though something was

@@ -218,6 +218,20 @@ def not_blank(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN00
     return utf8(ctx, param, value)
 
 
+def one_line(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, ANN201
+    """A name that is recorded and printed back (``--runner``): a control character in it
+    (a line break, a terminal escape) would, printed by `jobs` and `job N`, move the
+    operator's cursor or recolour the terminal. Refused where it is given, once, rather
+    than cleaned at every place that shows it (tables, JSON, manifests, reports)."""
+    for one in value if isinstance(value, tuple) else (value,):
+        if isinstance(one, str) and not one.isprintable():
+            raise click.BadParameter(
+                f"{shown(one)}: a control character (a line break, a terminal escape) in it; "
+                "give one printable line"
+            )
+    return utf8(ctx, param, value)
+
+
 def utf8(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, ANN201
     """Text that will be stored or matched: bytes that are not UTF-8 (a Latin-1 terminal)
     reached SQLite as surrogates and ended in 'internal error: UnicodeEncodeError'."""

@@ -17,6 +17,7 @@ from orchestrator.cli.common import (
     emit_json,
     excluded_words,
     not_blank,
+    one_line,
     open_log,
     refuse_domain_errors,
     require_state,
@@ -272,7 +273,9 @@ def create_jobs_cmd(
     type=JOB_ID,
     help="The job whose bundle-output.md to accept.",
 )
-@click.option("--runner", default=None, help="Who produced the output (recorded).")
+@click.option(
+    "--runner", default=None, callback=one_line, help="Who produced the output (recorded)."
+)
 @click.option(
     "--model",
     default=None,
