@@ -464,6 +464,32 @@ def test_a_runner_that_would_move_the_terminal_is_refused_in_one_line(flow, run_
         assert "\x1b" not in shown and "\x9b" not in shown and "fake line" not in shown, shown
 
 
+def test_a_telemetry_file_with_a_byte_order_mark_is_read(flow, run_cli):
+    """A telemetry file an editor saved with a BOM was refused with Python's words
+    ("Unexpected UTF-8 BOM (decode using utf-8-sig)"), though a selection and a bundle
+    with one are read; any other bad JSON in a file is one line naming it."""
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    jid = str(job["review_job_id"])
+    write_output(flow, job)
+    bad = flow.root / "bad-telemetry.json"
+    bad.write_text('\ufeff{"turns": 3,}', encoding="utf-8")
+    res = run_cli("finalize", "--review-job-id", jid, "--telemetry-json", str(bad))
+    assert res.exit_code == 1 and acceptance_rows(flow) == []
+    [line] = res.stderr.splitlines()
+    assert f"--telemetry-json {bad}: not JSON (" in line and "at line 1 column" in line, line
+    good = flow.root / "telemetry.json"
+    good.write_text('\ufeff{"turns": 3}', encoding="utf-8")
+    res = run_cli("finalize", "--review-job-id", jid, "--telemetry-json", str(good))
+    assert res.exit_code == 0, res.stderr
+    with Store.open(flow.state) as s:
+        row = s.conn.execute(
+            "SELECT telemetry_json FROM review_jobs WHERE id = ?", (int(jid),)
+        ).fetchone()
+    assert json.loads(row[0]) == {"turns": 3}
+
+
 def test_a_folder_where_finalize_reads_the_output_is_refused_not_a_failed_job(flow, run_cli):
     """`mkdir bundle-output.md` (a person's slip, or a tool that writes into a folder of
     that name) failed the job by hand as "output file is missing", though something was

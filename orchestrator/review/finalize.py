@@ -104,9 +104,20 @@ def parse_telemetry(value: str | None) -> dict | None:
                 f"{bad.colno}) nor a readable file"
             ) from None
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-            raise FinalizeError(f"--telemetry-json {value}: {exc}") from None
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise FinalizeError(f"--telemetry-json {value}: not UTF-8 text") from None
+        except OSError as exc:
+            raise FinalizeError(f"--telemetry-json {value}: {exc.strerror or exc}") from None
+        try:
+            # A file saved by an editor that writes a byte-order mark, as a selection
+            # (parse_select_json) and a bundle with one are read.
+            data = json.loads(text.removeprefix("\ufeff"))
+        except json.JSONDecodeError as exc:
+            raise FinalizeError(
+                f"--telemetry-json {value}: not JSON ({exc.msg} at line {exc.lineno} "
+                f"column {exc.colno})"
+            ) from None
     if not isinstance(data, dict):
         raise FinalizeError("--telemetry-json: expected a JSON object")
     for key in ("cost_usd", "input_tokens", "output_tokens", "num_turns"):
