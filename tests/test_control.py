@@ -1018,26 +1018,36 @@ def _events(ws, name: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["event"] == name]
 
 
+def _fail_after_completed(monkeypatch, control, job_id: int):
+    """Make the batch's step after a completed job fail for ``job_id`` (a disk I/O error),
+    so the batch rolls back; the step as it was is returned, to put back."""
+    plain = control.hooks.after_completed
+
+    def fails_for_it(done: int) -> None:
+        if done == job_id:
+            raise sqlite3.OperationalError("disk I/O error")
+        plain(done)
+
+    monkeypatch.setattr(control.hooks, "after_completed", fails_for_it)
+    return plain
+
+
+def _status(ws, job_id: int) -> str:
+    return ws.store.conn.execute(
+        "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
+    ).fetchone()[0]
+
+
 def test_a_batch_rolled_back_logs_no_job_finalized(kb, monkeypatch):
     """The control logged job.finalized inside the batch's transaction: a batch that one
     outcome failed (or a control killed before its COMMIT) left the job finalized in the
     log and running in state.db, and the retry taken alone logged it a second time."""
     ws, control, sent = _dispatched(kb, ["alpha", "beta"])
     first, second = sent
-    plain = control.hooks.after_completed
-
-    def fails_for_the_second(job_id: int) -> None:
-        if job_id == second["job_id"]:
-            raise sqlite3.OperationalError("disk I/O error")
-        plain(job_id)
-
-    monkeypatch.setattr(control.hooks, "after_completed", fails_for_the_second)
+    plain = _fail_after_completed(monkeypatch, control, second["job_id"])
     with pytest.raises(sqlite3.OperationalError):
         control.on_messages([], [_outcome(ws, first), _outcome(ws, second)])
-    status = ws.store.conn.execute(
-        "SELECT status FROM review_jobs WHERE id = ?", (first["job_id"],)
-    ).fetchone()[0]
-    assert status == "running"
+    assert _status(ws, first["job_id"]) == "running"
     assert _events(ws, "job.finalized") == []
     monkeypatch.setattr(control.hooks, "after_completed", plain)
     control.on_messages([], [_outcome(ws, first)])
@@ -1057,20 +1067,10 @@ def test_a_batch_rolled_back_logs_no_job_failed(kb, monkeypatch):
     once = dataclasses.replace(control.settings.queue, max_attempts=1)
     monkeypatch.setattr(control, "settings", dataclasses.replace(control.settings, queue=once))
     burned = {"classification": "burned-out", "output": None, "reasons": ["deadline"]}
-    plain = control.hooks.after_completed
-
-    def fails_for_the_second(job_id: int) -> None:
-        if job_id == second["job_id"]:
-            raise sqlite3.OperationalError("disk I/O error")
-        plain(job_id)
-
-    monkeypatch.setattr(control.hooks, "after_completed", fails_for_the_second)
+    _fail_after_completed(monkeypatch, control, second["job_id"])
     with pytest.raises(sqlite3.OperationalError):
         control.on_messages([], [_outcome(ws, first, **burned), _outcome(ws, second)])
-    status = ws.store.conn.execute(
-        "SELECT status FROM review_jobs WHERE id = ?", (first["job_id"],)
-    ).fetchone()[0]
-    assert status == "running"
+    assert _status(ws, first["job_id"]) == "running"
     assert _events(ws, "job.failed") == []
     assert _events(ws, "escalation.raised") == []  # its id is the next escalation's
     control.on_messages([], [_outcome(ws, first, **burned)])

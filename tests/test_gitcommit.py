@@ -115,12 +115,9 @@ def test_a_rebase_or_bisect_in_progress_holds_the_commit_until_it_ends(repo, bus
     assert git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
 
 
-def test_a_reason_is_gits_own_words_with_its_traces_asked_for(repo, monkeypatch):
-    """GIT_TRACE (or GIT_TRACE2, GIT_TRACE_PACKET…) left set where reviewq runs: git writes
-    its trace to stderr before its error, and the reason kept was the trace's first line
-    ("06:29:36.876623 common-main.c:50 version 2.39.5"), where git's error was."""
-    for name in ("GIT_TRACE", "GIT_TRACE2", "GIT_TRACE_SETUP"):
-        monkeypatch.setenv(name, "1")
+def _assert_reason_is_gits_partial_commit_error(repo) -> None:
+    """A merge left open makes git refuse a commit of one path: the reason kept must be
+    git's own error, whatever else git was asked to write to stderr."""
     git(repo, "checkout", "-q", "-b", "side")
     _another_commit(repo, "side.txt")
     git(repo, "checkout", "-q", "main")
@@ -129,6 +126,15 @@ def test_a_reason_is_gits_own_words_with_its_traces_asked_for(repo, monkeypatch)
     assert out.again and out.why_not.startswith("git commit failed: fatal: cannot do a partial"), (
         out
     )
+
+
+def test_a_reason_is_gits_own_words_with_its_traces_asked_for(repo, monkeypatch):
+    """GIT_TRACE (or GIT_TRACE2, GIT_TRACE_PACKET…) left set where reviewq runs: git writes
+    its trace to stderr before its error, and the reason kept was the trace's first line
+    ("06:29:36.876623 common-main.c:50 version 2.39.5"), where git's error was."""
+    for name in ("GIT_TRACE", "GIT_TRACE2", "GIT_TRACE_SETUP"):
+        monkeypatch.setenv(name, "1")
+    _assert_reason_is_gits_partial_commit_error(repo)
 
 
 def test_a_reason_is_gits_own_words_with_traces_its_config_asks_for(repo, tmp_path, monkeypatch):
@@ -142,14 +148,7 @@ def test_a_reason_is_gits_own_words_with_traces_its_config_asks_for(repo, tmp_pa
     )
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
-    git(repo, "checkout", "-q", "-b", "side")
-    _another_commit(repo, "side.txt")
-    git(repo, "checkout", "-q", "main")
-    git(repo, "merge", "-q", "--no-ff", "--no-commit", "side")
-    out = fix(repo)
-    assert out.again and out.why_not.startswith("git commit failed: fatal: cannot do a partial"), (
-        out
-    )
+    _assert_reason_is_gits_partial_commit_error(repo)
 
 
 def test_a_note_named_like_a_glob_is_that_file_only(repo):
