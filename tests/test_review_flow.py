@@ -490,6 +490,23 @@ def test_a_telemetry_file_with_a_byte_order_mark_is_read(flow, run_cli):
     assert json.loads(row[0]) == {"turns": 3}
 
 
+def test_a_telemetry_file_that_is_no_object_is_named(flow, run_cli):
+    """A telemetry file holding JSON that is no object (a list) was refused as
+    "--telemetry-json: expected a JSON object", naming neither the file nor what it held."""
+    job = create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "gate")[
+        "jobs"
+    ][0]
+    write_output(flow, job)
+    listed = flow.root / "telemetry.json"
+    listed.write_text('[{"turns": 3}]', encoding="utf-8")
+    res = run_cli(
+        "finalize", "--review-job-id", str(job["review_job_id"]), "--telemetry-json", str(listed)
+    )
+    assert res.exit_code == 1 and acceptance_rows(flow) == []
+    [line] = res.stderr.splitlines()
+    assert f"--telemetry-json {listed}: expected a JSON object, not a list" in line, line
+
+
 def test_a_folder_where_finalize_reads_the_output_is_refused_not_a_failed_job(flow, run_cli):
     """`mkdir bundle-output.md` (a person's slip, or a tool that writes into a folder of
     that name) failed the job by hand as "output file is missing", though something was

@@ -90,6 +90,7 @@ def parse_telemetry(value: str | None) -> dict | None:
     """``--telemetry-json``: inline JSON, or the path of a JSON file."""
     if value is None:
         return None
+    where = "--telemetry-json"  # and the file's name once it is one
     try:
         data = json.loads(value)
     except json.JSONDecodeError as bad:
@@ -103,6 +104,7 @@ def parse_telemetry(value: str | None) -> dict | None:
                 f"--telemetry-json: neither JSON ({bad.msg} at line {bad.lineno} column "
                 f"{bad.colno}) nor a readable file"
             ) from None
+        where = f"--telemetry-json {value}"
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -119,7 +121,9 @@ def parse_telemetry(value: str | None) -> dict | None:
                 f"column {exc.colno})"
             ) from None
     if not isinstance(data, dict):
-        raise FinalizeError("--telemetry-json: expected a JSON object")
+        kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+        got = kind.get(type(data), "a number")
+        raise FinalizeError(f"{where}: expected a JSON object, not {got}")
     for key in ("cost_usd", "input_tokens", "output_tokens", "num_turns"):
         # Summed into status, budgets and reports: a negative or infinite cost (JSON
         # takes Infinity and NaN) would stop a budget for good or hide real spend.
