@@ -686,7 +686,7 @@ def _sweep(value: object, index: int) -> SweepConfig:
     for role in ("reviewer", "fixer", "auditor"):
         if t.data.get(role) == "":
             raise ConfigError(f"{where} {role}: empty; name a reviewer profile or leave it out")
-    cron = t.string("cron")
+    cron = cron_fields(t.string("cron"), f"{where} cron")
     if cron:
         check_cron(cron, f"{where} cron")
     for key in ("notes", "select", "audit"):
@@ -1009,6 +1009,36 @@ _CRON_NAMES = {
     3: {m: i for i, m in enumerate(_MONTHS, 1)},
     4: {d: i for i, d in enumerate(_DAYS)},
 }
+
+
+# cron(5)'s nicknames for the five fields (`@daily` was "expected five fields").
+_CRON_NICKNAMES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
+def cron_fields(expr: str, where: str = "cron") -> str:
+    """``expr`` as five fields: a nickname of cron(5) (``@daily``) as the fields it stands
+    for. ``@reboot`` names no time, and a control restarted in the night would run it."""
+    nickname = expr.strip()
+    if not nickname.startswith("@"):
+        return expr
+    if nickname in _CRON_NICKNAMES:
+        return _CRON_NICKNAMES[nickname]
+    if nickname == "@reboot":
+        raise ConfigError(
+            f"{where} '@reboot': a sweep runs at a time, not when a process starts; "
+            "give one (such as @daily, or '0 2 * * *')"
+        )
+    raise ConfigError(
+        f"{where} {expr!r}: not one of cron(5)'s nicknames ({', '.join(_CRON_NICKNAMES)})"
+    )
 
 
 def cron_iter(expr: str, start: datetime) -> croniter:

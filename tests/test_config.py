@@ -392,6 +392,9 @@ BAD_SWEEPS = [
     ('[[sweeps]]\nname = "n"\ncron = "0 1 * * fri-mon"\n', "[[sweeps]] 'n' cron", "backwards"),
     ('[[sweeps]]\nname = "n"\ncron = "0 1 * * 1#2"\n', "[[sweeps]] 'n' cron", "'#' is not part"),
     ('[[sweeps]]\nname = "n"\ncron = "0 1 ? * *"\n', "[[sweeps]] 'n' cron", "'?' is not part"),
+    # cron(5)'s nicknames are taken (@daily); these name no time a sweep could run at.
+    ('[[sweeps]]\nname = "n"\ncron = "@reboot"\n', "[[sweeps]] 'n' cron '@reboot'", "not when"),
+    ('[[sweeps]]\nname = "n"\ncron = "@nightly"\n', "[[sweeps]] 'n' cron", "(@yearly, @annually"),
     ('[[sweeps]]\nname = "n"\nbudget_usd = nan\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
     ('[[sweeps]]\nname = "n"\nbudget_usd = inf\n', "[[sweeps]] 'n' budget_usd", "number ≥ 0"),
     ('[[sweeps]]\nname = "n"\nreviewer = ""\n', "[[sweeps]] 'n' reviewer", "empty"),

@@ -1098,6 +1098,38 @@ def test_a_day_field_with_a_star_must_match_with_the_other_as_in_cron5(kb):
     assert fired == ["Tue 03", "Thu 05", "Mon 09", "Wed 11", "Fri 13"]
 
 
+@pytest.mark.parametrize(
+    ("cron", "fires"),
+    [
+        ("@daily", ["Sun 01 00:00", "Mon 02 00:00"]),
+        ("@weekly", ["Sun 01 00:00"]),
+        ("@hourly", [f"Sun 01 {h:02d}:00" for h in range(24)] + ["Mon 02 00:00"]),
+    ],
+)
+def test_a_cron_nickname_of_cron5_fires_as_its_fields_do(kb, cron, fires):
+    """`cron = "@daily"`, cron(5)'s own spelling, left the entry out ("expected five
+    fields"): a nightly sweep that never ran, said only as a warning line."""
+    from datetime import datetime, timedelta
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", f'[[sweeps]]\nname = "n"\ncron = "{cron}"\n')
+    ws = Workspace.open(kb.root)
+    assert list(ws.settings.sweeps) == ["n"] and ws.settings.sweeps_left_out == {}
+    t = datetime(2026, 2, 28, 23, 55, 30).astimezone()
+    assert due_sweeps(ws, t) == []  # the clock starts
+    fired = []
+    while t < datetime(2026, 3, 2, 0, 30).astimezone():  # a tick a minute, to Monday 00:30
+        t += timedelta(minutes=1)
+        if due_sweeps(ws, t):
+            fired.append(t.strftime("%a %d %H:%M"))
+            cron_fired(ws, "n", t)
+    ws.close()
+    assert fired == fires
+
+
 def test_a_configured_sweeps_notes_are_roots_and_notes_named_with_it_make_it_ad_hoc(kb, tmp_path):
     """The notes of a [[sweeps]] entry were read from the working folder (a control
     started elsewhere failed every night, on paths `doctor` found fine); and `--name
