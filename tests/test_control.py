@@ -2073,6 +2073,36 @@ def test_status_does_not_send_jobs_made_by_create_jobs_to_a_control(kb, run_cli)
     assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
 
 
+def test_status_names_the_jobs_a_spent_budget_holds_and_sends_none_to_a_control(kb, run_cli):
+    """A cron sweep's budget spent in the night (it has no summary): status at 7 a.m. said
+    "jobs: queued 2" and, with the control stopped, that they "wait for one (reviewq
+    control)", which started ran none of them; nothing named the budget or the run that
+    takes them over."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n')
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+    with ws.store.write():  # the run's first attempt spent its budget; it failed, queued again
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+            (run.jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+    ws.store.close()
+    out = run_cli("status").stdout
+    assert (
+        f"2 job(s) of sweep 'nightly' (run {run.run_id}) wait: its budget of $0.5 is spent; "
+        "the next run of its [[sweeps]] entry (reviewq enqueue --name nightly) takes them "
+        "over (with a new --budget-usd)\n"
+    ) in out, out
+    assert "wait for one (reviewq control)" not in out and "control: not running\n" in out
+    assert json.loads(run_cli("status", "--json").stdout)["budgets_spent"] == [
+        {"sweep": "nightly", "sweep_run": run.run_id, "budget_usd": 0.5, "jobs_waiting": 2}
+    ]
+
+
 def test_status_does_not_send_a_create_jobs_job_run_job_is_running_to_a_control(kb, run_cli):
     """Once `run-job N` took a job create-jobs made it is running, not queued: status
     counted it again among the jobs that "wait for one (reviewq control)", while the

@@ -469,6 +469,9 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
             click.echo(pause_words(store, name, pause, r["jobs_waiting"]))
         else:
             click.echo(f"reviewer {name} is active")
+    spent = {b["sweep_run"]: b["jobs_waiting"] for b in data["budgets_spent"]}
+    for line in held_by_budget(store, spent, ws.settings):
+        click.echo(line)
     click.echo(
         # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
         f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
@@ -509,9 +512,13 @@ def _liveness(data: dict) -> list[str]:
 
     pid, w = data["control"]["pid"], data["workers"]
     by_hand = data["jobs_by_hand"]
-    queued = data["jobs"]["queued"] + data["jobs"]["running"] - by_hand
-    # Started now, a control runs none of these before their reviewer's pause ends.
-    held = sum(r["jobs_waiting"] for r in data["reviewers"].values() if r["paused_until"])
+    # Nor those a spent budget holds (said above): the sweep's next run takes them over.
+    budget = sum(b["jobs_waiting"] for b in data["budgets_spent"])
+    queued = data["jobs"]["queued"] + data["jobs"]["running"] - by_hand - budget
+    # Started now, a control runs none of these before their reviewer's pause ends (some
+    # may be a spent budget's as well, counted there).
+    paused = sum(r["jobs_waiting"] for r in data["reviewers"].values() if r["paused_until"])
+    held = min(paused, queued)
     if pid is None:
         lines = [
             "control: not running"

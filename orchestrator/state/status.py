@@ -183,9 +183,22 @@ def status(store: Store, settings: Settings) -> dict:
         "SELECT count(*) FROM review_jobs WHERE status IN ('queued', 'running') "
         "AND reviewer IS NULL AND grouping != 'human'"
     ).fetchone()[0]
+    # A cron sweep has no summary to say it: its spent budget holds these until the next
+    # run of the sweep takes them over, and no control started runs them before that.
+    held = sorted(over_budget_runs(store))
+    budgets = [
+        {"sweep": name, "sweep_run": run_id, "budget_usd": budget, "jobs_waiting": n}
+        for run_id, name, budget, n in store.conn.execute(
+            "SELECT r.id, r.name, r.budget_usd, count(*) FROM review_jobs j "
+            "JOIN sweep_runs r ON r.id = j.sweep_run_id WHERE j.status = 'queued' "
+            "AND r.id IN (SELECT value FROM json_each(?)) GROUP BY r.id ORDER BY r.id",
+            (json.dumps(held),),
+        )
+    ]
     return {
         "jobs": counts,
         "jobs_by_hand": by_hand,
+        "budgets_spent": budgets,
         "escalations_open": escalations,
         "reviewers": {
             name: {
