@@ -445,6 +445,54 @@ def test_a_cron_sweep_whose_enqueue_failed_is_enqueued_at_the_next_tick(kb, monk
     ws.store.close()
 
 
+def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
+    kb, monkeypatch, run_cli
+):
+    """A nightly sweep missed (no control at 03:00) or failed for good (a lens since
+    renamed) was said in the log alone: status at 7 a.m. showed a quiet night, as if
+    nothing had been stale."""
+    from datetime import UTC, datetime
+
+    from workers import tasks
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n'
+        '[[sweeps]]\nname = "lens"\ncron = "0 4 * * *"\nselect = ["prose"]\n',
+    )
+    ws = Workspace.open(kb.root)
+    clock = [datetime(2026, 1, 2, 2, 59).astimezone()]
+    control = Control(ws, send_review=lambda m: None, now=lambda: clock[0], hooks=FollowUp(ws))
+    monkeypatch.setattr(tasks, "_control", control)
+    tasks.tick()  # the clocks start; then the control stops for the night
+    kb.write(
+        "kb/instructions/review-gates/style/clarity.md",
+        kb.read("kb/instructions/review-gates/prose/clarity.md").replace("prose", "style"),
+    )
+    (kb.root / "kb/instructions/review-gates/prose/clarity.md").unlink()  # renamed
+    clock[0] = datetime(2026, 1, 2, 4, 0, 20).astimezone()  # back at 04:00: 03:00 missed
+    tasks.tick()
+    ws.store.close()
+    out = run_cli("status").stdout
+    three, four = (datetime(2026, 1, 2, h, 0).astimezone(UTC) for h in (3, 4))
+    assert (
+        f"sweep 'nightly': its run of {three:%Y-%m-%dT%H:%M}Z was missed: no control process "
+        "looked at its clock then, or the entry was left out of the settings or had no cron; "
+        "it runs at its next time, or now with reviewq enqueue --name nightly\n"
+    ) in out, out
+    assert (f"sweep 'lens': its run of {four:%Y-%m-%dT%H:%M}Z failed: SelectionError: ") in out, out
+    said = json.loads(run_cli("status", "--json").stdout)["sweeps_not_run"]
+    assert [(n["sweep"], n["event"]) for n in said] == [
+        ("lens", "sweep.failed"),
+        ("nightly", "sweep.missed"),
+    ]
+    assert run_cli("enqueue", "--name", "nightly").exit_code == 0  # run now, as it says
+    out = run_cli("status").stdout
+    assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
+
+
 def test_create_jobs_writes_the_job_folders_outside_the_write_lock(kb, monkeypatch):
     import sqlite3
 

@@ -1019,10 +1019,10 @@ def test_a_sweeps_clock_that_meets_a_locked_database_does_not_keep_the_others_fr
     ws = Workspace.open(kb.root)
     real_fired, real_enqueue = producer.cron_fired, producer.enqueue
 
-    def locked_for_a(ws, name, now):  # noqa: ANN001, ANN202
+    def locked_for_a(ws, name, now, *not_run):  # noqa: ANN001, ANN002, ANN202
         if name == "a":
             raise sqlite3.OperationalError("database is locked")
-        return real_fired(ws, name, now)
+        return real_fired(ws, name, now, *not_run)
 
     def a_fails(ws, req, **kwargs):  # noqa: ANN001, ANN003, ANN202
         if req.name == "a":

@@ -68,6 +68,7 @@ def test_a_full_disk_during_a_migration_is_not_called_a_broken_schema(tmp_path, 
     store.conn.execute("ALTER TABLE escalations DROP COLUMN closed_by_job")
     store.conn.execute("ALTER TABLE escalations DROP COLUMN job_id")
     store.conn.execute("ALTER TABLE reviewer_state DROP COLUMN paused_at")
+    store.conn.execute("ALTER TABLE cron_state DROP COLUMN not_run")
     store.conn.execute("DELETE FROM counters WHERE name = 'acceptance_epoch'")
     store.conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
     store.conn.execute("VACUUM")

@@ -453,11 +453,13 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq status --json
     """
     from orchestrator.state.status import Pause, pause_words, status
+    from orchestrator.sweeps.producer import not_run_words, sweeps_not_run
 
     store = ws.read_store()
     data = status(store, ws.settings)
     data["notes_not_reviewed"] = [asdict(p) for p in _too_large_notes(ws)]
     data["notes_excluded"] = len(ws.kb.excluded)  # counted by the scan just made
+    data["sweeps_not_run"] = sweeps_not_run(store, ws.settings)
     if as_json:
         emit_json(data)
         return
@@ -469,6 +471,8 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
             click.echo(pause_words(store, name, pause, r["jobs_waiting"]))
         else:
             click.echo(f"reviewer {name} is active")
+    for n in data["sweeps_not_run"]:
+        click.echo(shown(not_run_words(n)))
     spent = {b["sweep_run"]: b["jobs_waiting"] for b in data["budgets_spent"]}
     for line in held_by_budget(store, spent, ws.settings):
         click.echo(line)

@@ -544,4 +544,17 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        22,
+        "why a cron sweep's last time ran nothing",
+        """
+        -- A cron sweep missed (no control looked at its minute) or failed for good was said
+        -- in the log alone: status at 7 a.m. showed a quiet night. JSON (event, at,
+        -- reason), kept until a run of the sweep starts after it; NULL for none.
+        ALTER TABLE cron_state ADD COLUMN not_run TEXT;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sqlite3
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from croniter import CroniterError
 
 from orchestrator import logs
-from orchestrator.config import ConfigError, SweepConfig, cron_iter
+from orchestrator.config import ConfigError, Settings, SweepConfig, cron_iter
 from orchestrator.cycles import escalations
 from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import KB, FileProblem, KBError, Note, NoteParseError
@@ -424,17 +425,23 @@ def due_sweeps(
                 _move_clock(ws, sweep.name, now, own)
             continue
         if fired < now - late:
+            # A control that ran while the entry was left out (a bad [[sweeps]] entry,
+            # since mended) looked at other clocks only: "no control" alone was false.
+            why = (
+                "no control process looked at its clock then, or the entry was left out of "
+                "the settings or had no cron"
+            )
+            at = fired.astimezone(UTC).isoformat().replace("+00:00", "Z")
             logs.get().warning(
                 "sweep.missed",
                 sweep=sweep.name,
-                at=fired.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+                at=at,
                 checked_at=row[0],
-                # A control that ran while the entry was left out (a bad [[sweeps]] entry,
-                # since mended) looked at other clocks only: "no control" alone was false.
-                reason="no control process looked at its clock then, or the entry was left "
-                "out of the settings or had no cron; the sweep waits for its next time",
+                reason=f"{why}; the sweep waits for its next time",
             )
-            _move_clock(ws, sweep.name, now, own)
+            _move_clock(
+                ws, sweep.name, now, own, {"event": "sweep.missed", "at": at, "reason": why}
+            )
             continue
         due.append(sweep)
     if failures is None and own:
@@ -458,24 +465,69 @@ def _first_look(ws: Workspace, sweep: SweepConfig, now: datetime) -> datetime | 
     return fired if ran is None else None
 
 
-def cron_fired(ws: Workspace, name: str, now: datetime) -> None:
-    """Move a cron sweep's clock to ``now``: checked, and enqueued if it was due."""
+def cron_fired(ws: Workspace, name: str, now: datetime, not_run: dict | None = None) -> None:
+    """Move a cron sweep's clock to ``now``: checked, and enqueued if it was due.
+    ``not_run``: why its time ran nothing (missed, failed for good), for `status` and the
+    report (:func:`sweeps_not_run`) until a run of the sweep starts."""
+    clock = now.astimezone(UTC).isoformat()
     with ws.store.write():
+        if not_run is None:
+            ws.store.conn.execute(
+                "INSERT INTO cron_state (name, last_checked) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET last_checked = excluded.last_checked",
+                (name, clock),
+            )
+            return
         ws.store.conn.execute(
-            "INSERT INTO cron_state VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET "
-            "last_checked = excluded.last_checked",
-            (name, now.astimezone(UTC).isoformat()),
+            "INSERT INTO cron_state (name, last_checked, not_run) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET last_checked = excluded.last_checked, "
+            "not_run = excluded.not_run",
+            (name, clock, json.dumps({**not_run, "noticed_at": timestamp(now)})),
         )
 
 
-def _move_clock(ws: Workspace, name: str, now: datetime, failures: list[Exception]) -> None:
+def _move_clock(
+    ws: Workspace,
+    name: str,
+    now: datetime,
+    failures: list[Exception],
+    not_run: dict | None = None,
+) -> None:
     """:func:`cron_fired`, with a failure that can pass kept in ``failures``: raised at
     once, one sweep's clock that met a locked state.db kept every other sweep of its
     minute from being tried."""
     try:
-        cron_fired(ws, name, now)
+        cron_fired(ws, name, now, not_run)
     except (sqlite3.OperationalError, OSError) as exc:
         failures.append(exc)
+
+
+def sweeps_not_run(store: Store, settings: Settings) -> list[dict]:
+    """The configured cron sweeps whose last time ran nothing (``event``: sweep.missed or
+    sweep.failed; ``at``, UTC; ``reason``), and no run of them started since: what a
+    quiet night was said of in the log alone. A run by name, or the next night's, ends it."""
+    out = []
+    for name, text in store.conn.execute(
+        "SELECT c.name, c.not_run FROM cron_state c WHERE c.not_run IS NOT NULL AND NOT EXISTS "
+        "(SELECT 1 FROM sweep_runs r WHERE r.name = c.name AND r.started_at >= "
+        "json_extract(c.not_run, '$.noticed_at')) ORDER BY c.name"
+    ):
+        entry = settings.sweeps.get(name)
+        said = json_column(text)
+        if entry is None or not entry.cron or not isinstance(said, dict):
+            continue  # removed, or no longer on a clock: its old night is no news
+        out.append({"sweep": name, **{k: said.get(k) for k in ("event", "at", "reason")}})
+    return out
+
+
+def not_run_words(n: dict) -> str:
+    """One line of :func:`sweeps_not_run`, for `status` and the report."""
+    name = n["sweep"]
+    what = "was missed" if n["event"] == "sweep.missed" else "failed"
+    return (
+        f"sweep {name!r}: its run of {str(n['at'])[:16]}Z {what}: {n['reason']}; it runs at "
+        f"its next time, or now with reviewq enqueue --name {shlex.quote(name)}"
+    )
 
 
 def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
@@ -497,13 +549,16 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
         except (sqlite3.OperationalError, OSError) as exc:
             passing.append(exc)
         except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
             logs.get().error(
                 "sweep.failed",
                 sweep=sweep.name,
-                error=f"{type(exc).__name__}: {exc}",
+                error=error,
                 recovery="the sweep runs again at its next matching minute",
             )
-            _move_clock(ws, sweep.name, now, passing)
+            at = now.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            failed = {"event": "sweep.failed", "at": at, "reason": logs.redact(error)}
+            _move_clock(ws, sweep.name, now, passing, failed)
     if passing:
         raise passing[0]
 
