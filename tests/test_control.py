@@ -445,12 +445,9 @@ def test_a_cron_sweep_whose_enqueue_failed_is_enqueued_at_the_next_tick(kb, monk
     ws.store.close()
 
 
-def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
-    kb, monkeypatch, run_cli
-):
-    """A nightly sweep missed (no control at 03:00) or failed for good (a lens since
-    renamed) was said in the log alone: status at 7 a.m. showed a quiet night, as if
-    nothing had been stale."""
+def _a_night_missed_and_failed(kb, monkeypatch) -> tuple[str, str]:
+    """A control whose clocks start at 02:59, stopped until 04:00:20: `nightly` (03:00)
+    missed, `lens` (04:00) failed for good, its lens renamed meanwhile. Their minutes in UTC."""
     from datetime import UTC, datetime
 
     from workers import tasks
@@ -467,22 +464,29 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     control = Control(ws, send_review=lambda m: None, now=lambda: clock[0], hooks=FollowUp(ws))
     monkeypatch.setattr(tasks, "_control", control)
     tasks.tick()  # the clocks start; then the control stops for the night
-    kb.write(
-        "kb/instructions/review-gates/style/clarity.md",
-        kb.read("kb/instructions/review-gates/prose/clarity.md").replace("prose", "style"),
-    )
-    (kb.root / "kb/instructions/review-gates/prose/clarity.md").unlink()  # renamed
+    gate = "kb/instructions/review-gates/prose/clarity.md"
+    kb.write(gate.replace("prose", "style"), kb.read(gate).replace("prose", "style"))
+    (kb.root / gate).unlink()  # renamed
     clock[0] = datetime(2026, 1, 2, 4, 0, 20).astimezone()  # back at 04:00: 03:00 missed
     tasks.tick()
     ws.store.close()
+    return tuple(f"{datetime(2026, 1, 2, h, 0).astimezone(UTC):%Y-%m-%dT%H:%M}Z" for h in (3, 4))
+
+
+def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
+    kb, monkeypatch, run_cli
+):
+    """A nightly sweep missed (no control at 03:00) or failed for good (a lens since
+    renamed) was said in the log alone: status at 7 a.m. showed a quiet night, as if
+    nothing had been stale."""
+    three, four = _a_night_missed_and_failed(kb, monkeypatch)
     out = run_cli("status").stdout
-    three, four = (datetime(2026, 1, 2, h, 0).astimezone(UTC) for h in (3, 4))
     assert (
-        f"sweep 'nightly': its run of {three:%Y-%m-%dT%H:%M}Z was missed: no control process "
+        f"sweep 'nightly': its run of {three} was missed: no control process "
         "looked at its clock then, or the entry was left out of the settings or had no cron; "
         "it runs at its next time, or now with reviewq enqueue --name nightly\n"
     ) in out, out
-    assert (f"sweep 'lens': its run of {four:%Y-%m-%dT%H:%M}Z failed: SelectionError: ") in out, out
+    assert f"sweep 'lens': its run of {four} failed: SelectionError: " in out, out
     said = json.loads(run_cli("status", "--json").stdout)["sweeps_not_run"]
     assert [(n["sweep"], n["event"]) for n in said] == [
         ("lens", "sweep.failed"),
@@ -491,6 +495,22 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     assert run_cli("enqueue", "--name", "nightly").exit_code == 0  # run now, as it says
     out = run_cli("status").stdout
     assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
+
+
+def test_the_morning_report_says_a_cron_sweep_missed_or_failed(kb, monkeypatch, run_cli):
+    """The report of a night whose sweeps did not run said "needs you: nothing", the page
+    "Nothing: … no job is stuck": a quiet night, read over coffee."""
+    three, four = _a_night_missed_and_failed(kb, monkeypatch)
+    page = kb.root / "report.html"
+    out = run_cli("report", "--html", str(page)).stdout
+    assert "needs you: 2 cron sweep(s) that did not run\n" in out, out
+    assert f"  sweep 'nightly': its run of {three} was missed: " in out
+    assert f"  sweep 'lens': its run of {four} failed: SelectionError: " in out
+    html = page.read_text()
+    assert "Cron sweeps that did not run" in html and "Nothing: no escalation" not in html
+    needs = json.loads(run_cli("report", "--json").stdout)["needs_you"]
+    assert [n["sweep"] for n in needs["sweeps_not_run"]] == ["lens", "nightly"]
+    assert needs["count"] == 2
 
 
 def test_create_jobs_writes_the_job_folders_outside_the_write_lock(kb, monkeypatch):

@@ -453,7 +453,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq status --json
     """
     from orchestrator.state.status import Pause, pause_words, status
-    from orchestrator.sweeps.producer import not_run_words, sweeps_not_run
+    from orchestrator.sweeps.producer import sweeps_not_run
 
     store = ws.read_store()
     data = status(store, ws.settings)
@@ -472,7 +472,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         else:
             click.echo(f"reviewer {name} is active")
     for n in data["sweeps_not_run"]:
-        click.echo(shown(not_run_words(n)))
+        click.echo(shown(n["says"]))
     spent = {b["sweep_run"]: b["jobs_waiting"] for b in data["budgets_spent"]}
     for line in held_by_budget(store, spent, ws.settings):
         click.echo(line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -60,6 +61,7 @@ def report_cmd(
       reviewq report --sweep nightly --json
     """
     from orchestrator.report import ReportError, make_report
+    from orchestrator.sweeps.producer import sweeps_not_run
 
     try:
         page = _page(ws, html, as_json)
@@ -79,6 +81,7 @@ def report_cmd(
             # A script's --json does not move "since the last report" under a person's feet.
             remember=not as_json,
             only_reject=only_reject_check(ws),
+            not_run=functools.partial(sweeps_not_run, settings=ws.settings),
         )
     except ReportError as exc:
         raise Refused(str(exc)) from None

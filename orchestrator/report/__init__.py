@@ -8,6 +8,7 @@ can run while the control process works.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,10 +45,12 @@ def make_report(
     limit: int = 50,
     now: str | None = None,
     only_reject: _data.OnlyReject | None = None,
+    not_run: Callable[[Store], list[dict]] | None = None,
 ) -> Report:
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
     records a report of the default period so the next one starts where it ends;
-    ``only_reject`` tells which escalations can now only be rejected."""
+    ``only_reject`` tells which escalations can now only be rejected; ``not_run`` reads
+    the cron sweeps whose last time ran nothing (it knows the settings)."""
     if html_path is not None:
         _may_replace(html_path)
     # One snapshot, ending at a time no write in flight was stamped before: the sections
@@ -62,6 +65,7 @@ def make_report(
             limit=None if full else limit,
             now=now,
             only_reject=only_reject,
+            not_run=not_run(store) if not_run is not None else [],
         )
     if html_path is not None:
         # The page renders rows already committed. It is written before the report is

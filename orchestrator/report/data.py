@@ -63,17 +63,23 @@ def gather(
     limit: int | None = 50,
     now: str,
     only_reject: OnlyReject | None = None,
+    not_run: list[dict] | None = None,
 ) -> dict:
     """``only_reject`` looks at the KB: without it (no KB to read) every escalation is
-    shown as decidable."""
+    shown as decidable. ``not_run``: the cron sweeps whose last time ran nothing (they
+    need the settings to read), each with the line that says it (``says``)."""
     scope, args = _scope(period)
     unwritten = unwritten_fixes(store)  # both sections show them
+    needs = _needs_you(
+        store, state_dir, scope, args, limit, now, unwritten, only_reject, period.run_id
+    )
+    # Whatever the period, as a pause is: a night with no sweep looked quiet.
+    needs["sweeps_not_run"] = list(not_run or [])
+    needs["count"] += len(needs["sweeps_not_run"])
     return {
         "period": period.to_json(),
         "generated_at": now,
-        "needs_you": _needs_you(
-            store, state_dir, scope, args, limit, now, unwritten, only_reject, period.run_id
-        ),
+        "needs_you": needs,
         "kb_changes": _kb_changes(store, scope, args, limit, unwritten),
         "reviewed": _reviewed(store, scope, _scope(period, spent=True)[0], args, limit, period),
         "trends": _trends(store, period),

@@ -172,6 +172,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(paused_line(n["paused_reviewers"]))
     if n["budgets_reached"]:
         needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
+    if n["sweeps_not_run"]:
+        needs.append(f"{len(n['sweeps_not_run'])} cron sweep(s) that did not run")
     if n["fixes_unwritten"]:
         needs.append(f"{len(n['fixes_unwritten'])} fixed note(s) not written to the KB")
     if n["stalled"]:
@@ -195,6 +197,8 @@ def text(data: dict, html_path: str | None) -> str:
             f"  sweep {b['name']} (run {b['id']}) spent {money(b['spent_usd'])} of {money(b['budget_usd'])}; "
             f"{b['jobs_waiting']} job(s) wait"
         )
+    for x in n["sweeps_not_run"]:
+        lines.append(f"  {x['says']}")
     for f in n["fixes_unwritten"][:3]:
         lines.append(f"  fix job {f['job_id']} not written to {f['note_path']}: {f['error']}")
     for st in n["stalled"]:

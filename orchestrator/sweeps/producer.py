@@ -504,7 +504,7 @@ def _move_clock(
 
 def sweeps_not_run(store: Store, settings: Settings) -> list[dict]:
     """The configured cron sweeps whose last time ran nothing (``event``: sweep.missed or
-    sweep.failed; ``at``, UTC; ``reason``), and no run of them started since: what a
+    sweep.failed; ``at``, UTC; ``reason``; ``says``: the line), and no run of them started since: what a
     quiet night was said of in the log alone. A run by name, or the next night's, ends it."""
     out = []
     for name, text in store.conn.execute(
@@ -516,11 +516,12 @@ def sweeps_not_run(store: Store, settings: Settings) -> list[dict]:
         said = json_column(text)
         if entry is None or not entry.cron or not isinstance(said, dict):
             continue  # removed, or no longer on a clock: its old night is no news
-        out.append({"sweep": name, **{k: said.get(k) for k in ("event", "at", "reason")}})
+        n = {"sweep": name, **{k: said.get(k) for k in ("event", "at", "reason")}}
+        out.append({**n, "says": _not_run_words(n)})
     return out
 
 
-def not_run_words(n: dict) -> str:
+def _not_run_words(n: dict) -> str:
     """One line of :func:`sweeps_not_run`, for `status` and the report."""
     name = n["sweep"]
     what = "was missed" if n["event"] == "sweep.missed" else "failed"
