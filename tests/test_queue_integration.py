@@ -997,6 +997,47 @@ def test_one_sweeps_passing_failure_does_not_keep_the_others_of_its_minute_from_
     ws.close()
 
 
+def test_a_cron_sweep_whose_enqueue_fails_for_a_passing_reason_past_late_still_runs(
+    kb, monkeypatch
+):
+    """A cron enqueue that met a full disk (or a locked state.db) at each tick was tried
+    again for ten minutes; then the night was logged as missed, "no control process
+    looked at its clock then", by the control that had tried all along, and not run once
+    the disk had room."""
+    import sqlite3
+    from datetime import datetime, timedelta
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    real = producer.enqueue
+    full = [True]
+
+    def enqueue(ws, req, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        if full[0]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(ws, req, **kwargs)
+
+    monkeypatch.setattr(producer, "enqueue", enqueue)
+    t = datetime(2026, 1, 2, 2, 59, 10).astimezone()
+    producer.enqueue_due_sweeps(ws, t)  # the clock starts
+    while t < datetime(2026, 1, 2, 3, 25).astimezone():  # full for 25 minutes
+        t += timedelta(minutes=1)
+        with pytest.raises(sqlite3.OperationalError):
+            producer.enqueue_due_sweeps(ws, t)
+    full[0] = False
+    producer.enqueue_due_sweeps(ws, t + timedelta(minutes=1))
+    runs = ws.store.conn.execute("SELECT name, trigger FROM sweep_runs").fetchall()
+    ws.close()
+    assert [tuple(r) for r in runs] == [("nightly", "cron")]
+    assert not [e for e in log_lines(kb) if e["event"] == "sweep.missed"]
+
+
 @pytest.mark.parametrize("when", ["its clock starts", "its enqueue failed for good"])
 def test_a_sweeps_clock_that_meets_a_locked_database_does_not_keep_the_others_from_running(
     kb, monkeypatch, when

@@ -368,6 +368,11 @@ def _sequential(
 # missed, not replayed: a control restarted at 07:00 does not start the 01:30 sweep. At
 # least two ticks (reaper_seconds): with ticks every 15 minutes, a fixed 10 let no run fire.
 LATE = timedelta(minutes=10)
+# The minute each sweep was due for when its enqueue met a failure that can pass (state.db
+# locked, a full disk), by state folder and name: still due once that is past LATE, since
+# this control looked and tried at each tick. Missed after ten minutes of it, the night was
+# lost "as no control process looked", the failure kept for the next minute cut short.
+_retrying: dict[tuple[str, str], datetime] = {}
 
 
 def due_sweeps(
@@ -376,7 +381,8 @@ def due_sweeps(
     """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
     (or two ticks) ago. A due sweep's clock moves in its enqueue's transaction
     (:func:`cron_fired` inside it), so a sweep whose enqueue failed is still due at the
-    next check, and one whose enqueue committed is not; the clock of one not due moves
+    next check (past LATE too, while this process retries it), and one whose enqueue
+    committed is not; the clock of one not due moves
     once it is half of LATE old, so that a run missed means no control looked then (not
     a cron edited to a time that passed while a control ran). The first check of an entry
     starts its clock, and runs it if its minute is this one (see :func:`_first_look`).
@@ -424,7 +430,7 @@ def due_sweeps(
                 # "missed" as if no control had run then.
                 _move_clock(ws, sweep.name, now, own)
             continue
-        if fired < now - late:
+        if fired < now - late and _retrying.get((str(ws.state_dir), sweep.name)) != fired:
             # A control that ran while the entry was left out (a bad [[sweeps]] entry,
             # since mended) looked at other clocks only: "no control" alone was false.
             why = (
@@ -539,6 +545,7 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
     clock; any other is logged, and the sweep waits for its next matching minute."""
     passing: list[Exception] = []
     for sweep in due_sweeps(ws, now, passing):
+        retrying = (str(ws.state_dir), sweep.name)
         try:
             enqueue(
                 ws,
@@ -547,9 +554,13 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
                 # the two commits ran the sweep again once restarted.
                 also=functools.partial(cron_fired, ws, sweep.name, now),
             )
+            _retrying.pop(retrying, None)
         except (sqlite3.OperationalError, OSError) as exc:
+            if (fired := _last_match(sweep.cron, now)) is not None:
+                _retrying[retrying] = fired
             passing.append(exc)
         except Exception as exc:
+            _retrying.pop(retrying, None)
             error = f"{type(exc).__name__}: {exc}"
             logs.get().error(
                 "sweep.failed",
