@@ -1235,6 +1235,40 @@ def test_an_hour_the_autumn_change_repeats_fires_a_sweep_once(kb, new_york):
     ws.close()
 
 
+@pytest.mark.parametrize(
+    ("cron", "fires"),
+    [
+        # cron(8)'s wildcard entries: run by the clock as it reads again (an hour between).
+        ("0 * * * *", ["00:00 EDT", "01:00 EDT", "01:00 EST", "02:00 EST", "03:00 EST"]),
+        ("*/30 1 * * *", ["01:00 EDT", "01:30 EDT", "01:00 EST", "01:30 EST"]),
+        ("30 1 * * *", ["01:30 EDT"]),  # a fixed time: once
+    ],
+)
+def test_an_hour_the_autumn_change_repeats_runs_wildcard_crons_in_both_readings(
+    kb, new_york, cron, fires
+):
+    """An hourly sweep took each wall time of the repeated hour at its first reading: the
+    second 01:00 never ran, two hours between its runs, where cron(8) runs it hourly."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", f'[[sweeps]]\nname = "n"\ncron = "{cron}"\n')
+    ws = Workspace.open(kb.root)
+    t = datetime(2026, 11, 1, 3, 59, 30, tzinfo=UTC)  # 23:59:30 EDT, a tick a minute
+    assert due_sweeps(ws, t) == []  # the clock starts
+    fired = []
+    while t < datetime(2026, 11, 1, 8, 30, tzinfo=UTC):  # until 03:30 EST
+        t += timedelta(minutes=1)
+        if due_sweeps(ws, t):
+            fired.append(t.astimezone().strftime("%H:%M %Z"))
+            cron_fired(ws, "n", t)
+    ws.close()
+    assert fired == fires
+
+
 def test_a_time_the_spring_change_skips_still_fires_once(kb, new_york):
     """On 2026-03-08 New York's clocks go from 02:00 EST to 03:00 EDT: the wall clock never
     shows 02:30. The sweep was read as due an hour earlier than 03:00, so at 03:00 it was

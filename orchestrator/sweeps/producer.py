@@ -586,11 +586,17 @@ def _last_match(cron: str, now: datetime) -> datetime | None:
     # A wall time the spring change skips (02:30 on the night 02:00 becomes 03:00) runs
     # at the first minute that exists after it, as cron(8) does; astimezone() alone would
     # read it as an instant an hour earlier, already past LATE when 03:00 comes. A wall
-    # time the autumn change repeats is taken at its first instant (fold 0).
+    # time the autumn change repeats is taken at its first instant (fold 0), except by a
+    # cron whose minute or hour is `*`: cron(8) runs those "wildcard" entries by the clock
+    # as it reads again, so `0 * * * *` runs at both 01:00s (fold 0 alone left two hours
+    # between its runs).
     for _ in range(24 * 60):
         if match.astimezone().replace(tzinfo=None) == match:
             break
         match += timedelta(minutes=1)
+    minute, hour = cron.split()[:2]
+    if "*" in minute[:1] + hour[:1] and (again := match.replace(fold=1).astimezone()) <= now:
+        return again
     return match.astimezone()
 
 
