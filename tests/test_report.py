@@ -803,6 +803,43 @@ def test_a_since_without_an_offset_is_the_persons_local_time(kb):
     assert since("2026-11-02") == "2026-11-02T08:00:00.000Z"
 
 
+def test_a_nightly_sweep_is_one_night_of_cost_on_the_local_clock(kb, monkeypatch):
+    """A night ran noon to noon UTC: in Honolulu (UTC-10) that is 02:00 to 02:00, so the
+    01:30 sweep's cost was two bars of the chart, and the night before last was the last."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.state.store import timestamp
+
+    def hst(day: int, h: int, m: int) -> str:  # Honolulu keeps no daylight time
+        return timestamp(datetime(2026, 11, day, h, m, tzinfo=UTC) + timedelta(hours=10))
+
+    with Store.open(kb.state) as store, store.write():
+        job = store.conn.execute(
+            "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
+            "created_at, updated_at) VALUES ('completed', 'p', 'note', 'fake', 'jobs/x', ?, ?) "
+            "RETURNING id",
+            (hst(26, 1, 30), hst(26, 3, 0)),
+        ).fetchone()[0]
+        for n, at in enumerate((hst(26, 1, 31), hst(26, 2, 40)), 1):  # the sweep, 01:30 on
+            store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+                "VALUES (?, ?, 'invalid-output', ?, ?, 1.0)",
+                (job, n, at, at),
+            )
+    from orchestrator.report import make_report
+
+    monkeypatch.setenv("TZ", "Pacific/Honolulu")
+    time.tzset()
+    try:
+        with Store.open(kb.state) as store:  # read at 08:00 the next morning
+            rep = make_report(store, kb.state, since="12h", remember=False, now=hst(26, 8, 0))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    nights = rep.data["trends"]["cost_by_night"]
+    assert nights[-1] == {"night": "2026-11-25", "cost_usd": 2.0}, nights
+
+
 def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
     """Queued work of an earlier run moves to the next run of the same sweep; its earlier
     attempts' cost was charged to the new run's budget."""

@@ -42,8 +42,10 @@ REPORT_LINES = 60  # per gate-review report
 FAILED_ATTEMPT = f"a.outcome IN ({FAILED_SQL})"
 # Open jobs none of whose attempts launched, beat or ended for this long have stalled.
 STALLED_AFTER = timedelta(minutes=15)
-# A night runs noon to noon UTC, so a sweep that crosses midnight counts as one night.
-NIGHT = "date(substr({col}, 1, 19), '-12 hours')"
+# A night runs noon to noon on this machine's clock (cron's), so a sweep that crosses
+# midnight counts as one night. Noon UTC was 02:00 in Honolulu and 04:00 in California:
+# a 01:30 sweep there was two nights' bars.
+NIGHT = "date(substr({col}, 1, 19), 'localtime', '-12 hours')"
 # Why an applied fix's commit waits for a later tick (another git's lock, a merge), if it does.
 _COMMIT_PENDING = (
     "(SELECT d.error FROM fix_writes_due d WHERE d.job_id = j.id AND d.written = 1 "
@@ -552,7 +554,7 @@ def _trends(store: Store, period: Period) -> dict:
     end = parse_timestamp(period.until)
     start = timestamp(end - timedelta(days=TREND_NIGHTS))
     nights = [
-        (end - timedelta(hours=12) - timedelta(days=i)).date().isoformat()
+        (end.astimezone() - timedelta(hours=12) - timedelta(days=i)).date().isoformat()
         for i in reversed(range(TREND_NIGHTS))
     ]
     gate_rates = []
