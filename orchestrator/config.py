@@ -1004,6 +1004,14 @@ def _sweeps(
 
 _MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 _DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
+# Each field's name and range, as cron(5) gives them (weekday 7 is Sunday too).
+_CRON_FIELDS = [
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day of month", 1, 31),
+    ("month", 1, 12),
+    ("weekday", 0, 7),
+]
 # The names cron(5) takes, as numbers, for the month (field 3) and weekday (field 4).
 _CRON_NAMES = {
     3: {m: i for i, m in enumerate(_MONTHS, 1)},
@@ -1064,6 +1072,17 @@ def check_cron(expr: str, where: str = "cron") -> None:
         if odd or words:
             what = odd.group() if odd else words[0]
             raise ConfigError(f"{where} {expr!r}: {what!r} is not part of cron(5) syntax")
+        # Said as "not a valid cron expression", which field and why left to a guess.
+        what, low_, high_ = _CRON_FIELDS[i]
+        for item in field_.split(","):
+            values, _, step = item.partition("/")
+            for v in re.findall(r"\d+", values):
+                if not low_ <= int(v) <= high_:
+                    raise ConfigError(
+                        f"{where} {expr!r}: {what} {v} is out of range ({low_}-{high_})"
+                    )
+            if step.isdigit() and int(step) == 0:
+                raise ConfigError(f"{where} {expr!r}: a step of 0 in the {what} field")
         for low, high in re.findall(r"(\w+)-(\w+)", field_):
             a, b = (int(v) if v.isdigit() else names[v.lower()] for v in (low, high))
             if a > b:

@@ -392,6 +392,37 @@ BAD_SWEEPS = [
     ('[[sweeps]]\nname = "n"\ncron = "0 1 * * fri-mon"\n', "[[sweeps]] 'n' cron", "backwards"),
     ('[[sweeps]]\nname = "n"\ncron = "0 1 * * 1#2"\n', "[[sweeps]] 'n' cron", "'#' is not part"),
     ('[[sweeps]]\nname = "n"\ncron = "0 1 ? * *"\n', "[[sweeps]] 'n' cron", "'?' is not part"),
+    # Which field, and why: it was "not a valid cron expression".
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 24 * * *"\n',
+        "cron '0 24 * * *'",
+        "hour 24 is out of range (0-23)",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\ncron = "60 1 * * *"\n',
+        "[[sweeps]] 'n' cron",
+        "minute 60 is out of range (0-59)",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 1 0 * *"\n',
+        "[[sweeps]] 'n' cron",
+        "day of month 0 is out of range (1-31)",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 1 * 1-13 *"\n',
+        "[[sweeps]] 'n' cron",
+        "month 13 is out of range (1-12)",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\ncron = "0 1 * * 8"\n',
+        "[[sweeps]] 'n' cron",
+        "weekday 8 is out of range (0-7)",
+    ),
+    (
+        '[[sweeps]]\nname = "n"\ncron = "*/0 1 * * *"\n',
+        "[[sweeps]] 'n' cron",
+        "a step of 0 in the minute field",
+    ),
     # cron(5)'s nicknames are taken (@daily); these name no time a sweep could run at.
     ('[[sweeps]]\nname = "n"\ncron = "@reboot"\n', "[[sweeps]] 'n' cron '@reboot'", "not when"),
     ('[[sweeps]]\nname = "n"\ncron = "@nightly"\n', "[[sweeps]] 'n' cron", "(@yearly, @annually"),
