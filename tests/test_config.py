@@ -516,6 +516,22 @@ def test_a_bad_sweeps_entry_is_refused_by_name_and_a_problem_for_doctor(kb, run_
     assert load_settings(kb.root).sweeps == {}
 
 
+def test_a_sweeps_entry_that_reads_a_status_no_note_has_is_a_problem_for_doctor(kb, run_cli):
+    """`current = true` on a KB that keeps no status: field selected nothing at every cron
+    run, and nothing said so (`select --current` warns of it; the control's run, no one)."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "n"\ncron = "0 3 * * *"\ncurrent = true\n')
+    res = run_cli("doctor")
+    assert res.exit_code == 1
+    assert (
+        f"problem: {kb.root / 'reviewq.toml'}: [[sweeps]] 'n' current: no note has a status: "
+        "field, which current = true reads (status: current): the entry selects nothing\n"
+    ) in res.stdout, res.stdout
+    kb.note("beta", status="current")  # one note keeps it: the entry selects that one
+    assert "[[sweeps]] 'n'" not in run_cli("doctor").stdout
+
+
 def test_a_sweeps_batch_size_with_note_grouping_is_one_warning_line_not_dropped(kb, run_cli):
     """The entry's batch_size was ignored without a word (one job per note and lens), as
     --batch-size was on the command line (F38). The entry still runs, as it would

@@ -93,6 +93,23 @@ def sweep_problems(ws: Workspace, sweep: SweepConfig) -> list[str]:
             ws.kb.note_selection([ws.root / note])
         except KBError as exc:
             problems.append(f"{where} notes: {str(exc).removeprefix('--note ')}")
+    if sweep.current and not problems:
+        # What `select --current` warns of, said of an entry too: run by its cron, it
+        # selected nothing every night, and nothing said so.
+        try:
+            paths = (
+                ws.kb.note_selection([ws.root / n for n in sweep.notes]) if sweep.notes else None
+            )
+            notes = ws.kb.load_notes(ws.kb.note_files(paths))
+        except (KBError, OSError):
+            return problems  # said by every command that reads the KB
+        finally:
+            ws.kb.problems.clear()  # the files a selection skips are its own to say
+        if notes and all(n.status is None for n in notes):
+            problems.append(
+                f"{where} current: no note has a status: field, which current = true reads "
+                "(status: current): the entry selects nothing"
+            )
     return problems
 
 
