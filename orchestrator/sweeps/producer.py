@@ -96,6 +96,7 @@ def sweep_problems(ws: Workspace, sweep: SweepConfig) -> list[str]:
     if sweep.current and not problems:
         # What `select --current` warns of, said of an entry too: run by its cron, it
         # selected nothing every night, and nothing said so.
+        known = len(ws.kb.problems)
         try:
             paths = (
                 ws.kb.note_selection([ws.root / n for n in sweep.notes]) if sweep.notes else None
@@ -104,7 +105,7 @@ def sweep_problems(ws: Workspace, sweep: SweepConfig) -> list[str]:
         except (KBError, OSError):
             return problems  # said by every command that reads the KB
         finally:
-            ws.kb.problems.clear()  # the files a selection skips are its own to say
+            del ws.kb.problems[known:]  # the files a selection skips are its own to say
         if notes and all(n.status is None for n in notes):
             problems.append(
                 f"{where} current: no note has a status: field, which current = true reads "
@@ -399,8 +400,7 @@ def due_sweeps(
     (or two ticks) ago. A due sweep's clock moves in its enqueue's transaction
     (:func:`cron_fired` inside it), so a sweep whose enqueue failed is still due at the
     next check (past LATE too, while this process retries it), and one whose enqueue
-    committed is not; the clock of one not due moves
-    once it is half of LATE old, so that a run missed means no control looked then (not
+    committed is not; the clock of one not due moves once it is half of LATE old, so that a run missed means no control looked then (not
     a cron edited to a time that passed while a control ran). The first check of an entry
     starts its clock, and runs it if its minute is this one (see :func:`_first_look`).
     Cron minutes are the machine's local wall time, as in crontab(5); the clock is kept
@@ -527,8 +527,9 @@ def _move_clock(
 
 def sweeps_not_run(store: Store, settings: Settings) -> list[dict]:
     """The configured cron sweeps whose last time ran nothing (``event``: sweep.missed or
-    sweep.failed; ``at``, UTC; ``reason``; ``says``: the line), and no run of them started since: what a
-    quiet night was said of in the log alone. A run by name, or the next night's, ends it."""
+    sweep.failed; ``at``, UTC; ``reason``; ``says``: the line), and no run of them started
+    since: what a quiet night was said of in the log alone. A run by name, or the next
+    night's, ends it."""
     out = []
     for name, text in store.conn.execute(
         "SELECT c.name, c.not_run FROM cron_state c WHERE c.not_run IS NOT NULL AND NOT EXISTS "
