@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from markupsafe import escape
 
-from orchestrator.report import make_report
+from orchestrator.config import load_settings
+from orchestrator.report import make_report, render
 from orchestrator.state.store import Store
 
 T = "2026-11-25T{}:00.000Z"  # T.format("07:00") -> 07:00 UTC on the 25th
@@ -245,3 +247,35 @@ def test_jobs_a_spent_budget_holds_need_you_every_morning_they_wait(st):
     for now in (T.format("07:00"), "2026-11-26T07:00:00.000Z"):
         (held,) = report(store, sd, now)["needs_you"]["budgets_reached"]
         assert (held["name"], held["jobs_waiting"]) == ("adhoc", 1)
+
+
+def test_a_spent_budget_names_the_run_that_takes_its_jobs_over(st, tmp_path):
+    """The report said "sweep nightly (run 1) spent $1.0000 of $1.0000; 1 job(s) wait"
+    (the page: "wait for its next run"): no word of the run that takes them over, which
+    the sweep's summary and `job N` name (an entry's next run, `enqueue --name`)."""
+    store, sd = st
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "reviewq.toml").write_text(
+        '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\nreviewer = "offline"\n'
+    )
+    store.conn.execute(
+        "INSERT INTO sweep_runs (id, name, trigger, options, started_at, budget_usd) "
+        "VALUES (1, 'nightly', 'cron', '{\"configured\": true, \"reviewer\": \"offline\"}', ?, 1.0)",
+        (T.format("01:00"),),
+    )
+    job(store, 1, created=T.format("01:00"), finished=T.format("01:10"), run=1)
+    attempt(store, 1, 1, started=T.format("01:01"), ended=T.format("01:10"), cost=1.0)
+    job(store, 2, created=T.format("01:00"), status="queued", run=1)
+    rep = make_report(store, sd, now=T.format("07:00"), settings=load_settings(root))
+    [held] = rep.data["needs_you"]["budgets_reached"]
+    said = (
+        "1 job(s) of sweep 'nightly' (run 1) wait: its budget of $1 is spent; the next run of "
+        "its [[sweeps]] entry (reviewq enqueue --name nightly) takes them over (with a new "
+        "--budget-usd)"
+    )
+    assert held["says"] == said
+    assert f"\n  {said}\n" in rep.text()
+    assert f'<li class="budget">{escape(said)}; it spent $1.0000 of $1.0000.</li>' in (
+        render.html(rep.data)
+    )

@@ -82,6 +82,7 @@ def report_cmd(
             remember=not as_json,
             only_reject=only_reject_check(ws),
             not_run=functools.partial(sweeps_not_run, settings=ws.settings),
+            settings=ws.settings,
         )
     except ReportError as exc:
         raise Refused(str(exc)) from None

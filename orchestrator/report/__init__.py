@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.config import Settings
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.regularfile import SYMLINK, NotRegular, open_regular
 from orchestrator.report import data as _data
@@ -46,11 +47,13 @@ def make_report(
     now: str | None = None,
     only_reject: _data.OnlyReject | None = None,
     not_run: Callable[[Store], list[dict]] | None = None,
+    settings: Settings | None = None,
 ) -> Report:
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
     records a report of the default period so the next one starts where it ends;
     ``only_reject`` tells which escalations can now only be rejected; ``not_run`` reads
-    the cron sweeps whose last time ran nothing (it knows the settings)."""
+    the cron sweeps whose last time ran nothing (it knows the settings); ``settings``
+    names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds."""
     if html_path is not None:
         _may_replace(html_path)
     # One snapshot, ending at a time no write in flight was stamped before: the sections
@@ -66,6 +69,7 @@ def make_report(
             now=now,
             only_reject=only_reject,
             not_run=not_run(store) if not_run is not None else [],
+            settings=settings,
         )
     if html_path is not None:
         # The page renders rows already committed. It is written before the report is

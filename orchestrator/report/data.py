@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from orchestrator.config import Settings
 from orchestrator.report.period import Period
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.status import (
@@ -27,7 +28,7 @@ from orchestrator.state.status import (
     paused_reviewers,
     quoted,
     resume_command,
-    spent_usd,
+    spent_budgets,
     unwritten_fixes,
     waiting_on,
 )
@@ -66,14 +67,16 @@ def gather(
     now: str,
     only_reject: OnlyReject | None = None,
     not_run: list[dict] | None = None,
+    settings: Settings | None = None,
 ) -> dict:
     """``only_reject`` looks at the KB: without it (no KB to read) every escalation is
     shown as decidable. ``not_run``: the cron sweeps whose last time ran nothing (they
-    need the settings to read), each with the line that says it (``says``)."""
+    need the settings to read), each with the line that says it (``says``). ``settings``
+    names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds."""
     scope, args = _scope(period)
     unwritten = unwritten_fixes(store)  # both sections show them
     needs = _needs_you(
-        store, state_dir, scope, args, limit, now, unwritten, only_reject, period.run_id
+        store, state_dir, scope, args, limit, now, unwritten, only_reject, period.run_id, settings
     )
     # Whatever the period, as a pause is: a night with no sweep looked quiet.
     needs["sweeps_not_run"] = list(not_run or [])
@@ -168,6 +171,7 @@ def _needs_you(
     unwritten: list[dict],
     only_reject: OnlyReject | None,
     run_id: int | None,
+    settings: Settings | None,
 ) -> dict:
     open_escs = _rows(
         store,
@@ -210,7 +214,7 @@ def _needs_you(
             )
         ]
     held = over_budget_runs(store)  # runs whose spent budget holds queued jobs back
-    budgets = _budgets(store, held, run_id)
+    budgets = _budgets(store, held, run_id, settings)
     pauses = paused_reviewers(store, now)
     waiting = waiting_on(store, pauses)  # whatever the period, as the pause itself
     paused = [
@@ -379,23 +383,14 @@ def _escalated_note(
     }
 
 
-def _budgets(store: Store, held: set[int], run_id: int | None) -> list[dict]:
+def _budgets(
+    store: Store, held: set[int], run_id: int | None, settings: Settings | None
+) -> list[dict]:
     """The ``held`` runs (a spent budget holds their queued jobs back): each is a person's
     task for as long as its jobs wait, whatever the period (by the period's jobs, the
     morning after it was listed said "nothing" of jobs still waiting); a run's report,
     that run's."""
-    out = []
-    for rid in sorted(held if run_id is None else held & {run_id}):
-        run = dict(
-            store.conn.execute(
-                "SELECT id, name, budget_usd, started_at FROM sweep_runs WHERE id = ?", (rid,)
-            ).fetchone()
-        )
-        waiting = store.conn.execute(
-            "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'", (rid,)
-        ).fetchone()[0]
-        out.append({**run, "spent_usd": round(spent_usd(store, rid), 6), "jobs_waiting": waiting})
-    return out
+    return spent_budgets(store, held if run_id is None else held & {run_id}, settings)
 
 
 # --- what changed in the KB --------------------------------------------------------------------

@@ -193,10 +193,9 @@ def text(data: dict, html_path: str | None) -> str:
     for p in n["paused_reviewers"]:
         lines.append(f"  {p['says']}")
     for b in n["budgets_reached"]:
-        lines.append(
-            f"  sweep {b['name']} (run {b['id']}) spent {money(b['spent_usd'])} of {money(b['budget_usd'])}; "
-            f"{b['jobs_waiting']} job(s) wait"
-        )
+        # The sweep summary's words, with the run that takes the jobs over: "1 job(s)
+        # wait" named no way on.
+        lines.append(f"  {b['says']}")
     for x in n["sweeps_not_run"]:
         lines.append(f"  {x['says']}")
     for f in n["fixes_unwritten"][:3]:

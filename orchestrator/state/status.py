@@ -185,15 +185,14 @@ def status(store: Store, settings: Settings) -> dict:
     ).fetchone()[0]
     # A cron sweep has no summary to say it: its spent budget holds these until the next
     # run of the sweep takes them over, and no control started runs them before that.
-    held = sorted(over_budget_runs(store))
     budgets = [
-        {"sweep": name, "sweep_run": run_id, "budget_usd": budget, "jobs_waiting": n}
-        for run_id, name, budget, n in store.conn.execute(
-            "SELECT r.id, r.name, r.budget_usd, count(*) FROM review_jobs j "
-            "JOIN sweep_runs r ON r.id = j.sweep_run_id WHERE j.status = 'queued' "
-            "AND r.id IN (SELECT value FROM json_each(?)) GROUP BY r.id ORDER BY r.id",
-            (json.dumps(held),),
-        )
+        {
+            "sweep": b["name"],
+            "sweep_run": b["id"],
+            "budget_usd": b["budget_usd"],
+            "jobs_waiting": b["jobs_waiting"],
+        }
+        for b in spent_budgets(store, over_budget_runs(store), settings)
     ]
     return {
         "jobs": counts,
@@ -472,7 +471,7 @@ def entry_takes_over(settings: Settings, were: object, trigger: str, reviewer: s
 
 
 def held_by_budget(
-    store: Store, runs: dict[int, int], settings: Settings, one_job: bool = False
+    store: Store, runs: dict[int, int], settings: Settings | None, one_job: bool = False
 ) -> list[str]:
     """Who holds queued jobs back, from :attr:`Progress.budget_runs`: each run named, with
     the way to take its jobs over. They hold their pairs from every other run too, so a
@@ -487,7 +486,7 @@ def held_by_budget(
         # As sweeps.producer takes them over: an entry's run by the entry's next run,
         # however it was edited since (not once its reviewer writes another partition,
         # nor while the entry is gone or left out); an ad-hoc run by one with its options.
-        entry = settings.sweeps.get(name)
+        entry = settings.sweeps.get(name) if settings is not None else None
         if entry is not None and entry_takes_over(settings, options, trigger, entry.reviewer):
             command = f"reviewq enqueue --name {shlex.quote(name)}"
             who = f"the next run of its [[sweeps]] entry ({command})"
@@ -502,6 +501,32 @@ def held_by_budget(
         out.append(
             f"{n} job(s) of sweep {name!r} (run {run_id}) wait: its budget of ${budget:g} is "
             f"spent; {who} takes them over (with a new --budget-usd)"
+        )
+    return out
+
+
+def spent_budgets(store: Store, runs: Iterable[int], settings: Settings | None) -> list[dict]:
+    """The spent ``runs`` (:func:`over_budget_runs`) as status and the morning report list
+    them: what each spent of its budget, the queued jobs it holds back and, in the words
+    of the sweep's summary, which run takes them over. ``settings`` None: no
+    ``[[sweeps]]`` entry is known, an ad-hoc run's words are said."""
+    out = []
+    for rid in sorted(runs):
+        run = dict(
+            store.conn.execute(
+                "SELECT id, name, budget_usd, started_at FROM sweep_runs WHERE id = ?", (rid,)
+            ).fetchone()
+        )
+        waiting = store.conn.execute(
+            "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND status = 'queued'", (rid,)
+        ).fetchone()[0]
+        out.append(
+            {
+                **run,
+                "spent_usd": round(spent_usd(store, rid), 6),
+                "jobs_waiting": waiting,
+                "says": held_by_budget(store, {rid: waiting}, settings)[0],
+            }
         )
     return out
 
