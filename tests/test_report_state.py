@@ -279,3 +279,31 @@ def test_a_spent_budget_names_the_run_that_takes_its_jobs_over(st, tmp_path):
     assert f'<li class="budget">{escape(said)}; it spent $1.0000 of $1.0000.</li>' in (
         render.html(rep.data)
     )
+
+
+def unwritten_fix(store, jid, note, error="[Errno 30] Read-only file system"):
+    """Fix job ``jid``, applied at 02:00, whose note could not be written to the KB."""
+    job(store, jid, created=T.format("02:00"), finished=T.format("02:00"), kind="fix")
+    store.conn.execute(
+        "INSERT INTO fix_writes_due (job_id, path, old_sha256, new_sha256, since, error) "
+        "VALUES (?, ?, 'a', 'b', ?, ?)",
+        (jid, note, T.format("02:00"), error),
+    )
+
+
+def test_the_summarys_cut_lists_say_how_many_more_and_where(st):
+    """The terminal named three failed jobs and three fixes not written, and said nothing
+    of the rest; past five escalated notes it said "… 2 more note(s)", and where to find
+    them nowhere."""
+    store, sd = st
+    for jid in range(1, 6):
+        failed_job(store, jid, ["3 attempt(s) failed"], ["prose/a"], note=f"kb/notes/f{jid}.md")
+    for i in range(7):
+        escalation(store, f"kb/notes/e{i}.md", "prose/a", "reject", sd)
+    for jid in range(10, 14):
+        unwritten_fix(store, jid, f"kb/notes/u{jid}.md")
+    text = make_report(store, sd, now=T.format("07:00")).text()
+    assert "\n  … 2 more note(s): reviewq escalations lists every one\n" in text, text
+    assert "\n  … 2 more failed job(s): reviewq jobs --state failed\n" in text, text
+    assert "\n  … 1 more fixed note(s) not written: reviewq status --json names each\n" in text
+    assert text.count(" failed (prose: kb/notes/f") == 3 and text.count("not written to kb/") == 3

@@ -183,13 +183,20 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {decide_line(g)}")
         for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
             lines.append(f"    {why}: only reject closes it")
+    # Each list cut here says how many it left out and where they are: "… 3 more note(s)"
+    # said no where, and the failed jobs and fixes past the third went without a word.
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
-        lines.append(f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s)")
+        lines.append(
+            f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s): "
+            "reviewq escalations lists every one"
+        )
     for f in n["failed_jobs"][:3]:
         lines.append(
             f"  job {f['id']} failed ({failed_what(f)}): "
             f"{(f['reasons'] or ['no reason recorded'])[0]}"
         )
+    if n["failed_total"] > 3:
+        lines.append(f"  … {n['failed_total'] - 3} more failed job(s): reviewq jobs --state failed")
     for p in n["paused_reviewers"]:
         lines.append(f"  {p['says']}")
     for b in n["budgets_reached"]:
@@ -200,6 +207,11 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {x['says']}")
     for f in n["fixes_unwritten"][:3]:
         lines.append(f"  fix job {f['job_id']} not written to {f['note_path']}: {f['error']}")
+    if len(n["fixes_unwritten"]) > 3:
+        lines.append(
+            f"  … {len(n['fixes_unwritten']) - 3} more fixed note(s) not written: "
+            "reviewq status --json names each"
+        )
     for st in n["stalled"]:
         lines.append(f"  reviewer {st['reviewer']}: {stalled(st)}")
     for gate in data["trends"]["suspect_gates"]:
