@@ -4,6 +4,7 @@ what it tells a person to do, which period it covers, and how it scales."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from markupsafe import escape
@@ -305,5 +306,34 @@ def test_the_summarys_cut_lists_say_how_many_more_and_where(st):
     text = make_report(store, sd, now=T.format("07:00")).text()
     assert "\n  … 2 more note(s): reviewq escalations lists every one\n" in text, text
     assert "\n  … 2 more failed job(s): reviewq jobs --state failed\n" in text, text
-    assert "\n  … 1 more fixed note(s) not written: reviewq status --json names each\n" in text
+    assert (
+        "\n  … and 1 more fixed note(s) not written to the KB: reviewq status --json names each\n"
+        in text
+    )
     assert text.count(" failed (prose: kb/notes/f") == 3 and text.count("not written to kb/") == 3
+
+
+def test_a_nights_fixes_not_written_are_counted_past_the_first_few(st, kb, run_cli):
+    """A KB folder the control cannot write keeps every fix of the night out: `status`
+    and the sweep's summary printed a line for each (hundreds), and the page listed every
+    one where its other lists stop at 50."""
+    store, sd = st
+    for jid in range(1, 6):
+        unwritten_fix(store, jid, f"kb/notes/u{jid}.md")
+    data = report(store, sd, T.format("07:00"), limit=2)
+    n = data["needs_you"]
+    assert (len(n["fixes_unwritten"]), n["fixes_unwritten_total"], n["count"]) == (2, 5, 5)
+    page = render.html(data)
+    assert page.count('<li class="unwritten">') == 2
+    assert "… and 3 more: <code>reviewq report --full</code>" in page
+    assert "5 fixed note(s) not written to the KB</a>" in page
+    store.conn.close()
+    kb.state.mkdir()
+    shutil.copy(sd / "state.db", kb.state / "state.db")
+    res = run_cli("status")
+    assert res.exit_code == 0, res.stderr
+    lines = [x for x in res.stdout.splitlines() if "not written to the KB" in x]
+    assert len(lines) == 4 and lines[-1] == (
+        "… and 2 more fixed note(s) not written to the KB: reviewq status --json names each"
+    ), res.stdout
+    assert len(run_cli("status", "--json").json()["fixes_unwritten"]) == 5

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from orchestrator.cli.common import capped, excluded_words, skipped_count
+from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
 from orchestrator.state.words import outcome_words
 
 
@@ -141,10 +142,13 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
                 f"  … and {len(notes) - _NOTES_SHOWN} more note(s): reviewq escalations lists all",
                 soft_wrap=True,
             )
-    for f in s.get("fixes_unwritten", []):
+    unwritten = s.get("fixes_unwritten", [])
+    for f in unwritten[:UNWRITTEN_SHOWN]:
         console.print(
             f"fix job {f['job_id']} is not written to {f['note_path']}: {f['error']}",
             soft_wrap=True,
         )
+    if more := more_unwritten(len(unwritten)):
+        console.print(more, soft_wrap=True)
     for line in pauses:
         console.print(line, soft_wrap=True)

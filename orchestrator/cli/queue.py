@@ -46,7 +46,12 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config import GROUPINGS
 from orchestrator.state.files import NOT_TRIED, disk_full
-from orchestrator.state.status import STATUSES, held_by_budget
+from orchestrator.state.status import (
+    STATUSES,
+    UNWRITTEN_SHOWN,
+    held_by_budget,
+    more_unwritten,
+)
 from orchestrator.state.store import DAMAGED, STATE_ENTRIES, is_damage
 from orchestrator.state.words import attempt_words, outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
@@ -481,11 +486,13 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
         f"total ${data['cost_usd']['total']:.4f}"
     )
-    for f in data["fixes_unwritten"]:
+    for f in data["fixes_unwritten"][:UNWRITTEN_SHOWN]:
         click.echo(
             f"fix not written to the KB: {f['note_path']} (fix job {f['job_id']}, since "
             f"{f['since'][:19]}Z): {f['error']}; the control process tries again at each tick"
         )
+    if more := more_unwritten(len(data["fixes_unwritten"])):
+        click.echo(more)
     from orchestrator.kb.notes import FileProblem
 
     for line in capped(

@@ -246,7 +246,8 @@ def _needs_you(
         "failed_total": len(failed),
         "paused_reviewers": paused,
         "budgets_reached": budgets,
-        "fixes_unwritten": unwritten,
+        "fixes_unwritten": _cut(unwritten, limit),
+        "fixes_unwritten_total": len(unwritten),
         "stalled": stalled,
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from orchestrator.report import charts
+from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
 from orchestrator.state.words import attempt_words, outcome_words
 
 _ENV = Environment(
@@ -174,8 +175,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['budgets_reached'])} budget(s) reached")
     if n["sweeps_not_run"]:
         needs.append(f"{len(n['sweeps_not_run'])} cron sweep(s) that did not run")
-    if n["fixes_unwritten"]:
-        needs.append(f"{len(n['fixes_unwritten'])} fixed note(s) not written to the KB")
+    if n["fixes_unwritten_total"]:
+        needs.append(f"{n['fixes_unwritten_total']} fixed note(s) not written to the KB")
     if n["stalled"]:
         needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
@@ -205,13 +206,10 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {b['says']}")
     for x in n["sweeps_not_run"]:
         lines.append(f"  {x['says']}")
-    for f in n["fixes_unwritten"][:3]:
+    for f in n["fixes_unwritten"][:UNWRITTEN_SHOWN]:
         lines.append(f"  fix job {f['job_id']} not written to {f['note_path']}: {f['error']}")
-    if len(n["fixes_unwritten"]) > 3:
-        lines.append(
-            f"  … {len(n['fixes_unwritten']) - 3} more fixed note(s) not written: "
-            "reviewq status --json names each"
-        )
+    if more := more_unwritten(n["fixes_unwritten_total"]):
+        lines.append(f"  {more}")
     for st in n["stalled"]:
         lines.append(f"  reviewer {st['reviewer']}: {stalled(st)}")
     for gate in data["trends"]["suspect_gates"]:

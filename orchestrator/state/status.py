@@ -284,6 +284,22 @@ def unwritten_fixes(store: Store, failed_only: bool = False) -> list[dict]:
     ]
 
 
+# How many fixes not written to the KB a screen names: a KB folder the control cannot
+# write (a read-only mount, another owner) keeps every fix of a night out, and status,
+# the sweep's summary and the page said each, hundreds of lines burying the rest.
+UNWRITTEN_SHOWN = 3
+
+
+def more_unwritten(total: int, shown: int = UNWRITTEN_SHOWN) -> str | None:
+    """The line that counts the fixes not written past those named, and says where each is."""
+    if total <= shown:
+        return None
+    return (
+        f"… and {total - shown} more fixed note(s) not written to the KB: "
+        "reviewq status --json names each"
+    )
+
+
 def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]:
     sql = (
         "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.runner, j.lens, j.sweep, j.attempt, "
