@@ -337,3 +337,20 @@ def test_a_nights_fixes_not_written_are_counted_past_the_first_few(st, kb, run_c
         "… and 2 more fixed note(s) not written to the KB: reviewq status --json names each"
     ), res.stdout
     assert len(run_cli("status", "--json").json()["fixes_unwritten"]) == 5
+
+
+def test_the_pages_list_of_fixes_not_applied_says_how_many_more(st):
+    """Cut at 50 like every list, the fixes a person's edit kept out were the only one
+    that stopped without a word of the rest."""
+    store, sd = st
+    for jid in range(1, 5):
+        job(store, jid, created=T.format("02:00"), finished=T.format("02:10"), kind="fix")
+        store.conn.execute(
+            "UPDATE review_jobs SET result = 'not-applied', note_path = ? WHERE id = ?",
+            (f"kb/notes/n{jid}.md", jid),
+        )
+    data = report(store, sd, T.format("07:00"), limit=3)
+    assert data["kb_changes"]["human_edits_total"] == 4
+    page = render.html(data)
+    assert page.count('<li class="human-edit">') == 3
+    assert "… and 1 more: <code>reviewq report --full</code>" in page
