@@ -1359,6 +1359,17 @@ def test_jobs_says_how_many_it_left_out(flow, run_cli):
     assert "not shown" not in run_cli("jobs").stdout
 
 
+def test_jobs_json_says_how_many_there_are_past_its_limit(flow, run_cli):
+    """`jobs --json` stopped at --limit (200 by default) with no sign of the rest: a
+    script counting a night's failed jobs read 200 of 3,500."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    total = len(run_cli("jobs", "--json", "--limit", "1000").json()["jobs"])
+    assert total > 2
+    cut = run_cli("jobs", "--json", "--limit", "2").json()
+    assert (len(cut["jobs"]), cut["total"]) == (2, total)
+    assert run_cli("jobs", "--json", "--state", "failed").json() == {"jobs": [], "total": 0}
+
+
 def test_the_offline_reviewer_reads_each_note_from_its_own_section():
     """A note quoting a prompt's section heading with another note's name inside its own
     text: the offline reviewer took that quote for the other note, and PASSed an empty

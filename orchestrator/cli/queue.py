@@ -600,8 +600,11 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
 
     store = ws.read_store()
     rows = jobs(store, state, limit)
+    # Every job --limit let through, or how many there are: a script reading 200 of
+    # 3,500 had no sign of the rest.
+    total = len(rows) if len(rows) < limit else job_count(store, state)
     if as_json:
-        emit_json({"jobs": rows})
+        emit_json({"jobs": rows, "total": total})
         return
     for r in rows:
         # A job create-jobs made has no reviewer: the profile run-job ran it with, in brackets.
@@ -613,9 +616,9 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
             + (f" (+{r['attempts_not_run']} not run)" if r["attempts_not_run"] else "")
             + f"  ${r['cost_usd']:.4f}"
         )
-    if len(rows) == limit and (total := job_count(store, state)) > limit:
+    if total > len(rows):
         # It stopped at 200 of 3,500 without a word.
-        click.echo(f"… {total - limit} older job(s) not shown (--limit N)")
+        click.echo(f"… {total - len(rows)} older job(s) not shown (--limit N)")
 
 
 @cli.command("job", cls=Numbered, ids=JOB_ID.what)
