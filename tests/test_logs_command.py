@@ -292,3 +292,21 @@ def test_a_split_jobs_log_begins_with_the_split_that_made_it(kb, run_cli):
         assert shown.exit_code == 0, shown.stderr
         assert ("job.split " in shown.stdout) is split, (job, shown.stdout)
     assert "job_id=45" not in run_cli("logs", "--job", "44").stdout
+
+
+def test_a_rereview_jobs_log_holds_the_lines_that_made_and_withdrew_it(kb, run_cli):
+    """`reviewq logs --job 107` of a re-review that the morning shows failed ("withdrawn:
+    it re-reviews fix job 94, which was not written to the KB…") left out the one line
+    saying so, `fix.rereview_withdrawn` (`jobs=[107]`), and the `fix.rereview` that made
+    it; a count named `jobs` (a sweep's) is no job's."""
+    from orchestrator import logs
+
+    logs.configure(kb.state)
+    logs.get().info("fix.rereview", job_id=94, jobs=[107, 108], skipped=[])
+    logs.get().info("fix.rereview_withdrawn", job_id=94, note_path="kb/notes/a.md", jobs=[107])
+    logs.get().info("sweep.enqueued", sweep="nightly", jobs=107, pairs=300)
+    shown = run_cli("logs", "--job", "107")
+    assert shown.exit_code == 0, shown.stderr
+    events = [line.split()[2] for line in shown.stdout.splitlines()]
+    assert events == ["fix.rereview", "fix.rereview_withdrawn"], shown.stdout
+    assert "fix.rereview_withdrawn" not in run_cli("logs", "--job", "108").stdout

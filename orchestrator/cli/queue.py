@@ -768,12 +768,15 @@ def logs_cmd(
         if not isinstance(rec, dict):
             return  # JSON, but not one of reviewq's lines
         # A follow-up's queueing (fix.queued, audit.queued) is its source job's story too,
-        # and a split (job.split, into=[…]) is the story of the jobs it made.
-        into = rec.get("into") if isinstance(rec.get("into"), list) else []
+        # and a split (job.split, into=[…]) is the story of the jobs it made; so are a fix's
+        # re-reviews (fix.rereview, jobs=[…]) and their withdrawal (fix.rereview_withdrawn:
+        # the one line that says why such a job failed). A count (`jobs=3`) names no job.
+        lists = (rec.get("into"), rec.get("jobs"))
+        named = [j for ids in lists if isinstance(ids, list) for j in ids]
         if job_id is not None and job_id not in (
             rec.get("job_id"),
             rec.get("source_job_id"),
-            *into,
+            *named,
         ):
             return
         if event and not (
