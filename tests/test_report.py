@@ -471,6 +471,21 @@ def test_the_jobs_a_paused_reviewer_holds_are_counted(night, browser, tmp_path):
     assert [line.startswith(said) for line in shown[1]] == [True], shown
 
 
+def test_a_paused_reviewers_sentence_keeps_its_command_in_line(night, browser, tmp_path):
+    """The page set `reviewq resume NAME` apart as a block in the middle of the pause's
+    sentence: it read "… (or until" / "reviewq resume missing" / ", once the cause is
+    mended): …", three lines, the last starting with its comma."""
+    page_path = tmp_path / "paused-line.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    page = browser.open(page_path.as_uri())
+    (said,) = page.evaluate("[...document.querySelectorAll('li.paused')].map(li => li.innerText)")
+    assert "\n" not in said and "(or until reviewq resume missing, once the cause" in said, said
+    assert page.evaluate("document.querySelector('li.paused code.cmd').textContent") == (
+        "reviewq resume missing"
+    )
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width."""
