@@ -486,6 +486,24 @@ def test_a_paused_reviewers_sentence_keeps_its_command_in_line(night, browser, t
     )
 
 
+def test_a_persons_asks_keep_their_lines(night, browser, tmp_path):
+    """`decide redo --feedback` is kept verbatim and the fixer's prompt has it so; the page
+    ran a list of asks into one line ("- Say what OA stands for. - Cite the survey.")."""
+    from orchestrator.report import render
+
+    data = night.report()
+    asks = "Two things:\n- Say what OA stands for.\n- Cite the 2019 survey."
+    data["kb_changes"]["fixes"][0]["feedback"] = asks
+    page_path = tmp_path / "asks.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        "[...document.querySelectorAll('article.fix p')].map(p => p.innerText)"
+        '.filter(t => t.startsWith("A person\'s asks"))'
+    )
+    assert shown == [f"A person's asks: {asks}"], shown
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width."""
