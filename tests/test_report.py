@@ -975,6 +975,45 @@ def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds
     )
 
 
+def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, run_cli):
+    """An open escalation's gate-review file deleted by hand (OPERATIONS §7 keeps them, but
+    a cleanup of STATE takes them): the page said "cannot be read: [Errno 2] No such file
+    or directory", `escalations` "(report missing: PATH)" then "report: PATH", neither
+    what state.db still holds nor that `reviewq rewrite-files` writes it again."""
+    from orchestrator.cycles.escalations import escalate
+    from orchestrator.report import make_report
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    with Store.open(kb.state) as store:
+        esc = escalate(
+            store, kb.state, kb.root, partition="fake", note_path=note,
+            gate_id="prose/body-check", reason="3 consecutive rejections", reviewer="fake",
+            fixer="fake", material=["high: the body is one line."], recommend="it stays thin",
+        )  # fmt: skip
+        (rel,) = store.conn.execute(
+            "SELECT report_path FROM escalations WHERE id = ?", (esc,)
+        ).fetchone()
+    (kb.state / rel).unlink()
+    with Store.open(kb.state) as store:
+        rep = make_report(store, kb.state, since="1h", remember=False)
+    [group] = rep.data["needs_you"]["escalations"]
+    assert group["escalations"][0]["report"].splitlines() == [
+        "(the gate-review report's file is missing: reviewq rewrite-files writes it again "
+        "from state.db)",
+        "Recommend reject: it stays thin.",
+        "Material:",
+        "- high: the body is one line.",
+    ]
+    res = run_cli("escalations")
+    assert res.exit_code == 0, res.stderr
+    assert "      Recommend reject: it stays thin.\n" in res.stdout, res.stdout
+    assert (
+        f"      report: {kb.state / rel} (missing: reviewq rewrite-files writes it again from "
+        "state.db)\n"
+    ) in res.stdout, res.stdout
+
+
 def test_a_fix_given_up_after_a_report_said_it_waits_is_in_the_next_report(kb):
     """A fix the morning report listed as applied but not yet written (a read-only KB),
     then given up at a tick because a person edited the note meanwhile, was in no later

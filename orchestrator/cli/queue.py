@@ -1075,8 +1075,8 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq escalations
     """
-    from orchestrator.cycles.escalations import by_note, current_report, open_escalations
-    from orchestrator.state.status import decide_calls
+    from orchestrator.cycles.escalations import by_note, current_report, open_escalations, report
+    from orchestrator.state.status import REWRITE_REPORTS, decide_calls
 
     store = ws.read_store()
     items = open_escalations(store)
@@ -1105,14 +1105,18 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
         click.echo(f"{note}: {len(group)} escalation(s)")
         for e in group:
             path = ws.state_dir / e.report_path
-            written = True
+            written, missing = True, ""
             try:
                 # The recommendation: the report's next line heads its list of cycles,
                 # which shown alone was a header with nothing under it.
                 text, written = current_report(store, ws.state_dir, e.id, e.report_path)
                 head = text.splitlines()[1:2]
-            except OSError:
-                head = [f"(report missing: {path})"]
+            except FileNotFoundError:
+                # Deleted by hand: its recommendation is in state.db, and so is the file.
+                head = report(store, e.id).splitlines()[1:2]
+                missing = f" (missing: {REWRITE_REPORTS})"
+            except OSError as exc:
+                head = [f"(report cannot be read: {exc.strerror or exc})"]
             # Raised by a failed job or an audit, a pair read "0 cycle(s)" (or its earlier
             # rejections): why it is here is the reason's head ("the reviewer failed every
             # attempt").
@@ -1127,7 +1131,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             if only[e.id]:
                 click.echo(f"      {only[e.id]}: only reject closes it")
             click.echo(
-                f"      report: {path}"
+                f"      report: {path}{missing}"
                 + ("" if written else " (to be written at the control process's next tick)")
             )
         # A note's one escalation gets its call too: without it, that note alone was

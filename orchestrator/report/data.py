@@ -18,6 +18,7 @@ from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.status import (
     FAILED_SQL,
     NOT_RUN_SQL,
+    REWRITE_REPORTS,
     WAITING_SQL,
     WITHDRAWN_SQL,
     by_note,
@@ -307,20 +308,24 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
 def _unwritten_report(store: Store, e: dict, exc: OSError) -> str:
     """What state.db holds of a gate-review report whose file is not there: one the
     control process has yet to write (a full disk when it was raised) says so, and what
-    a person needs to vote, not only the error of a file that was never written."""
+    a person needs to vote, not only the error of a file that was never written. So does
+    one deleted by hand, with the command that writes it again: "cannot be read: [Errno
+    2] No such file" named neither."""
     row = store.conn.execute(
         "SELECT e.*, d.error FROM escalations e "
         "LEFT JOIN escalation_reports_due d ON d.escalation_id = e.id WHERE e.id = ?",
         (e["id"],),
     ).fetchone()
-    if row is None or row["error"] is None:
+    if row is None or (row["error"] is None and not isinstance(exc, FileNotFoundError)):
         return f"(the gate-review report cannot be read: {exc})"
     recommend, material = quoted(store, row)
-    why = "" if row["error"] == NOT_TRIED else f" ({row['error']})"
+    why = "" if row["error"] in (None, NOT_TRIED) else f" ({row['error']})"
     return "\n".join(
         [
-            f"(the gate-review report is not written yet{why}; the control process writes "
-            "it at its next tick)",
+            f"(the gate-review report's file is missing: {REWRITE_REPORTS})"
+            if row["error"] is None
+            else f"(the gate-review report is not written yet{why}; the control process "
+            "writes it at its next tick)",
             f"Recommend {e['call']}: {recommend.rstrip('.')}.",
             *(["Material:", *(f"- {m}" for m in material)] if material else []),
         ]

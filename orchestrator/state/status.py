@@ -777,6 +777,10 @@ def findings(rationale: str | None) -> list[str]:
     return out[:10]
 
 
+# What brings back an open escalation's report deleted by hand (`doctor` names them).
+REWRITE_REPORTS = "reviewq rewrite-files writes it again from state.db"
+
+
 def quoted(store: Store, e) -> tuple[str, list[str]]:  # noqa: ANN001 - an escalations row
     """What an escalation's report recommends and quotes (its Material). An escalation
     raised before migration 8 has neither in state.db (its report file was their only
