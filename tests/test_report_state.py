@@ -354,3 +354,15 @@ def test_the_pages_list_of_fixes_not_applied_says_how_many_more(st):
     page = render.html(data)
     assert page.count('<li class="human-edit">') == 3
     assert "… and 1 more: <code>reviewq report --full</code>" in page
+
+
+def test_a_failed_job_run_by_hand_names_the_profile_it_ran_with(st):
+    """A job create-jobs made and `run-job N --reviewer P` ran and failed: `jobs` lists it
+    as `(P)`, the page's failed jobs as reviewer "-"."""
+    store, sd = st
+    failed_job(store, 1, ["3 attempt(s) failed"], ["prose/a"])
+    store.conn.execute("UPDATE review_jobs SET reviewer = NULL, runner = 'offline' WHERE id = 1")
+    data = report(store, sd, T.format("07:00"))
+    [row] = data["needs_you"]["failed_jobs"]
+    assert row["runner"] == "offline"
+    assert '<td class="nw">(offline)</td>' in render.html(data)

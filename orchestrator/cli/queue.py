@@ -596,7 +596,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
     Example:
       reviewq jobs --state failed
     """
-    from orchestrator.state.status import job_count, jobs
+    from orchestrator.state.status import job_count, jobs, who_ran
 
     store = ws.read_store()
     rows = jobs(store, state, limit)
@@ -607,8 +607,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
         emit_json({"jobs": rows, "total": total})
         return
     for r in rows:
-        # A job create-jobs made has no reviewer: the profile run-job ran it with, in brackets.
-        who = r["reviewer"] or (f"({r['runner']})" if r["runner"] else "-")
+        who = who_ran(r)
         click.echo(
             f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {who:<10} "
             f"{r['lens'] or '-':<14} attempts {r['attempts']}"

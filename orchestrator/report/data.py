@@ -186,7 +186,8 @@ def _needs_you(
     ]
     failed = _rows(
         store,
-        f"SELECT j.id, j.kind, j.reviewer, j.lens, j.note_path, j.failure_reasons, j.finished_at, "
+        f"SELECT j.id, j.kind, j.reviewer, j.runner, j.lens, j.note_path, j.failure_reasons, "
+        "j.finished_at, "
         f"(SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs "
         f"FROM review_jobs j WHERE {scope} AND j.status = 'failed' "
         # A failure that raised an escalation (call redo) needs a person once, there, and

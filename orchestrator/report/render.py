@@ -6,7 +6,7 @@ from __future__ import annotations
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from orchestrator.report import charts
-from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
+from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, who_ran
 from orchestrator.state.words import attempt_words, outcome_words
 
 _ENV = Environment(
@@ -107,6 +107,7 @@ def failed_what(f: dict, most: int = 3) -> str:
 
 
 _ENV.filters["failed_what"] = failed_what
+_ENV.filters["who_ran"] = who_ran
 
 
 def jobs_line(reviewed: dict) -> str:

@@ -315,6 +315,12 @@ def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]
     return [dict(r) for r in store.conn.execute(sql, (*args, limit))]
 
 
+def who_ran(job: dict) -> str:
+    """A job's reviewer as `jobs` and the report's failed jobs name it: a job create-jobs
+    made has none, and the profile run-job ran it with (its ``runner``) is in brackets."""
+    return job["reviewer"] or (f"({job['runner']})" if job["runner"] else "-")
+
+
 def job_count(store: Store, state: str | None = None) -> int:
     """How many jobs ``jobs`` would list with no limit."""
     where, args = _in_state(state)
