@@ -106,7 +106,15 @@ class Chromium:
             self.events.append(m)
 
     # --- a page ------------------------------------------------------------------------
-    def open(self, url: str, width: int = 1200, height: int = 900, mobile: bool = False) -> Page:
+    def open(
+        self,
+        url: str,
+        width: int = 1200,
+        height: int = 900,
+        mobile: bool = False,
+        color_scheme: str | None = None,
+    ) -> Page:
+        """``color_scheme``: the system's as the page's media queries see it (``dark``)."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"
@@ -118,6 +126,9 @@ class Chromium:
             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
             session,
         )
+        if color_scheme:
+            features = [{"name": "prefers-color-scheme", "value": color_scheme}]
+            self.call("Emulation.setEmulatedMedia", {"features": features}, session)
         self.call("Page.navigate", {"url": url}, session)
         self.wait_event("Page.loadEventFired", session)
         return Page(self, session)

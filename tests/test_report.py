@@ -504,6 +504,22 @@ def test_a_persons_asks_keep_their_lines(night, browser, tmp_path):
     assert shown == [f"A person's asks: {asks}"], shown
 
 
+def test_the_charts_words_follow_the_pages_dark_mode(night, browser, tmp_path):
+    """The page follows the system's dark mode, but pygal drew its labels, axes and legends
+    near-black: on the dark page the gates' and lenses' names were all but invisible."""
+    page_path = tmp_path / "dark.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    for scheme in ("dark", "light"):
+        page = browser.open(page_path.as_uri(), color_scheme=scheme)
+        body, fills = page.evaluate(
+            """[getComputedStyle(document.body).color, [...new Set([...document.querySelectorAll(
+            'figure.chart svg text')].map(t => getComputedStyle(t).fill))]]"""
+        )
+        assert fills == [body], (scheme, body, fills)
+        page.screenshot(tmp_path / f"charts-{scheme}.png")
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width."""

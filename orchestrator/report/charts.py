@@ -18,6 +18,12 @@ COLOURS = {"PASS": "#2e7d32", "WARN": "#ef8f00", "FAIL": "#c62828", "ERROR": "#6
 STYLE = Style(
     background="transparent",
     plot_background="transparent",
+    # The page's own colours, which follow its dark mode: pygal's near-black labels and
+    # axes were all but invisible on the dark page. Inline SVG takes the page's CSS
+    # variables; the fallbacks are pygal's own.
+    foreground="var(--fg, rgba(0, 0, 0, .87))",
+    foreground_strong="var(--fg, rgba(0, 0, 0, 1))",
+    foreground_subtle="var(--muted, rgba(0, 0, 0, .54))",
     font_family="system-ui, -apple-system, 'Segoe UI', sans-serif",
     colors=("#1565c0", "#2e7d32", "#ef8f00", "#c62828", "#6a1b9a", "#00838f"),
     title_font_size=18,
