@@ -520,6 +520,34 @@ def test_the_charts_words_follow_the_pages_dark_mode(night, browser, tmp_path):
         page.screenshot(tmp_path / f"charts-{scheme}.png")
 
 
+def _luminance(css: str) -> float:
+    """WCAG's relative luminance of a computed ``rgb(r, g, b)``."""
+    r, g, b = (int(x) / 255 for x in css[css.index("(") + 1 : css.index(")")].split(",")[:3])
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path):
+    """The "needs you" list is links to its sections, left in the browser's own blue:
+    on the dark page "27 escalation(s) on 6 note(s)" was dark blue on near-black (a
+    contrast of about 2:1)."""
+    page_path = tmp_path / "links.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    for scheme in ("dark", "light"):
+        page = browser.open(page_path.as_uri(), color_scheme=scheme)
+        background, links = page.evaluate(
+            """[getComputedStyle(document.body).backgroundColor, [...document.querySelectorAll(
+            'ul.needs a')].map(a => getComputedStyle(a).color)]"""
+        )
+        assert links, scheme
+        bg = _luminance(background)
+        for colour in links:
+            fg = _luminance(colour)
+            contrast = (max(fg, bg) + 0.05) / (min(fg, bg) + 0.05)
+            assert contrast >= 4.5, (scheme, colour, background, contrast)
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width."""
