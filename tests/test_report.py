@@ -527,6 +527,35 @@ def _luminance(css: str) -> float:
     return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
 
 
+def _contrast(fg: str, bg: str) -> float:
+    a, b = _luminance(fg), _luminance(bg)
+    return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+
+# Each element's computed colour, and the first background behind it that is not transparent.
+_COLOURS = """(sel) => [...document.querySelectorAll(sel)].map(el => {
+    let bg = el;
+    while (bg && getComputedStyle(bg).backgroundColor === 'rgba(0, 0, 0, 0)') bg = bg.parentElement;
+    return [el.textContent, getComputedStyle(el).color,
+            getComputedStyle(bg || document.body).backgroundColor];
+})"""
+
+
+def test_the_decisions_colours_can_be_read_in_either_mode(night, browser, tmp_path):
+    """The tiles' and the summary's PASS, WARN, FAIL and ERROR are coloured: the light
+    page's WARN orange was 2.4:1 on white (its tile's figure too), and the dark page kept
+    the light page's green and red, 3.5:1 and 3.2:1 on near-black."""
+    page_path = tmp_path / "decisions.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    for scheme in ("dark", "light"):
+        page = browser.open(page_path.as_uri(), color_scheme=scheme)
+        shown = page.evaluate(f"({_COLOURS})('.PASS, .WARN, .FAIL, .ERROR')")
+        assert len(shown) == 6, shown  # two tiles, the summary's four
+        low = [(t, fg, bg) for t, fg, bg in shown if _contrast(fg, bg) < 4.5]
+        assert low == [], (scheme, low)
+
+
 def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path):
     """The "needs you" list is links to its sections, left in the browser's own blue:
     on the dark page "27 escalation(s) on 6 note(s)" was dark blue on near-black (a
