@@ -310,3 +310,62 @@ def test_a_rereview_jobs_log_holds_the_lines_that_made_and_withdrew_it(kb, run_c
     events = [line.split()[2] for line in shown.stdout.splitlines()]
     assert events == ["fix.rereview", "fix.rereview_withdrawn"], shown.stdout
     assert "fix.rereview_withdrawn" not in run_cli("logs", "--job", "108").stdout
+
+
+def test_a_hot_path_line_skips_structlogs_chain_and_reads_as_the_chain_writes_it(
+    tmp_path, monkeypatch
+):
+    """The control process's lines went through structlog's bound logger, the stdlib
+    record and the formatter's copy of it, several a job: written directly while the set-up
+    is reviewq's own, each line is the one the chain writes, and capture_logs (or any
+    other handler on the root logger) still gets every line the chain's way."""
+    import logging
+
+    import structlog
+    from structlog.testing import capture_logs
+
+    from orchestrator import logs
+
+    logs.configure(tmp_path, process="control", stderr_level="WARNING")
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if getattr(h, "_reviewq", False)]
+    formatted = []
+    chain = structlog.stdlib.ProcessorFormatter.format
+    monkeypatch.setattr(
+        structlog.stdlib.ProcessorFormatter,
+        "format",
+        lambda self, record: formatted.append(record) or chain(self, record),
+    )
+    monkeypatch.setenv("HOT_PATH_TOKEN", "s3cr3t-value")
+
+    def say() -> None:
+        with logs.bound(job_id=7, attempt=2, reviewer="r"):
+            logs.get().info("attempt.dispatched", job_id=7, note="é s3cr3t-value", d={"a": [1]})
+            logs.get().info("fix.queued", job_id=8)
+            logs.get().warning("job.retrying", reasons=["x"], cost_usd=None)
+
+    others = [h for h in root.handlers if h not in ours]  # pytest's
+    say()  # the chain's way: pytest's handlers are on the root logger
+    assert formatted
+    formatted.clear()
+    monkeypatch.setattr(root, "handlers", ours)
+    say()
+    assert formatted == []
+    log = [json.loads(x) for x in (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()]
+    for line in log:
+        line.pop("timestamp")
+    assert log[:3] == log[3:]
+    assert [list(x) for x in log[:3]] == [list(x) for x in log[3:]]  # the keys' order too
+    assert log[0]["note"] == "é [redacted]" and log[0]["process"] == "control"
+    assert log[1] == {
+        "job_id": 8,
+        "reviewer": "r",
+        "event": "fix.queued",
+        "level": "info",
+        "process": "control",
+    }
+    with capture_logs() as captured:
+        logs.get().info("job.finalized", job_id=9)
+    assert [c["event"] for c in captured] == ["job.finalized"]
+    assert "job.finalized" not in (tmp_path / "logs" / "reviewq.jsonl").read_text()
+    assert others  # the first pass went through pytest's handlers, as every test's lines do
