@@ -334,6 +334,39 @@ def test_a_gate_changed_a_moment_ago_is_not_trusted_to_its_stamp(kb, monkeypatch
     ws.close()
 
 
+def test_the_gate_files_are_looked_at_once_per_write_transaction(kb, monkeypatch):
+    """The control process asked for the catalog after every completed job: a walk of
+    the gate and type folders and a stat per file, the largest part of a job's audit
+    check. The jobs of one batch are decided in one transaction: one look serves them
+    all, and a gate edited before the next transaction is seen there."""
+    import orchestrator.kb.gates as gates
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    stamps = []
+    real = gates.catalog_stamp
+    monkeypatch.setattr(gates, "catalog_stamp", lambda *a: stamps.append(1) or real(*a))
+    # A file changed in the last two seconds is read again every time, and would be
+    # within a transaction too: the look, not the trust in a stamp, is what is once.
+    monkeypatch.setattr(gates.CatalogCache, "RACY_NS", 3600 * 10**9)
+    with ws.store.write():
+        first = ws.catalog()
+        first.gates.clear()  # a caller's copy still
+        assert sorted(ws.catalog().gates) == ["prose/clarity"]
+        with ws.store.write():  # a savepoint is the same transaction
+            ws.catalog()
+    assert len(stamps) == 1
+    kb.gate("prose/brevity", ["body"])
+    with ws.store.write():
+        assert sorted(ws.catalog().gates) == ["prose/brevity", "prose/clarity"]
+    assert len(stamps) == 2
+    ws.catalog()
+    ws.catalog()  # outside a transaction: looked at every time, as before
+    assert len(stamps) == 4
+    ws.close()
+
+
 def test_a_requires_type_naming_no_spec_is_a_warning(kb, run_cli):
     """A typo ('definiton') made the gate apply to no note, and every command said the
     catalog was fine. The gate stays valid (a spec may not be written yet); each value is

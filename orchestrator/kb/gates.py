@@ -395,13 +395,18 @@ class CatalogCache:
     def __init__(self) -> None:
         self._stamp: tuple | None = None
         self._catalog: Catalog | None = None
+        self._within: object = None  # the caller's key the last look was taken under
 
-    def load(self, kb: KB) -> Catalog:
-        stamp = catalog_stamp(kb, self.RACY_NS)
-        if self._catalog is None or stamp is None or stamp != self._stamp:
-            # Stamped before the load: a file changed in between is loaded again next time.
-            self._catalog = load_catalog(kb)
-            self._stamp = stamp
+    def load(self, kb: KB, within: object = None) -> Catalog:
+        """``within``: a key (not None) under which the files are looked at once: a
+        second call with the same key as the last takes the catalog that call had."""
+        if within is None or within != self._within or self._catalog is None:
+            stamp = catalog_stamp(kb, self.RACY_NS)
+            if self._catalog is None or stamp is None or stamp != self._stamp:
+                # Stamped before the load: a file changed in between is loaded again next time.
+                self._catalog = load_catalog(kb)
+                self._stamp = stamp
+            self._within = within
         return self._catalog.copy()
 
 

@@ -168,6 +168,9 @@ class Store:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
         self._savepoints = 0  # depth of nested write() blocks
+        # Counts the outermost write transactions begun: what was read from the files
+        # once in one of them (the gate catalog) holds for the rest of it.
+        self.transactions = 0
         # Whether a writer of job folders waits for a folder another process is writing.
         # The control process does not: every outcome would wait behind a command run by
         # hand that is suspended mid-render; the folder stays due for its next tick.
@@ -310,6 +313,7 @@ class Store:
             yield from self._savepoint()
             return
         self.conn.execute("BEGIN IMMEDIATE")
+        self.transactions += 1
         try:
             yield self.conn
             if not self.conn.in_transaction:

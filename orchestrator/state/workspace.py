@@ -70,8 +70,14 @@ class Workspace:
 
     def catalog(self) -> Catalog:
         """The gates and type specs as the files are now: parsed again only when one of
-        them changed (:class:`CatalogCache`), so a gate edited between two jobs is seen."""
-        return self._catalogs.load(self.kb)
+        them changed (:class:`CatalogCache`), so a gate edited between two transactions is
+        seen. Within one write transaction (a batch of outcomes decided together, at one
+        moment as far as any reader can tell) the files are looked at once: the look, a
+        walk of two folders and a stat per file, cost more than the rest of a job's audit
+        check."""
+        store = self._store
+        within = store.transactions if store is not None and store.conn.in_transaction else None
+        return self._catalogs.load(self.kb, within=within)
 
     @property
     def store(self) -> Store:
