@@ -207,7 +207,8 @@ def _bundle(store, job_id: int, decision: str) -> bytes:
 def test_dispatch_does_not_reopen_a_job_finalized_by_hand_meanwhile(kb, monkeypatch):
     """Dispatch read the job before it took the write lock: a `reviewq finalize` that
     committed in between was reopened, run again and accepted twice (one FAIL counted as
-    two rejections)."""
+    two rejections). The person's commit lands as dispatch asks for the write lock (for
+    its pass, or, as it was, for each attempt)."""
     import sys
 
     from orchestrator.control.followup import finalize_by_hand
@@ -221,7 +222,7 @@ def test_dispatch_does_not_reopen_a_job_finalized_by_hand_meanwhile(kb, monkeypa
     real_write = ws.store.write
 
     def write():
-        if sys._getframe(1).f_code.co_name == "open_attempt" and not person_done:
+        if sys._getframe(1).f_code.co_name in ("dispatch", "open_attempt") and not person_done:
             person_done.append(True)
             bundle = _bundle(person.store, job.review_job_id, "FAIL")
             res, _ = finalize_by_hand(person, job.review_job_id, bundle, Provenance(runner="me"))
@@ -2487,4 +2488,38 @@ def test_a_waiting_beat_from_an_attempt_given_up_as_lost_asks_no_stop(kb):
     assert "attempt.stop_asked" not in [e for e, _ in _story(ws, 1)]
     control.on_messages([{**beat, "launched": True, "started_at": "2099-01-01T00:00:00Z"}], [])
     assert [a[:2] for a in control.stops.asked] == [(1, 1)]
+    ws.close()
+
+
+def test_a_dispatch_pass_opens_its_attempts_in_one_transaction_and_sends_after_it(kb):
+    """Each attempt a pass opened was a transaction of its own, and its commit most of
+    the opening's cost: the pass's attempts now commit together, and each message goes
+    once a reader can see the attempt it names."""
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta", "gamma"):
+        kb.note(name)
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    reader = Store(ws.state_dir / "state.db")
+    seen: list[tuple] = []
+
+    def send(msg: dict) -> None:
+        seen.append(
+            tuple(
+                reader.conn.execute(
+                    "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = ?",
+                    (msg["job_id"], msg["attempt"]),
+                ).fetchone()
+                or ()
+            )
+        )
+
+    begun: list[str] = []
+    ws.store.conn.set_trace_callback(lambda sql: sql.startswith("BEGIN") and begun.append(sql))
+    control = Control(ws, send_review=send, hooks=FollowUp(ws))
+    assert control.dispatch() == 3
+    ws.store.conn.set_trace_callback(None)
+    assert begun == ["BEGIN IMMEDIATE"]
+    assert seen == [("dispatched",)] * 3
+    reader.close()
     ws.close()

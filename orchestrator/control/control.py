@@ -188,7 +188,16 @@ class Control:
         Per profile, up to PREFETCH x ``concurrency`` attempts are open at once, so the
         next message already waits in the queue when an agent ends; the workers' own
         per-profile semaphores keep the number of agents *running* at ``concurrency``.
+        The attempts of one pass are opened in one transaction (a commit each was most
+        of an attempt's opening) and their messages sent once it commits: a message
+        names an attempt a reader can see.
         """
+        with self.store.write():
+            opened = self._open_due()
+        return self._send_opened(opened)
+
+    def _open_due(self) -> list[tuple[OpenedAttempt, ReviewerProfile]]:
+        """The attempts of one dispatch pass, opened in the caller's transaction."""
         now = timestamp(self.now())
         open_counts = dict(
             self.store.conn.execute(
@@ -224,9 +233,9 @@ class Control:
                 (name, now, spent, free + 16),
             ).fetchall()
         if not jobs:
-            return 0
+            return []
         jobs.sort(key=lambda j: j["id"])
-        sent = 0
+        opened_all: list[tuple[OpenedAttempt, ReviewerProfile]] = []
         for job in jobs:
             name = job["reviewer"]
             profile = self.settings.reviewers.get(name)
@@ -295,21 +304,36 @@ class Control:
             except ValueError as exc:  # a prompt that cannot be made from its snapshots
                 self._cannot_open(job, name, exc)
                 continue
-            # Anything else (state.db locked past the busy timeout) can pass: the attempt's
-            # transaction rolled back, the job is still queued, and the control task that
+            # Anything else (state.db locked past the busy timeout) can pass: the pass's
+            # transaction rolls back, its jobs are still queued, and the control task that
             # raised is run again.
-            try:
-                self.send_review(self.message(opened, profile))
-            except Exception as exc:
-                # The attempt stays 'dispatched'; the reaper re-opens it when its lease runs out.
-                self.log.error(
-                    "queue.unavailable", job_id=job["id"], attempt=opened.attempt, error=str(exc)
-                )
-                break
             open_counts[name] = open_counts.get(name, 0) + 1
+            opened_all.append((opened, profile))
+        return opened_all
+
+    def _send_opened(self, opened: list[tuple[OpenedAttempt, ReviewerProfile]]) -> int:
+        """Send the messages of attempts whose transaction committed; how many went."""
+        sent = 0
+        for attempt, profile in opened:
+            try:
+                self.send_review(self.message(attempt, profile))
+            except Exception as exc:
+                # This attempt and those after it stay 'dispatched' with no message: the
+                # reaper opens them again (a queue that cannot take one now takes no other).
+                for unsent, _ in opened[sent:]:
+                    self.log.error(
+                        "queue.unavailable",
+                        job_id=unsent.job_id,
+                        attempt=unsent.attempt,
+                        error=str(exc),
+                    )
+                break
             sent += 1
             self.log.info(
-                "attempt.dispatched", job_id=job["id"], attempt=opened.attempt, reviewer=name
+                "attempt.dispatched",
+                job_id=attempt.job_id,
+                attempt=attempt.attempt,
+                reviewer=profile.name,
             )
         return sent
 
@@ -349,12 +373,17 @@ class Control:
         self._fail_unrun(job, reviewer, f"could not open an attempt: {exc}")
 
     def _fail_unrun(self, job, reviewer: str, reason: str) -> None:
-        """Fail a job no agent can run, at once: the hooks say what follows."""
+        """Fail a job no agent can run, at once: the hooks say what follows. Said once
+        the dispatch pass's transaction commits."""
         with self.store.write():
             fail_job(self.store, self.ws.state_dir, job["id"], [reason])
             if self.hooks is not None:
                 self.hooks.after_failed(job["id"], [reason], at_once="without starting")
-        self.log.error("job.failed", job_id=job["id"], reviewer=reviewer, reason=reason)
+            self.store.after_commit(
+                functools.partial(
+                    self.log.error, "job.failed", job_id=job["id"], reviewer=reviewer, reason=reason
+                )
+            )
 
     def message(self, opened: OpenedAttempt, profile: ReviewerProfile) -> dict:
         """Everything a worker needs, so that it holds nothing: no state.db, no job folder,
