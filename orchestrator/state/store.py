@@ -168,9 +168,11 @@ class Store:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
         self._savepoints = 0  # depth of nested write() blocks
-        # Counts the outermost write transactions begun: what was read from the files
-        # once in one of them (the gate catalog) holds for the rest of it.
+        # Counts the outermost write transactions begun, and names the one under way
+        # (None outside one, a read transaction too): what was read from the files once
+        # in one of them (the gate catalog) holds for the rest of it.
         self.transactions = 0
+        self.writing: int | None = None
         # Whether a writer of job folders waits for a folder another process is writing.
         # The control process does not: every outcome would wait behind a command run by
         # hand that is suspended mid-render; the folder stays due for its next tick.
@@ -314,6 +316,7 @@ class Store:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self.transactions += 1
+        self.writing = self.transactions
         try:
             yield self.conn
             if not self.conn.in_transaction:
@@ -325,6 +328,8 @@ class Store:
             self._rollback("ROLLBACK")
             self._after_commit.clear()
             raise
+        finally:
+            self.writing = None
         # Taken before running: a callback that fails must not leave the others to run
         # after some later, unrelated commit. Nor may it drop them: each says or renders
         # what did commit (a job's files, then its job.finalized line), and a batch's

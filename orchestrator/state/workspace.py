@@ -75,8 +75,7 @@ class Workspace:
         moment as far as any reader can tell) the files are looked at once: the look, a
         walk of two folders and a stat per file, cost more than the rest of a job's audit
         check."""
-        store = self._store
-        within = store.transactions if store is not None and store.conn.in_transaction else None
+        within = self._store.writing if self._store is not None else None
         return self._catalogs.load(self.kb, within=within)
 
     @property
