@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -356,6 +357,27 @@ class _LogFile(logging.FileHandler):
         if not self._failed:
             self._failing = False
 
+    def write_line(self, line: str) -> None:
+        """A line rendered already (:class:`_Direct`), written as :meth:`emit` writes a
+        record's, without the record."""
+        self.acquire()
+        try:
+            self._failed = False
+            try:
+                if self.stream is None and (self.mode != "w" or not self._closed):
+                    self.stream = self._open()
+                if self.stream:
+                    self.stream.write(line + self.terminator)
+                    self.stream.flush()
+            except RecursionError:
+                raise
+            except Exception:  # noqa: BLE001 - as emit: said once, the work goes on
+                self.handleError(None)  # type: ignore[arg-type]
+            if not self._failed:
+                self._failing = False
+        finally:
+            self.release()
+
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
         self._failed = True
         if self._failing:
@@ -461,6 +483,13 @@ class _Direct:
         self.chain = processors[:-1]  # all but wrap_for_formatter, which hands over to logging
         self.formatter = formatter
         self.renderer = renderer
+        # json.dumps given keywords makes an encoder for every line: the renderer's own
+        # keywords, made once (its serializer must be json.dumps for that to be the same).
+        kw = getattr(renderer, "_dumps_kw", None)
+        if getattr(renderer, "_dumps", None) is json.dumps and isinstance(kw, dict):
+            self.render = json.JSONEncoder(**kw).encode
+        else:
+            self.render = functools.partial(renderer, None, "")
         self.redactor = redactor
         self.root = logging.getLogger()
         self.handlers = [h for h in self.root.handlers if getattr(h, "_reviewq", False)]
@@ -483,12 +512,18 @@ class _Direct:
         ed = {**fields, "event": event}
         for proc in self.chain:
             ed = proc(None, method, ed)
-        line = self.renderer(None, method, self.redactor(None, method, ed))
-        record = logging.LogRecord(LOG_NAME, levelno, "", 0, ed, None, None)
-        record._reviewq_line = (self.formatter, line)  # type: ignore[attr-defined]
+        line = self.render(self.redactor(None, method, ed))
+        record = None
         for h in self.handlers:
-            if levelno >= h.level:
-                h.handle(record)
+            if levelno < h.level:
+                continue
+            if isinstance(h, _LogFile) and not h.filters:
+                h.write_line(line)
+                continue
+            if record is None:
+                record = logging.LogRecord(LOG_NAME, levelno, "", 0, ed, None, None)
+                record._reviewq_line = (self.formatter, line)  # type: ignore[attr-defined]
+            h.handle(record)
 
 
 class _Logger:

@@ -369,3 +369,50 @@ def test_a_hot_path_line_skips_structlogs_chain_and_reads_as_the_chain_writes_it
     assert [c["event"] for c in captured] == ["job.finalized"]
     assert "job.finalized" not in (tmp_path / "logs" / "reviewq.jsonl").read_text()
     assert others  # the first pass went through pytest's handlers, as every test's lines do
+
+
+def test_a_hot_path_line_reaches_the_log_file_without_a_record_and_a_full_disk_is_said_once(
+    tmp_path, monkeypatch, capsys
+):
+    """A line written directly still made a stdlib record for the file's handler, a
+    third of what was left of its cost: the file takes the rendered line itself, and a
+    write that fails is said once on stderr (as a record's was) until one goes through."""
+    import errno
+    import io
+    import logging
+
+    from orchestrator import logs
+
+    logs.configure(tmp_path, process="control", stderr_level="WARNING")
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if getattr(h, "_reviewq", False)]
+    monkeypatch.setattr(root, "handlers", ours)
+    records = []
+    real = logging.LogRecord
+    monkeypatch.setattr(logging, "LogRecord", lambda *a, **k: records.append(a) or real(*a, **k))
+    logs.get().info("attempt.started", job_id=1, attempt=1)
+    assert records == []
+    [fh] = [h for h in ours if isinstance(h, logs._LogFile)]
+    working = fh.stream
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    fh.stream = Full()
+    logs.get().info("attempt.ended", job_id=1, attempt=1)
+    logs.get().info("job.finalized", job_id=1, attempt=1)
+    fh.stream = working
+    logs.get().info("attempt.started", job_id=2, attempt=1)
+    fh.stream = Full()
+    logs.get().info("attempt.ended", job_id=2, attempt=1)
+    fh.stream = working
+    said = [x for x in capsys.readouterr().err.splitlines() if "cannot write the log" in x]
+    assert (
+        said == [f"warning: {fh.baseFilename}: cannot write the log (No space left on device)"] * 2
+    )
+    events = [
+        json.loads(x)["event"]
+        for x in (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
+    ]
+    assert events == ["attempt.started", "attempt.started"]
