@@ -2172,6 +2172,38 @@ def test_status_names_the_jobs_a_spent_budget_holds_and_sends_none_to_a_control(
     ]
 
 
+def test_status_counts_a_paused_reviewers_jobs_a_spent_budget_holds_once(kb, run_cli):
+    """A paused reviewer's jobs that a spent budget holds as well were taken off the jobs
+    a control would run (N2) and still counted among those "for a paused reviewer": with
+    another profile's job queued, status said that job waited for the pause too."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+        '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n',
+    )
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+    other = enqueue(ws, SweepRequest(name="adhoc", reviewer="other", all_gates=True))
+    with ws.store.write():  # nightly's budget is spent, and its reviewer paused
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+            (run.jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+        ws.store.conn.execute(
+            "INSERT INTO reviewer_state (name, launch_failures, updated_at, paused_until, "
+            "paused_reason) VALUES (?, 5, ?, '2999-01-01T00:00:00.000Z', 'auth')",
+            (ws.settings.sweeps["nightly"].reviewer, utcnow()),
+        )
+    ws.store.close()
+    out = run_cli("status").stdout
+    assert len(other.jobs) == 2
+    assert "control: not running; 2 job(s) wait for one (reviewq control)\n" in out, out
+
+
 def test_status_does_not_send_a_create_jobs_job_run_job_is_running_to_a_control(kb, run_cli):
     """Once `run-job N` took a job create-jobs made it is running, not queued: status
     counted it again among the jobs that "wait for one (reviewq control)", while the

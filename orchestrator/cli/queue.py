@@ -457,7 +457,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq status --json
     """
-    from orchestrator.state.status import Pause, pause_words, status
+    from orchestrator.state.status import Pause, pause_words, status, waiting_on
     from orchestrator.sweeps.producer import sweeps_not_run
 
     store = ws.read_store()
@@ -501,7 +501,11 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         click.echo(line)
     if data["notes_excluded"]:
         click.echo(excluded_words(data["notes_excluded"]))
-    for line in _liveness(data):
+    # Started now, a control runs none of these before their reviewer's pause ends; those
+    # a spent budget holds as well are not among the jobs it would run at all.
+    paused = [name for name, r in data["reviewers"].items() if r["paused_until"]]
+    held = sum(waiting_on(store, paused, spent).values())
+    for line in _liveness(data, held):
         click.echo(line)
 
 
@@ -516,9 +520,9 @@ def _too_large_notes(ws: Workspace) -> list:
         return []
 
 
-def _liveness(data: dict) -> list[str]:
+def _liveness(data: dict, held: int) -> list[str]:
     """Whether anything is working on the queue: the question at 7 a.m. when the counts
-    have not moved."""
+    have not moved. ``held``: the jobs among them a paused reviewer holds."""
     from orchestrator.state.store import utcnow
 
     pid, w = data["control"]["pid"], data["workers"]
@@ -526,10 +530,6 @@ def _liveness(data: dict) -> list[str]:
     # Nor those a spent budget holds (said above): the sweep's next run takes them over.
     budget = sum(b["jobs_waiting"] for b in data["budgets_spent"])
     queued = data["jobs"]["queued"] + data["jobs"]["running"] - by_hand - budget
-    # Started now, a control runs none of these before their reviewer's pause ends (some
-    # may be a spent budget's as well, counted there).
-    paused = sum(r["jobs_waiting"] for r in data["reviewers"].values() if r["paused_until"])
-    held = min(paused, queued)
     if pid is None:
         lines = [
             "control: not running"

@@ -126,17 +126,19 @@ def pause_said(store: Store, name: str, pause: Pause) -> str:
     return head + sep + "; ".join(said)
 
 
-def waiting_on(store: Store, names: Iterable[str]) -> dict[str, int]:
+def waiting_on(store: Store, names: Iterable[str], but_runs: Iterable[int] = ()) -> dict[str, int]:
     """The queued jobs of each of ``names`` (paused reviewers: the jobs they hold back);
     neither the report nor status counted them, so a night's backlog behind an outage
-    read as one line about a profile."""
+    read as one line about a profile. ``but_runs``: not those of these sweep runs (spent
+    budgets, which hold them too)."""
     names = list(names)
     return dict.fromkeys(names, 0) | {
         name: n
         for name, n in store.conn.execute(
             "SELECT reviewer, count(*) FROM review_jobs WHERE status = 'queued' "
-            "AND reviewer IN (SELECT value FROM json_each(?)) GROUP BY reviewer",
-            (json.dumps(names),),
+            "AND reviewer IN (SELECT value FROM json_each(?)) AND (sweep_run_id IS NULL "
+            "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) GROUP BY reviewer",
+            (json.dumps(names), json.dumps(sorted(but_runs))),
         )
     }
 
