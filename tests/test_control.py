@@ -446,10 +446,11 @@ def test_a_cron_sweep_whose_enqueue_failed_is_enqueued_at_the_next_tick(kb, monk
     ws.store.close()
 
 
-def _a_night_missed_and_failed(kb, monkeypatch) -> tuple[str, str]:
-    """A control whose clocks start at 02:59, stopped until 04:00:20: `nightly` (03:00)
-    missed, `lens` (04:00) failed for good, its lens renamed meanwhile. Their minutes in UTC."""
-    from datetime import UTC, datetime
+def _a_night_missed_and_failed(kb, monkeypatch, back_after: int = 20) -> tuple[str, str]:
+    """A control whose clocks start at 02:59, stopped until 04:00:20 (``back_after``
+    seconds past 04:00): `nightly` (03:00) missed, `lens` (04:00) failed for good, its lens
+    renamed meanwhile. Their minutes in UTC."""
+    from datetime import UTC, datetime, timedelta
 
     from workers import tasks
 
@@ -468,7 +469,8 @@ def _a_night_missed_and_failed(kb, monkeypatch) -> tuple[str, str]:
     gate = "kb/instructions/review-gates/prose/clarity.md"
     kb.write(gate.replace("prose", "style"), kb.read(gate).replace("prose", "style"))
     (kb.root / gate).unlink()  # renamed
-    clock[0] = datetime(2026, 1, 2, 4, 0, 20).astimezone()  # back at 04:00: 03:00 missed
+    back = datetime(2026, 1, 2, 4, 0) + timedelta(seconds=back_after)
+    clock[0] = back.astimezone()  # back at 04:00: 03:00 missed
     tasks.tick()
     ws.store.close()
     return tuple(f"{datetime(2026, 1, 2, h, 0).astimezone(UTC):%Y-%m-%dT%H:%M}Z" for h in (3, 4))
@@ -496,6 +498,20 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     assert run_cli("enqueue", "--name", "nightly").exit_code == 0  # run now, as it says
     out = run_cli("status").stdout
     assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
+
+
+def test_a_cron_sweep_that_failed_is_said_at_its_cron_time_not_the_ticks(kb, monkeypatch, run_cli):
+    """A tick comes up to reaper_seconds after the cron minute (or, N5, a sweep is retried
+    past it): the failed run was said as "its run of 04:03Z failed", a time no cron names,
+    where a missed one says its minute."""
+    _, four = _a_night_missed_and_failed(kb, monkeypatch, back_after=200)
+    (said,) = [
+        n
+        for n in json.loads(run_cli("status", "--json").stdout)["sweeps_not_run"]
+        if n["sweep"] == "lens"
+    ]
+    assert said["event"] == "sweep.failed" and said["at"].startswith(four[:-1]), said
+    assert f"sweep 'lens': its run of {four} failed: SelectionError: " in run_cli("status").stdout
 
 
 def test_the_morning_report_says_a_cron_sweep_missed_or_failed(kb, monkeypatch, run_cli):

@@ -564,6 +564,9 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
     passing: list[Exception] = []
     for sweep in due_sweeps(ws, now, passing):
         retrying = (str(ws.state_dir), sweep.name)
+        # The cron minute this run is for: a tick comes up to reaper_seconds after it, and
+        # a retried one (N5) later still; said as the tick's time, it named no cron time.
+        fired = _last_match(sweep.cron, now)
         try:
             enqueue(
                 ws,
@@ -574,7 +577,7 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
             )
             _retrying.pop(retrying, None)
         except (sqlite3.OperationalError, OSError) as exc:
-            if (fired := _last_match(sweep.cron, now)) is not None:
+            if fired is not None:
                 _retrying[retrying] = fired
             passing.append(exc)
         except Exception as exc:
@@ -586,7 +589,7 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
                 error=error,
                 recovery="the sweep runs again at its next matching minute",
             )
-            at = now.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            at = (fired or now).astimezone(UTC).isoformat().replace("+00:00", "Z")
             failed = {"event": "sweep.failed", "at": at, "reason": logs.redact(error)}
             _move_clock(ws, sweep.name, now, passing, failed)
     if passing:
