@@ -446,10 +446,12 @@ def test_a_cron_sweep_whose_enqueue_failed_is_enqueued_at_the_next_tick(kb, monk
     ws.store.close()
 
 
-def _a_night_missed_and_failed(kb, monkeypatch, back_after: int = 20) -> tuple[str, str]:
+def _a_night_missed_and_failed(
+    kb, monkeypatch, back_after: int = 20, meanwhile=lambda ws: None
+) -> tuple[str, str]:
     """A control whose clocks start at 02:59, stopped until 04:00:20 (``back_after``
     seconds past 04:00): `nightly` (03:00) missed, `lens` (04:00) failed for good, its lens
-    renamed meanwhile. Their minutes in UTC."""
+    renamed meanwhile (and ``meanwhile`` done). Their minutes in UTC."""
     from datetime import UTC, datetime, timedelta
 
     from workers import tasks
@@ -469,6 +471,7 @@ def _a_night_missed_and_failed(kb, monkeypatch, back_after: int = 20) -> tuple[s
     gate = "kb/instructions/review-gates/prose/clarity.md"
     kb.write(gate.replace("prose", "style"), kb.read(gate).replace("prose", "style"))
     (kb.root / gate).unlink()  # renamed
+    meanwhile(ws)
     back = datetime(2026, 1, 2, 4, 0) + timedelta(seconds=back_after)
     clock[0] = back.astimezone()  # back at 04:00: 03:00 missed
     tasks.tick()
@@ -498,6 +501,29 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     assert run_cli("enqueue", "--name", "nightly").exit_code == 0  # run now, as it says
     out = run_cli("status").stdout
     assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
+
+
+def test_a_cron_sweep_run_by_hand_after_its_missed_time_is_not_said_missed(
+    kb, monkeypatch, run_cli
+):
+    """A person who knew the control was down at 03:00 (an upgrade, OPERATIONS 1) ran
+    `enqueue --name nightly` at 03:30, before the control was back: status then said the
+    03:00 run "was missed … or now with reviewq enqueue --name nightly", as if it had not
+    been run, since only runs after the control noticed counted."""
+    from datetime import datetime
+
+    from orchestrator.state.store import timestamp
+    from orchestrator.sweeps import producer
+
+    def by_hand(ws):
+        with monkeypatch.context() as m:
+            m.setattr(producer, "utcnow", lambda: timestamp(datetime(2026, 1, 2, 3, 30)))
+            nightly = ws.settings.sweeps["nightly"]
+            enqueue(ws, SweepRequest.from_config(nightly, ws.root, trigger="cli"))
+
+    _a_night_missed_and_failed(kb, monkeypatch, meanwhile=by_hand)
+    said = json.loads(run_cli("status", "--json").stdout)["sweeps_not_run"]
+    assert [n["sweep"] for n in said] == ["lens"], said
 
 
 def test_a_cron_sweep_that_failed_is_said_at_its_cron_time_not_the_ticks(kb, monkeypatch, run_cli):

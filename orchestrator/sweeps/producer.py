@@ -25,7 +25,7 @@ from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import select
 from orchestrator.state.status import entry_takes_over, over_budget_runs
-from orchestrator.state.store import Store, json_column, timestamp, utcnow
+from orchestrator.state.store import Store, json_column, parse_timestamp, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
 
 
@@ -501,11 +501,14 @@ def cron_fired(ws: Workspace, name: str, now: datetime, not_run: dict | None = N
                 (name, clock),
             )
             return
+        # Ended by a run started since its minute (`since`), not since the control noticed:
+        # one run by hand while the control was down left the night "missed" all the same.
+        since = timestamp(parse_timestamp(not_run["at"]))
         ws.store.conn.execute(
             "INSERT INTO cron_state (name, last_checked, not_run) VALUES (?, ?, ?) "
             "ON CONFLICT (name) DO UPDATE SET last_checked = excluded.last_checked, "
             "not_run = excluded.not_run",
-            (name, clock, json.dumps({**not_run, "noticed_at": timestamp(now)})),
+            (name, clock, json.dumps({**not_run, "since": since})),
         )
 
 
@@ -531,10 +534,12 @@ def sweeps_not_run(store: Store, settings: Settings) -> list[dict]:
     since: what a quiet night was said of in the log alone. A run by name, or the next
     night's, ends it."""
     out = []
+    # `noticed_at`: what a record said before it had `since` (written by b7701d8 alone).
     for name, text in store.conn.execute(
         "SELECT c.name, c.not_run FROM cron_state c WHERE c.not_run IS NOT NULL AND NOT EXISTS "
-        "(SELECT 1 FROM sweep_runs r WHERE r.name = c.name AND r.started_at >= "
-        "json_extract(c.not_run, '$.noticed_at')) ORDER BY c.name"
+        "(SELECT 1 FROM sweep_runs r WHERE r.name = c.name AND r.started_at >= COALESCE("
+        "json_extract(c.not_run, '$.since'), json_extract(c.not_run, '$.noticed_at'))) "
+        "ORDER BY c.name"
     ):
         entry = settings.sweeps.get(name)
         said = json_column(text)
