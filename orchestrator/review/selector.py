@@ -172,6 +172,12 @@ def _reviewed_inside(folder: Path, path: Path) -> bool:
     return not any(part.startswith(".") for part in rel.parts)
 
 
+def keeps_no_status(notes: list[Note]) -> bool:
+    """Whether none of ``notes`` (some) has a ``status:`` field: ``--current`` (an
+    entry's ``current = true``) then selects nothing, said as a KB all fresh."""
+    return bool(notes) and all(n.status is None for n in notes)
+
+
 def select(
     kb: KB,
     catalog: Catalog,
@@ -213,8 +219,7 @@ def select(
         model, problems=list(kb.problems) + list(catalog.problems), excluded=len(kb.excluded)
     )
     if current:
-        if notes and all(n.status is None for n in notes):
-            # A KB that keeps no status selected nothing, said as a KB all fresh.
+        if keeps_no_status(notes):
             sel.hints.append(
                 "no note has a status: field, which --current reads (status: current): "
                 "nothing is selected"

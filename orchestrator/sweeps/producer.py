@@ -23,7 +23,7 @@ from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import KB, FileProblem, KBError, Note, NoteParseError
 from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
-from orchestrator.review.selector import select
+from orchestrator.review.selector import keeps_no_status, select
 from orchestrator.state.status import entry_takes_over, over_budget_runs
 from orchestrator.state.store import Store, json_column, parse_timestamp, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
@@ -106,7 +106,7 @@ def sweep_problems(ws: Workspace, sweep: SweepConfig) -> list[str]:
             return problems  # said by every command that reads the KB
         finally:
             del ws.kb.problems[known:]  # the files a selection skips are its own to say
-        if notes and all(n.status is None for n in notes):
+        if keeps_no_status(notes):
             problems.append(
                 f"{where} current: no note has a status: field, which current = true reads "
                 "(status: current): the entry selects nothing"
