@@ -420,8 +420,13 @@ def _warning_line(logger: object, name: str, event_dict: dict) -> str:
     event_dict.pop("logger", None)
     event = event_dict.pop("event", "")
     said = "error" if str(level).lower() in ("error", "critical", "exception") else "warning"
-    line = f"{said}: {event}" + (f"  {fields_text(event_dict)}" if event_dict else "")
-    return line if line.isprintable() else repr(line)[1:-1]
+    return one_line(f"{said}: {event}" + (f"  {fields_text(event_dict)}" if event_dict else ""))
+
+
+def one_line(text: str) -> str:
+    """Text from input as one printable line: control characters (a NUL, a line break an
+    input smuggled into a path) are shown escaped, not written to the terminal."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _not_said_by_commands(record: logging.LogRecord) -> bool:

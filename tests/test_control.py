@@ -540,6 +540,29 @@ def test_a_cron_sweep_that_failed_is_said_at_its_cron_time_not_the_ticks(kb, mon
     assert f"sweep 'lens': its run of {four} failed: SelectionError: " in run_cli("status").stdout
 
 
+def test_a_cron_sweep_that_failed_on_a_file_name_with_a_line_break_is_one_report_line(
+    kb, monkeypatch, run_cli
+):
+    """The error of a sweep failed for good names what it failed on, a file name that may
+    hold a line break or an escape: status showed it as one printable line, the report's
+    text wrote it raw, the rest of the name on a line of its own."""
+    from datetime import datetime
+
+    from orchestrator.sweeps.producer import cron_fired
+
+    _a_night_missed_and_failed(kb, monkeypatch)
+    ws = Workspace.open(kb.root)
+    reason = "KBError: --note kb/notes/a\nb\x1b[31m.md: no such note"
+    at = "2026-01-02T05:00:00Z"
+    failed = {"event": "sweep.failed", "at": at, "reason": reason}
+    cron_fired(ws, "lens", datetime(2026, 1, 2, 5, 0, 20).astimezone(), failed)
+    ws.close()
+    shown = "KBError: --note kb/notes/a\\nb\\x1b[31m.md: no such note"
+    for out in (run_cli("status").stdout, run_cli("report").stdout):
+        (line,) = [x for x in out.splitlines() if "sweep 'lens'" in x]
+        assert f"failed: {shown}; it runs at its next time" in line, out
+
+
 def test_the_morning_report_says_a_cron_sweep_missed_or_failed(kb, monkeypatch, run_cli):
     """The report of a night whose sweeps did not run said "needs you: nothing", the page
     "Nothing: … no job is stuck": a quiet night, read over coffee."""

@@ -21,6 +21,7 @@ from orchestrator.control.attempts import AttemptError
 from orchestrator.cycles.escalations import DecideError
 from orchestrator.kb.gates import SelectionError
 from orchestrator.kb.notes import FileProblem, KBError
+from orchestrator.logs import one_line as shown
 from orchestrator.review.acceptance import AckError
 from orchestrator.review.finalize import (
     FinalizeError,
@@ -312,12 +313,6 @@ def skipped_count(skipped: list) -> str:  # a list of review.jobs.Skipped
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
     why = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
     return f"skipped {len(skipped)}" + (f" ({why})" if why else "")
-
-
-def shown(text: str) -> str:
-    """Text from input as one printable line: control characters (a NUL, a line break an
-    input smuggled into a path) are shown escaped, not written to the terminal."""
-    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def root_rel(ws: Workspace, path: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from orchestrator.logs import one_line
 from orchestrator.report import charts
 from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, who_ran
 from orchestrator.state.words import attempt_words, outcome_words
@@ -206,7 +207,7 @@ def text(data: dict, html_path: str | None) -> str:
         # wait" named no way on.
         lines.append(f"  {b['says']}")
     for x in n["sweeps_not_run"]:
-        lines.append(f"  {x['says']}")
+        lines.append(f"  {one_line(x['says'])}")  # an error may name a file with a line break
     for f in n["fixes_unwritten"][:UNWRITTEN_SHOWN]:
         lines.append(f"  fix job {f['job_id']} not written to {f['note_path']}: {f['error']}")
     if more := more_unwritten(n["fixes_unwritten_total"]):
