@@ -2207,23 +2207,38 @@ def test_status_does_not_send_jobs_made_by_create_jobs_to_a_control(kb, run_cli)
     assert json.loads(run_cli("status", "--json").stdout)["jobs_by_hand"] == 2
 
 
-def test_status_names_the_jobs_a_spent_budget_holds_and_sends_none_to_a_control(kb, run_cli):
-    """A cron sweep's budget spent in the night (it has no summary): status at 7 a.m. said
-    "jobs: queued 2" and, with the control stopped, that they "wait for one (reviewq
-    control)", which started ran none of them; nothing named the budget or the run that
-    takes them over."""
+def _a_spent_budget(kb, also: str = "", pause: bool = False):
+    """Sweep `nightly` (notes alpha and beta, ``budget_usd = 0.5``) enqueued, its first
+    attempt spending the budget (it failed, queued again), its reviewer paused if
+    ``pause``: the workspace (open) and the run. ``also``: more of reviewq.toml."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     kb.note("beta")
-    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n')
+    toml = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n'
+    kb.write("reviewq.toml", also + toml)
     ws = Workspace.open(kb.root)
     run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
-    with ws.store.write():  # the run's first attempt spent its budget; it failed, queued again
+    with ws.store.write():
         ws.store.conn.execute(
             "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
             "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
             (run.jobs[0].review_job_id, utcnow(), utcnow()),
         )
+        if pause:
+            ws.store.conn.execute(
+                "INSERT INTO reviewer_state (name, launch_failures, updated_at, paused_until, "
+                "paused_reason) VALUES (?, 5, ?, '2999-01-01T00:00:00.000Z', 'auth')",
+                (ws.settings.sweeps["nightly"].reviewer, utcnow()),
+            )
+    return ws, run
+
+
+def test_status_names_the_jobs_a_spent_budget_holds_and_sends_none_to_a_control(kb, run_cli):
+    """A cron sweep's budget spent in the night (it has no summary): status at 7 a.m. said
+    "jobs: queued 2" and, with the control stopped, that they "wait for one (reviewq
+    control)", which started ran none of them; nothing named the budget or the run that
+    takes them over."""
+    ws, run = _a_spent_budget(kb)
     ws.store.close()
     out = run_cli("status").stdout
     assert (
@@ -2241,31 +2256,12 @@ def test_status_counts_a_paused_reviewers_jobs_a_spent_budget_holds_once(kb, run
     """A paused reviewer's jobs that a spent budget holds as well were taken off the jobs
     a control would run (N2) and still counted among those "for a paused reviewer": with
     another profile's job queued, status said that job waited for the pause too."""
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    kb.note("beta")
-    kb.write(
-        "reviewq.toml",
-        '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
-        '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n',
-    )
-    ws = Workspace.open(kb.root)
-    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
-    other = enqueue(ws, SweepRequest(name="adhoc", reviewer="other", all_gates=True))
-    with ws.store.write():  # nightly's budget is spent, and its reviewer paused
-        ws.store.conn.execute(
-            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
-            (run.jobs[0].review_job_id, utcnow(), utcnow()),
-        )
-        ws.store.conn.execute(
-            "INSERT INTO reviewer_state (name, launch_failures, updated_at, paused_until, "
-            "paused_reason) VALUES (?, 5, ?, '2999-01-01T00:00:00.000Z', 'auth')",
-            (ws.settings.sweeps["nightly"].reviewer, utcnow()),
-        )
+    other = '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+    ws, _ = _a_spent_budget(kb, other, pause=True)
+    theirs = enqueue(ws, SweepRequest(name="adhoc", reviewer="other", all_gates=True))
     ws.store.close()
     out = run_cli("status").stdout
-    assert len(other.jobs) == 2
+    assert len(theirs.jobs) == 2
     assert "control: not running; 2 job(s) wait for one (reviewq control)\n" in out, out
 
 
