@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -114,7 +115,7 @@ def launch(
     """Start the agent in its own process group with stdin closed; only transient OS
     errors are retried (a missing binary is not transient)."""
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             env=env,
             cwd=cwd,
@@ -123,6 +124,8 @@ def launch(
             stderr=err,
             start_new_session=True,
         )
+    _AGENTS.add(proc.pid)
+    return proc
 
 
 # An agent's first heartbeat: it says the launch, which counts a worker's death after it
@@ -207,16 +210,114 @@ def reap_group(proc: subprocess.Popen, marker: tuple[bytes, ...] = ()) -> None:
     its session: Codex starts its sandbox (bwrap) in a process group of its own, which
     a group kill misses and which outlives Codex. With ``marker`` (:func:`attempt_marker`),
     nor of a session one of its processes started (``setsid``, Node's detached spawn),
-    found by the attempt's variables in its environment."""
+    found by the attempt's variables in its environment. In a subreaper
+    (:func:`become_subreaper`) whose children are only its agents, none of them is
+    left, and the machine's sessions are not looked through."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=5)
+        waited = True
+    except Exception:  # noqa: BLE001 - a leader stuck in the kernel: looked for as ever
+        waited = False
+    else:
+        _AGENTS.discard(proc.pid)
+    # Only once the agent has ended: until then what it started is its, not ours.
+    if waited and _strays() is False:
+        return
     sessions = _sessions()
     doomed = list(sessions.get(proc.pid, [])) + _marked(sessions, marker, proc.pid)
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        proc.wait(timeout=5)
+    if not waited:
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=5)
+            _AGENTS.discard(proc.pid)
+
+
+# --- what an agent left behind -----------------------------------------------------------
+# Linux gives an orphan to its nearest ancestor that is a "child subreaper". A worker that
+# is one (and starts no process but its agents) has as children, besides its agents, every
+# process one of them left running: an agent's child in a session of its own, a daemon's
+# double fork. Its children are thus the proof that nothing escaped, in one read of
+# /proc per thread, where the sweep of every session of the machine cost ~0.2 ms an agent.
+_PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+_AGENTS: set[int] = set()  # the agents this process started and has not waited for
+_SUBREAPER = [False]
+_TASKS = "/proc/self/task"
+_children_of: dict[str, int] = {}  # thread id -> its open "children" file
+_STRAY_ROUNDS = 100
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of the agents it starts (Linux); True if it is
+    one and can read its children, which lets :func:`reap_group` skip its sweep."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    with _LAUNCHING:
+        _SUBREAPER[0] = _children() is not None  # CONFIG_PROC_CHILDREN
+    return _SUBREAPER[0]
+
+
+def _children() -> set[int] | None:
+    """This process's children, of all its threads; None if /proc cannot say. Called
+    under ``_LAUNCHING``. The main thread is read last: a thread that ends hands its
+    children to the first live thread, the main one, so none is missed between reads."""
+    try:
+        tids = os.listdir(_TASKS)
+    except OSError:
+        return None
+    for gone in set(_children_of) - set(tids):
+        os.close(_children_of.pop(gone))
+    main = str(os.getpid())
+    out: set[int] = set()
+    for tid in sorted(tids, key=lambda t: t == main):
+        fd = _children_of.get(tid)
+        try:
+            if fd is None:
+                fd = _children_of[tid] = os.open(f"{_TASKS}/{tid}/children", os.O_RDONLY)
+            # A proc file read again from its start says the children of now.
+            out.update(map(int, os.pread(fd, 1 << 20, 0).split()))
+        except OSError:
+            if tid == main:
+                return None
+    return out
+
+
+def _strays() -> bool | None:
+    """Whether a process an agent left may still run (True), none does (False), or this
+    process cannot tell (None: not a subreaper). Strays that have died are waited for
+    here (a subreaper's duty); as their own children then become ours, the children are
+    read again until no dead one is left."""
+    if not _SUBREAPER[0]:
+        return None
+    # Under the launch lock: an agent being started is not yet among _AGENTS.
+    with _LAUNCHING:
+        for _ in range(_STRAY_ROUNDS):
+            children = _children()
+            if children is None:
+                return None
+            strays = children - _AGENTS
+            if not any([_waited_for(pid) for pid in strays]):
+                return bool(strays)
+    return True
+
+
+def _waited_for(pid: int) -> bool:
+    """Waited for a child of ours that has ended; False while it runs."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True  # gone meanwhile
 
 
 def attempt_marker(spec: AttemptSpec) -> tuple[bytes, ...]:

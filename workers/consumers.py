@@ -29,7 +29,7 @@ from orchestrator.sweeps.producer import sweep_problems
 
 from . import tasks
 from .app import make_app
-from .attempt import reap_orphans, stop_launching, worker_folder
+from .attempt import become_subreaper, reap_orphans, stop_launching, worker_folder
 from .parent import follow_parent
 from .queues import (
     StopRequests,
@@ -151,6 +151,9 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     logs.configure(folder, stderr_level="INFO", process="worker")
     follow_parent()
+    # What its agents leave running becomes its own child: seen without a sweep of the
+    # machine's sessions after each agent (attempt.reap_group).
+    become_subreaper()
     app = make_app(settings)
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
     reap_orphans(folder, said="their worker died")
