@@ -4,6 +4,7 @@ lifecycle (workers.attempt.run_attempt via ``run_job``) on a job made with the C
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -918,6 +919,35 @@ def test_an_adapter_that_raises_before_launch_still_gives_an_outcome(tmp_path):
     )
     assert out.classification == "launch-failure"
     assert "{prompt_pth}" in out.reasons[0] and out.ended_at
+
+
+@pytest.mark.parametrize("errno_", [errno.EAGAIN, errno.ENOENT])
+def test_a_launch_is_tried_again_after_a_transient_error_only(tmp_path, monkeypatch, errno_):
+    """The launch's first try runs without tenacity (its machinery cost every agent), so
+    the retries of a transient fork error (EAGAIN) are checked here; a missing binary is
+    not tried again."""
+    import subprocess
+
+    from workers import attempt
+
+    tries = []
+    real = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        tries.append(1)
+        if len(tries) < 3:
+            raise OSError(errno_, os.strerror(errno_))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attempt.subprocess, "Popen", popen)
+    out, err = tmp_path / "o", tmp_path / "e"
+    if errno_ == errno.ENOENT:
+        with pytest.raises(FileNotFoundError):
+            attempt.launch(["true"], dict(os.environ), tmp_path, out, err)
+        assert len(tries) == 1
+        return
+    proc = attempt.launch(["true"], dict(os.environ), tmp_path, out, err)
+    assert proc.wait(timeout=10) == 0 and len(tries) == 3
 
 
 def test_heartbeats_keep_coming_when_connect_checks_are_more_frequent(tmp_path):

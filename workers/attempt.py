@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from orchestrator.config import Settings
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
@@ -103,27 +103,56 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT
 
 
-@retry(
-    retry=retry_if_exception(_transient),
-    stop=stop_after_attempt(5),
-    wait=wait_exponential(multiplier=0.1, max=2.0),
-    reraise=True,
-)
+_RELAUNCH = {
+    "retry": retry_if_exception(_transient),
+    "stop": stop_after_attempt(5),
+    "wait": wait_exponential(multiplier=0.1, max=2.0),
+    "reraise": True,
+}
+
+
 def launch(
     argv: list[str], env: dict[str, str], cwd: Path | None, stdout: Path, stderr: Path
 ) -> subprocess.Popen:
     """Start the agent in its own process group with stdin closed; only transient OS
     errors are retried (a missing binary is not transient)."""
-    with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-        )
+    try:
+        return _start(argv, env, cwd, stdout, stderr)
+    except OSError as exc:
+        if not _transient(exc):
+            raise
+        failed = [exc]  # the first try's, raised again as tenacity's own first try
+    # The retries alone go through tenacity: its machinery cost every launch ~15 µs.
+
+    def again() -> subprocess.Popen:
+        if failed:
+            raise failed.pop()
+        return _start(argv, env, cwd, stdout, stderr)
+
+    return Retrying(**_RELAUNCH)(again)
+
+
+def _start(
+    argv: list[str], env: dict[str, str], cwd: Path | None, stdout: Path, stderr: Path
+) -> subprocess.Popen:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    out = os.open(stdout, flags, 0o666)
+    try:
+        err = os.open(stderr, flags, 0o666)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        finally:
+            os.close(err)
+    finally:
+        os.close(out)
     _AGENTS.add(proc.pid)
     return proc
 
