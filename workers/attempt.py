@@ -352,7 +352,10 @@ def _waited_for(pid: int) -> bool:
 def attempt_marker(spec: AttemptSpec) -> tuple[bytes, ...]:
     """What only this attempt's processes have in their environment: its job folder is
     this state folder's (or this worker's) own, and its number is the job's current."""
-    env = spec.environment()
+    return _marker(spec.environment())
+
+
+def _marker(env: dict[str, str]) -> tuple[bytes, ...]:
     return tuple(f"\0{k}={env[k]}\0".encode() for k in ("REVIEWQ_JOB_DIR", "REVIEWQ_ATTEMPT"))
 
 
@@ -460,7 +463,9 @@ def run_attempt(
         detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         out.reasons = [f"could not build the command of {reviewer.profile.name}: {detail}"]
         return out
-    env = {**os.environ, **cmd.env, **spec.environment()}
+    own = spec.environment()
+    env = {**os.environ, **cmd.env, **own}
+    marker = _marker(own)
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
     proc = registered = None
@@ -469,7 +474,7 @@ def run_attempt(
             if not STOPPING.is_set():
                 proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
                 if registry is not None:
-                    registered = register_agent(registry, spec, proc.pid)
+                    registered = register_agent(registry, spec, proc.pid, marker)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
@@ -479,7 +484,6 @@ def run_attempt(
         out.ended_at = utcnow()
         out.reasons = out.reasons or ["not started: the worker is stopping"]
         return out
-    marker = attempt_marker(spec)
     try:
         if on_launch is not None:
             on_launch(out.started_at)
@@ -738,22 +742,29 @@ def attempt_folder(state_dir: Path, job_id: int, attempt: int) -> Path:
     return state_dir / "attempts" / f"job-{job_id}-attempt-{attempt}"
 
 
-def register_agent(folder: Path, spec: AttemptSpec, pgid: int) -> Path | None:
+def register_agent(
+    folder: Path, spec: AttemptSpec, pgid: int, marker: tuple[bytes, ...] | None = None
+) -> Path | None:
+    path = folder / f"{socket.gethostname()}-{pgid}.json"
+    entry = {
+        "worker_pid": os.getpid(),
+        "pgid": pgid,
+        "job_id": spec.job_id,
+        "attempt": spec.attempt,
+        # What the sessions its processes start carry (latin-1: bytes back).
+        "marker": [m.decode("latin-1") for m in marker or attempt_marker(spec)],
+    }
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{socket.gethostname()}-{pgid}.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "worker_pid": os.getpid(),
-                    "pgid": pgid,
-                    "job_id": spec.job_id,
-                    "attempt": spec.attempt,
-                    # What the sessions its processes start carry (latin-1: bytes back).
-                    "marker": [m.decode("latin-1") for m in attempt_marker(spec)],
-                }
-            )
-        )
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileNotFoundError:  # the folder is made once, not looked for each agent
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o666)
+        try:
+            os.write(fd, json.dumps(entry).encode())
+        finally:
+            os.close(fd)
         return path
     except OSError:
         return None

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,6 @@ from .attempt import (
     STOPPING,
     AttemptOutcome,
     attempt_folder,
-    read_tail,
     registry_dir,
     run_attempt,
     stop_agent,
@@ -306,7 +305,7 @@ def run_review(msg: dict) -> None:
 
         with _agent_slot(profile, beat, msg) as got:
             if _expired(msg) or not got:  # it waited for a free agent slot past its lease
-                shutil.rmtree(folder, ignore_errors=True)
+                _remove(folder)
                 return
             try:
                 outcome = run_attempt(
@@ -350,7 +349,7 @@ def run_review(msg: dict) -> None:
         with REPORTING.beating(beat, msg["heartbeat_s"]):
             _report(outcome, _evidence(spec))
         # Sent: the control process keeps what matters; this worker holds nothing.
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove(folder)
 
 
 def _say_refused(msg: object) -> None:
@@ -460,19 +459,24 @@ def _late_s(msg: dict) -> float | None:
 def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None) -> AttemptSpec:
     """The attempt's private folder, as the agent expects a job folder to look: its
     prompt, a MANIFEST.json with the pairs and, for a fix, the note it was given."""
-    shutil.rmtree(folder, ignore_errors=True)  # a run of this attempt that was interrupted
-    folder.mkdir(mode=0o700, parents=True)  # the prompt quotes the notes
+    try:
+        os.mkdir(folder, 0o700)  # the prompt quotes the notes
+    except FileExistsError:  # a run of this attempt that was interrupted
+        shutil.rmtree(folder, ignore_errors=True)
+        os.mkdir(folder, 0o700)
+    except FileNotFoundError:  # the worker's first attempt, or attempts/ was removed
+        folder.mkdir(mode=0o700, parents=True)
     output = folder / msg["output_name"]
     prompt = msg["prompt"]
     if msg.get("output_shown"):
         prompt = prompt.replace(f"`{msg['output_shown']}`", f"`{output}`")
-    (folder / "prompt.md").write_text(prompt, encoding="utf-8")
+    _write(folder / "prompt.md", prompt)
     manifest = {"review_job_id": msg["job_id"], "kind": msg["task"], "pairs": msg["pairs"]}
-    (folder / "MANIFEST.json").write_text(json.dumps(manifest), encoding="utf-8")
+    _write(folder / "MANIFEST.json", json.dumps(manifest))
     note_file = None
     if msg["task"] == "fix" and msg.get("note_text") is not None:
         note_file = folder / "note.md"
-        note_file.write_text(msg["note_text"], encoding="utf-8")
+        _write(note_file, msg["note_text"])
     return AttemptSpec(
         task=msg["task"],
         job_id=msg["job_id"],
@@ -488,6 +492,29 @@ def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None)
     )
 
 
+def _write(path: Path, text: str) -> None:
+    """A new file of the attempt's folder, in the fewest system calls (open, write, close)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        data = memoryview(text.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
+def _remove(folder: Path) -> None:
+    """The attempt's folder: its files unlinked one by one (what rmtree does, without its
+    own checks, which cost ~40 µs an attempt), then the folder; whatever else an agent
+    left in it (a folder of its own) by rmtree."""
+    try:
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _evidence(spec: AttemptSpec) -> dict[str, bytes]:
     """Bounded copies of what the agent left beside its output, for the job folder."""
     files = {}
@@ -497,13 +524,16 @@ def _evidence(spec: AttemptSpec) -> dict[str, bytes]:
         (spec.telemetry_path, messages.TELEMETRY_BYTES, False),
     ):
         try:
-            if tail:
-                files[path.name] = read_tail(path, limit)
-            else:
-                with path.open("rb") as f:
-                    files[path.name] = f.read(limit)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
+        try:  # a tail, or a head, in one read at its offset
+            start = max(0, os.fstat(fd).st_size - limit) if tail else 0
+            files[path.name] = os.pread(fd, limit, start)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
     return files
 
 
@@ -511,7 +541,7 @@ def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
     send(
         "deliver_outcome",
         {
-            **asdict(outcome),
+            **vars(outcome),  # plain data, sent as it is: asdict's deep copy cost ~40 µs
             "v": messages.VERSION,
             "worker": WORKER_ID,
             "host": HOST,
