@@ -202,6 +202,30 @@ def test_a_task_without_a_revoke_flag_takes_no_write_lock_after_it_runs(tmp_path
     assert storage.peek_data("r:flagged") is EmptyData
 
 
+def test_a_task_runs_without_a_look_for_revoke_flags(kb):
+    """Huey looked for a task's revoke flags before running it and cleared them after:
+    two reads of the queue file a message, on each side, for flags reviewq never sets.
+    A stop request (a key of reviewq's own) is still read and taken off."""
+    from orchestrator.config import load_settings
+    from workers.queues import StopRequests, huey_for
+
+    huey = huey_for(load_settings(kb.root), "review")
+    ran: list[int] = []
+    task = huey.task(name="probe")(ran.append)
+    statements: list[str] = []
+    huey.storage.conn.set_trace_callback(statements.append)
+    huey.execute(huey.dequeue() or task.s(7))
+    huey.storage.conn.set_trace_callback(None)
+    assert ran == [7]
+    assert not [s for s in statements if " kv " in s], statements
+    stops = StopRequests(huey)
+    stops.ask(3, 1, "finalized by hand")
+    assert stops.asked(3, 1) == "finalized by hand"
+    stops.ask(3, 2, "lost")
+    stops.forget(3, 2)
+    assert stops.asked(3, 2) is None
+
+
 def test_an_interrupt_inside_a_queue_write_rolls_it_back(tmp_path):
     """Huey's storage rolled back on an Exception only: a Ctrl-C inside a write (a sweep's
     nudge, waiting for the lock the control held) left the exclusive transaction open,

@@ -767,11 +767,34 @@ def unfed_problem(settings: Settings) -> str:
     )
 
 
+class _Unrevoked:
+    """Huey reads a task's revoke flags before it runs it and clears its own after, two
+    reads of the queue for every message (the worker's and the control's); reviewq never
+    revokes a task, so neither ever found one. A key of its own (a stop request) is read
+    and deleted as ever."""
+
+    def is_revoked(self, task, timestamp=None, peek=True) -> bool:  # noqa: ANN001 - Huey's
+        return False
+
+    def delete(self, key):  # noqa: ANN001, ANN201 - Huey's signature
+        if isinstance(key, str) and key.startswith("r:"):  # Task.revoke_id
+            return False
+        return super().delete(key)  # type: ignore[misc]
+
+
+class _SqliteHuey(_Unrevoked, SqliteHuey):
+    pass
+
+
+class _RedisHuey(_Unrevoked, RedisHuey):
+    pass
+
+
 def huey_for(settings: Settings, queue: str) -> Huey:
     url = settings.queue.url
     if url:
         # blocking=True: idle workers wait on BRPOP and see a message at once.
-        return RedisHuey(
+        return _RedisHuey(
             f"reviewq-{queue}",
             connection_pool=redis_pool(url),
             results=False,
@@ -785,7 +808,7 @@ def huey_for(settings: Settings, queue: str) -> Huey:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{queue}.db"
     try:
-        return SqliteHuey(
+        return _SqliteHuey(
             queue,
             filename=str(path),
             results=False,
