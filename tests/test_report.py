@@ -1048,13 +1048,10 @@ def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds
     )
 
 
-def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, run_cli):
-    """An open escalation's gate-review file deleted by hand (OPERATIONS §7 keeps them, but
-    a cleanup of STATE takes them): the page said "cannot be read: [Errno 2] No such file
-    or directory", `escalations` "(report missing: PATH)" then "report: PATH", neither
-    what state.db still holds nor that `reviewq rewrite-files` writes it again."""
+def escalated_alpha(kb):
+    """Note alpha escalated for prose/body-check after three rejections: the escalation's
+    id and its gate-review file, relative to STATE."""
     from orchestrator.cycles.escalations import escalate
-    from orchestrator.report import make_report
 
     kb.gate("prose/body-check", ["body"])
     note = kb.note("alpha", body="Alpha body.\n")
@@ -1067,6 +1064,17 @@ def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, r
         (rel,) = store.conn.execute(
             "SELECT report_path FROM escalations WHERE id = ?", (esc,)
         ).fetchone()
+    return esc, rel
+
+
+def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, run_cli):
+    """An open escalation's gate-review file deleted by hand (OPERATIONS §7 keeps them, but
+    a cleanup of STATE takes them): the page said "cannot be read: [Errno 2] No such file
+    or directory", `escalations` "(report missing: PATH)" then "report: PATH", neither
+    what state.db still holds nor that `reviewq rewrite-files` writes it again."""
+    from orchestrator.report import make_report
+
+    _, rel = escalated_alpha(kb)
     (kb.state / rel).unlink()
     with Store.open(kb.state) as store:
         rep = make_report(store, kb.state, since="1h", remember=False)
@@ -1085,6 +1093,36 @@ def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, r
         f"      report: {kb.state / rel} (missing: reviewq rewrite-files writes it again from "
         "state.db)\n"
     ) in res.stdout, res.stdout
+
+
+def test_the_page_shows_the_call_state_db_holds_while_a_report_waits_to_be_written(kb, run_cli):
+    """A report due again over a file still there (an upgrade that changed an open
+    escalation's call, as migration 10 did, with no control process running since): the
+    page showed the old file, "Recommend reject", beside its own commands recommending
+    redo, while `escalations` said redo, read from state.db."""
+    from orchestrator.report import make_report
+    from orchestrator.state.files import NOT_TRIED
+
+    esc, rel = escalated_alpha(kb)
+    assert "Recommend reject: it stays thin." in (kb.state / rel).read_text()
+    with Store.open(kb.state) as store:
+        with store.write():
+            store.conn.execute("UPDATE escalations SET call = 'redo' WHERE id = ?", (esc,))
+            store.conn.execute(
+                "INSERT INTO escalation_reports_due VALUES (?, ?, ?)",
+                (esc, "2026-11-26T00:00:00Z", NOT_TRIED),
+            )
+        rep = make_report(store, kb.state, since="1h", remember=False)
+    [group] = rep.data["needs_you"]["escalations"]
+    assert group["suggested"] == "redo"
+    assert group["escalations"][0]["report"].splitlines()[:2] == [
+        "(the gate-review report is not written yet; the control process writes it at its "
+        "next tick)",
+        "Recommend redo: it stays thin.",
+    ]
+    res = run_cli("escalations")
+    assert res.exit_code == 0, res.stderr
+    assert "      Recommend redo: it stays thin.\n" in res.stdout, res.stdout
 
 
 def test_a_fix_given_up_after_a_report_said_it_waits_is_in_the_next_report(kb):

@@ -306,27 +306,37 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
     return out
 
 
-def _unwritten_report(store: Store, e: dict, exc: OSError) -> str:
-    """What state.db holds of a gate-review report whose file is not there: one the
-    control process has yet to write (a full disk when it was raised) says so, and what
-    a person needs to vote, not only the error of a file that was never written. So does
-    one deleted by hand, with the command that writes it again: "cannot be read: [Errno
-    2] No such file" named neither."""
+def _gate_report(store: Store, state_dir: Path, e: dict) -> str:
+    """An open escalation's gate-review report as the page shows it: its file, which a
+    person may have edited (STATE is theirs to read), shown as it decodes; else what
+    state.db holds of it. One the control process has yet to write (a full disk when it
+    was raised) says so, even with a file there, as `escalations` reads it
+    (``current_report``): the file may be older (an upgrade changed its call), and the
+    page recommended reject beside commands recommending redo. One deleted by hand says
+    the command that writes it again: "cannot be read: [Errno 2] No such file" named
+    neither."""
     row = store.conn.execute(
         "SELECT e.*, d.error FROM escalations e "
         "LEFT JOIN escalation_reports_due d ON d.escalation_id = e.id WHERE e.id = ?",
         (e["id"],),
     ).fetchone()
-    if row is None or (row["error"] is None and not isinstance(exc, FileNotFoundError)):
-        return f"(the gate-review report cannot be read: {exc})"
+    if row["error"] is not None:
+        why = "" if row["error"] == NOT_TRIED else f" ({row['error']})"
+        head = (
+            f"(the gate-review report is not written yet{why}; the control process "
+            "writes it at its next tick)"
+        )
+    else:
+        try:
+            return (state_dir / e["report_path"]).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            head = f"(the gate-review report's file is missing: {REWRITE_REPORTS})"
+        except OSError as exc:
+            return f"(the gate-review report cannot be read: {exc})"
     recommend, material = quoted(store, row)
-    why = "" if row["error"] in (None, NOT_TRIED) else f" ({row['error']})"
     return "\n".join(
         [
-            f"(the gate-review report's file is missing: {REWRITE_REPORTS})"
-            if row["error"] is None
-            else f"(the gate-review report is not written yet{why}; the control process "
-            "writes it at its next tick)",
+            head,
             f"Recommend {e['call']}: {recommend.rstrip('.')}.",
             *(["Material:", *(f"- {m}" for m in material)] if material else []),
         ]
@@ -340,11 +350,7 @@ def _escalated_note(
         # A note deleted or renamed since (or a gate gone) leaves reject as the only call
         # `decide` takes: said here, not after a person tried approve.
         e["only_reject"] = only_reject(note, e["gate_id"]) if only_reject else None
-        try:
-            # A person may have edited it (STATE is theirs to read): shown as it decodes.
-            text = (state_dir / e["report_path"]).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            text = _unwritten_report(store, e, exc)
+        text = _gate_report(store, state_dir, e)
         lines = text.rstrip("\n").splitlines()
         e["report"] = "\n".join(lines[:REPORT_LINES]) + ("\n…" if len(lines) > REPORT_LINES else "")
     fixes = _rows(
