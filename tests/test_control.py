@@ -2241,14 +2241,23 @@ def test_status_names_the_jobs_a_spent_budget_holds_and_sends_none_to_a_control(
     ws, run = _a_spent_budget(kb)
     ws.store.close()
     out = run_cli("status").stdout
-    assert (
+    said = (
         f"2 job(s) of sweep 'nightly' (run {run.run_id}) wait: its budget of $0.5 is spent; "
         "the next run of its [[sweeps]] entry (reviewq enqueue --name nightly) takes them "
-        "over (with a new --budget-usd)\n"
-    ) in out, out
+        "over (with a new --budget-usd)"
+    )
+    assert f"{said}\n" in out, out
     assert "wait for one (reviewq control)" not in out and "control: not running\n" in out
+    # The sentence once, made where the report makes it (status.spent_budgets), and
+    # given to a script as sweeps_not_run's are.
     assert json.loads(run_cli("status", "--json").stdout)["budgets_spent"] == [
-        {"sweep": "nightly", "sweep_run": run.run_id, "budget_usd": 0.5, "jobs_waiting": 2}
+        {
+            "sweep": "nightly",
+            "sweep_run": run.run_id,
+            "budget_usd": 0.5,
+            "jobs_waiting": 2,
+            "says": said,
+        }
     ]
 
 

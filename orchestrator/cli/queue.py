@@ -478,9 +478,8 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
             click.echo(f"reviewer {name} is active")
     for n in data["sweeps_not_run"]:
         click.echo(shown(n["says"]))
-    spent = {b["sweep_run"]: b["jobs_waiting"] for b in data["budgets_spent"]}
-    for line in held_by_budget(store, spent, ws.settings):
-        click.echo(shown(line))
+    for b in data["budgets_spent"]:
+        click.echo(shown(b["says"]))
     click.echo(
         # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
         f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "

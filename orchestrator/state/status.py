@@ -193,6 +193,7 @@ def status(store: Store, settings: Settings) -> dict:
             "sweep_run": b["id"],
             "budget_usd": b["budget_usd"],
             "jobs_waiting": b["jobs_waiting"],
+            "says": b["says"],
         }
         for b in spent_budgets(store, over_budget_runs(store), settings)
     ]
