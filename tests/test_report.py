@@ -1095,6 +1095,36 @@ def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, r
     ) in res.stdout, res.stdout
 
 
+def test_an_escalation_whose_report_cannot_be_read_shows_what_state_db_holds(kb):
+    """A FIFO left where an open escalation's gate-review file was (a person's `mkfifo`,
+    a tool's pipe in STATE): `escalations` and `report` waited on it for good, for a
+    writer that never came. Another file that cannot be read showed its error and no
+    recommendation, though state.db holds it, as it does a deleted one's."""
+    import os
+
+    _, rel = escalated_alpha(kb)
+    (kb.state / rel).unlink()
+    os.mkfifo(kb.state / rel)
+    res = reviewq_process("--root", str(kb.root), "escalations", timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "      Recommend reject: it stays thin.\n" in res.stdout, res.stdout
+    assert (
+        f"      report: {kb.state / rel} (cannot be read (not a regular file (a FIFO, socket "
+        "or device)): reviewq rewrite-files writes it again from state.db)\n"
+    ) in res.stdout, res.stdout
+    res = reviewq_process("--root", str(kb.root), "report", "--since", "1h", "--json", timeout=30)
+    assert res.returncode == 0, res.stderr
+    [group] = json.loads(res.stdout)["needs_you"]["escalations"]
+    assert group["escalations"][0]["report"].splitlines()[:2] == [
+        "(the gate-review report cannot be read (not a regular file (a FIFO, socket or "
+        "device)): reviewq rewrite-files writes it again from state.db)",
+        "Recommend reject: it stays thin.",
+    ]
+    fixed = reviewq_process("--root", str(kb.root), "rewrite-files", timeout=30)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "Recommend reject: it stays thin." in (kb.state / rel).read_text()
+
+
 def test_the_page_shows_the_call_state_db_holds_while_a_report_waits_to_be_written(kb, run_cli):
     """A report due again over a file still there (an upgrade that changed an open
     escalation's call, as migration 10 did, with no control process running since): the

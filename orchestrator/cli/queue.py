@@ -1074,7 +1074,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq escalations
     """
     from orchestrator.cycles.escalations import by_note, current_report, open_escalations, report
-    from orchestrator.state.status import REWRITE_REPORTS, decide_calls
+    from orchestrator.state.status import REWRITE_REPORTS, decide_calls, unread_report
 
     store = ws.read_store()
     items = open_escalations(store)
@@ -1109,12 +1109,11 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 # which shown alone was a header with nothing under it.
                 text, written = current_report(store, ws.state_dir, e.id, e.report_path)
                 head = text.splitlines()[1:2]
-            except FileNotFoundError:
-                # Deleted by hand: its recommendation is in state.db, and so is the file.
-                head = report(store, e.id).splitlines()[1:2]
-                missing = f" (missing: {REWRITE_REPORTS})"
             except OSError as exc:
-                head = [f"(report cannot be read: {exc.strerror or exc})"]
+                # Deleted by hand, or not a file one can read (a FIFO held this for good):
+                # its recommendation is in state.db, and so is the file.
+                head = report(store, e.id).splitlines()[1:2]
+                missing = f" ({unread_report(exc)}: {REWRITE_REPORTS})"
             # Raised by a failed job or an audit, a pair read "0 cycle(s)" (or its earlier
             # rejections): why it is here is the reason's head ("the reviewer failed every
             # attempt").

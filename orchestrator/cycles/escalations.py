@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gates import not_asked
-from orchestrator.kb.notes import KBError, Note, NoteParseError, sha256_bytes
+from orchestrator.kb.notes import KBError, Note, NoteParseError, read_file, sha256_bytes
 from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
@@ -777,4 +777,5 @@ def current_report(
     ).fetchone()
     if due is not None:
         return report(store, esc_id), False
-    return (state_dir / report_path).read_text(encoding="utf-8", errors="replace"), True
+    # Anything but a regular file is an OSError: a FIFO there held the read for good.
+    return read_file(state_dir / report_path).decode("utf-8", errors="replace"), True

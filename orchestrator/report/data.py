@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from orchestrator.config import Settings
+from orchestrator.kb.notes import read_file
 from orchestrator.report.period import Period
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.status import (
@@ -30,6 +31,7 @@ from orchestrator.state.status import (
     quoted,
     resume_command,
     spent_budgets,
+    unread_report,
     unwritten_fixes,
     waiting_on,
 )
@@ -328,11 +330,12 @@ def _gate_report(store: Store, state_dir: Path, e: dict) -> str:
         )
     else:
         try:
-            return (state_dir / e["report_path"]).read_text(encoding="utf-8", errors="replace")
+            # Anything but a regular file is an OSError: a FIFO there held the page for good.
+            return read_file(state_dir / e["report_path"]).decode("utf-8", errors="replace")
         except FileNotFoundError:
             head = f"(the gate-review report's file is missing: {REWRITE_REPORTS})"
         except OSError as exc:
-            return f"(the gate-review report cannot be read: {exc})"
+            head = f"(the gate-review report {unread_report(exc)}: {REWRITE_REPORTS})"
     recommend, material = quoted(store, row)
     return "\n".join(
         [

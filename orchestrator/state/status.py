@@ -790,6 +790,14 @@ def findings(rationale: str | None) -> list[str]:
 REWRITE_REPORTS = "reviewq rewrite-files writes it again from state.db"
 
 
+def unread_report(exc: OSError) -> str:
+    """Why a gate-review report's file was not read, as `escalations` and the page say it
+    before :data:`REWRITE_REPORTS`."""
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    return f"cannot be read ({exc.strerror or exc})"
+
+
 def quoted(store: Store, e) -> tuple[str, list[str]]:  # noqa: ANN001 - an escalations row
     """What an escalation's report recommends and quotes (its Material). An escalation
     raised before migration 8 has neither in state.db (its report file was their only
