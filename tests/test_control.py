@@ -2365,6 +2365,28 @@ def test_jobs_and_job_name_the_profile_run_job_ran_a_create_jobs_job_with(kb, ru
     assert head == f"job {job_id}: completed (review, offline, reviewer -, run by hand: offline)"
 
 
+def test_a_create_jobs_job_run_job_ran_and_failed_names_the_profile(kb, run_cli):
+    """`jobs` and the page name the profile `run-job N --reviewer P` ran a create-jobs
+    job with (R6, P10), from the job's ``runner``, which only finalize recorded: a run
+    whose agent crashed failed the job with none, and `jobs`, the page's failed jobs and
+    `job N` all said reviewer "-", the failures in a row on a crashing profile no one's."""
+    from .test_cycles_integration import profile
+
+    kb.write(
+        "reviewq.toml", profile("crashy", partition="offline", FAKE_MODE="crash", FAKE_TURNS="1")
+    )
+    job_id = _one_job_by_hand(kb, run_cli)
+    ran = run_cli("run-job", str(job_id), "--reviewer", "crashy")
+    assert ran.exit_code != 0
+    (line,) = [ln for ln in run_cli("jobs").stdout.splitlines() if ln.split()[0] == str(job_id)]
+    assert line.split()[1] == "failed" and " (crashy) " in line, line
+    head = run_cli("job", str(job_id)).stdout.splitlines()[0]
+    assert head == f"job {job_id}: failed (review, offline, reviewer -, run by hand: crashy)"
+    report = run_cli("report", "--since", "1h", "--json").json()
+    [failed] = report["needs_you"]["failed_jobs"]
+    assert (failed["id"], failed["runner"]) == (job_id, "crashy")
+
+
 def test_job_names_the_person_who_finalized_a_queued_job_by_hand(kb, run_cli):
     """A sweep's job a person finalized by hand (its agent was slow) was shown as
     "reviewer offline", as if that profile had judged its pairs; its only attempt read

@@ -209,7 +209,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
         if outcome.classification not in (LAUNCH_FAILURE, REVIEWER_FAILURE):
             answered(store, profile.name)  # as the control counts failures in a row
         if outcome.classification == OUTPUT and opened.kind == "fix":
-            result, followed = _apply_fix(ws, job_id, opened.attempt, outcome)
+            result, followed = _apply_fix(ws, job_id, opened.attempt, outcome, profile.name)
         elif outcome.classification == OUTPUT:
             result, followed = finalize_by_hand(
                 ws,
@@ -263,7 +263,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             why = f"split into one-pair jobs {', '.join(map(str, new))}"
             result = FinalizeResult(job_id, "split", [*outcome.reasons, why])
         else:
-            followed = fail_by_hand(ws, job_id, outcome.reasons)
+            followed = fail_by_hand(ws, job_id, outcome.reasons, profile.name)
     return ForegroundResult(outcome, result, followed, paused_until=paused_until)
 
 
@@ -294,7 +294,7 @@ def _given_note(opened) -> Path | None:  # noqa: ANN001 - an OpenedAttempt
 
 
 def _apply_fix(
-    ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome
+    ws: Workspace, job_id: int, attempt: int, outcome: AttemptOutcome, runner: str
 ) -> tuple[FinalizeResult, Followed]:
     """A fixer's output is the note's new text, applied as the control process would; an
     unusable one fails the job at once (:func:`fail_by_hand`)."""
@@ -309,5 +309,6 @@ def _apply_fix(
             [problem] if problem else None,
         )
     if problem:
-        return FinalizeResult(job_id, "failed", [problem]), fail_by_hand(ws, job_id, [problem])
+        failed = fail_by_hand(ws, job_id, [problem], runner)
+        return FinalizeResult(job_id, "failed", [problem]), failed
     return FinalizeResult(job_id, "completed"), followed

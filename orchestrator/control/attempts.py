@@ -380,13 +380,18 @@ def set_outcome(
         )
 
 
-def fail_job(store: Store, state_dir: Path, job_id: int, reasons: list[str]) -> None:
+def fail_job(
+    store: Store, state_dir: Path, job_id: int, reasons: list[str], runner: str | None = None
+) -> None:
+    """``runner``: the profile run-job ran it with, recorded as finalize records it: a
+    create-jobs job (no reviewer) failed so was no one's in `jobs`, `job N` and the page."""
     with store.write():
         now = utcnow()
         row = store.conn.execute(
-            "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, finished_at = ? "
+            "UPDATE review_jobs SET status = 'failed', failure_reasons = ?, updated_at = ?, "
+            "finished_at = ?, runner = COALESCE(?, runner) "
             "WHERE id = ? AND status IN ('queued', 'running') RETURNING job_dir",
-            (json.dumps(reasons), now, now, job_id),
+            (json.dumps(reasons), now, now, runner, job_id),
         ).fetchone()
         if row is not None:
             # Marked due in the transaction that fails the job: a crash right after its

@@ -963,13 +963,15 @@ def _log_end_by_hand(
         )
 
 
-def fail_by_hand(ws: Workspace, job_id: int, reasons: list[str]) -> Followed:
-    """A manual path's failed job (``run-job``): failed at once (SPEC §5), and followed
-    as :meth:`FollowUp.after_failed` says of a job failed at once."""
+def fail_by_hand(
+    ws: Workspace, job_id: int, reasons: list[str], runner: str | None = None
+) -> Followed:
+    """A manual path's failed job (``run-job``, its profile ``runner``): failed at once
+    (SPEC §5), and followed as :meth:`FollowUp.after_failed` says of a job failed at once."""
     store = ws.store
     with store.write():
         since = _last_ids(store)
-        fail_job(store, ws.state_dir, job_id, reasons)
+        fail_job(store, ws.state_dir, job_id, reasons, runner)
         FollowUp(ws).after_failed(job_id, reasons, at_once=BY_HAND)
         _log_end_by_hand(store, FinalizeResult(job_id, "failed", reasons), None, None)
         return _followed_since(store, since)
