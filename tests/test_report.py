@@ -86,6 +86,26 @@ def night(tmp_path_factory) -> Night:
     return n
 
 
+def test_the_reports_json_is_the_shape_contract_gives(night):
+    """CONTRACT gave `status`, `jobs` and `escalations --json` their shapes, and the
+    report's none: a script counting a night's fixes not written read a list cut at 50,
+    with nothing to say that `fixes_unwritten_total` stood beside it."""
+    import re
+
+    contract = (PROJECT / "docs" / "CONTRACT.md").read_text(encoding="utf-8")
+    (said,) = re.findall(r"\n`report --json`:.*?\n\n", contract, re.S)
+    data = night.report()
+    for key in [*data, *data["needs_you"], *data["needs_you"]["failed_jobs"][:1]]:
+        assert f'"{key}"' in said, key
+    for cut, total in (
+        ("escalations", "escalated_notes"),
+        ("failed_jobs", "failed_total"),
+        ("fixes_unwritten", "fixes_unwritten_total"),
+    ):
+        assert f"`{cut}`" in said and f"`{total}`" in said, cut
+        assert total in data["needs_you"], total
+
+
 def test_report_data_matches_state_db(night):
     data = night.report()
     with night.db() as db:
