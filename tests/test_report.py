@@ -576,6 +576,39 @@ def test_the_decisions_colours_can_be_read_in_either_mode(night, browser, tmp_pa
         assert low == [], (scheme, low)
 
 
+def test_the_charts_bars_take_the_decisions_colours_of_either_mode(night, browser, tmp_path):
+    """P13 gave PASS, WARN, FAIL and ERROR a colour for each mode, but the charts kept
+    their own (charts.COLOURS), drawn at pygal's 70 % opacity: the light page's WARN
+    bars were 1.9:1 on white beside a darker WARN in the text, and on the dark page the
+    FAIL and PASS bars 2.1:1 and 2.3:1, ERROR's purple 1.5:1 (a bar needs 3:1)."""
+    from orchestrator.report import render
+
+    data = night.report()
+    data["reviewed"]["by_lens"] = {"prose": {"PASS": 5, "WARN": 3, "FAIL": 2, "ERROR": 1}}
+    page_path = tmp_path / "bars.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    for scheme in ("dark", "light"):
+        page = browser.open(page_path.as_uri(), color_scheme=scheme)
+        text, bars, bg = page.evaluate(
+            """[Object.fromEntries(['PASS', 'WARN', 'FAIL'].map(d => [d,
+                getComputedStyle(document.querySelector('span.' + d)).color])),
+            [...[...document.querySelectorAll('figure.chart')].find(f =>
+                f.querySelector('figcaption').textContent === 'Decisions per lens'
+            ).querySelectorAll('svg g.series rect')].map(r => {
+                const cs = getComputedStyle(r);
+                let o = Number(cs.fillOpacity);
+                for (let e = r; e; e = e.parentElement) o *= Number(getComputedStyle(e).opacity);
+                return [cs.fill, o];
+            }),
+            getComputedStyle(document.body).backgroundColor]"""
+        )
+        assert len(bars) == 4, bars  # PASS, WARN, FAIL, ERROR, in that order
+        for (fill, _), d in zip(bars, ("PASS", "WARN", "FAIL"), strict=False):
+            assert fill == text[d], (scheme, d, fill, text)
+        for fill, opacity in bars:
+            assert opacity == 1 and _contrast(fill, bg) >= 3, (scheme, fill, opacity, bg)
+
+
 def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path):
     """The "needs you" list is links to its sections, left in the browser's own blue:
     on the dark page "27 escalation(s) on 6 note(s)" was dark blue on near-black (a
