@@ -1174,7 +1174,7 @@ def test_an_escalation_whose_report_cannot_be_read_shows_what_state_db_holds(kb)
 
 def test_the_page_shows_the_call_state_db_holds_while_a_report_waits_to_be_written(kb, run_cli):
     """A report due again over a file still there (an upgrade that changed an open
-    escalation's call, as migration 10 did, with no control process running since): the
+    escalation's call, as migration 15 did, with no control process running since): the
     page showed the old file, "Recommend reject", beside its own commands recommending
     redo, while `escalations` said redo, read from state.db."""
     from orchestrator.report import make_report
