@@ -503,6 +503,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     # Started now, a control runs none of these before their reviewer's pause ends; those
     # a spent budget holds as well are not among the jobs it would run at all.
     paused = [name for name, r in data["reviewers"].items() if r["paused_until"]]
+    spent = [b["sweep_run"] for b in data["budgets_spent"]]
     held = sum(waiting_on(store, paused, spent).values())
     for line in _liveness(data, held):
         click.echo(line)
