@@ -2647,3 +2647,40 @@ def test_a_dispatch_pass_opens_its_attempts_in_one_transaction_and_sends_after_i
     assert seen == [("dispatched",)] * 3
     reader.close()
     ws.close()
+
+
+def test_a_send_that_fails_mid_pass_gives_the_unsent_attempts_back_at_once(kb):
+    """A pass opens all its attempts before it sends: a queue that failed at the first
+    message left every attempt of the pass 'dispatched' with no message, each waiting
+    ~1.5 leases for the reaper (and said once each), where a send that failed used to
+    leave only its own attempt so and the jobs after it queued. Those never sent are
+    queued again at once; the one whose send failed (it may have gone) is the reaper's."""
+    from structlog.testing import capture_logs
+
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta", "gamma"):
+        kb.note(name)
+    ws = Workspace.open(kb.root)
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[int] = []
+
+    def down(msg: dict) -> None:
+        raise ConnectionError("the queue is down")
+
+    control = Control(ws, send_review=down, hooks=FollowUp(ws))
+    with capture_logs() as logged:
+        assert control.dispatch() == 0
+    rows = ws.store.conn.execute(
+        "SELECT j.id, j.status, a.outcome FROM review_jobs j "
+        "JOIN attempts a ON a.job_id = j.id AND a.attempt = j.attempt ORDER BY j.id"
+    ).fetchall()
+    assert [tuple(r) for r in rows] == [
+        (rows[0][0], "running", "dispatched"),
+        (rows[1][0], "queued", "lost"),
+        (rows[2][0], "queued", "lost"),
+    ]
+    assert [e["event"] for e in logged].count("queue.unavailable") == 1
+    control.send_review = lambda msg: sent.append(msg["job_id"])
+    assert control.dispatch() == 2
+    assert sent == [rows[1][0], rows[2][0]]
+    ws.close()

@@ -32,6 +32,7 @@ from orchestrator.control.attempts import (
     back_off,
     fail_job,
     heartbeat,
+    is_current,
     is_over,
     log_paused,
     lose,
@@ -318,15 +319,21 @@ class Control:
             try:
                 self.send_review(self.message(attempt, profile))
             except Exception as exc:
-                # This attempt and those after it stay 'dispatched' with no message: the
-                # reaper opens them again (a queue that cannot take one now takes no other).
-                for unsent, _ in opened[sent:]:
-                    self.log.error(
-                        "queue.unavailable",
-                        job_id=unsent.job_id,
-                        attempt=unsent.attempt,
-                        error=str(exc),
-                    )
+                # This attempt stays 'dispatched' (its message may have gone before the
+                # error): the reaper's, as ever. Those after it were never sent: given back
+                # now, their jobs queued for the next pass, not stranded for the reaper's
+                # ~1.5 leases (a queue that cannot take one now takes no other).
+                try:
+                    back = self._unsent([a for a, _ in opened[sent + 1 :]])
+                except sqlite3.Error:
+                    back = []  # left for the reaper too, as the one whose send failed
+                self.log.error(
+                    "queue.unavailable",
+                    job_id=attempt.job_id,
+                    attempt=attempt.attempt,
+                    error=str(exc),
+                    requeued=back,
+                )
                 break
             sent += 1
             self.log.info(
@@ -336,6 +343,20 @@ class Control:
                 reviewer=profile.name,
             )
         return sent
+
+    def _unsent(self, attempts: list[OpenedAttempt]) -> list[int]:
+        """Give back attempts whose message was never sent (lost, never launched: counted
+        toward nothing), their jobs queued again; the ids of those given back. One a
+        person acted on meanwhile (finalize, run-job) is left as it is."""
+        back = []
+        with self.store.write():
+            for a in attempts:
+                if is_current(self.store, a.job_id, a.attempt) and not is_over(
+                    self.store, a.job_id, a.attempt
+                ):
+                    lose(self.store, a.job_id, a.attempt, "its review message was not sent")
+                    back.append(a.job_id)
+        return back
 
     def _job_folder_written(self, job, reviewer: str) -> bool:  # noqa: ANN001 - a row
         """Write a job's folder if it is due or gone (a person deleted it); whether its
