@@ -759,6 +759,7 @@ escape = (
 )
 said["escaped"] = run(escape)
 child = int(pidfile.read_text())
+said["zombie_left"] = os.path.exists(f"/proc/{child}")  # killed, and waited for at once
 deadline = time.monotonic() + 10
 while attempt._strays() and time.monotonic() < deadline:  # the killed child waited for
     time.sleep(0.01)
@@ -789,6 +790,7 @@ def test_a_subreaper_sweeps_the_sessions_only_when_an_agent_left_a_process(tmp_p
         "subreaper": True,
         "quiet": 0,
         "escaped": 1,
+        "zombie_left": False,
         "child_left": False,
         "after": 0,
     }

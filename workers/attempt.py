@@ -266,13 +266,20 @@ def reap_group(proc: subprocess.Popen, marker: tuple[bytes, ...] = ()) -> None:
     else:
         _AGENTS.discard(proc.pid)
     # Only once the agent has ended: until then what it started is its, not ours.
-    if waited and _strays() is False:
+    strays = _strays() if waited else None
+    if strays is False:
         return
     sessions = _sessions()
     doomed = list(sessions.get(proc.pid, [])) + _marked(sessions, marker, proc.pid)
+    killed = []
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    if strays:
+        # A subreaper's own children now: waited for here, or each stayed a zombie of
+        # the worker until its next agent ended (for good, in a worker left idle).
+        _collect(killed)
     if not waited:
         with contextlib.suppress(Exception):
             proc.wait(timeout=5)
@@ -356,6 +363,24 @@ def _strays() -> bool | None:
             if not any([_waited_for(pid) for pid in strays]):
                 return bool(strays)
     return True
+
+
+def _collect(pids: list[int], within_s: float = 5.0) -> None:
+    """Wait (up to ``within_s`` in all) for killed processes to end, then for the dead
+    among this process's children (:func:`_strays`)."""
+    deadline = time.monotonic() + within_s
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            continue  # gone already (or no pidfd): what is dead is waited for below
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+        finally:
+            os.close(fd)
+    _strays()
 
 
 def _waited_for(pid: int) -> bool:
