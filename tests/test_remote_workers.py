@@ -1260,6 +1260,36 @@ def test_a_send_says_its_first_failure(monkeypatch):
     assert said == ["database is locked"]
 
 
+def test_a_sends_patience_counts_its_first_try(monkeypatch):
+    """Stop 30 ran a send's first try before tenacity, whose patience then started after
+    it: a first try that waited out a busy timeout (30 s on a locked queue file) made a
+    two-minute patience two and a half. The first try's wait counts, as it did."""
+    import sqlite3
+    import time
+
+    from workers import queues
+
+    clock = [1000.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(queues, "said_retrying", lambda rs: None)
+    tries: list[float] = []
+
+    def locked(task, *args) -> None:
+        tries.append(clock[0])
+        sleep(30.0 if len(tries) == 1 else 0.01)  # the first try waited a busy timeout
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(queues, "send_once", locked)
+    with pytest.raises(sqlite3.OperationalError):
+        queues.send("deliver_outcome", {}, patience_s=20.0)
+    assert tries == [1000.0]  # past its patience after the first try: no second
+
+
 def test_the_prompts_quoting_notes_are_private_to_their_owner(kb, tmp_path):
     """A prompt quotes the notes (a fix's also the note itself): the attempt folders that
     hold them, the worker's on its own disk and the job's ``attempt-N/``, are 0700 as the

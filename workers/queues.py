@@ -1047,6 +1047,7 @@ def send(task: str, *args: Any, patience_s: float | None = None) -> None:
     up to ``patience_s`` (:data:`SEND_PATIENCE_S` unless given); then the error is raised.
     Every failure is said, the first too: an outage shorter than two busy timeouts is
     otherwise silent."""
+    begun = time.monotonic()
     try:
         send_once(task, *args)
         return
@@ -1059,7 +1060,12 @@ def send(task: str, *args: Any, patience_s: float | None = None) -> None:
             raise failed.pop()
         send_once(task, *args)
 
-    patience = stop_after_delay(SEND_PATIENCE_S if patience_s is None else patience_s)
+    # Tenacity times its patience from its own start: the first try's wait (a busy
+    # timeout) counts too, as when tenacity made that try.
+    waited = time.monotonic() - begun
+    patience = stop_after_delay(
+        max(0.0, (SEND_PATIENCE_S if patience_s is None else patience_s) - waited)
+    )
     Retrying(**{**_WHILE_UNAVAILABLE, "stop": patience}, before_sleep=said_retrying)(again)
 
 
