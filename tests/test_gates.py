@@ -370,6 +370,27 @@ def test_the_gate_files_are_looked_at_once_per_write_transaction(kb, monkeypatch
     ws.close()
 
 
+def test_a_store_opened_again_does_not_take_the_last_ones_look_at_the_gates(kb):
+    """The look was keyed on the store's count of write transactions, which a store
+    opened again (the workspace closed, then used) begins again: its write of the same
+    number took the closed store's catalog, a gate added since unseen."""
+    from orchestrator.state.workspace import Workspace
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    with ws.store.write():
+        assert sorted(ws.catalog().gates) == ["prose/clarity"]
+        number = ws.store.writing
+    ws.close()
+    kb.gate("prose/brevity", ["body"])
+    while ws.store.transactions < number - 1:
+        with ws.store.write():
+            pass
+    with ws.store.write():
+        assert sorted(ws.catalog().gates) == ["prose/brevity", "prose/clarity"]
+    ws.close()
+
+
 def test_a_requires_type_naming_no_spec_is_a_warning(kb, run_cli):
     """A typo ('definiton') made the gate apply to no note, and every command said the
     catalog was fine. The gate stays valid (a spec may not be written yet); each value is

@@ -8,6 +8,7 @@ killed mid-way leaves nothing partial.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sqlite3
@@ -163,14 +164,21 @@ def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
     return set(conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
 
 
+# Names each write transaction of this process, across stores: a store opened again
+# counts its own from 1, and a look at the files keyed on that count (the gate
+# catalog) was taken for the closed store's transaction of the same number.
+_WRITES = itertools.count(1)
+
+
 class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
         self._savepoints = 0  # depth of nested write() blocks
-        # Counts the outermost write transactions begun, and names the one under way
-        # (None outside one, a read transaction too): what was read from the files once
-        # in one of them (the gate catalog) holds for the rest of it.
+        # Counts the outermost write transactions begun; ``writing`` names the one under
+        # way, uniquely in this process (None outside one, a read transaction too): what
+        # was read from the files once in one of them (the gate catalog) holds for the
+        # rest of it.
         self.transactions = 0
         self.writing: int | None = None
         # Whether a writer of job folders waits for a folder another process is writing.
@@ -316,7 +324,7 @@ class Store:
             return
         self.conn.execute("BEGIN IMMEDIATE")
         self.transactions += 1
-        self.writing = self.transactions
+        self.writing = next(_WRITES)
         try:
             yield self.conn
             if not self.conn.in_transaction:
