@@ -292,6 +292,9 @@ def reap_group(proc: subprocess.Popen, marker: tuple[bytes, ...] = ()) -> None:
 # process one of them left running: an agent's child in a session of its own, a daemon's
 # double fork. Its children are thus the proof that nothing escaped, in one read of
 # /proc per thread, where the sweep of every session of the machine cost ~0.2 ms an agent.
+# A process started here other than through the launch (a subprocess.run, a git) would be
+# taken for a stray: collected by reap_group, its Popen would read no exit status. Start
+# it under _LAUNCHING and keep it in _AGENTS until it is waited for.
 _PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 _AGENTS: set[int] = set()  # the agents this process started and has not waited for
 _SUBREAPER = [False]
