@@ -1884,3 +1884,24 @@ def test_a_redo_approved_since_and_then_deleted_is_not_escalated_again(flow, run
     ran = reviewq_process("--root", str(flow.root), "run-job", str(fix))
     assert ran.returncode == 0, ran.stderr
     assert run_cli("escalations", "--json").json()["escalations"] == [], ran.stdout
+
+
+def test_a_symlinked_note_kept_elsewhere_is_acked_and_selected_under_its_own_name(flow, run_cli):
+    """A note that is a link to a file kept elsewhere in the root is reviewed under the
+    link's name; `ack` and `--note` resolved the link, and looked its pairs up under the
+    file's name, which none has: "no completed review", "not under the note roots"."""
+    flow.write("shared/borrowed.md", "---\ntitle: Borrowed\n---\nBorrowed body.\n")
+    link = "kb/notes/borrowed.md"
+    (flow.root / link).symlink_to("../../shared/borrowed.md")
+    flow.accept("fake", [(link, "prose/body-check")], decision="WARN")
+    with (flow.root / "shared/borrowed.md").open("a") as f:
+        f.write("A line the gate should not mind.\n")
+    res = run_cli("select", "prose", "--model", "fake", "--note", link, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [(t["note_path"], t["reason"]) for t in res.json()["targets"]] == [
+        (link, "note-changed")
+    ]
+    res = run_cli("ack", "--model", "fake", str(flow.root / link), "prose/body-check")
+    assert (res.exit_code, res.stdout) == (0, f"acked: {link} prose/body-check\n"), res.stderr
+    res = run_cli("select", "prose", "--model", "fake", "--note", link, "--json")
+    assert res.json()["targets"] == []

@@ -453,6 +453,8 @@ class KB:
         cand = p if p.is_absolute() else Path.cwd() / p
         if not p.is_absolute() and not _exists(cand):
             cand = self.root / p
+        if (link := self._link_note(cand)) is not None:
+            return link
         try:
             resolved = cand.resolve()
         except RuntimeError:  # pathlib's word for a symlink loop: it was an internal error
@@ -462,6 +464,27 @@ class KB:
         except ValueError:
             raise KBError(f"{path}: outside the KB root {self.root}") from None
         return "" if str(rel) == "." else rel.as_posix()
+
+    def _link_note(self, path: Path) -> str | None:
+        """The root-relative name of ``path`` when it is a symlinked note the scan reviews
+        under its own name (a file kept elsewhere in the root, :meth:`_elsewhere`): every
+        link resolved, its pairs were looked up under the name of the file it leads to,
+        which no pair has (``ack`` said "no completed review", ``--note`` "not under the
+        note roots"). None for any other path: an alias of a note resolves to that note."""
+        if path.name in ("", ".", "..") or not path.is_symlink():
+            return None
+        try:
+            rel = (path.parent.resolve() / path.name).relative_to(self.root).as_posix()
+        except (ValueError, RuntimeError):  # outside the root, or a loop above the link
+            return None
+        if (
+            rel.endswith(".md")
+            and self._walked(rel)
+            and self.inside(str(self.root / rel))
+            and self._elsewhere(rel) is None
+        ):
+            return rel
+        return None
 
     def note_selection(self, paths: Iterable[str | os.PathLike]) -> list[str]:
         """User-given note files or folders (``--note``), root-relative. One that is not
