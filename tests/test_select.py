@@ -423,6 +423,26 @@ def test_invalid_gate_is_skipped_with_a_warning(small, run_cli):
     assert res.exit_code == 1 and "invalid" in res.stderr
 
 
+@pytest.mark.parametrize("sel", ["pros", "kb", "bad", "prose/ba"])
+def test_a_selector_that_names_no_gate_is_not_blamed_on_an_invalid_one(small, run_cli, sel):
+    """An unknown selector was told of the first invalid gate whose path held it as a
+    part (`pros`, a typo of `prose`, got "invalid: missing name" of `prose/bad.md`)."""
+    small.write(
+        "kb/instructions/review-gates/prose/bad.md",
+        "---\ngate_id: prose/bad\nlens: prose\nwatches: [body]\n---\n## Failure mode\n## Test\n",
+    )
+    res = run_cli("select", sel)
+    assert (res.exit_code, res.stderr.splitlines()[-1]) == (
+        1,
+        f"error: {sel}: not a bundle, gate id or type request",
+    )
+    for named in ("prose/bad", "kb/instructions/review-gates/prose/bad.md"):
+        res = run_cli("select", named)
+        assert res.stderr.splitlines()[-1] == (
+            f"error: {named}: not a bundle, gate id or type request (invalid: missing name)"
+        )
+
+
 def test_human_output(small, run_cli):
     res = run_cli("select", "prose/body-check")
     assert res.exit_code == 0

@@ -154,7 +154,7 @@ class Catalog:
             elif "/" not in sel and any(g.lens == sel for g in self.gates.values()):
                 chosen.update({g.gate_id: g for g in self.gates.values() if g.lens == sel})
             else:
-                invalid = [p for p in self.problems if sel in p.path]
+                invalid = [p for p in self.problems if _names_invalid(sel, p.path)]
                 why = f" (invalid: {invalid[0].reason})" if invalid else ""
                 raise SelectionError(f"{sel}: not a bundle, gate id or type request{why}")
         return sorted(chosen.values(), key=lambda g: g.gate_id)
@@ -163,6 +163,13 @@ class Catalog:
         """Whether any file of the gate tree was met, if only as an invalid gate (each one
         already a warning line of its own)."""
         return any(p.path.startswith(f"{GATES_DIR}/") for p in self.problems)
+
+
+def _names_invalid(sel: str, path: str) -> bool:
+    """Whether a selector names the invalid file at ``path``: its lens folder, its
+    ``lens/name`` or the path itself. A part of a path is no name: a typo (``pros``) or
+    a word (``kb``) was told of the first invalid gate whose path held it, as its reason."""
+    return path in (sel, f"{GATES_DIR}/{sel}.md") or path.startswith(f"{GATES_DIR}/{sel}/")
 
 
 def applies(gate: Gate, note: Note) -> bool:
