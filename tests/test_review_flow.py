@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -1905,3 +1906,19 @@ def test_a_symlinked_note_kept_elsewhere_is_acked_and_selected_under_its_own_nam
     assert (res.exit_code, res.stdout) == (0, f"acked: {link} prose/body-check\n"), res.stderr
     res = run_cli("select", "prose", "--model", "fake", "--note", link, "--json")
     assert res.json()["targets"] == []
+
+
+def test_a_note_named_decomposed_is_found_by_its_name_typed_composed(flow, run_cli):
+    """A KB synced from a Mac keeps its names decomposed (NFD); a name typed is composed
+    (NFC): `ack` and `--note` of `café.md` said "No such file or directory" beside the
+    `café.md` that ls shows."""
+    on_disk = "kb/notes/" + unicodedata.normalize("NFD", "café.md")
+    typed = "kb/notes/" + unicodedata.normalize("NFC", "café.md")
+    flow.write(on_disk, "---\ntitle: Café\n---\nBody.\n")
+    flow.accept("fake", [(on_disk, "prose/body-check")])
+    flow.write(on_disk, "---\ntitle: Café\n---\nBody, mended.\n")
+    res = run_cli("select", "prose", "--model", "fake", "--note", typed, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [t["note_path"] for t in res.json()["targets"]] == [on_disk]
+    res = run_cli("ack", "--model", "fake", typed, "prose/body-check")
+    assert (res.exit_code, res.stdout) == (0, f"acked: {on_disk} prose/body-check\n"), res.stderr

@@ -50,6 +50,30 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _as_named(path: Path) -> Path:
+    """``path`` (absolute) with each part that names nothing replaced by the one entry of
+    its folder whose name composes (NFC) the same: a name typed on a keyboard is composed,
+    and a KB synced from a Mac keeps its names decomposed (as F62 has it), so
+    ``ack kb/notes/café.md`` found "no such file" beside the ``café.md`` that ls shows.
+    ``path`` itself when it names a file, or no single entry matches."""
+    if _exists(path):
+        return path
+    out = Path(path.anchor)
+    for part in path.parts[1:]:
+        step = out / part
+        if not _exists(step):
+            want = unicodedata.normalize("NFC", part)
+            try:
+                same = [n for n in os.listdir(out) if unicodedata.normalize("NFC", n) == want]
+            except OSError:
+                return path
+            if len(same) != 1:
+                return path
+            step = out / same[0]
+        out = step
+    return out
+
+
 # A path (anything with a '/' or ending in .md) or a number in a reason, not a word's
 # digit ("UTF-8" was "UTF-…" in the count line that quotes the kind).
 _PARTICULAR = re.compile(r"[^\s,;()]*/[^\s,;()]*|[^\s,;()]+\.md\b|(?<![\w-])\d+")
@@ -450,9 +474,9 @@ class KB:
         """A user-given path (absolute, or relative to the cwd, else to the root) made
         root-relative; a path that leads outside the root is refused."""
         p = Path(path)
-        cand = p if p.is_absolute() else Path.cwd() / p
+        cand = _as_named(p if p.is_absolute() else Path.cwd() / p)
         if not p.is_absolute() and not _exists(cand):
-            cand = self.root / p
+            cand = _as_named(self.root / p)
         if (link := self._link_note(cand)) is not None:
             return link
         try:
