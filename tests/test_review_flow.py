@@ -1922,3 +1922,23 @@ def test_a_note_named_decomposed_is_found_by_its_name_typed_composed(flow, run_c
     assert [t["note_path"] for t in res.json()["targets"]] == [on_disk]
     res = run_cli("ack", "--model", "fake", typed, "prose/body-check")
     assert (res.exit_code, res.stdout) == (0, f"acked: {on_disk} prose/body-check\n"), res.stderr
+
+
+def test_a_gate_made_invalid_is_said_by_ack_and_warn_queue_not_taken_for_none(flow, run_cli):
+    """A gate file broken while a person edits it: `ack` said "no such gate" of a file
+    that is there, and `warn-queue` dropped its WARN findings without a word (SPEC §10: a
+    file skipped is a warning line)."""
+    flow.accept("fake", [(NOTE_A, "prose/body-check")], decision="WARN")
+    gate = "kb/instructions/review-gates/prose/body-check.md"
+    flow.write(gate, flow.read(gate).replace("name: Body Check\n", ""))
+    res = run_cli("ack", "--model", "fake", NOTE_A, "prose/body-check")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: prose/body-check: its gate file is invalid ({gate}: missing name); "
+        "nothing acked\n",
+    )
+    res = run_cli("warn-queue")
+    assert (res.exit_code, res.stdout) == (0, "0 warning(s)\n")
+    assert res.stderr == f"warning: {gate}: missing name\n"
+    res = run_cli("ack", "--model", "fake", NOTE_A, "prose/no-such")
+    assert res.stderr == "error: prose/no-such: no such gate; nothing acked\n"

@@ -454,7 +454,10 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq warn-queue --json
     """
     notes = current_notes(ws.kb, ws.state_dir)
-    items = warn_queue(ws.kb, ws.read_store(), ws.catalog(), notes)
+    catalog = ws.catalog()
+    # A gate invalid now (a typo while editing it) hides its findings: said, not silent.
+    warn(catalog.problems, every=True)
+    items = warn_queue(ws.kb, ws.read_store(), catalog, notes)
     if as_json:
         emit_json({"warnings": [i.to_json() for i in items]})
         return

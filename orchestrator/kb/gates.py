@@ -154,7 +154,7 @@ class Catalog:
             elif "/" not in sel and any(g.lens == sel for g in self.gates.values()):
                 chosen.update({g.gate_id: g for g in self.gates.values() if g.lens == sel})
             else:
-                invalid = [p for p in self.problems if _names_invalid(sel, p.path)]
+                invalid = [p for p in self.problems if names_invalid(sel, p.path)]
                 why = f" (invalid: {invalid[0].reason})" if invalid else ""
                 raise SelectionError(f"{sel}: not a bundle, gate id or type request{why}")
         return sorted(chosen.values(), key=lambda g: g.gate_id)
@@ -165,7 +165,7 @@ class Catalog:
         return any(p.path.startswith(f"{GATES_DIR}/") for p in self.problems)
 
 
-def _names_invalid(sel: str, path: str) -> bool:
+def names_invalid(sel: str, path: str) -> bool:
     """Whether a selector names the invalid file at ``path``: its lens folder, its
     ``lens/name`` or the path itself. A part of a path is no name: a typo (``pros``) or
     a word (``kb``) was told of the first invalid gate whose path held it, as its reason."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.kb.gates import Catalog, Gate, applies, not_asked
+from orchestrator.kb.gates import Catalog, Gate, applies, names_invalid, not_asked
 from orchestrator.kb.notes import KB, Note, NoteParseError
 from orchestrator.state.store import Store
 
@@ -53,7 +53,7 @@ def ack(
         ).fetchone()
         gate = catalog.recorded(kb, gate_id, row["gate_path"] if row else None)
         if gate is None:
-            raise AckError(f"{gate_id}: no such gate; nothing acked")
+            raise AckError(f"{gate_id}: {_gone_words(catalog, gate_id, row)}; nothing acked")
         if row is None:
             raise AckError(
                 f"{note.path} {gate_id}: no completed review in partition {model}; nothing acked"
@@ -80,6 +80,16 @@ def ack(
         if within is not None:
             within(store, model, acked)
     return acked
+
+
+def _gone_words(catalog: Catalog, gate_id: str, row) -> str:  # noqa: ANN001 - a pair row
+    """Why a gate id has no gate now: its file invalid (a typo while editing it; "no such
+    gate" sent the person looking for a file that is there), else none by that id."""
+    paths = {row["gate_path"]} if row is not None else set()
+    for p in catalog.problems:
+        if p.path in paths or ("/" in gate_id and names_invalid(gate_id, p.path)):
+            return f"its gate file is invalid ({p.path}: {p.reason})"
+    return "no such gate"
 
 
 @dataclass(frozen=True)
