@@ -1942,3 +1942,18 @@ def test_a_gate_made_invalid_is_said_by_ack_and_warn_queue_not_taken_for_none(fl
     assert res.stderr == f"warning: {gate}: missing name\n"
     res = run_cli("ack", "--model", "fake", NOTE_A, "prose/no-such")
     assert res.stderr == "error: prose/no-such: no such gate; nothing acked\n"
+
+
+def test_ack_in_a_partition_with_no_review_at_all_says_so(flow, run_cli):
+    """`ack --model claud` (a typo) said "no completed review in partition claud", as of
+    a pair never reviewed; select warns of such a partition, naming those there are."""
+    flow.accept("fake", [(NOTE_A, "prose/body-check")])
+    res = run_cli("ack", "--model", "claud", NOTE_A, "prose/body-check")
+    assert res.stderr == (
+        f"error: {NOTE_A} prose/body-check: no completed review in partition claud (it holds "
+        "no review at all; known: fake); nothing acked\n"
+    )
+    res = run_cli("ack", "--model", "fake", NOTE_B, "prose/body-check")
+    assert res.stderr == (
+        f"error: {NOTE_B} prose/body-check: no completed review in partition fake; nothing acked\n"
+    )

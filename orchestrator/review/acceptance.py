@@ -55,8 +55,12 @@ def ack(
         if gate is None:
             raise AckError(f"{gate_id}: {_gone_words(catalog, gate_id, row)}; nothing acked")
         if row is None:
+            # A misspelt --model reads as a pair never reviewed: said, as select says it.
+            known = store.partitions_instead(model)
+            none = f" (it holds no review at all; known: {', '.join(known)})" if known else ""
             raise AckError(
-                f"{note.path} {gate_id}: no completed review in partition {model}; nothing acked"
+                f"{note.path} {gate_id}: no completed review in partition {model}{none}; "
+                "nothing acked"
             )
         if (why := not_asked(gate, note)) is not None:
             # The note's type or traits changed since: carried forward, the review read as

@@ -146,16 +146,9 @@ def partition_problem(store: Store, model: str) -> str | None:
     """Why ``--model`` may be a typo, or None: no review is recorded in it while others
     have some. Every pair read as missing-review, and that select's JSON, piped to
     ``create-jobs``, paid for the whole KB again under the misspelt partition."""
-    if store.conn.execute(
-        "SELECT 1 FROM acceptance WHERE model_partition = ? LIMIT 1", (model,)
-    ).fetchone():
-        return None
-    known = [
-        r[0]
-        for r in store.conn.execute("SELECT DISTINCT model_partition FROM acceptance ORDER BY 1")
-    ]
+    known = store.partitions_instead(model)
     if not known:
-        return None  # a first review: nothing to tell it from
+        return None  # reviews recorded in it, or a first review: nothing to tell it from
     return (
         f"--model {model}: no review recorded in this partition (known: {', '.join(known)}); "
         "every pair is missing-review"

@@ -614,6 +614,18 @@ class Store:
             for r in self.conn.execute("SELECT DISTINCT note_path, gate_id FROM acceptance")
         }
 
+    def partitions_instead(self, model: str) -> list[str]:
+        """The partitions reviews are recorded in when ``model`` has none (a typo, most
+        likely), else []; [] too before any review."""
+        if self.conn.execute(
+            "SELECT 1 FROM acceptance WHERE model_partition = ? LIMIT 1", (model,)
+        ).fetchone():
+            return []
+        return [
+            r[0]
+            for r in self.conn.execute("SELECT DISTINCT model_partition FROM acceptance ORDER BY 1")
+        ]
+
     def upsert_acceptance(
         self,
         *,
