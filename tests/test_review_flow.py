@@ -1957,3 +1957,19 @@ def test_ack_in_a_partition_with_no_review_at_all_says_so(flow, run_cli):
     assert res.stderr == (
         f"error: {NOTE_B} prose/body-check: no completed review in partition fake; nothing acked\n"
     )
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["prose/body-check", "kb/instructions/review-gates/prose/body-check.md", "kb/notes/alpha"],
+)
+def test_ack_of_what_is_no_note_says_so(flow, run_cli, given):
+    """A gate's path, or the gate id first (the arguments swapped), was told "no completed
+    review" or "No such file or directory"."""
+    Store.open(flow.state).close()
+    res = run_cli("ack", "--model", "fake", given, NOTE_A)
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: {given}: not a note (a .md file under the note roots: kb/notes); the note "
+        "comes first: reviewq ack --model P NOTE GATE_ID...\n",
+    )

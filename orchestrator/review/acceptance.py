@@ -34,6 +34,14 @@ def ack(
     """Record the current note and gate texts as accepted, each pointing at the latest
     completed review of the pair in ``model``. All or nothing; ``within`` runs in the
     same transaction (the rejection counts, which a layer above this one owns)."""
+    if not note_path.endswith(".md") or not kb.in_note_roots(note_path):
+        # A gate's path, or the arguments swapped, was "no completed review" or "No such
+        # file": the person looked for a review, or a file, where no note can be.
+        roots = ", ".join(r or "." for r in kb.note_roots)
+        raise AckError(
+            f"{note_path or '.'}: not a note (a .md file under the note roots: {roots}); "
+            "the note comes first: reviewq ack --model P NOTE GATE_ID..."
+        )
     try:
         note = kb.read_note(kb.check_rel(note_path))
     except OSError as exc:  # a folder, a file gone: its reason, not Python's errno
