@@ -7,6 +7,8 @@ import pytest
 from orchestrator.kb.gates import load_catalog
 from orchestrator.kb.notes import KB
 
+from .conftest import gate_text
+
 GOOD_BODY = "## Failure mode\n\nx\n\n## Test\n\ny\n"
 
 
@@ -462,3 +464,27 @@ def test_a_type_spec_found_by_its_recorded_path_answers_for_that_path_only(kb):
     cat = load_catalog(kbo)
     got = cat.recorded(kbo, "type/recipe", "kb/notes/a/types/recipe.md")
     assert got is not None and got.path == "kb/types/recipe.md"
+
+
+def test_a_lens_folder_with_no_gate_is_a_warning_not_silence(kb, run_cli):
+    """Gates saved as `.markdown` (or a lens folder not written yet): `gates --check`
+    passed without a word of the folder, and `select clarity` said only "not a bundle"."""
+    kb.gate("prose/good", ["body"])
+    kb.write(
+        "kb/instructions/review-gates/clarity/one.markdown", gate_text("clarity/one", ["body"])
+    )
+    kb.write("kb/instructions/review-gates/broken/bad.md", "---\ngate_id: broken/bad\n---\n")
+    (kb.root / "kb/instructions/review-gates/.drafts").mkdir()
+    said = (
+        "warning: kb/instructions/review-gates/clarity: a lens folder with no gate in it "
+        "(a gate is a .md file, LENS/NAME.md): selecting it selects nothing"
+    )
+    res = run_cli("gates")
+    assert res.exit_code == 0 and said in res.stderr.splitlines(), res.stderr
+    assert "broken:" not in res.stderr and ".drafts" not in res.stderr
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 1 and said in res.stderr.splitlines()  # for broken/bad.md
+    (kb.root / "kb/instructions/review-gates/broken/bad.md").unlink()
+    (kb.root / "kb/instructions/review-gates/broken").rmdir()
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 0 and res.stderr.splitlines() == [said]

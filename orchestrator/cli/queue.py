@@ -885,10 +885,10 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     report(bool(cat.gates), f"{len(cat.gates)} gate(s) in {len(cat.lenses)} lens(es)")
     for p in cat.problems:
         report(False, f"invalid gate {p.path}: {p.reason}")
-    from orchestrator.kb.gates import requires_type_warnings
+    from orchestrator.kb.gates import gate_warnings
 
-    # A gate asked of no note, but a valid one; each named, as `gates` names it.
-    warn(requires_type_warnings(ws.kb, cat), every=True)
+    # A gate asked of no note, a lens folder with none: each named, as `gates` names it.
+    warn(gate_warnings(ws.kb, cat), every=True)
     from orchestrator.sweeps.producer import sweep_problems
 
     for sweep in ws.settings.sweeps.values():

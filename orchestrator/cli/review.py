@@ -28,7 +28,7 @@ from orchestrator.cli.common import (
 from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.cycles import escalations as cycles
-from orchestrator.kb.gates import requires_type_warnings
+from orchestrator.kb.gates import gate_warnings
 from orchestrator.kb.notes import GATES_DIR, KBError
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
 from orchestrator.review.bundle import condensed, problem_count
@@ -97,10 +97,11 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
         click.echo(
             f"{len(cat.gates)} gates in {len(cat.lenses)} lenses, {len(cat.problems)} invalid"
         )
-    # A requires_type naming no spec is said, not failed: the gate itself is valid.
-    type_warnings = requires_type_warnings(ws.kb, cat)
+    # A requires_type naming no spec, a lens folder with no gate: said, not failed (no
+    # gate is invalid).
+    said = gate_warnings(ws.kb, cat)
     if check:
-        warn(type_warnings, every=True)
+        warn(said, every=True)
         for p in cat.problems:
             click.echo(f"invalid: {p.path}: {p.reason}", err=True)
         if cat.problems:
@@ -108,7 +109,7 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
         if not cat.gates and not cat.types:  # a misnamed folder: doctor refuses it too
             raise Refused(f"no gate in {GATES_DIR} and no type spec: nothing would be reviewed")
     else:
-        warn([*cat.problems, *type_warnings], every=True)
+        warn([*cat.problems, *said], every=True)
 
 
 @cli.command("select")

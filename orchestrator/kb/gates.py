@@ -380,6 +380,45 @@ def requires_type_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
     return out
 
 
+def lens_folder_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
+    """Each lens folder that holds no gate file, valid or not: its gates saved as
+    ``.markdown`` or ``.txt``, or none written yet. Its name selected nothing ("not a
+    bundle") and `gates --check` passed, without a word of the folder. Looked at on each
+    call: the catalog cache watches files, and an empty folder holds none."""
+    try:
+        with os.scandir(kb.root / GATES_DIR) as it:
+            folders = sorted(e.name for e in it if _plain_folder(e))
+    except OSError:
+        return []
+    held = {g.lens for g in catalog.gates.values()}
+    for p in catalog.problems:  # an invalid gate is a gate the folder holds, said already
+        folder, _, rest = p.path.removeprefix(f"{GATES_DIR}/").partition("/")
+        if p.path.startswith(f"{GATES_DIR}/") and rest:
+            held.add(folder)
+    return [
+        FileProblem(
+            f"{GATES_DIR}/{name}",
+            "a lens folder with no gate in it (a gate is a .md file, LENS/NAME.md): "
+            "selecting it selects nothing",
+        )
+        for name in folders
+        if name not in held
+    ]
+
+
+def _plain_folder(entry: os.DirEntry) -> bool:
+    """A folder the gate walk enters: not hidden, not a symlink."""
+    try:
+        return not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def gate_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
+    """What is said of a catalog beside its invalid gates (`gates`, `doctor`)."""
+    return [*lens_folder_warnings(kb, catalog), *requires_type_warnings(kb, catalog)]
+
+
 def _is_kb_file(kb: KB, rel: str) -> bool:
     """Whether ``rel`` is a file inside the KB root (a path leading out of it is none)."""
     try:
