@@ -361,6 +361,25 @@ def test_a_job_queued_before_an_approve_does_not_undo_it(cyc):
     assert sel["counts"]["fresh"] == 1
 
 
+def test_an_ack_after_an_approve_carries_the_persons_pass_not_a_verdict_kept_out(cyc):
+    """A job queued before the approve FAILs the pair when it ends: kept in the job, not
+    accepted. The person then mends a typo and acks: ack took the latest completed review,
+    that FAIL, and carried it forward over their PASS."""
+    esc = escalate(cyc)
+    job = job_of_the_pair(cyc)
+    assert rq(cyc, "decide", str(esc), "approve").returncode == 0
+    assert rq(cyc, "run-job", str(job), "--reviewer", "fake").returncode == 0  # FAIL, kept out
+    cyc.write(NOTE, cyc.read(NOTE).replace("Alpha body.", "Alpha body, a typo fixed."))
+    res = rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check")
+    assert res.returncode == 0, res.stderr
+    with db(cyc) as conn:
+        acc = conn.execute(
+            "SELECT a.decision, j.runner FROM acceptance a JOIN review_pairs p "
+            "ON p.id = a.review_pair_id JOIN review_jobs j ON j.id = p.job_id"
+        ).fetchone()
+    assert tuple(acc) == ("PASS", "human")
+
+
 def test_a_job_queued_before_an_ack_does_not_take_the_pair_back_to_the_old_text(cyc):
     """A gate edit queues a review of the note as it was; the person edits the note and
     acks it meanwhile. The review, accepted when it ended, pinned the pair to the old

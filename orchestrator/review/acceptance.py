@@ -54,9 +54,14 @@ def ack(
             "SELECT p.id, p.decision, p.gate_path FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
             # A review's, never an audit's: the audit accepts nothing (it shares the
             # partition when the auditor is the reviewer, as by default).
-            "WHERE p.note_path = ? AND p.gate_id = ? AND j.model_partition = ? AND j.status = 'completed' "
+            "WHERE p.note_path = ?1 AND p.gate_id = ?2 AND j.model_partition = ?3 AND j.status = 'completed' "
             "AND j.kind = 'review' AND p.decision IN ('PASS', 'WARN', 'FAIL') "
-            "ORDER BY p.decided_at DESC, p.id DESC LIMIT 1",
+            # A person's decision, still the accepted review, first: a later verdict kept
+            # out of acceptance (its job read the note before they decided) does not undo
+            # their call (CONTRACT §7), and carried forward by an ack it did.
+            "ORDER BY (j.grouping = 'human' AND p.id = (SELECT review_pair_id FROM acceptance "
+            "WHERE model_partition = ?3 AND note_path = ?1 AND gate_id = ?2)) DESC, "
+            "p.decided_at DESC, p.id DESC LIMIT 1",
             (note.path, gate_id, model),
         ).fetchone()
         gate = catalog.recorded(kb, gate_id, row["gate_path"] if row else None)
