@@ -694,6 +694,15 @@ def test_a_commands_help_is_printed_anywhere_and_makes_nothing(tmp_path, run_cli
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["enqueue", "sweep"])
+def test_the_help_of_name_says_it_runs_a_sweeps_entry(run_cli, command):
+    """`--name` alone runs a [[sweeps]] entry now (OPERATIONS §2), where its help said only
+    "The sweep's name in logs.": a person looking for how to run tonight's sweep now
+    found no option for it."""
+    res = run_cli(command, "--help")
+    assert "the [[sweeps]] entry of that name" in " ".join(res.stdout.split())
+
+
 def _immutable(path) -> bool:
     """chattr +i: even root cannot write it (tests run as root, where modes do not stop it)."""
     import shutil

@@ -102,7 +102,10 @@ def _sweep_options(fn):
                 default="cli",
                 show_default=True,
                 callback=not_blank,
-                help="The sweep's name in logs.",
+                help=(
+                    "The run's name (logs, budget, status). Alone (no gates, --all-gates or --note): "
+                    "run the [[sweeps]] entry of that name as reviewq.toml configures it."
+                ),
             ),
             click.option(
                 "--budget-usd",
