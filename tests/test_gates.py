@@ -488,3 +488,17 @@ def test_a_lens_folder_with_no_gate_is_a_warning_not_silence(kb, run_cli):
     (kb.root / "kb/instructions/review-gates/broken").rmdir()
     res = run_cli("gates", "--check")
     assert res.exit_code == 0 and res.stderr.splitlines() == [said]
+
+
+def test_a_symlinked_lens_folder_is_a_warning_not_silence(kb, run_cli):
+    """A lens folder linked in from a catalog shared by two KBs is not entered: its gates
+    were not loaded, `gates --check` passed and `select shared` said "not a bundle",
+    without a word of the link (R3 said a symlinked folder of notes)."""
+    kb.gate("prose/good", ["body"])
+    kb.write("shared-gates/shared/one.md", gate_text("shared/one", ["body"]))
+    (kb.root / "kb/instructions/review-gates/shared").symlink_to("../../../shared-gates/shared")
+    res = run_cli("gates", "--check")
+    assert res.exit_code == 0 and res.stderr.splitlines() == [
+        "warning: kb/instructions/review-gates/shared: a symlink to a folder holding gates, "
+        "not entered: they are not loaded (link each gate file, or move the folder in)"
+    ]

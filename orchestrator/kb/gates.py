@@ -387,15 +387,27 @@ def lens_folder_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
     call: the catalog cache watches files, and an empty folder holds none."""
     try:
         with os.scandir(kb.root / GATES_DIR) as it:
-            folders = sorted(e.name for e in it if _plain_folder(e))
+            entries = sorted(it, key=lambda e: e.name)
     except OSError:
         return []
+    folders = [e.name for e in entries if _plain_folder(e)]
+    # A lens folder linked in (a catalog shared by two KBs) is not entered, as no
+    # symlinked folder is: its gates went missing without a word.
+    out = [
+        FileProblem(
+            f"{GATES_DIR}/{e.name}",
+            "a symlink to a folder holding gates, not entered: they are not loaded (link "
+            "each gate file, or move the folder in)",
+        )
+        for e in entries
+        if not e.name.startswith(".") and e.is_symlink() and _holds_md(e.path)
+    ]
     held = {g.lens for g in catalog.gates.values()}
     for p in catalog.problems:  # an invalid gate is a gate the folder holds, said already
         folder, _, rest = p.path.removeprefix(f"{GATES_DIR}/").partition("/")
         if p.path.startswith(f"{GATES_DIR}/") and rest:
             held.add(folder)
-    return [
+    return out + [
         FileProblem(
             f"{GATES_DIR}/{name}",
             "a lens folder with no gate in it (a gate is a .md file, LENS/NAME.md): "
@@ -404,6 +416,16 @@ def lens_folder_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
         for name in folders
         if name not in held
     ]
+
+
+def _holds_md(path: str) -> bool:
+    """Whether the folder a symlink names holds a ``.md`` file at its top; False for a
+    link to no folder, or a loop."""
+    try:
+        with os.scandir(path) as it:
+            return any(e.name.endswith(".md") and not e.name.startswith(".") for e in it)
+    except OSError:
+        return False
 
 
 def _plain_folder(entry: os.DirEntry) -> bool:
