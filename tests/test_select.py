@@ -331,7 +331,10 @@ def test_a_type_spec_in_a_subfolder_of_kb_types_named_by_path_is_reviewed(kb, ru
     kb.write("kb/notes/root.md", note_text_with_type("kb/types/sub/x.md"))
     kb.note("named", type="x")  # a name is kb/types/x.md, which is not there
     res = run_cli("select", "type", "--json")
-    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    assert res.exit_code == 0 and res.stderr == (
+        "warning: kb/notes/named.md: type 'x' names no type spec (no file kb/types/x.md): "
+        "the note has no type pair\n"
+    )
     got = {(t["note_path"], t["gate_id"], t["gate_path"]) for t in res.json()["targets"]}
     assert got == {
         ("kb/notes/rel.md", "type/x", "kb/types/sub/x.md"),
@@ -1124,3 +1127,19 @@ def test_a_link_to_an_excluded_note_is_not_said_to_be_reviewed_under_its_own_nam
         "[kb] exclude leaves out; skipped",
         "1 note(s) excluded by [kb] exclude: not reviewed",
     ], res.stderr
+
+
+def test_a_note_whose_type_names_no_spec_is_a_warning_of_select_type(small, run_cli):
+    """`type: definiton` (a typo): `select type` gave the note no conformance pair and
+    said nothing, where a gate's `requires_type` of no spec is a warning."""
+    small.type_spec("definition")
+    small.note("typed", type="definition")
+    small.note("typo", type="definiton")
+    res = run_cli("select", "type", "--json")
+    assert res.exit_code == 0
+    assert [t["note_path"] for t in res.json()["targets"]] == ["kb/notes/typed.md"]
+    assert res.stderr.splitlines() == [
+        "warning: kb/notes/typo.md: type 'definiton' names no type spec (no file "
+        "kb/types/definiton.md): the note has no type pair"
+    ]
+    assert run_cli("select", "type/definition").stderr == ""
