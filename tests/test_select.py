@@ -1143,3 +1143,13 @@ def test_a_note_whose_type_names_no_spec_is_a_warning_of_select_type(small, run_
         "kb/types/definiton.md): the note has no type pair"
     ]
     assert run_cli("select", "type/definition").stderr == ""
+    for i in range(4):
+        small.note(f"typo{i}", type="definiton")
+    said = run_cli("select", "type").stderr.splitlines()
+    assert len(said) == 4 and said[-1] == (
+        "warning: … and 2 more note(s) whose type names no type spec"
+    )
+    res = run_cli("enqueue", "type", "--reviewer", "offline")
+    assert res.exit_code == 0 and "… and 2 more note(s)" in res.stderr
+    # A hint, not a file skipped: the note is reviewed for its other gates.
+    assert "kb.file_skipped" not in (small.state / "logs/reviewq.jsonl").read_text()

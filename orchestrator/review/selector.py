@@ -227,7 +227,8 @@ def select(
         sel.problems.extend(catalog.problems[known:])
     gates = catalog.resolve(selectors, all_gates)
     if any(s.strip().strip("/") == "type" for s in selectors):
-        sel.problems.extend(untyped_notes(catalog, notes, sel.problems))
+        # A hint, not a file skipped: the note is reviewed for its other gates.
+        sel.hints.extend(untyped_notes(catalog, notes, sel.problems))
 
     key = None
     if memo and cache_dir is not None:
@@ -349,27 +350,28 @@ def add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None
             catalog.problems.append(FileProblem(key, str(exc)))
 
 
-def untyped_notes(
-    catalog: Catalog, notes: list[Note], said: list[FileProblem]
-) -> list[FileProblem]:
+def untyped_notes(catalog: Catalog, notes: list[Note], said: list[FileProblem]) -> list[str]:
     """Notes whose ``type:`` names no spec there is (``definiton``): ``type`` asks every
     typed note for its conformance pair, and these got none, without a word (a gate's
-    ``requires_type`` of no spec is said). One said already (a spec that cannot join)
-    is not said again."""
+    ``requires_type`` of no spec is said). One said already (a spec that cannot join) is
+    not said again; past three, the rest are counted."""
     specs = {g.path for g in catalog.types.values()}
     known = {p.path for p in said}
-    out = []
-    for note in notes:
-        key = type_key(note.type_value, note.path)
-        if key is not None and key not in specs and key not in known:
-            out.append(
-                FileProblem(
-                    note.path,
-                    f"type {note.type_value.strip()!r} names no type spec (no file {key}): "
-                    "the note has no type pair",
-                )
-            )
-    return out
+    lines = [
+        f"{note.path}: type {note.type_value.strip()!r} names no type spec (no file {key}): "
+        "the note has no type pair"
+        for note in notes
+        if (key := type_key(note.type_value, note.path)) is not None
+        and key not in specs
+        and key not in known
+    ]
+    if len(lines) > UNTYPED_NAMED + 1:
+        more = len(lines) - UNTYPED_NAMED
+        lines[UNTYPED_NAMED:] = [f"… and {more} more note(s) whose type names no type spec"]
+    return lines
+
+
+UNTYPED_NAMED = 3
 
 
 def _coverage(
