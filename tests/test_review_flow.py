@@ -1973,3 +1973,19 @@ def test_ack_of_what_is_no_note_says_so(flow, run_cli, given):
         f"error: {given}: not a note (a .md file under the note roots: kb/notes); the note "
         "comes first: reviewq ack --model P NOTE GATE_ID...\n",
     )
+
+
+def test_an_ack_is_a_line_of_the_log(flow, run_cli):
+    """An ack changes the acceptance by a person's hand, as a decision does, and the log
+    had no word of it: why a pair the night would have reviewed was fresh was nowhere."""
+    flow.accept("fake", [(NOTE_A, "prose/body-check")], decision="WARN")
+    flow.write(NOTE_A, flow.read(NOTE_A) + "A typo fixed.\n")
+    assert run_cli("ack", "--model", "fake", NOTE_A, "prose/body-check").exit_code == 0
+    res = run_cli("logs", "--event", "acceptance.acked", "--json")
+    (line,) = [json.loads(x) for x in res.stdout.splitlines()]
+    assert {k: line[k] for k in ("note_path", "gate_id", "model_partition", "decision")} == {
+        "note_path": NOTE_A,
+        "gate_id": "prose/body-check",
+        "model_partition": "fake",
+        "decision": "WARN",
+    }

@@ -109,6 +109,20 @@ def record_ack(store: Store, partition: str, acked: list[Acked]) -> None:
         if a.decision in ("PASS", "WARN"):
             reset(store, partition, a.note_path, a.gate_id)
 
+    def log() -> None:
+        # The acceptance changed by a person's hand, as a decision does: said, or the log
+        # had no word of why a pair the night would have reviewed was fresh.
+        for a in acked:
+            logs.get().info(
+                "acceptance.acked",
+                note_path=a.note_path,
+                gate_id=a.gate_id,
+                model_partition=partition,
+                decision=a.decision,
+            )
+
+    store.after_commit(log)
+
 
 def _supersede(store: Store, job, r: dict) -> None:  # noqa: ANN001 - a review_jobs row
     """A PASS or WARN from a job that read the note after the pair was escalated (made
