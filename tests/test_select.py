@@ -292,6 +292,21 @@ def test_current_on_a_kb_without_status_says_why_it_selects_nothing(kb, run_cli)
     assert said in res.stderr, res.stderr
 
 
+def test_current_on_a_kb_whose_notes_say_it_otherwise_says_why_it_selects_nothing(kb, run_cli):
+    """N9's case with a status: field that never says `current` as --current reads it
+    (`Current`, `active`): 0 pairs and no word, read as a KB all reviewed."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", status="Current")
+    kb.note("beta", status="draft")
+    res = run_cli("select", "prose/body-check", "--current")
+    assert res.stderr == (
+        "warning: no note has status: current, which --current reads (their status: fields "
+        "say 'Current', 'draft'): nothing is selected\n"
+    )
+    kb.note("gamma", status="current")
+    assert run_cli("select", "prose/body-check", "--current").stderr == ""
+
+
 def test_type_pairs_are_opt_in(kb, run_cli):
     kb.gate("prose/body-check", ["body"])
     kb.type_spec("definition")

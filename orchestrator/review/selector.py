@@ -171,6 +171,25 @@ def keeps_no_status(notes: list[Note]) -> bool:
     return bool(notes) and all(n.status is None for n in notes)
 
 
+def current_hint(notes: list[Note]) -> str | None:
+    """Why ``--current`` selects nothing of ``notes``, or None when one is current: no
+    ``status:`` field at all, or none that says ``current`` as it must be written (a KB
+    whose notes say ``Current`` or ``active`` selected nothing, said as a KB all fresh)."""
+    if keeps_no_status(notes):
+        return (
+            "no note has a status: field, which --current reads (status: current): "
+            "nothing is selected"
+        )
+    if not notes or any(n.status == "current" for n in notes):
+        return None
+    seen = sorted({repr(n.status) for n in notes if n.status is not None})
+    shown = ", ".join(seen[:3]) + (f" and {len(seen) - 3} more" if len(seen) > 3 else "")
+    return (
+        f"no note has status: current, which --current reads (their status: fields say "
+        f"{shown}): nothing is selected"
+    )
+
+
 def select(
     kb: KB,
     catalog: Catalog,
@@ -212,11 +231,8 @@ def select(
         model, problems=list(kb.problems) + list(catalog.problems), excluded=len(kb.excluded)
     )
     if current:
-        if keeps_no_status(notes):
-            sel.hints.append(
-                "no note has a status: field, which --current reads (status: current): "
-                "nothing is selected"
-            )
+        if (hint := current_hint(notes)) is not None:
+            sel.hints.append(hint)
         notes = [n for n in notes if n.status == "current"]
     sel.notes = {n.path: n for n in notes}
 
