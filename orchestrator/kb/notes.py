@@ -495,7 +495,10 @@ class KB:
         link resolved, its pairs were looked up under the name of the file it leads to,
         which no pair has (``ack`` said "no completed review", ``--note`` "not under the
         note roots"). None for any other path: an alias of a note resolves to that note."""
-        if path.name in ("", ".", "..") or not path.is_symlink():
+        try:
+            if path.name in ("", ".", "..") or not path.is_symlink():
+                return None
+        except OSError:  # a name the file system cannot hold (ENAMETOOLONG): no link
             return None
         try:
             rel = (path.parent.resolve() / path.name).relative_to(self.root).as_posix()
