@@ -868,7 +868,7 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
             ("create-jobs", "--input", "{num}", "--grouping", "note"),
             "input's model_partition 5: expected a partition name",
         ),
-        (("ack", "--model", "fake", "{notes}", "prose/body-check"), "kb/notes: Is a directory\n"),
+        (("ack", "--model", "fake", "{notes}", "prose/body-check"), "kb/notes: not a note (a .md"),
         # Summed into budgets and reports: a negative or infinite cost was recorded as given.
         (
             ("finalize", "--review-job-id", "1", "--telemetry-json", '{{"cost_usd": -1}}'),
