@@ -488,6 +488,13 @@ def test_a_lens_folder_with_no_gate_is_a_warning_not_silence(kb, run_cli):
     (kb.root / "kb/instructions/review-gates/broken").rmdir()
     res = run_cli("gates", "--check")
     assert res.exit_code == 0 and res.stderr.splitlines() == [said]
+    kb.note("alpha")
+    res = run_cli("select", "clarity")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        "error: clarity: not a bundle: a lens folder with no gate in it (a gate is a .md "
+        "file, LENS/NAME.md): selecting it selects nothing\n",
+    )
 
 
 def test_a_symlinked_lens_folder_is_a_warning_not_silence(kb, run_cli):
@@ -502,3 +509,9 @@ def test_a_symlinked_lens_folder_is_a_warning_not_silence(kb, run_cli):
         "warning: kb/instructions/review-gates/shared: a symlink to a folder holding gates, "
         "not entered: they are not loaded (link each gate file, or move the folder in)"
     ]
+    kb.note("alpha")
+    res = run_cli("select", "shared")
+    assert res.stderr == (
+        "error: shared: not a bundle: a symlink to a folder holding gates, not entered: they "
+        "are not loaded (link each gate file, or move the folder in)\n"
+    )

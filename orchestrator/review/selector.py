@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.kb.gates import Catalog, Gate, applies
+from orchestrator.kb.gates import Catalog, Gate, SelectionError, applies, lens_folder_warnings
 from orchestrator.kb.notecache import NoteCache, RatioMemo, SelectMemo
 from orchestrator.kb.notes import (
     GATES_DIR,
@@ -241,6 +241,12 @@ def select(
         known = len(catalog.problems)
         add_note_relative_types(kb, catalog, notes)
         sel.problems.extend(catalog.problems[known:])
+    # A lens folder that is there but gives no gate: "not a bundle" sent the person
+    # looking for a typo in a name ls shows.
+    said = {p.path: p.reason for p in lens_folder_warnings(kb, catalog)}
+    for s in selectors:
+        if (why := said.get(f"{GATES_DIR}/{s.strip().strip('/')}")) is not None:
+            raise SelectionError(f"{s.strip().strip('/')}: not a bundle: {why}")
     gates = catalog.resolve(selectors, all_gates)
     if any(s.strip().strip("/") == "type" for s in selectors):
         # A hint, not a file skipped: the note is reviewed for its other gates.
