@@ -28,6 +28,21 @@ if TYPE_CHECKING:
     import structlog
 
 LOG_NAME = "reviewq"
+
+
+def import_without(module: str, hidden: str) -> None:
+    """Import ``module`` (if no one has) as if the optional package ``hidden`` were not
+    installed, where ``module`` imports it at once for a feature of it reviewq does not
+    use; ``hidden`` stays importable for whoever needs it later."""
+    if module in sys.modules or hidden in sys.modules:
+        return
+    sys.modules[hidden] = None  # type: ignore[assignment]  # `import hidden` raises ImportError
+    try:
+        __import__(module)
+    finally:
+        del sys.modules[hidden]
+
+
 # The last word of a variable's name (split at `_`, `-` and camelCase; a number after it
 # aside) says it holds a secret: OPENAI_API_KEY, GH-TOKEN, openaiApiKey, API_KEYS,
 # ANTHROPIC_AUTHTOKEN, MY_SECRETKEY, DB_PASSWORD_2. A word inside the name does not

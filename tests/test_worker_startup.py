@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -712,3 +713,22 @@ def test_a_password_in_the_urls_query_is_not_shown(tmp_path, redis_with_password
         worker.send_signal(signal.SIGINT)
         worker.wait(timeout=30)
     assert "worker.started" in line and PASSWORD not in line, line
+
+
+def test_processes_on_a_sqlite_queue_leave_redis_unimported_and_a_redis_queue_has_it():
+    """Huey's storage module imports redis (~50-90 ms a process) whatever the queue; a
+    sweep's processes on SQLite skip it, and the first Redis queue hands it to Huey and to
+    the errors a queue is waited out on."""
+    probe = (
+        "import sys, orchestrator.cli, workers.consumers, workers.sweep, workers.tasks\n"
+        "assert 'redis' not in sys.modules, 'redis imported on a SQLite queue'\n"
+        "import huey.storage, redis, redis.exceptions\n"
+        "from workers import queues\n"
+        "queues.redis_pool('redis://127.0.0.1:1/0')\n"
+        "assert huey.storage.Redis is redis.Redis, huey.storage.Redis\n"
+        "assert huey.storage.RedisStorage.redis_client is redis.Redis\n"
+        "assert redis.exceptions.ConnectionError in queues.QUEUE_UNAVAILABLE\n"
+        "assert queues._RedisTimeout is redis.exceptions.TimeoutError\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-from huey.api import Huey
-from huey.signals import SIGNAL_INTERRUPTED
-
 from orchestrator import logs
 from orchestrator.config import Settings
 
 from . import tasks
-from .queues import App, huey_for, install_app
+from .queues import SIGNAL_INTERRUPTED, App, Huey, huey_for, install_app
 
 
 def make_app(settings: Settings) -> App:

@@ -17,8 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-from huey.consumer import Consumer, ThreadEnvironment
-
 from orchestrator import logs
 from orchestrator.config import Settings
 from orchestrator.control.control import Control
@@ -32,7 +30,9 @@ from .app import make_app
 from .attempt import become_subreaper, reap_orphans, stop_launching, worker_folder
 from .parent import follow_parent
 from .queues import (
+    Consumer,
     StopRequests,
+    ThreadEnvironment,
     attempts_on,
     beside_a_control,
     check_server,

@@ -13,6 +13,7 @@ import hashlib
 import json
 import socket
 import sqlite3
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,16 +21,26 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from huey import RedisHuey, SqliteHuey
-from huey.api import Huey
-from huey.storage import RedisStorage, SqliteStorage
-from tenacity import Retrying, retry, retry_if_exception_type, stop_after_delay, wait_exponential
+from orchestrator.logs import import_without
 
-from orchestrator import logs
-from orchestrator.config import ConfigError, Settings
-from orchestrator.state.store import StoreError
+# `huey.storage` imports the redis package for its Redis backend whatever the queue
+# (redis.asyncio and all: ~50-90 ms of CPU in each process of a sweep on SQLite). The
+# workers' modules take Huey from here, first, with redis hidden: Huey takes it as not
+# installed, and _with_redis hands it the package once a queue is on Redis.
+import_without("huey.storage", "redis")
 
-from .doorbell import Doorbell
+from huey import RedisHuey, SqliteHuey  # noqa: E402
+from huey.api import Huey  # noqa: E402
+from huey.consumer import Consumer, ThreadEnvironment  # noqa: E402, F401 - workers.consumers'
+from huey.signals import SIGNAL_INTERRUPTED  # noqa: E402, F401 - workers.app's
+from huey.storage import RedisStorage, SqliteStorage  # noqa: E402
+from tenacity import Retrying, retry, retry_if_exception, stop_after_delay, wait_exponential  # noqa: E402
+
+from orchestrator import logs  # noqa: E402
+from orchestrator.config import ConfigError, Settings  # noqa: E402
+from orchestrator.state.store import StoreError  # noqa: E402
+
+from .doorbell import Doorbell  # noqa: E402
 
 _MAX_PAUSE = 2.0
 _app: App | None = None
@@ -393,6 +404,7 @@ _REDIS_TCP = {"TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3, "TCP_USE
 def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is optional)
     """The connections of one queue. Settings named in the URL's query
     (``?socket_timeout=5``) win over these."""
+    _with_redis()
     from redis import ConnectionPool
 
     if url.startswith("unix://"):  # a local socket: no link to lose
@@ -463,6 +475,7 @@ def check_queue(settings: Settings) -> None:
     problem = _unresolved(url) or _probe_problem(url)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
+    _with_redis()
     import redis
     from redis.exceptions import (
         AuthenticationError,
@@ -830,18 +843,41 @@ def huey_for(settings: Settings, queue: str) -> Huey:
 
 # What a queue backend raises while it is unavailable (Redis down or restarting, a SQLite
 # queue file locked past its busy timeout): sends retry on it, consumers wait it out.
-try:
-    from redis.exceptions import ConnectionError as _RedisConnectionError
-    from redis.exceptions import TimeoutError as _RedisTimeout
+# Redis's two join it in _with_redis, before any Redis connection can raise them; read it
+# as `queues.QUEUE_UNAVAILABLE` where it is caught, not as a copy taken at import.
+QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError, ConnectionError)
 
-    QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (
+
+class _RedisTimeout(Exception):  # noqa: N818 - redis's TimeoutError once _with_redis ran
+    pass
+
+
+def _with_redis() -> None:
+    """What a Redis queue needs of the redis package, imported here rather than with Huey
+    (see the top of this module): Huey's storage module given the names its import
+    went without, and Redis's unavailable errors among QUEUE_UNAVAILABLE."""
+    global QUEUE_UNAVAILABLE, _RedisTimeout
+    import huey.storage
+    from redis import ConnectionPool, Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    if huey.storage.Redis is None:
+        huey.storage.ConnectionPool, huey.storage.Redis = ConnectionPool, Redis
+        huey.storage.ConnectionError = RedisConnectionError
+        huey.storage.TimeoutError = RedisTimeout
+        huey.storage.RedisStorage.redis_client = Redis
+    _RedisTimeout = RedisTimeout
+    QUEUE_UNAVAILABLE = (
         sqlite3.OperationalError,
-        _RedisConnectionError,
-        _RedisTimeout,
+        RedisConnectionError,
+        RedisTimeout,
         ConnectionError,
     )
-except ImportError:  # pragma: no cover
-    QUEUE_UNAVAILABLE = (sqlite3.OperationalError, ConnectionError)
+
+
+if "redis" in sys.modules:  # imported before Huey (a test, a caller's own use)
+    _with_redis()
 
 
 def queue_clock(huey: Huey) -> float:
@@ -974,7 +1010,7 @@ def _redis_waiting(storage: RedisStorage, limit: int, budget: float) -> list[tup
 # waited for, up to two minutes, before the write gives up.
 SEND_PATIENCE_S = 120.0
 _WHILE_UNAVAILABLE = {
-    "retry": retry_if_exception_type(QUEUE_UNAVAILABLE),
+    "retry": retry_if_exception(lambda exc: isinstance(exc, QUEUE_UNAVAILABLE)),
     "wait": wait_exponential(multiplier=0.2, max=10),
     "stop": stop_after_delay(SEND_PATIENCE_S),
     "reraise": True,

@@ -27,6 +27,7 @@ from orchestrator import logs
 from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 
+from . import queues
 from .attempt import (
     LAUNCH_FAILURE,
     STOPPING,
@@ -39,7 +40,6 @@ from .attempt import (
 from .queues import (
     FED_KEY,
     OUTCOME_PATIENCE_S,
-    QUEUE_UNAVAILABLE,
     acknowledge,
     mark_fed,
     queue_clock,
@@ -792,7 +792,7 @@ def _publish(control: Control) -> None:
             {name: p.partition for name, p in settings.reviewers.items()},
             every=settings.queue.reaper_seconds,
         )
-    except QUEUE_UNAVAILABLE:
+    except queues.QUEUE_UNAVAILABLE:
         pass  # the next tick writes it
     except Exception as exc:  # noqa: BLE001 - an ACL may forbid the key; the tick went on
         if not _unmarked[0]:

@@ -992,9 +992,9 @@ def _damaged(ws: Workspace, what: str) -> str:
 def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
     """The queue backend answers: what every worker needs."""
     try:
+        from workers import queues
         from workers.app import make_app
         from workers.queues import (
-            QUEUE_UNAVAILABLE,
             beside_a_control,
             check_queue,
             check_server,
@@ -1015,7 +1015,7 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
         fed = fed_by(app.control)
         silent = fed_late(fed, queue_clock(app.control)) if fed else None
     except Exception as exc:
-        away = ws.settings.queue.url and isinstance(exc, QUEUE_UNAVAILABLE)
+        away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
         report(False, f"queue backend: {out_of_reach(ws.settings, exc) if away else exc}")
         return
     if fed is not None and worker_only and (fed or not beside_a_control(ws.settings)):
