@@ -248,7 +248,10 @@ def configure(
     lines, on a terminal or not (cron mails a person what it prints: a JSON line beside
     the command's `error:` line was the log file's business, and the file has it); a
     long-running process, console on a terminal and JSON elsewhere (the journal)."""
-    import structlog  # imported here: a read-only command never pays for it
+    # Imported here: a read-only command never pays for it. Its tracebacks for rich are
+    # not used (plain_traceback, format_exc_info), and rich costs each process ~40 ms.
+    import_without("structlog", "rich")
+    import structlog
 
     # A sweep's children: their stderr is a file kept for crashes, which every info line
     # the log file already holds made as large as the log (and each line cost two writes).

@@ -730,5 +730,25 @@ def test_processes_on_a_sqlite_queue_leave_redis_unimported_and_a_redis_queue_ha
         "assert redis.exceptions.ConnectionError in queues.QUEUE_UNAVAILABLE\n"
         "assert queues._RedisTimeout is redis.exceptions.TimeoutError\n"
     )
+    _passes_in_a_fresh_interpreter(probe)
+
+
+def _passes_in_a_fresh_interpreter(probe: str) -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_process_that_logs_leaves_rich_unimported_and_the_progress_bar_still_has_it(tmp_path):
+    """structlog imports rich (~40 ms a process) for tracebacks reviewq renders plainly; a
+    control or worker logs without it, and a sweep's progress bar imports it as before."""
+    probe = (
+        "import sys, pathlib, orchestrator.cli, workers.consumers\n"
+        "from orchestrator import logs\n"
+        f"logs.configure(pathlib.Path({str(tmp_path)!r}), process='worker')\n"
+        "logs.get().info('probe.line', n=1)\n"
+        "assert 'rich' not in sys.modules, 'rich imported by logging'\n"
+        "from orchestrator.cli.display import ProgressDisplay\n"
+        "import rich.progress\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)
+    assert '"probe.line"' in (tmp_path / "logs" / "reviewq.jsonl").read_text()
