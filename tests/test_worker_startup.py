@@ -752,3 +752,21 @@ def test_a_process_that_logs_leaves_rich_unimported_and_the_progress_bar_still_h
     )
     _passes_in_a_fresh_interpreter(probe)
     assert '"probe.line"' in (tmp_path / "logs" / "reviewq.jsonl").read_text()
+
+
+def test_a_process_with_no_cron_sweep_leaves_croniter_unimported_and_a_bad_cron_is_refused():
+    """croniter (~25 ms a process) is imported where a cron expression is read, so a
+    sweep's processes without a configured cron sweep skip it; a bad one is still refused."""
+    probe = (
+        "import sys, orchestrator.cli, workers.consumers, workers.sweep\n"
+        "assert 'croniter' not in sys.modules, 'croniter imported with no cron sweep'\n"
+        "from orchestrator.config import ConfigError, check_cron\n"
+        "check_cron('0 3 * * 1-5')\n"
+        "try:\n"
+        "    check_cron('0 3 31 2 *')\n"
+        "except ConfigError as exc:\n"
+        "    assert 'matches no date' in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('31 February taken')\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)

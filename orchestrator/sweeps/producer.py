@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from croniter import CroniterError
-
 from orchestrator import logs
 from orchestrator.config import ConfigError, Settings, SweepConfig, cron_iter
 from orchestrator.cycles import escalations
@@ -604,6 +602,8 @@ def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
 def _last_match(cron: str, now: datetime) -> datetime | None:
     """The instant of the latest minute at or before ``now`` that ``cron`` matches in
     local wall time; None if it matches none (refused when the settings load)."""
+    from croniter import CroniterError  # not at import: most processes have no cron sweep
+
     wall = now.astimezone().replace(second=0, microsecond=0, tzinfo=None)
     try:
         match = cron_iter(cron, wall + timedelta(minutes=1)).get_prev(datetime)
