@@ -770,3 +770,18 @@ def test_a_process_with_no_cron_sweep_leaves_croniter_unimported_and_a_bad_cron_
         "    raise AssertionError('31 February taken')\n"
     )
     _passes_in_a_fresh_interpreter(probe)
+
+
+def test_a_sweep_that_draws_no_progress_bar_leaves_rich_unimported():
+    """A sweep with --json, or whose stderr is no terminal, imports rich (~50 ms) for
+    nothing; it is imported where a bar or a summary table is drawn."""
+    probe = (
+        "import sys, orchestrator.cli, workers.sweep\n"
+        "from orchestrator.cli.display import ProgressDisplay\n"
+        "with ProgressDisplay(enabled=False) as display:\n"
+        "    display.update(None)\n"
+        "assert 'rich' not in sys.modules, 'rich imported with no bar drawn'\n"
+        "with ProgressDisplay(enabled=True):\n"
+        "    assert 'rich.progress' in sys.modules\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)

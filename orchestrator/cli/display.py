@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from orchestrator.cli.common import capped, excluded_words, skipped_count
 from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
 from orchestrator.state.words import outcome_words
+
+# rich (~50 ms) is imported where a bar or a table is drawn: a sweep with --json, or
+# whose stderr is no terminal, draws neither.
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 class ProgressDisplay:
@@ -21,6 +23,15 @@ class ProgressDisplay:
 
     def __enter__(self) -> ProgressDisplay:
         if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             self._progress = Progress(
                 TextColumn("[bold]sweep"),
                 BarColumn(),
@@ -56,6 +67,9 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
     # Stored text as it is: every line carries some (an agent's stderr in a failed job's
     # reasons, a note's name). As markup, "[/INST]" made the summary an internal error;
     # as emoji codes, "a:fire:b.md" in a decide line was no longer the note's name.
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(markup=False, emoji=False, highlight=False)
     s = out.summary
     jobs = Table(title="Jobs", show_edge=False)
