@@ -724,7 +724,7 @@ def test_processes_on_a_sqlite_queue_leave_redis_unimported_and_a_redis_queue_ha
         "assert 'redis' not in sys.modules, 'redis imported on a SQLite queue'\n"
         "import huey.storage, redis, redis.exceptions\n"
         "from workers import queues\n"
-        "queues.redis_pool('redis://127.0.0.1:1/0')\n"
+        "queues.RedisQueueStorage('x', url='redis://127.0.0.1:1/0', read_timeout=1)\n"
         "assert huey.storage.Redis is redis.Redis, huey.storage.Redis\n"
         "assert huey.storage.RedisStorage.redis_client is redis.Redis\n"
         "assert redis.exceptions.ConnectionError in queues.QUEUE_UNAVAILABLE\n"

@@ -295,6 +295,7 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
     killed one held."""
 
     def __init__(self, name="huey", holds=False, **kwargs):  # noqa: ANN001 - Huey's
+        _with_redis()  # given a url= or connection settings, not a pool of redis_pool's
         super().__init__(name, **kwargs)
         self.holds = holds
         self.held_key = self.queue_key + ".held"
