@@ -1908,6 +1908,28 @@ def test_a_symlinked_note_kept_elsewhere_is_acked_and_selected_under_its_own_nam
     assert res.json()["targets"] == []
 
 
+def test_a_second_link_to_a_note_kept_elsewhere_names_the_first_one(flow, run_cli):
+    """Two links to one file kept elsewhere: the scan reviews it under the first name and
+    skips the second. `--note` of the second (or of a link to it) kept that name, and
+    selected the text again under a name of its own: reviewed, and fixed, twice."""
+    flow.write("shared/borrowed.md", "---\ntitle: Borrowed\n---\nBorrowed body.\n")
+    first, second, chained = "kb/notes/a.md", "kb/notes/b.md", "kb/notes/c.md"
+    (flow.root / first).symlink_to("../../shared/borrowed.md")
+    (flow.root / second).symlink_to("../../shared/borrowed.md")
+    (flow.root / chained).symlink_to("b.md")
+    flow.accept("fake", [(first, "prose/body-check")], decision="WARN")
+    with (flow.root / "shared/borrowed.md").open("a") as f:
+        f.write("A line the gate should not mind.\n")
+    for name in (second, chained):
+        res = run_cli("select", "prose", "--model", "fake", "--note", name, "--json")
+        assert res.exit_code == 0, res.stderr
+        assert [(t["note_path"], t["reason"]) for t in res.json()["targets"]] == [
+            (first, "note-changed")
+        ]
+    res = run_cli("ack", "--model", "fake", second, "prose/body-check")
+    assert (res.exit_code, res.stdout) == (0, f"acked: {first} prose/body-check\n"), res.stderr
+
+
 def test_a_note_named_decomposed_is_found_by_its_name_typed_composed(flow, run_cli):
     """A KB synced from a Mac keeps its names decomposed (NFD); a name typed is composed
     (NFC): `ack` and `--note` of `café.md` said "No such file or directory" beside the

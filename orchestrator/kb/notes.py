@@ -510,8 +510,25 @@ class KB:
             and self.inside(str(self.root / rel))
             and self._elsewhere(rel) is None
         ):
-            return rel
+            return self._first_name(rel)
         return None
+
+    def _first_name(self, rel: str) -> str:
+        """The name the scan reviews the file a symlinked note ``rel`` leads to under: the
+        first by name of the links to it (:meth:`_second_names` skips the others). Taken
+        as named, a second link selected, and reviewed, the text again under a name of its
+        own. Walked only for a path given as such a link."""
+        links: set[str] = set()
+        for start in self.note_roots:
+            for _ in self.walk(self.root / start, [], notes=True, links=links):
+                pass
+        target = os.path.realpath(self.root / rel)
+        same = [
+            link
+            for link in links
+            if not self.is_excluded(link) and os.path.realpath(self.root / link) == target
+        ]
+        return min(same, default=rel)
 
     def note_selection(self, paths: Iterable[str | os.PathLike]) -> list[str]:
         """User-given note files or folders (``--note``), root-relative. One that is not
