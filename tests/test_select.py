@@ -1144,6 +1144,17 @@ def test_a_link_to_an_excluded_note_is_not_said_to_be_reviewed_under_its_own_nam
     ], res.stderr
 
 
+def test_a_type_naming_no_spec_is_one_line_whatever_it_holds(small, run_cli):
+    """`type: "defin\\niton"` (a line break in a quoted YAML value): the hint quoted the
+    value but not the spec path made of it, and its line broke in two on stderr, the
+    second no `warning:` line at all."""
+    small.note("broken", type="defin\niton")
+    res = run_cli("select", "type")
+    lines = res.stderr.splitlines()
+    assert lines and all(line.startswith(("warning: ", "error: ")) for line in lines), lines
+    assert "(no file kb/types/defin\\niton.md)" in res.stderr
+
+
 def test_a_note_whose_type_names_no_spec_is_a_warning_of_select_type(small, run_cli):
     """`type: definiton` (a typo): `select type` gave the note no conformance pair and
     said nothing, where a gate's `requires_type` of no spec is a warning."""

@@ -380,8 +380,9 @@ def untyped_notes(catalog: Catalog, notes: list[Note], said: list[FileProblem]) 
     specs = {g.path for g in catalog.types.values()}
     known = {p.path for p in said}
     lines = [
-        f"{note.path}: type {note.type_value.strip()!r} names no type spec (no file {key}): "
-        "the note has no type pair"
+        # The path quoted as the value is: a line break in it split the warning in two.
+        f"{note.path}: type {note.type_value.strip()!r} names no type spec (no file "
+        f"{repr(key)[1:-1]}): the note has no type pair"
         for note in notes
         if (key := type_key(note.type_value, note.path)) is not None
         and key not in specs
