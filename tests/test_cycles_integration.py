@@ -380,6 +380,28 @@ def test_an_ack_after_an_approve_carries_the_persons_pass_not_a_verdict_kept_out
     assert tuple(acc) == ("PASS", "human")
 
 
+def test_a_fail_kept_out_by_an_ack_and_carried_by_the_next_counts_a_rejection(cyc):
+    """A job queued before an ack FAILs the pair: kept in the job, counting nothing. The
+    person mends another typo and acks: the next ack carries that FAIL forward (the
+    latest completed review) and counted nothing either, though it is no rejection
+    counted already: the pair FAILed with a count that had never heard of it."""
+    config(cyc, profile("fake", FAKE_DECISIONS="WARN"))
+    assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 0
+    job = job_of_the_pair(cyc)
+    cyc.write(NOTE, cyc.read(NOTE).replace("Alpha body.", "Alpha body, a typo fixed."))
+    assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
+    config(cyc, profile("fake", FAKE_DECISIONS="FAIL"))
+    res = rq(cyc, "run-job", str(job), "--reviewer", "fake")
+    assert res.returncode == 0 and "warning: acceptance.kept" in res.stderr, res.stderr
+    cyc.write(NOTE, cyc.read(NOTE).replace("a typo fixed", "another typo fixed"))
+    res = rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check")
+    assert res.returncode == 0, res.stderr
+    with db(cyc) as conn:
+        acc = conn.execute("SELECT decision FROM acceptance").fetchone()[0]
+        count = conn.execute("SELECT max(rejections) FROM cycles").fetchone()[0]
+    assert (acc, count) == ("FAIL", 1)
+
+
 def test_a_job_queued_before_an_ack_does_not_take_the_pair_back_to_the_old_text(cyc):
     """A gate edit queues a review of the note as it was; the person edits the note and
     acks it meanwhile. The review, accepted when it ended, pinned the pair to the old

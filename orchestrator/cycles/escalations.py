@@ -104,10 +104,21 @@ def record_ack(store: Store, partition: str, acked: list[Acked]) -> None:
     person acked after its job read the note reset nothing then). A FAIL carried forward
     is the same rejection, counted once already; and an ack is no decision of the
     person's on the finding (SPEC §7): a fresh count for it would let acks put off the
-    escalation for good."""
+    escalation for good. One kept out when its job ended counted nothing: it counts now,
+    as accepted from its review it would have (else the pair FAILed past its count)."""
     for a in acked:
         if a.decision in ("PASS", "WARN"):
             reset(store, partition, a.note_path, a.gate_id)
+        elif a.kept_out:
+            reject(
+                store,
+                partition,
+                a.note_path,
+                a.gate_id,
+                "review-fail",
+                a.job_id,
+                gist(a.rationale),
+            )
 
     def log() -> None:
         # The acceptance changed by a person's hand, as a decision does: said, or the log

@@ -20,6 +20,11 @@ class Acked:
     note_path: str
     gate_id: str
     decision: str  # the verdict carried forward
+    job_id: int = 0  # the review's
+    rationale: str | None = None
+    # Not the review accepted before the ack: kept out when its job ended (a person's
+    # acceptance stood), its verdict counted nothing then.
+    kept_out: bool = False
 
 
 def ack(
@@ -51,7 +56,7 @@ def ack(
     plan = []
     for gate_id in dict.fromkeys(gate_ids):
         row = store.conn.execute(
-            "SELECT p.id, p.decision, p.gate_path FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+            "SELECT p.id, p.decision, p.gate_path, p.job_id, p.rationale FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
             # A review's, never an audit's: the audit accepts nothing (it shares the
             # partition when the auditor is the reviewer, as by default).
             "WHERE p.note_path = ?1 AND p.gate_id = ?2 AND j.model_partition = ?3 AND j.status = 'completed' "
@@ -79,21 +84,26 @@ def ack(
             # The note's type or traits changed since: carried forward, the review read as
             # current for a gate the note no longer has (in export, warn-queue, status).
             raise AckError(f"{why}; nothing acked")
-        plan.append((gate, row["id"], row["decision"]))
+        was = store.acceptance(model, note.path, gate.gate_id)
+        kept_out = was is not None and was.review_pair_id != row["id"]
+        plan.append((gate, row, kept_out))
     with store.write():
         note_snap = store.snapshot(note.path, note.text, note.sha256)
-        for gate, pair_id, decision in plan:
+        for gate, row, _ in plan:
             store.upsert_acceptance(
                 model_partition=model,
                 note_path=note.path,
                 gate_id=gate.gate_id,
-                review_pair_id=pair_id,
+                review_pair_id=row["id"],
                 note_snapshot_id=note_snap,
                 gate_snapshot_id=store.snapshot(gate.path, gate.text, gate.sha256),
-                decision=decision,
+                decision=row["decision"],
                 source="ack",
             )
-        acked = [Acked(note.path, g.gate_id, d) for g, _, d in plan]
+        acked = [
+            Acked(note.path, g.gate_id, r["decision"], r["job_id"], r["rationale"], kept)
+            for g, r, kept in plan
+        ]
         if within is not None:
             within(store, model, acked)
     return acked
