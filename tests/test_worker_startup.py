@@ -733,6 +733,24 @@ def test_processes_on_a_sqlite_queue_leave_redis_unimported_and_a_redis_queue_ha
     _passes_in_a_fresh_interpreter(probe)
 
 
+def test_a_sqlite_queue_starts_where_the_redis_package_is_blocked_as_not_installed(tmp_path):
+    """sys.modules['redis'] = None (how a test, or an embedder, says redis is not
+    installed) made the import of workers.queues hand Huey the package it could not
+    import: every command on a SQLite queue ended in "internal error"."""
+    probe = (
+        "import sys, pathlib\n"
+        "sys.modules['redis'] = None\n"
+        "import workers.consumers\n"
+        "from orchestrator.config import load_settings\n"
+        "from workers import queues\n"
+        f"settings = load_settings(pathlib.Path({str(tmp_path)!r}))\n"
+        "queues.huey_for(settings, 'control')\n"
+        "assert queues.QUEUE_UNAVAILABLE[0] is __import__('sqlite3').OperationalError\n"
+    )
+    (tmp_path / "kb").mkdir()
+    _passes_in_a_fresh_interpreter(probe)
+
+
 def _passes_in_a_fresh_interpreter(probe: str) -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -877,7 +877,8 @@ def _with_redis() -> None:
     )
 
 
-if "redis" in sys.modules:  # imported before Huey (a test, a caller's own use)
+# None there is redis blocked as not installed (a test's, an embedder's): Huey took it so.
+if sys.modules.get("redis") is not None:  # imported before Huey (a test, a caller's own use)
     _with_redis()
 
 
