@@ -9,8 +9,8 @@ from orchestrator.cli.common import capped, excluded_words, skipped_count
 from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
 from orchestrator.state.words import outcome_words
 
-# rich (~50 ms) is imported where a bar or a table is drawn: a sweep with --json, or
-# whose stderr is no terminal, draws neither.
+# rich (~50 ms) is imported where a bar or a table is drawn: a sweep with --json draws
+# neither, and one whose stderr is no terminal only its summary tables, once it ends.
 if TYPE_CHECKING:
     from rich.progress import Progress
 
