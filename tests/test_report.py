@@ -1048,24 +1048,11 @@ def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds
     """Raised while the disk was full, its gate-review file waits to be written: the page
     showed only "cannot be read: No such file", though state.db holds the call and the
     material a person votes on."""
-    from orchestrator.cycles.escalations import escalate
     from orchestrator.report import make_report
 
-    kb.gate("prose/body-check", ["body"])
-    note = kb.note("alpha", body="Alpha body.\n")
+    esc, rel = escalated_alpha(kb)
+    (kb.state / rel).unlink()
     with Store.open(kb.state) as store:
-        esc = escalate(
-            store, kb.state, kb.root, partition="fake", note_path=note,
-            gate_id="prose/body-check", reason="3 consecutive rejections", reviewer="fake",
-            fixer="fake", material=["high: the body is one line."], recommend="it stays thin",
-        )  # fmt: skip
-        path = (
-            kb.state
-            / store.conn.execute(
-                "SELECT report_path FROM escalations WHERE id = ?", (esc,)
-            ).fetchone()[0]
-        )
-        path.unlink()
         with store.write():
             store.conn.execute(
                 "INSERT INTO escalation_reports_due VALUES (?, ?, ?)",
