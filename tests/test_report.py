@@ -565,15 +565,23 @@ def test_the_decisions_colours_can_be_read_in_either_mode(night, browser, tmp_pa
     """The tiles' and the summary's PASS, WARN, FAIL and ERROR are coloured: the light
     page's WARN orange was 2.4:1 on white (its tile's figure too), and the dark page kept
     the light page's green and red, 3.5:1 and 3.2:1 on near-black."""
-    page_path = tmp_path / "decisions.html"
+    for scheme, shown, low in _read_in_each_mode(
+        night, browser, tmp_path, ".PASS, .WARN, .FAIL, .ERROR"
+    ):
+        assert len(shown) == 6, shown  # two tiles, the summary's four
+        assert low == [], (scheme, low)
+
+
+def _read_in_each_mode(night, browser, tmp_path, selector):
+    """The night's page in the dark and the light scheme: for each, the scheme, the
+    ``selector``'s texts with their colours, and those under 4.5:1 on their background."""
+    page_path = tmp_path / "page.html"
     res = night.rq("report", "--since", "24h", "--html", str(page_path))
     assert res.returncode == 0, res.stderr
     for scheme in ("dark", "light"):
         page = browser.open(page_path.as_uri(), color_scheme=scheme)
-        shown = page.evaluate(f"({_COLOURS})('.PASS, .WARN, .FAIL, .ERROR')")
-        assert len(shown) == 6, shown  # two tiles, the summary's four
-        low = [(t, fg, bg) for t, fg, bg in shown if _contrast(fg, bg) < 4.5]
-        assert low == [], (scheme, low)
+        shown = page.evaluate(f"({_COLOURS})({selector!r})")
+        yield scheme, shown, [(t, fg, bg) for t, fg, bg in shown if _contrast(fg, bg) < 4.5]
 
 
 def test_the_charts_bars_take_the_decisions_colours_of_either_mode(night, browser, tmp_path):
@@ -613,14 +621,8 @@ def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path
     """The "needs you" list is links to its sections, left in the browser's own blue:
     on the dark page "27 escalation(s) on 6 note(s)" was dark blue on near-black (a
     contrast of about 2:1)."""
-    page_path = tmp_path / "links.html"
-    res = night.rq("report", "--since", "24h", "--html", str(page_path))
-    assert res.returncode == 0, res.stderr
-    for scheme in ("dark", "light"):
-        page = browser.open(page_path.as_uri(), color_scheme=scheme)
-        links = page.evaluate(f"({_COLOURS})('ul.needs a')")
+    for scheme, links, low in _read_in_each_mode(night, browser, tmp_path, "ul.needs a"):
         assert links, scheme
-        low = [(t, fg, bg) for t, fg, bg in links if _contrast(fg, bg) < 4.5]
         assert low == [], (scheme, low)
 
 
