@@ -233,18 +233,23 @@ def test_a_lost_agents_late_cost_is_counted_but_not_its_job_again(st):
     assert data["kb_changes"]["fixes_applied"] == 0 and second["wall_time_s"] >= 0
 
 
-def test_jobs_a_spent_budget_holds_need_you_every_morning_they_wait(st):
-    """Listed only while the run had a job in the report's period: the next morning said
-    "needs you: nothing" while its jobs still waited on the spent budget."""
-    store, sd = st
+def _spent_run(store, name, trigger, options):
+    """Sweep run 1: its $1.00 spent by job 1's attempt overnight, job 2 still queued."""
     store.conn.execute(
         "INSERT INTO sweep_runs (id, name, trigger, options, started_at, budget_usd) "
-        "VALUES (1, 'adhoc', 'cli', '{}', ?, 1.0)",
-        (T.format("01:00"),),
+        "VALUES (1, ?, ?, ?, ?, 1.0)",
+        (name, trigger, options, T.format("01:00")),
     )
     job(store, 1, created=T.format("01:00"), finished=T.format("01:10"), run=1)
     attempt(store, 1, 1, started=T.format("01:01"), ended=T.format("01:10"), cost=1.0)
     job(store, 2, created=T.format("01:00"), status="queued", run=1)
+
+
+def test_jobs_a_spent_budget_holds_need_you_every_morning_they_wait(st):
+    """Listed only while the run had a job in the report's period: the next morning said
+    "needs you: nothing" while its jobs still waited on the spent budget."""
+    store, sd = st
+    _spent_run(store, "adhoc", "cli", "{}")
     for now in (T.format("07:00"), "2026-11-26T07:00:00.000Z"):
         (held,) = report(store, sd, now)["needs_you"]["budgets_reached"]
         assert (held["name"], held["jobs_waiting"]) == ("adhoc", 1)
@@ -260,14 +265,7 @@ def test_a_spent_budget_names_the_run_that_takes_its_jobs_over(st, tmp_path):
     (root / "reviewq.toml").write_text(
         '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\nreviewer = "offline"\n'
     )
-    store.conn.execute(
-        "INSERT INTO sweep_runs (id, name, trigger, options, started_at, budget_usd) "
-        "VALUES (1, 'nightly', 'cron', '{\"configured\": true, \"reviewer\": \"offline\"}', ?, 1.0)",
-        (T.format("01:00"),),
-    )
-    job(store, 1, created=T.format("01:00"), finished=T.format("01:10"), run=1)
-    attempt(store, 1, 1, started=T.format("01:01"), ended=T.format("01:10"), cost=1.0)
-    job(store, 2, created=T.format("01:00"), status="queued", run=1)
+    _spent_run(store, "nightly", "cron", '{"configured": true, "reviewer": "offline"}')
     rep = make_report(store, sd, now=T.format("07:00"), settings=load_settings(root))
     [held] = rep.data["needs_you"]["budgets_reached"]
     said = (
