@@ -49,8 +49,13 @@ class Chromium:
             os.dup2(cmd_r, 3)
             os.dup2(resp_w, 4)
 
+        # Chromium keeps its singleton socket in a folder of TMPDIR that a kill leaves
+        # behind: the test's folder holds it, so a run leaves nothing in /tmp.
+        self.tmp_dir = profile_dir / "tmp"
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
+            env={**os.environ, "TMPDIR": str(self.tmp_dir)},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

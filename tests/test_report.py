@@ -386,6 +386,8 @@ def browser(tmp_path_factory):
     if exe is None:
         pytest.skip("Chromium is not installed (.ci/run installs the Debian package chromium)")
     with Chromium(exe, Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))) as c:
+        c.call("Browser.getVersion")  # started: its singleton socket is made
+        assert list(c.tmp_dir.glob("org.chromium.*")), "Chromium's temporary folder is in /tmp"
         yield c
     # Every Chromium process of the group is gone (or a zombie its new parent will reap).
     assert [pid for pid in group_members(c.proc.pid) if not process_gone(pid)] == []
