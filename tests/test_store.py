@@ -97,6 +97,32 @@ def test_not_a_database_is_refused(tmp_path):
         Store.open(tmp_path)
 
 
+def test_another_programs_sqlite_state_db_is_refused_and_left_as_it_was(kb, run_cli, tmp_path):
+    """A `--state` naming another program's folder, whose SQLite file is also called
+    state.db (a common name): `status` said all was clear, having written reviewq's twenty
+    tables into that program's database and turned it to WAL."""
+    kb.note("alpha")
+    kb.gate("prose/body-check", ["body"])
+    other = tmp_path / "otherapp"
+    other.mkdir()
+    conn = sqlite3.connect(other / "state.db")
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users VALUES (1, 'ada')")
+    conn.commit()
+    conn.close()
+    before = (other / "state.db").read_bytes()
+    for args in (("status",), ("enqueue", "--all-gates"), ("doctor",)):
+        res = run_cli("--state", str(other), *args)
+        assert res.exit_code == 1, args
+        said = res.stderr if args != ("doctor",) else res.stdout
+        assert (
+            f"{other / 'state.db'}: a SQLite database without reviewq's tables (users): "
+            "not reviewq's state.db, and left as it is (is --state right?)"
+        ) in said, args
+    assert (other / "state.db").read_bytes() == before
+    assert not any((other / n).exists() for n in ("state.db-wal", "state.db-shm", ".gitignore"))
+
+
 @pytest.mark.parametrize("how", ["missing", "empty", "without reviewq's tables"])
 def test_a_lost_state_db_does_not_start_a_new_record_over_the_old_jobs_folders(kb, run_cli, how):
     """A state.db deleted, or left empty by a restore whose `.recover` failed (OPERATIONS

@@ -206,6 +206,9 @@ class Store:
             )
             try:
                 self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                if (foreign := self._foreign()) is not None:
+                    self.conn.close()
+                    raise StoreError(foreign)
                 self.conn.execute("PRAGMA journal_mode = WAL")
                 self.conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.DatabaseError as exc:
@@ -248,6 +251,26 @@ class Store:
         with contextlib.closing(Store(":memory:", readonly=True)) as blank:  # a new schema
             missing = _schema(blank.conn) - _schema(self.conn)
         return f"missing {', '.join(f'{t} {n}' for t, n in sorted(missing))}" if missing else None
+
+    def _foreign(self) -> str | None:
+        """Why the file is not reviewq's to migrate: tables and no record of migrations,
+        another program's database (state.db is a common name) or a `.recover` that
+        stopped part way. Migrated, it had reviewq's tables written into it and its
+        journal turned to WAL, by a `status` that then said all was clear. Looked at
+        before anything is written, WAL included."""
+        tables = [
+            name
+            for (name,) in self.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
+        if not tables or "schema_migrations" in tables:
+            return None
+        return lost_record(self.path, "without reviewq's tables") or (
+            f"{self.path}: a SQLite database without reviewq's tables "
+            f"({', '.join(sorted(tables)[:5])}{', ...' if len(tables) > 5 else ''}): not "
+            "reviewq's state.db, and left as it is (is --state right?)"
+        )
 
     def schema_version(self) -> int:
         row = self.conn.execute(
