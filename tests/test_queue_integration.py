@@ -1399,6 +1399,36 @@ def test_a_corrupt_queue_file_is_named_in_one_line_and_no_job_is_made(kb, queue)
         assert conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize("what", ["a link to a disk not mounted", "a file"])
+def test_a_queue_folder_that_is_not_a_folder_is_named_in_one_line(kb, what):
+    """STATE/queue a link to a folder on a disk that is not mounted (or a file): control,
+    worker and sweep ended in "internal error: FileExistsError ... (please report it)",
+    and doctor said "queue backend: [Errno 17] File exists", neither what is wrong nor
+    what to do."""
+    small_kb(kb)
+    kb.write("reviewq.toml", fake_profile())
+    folder = kb.state / "queue"
+    folder.parent.mkdir(parents=True)
+    if what == "a file":
+        folder.write_text("x\n")
+        why = "a file"
+    else:
+        folder.symlink_to(kb.root / "unmounted" / "queue")
+        why = f"a link to {kb.root / 'unmounted' / 'queue'}, which is not there"
+    expected = (
+        f"{folder}: not a folder ({why}); reviewq keeps its SQLite queues in it: "
+        "mount or make what it links to, or move it aside"
+    )
+    for args in (["control"], ["worker"], ["sweep", "--reviewer", "fake"], ["doctor"]):
+        res = rq(kb, *args, timeout=60)
+        assert res.returncode == 1, (args, res.stderr)
+        if args == ["doctor"]:
+            assert f"problem: queue backend: {expected}\n" in res.stdout, res.stdout
+        else:
+            assert res.stderr.strip().splitlines() == [f"error: {expected}"], (args, res.stderr)
+    assert not (kb.root / "unmounted").exists()
+
+
 def test_a_worker_kb_without_kb_folder_is_refused(kb, tmp_path):
     res = rq(kb, "worker", "--kb", str(kb.root / "kb"))
     assert (res.returncode, res.stderr) == (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import socket
 import sqlite3
 import sys
@@ -819,7 +820,17 @@ def huey_for(settings: Settings, queue: str) -> Huey:
             holds=queue == "control",
         )
     folder = settings.state_dir / "queue"
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        # A link to a folder on a disk that is not mounted, or a file: said as an internal
+        # error ("File exists") to report, where the operator has a mount to mend.
+        link = f"a link to {os.readlink(folder)}, " if folder.is_symlink() else ""
+        why = link + ("a file" if folder.exists() else "which is not there")
+        raise StoreError(
+            f"{folder}: not a folder ({why}); reviewq keeps its SQLite queues in it: mount "
+            "or make what it links to, or move it aside"
+        ) from None
     path = folder / f"{queue}.db"
     try:
         return _SqliteHuey(
