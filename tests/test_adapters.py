@@ -1118,7 +1118,11 @@ def test_doctor_outside_a_kb_root_makes_no_state_folder(run_cli, tmp_path):
     empty.mkdir()
     res = run_cli("--root", str(empty), "doctor")
     assert res.exit_code == 1
-    assert res.stdout.splitlines()[0] == f"problem: KB root {empty} holds kb/"
+    # It read "problem: KB root EMPTY holds kb/": said of a root that holds none, the one
+    # line doctor prints there stated the opposite of what is wrong.
+    assert res.stdout.splitlines()[0] == (
+        f"problem: {empty}: no kb/ folder here (is --root the folder that holds kb/?)"
+    )
     assert list(empty.iterdir()) == []
 
 

@@ -90,6 +90,11 @@ class Refused(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
+def no_kb_here(root: Path) -> str:
+    """A --root that holds no kb/, as every command (doctor too) says it."""
+    return f"{root}: no kb/ folder here (is --root the folder that holds kb/?)"
+
+
 def refuse_domain_errors(fn: Callable) -> Callable:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -450,7 +455,7 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     if ctx.invoked_subcommand not in READ_ONLY | NO_KB and not (ws.root / "kb").is_dir():
         # Said before anything is made: a command run in the wrong folder left a .reviewq/
         # (and `export` a kb/reports/) behind in it.
-        raise Refused(f"{ws.root}: no kb/ folder here (is --root the folder that holds kb/?)")
+        raise Refused(no_kb_here(ws.root))
     if ctx.invoked_subcommand in STATE_AFTER_ARGS:
         return
     if ctx.invoked_subcommand in NEEDS_STATE:

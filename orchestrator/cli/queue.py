@@ -31,6 +31,7 @@ from orchestrator.cli.common import (
     cli,
     emit_json,
     excluded_words,
+    no_kb_here,
     not_blank,
     nudge_control,
     only_reject_check,
@@ -871,9 +872,14 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     """The KB, the gates and state.db: what the control process's machine needs. False
     when ROOT holds no KB (nothing else is checked, and nothing made there)."""
     kb_dir = ws.root / "kb"
-    report(kb_dir.is_dir(), f"KB root {ws.root} holds kb/")
     if not kb_dir.is_dir():
-        return False  # nothing else to check here, and no state.db to make in the wrong folder
+        # In the words every other command refuses it with: "KB root X holds kb/" was
+        # printed as the problem, saying the opposite of what was wrong.
+        report(False, no_kb_here(ws.root))
+        return False
+    report(
+        True, f"KB root {ws.root} holds kb/"
+    )  # nothing else to check here, and no state.db to make in the wrong folder
     from orchestrator.review.selector import note_root_problems
 
     # What select refuses (a root overlapping the gates, the state folder inside one),
