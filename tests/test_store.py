@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from orchestrator.state.migrations import LATEST
-from orchestrator.state.store import ReviewRecord, Store, StoreError
+from orchestrator.state.store import DAMAGED, ReviewRecord, Store, StoreError
 
 
 def test_migrations_are_numbered_and_recorded(tmp_path):
@@ -95,6 +95,28 @@ def test_not_a_database_is_refused(tmp_path):
     (tmp_path / "state.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a reviewq database"):
         Store.open(tmp_path)
+
+
+def test_a_state_db_whose_first_page_was_zeroed_is_called_damaged_with_the_way_out(kb, run_cli):
+    """Its header gone (a page of zeros after a crash or a disk fault), the state.db of a
+    folder full of job folders read "not a reviewq database (file is not a database)":
+    false of the record, and naming no fix where a damaged one names a backup or
+    `.recover`."""
+    kb.note("alpha")
+    kb.gate("prose/body-check", ["body"])
+    assert run_cli("enqueue", "--all-gates").exit_code == 0
+    path = kb.state / "state.db"
+    for name in ("state.db-wal", "state.db-shm"):
+        (kb.state / name).unlink(missing_ok=True)
+    with path.open("r+b") as f:
+        f.write(bytes(4096))
+    res = run_cli("status")
+    assert res.exit_code == 1
+    assert res.stderr == f"error: {path} is damaged (file is not a database): {DAMAGED}\n"
+    res = run_cli("doctor")
+    assert f"problem: state.db: {path} is damaged (file is not a database): {DAMAGED}\n" in (
+        res.stdout
+    )
 
 
 def test_another_programs_sqlite_state_db_is_refused_and_left_as_it_was(kb, run_cli, tmp_path):

@@ -220,7 +220,12 @@ class Store:
                         f"{self.path}: cannot be opened for writing ({exc}); reviewq needs "
                         "write access to the state folder, even to read it"
                     ) from None
-                if getattr(exc, "sqlite_errorname", "") == "SQLITE_CORRUPT":
+                name = getattr(exc, "sqlite_errorname", "")
+                # No header (a page of zeros after a crash) beside the folders of the jobs
+                # it recorded is reviewq's record damaged, not another file.
+                if name == "SQLITE_CORRUPT" or (
+                    name == "SQLITE_NOTADB" and lost_record(self.path, "damaged") is not None
+                ):
                     raise StoreError(f"{self.path} is damaged ({exc}): {DAMAGED}") from None
                 raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
             self._migrate()
