@@ -1512,6 +1512,25 @@ def test_rewrite_files_that_cannot_write_a_folder_says_so_and_exits_1(flow, run_
     assert "rewrite-files again" in last
 
 
+def test_doctor_names_a_queued_jobs_missing_prompt_and_rewrite_files_brings_it_back(flow, run_cli):
+    """A queued job's prompt.md (a rendering of state.db, OPERATIONS §6.4) deleted by hand:
+    doctor, which names the renderings missing that a person still reads, said "ok" and
+    nothing of it, as it looked at MANIFEST.json alone."""
+    job = alpha_job(run_cli)
+    prompt = flow.state / "jobs" / f"review-job-{job['review_job_id']}" / "prompt.md"
+    text = prompt.read_bytes()
+    prompt.unlink()
+    res = run_cli("doctor")
+    assert res.exit_code == 1, res.stdout
+    assert (
+        "problem: 1 queued or running job folder(s) and 0 open escalation report(s) are "
+        "missing their files; reviewq rewrite-files writes them again from state.db\n"
+    ) in res.stdout
+    assert run_cli("rewrite-files").exit_code == 0
+    assert prompt.read_bytes() == text
+    assert "missing their files" not in run_cli("doctor").stdout
+
+
 @pytest.mark.parametrize("how", ["--note", "ids"])
 def test_a_refused_approve_of_a_gone_notes_escalations_names_the_call_that_closes_them(
     flow, run_cli, how

@@ -485,13 +485,15 @@ def _swap_folder(new: Path, target: Path) -> None:
 
 
 def missing_job_files(store: Store, state_dir: Path) -> int:
-    """Queued or running jobs whose folder has no MANIFEST.json (and is not waiting to be
-    written): an agent reads it. An ended job's folder may be deleted to free a disk
+    """Queued or running jobs whose folder has no MANIFEST.json (an agent reads it) or, a
+    review job's, no prompt.md (a person does: doctor said "ok" of one deleted), and is
+    not waiting to be written. An ended job's folder may be deleted to free a disk
     (OPERATIONS 6.4); ``reviewq rewrite-files`` brings it back."""
     return sum(
         not (state_dir / job_dir / "MANIFEST.json").is_file()
-        for (job_dir,) in store.conn.execute(
-            "SELECT job_dir FROM review_jobs WHERE status IN ('queued', 'running') "
+        or (kind == "review" and not (state_dir / job_dir / "prompt.md").is_file())
+        for job_dir, kind in store.conn.execute(
+            "SELECT job_dir, kind FROM review_jobs WHERE status IN ('queued', 'running') "
             "AND id NOT IN (SELECT job_id FROM job_files_due)"
         )
     )
