@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import pathlib
+import shutil
 import sqlite3
 
 import pytest
@@ -682,6 +683,38 @@ def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(cycle
     write_job_files(ws.store, job_dir, job_id)
     write_job_files(ws.store, job_dir, job_id)
     assert (job_dir / "results").is_dir()
+
+
+@pytest.mark.parametrize("hand", ["a file", "a link to a folder", "a dangling link"])
+def test_a_results_folder_replaced_by_hand_is_rendered_again_and_nothing_is_left(
+    cycle, tmp_path, hand
+):
+    """results/ made a file or a link by a person: the rewrite left the thing it moved
+    aside in the job folder as `.results.old.PID-N` (rmtree of a file or a link fails, and
+    its error was ignored), and a link to nothing made every rewrite fail ("Not a
+    directory"), the job's files stale for good. The folder a link named is the
+    person's, and is left as it was."""
+    from orchestrator.state.files import write_job_files
+
+    kb, ws, control, sent, job_id = cycle
+    _run(control, sent, _bundle(ws, job_id, "PASS"))
+    job_dir = ws.state_dir / "jobs" / f"review-job-{job_id}"
+    rendered = {p.name: p.read_bytes() for p in (job_dir / "results").iterdir()}
+    shutil.rmtree(job_dir / "results")
+    elsewhere = tmp_path / "mine"
+    (elsewhere / "keep").mkdir(parents=True)
+    if hand == "a file":
+        (job_dir / "results").write_text("my notes\n")
+    else:
+        (job_dir / "results").symlink_to(
+            elsewhere if hand == "a link to a folder" else tmp_path / "gone"
+        )
+    write_job_files(ws.store, job_dir, job_id)
+    results = job_dir / "results"
+    assert results.is_dir() and not results.is_symlink()
+    assert {p.name: p.read_bytes() for p in results.iterdir()} == rendered
+    assert sorted(p.name for p in job_dir.iterdir() if p.name.startswith(".results")) == []
+    assert [p.name for p in elsewhere.iterdir()] == ["keep"]
 
 
 def _two_writers(kb, job_id, a_between, b_write=None):

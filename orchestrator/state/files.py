@@ -471,17 +471,29 @@ def _staging_folder(job_dir: Path) -> Path:
 
 
 def _swap_folder(new: Path, target: Path) -> None:
-    if target.exists():
+    # A link counts as there even when it names nothing: renamed over, it failed every
+    # rewrite ("Not a directory").
+    if target.exists() or target.is_symlink():
         # Named as the staging folder was, not by the pid alone: a leftover of a process
         # killed during the rmtree below (pids repeat in containers) would make every
         # later rename fail with ENOTEMPTY, and the job's files stay stale for good.
         old = target.with_name(f".{target.name}.old.{new.name.rsplit('.', 1)[-1]}")
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
         os.rename(target, old)
         os.rename(new, target)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     else:
         os.rename(new, target)
+
+
+def _remove(path: Path) -> None:
+    """What was moved aside, whatever a person made it: rmtree fails on a file or a link
+    (and must not follow a link into the person's own folder), and its error, ignored,
+    left the thing in the job folder."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def missing_job_files(store: Store, state_dir: Path) -> int:
