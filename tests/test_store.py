@@ -142,7 +142,9 @@ def test_another_programs_sqlite_state_db_is_refused_and_left_as_it_was(kb, run_
             "not reviewq's state.db, and left as it is (is --state right?)"
         ) in said, args
     assert (other / "state.db").read_bytes() == before
+    # doctor, going on to check the SQLite queue, made queue/ and its files there.
     assert not any((other / n).exists() for n in ("state.db-wal", "state.db-shm", ".gitignore"))
+    assert not (other / "queue").exists()
 
 
 @pytest.mark.parametrize("how", ["missing", "empty", "without reviewq's tables"])

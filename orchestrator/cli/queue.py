@@ -53,7 +53,7 @@ from orchestrator.state.status import (
     held_by_budget,
     more_unwritten,
 )
-from orchestrator.state.store import DAMAGED, STATE_ENTRIES, is_damage
+from orchestrator.state.store import DAMAGED, STATE_ENTRIES, NotOurs, is_damage
 from orchestrator.state.words import attempt_words, outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
@@ -870,7 +870,8 @@ def _unfed_queue(ws: Workspace) -> str | None:
 
 def _doctor_control_side(ws: Workspace, report) -> bool:
     """The KB, the gates and state.db: what the control process's machine needs. False
-    when ROOT holds no KB (nothing else is checked, and nothing made there)."""
+    when ROOT holds no KB (nothing else is checked, and nothing made there) or the state
+    folder is another program's (no queue is made there)."""
     kb_dir = ws.root / "kb"
     if not kb_dir.is_dir():
         # In the words every other command refuses it with: "KB root X holds kb/" was
@@ -968,6 +969,9 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 )
     except sqlite3.DatabaseError as exc:
         report(False, _damaged(ws, str(exc)) if is_damage(exc) else f"state.db: {exc}")
+    except NotOurs as exc:
+        report(False, f"state.db: {exc}")
+        return False  # another program's folder: no SQLite queue is made in it
     except Exception as exc:
         report(False, f"state.db: {exc}")
     return True

@@ -28,6 +28,10 @@ class StoreError(Exception):
     """state.db cannot be used (a newer schema, a corrupt file)."""
 
 
+class NotOurs(StoreError):
+    """state.db is another program's database: the folder is not reviewq's to write in."""
+
+
 def timestamp(at: datetime) -> str:
     """A time as state.db stores it: in UTC, ISO 8601 to the millisecond, with a ``Z``, so
     stored times compare as text."""
@@ -208,7 +212,7 @@ class Store:
                 self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 if (foreign := self._foreign()) is not None:
                     self.conn.close()
-                    raise StoreError(foreign)
+                    raise NotOurs(foreign)
                 self.conn.execute("PRAGMA journal_mode = WAL")
                 self.conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.DatabaseError as exc:
