@@ -1527,3 +1527,41 @@ def test_a_worker_started_before_its_control_keeps_out_of_the_controls_folder(kb
     assert worker_folder(remote) == tmp_path / "w"  # a machine of its own: --state itself
     named = load_settings(kb.root, kb.root / "workers" / "w1")  # as the fault harness does
     assert worker_folder(named) == kb.root / "workers" / "w1"
+
+
+def test_outcomes_sent_quickly_do_not_wake_the_reporting_thread():
+    """Each outcome woke the thread that beats for outcomes still being sent, to wait
+    again: a thread switch under the GIL for every job (~50 us of the worker's CPU a
+    job) for a beat due a heartbeat period later, long after the outcome was sent. A
+    beat due before the thread's next look still wakes it."""
+    import threading
+
+    from workers import tasks
+
+    class Counted(threading.Condition):
+        notified = 0
+
+        def notify(self, n: int = 1) -> None:
+            Counted.notified += 1
+            super().notify(n)
+
+    class Beat:
+        def __init__(self) -> None:
+            self.sent = threading.Event()
+
+        def send(self) -> None:
+            self.sent.set()
+
+        def wait(self) -> None:
+            pass
+
+    reporting = tasks._Reporting()
+    reporting._cond = Counted()
+    for _ in range(50):
+        with reporting.beating(Beat(), 30.0):
+            pass
+    assert Counted.notified == 0
+    slow, quick = Beat(), Beat()
+    with reporting.beating(slow, 30.0), reporting.beating(quick, 0.05):
+        assert quick.sent.wait(timeout=10)
+    assert not slow.sent.is_set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -193,24 +194,34 @@ class _Reporting:
     the agent has ended nothing else beats for them, and an outcome of a few MiB crossing
     a slow link can take longer than a lease: the attempt was reaped as lost, its outcome
     discarded when it came, and after enough of that the job failed for the network's
-    sake. One thread for all of them, started the first time it is needed, so the common
-    outcome (sent in milliseconds) starts none."""
+    sake. One thread for all of them, started the first time it is needed.
+
+    The common outcome (sent in milliseconds) does not wake it: the thread is told of an
+    outcome only when its first beat is due before the thread's own next look. Idle, it
+    looks again after the shortest period it has been given (a beat added meanwhile is
+    due no sooner), instead of being woken for each outcome: that wake-up, a thread
+    switch under the GIL for every job, cost ~50 us of the worker's CPU a job."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._due: dict[_Beats, tuple[float, float]] = {}  # beat -> (next, period)
         self._thread: threading.Thread | None = None
+        self._looks_at = -math.inf  # when the waiting thread looks next (monotonic)
+        self._shortest = math.inf  # the shortest period given so far
 
     @contextlib.contextmanager
     def beating(self, beat: _Beats, period_s: float) -> Iterator[None]:
         with self._cond:
-            self._due[beat] = (time.monotonic() + period_s, period_s)
+            due = time.monotonic() + period_s
+            self._due[beat] = (due, period_s)
+            self._shortest = min(self._shortest, period_s)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="reviewq-report-beats", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._looks_at:
+                self._cond.notify()
         try:
             yield
         finally:
@@ -226,8 +237,11 @@ class _Reporting:
                 for b in due:
                     self._due[b] = (now + self._due[b][1], self._due[b][1])
                 if not due:
-                    soonest = min((at for at, _ in self._due.values()), default=None)
-                    self._cond.wait(None if soonest is None else soonest - now)
+                    self._looks_at = min(
+                        (at for at, _ in self._due.values()), default=now + self._shortest
+                    )
+                    self._cond.wait(self._looks_at - now)
+                    self._looks_at = -math.inf
                     continue
             for b in due:
                 b.send()
