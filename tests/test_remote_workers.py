@@ -306,9 +306,9 @@ def _three_outcomes_waiting(kb, monkeypatch, request, queue):  # noqa: ANN202
     batches: list[tuple[int, int]] = []
     real = control.on_messages
 
-    def spy(beats, outcomes):
+    def spy(beats, outcomes, *dispatch):
         batches.append((len(beats), len(outcomes)))
-        return real(beats, outcomes)
+        return real(beats, outcomes, *dispatch)
 
     monkeypatch.setattr(control, "on_messages", spy)
     for msg in sent:
@@ -341,6 +341,29 @@ def test_waiting_outcomes_are_taken_in_one_transaction(kb, monkeypatch, request,
     ws.close()
 
 
+def test_the_next_dispatch_pass_commits_with_the_outcome_batch(kb, monkeypatch, request):
+    """The control task dispatched after each batch in a transaction of its own: a second
+    BEGIN/COMMIT and look at the queued jobs a batch (~1.7 outcomes) when it could ride on
+    the batch's. Its messages still go only once the commit makes their attempts visible."""
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, "sqlite")
+    kb.note("late")  # a job queued meanwhile, which the pass after the batch opens
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent = control.send_review.__self__  # the helper's list of the messages sent
+    before = ws.store.transactions
+
+    def send_review(msg):
+        assert not ws.store.conn.in_transaction  # after the commit
+        sent.append(msg)
+
+    monkeypatch.setattr(control, "send_review", send_review)
+    app.control.execute(app.control.dequeue())
+    assert batches == [(3, 3)] and app.control.pending_count() == 0
+    # The batch's transaction, and the one settling each finished job's files after it.
+    assert ws.store.transactions - before == 1 + 3
+    assert len(sent) == 4 and sent[-1]["job_id"] == 4
+    ws.close()
+
+
 def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, request):
     """Taken one by one after its batch failed, a message that failed again is put back
     with one retry less. When that send failed (the queue file locked), the exception left
@@ -356,10 +379,10 @@ def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, r
     jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
     spy = control.on_messages
 
-    def picky(beats, outcomes):
+    def picky(beats, outcomes, *dispatch):
         if any(o["job_id"] == jobs[1] for o in outcomes):
             raise ValueError("this outcome cannot be handled now")
-        return spy(beats, outcomes)
+        return spy(beats, outcomes, *dispatch)
 
     sends: list[object] = []
 
@@ -399,9 +422,9 @@ def test_a_batch_stays_on_the_queue_until_its_transaction_commits(kb, monkeypatc
 
     real = control.on_messages
 
-    def stopped(beats, outcomes):
+    def stopped(beats, outcomes, *dispatch):
         with ws.store.write():
-            real(beats, outcomes)
+            real(beats, outcomes, *dispatch)
             raise Stopped
 
     monkeypatch.setattr(control, "on_messages", stopped)
@@ -446,7 +469,7 @@ def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
     class Killed(BaseException):
         pass
 
-    def killed(beats, outcomes):
+    def killed(beats, outcomes, *dispatch):
         with ws.store.write():
             raise Killed
 

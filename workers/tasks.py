@@ -660,14 +660,16 @@ def _take_waiting(kind: str | None, first: dict | None) -> int:
         batch.append((name, msg, task, token))
     # Taken off once kept, or once back on the queue with one retry less (_one_by_one);
     # not on an interrupt, which leaves the transaction uncommitted and the messages owed.
+    wanted = nudged or any(b[0] == "outcome" for b in batch)
+    dispatched = False
     try:
         if batch:
-            _keep(control, huey, batch, stay)
+            dispatched = _keep(control, huey, batch, stay, wanted)
     except Exception:
         _acknowledge(huey, [t for t in taken if t not in stay])
         raise
     _acknowledge(huey, [t for t in taken if t not in stay])
-    if nudged or any(b[0] == "outcome" for b in batch):
+    if wanted and not dispatched:
         control.dispatch()
     return len(taken)
 
@@ -682,14 +684,15 @@ def _acknowledge(huey, taken: list[object]) -> None:  # noqa: ANN001
 _Taken = tuple[str, dict, object, object]
 
 
-def _keep(control: Control, huey, batch: list[_Taken], stay: set[object]) -> None:  # noqa: ANN001
-    """The batch in one transaction; if that fails, its messages one by one."""
+def _keep(control: Control, huey, batch: list[_Taken], stay: set[object], dispatch: bool) -> bool:  # noqa: ANN001
+    """The batch in one transaction, with the next dispatch pass if ``dispatch``; if that
+    fails, its messages one by one. True when the pass ran in the batch's transaction."""
     first = batch[0][1]
     beats = [m for k, m, _, _ in batch if k == "heartbeat"]
     outcomes = [m for k, m, _, _ in batch if k == "outcome"]
     try:
         with logs.bound(job_id=first.get("job_id"), attempt=first.get("attempt")):
-            control.on_messages(beats, outcomes)
+            return control.on_messages(beats, outcomes, dispatch)
     except Exception as exc:
         if len(batch) == 1 and batch[0][2] is None:  # the task's own message: Huey retries it
             raise
@@ -704,6 +707,7 @@ def _keep(control: Control, huey, batch: list[_Taken], stay: set[object]) -> Non
             attempt=first.get("attempt"),
         )
         _one_by_one(control, huey, batch, stay)
+        return False
 
 
 def _one_by_one(control: Control, huey, batch: list[_Taken], stay: set[object]) -> None:  # noqa: ANN001

@@ -472,10 +472,18 @@ class Control:
         with its follow-up not yet queued."""
         self.on_messages([], [o])
 
-    def on_messages(self, heartbeats: list[dict], outcomes: list[dict]) -> None:
+    def on_messages(
+        self, heartbeats: list[dict], outcomes: list[dict], dispatch: bool = False
+    ) -> bool:
         """Heartbeats, then outcomes, that were waiting together, in one transaction: one
         commit for the lot is what lets the control process keep up with fast agents.
-        All or nothing: if one fails, none is kept (the caller then takes them one by one)."""
+        All or nothing: if one fails, none is kept (the caller then takes them one by one).
+
+        With ``dispatch`` (the control queue's task, which dispatches after each batch
+        anyway), the next dispatch pass too, at the transaction's end: one commit and one
+        look at the queued jobs fewer a batch. Its messages go once the commit makes their
+        attempts visible. A pass that fails is undone alone (a savepoint) and False is
+        returned, for the caller to run one of its own; True when it ran here."""
         for o in outcomes:
             self._keep_attempt_files(o)
         with self.store.write():
@@ -514,6 +522,17 @@ class Control:
                     self._log_started(h)
             for o in outcomes:
                 self._on_outcome(o)
+            if not dispatch:
+                return False
+            try:
+                with self.store.write():
+                    opened = self._open_due()
+            except Exception:  # noqa: BLE001 - the caller's own pass meets it again, and says it
+                return False
+            # After the batch's own callbacks (its job files and lines): their attempts
+            # are the older news.
+            self.store.after_commit(functools.partial(self._send_opened, opened))
+        return True
 
     def _ask_stop(self, h: dict, outcome: str) -> None:
         """Ask the worker that beat for an attempt no longer wanted to stop its agent, at
