@@ -364,6 +364,29 @@ def test_the_next_dispatch_pass_commits_with_the_outcome_batch(kb, monkeypatch, 
     ws.close()
 
 
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_control_task_lets_the_messages_behind_its_own_gather(kb, monkeypatch, request, queue):
+    """Taken as they came, a batch held ~1.7 messages, and each paid the batch's fixed
+    costs (Huey's task, the queue's read and acknowledgement, the commit, the dispatch's
+    reads). A task now waits a few ms, no CPU, before it reads what waits behind it."""
+    from workers import tasks
+    from workers.queues import send
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
+    job_id = ws.store.conn.execute("SELECT min(id) FROM review_jobs").fetchone()[0]
+    slept: list[float] = []
+
+    def gathering():
+        slept.append(tasks.GATHER_S)  # a heartbeat comes meanwhile
+        send("attempt_heartbeat", {"v": 3, "job_id": job_id, "attempt": 1, "worker": "w:1", "host": "w"})  # fmt: skip
+
+    monkeypatch.setattr(tasks, "_let_gather", gathering)
+    app.control.execute(app.control.dequeue())
+    assert slept == [tasks.GATHER_S] and 0 < tasks.GATHER_S <= 0.02  # bounded
+    assert batches == [(4, 3)] and app.control.pending_count() == 0
+    ws.close()
+
+
 def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, request):
     """Taken one by one after its batch failed, a message that failed again is put back
     with one retry less. When that send failed (the queue file locked), the exception left
