@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import click
 import pytest
 
 from .test_queue_integration import redis_server, redis_url
@@ -803,3 +804,42 @@ def test_a_sweep_that_draws_no_progress_bar_leaves_rich_unimported():
         "    assert 'rich.progress' in sys.modules\n"
     )
     _passes_in_a_fresh_interpreter(probe)
+
+
+def test_a_worker_process_leaves_the_controls_and_the_sweeps_modules_unimported():
+    """The CLI's one-line errors named every domain error class and its commands' modules
+    were all imported, so a worker loaded the control, the cycles and the selector it never
+    runs; a command's module is now imported when it is asked for, and the error classes
+    are looked for among the modules loaded."""
+    probe = (
+        "import sys, click\n"
+        "from orchestrator.cli import cli\n"
+        "with click.Context(cli) as ctx:\n"
+        "    assert cli.get_command(ctx, 'worker').name == 'worker'\n"
+        "import workers.consumers, workers.attempt\n"
+        "control = ('orchestrator.control.control', 'orchestrator.cycles.escalations',\n"
+        "           'orchestrator.review.selector', 'orchestrator.sweeps.producer',\n"
+        "           'orchestrator.cli.review')\n"
+        "loaded = [m for m in control if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+        "from orchestrator.cli.common import domain_errors\n"
+        "from orchestrator.config import ConfigError\n"
+        "assert ConfigError in domain_errors()\n"
+        "import orchestrator.cycles.escalations as esc\n"
+        "assert esc.DecideError in domain_errors()\n"
+        "with click.Context(cli) as ctx:\n"
+        "    assert set(cli.list_commands(ctx)) >= {'worker', 'control', 'sweep', 'report', 'ack'}\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)
+
+
+def test_every_command_is_imported_from_the_module_named_for_it():
+    """The group imports a command's module by name: one missing from the map, or named
+    with the wrong module, would be an unknown command in a fresh process."""
+    from orchestrator.cli.common import COMMANDS, cli
+
+    with click.Context(cli) as ctx:
+        names = cli.list_commands(ctx)
+        assert sorted(COMMANDS) == sorted(names)
+        for name in names:
+            assert cli.get_command(ctx, name).callback.__module__ == COMMANDS[name], name

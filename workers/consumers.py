@@ -19,11 +19,8 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.config import Settings
-from orchestrator.control.control import Control
-from orchestrator.control.followup import FollowUp
 from orchestrator.control.messages import VERSION
 from orchestrator.state.workspace import Workspace
-from orchestrator.sweeps.producer import sweep_problems
 
 from . import tasks
 from .app import make_app
@@ -312,6 +309,11 @@ def _lock(state_dir: Path) -> int:
 def run_control(ws: Workspace) -> None:
     """Consume the control queue with one thread (the single writer of state.db), and
     enqueue a tick every ``reaper_seconds`` for the reaper, cron sweeps and dispatch."""
+    # Here, not at the top: a worker, in the same module, has no use for them.
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from orchestrator.sweeps.producer import sweep_problems
+
     settings = ws.settings
     lock = _lock(ws.state_dir)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")

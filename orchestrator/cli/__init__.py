@@ -1,8 +1,8 @@
 """``reviewq``: a thin click CLI over the core. Commands parse, call one core function,
 print, and turn domain errors into one ``error:`` line with exit code 1.
 
-The commands live in :mod:`.review`, :mod:`.queue` and :mod:`.report`; importing them registers them on the
-group of :mod:`.common`."""
+The commands live in :mod:`.review`, :mod:`.queue` and :mod:`.report`; the group of
+:mod:`.common` imports the one a command is in when it is asked for, which registers it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import sys
 import click
 
 from orchestrator import logs
-from orchestrator.cli import queue, report, review  # noqa: F401  (registers the commands)
 from orchestrator.cli.common import cli
 
 __all__ = ["cli", "main"]

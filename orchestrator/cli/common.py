@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import sqlite3
@@ -16,40 +17,71 @@ import click
 from click.core import ParameterSource
 
 from orchestrator import logs
-from orchestrator.config import ConfigError
-from orchestrator.control.attempts import AttemptError
-from orchestrator.cycles.escalations import DecideError
-from orchestrator.kb.gates import SelectionError
-from orchestrator.kb.notes import FileProblem, KBError
 from orchestrator.logs import one_line as shown
-from orchestrator.review.acceptance import AckError
-from orchestrator.review.finalize import (
-    FinalizeError,
-)
-from orchestrator.review.jobs import JobError, display_path
-from orchestrator.review.selector import SelectError
-from orchestrator.state.files import ReportError
-from orchestrator.state.store import DAMAGED, StoreError, is_damage
+from orchestrator.state.store import DAMAGED, is_damage
 from orchestrator.state.workspace import Workspace
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from orchestrator.control.followup import Followed
+    from orchestrator.kb.notes import FileProblem
 
-DOMAIN_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError,
-    KBError,
-    SelectionError,
-    SelectError,
-    StoreError,
-    JobError,
-    FinalizeError,
-    AckError,
-    AttemptError,
-    ReportError,
-    DecideError,
+# The domain errors that become one ``error:`` line, by module and name. Looked for among
+# the modules the process has loaded, not imported here: an error whose module was never
+# loaded cannot have been raised, and importing them all gave every command (a worker
+# too) the control's, the cycles' and the KB parser's modules to load.
+_DOMAIN_ERRORS = (
+    ("orchestrator.config", "ConfigError"),
+    ("orchestrator.kb.notes", "KBError"),
+    ("orchestrator.kb.gates", "SelectionError"),
+    ("orchestrator.review.selector", "SelectError"),
+    ("orchestrator.state.store", "StoreError"),
+    ("orchestrator.review.jobs", "JobError"),
+    ("orchestrator.review.finalize", "FinalizeError"),
+    ("orchestrator.review.acceptance", "AckError"),
+    ("orchestrator.control.attempts", "AttemptError"),
+    ("orchestrator.state.files", "ReportError"),
+    ("orchestrator.cycles.escalations", "DecideError"),
 )
+
+
+def domain_errors() -> tuple[type[Exception], ...]:
+    """The domain error classes of the modules loaded so far (for an ``except``)."""
+    loaded = sys.modules
+    return tuple(
+        getattr(module, name)
+        for path, name in _DOMAIN_ERRORS
+        if (module := loaded.get(path)) is not None and hasattr(module, name)
+    )
+
+
+# The module of each command: a process imports only the one its command is in.
+COMMANDS = {
+    **dict.fromkeys(
+        (
+            "enqueue",
+            "worker",
+            "control",
+            "sweep",
+            "resume",
+            "rewrite-files",
+            "status",
+            "jobs",
+            "job",
+            "logs",
+            "doctor",
+            "escalations",
+            "decide",
+        ),
+        "orchestrator.cli.queue",
+    ),
+    "report": "orchestrator.cli.report",
+    **dict.fromkeys(
+        ("gates", "select", "create-jobs", "finalize", "run-job", "ack", "warn-queue", "export"),
+        "orchestrator.cli.review",
+    ),
+}
 
 
 READ_ONLY = {"select", "gates", "status", "jobs", "job", "warn-queue", "logs", "escalations"}
@@ -100,7 +132,7 @@ def refuse_domain_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except DOMAIN_ERRORS as exc:
+        except domain_errors() as exc:
             raise Refused(str(exc)) from None
         except PermissionError as exc:  # an operator who is not the service user
             raise Refused(
@@ -322,6 +354,8 @@ def skipped_count(skipped: list) -> str:  # a list of review.jobs.Skipped
 
 def root_rel(ws: Workspace, path: Path) -> str:
     """SPEC §10: paths in JSON are relative to the root when they lie under it."""
+    from orchestrator.review.jobs import display_path
+
     return display_path(ws.root, path)
 
 
@@ -390,7 +424,18 @@ def show_followed(ws: Workspace, followed: Followed, err: bool = False) -> None:
 
 
 class Group(click.Group):
-    """The ``reviewq`` group: a bug in any command leaves its traceback in the log file."""
+    """The ``reviewq`` group: a bug in any command leaves its traceback in the log file.
+    A command's module is imported when the command is asked for (:data:`COMMANDS`)."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(COMMANDS[cmd_name])
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        for module in dict.fromkeys(COMMANDS.values()):
+            importlib.import_module(module)
+        return super().list_commands(ctx)
 
     def invoke(self, ctx: click.Context) -> Any:
         ctx.meta["reviewq.help"] = any(a in ("-h", "--help") for a in ctx.args)
@@ -437,7 +482,7 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     """
     try:
         ws = Workspace.open(root, state, config)
-    except DOMAIN_ERRORS as exc:
+    except domain_errors() as exc:
         raise Refused(str(exc)) from None
     ctx.obj = ws
     ctx.call_on_close(ws.close)
@@ -471,7 +516,7 @@ def require_state(ws: Workspace) -> None:
     up, which made the mistyped folder and its logs/."""
     try:
         ws.require_state()
-    except DOMAIN_ERRORS as exc:
+    except domain_errors() as exc:
         raise Refused(str(exc)) from None
 
 
