@@ -714,6 +714,42 @@ def test_an_enqueue_rolled_back_logs_no_job_it_did_not_make(kb):
     ws.store.close()
 
 
+def test_an_enqueue_hands_its_committed_jobs_over_before_it_writes_their_folders(kb):
+    """A sweep starts its control and worker once its jobs commit, not after the ~0.2 ms a
+    job of folder writing: ``committed`` gets the new ids then, the jobs already visible to
+    another process and their folders still due; a rolled-back enqueue hands over nothing."""
+    import sqlite3 as sqlite
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(name="cli", reviewer="offline", all_gates=True)
+    seen: list[tuple[list[int], int, list[bool]]] = []
+
+    def committed(ids: list[int]) -> None:
+        other = sqlite.connect(ws.state_dir / "state.db")
+        try:
+            visible = other.execute("SELECT count(*) FROM review_jobs").fetchone()[0]
+        finally:
+            other.close()
+        dirs = ws.store.conn.execute("SELECT job_dir FROM review_jobs ORDER BY id").fetchall()
+        seen.append((list(ids), visible, [(ws.state_dir / d[0]).exists() for d in dirs]))
+
+    def disk_full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        enqueue(ws, req, also=disk_full, committed=committed)
+    assert seen == []
+    res = enqueue(ws, req, committed=committed)
+    ids = [j.review_job_id for j in res.jobs]
+    assert len(ids) == 2 and seen == [(ids, 2, [False, False])]
+    for (job_dir,) in ws.store.conn.execute("SELECT job_dir FROM review_jobs"):
+        assert (ws.state_dir / job_dir / "MANIFEST.json").is_file()  # once it returns
+    ws.store.close()
+
+
 def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed(kb, run_cli):
 
     kb.gate("prose/clarity", ["body"])

@@ -130,6 +130,7 @@ def enqueue(
     run_id: int | None = None,
     just_reviewed: Collection[tuple[str, str]] = (),
     also: Callable[[], None] | None = None,
+    committed: Callable[[list[int]], None] | None = None,
 ) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
@@ -139,7 +140,8 @@ def enqueue(
 
     The run, its jobs and their counts are one transaction, and ``also`` runs inside it:
     what must commit with them or not at all (the cron clock of the sweep it fired).
-    The job folders are written once it commits."""
+    The job folders are written once it commits; ``committed`` is called with the new
+    jobs' ids before them (a sweep starts its control and worker then)."""
     for option, name in (
         ("--reviewer", req.reviewer),
         ("--fixer", req.fixer),
@@ -191,7 +193,11 @@ def enqueue(
     # left a run with no jobs, or jobs on record with their cron clock not moved (the
     # restarted control ran the sweep again). The selection stays outside; the jobs' own
     # notes are read for their snapshots inside.
+    ids: list[int] = []
     with store.write():
+        if committed is not None:
+            # First of what runs at the commit: before the folders' writing.
+            store.after_commit(lambda: committed(ids))
         if run_id is None:
             run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
             # Work left queued by an earlier run of this sweep whose budget is spent
@@ -221,7 +227,7 @@ def enqueue(
             selected_at_version=selected_at_version,
         )
         batch.skipped.extend(waiting)
-        ids = [j.review_job_id for j in batch.jobs]
+        ids[:] = [j.review_job_id for j in batch.jobs]
         # Added to: a sequential run's next bundles are enqueued into it note by note.
         store.conn.execute(
             "UPDATE sweep_runs SET jobs = COALESCE(jobs, 0) + ?, skipped = COALESCE(skipped, 0) + ? "
