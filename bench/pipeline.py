@@ -279,7 +279,14 @@ def _role(pid: int) -> str | None:
     except OSError:
         return None
     if b"orchestrator" not in args:
-        return None
+        # A child the sweep forked (workers.sweep.Children.fork) keeps the sweep's command
+        # line; its name says which it is.
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                name = f.read().strip()
+        except OSError:
+            return None
+        return {b"reviewq-control": "control", b"reviewq-worker": "worker"}.get(name)
     for role in (b"control", b"worker"):
         if role in args:
             return role.decode()

@@ -242,6 +242,13 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
         agent_pid, worker_pid, attempt = map(int, await_fifo(fifo).split())  # the agent runs
         agents.append(agent_pid)
         assert attempt == 1
+        # Its first control and worker are forked from it (not started afresh, importing
+        # reviewq again); the worker restarted after the kill is started afresh.
+        control_pid = int((kb.state / "control.lock").read_text())
+        for pid, name in ((worker_pid, "reviewq-worker"), (control_pid, "reviewq-control")):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            assert stat[stat.index("(") + 1 : stat.rindex(")")] == name, stat
+            assert int(stat.rsplit(")", 1)[1].split()[1]) == sweep.pid, stat
         os.kill(worker_pid, signal.SIGKILL)
         # The sweep restarts its worker; the reaper sees the lost lease and opens attempt 2.
         os.unlink(fifo)  # later attempts need not report

@@ -843,3 +843,37 @@ def test_every_command_is_imported_from_the_module_named_for_it():
         assert sorted(COMMANDS) == sorted(names)
         for name in names:
             assert cli.get_command(ctx, name).callback.__module__ == COMMANDS[name], name
+
+
+def test_a_sweep_forks_its_children_only_with_no_sqlite_file_open(tmp_path):
+    """A child forked with the sweep's SQLite files open shares SQLite's per-file lock
+    records with it, and its own connection's locks go when an inherited one is closed: the
+    sweep forks only before it opens state.db or a queue, else starts them afresh. Forked
+    and never started (a refused enqueue), they end when dismissed."""
+    (tmp_path / "kb").mkdir()
+    probe = (
+        "import os\n"
+        "from orchestrator.state.workspace import Workspace\n"
+        "from workers import sweep\n"
+        f"ws = Workspace.open({str(tmp_path)!r})\n"
+        "children = sweep.Children(ws, 1)\n"
+        "ws.store.conn.execute('SELECT 1')\n"
+        "assert sweep._sqlite_files_open()\n"
+        "children.fork()\n"
+        "assert children.waiting == {}, children.waiting\n"
+        "ws.close()\n"
+        "assert not sweep._sqlite_files_open()\n"
+        "children.fork()\n"
+        "pids = [pid for pid, _ in children.waiting.values()]\n"
+        "assert sorted(children.waiting) == ['control', 'worker'], children.waiting\n"
+        "children.stop(at_once=True)\n"
+        "assert children.waiting == {}\n"
+        "for pid in pids:\n"
+        "    try:\n"
+        "        os.waitpid(pid, 0)\n"
+        "    except ChildProcessError:\n"
+        "        pass\n"
+        "    else:\n"
+        "        raise AssertionError(f'{pid} not reaped')\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)

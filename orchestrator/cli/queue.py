@@ -326,13 +326,20 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     """
     from orchestrator.cli.display import ProgressDisplay, render_summary
     from workers.queues import check_queue
-    from workers.sweep import run_sweep
+    from workers.sweep import Children, run_sweep
 
     logs.configure(ws.state_dir)
-    check_queue(ws.settings)  # before its jobs are recorded, for a queue that never answers
-    req = _request(opts, "sweep", ws)
+    # Forked first, before state.db or the queue is open: see Children.fork.
+    children = Children(ws, workers)
+    children.fork()
+    try:
+        check_queue(ws.settings)  # before its jobs are recorded, for a queue that never answers
+        req = _request(opts, "sweep", ws)
+    except BaseException:
+        children.stop(at_once=True)
+        raise
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
-        out = run_sweep(ws, req, workers, on_progress=display.update)
+        out = run_sweep(ws, req, workers, on_progress=display.update, children=children)
     warn_enqueued(out.enqueued)
     from orchestrator.state.status import pause_words
 
