@@ -16,7 +16,7 @@ worker reports stderr to the control process, which keeps it in ``attempt-N/stde
 - the pipeline: ``reviewq --root DIR --state S sweep --reviewer instant --workers C
   --json`` as a whole process (enqueue, control, workers, finalize of every job). From
   ``S/logs/reviewq.jsonl`` it splits the wall time into enqueue (process start →
-  ``sweep.enqueued``), startup (→ first ``attempt.dispatched``), steady state (→ last
+  ``sweep.enqueued``, or the first dispatch when that comes first), startup (→ first ``attempt.dispatched``), steady state (→ last
   ``job.finalized``) and tail (→ process exit), and per job into dispatch → launch (the
   the attempt's ``launched_at`` in state.db: the worker's clock just before the launch when
   the first heartbeat or the outcome carried the start) → agent exit (``exited_at``) → ``attempt.exited`` →
@@ -526,7 +526,10 @@ def run_pipeline(
         if "job_id" in e and e.get("attempt") == 1:
             by_job.setdefault(e["job_id"], {}).setdefault(name, ts(e))
     last_final = max(ts(e) for e in events if e["event"] == "job.finalized")
-    t_enq, t_disp = first["sweep.enqueued"], first["attempt.dispatched"]
+    # sweep.enqueued comes once the job folders are written, and the sweep's children start
+    # at the commit, before them: a dispatch may come first, and then startup is 0.
+    t_disp = first["attempt.dispatched"]
+    t_enq = min(first["sweep.enqueued"], t_disp)
 
     conn = sqlite3.connect(state / "state.db")
     try:
@@ -897,7 +900,7 @@ def report(args, results, locking: LockingRun | None) -> None:
         )
         print(
             f"      enqueue         {med(lambda p: p.enqueue_s):6.2f} s             "
-            "(process start -> sweep.enqueued)"
+            "(process start -> sweep.enqueued or the first dispatch)"
         )
         print(
             f"      startup         {med(lambda p: p.startup_s):6.2f} s             "
