@@ -877,3 +877,18 @@ def test_a_sweep_forks_its_children_only_with_no_sqlite_file_open(tmp_path):
         "        raise AssertionError(f'{pid} not reaped')\n"
     )
     _passes_in_a_fresh_interpreter(probe)
+
+
+def test_a_forked_child_reaped_elsewhere_reads_as_gone_not_as_an_error():
+    """A forked child of the sweep is waited for by pid: one reaped already (SIGCHLD
+    ignored, another wait) raised ChildProcessError out of the sweep's look at its children,
+    where a Popen says it is gone."""
+    from workers.sweep import Forked
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    os.waitpid(pid, 0)
+    child = Forked(pid, ["x"])
+    assert child.poll() == 0 and child.wait(timeout=1) == 0
+    child.send_signal(signal.SIGTERM)  # gone: nothing to signal, no error

@@ -128,7 +128,11 @@ class Forked:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already (SIGCHLD ignored): gone, as Popen says
+                self.returncode = 0
+                return 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -144,7 +148,10 @@ class Forked:
                         raise subprocess.TimeoutExpired(self.args, timeout)
                 finally:
                     os.close(fd)
-            _, status = os.waitpid(self.pid, 0)
+            try:
+                _, status = os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                status = 0
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
