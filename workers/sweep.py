@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 
 from orchestrator import logs
 from orchestrator.state.status import (
@@ -166,16 +167,25 @@ class Forked:
 def _sqlite_files_open() -> bool:
     """Whether this process has a file of a SQLite database open (or cannot tell). A child
     forked with one must never close it: SQLite's locks are the process's, per file, and
-    the child's close would drop those of its own connection to the same file."""
+    the child's close would drop those of its own connection to the same file. A database
+    is known by its name's ending or by its header (a queue file may be named anyhow)."""
     try:
-        fds = os.listdir("/proc/self/fd")
-        for fd in fds:
+        for fd in os.listdir("/proc/self/fd"):
             with contextlib.suppress(OSError):  # the listing's own descriptor, gone
-                if os.readlink(f"/proc/self/fd/{fd}").endswith((".db", "-wal", "-shm", "-journal")):
+                if os.readlink(f"/proc/self/fd/{fd}").endswith(_SQLITE_ENDINGS):
+                    return True
+                if (
+                    S_ISREG(os.fstat(int(fd)).st_mode)
+                    and os.pread(int(fd), len(_SQLITE_HEADER), 0) == _SQLITE_HEADER
+                ):
                     return True
     except OSError:
         return True
     return False
+
+
+_SQLITE_ENDINGS = (".db", "-wal", "-shm", "-journal")
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 _PR_SET_NAME = 15  # prctl(2)
