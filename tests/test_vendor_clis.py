@@ -400,6 +400,18 @@ def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     assert [d["decision"] for d in decisions] == ["PASS"]
 
 
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_sweep_leaves_nothing_in_the_worker_s_tmpdir(netns, model, home, vkb, vendor):
+    # Each agent's TMPDIR is a folder of its attempt's own, gone once it ended: Claude left
+    # a fswatch-probe-* folder in the worker's TMPDIR every run, a year of nights' worth.
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = sorted(p.name for p in (home / "tmp").rglob("*"))
+    res = reviewq(netns, home, vkb.root, "sweep", "--reviewer", vendor, "--all-gates", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert _counts(json.loads(res.stdout)) == {"completed": 1}
+    assert sorted(p.name for p in (home / "tmp").rglob("*")) == before
+
+
 # --- infrastructure failures: never a verdict on the note ---------------------------------
 
 EXPECTED_REASON = {

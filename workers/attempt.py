@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -400,6 +401,24 @@ def attempt_marker(spec: AttemptSpec) -> tuple[bytes, ...]:
     return _marker(spec.environment())
 
 
+def _scratch(spec: AttemptSpec, profile_env: dict[str, str]) -> str | None:
+    """A temporary folder of the attempt's own, for its agent's TMPDIR; None when the
+    profile names a TMPDIR or none can be made (the agent then has the worker's). The CLIs
+    leave files there every run (Claude a ``fswatch-probe-*`` folder): a year of nightly
+    jobs piled them up in the worker's /tmp, one or more a job."""
+    if "TMPDIR" in profile_env:
+        return None
+    try:
+        return tempfile.mkdtemp(prefix=f"reviewq-job-{spec.job_id}-attempt-{spec.attempt}-")
+    except OSError:
+        return None
+
+
+def _drop(scratch: str | None) -> None:
+    if scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _encoded(env: dict[str, str]) -> dict[bytes, bytes]:
     return {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
 
@@ -513,8 +532,10 @@ def run_attempt(
         out.reasons = [f"could not build the command of {reviewer.profile.name}: {detail}"]
         return out
     own = spec.environment()
+    scratch = _scratch(spec, cmd.env)
     # As bytes, the form the kernel takes: Popen encodes a str one a variable at a time.
-    env = {**os.environb, **_encoded(cmd.env), **_encoded(own)}
+    tmp = {"TMPDIR": scratch} if scratch else {}
+    env = {**os.environb, **_encoded(tmp), **_encoded(cmd.env), **_encoded(own)}
     marker = _marker(own)
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
@@ -529,6 +550,7 @@ def run_attempt(
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
     if proc is None:
+        _drop(scratch)
         if window is not None:
             WATCH.end(window)
         out.ended_at = utcnow()
@@ -552,6 +574,7 @@ def run_attempt(
         changed = WATCH.end(window) if window is not None else set()
         if registered is not None:
             registered.unlink(missing_ok=True)
+        _drop(scratch)  # the agent's group has ended (or was killed) by now
     out.duration_s = time.monotonic() - start
     out.ended_at = utcnow()
     out.exit_code = proc.returncode
