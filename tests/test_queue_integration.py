@@ -642,6 +642,50 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))
 
 
+def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_path):
+    """A worker stopped with SIGTERM keeps the folder of the attempt it interrupted, for
+    the run of it queued again; started again after that message expired, it declined the
+    message and the folder (the prompt, quoting notes) stayed in attempts/ for good."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"2s"') + FAST_QUEUE)
+    fifo = make_fifo(tmp_path, "started")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        await_fifo(fifo)
+        worker.send_signal(signal.SIGTERM)  # the task goes back on the queue
+        assert worker.wait(timeout=30) == 0
+        assert (kb.state / "worker/attempts/job-1-attempt-1").is_dir()
+        # The message expires half a lease (1 s) and the timeout (2 s) after its dispatch,
+        # before the attempt started; the reaper gives the attempt up about then.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with db(kb) as conn:
+                row = conn.execute(
+                    "SELECT outcome, started_at FROM attempts WHERE attempt = 1"
+                ).fetchone()
+            if row["outcome"] not in ("dispatched", "running"):
+                break
+            time.sleep(0.1)
+        started = datetime.fromisoformat(row["started_at"].replace("Z", "+00:00")).timestamp()
+        while time.time() < started + 1 + 2 + 0.5:  # bounded: a few seconds at most
+            time.sleep(0.1)
+        worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+        res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "0", "--json")
+    finally:
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert any(e["event"] == "attempt.expired" for e in log_lines(kb))
+    assert list((kb.state / "worker/attempts").iterdir()) == []
+
+
 @pytest.mark.parametrize("redis", [False, True], ids=["sqlite", "redis"])
 def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, request, redis):
     """A person finalized a job by hand while a worker's agent ran for it: the control

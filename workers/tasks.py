@@ -290,9 +290,12 @@ def run_review(msg: dict) -> None:
         logs.get().error("message.refused", **{**refused, "worker": WORKER_ID})
         _say_refused(msg)
         return
-    if _expired(msg):
-        return
     place = _the_worker()
+    if _expired(msg):
+        # A run of it this worker's stop interrupted kept its folder for the run queued
+        # again; declined, nothing else would ever remove it (a prompt quoting notes).
+        _remove(attempt_folder(place.folder, msg["job_id"], msg["attempt"]))
+        return
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     with logs.bound(job_id=job_id, attempt=attempt, reviewer=name):
         profile = place.settings.reviewers.get(name)
