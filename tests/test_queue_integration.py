@@ -686,6 +686,50 @@ def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_p
     assert list((kb.state / "worker/attempts").iterdir()) == []
 
 
+def test_a_worker_started_removes_the_folder_of_an_attempt_a_dead_one_had_not_launched(
+    kb, tmp_path
+):
+    """A worker killed while an attempt waited for an agent slot left its folder, a prompt
+    quoting notes, that no registry entry names: the next worker removed only the folder
+    of the agent it reaped, and the other stayed for good."""
+    small_kb(kb, notes=2)
+    profile = fake_profile().replace("concurrency = 2", "concurrency = 1")
+    kb.write(
+        "reviewq.toml", profile + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60")
+    )
+    fifo = make_fifo(tmp_path, "started")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    attempts = kb.state / "worker" / "attempts"
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "2"], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent_pid = int(await_fifo(fifo).split()[0])
+        deadline = time.monotonic() + 30
+        while len(list(attempts.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the second attempt's folder, made before it waits for a slot
+        assert len(list(attempts.iterdir())) == 2
+        worker.kill()
+        worker.wait(timeout=30)
+        os.kill(agent_pid, signal.SIGKILL)  # the agent it ran: the next worker reaps its folder
+        for left in attempts.iterdir():
+            os.utime(left, (time.time() - 600, time.time() - 600))  # left ten minutes ago
+        worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+        log = kb.state / "worker" / "logs" / "reviewq.jsonl"
+        deadline = time.monotonic() + 30
+        while log.read_text().count('"worker.started"') < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p.name for p in attempts.iterdir() if p.name.endswith("-attempt-1")] == []
+    finally:
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    assert any(e["event"] == "worker.removed_attempt_folders" for e in log_lines(kb))
+
+
 @pytest.mark.parametrize("redis", [False, True], ids=["sqlite", "redis"])
 def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, request, redis):
     """A person finalized a job by hand while a worker's agent ran for it: the control

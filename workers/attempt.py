@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import math
@@ -813,6 +814,53 @@ def registry_dir(state_dir: Path) -> Path:
 def attempt_folder(state_dir: Path, job_id: int, attempt: int) -> Path:
     """A worker's private folder for one attempt, removed once its outcome is sent."""
     return state_dir / "attempts" / f"job-{job_id}-attempt-{attempt}"
+
+
+# How long a new attempt folder is left alone by a starting worker's sweep: a worker
+# sharing the folder holds it (:func:`claim_attempt`) a moment after making it.
+_CLAIM_GRACE_S = 60.0
+
+
+def claim_attempt(folder: Path) -> int | None:
+    """Hold ``folder`` as this process's while its attempt lives here (an open descriptor
+    with a flock, closed by the caller), so that :func:`remove_unclaimed` leaves it be."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def remove_unclaimed(state_dir: Path) -> list[str]:
+    """Remove the attempt folders in ``state_dir`` no live process holds; their names.
+    Those a worker left when it died with no agent running (an attempt waiting for an
+    agent slot, or sending its outcome) are in no registry entry for
+    :func:`reap_orphans` to find, and nothing else ever removed them."""
+    removed = []
+    try:
+        entries = list(os.scandir(state_dir / "attempts"))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # not a folder (or gone): not an attempt's
+        try:
+            if now - os.fstat(fd).st_mtime < _CLAIM_GRACE_S:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: a live worker's
+        else:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def register_agent(

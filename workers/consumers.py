@@ -24,7 +24,13 @@ from orchestrator.state.workspace import Workspace
 
 from . import tasks
 from .app import make_app
-from .attempt import become_subreaper, reap_orphans, stop_launching, worker_folder
+from .attempt import (
+    become_subreaper,
+    reap_orphans,
+    remove_unclaimed,
+    stop_launching,
+    worker_folder,
+)
 from .parent import follow_parent
 from .queues import (
     Consumer,
@@ -154,6 +160,8 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     app = make_app(settings)
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
     reap_orphans(folder, said="their worker died")
+    if left := remove_unclaimed(folder):
+        logs.get().info("worker.removed_attempt_folders", folders=left)
     if folder != settings.state_dir:
         # Before messages were versioned, workers shared the control's state folder and
         # registered their agents in its run/agents/ (run-job's registry now): a worker of

@@ -34,6 +34,7 @@ from .attempt import (
     STOPPING,
     AttemptOutcome,
     attempt_folder,
+    claim_attempt,
     registry_dir,
     run_attempt,
     stop_agent,
@@ -318,55 +319,72 @@ def run_review(msg: dict) -> None:
             _report(failed, {})
             return
 
-        beat = _Beats(job_id, attempt)
+        # Held until it is removed: a worker starting beside this one (sharing its
+        # folder) removes the attempt folders nobody holds, those of workers that died.
+        claim = claim_attempt(folder)
+        try:
+            _run_prepared(place, msg, profile, spec, kb, notices)
+        finally:
+            if claim is not None:
+                os.close(claim)
 
-        with _agent_slot(profile, beat, msg) as got:
-            if _expired(msg) or not got:  # it waited for a free agent slot past its lease
-                _remove(folder)
-                return
-            try:
-                outcome = run_attempt(
-                    for_profile(profile),
-                    spec,
-                    timeout_s=msg["timeout_s"],
-                    max_turns=profile.max_turns,
-                    # The KB check needs a KB: a worker without one has nothing to guard.
-                    guarded=msg.get("guarded") or () if kb else (),
-                    trees=msg.get("trees") or () if kb else (),
-                    max_output_bytes=msg["max_output_bytes"],
-                    on_tick=beat.send,
-                    tick_s=msg["heartbeat_s"],
-                    on_launch=beat.launched,
-                    registry=registry_dir(place.folder),
-                )
-            except Exception as exc:  # noqa: BLE001 - said and counted, not lost
-                # Raised out of the task, no outcome went back: the attempt was reaped as
-                # "never picked up", which counts toward nothing, and ran again for good.
-                reason = (
-                    f"worker {WORKER_ID} could not run the attempt: {type(exc).__name__}: {exc}"
-                )
-                logs.get().error("attempt.worker_error", reason=reason)
-                outcome = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
-        beat.wait()  # a beat sent goes before the outcome: the attempt's story in order
-        if beat.stopped is not None:
-            outcome.reasons.append(f"stopped at the control's request: {beat.stopped}")
-        if STOPPING.is_set():
-            # The worker is stopping and killed this agent; Huey queued the task again.
-            logs.get().info(
-                "attempt.abandoned", reason="worker stopping; the task was queued again"
-            )
+
+def _run_prepared(
+    place: WorkerPlace,
+    msg: dict,
+    profile: ReviewerProfile,
+    spec: AttemptSpec,
+    kb: Path | None,
+    notices: list[dict],
+) -> None:
+    """An attempt whose folder is ready: its agent once a slot is free, then its outcome."""
+    job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
+    folder = spec.attempt_dir
+    beat = _Beats(job_id, attempt)
+
+    with _agent_slot(profile, beat, msg) as got:
+        if _expired(msg) or not got:  # it waited for a free agent slot past its lease
+            _remove(folder)
             return
-        logs.get().info(
-            "attempt.exited",
-            outcome=outcome.classification,
-            exit_code=outcome.exit_code,
-            duration_s=round(outcome.duration_s, 3),
-        )
-        outcome.notices = notices
-        with REPORTING.beating(beat, msg["heartbeat_s"]):
-            _report(outcome, _evidence(spec))
-        # Sent: the control process keeps what matters; this worker holds nothing.
-        _remove(folder)
+        try:
+            outcome = run_attempt(
+                for_profile(profile),
+                spec,
+                timeout_s=msg["timeout_s"],
+                max_turns=profile.max_turns,
+                # The KB check needs a KB: a worker without one has nothing to guard.
+                guarded=msg.get("guarded") or () if kb else (),
+                trees=msg.get("trees") or () if kb else (),
+                max_output_bytes=msg["max_output_bytes"],
+                on_tick=beat.send,
+                tick_s=msg["heartbeat_s"],
+                on_launch=beat.launched,
+                registry=registry_dir(place.folder),
+            )
+        except Exception as exc:  # noqa: BLE001 - said and counted, not lost
+            # Raised out of the task, no outcome went back: the attempt was reaped as
+            # "never picked up", which counts toward nothing, and ran again for good.
+            reason = f"worker {WORKER_ID} could not run the attempt: {type(exc).__name__}: {exc}"
+            logs.get().error("attempt.worker_error", reason=reason)
+            outcome = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
+    beat.wait()  # a beat sent goes before the outcome: the attempt's story in order
+    if beat.stopped is not None:
+        outcome.reasons.append(f"stopped at the control's request: {beat.stopped}")
+    if STOPPING.is_set():
+        # The worker is stopping and killed this agent; Huey queued the task again.
+        logs.get().info("attempt.abandoned", reason="worker stopping; the task was queued again")
+        return
+    logs.get().info(
+        "attempt.exited",
+        outcome=outcome.classification,
+        exit_code=outcome.exit_code,
+        duration_s=round(outcome.duration_s, 3),
+    )
+    outcome.notices = notices
+    with REPORTING.beating(beat, msg["heartbeat_s"]):
+        _report(outcome, _evidence(spec))
+    # Sent: the control process keeps what matters; this worker holds nothing.
+    _remove(folder)
 
 
 def _say_refused(msg: object) -> None:
