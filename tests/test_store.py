@@ -147,6 +147,47 @@ def test_another_programs_sqlite_state_db_is_refused_and_left_as_it_was(kb, run_
     assert not (other / "queue").exists()
 
 
+@pytest.mark.parametrize(
+    "migrations",
+    [
+        "version TEXT PRIMARY KEY",  # Rails, dbmate: a timestamp
+        "version INTEGER PRIMARY KEY, dirty BOOLEAN",  # golang-migrate, numbered from 1
+        "version INTEGER PRIMARY KEY, inserted_at TEXT",  # Ecto, none applied yet
+    ],
+)
+def test_another_programs_schema_migrations_table_is_not_taken_for_reviewqs(
+    kb, run_cli, tmp_path, migrations
+):
+    """`schema_migrations` is the name many migration tools give their table: another
+    program's state.db holding one was taken for reviewq's, turned to WAL and then
+    migrated into ("table schema_migrations has 1 columns but 3 values were supplied",
+    said as another process holding it), read as a version ("internal error: TypeError")
+    or as reviewq's own record not matching its tables ("restore a backup")."""
+    kb.note("alpha")
+    kb.gate("prose/body-check", ["body"])
+    other = tmp_path / "otherapp"
+    other.mkdir()
+    conn = sqlite3.connect(other / "state.db")
+    conn.execute(f"CREATE TABLE schema_migrations ({migrations})")
+    if "inserted_at" not in migrations:
+        conn.execute("INSERT INTO schema_migrations (version) VALUES ('20230101120000')")
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.commit()
+    conn.close()
+    before = (other / "state.db").read_bytes()
+    for args in (("status",), ("enqueue", "--all-gates"), ("doctor",)):
+        res = run_cli("--state", str(other), *args)
+        assert res.exit_code == 1, args
+        said = res.stderr if args != ("doctor",) else res.stdout
+        assert (
+            f"{other / 'state.db'}: a SQLite database without reviewq's tables "
+            "(schema_migrations, users): not reviewq's state.db, and left as it is "
+            "(is --state right?)"
+        ) in said, (args, said)
+    assert (other / "state.db").read_bytes() == before
+    assert not any((other / n).exists() for n in ("state.db-wal", "state.db-shm", "queue"))
+
+
 @pytest.mark.parametrize("how", ["missing", "empty", "without reviewq's tables"])
 def test_a_lost_state_db_does_not_start_a_new_record_over_the_old_jobs_folders(kb, run_cli, how):
     """A state.db deleted, or left empty by a restore whose `.recover` failed (OPERATIONS

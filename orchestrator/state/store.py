@@ -273,7 +273,13 @@ class Store:
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
             )
         ]
-        if not tables or "schema_migrations" in tables:
+        # By its columns, not its name alone: Rails, dbmate, golang-migrate and Ecto name
+        # theirs schema_migrations too, and one was migrated into, or its version read.
+        if not tables or (
+            "schema_migrations" in tables
+            and [r[1] for r in self.conn.execute("PRAGMA table_info(schema_migrations)")]
+            == ["version", "name", "applied_at"]
+        ):
             return None
         return lost_record(self.path, "without reviewq's tables") or (
             f"{self.path}: a SQLite database without reviewq's tables "
