@@ -42,3 +42,23 @@ def open_regular(path: Path, follow: bool = True) -> int | None:
         os.close(fd)
         raise NotRegular(FOLDER if stat.S_ISDIR(mode) else SPECIAL)
     return fd
+
+
+class NotAFolder(OSError):
+    """A folder of the state folder that is a file, or a link to nothing, with the way out."""
+
+
+def make_folder(path: Path, holds: str) -> None:
+    """``path`` made (with its parents) if it is not there. One that is a file, or a link to
+    a folder on a disk that is not mounted, failed as "[Errno 17] File exists": an internal
+    error, or a reason at every job, naming neither the link nor the mount to mend.
+    ``holds`` says what reviewq keeps in it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        link = f"a link to {os.readlink(path)}, " if path.is_symlink() else ""
+        why = link + ("a file" if path.exists() else "which is not there")
+        raise NotAFolder(
+            f"{path}: not a folder ({why}); reviewq keeps {holds} in it: mount or make what "
+            "it links to, or move it aside"
+        ) from None

@@ -1512,6 +1512,30 @@ def test_rewrite_files_that_cannot_write_a_folder_says_so_and_exits_1(flow, run_
     assert "rewrite-files again" in last
 
 
+def test_a_jobs_folder_linked_to_a_disk_not_mounted_is_named_with_the_way_out(
+    flow, run_cli, tmp_path
+):
+    """STATE/jobs a link to a folder on a disk that is not mounted (transcripts are big):
+    every job's files failed with "[Errno 17] File exists: '.../jobs'", in the control's
+    log, in rewrite-files and in doctor's "mend the cause", none saying it was a link to
+    nothing, so the jobs stayed queued and undispatched for good."""
+    job = alpha_job(run_cli)
+    jobs = flow.state / "jobs"
+    shutil.rmtree(jobs)
+    jobs.symlink_to(tmp_path / "unmounted" / "jobs")
+    said = (
+        f"{jobs}: not a folder (a link to {tmp_path / 'unmounted' / 'jobs'}, which is not "
+        "there); reviewq keeps its job folders in it: mount or make what it links to, or "
+        "move it aside"
+    )
+    res = run_cli("rewrite-files")
+    assert res.exit_code == 1, res.stdout
+    assert f"review job {job['review_job_id']}: {said}" in res.stderr, res.stderr
+    res = run_cli("doctor")
+    assert f"wait to be written ({said})" in res.stdout, res.stdout
+    assert not (tmp_path / "unmounted").exists()
+
+
 def test_doctor_names_a_queued_jobs_missing_prompt_and_rewrite_files_brings_it_back(flow, run_cli):
     """A queued job's prompt.md (a rendering of state.db, OPERATIONS §6.4) deleted by hand:
     doctor, which names the renderings missing that a person still reads, said "ok" and

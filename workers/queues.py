@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import socket
 import sqlite3
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.logs import import_without
+from orchestrator.regularfile import NotAFolder, make_folder
 
 # `huey.storage` imports the redis package for its Redis backend whatever the queue
 # (redis.asyncio and all: ~50-90 ms of CPU in each process of a sweep on SQLite). The
@@ -821,16 +821,9 @@ def huey_for(settings: Settings, queue: str) -> Huey:
         )
     folder = settings.state_dir / "queue"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        # A link to a folder on a disk that is not mounted, or a file: said as an internal
-        # error ("File exists") to report, where the operator has a mount to mend.
-        link = f"a link to {os.readlink(folder)}, " if folder.is_symlink() else ""
-        why = link + ("a file" if folder.exists() else "which is not there")
-        raise StoreError(
-            f"{folder}: not a folder ({why}); reviewq keeps its SQLite queues in it: mount "
-            "or make what it links to, or move it aside"
-        ) from None
+        make_folder(folder, "its SQLite queues")
+    except NotAFolder as exc:
+        raise StoreError(str(exc)) from None
     path = folder / f"{queue}.db"
     try:
         return _SqliteHuey(

@@ -25,6 +25,7 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write, name_head
 from orchestrator.kb.gates import TYPE_LENS, parse_gate
 from orchestrator.kb.notes import REGIONS
+from orchestrator.regularfile import make_folder
 from orchestrator.state.store import Store, json_column, reasons_column, utcnow
 
 # A job id → its prompt.md text (None: the job has no job-level prompt). Prompts are
@@ -241,7 +242,8 @@ def write_due_job_files(
 
     def write(i: int) -> None:
         job_dir = state_dir / due[i][0]
-        job_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(job_dir.parent, "its job folders")
+        job_dir.mkdir(exist_ok=True)
         with folder_lock(job_dir, wait=store.waits_for_folders):
             write_job_files(store, job_dir, i, prompt)
 
