@@ -751,8 +751,17 @@ def load_settings(
     where = "--state" if state else f"{config_path} [state] dir"
     try:
         there = settings.state_dir.exists()
+        link = None if there else _link_to_nothing(settings.state_dir)
     except OSError as exc:  # a name too long for the file system
         raise ConfigError(f"{where} {settings.state_dir}: {exc.strerror or exc}") from None
+    if link is not None:
+        # Resolved, the folder it names was made, under the mount point of a disk not
+        # mounted, and a new record started there: every pair queued again for agents.
+        raise ConfigError(
+            f"{where} {settings.state_dir}: {link} is a symbolic link to {os.readlink(link)}, "
+            "which does not exist (a disk not mounted?); mount or make what it links to"
+        )
+    settings = replace(settings, state_dir=settings.state_dir.resolve())
     if there and not settings.state_dir.is_dir():
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
     for profile in settings.reviewers.values():
@@ -898,6 +907,16 @@ def _part_regex(part: str) -> str:
     return "".join(out)
 
 
+def _link_to_nothing(path: Path) -> Path | None:
+    """The symbolic link, ``path`` or a folder above it, that names nothing, if one does."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return None
+        if p.is_symlink():
+            return p
+    return None
+
+
 def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings:
     """Settings from the parsed file; a ConfigError names the table and the key."""
     top = _Table(data, "", {"kb", "state", "reviewers", "queue", "sweeps", "limits", "fix"})
@@ -941,7 +960,7 @@ def _settings(data: dict, root_path: Path, state: str | Path | None) -> Settings
     sweeps, left_out, ignored = _sweeps(top.data.get("sweeps", []), reviewers)
     return Settings(
         root=root_path,
-        state_dir=state_dir.resolve(),
+        state_dir=state_dir,  # resolved by load_settings, once a link to nothing is refused
         config_path=None,
         note_roots=note_roots or ("kb/notes",),
         exclude=exclude,

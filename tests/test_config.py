@@ -4,6 +4,7 @@ one ``error:`` line naming the file, the table.key and the reason."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -647,6 +648,36 @@ def test_a_state_path_that_is_a_file_is_one_error_line(kb, run_cli, command):
     res = run_cli("--state", str(kb.root / "f"), command)
     assert res.exit_code == 1
     assert res.stderr.splitlines() == [f"error: --state {kb.root / 'f'}: not a folder"]
+
+
+@pytest.mark.parametrize("given", ["default", "--state", "a folder above it"])
+def test_a_state_folder_linked_to_a_disk_not_mounted_starts_no_new_record(
+    kb, run_cli, tmp_path, given
+):
+    """ROOT/.reviewq a link to a folder on a disk that is not mounted (its mount point
+    there, empty): the link was resolved and the folder it names made, on the disk under
+    the mount point, and `enqueue` started a new record there: every pair queued again
+    for agents to be paid for, and the real record hidden until the disk came back."""
+    kb.note("alpha")
+    kb.gate("prose/body-check", ["body"])
+    mount = tmp_path / "mnt"
+    mount.mkdir()  # the mount point, the disk not mounted on it
+    if given == "a folder above it":
+        (tmp_path / "data").symlink_to(mount / "data")
+        state, link, option = tmp_path / "data" / "reviewq", tmp_path / "data", ["--state"]
+        where = f"--state {state}"
+    else:
+        kb.state.symlink_to(mount / "reviewq")
+        state, link, option = kb.state, kb.state, ["--state"] if given == "--state" else []
+        where = f"--state {state}" if option else f"{kb.root / 'reviewq.toml'} [state] dir {state}"
+    for command in (("enqueue", "--all-gates"), ("status",), ("doctor",)):
+        res = run_cli(*option, *([str(state)] if option else []), *command)
+        assert res.exit_code == 1, (command, res.stdout, res.stderr)
+        assert res.stderr.splitlines() == [
+            f"error: {where}: {link} is a symbolic link to {os.readlink(link)}, which does "
+            "not exist (a disk not mounted?); mount or make what it links to"
+        ], command
+    assert list(mount.iterdir()) == []
 
 
 def test_a_log_folder_that_cannot_be_made_is_one_error_line(kb, run_cli):
