@@ -1524,6 +1524,26 @@ def test_a_queue_folder_that_is_not_a_folder_is_named_in_one_line(kb, what):
     assert not (kb.root / "unmounted").exists()
 
 
+def test_a_control_on_another_programs_state_folder_makes_nothing_there(kb, tmp_path):
+    """`control --state` naming another program's folder (its SQLite file also called
+    state.db): refused as U1 refuses it, but only once the control had taken
+    control.lock and made queue/ with its two databases in that folder, as `doctor` did
+    before U7."""
+    small_kb(kb)
+    other = tmp_path / "otherapp"
+    other.mkdir()
+    with contextlib.closing(sqlite3.connect(other / "state.db")) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.commit()
+    res = rq(kb, "--state", str(other), "control", timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: {other / 'state.db'}: a SQLite database without reviewq's tables (users): "
+        "not reviewq's state.db, and left as it is (is --state right?)"
+    )
+    assert not any((other / n).exists() for n in ("queue", "control.lock", "state.db-wal"))
+
+
 def test_a_worker_kb_without_kb_folder_is_refused(kb, tmp_path):
     res = rq(kb, "worker", "--kb", str(kb.root / "kb"))
     assert (res.returncode, res.stderr) == (

@@ -323,6 +323,9 @@ def run_control(ws: Workspace) -> None:
     from orchestrator.sweeps.producer import sweep_problems
 
     settings = ws.settings
+    # state.db first: one refused as another program's had control.lock and queue/ made
+    # in that program's folder before the refusal.
+    ws.store  # noqa: B018 - opened for its refusal; Control uses it
     lock = _lock(ws.state_dir)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     follow_parent()
