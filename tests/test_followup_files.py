@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import pathlib
 import shutil
 import sqlite3
@@ -685,7 +686,8 @@ def test_a_results_folder_left_by_a_killed_rewrite_does_not_block_the_next(cycle
     assert (job_dir / "results").is_dir()
 
 
-@pytest.mark.parametrize("hand", ["a file", "a link to a folder", "a dangling link"])
+@pytest.mark.timeout(60)  # a FIFO held the rewrite for good: failed here, not hung
+@pytest.mark.parametrize("hand", ["a file", "a link to a folder", "a dangling link", "a fifo"])
 def test_a_results_folder_replaced_by_hand_is_rendered_again_and_nothing_is_left(
     cycle, tmp_path, hand
 ):
@@ -693,7 +695,8 @@ def test_a_results_folder_replaced_by_hand_is_rendered_again_and_nothing_is_left
     aside in the job folder as `.results.old.PID-N` (rmtree of a file or a link fails, and
     its error was ignored), and a link to nothing made every rewrite fail ("Not a
     directory"), the job's files stale for good. The folder a link named is the
-    person's, and is left as it was."""
+    person's, and is left as it was. A FIFO there, given to rmtree, held the rewrite
+    until a writer came."""
     from orchestrator.state.files import write_job_files
 
     kb, ws, control, sent, job_id = cycle
@@ -705,6 +708,8 @@ def test_a_results_folder_replaced_by_hand_is_rendered_again_and_nothing_is_left
     (elsewhere / "keep").mkdir(parents=True)
     if hand == "a file":
         (job_dir / "results").write_text("my notes\n")
+    elif hand == "a fifo":  # neither a file nor a folder: rmtree fails on it too
+        os.mkfifo(job_dir / "results")
     else:
         (job_dir / "results").symlink_to(
             elsewhere if hand == "a link to a folder" else tmp_path / "gone"

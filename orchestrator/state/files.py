@@ -491,11 +491,12 @@ def _swap_folder(new: Path, target: Path) -> None:
 def _remove(path: Path) -> None:
     """What was moved aside, whatever a person made it: rmtree fails on a file or a link
     (and must not follow a link into the person's own folder), and its error, ignored,
-    left the thing in the job folder."""
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    else:
+    left the thing in the job folder. A folder alone is rmtree's: it opens what it is
+    given, and a FIFO held the rewrite (the control's tick too) until a writer came."""
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def missing_job_files(store: Store, state_dir: Path) -> int:
