@@ -1133,6 +1133,26 @@ def test_an_escalation_whose_report_was_deleted_says_how_to_write_it_again(kb, r
     ) in res.stdout, res.stdout
 
 
+def test_an_escalations_folder_linked_to_a_disk_not_mounted_is_named_with_the_way_out(
+    kb, run_cli, tmp_path
+):
+    """STATE/escalations a link to a folder on a disk that is not mounted: every open
+    escalation's report failed as "[Errno 17] File exists: '.../escalations'", naming
+    neither the link nor the mount (U9 of the jobs folder, for the reports)."""
+    _, rel = escalated_alpha(kb)
+    folder = kb.state / "escalations"
+    shutil.rmtree(folder)
+    folder.symlink_to(tmp_path / "unmounted" / "escalations")
+    res = run_cli("rewrite-files")
+    assert res.exit_code == 1, res.stdout
+    assert (
+        f"{folder}: not a folder (a link to {tmp_path / 'unmounted' / 'escalations'}, which "
+        "is not there); reviewq keeps its escalation reports in it: mount or make what it "
+        "links to, or move it aside"
+    ) in res.stderr, res.stderr
+    assert not (tmp_path / "unmounted").exists()
+
+
 def test_an_escalation_whose_report_cannot_be_read_shows_what_state_db_holds(kb):
     """A FIFO left where an open escalation's gate-review file was (a person's `mkfifo`,
     a tool's pipe in STATE): `escalations` and `report` waited on it for good, for a

@@ -19,6 +19,7 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gates import not_asked
 from orchestrator.kb.notes import KBError, Note, NoteParseError, read_file, sha256_bytes
+from orchestrator.regularfile import make_folder
 from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
@@ -333,9 +334,15 @@ def write_due_reports(
     )
     if ids is not None:
         due = {i: due[i] for i in ids if i in due}
+
+    def write(i: int) -> None:
+        path = state_dir / _report_path(store, i)
+        make_folder(path.parent, "its escalation reports")
+        atomic_write(path, report(store, i))
+
     written, failed = write_each(
         due,
-        lambda i: atomic_write(state_dir / _report_path(store, i), report(store, i)),
+        write,
         what="escalation.report",
         key="escalation_id",
         late=late,
