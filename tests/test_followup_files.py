@@ -291,6 +291,44 @@ def test_the_control_does_not_wait_on_a_folder_a_suspended_command_holds(cycle):
     assert (folder / "results").is_dir()
 
 
+def test_a_follow_up_made_by_an_outcome_batch_has_its_files_written_after_it_commits(
+    cycle, monkeypatch
+):
+    """Stop 31 ran the control task's dispatch pass inside the outcome batch's transaction:
+    it met the fix job that batch had just made, with no MANIFEST.json yet, and rendered
+    its folder there, before the commit: a batch rolled back (a kill before its COMMIT)
+    left the folder of a job state.db never had. The job waits for the pass after it."""
+    from orchestrator.state import files
+
+    kb, ws, control, sent, review = cycle
+    control.dispatch()
+    msg = sent.pop(0)
+    other = sqlite3.connect(ws.store.path)  # what a reader sees: committed rows only
+    rendered: list[tuple[int, int]] = []
+    real = files.write_job_files
+
+    def spy(store, job_dir, job_id, prompt=None):  # noqa: ANN001, ANN202
+        (kept,) = other.execute(
+            "SELECT count(*) FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        rendered.append((job_id, kept))
+        return real(store, job_dir, job_id, prompt)
+
+    monkeypatch.setattr(files, "write_job_files", spy)
+    outcome = {
+        "job_id": msg["job_id"],
+        "attempt": msg["attempt"],
+        "classification": "output",
+        "output": _bundle(ws, review, "FAIL"),  # fixing on: a fix job
+    }
+    if not control.on_messages([], [outcome], dispatch=True):
+        control.dispatch()  # what the control task does then
+    other.close()
+    (fix,) = ws.store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    assert (fix, 0) not in rendered and (fix, 1) in rendered
+    assert [(m["job_id"], m["task"]) for m in sent] == [(fix, "fix")]  # dispatched all the same
+
+
 def test_a_folder_locks_timeout_bounds_the_wait_with_no_one_told_of_it(tmp_path):
     """Without an ``on_wait`` to call, the lock was asked for blocking at once and the
     ``timeout`` never came into it: a caller with no terminal (export called as a

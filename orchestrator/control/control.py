@@ -197,8 +197,12 @@ class Control:
             opened = self._open_due()
         return self._send_opened(opened)
 
-    def _open_due(self) -> list[tuple[OpenedAttempt, ReviewerProfile]]:
-        """The attempts of one dispatch pass, opened in the caller's transaction."""
+    def _open_due(
+        self, unwritten: list[int] | None = None
+    ) -> list[tuple[OpenedAttempt, ReviewerProfile]]:
+        """The attempts of one dispatch pass, opened in the caller's transaction. Given
+        ``unwritten`` (a pass inside an outcome batch's transaction), a job whose folder
+        is not written yet is listed there and left for a pass after the commit."""
         now = timestamp(self.now())
         open_counts = dict(
             self.store.conn.execute(
@@ -255,6 +259,15 @@ class Control:
                     # A run with a budget is not prefetched: a message waiting in the queue
                     # would start after the budget is reached.
                     continue
+            if (
+                unwritten is not None
+                and job["job_dir"]
+                and not (self.ws.state_dir / job["job_dir"] / "MANIFEST.json").is_file()
+            ):
+                # Most likely a follow-up this very transaction made: rendered here, a
+                # batch rolled back would leave the folder of a job state.db never had.
+                unwritten.append(job["id"])
+                continue
             # A job made by another process has its folder written after that process's
             # commit; an agent must not start before its MANIFEST.json is there.
             if not self._job_folder_written(job, name):
@@ -483,7 +496,9 @@ class Control:
         anyway), the next dispatch pass too, at the transaction's end: one commit and one
         look at the queued jobs fewer a batch. Its messages go once the commit makes their
         attempts visible. A pass that fails is undone alone (a savepoint) and False is
-        returned, for the caller to run one of its own; True when it ran here."""
+        returned, for the caller to run one of its own after the commit; so is a pass that
+        met a job whose folder is not written yet (a follow-up of the batch: its files
+        follow the commit). True when the pass here left nothing for another."""
         for o in outcomes:
             self._keep_attempt_files(o)
         with self.store.write():
@@ -524,15 +539,16 @@ class Control:
                 self._on_outcome(o)
             if not dispatch:
                 return False
+            unwritten: list[int] = []
             try:
                 with self.store.write():
-                    opened = self._open_due()
+                    opened = self._open_due(unwritten)
             except Exception:  # noqa: BLE001 - the caller's own pass meets it again, and says it
                 return False
             # After the batch's own callbacks (its job files and lines): their attempts
             # are the older news.
             self.store.after_commit(functools.partial(self._send_opened, opened))
-        return True
+        return not unwritten
 
     def _ask_stop(self, h: dict, outcome: str) -> None:
         """Ask the worker that beat for an attempt no longer wanted to stop its agent, at
