@@ -603,3 +603,16 @@ def bound(**ids: object) -> Iterator[None]:
         yield
     finally:
         structlog.contextvars.reset_contextvars(**tokens)
+
+
+@contextmanager
+def unbound(*names: str) -> Iterator[None]:
+    """Lift ids bound for the task (:func:`bound`) for a stretch that is about none of
+    them, then bind them again: a line there without its own would be told as theirs."""
+    import structlog
+
+    tokens = structlog.contextvars.bind_contextvars(**dict.fromkeys(names, ...))
+    try:
+        yield
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)

@@ -837,6 +837,9 @@ def test_budget_stops_new_attempts_and_says_so(kb):
     assert queued == 12 - spent[1]
     events = [e for e in log_lines(kb) if e["event"] == "sweep.budget_reached"]
     assert len(events) == 1 and events[0]["sweep"] == "nightly"
+    # Said by the pass inside an outcome batch's transaction, it carried the ids of the
+    # batch's first message: `reviewq logs --job N` showed it as that job's story.
+    assert "job_id" not in events[0] and "attempt" not in events[0], events[0]
 
 
 def test_cron_fires_a_configured_sweep_once_per_matching_minute(kb):

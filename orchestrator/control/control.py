@@ -541,7 +541,9 @@ class Control:
                 return False
             unwritten: list[int] = []
             try:
-                with self.store.write():
+                # The pass is no message's story: its lines (a sweep's budget reached)
+                # must not take the ids the task bound for the batch's first message.
+                with logs.unbound("job_id", "attempt"), self.store.write():
                     opened = self._open_due(unwritten)
             except Exception:  # noqa: BLE001 - the caller's own pass meets it again, and says it
                 return False
