@@ -898,3 +898,44 @@ def test_a_forked_child_reaped_elsewhere_reads_as_gone_not_as_an_error():
     child = Forked(pid, ["x"])
     assert child.poll() == 0 and child.wait(timeout=1) == 0
     child.send_signal(signal.SIGTERM)  # gone: nothing to signal, no error
+
+
+def test_a_forked_worker_is_named_by_its_own_pid_and_each_child_logs_as_itself(tmp_path):
+    """The sweep imports workers.tasks before it forks, and its worker id (host:pid, in
+    every heartbeat, attempt row and ``attempt.lost`` line: the process an operator looks
+    for) was taken at that import: the forked worker carried the sweep's pid. Each forked
+    child's log lines name it (process=control/worker), not the sweep's setup."""
+    (tmp_path / "kb").mkdir()
+    probe = (
+        "import json, os, time\n"
+        "from orchestrator import logs\n"
+        "from orchestrator.state.workspace import Workspace\n"
+        "from workers import sweep\n"
+        f"ws = Workspace.open({str(tmp_path)!r})\n"
+        "logs.configure(ws.state_dir)\n"
+        "children = sweep.Children(ws, 1)\n"
+        "children.fork()\n"
+        "assert sorted(children.waiting) == ['control', 'worker'], children.waiting\n"
+        "children.start()\n"
+        "pids = {name: p.pid for name, p in children.procs.items()}\n"
+        "paths = [logs.log_path(ws.state_dir), logs.log_path(ws.state_dir / 'worker')]\n"
+        "seen = {}\n"
+        "try:\n"
+        "    for _ in range(600):  # bounded: the two start-up lines, read as written\n"
+        "        text = ''.join(p.read_text() for p in paths if p.exists())\n"
+        "        for line in text.splitlines():\n"
+        "            e = json.loads(line)\n"
+        "            if e['event'] in ('worker.started', 'control.started'):\n"
+        "                seen[e['event']] = e\n"
+        "        if len(seen) == 2:\n"
+        "            break\n"
+        "        time.sleep(0.05)\n"
+        "finally:\n"
+        "    children.stop(at_once=True)\n"
+        "assert len(seen) == 2, (seen, text)\n"
+        "worker, control = seen['worker.started'], seen['control.started']\n"
+        "assert worker['process'] == 'worker' and control['process'] == 'control', seen\n"
+        "assert control['pid'] == pids['control'], (control, pids)\n"
+        "assert worker['worker'].rsplit(':', 1)[1] == str(pids['worker']), (worker, pids, os.getpid())\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)

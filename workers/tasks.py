@@ -64,6 +64,17 @@ _semaphores: dict[str, threading.BoundedSemaphore] = {}
 _sem_lock = threading.Lock()
 HOST = socket.gethostname()
 WORKER_ID = f"{HOST}:{os.getpid()}"
+
+
+def _named_anew() -> None:
+    # A sweep imports this module before it forks its worker (sweep.Children.fork): taken
+    # at the import alone, the worker's id named the sweep's pid in every heartbeat,
+    # attempt row and attempt.lost line, the process an operator then looks for.
+    global WORKER_ID
+    WORKER_ID = f"{HOST}:{os.getpid()}"
+
+
+os.register_at_fork(after_in_child=_named_anew)
 OUTPUT_NAMES = ("bundle-output.md", "fixed-note.md")
 
 
