@@ -2493,6 +2493,43 @@ def test_a_sweep_whose_only_worker_runs_another_release_says_so(kb):
     ws.close()
 
 
+def test_a_sweep_hears_what_its_children_said_while_it_wrote_the_job_folders(kb, monkeypatch):
+    """Stop 31 starts the sweep's children once its jobs commit, before it writes their
+    folders, but the sweep's look-out for a missing worker began after that writing: a
+    worker of another release that refused every message at once (its `message.refused`
+    lines all logged by then) was missed, and the sweep said "start `reviewq worker`"."""
+    from orchestrator import logs
+    from orchestrator.control import messages
+    from orchestrator.control.control import Control
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest
+    from workers.sweep import Children, NoWorker, run_sweep
+
+    small_kb(kb, notes=1)
+    monkeypatch.setattr(NoWorker, "AFTER_S", 0.0)
+    monkeypatch.setattr(NoWorker, "EVERY_S", 0.0)
+    control_ws = Workspace.open(kb.root)
+
+    def start(self: Children) -> None:  # its control dispatches, the far worker refuses
+        Control(control_ws, send_review=lambda msg: None).dispatch()
+        notice = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:42", "host": "far"}
+        logs.get().error("message.refused", **messages.refusal("outcome", notice))
+
+    def check(self: Children) -> None:  # one look of the sweep's, then it ends
+        self.failed.append("ended by the test")
+
+    monkeypatch.setattr(Children, "start", start)
+    monkeypatch.setattr(Children, "check", check)
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    req = SweepRequest(name="cli", reviewer="offline", selectors=("frontmatter",))
+    run_sweep(ws, req, workers=0)
+    ws.close()
+    control_ws.close()
+    (said,) = [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"]
+    assert said["note"].startswith("a worker of another release refuses the messages"), said
+
+
 def test_a_sweep_that_started_no_worker_does_not_call_a_busy_one_missing(kb):
     """A service worker whose slots hold agents launched before the sweep began (reviews
     take minutes) was taken for none: only launches since the sweep's start counted."""

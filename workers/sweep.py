@@ -544,6 +544,10 @@ def run_sweep(
     # before anything is enqueued, not four restarts of each child later.
     app = make_app(ws.settings)
     jobs = SweepJobs.starting(store)
+    # Before the enqueue: its children start at the commit, and what they hear while the
+    # sweep writes the folders (a worker of another release refusing each message at
+    # once) is heard by this look-out too.
+    no_worker = NoWorker(store, watching=workers == 0, log=logs.log_path(ws.state_dir))
     started: list[Children] = []
 
     def start_children(ids: list[int]) -> None:
@@ -565,7 +569,6 @@ def run_sweep(
         raise
     jobs = jobs.of_run(enqueued.run_id)
     children = started[0] if started else (children or Children(ws, workers))
-    no_worker = NoWorker(store, watching=workers == 0, log=logs.log_path(ws.state_dir))
     terminated = []
     interrupted = False
     looks = Looks()
