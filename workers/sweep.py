@@ -25,6 +25,7 @@ from pathlib import Path
 from stat import S_ISREG
 
 from orchestrator import logs
+from orchestrator.state.files import writing_job_folders
 from orchestrator.state.status import (
     Pause,
     Progress,
@@ -561,7 +562,8 @@ def run_sweep(
             _nudge()
 
     try:
-        enqueued = enqueue(ws, req, committed=start_children)
+        with writing_job_folders(ws.state_dir):
+            enqueued = enqueue(ws, req, committed=start_children)
     except BaseException:
         # A refusal, or the folders' writing interrupted (a Ctrl-C).
         for made in started or ([children] if children else []):

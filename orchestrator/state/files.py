@@ -231,11 +231,16 @@ def write_due_job_files(
         "FROM job_files_due d JOIN review_jobs j ON j.id = d.job_id"
     )
     ids = None if job_ids is None else list(job_ids)
+    params: tuple[str, ...] = ()
+    if late and ids is None and folders_being_written(state_dir):
+        # The tick: those not tried yet are the writer's, which writes them now (a
+        # sweep's control starts at the commit, and wrote every folder the sweep did).
+        sql, params = sql + " WHERE d.error != ?", (NOT_TRIED,)
     if ids is not None and len(ids) <= 500:
         # Only these rows (dispatch asks about every job it opens, most of them not due).
         rows = store.conn.execute(f"{sql} WHERE d.job_id IN ({', '.join('?' * len(ids))})", ids)
     else:
-        rows = store.conn.execute(sql + " ORDER BY d.job_id")
+        rows = store.conn.execute(sql + " ORDER BY d.job_id", params)
     due = {r[0]: (r[1], r[2], r[3]) for r in rows}
     if ids is not None:
         due = {i: due[i] for i in ids if i in due}  # others were written meanwhile
@@ -256,6 +261,35 @@ def write_due_job_files(
     )
     settle_due(store, "job_files_due", "job_id", written, failed, {i: due[i][2] for i in written})
     return len(written)
+
+
+@contextlib.contextmanager
+def writing_job_folders(state_dir: Path):
+    """Held (a shared lock on the state folder) by a process from before it commits jobs
+    until it has written their folders, while other processes run beside it (a sweep's
+    children start at its commit): the control's tick leaves the folders not tried yet
+    to it. The kernel lets go of it when its holder dies, and the tick writes them then."""
+    fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def folders_being_written(state_dir: Path) -> bool:
+    """Whether a process holds :func:`writing_job_folders` now."""
+    try:
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the lock, if taken
+    return False
 
 
 def unwritten_job_folder(store: Store, folder: Path, job_id: int) -> str | None:
