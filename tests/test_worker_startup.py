@@ -939,3 +939,37 @@ def test_a_forked_worker_is_named_by_its_own_pid_and_each_child_logs_as_itself(t
         "assert worker['worker'].rsplit(':', 1)[1] == str(pids['worker']), (worker, pids, os.getpid())\n"
     )
     _passes_in_a_fresh_interpreter(probe)
+
+
+def test_a_forked_child_killed_while_it_waits_is_started_afresh(tmp_path):
+    """A child forked to wait for the jobs' commit and killed meanwhile (an operator's
+    `kill`, the OOM killer) made the sweep's write of its start byte fail: a BrokenPipeError
+    out of the commit's callbacks, and the sweep ended in an internal error with its jobs
+    recorded. The child is started afresh instead, as a restart is."""
+    (tmp_path / "kb").mkdir()
+    probe = (
+        "import os, signal, subprocess\n"
+        "from orchestrator.state.workspace import Workspace\n"
+        "from workers import sweep\n"
+        f"ws = Workspace.open({str(tmp_path)!r})\n"
+        "children = sweep.Children(ws, 1)\n"
+        "children.fork()\n"
+        "pid = children.waiting['control'][0]\n"
+        "os.kill(pid, signal.SIGKILL)\n"
+        "os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped\n"
+        "try:\n"
+        "    children.start()\n"
+        "    control = children.procs['control']\n"
+        "    assert isinstance(control, subprocess.Popen), control\n"
+        "    assert control.pid != pid and control.poll() is None\n"
+        "    assert isinstance(children.procs['worker'], sweep.Forked)\n"
+        "finally:\n"
+        "    children.stop(at_once=True)\n"
+        "try:\n"
+        "    os.waitpid(pid, os.WNOHANG)\n"
+        "except ChildProcessError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError(f'{pid} not reaped')\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)

@@ -332,10 +332,16 @@ class Children:
         waiting = self.waiting.pop(name, None)
         if waiting is not None:
             pid, w = waiting
-            os.write(w, b"1")
-            os.close(w)
-            self.procs[name] = Forked(pid, self.specs[name])
-            return
+            try:
+                os.write(w, b"1")
+            except BrokenPipeError:  # killed while it waited: started afresh below
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            else:
+                self.procs[name] = Forked(pid, self.specs[name])
+                return
+            finally:
+                os.close(w)
         self.procs[name] = subprocess.Popen(
             self.specs[name],
             env=self.env,
