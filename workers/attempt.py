@@ -420,6 +420,15 @@ def _drop(scratch: str | None) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _environ() -> dict[bytes, bytes] | os._Environ[bytes]:
+    """This process's environment as bytes, as it is now. ``os.environb`` keeps a plain
+    dict of it in step with every change made through ``os.environ``: read through the
+    mapping itself, each variable is checked and looked up again in Python, ~13 µs an
+    agent for 40 variables (~30 µs in a busy worker), against ~0.3 µs for the dict."""
+    data = getattr(os.environb, "_data", None)
+    return data if isinstance(data, dict) else os.environb
+
+
 def _encoded(env: dict[str, str]) -> dict[bytes, bytes]:
     return {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
 
@@ -536,7 +545,7 @@ def run_attempt(
     scratch = _scratch(spec, cmd.env)
     # As bytes, the form the kernel takes: Popen encodes a str one a variable at a time.
     tmp = {"TMPDIR": scratch} if scratch else {}
-    env = {**os.environb, **_encoded(tmp), **_encoded(cmd.env), **_encoded(own)}
+    env = {**_environ(), **_encoded(tmp), **_encoded(cmd.env), **_encoded(own)}
     marker = _marker(own)
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
