@@ -750,6 +750,67 @@ def test_an_enqueue_hands_its_committed_jobs_over_before_it_writes_their_folders
     ws.store.close()
 
 
+def test_a_tick_leaves_the_folders_an_enqueue_is_writing_to_the_enqueue(kb, monkeypatch):
+    """A sweep's control starts at the commit, while the sweep still writes its jobs'
+    folders: the control's tick wrote each of them again (and said each "written late")."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    other = Workspace.open(kb.root)  # the control process's own connection
+    control = Control(other, send_review=lambda m: None, hooks=FollowUp(other))
+    real_mkdir = pathlib.Path.mkdir
+    by_the_tick: list[int] = []
+
+    def mkdir(self, *args, **kwargs):
+        if self.name.startswith("review-job-") and not by_the_tick:
+            by_the_tick.append(control.write_due_files())
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    jobs = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    monkeypatch.setattr(pathlib.Path, "mkdir", real_mkdir)
+    assert len(jobs) == 2 and by_the_tick == [0]
+    for job in jobs:
+        assert (kb.root / job.prompt_path).with_name("MANIFEST.json").is_file()
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    assert control.write_due_files() == 0
+    ws.store.close()
+    other.store.close()
+
+
+def test_the_jobs_one_transaction_changed_have_their_files_written_in_one_pass(kb):
+    """A control batch finishes several jobs in one transaction: their folders were each
+    written by a pass of their own after the commit, each settling its due row in a
+    transaction of its own."""
+    import json
+
+    from orchestrator.state.files import write_job_files_after_commit
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    ids = [j.review_job_id for j in enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs]
+    before = ws.store.transactions
+    with ws.store.write():
+        for i in ids:
+            ws.store.conn.execute(
+                "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?",
+                (json.dumps([f"decided {i}"]), i),
+            )
+            write_job_files_after_commit(ws.store, ws.state_dir, i)
+    assert ws.store.transactions - before == 2  # the batch's, and one settling both rows
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    for i in ids:
+        (job_dir,) = ws.store.conn.execute(
+            "SELECT job_dir FROM review_jobs WHERE id = ?", (i,)
+        ).fetchone()
+        manifest = json.loads((ws.state_dir / job_dir / "MANIFEST.json").read_text())
+        assert manifest["failure_reasons"] == [f"decided {i}"]
+    ws.store.close()
+
+
 def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed(kb, run_cli):
 
     kb.gate("prose/clarity", ["body"])
