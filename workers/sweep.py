@@ -25,7 +25,6 @@ from pathlib import Path
 from stat import S_ISREG
 
 from orchestrator import logs
-from orchestrator.state.files import writing_job_folders
 from orchestrator.state.status import (
     Pause,
     Progress,
@@ -568,8 +567,7 @@ def run_sweep(
             _nudge()
 
     try:
-        with writing_job_folders(ws.state_dir):
-            enqueued = enqueue(ws, req, committed=start_children)
+        enqueued = enqueue(ws, req, committed=start_children)
     except BaseException:
         # A refusal, or the folders' writing interrupted (a Ctrl-C).
         for made in started or ([children] if children else []):

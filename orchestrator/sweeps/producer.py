@@ -22,6 +22,7 @@ from orchestrator.kb.notes import KB, FileProblem, KBError, Note, NoteParseError
 from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import keeps_no_status, select
+from orchestrator.state.files import writing_job_folders
 from orchestrator.state.status import entry_takes_over, over_budget_runs
 from orchestrator.state.store import Store, json_column, parse_timestamp, timestamp, utcnow
 from orchestrator.state.workspace import Workspace
@@ -194,7 +195,9 @@ def enqueue(
     # restarted control ran the sweep again). The selection stays outside; the jobs' own
     # notes are read for their snapshots inside.
     ids: list[int] = []
-    with store.write():
+    # Held until the folders are written: a control running beside (a sweep's starts at
+    # the commit) leaves them to this process, not writing each a second time.
+    with writing_job_folders(ws.state_dir), store.write():
         if committed is not None:
             # First of what runs at the commit: before the folders' writing.
             store.after_commit(lambda: committed(ids))
