@@ -623,6 +623,9 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
         agent_pid = int(await_fifo(fifo).split()[0])
         worker.send_signal(signal.SIGTERM)  # Huey's immediate stop: interrupt, re-enqueue
         assert worker.wait(timeout=30) == 0
+        # Its exit means its agents ended: it waited for those it killed, and said so.
+        # (It once exited right after the SIGKILL, the agent alive for a moment yet.)
+        stopped = [e for e in log_lines(kb) if e["event"] == "worker.stopped"]
         agent_gone = process_gone(agent_pid)
         os.unlink(fifo)
         # A new worker takes the re-enqueued task; the sweep (no workers of its own) waits.
@@ -632,6 +635,7 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
         for proc in (worker, control):
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)
+    assert stopped[0]["agents_killed"] == [agent_pid] and stopped[0]["agents_running"] == []
     assert agent_gone, "the interrupted agent was left running"
     assert res.returncode == 0, res.stderr
     with db(kb) as conn:

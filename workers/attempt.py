@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -370,10 +371,11 @@ def _strays() -> bool | None:
     return True
 
 
-def _collect(pids: list[int], within_s: float = 5.0) -> None:
+def _collect(pids: list[int], within_s: float = 5.0) -> list[int]:
     """Wait (up to ``within_s`` in all) for killed processes to end, then for the dead
-    among this process's children (:func:`_strays`)."""
+    among this process's children (:func:`_strays`); those still running by then."""
     deadline = time.monotonic() + within_s
+    running = []
     for pid in pids:
         try:
             fd = os.pidfd_open(pid)
@@ -382,10 +384,12 @@ def _collect(pids: list[int], within_s: float = 5.0) -> None:
         try:
             poller = select.poll()
             poller.register(fd, select.POLLIN)
-            poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+            if not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                running.append(pid)
         finally:
             os.close(fd)
     _strays()
+    return running
 
 
 def _waited_for(pid: int) -> bool:
@@ -946,11 +950,17 @@ def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIG
     return False
 
 
-def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[int]:
+class Reaped(NamedTuple):
+    killed: list[int]  # the agents' process groups
+    running: list[int]  # their processes still running after a bounded wait
+
+
+def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     """Kill the agent groups on this host whose worker process is gone (or, with
-    ``mine``, this process's own, as a stopping worker does); returns them. With
-    ``said`` (why they were left), any killed are logged as ``worker.reaped_orphans``."""
-    killed = []
+    ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
+    them to end. With ``said`` (why they were left), any killed are logged as
+    ``worker.reaped_orphans``."""
+    killed, gone = [], []
     folder = registry_dir(state_dir)
     entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -982,6 +992,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[in
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        gone += ([entry["pgid"]] if ours else []) + doomed
         key = (entry.get("job_id"), entry.get("attempt"))
         if not mine and key not in running and all(isinstance(k, int) for k in key):
             # Its worker died: no outcome will be sent, and nothing else removes the
@@ -989,11 +1000,14 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> list[in
             # attempts were queued again, maybe to a worker sharing this folder: kept.)
             shutil.rmtree(attempt_folder(state_dir, *key), ignore_errors=True)
         path.unlink(missing_ok=True)
+    # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
+    # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
+    running = _collect(gone) if gone else []
     if killed and said:
         from orchestrator import logs
 
         logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
-    return killed
+    return Reaped(killed, running)
 
 
 def read_tail(path: Path, limit: int) -> bytes:

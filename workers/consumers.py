@@ -217,7 +217,12 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         # Stop them, however the consumer ended; none starts after this.
         stop_launching()
         left = reap_orphans(folder, mine=True)
-        logs.get().info("worker.stopped", worker=tasks.WORKER_ID, agents_killed=left)
+        logs.get().info(
+            "worker.stopped",
+            worker=tasks.WORKER_ID,
+            agents_killed=left.killed,
+            agents_running=left.running,
+        )
 
 
 class FeedWatch(threading.Thread):
