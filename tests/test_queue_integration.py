@@ -613,7 +613,9 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     )
     fifo = make_fifo(tmp_path, "started")
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    tmp = tmp_path / "tmp"  # the worker's TMPDIR: the agent's own is made in it
+    tmp.mkdir()
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "TMPDIR": str(tmp)}
     control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
     worker = subprocess.Popen(
         [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
@@ -621,12 +623,16 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         agent_pid = int(await_fifo(fifo).split()[0])
+        assert len(list(tmp.iterdir())) == 1
         worker.send_signal(signal.SIGTERM)  # Huey's immediate stop: interrupt, re-enqueue
         assert worker.wait(timeout=30) == 0
         # Its exit means its agents ended: it waited for those it killed, and said so.
         # (It once exited right after the SIGKILL, the agent alive for a moment yet.)
         stopped = [e for e in log_lines(kb) if e["event"] == "worker.stopped"]
         agent_gone = process_gone(agent_pid)
+        # Its thread never reached the end of the attempt, which removes the agent's
+        # TMPDIR: the worker's exit left it in the worker's TMPDIR for good.
+        tmp_left = list(tmp.iterdir())
         os.unlink(fifo)
         # A new worker takes the re-enqueued task; the sweep (no workers of its own) waits.
         worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
@@ -637,6 +643,7 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
             proc.wait(timeout=30)
     assert stopped[0]["agents_killed"] == [agent_pid] and stopped[0]["agents_running"] == []
     assert agent_gone, "the interrupted agent was left running"
+    assert tmp_left == []
     assert res.returncode == 0, res.stderr
     with db(kb) as conn:
         job = conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
@@ -703,7 +710,9 @@ def test_a_worker_started_removes_the_folder_of_an_attempt_a_dead_one_had_not_la
     )
     fifo = make_fifo(tmp_path, "started")
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    tmp = tmp_path / "tmp"  # the worker's TMPDIR: the agent's own is made in it
+    tmp.mkdir()
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "TMPDIR": str(tmp)}
     attempts = kb.state / "worker" / "attempts"
     control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
     worker = subprocess.Popen(
@@ -727,6 +736,7 @@ def test_a_worker_started_removes_the_folder_of_an_attempt_a_dead_one_had_not_la
         while log.read_text().count('"worker.started"') < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [p.name for p in attempts.iterdir() if p.name.endswith("-attempt-1")] == []
+        assert list(tmp.iterdir()) == []  # the reaped agent's TMPDIR went with its folder
     finally:
         for proc in (worker, control):
             proc.send_signal(signal.SIGINT)

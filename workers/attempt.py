@@ -414,9 +414,13 @@ def _scratch(spec: AttemptSpec, profile_env: dict[str, str]) -> str | None:
     if "TMPDIR" in profile_env:
         return None
     try:
-        return tempfile.mkdtemp(prefix=f"reviewq-job-{spec.job_id}-attempt-{spec.attempt}-")
+        return tempfile.mkdtemp(prefix=_scratch_prefix(spec.job_id, spec.attempt))
     except OSError:
         return None
+
+
+def _scratch_prefix(job_id: object, attempt: object) -> str:
+    return f"reviewq-job-{job_id}-attempt-{attempt}-"
 
 
 def _drop(scratch: str | None) -> None:
@@ -559,7 +563,7 @@ def run_attempt(
             if not STOPPING.is_set():
                 proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
                 if registry is not None:
-                    registered = register_agent(registry, spec, proc.pid, marker)
+                    registered = register_agent(registry, spec, proc.pid, marker, scratch)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
@@ -877,7 +881,11 @@ def remove_unclaimed(state_dir: Path) -> list[str]:
 
 
 def register_agent(
-    folder: Path, spec: AttemptSpec, pgid: int, marker: tuple[bytes, ...] | None = None
+    folder: Path,
+    spec: AttemptSpec,
+    pgid: int,
+    marker: tuple[bytes, ...] | None = None,
+    scratch: str | None = None,
 ) -> Path | None:
     path = folder / f"{socket.gethostname()}-{pgid}.json"
     entry = {
@@ -887,6 +895,9 @@ def register_agent(
         "attempt": spec.attempt,
         # What the sessions its processes start carry (latin-1: bytes back).
         "marker": [m.decode("latin-1") for m in marker or attempt_marker(spec)],
+        # Its TMPDIR (_scratch): removed by whoever reaps it, its thread having died or
+        # been cut short by its worker's exit.
+        "scratch": scratch,
     }
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
@@ -960,7 +971,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
     them to end. With ``said`` (why they were left), any killed are logged as
     ``worker.reaped_orphans``."""
-    killed, gone = [], []
+    killed, gone, scratches = [], [], []
     folder = registry_dir(state_dir)
     entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -994,6 +1005,9 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
                 os.kill(pid, signal.SIGKILL)
         gone += ([entry["pgid"]] if ours else []) + doomed
         key = (entry.get("job_id"), entry.get("attempt"))
+        scratch = entry.get("scratch")
+        if isinstance(scratch, str) and Path(scratch).name.startswith(_scratch_prefix(*key)):
+            scratches.append(scratch)
         if not mine and key not in running and all(isinstance(k, int) for k in key):
             # Its worker died: no outcome will be sent, and nothing else removes the
             # prompt (quoting notes) and what the agent left. (A stopping worker's own
@@ -1003,6 +1017,8 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
     running = _collect(gone) if gone else []
+    for scratch in scratches:
+        _drop(scratch)
     if killed and said:
         from orchestrator import logs
 
