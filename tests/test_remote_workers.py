@@ -750,6 +750,62 @@ def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
     assert list((tmp_path / "w" / "attempts").iterdir()) == []
 
 
+def test_a_starting_worker_leaves_a_kept_folder_a_worker_beside_it_took_up_again(
+    kb, tmp_path, monkeypatch
+):
+    """A stopped worker's kept folder, taken up (removed and made anew) by a worker
+    sharing its --state for the attempt queued again, while a worker starting beside it
+    removed the folders nobody held: it locked the old folder, then removed by its name
+    the new one, prompt and all, under the attempt that held it."""
+    import fcntl
+    import threading
+    import time
+
+    from orchestrator import logs
+    from orchestrator.config import load_settings
+    from workers import attempt, tasks
+
+    msg = dispatched_message(kb)
+    folder = tmp_path / "w"
+    kept = attempt.attempt_folder(folder, msg["job_id"], msg["attempt"])
+    kept.mkdir(parents=True)
+    (kept / "prompt.md").write_text("the interrupted run's")
+    os.utime(kept, (time.time() - 600, time.time() - 600))  # kept ten minutes ago
+    logs.configure(tmp_path)
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(load_settings(kb.root), folder))
+    # Set once the taker waits for the starting worker's look, or holds its new folder.
+    ready, looked = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def runs(place, msg, profile, spec, kb, notices):  # noqa: ANN001, ANN202
+        ready.set()
+        looked.wait(30)
+        seen.append((spec.attempt_dir / "prompt.md").is_file())
+
+    monkeypatch.setattr(tasks, "_run_prepared", runs)
+    taker = threading.Thread(target=tasks.run_review, args=(msg,))
+    real = fcntl.flock
+
+    def flock(fd, op):  # noqa: ANN001, ANN202
+        if threading.current_thread() is taker and op == fcntl.LOCK_SH:
+            ready.set()  # about to wait for the starting worker's look to end
+        mine = threading.current_thread() is threading.main_thread()
+        real(fd, op)
+        if mine and op == fcntl.LOCK_EX | fcntl.LOCK_NB and not taker.is_alive():
+            # The starting worker holds the kept folder: the other takes the attempt up
+            # now, and it either waits or holds its new folder before the removal.
+            taker.start()
+            ready.wait(30)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    try:
+        assert attempt.remove_unclaimed(folder) == [kept.name]
+    finally:
+        looked.set()
+        taker.join(30)
+    assert seen == [True]
+
+
 def test_the_prompt_names_the_workers_own_output_path(kb, tmp_path):
     from orchestrator.config import load_settings
     from workers import tasks

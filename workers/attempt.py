@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -833,9 +833,43 @@ def attempt_folder(state_dir: Path, job_id: int, attempt: int) -> Path:
     return state_dir / "attempts" / f"job-{job_id}-attempt-{attempt}"
 
 
-# How long a new attempt folder is left alone by a starting worker's sweep: a worker
-# sharing the folder holds it (:func:`claim_attempt`) a moment after making it.
+# How long a new attempt folder is left alone by a starting worker's sweep: what guards
+# a folder between its making and its claim is :func:`making_attempt` (a clock stepped
+# forward made a new folder old); this spares those of a worker of an earlier release,
+# which makes folders and never claims them.
 _CLAIM_GRACE_S = 60.0
+
+
+@contextlib.contextmanager
+def making_attempt(state_dir: Path) -> Iterator[None]:
+    """Held (shared) while an attempt's folder is made, or a kept one made anew, and
+    claimed; :func:`remove_unclaimed` holds it alone. A starting worker then never finds
+    a folder between its making and its claim, nor removes by its name a folder made
+    anew under the lock it took on the one before (a kept folder taken up again by a
+    worker sharing the --state), prompt and all, under the attempt holding it."""
+    fd = _attempts_lock(state_dir, fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _attempts_lock(state_dir: Path, how: int) -> int | None:
+    """``state_dir``'s attempts/ opened and flocked ``how``; None when it cannot be (a
+    filesystem without flock: then no folder can be claimed, and none is removed)."""
+    folder = state_dir / "attempts"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, how)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def claim_attempt(folder: Path) -> int | None:
@@ -855,11 +889,22 @@ def remove_unclaimed(state_dir: Path) -> list[str]:
     Those a worker left when it died with no agent running (an attempt waiting for an
     agent slot, or sending its outcome) are in no registry entry for
     :func:`reap_orphans` to find, and nothing else ever removed them."""
-    removed = []
+    removed: list[str] = []
+    held = _attempts_lock(state_dir, fcntl.LOCK_EX)
+    if held is None:
+        return removed
+    try:
+        _remove_unclaimed(state_dir, removed)
+    finally:
+        os.close(held)
+    return removed
+
+
+def _remove_unclaimed(state_dir: Path, removed: list[str]) -> None:
     try:
         entries = list(os.scandir(state_dir / "attempts"))
     except OSError:
-        return removed
+        return
     now = time.time()
     for entry in entries:
         try:
@@ -877,7 +922,6 @@ def remove_unclaimed(state_dir: Path) -> list[str]:
             removed.append(entry.name)
         finally:
             os.close(fd)
-    return removed
 
 
 def register_agent(

@@ -35,6 +35,7 @@ from .attempt import (
     AttemptOutcome,
     attempt_folder,
     claim_attempt,
+    making_attempt,
     registry_dir,
     run_attempt,
     stop_agent,
@@ -319,7 +320,11 @@ def run_review(msg: dict) -> None:
         folder = attempt_folder(place.folder, job_id, attempt)
         kb, notices = _kb_for(place.kb, msg)
         try:
-            spec = _prepare(folder, msg, profile, kb)
+            with making_attempt(place.folder):
+                spec = _prepare(folder, msg, profile, kb)
+                # Held until it is removed: a worker starting beside this one (sharing
+                # its folder) removes the attempt folders nobody holds, a dead worker's.
+                claim = claim_attempt(folder)
         except OSError as exc:
             # This worker's disk (full, read-only): not the job's fault, and said at once
             # rather than by a lease running out.
@@ -330,9 +335,6 @@ def run_review(msg: dict) -> None:
             _report(failed, {})
             return
 
-        # Held until it is removed: a worker starting beside this one (sharing its
-        # folder) removes the attempt folders nobody holds, those of workers that died.
-        claim = claim_attempt(folder)
         try:
             _run_prepared(place, msg, profile, spec, kb, notices)
         finally:
