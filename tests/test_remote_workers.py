@@ -610,6 +610,35 @@ def test_the_attempt_folder_of_a_worker_that_died_goes_with_its_registry_entry(t
     assert len(list(registry_dir(folder).iterdir())) == 1  # the live worker's
 
 
+def test_the_reap_of_a_dead_workers_agent_leaves_the_folder_a_live_worker_holds(tmp_path):
+    """A worker killed during its stop (a sweep's SIGKILL after its grace) had queued its
+    attempt again and left its agent's registry entry; a worker sharing its --state took
+    the attempt up and waited for an agent slot in the folder it held. The next worker's
+    reap of the dead one's agent removed that folder, prompt and all: only a registered
+    agent of a live worker kept a folder."""
+    import socket
+    import subprocess
+
+    from workers.attempt import attempt_folder, claim_attempt, reap_orphans, registry_dir
+
+    folder = tmp_path / "w"
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    taken = attempt_folder(folder, 9, 1)
+    taken.mkdir(parents=True)
+    (taken / "prompt.md").write_text("p")
+    registry_dir(folder).mkdir(parents=True)
+    entry = {"worker_pid": dead.pid, "pgid": dead.pid + 100000, "job_id": 9, "attempt": 1}
+    (registry_dir(folder) / f"{socket.gethostname()}-0.json").write_text(json.dumps(entry))
+    claim = claim_attempt(taken)  # the live worker's, waiting for a slot
+    try:
+        reap_orphans(folder, said="their worker died")
+        assert (taken / "prompt.md").is_file()
+    finally:
+        os.close(claim)
+    assert list(registry_dir(folder).iterdir()) == []
+
+
 def test_a_fixer_is_not_shown_a_kb_copy_older_than_the_note_it_fixes(tmp_path, monkeypatch):
     """A worker's --kb copy left stale: a fixer that read the note there, not in its
     prompt, wrote the old text back with its edit, and the control applied it over the

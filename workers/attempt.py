@@ -847,6 +847,8 @@ def making_attempt(state_dir: Path) -> Iterator[None]:
     a folder between its making and its claim, nor removes by its name a folder made
     anew under the lock it took on the one before (a kept folder taken up again by a
     worker sharing the --state), prompt and all, under the attempt holding it."""
+    with contextlib.suppress(OSError):  # the worker's first attempt, or attempts/ removed
+        (state_dir / "attempts").mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = _attempts_lock(state_dir, fcntl.LOCK_SH)
     try:
         yield
@@ -858,10 +860,8 @@ def making_attempt(state_dir: Path) -> Iterator[None]:
 def _attempts_lock(state_dir: Path, how: int) -> int | None:
     """``state_dir``'s attempts/ opened and flocked ``how``; None when it cannot be (a
     filesystem without flock: then no folder can be claimed, and none is removed)."""
-    folder = state_dir / "attempts"
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(state_dir / "attempts", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -889,39 +889,42 @@ def remove_unclaimed(state_dir: Path) -> list[str]:
     Those a worker left when it died with no agent running (an attempt waiting for an
     agent slot, or sending its outcome) are in no registry entry for
     :func:`reap_orphans` to find, and nothing else ever removed them."""
+    try:
+        names = [e.name for e in os.scandir(state_dir / "attempts")]
+    except OSError:
+        return []
+    return _remove_unheld(state_dir, names, time.time() - _CLAIM_GRACE_S)
+
+
+def _remove_unheld(state_dir: Path, names: Iterable[str], before: float | None = None) -> list[str]:
+    """Remove the folders ``names`` of ``state_dir``'s attempts/ that no live process
+    holds (:func:`claim_attempt`), and were changed ``before`` then if given; their names.
+    Looked at alone (:func:`making_attempt`): a folder being made, or made anew, waits."""
     removed: list[str] = []
     held = _attempts_lock(state_dir, fcntl.LOCK_EX)
     if held is None:
         return removed
     try:
-        _remove_unclaimed(state_dir, removed)
+        for name in names:
+            path = state_dir / "attempts" / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # not a folder (or gone): not an attempt's
+            try:
+                if before is not None and os.fstat(fd).st_mtime > before:
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a live worker's
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+            finally:
+                os.close(fd)
     finally:
         os.close(held)
     return removed
-
-
-def _remove_unclaimed(state_dir: Path, removed: list[str]) -> None:
-    try:
-        entries = list(os.scandir(state_dir / "attempts"))
-    except OSError:
-        return
-    now = time.time()
-    for entry in entries:
-        try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue  # not a folder (or gone): not an attempt's
-        try:
-            if now - os.fstat(fd).st_mtime < _CLAIM_GRACE_S:
-                continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # held: a live worker's
-        else:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.name)
-        finally:
-            os.close(fd)
 
 
 def register_agent(
@@ -1015,7 +1018,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
     them to end. With ``said`` (why they were left), any killed are logged as
     ``worker.reaped_orphans``."""
-    killed, gone, scratches = [], [], []
+    killed, gone, scratches, folders = [], [], [], []
     folder = registry_dir(state_dir)
     entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -1055,14 +1058,17 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         if not mine and key not in running and all(isinstance(k, int) for k in key):
             # Its worker died: no outcome will be sent, and nothing else removes the
             # prompt (quoting notes) and what the agent left. (A stopping worker's own
-            # attempts were queued again, maybe to a worker sharing this folder: kept.)
-            shutil.rmtree(attempt_folder(state_dir, *key), ignore_errors=True)
+            # attempts were queued again, maybe to a worker sharing this folder: kept,
+            # and so is one that worker holds, taking one up that a dead one queued.)
+            folders.append(attempt_folder(state_dir, *key).name)
         path.unlink(missing_ok=True)
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
     running = _collect(gone) if gone else []
     for scratch in scratches:
         _drop(scratch)
+    if folders:
+        _remove_unheld(state_dir, folders)
     if killed and said:
         from orchestrator import logs
 
