@@ -239,3 +239,13 @@ def test_a_fix_write_killed_midway_leaves_no_temp_file_once_written_again(tmp_pa
         ["alpha.md", live.name, odd.name]
     )
     assert note.read_bytes() == b"# Alpha\n\nAlpha body, fixed.\n"
+
+
+def test_a_yaml_set_in_frontmatter_is_one_value_however_it_is_ordered():
+    # SPEC §1: re-formatting the YAML without changing a value changes nothing. A `!!set`
+    # came out in hash order: reordered in the file, the note read as frontmatter-changed.
+    items = [f"w{i}" for i in range(12)]
+    a = parse_note_text("---\nt: !!set {" + ", ".join(items) + "}\n---\n").regions()
+    b = parse_note_text("---\nt: !!set {" + ", ".join(reversed(items)) + "}\n---\n").regions()
+    assert a["frontmatter"] == b["frontmatter"]
+    assert a["frontmatter"] == '{"t":[' + ",".join(f'"{w}"' for w in sorted(items)) + "]}"

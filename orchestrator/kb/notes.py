@@ -216,7 +216,7 @@ def _check_shape(data: dict) -> None:
 def canonical_json(value: object) -> str:
     try:
         return json.dumps(
-            value, sort_keys=True, ensure_ascii=False, default=str, separators=(",", ":")
+            value, sort_keys=True, ensure_ascii=False, default=_plain, separators=(",", ":")
         )
     except TypeError:
         # YAML allows keys that are numbers, dates or null beside strings, which cannot be
@@ -225,9 +225,18 @@ def canonical_json(value: object) -> str:
             _string_keys(value),
             sort_keys=True,
             ensure_ascii=False,
-            default=str,
+            default=_plain,
             separators=(",", ":"),
         )
+
+
+def _plain(value: object) -> object:
+    """What JSON cannot hold, as text; a set (YAML's ``!!set``) in sorted order: as
+    ``str`` it came out in hash order, which differs between processes and between two
+    spellings of one set, so a note's frontmatter "changed" with no value changed."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=canonical_json)
+    return str(value)
 
 
 def _string_keys(value: object) -> object:
