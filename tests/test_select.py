@@ -130,6 +130,26 @@ def test_body_edit_only_stales_body_watchers(small, run_cli):
     assert data["counts"]["fresh"] == 8
 
 
+def test_the_diff_of_a_note_with_no_final_newline_is_one_patch_applies(small, run_cli, tmp_path):
+    """difflib glued a last line with no line end to the next line of the diff
+    ("-Beta body.+Beta body, edited."), and cut lines at a form feed: no tool took it."""
+    import subprocess
+
+    old = small.read("kb/notes/beta.md").replace(
+        "Beta body.\n", "Page one\x0cpage two.\nBeta body."
+    )
+    small.write("kb/notes/beta.md", old)
+    accept_all(small)
+    new = old.replace("Beta body.", "Beta body, edited.\nAnd more.")
+    small.write("kb/notes/beta.md", new)
+    data = run_cli("select", "prose/body-check", "--model", "m1", "--json").json()
+    diff = data["targets"][0]["diff"]
+    assert "-Beta body.\n\\ No newline at end of file\n+Beta body, edited.\n" in diff
+    (tmp_path / "beta.md").write_bytes(old.encode())
+    subprocess.run(["patch", "--quiet", str(tmp_path / "beta.md")], input=diff.encode(), check=True)
+    assert (tmp_path / "beta.md").read_bytes() == new.encode()
+
+
 def test_rewrite_threshold_and_accumulation(small, run_cli):
     accept_all(small)
     path = "kb/notes/alpha.md"

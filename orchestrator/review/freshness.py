@@ -112,11 +112,19 @@ def judge(
 
 
 def unified_diff(path: str, old: str, new: str) -> str:
+    """A diff that ``patch`` and ``git apply`` take. A line ends at a line feed alone
+    (str.splitlines also ended one at a form feed or U+2028), and a line with no end (a
+    note's last, with no final newline) gets the marker diff(1) gives it: it was glued
+    to the next line of the diff ("-old last+new last")."""
     return "".join(
-        difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
-            fromfile=f"a/{path}",
-            tofile=f"b/{path}",
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        for line in difflib.unified_diff(
+            _lines(old), _lines(new), fromfile=f"a/{path}", tofile=f"b/{path}"
         )
     )
+
+
+def _lines(text: str) -> list[str]:
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
