@@ -584,9 +584,11 @@ def test_memo_answers_only_an_identical_question(small, run_cli):
     assert d["counts"]["gate-changed"] == 2
 
 
-def test_memo_tells_apart_two_histories_of_one_copy_of_state_db(small, run_cli):
+@pytest.mark.parametrize("partition", [("--model", "m1"), ()], ids=["model", "coverage"])
+def test_memo_tells_apart_two_histories_of_one_copy_of_state_db(small, run_cli, partition):
     """Restored from a backup and changed as often as the lost copy was, state.db had the
-    same acceptance counter, and the memo served the lost copy's answer."""
+    same acceptance counter, and the memo served the lost copy's answer. Without --model
+    the key held only the number of acceptance rows, which two histories share as well."""
     import shutil
 
     age_files(small.root)
@@ -594,11 +596,11 @@ def test_memo_tells_apart_two_histories_of_one_copy_of_state_db(small, run_cli):
     db = small.state / "state.db"
     shutil.copy(db, small.state / "backup.db")
     accept_all(small, notes=("kb/notes/alpha.md",))
-    lost = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    lost = run_cli("select", "--all-gates", *partition, "--json").json()
     assert {t["note_path"] for t in lost["targets"]} == {"kb/notes/beta.md"}
     shutil.copy(small.state / "backup.db", db)
     accept_all(small, notes=("kb/notes/beta.md",))
-    now = run_cli("select", "--all-gates", "--model", "m1", "--json").json()
+    now = run_cli("select", "--all-gates", *partition, "--json").json()
     assert {t["note_path"] for t in now["targets"]} == {"kb/notes/alpha.md"}
 
 
