@@ -86,6 +86,21 @@ def test_a_partition_with_no_review_among_others_is_warned_about(small, run_cli)
     assert run_cli("select", "--all-gates", "--model", "m1", "--json").stderr == ""
 
 
+def test_enqueue_in_a_partition_with_no_review_among_others_is_warned_about(small, run_cli):
+    """A profile's partition misspelt in reviewq.toml, or its model changed, reads as
+    nothing reviewed: enqueue queued the whole KB again where select --model warns."""
+    small.write("reviewq.toml", '[reviewers.r]\nkind = "offline"\npartition = "m-1"\n')
+    first = run_cli("enqueue", "--all-gates", "--reviewer", "r")
+    assert first.exit_code == 0 and "warning" not in first.stderr  # a first review
+    accept_all(small, partition="m1")
+    res = run_cli("enqueue", "--all-gates", "--reviewer", "r")
+    assert res.exit_code == 0, res.stderr
+    assert (
+        "warning: reviewer r: no review recorded in its partition m-1 (known: m1); "
+        "every pair is missing-review\n"
+    ) in res.stderr
+
+
 def test_partitionless_mode_reports_only_uncovered_pairs(small, run_cli):
     small.accept("m1", [("kb/notes/alpha.md", "prose/body-check")])
     # A change that would be note-changed in m1 is not judged without a partition.

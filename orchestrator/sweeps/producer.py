@@ -169,6 +169,14 @@ def enqueue(
         state_dir=ws.state_dir,
     )
     store = ws.store
+    if run_id is None and (known := store.partitions_instead(profile.partition)):
+        # As select --model says it: a profile's partition misspelt in reviewq.toml, or
+        # its model changed, read as nothing reviewed, and the whole KB was paid for again
+        # without a word.
+        selection.hints.append(
+            f"reviewer {profile.name}: no review recorded in its partition "
+            f"{profile.partition} (known: {', '.join(known)}); every pair is missing-review"
+        )
     # Everything that reads and judges comes before the first write: a refusal leaves no run.
     exclude = escalations.held(ws, profile.partition)
     targets = [t.to_json() for t in selection.targets]
