@@ -258,7 +258,7 @@ def select(
             "SELECT COALESCE(MAX(id), 0), count(*) FROM snapshots"
         ).fetchone()
         key = SelectMemo.key(
-            "select/2",  # bumped when an answer of the same inputs changes
+            "select/3",  # bumped when an answer of the same inputs changes
             model,
             sorted(selectors),
             all_gates,
