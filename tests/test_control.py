@@ -779,35 +779,45 @@ def test_a_tick_leaves_the_folders_an_enqueue_is_writing_to_the_enqueue(kb, monk
     other.store.close()
 
 
-def test_the_jobs_one_transaction_changed_have_their_files_written_in_one_pass(kb):
-    """A control batch finishes several jobs in one transaction: their folders were each
-    written by a pass of their own after the commit, each settling its due row in a
-    transaction of its own."""
-    import json
+@pytest.mark.parametrize("undone", ["transaction", "savepoint"])
+def test_a_job_rolled_back_leaves_no_prompt_to_the_job_given_its_id(kb, undone):
+    """An enqueue rolled back (a sequential sweep's next bundle, in an outcome's
+    transaction that failed) must leave nothing to the next commit: the next job made
+    takes the same id, and a pass that kept the rolled-back job's ids (K52) rendered its
+    prompt.md with the rolled-back job's notes."""
 
-    from orchestrator.state.files import write_job_files_after_commit
+    class Undone(Exception):
+        pass
 
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     kb.note("beta")
     ws = Workspace.open(kb.root)
-    ids = [j.review_job_id for j in enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs]
-    before = ws.store.transactions
-    with ws.store.write():
-        for i in ids:
-            ws.store.conn.execute(
-                "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?",
-                (json.dumps([f"decided {i}"]), i),
-            )
-            write_job_files_after_commit(ws.store, ws.state_dir, i)
-    assert ws.store.transactions - before == 2  # the batch's, and one settling both rows
-    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
-    for i in ids:
-        (job_dir,) = ws.store.conn.execute(
-            "SELECT job_dir FROM review_jobs WHERE id = ?", (i,)
-        ).fetchone()
-        manifest = json.loads((ws.state_dir / job_dir / "MANIFEST.json").read_text())
-        assert manifest["failure_reasons"] == [f"decided {i}"]
+
+    def made(note: str) -> int:
+        req = SweepRequest(name="cli", all_gates=True, notes=(f"kb/notes/{note}.md",))
+        (job,) = enqueue(ws, req).jobs
+        return job.review_job_id
+
+    def rolled_back() -> int:
+        with pytest.raises(Undone), ws.store.write():
+            made_id = made("alpha")
+            raise Undone
+        return made_id
+
+    if undone == "transaction":
+        first = rolled_back()
+        second = made("beta")
+    else:
+        with ws.store.write():
+            first = rolled_back()
+            second = made("beta")
+    assert first == second  # SQLite gives the id again
+    (job_dir,) = ws.store.conn.execute(
+        "SELECT job_dir FROM review_jobs WHERE id = ?", (second,)
+    ).fetchone()
+    prompt = (ws.state_dir / job_dir / "prompt.md").read_text()
+    assert "kb/notes/beta.md" in prompt and "kb/notes/alpha.md" not in prompt
     ws.store.close()
 
 

@@ -18,7 +18,6 @@ import os
 import shutil
 import sqlite3
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -195,24 +194,7 @@ def write_job_files_after_commit(
     written are written by :func:`write_due_job_files` (the control process's tick)."""
     ids = [job_ids] if isinstance(job_ids, int) else list(job_ids)
     mark_job_files_due(store, ids)
-    # One pass for every job a transaction marked (a control batch finishes several):
-    # one read of their rows and one settling transaction, not one of each a job. The
-    # first callback to run writes them all; ids of a savepoint rolled back since have
-    # no due row and are passed over.
-    _following.setdefault(store, {}).setdefault((state_dir, prompt), []).extend(ids)
-    store.after_commit(functools.partial(_write_following, store))
-
-
-# A store → the jobs marked due in its open transaction, by folder and prompt renderer,
-# that no after-commit pass has written yet.
-_following: weakref.WeakKeyDictionary[
-    Store, dict[tuple[Path, PromptRenderer | None], list[int]]
-] = weakref.WeakKeyDictionary()
-
-
-def _write_following(store: Store) -> None:
-    for (state_dir, prompt), ids in _following.pop(store, {}).items():
-        write_due_job_files(store, state_dir, ids, prompt, late=False)
+    store.after_commit(lambda: write_due_job_files(store, state_dir, ids, prompt, late=False))
 
 
 def mark_job_files_due(store: Store, job_ids: Sequence[int]) -> None:
