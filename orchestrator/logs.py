@@ -424,10 +424,10 @@ def _formatted_once(base: type) -> type:
     return Once
 
 
-# Events a command prints itself as one `warning: PATH: reason` line (as select does):
+# Events a command prints itself as one `warning:` line (`PATH: reason`, as select does):
 # on its stderr they came twice, or as a JSON line where select said it plainly. An
 # escalation a command raises (finalize, run-job) is its `escalated:` line.
-SAID_BY_COMMANDS = frozenset({"kb.file_skipped", "escalation.raised"})
+SAID_BY_COMMANDS = frozenset({"kb.file_skipped", "escalation.raised", "sweep.partition_unreviewed"})
 
 
 def _warning_line(logger: object, name: str, event_dict: dict) -> str:

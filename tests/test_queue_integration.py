@@ -2626,3 +2626,32 @@ def test_a_stderr_level_that_names_no_level_is_ignored(monkeypatch, tmp_path):
         h for h in logging.getLogger().handlers if getattr(h, "stream", None) is sys.stderr
     ]
     assert stderr.level == logging.INFO
+
+
+def test_a_cron_sweep_in_a_partition_with_no_review_among_others_logs_it(kb):
+    """enqueue and sweep said it on stderr, but the nightly sweep the control fires kept
+    it in a list no one read: a partition misspelt in reviewq.toml paid for the whole KB
+    again, night after night, with not a line in the log."""
+    from datetime import datetime
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        '[reviewers.r]\nkind = "offline"\npartition = "m-1"\n'
+        '[[sweeps]]\nname = "nightly"\nreviewer = "r"\ncron = "0 3 * * *"\n',
+    )
+    kb.accept("m1", [("kb/notes/n0.md", "prose/body-check")])
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())  # the clock starts
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    ws.close()
+    said = [e for e in log_lines(kb) if e["event"] == "sweep.partition_unreviewed"]
+    assert [(e["sweep"], e["reviewer"], e["partition"], e["known"]) for e in said] == [
+        ("nightly", "r", "m-1", ["m1"])
+    ]
+    assert said[0]["level"] == "warning"

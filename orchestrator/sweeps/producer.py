@@ -169,7 +169,8 @@ def enqueue(
         state_dir=ws.state_dir,
     )
     store = ws.store
-    if run_id is None and (known := store.partitions_instead(profile.partition)):
+    known = store.partitions_instead(profile.partition) if run_id is None else []
+    if known:
         # As select --model says it: a profile's partition misspelt in reviewq.toml, or
         # its model changed, read as nothing reviewed, and the whole KB was paid for again
         # without a word.
@@ -264,6 +265,15 @@ def enqueue(
         )
         for p in selection.problems:
             logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
+        if known:
+            # A command says it as its hint; the sweep the control fires, only here.
+            logs.get().warning(
+                "sweep.partition_unreviewed",
+                sweep=req.name,
+                reviewer=profile.name,
+                partition=profile.partition,
+                known=known,
+            )
 
     # At once, or (a sequential run's next bundle) once the outcome's transaction commits.
     store.after_commit(logged)
