@@ -145,6 +145,7 @@ def test_body_edit_only_stales_body_watchers(small, run_cli):
     assert data["counts"]["fresh"] == 8
 
 
+@pytest.mark.skipif(shutil.which("patch") is None, reason="patch(1) is not installed")
 def test_the_diff_of_a_note_with_no_final_newline_is_one_patch_applies(small, run_cli, tmp_path):
     """difflib glued a last line with no line end to the next line of the diff
     ("-Beta body.+Beta body, edited."), and cut lines at a form feed: no tool took it."""
