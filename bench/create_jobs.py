@@ -1,4 +1,4 @@
-"""Benchmark of ``reviewq create-jobs --grouping note`` on the commonplace KB (SPEC §13).
+"""Benchmark of ``reviewq create-jobs --grouping note`` on the commonplace KB (CONTRACT §13).
 
 It extracts ``commonplace-kb.tar.gz`` (a real KB: ~356 notes, 7 lenses; see
 ``../shared/corpora/README.md``) into a temporary folder, runs ``reviewq --root DIR
@@ -9,7 +9,7 @@ select --all-gates --model bench --json > sel.json`` once, then times
 as a whole process, ``--repeat`` times, each on a fresh state folder (DIR/.reviewq is
 deleted between runs; sel.json is kept). It prints pairs, jobs, wall time (min and
 median) and the child's own peak RSS (``os.wait4``), and checks the jobs and pairs
-recorded in state.db after every run. The target (SPEC §13): ≤ 4 s for about 12,000
+recorded in state.db after every run. The target (CONTRACT §13): ≤ 4 s for about 12,000
 pairs / 2,400 jobs; commonplace's own tool takes about 41 s on the reference machine.
 
     .venv/bin/python bench/create_jobs.py
@@ -38,9 +38,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "commonplace-kb.tar.gz"
-TARGET_S = 4.0  # SPEC §13, for about 12,000 pairs / 2,400 jobs
+TARGET_S = 4.0  # CONTRACT §13, for about 12,000 pairs / 2,400 jobs
 TARGET_PAIRS = 12_000
-COMMONPLACE_S = 41.0  # commonplace's own tool on the reference machine (SPEC §13)
+COMMONPLACE_S = 41.0  # commonplace's own tool on the reference machine (CONTRACT §13)
 
 
 @dataclass
@@ -224,7 +224,7 @@ def bench(args: argparse.Namespace, corpus: Path, base: Path) -> int:
     print(f"  peak RSS {rss:.1f} MB (max over runs, MB = 10^6 bytes)")
     verdict = "PASS" if med <= TARGET_S else "MISS"
     print(
-        f"  target: median <= {TARGET_S:.0f} s for about {TARGET_PAIRS:,} pairs (SPEC §13): "
+        f"  target: median <= {TARGET_S:.0f} s for about {TARGET_PAIRS:,} pairs (CONTRACT §13): "
         f"{verdict} ({med:.2f} s; commonplace's own tool: about {COMMONPLACE_S:.0f} s, "
         f"{COMMONPLACE_S / med:.1f}x)"
     )

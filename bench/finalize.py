@@ -1,4 +1,4 @@
-"""Benchmark of finalizing one 1,000-pair review job against SPEC §13 (≤ 250 ms).
+"""Benchmark of finalizing one 1,000-pair review job against CONTRACT §13 (≤ 250 ms).
 
 It builds a KB of N notes and one gate in a temporary folder, creates ONE job holding
 every pair through ``orchestrator.review.jobs.create_jobs`` (``--grouping gate --batch-size N``),
@@ -18,7 +18,7 @@ bytes.
     .venv/bin/python bench/finalize.py --pairs 200     # smoke
     .venv/bin/python bench/finalize.py --profile       # cProfile of one more finalize
 
-Exit status: 0 when every finalize completed and its rows and files check out (the SPEC
+Exit status: 0 when every finalize completed and its rows and files check out (CONTRACT §13's
 target is reported, not enforced), 1 otherwise.
 """
 
@@ -47,7 +47,7 @@ from orchestrator.state.store import Store
 from orchestrator.state.workspace import Workspace
 
 TARGET_PAIRS = 1000
-TARGET_MS = 250.0  # SPEC §13: finalizing a 1,000-pair bundle
+TARGET_MS = 250.0  # CONTRACT §13: finalizing a 1,000-pair bundle
 LENS = "prose"
 GATE_NAME = "claim-support"
 GATE_ID = f"{LENS}/{GATE_NAME}"
@@ -399,7 +399,7 @@ def bench(args: argparse.Namespace, base: Path) -> int:
     scaled = "" if args.pairs == TARGET_PAIRS else f" (target is for {TARGET_PAIRS} pairs)"
     verdict = "PASS" if med * 1000 <= TARGET_MS else "MISS"
     print(
-        f"target: finalize median <= {TARGET_MS:.0f} ms for {TARGET_PAIRS} pairs (SPEC §13): "
+        f"target: finalize median <= {TARGET_MS:.0f} ms for {TARGET_PAIRS} pairs (CONTRACT §13): "
         f"{verdict} ({med * 1000:.1f} ms as shipped){scaled}"
     )
 

@@ -1,4 +1,4 @@
-"""Benchmark of the review pipeline against SPEC §13: a sweep of one-pair jobs with an
+"""Benchmark of the review pipeline against CONTRACT §13: a sweep of one-pair jobs with an
 instant ``command`` reviewer, against a bare loop that spawns the same reviewer.
 
 It builds in a temporary folder a KB of ``--jobs`` notes (in 20 folders) and one gate, so
@@ -876,7 +876,7 @@ def workers_text(args: argparse.Namespace) -> str:
 def report(args, results, locking: LockingRun | None) -> None:
     print()
     print(
-        f"Pipeline (SPEC §13): {args.jobs} one-pair jobs, concurrency {args.concurrency}, "
+        f"Pipeline (CONTRACT §13): {args.jobs} one-pair jobs, concurrency {args.concurrency}, "
         f"{args.repeat} run(s) each; medians over runs; MB = 10^6 bytes"
     )
     all_locked = 0

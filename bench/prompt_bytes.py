@@ -1,4 +1,4 @@
-"""Prompt bytes per pair, ``--grouping note`` against one-pair jobs (SPEC §13: ≤ 40%).
+"""Prompt bytes per pair, ``--grouping note`` against one-pair jobs (CONTRACT §13: ≤ 40%).
 
 On the commonplace KB (see ``bench/create_jobs.py``) it takes, for each lens asked for
 (default: ``semantic`` and ``prose``), five of its gates (by default the first five, by
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from create_jobs import DEFAULT_CORPUS, child_env, extract, find_corpus, reviewq_exe
 
-TARGET_RATIO = 0.40  # SPEC §13: note-grouped prompt bytes per pair <= 40% of one-pair jobs
+TARGET_RATIO = 0.40  # CONTRACT §13: note-grouped prompt bytes per pair <= 40% of one-pair jobs
 
 
 def reviewq(args: list[str], env: dict[str, str]) -> dict:
@@ -101,7 +101,7 @@ def compare(
         f"jobs = {per_one:>8,.0f} bytes/pair"
     )
     verdict = "PASS" if ratio <= TARGET_RATIO else "MISS"
-    print(f"  ratio {ratio:.1%}   target <= {TARGET_RATIO:.0%} (SPEC §13): {verdict}")
+    print(f"  ratio {ratio:.1%}   target <= {TARGET_RATIO:.0%} (CONTRACT §13): {verdict}")
     return ratio
 
 

@@ -1,15 +1,15 @@
-"""Benchmark of ``reviewq select --all-gates --model P --json`` against SPEC §13.
+"""Benchmark of ``reviewq select --all-gates --model P --json`` against CONTRACT §13.
 
 It builds a synthetic KB (N notes x G gates), records an acceptance for every pair
 through the store's own API, edits a seeded 5% of the notes and two gates, then times
 the select command as a whole process: cold (the first run after the edits) and
 unchanged (the same KB again). Every run's counts are checked against the reasons the
-edits must cause, computed here independently of orchestrator/ from SPEC §3.
+edits must cause, computed here independently of orchestrator/ from CONTRACT §3.
 
     .venv/bin/python bench/selector.py                       # 10,000 notes x 40 gates
     .venv/bin/python bench/selector.py --notes 200 --gates 10  # smoke
 
-Exit status: 0 when the sanity checks pass (SPEC targets are reported, not enforced),
+Exit status: 0 when the sanity checks pass (CONTRACT §13's targets are reported, not enforced),
 1 when they fail or a select run fails.
 """
 
@@ -43,7 +43,7 @@ EDIT_KINDS = ("title", "description", "small-body", "large-body")
 EDIT_WEIGHTS = (0.30, 0.10, 0.30, 0.30)
 REWRITE_THRESHOLD = 0.5
 
-# SPEC §13, for 10,000 notes x 40 gates (400,000 pairs) on the 2-core reference machine.
+# CONTRACT §13, for 10,000 notes x 40 gates (400,000 pairs) on the 2-core reference machine.
 TARGET_PAIRS = 400_000
 TARGET_COLD_S = 1.5
 TARGET_COLD_MB = 300
@@ -378,7 +378,7 @@ def edit_note(rng: random.Random, spec: NoteSpec, kind: str) -> NoteEdit:
 
 
 def expected_reason(gate: GateSpec, edit: NoteEdit | None, gate_edited: bool) -> str | None:
-    """SPEC §3 for a pair whose acceptance exists and whose snapshots are kept."""
+    """CONTRACT §3 for a pair whose acceptance exists and whose snapshots are kept."""
     if gate_edited:
         return "gate-changed"
     if edit is None or not edit.regions:
@@ -518,7 +518,7 @@ def bench(args: argparse.Namespace, root: Path) -> int:
     rng = random.Random(args.seed)
     pairs = args.notes * args.gates
     state = root / ".reviewq"
-    print(f"reviewq select benchmark (SPEC §13), seed {args.seed}")
+    print(f"reviewq select benchmark (CONTRACT §13), seed {args.seed}")
     print(f"  KB root: {root}")
     print(f"  {args.notes:,} notes x {args.gates:,} gates = {pairs:,} pairs, model {args.model!r}")
     reviewq = Path(sys.executable).with_name("reviewq")
@@ -648,7 +648,7 @@ def apply_edits(
 
 @dataclass
 class Expectation:
-    """What the edits must cause, from SPEC §3 (not from orchestrator/)."""
+    """What the edits must cause, from CONTRACT §3 (not from orchestrator/)."""
 
     reasons: dict[tuple[str, str], str]  # (note_path, gate_id) -> reason, stale pairs only
     counts: Counter
@@ -726,7 +726,7 @@ def report(
     expect: Expectation,
     pairs: int,
 ) -> bool:
-    """The table, the sanity checks and the SPEC §13 summary; True if the checks pass."""
+    """The table, the sanity checks and the CONTRACT §13 summary; True if the checks pass."""
     print(
         f"\n  {'phase':<10} {'pairs':>9} {'wall min':>9} {'median':>8} {'pairs/s':>10} "
         f"{'peak RSS':>9}   runs (s)"
@@ -750,7 +750,7 @@ def report(
         print(f"    {'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if detail else ""))
     sane = all(ok for _, ok, _ in checks)
 
-    print("\nSummary, SPEC §13 targets (median wall, max peak RSS; MB = 10^6 bytes)")
+    print("\nSummary, CONTRACT §13 targets (median wall, max peak RSS; MB = 10^6 bytes)")
     if pairs != TARGET_PAIRS:
         print(f"  (targets for {TARGET_PAIRS:,} pairs; this run has {pairs:,}: indicative only)")
     (cold_s, cold_mb), (unchanged_s, _) = summary["cold"], summary["unchanged"]

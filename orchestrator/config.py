@@ -1,4 +1,4 @@
-"""reviewq.toml → typed settings: paths, reviewer profiles (SPEC §8), the queue, sweeps (§9).
+"""reviewq.toml → typed settings: paths, reviewer profiles (CONTRACT §8), the queue, sweeps (§9).
 
 The file is optional; every setting has a default, and an ``offline`` reviewer profile
 exists unless the file defines one, so a fresh checkout runs end to end.

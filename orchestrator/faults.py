@@ -1,4 +1,4 @@
-"""Named fault-injection points for the fault tests (SPEC §12), inert unless asked for.
+"""Named fault-injection points for the fault tests (CONTRACT §12), inert unless asked for.
 
 ``point("finalize.mid_transaction")`` does nothing unless the environment variable
 ``REVIEWQ_FAULT_FINALIZE_MID_TRANSACTION`` names an existing FIFO. Then the process writes

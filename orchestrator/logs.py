@@ -1,4 +1,4 @@
-"""Structured logs (SPEC §11): one pipeline for reviewq's events and Huey's records.
+"""Structured logs (CONTRACT §11): one pipeline for reviewq's events and Huey's records.
 
 Every line is one JSON object with ``timestamp`` (UTC ISO), ``level``, ``event`` (dotted
 names such as ``job.finalized``) and the ids it concerns, bound per task with

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The long kill campaign (SPEC §6, §12): N seeds of ``tests/fault/harness.py``, each a
+"""The long kill campaign (CONTRACT §6, §12): N seeds of ``tests/fault/harness.py``, each a
 fresh KB with >= 200 one-pair jobs, a real control process and real workers SIGKILLed at
 random moments and restarted at once, drained with ``reviewq sweep --workers 0``, then
 checked from state.db and the log. Prints one table row per seed and a total; exits 1

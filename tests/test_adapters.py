@@ -1,4 +1,4 @@
-"""The vendor reviewer kinds (SPEC §8): claude, codex and gemini against fake CLIs in
+"""The vendor reviewer kinds (CONTRACT §8): claude, codex and gemini against fake CLIs in
 tests/agents/bin, and openai against a small HTTP server, each through the real attempt
 lifecycle (workers.attempt.run_attempt via ``run_job``) on a job made with the CLI."""
 

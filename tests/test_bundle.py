@@ -1,4 +1,4 @@
-"""Examples of the bundle-output contract (SPEC §5): what is accepted, and every rejection."""
+"""Examples of the bundle-output contract (CONTRACT §5): what is accepted, and every rejection."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Properties of the bundle-output parser (SPEC §5): all or nothing, and never a crash."""
+"""Properties of the bundle-output parser (CONTRACT §5): all or nothing, and never a crash."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Containment (SPEC §11, §12; "Reliability and security campaign" item 4): no input can
+"""Containment (CONTRACT §11, §12; "Reliability and security campaign" item 4): no input can
 make reviewq write outside the state folder or outside the one note a fix targets, and
 environment secrets never appear in logs or reports.
 

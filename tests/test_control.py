@@ -1536,7 +1536,7 @@ def test_a_redo_of_a_pair_with_no_fail_on_record_releases_it_for_the_next_sweep(
 
 
 def test_a_rejected_pair_is_fixed_again_once_its_note_has_changed(kb, run_cli):
-    """A reject holds the pair until the note or the gate changes (SPEC §7), for fixes
+    """A reject holds the pair until the note or the gate changes (CONTRACT §7), for fixes
     as for sweeps: a new FAIL of the changed note got a review and no fix, ever."""
     from orchestrator.cycles.fixes import create_fix_job
 

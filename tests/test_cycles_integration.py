@@ -1,4 +1,4 @@
-"""SPEC §7 through real consumers and scripted agents: fixes, the three-cycle escalation,
+"""CONTRACT §7 through real consumers and scripted agents: fixes, the three-cycle escalation,
 human decisions, sequential sweeps and audits."""
 
 from __future__ import annotations
@@ -1012,7 +1012,7 @@ def test_a_fail_about_a_text_a_person_has_since_edited_makes_no_fix(kb):
 
 def test_a_fail_still_fresh_after_a_persons_edit_elsewhere_gets_its_fix(kb):
     """A person edited a part of the note the gate does not watch while its review
-    waited. The FAIL is about the note as it is now (the pair is fresh, SPEC §3), but no
+    waited. The FAIL is about the note as it is now (the pair is fresh, CONTRACT §3), but no
     fix was made, as for a text that is gone: no sweep reviews a fresh pair again, so
     the FAIL stood, never fixed, re-reviewed or escalated."""
     _reviewed_after_a_persons_edit(
@@ -1057,7 +1057,7 @@ def test_a_fail_that_came_in_while_the_notes_fix_ran_is_not_left_behind(kb):
     """Two lenses of a note, reviewed side by side: the first FAIL queued a fix, the
     second's was skipped for it ("a fix job for this note is open"). The fix was applied
     and only the pairs it carried were reviewed again: the other FAIL, of a region the fix
-    did not touch, stayed fresh (SPEC §3), and nothing fixed, reviewed or escalated it."""
+    did not touch, stayed fresh (CONTRACT §3), and nothing fixed, reviewed or escalated it."""
     kb.gate("prose/body-check", ["body"])
     kb.gate("frontmatter/desc-check", ["description"])
     kb.note("alpha", body="Alpha body.\n")
@@ -1095,7 +1095,7 @@ def test_a_fail_that_came_in_while_the_notes_fix_ran_is_not_left_behind(kb):
 def test_a_fix_dropped_for_a_persons_edit_elsewhere_is_made_again_for_their_text(cyc):
     """A person edited a region the gate does not watch while the note's fix waited: the
     fix was dropped (their text wins), and nothing followed. The FAIL is fresh against
-    their text (SPEC §3), so no sweep meets it again: it stood, never fixed, reviewed or
+    their text (CONTRACT §3), so no sweep meets it again: it stood, never fixed, reviewed or
     escalated. A fix of their text follows, as after a person's decision."""
     config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: more."))
     res = rq(cyc, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--json")
@@ -2330,7 +2330,7 @@ def test_an_ack_that_carries_a_pass_forward_starts_the_count_afresh(cyc):
 
 def test_an_ack_that_carries_a_fail_forward_leaves_the_count(cyc):
     """An ack of a FAIL says the finding holds for the current text: no decision of the
-    person's (SPEC §7), so no fresh count (acks would put off an escalation for good),
+    person's (CONTRACT §7), so no fresh count (acks would put off an escalation for good),
     and no new rejection either."""
     config(cyc, profile("fake", FAKE_DECISIONS="FAIL"))
     assert rq(cyc, "sweep", "--all-gates", "--reviewer", "fake").returncode == 0

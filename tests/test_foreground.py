@@ -151,7 +151,7 @@ GIVEN_BACK = (
 
 
 def test_a_fix_that_changed_nothing_after_a_persons_edit_is_not_a_rejection(kb):
-    """The person's edit wins (SPEC §7): the fix is not applied, and handing back the
+    """The person's edit wins (CONTRACT §7): the fix is not applied, and handing back the
     text it was given is not counted against a note the person has changed since."""
     from orchestrator.cycles import escalations as cycles
 
@@ -279,7 +279,7 @@ def test_run_job_writes_the_jobs_folder_before_its_agent_starts(kb):
 
 
 def test_run_job_splits_a_multi_pair_job_that_burned_out(kb, monkeypatch):
-    """SPEC §6: a multi-pair job that burns out is split into one-pair jobs, which may
+    """CONTRACT §6: a multi-pair job that burns out is split into one-pair jobs, which may
     fit. By hand it was failed, with no split and no escalation."""
     kb.gate("prose/body-check", ["body"])
     kb.gate("prose/tone-check", ["body"])

@@ -1,4 +1,4 @@
-"""Fuzz tests (SPEC §5, §12; "Reliability and security campaign" item 2): the three parsers
+"""Fuzz tests (CONTRACT §5, §12; "Reliability and security campaign" item 2): the three parsers
 that read what people and agents write, fed hostile input.
 
 - :func:`orchestrator.review.bundle.parse_bundle`, the reviewer output contract: forged and

@@ -1,4 +1,4 @@
-"""The gate catalog (SPEC §1): validation, bundles, `reviewq gates`."""
+"""The gate catalog (CONTRACT §1): validation, bundles, `reviewq gates`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notes and regions (SPEC §1), and the fast frontmatter path checked against YAML."""
+"""Notes and regions (CONTRACT §1), and the fast frontmatter path checked against YAML."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def test_a_fix_write_killed_midway_leaves_no_temp_file_once_written_again(tmp_pa
 
 
 def test_a_yaml_set_in_frontmatter_is_one_value_however_it_is_ordered():
-    # SPEC §1: re-formatting the YAML without changing a value changes nothing. A `!!set`
+    # CONTRACT §1: re-formatting the YAML without changing a value changes nothing. A `!!set`
     # came out in hash order: reordered in the file, the note read as frontmatter-changed.
     items = [f"w{i}" for i in range(12)]
     a = parse_note_text("---\nt: !!set {" + ", ".join(items) + "}\n---\n").regions()

@@ -1,5 +1,5 @@
 """Unattended sweeps through real Huey consumers on real SQLite files, with agents as real
-subprocesses (SPEC §6, §12): the happy path, kills, a missing binary, a hung agent."""
+subprocesses (CONTRACT §6, §12): the happy path, kills, a missing binary, a hung agent."""
 
 from __future__ import annotations
 

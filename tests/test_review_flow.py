@@ -1,4 +1,4 @@
-"""The manual review flow of SPEC §4-§6 through the CLI: create-jobs, an agent writes the
+"""The manual review flow of CONTRACT §4-§6 through the CLI: create-jobs, an agent writes the
 output, finalize, ack, warn-queue, export; and run-job with real agent processes."""
 
 from __future__ import annotations
@@ -789,7 +789,7 @@ def test_run_job_with_the_offline_reviewer(kb, run_cli):
 
 
 def test_a_third_rejection_finalized_by_hand_is_escalated(flow, run_cli):
-    """SPEC §7 counts rejections however a decision is recorded: the manual path's third
+    """CONTRACT §7 counts rejections however a decision is recorded: the manual path's third
     FAIL goes to a person, as the control process's would."""
     for cycle in (1, 2, 3):
         # A person's edit between the reviews, as a fix's would be: the pair is stale again.
@@ -1576,7 +1576,7 @@ def test_a_refused_approve_of_a_gone_notes_escalations_names_the_call_that_close
 
 
 def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
-    """SPEC §10: paths in JSON are relative to ROOT when they lie under it, as
+    """CONTRACT §10: paths in JSON are relative to ROOT when they lie under it, as
     `escalations --json` gives report_path. `job --json` gave job_dir and `report --json`
     report_path relative to STATE: a script that opened them from ROOT found nothing."""
     (esc,) = escalate_alpha(flow, run_cli)
@@ -1606,7 +1606,7 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
     ],
 )
 def test_decide_called_wrongly_is_bad_usage(flow, run_cli, args, says):
-    """Exit 2 is bad usage (SPEC §10), as `jobs --state bogus` or `job abc` answer: a
+    """Exit 2 is bad usage (CONTRACT §10), as `jobs --state bogus` or `job abc` answer: a
     mistyped decision exited 1, which a script reads as "refused" (decided already, a
     note gone), not as its own mistake."""
     escalate_alpha(flow, run_cli)
@@ -1991,7 +1991,7 @@ def test_a_note_named_decomposed_is_found_by_its_name_typed_composed(flow, run_c
 
 def test_a_gate_made_invalid_is_said_by_ack_and_warn_queue_not_taken_for_none(flow, run_cli):
     """A gate file broken while a person edits it: `ack` said "no such gate" of a file
-    that is there, and `warn-queue` dropped its WARN findings without a word (SPEC §10: a
+    that is there, and `warn-queue` dropped its WARN findings without a word (CONTRACT §10: a
     file skipped is a warning line)."""
     flow.accept("fake", [(NOTE_A, "prose/body-check")], decision="WARN")
     gate = "kb/instructions/review-gates/prose/body-check.md"

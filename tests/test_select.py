@@ -1,4 +1,4 @@
-"""SPEC §3 freshness rules and every `reviewq select` option, through the CLI."""
+"""CONTRACT §3 freshness rules and every `reviewq select` option, through the CLI."""
 
 from __future__ import annotations
 
@@ -807,7 +807,7 @@ def test_a_symlink_named_like_a_note_to_a_fifo_is_said_to_lead_to_one(small, run
 
 def test_a_symlinked_folder_of_notes_is_a_warning_not_silence(small, run_cli):
     """A folder of notes linked into the note root (a real KB keeps drafts elsewhere) is
-    not entered, as SPEC §1 says, but without a word: its notes never came up in any
+    not entered, as CONTRACT §1 says, but without a word: its notes never came up in any
     selection and nothing said why. A linked folder holding no note (images) says nothing."""
     shared = small.root / "shared"
     (shared / "drafts").mkdir(parents=True)
@@ -839,7 +839,7 @@ def test_a_symlinked_folder_whose_notes_are_reviewed_under_their_names_says_noth
 
 
 def test_a_note_named_md_in_capitals_is_a_warning_not_silence(small, run_cli):
-    """Only ``*.md`` files are notes (SPEC §1), but ``NOTE.MD`` (a Windows or macOS
+    """Only ``*.md`` files are notes (CONTRACT §1), but ``NOTE.MD`` (a Windows or macOS
     editor's name) was left out without a word: its pairs never came up."""
     (small.root / "kb/notes/UPPER.MD").write_text("---\ntitle: Upper\n---\nBody.\n")
     res = run_cli("select", "--all-gates", "--json")
@@ -852,7 +852,7 @@ def test_a_note_named_md_in_capitals_is_a_warning_not_silence(small, run_cli):
 
 def test_a_fifo_named_like_a_note_or_gate_is_a_warning_not_silence(small, run_cli):
     """A FIFO (or socket) named ``x.md`` among the notes or gates was left out without a
-    word: its pairs never came up, and nothing said why (SPEC §10: a file that had to
+    word: its pairs never came up, and nothing said why (CONTRACT §10: a file that had to
     be skipped is a ``warning:`` line)."""
     os.mkfifo(small.root / "kb/notes/pipe.md")
     os.mkfifo(small.root / "kb/instructions/review-gates/prose/pipe.md")

@@ -1,4 +1,4 @@
-"""state.db (SPEC §2): migrations, WAL, snapshots, acceptance keyed by gate_id."""
+"""state.db (CONTRACT §2): migrations, WAL, snapshots, acceptance keyed by gate_id."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One agent run (SPEC §6 steps 1-4): launch, wait, deadline, process-group kill, classify.
+"""One agent run (CONTRACT §6 steps 1-4): launch, wait, deadline, process-group kill, classify.
 
 It knows nothing of state.db: what it needs comes in, an :class:`AttemptOutcome` goes out.
 Waiting uses a pidfd, so the output is looked at the moment the process ends rather
@@ -525,7 +525,7 @@ def run_attempt(
     on_launch: Callable[[str], None] | None = None,
     registry: Path | None = None,
 ) -> AttemptOutcome:
-    """Run one attempt to its end and classify it (SPEC §6 step 4). ``on_launch`` runs
+    """Run one attempt to its end and classify it (CONTRACT §6 step 4). ``on_launch`` runs
     once the agent has started, with the attempt's ``started_at``; ``on_tick`` every ``tick_s`` while it runs. A file under
     ``trees`` that changes, appears or goes away counts as touched like a guarded one.
     ``registry`` is the folder where the running agent is registered for orphan reaping."""

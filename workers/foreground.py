@@ -258,7 +258,7 @@ def _run(ws: Workspace, job_id: int, profile, reviewer, opened) -> ForegroundRes
             and opened.kind == "review"
             and len(opened.pairs) > 1
         ):
-            # As the control process does (SPEC §6): asked less, each pair may fit.
+            # As the control process does (CONTRACT §6): asked less, each pair may fit.
             new = split_job(store, ws.state_dir, ws.root, job_id)
             why = f"split into one-pair jobs {', '.join(map(str, new))}"
             result = FinalizeResult(job_id, "split", [*outcome.reasons, why])

@@ -1,4 +1,4 @@
-"""The two Huey queues (SPEC §6): ``review`` (agents; any number of workers, anywhere)
+"""The two Huey queues (CONTRACT §6): ``review`` (agents; any number of workers, anywhere)
 and ``control`` (finalize and bookkeeping; exactly one consumer, next to state.db), and
 :func:`send`, the one way a message is put on either.
 

@@ -296,7 +296,7 @@ def _semaphore(profile: ReviewerProfile) -> threading.BoundedSemaphore:
 
 
 def run_review(msg: dict) -> None:
-    """Run one attempt (SPEC §6 steps 1-5) in a private folder and send its outcome, with
+    """Run one attempt (CONTRACT §6 steps 1-5) in a private folder and send its outcome, with
     the output and the evidence, to the control queue."""
     refused = messages.refusal("review", msg)
     if refused is not None:

@@ -353,7 +353,7 @@ def skipped_count(skipped: list) -> str:  # a list of review.jobs.Skipped
 
 
 def root_rel(ws: Workspace, path: Path) -> str:
-    """SPEC §10: paths in JSON are relative to the root when they lie under it."""
+    """CONTRACT §10: paths in JSON are relative to the root when they lie under it."""
     from orchestrator.review.jobs import display_path
 
     return display_path(ws.root, path)
@@ -361,7 +361,7 @@ def root_rel(ws: Workspace, path: Path) -> str:
 
 def root_reports(ws: Workspace, escalations: list[dict]) -> list[dict]:
     """Escalations with their ``report_path`` relative to ROOT, as JSON gives every path
-    (SPEC §10) and `escalations --json` gives theirs; state.db keeps it relative to STATE."""
+    (CONTRACT §10) and `escalations --json` gives theirs; state.db keeps it relative to STATE."""
     return [
         {**e, "report_path": root_rel(ws, ws.state_dir / e["report_path"])} for e in escalations
     ]
@@ -493,7 +493,7 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
         return
     if ctx.invoked_subcommand not in ("doctor", "control"):  # they say it their own way
         for problem in ws.settings.sweeps_left_out.values():
-            # A file that had to be skipped is a warning (SPEC §10), and so is an entry.
+            # A file that had to be skipped is a warning (CONTRACT §10), and so is an entry.
             click.echo(f"warning: {shown(problem)} ({LEFT_OUT})", err=True)
         for ignored in ws.settings.sweeps_ignored:
             click.echo(f"warning: {shown(ignored)}", err=True)

@@ -1,4 +1,4 @@
-"""The queue commands of ``reviewq`` (SPEC §10): enqueue, worker, control, sweep, status,
+"""The queue commands of ``reviewq`` (CONTRACT §10): enqueue, worker, control, sweep, status,
 jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.common`."""
 
 from __future__ import annotations

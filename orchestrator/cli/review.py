@@ -1,4 +1,4 @@
-"""The review commands of ``reviewq`` (SPEC §10): gates, select, create-jobs, finalize,
+"""The review commands of ``reviewq`` (CONTRACT §10): gates, select, create-jobs, finalize,
 run-job, ack, warn-queue, export."""
 
 from __future__ import annotations

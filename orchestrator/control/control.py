@@ -1,4 +1,4 @@
-"""The control process's decisions (SPEC §6): dispatch, outcomes, retries, splits,
+"""The control process's decisions (CONTRACT §6): dispatch, outcomes, retries, splits,
 reviewer pauses and the reaper.
 
 The control process is the one writer of state.db on the hot path. This module knows
@@ -107,7 +107,7 @@ _EVERY_JOB_ALIKE = {
 
 
 class Hooks(Protocol):
-    """What the control process does after a job ends (SPEC §7), called inside the
+    """What the control process does after a job ends (CONTRACT §7), called inside the
     transaction that records the outcome; :class:`orchestrator.control.followup.FollowUp`
     is the one implementation. Without hooks a job's outcome is recorded and nothing
     follows (fix outputs are refused)."""

@@ -1,4 +1,4 @@
-"""What the control process does after a job ends (SPEC §7): fixes and their re-reviews,
+"""What the control process does after a job ends (CONTRACT §7): fixes and their re-reviews,
 escalations, audits of PASS decisions, and the next bundle of a sequential sweep.
 
 :class:`FollowUp` is the ``hooks`` object of :class:`orchestrator.control.control.Control`.
@@ -43,7 +43,7 @@ from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue, start_run
 
-BY_HAND = "when run by hand"  # how a manual path's job fails: at once (SPEC §5)
+BY_HAND = "when run by hand"  # how a manual path's job fails: at once (CONTRACT §5)
 
 
 class FollowUp:
@@ -233,7 +233,7 @@ class FollowUp:
 
     def _about_a_text_gone(self, job, p) -> bool:  # noqa: ANN001 - rows
         """Whether a review's FAIL is about a text the note no longer has, as far as its
-        gate is concerned (a person edited what it watches while the job waited, SPEC
+        gate is concerned (a person edited what it watches while the job waited, CONTRACT
         §3): not the FAIL a fix would be given. A note or gate gone is not: no sweep
         reviews the pair again, and only a person can close it."""
         kb = self.ws.kb
@@ -372,7 +372,7 @@ class FollowUp:
             self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
             return None
         if res.status == "unchanged":
-            # Counts as a rejection with no re-review (SPEC §7).
+            # Counts as a rejection with no re-review (CONTRACT §7).
             again = []
             with self.store.write():
                 for p in pairs:
@@ -606,7 +606,7 @@ class FollowUp:
 
     def _check_released(self, note_path: str, escs: list[dict]) -> None:
         """A redo that queued no fix job is still worth something when it releases stale
-        pairs for the next sweep (a job that failed every attempt, SPEC §7). Otherwise
+        pairs for the next sweep (a job that failed every attempt, CONTRACT §7). Otherwise
         the person's asks would go nowhere, so the whole decision is refused."""
         open_job = open_fix_job(self.store, note_path)
         if open_job is not None:
@@ -901,7 +901,7 @@ def finalize_by_hand(
     attempt: int | None = None,
 ) -> tuple[FinalizeResult, Followed]:
     """The manual paths' finalize (``reviewq finalize``, ``run-job``): a bad output fails
-    the job at once (SPEC §5); a good one is followed as the control process follows it,
+    the job at once (CONTRACT §5); a good one is followed as the control process follows it,
     by a fix, an audit, the escalation of a third rejection or a sequential sweep's next
     bundle, in the same transaction."""
     store = ws.store
@@ -967,7 +967,7 @@ def fail_by_hand(
     ws: Workspace, job_id: int, reasons: list[str], runner: str | None = None
 ) -> Followed:
     """A manual path's failed job (``run-job``, its profile ``runner``): failed at once
-    (SPEC §5), and followed as :meth:`FollowUp.after_failed` says of a job failed at once."""
+    (CONTRACT §5), and followed as :meth:`FollowUp.after_failed` says of a job failed at once."""
     store = ws.store
     with store.write():
         since = _last_ids(store)

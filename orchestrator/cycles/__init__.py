@@ -1,2 +1,2 @@
-"""Rejection cycles (SPEC §7): counting consecutive FAILs, escalations to a person and
+"""Rejection cycles (CONTRACT §7): counting consecutive FAILs, escalations to a person and
 their decisions, and fix jobs whose output rewrites a note."""

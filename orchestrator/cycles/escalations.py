@@ -1,4 +1,4 @@
-"""SPEC §7: rejection cycles, escalations and human decisions.
+"""CONTRACT §7: rejection cycles, escalations and human decisions.
 
 A rejection is a FAIL for (note, gate, partition). The count of consecutive rejections is
 updated in the same transaction as the decision that changes it (:func:`record_decisions`
@@ -104,7 +104,7 @@ def record_ack(store: Store, partition: str, acked: list[Acked]) -> None:
     and resets its count as it does accepted from a review (one kept out because the
     person acked after its job read the note reset nothing then). A FAIL carried forward
     is the same rejection, counted once already; and an ack is no decision of the
-    person's on the finding (SPEC §7): a fresh count for it would let acks put off the
+    person's on the finding (CONTRACT §7): a fresh count for it would let acks put off the
     escalation for good. One kept out when its job ended counted nothing: it counts now,
     as accepted from its review it would have (else the pair FAILed past its count)."""
     for a in acked:
@@ -292,7 +292,7 @@ def escalate(
             reason=reason,
             cycles=n,
             # Relative to ROOT, as the line's note_path and every JSON output give a path
-            # (SPEC §10): it was the only absolute path a person read in the log.
+            # (CONTRACT §10): it was the only absolute path a person read in the log.
             report_path=display_path(root, state_dir / rel),
         )
     )
@@ -367,7 +367,7 @@ def _report_path(store: Store, esc_id: int) -> str:
 
 
 def report(store: Store, esc_id: int) -> str:
-    """The gate-review report (SPEC §7): three lines in, a person can vote."""
+    """The gate-review report (CONTRACT §7): three lines in, a person can vote."""
     e = store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
     # The rejections up to the escalation: written again later, the report says the same.
     events = store.conn.execute(

@@ -1,4 +1,4 @@
-"""Fix jobs (SPEC §7): a fixer agent gets a note, every current FAIL finding for it with
+"""Fix jobs (CONTRACT §7): a fixer agent gets a note, every current FAIL finding for it with
 the gate texts and the directive "make the smallest edit"; its output is the whole new
 note. reviewq writes it only if the note is still exactly the text the fixer was given,
 and only to that one file.
@@ -79,7 +79,7 @@ def current_failures(
     ``include`` names pairs to keep anyway, such as the one a redo is about.
 
     A FAIL about an earlier text is not current, not even for a redo, when the pair is
-    stale now (SPEC §3): a person edited what the gate watches while its review waited,
+    stale now (CONTRACT §3): a person edited what the gate watches while its review waited,
     or before deciding. Handed to a fixer with today's text, its findings (about a text
     that is gone) came back "changed nothing" and counted as rejections of the person's
     own fix; the next sweep reviews the person's text instead. One their edit left
@@ -115,7 +115,7 @@ def current_failures(
 
 def _same_for(gate: Gate, accepted_sha: str, accepted_text: str | None, note: Note) -> bool:
     """Whether the note as it is now is the text a FAIL judged, as far as ``gate`` is
-    concerned: the same text, or a fresh pair by SPEC §3's rules."""
+    concerned: the same text, or a fresh pair by CONTRACT §3's rules."""
     if accepted_sha == note.sha256:
         return True
     if accepted_text is None:

@@ -1,7 +1,7 @@
 """A strict fast path for the frontmatter most notes carry.
 
 Parsing YAML costs ~120 µs a note even with libyaml, which alone would spend the
-selector's whole budget on a 10,000-note KB (SPEC §13). Most frontmatter is a flat
+selector's whole budget on a 10,000-note KB (CONTRACT §13). Most frontmatter is a flat
 mapping of plain words, simple quoted strings and one-line flow lists, whose YAML
 meaning is unambiguous. This module parses exactly that subset and returns None for
 anything else, so the caller falls back to a real YAML parser. It must never return

@@ -1,4 +1,4 @@
-"""The gate catalog (SPEC §1): loading, validation, bundles and the virtual ``type`` lens.
+"""The gate catalog (CONTRACT §1): loading, validation, bundles and the virtual ``type`` lens.
 
 An invalid gate is reported with its file and reason and never reviewed; the others
 work. Real catalogs carry extra fields and headings, which are accepted as they are.

@@ -1,4 +1,4 @@
-"""Caches that let an unchanged KB be judged without reading it (SPEC §13), and an
+"""Caches that let an unchanged KB be judged without reading it (CONTRACT §13), and an
 edited one without measuring the same change twice.
 
 :class:`NoteCache` remembers, per note file, its sha256 and frontmatter facts (type, traits,
@@ -88,7 +88,7 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
 
 
 class RatioMemo:
-    """SPEC §3's change ratios of long bodies, by the sha256 of both: its exact difflib
+    """CONTRACT §3's change ratios of long bodies, by the sha256 of both: its exact difflib
     ratio takes seconds on a note of thousands of lines (more where lines repeat), and a
     note edited under its ``rewrite(T)`` threshold is compared with the same accepted
     text at every select, night after night. Short bodies are measured, not looked up."""

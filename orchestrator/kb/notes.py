@@ -1,4 +1,4 @@
-"""The knowledge base on disk: its root, note discovery, notes and their regions (SPEC §1).
+"""The knowledge base on disk: its root, note discovery, notes and their regions (CONTRACT §1).
 
 Paths are always relative to the KB root with ``/`` separators. A note that cannot be
 read (not UTF-8, broken YAML) is reported as a :class:`FileProblem` and left out; the rest
@@ -712,7 +712,7 @@ class KB:
                         # (a folder of the note roots: its notes are reviewed there)
                         and not self._walked(_under_root(e.path, self.root))
                     ):
-                        # Not entered, as SPEC §1 says; unsaid, its notes went missing
+                        # Not entered, as CONTRACT §1 says; unsaid, its notes went missing
                         # from every selection without a word.
                         rel = e.path[root_len:].replace(os.sep, "/")
                         problems.append(
@@ -823,7 +823,7 @@ def read_file(path: Path) -> bytes:
 
 
 def name_problem(rel: str) -> str | None:
-    """Why a file's path cannot name a pair on a sentinel line (SPEC §5), or None. Every
+    """Why a file's path cannot name a pair on a sentinel line (CONTRACT §5), or None. Every
     bundle check refuses such a pair, so a note or gate named so is skipped at the scan:
     reviewed, it failed each attempt and escalated as the reviewer's failure."""
     if _UNCARRIED.search(rel):

@@ -1,5 +1,5 @@
 """Operations on acceptance beyond finalize: ``ack`` (carry a review forward to the
-current text) and the WARN queue (SPEC §10)."""
+current text) and the WARN queue (CONTRACT §10)."""
 
 from __future__ import annotations
 

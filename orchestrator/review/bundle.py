@@ -1,4 +1,4 @@
-"""The reviewer output contract: parsing ``bundle-output.md`` all or nothing (SPEC §4, §5).
+"""The reviewer output contract: parsing ``bundle-output.md`` all or nothing (CONTRACT §4, §5).
 
 A review job asks one agent to judge several (note, gate) pairs. It writes one file that
 holds exactly one block per expected pair, named by the note path and the gate *path*::

@@ -1,4 +1,4 @@
-"""The export of SPEC §10: GATE-REVIEW files and gate_reviews.csv, renderings of the
+"""The export of CONTRACT §10: GATE-REVIEW files and gate_reviews.csv, renderings of the
 accepted reviews in state.db."""
 
 from __future__ import annotations

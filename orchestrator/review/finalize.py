@@ -1,4 +1,4 @@
-"""SPEC §6 finalize: accept a job's output all-or-nothing, fenced by attempt.
+"""CONTRACT §6 finalize: accept a job's output all-or-nothing, fenced by attempt.
 
 Parsing happens first and changes nothing. On success one IMMEDIATE transaction records
 every decision, upserts acceptance for every PASS/WARN/FAIL (ERROR is recorded but never

@@ -1,4 +1,4 @@
-"""SPEC §3: why one (note, gate) pair needs a review, judged against its accepted snapshots.
+"""CONTRACT §3: why one (note, gate) pair needs a review, judged against its accepted snapshots.
 
 Pure functions over texts: the selector gathers the texts and calls :func:`judge`.
 """
@@ -37,7 +37,7 @@ class RatioMemo(Protocol):
 
 
 def change_ratio(old_body: str, new_body: str, memo: RatioMemo | None = None) -> Fraction:
-    """1 - SequenceMatcher ratio over body lines, exactly as SPEC §3 defines it, as an
+    """1 - SequenceMatcher ratio over body lines, exactly as CONTRACT §3 defines it, as an
     exact fraction: in floating point, 3 of 10 lines changed came out as
     0.30000000000000004, over a ``rewrite(0.3)`` threshold the contract says it is not.
     ``memo`` keeps the ratios of long bodies from one select to the next."""
@@ -96,7 +96,7 @@ def judge(
     note_text_same: bool,
     compare: Callable[[], NoteComparison],
 ) -> Verdict:
-    """One pair's verdict, rules 1-4 of SPEC §3 in order.
+    """One pair's verdict, rules 1-4 of CONTRACT §3 in order.
 
     ``note_snapshot_present`` False: no acceptance, or its note snapshot is gone;
     ``gate_text_same`` None: its gate snapshot is gone. ``compare`` builds (or fetches

@@ -1,4 +1,4 @@
-"""Packing selected pairs into review jobs (SPEC §4): snapshots, prompt, job folder.
+"""Packing selected pairs into review jobs (CONTRACT §4): snapshots, prompt, job folder.
 
 A pair already inside a queued or running job is not packed again, and a note or gate
 holding a line that looks like a review sentinel is refused for that pair (the prompt
@@ -131,7 +131,7 @@ def clear_job_folder(state_dir: Path, job_id: int) -> Path:
 
 
 def display_path(root: Path, path: Path) -> str:
-    """Root-relative when under the root (SPEC §10), else absolute."""
+    """Root-relative when under the root (CONTRACT §10), else absolute."""
     try:
         return path.relative_to(root).as_posix()
     except ValueError:

@@ -1,4 +1,4 @@
-"""Rendering the prompt templates shipped in the ``prompts`` package (SPEC §4).
+"""Rendering the prompt templates shipped in the ``prompts`` package (CONTRACT §4).
 
 A prompt carries the sentinel lines of its own pairs and of no other, the full note
 texts, the gate bodies and a per-pair template; on a retry it also says what was wrong.

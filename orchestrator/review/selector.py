@@ -2,7 +2,7 @@
 
 The rules are :mod:`freshness`; this module gathers what they need in bulk. Pairs whose
 note and gate texts both equal their accepted snapshots are counted inside SQLite and
-never become Python objects, which is what keeps a 400,000-pair KB inside SPEC §13.
+never become Python objects, which is what keeps a 400,000-pair KB inside CONTRACT §13.
 """
 
 from __future__ import annotations

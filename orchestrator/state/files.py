@@ -1,5 +1,5 @@
 """Files reviewq writes for people, all renderings of state.db: a job's MANIFEST.json and
-per-pair result files (the export of SPEC §10 is :mod:`orchestrator.review.export`).
+per-pair result files (the export of CONTRACT §10 is :mod:`orchestrator.review.export`).
 
 Every file is written atomically (a temp file in the same folder, then a rename), so a
 reader never sees half a file and a crash leaves the old one.

@@ -1,4 +1,4 @@
-"""What the queue holds and what happened (SPEC §10 ``status``, ``jobs``, ``job``): read-only
+"""What the queue holds and what happened (CONTRACT §10 ``status``, ``jobs``, ``job``): read-only
 queries over state.db for people and for the sweep's progress and summary."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ STATUSES = ("queued", "running", "completed", "failed", "split")
 FAILED_OUTCOMES = ("invalid-output", "no-output", "reviewer-touched-kb", "burned-out")
 # The same as an SQL list, for `outcome IN (...)`.
 FAILED_SQL = ", ".join(f"'{o}'" for o in FAILED_OUTCOMES)
-# An attempt opened (``attempt-N/``) that was no run of an agent on the job (SPEC §6): its
+# An attempt opened (``attempt-N/``) that was no run of an agent on the job (CONTRACT §6): its
 # program did not start, its CLI reached no model, or no worker launched it (lost or
 # superseded before its launch). Infrastructure, not a verdict on the reviewer's work.
 # The one definition of a run: the job's reasons ("3 attempt(s) failed") never count

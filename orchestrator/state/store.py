@@ -1,4 +1,4 @@
-"""state.db (SPEC §2): the connection, migrations, snapshots and acceptance.
+"""state.db (CONTRACT §2): the connection, migrations, snapshots and acceptance.
 
 state.db is the canonical record; every file reviewq writes for people is a rendering
 of it. Writes happen inside :meth:`Store.write`, an IMMEDIATE transaction, so a process

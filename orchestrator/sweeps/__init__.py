@@ -1,1 +1,1 @@
-"""The producer (SPEC §9): what a sweep enqueues, its runs and budgets, and cron."""
+"""The producer (CONTRACT §9): what a sweep enqueues, its runs and budgets, and cron."""

@@ -1,4 +1,4 @@
-"""What to enqueue (SPEC §9): a sweep selects stale pairs in its reviewer's partition and
+"""What to enqueue (CONTRACT §9): a sweep selects stale pairs in its reviewer's partition and
 packs them into queued jobs, idempotently; ``[[sweeps]]`` with ``cron`` fire from the
 control process.
 """
@@ -344,7 +344,7 @@ def _sequential(
     ws: Workspace, partition: str, req: SweepRequest, targets: list[dict]
 ) -> tuple[list[dict], list[Skipped]]:
     """Keep, per note, only the pairs of its first bundle that is not yet fresh with no
-    FAIL; the later bundles wait (SPEC §7). Bundles are taken in the order named."""
+    FAIL; the later bundles wait (CONTRACT §7). Bundles are taken in the order named."""
     cat = ws.catalog()
     order: list[str] = []
     selected: dict[str, str] = {}  # gate id -> its bundle

@@ -1,4 +1,4 @@
-"""A kill harness for reviewq (SPEC §6, §12): a KB in a temp folder, a real ``reviewq
+"""A kill harness for reviewq (CONTRACT §6, §12): a KB in a temp folder, a real ``reviewq
 control`` and real ``reviewq worker`` processes, the fake agent as a ``command`` reviewer,
 SIGKILLs at random moments, and checks read straight from state.db and the log.
 

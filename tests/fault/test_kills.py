@@ -1,4 +1,4 @@
-"""Kills at random moments (SPEC §6, §12: "worker killed at any moment, control killed
+"""Kills at random moments (CONTRACT §6, §12: "worker killed at any moment, control killed
 mid-finalize: no partial acceptance; the job finishes after restart").
 
 The short campaign here is the CI version of ``scripts/kill_campaign.py``: ~48 one-pair
@@ -131,7 +131,7 @@ def test_enqueue_races_finalize(tmp_path, monkeypatch):
 
 
 def test_two_enqueues_at_once_pack_a_pair_once(tmp_path, monkeypatch):
-    """The other face of the race above: SPEC §4 "a pair already in a queued or running
+    """The other face of the race above: CONTRACT §4 "a pair already in a queued or running
     job is not packed again". The second enqueue commits its job after the first selected
     the pair and before the first takes the write lock (from there on, the first reads the
     open jobs and writes its own in one transaction)."""

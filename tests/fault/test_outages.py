@@ -1,4 +1,4 @@
-"""Outages (SPEC §12: "Redis or the queue file briefly unavailable: retried with backoff;
+"""Outages (CONTRACT §12: "Redis or the queue file briefly unavailable: retried with backoff;
 nothing lost"), each against a real control process, real workers and real agents, each
 ending with every pair accepted exactly once and a log line that says what happened.
 
@@ -425,7 +425,7 @@ def test_disk_full_for_a_moment_at_finalize(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_disk_full_at_finalize_keeps_the_acceptance_and_its_follow_up(tmp_path):
-    """SPEC §6: finalize commits, *then* writes the result files, which can be regenerated
+    """CONTRACT §6: finalize commits, *then* writes the result files, which can be regenerated
     from the DB. A disk that stays full must cost the files, not the review: the FAIL is
     accepted, the fix job starts (its folder is on another disk), ENOSPC is logged."""
     out = _full_disk_run(tmp_path, decision="FAIL", fix=True, full_for=None, lease=2)

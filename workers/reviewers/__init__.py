@@ -1,4 +1,4 @@
-"""Reviewer adapters by kind (SPEC §8). ``for_profile`` picks the adapter of a profile."""
+"""Reviewer adapters by kind (CONTRACT §8). ``for_profile`` picks the adapter of a profile."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``claude`` kind: Claude Code in headless (print) mode (SPEC §8).
+"""The ``claude`` kind: Claude Code in headless (print) mode (CONTRACT §8).
 
 Output is ``stream-json``: one event per line while the run goes on, the same ``result``
 object as ``--output-format json`` at its end. The live events are what let a run be

@@ -1,4 +1,4 @@
-"""The ``codex`` kind: OpenAI Codex CLI's ``codex exec`` with ``--json`` events (SPEC §8).
+"""The ``codex`` kind: OpenAI Codex CLI's ``codex exec`` with ``--json`` events (CONTRACT §8).
 
 Telemetry comes from two places. ``--json`` on stdout names the thread and ends with the
 turn's usage or the error that ended it, but it shows no model call the sandbox refused

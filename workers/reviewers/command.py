@@ -1,4 +1,4 @@
-"""The ``command`` kind: any program, from an argv template with placeholders (SPEC §8)."""
+"""The ``command`` kind: any program, from an argv template with placeholders (CONTRACT §8)."""
 
 from __future__ import annotations
 

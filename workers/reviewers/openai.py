@@ -1,6 +1,6 @@
 """The ``openai`` kind: one POST to an OpenAI-compatible ``/v1/chat/completions`` (ollama,
 llama.cpp, vLLM), made by ``python -m workers.openai_agent`` as a subprocess so deadlines,
-process-group kills and classification work exactly as for every other kind (SPEC §8)."""
+process-group kills and classification work exactly as for every other kind (CONTRACT §8)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class OpenAIReviewer(Reviewer):
 
     def telemetry(self, spec: AttemptSpec) -> Telemetry:
         """The usage of an answer, or the agent's account of why there was none: an HTTP
-        error by its status, an endpoint out of reach or not answering as one (SPEC §8)."""
+        error by its status, an endpoint out of reach or not answering as one (CONTRACT §8)."""
         t = telemetry_from_file(spec.telemetry_path)
         raw = t.raw or {}
         if isinstance(raw.get("error"), str):
