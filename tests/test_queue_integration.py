@@ -2507,6 +2507,26 @@ def test_a_sweep_whose_only_worker_runs_another_release_says_so(kb):
     ws.close()
 
 
+def _sweep_starting(kb, monkeypatch, start, workers: int):  # noqa: ANN001, ANN202
+    """A sweep of the frontmatter gates whose children are ``start`` (called as they would
+    be started, at the jobs' commit) and which ends at its first look at them: its
+    workspace (to close) and outcome."""
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest
+    from workers.sweep import Children, run_sweep
+
+    def check(self: Children) -> None:  # one look of the sweep's, then it ends
+        self.failed.append("ended by the test")
+
+    monkeypatch.setattr(Children, "start", start)
+    monkeypatch.setattr(Children, "check", check)
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    req = SweepRequest(name="cli", reviewer="offline", selectors=("frontmatter",))
+    return ws, run_sweep(ws, req, workers=workers)
+
+
 def test_a_sweep_hears_what_its_children_said_while_it_wrote_the_job_folders(kb, monkeypatch):
     """Stop 31 starts the sweep's children once its jobs commit, before it writes their
     folders, but the sweep's look-out for a missing worker began after that writing: a
@@ -2516,8 +2536,7 @@ def test_a_sweep_hears_what_its_children_said_while_it_wrote_the_job_folders(kb,
     from orchestrator.control import messages
     from orchestrator.control.control import Control
     from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest
-    from workers.sweep import Children, NoWorker, run_sweep
+    from workers.sweep import Children, NoWorker
 
     small_kb(kb, notes=1)
     monkeypatch.setattr(NoWorker, "AFTER_S", 0.0)
@@ -2529,15 +2548,7 @@ def test_a_sweep_hears_what_its_children_said_while_it_wrote_the_job_folders(kb,
         notice = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:42", "host": "far"}
         logs.get().error("message.refused", **messages.refusal("outcome", notice))
 
-    def check(self: Children) -> None:  # one look of the sweep's, then it ends
-        self.failed.append("ended by the test")
-
-    monkeypatch.setattr(Children, "start", start)
-    monkeypatch.setattr(Children, "check", check)
-    ws = Workspace.open(kb.root)
-    logs.configure(ws.state_dir)
-    req = SweepRequest(name="cli", reviewer="offline", selectors=("frontmatter",))
-    run_sweep(ws, req, workers=0)
+    ws, _ = _sweep_starting(kb, monkeypatch, start, workers=0)
     ws.close()
     control_ws.close()
     (said,) = [e for e in log_lines(kb) if e["event"] == "sweep.no_worker"]
@@ -2550,12 +2561,10 @@ def test_a_sweeps_control_leaves_the_folders_the_sweep_is_writing_to_it(kb, monk
     new job's folder due and wrote them all too: a 1,000-job sweep's folders written twice
     (~165 ms of CPU) and ~1,000 `job.files_written late=true` lines. While the sweep
     writes them the tick leaves those not tried yet to it; a writer gone, it writes them."""
-    from orchestrator import logs
     from orchestrator.control.control import Control
     from orchestrator.state.files import mark_job_files_due
     from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest
-    from workers.sweep import Children, run_sweep
+    from workers.sweep import Children
 
     small_kb(kb, notes=3)
     control_ws = Workspace.open(kb.root)
@@ -2564,15 +2573,7 @@ def test_a_sweeps_control_leaves_the_folders_the_sweep_is_writing_to_it(kb, monk
     def start(self: Children) -> None:  # the control's first tick, as it starts
         ticks.append(Control(control_ws, send_review=lambda msg: None).write_due_files())
 
-    def check(self: Children) -> None:  # one look of the sweep's, then it ends
-        self.failed.append("ended by the test")
-
-    monkeypatch.setattr(Children, "start", start)
-    monkeypatch.setattr(Children, "check", check)
-    ws = Workspace.open(kb.root)
-    logs.configure(ws.state_dir)
-    req = SweepRequest(name="cli", reviewer="offline", selectors=("frontmatter",))
-    out = run_sweep(ws, req, workers=1)
+    ws, out = _sweep_starting(kb, monkeypatch, start, workers=1)
     assert len(out.enqueued.jobs) == 3 and ticks == [0], ticks
     assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
     late = [e for e in log_lines(kb) if e["event"] == "job.files_written"]

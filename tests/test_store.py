@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,22 @@ def test_a_state_db_whose_first_page_was_zeroed_is_called_damaged_with_the_way_o
     )
 
 
+def _refused_as_anothers(run_cli, other: Path, tables: str) -> None:
+    """``status``, ``enqueue`` and ``doctor`` with ``--state OTHER`` each refuse its
+    state.db as another program's in one line, and leave it as it was (no WAL, no queue)."""
+    before = (other / "state.db").read_bytes()
+    for args in (("status",), ("enqueue", "--all-gates"), ("doctor",)):
+        res = run_cli("--state", str(other), *args)
+        assert res.exit_code == 1, args
+        said = res.stderr if args != ("doctor",) else res.stdout
+        assert (
+            f"{other / 'state.db'}: a SQLite database without reviewq's tables ({tables}): "
+            "not reviewq's state.db, and left as it is (is --state right?)"
+        ) in said, (args, said)
+    assert (other / "state.db").read_bytes() == before
+    assert not any((other / n).exists() for n in ("state.db-wal", "state.db-shm", "queue"))
+
+
 def test_another_programs_sqlite_state_db_is_refused_and_left_as_it_was(kb, run_cli, tmp_path):
     """A `--state` naming another program's folder, whose SQLite file is also called
     state.db (a common name): `status` said all was clear, having written reviewq's twenty
@@ -132,19 +149,9 @@ def test_another_programs_sqlite_state_db_is_refused_and_left_as_it_was(kb, run_
     conn.execute("INSERT INTO users VALUES (1, 'ada')")
     conn.commit()
     conn.close()
-    before = (other / "state.db").read_bytes()
-    for args in (("status",), ("enqueue", "--all-gates"), ("doctor",)):
-        res = run_cli("--state", str(other), *args)
-        assert res.exit_code == 1, args
-        said = res.stderr if args != ("doctor",) else res.stdout
-        assert (
-            f"{other / 'state.db'}: a SQLite database without reviewq's tables (users): "
-            "not reviewq's state.db, and left as it is (is --state right?)"
-        ) in said, args
-    assert (other / "state.db").read_bytes() == before
+    _refused_as_anothers(run_cli, other, "users")
     # doctor, going on to check the SQLite queue, made queue/ and its files there.
-    assert not any((other / n).exists() for n in ("state.db-wal", "state.db-shm", ".gitignore"))
-    assert not (other / "queue").exists()
+    assert not (other / ".gitignore").exists()
 
 
 @pytest.mark.parametrize(
@@ -174,18 +181,7 @@ def test_another_programs_schema_migrations_table_is_not_taken_for_reviewqs(
     conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
     conn.commit()
     conn.close()
-    before = (other / "state.db").read_bytes()
-    for args in (("status",), ("enqueue", "--all-gates"), ("doctor",)):
-        res = run_cli("--state", str(other), *args)
-        assert res.exit_code == 1, args
-        said = res.stderr if args != ("doctor",) else res.stdout
-        assert (
-            f"{other / 'state.db'}: a SQLite database without reviewq's tables "
-            "(schema_migrations, users): not reviewq's state.db, and left as it is "
-            "(is --state right?)"
-        ) in said, (args, said)
-    assert (other / "state.db").read_bytes() == before
-    assert not any((other / n).exists() for n in ("state.db-wal", "state.db-shm", "queue"))
+    _refused_as_anothers(run_cli, other, "schema_migrations, users")
 
 
 @pytest.mark.parametrize("how", ["missing", "empty", "without reviewq's tables"])
