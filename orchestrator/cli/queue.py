@@ -884,10 +884,8 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         # In the words every other command refuses it with: "KB root X holds kb/" was
         # printed as the problem, saying the opposite of what was wrong.
         report(False, no_kb_here(ws.root))
-        return False
-    report(
-        True, f"KB root {ws.root} holds kb/"
-    )  # nothing else to check here, and no state.db to make in the wrong folder
+        return False  # nothing else to check here, and no state.db to make in the wrong folder
+    report(True, f"KB root {ws.root} holds kb/")
     from orchestrator.review.selector import note_root_problems
 
     # What select refuses (a root overlapping the gates, the state folder inside one),
