@@ -246,7 +246,7 @@ class Children:
                 "--kb",
                 str(ws.root),
             ]
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | Forked] = {}
         self.adopt = False  # the control used is another sweep's: replace it when it goes
         self.gone_since: float | None = None  # when the borrowed control was last missed
         self.restarts: dict[str, int] = dict.fromkeys(self.specs, 0)
@@ -325,8 +325,6 @@ class Children:
         self.dismiss()
 
     def _spawn(self, name: str) -> None:
-        # A process group of their own: a closed terminal's SIGHUP (which Huey takes as
-        # "restart") and Ctrl-C reach the sweep alone, and it stops them as it means to.
         self.started_at[name] = time.monotonic()
         waiting = self.waiting.pop(name, None)
         if waiting is not None:
@@ -341,6 +339,9 @@ class Children:
                 return
             finally:
                 os.close(w)
+        # A process group of their own (a forked child makes its own in fork): a closed
+        # terminal's SIGHUP (which Huey takes as "restart") and Ctrl-C reach the sweep
+        # alone, and it stops them as it means to.
         self.procs[name] = subprocess.Popen(
             self.specs[name],
             env=self.env,
