@@ -843,10 +843,11 @@ _CLAIM_GRACE_S = 60.0
 @contextlib.contextmanager
 def making_attempt(state_dir: Path) -> Iterator[None]:
     """Held (shared) while an attempt's folder is made, or a kept one made anew, and
-    claimed; :func:`remove_unclaimed` holds it alone. A starting worker then never finds
-    a folder between its making and its claim, nor removes by its name a folder made
-    anew under the lock it took on the one before (a kept folder taken up again by a
-    worker sharing the --state), prompt and all, under the attempt holding it."""
+    claimed; :func:`_remove_unheld` (a starting worker's, a reap's) holds it alone. A
+    starting worker then never finds a folder between its making and its claim, nor
+    removes by its name a folder made anew under the lock it took on the one before (a
+    kept folder taken up again by a worker sharing the --state), prompt and all, under
+    the attempt holding it."""
     with contextlib.suppress(OSError):  # the worker's first attempt, or attempts/ removed
         (state_dir / "attempts").mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = _attempts_lock(state_dir, fcntl.LOCK_SH)
@@ -874,7 +875,7 @@ def _attempts_lock(state_dir: Path, how: int) -> int | None:
 
 def claim_attempt(folder: Path) -> int | None:
     """Hold ``folder`` as this process's while its attempt lives here (an open descriptor
-    with a flock, closed by the caller), so that :func:`remove_unclaimed` leaves it be."""
+    with a flock, closed by the caller), so that :func:`_remove_unheld` leaves it be."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:

@@ -322,8 +322,9 @@ def run_review(msg: dict) -> None:
         try:
             with making_attempt(place.folder):
                 spec = _prepare(folder, msg, profile, kb)
-                # Held until it is removed: a worker starting beside this one (sharing
-                # its folder) removes the attempt folders nobody holds, a dead worker's.
+                # Held while the attempt runs here: a worker starting beside this one
+                # (sharing its folder), and a reap of a dead one's agent, remove the
+                # attempt folders nobody holds.
                 claim = claim_attempt(folder)
         except OSError as exc:
             # This worker's disk (full, read-only): not the job's fault, and said at once
