@@ -331,7 +331,8 @@ def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
     file's pairs were skipped, with how many: said as a bare count ("skipped 34"), a
     note with a sentinel line was never named, night after night."""
     warn(res.problems)
-    for hint in res.hints:  # --current on a KB that keeps no status: field
+    # --current on a KB that keeps no status: field; a reviewer's partition with no review
+    for hint in res.hints:
         click.echo(f"warning: {hint}", err=True)
     if res.excluded:
         click.echo(excluded_words(res.excluded), err=True)
