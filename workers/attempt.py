@@ -1029,7 +1029,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
             path.unlink(missing_ok=True)
     # Attempts a live worker runs (one sharing this folder may run an attempt a stopped
     # worker had queued again): their folders are theirs.
-    running = {
+    live_attempts = {
         (e.get("job_id"), e.get("attempt")) for _, e in entries if _alive_worker(e["worker_pid"])
     }
     for path, entry in entries:
@@ -1056,7 +1056,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         scratch = entry.get("scratch")
         if isinstance(scratch, str) and Path(scratch).name.startswith(_scratch_prefix(*key)):
             scratches.append(scratch)
-        if not mine and key not in running and all(isinstance(k, int) for k in key):
+        if not mine and key not in live_attempts and all(isinstance(k, int) for k in key):
             # Its worker died: no outcome will be sent, and nothing else removes the
             # prompt (quoting notes) and what the agent left. (A stopping worker's own
             # attempts were queued again, maybe to a worker sharing this folder: kept,
