@@ -605,21 +605,33 @@ def test_sweep_on_redis_with_two_worker_processes(kb, redis_url):
     assert len({e["worker"] for e in started}) == 2  # both worker processes took jobs
 
 
+def _control_and_a_hanging_worker(
+    kb, tmp_path: Path, workers: int = 1, tmp: Path | None = None
+) -> tuple[list[str], Path, subprocess.Popen, subprocess.Popen]:
+    """A control and a worker (``--workers``) whose fake agents hang, each saying its
+    start on the FIFO returned; ``tmp``, the worker's TMPDIR. Returns the reviewq argv to
+    start more with, the FIFO, the control and the worker."""
+    fifo = make_fifo(tmp_path, "started")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", str(workers)], env=env, stderr=subprocess.DEVNULL
+    )
+    return base, fifo, control, worker
+
+
 def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     small_kb(kb, notes=1)
     kb.write(
         "reviewq.toml",
         fake_profile() + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60"),
     )
-    fifo = make_fifo(tmp_path, "started")
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     tmp = tmp_path / "tmp"  # the worker's TMPDIR: the agent's own is made in it
     tmp.mkdir()
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "TMPDIR": str(tmp)}
-    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
-    worker = subprocess.Popen(
-        [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
-    )
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path, tmp=tmp)
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         agent_pid = int(await_fifo(fifo).split()[0])
@@ -659,13 +671,7 @@ def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_p
     message and the folder (the prompt, quoting notes) stayed in attempts/ for good."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile(timeout='"2s"') + FAST_QUEUE)
-    fifo = make_fifo(tmp_path, "started")
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
-    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
-    worker = subprocess.Popen(
-        [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
-    )
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path)
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         await_fifo(fifo)
@@ -708,16 +714,10 @@ def test_a_worker_started_removes_the_folder_of_an_attempt_a_dead_one_had_not_la
     kb.write(
         "reviewq.toml", profile + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60")
     )
-    fifo = make_fifo(tmp_path, "started")
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     tmp = tmp_path / "tmp"  # the worker's TMPDIR: the agent's own is made in it
     tmp.mkdir()
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "TMPDIR": str(tmp)}
     attempts = kb.state / "worker" / "attempts"
-    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
-    worker = subprocess.Popen(
-        [*base, "worker", "--workers", "2"], env=env, stderr=subprocess.DEVNULL
-    )
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path, 2, tmp)
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         agent_pid = int(await_fifo(fifo).split()[0])
