@@ -734,7 +734,8 @@ _Taken = tuple[str, dict, object, object]
 
 def _keep(control: Control, huey, batch: list[_Taken], stay: set[object], dispatch: bool) -> bool:  # noqa: ANN001
     """The batch in one transaction, with the next dispatch pass if ``dispatch``; if that
-    fails, its messages one by one. True when the pass ran in the batch's transaction."""
+    fails, its messages one by one. True when that pass left no dispatch to do after the
+    commit (:meth:`Control.on_messages`: a follow-up's unwritten folder leaves one)."""
     first = batch[0][1]
     beats = [m for k, m, _, _ in batch if k == "heartbeat"]
     outcomes = [m for k, m, _, _ in batch if k == "outcome"]
