@@ -611,6 +611,7 @@ def unbound(*names: str) -> Iterator[None]:
     them, then bind them again: a line there without its own would be told as theirs."""
     import structlog
 
+    # Ellipsis is structlog's own mark of a variable unset: merged into a line, left out.
     tokens = structlog.contextvars.bind_contextvars(**dict.fromkeys(names, ...))
     try:
         yield
