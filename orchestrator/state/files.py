@@ -233,8 +233,8 @@ def write_due_job_files(
     ids = None if job_ids is None else list(job_ids)
     params: tuple[str, ...] = ()
     if late and ids is None and folders_being_written(state_dir):
-        # The tick: those not tried yet are the writer's, which writes them now (a
-        # sweep's control starts at the commit, and wrote every folder the sweep did).
+        # The tick: those not tried yet are an enqueue's, which writes them now (a
+        # sweep's control starts at its commit; a tick meanwhile wrote each a second time).
         sql, params = sql + " WHERE d.error != ?", (NOT_TRIED,)
     if ids is not None and len(ids) <= 500:
         # Only these rows (dispatch asks about every job it opens, most of them not due).

@@ -141,8 +141,9 @@ def is_damage(exc: sqlite3.Error) -> bool:
 
 
 def lost_record(path: Path, how: str) -> str | None:
-    """Why no new record may start at ``path``: state.db ``how`` (missing, empty: deleted,
-    or a restore whose `.recover` failed) in a state folder whose jobs/ holds job folders.
+    """Why no new record may start at ``path``: state.db ``how`` (missing, empty, damaged,
+    without reviewq's tables: deleted, a restore whose `.recover` failed, a crash) in a state
+    folder whose jobs/ holds job folders.
     Taken for a new database, its jobs were numbered from 1 again and each new job emptied
     the old folder of that number: the agents' transcripts and outputs of the old record,
     which nothing brings back. None where a new record may start."""
