@@ -623,6 +623,17 @@ def _control_and_a_hanging_worker(
     return base, fifo, control, worker
 
 
+def _sweep_through_a_new_worker(kb, base: list[str]) -> subprocess.CompletedProcess:
+    """A sweep with no workers of its own, waiting while a worker started now takes the
+    re-enqueued task; that worker is stopped before this returns."""
+    worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+    try:
+        return rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "0", "--json")
+    finally:
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=30)
+
+
 def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     small_kb(kb, notes=1)
     kb.write(
@@ -646,9 +657,7 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
         # TMPDIR: the worker's exit left it in the worker's TMPDIR for good.
         tmp_left = list(tmp.iterdir())
         os.unlink(fifo)
-        # A new worker takes the re-enqueued task; the sweep (no workers of its own) waits.
-        worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
-        res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "0", "--json")
+        res = _sweep_through_a_new_worker(kb, base)
     finally:
         for proc in (worker, control):
             proc.send_signal(signal.SIGINT)
@@ -692,8 +701,7 @@ def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_p
         started = datetime.fromisoformat(row["started_at"].replace("Z", "+00:00")).timestamp()
         while time.time() < started + 1 + 2 + 0.5:  # bounded: a few seconds at most
             time.sleep(0.1)
-        worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
-        res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "0", "--json")
+        res = _sweep_through_a_new_worker(kb, base)
     finally:
         for proc in (worker, control):
             proc.send_signal(signal.SIGINT)
