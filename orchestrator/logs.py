@@ -106,6 +106,26 @@ def lines(
                 wait()
 
 
+def record(line: str) -> tuple[dict, str] | None:
+    """The log line in ``line`` as an object and as its JSON text, or None when it holds
+    none. A line a writer cut short (a process killed in its write, a full disk) has the
+    next writer's whole line after it, and a power loss leaves NULs before the first
+    line written after the boot: that whole line is the one at the end, found by trying
+    each ``{"`` in turn (a damaged line only, so the cost is no one's)."""
+    text = line.rstrip("\n")
+    start = 0
+    while start != -1:
+        try:
+            rec = json.loads(text[start:])
+        except ValueError:
+            pass
+        else:
+            if isinstance(rec, dict):
+                return rec, text[start:]
+        start = text.find('{"', start + 1)
+    return None
+
+
 def _started_again(f, now: tuple[int, int, int], last: tuple[int, int, int] | None) -> bool:  # noqa: ANN001 - an open file
     """The file at the log's path is not the rest of the one open as ``f``: another file
     by that name, or this one truncated in place; and, when ``last`` is the look before

@@ -416,3 +416,35 @@ def test_a_hot_path_line_reaches_the_log_file_without_a_record_and_a_full_disk_i
         for x in (tmp_path / "logs" / "reviewq.jsonl").read_text().splitlines()
     ]
     assert events == ["attempt.started", "attempt.started"]
+
+
+def test_a_damaged_line_is_said_and_the_line_written_after_it_is_shown(kb, run_cli):
+    """A line cut short (a writer killed in its write, a full disk) had the next
+    writer's whole line appended to it, and a power loss leaves NULs before the first
+    line after the boot: both lines were passed over in silence, with the damage."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(
+        _line("first")
+        + "\n"
+        + _line("cut short")[:30]
+        + _line("after the cut")
+        + "\nnot json\n"
+        + "\0" * 100
+        + _line("after the power loss")
+        + "\n"
+        + "\0" * 50
+    )
+    res = run_cli("logs")
+    assert res.exit_code == 0, res.stderr
+    said = [line.split()[2] for line in res.stdout.splitlines()]
+    assert said == ["first", "after", "after"], res.stdout
+    assert "after the cut" in res.stdout and "after the power loss" in res.stdout
+    warnings = res.stderr.splitlines()
+    assert len(warnings) == 4 and all("a damaged line passed over" in w for w in warnings)
+    assert "not json" in warnings[1] and "100 NUL bytes" in warnings[2]
+    res = run_cli("logs", "--json")
+    assert [json.loads(x)["event"] for x in res.stdout.splitlines()][1:] == [
+        "after the cut",
+        "after the power loss",
+    ]

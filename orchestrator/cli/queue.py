@@ -4,7 +4,6 @@ jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.commo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sqlite3
@@ -771,12 +770,25 @@ def logs_cmd(
         raise Refused(f"no log yet at {path}")
 
     def show(line: str) -> None:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+        text = line.rstrip("\n")
+        found = logs.record(text)
+        if found is None or found[1] != text:
+            # Said, not passed over in silence; and a line written after the damage is
+            # shown: it was hidden with the half line it was appended to.
+            damaged = text[: len(text) - len(found[1])] if found else text
+            click.echo(
+                f"warning: {shown(str(path))}: a damaged line passed over (cut short by a "
+                "crash or a full disk, or not a log line): "
+                + (
+                    f"{len(damaged)} NUL bytes (a power loss)"
+                    if not damaged.strip("\0")
+                    else shown(damaged[:60]) + ("…" if len(damaged) > 60 else "")
+                ),
+                err=True,
+            )
+        if found is None:
             return
-        if not isinstance(rec, dict):
-            return  # JSON, but not one of reviewq's lines
+        rec, line = found
         # A follow-up's queueing (fix.queued, audit.queued) is its source job's story too,
         # and a split (job.split, into=[…]) is the story of the jobs it made; so are a fix's
         # re-reviews (fix.rereview, jobs=[…]) and their withdrawal (fix.rereview_withdrawn:
