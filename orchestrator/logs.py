@@ -276,14 +276,21 @@ def configure(
     # A sweep's children: their stderr is a file kept for crashes, which every info line
     # the log file already holds made as large as the log (and each line cost two writes).
     chosen = (os.environ.get("REVIEWQ_STDERR_LEVEL") or "").upper()
-    if chosen in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):  # else: ignored
+    chosen = "WARNING" if chosen == "WARN" else chosen  # logging's own other name
+    if chosen in _LEVELS:
         stderr_level = chosen
+    elif chosen:
+        _unknown_setting("REVIEWQ_STDERR_LEVEL", ", ".join(_LEVELS))
+    forced = (os.environ.get("REVIEWQ_LOG_FORMAT") or "").lower()
+    if forced and forced not in ("json", "console"):
+        _unknown_setting("REVIEWQ_LOG_FORMAT", "json, console")
+        forced = ""
     key = f"{state_dir}|{stderr_level}|{stderr_format}|{process}"
     if _configured.get("key") == key:
         return
     fmt = (
         stderr_format
-        or os.environ.get("REVIEWQ_LOG_FORMAT")
+        or forced
         or ("command" if process is None else "console" if sys.stderr.isatty() else "json")
     )
     shared = [
@@ -376,6 +383,20 @@ def configure(
     )
     _configured["key"] = key
     _configured["direct"] = _Direct(processors, json_formatter, redactor, renderer)
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _unknown_setting(name: str, known: str) -> None:
+    """An environment setting that names nothing known, said once per process: ignored
+    in silence, a mistyped level (`warn`, `verbose`) left the journal as full as before,
+    or a format (`JSON`, `text`) printed JSON, and nothing said why."""
+    if _configured.get(f"said {name}"):
+        return
+    _configured[f"said {name}"] = True
+    value = one_line(os.environ.get(name, ""))
+    sys.stderr.write(f"warning: {name}={value} is none of {known}: ignored\n")
 
 
 class _LogFile(logging.FileHandler):

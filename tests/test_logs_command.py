@@ -448,3 +448,40 @@ def test_a_damaged_line_is_said_and_the_line_written_after_it_is_shown(kb, run_c
         "after the cut",
         "after the power loss",
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "known"),
+    [
+        ("REVIEWQ_STDERR_LEVEL", "verbose", "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+        ("REVIEWQ_LOG_FORMAT", "text", "json, console"),
+    ],
+)
+def test_a_log_setting_that_names_nothing_known_is_said_once(
+    monkeypatch, capsys, tmp_path, name, value, known
+):
+    """Ignored in silence: a mistyped level left every info line on the journal, a
+    mistyped format printed JSON, and nothing said why."""
+    from orchestrator import logs
+
+    monkeypatch.setenv(name, value)
+    monkeypatch.delitem(logs._configured, f"said {name}", raising=False)
+    logs.configure(tmp_path, process="test")
+    logs.configure(tmp_path, stderr_level="ERROR", process="test")
+    said = capsys.readouterr().err.splitlines()
+    assert said == [f"warning: {name}={value} is none of {known}: ignored"]
+
+
+def test_warn_is_a_stderr_level_and_a_format_is_read_in_any_case(monkeypatch, tmp_path):
+    import logging
+
+    from orchestrator import logs
+
+    monkeypatch.setenv("REVIEWQ_STDERR_LEVEL", "warn")
+    monkeypatch.setenv("REVIEWQ_LOG_FORMAT", "Console")
+    logs.configure(tmp_path, stderr_level="INFO", process="test")
+    (stderr,) = [
+        h for h in logging.getLogger().handlers if getattr(h, "stream", None) is sys.stderr
+    ]
+    assert stderr.level == logging.WARNING
+    assert "ConsoleRenderer" in repr(stderr.formatter.processors)
