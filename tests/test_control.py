@@ -2791,3 +2791,28 @@ def test_a_send_that_fails_mid_pass_gives_the_unsent_attempts_back_at_once(kb):
     assert control.dispatch() == 2
     assert sent == [rows[1][0], rows[2][0]]
     ws.close()
+
+
+def test_a_control_task_out_of_retries_is_not_said_to_run_again():
+    """Each control.task_failed said `retry_s=3`, the last one too, after which Huey
+    drops the task: an operator read a task given up as one that would run again."""
+    from huey import MemoryHuey
+    from structlog.testing import capture_logs
+
+    from orchestrator import logs
+    from workers import tasks
+
+    huey = MemoryHuey(immediate=False)
+
+    def dispatch() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    run = huey.task(retries=1, retry_delay=0, context=True)(tasks.said_on_failure(dispatch))
+    logs.get()  # configured before the capture, not inside it
+    with capture_logs() as logged:
+        run()
+        huey.execute(huey.dequeue())  # the first try: one retry left, queued again
+        huey.execute(huey.dequeue())  # the last
+        assert huey.dequeue() is None and huey.scheduled() == []
+    said = [e for e in logged if e["event"] == "control.task_failed"]
+    assert [(e.get("retry_s"), e.get("retries_left")) for e in said] == [(3, 1), (None, 0)]

@@ -605,8 +605,9 @@ def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
 
 def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
     """A control task that fails (state.db locked past its busy timeout, a full disk) has
-    rolled its transaction back and Huey runs it again in 3 s; say so with our own event
-    and the task's ids, not only Huey's generic 'Unhandled exception in task <uuid>'.
+    rolled its transaction back and Huey runs it again in 3 s while it has retries left;
+    say so with our own event and the task's ids, not only Huey's generic 'Unhandled
+    exception in task <uuid>'.
     ``task`` is Huey's (``context=True``)."""
 
     @functools.wraps(fn)
@@ -625,11 +626,15 @@ def said_on_failure(fn: Callable[..., None]) -> Callable[..., None]:
                 if isinstance(first, int)
                 else {}
             )
+            left = getattr(task, "retries", 0) or 0
+            # The last try's line said `retry_s=3` like the others: a task Huey then
+            # dropped read as one that would run again.
             logs.get().error(
                 "control.task_failed",
                 task=fn.__name__,
                 error=f"{type(exc).__name__}: {exc}",
-                retry_s=3,
+                **({"retry_s": 3} if left else {}),
+                retries_left=left,
                 **ids,
             )
             raise
