@@ -2572,7 +2572,7 @@ def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
     import os
     import threading
 
-    from orchestrator.state.workspace import control_pid
+    from orchestrator.state.store import control_pid
     from workers.consumers import AlreadyRunning, _lock
 
     state = tmp_path / "state"

@@ -191,3 +191,39 @@ def test_escalations_made_again_by_migration_19_keep_their_rows_and_due_reports(
         assert store.conn.execute("PRAGMA foreign_key_check").fetchall() == []
     assert rows == [(3, "reject", 9), (4, "redo", None)]
     assert due == [(4, "2026-11-23T10:00:01Z", "disk full")]
+
+
+def test_a_control_of_the_earlier_release_still_running_keeps_its_state_db_unmigrated(kb, run_cli):
+    """An upgrade installed while the control process of the earlier release still ran
+    (pip install over it, then `reviewq status` to look): the first command of the new
+    release migrated state.db under that control, which went on writing rows without what
+    the new schema keeps beside them; a new control started then migrated it too, and
+    only after that refused to run beside the old one."""
+    import sys
+
+    old_state(kb.state, 8).close()
+    holder = subprocess.Popen(  # the old control, as far as its lock shows it
+        [sys.executable, "-c",
+         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode()); "
+         "print('held', flush=True); sys.stdin.read()",
+         str(kb.state / "control.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        res = run_cli("status")
+        assert res.exit_code == 1
+        (line,) = res.stderr.splitlines()
+        assert "schema version 8 is older than this reviewq's" in line
+        assert f"the control process (pid {holder.pid}) of the release that made it" in line
+        assert "stop it (systemctl stop reviewq-control)" in line
+        with sqlite3.connect(kb.state / "state.db") as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (8,)
+    finally:
+        holder.communicate("", timeout=10)
+    assert run_cli("status").exit_code == 0  # stopped, the next command migrates
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        from orchestrator.state.migrations import LATEST
+
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)

@@ -34,8 +34,8 @@ from orchestrator.state.status import (
     progress,
     summary,
 )
-from orchestrator.state.store import utcnow
-from orchestrator.state.workspace import Workspace, control_pid
+from orchestrator.state.store import control_pid, utcnow
+from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
 from .app import make_app

@@ -11,9 +11,8 @@ from typing import NamedTuple, TypeVar
 
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
-from orchestrator.state.store import Store, json_column, reasons_column, utcnow
+from orchestrator.state.store import Store, control_pid, json_column, reasons_column, utcnow
 from orchestrator.state.words import NOT_THE_JOBS, reason_words
-from orchestrator.state.workspace import control_pid
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
 # Attempts that count toward a job's limit: the agent ran and produced nothing usable.

@@ -8,6 +8,7 @@ killed mid-way leaves nothing partial.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -172,6 +173,28 @@ def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
 # Names each write transaction of this process, across stores: a store opened again
 # counts its own from 1, and a look at the files keyed on that count (the gate
 # catalog) was taken for the closed store's transaction of the same number.
+def control_pid(state_dir: Path) -> int | None:
+    """The pid of the control process that holds ``state_dir`` (0 when it has not written
+    it yet), or None when none does. The lock, not the pid in the file, says so: a pid
+    outlives its process, a lock does not."""
+    try:
+        fd = os.open(state_dir / "control.lock", os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int(os.pread(fd, 32, 0) or 0)
+        except ValueError:
+            return 0
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 _WRITES = itertools.count(1)
 
 
@@ -310,6 +333,17 @@ class Store:
             )
         if current == LATEST:
             return
+        if current and (pid := control_pid(self.path.parent)) is not None:
+            # A control of the release that made this schema: migrated under it, it went
+            # on writing rows without what the new release keeps beside them (due files,
+            # the times, the fixes' marks), and the new control refused to start anyway.
+            raise StoreError(
+                f"{self.path}: schema version {current} is older than this reviewq's "
+                f"({LATEST}), and the control process "
+                f"{f'(pid {pid}) ' if pid else ''}of the release that made it still runs "
+                "on this state folder: stop it (systemctl stop reviewq-control) before the "
+                "new release migrates state.db, then run the command again; nothing was changed"
+            )
         if current == 0 and self.path.exists():  # not the in-memory schema of a read
             lost = lost_record(
                 self.path, "empty" if not _tables(self.conn) else "without reviewq's tables"

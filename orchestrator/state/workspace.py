@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -12,28 +10,6 @@ from orchestrator.config import Settings, load_settings
 from orchestrator.kb.gates import Catalog, CatalogCache
 from orchestrator.kb.notes import KB
 from orchestrator.state.store import Store, StoreError, lost_record
-
-
-def control_pid(state_dir: Path) -> int | None:
-    """The pid of the control process that holds ``state_dir`` (0 when it has not written
-    it yet), or None when none does. The lock, not the pid in the file, says so: a pid
-    outlives its process, a lock does not."""
-    try:
-        fd = os.open(state_dir / "control.lock", os.O_RDWR)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            return int(os.pread(fd, 32, 0) or 0)
-        except ValueError:
-            return 0
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 @dataclass
