@@ -2564,6 +2564,36 @@ def _log(ws) -> list[dict]:
     ]
 
 
+def test_a_review_message_an_earlier_release_left_is_not_said_to_need_a_release_run(kb):
+    """After an upgrade done as OPERATIONS says (everything stopped, every machine on the
+    new release), the review messages the old control had left on the queue were refused
+    by the new worker at error level with "run the same reviewq release on the control and
+    the workers", and the job's lost attempt kept "run one reviewq release everywhere":
+    advice to do what was done, sending the operator to look for an old worker that is not
+    there, while the control sent the job again at once and nothing was to be done."""
+    from orchestrator.control import messages
+    from workers import tasks
+
+    said = messages.refusal("review", {"v": 2, "job_id": 5, "attempt": 1})["reason"]
+    assert said.startswith("a review message of version 2, this reviewq speaks 3: ")
+    assert "run the same reviewq release" not in said
+    assert "left on the queue by an upgrade" in said and "sends the attempt again at once" in said
+    # A later release's message still asks for one release (this worker is the old one).
+    assert "run the same reviewq release" in messages.refusal("review", {"v": 4})["reason"]
+
+    ws, control, sent = _dispatched(kb, ["alpha"])
+    (msg,) = sent
+    tasks.install_control(control)
+    tasks.deliver_outcome({"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1",
+                           "host": "w", "refused_version": 2})  # fmt: skip
+    (reasons,) = ws.store.conn.execute(
+        "SELECT reasons FROM attempts WHERE job_id = ? AND attempt = 1", (msg["job_id"],)
+    ).fetchone()
+    assert "run one reviewq release everywhere" not in reasons
+    assert "left on the queue by an upgrade" in reasons and "in version 3" in reasons
+    ws.close()
+
+
 def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
     """`status`, `decide`, `finalize` and `run-job` ask whether a control runs by taking
     its lock for a moment (control_pid): a control started in that moment refused to run,

@@ -587,9 +587,16 @@ class Control:
         version, not a lease later; one running meanwhile (a copy of the message another
         worker took) is left to end."""
         job_id, attempt = o.get("job_id"), o.get("attempt")
+        refused = o.get("refused_version")
+        # A notice comes in this process's version: the message it refused was another
+        # release's, an earlier one's mostly left on the queue by the upgrade.
+        what = (
+            messages.earlier_review(messages.VERSION)
+            if isinstance(refused, int) and refused < messages.VERSION
+            else "run one reviewq release everywhere"
+        )
         reason = (
-            f"worker {o.get('worker')} refused its review message of version "
-            f"{o.get('refused_version')!r}: run one reviewq release everywhere"
+            f"worker {o.get('worker')} refused its review message of version {refused!r}: {what}"
         )
         row = self.store.conn.execute(
             "SELECT j.reviewer FROM attempts a JOIN review_jobs j ON j.id = a.job_id "

@@ -92,8 +92,29 @@ def refusal(kind: str, msg: object) -> dict | None:
         "version": v,
         "expected": VERSION,
         "reason": f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} message of version {v!r}, "
-        f"this reviewq speaks {VERSION}: "
-        "run the same reviewq release on the control and the workers; the reaper "
-        "dispatches the attempt again",
+        f"this reviewq speaks {VERSION}: {_what_to_do(kind, v)}",
         **ids,
     }
+
+
+def _what_to_do(kind: str, v: object) -> str:
+    """What a person does about a refused message: a review message an earlier release
+    sent was most likely left on the queue by the upgrade itself, when every process runs
+    this release already, and the control process of this one sends it again at once
+    (``earlier_review``)."""
+    if kind == "review" and isinstance(v, int) and v < VERSION:
+        return earlier_review(VERSION)
+    return (
+        "run the same reviewq release on the control and the workers; the reaper "
+        "dispatches the attempt again"
+    )
+
+
+def earlier_review(sent_again: int) -> str:
+    """Why a review message of an earlier version needs nothing of a person, when the
+    control process is of this release."""
+    return (
+        "an earlier release sent it (left on the queue by an upgrade): a control process "
+        f"of this release sends the attempt again at once, in version {sent_again}; one of "
+        "the earlier release still running on this queue must be upgraded"
+    )
