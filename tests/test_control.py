@@ -2594,6 +2594,43 @@ def test_a_review_message_an_earlier_release_left_is_not_said_to_need_a_release_
     ws.close()
 
 
+def test_status_names_a_worker_of_another_release_whose_messages_are_refused(kb, run_cli):
+    """A rolling upgrade: a worker of the earlier release still ran two agents beside the
+    new control, which refused its heartbeats and outcomes (never in state.db). `status`
+    said "workers: 0 agent(s) running; last heard from ... ago", as if none ran at all, and
+    nothing of the refusals; the old worker's refusals of the new messages (in its own log
+    beside the control's, STATE/worker/) were not told the control either."""
+    from orchestrator import logs
+    from orchestrator.control import messages
+
+    ws, _control, _sent = _dispatched(kb, ["alpha"])
+    assert "refused" not in run_cli("status").stdout
+    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "old:7", "host": "old"}
+    logs.get().error("message.refused", **messages.refusal("heartbeat", beat))
+    out = run_cli("status").stdout.splitlines()
+    (line,) = [x for x in out if x.startswith("refused: ")]
+    assert "a worker of another release, the last at " in line
+    assert "(old:7 on old: a heartbeat message of version 2, this reviewq speaks 3)" in line
+    assert "its agents are not counted above: run one reviewq release everywhere" in line
+    assert out.index(line) == 1 + next(i for i, x in enumerate(out) if x.startswith("workers:"))
+
+    # Only one said lately: a refusal of last week is no news at 7 a.m.
+    log = ws.state_dir / "logs" / "reviewq.jsonl"
+    log.write_text(log.read_text().replace('"timestamp": "20', '"timestamp": "19'))
+    assert "refused" not in run_cli("status").stdout
+    # The worker's own log beside the control's (STATE/worker/), an older worker's refusal.
+    (ws.state_dir / "worker" / "logs").mkdir(parents=True)
+    (ws.state_dir / "worker" / "logs" / "reviewq.jsonl").write_text(
+        json.dumps({"worker": "vm:9", "reason": "a review message of version 3, this reviewq "
+                    "speaks 2: run the same reviewq release on the control and the workers",
+                    "event": "message.refused", "timestamp": utcnow()}) + "\n"
+    )  # fmt: skip
+    assert (
+        "(vm:9: a review message of version 3, this reviewq speaks 2)" in run_cli("status").stdout
+    )
+    ws.close()
+
+
 def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
     """`status`, `decide`, `finalize` and `run-job` ask whether a control runs by taking
     its lock for a moment (control_pid): a control started in that moment refused to run,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import runpy
 import select
@@ -29,9 +28,11 @@ from orchestrator.state.status import (
     Pause,
     Progress,
     SweepJobs,
+    last_refusal,
     over_budget_runs,
     paused_reviewers,
     progress,
+    refusal_said,
     summary,
 )
 from orchestrator.state.store import control_pid, utcnow
@@ -684,25 +685,5 @@ class NoWorker:
         """Who refused a message for its version since the sweep began, as the last
         ``message.refused`` line says it ("far:42 on far: an outcome message of version 4,
         this reviewq speaks 3"), or None."""
-        if self.log is None:
-            return None
-        found = None
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(self.log_from if f.seek(0, os.SEEK_END) >= self.log_from else 0)
-                for raw in f:
-                    if b'"message.refused"' not in raw:
-                        continue
-                    try:
-                        line = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if isinstance(line, dict) and line.get("event") == "message.refused":
-                        found = line
-        except OSError:
-            return None
-        if found is None:
-            return None
-        who = " on ".join(str(found[k]) for k in ("worker", "host") if found.get(k))
-        what = str(found.get("reason") or "").split(": ", 1)[0]
-        return ": ".join(x for x in (who, what) if x) or "message.refused"
+        line = last_refusal(self.log, self.log_from) if self.log is not None else None
+        return refusal_said(line) if line is not None else None

@@ -565,6 +565,13 @@ def _liveness(data: dict, held: int) -> list[str]:
     else:
         line += "; none heard from yet"
     lines.append(line)
+    if refused := w.get("refused"):
+        # Its agents are in no count above: the control refuses all it says.
+        lines.append(
+            f"refused: a worker of another release, the last at {refused['at'][:19]}Z "
+            f"({refused['said']}); its agents are not counted above: run one reviewq "
+            "release everywhere (reviewq logs --event message.refused)"
+        )
     if w["untaken"]:
         waited = _seconds(w["untaken_since"], utcnow())
         line = (

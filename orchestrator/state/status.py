@@ -4,14 +4,26 @@ queries over state.db for people and for the sweep's progress and summary."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from orchestrator import logs
 from orchestrator.config import Settings
 from orchestrator.state.files import NOT_TRIED
-from orchestrator.state.store import Store, control_pid, json_column, reasons_column, utcnow
+from orchestrator.state.store import (
+    Store,
+    control_pid,
+    json_column,
+    parse_timestamp,
+    reasons_column,
+    timestamp,
+    utcnow,
+)
 from orchestrator.state.words import NOT_THE_JOBS, reason_words
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
@@ -214,8 +226,71 @@ def status(store: Store, settings: Settings) -> dict:
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
         "fixes_unwritten": unwritten_fixes(store),
         "control": {"pid": control_pid(settings.state_dir)},
-        "workers": workers_heard(store),
+        "workers": {
+            **workers_heard(store),
+            "refused": refused_lately(
+                # The control's log, and a worker's beside it (STATE/worker/): one of an
+                # earlier release refuses the review messages without telling the control.
+                (logs.log_path(settings.state_dir), logs.log_path(settings.state_dir / "worker")),
+                timestamp(parse_timestamp(now) - timedelta(seconds=REFUSALS_SINCE_S)),
+            ),
+        },
     }
+
+
+# How much of a log's end `status` reads for refusals (a log may hold months), and how
+# recent one must be to be said: an upgrade's leftovers are refused in its first minutes.
+REFUSALS_TAIL_BYTES = 1024 * 1024
+REFUSALS_SINCE_S = 600
+
+
+def refused_lately(logs_: Iterable[Path], since: str) -> dict | None:
+    """The last ``message.refused`` line the logs' ends hold since ``since``: a worker
+    of another release still running (a rolling upgrade) has its heartbeats and outcomes
+    refused and never in state.db, so it read as no worker at all, its agents as none
+    running. ``at`` and ``said`` (``refusal_said``)."""
+    lines = []
+    for log in logs_:
+        try:
+            size = log.stat().st_size
+        except OSError:
+            continue
+        line = last_refusal(log, max(0, size - REFUSALS_TAIL_BYTES))
+        if line is not None and str(line.get("timestamp") or "") >= since:
+            lines.append(line)
+    if not lines:
+        return None
+    line = max(lines, key=lambda x: str(x["timestamp"]))
+    return {"at": str(line["timestamp"]), "said": refusal_said(line)}
+
+
+def last_refusal(log: Path, start: int) -> dict | None:
+    """The last ``message.refused`` line of the log from byte ``start`` (from its
+    beginning if it is shorter now: truncated since), or None."""
+    found = None
+    try:
+        with open(log, "rb") as f:
+            f.seek(start if f.seek(0, os.SEEK_END) >= start else 0)
+            for raw in f:
+                if b'"message.refused"' not in raw:
+                    continue
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(line, dict) and line.get("event") == "message.refused":
+                    found = line
+    except OSError:
+        return None
+    return found
+
+
+def refusal_said(line: dict) -> str:
+    """Who refused what, as a ``message.refused`` line says it ("far:42 on far: an
+    outcome message of version 4, this reviewq speaks 3")."""
+    who = " on ".join(str(line[k]) for k in ("worker", "host") if line.get(k))
+    what = str(line.get("reason") or "").split(": ", 1)[0]
+    return ": ".join(x for x in (who, what) if x) or "message.refused"
 
 
 def workers_heard(store: Store) -> dict:
