@@ -2621,13 +2621,21 @@ def test_status_names_a_worker_of_another_release_whose_messages_are_refused(kb,
     # The worker's own log beside the control's (STATE/worker/), an older worker's refusal.
     (ws.state_dir / "worker" / "logs").mkdir(parents=True)
     (ws.state_dir / "worker" / "logs" / "reviewq.jsonl").write_text(
-        json.dumps({"worker": "vm:9", "reason": "a review message of version 3, this reviewq "
-                    "speaks 2: run the same reviewq release on the control and the workers",
+        json.dumps({"worker": "vm:9", "message": "review", "version": 3, "expected": 2,
+                    "reason": "a review message of version 3, this reviewq speaks 2: run the "
+                    "same reviewq release on the control and the workers",
                     "event": "message.refused", "timestamp": utcnow()}) + "\n"
     )  # fmt: skip
-    assert (
-        "(vm:9: a review message of version 3, this reviewq speaks 2)" in run_cli("status").stdout
+    said = "(vm:9: a review message of version 3, this reviewq speaks 2)"
+    assert said in run_cli("status").stdout
+
+    # A worker of this release refusing what the earlier release left on the queue (E2):
+    # nothing to do, and no worker of another release to name.
+    leftover = messages.refusal("review", {"v": 2, "job_id": 1, "attempt": 1, "worker": "vm:9"})
+    (ws.state_dir / "worker" / "logs" / "reviewq.jsonl").write_text(
+        json.dumps({**leftover, "event": "message.refused", "timestamp": utcnow()}) + "\n"
     )
+    assert "refused" not in run_cli("status").stdout
     ws.close()
 
 

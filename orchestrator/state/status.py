@@ -255,7 +255,7 @@ def refused_lately(logs_: Iterable[Path], since: str) -> dict | None:
             size = log.stat().st_size
         except OSError:
             continue
-        line = last_refusal(log, max(0, size - REFUSALS_TAIL_BYTES))
+        line = last_refusal(log, max(0, size - REFUSALS_TAIL_BYTES), keep=_of_an_older_worker)
         if line is not None and str(line.get("timestamp") or "") >= since:
             lines.append(line)
     if not lines:
@@ -264,9 +264,23 @@ def refused_lately(logs_: Iterable[Path], since: str) -> dict | None:
     return {"at": str(line["timestamp"]), "said": refusal_said(line)}
 
 
-def last_refusal(log: Path, start: int) -> dict | None:
+def _of_an_older_worker(line: dict) -> bool:
+    """Not a worker of this release refusing a review message of an earlier one: that
+    was left on the queue by the upgrade, and is sent again at once (nothing to do)."""
+    v, expected = line.get("version"), line.get("expected")
+    return not (
+        line.get("message") == "review"
+        and isinstance(v, int)
+        and isinstance(expected, int)
+        and v < expected
+    )
+
+
+def last_refusal(
+    log: Path, start: int, keep: Callable[[dict], bool] = lambda line: True
+) -> dict | None:
     """The last ``message.refused`` line of the log from byte ``start`` (from its
-    beginning if it is shorter now: truncated since), or None."""
+    beginning if it is shorter now: truncated since) that ``keep`` keeps, or None."""
     found = None
     try:
         with open(log, "rb") as f:
@@ -278,7 +292,7 @@ def last_refusal(log: Path, start: int) -> dict | None:
                     line = json.loads(raw)
                 except ValueError:
                     continue
-                if isinstance(line, dict) and line.get("event") == "message.refused":
+                if isinstance(line, dict) and line.get("event") == "message.refused" and keep(line):
                     found = line
     except OSError:
         return None
