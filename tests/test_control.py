@@ -2891,3 +2891,23 @@ def test_a_control_task_out_of_retries_is_not_said_to_run_again():
         assert huey.dequeue() is None and huey.scheduled() == []
     said = [e for e in logged if e["event"] == "control.task_failed"]
     assert [(e.get("retry_s"), e.get("retries_left")) for e in said] == [(3, 1), (None, 0)]
+
+
+# --- the control's per-job work: what it reads or makes for nothing ----------------------------
+
+
+def test_an_outcome_batch_reads_its_jobs_row_once_for_finalize(kb):
+    """Finalize inside the control's batch read the job again (its checks, then its fence
+    under the lock the batch already held) and its created_at a third time, for the row
+    the batch had read in that same transaction."""
+    ws, job, sent, control = _one_queued_job(kb)
+    control.dispatch()
+    said: list[str] = []
+    ws.store.conn.set_trace_callback(said.append)
+    control.on_outcome(_outcome(ws, sent[0]))
+    ws.store.conn.set_trace_callback(None)
+    reads = [s for s in said if s.startswith("SELECT") and "FROM review_jobs WHERE id" in s]
+    assert not [s for s in reads if "status, attempt" in s or "created_at" in s], reads
+    row = ws.store.conn.execute("SELECT status FROM review_jobs").fetchone()
+    assert row[0] == "completed"
+    ws.store.close()

@@ -832,6 +832,7 @@ class Control:
                 provenance=Provenance(runner=job["reviewer"], telemetry=o.get("telemetry") or None),
                 max_bytes=self.settings.max_output_bytes,
                 fail_on_invalid=False,
+                job=job,  # read in this batch's transaction
             )
         except FinalizeError as exc:
             self.log.warning(

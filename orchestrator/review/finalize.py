@@ -147,9 +147,10 @@ def _job(store: Store, job_id: int):
     return job
 
 
-def check_finalizable(store: Store, job_id: int, prov: Provenance):
-    """The job, if ``prov`` may finalize it; else :class:`FinalizeError`."""
-    job = _job(store, job_id)
+def check_finalizable(store: Store, job_id: int, prov: Provenance, job=None):  # noqa: ANN001
+    """The job, if ``prov`` may finalize it; else :class:`FinalizeError`. ``job``: its row,
+    when the caller has read it already."""
+    job = _job(store, job_id) if job is None else job
     if job["kind"] != "review" and job["kind"] != "audit":
         raise FinalizeError(f"job {job_id} is a {job['kind']} job, not a review")
     if job["status"] == "split":
@@ -226,12 +227,17 @@ def finalize(
     max_bytes: int = 5 * 1024 * 1024,
     fail_on_invalid: bool = True,
     within: Callable[[Store, Any, list[dict]], None] | None = None,
+    job: Any = None,
 ) -> FinalizeResult:
     """Finalize ``output`` for a job. ``attempt`` fences a queued attempt: an output from
     any attempt but the job's current one is ignored. With ``fail_on_invalid`` (the
     manual path) an invalid output fails the job at once and frees its pairs; without
-    it the job is left for the caller to retry."""
-    job = check_finalizable(store, job_id, provenance)
+    it the job is left for the caller to retry. ``job``: the job's row, read by a caller
+    inside its write transaction (the control's outcome batch)."""
+    # Read under this transaction's write lock (the control's batch), the job cannot
+    # change before the writes below: the fence would read again what it just read.
+    fenced = store.writing is not None
+    job = check_finalizable(store, job_id, provenance, job if fenced else None)
     if attempt is not None and attempt != job["attempt"]:
         return FinalizeResult(
             job_id, "superseded", [f"attempt {attempt} is not the current attempt {job['attempt']}"]
@@ -252,7 +258,8 @@ def finalize(
         if fail_on_invalid:
             with store.write():
                 now = utcnow()
-                _fence(store, job_id, job["attempt"])
+                if not fenced:
+                    _fence(store, job_id, job["attempt"])
                 if attempt is None:
                     _supersede_open(store, job_id, now)
                 store.conn.execute(
@@ -269,7 +276,8 @@ def finalize(
     rationales: list[str] = []
     with store.write():
         now = utcnow()
-        _fence(store, job_id, job["attempt"])
+        if not fenced:
+            _fence(store, job_id, job["attempt"])
         taken_at = texts_taken_at(store, job)
         for r in parsed.results:
             p = by_key[(r.note_path, r.gate_path)]
@@ -328,6 +336,8 @@ def finalize(
 def texts_taken_at(store: Store, job) -> str:  # noqa: ANN001 - a review_jobs row
     """When the job's note and gate texts were read: its own creation, or that of the
     job it was split from (a part reuses its snapshots)."""
+    if job["parent_job_id"] is None:
+        return job["created_at"]  # the row's own: no read of it again
     return store.conn.execute(
         "SELECT created_at FROM review_jobs WHERE id = ?",
         (job["parent_job_id"] or job["id"],),
