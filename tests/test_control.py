@@ -2896,6 +2896,23 @@ def test_a_control_task_out_of_retries_is_not_said_to_run_again():
 # --- the control's per-job work: what it reads or makes for nothing ----------------------------
 
 
+def test_a_written_job_folder_is_written_again_without_being_made_again(kb, monkeypatch):
+    """A job's end writes the folder its dispatch found there: it was made again (the jobs
+    folder, the job's folder) before its lock, three mkdirs a job for nothing."""
+    import orchestrator.state.files as files
+
+    ws, job, sent, control = _one_queued_job(kb)
+    control.dispatch()
+    made: list[object] = []
+    real = files.make_folder
+    monkeypatch.setattr(files, "make_folder", lambda *a: made.append(a) or real(*a))
+    control.on_outcome(_outcome(ws, sent[0]))
+    assert made == []
+    manifest = ws.state_dir / ws.store.conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    assert json.loads((manifest / "MANIFEST.json").read_text())["status"] == "completed"
+    ws.store.close()
+
+
 def test_an_outcome_batch_reads_its_jobs_row_once_for_finalize(kb):
     """Finalize inside the control's batch read the job again (its checks, then its fence
     under the lock the batch already held) and its created_at a third time, for the row

@@ -247,9 +247,14 @@ def write_due_job_files(
 
     def write(i: int) -> None:
         job_dir = state_dir / due[i][0]
-        make_folder(job_dir.parent, "its job folders")
-        job_dir.mkdir(exist_ok=True)
-        with folder_lock(job_dir, wait=store.waits_for_folders):
+
+        def make() -> None:
+            make_folder(job_dir.parent, "its job folders")
+            job_dir.mkdir(exist_ok=True)
+
+        # Made only when the lock finds no folder: most are there (a job's end, a
+        # dispatch), and three mkdirs of a folder that is there cost more than its lock.
+        with folder_lock(job_dir, wait=store.waits_for_folders, make=make):
             write_job_files(store, job_dir, i, prompt)
 
     written, failed = write_each(
@@ -320,14 +325,22 @@ def folder_lock(
     wait: bool = True,
     on_wait: Callable[[], None] | None = None,
     timeout: float | None = None,
+    make: Callable[[], None] | None = None,
 ):
     """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
     leave behind, and the kernel lets go of it when its holder dies. Without ``wait``, a
     folder another process holds is an error of that job's files (tried again later).
     ``on_wait`` is called once before waiting for another holder (a person at a terminal
     is told why the command pauses); with ``timeout`` (seconds) the wait ends there in
-    :class:`LockHeld`, naming the holder when the kernel says it."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    :class:`LockHeld`, naming the holder when the kernel says it. ``make`` makes a folder
+    that cannot be opened (not there, or not a folder: its error is then make's)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        if make is None:
+            raise
+        make()
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         # Asked without blocking first whenever a wait is to be told of or bounded.
         blocking = wait and on_wait is None and timeout is None
