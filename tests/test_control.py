@@ -2896,6 +2896,52 @@ def test_a_control_task_out_of_retries_is_not_said_to_run_again():
 # --- the control's per-job work: what it reads or makes for nothing ----------------------------
 
 
+def test_dispatch_of_a_job_whose_folder_is_written_reads_it_once_and_writes_nothing(
+    kb, monkeypatch
+):
+    """The folder an enqueue wrote and settled: dispatch looked at its MANIFEST.json
+    twice and read job_files_due for it again, to write nothing. A folder due again
+    (another writer marked it) is still written before its agent starts."""
+    import orchestrator.control.control as control_module
+
+    ws, job, sent, control = _one_queued_job(kb)
+    folder = ws.state_dir / ws.store.conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    writes: list[list[int]] = []
+    real_write = control_module.write_due_job_files
+
+    def write(store, state_dir, ids=None, *args, **kwargs):  # noqa: ANN001, ANN202
+        writes.append(list(ids or []))
+        return real_write(store, state_dir, ids, *args, **kwargs)
+
+    looks: list[str] = []
+    real_is_file = pathlib.Path.is_file
+
+    def is_file(self):  # noqa: ANN001, ANN202
+        if self.name == "MANIFEST.json":
+            looks.append(str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(control_module, "write_due_job_files", write)
+    monkeypatch.setattr(pathlib.Path, "is_file", is_file)
+    assert control.dispatch() == 1
+    assert [m["job_id"] for m in sent] == [job.review_job_id]
+    assert writes == [] and looks == [str(folder / "MANIFEST.json")]
+
+    # Due again with its MANIFEST.json there: written before the agent starts.
+    from orchestrator.control.attempts import lose
+    from orchestrator.state.files import mark_job_files_due
+
+    with ws.store.write():
+        lose(ws.store, job.review_job_id, 1, "for the test")
+        mark_job_files_due(ws.store, [job.review_job_id])
+    (folder / "MANIFEST.json").write_text("{}\n")
+    assert control.dispatch() == 1
+    assert writes == [[job.review_job_id]]
+    assert json.loads((folder / "MANIFEST.json").read_text())["review_job_id"] == job.review_job_id
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    ws.store.close()
+
+
 def test_a_written_job_folder_is_written_again_without_being_made_again(kb, monkeypatch):
     """A job's end writes the folder its dispatch found there: it was made again (the jobs
     folder, the job's folder) before its lock, three mkdirs a job for nothing."""

@@ -230,9 +230,13 @@ class Control:
             )
             if name in paused or free <= 0:
                 continue
+            # Whether its files are due comes with the job: a folder written and not due
+            # again (the usual case) then costs one look at its MANIFEST.json, not three
+            # and a read of job_files_due of its own.
             jobs += self.store.conn.execute(
-                "SELECT id, kind, reviewer, sweep_run_id, model_partition, job_dir FROM review_jobs "
-                "WHERE reviewer = ? AND status = 'queued' "
+                "SELECT id, kind, reviewer, sweep_run_id, model_partition, job_dir, "
+                "EXISTS (SELECT 1 FROM job_files_due d WHERE d.job_id = review_jobs.id) AS due "
+                "FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
                 "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
                 "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) ORDER BY id LIMIT ?",
                 (name, now, spent, free + 16),
@@ -259,18 +263,18 @@ class Control:
                     # A run with a budget is not prefetched: a message waiting in the queue
                     # would start after the budget is reached.
                     continue
-            if (
-                unwritten is not None
-                and job["job_dir"]
-                and not (self.ws.state_dir / job["job_dir"] / "MANIFEST.json").is_file()
-            ):
+            there = (
+                not job["job_dir"]
+                or (self.ws.state_dir / job["job_dir"] / "MANIFEST.json").is_file()
+            )
+            if unwritten is not None and not there:
                 # Most likely a follow-up this very transaction made: rendered here, a
                 # batch rolled back would leave the folder of a job state.db never had.
                 unwritten.append(job["id"])
                 continue
             # A job made by another process has its folder written after that process's
             # commit; an agent must not start before its MANIFEST.json is there.
-            if not self._job_folder_written(job, name):
+            if not self._job_folder_written(job, name, there):
                 if self._folder_failures[job["id"]][1]:
                     break  # a full disk: every later job's folder would fail alike
                 continue
@@ -371,18 +375,24 @@ class Control:
                     back.append(a.job_id)
         return back
 
-    def _job_folder_written(self, job, reviewer: str) -> bool:  # noqa: ANN001 - a row
+    def _job_folder_written(self, job, reviewer: str, there: bool) -> bool:  # noqa: ANN001 - a row
         """Write a job's folder if it is due or gone (a person deleted it); whether its
-        MANIFEST.json is there for the agent. One that cannot be written (a file where it
-        was, a full disk) leaves the job queued, tried again at each dispatch and said
-        once per reason: the machine's fault is neither the job's nor the profile's."""
-        folder = self.ws.state_dir / job["job_dir"]
-        if not job["job_dir"]:
+        MANIFEST.json is there for the agent. ``there``: whether it was at the caller's
+        look, and the row's ``due`` whether job_files_due holds the job, read in this
+        transaction. One that cannot be written (a file where it was, a full disk) leaves
+        the job queued, tried again at each dispatch and said once per reason: the
+        machine's fault is neither the job's nor the profile's."""
+        if not job["job_dir"] or (there and not job["due"]):
+            self._folder_failures.pop(job["id"], None)
             return True
-        if not (folder / "MANIFEST.json").is_file():
+        folder = self.ws.state_dir / job["job_dir"]
+        if not there:
             mark_job_files_due(self.store, [job["id"]])
-        write_due_job_files(self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False)
-        why = unwritten_job_folder(self.store, folder, job["id"])
+        wrote = write_due_job_files(
+            self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False
+        )
+        # Written, its MANIFEST.json is there (the last file written); else why not.
+        why = None if wrote else unwritten_job_folder(self.store, folder, job["id"])
         if why is None:
             self._folder_failures.pop(job["id"], None)
             return True
