@@ -2244,6 +2244,27 @@ def test_a_sweep_looks_again_soon_while_its_last_jobs_end():
     assert looks.wait_after(2, now=5.0) == Looks.ENDING_S  # one of them ended
 
 
+def test_a_sweep_of_quick_jobs_looks_again_soon_before_its_last_few():
+    """At ~200 jobs a second the last 8 ended within one look's wait: the look before them
+    saw ~30 open and waited the whole 0.2 s after the last had ended. Open jobs that may
+    all end before the next slow look (as many ended over the last one) are looked at
+    soon; a sweep of slow jobs is not."""
+    from workers.sweep import POLL_S, Looks
+
+    looks = Looks()
+    assert looks.wait_after(1000, now=0.0) == POLL_S
+    assert looks.wait_after(960, now=0.2) == POLL_S  # 200 a second, 960 open
+    assert looks.wait_after(35, now=4.8) == Looks.ENDING_S  # ~40 end within POLL_S
+    # Its quick looks after that neither read a pace of their own nor slow down.
+    assert looks.wait_after(35, now=4.82) == Looks.ENDING_S
+    assert looks.wait_after(34, now=4.84) == Looks.ENDING_S
+
+    slow = Looks()
+    assert slow.wait_after(40, now=0.0) == POLL_S
+    assert slow.wait_after(39, now=0.2) == POLL_S  # 5 a second: 30 is many
+    assert slow.wait_after(30, now=2.0) == POLL_S
+
+
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no os.pidfd_open on this system")
 def test_a_sweep_sees_its_children_gone_as_they_go(monkeypatch):
     """Popen.wait with a timeout sleeps up to 50 ms between looks: a sweep's end waited

@@ -50,10 +50,13 @@ POLL_S = 0.2  # how often the progress display reads state.db
 
 class Looks:
     """How long the sweep waits before its next look at state.db. :data:`POLL_S`, but
-    :attr:`ENDING_S` while the last :attr:`FEW` open jobs are still moving (one ended
-    within :attr:`MOVING_S`): a sweep's end waited ~0.1 s on average for a look after its
-    last job, while a few more looks at its end cost ~1.5 ms each. Jobs that wait (a
-    paused reviewer, a long agent) are looked at every :data:`POLL_S` again."""
+    :attr:`ENDING_S` while its last open jobs are still moving (one ended within
+    :attr:`MOVING_S`): a sweep's end waited ~0.1 s on average for a look after its last
+    job, while a few more looks at its end cost ~0.5-1.5 ms each. The last: :attr:`FEW`,
+    or as many as ended over the last :data:`POLL_S` (its pace): at ~200 jobs a second
+    the last 8 end within one look's wait, and the look before them, seeing 30 open,
+    waited the whole of it after they had. Jobs that wait (a paused reviewer, a long
+    agent) are looked at every :data:`POLL_S` again."""
 
     ENDING_S = 0.02
     FEW = 8
@@ -62,11 +65,21 @@ class Looks:
     def __init__(self) -> None:
         self.open: int | None = None
         self.moved_at = 0.0
+        # The pace (jobs ended a second) over at least POLL_S: over one quick look, one
+        # job more or less read as a pace of 0 or 50 a second.
+        self.since: tuple[int, float] | None = None
+        self.pace = 0.0
 
     def wait_after(self, open_jobs: int, now: float) -> float:
         if open_jobs != self.open:
             self.open, self.moved_at = open_jobs, now
-        ending = open_jobs <= self.FEW and now - self.moved_at < self.MOVING_S
+        if self.since is None:
+            self.since = (open_jobs, now)
+        elif now - self.since[1] >= POLL_S:
+            self.pace = (self.since[0] - open_jobs) / (now - self.since[1])
+            self.since = (open_jobs, now)
+        last = max(self.FEW, self.pace * POLL_S)
+        ending = open_jobs <= last and now - self.moved_at < self.MOVING_S
         return self.ENDING_S if ending else POLL_S
 
 
