@@ -486,6 +486,33 @@ def test_due_rows_that_cannot_be_cleared_stay_and_say_why(kb, tmp_path):
     ws.close()
 
 
+def test_an_enqueue_settles_the_folders_it_has_written_as_it_goes(kb, monkeypatch):
+    """A sweep's control starts at its commit and writes again the folder of each job it
+    dispatches whose due row is still there: the sweep settled its rows once, at the end
+    of its pass over the folders, and the control rewrote every folder it reached before
+    then (~7 % of a 1,000-job sweep under load, ~0.2 ms each)."""
+    from orchestrator.state import files
+
+    kb.gate("prose/clarity", ["body"])
+    for i in range(70):
+        kb.note(f"n{i:02d}")
+    ws = Workspace.open(kb.root)
+    real = files.write_job_files
+    due_before: list[int] = []
+
+    def write_job_files(store, *args, **kwargs):  # noqa: ANN001, ANN202
+        due_before.append(store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0])
+        return real(store, *args, **kwargs)
+
+    monkeypatch.setattr(files, "write_job_files", write_job_files)
+    jobs = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    assert len(jobs) == len(due_before) == 70
+    # The last folders were written with the first ones settled already.
+    assert due_before[0] == 70 and due_before[-1] <= 70 - 64
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    ws.close()
+
+
 def test_a_fix_written_then_reverted_before_its_row_went_is_not_written_again(cycle, monkeypatch):
     """The row of a written fix could outlive it (state.db locked when it was to be
     cleared, or a crash): the next tick took a person's revert to the old text for a

@@ -38,6 +38,9 @@ NOT_TRIED = "not written yet"
 # A full disk or quota: every file after this one would fail alike.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
+# Due rows settled together (one transaction) by a pass of write_due_job_files.
+SETTLE_EVERY = 64
+
 
 class ReportError(Exception):
     pass
@@ -257,15 +260,23 @@ def write_due_job_files(
         with folder_lock(job_dir, wait=store.waits_for_folders, make=make):
             write_job_files(store, job_dir, i, prompt)
 
-    written, failed = write_each(
-        {i: error for i, (_, error, _) in due.items()},
-        write,
-        what="job.files",
-        key="job_id",
-        late=late,
-    )
-    settle_due(store, "job_files_due", "job_id", written, failed, {i: due[i][2] for i in written})
-    return len(written)
+    done = 0
+    order = list(due)
+    # Settled a chunk at a time: a sweep's control starts at its commit and writes again
+    # the folder of each job it dispatches whose row is still due, which, settled once at
+    # the end of a pass over a thousand folders, was every job dispatched meanwhile.
+    for start in range(0, len(order), SETTLE_EVERY):
+        chunk = order[start : start + SETTLE_EVERY]
+        written, failed = write_each(
+            {i: due[i][1] for i in chunk}, write, what="job.files", key="job_id", late=late
+        )
+        settle_due(
+            store, "job_files_due", "job_id", written, failed, {i: due[i][2] for i in written}
+        )
+        done += len(written)
+        if any(disk_full(error) for error in failed.values()):
+            break  # as write_each stops: every later file would fail alike
+    return done
 
 
 @contextlib.contextmanager
