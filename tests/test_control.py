@@ -379,6 +379,35 @@ def test_a_job_finalized_by_hand_frees_its_reviewer_s_dispatch_slot(kb):
     ws.close()
 
 
+def test_a_reviewer_whose_agents_are_quick_keeps_three_attempts_open_a_slot(kb):
+    """With two open attempts a worker slot, agents that end within the control's own
+    round (its gather, its transaction) found the review queue empty: the outcomes
+    waiting on the control queue still counted as open, and slots waited for the next
+    batch (stop 32). An agent that ran under a second and exited 0 lets its reviewer
+    three a slot; a slow or failed one takes it back to two (a third message would wait
+    behind two long runs, past its expiry)."""
+    from orchestrator.control.control import PREFETCH
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    concurrency = ws.settings.reviewers["offline"].concurrency
+    for i in range(6 * concurrency):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == PREFETCH * concurrency
+    # One quick outcome: its slot is refilled, and the reviewer may keep three a slot.
+    control.on_messages([], [_outcome(ws, sent[0], duration_s=0.004)], dispatch=True)
+    assert len(sent) == PREFETCH * concurrency + 1 + concurrency
+    # A slow one, then a quick failure: back to two a slot, so none is opened for them.
+    control.on_messages([], [_outcome(ws, sent[1], duration_s=30.0)], dispatch=True)
+    control.on_messages([], [_outcome(ws, sent[2], duration_s=0.004, exit_code=1)], dispatch=True)
+    assert control.dispatch() == 0
+    assert len(sent) == PREFETCH * concurrency + 1 + concurrency
+    ws.close()
+
+
 def test_a_locked_database_at_dispatch_leaves_the_job_queued(kb, monkeypatch):
     import sqlite3
 

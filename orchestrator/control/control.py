@@ -84,6 +84,9 @@ from orchestrator.state.workspace import Workspace
 RELAYED = {"attempt.kb_stale": ("note_path", "reason")}
 NOTICE_CHARS = 1000  # of each of a notice's fields: a worker's line, not its file
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
+# ... and QUICK_PREFETCH x concurrency while its agents run shorter than QUICK_S: see _pace.
+QUICK_PREFETCH = 3
+QUICK_S = 1.0
 
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
@@ -177,6 +180,7 @@ class Control:
         # process: forgotten whenever another connection has committed since (its
         # data_version, read at each batch).
         self._no_launch_failures: set[str] = set()
+        self._quick: set[str] = set()  # reviewers whose last agent ran under QUICK_S (_pace)
         self._data_version: int | None = None
         self._prompt = prompt_renderer(self.store, ws.state_dir, ws.root)
 
@@ -186,9 +190,10 @@ class Control:
     def dispatch(self) -> int:
         """Open attempts for queued jobs and send them to the review queue.
 
-        Per profile, up to PREFETCH x ``concurrency`` attempts are open at once, so the
-        next message already waits in the queue when an agent ends; the workers' own
-        per-profile semaphores keep the number of agents *running* at ``concurrency``.
+        Per profile, up to PREFETCH x ``concurrency`` attempts are open at once (more
+        for quick agents: :meth:`_pace`), so the next message already waits in the
+        queue when an agent ends; the workers' own per-profile semaphores keep the
+        number of agents *running* at ``concurrency``.
         The attempts of one pass are opened in one transaction (a commit each was most
         of an attempt's opening) and their messages sent once it commits: a message
         names an attempt a reader can see.
@@ -225,9 +230,7 @@ class Control:
         jobs = []
         for name in reviewers_with_queued_jobs(self.store):
             profile = self.settings.reviewers.get(name)
-            free = (
-                50 if profile is None else PREFETCH * profile.concurrency - open_counts.get(name, 0)
-            )
+            free = 50 if profile is None else self._open_at_most(profile) - open_counts.get(name, 0)
             if name in paused or free <= 0:
                 continue
             # Whether its files are due comes with the job: a folder written and not due
@@ -251,7 +254,7 @@ class Control:
             if profile is None:
                 self._fail_unrun(job, name, f"reviewer profile {name!r} is not configured")
                 continue
-            if name in paused or open_counts.get(name, 0) >= PREFETCH * profile.concurrency:
+            if name in paused or open_counts.get(name, 0) >= self._open_at_most(profile):
                 continue
             run_id = job["sweep_run_id"]
             if run_id is not None:
@@ -328,6 +331,29 @@ class Control:
             open_counts[name] = open_counts.get(name, 0) + 1
             opened_all.append((opened, profile))
         return opened_all
+
+    def _open_at_most(self, profile: ReviewerProfile) -> int:
+        prefetch = QUICK_PREFETCH if profile.name in self._quick else PREFETCH
+        return prefetch * profile.concurrency
+
+    def _pace(self, outcomes: list[dict]) -> None:
+        """Note whose agents are quick: a reviewer's last outcome came from an agent that
+        exited 0 in under QUICK_S. Such agents end again while the control gathers and
+        judges their outcomes (workers.tasks.GATHER_S), and those outcomes, waiting on the
+        control queue, still count as open attempts: with PREFETCH x concurrency the
+        review queue ran dry under them and worker slots waited for the control's next
+        batch (stop 32). A slow agent keeps PREFETCH: a third message a slot would wait
+        behind two agent runs, longer than its expiry (lease / 2 + timeout) allows. One
+        that failed as quickly (not launched, a crash) is no sign of the next runs' pace.
+        A hint for dispatch only, so the worker's word (``runner``) is taken as it is."""
+        for o in outcomes:
+            runner, took = o.get("runner"), o.get("duration_s")
+            if not isinstance(runner, str):
+                continue
+            if o.get("exit_code") == 0 and isinstance(took, (int, float)) and 0 <= took < QUICK_S:
+                self._quick.add(runner)
+            else:
+                self._quick.discard(runner)
 
     def _send_opened(self, opened: list[tuple[OpenedAttempt, ReviewerProfile]]) -> int:
         """Send the messages of attempts whose transaction committed; how many went."""
@@ -511,6 +537,7 @@ class Control:
         follow the commit). True when the pass here left nothing for another."""
         for o in outcomes:
             self._keep_attempt_files(o)
+        self._pace(outcomes)
         with self.store.write():
             # Inside the write: no other commit can come between this and the outcomes.
             (version,) = self.store.conn.execute("PRAGMA data_version").fetchone()
