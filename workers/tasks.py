@@ -656,8 +656,9 @@ _DRAIN_BATCHES = 50  # batches a tick takes before it reaps, at most
 # a batch's fixed costs (Huey's task, the queue's read and acknowledgement, the commit,
 # the dispatch's reads) are paid once however many it holds, and taken as they came a
 # batch held ~1.7. A wait, not CPU. Bounded by what a worker slot has in hand: its next
-# attempt waits on the review queue (PREFETCH), and the dispatch that refills it comes
-# after the wait; at 8 ms the bench's 4-ms agents left slots idle, at 4 ms not.
+# attempts wait on the review queue (PREFETCH; QUICK_PREFETCH for agents quicker than the
+# control's round, whose outcomes pile up behind the wait), and the dispatch that refills
+# them comes after it; at 8 ms the bench's 4-ms agents left slots idle, at 4 ms less so.
 GATHER_S = 0.004
 
 
