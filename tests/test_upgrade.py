@@ -227,3 +227,43 @@ def test_a_control_of_the_earlier_release_still_running_keeps_its_state_db_unmig
         from orchestrator.state.migrations import LATEST
 
         assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
+
+
+def test_a_command_that_read_the_old_schema_as_a_new_control_migrated_it_is_not_refused(
+    kb, run_cli, monkeypatch
+):
+    """E1 reads the schema's version, then looks at control.lock. A control of this release
+    started in between (it migrates state.db, then takes the lock): the command found its
+    lock and refused, naming it "the control process of the release that made it", with
+    state.db already migrated and no older control anywhere."""
+    import signal
+    import sys
+
+    from orchestrator.state import store
+
+    old_state(kb.state, 8).close()
+    exe = str(Path(sys.executable).parent / "reviewq")
+    started: list[subprocess.Popen] = []
+    look = store.control_pid
+
+    def a_control_starts_first(state_dir: Path) -> int | None:
+        if not started:
+            started.append(
+                subprocess.Popen(
+                    [exe, "--root", str(kb.root), "control"], stderr=subprocess.PIPE, text=True
+                )
+            )
+            for line in started[0].stderr:  # logged once it holds control.lock
+                if "control.started" in line:
+                    break
+        return look(state_dir)
+
+    monkeypatch.setattr(store, "control_pid", a_control_starts_first)
+    try:
+        res = run_cli("jobs")
+    finally:
+        for control in started:
+            control.send_signal(signal.SIGINT)
+            control.communicate(timeout=30)
+    assert res.exit_code == 0, res.stderr
+    assert started  # the control did start in between

@@ -170,9 +170,6 @@ def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
     return set(conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
 
 
-# Names each write transaction of this process, across stores: a store opened again
-# counts its own from 1, and a look at the files keyed on that count (the gate
-# catalog) was taken for the closed store's transaction of the same number.
 def control_pid(state_dir: Path) -> int | None:
     """The pid of the control process that holds ``state_dir`` (0 when it has not written
     it yet), or None when none does. The lock, not the pid in the file, says so: a pid
@@ -195,6 +192,9 @@ def control_pid(state_dir: Path) -> int | None:
         os.close(fd)
 
 
+# Names each write transaction of this process, across stores: a store opened again
+# counts its own from 1, and a look at the files keyed on that count (the gate
+# catalog) was taken for the closed store's transaction of the same number.
 _WRITES = itertools.count(1)
 
 
@@ -334,6 +334,10 @@ class Store:
         if current == LATEST:
             return
         if current and (pid := control_pid(self.path.parent)) is not None:
+            if self.schema_version() != current:
+                # Read again: a control of this release, started since the read above,
+                # migrated state.db before it took the lock.
+                return self._migrate()
             # A control of the release that made this schema: migrated under it, it went
             # on writing rows without what the new release keeps beside them (due files,
             # the times, the fixes' marks), and the new control refused to start anyway.
