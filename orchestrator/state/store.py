@@ -173,11 +173,16 @@ def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
 def control_pid(state_dir: Path) -> int | None:
     """The pid of the control process that holds ``state_dir`` (0 when it has not written
     it yet), or None when none does. The lock, not the pid in the file, says so: a pid
-    outlives its process, a lock does not."""
+    outlives its process, a lock does not. OSError when the file cannot be read."""
+    lock = state_dir / "control.lock"
     try:
-        fd = os.open(state_dir / "control.lock", os.O_RDWR)
+        fd = os.open(lock, os.O_RDWR)
     except FileNotFoundError:
         return None
+    except PermissionError:
+        # Another user's (a control once run as root): a local lock is looked at as well
+        # through a descriptor that only reads.
+        fd = os.open(lock, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -333,7 +338,7 @@ class Store:
             )
         if current == LATEST:
             return
-        if current and (pid := control_pid(self.path.parent)) is not None:
+        if current and (pid := self._control_pid()) is not None:
             if self.schema_version() != current:
                 # Read again: a control of this release, started since the read above,
                 # migrated state.db before it took the lock.
@@ -386,6 +391,19 @@ class Store:
                 self.conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, utcnow())
                 )
+
+    def _control_pid(self) -> int | None:
+        """``control_pid`` of this state.db's folder, for a migration to ask: a lock it
+        cannot look at is said in one line, not as an internal error of every command."""
+        try:
+            return control_pid(self.path.parent)
+        except OSError as exc:
+            raise StoreError(
+                f"{self.path.parent / 'control.lock'}: cannot be read to learn whether a "
+                f"control process of the release that made state.db (schema version "
+                f"{self.schema_version()}) still runs ({exc.strerror or exc}); make it a "
+                "file this user can read, then run the command again; nothing was changed"
+            ) from None
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
