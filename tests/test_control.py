@@ -2668,6 +2668,27 @@ def test_status_names_a_worker_of_another_release_whose_messages_are_refused(kb,
     ws.close()
 
 
+def test_status_finds_a_refusal_written_after_a_damaged_line(kb, run_cli):
+    """E4's reading of the log's end parsed each line whole: a `message.refused` line
+    written after one cut short (a writer killed in its write, a full disk), or after
+    the NULs a power loss leaves, was passed over, which `reviewq logs` finds and shows
+    (O1), and status said nothing of the worker of another release."""
+    from orchestrator.control import messages
+
+    ws, _control, _sent = _dispatched(kb, ["alpha"])
+    beat = {"v": 2, "job_id": 1, "attempt": 1, "worker": "old:7", "host": "old"}
+    line = json.dumps(
+        {**messages.refusal("heartbeat", beat), "event": "message.refused", "timestamp": utcnow()}
+    ).encode()
+    said = "(old:7 on old: a heartbeat message of version 2, this reviewq speaks 3)"
+    log = ws.state_dir / "logs" / "reviewq.jsonl"
+    with open(log, "ab") as f:
+        f.write(b'{"timestamp": "2026-11-27T10:00:00.000000Z", "level": "info", "ev' + line + b"\n")
+    assert said in run_cli("status").stdout
+    log.write_bytes(b"\0" * 4096 + line + b"\n")
+    assert said in run_cli("status").stdout
+    ws.close()
+
 def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
     """`status`, `decide`, `finalize` and `run-job` ask whether a control runs by taking
     its lock for a moment (control_pid): a control started in that moment refused to run,

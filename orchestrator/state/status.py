@@ -288,12 +288,10 @@ def last_refusal(
             for raw in f:
                 if b'"message.refused"' not in raw:
                     continue
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(line, dict) and line.get("event") == "message.refused" and keep(line):
-                    found = line
+                # As `reviewq logs` reads it: a line cut short has the next one after it (O1).
+                rec = logs.record(raw.decode("utf-8", "replace"))
+                if rec is not None and rec[0].get("event") == "message.refused" and keep(rec[0]):
+                    found = rec[0]
     except OSError:
         return None
     return found
