@@ -2689,6 +2689,7 @@ def test_status_finds_a_refusal_written_after_a_damaged_line(kb, run_cli):
     assert said in run_cli("status").stdout
     ws.close()
 
+
 def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
     """`status`, `decide`, `finalize` and `run-job` ask whether a control runs by taking
     its lock for a moment (control_pid): a control started in that moment refused to run,
