@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -301,3 +302,32 @@ def test_a_control_lock_this_user_cannot_write_or_read_is_no_internal_error(kb, 
     (line,) = res.stderr.splitlines()
     assert line.startswith(f"error: {kb.root / 'other' / 'control.lock'}: cannot be read to learn")
     assert "(Is a directory)" in line and "nothing was changed" in line
+
+
+def test_two_commands_on_an_older_state_db_do_not_take_each_others_look_for_a_control(
+    kb, run_cli, monkeypatch
+):
+    """E1 looks for a control by taking control.lock for a moment, as `status` does. A
+    second command on the older state.db (the E read's `control`, `status` and `doctor`
+    started at once) looking in that moment found the lock held and refused, naming
+    "the control process (pid N)" from the pid a control long gone left in the file."""
+    import fcntl
+
+    from orchestrator.state import store
+
+    old_state(kb.state, 8).close()
+    (kb.state / "control.lock").write_text("4242")
+    probe = os.open(kb.state / "control.lock", os.O_RDWR)
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other command's look
+    look = store.control_pid
+
+    def its_look_ends_after_this_one(state_dir: Path) -> int | None:
+        try:
+            return look(state_dir)
+        finally:
+            with contextlib.suppress(OSError):  # closed already
+                os.close(probe)
+
+    monkeypatch.setattr(store, "control_pid", its_look_ends_after_this_one)
+    res = run_cli("jobs")
+    assert res.exit_code == 0, res.stderr

@@ -20,6 +20,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.config import Settings
 from orchestrator.control.messages import VERSION
+from orchestrator.state.store import PROBE_WAIT_S
 from orchestrator.state.workspace import Workspace
 
 from . import tasks
@@ -289,13 +290,6 @@ def send_review(app, msg: dict) -> None:  # noqa: ANN001 - the App
     with contextlib.suppress(Exception):
         msg = {**msg, "queued_at": queue_clock(app.review)}
     send("run_review", msg)
-
-
-# How long a starting control waits out a lock held by a probe: `control_pid` (status,
-# decide, finalize, run-job, a sweep's start) takes the lock for a moment to learn that
-# no control holds it, and a control starting in that moment refused to run, saying
-# another did.
-PROBE_WAIT_S = 0.5
 
 
 def _lock(state_dir: Path) -> int:

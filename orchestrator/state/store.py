@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -168,6 +169,14 @@ def _tables(conn: sqlite3.Connection) -> int:
 
 def _schema(conn: sqlite3.Connection) -> set[tuple[str, str]]:
     return set(conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+
+# How long a lock found held is looked at again before a control is taken to hold it:
+# `control_pid` (status, decide, finalize, run-job, a sweep's start, a migration's
+# look) takes the lock for a moment to learn that no control holds it, and a control
+# starting in that moment refused to run, saying another did (``workers.consumers``);
+# a migration looking then refused to run beneath a control long gone.
+PROBE_WAIT_S = 0.5
 
 
 def control_pid(state_dir: Path) -> int | None:
@@ -393,10 +402,16 @@ class Store:
                 )
 
     def _control_pid(self) -> int | None:
-        """``control_pid`` of this state.db's folder, for a migration to ask: a lock it
-        cannot look at is said in one line, not as an internal error of every command."""
+        """``control_pid`` of this state.db's folder, for a migration to ask: a lock held
+        for a moment (another command's look) is waited out, and one it cannot look at
+        is said in one line, not as an internal error of every command."""
+        deadline = time.monotonic() + PROBE_WAIT_S
         try:
-            return control_pid(self.path.parent)
+            while (pid := control_pid(self.path.parent)) is not None:
+                if time.monotonic() >= deadline:
+                    return pid
+                time.sleep(0.02)
+            return None
         except OSError as exc:
             raise StoreError(
                 f"{self.path.parent / 'control.lock'}: cannot be read to learn whether a "
