@@ -8,6 +8,7 @@ import os
 import socket
 import sqlite3
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -194,25 +195,35 @@ def test_escalations_made_again_by_migration_19_keep_their_rows_and_due_reports(
     assert due == [(4, "2026-11-23T10:00:01Z", "disk full")]
 
 
+@contextlib.contextmanager
+def an_earlier_control(state: Path) -> Iterator[subprocess.Popen]:
+    """A control process of the earlier release on ``state``, as far as its lock shows
+    it: control.lock held, its pid written in it, until the block ends."""
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode()); "
+         "print('held', flush=True); sys.stdin.read()",
+         str(state / "control.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder
+    finally:
+        holder.communicate("", timeout=10)
+
+
 def test_a_control_of_the_earlier_release_still_running_keeps_its_state_db_unmigrated(kb, run_cli):
     """An upgrade installed while the control process of the earlier release still ran
     (pip install over it, then `reviewq status` to look): the first command of the new
     release migrated state.db under that control, which went on writing rows without what
     the new schema keeps beside them; a new control started then migrated it too, and
     only after that refused to run beside the old one."""
-    import sys
-
     old_state(kb.state, 8).close()
-    holder = subprocess.Popen(  # the old control, as far as its lock shows it
-        [sys.executable, "-c",
-         "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-         "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode()); "
-         "print('held', flush=True); sys.stdin.read()",
-         str(kb.state / "control.lock")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with an_earlier_control(kb.state) as holder:
         res = run_cli("status")
         assert res.exit_code == 1
         (line,) = res.stderr.splitlines()
@@ -221,8 +232,6 @@ def test_a_control_of_the_earlier_release_still_running_keeps_its_state_db_unmig
         assert "stop it (systemctl stop reviewq-control)" in line
         with sqlite3.connect(kb.state / "state.db") as conn:
             assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (8,)
-    finally:
-        holder.communicate("", timeout=10)
     assert run_cli("status").exit_code == 0  # stopped, the next command migrates
     with sqlite3.connect(kb.state / "state.db") as conn:
         from orchestrator.state.migrations import LATEST
@@ -331,3 +340,32 @@ def test_two_commands_on_an_older_state_db_do_not_take_each_others_look_for_a_co
     monkeypatch.setattr(store, "control_pid", its_look_ends_after_this_one)
     res = run_cli("jobs")
     assert res.exit_code == 0, res.stderr
+
+
+def test_a_control_of_the_earlier_release_started_during_the_migration_keeps_it_undone(
+    kb, run_cli, monkeypatch
+):
+    """E1 looks for a control before it migrates. One of the earlier release started
+    while the migration ran (its schema read before the new one committed, its lock
+    taken after E1's look) had state.db migrated beneath it all the same, the very thing
+    E1 refuses; a migration of a large state.db takes seconds."""
+    from orchestrator.state import store
+
+    old_state(kb.state, 8).close()
+    earlier: list[subprocess.Popen] = []
+    statements = store._statements
+
+    def a_control_starts_meanwhile(sql: str) -> list[str]:
+        if not earlier:
+            earlier.append(stack.enter_context(an_earlier_control(kb.state)))
+        return statements(sql)
+
+    monkeypatch.setattr(store, "_statements", a_control_starts_meanwhile)
+    with contextlib.ExitStack() as stack:
+        res = run_cli("jobs")
+        assert earlier
+        with sqlite3.connect(kb.state / "state.db") as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (8,)
+    assert res.exit_code == 1
+    (line,) = res.stderr.splitlines()
+    assert f"the control process (pid {earlier[0].pid}) of the release that made it" in line

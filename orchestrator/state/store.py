@@ -355,13 +355,7 @@ class Store:
             # A control of the release that made this schema: migrated under it, it went
             # on writing rows without what the new release keeps beside them (due files,
             # the times, the fixes' marks), and the new control refused to start anyway.
-            raise StoreError(
-                f"{self.path}: schema version {current} is older than this reviewq's "
-                f"({LATEST}), and the control process "
-                f"{f'(pid {pid}) ' if pid else ''}of the release that made it still runs "
-                "on this state folder: stop it (systemctl stop reviewq-control) before the "
-                "new release migrates state.db, then run the command again; nothing was changed"
-            )
+            raise self._beneath(current, pid)
         if current == 0 and self.path.exists():  # not the in-memory schema of a read
             lost = lost_record(
                 self.path, "empty" if not _tables(self.conn) else "without reviewq's tables"
@@ -400,6 +394,21 @@ class Store:
                 self.conn.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, utcnow())
                 )
+            if 0 < current < LATEST and (pid := self._control_pid()) is not None:
+                # Looked at again before the commit: one started while the schema was
+                # brought up read the earlier version, and took its lock since.
+                raise self._beneath(current, pid)
+
+    def _beneath(self, current: int, pid: int) -> StoreError:
+        """Why this older state.db is not migrated: a control of the release that
+        made it holds the folder (``pid``, 0 when it has not written it yet)."""
+        return StoreError(
+            f"{self.path}: schema version {current} is older than this reviewq's "
+            f"({LATEST}), and the control process "
+            f"{f'(pid {pid}) ' if pid else ''}of the release that made it still runs "
+            "on this state folder: stop it (systemctl stop reviewq-control) before the "
+            "new release migrates state.db, then run the command again; nothing was changed"
+        )
 
     def _control_pid(self) -> int | None:
         """``control_pid`` of this state.db's folder, for a migration to ask: a lock held
