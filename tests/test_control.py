@@ -2690,6 +2690,49 @@ def test_status_finds_a_refusal_written_after_a_damaged_line(kb, run_cli):
     ws.close()
 
 
+def test_status_does_not_name_a_worker_for_the_outcomes_an_upgrade_left_on_the_queue(kb, run_cli):
+    """An upgrade by the book (workers drained, then the control stopped before it took
+    their last outcomes): the new control refused those outcomes of the earlier version
+    as it started, and for ten minutes `status` said "refused: a worker of another
+    release … its agents are not counted above: run one reviewq release everywhere",
+    with no such worker anywhere (seen with real outcomes of version 2 on the SQLite
+    queue). One still running is refused again at its next heartbeat, and said then."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.control import messages
+    from orchestrator.state.store import timestamp
+
+    ws, _control, _sent = _dispatched(kb, ["alpha"])
+    start = datetime.now(UTC) - timedelta(seconds=120)
+    old = {"v": 2, "job_id": 1, "attempt": 1, "worker": "vm:7", "host": "vm"}
+
+    def refused(kind: str, after_s: float) -> str:
+        at = timestamp(start + timedelta(seconds=after_s))
+        return json.dumps(
+            {**messages.refusal(kind, old), "event": "message.refused", "timestamp": at}
+        )
+
+    started = json.dumps({"event": "control.started", "pid": 7, "timestamp": timestamp(start)})
+    log = ws.state_dir / "logs" / "reviewq.jsonl"
+    log.write_text(f"{started}\n{refused('outcome', 0.2)}\n{refused('heartbeat', 0.3)}\n")
+    assert "refused" not in run_cli("status").stdout
+    with open(log, "a") as f:  # a worker of that release still running: its next beat
+        f.write(refused("heartbeat", 45) + "\n")
+    assert (
+        "(vm:7 on vm: a heartbeat message of version 2, this reviewq speaks 3)"
+        in run_cli("status").stdout
+    )
+    # One with no agent refuses this release's review messages, and its notice of that is
+    # refused at once, as the control starts: said then.
+    old["refused_version"] = 3
+    log.write_text(f"{started}\n{refused('outcome', 0.2)}\n")
+    assert (
+        "(vm:7 on vm: an outcome message of version 2, this reviewq speaks 3)"
+        in run_cli("status").stdout
+    )
+    ws.close()
+
+
 def test_a_control_starting_while_a_command_probes_its_lock_starts(tmp_path):
     """`status`, `decide`, `finalize` and `run-job` ask whether a control runs by taking
     its lock for a moment (control_pid): a control started in that moment refused to run,

@@ -87,6 +87,8 @@ def refusal(kind: str, msg: object) -> dict | None:
         # The sender too, when it says: the control's line then names the worker's host.
         ids = {"job_id": msg.get("job_id"), "attempt": msg.get("attempt")}
         ids |= {k: msg[k] for k in ("worker", "host") if isinstance(msg.get(k), str)}
+        if "refused_version" in msg:  # a worker's notice: what it refused in turn
+            ids["refused_version"] = msg["refused_version"]
     return {
         "message": kind,
         "version": v,

@@ -255,7 +255,7 @@ def refused_lately(logs_: Iterable[Path], since: str) -> dict | None:
             size = log.stat().st_size
         except OSError:
             continue
-        line = last_refusal(log, max(0, size - REFUSALS_TAIL_BYTES), keep=_of_an_older_worker)
+        line = last_refusal(log, max(0, size - REFUSALS_TAIL_BYTES))
         if line is not None and str(line.get("timestamp") or "") >= since:
             lines.append(line)
     if not lines:
@@ -264,34 +264,53 @@ def refused_lately(logs_: Iterable[Path], since: str) -> dict | None:
     return {"at": str(line["timestamp"]), "said": refusal_said(line)}
 
 
-def _of_an_older_worker(line: dict) -> bool:
-    """Not a worker of this release refusing a review message of an earlier one: that
-    was left on the queue by the upgrade, and is sent again at once (nothing to do)."""
+# A control takes what waited on its queue as it starts: an outcome or heartbeat of an
+# earlier version it refused within this long of its start was left there by the
+# upgrade (a drained worker's last ones); a worker of that release still running is
+# refused again at its next heartbeat (every lease/4), and said then, and one with no
+# agent is said at once by its notice of refusing this release's review message.
+LEFTOVERS_S = 30.0
+
+
+def _left_by_an_upgrade(line: dict, started: str | None) -> bool:
+    """A message of an earlier version that the upgrade left on a queue, refused with
+    nothing to do: a review message a worker of this release refused (the control sends
+    it again at once, E2), or what the control refused as it started (``started``: the
+    time of the last ``control.started`` line before it)."""
     v, expected = line.get("version"), line.get("expected")
-    return not (
-        line.get("message") == "review"
-        and isinstance(v, int)
-        and isinstance(expected, int)
-        and v < expected
-    )
+    if not (isinstance(v, int) and isinstance(expected, int) and v < expected):
+        return False
+    if line.get("message") == "review":
+        return True
+    if isinstance(line.get("refused_version"), int) and line["refused_version"] > v:
+        return False  # its worker refused a message of a later release: it runs still
+    try:
+        after = parse_timestamp(str(line.get("timestamp"))) - parse_timestamp(str(started))
+    except (ValueError, TypeError):  # no start in the log's end (started long before)
+        return False
+    return timedelta(0) <= after <= timedelta(seconds=LEFTOVERS_S)
 
 
-def last_refusal(
-    log: Path, start: int, keep: Callable[[dict], bool] = lambda line: True
-) -> dict | None:
+def last_refusal(log: Path, start: int) -> dict | None:
     """The last ``message.refused`` line of the log from byte ``start`` (from its
-    beginning if it is shorter now: truncated since) that ``keep`` keeps, or None."""
-    found = None
+    beginning if it is shorter now: truncated since) that is not of what an upgrade
+    left on a queue (``_left_by_an_upgrade``), or None."""
+    found, started = None, None
     try:
         with open(log, "rb") as f:
             f.seek(start if f.seek(0, os.SEEK_END) >= start else 0)
             for raw in f:
-                if b'"message.refused"' not in raw:
+                if b'"message.refused"' not in raw and b'"control.started"' not in raw:
                     continue
                 # As `reviewq logs` reads it: a line cut short has the next one after it (O1).
                 rec = logs.record(raw.decode("utf-8", "replace"))
-                if rec is not None and rec[0].get("event") == "message.refused" and keep(rec[0]):
-                    found = rec[0]
+                line = rec[0] if rec is not None else {}
+                if line.get("event") == "control.started":
+                    started = line.get("timestamp")
+                elif line.get("event") == "message.refused" and not _left_by_an_upgrade(
+                    line, started
+                ):
+                    found = line
     except OSError:
         return None
     return found
