@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,49 @@ from orchestrator.state.store import ReviewRecord, Store
 PROJECT = Path(__file__).resolve().parent.parent
 SHARED = PROJECT.parent / "shared"
 CORPUS = SHARED / "corpora" / "commonplace-kb.tar.gz"
+# The host's temporary folder, read before any test points TMPDIR at a folder of its own.
+HOST_TMP = Path(tempfile.gettempdir())
+# Agents' TMPDIRs (workers.attempt._scratch) that tests left in HOST_TMP, by test.
+LEFT_IN_HOST_TMP: dict[str, set[str]] = {}
+
+
+def _agent_tmpdirs_in_host_tmp() -> set[str]:
+    return {p.name for p in HOST_TMP.glob("reviewq-job-*")}
+
+
+@pytest.fixture(autouse=True)
+def own_tmpdir(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Path]:
+    """A TMPDIR of the test's own, for what it runs in-process and every process it starts
+    (workers, sweeps, run-jobs, their agents): a test that SIGKILLs a worker and starts no
+    other, or whose cleanup kills one mid-attempt, leaves its agent's TMPDIR behind as any
+    crash does, and one CI run left 59 in the host's /tmp. Those that still appear there
+    are named at the end of the run (:func:`pytest_terminal_summary`)."""
+    folder = tmp_path_factory.mktemp("tmpdir")
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    before = _agent_tmpdirs_in_host_tmp()
+    yield folder
+    if new := _agent_tmpdirs_in_host_tmp() - before:
+        LEFT_IN_HOST_TMP[request.node.nodeid] = new
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
+    # Said once the run ended, of those still there: the host's /tmp is shared, and an
+    # agent of another run (a worker on this host, another checkout's tests) may have had
+    # one there for its moment while a test ran. Not a failure, for the same reason.
+    left = {
+        test: sorted(name for name in names if (HOST_TMP / name).exists())
+        for test, names in LEFT_IN_HOST_TMP.items()
+    }
+    left = {test: names for test, names in left.items() if names}
+    if left:
+        terminalreporter.write_sep("=", f"agents' TMPDIRs left in {HOST_TMP}", yellow=True)
+        for test, names in sorted(left.items()):
+            terminalreporter.write_line(f"{test}: {', '.join(names)}")
 
 
 def gate_text(
