@@ -401,6 +401,23 @@ def test_an_attempt_that_cannot_launch_closes_its_window(root):
     assert _open_windows() == 0
 
 
+def test_an_attempt_interrupted_before_its_agent_started_leaves_no_tmpdir(
+    root, monkeypatch, own_tmpdir
+):
+    """The agent's TMPDIR was made before the window's scan: a run-job's Ctrl-C or SIGTERM
+    (raised wherever it finds the process), or a worker's stop that exited under the
+    thread, came meanwhile and left it, with no agent and no registry entry to name it."""
+    from workers import attempt
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attempt.WATCH, "begin", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _attempt(root, "true")
+    assert list(own_tmpdir.glob("reviewq-job-*")) == []
+
+
 def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):
     from workers import attempt
 

@@ -550,25 +550,31 @@ def run_attempt(
         out.reasons = [f"could not build the command of {reviewer.profile.name}: {detail}"]
         return out
     own = spec.environment()
-    scratch = _scratch(spec, cmd.env)
     # As bytes, the form the kernel takes: Popen encodes a str one a variable at a time.
-    tmp = {"TMPDIR": scratch} if scratch else {}
-    env = {**_environ(), **_encoded(tmp), **_encoded(cmd.env), **_encoded(own)}
+    env = {**_environ(), **_encoded(cmd.env), **_encoded(own)}
     marker = _marker(own)
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
-    proc = registered = None
+    proc = registered = scratch = None
     try:
         with _LAUNCHING:
             if not STOPPING.is_set():
+                # Made with the agent, and named in its registry entry before a stop can
+                # look: made before the window's scan, it was left by a worker's stop or
+                # a run-job's interrupt that came meanwhile, with nothing naming it.
+                scratch = _scratch(spec, cmd.env)
+                if scratch:  # the profile's env names none, nor does the attempt's
+                    env[b"TMPDIR"] = os.fsencode(scratch)
                 proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
                 if registry is not None:
                     registered = register_agent(registry, spec, proc.pid, marker, scratch)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
+    finally:
+        if proc is None:
+            _drop(scratch)  # an interrupt's way out included: no agent, no entry has it
     if proc is None:
-        _drop(scratch)
         if window is not None:
             WATCH.end(window)
         out.ended_at = utcnow()
