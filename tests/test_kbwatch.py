@@ -349,7 +349,7 @@ def test_a_root_that_is_not_a_folder_is_scanned(watch, tmp_path):
 # --- in an attempt -----------------------------------------------------------------------------
 
 
-def _attempt(root: Path, script: str, guarded=("kb/notes/a.md",), trees=TREES):
+def _attempt(root: Path, script: str, guarded=("kb/notes/a.md",), trees=TREES, **kw):
     from orchestrator.config import ReviewerProfile
     from workers.attempt import run_attempt
     from workers.reviewers import AttemptSpec, Command, for_profile
@@ -363,7 +363,9 @@ def _attempt(root: Path, script: str, guarded=("kb/notes/a.md",), trees=TREES):
     reviewer = for_profile(ReviewerProfile(name="sh", kind="command", command=["x"]))
     argv = ["sh", "-ec", script + '; echo "## Result: PASS" > "$1"', "agent", str(spec.output_path)]
     reviewer.command = lambda spec: Command(argv=argv, cwd=root)  # type: ignore[method-assign]
-    return run_attempt(reviewer, spec, timeout_s=30, max_turns=5, guarded=guarded, trees=trees)
+    return run_attempt(
+        reviewer, spec, timeout_s=30, max_turns=5, guarded=guarded, trees=trees, **kw
+    )
 
 
 def _open_windows() -> int:
@@ -416,6 +418,27 @@ def test_an_attempt_interrupted_before_its_agent_started_leaves_no_tmpdir(
     with pytest.raises(KeyboardInterrupt):
         _attempt(root, "true")
     assert list(own_tmpdir.glob("reviewq-job-*")) == []
+
+
+def test_an_agents_tmpdir_goes_before_the_registry_entry_naming_it(root, monkeypatch, own_tmpdir):
+    """The attempt's end removed the agent's registry entry, then its TMPDIR: a worker's
+    stop that found no entry exited under the thread in between (a SIGKILL there too), and
+    the folder stayed with nothing naming it for a reap."""
+    from workers import attempt
+
+    state = root.parent / "state"
+    drop = attempt._drop
+
+    def cut_short(scratch: str | None) -> None:
+        raise SystemExit  # the thread's end, as its worker exits under it
+
+    monkeypatch.setattr(attempt, "_drop", cut_short)
+    with pytest.raises(SystemExit):
+        _attempt(root, "true", registry=attempt.registry_dir(state))
+    [left] = own_tmpdir.glob("reviewq-job-1-attempt-1-*")
+    monkeypatch.setattr(attempt, "_drop", drop)
+    attempt.reap_orphans(state, mine=True)  # the stop's reap, or the next worker's
+    assert not left.exists()
 
 
 def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):

@@ -639,6 +639,45 @@ def test_the_reap_of_a_dead_workers_agent_leaves_the_folder_a_live_worker_holds(
     assert list(registry_dir(folder).iterdir()) == []
 
 
+def test_a_reap_cut_short_leaves_the_entry_of_the_tmpdir_it_had_yet_to_remove(
+    tmp_path, monkeypatch, own_tmpdir
+):
+    """The reap of a dead worker's agents removed their registry entries, then their
+    TMPDIRs once the agents ended: a worker killed in between (as it started, or as it
+    stopped) left the folders with no entry naming them for the next reap."""
+    import socket
+    import subprocess
+
+    from workers import attempt
+
+    folder = tmp_path / "w"
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    scratch = own_tmpdir / "reviewq-job-7-attempt-2-abcdefgh"
+    scratch.mkdir()
+    attempt.registry_dir(folder).mkdir(parents=True)
+    entry = {
+        "worker_pid": dead.pid,
+        "pgid": dead.pid + 100000,
+        "job_id": 7,
+        "attempt": 2,
+        "scratch": str(scratch),
+    }
+    (attempt.registry_dir(folder) / f"{socket.gethostname()}-0.json").write_text(json.dumps(entry))
+    drop = attempt._drop
+
+    def cut_short(scratch: str | None) -> None:
+        raise SystemExit  # the reaping worker killed there
+
+    monkeypatch.setattr(attempt, "_drop", cut_short)
+    with pytest.raises(SystemExit):
+        attempt.reap_orphans(folder, said="their worker died")
+    monkeypatch.setattr(attempt, "_drop", drop)
+    attempt.reap_orphans(folder, said="their worker died")  # the next worker's
+    assert not scratch.exists()
+    assert list(attempt.registry_dir(folder).iterdir()) == []
+
+
 def test_a_fixer_is_not_shown_a_kb_copy_older_than_the_note_it_fixes(tmp_path, monkeypatch):
     """A worker's --kb copy left stale: a fixer that read the note there, not in its
     prompt, wrote the old text back with its edit, and the control applied it over the

@@ -596,9 +596,12 @@ def run_attempt(
     finally:
         # Ended on every way out: an open window keeps the watch's log growing.
         changed = WATCH.end(window) if window is not None else set()
+        # The agent's group has ended (or was killed) by now. Its TMPDIR goes before the
+        # entry that names it: a worker's stop that found the entry gone exited under
+        # this thread, and one killed here left the folder for no reap to find.
+        _drop(scratch)
         if registered is not None:
             registered.unlink(missing_ok=True)
-        _drop(scratch)  # the agent's group has ended (or was killed) by now
     out.duration_s = time.monotonic() - start
     out.ended_at = utcnow()
     out.exit_code = proc.returncode
@@ -1025,7 +1028,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
     them to end. With ``said`` (why they were left), any killed are logged as
     ``worker.reaped_orphans``."""
-    killed, gone, scratches, folders = [], [], [], []
+    killed, gone, scratches, folders, reaped = [], [], [], [], []
     folder = registry_dir(state_dir)
     entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -1068,12 +1071,16 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
             # attempts were queued again, maybe to a worker sharing this folder: kept,
             # and so is one that worker holds, taking one up that a dead one queued.)
             folders.append(attempt_folder(state_dir, *key).name)
-        path.unlink(missing_ok=True)
+        reaped.append(path)
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
     running = _collect(gone) if gone else []
     for scratch in scratches:
         _drop(scratch)
+    # Only then the entries that name them: a reap cut short (a worker killed as it
+    # started, or as it stopped) left them to the next one.
+    for path in reaped:
+        path.unlink(missing_ok=True)
     if folders:
         _remove_unheld(state_dir, folders)
     if killed and said:
