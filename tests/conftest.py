@@ -27,12 +27,12 @@ SHARED = PROJECT.parent / "shared"
 CORPUS = SHARED / "corpora" / "commonplace-kb.tar.gz"
 # The host's temporary folder, read before any test points TMPDIR at a folder of its own.
 HOST_TMP = Path(tempfile.gettempdir())
-# Agents' TMPDIRs (workers.attempt._scratch) that tests left in HOST_TMP, by test.
-LEFT_IN_HOST_TMP: dict[str, set[str]] = {}
+# Agents' TMPDIRs (workers.attempt._scratch) that appeared while a test ran, by test.
+AGENT_TMPDIRS_LEFT: dict[str, set[Path]] = {}
 
 
-def _agent_tmpdirs_in_host_tmp() -> set[str]:
-    return {p.name for p in HOST_TMP.glob("reviewq-job-*")}
+def _agent_tmpdirs(folder: Path) -> set[Path]:
+    return set(folder.glob("reviewq-job-*"))
 
 
 @pytest.fixture(autouse=True)
@@ -44,15 +44,16 @@ def own_tmpdir(
     """A TMPDIR of the test's own, for what it runs in-process and every process it starts
     (workers, sweeps, run-jobs, their agents): a test that SIGKILLs a worker and starts no
     other, or whose cleanup kills one mid-attempt, leaves its agent's TMPDIR behind as any
-    crash does, and one CI run left 59 in the host's /tmp. Those that still appear there
-    are named at the end of the run (:func:`pytest_terminal_summary`)."""
+    crash does, and one CI run left 59 in the host's /tmp. Any left, here or (by a process
+    that did not keep this TMPDIR) in the host's /tmp, are named at the end of the run
+    (:func:`pytest_terminal_summary`)."""
     folder = tmp_path_factory.mktemp("tmpdir")
     monkeypatch.setenv("TMPDIR", str(folder))
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
-    before = _agent_tmpdirs_in_host_tmp()
+    before = _agent_tmpdirs(HOST_TMP)
     yield folder
-    if new := _agent_tmpdirs_in_host_tmp() - before:
-        LEFT_IN_HOST_TMP[request.node.nodeid] = new
+    if new := (_agent_tmpdirs(HOST_TMP) - before) | _agent_tmpdirs(folder):
+        AGENT_TMPDIRS_LEFT[request.node.nodeid] = new
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
@@ -60,14 +61,13 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
     # agent of another run (a worker on this host, another checkout's tests) may have had
     # one there for its moment while a test ran. Not a failure, for the same reason.
     left = {
-        test: sorted(name for name in names if (HOST_TMP / name).exists())
-        for test, names in LEFT_IN_HOST_TMP.items()
+        test: sorted(str(p) for p in paths if p.exists())
+        for test, paths in AGENT_TMPDIRS_LEFT.items()
     }
-    left = {test: names for test, names in left.items() if names}
-    if left:
-        terminalreporter.write_sep("=", f"agents' TMPDIRs left in {HOST_TMP}", yellow=True)
-        for test, names in sorted(left.items()):
-            terminalreporter.write_line(f"{test}: {', '.join(names)}")
+    if left := {test: paths for test, paths in left.items() if paths}:
+        terminalreporter.write_sep("=", "agents' TMPDIRs left behind", yellow=True)
+        for test, paths in sorted(left.items()):
+            terminalreporter.write_line(f"{test}: {', '.join(paths)}")
 
 
 def gate_text(
