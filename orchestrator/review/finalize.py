@@ -234,8 +234,9 @@ def finalize(
     manual path) an invalid output fails the job at once and frees its pairs; without
     it the job is left for the caller to retry. ``job``: the job's row, read by a caller
     inside its write transaction (the control's outcome batch)."""
-    # Read under this transaction's write lock (the control's batch), the job cannot
-    # change before the writes below: the fence would read again what it just read.
+    # Read under this transaction's write lock (the control's batch, finalize_by_hand's
+    # write), the job cannot change before the writes below: the fence would read again
+    # what it just read.
     fenced = store.writing is not None
     job = check_finalizable(store, job_id, provenance, job if fenced else None)
     if attempt is not None and attempt != job["attempt"]:
