@@ -108,6 +108,62 @@ def test_dispatch_of_a_job_whose_folder_cannot_be_written_leaves_it_queued(kb, m
     ws.store.close()
 
 
+def test_a_job_folder_that_cannot_be_searched_defers_that_job_only(kb, monkeypatch):
+    """A queued job's folder a person left mode 000: the dispatch's look at its
+    MANIFEST.json raised EACCES out of the pass, and no job was dispatched, at every
+    dispatch, until the folder was mended. Root searches any mode, so the kernel's
+    refusal (stat and open under the folder, open of the folder) is made here."""
+    import os
+
+    from orchestrator import logs
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    first, second = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job_dir,) = ws.store.conn.execute(
+        "SELECT job_dir FROM review_jobs WHERE id = ?", (first.review_job_id,)
+    ).fetchone()
+    folder = ws.state_dir / job_dir
+    real_stat, real_open = os.stat, os.open
+
+    def refused(path) -> None:  # noqa: ANN001
+        if str(path).startswith(str(folder)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    def stat(path, *args, **kwargs):  # noqa: ANN001, ANN202
+        if str(path) != str(folder):  # its own inode is its parent's to show
+            refused(path)
+        return real_stat(path, *args, **kwargs)
+
+    def open_(path, *args, **kwargs):  # noqa: ANN001, ANN202
+        refused(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "open", open_)
+    assert control.dispatch() == 1
+    assert control.dispatch() == 0  # tried again, said once
+    assert [m["job_id"] for m in sent] == [second.review_job_id]
+    row = ws.store.conn.execute(
+        "SELECT status, attempt FROM review_jobs WHERE id = ?", (first.review_job_id,)
+    ).fetchone()
+    assert tuple(row) == ("queued", 0)
+    lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    [said] = [e for e in map(json.loads, lines) if e["event"] == "dispatch.deferred"]
+    assert said["job_id"] == first.review_job_id and "Permission denied" in said["reason"]
+
+    monkeypatch.setattr(os, "stat", real_stat)
+    monkeypatch.setattr(os, "open", real_open)
+    assert control.dispatch() == 1
+    assert [m["job_id"] for m in sent] == [second.review_job_id, first.review_job_id]
+    ws.store.close()
+
+
 def test_files_a_full_disk_kept_from_being_written_are_written_at_the_next_tick(kb, monkeypatch):
     import orchestrator.state.files as reports
     from orchestrator.review.bundle import end_line, start_line

@@ -59,6 +59,7 @@ from orchestrator.review.jobs import display_path, prompt_renderer, split_job
 from orchestrator.state.files import (
     DISK_FULL,
     NOT_TRIED,
+    manifest_written,
     mark_job_files_due,
     unwritten_job_folder,
     write_due_job_files,
@@ -266,10 +267,7 @@ class Control:
                     # A run with a budget is not prefetched: a message waiting in the queue
                     # would start after the budget is reached.
                     continue
-            there = (
-                not job["job_dir"]
-                or (self.ws.state_dir / job["job_dir"] / "MANIFEST.json").is_file()
-            )
+            there = not job["job_dir"] or manifest_written(self.ws.state_dir / job["job_dir"])
             if unwritten is not None and not there:
                 # Most likely a follow-up this very transaction made: rendered here, a
                 # batch rolled back would leave the folder of a job state.db never had.

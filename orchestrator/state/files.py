@@ -308,13 +308,23 @@ def folders_being_written(state_dir: Path) -> bool:
     return False
 
 
+def manifest_written(folder: Path) -> bool:
+    """Whether a job folder's MANIFEST.json is there. One that cannot be looked at (a
+    folder this user may not search: EACCES, which ``is_file`` raises) is not: raised, it
+    ended the whole dispatch pass, every other job's with it, at each dispatch."""
+    try:
+        return (folder / "MANIFEST.json").is_file()
+    except OSError:
+        return False
+
+
 def unwritten_job_folder(store: Store, folder: Path, job_id: int) -> str | None:
     """Why a job's folder is not there for its agent (a file where it was, a full disk
     that kept its write back), or None when its MANIFEST.json is. The manifest decides,
     not the due row alone: another process may mark the job again after this one wrote
     it. An agent started without it fails, and its failure is counted against the profile
     for what is the machine's fault."""
-    if (folder / "MANIFEST.json").is_file():
+    if manifest_written(folder):
         return None
     left = store.conn.execute(
         "SELECT error FROM job_files_due WHERE job_id = ?", (job_id,)
