@@ -432,6 +432,53 @@ def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, r
     ws.close()
 
 
+def test_a_message_put_back_after_its_batch_failed_is_counted_as_huey_counts(
+    kb, monkeypatch, request
+):
+    """Taken one by one after its batch failed, a message put back with one retry less
+    said `retries_left` one less than the runs still to come: one with a retry left said
+    0, which OPERATIONS §5 reads as a message not run again, and it was run again."""
+    import datetime
+
+    from structlog.testing import capture_logs
+
+    from orchestrator import logs
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, "sqlite")
+    jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    spy = control.on_messages
+
+    def picky(beats, outcomes, *dispatch):
+        if any(o["job_id"] == jobs[1] for o in outcomes):
+            raise ValueError("this outcome cannot be handled now")
+        return spy(beats, outcomes, *dispatch)
+
+    monkeypatch.setattr(control, "on_messages", picky)
+    # Each retry is due 3 s later: the consumer's scheduler and worker, a day on.
+    later = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) + datetime.timedelta(days=1)
+    logs.get()  # configured before the capture, not inside it
+    with capture_logs() as logged:
+        for _ in range(30):  # the batch, then Huey's 20 retries of the message put back
+            for due in app.control.read_schedule(later):
+                app.control.enqueue(due)
+            task = app.control.dequeue()
+            if task is None:
+                break
+            with contextlib.suppress(ValueError):
+                app.control.execute(task, later)
+    left = [
+        (e["retries_left"], e.get("retry_s"))
+        for e in logged
+        if e["event"] == "control.task_failed"
+        and e.get("job_id") == jobs[1]
+        and "retry" not in e  # the batch's own line: its messages are taken one by one
+    ]
+    assert app.control.dequeue() is None and app.control.scheduled() == []
+    assert [n for n, _ in left] == list(range(20, -1, -1))  # 21 runs: 20 more after the first
+    assert all((s is not None) == (n > 0) for n, s in left)
+    ws.close()
+
+
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_a_batch_stays_on_the_queue_until_its_transaction_commits(kb, monkeypatch, request, queue):
     """A control process stopped mid-batch (here by an interrupt inside the transaction)

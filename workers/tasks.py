@@ -784,13 +784,17 @@ def _one_by_one(control: Control, huey, batch: list[_Taken], stay: set[object]) 
                 failed = exc
                 continue
             left = getattr(task, "retries", 0) or 0
+            # Counted as said_on_failure counts, the runs still to come: put back with
+            # `left - 1` retries, it runs once more and then those. `left - 1` said 0 of a
+            # message put back, as of the one dropped after it.
             logs.get().error(
                 "control.task_failed",
                 task=kind,
                 job_id=msg.get("job_id"),
                 attempt=msg.get("attempt"),
                 error=f"{type(exc).__name__}: {exc}",
-                retries_left=max(0, left - 1),
+                **({"retry_s": 0} if left else {}),
+                retries_left=left,
             )
             if left > 0:
                 task.retries = left - 1  # type: ignore[attr-defined]
