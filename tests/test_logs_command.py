@@ -450,6 +450,17 @@ def test_a_damaged_line_is_said_and_the_line_written_after_it_is_shown(kb, run_c
     ]
 
 
+def test_a_blank_line_is_passed_over_without_a_word(kb, run_cli):
+    """It was said as a damaged line of "0 NUL bytes (a power loss)": nothing was lost
+    in it, and no power loss left it."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(_line("first") + "\n\n  \n" + _line("second") + "\n")
+    res = run_cli("logs")
+    assert res.exit_code == 0 and res.stderr == ""
+    assert [line.split()[2] for line in res.stdout.splitlines()] == ["first", "second"]
+
+
 @pytest.mark.parametrize(
     ("name", "value", "known"),
     [

@@ -778,6 +778,8 @@ def logs_cmd(
 
     def show(line: str) -> None:
         text = line.rstrip("\n")
+        if not text.strip():
+            return  # nothing lost in it: said, it was "0 NUL bytes (a power loss)"
         found = logs.record(text)
         if found is None or found[1] != text:
             # Said, not passed over in silence; and a line written after the damage is
