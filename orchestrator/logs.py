@@ -69,15 +69,26 @@ _extra_secrets: set[str] = set()
 _cache: dict[str, object] = {}
 
 
+# A last line without its end, looked at again this many times, this far apart, before
+# it is taken for one cut short: a line longer than a page is copied into the file page
+# by page, and a reader in between saw half of it.
+_UNFINISHED_LOOKS = 10
+_UNFINISHED_WAIT_S = 0.02
+
+
 def lines(
-    path: Path, follow: bool = False, wait: Callable[[], None] = lambda: time.sleep(0.5)
+    path: Path, follow: bool = False, wait: Callable[[], None] | None = None
 ) -> Iterator[str]:
     """The log's whole lines; with ``follow``, then each new one as it is written, for
-    ever (``wait`` between looks). A line still being written waits for its end. A file
-    truncated in place (``copytruncate``, as OPERATIONS §5 rotates it) or replaced by a
-    new one is read again from its start."""
+    ever (``wait`` between looks). A line still being written waits for its end; without
+    ``follow``, a few looks at most, then it is given as it is (cut short by a crash). A
+    file truncated in place (``copytruncate``, as OPERATIONS §5 rotates it) or replaced
+    by a new one is read again from its start."""
+    if wait is None:
+        wait = functools.partial(time.sleep, 0.5 if follow else _UNFINISHED_WAIT_S)
     while follow and not path.exists():
         wait()
+    looks = 0
     while True:
         with open(path, encoding="utf-8", errors="replace") as f:
             partial, last = "", None
@@ -89,6 +100,11 @@ def lines(
                     continue
                 partial += chunk  # the end of the file, for now
                 if not follow:
+                    if partial and looks < _UNFINISHED_LOOKS:
+                        # Else a line read while its writer wrote it was said as damaged.
+                        looks += 1
+                        wait()
+                        continue
                     if partial:
                         yield partial
                     return

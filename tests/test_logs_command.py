@@ -90,6 +90,30 @@ def test_a_line_read_while_it_is_written_is_given_once_whole(tmp_path):
     assert looks == [1]
 
 
+def test_a_last_line_read_while_it_is_written_is_waited_for_without_follow(tmp_path):
+    """A line longer than a page is copied into the file page by page: `reviewq logs`
+    run meanwhile read half of it, and said it as a damaged line, cut short by a crash.
+    One that a crash did cut short is given as it is after a few looks."""
+    from orchestrator import logs
+
+    log = tmp_path / "reviewq.jsonl"
+    text = _line("halves")
+    log.write_text(_line("first") + "\n" + text[:10])
+    looks = []
+
+    def wait() -> None:  # the writer's next page
+        looks.append(1)
+        with open(log, "a") as f:
+            f.write(text[10:] + "\n")
+
+    assert list(logs.lines(log, wait=wait)) == [_line("first") + "\n", text + "\n"]
+    assert looks == [1]
+    looks.clear()
+    log.write_text(text[:10])  # cut short for good
+    assert list(logs.lines(log, wait=lambda: looks.append(1))) == [text[:10]]
+    assert len(looks) == logs._UNFINISHED_LOOKS
+
+
 def test_lines_written_to_a_log_just_before_it_was_renamed_away_are_shown(tmp_path, monkeypatch):
     # The follower read to the end of the file, then found a new file by its name and
     # switched to it: what the writer put in the old one in between was never shown.
