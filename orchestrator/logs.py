@@ -127,19 +127,37 @@ def record(line: str) -> tuple[dict, str] | None:
     none. A line a writer cut short (a process killed in its write, a full disk) has the
     next writer's whole line after it, and a power loss leaves NULs before the first
     line written after the boot: that whole line is the one at the end, found by trying
-    each ``{"`` in turn (a damaged line only, so the cost is no one's)."""
+    in turn each ``{"`` that opens an object (a damaged line only, so the cost is no
+    one's)."""
     text = line.rstrip("\n")
-    start = 0
-    while start != -1:
-        try:
-            rec = json.loads(text[start:])
-        except ValueError:
-            pass
-        else:
-            if isinstance(rec, dict):
-                return rec, text[start:]
-        start = text.find('{"', start + 1)
+    first = len(text) - len(text.lstrip())  # json.loads allows blanks around
+    found = _whole(text, first)
+    if found is not None:
+        return found, text
+    # Only a `{"key":` is tried, each read in place: `json.loads(text[start:])` of each
+    # `{"` copied the rest of the line for each, and a failed read's message counts the
+    # line breaks before it: minutes for a few MB of garbage.
+    at = _OBJECT_START.search(text, first + 1)
+    while at is not None:
+        found = _whole(text, at.start())
+        if found is not None:
+            return found, text[at.start() :]
+        at = _OBJECT_START.search(text, at.start() + 1)
     return None
+
+
+def _whole(text: str, start: int) -> dict | None:
+    """The object that starts at ``start`` and ends ``text``, or None."""
+    try:
+        rec, end = _DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):  # garbage nested deeper than Python's limit
+        return None
+    return rec if isinstance(rec, dict) and _BLANKS.match(text, end).end() == len(text) else None
+
+
+_DECODER = json.JSONDecoder()
+_BLANKS = re.compile(r"[ \t\n\r]*")
+_OBJECT_START = re.compile(r'\{"(?:[^"\\]|\\.)*"[ \t\n\r]*:')
 
 
 def _started_again(f, now: tuple[int, int, int], last: tuple[int, int, int] | None) -> bool:  # noqa: ANN001 - an open file
