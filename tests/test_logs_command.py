@@ -495,6 +495,18 @@ def test_a_line_of_garbage_neither_ends_the_command_nor_holds_it_for_minutes(kb,
     assert time.perf_counter() - started < 3  # 0.03 s; 12 s before
 
 
+def test_the_nuls_after_a_line_cut_short_by_a_power_loss_are_counted(kb, run_cli):
+    """A power loss leaves NULs from the middle of a line on, where the blocks after the
+    last one written were: the warning quoted them, 60 `\\x00`s, not their count."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(_line("cut short")[:30] + "\0" * 4000 + _line("after the boot") + "\n")
+    res = run_cli("logs")
+    assert res.exit_code == 0 and "after the boot" in res.stdout
+    (said,) = res.stderr.splitlines()
+    assert said.endswith(f": {_line('cut short')[:30]}, then 4000 NUL bytes (a power loss)")
+
+
 def test_a_blank_line_is_passed_over_without_a_word(kb, run_cli):
     """It was said as a damaged line of "0 NUL bytes (a power loss)": nothing was lost
     in it, and no power loss left it."""

@@ -785,13 +785,16 @@ def logs_cmd(
             # Said, not passed over in silence; and a line written after the damage is
             # shown: it was hidden with the half line it was appended to.
             damaged = text[: len(text) - len(found[1])] if found else text
+            # A power loss leaves NULs where the blocks after the last one written were,
+            # from the middle of a line on: counted, not quoted as 60 `\x00`s.
+            head = damaged.rstrip("\0")
+            nuls = len(damaged) - len(head)
             click.echo(
                 f"warning: {shown(str(path))}: a damaged line passed over (cut short by a "
                 "crash or a full disk, or not a log line): "
-                + (
-                    f"{len(damaged)} NUL bytes (a power loss)"
-                    if not damaged.strip("\0")
-                    else shown(damaged[:60]) + ("…" if len(damaged) > 60 else "")
+                + ", then ".join(
+                    ([shown(head[:60]) + ("…" if len(head) > 60 else "")] if head else [])
+                    + ([f"{nuls} NUL bytes (a power loss)"] if nuls else [])
                 ),
                 err=True,
             )
