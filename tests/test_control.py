@@ -464,6 +464,31 @@ def test_a_reviewer_whose_agents_are_quick_keeps_three_attempts_open_a_slot(kb):
     ws.close()
 
 
+def test_an_agent_that_exits_0_at_once_with_no_output_is_not_quick(kb):
+    """An agent that exited 0 in milliseconds having written nothing (a misconfigured
+    CLI printing its help, an error said on stdout) is no sign of the next runs' pace:
+    counted quick, a reviewer whose real runs are long kept a third message a slot,
+    which waited behind two of them past its expiry."""
+    from orchestrator.control.control import PREFETCH
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    concurrency = ws.settings.reviewers["offline"].concurrency
+    for i in range(6 * concurrency):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == PREFETCH * concurrency
+    for kind in ("no-output", "invalid-output"):
+        before = len(sent)
+        empty = _outcome(ws, sent[0 if kind == "no-output" else 1], duration_s=0.004)
+        empty.update(classification=kind, output=None)
+        control.on_messages([], [empty], dispatch=True)
+        assert len(sent) - before <= 1, kind  # its slot refilled, no third a slot
+    ws.close()
+
+
 def test_a_locked_database_at_dispatch_leaves_the_job_queued(kb, monkeypatch):
     import sqlite3
 

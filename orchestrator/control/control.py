@@ -342,14 +342,20 @@ class Control:
         review queue ran dry under them and worker slots waited for the control's next
         batch (stop 32). A slow agent keeps PREFETCH: a third message a slot would wait
         behind two agent runs, longer than its expiry (lease / 2 + timeout) allows. One
-        that failed as quickly (not launched, a crash) is no sign of the next runs' pace.
-        A hint for dispatch only, so the worker's word (``runner``) is taken as it is,
+        that failed as quickly (not launched, a crash, or exit 0 with no output or an
+        unreadable one: a CLI printing its help, an error said on stdout) is no sign of the
+        next runs' pace. A hint for dispatch only, so the worker's word (``runner``) is taken as it is,
         for a reviewer this control knows."""
         for o in outcomes:
             runner, took = o.get("runner"), o.get("duration_s")
             if not isinstance(runner, str) or runner not in self.settings.reviewers:
                 continue
-            if o.get("exit_code") == 0 and isinstance(took, (int, float)) and 0 <= took < QUICK_S:
+            if (
+                o.get("exit_code") == 0
+                and o.get("classification") == "output"
+                and isinstance(took, (int, float))
+                and 0 <= took < QUICK_S
+            ):
                 self._quick.add(runner)
             else:
                 self._quick.discard(runner)
