@@ -6,7 +6,9 @@ It builds in a temporary folder a KB of ``--jobs`` notes (in 20 folders) and one
 ``command`` reviewer ``instant`` runs a tiny agent script written next to it
 (``--agent sh``: ``#!/bin/sh`` + sed over the prompt's ``=== PAIR REVIEW START`` lines;
 ``--agent python``: fake_agent.py's good mode reading MANIFEST.json, run with ``python -I
--S``), ``concurrency = --concurrency``, ``[queue]`` at its defaults. The agent writes
+-S``), ``concurrency = --concurrency``, ``timeout = "30s"`` (short enough for the
+control's three open attempts a slot for quick agents: stop 32, ``Control._open_at_most``),
+``[queue]`` at its defaults. The agent writes
 ``exited_at`` and ``time.time()`` (``date +%s.%N``) to stderr just before it exits (the
 worker reports stderr to the control process, which keeps it in ``attempt-N/stderr.log``). Each repeat then times:
 
@@ -174,7 +176,7 @@ def write_config(path: Path, argv: list[str], concurrency: int) -> None:
     cmd = ", ".join(json.dumps(a) for a in argv)
     path.write_text(
         f'[reviewers.instant]\nkind = "command"\ncommand = [{cmd}]\npartition = "instant"\n'
-        f"concurrency = {concurrency}\n",
+        f'concurrency = {concurrency}\ntimeout = "30s"\n',
         encoding="utf-8",
     )
 

@@ -441,10 +441,14 @@ def test_a_reviewer_whose_agents_are_quick_keeps_three_attempts_open_a_slot(kb):
     waiting on the control queue still counted as open, and slots waited for the next
     batch (stop 32). An agent that ran under a second and exited 0 lets its reviewer
     three a slot; a slow or failed one takes it back to two (a third message would wait
-    behind two long runs, past its expiry)."""
+    behind two long runs, past its expiry). Its timeout is short enough that two runs to
+    it fit in a message's expiry (lease / 2 + timeout)."""
     from orchestrator.control.control import PREFETCH
 
     kb.gate("prose/clarity", ["body"])
+    kb.write(
+        "reviewq.toml", '[reviewers.offline]\nkind = "offline"\ntimeout = "20s"\nconcurrency = 4\n'
+    )
     ws = Workspace.open(kb.root)
     concurrency = ws.settings.reviewers["offline"].concurrency
     for i in range(6 * concurrency):
@@ -461,6 +465,28 @@ def test_a_reviewer_whose_agents_are_quick_keeps_three_attempts_open_a_slot(kb):
     control.on_messages([], [_outcome(ws, sent[2], duration_s=0.004, exit_code=1)], dispatch=True)
     assert control.dispatch() == 0
     assert len(sent) == PREFETCH * concurrency + 1 + concurrency
+    ws.close()
+
+
+def test_a_quick_reviewer_whose_runs_could_outlast_the_expiry_keeps_two_a_slot(kb):
+    """A third message a slot waits behind two runs. Sent while the agents were quick, it
+    passed its expiry (lease / 2 + timeout) when they turned slow, and was dropped unrun
+    and given up as "never picked up by a worker" a lease and a timeout later: a reviewer
+    whose two runs to the timeout do not fit in the expiry (the offline profile's 120 s
+    against a 120-s lease) keeps two a slot however quick its agents."""
+    from orchestrator.control.control import PREFETCH
+
+    kb.gate("prose/clarity", ["body"])
+    ws = Workspace.open(kb.root)
+    concurrency = ws.settings.reviewers["offline"].concurrency
+    for i in range(6 * concurrency):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == PREFETCH * concurrency
+    control.on_messages([], [_outcome(ws, sent[0], duration_s=0.004)], dispatch=True)
+    assert len(sent) == PREFETCH * concurrency + 1  # its slot refilled, no third a slot
     ws.close()
 
 

@@ -485,6 +485,35 @@ def test_invalid_output_is_retried_with_the_reasons_then_fails(kb, tmp_path):
     assert "previous attempt" not in (kb.state / job_dir / "attempt-1" / "prompt.md").read_text()
 
 
+def test_a_quick_reviewer_turning_slow_has_no_message_wait_past_its_expiry(kb, tmp_path):
+    """Stop 32 let a reviewer whose last agent exited 0 in under a second keep three open
+    attempts a slot. When its agents turn slow (a model server that stalls), the third
+    message of each slot waits behind two runs: with a timeout longer than half a lease
+    that passes its expiry (lease / 2 + timeout), and the attempt is dropped unrun and
+    given up as "never picked up by a worker", its job a lease and a timeout late. Here
+    two quick runs, then runs of 3.6 s against a 6-s expiry."""
+    small_kb(kb, notes=8)
+    runs = tmp_path / "runs"
+    agent = tmp_path / "agent.sh"
+    agent.write_text(
+        f'echo run >> "{runs}"\n'
+        f'if [ "$(wc -l < "{runs}")" -gt 2 ]; then sleep 3.6; fi\n'
+        f'exec "{sys.executable}" "{FAKE}"\n'
+    )
+    kb.write(
+        "reviewq.toml",
+        fake_profile(timeout='"5s"', command=f'["sh", "{agent}"]') + FAST_QUEUE,
+    )
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--workers", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    events = [e["event"] for e in log_lines(kb)]
+    assert "attempt.expired" not in events and "attempt.lost" not in events
+    with db(kb) as conn:
+        outcomes = [r[0] for r in conn.execute("SELECT outcome FROM attempts")]
+    assert outcomes == ["finalized"] * 8
+    assert len(runs.read_text().splitlines()) == 8  # each job's agent once
+
+
 def test_burned_out_multi_pair_job_is_split(kb):
     small_kb(kb, notes=1)
     kb.gate("prose/second", ["body"])

@@ -85,9 +85,13 @@ from orchestrator.state.workspace import Workspace
 RELAYED = {"attempt.kb_stale": ("note_path", "reason")}
 NOTICE_CHARS = 1000  # of each of a notice's fields: a worker's line, not its file
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
-# ... and QUICK_PREFETCH x concurrency while its agents run shorter than QUICK_S: see _pace.
+# ... and QUICK_PREFETCH x concurrency while its agents run shorter than QUICK_S, if two
+# runs to the timeout fit in a message's expiry: see _pace and _open_at_most.
 QUICK_PREFETCH = 3
 QUICK_S = 1.0
+# How long past its timeout an agent's run may hold its slot: the worker's kill grace
+# (workers.attempt.KILL_GRACE_S, 5 s), its group's reap and its outcome's send.
+OVERRUN_S = 10.0
 
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
@@ -331,8 +335,15 @@ class Control:
         return opened_all
 
     def _open_at_most(self, profile: ReviewerProfile) -> int:
-        prefetch = QUICK_PREFETCH if profile.name in self._quick else PREFETCH
-        return prefetch * profile.concurrency
+        """PREFETCH x concurrency, or QUICK_PREFETCH x for a quick reviewer whose third
+        message a slot cannot pass its expiry whatever its agents do next. That message
+        waits behind two runs: sent while the agents were quick, it was dropped unrun and
+        its attempt given up as "never picked up by a worker", its job a lease and a
+        timeout late, when they turned slow (a model server that stalls), for each slot:
+        the pace says so only at the first slow outcome, after the messages went."""
+        runs = 2 * (profile.timeout + OVERRUN_S)
+        quick = profile.name in self._quick and runs <= self._ttl_s(profile)
+        return (QUICK_PREFETCH if quick else PREFETCH) * profile.concurrency
 
     def _pace(self, outcomes: list[dict]) -> None:
         """Note whose agents are quick: a reviewer's last outcome came from an agent that
