@@ -725,6 +725,40 @@ def test_a_reap_cut_short_leaves_the_entry_of_the_tmpdir_it_had_yet_to_remove(
     assert list(attempt.registry_dir(folder).iterdir()) == []
 
 
+def test_a_reap_leaves_the_entry_a_live_worker_is_writing(tmp_path, monkeypatch):
+    """An agent's registry entry is made, then written: a reap of another process (a
+    worker sharing the --state as it starts or stops, a sweep's) that read it in between
+    found it empty, took it for one a killed worker left and removed it, the agent's only
+    name (and its TMPDIR's) for its worker's stop and for the reap after that worker's
+    death. An empty entry a killed worker left still goes, once it is old."""
+    import socket
+    import subprocess
+    import time
+
+    from workers import attempt
+
+    from .test_vendor_errors import _spec
+
+    folder = tmp_path / "w"
+    registry = attempt.registry_dir(folder)
+    reap = f"import pathlib, workers.attempt as a; a.reap_orphans(pathlib.Path({str(folder)!r}))"
+    dumps = json.dumps
+
+    def reaped_meanwhile(entry: object) -> str:
+        subprocess.run([sys.executable, "-c", reap], check=True, timeout=60)
+        return dumps(entry)
+
+    monkeypatch.setattr(attempt.json, "dumps", reaped_meanwhile)
+    entry = attempt.register_agent(registry, _spec(tmp_path), os.getpid(), scratch="s")
+    monkeypatch.setattr(attempt.json, "dumps", dumps)
+    assert entry is not None and json.loads(entry.read_text())["worker_pid"] == os.getpid()
+    left = registry / f"{socket.gethostname()}-1.json"
+    left.write_bytes(b"")  # a worker killed between the entry's making and its write
+    os.utime(left, (time.time() - 3600,) * 2)
+    attempt.reap_orphans(folder)
+    assert sorted(registry.iterdir()) == [entry]
+
+
 def test_a_fixer_is_not_shown_a_kb_copy_older_than_the_note_it_fixes(tmp_path, monkeypatch):
     """A worker's --kb copy left stale: a fixer that read the note there, not in its
     prompt, wrote the old text back with its edit, and the control applied it over the

@@ -937,6 +937,10 @@ def _remove_unheld(state_dir: Path, names: Iterable[str], before: float | None =
     return removed
 
 
+# An unreadable registry entry younger than this may be one a live worker is writing.
+_UNREADABLE_ENTRY_S = 60.0
+
+
 def register_agent(
     folder: Path,
     spec: AttemptSpec,
@@ -1035,7 +1039,12 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         try:
             entries.append((path, json.loads(path.read_text())))
         except (OSError, ValueError):
-            path.unlink(missing_ok=True)
+            # Empty or cut short: left by a worker killed in its write, or being written
+            # now by a live one (register_agent makes the file, then writes it), whose
+            # agent it alone names. Only an old one is a dead worker's.
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < time.time() - _UNREADABLE_ENTRY_S:
+                    path.unlink()
     # Attempts a live worker runs (one sharing this folder may run an attempt a stopped
     # worker had queued again): their folders are theirs.
     live_attempts = {
