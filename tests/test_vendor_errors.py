@@ -742,6 +742,32 @@ def test_a_session_of_another_attempt_is_left_alone(tmp_path):
         other.wait(timeout=10)
 
 
+def test_a_reap_leaves_another_kbs_agent_that_took_a_dead_entrys_pid(tmp_path):
+    """A dead worker's registry entry whose pid an agent of another KB on this machine
+    took since, for a job of the same number (or this job's next attempt, which a live
+    worker runs): the reap took that group for the entry's agent by the job's number
+    alone, and killed it mid-run."""
+    import subprocess
+
+    from workers.attempt import reap_orphans, register_agent, registry_dir
+
+    ours, theirs = _spec(tmp_path / "ours"), _spec(tmp_path / "theirs")
+    env = {**os.environ, **theirs.environment()}
+    other = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    state = tmp_path / "worker"
+    try:
+        entry_path = register_agent(registry_dir(state), ours, other.pid)  # the pid it took
+        dead = subprocess.Popen(["true"])
+        dead.wait(timeout=10)
+        entry = json.loads(entry_path.read_text())
+        entry_path.write_text(json.dumps({**entry, "worker_pid": dead.pid}))  # the worker died
+        assert reap_orphans(state).killed == []
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait(timeout=10)
+
+
 # Run in a process of its own: a subreaper adopts every orphan of its descendants.
 SUBREAPER_SCRIPT = """
 import json, os, subprocess, sys, time

@@ -1055,7 +1055,12 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
             continue
         if not mine and _alive_worker(entry["worker_pid"]):
             continue
-        doomed, ours = [], _group_is_agent(entry["pgid"], entry["job_id"])
+        marker = tuple(m.encode("latin-1") for m in entry.get("marker") or [])
+        # Still that attempt's agent: its pid, taken since by another KB's agent for a
+        # job of the same number (or this job's next attempt, a live worker's), is not.
+        ours = _group_is_agent(entry["pgid"], entry["job_id"])
+        ours = ours and (not marker or _carries(entry["pgid"], marker))
+        doomed: list[int] = []
         if ours:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(entry["pgid"], signal.SIGKILL)
@@ -1064,7 +1069,6 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         # Sessions the agent's processes started (setsid, Node's detached spawn) outlive
         # its group, and the agent itself may be gone (then its own session's members
         # too): found by the attempt's marker.
-        marker = tuple(m.encode("latin-1") for m in entry.get("marker") or [])
         doomed += _marked(_sessions(), marker, entry["pgid"] if ours else -1)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
