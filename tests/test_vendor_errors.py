@@ -768,6 +768,37 @@ def test_a_reap_leaves_another_kbs_agent_that_took_a_dead_entrys_pid(tmp_path):
         other.wait(timeout=10)
 
 
+def test_an_agents_read_only_folder_does_not_keep_its_tmpdir_from_a_worker_not_root():
+    """An agent that left a read-only folder in its TMPDIR (Go makes its module cache so,
+    and a sandboxed CLI may write only there and in its cwd): a worker that is not root
+    could remove nothing under it and kept the whole TMPDIR, at every attempt's end and
+    every reap, while the registry entry naming it went all the same (L9)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .conftest import HOST_TMP, PROJECT
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to remove it as a worker that is not root")
+    base = Path(tempfile.mkdtemp(dir=HOST_TMP))  # pytest's basetemp is root's alone
+    try:
+        scratch = base / "reviewq-job-1-attempt-1-abcdefgh"
+        cache = scratch / "go" / "pkg" / "mod" / "example.com@v1"
+        cache.mkdir(parents=True)
+        (cache / "go.mod").write_text("module example.com\n")
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        cache.chmod(0o555)
+        cache.parent.chmod(0o555)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        drop = f"import workers.attempt as a; a._drop({str(scratch)!r})"
+        subprocess.run([*nobody, sys.executable, "-c", drop], cwd=PROJECT, check=True, timeout=60)
+        assert not scratch.exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # Run in a process of its own: a subreaper adopts every orphan of its descendants.
 SUBREAPER_SCRIPT = """
 import json, os, subprocess, sys, time

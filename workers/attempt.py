@@ -19,6 +19,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -424,7 +425,19 @@ def _scratch_prefix(job_id: object, attempt: object) -> str:
 
 
 def _drop(scratch: str | None) -> None:
-    if scratch:
+    if not scratch:
+        return
+    shutil.rmtree(scratch, ignore_errors=True)
+    if os.path.isdir(scratch) and not os.path.islink(scratch):
+        # Kept by a folder the agent left read-only (Go makes its module cache so): a
+        # worker that is not root removes nothing under it. Its group has ended, so
+        # nothing swaps a folder for a link meanwhile; links are neither followed nor
+        # made writable.
+        for top, folders, _ in os.walk(scratch):
+            for path in [top, *(os.path.join(top, name) for name in folders)]:
+                with contextlib.suppress(OSError):
+                    if stat.S_ISDIR(os.lstat(path).st_mode):
+                        os.chmod(path, 0o700)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
