@@ -674,13 +674,15 @@ def test_a_child_that_started_a_session_of_its_own_is_killed_with_the_agent(tmp_
     _assert_gone(int(pidfile.read_text()))
 
 
-@pytest.mark.parametrize("agent", ["running", "gone"])
+@pytest.mark.parametrize("agent", ["running", "gone", "zombie"])
 @pytest.mark.parametrize("session", [True, False])
 def test_what_an_agent_started_is_reaped_when_its_worker_died(tmp_path, agent, session):
     """A worker killed while its agent ran: the next worker kills the agent's group from
     the registry, but a process the agent had started in a session of its own (setsid)
     ran on, and when the agent itself had exited nothing at all was killed, not even a
-    child left in its group."""
+    child left in its group. An agent that had ended but was not yet reaped (a zombie,
+    its worker dead and init not come for it yet) reads with no environment: the child
+    left in its group ran on, for good (RELIABILITY L8)."""
     import json
     import subprocess
 
@@ -711,6 +713,8 @@ def test_what_an_agent_started_is_reaped_when_its_worker_died(tmp_path, agent, s
         child = int(os.read(reader, 64))
         if agent == "gone":
             proc.wait(timeout=30)
+        elif agent == "zombie":  # ended, and left unreaped as its dead worker left it
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
         reap_orphans(worker_state)
         _assert_gone(child)
         assert proc.wait(timeout=10) is not None

@@ -461,22 +461,38 @@ def _marker(env: dict[str, str]) -> tuple[bytes, ...]:
 def _marked(sessions: dict[int, list[int]], marker: tuple[bytes, ...], skip: int) -> list[int]:
     """The members of the sessions (but ``skip``) one of the attempt's processes started:
     a session's leader carries its environment; a leader gone (a daemon's double fork),
-    its first member."""
+    or ended and not yet reaped (a zombie has no environment to read: an agent whose
+    worker died, init not come for it yet), its first other member."""
     if not marker:
         return []
     return [
         pid
         for sid, members in sessions.items()
-        if sid != skip and _carries(sid if sid in members else members[0], marker)
+        if sid != skip and _session_carries(sid, members, marker)
         for pid in members
     ]
 
 
-def _carries(pid: int, marker: tuple[bytes, ...]) -> bool:
+def _session_carries(sid: int, members: list[int], marker: tuple[bytes, ...]) -> bool:
+    said = _carries(sid, marker) if sid in members else None
+    if said is None:
+        others = [pid for pid in members if pid != sid]
+        said = bool(others) and bool(_carries(others[0], marker))
+    return said
+
+
+def _carries(pid: int, marker: tuple[bytes, ...]) -> bool | None:
+    """Whether the process's environment holds ``marker``; None when it has none to
+    read (a zombie's read fails with ESRCH; a kernel thread's is empty)."""
     try:
-        environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except PermissionError:
+        return False  # another user's: not an agent of ours
     except OSError:
-        return False
+        return None
+    if not environ:
+        return None
+    environ = b"\0" + environ
     return all(m in environ for m in marker)
 
 
