@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -223,6 +224,54 @@ def reviewq_process(
             proc.communicate()
             raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="session")
+def agent_pids(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The folder where the fake agent names the processes it leaves running (FAKE_PIDS_DIR:
+    a hanging agent and its child), for every process the tests start."""
+    folder = tmp_path_factory.getbasetemp() / "agent-pids"
+    folder.mkdir()
+    os.environ["FAKE_PIDS_DIR"] = str(folder)
+    yield folder
+    os.environ.pop("FAKE_PIDS_DIR", None)
+
+
+@pytest.fixture(autouse=True)
+def no_agent_left(agent_pids: Path) -> Iterator[None]:
+    """Every process a fake agent named is gone when its test ends; one still running is
+    killed and the test fails naming it. (A hanging agent's child, left in the group of
+    an agent nothing reaped, ran on under init for an hour after its test.)"""
+    yield
+    # Its environment names this session's folder: the pid was not reused by a stranger.
+    ours = b"\0FAKE_PIDS_DIR=" + bytes(agent_pids) + b"\0"
+    left = {}
+    for entry in os.scandir(agent_pids):
+        os.unlink(entry.path)
+        pid = int(entry.name)
+        with contextlib.suppress(OSError):  # gone, or a zombie (ESRCH): ended
+            if ours in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                left[pid] = f"{pid} {cmdline.decode(errors='replace').strip()}"
+    running = [pid for pid in left if not _ends_within(pid, 1.0)]
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not running, f"a fake agent's processes outlived the test: {[left[p] for p in running]}"
+
+
+def _ends_within(pid: int, seconds: float) -> bool:
+    """The process ends (or is a zombie) within ``seconds``: one killed a moment ago."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(seconds * 1000)) or process_gone(pid)
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ FAKE_DECISIONS: comma-separated decisions for the pairs in order (default: PASS 
 FAKE_TURNS:  write this num_turns (and a cost) to REVIEWQ_TELEMETRY_PATH
 FAKE_SLEEP:  seconds to sleep before acting (slow mode: a random time up to this)
 FAKE_PIDFILE: hang mode writes "leader child" pids here so tests can check both died
+FAKE_PIDS_DIR: hang mode makes a file named for each of its pids here (the leader's,
+             the child's): tests/conftest.py fails a test that leaves one running
 FAKE_FIX_APPEND: fix mode appends this line to the note it was given
 FAKE_LOG:    append one line per run ("task job attempt") to this file
 FAKE_PASS_IF_CONTAINS: review PASS when the note (as the prompt carries it) holds this
@@ -22,6 +24,7 @@ FAKE_NOTIFY_FIFO: if this FIFO exists, write "pid ppid attempt" to it on start (
 It reads the job's pairs from MANIFEST.json, as the offline reviewer does.
 """
 
+import contextlib
 import json
 import os
 import random
@@ -33,6 +36,15 @@ from pathlib import Path
 from workers.offline_agent import note_from_prompt
 
 env = os.environ
+
+
+def record(pid: int) -> None:
+    """Name ``pid`` in FAKE_PIDS_DIR, for the check that it ends with its test."""
+    if env.get("FAKE_PIDS_DIR"):
+        with contextlib.suppress(OSError):  # a folder out of reach: unchecked, not failed
+            Path(env["FAKE_PIDS_DIR"], str(pid)).touch()
+
+
 # FAKE_MODE_<n> overrides FAKE_MODE for attempt n (e.g. hang on the first, then behave).
 mode = env.get(f"FAKE_MODE_{env.get('REVIEWQ_ATTEMPT', '')}") or env.get("FAKE_MODE", "good")
 if env.get("REVIEWQ_TASK") == "fix" and mode in ("good", "slow"):
@@ -70,7 +82,9 @@ if mode == "crash":
 if mode == "nothing":
     sys.exit(0)
 if mode == "hang":
+    record(os.getpid())
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    record(child.pid)
     if env.get("FAKE_PIDFILE"):
         Path(env["FAKE_PIDFILE"]).write_text(f"{os.getpid()} {child.pid}")
     time.sleep(3600)
