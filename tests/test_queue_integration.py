@@ -2643,6 +2643,48 @@ def test_a_sweeps_control_leaves_the_folders_the_sweep_is_writing_to_it(kb, monk
     control_ws.close()
 
 
+def test_a_job_whose_folder_an_enqueue_is_writing_is_dispatched_once_it_is_written(kb):
+    """Stop 31 starts a sweep's control at the jobs' commit, while the sweep still writes
+    their folders: its dispatch met a folder the sweep held, logged two ERROR lines and
+    left the job to the next tick, a minute away (a one-job sweep sat idle that long).
+    The folder held by another process is routine, and the job goes once it is written."""
+    from orchestrator.state.files import folder_lock
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+    from workers.app import make_app
+    from workers.queues import send_once
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())  # the default reaper_seconds: a minute
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control, _ = _start_control(kb, env, "service")
+    ws = Workspace.open(kb.root)
+    try:
+        make_app(ws.settings)
+
+        def committed(ids: list[int]) -> None:  # the folders not written yet
+            (job_dir,) = ws.store.conn.execute(
+                "SELECT job_dir FROM review_jobs WHERE id = ?", ids
+            ).fetchone()
+            folder = ws.state_dir / job_dir
+            folder.mkdir(parents=True)
+            with folder_lock(folder):  # the enqueue's writer, at this folder
+                send_once("dispatch")  # as a sweep nudges its control at the commit
+                _until(control.stderr, "dispatch.deferred", timeout=30)
+
+        req = SweepRequest(name="cli", reviewer="fake", selectors=("frontmatter",))
+        assert len(enqueue(ws, req, committed=committed).jobs) == 1
+        _until(control.stderr, "attempt.dispatched", timeout=15)
+    finally:
+        ws.close()
+        control.send_signal(signal.SIGINT)
+        control.wait(timeout=30)
+    errors = [e for e in log_lines(kb) if e["level"] == "error"]
+    assert errors == [], errors
+    late = [e for e in log_lines(kb) if e["event"] == "job.files_written"]
+    assert late == [], late  # written once, by the enqueue
+
+
 def test_a_sweep_that_started_no_worker_does_not_call_a_busy_one_missing(kb):
     """A service worker whose slots hold agents launched before the sweep began (reviews
     take minutes) was taken for none: only launches since the sweep's start counted."""

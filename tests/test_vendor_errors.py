@@ -1268,7 +1268,7 @@ def test_a_pause_shorter_than_the_jobs_backoff_says_and_wakes_for_the_later(kb):
     ws, job, clock, control, fails = _one_job_and_its_control(kb)
     logs.configure(ws.state_dir)
     woken: list[float] = []
-    control.on_backoff = woken.append
+    control.dispatch_in = woken.append
     fails("reviewer-failure", "rate-limit: HTTP 429", 1)
     clock[0] += timedelta(seconds=2)  # past its backoff of 1 s
     # The second failure in a row pauses it (QUEUE), for the 0 s asked: 1 s at least.

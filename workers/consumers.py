@@ -332,12 +332,13 @@ def run_control(ws: Workspace) -> None:
     check_server(app.control)
 
     woken = threading.Event()
-    # When launch backoffs end (monotonic): the ticker sends a dispatch then. Left to the
-    # next tick, a 5 s backoff waited up to reaper_seconds (a minute by default).
+    # When launch backoffs end, or a folder another process held is written (monotonic):
+    # the ticker sends a dispatch then. Left to the next tick, a 5 s backoff waited up to
+    # reaper_seconds (a minute by default), and so did a job whose folder a sweep wrote.
     backoffs: list[float] = []
     backoffs_lock = threading.Lock()
 
-    def on_backoff(delay_s: float) -> None:
+    def dispatch_in(delay_s: float) -> None:
         with backoffs_lock:
             heapq.heappush(backoffs, time.monotonic() + delay_s)
         woken.set()
@@ -347,7 +348,7 @@ def run_control(ws: Workspace) -> None:
         send_review=functools.partial(send_review, app),
         hooks=FollowUp(ws),
         on_review_queue=functools.partial(attempts_on, app.review),
-        on_backoff=on_backoff,
+        dispatch_in=dispatch_in,
         stops=StopRequests(app.review),
     )
     tasks.install_control(control)

@@ -20,6 +20,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Protocol
 
 from orchestrator import logs
@@ -59,6 +60,7 @@ from orchestrator.review.jobs import display_path, prompt_renderer, split_job
 from orchestrator.state.files import (
     DISK_FULL,
     NOT_TRIED,
+    held,
     manifest_written,
     mark_job_files_due,
     unwritten_job_folder,
@@ -92,6 +94,10 @@ QUICK_S = 1.0
 # How long past its timeout an agent's run may hold its slot: the worker's kill grace
 # (workers.attempt.KILL_GRACE_S, 5 s), its group's reap and its outcome's send.
 OVERRUN_S = 10.0
+# A job whose folder another process was writing is dispatched again this long after
+# (doubled each time it still is, up to reaper_seconds): an enqueue's writer is done in
+# milliseconds, and the next tick was a minute away.
+HELD_RETRY_S = 0.2
 
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
@@ -152,24 +158,25 @@ class Control:
         hooks: Hooks | None = None,
         on_review_queue: Callable[[set[tuple[int, int]]], set[tuple[int, int]] | None]
         | None = None,
-        on_backoff: Callable[[float], None] | None = None,
+        dispatch_in: Callable[[float], None] | None = None,
         stops: Stops | None = None,
     ) -> None:
         """``on_review_queue``: which of the given (job, attempt) have a message on the
         review queue, or None when the queue cannot be read; without it, an attempt no
         worker spoke of waits lease + timeout before it is reaped, as one still on the
-        queue does. ``on_backoff``: told, once it is recorded, that a job's launch backoff
-        ends in so many seconds, so that a dispatch then runs it (without it, the next
-        outcome or tick does, up to ``reaper_seconds`` later). ``stops``: how a worker is
-        asked to stop an agent still running for an attempt this process no longer wants;
-        without it, such an agent runs to its end."""
+        queue does. ``dispatch_in``: told, once it is recorded, that a queued job may go
+        in so many seconds (its launch backoff ends, another process writes its folder),
+        so that a dispatch then runs it (without it, the next outcome or tick does, up to
+        ``reaper_seconds`` later). ``stops``: how a worker is asked to stop an agent still
+        running for an attempt this process no longer wants; without it, such an agent
+        runs to its end."""
         self.ws = ws
         self.store = ws.store
         self.store.waits_for_folders = False
         self.settings = ws.settings
         self.send_review = send_review
         self.on_review_queue = on_review_queue
-        self.on_backoff = on_backoff
+        self.dispatch_in = dispatch_in
         self.stops = stops
         # When each request was last asked: said once each, and swept by the reaper once
         # no beat has asked again for a lease.
@@ -180,6 +187,8 @@ class Control:
         self._budget_logged: set[int] = set()
         # Jobs whose folder could not be written: (the reason, a full disk), said once each.
         self._folder_failures: dict[int, tuple[str, bool]] = {}
+        # Jobs whose folder another process held at the last look: the wait asked then.
+        self._held: dict[int, float] = {}
         # Reviewers whose launch_failures count is 0 in state.db (committed), so that every
         # outcome does not write it again. A run-job counts failures too, from its own
         # process: forgotten whenever another connection has committed since (its
@@ -425,10 +434,13 @@ class Control:
         the job queued, tried again at each dispatch and said once per reason: the
         machine's fault is neither the job's nor the profile's."""
         if not job["job_dir"] or (there and not job["due"]):
-            self._folder_failures.pop(job["id"], None)
+            self._written(job["id"])
             return True
         folder = self.ws.state_dir / job["job_dir"]
-        if not there:
+        if not there and not job["due"]:
+            # Gone (a person deleted it). A due row is left as it is: marked again, its
+            # writer (an enqueue writing its folders now) no longer cleared it, and the
+            # tick wrote the folder a second time.
             mark_job_files_due(self.store, [job["id"]])
         wrote = write_due_job_files(
             self.store, self.ws.state_dir, [job["id"]], self._prompt, late=False
@@ -436,8 +448,11 @@ class Control:
         # Written, its MANIFEST.json is there (the last file written); else why not.
         why = None if wrote else unwritten_job_folder(self.store, folder, job["id"])
         if why is None:
-            self._folder_failures.pop(job["id"], None)
+            self._written(job["id"])
             return True
+        if held(why):
+            self._wait_for_writer(job, reviewer, folder, why)
+            return False
         full = any(os.strerror(e) in why for e in DISK_FULL)
         if self._folder_failures.get(job["id"], ("", False))[0] != why:
             self.log.error(
@@ -453,6 +468,35 @@ class Control:
             )
         self._folder_failures[job["id"]] = (why, full)
         return False
+
+    def _written(self, job_id: int) -> None:
+        self._folder_failures.pop(job_id, None)
+        self._held.pop(job_id, None)
+
+    def _wait_for_writer(self, job, reviewer: str, folder: Path, why: str) -> None:  # noqa: ANN001 - a row
+        """Another reviewq process held the job's folder: it is writing it (an enqueue
+        beside this control, whose folders follow its commit: a sweep's control starts at
+        that commit; a command run by hand). Routine, so said as info, once; dispatched
+        again shortly after (its writer may well not nudge this process), not at the next
+        tick a minute later. Not waited for here: this pass holds state.db's write lock,
+        which that writer wants once its folders are written."""
+        wait = min(
+            2 * self._held.get(job["id"], HELD_RETRY_S / 2), self.settings.queue.reaper_seconds
+        )
+        if job["id"] not in self._held:
+            self.log.info(
+                "dispatch.deferred",
+                job_id=job["id"],
+                reviewer=reviewer,
+                folder=str(folder),
+                reason=why,
+                recovery=f"dispatched again in {wait:g} s, once that process has written it",
+            )
+        self._held[job["id"]] = wait
+        self._folder_failures[job["id"]] = (why, False)  # not a full disk: the pass goes on
+        if self.dispatch_in is not None:
+            wake = self.dispatch_in
+            self.store.after_commit(lambda: wake(wait))
 
     def _cannot_open(self, job, reviewer: str, exc: Exception) -> None:
         """An attempt that can never be opened: fail that job only."""
@@ -971,10 +1015,10 @@ class Control:
         what = not_the_jobs(event == "attempt.launch_failed", profile, host)
         with self.store.write():
             off = back_off(self.store, q, job["id"], name, what, reasons, self.now(), retry_after)
-        if self.on_backoff is not None:
+        if self.dispatch_in is not None:
             # Paused too: a pause a Retry-After shortened ends within seconds, and waiting
             # for the next tick kept the profile idle up to reaper_seconds past it.
-            wake, after = self.on_backoff, off.wait_s(self.now())
+            wake, after = self.dispatch_in, off.wait_s(self.now())
             self.store.after_commit(lambda: wake(after))
         self.log.warning(
             event, job_id=job["id"], attempt=attempt, reviewer=name, **off.when, reasons=reasons

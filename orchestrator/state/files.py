@@ -41,6 +41,10 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # Due rows settled together (one transaction) by a pass of write_due_job_files.
 SETTLE_EVERY = 64
 
+# Why a folder was not written when another process held its lock (folder_lock without
+# ``wait``): that process is writing it, which is routine, not a failure to say.
+HELD = "another reviewq process is writing this folder"
+
 
 class ReportError(Exception):
     pass
@@ -332,6 +336,15 @@ def unwritten_job_folder(store: Store, folder: Path, job_id: int) -> str | None:
     return left[0] if left is not None and left[0] != NOT_TRIED else "no MANIFEST.json in it"
 
 
+def held(error: str | None) -> bool:
+    """Whether a recorded write error is a folder another process held (:data:`HELD`)."""
+    return bool(error) and HELD in error
+
+
+class FolderHeld(BlockingIOError):
+    """A folder lock another process held when this one would not wait for it."""
+
+
 class LockHeld(BlockingIOError):
     """A folder lock another process still held when the wait for it ran out."""
 
@@ -350,7 +363,8 @@ def folder_lock(
 ):
     """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
     leave behind, and the kernel lets go of it when its holder dies. Without ``wait``, a
-    folder another process holds is an error of that job's files (tried again later).
+    folder another process holds raises :class:`FolderHeld` (its job's files are tried
+    again later).
     ``on_wait`` is called once before waiting for another holder (a person at a terminal
     is told why the command pauses); with ``timeout`` (seconds) the wait ends there in
     :class:`LockHeld`, naming the holder when the kernel says it. ``make`` makes a folder
@@ -369,9 +383,7 @@ def folder_lock(
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             if not wait:
-                raise BlockingIOError(
-                    errno.EWOULDBLOCK, "another reviewq process is writing this folder", str(folder)
-                ) from None
+                raise FolderHeld(errno.EWOULDBLOCK, HELD, str(folder)) from None
             if on_wait is not None:
                 on_wait()
             if timeout is None:
@@ -497,6 +509,11 @@ def write_each(
                     reason=str(exc),
                     recovery="tried again at each tick",
                 )
+            continue
+        except FolderHeld as exc:
+            # Its holder is writing it (an enqueue's folders follow its commit): recorded,
+            # so that the next tick tries it if that holder dies, and not said.
+            failed[i] = str(exc)
             continue
         except Exception as exc:  # whatever it is, it must not keep the others unwritten
             error = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
