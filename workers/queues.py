@@ -341,7 +341,7 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         """What holding needs and this server does not know: BLMOVE and LMOVE came with
         Redis 6.2, and an older server answers "unknown command" at every read. Each is
         tried on a key that is never there (a move from it moves nothing)."""
-        from redis.exceptions import ResponseError
+        from redis.exceptions import OutOfMemoryError, ResponseError
 
         probe = self.queue_key + ".probe"
         tries = {
@@ -352,6 +352,8 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         for name, attempt in tries.items():
             try:
                 attempt()
+            except OutOfMemoryError:
+                continue  # known, and refused while the server is full: an outage, waited for
             except ResponseError as exc:
                 if "unknown command" not in str(exc).lower():
                     # NOPERM, READONLY: the server has it and refuses this client.
@@ -846,8 +848,10 @@ def huey_for(settings: Settings, queue: str) -> Huey:
         ) from None
 
 
-# What a queue backend raises while it is unavailable (Redis down or restarting, a SQLite
-# queue file locked past its busy timeout): sends retry on it, consumers wait it out.
+# What a queue backend raises while it is unavailable (Redis down or restarting, or full:
+# `maxmemory` reached under `noeviction` refuses every write, BLMOVE and LPUSH alike, until
+# room is made; a SQLite queue file locked past its busy timeout): sends retry on it,
+# consumers wait it out.
 # Redis's two join it in _with_redis, before any Redis connection can raise them; read it
 # as `queues.QUEUE_UNAVAILABLE` where it is caught, not as a copy taken at import.
 QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError, ConnectionError)
@@ -865,6 +869,7 @@ def _with_redis() -> None:
     import huey.storage
     from redis import ConnectionPool, Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import OutOfMemoryError
     from redis.exceptions import TimeoutError as RedisTimeout
 
     if huey.storage.Redis is None:
@@ -877,6 +882,7 @@ def _with_redis() -> None:
         sqlite3.OperationalError,
         RedisConnectionError,
         RedisTimeout,
+        OutOfMemoryError,
         ConnectionError,
     )
 

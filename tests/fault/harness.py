@@ -487,12 +487,16 @@ class SmallDisk:
 
 class RedisServer:
     """redis-server on a unix socket. ``persist``: an append-only file fsynced on every
-    write, so a restart keeps the queue; without it a restart loses every message."""
+    write, so a restart keeps the queue; without it a restart loses every message.
+    ``options``: more of redis-server's own (``--maxmemory``, ``--maxmemory-policy``)."""
 
-    def __init__(self, sock: Path, workdir: Path, persist: bool = False) -> None:
+    def __init__(
+        self, sock: Path, workdir: Path, persist: bool = False, options: tuple[str, ...] = ()
+    ) -> None:
         self.sock = sock
         self.workdir = workdir
         self.persist = persist
+        self.options = options
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         workdir.mkdir(parents=True, exist_ok=True)
@@ -522,6 +526,7 @@ class RedisServer:
                 "--dir",
                 str(self.workdir),
                 *durability,
+                *self.options,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

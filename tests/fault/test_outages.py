@@ -201,6 +201,74 @@ def test_redis_outage_mid_sweep(tmp_path, mode):
         assert any("queue.retrying" in k for k in seen), seen
 
 
+def _fill(url: str) -> list[str]:
+    """Another application's 4 MiB of keys, and `maxmemory` set 1 MiB under what Redis
+    then uses (which no write of reviewq's bytes can then pass, however small); the
+    keys' names."""
+    import redis
+
+    with contextlib.closing(redis.Redis.from_url(url)) as client:
+        names = [f"other-app:{i}" for i in range(64)]
+        for name in names:
+            client.set(name, b"x" * 65536)
+        used = client.info("memory")["used_memory"]
+        client.config_set("maxmemory", used - 2**20)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("other-app:one-more", b"x")
+    return names
+
+
+@pytest.mark.timeout(300)
+def test_a_redis_full_under_noeviction_mid_sweep_is_waited_out(tmp_path):
+    """A Redis shared with another application that filled it to `maxmemory` under
+    `noeviction`: every write is refused (OOM), BLMOVE and LPUSH alike, until room is
+    made. The control's read logged a traceback at every poll, a worker dropped the
+    outcome it could not send (the agent ran again), and a control or doctor started
+    meanwhile refused the server as one that "refused BLMOVE", a mistake of the file."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    redis = RedisServer(
+        tmp_path / "r.sock",
+        tmp_path / "redis",
+        options=("--maxmemory-policy", "noeviction"),
+    )
+    redis.start()
+    root, expected, cluster, fifo = _setup(
+        tmp_path, notes=5, gates=4, queue_url=redis.url, sleep=1.0
+    )
+    sweep = None
+    try:
+        cluster.start()
+        sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
+        fifo.await_starts(6)  # mid-way: six of the twenty agents have started
+        t_full = utcnow()
+        others = _fill(redis.url)
+        doctor = cluster.rq("doctor", timeout=60)
+        time.sleep(OUTAGE_S)  # the outage itself
+        import redis as redis_client
+
+        with contextlib.closing(redis_client.Redis.from_url(redis.url)) as client:
+            client.delete(*others)
+        t_room = utcnow()
+        drain_s = _await_sweep(sweep, expected, timeout=120)
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+        left = _finish(cluster, fifo)
+        redis.stop()
+    assert left == []
+    c, during, after = _outage_report(
+        root, expected, t_full, t_room, drain_after_room_s=round(drain_s, 1)
+    )
+    _assert_nothing_lost(root, expected, c)
+    seen = set(during) | set(after)
+    # Said once a minute, as an outage is; the writes waited for room and went.
+    assert "error queue.unavailable" in seen, seen
+    assert not any(k.startswith("error huey") for k in seen), seen
+    assert not any("outcome_unsent" in k for k in seen), seen
+    assert "problem: queue backend" not in doctor.stdout, doctor.stdout
+
+
 # --- SQLite files held by another process --------------------------------------------------------
 
 
