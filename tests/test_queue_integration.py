@@ -1618,8 +1618,8 @@ def test_a_redis_server_that_cannot_hold_control_messages_is_refused_in_one_line
         control = rq(kb, "control", timeout=60)
         doctor = rq(kb, "doctor", timeout=60)
     expected = (
-        "[queue] url: the Redis server lacks BLMOVE and LMOVE, which the control queue "
-        "needs (Redis 6.2 or later)"
+        f"{kb.root / 'reviewq.toml'} [queue] url {url}: the Redis server lacks BLMOVE and "
+        "LMOVE, which the control queue needs (Redis 6.2 or later)"
     )
     assert (control.returncode, control.stderr) == (1, f"error: {expected}\n")
     assert doctor.returncode == 1 and f"problem: queue backend: {expected}" in doctor.stdout

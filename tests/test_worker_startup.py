@@ -973,3 +973,58 @@ def test_a_forked_child_killed_while_it_waits_is_started_afresh(tmp_path):
         "    raise AssertionError(f'{pid} not reaped')\n"
     )
     _passes_in_a_fresh_interpreter(probe)
+
+
+ACL_USER = ("--user", "default", "off", "--user")
+
+
+@pytest.mark.parametrize(
+    ("options", "userinfo", "said"),
+    [
+        (("--replicaof", "127.0.0.1", "1"), "", "a read-only replica: give the URL its master"),
+        (
+            (*ACL_USER, "app", "on", f">{PASSWORD}", "~reviewq*", "+@all"),
+            f"app:{PASSWORD}",
+            "its ACL user needs reviewq's commands on the keys huey.* and reviewq.*",
+        ),
+    ],
+    ids=["read-only-replica", "acl-without-hueys-keys"],
+)
+def test_a_redis_that_refuses_the_queues_writes_is_refused_at_start(
+    kb, tmp_path, options, userinfo, said
+):
+    """A URL naming a read-only replica, or an ACL user whose keys leave out Huey's: the
+    server answers PING, and refuses every read of the queue (BRPOP is a write). The
+    worker started and logged a traceback at each poll, ~40 a second (1 MB of log in
+    8 s), for good; the control and doctor named neither the file nor the URL."""
+    with redis_server(tmp_path, *options) as url:
+        url = _with_credentials(url, userinfo) if userinfo else url
+        config, args = _worker_home(tmp_path, url)
+        line = _worker_refuses(args, config, url.replace(PASSWORD, "***"))
+        assert said in line and "RPOPLPUSH" in line, line
+        assert PASSWORD not in line
+        doctor = _refused([*args, "doctor", "--worker"])
+        assert doctor.returncode == 1, doctor.stdout
+        assert f"problem: queue backend: {config} [queue] url" in doctor.stdout, doctor.stdout
+        assert said in doctor.stdout and PASSWORD not in doctor.stdout, doctor.stdout
+        kb.gate("prose/body-check", ["body"])
+        kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
+        control = _refused([EXE, "--root", str(kb.root), "control"])
+        assert control.returncode == 1 and said in control.stderr, control.stderr
+
+
+def test_an_acl_user_on_the_keys_operations_names_runs_a_sweep(kb, tmp_path):
+    """The ACL that the refusal above and OPERATIONS §6.6 give is enough for every
+    process: a sweep's control and worker run on it to the end."""
+    from .test_queue_integration import FAST_QUEUE, fake_profile, rq, small_kb
+
+    acl = (*ACL_USER, "app", "on", f">{PASSWORD}", "~huey.*", "~reviewq.*", "+@all", "-@dangerous")
+    with redis_server(tmp_path, *acl) as url:
+        small_kb(kb, notes=2)
+        url = _with_credentials(url, f"app:{PASSWORD}")
+        kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{url}"\n')
+        res = rq(kb, "sweep", "--reviewer", "fake", "--json", timeout=90)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["jobs"]["fake"]["completed"] == 4
+    log = (kb.state / "logs" / "reviewq.jsonl").read_text()
+    assert "queue.unmarked" not in log and "NOPERM" not in log and "No permissions" not in log

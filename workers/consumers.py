@@ -159,6 +159,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     # machine's sessions after each agent (attempt.reap_group).
     become_subreaper()
     app = make_app(settings)
+    check_server(app.review, settings)  # a replica or an ACL that refuses its writes
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
     reap_orphans(folder, said="their worker died")
     if left := remove_unclaimed(folder):
@@ -329,7 +330,7 @@ def run_control(ws: Workspace) -> None:
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     follow_parent()
     app = make_app(settings)
-    check_server(app.control)
+    check_server(app.control, settings)
 
     woken = threading.Event()
     # When launch backoffs end, or a folder another process held is written (monotonic):

@@ -338,16 +338,25 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         return self.conn.hincrby(self.held_key + ".first", _digest(data), 1)
 
     def missing_commands(self) -> list[str]:
-        """What holding needs and this server does not know: BLMOVE and LMOVE came with
-        Redis 6.2, and an older server answers "unknown command" at every read. Each is
-        tried on a key that is never there (a move from it moves nothing)."""
-        from redis.exceptions import OutOfMemoryError, ResponseError
+        """What this queue needs and this server does not know: BLMOVE and LMOVE, for
+        holding, came with Redis 6.2, and an older server answers "unknown command" at
+        every read. Each is tried on a key that is never there (a move from it moves
+        nothing), and so is a write on this queue's keys, which every queue needs: a
+        server that refuses it, a read-only replica or an ACL without the command or the
+        keys, is a :class:`ConfigError` (a worker read the queue into a traceback at every
+        poll, ~40 a second)."""
+        from redis.exceptions import (
+            NoPermissionError,
+            OutOfMemoryError,
+            ReadOnlyError,
+            ResponseError,
+        )
 
         probe = self.queue_key + ".probe"
-        tries = {
-            "BLMOVE": lambda: self.conn.blmove(probe, probe, 0.01, src="RIGHT", dest="LEFT"),
-            "LMOVE": lambda: self.conn.lmove(probe, probe, src="RIGHT", dest="RIGHT"),
-        }
+        tries = {"RPOPLPUSH": lambda: self.conn.rpoplpush(probe, probe)}
+        if self.holds:
+            tries["BLMOVE"] = lambda: self.conn.blmove(probe, probe, 0.01, src="RIGHT", dest="LEFT")
+            tries["LMOVE"] = lambda: self.conn.lmove(probe, probe, src="RIGHT", dest="RIGHT")
         missing = []
         for name, attempt in tries.items():
             try:
@@ -355,12 +364,18 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
             except OutOfMemoryError:
                 continue  # known, and refused while the server is full: an outage, waited for
             except ResponseError as exc:
-                if "unknown command" not in str(exc).lower():
-                    # NOPERM, READONLY: the server has it and refuses this client.
-                    raise ConfigError(
-                        f"[queue] url: the Redis server refused {name}: {exc}"
-                    ) from None
-                missing.append(name)
+                if "unknown command" in str(exc).lower():
+                    missing.append(name)
+                    continue
+                why = (
+                    "a read-only replica: give the URL its master"
+                    if isinstance(exc, ReadOnlyError)
+                    else "its ACL user needs reviewq's commands on the keys huey.* and "
+                    "reviewq.* (`+@all -@dangerous ~huey.* ~reviewq.*`)"
+                    if isinstance(exc, NoPermissionError)
+                    else "what it refuses, no worker or control can use"
+                )
+                raise ConfigError(f"the Redis server refused {name} ({exc}); {why}") from None
         return missing
 
     def restore(self) -> int:
@@ -377,20 +392,24 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_server(huey: Huey) -> None:
-    """Refuse a queue server that cannot hold control messages, in one line, before a
-    control process reads from it."""
+def check_server(huey: Huey, settings: Settings) -> None:
+    """Refuse, in one line naming the file and the URL, a queue server that cannot serve
+    this queue (:meth:`RedisQueueStorage.missing_commands`), before a process reads from
+    it."""
     storage = huey.storage
-    if isinstance(storage, RedisQueueStorage) and storage.holds:
-        try:
-            missing = storage.missing_commands()
-        except QUEUE_UNAVAILABLE:
-            return  # Redis not up yet: the consumer waits for it, as it always has
-        if missing:
-            raise ConfigError(
-                f"[queue] url: the Redis server lacks {' and '.join(missing)}, which the "
-                "control queue needs (Redis 6.2 or later)"
-            )
+    if not isinstance(storage, RedisQueueStorage):
+        return
+    try:
+        missing = storage.missing_commands()
+    except QUEUE_UNAVAILABLE:
+        return  # Redis not up yet: the consumer waits for it, as it always has
+    except ConfigError as exc:
+        raise ConfigError(f"{queue_where(settings)}: {exc}") from None
+    if missing:
+        raise ConfigError(
+            f"{queue_where(settings)}: the Redis server lacks {' and '.join(missing)}, which "
+            "the control queue needs (Redis 6.2 or later)"
+        )
 
 
 # How a connection to Redis over TCP notices that its peer is gone (a partition; the other

@@ -1048,8 +1048,9 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
 
         check_queue(ws.settings)
         app = make_app(ws.settings)
+        check_server(app.control, ws.settings)
+        check_server(app.review, ws.settings)
         app.control.pending_count()
-        check_server(app.control)
         report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
         fed = fed_by(app.control)
         silent = fed_late(fed, queue_clock(app.control)) if fed else None
