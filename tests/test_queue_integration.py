@@ -1625,6 +1625,32 @@ def test_a_redis_server_that_cannot_hold_control_messages_is_refused_in_one_line
     assert doctor.returncode == 1 and f"problem: queue backend: {expected}" in doctor.stdout
 
 
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "volatile-lru", "noeviction"])
+def test_a_redis_that_evicts_any_key_is_named_by_doctor_and_the_control(kb, tmp_path, policy):
+    """A Redis shared as a cache (maxmemory, an allkeys-* policy) evicts the queue's keys
+    once full, each holding every message of its queue (seen: 20 review messages gone at
+    once, after another application's 818 writes to a 4 MB Redis): the reviews ran again
+    a lease later and outcomes were lost, their runs paid again, and neither doctor nor
+    the control said a word. A volatile-* policy never evicts reviewq's keys (they have no
+    expiry)."""
+    small_kb(kb, notes=1)
+    options = ("--maxmemory", "64mb", "--maxmemory-policy", policy)
+    with redis_server(tmp_path, *options) as url:
+        kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{url}"\n')
+        doctor = rq(kb, "doctor", timeout=60)
+        sweep = rq(kb, "sweep", "--reviewer", "fake", "--json", timeout=90)
+    assert doctor.returncode == 0 and sweep.returncode == 0, (doctor.stdout, sweep.stderr)
+    said = [line for line in doctor.stdout.splitlines() if "evicts any key" in line]
+    evicting = [r for r in log_lines(kb) if r["event"] == "queue.evicting"]
+    if policy.startswith("allkeys-"):
+        where = f"{kb.root / 'reviewq.toml'} [queue] url {url}: "
+        assert said == [f"warning: {where}{said[0].partition(where)[2]}"], doctor.stdout
+        assert f"maxmemory-policy {policy}" in said[0] and "noeviction" in said[0], said
+        assert [r["reason"] for r in evicting] == [said[0].removeprefix("warning: ")]
+    else:
+        assert said == [] and evicting == [], (doctor.stdout, evicting)
+
+
 def test_a_control_started_before_redis_waits_for_it(kb):
     """The check of the Redis server's commands met a refused connection at start-up and
     exited ("internal error: ConnectionError"): a control started before Redis at boot

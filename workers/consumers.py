@@ -40,6 +40,7 @@ from .queues import (
     attempts_on,
     beside_a_control,
     check_server,
+    eviction_risk,
     fed_by,
     fed_late,
     profiles_unlike,
@@ -331,6 +332,8 @@ def run_control(ws: Workspace) -> None:
     follow_parent()
     app = make_app(settings)
     check_server(app.control, settings)
+    if (risk := eviction_risk(app.control, settings)) is not None:
+        logs.get().warning("queue.evicting", reason=risk)
 
     woken = threading.Event()
     # When launch backoffs end, or a folder another process held is written (monotonic):

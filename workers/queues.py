@@ -412,6 +412,33 @@ def check_server(huey: Huey, settings: Settings) -> None:
         )
 
 
+def eviction_risk(huey: Huey, settings: Settings) -> str | None:
+    """The words for a Redis that evicts any key when full (``maxmemory`` set, an
+    ``allkeys-*`` policy: a Redis shared as a cache), or None. Each of the queue's keys
+    holds every message of its queue: evicted, the reviews sent were run again a lease
+    later and the outcomes waiting lost (their agents' runs paid again), with nothing
+    said but each ``attempt.lost``. A server that does not tell (INFO refused by an ACL,
+    a managed Redis) is not guessed at."""
+    storage = huey.storage
+    if not isinstance(storage, RedisStorage):
+        return None
+    try:
+        memory = storage.conn.info("memory")
+    except Exception:  # noqa: BLE001 - refused, or away: nothing is known
+        return None
+    policy, limit = str(memory.get("maxmemory_policy", "")), memory.get("maxmemory") or 0
+    if not policy.startswith("allkeys-") or not limit:
+        return None
+    return (
+        f"{queue_where(settings)}: the Redis server evicts any key once full (maxmemory "
+        f"{limit} bytes, maxmemory-policy {policy}), the queue's among them, each holding "
+        "every message of its queue: the reviews sent then run again a lease later and "
+        "outcomes waiting are lost, their agents' runs paid again; set maxmemory-policy "
+        "noeviction (or a volatile-* one: reviewq's keys never expire), or give reviewq a "
+        "Redis of its own"
+    )
+
+
 # How a connection to Redis over TCP notices that its peer is gone (a partition; the other
 # host restarted while the link was down), whatever the redis-py release: before 8.0 there
 # was neither a socket timeout nor keepalive, and a worker waiting on BRPOP through a cut

@@ -1037,6 +1037,7 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             beside_a_control,
             check_queue,
             check_server,
+            eviction_risk,
             fed_by,
             fed_late,
             out_of_reach,
@@ -1052,6 +1053,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
         check_server(app.review, ws.settings)
         app.control.pending_count()
         report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
+        if (risk := eviction_risk(app.control, ws.settings)) is not None:
+            click.echo(f"warning: {risk}")
         fed = fed_by(app.control)
         silent = fed_late(fed, queue_clock(app.control)) if fed else None
     except Exception as exc:
