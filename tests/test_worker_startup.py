@@ -1028,3 +1028,43 @@ def test_an_acl_user_on_the_keys_operations_names_runs_a_sweep(kb, tmp_path):
     assert json.loads(res.stdout)["jobs"]["fake"]["completed"] == 4
     log = (kb.state / "logs" / "reviewq.jsonl").read_text()
     assert "queue.unmarked" not in log and "NOPERM" not in log and "No permissions" not in log
+
+
+def test_two_controls_on_one_redis_database_are_each_told(kb, tmp_path, redis_url):
+    """Two KBs (two state folders) given one Redis database: the queue names are fixed, so
+    each install's workers took the other's review messages and each control the other's
+    outcomes (job ids are small numbers in both), and nothing said so anywhere."""
+    from tests.conftest import KBBuilder
+
+    other = KBBuilder(tmp_path / "other-kb")
+    (other.root / "kb").mkdir(parents=True)
+    controls = [_start_control(k, redis_url) for k in (kb, other)]
+    try:
+        said = {}
+        deadline = time.monotonic() + 30
+        while len(said) < 2 and time.monotonic() < deadline:
+            for k in (kb, other):
+                log = k.state / "logs" / "reviewq.jsonl"
+                lines = log.read_text().splitlines() if log.exists() else []
+                found = [json.loads(x) for x in lines if '"queue.shared"' in x]
+                if found:
+                    said[k.root] = found
+            time.sleep(0.2)
+        assert set(said) == {kb.root, other.root}, said
+        _stop(controls[0])  # the key is then the other's, and stays so
+        import redis
+
+        with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+            while str(other.state) not in (client.get("reviewq.control") or b"").decode():
+                assert time.monotonic() < deadline, "the other control never wrote its key"
+                time.sleep(0.1)
+        doctor = _refused([EXE, "--root", str(kb.root), "doctor"], timeout=60)
+    finally:
+        for proc in controls:
+            if proc.poll() is None:
+                _stop(proc)
+    for mine, theirs in ((kb, other), (other, kb)):
+        (line,) = said[mine.root]  # once, though both write the key at every tick
+        assert f"state folder {theirs.state}" in line["reason"], line
+        assert "its own database" in line["reason"], line
+    assert doctor.returncode == 1 and "another control process feeds" in doctor.stdout

@@ -776,6 +776,31 @@ def fed_by(huey: Huey) -> dict | None:
     return said if isinstance(said, dict) and said else {"host": "?"}
 
 
+def other_feeder(huey: Huey, state_dir: Path) -> dict | None:
+    """What another control process, of another state folder or host, wrote on this Redis
+    queue's key within five of its ticks (:func:`fed_late`): two installs on one database,
+    whose workers take each other's review messages and whose controls take each other's
+    outcomes (job ids are small numbers in both). None when the key is this control's,
+    late, absent, or of a release that wrote no time."""
+    fed = fed_by(huey)
+    if not fed or not isinstance(fed.get("queue_at"), int | float):
+        return None
+    if (fed.get("host"), fed.get("state")) == (socket.gethostname(), str(state_dir)):
+        return None
+    return fed if fed_late(fed, queue_clock(huey)) is None else None
+
+
+def shared_problem(settings: Settings, fed: dict) -> str:
+    """The words for a Redis database another control process feeds too."""
+    return (
+        f"{queue_where(settings)}: another control process feeds this Redis database too "
+        f"(on {fed.get('host')}, state folder {fed.get('state')}, at {fed.get('at')}): the "
+        "queue names are fixed, so the workers of each take the other's review messages "
+        "and each control may take the other's outcomes; give each state folder its own "
+        "database (the /N or ?db=N) or Redis"
+    )
+
+
 class StopRequests:
     """The control process's one word back to a worker: stop the agent of an attempt it
     no longer wants (finalized by hand, or given up as lost and run again elsewhere). An

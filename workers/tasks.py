@@ -45,11 +45,13 @@ from .queues import (
     OUTCOME_PATIENCE_S,
     acknowledge,
     mark_fed,
+    other_feeder,
     queue_clock,
     release,
     requeue,
     send,
     send_once,
+    shared_problem,
     stop_requests,
     the_app,
     waiting,
@@ -856,12 +858,20 @@ def tick() -> None:
 
 
 _unmarked = [False]  # said once: the key could not be written
+_shared: set[tuple[object, object]] = set()  # the other controls said to feed this queue
 
 
 def _publish(control: Control) -> None:
     """Write, on a Redis queue, that this control feeds it and its profiles' partitions
     (for doctor --worker, and for a worker's start)."""
     settings = control.settings
+    try:
+        other = other_feeder(the_app().control, control.ws.state_dir)
+    except Exception:  # noqa: BLE001 - unread: the mark below meets the same, and says it
+        other = None
+    if other is not None and (seen := (other.get("host"), other.get("state"))) not in _shared:
+        _shared.add(seen)  # said once for each: both controls keep writing the key
+        logs.get().error("queue.shared", reason=shared_problem(settings, other))
     try:
         mark_fed(
             the_app().control,

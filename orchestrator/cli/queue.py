@@ -1040,9 +1040,11 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             eviction_risk,
             fed_by,
             fed_late,
+            other_feeder,
             out_of_reach,
             profiles_unlike,
             queue_clock,
+            shared_problem,
             stale_problem,
             unfed_problem,
         )
@@ -1057,10 +1059,13 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             click.echo(f"warning: {risk}")
         fed = fed_by(app.control)
         silent = fed_late(fed, queue_clock(app.control)) if fed else None
+        other = None if worker_only else other_feeder(app.control, ws.state_dir)
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
         report(False, f"queue backend: {out_of_reach(ws.settings, exc) if away else exc}")
         return
+    if other is not None:
+        report(False, shared_problem(ws.settings, other))
     if fed is not None and worker_only and (fed or not beside_a_control(ws.settings)):
         # A worker on another database than the control's (redis://host/3 where it uses
         # /0) passed, and then sat idle for good. The worker's own rule (it warns in its
