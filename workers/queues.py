@@ -9,6 +9,7 @@ Redis. Results are off: every outcome travels as a message to the control queue.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import socket
@@ -345,12 +346,7 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         server that refuses it, a read-only replica or an ACL without the command or the
         keys, is a :class:`ConfigError` (a worker read the queue into a traceback at every
         poll, ~40 a second)."""
-        from redis.exceptions import (
-            NoPermissionError,
-            OutOfMemoryError,
-            ReadOnlyError,
-            ResponseError,
-        )
+        from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 
         probe = self.queue_key + ".probe"
         tries = {"RPOPLPUSH": lambda: self.conn.rpoplpush(probe, probe)}
@@ -363,13 +359,13 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
                 attempt()
             except OutOfMemoryError:
                 continue  # known, and refused while the server is full: an outage, waited for
-            except ResponseError as exc:
+            except (_Demoted, ResponseError) as exc:
                 if "unknown command" in str(exc).lower():
                     missing.append(name)
                     continue
                 why = (
                     "a read-only replica: give the URL its master"
-                    if isinstance(exc, ReadOnlyError)
+                    if isinstance(exc, _Demoted)  # READONLY, as the pool's connections say it
                     else "its ACL user needs reviewq's commands on the keys huey.* and "
                     "reviewq.* (`+@all -@dangerous ~huey.* ~reviewq.*`)"
                     if isinstance(exc, NoPermissionError)
@@ -458,15 +454,41 @@ def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is opt
     from redis import ConnectionPool
 
     if url.startswith("unix://"):  # a local socket: no link to lose
-        return ConnectionPool.from_url(url)
-    options = {getattr(socket, k): v for k, v in _REDIS_TCP.items() if hasattr(socket, k)}
-    return ConnectionPool.from_url(
-        url,
-        socket_timeout=None,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
-        socket_keepalive_options=options,
-    )
+        pool = ConnectionPool.from_url(url)
+    else:
+        options = {getattr(socket, k): v for k, v in _REDIS_TCP.items() if hasattr(socket, k)}
+        pool = ConnectionPool.from_url(
+            url,
+            socket_timeout=None,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_keepalive=True,
+            socket_keepalive_options=options,
+        )
+    pool.connection_class = _demotable(pool.connection_class)
+    return pool
+
+
+@functools.cache
+def _demotable(base: type) -> type:
+    """``base``, whose server turned read-only under it (a failover made it a replica) is
+    away from it: the connection is closed, so that the next one is opened afresh (to the
+    new primary where the name now points to it), and the error is an unavailable queue's
+    (sends retry, consumers wait), as redis-py's Sentinel connections take it. A READONLY
+    was a ResponseError: each read of the queue a traceback, each outcome dropped. So is
+    the UNBLOCKED a read blocked at that moment is given ("instance state changed")."""
+    from redis.exceptions import ReadOnlyError, ResponseError
+
+    class Demotable(base):
+        def read_response(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - redis-py's
+            try:
+                return super().read_response(*args, **kwargs)
+            except ResponseError as exc:
+                if not isinstance(exc, ReadOnlyError) and not str(exc).startswith("UNBLOCKED"):
+                    raise
+                self.disconnect()
+                raise _Demoted(str(exc)) from None
+
+    return Demotable
 
 
 def shown_url(url: str) -> str:
@@ -932,11 +954,15 @@ class _RedisTimeout(Exception):  # noqa: N818 - redis's TimeoutError once _with_
     pass
 
 
+class _Demoted(Exception):  # noqa: N818 - a redis ConnectionError once _with_redis ran
+    pass
+
+
 def _with_redis() -> None:
     """What a Redis queue needs of the redis package, imported here rather than with Huey
     (see the top of this module): Huey's storage module given the names its import
     went without, and Redis's unavailable errors among QUEUE_UNAVAILABLE."""
-    global QUEUE_UNAVAILABLE, _RedisTimeout
+    global QUEUE_UNAVAILABLE, _RedisTimeout, _Demoted
     import huey.storage
     from redis import ConnectionPool, Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
@@ -949,6 +975,8 @@ def _with_redis() -> None:
         huey.storage.TimeoutError = RedisTimeout
         huey.storage.RedisStorage.redis_client = Redis
     _RedisTimeout = RedisTimeout
+    if not issubclass(_Demoted, RedisConnectionError):
+        _Demoted = type("ServerDemoted", (RedisConnectionError,), {})
     QUEUE_UNAVAILABLE = (
         sqlite3.OperationalError,
         RedisConnectionError,
