@@ -470,12 +470,12 @@ def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is opt
 
 @functools.cache
 def _demotable(base: type) -> type:
-    """``base``, whose server turned read-only under it (a failover made it a replica) is
-    away from it: the connection is closed, so that the next one is opened afresh (to the
-    new primary where the name now points to it), and the error is an unavailable queue's
-    (sends retry, consumers wait), as redis-py's Sentinel connections take it. A READONLY
-    was a ResponseError: each read of the queue a traceback, each outcome dropped. So is
-    the UNBLOCKED a read blocked at that moment is given ("instance state changed")."""
+    """``base`` taking a server made read-only under it (a failover made it a replica) as
+    gone: the connection is closed, so that the next one is opened afresh (to the new
+    primary, where the name now points), and the error is an unavailable queue's (sends
+    retry, consumers wait), as redis-py's Sentinel connections take it. READONLY was a
+    ResponseError: each read of the queue a traceback, each outcome dropped. So is the
+    UNBLOCKED a read blocked at that moment is given ("instance state changed")."""
     from redis.exceptions import ReadOnlyError, ResponseError
 
     class Demotable(base):
@@ -945,7 +945,7 @@ def huey_for(settings: Settings, queue: str) -> Huey:
 # `maxmemory` reached under `noeviction` refuses every write, BLMOVE and LPUSH alike, until
 # room is made; a SQLite queue file locked past its busy timeout): sends retry on it,
 # consumers wait it out.
-# Redis's two join it in _with_redis, before any Redis connection can raise them; read it
+# Redis's own join it in _with_redis, before any Redis connection can raise them; read it
 # as `queues.QUEUE_UNAVAILABLE` where it is caught, not as a copy taken at import.
 QUEUE_UNAVAILABLE: tuple[type[BaseException], ...] = (sqlite3.OperationalError, ConnectionError)
 
