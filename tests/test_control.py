@@ -1194,6 +1194,58 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
     ws.close()
 
 
+@pytest.mark.parametrize("stepped", [False, True], ids=["suspended", "wall-clock-stepped"])
+def test_the_reaper_back_from_a_suspend_or_a_clock_step_waits_a_lease_for_the_agents(kb, stepped):
+    """The control's machine suspended for an hour with its worker and agents (a laptop's
+    lid, a VM paused), or its wall clock stepped forward by NTP: the reaper's first look
+    back found every heartbeat an hour old and gave up each attempt at once, before a
+    resumed agent could beat, then ran its job again (paid twice) and stopped the agent.
+    A silence is counted from the reaper's return; an agent that does not beat within a
+    lease of it is lost as before."""
+    from datetime import UTC, datetime
+
+    lease = 120.0
+    t0 = datetime.now(UTC)
+    wall, boot = [t0.timestamp()], [1000.0]
+    ws, control, sent = _dispatched(
+        kb,
+        ["alpha", "beta", "gamma"],
+        now=lambda: datetime.fromtimestamp(wall[0], UTC),
+        clocks=lambda: (wall[0], boot[0]),
+    )
+
+    def beat(msg: dict) -> None:
+        control.on_messages(
+            [{"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}], []
+        )
+
+    def after(seconds: float) -> None:
+        wall[0] += seconds
+        boot[0] += 0 if stepped and seconds > lease else seconds
+
+    for msg in sent[:2]:  # gamma's message waits on the queue for a free agent
+        beat(msg)
+    after(30)
+    assert control.reap() == 0
+    after(3600)  # suspended, or the wall clock stepped forward by an hour
+    assert control.reap() == 0
+    (resumed,) = _events(ws, "control.resumed")
+    assert resumed["away_s"] == 3600 and resumed["stepped_s"] == (3600 if stepped else 0)
+    after(lease / 4)
+    beat(sent[0])  # alpha's agent resumed and beats; beta's worker is gone for good
+    assert control.reap() == 0
+    after(lease * 3 / 4 + 1)  # a lease and a second since the return: alpha beat since
+    # gamma's message expired over the suspend (the worker drops it): it runs again a
+    # lease after the return, not a reviewer's timeout more.
+    assert control.reap() == 2
+    rows = ws.store.conn.execute("SELECT job_id, reasons FROM attempts WHERE outcome = 'lost'")
+    assert {r[0]: json.loads(r[1]) for r in rows} == {
+        sent[1]["job_id"]: ["no heartbeat for 120 s"],
+        sent[2]["job_id"]: ["never picked up by a worker"],
+    }
+    ws.close()
+
+
 def test_a_lost_attempt_names_the_worker_and_host_it_was_lost_on(kb):
     """A worker machine killed, or cut off, shows on the control's side first as
     `attempt.lost`: it named the job alone, and which of several machines went silent

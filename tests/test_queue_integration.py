@@ -316,6 +316,68 @@ def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
     assert outcomes == [(1, "lost", ["no heartbeat for 2 s"]), (2, "finalized", [])]
 
 
+def test_a_machine_suspended_with_its_agents_running_accepts_each_outcome_once(kb, tmp_path):
+    """The control's machine suspended with its worker and two agents running (modelled
+    by SIGSTOP of each process, 3 leases, then SIGCONT: the control first, its worst
+    order): the reaper's first look back gave up both attempts, as silent for a lease,
+    before the resumed agents could beat; the jobs ran again (paid twice) and the first
+    agents were stopped or their outcomes discarded. Now the control says it was away
+    and counts the silences from its return: the agents beat, end and are accepted."""
+    from .fault.harness import ContinueGate, StartFifo
+
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {
+        **os.environ,
+        "REVIEWQ_LOG_FORMAT": "json",
+        "FAKE_NOTIFY_FIFO": str(starts.path),
+        "FAKE_CONTINUE_FIFO": str(gate.path),
+    }
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "2"], env=env, stderr=subprocess.DEVNULL
+    )
+    procs, agents = [control, worker], []
+    guard = threading.Timer(120, lambda: [p.kill() for p in procs])
+    guard.start()
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agents = [int(line.split()[0]) for line in starts.await_starts(2)]
+        for _ in agents:
+            _until(control.stderr, "attempt.started")
+        stopped = [control.pid, worker.pid, *agents]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(6)  # the suspend itself: three leases
+        os.kill(control.pid, signal.SIGCONT)
+        assert _until(control.stderr, "control.resumed", "attempt.lost") == "control.resumed"
+        for pid in stopped[1:]:
+            os.kill(pid, signal.SIGCONT)
+        gate.open_gate()
+        for _ in agents:
+            assert _until(control.stderr, "job.finalized", "attempt.lost") == "job.finalized"
+    finally:
+        guard.cancel()
+        for pid in [control.pid, worker.pid, *agents]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        gate.close()
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        starts.close()
+        _await_exit(agents, timeout=30)
+    with db(kb) as conn:
+        outcomes = conn.execute("SELECT attempt, outcome FROM attempts").fetchall()
+        acc = conn.execute(
+            "SELECT count(*), count(DISTINCT note_path || gate_id) FROM acceptance"
+        ).fetchone()
+    assert [tuple(r) for r in outcomes] == [(1, "finalized")] * 2
+    assert tuple(acc) == (2, 2)
+
+
 def test_control_killed_mid_finalize_leaves_nothing_partial(kb, tmp_path):
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
@@ -2125,24 +2187,26 @@ def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path)
                 os.killpg(agent, signal.SIGKILL)
 
 
-def _until(stream, event: str, timeout: float = 60) -> None:
-    """Read a child's JSON log lines on its stderr until one says ``event``, for up to
-    ``timeout`` seconds: a child that neither logs it nor ends failed the test only when
-    the whole run was killed. A byte at a time from the pipe itself, so that nothing
-    after the line is held in a buffer from a later reader (``communicate``, the next
-    ``_until``)."""
+def _until(stream, *events: str, timeout: float = 60) -> str:
+    """Read a child's JSON log lines on its stderr until one says one of ``events`` (the
+    one it says is returned), for up to ``timeout`` seconds: a child that neither logs it
+    nor ends failed the test only when the whole run was killed. A byte at a time from
+    the pipe itself, so that nothing after the line is held in a buffer from a later
+    reader (``communicate``, the next ``_until``)."""
     fd, line = stream.fileno(), b""
     deadline = time.monotonic() + timeout
+    said = " or ".join(events)
     while True:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, f"the process logged no {event} within {timeout} s"
+        assert ready, f"the process logged no {said} within {timeout} s"
         byte = os.read(fd, 1)
         if not byte:
-            raise AssertionError(f"the process ended without logging {event}")
+            raise AssertionError(f"the process ended without logging {said}")
         line += byte
         if byte == b"\n":
-            if f'"{event}"'.encode() in line:
-                return
+            for event in events:
+                if f'"{event}"'.encode() in line:
+                    return event
             line = b""
 
 

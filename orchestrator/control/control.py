@@ -160,6 +160,10 @@ class Control:
         | None = None,
         dispatch_in: Callable[[float], None] | None = None,
         stops: Stops | None = None,
+        clocks: Callable[[], tuple[float, float]] = lambda: (
+            time.time(),
+            time.clock_gettime(time.CLOCK_BOOTTIME),
+        ),
     ) -> None:
         """``on_review_queue``: which of the given (job, attempt) have a message on the
         review queue, or None when the queue cannot be read; without it, an attempt no
@@ -169,7 +173,8 @@ class Control:
         so that a dispatch then runs it (without it, the next outcome or tick does, up to
         ``reaper_seconds`` later). ``stops``: how a worker is asked to stop an agent still
         running for an attempt this process no longer wants; without it, such an agent
-        runs to its end."""
+        runs to its end. ``clocks``: the wall clock and CLOCK_BOOTTIME, read at each reap
+        to find the time this process was away (:meth:`_away`)."""
         self.ws = ws
         self.store = ws.store
         self.store.waits_for_folders = False
@@ -182,6 +187,10 @@ class Control:
         # no beat has asked again for a lease.
         self._stops_asked: dict[tuple[int, int], datetime] = {}
         self.now = now
+        self.clocks = clocks
+        self._looked: tuple[float, float] | None = None  # clocks at the last reap
+        # Since when the reaper has watched without a break: silences are counted from it.
+        self._watching_since: datetime | None = None
         self.hooks = hooks
         self.log = logs.get()
         self._budget_logged: set[int] = set()
@@ -1080,6 +1089,7 @@ class Control:
         """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while
         the control process was down before its outcome was acted on."""
         now = self.now()
+        self._away(now)
         self._note_taken(now)
         rows = self.store.conn.execute(_REAPABLE).fetchall()
         reaped = 0
@@ -1128,6 +1138,38 @@ class Control:
                 )
         self._sweep_stops(now)
         return reaped
+
+    def _away(self, now: datetime) -> None:
+        """Whether this process was away since its last reap, longer than a tick and half
+        a lease: its machine suspended (a laptop's lid, a VM paused: CLOCK_BOOTTIME counts
+        it), the process stopped (SIGSTOP), or its wall clock stepped forward (NTP). The
+        workers on that machine were away as long, and the silence of every attempt then
+        said nothing of its agent: judged at once, each was lost and run again, its agent
+        stopped at its next beat or its outcome discarded. Silences are counted from now,
+        as for a live attempt just heard from."""
+        wall, boot = self.clocks()
+        last, self._looked = self._looked, (wall, boot)
+        if last is None:
+            return
+        away = max(wall - last[0], boot - last[1])
+        queue = self.settings.queue
+        if away > queue.reaper_seconds + queue.lease_seconds / 2:
+            self._watching_since = now
+            self.log.warning(
+                "control.resumed",
+                away_s=round(away, 1),
+                stepped_s=round(wall - last[0] - (boot - last[1]), 1),
+                recovery=f"no attempt is lost before {queue.lease_seconds:g} s from now",
+            )
+
+    def _silent(self, at: str, now: datetime, wait: timedelta) -> bool:
+        """Whether an attempt last heard of (or dispatched) ``at`` has been silent for
+        ``wait``, and for a lease at least since the reaper's return: longer, a message
+        left on the queue over a suspend (expired: the worker drops it) waited a
+        reviewer's timeout more to run again."""
+        lease = timedelta(seconds=self.settings.queue.lease_seconds)
+        back = self._watching_since
+        return parse_timestamp(at) < now - wait and (back is None or back < now - lease)
 
     def _sweep_stops(self, now: datetime) -> None:
         """Take off the queue the stop requests no agent will read: those of attempts that
@@ -1197,13 +1239,13 @@ class Control:
         still end."""
         lease = timedelta(seconds=self.settings.queue.lease_seconds)
         if r["outcome"] == "running" or (r["outcome"] == "dispatched" and r["taken_at"]):
-            if parse_timestamp(r["heartbeat_at"]) < now - lease:
+            if self._silent(r["heartbeat_at"], now, lease):
                 return f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
             return None
         if r["outcome"] == "dispatched":
             profile = self.settings.reviewers.get(r["reviewer"] or "")
             wait = lease + timedelta(seconds=profile.timeout if profile else 0)
-            if parse_timestamp(r["started_at"]) < now - wait:
+            if self._silent(r["started_at"], now, wait):
                 return "never picked up by a worker"
             return None
         return f"ended ({r['outcome']}) but was not acted on"
