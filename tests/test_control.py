@@ -583,11 +583,12 @@ def test_a_cron_sweep_whose_enqueue_failed_is_enqueued_at_the_next_tick(kb, monk
 
 
 def _a_night_missed_and_failed(
-    kb, monkeypatch, back_after: int = 20, meanwhile=lambda ws: None
+    kb, monkeypatch, back_after: int = 20, meanwhile=lambda ws: None, suspended: bool = False
 ) -> tuple[str, str]:
     """A control whose clocks start at 02:59, stopped until 04:00:20 (``back_after``
     seconds past 04:00): `nightly` (03:00) missed, `lens` (04:00) failed for good, its lens
-    renamed meanwhile (and ``meanwhile`` done). Their minutes in UTC."""
+    renamed meanwhile (and ``meanwhile`` done). Their minutes in UTC. ``suspended``: the
+    control ran all along, its machine suspended meanwhile (CLOCK_BOOTTIME counts it)."""
     from datetime import UTC, datetime, timedelta
 
     from workers import tasks
@@ -602,6 +603,8 @@ def _a_night_missed_and_failed(
     ws = Workspace.open(kb.root)
     clock = [datetime(2026, 1, 2, 2, 59).astimezone()]
     control = Control(ws, send_review=lambda m: None, now=lambda: clock[0], hooks=FollowUp(ws))
+    if suspended:
+        control.clocks = lambda: (clock[0].timestamp(), clock[0].timestamp() - 1e9)
     monkeypatch.setattr(tasks, "_control", control)
     tasks.tick()  # the clocks start; then the control stops for the night
     gate = "kb/instructions/review-gates/prose/clarity.md"
@@ -637,6 +640,20 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     assert run_cli("enqueue", "--name", "nightly").exit_code == 0  # run now, as it says
     out = run_cli("status").stdout
     assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
+
+
+def test_a_cron_sweep_missed_while_the_control_was_suspended_says_so(kb, monkeypatch, run_cli):
+    """A control that ran all night on a machine suspended from 02:59 to 04:00 (a laptop's
+    lid) said its 03:00 sweep was missed as "no control process looked at its clock then,
+    or the entry was left out of the settings": the operator looked for a crash, or a bad
+    entry, in the log of a control that had never stopped."""
+    three, _ = _a_night_missed_and_failed(kb, monkeypatch, suspended=True)
+    out = run_cli("status").stdout
+    assert (
+        f"sweep 'nightly': its run of {three} was missed: the control process was away "
+        "then (its machine suspended or paused, the process stopped, or its clock stepped "
+        "forward); it runs at its next time, or now with reviewq enqueue --name nightly\n"
+    ) in out, out
 
 
 def test_a_cron_sweep_run_by_hand_after_its_missed_time_is_not_said_missed(

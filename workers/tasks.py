@@ -852,7 +852,7 @@ def tick() -> None:
     if _applied_waiting():
         control.reap()
     control.write_due_files()
-    enqueue_due_sweeps(control.ws, control.now())
+    enqueue_due_sweeps(control.ws, control.now(), away=control.away)
     control.dispatch()
     _publish(control)
 

@@ -188,9 +188,13 @@ class Control:
         self._stops_asked: dict[tuple[int, int], datetime] = {}
         self.now = now
         self.clocks = clocks
-        self._looked: tuple[float, float] | None = None  # clocks at the last reap
+        # The clocks at the last reap, and its time.
+        self._looked: tuple[float, float, datetime] | None = None
         # Since when the reaper has watched without a break: silences are counted from it.
         self._watching_since: datetime | None = None
+        # The last time this process was away (:meth:`_away`): from its last look before,
+        # to its return. A cron sweep whose minute fell in it says so when it is missed.
+        self.away: tuple[datetime, datetime] | None = None
         self.hooks = hooks
         self.log = logs.get()
         self._budget_logged: set[int] = set()
@@ -1148,13 +1152,14 @@ class Control:
         stopped at its next beat or its outcome discarded. Silences are counted from now,
         as for a live attempt just heard from."""
         wall, boot = self.clocks()
-        last, self._looked = self._looked, (wall, boot)
+        last, self._looked = self._looked, (wall, boot, now)
         if last is None:
             return
         away = max(wall - last[0], boot - last[1])
         queue = self.settings.queue
         if away > queue.reaper_seconds + queue.lease_seconds / 2:
             self._watching_since = now
+            self.away = (last[2], now)
             self.log.warning(
                 "control.resumed",
                 away_s=round(away, 1),

@@ -419,7 +419,10 @@ _retrying: dict[tuple[str, str], datetime] = {}
 
 
 def due_sweeps(
-    ws: Workspace, now: datetime, failures: list[Exception] | None = None
+    ws: Workspace,
+    now: datetime,
+    failures: list[Exception] | None = None,
+    away: tuple[datetime, datetime] | None = None,
 ) -> list[SweepConfig]:
     """Sweeps whose cron matched a minute since the last check, at most :data:`LATE`
     (or two ticks) ago. A due sweep's clock moves in its enqueue's transaction
@@ -432,7 +435,9 @@ def due_sweeps(
     in UTC, so an hour the autumn change repeats does not fire a sweep twice. A clock that
     cannot be moved now (state.db locked, a full disk) is moved at a later check: the
     failure goes to ``failures``, so that the sweeps due are still tried, or is raised
-    once every sweep was looked at."""
+    once every sweep was looked at. ``away``: when the running control process was last
+    away (its machine suspended, the process stopped, its clock stepped forward), from
+    its last look to its return; a minute missed in it is said so."""
     own: list[Exception] = [] if failures is None else failures
     due = []
     store = ws.store
@@ -479,6 +484,13 @@ def due_sweeps(
                 "no control process looked at its clock then, or the entry was left out of "
                 "the settings or had no cron"
             )
+            if away is not None and away[0] <= fired <= away[1]:
+                # "No control process" sent the operator looking for a crash in the log
+                # of a control that had run all along.
+                why = (
+                    "the control process was away then (its machine suspended or paused, "
+                    "the process stopped, or its clock stepped forward)"
+                )
             at = fired.astimezone(UTC).isoformat().replace("+00:00", "Z")
             logs.get().warning(
                 "sweep.missed",
@@ -585,14 +597,17 @@ def _not_run_words(n: dict) -> str:
     )
 
 
-def enqueue_due_sweeps(ws: Workspace, now: datetime) -> None:
+def enqueue_due_sweeps(
+    ws: Workspace, now: datetime, away: tuple[datetime, datetime] | None = None
+) -> None:
     """Enqueue the cron sweeps due now (the control process's tick). A failure that can
     pass (state.db locked, a full disk) leaves its sweep due, so the tick that is run
     again enqueues it, and is raised once every other due sweep was tried (one sweep's
     failure kept the others of its minute from running), as is one met moving a sweep's
-    clock; any other is logged, and the sweep waits for its next matching minute."""
+    clock; any other is logged, and the sweep waits for its next matching minute.
+    ``away``: as :func:`due_sweeps` takes it."""
     passing: list[Exception] = []
-    for sweep in due_sweeps(ws, now, passing):
+    for sweep in due_sweeps(ws, now, passing, away):
         retrying = (str(ws.state_dir), sweep.name)
         # The cron minute this run is for: a tick comes up to reaper_seconds after it, and
         # a retried one (N5) later still; said as the tick's time, it named no cron time.
