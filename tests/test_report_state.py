@@ -105,6 +105,26 @@ def test_the_suggested_command_follows_the_escalations_call(st):
     assert by_note["kb/notes/b.md"] == "redo"  # approve recorded a PASS for g2 nobody made
 
 
+# The last report was made while this machine's clock ran ahead (a boot before NTP); the
+#    clock went back since. "Since the last report" began at its end, after now: an empty
+#    window, and what was done between now and that end was in no report.
+def test_a_report_after_the_clock_went_back_leaves_nothing_out(st):
+    store, sd = st
+    store.conn.execute(
+        "INSERT INTO report_runs (since, until, made_at) VALUES (?, ?, ?), (?, ?, ?)",
+        (T.format("06:00"), T.format("08:00"), T.format("08:00"))
+        + (T.format("08:00"), T.format("11:30"), T.format("11:30")),  # the clock ran ahead
+    )
+    job(store, 1, created=T.format("10:00"), finished=T.format("10:30"))  # after the step
+    attempt(store, 1, 1, started=T.format("10:01"), ended=T.format("10:30"), cost=1.0)
+    d = report(store, sd, T.format("11:00"))
+    assert d["reviewed"]["cost_usd"] == 1.0, d["period"]
+    assert d["period"]["since"] == T.format("08:00")
+    assert "clock went back" in d["period"]["label"]
+    # Remembered: the next report starts at this one's end, as ever.
+    assert report(store, sd, T.format("12:00"))["period"]["since"] == T.format("11:00")
+
+
 # A narrower report (--since 2h, --run, --sweep) is remembered as "the last report", so
 #    the next default report starts at its end: what happened before it is in no report.
 @pytest.mark.parametrize("narrow", [{"since": "2h"}, {"run": 2}])

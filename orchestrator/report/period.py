@@ -125,8 +125,22 @@ def resolve(
                 raise ReportError(f"--sweep {sweep!r}: no run of this sweep is recorded")
         return Period(row["started_at"], until, f"sweep {row['name']} (run {row['id']})", row["id"])
     last = store.conn.execute("SELECT until FROM report_runs ORDER BY id DESC LIMIT 1").fetchone()
-    if last is not None:
+    if last is not None and last[0] <= until:
         return Period(last[0], until, f"since the last report ({last[0][:16]}Z)")
+    if last is not None:
+        # The last report ended after now: this machine's clock went back since (it ran
+        # ahead then: a boot before NTP, a date set by hand). From that end the window
+        # was empty, and what was stamped between now and that end was in no report.
+        # From the last end not after now: some of it may be shown twice, none lost.
+        before = store.conn.execute(
+            "SELECT MAX(until) FROM report_runs WHERE until <= ?", (until,)
+        ).fetchone()[0] or timestamp(end - DEFAULT_WINDOW)
+        return Period(
+            before,
+            until,
+            f"since {before[:16]}Z (the last report ended at {last[0][:16]}Z, after now: "
+            "this machine's clock went back since)",
+        )
     return Period(timestamp(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
 
 
