@@ -99,6 +99,10 @@ OVERRUN_S = 10.0
 # milliseconds, and the next tick was a minute away.
 HELD_RETRY_S = 0.2
 
+# A clock that counts a suspend and no step of the wall clock (Linux); elsewhere
+# CLOCK_MONOTONIC, beside the wall clock, which counts a suspend in any case.
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
     "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, a.taken_at, "
@@ -162,7 +166,7 @@ class Control:
         stops: Stops | None = None,
         clocks: Callable[[], tuple[float, float]] = lambda: (
             time.time(),
-            time.clock_gettime(time.CLOCK_BOOTTIME),
+            time.clock_gettime(_BOOTTIME),
         ),
     ) -> None:
         """``on_review_queue``: which of the given (job, attempt) have a message on the
