@@ -812,6 +812,33 @@ def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
     assert [(s["reviewer"], s["queued"]) for s in needs["stalled"]] == [("fake", 1)]
 
 
+def test_jobs_that_do_not_move_are_said_whatever_a_workers_clock_says(kb, run_cli):
+    """A worker whose clock runs an hour ahead of the control's: the last attempt it ran
+    launched and ended, by its own stamps, an hour from now, and the report took those for
+    the reviewer's last move: 'needs you: nothing' over jobs that had not moved for 20
+    minutes, for as long as that clock was ahead. Moves are read on the control's clock
+    (its heartbeat, the outcome's recording), as `status` reads them."""
+    _queued_for_fake(kb, "a", "b")
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        conn.execute("UPDATE review_jobs SET created_at = ?", (_minutes_ago(30),))
+        job_id = conn.execute("SELECT min(id) FROM review_jobs").fetchone()[0]
+        conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, worker, started_at, launched_at, "
+            "heartbeat_at, ended_at, recorded_at, reasons) "
+            "VALUES (?, 1, 'launch-failure', 'far:1', ?, ?, ?, ?, ?, '[\"no agent\"]')",
+            (
+                job_id,
+                _minutes_ago(22),
+                _minutes_ago(-40),  # the worker's clock: an hour ahead
+                _minutes_ago(21),
+                _minutes_ago(-40),
+                _minutes_ago(20),
+            ),
+        )
+    needs = json.loads(run_cli("report", "--since", "10m", "--json").stdout)["needs_you"]
+    assert [(s["reviewer"], s["queued"]) for s in needs["stalled"]] == [("fake", 2)]
+
+
 def test_jobs_that_do_not_move_after_an_outage_name_it(kb, run_cli):
     """A reviewer whose endpoint was out of reach paused, its pause ran out with no control
     process left to try again, and the morning report asked only "is the control process

@@ -276,8 +276,11 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
     ):
         if r["reviewer"] in paused:
             continue
+        # On the control's clock (a launch's heartbeat, an outcome's recording), as status
+        # reads a worker: launched_at and ended_at are a worker's own, and one whose clock
+        # ran an hour ahead hid a stall for that hour.
         moved = store.conn.execute(
-            "SELECT MAX(MAX(a.launched_at, COALESCE(a.heartbeat_at, ''), COALESCE(a.ended_at, ''))) "
+            "SELECT MAX(MAX(COALESCE(a.heartbeat_at, ''), COALESCE(a.recorded_at, ''))) "
             "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
             "WHERE j.reviewer = ? AND a.launched_at IS NOT NULL",
             (r["reviewer"],),
