@@ -1148,8 +1148,8 @@ class Control:
         return reaped
 
     def _away(self, now: datetime) -> None:
-        """Whether this process was away since its last reap, longer than a tick and half
-        a lease: its machine suspended (a laptop's lid, a VM paused: CLOCK_BOOTTIME counts
+        """Look for an absence of this process since its last reap longer than a tick and
+        half a lease: its machine suspended (a laptop's lid, a VM paused: CLOCK_BOOTTIME counts
         it), the process stopped (SIGSTOP), or its wall clock stepped forward (NTP). The
         workers on that machine were away as long, and the silence of every attempt then
         said nothing of its agent: judged at once, each was lost and run again, its agent
@@ -1173,9 +1173,9 @@ class Control:
 
     def _silent(self, at: str, now: datetime, wait: timedelta) -> bool:
         """Whether an attempt last heard of (or dispatched) ``at`` has been silent for
-        ``wait``, and for a lease at least since the reaper's return: longer, a message
-        left on the queue over a suspend (expired: the worker drops it) waited a
-        reviewer's timeout more to run again."""
+        ``wait``, and for a lease since the reaper's return. A lease only, whatever
+        ``wait``: a message left on the queue over a suspend has expired (the worker drops
+        it), and waiting a reviewer's timeout more only delayed its job."""
         lease = timedelta(seconds=self.settings.queue.lease_seconds)
         back = self._watching_since
         return parse_timestamp(at) < now - wait and (back is None or back < now - lease)
