@@ -202,7 +202,10 @@ class Cluster:
         self.state = root / ".reviewq"
         self.logs = root / "proc-logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = clean_env(**(env or {}))
+        # A campaign ends its last workers as a crash does, with agents' TMPDIRs nobody
+        # reaps: they go with the root, not into the host's /tmp.
+        (root / "tmp").mkdir(exist_ok=True)
+        self.env = clean_env(TMPDIR=str(root / "tmp"), **(env or {}))
         self.n_workers = workers
         self.threads = threads
         self.procs: dict[str, Proc] = {}
