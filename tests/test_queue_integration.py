@@ -2775,6 +2775,58 @@ def test_a_job_whose_folder_an_enqueue_is_writing_is_dispatched_once_it_is_writt
     assert late == [], late  # written once, by the enqueue
 
 
+def test_a_job_folder_a_stopped_command_holds_past_a_tick_is_warned_of(kb):
+    """K57 made a folder another process holds routine (info, once): a command stopped
+    by Ctrl-Z while writing a job's folder kept the job queued all night, and no warning
+    or error said so. Held past a tick, it is warned of once, naming the holder; the
+    holder killed, the lock goes with it and the next tick writes the folder."""
+    from datetime import UTC, timedelta
+
+    from orchestrator import logs
+    from orchestrator.control.control import Control
+    from orchestrator.state.files import mark_job_files_due
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="fake", selectors=("frontmatter",))).jobs
+    folder = (
+        ws.state_dir
+        / ws.store.conn.execute(
+            "SELECT job_dir FROM review_jobs WHERE id = ?", (job.review_job_id,)
+        ).fetchone()[0]
+    )
+    holder = subprocess.Popen(  # takes the folder's lock, then stops as Ctrl-Z stops it
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, signal, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nos.kill(os.getpid(), signal.SIGSTOP)",
+            str(folder),
+        ],
+    )
+    clock = [datetime(2026, 1, 1, 2, 0, tzinfo=UTC)]
+    control = Control(ws, send_review=lambda msg: None, now=lambda: clock[0])
+    try:
+        assert os.waitpid(holder.pid, os.WUNTRACED)[1] != 0  # stopped, holding it
+        mark_job_files_due(ws.store, [job.review_job_id])  # its writer's, stopped
+        for _ in range(3):  # the night's ticks
+            assert control.write_due_files() == 0
+            clock[0] += timedelta(seconds=ws.settings.queue.reaper_seconds)
+        said = [e for e in log_lines(kb) if e["event"] == "job.folder_held"]
+        assert len(said) == 1 and said[0]["level"] == "warning", said
+        assert said[0]["job_id"] == job.review_job_id and said[0]["holder_pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert control.write_due_files() == 1  # its lock went with it
+    ws.close()
+
+
 def test_a_sweep_that_started_no_worker_does_not_call_a_busy_one_missing(kb):
     """A service worker whose slots hold agents launched before the sweep began (reviews
     take minutes) was taken for none: only launches since the sweep's start counted."""

@@ -60,7 +60,9 @@ from orchestrator.review.jobs import display_path, prompt_renderer, split_job
 from orchestrator.state.files import (
     DISK_FULL,
     NOT_TRIED,
+    flock_holder,
     held,
+    held_job_folders,
     manifest_written,
     mark_job_files_due,
     unwritten_job_folder,
@@ -206,6 +208,10 @@ class Control:
         self._folder_failures: dict[int, tuple[str, bool]] = {}
         # Jobs whose folder another process held at the last look: the wait asked then.
         self._held: dict[int, float] = {}
+        # Due jobs whose folder was held at the tick's write (when first seen so), and
+        # those of them warned of.
+        self._held_since: dict[int, datetime] = {}
+        self._held_said: set[int] = set()
         # Reviewers whose launch_failures count is 0 in state.db (committed), so that every
         # outcome does not write it again. A run-job counts failures too, from its own
         # process: forgotten whenever another connection has committed since (its
@@ -1087,11 +1093,43 @@ class Control:
         """What a crash or a full disk kept from being written after its transaction
         committed (applied fixes, job folders, escalation reports), written now if it can
         be; the number written."""
-        return (
+        written = (
             write_due_fixes(self.ws.kb, self.store, git_commit=self.settings.fix.git_commit)
             + write_due_job_files(self.store, self.ws.state_dir, prompt=self._prompt)
             + write_due_reports(self.store, self.ws.state_dir)
         )
+        self._say_long_held()
+        return written
+
+    def _say_long_held(self) -> None:
+        """Warn, once, of a job folder another process has held since the last tick or
+        longer: a writer is done in milliseconds, so its holder is stopped (Ctrl-Z, a
+        SIGSTOP) or hung, and the job waits for it. A held folder is routine and said at
+        info only (K57): without this, a job stuck behind a suspended command all night
+        showed no warning or error anywhere."""
+        now = self.now()
+        since = {}
+        for job_id, job_dir in held_job_folders(self.store):
+            since[job_id] = first = self._held_since.get(job_id, now)
+            if job_id in self._held_said or (now - first).total_seconds() < (
+                self.settings.queue.reaper_seconds
+            ):
+                continue
+            folder = self.ws.state_dir / job_dir
+            holder = flock_holder(folder)
+            self.log.warning(
+                "job.folder_held",
+                job_id=job_id,
+                folder=str(folder),
+                holder_pid=holder,
+                held_since=timestamp(first),
+                recovery=f"the process holding it{f' (pid {holder})' if holder else ''} is "
+                "stopped or hung: resume it (fg, kill -CONT) or end it; the next tick or "
+                "dispatch writes the folder",
+            )
+            self._held_said.add(job_id)
+        self._held_since = since
+        self._held_said &= set(since)
 
     def reap(self) -> int:
         """Re-queue jobs whose attempt lost its lease, was never picked up, or ended while

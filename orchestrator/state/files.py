@@ -341,6 +341,16 @@ def held(error: str | None) -> bool:
     return bool(error) and HELD in error
 
 
+def held_job_folders(store: Store) -> list[tuple[int, str]]:
+    """The due jobs (id, job_dir) whose last try found their folder held by another
+    process."""
+    return store.conn.execute(
+        "SELECT d.job_id, j.job_dir FROM job_files_due d JOIN review_jobs j ON j.id = d.job_id "
+        "WHERE instr(d.error, ?) ORDER BY d.job_id",
+        (HELD,),
+    ).fetchall()
+
+
 class FolderHeld(BlockingIOError):
     """A folder lock another process held when this one would not wait for it."""
 
