@@ -1480,11 +1480,18 @@ def test_doctor_names_a_failed_write_beside_files_not_tried_yet(run_cli, kb):
             "the control process tries again at each tick; mend the cause (reviewq rewrite-files writes them at once)",
         ),
         ("not written yet", "the control process writes them at its next tick"),
+        (
+            "[Errno 11] another reviewq process is writing this folder: '/srv/kb/.reviewq/jobs/review-job-1'",
+            "the control process writes them once that process lets go of the folder; one stopped (Ctrl-Z) or hung holds it for good: resume or end it (the log's job.folder_held names its pid)",
+        ),
     ],
 )  # fmt: skip
 def test_doctor_says_how_unwritten_job_files_get_written_by_their_error(run_cli, kb, error, then):
     """doctor said job files kept back by any error are written "at its next tick with
-    room": of a folder the service user may not write (EACCES), room is not the matter."""
+    room": of a folder the service user may not write (EACCES), room is not the matter.
+    Of a folder another process holds (K57), it said to run rewrite-files, which waits
+    for that lock with no word for as long as the holder (a command stopped by Ctrl-Z)
+    keeps it."""
     from orchestrator.state.store import Store
 
     kb.gate("prose/body-check", ["body"])

@@ -45,7 +45,7 @@ from orchestrator.cli.common import (
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS
-from orchestrator.state.files import NOT_TRIED, disk_full
+from orchestrator.state.files import NOT_TRIED, disk_full, held
 from orchestrator.state.status import (
     STATUSES,
     UNWRITTEN_SHOWN,
@@ -1019,6 +1019,13 @@ def _written_when(error: str | None, rewrite: str | None) -> str:
         return "the control process writes them at its next tick"
     if disk_full(error):
         return "the control process writes them at its next tick with room"
+    if held(error):
+        # Not rewrite-files: it waits for that lock, silently, as long as it is held.
+        return (
+            "the control process writes them once that process lets go of the folder; one "
+            "stopped (Ctrl-Z) or hung holds it for good: resume or end it (the log's "
+            "job.folder_held names its pid)"
+        )
     return "the control process tries again at each tick; mend the cause" + (
         f" ({rewrite})" if rewrite else ""
     )
