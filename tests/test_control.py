@@ -1263,6 +1263,37 @@ def test_the_reaper_back_from_a_suspend_or_a_clock_step_waits_a_lease_for_the_ag
     ws.close()
 
 
+def test_a_control_slow_at_every_tick_still_gives_up_a_dead_workers_attempt(kb):
+    """A control starved at every tick (a heavy machine, state.db locked for minutes):
+    each look came more than a tick and half a lease after the last, each was taken for a
+    return from a suspend and put the reaper's verdicts off a lease from it, so an attempt
+    whose worker had died was never given up and its job never ran again. A live agent's
+    beats wait on the queue over a slow tick and are applied before the reaper judges
+    (K16): a grace ends with a look before another is given."""
+    from datetime import UTC, datetime
+
+    lease, tick = 120.0, 60.0
+    wall, boot = [datetime.now(UTC).timestamp()], [1000.0]
+    ws, control, sent = _dispatched(
+        kb,
+        ["alpha"],
+        now=lambda: datetime.fromtimestamp(wall[0], UTC),
+        clocks=lambda: (wall[0], boot[0]),
+    )
+    control.on_messages(
+        [{"v": 3, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}], []
+    )
+    assert control.reap() == 0  # the worker dies after its first beat
+    reaped = 0
+    for _ in range(4):
+        wall[0] += tick + lease / 2 + 10
+        boot[0] += tick + lease / 2 + 10
+        reaped += control.reap()
+    assert reaped == 1
+    assert len(_events(ws, "control.resumed")) >= 1
+    ws.close()
+
+
 def test_a_lost_attempt_names_the_worker_and_host_it_was_lost_on(kb):
     """A worker machine killed, or cut off, shows on the control's side first as
     `attempt.lost`: it named the job alone, and which of several machines went silent

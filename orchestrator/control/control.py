@@ -1200,13 +1200,23 @@ class Control:
         away = max(wall - last[0], boot - last[1])
         queue = self.settings.queue
         if away > queue.reaper_seconds + queue.lease_seconds / 2:
-            self._watching_since = now
             self.away = (last[2], now)
+            # A grace ends with a look before another is given: a control slow at every
+            # tick (starved, state.db locked) was "back" at each and put off every verdict
+            # for ever, a dead worker's attempt never given up. Over a slow tick the live
+            # agents' beats wait on the queue and are applied first (K16).
+            since = self._watching_since
+            lease = timedelta(seconds=queue.lease_seconds)
+            graced = since is None or last[2] >= since + lease
+            if graced:
+                self._watching_since = now
             self.log.warning(
                 "control.resumed",
                 away_s=round(away, 1),
                 stepped_s=round(wall - last[0] - (boot - last[1]), 1),
-                recovery=f"no attempt is lost before {queue.lease_seconds:g} s from now",
+                recovery=f"no attempt is lost before {queue.lease_seconds:g} s from now"
+                if graced
+                else "silent attempts are judged now: the last grace ended unseen",
             )
 
     def _silent(self, at: str, now: datetime, wait: timedelta) -> bool:
