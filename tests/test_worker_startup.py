@@ -1068,3 +1068,32 @@ def test_two_controls_on_one_redis_database_are_each_told(kb, tmp_path, redis_ur
         assert f"state folder {theirs.state}" in line["reason"], line
         assert "its own database" in line["reason"], line
     assert doctor.returncode == 1 and "another control process feeds" in doctor.stdout
+
+
+def test_a_control_restarted_under_another_host_name_is_not_told_of_itself(kb, redis_url):
+    """A control replaced on the same state folder by one on another host name (a
+    rollout: a new container or pod is a new host name) found the old one's mark, fresh,
+    at its first tick, and logged `queue.shared` about its own install, an error, at each
+    rollout. The old control never writes again: only a mark written over one's own is
+    another control's."""
+    import redis
+
+    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+        secs, micros = client.time()
+        old = {"host": "old-pod", "state": str(kb.state), "at": "2026-11-27T00:00:00Z"}
+        old |= {"reviewers": {}, "queue_at": secs + micros / 1e6, "every": 0.5}
+        client.set("reviewq.control", json.dumps(old))
+        control = _start_control(kb, redis_url)
+        try:
+            deadline = time.monotonic() + 30
+            marks = set()
+            while len(marks) < 3:  # its own mark, written at three ticks
+                assert time.monotonic() < deadline and control.poll() is None, marks
+                mark = json.loads(client.get("reviewq.control"))
+                if mark["host"] != "old-pod":
+                    marks.add(mark["queue_at"])
+                time.sleep(0.1)
+        finally:
+            _stop(control)
+    log = (kb.state / "logs" / "reviewq.jsonl").read_text()
+    assert "control.started" in log and "queue.shared" not in log, log

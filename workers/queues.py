@@ -708,13 +708,15 @@ def mark_fed(
     state_dir: Path,
     reviewers: dict[str, str] | None = None,
     every: float | None = None,
-) -> None:
+) -> float | None:
     """Say on a Redis queue that a control process feeds it: where, when, and its reviewer
     profiles with their partitions, which every worker must have (a no-op on SQLite).
     ``every``: how often it says so (its tick), so that a worker can tell when it stopped;
-    the time is also given by the queue's clock, which the worker reads alike."""
+    the time is also given by the queue's clock, which the worker reads alike, and
+    returned (None on SQLite)."""
     storage = huey.storage
     if isinstance(storage, RedisStorage):
+        now = queue_clock(huey)
         storage.conn.set(
             FED_KEY,
             json.dumps(
@@ -723,11 +725,13 @@ def mark_fed(
                     "state": str(state_dir),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "reviewers": reviewers or {},
-                    "queue_at": queue_clock(huey),
+                    "queue_at": now,
                     "every": every,
                 }
             ),
         )
+        return now
+    return None
 
 
 def fed_late(fed: dict, now: float) -> float | None:
@@ -798,14 +802,18 @@ def fed_by(huey: Huey) -> dict | None:
     return said if isinstance(said, dict) and said else {"host": "?"}
 
 
-def other_feeder(huey: Huey, state_dir: Path) -> dict | None:
+def other_feeder(huey: Huey, state_dir: Path, since: float | None = None) -> dict | None:
     """What another control process, of another state folder or host, wrote on this Redis
     queue's key within five of its ticks (:func:`fed_late`): two installs on one database,
     whose workers take each other's review messages and whose controls take each other's
     outcomes (job ids are small numbers in both). None when the key is this control's,
-    late, absent, or of a release that wrote no time."""
+    late, absent, of a release that wrote no time, or written before ``since`` (by the
+    queue's clock: a control's own last mark, which a control that stopped never
+    overwrites, as the one it replaced on another host, a container's new name, did)."""
     fed = fed_by(huey)
     if not fed or not isinstance(fed.get("queue_at"), int | float):
+        return None
+    if since is not None and fed["queue_at"] <= since:
         return None
     if (fed.get("host"), fed.get("state")) == (socket.gethostname(), str(state_dir)):
         return None

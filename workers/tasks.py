@@ -859,21 +859,27 @@ def tick() -> None:
 
 _unmarked = [False]  # said once: the key could not be written
 _shared: set[tuple[object, object]] = set()  # the other controls said to feed this queue
+_marked_at: list[float | None] = [None]  # the queue's clock at this control's last mark
 
 
 def _publish(control: Control) -> None:
     """Write, on a Redis queue, that this control feeds it and its profiles' partitions
     (for doctor --worker, and for a worker's start)."""
     settings = control.settings
-    try:
-        other = other_feeder(the_app().control, control.ws.state_dir)
-    except Exception:  # noqa: BLE001 - unread: the mark below meets the same, and says it
-        other = None
+    other = None
+    # Only a mark written over this control's own tells of another that runs: before its
+    # first, the key may be that of the control it replaced (a rollout: a new container,
+    # so a new host name, on the same state folder), fresh and never written again.
+    if _marked_at[0] is not None:
+        try:
+            other = other_feeder(the_app().control, control.ws.state_dir, since=_marked_at[0])
+        except Exception:  # noqa: BLE001 - unread: the mark below meets the same, and says it
+            other = None
     if other is not None and (seen := (other.get("host"), other.get("state"))) not in _shared:
         _shared.add(seen)  # said once for each: both controls keep writing the key
         logs.get().error("queue.shared", reason=shared_problem(settings, other))
     try:
-        mark_fed(
+        _marked_at[0] = mark_fed(
             the_app().control,
             control.ws.state_dir,
             {name: p.partition for name, p in settings.reviewers.items()},
