@@ -1713,6 +1713,40 @@ def test_a_redis_that_evicts_any_key_is_named_by_doctor_and_the_control(kb, tmp_
         assert said == [] and evicting == [], (doctor.stdout, evicting)
 
 
+def test_a_transaction_a_failover_aborted_is_an_outage_waited_out(tmp_path):
+    """A primary made a replica between a transaction's commands and its EXEC (the
+    control's release of the message it ran: LREM and HDEL, a batch's LREMs; a message
+    larger than the server reads at once leaves that gap) answers EXECABORT "because of:
+    READONLY", a plain ResponseError: the release raised it, its retry did not wait, and
+    Huey logged a traceback (the 1-in-16 `error huey` of
+    test_a_redis_that_refuses_writes_mid_sweep_is_waited_out[demoted])."""
+    import redis
+
+    from workers import queues
+
+    with redis_server(tmp_path) as url:
+        storage = queues.RedisQueueStorage(
+            "reviewq-control", holds=True, connection_pool=queues.redis_pool(url)
+        )
+        pool = storage.conn.connection_pool
+        conn = pool.get_connection()
+        with contextlib.closing(redis.Redis.from_url(url)) as admin:
+            for command in (("MULTI",), ("LREM", storage.held_key, 1, "m"), ("HDEL", "h", "m")):
+                conn.send_command(*command)
+                conn.read_response()
+            admin.replicaof("127.0.0.1", "1")
+            conn.send_command("EXEC")
+            try:
+                with pytest.raises(queues.QUEUE_UNAVAILABLE, match="READONLY"):
+                    conn.read_response()
+            finally:
+                admin.replicaof("NO", "ONE")
+            pool.release(conn)
+            # Closed: the next command opens a connection afresh, to the primary.
+            assert storage.conn.lpush(storage.queue_key, b"m") == 1
+        pool.disconnect()
+
+
 def test_a_control_started_before_redis_waits_for_it(kb):
     """The check of the Redis server's commands met a refused connection at start-up and
     exited ("internal error: ConnectionError"): a control started before Redis at boot

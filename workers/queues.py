@@ -475,15 +475,23 @@ def _demotable(base: type) -> type:
     primary, where the name now points), and the error is an unavailable queue's (sends
     retry, consumers wait), as redis-py's Sentinel connections take it. READONLY was a
     ResponseError: each read of the queue a traceback, each outcome dropped. So is the
-    UNBLOCKED a read blocked at that moment is given ("instance state changed")."""
-    from redis.exceptions import ReadOnlyError, ResponseError
+    UNBLOCKED a read blocked at that moment is given ("instance state changed"), and the
+    EXECABORT of a transaction whose commands came before it and whose EXEC after ("because
+    of: READONLY"; a message larger than the server reads at once leaves that gap): the
+    release of a control message raised it, unretried, a traceback from Huey."""
+    from redis.exceptions import ExecAbortError, ReadOnlyError, ResponseError
 
     class Demotable(base):
         def read_response(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - redis-py's
             try:
                 return super().read_response(*args, **kwargs)
             except ResponseError as exc:
-                if not isinstance(exc, ReadOnlyError) and not str(exc).startswith("UNBLOCKED"):
+                said = str(exc)
+                if not (
+                    isinstance(exc, ReadOnlyError)
+                    or said.startswith("UNBLOCKED")
+                    or (isinstance(exc, ExecAbortError) and "READONLY" in said)
+                ):
                     raise
                 self.disconnect()
                 raise _Demoted(str(exc)) from None
