@@ -435,6 +435,30 @@ def test_a_job_finalized_by_hand_frees_its_reviewer_s_dispatch_slot(kb):
     ws.close()
 
 
+# A profile whose two runs to the timeout fit in a message's expiry (lease / 2 + timeout),
+# so that quick agents may keep three open attempts a slot (Control._open_at_most).
+QUICK_ENOUGH = '[reviewers.offline]\nkind = "offline"\ntimeout = "20s"\nconcurrency = 4\n'
+
+
+def _slots_filled(kb, config: str | None = None) -> tuple[Workspace, Control, list[dict], int]:
+    """An offline reviewer with 6 x concurrency jobs queued (``config``: its reviewq.toml)
+    and a control that has dispatched PREFETCH x concurrency of them: its slots are full."""
+    from orchestrator.control.control import PREFETCH
+
+    kb.gate("prose/clarity", ["body"])
+    if config is not None:
+        kb.write("reviewq.toml", config)
+    ws = Workspace.open(kb.root)
+    concurrency = ws.settings.reviewers["offline"].concurrency
+    for i in range(6 * concurrency):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    assert control.dispatch() == PREFETCH * concurrency
+    return ws, control, sent, concurrency
+
+
 def test_a_reviewer_whose_agents_are_quick_keeps_three_attempts_open_a_slot(kb):
     """With two open attempts a worker slot, agents that end within the control's own
     round (its gather, its transaction) found the review queue empty: the outcomes
@@ -445,18 +469,7 @@ def test_a_reviewer_whose_agents_are_quick_keeps_three_attempts_open_a_slot(kb):
     it fit in a message's expiry (lease / 2 + timeout)."""
     from orchestrator.control.control import PREFETCH
 
-    kb.gate("prose/clarity", ["body"])
-    kb.write(
-        "reviewq.toml", '[reviewers.offline]\nkind = "offline"\ntimeout = "20s"\nconcurrency = 4\n'
-    )
-    ws = Workspace.open(kb.root)
-    concurrency = ws.settings.reviewers["offline"].concurrency
-    for i in range(6 * concurrency):
-        kb.note(f"n{i}")
-    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    assert control.dispatch() == PREFETCH * concurrency
+    ws, control, sent, concurrency = _slots_filled(kb, QUICK_ENOUGH)
     # One quick outcome: its slot is refilled, and the reviewer may keep three a slot.
     control.on_messages([], [_outcome(ws, sent[0], duration_s=0.004)], dispatch=True)
     assert len(sent) == PREFETCH * concurrency + 1 + concurrency
@@ -476,15 +489,7 @@ def test_a_quick_reviewer_whose_runs_could_outlast_the_expiry_keeps_two_a_slot(k
     against a 120-s lease) keeps two a slot however quick its agents."""
     from orchestrator.control.control import PREFETCH
 
-    kb.gate("prose/clarity", ["body"])
-    ws = Workspace.open(kb.root)
-    concurrency = ws.settings.reviewers["offline"].concurrency
-    for i in range(6 * concurrency):
-        kb.note(f"n{i}")
-    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    assert control.dispatch() == PREFETCH * concurrency
+    ws, control, sent, concurrency = _slots_filled(kb)  # the offline profile's defaults
     control.on_messages([], [_outcome(ws, sent[0], duration_s=0.004)], dispatch=True)
     assert len(sent) == PREFETCH * concurrency + 1  # its slot refilled, no third a slot
     ws.close()
@@ -495,17 +500,9 @@ def test_an_agent_that_exits_0_at_once_with_no_output_is_not_quick(kb):
     CLI printing its help, an error said on stdout) is no sign of the next runs' pace:
     counted quick, a reviewer whose real runs are long kept a third message a slot,
     which waited behind two of them past its expiry."""
-    from orchestrator.control.control import PREFETCH
-
-    kb.gate("prose/clarity", ["body"])
-    ws = Workspace.open(kb.root)
-    concurrency = ws.settings.reviewers["offline"].concurrency
-    for i in range(6 * concurrency):
-        kb.note(f"n{i}")
-    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    assert control.dispatch() == PREFETCH * concurrency
+    # Its two runs to the timeout fit in the expiry: counted quick, the outcome would
+    # open a third message a slot (with the default 120 s, no outcome could).
+    ws, control, sent, concurrency = _slots_filled(kb, QUICK_ENOUGH)
     for kind in ("no-output", "invalid-output"):
         before = len(sent)
         empty = _outcome(ws, sent[0 if kind == "no-output" else 1], duration_s=0.004)
