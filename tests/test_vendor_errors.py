@@ -682,7 +682,7 @@ def test_what_an_agent_started_is_reaped_when_its_worker_died(tmp_path, agent, s
     ran on, and when the agent itself had exited nothing at all was killed, not even a
     child left in its group. An agent that had ended but was not yet reaped (a zombie,
     its worker dead and init not come for it yet) reads with no environment: the child
-    left in its group ran on, for good (RELIABILITY L8)."""
+    left in its group ran on, for good (RELIABILITY L13)."""
     import json
     import subprocess
 
