@@ -336,15 +336,16 @@ def run_control(ws: Workspace) -> None:
         logs.get().warning("queue.evicting", reason=risk)
 
     woken = threading.Event()
-    # When launch backoffs end, or a folder another process held is written (monotonic):
-    # the ticker sends a dispatch then. Left to the next tick, a 5 s backoff waited up to
-    # reaper_seconds (a minute by default), and so did a job whose folder a sweep wrote.
-    backoffs: list[float] = []
-    backoffs_lock = threading.Lock()
+    # When a queued job may go (monotonic): its launch backoff ends, or a folder another
+    # process held is written. The ticker sends a dispatch then. Left to the next tick, a
+    # 5 s backoff waited up to reaper_seconds (a minute by default), and so did a job
+    # whose folder a sweep wrote.
+    dispatches: list[float] = []
+    dispatches_lock = threading.Lock()
 
     def dispatch_in(delay_s: float) -> None:
-        with backoffs_lock:
-            heapq.heappush(backoffs, time.monotonic() + delay_s)
+        with dispatches_lock:
+            heapq.heappush(dispatches, time.monotonic() + delay_s)
         woken.set()
 
     control = Control(
@@ -365,7 +366,7 @@ def run_control(ws: Workspace) -> None:
     def ticker() -> None:
         next_tick = time.monotonic()
         while not stop.is_set():
-            woken.clear()  # before the look: a backoff told meanwhile wakes the wait below
+            woken.clear()  # before the look: a dispatch_in meanwhile wakes the wait below
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + settings.queue.reaper_seconds
@@ -373,12 +374,12 @@ def run_control(ws: Workspace) -> None:
                     tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
                 except Exception as exc:
                     logs.get().error("queue.unavailable", error=str(exc))
-            with backoffs_lock:
+            with dispatches_lock:
                 due = False
-                while backoffs and backoffs[0] <= now:
-                    heapq.heappop(backoffs)
+                while dispatches and dispatches[0] <= now:
+                    heapq.heappop(dispatches)
                     due = True
-                wake = min(next_tick, backoffs[0]) if backoffs else next_tick
+                wake = min(next_tick, dispatches[0]) if dispatches else next_tick
             if due:
                 try:
                     send_once("dispatch")
