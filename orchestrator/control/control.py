@@ -228,7 +228,7 @@ class Control:
         """Open attempts for queued jobs and send them to the review queue.
 
         Per profile, up to PREFETCH x ``concurrency`` attempts are open at once (more
-        for quick agents: :meth:`_pace`), so the next message already waits in the
+        for quick agents: :meth:`_open_at_most`), so the next message already waits in the
         queue when an agent ends; the workers' own per-profile semaphores keep the
         number of agents *running* at ``concurrency``.
         The attempts of one pass are opened in one transaction (a commit each was most
@@ -387,8 +387,8 @@ class Control:
         behind two agent runs, longer than its expiry (lease / 2 + timeout) allows. One
         that failed as quickly (not launched, a crash, or exit 0 with no output or an
         unreadable one: a CLI printing its help, an error said on stdout) is no sign of the
-        next runs' pace. A hint for dispatch only, so the worker's word (``runner``) is taken as it is,
-        for a reviewer this control knows."""
+        next runs' pace. A hint for dispatch only, so the worker's word (``runner``) is
+        taken as it is, for a reviewer this control knows."""
         for o in outcomes:
             runner, took = o.get("runner"), o.get("duration_s")
             if not isinstance(runner, str) or runner not in self.settings.reviewers:
@@ -455,7 +455,8 @@ class Control:
         look, and the row's ``due`` whether job_files_due holds the job, read in this
         transaction. One that cannot be written (a file where it was, a full disk) leaves
         the job queued, tried again at each dispatch and said once per reason: the
-        machine's fault is neither the job's nor the profile's."""
+        machine's fault is neither the job's nor the profile's. One another process holds
+        is no failure: the job is dispatched again shortly (:meth:`_wait_for_writer`)."""
         if not job["job_dir"] or (there and not job["due"]):
             self._written(job["id"])
             return True
