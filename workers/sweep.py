@@ -697,6 +697,7 @@ class NoWorker:
     def _refused(self) -> str | None:
         """Who refused a message for its version since the sweep began, as the last
         ``message.refused`` line says it ("far:42 on far: an outcome message of version 4,
-        this reviewq speaks 3"), or None."""
+        this reviewq speaks 3"), or None. Not a refusal of what an upgrade left on a queue
+        (:func:`~orchestrator.state.status.last_refusal`): no worker of another release runs."""
         line = last_refusal(self.log, self.log_from) if self.log is not None else None
         return refusal_said(line) if line is not None else None
