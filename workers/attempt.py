@@ -1009,10 +1009,10 @@ def _alive_worker(pid: int) -> bool:
     """The registering process still runs. A reused pid reads as alive: leaving an
     orphan is better than killing the agent of a live run."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    return fields.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def _group_is_agent(pgid: int, job_id: int, attempt: int | None = None) -> bool:
