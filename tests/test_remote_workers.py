@@ -387,6 +387,21 @@ def test_a_control_task_lets_the_messages_behind_its_own_gather(kb, monkeypatch,
     ws.close()
 
 
+def _second_outcome_fails(ws, control, monkeypatch) -> list[int]:
+    """The control's transaction fails whenever it holds the second job's outcome (the
+    batch, then that message alone); the jobs' ids, in order."""
+    jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    spy = control.on_messages
+
+    def picky(beats, outcomes, *dispatch):
+        if any(o["job_id"] == jobs[1] for o in outcomes):
+            raise ValueError("this outcome cannot be handled now")
+        return spy(beats, outcomes, *dispatch)
+
+    monkeypatch.setattr(control, "on_messages", picky)
+    return jobs
+
+
 def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, request):
     """Taken one by one after its batch failed, a message that failed again is put back
     with one retry less. When that send failed (the queue file locked), the exception left
@@ -399,14 +414,7 @@ def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, r
     from workers import queues
 
     ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, "sqlite")
-    jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
     spy = control.on_messages
-
-    def picky(beats, outcomes, *dispatch):
-        if any(o["job_id"] == jobs[1] for o in outcomes):
-            raise ValueError("this outcome cannot be handled now")
-        return spy(beats, outcomes, *dispatch)
-
     sends: list[object] = []
 
     def queue_locked(task):
@@ -414,7 +422,7 @@ def test_a_message_that_cannot_be_put_back_stays_on_the_queue(kb, monkeypatch, r
         raise sqlite3.OperationalError("database is locked")
 
     real_enqueue = app.control.enqueue
-    monkeypatch.setattr(control, "on_messages", picky)
+    _second_outcome_fails(ws, control, monkeypatch)
     monkeypatch.setattr(app.control, "enqueue", queue_locked)
     # The send waits out a locked queue for two minutes; here, for two tries.
     monkeypatch.setattr(queues.requeue.retry, "stop", stop_after_attempt(2))
@@ -445,15 +453,7 @@ def test_a_message_put_back_after_its_batch_failed_is_counted_as_huey_counts(
     from orchestrator import logs
 
     ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, "sqlite")
-    jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
-    spy = control.on_messages
-
-    def picky(beats, outcomes, *dispatch):
-        if any(o["job_id"] == jobs[1] for o in outcomes):
-            raise ValueError("this outcome cannot be handled now")
-        return spy(beats, outcomes, *dispatch)
-
-    monkeypatch.setattr(control, "on_messages", picky)
+    jobs = _second_outcome_fails(ws, control, monkeypatch)
     # Each retry is due 3 s later: the consumer's scheduler and worker, a day on.
     later = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) + datetime.timedelta(days=1)
     logs.get()  # configured before the capture, not inside it
