@@ -253,14 +253,14 @@ def no_agent_left(agent_pids: Path) -> Iterator[None]:
             if ours in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
                 left[pid] = f"{pid} {cmdline.decode(errors='replace').strip()}"
-    running = [pid for pid in left if not _ends_within(pid, 1.0)]
+    running = [pid for pid in left if not ends_within(pid, 1.0)]
     for pid in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert not running, f"a fake agent's processes outlived the test: {[left[p] for p in running]}"
 
 
-def _ends_within(pid: int, seconds: float) -> bool:
+def ends_within(pid: int, seconds: float) -> bool:
     """The process ends (or is a zombie) within ``seconds``: one killed a moment ago."""
     try:
         fd = os.pidfd_open(pid)

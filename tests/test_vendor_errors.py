@@ -29,7 +29,7 @@ from workers.attempt import BURNED_OUT, REVIEWER_FAILURE, run_attempt
 from workers.reviewers import AttemptSpec, Command, Reviewer, for_profile
 from workers.reviewers.vendor import failure_kind, instruction
 
-from .conftest import process_gone
+from .conftest import ends_within, process_gone
 
 CLAUDE_401 = {
     "type": "result",
@@ -625,17 +625,9 @@ def test_connect_timeout_ends_a_cli_that_cannot_reach_its_endpoint(tmp_path):
 def _assert_gone(child: int) -> None:
     """The agent's child is gone within 10 s; killed here if not, so a failing test
     leaves nothing behind."""
-    try:
-        fd = os.pidfd_open(child)
-    except ProcessLookupError:
-        return  # gone and reaped
-    try:
-        ready, _, _ = select.select([fd], [], [], 10)  # readable once the process exits
-        gone = bool(ready) or process_gone(child)
-    finally:
-        if not process_gone(child):
-            os.kill(child, signal.SIGKILL)
-        os.close(fd)
+    gone = ends_within(child, 10)
+    if not process_gone(child):
+        os.kill(child, signal.SIGKILL)
     assert gone, f"pid {child} outlived the agent"
 
 
