@@ -503,8 +503,9 @@ def write_each(
     nothing written (a fix a person's edit kept out of the KB). A full disk stops the
     pass, since every later file would fail alike; any other failure costs that row's
     files only. A failure is logged (``WHAT_failed``) when its reason is new, not again at
-    every tick; a folder another process holds (:class:`FolderHeld`) is recorded, never
-    logged: its holder is writing it."""
+    every tick; a folder another process holds (:class:`FolderHeld`) is recorded and not
+    logged here: its holder is writing it (one held past a tick, the control warns of:
+    ``Control._say_long_held``)."""
     written: list[int] = []
     failed: dict[int, str] = {}
     for i, before in due.items():
