@@ -644,13 +644,16 @@ def redis_url(tmp_path):
         yield url
 
 
-def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
+def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb, tmp_path):
     """The sweep uses the control process already running, whose next tick is ten minutes
     away: the sweep asks it to dispatch, so the jobs do not wait for that tick."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + "[queue]\nreaper_seconds = 600\n")
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    # Kept, not thrown away: an exit code once seen wrong under load said nothing of why.
+    said = tmp_path / "control-stderr.txt"
+    with said.open("wb") as err:
+        control = subprocess.Popen([*base, "control"], stderr=err)
     try:
         first = rq(kb, "sweep", "--reviewer", "fake", "--json", timeout=60)
         assert first.returncode == 0, first.stderr  # the control's first tick has passed
@@ -661,7 +664,7 @@ def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
         control.send_signal(signal.SIGINT)
         control.wait(timeout=30)
     assert json.loads(second.stdout)["jobs"]["fake"]["completed"] == 2
-    assert control.returncode == 0
+    assert control.returncode == 0, said.read_text(errors="replace")
 
 
 def test_sweep_on_redis_with_two_worker_processes(kb, redis_url):
