@@ -681,14 +681,20 @@ def test_what_an_agent_started_is_reaped_when_its_worker_died(tmp_path, agent, s
     from workers.attempt import launch, reap_orphans, register_agent, registry_dir
 
     spec = _spec(tmp_path)
-    said = tmp_path / "child.fifo"  # the agent says its child's pid here
+    said = tmp_path / "child.fifo"  # the agent's child says its pid here
     os.mkfifo(said)
     reader = os.open(said, os.O_RDONLY | os.O_NONBLOCK)
+    # The child says it itself, once it runs: Popen returns as the child's exec closes its
+    # close-on-exec pipe, before the kernel has set up its environment (/proc/PID/environ
+    # reads empty a moment more, ~1 spawn in 20 under load), and a reap then found no
+    # marker in that session and left the child running.
+    child_code = (
+        f"import os, time; open({str(said)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    )
     script = (
         "import subprocess, sys, time;"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        f"c = subprocess.Popen([sys.executable, '-c', {child_code!r}],"
         f" start_new_session={session});"
-        f"open({str(said)!r}, 'w').write(str(c.pid));"
         + ("time.sleep(120)" if agent == "running" else "sys.exit(0)")
     )
     env = {**os.environ, **spec.environment()}
@@ -701,7 +707,7 @@ def test_what_an_agent_started_is_reaped_when_its_worker_died(tmp_path, agent, s
         entry = json.loads(entry_path.read_text())
         entry_path.write_text(json.dumps({**entry, "worker_pid": dead.pid}))  # the worker died
         ready, _, _ = select.select([reader], [], [], 30)
-        assert ready, "the agent did not say its child's pid within 30 s"
+        assert ready, "the agent's child did not say its pid within 30 s"
         child = int(os.read(reader, 64))
         if agent == "gone":
             proc.wait(timeout=30)
