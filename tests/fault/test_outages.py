@@ -143,6 +143,28 @@ def _assert_nothing_lost(root: Path, expected, c=None, allow_locked: bool = Fals
 # --- Redis ------------------------------------------------------------------------------------
 
 
+def _sweep_through(cluster, fifo, redis, expected, outage):  # noqa: ANN001, ANN202
+    """A sweep of 20 jobs with ``outage`` run mid-way (six agents started; it returns once
+    the outage is over, with the time it counts as its end): when the outage began, when
+    it ended and the drain after. Everything the sweep started is gone at its end, the
+    Redis server too."""
+    sweep = None
+    try:
+        cluster.start()
+        sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
+        fifo.await_starts(6)  # mid-way: six of the twenty agents have started
+        began = utcnow()
+        ended = outage()
+        drain_s = _await_sweep(sweep, expected, timeout=120)
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+        left = _finish(cluster, fifo)
+        redis.stop()
+    assert left == []
+    return began, ended, drain_s
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "mode",
@@ -163,12 +185,8 @@ def test_redis_outage_mid_sweep(tmp_path, mode):
     root, expected, cluster, fifo = _setup(
         tmp_path, notes=5, gates=4, queue_url=redis.url, sleep=1.0
     )
-    sweep = None
-    try:
-        cluster.start()
-        sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
-        fifo.await_starts(6)  # mid-way: six of the twenty agents have started
-        t_down = utcnow()
+
+    def outage():  # noqa: ANN202
         if mode == "sigstop":
             redis.pause()
         else:
@@ -179,13 +197,9 @@ def test_redis_outage_mid_sweep(tmp_path, mode):
             redis.resume()
         else:
             redis.start()
-        drain_s = _await_sweep(sweep, expected, timeout=120)
-    finally:
-        if sweep is not None and sweep.poll() is None:
-            sweep.kill()
-        left = _finish(cluster, fifo)
-        redis.stop()
-    assert left == []
+        return t_up
+
+    t_down, t_up, drain_s = _sweep_through(cluster, fifo, redis, expected, outage)
     c, during, after = _outage_report(
         root, expected, t_down, t_up, mode=mode, drain_after_restore_s=round(drain_s, 1)
     )
@@ -253,25 +267,18 @@ def test_a_redis_that_refuses_writes_mid_sweep_is_waited_out(tmp_path, mode):
     root, expected, cluster, fifo = _setup(
         tmp_path, notes=5, gates=4, queue_url=redis.url, sleep=1.0
     )
-    sweep = doctor = None
-    try:
-        cluster.start()
-        sweep = cluster.sweep("--all-gates", background=True)  # enqueues 20 jobs, then waits
-        fifo.await_starts(6)  # mid-way: six of the twenty agents have started
-        t_refusing = utcnow()
+    doctor = None
+
+    def outage():  # noqa: ANN202
+        nonlocal doctor
         undo = _refusing_writes(redis.url, mode)
         if mode == "full":  # a replica is refused at start: a URL to mend (test_worker_startup)
             doctor = cluster.rq("doctor", timeout=60)
         time.sleep(OUTAGE_S)  # the outage itself
         undo()
-        t_taking = utcnow()
-        drain_s = _await_sweep(sweep, expected, timeout=120)
-    finally:
-        if sweep is not None and sweep.poll() is None:
-            sweep.kill()
-        left = _finish(cluster, fifo)
-        redis.stop()
-    assert left == []
+        return utcnow()
+
+    t_refusing, t_taking, drain_s = _sweep_through(cluster, fifo, redis, expected, outage)
     c, during, after = _outage_report(
         root, expected, t_refusing, t_taking, mode=mode, drain_s=round(drain_s, 1)
     )
