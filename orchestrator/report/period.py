@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import timedelta
 
-from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import Store, parse_timestamp, timestamp, utcnow
+from orchestrator.state.when import MomentError, moment
 
 DEFAULT_WINDOW = timedelta(hours=24)
 
@@ -27,18 +26,6 @@ class Period:
         return {"since": self.since, "until": self.until, "label": self.label, "run": self.run_id}
 
 
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
-# Ranges are checked after the match: "24:00" or "08:61" said "not a duration".
-_TIME_OF_DAY = re.compile(r"(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<second>\d{2}))?")
-# What --since takes as a date/time: fromisoformat alone took any character between date and
-# time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
-# and "2026-11-22+05:00" five in the morning on the local clock.
-_DATE_TIME = re.compile(
-    r"(?P<date>\d{4}-\d{2}-\d{2})(?P<time>[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:\.\d+)?)?)?)?"
-    r"(?P<offset>Z|[+-]\d{2}(?::?\d{2})?)?"
-)
-
-
 def resolve(
     store: Store,
     *,
@@ -56,59 +43,16 @@ def resolve(
     until = now or utcnow()
     end = parse_timestamp(until)
     if since:
-        if _DATE.match(since):
-            try:
-                start = _date_time(since)
-            except (ValueError, OverflowError):
-                raise ReportError(f"--since {since!r}: not a date or time") from None
-            try:
-                if start.tzinfo is None:
-                    # A person's "08:00" or "2026-11-22" is on their clock, as cron times
-                    # are: read as UTC it was hours off. The label says it in UTC. Its first
-                    # reading: on a day whose midnight the clock skips, the window began an
-                    # hour into the day before.
-                    start = _read_on(start.date(), start.time())[0]
-                begin = timestamp(start)
-            except (ValueError, OverflowError):
-                # A real date the clock cannot place (0001-01-01 on the local clock, or
-                # past year 9999 in UTC): "not a date or time" sent a person looking for a typo.
-                raise ReportError(
-                    f"--since {since!r}: date out of range (too near the calendar's first "
-                    "or last year to place in UTC)"
-                ) from None
-            if begin >= until:
-                raise ReportError(
-                    f"--since {since!r}: after now ({until[:16]}Z); nothing to report"
-                )
-            return Period(begin, until, f"since {begin[:16]}Z")
-        if m := _TIME_OF_DAY.fullmatch(since.strip()):
-            try:
-                at = time(int(m["hour"]), int(m["minute"]), int(m["second"] or 0))
-            except ValueError:
-                raise ReportError(
-                    f"--since {since!r}: not a time of day (00:00 to 23:59; midnight is 00:00)"
-                ) from None
-            start = _last_on_the_clock(at, end)
-            begin = timestamp(start)
-            # Said in the person's words too: "since 2026-11-21T13:00Z" left them to work
-            # out that their 08:00 at seven in the morning was yesterday's.
-            day = "today" if start.astimezone().date() == end.astimezone().date() else "yesterday"
-            return Period(
-                begin, until, f"since {since.strip()} {day} on this machine's clock ({begin[:16]}Z)"
-            )
-        if since.strip().isdigit():
-            # Read as seconds, "20261122" (a date without its dashes) was 234 days back.
-            raise ReportError(
-                f"--since {since!r}: a duration needs its unit (30m, 12h, 7d), a date its "
-                "dashes (2026-11-22)"
-            )
         try:
-            seconds = parse_duration(since, "--since", years=100)
-        except ConfigError as exc:
+            at, said = moment(since, "--since", end)
+        except MomentError as exc:
             raise ReportError(str(exc)) from None
-        return Period(
-            timestamp(end - timedelta(seconds=seconds)), until, f"the last {since.strip()}"
-        )
+        begin = timestamp(at)
+        if said is None:
+            return Period(begin, until, f"the last {since.strip()}")
+        if begin >= until:
+            raise ReportError(f"--since {since!r}: after now ({until[:16]}Z); nothing to report")
+        return Period(begin, until, f"since {said}")
     if sweep or run is not None:
         if run is not None:
             row = store.conn.execute(
@@ -142,50 +86,6 @@ def resolve(
             "this machine's clock went back since)",
         )
     return Period(timestamp(end - DEFAULT_WINDOW), until, "the last 24 h (no earlier report)")
-
-
-def _last_on_the_clock(at: time, end: datetime) -> datetime:
-    """The last time before ``end`` the local clock read ``at``: a person's "08:00" is
-    this morning's, or yesterday's when it is not yet eight. Days are counted on the
-    clock, so a change to or from daylight time between keeps the hour."""
-    today = end.astimezone().date()
-    later = [t for t in _read_on(today, at) if t < end]
-    return later[-1] if later else _read_on(today - timedelta(days=1), at)[-1]
-
-
-def _read_on(day: date, at: time) -> list[datetime]:
-    """When the local clock read ``at`` on ``day``, earliest first: twice in the hour
-    repeated when daylight time ends (fold 0 alone was the first, not the last); in the
-    hour skipped when it begins, the moment the clock jumped past it (fold 0 alone was up
-    to an hour before the clock read it, or a day back)."""
-    wall = datetime.combine(day, at)
-    first = wall.astimezone()
-    try:
-        second = wall.replace(fold=1).astimezone()
-    except (ValueError, OverflowError):  # looked for past the calendar's last day
-        second = first
-    both = sorted({first, second})
-    if all(t.replace(tzinfo=None) == wall for t in both):
-        return both  # it was read (twice in a fold)
-    # Skipped: the first instant the clock read past it, found in whole seconds between
-    # the two readings (an hour or so apart, so some twelve halvings).
-    lo, hi = int(both[0].timestamp()), int(both[-1].timestamp())
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if datetime.fromtimestamp(mid).replace(tzinfo=None) < wall:
-            lo = mid
-        else:
-            hi = mid
-    return [datetime.fromtimestamp(hi).astimezone()]
-
-
-def _date_time(text: str) -> datetime:
-    """A --since date or date and time, naive unless it carries an offset; a date with an
-    offset is that day's midnight at the offset."""
-    m = _DATE_TIME.fullmatch(text.strip())
-    if m is None:
-        raise ValueError(text)
-    return parse_timestamp(m["date"] + (m["time"] or "T00:00") + (m["offset"] or ""))
 
 
 def record(store: Store, period: Period, html_path: str | None) -> None:

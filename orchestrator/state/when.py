@@ -1,0 +1,122 @@
+"""A moment a person names on the command line (``--since``, ``--until``): a duration back
+from now, a date/time, or a time of day on this machine's clock. ``report`` and ``logs``
+read them alike."""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime, time, timedelta
+
+from orchestrator.config import ConfigError, parse_duration
+from orchestrator.state.store import parse_timestamp, timestamp
+
+
+class MomentError(ValueError):
+    """A moment that names no time; the message names the option and the reason."""
+
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+# Ranges are checked after the match: "24:00" or "08:61" said "not a duration".
+_TIME_OF_DAY = re.compile(r"(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<second>\d{2}))?")
+# What --since takes as a date/time: fromisoformat alone took any character between date and
+# time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
+# and "2026-11-22+05:00" five in the morning on the local clock.
+_DATE_TIME = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})(?P<time>[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:\.\d+)?)?)?)?"
+    r"(?P<offset>Z|[+-]\d{2}(?::?\d{2})?)?"
+)
+
+
+def moment(text: str, option: str, end: datetime) -> tuple[datetime, str | None]:
+    """The instant ``text`` names, ``end`` being now, and how to say it to a person (None
+    for a duration: the caller says "the last 8h" its own way). A bare date or time is on
+    this machine's clock, as cron times are."""
+    if _DATE.match(text):
+        try:
+            start = _date_time(text)
+        except (ValueError, OverflowError):
+            raise MomentError(f"{option} {text!r}: not a date or time") from None
+        try:
+            if start.tzinfo is None:
+                # A person's "08:00" or "2026-11-22" is on their clock, as cron times
+                # are: read as UTC it was hours off. The label says it in UTC. Its first
+                # reading: on a day whose midnight the clock skips, the window began an
+                # hour into the day before.
+                start = _read_on(start.date(), start.time())[0]
+            said = timestamp(start)
+        except (ValueError, OverflowError):
+            # A real date the clock cannot place (0001-01-01 on the local clock, or
+            # past year 9999 in UTC): "not a date or time" sent a person looking for a typo.
+            raise MomentError(
+                f"{option} {text!r}: date out of range (too near the calendar's first "
+                "or last year to place in UTC)"
+            ) from None
+        return parse_timestamp(said), f"{said[:16]}Z"
+    if m := _TIME_OF_DAY.fullmatch(text.strip()):
+        try:
+            at = time(int(m["hour"]), int(m["minute"]), int(m["second"] or 0))
+        except ValueError:
+            raise MomentError(
+                f"{option} {text!r}: not a time of day (00:00 to 23:59; midnight is 00:00)"
+            ) from None
+        start = _last_on_the_clock(at, end)
+        said = timestamp(start)
+        # Said in the person's words too: "since 2026-11-21T13:00Z" left them to work
+        # out that their 08:00 at seven in the morning was yesterday's.
+        day = "today" if start.astimezone().date() == end.astimezone().date() else "yesterday"
+        return parse_timestamp(said), f"{text.strip()} {day} on this machine's clock ({said[:16]}Z)"
+    if text.strip().isdigit():
+        # Read as seconds, "20261122" (a date without its dashes) was 234 days back.
+        raise MomentError(
+            f"{option} {text!r}: a duration needs its unit (30m, 12h, 7d), a date its "
+            "dashes (2026-11-22)"
+        )
+    try:
+        seconds = parse_duration(text, option, years=100)
+    except ConfigError as exc:
+        raise MomentError(str(exc)) from None
+    return parse_timestamp(timestamp(end - timedelta(seconds=seconds))), None
+
+
+def _last_on_the_clock(at: time, end: datetime) -> datetime:
+    """The last time before ``end`` the local clock read ``at``: a person's "08:00" is
+    this morning's, or yesterday's when it is not yet eight. Days are counted on the
+    clock, so a change to or from daylight time between keeps the hour."""
+    today = end.astimezone().date()
+    later = [t for t in _read_on(today, at) if t < end]
+    return later[-1] if later else _read_on(today - timedelta(days=1), at)[-1]
+
+
+def _read_on(day: date, at: time) -> list[datetime]:
+    """When the local clock read ``at`` on ``day``, earliest first: twice in the hour
+    repeated when daylight time ends (fold 0 alone was the first, not the last); in the
+    hour skipped when it begins, the moment the clock jumped past it (fold 0 alone was up
+    to an hour before the clock read it, or a day back)."""
+    wall = datetime.combine(day, at)
+    first = wall.astimezone()
+    try:
+        second = wall.replace(fold=1).astimezone()
+    except (ValueError, OverflowError):  # looked for past the calendar's last day
+        second = first
+    both = sorted({first, second})
+    if all(t.replace(tzinfo=None) == wall for t in both):
+        return both  # it was read (twice in a fold)
+    # Skipped: the first instant the clock read past it, found in whole seconds between
+    # the two readings (an hour or so apart, so some twelve halvings).
+    lo, hi = int(both[0].timestamp()), int(both[-1].timestamp())
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if datetime.fromtimestamp(mid).replace(tzinfo=None) < wall:
+            lo = mid
+        else:
+            hi = mid
+    return [datetime.fromtimestamp(hi).astimezone()]
+
+
+def _date_time(text: str) -> datetime:
+    """A --since date or date and time, naive unless it carries an offset; a date with an
+    offset is that day's midnight at the offset."""
+    m = _DATE_TIME.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(text)
+    return parse_timestamp(m["date"] + (m["time"] or "T00:00") + (m["offset"] or ""))
