@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import gzip
 import json
 import logging
 import os
@@ -21,6 +22,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,6 +125,18 @@ def lines(
                 wait()
 
 
+class Truncated(Exception):  # noqa: N818 - what happened, not a failure of the reader
+    """The log was emptied in place (logrotate's ``copytruncate``) while read without
+    following it: what was not read yet is in its rotated copy."""
+
+
+def _truncated(f, path: Path) -> bool:  # noqa: ANN001 - an open file
+    """The file open as ``f`` is still the one at ``path`` and now ends before ``f``'s
+    place in it. (One renamed away is read to its end: nothing was lost.)"""
+    now = _end_of(path)
+    return now is not None and now[0] == os.fstat(f.fileno()).st_ino and now[1] < f.tell()
+
+
 def record(line: str) -> tuple[dict, str] | None:
     """The log line in ``line`` as an object and as its JSON text, or None when it holds
     none. A line a writer cut short (a process killed in its write, a full disk) has the
@@ -179,6 +194,237 @@ def _end_of(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """Which lines ``reviewq logs`` shows: the period (UTC, ``until`` excluded), a job, an
+    event or a prefix of one ending in a dot, and the least grave level."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    job_id: int | None = None
+    event: str | None = None
+    level: int | None = None
+
+    def takes(self, rec: dict) -> bool:
+        if self.since or self.until:
+            at = _when(rec)
+            if at is None or (self.since and at < self.since) or (self.until and at >= self.until):
+                return False
+        if self.level is not None:
+            rank = level_rank(rec.get("level"))
+            # A level no writer reviewq knows of uses is shown: it could be the gravest.
+            if rank is not None and rank < self.level:
+                return False
+        event = self.event
+        if event and not (
+            rec.get("event") == event
+            or (event.endswith(".") and str(rec.get("event", "")).startswith(event))
+        ):
+            return False
+        return self.job_id is None or self.job_id in _jobs_of(rec)
+
+    def in_period(self, rec: dict) -> bool | None:
+        """Whether a line falls in the period (True without one); None when it says no
+        time."""
+        if not (self.since or self.until):
+            return True
+        at = _when(rec)
+        if at is None:
+            return None
+        return not ((self.since and at < self.since) or (self.until and at >= self.until))
+
+
+def _jobs_of(rec: dict) -> list[object]:
+    """The jobs whose story a line is part of. A follow-up's queueing (fix.queued,
+    audit.queued) is its source job's story too, and a split (job.split, into=[…]) is
+    the story of the jobs it made; so are a fix's re-reviews (fix.rereview, jobs=[…]) and
+    their withdrawal (fix.rereview_withdrawn: the one line that says why such a job
+    failed). A count (`jobs=3`) names no job."""
+    named = [j for ids in (rec.get("into"), rec.get("jobs")) if isinstance(ids, list) for j in ids]
+    return [rec.get("job_id"), rec.get("source_job_id"), *named]
+
+
+def _when(rec: dict) -> datetime | None:
+    """A line's ``timestamp`` (UTC; one without a zone is taken as UTC, as reviewq writes
+    them), or None."""
+    stamp = rec.get("timestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+# The names logrotate gives the log's copies: `reviewq.jsonl.1`, `reviewq.jsonl.2.gz`,
+# and with `dateext`, `reviewq.jsonl-20261126` (and `.gz`).
+_ROTATED = re.compile(r"(?:\.\d+|-\d[\w.:-]*?)(?:\.gz)?")
+# How many lines of a rotated copy are looked at for its first time.
+_FIRST_LINES = 100
+
+
+def rotated(path: Path) -> list[Path]:
+    """The log's rotated copies beside it, oldest first, by the first time each holds
+    (their names order them only by the rotation's own scheme); one whose first lines
+    say no time, by its modification time."""
+    try:
+        names = [
+            p
+            for p in path.parent.iterdir()
+            if p.name.startswith(path.name)
+            and _ROTATED.fullmatch(p.name[len(path.name) :])
+            and p.is_file()
+        ]
+    except OSError:
+        return []
+    return [p for _, p in sorted((_first_time(p), p) for p in names)]
+
+
+def _open_text(path: Path):  # noqa: ANN202 - a text file, gzip's or the system's
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _first_time(path: Path) -> datetime:
+    try:
+        with _open_text(path) as f:
+            for _, line in zip(range(_FIRST_LINES), f, strict=False):
+                found = record(line)
+                at = _when(found[0]) if found else None
+                if at is not None:
+                    return at
+    except (OSError, EOFError, UnicodeError):
+        pass  # a copy still being compressed, or not gzip's: its time on disk
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    except OSError:
+        return datetime.max.replace(tzinfo=UTC)
+
+
+def files_for(path: Path, wanted: Wanted) -> list[Path]:
+    """The files that can hold lines of ``wanted``'s period, oldest first: the log
+    itself, and with a ``since``, the rotated copies whose lines reach into the period
+    (a copy holds the lines from its first time to the next file's)."""
+    if wanted.since is None:
+        return [path]
+    copies = rotated(path)
+    starts = [_first_time(p) for p in copies]
+    try:
+        now = _first_time(path) if path.stat().st_size else None
+    except OSError:
+        now = None
+    ends = [*starts[1:], now]
+    return [
+        p
+        for p, start, end in zip(copies, starts, ends, strict=True)
+        if (end is None or end > wanted.since) and (wanted.until is None or start < wanted.until)
+    ] + [path]
+
+
+def entries(
+    path: Path,
+    wanted: Wanted,
+    said: Callable[[str], None],
+    *,
+    follow: bool = False,
+    wait: Callable[[], None] | None = None,
+) -> Iterator[tuple[dict, str]]:
+    """The lines ``wanted`` takes, as objects and as their JSON text, from the files that
+    can hold them (:func:`files_for`); with ``follow``, then each new line of the log.
+    A damaged line is told to ``said`` in one ``warning:`` line: with a period, only one
+    in it (the line after it is); with a job, only one that names the job's number, the
+    others counted in one line at the end."""
+    held: list[str] = []  # damage said once the line after it shows whether it is in the period
+    others = 0  # damaged lines passed over that name no job wanted.job_id
+
+    def damage(name: Path, text: str, found: tuple[dict, str] | None) -> None:
+        nonlocal others
+        damaged = text[: len(text) - len(found[1])] if found else text
+        if wanted.since or wanted.until:
+            held.append(_damage_words(name, damaged))
+        else:
+            said(_damage_words(name, damaged))
+
+    def settle(rec: dict | None) -> None:
+        keep = True if rec is None else wanted.in_period(rec)
+        if keep is None:
+            return  # a line with no time: the next one tells
+        if keep:
+            for words in held:
+                said(words)
+        held.clear()
+
+    try:
+        for name in files_for(path, wanted):
+            for line in _file_lines(name, path, follow, wait, said):
+                text = line.rstrip("\n")
+                if not text.strip():
+                    continue  # nothing lost in it: said, it was "0 NUL bytes (a power loss)"
+                found = record(text)
+                if found is None or found[1] != text:
+                    # Said, not passed over in silence; and a line written after the
+                    # damage is shown: it was hidden with the half line it was appended to.
+                    damage(name, text, found)
+                if found is None:
+                    continue
+                if held:
+                    settle(found[0])
+                if wanted.takes(found[0]):
+                    yield found
+        # Damage after the last line: in the period when it has no end.
+        if held and wanted.until is None:
+            settle(None)
+    finally:
+        if others:
+            said(
+                f"warning: {one_line(str(path))}: {others} damaged line(s) passed over that "
+                f"name no job {wanted.job_id} (`reviewq logs` without --job says each)"
+            )
+
+
+def _file_lines(
+    name: Path,
+    log: Path,
+    follow: bool,
+    wait: Callable[[], None] | None,
+    said: Callable[[str], None],
+) -> Iterator[str]:
+    """The lines of one file of :func:`entries`: the log itself as :func:`lines` reads
+    it, a rotated copy to its end."""
+    if name == log:
+        try:
+            yield from lines(log, follow, wait)
+        except Truncated:
+            said(
+                f"warning: {one_line(str(log))}: emptied while read (logrotate's "
+                "copytruncate): the lines after the last one shown are in its rotated "
+                "copy (`reviewq logs --since` reads it too)"
+            )
+        return
+    try:
+        with _open_text(name) as f:
+            yield from f
+    except (OSError, EOFError) as exc:  # a copy still being compressed, or damaged
+        said(f"warning: {one_line(str(name))}: cannot read on ({exc}): the rest passed over")
+
+
+def _damage_words(path: Path, damaged: str) -> str:
+    """The ``warning:`` line for the damaged start of a line."""
+    # A power loss leaves NULs where the blocks after the last one written were, from
+    # the middle of a line on: counted, not quoted as 60 `\x00`s.
+    head = damaged.rstrip("\0")
+    nuls = len(damaged) - len(head)
+    return f"warning: {one_line(str(path))}: a damaged line passed over (cut short by a " + (
+        "crash or a full disk, or not a log line): "
+        + ", then ".join(
+            ([one_line(head[:60]) + ("…" if len(head) > 60 else "")] if head else [])
+            + ([f"{nuls} NUL bytes (a power loss)"] if nuls else [])
+        )
+    )
 
 
 def fields_text(fields: Mapping[str, object]) -> str:
@@ -420,6 +666,25 @@ def configure(
 
 
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# A level as writers spell it, by rank: structlog's `exception` and `warn`, and `fatal`,
+# logging's other name for critical, which a writer of another make may put in a line.
+_LEVEL_RANKS = {
+    "debug": 10,
+    "info": 20,
+    "warn": 30,
+    "warning": 30,
+    "error": 40,
+    "exception": 40,
+    "critical": 50,
+    "fatal": 50,
+}
+LEVEL_NAMES = ("debug", "info", "warning", "error", "critical")
+
+
+def level_rank(level: object) -> int | None:
+    """How grave a line's ``level`` is (logging's numbers), in any case; None for a level
+    no writer reviewq knows of uses."""
+    return _LEVEL_RANKS.get(level.lower()) if isinstance(level, str) else None
 
 
 def _unknown_setting(name: str, known: str) -> None:

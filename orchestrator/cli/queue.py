@@ -4,6 +4,7 @@ jobs, job, logs, doctor. Registered on the group of :mod:`orchestrator.cli.commo
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import sqlite3
@@ -756,71 +757,80 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     callback=not_blank,
     help="Only this event, or a prefix such as 'attempt.'.",
 )
+@click.option(
+    "--since",
+    default=None,
+    callback=not_blank,
+    help="Only lines from then on: a duration back from now (8h, 90m), a date/time "
+    "(2026-11-26T22:00) or a time of day (22:00: the last time this machine's clock read "
+    "it), as `report --since`; a bare date or time is on this machine's clock. Reads the "
+    "rotated copies beside the log (reviewq.jsonl.1, .2.gz, -20261126…) that reach into "
+    "the period, oldest first.",
+)
+@click.option(
+    "--until",
+    default=None,
+    callback=not_blank,
+    help="Only lines before then (read as --since). Without --since, the log file alone.",
+)
+@click.option(
+    "--level",
+    default=None,
+    callback=not_blank,
+    help="Only lines this grave or graver: debug, info, warning, error, critical "
+    "(fatal is critical).",
+)
 @click.option("--json", "as_json", is_flag=True, help="The raw JSON lines.")
 @click.pass_obj
 @refuse_domain_errors
 def logs_cmd(
-    ws: Workspace, follow: bool, job_id: int | None, event: str | None, as_json: bool
+    ws: Workspace,
+    follow: bool,
+    job_id: int | None,
+    event: str | None,
+    since: str | None,
+    until: str | None,
+    level: str | None,
+    as_json: bool,
 ) -> None:
-    """The structured log, readable.
+    """The structured log, readable. Without --since, STATE/logs/reviewq.jsonl alone; with
+    it, its rotated copies too where the period reaches into them.
 
     \b
-    Example:
+    Examples:
       reviewq logs --event job. --job 12
+      reviewq logs --since 22:00 --level warning
     """
-    from orchestrator.logs import lines, log_path
+    from orchestrator.state.when import MomentError, moment
 
-    path = log_path(ws.state_dir)
+    path = logs.log_path(ws.state_dir)
+    now = datetime.now(UTC)
+    try:
+        start = moment(since, "--since", now)[0] if since else None
+        end = moment(until, "--until", now)[0] if until else None
+    except MomentError as exc:
+        raise Refused(str(exc)) from None
+    if start is not None and start >= now:
+        raise Refused(f"--since {since!r}: after now ({now.isoformat()[:16]}Z); no line yet")
+    if start is not None and end is not None and end <= start:
+        raise Refused(f"--until {until!r}: not after --since {since!r}; no line between")
+    if end is not None and follow:
+        # The lines -f waits for are written after now, past any --until a person names.
+        raise Refused(f"--until {until!r} and --follow: following shows lines yet to come")
+    rank = logs.level_rank(level) if level else None
+    if level and rank is None:
+        raise Refused(f"--level {level!r}: not a level ({', '.join(logs.LEVEL_NAMES)})")
     if not ws.state_dir.is_dir():  # -f waited for good, in silence, on a mistyped --state
         raise Refused(f"{ws.state_dir}: no state folder here (is --state right?)")
     if not path.exists() and not follow:
         raise Refused(f"no log yet at {path}")
-
-    def show(line: str) -> None:
-        text = line.rstrip("\n")
-        if not text.strip():
-            return  # nothing lost in it: said, it was "0 NUL bytes (a power loss)"
-        found = logs.record(text)
-        if found is None or found[1] != text:
-            # Said, not passed over in silence; and a line written after the damage is
-            # shown: it was hidden with the half line it was appended to.
-            damaged = text[: len(text) - len(found[1])] if found else text
-            # A power loss leaves NULs where the blocks after the last one written were,
-            # from the middle of a line on: counted, not quoted as 60 `\x00`s.
-            head = damaged.rstrip("\0")
-            nuls = len(damaged) - len(head)
-            click.echo(
-                f"warning: {shown(str(path))}: a damaged line passed over (cut short by a "
-                "crash or a full disk, or not a log line): "
-                + ", then ".join(
-                    ([shown(head[:60]) + ("…" if len(head) > 60 else "")] if head else [])
-                    + ([f"{nuls} NUL bytes (a power loss)"] if nuls else [])
-                ),
-                err=True,
-            )
-        if found is None:
-            return
-        rec, line = found
-        # A follow-up's queueing (fix.queued, audit.queued) is its source job's story too,
-        # and a split (job.split, into=[…]) is the story of the jobs it made; so are a fix's
-        # re-reviews (fix.rereview, jobs=[…]) and their withdrawal (fix.rereview_withdrawn:
-        # the one line that says why such a job failed). A count (`jobs=3`) names no job.
-        lists = (rec.get("into"), rec.get("jobs"))
-        named = [j for ids in lists if isinstance(ids, list) for j in ids]
-        if job_id is not None and job_id not in (
-            rec.get("job_id"),
-            rec.get("source_job_id"),
-            *named,
-        ):
-            return
-        if event and not (
-            rec.get("event") == event
-            or (event.endswith(".") and str(rec.get("event", "")).startswith(event))
-        ):
-            return
+    wanted = logs.Wanted(since=start, until=end, job_id=job_id, event=event, level=rank)
+    for rec, line in logs.entries(
+        path, wanted, functools.partial(click.echo, err=True), follow=follow
+    ):
         if as_json:
-            click.echo(line.rstrip("\n"))
-            return
+            click.echo(line)
+            continue
         # Cut to milliseconds; the zone stays: these are UTC, as every time reviewq shows.
         stamp = str(rec.pop("timestamp", ""))
         stamp = stamp[:-1][:23] + "Z" if stamp.endswith("Z") else stamp
@@ -829,9 +839,6 @@ def logs_cmd(
         # One line each, whatever a value holds (a file name with a line break in it
         # printed a log line of its own).
         click.echo(shown(head + "  " + logs.fields_text(rec)))
-
-    for line in lines(path, follow):
-        show(line)
 
 
 @cli.command("doctor")

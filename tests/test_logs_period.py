@@ -1,0 +1,203 @@
+"""``reviewq logs --since/--until/--level``: the night, read across the log's rotated copies."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import queue
+import subprocess
+import threading
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import reviewq_process
+from tests.test_logs_command import EXE
+
+NOW = datetime.now(UTC)
+
+
+def _stamp(at: datetime) -> str:
+    return at.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _line(event: str, hours_ago: float, level: str = "info", **fields: object) -> str:
+    at = NOW - timedelta(hours=hours_ago)
+    return json.dumps({"event": event, "level": level, "timestamp": _stamp(at), **fields})
+
+
+def _write(path: Path, *lines: str) -> None:
+    text = "".join(x + "\n" for x in lines)
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+
+
+@pytest.fixture
+def rotated_set(kb):
+    """A log rotated as logrotate's `copytruncate` + `compress` + `delaycompress` leaves it:
+    three days back in `.2.gz`, the evening before in `.1`, the night in the log itself."""
+    logs = kb.state / "logs"
+    logs.mkdir(parents=True)
+    _write(logs / "reviewq.jsonl.2.gz", _line("three.days", 72), _line("two.days", 50))
+    _write(logs / "reviewq.jsonl.1", _line("evening", 12), _line("late.evening", 9))
+    _write(logs / "reviewq.jsonl", _line("night", 6, "warning"), _line("morning", 1))
+    return logs
+
+
+def _events(res) -> list[str]:
+    return [line.split()[2] for line in res.stdout.splitlines()]
+
+
+def test_since_reads_the_rotated_copies_that_reach_into_the_period(rotated_set, run_cli):
+    res = run_cli("logs", "--since", "10h")
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    assert _events(res) == ["late.evening", "night", "morning"]
+    since = _stamp(NOW - timedelta(hours=60))  # a date/time with its zone, into the .gz
+    res = run_cli("logs", "--since", since)
+    assert _events(res) == ["two.days", "evening", "late.evening", "night", "morning"]
+    # Without --since, the log file alone, as before.
+    assert _events(run_cli("logs")) == ["night", "morning"]
+
+
+def test_a_copy_the_period_does_not_reach_is_not_read(rotated_set, run_cli):
+    # Cut short (a compression killed half-way): its first line tells its time, its end
+    # is said once it is read.
+    whole = (rotated_set / "reviewq.jsonl.2.gz").read_bytes()
+    (rotated_set / "reviewq.jsonl.2.gz").write_bytes(whole[:-12])
+    res = run_cli("logs", "--since", "10h")
+    assert res.exit_code == 0 and res.stderr == ""
+    res = run_cli("logs", "--since", "3d")
+    assert "reviewq.jsonl.2.gz: cannot read on" in res.stderr
+    assert _events(res)[-4:] == ["evening", "late.evening", "night", "morning"]
+
+
+def test_dateext_copies_are_read_in_the_order_of_their_times(kb, run_cli):
+    logs = kb.state / "logs"
+    logs.mkdir(parents=True)
+    # Named day-month-year, a `dateformat` whose names do not sort by time.
+    _write(logs / "reviewq.jsonl-01122026", _line("older", 30))
+    _write(logs / "reviewq.jsonl-30112026.gz", _line("newer", 20))
+    _write(logs / "reviewq.jsonl", _line("now", 1))
+    _write(logs / "reviewq.jsonl.bak", _line("not a rotated copy", 25))
+    res = run_cli("logs", "--since", "2d")
+    assert _events(res) == ["older", "newer", "now"]
+
+
+def test_until_ends_the_period(rotated_set, run_cli):
+    res = run_cli("logs", "--since", "10h", "--until", "5h")
+    assert _events(res) == ["late.evening", "night"]
+    res = run_cli("logs", "--until", "5h")  # without --since: the log file alone
+    assert _events(res) == ["night"]
+
+
+def test_level_keeps_the_lines_this_grave_or_graver(kb, run_cli):
+    logs = kb.state / "logs"
+    logs.mkdir(parents=True)
+    _write(
+        logs / "reviewq.jsonl",
+        _line("a.info", 5),
+        _line("a.warning", 4, "warning"),
+        _line("a.error", 3, "error"),
+        _line("a.critical", 2, "critical"),
+        _line("a.fatal", 2, "FATAL"),
+        _line("a.warn", 1, "WARN"),
+        _line("an.odd.level", 1, "notice"),  # no level reviewq knows: it could be grave
+    )
+    res = run_cli("logs", "--level", "warning")
+    assert _events(res) == [
+        "a.warning",
+        "a.error",
+        "a.critical",
+        "a.fatal",
+        "a.warn",
+        "an.odd.level",
+    ]
+    res = run_cli("logs", "--level", "ERROR")
+    assert _events(res) == ["a.error", "a.critical", "a.fatal", "an.odd.level"]
+
+
+def test_the_new_options_combine_with_job_event_and_json(rotated_set, run_cli):
+    _write(
+        rotated_set / "reviewq.jsonl",
+        _line("job.failed", 6, "error", job_id=7),
+        _line("job.failed", 5, "error", job_id=8),
+        _line("job.created", 4, job_id=7),
+        _line("attempt.lost", 3, "warning", job_id=7),
+    )
+    _write(rotated_set / "reviewq.jsonl.1", _line("job.failed", 9, "error", job_id=7))
+    res = run_cli("logs", "--since", "10h", "--level", "warning", "--job", "7", "--json")
+    said = [json.loads(x) for x in res.stdout.splitlines()]
+    assert [(x["event"], x["job_id"]) for x in said] == [
+        ("job.failed", 7),
+        ("job.failed", 7),
+        ("attempt.lost", 7),
+    ]
+    res = run_cli("logs", "--since", "8h", "--event", "job.", "--level", "error")
+    assert res.stdout.count("job.failed") == 2 and "job.created" not in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--since", "yesterday"), "error: --since: 'yesterday' is not a duration like '30m'"),
+        (("--since", "25:00"), "error: --since '25:00': not a time of day (00:00 to 23:59"),
+        (("--until", "20261126"), "error: --until '20261126': a duration needs its unit"),
+        (("--since", "2999-01-01"), "error: --since '2999-01-01': after now"),
+        (("--since", "1h", "--until", "2h"), "error: --until '2h': not after --since '1h'"),
+        (("--until", "1h", "-f"), "error: --until '1h' and --follow: following shows lines"),
+        (("--level", "loud"), "error: --level 'loud': not a level (debug, info, warning, error"),
+        (("--level", ""), "Invalid value for '--level': empty"),
+    ],
+)
+def test_a_bad_period_or_level_is_one_line_naming_the_option(rotated_set, run_cli, args, said):
+    res = run_cli("logs", *args)
+    assert res.exit_code != 0 and said in res.stderr, res.stderr
+    if said.startswith("error:"):
+        assert res.stderr.count("\n") == 1 and res.stdout == ""
+
+
+def test_a_bare_time_of_day_is_read_on_this_machines_clock(rotated_set):
+    # +05:30, a zone no whole-hour mistake lands on. Read as UTC, "5 h ago on the clock"
+    # was in the future, so yesterday's, and every line of the day showed.
+    tz = "IST-5:30"
+    local = (NOW - timedelta(hours=7)).astimezone(timezone(timedelta(hours=5, minutes=30)))
+    root = rotated_set.parent.parent
+    res = reviewq_process(
+        "--root", str(root), "logs", "--since", local.strftime("%H:%M"), env={"TZ": tz}
+    )
+    assert res.returncode == 0, res.stderr
+    assert _events(res) == ["night", "morning"]
+    res = reviewq_process(
+        "--root", str(root), "logs", "--since", local.strftime("%Y-%m-%dT%H:%M"), env={"TZ": tz}
+    )
+    assert _events(res) == ["night", "morning"]
+
+
+def test_follow_since_shows_the_period_then_new_lines(rotated_set):
+    proc = subprocess.Popen(
+        [EXE, "--root", str(rotated_set.parent.parent), "logs", "-f", "--since", "10h", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said: queue.Queue[str] = queue.Queue()
+    # A thread reads: select() on the pipe missed lines already in the reader's buffer.
+    reader = threading.Thread(target=lambda: [said.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    try:
+
+        def next_event() -> str:
+            return json.loads(said.get(timeout=10))["event"]
+
+        assert [next_event() for _ in range(3)] == ["late.evening", "night", "morning"]
+        with open(rotated_set / "reviewq.jsonl", "a") as f:
+            f.write(_line("new", 0) + "\n")
+        assert next_event() == "new"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        reader.join(timeout=10)
