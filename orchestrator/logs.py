@@ -344,6 +344,9 @@ def entries(
     def damage(name: Path, text: str, found: tuple[dict, str] | None) -> None:
         nonlocal others
         damaged = text[: len(text) - len(found[1])] if found else text
+        if wanted.job_id is not None and not _names_job(damaged, wanted.job_id):
+            others += 1
+            return
         if wanted.since or wanted.until:
             held.append(_damage_words(name, damaged))
         else:
@@ -384,6 +387,18 @@ def entries(
                 f"warning: {one_line(str(path))}: {others} damaged line(s) passed over that "
                 f"name no job {wanted.job_id} (`reviewq logs` without --job says each)"
             )
+
+
+def _names_job(text: str, job_id: int) -> bool:
+    """Whether the text of a damaged line names ``job_id`` as a line of that job does
+    (:func:`_jobs_of`): a number in a time or a path is not a job's."""
+    return bool(
+        re.search(
+            rf'"(?:job_id|source_job_id)"\s*:\s*{job_id}(?![\d.])'
+            rf'|"(?:into|jobs)"\s*:\s*\[[^\]]*?(?<![\d.]){job_id}(?![\d.])',
+            text,
+        )
+    )
 
 
 def _file_lines(

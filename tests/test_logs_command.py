@@ -555,3 +555,44 @@ def test_warn_is_a_stderr_level_and_a_format_is_read_in_any_case(monkeypatch, tm
     ]
     assert stderr.level == logging.WARNING
     assert "ConsoleRenderer" in repr(stderr.formatter.processors)
+
+
+def test_job_says_only_the_damaged_lines_that_name_the_job_and_counts_the_others(kb, run_cli):
+    """`--job 7` said every damaged line of the file, other jobs' and the NULs of a power
+    loss: a morning's look at one job read as a file full of its damage."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+
+    def about(job: int, event: str, **more: object) -> str:
+        at = {"timestamp": "2026-11-23T01:02:03.456Z", **more}
+        return json.dumps({"job_id": job, "event": event, "level": "info", **at})
+
+    log.write_text(
+        about(7, "job.created")
+        + "\n"
+        + about(8, "attempt.started", timestamp="2026-11-07T07:07:07.777Z")[:70]
+        + "\n"
+        + about(7, "attempt.started")[:30]
+        + about(7, "attempt.ended")
+        + "\n"
+        + json.dumps({"event": "fix.rereview", "jobs": [5, 7, 9]})[:40]
+        + "\n"
+        + "\0" * 40
+        + about(8, "job.finalized")
+        + "\n"
+    )
+    res = run_cli("logs", "--job", "7")
+    assert res.exit_code == 0
+    assert [line.split()[2] for line in res.stdout.splitlines()] == [
+        "job.created",
+        "attempt.ended",
+    ]
+    warnings = res.stderr.splitlines()
+    assert len(warnings) == 3, res.stderr
+    assert '{"job_id": 7, "event": "attemp' in warnings[0]
+    assert '"jobs": [5, 7' in warnings[1]
+    assert warnings[2].endswith(
+        "reviewq.jsonl: 2 damaged line(s) passed over that name no job 7 "
+        "(`reviewq logs` without --job says each)"
+    )
+    assert len(run_cli("logs").stderr.splitlines()) == 4  # without --job, each
