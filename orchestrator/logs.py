@@ -792,7 +792,7 @@ def _warning_line(logger: object, name: str, event_dict: dict) -> str:
     level = event_dict.pop("level", None) or name
     event_dict.pop("logger", None)
     event = event_dict.pop("event", "")
-    said = "error" if str(level).lower() in ("error", "critical", "exception") else "warning"
+    said = "error" if (level_rank(level) or 0) >= logging.ERROR else "warning"
     return one_line(f"{said}: {event}" + (f"  {fields_text(event_dict)}" if event_dict else ""))
 
 

@@ -263,6 +263,16 @@ def test_a_commands_stderr_line_keeps_the_level_of_an_error():
     assert line == "warning: fix.skipped"
 
 
+def test_a_fatal_level_is_critical_on_a_commands_stderr():
+    """`fatal` (logging's other name for critical, as a writer of another make spells it)
+    was said as a `warning:` line: the cron mail lost the gravest level of all."""
+    from orchestrator.logs import _warning_line
+
+    for level in ("FATAL", "fatal", "Critical"):
+        line = _warning_line(None, "critical", {"event": "store.lost", "level": level})
+        assert line == "error: store.lost"
+
+
 def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
     """OPERATIONS' "everything that went wrong tonight" jq recipe picked `reason` only: a
     job that failed its attempts, a retry and a reviewer failure log `reasons`, so each
