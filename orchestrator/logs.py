@@ -103,6 +103,10 @@ def lines(
                     continue
                 partial += chunk  # the end of the file, for now
                 if not follow:
+                    if _truncated(f, path):
+                        # Copied and emptied (copytruncate) under the read: the half line
+                        # and the rest are whole in the copy; said as damage, they were not.
+                        raise Truncated(path)
                     if partial and looks < _UNFINISHED_LOOKS:
                         # Else a line read while its writer wrote it was said as damaged.
                         looks += 1

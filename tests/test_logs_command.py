@@ -114,6 +114,37 @@ def test_a_last_line_read_while_it_is_written_is_waited_for_without_follow(tmp_p
     assert len(looks) == logs._UNFINISHED_LOOKS
 
 
+def test_a_log_copied_and_emptied_under_a_read_is_said_so_not_as_a_damaged_line(tmp_path):
+    """logrotate's `copytruncate` while `reviewq logs` read (a large log takes seconds):
+    the half line it had read, whole in the copy, was said as a damaged line, cut short
+    by a crash."""
+    from orchestrator import logs
+
+    log = tmp_path / "reviewq.jsonl"
+    text = _line("halves")
+    log.write_text(_line("first") + "\n" + text[:10])
+    looks = []
+
+    def wait() -> None:  # the writer ends its line, then logrotate copies and empties
+        looks.append(1)
+        if len(looks) == 1:
+            with open(log, "a") as f:
+                f.write(text[10:] + "\n")
+            shutil.copy(log, log.with_suffix(".jsonl.1"))
+            with open(log, "r+") as f:
+                f.truncate(0)
+
+    said: list[str] = []
+    got = logs.entries(log, logs.Wanted(), said.append, wait=wait)
+    assert [rec["event"] for rec, _ in got] == ["first"]
+    assert len(said) == 1 and "damaged" not in said[0], said
+    assert said[0].endswith(
+        "reviewq.jsonl: emptied while read (logrotate's copytruncate): the lines after the "
+        "last one shown are in its rotated copy (`reviewq logs --since` reads it too)"
+    )
+    assert log.with_suffix(".jsonl.1").read_text().endswith(text + "\n")  # whole there
+
+
 def test_lines_written_to_a_log_just_before_it_was_renamed_away_are_shown(tmp_path, monkeypatch):
     # The follower read to the end of the file, then found a new file by its name and
     # switched to it: what the writer put in the old one in between was never shown.
