@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -265,15 +266,15 @@ def _when(rec: dict) -> datetime | None:
 
 # The names logrotate gives the log's copies: `reviewq.jsonl.1`, `reviewq.jsonl.2.gz`,
 # and with `dateext`, `reviewq.jsonl-20261126` (and `.gz`).
-_ROTATED = re.compile(r"(?:\.\d+|-\d[\w.:-]*?)(?:\.gz)?")
+_ROTATED = re.compile(r"(?:\.\d+|-\d[\d_.:-]*?)(?:\.gz)?")
 # How many lines of a rotated copy are looked at for its first time.
 _FIRST_LINES = 100
 
 
-def rotated(path: Path) -> list[Path]:
-    """The log's rotated copies beside it, oldest first, by the first time each holds
-    (their names order them only by the rotation's own scheme); one whose first lines
-    say no time, by its modification time."""
+def rotated(path: Path) -> list[tuple[datetime, Path]]:
+    """The log's rotated copies beside it with the first time each holds, oldest first
+    (their names order them only by the rotation's own scheme, `dateformat` its own);
+    one whose first lines say no time, by its modification time."""
     try:
         names = [
             p
@@ -284,7 +285,7 @@ def rotated(path: Path) -> list[Path]:
         ]
     except OSError:
         return []
-    return [p for _, p in sorted((_first_time(p), p) for p in names)]
+    return sorted((_first_time(p), p) for p in names)
 
 
 def _open_text(path: Path):  # noqa: ANN202 - a text file, gzip's or the system's
@@ -301,8 +302,8 @@ def _first_time(path: Path) -> datetime:
                 at = _when(found[0]) if found else None
                 if at is not None:
                     return at
-    except (OSError, EOFError, UnicodeError):
-        pass  # a copy still being compressed, or not gzip's: its time on disk
+    except (OSError, EOFError, zlib.error):
+        pass  # a copy still being compressed, or damaged: its time on disk
     try:
         return datetime.fromtimestamp(path.stat().st_mtime, UTC)
     except OSError:
@@ -315,8 +316,8 @@ def files_for(path: Path, wanted: Wanted) -> list[Path]:
     (a copy holds the lines from its first time to the next file's)."""
     if wanted.since is None:
         return [path]
-    copies = rotated(path)
-    starts = [_first_time(p) for p in copies]
+    found = rotated(path)
+    starts, copies = [t for t, _ in found], [p for _, p in found]
     try:
         now = _first_time(path) if path.stat().st_size else None
     except OSError:
@@ -342,27 +343,25 @@ def entries(
     A damaged line is told to ``said`` in one ``warning:`` line: with a period, only one
     in it (the line after it is); with a job, only one that names the job's number, the
     others counted in one line at the end."""
-    held: list[str] = []  # damage said once the line after it shows whether it is in the period
-    others = 0  # damaged lines passed over that name no job wanted.job_id
+    # Damage is told once the line after it shows whether it falls in the period.
+    held: list[tuple[Path, str]] = []
+    others = 0  # damaged lines in the period passed over that name no job wanted.job_id
 
-    def damage(name: Path, text: str, found: tuple[dict, str] | None) -> None:
+    def tell() -> None:
         nonlocal others
-        damaged = text[: len(text) - len(found[1])] if found else text
-        if wanted.job_id is not None and not _names_job(damaged, wanted.job_id):
-            others += 1
-            return
-        if wanted.since or wanted.until:
-            held.append(_damage_words(name, damaged))
-        else:
-            said(_damage_words(name, damaged))
+        for name, damaged in held:
+            if wanted.job_id is None or _names_job(damaged, wanted.job_id):
+                said(_damage_words(name, damaged))
+            else:
+                others += 1
+        held.clear()
 
     def settle(rec: dict | None) -> None:
         keep = True if rec is None else wanted.in_period(rec)
         if keep is None:
             return  # a line with no time: the next one tells
         if keep:
-            for words in held:
-                said(words)
+            tell()
         held.clear()
 
     try:
@@ -375,7 +374,9 @@ def entries(
                 if found is None or found[1] != text:
                     # Said, not passed over in silence; and a line written after the
                     # damage is shown: it was hidden with the half line it was appended to.
-                    damage(name, text, found)
+                    held.append((name, text[: len(text) - len(found[1])] if found else text))
+                    if not (wanted.since or wanted.until):
+                        tell()
                 if found is None:
                     continue
                 if held:
@@ -427,7 +428,7 @@ def _file_lines(
     try:
         with _open_text(name) as f:
             yield from f
-    except (OSError, EOFError) as exc:  # a copy still being compressed, or damaged
+    except (OSError, EOFError, zlib.error) as exc:  # a copy still being compressed, or damaged
         said(f"warning: {one_line(str(name))}: cannot read on ({exc}): the rest passed over")
 
 

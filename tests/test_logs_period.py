@@ -201,3 +201,38 @@ def test_follow_since_shows_the_period_then_new_lines(rotated_set):
         proc.kill()
         proc.wait(timeout=10)
         reader.join(timeout=10)
+
+
+def test_damage_is_said_only_in_the_period_and_counted_only_there(rotated_set, run_cli):
+    """A damaged line three days back in a rotated copy is not the night's: said with
+    `--since 8h`, the morning's look began with the damage of days no one asked about."""
+    cut = _line("cut.short", 9.5, job_id=8)[:40]
+    _write(rotated_set / "reviewq.jsonl.1", _line("evening", 12), cut, _line("late.evening", 9))
+    _write(
+        rotated_set / "reviewq.jsonl",
+        _line("night", 6, job_id=7),
+        json.dumps({"job_id": 8, "event": "cut"})[:25],
+        json.dumps({"job_id": 7, "event": "cut"})[:25],
+        _line("morning", 1, job_id=7),
+    )
+    res = run_cli("logs", "--since", "10h")
+    assert res.stderr.count("a damaged line passed over") == 3
+    res = run_cli("logs", "--since", "8h")
+    assert res.stderr.count("a damaged line passed over") == 2
+    assert "reviewq.jsonl.1" not in res.stderr
+    res = run_cli("logs", "--since", "8h", "--job", "7")
+    said = res.stderr.splitlines()
+    assert len(said) == 2 and said[0].endswith('{"job_id": 7, "event": "c'), said
+    assert "1 damaged line(s) passed over that name no job 7" in said[1]
+    assert _events(res) == ["night", "morning"]
+
+
+def test_a_rotated_copy_damaged_inside_is_said_and_the_rest_read(rotated_set, run_cli):
+    gz = rotated_set / "reviewq.jsonl.2.gz"
+    whole = bytearray(gz.read_bytes())
+    body = whole.index(0, 10) + 1  # after the header and the file name it carries
+    whole[body] ^= 0xFF  # the first byte of the compressed body: zlib.error, not OSError
+    gz.write_bytes(bytes(whole))
+    res = run_cli("logs", "--since", "4d")
+    assert res.exit_code == 0 and "reviewq.jsonl.2.gz: cannot read on" in res.stderr
+    assert _events(res)[-4:] == ["evening", "late.evening", "night", "morning"]
