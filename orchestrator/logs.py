@@ -325,7 +325,7 @@ def files_for(path: Path, wanted: Wanted) -> list[Path]:
     ends = [*starts[1:], now]
     return [
         p
-        for p, start, end in zip(copies, starts, ends, strict=True)
+        for p, start, end in zip(copies, starts, ends, strict=False)
         if (end is None or end > wanted.since) and (wanted.until is None or start < wanted.until)
     ] + [path]
 

@@ -61,6 +61,10 @@ def test_since_reads_the_rotated_copies_that_reach_into_the_period(rotated_set, 
     assert _events(res) == ["two.days", "evening", "late.evening", "night", "morning"]
     # Without --since, the log file alone, as before.
     assert _events(run_cli("logs")) == ["night", "morning"]
+    for copy in ("reviewq.jsonl.1", "reviewq.jsonl.2.gz"):  # and a log never rotated
+        (rotated_set / copy).unlink()
+    res = run_cli("logs", "--since", "3h")
+    assert res.exit_code == 0 and _events(res) == ["morning"]
 
 
 def test_a_copy_the_period_does_not_reach_is_not_read(rotated_set, run_cli):
