@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import queue
+import shutil
 import subprocess
 import threading
 from datetime import UTC, datetime, timedelta, timezone
@@ -240,3 +241,29 @@ def test_a_rotated_copy_damaged_inside_is_said_and_the_rest_read(rotated_set, ru
     res = run_cli("logs", "--since", "4d")
     assert res.exit_code == 0 and "reviewq.jsonl.2.gz: cannot read on" in res.stderr
     assert _events(res)[-4:] == ["evening", "late.evening", "night", "morning"]
+
+
+@pytest.mark.skipif(shutil.which("logrotate") is None, reason="logrotate is not installed")
+def test_a_set_rotated_by_logrotate_itself_is_read_back_in_order(kb, run_cli, tmp_path):
+    """OPERATIONS §5's rotation (copytruncate, and compress with delaycompress), run by
+    logrotate three times over a night: `.3.gz`, `.2.gz`, `.1`, then the log."""
+    logs = kb.state / "logs"
+    logs.mkdir(parents=True)
+    log = logs / "reviewq.jsonl"
+    conf = tmp_path / "logrotate.conf"
+    conf.write_text(f"{log} {{\n copytruncate\n compress\n delaycompress\n rotate 5\n}}\n")
+    for event, hours in (("two.days", 50), ("yesterday", 26), ("evening", 10), ("night", 2)):
+        with open(log, "a") as f:
+            f.write(_line(event, hours, "warning") + "\n" + _line(f"{event}.info", hours) + "\n")
+        if event != "night":
+            rotate = [shutil.which("logrotate"), "-f", "-s", str(tmp_path / "state"), str(conf)]
+            subprocess.run(rotate, check=True, timeout=60)
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "reviewq.jsonl",
+        "reviewq.jsonl.1",
+        "reviewq.jsonl.2.gz",
+        "reviewq.jsonl.3.gz",
+    ]
+    res = run_cli("logs", "--since", "30h", "--level", "warning")
+    assert res.stderr == "" and _events(res) == ["yesterday", "evening", "night"]
+    assert _events(run_cli("logs", "--since", "3d", "--level", "warning"))[0] == "two.days"
