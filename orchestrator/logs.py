@@ -87,7 +87,8 @@ def lines(
     ever (``wait`` between looks). A line still being written waits for its end; without
     ``follow``, a few looks at most, then it is given as it is (cut short by a crash). A
     file truncated in place (``copytruncate``, as OPERATIONS §5 rotates it) or replaced
-    by a new one is read again from its start."""
+    by a new one is read again from its start when followed; without ``follow``, one
+    truncated under the read raises :class:`Truncated` (the rest is in the copy)."""
     if wait is None:
         wait = functools.partial(time.sleep, 0.5 if follow else _UNFINISHED_WAIT_S)
     while follow and not path.exists():
