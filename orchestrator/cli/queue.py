@@ -882,7 +882,7 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
 
         if (problem := unwritable(worker_folder(ws.settings))) is not None:
             report(False, f"--state {shown(str(ws.state_dir))}: {shown(problem)}")
-    _doctor_reviewers(ws, report)
+    _doctor_reviewers(ws, report, remote=not worker_only and bool(ws.settings.queue.url))
     if problems:
         raise Refused(f"{problems} problem(s)")
     warn([])
@@ -1098,12 +1098,32 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             report(False, problem)
 
 
-def _doctor_reviewers(ws: Workspace, report) -> None:
+# Where a Redis queue's workers may be: what the control's machine lacks for a reviewer.
+ELSEWHERE = (
+    "on this machine: a worker here would fail its jobs, one on another machine is checked "
+    "there with reviewq --config worker.toml --state DIR doctor --worker"
+)
+
+
+def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
     """Each reviewer's program is on PATH (an ``openai`` profile's endpoint answers), and
-    the key variable it names is set."""
+    the key variable it names is set. ``remote``: the control's doctor on a Redis queue,
+    whose agents may all run on other machines (OPERATIONS §6.6): what this machine lacks
+    is said as a warning, not a problem, or a control whose workers are elsewhere never
+    passed its own health check (the endpoint reachable only from the workers' network,
+    the CLI installed only there)."""
     from workers.openai_agent import shown as url_shown
     from workers.reviewers import UnsupportedKind, for_profile
     from workers.reviewers.openai import endpoint_problem, key_problem
+
+    if remote:
+        said = report
+
+        def report(ok: bool, text: str) -> None:
+            if ok:
+                said(ok, text)
+            else:
+                click.echo(f"warning: {text} ({ELSEWHERE})")
 
     for name, profile in sorted(ws.settings.reviewers.items()):
         try:
