@@ -7,11 +7,12 @@ Needs root (network namespaces); it skips, saying why, where it cannot make them
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
 
-from .test_partitions import TwoHosts
+from .test_partitions import Events, TwoHosts
 from .test_two_hosts import EXE, hosts
 from .test_vendor_clis import Model
 
@@ -70,3 +71,45 @@ def test_the_controls_doctor_passes_where_only_remote_workers_run_the_agents(hos
         worker.stdout.splitlines()
     ), worker.stdout
     assert "ok: reviewer far (command)" in worker.stdout.splitlines(), worker.stdout
+
+
+def test_each_operator_of_two_kbs_on_one_redis_database_reads_it_in_status(hosts, tmp_path):
+    """Two KBs, one on each host, their reviewq.toml giving one Redis database by mistake:
+    each control logged `queue.shared` once, and `doctor` said it, but `reviewq status`,
+    what an operator reads at 7 a.m., said "control: running" and nothing else, while the
+    workers of each took the other's review messages and each control the other's
+    outcomes."""
+    two = TwoHosts(tmp_path, hosts)
+    other = tmp_path / "other-site"  # the second KB, on the second host
+    shutil.copytree(two.root / "kb", other / "kb")
+    shutil.copy(two.root / "reviewq.toml", other / "reviewq.toml")
+    sites = {two.root: two.in_ctl, other: two.in_wrk}
+    try:
+        two.start_redis()
+        logs = {}
+        for root, where in sites.items():
+            proc = two.procs.start(
+                [*where, EXE, "--root", str(root), "control"],
+                env=two.env, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            logs[root] = Events(proc.stderr)
+            logs[root].wait("control.started", 60)
+        for events in logs.values():
+            events.wait("queue.shared", 60)
+        status = {
+            root: subprocess.run(
+                [*where, EXE, "--root", str(root), "status"],
+                env=two.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )  # fmt: skip
+            for root, where in sites.items()
+        }
+    finally:
+        two.procs.stop_all()
+    for mine, theirs in ((two.root, other), (other, two.root)):
+        assert status[mine].returncode == 0, status[mine].stderr
+        (line,) = [x for x in status[mine].stdout.splitlines() if x.startswith("queue shared")]
+        assert f"state folder {theirs / '.reviewq'}" in line, line
+        assert "its own database" in line, line

@@ -549,6 +549,12 @@ def _liveness(data: dict, held: int) -> list[str]:
         ]
     else:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
+        if shared := data["control"].get("shared"):
+            # Said once a run in its log: the operator of each KB read nothing of it here.
+            lines.append(
+                f"queue shared, said at {shared['at'][:19]}Z: {shared['said']} (reviewq logs "
+                "--event queue.shared; said until the control restarts)"
+            )
     if by_hand:
         lines.append(
             f"{by_hand} job(s) made by create-jobs are run by hand (reviewq run-job N, or an "

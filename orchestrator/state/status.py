@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -225,7 +225,10 @@ def status(store: Store, settings: Settings) -> dict:
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
         "fixes_unwritten": unwritten_fixes(store),
-        "control": {"pid": control_pid(settings.state_dir)},
+        "control": {
+            "pid": control_pid(settings.state_dir),
+            "shared": shared_since_start(logs.log_path(settings.state_dir)),
+        },
         "workers": {
             **workers_heard(store),
             "refused": refused_lately(
@@ -291,29 +294,52 @@ def _left_by_an_upgrade(line: dict, started: str | None) -> bool:
     return timedelta(0) <= after <= timedelta(seconds=LEFTOVERS_S)
 
 
+def _tail_lines(log: Path, start: int, events: tuple[bytes, ...]) -> Iterator[dict]:
+    """The lines of the log from byte ``start`` (from its beginning if it is shorter now:
+    truncated since) whose event is one of ``events``, parsed as `reviewq logs` reads
+    them. Raises OSError."""
+    with open(log, "rb") as f:
+        f.seek(start if f.seek(0, os.SEEK_END) >= start else 0)
+        for raw in f:
+            if not any(b'"%s"' % event in raw for event in events):
+                continue
+            # As `reviewq logs` reads it: a line cut short has the next one after it (O1).
+            rec = logs.record(raw.decode("utf-8", "replace"))
+            yield rec[0] if rec is not None else {}
+
+
 def last_refusal(log: Path, start: int) -> dict | None:
-    """The last ``message.refused`` line of the log from byte ``start`` (from its
-    beginning if it is shorter now: truncated since) that is not of what an upgrade
-    left on a queue (``_left_by_an_upgrade``), or None."""
+    """The last ``message.refused`` line of the log from byte ``start`` that is not of
+    what an upgrade left on a queue (``_left_by_an_upgrade``), or None."""
     found, started = None, None
     try:
-        with open(log, "rb") as f:
-            f.seek(start if f.seek(0, os.SEEK_END) >= start else 0)
-            for raw in f:
-                if b'"message.refused"' not in raw and b'"control.started"' not in raw:
-                    continue
-                # As `reviewq logs` reads it: a line cut short has the next one after it (O1).
-                rec = logs.record(raw.decode("utf-8", "replace"))
-                line = rec[0] if rec is not None else {}
-                if line.get("event") == "control.started":
-                    started = line.get("timestamp")
-                elif line.get("event") == "message.refused" and not _left_by_an_upgrade(
-                    line, started
-                ):
-                    found = line
+        for line in _tail_lines(log, start, (b"message.refused", b"control.started")):
+            if line.get("event") == "control.started":
+                started = line.get("timestamp")
+            elif line.get("event") == "message.refused" and not _left_by_an_upgrade(line, started):
+                found = line
     except OSError:
         return None
     return found
+
+
+def shared_since_start(log: Path) -> dict | None:
+    """The running control's ``queue.shared`` line (another control process feeds its
+    Redis database) from its log's end, ``at`` and ``said``, or None. Said once a run, in the log
+    alone: each operator of two KBs on one database ran `status` and read nothing of it,
+    while the workers of each took the other's messages."""
+    said = None
+    try:
+        start = max(0, log.stat().st_size - REFUSALS_TAIL_BYTES)
+        for line in _tail_lines(log, start, (b"queue.shared", b"control.started")):
+            said = (
+                {"at": str(line.get("timestamp")), "said": str(line.get("reason") or "")}
+                if line.get("event") == "queue.shared"
+                else None
+            )
+    except OSError:
+        return None
+    return said
 
 
 def refusal_said(line: dict) -> str:
