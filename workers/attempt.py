@@ -427,6 +427,15 @@ def _scratch_prefix(job_id: object, attempt: object) -> str:
 def _drop(scratch: str | None) -> None:
     if not scratch:
         return
+    try:
+        # What most agents leave: an empty folder, gone in one call. rmtree's walk of it
+        # (its checks, a descriptor, a listing: 14 calls) cost ~45 µs a job in a worker.
+        os.rmdir(scratch)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass  # not empty (or not a folder): walked below, as ever
     shutil.rmtree(scratch, ignore_errors=True)
     if os.path.isdir(scratch) and not os.path.islink(scratch):
         # Kept by a folder the agent left read-only (Go makes its module cache so): a
