@@ -33,7 +33,8 @@ AGENT_TMPDIRS_LEFT: dict[str, set[Path]] = {}
 
 
 def _agent_tmpdirs(folder: Path) -> set[Path]:
-    return set(folder.glob("reviewq-job-*"))
+    # An attempt's own (run-job's), or a worker thread's kept one (workers.attempt._KEPT).
+    return set(folder.glob("reviewq-job-*")) | set(folder.glob("reviewq-worker-*"))
 
 
 @pytest.fixture(autouse=True)

@@ -464,6 +464,35 @@ def test_an_empty_tmpdir_goes_without_a_walk_and_one_an_agent_filled_with_one(
     assert len(walked) == 1 and list(own_tmpdir.glob("reviewq-job-*")) == []
 
 
+def test_a_workers_agents_share_a_kept_tmpdir_emptied_between_them(root, own_tmpdir):
+    """Made and removed for every agent, the TMPDIR cost a worker ~60-300 µs of CPU a job
+    (a disk's /tmp journals the mkdir and the rmdir). A worker thread's agents share one,
+    named in its process's list before it is made, emptied of what each agent left
+    before the next has it, and removed by the worker's stop."""
+    import os
+    import socket
+
+    from workers import attempt
+
+    registry = attempt.registry_dir(root.parent / "state")
+    seen = []
+    for script in (
+        'mkdir "$TMPDIR/d"; echo x > "$TMPDIR/d/f"; echo y > "$TMPDIR/.h"',
+        'test -z "$(ls -A "$TMPDIR")"',  # the first agent's files are gone
+    ):
+        out = _attempt(root, f'echo "$TMPDIR"; {script}', registry=registry, keep_tmpdir=True)
+        assert out.classification == "output", out.reasons
+        seen.append((root.parent / "attempt" / "stdout.log").read_text().strip())
+    kept = Path(seen[0])
+    assert seen == [str(kept)] * 2 and kept.parent == own_tmpdir
+    assert kept.name.startswith(f"reviewq-worker-{os.getpid()}-") and list(kept.iterdir()) == []
+    listed = registry / f"{socket.gethostname()}-{os.getpid()}.tmpdirs"
+    assert listed.read_text().splitlines() == [str(kept)]
+    assert [p.name for p in registry.iterdir()] == [listed.name]  # no agent's entry left
+    attempt.reap_orphans(root.parent / "state", mine=True)  # the worker's stop
+    assert not kept.exists() and not listed.exists()
+
+
 def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):
     from workers import attempt
 

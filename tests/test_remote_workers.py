@@ -725,6 +725,41 @@ def test_a_reap_cut_short_leaves_the_entry_of_the_tmpdir_it_had_yet_to_remove(
     assert list(attempt.registry_dir(folder).iterdir()) == []
 
 
+def test_a_dead_workers_kept_tmpdirs_go_with_the_next_reap(tmp_path, monkeypatch, own_tmpdir):
+    """A worker thread's TMPDIR is kept between its agents (workers.attempt._KEPT), when
+    no agent's entry names it: a worker killed between two agents left it to no reap.
+    Its process's list names it; a reap cut short keeps the list for the next one."""
+    import socket
+    import subprocess
+
+    from workers import attempt
+
+    folder = tmp_path / "w"
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    kept = own_tmpdir / f"reviewq-worker-{dead.pid}-abcdef"
+    (kept / "d").mkdir(parents=True)
+    (kept / "d" / "f").write_text("left by an agent")
+    other = own_tmpdir / "not-a-kept-tmpdir"  # named, but not of that worker's making
+    other.mkdir()
+    attempt.registry_dir(folder).mkdir(parents=True)
+    listed = attempt.registry_dir(folder) / f"{socket.gethostname()}-{dead.pid}.tmpdirs"
+    listed.write_text(f"{kept}\n{other}\n{own_tmpdir / 'never-made'}\n")
+    drop = attempt._drop
+
+    def cut_short(scratch: str | None) -> None:
+        raise SystemExit  # the reaping worker killed there
+
+    monkeypatch.setattr(attempt, "_drop", cut_short)
+    with pytest.raises(SystemExit):
+        attempt.reap_orphans(folder, said="their worker died")
+    assert listed.exists()
+    monkeypatch.setattr(attempt, "_drop", drop)
+    attempt.reap_orphans(folder, said="their worker died")  # the next worker's
+    assert not kept.exists() and other.is_dir()
+    assert list(attempt.registry_dir(folder).iterdir()) == []
+
+
 def test_a_reap_leaves_the_entry_a_live_worker_is_writing(tmp_path, monkeypatch):
     """An agent's registry entry is made, then written: a reap of another process (a
     worker sharing the --state as it starts or stops, a sweep's) that read it in between

@@ -450,6 +450,72 @@ def _drop(scratch: str | None) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+# A worker thread's agents share one TMPDIR, kept between them and emptied after each:
+# made and removed for every agent, the folder cost ~60-300 µs of the worker's CPU a job
+# (mkdir and rmdir on a disk's /tmp journal an inode and a block each time). Named in
+# this process's ``HOST-PID.tmpdirs`` (one path a line, written before the folder is
+# made) for as long as it lives: a worker killed between two agents leaves it to the
+# next reap, as one killed mid-run leaves its agent's entry.
+_KEPT = threading.local()  # .path: this thread's kept TMPDIR
+_KEPT_ALL: set[str] = set()  # every thread's, until the stop's reap removes them
+_KEPT_SUFFIX = ".tmpdirs"
+
+
+def _kept_prefix(pid: int) -> str:
+    return f"reviewq-worker-{pid}-"
+
+
+def _kept_scratch(registry: Path, profile_env: dict[str, str]) -> str | None:
+    """This thread's kept TMPDIR (made, and named in the process's list first, when it
+    has none); None as :func:`_scratch` says it."""
+    if "TMPDIR" in profile_env:
+        return None
+    path = getattr(_KEPT, "path", None)
+    if path is not None and path in _KEPT_ALL:
+        return path
+    pid = os.getpid()
+    path = os.path.join(tempfile.gettempdir(), _kept_prefix(pid) + os.urandom(8).hex())
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    listed = registry / f"{socket.gethostname()}-{pid}{_KEPT_SUFFIX}"
+    try:
+        try:
+            fd = os.open(listed, flags, 0o666)
+        except FileNotFoundError:
+            registry.mkdir(parents=True, exist_ok=True)
+            fd = os.open(listed, flags, 0o666)
+        try:
+            os.write(fd, os.fsencode(path) + b"\n")
+        finally:
+            os.close(fd)
+        os.mkdir(path, 0o700)
+    except OSError:
+        return None
+    _KEPT.path = path
+    _KEPT_ALL.add(path)
+    return path
+
+
+def _empty_kept(path: str) -> None:
+    """What an agent left in the kept TMPDIR goes before the next agent has it; a folder
+    that cannot be emptied (or is gone) is removed and not kept."""
+    try:
+        names = os.listdir(path)
+        if not names:
+            return  # what most agents leave
+        for name in names:
+            left = os.path.join(path, name)
+            if stat.S_ISDIR(os.lstat(left).st_mode):
+                _drop(left)
+            else:
+                os.unlink(left)
+        if not os.listdir(path):
+            return
+    except OSError:
+        pass
+    _KEPT_ALL.discard(path)
+    _drop(path)
+
+
 def _environ() -> dict[bytes, bytes] | os._Environ[bytes]:
     """This process's environment as bytes, as it is now. ``os.environb`` keeps a plain
     dict of it in step with every change made through ``os.environ``: read through the
@@ -562,11 +628,13 @@ def run_attempt(
     tick_s: float = 30.0,
     on_launch: Callable[[str], None] | None = None,
     registry: Path | None = None,
+    keep_tmpdir: bool = False,
 ) -> AttemptOutcome:
     """Run one attempt to its end and classify it (CONTRACT §6 step 4). ``on_launch`` runs
     once the agent has started, with the attempt's ``started_at``; ``on_tick`` every ``tick_s`` while it runs. A file under
     ``trees`` that changes, appears or goes away counts as touched like a guarded one.
-    ``registry`` is the folder where the running agent is registered for orphan reaping."""
+    ``registry`` is the folder where the running agent is registered for orphan reaping;
+    with ``keep_tmpdir`` (a worker's threads) its TMPDIR is the thread's kept one."""
     spec.attempt_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         spec.output_path.unlink()  # a leftover from a run of this attempt that was lost
@@ -594,23 +662,26 @@ def run_attempt(
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
     proc = registered = scratch = None
+    kept = keep_tmpdir and registry is not None
     try:
         with _LAUNCHING:
             if not STOPPING.is_set():
                 # Made with the agent, and named in its registry entry before a stop can
                 # look: made before the window's scan, it was left by a worker's stop or
-                # a run-job's interrupt that came meanwhile, with nothing naming it.
-                scratch = _scratch(spec, cmd.env)
+                # a run-job's interrupt that came meanwhile, with nothing naming it. A
+                # kept one is named in the process's list before it is made.
+                scratch = _kept_scratch(registry, cmd.env) if kept else _scratch(spec, cmd.env)
                 if scratch:  # the profile's env names none, nor does the attempt's
                     env[b"TMPDIR"] = os.fsencode(scratch)
                 proc = launch(cmd.argv, env, cmd.cwd, spec.stdout_path, spec.stderr_path)
                 if registry is not None:
-                    registered = register_agent(registry, spec, proc.pid, marker, scratch)
+                    named = None if kept else scratch  # a kept one: its list names it
+                    registered = register_agent(registry, spec, proc.pid, marker, named)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
     finally:
-        if proc is None:
+        if proc is None and not kept:
             _drop(scratch)  # an interrupt's way out included: no agent, no entry has it
     if proc is None:
         if window is not None:
@@ -636,8 +707,13 @@ def run_attempt(
         changed = WATCH.end(window) if window is not None else set()
         # The agent's group has ended (or was killed) by now. Its TMPDIR goes before the
         # entry that names it: a worker's stop that found the entry gone exited under
-        # this thread, and one killed here left the folder for no reap to find.
-        _drop(scratch)
+        # this thread, and one killed here left the folder for no reap to find. A kept
+        # one is emptied for the next agent; its list names it still.
+        if kept:
+            if scratch:
+                _empty_kept(scratch)
+        else:
+            _drop(scratch)
         if registered is not None:
             registered.unlink(missing_ok=True)
     out.duration_s = time.monotonic() - start
@@ -1083,6 +1159,21 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
             with contextlib.suppress(OSError):
                 if path.stat().st_mtime < time.time() - _UNREADABLE_ENTRY_S:
                     path.unlink()
+    lists = []  # processes' lists of kept TMPDIRs: a dead one's, or with mine this one's
+    for path in folder.glob(f"{socket.gethostname()}-*{_KEPT_SUFFIX}") if folder.is_dir() else []:
+        pid = path.name[: -len(_KEPT_SUFFIX)].rsplit("-", 1)[-1]
+        if not pid.isdigit() or (int(pid) == os.getpid()) != mine:
+            continue
+        if not mine and _alive_worker(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            for line in path.read_bytes().decode("utf-8", "replace").splitlines():
+                if Path(line).name.startswith(_kept_prefix(int(pid))):
+                    scratches.append(line)
+            lists.append(path)
+    if mine:
+        with _LAUNCHING:
+            _KEPT_ALL.clear()  # its threads make new ones if they run agents again
     # Attempts a live worker runs (one sharing this folder may run an attempt a stopped
     # worker had queued again): their folders are theirs.
     live_attempts = {
@@ -1130,7 +1221,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         _drop(scratch)
     # Only then the entries that name them: a reap cut short (a worker killed as it
     # started, or as it stopped) left them to the next one.
-    for path in reaped:
+    for path in [*reaped, *lists]:
         path.unlink(missing_ok=True)
     if folders:
         _remove_unheld(state_dir, folders)

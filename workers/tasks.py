@@ -376,6 +376,7 @@ def _run_prepared(
                 tick_s=msg["heartbeat_s"],
                 on_launch=beat.launched,
                 registry=registry_dir(place.folder),
+                keep_tmpdir=True,
             )
         except Exception as exc:  # noqa: BLE001 - said and counted, not lost
             # Raised out of the task, no outcome went back: the attempt was reaped as
