@@ -801,6 +801,35 @@ def test_an_agents_read_only_folder_does_not_keep_its_tmpdir_from_a_worker_not_r
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_a_tmpdir_its_agent_made_unreadable_goes_for_a_worker_not_root():
+    """L12 made writable again the folders an agent left read-only, found by a walk of its
+    TMPDIR: an agent that took the rights off the TMPDIR itself (chmod 000 "$TMPDIR")
+    left it to a walk that lists nothing, and it stayed, at every attempt's end and every
+    reap, while the entry (or list) naming it went."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from .conftest import HOST_TMP, PROJECT
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to remove it as a worker that is not root")
+    base = Path(tempfile.mkdtemp(dir=HOST_TMP))  # pytest's basetemp is root's alone
+    try:
+        scratch = base / "reviewq-job-1-attempt-1-abcdefgh"
+        (scratch / "d").mkdir(parents=True)
+        (scratch / "d" / "f").write_text("left\n")
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        scratch.chmod(0)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        drop = f"import workers.attempt as a; a._drop({str(scratch)!r})"
+        subprocess.run([*nobody, sys.executable, "-c", drop], cwd=PROJECT, check=True, timeout=60)
+        assert not scratch.exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # Run in a process of its own: a subreaper adopts every orphan of its descendants.
 SUBREAPER_SCRIPT = """
 import json, os, subprocess, sys, time

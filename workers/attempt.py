@@ -441,7 +441,10 @@ def _drop(scratch: str | None) -> None:
         # Kept by a folder the agent left read-only (Go makes its module cache so): a
         # worker that is not root removes nothing under it. Its group has ended, so
         # nothing swaps a folder for a link meanwhile; links are neither followed nor
-        # made writable.
+        # made writable. The folder itself first: the walk lists nothing of one it
+        # cannot read (an agent's chmod 000 "$TMPDIR").
+        with contextlib.suppress(OSError):
+            os.chmod(scratch, 0o700)
         for top, folders, _ in os.walk(scratch):
             for path in [top, *(os.path.join(top, name) for name in folders)]:
                 with contextlib.suppress(OSError):
