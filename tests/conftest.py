@@ -56,6 +56,13 @@ def own_tmpdir(
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     before = _agent_tmpdirs(HOST_TMP)
     yield folder
+    attempt = sys.modules.get("workers.attempt")
+    if attempt is not None:
+        # Kept by the test process's own threads as a worker's (run_review in-process),
+        # which no stop of a worker reaps: the next test's agents would have had them.
+        for kept in list(attempt._KEPT_ALL):
+            attempt._drop(kept)
+        attempt._KEPT_ALL.clear()
     if new := (_agent_tmpdirs(HOST_TMP) - before) | _agent_tmpdirs(folder):
         AGENT_TMPDIRS_LEFT[request.node.nodeid] = new
 
