@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -826,6 +827,44 @@ def test_a_file_another_user_owns_is_one_line_not_an_internal_error():
         "/srv/kb/.reviewq/state.db: Permission denied (run reviewq as a user who may read and "
         "write the state folder and the KB)"
     )
+
+
+def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
+    """The 7 a.m. look as another user than the service's (a state folder of mode 0700):
+    `status`, `report`, `escalations`, `decide` said "internal error: PermissionError …
+    (please report it)": the group's look for state.db ran outside the commands' guard.
+    As root, the process runs without CAP_DAC_OVERRIDE, so the mode holds for it too."""
+    import shutil
+    import sys
+
+    from .conftest import reviewq_process
+
+    wrap: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("as root, needs setpriv to drop the capabilities that pass a mode")
+        wrap = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0
+    exe = str(Path(sys.executable).parent / "reviewq")
+    kb.state.chmod(0)
+    try:
+        for args in (["status"], ["report"], ["escalations"], ["decide", "1", "approve"]):
+            res = subprocess.run(
+                [*wrap, exe, "--root", str(kb.root), *args],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+            )
+            assert res.returncode == 1, (args, res.stderr)
+            assert res.stderr.splitlines() == [
+                f"error: {kb.state / 'state.db'}: Permission denied (run reviewq as a user "
+                "who may read and write the state folder and the KB)"
+            ], args
+    finally:
+        kb.state.chmod(0o700)
 
 
 def test_good_queue_urls_and_durations_load(kb):

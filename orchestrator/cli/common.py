@@ -127,6 +127,14 @@ def no_kb_here(root: Path) -> str:
     return f"{root}: no kb/ folder here (is --root the folder that holds kb/?)"
 
 
+def denied(exc: PermissionError) -> Refused:
+    """A file the user may not read or write: an operator who is not the service user."""
+    return Refused(
+        f"{exc.filename or 'a file'}: {exc.strerror or exc} (run reviewq as a user who "
+        "may read and write the state folder and the KB)"
+    )
+
+
 def refuse_domain_errors(fn: Callable) -> Callable:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -134,11 +142,8 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except domain_errors() as exc:
             raise Refused(str(exc)) from None
-        except PermissionError as exc:  # an operator who is not the service user
-            raise Refused(
-                f"{exc.filename or 'a file'}: {exc.strerror or exc} (run reviewq as a user who "
-                "may read and write the state folder and the KB)"
-            ) from None
+        except PermissionError as exc:
+            raise denied(exc) from None
         except sqlite3.DatabaseError as exc:
             if is_damage(exc):
                 # Called an internal error to report, or a lock to wait out, it sent a
@@ -444,6 +449,11 @@ class Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except PermissionError as exc:
+            # Met in this group's own look at the state folder (state.db's stat, before any
+            # command's refuse_domain_errors) or in a command without it: `status` as
+            # another user than the service's said "internal error … (please report it)".
+            raise denied(exc) from None
         except Exception:
             # Read-only commands skip the log file to stay fast and create nothing; a bug
             # in one still needs its traceback where an operator looks (main logs it).
