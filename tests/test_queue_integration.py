@@ -278,6 +278,63 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
     assert orphan_gone, "the first attempt's agent outlived its worker"
 
 
+def _await_logged(kb, event: str, count: int = 1, message: str = "", timeout: float = 60) -> None:
+    """Until the log holds ``count`` lines of ``event`` (whose message holds ``message``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [x for x in log_lines(kb) if x["event"] == event]
+        if len([x for x in lines if message in x.get("message", "")]) >= count:
+            return
+        assert time.monotonic() < deadline, f"{count} {event} {message!r} not logged in {timeout} s"
+        time.sleep(0.05)
+
+
+def test_a_sighup_restarts_a_sweeps_control_and_worker_in_place(kb, tmp_path):
+    """A SIGHUP (Huey's "restart": drain, then start again) to a sweep's forked control
+    or worker exec'd `python reviewq …` (its sys.argv): "can't open file '…/reviewq'",
+    exit 2, and the sweep started it afresh (`sweep.child_exited`). Now each is the same
+    process again, as a service's control and worker are after a SIGHUP."""
+    from .fault.harness import ContinueGate, StartFifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(starts.path), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    sweep = subprocess.Popen(
+        [exe, "--root", str(kb.root), "sweep", "--reviewer", "fake", "frontmatter", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        worker_pid = int(starts.await_starts(1)[0].split()[1])
+        control_pid = int((kb.state / "control.lock").read_text())
+        os.kill(control_pid, signal.SIGHUP)
+        _await_logged(kb, "control.started", 2)
+        os.kill(worker_pid, signal.SIGHUP)
+        _await_logged(kb, "huey.consumer", message="Received SIGHUP", count=2)
+        gate.open_gate()  # the worker drains: its agent ends and its outcome is delivered
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+            sweep.wait()
+        gate.close()
+        starts.close()
+    assert sweep.returncode == 0, err
+    said = log_lines(kb)
+    assert [x for x in said if x["event"] == "sweep.child_exited"] == []
+    assert [x["pid"] for x in said if x["event"] == "control.started"] == [control_pid] * 2
+    assert [x["event"] for x in said if x["event"].endswith(".restarting")] == [
+        "control.restarting",
+        "worker.restarting",
+    ]
+    assert json.loads(out)["jobs"]["fake"]["completed"] == 1
+
+
 def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
     """A message gone from the review queue with no word from a worker (a Redis restarted
     without its data; here deleted) left its attempt 'dispatched' for lease + the

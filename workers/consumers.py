@@ -13,6 +13,7 @@ import heapq
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ from .queues import (
     stale_problem,
     unfed_problem,
 )
+from .reviewers.base import python_module
 from .reviewers.openai import key_problem
 
 
@@ -99,8 +101,17 @@ class QueueConsumer(Consumer):
         finally:
             self._draining = False
 
+    # SIGHUP (Huey's "restart": drain, then start again). Huey's own restart execs
+    # `python *sys.argv`: a sweep's forked child has "reviewq" there, a name Python looked
+    # for in the working folder ("can't open file …/reviewq", exit 2), and it skipped
+    # what follows the consumer's run (the worker's reaping and its worker.stopped, the
+    # control's lock). Done by restart_if_asked instead; a SIGINT or SIGTERM meanwhile
+    # turns it back into a stop.
+    restart_asked = False
+
     def _handle_signal(self, signum, frame):  # noqa: ANN001, ANN202 - Huey's signature
         super()._handle_signal(signum, frame)
+        self.restart_asked, self._restart = self._restart, False
         self.stop_flag.wake()  # the main loop sees it now, not at the end of its wait
         if self._draining and signum == self._interrupt_sig:
             raise KeyboardInterrupt
@@ -108,6 +119,20 @@ class QueueConsumer(Consumer):
 
 def _ignored(signum: int, frame: object) -> None:
     pass
+
+
+def restart_if_asked(consumer: QueueConsumer, process: str) -> None:
+    """After a consumer stopped for a SIGHUP: the same command again, in this process, as
+    ``python -P -m orchestrator`` runs it however this one was started (the console
+    script, ``-m``, a sweep's fork)."""
+    if not consumer.restart_asked:
+        return
+    argv = [*python_module("orchestrator"), *sys.argv[1:]]
+    logs.get().info(f"{process}.restarting", signal="SIGHUP", argv=argv)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed terminal's: nothing to flush to
+            stream.flush()
+    os.execv(argv[0], argv)
 
 
 class _StopFlag(threading.Event):
@@ -226,6 +251,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             agents_killed=left.killed,
             agents_running=left.running,
         )
+    restart_if_asked(consumer, "worker")
 
 
 class FeedWatch(threading.Thread):
@@ -414,6 +440,7 @@ def run_control(ws: Workspace) -> None:
         woken.set()
         os.close(lock)
         logs.get().info("control.stopped")
+    restart_if_asked(consumer, "control")
 
 
 def _describe(settings) -> str:
