@@ -829,6 +829,41 @@ def test_a_file_another_user_owns_is_one_line_not_an_internal_error():
     )
 
 
+def test_output_to_a_full_disk_is_one_line_naming_stdout(kb):
+    """From cron, `reviewq report >> morning.txt` on a full disk (here /dev/full): "internal
+    error: OSError: [Errno 28] … (please report it)", then Python's "Exception ignored"."""
+    import sys
+
+    from .conftest import reviewq_process
+
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0
+    exe = str(Path(sys.executable).parent / "reviewq")
+    for args in (
+        ["status"],
+        ["report"],
+        ["report", "--json"],
+        ["logs"],
+        ["select", "prose", "--json"],
+    ):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(
+                [exe, "--root", str(kb.root), *args],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                timeout=60,
+            )
+        assert res.returncode == 1, (args, res.stderr)
+        assert res.stderr.splitlines() == [
+            "error: cannot write the output to stdout: No space left on device"
+        ], args
+
+
 def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
     """The 7 a.m. look as another user than the service's (a state folder of mode 0700):
     `status`, `report`, `escalations`, `decide` said "internal error: PermissionError …

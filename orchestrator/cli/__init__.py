@@ -10,8 +10,10 @@ import atexit
 import contextlib
 import faulthandler
 import gc
+import os
 import signal
 import sys
+from typing import NoReturn
 
 import click
 
@@ -47,10 +49,48 @@ def main() -> None:
     except click.ClickException as exc:  # bad usage (2), or a command's refusal (1)
         exc.show()
         sys.exit(exc.exit_code)
-    except Exception as exc:  # a bug: one line for the person, the traceback for the log
-        logs.get().error("internal.error", exc_info=True)
-        click.echo(
-            f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True
-        )
+    except OSError as exc:
+        if (why := _unwritable_stdout(exc)) is None:
+            raise_internal(exc)
+        click.echo(f"error: cannot write the output to stdout: {why}", err=True)
         sys.exit(1)
+    except Exception as exc:  # a bug: one line for the person, the traceback for the log
+        raise_internal(exc)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def raise_internal(exc: BaseException) -> NoReturn:
+    logs.get().error("internal.error", exc_info=exc)
+    click.echo(f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True)
+    sys.exit(1)
+
+
+def _unwritable_stdout(exc: OSError) -> str | None:
+    """Why stdout takes no more output (a file on a full disk, a terminal hung up), when
+    a write or flush of it is what failed: from cron, `reviewq report >> morning.txt` on
+    a full disk said "internal error … (please report it)", then Python's "Exception
+    ignored" at the exit. What could not be written goes to /dev/null, so the exit's
+    flush says nothing more."""
+    out = sys.stdout
+    streams = {id(out), id(getattr(out, "buffer", None)), id(sys.__stdout__)}
+    tb = exc.__traceback__
+    while tb is not None:
+        # A stream itself (click.echo's, emit_json's), or a rich Console writing to it.
+        held = tb.tb_frame.f_locals.values()
+        if any(id(v) in streams or id(_file_of(v)) in streams for v in held):
+            break
+        tb = tb.tb_next
+    else:
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    return exc.strerror or str(exc)
+
+
+def _file_of(value: object) -> object:
+    try:
+        return value.file if type(value).__name__ == "Console" else None
+    except Exception:  # noqa: BLE001 - any object, any property
+        return None

@@ -376,9 +376,10 @@ def root_reports(ws: Workspace, escalations: list[dict]) -> list[dict]:
 def emit_json(data: object) -> None:
     # Indented for a person at a terminal; compact into a pipe, where indent=2 would
     # force the pure-Python encoder and cost a third of a large select's time.
-    indent = 2 if sys.stdout.isatty() else None
-    sys.stdout.write(json.dumps(data, indent=indent, ensure_ascii=False))
-    sys.stdout.write("\n")
+    out = sys.stdout  # named here: a write that fails is said as stdout's (cli.main)
+    indent = 2 if out.isatty() else None
+    out.write(json.dumps(data, indent=indent, ensure_ascii=False))
+    out.write("\n")
 
 
 def nudge_control(ws: Workspace) -> None:

@@ -183,8 +183,9 @@ def select_cmd(
         click.echo(f"warning: {problem}", err=True)
     if as_json:
         if result.json_bytes is not None:
-            sys.stdout.flush()
-            sys.stdout.buffer.write(result.json_bytes + b"\n")
+            out = sys.stdout  # named here: a write that fails is said as stdout's (cli.main)
+            out.flush()
+            out.buffer.write(result.json_bytes + b"\n")
         else:
             emit_json(result.to_json())
         return
