@@ -831,6 +831,44 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))
 
 
+def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path):
+    """`systemctl stop` of a worker unit with systemd's default KillMode (control-group)
+    sends its KillSignal to every process of the unit, the agents too: each agent died
+    of it with no output and its attempt was counted (a launch failure toward the
+    reviewer's pause in its first 15 s, then no-output, three of which fail the job and
+    escalate its pairs). Now the worker puts the task back on the queue, as for a SIGTERM
+    of its own, and the same attempt runs again."""
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60"),
+    )
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path)
+    agent_pid = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent_pid = int(await_fifo(fifo).split()[0])
+        worker.send_signal(signal.SIGINT)  # the unit's KillSignal, to its main process
+        os.killpg(agent_pid, signal.SIGINT)  # and to the rest of its cgroup
+        assert worker.wait(timeout=30) == 0
+        os.unlink(fifo)
+        res = _sweep_through_a_new_worker(kb, base)
+    finally:
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        if agent_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent_pid, signal.SIGKILL)  # the hang mode's child
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        job = conn.execute("SELECT status, attempt FROM review_jobs").fetchone()
+        outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
+    assert tuple(job) == ("completed", 1) and outcomes == [(1, "finalized")]
+    abandoned = [e for e in log_lines(kb) if e["event"] == "attempt.abandoned"]
+    assert [e["exit_code"] for e in abandoned] == [-signal.SIGINT]
+
+
 def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_path):
     """A worker stopped with SIGTERM keeps the folder of the attempt it interrupted, for
     the run of it queued again; started again after that message expired, it declined the

@@ -60,6 +60,9 @@ _TRANSIENT = {errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ETXT
 # launch and its registration are one step under the lock, and none is begun once it is set.
 STOPPING = threading.Event()
 _LAUNCHING = threading.Lock()
+# Set when this process is asked to stop (SIGINT, SIGTERM, SIGHUP to the consumer): an
+# agent that ended by such a signal meanwhile got it with its worker (tasks.stopped_with).
+STOP_ASKED = threading.Event()
 
 
 def stop_launching() -> None:

@@ -27,6 +27,7 @@ from orchestrator.state.workspace import Workspace
 from . import tasks
 from .app import make_app
 from .attempt import (
+    STOP_ASKED,
     become_subreaper,
     reap_orphans,
     remove_unclaimed,
@@ -112,6 +113,7 @@ class QueueConsumer(Consumer):
     def _handle_signal(self, signum, frame):  # noqa: ANN001, ANN202 - Huey's signature
         super()._handle_signal(signum, frame)
         self.restart_asked, self._restart = self._restart, False
+        STOP_ASKED.set()
         self.stop_flag.wake()  # the main loop sees it now, not at the end of its wait
         if self._draining and signum == self._interrupt_sig:
             raise KeyboardInterrupt

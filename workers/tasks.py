@@ -31,6 +31,8 @@ from orchestrator.control import messages
 from . import queues
 from .attempt import (
     LAUNCH_FAILURE,
+    NO_OUTPUT,
+    STOP_ASKED,
     STOPPING,
     AttemptOutcome,
     attempt_folder,
@@ -391,6 +393,22 @@ def _run_prepared(
         # The worker is stopping and killed this agent; Huey queued the task again.
         logs.get().info("attempt.abandoned", reason="worker stopping; the task was queued again")
         return
+    if stopped_with(outcome):
+        # `systemctl stop` of a unit whose KillMode signals the whole cgroup (systemd's
+        # default, control-group) gave the agent the worker's own stop signal: it died
+        # with no output and burned an attempt (three such stops failed the job and
+        # escalated its pairs), or, early, counted toward pausing the reviewer.
+        logs.get().info(
+            "attempt.abandoned",
+            reason="its agent was stopped with this worker (the stop signal reached the "
+            "agent too: KillMode=mixed keeps it to the worker); the task was queued again",
+            exit_code=outcome.exit_code,
+        )
+        try:
+            send("run_review", msg)
+        except Exception as exc:  # noqa: BLE001 - the reaper runs it again a lease later
+            logs.get().warning("attempt.requeue_failed", error=str(exc))
+        return
     logs.get().info(
         "attempt.exited",
         outcome=outcome.classification,
@@ -402,6 +420,24 @@ def _run_prepared(
         _report(outcome, _evidence(spec))
     # Sent: the control process keeps what matters; this worker holds nothing.
     _remove(folder)
+
+
+# A stop's signals, as an agent ends by them: killed (a negative return code), or a shell
+# or CLI exiting with 128 + the signal's number.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOPPED_CODES = {-s for s in _STOP_SIGNALS} | {128 + s for s in _STOP_SIGNALS}
+
+
+def stopped_with(outcome: AttemptOutcome) -> bool:
+    """Whether the agent ended with no output by a stop signal sent to this worker too.
+    The signal may reach the worker a moment after its agent (systemd signals the main
+    process and the others of the cgroup one by one): a second is waited for it, only
+    when the agent ended so."""
+    return (
+        outcome.classification in (NO_OUTPUT, LAUNCH_FAILURE)
+        and outcome.exit_code in _STOPPED_CODES
+        and STOP_ASKED.wait(1.0)
+    )
 
 
 def _say_refused(msg: object) -> None:
