@@ -393,7 +393,7 @@ def _run_prepared(
         # The worker is stopping and killed this agent; Huey queued the task again.
         logs.get().info("attempt.abandoned", reason="worker stopping; the task was queued again")
         return
-    if stopped_with(outcome):
+    if beat.stopped is None and stopped_with(outcome):  # not the control's own stop
         # `systemctl stop` of a unit whose KillMode signals the whole cgroup (systemd's
         # default, control-group) gave the agent the worker's own stop signal: it died
         # with no output and burned an attempt (three such stops failed the job and
