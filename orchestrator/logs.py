@@ -530,20 +530,22 @@ def redact_all(texts: Iterable[str]) -> list[str]:
     return [redact(t) for t in texts]
 
 
-class _Redactor:
-    def _clean(self, value: object) -> object:
-        if isinstance(value, str):
-            return redact(value)
-        if isinstance(value, dict):
-            return {k: self._clean(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._clean(v) for v in value]
-        return value
+def redact_data(value: object) -> object:
+    """``value`` (JSON data: an agent's telemetry) with every string in it redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_data(v) for v in value]
+    return value
 
+
+class _Redactor:
     def __call__(self, logger: object, name: str, event_dict: dict) -> dict:
         if not _secrets():
             return event_dict
-        return {k: self._clean(v) for k, v in event_dict.items()}
+        return {k: redact_data(v) for k, v in event_dict.items()}
 
 
 def _foreign_event(logger: object, name: str, event_dict: dict) -> dict:

@@ -480,6 +480,43 @@ def test_secrets_never_reach_the_sweep_summary(leaky_sweep):
     assert not any(v in res.stdout for v in PLANTED.values())
 
 
+TELLING = textwrap.dedent(
+    """
+    import json, os
+    from pathlib import Path
+
+    from workers.offline_agent import main
+
+    main()  # a good review, then its telemetry names the key
+    key = os.environ["REVIEWQ_TEST_API_KEY"]
+    Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(
+        json.dumps({"num_turns": 1, "session_id": key, "error_subtype": key})
+    )
+    """
+)
+
+
+def test_a_key_in_a_finished_jobs_telemetry_is_stored_redacted(kb, tmp_path):
+    """The leaky sweep's jobs fail, and a failed job's folder shows no session id: a job
+    that completes kept its agent's session id and error subtype as they came, the key
+    with them, in state.db, MANIFEST.json and `job N --json`."""
+    kb.gate(GATE_ID, ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    script = tmp_path / "telling.py"
+    script.write_text(TELLING)
+    configure(kb, profile("telling", script, partition="telling"))
+    assert rq(kb, "sweep", "--reviewer", "telling", env=PLANTED).returncode == 0
+    key = PLANTED["REVIEWQ_TEST_API_KEY"]
+    with db(kb) as conn:
+        (sid, subtype, raw) = conn.execute(
+            "SELECT session_id, error_subtype, telemetry_json FROM attempts"
+        ).fetchone()
+    assert sid == subtype == "[redacted]" and key not in raw
+    assert holding_secrets(kb.state.rglob("MANIFEST.json")) == []
+    shown = rq(kb, "job", "1", "--json", env=PLANTED)
+    assert shown.returncode == 0 and key not in shown.stdout
+
+
 def test_a_secret_from_a_profile_env_never_reaches_the_log(kb, tmp_path):
     kb.gate(GATE_ID, ["body"])
     kb.note("alpha", body="Alpha body.\n")

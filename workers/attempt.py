@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from orchestrator import logs
 from orchestrator.config import Settings
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.review.finalize import FinalizeError, read_output
@@ -739,7 +740,8 @@ def run_attempt(
         # no model answered, so the job was not too big; it waits, the profile pauses.
         telemetry.error = f"no model answered within the deadline of {timeout_s:g} s"
         telemetry.failure = "unreachable"
-    out.telemetry = telemetry.to_json()
+    # Stored and shown by the control, whose machine may not know this one's secrets.
+    out.telemetry = logs.redact_data(telemetry.to_json())
     try:
         out.output, refused = read_output(spec.output_path, max_output_bytes), None
     except FinalizeError as exc:
@@ -1232,8 +1234,6 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     if folders:
         _remove_unheld(state_dir, folders)
     if killed and said:
-        from orchestrator import logs
-
         logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
     return Reaped(killed, running)
 

@@ -780,7 +780,11 @@ class Control:
             return
         job_id, attempt = o["job_id"], o["attempt"]
         # A worker elsewhere may not know this machine's secrets; nothing stored quotes them.
-        o = {**o, "reasons": logs.redact_all(o.get("reasons") or [])}
+        o = {
+            **o,
+            "reasons": logs.redact_all(o.get("reasons") or []),
+            "telemetry": logs.redact_data(o.get("telemetry")),  # a session id that is a key
+        }
         job = self.store.conn.execute(
             "SELECT * FROM review_jobs WHERE id = ?", (job_id,)
         ).fetchone()
