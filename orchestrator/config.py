@@ -766,8 +766,9 @@ def load_settings(
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
     for profile in settings.reviewers.values():
         logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
-        if profile.api_key_env:  # named by the profile: a key, whatever its name says
-            logs.add_secrets([os.environ.get(profile.api_key_env, "")])
+        if var := profile.api_key_env:  # named by the profile: a key, whatever its name says
+            # Its agent reads the profile's env table first, then the environment.
+            logs.add_secrets([profile.env.get(var, ""), os.environ.get(var, "")])
     if settings.queue.url:
         logs.add_secrets([urlsplit(settings.queue.url).password or ""])
         # redis-py takes it from the query too: ?password=...

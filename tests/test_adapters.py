@@ -1259,6 +1259,37 @@ def test_openai_key_echoed_past_the_cut_of_an_error_is_masked_whole(
     assert long_key[:24] not in _stderr(kb2) + json.dumps(res.outcome.telemetry)
 
 
+def test_a_key_given_in_the_profiles_env_under_any_name_is_redacted(
+    kb2, run_cli, monkeypatch, answering
+):
+    """``api_key_env`` may name a variable of the profile's own ``env`` table (the agent
+    reads it there first); only the environment's was taken for a secret, so under a name
+    that says none (LOCAL_LLM) a key an answer quoted was stored in clear."""
+    key = "sk-local-in-the-profile-7d41"
+    monkeypatch.delenv("LOCAL_LLM", raising=False)
+
+    def quoting(request, method, body):  # noqa: ANN001
+        prompt = json.loads(body)["messages"][0]["content"]
+        said = request.headers["Authorization"]
+        return _chat(
+            "\n".join(
+                f"{line}\nSummary: sent with {said}.\nFindings:\n- none\n## Result: PASS\n"
+                f"{line.replace('START', 'END')}"
+                for line in prompt.splitlines()
+                if line.startswith("=== PAIR REVIEW START: ")
+            )
+        )
+
+    srv = answering(quoting)
+    openai_profile(kb2, srv.url, extra=f'env = {{ LOCAL_LLM = "{key}" }}\n')
+    kb2.write("reviewq.toml", kb2.read("reviewq.toml").replace("REVIEWQ_TEST_KEY", "LOCAL_LLM"))
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "output" and srv.seen[-1][2] == f"Bearer {key}"
+    with Store.open(kb2.state) as s:
+        rationales = [r[0] for r in s.conn.execute("SELECT rationale FROM review_pairs")]
+    assert len(rationales) == 2 and all("sent with Bearer [redacted]" in r for r in rationales)
+
+
 def test_openai_answer_that_is_not_json_it_can_read_is_the_servers_failure(
     kb2, run_cli, monkeypatch, answering
 ):
