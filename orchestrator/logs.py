@@ -530,6 +530,44 @@ def redact_all(texts: Iterable[str]) -> list[str]:
     return [redact(t) for t in texts]
 
 
+def secret_spans(data: bytes) -> list[list[int]]:
+    """Where this process's secrets lie in ``data``: byte ranges ``[start, end)``, in
+    order, overlaps merged. For a worker's output, which it sends as the agent wrote it
+    to a control process that may not know this machine's secrets."""
+    found = []
+    for secret in _secrets():
+        needle = secret.encode()
+        at = data.find(needle)
+        while at >= 0:
+            found.append([at, at + len(needle)])
+            at = data.find(needle, at + len(needle))
+    merged: list[list[int]] = []
+    for start, end in sorted(found):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def blanked(data: bytes, spans: object) -> bytes:
+    """``data`` with each of ``spans`` (:func:`secret_spans` of another process) replaced
+    by ``[redacted]``; spans that are not in order and inside ``data`` are passed over."""
+    if not isinstance(spans, list):
+        return data
+    parts, done = [], 0
+    for span in spans:
+        if (
+            isinstance(span, list)
+            and len(span) == 2
+            and all(type(x) is int for x in span)
+            and done <= span[0] < span[1] <= len(data)
+        ):
+            parts += [data[done : span[0]], b"[redacted]"]
+            done = span[1]
+    return b"".join([*parts, data[done:]]) if parts else data
+
+
 def redact_data(value: object) -> object:
     """``value`` (JSON data: an agent's telemetry) with every string in it redacted."""
     if isinstance(value, str):

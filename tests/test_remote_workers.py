@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import logs
 from orchestrator.control import messages
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
@@ -124,6 +125,35 @@ def test_a_worker_with_only_the_queue_reviews_and_fixes(kb, tmp_path, redis_url)
     assert ended and all(e["host"] and e["outcome"] for e in ended)
     story = rq(kb, "logs", "--job", "1")
     assert "attempt.started" in story.stdout and "attempt.ended" in story.stdout
+
+
+def test_a_secret_only_the_worker_knows_is_redacted_in_what_the_control_stores(
+    kb, tmp_path, redis_url
+):
+    """A key in the worker machine's settings (or environment), which the control's
+    machine never has: the control redacted a rationale quoting it with its own secrets
+    only, so it was stored in clear (state.db, the result files, `job N`)."""
+    small(kb, notes=1)
+    token = "tok-WORKER-ONLY-31337"
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    worker, _ = start_worker(
+        tmp_path, redis_url, {"AGENT_TOKEN": token, "FAKE_QUOTE": "AGENT_TOKEN"}
+    )
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json")
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (rationale,) = conn.execute("SELECT rationale FROM review_pairs").fetchone()
+        job_dir = conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
+    assert "my AGENT_TOKEN is [redacted]" in rationale, rationale
+    # The agent's own output stays as it wrote it, as on the worker's machine (OPERATIONS).
+    assert token in (kb.state / job_dir / "attempt-1" / "bundle-output.md").read_text()
+    results = list((kb.state / job_dir / "results").iterdir())
+    assert results and not [p for p in results if token in p.read_text()]
+    shown = rq(kb, "job", "1", "--json")
+    assert shown.returncode == 0 and token not in shown.stdout
 
 
 def test_a_stale_kb_copy_on_a_worker_machine_is_said_in_the_controls_log(kb, tmp_path, redis_url):
@@ -1851,3 +1881,13 @@ def test_outcomes_sent_quickly_do_not_wake_the_reporting_thread():
     with reporting.beating(slow, 30.0), reporting.beating(quick, 0.05):
         assert quick.sent.wait(timeout=10)
     assert not slow.sent.is_set()
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [None, "0-4", [[5, 2]], [[0, 99]], [["0", 4]], [[0, 4], [2, 6]], [[True, 4]], [[0, 4, 6]]],
+)
+def test_a_workers_secret_ranges_that_make_no_sense_leave_the_output_as_it_came(spans):
+    assert logs.blanked(b"abcdefgh", spans) == (
+        b"[redacted]efgh" if spans == [[0, 4], [2, 6]] else b"abcdefgh"
+    )

@@ -634,6 +634,9 @@ def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
             "worker": WORKER_ID,
             "host": HOST,
             "files": files,
+            # Where this machine's secrets lie in the output: the control redacts what it
+            # stores of it with its own, and may run on a machine that has none of these.
+            "redact": logs.secret_spans(outcome.output) if outcome.output else [],
         },
         patience_s=OUTCOME_PATIENCE_S,
     )

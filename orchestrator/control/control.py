@@ -946,6 +946,8 @@ class Control:
 
     def _finalize(self, job, attempt: int, o: dict) -> None:
         output = o.get("output")
+        if isinstance(output, bytes):  # the worker's secrets, which this machine may not know
+            output = logs.blanked(output, o.get("redact"))
         try:
             res = finalize(
                 self.store,

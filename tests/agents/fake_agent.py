@@ -15,6 +15,7 @@ FAKE_PASS_IF_CONTAINS: review PASS when the note (as the prompt carries it) hold
              text, FAIL otherwise
 FAKE_PAD_BYTES: pad the review output to about this many bytes
 FAKE_FAIL_GATES: comma-separated gate ids a review FAILs; it PASSes the others
+FAKE_QUOTE:  the name of a variable whose value every review's findings quote
 FAKE_AUDIT_DECISION: what an audit (REVIEWQ_TASK=audit) decides for every pair
 FAKE_CONTINUE_FIFO: after FAKE_NOTIFY_FIFO, wait until the test writes to this FIFO
 A fix task (REVIEWQ_TASK=fix) rewrites the note from the prompt, adding FAKE_FIX_APPEND.
@@ -127,6 +128,8 @@ for i, p in enumerate(pairs):
         d = env["FAKE_AUDIT_DECISION"]
     s = f"{p['note_path']} :: {p['gate_path']}"
     body = f"Summary: fake review {i}.\nFindings:\n- low: finding {i} for {p['gate_id']}\n"
+    if env.get("FAKE_QUOTE"):
+        body += f"- low: my {env['FAKE_QUOTE']} is {env.get(env['FAKE_QUOTE'])}\n"
     if mode == "bad" and i == 0:
         blocks.append(
             f"=== PAIR REVIEW START: {s} ===\n{body}Verdict: {d}\n=== PAIR REVIEW END: {s} ===\n"
