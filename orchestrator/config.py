@@ -764,16 +764,29 @@ def load_settings(
     settings = replace(settings, state_dir=settings.state_dir.resolve())
     if there and not settings.state_dir.is_dir():
         raise ConfigError(f"{where} {settings.state_dir}: not a folder")
+    logs.add_secrets(value for _, value in secrets_held(settings))
     for profile in settings.reviewers.values():
-        logs.add_secrets(v for k, v in profile.env.items() if logs.secret_name(k))
-        if var := profile.api_key_env:  # named by the profile: a key, whatever its name says
-            # Its agent reads the profile's env table first, then the environment.
-            logs.add_secrets([profile.env.get(var, ""), os.environ.get(var, "")])
-    if settings.queue.url:
-        logs.add_secrets([urlsplit(settings.queue.url).password or ""])
-        # redis-py takes it from the query too: ?password=...
-        logs.add_secrets(parse_qs(urlsplit(settings.queue.url).query).get("password", []))
+        if profile.api_key_env:  # named by the profile: a key, whatever its name says
+            logs.add_secrets([os.environ.get(profile.api_key_env, "")])
     return replace(settings, config_path=config_path if config_path.exists() else None)
+
+
+def secrets_held(settings: Settings) -> list[tuple[str, str]]:
+    """The passwords and keys the settings themselves hold, each with where it is: the
+    queue URL's password (in its user part, or its query: redis-py takes
+    ``?password=`` too), a profile's ``env`` value under a secret's name or under the
+    name its ``api_key_env`` gives (its agent reads the table first)."""
+    held = []
+    if settings.queue.url:
+        parts = urlsplit(settings.queue.url)
+        for password in [parts.password or "", *parse_qs(parts.query).get("password", [])]:
+            if password:
+                held.append(("[queue] url's password", password))
+    for name, profile in sorted(settings.reviewers.items()):
+        for var, value in profile.env.items():
+            if value and (logs.secret_name(var) or var == profile.api_key_env):
+                held.append((f"[reviewers.{name}] env {var}", value))
+    return held
 
 
 def _config_text(path: Path, option: str = "") -> str | None:

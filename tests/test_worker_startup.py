@@ -1097,3 +1097,32 @@ def test_a_control_restarted_under_another_host_name_is_not_told_of_itself(kb, r
             _stop(control)
     log = (kb.state / "logs" / "reviewq.jsonl").read_text()
     assert "control.started" in log and "queue.shared" not in log, log
+
+
+def test_doctor_warns_of_a_settings_file_with_a_password_that_others_may_read(
+    tmp_path, redis_with_password
+):
+    """The queue URL's password, or a key in a profile's env, in a file written under
+    umask 022 (0644): any user of the machine could read it, and doctor said all was ok."""
+    url = _with_credentials(redis_with_password, f":{PASSWORD}")
+    config, args = _worker_home(tmp_path, url)
+    config.chmod(0o644)
+    doctor = _refused([*args, "doctor", "--worker"])  # exit 1: no control has fed it
+    assert (
+        f"warning: {config} holds [queue] url's password and other users may read it "
+        in doctor.stdout
+        and f"(mode 0644): chmod 600 {config}" in doctor.stdout
+    ), doctor.stdout
+    assert PASSWORD not in doctor.stdout
+    config.chmod(0o600)
+    doctor = _refused([*args, "doctor", "--worker"])
+    assert "warning" not in doctor.stdout, doctor.stdout
+    config.write_text(
+        config.read_text().replace(url, redis_with_password)
+        + '\n[reviewers.keyed]\nkind = "offline"\nenv = { OPENAI_API_KEY = "sk-in-the-file-1234" }\n'
+    )
+    config.chmod(0o640)
+    doctor = _refused([*args, "doctor", "--worker"])
+    assert f"warning: {config} holds [reviewers.keyed] env OPENAI_API_KEY and other" in (
+        doctor.stdout
+    ), doctor.stdout
