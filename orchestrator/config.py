@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
 
 from orchestrator import logs
 from orchestrator.regularfile import NotRegular, open_regular
@@ -779,9 +779,14 @@ def secrets_held(settings: Settings) -> list[tuple[str, str]]:
     held = []
     if settings.queue.url:
         parts = urlsplit(settings.queue.url)
-        for password in [parts.password or "", *parse_qs(parts.query).get("password", [])]:
-            if password:
-                held.append(("[queue] url's password", password))
+        query = [
+            v for k, _, v in (i.partition("=") for i in parts.query.split("&")) if k == "password"
+        ]
+        for written in [parts.password or "", *query]:
+            # As the file writes it (``%40``), and as redis-py sends it (``@``).
+            for password in dict.fromkeys([written, unquote(written), unquote_plus(written)]):
+                if password:
+                    held.append(("[queue] url's password", password))
     for name, profile in sorted(settings.reviewers.items()):
         for var, value in profile.env.items():
             if value and (logs.secret_name(var) or var == profile.api_key_env):

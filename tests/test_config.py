@@ -1091,3 +1091,19 @@ def test_an_exclude_glob_matches_as_documented(glob, path, matches):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # 'Possible nested set' was printed at every command
         assert bool(glob_regex(glob).fullmatch(path)) is matches
+
+
+def test_a_queue_password_is_redacted_as_the_file_writes_it_and_as_redis_gets_it(kb):
+    """A password with a character a URL must escape (``@``, ``/``, ``+``) is written
+    ``%40``…: the user part's was taken as written and the query's as decoded, so an agent
+    quoting the settings file (it reads the KB root) or a client printing what it sent
+    left the other form in clear."""
+    from orchestrator import logs
+
+    kb.write(
+        "reviewq.toml",
+        '[queue]\nurl = "redis://rq:u%40ser-Secret-81@127.0.0.1:1/0?password=q%2Fuery-Secret-82"\n',
+    )
+    load_settings(kb.root)
+    for form in ("u%40ser-Secret-81", "u@ser-Secret-81", "q%2Fuery-Secret-82", "q/uery-Secret-82"):
+        assert logs.redact(f"said {form}.") == "said [redacted].", form
