@@ -86,6 +86,17 @@ def _queue_url_problem(url: str) -> str | None:
             "only redis://, rediss:// and unix:// URLs are supported (or leave it out for SQLite)"
         )
     parts = urlsplit(url)
+    cut = "@" in parts.path + parts.fragment or any(
+        "@" in item.partition("=")[0] for item in parts.query.split("&")
+    )  # an @ in a query's value is a value's (a certificate's path)
+    if parts.scheme != "unix" and "@" not in parts.netloc and cut:
+        # A / ? or # in the password ended the host part there: what came before it was
+        # taken for a host and port, and quoted as such (or the URL whole, its password
+        # unseen as one). Nothing of it is said.
+        return (
+            "its user or password holds a character a URL must escape before its @: write "
+            "/ as %2F, ? as %3F, # as %23 (and @ as %40, : as %3A)"
+        )
     try:
         parts.port  # noqa: B018 - raises on a port that is no number or out of range
     except ValueError as exc:

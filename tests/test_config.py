@@ -1107,3 +1107,31 @@ def test_a_queue_password_is_redacted_as_the_file_writes_it_and_as_redis_gets_it
     load_settings(kb.root)
     for form in ("u%40ser-Secret-81", "u@ser-Secret-81", "q%2Fuery-Secret-82", "q/uery-Secret-82"):
         assert logs.redact(f"said {form}.") == "said [redacted].", form
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Hunter?2-secret@127.0.0.1:6379/0",
+        "redis://rq:Hunter/2-secret@127.0.0.1:6379/0",
+        "rediss://rq:Hunter#2-secret@127.0.0.1:6379/0",
+        "redis://rq:1234/Hunter-secret@127.0.0.1:6379/0",
+    ],
+    ids=["question-mark", "slash", "hash", "digits-then-slash"],
+)
+def test_a_password_a_url_must_escape_is_refused_without_any_of_it(kb, run_cli, url):
+    """A password holding ``/``, ``?`` or ``#`` as it is ends the URL's host part there:
+    the refusal quoted its head as a port ("cast to integer value as 'Hunter'"), or the
+    URL went on and every line about the queue printed it whole (the host "rq")."""
+    kb.gate("prose/clarity", ["body"])
+    kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
+    res = run_cli("status")
+    assert res.exit_code == 1
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {kb.root / 'reviewq.toml'} [queue] url: "), line
+    assert "%2F" in line and "Hunter" not in line and "secret" not in line, line
+
+
+def test_an_at_sign_in_a_query_value_is_no_password_cut_short(kb):
+    kb.write("reviewq.toml", '[queue]\nurl = "rediss://h:6380/0?ssl_ca_certs=/etc/a@b/ca.crt"\n')
+    assert load_settings(kb.root).queue.url.endswith("a@b/ca.crt")
