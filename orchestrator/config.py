@@ -785,19 +785,21 @@ def load_settings(
 def secrets_held(settings: Settings) -> list[tuple[str, str]]:
     """The passwords and keys the settings themselves hold, each with where it is: the
     queue URL's password (in its user part, or its query: redis-py takes
-    ``?password=`` too), a profile's ``env`` value under a secret's name or under the
+    ``?password=`` too, and a TLS key's ``ssl_password``), a profile's ``env`` value under a secret's name or under the
     name its ``api_key_env`` gives (its agent reads the table first)."""
     held = []
     if settings.queue.url:
         parts = urlsplit(settings.queue.url)
         query = [
-            v for k, _, v in (i.partition("=") for i in parts.query.split("&")) if k == "password"
+            (f"[queue] url's {k}", v)
+            for k, _, v in (i.partition("=") for i in parts.query.split("&"))
+            if logs.secret_name(k)
         ]
-        for written in [parts.password or "", *query]:
+        for where, written in [("[queue] url's password", parts.password or ""), *query]:
             # As the file writes it (``%40``), and as redis-py sends it (``@``).
             for password in dict.fromkeys([written, unquote(written), unquote_plus(written)]):
                 if password:
-                    held.append(("[queue] url's password", password))
+                    held.append((where, password))
     for name, profile in sorted(settings.reviewers.items()):
         for var, value in profile.env.items():
             if value and (logs.secret_name(var) or var == profile.api_key_env):

@@ -1126,3 +1126,17 @@ def test_doctor_warns_of_a_settings_file_with_a_password_that_others_may_read(
     assert f"warning: {config} holds [reviewers.keyed] env OPENAI_API_KEY and other" in (
         doctor.stdout
     ), doctor.stdout
+
+
+def test_a_tls_keys_passphrase_in_the_urls_query_is_not_shown(tmp_path):
+    """rediss:// takes the client key's passphrase as ``ssl_password`` in the query: only
+    ``password`` was masked, so every line naming the queue (a refusal, doctor,
+    ``worker.started``) printed the passphrase, and the log kept it."""
+    secret = "KeyPass-77-secret"
+    url = f"rediss://nosuchhost.invalid:6380/0?ssl_password={secret}"
+    config, args = _worker_home(tmp_path, url)
+    res = _refused([*args, "worker", "--workers", "1"])
+    doctor = _refused([*args, "doctor", "--worker"])
+    assert res.returncode == 1 and "does not resolve" in res.stderr, res.stderr
+    assert "ssl_password=***" in res.stderr and secret not in res.stderr, res.stderr
+    assert "ssl_password=***" in doctor.stdout and secret not in doctor.stdout, doctor.stdout

@@ -501,11 +501,12 @@ def _demotable(base: type) -> type:
 
 def shown_url(url: str) -> str:
     """A queue URL as a message may show it: its password, if any, as ``***``, whether
-    in the user part or in the query (``?password=``, which redis-py takes too)."""
+    in the user part or in the query (``?password=``, which redis-py takes too, and a TLS
+    key's ``ssl_password``)."""
     base, mark, query = url.partition("?")
     if query:
         query = "&".join(
-            f"{key}=***" if key.lower() == "password" and sep else f"{key}{sep}{value}"
+            f"{key}=***" if logs.secret_name(key) and sep else f"{key}{sep}{value}"
             for key, sep, value in (item.partition("=") for item in query.split("&"))
         )
     parts = urlsplit(base)
