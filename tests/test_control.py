@@ -971,6 +971,51 @@ def test_a_job_rolled_back_leaves_no_prompt_to_the_job_given_its_id(kb, undone):
     ws.store.close()
 
 
+def test_the_jobs_one_commit_decided_have_their_due_rows_settled_together(kb):
+    """Each job's folder is written by its own after-commit callback (a rollback drops
+    it: K52), and their due rows are settled in one transaction once they all ran, not
+    one a job (stop 33); a savepoint rolled back leaves nothing to write or settle."""
+    from orchestrator.state.files import write_job_files_after_commit
+
+    class Undone(Exception):
+        pass
+
+    kb.gate("prose/clarity", ["body"])
+    for note in ("alpha", "beta", "gamma"):
+        kb.note(note)
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(
+        name="cli",
+        all_gates=True,
+        notes=tuple(f"kb/notes/{n}.md" for n in ("alpha", "beta", "gamma")),
+    )
+    ids = [job.review_job_id for job in enqueue(ws, req).jobs]
+
+    def decide(job_id: int, what: str) -> None:
+        ws.store.conn.execute(
+            "UPDATE review_jobs SET failure_reasons = ? WHERE id = ?",
+            (json.dumps([what]), job_id),
+        )
+        write_job_files_after_commit(ws.store, ws.state_dir, job_id)
+
+    before = ws.store.transactions
+    with ws.store.write():
+        for job_id in ids:
+            decide(job_id, f"decided {job_id}")
+        with pytest.raises(Undone), ws.store.write():
+            decide(ids[0], "undone")
+            raise Undone
+    assert ws.store.transactions - before == 2  # the decisions', then one settle
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
+    for job_id in ids:
+        (job_dir,) = ws.store.conn.execute(
+            "SELECT job_dir FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        manifest = json.loads((ws.state_dir / job_dir / "MANIFEST.json").read_text())
+        assert manifest["failure_reasons"] == [f"decided {job_id}"]
+    ws.store.close()
+
+
 def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed(kb, run_cli):
 
     kb.gate("prose/clarity", ["body"])

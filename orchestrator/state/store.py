@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from orchestrator.kb.notes import sha256_text
 from orchestrator.state.migrations import LATEST, MIGRATIONS
@@ -211,11 +212,16 @@ def control_pid(state_dir: Path) -> int | None:
 # catalog) was taken for the closed store's transaction of the same number.
 _WRITES = itertools.count(1)
 
+T = TypeVar("T")
+
 
 class Store:
     def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
+        # The work a commit's callbacks leave to one step after them all (their due rows
+        # settled in one transaction): made only while they run, so a rollback has none.
+        self._closing: dict[str, Callable[[], None]] | None = None
         self._savepoints = 0  # depth of nested write() blocks
         # Counts the outermost write transactions begun; ``writing`` names the one under
         # way, uniquely in this process (None outside one, a read transaction too): what
@@ -462,11 +468,20 @@ class Store:
         # what did commit (a job's files, then its job.finalized line), and a batch's
         # outcomes taken again after the error are repeats, which say nothing.
         callbacks, self._after_commit = self._after_commit, []
+        outer, self._closing = self._closing, {}  # a callback's own commit has its own
         failure: Exception | None = None
-        for fn in callbacks:
+        try:
+            for fn in callbacks:
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - raised below, once the others ran
+                    failure = failure or exc
+        finally:
+            closing, self._closing = self._closing, outer
+        for fn in closing.values():
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001 - raised below, once the others ran
+            except Exception as exc:  # noqa: BLE001 - as a callback's
                 failure = failure or exc
         if failure is not None:
             raise failure
@@ -543,6 +558,19 @@ class Store:
             self._after_commit.append(fn)
         else:
             fn()
+
+    def after_callbacks(self, key: str, make: Callable[[Store], T]) -> T | None:
+        """While a commit's callbacks run: the one ``make(self)`` made for ``key`` in
+        them, run (called) once they all have; outside them None, for the caller to do
+        its work now. For what each callback would do alone and all of them can do at
+        once (their due rows settled in one transaction, not one a job). Made from the
+        callbacks that run, which only a commit runs: no rolled-back transaction or
+        savepoint has any (K52)."""
+        if self._closing is None:
+            return None
+        if key not in self._closing:
+            self._closing[key] = make(self)
+        return self._closing[key]  # type: ignore[return-value]
 
     # --- snapshots --------------------------------------------------------------------
     def snapshot(self, path: str, text: str, sha256: str | None = None) -> int:
