@@ -1542,10 +1542,10 @@ def _fail_after_completed(monkeypatch, control, job_id: int):
     so the batch rolls back; the step as it was is returned, to put back."""
     plain = control.hooks.after_completed
 
-    def fails_for_it(done: int) -> None:
+    def fails_for_it(done: int, *read) -> None:  # noqa: ANN002 - the batch's row and pairs
         if done == job_id:
             raise sqlite3.OperationalError("disk I/O error")
-        plain(done)
+        plain(done, *read)
 
     monkeypatch.setattr(control.hooks, "after_completed", fails_for_it)
     return plain
@@ -3314,6 +3314,28 @@ def test_an_outcome_batch_reads_its_jobs_row_once_for_finalize(kb):
     ws.store.conn.set_trace_callback(None)
     reads = [s for s in said if s.startswith("SELECT") and "FROM review_jobs WHERE id" in s]
     assert not [s for s in reads if "status, attempt" in s or "created_at" in s], reads
+    row = ws.store.conn.execute("SELECT status FROM review_jobs").fetchone()
+    assert row[0] == "completed"
+    ws.store.close()
+
+
+def test_the_follow_ups_of_a_completed_job_take_what_finalize_read_and_decided(kb):
+    """The follow-up check after a completed job (a fix, an escalation, an audit, the
+    next bundle) read the job's row, its pairs and each PASS's acceptance again, in the
+    transaction where the batch had read the row and finalize the pairs and decided them."""
+    ws, job, sent, control = _one_queued_job(kb)
+    control.dispatch()
+    outcome = _outcome(ws, sent[0])
+    said: list[str] = []
+    ws.store.conn.set_trace_callback(said.append)
+    control.on_outcome(outcome)
+    ws.store.conn.set_trace_callback(None)
+    said = said[: said.index("COMMIT")]  # the batch's transaction (its files read after)
+    row_reads = [s for s in said if s.startswith("SELECT * FROM review_jobs WHERE id")]
+    pair_reads = [s for s in said if "FROM review_pairs WHERE job_id" in s]
+    accepted_reads = [s for s in said if s.startswith("SELECT * FROM acceptance WHERE")]
+    # The batch's row; finalize's pairs; finalize's look for a person's newer decision.
+    assert (len(row_reads), len(pair_reads), len(accepted_reads)) == (1, 1, 1), said
     row = ws.store.conn.execute("SELECT status FROM review_jobs").fetchone()
     assert row[0] == "completed"
     ws.store.close()

@@ -132,7 +132,13 @@ class Hooks(Protocol):
     is the one implementation. Without hooks a job's outcome is recorded and nothing
     follows (fix outputs are refused)."""
 
-    def after_completed(self, job_id: int) -> None: ...
+    def after_completed(
+        self, job_id: int, job: sqlite3.Row | None = None, decided: list[dict] | None = None
+    ) -> None:
+        """``job``: its row read in this transaction before finalize (the fields finalize
+        writes, its status and provenance, are stale); ``decided``: finalize's
+        :attr:`FinalizeResult.decided`. Either not given is read."""
+        ...
 
     def after_failed(self, job_id: int, reasons: list[str], *, at_once: str = "") -> None:
         """``at_once``: how the job failed without using its attempts, or ""."""
@@ -984,7 +990,8 @@ class Control:
                 )
             )
             if self.hooks is not None:
-                self.hooks.after_completed(job["id"])
+                # What finalize read and decided in this transaction: not read again.
+                self.hooks.after_completed(job["id"], job, res.decided)
         elif res.status == "invalid":
             self._failed_attempt(job, res.failure_reasons)
         else:

@@ -53,9 +53,13 @@ class FollowUp:
         self.log = logs.get()
 
     # --- review and audit jobs --------------------------------------------------------
-    def after_completed(self, job_id: int) -> None:
+    def after_completed(
+        self, job_id: int, job: sqlite3.Row | None = None, decided: list[dict] | None = None
+    ) -> None:
+        """``job`` and ``decided``: as :meth:`orchestrator.control.control.Hooks.after_completed`
+        says; the follow-ups read none of the fields finalize changed in the job's row."""
         with self._or_logged(job_id, "after a completed job"):
-            self._after_completed(job_id)
+            self._after_completed(job_id, job, decided)
 
     def after_failed(self, job_id: int, reasons: list[str], *, at_once: str = "") -> None:
         """A job out of attempts: its pairs go to a person with the reason.
@@ -90,15 +94,15 @@ class FollowUp:
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    def _after_completed(self, job_id: int) -> None:
-        job = self.job(job_id)
+    def _after_completed(self, job_id: int, job=None, decided: list[dict] | None = None) -> None:  # noqa: ANN001 - a row
+        job = job if job is not None else self.job(job_id)
         if job["kind"] == "audit":
             self._after_audit(job)
             return
         if job["kind"] != "review":
             return
         opts = cycles.run_options(self.store, job)
-        pairs = self._pairs(job_id)
+        pairs = decided if decided is not None else self._pairs(job_id)
         fix_notes: set[str] = set()
         for p in pairs:
             if p["decision"] != "FAIL" or not self._accepted(job, p):
@@ -855,7 +859,10 @@ class FollowUp:
 
     def _accepted(self, job, p) -> bool:
         """Whether the pair's verdict is what counts for it now: not one finalize kept
-        out because a person decided or acked the pair after the job read it."""
+        out because a person decided or acked the pair after the job read it. Finalize's
+        own word (``accepted``: it accepted it in this transaction) needs no read."""
+        if isinstance(p, dict) and p.get("accepted"):
+            return True
         acc = self.store.acceptance(job["model_partition"], p["note_path"], p["gate_id"])
         return acc is not None and acc.review_pair_id == p["id"]
 

@@ -46,6 +46,10 @@ class FinalizeResult:
     status: str  # completed | failed | invalid (queued attempt to retry) | superseded
     failure_reasons: list[str] = field(default_factory=list)
     pairs: list[dict] = field(default_factory=list)
+    # The job's pairs (all columns the follow-ups read) as this transaction left them,
+    # in id order, each with its ``decision``, ``rationale`` and whether it was
+    # ``accepted``: the follow-ups inside the same transaction need not read them again.
+    decided: list[dict] = field(default_factory=list, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -275,6 +279,7 @@ def finalize(
     by_key = {(p["note_path"], p["gate_path"]): p for p in pairs}
     results = []
     rationales: list[str] = []
+    verdicts: dict[int, tuple[str, str, bool]] = {}
     with store.write():
         now = utcnow()
         if not fenced:
@@ -314,6 +319,7 @@ def finalize(
                 }
             )
             rationales.append(rationale)
+            verdicts[p["id"]] = (r.decision, rationale, accepted)
             faults.point("finalize.mid_transaction")
         if within is not None:  # rejection counts change in this same transaction
             within(
@@ -331,7 +337,11 @@ def finalize(
             (now, now, *_prov(provenance), job_id),
         )
         write_job_files_after_commit(store, state_dir, job_id)
-    return FinalizeResult(job_id, "completed", [], results)
+    decided = []
+    for p in pairs:
+        decision, rationale, accepted = verdicts.get(p["id"], (None, None, False))
+        decided.append(dict(p, decision=decision, rationale=rationale, accepted=accepted))
+    return FinalizeResult(job_id, "completed", [], results, decided)
 
 
 def texts_taken_at(store: Store, job) -> str:  # noqa: ANN001 - a review_jobs row
