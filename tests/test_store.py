@@ -286,6 +286,38 @@ def test_a_failed_commit_is_rolled_back_and_drops_its_callbacks(tmp_path):
             assert other.execute("SELECT count(*) FROM child").fetchone()[0] == 0
 
 
+def test_work_left_to_after_a_commits_callbacks_is_made_by_them_alone(tmp_path):
+    """Store.after_callbacks (a commit's jobs settled together, stop 33) gathers only
+    from the callbacks a commit runs: not in a transaction, rolled back or not, nor in
+    one a callback begins, whose own commit may never come."""
+    ran: list[object] = []
+
+    class Gathered(list):
+        def __init__(self, store):  # noqa: ANN001
+            super().__init__()
+
+        def __call__(self) -> None:
+            ran.append(list(self))
+
+    with Store.open(tmp_path) as store:
+
+        def callback(name: str):  # noqa: ANN202
+            def run() -> None:
+                store.after_callbacks("k", Gathered).append(name)
+                with store.write():  # a callback's own transaction
+                    ran.append(store.after_callbacks("k", Gathered))
+
+            return run
+
+        with store.write():
+            assert store.after_callbacks("k", Gathered) is None
+            store.after_commit(callback("a"))
+            store.after_commit(callback("b"))
+            assert ran == []
+        assert ran == [None, None, ["a", "b"]]
+        assert store.after_callbacks("k", Gathered) is None
+
+
 def test_a_nested_write_that_fails_undoes_only_itself(tmp_path):
     ran: list[str] = []
     with Store.open(tmp_path) as store:

@@ -566,7 +566,9 @@ class Store:
         once (their due rows settled in one transaction, not one a job). Made from the
         callbacks that run, which only a commit runs: no rolled-back transaction or
         savepoint has any (K52)."""
-        if self._closing is None:
+        if self._closing is None or self.conn.in_transaction:
+            # Inside a transaction a callback began: what it writes settles as it goes,
+            # not after the callbacks of the commit before it (that transaction may roll back).
             return None
         if key not in self._closing:
             self._closing[key] = make(self)
