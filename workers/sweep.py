@@ -56,11 +56,15 @@ class Looks:
     or as many as ended over the last :data:`POLL_S` (its pace): at ~200 jobs a second
     the last 8 end within one look's wait, and the look before them, seeing 30 open,
     waited the whole of it after they had. Jobs that wait (a paused reviewer, a long
-    agent) are looked at every :data:`POLL_S` again."""
+    agent) are looked at every :data:`POLL_S` again. Never sooner than :attr:`SHARE`
+    times the last look took: a look counts every job of the sweep, so one of 50,000
+    jobs took ~40 ms of CPU, five times a second, for the hour the sweep ran (a fifth of
+    a core; the looks' sum grew with the square of the jobs)."""
 
     ENDING_S = 0.02
     FEW = 8
     MOVING_S = 1.0
+    SHARE = 20  # a look's time to the wait after it: the looks take <= 5% of a core
 
     def __init__(self) -> None:
         self.open: int | None = None
@@ -70,7 +74,8 @@ class Looks:
         self.since: tuple[int, float] | None = None
         self.pace = 0.0
 
-    def wait_after(self, open_jobs: int, now: float) -> float:
+    def wait_after(self, open_jobs: int, now: float, took: float = 0.0) -> float:
+        """``took``: how long the look that saw ``open_jobs`` took, in seconds."""
         if open_jobs != self.open:
             self.open, self.moved_at = open_jobs, now
         if self.since is None:
@@ -80,7 +85,7 @@ class Looks:
             self.since = (open_jobs, now)
         last = max(self.FEW, self.pace * POLL_S)
         ending = open_jobs <= last and now - self.moved_at < self.MOVING_S
-        return self.ENDING_S if ending else POLL_S
+        return max(self.ENDING_S if ending else POLL_S, took * self.SHARE)
 
 
 @dataclass
@@ -602,14 +607,16 @@ def run_sweep(
                 children.start()
                 _nudge()
             while True:
+                looked_at = time.monotonic()
                 p = _progress(ws, jobs)
+                took = time.monotonic() - looked_at
                 if on_progress is not None:
                     on_progress(p)
                 if p.open == 0 or children.failed:
                     break
                 children.check()
                 no_worker.check()
-                time.sleep(looks.wait_after(p.open, time.monotonic()))
+                time.sleep(looks.wait_after(p.open, time.monotonic(), took=took))
         except KeyboardInterrupt:
             interrupted = True
             raise
