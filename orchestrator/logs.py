@@ -286,7 +286,10 @@ def rotated(path: Path) -> list[tuple[datetime, Path]]:
         ]
     except OSError:
         return []
-    return sorted((_first_time(p), p) for p in names)
+    # `compress` writes `X.gz` beside `X` and removes `X` once the `.gz` is whole: in
+    # between, `X` is the whole copy (read both, each of its lines came twice).
+    compressing = {p.with_name(p.name + ".gz") for p in names if not p.name.endswith(".gz")}
+    return sorted((_first_time(p), p) for p in names if p not in compressing)
 
 
 def _open_text(path: Path):  # noqa: ANN202 - a text file, gzip's or the system's
@@ -427,7 +430,15 @@ def _file_lines(
             )
         return
     try:
-        with _open_text(name) as f:
+        try:
+            f = _open_text(name)
+        except FileNotFoundError:
+            # Compressed since the look at the folder (logrotate removes `X` once `X.gz`
+            # is whole): the same lines.
+            if name.name.endswith(".gz"):
+                raise
+            f = _open_text(name.with_name(name.name + ".gz"))
+        with f:
             yield from f
     except (OSError, EOFError, zlib.error) as exc:  # a copy still being compressed, or damaged
         said(f"warning: {one_line(str(name))}: cannot read on ({exc}): the rest passed over")

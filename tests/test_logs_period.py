@@ -267,3 +267,36 @@ def test_a_set_rotated_by_logrotate_itself_is_read_back_in_order(kb, run_cli, tm
     res = run_cli("logs", "--since", "30h", "--level", "warning")
     assert res.stderr == "" and _events(res) == ["yesterday", "evening", "night"]
     assert _events(run_cli("logs", "--since", "3d", "--level", "warning"))[0] == "two.days"
+
+
+def test_a_copy_logrotate_is_compressing_is_read_once(rotated_set, run_cli, monkeypatch):
+    """`compress` writes `.1.gz` beside `.1` and removes `.1` once the `.gz` is whole: read
+    in between (seconds for a large log), both were read, every line of the copy twice (a
+    real logrotate's million-line copy gave two million lines)."""
+    from orchestrator import logs
+
+    each_once = ["evening", "late.evening", "night", "morning"]
+
+    one = rotated_set / "reviewq.jsonl.1"
+    gz = rotated_set / "reviewq.jsonl.1.gz"
+    with gzip.open(gz, "wb") as f:
+        f.write(one.read_bytes())
+    res = run_cli("logs", "--since", "13h")
+    assert res.stderr == "" and _events(res) == each_once
+    gz.write_bytes(gz.read_bytes()[:-12])  # its compression still under way
+    res = run_cli("logs", "--since", "13h")
+    assert res.stderr == "" and _events(res) == each_once
+    # Its compression ends between the look at the folder and the read: its lines are the
+    # `.gz`'s, not "cannot read on".
+    listed = logs.files_for
+
+    def then_compressed(path, wanted):
+        found = listed(path, wanted)
+        with gzip.open(gz, "wb") as f:
+            f.write(one.read_bytes())
+        one.unlink()
+        return found
+
+    monkeypatch.setattr(logs, "files_for", then_compressed)
+    res = run_cli("logs", "--since", "13h")
+    assert res.stderr == "" and _events(res) == each_once
