@@ -272,24 +272,28 @@ _ROTATED = re.compile(r"(?:\.\d+|-\d[\d_.:-]*?)(?:\.gz)?")
 _FIRST_LINES = 100
 
 
-def rotated(path: Path) -> list[tuple[datetime, Path]]:
+Listed = tuple[int, int, int] | None  # a file's inode, size and mtime when listed (_end_of)
+
+
+def rotated(path: Path) -> list[tuple[datetime, Path, Listed]]:
     """The log's rotated copies beside it with the first time each holds, oldest first
     (their names order them only by the rotation's own scheme, `dateformat` its own);
-    one whose first lines say no time, by its modification time."""
+    one whose first lines say no time, by its modification time. Each with the file it
+    was when listed."""
     try:
-        names = [
-            p
+        names = {
+            p: _end_of(p)
             for p in path.parent.iterdir()
             if p.name.startswith(path.name)
             and _ROTATED.fullmatch(p.name[len(path.name) :])
             and p.is_file()
-        ]
+        }
     except OSError:
         return []
     # `compress` writes `X.gz` beside `X` and removes `X` once the `.gz` is whole: in
     # between, `X` is the whole copy (read both, each of its lines came twice).
     compressing = {p.with_name(p.name + ".gz") for p in names if not p.name.endswith(".gz")}
-    return sorted((_first_time(p), p) for p in names if p not in compressing)
+    return sorted((_first_time(p), p, at) for p, at in names.items() if p not in compressing)
 
 
 def _open_text(path: Path):  # noqa: ANN202 - a text file, gzip's or the system's
@@ -314,24 +318,38 @@ def _first_time(path: Path) -> datetime:
         return datetime.max.replace(tzinfo=UTC)
 
 
-def files_for(path: Path, wanted: Wanted) -> list[Path]:
-    """The files that can hold lines of ``wanted``'s period, oldest first: the log
-    itself, and with a ``since``, the rotated copies whose lines reach into the period
-    (a copy holds the lines from its first time to the next file's)."""
+def files_for(path: Path, wanted: Wanted) -> list[tuple[Path, Listed]]:
+    """The files that can hold lines of ``wanted``'s period, oldest first, each with the
+    file it was when listed (None for the log read without a period: nothing to compare):
+    the log itself, and with a ``since``, the rotated copies whose lines reach into the
+    period (a copy holds the lines from its first time to the next file's)."""
     if wanted.since is None:
-        return [path]
+        return [(path, None)]
+    log = _end_of(path)
     found = rotated(path)
-    starts, copies = [t for t, _ in found], [p for _, p in found]
+    starts = [t for t, _, _ in found]
     try:
-        now = _first_time(path) if path.stat().st_size else None
+        now = _first_time(path) if log and log[1] else None
     except OSError:
         now = None
     ends = [*starts[1:], now]
     return [
-        p
-        for p, start, end in zip(copies, starts, ends, strict=False)
+        (p, at)
+        for (start, p, at), end in zip(found, ends, strict=False)
         if (end is None or end > wanted.since) and (wanted.until is None or start < wanted.until)
-    ] + [path]
+    ] + [(path, log)]
+
+
+def _rotated_since(name: Path, listed: Listed, log: Path) -> bool:
+    """Whether logrotate ran between the listing of the files and the read of ``name``:
+    a copy is another file by its name (or gone, but for the `.gz` it was compressed
+    into), the log another file or emptied (copytruncate)."""
+    if listed is None:
+        return False
+    now = _end_of(name)
+    if now is None:
+        return name == log or not name.with_name(name.name + ".gz").exists()
+    return now[0] != listed[0] or (name == log and now[1] < listed[1])
 
 
 def entries(
@@ -368,8 +386,16 @@ def entries(
             tell()
         held.clear()
 
+    moved = False  # logrotate ran under the read: said once
     try:
-        for name in files_for(path, wanted):
+        for name, listed in files_for(path, wanted):
+            if not moved and _rotated_since(name, listed, path):
+                moved = True
+                said(
+                    f"warning: {one_line(str(path))}: rotated by logrotate while read: "
+                    "lines of the period may be missing or out of order "
+                    "(`reviewq logs` again reads the set as it is now)"
+                )
             for line in _file_lines(name, path, follow, wait, said):
                 text = line.rstrip("\n")
                 if not text.strip():
