@@ -358,3 +358,25 @@ def test_a_set_rotated_under_the_read_is_said(kb, run_cli, tmp_path, monkeypatch
         "yesterday.info",
         "evening",
     ]
+
+
+def test_logs_without_a_period_imports_neither_gzip_nor_the_period_parser(rotated_set):
+    """`reviewq logs` alone reads the log file alone, as before the period options: gzip
+    (1-6 ms a process, for every process that imports the logs module) and the period's
+    parser were imported all the same; a period still has both."""
+    from tests.test_worker_startup import _passes_in_a_fresh_interpreter
+
+    state = str(rotated_set.parent)
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from orchestrator.cli import cli\n"
+        f"res = CliRunner().invoke(cli, ['--state', {state!r}, 'logs'])\n"
+        "assert res.exit_code == 0 and 'morning' in res.output, res.output\n"
+        "late = [m for m in ('gzip', 'orchestrator.state.when') if m in sys.modules]\n"
+        "assert not late, late\n"
+        f"res = CliRunner().invoke(cli, ['--state', {state!r}, 'logs', '--since', '3d'])\n"
+        "assert 'three.days' not in res.output and 'two.days' in res.output, res.output\n"
+        "assert 'gzip' in sys.modules and 'orchestrator.state.when' in sys.modules\n"
+    )
+    _passes_in_a_fresh_interpreter(probe)
