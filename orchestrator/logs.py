@@ -421,7 +421,8 @@ def entries(
         if others:
             said(
                 f"warning: {one_line(str(path))}: {others} damaged line(s) passed over that "
-                f"name no job {wanted.job_id} (`reviewq logs` without --job says each)"
+                # The same files: with a period, `reviewq logs` alone reads none of the copies.
+                f"name no job {wanted.job_id} (the same command without --job says each)"
             )
 
 

@@ -634,6 +634,6 @@ def test_job_says_only_the_damaged_lines_that_name_the_job_and_counts_the_others
     assert '"jobs": [5, 7' in warnings[1]
     assert warnings[2].endswith(
         "reviewq.jsonl: 2 damaged line(s) passed over that name no job 7 "
-        "(`reviewq logs` without --job says each)"
+        "(the same command without --job says each)"
     )
     assert len(run_cli("logs").stderr.splitlines()) == 4  # without --job, each

@@ -380,3 +380,17 @@ def test_logs_without_a_period_imports_neither_gzip_nor_the_period_parser(rotate
         "assert 'gzip' in sys.modules and 'orchestrator.state.when' in sys.modules\n"
     )
     _passes_in_a_fresh_interpreter(probe)
+
+
+def test_the_count_of_other_jobs_damage_sends_to_a_command_that_says_each(rotated_set, run_cli):
+    """`--since 10h --job 7` counted a damaged line of a rotated copy and sent the operator to
+    `reviewq logs` without --job, which reads the log file alone and said none of it."""
+    cut = _line("cut.short", 9.5, job_id=8)[:40]
+    _write(rotated_set / "reviewq.jsonl.1", _line("evening", 12), cut, _line("late.evening", 9))
+    res = run_cli("logs", "--since", "10h", "--job", "7")
+    assert res.stderr.endswith(
+        "1 damaged line(s) passed over that name no job 7 (the same command without --job "
+        "says each)\n"
+    ), res.stderr
+    res = run_cli("logs", "--since", "10h")
+    assert "reviewq.jsonl.1: a damaged line passed over" in res.stderr
