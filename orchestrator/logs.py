@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import importlib
 import json
 import logging
 import os
@@ -265,8 +266,13 @@ def _when(rec: dict) -> datetime | None:
 
 
 # The names logrotate gives the log's copies: `reviewq.jsonl.1`, `reviewq.jsonl.2.gz`,
-# and with `dateext`, `reviewq.jsonl-20261126` (and `.gz`).
-_ROTATED = re.compile(r"(?:\.\d+|-\d[\d_.:-]*?)(?:\.gz)?")
+# and with `dateext`, `reviewq.jsonl-20261126` (and `.gz`); compressed by another
+# `compresscmd`, another `compressext`.
+_ROTATED = re.compile(r"(?:\.\d+|-\d[\d_.:-]*?)(?P<ext>\.(?:gz|bz2|xz|zst|lz4|lzo|lz|Z|br))?")
+# The compressions read, by the module that reads each (imported when one is read): gzip
+# (logrotate's own), and bzip2 and xz (`compresscmd`), which Python reads as well.
+_OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+_READ = ("", *_OPENERS)  # and a copy not compressed
 # How many lines of a rotated copy are looked at for its first time.
 _FIRST_LINES = 100
 
@@ -279,27 +285,56 @@ def rotated(path: Path) -> list[tuple[datetime, Path, Listed]]:
     (their names order them only by the rotation's own scheme, `dateformat` its own);
     one whose first lines say no time, by its modification time. Each with the file it
     was when listed."""
+    names = {p: _end_of(p) for p in _copies(path) if _compression(p, path) in _READ}
+    # `compress` writes `X.gz` beside `X` and removes `X` once the `.gz` is whole: in
+    # between, `X` is the whole copy (read both, each of its lines came twice).
+    compressing = {
+        _compressed(p, ext) for p in names if not _compression(p, path) for ext in _OPENERS
+    }
+    return sorted((_first_time(p), p, at) for p, at in names.items() if p not in compressing)
+
+
+def _copies(path: Path) -> list[Path]:
+    """The files beside the log named as logrotate names its copies."""
     try:
-        names = {
-            p: _end_of(p)
+        return [
+            p
             for p in path.parent.iterdir()
             if p.name.startswith(path.name)
             and _ROTATED.fullmatch(p.name[len(path.name) :])
             and p.is_file()
-        }
+        ]
     except OSError:
         return []
-    # `compress` writes `X.gz` beside `X` and removes `X` once the `.gz` is whole: in
-    # between, `X` is the whole copy (read both, each of its lines came twice).
-    compressing = {p.with_name(p.name + ".gz") for p in names if not p.name.endswith(".gz")}
-    return sorted((_first_time(p), p, at) for p, at in names.items() if p not in compressing)
 
 
-def _open_text(path: Path):  # noqa: ANN202 - a text file, gzip's or the system's
-    if path.name.endswith(".gz"):
-        import gzip  # here: every process imports this module, few read a `.gz` (1-6 ms)
+def _compression(copy: Path, path: Path) -> str:
+    """A copy's compression by its name (`.gz`), or "" for none."""
+    return _ROTATED.fullmatch(copy.name[len(path.name) :])["ext"] or ""
 
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+
+def _compressed(copy: Path, ext: str) -> Path:
+    return copy.with_name(copy.name + ext)
+
+
+def unread_copies(path: Path) -> list[Path]:
+    """The log's copies compressed as reviewq cannot read (zstd, lz4…)."""
+    return sorted(p for p in _copies(path) if _compression(p, path) not in _READ)
+
+
+def _unreadable() -> tuple[type[BaseException], ...]:
+    """What reading a copy cut short or damaged raises: OSError and EOFError, zlib's error
+    and, once xz is read, lzma's own (not an OSError)."""
+    lzma = sys.modules.get("lzma")
+    return (OSError, EOFError, zlib.error, *((lzma.LZMAError,) if lzma else ()))
+
+
+def _open_text(path: Path):  # noqa: ANN202 - a text file, compressed or not
+    opener = _OPENERS.get(path.suffix)
+    if opener:
+        # Imported here: every process imports this module, few read a `.gz` (1-6 ms).
+        module = importlib.import_module(opener)
+        return module.open(path, "rt", encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
 
 
@@ -311,7 +346,7 @@ def _first_time(path: Path) -> datetime:
                 at = _when(found[0]) if found else None
                 if at is not None:
                     return at
-    except (OSError, EOFError, zlib.error):
+    except _unreadable():
         pass  # a copy still being compressed, or damaged: its time on disk
     try:
         return datetime.fromtimestamp(path.stat().st_mtime, UTC)
@@ -349,7 +384,7 @@ def _rotated_since(name: Path, listed: Listed, log: Path) -> bool:
         return False
     now = _end_of(name)
     if now is None:
-        return name == log or not name.with_name(name.name + ".gz").exists()
+        return name == log or not any(_compressed(name, ext).exists() for ext in _OPENERS)
     return now[0] != listed[0] or (name == log and now[1] < listed[1])
 
 
@@ -387,6 +422,14 @@ def entries(
             tell()
         held.clear()
 
+    if wanted.since is not None:
+        for copy in unread_copies(path):
+            end = _end_of(copy)  # logrotate keeps the log's time: the copy's last line's
+            if end is None or end[2] >= wanted.since.timestamp() * 1e9:
+                said(
+                    f"warning: {one_line(str(copy))}: compressed as reviewq does not read "
+                    f"({copy.suffix}; .gz, .bz2 and .xz are read): its lines are not shown"
+                )
     moved = False  # logrotate ran under the read: said once
     try:
         for name, listed in files_for(path, wanted):
@@ -463,12 +506,13 @@ def _file_lines(
         except FileNotFoundError:
             # Compressed since the look at the folder (logrotate removes `X` once `X.gz`
             # is whole): the same lines.
-            if name.name.endswith(".gz"):
+            done = [_compressed(name, e) for e in _OPENERS if _compressed(name, e).exists()]
+            if name.suffix in _OPENERS or not done:
                 raise
-            f = _open_text(name.with_name(name.name + ".gz"))
+            f = _open_text(done[0])
         with f:
             yield from f
-    except (OSError, EOFError, zlib.error) as exc:  # a copy still being compressed, or damaged
+    except _unreadable() as exc:  # a copy still being compressed, or damaged
         said(f"warning: {one_line(str(name))}: cannot read on ({exc}): the rest passed over")
 
 

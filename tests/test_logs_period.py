@@ -394,3 +394,37 @@ def test_the_count_of_other_jobs_damage_sends_to_a_command_that_says_each(rotate
     ), res.stderr
     res = run_cli("logs", "--since", "10h")
     assert "reviewq.jsonl.1: a damaged line passed over" in res.stderr
+
+
+def test_copies_compressed_by_another_compresscmd_are_read_or_said(rotated_set, run_cli):
+    """logrotate's `compresscmd xz` (or bzip2, zstd) names its copies `.xz`: `logs --since`
+    took them for no copy, and the days in them were passed over without a word."""
+    import bz2
+    import lzma
+    import os
+
+    with lzma.open(rotated_set / "reviewq.jsonl.3.xz", "wt") as f:
+        f.write(_line("four.days", 96) + "\n")
+    with bz2.open(rotated_set / "reviewq.jsonl.4.bz2", "wt") as f:
+        f.write(_line("five.days", 120) + "\n")
+    for name, days in (("reviewq.jsonl.5.zst", 6), ("reviewq.jsonl.9.zst", 30)):
+        (rotated_set / name).write_bytes(b"\x28\xb5\x2f\xfd not read")
+        at = (NOW - timedelta(days=days)).timestamp()
+        os.utime(rotated_set / name, (at, at))  # as logrotate keeps it: its last line's
+    res = run_cli("logs", "--since", "7d")
+    assert _events(res) == [
+        "five.days",
+        "four.days",
+        "three.days",
+        "two.days",
+        "evening",
+        "late.evening",
+        "night",
+        "morning",
+    ]
+    assert res.stderr.endswith(
+        "reviewq.jsonl.5.zst: compressed as reviewq does not read (.zst; .gz, .bz2 and .xz "
+        "are read): its lines are not shown\n"
+    ), res.stderr
+    assert res.stderr.count("\n") == 1  # the copy of a month ago is not the period's
+    assert run_cli("logs", "--since", "10h").stderr == ""
