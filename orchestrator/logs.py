@@ -317,7 +317,7 @@ def _compressed(copy: Path, ext: str) -> Path:
     return copy.with_name(copy.name + ext)
 
 
-def unread_copies(path: Path) -> list[Path]:
+def _unread_copies(path: Path) -> list[Path]:
     """The log's copies compressed as reviewq cannot read (zstd, lz4…)."""
     return sorted(p for p in _copies(path) if _compression(p, path) not in _READ)
 
@@ -423,7 +423,7 @@ def entries(
         held.clear()
 
     if wanted.since is not None:
-        for copy in unread_copies(path):
+        for copy in _unread_copies(path):
             end = _end_of(copy)  # logrotate keeps the log's time: the copy's last line's
             if end is None or end[2] >= wanted.since.timestamp() * 1e9:
                 said(
