@@ -1817,6 +1817,30 @@ def test_a_redis_that_evicts_any_key_is_named_by_doctor_and_the_control(kb, tmp_
         assert said == [] and evicting == [], (doctor.stdout, evicting)
 
 
+def test_the_controls_doctor_on_one_machine_with_redis_says_a_missing_cli_as_a_problem(
+    kb, tmp_path
+):
+    """S11 made what the control's machine lacks for a reviewer a warning on any Redis
+    queue, for workers all on other machines. On one machine with Redis (the Procfile's
+    worker beside the control, a sweep's) the agents run here: doctor said `warning:`
+    and exit 0 of a CLI not on PATH, and the next sweep's every attempt was a launch
+    failure that paused the profile. Once a worker beside the control has started on
+    this queue, it is a problem again."""
+    small_kb(kb, notes=1)
+    missing = '[reviewers.far]\nkind = "command"\ncommand = ["no-such-agent"]\npartition = "fake"\n'
+    with redis_server(tmp_path) as url:
+        kb.write("reviewq.toml", fake_profile() + missing + FAST_QUEUE + f'url = "{url}"\n')
+        before = rq(kb, "doctor", timeout=60)  # nothing has run here yet: no worker known
+        sweep = rq(kb, "sweep", "--reviewer", "fake", "--workers", "1", "--json", timeout=90)
+        after = rq(kb, "doctor", timeout=60)
+    assert sweep.returncode == 0, sweep.stderr
+    said = "reviewer far (command): no-such-agent not on PATH"
+    assert before.returncode == 0, before.stdout
+    assert [x for x in before.stdout.splitlines() if said in x][0].startswith("warning: ")
+    assert after.returncode == 1, after.stdout
+    assert f"problem: {said}" in after.stdout.splitlines(), after.stdout
+
+
 def test_a_transaction_a_failover_aborted_is_an_outage_waited_out(tmp_path):
     """A primary made a replica between a transaction's commands and its EXEC (the
     control's release of the message it ran: LREM and HDEL, a batch's LREMs; a message

@@ -230,7 +230,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         "worker.started",
         workers=workers,
         worker=tasks.WORKER_ID,
-        queue=_describe(settings),
+        queue=queue_described(settings),
         folder=str(folder),
         kb=str(kb) if kb else None,
         messages=VERSION,
@@ -416,7 +416,7 @@ def run_control(ws: Workspace) -> None:
             woken.wait(max(0.0, wake - time.monotonic()))
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
-    logs.get().info("control.started", pid=os.getpid(), queue=_describe(settings))
+    logs.get().info("control.started", pid=os.getpid(), queue=queue_described(settings))
     for name, problem in settings.sweeps_left_out.items():
         # Said, not refused: a control that would not start (systemd restarting it all
         # night) ran no other sweep either, and left every agent's outcome waiting.
@@ -445,7 +445,9 @@ def run_control(ws: Workspace) -> None:
     restart_if_asked(consumer, "control")
 
 
-def _describe(settings) -> str:
+def queue_described(settings) -> str:
+    """The queue as a process's start line names it (``queue``): its URL without a
+    password, or the SQLite queues' folder."""
     return (
         shown_url(settings.queue.url).split("@")[-1]
         if settings.queue.url

@@ -890,7 +890,8 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
 
         if (problem := unwritable(worker_folder(ws.settings))) is not None:
             report(False, f"--state {shown(str(ws.state_dir))}: {shown(problem)}")
-    _doctor_reviewers(ws, report, remote=not worker_only and bool(ws.settings.queue.url))
+    remote = not worker_only and bool(ws.settings.queue.url) and _worker_here(ws) is None
+    _doctor_reviewers(ws, report, remote=remote)
     if (exposed := _settings_exposed(ws.settings)) is not None:
         click.echo(f"warning: {shown(exposed)}")
     if problems:
@@ -1130,6 +1131,33 @@ ELSEWHERE = (
     "on this machine: a worker here would fail its jobs, one on another machine is checked "
     "there with reviewq --config worker.toml --state DIR doctor --worker"
 )
+
+
+def _worker_here(ws: Workspace) -> str | None:
+    """Which worker runs on this machine for the control's Redis queue, as far as the
+    state folder tells: one beside the control (the Procfile's, a sweep's: its log in
+    ``STATE/worker/``) that started on this very queue, or one of this host that took an
+    attempt opened since the control last started. None: the agents may all run
+    elsewhere."""
+    import socket
+
+    from orchestrator.state.status import last_of, worker_of_host
+    from orchestrator.state.store import timestamp
+    from workers.attempt import worker_folder
+    from workers.consumers import queue_described
+
+    here = worker_folder(ws.settings)
+    if here != ws.state_dir:
+        line = last_of(logs.log_path(here), (b"worker.started",))
+        if line is not None and line.get("queue") == queue_described(ws.settings):
+            return str(line.get("worker") or here)
+    if not (ws.state_dir / "state.db").is_file():
+        return None
+    try:
+        since = datetime.fromtimestamp((ws.state_dir / "control.lock").stat().st_mtime, UTC)
+        return worker_of_host(ws.store, socket.gethostname(), timestamp(since))
+    except (OSError, sqlite3.Error):
+        return None  # no control has started here, or state.db said so above
 
 
 def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:

@@ -323,6 +323,30 @@ def last_refusal(log: Path, start: int) -> dict | None:
     return found
 
 
+def last_of(log: Path, events: tuple[bytes, ...]) -> dict | None:
+    """The last line of the log's end (``REFUSALS_TAIL_BYTES``) whose event is one of
+    ``events``, or None (none there, or no log)."""
+    found = None
+    try:
+        start = max(0, log.stat().st_size - REFUSALS_TAIL_BYTES)
+        for line in _tail_lines(log, start, events):
+            found = line
+    except OSError:
+        return None
+    return found
+
+
+def worker_of_host(store: Store, host: str, since: str) -> str | None:
+    """A worker of ``host`` (its ``HOST:PID``) that took an attempt opened since ``since``,
+    or None."""
+    row = store.conn.execute(
+        "SELECT worker FROM attempts WHERE started_at >= ? AND substr(worker, 1, ?) = ? "
+        "ORDER BY id DESC LIMIT 1",
+        (since, len(host) + 1, f"{host}:"),
+    ).fetchone()
+    return row[0] if row is not None else None
+
+
 def shared_since_start(log: Path) -> dict | None:
     """The running control's ``queue.shared`` line (another control process feeds its
     Redis database) from its log's end, ``at`` and ``said``, or None. Said once a run, in the log
