@@ -1841,6 +1841,60 @@ def test_the_controls_doctor_on_one_machine_with_redis_says_a_missing_cli_as_a_p
     assert f"problem: {said}" in after.stdout.splitlines(), after.stdout
 
 
+def test_status_says_a_shared_redis_database_while_the_control_that_said_it_runs(kb, tmp_path):
+    """S12's `status` read the control's `queue.shared` line from its log's last MiB: once
+    logrotate emptied the log (copytruncate) or a night's lines pushed it out, `status`
+    said "control: running" and nothing else while the two controls went on sharing; and
+    `status --json` gave a stopped control's line as `control.shared`, its pid null."""
+    small_kb(kb, notes=1)
+    other = tmp_path / "other-site"  # a second KB given the same database by mistake
+    shutil.copytree(kb.root / "kb", other / "kb")
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(name: str, root: Path) -> subprocess.Popen:
+        procs[name] = subprocess.Popen(
+            [str(Path(sys.executable).parent / "reviewq"), "--root", str(root), "control"],
+            stderr=subprocess.PIPE,
+        )
+        return procs[name]
+
+    def stop(name: str) -> None:
+        procs[name].send_signal(signal.SIGINT)
+        assert procs.pop(name).wait(timeout=30) == 0
+
+    def status(*args: str) -> subprocess.CompletedProcess:
+        res = rq(kb, "status", *args, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res
+
+    with redis_server(tmp_path) as url:
+        toml = f'[queue]\nurl = "{url}"\nreaper_seconds = 0.5\n'
+        kb.write("reviewq.toml", toml)
+        (other / "reviewq.toml").write_text(toml)
+        try:
+            mine = start("mine", kb.root)
+            _until(mine.stderr, "control.started")
+            start("theirs", other)
+            _until(mine.stderr, "queue.shared")
+            log = kb.state / "logs" / "reviewq.jsonl"
+            shutil.copy(log, log.with_name("reviewq.jsonl.1"))  # logrotate's copytruncate
+            os.truncate(log, 0)
+            (said,) = [x for x in status().stdout.splitlines() if x.startswith("queue shared")]
+            assert f"state folder {other / '.reviewq'}" in said, said
+            stop("mine")
+            assert json.loads(status("--json").stdout)["control"] == {"pid": None, "shared": None}
+            stop("theirs")
+            # Started again alone: the previous run's line is not this one's.
+            mine = start("mine", kb.root)
+            _until(mine.stderr, "control.started")
+            data = json.loads(status("--json").stdout)["control"]
+            assert data == {"pid": mine.pid, "shared": None}, data
+        finally:
+            for proc in procs.values():
+                proc.kill()
+                proc.wait(timeout=30)
+
+
 def test_a_transaction_a_failover_aborted_is_an_outage_waited_out(tmp_path):
     """A primary made a replica between a transaction's commands and its EXEC (the
     control's release of the message it ran: LREM and HDEL, a batch's LREMs; a message

@@ -349,6 +349,7 @@ def run_control(ws: Workspace) -> None:
     # Here, not at the top: a worker, in the same module, has no use for them.
     from orchestrator.control.control import Control
     from orchestrator.control.followup import FollowUp
+    from orchestrator.state.status import keep_shared
     from orchestrator.sweeps.producer import sweep_problems
 
     settings = ws.settings
@@ -356,6 +357,9 @@ def run_control(ws: Workspace) -> None:
     # in that program's folder before the refusal.
     ws.store  # noqa: B018 - opened for its refusal; Control uses it
     lock = _lock(ws.state_dir)
+    # A previous run's queue.shared is not this one's: said again if it still is.
+    with contextlib.suppress(OSError):
+        keep_shared(ws.state_dir, None)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     follow_parent()
     app = make_app(settings)

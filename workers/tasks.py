@@ -917,7 +917,12 @@ def _publish(control: Control) -> None:
             other = None
     if other is not None and (seen := (other.get("host"), other.get("state"))) not in _shared:
         _shared.add(seen)  # said once for each: both controls keep writing the key
-        logs.get().error("queue.shared", reason=shared_problem(settings, other))
+        from orchestrator.state.status import keep_shared
+
+        said = shared_problem(settings, other)
+        logs.get().error("queue.shared", reason=said)
+        with contextlib.suppress(OSError):  # said in the log; status misses it alone
+            keep_shared(control.ws.state_dir, said)
     try:
         _marked_at[0] = mark_fed(
             the_app().control,

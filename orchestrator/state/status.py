@@ -14,6 +14,7 @@ from typing import NamedTuple, TypeVar
 
 from orchestrator import logs
 from orchestrator.config import Settings
+from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import (
     Store,
@@ -208,6 +209,7 @@ def status(store: Store, settings: Settings) -> dict:
         }
         for b in spent_budgets(store, over_budget_runs(store), settings)
     ]
+    pid = control_pid(settings.state_dir)
     return {
         "jobs": counts,
         "jobs_by_hand": by_hand,
@@ -225,10 +227,7 @@ def status(store: Store, settings: Settings) -> dict:
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
         "fixes_unwritten": unwritten_fixes(store),
-        "control": {
-            "pid": control_pid(settings.state_dir),
-            "shared": shared_since_start(logs.log_path(settings.state_dir)),
-        },
+        "control": {"pid": pid, "shared": shared_now(settings.state_dir, pid)},
         "workers": {
             **workers_heard(store),
             "refused": refused_lately(
@@ -347,23 +346,35 @@ def worker_of_host(store: Store, host: str, since: str) -> str | None:
     return row[0] if row is not None else None
 
 
-def shared_since_start(log: Path) -> dict | None:
-    """The running control's ``queue.shared`` line (another control process feeds its
-    Redis database) from its log's end, ``at`` and ``said``, or None. Said once a run, in the log
-    alone: each operator of two KBs on one database ran `status` and read nothing of it,
-    while the workers of each took the other's messages."""
-    said = None
-    try:
-        start = max(0, log.stat().st_size - REFUSALS_TAIL_BYTES)
-        for line in _tail_lines(log, start, (b"queue.shared", b"control.started")):
-            said = (
-                {"at": str(line.get("timestamp")), "said": str(line.get("reason") or "")}
-                if line.get("event") == "queue.shared"
-                else None
-            )
-    except OSError:
+# The running control's last ``queue.shared``, kept beside its lock: said once a run, in
+# the log alone, it was gone from the log's end once logrotate emptied it (copytruncate)
+# or a night's lines pushed it out, while the two controls went on sharing.
+SHARED_FILE = Path("run") / "queue-shared.json"
+
+
+def keep_shared(state_dir: Path, said: str | None) -> None:
+    """Keep what this control process said of another feeding its Redis database (its
+    ``queue.shared`` reason), for `status`; None: forget a previous run's (at start)."""
+    path = state_dir / SHARED_FILE
+    if said is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    atomic_write(path, json.dumps({"pid": os.getpid(), "at": utcnow(), "said": said}) + "\n")
+
+
+def shared_now(state_dir: Path, pid: int | None) -> dict | None:
+    """The running control's ``queue.shared`` (``pid``: the control that holds the state
+    folder), ``at`` and ``said``, until it restarts; None when none runs or it said none."""
+    if not pid:
         return None
-    return said
+    try:
+        kept = json.loads((state_dir / SHARED_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("pid") != pid:
+        return None  # a previous run's, its control gone
+    return {"at": str(kept.get("at")), "said": str(kept.get("said") or "")}
 
 
 def refusal_said(line: dict) -> str:
