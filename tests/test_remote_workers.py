@@ -1892,3 +1892,66 @@ def test_a_workers_secret_ranges_that_make_no_sense_leave_the_output_as_it_came(
     assert logs.blanked(b"abcdefgh", spans) == (
         b"[redacted]efgh" if spans == [[0, 4], [2, 6]] else b"abcdefgh"
     )
+def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_path, redis_url):
+    """OPERATIONS §6.6 (S13): the control keeps at most 2 x its profile's `concurrency`
+    attempts open on the queue for all workers together (3 x for quick agents), so at the
+    default 1 two remote workers of two slots each ran two agents at a time; raised to
+    their slots together, all four run. Its numbers are read from the text, so the cap and
+    what the operator is told change together."""
+    import re
+    import select
+    import time
+
+    from orchestrator.control.control import PREFETCH, QUICK_PREFETCH
+
+    ops = (Path(__file__).parents[1] / "docs" / "OPERATIONS.md").read_text(encoding="utf-8")
+    said = re.search(r"at most (\d) x \((\d) x for quick\s+agents\)", ops)
+    assert said and said.groups() == (str(PREFETCH), str(QUICK_PREFETCH)), said
+    small(kb, notes=6)
+    profile = fake_profile(timeout='"120s"').replace("concurrency = 2", "concurrency = {}")
+    queue = FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60") + f'url = "{redis_url}"\n'
+    notify, go = tmp_path / "started", tmp_path / "go"
+    os.mkfifo(notify)
+    os.mkfifo(go)  # never written: each agent waits on it until its worker stops it
+    agents = {"FAKE_NOTIFY_FIFO": str(notify), "FAKE_CONTINUE_FIFO": str(go)}
+    reader = os.open(notify, os.O_RDONLY | os.O_NONBLOCK)
+    started: list[str] = []
+
+    def running(n: int) -> int:
+        """Await ``n`` agents started in all (each writes a line as it starts); how many
+        attempts are then open in state.db, by any worker."""
+        deadline, data = time.monotonic() + 60, b""
+        while len(started) < n:
+            ready, _, _ = select.select([reader], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"{len(started)} agent(s) started, not {n}"
+            data += os.read(reader, 4096)
+            *lines, data = data.split(b"\n")
+            started.extend(x.decode() for x in lines)
+        with db(kb) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM attempts WHERE outcome IN ('dispatched', 'running')"
+            ).fetchone()[0]
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    workers = [start_worker(tmp_path / name, redis_url, agents)[0] for name in ("a", "b")]
+    control = None
+    try:
+        kb.write("reviewq.toml", profile.format(1) + queue)
+        control = subprocess.Popen([EXE, "--root", str(kb.root), "control"])
+        assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+        # Four slots on two machines, six jobs: the one dispatch pass opened two.
+        assert running(2) == PREFETCH == len(started)
+        stop(control)
+        kb.write("reviewq.toml", profile.format(4) + queue)  # the slots of both workers
+        control = subprocess.Popen([EXE, "--root", str(kb.root), "control"])
+        assert running(4) >= 4
+        parents = {line.split()[1] for line in started}  # "pid ppid attempt": the worker
+        assert parents == {str(proc.pid) for proc in workers}, (parents, started)
+    finally:
+        for proc in workers:
+            proc.terminate()  # stops its agents now: none would end on its own
+            proc.wait(timeout=30)
+        if control is not None:
+            stop(control)
+        os.close(reader)
