@@ -1881,6 +1881,10 @@ def test_status_says_a_shared_redis_database_while_the_control_that_said_it_runs
             os.truncate(log, 0)
             (said,) = [x for x in status().stdout.splitlines() if x.startswith("queue shared")]
             assert f"state folder {other / '.reviewq'}" in said, said
+            # The command it names reads the rotated copy the line is now in.
+            hint = said.rsplit("(reviewq ", 1)[1].split(";")[0].split()
+            shown = rq(kb, *hint, timeout=60)
+            assert shown.returncode == 0 and "queue.shared" in shown.stdout, (hint, shown)
             stop("mine")
             assert json.loads(status("--json").stdout)["control"] == {"pid": None, "shared": None}
             stop("theirs")

@@ -918,11 +918,13 @@ def _publish(control: Control) -> None:
     if other is not None and (seen := (other.get("host"), other.get("state"))) not in _shared:
         _shared.add(seen)  # said once for each: both controls keep writing the key
         from orchestrator.state.status import keep_shared
+        from orchestrator.state.store import utcnow
 
-        said = shared_problem(settings, other)
+        # Before the line: `status` sends the operator to the log from this second on.
+        said, at = shared_problem(settings, other), utcnow()
         logs.get().error("queue.shared", reason=said)
         with contextlib.suppress(OSError):  # said in the log; status misses it alone
-            keep_shared(control.ws.state_dir, said)
+            keep_shared(control.ws.state_dir, said, at)
     try:
         _marked_at[0] = mark_fed(
             the_app().control,

@@ -551,9 +551,12 @@ def _liveness(data: dict, held: int) -> list[str]:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
         if shared := data["control"].get("shared"):
             # Said once a run in its log: the operator of each KB read nothing of it here.
+            # From its second on: once logrotate emptied the log, `logs` without --since
+            # read the empty file alone and printed nothing.
+            at = f"{shared['at'][:19]}Z"
             lines.append(
-                f"queue shared, said at {shared['at'][:19]}Z: {shared['said']} (reviewq logs "
-                "--event queue.shared; said until the control restarts)"
+                f"queue shared, said at {at}: {shared['said']} (reviewq logs --event "
+                f"queue.shared --since {at}; said until the control restarts)"
             )
     if by_hand:
         lines.append(

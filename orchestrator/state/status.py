@@ -352,15 +352,16 @@ def worker_of_host(store: Store, host: str, since: str) -> str | None:
 SHARED_FILE = Path("run") / "queue-shared.json"
 
 
-def keep_shared(state_dir: Path, said: str | None) -> None:
+def keep_shared(state_dir: Path, said: str | None, at: str = "") -> None:
     """Keep what this control process said of another feeding its Redis database (its
-    ``queue.shared`` reason), for `status`; None: forget a previous run's (at start)."""
+    ``queue.shared`` reason) at ``at``, for `status`; None: forget a previous run's (at
+    start)."""
     path = state_dir / SHARED_FILE
     if said is None:
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    atomic_write(path, json.dumps({"pid": os.getpid(), "at": utcnow(), "said": said}) + "\n")
+    atomic_write(path, json.dumps({"pid": os.getpid(), "at": at, "said": said}) + "\n")
 
 
 def shared_now(state_dir: Path, pid: int | None) -> dict | None:
