@@ -1955,3 +1955,26 @@ def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_p
         if control is not None:
             stop(control)
         os.close(reader)
+
+
+def test_the_controls_doctor_says_a_missing_cli_as_a_problem_where_a_worker_of_its_host_runs(
+    kb, tmp_path, redis_url
+):
+    """A worker on the control's machine with a folder of its own (§6.6's command, run
+    there too) runs the agents on that machine: what it lacks for a reviewer is a problem
+    there, not the warning S11 gives where the workers may all be elsewhere."""
+    small(kb, notes=1)
+    missing = '[reviewers.far]\nkind = "command"\ncommand = ["no-such-agent"]\npartition = "fake"\n'
+    kb.write("reviewq.toml", fake_profile() + missing + FAST_QUEUE + f'url = "{redis_url}"\n')
+    worker, _ = start_worker(tmp_path, redis_url)
+    try:
+        before = rq(kb, "doctor", timeout=60)
+        sweep = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json", timeout=90)
+    finally:
+        stop(worker)
+    after = rq(kb, "doctor", timeout=60)
+    assert sweep.returncode == 0, sweep.stderr
+    assert not (kb.state / "worker").exists()  # no worker beside the control
+    said = "reviewer far (command): no-such-agent not on PATH"
+    assert before.returncode == 0 and f"warning: {said}" in before.stdout, before.stdout
+    assert after.returncode == 1 and f"problem: {said}" in after.stdout.splitlines(), after.stdout
