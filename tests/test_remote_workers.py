@@ -1915,6 +1915,9 @@ def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_p
     os.mkfifo(go)  # never written: each agent waits on it until its worker stops it
     agents = {"FAKE_NOTIFY_FIFO": str(notify), "FAKE_CONTINUE_FIFO": str(go)}
     reader = os.open(notify, os.O_RDONLY | os.O_NONBLOCK)
+    # A writer of its own held open: between two agents' writes the FIFO had none, and
+    # select said "readable" (a hang-up) of a pipe with nothing in it.
+    held = os.open(notify, os.O_WRONLY | os.O_NONBLOCK)
     started: list[str] = []
 
     def running(n: int) -> int:
@@ -1954,6 +1957,7 @@ def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_p
             proc.wait(timeout=30)
         if control is not None:
             stop(control)
+        os.close(held)
         os.close(reader)
 
 
