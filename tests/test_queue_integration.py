@@ -1841,6 +1841,26 @@ def test_the_controls_doctor_on_one_machine_with_redis_says_a_missing_cli_as_a_p
     assert f"problem: {said}" in after.stdout.splitlines(), after.stdout
 
 
+def test_the_controls_doctor_on_redis_says_another_programs_state_db_once(kb, tmp_path):
+    """Looking for a worker of this host in state.db, doctor on a Redis control opened a
+    state.db it had just said was another program's again, and ended in an internal
+    error instead of its problem lines."""
+    small_kb(kb, notes=1)
+    other = tmp_path / "otherapp"
+    other.mkdir()
+    with contextlib.closing(sqlite3.connect(other / "state.db")) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+        conn.commit()
+    (other / "control.lock").touch()
+    with redis_server(tmp_path) as url:
+        kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "{url}"\n')
+        res = rq(kb, "--state", str(other), "doctor", timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stderr == "error: 1 problem(s)\n", res.stderr
+    (said,) = [x for x in res.stdout.splitlines() if x.startswith("problem: ")]
+    assert "a SQLite database without reviewq's tables (users)" in said, said
+
+
 def test_status_says_a_shared_redis_database_while_the_control_that_said_it_runs(kb, tmp_path):
     """S12's `status` read the control's `queue.shared` line from its log's last MiB: once
     logrotate emptied the log (copytruncate) or a night's lines pushed it out, `status`

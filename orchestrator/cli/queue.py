@@ -1159,8 +1159,8 @@ def _worker_here(ws: Workspace) -> str | None:
     try:
         since = datetime.fromtimestamp((ws.state_dir / "control.lock").stat().st_mtime, UTC)
         return worker_of_host(ws.store, socket.gethostname(), timestamp(since))
-    except (OSError, sqlite3.Error):
-        return None  # no control has started here, or state.db said so above
+    except Exception:  # noqa: BLE001 - no control.lock, or state.db's own problem, said above
+        return None
 
 
 def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
