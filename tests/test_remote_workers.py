@@ -1892,6 +1892,8 @@ def test_a_workers_secret_ranges_that_make_no_sense_leave_the_output_as_it_came(
     assert logs.blanked(b"abcdefgh", spans) == (
         b"[redacted]efgh" if spans == [[0, 4], [2, 6]] else b"abcdefgh"
     )
+
+
 def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_path, redis_url):
     """OPERATIONS §6.6 (S13): the control keeps at most 2 x its profile's `concurrency`
     attempts open on the queue for all workers together (3 x for quick agents), so at the
