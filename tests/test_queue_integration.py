@@ -2959,6 +2959,36 @@ def test_a_sweep_hears_what_its_children_said_while_it_wrote_the_job_folders(kb,
     assert said["note"].startswith("a worker of another release refuses the messages"), said
 
 
+def test_a_sweep_held_off_the_cpu_during_a_look_looks_again_as_soon_as_before(kb, monkeypatch):
+    """Z1 timed a look on the wall clock: a sweep stopped during one (a Ctrl-Z, a frozen
+    container, W1's suspend as SIGSTOP) or starved by a loaded machine waited 20 times as
+    long before its next look, so a minute stopped was 20 minutes more in which jobs that
+    ended and children that died went unseen. What a look costs is the CPU it spends."""
+    import workers.sweep as sweep
+    from workers.sweep import POLL_S, Looks
+
+    small_kb(kb, notes=1)
+    look, wait_after = sweep._progress, Looks.wait_after
+    held = [0.5]
+    waits: list[float] = []
+
+    def held_off(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        p = look(*args, **kwargs)
+        if held:
+            time.sleep(held.pop())  # off the CPU mid-look
+        return p
+
+    def waited(self: Looks, *args, **kwargs) -> float:  # noqa: ANN002, ANN003
+        waits.append(wait_after(self, *args, **kwargs))
+        return waits[-1]
+
+    monkeypatch.setattr(sweep, "_progress", held_off)
+    monkeypatch.setattr(Looks, "wait_after", waited)
+    ws, out = _sweep_starting(kb, monkeypatch, lambda self: None, workers=1)
+    ws.close()
+    assert len(out.enqueued.jobs) == 1 and waits and waits[0] <= POLL_S, waits
+
+
 def test_a_sweeps_control_leaves_the_folders_the_sweep_is_writing_to_it(kb, monkeypatch):
     """Stop 31 starts a sweep's control at the commit, before the sweep writes the job
     folders, and the control's tick (at its start, then each reaper period) found every

@@ -57,9 +57,9 @@ class Looks:
     the last 8 end within one look's wait, and the look before them, seeing 30 open,
     waited the whole of it after they had. Jobs that wait (a paused reviewer, a long
     agent) are looked at every :data:`POLL_S` again. Never sooner than :attr:`SHARE`
-    times the last look took: a look counts every job of the sweep, so one of 50,000
-    jobs took ~40 ms of CPU, five times a second, for the hour the sweep ran (a fifth of
-    a core; the looks' sum grew with the square of the jobs)."""
+    times the CPU the last look spent: a look counts every job of the sweep, so one of
+    50,000 jobs took ~40 ms of CPU, five times a second, for the hour the sweep ran (a
+    fifth of a core; the looks' sum grew with the square of the jobs)."""
 
     ENDING_S = 0.02
     FEW = 8
@@ -75,7 +75,7 @@ class Looks:
         self.pace = 0.0
 
     def wait_after(self, open_jobs: int, now: float, took: float = 0.0) -> float:
-        """``took``: how long the look that saw ``open_jobs`` took, in seconds."""
+        """``took``: the CPU the look that saw ``open_jobs`` spent, in seconds."""
         if open_jobs != self.open:
             self.open, self.moved_at = open_jobs, now
         if self.since is None:
@@ -607,9 +607,11 @@ def run_sweep(
                 children.start()
                 _nudge()
             while True:
-                looked_at = time.monotonic()
+                # The look's own CPU, not the wall's: a sweep stopped or starved
+                # mid-look waited 20 times the stop before it looked again.
+                looked_at = time.thread_time()
                 p = _progress(ws, jobs)
-                took = time.monotonic() - looked_at
+                took = time.thread_time() - looked_at
                 if on_progress is not None:
                     on_progress(p)
                 if p.open == 0 or children.failed:
