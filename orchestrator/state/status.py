@@ -53,6 +53,9 @@ WITHDRAWN_SQL = (
 # One still waiting for a worker to launch it: neither a run nor one that failed to be.
 # Counted as not run, `jobs` showed every job of a sweep in progress "(+1 not run)".
 WAITING_SQL = "(a.launched_at IS NULL AND a.outcome = 'dispatched')"
+# The attempts_open index's own term, word for word: SQLite reads a partial index only
+# for a query that has it, not for one whose terms imply it (outcome = 'running').
+OPEN_SQL = "outcome IN ('dispatched', 'running')"
 
 
 class NotFound(ValueError):
@@ -395,10 +398,11 @@ def workers_heard(store: Store) -> dict:
     worker's answer too, though it names no worker on its attempt (no agent ran there): a
     worker that answered every message so read as silent for hours; the last one, when
     nothing was heard since, is ``last_launch_failure``."""
+    # The open attempts through their index: a scan read every attempt ever made.
     running = [
         w
         for (w,) in store.conn.execute(
-            "SELECT worker FROM attempts WHERE outcome = 'running' ORDER BY worker"
+            f"SELECT worker FROM attempts WHERE {OPEN_SQL} AND outcome = 'running' ORDER BY worker"
         )
     ]
     heard = [
@@ -424,8 +428,8 @@ def workers_heard(store: Store) -> dict:
             "reasons": reasons_column(failed["reasons"]),
         }
     untaken = store.conn.execute(
-        "SELECT count(*), min(started_at) FROM attempts WHERE outcome = 'dispatched' "
-        "AND taken_at IS NULL AND worker IS NULL"
+        f"SELECT count(*), min(started_at) FROM attempts WHERE {OPEN_SQL} "
+        "AND outcome = 'dispatched' AND taken_at IS NULL AND worker IS NULL"
     ).fetchone()
     return {
         "agents_running": len(running),
