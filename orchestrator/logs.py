@@ -541,6 +541,9 @@ def fields_text(fields: Mapping[str, object]) -> str:
     )
 
 
+_MIN_SECRET = 6  # characters: shorter values are words, not keys
+
+
 def secret_name(name: str) -> bool:
     words = _WORDS.findall(name)
     while words and words[-1].isdigit():  # API_KEY_2
@@ -561,11 +564,11 @@ def _secret_parts(value: str) -> list[str]:
     parts = value.split()
     if len(parts) > 1:
         return [p for p in parts if len(p) >= 8]
-    return [value] if len(value) >= 6 else []
+    return [value] if len(value) >= _MIN_SECRET else []
 
 
 def add_secrets(values: Iterable[str]) -> None:
-    new = {v for v in values if len(v) >= 6} - _extra_secrets
+    new = {v for v in values if len(v) >= _MIN_SECRET} - _extra_secrets
     if new:
         _extra_secrets.update(new)
         _cache.clear()
@@ -596,21 +599,23 @@ _CONTROLS = re.compile(
 )
 
 
-def redact(text: str) -> str:
+def redact(text: str, also: Iterable[str] = ()) -> str:
     """``text`` with every known secret replaced, and its terminal control sequences
     removed. Used on agent output quoted in failure reasons and rationales before they are
     stored, so no report, manifest, retry prompt or summary can repeat a key an agent
     printed, nor send the terminal of the person who reads it an agent's escape sequence
-    (a window title, a screen reset)."""
+    (a window title, a screen reset). ``also``: another process's secrets (:func:`spanned`)."""
     text = _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
-    for s in _secrets():
+    secrets = sorted({*_secrets(), *also}, key=len, reverse=True) if also else _secrets()
+    for s in secrets:
         if s in text:
             text = text.replace(s, "[redacted]")
     return text
 
 
-def redact_all(texts: Iterable[str]) -> list[str]:
-    return [redact(t) for t in texts]
+def redact_all(texts: Iterable[str], also: Iterable[str] = ()) -> list[str]:
+    also = list(also)
+    return [redact(t, also) for t in texts]
 
 
 def secret_spans(data: bytes) -> list[list[int]]:
@@ -633,22 +638,37 @@ def secret_spans(data: bytes) -> list[list[int]]:
     return merged
 
 
-def blanked(data: bytes, spans: object) -> bytes:
-    """``data`` with each of ``spans`` (:func:`secret_spans` of another process) replaced
-    by ``[redacted]``; spans that are not in order and inside ``data`` are passed over."""
-    if not isinstance(spans, list):
-        return data
-    parts, done = [], 0
-    for span in spans:
-        if (
+# As many distinct secrets as a worker's settings and environment hold, with room: each
+# is replaced in every text the control stores of an outcome.
+MAX_SPANNED = 64
+
+
+def spanned(data: bytes, spans: object) -> list[str]:
+    """The secrets of another process that ``spans`` (its :func:`secret_spans` of
+    ``data``) point at, to redact as this process's own: never the ranges blanked in
+    ``data``, which a secret in the output's frame (a pair's path) made another parse.
+    Spans out of order, outside ``data``, shorter than a secret or splitting a character
+    are passed over; at most :data:`MAX_SPANNED` distinct ones are taken."""
+    found: dict[str, None] = {}
+    done = 0
+    for span in spans if isinstance(spans, list) else []:
+        if not (
             isinstance(span, list)
             and len(span) == 2
             and all(type(x) is int for x in span)
             and done <= span[0] < span[1] <= len(data)
         ):
-            parts += [data[done : span[0]], b"[redacted]"]
-            done = span[1]
-    return b"".join([*parts, data[done:]]) if parts else data
+            continue
+        done = span[1]
+        try:
+            secret = data[span[0] : span[1]].decode()
+        except UnicodeDecodeError:
+            continue
+        if len(secret) >= _MIN_SECRET:
+            found[secret] = None
+        if len(found) >= MAX_SPANNED:
+            break
+    return list(found)
 
 
 def redact_data(value: object) -> object:

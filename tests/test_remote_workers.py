@@ -156,6 +156,30 @@ def test_a_secret_only_the_worker_knows_is_redacted_in_what_the_control_stores(
     assert shown.returncode == 0 and token not in shown.stdout
 
 
+def test_a_workers_secret_in_the_outputs_frame_changes_no_decision(kb, tmp_path, redis_url):
+    """A worker's secret that is also a word of the output's frame (a short password,
+    `review`, is in every gate's path `review-gates/`): the control blanked it in the
+    output before parsing it, so every sentinel named a pair it did not expect and a
+    valid review failed as invalid output, attempt after attempt. Redaction changes what
+    is stored of a finding, never the decision."""
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    env = {"AGENT_TOKEN": "review", "FAKE_QUOTE": "AGENT_TOKEN", "FAKE_DECISIONS": "FAIL"}
+    worker, _ = start_worker(tmp_path, redis_url, env)
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json")
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (status,) = conn.execute("SELECT status FROM review_jobs").fetchone()
+        (decision, rationale) = conn.execute(
+            "SELECT decision, rationale FROM review_pairs"
+        ).fetchone()
+    assert (status, decision) == ("completed", "FAIL"), res.stdout
+    assert "my AGENT_TOKEN is [redacted]" in rationale and "review" not in rationale
+
+
 def test_a_stale_kb_copy_on_a_worker_machine_is_said_in_the_controls_log(kb, tmp_path, redis_url):
     """A remote worker's --kb copy older than the note its fixer is given: the fixer ran
     without it and the worker said `attempt.kb_stale`, in its own log only. The operator
@@ -1886,12 +1910,10 @@ def test_outcomes_sent_quickly_do_not_wake_the_reporting_thread():
 
 @pytest.mark.parametrize(
     "spans",
-    [None, "0-4", [[5, 2]], [[0, 99]], [["0", 4]], [[0, 4], [2, 6]], [[True, 4]], [[0, 4, 6]]],
+    [None, "0-4", [[5, 2]], [[0, 99]], [["0", 8]], [[0, 8], [2, 9]], [[True, 8]], [[0, 4, 8]]],
 )
 def test_a_workers_secret_ranges_that_make_no_sense_leave_the_output_as_it_came(spans):
-    assert logs.blanked(b"abcdefgh", spans) == (
-        b"[redacted]efgh" if spans == [[0, 4], [2, 6]] else b"abcdefgh"
-    )
+    assert logs.spanned(b"abcdefghij", spans) == (["abcdefgh"] if spans == [[0, 8], [2, 9]] else [])
 
 
 def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_path, redis_url):
@@ -1984,3 +2006,13 @@ def test_the_controls_doctor_says_a_missing_cli_as_a_problem_where_a_worker_of_i
     said = "reviewer far (command): no-such-agent not on PATH"
     assert before.returncode == 0 and f"warning: {said}" in before.stdout, before.stdout
     assert after.returncode == 1 and f"problem: {said}" in after.stdout.splitlines(), after.stdout
+
+
+def test_a_hostile_workers_ranges_redact_no_more_than_their_bound_in_linear_time():
+    """Ranges splitting a character or shorter than a secret are passed over; 100,000
+    distinct ones over 5 MiB give at most MAX_SPANNED secrets to replace in each text."""
+    data = "é".encode() * 4 + "".join(f"{i:08d}" for i in range(650_000)).encode()
+    spans = [[1, 7], [8, 10], *([i, i + 6] for i in range(10, 5_200_000, 52))]
+    secrets = logs.spanned(data, spans)
+    assert len(secrets) == logs.MAX_SPANNED and all(len(s) == 6 for s in secrets)
+    assert "ééé" not in "".join(secrets)

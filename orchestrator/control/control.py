@@ -952,14 +952,15 @@ class Control:
 
     def _finalize(self, job, attempt: int, o: dict) -> None:
         output = o.get("output")
-        if isinstance(output, bytes):  # the worker's secrets, which this machine may not know
-            output = logs.blanked(output, o.get("redact"))
         try:
             res = finalize(
                 self.store,
                 self.ws.state_dir,
                 job["id"],
                 output,
+                # The worker's secrets, which this machine may not know: redacted in what
+                # is stored of the output, which is parsed as it came.
+                secrets=logs.spanned(output, o.get("redact")) if isinstance(output, bytes) else [],
                 within=record_decisions,
                 attempt=attempt,
                 provenance=Provenance(runner=job["reviewer"], telemetry=o.get("telemetry") or None),

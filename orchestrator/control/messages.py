@@ -44,8 +44,9 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   ``reviewer-touched-kb`` outcome: [classification, reasons] as judged without the
   change, optional: a control takes its absence as before), ``files`` (bounded
   stdout.log/stderr.log tails and telemetry.json, by name), ``redact`` (optional: the
-  byte ranges of ``output`` holding the worker's secrets, which the control blanks in what
-  it parses and stores, not in the agent's file; a control takes its absence as none),
+  byte ranges of ``output`` holding the worker's secrets, which the control redacts in
+  what it stores of the output, not in the agent's file nor in what it parses; a control
+  takes its absence as none),
   ``notices`` (optional: events
   the worker logged of the attempt that the control logs again, ``{"event", fields…}``,
   only those it knows, once each, their text fields bounded: ``attempt.kb_stale``; any

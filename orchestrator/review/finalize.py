@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,12 +232,14 @@ def finalize(
     fail_on_invalid: bool = True,
     within: Callable[[Store, Any, list[dict]], None] | None = None,
     job: Any = None,
+    secrets: Sequence[str] = (),
 ) -> FinalizeResult:
     """Finalize ``output`` for a job. ``attempt`` fences a queued attempt: an output from
     any attempt but the job's current one is ignored. With ``fail_on_invalid`` (the
     manual path) an invalid output fails the job at once and frees its pairs; without
     it the job is left for the caller to retry. ``job``: the job's row, read by a caller
-    inside its write transaction (the control's outcome batch)."""
+    inside its write transaction (the control's outcome batch). ``secrets``: the worker's,
+    redacted with this machine's in what is stored of the output."""
     # Read under this transaction's write lock (the control's batch, finalize_by_hand's
     # write), the job cannot change before the writes below: the fence would read again
     # what it just read.
@@ -256,7 +258,7 @@ def finalize(
         output, [ExpectedPair(p["note_path"], p["gate_path"]) for p in pairs], max_bytes=max_bytes
     )
     if not parsed.ok:
-        reasons = logs.redact_all(parsed.reasons)  # capped by the parser
+        reasons = logs.redact_all(parsed.reasons, secrets)  # capped by the parser
         if attempt is not None:
             with store.write():
                 _mark_attempt(store, job_id, attempt, "invalid-output", reasons)
@@ -289,7 +291,7 @@ def finalize(
             p = by_key[(r.note_path, r.gate_path)]
             # Redacted once, for everything that keeps it: the pair, and what ``within``
             # stores of it (a cycle's gist, which escalation reports print).
-            rationale = logs.redact(r.rationale)
+            rationale = logs.redact(r.rationale, secrets)
             store.conn.execute(
                 "UPDATE review_pairs SET decision = ?, rationale = ?, decided_at = ? WHERE id = ?",
                 (r.decision, rationale, now, p["id"]),
