@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, unquote, unquote_plus, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, unquote_plus, urlsplit
 
 from orchestrator import logs
 from orchestrator.regularfile import NotRegular, open_regular
@@ -86,10 +86,7 @@ def _queue_url_problem(url: str) -> str | None:
             "only redis://, rediss:// and unix:// URLs are supported (or leave it out for SQLite)"
         )
     parts = urlsplit(url)
-    cut = "@" in parts.path + parts.fragment or any(
-        "@" in item.partition("=")[0] for item in parts.query.split("&")
-    )  # an @ in a query's value is a value's (a certificate's path)
-    if parts.scheme != "unix" and "@" not in parts.netloc and cut:
+    if _password_cut(parts):
         # A / ? or # in the password ended the host part there: what came before it was
         # taken for a host and port, and quoted as such (or the URL whole, its password
         # unseen as one). Nothing of it is said.
@@ -114,6 +111,26 @@ def _queue_url_problem(url: str) -> str | None:
     if not all(db.isdigit() for db in dbs):
         return f"{', '.join(map(repr, dbs))}: not a database number (redis://HOST:6379/0)"
     return None
+
+
+def _password_cut(parts: SplitResult) -> bool:
+    """Whether a / ? or # in a URL's password ended its host part there: an @ after it,
+    and before it no user part but what reads as none of a host: anything for a socket
+    (whose URL has no host), an empty host, a port that is no number, or an @ where a
+    path or a query's name cannot hold one (a query's value can: a certificate's path)."""
+    if "@" in parts.netloc or "@" not in f"{parts.path}?{parts.query}#{parts.fragment}":
+        return False
+    if parts.scheme == "unix":
+        return bool(parts.netloc)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is no number
+    except ValueError:
+        return True
+    return (
+        not parts.hostname
+        or "@" in parts.path + parts.fragment
+        or any("@" in item.partition("=")[0] for item in parts.query.split("&"))
+    )
 
 
 def _query_problem(url: str) -> str | None:

@@ -1116,8 +1116,21 @@ def test_a_queue_password_is_redacted_as_the_file_writes_it_and_as_redis_gets_it
         "redis://rq:Hunter/2-secret@127.0.0.1:6379/0",
         "rediss://rq:Hunter#2-secret@127.0.0.1:6379/0",
         "redis://rq:1234/Hunter-secret@127.0.0.1:6379/0",
+        "redis://:Hunter?x=2-secret@127.0.0.1:6379/0",
+        "unix://rq:Hunter/2-secret@/run/redis/redis.sock",
+        "unix://:1234/Hunter-secret@/run/redis/redis.sock",
+        "unix://:Hunter#2-secret@/run/redis/redis.sock",
     ],
-    ids=["question-mark", "slash", "hash", "digits-then-slash"],
+    ids=[
+        "question-mark",
+        "slash",
+        "hash",
+        "digits-then-slash",
+        "question-mark-then-equals",
+        "socket-slash",
+        "socket-digits-then-slash",
+        "socket-hash",
+    ],
 )
 def test_a_password_a_url_must_escape_is_refused_without_any_of_it(kb, run_cli, url):
     """A password holding ``/``, ``?`` or ``#`` as it is ends the URL's host part there:
@@ -1132,6 +1145,15 @@ def test_a_password_a_url_must_escape_is_refused_without_any_of_it(kb, run_cli, 
     assert "%2F" in line and "Hunter" not in line and "secret" not in line, line
 
 
-def test_an_at_sign_in_a_query_value_is_no_password_cut_short(kb):
-    kb.write("reviewq.toml", '[queue]\nurl = "rediss://h:6380/0?ssl_ca_certs=/etc/a@b/ca.crt"\n')
-    assert load_settings(kb.root).queue.url.endswith("a@b/ca.crt")
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://h:6380/0?ssl_ca_certs=/etc/a@b/ca.crt",
+        "unix:///run/a@b/redis.sock?db=1",
+        "unix://:pw@/run/a@b/redis.sock",
+        "redis://[::1]:6379/0",
+    ],
+)
+def test_an_at_sign_in_a_query_value_is_no_password_cut_short(kb, url):
+    kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
+    assert load_settings(kb.root).queue.url == url
