@@ -637,6 +637,27 @@ def test_an_unwritable_log_never_hides_the_internal_error_it_was_to_record(flow)
     ]
 
 
+def test_an_internal_errors_line_quoting_a_key_says_it_redacted(flow):
+    """An exception that quotes a value (a KeyError's key, int()'s "invalid literal"):
+    the log's traceback had the key redacted, the `error: internal error:` line (what
+    cron mails) quoted it as it was."""
+    Store.open(flow.state).close()
+    key = PLANTED["REVIEWQ_TEST_API_KEY"]
+    script = _READ_ONLY_ERROR.replace('"read broke"', f"{key!r}").replace(
+        "RuntimeError", "KeyError"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(flow.root), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **PLANTED},
+    )
+    assert proc.stderr.splitlines() == [
+        "error: internal error: KeyError: '[redacted]' (please report it)"
+    ]
+
+
 def test_scans_asked_for_together_share_one_that_began_after_every_ask(tmp_path, monkeypatch):
     # Several agents at once each scanned the whole KB twice; a shared scan must still be
     # one that began after the attempt asked, or an edit made meanwhile would be missed.

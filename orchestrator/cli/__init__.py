@@ -61,7 +61,9 @@ def main() -> None:
 
 def raise_internal(exc: BaseException) -> NoReturn:
     logs.get().error("internal.error", exc_info=exc)
-    click.echo(f"error: internal error: {type(exc).__name__}: {exc} (please report it)", err=True)
+    # Redacted as the log's traceback is: an exception may quote a value (a KeyError's key).
+    said = logs.redact(f"{type(exc).__name__}: {exc}")
+    click.echo(f"error: internal error: {said} (please report it)", err=True)
     sys.exit(1)
 
 
