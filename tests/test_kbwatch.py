@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -469,7 +470,6 @@ def test_a_workers_agents_share_a_kept_tmpdir_emptied_between_them(root, own_tmp
     (a disk's /tmp journals the mkdir and the rmdir). A worker thread's agents share one,
     named in its process's list before it is made, emptied of what each agent left
     before the next has it, and removed by the worker's stop."""
-    import os
     import socket
 
     from workers import attempt
@@ -491,6 +491,67 @@ def test_a_workers_agents_share_a_kept_tmpdir_emptied_between_them(root, own_tmp
     assert [p.name for p in registry.iterdir()] == [listed.name]  # no agent's entry left
     attempt.reap_orphans(root.parent / "state", mine=True)  # the worker's stop
     assert not kept.exists() and not listed.exists()
+
+
+def _kept_run(root: Path, script: str) -> str:
+    """Run ``script`` as a worker thread's agent (its TMPDIR the thread's kept one); the
+    TMPDIR it had, after it checked its outcome was an output."""
+    from workers import attempt
+
+    registry = attempt.registry_dir(root.parent / "state")
+    out = _attempt(root, f'echo "$TMPDIR"; {script}', registry=registry, keep_tmpdir=True)
+    assert out.classification == "output", out.reasons
+    return (root.parent / "attempt" / "stdout.log").read_text().splitlines()[0]
+
+
+def test_a_kept_tmpdir_an_agent_swapped_for_a_link_is_not_followed(root, own_tmpdir):
+    """An agent that put a link to another folder in its kept TMPDIR's place (it owns
+    the folder, so /tmp's sticky bit lets it) had the worker's emptying follow the link
+    and remove what that folder held, and the next agent run with the link as TMPDIR."""
+    elsewhere = root.parent / "elsewhere"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "sub" / "f").write_text("not the agent's\n")
+    (elsewhere / "keep").write_text("not the agent's\n")
+    first = _kept_run(root, f'mv "$TMPDIR" "$TMPDIR.moved"; ln -s {elsewhere} "$TMPDIR"')
+    assert sorted(str(p.relative_to(elsewhere)) for p in elsewhere.rglob("*")) == [
+        "keep",
+        "sub",
+        "sub/f",
+    ]
+    second = _kept_run(
+        root, 'test -d "$TMPDIR" && test ! -L "$TMPDIR"; test -z "$(ls -A "$TMPDIR")"'
+    )
+    assert second != first and Path(second).parent == own_tmpdir
+    assert Path(first).is_symlink()  # left as the agent made it, with its folder
+    Path(first).unlink()
+    shutil.rmtree(f"{first}.moved")
+
+
+def test_a_kept_tmpdir_an_agent_opened_to_others_is_not_handed_on(root, own_tmpdir):
+    """An agent's chmod 0777 "$TMPDIR" (or, as root, a chown) was kept for the next agent,
+    whose files other users of the machine could then read, replace or link to: a fresh
+    folder made for each agent was the worker's own, 0700, whatever the one before did."""
+    first = _kept_run(root, 'chmod 0777 "$TMPDIR"')
+    second = _kept_run(root, 'test "$(stat -c %a "$TMPDIR")" = 700')
+    assert second != first and not Path(first).exists()
+
+
+def test_a_kept_tmpdir_removed_between_two_agents_is_made_again(root, own_tmpdir):
+    """A kept TMPDIR removed between two agents (a /tmp cleaner: systemd-tmpfiles takes
+    an idle folder after 10 days; an operator's rm) was handed to the next agent all the
+    same, which found no TMPDIR (`mktemp`: No such file or directory); one put in its
+    place by another is not the worker's either."""
+    first = _kept_run(root, "true")
+    Path(first).rmdir()
+    second = _kept_run(root, 'test -d "$TMPDIR"; mktemp > /dev/null')
+    Path(second).rmdir()
+    Path(second).mkdir(mode=0o755)  # the same name, another's folder
+    (Path(second) / "planted").write_text("")
+    if os.geteuid() == 0:
+        os.chown(second, 65534, 65534)
+    third = _kept_run(root, 'test -z "$(ls -A "$TMPDIR")"')
+    assert third not in (first, second)
+    shutil.rmtree(second)  # not the worker's to remove
 
 
 def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):

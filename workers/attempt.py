@@ -464,8 +464,18 @@ def _drop(scratch: str | None) -> None:
 # made) for as long as it lives: a worker killed between two agents leaves it to the
 # next reap, as one killed mid-run leaves its agent's entry.
 _KEPT = threading.local()  # .path: this thread's kept TMPDIR
-_KEPT_ALL: set[str] = set()  # every thread's, until the stop's reap removes them
+# Every thread's, until the stop's reap removes them, with what it was when made or last
+# emptied (:func:`_state`): its agent may put another in its place (a link to a folder
+# the emptying then walked), open it to other users or give it away; a /tmp cleaner may
+# remove it between two agents, a process its agent left may write in it.
+_KEPT_ALL: dict[str, tuple[int, ...]] = {}
 _KEPT_SUFFIX = ".tmpdirs"
+
+
+def _state(st: os.stat_result) -> tuple[int, ...]:
+    """A kept TMPDIR's identity (device, inode, owner, mode), then its last change: a
+    folder of the same name made again may have the inode the removed one had."""
+    return (st.st_dev, st.st_ino, st.st_uid, st.st_mode, st.st_ctime_ns)
 
 
 def _kept_prefix(pid: int) -> str:
@@ -479,7 +489,11 @@ def _kept_scratch(registry: Path, profile_env: dict[str, str]) -> str | None:
         return None
     path = getattr(_KEPT, "path", None)
     if path is not None and path in _KEPT_ALL:
-        return path
+        with contextlib.suppress(OSError):
+            if _state(os.lstat(path)) == _KEPT_ALL[path]:
+                return path
+        # Gone or changed since it was emptied: not handed on (its list names it still).
+        _KEPT_ALL.pop(path, None)
     pid = os.getpid()
     path = os.path.join(tempfile.gettempdir(), _kept_prefix(pid) + os.urandom(8).hex())
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -495,32 +509,43 @@ def _kept_scratch(registry: Path, profile_env: dict[str, str]) -> str | None:
         finally:
             os.close(fd)
         os.mkdir(path, 0o700)
+        st = os.lstat(path)
     except OSError:
         return None
     _KEPT.path = path
-    _KEPT_ALL.add(path)
+    _KEPT_ALL[path] = _state(st)
     return path
 
 
 def _empty_kept(path: str) -> None:
     """What an agent left in the kept TMPDIR goes before the next agent has it; a folder
-    that cannot be emptied (or is gone) is removed and not kept."""
+    that cannot be emptied, is gone or is not as it was made is removed and not kept.
+    Emptied through a descriptor of the folder itself, never through a link put in its
+    place (its contents are reached by /proc's link to that descriptor)."""
     try:
-        names = os.listdir(path)
-        if not names:
-            return  # what most agents leave
-        for name in names:
-            left = os.path.join(path, name)
-            if stat.S_ISDIR(os.lstat(left).st_mode):
-                _drop(left)
-            else:
-                os.unlink(left)
-        if not os.listdir(path):
-            return
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        pass
-    _KEPT_ALL.discard(path)
-    _drop(path)
+        fd = None
+    if fd is not None:
+        try:
+            st = os.fstat(fd)
+            if _state(st)[:4] == _KEPT_ALL.get(path, ())[:4]:
+                names = os.listdir(fd)
+                for name in names:
+                    if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                        _drop(f"/proc/self/fd/{fd}/{name}")
+                    else:
+                        os.unlink(name, dir_fd=fd)
+                if not names or not os.listdir(fd):
+                    # As it is now, emptied: handed on only if nothing changed it since.
+                    _KEPT_ALL[path] = _state(os.fstat(fd) if names else st)
+                    return
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    _KEPT_ALL.pop(path, None)
+    _drop(path)  # a link in its place is left, and not followed
 
 
 def _environ() -> dict[bytes, bytes] | os._Environ[bytes]:
