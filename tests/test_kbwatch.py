@@ -554,6 +554,35 @@ def test_a_kept_tmpdir_removed_between_two_agents_is_made_again(root, own_tmpdir
     shutil.rmtree(second)  # not the worker's to remove
 
 
+def test_a_kept_tmpdir_that_cannot_be_emptied_is_said_and_not_handed_on(
+    root, own_tmpdir, monkeypatch
+):
+    """A file a root agent made immutable (or a mount it left inside) keeps its TMPDIR
+    from every removal: the next agent gets a fresh one, and the folder left, which the
+    stop's reap leaves too once its list is gone, was left with no word in any log."""
+    from workers import attempt
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make a file immutable")
+    said: list[tuple[str, dict]] = []
+
+    class Log:
+        def warning(self, event: str, **fields: object) -> None:
+            said.append((event, fields))
+
+    monkeypatch.setattr(attempt.logs, "get", Log)
+    first = _kept_run(root, 'touch "$TMPDIR/f"; chattr +i "$TMPDIR/f" || true')
+    if not Path(first, "f").exists():
+        pytest.skip("this file system takes no immutable flag")
+    try:
+        second = _kept_run(root, 'test -z "$(ls -A "$TMPDIR")"')
+        assert second != first
+        assert [(e, f["folder"]) for e, f in said] == [("attempt.tmpdir_left", first)]
+    finally:
+        subprocess.run(["chattr", "-i", f"{first}/f"], check=False)
+        shutil.rmtree(first, ignore_errors=True)
+
+
 def test_an_attempt_without_inotify_still_fails_a_kb_change(root, monkeypatch):
     from workers import attempt
 

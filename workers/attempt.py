@@ -428,7 +428,9 @@ def _scratch_prefix(job_id: object, attempt: object) -> str:
     return f"reviewq-job-{job_id}-attempt-{attempt}-"
 
 
-def _drop(scratch: str | None) -> None:
+def _drop(scratch: str | None, say: bool = True) -> None:
+    """Remove an agent's TMPDIR; one left all the same (a file made immutable, a mount
+    inside: a root agent's) is said, with ``say``, as nothing else will remove it."""
     if not scratch:
         return
     try:
@@ -455,6 +457,13 @@ def _drop(scratch: str | None) -> None:
                     if stat.S_ISDIR(os.lstat(path).st_mode):
                         os.chmod(path, 0o700)
         shutil.rmtree(scratch, ignore_errors=True)
+        if say and os.path.isdir(scratch) and not os.path.islink(scratch):
+            logs.get().warning(
+                "attempt.tmpdir_left",
+                folder=scratch,
+                reason="an agent's TMPDIR could not be removed: what it holds is left "
+                "(an immutable file, a mount inside)",
+            )
 
 
 # A worker thread's agents share one TMPDIR, kept between them and emptied after each:
@@ -533,7 +542,7 @@ def _empty_kept(path: str) -> None:
                 names = os.listdir(fd)
                 for name in names:
                     if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                        _drop(f"/proc/self/fd/{fd}/{name}")
+                        _drop(f"/proc/self/fd/{fd}/{name}", say=False)  # said below
                     else:
                         os.unlink(name, dir_fd=fd)
                 if not names or not os.listdir(fd):
