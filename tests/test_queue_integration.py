@@ -869,6 +869,53 @@ def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path):
     assert [e["exit_code"] for e in abandoned] == [-signal.SIGINT]
 
 
+def test_status_after_a_unit_killed_whole_says_nobody_watches_its_agents(kb, tmp_path):
+    """A unit killed whole (control, worker and agents, SIGKILL) leaves its attempts
+    running in state.db, and with no control running status said "1 agent(s) running …
+    last heard from … ago" as if they ran: only a control hears them, and none does."""
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60"),
+    )
+    tmp = tmp_path / "tmp"  # the worker's TMPDIR, which its SIGKILL leaves
+    tmp.mkdir()
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path, tmp=tmp)
+    agent_pid = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent_pid = int(await_fifo(fifo).split()[0])
+        _await_logged(kb, "attempt.started")  # logged in the transaction that records it
+        deadline = time.monotonic() + 30
+        while (watched := json.loads(rq(kb, "status", "--json").stdout))["workers"][
+            "agents_running"
+        ] != 1:
+            assert time.monotonic() < deadline, watched
+        for pid in (control.pid, worker.pid):
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(agent_pid, signal.SIGKILL)
+        assert control.wait(timeout=30) == worker.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        for proc in (worker, control):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        if agent_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent_pid, signal.SIGKILL)
+    out = rq(kb, "status").stdout
+    (line,) = [x for x in out.splitlines() if x.startswith("workers:")]
+    assert line.startswith("workers: 1 agent(s) were running on "), line
+    assert "; last heard from " in line, line
+    assert line.endswith(
+        "; no control is running, so nobody is watching them: they may have stopped"
+    ), line
+    data = json.loads(rq(kb, "status", "--json").stdout)
+    assert data["control"]["pid"] is None
+    assert (data["workers"]["agents_running"], data["workers"]["unwatched"]) == (1, 1)
+    assert watched["workers"]["unwatched"] == 0  # what a running control hears is no guess
+
+
 def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_path):
     """A worker stopped with SIGTERM keeps the folder of the attempt it interrupted, for
     the run of it queued again; started again after that message expired, it declined the

@@ -563,7 +563,8 @@ def _liveness(data: dict, held: int) -> list[str]:
             f"{by_hand} job(s) made by create-jobs are run by hand (reviewq run-job N, or an "
             "agent's output and reviewq finalize): no control process runs them"
         )
-    line = f"workers: {w['agents_running']} agent(s) running"
+    unwatched = w["unwatched"]
+    line = f"workers: {w['agents_running']} agent(s) {'were ' if unwatched else ''}running"
     if w["hosts"]:
         line += " on " + ", ".join(w["hosts"])
     if w["last_heard_at"]:
@@ -574,6 +575,10 @@ def _liveness(data: dict, held: int) -> list[str]:
             line += f", with a launch failure (job {failed['job_id']} attempt {failed['attempt']}: {said})"
     else:
         line += "; none heard from yet"
+    if unwatched:
+        # A unit killed whole left its workers' agents "running" in state.db: only a
+        # control hears them, and none does.
+        line += "; no control is running, so nobody is watching them: they may have stopped"
     lines.append(line)
     if refused := w.get("refused"):
         # Its agents are in no count above: the control refuses all it says.

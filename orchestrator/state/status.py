@@ -232,7 +232,7 @@ def status(store: Store, settings: Settings) -> dict:
         "fixes_unwritten": unwritten_fixes(store),
         "control": {"pid": pid, "shared": shared_now(settings.state_dir, pid)},
         "workers": {
-            **workers_heard(store),
+            **workers_heard(store, control_runs=pid is not None),
             "refused": refused_lately(
                 # The control's log, and a worker's beside it (STATE/worker/): one of an
                 # earlier release refuses the review messages without telling the control.
@@ -389,7 +389,7 @@ def refusal_said(line: dict) -> str:
     return ": ".join(x for x in (who, what) if x) or "message.refused"
 
 
-def workers_heard(store: Store) -> dict:
+def workers_heard(store: Store, control_runs: bool = True) -> dict:
     """What state.db says of the workers, the only trace of them on the control's side:
     the agents running now and on which hosts, when a worker was last heard from (a
     heartbeat or an outcome, on the control's clock; not a message found gone from the
@@ -397,7 +397,10 @@ def workers_heard(store: Store) -> dict:
     oldest message no worker has taken waits on the review queue. A launch failure is a
     worker's answer too, though it names no worker on its attempt (no agent ran there): a
     worker that answered every message so read as silent for hours; the last one, when
-    nothing was heard since, is ``last_launch_failure``."""
+    nothing was heard since, is ``last_launch_failure``. ``unwatched``: the agents
+    running when no control runs (``control_runs`` false), which none hears from: a unit
+    killed whole (SIGKILL) left them running in state.db. (A run-job's agent is counted
+    too: state.db does not say which process runs an attempt.)"""
     # The open attempts through their index: a scan read every attempt ever made.
     running = [
         w
@@ -433,6 +436,7 @@ def workers_heard(store: Store) -> dict:
     ).fetchone()
     return {
         "agents_running": len(running),
+        "unwatched": 0 if control_runs else len(running),
         "hosts": sorted({w.rsplit(":", 1)[0] for w in running if w}),
         "last_heard_at": max(heard) if heard else None,
         "last_launch_failure": last_failure,
