@@ -34,7 +34,9 @@ def test_a_worker_stops_the_agents_a_dead_worker_of_an_earlier_release_left(tmp_
         entry = {"worker_pid": dead.pid, "pgid": agent.pid, "job_id": 50, "attempt": 1}
         (registry / f"{socket.gethostname()}-{agent.pid}.json").write_text(json.dumps(entry))
 
-        class _Stopped:  # the consumer, stopped at once
+        class _Stopped:  # the consumer, stopped at once (and not for a SIGHUP)
+            restart_asked = False
+
             def __init__(self, *args: object, **kwargs: object) -> None:
                 pass
 
