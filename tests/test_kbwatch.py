@@ -3,10 +3,12 @@ what one window reports, what it must not, and the scans it falls back to."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -552,6 +554,45 @@ def test_a_kept_tmpdir_removed_between_two_agents_is_made_again(root, own_tmpdir
     third = _kept_run(root, 'test -z "$(ls -A "$TMPDIR")"')
     assert third not in (first, second)
     shutil.rmtree(second)  # not the worker's to remove
+
+
+def test_a_fifo_an_agent_put_in_its_kept_tmpdirs_place_does_not_hang_the_worker(
+    root, own_tmpdir, monkeypatch
+):
+    """An agent that moved its TMPDIR away and made a FIFO in its place had the worker's
+    removal (rmtree, which opens what it removes) wait on the FIFO for a writer for good:
+    that worker thread ran no agent again, and its stop hung the same way."""
+    import threading
+
+    from workers import attempt
+
+    freed: list[str] = []
+
+    def free(fifo: str) -> None:  # the test's own bound: the worker should need no writer
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            freed.append(fifo)
+
+    timers: list[threading.Timer] = []
+    drop = attempt._drop
+
+    def bounded(scratch: str | None, say: bool = True) -> None:
+        if scratch and stat.S_ISFIFO(os.lstat(scratch).st_mode):
+            timers.append(threading.Timer(10.0, free, [scratch]))
+            timers[-1].start()
+        drop(scratch, say)
+
+    monkeypatch.setattr(attempt, "_drop", bounded)
+    try:
+        first = _kept_run(root, 'mv "$TMPDIR" "$TMPDIR.moved"; mkfifo "$TMPDIR"')
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert timers and not freed, "the removal waited on the FIFO for a writer"
+    second = _kept_run(root, 'test -d "$TMPDIR"; test -z "$(ls -A "$TMPDIR")"')
+    assert second != first
+    os.unlink(first)
+    shutil.rmtree(f"{first}.moved")
 
 
 def test_a_kept_tmpdir_that_cannot_be_emptied_is_said_and_not_handed_on(

@@ -438,10 +438,12 @@ def _drop(scratch: str | None, say: bool = True) -> None:
         # (its checks, a descriptor, a listing: 14 calls) cost ~45 µs a job in a worker.
         os.rmdir(scratch)
         return
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # A link, a FIFO put in its place: neither followed nor opened (rmtree opens
+        # what it removes, and an open of a FIFO waits for a writer for good).
         return
     except OSError:
-        pass  # not empty (or not a folder): walked below, as ever
+        pass  # not empty: walked below, as ever
     shutil.rmtree(scratch, ignore_errors=True)
     if os.path.isdir(scratch) and not os.path.islink(scratch):
         # Kept by a folder the agent left read-only (Go makes its module cache so): a
