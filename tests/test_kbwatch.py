@@ -595,16 +595,10 @@ def test_a_fifo_an_agent_put_in_its_kept_tmpdirs_place_does_not_hang_the_worker(
     shutil.rmtree(f"{first}.moved")
 
 
-def test_a_kept_tmpdir_that_cannot_be_emptied_is_said_and_not_handed_on(
-    root, own_tmpdir, monkeypatch
-):
-    """A file a root agent made immutable (or a mount it left inside) keeps its TMPDIR
-    from every removal: the next agent gets a fresh one, and the folder left, which the
-    stop's reap leaves too once its list is gone, was left with no word in any log."""
+def _warnings(monkeypatch) -> list[tuple[str, dict]]:
+    """What the worker's attempt module warns of from now on: (event, fields)."""
     from workers import attempt
 
-    if os.geteuid() != 0 or shutil.which("chattr") is None:
-        pytest.skip("needs root and chattr to make a file immutable")
     said: list[tuple[str, dict]] = []
 
     class Log:
@@ -612,6 +606,37 @@ def test_a_kept_tmpdir_that_cannot_be_emptied_is_said_and_not_handed_on(
             said.append((event, fields))
 
     monkeypatch.setattr(attempt.logs, "get", Log)
+    return said
+
+
+def test_a_tmpdir_nested_deeper_than_pythons_recursion_limit_costs_no_outcome(
+    root, own_tmpdir, monkeypatch
+):
+    """Python 3.11's rmtree (and os.walk) recurse a call a folder: an agent that left
+    folders 1,500 deep in its TMPDIR (a `mkdir -p` of a long path, a runaway recursion)
+    had a RecursionError raised out of the attempt, whose outcome went as the worker's
+    error (a launch failure) and whose registry entry stayed; the folder is left, said."""
+    said = _warnings(monkeypatch)
+    first = _kept_run(
+        root, 'cd "$TMPDIR"; i=0; while [ $i -lt 1500 ]; do mkdir d; cd d; i=$((i+1)); done'
+    )
+    try:
+        assert [(e, f["folder"]) for e, f in said] == [("attempt.tmpdir_left", first)]
+        second = _kept_run(root, 'test -z "$(ls -A "$TMPDIR")"')
+        assert second != first
+    finally:
+        subprocess.run(["rm", "-rf", "--", first], check=True)  # fts: not recursive
+
+
+def test_a_kept_tmpdir_that_cannot_be_emptied_is_said_and_not_handed_on(
+    root, own_tmpdir, monkeypatch
+):
+    """A file a root agent made immutable (or a mount it left inside) keeps its TMPDIR
+    from every removal: the next agent gets a fresh one, and the folder left, which the
+    stop's reap leaves too once its list is gone, was left with no word in any log."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make a file immutable")
+    said = _warnings(monkeypatch)
     first = _kept_run(root, 'touch "$TMPDIR/f"; chattr +i "$TMPDIR/f" || true')
     if not Path(first, "f").exists():
         pytest.skip("this file system takes no immutable flag")

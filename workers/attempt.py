@@ -444,8 +444,10 @@ def _drop(scratch: str | None, say: bool = True) -> None:
         return
     except OSError:
         pass  # not empty: walked below, as ever
-    shutil.rmtree(scratch, ignore_errors=True)
-    if os.path.isdir(scratch) and not os.path.islink(scratch):
+    try:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not os.path.isdir(scratch) or os.path.islink(scratch):
+            return
         # Kept by a folder the agent left read-only (Go makes its module cache so): a
         # worker that is not root removes nothing under it. Its group has ended, so
         # nothing swaps a folder for a link meanwhile; links are neither followed nor
@@ -459,13 +461,18 @@ def _drop(scratch: str | None, say: bool = True) -> None:
                     if stat.S_ISDIR(os.lstat(path).st_mode):
                         os.chmod(path, 0o700)
         shutil.rmtree(scratch, ignore_errors=True)
-        if say and os.path.isdir(scratch) and not os.path.islink(scratch):
-            logs.get().warning(
-                "attempt.tmpdir_left",
-                folder=scratch,
-                reason="an agent's TMPDIR could not be removed: what it holds is left "
-                "(an immutable file, a mount inside)",
-            )
+    except RecursionError:
+        # Folders nested deeper than Python's recursion limit (3.11's rmtree and os.walk
+        # recurse a call a level): raised out of the attempt, an agent's thousand-deep
+        # `mkdir -p` cost its outcome (the worker's error, a launch failure). Left, said.
+        pass
+    if say and os.path.isdir(scratch) and not os.path.islink(scratch):
+        logs.get().warning(
+            "attempt.tmpdir_left",
+            folder=scratch,
+            reason="an agent's TMPDIR could not be removed: what it holds is left "
+            "(an immutable file, a mount inside, folders nested too deep)",
+        )
 
 
 # A worker thread's agents share one TMPDIR, kept between them and emptied after each:
