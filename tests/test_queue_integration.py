@@ -869,6 +869,50 @@ def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path):
     assert [e["exit_code"] for e in abandoned] == [-signal.SIGINT]
 
 
+def test_an_agent_stopped_with_its_worker_at_once_is_queued_again_once(kb, tmp_path):
+    """A SIGTERM to a worker unit's every process (systemd's KillSignal with its default
+    KillMode, a `kill` of the group): Huey put each task it interrupted back on the queue,
+    and the thread of an agent that died of the same signal a moment earlier put its own
+    back too. The attempt was queued twice: run again twice, side by side in one folder
+    on a worker with two slots, its agent paid twice. Here the queue file is held while
+    both try, so neither is over before the other begins."""
+    small_kb(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile() + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60"),
+    )
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path)
+    agent = queue = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        agent = int(await_fifo(fifo).split()[0])
+        queue = sqlite3.connect(kb.state / "queue" / "review.db", isolation_level=None)
+        queue.execute("BEGIN IMMEDIATE")  # the worker's writes wait (send retries)
+        os.killpg(agent, signal.SIGTERM)  # the rest of the cgroup may come first
+        _await_exit([agent], timeout=30)
+        worker.send_signal(signal.SIGTERM)  # within the second its thread waits for it
+        worker_log = kb.state / "worker" / "logs" / "reviewq.jsonl"
+        deadline = time.monotonic() + 30
+        while not {"attempt.abandoned", "task.interrupted"} <= {
+            json.loads(line)["event"] for line in worker_log.read_text().splitlines()
+        }:
+            assert time.monotonic() < deadline, "the stop did not put the attempt back"
+            time.sleep(0.02)
+        queue.execute("COMMIT")
+        assert worker.wait(timeout=30) == 0
+        (queued,) = queue.execute("SELECT count(*) FROM task WHERE queue = 'review'").fetchone()
+    finally:
+        if queue is not None:
+            queue.close()
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        if agent is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent, signal.SIGKILL)  # the hang mode's child
+    assert queued == 1
+
+
 def test_status_after_a_unit_killed_whole_says_nobody_watches_its_agents(kb, tmp_path):
     """A unit killed whole (control, worker and agents, SIGKILL) leaves its attempts
     running in state.db, and with no control running status said "1 agent(s) running …

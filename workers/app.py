@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from orchestrator import logs
 from orchestrator.config import Settings
 
@@ -35,7 +37,10 @@ def make_app(settings: Settings) -> App:
             logs.get().warning(
                 "task.interrupted", task=getattr(task, "name", "?"), requeued=not held, **ids
             )
-            if not held:
+            if not held and ids:
+                # Once: the thread of an agent this stop killed may have put it back.
+                tasks.put_back(msg, functools.partial(huey.enqueue, task))
+            elif not held:
                 huey.enqueue(task)
 
         huey.signal(SIGNAL_INTERRUPTED)(requeue_interrupted)

@@ -27,6 +27,7 @@ from orchestrator.state.workspace import Workspace
 from . import tasks
 from .app import make_app
 from .attempt import (
+    KILL_GRACE_S,
     STOP_ASKED,
     become_subreaper,
     reap_orphans,
@@ -247,6 +248,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         # Stop them, however the consumer ended; none starts after this.
         stop_launching()
         left = reap_orphans(folder, mine=True)
+        tasks.put_backs_sent(KILL_GRACE_S)  # past that, the reaper's lease runs it again
         logs.get().info(
             "worker.stopped",
             worker=tasks.WORKER_ID,

@@ -405,7 +405,7 @@ def _run_prepared(
             exit_code=outcome.exit_code,
         )
         try:
-            send("run_review", msg)
+            put_back(msg, functools.partial(send, "run_review", msg))
         except Exception as exc:  # noqa: BLE001 - the reaper runs it again a lease later
             logs.get().warning("attempt.requeue_failed", error=str(exc))
         return
@@ -420,6 +420,43 @@ def _run_prepared(
         _report(outcome, _evidence(spec))
     # Sent: the control process keeps what matters; this worker holds nothing.
     _remove(folder)
+
+
+# The attempts this process put back on the review queue, each with its send's end. A stop
+# at once (SIGTERM) has Huey put back every task it interrupted, from the main thread; the
+# thread of an agent the same signal killed a moment before puts its own back: both did,
+# and the attempt was queued twice (run twice, side by side on a worker with two slots).
+_put_back: dict[tuple[object, object], threading.Event] = {}
+_put_back_lock = threading.Lock()
+
+
+def put_back(msg: dict, enqueue: Callable[[], None]) -> bool:
+    """Queue an interrupted review message again with ``enqueue``, unless this process
+    has already put its attempt back (False). One that fails may be put back again."""
+    key = (msg.get("job_id"), msg.get("attempt"))
+    with _put_back_lock:
+        if key in _put_back:
+            return False
+        sent = _put_back[key] = threading.Event()
+    try:
+        enqueue()
+    except BaseException:
+        with _put_back_lock:
+            del _put_back[key]
+        raise
+    finally:
+        sent.set()
+    return True
+
+
+def put_backs_sent(timeout_s: float) -> None:
+    """Wait (``timeout_s`` at most) for the put-backs under way: a stop at once leaves
+    each to the one that claimed it, and the process must not end under its send."""
+    deadline = time.monotonic() + timeout_s
+    with _put_back_lock:
+        pending = list(_put_back.values())
+    for sent in pending:
+        sent.wait(max(0.0, deadline - time.monotonic()))
 
 
 # A stop's signals, as an agent ends by them: killed (a negative return code), or a shell
