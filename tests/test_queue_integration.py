@@ -335,6 +335,43 @@ def test_a_sighup_restarts_a_sweeps_control_and_worker_in_place(kb, tmp_path):
     assert json.loads(out)["jobs"]["fake"]["completed"] == 1
 
 
+def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):
+    """Ctrl-C to a foreground worker (a drain while its agent finishes), then its terminal
+    closed (SIGHUP): the SIGHUP was taken for a restart, and the worker asked to stop ran
+    on with no terminal, taking new messages. A stop asked stays a stop."""
+    from .fault.harness import ContinueGate, StartFifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(starts.path), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        starts.await_starts(1)
+        worker.send_signal(signal.SIGINT)
+        _await_logged(kb, "huey.consumer", message="Received SIGINT")
+        worker.send_signal(signal.SIGHUP)  # handled as it comes: the drain waits in a join
+        gate.open_gate()  # the drained agent ends
+        deadline = time.monotonic() + 60
+        while worker.poll() is None and time.monotonic() < deadline:
+            if any(x["event"] == "worker.restarting" for x in log_lines(kb)):
+                break
+            time.sleep(0.05)
+    finally:
+        for proc in (worker, control):
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+        gate.close()
+        starts.close()
+    assert [x["event"] for x in log_lines(kb) if x["event"] == "worker.restarting"] == []
+    assert [x["event"] for x in log_lines(kb) if x["event"] == "worker.started"] == [
+        "worker.started"
+    ]
+
+
 def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
     """A message gone from the review queue with no word from a worker (a Redis restarted
     without its data; here deleted) left its attempt 'dispatched' for lease + the

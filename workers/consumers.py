@@ -112,8 +112,11 @@ class QueueConsumer(Consumer):
     restart_asked = False
 
     def _handle_signal(self, signum, frame):  # noqa: ANN001, ANN202 - Huey's signature
+        # A SIGHUP after a stop was asked (Ctrl-C, then the terminal closed) is no restart:
+        # taken for one, the worker asked to stop ran on without its terminal.
+        stopping = self._signum is not None and not self.restart_asked
         super()._handle_signal(signum, frame)
-        self.restart_asked, self._restart = self._restart, False
+        self.restart_asked, self._restart = self._restart and not stopping, False
         STOP_ASKED.set()
         self.stop_flag.wake()  # the main loop sees it now, not at the end of its wait
         if self._draining and signum == self._interrupt_sig:
