@@ -800,14 +800,15 @@ def test_sweep_on_redis_with_two_worker_processes(kb, redis_url):
 
 
 def _control_and_a_hanging_worker(
-    kb, tmp_path: Path, workers: int = 1, tmp: Path | None = None
+    kb, tmp_path: Path, workers: int = 1, tmp: Path | None = None, agents: dict | None = None
 ) -> tuple[list[str], Path, subprocess.Popen, subprocess.Popen]:
     """A control and a worker (``--workers``) whose fake agents hang, each saying its
-    start on the FIFO returned; ``tmp``, the worker's TMPDIR. Returns the reviewq argv to
-    start more with, the FIFO, the control and the worker."""
+    start on the FIFO returned; ``tmp``, the worker's TMPDIR; ``agents``, more of the
+    fake agents' variables. Returns the reviewq argv to start more with, the FIFO, the
+    control and the worker."""
     fifo = make_fifo(tmp_path, "started")
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo)}
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), **(agents or {})}
     if tmp is not None:
         env["TMPDIR"] = str(tmp)
     control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
@@ -868,19 +869,26 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
     assert any(e["event"] == "task.interrupted" for e in log_lines(kb))
 
 
-def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path):
+@pytest.mark.parametrize(
+    ("agents", "exit_code"),
+    [({}, -signal.SIGINT), ({"FAKE_SIGINT_EXIT": "0"}, 0)],
+    ids=["killed", "exits-0-as-claude-does"],
+)
+def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path, agents, exit_code):
     """`systemctl stop` of a worker unit with systemd's default KillMode (control-group)
     sends its KillSignal to every process of the unit, the agents too: each agent died
     of it with no output and its attempt was counted (a launch failure toward the
     reviewer's pause in its first 15 s, then no-output, three of which fail the job and
     escalate its pairs). Now the worker puts the task back on the queue, as for a SIGTERM
-    of its own, and the same attempt runs again."""
+    of its own, and the same attempt runs again. Claude Code (the pinned CLI, waiting on
+    its model) takes the SIGINT as a person's Ctrl-C and exits 0, writing nothing: that
+    was still counted, as "exited 0 without writing bundle-output.md"."""
     small_kb(kb, notes=1)
     kb.write(
         "reviewq.toml",
         fake_profile() + FAST_QUEUE.replace("lease_seconds = 2", "lease_seconds = 60"),
     )
-    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path)
+    base, fifo, control, worker = _control_and_a_hanging_worker(kb, tmp_path, agents=agents)
     agent_pid = None
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
@@ -903,7 +911,7 @@ def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path):
         outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
     assert tuple(job) == ("completed", 1) and outcomes == [(1, "finalized")]
     abandoned = [e for e in log_lines(kb) if e["event"] == "attempt.abandoned"]
-    assert [e["exit_code"] for e in abandoned] == [-signal.SIGINT]
+    assert [e["exit_code"] for e in abandoned] == [exit_code]
 
 
 def test_an_agent_stopped_with_its_worker_at_once_is_queued_again_once(kb, tmp_path):

@@ -459,10 +459,11 @@ def put_backs_sent(timeout_s: float) -> None:
         sent.wait(max(0.0, deadline - time.monotonic()))
 
 
-# A stop's signals, as an agent ends by them: killed (a negative return code), or a shell
-# or CLI exiting with 128 + the signal's number.
+# A stop's signals, as an agent ends by them: killed (a negative return code), a shell or
+# CLI exiting with 128 + the signal's number, or 0: Claude Code takes a SIGINT for a
+# person's Ctrl-C and exits 0 having written nothing (counted, that attempt was burned).
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_STOPPED_CODES = {-s for s in _STOP_SIGNALS} | {128 + s for s in _STOP_SIGNALS}
+_STOPPED_CODES = {0} | {-s for s in _STOP_SIGNALS} | {128 + s for s in _STOP_SIGNALS}
 
 
 def stopped_with(outcome: AttemptOutcome) -> bool:

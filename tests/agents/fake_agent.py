@@ -20,6 +20,7 @@ FAKE_AUDIT_DECISION: what an audit (REVIEWQ_TASK=audit) decides for every pair
 FAKE_CONTINUE_FIFO: after FAKE_NOTIFY_FIFO, wait until the test writes to this FIFO
 A fix task (REVIEWQ_TASK=fix) rewrites the note from the prompt, adding FAKE_FIX_APPEND.
 FAKE_MODE_<n>: the mode for attempt n only
+FAKE_SIGINT_EXIT: on SIGINT, exit with this status at once, writing nothing (Claude Code exits 0)
 FAKE_NOTIFY_FIFO: if this FIFO exists, write "pid ppid attempt" to it on start (blocks
              until the test reads it: the test's way to await "the agent is running")
 It reads the job's pairs from MANIFEST.json, as the offline reviewer does.
@@ -29,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +52,8 @@ def record(pid: int) -> None:
 mode = env.get(f"FAKE_MODE_{env.get('REVIEWQ_ATTEMPT', '')}") or env.get("FAKE_MODE", "good")
 if env.get("REVIEWQ_TASK") == "fix" and mode in ("good", "slow"):
     mode = "fix"
+if env.get("FAKE_SIGINT_EXIT"):  # set before the test is told this agent runs
+    signal.signal(signal.SIGINT, lambda *_: os._exit(int(env["FAKE_SIGINT_EXIT"])))
 if env.get("FAKE_NOTIFY_FIFO") and os.path.exists(env["FAKE_NOTIFY_FIFO"]):
     # Tell the test this attempt is running: "<agent pid> <parent (worker) pid> <attempt>".
     with open(env["FAKE_NOTIFY_FIFO"], "w") as fifo:
