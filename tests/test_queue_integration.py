@@ -372,6 +372,47 @@ def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):
     ]
 
 
+def _catches(pid: int, signum: int) -> bool | None:
+    """Whether the process has a handler for ``signum`` (its SigCgt), None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    caught = [x.split()[1] for x in status.splitlines() if x.startswith("SigCgt:")]
+    return bool(caught) and bool(int(caught[0], 16) >> (signum - 1) & 1)
+
+
+def test_a_second_sighup_during_the_restart_does_not_end_the_control(kb):
+    """`systemctl reload` twice (ExecReload=kill -HUP): the second SIGHUP came while the
+    control restarted, in the new program's start before its handlers, and its default
+    action ended the process (exit by SIGHUP, which Restart=on-failure takes for a clean
+    stop: the service stayed down)."""
+    kb.write("reviewq.toml", FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    cmdline = Path(f"/proc/{control.pid}/cmdline")
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
+            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
+            time.sleep(0.01)
+        control.send_signal(signal.SIGHUP)
+        while b"-P" not in cmdline.read_bytes().split(b"\0"):  # the new program runs
+            assert time.monotonic() < deadline and control.poll() is None, "no restart"
+            time.sleep(0.005)
+        assert _catches(control.pid, signal.SIGHUP) is False  # its handler is not set yet
+        control.send_signal(signal.SIGHUP)
+        while not _catches(control.pid, signal.SIGHUP):  # the restarted consumer's
+            assert control.poll() is None, f"the control ended: {control.returncode}"
+            assert time.monotonic() < deadline, "the restarted control set no handler"
+            time.sleep(0.01)
+    finally:
+        control.send_signal(signal.SIGINT)
+        code = control.wait(timeout=30)
+    assert code == 0
+    assert len([x for x in log_lines(kb) if x["event"] == "control.started"]) >= 2
+
+
 def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
     """A message gone from the review queue with no word from a worker (a Redis restarted
     without its data; here deleted) left its attempt 'dispatched' for lease + the

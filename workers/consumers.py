@@ -138,6 +138,10 @@ def restart_if_asked(consumer: QueueConsumer, process: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed terminal's: nothing to flush to
             stream.flush()
+    # Ignored until the new program's consumer sets its handler (kept across the exec): a
+    # second `systemctl reload` in its start ended the process, which Restart=on-failure
+    # takes for a clean stop. That reload's settings are the ones it reads anyway.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     os.execv(argv[0], argv)
 
 
