@@ -413,6 +413,38 @@ def test_a_second_sighup_during_the_restart_does_not_end_the_control(kb):
     assert len([x for x in log_lines(kb) if x["event"] == "control.started"]) >= 2
 
 
+def test_a_control_restarting_keeps_its_lock_across_the_exec(kb):
+    """A SIGHUP's restart closed control.lock before the exec: in the new program's start
+    (half a second of imports) another control (a cron sweep's) could take it, and the
+    restarted one then refused to run ("a control process already runs")."""
+    import fcntl
+
+    kb.write("reviewq.toml", FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    cmdline = Path(f"/proc/{control.pid}/cmdline")
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
+            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
+            time.sleep(0.01)
+        control.send_signal(signal.SIGHUP)
+        while b"-P" not in cmdline.read_bytes().split(b"\0"):  # the new program runs
+            assert time.monotonic() < deadline and control.poll() is None, "no restart"
+            time.sleep(0.005)
+        with open(kb.state / "control.lock", "rb") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while not _catches(control.pid, signal.SIGHUP):  # the restarted consumer's
+            assert control.poll() is None, f"the control ended: {control.returncode}"
+            assert time.monotonic() < deadline, "the restarted control set no handler"
+            time.sleep(0.01)
+    finally:
+        control.send_signal(signal.SIGINT)
+        code = control.wait(timeout=30)
+    assert code == 0
+    assert len([x for x in log_lines(kb) if x["event"] == "control.started"]) == 2
+
+
 def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
     """A message gone from the review queue with no word from a worker (a Redis restarted
     without its data; here deleted) left its attempt 'dispatched' for lease + the

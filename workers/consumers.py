@@ -331,9 +331,34 @@ def send_review(app, msg: dict) -> None:  # noqa: ANN001 - the App
     send("run_review", msg)
 
 
+# The descriptor of control.lock a SIGHUP's restart keeps across its exec: closed before
+# it, the lock was free for the new program's start (half a second of imports), and a
+# control started then (a cron sweep's) took it, the restarted one refusing to run.
+_KEPT_LOCK = "REVIEWQ_CONTROL_LOCK_FD"
+
+
+def _kept_lock(state_dir: Path) -> int | None:
+    """control.lock as the restart of this control left it open, or None."""
+    kept = os.environ.pop(_KEPT_LOCK, None)  # not handed on to what this one starts
+    if kept is None:
+        return None
+    try:
+        fd = int(kept)
+        st, want = os.fstat(fd), (state_dir / "control.lock").stat()
+    except (ValueError, OSError):
+        return None
+    if (st.st_dev, st.st_ino) != (want.st_dev, want.st_ino):
+        os.close(fd)  # the settings read again name another state folder
+        return None
+    os.set_inheritable(fd, False)
+    return fd
+
+
 def _lock(state_dir: Path) -> int:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _kept_lock(state_dir)
+    if fd is None:
+        fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + PROBE_WAIT_S
     while True:
         try:
@@ -453,7 +478,11 @@ def run_control(ws: Workspace) -> None:
     finally:
         stop.set()
         woken.set()
-        os.close(lock)
+        if consumer.restart_asked:
+            os.set_inheritable(lock, True)
+            os.environ[_KEPT_LOCK] = str(lock)
+        else:
+            os.close(lock)
         logs.get().info("control.stopped")
     restart_if_asked(consumer, "control")
 
