@@ -214,10 +214,8 @@ class Wanted:
     level: int | None = None
 
     def takes(self, rec: dict) -> bool:
-        if self.since or self.until:
-            at = _when(rec)
-            if at is None or (self.since and at < self.since) or (self.until and at >= self.until):
-                return False
+        if not self.in_period(rec):  # a line that says no time is in no period
+            return False
         if self.level is not None:
             rank = level_rank(rec.get("level"))
             # A level no writer reviewq knows of uses is shown: it could be the gravest.
@@ -339,6 +337,8 @@ def _open_text(path: Path):  # noqa: ANN202 - a text file, compressed or not
 
 
 def _first_time(path: Path) -> datetime:
+    """The first time a file's first lines say; else its modification time; else (gone)
+    the end of time. Never raises."""
     try:
         with _open_text(path) as f:
             for _, line in zip(range(_FIRST_LINES), f, strict=False):
@@ -364,10 +364,7 @@ def files_for(path: Path, wanted: Wanted) -> list[tuple[Path, Listed]]:
     log = _end_of(path)
     found = rotated(path)
     starts = [t for t, _, _ in found]
-    try:
-        now = _first_time(path) if log and log[1] else None
-    except OSError:
-        now = None
+    now = _first_time(path) if log and log[1] else None
     ends = [*starts[1:], now]
     return [
         (p, at)
