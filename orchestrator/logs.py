@@ -826,7 +826,6 @@ def configure(
     _configured["direct"] = _Direct(processors, json_formatter, redactor, renderer)
 
 
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # A level as writers spell it, by rank: structlog's `exception` and `warn`, and `fatal`,
 # logging's other name for critical, which a writer of another make may put in a line.
 _LEVEL_RANKS = {
@@ -840,6 +839,7 @@ _LEVEL_RANKS = {
     "fatal": 50,
 }
 LEVEL_NAMES = ("debug", "info", "warning", "error", "critical")
+_LEVELS = tuple(name.upper() for name in LEVEL_NAMES)  # as REVIEWQ_STDERR_LEVEL names them
 
 
 def level_rank(level: object) -> int | None:

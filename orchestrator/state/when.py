@@ -18,7 +18,7 @@ class MomentError(ValueError):
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 # Ranges are checked after the match: "24:00" or "08:61" said "not a duration".
 _TIME_OF_DAY = re.compile(r"(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<second>\d{2}))?")
-# What --since takes as a date/time: fromisoformat alone took any character between date and
+# What a moment takes as a date/time: fromisoformat alone took any character between date and
 # time, so "2026-11-22Z" was local midnight ("Z" read as the separator, "+00:00" as the time)
 # and "2026-11-22+05:00" five in the morning on the local clock.
 _DATE_TIME = re.compile(
@@ -114,8 +114,8 @@ def _read_on(day: date, at: time) -> list[datetime]:
 
 
 def _date_time(text: str) -> datetime:
-    """A --since date or date and time, naive unless it carries an offset; a date with an
-    offset is that day's midnight at the offset."""
+    """A date or date and time (``--since``, ``--until``), naive unless it carries an
+    offset; a date with an offset is that day's midnight at the offset."""
     m = _DATE_TIME.fullmatch(text.strip())
     if m is None:
         raise ValueError(text)
