@@ -801,9 +801,9 @@ def load_settings(
 
 def secrets_held(settings: Settings) -> list[tuple[str, str]]:
     """The passwords and keys the settings themselves hold, each with where it is: the
-    queue URL's password (in its user part, or its query: redis-py takes
-    ``?password=`` too, and a TLS key's ``ssl_password``), a profile's ``env`` value under a secret's name or under the
-    name its ``api_key_env`` gives (its agent reads the table first)."""
+    queue URL's password (in its user part, or its query: redis-py takes ``?password=``
+    too, and a TLS key's ``ssl_password``), a profile's ``env`` value under a secret's
+    name or under the name its ``api_key_env`` gives (its agent reads the table first)."""
     held = []
     if settings.queue.url:
         parts = urlsplit(settings.queue.url)

@@ -94,7 +94,9 @@ class FollowUp:
                 error=f"{type(exc).__name__}: {exc}",
             )
 
-    def _after_completed(self, job_id: int, job=None, decided: list[dict] | None = None) -> None:  # noqa: ANN001 - a row
+    def _after_completed(
+        self, job_id: int, job: sqlite3.Row | None = None, decided: list[dict] | None = None
+    ) -> None:
         job = job if job is not None else self.job(job_id)
         if job["kind"] == "audit":
             self._after_audit(job)
