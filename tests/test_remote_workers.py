@@ -127,23 +127,28 @@ def test_a_worker_with_only_the_queue_reviews_and_fixes(kb, tmp_path, redis_url)
     assert "attempt.started" in story.stdout and "attempt.ended" in story.stdout
 
 
+def _swept_by_a_remote_worker(kb, tmp_path, redis_url, env: dict[str, str]):  # noqa: ANN001, ANN202
+    """A sweep of one note whose agent runs in a worker with ``env`` (where the agent
+    quotes $AGENT_TOKEN in its rationale), the control's settings knowing none of it."""
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    worker, _ = start_worker(tmp_path, redis_url, {"FAKE_QUOTE": "AGENT_TOKEN", **env})
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json")
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
 def test_a_secret_only_the_worker_knows_is_redacted_in_what_the_control_stores(
     kb, tmp_path, redis_url
 ):
     """A key in the worker machine's settings (or environment), which the control's
     machine never has: the control redacted a rationale quoting it with its own secrets
     only, so it was stored in clear (state.db, the result files, `job N`)."""
-    small(kb, notes=1)
     token = "tok-WORKER-ONLY-31337"
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
-    worker, _ = start_worker(
-        tmp_path, redis_url, {"AGENT_TOKEN": token, "FAKE_QUOTE": "AGENT_TOKEN"}
-    )
-    try:
-        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json")
-    finally:
-        stop(worker)
-    assert res.returncode == 0, res.stderr
+    _swept_by_a_remote_worker(kb, tmp_path, redis_url, {"AGENT_TOKEN": token})
     with db(kb) as conn:
         (rationale,) = conn.execute("SELECT rationale FROM review_pairs").fetchone()
         job_dir = conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
@@ -162,15 +167,8 @@ def test_a_workers_secret_in_the_outputs_frame_changes_no_decision(kb, tmp_path,
     output before parsing it, so every sentinel named a pair it did not expect and a
     valid review failed as invalid output, attempt after attempt. Redaction changes what
     is stored of a finding, never the decision."""
-    small(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
-    env = {"AGENT_TOKEN": "review", "FAKE_QUOTE": "AGENT_TOKEN", "FAKE_DECISIONS": "FAIL"}
-    worker, _ = start_worker(tmp_path, redis_url, env)
-    try:
-        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json")
-    finally:
-        stop(worker)
-    assert res.returncode == 0, res.stderr
+    env = {"AGENT_TOKEN": "review", "FAKE_DECISIONS": "FAIL"}
+    res = _swept_by_a_remote_worker(kb, tmp_path, redis_url, env)
     with db(kb) as conn:
         (status,) = conn.execute("SELECT status FROM review_jobs").fetchone()
         (decision, rationale) = conn.execute(
@@ -741,6 +739,26 @@ def test_the_reap_of_a_dead_workers_agent_leaves_the_folder_a_live_worker_holds(
     assert list(registry_dir(folder).iterdir()) == []
 
 
+def _reap_cut_short_then_again(
+    monkeypatch: pytest.MonkeyPatch, folder: Path, kept_after_the_cut: Path | None = None
+) -> None:
+    """A dead worker's reap killed as it removed the first TMPDIR, then the next worker's
+    reap; ``kept_after_the_cut``: a file the cut reap must have left."""
+    from workers import attempt
+
+    drop = attempt._drop
+
+    def cut_short(scratch: str | None) -> None:
+        raise SystemExit  # the reaping worker killed there
+
+    monkeypatch.setattr(attempt, "_drop", cut_short)
+    with pytest.raises(SystemExit):
+        attempt.reap_orphans(folder, said="their worker died")
+    assert kept_after_the_cut is None or kept_after_the_cut.exists()
+    monkeypatch.setattr(attempt, "_drop", drop)
+    attempt.reap_orphans(folder, said="their worker died")  # the next worker's
+
+
 def test_a_reap_cut_short_leaves_the_entry_of_the_tmpdir_it_had_yet_to_remove(
     tmp_path, monkeypatch, own_tmpdir
 ):
@@ -766,16 +784,7 @@ def test_a_reap_cut_short_leaves_the_entry_of_the_tmpdir_it_had_yet_to_remove(
         "scratch": str(scratch),
     }
     (attempt.registry_dir(folder) / f"{socket.gethostname()}-0.json").write_text(json.dumps(entry))
-    drop = attempt._drop
-
-    def cut_short(scratch: str | None) -> None:
-        raise SystemExit  # the reaping worker killed there
-
-    monkeypatch.setattr(attempt, "_drop", cut_short)
-    with pytest.raises(SystemExit):
-        attempt.reap_orphans(folder, said="their worker died")
-    monkeypatch.setattr(attempt, "_drop", drop)
-    attempt.reap_orphans(folder, said="their worker died")  # the next worker's
+    _reap_cut_short_then_again(monkeypatch, folder)
     assert not scratch.exists()
     assert list(attempt.registry_dir(folder).iterdir()) == []
 
@@ -800,17 +809,7 @@ def test_a_dead_workers_kept_tmpdirs_go_with_the_next_reap(tmp_path, monkeypatch
     attempt.registry_dir(folder).mkdir(parents=True)
     listed = attempt.registry_dir(folder) / f"{socket.gethostname()}-{dead.pid}.tmpdirs"
     listed.write_text(f"{kept}\n{other}\n{own_tmpdir / 'never-made'}\n")
-    drop = attempt._drop
-
-    def cut_short(scratch: str | None) -> None:
-        raise SystemExit  # the reaping worker killed there
-
-    monkeypatch.setattr(attempt, "_drop", cut_short)
-    with pytest.raises(SystemExit):
-        attempt.reap_orphans(folder, said="their worker died")
-    assert listed.exists()
-    monkeypatch.setattr(attempt, "_drop", drop)
-    attempt.reap_orphans(folder, said="their worker died")  # the next worker's
+    _reap_cut_short_then_again(monkeypatch, folder, kept_after_the_cut=listed)
     assert not kept.exists() and other.is_dir()
     assert list(attempt.registry_dir(folder).iterdir()) == []
 
