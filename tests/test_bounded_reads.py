@@ -75,15 +75,14 @@ def test_the_telemetry_file_is_read_only_up_to_its_limit(tmp_path):
     assert peak < 4 * 1024 * 1024
 
 
-def test_export_streams_the_acceptance_rows(tmp_path):
-    store = Store.open(tmp_path / "state")
-    body = "x" * 200_000
+def _passed(store: Store, notes: int, body: Callable[[int], str]) -> None:
+    """``notes`` notes reviewed and passed in partition ``m``, note i's body ``body(i)``."""
     store.record_reviews(
         "m",
         [
             ReviewRecord(
                 f"kb/notes/n{i}.md",
-                f"---\ntitle: N{i}\n---\n{body}{i}\n",
+                f"---\ntitle: N{i}\n---\n{body(i)}\n",
                 "prose/g",
                 "kb/instructions/review-gates/prose/g.md",
                 "prose",
@@ -91,9 +90,15 @@ def test_export_streams_the_acceptance_rows(tmp_path):
                 "PASS",
                 "ok",
             )
-            for i in range(100)
+            for i in range(notes)
         ],
     )
+
+
+def test_export_streams_the_acceptance_rows(tmp_path):
+    store = Store.open(tmp_path / "state")
+    body = "x" * 200_000
+    _passed(store, 100, lambda i: f"{body}{i}")
     res, peak = peak_bytes(lambda: export(store, tmp_path, "m"))
     assert res.files == 100
     # 100 notes of 200 kB: holding every row at once would take 20 MB.
@@ -106,22 +111,7 @@ def test_export_reads_the_jobs_once_not_once_per_review(tmp_path):
     answer: every job was read for every review (80 s of CPU for a KB of 1,775 notes).
     SQLite's steps for the export stay the same with 2,000 more jobs recorded."""
     store = Store.open(tmp_path / "state")
-    store.record_reviews(
-        "m",
-        [
-            ReviewRecord(
-                f"kb/notes/n{i}.md",
-                f"---\ntitle: N{i}\n---\nbody {i}\n",
-                "prose/g",
-                "kb/instructions/review-gates/prose/g.md",
-                "prose",
-                "gate",
-                "PASS",
-                "ok",
-            )
-            for i in range(200)
-        ],
-    )
+    _passed(store, 200, lambda i: f"body {i}")
 
     def steps() -> int:
         return sum(sqlite_steps(store.conn, lambda: export(store, tmp_path, "m")).values())
