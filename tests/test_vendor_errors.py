@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -770,11 +771,9 @@ def test_a_reap_leaves_another_kbs_agent_that_took_a_dead_entrys_pid(tmp_path):
         other.wait(timeout=10)
 
 
-def test_an_agents_read_only_folder_does_not_keep_its_tmpdir_from_a_worker_not_root():
-    """An agent that left a read-only folder in its TMPDIR (Go makes its module cache so,
-    and a sandboxed CLI may write only there and in its cwd): a worker that is not root
-    could remove nothing under it and kept the whole TMPDIR, at every attempt's end and
-    every reap, while the registry entry naming it went all the same (L9)."""
+def _dropped_by_a_worker_not_root(fill: Callable[[Path], None], lock: Callable[[Path], None]):
+    """An agent's TMPDIR, ``fill``-ed, given to nobody, then ``lock``-ed as the agent left
+    it: whether ``workers.attempt._drop`` run as nobody removed it."""
     import shutil
     import subprocess
     import tempfile
@@ -786,19 +785,34 @@ def test_an_agents_read_only_folder_does_not_keep_its_tmpdir_from_a_worker_not_r
     base = Path(tempfile.mkdtemp(dir=HOST_TMP))  # pytest's basetemp is root's alone
     try:
         scratch = base / "reviewq-job-1-attempt-1-abcdefgh"
-        cache = scratch / "go" / "pkg" / "mod" / "example.com@v1"
-        cache.mkdir(parents=True)
-        (cache / "go.mod").write_text("module example.com\n")
+        scratch.mkdir()
+        fill(scratch)
         for path in [base, *base.rglob("*")]:
             os.chown(path, 65534, 65534)
-        cache.chmod(0o555)
-        cache.parent.chmod(0o555)
+        lock(scratch)
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
         drop = f"import workers.attempt as a; a._drop({str(scratch)!r})"
         subprocess.run([*nobody, sys.executable, "-c", drop], cwd=PROJECT, check=True, timeout=60)
-        assert not scratch.exists()
+        return not scratch.exists()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_agents_read_only_folder_does_not_keep_its_tmpdir_from_a_worker_not_root():
+    """An agent that left a read-only folder in its TMPDIR (Go makes its module cache so,
+    and a sandboxed CLI may write only there and in its cwd): a worker that is not root
+    could remove nothing under it and kept the whole TMPDIR, at every attempt's end and
+    every reap, while the registry entry naming it went all the same (L9)."""
+
+    def fill(scratch: Path) -> None:
+        (scratch / "go/pkg/mod/example.com@v1").mkdir(parents=True)
+        (scratch / "go/pkg/mod/example.com@v1/go.mod").write_text("module example.com\n")
+
+    def lock(scratch: Path) -> None:
+        (scratch / "go/pkg/mod/example.com@v1").chmod(0o555)
+        (scratch / "go/pkg/mod").chmod(0o555)
+
+    assert _dropped_by_a_worker_not_root(fill, lock)
 
 
 def test_a_tmpdir_its_agent_made_unreadable_goes_for_a_worker_not_root():
@@ -806,28 +820,12 @@ def test_a_tmpdir_its_agent_made_unreadable_goes_for_a_worker_not_root():
     TMPDIR: an agent that took the rights off the TMPDIR itself (chmod 000 "$TMPDIR")
     left it to a walk that lists nothing, and it stayed, at every attempt's end and every
     reap, while the entry (or list) naming it went."""
-    import shutil
-    import subprocess
-    import tempfile
 
-    from .conftest import HOST_TMP, PROJECT
-
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to remove it as a worker that is not root")
-    base = Path(tempfile.mkdtemp(dir=HOST_TMP))  # pytest's basetemp is root's alone
-    try:
-        scratch = base / "reviewq-job-1-attempt-1-abcdefgh"
-        (scratch / "d").mkdir(parents=True)
+    def fill(scratch: Path) -> None:
+        (scratch / "d").mkdir()
         (scratch / "d" / "f").write_text("left\n")
-        for path in [base, *base.rglob("*")]:
-            os.chown(path, 65534, 65534)
-        scratch.chmod(0)
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        drop = f"import workers.attempt as a; a._drop({str(scratch)!r})"
-        subprocess.run([*nobody, sys.executable, "-c", drop], cwd=PROJECT, check=True, timeout=60)
-        assert not scratch.exists()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+
+    assert _dropped_by_a_worker_not_root(fill, lambda scratch: scratch.chmod(0))
 
 
 # Run in a process of its own: a subreaper adopts every orphan of its descendants.
