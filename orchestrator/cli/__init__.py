@@ -51,15 +51,16 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except OSError as exc:
         if (why := _unwritable_stdout(exc)) is None:
-            raise_internal(exc)
+            _exit_internal_error(exc)
         click.echo(f"error: cannot write the output to stdout: {why}", err=True)
         sys.exit(1)
-    except Exception as exc:  # a bug: one line for the person, the traceback for the log
-        raise_internal(exc)
+    except Exception as exc:
+        _exit_internal_error(exc)
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def raise_internal(exc: BaseException) -> NoReturn:
+def _exit_internal_error(exc: BaseException) -> NoReturn:
+    """A bug: one line for the person, the traceback for the log; exit 1."""
     logs.get().error("internal.error", exc_info=exc)
     # Redacted as the log's traceback is: an exception may quote a value (a KeyError's key).
     said = logs.redact(f"{type(exc).__name__}: {exc}")
