@@ -46,14 +46,13 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   stdout.log/stderr.log tails and telemetry.json, by name), ``redact`` (optional: the
   byte ranges of ``output`` holding the worker's secrets, which the control redacts in
   what it stores of the output, not in the agent's file nor in what it parses; a control
-  takes its absence as none),
-  ``notices`` (optional: events
-  the worker logged of the attempt that the control logs again, ``{"event", fields…}``,
-  only those it knows, once each, their text fields bounded: ``attempt.kb_stale``; any
-  other entry is passed over). An outcome with ``exited_at``
-  (the agent was launched) for an attempt still ``dispatched`` carries its start: the
-  control process records ``worker`` and ``started_at`` (as ``launched_at``) and logs
-  ``attempt.started`` from it, as from a first heartbeat.
+  takes its absence as none), ``notices`` (optional: events the worker logged of the
+  attempt that the control logs again, ``{"event", fields…}``, only those it knows, once
+  each, their text fields bounded: ``attempt.kb_stale``; any other entry is passed
+  over). An outcome with ``exited_at`` (the agent was launched) for an attempt still
+  ``dispatched`` carries its start: the control process records ``worker`` and
+  ``started_at`` (as ``launched_at``) and logs ``attempt.started`` from it, as from a
+  first heartbeat.
 - refusal notice (worker → control, ``deliver_outcome``): ``v`` (the worker's),
   ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``: the worker refused
   that attempt's review message for its version. A control of the worker's version
