@@ -4,8 +4,13 @@ Every line is one JSON object with ``timestamp`` (UTC ISO), ``level``, ``event``
 names such as ``job.finalized``) and the ids it concerns, bound per task with
 :func:`bound` and cleared after. Lines go to ``STATE/logs/reviewq.jsonl`` and to stderr:
 a long-running process's as JSON (a console format on a terminal), a command's as one
-``warning:`` line each. Tracebacks carry no local
-variables, and the values of secret-looking environment variables are redacted.
+``warning:`` line each. Tracebacks carry no local variables, and every known secret is
+redacted: secret-looking environment variables' values, the settings' passwords and keys
+(:func:`add_secrets`), and in an outcome another machine's (:func:`spanned`).
+
+Read back for ``reviewq logs`` and ``status``: :func:`lines` and :func:`record`, and
+:func:`entries`, the lines a :class:`Wanted` takes from the log and from the rotated
+copies a period reaches into.
 """
 
 from __future__ import annotations
