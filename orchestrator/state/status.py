@@ -243,9 +243,10 @@ def status(store: Store, settings: Settings) -> dict:
     }
 
 
-# How much of a log's end `status` reads for refusals (a log may hold months), and how
-# recent one must be to be said: an upgrade's leftovers are refused in its first minutes.
-REFUSALS_TAIL_BYTES = 1024 * 1024
+# How much of a log's end is read for its last lines of an event (a log may hold months):
+# `status`'s refusals, `doctor`'s worker.started. And how recent a refusal must be to be
+# said: an upgrade's leftovers are refused in its first minutes.
+TAIL_BYTES = 1024 * 1024
 REFUSALS_SINCE_S = 600
 
 
@@ -260,7 +261,7 @@ def refused_lately(logs_: Iterable[Path], since: str) -> dict | None:
             size = log.stat().st_size
         except OSError:
             continue
-        line = last_refusal(log, max(0, size - REFUSALS_TAIL_BYTES))
+        line = last_refusal(log, max(0, size - TAIL_BYTES))
         if line is not None and str(line.get("timestamp") or "") >= since:
             lines.append(line)
     if not lines:
@@ -326,11 +327,11 @@ def last_refusal(log: Path, start: int) -> dict | None:
 
 
 def last_of(log: Path, events: tuple[bytes, ...]) -> dict | None:
-    """The last line of the log's end (``REFUSALS_TAIL_BYTES``) whose event is one of
+    """The last line of the log's end (``TAIL_BYTES``) whose event is one of
     ``events``, or None (none there, or no log)."""
     found = None
     try:
-        start = max(0, log.stat().st_size - REFUSALS_TAIL_BYTES)
+        start = max(0, log.stat().st_size - TAIL_BYTES)
         for line in _tail_lines(log, start, events):
             found = line
     except OSError:
