@@ -382,11 +382,11 @@ def _catches(pid: int, signum: int) -> bool | None:
     return bool(caught) and bool(int(caught[0], 16) >> (signum - 1) & 1)
 
 
-def test_a_second_sighup_during_the_restart_does_not_end_the_control(kb):
-    """`systemctl reload` twice (ExecReload=kill -HUP): the second SIGHUP came while the
-    control restarted, in the new program's start before its handlers, and its default
-    action ended the process (exit by SIGHUP, which Restart=on-failure takes for a clean
-    stop: the service stayed down)."""
+@contextlib.contextmanager
+def _control_in_its_restart(kb):
+    """A control that took a SIGHUP, caught in its restart: the new program runs and has
+    not set its handlers yet. Yields the process and the time every wait ends by; after,
+    the control is stopped with SIGINT (its exit is its `returncode`)."""
     kb.write("reviewq.toml", FAST_QUEUE)
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
@@ -400,16 +400,25 @@ def test_a_second_sighup_during_the_restart_does_not_end_the_control(kb):
         while b"-P" not in cmdline.read_bytes().split(b"\0"):  # the new program runs
             assert time.monotonic() < deadline and control.poll() is None, "no restart"
             time.sleep(0.005)
-        assert _catches(control.pid, signal.SIGHUP) is False  # its handler is not set yet
-        control.send_signal(signal.SIGHUP)
+        yield control, deadline
         while not _catches(control.pid, signal.SIGHUP):  # the restarted consumer's
             assert control.poll() is None, f"the control ended: {control.returncode}"
             assert time.monotonic() < deadline, "the restarted control set no handler"
             time.sleep(0.01)
     finally:
         control.send_signal(signal.SIGINT)
-        code = control.wait(timeout=30)
-    assert code == 0
+        control.wait(timeout=30)
+
+
+def test_a_second_sighup_during_the_restart_does_not_end_the_control(kb):
+    """`systemctl reload` twice (ExecReload=kill -HUP): the second SIGHUP came while the
+    control restarted, in the new program's start before its handlers, and its default
+    action ended the process (exit by SIGHUP, which Restart=on-failure takes for a clean
+    stop: the service stayed down)."""
+    with _control_in_its_restart(kb) as (control, _):
+        assert _catches(control.pid, signal.SIGHUP) is False  # its handler is not set yet
+        control.send_signal(signal.SIGHUP)
+    assert control.returncode == 0
     assert len([x for x in log_lines(kb) if x["event"] == "control.started"]) >= 2
 
 
@@ -419,29 +428,13 @@ def test_a_control_restarting_keeps_its_lock_across_the_exec(kb):
     restarted one then refused to run ("a control process already runs")."""
     import fcntl
 
-    kb.write("reviewq.toml", FAST_QUEUE)
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
-    cmdline = Path(f"/proc/{control.pid}/cmdline")
-    try:
-        deadline = time.monotonic() + 30
-        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
-            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
-            time.sleep(0.01)
-        control.send_signal(signal.SIGHUP)
-        while b"-P" not in cmdline.read_bytes().split(b"\0"):  # the new program runs
-            assert time.monotonic() < deadline and control.poll() is None, "no restart"
-            time.sleep(0.005)
-        with open(kb.state / "control.lock", "rb") as other, pytest.raises(BlockingIOError):
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        while not _catches(control.pid, signal.SIGHUP):  # the restarted consumer's
-            assert control.poll() is None, f"the control ended: {control.returncode}"
-            assert time.monotonic() < deadline, "the restarted control set no handler"
-            time.sleep(0.01)
-    finally:
-        control.send_signal(signal.SIGINT)
-        code = control.wait(timeout=30)
-    assert code == 0
+    with (
+        _control_in_its_restart(kb) as (control, _),
+        open(kb.state / "control.lock", "rb") as other,
+        pytest.raises(BlockingIOError),
+    ):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert control.returncode == 0
     assert len([x for x in log_lines(kb) if x["event"] == "control.started"]) == 2
 
 
