@@ -294,6 +294,12 @@ def commonplace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dest
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """A control or worker a test started, stopped as an operator's Ctrl-C stops it."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+
+
 def process_gone(pid: int) -> bool:
     """Dead: no such process, or a zombie waiting for init to reap it."""
     try:

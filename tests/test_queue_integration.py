@@ -21,7 +21,7 @@ from pathlib import Path
 import markupsafe
 import pytest
 
-from .conftest import PROJECT, process_gone, reviewq_process
+from .conftest import PROJECT, process_gone, reviewq_process, stop
 
 pytestmark = pytest.mark.integration
 FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
@@ -362,8 +362,7 @@ def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):
             time.sleep(0.05)
     finally:
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
         gate.close()
         starts.close()
     assert [x["event"] for x in log_lines(kb) if x["event"] == "worker.restarting"] == []
@@ -525,8 +524,7 @@ def test_a_machine_suspended_with_its_agents_running_accepts_each_outcome_once(k
                 os.kill(pid, signal.SIGCONT)
         gate.close()
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
         starts.close()
         _await_exit(agents, timeout=30)
     with db(kb) as conn:
@@ -921,8 +919,7 @@ def test_sigterm_to_a_worker_requeues_the_interrupted_attempt(kb, tmp_path):
         res = _sweep_through_a_new_worker(kb, base)
     finally:
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
     assert stopped[0]["agents_killed"] == [agent_pid] and stopped[0]["agents_running"] == []
     assert agent_gone, "the interrupted agent was left running"
     assert tmp_left == []
@@ -966,8 +963,7 @@ def test_a_stop_signal_sent_to_the_agents_too_burns_no_attempt(kb, tmp_path, age
         res = _sweep_through_a_new_worker(kb, base)
     finally:
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
         if agent_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent_pid, signal.SIGKILL)  # the hang mode's child
@@ -1016,8 +1012,7 @@ def test_an_agent_stopped_with_its_worker_at_once_is_queued_again_once(kb, tmp_p
         if queue is not None:
             queue.close()
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
         if agent is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent, signal.SIGKILL)  # the hang mode's child
@@ -1101,8 +1096,7 @@ def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_p
         res = _sweep_through_a_new_worker(kb, base)
     finally:
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
     assert res.returncode == 0, res.stderr
     assert any(e["event"] == "attempt.expired" for e in log_lines(kb))
     assert list((kb.state / "worker/attempts").iterdir()) == []
@@ -1144,8 +1138,7 @@ def test_a_worker_started_removes_the_folder_of_an_attempt_a_dead_one_had_not_la
         assert list(tmp.iterdir()) == []  # the reaped agent's TMPDIR went with its folder
     finally:
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
     assert any(e["event"] == "worker.removed_attempt_folders" for e in log_lines(kb))
 
 
@@ -1192,8 +1185,7 @@ def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, r
         _await_exit(agents, timeout=30)  # a heartbeat is every 0.5 s here
     finally:
         for proc in (worker, control):
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=30)
+            stop(proc)
         for pid in agents:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

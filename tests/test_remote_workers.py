@@ -19,6 +19,7 @@ from orchestrator.control import messages
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
+from .conftest import stop
 from .test_queue_integration import FAKE, FAST_QUEUE, db, fake_profile, log_lines, redis_url, rq
 
 pytestmark = pytest.mark.integration
@@ -59,11 +60,6 @@ def start_worker(tmp_path: Path, url: str, env: dict[str, str] | None = None, *e
         cwd=home,
         stderr=subprocess.DEVNULL,
     ), home
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=30)
 
 
 def dispatched_message(kb) -> dict:
