@@ -1605,7 +1605,8 @@ def _summary_of_escalations(escalations: list[dict], capsys) -> str:  # noqa: AN
 
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
     out = SimpleNamespace(
-        summary={**summary, "escalations": escalations},
+        # Each a verdict (reject) unless it says otherwise: the order puts those first.
+        summary={**summary, "escalations": [{"call": "reject", **e} for e in escalations]},
         enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p", excluded=0),
     )
     render_summary(out, lambda note, gate: None)

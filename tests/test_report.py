@@ -1540,3 +1540,38 @@ def test_a_since_date_whose_midnight_the_clock_skips_starts_when_the_day_does(mo
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_escalations_that_hold_a_verdict_come_before_those_an_agent_raised(kb, run_cli):
+    """A reviewer that crashed on every job escalated every pair of 140 notes, five gates
+    each; twelve notes were escalated after three rejections, one gate each. The notes
+    with the most open came first: the twelve were past the report's 50 notes, on neither
+    the page nor the terminal, under "556 escalation(s)", and last in `escalations`, while
+    every note shown recommended repairing the reviewer."""
+    from orchestrator.cycles.escalations import escalate
+
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/second", ["body"])
+    crashed = kb.note("crashed", body="Crashed body.\n")
+    rejected = kb.note("rejected", body="Rejected body.\n")
+    raised = [
+        (crashed, "prose/body-check", "redo"),
+        (crashed, "prose/second", "redo"),
+        (rejected, "prose/body-check", "reject"),
+    ]
+    with Store.open(kb.state) as store:
+        for note, gate, call in raised:
+            escalate(
+                store, kb.state, kb.root, partition="fake", note_path=note, gate_id=gate,
+                reason="the reviewer failed every attempt: exited 1" if call == "redo"
+                else "3 consecutive rejections", reviewer="fake", fixer="fake",
+                material=["high: the body is one line."], recommend="see the cycles", call=call,
+            )  # fmt: skip
+    listed = run_cli("escalations")
+    headed = [line.split(":")[0] for line in listed.stdout.splitlines() if line.startswith("kb/")]
+    as_json = [n["note_path"] for n in json.loads(run_cli("escalations", "--json").stdout)["notes"]]
+    data = json.loads(run_cli("report", "--json", "--since", "1h").stdout)
+    shown = [g["note_path"] for g in data["needs_you"]["escalations"]]
+    assert headed == as_json == shown == [rejected, crashed], (headed, as_json, shown)
+    text = run_cli("report", "--since", "1h").stdout
+    assert text.index(rejected) < text.index(crashed), text

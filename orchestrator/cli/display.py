@@ -126,7 +126,9 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
         # are in several), with the command.
         from orchestrator.state.status import by_note, decide_calls
 
-        notes = by_note(s["escalations"], lambda e: e["note_path"])  # as the report has them
+        notes = by_note(
+            s["escalations"], lambda e: e["note_path"], lambda e: e["call"]
+        )  # as the report has them
         # Another model's are open too, not this sweep's: unlabelled, a line of partition q
         # under a sweep of p read as raised by it. Each is labelled, and counted apart.
         ours = enq.model_partition

@@ -203,6 +203,8 @@ class Escalation:
     cycles: int
     report_path: str
     decision: str | None = None
+    # What its report recommends: reject after a verdict, else an agent failed (followup).
+    call: str = "reject"
 
     def to_json(self) -> dict:
         return {
@@ -438,6 +440,7 @@ def open_escalations(store: Store) -> list[Escalation]:
             r["reason"],
             r["cycles"],
             r["report_path"],
+            call=r["call"],
         )
         for r in store.conn.execute("SELECT * FROM escalations WHERE decision IS NULL ORDER BY id")
     ]
@@ -509,7 +512,7 @@ def rejected_pairs(store: Store, partition: str) -> list[tuple[str, str]]:
 def by_note(items: list[Escalation]) -> list[tuple[str, list[Escalation]]]:
     """Open escalations grouped by note (a note's escalations are one decision), in the
     order the report lists them (:func:`orchestrator.state.status.by_note`)."""
-    return notes_in_order(items, lambda e: e.note_path)
+    return notes_in_order(items, lambda e: e.note_path, lambda e: e.call)
 
 
 def resolve(store: Store, ids: list[int], note: str | None, root: Path | None = None) -> list[int]:

@@ -181,7 +181,9 @@ def _needs_you(
         "SELECT id, note_path, gate_id, model_partition, reason, cycles, reviewer, fixer, "
         "report_path, raised_at, call FROM escalations WHERE decision IS NULL ORDER BY id",
     )
-    ordered = by_note(open_escs, lambda e: e["note_path"])  # as `escalations` lists them
+    ordered = by_note(
+        open_escs, lambda e: e["note_path"], lambda e: e["call"]
+    )  # as `escalations` lists them
     groups = [
         _escalated_note(store, state_dir, note, escs, only_reject)
         for note, escs in _cut(ordered, limit)

@@ -901,9 +901,10 @@ def open_escalations(store: Store) -> list[dict]:
             "model_partition": r[3],
             "reason": r[4],
             "report_path": r[5],
+            "call": r[6],
         }
         for r in store.conn.execute(
-            "SELECT id, note_path, gate_id, model_partition, reason, report_path "
+            "SELECT id, note_path, gate_id, model_partition, reason, report_path, call "
             "FROM escalations WHERE decision IS NULL ORDER BY id"
         )
     ]
@@ -912,18 +913,27 @@ def open_escalations(store: Store) -> list[dict]:
 _E = TypeVar("_E")
 
 
-def by_note(escalations: Iterable[_E], note: Callable[[_E], str]) -> list[tuple[str, list[_E]]]:
+def by_note(
+    escalations: Iterable[_E], note: Callable[[_E], str], call: Callable[[_E], str]
+) -> list[tuple[str, list[_E]]]:
     """Open ``escalations`` (in the order they were raised) grouped by ``note(e)``, in the
-    order a person deciding them takes them: the note with the most open first (one
-    decide settles them all: an empty body fails every gate that reads it, a broken
-    reviewer every pair of its jobs), then the one waiting longest. The report, the
+    order a person deciding them takes them: notes with a verdict to weigh first (one
+    escalation whose ``call(e)`` is reject: rejections, an audit's refutation), then those
+    whose agent failed every attempt, which judged nothing and wait for the agent's repair
+    (a broken reviewer escalates every pair of its jobs: 140 such notes put the twelve
+    rejected ones past the report's 50); within each, the note with the most open first
+    (one decide settles them all), then the one waiting longest. The report, the
     `escalations` list and the sweep's summary all list them so; two orders lost a
     person working down one list and checking the other their place."""
     groups: dict[str, list[_E]] = {}
     for e in escalations:
         groups.setdefault(note(e), []).append(e)
     first = {n: i for i, n in enumerate(groups)}
-    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), first[kv[0]]))
+
+    def key(kv: tuple[str, list[_E]]) -> tuple[bool, int, int]:
+        return (not any(call(e) == "reject" for e in kv[1]), -len(kv[1]), first[kv[0]])
+
+    return sorted(groups.items(), key=key)
 
 
 def decide_calls(note_path: str, escalations: list[tuple[int, str]]) -> dict[str | None, str]:
