@@ -1542,12 +1542,9 @@ def test_a_since_date_whose_midnight_the_clock_skips_starts_when_the_day_does(mo
         time.tzset()
 
 
-def test_escalations_that_hold_a_verdict_come_before_those_an_agent_raised(kb, run_cli):
-    """A reviewer that crashed on every job escalated every pair of 140 notes, five gates
-    each; twelve notes were escalated after three rejections, one gate each. The notes
-    with the most open came first: the twelve were past the report's 50 notes, on neither
-    the page nor the terminal, under "556 escalation(s)", and last in `escalations`, while
-    every note shown recommended repairing the reviewer."""
+def _crashed_and_rejected(kb) -> tuple[str, str]:
+    """Note crashed escalated on two gates by a reviewer that failed every attempt, then
+    note rejected on one after three rejections: (crashed, rejected)."""
     from orchestrator.cycles.escalations import escalate
 
     kb.gate("prose/body-check", ["body"])
@@ -1563,10 +1560,21 @@ def test_escalations_that_hold_a_verdict_come_before_those_an_agent_raised(kb, r
         for note, gate, call in raised:
             escalate(
                 store, kb.state, kb.root, partition="fake", note_path=note, gate_id=gate,
-                reason="the reviewer failed every attempt: exited 1" if call == "redo"
-                else "3 consecutive rejections", reviewer="fake", fixer="fake",
-                material=["high: the body is one line."], recommend="see the cycles", call=call,
+                reason="the reviewer failed every attempt: exited 1: model returned garbage"
+                if call == "redo" else "3 consecutive rejections", reviewer="fake",
+                fixer="fake", material=["high: the body is one line."],
+                recommend="see the cycles", call=call,
             )  # fmt: skip
+    return crashed, rejected
+
+
+def test_escalations_that_hold_a_verdict_come_before_those_an_agent_raised(kb, run_cli):
+    """A reviewer that crashed on every job escalated every pair of 140 notes, five gates
+    each; twelve notes were escalated after three rejections, one gate each. The notes
+    with the most open came first: the twelve were past the report's 50 notes, on neither
+    the page nor the terminal, under "556 escalation(s)", and last in `escalations`, while
+    every note shown recommended repairing the reviewer."""
+    crashed, rejected = _crashed_and_rejected(kb)
     listed = run_cli("escalations")
     headed = [line.split(":")[0] for line in listed.stdout.splitlines() if line.startswith("kb/")]
     as_json = [n["note_path"] for n in json.loads(run_cli("escalations", "--json").stdout)["notes"]]
@@ -1575,3 +1583,38 @@ def test_escalations_that_hold_a_verdict_come_before_those_an_agent_raised(kb, r
     assert headed == as_json == shown == [rejected, crashed], (headed, as_json, shown)
     text = run_cli("report", "--since", "1h").stdout
     assert text.index(rejected) < text.index(crashed), text
+
+
+def test_the_escalations_an_agent_raised_are_counted_apart_with_the_agent(
+    kb, run_cli, browser, tmp_path
+):
+    """The morning after a reviewer crashed on every job: "needs you: 556 escalation(s) on
+    152 note(s)", on the terminal and the page, as if 556 pairs had been judged; that 544
+    came from two broken reviewers, and that repairing them came first, was said only in
+    each escalation's own report."""
+    crashed, _ = _crashed_and_rejected(kb)
+    says = (
+        "reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
+        "on them; the last: exited 1: model returned garbage: repair it first"
+    )
+    page_path = tmp_path / "report.html"
+    text = run_cli("report", "--since", "1h", "--html", str(page_path)).stdout
+    needs = "needs you: 3 escalation(s) on 2 note(s) (2 of them raised by an agent that failed)"
+    assert needs in text.splitlines(), text
+    assert f"  {says}" in text.splitlines(), text
+    [agent] = json.loads(run_cli("report", "--json", "--since", "1h").stdout)["needs_you"][
+        "agents_failed"
+    ]
+    assert (agent["agent"], agent["escalations"], agent["notes"]) == (
+        "reviewer fake failed every attempt",
+        2,
+        1,
+    )
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        """[...document.querySelectorAll('ul.needs > li')].map(li => li.innerText)"""
+    )
+    assert shown[0].startswith(
+        "3 escalation(s) on 2 note(s) (2 of them raised by an agent that failed)"
+    ), shown
+    assert says in shown[0], shown

@@ -168,7 +168,11 @@ def text(data: dict, html_path: str | None) -> str:
     ]
     needs = []
     if n["escalations_open"]:
-        needs.append(f"{n['escalations_open']} escalation(s) on {n['escalated_notes']} note(s)")
+        failed = sum(a["escalations"] for a in n["agents_failed"])
+        needs.append(
+            f"{n['escalations_open']} escalation(s) on {n['escalated_notes']} note(s)"
+            + (f" ({failed} of them raised by an agent that failed)" if failed else "")
+        )
     if n["failed_total"]:
         needs.append(f"{n['failed_total']} failed job(s)")
     if n["paused_reviewers"]:
@@ -182,6 +186,8 @@ def text(data: dict, html_path: str | None) -> str:
     if n["stalled"]:
         needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
+    for a in n["agents_failed"]:
+        lines.append(f"  {a['says']}")
     for g in n["escalations"][:5]:
         lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {decide_line(g)}")
         for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
