@@ -752,7 +752,7 @@ def test_escalations_says_why_a_failed_jobs_pair_is_there(cyc):
     assert rq(cyc, "sweep", "--reviewer", "fake").returncode == 1
     out = rq(cyc, "escalations").stdout
     (line,) = [x for x in out.splitlines() if x.startswith("  escalation ")]
-    assert line.endswith("(fake, the reviewer failed every attempt)"), out
+    assert line.endswith("(fake, the reviewer failed every attempt; reviewq job 1)"), out
     assert "cycle(s)" not in out, out
 
 

@@ -496,6 +496,34 @@ def test_the_jobs_a_paused_reviewer_holds_are_counted(night, browser, tmp_path):
     assert [line.startswith(said) for line in shown[1]] == [True], shown
 
 
+def test_an_escalation_names_the_job_that_raised_it(night, browser, tmp_path):
+    """An escalation read "the reviewer failed every attempt: exited 1 …" in `escalations`,
+    its report and on the page, and none of them named the job whose attempts failed:
+    its stderr, attempts and log lines (`job N`, `logs --job N`) were out of reach from
+    the morning's list, though state.db records the job (schema 18)."""
+    with night.db() as db:
+        (esc, job) = db.execute(
+            "SELECT id, job_id FROM escalations WHERE model_partition = 'crash'"
+        ).fetchone()
+    assert job is not None
+    listed = night.rq("escalations").stdout.splitlines()
+    line = (
+        f"  escalation {esc}: {GATE}  (crash, the reviewer failed every attempt; reviewq job {job})"
+    )
+    assert line in listed, listed
+    as_json = json.loads(night.rq("escalations", "--json").stdout)["escalations"]
+    assert {e["id"]: e["job_id"] for e in as_json}[esc] == job
+    page_path = tmp_path / "raised.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri())
+    said = page.evaluate(
+        "[...document.querySelectorAll('details > summary')].map(s => s.innerText)"
+    )
+    ours = [s for s in said if s.startswith(f"Escalation {esc}: {GATE} — ")]
+    assert len(ours) == 1 and ours[0].endswith(f"(raised by job {job}: reviewq job {job})"), said
+    assert "escalation.raised" in night.rq("logs", "--job", str(job)).stdout
+
+
 def test_a_paused_reviewers_sentence_keeps_its_command_in_line(night, browser, tmp_path):
     """The page set `reviewq resume NAME` apart as a block in the middle of the pause's
     sentence: it read "… (or until" / "reviewq resume missing" / ", once the cause is

@@ -1271,7 +1271,9 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 if "consecutive rejections" in e.reason
                 else e.reason.partition(": ")[0]
             )
-            click.echo(f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why})")
+            # The job that raised it: its attempts, stderr and log lines (`logs --job`).
+            job = f"; reviewq job {e.job_id}" if e.job_id is not None else ""
+            click.echo(f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why}{job})")
             for line in head:
                 click.echo(f"      {line}")
             if only[e.id]:

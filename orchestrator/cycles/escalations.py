@@ -205,6 +205,9 @@ class Escalation:
     decision: str | None = None
     # What its report recommends: reject after a verdict, else an agent failed (followup).
     call: str = "reject"
+    # The job whose outcome raised it: where its attempts and log lines are (none before
+    # schema 18).
+    job_id: int | None = None
 
     def to_json(self) -> dict:
         return {
@@ -215,6 +218,7 @@ class Escalation:
             "reason": self.reason,
             "cycles": self.cycles,
             "report_path": self.report_path,
+            "job_id": self.job_id,
         }
 
 
@@ -441,6 +445,7 @@ def open_escalations(store: Store) -> list[Escalation]:
             r["cycles"],
             r["report_path"],
             call=r["call"],
+            job_id=r["job_id"],
         )
         for r in store.conn.execute("SELECT * FROM escalations WHERE decision IS NULL ORDER BY id")
     ]

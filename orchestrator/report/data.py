@@ -179,7 +179,7 @@ def _needs_you(
     open_escs = _rows(
         store,
         "SELECT id, note_path, gate_id, model_partition, reason, cycles, reviewer, fixer, "
-        "report_path, raised_at, call FROM escalations WHERE decision IS NULL ORDER BY id",
+        "report_path, raised_at, call, job_id FROM escalations WHERE decision IS NULL ORDER BY id",
     )
     ordered = by_note(
         open_escs, lambda e: e["note_path"], lambda e: e["call"]
