@@ -1646,3 +1646,18 @@ def test_the_escalations_an_agent_raised_are_counted_apart_with_the_agent(
         "3 escalation(s) on 2 note(s) (2 of them raised by an agent that failed)"
     ), shown
     assert says in shown[0], shown
+
+
+def test_status_counts_apart_the_escalations_an_agent_raised(kb, run_cli):
+    """`status` read "escalations open: 556" the morning after a reviewer crashed on every
+    job, as if each were a verdict waiting for a person; the report (P21) said that 544
+    came from a broken reviewer, `status` did not."""
+    _crashed_and_rejected(kb)
+    lines = run_cli("status").stdout.splitlines()
+    at = lines.index("escalations open: 3 (2 of them raised by an agent that failed)")
+    assert lines[at + 1] == (
+        "  reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
+        "on them; the last: exited 1: model returned garbage: repair it first"
+    ), lines
+    [agent] = run_cli("status", "--json").json()["agents_failed"]
+    assert (agent["escalations"], agent["notes"]) == (2, 1), agent

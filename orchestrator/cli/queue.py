@@ -480,7 +480,13 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         emit_json(data)
         return
     click.echo("jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items()))
-    click.echo(f"escalations open: {data['escalations_open']}")
+    failed = sum(a["escalations"] for a in data["agents_failed"])
+    click.echo(
+        f"escalations open: {data['escalations_open']}"
+        + (f" ({failed} of them raised by an agent that failed)" if failed else "")
+    )
+    for a in data["agents_failed"]:
+        click.echo(f"  {a['says']}")
     for name, r in data["reviewers"].items():
         if r["paused_until"]:
             pause = Pause(r["paused_until"], r["paused_reason"], r["paused_since"])

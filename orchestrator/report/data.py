@@ -22,6 +22,7 @@ from orchestrator.state.status import (
     REWRITE_REPORTS,
     WAITING_SQL,
     WITHDRAWN_SQL,
+    agents_failed,
     by_note,
     decide_calls,
     over_budget_runs,
@@ -257,34 +258,6 @@ def _needs_you(
         "fixes_unwritten_total": len(unwritten),
         "stalled": stalled,
     }
-
-
-def agents_failed(open_escs: list[dict]) -> list[dict]:
-    """The open escalations raised by an agent that failed every attempt, by agent, most
-    first: a crashing reviewer's 527 read as 527 verdicts among "556 escalation(s)", and
-    the first thing to do, repair it, was said only inside each one's report."""
-    by: dict[str, list[dict]] = {}
-    for e in open_escs:
-        if e["call"] == "reject":  # a verdict: rejections, an audit's refutation
-            continue
-        head, _, why = e["reason"].partition(": ")
-        # "the reviewer failed every attempt" names no profile; the row does.
-        for role in ("reviewer", "fixer"):
-            if head.startswith(f"the {role} ") and e[role]:
-                head = f"{role} {e[role]}" + head.removeprefix(f"the {role}")
-        by.setdefault(head, []).append({**e, "why": why})
-    return [
-        {
-            "agent": agent,
-            "escalations": len(escs),
-            "notes": len({e["note_path"] for e in escs}),
-            "last_reason": escs[-1]["why"],
-            "says": f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
-            f"verdict on them; the last: {escs[-1]['why']}: repair it first",
-        }
-        for agent, escs in sorted(by.items(), key=lambda kv: -len(kv[1]))
-        for notes in [{e["note_path"] for e in escs}]
-    ]
 
 
 def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[dict]:

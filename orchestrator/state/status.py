@@ -183,11 +183,15 @@ def status(store: Store, settings: Settings) -> dict:
     now = utcnow()
     paused = paused_reviewers(store, now)
     waiting = waiting_on(store, paused)
-    escalations = 0
+    escalations: list[dict] = []
     if _table_exists(store, "escalations"):
-        escalations = store.conn.execute(
-            "SELECT count(*) FROM escalations WHERE decision IS NULL"
-        ).fetchone()[0]
+        escalations = [
+            dict(r)
+            for r in store.conn.execute(
+                "SELECT note_path, reason, reviewer, fixer, call FROM escalations "
+                "WHERE decision IS NULL ORDER BY id"
+            )
+        ]
     today = now[:10]
     total, day = store.conn.execute(
         "SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN substr(started_at, 1, 10) = ? THEN cost_usd END), 0) "
@@ -217,7 +221,8 @@ def status(store: Store, settings: Settings) -> dict:
         "jobs": counts,
         "jobs_by_hand": by_hand,
         "budgets_spent": budgets,
-        "escalations_open": escalations,
+        "escalations_open": len(escalations),
+        "agents_failed": agents_failed(escalations),
         "reviewers": {
             name: {
                 "paused_until": pause.until if pause else None,
@@ -907,6 +912,34 @@ def open_escalations(store: Store) -> list[dict]:
             "SELECT id, note_path, gate_id, model_partition, reason, report_path, call "
             "FROM escalations WHERE decision IS NULL ORDER BY id"
         )
+    ]
+
+
+def agents_failed(open_escs: list[dict]) -> list[dict]:
+    """The open escalations raised by an agent that failed every attempt, by agent, most
+    first: a crashing reviewer's 527 read as 527 verdicts among "556 escalation(s)", and
+    the first thing to do, repair it, was said only inside each one's report."""
+    by: dict[str, list[dict]] = {}
+    for e in open_escs:
+        if e["call"] == "reject":  # a verdict: rejections, an audit's refutation
+            continue
+        head, _, why = e["reason"].partition(": ")
+        # "the reviewer failed every attempt" names no profile; the row does.
+        for role in ("reviewer", "fixer"):
+            if head.startswith(f"the {role} ") and e[role]:
+                head = f"{role} {e[role]}" + head.removeprefix(f"the {role}")
+        by.setdefault(head, []).append({**e, "why": why})
+    return [
+        {
+            "agent": agent,
+            "escalations": len(escs),
+            "notes": len({e["note_path"] for e in escs}),
+            "last_reason": escs[-1]["why"],
+            "says": f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
+            f"verdict on them; the last: {escs[-1]['why']}: repair it first",
+        }
+        for agent, escs in sorted(by.items(), key=lambda kv: -len(kv[1]))
+        for notes in [{e["note_path"] for e in escs}]
     ]
 
 
