@@ -363,6 +363,28 @@ def test_a_new_state_folder_is_ignored_by_the_kbs_git(kb, run_cli):
     assert ".reviewq" not in status, status
 
 
+def test_a_first_select_makes_the_state_folder_as_a_new_state_db_does(kb, run_cli):
+    """`reviewq select` before anything else ran (the README's manual flow) made
+    ROOT/.reviewq for its caches with neither the .gitignore nor mode 0700: a `git add -A`
+    then committed the caches (select's answers quote the notes' diffs), and the state.db
+    made there later kept the folder readable by every user."""
+    import subprocess
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    subprocess.run(["git", "init", "-q", str(kb.root)], check=True)
+    assert run_cli("select", "--all-gates", "--json").exit_code == 0
+    assert (kb.state / "cache").is_dir()
+    status = subprocess.run(
+        ["git", "-C", str(kb.root), "status", "--porcelain", "--untracked-files=all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert ".reviewq" not in status, status
+    assert kb.state.stat().st_mode & 0o777 == 0o700
+
+
 def test_a_state_folder_that_is_the_kb_root_gets_no_gitignore(kb, run_cli):
     """`--state .` in ROOT: a .gitignore of `*` there hid the whole KB from git."""
     kb.gate("prose/clarity", ["body"])

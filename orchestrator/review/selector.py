@@ -37,7 +37,7 @@ from orchestrator.review.freshness import (
     judge,
 )
 from orchestrator.review.freshness import unified_diff as make_diff
-from orchestrator.state.store import Store
+from orchestrator.state.store import Store, make_state_folder
 
 
 class SelectError(ValueError):
@@ -221,6 +221,10 @@ def select(
 
     for problem in note_root_problems(kb, state_dir or cache_dir):
         raise SelectError(problem)
+    if cache_dir is not None and not cache_dir.exists():
+        # A first `select` makes the state folder: as private, and as hidden from git, as
+        # the first state.db would have made it.
+        make_state_folder(cache_dir, new=True)
     kb.problems.clear()
     paths = kb.note_files(note_paths)
     cache = NoteCache.open(cache_dir) if cache_dir is not None else None

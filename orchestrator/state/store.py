@@ -129,6 +129,15 @@ def _ignored_by_git(folder: Path) -> None:
         ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
 
+def make_state_folder(folder: Path, *, new: bool) -> None:
+    """The state folder, private (prompts quote notes, and agents' output may quote their
+    environment) and, when ``new``, ignored by git: so whichever command makes it first,
+    a `select` writing its caches or the first state.db."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if new:
+        _ignored_by_git(folder)
+
+
 # What to do about a damaged database file, wherever one is met.
 DAMAGED = (
     "restore it from a backup, or recover what it holds with `sqlite3 FILE .recover` "
@@ -240,10 +249,7 @@ class Store:
         else:
             if not self.path.exists() and (lost := lost_record(self.path, "missing")):
                 raise StoreError(lost)
-            # Private: prompts quote notes, and agents' output may quote their environment.
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not self.path.exists():
-                _ignored_by_git(self.path.parent)
+            make_state_folder(self.path.parent, new=not self.path.exists())
             # check_same_thread=False: the control consumer opens the store in its main
             # thread and uses it from its one worker thread, never from two at once.
             self.conn = sqlite3.connect(
