@@ -575,3 +575,26 @@ def test_a_merge_in_progress_holds_the_commit_until_it_ends(repo):
     done = commit_fix(repo, NOTE, before, after, msg)
     assert done.sha and done.sha == git(repo, "rev-parse", "HEAD").strip()
     assert git(repo, "show", "--name-only", "--format=", done.sha).split() == [NOTE]
+
+
+def test_a_long_note_path_is_shortened_in_the_subject_not_its_gates(tmp_path):
+    """The real corpus's notes are named by their claim (80 characters and more): the
+    subject cut at 100 characters ended "(prose…", so `git log --oneline` named no gate
+    for most fixes, and a second gate never. The path gives way; the body names it whole."""
+    rel = "kb/notes/a-knowledge-base-holds-theories-descriptions-and-prescriptions-with.md"
+    root = tmp_path / "kbroot"
+    (root / "kb" / "notes").mkdir(parents=True)
+    (root / rel).write_bytes(b"# Alpha\n\nAlpha body.\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=A Person", "-c", "user.email=p@example.org", "commit", "-qm", "kb")
+    gates = ["prose/source-residue", "frontmatter/title-as-claim"]
+    before = (root / rel).read_bytes()
+    (root / rel).write_bytes(before + b"More.\n")
+    msg = message(rel, gates, 7, "fake", "fake")
+    assert commit_fix(root, rel, before, before + b"More.\n", msg).sha
+    subject = commits(root)[0]
+    assert len(subject) <= 100, subject
+    assert subject.startswith("reviewq fix: kb/notes/a-know"), subject
+    assert subject.endswith(f"-with.md ({', '.join(gates)})"), subject
+    assert f"edited {rel} to meet" in git(root, "log", "-1", "--format=%b")

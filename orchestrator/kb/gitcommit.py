@@ -274,13 +274,29 @@ def _first_line(p: subprocess.CompletedProcess) -> str:
     return text[0] if text else f"exit {p.returncode}"
 
 
+# A subject's longest; past it, `git log --oneline` and mail subjects wrap or cut it.
+_SUBJECT_MAX = 100
+
+
+def _subject(note_path: str, gates: str) -> str:
+    """The subject line: a path too long for it gives way in its middle (the body names it
+    whole), so the gates, what the fix was for, stay readable in `git log --oneline`."""
+    subject = f"reviewq fix: {note_path} ({gates})"
+    if len(subject) <= _SUBJECT_MAX:
+        return subject
+    room = _SUBJECT_MAX - len(subject) + len(note_path) - 1  # the path's share, less "…"
+    if room < 20:  # gates too many to leave the path a readable share: cut the end
+        return subject[: _SUBJECT_MAX - 1] + "…"
+    head = room // 2
+    return f"reviewq fix: {note_path[:head]}…{note_path[-(room - head) :]} ({gates})"
+
+
 def message(
     note_path: str, gates: list[str], job_id: int, reviewer: str | None, fixer: str | None
 ) -> str:
-    subject = f"reviewq fix: {note_path} ({', '.join(gates)})"
     return "\n".join(
         [
-            subject if len(subject) <= 100 else subject[:99] + "…",
+            _subject(note_path, ", ".join(gates)),
             "",
             f"The fixer {fixer or '-'} edited {note_path} to meet {', '.join(gates)}.",
             "Undo with `git revert` of this commit.",
