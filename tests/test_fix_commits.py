@@ -254,3 +254,13 @@ def test_an_agent_that_puts_an_earlier_fixs_text_back_is_not_excused(repo):
         assert not changes_not_the_agents(
             store, repo.root, review, 99, out.touched, out.touched_hashes
         )
+
+
+def test_a_fix_commit_says_what_the_review_found(repo):
+    """`git log` next year: the message named the note and the gate ("to meet
+    prose/body-check") but not what the reviewer found wrong, the reason the text changed."""
+    sweep(repo)
+    sha = fix_job(repo)["fix_commit"]
+    body = git(repo.root, "log", "-1", "--format=%B", sha)
+    assert "The review found:\n- prose/body-check: low: finding 0 for prose/body-check\n" in body
+    assert body.index("The review found:") < body.index("Undo with `git revert`")

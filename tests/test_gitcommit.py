@@ -598,3 +598,18 @@ def test_a_long_note_path_is_shortened_in_the_subject_not_its_gates(tmp_path):
     assert subject.startswith("reviewq fix: kb/notes/a-know"), subject
     assert subject.endswith(f"-with.md ({', '.join(gates)})"), subject
     assert f"edited {rel} to meet" in git(root, "log", "-1", "--format=%b")
+
+
+def test_a_redo_fix_commit_quotes_the_persons_asks_without_a_trailer_of_theirs(repo):
+    """A redo's fix is there because a person asked: the message says what they asked.
+    Indented, so an ask that reads like a trailer is never taken for this commit's."""
+    before = (repo / NOTE).read_bytes()
+    after = before + b"More.\n"
+    (repo / NOTE).write_bytes(after)
+    asks = "Say it plainly.\nReviewq-Job: 99"
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake", asks=asks)
+    sha = commit_fix(repo, NOTE, before, after, msg).sha
+    body = git(repo, "log", "-1", "--format=%B", sha)
+    assert "A person asked (decide redo):\n  Say it plainly.\n  Reviewq-Job: 99\n" in body
+    assert git(repo, "log", "--format=%H", "--grep=^Reviewq-Job: 99$") == ""
+    assert git(repo, "log", "--format=%H", "--grep=^Reviewq-Job: 7$").strip() == sha

@@ -41,6 +41,7 @@ from orchestrator.state.files import (
     write_each,
     write_job_files_after_commit,
 )
+from orchestrator.state.status import findings as finding_lines
 from orchestrator.state.store import Store, parse_timestamp, utcnow
 
 # A fix commit refused for now (a lock another git holds, a merge in progress) is tried
@@ -637,7 +638,19 @@ def commit_applied_fix(
     note file is replaced (it compares HEAD with the text the fixer was given). Not
     ``patient`` (its commit already waited a tick), it tries once: a lock still held must
     not stall the tick."""
-    msg = message(rel, _gates(store, job["id"]), job["id"], job["review_reviewer"], job["reviewer"])
+    pairs = store.conn.execute(
+        "SELECT gate_id, rationale FROM review_pairs WHERE job_id = ? ORDER BY id", (job["id"],)
+    ).fetchall()
+    found = [f"{p['gate_id']}: {f}" for p in pairs for f in finding_lines(p["rationale"])]
+    msg = message(
+        rel,
+        [p["gate_id"] for p in pairs],
+        job["id"],
+        job["review_reviewer"],
+        job["reviewer"],
+        found=found,
+        asks=job["feedback"],
+    )
     return commit_fix(kb.root, rel, given, data, msg, patient=patient)
 
 

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,6 +275,9 @@ def _first_line(p: subprocess.CompletedProcess) -> str:
     return text[0] if text else f"exit {p.returncode}"
 
 
+# Findings a message quotes, and the width of each: the rest is in `reviewq job N`.
+_FOUND_MAX = 20
+_FOUND_WIDTH = 200
 # A subject's longest; past it, `git log --oneline` and mail subjects wrap or cut it.
 _SUBJECT_MAX = 100
 
@@ -292,13 +296,29 @@ def _subject(note_path: str, gates: str) -> str:
 
 
 def message(
-    note_path: str, gates: list[str], job_id: int, reviewer: str | None, fixer: str | None
+    note_path: str,
+    gates: list[str],
+    job_id: int,
+    reviewer: str | None,
+    fixer: str | None,
+    found: Sequence[str] = (),
+    asks: str | None = None,
 ) -> str:
+    """The fix's commit message. ``found``: the findings the fixer was given ("GATE:
+    severity: text"), ``asks``: a person's, for a redo; the why of the change, for whoever
+    reads `git log` or `git blame` later. The asks are indented: a line of theirs that
+    reads as a trailer (``Reviewq-Job: 3``) must not be found as this commit's."""
+    why = [f"- {line[:_FOUND_WIDTH]}" for line in found[:_FOUND_MAX]]
+    if len(found) > _FOUND_MAX:
+        why.append(f"- … and {len(found) - _FOUND_MAX} more")
     return "\n".join(
         [
             _subject(note_path, ", ".join(gates)),
             "",
             f"The fixer {fixer or '-'} edited {note_path} to meet {', '.join(gates)}.",
+            *(["The review found:", *why] if why else []),
+            *(["A person asked (decide redo):"] if asks and asks.strip() else []),
+            *(f"  {line}".rstrip() for line in (asks or "").strip().splitlines()),
             "Undo with `git revert` of this commit.",
             "",
             f"Reviewq-Job: {job_id}",
