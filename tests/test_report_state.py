@@ -384,3 +384,27 @@ def test_a_failed_job_run_by_hand_names_the_profile_it_ran_with(st):
     [row] = data["needs_you"]["failed_jobs"]
     assert row["runner"] == "offline"
     assert '<td class="nw">(offline)</td>' in render.html(data)
+
+
+def test_a_job_that_waited_all_day_counts_its_wall_time_from_its_run_not_the_last_report(st):
+    """A job queued last night whose reviewer was paused (or whose budget was spent) ran
+    tonight in ten minutes; the morning report's wall time ran from the previous morning's
+    report, 18 h 40 min for a ten-minute night. An attempt already running when the
+    window opened still counts from the window's start."""
+    store, sd = st
+    job(store, 1, created=T.format("01:00"), finished="2026-11-26T01:40:00.000Z")
+    attempt(
+        store, 1, 1, started=T.format("01:00"), ended=T.format("01:01"), outcome="launch-failure"
+    )
+    attempt(store, 1, 2, started="2026-11-26T01:30:00.000Z", ended="2026-11-26T01:40:00.000Z")
+    store.conn.execute("UPDATE attempts SET recorded_at = ended_at")
+    report(store, sd, T.format("07:00"))  # the morning after the first night
+    night = report(store, sd, "2026-11-26T07:00:00.000Z")["reviewed"]
+    assert night["wall_time_s"] == 600
+    assert night["first_job_at"] == "2026-11-26T01:30:00.000Z"
+    # An agent that ran across 07:00 (started before the report, ended after): from 07:00.
+    job(store, 2, created=T.format("06:00"), finished="2026-11-26T07:20:00.000Z")
+    attempt(store, 2, 1, started="2026-11-26T06:50:00.000Z", ended="2026-11-26T07:20:00.000Z")
+    store.conn.execute("UPDATE attempts SET recorded_at = ended_at WHERE job_id = 2")
+    later = report(store, sd, "2026-11-26T08:00:00.000Z")["reviewed"]
+    assert later["wall_time_s"] == 1200

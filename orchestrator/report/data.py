@@ -479,6 +479,22 @@ def _attempts_in(period: Period) -> str:
     return _in_window("COALESCE(a.recorded_at, a.started_at)")
 
 
+def _first_work(store: Store, scope: str, args: tuple) -> str | None:
+    """When the window's work began, for jobs queued before it: a job queued last night
+    that waited all day on a paused reviewer, a spent budget or a stopped control, and ran
+    tonight, counts from its attempt's start, not from the last report (its wait was no
+    part of tonight's wall time). An attempt that was running at the window's start counts
+    from that start; jobs queued in the window, from their queueing."""
+    return store.conn.execute(
+        f"SELECT min(t) FROM (SELECT j.created_at AS t FROM review_jobs j WHERE {scope} "
+        "AND j.grouping != 'human' AND j.created_at >= ?1 "
+        "UNION ALL SELECT max(a.started_at, ?1) FROM review_jobs j CROSS JOIN attempts a "
+        f"ON a.job_id = j.id WHERE {scope} AND j.grouping != 'human' "
+        "AND a.started_at IS NOT NULL AND (a.ended_at IS NULL OR a.ended_at >= ?1))",
+        args,
+    ).fetchone()[0]
+
+
 def _reviewed(
     store: Store, scope: str, spent: str, args: tuple, limit: int | None, period: Period
 ) -> dict:
@@ -531,8 +547,8 @@ def _reviewed(
         f"WHERE {scope} AND j.grouping != 'human'",
         args,
     ).fetchone()
-    if first and period.run_id is None:
-        first = max(first, period.since)  # a job queued before the window: from its start
+    if first and period.run_id is None and first < period.since:
+        first = _first_work(store, scope, args) or period.since
     if first and last:
         last = max(last, first)
     wall = (
