@@ -901,6 +901,26 @@ def test_doctor_checks_the_first_word_of_a_command_string(run_cli, kb):
     assert "no-such-agent-cli not on PATH" in line, line
 
 
+def test_doctor_finds_a_relative_program_where_its_agents_start(run_cli, kb, tmp_path, monkeypatch):
+    # An agent starts in ROOT (a sweep's, a `worker --kb ROOT`'s), so `tools/review.py`
+    # runs from there; doctor run from elsewhere (cron, --root) called it "not on PATH".
+    (kb.root / kb.write("tools/review.sh", "#!/bin/sh\nexit 0\n")).chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    kb.write(
+        "reviewq.toml", '[reviewers.x]\nkind = "command"\ncommand = "tools/review.sh {job_id}"\n'
+    )
+    res = run_cli("doctor")
+    line = next(x for x in (res.stdout + res.stderr).splitlines() if "reviewer x" in x)
+    assert line == "ok: reviewer x (command)", line
+    kb.write(
+        "reviewq.toml", '[reviewers.x]\nkind = "command"\ncommand = "tools/nope.sh {job_id}"\n'
+    )
+    res = run_cli("doctor")
+    line = next(x for x in (res.stdout + res.stderr).splitlines() if "reviewer x" in x)
+    assert res.exit_code == 1
+    assert "tools/nope.sh is no program under the KB root" in line, line
+
+
 def test_an_adapter_that_raises_before_launch_still_gives_an_outcome(tmp_path):
     from workers.attempt import run_attempt
     from workers.reviewers.base import Reviewer

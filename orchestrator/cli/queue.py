@@ -1174,6 +1174,20 @@ def _worker_here(ws: Workspace) -> str | None:
         return None
 
 
+def _program_missing(root: Path, exe: str) -> bool:
+    # A relative path such as tools/review.py runs from the folder its agents start in,
+    # the KB root (a sweep's, a `worker --kb`'s), not from wherever doctor was typed.
+    if os.sep in exe and not os.path.isabs(exe):
+        exe = str(root / exe)
+    return shutil.which(exe) is None
+
+
+def _not_found(exe: str) -> str:
+    if os.sep in exe and not os.path.isabs(exe):
+        return f"{exe} is no program under the KB root (agents start there)"
+    return f"{exe} not on PATH"
+
+
 def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
     """Each reviewer's program is on PATH (an ``openai`` profile's endpoint answers), and
     the key variable it names is set. ``remote``: the control's doctor on a Redis queue,
@@ -1200,10 +1214,9 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
         except UnsupportedKind as exc:
             report(False, str(exc))
             continue
-        missing = [exe for exe in adapter.executables() if shutil.which(exe) is None]
         head = f"reviewer {name} ({profile.kind})"
-        if missing:
-            report(False, f"{head}: {', '.join(missing)} not on PATH")
+        if missing := [exe for exe in adapter.executables() if _program_missing(ws.root, exe)]:
+            report(False, f"{head}: {', '.join(_not_found(exe) for exe in missing)}")
         elif profile.kind != "openai":
             report(True, head)
         elif (problem := endpoint_problem(profile)) is not None:
