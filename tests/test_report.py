@@ -744,6 +744,34 @@ def test_a_gate_that_fails_most_notes_is_called_into_question(kb, run_cli):
     assert "<b>frontmatter/has-description</b> fails 100% of the notes it judged" in page
 
 
+def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):
+    """A first sweep without --fix: its FAILs go to no fixer and no person, and a later
+    --fix sweep finds them fresh. The report said "FAIL 2" and "needs you: nothing", and
+    named no note: status, jobs and the page did not either."""
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.gate("prose/has-body", ["body"])
+    for name, description in (("a", ""), ("b", ""), ("c", "Says what c is.")):
+        kb.note(name, body=f"Body of {name}.\n", description=description)
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--json")
+    assert res.returncode == 0, res.stderr
+    res = run_cli("report", "--since", "1h", "--html", str(kb.root / "r.html"))
+    assert res.exit_code == 0, res.stderr
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("  FAIL ")]
+    assert [ln.split(":")[0] for ln in said] == [
+        "  FAIL kb/notes/a.md frontmatter/has-description",
+        "  FAIL kb/notes/b.md frontmatter/has-description",
+    ], res.stdout
+    assert "the description region is empty" in said[0] and "reviewq job " in said[0]
+    data = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["reviewed"]
+    assert data["fails_total"] == 2
+    assert [(f["note_path"], f["gate_id"]) for f in data["fails"]] == [
+        ("kb/notes/a.md", "frontmatter/has-description"),
+        ("kb/notes/b.md", "frontmatter/has-description"),
+    ]
+    page = (kb.root / "r.html").read_text()
+    assert "FAIL findings: 2" in page and page.count('<tr class="fail">') == 2
+
+
 def test_a_page_that_cannot_be_written_is_not_remembered_as_shown(kb, run_cli):
     Store.open(kb.state).close()
     blocker = kb.root / "not-a-folder"

@@ -554,14 +554,11 @@ def _reviewed(
     wall = (
         (parse_timestamp(last) - parse_timestamp(first)).total_seconds() if first and last else 0.0
     )
-    warns = _rows(
-        store,
-        f"SELECT p.note_path, p.gate_id, p.rationale, j.id AS job_id {pair_scope} AND p.decision = 'WARN' "
-        "ORDER BY p.note_path, p.gate_id" + ("" if limit is None else f" LIMIT {int(limit)}"),
-        args,
+    # FAILs too: a run without --fix sends them to no fixer and no person, and a later
+    # --fix run finds them fresh, so the report is where they are named.
+    warns, fails = (
+        _findings(store, pair_scope, args, limit, decision) for decision in ("WARN", "FAIL")
     )
-    for w in warns:
-        w["finding"] = first_finding(w.pop("rationale"))
     cost = sum(r["cost_usd"] for r in reviewers)
     return {
         "pairs": sum(decisions.values()),
@@ -578,7 +575,25 @@ def _reviewed(
         "last_job_at": last,
         "warns": warns,
         "warns_total": decisions.get("WARN", 0),
+        "fails": fails,
+        "fails_total": decisions.get("FAIL", 0),
     }
+
+
+def _findings(
+    store: Store, pair_scope: str, args: tuple, limit: int | None, decision: str
+) -> list[dict]:
+    """The period's findings of one decision (WARN, FAIL: a constant), by note and gate."""
+    rows = _rows(
+        store,
+        f"SELECT p.note_path, p.gate_id, p.rationale, j.id AS job_id {pair_scope} "
+        f"AND p.decision = '{decision}' ORDER BY p.note_path, p.gate_id, j.id"
+        + ("" if limit is None else f" LIMIT {int(limit)}"),
+        args,
+    )
+    for r in rows:
+        r["finding"] = first_finding(r.pop("rationale"))
+    return rows
 
 
 # --- trends ----------------------------------------------------------------------------------

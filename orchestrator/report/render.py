@@ -10,6 +10,8 @@ from orchestrator.report import charts
 from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, who_ran
 from orchestrator.state.words import attempt_words, outcome_words
 
+FAILS_SHOWN = 3  # the terminal's FAIL findings; the page lists up to the report's cut
+
 _ENV = Environment(
     loader=PackageLoader("orchestrator.report", "templates"),
     autoescape=select_autoescape(["html", "j2"]),
@@ -220,6 +222,14 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {more}")
     for st in n["stalled"]:
         lines.append(f"  reviewer {st['reviewer']}: {stalled(st)}")
+    for f in r["fails"][:FAILS_SHOWN]:
+        lines.append(
+            f"  FAIL {f['note_path']} {f['gate_id']}: {f['finding']} (reviewq job {f['job_id']})"
+        )
+    if r["fails_total"] > FAILS_SHOWN:
+        lines.append(
+            f"  … {r['fails_total'] - FAILS_SHOWN} more FAIL finding(s): on the page, every one with --full"
+        )
     for gate in data["trends"]["suspect_gates"]:
         lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
     if html_path:
