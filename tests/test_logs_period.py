@@ -149,7 +149,12 @@ def test_the_new_options_combine_with_job_event_and_json(rotated_set, run_cli):
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("--since", "yesterday"), "error: --since: 'yesterday' is not a duration like '30m'"),
+        # A word a person says: the three forms --since takes, not the one that failed last.
+        (
+            ("--since", "yesterday"),
+            "error: --since 'yesterday': not a duration (30m, 12h, 7d), a date (2026-11-22) or "
+            "a time of day (08:00)\n",
+        ),
         (("--since", "25:00"), "error: --since '25:00': not a time of day (00:00 to 23:59"),
         (("--until", "20261126"), "error: --until '20261126': a duration needs its unit"),
         (("--since", "2999-01-01"), "error: --since '2999-01-01': after now"),

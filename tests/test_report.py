@@ -312,7 +312,8 @@ def test_bad_arguments_get_one_line(night):
     for args, expected in (
         (
             ("--since", "soon"),
-            "error: --since: 'soon' is not a duration like '30m', '90s', '1h30m', '7d'\n",
+            "error: --since 'soon': not a duration (30m, 12h, 7d), a date (2026-11-22) or a "
+            "time of day (08:00)\n",
         ),
         (("--run", "999"), "error: --run 999: no such sweep run\n"),
         (("--sweep", "nope"), "error: --sweep 'nope': no run of this sweep is recorded\n"),

@@ -16,6 +16,8 @@ class MomentError(ValueError):
 
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+# Digits and a duration's units: parse_duration's own error (its range) says more of it.
+_DURATION_LIKE = re.compile(r"[\d.]+\s*[dhms]?(\s*[\d.]+\s*[dhms]?)*")
 # Ranges are checked after the match: "24:00" or "08:61" said "not a duration".
 _TIME_OF_DAY = re.compile(r"(?P<hour>\d{1,2}):(?P<minute>\d{2})(?::(?P<second>\d{2}))?")
 # What a moment takes as a date/time: fromisoformat alone took any character between date and
@@ -70,6 +72,13 @@ def moment(text: str, option: str, end: datetime) -> tuple[datetime, str | None]
         raise MomentError(
             f"{option} {text!r}: a duration needs its unit (30m, 12h, 7d), a date its "
             "dashes (2026-11-22)"
+        )
+    if not _DURATION_LIKE.fullmatch(text.strip()):
+        # "yesterday" was told only of durations, the last form tried, as if the
+        # option took no date or time of day.
+        raise MomentError(
+            f"{option} {text!r}: not a duration (30m, 12h, 7d), a date (2026-11-22) or a "
+            "time of day (08:00)"
         )
     try:
         seconds = parse_duration(text, option, years=100)
