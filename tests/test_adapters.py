@@ -1108,6 +1108,31 @@ def test_doctor_names_what_a_sweep_entry_selects_that_the_kb_lacks(run_cli, kb):
     ]
 
 
+def test_doctor_says_a_sweeps_entry_fires_only_while_a_control_runs(run_cli, kb):
+    """A first [[sweeps]] entry, doctor all ok, and at 01:30 nothing ran: only a control
+    process fires them, and none had been started. Not said while one holds the folder."""
+    import fcntl
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "30 1 * * *"\n')
+    res = run_cli("doctor")
+    assert res.exit_code == 0, res.stdout
+    said = [line for line in res.stdout.splitlines() if "nightly" in line]
+    assert said == [
+        "warning: [[sweeps]] 'nightly' runs at its cron only while a control process runs "
+        f"for {kb.state}, and none does: start `reviewq control` (OPERATIONS §3), or have "
+        "the system's cron run `reviewq sweep --name nightly`"
+    ], res.stdout
+    fd = os.open(kb.state / "control.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = run_cli("doctor")
+    finally:
+        os.close(fd)
+    assert "nightly" not in res.stdout, res.stdout
+
+
 def test_doctor_for_a_worker_with_no_queue_url_and_no_control_says_it_would_wait(run_cli, tmp_path):
     """`doctor --worker` said "ok: queue backend SQLite answers" of a queue file of the
     worker's own, which no control process feeds, and made it."""

@@ -948,6 +948,26 @@ def _unfed_queue(ws: Workspace) -> str | None:
     )
 
 
+def _sweeps_unfired(ws: Workspace) -> str | None:
+    """Why the [[sweeps]] entries will not run at their times, or None: no control process
+    holds the state folder. A first entry passed doctor, and its night ran nothing."""
+    from orchestrator.state.store import control_pid
+
+    names = list(ws.settings.sweeps)
+    try:
+        if not names or control_pid(ws.state_dir) is not None:
+            return None
+    except OSError:  # an unreadable lock: the state folder's own check names it
+        return None
+    which = ", ".join(repr(n) for n in names)
+    return (
+        f"[[sweeps]] {which} {'runs at its cron' if len(names) == 1 else 'run at their crons'} "
+        f"only while a control process runs for "
+        f"{ws.state_dir}, and none does: start `reviewq control` (OPERATIONS §3), or have "
+        f"the system's cron run `reviewq sweep --name {names[0]}`"
+    )
+
+
 def _doctor_control_side(ws: Workspace, report) -> bool:
     """The KB, the gates and state.db: what the control process's machine needs. False
     when ROOT holds no KB (nothing else is checked, and nothing made there) or the state
@@ -982,6 +1002,8 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     for sweep in ws.settings.sweeps.values():
         for problem in sweep_problems(ws, sweep):
             report(False, f"{ws.settings.config_path}: {problem}")
+    if (unfired := _sweeps_unfired(ws)) is not None:
+        click.echo(f"warning: {shown(unfired)}")
     from orchestrator.cycles.escalations import missing_reports, reports_due
     from orchestrator.state.files import files_due, missing_job_files
     from orchestrator.state.status import unwritten_fixes
