@@ -832,6 +832,44 @@ def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(k
     ws.store.close()
 
 
+def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb, monkeypatch):
+    """A sweep's selection reads and hashes every note; packing its pairs read and hashed
+    each again (~15 % of a sweep's time before its first dispatch, and twice the KB's text
+    held at once) and, for a note edited in between, packed a text select never judged."""
+    import orchestrator.kb.notes as notes
+    import orchestrator.review.jobs as jobs
+    import orchestrator.sweeps.producer as producer
+
+    kb.gate("prose/clarity", ["body"])
+    alpha = kb.note("alpha", "As selected.\n")
+    ws = Workspace.open(kb.root)
+    selected = (kb.root / alpha).read_bytes()
+    reads: list[str] = []
+
+    def counted(path: pathlib.Path) -> bytes:
+        reads.append(pathlib.Path(path).name)
+        return real_read(path)
+
+    def edited_meanwhile(*args, **kwargs):
+        kb.write(alpha, selected.decode().replace("As selected.", "Edited since."))
+        return real_create(*args, **kwargs)
+
+    real_read, real_create = notes.read_file, producer.create_jobs
+    monkeypatch.setattr(notes, "read_file", counted)
+    monkeypatch.setattr(jobs, "read_file", counted)
+    monkeypatch.setattr(producer, "create_jobs", edited_meanwhile)
+    res = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    assert reads == ["alpha.md"]
+    [job] = res.jobs
+    text, sha = ws.store.conn.execute(
+        "SELECT s.text, s.sha256 FROM review_pairs p JOIN snapshots s ON s.id = p.note_snapshot_id "
+        "WHERE p.job_id = ?",
+        (job.review_job_id,),
+    ).fetchone()
+    assert (text, sha) == (selected.decode(), notes.sha256_bytes(selected))
+    ws.store.close()
+
+
 def test_an_enqueue_rolled_back_logs_no_job_it_did_not_make(kb):
     """The run, its jobs and the cron clock are one transaction: create_jobs logged
     job.created inside it, so an enqueue whose clock move (or COMMIT) failed on a full

@@ -195,8 +195,14 @@ class _Item:
 class _Loader:
     """Reads each note and gate once, with its refusal reason if it cannot be packed."""
 
-    def __init__(self, kb: KB, catalog: Catalog, pending: Mapping[str, str]) -> None:
-        self.kb, self.catalog, self.pending = kb, catalog, pending
+    def __init__(
+        self,
+        kb: KB,
+        catalog: Catalog,
+        pending: Mapping[str, str],
+        selected: Mapping[str, Note],
+    ) -> None:
+        self.kb, self.catalog, self.pending, self.selected = kb, catalog, pending, selected
         self.notes: dict[str, Note | str] = {}
         self.invalid = {p.path: p.reason for p in catalog.problems}
         self.gate_refusals: dict[str, str | None] = {}
@@ -212,6 +218,11 @@ class _Loader:
                     roots = ", ".join(self.kb.note_roots)
                     self.notes[given] = f"{rel}: not a note (a .md file under {roots})"
                     return self.notes[given]
+                if rel not in self.pending and rel in self.selected:
+                    # The text the pair was selected for, read once: read again, it cost a
+                    # sweep a second pass over the KB (and packed an edit select never saw).
+                    self.notes[given] = self._refused(self.selected[rel]) or self.selected[rel]
+                    return self.notes[given]
                 pending = self.pending[rel].encode("utf-8") if rel in self.pending else None
                 # Judged before it is read: a 60 MB note made a 60 MB snapshot and message.
                 size = len(pending) if pending is not None else os.stat(self.kb.root / rel).st_size
@@ -220,13 +231,9 @@ class _Loader:
                     return self.notes[given]
                 data = pending if pending is not None else read_file(self.kb.root / rel)
                 text = decode(data)
-                lines = sentinel_like_lines(text)
-                self.notes[given] = (
-                    f"{rel} line {lines[0]}: looks like a review sentinel"
-                    if lines
-                    # Its frontmatter says which gates it has (select judges it so too).
-                    else Note.from_text(rel, sha256_bytes(data), text, parse_note_text(text).meta)
-                )
+                # Its frontmatter says which gates it has (select judges it so too).
+                note = Note.from_text(rel, sha256_bytes(data), text, parse_note_text(text).meta)
+                self.notes[given] = self._refused(note) or note
             except KBError as exc:
                 self.notes[given] = str(exc)
             except NoteParseError as exc:
@@ -234,6 +241,11 @@ class _Loader:
             except OSError as exc:
                 self.notes[given] = f"{rel}: {exc.strerror or exc}"
         return self.notes[given]
+
+    @staticmethod
+    def _refused(note: Note) -> str | None:
+        lines = sentinel_like_lines(note.text)
+        return f"{note.path} line {lines[0]}: looks like a review sentinel" if lines else None
 
     def _under_root(self, given: str) -> str:
         """An absolute path into the KB root (a target edited by hand; ack takes one too)
@@ -292,6 +304,7 @@ def create_jobs(
     exclude: Iterable[tuple[str, str]] = (),
     selected_at_version: int | None = None,
     pending: Mapping[str, str] | None = None,
+    selected: Mapping[str, Note] | None = None,
 ) -> JobBatch:
     """Queued jobs for the targets; pairs that cannot be packed come back as ``skipped``.
 
@@ -300,6 +313,9 @@ def create_jobs(
 
     ``pending`` maps note paths to texts decided in the open transaction but written to
     the KB only after it commits (an applied fix): those are the texts packed.
+
+    ``selected`` maps note paths to the notes the targets were selected from (a
+    selection's ``notes``): their texts are packed, as select read and hashed them.
 
     ``selected_at_version`` is the store's acceptance version read before the targets
     were selected: a pair whose review was accepted since, for exactly the texts about
@@ -311,7 +327,7 @@ def create_jobs(
     if not model_partition:
         raise JobError("no model partition: pass --model (the input's model_partition is null)")
     batch = JobBatch()
-    loader = _Loader(kb, catalog, pending or {})
+    loader = _Loader(kb, catalog, pending or {}, selected or {})
     active = store.active_pairs(model_partition)
     held = set(exclude)
     seen: set[tuple[str, str]] = set()

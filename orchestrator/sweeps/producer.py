@@ -201,8 +201,8 @@ def enqueue(
         options["notes"] = note_paths  # root-relative, however they were given
     # One transaction from the run to its counts: a control killed between two of them
     # left a run with no jobs, or jobs on record with their cron clock not moved (the
-    # restarted control ran the sweep again). The selection stays outside; the jobs' own
-    # notes are read for their snapshots inside.
+    # restarted control ran the sweep again). The selection stays outside, and the jobs'
+    # notes are packed as it read them (no note is read under the write lock).
     ids: list[int] = []
     # Held until the folders are written: a control running beside (a sweep's starts at
     # the commit) leaves them to this process, not writing each a second time.
@@ -237,6 +237,7 @@ def enqueue(
             sweep_run_id=run_id,
             exclude=exclude,
             selected_at_version=selected_at_version,
+            selected=selection.notes,
         )
         batch.skipped.extend(waiting)
         ids[:] = [j.review_job_id for j in batch.jobs]
