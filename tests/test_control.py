@@ -870,6 +870,47 @@ def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb
     ws.store.close()
 
 
+def test_an_enqueue_holds_one_map_of_the_open_pairs_at_a_time(kb, monkeypatch):
+    """create_jobs reads the open pairs, then again under the write lock; the first map was
+    still held then: at twenty-fold (270,000 pairs queued) two maps of ~120 MB each were
+    the top of an ``enqueue``'s 660 MB. With nothing left to pack, none is read again."""
+    import gc
+    import weakref
+
+    from orchestrator.state.store import Store
+
+    class Pairs(dict):  # a dict that can be watched
+        pass
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    req = SweepRequest(name="cli", reviewer="offline", all_gates=True)
+    enqueue(
+        ws,
+        SweepRequest(name="cli", reviewer="offline", all_gates=True, notes=("kb/notes/alpha.md",)),
+    )
+    real = Store.active_pairs
+    alive: list[weakref.ref] = []
+    held_at_read: list[int] = []
+
+    def watched(self, partition=None):
+        gc.collect()
+        held_at_read.append(sum(r() is not None for r in alive))
+        pairs = Pairs(real(self, partition))
+        alive.append(weakref.ref(pairs))
+        return pairs
+
+    monkeypatch.setattr(Store, "active_pairs", watched)
+    assert len(enqueue(ws, req).jobs) == 1  # beta's; alpha's is queued
+    assert held_at_read == [0, 0]
+    held_at_read.clear()
+    assert enqueue(ws, req).jobs == []  # every pair queued
+    assert held_at_read == [0]
+    ws.store.close()
+
+
 def test_an_enqueue_rolled_back_logs_no_job_it_did_not_make(kb):
     """The run, its jobs and the cron clock are one transaction: create_jobs logged
     job.created inside it, so an enqueue whose clock move (or COMMIT) failed on a full
