@@ -195,7 +195,7 @@ def select_cmd(
             extra = " (" + ",".join(t.changed_regions)
             extra += f"; ratio {t.change_ratio:.2f})" if t.change_ratio is not None else ")"
         click.echo(f"{t.reason:<15} {t.note_path}  {t.gate_id}{extra}")
-    counts = result.to_json()["counts"]
+    counts = result.counts_json()
     click.echo(", ".join(f"{k}: {v}" for k, v in counts.items()))
 
 

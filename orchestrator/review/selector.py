@@ -84,13 +84,17 @@ class Selection:
     excluded: int = 0  # notes [kb] exclude left out
 
     def to_json(self) -> dict:
-        counts = {r: self.counts.get(r, 0) for r in REASONS}
-        counts["fresh"] = self.counts.get("fresh", 0)
         return {
             "model_partition": self.model_partition,
             "targets": [t.to_json() for t in self.targets],
-            "counts": counts,
+            "counts": self.counts_json(),
         }
+
+    def counts_json(self) -> dict[str, int]:
+        """Pairs by reason, every reason named (the ``counts`` of :meth:`to_json`)."""
+        counts = {r: self.counts.get(r, 0) for r in REASONS}
+        counts["fresh"] = self.counts.get("fresh", 0)
+        return counts
 
 
 def note_root_problems(kb: KB, state_dir: Path | None = None) -> list[str]:
