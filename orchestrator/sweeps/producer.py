@@ -5,6 +5,7 @@ control process.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import shlex
@@ -132,6 +133,39 @@ def enqueue(
     just_reviewed: Collection[tuple[str, str]] = (),
     also: Callable[[], None] | None = None,
     committed: Callable[[list[int]], None] | None = None,
+) -> EnqueueResult:
+    """:func:`_enqueue`, then the memory its selection and packing took given back."""
+    try:
+        return _enqueue(ws, req, run_id, just_reviewed, also, committed)
+    finally:
+        give_back_memory()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's; musl and macOS have none
+    except (AttributeError, OSError):
+        return None
+
+
+def give_back_memory() -> None:
+    """Hand the heap's free pages back to the system. What Python frees stays the
+    process's, held by the small objects still live among it: a sweep, or the control
+    process after a cron sweep's enqueue, kept ~290 MB resident after a twenty-fold KB's
+    first night (136 MB once given back), for the sweep's hour or the control's life."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _enqueue(
+    ws: Workspace,
+    req: SweepRequest,
+    run_id: int | None,
+    just_reviewed: Collection[tuple[str, str]],
+    also: Callable[[], None] | None,
+    committed: Callable[[list[int]], None] | None,
 ) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
