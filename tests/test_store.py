@@ -59,21 +59,9 @@ def test_a_full_disk_during_a_migration_is_not_called_a_broken_schema(tmp_path, 
     """A migration that meets a full disk said "restore a backup": an operator would have
     replaced a sound state.db with an older copy, where freeing space was all it took."""
     path = tmp_path / "state.db"
-    store = Store(path)
-    store.conn.execute("DROP TRIGGER attempts_recorded")  # back to version 11
-    store.conn.execute("ALTER TABLE attempts DROP COLUMN recorded_at")
-    store.conn.execute("DROP INDEX review_jobs_fix_note")
-    store.conn.execute("DROP INDEX review_jobs_run")
-    store.conn.execute("DROP INDEX review_jobs_queued_runs")
-    store.conn.execute("ALTER TABLE attempts DROP COLUMN taken_at")
-    store.conn.execute("ALTER TABLE escalations DROP COLUMN closed_by_job")
-    store.conn.execute("ALTER TABLE escalations DROP COLUMN job_id")
-    store.conn.execute("ALTER TABLE reviewer_state DROP COLUMN paused_at")
-    store.conn.execute("ALTER TABLE cron_state DROP COLUMN not_run")
-    store.conn.execute("DELETE FROM counters WHERE name = 'acceptance_epoch'")
-    store.conn.execute("DELETE FROM schema_migrations WHERE version >= 12")
-    store.conn.execute("VACUUM")
-    store.close()
+    conn = _state_db_at(path, 11)
+    conn.execute("VACUUM")
+    conn.close()
     real = sqlite3.connect
 
     def full(*args, **kwargs):

@@ -371,3 +371,99 @@ def test_a_control_of_the_earlier_release_started_during_the_migration_keeps_it_
     assert res.exit_code == 1
     (line,) = res.stderr.splitlines()
     assert f"the control process (pid {earlier[0].pid}) of the release that made it" in line
+
+
+# A reviewq command whose process SIGKILLs itself once migration 23 has run its first N
+# statements (its transaction open, its indexes half made or all made and not yet
+# recorded), argv[1] the KB root.
+_KILLED_MID_MIGRATION = """
+import os, signal, sys
+from orchestrator.state import store
+from orchestrator.cli import main
+
+statements, upto = store._statements, int(sys.argv[2])
+
+def until_killed(sql):
+    out = statements(sql)
+    if "attempts_started" not in sql:
+        return out
+    def run():
+        yield from out[:upto]
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run()
+
+store._statements = until_killed
+sys.argv = ["reviewq", "--root", sys.argv[1], "status"]
+main()
+"""
+
+
+def _a_night_at_schema_22(state: Path) -> tuple[int, float]:
+    """A state.db as release 22 left it, with a night of 300 jobs and 900 attempts
+    (started, heard from and recorded over the night, one that did not start last);
+    returns the attempts and their cost."""
+    conn = old_state(state, 22)
+    jobs, attempts = [], []
+    for j in range(1, 301):
+        at = f"2026-11-26T0{j // 100}:{j % 60:02d}:00.000Z"
+        jobs.append((j, f"jobs/review-job-{j}", at, at, at))
+        for a in (1, 2, 3):
+            outcome = "launch-failure" if (j, a) == (300, 3) else "finalized"
+            attempts.append((j, a, outcome, "vm:1", at, at, at, at, 0.01 * a))
+    conn.executemany(
+        "INSERT INTO review_jobs (id, status, model_partition, grouping, reviewer, job_dir, "
+        "created_at, updated_at, finished_at) VALUES (?, 'completed', 'm', 'note', 'r', ?, ?, ?, ?)",
+        jobs,
+    )
+    conn.executemany(
+        "INSERT INTO attempts (job_id, attempt, outcome, worker, started_at, ended_at, "
+        "heartbeat_at, recorded_at, cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        attempts,
+    )
+    conn.execute("PRAGMA journal_mode = WAL")  # as reviewq keeps it
+    conn.commit()
+    conn.close()
+    return len(attempts), round(sum(a[-1] for a in attempts), 6)
+
+
+def test_a_state_db_of_release_22_killed_mid_migration_keeps_22_and_migrates_next_time(kb, run_cli):
+    """Migration 23 (the indexes a year of attempts needs) on a state.db with a night in
+    it, SIGKILLed after its first, fourth and last index: each time state.db is release
+    22's, whole, without one of the new indexes; the next command migrates it and reads
+    the night as release 22 recorded it."""
+    import signal
+    import sys
+
+    from orchestrator.state.migrations import MIGRATIONS
+
+    count, cost = _a_night_at_schema_22(kb.state)
+    new = {"attempts_started", "attempts_ended", "attempts_recorded", "attempts_heartbeat",
+           "attempts_launch_failures", "review_jobs_created", "review_jobs_finished",
+           "review_jobs_updated"}  # fmt: skip
+    assert MIGRATIONS[22][0] == 23
+    for upto in (1, 4, len(new)):
+        killed = subprocess.run(
+            [sys.executable, "-c", _KILLED_MID_MIGRATION, str(kb.root), str(upto)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
+            assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (22,)
+            indexes = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+            }
+            assert not indexes & new
+            assert conn.execute("SELECT count(*) FROM attempts").fetchone() == (count,)
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    res = run_cli("status", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["cost_usd"]["total"] == cost
+    assert data["workers"]["last_launch_failure"] == {"job_id": 300, "attempt": 3, "reasons": []}
+    assert data["jobs"]["completed"] == 300
+    with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (23,)
+        indexes = {
+            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+        assert new <= indexes
