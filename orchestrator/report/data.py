@@ -260,6 +260,15 @@ def _needs_you(
     }
 
 
+# A reviewer's newest launched attempt by ``col``: attempts first (CROSS JOIN), walked
+# down ``col``'s index; led by the jobs, SQLite read every attempt of the reviewer's.
+_LAST = (
+    "(SELECT a.{col} FROM attempts a CROSS JOIN review_jobs j ON j.id = a.job_id "
+    "WHERE j.reviewer = ? AND a.launched_at IS NOT NULL AND a.{col} IS NOT NULL "
+    "ORDER BY a.{col} DESC LIMIT 1)"
+)
+
+
 def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[dict]:
     """Reviewers whose open jobs have not moved for :data:`STALLED_AFTER`: no attempt of
     theirs launched, sent a heartbeat or ended since. Read at ``now``, whatever the
@@ -280,33 +289,52 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
     ):
         if r["reviewer"] in paused:
             continue
+        # Each read walks the attempts by time from the newest, through their indexes,
+        # until one of this reviewer's: the attempts since it last moved, where reading
+        # its jobs' attempts read a third of a year's. A reviewer none of whose jobs was
+        # ever tried would be the whole walk: it has no attempt to find.
+        # Led by its jobs, found at the first of a reviewer with a history.
+        tried = store.conn.execute(
+            "SELECT 1 FROM review_jobs j JOIN attempts a ON a.job_id = j.id "
+            "WHERE j.reviewer = ? LIMIT 1",
+            (r["reviewer"],),
+        ).fetchone()
         # On the control's clock (a launch's heartbeat, an outcome's recording), as status
         # reads a worker: launched_at and ended_at are a worker's own, and one whose clock
         # ran an hour ahead hid a stall for that hour.
-        moved = store.conn.execute(
-            "SELECT MAX(MAX(COALESCE(a.heartbeat_at, ''), COALESCE(a.recorded_at, ''))) "
-            "FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            "WHERE j.reviewer = ? AND a.launched_at IS NOT NULL",
-            (r["reviewer"],),
-        ).fetchone()[0]
+        moved = (
+            tried
+            and store.conn.execute(
+                "SELECT NULLIF(max(COALESCE(" + _LAST.format(col="heartbeat_at") + ", ''), "
+                "COALESCE(" + _LAST.format(col="recorded_at") + ", '')), '')",
+                (r["reviewer"], r["reviewer"]),
+            ).fetchone()[0]
+        )
         since = max(moved or "", r["oldest"])
         if since >= cutoff:
             continue  # moving, or queued only a moment ago
         r["last_moved"] = moved
-        r["never_picked_up"] = store.conn.execute(
-            "SELECT count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-            "WHERE j.reviewer = ? AND a.outcome = 'lost' AND a.ended_at >= ? "
-            "AND a.reasons LIKE '%never picked up by a worker%'",
-            (r["reviewer"], since),
-        ).fetchone()[0]
+        r["never_picked_up"] = (
+            store.conn.execute(
+                "SELECT count(*) FROM attempts a CROSS JOIN review_jobs j ON j.id = a.job_id "
+                "WHERE j.reviewer = ? AND a.outcome = 'lost' AND a.ended_at >= ? "
+                "AND a.reasons LIKE '%never picked up by a worker%'",
+                (r["reviewer"], since),
+            ).fetchone()[0]
+            if tried
+            else 0
+        )
         # A pause that ran out with no control process left to try again leaves no other
         # trace of the outage the night ended on: the last attempt's own words.
-        last = store.conn.execute(
-            f"SELECT a.outcome, a.reasons, {NOT_RUN_SQL} AS not_run FROM attempts a "
-            "JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
-            "AND a.ended_at IS NOT NULL ORDER BY a.ended_at DESC, a.id DESC LIMIT 1",
-            (r["reviewer"],),
-        ).fetchone()
+        last = (
+            tried
+            and store.conn.execute(
+                f"SELECT a.outcome, a.reasons, {NOT_RUN_SQL} AS not_run FROM attempts a "
+                "CROSS JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
+                "AND a.ended_at IS NOT NULL ORDER BY a.ended_at DESC, a.id DESC LIMIT 1",
+                (r["reviewer"],),
+            ).fetchone()
+        )
         r["last_not_run"] = None
         if last and last["not_run"]:
             reasons = reasons_column(last["reasons"])
