@@ -577,6 +577,12 @@ MIGRATIONS.append(
         CREATE INDEX review_jobs_created ON review_jobs (created_at);
         CREATE INDEX review_jobs_finished ON review_jobs (finished_at);
         CREATE INDEX review_jobs_updated ON review_jobs (updated_at);
+        -- `job N` names the jobs that followed it (a fix, an audit, a re-review) and those
+        -- it was split into: each read every job without these.
+        CREATE INDEX review_jobs_source ON review_jobs (source_job_id)
+            WHERE source_job_id IS NOT NULL;
+        CREATE INDEX review_jobs_parent ON review_jobs (parent_job_id)
+            WHERE parent_job_id IS NOT NULL;
         """,
     )
 )
