@@ -2060,6 +2060,8 @@ def test_status_says_a_shared_redis_database_while_the_control_that_said_it_runs
     logrotate emptied the log (copytruncate) or a night's lines pushed it out, `status`
     said "control: running" and nothing else while the two controls went on sharing; and
     `status --json` gave a stopped control's line as `control.shared`, its pid null."""
+    import redis
+
     small_kb(kb, notes=1)
     other = tmp_path / "other-site"  # a second KB given the same database by mistake
     shutil.copytree(kb.root / "kb", other / "kb")
@@ -2088,7 +2090,17 @@ def test_status_says_a_shared_redis_database_while_the_control_that_said_it_runs
         try:
             mine = start("mine", kb.root)
             _until(mine.stderr, "control.started")
-            start("theirs", other)
+            # Started beside a running control, the second is refused (its own test); it
+            # shares the database when it started while the first was away past its claim
+            # (its machine suspended; here SIGSTOP).
+            mine.send_signal(signal.SIGSTOP)
+            with contextlib.closing(redis.Redis.from_url(url)) as client:
+                deadline = time.monotonic() + 30
+                while client.exists("reviewq.control.claim"):
+                    assert time.monotonic() < deadline, "the claim never lapsed"
+                    time.sleep(0.1)
+                _until(start("theirs", other).stderr, "control.started")
+            mine.send_signal(signal.SIGCONT)
             _until(mine.stderr, "queue.shared")
             log = kb.state / "logs" / "reviewq.jsonl"
             shutil.copy(log, log.with_name("reviewq.jsonl.1"))  # logrotate's copytruncate

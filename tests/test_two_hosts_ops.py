@@ -73,43 +73,41 @@ def test_the_controls_doctor_passes_where_only_remote_workers_run_the_agents(hos
     assert "ok: reviewer far (command)" in worker.stdout.splitlines(), worker.stdout
 
 
-def test_each_operator_of_two_kbs_on_one_redis_database_reads_it_in_status(hosts, tmp_path):
+def test_a_second_kb_on_another_host_given_one_redis_database_is_refused_at_start(hosts, tmp_path):
     """Two KBs, one on each host, their reviewq.toml giving one Redis database by mistake:
-    each control logged `queue.shared` once, and `doctor` said it, but `reviewq status`,
-    what an operator reads at 7 a.m., said "control: running" and nothing else, while the
-    workers of each took the other's review messages and each control the other's
-    outcomes."""
+    both controls ran, each taking the other's ticks and outcomes, and said `queue.shared`
+    only a tick later (S12 put it in `status`). The second control is refused at its
+    start, in one line naming the first's state folder, before it reads the queue; the
+    first's operator has nothing to be told: nothing was shared."""
     two = TwoHosts(tmp_path, hosts)
     other = tmp_path / "other-site"  # the second KB, on the second host
     shutil.copytree(two.root / "kb", other / "kb")
     shutil.copy(two.root / "reviewq.toml", other / "reviewq.toml")
-    sites = {two.root: two.in_ctl, other: two.in_wrk}
     try:
         two.start_redis()
-        logs = {}
-        for root, where in sites.items():
-            proc = two.procs.start(
-                [*where, EXE, "--root", str(root), "control"],
-                env=two.env, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            logs[root] = Events(proc.stderr)
-            logs[root].wait("control.started", 60)
-        for events in logs.values():
-            events.wait("queue.shared", 60)
-        status = {
-            root: subprocess.run(
-                [*where, EXE, "--root", str(root), "status"],
+        proc = two.procs.start(
+            [*two.in_ctl, EXE, "--root", str(two.root), "control"],
+            env=two.env, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        Events(proc.stderr).wait("control.started", 60)
+        second, status = (
+            subprocess.run(
+                [*where, EXE, "--root", str(root), *args],
                 env=two.env,
                 capture_output=True,
                 text=True,
                 timeout=60,
             )  # fmt: skip
-            for root, where in sites.items()
-        }
+            for where, root, args in (
+                (two.in_wrk, other, ["control"]),
+                (two.in_ctl, two.root, ["status"]),
+            )
+        )
     finally:
         two.procs.stop_all()
-    for mine, theirs in ((two.root, other), (other, two.root)):
-        assert status[mine].returncode == 0, status[mine].stderr
-        (line,) = [x for x in status[mine].stdout.splitlines() if x.startswith("queue shared")]
-        assert f"state folder {theirs / '.reviewq'}" in line, line
-        assert "its own database" in line, line
+    assert second.returncode == 1, second.stderr
+    (line,) = second.stderr.splitlines()
+    assert f"pid {proc.pid}, state folder {two.root / '.reviewq'}" in line, line
+    assert "its own database" in line, line
+    assert status.returncode == 0, status.stderr
+    assert "queue shared" not in status.stdout, status.stdout

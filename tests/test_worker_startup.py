@@ -235,9 +235,13 @@ def _on_db(url: str, db: int) -> str:
     return f"{url}?db={db}"
 
 
-def _start_control(kb, url: str) -> subprocess.Popen:
+def _control_home(kb, url: str) -> None:
     kb.gate("prose/body-check", ["body"])
     kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\nreaper_seconds = 0.5\n')
+
+
+def _start_control(kb, url: str) -> subprocess.Popen:
+    _control_home(kb, url)
     return subprocess.Popen(
         [EXE, "--root", str(kb.root), "control"],
         stdout=subprocess.DEVNULL,
@@ -1030,44 +1034,62 @@ def test_an_acl_user_on_the_keys_operations_names_runs_a_sweep(kb, tmp_path):
     assert "queue.unmarked" not in log and "NOPERM" not in log and "No permissions" not in log
 
 
-def test_two_controls_on_one_redis_database_are_each_told(kb, tmp_path, redis_url):
+def _log_events(k, event: str) -> list[dict]:
+    log = k.state / "logs" / "reviewq.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [json.loads(x) for x in lines if f'"{event}"' in x]
+
+
+def test_a_second_control_on_one_redis_database_is_refused_at_once(kb, tmp_path, redis_url):
     """Two KBs (two state folders) given one Redis database: the queue names are fixed, so
-    each install's workers took the other's review messages and each control the other's
-    outcomes (job ids are small numbers in both), and nothing said so anywhere."""
+    the second control took the first's ticks (the first then said a false
+    `control.resumed`), put back on the queue the message the first was running (its start
+    restores what a killed control held), and took its outcomes; `queue.shared` came only
+    at a later tick. The second is refused before it reads the queue, in one line naming
+    the URL and the first; the first goes on, told nothing false; stopped, it gives the
+    database up at once."""
+    import redis
+
     from tests.conftest import KBBuilder
 
     other = KBBuilder(tmp_path / "other-kb")
     (other.root / "kb").mkdir(parents=True)
-    controls = [_start_control(k, redis_url) for k in (kb, other)]
-    try:
-        said = {}
-        deadline = time.monotonic() + 30
-        while len(said) < 2 and time.monotonic() < deadline:
-            for k in (kb, other):
-                log = k.state / "logs" / "reviewq.jsonl"
-                lines = log.read_text().splitlines() if log.exists() else []
-                found = [json.loads(x) for x in lines if '"queue.shared"' in x]
-                if found:
-                    said[k.root] = found
-            time.sleep(0.2)
-        assert set(said) == {kb.root, other.root}, said
-        _stop(controls[0])  # the key is then the other's, and stays so
-        import redis
-
-        with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
-            while str(other.state) not in (client.get("reviewq.control") or b"").decode():
-                assert time.monotonic() < deadline, "the other control never wrote its key"
+    first = _start_control(kb, redis_url)
+    held = b"the message the first control is running"
+    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+        try:
+            deadline = time.monotonic() + 30
+            while client.get("reviewq.control") is None:  # its first tick's mark
+                assert time.monotonic() < deadline and first.poll() is None, "never ticked"
                 time.sleep(0.1)
-        doctor = _refused([EXE, "--root", str(kb.root), "doctor"], timeout=60)
-    finally:
-        for proc in controls:
-            if proc.poll() is None:
-                _stop(proc)
-    for mine, theirs in ((kb, other), (other, kb)):
-        (line,) = said[mine.root]  # once, though both write the key at every tick
-        assert f"state folder {theirs.state}" in line["reason"], line
-        assert "its own database" in line["reason"], line
-    assert doctor.returncode == 1 and "another control process feeds" in doctor.stdout
+            held_key = "huey.redis.reviewqcontrol.held"
+            client.lpush(held_key, held)
+            _control_home(other, redis_url)
+            res = _refused([EXE, "--root", str(other.root), "control"])
+            assert res.returncode == 1, res.stderr
+            (line,) = res.stderr.splitlines()
+            assert line.startswith(f"error: {other.root / 'reviewq.toml'} [queue] url "), line
+            assert f"pid {first.pid}, state folder {kb.state}" in line, line
+            assert "its own database" in line, line
+            assert client.lrange(held_key, 0, -1) == [held]  # not put back
+            client.lrem(held_key, 1, held)
+            ticks = len(_log_events(kb, "control.started"))
+            assert first.poll() is None and ticks == 1
+            doctor = _refused([EXE, "--root", str(other.root), "doctor"], timeout=60)
+            assert doctor.returncode == 1 and "another control process feeds" in doctor.stdout
+        finally:
+            _stop(first)
+        assert client.get("reviewq.control.claim") is None  # given up as it stopped
+        second = _start_control(other, redis_url)
+        try:
+            deadline = time.monotonic() + 30
+            while not _log_events(other, "control.started"):
+                assert time.monotonic() < deadline and second.poll() is None
+                time.sleep(0.1)
+        finally:
+            _stop(second)
+    for event in ("control.resumed", "queue.shared"):
+        assert not _log_events(kb, event) and not _log_events(other, event), event
 
 
 def test_a_control_restarted_under_another_host_name_is_not_told_of_itself(kb, redis_url):

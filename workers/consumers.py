@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 from orchestrator import logs
-from orchestrator.config import Settings
+from orchestrator.config import ConfigError, Settings
 from orchestrator.control.messages import VERSION
 from orchestrator.state.store import PROBE_WAIT_S
 from orchestrator.state.workspace import Workspace
 
-from . import tasks
+from . import queues, tasks
 from .app import make_app
 from .attempt import (
     KILL_GRACE_S,
@@ -43,6 +43,8 @@ from .queues import (
     attempts_on,
     beside_a_control,
     check_server,
+    claim_problem,
+    claim_queue,
     eviction_risk,
     fed_by,
     fed_late,
@@ -52,6 +54,7 @@ from .queues import (
     send_once,
     shown_url,
     stale_problem,
+    unclaim_queue,
     unfed_problem,
 )
 from .reviewers.base import python_module
@@ -398,6 +401,16 @@ def run_control(ws: Workspace) -> None:
     follow_parent()
     app = make_app(settings)
     check_server(app.control, settings)
+    install = ws.store.install_id()
+    try:
+        # Before the first read, which puts back on the queue what a killed control held:
+        # on a database another control runs on, that was the message it was running.
+        held = claim_queue(app.control, install, ws.state_dir, settings.queue.reaper_seconds)
+    except queues.QUEUE_UNAVAILABLE:
+        held = None  # Redis not up yet: the first tick claims it, or says whose it is
+    if held is not None:
+        raise ConfigError(claim_problem(settings, held))
+    tasks.claimed_as(install)
     if (risk := eviction_risk(app.control, settings)) is not None:
         logs.get().warning("queue.evicting", reason=risk)
 
@@ -483,6 +496,8 @@ def run_control(ws: Workspace) -> None:
             os.environ[_KEPT_LOCK] = str(lock)
         else:
             os.close(lock)
+            with contextlib.suppress(Exception):  # unreleased, it lapses in five ticks
+                unclaim_queue(app.control, install)
         logs.get().info("control.stopped")
     restart_if_asked(consumer, "control")
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import socket
 import sqlite3
 import sys
@@ -837,6 +838,81 @@ def shared_problem(settings: Settings, fed: dict) -> str:
         "queue names are fixed, so the workers of each take the other's review messages "
         "and each control may take the other's outcomes; give each state folder its own "
         "database (the /N or ?db=N) or Redis"
+    )
+
+
+# On Redis, the key a control process holds while it runs (:func:`claim_queue`): the
+# queue names are fixed, so a second control on one database took the first's ticks and
+# outcomes, and its start put back on the queue the message the first was running.
+CLAIM_KEY = "reviewq.control.claim"
+
+
+def claim_queue(huey: Huey, install: int, state_dir: Path, every: float) -> dict | None:
+    """Claim this Redis database for the control process of state folder ``install``
+    (:meth:`Store.install_id`), or renew its claim, for five of its ticks (``every``),
+    as :func:`fed_late` counts a control gone; None when done (and on SQLite), or what the
+    live claim of another install's control says, which is left as it is. A control
+    replaced on another host (a rollout: a new container, the same state folder) takes
+    its own install's claim over."""
+    storage = huey.storage
+    if not isinstance(storage, RedisStorage):
+        return None
+    mine = {
+        "install": install,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "state": str(state_dir),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    lapse_ms = int(max(5 * every, 2.0) * 1000)
+
+    def claim(pipe: Any) -> dict | None:  # noqa: ANN401 - a redis Pipeline
+        held = _claim_of(pipe.get(CLAIM_KEY))
+        if held is not None and held.get("install") != install:
+            return {**held, "lapses_s": max(0, pipe.pttl(CLAIM_KEY)) / 1000}
+        pipe.multi()
+        pipe.set(CLAIM_KEY, json.dumps(mine), px=lapse_ms)
+        return None
+
+    return storage.conn.transaction(claim, CLAIM_KEY, value_from_callable=True)
+
+
+def unclaim_queue(huey: Huey, install: int) -> None:
+    """Give up this install's claim (:func:`claim_queue`) as its control stops, so that
+    a control of another KB moved onto this database need not wait for it to lapse."""
+    storage = huey.storage
+    if not isinstance(storage, RedisStorage):
+        return
+
+    def unclaim(pipe: Any) -> None:  # noqa: ANN401 - a redis Pipeline
+        held = _claim_of(pipe.get(CLAIM_KEY))
+        pipe.multi()
+        if held is not None and held.get("install") == install:
+            pipe.delete(CLAIM_KEY)
+
+    storage.conn.transaction(unclaim, CLAIM_KEY)
+
+
+def _claim_of(raw: bytes | None) -> dict | None:
+    """A claim as :func:`claim_queue` wrote it; one it cannot read is another's."""
+    if raw is None:
+        return None
+    try:
+        said = json.loads(raw)
+    except ValueError:
+        said = None
+    return said if isinstance(said, dict) else {"host": "?"}
+
+
+def claim_problem(settings: Settings, held: dict) -> str:
+    """The words for a control refused a Redis database another control has claimed."""
+    return (
+        f"{queue_where(settings)}: another control process runs on this Redis database "
+        f"(on {held.get('host')}, pid {held.get('pid')}, state folder {held.get('state')}, "
+        f"its claim renewed at {held.get('at')}): the queue names are fixed, so each would take the "
+        "other's ticks, outcomes and review messages; give each state folder its own "
+        "database (the /N or ?db=N) or Redis. If that control has stopped, its claim "
+        f"lapses in {held.get('lapses_s', 0):.0f} s"
     )
 
 

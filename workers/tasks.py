@@ -46,6 +46,7 @@ from .queues import (
     FED_KEY,
     OUTCOME_PATIENCE_S,
     acknowledge,
+    claim_queue,
     mark_fed,
     other_feeder,
     queue_clock,
@@ -936,6 +937,15 @@ def tick() -> None:
 
 
 _unmarked = [False]  # said once: the key could not be written
+_install: list[int | None] = [None]  # the state folder's name this control claims under
+
+
+def claimed_as(install: int) -> None:
+    """The install this control claimed its Redis database for (run_control's start),
+    whose claim each tick renews."""
+    _install[0] = install
+
+
 _shared: set[tuple[object, object]] = set()  # the other controls said to feed this queue
 _marked_at: list[float | None] = [None]  # the queue's clock at this control's last mark
 
@@ -945,10 +955,20 @@ def _publish(control: Control) -> None:
     (for doctor --worker, and for a worker's start)."""
     settings = control.settings
     other = None
+    if _install[0] is not None:
+        try:
+            other = claim_queue(
+                the_app().control,
+                _install[0],
+                control.ws.state_dir,
+                settings.queue.reaper_seconds,
+            )
+        except Exception:  # noqa: BLE001 - unread: the mark below meets the same, and says it
+            other = None
     # Only a mark written over this control's own tells of another that runs: before its
     # first, the key may be that of the control it replaced (a rollout: a new container,
     # so a new host name, on the same state folder), fresh and never written again.
-    if _marked_at[0] is not None:
+    if other is None and _marked_at[0] is not None:
         try:
             other = other_feeder(the_app().control, control.ws.state_dir, since=_marked_at[0])
         except Exception:  # noqa: BLE001 - unread: the mark below meets the same, and says it

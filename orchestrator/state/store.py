@@ -12,6 +12,7 @@ import fcntl
 import itertools
 import json
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -654,6 +655,20 @@ class Store:
             ).fetchone()
             is not None
         )
+
+    def install_id(self) -> int:
+        """This state folder's own name, drawn at random the first time it is asked for
+        and kept: what a control claims a Redis database under (``queues.claim_queue``),
+        the same for a control replaced on another host (a rollout) and another for
+        another KB whatever its paths."""
+        with self.write():
+            self.conn.execute(
+                "INSERT OR IGNORE INTO counters VALUES ('install_id', ?)",
+                (secrets.randbits(62) + 1,),
+            )
+            return self.conn.execute(
+                "SELECT value FROM counters WHERE name = 'install_id'"
+            ).fetchone()[0]
 
     def acceptance_version(self) -> int:
         return self.conn.execute(
