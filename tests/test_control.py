@@ -315,11 +315,11 @@ def test_a_burned_out_fix_or_audit_is_retried_not_split_into_reviews(kb, kind):
     msg = sent.pop(0)
     verdict = "FAIL" if kind == "fix" else "PASS"
     output = _bundle(ws.store, job.review_job_id, verdict)
-    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
     control.dispatch()
     msg = sent.pop(0)
     assert msg["task"] == kind and len(msg["pairs"]) == 2
-    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "burned-out", "reasons": ["deadline"]})  # fmt: skip
+    control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "burned-out", "reasons": ["deadline"]})  # fmt: skip
     rows = ws.store.conn.execute(
         "SELECT kind, status FROM review_jobs WHERE id = ? OR parent_job_id = ?",
         (msg["job_id"], msg["job_id"]),
@@ -344,7 +344,7 @@ def test_a_job_no_agent_can_run_goes_to_a_person(kb):
     control.dispatch()
     msg = sent.pop(0)
     output = _bundle(ws.store, job.review_job_id, "FAIL")
-    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+    control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
     with ws.store.write():  # the fixer's profile is gone from reviewq.toml
         ws.store.conn.execute("UPDATE review_jobs SET reviewer = 'gone' WHERE kind = 'fix'")
     control.dispatch()
@@ -378,7 +378,7 @@ def test_a_sequential_sweep_does_not_ask_again_for_a_pair_just_answered_error(kb
             break
         msg = sent.pop(0)
         output = _bundle(ws.store, msg["job_id"], "ERROR")
-        control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
+        control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": output})  # fmt: skip
     jobs = ws.store.conn.execute("SELECT status, lens FROM review_jobs").fetchall()
     assert [tuple(r) for r in jobs] == [("completed", "prose")]  # style waits behind it
     ws.close()
@@ -1187,7 +1187,7 @@ def test_an_escalation_report_a_person_saved_in_another_encoding_is_still_listed
 
 def _outcome(ws, msg: dict, **extra) -> dict:
     return {
-        "v": 3,
+        "v": 4,
         "job_id": msg["job_id"],
         "attempt": msg["attempt"],
         "classification": "output",
@@ -1236,7 +1236,7 @@ def test_an_outcome_that_came_without_a_heartbeat_records_and_logs_the_start(kb,
     ws, control, sent = _dispatched(kb, ["alpha", "beta", "gamma"])
     quick, slow, together = sent
     # The slow attempt's worker sent the "launched" heartbeat; the quick one's did not.
-    beat = {"v": 3, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
+    beat = {"v": 4, "job_id": slow["job_id"], "attempt": 1, "worker": "near:7", "host": "near"}
     control.on_messages([{**beat, "launched": True}], [])
     control.on_messages([], [_outcome(ws, quick), _outcome(ws, slow, worker="near:7", host="near")])
     rows = {
@@ -1382,7 +1382,7 @@ def test_the_reaper_gives_a_silent_attempt_lease_and_timeout_and_a_running_one_a
     control = Control(ws, send_review=sent.append, now=lambda: clock[0], hooks=FollowUp(ws))
     assert control.dispatch() == 2
     silent, beating = sent
-    beat = {"v": 3, "job_id": beating["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    beat = {"v": 4, "job_id": beating["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
     clock[0] = t0 + timedelta(seconds=1)
     control.on_messages([{**beat, "launched": True}], [])
     timeout = ws.settings.reviewer("offline").timeout  # 120 s, far over the lease
@@ -1426,7 +1426,7 @@ def test_the_reaper_back_from_a_suspend_or_a_clock_step_waits_a_lease_for_the_ag
 
     def beat(msg: dict) -> None:
         control.on_messages(
-            [{"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}], []
+            [{"v": 4, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}], []
         )
 
     def after(seconds: float) -> None:
@@ -1474,7 +1474,7 @@ def test_a_control_slow_at_every_tick_still_gives_up_a_dead_workers_attempt(kb):
         clocks=lambda: (wall[0], boot[0]),
     )
     control.on_messages(
-        [{"v": 3, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}], []
+        [{"v": 4, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}], []
     )
     assert control.reap() == 0  # the worker dies after its first beat
     reaped = 0
@@ -1496,7 +1496,7 @@ def test_a_lost_attempt_names_the_worker_and_host_it_was_lost_on(kb):
     t0 = datetime.now(UTC)
     clock = [t0]
     ws, control, sent = _dispatched(kb, ["alpha"], now=lambda: clock[0])
-    beat = {"v": 3, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
+    beat = {"v": 4, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
     control.on_messages([{**beat, "launched": True}], [])
     clock[0] = t0 + timedelta(seconds=ws.settings.queue.lease_seconds + 2)
     assert control.reap() == 1
@@ -1582,7 +1582,7 @@ def test_a_worker_waiting_for_an_agent_slot_keeps_its_attempt_dispatched_and_ali
     clock = [t0]
     control.now = lambda: clock[0]
     lease = ws.settings.queue.lease_seconds
-    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": False}
+    beat = {"v": 4, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": False}
     for minute in range(1, 4):
         clock[0] = t0 + timedelta(seconds=minute * lease * 0.9)
         control.on_messages([{**beat, "waiting": True}], [])
@@ -1599,7 +1599,7 @@ def test_a_worker_waiting_for_an_agent_slot_keeps_its_attempt_dispatched_and_ali
 def test_a_first_heartbeat_records_the_launch_at_the_workers_time(kb):
     """The first beat comes a quarter lease after the launch and carries its time."""
     ws, control, sent = _dispatched(kb, ["alpha"])
-    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": True}
+    beat = {"v": 4, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w", "launched": True}
     control.on_messages([{**beat, "started_at": "2030-01-02T03:04:05.678Z"}], [])
     row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
     assert tuple(row) == ("running", "2030-01-02T03:04:05.678Z")
@@ -2224,7 +2224,7 @@ def test_any_heartbeat_says_the_agent_runs(kb):
     """The launch's own heartbeat lost (a queue busy for a moment), the later ones left the
     attempt 'dispatched': the reaper waited lease + timeout for an agent long running."""
     ws, control, sent = _dispatched(kb, ["alpha"])
-    beat = {"v": 3, "job_id": 1, "attempt": sent[0]["attempt"], "worker": "w", "host": "h"}
+    beat = {"v": 4, "job_id": 1, "attempt": sent[0]["attempt"], "worker": "w", "host": "h"}
     control.on_messages([{**beat, "launched": False}], [])
     row = ws.store.conn.execute("SELECT outcome, launched_at FROM attempts").fetchone()
     assert row[0] == "running" and row[1] is not None
@@ -2490,7 +2490,7 @@ def test_a_queued_job_is_not_run_by_a_profile_that_now_writes_another_partition(
     control.dispatch()
     for msg in sent:
         out = _pass_output(ws, msg["job_id"])
-        control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+        control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     partitions = [r[0] for r in ws.store.conn.execute("SELECT model_partition FROM acceptance")]
     assert "sonnet" not in partitions, "a review by the 'opus' profile was accepted as 'sonnet'"
     failed = ws.store.conn.execute(
@@ -2550,7 +2550,7 @@ def test_a_job_with_a_long_history_of_launch_failures_is_still_backed_off(kb):
         )
     assert control.dispatch() == 1
     msg = sent[0]
-    control.on_outcome({"v": 3, "job_id": job_id, "attempt": msg["attempt"], "classification": "launch-failure", "output": None, "reasons": ["could not start 'claude': No such file"]})  # fmt: skip
+    control.on_outcome({"v": 4, "job_id": job_id, "attempt": msg["attempt"], "classification": "launch-failure", "output": None, "reasons": ["could not start 'claude': No such file"]})  # fmt: skip
     row = ws.store.conn.execute(
         "SELECT status, launch_failures, not_before FROM review_jobs WHERE id = ?", (job_id,)
     ).fetchone()
@@ -2584,7 +2584,7 @@ def test_a_secret_an_agent_quotes_in_a_fail_never_reaches_the_escalation_report(
                 f"{start_line(note, gate)}\n- high: the note leaks {secret} in its body.\n"
                 f"## Result: FAIL\n{end_line(note, gate)}\n"
             ).encode()
-        control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+        control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     assert ws.store.conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 1
     stored = [r[0] for r in ws.store.conn.execute("SELECT rationale FROM review_pairs")]
     assert stored and not any(secret in (s or "") for s in stored)  # redacted here...
@@ -2610,7 +2610,7 @@ def test_a_negative_cost_from_a_worker_is_nobodys_spend(kb):
     msg = sent.pop(0)
     out = _pass_output(ws, msg["job_id"])
     telemetry = {"cost_usd": -0.6, "input_tokens": -5, "output_tokens": 7, "num_turns": 1}
-    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out, "telemetry": telemetry})  # fmt: skip
+    control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out, "telemetry": telemetry})  # fmt: skip
     row = ws.store.conn.execute(
         "SELECT cost_usd, input_tokens, output_tokens FROM attempts"
     ).fetchone()
@@ -2636,7 +2636,7 @@ def test_an_audit_queued_before_its_auditor_changed_partition_still_runs(kb):
     control.dispatch()
     msg = sent.pop(0)
     out = _pass_output(ws, msg["job_id"])
-    control.on_outcome({"v": 3, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
+    control.on_outcome({"v": 4, "job_id": msg["job_id"], "attempt": msg["attempt"], "classification": "output", "output": out})  # fmt: skip
     audit = ws.store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'audit'").fetchone()
     ws.store.close()
     kb.write("reviewq.toml", conf.format(aud="a2"))  # the auditor moves to another model
@@ -2676,7 +2676,7 @@ def test_status_says_whether_a_control_runs_and_when_a_worker_was_last_heard_fro
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(lock, b"4242")
         first, second = sent
-        beat = {"v": 3, "job_id": first["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
+        beat = {"v": 4, "job_id": first["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
         control.on_messages([{**beat, "launched": True}], [])
         data = json.loads(run_cli("status", "--json").stdout)
         assert data["control"] == {"pid": 4242, "shared": None}
@@ -2961,7 +2961,7 @@ def test_a_review_message_a_worker_refused_for_its_version_is_sent_again_at_once
 
     ws, control, sent = _dispatched(kb, ["alpha"])
     (msg,) = sent
-    notice = {"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "far:42",
+    notice = {"v": 4, "job_id": msg["job_id"], "attempt": 1, "worker": "far:42",
               "host": "far", "refused_version": 2}  # fmt: skip
     tasks.install_control(control)
     tasks.deliver_outcome(notice)
@@ -2975,7 +2975,7 @@ def test_a_review_message_a_worker_refused_for_its_version_is_sent_again_at_once
 
     # Told again (a second worker refused a copy), or of an attempt that runs: nothing lost.
     tasks.deliver_outcome(notice)
-    beat = {"v": 3, "job_id": msg["job_id"], "attempt": 2, "worker": "near:7", "host": "near"}
+    beat = {"v": 4, "job_id": msg["job_id"], "attempt": 2, "worker": "near:7", "host": "near"}
     control.on_messages([{**beat, "launched": True}], [])
     tasks.deliver_outcome({**notice, "attempt": 2})
     outcomes = ws.store.conn.execute(
@@ -3004,22 +3004,22 @@ def test_a_review_message_an_earlier_release_left_is_not_said_to_need_a_release_
     from workers import tasks
 
     said = messages.refusal("review", {"v": 2, "job_id": 5, "attempt": 1})["reason"]
-    assert said.startswith("a review message of version 2, this reviewq speaks 3: ")
+    assert said.startswith("a review message of version 2, this reviewq speaks 4: ")
     assert "run the same reviewq release" not in said
     assert "left on the queue by an upgrade" in said and "sends the attempt again at once" in said
     # A later release's message still asks for one release (this worker is the old one).
-    assert "run the same reviewq release" in messages.refusal("review", {"v": 4})["reason"]
+    assert "run the same reviewq release" in messages.refusal("review", {"v": 5})["reason"]
 
     ws, control, sent = _dispatched(kb, ["alpha"])
     (msg,) = sent
     tasks.install_control(control)
-    tasks.deliver_outcome({"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1",
+    tasks.deliver_outcome({"v": 4, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1",
                            "host": "w", "refused_version": 2})  # fmt: skip
     (reasons,) = ws.store.conn.execute(
         "SELECT reasons FROM attempts WHERE job_id = ? AND attempt = 1", (msg["job_id"],)
     ).fetchone()
     assert "run one reviewq release everywhere" not in reasons
-    assert "left on the queue by an upgrade" in reasons and "in version 3" in reasons
+    assert "left on the queue by an upgrade" in reasons and "in version 4" in reasons
     ws.close()
 
 
@@ -3039,7 +3039,7 @@ def test_status_names_a_worker_of_another_release_whose_messages_are_refused(kb,
     out = run_cli("status").stdout.splitlines()
     (line,) = [x for x in out if x.startswith("refused: ")]
     assert "a worker of another release, the last at " in line
-    assert "(old:7 on old: a heartbeat message of version 2, this reviewq speaks 3)" in line
+    assert "(old:7 on old: a heartbeat message of version 2, this reviewq speaks 4)" in line
     assert "its agents are not counted above: run one reviewq release everywhere" in line
     assert out.index(line) == 1 + next(i for i, x in enumerate(out) if x.startswith("workers:"))
 
@@ -3080,7 +3080,7 @@ def test_status_finds_a_refusal_written_after_a_damaged_line(kb, run_cli):
     line = json.dumps(
         {**messages.refusal("heartbeat", beat), "event": "message.refused", "timestamp": utcnow()}
     ).encode()
-    said = "(old:7 on old: a heartbeat message of version 2, this reviewq speaks 3)"
+    said = "(old:7 on old: a heartbeat message of version 2, this reviewq speaks 4)"
     log = ws.state_dir / "logs" / "reviewq.jsonl"
     with open(log, "ab") as f:
         f.write(b'{"timestamp": "2026-11-27T10:00:00.000000Z", "level": "info", "ev' + line + b"\n")
@@ -3119,7 +3119,7 @@ def test_status_does_not_name_a_worker_for_the_outcomes_an_upgrade_left_on_the_q
     with open(log, "a") as f:  # a worker of that release still running: its next beat
         f.write(refused("heartbeat", 45) + "\n")
     assert (
-        "(vm:7 on vm: a heartbeat message of version 2, this reviewq speaks 3)"
+        "(vm:7 on vm: a heartbeat message of version 2, this reviewq speaks 4)"
         in run_cli("status").stdout
     )
     # One with no agent refuses this release's review messages, and its notice of that is
@@ -3127,7 +3127,7 @@ def test_status_does_not_name_a_worker_for_the_outcomes_an_upgrade_left_on_the_q
     old["refused_version"] = 3
     log.write_text(f"{started}\n{refused('outcome', 0.2)}\n")
     assert (
-        "(vm:7 on vm: an outcome message of version 2, this reviewq speaks 3)"
+        "(vm:7 on vm: an outcome message of version 2, this reviewq speaks 4)"
         in run_cli("status").stdout
     )
     ws.close()
@@ -3186,7 +3186,7 @@ def test_a_heartbeat_from_an_attempt_given_up_as_lost_asks_its_worker_to_stop(kb
 
     ws, control, sent = _dispatched(kb, ["alpha"])
     control.stops = _Stops()
-    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    beat = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
     control.on_messages([{**beat, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
     assert control.stops.asked == []  # a live attempt beats as it should
     control.now = lambda: datetime(2099, 1, 1, tzinfo=UTC)  # its lease long past
@@ -3210,7 +3210,7 @@ def test_a_stop_request_set_by_a_beat_after_its_attempts_outcome_is_swept(kb):
 
     ws, control, sent = _dispatched(kb, ["alpha"])
     control.stops = _Stops()
-    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    beat = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
     control.on_messages([{**beat, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
     now = datetime(2099, 1, 1, tzinfo=UTC)
     control.now = lambda: now  # its lease long past
@@ -3235,7 +3235,7 @@ def test_a_second_agent_of_an_attempt_already_acted_on_is_asked_to_stop(kb):
     request; its outcome takes the request off the queue."""
     ws, control, sent = _dispatched(kb, ["alpha"])
     control.stops = _Stops()
-    first = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    first = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
     control.on_messages([{**first, "launched": True, "started_at": "2026-01-01T00:00:00Z"}], [])
     control.on_messages([], [_outcome(ws, sent[0])])
     assert ws.store.conn.execute("SELECT outcome FROM attempts").fetchone()[0] == "finalized"
@@ -3279,7 +3279,7 @@ def test_a_waiting_beat_from_an_attempt_given_up_as_lost_asks_no_stop(kb):
 
     ws, control, sent = _dispatched(kb, ["alpha"])
     control.stops = _Stops()
-    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
+    beat = {"v": 4, "job_id": 1, "attempt": 1, "worker": "far:1", "host": "far"}
     control.on_messages([{**beat, "launched": False, "waiting": True}], [])
     control.now = lambda: datetime(2099, 1, 1, tzinfo=UTC)  # its lease long past
     assert control.reap() == 1
@@ -3490,3 +3490,57 @@ def test_the_follow_ups_of_a_completed_job_take_what_finalize_read_and_decided(k
     row = ws.store.conn.execute("SELECT status FROM review_jobs").fetchone()
     assert row[0] == "completed"
     ws.store.close()
+
+
+def test_a_stale_reap_notice_undoes_no_outcome_and_no_other_workers_attempt(kb):
+    """A starting worker's reap notice (it killed a dead worker's agent) loses the attempt
+    at once, but only while that attempt is current, dispatched or running, and last
+    heard of from the dead worker: a notice about an attempt whose outcome came first (a
+    worker killed after it sent it) or that another worker took up since must change
+    nothing, or a finished job ran again and a live agent's work was thrown away."""
+    ws, control, sent = _dispatched(kb, ["alpha", "beta", "gamma"])
+    ids = [m["job_id"] for m in sent]
+
+    def beat(job_id: int, worker: str) -> None:
+        b = {
+            "v": 4,
+            "job_id": job_id,
+            "attempt": 1,
+            "worker": worker,
+            "host": "h",
+            "launched": True,
+        }
+        control.on_messages([b], [])
+
+    def notice(job_id: int) -> None:
+        control.on_outcome(
+            {"v": 4, "job_id": job_id, "attempt": 1, "worker": "h:2", "host": "h", "reaped": "h:1"}
+        )
+
+    def state(job_id: int) -> tuple:
+        return tuple(
+            ws.store.conn.execute(
+                "SELECT j.status, j.attempt, a.outcome FROM review_jobs j JOIN attempts a "
+                "ON a.job_id = j.id AND a.attempt = 1 WHERE j.id = ?",
+                (job_id,),
+            ).fetchone()
+        )
+
+    ended, moved, dead = ids
+    for job_id in ids:
+        beat(job_id, "h:1")
+    output = _bundle(ws.store, ended, "PASS")
+    control.on_outcome({"v": 4, "job_id": ended, "attempt": 1, "classification": "output", "output": output})  # fmt: skip
+    beat(moved, "h:3")  # its message put back, and taken by another worker
+    before = {job_id: state(job_id) for job_id in (ended, moved)}
+    for job_id in ids:
+        notice(job_id)
+    assert {job_id: state(job_id) for job_id in (ended, moved)} == before
+    assert before[ended][0] == "completed" and before[moved] == ("running", 1, "running")
+    assert state(dead) == ("queued", 1, "lost")
+    assert {e["job_id"] for e in _events(ws, "attempt.reap_stale")} == {ended, moved}
+    (lost,) = _events(ws, "attempt.lost")
+    assert lost["job_id"] == dead and "reaped its agent" in lost["reason"]
+    notice(dead)  # told twice (a redelivered message): no second loss
+    assert state(dead) == ("queued", 1, "lost") and len(_events(ws, "attempt.lost")) == 1
+    ws.close()

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -289,13 +290,13 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
         ("outcome", 1),
         ("heartbeat", 1),
     ]
-    assert all(e["expected"] == 3 and "release" in e["reason"] for e in refused)
+    assert all(e["expected"] == messages.VERSION and "release" in e["reason"] for e in refused)
     assert refused[0]["job_id"] == job.review_job_id
     # The worker told the control of each review message it refused, in its own version:
     # the control's log said only "attempt.lost" a lease later.
     assert [(task, m["v"], m["job_id"], m["refused_version"]) for task, m in told] == [
-        ("deliver_outcome", 3, job.review_job_id, 1),
-        ("deliver_outcome", 3, job.review_job_id, 2),
+        ("deliver_outcome", messages.VERSION, job.review_job_id, 1),
+        ("deliver_outcome", messages.VERSION, job.review_job_id, 2),
     ]
     assert told[0][1]["worker"] == tasks.WORKER_ID and told[0][1]["host"] == tasks.HOST
     ws.close()
@@ -310,11 +311,15 @@ def test_the_control_names_the_worker_whose_message_of_another_version_it_refuse
     ws = Workspace.open(kb.root)
     logs.configure(ws.state_dir)
     monkeypatch.setattr(tasks, "_control", object())  # nothing past the refusal runs
-    notice = {"v": 4, "job_id": 7, "attempt": 2, "worker": "far:42", "host": "far",
-              "refused_version": 3}  # fmt: skip
+    notice = {"v": messages.VERSION + 1, "job_id": 7, "attempt": 2, "worker": "far:42",
+              "host": "far", "refused_version": messages.VERSION}  # fmt: skip
     tasks.deliver_outcome(notice)
     (line,) = [e for e in log_lines(kb) if e["event"] == "message.refused"]
-    assert (line["message"], line["version"], line["expected"]) == ("outcome", 4, 3)
+    assert (line["message"], line["version"], line["expected"]) == (
+        "outcome",
+        messages.VERSION + 1,
+        messages.VERSION,
+    )
     assert (line["job_id"], line["attempt"], line["worker"], line["host"]) == (
         7,
         2,
@@ -365,8 +370,8 @@ def _three_outcomes_waiting(kb, monkeypatch, request, queue):  # noqa: ANN202
             f"{start_line(pair['note_path'], pair['gate_path'])}\nSummary: ok.\nFindings:\n- none\n"
             f"## Result: PASS\n{end_line(pair['note_path'], pair['gate_path'])}\n"
         )
-        send("attempt_heartbeat", {"v": 3, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
-        send("deliver_outcome", {"v": 3, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
+        send("attempt_heartbeat", {"v": 4, "job_id": msg["job_id"], "attempt": 1, "worker": "w:1", "host": "w", "launched": True})  # fmt: skip
+        send("deliver_outcome", {"v": 4, "job_id": msg["job_id"], "attempt": 1, "classification": "output", "output": output.encode(), "files": {}})  # fmt: skip
     assert app.control.pending_count() == 6
     return ws, app, control, batches
 
@@ -427,7 +432,7 @@ def test_a_control_task_lets_the_messages_behind_its_own_gather(kb, monkeypatch,
 
     def gathering():
         slept.append(tasks.GATHER_S)  # a heartbeat comes meanwhile
-        send("attempt_heartbeat", {"v": 3, "job_id": job_id, "attempt": 1, "worker": "w:1", "host": "w"})  # fmt: skip
+        send("attempt_heartbeat", {"v": 4, "job_id": job_id, "attempt": 1, "worker": "w:1", "host": "w"})  # fmt: skip
 
     monkeypatch.setattr(tasks, "_let_gather", gathering)
     app.control.execute(app.control.dequeue())
@@ -583,7 +588,7 @@ def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
             "UPDATE attempts SET outcome = 'running', ended_at = NULL WHERE job_id = ?", (job_id,)
         )
         ws.store.conn.execute("DELETE FROM acceptance")
-    send("deliver_outcome", {"v": 3, "job_id": job_id, "attempt": 1, "classification": "burned-out", "files": {}})  # fmt: skip
+    send("deliver_outcome", {"v": 4, "job_id": job_id, "attempt": 1, "classification": "burned-out", "files": {}})  # fmt: skip
 
     class Killed(BaseException):
         pass
@@ -610,7 +615,7 @@ def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
 
 
 REVIEW_MSG = {
-    "v": 3, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
+    "v": 4, "job_id": 7, "attempt": 2, "task": "review", "reviewer": "fake",
     "prompt": "p", "pairs": [], "output_name": "bundle-output.md", "guarded": [],
     "trees": [], "timeout_s": 5, "lease_s": 2, "heartbeat_s": 0.5,
     "max_output_bytes": 1000,
@@ -1073,7 +1078,7 @@ def test_a_dispatch_nudge_taken_into_a_batch_of_heartbeats_still_dispatches(kb, 
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     app = make_app(ws.settings)
     monkeypatch.setattr(tasks, "_control", control)
-    beat = {"v": 3, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
+    beat = {"v": 4, "job_id": sent[0]["job_id"], "attempt": 1, "worker": "w:1", "host": "w"}
     send("attempt_heartbeat", beat)  # the process's first message, which runs alone
     app.control.execute(app.control.dequeue())
     send("attempt_heartbeat", {**beat, "launched": True})
@@ -1101,7 +1106,7 @@ def test_a_control_process_runs_its_first_message_alone(kb, monkeypatch):
     control = Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws))
     assert control.dispatch() == 1
     monkeypatch.setattr(tasks, "_control", control)
-    beat = {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"}
+    beat = {"v": 4, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"}
     app = make_app(ws.settings)
     for _ in range(3):
         send("attempt_heartbeat", beat)
@@ -1403,7 +1408,7 @@ def test_a_failed_control_task_stays_on_the_queue_until_its_retry_is_written(kb,
     ws = Workspace.open(kb.root)
     monkeypatch.setattr(tasks, "_control", Locked())
     app = make_app(ws.settings)
-    send("attempt_heartbeat", {"v": 3, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"})
+    send("attempt_heartbeat", {"v": 4, "job_id": 1, "attempt": 1, "worker": "w:1", "host": "w"})
 
     def dies(data, ts):
         raise Killed
@@ -2011,3 +2016,66 @@ def test_a_hostile_workers_ranges_redact_no_more_than_their_bound_in_linear_time
     secrets = logs.spanned(data, spans)
     assert len(secrets) == logs.MAX_SPANNED and all(len(s) == 6 for s in secrets)
     assert "ééé" not in "".join(secrets)
+
+
+def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_reaped(
+    kb, tmp_path, redis_url
+):
+    """A worker SIGKILLed with its agent running, started again: its reap at start found
+    and killed the dead one's agent, and said so in its own log alone. The control waited
+    a lease without a heartbeat (minutes for a real agent; 300 s here) before it ran the
+    job again. The new worker tells it, and the attempt is lost and sent again at once,
+    the story in the control's `logs --job`; the one pair accepted once."""
+    from .conftest import process_gone
+    from .test_queue_integration import _await_logged, await_fifo, make_fifo
+
+    small(kb, notes=1)
+    kb.write(
+        "reviewq.toml",
+        fake_profile(timeout='"600s"')
+        + f'[queue]\nurl = "{redis_url}"\nlease_seconds = 300\nreaper_seconds = 0.5\n'
+        "launch_backoff_seconds = 0.05\npoll_seconds = 0.02\n",
+    )
+    fifo = make_fifo(tmp_path, "started")
+    env = {"FAKE_MODE_1": "hang", "FAKE_MODE": "good", "FAKE_NOTIFY_FIFO": str(fifo)}
+    worker, _ = start_worker(tmp_path, redis_url, env)
+    sweep = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "sweep", "--reviewer", "fake", "--workers", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    agent = None
+    try:
+        agent, worker_pid, attempt = map(int, await_fifo(fifo).split())
+        assert (worker_pid, attempt) == (worker.pid, 1)
+        _await_logged(kb, "attempt.started")  # its first heartbeat: running, by that worker
+        worker.kill()
+        worker.wait(timeout=10)
+        os.unlink(fifo)  # the next attempt need not report
+        worker, _ = start_worker(tmp_path, redis_url, env)
+        out, err = sweep.communicate(timeout=60)  # far less than the lease
+        orphan_gone = process_gone(agent)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+        stop(worker)
+        if agent is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent, signal.SIGKILL)
+    assert sweep.returncode == 0, err
+    assert orphan_gone
+    with db(kb) as conn:
+        outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
+        (reasons,) = conn.execute("SELECT reasons FROM attempts WHERE attempt = 1").fetchone()
+        acc = conn.execute("SELECT count(*) FROM acceptance").fetchone()[0]
+    assert sorted(outcomes) == [(1, "lost"), (2, "finalized")] and acc == 1
+    dead = f"{socket.gethostname()}:{worker_pid}"
+    (reason,) = json.loads(reasons)
+    assert (
+        reason.startswith(f"its worker {dead} died; the worker ") and "reaped its agent" in reason
+    )
+    story = rq(kb, "logs", "--job", "1").stdout
+    lost = [x for x in story.splitlines() if "attempt.lost" in x]
+    assert len(lost) == 1 and "reaped its agent" in lost[0], story

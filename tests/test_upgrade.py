@@ -163,7 +163,7 @@ def test_the_line_refusing_an_older_releases_outcome_reads_as_a_sentence():
     from orchestrator.control.messages import refusal
 
     assert refusal("outcome", {"v": 2, "job_id": 5, "attempt": 1})["reason"].startswith(
-        "an outcome message of version 2, this reviewq speaks 3: "
+        "an outcome message of version 2, this reviewq speaks 4: "
     )
     assert refusal("heartbeat", {"v": 2})["reason"].startswith("a heartbeat message of version 2")
 

@@ -1190,6 +1190,8 @@ def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIG
 class Reaped(NamedTuple):
     killed: list[int]  # the agents' process groups
     running: list[int]  # their processes still running after a bounded wait
+    # (job_id, attempt, worker: HOST:PID) of each attempt whose worker died, for the control
+    orphaned: list[tuple[int, int, str]] = []
 
 
 def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
@@ -1198,6 +1200,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     them to end. With ``said`` (why they were left), any killed are logged as
     ``worker.reaped_orphans``."""
     killed, gone, scratches, folders, reaped = [], [], [], [], []
+    orphaned: list[tuple[int, int, str]] = []
     folder = registry_dir(state_dir)
     entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -1264,6 +1267,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
             # attempts were queued again, maybe to a worker sharing this folder: kept,
             # and so is one that worker holds, taking one up that a dead one queued.)
             folders.append(attempt_folder(state_dir, *key).name)
+            orphaned.append((*key, f"{socket.gethostname()}:{entry['worker_pid']}"))
         reaped.append(path)
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
@@ -1278,7 +1282,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         _remove_unheld(state_dir, folders)
     if killed and said:
         logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
-    return Reaped(killed, running)
+    return Reaped(killed, running, orphaned)
 
 
 def read_tail(path: Path, limit: int) -> bytes:

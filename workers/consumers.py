@@ -200,7 +200,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     app = make_app(settings)
     check_server(app.review, settings)  # a replica or an ACL that refuses its writes
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
-    reap_orphans(folder, said="their worker died")
+    tasks.tell_reaped(reap_orphans(folder, said="their worker died").orphaned)
     if left := remove_unclaimed(folder):
         logs.get().info("worker.removed_attempt_folders", folders=left)
     if folder != settings.state_dir:

@@ -467,6 +467,37 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STOPPED_CODES = {0} | {-s for s in _STOP_SIGNALS} | {128 + s for s in _STOP_SIGNALS}
 
 
+# How long a starting worker tries to tell the control of a dead worker's attempts:
+# past that, the control's reaper gives each up a lease after its last heartbeat.
+REAPED_PATIENCE_S = 10.0
+
+
+def tell_reaped(orphaned: list[tuple[int, int, str]]) -> None:
+    """Tell the control of the attempts whose worker died and whose agents this starting
+    worker reaped (a reap notice, CONTRACT §6): each is lost and run again at once, where
+    the control would have waited a lease (minutes for a real agent) without a beat."""
+    for job_id, attempt, dead in orphaned:
+        notice = {
+            "v": messages.VERSION,
+            "job_id": job_id,
+            "attempt": attempt,
+            "worker": WORKER_ID,
+            "host": HOST,
+            "reaped": dead,
+        }
+        try:
+            send("deliver_outcome", notice, patience_s=REAPED_PATIENCE_S)
+        except Exception as exc:  # noqa: BLE001 - the reaper's lease makes good the loss
+            logs.get().warning(
+                "worker.reap_unsent",
+                job_id=job_id,
+                attempt=attempt,
+                reaped=dead,
+                error=f"{type(exc).__name__}: {exc}",
+                recovery="the control gives the attempt up a lease after its last heartbeat",
+            )
+
+
 def stopped_with(outcome: AttemptOutcome) -> bool:
     """Whether the agent ended with no output by a stop signal sent to this worker too.
     The signal may reach the worker a moment after its agent (systemd signals the main

@@ -741,6 +741,36 @@ class Control:
         lose(self.store, job_id, attempt, reason)
         self.store.after_commit(lambda: log("attempt.lost", reviewer=row["reviewer"]))
 
+    def _reaped_by_worker(self, o: dict) -> None:
+        """A worker starting on a host where one died found that one's agent of an attempt
+        and stopped it (its reap): no heartbeat or outcome of it will come. Still the
+        job's current attempt, still dispatched or running, and last heard of from the
+        dead worker (or not yet from any), it is lost now and its job sent again, not a
+        lease later. A notice that comes after the attempt ended (its outcome was queued
+        before the worker died) or after another worker took it up (a message put back)
+        changes nothing."""
+        job_id, attempt, dead = o.get("job_id"), o.get("attempt"), o.get("reaped")
+        reason = f"its worker {dead} died; the worker {o.get('worker')} that followed it reaped its agent"
+        row = self.store.conn.execute(
+            _REAPABLE + " AND a.job_id = ? AND a.attempt = ? "
+            "AND a.outcome IN ('dispatched', 'running') AND (a.worker IS NULL OR a.worker = ?)",
+            (job_id, attempt, dead),
+        ).fetchone()
+        log = functools.partial(
+            self.log.warning, job_id=job_id, attempt=attempt, worker=dead,
+            host=o.get("host"), reason=reason,
+        )  # fmt: skip
+        if row is None:
+            self.store.after_commit(
+                lambda: log(
+                    "attempt.reap_stale", recovery="the attempt had ended or moved on: kept"
+                )
+            )
+            return
+        lose(self.store, job_id, attempt, reason)
+        self.store.after_commit(lambda: log("attempt.lost", reviewer=row["reviewer"]))
+        self._fail_if_lost_too_often(job_id, row["reviewer"], reason)
+
     def _keep_attempt_files(self, o: dict) -> None:
         """The worker's report of the attempt into ``attempt-N/``, where `reviewq job`, the
         manual flow and people look: written before the transaction, as the agent itself
@@ -783,6 +813,9 @@ class Control:
     def _on_outcome(self, o: dict) -> None:
         if "refused_version" in o:
             self._refused_by_worker(o)
+            return
+        if "reaped" in o:
+            self._reaped_by_worker(o)
             return
         job_id, attempt = o["job_id"], o["attempt"]
         # A worker elsewhere may not know this machine's secrets; nothing stored quotes them.
@@ -1179,26 +1212,33 @@ class Control:
                 reason=lost_reason,
                 **where,
             )
-            lost = self.store.conn.execute(
-                "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
-                "AND launched_at IS NOT NULL",
-                (r["job_id"],),
-            ).fetchone()[0]
-            if lost >= 2 * self.settings.queue.max_attempts:
-                # An agent that takes its worker down every time would otherwise retry forever.
-                # Only launched attempts count: one no worker picked up (none running all
-                # night), or one a worker took and dropped (another release's, or past its
-                # expiry), says nothing of the job, and must not fail it by morning.
-                reasons = [f"{lost} attempts lost their worker (the last: {lost_reason})"]
-                with self.store.write():
-                    fail_job(self.store, self.ws.state_dir, r["job_id"], reasons)
-                    if self.hooks is not None:
-                        self.hooks.after_failed(r["job_id"], reasons)
-                self.log.error(
-                    "job.failed", job_id=r["job_id"], reviewer=r["reviewer"], reasons=reasons
-                )
+            self._fail_if_lost_too_often(r["job_id"], r["reviewer"], lost_reason)
         self._sweep_stops(now)
         return reaped
+
+    def _fail_if_lost_too_often(self, job_id: int, reviewer: str, lost_reason: str) -> None:
+        """Fail a job whose attempts keep losing their worker: an agent that takes its
+        worker down every time would otherwise retry forever. Only launched attempts
+        count: one no worker picked up (none running all night), or one a worker took and
+        dropped (another release's, or past its expiry), says nothing of the job, and must
+        not fail it by morning."""
+        lost = self.store.conn.execute(
+            "SELECT count(*) FROM attempts WHERE job_id = ? AND outcome = 'lost' "
+            "AND launched_at IS NOT NULL",
+            (job_id,),
+        ).fetchone()[0]
+        if lost < 2 * self.settings.queue.max_attempts:
+            return
+        reasons = [f"{lost} attempts lost their worker (the last: {lost_reason})"]
+        with self.store.write():
+            fail_job(self.store, self.ws.state_dir, job_id, reasons)
+            if self.hooks is not None:
+                self.hooks.after_failed(job_id, reasons)
+        self.store.after_commit(
+            functools.partial(
+                self.log.error, "job.failed", job_id=job_id, reviewer=reviewer, reasons=reasons
+            )
+        )
 
     def _away(self, now: datetime) -> None:
         """Look for an absence of this process since its last reap longer than a tick and

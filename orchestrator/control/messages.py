@@ -7,7 +7,8 @@ does nothing else with it. Nothing is lost by that: a refused review leaves its 
 it as lost and dispatches it again, for a worker of the matching version to take; such
 an attempt was never launched, so it does not count toward failing its job.
 
-Shapes (version 3; version 2 sent a heartbeat as each agent started, which the control
+Shapes (version 4; version 3 had no reap notice, which its control took for an outcome and
+failed on; version 2 sent a heartbeat as each agent started, which the control
 process relied on to tell a worker's attempts from messages still waiting, and had no
 ``waiting`` beat; version 1 was the shape before workers held nothing, without ``v``):
 
@@ -53,6 +54,11 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   ``dispatched`` carries its start: the control process records ``worker`` and
   ``started_at`` (as ``launched_at``) and logs ``attempt.started`` from it, as from a
   first heartbeat.
+- reap notice (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
+  ``worker``, ``host`` (the sender), ``reaped`` (host:pid of the dead worker): a worker
+  starting on a host killed a dead worker's agent of that attempt. The control loses the
+  attempt at once and dispatches the job again if it is still current, dispatched or
+  running, and last heard of from that worker or none; otherwise nothing changes.
 - refusal notice (worker → control, ``deliver_outcome``): ``v`` (the worker's),
   ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``: the worker refused
   that attempt's review message for its version. A control of the worker's version
@@ -66,7 +72,7 @@ recording the start from it did not change the version.
 
 from __future__ import annotations
 
-VERSION = 3
+VERSION = 4
 LOG_TAIL_BYTES = 64 * 1024  # of stdout.log and stderr.log each, in an outcome
 TELEMETRY_BYTES = 1024 * 1024
 # The only names an outcome's files may have: a worker never chooses a path here.
