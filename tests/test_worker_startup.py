@@ -1040,6 +1040,27 @@ def _log_events(k, event: str) -> list[dict]:
     return [json.loads(x) for x in lines if f'"{event}"' in x]
 
 
+def test_a_control_whose_acl_refuses_the_claim_runs_unclaimed_and_says_so(kb, tmp_path):
+    """The claim of a control's Redis database (WATCH, then SET of `reviewq.control.claim`)
+    refused by an ACL stricter than OPERATIONS gives: a traceback at the control's start
+    kept it from running at all, where every queue command it needs is allowed."""
+    acl = (*ACL_USER, "app", "on", f">{PASSWORD}", "~huey.*", "~reviewq.*", "+@all")
+    with redis_server(tmp_path, *acl, "-@dangerous", "-watch") as url:
+        url = _with_credentials(url, f"app:{PASSWORD}")
+        control = _start_control(kb, url)
+        try:
+            deadline = time.monotonic() + 30
+            while not _log_events(kb, "control.started"):
+                assert time.monotonic() < deadline and control.poll() is None, control.poll()
+                time.sleep(0.1)
+        finally:
+            _stop(control)
+    assert control.returncode == 0
+    (said,) = _log_events(kb, "queue.unclaimed")
+    assert "NOPERM" in said["error"] or "permission" in said["error"].lower(), said
+    assert PASSWORD not in json.dumps(said)
+
+
 def test_a_second_control_on_one_redis_database_is_refused_at_once(kb, tmp_path, redis_url):
     """Two KBs (two state folders) given one Redis database: the queue names are fixed, so
     the second control took the first's ticks (the first then said a false

@@ -37,6 +37,7 @@ from .attempt import (
 )
 from .parent import follow_parent
 from .queues import (
+    CLAIM_KEY,
     Consumer,
     StopRequests,
     ThreadEnvironment,
@@ -408,6 +409,15 @@ def run_control(ws: Workspace) -> None:
         held = claim_queue(app.control, install, ws.state_dir, settings.queue.reaper_seconds)
     except queues.QUEUE_UNAVAILABLE:
         held = None  # Redis not up yet: the first tick claims it, or says whose it is
+    except Exception as exc:  # noqa: BLE001 - an ACL without WATCH or the key: run as before
+        held = None
+        logs.get().warning(
+            "queue.unclaimed",
+            key=CLAIM_KEY,
+            error=str(exc),
+            reason="another KB's control started on this database is not refused at its start; "
+            "allow the key and WATCH",
+        )
     if held is not None:
         raise ConfigError(claim_problem(settings, held))
     tasks.claimed_as(install)
