@@ -3543,4 +3543,14 @@ def test_a_stale_reap_notice_undoes_no_outcome_and_no_other_workers_attempt(kb):
     assert lost["job_id"] == dead and "reaped its agent" in lost["reason"]
     notice(dead)  # told twice (a redelivered message): no second loss
     assert state(dead) == ("queued", 1, "lost") and len(_events(ws, "attempt.lost")) == 1
+    # A message is data: a dead worker named by anything but a string loses nothing.
+    control.dispatch()
+    odd = {"v": 4, "job_id": dead, "attempt": 2, "worker": "h:2", "host": "h", "reaped": [1]}
+    control.on_outcome(odd)
+    assert (
+        ws.store.conn.execute(
+            "SELECT outcome FROM attempts WHERE job_id = ? AND attempt = 2", (dead,)
+        ).fetchone()[0]
+        == "dispatched"
+    )
     ws.close()

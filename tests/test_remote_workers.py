@@ -2079,3 +2079,23 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     story = rq(kb, "logs", "--job", "1").stdout
     lost = [x for x in story.splitlines() if "attempt.lost" in x]
     assert len(lost) == 1 and "reaped its agent" in lost[0], story
+
+
+def test_a_starting_worker_whose_queue_is_down_says_the_reaped_attempts_once(tmp_path, monkeypatch):
+    """The reap notices go before the worker's start: with the queue down, each waited its
+    own patience (10 s) and said its own line; the first failure now says them all, once."""
+    from workers import tasks
+
+    logs.configure(tmp_path)
+    tries: list[tuple] = []
+
+    def down(*args, **_kw) -> None:
+        tries.append(args)
+        raise ConnectionError("Redis is restarting")
+
+    monkeypatch.setattr(tasks, "send", down)
+    tasks.tell_reaped([(7, 1, "h:10"), (8, 2, "h:10"), (9, 1, "h:11")])
+    assert len(tries) == 1
+    lines = [json.loads(x) for x in (tmp_path / "logs/reviewq.jsonl").read_text().splitlines()]
+    (said,) = [e for e in lines if e["event"] == "worker.reap_unsent"]
+    assert said["attempts"] == [[7, 1], [8, 2], [9, 1]] and said["reaped"] == ["h:10", "h:11"]

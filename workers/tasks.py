@@ -474,9 +474,11 @@ REAPED_PATIENCE_S = 10.0
 
 def tell_reaped(orphaned: list[tuple[int, int, str]]) -> None:
     """Tell the control of the attempts whose worker died and whose agents this starting
-    worker reaped (a reap notice, CONTRACT §6): each is lost and run again at once, where
-    the control would have waited a lease (minutes for a real agent) without a beat."""
-    for job_id, attempt, dead in orphaned:
+    worker reaped (a reap notice, :mod:`orchestrator.control.messages`): each is lost and
+    run again at once, where the control would have waited a lease (minutes for a real
+    agent) without a beat. A queue that does not take one takes none of the rest either:
+    said once for them all, and the worker goes on to its start."""
+    for i, (job_id, attempt, dead) in enumerate(orphaned):
         notice = {
             "v": messages.VERSION,
             "job_id": job_id,
@@ -490,12 +492,12 @@ def tell_reaped(orphaned: list[tuple[int, int, str]]) -> None:
         except Exception as exc:  # noqa: BLE001 - the reaper's lease makes good the loss
             logs.get().warning(
                 "worker.reap_unsent",
-                job_id=job_id,
-                attempt=attempt,
-                reaped=dead,
+                attempts=[[j, a] for j, a, _ in orphaned[i:]],
+                reaped=sorted({w for _, _, w in orphaned[i:]}),
                 error=f"{type(exc).__name__}: {exc}",
-                recovery="the control gives the attempt up a lease after its last heartbeat",
+                recovery="the control gives each up a lease after its last heartbeat",
             )
+            return
 
 
 def stopped_with(outcome: AttemptOutcome) -> bool:

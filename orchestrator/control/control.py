@@ -754,13 +754,13 @@ class Control:
         row = self.store.conn.execute(
             _REAPABLE + " AND a.job_id = ? AND a.attempt = ? "
             "AND a.outcome IN ('dispatched', 'running') AND (a.worker IS NULL OR a.worker = ?)",
-            (job_id, attempt, dead),
+            (job_id, attempt, dead if isinstance(dead, str) else None),
         ).fetchone()
         log = functools.partial(
             self.log.warning, job_id=job_id, attempt=attempt, worker=dead,
             host=o.get("host"), reason=reason,
         )  # fmt: skip
-        if row is None:
+        if row is None or not isinstance(dead, str):  # a message is data: no name, no loss
             self.store.after_commit(
                 lambda: log(
                     "attempt.reap_stale", recovery="the attempt had ended or moved on: kept"
