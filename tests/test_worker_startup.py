@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -1038,6 +1039,39 @@ def _log_events(k, event: str) -> list[dict]:
     log = k.state / "logs" / "reviewq.jsonl"
     lines = log.read_text().splitlines() if log.exists() else []
     return [json.loads(x) for x in lines if f'"{event}"' in x]
+
+
+def test_a_sweep_on_a_redis_database_another_kbs_control_holds_is_refused_first(
+    kb, tmp_path, redis_url
+):
+    """A sweep of a KB whose Redis database another KB's control holds recorded its jobs,
+    started its worker (which took the other KB's review messages, its agents given this
+    KB to read) and its control, refused four times before the sweep gave up. It is
+    refused before anything, in the control's one line."""
+    from tests.conftest import KBBuilder
+
+    other = KBBuilder(tmp_path / "other-kb")
+    other.note("alpha")
+    _control_home(other, redis_url)
+    first = _start_control(kb, redis_url)
+    try:
+        deadline = time.monotonic() + 30
+        while not _log_events(kb, "control.started"):
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        res = _refused(
+            [EXE, "--root", str(other.root), "sweep", "--reviewer", "offline", "--workers", "1"],
+            timeout=60,
+        )
+    finally:
+        _stop(first)
+    assert res.returncode == 1, res.stderr
+    (line,) = res.stderr.splitlines()
+    assert "another control process runs on this Redis database" in line, line
+    assert f"state folder {kb.state}" in line, line
+    assert not _log_events(other, "sweep.child_exited")
+    with sqlite3.connect(other.state / "state.db") as conn:
+        assert conn.execute("SELECT count(*) FROM review_jobs").fetchone()[0] == 0
 
 
 def test_a_control_whose_acl_refuses_the_claim_runs_unclaimed_and_says_so(kb, tmp_path):

@@ -867,14 +867,36 @@ def claim_queue(huey: Huey, install: int, state_dir: Path, every: float) -> dict
     lapse_ms = int(max(5 * every, 2.0) * 1000)
 
     def claim(pipe: Any) -> dict | None:  # noqa: ANN401 - a redis Pipeline
-        held = _claim_of(pipe.get(CLAIM_KEY))
-        if held is not None and held.get("install") != install:
-            return {**held, "lapses_s": max(0, pipe.pttl(CLAIM_KEY)) / 1000}
+        if (held := _foreign_claim(pipe, install)) is not None:
+            return held
         pipe.multi()
         pipe.set(CLAIM_KEY, json.dumps(mine), px=lapse_ms)
         return None
 
     return storage.conn.transaction(claim, CLAIM_KEY, value_from_callable=True)
+
+
+def claimed_by_another(settings: Settings, install: int) -> dict | None:
+    """What the live claim of another install's control on this Redis queue says
+    (:func:`claim_queue`), for a sweep to refuse before it records its jobs or starts a
+    worker; None on SQLite, with no such claim, or when Redis does not answer (the
+    sweep's control then says it at its start)."""
+    if not settings.queue.url:
+        return None
+    client = huey_for(settings, "control").storage.conn
+    try:
+        return _foreign_claim(client, install)
+    except Exception:  # noqa: BLE001 - away or refused: the control's start says which
+        return None
+    finally:
+        client.connection_pool.disconnect()
+
+
+def _foreign_claim(conn: Any, install: int) -> dict | None:  # noqa: ANN401 - a redis client
+    held = _claim_of(conn.get(CLAIM_KEY))
+    if held is None or held.get("install") == install:
+        return None
+    return {**held, "lapses_s": max(0, conn.pttl(CLAIM_KEY)) / 1000}
 
 
 def unclaim_queue(huey: Huey, install: int) -> None:

@@ -45,7 +45,7 @@ from orchestrator.cli.common import (
     warn,
     warn_enqueued,
 )
-from orchestrator.config import GROUPINGS, Settings, secrets_held
+from orchestrator.config import GROUPINGS, ConfigError, Settings, secrets_held
 from orchestrator.state.files import NOT_TRIED, disk_full, held
 from orchestrator.state.status import (
     STATUSES,
@@ -325,7 +325,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
       reviewq sweep --reviewer offline --workers 4
     """
     from orchestrator.cli.display import ProgressDisplay, render_summary
-    from workers.queues import check_queue
+    from workers.queues import check_queue, claim_problem, claimed_by_another
     from workers.sweep import Children, run_sweep
 
     logs.configure(ws.state_dir)
@@ -334,6 +334,10 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     children.fork()
     try:
         check_queue(ws.settings)  # before its jobs are recorded, for a queue that never answers
+        # ... and another KB's control on its Redis database: its own control would be
+        # refused, after its worker had taken that KB's review messages meanwhile.
+        if (held := claimed_by_another(ws.settings, ws.store.install_id())) is not None:
+            raise ConfigError(claim_problem(ws.settings, held))
         req = _request(opts, "sweep", ws)
     except BaseException:
         children.stop(at_once=True)
