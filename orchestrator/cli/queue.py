@@ -336,7 +336,9 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
         check_queue(ws.settings)  # before its jobs are recorded, for a queue that never answers
         # ... and another KB's control on its Redis database: its own control would be
         # refused, after its worker had taken that KB's review messages meanwhile.
-        if (held := claimed_by_another(ws.settings, ws.store.install_id())) is not None:
+        if ws.settings.queue.url and (
+            held := claimed_by_another(ws.settings, ws.store.install_id())
+        ):
             raise ConfigError(claim_problem(ws.settings, held))
         req = _request(opts, "sweep", ws)
     except BaseException:
