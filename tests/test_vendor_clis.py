@@ -6,6 +6,14 @@ Everything runs inside a network namespace the test makes, with only ``lo`` up: 
 model server, reviewq and the CLIs it starts can reach nothing else. The CLIs are
 installed by ``.ci/run`` (``npm ci --prefix tests/vendor``); without them, without root
 or without ``ip``, the tests skip and say why.
+
+To run them against other versions (the one npm gives an operator today, an old one),
+install those anywhere and name their ``node_modules`` folders, ``:``-separated, in
+``REVIEWQ_VENDOR_MODULES``: each CLI is taken from the first folder that has it, then
+from tests/vendor. E.g.::
+
+    npm install --prefix /tmp/claude-new @anthropic-ai/claude-code@latest
+    REVIEWQ_VENDOR_MODULES=/tmp/claude-new/node_modules pytest tests/test_vendor_clis.py
 """
 
 from __future__ import annotations
@@ -25,8 +33,22 @@ from orchestrator.state.store import Store
 from orchestrator.state.words import reason_words
 
 HERE = Path(__file__).parent
-BIN = HERE / "vendor" / "node_modules" / ".bin"
 VENDORS = ("claude", "codex", "gemini")
+
+
+def _bins() -> dict[str, Path]:
+    """Each CLI's program: from REVIEWQ_VENDOR_MODULES's folders first, then tests/vendor."""
+    folders = [Path(f) for f in os.environ.get("REVIEWQ_VENDOR_MODULES", "").split(":") if f]
+    folders.append(HERE / "vendor" / "node_modules")
+    return {
+        v: next(
+            (f / ".bin" / v for f in folders if (f / ".bin" / v).exists()), folders[-1] / ".bin" / v
+        )
+        for v in VENDORS
+    }
+
+
+BIN = _bins()
 REVIEWQ = Path(sys.executable).parent / "reviewq"
 NOTE = "kb/notes/alpha.md"
 DEAD_PORT = 9  # nothing listens there inside the namespace: connection refused
@@ -35,7 +57,7 @@ PRICES = {"in": 1.25, "out": 10.0, "cached": 0.125}
 
 
 def _why_not() -> str | None:
-    missing = [v for v in VENDORS if not (BIN / v).exists()]
+    missing = [v for v in VENDORS if not BIN[v].exists()]
     if missing:
         return (
             f"vendor CLIs not installed ({', '.join(missing)}): "
@@ -178,7 +200,7 @@ lease_seconds = 60
 
 [reviewers.claude]
 kind = "claude"
-executable = "{BIN / "claude"}"
+executable = "{BIN["claude"]}"
 model = "claude-sonnet-4-5"
 partition = "scripted"
 max_turns = {over.get("max_turns", 8)}
@@ -188,7 +210,7 @@ env = {{ ANTHROPIC_BASE_URL = "{base}", ANTHROPIC_API_KEY = "sk-ant-scripted", {
 
 [reviewers.codex]
 kind = "codex"
-executable = "{BIN / "codex"}"
+executable = "{BIN["codex"]}"
 model = "scripted-codex"
 partition = "scripted"
 timeout = "{over.get("timeout", "60s")}"
@@ -198,7 +220,7 @@ env = {{ SCRIPTED_API_KEY = "sk-scripted" }}
 {prices}
 [reviewers.gemini]
 kind = "gemini"
-executable = "{BIN / "gemini"}"
+executable = "{BIN["gemini"]}"
 model = "gemini-2.5-pro"
 partition = "scripted"
 timeout = "{over.get("timeout", "60s")}"
