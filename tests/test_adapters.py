@@ -921,6 +921,48 @@ def test_doctor_finds_a_relative_program_where_its_agents_start(run_cli, kb, tmp
     assert "tools/nope.sh is no program under the KB root" in line, line
 
 
+@pytest.mark.parametrize(
+    ("kind", "says", "verdict", "words"),
+    [
+        # What the real CLIs print; 2.0.0 refuses --permission-mode dontAsk.
+        ("claude", "2.0.0 (Claude Code)", "problem", "2.0.0 is older than the versions"),
+        ("claude", "2.1.332 (Claude Code)", "ok", "2.1.332, one of the versions"),
+        ("codex", "codex-cli 0.171.0", "ok", "0.171.0, one of the versions"),
+        ("gemini", "9.0.0", "warning", "9.0.0 is newer than the versions"),
+        ("gemini", "", "warning", "--version` said no version"),
+    ],
+)
+def test_doctor_names_a_vendor_cli_s_version_and_whether_reviewq_knows_it(
+    run_cli, kb, tmp_path, kind, says, verdict, words
+):
+    """doctor said "ok: reviewer claude (claude)" of any claude on PATH: a months-old one
+    refused a flag every attempt passes, and the operator learnt it from paused reviewers."""
+    exe = tmp_path / kind
+    exe.write_text(f"#!/bin/sh\necho '{says}'\n")
+    exe.chmod(0o755)
+    kb.write("reviewq.toml", f'[reviewers.x]\nkind = "{kind}"\nexecutable = "{exe}"\nmodel = "m"\n')
+    res = run_cli("doctor")
+    line = next(x for x in res.stdout.splitlines() if x.startswith(f"{verdict}: reviewer x"))
+    assert f"{exe} {words}" in line if says else words in line, line
+    assert "is known to work with" in line, line
+    if verdict == "problem":
+        assert res.exit_code == 1 and "npm install -g @anthropic-ai/claude-code@" in line
+
+
+def test_the_pinned_vendor_clis_are_among_the_versions_doctor_knows():
+    """Bumping a pin in tests/vendor without the range doctor checks against made doctor
+    call the very version the tests run a stranger."""
+    from workers.reviewers.vendor import version_verdict
+
+    pinned = json.loads((Path(__file__).parent / "vendor" / "package.json").read_text())
+    for adapter in ADAPTERS.values():
+        if adapter.known_versions is None:
+            continue
+        version = pinned["dependencies"][adapter.package]
+        known, _ = version_verdict(adapter.kind, version, adapter.known_versions, "p")
+        assert known is True, (adapter.kind, version, adapter.known_versions)
+
+
 def test_an_adapter_that_raises_before_launch_still_gives_an_outcome(tmp_path):
     from workers.attempt import run_attempt
     from workers.reviewers.base import Reviewer

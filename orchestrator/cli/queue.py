@@ -1245,6 +1245,8 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
         head = f"reviewer {name} ({profile.kind})"
         if missing := [exe for exe in adapter.executables() if _program_missing(ws.root, exe)]:
             report(False, f"{head}: {', '.join(_not_found(exe) for exe in missing)}")
+        elif adapter.known_versions is not None:
+            _doctor_version(adapter, head, report)
         elif profile.kind != "openai":
             report(True, head)
         elif (problem := endpoint_problem(profile)) is not None:
@@ -1256,6 +1258,21 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
             # A worker without it sent every request with no key: each attempt a
             # reviewer failure, and the profile paused for every worker.
             report(False, f"reviewer {name} ({profile.kind}): {problem}")
+
+
+def _doctor_version(adapter, head: str, report) -> None:
+    """A vendor CLI's version against those reviewq has run (docs/OPERATIONS.md §1): an
+    older one may refuse a flag every attempt passes, a newer one is said as a warning."""
+    from workers.reviewers.vendor import cli_version, version_verdict
+
+    [exe] = adapter.executables()
+    version = cli_version(exe, dict(adapter.profile.env))
+    known, text = version_verdict(exe, version, adapter.known_versions, adapter.package)
+    if known is None:
+        report(True, head)
+        click.echo(f"warning: {head}: {shown(text)} (docs/OPERATIONS.md §1)")
+    else:
+        report(known, f"{head}: {shown(text)}")
 
 
 @cli.command("escalations")

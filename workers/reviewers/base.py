@@ -214,6 +214,10 @@ class Reviewer(ABC):
     """One reviewer kind. Subclasses set ``kind`` and build the command."""
 
     kind: ClassVar[str]
+    # A vendor CLI's npm package and the (oldest, newest) versions of it reviewq has run
+    # end to end (tests/test_vendor_clis.py; docs/OPERATIONS.md §1): what doctor checks.
+    package: ClassVar[str | None] = None
+    known_versions: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, profile: ReviewerProfile) -> None:
         self.profile = profile

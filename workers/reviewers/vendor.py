@@ -5,7 +5,9 @@ output."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,3 +206,59 @@ def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
             continue
         return text
     return None
+
+
+# --- the CLIs' versions -------------------------------------------------------------------
+# An operator has whatever npm gave the day it was installed. Each vendor kind names the
+# versions tests/test_vendor_clis.py has run end to end (docs/OPERATIONS.md §1): an older
+# CLI may lack a flag or tool reviewq gives it (Claude 2.0 has no dontAsk permission mode,
+# Gemini 0.30 no write_file in headless mode), a newer one may have changed its output.
+
+_X_Y_Z = re.compile(r"\b(\d+)\.(\d+)\.(\d+)\b")
+
+
+def _tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def cli_version(executable: str, env: dict[str, str] | None = None) -> str | None:
+    """The x.y.z ``executable --version`` says ("2.1.332 (Claude Code)", "codex-cli
+    0.171.0", "0.61.0"); None when it says none, fails, or takes over 30 s."""
+    try:
+        done = subprocess.run(
+            [executable, "--version"],
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _X_Y_Z.search(done.stdout) if done.returncode == 0 else None
+    return m.group(0) if m else None
+
+
+def version_verdict(
+    cli: str, version: str | None, known: tuple[str, str], package: str
+) -> tuple[bool | None, str]:
+    """What to say of ``cli`` at ``version`` against the ``known`` (oldest, newest) versions
+    reviewq has run: (True, …) one within them; (False, …) an older one, which may lack
+    what reviewq asks of it; (None, …) a newer or unreadable one, not known either way."""
+    oldest, newest = known
+    span = f"the versions reviewq is known to work with ({oldest} to {newest})"
+    install = f"npm install -g {package}@{newest}"
+    if version is None:
+        return (
+            None,
+            f"`{cli} --version` said no version; reviewq is known to work with {oldest} to {newest}",
+        )
+    if _tuple(version) < _tuple(oldest):
+        return False, f"{cli} {version} is older than {span}: upgrade it ({install})"
+    if _tuple(version) > _tuple(newest):
+        return None, (
+            f"{cli} {version} is newer than {span}; if its attempts fail to start or "
+            f"write no output, {install}"
+        )
+    return True, f"{cli} {version}, one of {span}"
