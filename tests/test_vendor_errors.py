@@ -242,6 +242,24 @@ def test_a_gemini_policy_the_engine_drops_is_the_profile_s_failure(tmp_path):
     )
 
 
+def test_a_gemini_cli_without_write_file_is_the_profile_s_failure_naming_its_version(tmp_path):
+    # What Gemini CLI 0.30.1 does with reviewq's flags: headless, its registry has no
+    # write_file, the model's call to it fails, and it exits 0 with no output. That was a
+    # job that "exited 0 without writing bundle-output.md", failed as the note's.
+    stderr = (
+        'Error executing tool write_file: Tool "write_file" not found. Did you mean one '
+        'of: "read_file", "write_todos", "cli_help"?\n'
+    )
+    exe = tmp_path / "gemini"
+    exe.write_text("#!/bin/sh\necho 0.30.1\n")
+    exe.chmod(0o755)
+    stdout = '{"session_id": "s", "response": "done", "stats": {}}'
+    t = _telemetry(tmp_path, "gemini", stdout, stderr, executable=str(exe))
+    assert t.failure == "config"
+    assert t.error.startswith(f"{exe} 0.30.1 has no write_file tool"), t.error
+    assert "known to work with 0.45.2 to" in t.error, t.error
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -28,6 +28,7 @@ from .vendor import (
     RETRIES_TO_END,
     add_counts,
     bounded,
+    cli_version,
     failure_kind,
     instruction,
     json_objects,
@@ -38,6 +39,9 @@ from .vendor import (
 
 # stderr lines that are Gemini talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Warning: 256-color|Ripgrep is not available|Loaded cached credentials)")
+
+# Gemini's words when the model calls a file tool its registry lacks.
+_NO_WRITE_TOOL = re.compile(r'Tool "(?:write_file|replace)" not found')
 
 _POLICY = """\
 # Written by reviewq for job {job_id} attempt {attempt}: writes only inside the job folder.
@@ -123,6 +127,17 @@ class GeminiReviewer(Reviewer):
             # A rule the engine refused leaves the agent without write_file: every job
             # would end with no output. That is this profile's fault, not the job's.
             t.error, t.failure = dropped, "config"
+        elif _NO_WRITE_TOOL.search(_head(spec.stderr_path)):
+            # An older Gemini CLI (0.30) keeps write_file out of headless mode whatever
+            # the policy allows: no attempt can write its output. The CLI's, not the job's.
+            exe = self.executables()[0]
+            oldest, newest = self.known_versions or ("?", "?")
+            version = cli_version(exe, dict(self.profile.env)) or "(version unknown)"
+            t.error = bounded(
+                f"{exe} {version} has no write_file tool in headless mode, so it cannot "
+                f"write its output; reviewq is known to work with {oldest} to {newest}"
+            )
+            t.failure = "config"
         return t
 
     def _telemetry(self, spec: AttemptSpec) -> Telemetry:
