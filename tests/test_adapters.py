@@ -289,6 +289,28 @@ def test_failing_login_is_a_launch_failure(kb2, run_cli, monkeypatch, kind):
     assert res.outcome.exit_code == 1
 
 
+def test_a_cli_too_old_for_a_flag_is_a_launch_failure_naming_its_version(
+    kb2, run_cli, monkeypatch, tmp_path
+):
+    """Claude Code 2.0.0 refuses --permission-mode dontAsk: the reason quoted its line,
+    and nothing said the CLI was older than any reviewq runs, nor which to install."""
+    bin_ = tmp_path / "old-bin"
+    bin_.mkdir()
+    (bin_ / "claude").write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo "2.0.0 (Claude Code)"; exit 0; }\n'
+        "echo \"error: option '--permission-mode <mode>' argument 'dontAsk' is invalid.\" >&2\n"
+        "exit 1\n"
+    )
+    (bin_ / "claude").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    res = run(kb2, make_job(run_cli), "claude")
+    assert res.outcome.classification == "launch-failure"
+    [reason] = res.outcome.reasons
+    assert "argument 'dontAsk' is invalid" in reason, reason
+    assert "claude 2.0.0 is older than the versions reviewq is known to work with" in reason
+    assert "npm install -g @anthropic-ai/claude-code@" in reason
+
+
 @pytest.mark.parametrize("kind", ["claude", "codex", "gemini"])
 def test_missing_binary_is_a_launch_failure(kb2, run_cli, monkeypatch, tmp_path, kind):
     empty = tmp_path / "empty-bin"

@@ -41,7 +41,7 @@ from orchestrator.state.store import utcnow
 from .kbwatch import WATCH, unwatched
 from .reviewers import AttemptSpec, Reviewer
 from .reviewers.base import OUTPUT_LIMIT, Telemetry, priced
-from .reviewers.vendor import bounded, failure_kind
+from .reviewers.vendor import bounded, failure_kind, version_said
 
 OUTPUT = "output"
 INVALID_OUTPUT = "invalid-output"
@@ -874,6 +874,11 @@ def run_attempt(
         out.classification = LAUNCH_FAILURE
         why = telemetry.error or _tail(spec.stderr_path)
         out.reasons = [f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {why}"]
+        said = version_said(reviewer)
+        if said is not None and said[0] is not True:
+            # A CLI older (or newer) than any reviewq has run may refuse a flag it passes:
+            # its own line names the flag, this names the version to install.
+            out.reasons[0] += f" ({said[1]})"
     else:
         out.classification = NO_OUTPUT
         out.reasons = [

@@ -1263,16 +1263,14 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
 def _doctor_version(adapter, head: str, report) -> None:
     """A vendor CLI's version against those reviewq has run (docs/OPERATIONS.md §1): an
     older one may refuse a flag every attempt passes, a newer one is said as a warning."""
-    from workers.reviewers.vendor import cli_version, version_verdict
+    from workers.reviewers.vendor import version_said
 
-    [exe] = adapter.executables()
-    version = cli_version(exe, dict(adapter.profile.env))
-    known, text = version_verdict(exe, version, adapter.known_versions, adapter.package)
+    known, text = version_said(adapter) or (True, "")
     if known is None:
         report(True, head)
         click.echo(f"warning: {head}: {shown(text)} (docs/OPERATIONS.md §1)")
     else:
-        report(known, f"{head}: {shown(text)}")
+        report(known, f"{head}: {shown(text)}" if text else head)
 
 
 @cli.command("escalations")

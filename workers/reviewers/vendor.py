@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from .base import UNREADABLE, AttemptSpec, Telemetry, _num, bounded
+from .base import UNREADABLE, AttemptSpec, Reviewer, Telemetry, _num, bounded
 
 _MAX_LOG_BYTES = 8 * 1024 * 1024
 
@@ -262,3 +262,13 @@ def version_verdict(
             f"write no output, {install}"
         )
     return True, f"{cli} {version}, one of {span}"
+
+
+def version_said(adapter: Reviewer) -> tuple[bool | None, str] | None:
+    """:func:`version_verdict` of the CLI ``adapter``'s profile runs; None for a kind with
+    no known versions (no vendor CLI)."""
+    if adapter.known_versions is None or adapter.package is None:
+        return None
+    [exe] = adapter.executables()
+    version = cli_version(exe, dict(adapter.profile.env))
+    return version_verdict(exe, version, adapter.known_versions, adapter.package)
