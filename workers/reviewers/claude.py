@@ -36,7 +36,7 @@ _ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
 class ClaudeReviewer(Reviewer):
     kind = "claude"
     package = "@anthropic-ai/claude-code"
-    known_versions = ("2.1.152", "2.1.332")
+    known_versions = ("2.1.300", "2.1.332")
 
     def command(self, spec: AttemptSpec) -> Command:
         exe = self.profile.executable or "claude"

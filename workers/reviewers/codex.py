@@ -65,7 +65,7 @@ _SAYS = (
 class CodexReviewer(Reviewer):
     kind = "codex"
     package = "@openai/codex"
-    known_versions = ("0.100.0", "0.171.0")
+    known_versions = ("0.169.0", "0.171.0")
 
     def command(self, spec: AttemptSpec) -> Command:
         argv = [

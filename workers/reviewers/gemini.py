@@ -92,7 +92,7 @@ def policy_text(spec: AttemptSpec) -> str:
 class GeminiReviewer(Reviewer):
     kind = "gemini"
     package = "@google/gemini-cli"
-    known_versions = ("0.45.2", "0.61.0")
+    known_versions = ("0.61.0", "0.61.0")
 
     def command(self, spec: AttemptSpec) -> Command:
         policy = spec.attempt_dir / "gemini-policy.toml"
