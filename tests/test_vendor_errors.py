@@ -49,6 +49,19 @@ CLAUDE_DOWN = {
     "api_error_status": None,
     "result": "API Error: Connection refused — a firewall or proxy may be blocking it (ECONNREFUSED)",
 }
+# Claude Code 2.1.152 (six months old) ends an API error with terminal_reason "completed":
+# its dead endpoint and cut stream were the job's no-output, failing the job.
+CLAUDE_OLD_DOWN = {
+    **CLAUDE_401,
+    "api_error_status": None,
+    "terminal_reason": "completed",
+    "result": "API Error: Unable to connect to API (ECONNRESET)",
+}
+CLAUDE_OLD_CUT = {
+    **CLAUDE_OLD_DOWN,
+    "result": "API Error: API returned an empty or malformed response (HTTP 200) — check for "
+    "a proxy or gateway intercepting the request",
+}
 CLAUDE_MAX_TURNS = {
     "type": "result",
     "subtype": "error_max_turns",
@@ -207,6 +220,8 @@ def _lines(events: list[dict]) -> str:
     [
         ("claude", json.dumps(CLAUDE_401), "", "auth", "Invalid API key · Fix external API key"),
         ("claude", json.dumps(CLAUDE_DOWN), "", "unreachable", "API Error: Connection refused"),
+        ("claude", json.dumps(CLAUDE_OLD_DOWN), "", "unreachable", "API Error: Unable to"),
+        ("claude", json.dumps(CLAUDE_OLD_CUT), "", "server", "API Error: API returned an empty"),
         ("codex", _lines(CODEX_401), CODEX_STDERR, "auth", "unexpected status 401 Unauthorized"),
         ("codex", _lines(CODEX_DOWN), CODEX_STDERR, "unreachable", "Reconnecting... waiting"),
         ("gemini", "", GEMINI_401_STDERR, "auth", "API key expired. Please renew the API key."),

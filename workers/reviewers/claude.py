@@ -109,7 +109,14 @@ class ClaudeReviewer(Reviewer):
                 t.error_subtype = OUTPUT_LIMIT
                 return t
             status = _num(r.get("api_error_status"), int)
-            api_error = r.get("terminal_reason") == "api_error"
+            # Claude says an API error "API Error: …"; before terminal_reason said so too
+            # (2.1.152 ends one "completed"), those words alone did, and a dead endpoint
+            # was the job's no-output.
+            api_error = r.get("terminal_reason") == "api_error" or (
+                r.get("terminal_reason") in (None, "completed")
+                and r.get("subtype") == "success"
+                and r["result"].startswith("API Error:")
+            )
             if status is None and api_error and (said := _ANSWERED.search(r["result"])):
                 # "API returned an empty or malformed response (HTTP 200)": a stream cut
                 # short or ending in an error event. The server answered, so it is the
