@@ -478,6 +478,40 @@ def test_an_expired_key_or_a_dead_endpoint_pauses_the_reviewer(
     assert took < 45, f"{vendor} took {took:.0f} s to give up"
 
 
+# Each CLI's own words for a flag it does not know (an older CLI, one reviewq passes).
+REFUSED_FLAG = {
+    "claude": "unknown option '--bogus-flag'",
+    "codex": "unexpected argument '--bogus-flag'",
+    "gemini": "Unknown arguments: bogus-flag, bogusFlag",
+}
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_flag_the_cli_does_not_know_pauses_the_reviewer_in_the_cli_s_words(
+    netns, model, home, vkb, vendor
+):
+    """Gemini follows its complaint with its whole usage, and the reason was the usage's
+    last line ("-h, --help  Show help [boolean]"): nothing said which flag it refused."""
+    toml = profiles(model, "review")
+    toml = toml.replace(
+        'model = "claude-sonnet-4-5"\n', 'model = "claude-sonnet-4-5"\nargs = ["--bogus-flag"]\n'
+    )
+    toml = toml.replace(
+        'model = "gemini-2.5-pro"\n', 'model = "gemini-2.5-pro"\nargs = ["--bogus-flag"]\n'
+    )
+    toml = toml.replace(
+        'args = ["-c", \'model_provider', 'args = ["--bogus-flag", "-c", \'model_provider'
+    )
+    (vkb.root / "reviewq.toml").write_text(toml)
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert f"job {job_id} queued again (the agent did not start)" in res.stderr, res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "launch-failure"
+    [reason] = json.loads(a["reasons"])
+    assert REFUSED_FLAG[vendor] in reason, reason
+
+
 def test_run_job_pauses_the_reviewer_as_the_control_does(netns, model, home, vkb):
     """`reviewq run-job` met the same expired key a sweep does and put the job back, but
     left the profile unpaused and its count of failures untouched: the person's next

@@ -257,6 +257,39 @@ def test_a_gemini_policy_the_engine_drops_is_the_profile_s_failure(tmp_path):
     )
 
 
+# What Gemini CLI 0.61.0 and Codex CLI 0.169.0 print for a flag they lack (as an older CLI
+# lacks one reviewq passes): their complaint, then their usage, whose last line the reason
+# was ("-h, --help  Show help [boolean]", "For more information, try '--help'.").
+GEMINI_REFUSED_STDERR = (
+    "Unknown arguments: bogus-flag, bogusFlag\n"
+    "Usage: gemini [options] [command]\n\n"
+    "Gemini CLI - Defaults to interactive mode.\n\n"
+    "Options:\n"
+    "  -v, --version                   Show version number  [boolean]\n"
+    "  -h, --help                      Show help  [boolean]\n"
+)
+CODEX_REFUSED_STDERR = (
+    "error: unexpected argument '--bogus-flag' found\n\n"
+    "  tip: to pass '--bogus-flag' as a value, use '-- --bogus-flag'\n\n"
+    "Usage: codex exec [OPTIONS] [PROMPT] [COMMAND]\n\n"
+    "For more information, try '--help'.\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "stderr", "said"),
+    [
+        ("gemini", GEMINI_REFUSED_STDERR, "Unknown arguments: bogus-flag, bogusFlag"),
+        ("codex", CODEX_REFUSED_STDERR, "error: unexpected argument '--bogus-flag' found"),
+    ],
+)
+def test_a_flag_the_cli_does_not_know_is_said_in_its_words_not_its_usage_s_last_line(
+    tmp_path, kind, stderr, said
+):
+    t = _telemetry(tmp_path, kind, "", stderr)
+    assert t.error == said
+
+
 def test_a_gemini_cli_without_write_file_is_the_profile_s_failure_naming_its_version(tmp_path):
     # What Gemini CLI 0.30.1 does with reviewq's flags: headless, its registry has no
     # write_file, the model's call to it fails, and it exits 0 with no output. That was a

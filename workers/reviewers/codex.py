@@ -135,7 +135,9 @@ class CodexReviewer(Reviewer):
             said = next((kind for words, kind in _SAYS if words.search(error)), None)
             t.failure = failure_kind(error) or said or ("server" if broken else None)
         elif t.num_turns is None:
-            t.error = last_line(spec.stderr_path, skip=_CHATTER)
+            t.error = _refused_arguments(spec.stderr_path) or last_line(
+                spec.stderr_path, skip=_CHATTER
+            )
         return t
 
     def unreachable(self, spec: AttemptSpec) -> str | None:
@@ -218,6 +220,20 @@ def _from_model(ev: dict) -> bool:
     item = ev.get("item") if isinstance(ev.get("item"), dict) else {}
     kind = str(ev.get("type"))
     return kind == "turn.completed" or (kind.startswith("item.") and item.get("type") != "error")
+
+
+def _refused_arguments(stderr: Path) -> str | None:
+    """Codex's own line for a command line it refuses ("error: unexpected argument
+    '--x' found": a flag an older CLI lacks), which it follows with its usage and "For
+    more information, try '--help'.", the line the reason was."""
+    try:
+        text = stderr.read_text(encoding="utf-8", errors="replace")[: 64 * 1024]
+    except OSError:
+        return None
+    if "For more information, try '--help'" not in text:
+        return None
+    m = re.search(r"(?m)^error: .*$", text)
+    return bounded(m.group(0)) if m else None
 
 
 def _message(ev: dict) -> str | None:

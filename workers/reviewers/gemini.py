@@ -150,7 +150,9 @@ class GeminiReviewer(Reviewer):
             doc = last_document(spec.stderr_path)
             if doc is None or "error" not in doc:
                 t = telemetry_from_file(spec.telemetry_path)
-                t.error = last_line(spec.stderr_path, skip=_CHATTER)
+                t.error = _refused_arguments(spec.stderr_path) or last_line(
+                    spec.stderr_path, skip=_CHATTER
+                )
                 return t
             docs = [doc]
         doc = docs[-1]
@@ -311,6 +313,20 @@ def _head(stderr: Path) -> str:
 
 def _said(stderr: Path, words: str) -> bool:
     return words in _head(stderr)
+
+
+# Gemini's words for a command line it refuses (a flag an older CLI lacks), which it
+# follows with its whole usage: the reason was the usage's last line ("-h, --help …").
+_REFUSED = re.compile(
+    r"^(?:Unknown arguments?|Invalid values?|Missing required arguments?|Not enough "
+    r"(?:non-option )?arguments)\b.*$",
+    re.M,
+)
+
+
+def _refused_arguments(stderr: Path) -> str | None:
+    m = _REFUSED.search(_head(stderr))
+    return bounded(m.group(0)) if m else None
 
 
 def _policy_error(stderr: Path) -> str | None:
