@@ -227,7 +227,8 @@ def _refused_arguments(stderr: Path) -> str | None:
     '--x' found": a flag an older CLI lacks), which it follows with its usage and "For
     more information, try '--help'.", the line the reason was."""
     try:
-        text = stderr.read_text(encoding="utf-8", errors="replace")[: 64 * 1024]
+        with stderr.open("rb") as f:  # its start: a refused command line is all it says
+            text = f.read(64 * 1024).decode("utf-8", "replace")
     except OSError:
         return None
     if "For more information, try '--help'" not in text:
