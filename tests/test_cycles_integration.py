@@ -756,6 +756,30 @@ def test_escalations_says_why_a_failed_jobs_pair_is_there(cyc):
     assert "cycle(s)" not in out, out
 
 
+def test_the_sweeps_summary_and_escalations_count_apart_what_an_agent_raised(cyc):
+    """The report and status (P21, P23) said how many of the open escalations a failing
+    agent raised; the sweep's summary (cron's mail of the night) and the last line of
+    `escalations` still said "N escalation(s) on M note(s)", as if each were a verdict."""
+    config(cyc, profile("fake", FAKE_MODE="bad"))
+    res = rq(cyc, "sweep", "--reviewer", "fake")
+    assert res.returncode == 1, res.stderr
+    says = "  reviewer fake failed every attempt on 1 pair(s) of 1 note(s), which is no verdict"
+    lines = res.stdout.splitlines()
+    at = lines.index(
+        "1 escalation(s) on 1 note(s) (1 of them raised by an agent that failed) wait for a "
+        "person (reviewq escalations):"
+    )
+    assert lines[at + 1].startswith(says), lines
+    lines = rq(cyc, "escalations").stdout.splitlines()
+    assert (
+        lines[-2:][0]
+        == "1 open escalation(s) on 1 note(s) (1 of them raised by an agent that failed)"
+    )
+    assert lines[-1].startswith(says), lines
+    [agent] = json.loads(rq(cyc, "escalations", "--json").stdout)["agents_failed"]
+    assert (agent["escalations"], agent["notes"]) == (1, 1), agent
+
+
 def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):
     """A sweep without --fix runs no fixer, yet the escalation of its failed job read
     "reviewer fake, fixer fake": the reviewer named as a fixer that never ran. With

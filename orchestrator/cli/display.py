@@ -124,7 +124,7 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
     if s.get("escalations"):
         # A note's escalations are one decision: one line a note (a partition, when they
         # are in several), with the command.
-        from orchestrator.state.status import by_note, decide_calls
+        from orchestrator.state.status import by_note, decide_calls, raised_by_agents
 
         notes = by_note(
             s["escalations"], lambda e: e["note_path"], lambda e: e["call"]
@@ -134,12 +134,19 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
         ours = enq.model_partition
         others = sorted({e["model_partition"] for e in s["escalations"]} - {ours})
         elsewhere = sum(e["model_partition"] != ours for e in s["escalations"])
+        # Those an agent raised counted apart, as the report and status count them: the
+        # mail of a night whose reviewer crashed read "556 escalation(s)" as verdicts.
+        agents = s.get("agents_failed", [])
         console.print(
-            f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s) wait for a person "
+            f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s)"
+            + raised_by_agents(agents)
+            + " wait for a person "
             + (f"({elsewhere} of other partitions: {', '.join(others)}) " if others else "")
             + "(reviewq escalations):",
             soft_wrap=True,
         )
+        for a in agents:
+            console.print(f"  {a['says']}", soft_wrap=True)
         for note_path, escs in notes[:_NOTES_SHOWN]:
             calls = decide_calls(note_path, [(e["id"], e["model_partition"]) for e in escs])
             for partition, target in calls.items():

@@ -474,7 +474,13 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq status --json
     """
-    from orchestrator.state.status import Pause, pause_words, status, waiting_on
+    from orchestrator.state.status import (
+        Pause,
+        pause_words,
+        raised_by_agents,
+        status,
+        waiting_on,
+    )
     from orchestrator.sweeps.producer import sweeps_not_run
 
     store = ws.read_store()
@@ -486,10 +492,8 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         emit_json(data)
         return
     click.echo("jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items()))
-    failed = sum(a["escalations"] for a in data["agents_failed"])
     click.echo(
-        f"escalations open: {data['escalations_open']}"
-        + (f" ({failed} of them raised by an agent that failed)" if failed else "")
+        f"escalations open: {data['escalations_open']}" + raised_by_agents(data["agents_failed"])
     )
     for a in data["agents_failed"]:
         click.echo(f"  {a['says']}")
@@ -1285,11 +1289,18 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq escalations
     """
     from orchestrator.cycles.escalations import by_note, current_report, open_escalations, report
-    from orchestrator.state.status import REWRITE_REPORTS, decide_calls, unread_report
+    from orchestrator.state.status import (
+        REWRITE_REPORTS,
+        agents_failed,
+        decide_calls,
+        raised_by_agents,
+        unread_report,
+    )
 
     store = ws.read_store()
     items = open_escalations(store)
     groups = by_note(items)
+    agents = agents_failed([asdict(e) for e in items])
     why_only_reject = only_reject_check(ws)
     only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
     if as_json:
@@ -1307,6 +1318,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                     {"note_path": note, "escalation_ids": [e.id for e in group]}
                     for note, group in groups
                 ],
+                "agents_failed": agents,
             }
         )
         return
@@ -1360,7 +1372,12 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
                 f"  decide {them}{f' ({partition})' if partition else ''}: "
                 f"reviewq decide {target} {answers}"
             )
-    click.echo(f"{len(items)} open escalation(s) on {len(groups)} note(s)")
+    # Its last line, what `| tail` shows: those an agent raised counted apart, as status says.
+    click.echo(
+        f"{len(items)} open escalation(s) on {len(groups)} note(s)" + raised_by_agents(agents)
+    )
+    for a in agents:
+        click.echo(f"  {a['says']}")
 
 
 @cli.command("decide", cls=Numbered, ids=ESCALATION_ID.what)

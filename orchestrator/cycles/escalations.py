@@ -208,6 +208,9 @@ class Escalation:
     # The job whose outcome raised it: where its attempts and log lines are (none before
     # schema 18).
     job_id: int | None = None
+    # The profiles its pair was reviewed and fixed by: who an agent's failure names.
+    reviewer: str | None = None
+    fixer: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -446,6 +449,8 @@ def open_escalations(store: Store) -> list[Escalation]:
             r["report_path"],
             call=r["call"],
             job_id=r["job_id"],
+            reviewer=r["reviewer"],
+            fixer=r["fixer"],
         )
         for r in store.conn.execute("SELECT * FROM escalations WHERE decision IS NULL ORDER BY id")
     ]

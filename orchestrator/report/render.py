@@ -7,7 +7,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from orchestrator.logs import one_line
 from orchestrator.report import charts
-from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, who_ran
+from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, raised_by_agents, who_ran
 from orchestrator.state.words import attempt_words, outcome_words
 
 FAILS_SHOWN = 3  # the terminal's FAIL findings; the page lists up to the report's cut
@@ -111,6 +111,7 @@ def failed_what(f: dict, most: int = 3) -> str:
 
 _ENV.filters["failed_what"] = failed_what
 _ENV.filters["who_ran"] = who_ran
+_ENV.filters["raised_by_agents"] = raised_by_agents
 
 
 def jobs_line(reviewed: dict) -> str:
@@ -170,10 +171,9 @@ def text(data: dict, html_path: str | None) -> str:
     ]
     needs = []
     if n["escalations_open"]:
-        failed = sum(a["escalations"] for a in n["agents_failed"])
         needs.append(
             f"{n['escalations_open']} escalation(s) on {n['escalated_notes']} note(s)"
-            + (f" ({failed} of them raised by an agent that failed)" if failed else "")
+            + raised_by_agents(n["agents_failed"])
         )
     if n["failed_total"]:
         needs.append(f"{n['failed_total']} failed job(s)")

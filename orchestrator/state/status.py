@@ -859,6 +859,7 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
         f"SELECT COALESCE(SUM(a.cost_usd), 0) FROM attempts a JOIN review_jobs j ON j.id = a.job_id WHERE {tried}",
         tried_args,
     ).fetchone()[0]
+    escalations = open_escalations(store)
     by_reviewer: dict[str, dict[str, int]] = {}
     for reviewer, st, n in rows:
         by_reviewer.setdefault(reviewer, dict.fromkeys(STATUSES, 0))[st] = n
@@ -877,7 +878,8 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
         "attempts": attempts,
         "cost_usd": round(cost, 6),
         "failed": failed,
-        "escalations": open_escalations(store),
+        "escalations": escalations,
+        "agents_failed": agents_failed(escalations),
         # This run's own: an older one is status's and the report's to tell.
         "fixes_unwritten": _of(store, jobs, unwritten_fixes(store, failed_only=True)),
     }
@@ -910,10 +912,12 @@ def open_escalations(store: Store) -> list[dict]:
             "reason": r[4],
             "report_path": r[5],
             "call": r[6],
+            "reviewer": r[7],
+            "fixer": r[8],
         }
         for r in store.conn.execute(
-            "SELECT id, note_path, gate_id, model_partition, reason, report_path, call "
-            "FROM escalations WHERE decision IS NULL ORDER BY id"
+            "SELECT id, note_path, gate_id, model_partition, reason, report_path, call, "
+            "reviewer, fixer FROM escalations WHERE decision IS NULL ORDER BY id"
         )
     ]
 
@@ -944,6 +948,14 @@ def agents_failed(open_escs: list[dict]) -> list[dict]:
         for agent, escs in sorted(by.items(), key=lambda kv: -len(kv[1]))
         for notes in [{e["note_path"] for e in escs}]
     ]
+
+
+def raised_by_agents(agents: list[dict]) -> str:
+    """What follows a count of open escalations wherever one is said (status, the report,
+    the sweep's summary, `escalations`): how many :func:`agents_failed` counts, which are
+    no verdict on a note. Said in one place, the total read as that many verdicts."""
+    n = sum(a["escalations"] for a in agents)
+    return f" ({n} of them raised by an agent that failed)" if n else ""
 
 
 _E = TypeVar("_E")
