@@ -669,8 +669,12 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
     assert report[1].startswith("Recommend approve: the auditor (auditor) failed every attempt")
     summary = rq(kb, "report").stdout
     assert f"reviewq decide {esc['id']} approve" in summary
-    # Listed once, as that escalation: the failed audit job is not a second item.
-    assert "needs you: 1 escalation(s) on 1 note(s)\n" in summary
+    # Listed once, as that escalation: the failed audit job is not a second item (the
+    # escalation an agent raised is said to be so, P21).
+    assert (
+        "needs you: 1 escalation(s) on 1 note(s) (1 of them raised by an agent that failed)\n"
+        in summary
+    )
     assert json.loads(rq(kb, "report", "--json").stdout)["needs_you"]["failed_jobs"] == []
 
 
