@@ -183,15 +183,7 @@ def status(store: Store, settings: Settings) -> dict:
     now = utcnow()
     paused = paused_reviewers(store, now)
     waiting = waiting_on(store, paused)
-    escalations: list[dict] = []
-    if _table_exists(store, "escalations"):
-        escalations = [
-            dict(r)
-            for r in store.conn.execute(
-                "SELECT note_path, reason, reviewer, fixer, call FROM escalations "
-                "WHERE decision IS NULL ORDER BY id"
-            )
-        ]
+    escalations = open_escalations(store)
     # Both from attempts_started: the day as a range of it, the total from its pages
     # alone (a tenth of the table's); one pass over the table read a year's attempts.
     today = now[:10]
