@@ -713,6 +713,27 @@ def test_a_sweep_summary_prints_a_failure_reason_with_brackets_as_it_is(cyc, tmp
     assert f"{NOTE}: 1 gate(s) (prose/body-check); reviewq decide" in res.stdout, res.stdout
 
 
+def test_an_agents_failure_is_one_line_however_the_file_it_touched_is_named(cyc, tmp_path):
+    """The line for an agent that failed (P21) quotes its last reason as stored: a reviewer
+    that left a note named with a line break in the KB failed as "the reviewer changed
+    kb/notes/x<LF>y.md", and `status`, the report, the sweep's summary and `escalations`
+    each broke the agent's line in two, its second half reading as a line of its own."""
+    agent = tmp_path / "litter.py"
+    agent.write_text(
+        "import json, os\n"
+        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 2}))\n"
+        "open(os.path.join(os.environ['REVIEWQ_ROOT'], 'kb', 'notes', 'x\\ny.md'), 'w')"
+        ".close()\n"
+    )
+    config(cyc, profile("fake", script=agent))
+    sweep = rq(cyc, "sweep", "--reviewer", "fake")
+    assert sweep.returncode == 1, sweep.stderr
+    said = [rq(cyc, cmd).stdout for cmd in ("status", "report", "escalations")]
+    for out in (sweep.stdout, *said):
+        [line] = [x for x in out.splitlines() if x.startswith("  reviewer fake failed")]
+        assert line.endswith("the reviewer changed kb/notes/x\\ny.md: repair it first"), out
+
+
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):
     """Garbage output three times says nothing about the note: the report recommended
     "reject" and the summary offered "approve", each a verdict nobody made."""

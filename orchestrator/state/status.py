@@ -934,8 +934,12 @@ def agents_failed(open_escs: list[dict]) -> list[dict]:
             "escalations": len(escs),
             "notes": len({e["note_path"] for e in escs}),
             "last_reason": escs[-1]["why"],
-            "says": f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
-            f"verdict on them; the last: {escs[-1]['why']}: repair it first",
+            # One line, printed as it is: a reason may quote a file an agent named with
+            # a line break or an escape sequence ("the reviewer changed …").
+            "says": logs.one_line(
+                f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
+                f"verdict on them; the last: {escs[-1]['why']}: repair it first"
+            ),
         }
         for agent, escs in sorted(by.items(), key=lambda kv: -len(kv[1]))
         for notes in [{e["note_path"] for e in escs}]
