@@ -773,6 +773,41 @@ def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):
     assert "FAIL findings: 2" in page and page.count('<tr class="fail">') == 2
 
 
+def test_the_fails_named_are_those_no_fixer_or_person_took(night, tmp_path):
+    """A night with --fix sends every FAIL on: nectar-flow's was fixed and passed, the city
+    note's were escalated (each note with its decide line). The terminal named the first
+    three by path, escalated ones, and "8 more FAIL finding(s)": none needed anyone. The
+    FAILs of a run without --fix, acked or not (an ack is no decision on the finding), are
+    the ones no one takes."""
+    copy = Night(tmp_path / "copy")
+    shutil.copytree(night.root, copy.root, ignore=shutil.ignore_patterns("*.bell"))
+    res = copy.rq("report", "--since", "24h")
+    assert res.returncode == 0, res.stderr
+    assert [ln for ln in res.stdout.splitlines() if ln.startswith("  ") and "FAIL" in ln] == []
+    left = (
+        "swarming-is-driven-by-brood-nest-congestion.md",
+        "winter-survival-is-decided-in-late-summer.md",
+    )
+    for name in left:  # the fixer's reviewer FAILs a note without its marker; no --fix
+        res = copy.rq(
+            "sweep", "--reviewer", "fixer", "--note", str(copy.root / "kb/notes" / name), GATE
+        )
+        assert "wait on a paused reviewer" in res.stderr  # the night's other jobs: exit 1
+    winter = copy.root / "kb/notes" / left[1]
+    winter.write_text(winter.read_text() + "\nA trivial line.\n")
+    res = copy.rq("ack", "--model", "fix", str(winter), GATE)
+    assert res.returncode == 0, res.stderr
+    res = copy.rq("report", "--since", "24h")
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("  ") and "FAIL" in ln]
+    assert [ln.split(":")[0] for ln in said] == [f"  FAIL kb/notes/{n} {GATE}" for n in left]
+    r = copy.report()["reviewed"]
+    then = {(f["note_path"], f["gate_id"]): f["then"] for f in r["fails"]}
+    assert then[(FIXED_NOTE, GATE)] == "reviewed-again"
+    assert then[(CITY, GATE)] == "escalated"
+    assert [k for k, v in then.items() if v is None] == [(f"kb/notes/{n}", GATE) for n in left]
+    assert r["fails_left_total"] == 2 and r["fails_total"] == len(r["fails"]) == 13
+
+
 def test_a_page_that_cannot_be_written_is_not_remembered_as_shown(kb, run_cli):
     Store.open(kb.state).close()
     blocker = kb.root / "not-a-folder"

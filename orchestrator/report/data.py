@@ -613,22 +613,45 @@ def _reviewed(
         "warns_total": decisions.get("WARN", 0),
         "fails": fails,
         "fails_total": decisions.get("FAIL", 0),
+        "fails_left_total": store.conn.execute(
+            f"SELECT count(*) {pair_scope} AND p.decision = 'FAIL' AND ({FAIL_THEN}) IS NULL", args
+        ).fetchone()[0],
     }
+
+
+# What came of a FAIL of the period, or NULL when nothing did: a run without --fix sends
+# it to no fixer and no person, and a later --fix run finds it fresh (an ack carries it
+# forward, and is no decision on it). On a --fix night the others are the report's other
+# lines: its escalation's decide line, the fix in What changed.
+FAIL_THEN = (
+    "CASE WHEN EXISTS (SELECT 1 FROM escalations e WHERE e.model_partition = j.model_partition "
+    "AND e.note_path = p.note_path AND e.gate_id = p.gate_id AND e.raised_at >= p.decided_at) "
+    "THEN 'escalated' WHEN NOT EXISTS (SELECT 1 FROM acceptance a WHERE a.model_partition = "
+    "j.model_partition AND a.note_path = p.note_path AND a.gate_id = p.gate_id "
+    "AND a.review_pair_id = p.id) THEN 'reviewed-again' "
+    "WHEN EXISTS (SELECT 1 FROM review_jobs x WHERE x.kind = 'fix' AND x.note_path = p.note_path "
+    "AND x.source_job_id = j.id) THEN 'fix' END"
+)
 
 
 def _findings(
     store: Store, pair_scope: str, args: tuple, limit: int | None, decision: str
 ) -> list[dict]:
-    """The period's findings of one decision (WARN, FAIL: a constant), by note and gate."""
+    """The period's findings of one decision (WARN, FAIL: a constant), by note and gate; a
+    FAIL with what came of it (``then``), those nothing came of first."""
+    then = FAIL_THEN if decision == "FAIL" else "NULL"
     rows = _rows(
         store,
-        f"SELECT p.note_path, p.gate_id, p.rationale, j.id AS job_id {pair_scope} "
-        f"AND p.decision = '{decision}' ORDER BY p.note_path, p.gate_id, j.id"
+        f"SELECT p.note_path, p.gate_id, p.rationale, j.id AS job_id, {then} AS came {pair_scope} "
+        f"AND p.decision = '{decision}' ORDER BY came IS NOT NULL, p.note_path, p.gate_id, j.id"
         + ("" if limit is None else f" LIMIT {int(limit)}"),
         args,
     )
     for r in rows:
         r["finding"] = first_finding(r.pop("rationale"))
+        came = r.pop("came")
+        if decision == "FAIL":
+            r["then"] = came
     return rows
 
 

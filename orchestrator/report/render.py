@@ -222,13 +222,16 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {more}")
     for st in n["stalled"]:
         lines.append(f"  reviewer {st['reviewer']}: {stalled(st)}")
-    for f in r["fails"][:FAILS_SHOWN]:
+    # Only the FAILs nothing came of: a fixed one, or an escalated one (its decide line
+    # is above), named here read as work left.
+    for f in [f for f in r["fails"] if f["then"] is None][:FAILS_SHOWN]:
         lines.append(
             f"  FAIL {f['note_path']} {f['gate_id']}: {f['finding']} (reviewq job {f['job_id']})"
         )
-    if r["fails_total"] > FAILS_SHOWN:
+    if r["fails_left_total"] > FAILS_SHOWN:
         lines.append(
-            f"  … {r['fails_total'] - FAILS_SHOWN} more FAIL finding(s): on the page, every one with --full"
+            f"  … {r['fails_left_total'] - FAILS_SHOWN} more FAIL finding(s) no fixer or person "
+            "took: on the page, every one with --full"
         )
     for gate in data["trends"]["suspect_gates"]:
         lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
