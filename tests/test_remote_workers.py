@@ -2099,3 +2099,25 @@ def test_a_starting_worker_whose_queue_is_down_says_the_reaped_attempts_once(tmp
     lines = [json.loads(x) for x in (tmp_path / "logs/reviewq.jsonl").read_text().splitlines()]
     (said,) = [e for e in lines if e["event"] == "worker.reap_unsent"]
     assert said["attempts"] == [[7, 1], [8, 2], [9, 1]] and said["reaped"] == ["h:10", "h:11"]
+
+
+def test_doctor_does_not_ask_for_a_control_where_one_on_another_machine_feeds_the_queue(
+    kb, redis_url, run_cli
+):
+    """The KB's reviewq.toml ([[sweeps]], [queue] url) on a laptop, its control on a server
+    feeding the Redis queue: doctor on the laptop said the entries fire only while a control
+    runs, "and none does: start `reviewq control`", a second control whose [[sweeps]]
+    would run every night twice (doctor's own line names the one that feeds the queue)."""
+    from orchestrator.config import load_settings
+    from workers.queues import huey_for, mark_fed
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        f'[queue]\nurl = "{redis_url}"\n\n[[sweeps]]\nname = "nightly"\ncron = "30 1 * * *"\n',
+    )
+    mark_fed(huey_for(load_settings(kb.root), "control"), Path("/srv/state"), every=60.0)
+    said = run_cli("doctor").stdout
+    assert "state folder /srv/state" in said, said
+    assert "nightly" not in said, said

@@ -958,6 +958,20 @@ def _unfed_queue(ws: Workspace) -> str | None:
     )
 
 
+def _fed_from_elsewhere(ws: Workspace) -> bool:
+    """A control process of another machine or state folder feeds the Redis queue (the
+    queue's check names it): the KB's reviewq.toml on a laptop, its control on a server.
+    "start `reviewq control`" there made a second one, every [[sweeps]] entry run twice."""
+    if not ws.settings.queue.url:
+        return False
+    from workers.queues import huey_for, other_feeder
+
+    try:
+        return other_feeder(huey_for(ws.settings, "control"), ws.state_dir) is not None
+    except Exception:  # noqa: BLE001 - a queue out of reach: the queue's own check names it
+        return False
+
+
 def _sweeps_unfired(ws: Workspace) -> str | None:
     """Why the [[sweeps]] entries will not run at their times, or None: no control process
     holds the state folder. A first entry passed doctor, and its night ran nothing."""
@@ -968,6 +982,8 @@ def _sweeps_unfired(ws: Workspace) -> str | None:
         if not names or control_pid(ws.state_dir) is not None:
             return None
     except OSError:  # an unreadable lock: the state folder's own check names it
+        return None
+    if _fed_from_elsewhere(ws):
         return None
     which = ", ".join(repr(n) for n in names)
     return (
