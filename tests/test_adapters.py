@@ -1204,6 +1204,33 @@ def test_doctor_says_a_sweeps_entry_fires_only_while_a_control_runs(run_cli, kb)
     assert "nightly" not in res.stdout, res.stdout
 
 
+def test_doctor_says_nothing_of_a_sweeps_entry_the_systems_cron_runs_by_name(run_cli, kb):
+    """doctor's own way on, the system's cron running `reviewq sweep --name nightly`, kept
+    its warning for good ("none does: start `reviewq control`"), every morning: nothing
+    said the entry was run. A control's run after it, and that control gone, warns again."""
+    from .conftest import reviewq_process
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "nightly"\ncron = "30 1 * * *"\nreviewer = "offline"\n\n'
+        '[[sweeps]]\nname = "weekly"\ncron = "0 3 * * 0"\nreviewer = "offline"\n',
+    )
+    res = reviewq_process("--root", str(kb.root), "sweep", "--name", "nightly")
+    assert res.returncode == 0, res.stderr
+    said = [line for line in run_cli("doctor").stdout.splitlines() if "[[sweeps]]" in line]
+    assert len(said) == 1 and "'weekly' runs at its cron" in said[0], said
+    assert "nightly" not in said[0]
+    with Store.open(kb.state) as store, store.write():
+        store.conn.execute(
+            "INSERT INTO sweep_runs (name, trigger, options, started_at) "
+            "VALUES ('nightly', 'cron', '{\"configured\": true}', '2999-01-01T00:00:00Z')"
+        )
+    said = [line for line in run_cli("doctor").stdout.splitlines() if "[[sweeps]]" in line]
+    assert "'nightly', 'weekly' run at their crons" in said[0], said
+
+
 def test_doctor_for_a_worker_with_no_queue_url_and_no_control_says_it_would_wait(run_cli, tmp_path):
     """`doctor --worker` said "ok: queue backend SQLite answers" of a queue file of the
     worker's own, which no control process feeds, and made it."""

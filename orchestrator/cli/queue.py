@@ -972,6 +972,17 @@ def _fed_from_elsewhere(ws: Workspace) -> bool:
         return False
 
 
+def _run_by_name(ws: Workspace, names: list[str]) -> set[str]:
+    from orchestrator.sweeps.producer import run_by_name
+
+    if not (ws.state_dir / "state.db").is_file():
+        return set()
+    try:
+        return run_by_name(ws.read_store(), names)
+    except Exception:  # noqa: BLE001 - state.db's own problem: its check names it
+        return set()
+
+
 def _sweeps_unfired(ws: Workspace) -> str | None:
     """Why the [[sweeps]] entries will not run at their times, or None: no control process
     holds the state folder. A first entry passed doctor, and its night ran nothing."""
@@ -984,6 +995,10 @@ def _sweeps_unfired(ws: Workspace) -> str | None:
     except OSError:  # an unreadable lock: the state folder's own check names it
         return None
     if _fed_from_elsewhere(ws):
+        return None
+    # The other way on, the system's cron running `sweep --name`, was told the same for good.
+    names = [n for n in names if n not in _run_by_name(ws, names)]
+    if not names:
         return None
     which = ", ".join(repr(n) for n in names)
     return (

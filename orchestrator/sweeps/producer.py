@@ -356,6 +356,21 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
     return taken
 
 
+def run_by_name(store: Store, names: Collection[str]) -> set[str]:
+    """The entries of ``names`` whose last run was ``reviewq sweep --name NAME`` alone, as
+    the system's cron runs one with no control process (OPERATIONS §3), not the control's."""
+    marks = ", ".join("?" * len(names))
+    return {
+        name
+        for (name,) in store.conn.execute(
+            f"SELECT s.name FROM sweep_runs s WHERE s.name IN ({marks}) AND s.trigger = 'sweep' "
+            "AND json_extract(s.options, '$.configured') AND s.id = "
+            "(SELECT max(id) FROM sweep_runs WHERE name = s.name)",
+            tuple(names),
+        )
+    }
+
+
 def start_run(
     store: Store, name: str, trigger: str, options: dict, budget_usd: float | None = None
 ) -> int:
