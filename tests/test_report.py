@@ -773,6 +773,32 @@ def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):
     assert "FAIL findings: 2" in page and page.count('<tr class="fail">') == 2
 
 
+def test_the_fails_no_one_took_are_counted_in_needs_you(kb, run_cli, browser, tmp_path):
+    """The terminal said "needs you: nothing" and then listed the FAILs a run without --fix
+    sent to no one, under it; the page's Needs you said "Nothing: …" and its tile 0."""
+    kb.gate("frontmatter/has-description", ["description"])
+    for name in ("a", "b"):
+        kb.note(name, body=f"Body of {name}.\n", description="")
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--json")
+    assert res.returncode == 0, res.stderr
+    page_path = tmp_path / "r.html"
+    res = run_cli("report", "--since", "1h", "--html", str(page_path))
+    assert "needs you: 2 FAIL finding(s) no fixer or person took\n" in res.stdout, res.stdout
+    page = browser.open(page_path.as_uri())
+    tile = page.evaluate("document.querySelector('.tiles li').innerText")
+    assert tile.split() == ["2", "need", "you"], tile
+    needs = page.evaluate("document.querySelector('#needs-you').innerText")
+    assert "2 FAIL finding(s) no fixer or person took" in needs and "Nothing" not in needs
+    assert page.evaluate("document.querySelector('#fail-findings') !== null")
+    # Five columns on a phone: the job's number and heading stay whole ("Jo" over "b").
+    phone = browser.open(page_path.as_uri(), width=390, mobile=True)
+    lines = phone.evaluate(
+        "[...document.querySelectorAll('#fail-findings + .table .n')].map(c => {"
+        "const r = document.createRange(); r.selectNodeContents(c); return r.getClientRects().length})"
+    )
+    assert lines == [1, 1, 1], lines
+
+
 def test_the_fails_named_are_those_no_fixer_or_person_took(night, tmp_path):
     """A night with --fix sends every FAIL on: nectar-flow's was fixed and passed, the city
     note's were escalated (each note with its decide line). The terminal named the first

@@ -85,12 +85,16 @@ def gather(
     # Whatever the period, as a pause is: a night with no sweep looked quiet.
     needs["sweeps_not_run"] = list(not_run or [])
     needs["count"] += len(needs["sweeps_not_run"])
+    reviewed = _reviewed(store, scope, _scope(period, spent=True)[0], args, limit, period)
+    # The FAILs nothing came of are a person's to take (edit the note, or a --fix sweep
+    # from the start): the page said "Nothing" needs you beside them.
+    needs["count"] += reviewed["fails_left_total"]
     return {
         "period": period.to_json(),
         "generated_at": now,
         "needs_you": needs,
         "kb_changes": _kb_changes(store, scope, args, limit, unwritten),
-        "reviewed": _reviewed(store, scope, _scope(period, spent=True)[0], args, limit, period),
+        "reviewed": reviewed,
         "trends": _trends(store, period),
     }
 

@@ -11,6 +11,7 @@ from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, raised_by
 from orchestrator.state.words import attempt_words, outcome_words
 
 FAILS_SHOWN = 3  # the terminal's FAIL findings; the page lists up to the report's cut
+FAILS_LEFT = "FAIL finding(s) no fixer or person took"
 
 _ENV = Environment(
     loader=PackageLoader("orchestrator.report", "templates"),
@@ -32,6 +33,7 @@ def duration(seconds: float | None) -> str:
     return f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
 
 
+_ENV.globals["FAILS_LEFT"] = FAILS_LEFT
 _ENV.filters["money"] = money
 _ENV.filters["duration"] = duration
 
@@ -187,6 +189,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{n['fixes_unwritten_total']} fixed note(s) not written to the KB")
     if n["stalled"]:
         needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
+    if r["fails_left_total"]:
+        needs.append(f"{r['fails_left_total']} {FAILS_LEFT}")
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for a in n["agents_failed"]:
         lines.append(f"  {a['says']}")
@@ -230,8 +234,8 @@ def text(data: dict, html_path: str | None) -> str:
         )
     if r["fails_left_total"] > FAILS_SHOWN:
         lines.append(
-            f"  … {r['fails_left_total'] - FAILS_SHOWN} more FAIL finding(s) no fixer or person "
-            "took: on the page, every one with --full"
+            f"  … {r['fails_left_total'] - FAILS_SHOWN} more {FAILS_LEFT}: on the page, every "
+            "one with --full"
         )
     for gate in data["trends"]["suspect_gates"]:
         lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
