@@ -613,3 +613,26 @@ def test_a_redo_fix_commit_quotes_the_persons_asks_without_a_trailer_of_theirs(r
     assert "A person asked (decide redo):\n  Say it plainly.\n  Reviewq-Job: 99\n" in body
     assert git(repo, "log", "--format=%H", "--grep=^Reviewq-Job: 99$") == ""
     assert git(repo, "log", "--format=%H", "--grep=^Reviewq-Job: 7$").strip() == sha
+
+
+@pytest.mark.parametrize(
+    ("found", "asks"),
+    [
+        ((), "Cut the second paragraph.\n\n\nThen say it plainly."),
+        ((f"prose/body-check: high: {'x' * 175} and the rest",), None),
+    ],
+    ids=["asks-with-two-blank-lines", "finding-cut-at-a-space"],
+)
+def test_a_fix_commit_quoting_a_persons_text_is_found_after_a_crash(repo, found, asks):
+    """git tidies a message's whitespace as it stores it (no blank line twice, no trailing
+    space): a redo's asks with two blank lines, or a finding cut at 200 characters just
+    after a space, made the stored message differ from the one reviewq wrote, and a run
+    that died before recording its commit then called that commit "not reviewq's"."""
+    before = (repo / NOTE).read_bytes()
+    after = before + b"More.\n"
+    (repo / NOTE).write_bytes(after)
+    msg = message(NOTE, ["prose/body-check"], 42, "fake", "fake", found=found, asks=asks)
+    first = commit_fix(repo, NOTE, before, after, msg)
+    assert first.sha
+    again = commit_fix(repo, NOTE, before, after, msg)  # the run after the crash
+    assert again.sha == first.sha and again.why_not is None, again

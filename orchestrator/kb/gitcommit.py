@@ -236,10 +236,13 @@ def _earlier_commit(root: Path, rel: str, msg: str, fixed: str) -> str | None:
     found = _git(root, "log", "-5", "--format=%H", "--basic-regexp", pattern, "HEAD", "--", rel)
     if found.returncode != 0:
         return None
+    # As git stored it (no blank line twice, no space at a line's end): a person's asks or
+    # a finding cut just after a space differ from it, and the commit was called not ours.
+    stored = _git(root, "stripspace", data=msg.encode()).stdout.decode("utf-8", "replace")
     for sha in found.stdout.split():
         body = _git(root, "log", "-1", "--format=%B", sha).stdout
         blob = _git(root, "rev-parse", "--verify", "--quiet", f"{sha}:./{rel}").stdout.strip()
-        if body.strip() == msg.strip() and blob == fixed:
+        if body.strip() == stored.strip() and blob == fixed:
             return sha
     return None
 
