@@ -2388,3 +2388,31 @@ def test_an_ack_that_carries_a_fail_forward_leaves_the_count(cyc):
     assert rq(cyc, "ack", "--model", "fake", NOTE, "prose/body-check").returncode == 0
     with db(cyc) as conn:
         assert conn.execute("SELECT rejections FROM cycles").fetchone()[0] == 1
+
+
+def test_a_redo_that_released_a_pair_gives_its_asks_to_the_fix_its_review_starts(cyc):
+    """A redo of a pair with no FAIL on record (its reviewer failed every attempt) queued no
+    fix and released the pair; when the next sweep's review FAILed it, the fix that review
+    started was not told what the person had asked: their words were in state.db alone."""
+    config(cyc, profile("fake", FAKE_MODE="nothing"))
+    assert rq(cyc, "sweep", "--reviewer", "fake", "--fix").returncode != 0
+    (esc,) = [e["id"] for e in json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]]
+    asks = "Name the hive type in the first sentence."
+    res = rq(cyc, "decide", str(esc), "redo", "--feedback", asks)
+    assert res.returncode == 0, res.stderr
+    assert "no fix job queued" in res.stdout and "your asks" in res.stdout, res.stdout
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND="FIXED: it is."))
+    assert rq(cyc, "sweep", "--reviewer", "fake", "--fix").returncode == 0
+    with db(cyc) as conn:
+        (fix,) = conn.execute("SELECT job_dir, feedback FROM review_jobs WHERE kind = 'fix'")
+        decision = conn.execute("SELECT decision FROM acceptance").fetchone()[0]
+    assert fix["feedback"] == asks and decision == "PASS"
+    assert asks in (cyc.state / fix["job_dir"] / "attempt-1" / "prompt.md").read_text()
+    # Taken by that fix: the next fix of the note (a later FAIL) is not told them again.
+    cyc.write(NOTE, cyc.read(NOTE).replace("FIXED: it is.", "Edited."))
+    assert rq(cyc, "sweep", "--reviewer", "fake", "--fix").returncode == 0
+    with db(cyc) as conn:
+        feedback = [
+            r[0] for r in conn.execute("SELECT feedback FROM review_jobs WHERE kind = 'fix'")
+        ]
+    assert feedback == [asks, None]

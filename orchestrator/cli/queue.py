@@ -1483,7 +1483,7 @@ def decide_cmd(
                 f"{', '.join(gates)}) with your asks"
                 if job_id
                 else f"redo: no fix job queued ({note_path} has no FAIL on record about its current text); "
-                "released: the next sweep reviews it again"
+                "released: the next sweep reviews it again, and a fix that review starts carries your asks"
             )
         if any(jobs.values()):
             say_if_no_control(ws, "the fix")

@@ -136,7 +136,7 @@ class FollowUp:
                 fix_notes.add(p["note_path"])
         for note_path in sorted(fix_notes):
             with self._or_logged(job_id, f"fix of {note_path}"):
-                self._start_fix(job, note_path, opts, feedback=self._asks(job))
+                self._start_fix(job, note_path, opts, feedback=self._asks(job, note_path))
         with self._or_logged(job_id, "audit"):
             self._audit(job, pairs, opts)
         if opts.get("sequential"):
@@ -845,13 +845,27 @@ class FollowUp:
                     error=f"{type(exc).__name__}: {exc}",
                 )
 
-    def _asks(self, job) -> str | None:
+    def _asks(self, job, note_path: str) -> str | None:
         """A person's redo asks stay with the cycle they started: a re-review made after a
-        fix carries the asks of that fix on to the next one."""
-        if job["source_job_id"] is None:
-            return None
-        src = self.job(job["source_job_id"])
-        return src["feedback"] if src is not None and src["kind"] == "fix" else None
+        fix carries the asks of that fix on to the next one. A redo that queued no fix (no
+        FAIL on record: it released the pair) gives its asks to the first fix of the note
+        after it, while the note is the text the person decided on: the released pair's
+        next review starts that fix, and without them the person's words reached no one."""
+        if job["source_job_id"] is not None:
+            src = self.job(job["source_job_id"])
+            return src["feedback"] if src is not None and src["kind"] == "fix" else None
+        rows = self.store.conn.execute(
+            "SELECT e.feedback FROM escalations e WHERE e.decision = 'redo' "
+            "AND e.note_path = ?1 AND e.model_partition = ?2 AND trim(e.feedback) != '' "
+            "AND EXISTS (SELECT 1 FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
+            "WHERE p.job_id = ?3 AND p.note_path = ?1 AND n.sha256 = e.note_sha256) "
+            "AND NOT EXISTS (SELECT 1 FROM review_jobs f WHERE f.kind = 'fix' "
+            "AND f.note_path = ?1 AND f.created_at >= e.decided_at) "
+            "ORDER BY e.decided_at, e.id",
+            (note_path, job["model_partition"], job["id"]),
+        ).fetchall()
+        asks = list(dict.fromkeys(r[0].strip() for r in rows))  # a --note redo: one per gate
+        return "\n\n".join(asks) or None
 
     # --- helpers ------------------------------------------------------------------------
     def job(self, job_id: int):
