@@ -636,3 +636,17 @@ def test_a_fix_commit_quoting_a_persons_text_is_found_after_a_crash(repo, found,
     assert first.sha
     again = commit_fix(repo, NOTE, before, after, msg)  # the run after the crash
     assert again.sha == first.sha and again.why_not is None, again
+
+
+def test_a_redos_long_asks_do_not_keep_its_fix_from_its_commit(repo):
+    """The message went to git as one argument, and Linux takes none past 128 KiB: asks
+    that `decide --feedback` itself could carry, quoted a line each with an indent, made
+    the message too long for it, and the fix stayed uncommitted ("git could not run:
+    Argument list too long")."""
+    asks = "\n".join(["ok"] * 30_000)  # 90 KB: under the 128 KiB one argument may hold
+    before = (repo / NOTE).read_bytes()
+    after = before + b"More.\n"
+    (repo / NOTE).write_bytes(after)
+    out = commit_fix(repo, NOTE, before, after, message(NOTE, ["g"], 7, "fake", "fake", asks=asks))
+    assert out.sha and out.why_not is None, out
+    assert git(repo, "log", "-1", "--format=%b", out.sha).count("\n  ok") == 30_000

@@ -368,7 +368,27 @@ def _commit_unchanged(
             return None
     except FileNotFoundError:
         return None
-    return _git(root, "commit", "--quiet", "--no-verify", "--only", "-m", msg, "--", rel, env=env)
+    # The message on stdin: as an argument it may hold no more than 128 KiB (Linux), and a
+    # redo's asks quoted in it had the fix left uncommitted as "Argument list too long".
+    p = _git(
+        root,
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "--only",
+        "-F",
+        "-",
+        "--",
+        rel,
+        env=env,
+        data=msg.encode(),
+    )
+    return subprocess.CompletedProcess(
+        p.args,
+        p.returncode,
+        p.stdout.decode("utf-8", "replace"),
+        p.stderr.decode("utf-8", "replace"),
+    )
 
 
 def _commit(
