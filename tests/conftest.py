@@ -202,20 +202,33 @@ def run_cli(kb: KBBuilder):
     return run
 
 
+def bound_by_file_modes() -> list[str]:
+    """The command prefix that makes a process obey file modes: as root, without the
+    capabilities that pass them (CAP_DAC_OVERRIDE); skips the test if that cannot be had."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("as root, needs setpriv to drop the capabilities that pass a mode")
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]
+
+
 def reviewq_process(
     *args: str,
     cwd: Path | None = None,
     env: dict | None = None,
     input: str | None = None,
     timeout: float = 120,
+    wrap: list[str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the real ``reviewq`` console script as a process. In a session of its own, so
-    that a run past ``timeout`` is killed with what it started (a sweep's control and
-    worker) instead of leaving them behind."""
+    """Run the real ``reviewq`` console script as a process (after ``wrap``, a command
+    prefix). In a session of its own, so that a run past ``timeout`` is killed with what
+    it started (a sweep's control and worker) instead of leaving them behind."""
     exe = Path(sys.executable).parent / "reviewq"
     full_env = {**os.environ, **(env or {})}
     with subprocess.Popen(
-        [str(exe), *args],
+        [*(wrap or []), str(exe), *args],
         cwd=cwd,
         env=full_env,
         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,

@@ -869,16 +869,11 @@ def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
     `status`, `report`, `escalations`, `decide` said "internal error: PermissionError …
     (please report it)": the group's look for state.db ran outside the commands' guard.
     As root, the process runs without CAP_DAC_OVERRIDE, so the mode holds for it too."""
-    import shutil
     import sys
 
-    from .conftest import reviewq_process
+    from .conftest import bound_by_file_modes, reviewq_process
 
-    wrap: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("as root, needs setpriv to drop the capabilities that pass a mode")
-        wrap = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]
+    wrap = bound_by_file_modes()
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0

@@ -373,6 +373,33 @@ def test_a_first_select_makes_the_state_folder_as_a_new_state_db_does(kb, run_cl
     assert kb.state.stat().st_mode & 0o777 == 0o700
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["lines", "json"])
+def test_a_select_by_a_reader_who_cannot_write_the_kb_still_answers(kb, as_json):
+    """`select` reads: on a KB its user may not write (a colleague's, a read-only checkout)
+    it answered without its caches (a cache not written is only slower). Making the state
+    folder at a first select refused it: "Permission denied (run reviewq as a user who
+    may read and write ...)"."""
+    from .conftest import bound_by_file_modes, reviewq_process
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.root.chmod(0o555)
+    try:
+        res = reviewq_process(
+            "--root",
+            str(kb.root),
+            "select",
+            "--all-gates",
+            *(["--json"] if as_json else []),
+            wrap=bound_by_file_modes(),
+        )
+    finally:
+        kb.root.chmod(0o755)
+    assert res.returncode == 0, res.stderr
+    assert "kb/notes/alpha.md" in res.stdout and "prose/clarity" in res.stdout, res.stdout
+    assert not kb.state.exists()
+
+
 def test_a_state_folder_that_is_the_kb_root_gets_no_gitignore(kb, run_cli):
     """`--state .` in ROOT: a .gitignore of `*` there hid the whole KB from git."""
     kb.gate("prose/clarity", ["body"])

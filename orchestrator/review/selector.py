@@ -7,6 +7,7 @@ never become Python objects, which is what keeps a 400,000-pair KB inside CONTRA
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 from collections import Counter
@@ -227,8 +228,10 @@ def select(
         raise SelectError(problem)
     if cache_dir is not None and not cache_dir.exists():
         # A first `select` makes the state folder: as private, and as hidden from git, as
-        # the first state.db would have made it.
-        make_state_folder(cache_dir, new=True)
+        # the first state.db would have made it. Not by a reader who may not write the KB:
+        # select only reads, and without its caches it is only slower.
+        with contextlib.suppress(OSError):
+            make_state_folder(cache_dir, new=True)
     kb.problems.clear()
     paths = kb.note_files(note_paths)
     cache = NoteCache.open(cache_dir) if cache_dir is not None else None
