@@ -264,3 +264,24 @@ def test_a_fix_commit_says_what_the_review_found(repo):
     body = git(repo.root, "log", "-1", "--format=%B", sha)
     assert "The review found:\n- prose/body-check: low: finding 0 for prose/body-check\n" in body
     assert body.index("The review found:") < body.index("Undo with `git revert`")
+
+
+def test_a_fix_commit_says_how_many_findings_it_leaves_out(repo):
+    """A review with more than ten findings for a gate: the message quoted ten and said
+    nothing of the rest (the first ten were all it counted), so `git log` read as if the
+    reviewer had found no more, while the fixer was given every one."""
+    many = "\n".join(f"- low: extra finding {n}" for n in range(24))
+    repo.write(
+        "reviewq.toml",
+        profile(
+            "fake", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=FIXED, FAKE_QUOTE="MANY"
+        ).replace("env = {", f"env = {{ MANY = {json.dumps('list:' + chr(10) + many)},", 1)
+        + FAST_QUEUE
+        + "[fix]\ngit_commit = true\n",
+    )
+    git(repo.root, "commit", "-qam", "config")
+    sweep(repo)
+    body = git(repo.root, "log", "-1", "--format=%B", fix_job(repo)["fix_commit"])
+    quoted = [ln for ln in body.splitlines() if ln.startswith("- prose/body-check: ")]
+    assert len(quoted) == 20 and quoted[-1].endswith("extra finding 17"), quoted
+    assert "\n- … and 6 more\n" in body  # 26 in all: the fake's own two, and 24

@@ -641,7 +641,9 @@ def commit_applied_fix(
     pairs = store.conn.execute(
         "SELECT gate_id, rationale FROM review_pairs WHERE job_id = ? ORDER BY id", (job["id"],)
     ).fetchall()
-    found = [f"{p['gate_id']}: {f}" for p in pairs for f in finding_lines(p["rationale"])]
+    found = [
+        f"{p['gate_id']}: {f}" for p in pairs for f in finding_lines(p["rationale"], limit=None)
+    ]
     msg = message(
         rel,
         [p["gate_id"] for p in pairs],

@@ -1006,14 +1006,15 @@ def gist(rationale: str | None, limit: int = 140) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def findings(rationale: str | None) -> list[str]:
-    """The ``- severity: text`` lines of a rationale, without their dash."""
+def findings(rationale: str | None, limit: int | None = 10) -> list[str]:
+    """The ``- severity: text`` lines of a rationale, without their dash: the first
+    ``limit`` (None: all, for a caller that says how many it leaves out)."""
     out = []
     for line in (rationale or "").splitlines():
         line = line.strip()
         if line.startswith("- ") and line[2:].strip().lower() not in ("none", "none."):
             out.append(line[2:].strip())
-    return out[:10]
+    return out[:limit]
 
 
 # What brings back an open escalation's report deleted by hand (`doctor` names them).
