@@ -870,6 +870,54 @@ def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb
     ws.store.close()
 
 
+@pytest.mark.parametrize(
+    ("since", "why"),
+    [
+        ("deleted", "No such file or directory"),
+        ("renamed", "No such file or directory"),
+        ("a folder", "Is a directory"),
+        ("a FIFO", "not a regular file (a FIFO, socket or device)"),
+        ("grown", "over [limits] max_note_bytes (4096); not reviewed"),
+    ],
+)
+def test_an_enqueue_packs_no_note_gone_since_its_selection_read_it(kb, monkeypatch, since, why):
+    """The texts the selection read are packed, but the note must still be there: one
+    deleted, renamed, made a folder or grown past the size limit between the selection
+    and the commit was packed, a review paid for a note that is gone (its FAIL escalated
+    to a person, as no sweep reviews the pair again). It is skipped, as it was when
+    every note was read again."""
+    import os
+
+    import orchestrator.sweeps.producer as producer
+
+    kb.write("reviewq.toml", "[limits]\nmax_note_bytes = 4096\n")
+    kb.gate("prose/clarity", ["body"])
+    alpha = kb.root / kb.note("alpha")
+    kb.note("beta")
+    ws = Workspace.open(kb.root)
+    real = producer.create_jobs
+
+    def changed_meanwhile(*args, **kwargs):
+        if since == "renamed":
+            alpha.rename(alpha.with_name("gamma.md"))
+        elif since == "grown":
+            alpha.write_text(alpha.read_text() + "More words. " * 400)
+        else:
+            alpha.unlink()
+            if since == "a folder":
+                alpha.mkdir()
+            elif since == "a FIFO":
+                os.mkfifo(alpha)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(producer, "create_jobs", changed_meanwhile)
+    res = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    assert [p.note_path for j in res.jobs for p in j.pairs] == ["kb/notes/beta.md"]
+    [skipped] = res.skipped
+    assert skipped.note_path == "kb/notes/alpha.md" and skipped.why.endswith(why), skipped
+    ws.store.close()
+
+
 def test_an_enqueue_holds_one_map_of_the_open_pairs_at_a_time(kb, monkeypatch):
     """create_jobs reads the open pairs, then again under the write lock; the first map was
     still held then: at twenty-fold (270,000 pairs queued) two maps of ~120 MB each were

@@ -24,7 +24,7 @@ import yaml
 from orchestrator.config import MAX_NOTE_BYTES, glob_regex
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notecache import NoteCache
-from orchestrator.regularfile import FOLDER, NotRegular, open_regular
+from orchestrator.regularfile import FOLDER, SPECIAL, NotRegular, open_regular
 
 REGIONS = ("title", "description", "frontmatter", "body")
 NOTES_DIR = "kb/notes"
@@ -813,13 +813,26 @@ def read_file(path: Path) -> bytes:
     try:
         fd = open_regular(path)
     except NotRegular as exc:
-        if exc.kind == FOLDER:
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
-        raise OSError(errno.EINVAL, f"{exc.kind} (a FIFO, socket or device)") from None
+        raise _not_regular(path, exc.kind) from None
     if fd is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
     with open(fd, "rb") as f:
         return f.read()
+
+
+def note_size(path: Path) -> int:
+    """A note's size from a stat, unread; what :func:`read_file` would refuse (nothing
+    there, a folder, a FIFO) is the OSError it would raise."""
+    mode = (st := os.stat(path)).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, FOLDER if stat.S_ISDIR(mode) else SPECIAL)
+    return st.st_size
+
+
+def _not_regular(path: Path, kind: str) -> OSError:
+    if kind == FOLDER:
+        return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    return OSError(errno.EINVAL, f"{kind} (a FIFO, socket or device)")
 
 
 def name_problem(rel: str) -> str | None:

@@ -24,6 +24,7 @@ from orchestrator.kb.notes import (
     Note,
     NoteParseError,
     decode,
+    note_size,
     parse_note_text,
     read_file,
     sha256_bytes,
@@ -218,21 +219,23 @@ class _Loader:
                     roots = ", ".join(self.kb.note_roots)
                     self.notes[given] = f"{rel}: not a note (a .md file under {roots})"
                     return self.notes[given]
-                if rel not in self.pending and rel in self.selected:
-                    # The text the pair was selected for, read once: read again, it cost a
-                    # sweep a second pass over the KB (and packed an edit select never saw).
-                    self.notes[given] = self._refused(self.selected[rel]) or self.selected[rel]
-                    return self.notes[given]
                 pending = self.pending[rel].encode("utf-8") if rel in self.pending else None
                 # Judged before it is read: a 60 MB note made a 60 MB snapshot and message.
-                size = len(pending) if pending is not None else os.stat(self.kb.root / rel).st_size
+                # A note the selection read is judged too: one deleted, renamed or grown
+                # past the limit since was packed, a review of a note no longer there.
+                size = len(pending) if pending is not None else note_size(self.kb.root / rel)
                 if (why := self.kb.too_large(size)) is not None:
                     self.notes[given] = f"{rel}: {why}; not reviewed"
                     return self.notes[given]
-                data = pending if pending is not None else read_file(self.kb.root / rel)
-                text = decode(data)
-                # Its frontmatter says which gates it has (select judges it so too).
-                note = Note.from_text(rel, sha256_bytes(data), text, parse_note_text(text).meta)
+                if pending is None and rel in self.selected:
+                    # The text the pair was selected for, read once: read again, it cost a
+                    # sweep a second pass over the KB (and packed an edit select never saw).
+                    note = self.selected[rel]
+                else:
+                    data = pending if pending is not None else read_file(self.kb.root / rel)
+                    text = decode(data)
+                    # Its frontmatter says which gates it has (select judges it so too).
+                    note = Note.from_text(rel, sha256_bytes(data), text, parse_note_text(text).meta)
                 self.notes[given] = self._refused(note) or note
             except KBError as exc:
                 self.notes[given] = str(exc)
