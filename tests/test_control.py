@@ -832,13 +832,23 @@ def test_enqueued_jobs_carry_their_sweep_run_from_the_commit_that_creates_them(k
     ws.store.close()
 
 
+def _packed_note(ws: Workspace, job_id: int) -> tuple[str, str]:
+    """The text and sha256 of the note snapshot a one-pair job packed."""
+    return tuple(
+        ws.store.conn.execute(
+            "SELECT s.text, s.sha256 FROM review_pairs p "
+            "JOIN snapshots s ON s.id = p.note_snapshot_id WHERE p.job_id = ?",
+            (job_id,),
+        ).fetchone()
+    )
+
+
 def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb, monkeypatch):
     """A sweep's selection reads and hashes every note; packing its pairs read and hashed
     each again (~15 % of a sweep's time before its first dispatch, and twice the KB's text
-    held at once) and, for a note edited in between, packed a text select never judged."""
+    held at once)."""
     import orchestrator.kb.notes as notes
     import orchestrator.review.jobs as jobs
-    import orchestrator.sweeps.producer as producer
 
     kb.gate("prose/clarity", ["body"])
     alpha = kb.note("alpha", "As selected.\n")
@@ -850,23 +860,55 @@ def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb
         reads.append(pathlib.Path(path).name)
         return real_read(path)
 
-    def edited_meanwhile(*args, **kwargs):
-        kb.write(alpha, selected.decode().replace("As selected.", "Edited since."))
-        return real_create(*args, **kwargs)
-
-    real_read, real_create = notes.read_file, producer.create_jobs
+    real_read = notes.read_file
     monkeypatch.setattr(notes, "read_file", counted)
     monkeypatch.setattr(jobs, "read_file", counted)
-    monkeypatch.setattr(producer, "create_jobs", edited_meanwhile)
     res = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     assert reads == ["alpha.md"]
     [job] = res.jobs
-    text, sha = ws.store.conn.execute(
-        "SELECT s.text, s.sha256 FROM review_pairs p JOIN snapshots s ON s.id = p.note_snapshot_id "
-        "WHERE p.job_id = ?",
-        (job.review_job_id,),
-    ).fetchone()
-    assert (text, sha) == (selected.decode(), notes.sha256_bytes(selected))
+    assert _packed_note(ws, job.review_job_id) == (selected.decode(), notes.sha256_bytes(selected))
+    ws.store.close()
+
+
+@pytest.mark.parametrize("reviewed", [False, True], ids=["edited", "edited and reviewed"])
+def test_an_enqueue_packs_a_note_edited_since_its_selection_as_it_is_now(kb, monkeypatch, reviewed):
+    """Y1 packed the text the selection read though the note was edited before the
+    commit: a text gone from the KB was reviewed, and when the text after it had been
+    reviewed meanwhile (a fix's re-review, a sweep beside) the old text's verdict replaced
+    that review's, the pair back to a FAIL of a text the note no longer has. A note
+    changed since the selection read it is packed as it is now, as create-jobs packs it,
+    and skipped when its review came meanwhile."""
+    import orchestrator.sweeps.producer as producer
+    from orchestrator.review.finalize import finalize
+
+    kb.gate("prose/clarity", ["body"])
+    alpha = kb.root / kb.note("alpha", "As selected.\n")
+    ws = Workspace.open(kb.root)
+    real = producer.select
+    edited: list[bytes] = []
+
+    def then_edited(*args, **kwargs):
+        selection = real(*args, **kwargs)
+        if not edited:
+            edited.append(alpha.read_bytes().replace(b"As selected.", b"Edited since."))
+            alpha.write_bytes(edited[0])
+            if reviewed:
+                beside = Workspace.open(kb.root)
+                req = SweepRequest(name="beside", reviewer="offline", all_gates=True)
+                [job] = enqueue(beside, req).jobs
+                out = _pass_output(beside, job.review_job_id)
+                assert finalize(beside.store, beside.state_dir, job.review_job_id, out).ok
+                beside.close()
+        return selection
+
+    monkeypatch.setattr(producer, "select", then_edited)
+    res = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    if reviewed:
+        assert res.jobs == []
+        assert [s.why for s in res.skipped] == ["reviewed since it was selected: fresh"]
+    else:
+        [job] = res.jobs
+        assert _packed_note(ws, job.review_job_id)[0] == edited[0].decode()
     ws.store.close()
 
 

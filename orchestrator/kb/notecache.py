@@ -64,7 +64,7 @@ class NoteCache:
 
     def get(self, rel: str, st: os.stat_result) -> tuple[str, tuple | None, str | None] | None:
         e = self.entries.get(rel)
-        if e is None or e[0] != _stamp(st):
+        if e is None or e[0] != file_stamp(st):
             return None
         return e[1], e[2], e[3]
 
@@ -74,7 +74,7 @@ class NoteCache:
         if time.time() - max(st.st_mtime, st.st_ctime) < _RACY_S:
             self.entries.pop(rel, None)
             return
-        self.entries[rel] = (_stamp(st), sha, facts, error)
+        self.entries[rel] = (file_stamp(st), sha, facts, error)
         self.dirty = True
 
     def save(self) -> None:
@@ -83,7 +83,8 @@ class NoteCache:
             self.dirty = False
 
 
-def _stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def file_stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What tells a file's content changed without reading it (as git's index trusts it)."""
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from orchestrator.config import MAX_NOTE_BYTES, glob_regex
 from orchestrator.kb.frontmatter import parse_simple
-from orchestrator.kb.notecache import NoteCache
+from orchestrator.kb.notecache import NoteCache, file_stamp
 from orchestrator.regularfile import FOLDER, SPECIAL, NotRegular, open_regular
 
 REGIONS = ("title", "description", "frontmatter", "body")
@@ -340,6 +340,9 @@ class Note:
     root: Path | None = None
     _text: str | None = None
     _meta: dict | None = None
+    # The file's stamp (notecache.file_stamp) taken before the scan read it: a job packs
+    # the text the scan read only while the file still has it.
+    stamp: tuple | None = field(default=None, compare=False)
 
     @classmethod
     def from_text(
@@ -789,10 +792,11 @@ class KB:
                     if error is not None:
                         self.problems.append(FileProblem(rel, error))
                     else:
-                        notes.append(Note(rel, sha, facts, self.root))
+                        notes.append(Note(rel, sha, facts, self.root, stamp=file_stamp(st)))
                     continue
                 try:
                     note = self.read_note(rel)
+                    note.stamp = file_stamp(st)
                 except NoteParseError as exc:
                     if cache is not None:
                         cache.put(rel, st, "", None, str(exc))
@@ -820,13 +824,13 @@ def read_file(path: Path) -> bytes:
         return f.read()
 
 
-def note_size(path: Path) -> int:
-    """A note's size from a stat, unread; what :func:`read_file` would refuse (nothing
-    there, a folder, a FIFO) is the OSError it would raise."""
-    mode = (st := os.stat(path)).st_mode
-    if not stat.S_ISREG(mode):
-        raise _not_regular(path, FOLDER if stat.S_ISDIR(mode) else SPECIAL)
-    return st.st_size
+def note_stat(path: Path) -> os.stat_result:
+    """A note's stat, unread; what :func:`read_file` would refuse (nothing there, a
+    folder, a FIFO) is the OSError it would raise."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, FOLDER if stat.S_ISDIR(st.st_mode) else SPECIAL)
+    return st
 
 
 def _not_regular(path: Path, kind: str) -> OSError:

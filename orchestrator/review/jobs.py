@@ -18,13 +18,14 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.config import GROUPINGS, Settings
 from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, not_asked, parse_gate, type_gate
+from orchestrator.kb.notecache import file_stamp
 from orchestrator.kb.notes import (
     KB,
     KBError,
     Note,
     NoteParseError,
     decode,
-    note_size,
+    note_stat,
     parse_note_text,
     read_file,
     sha256_bytes,
@@ -223,14 +224,18 @@ class _Loader:
                 # Judged before it is read: a 60 MB note made a 60 MB snapshot and message.
                 # A note the selection read is judged too: one deleted, renamed or grown
                 # past the limit since was packed, a review of a note no longer there.
-                size = len(pending) if pending is not None else note_size(self.kb.root / rel)
+                st = note_stat(self.kb.root / rel) if pending is None else None
+                size = len(pending) if st is None else st.st_size
                 if (why := self.kb.too_large(size)) is not None:
                     self.notes[given] = f"{rel}: {why}; not reviewed"
                     return self.notes[given]
-                if pending is None and rel in self.selected:
-                    # The text the pair was selected for, read once: read again, it cost a
-                    # sweep a second pass over the KB (and packed an edit select never saw).
-                    note = self.selected[rel]
+                chosen = self.selected.get(rel) if st is not None else None
+                if chosen is not None and chosen.stamp == file_stamp(st):
+                    # The text the pair was selected for, the file unchanged since: read
+                    # again, it cost a sweep a second pass over the KB. A note changed since
+                    # is read as it is now: its selected text was gone, and reviewed, its
+                    # verdict replaced that of the text after it (a fix's re-review).
+                    note = chosen
                 else:
                     data = pending if pending is not None else read_file(self.kb.root / rel)
                     text = decode(data)
