@@ -325,6 +325,40 @@ def test_job_n_finds_the_jobs_that_followed_it_without_reading_every_job(kb):
     ws.close()
 
 
+def test_a_sweep_waiting_for_its_first_worker_reads_no_more_with_a_year_of_attempts(tmp_path):
+    """`sweep --workers 0` looks every 5 s for a worker heard from since it began until
+    one is, or its attempts wait: while nothing was sent yet (a paused reviewer, a spent
+    budget) each look read every attempt ever recorded, a year of nights' 2.3 million.
+    With 5,000 more attempts ended before the sweep began, a look reads the same."""
+    from workers.sweep import NoWorker
+
+    store = Store.open(tmp_path / "state")
+    job = store.conn.execute(
+        "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
+        "updated_at) VALUES ('completed', 'm', 'note', 'jobs/j', '2026-01-01T00:00:00Z', "
+        "'2026-01-01T00:00:00Z')"
+    ).lastrowid
+    watch = NoWorker(store, watching=True)
+
+    def look() -> int:
+        watch.next = watch.EVERY_S = 0.0
+        steps = sqlite_steps(store.conn, watch.check)
+        assert watch.watching  # nothing heard, nothing waiting: it goes on looking
+        return sum(steps.values())
+
+    before = look()
+    old = "2026-01-01T00:00:00.000Z"
+    store.conn.executemany(
+        "INSERT INTO attempts (job_id, attempt, outcome, worker, started_at, ended_at, "
+        "heartbeat_at, recorded_at) VALUES (?, ?, 'finalized', 'here:1', ?3, ?3, ?3, ?3)",
+        [(job, n, old) for n in range(1, 5001)],
+    )
+    after = look()
+    # A scan of the table is ~5,000 rows more: hundreds of steps.
+    assert after < before + 5, (before, after)
+    store.close()
+
+
 def test_the_openai_agent_refuses_an_answer_past_its_limit(monkeypatch):
     from workers import openai_agent
 

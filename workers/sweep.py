@@ -25,6 +25,7 @@ from stat import S_ISREG
 
 from orchestrator import logs
 from orchestrator.state.status import (
+    OPEN_SQL,
     Pause,
     Progress,
     SweepJobs,
@@ -676,10 +677,13 @@ class NoWorker:
         if not self.watching or time.monotonic() < self.next:
             return
         self.next = time.monotonic() + self.EVERY_S
+        # Each a range of an index (the times since the sweep began, the open attempts):
+        # one pass over the table read a year's attempts every 5 s while nothing was sent.
         heard, waiting = self.store.conn.execute(
-            "SELECT count(*) FILTER (WHERE worker IS NOT NULL "
-            "AND (heartbeat_at >= ?1 OR ended_at >= ?1)), "
-            "count(*) FILTER (WHERE outcome = 'dispatched') FROM attempts",
+            "SELECT EXISTS (SELECT 1 FROM attempts WHERE heartbeat_at >= ?1 "
+            "AND worker IS NOT NULL) OR EXISTS (SELECT 1 FROM attempts WHERE ended_at >= ?1 "
+            "AND worker IS NOT NULL), "
+            f"(SELECT count(*) FROM attempts WHERE {OPEN_SQL} AND outcome = 'dispatched')",
             (self.started_at,),
         ).fetchone()
         if heard:
