@@ -248,6 +248,60 @@ def test_the_reports_look_for_a_stalled_reviewer_reads_no_more_with_its_history(
     store.close()
 
 
+def test_the_look_for_a_reviewer_never_launched_reads_no_more_with_the_others_history(tmp_path):
+    """The look walks the attempts by time from the newest until one of the reviewer's
+    own: for one that has attempts but none launched (a new reviewer no worker serves,
+    each message of its never picked up: the stall the look is for) or none recorded yet
+    (its first agent still running), each walk read every attempt of every reviewer, a
+    year's 2.3 million, at each report. With 5,000 more attempts of another reviewer, the
+    look reads the same, and finds the same."""
+    from orchestrator.report.data import _stalled
+
+    store = Store.open(tmp_path / "state")
+    job = (
+        "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
+        "attempt, created_at, updated_at) VALUES (?, 'm', 'note', ?, 'jobs/j', 1, ?3, ?3)"
+    )
+    at = "2026-11-27T01:00:00.000Z"
+    lost = store.conn.execute(job, ("queued", "new", at)).lastrowid
+    store.conn.execute(
+        "INSERT INTO attempts (job_id, attempt, outcome, reasons, started_at, ended_at, "
+        "recorded_at) VALUES (?, 1, 'lost', '[\"never picked up by a worker within 10 min\"]', "
+        "?2, ?2, ?2)",
+        (lost, at),
+    )
+    running = store.conn.execute(job, ("running", "first", at)).lastrowid
+    store.conn.execute(
+        "INSERT INTO attempts (job_id, attempt, outcome, worker, started_at, heartbeat_at, "
+        "launched_at) VALUES (?, 1, 'running', 'here:1', ?2, ?2, ?2)",
+        (running, at),
+    )
+    now = "2026-11-27T06:00:00.000Z"
+
+    def look() -> tuple[list[dict], int]:
+        seen: list[list[dict]] = []
+        steps = sqlite_steps(store.conn, lambda: seen.append(_stalled(store, now, set(), set())))
+        return seen[0], sum(steps.values())
+
+    (before, steps_before) = look()
+    assert [(r["reviewer"], r["last_moved"], r["never_picked_up"]) for r in before] == [
+        ("first", at, 0),
+        ("new", None, 1),
+    ], before
+    other = store.conn.execute(job, ("completed", "other", at)).lastrowid
+    store.conn.executemany(
+        "INSERT INTO attempts (job_id, attempt, outcome, reasons, worker, started_at, "
+        "ended_at, heartbeat_at, recorded_at, launched_at) VALUES (?, ?, 'finalized', '[]', "
+        "'here:1', ?3, ?3, ?3, ?3, ?3)",
+        [(other, n, "2026-11-26T01:00:00.000Z") for n in range(1, 5001)],
+    )
+    (after, steps_after) = look()
+    assert after == before
+    # Walked, the other reviewer's 5,000 attempts are thousands of steps more.
+    assert steps_after < steps_before + 50, (steps_before, steps_after)
+    store.close()
+
+
 def test_the_report_finds_the_windows_jobs_without_reading_every_job(tmp_path):
     """The report found its jobs by an OR over their times and, for what attempts cost,
     an EXISTS over each job's attempts: every job and attempt ever recorded was read,

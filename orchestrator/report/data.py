@@ -281,6 +281,20 @@ _LAST = (
 )
 
 
+def _has(store: Store, reviewer: str, where: str) -> bool:
+    """Whether an attempt of ``reviewer``'s has ``where``: led by its jobs (CROSS JOIN),
+    found at the first of one with a history, and no more than its own attempts read for
+    one without."""
+    return (
+        store.conn.execute(
+            "SELECT 1 FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id "
+            f"WHERE j.reviewer = ? AND {where} LIMIT 1",
+            (reviewer,),
+        ).fetchone()
+        is not None
+    )
+
+
 def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[dict]:
     """Reviewers whose open jobs have not moved for :data:`STALLED_AFTER`: no attempt of
     theirs launched, sent a heartbeat or ended since. Read at ``now``, whatever the
@@ -303,29 +317,22 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
             continue
         # Each read walks the attempts by time from the newest, through their indexes,
         # until one of this reviewer's: the attempts since it last moved, where reading
-        # its jobs' attempts read a third of a year's. A reviewer none of whose jobs was
-        # ever tried would be the whole walk: it has no attempt to find.
-        # Led by its jobs, found at the first of a reviewer with a history.
-        tried = store.conn.execute(
-            "SELECT 1 FROM review_jobs j JOIN attempts a ON a.job_id = j.id "
-            "WHERE j.reviewer = ? LIMIT 1",
-            (r["reviewer"],),
-        ).fetchone()
+        # its jobs' attempts read a third of a year's. A walk for what the reviewer has
+        # none of is the whole index: asked first of its own jobs' attempts.
+        heard = [
+            store.conn.execute(f"SELECT {_LAST.format(col=col)}", (r["reviewer"],)).fetchone()[0]
+            for col in ("heartbeat_at", "recorded_at")
+            if _has(store, r["reviewer"], f"a.launched_at IS NOT NULL AND a.{col} IS NOT NULL")
+        ]
         # On the control's clock (a launch's heartbeat, an outcome's recording), as status
         # reads a worker: launched_at and ended_at are a worker's own, and one whose clock
         # ran an hour ahead hid a stall for that hour.
-        moved = (
-            tried
-            and store.conn.execute(
-                "SELECT NULLIF(max(COALESCE(" + _LAST.format(col="heartbeat_at") + ", ''), "
-                "COALESCE(" + _LAST.format(col="recorded_at") + ", '')), '')",
-                (r["reviewer"], r["reviewer"]),
-            ).fetchone()[0]
-        )
+        moved = max(heard, default=None)
         since = max(moved or "", r["oldest"])
         if since >= cutoff:
             continue  # moving, or queued only a moment ago
         r["last_moved"] = moved
+        ended = _has(store, r["reviewer"], "a.ended_at IS NOT NULL")
         r["never_picked_up"] = (
             store.conn.execute(
                 "SELECT count(*) FROM attempts a CROSS JOIN review_jobs j ON j.id = a.job_id "
@@ -333,13 +340,13 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
                 "AND a.reasons LIKE '%never picked up by a worker%'",
                 (r["reviewer"], since),
             ).fetchone()[0]
-            if tried
+            if ended
             else 0
         )
         # A pause that ran out with no control process left to try again leaves no other
         # trace of the outage the night ended on: the last attempt's own words.
         last = (
-            tried
+            ended
             and store.conn.execute(
                 f"SELECT a.outcome, a.reasons, {NOT_RUN_SQL} AS not_run FROM attempts a "
                 "CROSS JOIN review_jobs j ON j.id = a.job_id WHERE j.reviewer = ? "
