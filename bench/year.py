@@ -10,7 +10,7 @@ is timed as a whole process (``/usr/bin/time``-like: wall, CPU, peak RSS from ``
 
     .venv/bin/python bench/year.py --dir /dev/shm/year          # build (~5 min) and time
     .venv/bin/python bench/year.py --dir /dev/shm/year --time   # time an existing one
-    .venv/bin/python bench/year.py --nights 10 --jobs 200       # smoke
+    .venv/bin/python bench/year.py --dir /tmp/year-smoke --nights 10 --jobs 200   # smoke
 """
 
 from __future__ import annotations
