@@ -342,9 +342,11 @@ def last_of(log: Path, events: tuple[bytes, ...]) -> dict | None:
 def worker_of_host(store: Store, host: str, since: str) -> str | None:
     """A worker of ``host`` (its ``HOST:PID``) that took an attempt opened since ``since``,
     or None."""
+    # The newest by its time, walked down attempts_started to the first of the host's: by
+    # id, SQLite read and sorted every attempt since (a control up for a year: all of them).
     row = store.conn.execute(
         "SELECT worker FROM attempts WHERE started_at >= ? AND substr(worker, 1, ?) = ? "
-        "ORDER BY id DESC LIMIT 1",
+        "ORDER BY started_at DESC LIMIT 1",
         (since, len(host) + 1, f"{host}:"),
     ).fetchone()
     return row[0] if row is not None else None
