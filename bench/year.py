@@ -192,11 +192,19 @@ def main() -> int:
     ap.add_argument("--time", action="store_true", help="Time an existing folder; build nothing.")
     ap.add_argument("--only", action="append", help="Time this command alone (repeatable).")
     args = ap.parse_args()
+    db = args.dir / ".reviewq" / "state.db"
+    # Built over again, the rows' fixed ids collided ("UNIQUE constraint failed", a
+    # traceback); timed with none, the size's stat was one.
+    if args.time != db.exists():
+        ap.error(
+            f"{db}: there already, time it with --time or give a new --dir"
+            if db.exists()
+            else f"{db}: not there, build it first (without --time)"
+        )
     if not args.time:
         t0 = time.perf_counter()
         counts = build(args.dir, args.nights, args.jobs, args.notes, args.seed)
         print(f"setup: {time.perf_counter() - t0:.0f} s; {counts}")
-    db = args.dir / ".reviewq" / "state.db"
     print(f"state.db: {db.stat().st_size / 1e6:,.0f} MB")
     exe = str(Path(sys.executable).parent / "reviewq")
     last_job = args.nights * args.jobs
