@@ -4,11 +4,13 @@ lifecycle (workers.attempt.run_attempt via ``run_job``) on a job made with the C
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import select
+import signal
 import socket
 import threading
 import time
@@ -976,6 +978,32 @@ def test_doctor_names_a_vendor_cli_s_version_and_whether_reviewq_knows_it(
     assert "is known to work with" in line, line
     if verdict == "problem":
         assert res.exit_code == 1 and "npm install -g @" in line
+
+
+def test_doctor_ends_a_vendor_cli_whose_version_never_comes_and_all_it_started(
+    run_cli, kb, tmp_path, monkeypatch
+):
+    """A CLI that hung on --version was killed after 30 s, but not the node its wrapper
+    script (or Gemini, relaunching itself) had started, which each doctor run from cron
+    left behind; and doctor said it "said no version"."""
+    from tests.conftest import ends_within
+    from workers.reviewers import vendor
+
+    monkeypatch.setattr(vendor, "VERSION_TIMEOUT_S", 1.0, raising=False)
+    pid_file = tmp_path / "child.pid"
+    exe = tmp_path / "claude"
+    exe.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pid_file}\nwait\n")
+    exe.chmod(0o755)
+    kb.write("reviewq.toml", f'[reviewers.x]\nkind = "claude"\nexecutable = "{exe}"\nmodel = "m"\n')
+    res = run_cli("doctor")
+    child = int(pid_file.read_text())
+    try:
+        line = next(x for x in res.stdout.splitlines() if x.startswith("warning: reviewer x"))
+        assert f"`{exe} --version` did not answer within 1 s" in line, line
+        assert ends_within(child, 5.0), "the CLI's child outlived doctor"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_the_pinned_vendor_clis_are_among_the_versions_doctor_knows():

@@ -4,9 +4,11 @@ output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,27 +223,54 @@ def _tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
+VERSION_TIMEOUT_S = 30.0  # Gemini CLI 0.30 took 21 s to say its version on a loaded machine
+
+
 def cli_version(executable: str, env: dict[str, str] | None = None) -> str | None:
     """The x.y.z ``executable --version`` says ("2.1.332 (Claude Code)", "codex-cli
-    0.171.0", "0.61.0"); None when it says none, fails, or takes over 30 s."""
+    0.171.0", "0.61.0"); None when it says none (:func:`version_run` says why)."""
+    return version_run(executable, env)[0]
+
+
+def version_run(executable: str, env: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """(the x.y.z ``executable --version`` says, "") or (None, why it said none: it failed
+    to start, exited non-zero, printed no version or took over VERSION_TIMEOUT_S)."""
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             [executable, "--version"],
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             errors="replace",
-            timeout=30,
+            start_new_session=True,
         )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = _X_Y_Z.search(done.stdout) if done.returncode == 0 else None
-    return m.group(0) if m else None
+    except OSError as exc:
+        return None, f"could not start: {exc.strerror or exc}"
+    with proc:
+        try:
+            out, err = proc.communicate(timeout=VERSION_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # Its whole group: a wrapper script's node, or Gemini's relaunch of itself,
+            # outlived the CLI killed alone, and each doctor run from cron left one more.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, f"did not answer within {VERSION_TIMEOUT_S:g} s"
+    if proc.returncode != 0:
+        lines = [x.strip() for x in (err or out).splitlines() if x.strip()]
+        return None, f"exited {proc.returncode}" + (f": {bounded(lines[-1])}" if lines else "")
+    m = _X_Y_Z.search(out)
+    return (m.group(0), "") if m else (None, "said no version")
 
 
 def version_verdict(
-    cli: str, version: str | None, known: tuple[str, str], package: str
+    cli: str,
+    version: str | None,
+    known: tuple[str, str],
+    package: str,
+    why: str = "said no version",
 ) -> tuple[bool | None, str]:
     """What to say of ``cli`` at ``version`` against the ``known`` (oldest, newest) versions
     reviewq has run: (True, …) one within them; (False, …) an older one, which may lack
@@ -252,7 +281,7 @@ def version_verdict(
     if version is None:
         return (
             None,
-            f"`{cli} --version` said no version; reviewq is known to work with {oldest} to {newest}",
+            f"`{cli} --version` {why}; reviewq is known to work with {oldest} to {newest}",
         )
     if _tuple(version) < _tuple(oldest):
         return False, f"{cli} {version} is older than {span}: upgrade it ({install})"
@@ -270,5 +299,5 @@ def version_said(adapter: Reviewer) -> tuple[bool | None, str] | None:
     if adapter.known_versions is None or adapter.package is None:
         return None
     [exe] = adapter.executables()
-    version = cli_version(exe, dict(adapter.profile.env))
-    return version_verdict(exe, version, adapter.known_versions, adapter.package)
+    version, why = version_run(exe, dict(adapter.profile.env))
+    return version_verdict(exe, version, adapter.known_versions, adapter.package, why)
