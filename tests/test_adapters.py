@@ -980,6 +980,21 @@ def test_doctor_names_a_vendor_cli_s_version_and_whether_reviewq_knows_it(
         assert res.exit_code == 1 and "npm install -g @" in line
 
 
+def test_doctor_reads_the_version_of_a_relative_vendor_cli_where_its_agents_start(
+    run_cli, kb, tmp_path, monkeypatch
+):
+    """`executable = "tools/claude"` runs from the KB root; its --version ran from wherever
+    doctor (or the worker) was, found nothing there, and "said no version"."""
+    (kb.root / kb.write("tools/claude", "#!/bin/sh\necho '2.1.332 (Claude Code)'\n")).chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    kb.write(
+        "reviewq.toml", '[reviewers.x]\nkind = "claude"\nexecutable = "tools/claude"\nmodel = "m"\n'
+    )
+    res = run_cli("doctor")
+    line = next(x for x in res.stdout.splitlines() if "reviewer x" in x)
+    assert line.startswith("ok: reviewer x (claude): tools/claude 2.1.332, one of"), line
+
+
 def test_doctor_ends_a_vendor_cli_whose_version_never_comes_and_all_it_started(
     run_cli, kb, tmp_path, monkeypatch
 ):

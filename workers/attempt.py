@@ -874,7 +874,7 @@ def run_attempt(
         out.classification = LAUNCH_FAILURE
         why = telemetry.error or _tail(spec.stderr_path)
         out.reasons = [f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {why}"]
-        said = version_said(reviewer)
+        said = version_said(reviewer, spec.root)
         if said is not None and said[0] is not True:
             # A CLI older (or newer) than any reviewq has run may refuse a flag it passes:
             # its own line names the flag, this names the version to install.

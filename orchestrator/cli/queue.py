@@ -1281,7 +1281,7 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
         if missing := [exe for exe in adapter.executables() if _program_missing(ws.root, exe)]:
             report(False, f"{head}: {', '.join(_not_found(exe) for exe in missing)}")
         elif adapter.known_versions is not None:
-            _doctor_version(adapter, head, report)
+            _doctor_version(adapter, ws.root, head, report)
         elif profile.kind != "openai":
             report(True, head)
         elif (problem := endpoint_problem(profile)) is not None:
@@ -1295,12 +1295,12 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
             report(False, f"reviewer {name} ({profile.kind}): {problem}")
 
 
-def _doctor_version(adapter, head: str, report) -> None:
+def _doctor_version(adapter, root: Path, head: str, report) -> None:
     """A vendor CLI's version against those reviewq has run (docs/OPERATIONS.md §1): an
     older one may refuse a flag every attempt passes, a newer one is said as a warning."""
     from workers.reviewers.vendor import version_said
 
-    known, text = version_said(adapter) or (True, "")
+    known, text = version_said(adapter, root) or (True, "")
     if known is None:
         report(True, head)
         click.echo(f"warning: {head}: {shown(text)} (docs/OPERATIONS.md §1)")

@@ -132,7 +132,7 @@ class GeminiReviewer(Reviewer):
             # the policy allows: no attempt can write its output. The CLI's, not the job's.
             exe = self.executables()[0]
             oldest, newest = self.known_versions or ("?", "?")
-            version = cli_version(exe, dict(self.profile.env)) or "(version unknown)"
+            version = cli_version(exe, dict(self.profile.env), spec.root) or "(version unknown)"
             t.error = bounded(
                 f"{exe} {version} has no write_file tool in headless mode, so it cannot "
                 f"write its output; reviewq is known to work with {oldest} to {newest}"

@@ -226,15 +226,20 @@ def _tuple(version: str) -> tuple[int, ...]:
 VERSION_TIMEOUT_S = 30.0  # Gemini CLI 0.30 took 21 s to say its version on a loaded machine
 
 
-def cli_version(executable: str, env: dict[str, str] | None = None) -> str | None:
+def cli_version(
+    executable: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> str | None:
     """The x.y.z ``executable --version`` says ("2.1.332 (Claude Code)", "codex-cli
     0.171.0", "0.61.0"); None when it says none (:func:`version_run` says why)."""
-    return version_run(executable, env)[0]
+    return version_run(executable, env, cwd)[0]
 
 
-def version_run(executable: str, env: dict[str, str] | None = None) -> tuple[str | None, str]:
+def version_run(
+    executable: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[str | None, str]:
     """(the x.y.z ``executable --version`` says, "") or (None, why it said none: it failed
-    to start, exited non-zero, printed no version or took over VERSION_TIMEOUT_S)."""
+    to start, exited non-zero, printed no version or took over VERSION_TIMEOUT_S). ``cwd``:
+    where a relative ``executable`` (tools/claude) is, the KB root its agents start in."""
     try:
         proc = subprocess.Popen(
             [executable, "--version"],
@@ -244,6 +249,7 @@ def version_run(executable: str, env: dict[str, str] | None = None) -> tuple[str
             stderr=subprocess.PIPE,
             text=True,
             errors="replace",
+            cwd=cwd,
             start_new_session=True,
         )
     except OSError as exc:
@@ -293,11 +299,11 @@ def version_verdict(
     return True, f"{cli} {version}, one of {span}"
 
 
-def version_said(adapter: Reviewer) -> tuple[bool | None, str] | None:
-    """:func:`version_verdict` of the CLI ``adapter``'s profile runs; None for a kind with
-    no known versions (no vendor CLI)."""
+def version_said(adapter: Reviewer, root: Path) -> tuple[bool | None, str] | None:
+    """:func:`version_verdict` of the CLI ``adapter``'s profile runs from the KB ``root``;
+    None for a kind with no known versions (no vendor CLI)."""
     if adapter.known_versions is None or adapter.package is None:
         return None
     [exe] = adapter.executables()
-    version, why = version_run(exe, dict(adapter.profile.env))
+    version, why = version_run(exe, dict(adapter.profile.env), root)
     return version_verdict(exe, version, adapter.known_versions, adapter.package, why)
