@@ -1021,6 +1021,38 @@ def test_doctor_ends_a_vendor_cli_whose_version_never_comes_and_all_it_started(
             os.kill(child, signal.SIGKILL)
 
 
+def test_doctor_asks_each_vendor_cli_its_version_once_and_all_at_once(run_cli, kb, tmp_path):
+    """doctor ran --version once per profile, one after another: with two Gemini profiles
+    and a Claude it waited ~20 s more than Gemini's own ~10 s on a loaded machine."""
+
+    def cli(name: str, other: str, says: str) -> Path:
+        # It says its version only once the other CLI has been asked for its own.
+        exe = tmp_path / name
+        exe.write_text(
+            f"#!/bin/sh\necho asked >> {tmp_path}/{name}.asked\n"
+            f"for i in $(seq 100); do [ -e {tmp_path}/{other}.asked ] && break; sleep 0.05; done\n"
+            f"[ -e {tmp_path}/{other}.asked ] && echo '{says}'\n"
+        )
+        exe.chmod(0o755)
+        return exe
+
+    claude = cli("claude", "codex", "2.1.332 (Claude Code)")
+    codex = cli("codex", "claude", "codex-cli 0.171.0")
+    kb.write(
+        "reviewq.toml",
+        "".join(
+            f'[reviewers.{name}]\nkind = "{kind}"\nexecutable = "{exe}"\nmodel = "m"\n'
+            for name, kind, exe in [("c1", "claude", claude), ("c2", "claude", claude)]
+            + [("x", "codex", codex)]
+        ),
+    )
+    res = run_cli("doctor")
+    for name in ("c1", "c2", "x"):
+        line = next(x for x in res.stdout.splitlines() if f"reviewer {name} " in x)
+        assert line.startswith(f"ok: reviewer {name} ") and "one of the versions" in line, line
+    assert (tmp_path / "claude.asked").read_text() == "asked\n"
+
+
 def test_the_pinned_vendor_clis_are_among_the_versions_doctor_knows():
     """Bumping a pin in tests/vendor without the range doctor checks against made doctor
     call the very version the tests run a stranger."""

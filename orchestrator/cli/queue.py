@@ -1259,8 +1259,9 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
     passed its own health check (the endpoint reachable only from the workers' network,
     the CLI installed only there)."""
     from workers.openai_agent import shown as url_shown
-    from workers.reviewers import UnsupportedKind, for_profile
+    from workers.reviewers import Reviewer, UnsupportedKind, for_profile
     from workers.reviewers.openai import endpoint_problem, key_problem
+    from workers.reviewers.vendor import versions_run
 
     if remote:
         said = report
@@ -1271,17 +1272,23 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
             else:
                 click.echo(f"warning: {text} ({ELSEWHERE})")
 
+    adapters: dict[str, Reviewer | UnsupportedKind] = {}
     for name, profile in sorted(ws.settings.reviewers.items()):
         try:
-            adapter = for_profile(profile)
+            adapters[name] = for_profile(profile)
         except UnsupportedKind as exc:
-            report(False, str(exc))
+            adapters[name] = exc
+    runs = versions_run([a for a in adapters.values() if isinstance(a, Reviewer)], ws.root)
+    for name, adapter in adapters.items():
+        if isinstance(adapter, UnsupportedKind):
+            report(False, str(adapter))
             continue
+        profile = adapter.profile
         head = f"reviewer {name} ({profile.kind})"
         if missing := [exe for exe in adapter.executables() if _program_missing(ws.root, exe)]:
             report(False, f"{head}: {', '.join(_not_found(exe) for exe in missing)}")
         elif adapter.known_versions is not None:
-            _doctor_version(adapter, ws.root, head, report)
+            _doctor_version(adapter, ws.root, runs, head, report)
         elif profile.kind != "openai":
             report(True, head)
         elif (problem := endpoint_problem(profile)) is not None:
@@ -1295,12 +1302,12 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
             report(False, f"reviewer {name} ({profile.kind}): {problem}")
 
 
-def _doctor_version(adapter, root: Path, head: str, report) -> None:
+def _doctor_version(adapter, root: Path, runs, head: str, report) -> None:
     """A vendor CLI's version against those reviewq has run (docs/OPERATIONS.md §1): an
     older one may refuse a flag every attempt passes, a newer one is said as a warning."""
     from workers.reviewers.vendor import version_said
 
-    known, text = version_said(adapter, root) or (True, "")
+    known, text = version_said(adapter, root, runs) or (True, "")
     if known is None:
         report(True, head)
         click.echo(f"warning: {head}: {shown(text)} (docs/OPERATIONS.md §1)")

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .base import UNREADABLE, AttemptSpec, Reviewer, Telemetry, _num, bounded
@@ -299,11 +300,34 @@ def version_verdict(
     return True, f"{cli} {version}, one of {span}"
 
 
-def version_said(adapter: Reviewer, root: Path) -> tuple[bool | None, str] | None:
-    """:func:`version_verdict` of the CLI ``adapter``'s profile runs from the KB ``root``;
-    None for a kind with no known versions (no vendor CLI)."""
+_Run = tuple[str, tuple[tuple[str, str], ...]]  # a CLI: its executable and its env
+
+
+def _cli(adapter: Reviewer) -> _Run:
+    [exe] = adapter.executables()
+    return exe, tuple(sorted(adapter.profile.env.items()))
+
+
+def versions_run(adapters: list[Reviewer], root: Path) -> dict[_Run, tuple[str | None, str]]:
+    """:func:`version_run` of each distinct vendor CLI among ``adapters``, side by side:
+    run one after another, once per profile, a doctor with two Gemini profiles and a
+    Claude waited ~20 s more on a loaded machine than its slowest CLI (Gemini's ~10 s)."""
+    clis = {_cli(a) for a in adapters if a.known_versions is not None and a.package is not None}
+    if not clis:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(clis), 8)) as pool:
+        runs = {cli: pool.submit(version_run, cli[0], dict(cli[1]), root) for cli in clis}
+    return {cli: run.result() for cli, run in runs.items()}
+
+
+def version_said(
+    adapter: Reviewer, root: Path, runs: dict[_Run, tuple[str | None, str]] | None = None
+) -> tuple[bool | None, str] | None:
+    """:func:`version_verdict` of the CLI ``adapter``'s profile runs from the KB ``root``
+    (its version taken from ``runs`` when there); None for a kind with no known versions
+    (no vendor CLI)."""
     if adapter.known_versions is None or adapter.package is None:
         return None
-    [exe] = adapter.executables()
-    version, why = version_run(exe, dict(adapter.profile.env), root)
+    exe, env = cli = _cli(adapter)
+    version, why = (runs or {}).get(cli) or version_run(exe, dict(env), root)
     return version_verdict(exe, version, adapter.known_versions, adapter.package, why)
