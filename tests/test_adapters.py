@@ -1021,6 +1021,27 @@ def test_doctor_ends_a_vendor_cli_whose_version_never_comes_and_all_it_started(
             os.kill(child, signal.SIGKILL)
 
 
+def test_doctor_reads_an_npm_installed_cli_s_version_without_starting_it(
+    run_cli, kb, tmp_path, monkeypatch
+):
+    """Gemini CLI 0.61.0's --version takes 7-21 s on a loaded machine and exits before its
+    write of ~/.gemini/projects.json ends: each doctor run (from cron, every few minutes)
+    left two projects.json.*.tmp files in the person's HOME."""
+    gemini = Path(__file__).parent / "vendor" / "node_modules" / ".bin" / "gemini"
+    if not gemini.exists():
+        pytest.skip("the pinned Gemini CLI is not installed (npm ci --prefix tests/vendor)")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    kb.write(
+        "reviewq.toml", f'[reviewers.g]\nkind = "gemini"\nexecutable = "{gemini}"\nmodel = "m"\n'
+    )
+    res = run_cli("doctor")
+    line = next(x for x in res.stdout.splitlines() if "reviewer g " in x)
+    assert line.startswith(f"ok: reviewer g (gemini): {gemini} 0.61.0, one of"), line
+    assert not list(home.rglob("*")), list(home.rglob("*"))
+
+
 def test_doctor_asks_each_vendor_cli_its_version_once_and_all_at_once(run_cli, kb, tmp_path):
     """doctor ran --version once per profile, one after another: with two Gemini profiles
     and a Claude it waited ~20 s more than Gemini's own ~10 s on a loaded machine."""

@@ -132,7 +132,8 @@ class GeminiReviewer(Reviewer):
             # the policy allows: no attempt can write its output. The CLI's, not the job's.
             exe = self.executables()[0]
             oldest, newest = self.known_versions or ("?", "?")
-            version = cli_version(exe, dict(self.profile.env), spec.root) or "(version unknown)"
+            said = cli_version(exe, self.package or "", dict(self.profile.env), spec.root)
+            version = said[0] or "(version unknown)"
             t.error = bounded(
                 f"{exe} {version} has no write_file tool in headless mode, so it cannot "
                 f"write its output; reviewq is known to work with {oldest} to {newest}"

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -228,11 +229,39 @@ VERSION_TIMEOUT_S = 30.0  # Gemini CLI 0.30 took 21 s to say its version on a lo
 
 
 def cli_version(
-    executable: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    executable: str, package: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[str | None, str]:
+    """(x.y.z, "") of the CLI ``executable`` names, or (None, why none was said). From
+    the package.json of the npm ``package`` the program is a link into, when it is one:
+    no CLI started (Gemini CLI takes 7-21 s to say its version on a loaded machine, and
+    leaves two ``projects.json.*.tmp`` in ``~/.gemini`` each time); else what ``executable
+    --version`` says (:func:`version_run`). ``cwd``: where a relative ``executable`` is."""
+    installed = _installed_version(executable, package, env, cwd)
+    return (installed, "") if installed else version_run(executable, env, cwd)
+
+
+def _installed_version(
+    executable: str, package: str, env: dict[str, str] | None, cwd: Path | None
 ) -> str | None:
-    """The x.y.z ``executable --version`` says ("2.1.332 (Claude Code)", "codex-cli
-    0.171.0", "0.61.0"); None when it says none (:func:`version_run` says why)."""
-    return version_run(executable, env, cwd)[0]
+    if os.sep in executable:
+        found: str | None = str(Path(cwd or ".", executable))
+    else:
+        found = shutil.which(executable, path={**os.environ, **(env or {})}.get("PATH"))
+    if found is None:
+        return None
+    # node_modules/.bin/gemini -> ../@google/gemini-cli/bundle/gemini.js: the package
+    # folder is one or two above the file the link names.
+    for folder in Path(os.path.realpath(found)).parents[:3]:
+        try:
+            doc = json.loads((folder / "package.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or doc.get("name") != package:
+            continue
+        version = doc.get("version")
+        m = _X_Y_Z.match(version) if isinstance(version, str) else None
+        return m.group(0) if m else None
+    return None
 
 
 def version_run(
@@ -309,14 +338,17 @@ def _cli(adapter: Reviewer) -> _Run:
 
 
 def versions_run(adapters: list[Reviewer], root: Path) -> dict[_Run, tuple[str | None, str]]:
-    """:func:`version_run` of each distinct vendor CLI among ``adapters``, side by side:
+    """:func:`cli_version` of each distinct vendor CLI among ``adapters``, side by side:
     run one after another, once per profile, a doctor with two Gemini profiles and a
     Claude waited ~20 s more on a loaded machine than its slowest CLI (Gemini's ~10 s)."""
-    clis = {_cli(a) for a in adapters if a.known_versions is not None and a.package is not None}
+    clis = {_cli(a): a.package for a in adapters if a.known_versions is not None and a.package}
     if not clis:
         return {}
     with ThreadPoolExecutor(max_workers=min(len(clis), 8)) as pool:
-        runs = {cli: pool.submit(version_run, cli[0], dict(cli[1]), root) for cli in clis}
+        runs = {
+            cli: pool.submit(cli_version, cli[0], package, dict(cli[1]), root)
+            for cli, package in clis.items()
+        }
     return {cli: run.result() for cli, run in runs.items()}
 
 
@@ -329,5 +361,5 @@ def version_said(
     if adapter.known_versions is None or adapter.package is None:
         return None
     exe, env = cli = _cli(adapter)
-    version, why = (runs or {}).get(cli) or version_run(exe, dict(env), root)
+    version, why = (runs or {}).get(cli) or cli_version(exe, adapter.package, dict(env), root)
     return version_verdict(exe, version, adapter.known_versions, adapter.package, why)
