@@ -959,6 +959,8 @@ def test_doctor_finds_a_relative_program_where_its_agents_start(run_cli, kb, tmp
         ("codex", "codex-cli 0.137.0", "problem", "0.137.0 is older than the versions"),
         ("gemini", "0.45.2", "problem", "0.45.2 is older than the versions"),
         ("codex", "codex-cli 0.171.0", "ok", "0.171.0, one of the versions"),
+        # A wrapper script's (or a release's) "v": it said "said no version".
+        ("claude", "claude v2.1.332", "ok", "2.1.332, one of the versions"),
         ("gemini", "9.0.0", "warning", "9.0.0 is newer than the versions"),
         ("gemini", "", "warning", "--version` said no version"),
     ],

@@ -218,7 +218,8 @@ def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
 # CLI may lack a flag or tool reviewq gives it (Claude 2.0 has no dontAsk permission mode,
 # Gemini 0.30 no write_file in headless mode), a newer one may have changed its output.
 
-_X_Y_Z = re.compile(r"\b(\d+)\.(\d+)\.(\d+)\b")
+# "v2.1.332" too, as a wrapper script or a release may print it
+_X_Y_Z = re.compile(r"\bv?(\d+\.\d+\.\d+)\b")
 
 
 def _tuple(version: str) -> tuple[int, ...]:
@@ -260,7 +261,7 @@ def _installed_version(
             continue
         version = doc.get("version")
         m = _X_Y_Z.match(version) if isinstance(version, str) else None
-        return m.group(0) if m else None
+        return m.group(1) if m else None
     return None
 
 
@@ -298,7 +299,7 @@ def version_run(
         lines = [x.strip() for x in (err or out).splitlines() if x.strip()]
         return None, f"exited {proc.returncode}" + (f": {bounded(lines[-1])}" if lines else "")
     m = _X_Y_Z.search(out)
-    return (m.group(0), "") if m else (None, "said no version")
+    return (m.group(1), "") if m else (None, "said no version")
 
 
 def version_verdict(
