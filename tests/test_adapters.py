@@ -1044,6 +1044,26 @@ def test_doctor_reads_an_npm_installed_cli_s_version_without_starting_it(
     assert not list(home.rglob("*")), list(home.rglob("*"))
 
 
+def test_doctor_says_to_upgrade_a_cli_where_the_profile_s_executable_is(run_cli, kb, tmp_path):
+    """A profile's executable in an npm prefix of its own (OPERATIONS: "a full path if not
+    on PATH") was told `npm install -g …`, which left that one as old as it was."""
+    package = tmp_path / "clis" / "node_modules" / "@anthropic-ai" / "claude-code"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text(
+        '{"name": "@anthropic-ai/claude-code", "version": "2.0.0"}'
+    )
+    (package / "bin" / "claude.exe").write_text("#!/bin/sh\necho '2.0.0 (Claude Code)'\n")
+    (package / "bin" / "claude.exe").chmod(0o755)
+    (tmp_path / "clis" / "node_modules" / ".bin").mkdir()
+    exe = tmp_path / "clis" / "node_modules" / ".bin" / "claude"
+    exe.symlink_to("../@anthropic-ai/claude-code/bin/claude.exe")
+    kb.write("reviewq.toml", f'[reviewers.x]\nkind = "claude"\nexecutable = "{exe}"\nmodel = "m"\n')
+    res = run_cli("doctor")
+    line = next(x for x in res.stdout.splitlines() if "reviewer x " in x)
+    assert line.startswith(f"problem: reviewer x (claude): {exe} 2.0.0 is older than"), line
+    assert f"(npm install --prefix {tmp_path / 'clis'} @anthropic-ai/claude-code@" in line, line
+
+
 def test_doctor_asks_each_vendor_cli_its_version_once_and_all_at_once(run_cli, kb, tmp_path):
     """doctor ran --version once per profile, one after another: with two Gemini profiles
     and a Claude it waited ~20 s more than Gemini's own ~10 s on a loaded machine."""

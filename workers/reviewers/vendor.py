@@ -237,13 +237,17 @@ def cli_version(
     no CLI started (Gemini CLI takes 7-21 s to say its version on a loaded machine, and
     leaves two ``projects.json.*.tmp`` in ``~/.gemini`` each time); else what ``executable
     --version`` says (:func:`version_run`). ``cwd``: where a relative ``executable`` is."""
-    installed = _installed_version(executable, package, env, cwd)
-    return (installed, "") if installed else version_run(executable, env, cwd)
+    installed = _npm_package(executable, package, env, cwd)
+    if installed is not None and installed[1] is not None:
+        return installed[1], ""
+    return version_run(executable, env, cwd)
 
 
-def _installed_version(
+def _npm_package(
     executable: str, package: str, env: dict[str, str] | None, cwd: Path | None
-) -> str | None:
+) -> tuple[Path, str | None] | None:
+    """(the folder, the x.y.z) of the npm ``package`` the program ``executable`` names is a
+    link into; None for another program (a wrapper script, a native install)."""
     if os.sep in executable:
         found: str | None = str(Path(cwd or ".", executable))
     else:
@@ -251,8 +255,11 @@ def _installed_version(
     if found is None:
         return None
     # node_modules/.bin/gemini -> ../@google/gemini-cli/bundle/gemini.js: the package
-    # folder is one or two above the file the link names.
+    # folder is one or two above the file the link names (and its dist/ may hold a
+    # package.json of the same name: Gemini CLI 0.30).
     for folder in Path(os.path.realpath(found)).parents[:3]:
+        if folder.parts[-len(package.split("/")) :] != tuple(package.split("/")):
+            continue
         try:
             doc = json.loads((folder / "package.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -261,8 +268,18 @@ def _installed_version(
             continue
         version = doc.get("version")
         m = _X_Y_Z.match(version) if isinstance(version, str) else None
-        return m.group(1) if m else None
+        return folder, m.group(1) if m else None
     return None
+
+
+def _install(package: str, version: str, folder: Path | None) -> str:
+    """The npm command that puts ``package@version`` where the CLI at ``folder`` is: a
+    profile's executable in a prefix of its own (/opt/clis/node_modules/.bin/claude) kept
+    its old version after the `npm install -g` doctor said to run."""
+    modules = folder.parents[package.count("/")] if folder is not None else None
+    if modules is None or modules.name != "node_modules" or modules.parent.name == "lib":
+        return f"npm install -g {package}@{version}"  # global: PREFIX/lib/node_modules
+    return f"npm install --prefix {modules.parent} {package}@{version}"
 
 
 def version_run(
@@ -308,13 +325,15 @@ def version_verdict(
     known: tuple[str, str],
     package: str,
     why: str = "said no version",
+    folder: Path | None = None,
 ) -> tuple[bool | None, str]:
     """What to say of ``cli`` at ``version`` against the ``known`` (oldest, newest) versions
     reviewq has run: (True, …) one within them; (False, …) an older one, which may lack
-    what reviewq asks of it; (None, …) a newer or unreadable one, not known either way."""
+    what reviewq asks of it; (None, …) a newer or unreadable one, not known either way.
+    ``folder``: the npm package folder the CLI is in, if any."""
     oldest, newest = known
     span = f"the versions reviewq is known to work with ({oldest} to {newest})"
-    install = f"npm install -g {package}@{newest}"
+    install = _install(package, newest, folder)
     if version is None:
         return (
             None,
@@ -363,4 +382,6 @@ def version_said(
         return None
     exe, env = cli = _cli(adapter)
     version, why = (runs or {}).get(cli) or cli_version(exe, adapter.package, dict(env), root)
-    return version_verdict(exe, version, adapter.known_versions, adapter.package, why)
+    installed = _npm_package(exe, adapter.package, dict(env), root)
+    folder = installed[0] if installed is not None else None
+    return version_verdict(exe, version, adapter.known_versions, adapter.package, why, folder)
