@@ -1064,6 +1064,24 @@ def test_doctor_says_to_upgrade_a_cli_where_the_profile_s_executable_is(run_cli,
     assert f"(npm install --prefix {tmp_path / 'clis'} @anthropic-ai/claude-code@" in line, line
 
 
+def test_doctor_starts_an_npm_cli_whose_interpreter_is_not_on_path(run_cli, kb, tmp_path):
+    """Its version read from package.json, a CLI whose `#!/usr/bin/env node` finds no node
+    on the services' PATH (nvm's is an interactive shell's) was "ok", and every attempt
+    "exited 127"; asked --version, it says why it cannot start."""
+    package = tmp_path / "clis" / "node_modules" / "@google" / "gemini-cli"
+    (package / "bundle").mkdir(parents=True)
+    (package / "package.json").write_text('{"name": "@google/gemini-cli", "version": "0.61.0"}')
+    (package / "bundle" / "gemini.js").write_text("#!/usr/bin/env reviewq-no-such-node\n")
+    (package / "bundle" / "gemini.js").chmod(0o755)
+    (tmp_path / "clis" / "node_modules" / ".bin").mkdir()
+    exe = tmp_path / "clis" / "node_modules" / ".bin" / "gemini"
+    exe.symlink_to("../@google/gemini-cli/bundle/gemini.js")
+    kb.write("reviewq.toml", f'[reviewers.g]\nkind = "gemini"\nexecutable = "{exe}"\nmodel = "m"\n')
+    res = run_cli("doctor")
+    line = next(x for x in res.stdout.splitlines() if x.startswith("warning: reviewer g "))
+    assert f"`{exe} --version` exited 127:" in line and "reviewq-no-such-node" in line, line
+
+
 def test_doctor_asks_each_vendor_cli_its_version_once_and_all_at_once(run_cli, kb, tmp_path):
     """doctor ran --version once per profile, one after another: with two Gemini profiles
     and a Claude it waited ~20 s more than Gemini's own ~10 s on a loaded machine."""

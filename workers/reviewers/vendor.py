@@ -238,16 +238,37 @@ def cli_version(
     leaves two ``projects.json.*.tmp`` in ``~/.gemini`` each time); else what ``executable
     --version`` says (:func:`version_run`). ``cwd``: where a relative ``executable`` is."""
     installed = _npm_package(executable, package, env, cwd)
-    if installed is not None and installed[1] is not None:
+    if installed is not None and installed[1] is not None and _interpreter_found(installed[2], env):
         return installed[1], ""
     return version_run(executable, env, cwd)
 
 
+def _interpreter_found(program: Path, env: dict[str, str] | None) -> bool:
+    """Whether the interpreter ``program``'s #! line names is there (``/usr/bin/env node``:
+    node on the PATH it gets). A node only an interactive shell's PATH has (nvm's) left
+    every attempt "exited 127", and its version read from package.json said nothing."""
+    try:
+        with program.open("rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    if not first.startswith(b"#!"):
+        return True  # a native program (Claude Code's claude.exe)
+    words = first[2:].decode("utf-8", "replace").split()
+    if not words:
+        return False
+    if os.path.basename(words[0]) == "env":  # its first word that is no flag nor NAME=value
+        name = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), None)
+        path = {**os.environ, **(env or {})}.get("PATH")
+        return name is not None and shutil.which(name, path=path) is not None
+    return os.access(words[0], os.X_OK)
+
+
 def _npm_package(
     executable: str, package: str, env: dict[str, str] | None, cwd: Path | None
-) -> tuple[Path, str | None] | None:
-    """(the folder, the x.y.z) of the npm ``package`` the program ``executable`` names is a
-    link into; None for another program (a wrapper script, a native install)."""
+) -> tuple[Path, str | None, Path] | None:
+    """(the folder, the x.y.z, the file) of the npm ``package`` the program ``executable``
+    names is a link into; None for another program (a wrapper script, a native install)."""
     if os.sep in executable:
         found: str | None = str(Path(cwd or ".", executable))
     else:
@@ -257,7 +278,8 @@ def _npm_package(
     # node_modules/.bin/gemini -> ../@google/gemini-cli/bundle/gemini.js: the package
     # folder is one or two above the file the link names (and its dist/ may hold a
     # package.json of the same name: Gemini CLI 0.30).
-    for folder in Path(os.path.realpath(found)).parents[:3]:
+    program = Path(os.path.realpath(found))
+    for folder in program.parents[:3]:
         if folder.parts[-len(package.split("/")) :] != tuple(package.split("/")):
             continue
         try:
@@ -268,7 +290,7 @@ def _npm_package(
             continue
         version = doc.get("version")
         m = _X_Y_Z.match(version) if isinstance(version, str) else None
-        return folder, m.group(1) if m else None
+        return folder, m.group(1) if m else None, program
     return None
 
 
