@@ -1114,6 +1114,18 @@ def test_doctor_asks_each_vendor_cli_its_version_once_and_all_at_once(run_cli, k
     assert (tmp_path / "claude.asked").read_text() == "asked\n"
 
 
+def test_a_vendor_modules_folder_holding_no_cli_is_said_not_passed_over(tmp_path, monkeypatch):
+    """A REVIEWQ_VENDOR_MODULES folder with no CLI in it (a typo, the npm prefix named for
+    its node_modules) was passed over: every vendor test ran the pinned CLIs and passed,
+    as if the version meant had."""
+    from tests.test_vendor_clis import _why_not
+
+    (tmp_path / "node_modules").mkdir()
+    monkeypatch.setenv("REVIEWQ_VENDOR_MODULES", str(tmp_path))
+    why = _why_not()
+    assert why is not None and f"REVIEWQ_VENDOR_MODULES names {tmp_path}, which" in why, why
+
+
 def test_the_pinned_vendor_clis_are_among_the_versions_doctor_knows():
     """Bumping a pin in tests/vendor without the range doctor checks against made doctor
     call the very version the tests run a stranger."""

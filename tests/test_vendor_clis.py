@@ -36,10 +36,13 @@ HERE = Path(__file__).parent
 VENDORS = ("claude", "codex", "gemini")
 
 
+def _named() -> list[Path]:
+    return [Path(f) for f in os.environ.get("REVIEWQ_VENDOR_MODULES", "").split(":") if f]
+
+
 def _bins() -> dict[str, Path]:
     """Each CLI's program: from REVIEWQ_VENDOR_MODULES's folders first, then tests/vendor."""
-    folders = [Path(f) for f in os.environ.get("REVIEWQ_VENDOR_MODULES", "").split(":") if f]
-    folders.append(HERE / "vendor" / "node_modules")
+    folders = [*_named(), HERE / "vendor" / "node_modules"]
     return {
         v: next(
             (f / ".bin" / v for f in folders if (f / ".bin" / v).exists()), folders[-1] / ".bin" / v
@@ -57,6 +60,13 @@ PRICES = {"in": 1.25, "out": 10.0, "cached": 0.125}
 
 
 def _why_not() -> str | None:
+    # One holding none of them (a typo, the npm prefix for its node_modules) was passed
+    # over, and the pinned CLIs' passing read as the named versions'.
+    if empty := [str(f) for f in _named() if not any((f / ".bin" / v).exists() for v in VENDORS)]:
+        return (
+            f"REVIEWQ_VENDOR_MODULES names {', '.join(empty)}, which holds no "
+            f"{', '.join(VENDORS)} in .bin/: name the node_modules folder npm installed into"
+        )
     missing = [v for v in VENDORS if not BIN[v].exists()]
     if missing:
         return (
