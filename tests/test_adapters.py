@@ -1044,19 +1044,30 @@ def test_doctor_reads_an_npm_installed_cli_s_version_without_starting_it(
     assert not list(home.rglob("*")), list(home.rglob("*"))
 
 
+def _npm_cli(prefix: Path, package: str, file: str, version: str, text: str) -> Path:
+    """PREFIX/node_modules/.bin/NAME, a link into ``package`` at ``version``, as npm lays
+    out an `npm install --prefix PREFIX package`; ``text`` the program's."""
+    folder = prefix / "node_modules" / package
+    (folder / file).parent.mkdir(parents=True)
+    (folder / "package.json").write_text(json.dumps({"name": package, "version": version}))
+    (folder / file).write_text(text)
+    (folder / file).chmod(0o755)
+    exe = prefix / "node_modules" / ".bin" / Path(file).stem
+    exe.parent.mkdir(exist_ok=True)
+    exe.symlink_to(Path("..", package, file))
+    return exe
+
+
 def test_doctor_says_to_upgrade_a_cli_where_the_profile_s_executable_is(run_cli, kb, tmp_path):
     """A profile's executable in an npm prefix of its own (OPERATIONS: "a full path if not
     on PATH") was told `npm install -g …`, which left that one as old as it was."""
-    package = tmp_path / "clis" / "node_modules" / "@anthropic-ai" / "claude-code"
-    (package / "bin").mkdir(parents=True)
-    (package / "package.json").write_text(
-        '{"name": "@anthropic-ai/claude-code", "version": "2.0.0"}'
+    exe = _npm_cli(
+        tmp_path / "clis",
+        "@anthropic-ai/claude-code",
+        "bin/claude.exe",
+        "2.0.0",
+        "#!/bin/sh\necho '2.0.0 (Claude Code)'\n",
     )
-    (package / "bin" / "claude.exe").write_text("#!/bin/sh\necho '2.0.0 (Claude Code)'\n")
-    (package / "bin" / "claude.exe").chmod(0o755)
-    (tmp_path / "clis" / "node_modules" / ".bin").mkdir()
-    exe = tmp_path / "clis" / "node_modules" / ".bin" / "claude"
-    exe.symlink_to("../@anthropic-ai/claude-code/bin/claude.exe")
     kb.write("reviewq.toml", f'[reviewers.x]\nkind = "claude"\nexecutable = "{exe}"\nmodel = "m"\n')
     res = run_cli("doctor")
     line = next(x for x in res.stdout.splitlines() if "reviewer x " in x)
@@ -1068,14 +1079,13 @@ def test_doctor_starts_an_npm_cli_whose_interpreter_is_not_on_path(run_cli, kb, 
     """Its version read from package.json, a CLI whose `#!/usr/bin/env node` finds no node
     on the services' PATH (nvm's is an interactive shell's) was "ok", and every attempt
     "exited 127"; asked --version, it says why it cannot start."""
-    package = tmp_path / "clis" / "node_modules" / "@google" / "gemini-cli"
-    (package / "bundle").mkdir(parents=True)
-    (package / "package.json").write_text('{"name": "@google/gemini-cli", "version": "0.61.0"}')
-    (package / "bundle" / "gemini.js").write_text("#!/usr/bin/env reviewq-no-such-node\n")
-    (package / "bundle" / "gemini.js").chmod(0o755)
-    (tmp_path / "clis" / "node_modules" / ".bin").mkdir()
-    exe = tmp_path / "clis" / "node_modules" / ".bin" / "gemini"
-    exe.symlink_to("../@google/gemini-cli/bundle/gemini.js")
+    exe = _npm_cli(
+        tmp_path / "clis",
+        "@google/gemini-cli",
+        "bundle/gemini.js",
+        "0.61.0",
+        "#!/usr/bin/env reviewq-no-such-node\n",
+    )
     kb.write("reviewq.toml", f'[reviewers.g]\nkind = "gemini"\nexecutable = "{exe}"\nmodel = "m"\n')
     res = run_cli("doctor")
     line = next(x for x in res.stdout.splitlines() if x.startswith("warning: reviewer g "))

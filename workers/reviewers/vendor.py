@@ -222,6 +222,11 @@ def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
 _X_Y_Z = re.compile(r"\bv?(\d+\.\d+\.\d+)\b")
 
 
+def _environ(env: dict[str, str] | None) -> dict[str, str]:
+    """The environment a profile's CLI runs with: this process's, and the profile's env."""
+    return {**os.environ, **(env or {})}
+
+
 def _tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
@@ -259,8 +264,7 @@ def _interpreter_found(program: Path, env: dict[str, str] | None) -> bool:
         return False
     if os.path.basename(words[0]) == "env":  # its first word that is no flag nor NAME=value
         name = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), None)
-        path = {**os.environ, **(env or {})}.get("PATH")
-        return name is not None and shutil.which(name, path=path) is not None
+        return name is not None and shutil.which(name, path=_environ(env).get("PATH")) is not None
     return os.access(words[0], os.X_OK)
 
 
@@ -272,7 +276,7 @@ def _npm_package(
     if os.sep in executable:
         found: str | None = str(Path(cwd or ".", executable))
     else:
-        found = shutil.which(executable, path={**os.environ, **(env or {})}.get("PATH"))
+        found = shutil.which(executable, path=_environ(env).get("PATH"))
     if found is None:
         return None
     # node_modules/.bin/gemini -> ../@google/gemini-cli/bundle/gemini.js: the package
@@ -313,7 +317,7 @@ def version_run(
     try:
         proc = subprocess.Popen(
             [executable, "--version"],
-            env={**os.environ, **(env or {})},
+            env=_environ(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
