@@ -237,6 +237,22 @@ def _gemini_decides(rules: list[dict], tool: str, path: str) -> str:
     return "deny"
 
 
+def test_a_relative_gemini_executable_runs_from_the_kb_root_as_doctor_finds_it(
+    kb2, run_cli, tmp_path
+):
+    """doctor finds `executable = "tools/gemini"` under the KB root, where agents start;
+    Gemini starts in its job folder, where no tools/gemini is: each attempt failed to start."""
+    (kb2.root / "tools").mkdir()
+    (kb2.root / "tools" / "gemini").symlink_to(BIN / "gemini")
+    kb2.write(
+        "reviewq.toml",
+        PROFILES.replace('kind = "gemini"\n', 'kind = "gemini"\nexecutable = "tools/gemini"\n'),
+    )
+    assert "ok: reviewer gemini (gemini)" in run_cli("doctor").stdout
+    res = run(kb2, make_job(run_cli), "gemini")
+    assert res.outcome.classification == "output", res.outcome.reasons
+
+
 @pytest.mark.parametrize("weird", ["plain", "with space", "dots.and-dash", "quote'd (x)+"])
 def test_gemini_policy_allows_only_the_job_folder(tmp_path, weird):
     job_dir = tmp_path / weird / ".reviewq" / "jobs" / "job-1"

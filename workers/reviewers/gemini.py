@@ -98,8 +98,13 @@ class GeminiReviewer(Reviewer):
         policy = spec.attempt_dir / "gemini-policy.toml"
         policy.parent.mkdir(parents=True, exist_ok=True)
         policy.write_text(policy_text(spec), encoding="utf-8")
+        exe = self.profile.executable or "gemini"
+        if os.sep in exe and not os.path.isabs(exe):
+            # tools/gemini is the KB root's, where doctor finds it and the other kinds
+            # start; Gemini starts in its job folder, which has none.
+            exe = os.path.abspath(spec.root / exe)
         argv = [
-            self.profile.executable or "gemini",
+            exe,
             "--output-format",
             "json",
             "--model",
