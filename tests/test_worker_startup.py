@@ -1147,6 +1147,49 @@ def test_a_second_control_on_one_redis_database_is_refused_at_once(kb, tmp_path,
         assert not _log_events(kb, event) and not _log_events(other, event), event
 
 
+def test_a_kb_copied_with_its_state_db_is_refused_beside_its_original(kb, tmp_path, redis_url):
+    """A KB folder copied whole (a staging copy, or a second KB started from a backup of
+    state.db) keeps state.db's install id and reviewq.toml's URL: its control took the
+    original's claim over as a rollout's, put back on the queue the message the original
+    was running, and the two renewed one claim in turn, nothing said until a later tick's
+    `queue.shared`. On the same host a claim of another state folder is another's: the
+    copy is refused in the one line, and the original's claim is left as it was."""
+    import sqlite3
+
+    import redis
+
+    from tests.conftest import KBBuilder
+
+    copy = KBBuilder(tmp_path / "copied-kb")
+    (copy.root / "kb").mkdir(parents=True)
+    first = _start_control(kb, redis_url)
+    held = b"the message the first control is running"
+    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+        try:
+            deadline = time.monotonic() + 30
+            while client.get("reviewq.control") is None:  # its first tick's mark
+                assert time.monotonic() < deadline and first.poll() is None, "never ticked"
+                time.sleep(0.1)
+            copy.state.mkdir(parents=True)
+            with (
+                contextlib.closing(sqlite3.connect(kb.state / "state.db")) as src,
+                contextlib.closing(sqlite3.connect(copy.state / "state.db")) as dst,
+            ):
+                src.backup(dst)  # as OPERATIONS §7's nightly `.backup`
+            held_key = "huey.redis.reviewqcontrol.held"
+            client.lpush(held_key, held)
+            _control_home(copy, redis_url)
+            res = _refused([EXE, "--root", str(copy.root), "control"])
+            assert res.returncode == 1, res.stderr
+            (line,) = res.stderr.splitlines()
+            assert f"pid {first.pid}, state folder {kb.state}" in line, line
+            assert client.lrange(held_key, 0, -1) == [held]  # not put back
+            client.lrem(held_key, 1, held)
+            assert json.loads(client.get("reviewq.control.claim"))["pid"] == first.pid
+        finally:
+            _stop(first)
+
+
 def test_a_control_restarted_under_another_host_name_is_not_told_of_itself(kb, redis_url):
     """A control replaced on the same state folder by one on another host name (a
     rollout: a new container or pod is a new host name) found the old one's mark, fresh,

@@ -507,7 +507,7 @@ def run_control(ws: Workspace) -> None:
         else:
             os.close(lock)
             with contextlib.suppress(Exception):  # unreleased, it lapses in five ticks
-                unclaim_queue(app.control, install)
+                unclaim_queue(app.control, install, ws.state_dir)
         logs.get().info("control.stopped")
     restart_if_asked(consumer, "control")
 

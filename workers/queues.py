@@ -853,7 +853,8 @@ def claim_queue(huey: Huey, install: int, state_dir: Path, every: float) -> dict
     as :func:`fed_late` counts a control gone; None when done (and on SQLite), or what the
     live claim of another install's control says, which is left as it is. A control
     replaced on another host (a rollout: a new container, the same state folder) takes
-    its own install's claim over."""
+    its own install's claim over; one of a copy of its state folder on its host does not
+    (:func:`_ours`)."""
     storage = huey.storage
     if not isinstance(storage, RedisStorage):
         return None
@@ -867,7 +868,7 @@ def claim_queue(huey: Huey, install: int, state_dir: Path, every: float) -> dict
     lapse_ms = int(max(5 * every, 2.0) * 1000)
 
     def claim(pipe: Any) -> dict | None:  # noqa: ANN401 - a redis Pipeline
-        if (held := _foreign_claim(pipe, install)) is not None:
+        if (held := _foreign_claim(pipe, install, state_dir)) is not None:
             return held
         pipe.multi()
         pipe.set(CLAIM_KEY, json.dumps(mine), px=lapse_ms)
@@ -885,21 +886,30 @@ def claimed_by_another(settings: Settings, install: int) -> dict | None:
         return None
     client = huey_for(settings, "control").storage.conn
     try:
-        return _foreign_claim(client, install)
+        return _foreign_claim(client, install, settings.state_dir)
     except Exception:  # noqa: BLE001 - away or refused: the control's start says which
         return None
     finally:
         client.connection_pool.disconnect()
 
 
-def _foreign_claim(conn: Any, install: int) -> dict | None:  # noqa: ANN401 - a redis client
+def _foreign_claim(conn: Any, install: int, state_dir: Path) -> dict | None:  # noqa: ANN401 - a redis client
     held = _claim_of(conn.get(CLAIM_KEY))
-    if held is None or held.get("install") == install:
+    if held is None or _ours(held, install, state_dir):
         return None
     return {**held, "lapses_s": max(0, conn.pttl(CLAIM_KEY)) / 1000}
 
 
-def unclaim_queue(huey: Huey, install: int) -> None:
+def _ours(held: dict, install: int, state_dir: Path) -> bool:
+    """Whether a claim is this state folder's own. A KB folder copied whole (a staging
+    copy, a second KB started from a backup) keeps state.db's install id: on one host, a
+    control of another state folder is another's, where a rollout's new host is not."""
+    if held.get("install") != install:
+        return False
+    return held.get("host") != socket.gethostname() or held.get("state") == str(state_dir)
+
+
+def unclaim_queue(huey: Huey, install: int, state_dir: Path) -> None:
     """Give up this install's claim (:func:`claim_queue`) as its control stops, so that
     a control of another KB moved onto this database need not wait for it to lapse."""
     storage = huey.storage
@@ -909,7 +919,7 @@ def unclaim_queue(huey: Huey, install: int) -> None:
     def unclaim(pipe: Any) -> None:  # noqa: ANN401 - a redis Pipeline
         held = _claim_of(pipe.get(CLAIM_KEY))
         pipe.multi()
-        if held is not None and held.get("install") == install:
+        if held is not None and _ours(held, install, state_dir):
             pipe.delete(CLAIM_KEY)
 
     storage.conn.transaction(unclaim, CLAIM_KEY)
