@@ -1190,6 +1190,55 @@ def test_a_kb_copied_with_its_state_db_is_refused_beside_its_original(kb, tmp_pa
             _stop(first)
 
 
+def test_a_control_started_before_its_redis_is_up_is_refused_once_it_is(kb, tmp_path, redis_url):
+    """At a boot the controls start before Redis answers: the claim was skipped ("the first
+    tick claims it"), so a second KB's control on the first's database started its
+    consumer, whose first read put back on the queue the message the first was running,
+    and the two ran on, told by `queue.shared` alone. The claim waits for Redis as a read
+    does, and the second control is refused in S18's line once Redis answers."""
+    import redis
+
+    from tests.conftest import KBBuilder
+
+    other = KBBuilder(tmp_path / "other-kb")
+    (other.root / "kb").mkdir(parents=True)
+    first = _start_control(kb, redis_url)
+    held = b"the message the first control is running"
+    later = tmp_path / "later.sock"  # Redis not up yet: nothing at the socket's path
+    second = None
+    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+        try:
+            deadline = time.monotonic() + 30
+            while client.get("reviewq.control") is None:  # its first tick's mark
+                assert time.monotonic() < deadline and first.poll() is None, "never ticked"
+                time.sleep(0.1)
+            held_key = "huey.redis.reviewqcontrol.held"
+            client.lpush(held_key, held)
+            _control_home(other, f"unix://{later}")
+            second = subprocess.Popen(
+                [EXE, "--root", str(other.root), "control"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            while not _log_events(other, "queue.unavailable"):
+                assert time.monotonic() < deadline and second.poll() is None, "never waited"
+                time.sleep(0.1)
+            later.symlink_to(redis_url.removeprefix("unix://"))  # Redis answers
+            try:
+                _, err = second.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the second control ran on beside the first")
+            assert second.returncode == 1, err
+            assert f"pid {first.pid}, state folder {kb.state}" in err.splitlines()[-1], err
+            assert client.lrange(held_key, 0, -1) == [held]  # not put back
+            client.lrem(held_key, 1, held)
+        finally:
+            if second is not None and second.poll() is None:
+                _stop(second)
+            _stop(first)
+
+
 def test_a_control_restarted_under_another_host_name_is_not_told_of_itself(kb, redis_url):
     """A control replaced on the same state folder by one on another host name (a
     rollout: a new container or pod is a new host name) found the old one's mark, fresh,

@@ -24,7 +24,7 @@ from orchestrator.control.messages import VERSION
 from orchestrator.state.store import PROBE_WAIT_S
 from orchestrator.state.workspace import Workspace
 
-from . import queues, tasks
+from . import tasks
 from .app import make_app
 from .attempt import (
     KILL_GRACE_S,
@@ -45,7 +45,7 @@ from .queues import (
     beside_a_control,
     check_server,
     claim_problem,
-    claim_queue,
+    claim_when_up,
     eviction_risk,
     fed_by,
     fed_late,
@@ -406,9 +406,7 @@ def run_control(ws: Workspace) -> None:
     try:
         # Before the first read, which puts back on the queue what a killed control held:
         # on a database another control runs on, that was the message it was running.
-        held = claim_queue(app.control, install, ws.state_dir, settings.queue.reaper_seconds)
-    except queues.QUEUE_UNAVAILABLE:
-        held = None  # Redis not up yet: the first tick claims it, or says whose it is
+        held = claim_when_up(app.control, install, ws.state_dir, settings.queue.reaper_seconds)
     except Exception as exc:  # noqa: BLE001 - an ACL without WATCH or the key: run as before
         held = None
         logs.get().warning(

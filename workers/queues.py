@@ -877,6 +877,21 @@ def claim_queue(huey: Huey, install: int, state_dir: Path, every: float) -> dict
     return storage.conn.transaction(claim, CLAIM_KEY, value_from_callable=True)
 
 
+def claim_when_up(huey: Huey, install: int, state_dir: Path, every: float) -> dict | None:
+    """:func:`claim_queue` at a control's start, a Redis that does not answer yet (a boot
+    that starts the control first) waited for as a read is (:class:`_PatientReads`): the
+    first read comes next, so the claim cannot be left to the first tick."""
+    storage = huey.storage
+    if not isinstance(storage, RedisQueueStorage):
+        return claim_queue(huey, install, state_dir, every)
+    unread = {}
+    while (
+        held := storage._patiently(lambda: claim_queue(huey, install, state_dir, every), unread)
+    ) is unread:
+        pass
+    return held
+
+
 def claimed_by_another(settings: Settings, install: int) -> dict | None:
     """What the live claim of another install's control on this Redis queue says
     (:func:`claim_queue`), for a sweep to refuse before it records its jobs or starts a
