@@ -1190,6 +1190,32 @@ def test_a_kb_copied_with_its_state_db_is_refused_beside_its_original(kb, tmp_pa
             _stop(first)
 
 
+def test_a_claim_of_this_state_folder_by_another_path_is_its_own(kb, tmp_path, redis_url):
+    """S22's rule (on one host, a claim of another state folder is another's) read the
+    folder's path as a string: a sweep run through a bind mount or a second path to the
+    KB, beside its own control, would be refused as a copy. The same folder is its own;
+    a copy's folder is not."""
+    import redis
+
+    from orchestrator.config import load_settings
+    from workers.queues import claimed_by_another
+
+    _control_home(kb, redis_url)
+    settings = load_settings(kb.root)
+    install = 7
+    (tmp_path / "copy").mkdir()
+    kb.state.mkdir(exist_ok=True)
+    (tmp_path / "other-path").symlink_to(kb.state)  # resolved by settings; not by a claim
+    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+        for state, foreign in (("other-path", False), ("copy", True)):
+            claim = {"install": install, "host": socket.gethostname(), "pid": 1}
+            client.set(
+                "reviewq.control.claim", json.dumps({**claim, "state": str(tmp_path / state)})
+            )
+            held = claimed_by_another(settings, install)
+            assert (held is not None) == foreign, (state, held)
+
+
 def test_a_control_started_before_its_redis_is_up_is_refused_once_it_is(kb, tmp_path, redis_url):
     """At a boot the controls start before Redis answers: the claim was skipped ("the first
     tick claims it"), so a second KB's control on the first's database started its

@@ -921,7 +921,12 @@ def _ours(held: dict, install: int, state_dir: Path) -> bool:
     control of another state folder is another's, where a rollout's new host is not."""
     if held.get("install") != install:
         return False
-    return held.get("host") != socket.gethostname() or held.get("state") == str(state_dir)
+    if held.get("host") != socket.gethostname() or held.get("state") == str(state_dir):
+        return True
+    try:  # the same folder by another path (a bind mount): a sweep beside its control
+        return os.path.samefile(held.get("state"), state_dir)
+    except (OSError, TypeError):
+        return False
 
 
 def unclaim_queue(huey: Huey, install: int, state_dir: Path) -> None:
