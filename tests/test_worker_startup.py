@@ -1265,6 +1265,52 @@ def test_a_control_started_before_its_redis_is_up_is_refused_once_it_is(kb, tmp_
             _stop(first)
 
 
+def test_a_redis_restarted_without_its_data_is_claimed_again_as_the_control_reconnects(
+    kb, tmp_path
+):
+    """Redis restarted without its data lost the claim, and the control wrote it again
+    only at its next tick (a minute by default): another KB's control started meanwhile (a
+    unit restarting after S18's refusal) took the database, restored what the first held,
+    and the two ran on. The control claims again as its read finds Redis back."""
+    import redis
+
+    from tests.conftest import KBBuilder
+
+    other = KBBuilder(tmp_path / "other-kb")
+    (other.root / "kb").mkdir(parents=True)
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    first = None
+    try:
+        with redis_server(folder) as url:
+            kb.gate("prose/body-check", ["body"])
+            kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\nreaper_seconds = 60\n')
+            first = subprocess.Popen(
+                [EXE, "--root", str(kb.root), "control"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 30
+            with contextlib.closing(redis.Redis.from_url(url)) as client:
+                while client.get("reviewq.control") is None:  # its first tick: a minute to the next
+                    assert time.monotonic() < deadline and first.poll() is None, "never ticked"
+                    time.sleep(0.1)
+        while not _log_events(kb, "queue.unavailable"):
+            assert time.monotonic() < deadline and first.poll() is None, "never missed it"
+            time.sleep(0.1)
+        with redis_server(folder):  # back, on the same socket, empty
+            while not _log_events(kb, "queue.available"):
+                assert time.monotonic() < deadline and first.poll() is None, "never back"
+                time.sleep(0.1)
+            _control_home(other, url)
+            res = _refused([EXE, "--root", str(other.root), "control"])
+            assert res.returncode == 1, res.stderr
+            assert f"pid {first.pid}, state folder {kb.state}" in res.stderr, res.stderr
+    finally:
+        if first is not None:
+            _stop(first)
+
+
 def test_a_control_restarted_under_another_host_name_is_not_told_of_itself(kb, redis_url):
     """A control replaced on the same state folder by one on another host name (a
     rollout: a new container or pod is a new host name) found the old one's mark, fresh,

@@ -45,6 +45,7 @@ from .queues import (
     beside_a_control,
     check_server,
     claim_problem,
+    claim_queue,
     claim_when_up,
     eviction_risk,
     fed_by,
@@ -419,6 +420,14 @@ def run_control(ws: Workspace) -> None:
     if held is not None:
         raise ConfigError(claim_problem(settings, held))
     tasks.claimed_as(install)
+
+    def reclaim() -> None:
+        # Redis back from a restart without its data lost the claim: left to the next
+        # tick (a minute by default), a control of another KB restarting meanwhile took it.
+        with contextlib.suppress(Exception):  # the next tick claims it, or says whose it is
+            claim_queue(app.control, install, ws.state_dir, settings.queue.reaper_seconds)
+
+    app.control.storage.after_outage = reclaim
     if (risk := eviction_risk(app.control, settings)) is not None:
         logs.get().warning("queue.evicting", reason=risk)
 

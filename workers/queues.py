@@ -17,7 +17,7 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,7 @@ class _PatientReads:
 
     _pause = 0.0
     _said_at = 0.0
+    after_outage: Callable[[], None] | None = None  # run as a read finds the queue back
 
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         return self._patiently(super().dequeue, None)  # type: ignore[misc]
@@ -86,6 +87,8 @@ class _PatientReads:
             return empty
         if self._pause:
             self._pause = self._said_at = 0.0
+            if self.after_outage is not None:
+                self.after_outage()  # before the line: what follows it sees it done
             logs.get().info("queue.available", queue=self.name)
         return data
 
