@@ -1764,6 +1764,19 @@ def test_a_fix_that_drops_the_frontmatter_is_refused(kb):
     )
 
 
+def test_a_fix_that_grows_the_note_past_max_note_bytes_is_refused(kb):
+    """Applied and committed, the fixer's made-up 64 KiB left a note no sweep reviews
+    again: its FAIL stood, nothing was escalated, and `status` said "note not reviewed"."""
+    kb.write("reviewq.toml", "[limits]\nmax_note_bytes = 200\n")
+    raw = b"---\ntitle: Alpha\n---\nAlpha body.\n"
+    status, reason = _applied(kb, raw, lambda given: given.encode() + b"More. " * 40)
+    assert (status, reason) == (
+        "invalid",
+        "the fixed note is 274 bytes, over [limits] max_note_bytes (200): no review could judge it",
+    )
+    assert (kb.root / NOTE).read_bytes() == raw
+
+
 def test_a_sequential_sweep_says_why_it_skipped_pairs(kb):
     """ "skipped 1" read as a pair lost: it waits for the note's earlier bundle."""
     kb.gate("frontmatter/desc-check", ["description"])

@@ -357,6 +357,9 @@ def apply_fix(
         # Title, description and type became body text, and the gates that select the
         # note by its type no longer saw it: no review would have caught it.
         return FixResult("invalid", "the fixed note has no frontmatter; the note it was given had")
+    if (too_large := kb.too_large(len(new_text.encode("utf-8")))) is not None:
+        # Written, no sweep reviewed the note again: its FAIL stood and nothing escalated.
+        return FixResult("invalid", f"the fixed note is {too_large}: no review could judge it")
     try:
         rel = kb.check_rel(job["note_path"])  # resolves symlinks: never outside the root
         current = decode((kb.root / rel).read_bytes())
