@@ -777,3 +777,169 @@ def test_a_runaway_agent_ends_and_its_tokens_are_kept(netns, model, home, vkb, v
         assert calls - 1 <= a["num_turns"] <= calls, (calls, a)
         assert (calls - 1) * 1000 <= a["input_tokens"] <= calls * 1000, (calls, a)
     assert a["cost_usd"] and a["cost_usd"] > 0
+
+
+# --- fixes --------------------------------------------------------------------------------
+# The model of every fix scenario FAILs a note that says TODO and PASSes one that does not;
+# a fix task writes the note without it to its output (tests/vendor_model.py).
+
+FIX_NOTE_BODY = "# Alpha\n\nAlpha body. TODO\n"
+
+
+@pytest.fixture
+def fkb(vkb):
+    """``vkb`` with a note its review FAILs, committed in its git repository, and fixes
+    committed too."""
+    vkb.note("alpha", body=FIX_NOTE_BODY)
+    git = ["git", "-C", str(vkb.root), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "the KB"], check=True)
+    return vkb
+
+
+def fix_profiles(model: Model, scenario: str) -> str:
+    return profiles(model, scenario) + "\n[fix]\ngit_commit = true\n"
+
+
+def fix_sweep(netns, home, root: Path, vendor: str) -> dict:
+    res = reviewq(
+        netns, home, root, "sweep", "--reviewer", vendor, "--all-gates", "--fix", "--json"
+    )
+    assert res.stdout.startswith("{"), res.stdout + res.stderr
+    return json.loads(res.stdout)
+
+
+def git_log(root: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "-C", str(root), "log", "--format=%s", "--name-only"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [line for line in out.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_the_real_cli_fixes_a_failing_note_and_its_re_review_passes(
+    netns, model, home, fkb, vendor
+):
+    """FAIL, the fix by the vendor CLI, its re-review PASS: the note written and committed."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fix"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [], out
+    assert fkb.read(NOTE).endswith("# Alpha\n\nAlpha body. done\n")
+    fixes = rows(fkb.root, "SELECT result, fix_commit FROM review_jobs WHERE kind = 'fix'")
+    assert [f["result"] for f in fixes] == ["applied"] and fixes[0]["fix_commit"], fixes
+    [acc] = rows(fkb.root, "SELECT decision FROM acceptance")
+    assert acc["decision"] == "PASS"
+    log = git_log(fkb.root)
+    assert log[1] == NOTE and log[2] == "the KB", log  # one commit, of that note alone
+    assert kb_changes(fkb.root) == ""
+
+
+def kb_changes(root: Path) -> str:
+    """What git sees changed in the KB's notes since its last commit."""
+    return subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--", "kb"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def fix_jobs(root: Path) -> list[dict]:
+    return rows(root, "SELECT id, status, result, fix_commit FROM review_jobs WHERE kind = 'fix'")
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_writing_the_kb_note_itself_is_refused_and_the_note_kept(
+    netns, model, home, fkb, vendor
+):
+    """The fixer writes its note over the KB's, as the prompt forbids, and no output: each
+    CLI refuses the write; every attempt is the fixer's no-output, and the FAIL goes to a
+    person with the note as it was."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixkb"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
+    [esc] = out["escalations"]
+    assert esc["reason"] == "the fixer failed every attempt: exited 0 without writing fixed-note.md"
+    assert [f["status"] for f in fix_jobs(fkb.root)] == ["failed"]
+    writes = [r for r in model.requests("fixkb") if r.get("arg") == str(fkb.root / NOTE)]
+    assert writes and all(r["action"] == "write" for r in writes)  # it was asked, and refused
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_writing_beside_its_output_gets_only_its_note_applied(
+    netns, model, home, fkb, vendor
+):
+    """Beside its output the fixer writes a new KB note and a file through ``..``: both are
+    refused, the fix itself is applied and committed alone."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixout"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [], out
+    assert kb_files(fkb.root) == ["kb/instructions/review-gates/prose/body-check.md", NOTE]
+    assert not list(fkb.state.rglob("escaped.md"))
+    assert [f["result"] for f in fix_jobs(fkb.root)] == ["applied"]
+    assert git_log(fkb.root)[:2] == [f"reviewq fix: {NOTE} (prose/body-check)", NOTE]
+
+
+@pytest.mark.parametrize(
+    ("vendor", "scenario", "said"),
+    [
+        ("codex", "fixsame", "3 consecutive rejections (the last fix changed nothing)"),
+        (
+            "gemini",
+            "fixnofm",
+            "the fixer failed every attempt: the fixed note is unusable: broken YAML "
+            "(frontmatter line 2)",
+        ),
+        *(
+            (
+                vendor,
+                "fixhuge",
+                "the fixer failed every attempt: the fixed note is 65",  # …595 bytes, over…
+            )
+            for vendor in VENDORS
+        ),
+    ],
+)
+def test_a_fixer_s_note_unchanged_broken_or_too_large_goes_to_a_person(
+    netns, model, home, fkb, vendor, scenario, said
+):
+    """The note given back unchanged, with broken frontmatter, or grown past max_note_bytes
+    with text the fixer made up: none is written. The last was written and committed, and
+    no sweep reviewed the note again: its FAIL stood, nothing escalated."""
+    (fkb.root / "reviewq.toml").write_text(
+        fix_profiles(model, scenario) + "\n[limits]\nmax_note_bytes = 16384\n"
+    )
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
+    assert git_log(fkb.root)[0] == "the KB"
+    [esc] = out["escalations"]
+    assert esc["reason"].startswith(said), esc
+    if scenario == "fixhuge":
+        assert "over [limits] max_note_bytes (16384): no review could judge it" in esc["reason"]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_the_endpoint_dying_mid_fix_is_the_fixer_s_failure_and_the_fix_is_retried(
+    netns, model, home, fkb, vendor
+):
+    """The endpoint closes the fix's connection after its first turn: the fixer's outage,
+    not the note's, and nothing reaches the KB; resumed, the same fix job goes through."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixdrop"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert _counts(out) == {"completed": 1, "queued": 1} and out["escalations"] == [], out
+    [a] = rows(fkb.root, "SELECT outcome, reasons FROM attempts WHERE job_id = 2")
+    assert a["outcome"] == "reviewer-failure", a
+    assert json.loads(a["reasons"])[0].startswith("unreachable: "), a
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
+    assert not list(fkb.root.joinpath("kb").rglob(".*"))  # no half-written temp file
+    assert reviewq(netns, home, fkb.root, "resume", vendor).returncode == 0
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [], out
+    assert fix_jobs(fkb.root)[0]["result"] == "applied"
+    [acc] = rows(fkb.root, "SELECT decision FROM acceptance")
+    assert acc["decision"] == "PASS"
+    assert fkb.read(NOTE).endswith("# Alpha\n\nAlpha body. done\n")
+    assert git_log(fkb.root)[0] == f"reviewq fix: {NOTE} (prose/body-check)"

@@ -19,6 +19,15 @@ that retries a request gets the same answer):
            reason content_filter: the note's own words were refused, no outage
   event    every model request is answered 200 with a stream that holds only an error event
   hung     every model request is read and never answered: the connection stays open
+  fix      a review FAILs a note that says TODO and PASSes it otherwise; a fix task (its
+           prompt read first) writes the note without the TODO to its output, says done
+  fixkb    … the fixer writes the fixed note over the KB note itself, and no output
+  fixout   … the fixer also writes a new KB note and a file outside through ``..``
+  fixsame  … the fixer gives the note back unchanged
+  fixhuge  … the fixed note has 64 KiB the fixer made up
+  fixnofm  … the fixed note's frontmatter is broken YAML
+  fixdrop  … the fix's first turn after reading its prompt has its connection closed
+           unanswered, once per KB root; every later request is answered as ``fix``
   s403, s429, s429ra, s500, s529
            every model request gets that HTTP status in the vendor's own error shape and
            words (s429ra with ``retry-after: 1``; s529: Anthropic's 529 overloaded_error,
@@ -49,13 +58,18 @@ _INSTRUCTION = re.compile(
 USAGE = {"input": 1000, "output": 100, "cached": 0}
 
 
-def bundle(prompt: str) -> str:
-    """A PASS for every pair whose START sentinel the prompt carries."""
+def bundle(prompt: str, fail_on: str | None = None) -> str:
+    """A PASS for every pair whose START sentinel the prompt carries; with ``fail_on``, a
+    FAIL for all of them when the prompt (the note in it) holds that word."""
     out = []
+    failing = fail_on is not None and fail_on in prompt
     for pair in dict.fromkeys(_START.findall(prompt)):
+        found, result = (
+            (f"- major: the note still says {fail_on}", "FAIL") if failing else ("- none", "PASS")
+        )
         out.append(
-            f"=== PAIR REVIEW START: {pair} ===\nSummary: scripted review.\nFindings:\n- none\n"
-            f"## Result: PASS\n=== PAIR REVIEW END: {pair} ===\n"
+            f"=== PAIR REVIEW START: {pair} ===\nSummary: scripted review.\nFindings:\n{found}\n"
+            f"## Result: {result}\n=== PAIR REVIEW END: {pair} ===\n"
         )
     return "\n".join(out)
 
@@ -78,14 +92,56 @@ def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict
     if scenario == "runaway":
         # alternate two files: Gemini stops an agent repeating one call 5 times
         return "read", prompt_path if len(results) % 2 == 0 else f"{root}/kb/notes/alpha.md"
-    steps += [("read", prompt_path), ("write", None), ("text", "done")]
+    fixing = next((m for r in results[:1] if (m := _FIX_NOTE.search(r))), None)
+    if fixing is None:
+        steps += [("read", prompt_path), ("write", None), ("text", "done")]
+    else:
+        steps += [("read", prompt_path), *fix_steps(scenario, root, fixing.group(1), output)]
     if len(results) >= len(steps):
         return "text", "done"
     kind, arg = steps[len(results)]
     if kind == "write" and arg is None:
         prompt = next((r for r in reversed(results) if "PAIR REVIEW START" in r), "")
-        arg = (output, bundle(prompt))
+        arg = (output, bundle(prompt, fail_on=FAIL_WORD if scenario in FIX_SCENARIOS else None))
     return kind, arg
+
+
+# A fix prompt names its note so (prompts/fix.md); what it reads first tells a fix from a review.
+_FIX_NOTE = re.compile(r"You are editing one note of a markdown knowledge base: `([^`]+)`")
+FAIL_WORD = "TODO"  # a fix scenario's review FAILs a note that says it, PASSes one that does not
+FIX_SCENARIOS = ("fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop")
+HUGE_NOTE_BYTES = 64 * 1024
+
+
+def fixed(scenario: str, text: str) -> str:
+    """The fixer's note for ``text``: the smallest edit (the word the review FAILs taken
+    out), or what each fix scenario gives back instead."""
+    if scenario == "fixsame":
+        return text
+    if scenario == "fixnofm":
+        return "---\ntitle: [unclosed\n---\n" + text.split("---\n", 2)[-1]
+    new = text.replace(FAIL_WORD, "done")
+    if scenario == "fixhuge":
+        new += "\n" + "A line the fixer made up. " * (HUGE_NOTE_BYTES // 26) + "\n"
+    return new
+
+
+def fix_steps(scenario: str, root: str, note: str, output: str) -> list[tuple[str, object]]:
+    """A fix task's steps after reading its prompt: write the fixed note to ``output``, done.
+    The note's text is read from the KB on this machine (the server shares it with the CLI):
+    what the prompt carries, without each CLI's own framing of a file it read."""
+    with open(f"{root}/{note}", encoding="utf-8") as f:
+        new = fixed(scenario, f.read())
+    if scenario == "fixkb":  # the note itself, as the prompt forbids, and no output
+        return [("write", (f"{root}/{note}", new)), ("text", "done")]
+    steps: list[tuple[str, object]] = []
+    if scenario == "fixout":  # a second file beside the output, and one outside the KB
+        job = output.rsplit("/", 2)[0]
+        steps += [
+            ("write", (f"{root}/kb/notes/beside.md", "a note the fixer added\n")),
+            ("write", (f"{job}/../escaped.md", "escaped through ..\n")),
+        ]
+    return [*steps, ("write", (output, new)), ("text", "done")]
 
 
 # --- Anthropic Messages -------------------------------------------------------------------
@@ -313,6 +369,7 @@ class Handler(BaseHTTPRequestHandler):
     lock = threading.Lock()
     counter = [0]
     hang = threading.Event()  # never set: what the ``hung`` scenario waits on
+    dropped: set[str] = set()  # the KB roots whose fix ``fixdrop`` has cut off (once each)
 
     def log_message(self, *args: object) -> None:  # quiet: the JSON log says it all
         pass
@@ -404,6 +461,15 @@ class Handler(BaseHTTPRequestHandler):
             self._record(method="POST", scenario=scenario, path=path, api=api, action="hang")
             self.hang.wait()  # never set: the CLI waits, or gives up, on its own
             return
+        if scenario == "fixdrop" and results and _FIX_NOTE.search(results[0]):
+            root = m.group(2) if (m := _INSTRUCTION.search(instruction)) else ""
+            with self.lock:
+                first = root not in self.dropped
+                self.dropped.add(root)
+            if first:  # the endpoint dies mid-fix, once: the fix's next try gets through
+                self._record(method="POST", scenario=scenario, path=path, api=api, action="drop")
+                self.close_connection = True
+                return
         if scenario in ("midfail", "middrop", "midcut", "midevent") and results:
             # A server that answered the first turn and then broke.
             self._record(method="POST", scenario=scenario, path=path, api=api, action=scenario)
