@@ -1,6 +1,6 @@
 """The real vendor CLIs — Claude Code, Codex CLI, Gemini CLI, pinned in tests/vendor — run
 by reviewq against a scripted model (tests/vendor_model.py), through ``run-job`` and
-through a sweep.
+through a sweep, as reviewers and as fixers (``sweep --fix``, the fix committed to git).
 
 Everything runs inside a network namespace the test makes, with only ``lo`` up: the
 model server, reviewq and the CLIs it starts can reach nothing else. The CLIs are
@@ -834,6 +834,10 @@ def test_the_real_cli_fixes_a_failing_note_and_its_re_review_passes(
     assert acc["decision"] == "PASS"
     log = git_log(fkb.root)
     assert log[1] == NOTE and log[2] == "the KB", log  # one commit, of that note alone
+    body = subprocess.run(
+        ["git", "-C", str(fkb.root), "log", "-1", "--format=%B"], capture_output=True, text=True
+    ).stdout
+    assert "the note still says TODO" in body and f"The fixer {vendor} edited" in body, body
     assert kb_changes(fkb.root) == ""
 
 
