@@ -49,6 +49,22 @@ def sqlite_steps(conn: sqlite3.Connection, fn: Callable[[], object]) -> Counter[
     return steps
 
 
+def answer_and_steps(conn: sqlite3.Connection, fn: Callable[[], object]) -> tuple:
+    """What ``fn`` returns, and the SQLite steps it took in all (:func:`sqlite_steps`)."""
+    seen: list = []
+    steps = sqlite_steps(conn, lambda: seen.append(fn()))
+    return seen[0], sum(steps.values())
+
+
+def a_job(store: Store) -> int:
+    """A completed job of a year ago, for the attempts a test adds to hang on."""
+    return store.conn.execute(
+        "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
+        "updated_at) VALUES ('completed', 'm', 'note', 'jobs/j', '2026-01-01T00:00:00Z', "
+        "'2026-01-01T00:00:00Z')"
+    ).lastrowid
+
+
 def big_file(path: Path, tail: bytes) -> Path:
     with path.open("wb") as f:
         f.truncate(BIG)  # sparse: costs no disk
@@ -177,11 +193,7 @@ def test_status_reads_a_year_of_attempts_through_indexes(kb):
 
     ws = Workspace.open(kb.root)
     store = ws.store
-    job = store.conn.execute(
-        "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
-        "updated_at) VALUES ('completed', 'm', 'note', 'jobs/j', '2026-01-01T00:00:00Z', "
-        "'2026-01-01T00:00:00Z')"
-    ).lastrowid
+    job = a_job(store)
     attempt = (
         "INSERT INTO attempts (job_id, attempt, outcome, worker, started_at, heartbeat_at, "
         "recorded_at, cost_usd) VALUES (?, ?, ?, 'here:1', ?, ?, ?, 0.5)"
@@ -207,13 +219,18 @@ def test_status_reads_a_year_of_attempts_through_indexes(kb):
     ws.close()
 
 
+def _stalled_look(store: Store, now: str) -> tuple[list[dict], int]:
+    """The report's look for stalled reviewers at ``now``, and the SQLite steps it took."""
+    from orchestrator.report.data import _stalled
+
+    return answer_and_steps(store.conn, lambda: _stalled(store, now, set(), set()))
+
+
 def test_the_reports_look_for_a_stalled_reviewer_reads_no_more_with_its_history(tmp_path):
     """The report's look for a stalled reviewer read every attempt of the reviewer's
     jobs three times (its last move, its messages never picked up, its last words):
     2.6 s of CPU for three reviewers on a year of nights. With 5,000 more attempts of
     the reviewer from before its stall, the look reads the same, and finds the same."""
-    from orchestrator.report.data import _stalled
-
     store = Store.open(tmp_path / "state")
     job = (
         "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
@@ -230,18 +247,13 @@ def test_the_reports_look_for_a_stalled_reviewer_reads_no_more_with_its_history(
     store.conn.execute(job, ("queued", 0, at, at))
     now = "2026-11-27T06:00:00.000Z"
 
-    def look() -> tuple[list[dict], int]:
-        seen: list[list[dict]] = []
-        steps = sqlite_steps(store.conn, lambda: seen.append(_stalled(store, now, set(), set())))
-        return seen[0], sum(steps.values())
-
-    (before, steps_before) = look()
+    (before, steps_before) = _stalled_look(store, now)
     assert before[0]["last_moved"] == at and before[0]["last_not_run"], before
     old = "2026-01-01T00:00:00.000Z"
     for _ in range(5000):
         j = store.conn.execute(job, ("completed", 1, old, old)).lastrowid
         store.conn.execute(attempt, (j, 1, "finalized", "[]", old))
-    (after, steps_after) = look()
+    (after, steps_after) = _stalled_look(store, now)
     assert after == before
     # Read through the reviewer's jobs, the 5,000 attempts are thousands of steps more.
     assert steps_after < steps_before + 50, (steps_before, steps_after)
@@ -255,8 +267,6 @@ def test_the_look_for_a_reviewer_never_launched_reads_no_more_with_the_others_hi
     (its first agent still running), each walk read every attempt of every reviewer, a
     year's 2.3 million, at each report. With 5,000 more attempts of another reviewer, the
     look reads the same, and finds the same."""
-    from orchestrator.report.data import _stalled
-
     store = Store.open(tmp_path / "state")
     job = (
         "INSERT INTO review_jobs (status, model_partition, grouping, reviewer, job_dir, "
@@ -278,12 +288,7 @@ def test_the_look_for_a_reviewer_never_launched_reads_no_more_with_the_others_hi
     )
     now = "2026-11-27T06:00:00.000Z"
 
-    def look() -> tuple[list[dict], int]:
-        seen: list[list[dict]] = []
-        steps = sqlite_steps(store.conn, lambda: seen.append(_stalled(store, now, set(), set())))
-        return seen[0], sum(steps.values())
-
-    (before, steps_before) = look()
+    (before, steps_before) = _stalled_look(store, now)
     assert [(r["reviewer"], r["last_moved"], r["never_picked_up"]) for r in before] == [
         ("first", at, 0),
         ("new", None, 1),
@@ -295,7 +300,7 @@ def test_the_look_for_a_reviewer_never_launched_reads_no_more_with_the_others_hi
         "'here:1', ?3, ?3, ?3, ?3, ?3)",
         [(other, n, "2026-11-26T01:00:00.000Z") for n in range(1, 5001)],
     )
-    (after, steps_after) = look()
+    (after, steps_after) = _stalled_look(store, now)
     assert after == before
     # Walked, the other reviewer's 5,000 attempts are thousands of steps more.
     assert steps_after < steps_before + 50, (steps_before, steps_after)
@@ -313,11 +318,7 @@ def test_doctors_worker_of_this_host_reads_no_more_with_the_attempts_since_the_c
     from orchestrator.state.status import worker_of_host
 
     store = Store.open(tmp_path / "state")
-    job = store.conn.execute(
-        "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
-        "updated_at) VALUES ('completed', 'm', 'note', 'jobs/j', '2026-01-01T00:00:00Z', "
-        "'2026-01-01T00:00:00Z')"
-    ).lastrowid
+    job = a_job(store)
     attempt = (
         "INSERT INTO attempts (id, job_id, attempt, outcome, worker, started_at) "
         "VALUES (?1, ?2, ?1, 'finalized', ?3, ?4)"
@@ -326,9 +327,7 @@ def test_doctors_worker_of_this_host_reads_no_more_with_the_attempts_since_the_c
     since = "2026-01-01T00:00:00.000Z"
 
     def look() -> tuple[str | None, int]:
-        seen: list[str | None] = []
-        steps = sqlite_steps(store.conn, lambda: seen.append(worker_of_host(store, "here", since)))
-        return seen[0], sum(steps.values())
+        return answer_and_steps(store.conn, lambda: worker_of_host(store, "here", since))
 
     before, steps_before = look()
     store.conn.executemany(
@@ -366,13 +365,11 @@ def test_the_report_finds_the_windows_jobs_without_reading_every_job(tmp_path):
     night = Period("2026-11-27T00:00:00.000Z", "2026-11-27T06:00:00.000Z", "the night")
 
     def report() -> tuple[dict, int]:
-        seen: list[dict] = []
-        steps = sqlite_steps(
-            store.conn,
-            lambda: seen.append(gather(store, tmp_path, night, now=night.until)),
+        data, steps = answer_and_steps(
+            store.conn, lambda: gather(store, tmp_path, night, now=night.until)
         )
-        seen[0].pop("generated_at")
-        return seen[0], sum(steps.values())
+        data.pop("generated_at")
+        return data, steps
 
     before, steps_before = report()
     assert before["reviewed"]["cost_usd"] == 0.75, before["reviewed"]
@@ -405,9 +402,7 @@ def test_job_n_finds_the_jobs_that_followed_it_without_reading_every_job(kb):
     store.conn.execute(new, ("fix", "completed", first, None))
 
     def look() -> tuple[dict, int]:
-        seen: list[dict] = []
-        steps = sqlite_steps(store.conn, lambda: seen.append(job(store, first, ws.settings)))
-        return seen[0], sum(steps.values())
+        return answer_and_steps(store.conn, lambda: job(store, first, ws.settings))
 
     before, steps_before = look()
     store.conn.executemany(new, [("review", "completed", None, None)] * 2000)
@@ -426,11 +421,7 @@ def test_a_sweep_waiting_for_its_first_worker_reads_no_more_with_a_year_of_attem
     from workers.sweep import NoWorker
 
     store = Store.open(tmp_path / "state")
-    job = store.conn.execute(
-        "INSERT INTO review_jobs (status, model_partition, grouping, job_dir, created_at, "
-        "updated_at) VALUES ('completed', 'm', 'note', 'jobs/j', '2026-01-01T00:00:00Z', "
-        "'2026-01-01T00:00:00Z')"
-    ).lastrowid
+    job = a_job(store)
     watch = NoWorker(store, watching=True)
 
     def look() -> int:
