@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -332,21 +333,29 @@ def test_a_rollback_that_fails_does_not_hide_the_error(tmp_path):
         assert not store.conn.in_transaction
 
 
-def test_a_new_state_folder_is_ignored_by_the_kbs_git(kb, run_cli):
-    """Made inside the KB's repository (ROOT/.reviewq by default), a `git add -A` staged
-    state.db, the queue files and prompts that quote notes: nothing told git otherwise."""
-    import subprocess
-
+def _kb_in_git(kb) -> None:
+    """A KB of one gate and one note, in a git repository of its own."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     subprocess.run(["git", "init", "-q", str(kb.root)], check=True)
-    assert run_cli("enqueue", "--all-gates").exit_code == 0
-    status = subprocess.run(
+
+
+def _untracked(kb) -> str:
+    """`git status --porcelain` of the KB's repository, every untracked file named."""
+    return subprocess.run(
         ["git", "-C", str(kb.root), "status", "--porcelain", "--untracked-files=all"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
+
+
+def test_a_new_state_folder_is_ignored_by_the_kbs_git(kb, run_cli):
+    """Made inside the KB's repository (ROOT/.reviewq by default), a `git add -A` staged
+    state.db, the queue files and prompts that quote notes: nothing told git otherwise."""
+    _kb_in_git(kb)
+    assert run_cli("enqueue", "--all-gates").exit_code == 0
+    status = _untracked(kb)
     assert "kb/notes/alpha.md" in status
     assert ".reviewq" not in status, status
 
@@ -356,19 +365,10 @@ def test_a_first_select_makes_the_state_folder_as_a_new_state_db_does(kb, run_cl
     ROOT/.reviewq for its caches with neither the .gitignore nor mode 0700: a `git add -A`
     then committed the caches (select's answers quote the notes' diffs), and the state.db
     made there later kept the folder readable by every user."""
-    import subprocess
-
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    subprocess.run(["git", "init", "-q", str(kb.root)], check=True)
+    _kb_in_git(kb)
     assert run_cli("select", "--all-gates", "--json").exit_code == 0
     assert (kb.state / "cache").is_dir()
-    status = subprocess.run(
-        ["git", "-C", str(kb.root), "status", "--porcelain", "--untracked-files=all"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    status = _untracked(kb)
     assert ".reviewq" not in status, status
     assert kb.state.stat().st_mode & 0o777 == 0o700
 
