@@ -1041,6 +1041,14 @@ def _log_events(k, event: str) -> list[dict]:
     return [json.loads(x) for x in lines if f'"{event}"' in x]
 
 
+def _await_control_started(k, proc: subprocess.Popen) -> None:
+    """Until ``proc``, the control of KB ``k``, logs ``control.started`` (it must not exit)."""
+    deadline = time.monotonic() + 30
+    while not _log_events(k, "control.started"):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.poll()
+        time.sleep(0.1)
+
+
 def test_a_sweep_on_a_redis_database_another_kbs_control_holds_is_refused_first(
     kb, tmp_path, redis_url
 ):
@@ -1055,10 +1063,7 @@ def test_a_sweep_on_a_redis_database_another_kbs_control_holds_is_refused_first(
     _control_home(other, redis_url)
     first = _start_control(kb, redis_url)
     try:
-        deadline = time.monotonic() + 30
-        while not _log_events(kb, "control.started"):
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.1)
+        _await_control_started(kb, first)
         res = _refused(
             [EXE, "--root", str(other.root), "sweep", "--reviewer", "offline", "--workers", "1"],
             timeout=60,
@@ -1083,10 +1088,7 @@ def test_a_control_whose_acl_refuses_the_claim_runs_unclaimed_and_says_so(kb, tm
         url = _with_credentials(url, f"app:{PASSWORD}")
         control = _start_control(kb, url)
         try:
-            deadline = time.monotonic() + 30
-            while not _log_events(kb, "control.started"):
-                assert time.monotonic() < deadline and control.poll() is None, control.poll()
-                time.sleep(0.1)
+            _await_control_started(kb, control)
         finally:
             _stop(control)
     assert control.returncode == 0
@@ -1137,10 +1139,7 @@ def test_a_second_control_on_one_redis_database_is_refused_at_once(kb, tmp_path,
         assert client.get("reviewq.control.claim") is None  # given up as it stopped
         second = _start_control(other, redis_url)
         try:
-            deadline = time.monotonic() + 30
-            while not _log_events(other, "control.started"):
-                assert time.monotonic() < deadline and second.poll() is None
-                time.sleep(0.1)
+            _await_control_started(other, second)
         finally:
             _stop(second)
     for event in ("control.resumed", "queue.shared"):
