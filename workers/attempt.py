@@ -1196,7 +1196,7 @@ class Reaped(NamedTuple):
     killed: list[int]  # the agents' process groups
     running: list[int]  # their processes still running after a bounded wait
     # (job_id, attempt, worker: HOST:PID) of each attempt whose worker died, for the control
-    orphaned: list[tuple[int, int, str]] = []
+    orphaned: list[tuple[int, int, str]]
 
 
 def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
