@@ -32,6 +32,7 @@ from .vendor import (
     failure_kind,
     instruction,
     json_objects,
+    known_span,
     last_document,
     last_line,
     unwrap,
@@ -136,12 +137,11 @@ class GeminiReviewer(Reviewer):
             # An older Gemini CLI (0.30) keeps write_file out of headless mode whatever
             # the policy allows: no attempt can write its output. The CLI's, not the job's.
             exe = self.executables()[0]
-            oldest, newest = self.known_versions or ("?", "?")
             said = cli_version(exe, self.package or "", dict(self.profile.env), spec.root)
             version = said[0] or "(version unknown)"
             t.error = bounded(
                 f"{exe} {version} has no write_file tool in headless mode, so it cannot "
-                f"write its output; reviewq is known to work with {oldest} to {newest}"
+                f"write its output; reviewq is known to work with {known_span(self.known_versions)}"
             )
             t.failure = "config"
         return t

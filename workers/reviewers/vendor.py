@@ -345,6 +345,13 @@ def version_run(
     return (m.group(1), "") if m else (None, "said no version")
 
 
+def known_span(known: tuple[str, str]) -> str:
+    """The versions of ``known`` (oldest, newest) in words: one alone when they are one
+    (Gemini's range), not "0.61.0 to 0.61.0"."""
+    oldest, newest = known
+    return oldest if oldest == newest else f"{oldest} to {newest}"
+
+
 def version_verdict(
     cli: str,
     version: str | None,
@@ -358,12 +365,12 @@ def version_verdict(
     what reviewq asks of it; (None, …) a newer or unreadable one, not known either way.
     ``folder``: the npm package folder the CLI is in, if any."""
     oldest, newest = known
-    span = f"the versions reviewq is known to work with ({oldest} to {newest})"
+    span = f"the versions reviewq is known to work with ({known_span(known)})"
     install = _install(package, newest, folder)
     if version is None:
         return (
             None,
-            f"`{cli} --version` {why}; reviewq is known to work with {oldest} to {newest}",
+            f"`{cli} --version` {why}; reviewq is known to work with {known_span(known)}",
         )
     if _tuple(version) < _tuple(oldest):
         return False, f"{cli} {version} is older than {span}: upgrade it ({install})"
