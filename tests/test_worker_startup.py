@@ -1049,6 +1049,14 @@ def _await_control_started(k, proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
+def _await_first_mark(client, proc: subprocess.Popen) -> None:  # noqa: ANN001 - a redis client
+    """Until the control ``proc`` has written its first tick's mark, ``reviewq.control``."""
+    deadline = time.monotonic() + 30
+    while client.get("reviewq.control") is None:
+        assert time.monotonic() < deadline and proc.poll() is None, "never ticked"
+        time.sleep(0.1)
+
+
 def test_a_sweep_on_a_redis_database_another_kbs_control_holds_is_refused_first(
     kb, tmp_path, redis_url
 ):
@@ -1115,10 +1123,7 @@ def test_a_second_control_on_one_redis_database_is_refused_at_once(kb, tmp_path,
     held = b"the message the first control is running"
     with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
         try:
-            deadline = time.monotonic() + 30
-            while client.get("reviewq.control") is None:  # its first tick's mark
-                assert time.monotonic() < deadline and first.poll() is None, "never ticked"
-                time.sleep(0.1)
+            _await_first_mark(client, first)
             held_key = "huey.redis.reviewqcontrol.held"
             client.lpush(held_key, held)
             _control_home(other, redis_url)
@@ -1165,10 +1170,7 @@ def test_a_kb_copied_with_its_state_db_is_refused_beside_its_original(kb, tmp_pa
     held = b"the message the first control is running"
     with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
         try:
-            deadline = time.monotonic() + 30
-            while client.get("reviewq.control") is None:  # its first tick's mark
-                assert time.monotonic() < deadline and first.poll() is None, "never ticked"
-                time.sleep(0.1)
+            _await_first_mark(client, first)
             copy.state.mkdir(parents=True)
             with (
                 contextlib.closing(sqlite3.connect(kb.state / "state.db")) as src,
@@ -1233,10 +1235,7 @@ def test_a_control_started_before_its_redis_is_up_is_refused_once_it_is(kb, tmp_
     second = None
     with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
         try:
-            deadline = time.monotonic() + 30
-            while client.get("reviewq.control") is None:  # its first tick's mark
-                assert time.monotonic() < deadline and first.poll() is None, "never ticked"
-                time.sleep(0.1)
+            _await_first_mark(client, first)
             held_key = "huey.redis.reviewqcontrol.held"
             client.lpush(held_key, held)
             _control_home(other, f"unix://{later}")
@@ -1246,6 +1245,7 @@ def test_a_control_started_before_its_redis_is_up_is_refused_once_it_is(kb, tmp_
                 stderr=subprocess.PIPE,
                 text=True,
             )
+            deadline = time.monotonic() + 30
             while not _log_events(other, "queue.unavailable"):
                 assert time.monotonic() < deadline and second.poll() is None, "never waited"
                 time.sleep(0.1)
