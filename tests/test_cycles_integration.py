@@ -1712,8 +1712,13 @@ def _applied(kb, raw: bytes, fixer) -> tuple[str, bytes]:  # noqa: ANN001
         )
         ws.store.record_reviews("fake", [record])
         fix = queue_fix(ws.kb, ws.store, ws.state_dir, NOTE)
+    finally:
+        ws.close()
+    output = fixer(raw.decode())
+    ws = Workspace.open(kb.root)  # the settings as they are when the fix ends
+    try:
         job = ws.store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (fix,)).fetchone()
-        res = apply_fix(ws.kb, ws.store, job, fixer(raw.decode()))
+        res = apply_fix(ws.kb, ws.store, job, output)
     finally:
         ws.close()
     return res.status, res.reason
@@ -1775,6 +1780,54 @@ def test_a_fix_that_grows_the_note_past_max_note_bytes_is_refused(kb):
         "the fixed note is 274 bytes, over [limits] max_note_bytes (200): no review could judge it",
     )
     assert (kb.root / NOTE).read_bytes() == raw
+
+
+def _lowered_to(kb, limit: int) -> None:  # noqa: ANN001
+    kb.write("reviewq.toml", f"[limits]\nmax_note_bytes = {limit}\n")
+
+
+_CAFE = "---\ntitle: Alpha\n---\nAlpha body, café.\n"  # 39 characters, 40 bytes
+
+
+def test_a_note_over_a_limit_lowered_while_its_fix_waited_given_back_changed_nothing(kb):
+    """Queued under the old limit, the fix ended after [limits] max_note_bytes was lowered
+    below the note: given back unchanged, it was the attempt's invalid output ("the fixed
+    note is 40 bytes, over ..."), retried, and the fixer escalated as failing every
+    attempt, where it had rejected the finding."""
+
+    def unchanged_while_lowered(given: str) -> bytes:
+        _lowered_to(kb, 39)
+        return given.encode()
+
+    assert _applied(kb, _CAFE.encode(), unchanged_while_lowered)[0] == "unchanged"
+
+
+def test_a_fix_grown_past_the_limit_over_a_persons_edit_is_stale(kb):
+    """The person's edit first, as for any fix: refused as the fixer's invalid output, it
+    was retried on the text the person had replaced."""
+
+    def grown_while_edited(given: str) -> bytes:
+        _lowered_to(kb, 60)
+        kb.write(NOTE, given + "A person's line.\n")
+        return given.encode() + b"More. " * 40
+
+    assert _applied(kb, _CAFE.encode(), grown_while_edited)[0] == "stale"
+
+
+@pytest.mark.parametrize("limit", [40, 39])
+def test_max_note_bytes_counts_the_fixed_notes_bytes_not_characters(kb, limit):
+    raw = b"---\ntitle: Alpha\n---\nAlpha body.\n"
+    _lowered_to(kb, limit)
+    status, reason = _applied(kb, raw, lambda given: _CAFE.encode())
+    if limit == 40:  # exactly at the limit
+        assert status == "applied"
+        assert (kb.root / NOTE).read_bytes() == _CAFE.encode()
+    else:
+        assert (status, reason) == (
+            "invalid",
+            "the fixed note is 40 bytes, over [limits] max_note_bytes (39): no review could judge it",
+        )
+        assert (kb.root / NOTE).read_bytes() == raw
 
 
 def test_a_sequential_sweep_says_why_it_skipped_pairs(kb):

@@ -357,9 +357,6 @@ def apply_fix(
         # Title, description and type became body text, and the gates that select the
         # note by its type no longer saw it: no review would have caught it.
         return FixResult("invalid", "the fixed note has no frontmatter; the note it was given had")
-    if (too_large := kb.too_large(len(new_text.encode("utf-8")))) is not None:
-        # Written, no sweep reviewed the note again: its FAIL stood and nothing escalated.
-        return FixResult("invalid", f"the fixed note is {too_large}: no review could judge it")
     try:
         rel = kb.check_rel(job["note_path"])  # resolves symlinks: never outside the root
         current = decode((kb.root / rel).read_bytes())
@@ -376,6 +373,11 @@ def apply_fix(
         return FixResult("unchanged", "the fix changed nothing")
     if not new_text.strip():
         return FixResult("invalid", "the fixed note is empty")
+    if (too_large := kb.too_large(len(new_text.encode("utf-8")))) is not None:
+        # Written, no sweep reviewed the note again: its FAIL stood and nothing escalated.
+        # After the note's checks: a person's edit still wins, and a note over a limit
+        # lowered while its fix waited, given back as it was, is a rejection.
+        return FixResult("invalid", f"the fixed note is {too_large}: no review could judge it")
     sha = sha256_text(new_text)
     with store.write():
         now = utcnow()
