@@ -866,10 +866,13 @@ def test_a_fixer_writing_the_kb_note_itself_is_refused_and_the_note_kept(
     out = fix_sweep(netns, home, fkb.root, vendor)
     assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
     [esc] = out["escalations"]
-    assert esc["reason"] == "the fixer failed every attempt: exited 0 without writing fixed-note.md"
+    said = "the fixer failed every attempt: exited 0 without writing fixed-note.md"
+    if vendor == "claude":  # its result names the refusal; the others' only their logs
+        said += f": the agent's Write to {NOTE} refused by Claude Code's permissions"
+    assert esc["reason"] == said
     assert [f["status"] for f in fix_jobs(fkb.root)] == ["failed"]
-    writes = [r for r in model.requests("fixkb") if r.get("arg") == str(fkb.root / NOTE)]
-    assert writes and all(r["action"] == "write" for r in writes)  # it was asked, and refused
+    asked = [r["action"] for r in model.requests("fixkb") if r.get("arg") == str(fkb.root / NOTE)]
+    assert "write" in asked  # it was asked, and refused
 
 
 @pytest.mark.parametrize("vendor", VENDORS)

@@ -21,7 +21,7 @@ that retries a request gets the same answer):
   hung     every model request is read and never answered: the connection stays open
   fix      a review FAILs a note that says TODO and PASSes it otherwise; a fix task (its
            prompt read first) writes the note without the TODO to its output, says done
-  fixkb    … the fixer writes the fixed note over the KB note itself, and no output
+  fixkb    … the fixer reads the KB note and writes the fixed note over it, and no output
   fixout   … the fixer also writes a new KB note and a file outside through ``..``
   fixsame  … the fixer gives the note back unchanged
   fixhuge  … the fixed note has 64 KiB the fixer made up
@@ -133,7 +133,9 @@ def fix_steps(scenario: str, root: str, note: str, output: str) -> list[tuple[st
     with open(f"{root}/{note}", encoding="utf-8") as f:
         new = fixed(scenario, f.read())
     if scenario == "fixkb":  # the note itself, as the prompt forbids, and no output
-        return [("write", (f"{root}/{note}", new)), ("text", "done")]
+        # Read first, as a model does: Claude's Write refuses a file not read yet on its
+        # own, and that refusal had stood in for the permission rules' (no denial said).
+        return [("read", f"{root}/{note}"), ("write", (f"{root}/{note}", new)), ("text", "done")]
     steps: list[tuple[str, object]] = []
     if scenario == "fixout":  # a second file beside the output, and one outside the KB
         job = output.rsplit("/", 2)[0]

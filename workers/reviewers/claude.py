@@ -131,6 +131,10 @@ class ClaudeReviewer(Reviewer):
                 # No HTTP status: no model answered at all (a TLS failure, a closed socket,
                 # an aborted request), in whatever words.
                 t.failure = "unreachable"
+        if t.error is None and (refused := _refused(spec, r.get("permission_denials"))):
+            # Else the attempt said only "exited 0 without writing …": a fixer's write
+            # over the KB note, refused by the rules above, was in Claude's log alone.
+            t.error = refused
         return t
 
     def _unfinished(self, spec: AttemptSpec, events: list[dict]) -> Telemetry:
@@ -179,6 +183,25 @@ class ClaudeReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
+
+
+def _refused(spec: AttemptSpec, denials: object) -> str | None:
+    """The tool calls Claude's permissions refused, said in one line; None if none."""
+    said: list[str] = []
+    root = str(spec.root.resolve()) + "/"
+    for d in denials if isinstance(denials, list) else []:
+        if not isinstance(d, dict):
+            continue
+        inp = d.get("tool_input")
+        path = inp.get("file_path") if isinstance(inp, dict) else None
+        what = str(d.get("tool_name") or "a tool")
+        if isinstance(path, str):
+            what += f" to {path.removeprefix(root)}"
+        if what not in said:  # a model that tries the same write again
+            said.append(what)
+    if not said:
+        return None
+    return bounded("the agent's " + ", ".join(said) + " refused by Claude Code's permissions")
 
 
 def _from_model(ev: dict) -> bool:
