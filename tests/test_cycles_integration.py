@@ -694,18 +694,26 @@ def test_an_audit_that_fails_under_run_job_goes_to_a_person(kb):
     assert escs[0][1].startswith("the auditor (auditor) failed when run by hand"), escs[0][1]
 
 
+def failing_agent(kb, script: Path, body: str) -> None:
+    """Configure ``fake`` as an agent that answers with turns (so its failure is no launch
+    failure) and then does ``body``: Python, with json, os and sys imported."""
+    script.write_text(
+        "import json, os, sys\n"
+        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 2}))\n"
+        + body
+    )
+    config(kb, profile("fake", script=script))
+
+
 def test_a_sweep_summary_prints_a_failure_reason_with_brackets_as_it_is(cyc, tmp_path):
     """The summary read stored text as rich markup: an agent's stderr with "[/INST]" in a
     failed job's reasons made the sweep an internal error before its escalations and
     decide commands were listed, and "[draft]" vanished from a line."""
-    agent = tmp_path / "brackets.py"
-    agent.write_text(
-        "import json, os, sys\n"
-        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 2}))\n"
-        "print('fatal: [/INST] template error in [draft] prompt', file=sys.stderr)\n"
-        "sys.exit(1)\n"
+    failing_agent(
+        cyc,
+        tmp_path / "brackets.py",
+        "print('fatal: [/INST] template error in [draft] prompt', file=sys.stderr)\nsys.exit(1)\n",
     )
-    config(cyc, profile("fake", script=agent))
     res = rq(cyc, "sweep", "--reviewer", "fake")
     assert res.returncode == 1, res.stderr
     assert "internal error" not in res.stderr, res.stderr
@@ -718,14 +726,11 @@ def test_an_agents_failure_is_one_line_however_the_file_it_touched_is_named(cyc,
     that left a note named with a line break in the KB failed as "the reviewer changed
     kb/notes/x<LF>y.md", and `status`, the report, the sweep's summary and `escalations`
     each broke the agent's line in two, its second half reading as a line of its own."""
-    agent = tmp_path / "litter.py"
-    agent.write_text(
-        "import json, os\n"
-        "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 2}))\n"
-        "open(os.path.join(os.environ['REVIEWQ_ROOT'], 'kb', 'notes', 'x\\ny.md'), 'w')"
-        ".close()\n"
+    failing_agent(
+        cyc,
+        tmp_path / "litter.py",
+        "open(os.path.join(os.environ['REVIEWQ_ROOT'], 'kb', 'notes', 'x\\ny.md'), 'w').close()\n",
     )
-    config(cyc, profile("fake", script=agent))
     sweep = rq(cyc, "sweep", "--reviewer", "fake")
     assert sweep.returncode == 1, sweep.stderr
     said = [rq(cyc, cmd).stdout for cmd in ("status", "report", "escalations")]
