@@ -99,7 +99,11 @@ class Model:
             stderr=subprocess.PIPE,
             text=True,
         )
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        # poll, not select(): select() refuses a descriptor past 1023, which the suite's
+        # process reaches after its earlier modules (a whole run's fixtures and logs).
+        poller = select.poll()
+        poller.register(self.proc.stdout, select.POLLIN)
+        ready = poller.poll(30_000)
         line = self.proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
         if not line.startswith("ready "):
             self.stop()
