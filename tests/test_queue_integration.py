@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import markupsafe
@@ -2114,13 +2114,14 @@ def test_status_says_a_shared_redis_database_while_the_control_that_said_it_runs
             shown = rq(kb, *hint, timeout=60)
             assert shown.returncode == 0 and "queue.shared" in shown.stdout, (hint, shown)
             stop("mine")
-            assert json.loads(status("--json").stdout)["control"] == {"pid": None, "shared": None}
+            gone = json.loads(status("--json").stdout)["control"]
+            assert (gone["pid"], gone["shared"], gone["zone"]) == (None, None, None)
             stop("theirs")
             # Started again alone: the previous run's line is not this one's.
             mine = start("mine", kb.root)
             _until(mine.stderr, "control.started")
             data = json.loads(status("--json").stdout)["control"]
-            assert data == {"pid": mine.pid, "shared": None}, data
+            assert (data["pid"], data["shared"]) == (mine.pid, None), data
         finally:
             for proc in procs.values():
                 proc.kill()
@@ -3392,3 +3393,43 @@ def test_a_cron_sweep_in_a_partition_with_no_review_among_others_logs_it(kb):
         ("nightly", "r", "m-1", ["m1"])
     ]
     assert said[0]["level"] == "warning"
+
+
+def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_on(kb):
+    """A control under systemd reads /etc/localtime (UTC on most servers); the operator's
+    shell has TZ=Europe/Berlin. `0 2 * * *` fired at 03:00 on their clock, and nothing
+    (status, its JSON, the control's log) named the zone the control read its crons in:
+    the report's nights and `--since 08:00` were on the shell's clock, the crons on
+    another."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE + '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen(
+        [*base, "control"], env={**os.environ, "TZ": "UTC"}, stderr=subprocess.DEVNULL
+    )
+    try:
+        log = kb.state / "logs" / "reviewq.jsonl"
+        deadline = time.monotonic() + 60
+        while not log.exists() and control.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the log is made as the control starts; log_lines needs it
+        _await_logged(kb, "control.started")
+        berlin = rq(kb, "status", env={"TZ": "Europe/Berlin"})
+        same = rq(kb, "status", env={"TZ": "Etc/UTC"})  # another name of the same clock
+        as_json = rq(kb, "status", "--json", env={"TZ": "Europe/Berlin"})
+    finally:
+        stop(control)
+    assert berlin.returncode == 0, berlin.stderr
+    said = [line for line in berlin.stdout.splitlines() if "cron" in line and "clock" in line]
+    from zoneinfo import ZoneInfo
+
+    hours = datetime.now(ZoneInfo("Europe/Berlin")).utcoffset() // timedelta(hours=1)
+    assert said == [
+        "[[sweeps]] cron times are on the control's clock, UTC (now +00:00), not this "
+        f"shell's, Europe/Berlin (now +{hours:02d}:00): the report's nights and a --since 08:00 are "
+        "on this one; to fire them on this clock, start the control with its zone (TZ, "
+        "else /etc/localtime)"
+    ]
+    assert not [line for line in same.stdout.splitlines() if "control's clock" in line]
+    assert json.loads(as_json.stdout)["control"]["zone"] == "UTC"
+    started = [x for x in log_lines(kb) if x["event"] == "control.started"]
+    assert [x["zone"] for x in started] == ["UTC"]

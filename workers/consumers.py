@@ -388,7 +388,8 @@ def run_control(ws: Workspace) -> None:
     # Here, not at the top: a worker, in the same module, has no use for them.
     from orchestrator.control.control import Control
     from orchestrator.control.followup import FollowUp
-    from orchestrator.state.status import keep_shared
+    from orchestrator.state.status import keep_shared, keep_zone
+    from orchestrator.state.when import local_zone
     from orchestrator.sweeps.producer import sweep_problems
 
     settings = ws.settings
@@ -399,6 +400,9 @@ def run_control(ws: Workspace) -> None:
     # A previous run's queue.shared is not this one's: said again if it still is.
     with contextlib.suppress(OSError):
         keep_shared(ws.state_dir, None)
+    zone = local_zone()
+    with contextlib.suppress(OSError):  # `status` then names no zone: nothing else is lost
+        keep_zone(ws.state_dir, zone)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     follow_parent()
     app = make_app(settings)
@@ -484,7 +488,9 @@ def run_control(ws: Workspace) -> None:
             woken.wait(max(0.0, wake - time.monotonic()))
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
-    logs.get().info("control.started", pid=os.getpid(), queue=queue_described(settings))
+    logs.get().info(
+        "control.started", pid=os.getpid(), queue=queue_described(settings), zone=zone
+    )
     for name, problem in settings.sweeps_left_out.items():
         # Said, not refused: a control that would not start (systemd restarting it all
         # night) ran no other sweep either, and left every agent's outcome waiting.

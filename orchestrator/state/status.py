@@ -8,7 +8,7 @@ import os
 import shlex
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -230,7 +230,12 @@ def status(store: Store, settings: Settings) -> dict:
         },
         "cost_usd": {"today": round(day, 6), "total": round(total, 6)},
         "fixes_unwritten": unwritten_fixes(store),
-        "control": {"pid": pid, "shared": shared_now(settings.state_dir, pid)},
+        "control": {
+            "pid": pid,
+            "shared": shared_now(settings.state_dir, pid),
+            "zone": (zone := control_zone(settings.state_dir, pid)),
+            "zone_said": zone_said(settings, zone),
+        },
         "workers": {
             **workers_heard(store, control_runs=pid is not None),
             "refused": refused_lately(
@@ -382,6 +387,52 @@ def shared_now(state_dir: Path, pid: int | None) -> dict | None:
     if not isinstance(kept, dict) or kept.get("pid") != pid:
         return None  # a previous run's, its control gone
     return {"at": str(kept.get("at")), "said": str(kept.get("said") or "")}
+
+
+# The zone the running control reads its cron times in, kept beside its lock: nothing
+# said it, and a control under systemd (/etc/localtime, UTC on most servers) fired
+# `0 2 * * *` at 03:00 on the clock of an operator whose shell has TZ=Europe/Berlin.
+ZONE_FILE = Path("run") / "control-zone.json"
+
+
+def keep_zone(state_dir: Path, zone: str) -> None:
+    """Keep the zone this control process reads its clock in (``local_zone``), for `status`."""
+    path = state_dir / ZONE_FILE
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    atomic_write(path, json.dumps({"pid": os.getpid(), "zone": zone}) + "\n")
+
+
+def control_zone(state_dir: Path, pid: int | None) -> str | None:
+    """The zone the running control (``pid``: the one that holds the state folder) reads
+    its cron times in; None when none runs or it kept none (an earlier release's)."""
+    if not pid:
+        return None
+    try:
+        kept = json.loads((state_dir / ZONE_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("pid") != pid or not kept.get("zone"):
+        return None  # a previous run's, its control gone
+    return str(kept["zone"])
+
+
+def zone_said(settings: Settings, zone: str | None) -> str | None:
+    """The line that says a running control reads its cron times on another clock than
+    this process (``zone``: the control's), or None: the same clock, no control, or no
+    cron sweep."""
+    from orchestrator.state.when import local_zone, said_offset, same_clock, zone_offset
+
+    if zone is None or not any(s.cron for s in settings.sweeps.values()) or same_clock(zone):
+        return None
+    theirs = said_offset(zone_offset(zone))
+    here = said_offset(datetime.now(UTC).astimezone().utcoffset())
+    return (
+        f"[[sweeps]] cron times are on the control's clock, {zone}"
+        + (f" (now {theirs})" if theirs else "")
+        + f", not this shell's, {local_zone()} (now {here}): the report's nights and a "
+        "--since 08:00 are on this one; to fire them on this clock, start the control with "
+        "its zone (TZ, else /etc/localtime)"
+    )
 
 
 def refusal_said(line: dict) -> str:

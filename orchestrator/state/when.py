@@ -4,8 +4,9 @@ read them alike."""
 
 from __future__ import annotations
 
+import os
 import re
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import parse_timestamp, timestamp
@@ -129,3 +130,57 @@ def _date_time(text: str) -> datetime:
     if m is None:
         raise ValueError(text)
     return parse_timestamp(m["date"] + (m["time"] or "T00:00") + (m["offset"] or ""))
+
+
+def local_zone() -> str:
+    """The name of the zone this process reads its clock in (cron times, a person's
+    "08:00"): its ``TZ``, else the zoneinfo name /etc/localtime links to, else UTC (glibc's
+    default). Read once, as the C library reads it when the process starts."""
+    tz = os.environ.get("TZ")
+    if tz is None:
+        try:
+            tz = os.path.realpath("/etc/localtime") if os.path.exists("/etc/localtime") else ""
+        except OSError:
+            tz = ""
+    tz = tz.removeprefix(":")
+    # A path (TZ=:/usr/share/zoneinfo/Europe/Berlin, or /etc/localtime's target): its name.
+    return tz.rpartition("/zoneinfo/")[2] if "/zoneinfo/" in tz else (tz or "UTC")
+
+
+def _offsets(offset_at) -> list[timedelta | None]:
+    """A zone's UTC offsets now and each month of the coming year: two zones that agree
+    on all of them read their clocks alike ("UTC" and "Etc/UTC" are one clock)."""
+    now = datetime.now(UTC)
+    return [offset_at(now + timedelta(days=30 * i)) for i in range(13)]
+
+
+def zone_offset(name: str, at: datetime | None = None) -> timedelta | None:
+    """The UTC offset of zone ``name`` at ``at`` (now), None when zoneinfo does not know
+    it (a POSIX rule such as ``CET-1CEST``)."""
+    from zoneinfo import ZoneInfo  # not at import: only `status` compares zones
+
+    try:
+        zone = ZoneInfo(name)
+    except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError
+        return None
+    return (at or datetime.now(UTC)).astimezone(zone).utcoffset()
+
+
+def same_clock(name: str) -> bool:
+    """Whether zone ``name`` (another process's :func:`local_zone`) reads the clock as this
+    process does, now and over the coming year; by name when zoneinfo does not know it."""
+    if name == local_zone():
+        return True
+    theirs = _offsets(lambda at: zone_offset(name, at))
+    if None in theirs:
+        return False
+    return theirs == _offsets(lambda at: at.astimezone().utcoffset())
+
+
+def said_offset(offset: timedelta | None) -> str:
+    """``+01:00``, ``-03:00``, ``+10:30``; "" when unknown."""
+    if offset is None:
+        return ""
+    minutes = int(offset.total_seconds()) // 60
+    sign, minutes = ("-" if minutes < 0 else "+"), abs(minutes)
+    return f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
