@@ -488,9 +488,7 @@ def run_control(ws: Workspace) -> None:
             woken.wait(max(0.0, wake - time.monotonic()))
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)
-    logs.get().info(
-        "control.started", pid=os.getpid(), queue=queue_described(settings), zone=zone
-    )
+    logs.get().info("control.started", pid=os.getpid(), queue=queue_described(settings), zone=zone)
     for name, problem in settings.sweeps_left_out.items():
         # Said, not refused: a control that would not start (systemd restarting it all
         # night) ran no other sweep either, and left every agent's outcome waiting.

@@ -160,7 +160,11 @@ def zone_offset(name: str, at: datetime | None = None) -> timedelta | None:
     from zoneinfo import ZoneInfo  # not at import: only `status` compares zones
 
     try:
-        zone = ZoneInfo(name)
+        if name.startswith("/"):  # /etc/localtime copied, not linked: its file names no zone
+            with open(name, "rb") as f:
+                zone = ZoneInfo.from_file(f, key=name)
+        else:
+            zone = ZoneInfo(name)
     except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError
         return None
     return (at or datetime.now(UTC)).astimezone(zone).utcoffset()
