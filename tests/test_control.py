@@ -639,6 +639,37 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
 
 
+@pytest.fixture
+def kolkata(monkeypatch):
+    """The process's zone is Kolkata's (UTC+05:30, no daylight time)."""
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_cron_sweep_missed_off_utc_is_said_at_its_cron_time_on_the_controls_clock(
+    kb, monkeypatch, run_cli, kolkata
+):
+    """In Kolkata a `0 3 * * *` sweep missed was said as "its run of 2026-01-01T21:30Z
+    was missed": at 7 a.m. the operator read a time their cron never names, on the day
+    before, and took it for a run of the night before last."""
+    three, four = _a_night_missed_and_failed(kb, monkeypatch)
+    assert (three, four) == ("2026-01-01T21:30Z", "2026-01-01T22:30Z")
+    out = run_cli("status").stdout
+    assert (
+        "sweep 'nightly': its run of 03:00 on 2026-01-02 on the control's clock "
+        "(2026-01-01T21:30Z) was missed: no control process looked"
+    ) in out, out
+    assert (
+        "sweep 'lens': its run of 04:00 on 2026-01-02 on the control's clock "
+        "(2026-01-01T22:30Z) failed: SelectionError: "
+    ) in out, out
+
+
 def test_a_cron_sweep_missed_while_the_control_was_suspended_says_so(kb, monkeypatch, run_cli):
     """A control that ran all night on a machine suspended from 02:59 to 04:00 (a laptop's
     lid) said its 03:00 sweep was missed as "no control process looked at its clock then,

@@ -552,9 +552,8 @@ def due_sweeps(
                 checked_at=row[0],
                 reason=f"{why}; the sweep waits for its next time",
             )
-            _move_clock(
-                ws, sweep.name, now, own, {"event": "sweep.missed", "at": at, "reason": why}
-            )
+            missed = {"event": "sweep.missed", "at": at, "wall": _wall(fired), "reason": why}
+            _move_clock(ws, sweep.name, now, own, missed)
             continue
         due.append(sweep)
     if failures is None and own:
@@ -635,7 +634,7 @@ def sweeps_not_run(store: Store, settings: Settings) -> list[dict]:
         said = json_column(text)
         if entry is None or not entry.cron or not isinstance(said, dict):
             continue  # removed, or no longer on a clock: its old night is no news
-        n = {"sweep": name, **{k: said.get(k) for k in ("event", "at", "reason")}}
+        n = {"sweep": name, **{k: said.get(k) for k in ("event", "at", "wall", "reason")}}
         out.append({**n, "says": _not_run_words(n)})
     return out
 
@@ -644,10 +643,25 @@ def _not_run_words(n: dict) -> str:
     """One line of :func:`sweeps_not_run`, for `status` and the report."""
     name = n["sweep"]
     what = "was missed" if n["event"] == "sweep.missed" else "failed"
+    at = f"{str(n['at'])[:16]}Z"
+    try:
+        wall = datetime.fromisoformat(str(n.get("wall")))
+    except ValueError:  # recorded before it was kept: UTC alone
+        wall = None
+    if wall is not None and wall.utcoffset():
+        # In the cron's own words too: in Kolkata `0 3 * * *` was "its run of
+        # 2026-01-01T21:30Z", a time no cron names, on the day before.
+        at = f"{wall:%H:%M} on {wall:%Y-%m-%d} on the control's clock ({at})"
     return (
-        f"sweep {name!r}: its run of {str(n['at'])[:16]}Z {what}: {n['reason']}; it runs at "
+        f"sweep {name!r}: its run of {at} {what}: {n['reason']}; it runs at "
         f"its next time, or now with reviewq enqueue --name {shlex.quote(name)}"
     )
+
+
+def _wall(fired: datetime) -> str:
+    """A cron minute as the control's clock read it (``2026-01-02T03:00+05:30``): how its
+    `[[sweeps]]` entry names it, which `status` may read on another clock."""
+    return fired.astimezone().isoformat(timespec="minutes")
 
 
 def enqueue_due_sweeps(
@@ -688,7 +702,12 @@ def enqueue_due_sweeps(
                 recovery="the sweep runs again at its next matching minute",
             )
             at = (fired or now).astimezone(UTC).isoformat().replace("+00:00", "Z")
-            failed = {"event": "sweep.failed", "at": at, "reason": logs.redact(error)}
+            failed = {
+                "event": "sweep.failed",
+                "at": at,
+                "wall": _wall(fired or now),
+                "reason": logs.redact(error),
+            }
             _move_clock(ws, sweep.name, now, passing, failed)
     if passing:
         raise passing[0]
