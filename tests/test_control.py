@@ -651,6 +651,26 @@ def kolkata(monkeypatch):
     time.tzset()
 
 
+def test_a_controls_zone_from_a_copied_localtime_is_compared_by_its_rules(tmp_path, monkeypatch):
+    """/etc/localtime copied, not linked (some images do), names no zone: compared by
+    name, a control reading it as Berlin was said to be off the clock of a shell with
+    TZ=Europe/Berlin."""
+    import time
+
+    from orchestrator.state.when import same_clock
+
+    copy = tmp_path / "localtime"
+    shutil.copyfile("/usr/share/zoneinfo/Europe/Berlin", copy)
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        assert same_clock(str(copy))
+        assert not same_clock("Asia/Kolkata")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_a_cron_sweep_missed_off_utc_is_said_at_its_cron_time_on_the_controls_clock(
     kb, monkeypatch, run_cli, kolkata
 ):
