@@ -3416,6 +3416,7 @@ def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_
         berlin = rq(kb, "status", env={"TZ": "Europe/Berlin"})
         same = rq(kb, "status", env={"TZ": "Etc/UTC"})  # another name of the same clock
         as_json = rq(kb, "status", "--json", env={"TZ": "Europe/Berlin"})
+        doctor = rq(kb, "doctor", env={"TZ": "Europe/Berlin"})
     finally:
         stop(control)
     assert berlin.returncode == 0, berlin.stderr
@@ -3430,6 +3431,7 @@ def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_
         "else /etc/localtime)"
     ]
     assert not [line for line in same.stdout.splitlines() if "control's clock" in line]
+    assert f"warning: {said[0]}" in doctor.stdout.splitlines(), doctor.stdout
     assert json.loads(as_json.stdout)["control"]["zone"] == "UTC"
     started = [x for x in log_lines(kb) if x["event"] == "control.started"]
     assert [x["zone"] for x in started] == ["UTC"]
