@@ -1642,6 +1642,22 @@ def test_a_since_time_of_day_says_which_day_it_is(new_york):
     assert label == "since 06:00 today on this machine's clock (2026-11-22T11:00Z)"
 
 
+def test_a_since_date_on_the_local_clock_says_it_as_given(new_york):
+    """`--since 2026-11-22` in New York was labelled "since 2026-11-22T05:00Z" (and in
+    Kolkata "since 2026-11-21T18:30Z", the day before the one typed): M14 said a time of
+    day in the person's words, a date or date-time only in UTC. One with an offset is
+    already in the words typed."""
+    from orchestrator.report.period import resolve
+
+    now = "2026-11-23T12:00:00.000Z"
+    label = resolve(None, since="2026-11-22", now=now).label  # type: ignore[arg-type]
+    assert label == "since 2026-11-22 00:00 on this machine's clock (2026-11-22T05:00Z)"
+    label = resolve(None, since="2026-11-22T08:00", now=now).label  # type: ignore[arg-type]
+    assert label == "since 2026-11-22 08:00 on this machine's clock (2026-11-22T13:00Z)"
+    label = resolve(None, since="2026-11-22T08:00Z", now=now).label  # type: ignore[arg-type]
+    assert label == "since 2026-11-22T08:00Z"
+
+
 def test_a_since_date_whose_midnight_the_clock_skips_starts_when_the_day_does(monkeypatch):
     """In Santiago daylight time begins at midnight (6 September 2026: 23:59:59 -04, then
     01:00 -03): `--since 2026-09-06` began at 23:00 on the 5th, an hour of the day before

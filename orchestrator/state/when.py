@@ -39,12 +39,13 @@ def moment(text: str, option: str, end: datetime) -> tuple[datetime, str | None]
             start = _date_time(text)
         except (ValueError, OverflowError):
             raise MomentError(f"{option} {text!r}: not a date or time") from None
+        typed = None
         try:
             if start.tzinfo is None:
                 # A person's "08:00" or "2026-11-22" is on their clock, as cron times
-                # are: read as UTC it was hours off. The label says it in UTC. Its first
-                # reading: on a day whose midnight the clock skips, the window began an
-                # hour into the day before.
+                # are: read as UTC it was hours off. Its first reading: on a day whose
+                # midnight the clock skips, the window began an hour into the day before.
+                typed = start
                 start = _read_on(start.date(), start.time())[0]
             said = timestamp(start)
         except (ValueError, OverflowError):
@@ -54,6 +55,11 @@ def moment(text: str, option: str, end: datetime) -> tuple[datetime, str | None]
                 f"{option} {text!r}: date out of range (too near the calendar's first "
                 "or last year to place in UTC)"
             ) from None
+        if typed is not None:
+            # In the words typed, then UTC: "since 2026-11-21T18:30Z" for a Kolkata
+            # operator's `--since 2026-11-22` named the day before the one they meant.
+            wall = f"{typed:%Y-%m-%d %H:%M}" + (f":{typed:%S}" if typed.second else "")
+            return parse_timestamp(said), f"{wall} on this machine's clock ({said[:16]}Z)"
         return parse_timestamp(said), f"{said[:16]}Z"
     if m := _TIME_OF_DAY.fullmatch(text.strip()):
         try:
