@@ -566,7 +566,7 @@ def _liveness(data: dict, held: int) -> list[str]:
     else:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
         if data["control"].get("zone_said"):
-            lines.append(data["control"]["zone_said"])
+            lines.append(shown(data["control"]["zone_said"]))  # a TZ is the user's text
         if shared := data["control"].get("shared"):
             # Said once a run in its log: the operator of each KB read nothing of it here.
             # From its second on: once logrotate emptied the log, `logs` without --since
