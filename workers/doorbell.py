@@ -164,6 +164,16 @@ class Doorbell:
                 except _EMPTY:
                     continue  # another thread took that ring
 
+    def close(self) -> None:
+        """Close the FIFO and the stop pipe: the queue is done with (a command ends). A
+        bell closed and used again opens anew; never closed under a waiting thread."""
+        with self._lock:
+            fds, self._fd = (self._fd, self._stop_r, self._stop_w), None
+            self._stop_r = self._stop_w = -1
+        for fd in fds:
+            if fd is not None and fd >= 0:
+                os.close(fd)
+
     def interrupt(self) -> None:
         """Wake every thread waiting here, now and later: the consumer is stopping."""
         if self._open() is not None:

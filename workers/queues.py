@@ -56,6 +56,24 @@ class App:
     settings: Settings
     wrappers: dict[str, object] = field(default_factory=dict)  # task name -> TaskWrapper
 
+    def close(self) -> None:
+        """Close both queues' connections and doorbells, and stop being this process's
+        app. Whatever makes an app for a while (a command that nudges the control,
+        doctor, an in-process sweep) closes it: left to the process's end, each such
+        command in one process (the test suite's in-process runs) kept ~9 descriptors
+        open for good, and a process past 1,024 cannot select() at all."""
+        global _app
+        for huey in (self.review, self.control):
+            close_huey(huey)
+        if _app is self:
+            _app = None
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class _PatientReads:
     """A queue that cannot be read (Redis restarting, the queue file locked past its busy
@@ -232,6 +250,11 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
         super().enqueue(data, priority)
         self.bell.ring()
 
+    def close(self):  # noqa: ANN201 - Huey's signature
+        closed = super().close()
+        self.bell.close()  # reopened if the storage is used again
+        return closed
+
     def delete_data(self, key):  # noqa: ANN001, ANN201 - Huey's signature
         # Huey clears a task's revoke flag after every task it runs, in an exclusive
         # transaction on the queue file, which each worker thread and the control then wait
@@ -311,6 +334,10 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         if not self.holds:
             return super().dequeue()
         return self._patiently(self._peek, None)
+
+    def close(self):  # noqa: ANN201 - Huey's signature
+        self.pool.disconnect()  # each queue has a pool of its own (redis_pool)
+        return True
 
     def _peek(self):  # noqa: ANN202
         if not self._restored:
@@ -1046,6 +1073,12 @@ class _SqliteHuey(_Unrevoked, SqliteHuey):
 
 class _RedisHuey(_Unrevoked, RedisHuey):
     pass
+
+
+def close_huey(huey: Huey) -> None:
+    """Close what ``huey`` holds open (a SQLite connection and its doorbell, or Redis
+    connections); it opens them again if used after."""
+    huey.storage.close()
 
 
 def huey_for(settings: Settings, queue: str) -> Huey:

@@ -43,7 +43,7 @@ from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 from .app import make_app
 from .attempt import reap_orphans, wait_for_exit, worker_folder
 from .parent import PARENT_ENV, first_raises, terminate_raises
-from .queues import send_once
+from .queues import App, send_once
 from .reviewers.base import python_module
 
 POLL_S = 0.2  # how often the progress display reads state.db
@@ -566,10 +566,21 @@ def run_sweep(
 ) -> SweepOutcome:
     """``children``: made (and forked, :meth:`Children.fork`) by the caller before it
     opened state.db; else made here."""
-    store = ws.store
     # The queue first: one that cannot be opened (a corrupt file) is said in one line
     # before anything is enqueued, not four restarts of each child later.
-    app = make_app(ws.settings)
+    with make_app(ws.settings) as app:
+        return _sweep(ws, req, workers, on_progress, children, app)
+
+
+def _sweep(
+    ws: Workspace,
+    req: SweepRequest,
+    workers: int,
+    on_progress,  # noqa: ANN001
+    children: Children | None,
+    app: App,
+) -> SweepOutcome:
+    store = ws.store
     jobs = SweepJobs.starting(store)
     # Before the enqueue: its children start at the commit, and what they hear while the
     # sweep writes the folders (a worker of another release refusing each message at

@@ -388,14 +388,15 @@ def nudge_control(ws: Workspace) -> None:
     from workers.app import make_app
     from workers.queues import send_once
 
-    make_app(ws.settings)
-    try:
-        send_once("dispatch")
-    except Exception as exc:
-        click.echo(
-            f"warning: could not nudge the control queue ({exc}); the job waits for its next tick",
-            err=True,
-        )
+    with make_app(ws.settings):
+        try:
+            send_once("dispatch")
+        except Exception as exc:
+            click.echo(
+                f"warning: could not nudge the control queue ({exc}); the job waits for its "
+                "next tick",
+                err=True,
+            )
 
 
 def say_if_no_control(ws: Workspace, what: str, err: bool = False) -> None:

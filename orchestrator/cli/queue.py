@@ -966,12 +966,18 @@ def _fed_from_elsewhere(ws: Workspace) -> bool:
     "start `reviewq control`" there made a second one, every [[sweeps]] entry run twice."""
     if not ws.settings.queue.url:
         return False
-    from workers.queues import huey_for, other_feeder
+    from workers.queues import close_huey, huey_for, other_feeder
 
     try:
-        return other_feeder(huey_for(ws.settings, "control"), ws.state_dir) is not None
+        huey = huey_for(ws.settings, "control")
     except Exception:  # noqa: BLE001 - a queue out of reach: the queue's own check names it
         return False
+    try:
+        return other_feeder(huey, ws.state_dir) is not None
+    except Exception:  # noqa: BLE001 - as above
+        return False
+    finally:
+        close_huey(huey)
 
 
 def _run_by_name(ws: Workspace, names: list[str]) -> set[str]:
@@ -1187,16 +1193,17 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
         )
 
         check_queue(ws.settings)
-        app = make_app(ws.settings)
-        check_server(app.control, ws.settings)
-        check_server(app.review, ws.settings)
-        app.control.pending_count()
-        report(True, f"queue backend {'Redis' if ws.settings.queue.url else 'SQLite'} answers")
-        if (risk := eviction_risk(app.control, ws.settings)) is not None:
-            click.echo(f"warning: {risk}")
-        fed = fed_by(app.control)
-        silent = fed_late(fed, queue_clock(app.control)) if fed else None
-        other = None if worker_only else other_feeder(app.control, ws.state_dir)
+        with make_app(ws.settings) as app:
+            check_server(app.control, ws.settings)
+            check_server(app.review, ws.settings)
+            app.control.pending_count()
+            backend = "Redis" if ws.settings.queue.url else "SQLite"
+            report(True, f"queue backend {backend} answers")
+            if (risk := eviction_risk(app.control, ws.settings)) is not None:
+                click.echo(f"warning: {risk}")
+            fed = fed_by(app.control)
+            silent = fed_late(fed, queue_clock(app.control)) if fed else None
+            other = None if worker_only else other_feeder(app.control, ws.state_dir)
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
         report(False, f"queue backend: {out_of_reach(ws.settings, exc) if away else exc}")
