@@ -75,8 +75,11 @@ class Chromium:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("Chromium did not answer in time")
-            ready, _, _ = select.select([self._resp_r], [], [], left)
-            if ready:
+            # poll, not select(): select() refuses a descriptor past 1023, which the
+            # suite's one process reaches.
+            poller = select.poll()
+            poller.register(self._resp_r, select.POLLIN)
+            if poller.poll(left * 1000):
                 chunk = os.read(self._resp_r, 1 << 20)
                 if not chunk:
                     raise RuntimeError(f"Chromium closed its pipe (exit {self.proc.poll()})")
@@ -153,9 +156,12 @@ class Chromium:
             if self.proc.returncode is None:
                 self.proc.wait(timeout=30)
             try:
+                poller = select.poll()  # not select(): see _read_message
+                for fd in fds:
+                    poller.register(fd, select.POLLIN)
                 while fds and time.monotonic() < deadline:
-                    ready, _, _ = select.select(fds, [], [], deadline - time.monotonic())
-                    for fd in ready:
+                    for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                        poller.unregister(fd)
                         fds.remove(fd)
                         os.close(fd)
             finally:

@@ -281,6 +281,15 @@ def no_agent_left(agent_pids: Path) -> Iterator[None]:
     assert not running, f"a fake agent's processes outlived the test: {[left[p] for p in running]}"
 
 
+def ready_within(fd: object, seconds: float, events: int = select.POLLIN) -> bool:
+    """``fd`` (a descriptor or anything with fileno()) is readable, or ``events``, or hung
+    up or failed, within ``seconds``: what select() said of it. poll, not select():
+    select() refuses a descriptor past 1023, which the suite's one process reaches."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(max(0.0, seconds) * 1000))
+
+
 def ends_within(pid: int, seconds: float) -> bool:
     """The process ends (or is a zombie) within ``seconds``: one killed a moment ago."""
     try:

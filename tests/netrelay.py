@@ -70,11 +70,13 @@ def main() -> None:
     threading.Thread(target=commands, daemon=True).start()
     print("ready", flush=True)
     by_src = {fds[w][0]: w for w in fds}
+    poller = select.poll()  # not select(), which refuses a descriptor past 1023
+    for src in by_src:
+        poller.register(src, select.POLLIN)
     seq = 0
     while not stop.is_set():
         wait = max(0.0, min(0.05, due[0][0] - time.monotonic())) if due else 0.05
-        ready, _, _ = select.select(list(by_src), [], [], wait)
-        for src in ready:
+        for src, _ in poller.poll(wait * 1000):
             way = by_src[src]
             packet = os.read(src, 65536)
             with lock:

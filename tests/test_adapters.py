@@ -30,6 +30,8 @@ from workers.foreground import ForegroundResult, run_job
 from workers.reviewers import ADAPTERS, AttemptSpec, for_profile
 from workers.reviewers.gemini import policy_text
 
+from .conftest import ready_within
+
 BIN = Path(__file__).parent / "agents" / "bin"
 NOTE = "kb/notes/alpha.md"
 KEY = "sk-test-secret-4f9c"
@@ -896,7 +898,7 @@ def test_openai_endpoint_that_takes_no_connection_is_unreachable_after_connect_t
             c.setblocking(False)
             waiting.append(c)
             c.connect_ex(("127.0.0.1", port))
-            if not select.select([], [c], [], 0.2)[1]:
+            if not ready_within(c, 0.2, select.POLLOUT):
                 break  # its SYN was dropped: the agent's will be too
         else:
             pytest.skip("this kernel answered every connection to a full backlog")

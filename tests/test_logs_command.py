@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shlex
 import shutil
 import subprocess
@@ -12,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from .conftest import ready_within
 
 EXE = str(Path(sys.executable).parent / "reviewq")
 
@@ -35,8 +36,7 @@ def follower(kb):
     )
 
     def next_line() -> str:
-        ready, _, _ = select.select([proc.stdout], [], [], 10)
-        assert ready, "logs -f printed nothing within 10 s"
+        assert ready_within(proc.stdout, 10), "logs -f printed nothing within 10 s"
         return json.loads(proc.stdout.readline())["event"]
 
     try:

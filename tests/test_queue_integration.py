@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -21,7 +20,7 @@ from pathlib import Path
 import markupsafe
 import pytest
 
-from .conftest import PROJECT, process_gone, reviewq_process, stop
+from .conftest import PROJECT, process_gone, ready_within, reviewq_process, stop
 
 pytestmark = pytest.mark.integration
 FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
@@ -197,8 +196,7 @@ def await_fifo(path: Path, timeout: float = 60) -> str:
     another process, with a bound so a broken run fails instead of hanging."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        assert ready, f"nothing was written to {path.name} within {timeout} s"
+        assert ready_within(fd, timeout), f"nothing was written to {path.name} within {timeout} s"
         data = b""
         while not data.endswith(b"\n"):
             chunk = os.read(fd, 4096)
@@ -2289,8 +2287,7 @@ def _await_exit(pids: list[int], timeout: float = 60) -> None:
             fds.append(os.pidfd_open(pid))
     try:
         for fd in fds:
-            ready, _, _ = select.select([fd], [], [], timeout)
-            assert ready, f"a process outlived its sweep by {timeout} s"
+            assert ready_within(fd, timeout), f"a process outlived its sweep by {timeout} s"
     finally:
         for fd in fds:
             os.close(fd)
@@ -2646,7 +2643,7 @@ def _until(stream, *events: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     said = " or ".join(events)
     while True:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        ready = ready_within(fd, deadline - time.monotonic())
         assert ready, f"the process logged no {said} within {timeout} s"
         byte = os.read(fd, 1)
         if not byte:

@@ -20,7 +20,7 @@ from orchestrator.control import messages
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
-from .conftest import stop
+from .conftest import ready_within, stop
 from .test_queue_integration import FAKE, FAST_QUEUE, db, fake_profile, log_lines, redis_url, rq
 
 pytestmark = pytest.mark.integration
@@ -1923,7 +1923,6 @@ def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_p
     their slots together, all four run. Its numbers are read from the text, so the cap and
     what the operator is told change together."""
     import re
-    import select
     import time
 
     from orchestrator.control.control import PREFETCH, QUICK_PREFETCH
@@ -1949,7 +1948,7 @@ def test_the_controls_concurrency_bounds_every_workers_agents_together(kb, tmp_p
         attempts are then open in state.db, by any worker."""
         deadline, data = time.monotonic() + 60, b""
         while len(started) < n:
-            ready, _, _ = select.select([reader], [], [], max(0.0, deadline - time.monotonic()))
+            ready = ready_within(reader, deadline - time.monotonic())
             assert ready, f"{len(started)} agent(s) started, not {n}"
             data += os.read(reader, 4096)
             *lines, data = data.split(b"\n")

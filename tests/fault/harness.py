@@ -395,8 +395,10 @@ class StartFifo:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"only {len(self.lines)} of {n} agents started in {timeout:g} s")
-            ready, _, _ = select.select([self.rfd], [], [], remaining)
-            if ready:
+            # poll, not select(): select() refuses a descriptor past 1023.
+            poller = select.poll()
+            poller.register(self.rfd, select.POLLIN)
+            if poller.poll(remaining * 1000):
                 self.buf += os.read(self.rfd, 65536)
                 *done, self.buf = self.buf.split(b"\n")
                 self.lines.extend(d.decode() for d in done)
