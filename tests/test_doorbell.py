@@ -373,3 +373,25 @@ def test_a_bell_made_again_many_times_keeps_one_descriptor(tmp_path, monkeypatch
         bell.ring()
     assert bells_open() == 1
     assert bell.wait(0.5)  # the last ring is on the bell now on disk
+
+
+def test_a_bell_closed_or_dropped_leaves_no_descriptor_open(tmp_path):
+    """A bell's FIFO and stop pipe close with it: closed (its queue closed as a command
+    ends) or collected unclosed (an app made and dropped). Neither did: three descriptors
+    a bell, for the rest of the process."""
+    import gc
+
+    def descriptors() -> int:
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    before = descriptors()
+    bell = Doorbell(tmp_path / "q.bell")
+    bell.ring()
+    assert bell.wait(5)
+    bell.close()
+    assert descriptors() == before
+    bell.ring()  # used again after its close: opened anew
+    assert bell.wait(5)
+    del bell
+    assert descriptors() == before

@@ -4,6 +4,7 @@ subprocesses (CONTRACT §6, §12): the happy path, kills, a missing binary, a hu
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -3435,7 +3436,17 @@ def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_
 
 
 def open_descriptors() -> set[str]:
+    gc.collect()  # what earlier tests dropped unclosed is closed now, not mid-command
     return set(os.listdir("/proc/self/fd"))
+
+
+def opened_since(before: set[str]) -> set[str]:
+    """What the descriptors opened since ``before`` are (a path, a pipe, a socket)."""
+    found = set()
+    for fd in set(os.listdir("/proc/self/fd")) - before:
+        with contextlib.suppress(OSError):  # listdir's own, gone already
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
 
 
 IN_PROCESS_COMMANDS = (
@@ -3465,5 +3476,19 @@ def test_in_process_commands_leave_no_descriptor_open(kb, run_cli):
         before = open_descriptors()
         res = run_cli(*args)
         assert res.exit_code == 0, (args, res.stdout, res.stderr)
-        left = {os.readlink(f"/proc/self/fd/{fd}") for fd in open_descriptors() - before}
-        assert open_descriptors() == before, (args, left)
+        assert not opened_since(before), args
+
+
+def test_a_commands_app_closed_gives_back_the_app_it_replaced(kb):
+    """The app a process made (a test's, a sweep's) is its own again after a command's
+    app (a nudge of the control, made and closed in between) is closed."""
+    from orchestrator.config import load_settings
+    from workers.app import make_app
+    from workers.queues import the_app
+
+    settings = load_settings(kb.root)
+    own = make_app(settings)
+    with make_app(settings) as nudge:
+        assert the_app() is nudge
+    assert the_app() is own
+    own.close()

@@ -2125,7 +2125,7 @@ def test_doctor_does_not_ask_for_a_control_where_one_on_another_machine_feeds_th
 def test_in_process_commands_on_redis_leave_no_connection_open(kb, run_cli, redis_url):
     """A command's Redis connections are closed as it ends: doctor and every command that
     nudged the control left two sockets open for good in the process that ran it."""
-    from .test_queue_integration import open_descriptors
+    from .test_queue_integration import open_descriptors, opened_since
 
     small(kb)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
@@ -2134,5 +2134,4 @@ def test_in_process_commands_on_redis_leave_no_connection_open(kb, run_cli, redi
     for args in (("doctor",), ("doctor", "--worker"), ("enqueue", "--reviewer", "offline")):
         before = open_descriptors()
         run_cli(*args)  # doctor fails here (no worker, no control): its checks ran
-        left = {os.readlink(f"/proc/self/fd/{fd}") for fd in open_descriptors() - before}
-        assert open_descriptors() == before, (args, left)
+        assert not opened_since(before), args

@@ -174,6 +174,12 @@ class Doorbell:
             if fd is not None and fd >= 0:
                 os.close(fd)
 
+    def __del__(self) -> None:
+        # A bell nothing holds any more (its queue dropped unclosed): its descriptors go
+        # with it, not at the process's end.
+        with contextlib.suppress(Exception):
+            self.close()
+
     def interrupt(self) -> None:
         """Wake every thread waiting here, now and later: the consumer is stopping."""
         if self._open() is not None:

@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,9 @@ class App:
     control: Huey
     settings: Settings
     wrappers: dict[str, object] = field(default_factory=dict)  # task name -> TaskWrapper
+    # The app this one replaced as the process's (install_app), while something holds it:
+    # this one closed, it is the process's again.
+    replaced: Callable[[], App | None] = field(default=lambda: None, repr=False)
 
     def close(self) -> None:
         """Close both queues' connections and doorbells, and stop being this process's
@@ -66,7 +70,7 @@ class App:
         for huey in (self.review, self.control):
             close_huey(huey)
         if _app is self:
-            _app = None
+            _app = self.replaced()
 
     def __enter__(self) -> App:
         return self
@@ -1341,6 +1345,10 @@ def release(huey: Huey) -> None:
 
 def install_app(app: App) -> None:
     global _app
+    if _app is not None and _app is not app:
+        # Weakly: an app nothing holds any more is closed by the collector (its SQLite
+        # connections), not kept for a later close that never comes.
+        app.replaced = weakref.ref(_app)
     _app = app
 
 
