@@ -495,6 +495,9 @@ _ONLY_FOR = {
     "executable": ("claude", "codex", "gemini"),
     "base_url": ("openai",),
     "api_key_env": ("openai",),
+    # Only these kinds can tell an endpoint out of reach from a slow answer: a command's
+    # or offline profile's took it in silence and ran to its deadline, the job's loss.
+    "connect_timeout": ("claude", "codex", "gemini", "openai"),
 }
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # ${NAME} anywhere, or a whole value $NAME in capitals, as a shell writes a variable

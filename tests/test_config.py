@@ -258,6 +258,19 @@ BAD = [
         "[reviewers.x] base_url",
         "not read for kind 'claude' (only openai)",
     ),
+    # Taken, and no kind but these can tell a dead endpoint from a slow answer: a command
+    # that said "Connection refused" ran on to its deadline, burned out (E16).
+    (
+        '[reviewers.x]\nkind = "command"\ncommand = ["a"]\ntimeout = "4s"\n'
+        'connect_timeout = "1s"\n',
+        "[reviewers.x] connect_timeout",
+        "not read for kind 'command' (only claude, codex, gemini, openai)",
+    ),
+    (
+        '[reviewers.offline]\nkind = "offline"\nconnect_timeout = "1s"\n',
+        "[reviewers.offline] connect_timeout",
+        "not read for kind 'offline'",
+    ),
     (
         '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
         'api_key_env = "sk-proj-abcdef123456"\n',
