@@ -1,0 +1,219 @@
+"""The documents as a contract, read against the code: what an operator or the next
+engineer looks up in docs/ must be there, and must name what the code has. Each test
+reads the documents as text and the code as it runs (the CLI's click commands, a
+migrated state.db, the loader, the message the control sends)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+import pytest
+
+from orchestrator.cli import cli
+from orchestrator.config import ReviewerProfile, load_settings
+from orchestrator.control.attempts import OpenedAttempt
+from orchestrator.control.control import Control
+from orchestrator.state.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _text(name: str) -> str:
+    return (REPO / "docs" / name).read_text(encoding="utf-8")
+
+
+def _commands() -> dict[str, click.Command]:
+    ctx = click.Context(cli)
+    return {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+
+
+def _contract_cli_rows() -> dict[str, str]:
+    """CONTRACT §10's table: each command its row names (a row may name two, `a` / `b`)."""
+    lines = _text("CONTRACT.md").splitlines()
+    start = lines.index("| command | does | exits 1 when |")
+    rows: dict[str, str] = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cell = line.replace("\\|", "¦").split("|")[1]
+        for name in re.findall(r"`([a-z][a-z-]*)[^`]*`", cell):
+            rows[name] = rows.get(name, "") + cell
+    rows["sweep"] += rows["enqueue"]  # "`sweep` (the options of `enqueue`)"
+    return rows
+
+
+def test_every_command_and_its_options_have_their_row_in_contract_cli_table():
+    """CONTRACT §10 is the promise of the CLI: a command it leaves out (rewrite-files) or
+    an option (decide --fixer) is one an operator meets only by reading --help."""
+    rows = _contract_cli_rows()
+    missing = []
+    for name, command in _commands().items():
+        if name not in rows:
+            missing.append(f"{name}: no row")
+            continue
+        for param in command.params:
+            given = param.opts + param.secondary_opts  # `-f` for -f/--follow
+            if isinstance(param, click.Option) and not any(o in rows[name] for o in given):
+                missing.append(f"{name} {'/'.join(param.opts)}")
+    assert not missing, missing
+    assert set(rows) <= set(_commands()), set(rows) - set(_commands())
+
+
+def test_every_command_a_document_runs_takes_the_options_it_is_given():
+    """`reviewq CMD --opt` in a code block or backticks: CMD exists and has --opt."""
+    commands = _commands()
+    own = {"--root", "--state", "--config", "--help", "-h"}
+    wrong = []
+    for doc in DOCS:
+        block = False
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                block = not block
+                continue
+            for text in [line] if block else re.findall(r"`([^`]+)`", line):
+                for m in re.finditer(
+                    r"(?:^|[\s(])reviewq((?:\s+--(?:root|state|config)[ =]\S+)*)\s+([a-z][a-z-]+)(.*)",
+                    text,
+                ):
+                    name, rest = m.group(2), m.group(3)
+                    if name not in commands:
+                        continue  # prose: "reviewq writes", "reviewq fix: …" (a commit subject)
+                    rest = re.split(r"\s(?:\||&&|;|>>?|#|\)|2>)|;", rest)[0]
+                    opts = {o for p in commands[name].params for o in p.opts + p.secondary_opts}
+                    for opt in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", rest):
+                        if opt not in opts | own:
+                            wrong.append(f"{doc.name}:{n}: {name} has no {opt}")
+    assert not wrong, wrong
+
+
+def test_the_documents_config_examples_load(tmp_path):
+    """Every ```toml block of the documents is a reviewq.toml the loader takes whole."""
+    blocks = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in re.finditer(r"^([ \t]*)```toml\n(.*?)^\1```", text, re.S | re.M):
+            indent = len(m.group(1))
+            blocks.append((doc.name, "\n".join(x[indent:] for x in m.group(2).split("\n"))))
+    assert blocks
+    for i, (name, body) in enumerate(blocks):
+        root = tmp_path / str(i)
+        root.mkdir()
+        (root / "reviewq.toml").write_text(body, encoding="utf-8")
+        settings = load_settings(root)
+        assert not settings.sweeps_left_out and not settings.sweeps_ignored, name
+
+
+def test_every_table_of_state_db_is_in_architecture(tmp_path):
+    """ARCHITECTURE's "state.db tables" is where the next engineer looks up a table."""
+    store = Store(tmp_path / "state.db")
+    store.close()
+    conn = sqlite3.connect(tmp_path / "state.db")
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    conn.close()
+    text = _text("ARCHITECTURE.md")
+    section = text[text.index("## state.db tables") : text.index("## The attempt lifecycle")]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert documented == tables - {"sqlite_sequence"}
+
+
+def _architecture_fields(kind: str) -> set[str]:
+    """The top-level fields of a message's row: its backticked names outside brackets."""
+    row = next(x for x in _text("ARCHITECTURE.md").splitlines() if x.startswith(f"| {kind} |"))
+    outside, depth = "", 0
+    for ch in row.split(" | ", 2)[2]:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        outside += ch if depth == 0 and ch not in "()" else ""
+    return set(re.findall(r"`([a-z_]+)`", outside))
+
+
+def test_the_review_message_architecture_describes_is_the_one_the_control_sends(tmp_path):
+    profile = ReviewerProfile(name="r", kind="offline", model="offline", partition="offline")
+    opened = OpenedAttempt(
+        job_id=1,
+        attempt=1,
+        kind="review",
+        model_partition="offline",
+        job_dir=tmp_path,
+        attempt_dir=tmp_path / "attempt-1",
+        prompt_path=tmp_path / "attempt-1" / "prompt.md",
+        output_path=tmp_path / "attempt-1" / "bundle-output.md",
+        guarded=(),
+    )
+    settings = SimpleNamespace(
+        queue=SimpleNamespace(lease_seconds=120.0), max_output_bytes=5 * 1024 * 1024
+    )
+    fake = SimpleNamespace(settings=settings, _ttl_s=lambda _profile: 60.0)
+    sent = set(Control.message(fake, opened, profile)) | {"queued_at"}  # stamped by the send
+    assert _architecture_fields("review") == sent
+
+
+def _source() -> str:
+    parts = [*REPO.glob("orchestrator/**/*.py"), *REPO.glob("workers/**/*.py")]
+    return "\n".join(p.read_text(encoding="utf-8") for p in parts)
+
+
+def test_the_names_architecture_cites_are_in_the_code():
+    """A function, class or file ARCHITECTURE names in backticks exists: `cron_validator`
+    and `requeue_job` sent the reader looking for code that is not there."""
+    source = _source()
+    files = {p.name for p in REPO.glob("orchestrator/**/*.py")} | {
+        p.name for p in REPO.glob("workers/**/*.py")
+    }
+    missing = []
+    for n, line in enumerate(_text("ARCHITECTURE.md").splitlines(), 1):
+        for tok in re.findall(r"`([A-Za-z_][\w.]*)(?:\(\))?`", line):
+            last = tok.split(".")[-1]
+            if last.isupper():
+                continue  # a constant of the system's (PR_SET_PDEATHSIG), a key's pattern
+            if last == "py":
+                if tok not in files:
+                    missing.append(f"{n}: {tok}")
+            elif ("_" in tok.strip("_") or "." in tok) and not re.search(rf"\b{last}\b", source):
+                missing.append(f"{n}: {tok}")
+    assert not missing, missing
+
+
+def test_every_module_has_its_line_in_architecture():
+    text = _text("ARCHITECTURE.md")
+    missing = [
+        str(p.relative_to(REPO))
+        for p in [*REPO.glob("orchestrator/**/*.py"), *REPO.glob("workers/**/*.py")]
+        if p.name != "__init__.py" and p.name not in text
+    ]
+    assert not missing, missing
+
+
+def test_every_import_contract_is_named_in_architecture():
+    """ARCHITECTURE's Boundaries is where the next engineer reads what lint-imports keeps:
+    it named the core's layers but not the workers' own, nor the report's contract."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    text = _text("ARCHITECTURE.md")
+    boundaries = " ".join(text[text.index("## Boundaries") : text.index("## Messages")].split())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    missing = [c["name"] for c in contracts if f'"{c["name"]}"' not in boundaries]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_test_a_document_names_exists(doc):
+    """RELIABILITY's rows (and the other documents) name the test that guards each fix:
+    a test renamed without its row leaves the row pointing at nothing."""
+    names = set()
+    for path in REPO.glob("tests/**/*.py"):
+        names |= set(re.findall(r"def (test_\w+)", path.read_text(encoding="utf-8")))
+        names.add(path.stem)
+    names |= {p.stem for p in REPO.glob("bench/**/*.py")}
+    text = doc.read_text(encoding="utf-8")
+    # A row may keep the name its fix was first tested under: "`old` (replaced … by `new`)".
+    cited = set(re.findall(r"\b(test_\w+)", text)) - set(
+        re.findall(r"\b(test_\w+)` \([^)]*?\breplaced\b", text)
+    )
+    gone = sorted(cited - names)
+    assert not gone, gone
