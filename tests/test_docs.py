@@ -152,6 +152,17 @@ def test_the_review_message_architecture_describes_is_the_one_the_control_sends(
     assert _architecture_fields("review") == sent
 
 
+def test_the_message_version_architecture_gives_is_the_code_s():
+    """The heading and the data flow's review message both say the version; the flow
+    still said v3 a release after version 4."""
+    from orchestrator.control.messages import VERSION
+
+    text = _text("ARCHITECTURE.md")
+    said = re.findall(r"messages\.py`, version (\d+)\)", text)
+    said += re.findall(r"review message v(\d+)", text)
+    assert said and set(said) == {str(VERSION)}, said
+
+
 def _source() -> str:
     parts = [*REPO.glob("orchestrator/**/*.py"), *REPO.glob("workers/**/*.py")]
     return "\n".join(p.read_text(encoding="utf-8") for p in parts)
