@@ -872,9 +872,35 @@ class _LogFile(logging.FileHandler):
     _failing = False  # said, and not written since
     _failed = False  # the line being written failed
 
+    _opened: tuple[int, int] | None = None  # the file the stream writes to (device, inode)
+
+    def _open(self):  # noqa: ANN202 - logging's signature
+        stream = super()._open()
+        st = os.fstat(stream.fileno())
+        self._opened = (st.st_dev, st.st_ino)
+        return stream
+
+    def _follow_path(self) -> None:
+        """Let go of a file the log's path no longer names, so the next line opens the
+        path again. logrotate's `create` (its default) renames the log and makes an empty
+        one: a control and a worker running for weeks wrote to the renamed copy, then, once
+        `rotate N` deleted it, to a deleted file filling the disk unseen. Called under the
+        handler's lock; a stat a line."""
+        if self.stream is None:
+            return
+        try:
+            now = os.stat(self.baseFilename)
+        except FileNotFoundError:  # renamed, not yet made again: a line makes it
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != self._opened:
+            stream, self.stream = self.stream, None
+            with contextlib.suppress(OSError):  # its last line was flushed when written
+                stream.close()
+
     def emit(self, record: logging.LogRecord) -> None:
         self._failed = False
         try:
+            self._follow_path()
             super().emit(record)  # on a failed write it calls handleError
         except OSError:  # ... but not on a failed open (a dangling link, a folder made read-only)
             self.handleError(record)
@@ -888,6 +914,7 @@ class _LogFile(logging.FileHandler):
         try:
             self._failed = False
             try:
+                self._follow_path()
                 if self.stream is None and (self.mode != "w" or not self._closed):
                     self.stream = self._open()
                 if self.stream:
