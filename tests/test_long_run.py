@@ -53,3 +53,36 @@ def test_the_log_goes_on_in_the_file_logrotate_leaves_whatever_its_mode(tmp_path
             assert _open_logs(log.parent) == [str(log)], cycle
     finally:
         logs.configure(None)
+
+
+def test_the_note_cache_keeps_only_the_notes_the_kb_has(kb, run_cli, monkeypatch):
+    """The control's minutely sweep read the KB through the note cache, which kept an
+    entry for every path a note ever had: a KB whose notes are renamed, moved or deleted
+    (a daily journal note, a folder reorganised) grew `cache/notes.pickle`, read and
+    written again at every sweep, without bound. A full look drops the paths gone."""
+    import pickle
+
+    from orchestrator.kb import notecache
+    from tests.conftest import note_text
+
+    # A note just written is cached too (its ctime, which the test cannot set back, is now).
+    monkeypatch.setattr(notecache, "_RACY_S", 0)
+
+    kb.gate("prose/clarity", ["body"])
+    for i in range(3):
+        kb.note(f"keep-{i}")
+    cache = kb.state / "cache" / "notes.pickle"
+    sizes = []
+    for day in range(12):
+        for old in (kb.root / "kb" / "notes").glob("day-*.md"):
+            old.unlink()  # yesterday's note, moved out of the KB
+        note = kb.root / "kb" / "notes" / f"day-{day}.md"
+        note.write_text(note_text(f"Day {day}.\n", title=f"Day {day}", description="A day."))
+        result = run_cli("select", "--all-gates", "--json")
+        assert result.exit_code == 0, result.stderr
+        entries = pickle.loads(cache.read_bytes())["entries"]
+        sizes.append(len(entries))
+        assert sorted(entries) == sorted(
+            f"kb/notes/{n}.md" for n in ("keep-0", "keep-1", "keep-2", f"day-{day}")
+        ), day
+    assert set(sizes) == {4}

@@ -21,7 +21,7 @@ import hashlib
 import os
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from pathlib import Path
 
@@ -76,6 +76,16 @@ class NoteCache:
             return
         self.entries[rel] = (file_stamp(st), sha, facts, error)
         self.dirty = True
+
+    def keep_only(self, paths: Iterable[str]) -> None:
+        """Drop the entries of notes not in ``paths``, every note of the KB as a full look
+        found them: kept, a KB whose notes are renamed or deleted grew the file, read and
+        written at every sweep, by a path each, for as long as the control ran."""
+        live = set(paths)
+        gone = [rel for rel in self.entries if rel not in live]
+        for rel in gone:
+            del self.entries[rel]
+        self.dirty = self.dirty or bool(gone)
 
     def save(self) -> None:
         if self.dirty:

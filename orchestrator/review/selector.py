@@ -237,6 +237,8 @@ def select(
     cache = NoteCache.open(cache_dir) if cache_dir is not None else None
     notes = kb.load_notes(paths, cache)
     if cache is not None:
+        if note_paths is None:
+            cache.keep_only(paths)
         cache.save()
     sel = Selection(
         model, problems=list(kb.problems) + list(catalog.problems), excluded=len(kb.excluded)
@@ -330,6 +332,7 @@ def current_notes(kb: KB, cache_dir: Path | None = None) -> dict[str, Note | Non
     notes.update((n.path, n) for n in kb.load_notes(paths, cache))
     del kb.problems[known:]
     if cache is not None:
+        cache.keep_only(paths)
         cache.save()
     return notes
 
