@@ -294,6 +294,14 @@ class Settings:
     # --state named the folder, rather than ROOT's [state] dir: a worker so started keeps
     # its files there (see workers.attempt.worker_folder).
     state_given: bool = False
+    # load_settings' arguments, as given: a SIGHUP's restart reads the file as the process
+    # did at its start, and checks first that it can (see :meth:`reread`).
+    loaded_from: tuple[str | Path, str | Path | None, str | Path | None] | None = None
+
+    def reread(self) -> Settings | None:
+        """The settings as the file says them now, as the process's start read them; None
+        for settings not read from a file. A :class:`ConfigError` when they are wrong."""
+        return None if self.loaded_from is None else load_settings(*self.loaded_from)
 
     def reviewer(self, name: str) -> ReviewerProfile:
         try:
@@ -799,7 +807,11 @@ def load_settings(
     for profile in settings.reviewers.values():
         if profile.api_key_env:  # named by the profile: a key, whatever its name says
             logs.add_secrets([os.environ.get(profile.api_key_env, "")])
-    return replace(settings, config_path=config_path if config_path.exists() else None)
+    return replace(
+        settings,
+        config_path=config_path if config_path.exists() else None,
+        loaded_from=(root, state, config),
+    )
 
 
 def secrets_held(settings: Settings) -> list[tuple[str, str]]:

@@ -372,6 +372,60 @@ def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):
     ]
 
 
+def test_a_sighup_after_an_edit_that_broke_the_settings_keeps_them_running(kb, tmp_path):
+    """`systemctl reload` (a SIGHUP) after an edit that left reviewq.toml invalid: the
+    control and the worker drained (the worker waiting on its agent), exec'd themselves
+    and ended at the new program's start ("error: …reviewq.toml: …", exit 2), so the
+    service was down for the night (Restart=on-failure failing every 10 s alike). Each now
+    reads the file before its drain: refused, the reload is said in one line naming the
+    file and the reason, and the process runs on as it was, its agent too."""
+    from .fault.harness import ContinueGate, StartFifo
+
+    small_kb(kb, notes=1)
+    good = fake_profile(timeout='"600s"') + FAST_QUEUE
+    kb.write("reviewq.toml", good)
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(starts.path), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+    opened = False
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        starts.await_starts(1)
+        kb.write("reviewq.toml", good + "[queue\n")  # an editor saved half a line
+        worker.send_signal(signal.SIGHUP)
+        control.send_signal(signal.SIGHUP)
+        _await_logged(kb, "worker.reload_refused", timeout=30)
+        _await_logged(kb, "control.reload_refused", timeout=30)
+        assert worker.poll() is None and control.poll() is None
+        gate.open_gate()  # the agent the refused reload left running ends: its job is decided
+        opened = True
+        _await_logged(kb, "job.finalized", timeout=30)
+        kb.write("reviewq.toml", good)
+        worker.send_signal(signal.SIGHUP)  # a reload of a good file still restarts
+        _await_logged(kb, "worker.started", count=2, timeout=30)
+    finally:
+        if not opened:
+            gate.open_gate()  # a worker draining waits for its agent
+        for proc in (worker, control):
+            if proc.poll() is None:
+                stop(proc)
+        gate.close()
+        starts.close()
+    said = log_lines(kb)
+    refused = [x for x in said if x["event"].endswith(".reload_refused")]
+    assert {x["process"] for x in refused} == {"control", "worker"}
+    for line in refused:
+        assert line["level"] == "error" and line["config"] == str(kb.root / "reviewq.toml")
+        assert "reviewq.toml" in line["reason"] and "line" in line["reason"]
+    assert [x["event"] for x in said if x["event"].endswith(".restarting")] == ["worker.restarting"]
+    with db(kb) as conn:
+        assert [tuple(r) for r in conn.execute("SELECT status FROM review_jobs")] == [
+            ("completed",)
+        ]
+
+
 def _catches(pid: int, signum: int) -> bool | None:
     """Whether the process has a handler for ``signum`` (its SigCgt), None once it is gone."""
     try:

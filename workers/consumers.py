@@ -39,6 +39,7 @@ from .parent import follow_parent
 from .queues import (
     CLAIM_KEY,
     Consumer,
+    ConsumerStopped,
     StopRequests,
     ThreadEnvironment,
     attempts_on,
@@ -75,7 +76,51 @@ class QueueConsumer(Consumer):
     def get_environment(self, worker_type):  # noqa: ANN001, ANN201 - Huey's signature
         return _Threads(self._graceful_sig, self._interrupt_sig)
 
+    # The process ("control", "worker") and the settings it started with, set by its run_*:
+    # a SIGHUP reads the file again before its drain (see _reload_refused).
+    reload_of: tuple[str, Settings] | None = None
+    _kept_on = False  # this stop was a reload refused: the loop goes on
+
+    def loop(self, health_check_ts=None):  # noqa: ANN001, ANN201 - Huey's signature
+        try:
+            return super().loop(health_check_ts)
+        except ConsumerStopped:
+            if not self._kept_on:
+                raise
+            self._kept_on = False
+            return health_check_ts
+
+    def _reload_refused(self) -> bool:
+        """A SIGHUP's restart would read reviewq.toml again and end at its start when the
+        file is wrong (an edit half-saved, a bad value): drained for nothing, the process
+        gone, and a service's Restart= failing alike until someone fixed the file. Read
+        now, a wrong file refuses the reload, said in one line, and nothing stops."""
+        if self.reload_of is None:
+            return False
+        process, settings = self.reload_of
+        try:
+            settings.reread()
+        except ConfigError as exc:
+            problem = str(exc)
+        else:
+            return False
+        if not (self._signum == signal.SIGHUP and self.restart_asked):
+            return False  # a stop came during the read: it stands
+        self._signum, self._restart, self.restart_asked = None, False, False
+        STOP_ASKED.clear()
+        self._kept_on = True
+        logs.get().error(
+            f"{process}.reload_refused",
+            config=str(settings.config_path or settings.root / "reviewq.toml"),
+            reason=problem,
+            recovery="running on with the settings it started with; fix the file and send "
+            "SIGHUP again",
+        )
+        return True
+
     def stop(self, graceful=False):  # noqa: ANN001, ANN201 - Huey's signature
+        if self.restart_asked and self._reload_refused():
+            return
         self.stop_flag.set()
         bell = getattr(self.huey.storage, "bell", None)
         if bell is not None:
@@ -239,6 +284,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         backoff=1.0,
         max_delay=poll,
     )
+    consumer.reload_of = ("worker", settings)
     logs.get().info(
         "worker.started",
         workers=workers,
@@ -461,6 +507,7 @@ def run_control(ws: Workspace) -> None:
     consumer = QueueConsumer(
         app.control, workers=1, periodic=False, initial_delay=poll, backoff=1.0, max_delay=poll
     )
+    consumer.reload_of = ("control", settings)
     stop = threading.Event()
 
     def ticker() -> None:

@@ -35,7 +35,7 @@ import_without("huey.storage", "redis")
 
 from huey import RedisHuey, SqliteHuey  # noqa: E402
 from huey.api import Huey  # noqa: E402
-from huey.consumer import Consumer, ThreadEnvironment  # noqa: E402, F401 - workers.consumers'
+from huey.consumer import Consumer, ConsumerStopped, ThreadEnvironment  # noqa: E402, F401 - workers.consumers'
 from huey.signals import SIGNAL_INTERRUPTED  # noqa: E402, F401 - workers.app's
 from huey.storage import RedisStorage, SqliteStorage  # noqa: E402
 from tenacity import Retrying, retry, retry_if_exception, stop_after_delay, wait_exponential  # noqa: E402
