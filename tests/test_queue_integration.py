@@ -857,6 +857,55 @@ def redis_url(tmp_path):
         yield url
 
 
+def test_messages_left_in_the_sqlite_queue_are_moved_to_redis_when_the_url_is_set(kb, tmp_path):
+    """`[queue] url` set to a Redis while the SQLite queue still held messages (an agent's
+    outcome sent after the control stopped): the control on Redis never read
+    STATE/queue/control.db, gave the finished attempt up as lost ("no heartbeat") and
+    paid its agent again, and nothing said the file held messages. It moves them over."""
+    from .fault.harness import ContinueGate, StartFifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(starts.path), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        starts.await_starts(1)
+        stop(control)
+        gate.open_gate()  # the agent ends with its review: the outcome waits in control.db
+        stop(worker)  # its drain ends once the outcome is sent
+    finally:
+        for proc in (worker, control):
+            if proc.poll() is None:
+                stop(proc)
+        gate.close()
+        starts.close()
+    left = sqlite3.connect(kb.state / "queue" / "control.db")
+    with left:
+        assert left.execute("SELECT count(*) FROM task").fetchone()[0] > 0
+    with redis_server(tmp_path) as url:
+        kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE + f'url = "{url}"\n')
+        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+        try:
+            assert _until(control.stderr, "job.finalized", "attempt.lost") == "job.finalized"
+        finally:
+            stop(control)
+            control.stderr.close()
+    with left:
+        assert left.execute("SELECT count(*) FROM task").fetchone()[0] == 0
+    left.close()
+    moved = [x for x in log_lines(kb) if x["event"] == "queue.moved"]
+    assert moved and moved[0]["file"] == str(kb.state / "queue" / "control.db")
+    with db(kb) as conn:
+        assert [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")] == [
+            (1, "finalized")
+        ]
+
+
 def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
     """The sweep uses the control process already running, whose next tick is ten minutes
     away: the sweep asks it to dispatch, so the jobs do not wait for that tick."""

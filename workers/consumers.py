@@ -51,6 +51,7 @@ from .queues import (
     eviction_risk,
     fed_by,
     fed_late,
+    move_left_behind,
     profiles_unlike,
     queue_clock,
     send,
@@ -471,6 +472,16 @@ def run_control(ws: Workspace) -> None:
         raise ConfigError(claim_problem(settings, held))
     tasks.claimed_as(install)
 
+    def move_sqlite_messages() -> None:
+        # At the start and each tick: a SQLite worker not restarted after the switch
+        # still sends its outcomes to the file.
+        try:
+            move_left_behind(settings, {"review": app.review, "control": app.control})
+        except Exception as exc:  # noqa: BLE001 - Redis out of reach: the next tick moves them
+            logs.get().error("queue.unavailable", error=str(exc))
+
+    move_sqlite_messages()
+
     def reclaim() -> None:
         # Redis back from a restart without its data lost the claim: left to the next
         # tick (a minute by default), a control of another KB restarting meanwhile took it.
@@ -517,6 +528,7 @@ def run_control(ws: Workspace) -> None:
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + settings.queue.reaper_seconds
+                move_sqlite_messages()
                 try:
                     tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
                 except Exception as exc:

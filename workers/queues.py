@@ -20,6 +20,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -1412,3 +1413,61 @@ def send_once(task: str, *args: Any) -> None:
     if wrapper is None:
         raise RuntimeError(f"task {task} is not registered")
     wrapper(*args)  # type: ignore[operator]
+
+
+def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
+    """Messages the state folder's SQLite queues still hold while ``[queue] url`` names a
+    Redis, moved onto it (``hueys``: the Redis queues, by the SQLite file's name). Left
+    there, an agent's outcome sent before the switch (a worker ending its attempt after
+    the control stopped, or one not restarted since) was never read: the control gave
+    the finished attempt up as lost and its agent was paid again; a review message
+    waited out its lease and timeout before it was sent anew. Each message is taken off
+    the file, then sent: a failure between the two can send one twice, which its task
+    takes as a message already acted on, never lose one."""
+    if not settings.queue.url:
+        return
+    for name, huey in hueys.items():
+        path = settings.state_dir / "queue" / f"{name}.db"
+        if not path.is_file():  # the usual case: a state folder that never had SQLite queues
+            continue
+        moved = 0
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        try:
+            rows = conn.execute(
+                "SELECT id, data, priority, NULL FROM task WHERE queue = ? "
+                "ORDER BY priority DESC, id",
+                (name,),
+            ).fetchall()
+            rows += conn.execute(
+                "SELECT id, data, NULL, timestamp FROM schedule WHERE queue = ? ORDER BY id",
+                (name,),
+            ).fetchall()
+            for row_id, data, priority, at in rows:
+                table = "task" if at is None else "schedule"
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    # A SQLite worker not yet restarted may take it first: then it is its.
+                    if conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount:
+                        if at is None:
+                            huey.storage.enqueue(bytes(data), priority)
+                        else:  # Huey's SQLite wrote a naive UTC time as the local one
+                            huey.storage.add_to_schedule(bytes(data), datetime.fromtimestamp(at))
+                        moved += 1
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.DatabaseError as exc:
+            logs.get().error("queue.not_moved", file=str(path), error=str(exc))
+            continue
+        finally:
+            conn.close()
+        if moved:
+            logs.get().warning(
+                "queue.moved",
+                file=str(path),
+                messages=moved,
+                queue=shown_url(settings.queue.url),
+                reason="[queue] url names a Redis now; these messages were left in the "
+                "SQLite queue it replaced",
+            )
