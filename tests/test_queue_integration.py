@@ -857,6 +857,42 @@ def redis_url(tmp_path):
         yield url
 
 
+def test_jobs_of_a_profile_added_since_the_control_started_wait_for_its_restart(kb):
+    """A profile added to reviewq.toml while the control ran, and `reviewq enqueue
+    --reviewer NEW` (which read the file as it is now) queued its jobs: the control, with
+    the settings of its start, failed them within a second as "reviewer profile 'new' is
+    not configured", a profile the file configures. They now wait, the control says once
+    that it must be restarted to run them, and its SIGHUP runs them."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    worker = None
+    try:
+        _until(control.stderr, "control.started")
+        added = (
+            fake_profile()
+            .replace("[reviewers.fake]", "[reviewers.fake2]")
+            .replace('partition = "fake"', 'partition = "fake2"')
+        )
+        kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + added)
+        assert rq(kb, "enqueue", "--reviewer", "fake2", "frontmatter").returncode == 0
+        said = _until(control.stderr, "control.settings_stale", "job.failed")
+        assert said == "control.settings_stale"
+        control.send_signal(signal.SIGHUP)
+        worker = subprocess.Popen([*base, "worker"], stderr=subprocess.DEVNULL)
+        assert _until(control.stderr, "job.finalized", "job.failed") == "job.finalized"
+    finally:
+        for proc in (worker, control):
+            if proc is not None and proc.poll() is None:
+                stop(proc)
+        control.stderr.close()
+    stale = [x for x in log_lines(kb) if x["event"] == "control.settings_stale"]
+    assert len(stale) == 1 and stale[0]["reviewer"] == "fake2"
+    assert stale[0]["config"] == str(kb.root / "reviewq.toml")
+
+
 def test_messages_left_in_the_sqlite_queue_are_moved_to_redis_when_the_url_is_set(kb, tmp_path):
     """`[queue] url` set to a Redis while the SQLite queue still held messages (an agent's
     outcome sent after the control stopped): the control on Redis never read

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrator import logs
-from orchestrator.config import ReviewerProfile
+from orchestrator.config import ConfigError, ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
     JobMoved,
@@ -210,6 +210,10 @@ class Control:
         self.hooks = hooks
         self.log = logs.get()
         self._budget_logged: set[int] = set()
+        # The profiles reviewq.toml names now, read again only when the file changed (its
+        # stat), and those this process said it must be restarted to run.
+        self._file_profiles: tuple[object, frozenset[str]] | None = None
+        self._said_stale: set[str] = set()
         # Jobs whose folder could not be written: (the reason, a full disk), said once each.
         self._folder_failures: dict[int, tuple[str, bool]] = {}
         # Jobs whose folder another process held at the last look: the wait asked then.
@@ -294,6 +298,8 @@ class Control:
         for job in jobs:
             name = job["reviewer"]
             profile = self.settings.reviewers.get(name)
+            if profile is None and self._added_since(name):
+                continue  # waits for the restart it said
             if profile is None:
                 self._fail_unrun(job, name, f"reviewer profile {name!r} is not configured")
                 continue
@@ -531,6 +537,39 @@ class Control:
     def _cannot_open(self, job, reviewer: str, exc: Exception) -> None:
         """An attempt that can never be opened: fail that job only."""
         self._fail_unrun(job, reviewer, f"could not open an attempt: {exc}")
+
+    def _added_since(self, name: str) -> bool:
+        """Whether reviewq.toml configures the profile now, though the settings this
+        process read at its start do not: added (or renamed) since. `enqueue` reads the
+        file as it is, so its jobs for the new profile were failed at once as "not
+        configured" by a control that only had to be restarted. They wait instead, said
+        once per profile."""
+        path = self.settings.config_path or self.settings.root / "reviewq.toml"
+        try:
+            st = os.stat(path)
+            seen: object = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            seen = None
+        if self._file_profiles is None or self._file_profiles[0] != seen:
+            try:
+                now = self.settings.reread()
+            except ConfigError:  # being edited: what it will name is not known
+                now = None
+            names = frozenset(now.reviewers) - set(self.settings.reviewers) if now else frozenset()
+            self._file_profiles = (seen, names)
+        if name not in self._file_profiles[1]:
+            return False
+        if name not in self._said_stale:
+            self._said_stale.add(name)
+            self.log.warning(
+                "control.settings_stale",
+                reviewer=name,
+                config=str(path),
+                reason=f"reviewer profile {name!r} was added to {path} after this control "
+                "process read it: its jobs wait until the control is restarted",
+                recovery="restart the control, or send it SIGHUP (systemctl reload)",
+            )
+        return True
 
     def _fail_unrun(self, job, reviewer: str, reason: str) -> None:
         """Fail a job no agent can run, at once: the hooks say what follows. Said once
