@@ -1415,6 +1415,9 @@ def send_once(task: str, *args: Any) -> None:
     wrapper(*args)  # type: ignore[operator]
 
 
+_NOT_MOVED: set[str] = set()  # the SQLite queue files move_left_behind could not read
+
+
 def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
     """Messages the state folder's SQLite queues still hold while ``[queue] url`` names a
     Redis, moved onto it (``hueys``: the Redis queues, by the SQLite file's name). Left
@@ -1434,22 +1437,21 @@ def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
         conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         try:
             rows = conn.execute(
-                "SELECT id, data, priority, NULL FROM task WHERE queue = ? "
-                "ORDER BY priority DESC, id",
+                "SELECT id, data, NULL FROM task WHERE queue = ? ORDER BY priority DESC, id",
                 (name,),
             ).fetchall()
             rows += conn.execute(
-                "SELECT id, data, NULL, timestamp FROM schedule WHERE queue = ? ORDER BY id",
+                "SELECT id, data, timestamp FROM schedule WHERE queue = ? ORDER BY id",
                 (name,),
             ).fetchall()
-            for row_id, data, priority, at in rows:
+            for row_id, data, at in rows:
                 table = "task" if at is None else "schedule"
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     # A SQLite worker not yet restarted may take it first: then it is its.
                     if conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount:
-                        if at is None:
-                            huey.storage.enqueue(bytes(data), priority)
+                        if at is None:  # in the file's order; Redis takes no priority
+                            huey.storage.enqueue(bytes(data))
                         else:  # Huey's SQLite wrote a naive UTC time as the local one
                             huey.storage.add_to_schedule(bytes(data), datetime.fromtimestamp(at))
                         moved += 1
@@ -1458,7 +1460,9 @@ def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
                     conn.execute("ROLLBACK")
                     raise
         except sqlite3.DatabaseError as exc:
-            logs.get().error("queue.not_moved", file=str(path), error=str(exc))
+            if str(path) not in _NOT_MOVED:  # once, not at every tick
+                _NOT_MOVED.add(str(path))
+                logs.get().error("queue.not_moved", file=str(path), error=str(exc))
             continue
         finally:
             conn.close()
