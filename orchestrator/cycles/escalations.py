@@ -486,7 +486,7 @@ def held(ws: Workspace, partition: str) -> set[tuple[str, str]]:
     cat = ws.catalog()
     for note_path, gate_id in rejected_pairs(ws.store, partition):
         try:
-            note_sha = sha256_bytes(ws.kb.abspath(note_path).read_bytes())
+            note_sha = sha256_bytes(ws.kb.read_bytes(ws.kb.check_rel(note_path)))
         except OSError:
             note_sha = None
         gate = gate_of(ws.store, ws.kb, cat, note_path, gate_id)
@@ -616,7 +616,7 @@ def _current_note(kb, note_path: str) -> _NoteNow:
         return _NoteNow(None, None, "is gone (deleted or renamed)")
     except NoteParseError as exc:
         try:  # a reject still holds the pair until these bytes change
-            sha = sha256_bytes(kb.abspath(note_path).read_bytes())
+            sha = sha256_bytes(kb.read_bytes(kb.check_rel(note_path)))
         except (OSError, KBError):
             sha = None
         return _NoteNow(None, sha, f"cannot be read ({exc})")

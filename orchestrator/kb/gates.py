@@ -120,7 +120,7 @@ class Catalog:
                 return gate
             if rel.rsplit("/", 1)[-1] != f"{name}.md":
                 return None
-            found = type_gate(rel, kb.abspath(rel).read_bytes())
+            found = type_gate(rel, kb.read_bytes(rel))
         except (KBError, OSError, NoteParseError):
             return None
         self.types.setdefault(name, found)
@@ -333,7 +333,7 @@ def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
     seen: dict[str, list[Gate]] = {}
     for rel in _md_files(kb, GATES_DIR, cat.problems):
         try:
-            gate = parse_gate(rel, (kb.root / rel).read_bytes())
+            gate = parse_gate(rel, kb.read_bytes(rel))
         except (ValueError, NoteParseError, OSError) as exc:
             cat.problems.append(FileProblem(rel, str(exc)))
             continue
@@ -352,7 +352,7 @@ def load_catalog(kb: KB, extra_type_paths: Iterable[str] = ()) -> Catalog:
         if name in cat.types:
             continue
         try:
-            cat.types[name] = type_gate(rel, (kb.root / rel).read_bytes())
+            cat.types[name] = type_gate(rel, kb.read_bytes(rel))
         except (NoteParseError, OSError) as exc:
             cat.problems.append(FileProblem(rel, str(exc)))
     return cat

@@ -83,6 +83,12 @@ class KBError(Exception):
     """A problem with the KB as a whole (a missing root, a path outside it)."""
 
 
+class OutsideRoot(KBError, OSError):
+    """A path that led outside the root when it was opened: a link put on it (the file or
+    a folder on its way) after :meth:`KB.check_rel` passed it. An OSError too, so every
+    reader that skips a file it cannot read skips this one."""
+
+
 @dataclass(frozen=True, slots=True)
 class FileProblem:
     path: str
@@ -592,6 +598,46 @@ class KB:
     def abspath(self, rel: str) -> Path:
         return self.root / self.check_rel(rel)
 
+    def read_bytes(self, rel: str) -> bytes:
+        """The bytes of the file at ``rel`` (root-relative), read only if the file opened
+        is inside the root. A check of the path before the read is not enough: a folder
+        on the way swapped for a link out of the KB meanwhile (a person moving it, or
+        anything else) and the outside file's text became a snapshot sent to a model."""
+        path = Path(self.root, rel)
+        try:
+            fd = open_regular(path)
+        except NotRegular as exc:
+            raise _not_regular(path, exc.kind) from None
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        with open(fd, "rb") as f:
+            self.held_inside(rel, f.fileno())
+            return f.read()
+
+    def open_folder(self, rel: str) -> int:
+        """A descriptor of the folder at ``rel``, which is inside the root: a file written
+        through it (``dir_fd``) lands there, whatever is put on its path after."""
+        fd = os.open(Path(self.root, rel), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.held_inside(rel, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def held_inside(self, rel: str, fd: int) -> None:
+        """Raise :class:`OutsideRoot` unless ``fd`` (opened at ``rel``) is a file of the root:
+        its path, resolved after the open, is under the root and names that same file. A
+        link swapped in before the open fails the first; one swapped back after, the
+        second."""
+        real = os.path.realpath(Path(self.root, rel))
+        try:
+            same = self.inside(real) and os.path.samestat(os.stat(real), os.fstat(fd))
+        except OSError:
+            same = False  # moved or removed since the open: not known to be inside
+        if not same:
+            raise OutsideRoot(f"{rel}: outside the KB root (through a symlink)")
+
     # --- notes -------------------------------------------------------------------------
     def note_files(self, under: Iterable[str] | None = None) -> list[str]:
         """Root-relative paths of every note under the note roots (or the given paths, of
@@ -770,7 +816,7 @@ class KB:
                     problems.append(FileProblem(rel, f"not a regular file ({kind}); skipped"))
 
     def read_note(self, rel: str) -> Note:
-        data = read_file(Path(self.root, rel))
+        data = self.read_bytes(rel)
         text = decode(data)
         parsed = parse_note_text(text)
         return Note.from_text(rel, sha256_bytes(data), text, parsed.meta, self.root)

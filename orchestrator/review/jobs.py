@@ -27,7 +27,6 @@ from orchestrator.kb.notes import (
     decode,
     note_stat,
     parse_note_text,
-    read_file,
     sha256_bytes,
     type_key,
 )
@@ -237,7 +236,7 @@ class _Loader:
                     # verdict replaced that of the text after it (a fix's re-review).
                     note = chosen
                 else:
-                    data = pending if pending is not None else read_file(self.kb.root / rel)
+                    data = pending if pending is not None else self.kb.read_bytes(rel)
                     text = decode(data)
                     # Its frontmatter says which gates it has (select judges it so too).
                     note = Note.from_text(rel, sha256_bytes(data), text, parse_note_text(text).meta)

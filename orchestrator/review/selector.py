@@ -381,7 +381,7 @@ def add_note_relative_types(kb: KB, catalog: Catalog, notes: list[Note]) -> None
         if taken is not None or not (kb.root / key).is_file():
             continue
         try:
-            catalog.types[name] = type_gate(key, (kb.root / key).read_bytes())
+            catalog.types[name] = type_gate(key, kb.read_bytes(key))
         except (NoteParseError, OSError) as exc:
             catalog.problems.append(FileProblem(key, str(exc)))
 

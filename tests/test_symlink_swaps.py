@@ -1,0 +1,91 @@
+"""Symlinks swapped while a job runs (check, then use): a folder of notes, or a note,
+replaced by a link leading outside the KB after reviewq checked its path and before it
+read or wrote it. The swap is made at a hook point (a patched function that returns
+first, then swaps), never by a race."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from orchestrator.control.control import Control
+from orchestrator.control.followup import FollowUp
+from orchestrator.kb.notes import KB
+from orchestrator.review.bundle import end_line, start_line
+from orchestrator.state.workspace import Workspace
+from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+SECRET = "The outside file's text, never the KB's.\n"
+
+
+def _bundle(ws: Workspace, job_id: int, decision: str) -> bytes:
+    blocks = []
+    for note, gate in ws.store.conn.execute(
+        "SELECT note_path, gate_path FROM review_pairs WHERE job_id = ? ORDER BY id", (job_id,)
+    ):
+        blocks.append(
+            f"{start_line(note, gate)}\n- high: thin.\n## Result: {decision}\n{end_line(note, gate)}\n"
+        )
+    return "\n".join(blocks).encode()
+
+
+def _run(control: Control, sent: list[dict], output: bytes) -> dict:
+    control.dispatch()
+    msg = sent.pop(0)
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": output,
+        }
+    )
+    return msg
+
+
+def _move_out(folder: Path, outside: Path, text: str | None = None) -> Path:
+    """A person's move of ``folder`` out of the KB, a link left in its place; ``text``
+    (given) replaces every note's body there, a file that was never the KB's."""
+    shutil.move(folder, outside)
+    folder.symlink_to(outside, target_is_directory=True)
+    if text is not None:
+        for md in outside.glob("*.md"):
+            head, _ = md.read_text().rsplit("---\n", 1)
+            md.write_text(f"{head}---\n{text}")
+    return outside
+
+
+def test_a_folder_of_notes_linked_out_between_the_scan_and_the_read_sends_no_outside_text(
+    kb, tmp_path, monkeypatch
+):
+    """The scan saw kb/notes/sub as a folder in the KB; before its notes were read a
+    person moved it out of the KB and left a link (or anything else did). The read
+    followed the link: the outside file's text became the note's snapshot and went into
+    the prompt, sent to the model (F11's check is made at the scan, not at the read)."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.note("sub/beta", body="Beta body.\n")
+    sub = kb.root / "kb" / "notes" / "sub"
+    check = KB.check_rel
+
+    def check_then_swap(self, rel):
+        checked = check(self, rel)
+        if rel == "kb/notes/sub/beta.md" and not sub.is_symlink():
+            _move_out(sub, tmp_path / "elsewhere", SECRET)
+        return checked
+
+    monkeypatch.setattr(KB, "check_rel", check_then_swap)
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    enqueue(ws, SweepRequest(name="cli", all_gates=True))
+    assert sub.is_symlink()
+    control.dispatch()
+    texts = [t for (t,) in ws.store.conn.execute("SELECT text FROM snapshots")]
+    assert texts and not any(SECRET in (t or "") for t in texts)
+    prompts = [p.read_text() for p in kb.state.rglob("prompt.md")]
+    assert prompts and not any(SECRET in p for p in prompts)
+    assert not any(SECRET in str(m) for m in sent)
+    notes = {n for (n,) in ws.store.conn.execute("SELECT note_path FROM review_pairs")}
+    assert notes == {"kb/notes/alpha.md"}  # alpha is reviewed still
+    ws.close()
