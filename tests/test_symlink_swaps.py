@@ -8,6 +8,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
+import orchestrator.cycles.fixes as fixes
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
 from orchestrator.kb.notes import KB
@@ -88,4 +91,50 @@ def test_a_folder_of_notes_linked_out_between_the_scan_and_the_read_sends_no_out
     assert not any(SECRET in str(m) for m in sent)
     notes = {n for (n,) in ws.store.conn.execute("SELECT note_path FROM review_pairs")}
     assert notes == {"kb/notes/alpha.md"}  # alpha is reviewed still
+    ws.close()
+
+
+def _sub_note_failed(kb):
+    """kb/notes/sub/beta.md reviewed FAIL in a run with --fix: its fix job is next."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("sub/beta", body="Beta body.\n")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True, fix=True)).jobs
+    _run(control, sent, _bundle(ws, job.review_job_id, "FAIL"))
+    return ws, control, sent
+
+
+@pytest.mark.parametrize("what", ["folder", "note"])
+def test_a_path_linked_out_between_the_fix_writes_check_and_its_write_writes_nothing_outside(
+    kb, tmp_path, monkeypatch, what
+):
+    """The fix's write resolved the note's path inside the KB, then (a person moving the
+    folder, or the note, out of the KB and leaving a link; the same text there) read and
+    replaced it by the path: the fix was written into the file outside the KB, and the
+    job said "applied". The person's change is to be kept and the fix not applied."""
+    ws, control, sent = _sub_note_failed(kb)
+    sub = kb.root / "kb" / "notes" / "sub"
+    note = sub / "beta.md"
+    given = note.read_text()
+    resolve = fixes._named_file
+
+    def resolve_then_swap(root, rel):
+        found = resolve(root, rel)
+        if what == "folder":
+            _move_out(sub, tmp_path / "elsewhere")
+        else:
+            shutil.move(note, tmp_path / "beta.md")
+            note.symlink_to(tmp_path / "beta.md")
+        return found
+
+    monkeypatch.setattr(fixes, "_named_file", resolve_then_swap)
+    fix = _run(control, sent, (given + "Fixed.\n").encode())["job_id"]
+    outside = tmp_path / ("elsewhere/beta.md" if what == "folder" else "beta.md")
+    assert outside.read_text() == given
+    assert not list(outside.parent.glob(".beta.md.*"))  # no temp file left there either
+    row = ws.store.conn.execute("SELECT result FROM review_jobs WHERE id = ?", (fix,)).fetchone()
+    assert row[0] == "not-applied"
+    assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
     ws.close()

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import posixpath
 import re
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +26,7 @@ from orchestrator.kb.notes import (
     KBError,
     Note,
     NoteParseError,
+    OutsideRoot,
     decode,
     parse_note_text,
     sha256_bytes,
@@ -359,7 +363,7 @@ def apply_fix(
         return FixResult("invalid", "the fixed note has no frontmatter; the note it was given had")
     try:
         rel = kb.check_rel(job["note_path"])  # resolves symlinks: never outside the root
-        current = decode((kb.root / rel).read_bytes())
+        current = decode(kb.read_bytes(rel))
     except (KBError, OSError, NoteParseError) as exc:
         return FixResult("stale", f"the note cannot be read now ({exc}); nothing written")
     # The note first: once a person has edited it, the fixer's answer is moot, whether it
@@ -433,7 +437,32 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
     # None: a person pointed the link outside the KB or into a loop since the decision,
     # and the fallback to the link's own path replaced their link with the fixed text.
     real = _named_file(kb.root, due["path"])
+    # Read and written through a descriptor of its folder, held to be inside the root:
+    # resolved by its path alone, a folder on the way swapped for a link out of the KB
+    # after the check (a person moving it) had the fix written into the file out there.
+    folder = _folder_of(kb, real) if real is not None else None
+    if folder is None:
+        real = None
     path = kb.root / (real or due["path"])
+    try:
+        return _write_fix_in(kb, store, due, job, git_commit, real, path, folder)
+    finally:
+        if folder is not None:
+            os.close(folder)
+
+
+def _write_fix_in(
+    kb: KB,
+    store: Store,
+    due,  # noqa: ANN001 - a fix_writes_due row
+    job,  # noqa: ANN001 - a review_jobs row
+    git_commit: bool,
+    real: str | None,
+    path: Path,
+    folder: int | None,
+) -> bool:
+    """:func:`_write_fix` once the note's folder is open (``folder``, None with ``real``
+    when the note's path leads out of the root, into a loop or to nothing)."""
 
     def text(sha: str) -> bytes:
         return (
@@ -445,7 +474,7 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
         )
 
     try:
-        current = sha256_bytes(path.read_bytes()) if real is not None else None
+        current = sha256_bytes(_read_in(folder, path.name)) if folder is not None else None
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             raise  # not a person's doing: tried again at the next tick
@@ -459,7 +488,7 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
         if current != due["old_sha256"]:
             _not_written(store, job, due["path"])
             return False
-        replace_note(path, text(due["new_sha256"]))
+        replace_note(path, text(due["new_sha256"]), folder)
     if not due["written"]:
         with store.write():
             store.conn.execute(
@@ -499,6 +528,29 @@ def _write_fix(kb: KB, store: Store, due, git_commit: bool) -> bool:
         commit=commit.sha if commit else job["fix_commit"],
     )
     return True
+
+
+def _folder_of(kb: KB, rel: str) -> int | None:
+    """A descriptor of the folder of the note file ``rel``, inside the root; None when it
+    is not there or leads out of the root (a person's move: their change)."""
+    try:
+        return kb.open_folder(posixpath.dirname(rel))
+    except OutsideRoot:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise  # not a person's doing: tried again at the next tick
+        return None
+
+
+def _read_in(folder: int, name: str) -> bytes:
+    """The note file ``name`` of ``folder``; a link put in its place since the check is
+    ELOOP (the person's change), as is anything but a regular file."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.ELOOP, "not a regular file", name)
+        return f.read()
 
 
 def _changed_since(store: Store, job, note_path: str, git_commit: bool) -> None:
@@ -628,12 +680,13 @@ def judged_without_the_change(
     return "no-output", [f"exited {exit_code} without writing its output"]
 
 
-def replace_note(path: Path, data: bytes) -> None:
+def replace_note(path: Path, data: bytes, folder: int | None = None) -> None:
     """The one place a fix reaches the KB: the note replaced atomically and durably
     (this is a person's note, not a rendering). Its git commit, if any, follows at once
-    (:func:`commit_applied_fix`). A write of it that a crash cut short is cleared first."""
-    clear_leftovers(path)
-    atomic_write(path, data, durable=True, mode=mode_of(path))
+    (:func:`commit_applied_fix`). A write of it that a crash cut short is cleared first.
+    ``folder``: a descriptor of the note's folder, the one it is written in."""
+    clear_leftovers(path, folder)
+    atomic_write(path, data, durable=True, mode=mode_of(path, folder), dir_fd=folder)
 
 
 def commit_applied_fix(

@@ -17,8 +17,11 @@ _FLAGS |= getattr(os, "O_NOFOLLOW", 0)
 _serial = itertools.count()
 
 
-def mode_of(path: Path) -> int:
-    """The permissions of an existing file, for a replacement that keeps them."""
+def mode_of(path: Path, dir_fd: int | None = None) -> int:
+    """The permissions of an existing file, for a replacement that keeps them (with
+    ``dir_fd``, ``path``'s name in that folder)."""
+    if dir_fd is not None:
+        return stat.S_IMODE(os.stat(path.name, dir_fd=dir_fd).st_mode)
     return stat.S_IMODE(path.stat().st_mode)
 
 
@@ -32,19 +35,19 @@ def name_head(name: str, size: int) -> str:
     return os.fsencode(name)[:size].decode("utf-8", "ignore")
 
 
-def _create(path: Path) -> tuple[int, str]:
+def _create(path: Path, dir_fd: int | None = None) -> tuple[int, str]:
     """A new temp file beside ``path`` (0600 before the umask, as mkstemp's), its folder
-    made if it is missing."""
-    folder = os.fspath(path.parent)
+    made if it is missing; with ``dir_fd``, in that folder (its name alone returned)."""
+    folder = "" if dir_fd is not None else os.fspath(path.parent)
     head = name_head(path.name, _TEMP_HEAD)
     for attempt in range(100):
         tmp = os.path.join(folder, f".{head}.{os.getpid()}-{next(_serial)}.tmp")
         try:
-            return os.open(tmp, _FLAGS, 0o600), tmp
+            return os.open(tmp, _FLAGS, 0o600, dir_fd=dir_fd), tmp
         except FileExistsError:
             continue
         except FileNotFoundError:
-            if attempt:
+            if attempt or dir_fd is not None:
                 raise
             path.parent.mkdir(parents=True, exist_ok=True)
     raise FileExistsError(f"no free temp name beside {path}")
@@ -54,14 +57,14 @@ def _create(path: Path) -> tuple[int, str]:
 _TEMP_NAME = re.compile(r"\.(?P<head>.+)\.(?P<pid>[1-9]\d{0,6})-\d+\.tmp")
 
 
-def clear_leftovers(path: Path) -> int:
+def clear_leftovers(path: Path, dir_fd: int | None = None) -> int:
     """Remove the temp files a write of ``path`` left when its process was killed (SIGKILL,
     a power cut): in a notes folder, a person's ``git add -A`` took one in. Only those of
-    a process that is gone; the number removed."""
+    a process that is gone; the number removed. ``dir_fd``: as :func:`atomic_write`'s."""
     head = name_head(path.name, _TEMP_HEAD)
     removed = 0
     try:
-        entries = os.scandir(path.parent)
+        entries = os.scandir(path.parent if dir_fd is None else dir_fd)
     except OSError:
         return 0
     with entries:
@@ -70,7 +73,7 @@ def clear_leftovers(path: Path) -> int:
             if m is None or m["head"] != head or _alive(int(m["pid"])):
                 continue
             with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+                os.unlink(entry.path, dir_fd=dir_fd)  # a scan of a descriptor: its name alone
                 removed += 1
     return removed
 
@@ -97,15 +100,23 @@ def _of_target(exc: OSError, path: Path) -> OSError:
 
 
 def atomic_write(
-    path: Path, data: str | bytes, *, durable: bool = False, mode: int | None = None
+    path: Path,
+    data: str | bytes,
+    *,
+    durable: bool = False,
+    mode: int | None = None,
+    dir_fd: int | None = None,
 ) -> None:
     """Write ``data`` to ``path`` via a temp file and a rename. ``durable`` syncs the data
     before the rename: a person's note needs it; files regenerable from state.db skip it
     (a crash can lose them, never leave half of one). ``mode``: the new file's permissions
-    (default 0600, the owner's only)."""
+    (default 0600, the owner's only). ``dir_fd``: a descriptor of ``path``'s folder, in
+    which ``path.name`` is written: the file lands in that folder even if a link is put
+    on its path meanwhile."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    target = path.name if dir_fd is not None else path
     try:
-        fd, tmp = _create(path)
+        fd, tmp = _create(path, dir_fd)
     except OSError as exc:
         raise _of_target(exc, path) from None
     try:
@@ -115,17 +126,20 @@ def atomic_write(
                 f.flush()
                 os.fsync(f.fileno())
         if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
+            os.chmod(tmp, mode, dir_fd=dir_fd)
+        os.replace(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         if isinstance(exc, OSError):
             raise _of_target(exc, path) from None
         raise
     if durable:
         # The rename itself lives in the folder: without this a power cut can undo it
         # while state.db (and git) already say the note was written.
+        if dir_fd is not None:
+            os.fsync(dir_fd)
+            return
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(folder)
