@@ -138,3 +138,53 @@ def test_a_path_linked_out_between_the_fix_writes_check_and_its_write_writes_not
     assert row[0] == "not-applied"
     assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
     ws.close()
+
+
+def test_a_job_folder_swapped_for_a_link_is_not_written_through(kb, tmp_path):
+    """A job's folder replaced by a link to a folder elsewhere while its job ran (an
+    agent's doing, or a person's): the control wrote the job's MANIFEST.json over the
+    one out there and renamed that folder's own results/ aside and removed it. A job's
+    files are written in the state folder only; the link's folder is left as it was
+    and the job's files wait, the reason said, until the link is gone."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    control.dispatch()
+    msg = sent.pop(0)
+    folder = kb.state / "jobs" / f"review-job-{job.review_job_id}"
+    elsewhere = tmp_path / "persons"
+    (elsewhere / "results").mkdir(parents=True)
+    (elsewhere / "results" / "mine.txt").write_text("a person's file\n")
+    (elsewhere / "MANIFEST.json").write_text("{}\n")
+    shutil.rmtree(folder)
+    folder.symlink_to(elsewhere, target_is_directory=True)
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": _bundle(ws, job.review_job_id, "PASS"),
+        }
+    )
+    control.write_due_files()
+    assert (elsewhere / "results" / "mine.txt").read_text() == "a person's file\n"
+    assert (elsewhere / "MANIFEST.json").read_text() == "{}\n"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["MANIFEST.json", "results"]
+    (error,) = [
+        e
+        for (e,) in ws.store.conn.execute(
+            "SELECT error FROM job_files_due WHERE job_id = ?", (job.review_job_id,)
+        )
+    ]
+    assert "a link" in error and str(folder) in error
+    decided = ws.store.conn.execute(
+        "SELECT decision FROM review_pairs WHERE job_id = ?", (job.review_job_id,)
+    ).fetchall()
+    assert [d[0] for d in decided] == ["PASS"]  # the review itself is kept
+    folder.unlink()  # the person's way out: the next tick writes it in the state folder
+    control.write_due_files()
+    assert (folder / "results").is_dir() and not folder.is_symlink()
+    ws.close()

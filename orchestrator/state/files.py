@@ -261,7 +261,7 @@ def write_due_job_files(
 
         # Made only when the lock finds no folder: most are there (a job's end, a
         # dispatch), and three mkdirs of a folder that is there cost more than its lock.
-        with folder_lock(job_dir, wait=store.waits_for_folders, make=make):
+        with folder_lock(job_dir, wait=store.waits_for_folders, make=make, own="a job's files"):
             write_job_files(store, job_dir, i, prompt)
 
     batch = store.after_callbacks("job_files_due", _DueSettled)
@@ -398,6 +398,25 @@ class LockHeld(BlockingIOError):
         self.holder = holder
 
 
+class LinkedFolder(OSError):
+    """A folder of the state folder's own replaced by a link (an agent's doing, or a
+    person's): written through, a job's MANIFEST.json went over a file out there and that
+    folder's own results/ was renamed aside and removed."""
+
+    def __init__(self, folder: Path, holds: str) -> None:
+        try:
+            link = f"a link to {os.readlink(folder)}"
+        except OSError:  # removed since: said as it was met
+            link = "a link"
+        super().__init__(
+            errno.ELOOP,
+            f"{link}, not a folder of the state folder; reviewq "
+            f"writes {holds} only in its own folder: remove the link and the next tick "
+            "writes them",
+            str(folder),
+        )
+
+
 @contextlib.contextmanager
 def folder_lock(
     folder: Path,
@@ -405,6 +424,7 @@ def folder_lock(
     on_wait: Callable[[], None] | None = None,
     timeout: float | None = None,
     make: Callable[[], None] | None = None,
+    own: str | None = None,
 ):
     """An exclusive lock on ``folder`` itself (flock on its descriptor): no lock file to
     leave behind, and the kernel lets go of it when its holder dies. Without ``wait``, a
@@ -413,14 +433,19 @@ def folder_lock(
     ``on_wait`` is called once before waiting for another holder (a person at a terminal
     is told why the command pauses); with ``timeout`` (seconds) the wait ends there in
     :class:`LockHeld`, naming the holder when the kernel says it. ``make`` makes a folder
-    that cannot be opened (not there, or not a folder: its error is then make's)."""
+    that cannot be opened (not there, or not a folder: its error is then make's). ``own``
+    (what reviewq keeps in it): a folder of the state folder's own, which a link in its
+    place is refused for (:class:`LinkedFolder`), never written through."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if own else 0)
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(folder, flags)
     except OSError:
+        if own and os.path.islink(folder):
+            raise LinkedFolder(folder, own) from None
         if make is None:
             raise
         make()
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(folder, flags)
     try:
         # Asked without blocking first whenever a wait is to be told of or bounded.
         blocking = wait and on_wait is None and timeout is None
