@@ -726,3 +726,27 @@ def test_reviewqs_own_export_folder_takes_no_watch_and_no_scan(root, watch):
     watched = [rel for state in watch._roots.values() for rel in state.dirs]
     assert "kb/notes" in watched and not [r for r in watched if r.startswith("kb/reports")]
     assert not [p for p in tree_stamps(root, TREES) if p.startswith("kb/reports")]
+
+
+def test_a_note_an_agent_swaps_for_a_link_to_a_fifo_ends_its_attempt(root):
+    """An agent that put a link to a FIFO outside the KB in place of its note: the hash
+    taken after its run opened the note through the link and waited for a writer for
+    good, the worker's attempt never ended (a link to /dev/zero read forever alike). A
+    file that is not a regular one is a change, not read."""
+    import threading
+
+    fifo = root / "outside" / "pipe"
+    ended: list = []
+    script = f"mkfifo {fifo}; ln -sf {fifo} kb/notes/a.md"
+    run = threading.Thread(target=lambda: ended.append(_attempt(root, script)), daemon=True)
+    run.start()
+    run.join(timeout=30)
+    hung = run.is_alive()
+    if hung:  # a writer lets the hash's open go, so the thread ends with the test
+        with open(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "wb"):
+            pass
+        run.join(timeout=30)
+    assert not hung
+    (out,) = ended
+    assert out.classification == "reviewer-touched-kb"
+    assert out.touched == ["kb/notes/a.md"]

@@ -104,12 +104,17 @@ def file_hashes(root: Path, rels: Iterable[str]) -> dict[str, str]:
     base = os.fspath(root)
     for rel in rels:
         try:
-            fd = os.open(os.path.join(base, rel), os.O_RDONLY | os.O_CLOEXEC)
+            # Without blocking: a FIFO (or a link to one) an agent put in a note's place
+            # held the open for good, waiting for a writer, and the attempt never ended.
+            fd = os.open(os.path.join(base, rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             out[rel] = "missing"
             continue
         digest = hashlib.sha256()
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                out[rel] = "not a regular file"  # a device (/dev/zero) reads forever
+                continue
             while chunk := os.read(fd, 1 << 20):
                 digest.update(chunk)
             out[rel] = digest.hexdigest()
