@@ -188,3 +188,43 @@ def test_a_job_folder_swapped_for_a_link_is_not_written_through(kb, tmp_path):
     control.write_due_files()
     assert (folder / "results").is_dir() and not folder.is_symlink()
     ws.close()
+
+
+@pytest.mark.parametrize("linked", ["attempt", "job"])
+def test_an_attempt_folder_swapped_for_a_link_is_not_written_through(kb, tmp_path, linked):
+    """The attempt's folder (or its job's) replaced by a link to a folder elsewhere while
+    the attempt ran: the control wrote the attempt's output and logs over the files of the
+    same names out there. They are evidence only: not written, said in the log, and the
+    review is decided from the output the message carries."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    control.dispatch()
+    msg = sent.pop(0)
+    folder = kb.state / "jobs" / f"review-job-{job.review_job_id}"
+    elsewhere = tmp_path / "persons"
+    moved = folder if linked == "job" else folder / "attempt-1"
+    shutil.move(moved, elsewhere)
+    attempt = elsewhere / "attempt-1" if linked == "job" else elsewhere
+    (attempt / "bundle-output.md").write_text("a person's file\n")
+    (attempt / "stdout.log").write_text("a person's log\n")
+    moved.symlink_to(elsewhere, target_is_directory=True)
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": _bundle(ws, job.review_job_id, "PASS"),
+            "files": {"stdout.log": b"the agent's log\n"},
+        }
+    )
+    assert (attempt / "bundle-output.md").read_text() == "a person's file\n"
+    assert (attempt / "stdout.log").read_text() == "a person's log\n"
+    decided = ws.store.conn.execute(
+        "SELECT decision FROM review_pairs WHERE job_id = ?", (job.review_job_id,)
+    ).fetchall()
+    assert [d[0] for d in decided] == ["PASS"]
+    ws.close()

@@ -8,6 +8,7 @@ still running somewhere can never write over the current one's output.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -16,7 +17,7 @@ from orchestrator.config import QueueSettings, ReviewerProfile
 from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
-from orchestrator.state.files import atomic_write, write_job_files_after_commit
+from orchestrator.state.files import atomic_write, open_own_folder, write_job_files_after_commit
 from orchestrator.state.status import FAILED_SQL, split_words
 from orchestrator.state.store import (
     Store,
@@ -363,9 +364,15 @@ def _spent(value: object) -> float | None:
 def write_attempt_files(attempt_dir: Path, files: dict[str, bytes]) -> None:
     """What a worker reported of an attempt (its output, log tails, telemetry), kept in the
     attempt's folder as evidence, as a local agent would have left it. Names are checked
-    by the caller; each file appears whole or not at all."""
-    for name, data in files.items():
-        atomic_write(attempt_dir / name, data)
+    by the caller; each file appears whole or not at all. Written in the folder itself:
+    one it or its job's folder was swapped for while the attempt ran (a link to a
+    folder elsewhere) had the files of the same names out there written over."""
+    folder = open_own_folder(attempt_dir, "an attempt's files", depth=2)
+    try:
+        for name, data in files.items():
+            atomic_write(attempt_dir / name, data, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def set_outcome(

@@ -417,6 +417,37 @@ class LinkedFolder(OSError):
         )
 
 
+def open_own_folder(folder: Path, holds: str, depth: int = 1) -> int:
+    """A descriptor of ``folder``, a folder of the state folder's own, it and its parents
+    up to ``depth`` levels opened without following a link put in their place
+    (:class:`LinkedFolder`); the folder above them may be a link (``jobs/`` kept on
+    another disk)."""
+    names = []
+    base = folder
+    for _ in range(depth):
+        names.append(base.name)
+        base = base.parent
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        path = base
+        for name in reversed(names):
+            path = path / name
+            try:
+                inner = os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except OSError:
+                if os.path.islink(path):
+                    raise LinkedFolder(path, holds) from None
+                raise
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @contextlib.contextmanager
 def folder_lock(
     folder: Path,
