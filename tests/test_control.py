@@ -899,7 +899,6 @@ def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb
     each again (~15 % of a sweep's time before its first dispatch, and twice the KB's text
     held at once)."""
     import orchestrator.kb.notes as notes
-    import orchestrator.review.jobs as jobs
 
     kb.gate("prose/clarity", ["body"])
     alpha = kb.note("alpha", "As selected.\n")
@@ -911,9 +910,14 @@ def test_an_enqueue_packs_the_note_texts_its_selection_read_reading_each_once(kb
         reads.append(pathlib.Path(path).name)
         return real_read(path)
 
-    real_read = notes.read_file
+    def counted_in_kb(self, rel: str) -> bytes:  # a KB file's read, checked inside the root
+        if self.in_note_roots(rel):  # the gates' are not the notes' reads
+            reads.append(pathlib.PurePosixPath(rel).name)
+        return real_read_in_kb(self, rel)
+
+    real_read, real_read_in_kb = notes.read_file, notes.KB.read_bytes
     monkeypatch.setattr(notes, "read_file", counted)
-    monkeypatch.setattr(jobs, "read_file", counted)
+    monkeypatch.setattr(notes.KB, "read_bytes", counted_in_kb)
     res = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     assert reads == ["alpha.md"]
     [job] = res.jobs
