@@ -249,6 +249,12 @@ FIXER = textwrap.dedent(
         other.write_text(other.read_text() + "Edited by the fixer.\\n")
     elif mode == "new-note":
         (root / "kb/notes/planted.md").write_text("---\\ntitle: Planted\\n---\\nPlanted.\\n")
+    elif mode == "link-out" and not note.parent.is_symlink():
+        # Its notes folder moved out of the KB while it runs, a link left in its place.
+        import shutil
+        away = root.parent / "notes-away"
+        shutil.move(note.parent, away)
+        note.parent.symlink_to(away, target_is_directory=True)
     """
 )
 
@@ -296,6 +302,21 @@ def test_a_fixer_that_writes_other_kb_files_fails_and_nothing_is_applied(flow, t
     _, attempts = run_fix(flow, tmp_path, mode)
     assert flow.read(NOTE) == note_before
     assert attempts and {a["outcome"] for a in attempts} == {"reviewer-touched-kb"}
+
+
+def test_a_fixer_that_links_its_notes_folder_out_of_the_kb_has_nothing_written_there(
+    flow, tmp_path
+):
+    """Symlinks swapped while a job runs, with real processes: the fixer moves the notes
+    folder out of the KB and leaves a link. Its attempt is the KB's change; the retry's
+    fix, given the note through the link, is not applied: nothing is written out there."""
+    note_before = flow.read(NOTE)
+    _, attempts = run_fix(flow, tmp_path, "link-out")
+    away = flow.root.parent / "notes-away" / NOTE.rsplit("/", 1)[1]
+    assert away.read_text() == note_before
+    assert (flow.root / "kb/notes").is_symlink()
+    assert attempts[0]["outcome"] == "reviewer-touched-kb"
+    assert all(a["result"] != "applied" for a in attempts)
 
 
 # --- a person's feedback goes into the prompt, never into a path ----------------------------

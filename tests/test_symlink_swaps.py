@@ -58,13 +58,13 @@ def _move_out(folder: Path, outside: Path, text: str | None = None) -> Path:
     return outside
 
 
-def test_a_folder_of_notes_linked_out_between_the_scan_and_the_read_sends_no_outside_text(
+def test_a_folder_of_notes_linked_out_between_its_check_and_its_read_sends_no_outside_text(
     kb, tmp_path, monkeypatch
 ):
-    """The scan saw kb/notes/sub as a folder in the KB; before its notes were read a
-    person moved it out of the KB and left a link (or anything else did). The read
-    followed the link: the outside file's text became the note's snapshot and went into
-    the prompt, sent to the model (F11's check is made at the scan, not at the read)."""
+    """Packing checked kb/notes/sub/beta.md's path inside the KB (check_rel); before its
+    read a person moved the folder out of the KB and left a link (or anything else did).
+    The read followed the link: the outside file's text became the note's snapshot and
+    went into the prompt, sent to the model (F11's check is of the path, not the read)."""
     kb.gate("prose/clarity", ["body"])
     kb.note("alpha")
     kb.note("sub/beta", body="Beta body.\n")
