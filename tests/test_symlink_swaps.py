@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 import orchestrator.cycles.fixes as fixes
 from orchestrator.control.control import Control
@@ -212,15 +213,18 @@ def test_an_attempt_folder_swapped_for_a_link_is_not_written_through(kb, tmp_pat
     (attempt / "bundle-output.md").write_text("a person's file\n")
     (attempt / "stdout.log").write_text("a person's log\n")
     moved.symlink_to(elsewhere, target_is_directory=True)
-    control.on_outcome(
-        {
-            "job_id": msg["job_id"],
-            "attempt": msg["attempt"],
-            "classification": "output",
-            "output": _bundle(ws, job.review_job_id, "PASS"),
-            "files": {"stdout.log": b"the agent's log\n"},
-        }
-    )
+    with capture_logs() as logged:
+        control.on_outcome(
+            {
+                "job_id": msg["job_id"],
+                "attempt": msg["attempt"],
+                "classification": "output",
+                "output": _bundle(ws, job.review_job_id, "PASS"),
+                "files": {"stdout.log": b"the agent's log\n"},
+            }
+        )
+    (said,) = [e for e in logged if e["event"] == "attempt.files_unwritten"]
+    assert f"a link to {elsewhere}" in said["error"] and "left unwritten" in said["error"]
     assert (attempt / "bundle-output.md").read_text() == "a person's file\n"
     assert (attempt / "stdout.log").read_text() == "a person's log\n"
     decided = ws.store.conn.execute(

@@ -367,7 +367,9 @@ def write_attempt_files(attempt_dir: Path, files: dict[str, bytes]) -> None:
     by the caller; each file appears whole or not at all. Written in the folder itself:
     one it or its job's folder was swapped for while the attempt ran (a link to a
     folder elsewhere) had the files of the same names out there written over."""
-    folder = open_own_folder(attempt_dir, "an attempt's files", depth=2)
+    folder = open_own_folder(
+        attempt_dir, "an attempt's files", depth=2, then="they are left unwritten (evidence only)"
+    )
     try:
         for name, data in files.items():
             atomic_write(attempt_dir / name, data, dir_fd=folder)

@@ -398,12 +398,15 @@ class LockHeld(BlockingIOError):
         self.holder = holder
 
 
+_NEXT_TICK = "remove the link and the next tick writes them"
+
+
 class LinkedFolder(OSError):
     """A folder of the state folder's own replaced by a link (an agent's doing, or a
     person's): written through, a job's MANIFEST.json went over a file out there and that
     folder's own results/ was renamed aside and removed."""
 
-    def __init__(self, folder: Path, holds: str) -> None:
+    def __init__(self, folder: Path, holds: str, then: str = _NEXT_TICK) -> None:
         try:
             link = f"a link to {os.readlink(folder)}"
         except OSError:  # removed since: said as it was met
@@ -411,13 +414,12 @@ class LinkedFolder(OSError):
         super().__init__(
             errno.ELOOP,
             f"{link}, not a folder of the state folder; reviewq "
-            f"writes {holds} only in its own folder: remove the link and the next tick "
-            "writes them",
+            f"writes {holds} only in its own folder: {then}",
             str(folder),
         )
 
 
-def open_own_folder(folder: Path, holds: str, depth: int = 1) -> int:
+def open_own_folder(folder: Path, holds: str, depth: int = 1, then: str = _NEXT_TICK) -> int:
     """A descriptor of ``folder``, a folder of the state folder's own, it and its parents
     up to ``depth`` levels opened without following a link put in their place
     (:class:`LinkedFolder`); the folder above them may be a link (``jobs/`` kept on
@@ -438,7 +440,7 @@ def open_own_folder(folder: Path, holds: str, depth: int = 1) -> int:
                 )
             except OSError:
                 if os.path.islink(path):
-                    raise LinkedFolder(path, holds) from None
+                    raise LinkedFolder(path, holds, then) from None
                 raise
             os.close(fd)
             fd = inner
