@@ -242,8 +242,11 @@ def render_fix_prompt(store: Store, job_id: int, output_path: str, retry: str = 
         "WHERE p.job_id = ? ORDER BY p.id",
         (job_id,),
     ).fetchall()
+    # Each in a fence of its own: a reviewer's markdown (a heading, an unclosed fence)
+    # read as the prompt's own gave the fixer a forged section or hid the gates.
     findings = "\n".join(
-        f"\n### Against `{p['gate_id']}`\n\n{(p['rationale'] or '').strip()}\n" for p in pairs
+        f"\n### Against `{p['gate_id']}`\n\n{fenced((p['rationale'] or '').strip(), 'text')}"
+        for p in pairs
     )
     gates = "\n".join(
         f"\n### `{p['gate_id']}` (`{p['gate_path']}`)\n\n{fenced(p['gate_text'])}" for p in pairs

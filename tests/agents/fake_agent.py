@@ -100,7 +100,7 @@ if mode == "fix":
     note = root / env["REVIEWQ_NOTE_PATH"]
     # The fixer works from the text in its prompt, as a real agent would.
     prompt = Path(env["REVIEWQ_PROMPT_PATH"]).read_text()
-    text = prompt.split("## The note as it is now", 1)[1].split("\n", 2)[2]
+    text = prompt.rsplit("## The note as it is now", 1)[1].split("\n", 2)[2]  # the last section
     fence = text.split("\n", 1)[0].rstrip("markdown")
     text = text.split("\n", 1)[1].rsplit(fence, 1)[0]
     if env.get("FAKE_FIX_APPEND"):
