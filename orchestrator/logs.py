@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import time
+import unicodedata
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -972,6 +973,26 @@ def _warning_line(logger: object, name: str, event_dict: dict) -> str:
     event = event_dict.pop("event", "")
     said = "error" if (level_rank(level) or 0) >= logging.ERROR else "warning"
     return one_line(f"{said}: {event}" + (f"  {fields_text(event_dict)}" if event_dict else ""))
+
+
+# Characters a reader cannot see as themselves: controls, format characters (a bidi
+# override, a zero-width space, a byte-order mark), line and paragraph separators,
+# surrogates, private-use and unassigned code points. Spaces (a no-break one) are left.
+_UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def visible(text: str, keep: str = "\n\t") -> str:
+    """Text from input with every character a reader could not see shown by its escape
+    (``\\u202e``), but those in ``keep``: a right-to-left override reordered the words
+    around it (Trojan Source) and a zero-width space made a changed line read unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c
+        if c.isprintable() or c in keep or unicodedata.category(c) not in _UNSEEN
+        else repr(c)[1:-1]
+        for c in text
+    )
 
 
 def one_line(text: str) -> str:

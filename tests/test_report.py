@@ -1767,3 +1767,31 @@ def test_status_counts_apart_the_escalations_an_agent_raised(kb, run_cli):
     ), lines
     [agent] = run_cli("status", "--json").json()["agents_failed"]
     assert (agent["escalations"], agent["notes"]) == (2, 1), agent
+
+
+def test_a_fix_made_of_invisible_characters_shows_on_the_page(kb, run_cli, browser, tmp_path):
+    """Trojan Source in a fix: the page's diff wrote the fixer's line as it was, so a line
+    that differed only by a zero-width space read as unchanged, and a right-to-left
+    override showed its words in another order than the note holds them. The page shows
+    every invisible or control character by its escape, the text a person approves."""
+    kb.gate("prose/has-body", ["body"])
+    kb.note("a", body="Body of a.\n")
+    added = "FIXED: zero\u200bwidth, \u202eevitan\u202c, bell\x07."
+    kb.write(
+        "reviewq.toml",
+        profile("fixer", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=added) + QUEUE,
+    )
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "fixer", "--fix")
+    assert res.returncode == 0, res.stderr
+    assert added in kb.read("kb/notes/a.md")  # the note holds what the fixer wrote
+    page_path = tmp_path / "invisible.html"
+    res = run_cli("report", "--since", "1h", "--html", str(page_path))
+    assert res.exit_code == 0, res.stderr
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        "[...document.querySelectorAll('article.fix .diff .add')].map(s => s.innerText)"
+    )
+    assert "+FIXED: zero\\u200bwidth, \\u202eevitan\\u202c, bell\\x07." in shown, shown
+    # The data keeps the note's text as it is: only the page marks it.
+    fixes = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["kb_changes"]["fixes"]
+    assert f"+{added}" in [ln["text"] for ln in fixes[0]["diff"]["lines"]]

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 
-from orchestrator.logs import one_line
+from orchestrator.logs import one_line, visible
 from orchestrator.report import charts
 from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, raised_by_agents, who_ran
 from orchestrator.state.words import attempt_words, outcome_words
@@ -19,6 +20,9 @@ _ENV = Environment(
     undefined=StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
+    # Every value the page writes (a note's diff, a finding, a path, a reviewer's name),
+    # with what a reader cannot see shown: the page's own markup (a chart) is left as is.
+    finalize=lambda v: visible(v) if isinstance(v, str) and not isinstance(v, Markup) else v,
 )
 
 
