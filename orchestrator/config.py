@@ -628,7 +628,21 @@ def _check_request_fields(args: tuple[str, ...], where: str) -> None:
             raise ConfigError(f"{where}: {field!r} is {_OWN_FIELDS[field]}")
 
 
+def _shown_as_is(name: str, where: str) -> None:
+    """Refuse a name reviewq prints in every listing (doctor, status, jobs, escalations,
+    the report) that holds a character a terminal acts on or a reader cannot see: an
+    escape retitled the window, a right-to-left override turned the line around it.
+    Refused where it is written, as ``--runner`` is: it travels on to JSON and files."""
+    if not name.isprintable():
+        raise ConfigError(
+            f"{where}: {name!r}: a control or invisible character (a line break, a terminal "
+            "escape, a bidi override) in it; reviewq shows this name as it is"
+        )
+
+
 def _reviewer(name: str, value: object) -> ReviewerProfile:
+    if not name.isprintable():
+        _shown_as_is(name, f"[reviewers.{name!r}]")
     where = f"[reviewers.{name}]"
     t = _Table(value, where, _REVIEWER_KEYS)
     kind = t.data.get("kind")
@@ -637,6 +651,8 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     model = t.exact("model", "offline" if kind == "offline" else "")
     if kind not in ("offline", "command") and not model:
         raise ConfigError(f"{where} model: required for kind {kind!r}")
+    for key, value in (("model", model), ("partition", t.exact("partition"))):
+        _shown_as_is(value, f"{where} {key}")
     partition = t.exact("partition") or ("offline" if kind == "offline" else model or name)
     command = t.argv("command")
     if kind == "command":  # only this kind fills placeholders, in its command and args
@@ -714,6 +730,7 @@ def _sweep(value: object, index: int) -> SweepConfig:
         raise ConfigError(
             f"{where} name 'cli': the name a sweep run from the command line gets; choose another"
         )
+    _shown_as_is(name, f"{where} name")
     where = f"[[sweeps]] {name!r}"
     t = _Table(value, where, _SWEEP_KEYS)
     grouping = t.string("grouping", "note")

@@ -451,6 +451,7 @@ BAD_SWEEPS = [
         "selects nothing: name gates in select, or all_gates = true",
     ),
     ('[[sweeps]]\nname = "n"\nfixer = ""\n', "[[sweeps]] 'n' fixer", "empty"),
+    ('[[sweeps]]\nname = "n\\u001b]0;T\\u0007"\n', "[[sweeps]] #1 name", "invisible character"),
 ]
 
 
@@ -1165,3 +1166,33 @@ def test_a_password_a_url_must_escape_is_refused_without_any_of_it(kb, run_cli, 
 def test_an_at_sign_in_a_query_value_is_no_password_cut_short(kb, url):
     kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
     assert load_settings(kb.root).queue.url == url
+
+
+@pytest.mark.parametrize(
+    ("table", "where"),
+    [
+        (
+            '[reviewers."ev\\u001b]0;PWNED\\u0007il"]\nkind = "offline"\n',
+            "[reviewers.'ev\\x1b]0;PWNED\\x07il']",
+        ),
+        ('[reviewers.r]\nkind = "offline"\npartition = "p\\u202eq"\n', "[reviewers.r] partition"),
+        (
+            '[reviewers.r]\nkind = "command"\ncommand = ["x"]\nmodel = "m\\u009b2J"\n',
+            "[reviewers.r] model",
+        ),
+    ],
+)
+def test_a_name_that_would_move_the_terminal_is_refused_where_it_is_written(kb, table, where):
+    """A reviewer's name, partition or model (and a sweep's name: BAD_SWEEPS) is shown by doctor,
+    status, jobs, escalations and the report as they are: written with an escape in
+    reviewq.toml (TOML's \\u001b), `doctor` retitled the operator's window (OSC 0), and a
+    right-to-left override turned the line around it. Refused as `--runner` is (M18)."""
+    from .conftest import reviewq_process
+
+    kb.write("reviewq.toml", table)
+    res = reviewq_process("--root", str(kb.root), "doctor", timeout=60)
+    assert "\x1b" not in res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"error: {kb.root / 'reviewq.toml'} {where}: "), line
+    assert "a control or invisible character" in line, line
