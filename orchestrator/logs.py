@@ -602,13 +602,23 @@ _CONTROLS = re.compile(
 )
 
 
+# Bidi embeddings, overrides and isolates: kept as their escapes, so the words after one
+# read in the order they were written (Trojan Source), wherever the text is shown.
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
+def _bidi_shown(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
 def redact(text: str, also: Iterable[str] = ()) -> str:
-    """``text`` with every known secret replaced, and its terminal control sequences
-    removed. Used on agent output quoted in failure reasons and rationales before they are
+    """``text`` with every known secret replaced, its terminal control sequences
+    removed and its bidi controls shown by their escapes. Used on agent output quoted in failure reasons and rationales before they are
     stored, so no report, manifest, retry prompt or summary can repeat a key an agent
     printed, nor send the terminal of the person who reads it an agent's escape sequence
     (a window title, a screen reset). ``also``: another process's secrets (:func:`spanned`)."""
     text = _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    text = _BIDI.sub(_bidi_shown, text)
     secrets = sorted({*_secrets(), *also}, key=len, reverse=True) if also else _secrets()
     for s in secrets:
         if s in text:

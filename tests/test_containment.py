@@ -871,6 +871,34 @@ def test_an_agents_terminal_escapes_never_reach_the_terminal_of_who_reads_its_fa
     assert not any(c in shown for c in "\x1b\x07"), repr(shown)
 
 
+def test_an_agents_bidi_overrides_are_shown_not_obeyed_where_people_read_its_words(kb):
+    """Trojan Source in an agent's words: a right-to-left override (U+202E) in its stderr
+    or in a WARN's finding went as it was into the failure reasons and rationales, and
+    `reviewq job`, `status`, the report and `warn-queue` printed it: the words after it
+    read backwards ("LIAF" showed as "FAIL"). They are kept as their escapes, as a person can read."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha")
+    script = kb.root / "agent.sh"
+    script.write_text(
+        "#!/bin/sh\nprintf 'boom \\342\\200\\256ti daer\\342\\201\\251\\n' >&2\nexit 3\n"
+    )
+    script.chmod(0o755)
+    kb.write(
+        "reviewq.toml",
+        f'[reviewers.bad]\nkind = "command"\ncommand = ["{script}"]\npartition = "bad"\n'
+        + profile("fake", FAKE_DECISIONS="WARN", FAKE_QUOTE="Q", Q="\u2066\u202eLIAF")
+        + "[queue]\nlaunch_failures_before_pause = 1\nmax_attempts = 1\n",
+    )
+    rq(kb, "sweep", "--reviewer", "bad", "--all-gates")
+    rq(kb, "sweep", "--reviewer", "fake", "--all-gates")
+    shown = "".join(
+        rq(kb, *cmd).stdout for cmd in (["job", "1"], ["status"], ["report"], ["warn-queue"])
+    )
+    assert "boom \\u202eti daer\\u2069" in shown, shown
+    assert "my Q is \\u2066\\u202eLIAF" in shown, shown
+    assert not any(c in shown for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def test_a_window_title_after_a_clis_error_does_not_hide_the_error(tmp_path):
     """The last line that says something was judged with colour codes gone only: a CLI's
     closing window-title sequence counted as words, and was then shown as nothing."""
