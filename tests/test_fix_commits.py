@@ -13,7 +13,7 @@ from orchestrator.cycles.fixes import write_due_fixes
 from orchestrator.state.workspace import Workspace
 
 from .conftest import reviewq_process
-from .test_cycles_integration import db, profile
+from .test_cycles_integration import FAKE, db, profile
 from .test_queue_integration import FAST_QUEUE
 
 pytestmark = pytest.mark.integration
@@ -285,3 +285,42 @@ def test_a_fix_commit_says_how_many_findings_it_leaves_out(repo):
     quoted = [ln for ln in body.splitlines() if ln.startswith("- prose/body-check: ")]
     assert len(quoted) == 20 and quoted[-1].endswith("extra finding 17"), quoted
     assert "\n- … and 6 more\n" in body  # 26 in all: the fake's own two, and 24
+
+
+def test_a_fix_that_adds_a_nul_or_a_terminal_escape_to_the_note_is_not_written(repo):
+    """A fixer's text was applied whatever bytes it held: a NUL made git take the note for
+    a binary file (`git show` of the fix said only "Binary files differ", so nobody could
+    read the change), and an escape sequence acted on the terminal of whoever printed
+    the note or the diff. A fixed note that adds a control character is invalid output."""
+    fixer = repo.root / "fixer.py"
+    fixer.write_text(
+        "import os, sys\n"
+        "if os.environ['REVIEWQ_TASK'] != 'fix':\n"
+        f"    os.execv(sys.executable, [sys.executable, {str(FAKE)!r}])\n"
+        "text = open(os.environ['REVIEWQ_NOTE_FILE'], encoding='utf-8').read()\n"
+        "with open(os.environ['REVIEWQ_OUTPUT_PATH'], 'w', encoding='utf-8') as out:\n"
+        "    out.write(text + 'FIXED: more\\x00 \\x1b]0;pwned\\x07\\n')\n"
+    )
+    repo.write(
+        "reviewq.toml",
+        profile("fake", fixer, FAKE_PASS_IF_CONTAINS="FIXED")
+        + FAST_QUEUE.replace("[queue]\n", "[queue]\nmax_attempts = 1\n")
+        + "[fix]\ngit_commit = true\n",
+    )
+    before = repo.read(NOTE)
+    res = reviewq_process(
+        "--root", str(repo.root), "sweep", "--reviewer", "fake", "--fix", "--note", NOTE,
+        timeout=180,
+    )  # fmt: skip
+    assert repo.read(NOTE) == before
+    assert git(repo.root, "rev-list", "--count", "HEAD").strip() == "1"  # no fix commit
+    job = fix_job(repo)
+    assert job["status"] == "failed", res.stdout
+    with db(repo) as conn:
+        (reason,) = conn.execute(
+            "SELECT reasons FROM attempts WHERE job_id = ?", (job["id"],)
+        ).fetchone()
+    assert json.loads(reason) == [
+        "the fixed note holds control character(s) the note it was given did not hold "
+        "('\\x00', '\\x1b', '\\x07'): no markdown needs them"
+    ]

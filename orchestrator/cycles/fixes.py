@@ -329,6 +329,16 @@ def _lines_of(text: str) -> str:
 _BARE_LF = re.compile(r"(?<!\r)\n")
 
 
+# Control characters but tab, line ends and form feed, and C1 codes (U+0085 ends a line).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x84\x86-\x9f]")
+
+
+def _controls_added(new: str, given: str) -> list[str]:
+    """The control characters ``new`` holds and ``given`` does not, in order of appearance."""
+    had = set(_CONTROL.findall(given))
+    return [c for c in dict.fromkeys(_CONTROL.findall(new)) if c not in had]
+
+
 def _has_frontmatter(text: str) -> bool:
     try:
         return split_frontmatter(text)[0] is not None
@@ -380,6 +390,14 @@ def apply_fix(
         return FixResult("unchanged", "the fix changed nothing")
     if not new_text.strip():
         return FixResult("invalid", "the fixed note is empty")
+    if added := _controls_added(new_text, given):
+        # A NUL made git take the note for a binary file (the fix's commit showed only
+        # "Binary files differ"), and an escape acts on the terminal that prints the note.
+        return FixResult(
+            "invalid",
+            f"the fixed note holds control character(s) the note it was given did not hold "
+            f"({', '.join(repr(c) for c in added)}): no markdown needs them",
+        )
     if (too_large := kb.too_large(len(new_text.encode("utf-8")))) is not None:
         # Written, no sweep reviewed the note again: its FAIL stood and nothing escalated.
         # After the note's checks: a person's edit still wins, and a note over a limit
