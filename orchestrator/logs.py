@@ -991,7 +991,7 @@ def _warning_line(logger: object, name: str, event_dict: dict) -> str:
 _UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 
 
-def visible(text: str, keep: str = "\n\t") -> str:
+def visible(text: str, keep: str = "\n\r\t") -> str:
     """Text from input with every character a reader could not see shown by its escape
     (``\\u202e``), but those in ``keep``: a right-to-left override reordered the words
     around it (Trojan Source) and a zero-width space made a changed line read unchanged."""
