@@ -1776,7 +1776,7 @@ def test_a_fix_made_of_invisible_characters_shows_on_the_page(kb, run_cli, brows
     every invisible or control character by its escape, the text a person approves."""
     kb.gate("prose/has-body", ["body"])
     kb.note("a", body="Body of a.\n")
-    added = "FIXED: zero\u200bwidth, \u202eevitan\u202c, bell\x07."
+    added = "FIXED: zero\u200bwidth, \u202eevitan\u202c, mark\ufeff."
     kb.write(
         "reviewq.toml",
         profile("fixer", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=added) + QUEUE,
@@ -1791,7 +1791,7 @@ def test_a_fix_made_of_invisible_characters_shows_on_the_page(kb, run_cli, brows
     shown = page.evaluate(
         "[...document.querySelectorAll('article.fix .diff .add')].map(s => s.innerText)"
     )
-    assert "+FIXED: zero\\u200bwidth, \\u202eevitan\\u202c, bell\\x07." in shown, shown
+    assert "+FIXED: zero\\u200bwidth, \\u202eevitan\\u202c, mark\\ufeff." in shown, shown
     # The data keeps the note's text as it is: only the page marks it.
     fixes = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["kb_changes"]["fixes"]
     assert f"+{added}" in [ln["text"] for ln in fixes[0]["diff"]["lines"]]
