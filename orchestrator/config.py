@@ -648,6 +648,13 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     kind = t.data.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{where} kind: {kind!r} is not one of {', '.join(KINDS)}")
+    # Before any value is judged: a connect_timeout not shorter than a command profile's
+    # timeout was "must be shorter than timeout", and once shortened, refused anyway.
+    for key, kinds in _ONLY_FOR.items():
+        if key in t.data and kind not in kinds:
+            raise ConfigError(
+                f"{where} {key}: not read for kind {kind!r} (only {', '.join(kinds)})"
+            )
     model = t.exact("model", "offline" if kind == "offline" else "")
     if kind not in ("offline", "command") and not model:
         raise ConfigError(f"{where} model: required for kind {kind!r}")
@@ -698,11 +705,6 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
         connect_timeout=connect_timeout,
         **prices,
     )
-    for key, kinds in _ONLY_FOR.items():
-        if key in t.data and kind not in kinds:
-            raise ConfigError(
-                f"{where} {key}: not read for kind {kind!r} (only {', '.join(kinds)})"
-            )
     if profile.api_key_env and not _ENV_NAME.fullmatch(profile.api_key_env):
         raise ConfigError(
             f"{where} api_key_env: names the variable that holds the key (such as "

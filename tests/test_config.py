@@ -91,7 +91,11 @@ BAD = [
         "[reviewers.x] partition",
         "'m ' has blanks around it",
     ),
-    ('[reviewers.x]\nkind = "offline"\nexecutable = 2\n', "[reviewers.x] executable", "string"),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nexecutable = 2\n',
+        "[reviewers.x] executable",
+        "string",
+    ),
     (
         '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = ["u"]\n',
         "[reviewers.x] base_url",
@@ -239,7 +243,11 @@ BAD = [
         "blanks",
     ),
     ('[reviewers.x]\nkind = "codex"\nmodel = "m"\nexecutable = ""\n', "executable", "empty"),
-    ('[reviewers.x]\nkind = "offline"\napi_key_env = 1\n', "[reviewers.x] api_key_env", "string"),
+    (
+        '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\napi_key_env = 1\n',
+        "[reviewers.x] api_key_env",
+        "string",
+    ),
     ('[reviewers.x]\nkind = "offline"\nenv = 1\n', "[reviewers.x] env", "table of strings"),
     # Keys its kind never reads, taken in silence: a wrapper command never used, an
     # executable or endpoint the profile did not go to.
@@ -270,6 +278,20 @@ BAD = [
         '[reviewers.offline]\nkind = "offline"\nconnect_timeout = "1s"\n',
         "[reviewers.offline] connect_timeout",
         "not read for kind 'offline'",
+    ),
+    # The kind is judged before the value: told "must be shorter than timeout" (or that
+    # a claude profile's base_url is no http URL), a person mended a key that was then
+    # refused anyway, for a reason the first line had not said.
+    (
+        '[reviewers.x]\nkind = "command"\ncommand = ["a"]\ntimeout = "5m"\n'
+        'connect_timeout = "10m"\n',
+        "[reviewers.x] connect_timeout",
+        "not read for kind 'command'",
+    ),
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nbase_url = "localhost:8080"\n',
+        "[reviewers.x] base_url",
+        "not read for kind 'claude' (only openai)",
     ),
     (
         '[reviewers.x]\nkind = "openai"\nmodel = "m"\nbase_url = "http://h/v1"\n'
