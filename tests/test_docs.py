@@ -115,6 +115,33 @@ def test_every_command_a_document_runs_takes_the_options_it_is_given():
     assert not wrong, wrong
 
 
+def test_every_command_is_named_in_its_module_s_line_in_architecture():
+    """ARCHITECTURE's `orchestrator/cli/` lines say which module holds each command: the
+    one a command is in (`COMMANDS`) is where the next engineer looks for it; queue.py's
+    list had no `rewrite-files`."""
+    from orchestrator.cli.common import COMMANDS
+
+    text = _text("ARCHITECTURE.md")
+    section = text[
+        text.index("#### `orchestrator/cli/`") : text.index("#### `orchestrator/report/`")
+    ]
+    # Each **bold** module name (or names: "common.py, review.py") and the text after it.
+    parts = re.split(r"\*\*([^*]+)\*\*", section)
+    said = {}
+    for names, words in zip(parts[1::2], parts[2::2], strict=True):
+        for name in re.split(r",\s*", names):
+            said[name.strip(" `")] = words
+    missing = [
+        f"{name} ({module})"
+        for name, module in COMMANDS.items()
+        if not re.search(
+            rf"(?<![\w-]){re.escape(name)}(?![\w-])", said.get(module.rsplit(".", 1)[1] + ".py", "")
+        )
+    ]
+    assert not missing, missing
+    assert set(COMMANDS) == set(_commands())
+
+
 def test_the_documents_config_examples_load(tmp_path):
     """Every ```toml block of the documents is a reviewq.toml the loader takes whole."""
     blocks = []
