@@ -884,6 +884,7 @@ class _LogFile(logging.FileHandler):
     _failed = False  # the line being written failed
 
     _opened: tuple[int, int] | None = None  # the file the stream writes to (device, inode)
+    _stuck = False  # the path names a file that cannot be opened: said, not yet opened
 
     def _open(self):  # noqa: ANN202 - logging's signature
         stream = super()._open()
@@ -892,21 +893,44 @@ class _LogFile(logging.FileHandler):
         return stream
 
     def _follow_path(self) -> None:
-        """Let go of a file the log's path no longer names, so the next line opens the
-        path again. logrotate's `create` (its default) renames the log and makes an empty
+        """Go on in the file the log's path names, when it names another than the one
+        written. logrotate's `create` (its default) renames the log and makes an empty
         one: a control and a worker running for weeks wrote to the renamed copy, then, once
         `rotate N` deleted it, to a deleted file filling the disk unseen. Called under the
-        handler's lock; a stat a line."""
+        handler's lock; a stat a line (a stat every so often left the lines of that while
+        in the copy, which `compress` without `delaycompress` removes in the same run)."""
         if self.stream is None:
             return
         try:
             now = os.stat(self.baseFilename)
-        except FileNotFoundError:  # renamed, not yet made again: a line makes it
+        except OSError:
             now = None
-        if now is None or (now.st_dev, now.st_ino) != self._opened:
-            stream, self.stream = self.stream, None
-            with contextlib.suppress(OSError):  # its last line was flushed when written
-                stream.close()
+        if now is not None and (now.st_dev, now.st_ino) == self._opened:
+            return
+        if now is None and os.fstat(self.stream.fileno()).st_nlink:
+            # Renamed, and nothing at the path yet: between logrotate's rename and its
+            # `create` (a file made here then was renamed by logrotate to `-DATE.backup`,
+            # which no one reads or rotates), or the state folder moved. The next line
+            # finds the new file; one deleted (`rm`) is made again at once.
+            return
+        try:
+            stream = self._open()
+        except OSError as exc:
+            # `create` with an owner or mode this process cannot open: its lines went
+            # nowhere, one warning for all. They go on in the copy, and the path is
+            # tried again at each line.
+            if not self._stuck:
+                self._stuck = True
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(
+                        f"warning: {self.baseFilename}: cannot open the log again "
+                        f"({exc.strerror or exc}): lines go on in the file it was\n"
+                    )
+            return
+        self._stuck = False
+        stream, self.stream = self.stream, stream
+        with contextlib.suppress(OSError):  # its last line was flushed when written
+            stream.close()
 
     def emit(self, record: logging.LogRecord) -> None:
         self._failed = False

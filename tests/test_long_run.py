@@ -7,11 +7,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator import logs
+from tests.conftest import bound_by_file_modes
 
 
 def _open_logs(folder: Path) -> list[str]:
@@ -86,3 +89,128 @@ def test_the_note_cache_keeps_only_the_notes_the_kb_has(kb, run_cli, monkeypatch
             f"kb/notes/{n}.md" for n in ("keep-0", "keep-1", "keep-2", f"day-{day}")
         ), day
     assert set(sizes) == {4}
+
+
+def test_a_line_between_logrotates_rename_and_its_create_stays_in_the_copy(tmp_path):
+    """logrotate's `create` renames the log, then makes the new one. A line written in
+    between made the file itself, which logrotate then found and renamed to
+    `reviewq.jsonl-DATE.backup` ("error: destination … already exists"): a file `reviewq
+    logs` never reads and logrotate never rotates nor deletes. The real logrotate is held
+    between the two by strace (a delay on its rename's return)."""
+    if shutil.which("logrotate") is None or shutil.which("strace") is None:
+        pytest.skip("needs logrotate and strace")
+    state = tmp_path / "state"
+    logs.configure(state, process="control")
+    log = logs.log_path(state)
+    conf = tmp_path / "logrotate.conf"
+    conf.write_text(f"{log} {{\n  create\n  rotate 2\n  missingok\n}}\n")
+    renames = "rename,renameat,renameat2"
+    try:
+        logs.get().info("soak.before")
+        held = subprocess.Popen(
+            ["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={renames}",
+             "-e", f"inject={renames}:delay_exit=5000000",  # µs: 5 s after its rename
+             "logrotate", "-v", "-f", "-s", str(tmp_path / "lr.state"), str(conf)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            for _ in range(2000):  # until the rename (bounded: 20 s)
+                if not log.exists() or held.poll() is not None:
+                    break
+                time.sleep(0.01)
+            assert not log.exists(), "logrotate did not rename the log"
+            logs.get().info("soak.between")
+            out, _ = held.communicate(timeout=60)
+        finally:
+            if held.poll() is None:
+                held.kill()
+                held.wait()
+        logs.get().info("soak.after")
+        assert held.returncode == 0, out
+        assert "already exists" not in out, out
+        events = {
+            p.name: [json.loads(x)["event"] for x in p.read_text().splitlines()]
+            for p in log.parent.iterdir()
+        }
+        assert events == {
+            "reviewq.jsonl.1": ["soak.before", "soak.between"],
+            "reviewq.jsonl": ["soak.after"],
+        }, out
+        assert _open_logs(log.parent) == [str(log)]
+    finally:
+        logs.configure(None)
+
+
+def test_a_log_logrotate_makes_that_the_process_cannot_open_keeps_its_lines(tmp_path):
+    """`create 0600 OWNER GROUP` naming another user than the service's (a copied
+    stanza): the new file cannot be opened by the process, and every line after the
+    rotation went nowhere (one warning). They go on in the copy, the warning says so."""
+    if shutil.which("logrotate") is None:
+        pytest.skip("needs logrotate")
+    wrap = bound_by_file_modes()
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    log = logs.log_path(state)
+    conf = tmp_path / "logrotate.conf"
+    conf.write_text(f"{log} {{\n  create 0600 nobody nogroup\n  rotate 2\n  missingok\n}}\n")
+    writer = (
+        "import sys\nfrom pathlib import Path\nfrom orchestrator import logs\n"
+        f"logs.configure(Path({str(state)!r}), process='control')\n"
+        "for line in sys.stdin:\n"
+        "    logs.get().info(line.strip())\n"
+        "    print('done', flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [*wrap, sys.executable, "-c", writer],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    try:
+
+        def say(event: str) -> None:
+            proc.stdin.write(event + "\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline() == "done\n"
+
+        say("soak.before")
+        subprocess.run(["logrotate", "-f", "-s", str(tmp_path / "lr.state"), str(conf)], check=True)
+        say("soak.after")
+        say("soak.later")
+        proc.stdin.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    copy = log.with_name(log.name + ".1")
+    assert [json.loads(x)["event"] for x in copy.read_text().splitlines()] == [
+        "soak.before",
+        "soak.after",
+        "soak.later",
+    ]
+    assert log.read_text() == ""
+    assert err.count("cannot open the log again (Permission denied)") == 1, err
+
+
+def test_a_log_deleted_is_made_again_and_a_moved_state_folder_keeps_its_lines(tmp_path, capfd):
+    """A log deleted (`rm`, to free the disk) is made again at the next line; a state
+    folder moved under the running process (its path gone, the file still there under
+    the new name) keeps the lines: they were lost, the path tried and failed at each."""
+    state = tmp_path / "state"
+    logs.configure(state, process="control")
+    log = logs.log_path(state)
+    try:
+        logs.get().info("soak.before")
+        log.unlink()
+        logs.get().info("soak.deleted")
+        assert [json.loads(x)["event"] for x in log.read_text().splitlines()] == ["soak.deleted"]
+        moved = tmp_path / "moved"
+        state.rename(moved)
+        logs.get().info("soak.moved")
+        lines = logs.log_path(moved).read_text().splitlines()
+        assert [json.loads(x)["event"] for x in lines] == ["soak.deleted", "soak.moved"]
+        assert not state.exists()
+        assert "cannot" not in capfd.readouterr().err
+    finally:
+        logs.configure(None)
