@@ -80,7 +80,7 @@ class NoteCache:
     def keep_only(self, paths: Iterable[str]) -> None:
         """Drop the entries of notes not in ``paths``, every note of the KB as a full look
         found them: kept, a KB whose notes are renamed or deleted grew the file, read and
-        written at every sweep, by a path each, for as long as the control ran."""
+        written by every select, export and warn-queue, by a path each, without end."""
         live = set(paths)
         gone = [rel for rel in self.entries if rel not in live]
         for rel in gone:
