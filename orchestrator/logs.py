@@ -875,6 +875,11 @@ def _unknown_setting(name: str, known: str) -> None:
     sys.stderr.write(f"warning: {name}={value} is none of {known}: ignored\n")
 
 
+# How long lines go on in a log renamed away before its path is made again: logrotate's
+# `create` follows its rename at once.
+_RENAMED_WAIT_S = 2.0
+
+
 class _LogFile(logging.FileHandler):
     """The log file. A line it cannot write (a full disk, the file made read-only) is
     said on stderr in one line, once until a line goes through again, and the work goes
@@ -885,6 +890,7 @@ class _LogFile(logging.FileHandler):
 
     _opened: tuple[int, int] | None = None  # the file the stream writes to (device, inode)
     _stuck = False  # the path names a file that cannot be opened: said, not yet opened
+    _renamed_at: float | None = None  # when the file written was first seen renamed away
 
     def _open(self):  # noqa: ANN202 - logging's signature
         stream = super()._open()
@@ -906,13 +912,18 @@ class _LogFile(logging.FileHandler):
         except OSError:
             now = None
         if now is not None and (now.st_dev, now.st_ino) == self._opened:
+            self._renamed_at = None
             return
         if now is None and os.fstat(self.stream.fileno()).st_nlink:
             # Renamed, and nothing at the path yet: between logrotate's rename and its
-            # `create` (a file made here then was renamed by logrotate to `-DATE.backup`,
-            # which no one reads or rotates), or the state folder moved. The next line
-            # finds the new file; one deleted (`rm`) is made again at once.
-            return
+            # `create` a file made here was renamed by logrotate to `-DATE.backup`, which
+            # no one reads or rotates. The lines go on in the copy a while; after it (no
+            # `create`: `nocreate`, a `mv`) the path is made. One deleted (`rm`) at once.
+            at = time.monotonic()
+            if self._renamed_at is None:
+                self._renamed_at = at
+            if at - self._renamed_at < _RENAMED_WAIT_S:
+                return
         try:
             stream = self._open()
         except OSError as exc:
@@ -928,6 +939,7 @@ class _LogFile(logging.FileHandler):
                     )
             return
         self._stuck = False
+        self._renamed_at = None
         stream, self.stream = self.stream, stream
         with contextlib.suppress(OSError):  # its last line was flushed when written
             stream.close()

@@ -198,10 +198,14 @@ def test_a_log_logrotate_makes_that_the_process_cannot_open_keeps_its_lines(tmp_
     assert err.count("cannot open the log again (Permission denied)") == 1, err
 
 
-def test_a_log_deleted_is_made_again_and_a_moved_state_folder_keeps_its_lines(tmp_path, capfd):
+def test_a_log_deleted_is_made_again_and_a_moved_state_folder_keeps_its_lines(
+    tmp_path, capfd, monkeypatch
+):
     """A log deleted (`rm`, to free the disk) is made again at the next line; a state
     folder moved under the running process (its path gone, the file still there under
     the new name) keeps the lines: they were lost, the path tried and failed at each."""
+    clock = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
     state = tmp_path / "state"
     logs.configure(state, process="control")
     log = logs.log_path(state)
@@ -213,9 +217,46 @@ def test_a_log_deleted_is_made_again_and_a_moved_state_folder_keeps_its_lines(tm
         moved = tmp_path / "moved"
         state.rename(moved)
         logs.get().info("soak.moved")
+        clock[0] += 60  # long after: the path cannot be made, the lines stay
+        logs.get().info("soak.later")
+        logs.get().info("soak.later")
         lines = logs.log_path(moved).read_text().splitlines()
-        assert [json.loads(x)["event"] for x in lines] == ["soak.deleted", "soak.moved"]
+        assert [json.loads(x)["event"] for x in lines] == [
+            "soak.deleted",
+            "soak.moved",
+            "soak.later",
+            "soak.later",
+        ]
         assert not state.exists()
-        assert "cannot" not in capfd.readouterr().err
+        said = [x for x in capfd.readouterr().err.splitlines() if "cannot" in x]
+        assert said == [
+            f"warning: {log}: cannot open the log again (No such file or directory): "
+            "lines go on in the file it was"
+        ]
+    finally:
+        logs.configure(None)
+
+
+def test_a_log_moved_aside_and_not_made_again_is_made_by_the_next_lines(tmp_path, monkeypatch):
+    """`nocreate`, or a `mv` by hand: nothing comes to the path after the rename. The
+    lines go on in the copy for the moment logrotate's `create` would take, then the path
+    is made again (else they went to the copy until it was deleted)."""
+    clock = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
+    state = tmp_path / "state"
+    logs.configure(state, process="control")
+    log = logs.log_path(state)
+    aside = log.with_name("aside.jsonl")
+    try:
+        logs.get().info("soak.before")
+        log.rename(aside)
+        logs.get().info("soak.renamed")
+        assert not log.exists()
+        clock[0] += 60
+        logs.get().info("soak.after")
+        events = [json.loads(x)["event"] for x in aside.read_text().splitlines()]
+        assert events == ["soak.before", "soak.renamed"]
+        assert [json.loads(x)["event"] for x in log.read_text().splitlines()] == ["soak.after"]
+        assert _open_logs(log.parent) == [str(log)]
     finally:
         logs.configure(None)
