@@ -671,6 +671,92 @@ def test_a_controls_zone_from_a_copied_localtime_is_compared_by_its_rules(tmp_pa
         time.tzset()
 
 
+def _as_control_then_shell(monkeypatch, state_dir, control_tz, between=lambda: None):
+    """Keep a control's zone as one started with TZ=``control_tz`` does (``between``: done
+    after its start), and return what this process, as a shell, reads back."""
+    import os
+    import time
+
+    from orchestrator.state.status import control_zone, keep_zone
+    from orchestrator.state.when import local_zone
+
+    monkeypatch.setenv("TZ", control_tz)
+    time.tzset()
+    keep_zone(state_dir, local_zone())
+    between()
+    return control_zone(state_dir, os.getpid())
+
+
+def test_a_controls_zone_read_from_a_file_is_kept_as_the_control_read_it(kb, monkeypatch, tmp_path):
+    """TZ=:/etc/localtime (a unit's usual setting, sparing a stat per call) or a copied
+    /etc/localtime: the control reads the file at its start, and `timedatectl
+    set-timezone` replaces the file, not the rules the control read. Named by its path and
+    compared with the file as `status` found it, a control still on UTC read as on the
+    shell's new Berlin clock: nothing said the restart OPERATIONS asks for. A link was
+    named `/etc/localtime`, not its zone."""
+    import os
+    import time
+
+    from orchestrator.state.status import zone_said
+
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    ws = Workspace.open(kb.root)
+    copy, link = tmp_path / "copied", tmp_path / "linked"
+    shutil.copyfile("/usr/share/zoneinfo/Etc/UTC", copy)
+    link.symlink_to("/usr/share/zoneinfo/Etc/UTC")
+
+    def set_timezone_berlin() -> None:  # as timedatectl does: the file replaced
+        shutil.copyfile("/usr/share/zoneinfo/Europe/Berlin", tmp_path / "new")
+        os.replace(tmp_path / "new", copy)
+        link.unlink()
+        link.symlink_to("/usr/share/zoneinfo/Europe/Berlin")
+
+    try:
+        ws.state_dir.mkdir(exist_ok=True)
+        kept_copy = _as_control_then_shell(monkeypatch, ws.state_dir, f":{copy}")
+        kept_link = _as_control_then_shell(
+            monkeypatch, ws.state_dir, f":{link}", set_timezone_berlin
+        )
+        monkeypatch.setenv("TZ", "Europe/Berlin")
+        time.tzset()
+        said_copy, said_link = zone_said(ws.settings, kept_copy), zone_said(ws.settings, kept_link)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert said_link is not None and said_link.startswith(
+        "[[sweeps]] cron times are on the control's clock, Etc/UTC (now +00:00), not this "
+        "shell's, Europe/Berlin"
+    ), said_link
+    assert said_copy is not None and f"control's clock, {copy} (now +00:00)" in said_copy
+
+
+def test_a_controls_zone_given_as_a_posix_rule_is_compared_by_its_rules(kb, monkeypatch):
+    """A control started with TZ=CET-1CEST,M3.5.0,M10.5.0/3 (Berlin's rules, as POSIX
+    writes them) was compared with the shell by name: a shell with TZ=Europe/Berlin was
+    told of another clock, one in Kolkata given no offset for the control's."""
+    import time
+
+    from orchestrator.state.status import zone_said
+
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    ws = Workspace.open(kb.root)
+    rule = "CET-1CEST,M3.5.0,M10.5.0/3"
+    try:
+        ws.state_dir.mkdir(exist_ok=True)
+        kept = _as_control_then_shell(monkeypatch, ws.state_dir, rule)
+        said = {}
+        for shell in ("Europe/Berlin", "Asia/Kolkata"):
+            monkeypatch.setenv("TZ", shell)
+            time.tzset()
+            said[shell] = zone_said(ws.settings, kept)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert said["Europe/Berlin"] is None, said
+    assert said["Asia/Kolkata"] is not None
+    assert f"control's clock, {rule} (now +0" in said["Asia/Kolkata"], said
+
+
 def test_a_cron_sweep_missed_off_utc_is_said_at_its_cron_time_on_the_controls_clock(
     kb, monkeypatch, run_cli, kolkata
 ):

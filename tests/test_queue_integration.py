@@ -3631,3 +3631,36 @@ def test_a_commands_app_closed_gives_back_the_app_it_replaced(kb):
         assert the_app() is nudge
     assert the_app() is own
     own.close()
+
+
+def test_a_control_on_tz_localtime_is_said_off_the_clock_timedatectl_set_since(kb, tmp_path):
+    """A unit with TZ=:/etc/localtime (sparing a stat per call): the control reads the
+    zone at its start and `timedatectl set-timezone Europe/Berlin` relinks the file. Named
+    `/etc/localtime` and compared with the file as `status` found it, the control still on
+    UTC read as on the shell's Berlin clock: nothing said it went on firing at UTC times."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE + '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    localtime = tmp_path / "localtime"
+    localtime.symlink_to("/usr/share/zoneinfo/Etc/UTC")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen(
+        [*base, "control"], env={**os.environ, "TZ": f":{localtime}"}, stderr=subprocess.DEVNULL
+    )
+    try:
+        log = kb.state / "logs" / "reviewq.jsonl"
+        deadline = time.monotonic() + 60
+        while not log.exists() and control.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the log is made as the control starts; log_lines needs it
+        _await_logged(kb, "control.started")
+        localtime.unlink()  # as timedatectl relinks it
+        localtime.symlink_to("/usr/share/zoneinfo/Europe/Berlin")
+        berlin = rq(kb, "status", "--json", env={"TZ": "Europe/Berlin"})
+    finally:
+        stop(control)
+    assert berlin.returncode == 0, berlin.stderr
+    said = json.loads(berlin.stdout)["control"]
+    assert said["zone"] == "Etc/UTC", said
+    assert (said["zone_said"] or "").startswith(
+        "[[sweeps]] cron times are on the control's clock, Etc/UTC (now +00:00), not this "
+        "shell's, Europe/Berlin"
+    ), said

@@ -3,6 +3,7 @@ queries over state.db for people and for the sweep's progress and summary."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
@@ -233,7 +234,7 @@ def status(store: Store, settings: Settings) -> dict:
         "control": {
             "pid": pid,
             "shared": shared_now(settings.state_dir, pid),
-            "zone": (zone := control_zone(settings.state_dir, pid)),
+            "zone": zone.name if (zone := control_zone(settings.state_dir, pid)) else None,
             "zone_said": zone_said(settings, zone),
         },
         "workers": {
@@ -395,14 +396,29 @@ def shared_now(state_dir: Path, pid: int | None) -> dict | None:
 ZONE_FILE = Path("run") / "control-zone.json"
 
 
+class ControlZone(NamedTuple):
+    """The zone a control reads its cron times in: ``name`` (:func:`local_zone`) and, for
+    one no name finds again (a file, a POSIX rule), the ``rules`` it read at its start."""
+
+    name: str
+    rules: bytes | None = None
+
+
 def keep_zone(state_dir: Path, zone: str) -> None:
-    """Keep the zone this control process reads its clock in (``local_zone``), for `status`."""
+    """Keep the zone this control process reads its clock in (``local_zone``), for `status`;
+    with its rules when its name is a file's or a POSIX rule's (``zone_rules``): read again
+    by `status`, a file `timedatectl set-timezone` replaced since was not this process's."""
+    from orchestrator.state.when import zone_rules
+
+    kept: dict = {"pid": os.getpid(), "zone": zone}
+    if (rules := zone_rules(zone)) is not None:
+        kept["rules"] = base64.b64encode(rules).decode("ascii")
     path = state_dir / ZONE_FILE
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    atomic_write(path, json.dumps({"pid": os.getpid(), "zone": zone}) + "\n")
+    atomic_write(path, json.dumps(kept) + "\n")
 
 
-def control_zone(state_dir: Path, pid: int | None) -> str | None:
+def control_zone(state_dir: Path, pid: int | None) -> ControlZone | None:
     """The zone the running control (``pid``: the one that holds the state folder) reads
     its cron times in; None when none runs or it kept none (an earlier release's)."""
     if not pid:
@@ -413,21 +429,27 @@ def control_zone(state_dir: Path, pid: int | None) -> str | None:
         return None
     if not isinstance(kept, dict) or kept.get("pid") != pid or not kept.get("zone"):
         return None  # a previous run's, its control gone
-    return str(kept["zone"])
+    try:
+        rules = base64.b64decode(kept["rules"], validate=True) if "rules" in kept else None
+    except (TypeError, ValueError):  # damaged: compared by its name, as an older control's
+        rules = None
+    return ControlZone(str(kept["zone"]), rules)
 
 
-def zone_said(settings: Settings, zone: str | None) -> str | None:
+def zone_said(settings: Settings, zone: ControlZone | None) -> str | None:
     """The line that says a running control reads its cron times on another clock than
     this process (``zone``: the control's), or None: the same clock, no control, or no
     cron sweep."""
     from orchestrator.state.when import local_zone, said_offset, same_clock, zone_offset
 
-    if zone is None or not any(s.cron for s in settings.sweeps.values()) or same_clock(zone):
+    if zone is None or not any(s.cron for s in settings.sweeps.values()):
         return None
-    theirs = said_offset(zone_offset(zone))
+    if same_clock(zone.name, zone.rules):
+        return None
+    theirs = said_offset(zone_offset(zone.name, rules=zone.rules))
     here = said_offset(datetime.now(UTC).astimezone().utcoffset())
     return (
-        f"[[sweeps]] cron times are on the control's clock, {zone}"
+        f"[[sweeps]] cron times are on the control's clock, {zone.name}"
         + (f" (now {theirs})" if theirs else "")
         + f", not this shell's, {local_zone()} (now {here}): the report's nights and a "
         "--since 08:00 are on this one; to fire them on this clock, start the control with "

@@ -4,9 +4,12 @@ read them alike."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import struct
 from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
 
 from orchestrator.config import ConfigError, parse_duration
 from orchestrator.state.store import parse_timestamp, timestamp
@@ -144,13 +147,63 @@ def local_zone() -> str:
     default). Read once, as the C library reads it when the process starts."""
     tz = os.environ.get("TZ")
     if tz is None:
-        try:
-            tz = os.path.realpath("/etc/localtime") if os.path.exists("/etc/localtime") else ""
-        except OSError:
-            tz = ""
+        tz = "/etc/localtime" if os.path.exists("/etc/localtime") else ""
     tz = tz.removeprefix(":")
+    if tz.startswith("/"):
+        # TZ=:/etc/localtime (a unit's usual setting) as /etc/localtime itself: the zone it
+        # links to now, which `timedatectl set-timezone` relinks and this process never rereads.
+        tz = os.path.realpath(tz)
     # A path (TZ=:/usr/share/zoneinfo/Europe/Berlin, or /etc/localtime's target): its name.
     return tz.rpartition("/zoneinfo/")[2] if "/zoneinfo/" in tz else (tz or "UTC")
+
+
+# Rules kept for a zone no name finds again later: larger, it is no zone file.
+_RULES_MAX = 1 << 20
+
+
+def zone_rules(name: str) -> bytes | None:
+    """The rules of zone ``name`` (a :func:`local_zone`) as a TZif file, when zoneinfo
+    cannot find them again by the name: a file that is not a zone's (a copied
+    /etc/localtime: the bytes this process read, before anything replaces them), or a
+    POSIX rule (``CET-1CEST,M3.5.0,M10.5.0/3``, as the footer of a TZif file with no
+    transitions). None for a zone's name, or what zoneinfo cannot read."""
+    from orchestrator.regularfile import NotRegular, open_regular
+
+    if name.startswith("/"):
+        try:
+            fd = open_regular(Path(name))
+        except (OSError, NotRegular):
+            return None
+        if fd is None:
+            return None
+        with open(fd, "rb") as f:
+            rules = f.read(_RULES_MAX + 1)
+    elif _zone(name) is not None:
+        return None
+    else:
+        # RFC 8536: a header and one UTC type for the v1 and v2 blocks, then the rule.
+        head = b"TZif2" + bytes(15) + struct.pack(">6l", 0, 0, 0, 0, 1, 4)
+        block = head + struct.pack(">lbB", 0, 0, 0) + b"UTC\0"
+        rules = block + block + b"\n" + name.encode("utf-8", "surrogateescape") + b"\n"
+    if len(rules) > _RULES_MAX or _zone(name, rules) is None:
+        return None
+    return rules
+
+
+def _zone(name: str, rules: bytes | None = None):  # noqa: ANN202 - ZoneInfo, imported late
+    """Zone ``name`` read from ``rules`` (:func:`zone_rules`), else by its name or path;
+    None when zoneinfo cannot read it."""
+    from zoneinfo import ZoneInfo  # not at import: only `status` and a control's start
+
+    try:
+        if rules is not None:
+            return ZoneInfo.from_file(io.BytesIO(rules), key=name)
+        if name.startswith("/"):  # /etc/localtime copied, not linked: its file names no zone
+            with open(name, "rb") as f:
+                return ZoneInfo.from_file(f, key=name)
+        return ZoneInfo(name)
+    except (KeyError, ValueError, OSError, struct.error):  # ZoneInfoNotFoundError: KeyError
+        return None
 
 
 def _offsets(offset_at) -> list[timedelta | None]:
@@ -160,30 +213,27 @@ def _offsets(offset_at) -> list[timedelta | None]:
     return [offset_at(now + timedelta(days=30 * i)) for i in range(13)]
 
 
-def zone_offset(name: str, at: datetime | None = None) -> timedelta | None:
-    """The UTC offset of zone ``name`` at ``at`` (now), None when zoneinfo does not know
-    it (a POSIX rule such as ``CET-1CEST``)."""
-    from zoneinfo import ZoneInfo  # not at import: only `status` compares zones
-
-    try:
-        if name.startswith("/"):  # /etc/localtime copied, not linked: its file names no zone
-            with open(name, "rb") as f:
-                zone = ZoneInfo.from_file(f, key=name)
-        else:
-            zone = ZoneInfo(name)
-    except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError
+def zone_offset(
+    name: str, at: datetime | None = None, rules: bytes | None = None
+) -> timedelta | None:
+    """The UTC offset of zone ``name`` (by ``rules`` when given, see :func:`zone_rules`)
+    at ``at`` (now), None when zoneinfo cannot read it."""
+    zone = _zone(name, rules)
+    if zone is None:
         return None
     return (at or datetime.now(UTC)).astimezone(zone).utcoffset()
 
 
-def same_clock(name: str) -> bool:
-    """Whether zone ``name`` (another process's :func:`local_zone`) reads the clock as this
-    process does, now and over the coming year; by name when zoneinfo does not know it."""
-    if name == local_zone():
+def same_clock(name: str, rules: bytes | None = None) -> bool:
+    """Whether zone ``name`` (another process's :func:`local_zone`, its ``rules`` if it
+    kept them) reads the clock as this process does, now and over the coming year; by
+    name when zoneinfo cannot read it."""
+    if name == local_zone() and rules is None:
         return True
-    theirs = _offsets(lambda at: zone_offset(name, at))
-    if None in theirs:
-        return False
+    zone = _zone(name, rules)
+    if zone is None:
+        return name == local_zone()
+    theirs = _offsets(lambda at: at.astimezone(zone).utcoffset())
     return theirs == _offsets(lambda at: at.astimezone().utcoffset())
 
 
