@@ -757,6 +757,33 @@ def test_a_controls_zone_given_as_a_posix_rule_is_compared_by_its_rules(kb, monk
     assert f"control's clock, {rule} (now +0" in said["Asia/Kolkata"], said
 
 
+def test_zones_whose_daylight_time_starts_days_apart_are_not_one_clock(monkeypatch):
+    """Athens and Jerusalem are both +02:00 in winter and +03:00 in summer, but Israel's
+    daylight time starts on the Friday before the last Sunday of March: two days in which
+    `0 3 * * *` fires an hour apart. Compared on a day a month over the year, the two read
+    as one clock whenever no sampled day fell in those two (from 10 November 2026, none did),
+    and a shell in Jerusalem was told nothing of a control in Athens."""
+    import time
+    from datetime import UTC, datetime
+
+    from orchestrator.state import when
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN206 - datetime's own
+            return datetime(2026, 11, 10, 12, 0, tzinfo=UTC).astimezone(tz)
+
+    monkeypatch.setattr(when, "datetime", Frozen)
+    monkeypatch.setenv("TZ", "Asia/Jerusalem")
+    time.tzset()
+    try:
+        assert not when.same_clock("Europe/Athens")
+        assert when.same_clock("Asia/Tel_Aviv")  # another name of Jerusalem's clock
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def test_a_cron_sweep_missed_off_utc_is_said_at_its_cron_time_on_the_controls_clock(
     kb, monkeypatch, run_cli, kolkata
 ):

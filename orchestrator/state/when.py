@@ -8,6 +8,7 @@ import io
 import os
 import re
 import struct
+from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
@@ -206,11 +207,25 @@ def _zone(name: str, rules: bytes | None = None):  # noqa: ANN202 - ZoneInfo, im
         return None
 
 
-def _offsets(offset_at) -> list[timedelta | None]:
-    """A zone's UTC offsets now and each month of the coming year: two zones that agree
-    on all of them read their clocks alike ("UTC" and "Etc/UTC" are one clock)."""
-    now = datetime.now(UTC)
-    return [offset_at(now + timedelta(days=30 * i)) for i in range(13)]
+def _same_offsets(theirs: Callable[[datetime], timedelta | None]) -> bool:
+    """Whether a zone (``theirs``: its UTC offset at an instant) reads the clock as this
+    process does over the coming year: each day at this time, and each quarter hour of a
+    day in which their offsets change. A day a month missed zones whose daylight time
+    starts days apart (Athens and Jerusalem: two days in March) or hours apart."""
+    start = datetime.now(UTC).replace(second=0, microsecond=0)
+    day, quarter = timedelta(days=1), timedelta(minutes=15)
+    before = None
+    for i in range(367):
+        at = start + i * day
+        offsets = (theirs(at), at.astimezone().utcoffset())
+        if offsets[0] != offsets[1]:
+            return False
+        if before is not None and offsets != before:
+            for j in range(1, 96):
+                if theirs(at - j * quarter) != (at - j * quarter).astimezone().utcoffset():
+                    return False
+        before = offsets
+    return True
 
 
 def zone_offset(
@@ -233,8 +248,7 @@ def same_clock(name: str, rules: bytes | None = None) -> bool:
     zone = _zone(name, rules)
     if zone is None:
         return name == local_zone()
-    theirs = _offsets(lambda at: at.astimezone(zone).utcoffset())
-    return theirs == _offsets(lambda at: at.astimezone().utcoffset())
+    return _same_offsets(lambda at: at.astimezone(zone).utcoffset())
 
 
 def said_offset(offset: timedelta | None) -> str:
