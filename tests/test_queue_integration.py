@@ -3664,3 +3664,38 @@ def test_a_control_on_tz_localtime_is_said_off_the_clock_timedatectl_set_since(k
         "[[sweeps]] cron times are on the control's clock, Etc/UTC (now +00:00), not this "
         "shell's, Europe/Berlin"
     ), said
+
+
+def test_status_reads_no_fifo_or_link_where_the_control_keeps_its_zone(kb, tmp_path):
+    """STATE/run/control-zone.json (and queue-shared.json beside it) were read with
+    whatever was there followed: a FIFO held `status` until someone wrote to it, and a
+    link's target (another state folder's file, /dev/zero) was read as the control's.
+    The control writes them as regular files (replacing whatever was there at its start)."""
+    import fcntl
+
+    from orchestrator.state.workspace import Workspace
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE + '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    Workspace.open(kb.root).store.close()  # state.db, as a control's start makes it
+    run = kb.state / "run"
+    run.mkdir(exist_ok=True)
+    elsewhere = tmp_path / "zone.json"
+    elsewhere.write_text(json.dumps({"pid": 4242, "zone": "Asia/Kolkata"}))
+    lock = os.open(kb.state / "control.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # this test is the control, pid 4242
+        os.write(lock, b"4242")
+        (run / "control-zone.json").symlink_to(elsewhere)
+        linked = rq(kb, "status", "--json", env={"TZ": "UTC"}, timeout=20)
+        (run / "control-zone.json").unlink()
+        for name in ("control-zone.json", "queue-shared.json"):
+            os.mkfifo(run / name)
+        fifo = rq(kb, "status", "--json", timeout=20)
+    finally:
+        os.close(lock)
+    assert linked.returncode == 0, linked.stderr
+    assert json.loads(linked.stdout)["control"]["zone"] is None
+    assert fifo.returncode == 0, fifo.stderr
+    control = json.loads(fifo.stdout)["control"]
+    assert (control["pid"], control["zone"], control["shared"]) == (4242, None, None)

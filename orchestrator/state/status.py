@@ -16,6 +16,7 @@ from typing import NamedTuple, TypeVar
 from orchestrator import logs
 from orchestrator.config import Settings
 from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.regularfile import NotRegular, open_regular
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import (
     Store,
@@ -358,6 +359,32 @@ def worker_of_host(store: Store, host: str, since: str) -> str | None:
     return row[0] if row is not None else None
 
 
+def _kept_by(path: Path, pid: int | None) -> dict | None:
+    """The object a running control (``pid``) kept in ``path`` (STATE/run/), or None:
+    no control, nothing there, or what the control never writes there. It writes a
+    regular file (a rename over whatever was there): a FIFO held `status` until someone
+    wrote to it, a link's target (another state folder's, /dev/zero) was read as its."""
+    if not pid:
+        return None
+    try:
+        fd = open_regular(path, follow=False)
+    except (OSError, NotRegular):
+        return None
+    if fd is None:
+        return None
+    with open(fd, "rb") as f:
+        raw = f.read(_KEPT_MAX + 1)
+    try:
+        kept = json.loads(raw) if len(raw) <= _KEPT_MAX else None
+    except ValueError:
+        return None
+    return kept if isinstance(kept, dict) else None
+
+
+# Larger, a kept file is not one a control wrote (a zone's rules are a few KB).
+_KEPT_MAX = 1 << 22
+
+
 # The running control's last ``queue.shared``, kept beside its lock: said once a run, in
 # the log alone, it was gone from the log's end once logrotate emptied it (copytruncate)
 # or a night's lines pushed it out, while the two controls went on sharing.
@@ -379,13 +406,8 @@ def keep_shared(state_dir: Path, said: str | None, at: str = "") -> None:
 def shared_now(state_dir: Path, pid: int | None) -> dict | None:
     """The running control's ``queue.shared`` (``pid``: the control that holds the state
     folder), ``at`` and ``said``, until it restarts; None when none runs or it said none."""
-    if not pid:
-        return None
-    try:
-        kept = json.loads((state_dir / SHARED_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(kept, dict) or kept.get("pid") != pid:
+    kept = _kept_by(state_dir / SHARED_FILE, pid)
+    if kept is None or kept.get("pid") != pid:
         return None  # a previous run's, its control gone
     return {"at": str(kept.get("at")), "said": str(kept.get("said") or "")}
 
@@ -421,13 +443,8 @@ def keep_zone(state_dir: Path, zone: str) -> None:
 def control_zone(state_dir: Path, pid: int | None) -> ControlZone | None:
     """The zone the running control (``pid``: the one that holds the state folder) reads
     its cron times in; None when none runs or it kept none (an earlier release's)."""
-    if not pid:
-        return None
-    try:
-        kept = json.loads((state_dir / ZONE_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(kept, dict) or kept.get("pid") != pid or not kept.get("zone"):
+    kept = _kept_by(state_dir / ZONE_FILE, pid)
+    if kept is None or kept.get("pid") != pid or not kept.get("zone"):
         return None  # a previous run's, its control gone
     try:
         rules = base64.b64decode(kept["rules"], validate=True) if "rules" in kept else None
