@@ -3699,3 +3699,35 @@ def test_status_reads_no_fifo_or_link_where_the_control_keeps_its_zone(kb, tmp_p
     assert fifo.returncode == 0, fifo.stderr
     control = json.loads(fifo.stdout)["control"]
     assert (control["pid"], control["zone"], control["shared"]) == (4242, None, None)
+
+
+def test_a_control_on_a_zone_file_cut_short_starts_and_status_answers(kb, tmp_path):
+    """A copied zone file cut short in its last line (a copy that filled the disk; glibc
+    reads it all the same): zoneinfo reads that line a byte at a time until a newline
+    that never comes, so `status` from another shell never answered, nor did a control
+    that kept the file's rules at its start ever start. One whose last line does not open
+    with its newline made zoneinfo assert: a traceback."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE + '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n')
+    berlin = Path("/usr/share/zoneinfo/Europe/Berlin").read_bytes()
+    cut, damaged = tmp_path / "cut", tmp_path / "damaged"
+    cut.write_bytes(berlin[:-8])
+    last = berlin.rindex(b"\n", 0, len(berlin) - 1)
+    damaged.write_bytes(berlin[:last] + b"X" + berlin[last + 1 :])
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    for zone_file in (cut, damaged):
+        control = subprocess.Popen(
+            [*base, "control"], env={**os.environ, "TZ": f":{zone_file}"}, stderr=subprocess.DEVNULL
+        )
+        try:
+            log = kb.state / "logs" / "reviewq.jsonl"
+            deadline = time.monotonic() + 60
+            while not log.exists() and control.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the log is made as the control starts; log_lines needs it
+            _await_logged(kb, "control.started", timeout=30)
+            said = rq(kb, "status", "--json", env={"TZ": "Asia/Kolkata"}, timeout=30)
+        finally:
+            stop(control)
+        assert said.returncode == 0, said.stderr
+        assert json.loads(said.stdout)["control"]["zone"] == str(zone_file)
+        log.unlink()

@@ -168,27 +168,47 @@ def zone_rules(name: str) -> bytes | None:
     /etc/localtime: the bytes this process read, before anything replaces them), or a
     POSIX rule (``CET-1CEST,M3.5.0,M10.5.0/3``, as the footer of a TZif file with no
     transitions). None for a zone's name, or what zoneinfo cannot read."""
-    from orchestrator.regularfile import NotRegular, open_regular
-
     if name.startswith("/"):
-        try:
-            fd = open_regular(Path(name))
-        except (OSError, NotRegular):
-            return None
-        if fd is None:
-            return None
-        with open(fd, "rb") as f:
-            rules = f.read(_RULES_MAX + 1)
-    elif _zone(name) is not None:
+        rules = _file_rules(name)
+    elif "\n" in name or _zone(name) is not None:
         return None
     else:
         # RFC 8536: a header and one UTC type for the v1 and v2 blocks, then the rule.
         head = b"TZif2" + bytes(15) + struct.pack(">6l", 0, 0, 0, 0, 1, 4)
         block = head + struct.pack(">lbB", 0, 0, 0) + b"UTC\0"
         rules = block + block + b"\n" + name.encode("utf-8", "surrogateescape") + b"\n"
-    if len(rules) > _RULES_MAX or _zone(name, rules) is None:
+    if rules is None or _zone(name, rules) is None:
         return None
     return rules
+
+
+def _file_rules(path: str) -> bytes | None:
+    """The bytes of the zone file at ``path``; None when it is not a regular file that
+    can be read, or larger than any zone's."""
+    from orchestrator.regularfile import NotRegular, open_regular
+
+    try:
+        fd = open_regular(Path(path))
+        if fd is None:
+            return None
+        with open(fd, "rb") as f:
+            rules = f.read(_RULES_MAX + 1)
+    except (OSError, NotRegular):
+        return None
+    return rules if len(rules) <= _RULES_MAX else None
+
+
+class _Ending(io.BytesIO):
+    """A zone file's bytes whose reading past the end fails. zoneinfo reads a version 2+
+    file's last line a byte at a time until its newline: cut short (a copy that filled
+    the disk), it never returned, and a control reading its copied /etc/localtime at its
+    start never started."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if not data and size is not None and size > 0:
+            raise EOFError("the zone file ends early")
+        return data
 
 
 def _zone(name: str, rules: bytes | None = None):  # noqa: ANN202 - ZoneInfo, imported late
@@ -196,14 +216,15 @@ def _zone(name: str, rules: bytes | None = None):  # noqa: ANN202 - ZoneInfo, im
     None when zoneinfo cannot read it."""
     from zoneinfo import ZoneInfo  # not at import: only `status` and a control's start
 
+    if rules is None and name.startswith("/"):  # a copied /etc/localtime: names no zone
+        rules = _file_rules(name)
+        if rules is None:
+            return None
     try:
         if rules is not None:
-            return ZoneInfo.from_file(io.BytesIO(rules), key=name)
-        if name.startswith("/"):  # /etc/localtime copied, not linked: its file names no zone
-            with open(name, "rb") as f:
-                return ZoneInfo.from_file(f, key=name)
+            return ZoneInfo.from_file(_Ending(rules), key=name)
         return ZoneInfo(name)
-    except (KeyError, ValueError, OSError, struct.error):  # ZoneInfoNotFoundError: KeyError
+    except Exception:  # noqa: BLE001 - zoneinfo's loader asserts on a damaged file: unread
         return None
 
 
