@@ -1027,17 +1027,45 @@ def _warning_line(logger: object, name: str, event_dict: dict) -> str:
 _UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 
 
+def _letter_outside_latin(c: str) -> bool:
+    return c > "\u036f" and unicodedata.category(c)[0] in "LMS"
+
+
+def _right_to_left(c: str) -> bool:
+    return unicodedata.bidirectional(c) in ("R", "AL")
+
+
+def _written(text: str, i: int) -> bool:
+    """Whether the invisible ``text[i]`` is part of the writing around it, not hidden in
+    it: a zero-width non-joiner or joiner between two letters, marks or symbols of a
+    script past Latin (Persian's half-space in "می‌خواهم", an emoji's ZWJ sequence,
+    Devanagari's conjuncts), a left-to-right, right-to-left or Arabic letter mark beside
+    a right-to-left letter (where it moves no more than that letter does). Shown as
+    escapes, every Persian word and family emoji on the page read as a code."""
+    c = text[i]
+    before, after = text[i - 1 : i], text[i + 1 : i + 2]
+    if c in "\u200c\u200d":
+        return _letter_outside_latin(before) and _letter_outside_latin(after)
+    if c in "\u200e\u200f\u061c":
+        return any(map(_right_to_left, before + after))
+    return False
+
+
 def visible(text: str, keep: str = "\n\r\t") -> str:
     """Text from input with every character a reader could not see shown by its escape
-    (``\\u202e``), but those in ``keep``: a right-to-left override reordered the words
-    around it (Trojan Source) and a zero-width space made a changed line read unchanged."""
+    (``\\u202e``), but those in ``keep`` and those its script writes with (:func:`_written`):
+    a right-to-left override reordered the words around it (Trojan Source) and a
+    zero-width space made a changed line read unchanged."""
     if text.isprintable():
         return text
     return "".join(
         c
-        if c.isprintable() or c in keep or unicodedata.category(c) not in _UNSEEN
+        if c.isprintable()
+        or c in keep
+        or unicodedata.category(c) not in _UNSEEN
+        or _written(text, i)
         else repr(c)[1:-1]
-        for c in text
+        for i, c in enumerate(text)
     )
 
 

@@ -1795,3 +1795,34 @@ def test_a_fix_made_of_invisible_characters_shows_on_the_page(kb, run_cli, brows
     # The data keeps the note's text as it is: only the page marks it.
     fixes = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["kb_changes"]["fixes"]
     assert f"+{added}" in [ln["text"] for ln in fixes[0]["diff"]["lines"]]
+
+
+def test_the_invisible_characters_a_script_writes_with_show_as_written(
+    kb, run_cli, browser, tmp_path
+):
+    """Persian writes its half-space with a zero-width non-joiner, an emoji's family or
+    profession is a zero-width-joiner sequence, Devanagari's conjuncts take a joiner, and
+    Hebrew puts a right-to-left mark after a word before its punctuation: the page showed
+    each as a code (`کتاب\\u200cها`, `👩\\u200d💻`), so a note in any of these scripts
+    read as escapes. Kept where they join or mark the script around them; the same
+    joiner between Latin letters still shows, as it hides a change there."""
+    kb.gate("prose/has-body", ["body"])
+    kb.note("a", body="Body of a.\n")
+    written = "FIXED: کتاب‌ها می‌خواهم, 👩‍💻 👨‍👩‍👧 🏳️‍🌈, क्‍ष, שלום‏!"
+    appended = written + " ab\u200ccd"
+    toml = profile("fixer", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=appended) + QUEUE
+    # TOML has no surrogate pairs for json's \ud83d\udc69: the emoji as they are.
+    kb.write(
+        "reviewq.toml", toml.replace(json.dumps(appended), json.dumps(appended, ensure_ascii=False))
+    )
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "fixer", "--fix")
+    assert res.returncode == 0, res.stderr
+    assert appended in kb.read("kb/notes/a.md")
+    page_path = tmp_path / "scripts.html"
+    res = run_cli("report", "--since", "1h", "--html", str(page_path))
+    assert res.exit_code == 0, res.stderr
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        "[...document.querySelectorAll('article.fix .diff .add')].map(s => s.innerText)"
+    )
+    assert f"+{written} ab\\u200ccd" in shown, shown
