@@ -632,8 +632,11 @@ def _shown_as_is(name: str, where: str) -> None:
     """Refuse a name reviewq prints in every listing (doctor, status, jobs, escalations,
     the report) that holds a character a terminal acts on or a reader cannot see: an
     escape retitled the window, a right-to-left override turned the line around it.
-    Refused where it is written, as ``--runner`` is: it travels on to JSON and files."""
-    if not name.isprintable():
+    Refused where it is written, as ``--runner`` is: it travels on to JSON and files.
+    What the page shows by its escape (``logs.visible``), not every character Python
+    calls unprintable: a Persian name's half-space, an emoji's joiner, a no-break space
+    are writing, and refusing them stopped a reviewq.toml that had run for months."""
+    if logs.visible(name, keep="") != name:
         raise ConfigError(
             f"{where}: {name!r}: a control or invisible character (a line break, a terminal "
             "escape, a bidi override) in it; reviewq shows this name as it is"
@@ -641,8 +644,7 @@ def _shown_as_is(name: str, where: str) -> None:
 
 
 def _reviewer(name: str, value: object) -> ReviewerProfile:
-    if not name.isprintable():
-        _shown_as_is(name, f"[reviewers.{name!r}]")
+    _shown_as_is(name, f"[reviewers.{name!r}]")
     where = f"[reviewers.{name}]"
     t = _Table(value, where, _REVIEWER_KEYS)
     kind = t.data.get("kind")

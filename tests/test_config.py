@@ -1218,3 +1218,20 @@ def test_a_name_that_would_move_the_terminal_is_refused_where_it_is_written(kb, 
     (line,) = res.stderr.splitlines()
     assert line.startswith(f"error: {kb.root / 'reviewq.toml'} {where}: "), line
     assert "a control or invisible character" in line, line
+
+
+def test_a_name_in_any_script_is_taken_as_it_is_written(kb):
+    """The refusal of a name that moves the terminal took every character Python calls
+    unprintable: a Persian reviewer's name holds a zero-width non-joiner (its half-space),
+    an emoji a zero-width joiner, a French one a no-break space before its colon, so a
+    reviewq.toml that named them stopped loading. Only what a reader cannot see as writing
+    is refused (the test above); these load, under the names they were given."""
+    names = ["بازبین‌ارشد", "👩‍💻", "revisión", "审阅者", "note\u00a0: relue", "סוקר‏"]
+    kb.write(
+        "reviewq.toml",
+        "".join(f'[reviewers."{n}"]\nkind = "offline"\npartition = "{n}"\n' for n in names)
+        + '[[sweeps]]\nname = "مرور‌ها"\nall_gates = true\n',
+    )
+    settings = load_settings(kb.root)
+    assert [settings.reviewers[n].partition for n in names] == names
+    assert list(settings.sweeps) == ["مرور‌ها"], settings.sweeps_left_out
