@@ -1226,7 +1226,7 @@ def test_a_name_in_any_script_is_taken_as_it_is_written(kb):
     an emoji a zero-width joiner, a French one a no-break space before its colon, so a
     reviewq.toml that named them stopped loading. Only what a reader cannot see as writing
     is refused (the test above); these load, under the names they were given."""
-    names = ["بازبین‌ارشد", "👩‍💻", "revisión", "审阅者", "note\u00a0: relue", "סוקר‏"]
+    names = ["بازبین‌ارشد", "👩‍💻", "🩷", "revisión", "审阅者", "note\u00a0: relue", "סוקר‏"]
     kb.write(
         "reviewq.toml",
         "".join(f'[reviewers."{n}"]\nkind = "offline"\npartition = "{n}"\n' for n in names)

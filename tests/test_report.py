@@ -1805,10 +1805,11 @@ def test_the_invisible_characters_a_script_writes_with_show_as_written(
     Hebrew puts a right-to-left mark after a word before its punctuation: the page showed
     each as a code (`کتاب\\u200cها`, `👩\\u200d💻`), so a note in any of these scripts
     read as escapes. Kept where they join or mark the script around them; the same
-    joiner between Latin letters still shows, as it hides a change there."""
+    joiner between Latin letters still shows, as it hides a change there. An emoji newer
+    than this Python's Unicode tables (a pink heart, 15.0) showed as `\\U0001fa77`."""
     kb.gate("prose/has-body", ["body"])
     kb.note("a", body="Body of a.\n")
-    written = "FIXED: کتاب‌ها می‌خواهم, 👩‍💻 👨‍👩‍👧 🏳️‍🌈, क्‍ष, שלום‏!"
+    written = "FIXED: کتاب‌ها می‌خواهم, 👩‍💻 👨‍👩‍👧 🏳️‍🌈 🩷, क्‍ष, שלום‏!"
     appended = written + " ab\u200ccd"
     toml = profile("fixer", FAKE_PASS_IF_CONTAINS="FIXED", FAKE_FIX_APPEND=appended) + QUEUE
     # TOML has no surrogate pairs for json's \ud83d\udc69: the emoji as they are.
