@@ -3812,3 +3812,50 @@ def test_a_stale_reap_notice_undoes_no_outcome_and_no_other_workers_attempt(kb):
         == "dispatched"
     )
     ws.close()
+
+
+def _a_profile_added_after_the_start(kb, notes: int) -> tuple[Workspace, Control, str]:
+    """A control started with reviewq.toml naming the offline profile only, then a
+    profile ``late`` added to the file and ``notes`` jobs queued for it by an enqueue
+    that read the file as it is now."""
+    kb.gate("prose/clarity", ["body"])
+    for i in range(notes):
+        kb.note(f"n{i}")
+    kb.write("reviewq.toml", '[reviewers.offline]\nkind = "offline"\n')
+    ws = Workspace.open(kb.root)
+    control = Control(ws, send_review=lambda msg: None, hooks=FollowUp(ws))
+    added = '[reviewers.offline]\nkind = "offline"\n[reviewers.late]\nkind = "offline"\n'
+    kb.write("reviewq.toml", added)
+    now = Workspace.open(kb.root)
+    try:
+        assert (
+            len(enqueue(now, SweepRequest(name="cli", reviewer="late", all_gates=True)).jobs)
+            == notes
+        )
+    finally:
+        now.close()
+    return ws, control, added
+
+
+def _statuses(ws: Workspace) -> list[str]:
+    return [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs ORDER BY id")]
+
+
+def test_jobs_waiting_for_a_restart_are_not_failed_while_the_file_is_being_edited(kb):
+    """The jobs of a profile added since the control started wait for its restart; the
+    file then saved half-written (the person editing on): the control's look at it failed
+    them all as "reviewer profile 'late' is not configured", the failure the wait was
+    there to spare, for a profile the file still names once saved whole."""
+    ws, control, added = _a_profile_added_after_the_start(kb, notes=2)
+    control.dispatch()
+    assert _statuses(ws) == ["queued", "queued"]
+    kb.write("reviewq.toml", added + "[queue\n")  # half a line saved
+    control.dispatch()
+    assert _statuses(ws) == ["queued", "queued"]
+    kb.write("reviewq.toml", added)
+    control.dispatch()
+    assert _statuses(ws) == ["queued", "queued"]
+    kb.write("reviewq.toml", '[reviewers.offline]\nkind = "offline"\n')  # taken out again
+    control.dispatch()
+    assert _statuses(ws) == ["failed", "failed"]
+    ws.close()

@@ -212,7 +212,7 @@ class Control:
         self._budget_logged: set[int] = set()
         # The profiles reviewq.toml names now, read again only when the file changed (its
         # stat), and those this process said it must be restarted to run.
-        self._file_profiles: tuple[object, frozenset[str]] | None = None
+        self._file_profiles: tuple[object, frozenset[str] | None] | None = None
         self._said_stale: set[str] = set()
         # Jobs whose folder could not be written: (the reason, a full disk), said once each.
         self._folder_failures: dict[int, tuple[str, bool]] = {}
@@ -543,7 +543,9 @@ class Control:
         process read at its start do not: added (or renamed) since. `enqueue` reads the
         file as it is, so its jobs for the new profile were failed at once as "not
         configured" by a control that only had to be restarted. They wait instead, said
-        once per profile."""
+        once per profile. A file that cannot be read (saved half-way, the person editing
+        on) names nothing for certain: every profile the settings lack waits, unsaid, until
+        it can be read again."""
         path = self.settings.config_path or self.settings.root / "reviewq.toml"
         try:
             st = os.stat(path)
@@ -553,10 +555,15 @@ class Control:
         if self._file_profiles is None or self._file_profiles[0] != seen:
             try:
                 now = self.settings.reread()
-            except ConfigError:  # being edited: what it will name is not known
-                now = None
-            names = frozenset(now.reviewers) - set(self.settings.reviewers) if now else frozenset()
+            except ConfigError:
+                # Being edited: what it will name is not known. Taken as naming nothing,
+                # the jobs already waiting for a profile it adds were failed mid-edit.
+                names = None
+            else:
+                names = frozenset(now.reviewers) - set(self.settings.reviewers)
             self._file_profiles = (seen, names)
+        if self._file_profiles[1] is None:
+            return True
         if name not in self._file_profiles[1]:
             return False
         if name not in self._said_stale:
