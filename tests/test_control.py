@@ -3859,3 +3859,29 @@ def test_jobs_waiting_for_a_restart_are_not_failed_while_the_file_is_being_edite
     control.dispatch()
     assert _statuses(ws) == ["failed", "failed"]
     ws.close()
+
+
+def test_jobs_waiting_for_a_restart_are_not_read_again_at_each_dispatch(kb, monkeypatch):
+    """Dispatch runs per outcome. The waiting jobs of a profile added since the start
+    were read at each pass (its free slots' worth, 66) and reviewq.toml looked at once for
+    each of them: a night's other outcomes each paid for jobs that cannot run. Once per
+    pass now, and none of them is read."""
+    import os
+
+    ws, control, _ = _a_profile_added_after_the_start(kb, notes=20)
+    config = str(kb.root / "reviewq.toml")
+    looks: list[str] = []
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):  # noqa: ANN001, ANN202
+        if str(path) == config:
+            looks.append(config)
+        return real_stat(path, *args, **kwargs)
+
+    control.dispatch()
+    monkeypatch.setattr(os, "stat", stat)
+    control.dispatch()
+    monkeypatch.undo()
+    assert len(looks) == 1
+    assert _statuses(ws) == ["queued"] * 20
+    ws.close()

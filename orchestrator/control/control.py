@@ -277,6 +277,8 @@ class Control:
         jobs = []
         for name in reviewers_with_queued_jobs(self.store):
             profile = self.settings.reviewers.get(name)
+            if profile is None and self._added_since(name):
+                continue  # waits for the restart it said: not read at each pass (per outcome)
             free = 50 if profile is None else self._open_at_most(profile) - open_counts.get(name, 0)
             if name in paused or free <= 0:
                 continue
@@ -298,8 +300,6 @@ class Control:
         for job in jobs:
             name = job["reviewer"]
             profile = self.settings.reviewers.get(name)
-            if profile is None and self._added_since(name):
-                continue  # waits for the restart it said
             if profile is None:
                 self._fail_unrun(job, name, f"reviewer profile {name!r} is not configured")
                 continue
