@@ -893,6 +893,44 @@ def test_jobs_of_a_profile_added_since_the_control_started_wait_for_its_restart(
     assert stale[0]["config"] == str(kb.root / "reviewq.toml")
 
 
+def test_status_says_the_jobs_of_a_profile_added_since_the_control_started_wait_for_it(kb):
+    """The jobs of a profile added since the control started wait for its restart, said
+    once in the control's log: `status` said "reviewer fake2 is active" over them, the
+    morning's look at a night that reviewed none of their pairs. It says what they wait
+    for until the control is restarted, and no more once it was."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    try:
+        _until(control.stderr, "control.started")
+        added = (
+            fake_profile()
+            .replace("[reviewers.fake]", "[reviewers.fake2]")
+            .replace('partition = "fake"', 'partition = "fake2"')
+        )
+        kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + added)
+        assert rq(kb, "enqueue", "--reviewer", "fake2", "frontmatter").returncode == 0
+        assert _until(control.stderr, "control.settings_stale", "job.failed") == (
+            "control.settings_stale"
+        )
+        said = rq(kb, "status").stdout
+        assert "reviewer fake2 is active" not in said
+        (line,) = [x for x in said.splitlines() if "fake2" in x]
+        assert line.startswith("1 job(s) wait for reviewer fake2, added to ")
+        assert "once restarted" in line and "kill -HUP" in line
+        shown = json.loads(rq(kb, "status", "--json").stdout)["reviewers"]["fake2"]
+        assert shown["awaits_control_restart"] and shown["jobs_waiting"] == 1
+        control.send_signal(signal.SIGHUP)
+        assert _until(control.stderr, "control.started") == "control.started"
+        assert "reviewer fake2 is active" in rq(kb, "status").stdout
+    finally:
+        if control.poll() is None:
+            stop(control)
+        control.stderr.close()
+
+
 def test_messages_left_in_the_sqlite_queue_are_moved_to_redis_when_the_url_is_set(kb, tmp_path):
     """`[queue] url` set to a Redis while the SQLite queue still held messages (an agent's
     outcome sent after the control stopped): the control on Redis never read

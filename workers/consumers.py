@@ -435,7 +435,7 @@ def run_control(ws: Workspace) -> None:
     # Here, not at the top: a worker, in the same module, has no use for them.
     from orchestrator.control.control import Control
     from orchestrator.control.followup import FollowUp
-    from orchestrator.state.status import keep_shared, keep_zone
+    from orchestrator.state.status import keep_shared, keep_stale, keep_zone
     from orchestrator.state.when import local_zone
     from orchestrator.sweeps.producer import sweep_problems
 
@@ -450,6 +450,8 @@ def run_control(ws: Workspace) -> None:
     zone = local_zone()
     with contextlib.suppress(OSError):  # `status` then names no zone: nothing else is lost
         keep_zone(ws.state_dir, zone)
+    with contextlib.suppress(OSError):  # this run reads reviewq.toml as it is now
+        keep_stale(ws.state_dir, None)
     logs.configure(ws.state_dir, stderr_level="INFO", process="control")
     follow_parent()
     app = make_app(settings)

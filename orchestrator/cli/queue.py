@@ -501,6 +501,13 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         if r["paused_until"]:
             pause = Pause(r["paused_until"], r["paused_reason"], r["paused_since"])
             click.echo(pause_words(store, name, pause, r["jobs_waiting"]))
+        elif r["awaits_control_restart"]:
+            click.echo(
+                f"{r['jobs_waiting']} job(s) wait for reviewer {name}, added to "
+                f"{ws.settings.config_path or ws.root / 'reviewq.toml'} after the control "
+                "started: it runs them once restarted (systemctl reload, or kill -HUP "
+                f"{data['control']['pid']}; reviewq logs --event control.settings_stale)"
+            )
         else:
             click.echo(f"reviewer {name} is active")
     for n in data["sweeps_not_run"]:

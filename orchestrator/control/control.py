@@ -12,6 +12,7 @@ fenced by attempt inside its transaction.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -72,6 +73,7 @@ from orchestrator.state.status import (
     FAILED_SQL,
     Pause,
     budgeted_runs_with_queued_jobs,
+    keep_stale,
     paused_reviewers,
     reviewers_with_queued_jobs,
     spent_usd,
@@ -568,6 +570,8 @@ class Control:
             return False
         if name not in self._said_stale:
             self._said_stale.add(name)
+            with contextlib.suppress(OSError):  # said in the log; status misses it alone
+                keep_stale(self.ws.state_dir, self._said_stale, timestamp(self.now()))
             self.log.warning(
                 "control.settings_stale",
                 reviewer=name,

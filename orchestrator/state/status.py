@@ -214,6 +214,8 @@ def status(store: Store, settings: Settings) -> dict:
         for b in spent_budgets(store, over_budget_runs(store), settings)
     ]
     pid = control_pid(settings.state_dir)
+    stale = [name for name in stale_now(settings.state_dir, pid) if name in settings.reviewers]
+    waiting |= waiting_on(store, stale)
     return {
         "jobs": counts,
         "jobs_by_hand": by_hand,
@@ -226,6 +228,9 @@ def status(store: Store, settings: Settings) -> dict:
                 "paused_reason": pause.reason if pause else None,
                 "paused_since": pause.since if pause else None,
                 "jobs_waiting": waiting.get(name, 0),
+                # Added to reviewq.toml since the control started: it runs none of its
+                # jobs until it is restarted.
+                "awaits_control_restart": name in stale,
             }
             for name in sorted(settings.reviewers)
             for pause in [paused.get(name)]
@@ -401,6 +406,38 @@ def keep_shared(state_dir: Path, said: str | None, at: str = "") -> None:
         return
     path.parent.mkdir(mode=0o700, exist_ok=True)
     atomic_write(path, json.dumps({"pid": os.getpid(), "at": at, "said": said}) + "\n")
+
+
+# The profiles the running control lacks and waits to be restarted for (its
+# ``control.settings_stale``), kept beside its lock: said once in its log alone, `status`
+# called such a profile active over its jobs, queued until someone restarted the control.
+STALE_FILE = Path("run") / "settings-stale.json"
+
+
+def keep_stale(state_dir: Path, reviewers: Iterable[str] | None, at: str = "") -> None:
+    """Keep the profiles this control process waits to be restarted for, said first at
+    ``at``, for `status`; None: forget a previous run's (at start)."""
+    path = state_dir / STALE_FILE
+    if reviewers is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    kept = {"pid": os.getpid(), "at": at, "reviewers": sorted(reviewers)}
+    atomic_write(path, json.dumps(kept) + "\n")
+
+
+def stale_now(state_dir: Path, pid: int | None) -> list[str]:
+    """The profiles the running control (``pid``) waits to be restarted for: none when
+    none runs, or it has restarted since it said them."""
+    if not pid:
+        return []
+    try:
+        kept = json.loads((state_dir / STALE_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(kept, dict) or kept.get("pid") != pid:
+        return []  # a previous run's, its control gone
+    return [str(name) for name in kept.get("reviewers") or []]
 
 
 def shared_now(state_dir: Path, pid: int | None) -> dict | None:
