@@ -426,6 +426,40 @@ def test_a_sighup_after_an_edit_that_broke_the_settings_keeps_them_running(kb, t
         ]
 
 
+def test_a_sighup_after_an_edit_naming_a_queue_the_start_refuses_keeps_it_running(kb):
+    """The same reload after an edit the file's reading accepts and the command's start
+    refuses: `[queue] url` set (§6.6's switch) with its host name mistyped. The check
+    before the drain read the file alone, so the control drained, exec'd itself and ended
+    at its start ("error: …: the host 'redis-hots.invalid' does not resolve", exit 2),
+    though "any error: a command would say" was to refuse the reload. The queue is
+    checked as the start checks it."""
+    small_kb(kb, notes=1)
+    good = fake_profile() + FAST_QUEUE
+    kb.write("reviewq.toml", good)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
+            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
+            time.sleep(0.01)
+        kb.write("reviewq.toml", good + 'url = "redis://redis-hots.invalid:6379/0"\n')
+        control.send_signal(signal.SIGHUP)
+        said = _until(control.stderr, "control.reload_refused", "control.restarting")
+        assert said == "control.reload_refused"
+        assert control.poll() is None
+        kb.write("reviewq.toml", good)
+        control.send_signal(signal.SIGHUP)  # the file mended: the reload goes through
+        assert _until(control.stderr, "control.started") == "control.started"
+    finally:
+        if control.poll() is None:
+            stop(control)
+        control.stderr.close()
+    (refused,) = [x for x in log_lines(kb) if x["event"] == "control.reload_refused"]
+    assert "redis-hots.invalid" in refused["reason"] and "does not resolve" in refused["reason"]
+
+
 def _catches(pid: int, signum: int) -> bool | None:
     """Whether the process has a handler for ``signum`` (its SigCgt), None once it is gone."""
     try:

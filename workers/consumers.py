@@ -44,6 +44,7 @@ from .queues import (
     ThreadEnvironment,
     attempts_on,
     beside_a_control,
+    check_queue,
     check_server,
     claim_problem,
     claim_queue,
@@ -100,7 +101,11 @@ class QueueConsumer(Consumer):
             return False
         process, settings = self.reload_of
         try:
-            settings.reread()
+            now = settings.reread()
+            if now is not None:
+                # As the command checks it before its start: a url whose host name was
+                # mistyped reads well, and the new program ended at its start anyway.
+                check_queue(now)
         except ConfigError as exc:
             problem = str(exc)
         else:
