@@ -1014,6 +1014,41 @@ def test_messages_left_in_the_sqlite_queue_are_moved_to_redis_when_the_url_is_se
         ]
 
 
+def test_a_scheduled_message_moved_to_redis_leaves_the_one_the_control_holds(kb, tmp_path):
+    """The move of C9 runs at each tick, beside the control's consumer, and put a
+    scheduled message (a failed control task's retry left in control.db) on the Redis
+    queue through the control queue's own add_to_schedule, which also releases the
+    message the consumer holds: taken off the queue while its task ran, it was lost with
+    its outcome to a control killed before that task's commit. Scheduled, at its time,
+    and the held message left held."""
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.config import load_settings
+    from workers.queues import huey_for, move_left_behind
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE)
+    left = huey_for(load_settings(kb.root), "control")
+    due = datetime.now(UTC).replace(tzinfo=None, microsecond=0) + timedelta(minutes=5)
+    left.storage.add_to_schedule(b"a retry", due)  # Huey's own, in UTC
+    left.storage.conn.close()
+    with redis_server(tmp_path) as url:
+        kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
+        settings = load_settings(kb.root)
+        control = huey_for(settings, "control")
+        try:
+            control.storage.enqueue(b"an outcome")
+            assert control.storage.dequeue() == b"an outcome"  # held while its task runs
+            move_left_behind(settings, {"control": control})
+            storage = control.storage
+            assert storage.conn.lrange(storage.held_key, 0, -1) == [b"an outcome"]
+            assert storage.scheduled_items() == [b"a retry"]
+            assert storage.conn.zscore(storage.schedule_key, b"a retry") == storage.convert_ts(due)
+        finally:
+            control.storage.conn.close()
+            control.storage.pool.disconnect()
+
+
 def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
     """The sweep uses the control process already running, whose next tick is ten minutes
     away: the sweep asks it to dispatch, so the jobs do not wait for that tick."""

@@ -1418,6 +1418,17 @@ def send_once(task: str, *args: Any) -> None:
 _NOT_MOVED: set[str] = set()  # the SQLite queue files move_left_behind could not read
 
 
+def _schedule(storage: Any, data: bytes, ts: datetime) -> None:
+    """Schedule a message on ``storage`` from a thread other than its consumer's. The
+    control queue's own add_to_schedule is its consumer's (a retry replacing the message
+    it holds) and releases that message: called from the ticker, it took the message the
+    consumer was running off the queue before its task's commit."""
+    if isinstance(storage, _Holding):
+        super(_Holding, storage).add_to_schedule(data, ts)
+    else:
+        storage.add_to_schedule(data, ts)
+
+
 def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
     """Messages the state folder's SQLite queues still hold while ``[queue] url`` names a
     Redis, moved onto it (``hueys``: the Redis queues, by the SQLite file's name). Left
@@ -1453,7 +1464,7 @@ def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
                         if at is None:  # in the file's order; Redis takes no priority
                             huey.storage.enqueue(bytes(data))
                         else:  # Huey's SQLite wrote a naive UTC time as the local one
-                            huey.storage.add_to_schedule(bytes(data), datetime.fromtimestamp(at))
+                            _schedule(huey.storage, bytes(data), datetime.fromtimestamp(at))
                         moved += 1
                     conn.execute("COMMIT")
                 except BaseException:
