@@ -956,6 +956,11 @@ def test_status_says_the_jobs_of_a_profile_added_since_the_control_started_wait_
         assert "once restarted" in line and "kill -HUP" in line
         shown = json.loads(rq(kb, "status", "--json").stdout)["reviewers"]["fake2"]
         assert shown["awaits_control_restart"] and shown["jobs_waiting"] == 1
+        with contextlib.closing(db(kb)) as conn, conn:  # queued an hour ago: stalled
+            conn.execute("UPDATE review_jobs SET created_at = '2000-01-01T00:00:00.000000Z'")
+        report = rq(kb, "report").stdout
+        (line,) = [x for x in report.splitlines() if x.startswith("  reviewer fake2: ")]
+        assert "added to reviewq.toml" in line and "restarted" in line, report
         control.send_signal(signal.SIGHUP)
         assert _until(control.stderr, "control.started") == "control.started"
         assert "reviewer fake2 is active" in rq(kb, "status").stdout

@@ -32,11 +32,18 @@ from orchestrator.state.status import (
     quoted,
     resume_command,
     spent_budgets,
+    stale_now,
     unread_report,
     unwritten_fixes,
     waiting_on,
 )
-from orchestrator.state.store import Store, parse_timestamp, reasons_column, timestamp
+from orchestrator.state.store import (
+    Store,
+    control_pid,
+    parse_timestamp,
+    reasons_column,
+    timestamp,
+)
 
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
@@ -249,7 +256,11 @@ def _needs_you(
         }
         for name, pause in sorted(pauses.items())
     ]
-    stalled = _stalled(store, now, {p["reviewer"] for p in paused}, held)
+    try:  # profiles added since the running control started: their jobs wait for it
+        restart = set(stale_now(state_dir, control_pid(state_dir)))
+    except OSError:
+        restart = set()
+    stalled = _stalled(store, now, {p["reviewer"] for p in paused}, held, restart)
     return {
         # Everything below that waits on a person, for the page's tile.
         "count": len(open_escs)
@@ -295,7 +306,9 @@ def _has(store: Store, reviewer: str, where: str) -> bool:
     )
 
 
-def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[dict]:
+def _stalled(
+    store: Store, now: str, paused: set[str], held: set[int], restart: set[str] = frozenset()
+) -> list[dict]:
     """Reviewers whose open jobs have not moved for :data:`STALLED_AFTER`: no attempt of
     theirs launched, sent a heartbeat or ended since. Read at ``now``, whatever the
     period: with no worker running, the jobs were queued before the window and nothing
@@ -332,6 +345,7 @@ def _stalled(store: Store, now: str, paused: set[str], held: set[int]) -> list[d
         if since >= cutoff:
             continue  # moving, or queued only a moment ago
         r["last_moved"] = moved
+        r["awaits_control_restart"] = r["reviewer"] in restart
         ended = _has(store, r["reviewer"], "a.ended_at IS NOT NULL")
         r["never_picked_up"] = (
             store.conn.execute(

@@ -92,6 +92,12 @@ def stalled(st: dict) -> str:
         if st["never_picked_up"]
         else "; is the control process running, with workers?"
     )
+    if st.get("awaits_control_restart"):
+        # The likeliest why, for certain: said by the control itself (settings_stale).
+        why = (
+            "; the control process started before this profile was added to reviewq.toml "
+            "and runs none of its jobs until it is restarted (systemctl reload)"
+        )
     outage = ""
     if st["last_not_run"]:  # "outcome: reason", as --json has it
         said = attempt_words(*st["last_not_run"].partition(": ")[::2])
