@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import orchestrator.cycles.fixes as fixes
+import orchestrator.kb.notes as notes
 from orchestrator.control.control import Control
 from orchestrator.control.followup import FollowUp
 from orchestrator.kb.notes import KB
@@ -20,6 +21,15 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 SECRET = "The outside file's text, never the KB's.\n"
+
+
+@pytest.fixture(params=["proc", "resolved"])
+def checked_by(request, monkeypatch):
+    """How a KB read tells where the file it opened is: Linux's /proc/self/fd, or (any
+    other system) its path resolved again and compared with the descriptor."""
+    if request.param == "resolved":
+        monkeypatch.setattr(notes, "opened_at", lambda fd: None)
+    return request.param
 
 
 def _bundle(ws: Workspace, job_id: int, decision: str) -> bytes:
@@ -60,7 +70,7 @@ def _move_out(folder: Path, outside: Path, text: str | None = None) -> Path:
 
 
 def test_a_folder_of_notes_linked_out_between_its_check_and_its_read_sends_no_outside_text(
-    kb, tmp_path, monkeypatch
+    kb, tmp_path, monkeypatch, checked_by
 ):
     """Packing checked kb/notes/sub/beta.md's path inside the KB (check_rel); before its
     read a person moved the folder out of the KB and left a link (or anything else did).
@@ -109,7 +119,7 @@ def _sub_note_failed(kb):
 
 @pytest.mark.parametrize("what", ["folder", "note"])
 def test_a_path_linked_out_between_the_fix_writes_check_and_its_write_writes_nothing_outside(
-    kb, tmp_path, monkeypatch, what
+    kb, tmp_path, monkeypatch, what, checked_by
 ):
     """The fix's write resolved the note's path inside the KB, then (a person moving the
     folder, or the note, out of the KB and leaving a link; the same text there) read and
@@ -227,6 +237,83 @@ def test_an_attempt_folder_swapped_for_a_link_is_not_written_through(kb, tmp_pat
     assert f"a link to {elsewhere}" in said["error"] and "left unwritten" in said["error"]
     assert (attempt / "bundle-output.md").read_text() == "a person's file\n"
     assert (attempt / "stdout.log").read_text() == "a person's log\n"
+    decided = ws.store.conn.execute(
+        "SELECT decision FROM review_pairs WHERE job_id = ?", (job.review_job_id,)
+    ).fetchall()
+    assert [d[0] for d in decided] == ["PASS"]
+    ws.close()
+
+
+def test_a_note_a_person_saves_while_a_sweep_reads_it_is_not_called_outside_the_kb(
+    kb, monkeypatch, checked_by
+):
+    """R13's check of the file read: a person's editor saved the note (a new file renamed
+    over it, as vim and most editors do) between the read's open and its check. The path
+    then named another file than the one opened, and the note was left out of the sweep
+    with "outside the KB root (through a symlink)": no link anywhere, and no review."""
+    import os
+
+    kb.gate("prose/clarity", ["body"])
+    note = kb.root / kb.note("alpha", "As first saved.\n")
+    opened = notes.open_regular
+    saved: list[str] = []
+
+    def open_then_save(path, *args, **kwargs):
+        fd = opened(path, *args, **kwargs)
+        if path == note and not saved:
+            new = note.with_name(".alpha.md.swp")
+            new.write_text(note.read_text().replace("As first saved.", "As saved again."))
+            os.replace(new, note)
+            saved.append(str(path))
+        return fd
+
+    monkeypatch.setattr(notes, "open_regular", open_then_save)
+    ws = Workspace.open(kb.root)
+    res = enqueue(ws, SweepRequest(name="cli", all_gates=True))
+    assert saved
+    assert [p for p in res.problems if "outside" in p.reason] == []
+    notes_queued = {n for (n,) in ws.store.conn.execute("SELECT note_path FROM review_pairs")}
+    assert notes_queued == {"kb/notes/alpha.md"}
+    ws.close()
+
+
+def test_a_kb_and_state_folder_reached_through_links_are_written_as_before(
+    kb, tmp_path, checked_by
+):
+    """The links a machine is set up with, not swapped: the KB root given through a linked
+    parent, the state folder a link (/var/lib/reviewq -> /srv/reviewq) and its jobs/ one
+    to another disk. A job's files, its attempt's files and its notes' reads go on as
+    before R13-R17 (only a job's or attempt's own folder may not be a link)."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    state = tmp_path / "srv-state"
+    (tmp_path / "other-disk-jobs").mkdir()
+    state.mkdir()
+    (state / "jobs").symlink_to(tmp_path / "other-disk-jobs", target_is_directory=True)
+    kb.state.symlink_to(state, target_is_directory=True)
+    (tmp_path / "via").symlink_to(tmp_path, target_is_directory=True)
+    ws = Workspace.open(tmp_path / "via" / "kbroot")
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    texts = [t for (t,) in ws.store.conn.execute("SELECT text FROM snapshots")]
+    assert texts and all(t for t in texts)
+    control.dispatch()
+    msg = sent.pop(0)
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "output",
+            "output": _bundle(ws, job.review_job_id, "PASS"),
+            "files": {"stdout.log": b"the agent's log\n"},
+        }
+    )
+    control.write_due_files()
+    folder = tmp_path / "other-disk-jobs" / f"review-job-{job.review_job_id}"
+    assert (folder / "attempt-1" / "stdout.log").read_bytes() == b"the agent's log\n"
+    assert (folder / "MANIFEST.json").is_file() and (folder / "results").is_dir()
+    assert ws.store.conn.execute("SELECT count(*) FROM job_files_due").fetchone()[0] == 0
     decided = ws.store.conn.execute(
         "SELECT decision FROM review_pairs WHERE job_id = ?", (job.review_job_id,)
     ).fetchall()

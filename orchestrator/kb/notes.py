@@ -15,7 +15,7 @@ import posixpath
 import re
 import stat
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +81,11 @@ _PARTICULAR = re.compile(r"[^\s,;()]*/[^\s,;()]*|[^\s,;()]+\.md\b|(?<![\w-])\d+"
 
 class KBError(Exception):
     """A problem with the KB as a whole (a missing root, a path outside it)."""
+
+
+# A read whose path named another file than the one it opened, opened again (a person's
+# saves do not come three in a row within microseconds; a link swapped in and out can).
+_OPEN_TRIES = 3
 
 
 class OutsideRoot(KBError, OSError):
@@ -591,7 +596,10 @@ class KB:
 
     def inside(self, path: str) -> bool:
         """Whether ``path``, every symlink resolved, is under the root."""
-        real = os.path.realpath(path)
+        return self._under_root(os.path.realpath(path))
+
+    def _under_root(self, real: str) -> bool:
+        """Whether ``real``, a path with every symlink resolved, is under the root."""
         root = str(self.root)
         return real == root or real.startswith(root + os.sep)
 
@@ -604,39 +612,53 @@ class KB:
         on the way swapped for a link out of the KB meanwhile (a person moving it, or
         anything else) and the outside file's text became a snapshot sent to a model."""
         path = Path(self.root, rel)
-        try:
-            fd = open_regular(path)
-        except NotRegular as exc:
-            raise _not_regular(path, exc.kind) from None
-        if fd is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-        with open(fd, "rb") as f:
-            self.held_inside(rel, f.fileno())
+
+        def opened() -> int:
+            try:
+                fd = open_regular(path)
+            except NotRegular as exc:
+                raise _not_regular(path, exc.kind) from None
+            if fd is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+            return fd
+
+        with open(self._open_inside(rel, opened), "rb") as f:
             return f.read()
 
     def open_folder(self, rel: str) -> int:
         """A descriptor of the folder at ``rel``, which is inside the root: a file written
         through it (``dir_fd``) lands there, whatever is put on its path after."""
-        fd = os.open(Path(self.root, rel), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self.held_inside(rel, fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        path = Path(self.root, rel)
+        return self._open_inside(
+            rel, lambda: os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        )
 
-    def held_inside(self, rel: str, fd: int) -> None:
-        """Raise :class:`OutsideRoot` unless ``fd`` (opened at ``rel``) is a file of the root:
-        its path, resolved after the open, is under the root and names that same file. A
-        link swapped in before the open fails the first; one swapped back after, the
-        second."""
-        real = os.path.realpath(Path(self.root, rel))
-        try:
-            same = self.inside(real) and os.path.samestat(os.stat(real), os.fstat(fd))
-        except OSError:
-            same = False  # moved or removed since the open: not known to be inside
-        if not same:
-            raise OutsideRoot(f"{rel}: outside the KB root (through a symlink)")
+    def _open_inside(self, rel: str, opened: Callable[[], int]) -> int:
+        """``opened()``'s descriptor of the file at ``rel`` once it is held to be a file of
+        the root: the path, resolved after the open, is under the root and names that same
+        file. A link swapped in before the open fails the first; one swapped back after,
+        the second (:class:`OutsideRoot`). A path that names another file inside the root
+        is most often a person's save (an editor renames a new file over the note) and
+        is opened again: taken as a link, the note was left out of a sweep as "outside"."""
+        for _ in range(_OPEN_TRIES):
+            fd = opened()
+            try:
+                where = opened_at(fd)
+                if where is not None:  # where the file is now: nothing swapped can fool it
+                    inside = same = self._under_root(where)
+                else:
+                    real = os.path.realpath(Path(self.root, rel))
+                    inside = self._under_root(real)
+                    same = inside and _same_file(real, fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if same:
+                return fd
+            os.close(fd)
+            if not inside:
+                break
+        raise OutsideRoot(f"{rel}: outside the KB root (through a symlink)")
 
     # --- notes -------------------------------------------------------------------------
     def note_files(self, under: Iterable[str] | None = None) -> list[str]:
@@ -877,6 +899,26 @@ def note_stat(path: Path) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise _not_regular(path, FOLDER if stat.S_ISDIR(st.st_mode) else SPECIAL)
     return st
+
+
+def opened_at(fd: int) -> str | None:
+    """The path of the file open at ``fd``, every link resolved, as Linux says it
+    (``/proc/self/fd``; " (deleted)" after the path of one removed since); None where it
+    does not (another system, no /proc). One system call: resolving the path it was opened
+    at again costs one a folder on the way, ~5 times the read of a note."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+def _same_file(path: str, fd: int) -> bool:
+    """Whether ``path`` names the file open at ``fd``; False for a path gone since (opened
+    again, it says so)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(fd))
+    except OSError:
+        return False
 
 
 def _not_regular(path: Path, kind: str) -> OSError:
