@@ -40,15 +40,15 @@ def _one_queued_job(kb):
 
 
 def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, monkeypatch):
+    import orchestrator.control.attempts as attempts
+
     ws, job, sent, control = _one_queued_job(kb)
-    real_write_text = pathlib.Path.write_text
+    real_write_prompt = attempts._write_prompt
 
-    def disk_full(self, *args, **kwargs):
-        if self.name == "prompt.md":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write_text(self, *args, **kwargs)
+    def disk_full(attempt_dir, prompt):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pathlib.Path, "write_text", disk_full)
+    monkeypatch.setattr(attempts, "_write_prompt", disk_full)
     control.dispatch()
     row = ws.store.conn.execute(
         "SELECT status, attempt FROM review_jobs WHERE id = ?", (job.review_job_id,)
@@ -56,7 +56,7 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
     assert tuple(row) == ("queued", 0) and sent == []
     assert ws.store.conn.execute("SELECT count(*) FROM attempts").fetchone()[0] == 0
 
-    monkeypatch.setattr(pathlib.Path, "write_text", real_write_text)
+    monkeypatch.setattr(attempts, "_write_prompt", real_write_prompt)
     control.dispatch()
     assert [m["job_id"] for m in sent] == [job.review_job_id]
     assert sent[0]["attempt"] == 1
@@ -2774,16 +2774,14 @@ def test_a_state_folder_that_cannot_be_written_for_a_moment_does_not_fail_the_qu
     enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
     sent: list[dict] = []
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    real = pathlib.Path.write_text
+    import orchestrator.control.attempts as attempts
 
-    def broken(self, *args, **kwargs):
-        if self.name == "prompt.md":
-            raise OSError(code, errno.errorcode[code])
-        return real(self, *args, **kwargs)
+    def broken(attempt_dir, prompt):  # the attempt's prompt.md, written in its folder
+        raise OSError(code, errno.errorcode[code])
 
-    monkeypatch.setattr(pathlib.Path, "write_text", broken)
+    monkeypatch.setattr(attempts, "_write_prompt", broken)
     control.dispatch()
-    monkeypatch.setattr(pathlib.Path, "write_text", real)
+    monkeypatch.undo()
     statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
     assert statuses == ["queued"] * 3, statuses
     ws.store.close()

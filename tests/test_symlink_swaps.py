@@ -319,3 +319,41 @@ def test_a_kb_and_state_folder_reached_through_links_are_written_as_before(
     ).fetchall()
     assert [d[0] for d in decided] == ["PASS"]
     ws.close()
+
+
+def test_a_job_folder_swapped_for_a_link_gets_no_retrys_prompt_through_it(kb, tmp_path):
+    """R15 and R17's link, met by the next attempt's dispatch: the job folder replaced by a
+    link to a folder elsewhere while attempt 1 ran (an agent's doing), the attempt failed,
+    and the retry's dispatch made attempt-2/ out there and wrote its prompt into it, the
+    note's text with it, then sent the job to run. Nothing is written through the link;
+    the job is not run through it, and says why."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    control.dispatch()
+    msg = sent.pop(0)
+    folder = kb.state / "jobs" / f"review-job-{job.review_job_id}"
+    elsewhere = tmp_path / "persons"
+    shutil.move(folder, elsewhere)
+    folder.symlink_to(elsewhere, target_is_directory=True)
+    before = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
+    control.on_outcome(
+        {
+            "job_id": msg["job_id"],
+            "attempt": msg["attempt"],
+            "classification": "no-output",
+            "exit_code": 1,
+        }
+    )
+    with ws.store.write():  # its retry due now
+        ws.store.conn.execute("UPDATE review_jobs SET not_before = NULL")
+    with capture_logs() as logged:
+        control.dispatch()
+    assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == before
+    assert sent == []
+    said = [e for e in logged if e.get("job_id") == job.review_job_id and "reason" in e]
+    assert said and f"a link to {elsewhere}" in said[0]["reason"]
+    ws.close()

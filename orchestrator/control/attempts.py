@@ -7,6 +7,7 @@ still running somewhere can never write over the current one's output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -128,8 +129,6 @@ def open_attempt(
         # The prompt is written inside the transaction: a disk that cannot take it (full)
         # leaves the job queued as it was, not running an attempt that has no prompt.
         attempt_dir = folder / f"attempt-{attempt}"
-        # 0700: the prompt quotes the notes, as the job's own 0600 prompt.md does.
-        attempt_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         retry = ""
         reasons = reasons_column(previous["reasons"]) if previous is not None else []
         if reasons:
@@ -170,7 +169,7 @@ def open_attempt(
         # it creates or deletes beside them counts as touched too, in every note root.
         trees = tuple(sorted({p.split("/", 1)[0] for p in (*guarded, *note_roots)}))
         prompt_path = attempt_dir / "prompt.md"
-        prompt_path.write_text(prompt, encoding="utf-8")
+        _write_prompt(attempt_dir, prompt)
     return OpenedAttempt(
         job_id,
         attempt,
@@ -188,6 +187,34 @@ def open_attempt(
         note_text,
         display_path(root, output),
     )
+
+
+_PROMPT = "an attempt's prompt"
+_NOT_RUN = "the job is not run through it"
+
+
+def _write_prompt(attempt_dir: Path, prompt: str) -> None:
+    """An attempt's ``prompt.md``, in its own folder made in its job's: either swapped for
+    a link to a folder elsewhere (an agent of an earlier attempt) had the prompt, the
+    notes' text in it, written out there, and the job run (:class:`LinkedFolder`)."""
+    try:
+        job = open_own_folder(attempt_dir.parent, _PROMPT, then=_NOT_RUN)
+    except FileNotFoundError:  # a person deleted it: made again, as its files are
+        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+        job = open_own_folder(attempt_dir.parent, _PROMPT, then=_NOT_RUN)
+    try:
+        # 0700: the prompt quotes the notes, as the job's own 0600 prompt.md does.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(attempt_dir.name, 0o700, dir_fd=job)
+    finally:
+        os.close(job)
+    folder = open_own_folder(attempt_dir, _PROMPT, depth=2, then=_NOT_RUN)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open("prompt.md", flags, 0o666, dir_fd=folder), "w", encoding="utf-8") as f:
+            f.write(prompt)
+    finally:
+        os.close(folder)
 
 
 def render_audit_preamble(store: Store, job_id: int) -> str:
