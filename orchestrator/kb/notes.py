@@ -612,17 +612,7 @@ class KB:
         on the way swapped for a link out of the KB meanwhile (a person moving it, or
         anything else) and the outside file's text became a snapshot sent to a model."""
         path = Path(self.root, rel)
-
-        def opened() -> int:
-            try:
-                fd = open_regular(path)
-            except NotRegular as exc:
-                raise _not_regular(path, exc.kind) from None
-            if fd is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-            return fd
-
-        with open(self._open_inside(rel, opened), "rb") as f:
+        with open(self._open_inside(rel, lambda: _opened(path)), "rb") as f:
             return f.read()
 
     def open_folder(self, rel: str) -> int:
@@ -882,14 +872,19 @@ class KB:
 def read_file(path: Path) -> bytes:
     """A note's bytes; anything but a regular file is an OSError that says what it is: a
     FIFO held the read (`ack`, create-jobs) for good, waiting for a writer."""
+    with open(_opened(path), "rb") as f:
+        return f.read()
+
+
+def _opened(path: Path) -> int:
+    """A descriptor of the regular file at ``path``, or the OSError that says what it is."""
     try:
         fd = open_regular(path)
     except NotRegular as exc:
         raise _not_regular(path, exc.kind) from None
     if fd is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    with open(fd, "rb") as f:
-        return f.read()
+    return fd
 
 
 def note_stat(path: Path) -> os.stat_result:
