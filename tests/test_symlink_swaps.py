@@ -57,6 +57,20 @@ def _run(control: Control, sent: list[dict], output: bytes) -> dict:
     return msg
 
 
+def _dispatched(kb) -> tuple[Workspace, Control, object, dict, list[dict]]:  # noqa: ANN001
+    """A one-pair job of a new KB, its first attempt dispatched by a control whose review
+    messages are kept: the workspace, the control, the job, that message and the list
+    the control's next messages go to."""
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
+    control.dispatch()
+    return ws, control, job, sent.pop(0), sent
+
+
 def _move_out(folder: Path, outside: Path, text: str | None = None) -> Path:
     """A person's move of ``folder`` out of the KB, a link left in its place; ``text``
     (given) replaces every note's body there, a file that was never the KB's."""
@@ -157,14 +171,7 @@ def test_a_job_folder_swapped_for_a_link_is_not_written_through(kb, tmp_path):
     one out there and renamed that folder's own results/ aside and removed it. A job's
     files are written in the state folder only; the link's folder is left as it was
     and the job's files wait, the reason said, until the link is gone."""
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
-    control.dispatch()
-    msg = sent.pop(0)
+    ws, control, job, msg, sent = _dispatched(kb)
     folder = kb.state / "jobs" / f"review-job-{job.review_job_id}"
     elsewhere = tmp_path / "persons"
     (elsewhere / "results").mkdir(parents=True)
@@ -207,14 +214,7 @@ def test_an_attempt_folder_swapped_for_a_link_is_not_written_through(kb, tmp_pat
     the attempt ran: the control wrote the attempt's output and logs over the files of the
     same names out there. They are evidence only: not written, said in the log, and the
     review is decided from the output the message carries."""
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
-    control.dispatch()
-    msg = sent.pop(0)
+    ws, control, job, msg, sent = _dispatched(kb)
     folder = kb.state / "jobs" / f"review-job-{job.review_job_id}"
     elsewhere = tmp_path / "persons"
     moved = folder if linked == "job" else folder / "attempt-1"
@@ -327,14 +327,7 @@ def test_a_job_folder_swapped_for_a_link_gets_no_retrys_prompt_through_it(kb, tm
     and the retry's dispatch made attempt-2/ out there and wrote its prompt into it, the
     note's text with it, then sent the job to run. Nothing is written through the link;
     the job is not run through it, and says why."""
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    ws = Workspace.open(kb.root)
-    sent: list[dict] = []
-    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
-    (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
-    control.dispatch()
-    msg = sent.pop(0)
+    ws, control, job, msg, sent = _dispatched(kb)
     folder = kb.state / "jobs" / f"review-job-{job.review_job_id}"
     elsewhere = tmp_path / "persons"
     shutil.move(folder, elsewhere)
