@@ -19,6 +19,7 @@ from orchestrator.kb.notes import KB
 from orchestrator.review.bundle import end_line, start_line
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
+from tests.test_followup_files import _run
 
 SECRET = "The outside file's text, never the KB's.\n"
 
@@ -41,20 +42,6 @@ def _bundle(ws: Workspace, job_id: int, decision: str) -> bytes:
             f"{start_line(note, gate)}\n- high: thin.\n## Result: {decision}\n{end_line(note, gate)}\n"
         )
     return "\n".join(blocks).encode()
-
-
-def _run(control: Control, sent: list[dict], output: bytes) -> dict:
-    control.dispatch()
-    msg = sent.pop(0)
-    control.on_outcome(
-        {
-            "job_id": msg["job_id"],
-            "attempt": msg["attempt"],
-            "classification": "output",
-            "output": output,
-        }
-    )
-    return msg
 
 
 def _dispatched(kb) -> tuple[Workspace, Control, object, dict, list[dict]]:  # noqa: ANN001
