@@ -83,19 +83,32 @@ class App:
 class _PatientReads:
     """A queue that cannot be read (Redis restarting, the queue file locked past its busy
     timeout) is waited out here, with a growing pause and one log line a minute, instead
-    of Huey logging a traceback at every poll (tens a second) until it is back."""
+    of Huey logging a traceback at every poll (tens a second) until it is back.
 
-    _pause = 0.0
+    The queue is back when every read that failed succeeds again: a Redis full under
+    `noeviction` refuses BLMOVE (a write) while the schedule's script, finding nothing
+    due, writes nothing and goes through, and a read that counted as the queue back
+    logged "available" and the outage again each second (a line a minute promised)."""
+
     _said_at = 0.0
     after_outage: Callable[[], None] | None = None  # run as a read finds the queue back
 
     def dequeue(self):  # noqa: ANN201 - Huey's signature
-        return self._patiently(super().dequeue, None)  # type: ignore[misc]
+        return self._patiently("dequeue", super().dequeue, None)  # type: ignore[misc]
 
     def read_schedule(self, timestamp):  # noqa: ANN001, ANN201 - Huey's signature
-        return self._patiently(lambda: super(_PatientReads, self).read_schedule(timestamp), [])  # type: ignore[misc]
+        return self._patiently(
+            "read_schedule",
+            lambda: super(_PatientReads, self).read_schedule(timestamp),  # type: ignore[misc]
+            [],
+        )
 
-    def _patiently(self, read, empty):  # noqa: ANN001, ANN202
+    @functools.cached_property
+    def _pauses(self) -> dict[str, float]:
+        """Each read failing now: its pause before it is tried again."""
+        return {}
+
+    def _patiently(self, kind: str, read, empty):  # noqa: ANN001, ANN202
         try:
             data = read()
         except QUEUE_UNAVAILABLE as exc:
@@ -105,11 +118,11 @@ class _PatientReads:
                 logs.get().error(
                     "queue.unavailable", queue=self.name, error=str(exc), retry_s=_MAX_PAUSE
                 )
-            self._pause = min(_MAX_PAUSE, max(0.1, self._pause * 2))
-            time.sleep(self._pause)
+            pause = self._pauses[kind] = min(_MAX_PAUSE, max(0.1, self._pauses.get(kind, 0) * 2))
+            time.sleep(pause)
             return empty
-        if self._pause:
-            self._pause = self._said_at = 0.0
+        if self._pauses.pop(kind, None) is not None and not self._pauses:
+            self._said_at = 0.0
             if self.after_outage is not None:
                 self.after_outage()  # before the line: what follows it sees it done
             logs.get().info("queue.available", queue=self.name)
@@ -273,7 +286,7 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
     def _take(self):  # noqa: ANN202
         if not self.holds:
             return super().dequeue()
-        return self._patiently(self._peek, None)
+        return self._patiently("dequeue", self._peek, None)
 
     def _peek(self):  # noqa: ANN202
         found = self.sql(
@@ -338,7 +351,7 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         if not self.holds:
             return super().dequeue()
-        return self._patiently(self._peek, None)
+        return self._patiently("dequeue", self._peek, None)
 
     def close(self):  # noqa: ANN201 - Huey's signature
         self.pool.disconnect()  # each queue has a pool of its own (redis_pool)
@@ -921,7 +934,9 @@ def claim_when_up(huey: Huey, install: int, state_dir: Path, every: float) -> di
         return claim_queue(huey, install, state_dir, every)
     unread = {}
     while (
-        held := storage._patiently(lambda: claim_queue(huey, install, state_dir, every), unread)
+        held := storage._patiently(
+            "claim", lambda: claim_queue(huey, install, state_dir, every), unread
+        )
     ) is unread:
         pass
     return held
