@@ -1540,8 +1540,11 @@ def test_an_output_left_as_a_unix_socket_is_refused_not_raised(tmp_path):
     the job failed as "lost its worker"."""
     out = _bounded_attempt(
         tmp_path,
+        # Bound by a relative name: a unix socket's path is at most 107 bytes, and a
+        # test process of pytest-xdist's has a longer tmp_path (popen-gw0/).
         "import os, socket; s = socket.socket(socket.AF_UNIX); "
-        "s.bind(os.environ['REVIEWQ_OUTPUT_PATH'])",
+        "p = os.environ['REVIEWQ_OUTPUT_PATH']; os.chdir(os.path.dirname(p)); "
+        "s.bind(os.path.basename(p))",
     )
     assert out.classification == "invalid-output"
     assert out.reasons == ["out.md is not a regular file (a FIFO, socket or device)"]
