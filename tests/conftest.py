@@ -28,8 +28,10 @@ SHARED = PROJECT.parent / "shared"
 CORPUS = SHARED / "corpora" / "commonplace-kb.tar.gz"
 # The host's temporary folder, read before any test points TMPDIR at a folder of its own.
 HOST_TMP = Path(tempfile.gettempdir())
-# Agents' TMPDIRs (workers.attempt._scratch) that appeared while a test ran, by test.
+# Agents' TMPDIRs (workers.attempt._scratch) that appeared while a test ran, by test: in
+# the process that reports (pytest-xdist's controller, whose own fixtures run no test).
 AGENT_TMPDIRS_LEFT: dict[str, set[Path]] = {}
+_TMPDIRS_LEFT_KEY = "agent_tmpdirs_left"
 
 
 def _agent_tmpdirs(folder: Path) -> set[Path]:
@@ -64,7 +66,15 @@ def own_tmpdir(
             attempt._drop(kept)
         attempt._KEPT_ALL.clear()
     if new := (_agent_tmpdirs(HOST_TMP) - before) | _agent_tmpdirs(folder):
-        AGENT_TMPDIRS_LEFT[request.node.nodeid] = new
+        # On the test's report, not in this process's dict: a pytest-xdist test process
+        # prints no summary, and its reports are what reach the one that does.
+        request.node.user_properties.append((_TMPDIRS_LEFT_KEY, sorted(map(str, new))))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, paths in report.user_properties:
+        if key == _TMPDIRS_LEFT_KEY:
+            AGENT_TMPDIRS_LEFT.setdefault(report.nodeid, set()).update(map(Path, paths))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
