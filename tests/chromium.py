@@ -15,6 +15,7 @@ import select
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,9 +51,11 @@ class Chromium:
             os.dup2(resp_w, 4)
 
         # Chromium keeps its singleton socket in a folder of TMPDIR that a kill leaves
-        # behind: the test's folder holds it, so a run leaves nothing in /tmp.
-        self.tmp_dir = profile_dir / "tmp"
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        # behind: a folder of its own holds it, removed on close. Short and in /tmp, not
+        # under the test's folder: a unix socket's path is at most 107 bytes, and under a
+        # pytest-xdist process's (/tmp/pytest-of-USER/pytest-N/popen-gwN/...) Chromium's
+        # was 102, its start failing ("closed its pipe") past a 46-byte base folder.
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="rq-chromium-", dir="/tmp"))
         self.proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
             env={**os.environ, "TMPDIR": str(self.tmp_dir)},
@@ -172,6 +175,7 @@ class Chromium:
         for fd in (self._cmd_w, self._resp_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)  # its processes are gone
 
     def __enter__(self) -> Chromium:
         return self
