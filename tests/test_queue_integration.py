@@ -3132,7 +3132,9 @@ def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tm
     small_kb(kb, notes=1)
     ws = Workspace.open(kb.root)
     children = Children(ws, workers=1)
-    children.END_S = 2.0
+    # One END_S and the kill, not two one after the other (at least 2 * END_S): 3 s
+    # leaves the kill and the reap 3 s on a machine loaded by other test processes.
+    children.END_S = 3.0
     try:
         for name in ("control", "worker"):
             up = make_fifo(tmp_path, name)
@@ -3143,7 +3145,7 @@ def test_a_sweeps_children_that_will_not_stop_are_killed_within_one_end_s(kb, tm
         children.stop(at_once=True)
         took = time.monotonic() - started
         assert all(proc.poll() is not None for proc in children.procs.values())
-        assert took < 1.75 * children.END_S, f"stopped in {took:.1f} s"
+        assert took < 2 * children.END_S, f"stopped in {took:.1f} s"
     finally:
         _kill_all(list(children.procs.values()), None)
         ws.close()
