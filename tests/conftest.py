@@ -7,6 +7,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,16 @@ def run_cli(kb: KBBuilder):
         return CLIResult(res.exit_code, res.stdout, res.stderr)
 
     return run
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole test: bound, not listening.
+    One bound and closed again is free for any process's bind(0) meanwhile: under
+    pytest-xdist another test's server may take it and answer."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
 
 
 def bound_by_file_modes() -> list[str]:

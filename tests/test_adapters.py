@@ -790,10 +790,8 @@ def test_a_fixer_that_did_not_end_cleanly_leaves_the_note_whole(
     assert kb2.read(NOTE) == original
 
 
-def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_openai_unreachable_server(kb2, run_cli, monkeypatch, refused_port):
+    port = refused_port
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     # (A base_url with USER:PASSWORD@ is refused when the settings load.)
     openai_profile(kb2, f"http://127.0.0.1:{port}")
@@ -805,16 +803,16 @@ def test_openai_unreachable_server(kb2, run_cli, monkeypatch):
     assert KEY not in json.dumps(res.outcome.reasons)
 
 
-def test_an_openai_profile_paused_for_its_endpoint_is_not_said_to_have_a_cli(kb2, monkeypatch):
+def test_an_openai_profile_paused_for_its_endpoint_is_not_said_to_have_a_cli(
+    kb2, monkeypatch, refused_port
+):
     """An ``openai`` profile paused because its endpoint was out of reach read "its CLI
     reported a failure that is not the job's" in status, the report, doctor and job N:
     it has no CLI, and the words sent the person looking for one."""
     from .conftest import reviewq_process
     from .test_queue_integration import FAST_QUEUE
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = refused_port
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     queue = FAST_QUEUE.replace("[queue]\n", "[queue]\nlaunch_failures_before_pause = 1\n")
     openai_profile(kb2, f"http://127.0.0.1:{port}", extra=queue)
@@ -833,13 +831,13 @@ def test_an_openai_profile_paused_for_its_endpoint_is_not_said_to_have_a_cli(kb2
     assert f"cannot reach http://127.0.0.1:{port}/v1/chat/completions" in line, line
 
 
-def test_openai_connection_check_goes_where_the_request_goes(kb2, run_cli, monkeypatch, server):
+def test_openai_connection_check_goes_where_the_request_goes(
+    kb2, run_cli, monkeypatch, server, refused_port
+):
     """no_proxy=host:port sends the request straight to the endpoint (urllib matches the
     host and the port), but the check before it matched the host alone, tried the proxy
     and reported the endpoint out of reach: the profile paused for a proxy never used."""
-    with socket.socket() as s:  # a proxy nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = refused_port  # a proxy nobody listens on
     port = server.url.rsplit(":", 1)[1]
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{dead}")

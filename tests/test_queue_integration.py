@@ -2122,9 +2122,9 @@ def test_enqueue_with_the_queue_down_keeps_the_jobs_and_says_so_in_one_line(kb, 
         srv = stack.enter_context(socket.socket())
         srv.bind(("127.0.0.1", 0))
         port = srv.getsockname()[1]
-        if down == "refused":
-            srv.close()  # nobody listens: connection refused
-        else:
+        # Refused: bound and not listening, kept so (a port closed again may be taken
+        # by a test of another pytest-xdist process).
+        if down == "unanswered":
             srv.listen(0)
             filler = stack.enter_context(socket.socket())
             filler.connect(("127.0.0.1", port))  # fills the queue; it is never accepted
@@ -2412,14 +2412,12 @@ def test_a_transaction_a_failover_aborted_is_an_outage_waited_out(tmp_path):
         pool.disconnect()
 
 
-def test_a_control_started_before_redis_waits_for_it(kb):
+def test_a_control_started_before_redis_waits_for_it(kb, refused_port):
     """The check of the Redis server's commands met a refused connection at start-up and
     exited ("internal error: ConnectionError"): a control started before Redis at boot
     crash-looped. It waits for the queue, as the consumer always has."""
     small_kb(kb)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = refused_port
     kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "redis://127.0.0.1:{port}/0"\n')
     exe = Path(sys.executable).parent / "reviewq"
     proc = subprocess.Popen(

@@ -213,11 +213,9 @@ def test_a_lookup_that_fails_after_a_good_start_is_an_outage_waited_for(tmp_path
             _stop(worker)
 
 
-def test_a_redis_out_of_reach_at_start_is_still_waited_for(tmp_path):
+def test_a_redis_out_of_reach_at_start_is_still_waited_for(tmp_path, refused_port):
     """Connection refused is an outage (Redis restarting, not up yet): the worker waits."""
-    with socket.create_server(("127.0.0.1", 0)) as held:
-        port = held.getsockname()[1]
-    _, args = _worker_home(tmp_path, f"redis://127.0.0.1:{port}/0")
+    _, args = _worker_home(tmp_path, f"redis://127.0.0.1:{refused_port}/0")
     proc = subprocess.Popen(
         [*args, "worker", "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
