@@ -1103,6 +1103,34 @@ def test_a_control_whose_acl_refuses_the_claim_runs_unclaimed_and_says_so(kb, tm
     assert PASSWORD not in json.dumps(said)
 
 
+def test_a_control_whose_redis_came_up_late_and_refused_the_claim_says_it_back(kb, tmp_path):
+    """A Redis not up at the control's start (a boot that starts the control first) that
+    comes up with an ACL refusing the claim (WATCH): the claim's failed try stayed among
+    the reads failing now, never tried again, so the control never said `queue.available`
+    (its log ended at `queue.unavailable`), and no later outage ran its after-outage claim
+    or said its end."""
+    folder = tmp_path / "late"
+    folder.mkdir()
+    url = _with_credentials(f"unix://{folder / 'redis.sock'}", f"app:{PASSWORD}")
+    control = _start_control(kb, url)
+    try:
+        deadline = time.monotonic() + 30
+        while not _log_events(kb, "queue.unavailable"):  # its claim met the outage
+            assert time.monotonic() < deadline and control.poll() is None, control.poll()
+            time.sleep(0.1)
+        acl = (*ACL_USER, "app", "on", f">{PASSWORD}", "~huey.*", "~reviewq.*", "+@all")
+        with redis_server(folder, *acl, "-@dangerous", "-watch"):
+            _await_control_started(kb, control)
+            deadline = time.monotonic() + 15
+            while not _log_events(kb, "queue.available"):
+                assert time.monotonic() < deadline, "the end of the outage never said"
+                assert control.poll() is None, control.poll()
+                time.sleep(0.1)
+    finally:
+        _stop(control)
+    assert _log_events(kb, "queue.unclaimed")
+
+
 def test_a_second_control_on_one_redis_database_is_refused_at_once(kb, tmp_path, redis_url):
     """Two KBs (two state folders) given one Redis database: the queue names are fixed, so
     the second control took the first's ticks (the first then said a false

@@ -121,12 +121,21 @@ class _PatientReads:
             pause = self._pauses[kind] = min(_MAX_PAUSE, max(0.1, self._pauses.get(kind, 0) * 2))
             time.sleep(pause)
             return empty
+        except Exception:
+            # The server answered, refusing it for another reason (an ACL without WATCH
+            # for the claim) that the caller says: left failing, a read tried once (the
+            # claim) kept the queue "unavailable" for good, its end never said again.
+            self._back(kind)
+            raise
+        self._back(kind)
+        return data
+
+    def _back(self, kind: str) -> None:
         if self._pauses.pop(kind, None) is not None and not self._pauses:
             self._said_at = 0.0
             if self.after_outage is not None:
                 self.after_outage()  # before the line: what follows it sees it done
             logs.get().info("queue.available", queue=self.name)
-        return data
 
 
 class _Holding:
