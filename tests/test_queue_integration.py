@@ -3843,3 +3843,46 @@ def test_a_control_on_a_zone_file_cut_short_starts_and_status_answers(kb, tmp_pa
         assert said.returncode == 0, said.stderr
         assert json.loads(said.stdout)["control"]["zone"] == str(zone_file)
         log.unlink()
+
+
+def test_a_retry_due_while_redis_is_full_is_kept_until_it_can_be_queued(tmp_path):
+    """A control task's retry (Huey's schedule) due while a Redis shared with another
+    application is full under `noeviction`: Huey's schedule script took it off (a delete
+    frees memory, so it is let through) and its scheduler's push onto the queue was
+    refused, `Error enqueueing` and the retry gone (a deliver_outcome's: the outcome lost,
+    the agent run again a lease later). It stays on the schedule until the push goes."""
+    import redis
+    from huey import RedisHuey
+    from huey.consumer import Scheduler
+
+    from workers import queues
+
+    with (
+        redis_server(tmp_path, "--maxmemory-policy", "noeviction") as url,
+        contextlib.closing(redis.Redis.from_url(url)) as admin,
+    ):
+        huey = RedisHuey(
+            "reviewq-control",
+            storage_class=queues.RedisQueueStorage,
+            holds=True,
+            connection_pool=queues.redis_pool(url),
+        )
+        retried = huey.task(name="retried", retries=3, retry_delay=3)(lambda n: n)
+        task = retried.s(1)
+        task.eta = datetime(2000, 1, 1)  # due
+        huey.add_schedule(task)
+        others = [f"other-app:{i}" for i in range(64)]
+        for name in others:
+            admin.set(name, b"x" * 65536)
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] - 2**20)
+        scheduler = Scheduler(huey, threading.Event(), 1, False)
+        scheduler.loop()  # full: the push refused
+        assert huey.storage.queue_size() == 0
+        admin.delete(*others)
+        scheduler._next_loop = time.monotonic()  # the next second's, now
+        scheduler.loop()
+        assert huey.storage.schedule_size() == 0
+        data = huey.storage.dequeue()
+        assert data is not None, "the retry was lost"
+        assert huey.deserialize_task(data).id == task.id
+        huey.storage.close()

@@ -356,6 +356,7 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         self.holds = holds
         self.held_key = self.queue_key + ".held"
         self._restored = False
+        self._move = self.conn.register_script(_MOVE_DUE_LUA)
 
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         if not self.holds:
@@ -365,6 +366,17 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
     def close(self):  # noqa: ANN201 - Huey's signature
         self.pool.disconnect()  # each queue has a pool of its own (redis_pool)
         return True
+
+    def read_schedule(self, timestamp):  # noqa: ANN001, ANN201 - Huey's signature
+        return self._patiently("read_schedule", lambda: self._move_due(timestamp), [])
+
+    def _move_due(self, timestamp) -> list:  # noqa: ANN001 - Huey's datetime
+        """Move the messages due onto the queue in one script, and hand Huey none to
+        enqueue. Huey's pop took them off the schedule and its scheduler pushed them after:
+        a Redis full under `noeviction` lets the pop through (it frees memory) and refuses
+        the push, and a control task's retry due then was gone (its outcome with it)."""
+        self._move(keys=[self.schedule_key, self.queue_key], args=[self.convert_ts(timestamp)])
+        return []
 
     def _peek(self):  # noqa: ANN202
         if not self._restored:
@@ -439,6 +451,16 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         while self.conn.lmove(self.held_key, self.queue_key, src="RIGHT", dest="RIGHT"):
             moved += 1
         return moved
+
+
+# Each message pushed before it leaves the schedule: a push refused (a full Redis) ends
+# the script with it and the ones after it still there, none lost and none pushed twice.
+_MOVE_DUE_LUA = """
+for _, data in ipairs(redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1])) do
+    redis.call('lpush', KEYS[2], data)
+    redis.call('zrem', KEYS[1], data)
+end
+"""
 
 
 def _digest(data: bytes) -> str:
