@@ -83,6 +83,14 @@ class QueueConsumer(Consumer):
     reload_of: tuple[str, Settings] | None = None
     _kept_on = False  # this stop was a reload refused: the loop goes on
 
+    def take_signals(self) -> None:
+        """Take SIGINT, SIGTERM and SIGHUP now, as a stop (or a reload) the first look
+        of the loop acts on. Huey sets its handlers last in its start, its threads
+        running: a stop asked while the process said it had started (`systemctl stop`
+        right after a start, a test stopping it at `control.started`) ended it with exit
+        130 and a SIGHUP then killed it, neither with its stop's clean-up."""
+        self._set_signal_handlers()
+
     def loop(self, health_check_ts=None):  # noqa: ANN001, ANN201 - Huey's signature
         try:
             return super().loop(health_check_ts)
@@ -291,6 +299,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         max_delay=poll,
     )
     consumer.reload_of = ("worker", settings)
+    consumer.take_signals()
     logs.get().info(
         "worker.started",
         workers=workers,
@@ -526,6 +535,7 @@ def run_control(ws: Workspace) -> None:
         app.control, workers=1, periodic=False, initial_delay=poll, backoff=1.0, max_delay=poll
     )
     consumer.reload_of = ("control", settings)
+    consumer.take_signals()
     stop = threading.Event()
 
     def ticker() -> None:
