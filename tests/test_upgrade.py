@@ -40,6 +40,9 @@ def test_a_worker_stops_the_agents_a_dead_worker_of_an_earlier_release_left(tmp_
             def __init__(self, *args: object, **kwargs: object) -> None:
                 pass
 
+            def take_signals(self) -> None:
+                pass
+
             def run(self) -> None:
                 pass
 
