@@ -23,18 +23,20 @@ from orchestrator.sweeps.producer import SweepRequest, enqueue
 NOTE = "kb/notes/alpha.md"
 
 
-def _run(control: Control, sent: list[dict], output: bytes) -> dict:
-    """Dispatch the next queued job and deliver ``output`` as its attempt's outcome."""
+def _run(
+    control: Control, sent: list[dict], output: bytes, files: dict[str, bytes] | None = None
+) -> dict:
+    """Dispatch the next queued job and deliver ``output`` (and the agent's ``files``,
+    its logs) as its attempt's outcome."""
     control.dispatch()
     msg = sent.pop(0)
-    control.on_outcome(
-        {
-            "job_id": msg["job_id"],
-            "attempt": msg["attempt"],
-            "classification": "output",
-            "output": output,
-        }
-    )
+    outcome = {
+        "job_id": msg["job_id"],
+        "attempt": msg["attempt"],
+        "classification": "output",
+        "output": output,
+    }
+    control.on_outcome(outcome if files is None else {**outcome, "files": files})
     return msg
 
 

@@ -285,16 +285,11 @@ def test_a_kb_and_state_folder_reached_through_links_are_written_as_before(
     (job,) = enqueue(ws, SweepRequest(name="cli", all_gates=True)).jobs
     texts = [t for (t,) in ws.store.conn.execute("SELECT text FROM snapshots")]
     assert texts and all(t for t in texts)
-    control.dispatch()
-    msg = sent.pop(0)
-    control.on_outcome(
-        {
-            "job_id": msg["job_id"],
-            "attempt": msg["attempt"],
-            "classification": "output",
-            "output": _bundle(ws, job.review_job_id, "PASS"),
-            "files": {"stdout.log": b"the agent's log\n"},
-        }
+    _run(
+        control,
+        sent,
+        _bundle(ws, job.review_job_id, "PASS"),
+        files={"stdout.log": b"the agent's log\n"},
     )
     control.write_due_files()
     folder = tmp_path / "other-disk-jobs" / f"review-job-{job.review_job_id}"
