@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 import pytest
@@ -1408,32 +1409,36 @@ def test_a_tls_keys_passphrase_in_the_urls_query_is_not_shown(tmp_path):
     assert "ssl_password=***" in doctor.stdout and secret not in doctor.stdout, doctor.stdout
 
 
-def test_a_stop_asked_as_the_control_says_it_started_is_a_clean_stop(kb):
-    """SIGINT the moment `control.started` is in the log: Huey sets its handlers last in
-    its start, so until then Python's own took it, and the control ended with exit 130 (a
-    KeyboardInterrupt) and without its stop's clean-up (`control.stopped`, its claim and
-    lock let go). strace holds each new thread's start (clone3) for a second, which keeps
-    the process in that window as a loaded machine did. (A worker takes its signals at
-    the same point, by the same call.)"""
+@pytest.mark.parametrize("role", ["control", "worker"])
+def test_a_stop_asked_as_the_process_says_it_started_is_a_clean_stop(kb, role):
+    """SIGINT the moment `control.started` (`worker.started`) is in the log: Huey sets its
+    handlers last in its start, so until then Python's own took it, and the process ended
+    with exit 130 (a KeyboardInterrupt) and without its stop's clean-up (`control.stopped`,
+    its claim and lock let go; `worker.stopped`). strace holds each new thread's start
+    (clone3) for a second, which keeps the process in that window as a loaded machine did."""
     if shutil.which("strace") is None:
         pytest.skip("strace is not installed (CI installs it with apt)")
     _control_home(kb, "")
+    # A worker keeps its own log, under its folder in the state folder.
+    home = kb if role == "control" else SimpleNamespace(state=kb.state / "worker")
     held = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=clone3"]
     proc = subprocess.Popen(
-        [*held, "-e", "inject=clone3:delay_enter=1000000", EXE, "--root", str(kb.root), "control"],
+        [*held, "-e", "inject=clone3:delay_enter=1000000", EXE, "--root", str(kb.root), role],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # strace and the control, killed together on a failure
+        start_new_session=True,  # strace and the process, killed together on a failure
     )
     try:
         deadline = time.monotonic() + 60
-        while not (started := _log_events(kb, "control.started")):
+        while not (started := _log_events(home, f"{role}.started")):
             assert time.monotonic() < deadline and proc.poll() is None, proc.poll()
             time.sleep(0.02)
-        os.kill(started[0]["pid"], signal.SIGINT)
+        # The worker's line names it host:pid.
+        pid = started[0].get("pid") or int(started[0]["worker"].rsplit(":", 1)[1])
+        os.kill(pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert _log_events(kb, "control.stopped")
+    assert _log_events(home, f"{role}.stopped")
