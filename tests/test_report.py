@@ -1827,3 +1827,90 @@ def test_the_invisible_characters_a_script_writes_with_show_as_written(
         "[...document.querySelectorAll('article.fix .diff .add')].map(s => s.innerText)"
     )
     assert f"+{written} ab\\u200ccd" in shown, shown
+
+
+LONG_GATE = "prose/" + "substantive-body-that-has-a-very-long-gate-identifier-" * 2 + "end"
+
+
+def _long_names_page(night, tmp_path) -> Path:
+    """The night's page with a gate id of 117 characters beside the kb's own."""
+    from orchestrator.report import render
+
+    data = night.report()
+    data["reviewed"]["by_gate"][LONG_GATE] = {"PASS": 1, "FAIL": 2}
+    page_path = tmp_path / "long-names.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    return page_path
+
+
+def test_a_long_gate_id_leaves_its_chart_room_for_the_bars(night, browser, tmp_path):
+    """pygal cuts no label of a horizontal chart (its truncate_label is for the x axis):
+    a gate id of 117 characters took the whole width of "Decisions per gate", its plot
+    pushed out of the picture (a width of -147 of 800) and every bar gone. The table under
+    the chart names each gate in full."""
+    page = browser.open(_long_names_page(night, tmp_path).as_uri(), width=1280, height=900)
+    plots = page.evaluate(
+        """[...document.querySelectorAll('figure.chart svg')].map(s => [
+            s.closest('figure').querySelector('figcaption').textContent,
+            Number(s.querySelector('g.plot > rect.background').getAttribute('width')),
+            s.viewBox.baseVal.width])"""
+    )
+    assert len(plots) >= 5
+    assert [p for p in plots if p[1] < 0.4 * p[2]] == [], plots
+    names = page.evaluate(
+        """[...document.querySelectorAll('figure.chart details th[scope=row]')]
+        .map(th => th.textContent)"""
+    )
+    assert LONG_GATE in names  # in full where it is read
+
+
+def test_the_charts_words_can_be_read_on_a_phone(night, browser, tmp_path):
+    """A chart drawn 800 units wide was shrunk to a phone's 356 pixels, its words with it:
+    the gates' names, the legend and the axes' figures were 6 pixels high. A chart keeps
+    its words at 12 pixels or more and scrolls sideways in its own box; the page does not."""
+    url = _long_names_page(night, tmp_path).as_uri()
+    for width, mobile in ((375, True), (1280, False)):
+        page = browser.open(url, width=width, height=812, mobile=mobile)
+        sizes = page.evaluate(
+            """[...document.querySelectorAll('figure.chart svg')].map(s => {
+            // the scale the text is drawn at, whatever box or limit decided it
+            const px = [...s.querySelectorAll('text')].filter(t => t.textContent.trim())
+                .map(t => { const m = t.getScreenCTM();  // rotated or not
+                    return parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b); });
+            return [s.closest('figure').querySelector('figcaption').textContent,
+                    Math.round(Math.min(...px) * 10) / 10];
+        })"""
+        )
+        assert len(sizes) >= 5
+        assert [s for s in sizes if s[1] < 12] == [], (width, sizes)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+    page.screenshot(tmp_path / "charts-phone.png")
+
+
+def test_a_tables_headers_and_figures_keep_their_words_whole_on_a_phone(night, browser, tmp_path):
+    """On a phone the tables squeezed into the screen by breaking anywhere: "Reviewer"
+    read "Re / vie / wer", a cost "$0. / 01 / 00", "Tokens in" "Tok / en / s / in". A
+    column header's or a figure's words stay whole (a path still breaks at its hyphens);
+    a table wider than the screen scrolls in its own box."""
+    page = browser.open(
+        _long_names_page(night, tmp_path).as_uri(), width=375, height=812, mobile=True
+    )
+    broken = page.evaluate(
+        """(() => {
+        for (const d of document.querySelectorAll('details')) d.open = true;
+        const out = [];
+        for (const cell of document.querySelectorAll('th[scope=col], td.n')) {
+            const text = cell.firstChild;
+            if (!text || text.nodeType !== Node.TEXT_NODE) continue;
+            for (const m of text.textContent.matchAll(/\\S+/g)) {
+                const r = document.createRange();
+                r.setStart(text, m.index);
+                r.setEnd(text, m.index + m[0].length);
+                if (r.getClientRects().length > 1) out.push(m[0]);
+            }
+        }
+        return out;
+    })()"""
+    )
+    assert broken == [], broken
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375

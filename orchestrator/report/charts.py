@@ -73,13 +73,32 @@ def _svg(chart: pygal.graph.graph.Graph) -> str:
     return svg.replace("<svg ", '<svg role="img" aria-hidden="true" focusable="false" ', 1)
 
 
+# Units across a chart. The page scales it to its column but never under MIN_WIDTH_PX
+# (report.css), where the smallest words (13 units) are still 12 pixels: drawn 800 wide,
+# a phone's 356 pixels made them 6. Narrower than the screen, it scrolls in its own box.
+WIDTH = 560
+MIN_WIDTH_PX = 520
+# pygal cuts no label of a horizontal chart (its truncate_label is the x axis's): a gate
+# id of 117 characters took the whole width, the bars pushed out of the picture. The
+# chart's table names each in full.
+LABEL_MOST = 36
+
+
+def _label(name: str) -> str:
+    """A bar's name cut in the middle, keeping its lens and its end: "lens/gate-…-end"."""
+    if len(name) <= LABEL_MOST:
+        return name
+    head = (LABEL_MOST - 1) * 2 // 3
+    return name[:head] + "…" + name[head - LABEL_MOST + 1 :]
+
+
 def _config(rows: int, **kw) -> dict:
     # No pygal title: the page's <figcaption> names the chart once, in HTML.
     return {
         "style": STYLE,
         "js": [],
         "disable_xml_declaration": True,
-        "width": 800,
+        "width": WIDTH,
         "height": max(220, 90 + 34 * rows),
         "print_values": False,
         "legend_at_bottom": True,
@@ -99,7 +118,7 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
     ]
     style = Style(**{**STYLE.__dict__, "colors": tuple(COLOURS[d] for d in decisions)})
     chart = pygal.HorizontalStackedBar(**_config(len(keys), style=style))
-    chart.x_labels = keys
+    chart.x_labels = [_label(k) for k in keys]
     for d in decisions:
         chart.add(d, [counts[k].get(d, 0) for k in keys])
     rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in counts]
@@ -124,7 +143,7 @@ def bars(
     chart = pygal.HorizontalBar(
         **_config(len(items), show_legend=False, value_formatter=fmt, **extra)
     )
-    chart.x_labels = [k for k, _ in items][::-1]
+    chart.x_labels = [_label(k) for k, _ in items][::-1]
     chart.add(value, [v for _, v in items][::-1])
     return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])
 
