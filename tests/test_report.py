@@ -410,7 +410,7 @@ def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path)
     dom = page.evaluate(
         """({
         sections: [...document.querySelectorAll('main > section')].map(s => s.id),
-        notes: [...document.querySelectorAll('article.escalated-note h3')].map(h => h.textContent),
+        notes: [...document.querySelectorAll('article.escalated-note h4')].map(h => h.textContent),
         failed: document.querySelectorAll('tr.failed-job').length,
         paused: document.querySelectorAll('li.paused').length,
         budgets: document.querySelectorAll('li.budget').length,
@@ -1914,3 +1914,60 @@ def test_a_tables_headers_and_figures_keep_their_words_whole_on_a_phone(night, b
     )
     assert broken == [], broken
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
+def test_a_screen_reader_hears_each_tables_name_and_the_notes_under_their_heading(
+    night, browser, tmp_path
+):
+    """Read through Chromium's accessibility tree, as a screen reader gets it: the
+    "Reviewers" and "FAIL findings" tables had no name (their heading stood above them,
+    tied to nothing), and each escalated note's heading was an h3 like "Escalations: …"
+    itself, so a list of headings read the notes as siblings of the escalations, not
+    under them."""
+    page_path = tmp_path / "ax.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    page.evaluate("for (const d of document.querySelectorAll('details')) d.open = true")
+    browser.call("Accessibility.enable", session=page.session)
+    nodes = browser.call("Accessibility.getFullAXTree", {}, page.session)["nodes"]
+
+    def said(role):
+        for n in nodes:
+            if n.get("role", {}).get("value") == role and not n.get("ignored"):
+                props = {p["name"]: p["value"].get("value") for p in n.get("properties", [])}
+                yield n.get("name", {}).get("value", ""), props.get("level")
+
+    tables = [name for name, _ in said("table")]
+    assert len(tables) >= 7 and "" not in tables, tables  # five charts' numbers, two more
+    assert {"Reviewers", "FAIL findings: 11"} <= set(tables), tables
+    headings = list(said("heading"))
+    notes = {g["note_path"] for g in night.report()["needs_you"]["escalations"]}
+    (esc_level,) = [lv for name, lv in headings if name.startswith("Escalations: ")]
+    assert [lv for name, lv in headings if name in notes] == [esc_level + 1] * len(notes)
+    # In the page's order (the tree's list is not): no level skipped.
+    levels = page.evaluate(
+        "[...document.querySelectorAll('h1, h2, h3, h4, h5, h6')].map(h => +h.tagName[1])"
+    )
+    assert all(b <= a + 1 for a, b in zip(levels, levels[1:], strict=False)), levels
+
+
+def test_a_screen_reader_hears_each_charts_name(night, browser, tmp_path):
+    """A chart's picture is hidden from a screen reader (its numbers are the table under
+    it), but the figure around it had no name in Chromium's accessibility tree: six times
+    "figure" and nothing to say which, its <figcaption> tied to nothing."""
+    page_path = tmp_path / "ax-charts.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    captions = page.evaluate(
+        "[...document.querySelectorAll('figure.chart figcaption')].map(c => c.textContent)"
+    )
+    browser.call("Accessibility.enable", session=page.session)
+    nodes = browser.call("Accessibility.getFullAXTree", {}, page.session)["nodes"]
+    named = [
+        n.get("name", {}).get("value", "")
+        for n in nodes
+        if n.get("role", {}).get("value") == "figure" and not n.get("ignored")
+    ]
+    assert len(captions) >= 5 and sorted(named) == sorted(captions), (named, captions)
