@@ -135,8 +135,9 @@ class _Beats:
     would be reaped while it waits.
     """
 
-    def __init__(self, job_id: int, attempt: int) -> None:
+    def __init__(self, job_id: int, attempt: int, opened_at: object = None) -> None:
         self.job_id, self.attempt = job_id, attempt
+        self.opened_at = opened_at  # the review message's, sent back as it came
         self._in_flight = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started_at = ""  # the agent's launch, until a beat has said it
@@ -161,6 +162,8 @@ class _Beats:
             "host": HOST,
             "launched": bool(self._started_at) and not self._said,
         }
+        if self.opened_at is not None:
+            msg["opened_at"] = self.opened_at
         if waiting:
             msg["waiting"] = True
         elif self._started_at:
@@ -320,7 +323,9 @@ def run_review(msg: dict) -> None:
         reason = _cannot_take(place, profile, name, msg)
         if reason is not None:
             logs.get().error("attempt.not_started", reason=reason)
-            _report(AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {})
+            _report(
+                AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {}, msg
+            )
             return
         folder = attempt_folder(place.folder, job_id, attempt)
         kb, notices = _kb_for(place.kb, msg)
@@ -338,7 +343,7 @@ def run_review(msg: dict) -> None:
             logs.get().error("attempt.not_started", reason=reason)
             failed = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
             failed.notices = notices
-            _report(failed, {})
+            _report(failed, {}, msg)
             return
 
         try:
@@ -359,7 +364,7 @@ def _run_prepared(
     """An attempt whose folder is ready: its agent once a slot is free, then its outcome."""
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     folder = spec.attempt_dir
-    beat = _Beats(job_id, attempt)
+    beat = _Beats(job_id, attempt, msg.get("opened_at"))
 
     with _agent_slot(profile, beat, msg) as got:
         if _expired(msg) or not got:  # it waited for a free agent slot past its lease
@@ -418,7 +423,7 @@ def _run_prepared(
     )
     outcome.notices = notices
     with REPORTING.beating(beat, msg["heartbeat_s"]):
-        _report(outcome, _evidence(spec))
+        _report(outcome, _evidence(spec), msg)
     # Sent: the control process keeps what matters; this worker holds nothing.
     _remove(folder)
 
@@ -697,11 +702,15 @@ def _evidence(spec: AttemptSpec) -> dict[str, bytes]:
     return files
 
 
-def _report(outcome: AttemptOutcome, files: dict[str, bytes]) -> None:
+def _report(outcome: AttemptOutcome, files: dict[str, bytes], msg: dict | None = None) -> None:
+    """``msg``: the review message answered, whose ``opened_at`` goes back with the
+    outcome (absent from one of an earlier release's control: none is sent)."""
+    opened = {"opened_at": msg["opened_at"]} if msg and "opened_at" in msg else {}
     send(
         "deliver_outcome",
         {
             **vars(outcome),  # plain data, sent as it is: asdict's deep copy cost ~40 µs
+            **opened,
             "v": messages.VERSION,
             "worker": WORKER_ID,
             "host": HOST,

@@ -60,6 +60,7 @@ class OpenedAttempt:
     note_path: str | None = None
     note_text: str | None = None
     output_shown: str = ""  # the output path as the prompt names it
+    opened_at: str = ""  # attempts.started_at: what its messages carry (opened_elsewhere)
 
 
 def open_attempt(
@@ -186,6 +187,7 @@ def open_attempt(
         job["note_path"] if job["kind"] == "fix" else None,
         note_text,
         display_path(root, output),
+        now,
     )
 
 
@@ -373,6 +375,25 @@ def is_current(store: Store, job_id: int, attempt: int) -> bool:
         "SELECT attempt, status FROM review_jobs WHERE id = ?", (job_id,)
     ).fetchone()
     return row is not None and row[0] == attempt and row[1] == "running"
+
+
+def opened_elsewhere(store: Store, msg: dict) -> str | None:
+    """When ``msg`` (a heartbeat or outcome) names an attempt this state.db opened at
+    another time than the review message it answers: the time recorded here (None: take
+    it). state.db put back from a backup, or its last commits lost to a power cut, hands
+    out its job ids and attempt numbers again, while the queues still hold the lost
+    history's messages: one of those is another prompt's run. The opening's time, to the
+    millisecond, is what a reused id cannot match; a message without it (a worker of an
+    earlier release) is taken as before, and so is one of an attempt not recorded here
+    (an unknown job or attempt, said where it is handled)."""
+    opened = msg.get("opened_at")
+    if not isinstance(opened, str):
+        return None
+    row = store.conn.execute(
+        "SELECT started_at FROM attempts WHERE job_id = ? AND attempt = ?",
+        (msg.get("job_id"), msg.get("attempt")),
+    ).fetchone()
+    return row[0] if row is not None and row[0] != opened else None
 
 
 def is_over(store: Store, job_id: int, attempt: int) -> bool:

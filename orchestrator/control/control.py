@@ -40,6 +40,7 @@ from orchestrator.control.attempts import (
     lose,
     not_the_jobs,
     open_attempt,
+    opened_elsewhere,
     record_end,
     supersede,
     taken,
@@ -615,6 +616,10 @@ class Control:
             "ttl_s": self._ttl_s(profile),
             "job_id": opened.job_id,
             "attempt": opened.attempt,
+            # The attempt's opening, which its worker's beats and outcome carry back: a
+            # job id and attempt number handed out again (state.db behind its queues) do
+            # not match it (optional: a worker of an earlier release sends none).
+            "opened_at": opened.opened_at,
             "task": opened.kind,
             "reviewer": profile.name,
             # The partition the reviews are recorded under: a worker whose profile writes
@@ -675,6 +680,10 @@ class Control:
         returned, for the caller to run one of its own after the commit; so is a pass that
         met a job whose folder is not written yet (a follow-up of the batch: its files
         follow the commit). True when the pass here left nothing for another."""
+        # Before anything is written: another history's outcome must not leave its files
+        # in this attempt's folder either.
+        heartbeats = [h for h in heartbeats if self._this_history(h, "heartbeat")]
+        outcomes = [o for o in outcomes if self._this_history(o, "outcome")]
         for o in outcomes:
             self._keep_attempt_files(o)
         self._pace(outcomes)
@@ -728,6 +737,27 @@ class Control:
             # are the older news.
             self.store.after_commit(functools.partial(self._send_opened, opened))
         return not unwritten
+
+    def _this_history(self, msg: dict, kind: str) -> bool:
+        """Whether ``msg`` answers the attempt this state.db opened under its ids; one that
+        does not is dropped with a line (:func:`opened_elsewhere`)."""
+        recorded = opened_elsewhere(self.store, msg)
+        if recorded is None:
+            return True
+        self.log.warning(
+            "message.other_history",
+            message=kind,
+            job_id=msg.get("job_id"),
+            attempt=msg.get("attempt"),
+            worker=msg.get("worker"),
+            host=msg.get("host"),
+            opened_at=msg.get("opened_at"),
+            recorded=recorded,
+            reason="it answers an attempt of these ids opened at another time: state.db "
+            "was put back from a backup or lost its last commits, and gave the ids again; "
+            "dropped (the attempt recorded here waits for its own)",
+        )
+        return False
 
     def _ask_stop(self, h: dict, outcome: str) -> None:
         """Ask the worker that beat for an attempt no longer wanted to stop its agent, at

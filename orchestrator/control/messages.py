@@ -27,8 +27,13 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   control's partition of the profile, under which the reviews are recorded; a worker whose
   profile of that name writes another (its model moved, and the partition with it) does
   not start the attempt (a launch failure saying so). Optional too: absent, any is taken.
+  ``opened_at``: the attempt's opening as state.db records it (``attempts.started_at``),
+  which the worker sends back in each heartbeat and outcome of it. Optional: a control
+  drops a beat or outcome whose ``opened_at`` is not its attempt's (a job id and attempt
+  number given again by a state.db put back from a backup, the lost history's messages
+  still queued) and takes one without it as before.
 - heartbeat (worker → control, ``attempt_heartbeat``): ``v``, ``job_id``, ``attempt``,
-  ``worker`` (host:pid), ``host``, ``launched``, and ``started_at`` (the launch, the
+  ``opened_at`` (the review message's, when it had one), ``worker`` (host:pid), ``host``, ``launched``, and ``started_at`` (the launch, the
   worker's clock) or ``waiting``. While the agent runs: the first a second after the
   launch (``launched`` true; or after ``heartbeat_s`` if sooner), then one every
   ``heartbeat_s``, and on every ``heartbeat_s`` while its outcome is sent (a few MiB
@@ -39,7 +44,7 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   A worker that says nothing and dies leaves its message gone from the review queue,
   which the control process finds (``taken_at``) and reaps a lease later.
 - outcome (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
-  ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
+  ``opened_at`` (likewise), ``classification``, ``runner``, ``worker``, ``host``, ``exit_code``, ``started_at``,
   ``ended_at``, ``duration_s``, ``output`` (bytes, or None: none, or over the limit),
   ``reasons``, ``telemetry``, ``touched``, ``touched_hashes``, ``untouched`` (for a
   ``reviewer-touched-kb`` outcome: [classification, reasons] as judged without the
