@@ -5,6 +5,7 @@ what the lost history left on the queues must not be taken for the new jobs."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -101,3 +102,46 @@ def test_an_outcome_of_a_lost_history_is_not_taken_for_the_job_given_its_id(
     decisions = conn.execute("SELECT decision FROM acceptance").fetchall()
     assert [tuple(r) for r in decisions] == [("PASS",)]
     ws.close()
+
+
+def test_the_job_folders_of_a_lost_history_are_kept_aside_not_emptied_or_mixed(kb, tmp_path):
+    """The nightly backup held job 1 (alpha) queued; night 1 then ran it and job 2 (beta),
+    both FAILed, and state.db was put back. Night 2 ran job 1 again and made job 2 anew:
+    job 2's creation emptied night 1's folder of that number, and job 1's attempt 1 was
+    written into night 1's attempt-1 folder: night 1's outputs and logs, the only record
+    of reviews paid for, were gone or overwritten by another night's."""
+    from .test_queue_integration import db, rq
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Body a.\n")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+    _copy(kb.state / "state.db", tmp_path / "nightly.db")  # job 1 queued
+    kb.note("beta", body="Body b.\n")
+    night = rq(kb, "sweep", "--reviewer", "fake", "--all-gates", env={"FAKE_DECISIONS": "FAIL"})
+    assert night.returncode == 0, night.stderr
+    jobs = kb.state / "jobs"
+    night1 = {p.read_bytes() for p in jobs.glob("review-job-*/attempt-1/bundle-output.md")}
+    assert len(night1) == 2 and all(b"## Result: FAIL" in b for b in night1)
+
+    _copy(tmp_path / "nightly.db", kb.state / "state.db")
+    night = rq(kb, "sweep", "--reviewer", "fake", "--all-gates")
+    assert night.returncode == 0, night.stderr
+    with db(kb) as conn:
+        rows = conn.execute("SELECT id, status FROM review_jobs ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [(1, "completed"), (2, "completed")]
+    for i in (1, 2):  # night 2's own, alone
+        attempt = jobs / f"review-job-{i}" / "attempt-1"
+        assert b"## Result: PASS" in (attempt / "bundle-output.md").read_bytes()
+    # Night 1's outputs are where the log says they were put.
+    kept = {p.read_bytes() for p in kb.state.rglob("bundle-output.md")}
+    assert night1 <= kept
+    aside = [
+        json.loads(line)
+        for line in (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
+        if '"job.folder_set_aside"' in line
+    ]
+    assert sorted(Path(e["moved_to"]).name.split(".")[0] for e in aside) == [
+        "review-job-1",
+        "review-job-2",
+    ]

@@ -18,7 +18,12 @@ from orchestrator.config import QueueSettings, ReviewerProfile
 from orchestrator.cycles.fixes import render_fix_prompt
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
-from orchestrator.state.files import atomic_write, open_own_folder, write_job_files_after_commit
+from orchestrator.state.files import (
+    atomic_write,
+    open_own_folder,
+    set_aside,
+    write_job_files_after_commit,
+)
 from orchestrator.state.status import FAILED_SQL, split_words
 from orchestrator.state.store import (
     Store,
@@ -170,6 +175,7 @@ def open_attempt(
         # it creates or deletes beside them counts as touched too, in every note root.
         trees = tuple(sorted({p.split("/", 1)[0] for p in (*guarded, *note_roots)}))
         prompt_path = attempt_dir / "prompt.md"
+        _another_historys(state_dir, attempt_dir, job_id)
         _write_prompt(attempt_dir, prompt)
     return OpenedAttempt(
         job_id,
@@ -188,6 +194,29 @@ def open_attempt(
         note_text,
         display_path(root, output),
         now,
+    )
+
+
+def _another_historys(state_dir: Path, attempt_dir: Path, job_id: int) -> None:
+    """An attempt's folder that holds more than a prompt as it opens is another history's
+    (state.db put back from a backup, or its last commits lost, numbers the attempt
+    again): only this transaction writes there before its commit, a prompt, and a
+    transaction rolled back leaves that alone. Set aside, not written among."""
+    try:
+        if attempt_dir.is_symlink() or not attempt_dir.is_dir():
+            return  # none, or a link _write_prompt refuses
+        with os.scandir(attempt_dir) as entries:
+            if all(e.name == "prompt.md" for e in entries):
+                return
+    except OSError:
+        return  # _write_prompt says what is wrong with it
+    set_aside(
+        state_dir / "jobs",
+        attempt_dir,
+        f"{attempt_dir.parent.name}.{attempt_dir.name}",
+        job_id,
+        "an attempt folder state.db does not record (put back from a backup, or its last "
+        "commits lost), found where a new attempt of this number goes",
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from orchestrator.kb.notes import (
 )
 from orchestrator.review.bundle import sentinel_like_lines
 from orchestrator.review.prompts import PromptGate, PromptPair, render_review
-from orchestrator.state.files import PromptRenderer, write_job_files_after_commit
+from orchestrator.state.files import PromptRenderer, set_aside, write_job_files_after_commit
 from orchestrator.state.store import Store, utcnow
 
 
@@ -121,13 +120,21 @@ def job_dir(state_dir: Path, job_id: int) -> Path:
 
 def clear_job_folder(state_dir: Path, job_id: int) -> Path:
     """A new job's folder, made empty inside the transaction that creates the job (its
-    files come after the commit). A folder left by a job id used before (a state.db
-    started afresh, an older reviewq that wrote files inside a transaction that then
-    rolled back) must not leak an old bundle-output.md into this job; no other process
-    can be making this job id now."""
+    files come after the commit). A folder left by a job id used before (a state.db put
+    back from a backup or that lost its last commits, an older reviewq that wrote files
+    inside a transaction that then rolled back) must not leak an old bundle-output.md
+    into this job, nor be lost: it is set aside (:func:`set_aside`). No other process can
+    be making this job id now."""
     folder = job_dir(state_dir, job_id)
-    if folder.exists():
-        shutil.rmtree(folder)
+    if folder.exists() or folder.is_symlink():
+        set_aside(
+            folder.parent,
+            folder,
+            folder.name,
+            job_id,
+            "a job folder state.db does not record (put back from a backup, or its last "
+            "commits lost), found where a new job of this id goes",
+        )
     return folder
 
 

@@ -46,8 +46,36 @@ SETTLE_EVERY = 64
 HELD = "another reviewq process is writing this folder"
 
 
+# Where the folders of jobs and attempts state.db no longer records go, in STATE/jobs/
+# (on the same disk as the folders, when jobs/ is a link to another).
+LOST_HISTORY = "lost-history"
+
+
 class ReportError(Exception):
     pass
+
+
+def set_aside(jobs: Path, folder: Path, name: str, job_id: int, why: str) -> Path:
+    """Move ``folder``, left by a history state.db no longer has (put back from a backup,
+    its last commits lost), into ``jobs/lost-history/NAME.TIME``, and say so: its agents'
+    outputs and logs are the only record of runs paid for, which a job or attempt given
+    its number again must neither delete nor write among. Where it went."""
+    aside = jobs / LOST_HISTORY
+    aside.mkdir(exist_ok=True)
+    stamp = utcnow().replace(":", "").replace("-", "")
+    for n in itertools.count():
+        target = aside / (f"{name}.{stamp}" + (f"-{n}" if n else ""))
+        if not (target.exists() or target.is_symlink()):
+            break
+    os.rename(folder, target)
+    logs.get().warning(
+        "job.folder_set_aside",
+        job_id=job_id,
+        folder=str(folder),
+        moved_to=str(target),
+        reason=why,
+    )
+    return target
 
 
 def write_manifest(folder: Path, data: dict) -> None:
