@@ -145,3 +145,29 @@ def test_the_job_folders_of_a_lost_history_are_kept_aside_not_emptied_or_mixed(k
         "review-job-1",
         "review-job-2",
     ]
+
+
+def test_rewrite_files_after_a_restore_leaves_no_result_state_db_does_not_hold(kb, tmp_path):
+    """OPERATIONS' restore ends with `rewrite-files`: a job the backup held queued, decided
+    after it, kept its results/ (a FAIL here) beside a MANIFEST.json that said queued,
+    and doctor said the job files were written. results/ is a rendering of the decisions
+    state.db holds: none, no folder."""
+    from .test_queue_integration import rq
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Body a.\n")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+    _copy(kb.state / "state.db", tmp_path / "nightly.db")  # job 1 queued
+    night = rq(kb, "sweep", "--reviewer", "fake", "--all-gates", env={"FAKE_DECISIONS": "FAIL"})
+    assert night.returncode == 0, night.stderr
+    results = kb.state / "jobs" / "review-job-1" / "results"
+    assert len(list(results.iterdir())) == 1
+
+    _copy(tmp_path / "nightly.db", kb.state / "state.db")
+    done = rq(kb, "rewrite-files")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((results.parent / "MANIFEST.json").read_text())
+    assert manifest["status"] == "queued"
+    assert not results.exists() and not results.is_symlink()
+

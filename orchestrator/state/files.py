@@ -215,6 +215,10 @@ def write_job_files(
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+    elif (results := job_dir / "results").exists() or results.is_symlink():
+        # Decisions state.db does not hold (put back from a backup, its last commits lost):
+        # a FAIL shown beside a MANIFEST.json that says queued.
+        _remove(results)
     write_manifest(job_dir, manifest)
 
 
