@@ -95,6 +95,7 @@ def test_an_outcome_of_a_lost_history_is_not_taken_for_the_job_given_its_id(
     assert conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] == 0
     outcomes = conn.execute("SELECT outcome FROM attempts WHERE job_id = 1").fetchall()
     assert [tuple(r) for r in outcomes] == [("dispatched",)]
+    assert not (ws.state_dir / "jobs/review-job-1/attempt-1/bundle-output.md").exists()
     # This night's own message runs, and its outcome decides.
     send("run_review", sent[0])
     _run_worker_until_outcomes(kb, app, 1)
@@ -171,3 +172,27 @@ def test_rewrite_files_after_a_restore_leaves_no_result_state_db_does_not_hold(k
     assert manifest["status"] == "queued"
     assert not results.exists() and not results.is_symlink()
 
+
+def test_doctor_says_the_job_folders_state_db_does_not_record(kb, tmp_path):
+    """After a restore, or a power cut that took state.db's last commits (nobody knows it
+    happened), doctor said "ok" throughout while jobs/ held the folders of jobs the record
+    had lost: the night's reviews gone from status, the report and select unsaid."""
+    from .test_queue_integration import rq
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Body a.\n")
+    kb.note("beta", body="Body b.\n")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--note", "kb/notes/alpha.md").returncode == 0
+    _copy(kb.state / "state.db", tmp_path / "nightly.db")  # job 1
+    night = rq(kb, "sweep", "--reviewer", "fake", "--all-gates")
+    assert night.returncode == 0, night.stderr
+    assert (kb.state / "jobs" / "review-job-2").is_dir()
+    before = rq(kb, "doctor")
+    assert before.returncode == 0 and "warning" not in before.stdout, before.stdout
+
+    _copy(tmp_path / "nightly.db", kb.state / "state.db")
+    doctor = rq(kb, "doctor")
+    assert doctor.returncode == 0, doctor.stdout  # a warning: no health check fails for good
+    (line,) = [x for x in doctor.stdout.splitlines() if "does not record" in x]
+    assert line.startswith("warning: ") and "review-job-2" in line and "lost-history" in line

@@ -1077,7 +1077,12 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         # Where a new unit is checked: its control reads /etc/localtime, not the shell's TZ.
         click.echo(f"warning: {shown(other)}")
     from orchestrator.cycles.escalations import missing_reports, reports_due
-    from orchestrator.state.files import files_due, missing_job_files
+    from orchestrator.state.files import (
+        LOST_HISTORY,
+        files_due,
+        missing_job_files,
+        unrecorded_job_folders,
+    )
     from orchestrator.state.status import unwritten_fixes
 
     # Run as the service user, doctor said all was well of a state folder whose lock, log
@@ -1109,6 +1114,18 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 f"{missing[0]} queued or running job folder(s) and {missing[1]} open "
                 "escalation report(s) are missing their files; reviewq rewrite-files writes "
                 "them again from state.db",
+            )
+        unrecorded = unrecorded_job_folders(store, ws.state_dir)
+        if unrecorded:
+            # A warning: the folders stay until jobs of those numbers come, and a health
+            # check that failed until then would be ignored.
+            named = ", ".join(f"review-job-{i}" for i in unrecorded[:3])
+            click.echo(
+                f"warning: {ws.state_dir / 'jobs'} holds {len(unrecorded)} folder(s) of jobs "
+                f"state.db does not record ({named}{', …' if len(unrecorded) > 3 else ''}): "
+                "state.db was put back from a backup or lost its last commits; their reviews "
+                "are not in status, the report or select, and a new job given one of those "
+                f"numbers moves its folder to {LOST_HISTORY}/"
             )
         due, error = files_due(store)
         then = _written_when(error, "reviewq rewrite-files writes them at once")

@@ -721,6 +721,24 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def unrecorded_job_folders(store: Store, state_dir: Path) -> list[int]:
+    """The numbers of the folders in jobs/ past the last job state.db records: a history
+    it no longer has (put back from a backup, or its last commits lost to a power cut),
+    which nothing else tells, and whose folders the next jobs of those numbers set aside.
+    Jobs are never deleted, so a number past the last is no job of this record's."""
+    (last,) = store.conn.execute("SELECT coalesce(max(id), 0) FROM review_jobs").fetchone()
+    found = []
+    try:
+        with os.scandir(state_dir / "jobs") as entries:
+            for e in entries:
+                head, _, number = e.name.rpartition("-")
+                if head == "review-job" and number.isdigit() and int(number) > last:
+                    found.append(int(number))
+    except OSError:
+        return []  # none, or a jobs/ doctor names otherwise
+    return sorted(found)
+
+
 def missing_job_files(store: Store, state_dir: Path) -> int:
     """Queued or running jobs whose folder has no MANIFEST.json (an agent reads it) or, a
     review job's, no prompt.md (a person does: doctor said "ok" of one deleted), and is
