@@ -19,9 +19,10 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 from .conftest import stop
-from .test_queue_integration import FAST_QUEUE, fake_profile
+from .test_queue_integration import FAST_QUEUE, fake_profile, redis_url
 
 pytestmark = pytest.mark.integration
+__all__ = ["redis_url"]  # a fixture, used by name
 EXE = str(Path(sys.executable).parent / "reviewq")
 
 
@@ -55,8 +56,9 @@ def _take_waiting(app) -> None:
         app.control.execute(app.control.dequeue())
 
 
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_an_outcome_of_a_lost_history_is_not_taken_for_the_job_given_its_id(
-    kb, tmp_path, monkeypatch
+    kb, tmp_path, monkeypatch, request, queue
 ):
     """Night 1 reviewed alpha (FAIL: it lacked GOOD), its outcome still on the control
     queue when the control stopped; state.db was then put back from the backup taken
@@ -71,7 +73,8 @@ def test_an_outcome_of_a_lost_history_is_not_taken_for_the_job_given_its_id(
 
     kb.gate("prose/body-check", ["body"])
     kb.note("alpha", body="Body, not yet.\n")
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    url = f'url = "{request.getfixturevalue("redis_url")}"\n' if queue == "redis" else ""
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + url)
     ws = Workspace.open(kb.root)
     ws.store.install_id()  # state.db made, as by an earlier night
     _copy(ws.state_dir / "state.db", tmp_path / "nightly.db")  # last night's backup
