@@ -1861,3 +1861,18 @@ def test_doctor_says_how_unwritten_job_files_get_written_by_their_error(run_cli,
         f"{'problem' if tried else 'ok'}: 1 job(s) whose MANIFEST.json and results wait to be "
         f"written ({error}); {then}"
     )
+
+
+def test_an_agent_killed_by_a_machine_limit_is_said_by_its_signal(tmp_path):
+    """An agent ended by a limit of the machine (here a real RLIMIT_FSIZE: the kernel sends
+    SIGXFSZ) was said as "exited -25", naming neither the signal nor the limit to raise."""
+    from workers.attempt import run_attempt
+
+    script = 'ulimit -f 1; exec head -c 100000 /dev/zero > "$0/big"'
+    profile = ReviewerProfile(name="c", kind="command", command=("sh", "-c", script, str(tmp_path)))
+    spec = AttemptSpec(
+        "review", 1, 1, tmp_path / "p", tmp_path / "o", tmp_path, tmp_path / "a", tmp_path, "m"
+    )
+    out = run_attempt(for_profile(profile), spec, timeout_s=30, max_turns=1)
+    assert out.exit_code == -signal.SIGXFSZ, out
+    assert "killed by SIGXFSZ" in out.reasons[0] and "RLIMIT_FSIZE" in out.reasons[0], out.reasons

@@ -878,7 +878,9 @@ def run_attempt(
     elif out.exit_code != 0 and out.duration_s < LAUNCH_WINDOW_S and not turns:
         out.classification = LAUNCH_FAILURE
         why = telemetry.error or _tail(spec.stderr_path)
-        out.reasons = [f"exited {out.exit_code} after {out.duration_s:.1f} s with no turns: {why}"]
+        out.reasons = [
+            f"{_exit_said(out.exit_code)} after {out.duration_s:.1f} s with no turns: {why}"
+        ]
         said = version_said(reviewer, spec.root)
         if said is not None and said[0] is not True:
             # A CLI older (or newer) than any reviewq has run may refuse a flag it passes:
@@ -887,7 +889,7 @@ def run_attempt(
     else:
         out.classification = NO_OUTPUT
         out.reasons = [
-            f"exited {out.exit_code}" + ("" if cut else f" without writing {spec.output_path.name}")
+            _exit_said(out.exit_code) + ("" if cut else f" without writing {spec.output_path.name}")
         ]
         why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
         if why:
@@ -1312,6 +1314,26 @@ def _whole_bundle(spec: AttemptSpec, output: bytes, limit: int) -> bool:
     except (OSError, ValueError, LookupError, TypeError):
         return True
     return parse_bundle(output, pairs, max_bytes=limit).ok
+
+
+# A machine's limits end an agent by a signal reviewq did not send: "exited -9" named
+# neither the signal nor the limit an operator should look at.
+_SIGNAL_HINT = {
+    signal.SIGKILL: "as an out-of-memory kill in a memory cgroup does",
+    signal.SIGXFSZ: "a file outgrew the file-size limit, RLIMIT_FSIZE",
+}
+
+
+def _exit_said(code: int | None) -> str:
+    """How an agent ended, in words: its exit code, or the signal that killed it."""
+    if code is None or code >= 0:
+        return f"exited {code}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"killed by signal {-code}"
+    hint = _SIGNAL_HINT.get(sig)
+    return f"killed by {sig.name}" + (f" ({hint})" if hint else "")
 
 
 # What an agent says when a write found no room: the errno's text or name (a quota too).
