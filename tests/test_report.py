@@ -1971,3 +1971,35 @@ def test_a_screen_reader_hears_each_charts_name(night, browser, tmp_path):
         if n.get("role", {}).get("value") == "figure" and not n.get("ignored")
     ]
     assert len(captions) >= 5 and sorted(named) == sorted(captions), (named, captions)
+
+
+# A note path of 165 characters with no hyphen to break at (a KB's names need none).
+UNBROKEN_NOTE = "kb/notes/" + "Honeybeeforagingrangesacrossurbanandruralapiaries" * 3 + "Final.md"
+
+
+def _unbroken_path_page(night, tmp_path) -> Path:
+    """The night's page with an escalated note and a FAIL on that path."""
+    from orchestrator.report import render
+
+    data = night.report()
+    data["needs_you"]["escalations"][0]["note_path"] = UNBROKEN_NOTE
+    data["reviewed"]["fails"][0]["note_path"] = UNBROKEN_NOTE
+    page_path = tmp_path / "unbroken-path.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    return page_path
+
+
+def test_an_escalated_notes_path_without_a_hyphen_keeps_the_page_in_the_screen(
+    night, browser, tmp_path
+):
+    """Its heading, once an h3 (which breaks anywhere), became an h4 under "Escalations"
+    and broke only at hyphens: a path with none widened the whole page, every section
+    scrolling sideways, to some 1,550 px on a phone and 1,800 on a laptop."""
+    url = _unbroken_path_page(night, tmp_path).as_uri()
+    for width, mobile in ((375, True), (1280, False)):
+        page = browser.open(url, width=width, height=812, mobile=mobile)
+        heads = page.evaluate(
+            "[...document.querySelectorAll('article.escalated-note h4')].map(h => h.textContent)"
+        )
+        assert UNBROKEN_NOTE in heads
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
