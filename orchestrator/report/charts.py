@@ -73,11 +73,11 @@ def _svg(chart: pygal.graph.graph.Graph) -> str:
     return svg.replace("<svg ", '<svg role="img" aria-hidden="true" focusable="false" ', 1)
 
 
-# Units across a chart. The page scales it to its column but never under MIN_WIDTH_PX
-# (report.css), where the smallest words (13 units) are still 12 pixels: drawn 800 wide,
-# a phone's 356 pixels made them 6. Narrower than the screen, it scrolls in its own box.
+# Units across a chart. The page scales it to its column but never under 520 px
+# (report.css's `figure svg`, the one place that number lives), where the smallest
+# words (13 units) are still 12 pixels: drawn 800 wide, a phone's 356 pixels made them
+# 6. Narrower than the screen, it scrolls in its own box.
 WIDTH = 560
-MIN_WIDTH_PX = 520
 # pygal cuts no label of a horizontal chart (its truncate_label is the x axis's): a gate
 # id of 117 characters took the whole width, the bars pushed out of the picture. The
 # chart's table names each in full.
