@@ -50,6 +50,15 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _loops(path: Path) -> bool:
+    """Whether ``path`` is caught in a loop of symbolic links (ELOOP)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
 def _as_named(path: Path) -> Path:
     """``path`` (absolute) with each part that names nothing replaced by the one entry of
     its folder whose name composes (NFC) the same: a name typed on a keyboard is composed,
@@ -504,8 +513,12 @@ class KB:
             return link
         try:
             resolved = cand.resolve()
-        except RuntimeError:  # pathlib's word for a symlink loop: it was an internal error
+        except RuntimeError:  # Python 3.11-3.12's word for a symlink loop: an internal error
             raise KBError(f"{path}: a symlink loop, which names no file") from None
+        if _loops(resolved):
+            # Python 3.13 resolves a loop as far as it goes, without a word: the path was
+            # then said to name no note at all, sending a person looking for a typo.
+            raise KBError(f"{path}: a symlink loop, which names no file")
         try:
             rel = resolved.relative_to(self.root)
         except ValueError:
