@@ -5,6 +5,7 @@ an outage of the queue or failing every attempt of the profile."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -604,6 +605,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _openssl(d: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+
+def _make_ca(d: Path, name: str, *, strict: bool) -> Path:
+    """A CA of the test's own in ``d/NAME.crt`` (key ``NAME.key``): with ``strict`` the
+    extensions Python 3.13's strict X.509 checks ask of a CA (OpenSSL's ``req -x509`` here
+    leaves out key usage, so 3.13 refused every certificate it signed)."""
+    strict_ext = ("-addext", "basicConstraints=critical,CA:TRUE",
+                  "-addext", "keyUsage=critical,keyCertSign,cRLSign") if strict else ()  # fmt: skip
+    _openssl(d, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN=reviewq-test-{name}",
+             *strict_ext)  # fmt: skip
+    return d / f"{name}.crt"
+
+
 @pytest.fixture
 def tls_redis(tmp_path):
     """A redis-server with TLS only on a loopback port, its certificate signed by a CA of
@@ -613,11 +630,8 @@ def tls_redis(tmp_path):
     d = tmp_path / "tls"
     d.mkdir()
 
-    def ssl_(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    ssl_("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-         "-days", "2", "-subj", "/CN=reviewq-test-ca")  # fmt: skip
+    ssl_ = functools.partial(_openssl, d)
+    _make_ca(d, "ca", strict=True)
     ssl_("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
          "-subj", "/CN=localhost")  # fmt: skip
     (d / "ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
@@ -649,6 +663,47 @@ def test_a_tls_certificate_the_client_does_not_trust_is_refused(tmp_path, tls_re
     _, args = _worker_home(tmp_path, f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}")
     ok = _refused([*args, "doctor", "--worker"])
     assert "ok: queue backend Redis answers" in ok.stdout, ok.stdout
+
+
+def test_a_ca_file_the_url_names_already_is_not_asked_for_again(tmp_path, tls_redis):
+    """A URL whose ssl_ca_certs names another CA than the server's: the line told the
+    person to name its CA with ssl_ca_certs, which they had done; it names their file."""
+    port, ca = tls_redis
+    other = _make_ca(ca.parent, "other", strict=True)
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={other}"
+    config, args = _worker_home(tmp_path, url)
+    line = _worker_refuses(args, config, url)
+    assert f"the CA file ssl_ca_certs names ({other}) does not vouch for it" in line, line
+    assert "name the CA that signed the server's certificate" in line, line
+
+
+def test_a_ca_without_key_usage_is_said_so_where_python_refuses_it(tmp_path):
+    """Python 3.13 checks X.509 strictly by default: a CA made with `openssl req -x509`
+    alone (no key usage) that 3.11 and 3.12 trust is refused there, and the line said to
+    name the CA the URL named already. It says what the CA lacks and how to make one."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path / "tls"
+    d.mkdir()
+    ca = _make_ca(d, "ca", strict=False)
+    _openssl(d, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+             "server.csr", "-subj", "/CN=localhost")  # fmt: skip
+    (d / "ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl(d, "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext")  # fmt: skip
+    port = _free_port()
+    tls = ("--tls-port", str(port), "--tls-cert-file", str(d / "server.crt"),
+           "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(ca),
+           "--tls-auth-clients", "no")  # fmt: skip
+    with redis_server(d, *tls):
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
+        config, args = _worker_home(tmp_path, url)
+        res = _refused([*args, "doctor", "--worker"])
+        if sys.version_info < (3, 13):
+            assert "ok: queue backend Redis answers" in res.stdout, res.stdout
+            return
+        assert f"the CA file ssl_ca_certs names ({ca}) does not vouch for it" in res.stdout
+        assert "keyUsage=critical,keyCertSign,cRLSign" in res.stdout, res.stdout
 
 
 def test_a_tls_url_to_a_redis_without_tls_is_refused(tmp_path):

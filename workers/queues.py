@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from orchestrator.logs import import_without
 from orchestrator.regularfile import NotAFolder, make_folder
@@ -679,7 +679,7 @@ def check_queue(settings: Settings) -> None:
         if _untrusted(exc):
             raise ConfigError(
                 f"{where}: the server's TLS certificate is not trusted ({exc.__context__}); "
-                "name its CA with ssl_ca_certs=/path/ca.crt in the URL's query"
+                f"{_trust_hint(url, str(exc.__context__))}"
             ) from None
         return  # away: waited for
     finally:
@@ -714,6 +714,29 @@ def _untrusted(exc: BaseException) -> bool:
     import ssl
 
     return isinstance(exc.__context__ or exc.__cause__, ssl.SSLCertVerificationError)
+
+
+# What OpenSSL says of a CA certificate Python 3.13's strict checks (VERIFY_X509_STRICT,
+# on by default there) refuse, which 3.11 and 3.12 trust.
+_STRICT_X509 = ("key usage", "Basic Constraints", "Key Identifier")
+
+
+def _trust_hint(url: str, refused: str) -> str:
+    """What to do about a certificate the client refused: name its CA, unless the URL
+    names one already, which told a person to add what was there (Python 3.13 refuses a
+    CA file older Pythons took, for the extensions it lacks)."""
+    named = parse_qs(urlsplit(url).query).get("ssl_ca_certs")
+    if not named:
+        return "name its CA with ssl_ca_certs=/path/ca.crt in the URL's query"
+    hint = f"the CA file ssl_ca_certs names ({named[-1]}) does not vouch for it"
+    if any(word in refused for word in _STRICT_X509):
+        return (
+            f"{hint}: Python 3.13 and later refuse a CA certificate without the key usage "
+            "extension, or whose basic constraints are not critical; make the CA again "
+            "with -addext 'basicConstraints=critical,CA:TRUE' -addext "
+            "'keyUsage=critical,keyCertSign,cRLSign'"
+        )
+    return f"{hint}: name the CA that signed the server's certificate"
 
 
 def _probe_problem(url: str, after_tls_failed: bool = False) -> str | None:
