@@ -612,7 +612,7 @@ def _warnings(monkeypatch) -> list[tuple[str, dict]]:
 def test_a_tmpdir_nested_deeper_than_pythons_recursion_limit_costs_no_outcome(
     root, own_tmpdir, monkeypatch
 ):
-    """Python 3.11's rmtree (and os.walk) recurse a call a folder: an agent that left
+    """Python 3.11's and 3.12's rmtree (and os.walk) recurse a call a folder: an agent that left
     folders 1,500 deep in its TMPDIR (a `mkdir -p` of a long path, a runaway recursion)
     had a RecursionError raised out of the attempt, whose outcome went as the worker's
     error (a launch failure) and whose registry entry stayed; the folder is left, said."""
@@ -621,6 +621,10 @@ def test_a_tmpdir_nested_deeper_than_pythons_recursion_limit_costs_no_outcome(
         root, 'cd "$TMPDIR"; i=0; while [ $i -lt 1500 ]; do mkdir d; cd d; i=$((i+1)); done'
     )
     try:
+        if sys.version_info >= (3, 13):
+            # 3.13's rmtree walks without recursing: the folder is emptied, nothing said.
+            assert (said, os.listdir(first)) == ([], [])
+            return
         assert [(e, f["folder"]) for e, f in said] == [("attempt.tmpdir_left", first)]
         second = _kept_run(root, 'test -z "$(ls -A "$TMPDIR")"')
         assert second != first

@@ -849,6 +849,11 @@ def _dropped_by_a_worker_not_root(fill: Callable[[Path], None], lock: Callable[[
 
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to remove it as a worker that is not root")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if subprocess.run([*nobody, sys.executable, "-c", ""], capture_output=True).returncode:
+        # A Python built under root's own home (pyenv's shared libpython in /root): no
+        # other user can start it, as no worker not root would run from there.
+        pytest.skip(f"nobody cannot run {sys.executable}")
     base = Path(tempfile.mkdtemp(dir=HOST_TMP))  # pytest's basetemp is root's alone
     try:
         scratch = base / "reviewq-job-1-attempt-1-abcdefgh"
@@ -857,7 +862,6 @@ def _dropped_by_a_worker_not_root(fill: Callable[[Path], None], lock: Callable[[
         for path in [base, *base.rglob("*")]:
             os.chown(path, 65534, 65534)
         lock(scratch)
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
         drop = f"import workers.attempt as a; a._drop({str(scratch)!r})"
         subprocess.run([*nobody, sys.executable, "-c", drop], cwd=PROJECT, check=True, timeout=60)
         return not scratch.exists()
