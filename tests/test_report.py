@@ -2005,3 +2005,35 @@ def test_an_escalated_notes_path_without_a_hyphen_keeps_the_page_in_the_screen(
         )
         assert UNBROKEN_NOTE in heads
         assert page.evaluate("document.documentElement.scrollWidth") <= width
+
+
+def _table_widths(page) -> dict[str, int]:
+    """Each table's width, by the heading or caption that names it, its details open."""
+    return page.evaluate(
+        """(() => {
+        for (const d of document.querySelectorAll('details')) d.open = true;
+        return Object.fromEntries([...document.querySelectorAll('div.table > table')].map(t => [
+            t.getAttribute('aria-labelledby') || t.caption.textContent, t.offsetWidth]));
+    })()"""
+    )
+
+
+def test_a_path_without_a_hyphen_does_not_widen_its_table_on_a_phone(night, browser, tmp_path):
+    """A cell breaks a word only where it would overflow (P32), which gives a path with no
+    hyphen no break in the column's least width: a FAIL on such a path made "FAIL
+    findings" some 1,800 px wide on a 375 px phone. Paths and gate ids break anywhere;
+    the table is as wide as it is without that path."""
+    plain = tmp_path / "plain.html"
+    res = night.rq("report", "--since", "24h", "--html", str(plain))
+    assert res.returncode == 0, res.stderr
+    widths = {}
+    for name, url in (
+        ("plain", plain.as_uri()),
+        ("unbroken", _unbroken_path_page(night, tmp_path).as_uri()),
+    ):
+        page = browser.open(url, width=375, height=812, mobile=True)
+        widths[name] = _table_widths(page)
+    assert UNBROKEN_NOTE in page.evaluate(
+        "[...document.querySelectorAll('tr.fail td:first-child')].map(td => td.textContent)"
+    )
+    assert widths["unbroken"] == widths["plain"], widths
