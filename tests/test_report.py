@@ -2037,3 +2037,64 @@ def test_a_path_without_a_hyphen_does_not_widen_its_table_on_a_phone(night, brow
         "[...document.querySelectorAll('tr.fail td:first-child')].map(td => td.textContent)"
     )
     assert widths["unbroken"] == widths["plain"], widths
+
+
+# A4 less Chromium's default margins (0.4 in each side), in CSS pixels.
+A4_INCHES, A4_PRINTED_PX = (8.27, 11.69), round((8.27 - 0.8) * 96)
+
+
+def _pdf_fill_colours(pdf: bytes) -> set[bytes]:
+    """Every "r g b rg" fill colour the PDF's content streams set (Skia deflates them)."""
+    import re
+    import zlib
+
+    found = set()
+    for m in re.finditer(rb"stream\r?\n(.*?)endstream", pdf, re.S):
+        with contextlib.suppress(zlib.error):
+            found |= set(re.findall(rb"([\d.]+ [\d.]+ [\d.]+) rg", zlib.decompress(m.group(1))))
+    return found
+
+
+def test_the_page_printed_in_dark_mode_shows_everything_in_ink(night, browser, tmp_path):
+    """Printed on A4 from a screen in dark mode, the page kept the dark page's #e6e6e6
+    text, on paper a print dialog leaves white (backgrounds off); every closed <details>
+    (the escalations' reports but the first, the fixes' diffs, the charts' numbers)
+    printed as its summary alone; a diff's long line and a wide table were cut at the
+    page's edge, their scrolling box printed as it stood."""
+    import base64
+
+    page = browser.open(
+        _unbroken_path_page(night, tmp_path).as_uri(),
+        width=A4_PRINTED_PX,
+        height=1100,
+        color_scheme="dark",
+    )
+    dark = [{"name": "prefers-color-scheme", "value": "dark"}]
+    browser.call("Emulation.setEmulatedMedia", {"media": "print", "features": dark}, page.session)
+    seen = page.evaluate(
+        """(() => {
+        const hidden = [...document.querySelectorAll('details')].filter(d =>
+            [...d.children].some(c => c.tagName !== 'SUMMARY' && !c.checkVisibility()))
+            .map(d => d.querySelector('summary').textContent.slice(0, 40));
+        const cut = [...document.querySelectorAll('.table, pre, .plot, .diff')]
+            .filter(b => b.scrollWidth > b.clientWidth + 1)
+            .map(b => [b.className, b.clientWidth, b.scrollWidth]);
+        const inks = new Set();
+        for (const el of document.querySelectorAll('main *'))
+            if ([...el.childNodes].some(n => n.nodeType === Node.TEXT_NODE && n.textContent.trim()))
+                inks.add(getComputedStyle(el).color);
+        const wide = document.documentElement.scrollWidth > innerWidth;
+        return {hidden, cut, wide, inks: [...inks]};
+    })()"""
+    )
+    white = "rgb(255, 255, 255)"
+    faint = [c for c in seen.pop("inks") if _contrast(c, white) < 4.5]
+    assert (seen, faint) == ({"hidden": [], "cut": [], "wide": False}, []), (seen, faint)
+    # The real print, as its dialog makes it by default: A4, no background graphics.
+    w, h = A4_INCHES
+    pdf = base64.b64decode(
+        browser.call("Page.printToPDF", {"paperWidth": w, "paperHeight": h}, page.session)["data"]
+    )
+    assert pdf.startswith(b"%PDF-")
+    fills = _pdf_fill_colours(pdf)
+    assert b"0 0 0" in fills and b".902 .902 .902" not in fills, fills  # the dark page's --fg
