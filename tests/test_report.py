@@ -2098,3 +2098,28 @@ def test_the_page_printed_in_dark_mode_shows_everything_in_ink(night, browser, t
     assert pdf.startswith(b"%PDF-")
     fills = _pdf_fill_colours(pdf)
     assert b"0 0 0" in fills and b".902 .902 .902" not in fills, fills  # the dark page's --fg
+
+
+def test_the_browsers_own_parts_follow_the_pages_dark_mode(night, browser, tmp_path):
+    """The page never said it has a dark mode (`color-scheme`): Chromium drew its own
+    parts, a chart's or a table's scrollbar and a summary's marker, from its light scheme
+    on the dark page. Its system colour Canvas, which those parts are drawn on, says
+    which scheme it uses inside the boxes that scroll."""
+    page_path = tmp_path / "scheme.html"
+    res = night.rq("report", "--since", "24h", "--html", str(page_path))
+    assert res.returncode == 0, res.stderr
+    canvas = {}
+    for scheme in ("light", "dark"):
+        page = browser.open(
+            page_path.as_uri(), width=375, height=812, mobile=True, color_scheme=scheme
+        )
+        canvas[scheme] = page.evaluate(
+            """[...document.querySelectorAll('.table, figure .plot')].map(box => {
+                const probe = box.appendChild(document.createElement('div'));
+                probe.style.background = 'Canvas';
+                return getComputedStyle(probe).backgroundColor;
+            })"""
+        )
+        assert canvas[scheme], scheme
+    assert {c for c in canvas["light"]} == {"rgb(255, 255, 255)"}, canvas
+    assert max(_luminance(c) for c in canvas["dark"]) < 0.05, canvas
