@@ -2123,3 +2123,29 @@ def test_the_browsers_own_parts_follow_the_pages_dark_mode(night, browser, tmp_p
         assert canvas[scheme], scheme
     assert {c for c in canvas["light"]} == {"rgb(255, 255, 255)"}, canvas
     assert max(_luminance(c) for c in canvas["dark"]) < 0.05, canvas
+
+
+def test_a_charts_tooltips_name_the_bar_and_its_figure(night, browser, tmp_path):
+    """Each chart's SVG kept pygal's <title>Pygal</title>, the tooltip of the whole chart
+    to a resting mouse, and a <title> per guide line holding the axis label's position
+    ("0.1666666667" beside "prose"); its bars, whose tooltips pygal's script drew, had
+    none once the script was taken out. A bar's tooltip names it in full and its figure
+    as the table under the chart gives it."""
+    page = browser.open(_long_names_page(night, tmp_path).as_uri(), width=1280, height=900)
+    tips = page.evaluate(
+        """[...document.querySelectorAll('figure.chart svg')].map(s => ({
+            chart: s.closest('figure').querySelector('figcaption').textContent,
+            stray: [...s.querySelectorAll('title, desc')]
+                .filter(t => !t.parentElement.matches('g.bar > rect, g.bar'))
+                .map(t => t.textContent),
+            bars: s.querySelectorAll('g.bar').length,
+            said: [...s.querySelectorAll('g.bar > title')].map(t => t.textContent),
+        }))"""
+    )
+    assert len(tips) >= 5
+    for chart in tips:
+        assert chart["stray"] == [] and len(chart["said"]) == chart["bars"] > 0, chart
+    by_gate = next(c["said"] for c in tips if c["chart"] == "Decisions per gate")
+    assert f"{LONG_GATE}: FAIL 2" in by_gate, by_gate
+    rates = next(c["said"] for c in tips if c["chart"].startswith("FAIL rate per gate"))
+    assert all(t.endswith("%") for t in rates), rates

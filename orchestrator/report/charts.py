@@ -61,14 +61,33 @@ def _nothing(title: str, items: list[tuple[str, float]], empty: str | None) -> C
     return Chart(title, "", [], [], empty)
 
 
-def _svg(chart: pygal.graph.graph.Graph) -> str:
-    # pygal always adds a script with its tooltip config; the page runs no script (its
-    # Content-Security-Policy forbids them), so the chart is the SVG alone.
+def _name(el: ET.Element) -> str:
+    return el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
+
+
+def _svg(chart: pygal.graph.graph.Graph, tips: list[list[str]]) -> str:
+    """The chart as inline SVG; ``tips``, per series and bar in the order they were added,
+    the words a mouse resting on that bar is shown."""
     tree = chart.render_tree()
     for parent in tree.iter():
         for child in list(parent):
-            if isinstance(child.tag, str) and child.tag.rsplit("}", 1)[-1] == "script":
+            # pygal always adds a script with its tooltip config; the page runs no script
+            # (its Content-Security-Policy forbids them), so the chart is the SVG alone.
+            # Its <title>s are "Pygal" for the whole chart and an axis label's position
+            # ("0.1666666667") for each guide line, what a resting mouse was shown; its
+            # <desc>s are that script's data (a bar's value, its centre to 13 places).
+            if _name(child) in ("script", "title", "desc"):
                 parent.remove(child)
+    # The plot's series come first; pygal repeats them, barless, for its overlays.
+    series = [g for g in tree.iter() if (g.get("class") or "").startswith("series ")]
+    bars = [
+        [bar for bar in serie.iter() if _name(bar) == "g" and bar.get("class") == "bar"]
+        for serie in series[: len(tips)]
+    ]
+    if [len(b) for b in bars] == [len(t) for t in tips]:  # else no tooltip beats a wrong one
+        for serie, words in zip(bars, tips, strict=True):
+            for bar, said in zip(serie, words, strict=True):
+                ET.SubElement(bar, f"{{{SVG_NS}}}title").text = said
     svg = ET.tostring(tree, encoding="unicode")
     return svg.replace("<svg ", '<svg role="img" aria-hidden="true" focusable="false" ', 1)
 
@@ -121,8 +140,9 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
     chart.x_labels = [_label(k) for k in keys]
     for d in decisions:
         chart.add(d, [counts[k].get(d, 0) for k in keys])
+    tips = [[f"{k}: {d} {counts[k].get(d, 0)}" for k in keys] for d in decisions]
     rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in counts]
-    return Chart(title, _svg(chart), [label, *decisions], rows)
+    return Chart(title, _svg(chart, tips), [label, *decisions], rows)
 
 
 def bars(
@@ -140,12 +160,16 @@ def bars(
         return said
     fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:,.4f}".rstrip("0").rstrip("."))
     extra = {"range": (0, 1)} if percent else {}  # a rate's scale is 0 to 100 %, always
+    values = dict(items)
+    keys = [k for k, _ in items]
     chart = pygal.HorizontalBar(
-        **_config(len(items), show_legend=False, value_formatter=fmt, **extra)
+        **_config(len(keys), show_legend=False, value_formatter=fmt, **extra)
     )
-    chart.x_labels = [_label(k) for k, _ in items][::-1]
-    chart.add(value, [v for _, v in items][::-1])
-    return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])
+    chart.x_labels = [_label(k) for k in keys][::-1]
+    chart.add(value, [values[k] for k in keys][::-1])
+    tips = [[f"{k}: {fmt(values[k])}" for k in keys][::-1]]
+    rows = [[k, fmt(v)] for k, v in items]
+    return Chart(title, _svg(chart, tips), [label, value], rows)
 
 
 def columns(
@@ -160,4 +184,5 @@ def columns(
     chart = pygal.Bar(**_config(6, show_legend=False, value_formatter=fmt, x_label_rotation=35))
     chart.x_labels = [k for k, _ in items]
     chart.add(value, [v for _, v in items])
-    return Chart(title, _svg(chart), [label, value], [[k, fmt(v)] for k, v in items])
+    tips = [[f"{k}: {fmt(v)}" for k, v in items]]
+    return Chart(title, _svg(chart, tips), [label, value], [[k, fmt(v)] for k, v in items])
