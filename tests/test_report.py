@@ -2149,3 +2149,43 @@ def test_a_charts_tooltips_name_the_bar_and_its_figure(night, browser, tmp_path)
     assert f"{LONG_GATE}: FAIL 2" in by_gate, by_gate
     rates = next(c["said"] for c in tips if c["chart"].startswith("FAIL rate per gate"))
     assert all(t.endswith("%") for t in rates), rates
+
+
+def test_a_chart_of_two_hundred_gates_does_not_fill_the_page(night, browser, tmp_path):
+    """With 200 gates, "Decisions per gate" was some 9,300 px tall on a laptop (and the
+    FAIL rates as tall again): a person scrolled past it to reach anything under it. A
+    chart shows the 25 gates of most FAIL (or of highest rate) and says so; its table
+    keeps all 200."""
+    from orchestrator.report import render
+
+    data = night.report()
+    gates = [f"lens{i % 7}/gate-{i:03d}" for i in range(200)]
+    data["reviewed"]["by_gate"] = {
+        g: {"PASS": 10, "FAIL": int(i % 13 == 5)} for i, g in enumerate(gates)
+    }
+    data["reviewed"]["by_gate"]["lens3/gate-199"] = {"PASS": 1, "FAIL": 9}
+    data["trends"]["fail_rate_by_gate"] = [
+        {"gate_id": g, "fail": i % 40, "decided": 40, "rate": (i % 40) / 40, "suspect": False}
+        for i, g in enumerate(gates)
+    ]
+    page_path = tmp_path / "many-gates.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    page = browser.open(page_path.as_uri(), width=1280, height=900)
+    charts = page.evaluate(
+        """Object.fromEntries([...document.querySelectorAll('figure.chart')].map(f => [
+            f.querySelector('figcaption').textContent, {
+            height: f.querySelector('svg')?.getBoundingClientRect().height,
+            more: f.querySelector('p.more')?.textContent,
+            bars: [...f.querySelectorAll('g.bar > title')].map(t => t.textContent),
+            rows: f.querySelectorAll('tbody tr').length}]))"""
+    )
+    by_gate, rates = charts["Decisions per gate"], charts["FAIL rate per gate, last 14 nights"]
+    for chart in (by_gate, rates):
+        assert chart["height"] < 1500 and chart["rows"] == 200, chart
+        assert "25 of 200" in chart["more"], chart
+    assert "lens3/gate-199: FAIL 9" in by_gate["bars"]
+    assert len({t.split(":")[0] for t in by_gate["bars"]}) == 25
+    # The highest rates: the five gates each of 39, 38, 37, 36 and 35 fails in 40.
+    assert {t.split(": ")[0] for t in rates["bars"]} == {
+        g for i, g in enumerate(gates) if i % 40 >= 35
+    }, rates["bars"]

@@ -52,6 +52,8 @@ class Chart:
     rows: list[list] = field(default_factory=list)
     # Said instead of a chart of nothing but zeros, whose scale pygal makes up ("$1.0000").
     empty: str = ""
+    # Said under a chart that shows some of its rows only (BARS_MOST).
+    more: str = ""
 
 
 def _nothing(title: str, items: list[tuple[str, float]], empty: str | None) -> Chart | None:
@@ -111,6 +113,22 @@ def _label(name: str) -> str:
     return name[:head] + "…" + name[head - LABEL_MOST + 1 :]
 
 
+# Bars a chart shows at most: 200 gates made "Decisions per gate" 6,890 units tall (some
+# 9,300 px on a laptop), scrolled past to reach anything under it. The table under the
+# chart keeps every row.
+BARS_MOST = 25
+
+
+def _most(keys: list[str], weight, what: str) -> tuple[list[str], str]:
+    """The BARS_MOST keys of most weight, in their own order, and the words that say so."""
+    if len(keys) <= BARS_MOST:
+        return keys, ""
+    kept = set(sorted(keys, key=weight, reverse=True)[:BARS_MOST])
+    return [k for k in keys if k in kept], (
+        f"The {BARS_MOST} of {len(keys)} with {what}; the numbers below list all {len(keys)}."
+    )
+
+
 def _config(rows: int, **kw) -> dict:
     # No pygal title: the page's <figcaption> names the chart once, in HTML.
     return {
@@ -131,7 +149,12 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
     """Stacked horizontal bars: PASS, WARN, FAIL, ERROR per lens or gate."""
     if not counts:
         return None
-    keys = list(counts)[::-1]  # pygal draws the first bar at the bottom; read top-down
+    shown, more = _most(
+        list(counts),
+        lambda k: tuple(counts[k].get(d, 0) for d in ("FAIL", "ERROR", "WARN")),
+        "the most FAIL, then ERROR, then WARN",
+    )
+    keys = shown[::-1]  # pygal draws the first bar at the bottom; read top-down
     decisions = [
         d for d in ("PASS", "WARN", "FAIL", "ERROR") if any(d in c for c in counts.values())
     ]
@@ -142,7 +165,7 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
         chart.add(d, [counts[k].get(d, 0) for k in keys])
     tips = [[f"{k}: {d} {counts[k].get(d, 0)}" for k in keys] for d in decisions]
     rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in counts]
-    return Chart(title, _svg(chart, tips), [label, *decisions], rows)
+    return Chart(title, _svg(chart, tips), [label, *decisions], rows, more=more)
 
 
 def bars(
@@ -161,7 +184,7 @@ def bars(
     fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:,.4f}".rstrip("0").rstrip("."))
     extra = {"range": (0, 1)} if percent else {}  # a rate's scale is 0 to 100 %, always
     values = dict(items)
-    keys = [k for k, _ in items]
+    keys, more = _most([k for k, _ in items], values.get, "the highest")
     chart = pygal.HorizontalBar(
         **_config(len(keys), show_legend=False, value_formatter=fmt, **extra)
     )
@@ -169,7 +192,7 @@ def bars(
     chart.add(value, [values[k] for k in keys][::-1])
     tips = [[f"{k}: {fmt(values[k])}" for k in keys][::-1]]
     rows = [[k, fmt(v)] for k, v in items]
-    return Chart(title, _svg(chart, tips), [label, value], rows)
+    return Chart(title, _svg(chart, tips), [label, value], rows, more=more)
 
 
 def columns(
