@@ -2189,3 +2189,33 @@ def test_a_chart_of_two_hundred_gates_does_not_fill_the_page(night, browser, tmp
     assert {t.split(": ")[0] for t in rates["bars"]} == {
         g for i, g in enumerate(gates) if i % 40 >= 35
     }, rates["bars"]
+
+
+def test_a_cut_gate_name_keeps_each_letter_whole(browser):
+    """A bar's name was cut by code point: an "é" written as e and a combining accent
+    lost its accent (or the accent stood alone after the "…"), a family emoji (three
+    people joined by zero-width joiners) showed as one of them, a flag as half of it.
+    Chromium's own grapheme segmenter says where a letter may end."""
+    from orchestrator.report.charts import LABEL_MOST, _label
+
+    names = [
+        "prose/" + "e\u0301" * 40,  # é as e and a combining acute
+        "prose/" + "\U0001f468\u200d\U0001f469\u200d\U0001f467" * 10,  # family: man, woman, girl
+        "prose/" + "\U0001f44d\U0001f3fd" * 20,  # thumbs up, a skin tone
+        "prose/a" + "\U0001f1eb\U0001f1f7" * 20,  # French flags, each two regional indicators
+        "prose/" + "\u0915\u094d\u0937" * 15 + "ab",  # Devanagari with virama
+    ]
+    page = browser.open("about:blank")
+    for name in names:
+        head, _, tail = _label(name).partition("…")
+        assert tail and len(head) + len(tail) < LABEL_MOST, (name, head, tail)
+        whole = page.evaluate(
+            f"""(() => {{
+            const name = {json.dumps(name)}, head = {json.dumps(head)}, tail = {json.dumps(tail)};
+            const ends = new Set([...new Intl.Segmenter('en', {{granularity: 'grapheme'}})
+                .segment(name)].map(s => s.index + s.segment.length));
+            return name.startsWith(head) && name.endsWith(tail) && ends.has(head.length)
+                && (tail.length === name.length || ends.has(name.length - tail.length));
+        }})()"""
+        )
+        assert whole, (name, head, tail)

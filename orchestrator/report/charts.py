@@ -4,6 +4,7 @@ screen reader and for anyone who wants the figures."""
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from xml.etree import ElementTree as ET
 
@@ -105,12 +106,38 @@ WIDTH = 560
 LABEL_MOST = 36
 
 
+def _joined(name: str, i: int) -> bool:
+    """Whether ``name[i]`` belongs to the letter before it: a combining mark, a
+    variation selector, an emoji's skin tone or tag, either side of a zero-width joiner,
+    a flag's second half, a consonant after a virama. Unicode's grapheme rules (UAX 29)
+    cut short, enough for a name's end without a segmentation library: Hangul written
+    as jamo, for one, is cut between them (a syllable made of one code point is whole)."""
+    c, before = ord(name[i]), name[i - 1]
+    if unicodedata.category(name[i]) in ("Mn", "Me", "Mc") or before == "\u200d":
+        return True
+    if unicodedata.combining(before) == 9 and unicodedata.category(name[i]) == "Lo":
+        return True  # a consonant after a virama: one conjunct ("क्ष"), since Unicode 15.1
+    if c == 0x200D or 0xFE00 <= c <= 0xFE0F or 0x1F3FB <= c <= 0x1F3FF or 0xE0020 <= c <= 0xE007F:
+        return True
+    flags = 0  # regional indicators pair up from the start of their run
+    while i - flags > 0 and 0x1F1E6 <= ord(name[i - flags - 1]) <= 0x1F1FF:
+        flags += 1
+    return 0x1F1E6 <= c <= 0x1F1FF and flags % 2 == 1
+
+
 def _label(name: str) -> str:
-    """A bar's name cut in the middle, keeping its lens and its end: "lens/gate-…-end"."""
+    """A bar's name cut in the middle, keeping its lens and its end: "lens/gate-…-end".
+    Cut between letters as a person sees them, not inside one: a cut by code point left
+    an "é" as "e" and a lone accent, a family emoji as its first person."""
     if len(name) <= LABEL_MOST:
         return name
     head = (LABEL_MOST - 1) * 2 // 3
-    return name[:head] + "…" + name[head - LABEL_MOST + 1 :]
+    tail = len(name) - (LABEL_MOST - 1 - head)
+    while head > 0 and _joined(name, head):
+        head -= 1
+    while tail < len(name) and _joined(name, tail):
+        tail += 1
+    return name[:head] + "…" + name[tail:]
 
 
 # Bars a chart shows at most: 200 gates made "Decisions per gate" 6,890 units tall (some
