@@ -2102,7 +2102,7 @@ def test_the_page_printed_in_dark_mode_shows_everything_in_ink(night, browser, t
 
 def test_the_browsers_own_parts_follow_the_pages_dark_mode(night, browser, tmp_path):
     """The page never said it has a dark mode (`color-scheme`): Chromium drew its own
-    parts, a chart's or a table's scrollbar and a summary's marker, from its light scheme
+    parts, a chart's or a table's scrollbar, from its light scheme
     on the dark page. Its system colour Canvas, which those parts are drawn on, says
     which scheme it uses inside the boxes that scroll."""
     page_path = tmp_path / "scheme.html"
