@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import resource
 import sys
 import time
 import unicodedata
@@ -67,6 +68,33 @@ _SECRET_WORD = re.compile(
 _NOT_SECRET_WORDS = {"MONKEY", "DONKEY", "TURKEY", "JOCKEY", "HOCKEY", "WHISKEY", "HOTKEY"}
 _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 _configured: dict[str, object] = {}
+
+
+def out_of_files() -> str | None:
+    """What a process out of file descriptors should say, or None when it has one to
+    spare. SQLite says EMFILE as "unable to open database file": a control past its
+    RLIMIT_NOFILE said that of its queue every few seconds for as long as it ran,
+    sending the operator to the file's path and modes instead of to the limit."""
+    try:
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.EMFILE:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            return (
+                f"this process has all the {soft} files its open-files limit allows open: "
+                "raise RLIMIT_NOFILE (ulimit -n, systemd's LimitNOFILE=)"
+            )
+        if exc.errno == errno.ENFILE:
+            return "the system's table of open files is full (sysctl fs.file-max)"
+        return None
+    os.close(fd)
+    return None
+
+
+def error_said(exc: BaseException) -> str:
+    """``str(exc)``, and the limit of open files when that is what it is short of."""
+    why = out_of_files()
+    return f"{exc} ({why})" if why else str(exc)
 
 
 def log_path(state_dir: Path) -> Path:

@@ -494,7 +494,7 @@ def run_control(ws: Workspace) -> None:
         try:
             move_left_behind(settings, {"review": app.review, "control": app.control})
         except Exception as exc:  # noqa: BLE001 - Redis out of reach: the next tick moves them
-            logs.get().error("queue.unavailable", error=str(exc))
+            logs.get().error("queue.unavailable", error=logs.error_said(exc))
 
     move_sqlite_messages()
 
@@ -549,7 +549,7 @@ def run_control(ws: Workspace) -> None:
                 try:
                     tasks.request_tick(lost_after=max(10.0, 5 * settings.queue.reaper_seconds))
                 except Exception as exc:
-                    logs.get().error("queue.unavailable", error=str(exc))
+                    logs.get().error("queue.unavailable", error=logs.error_said(exc))
             with dispatches_lock:
                 due = False
                 while dispatches and dispatches[0] <= now:
@@ -560,7 +560,7 @@ def run_control(ws: Workspace) -> None:
                 try:
                     send_once("dispatch")
                 except Exception as exc:  # the next tick dispatches
-                    logs.get().error("queue.unavailable", error=str(exc))
+                    logs.get().error("queue.unavailable", error=logs.error_said(exc))
             woken.wait(max(0.0, wake - time.monotonic()))
 
     thread = threading.Thread(target=ticker, name="reviewq-ticker", daemon=True)

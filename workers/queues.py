@@ -116,7 +116,10 @@ class _PatientReads:
             if now - self._said_at >= 60:
                 self._said_at = now
                 logs.get().error(
-                    "queue.unavailable", queue=self.name, error=str(exc), retry_s=_MAX_PAUSE
+                    "queue.unavailable",
+                    queue=self.name,
+                    error=logs.error_said(exc),
+                    retry_s=_MAX_PAUSE,
                 )
             pause = self._pauses[kind] = min(_MAX_PAUSE, max(0.1, self._pauses.get(kind, 0) * 2))
             time.sleep(pause)
@@ -1439,7 +1442,7 @@ def said_retrying(rs: Any) -> None:
         # `try`, not `attempt`: the log binds a job's attempt number under that name.
         "queue.retrying",
         **{"try": rs.attempt_number},
-        error=str(rs.outcome.exception()),
+        error=logs.error_said(rs.outcome.exception()),
     )
 
 

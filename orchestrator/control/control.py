@@ -437,7 +437,7 @@ class Control:
                     "queue.unavailable",
                     job_id=attempt.job_id,
                     attempt=attempt.attempt,
-                    error=str(exc),
+                    error=logs.error_said(exc),
                     requeued=back,
                 )
                 break
