@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.state.words import attempt_words, outcome_words
+
 from .test_queue_integration import FAST_QUEUE, fake_profile, small_kb
 
 pytestmark = pytest.mark.integration
@@ -64,3 +66,83 @@ def test_a_control_out_of_open_files_names_the_limit_not_a_database_it_cannot_op
     assert "RLIMIT_NOFILE" in said[0]["error"] and "20" in said[0]["error"], said[0]
     retried = [e for e in _lines(log) if e["event"] == "queue.retrying"]
     assert all("RLIMIT_NOFILE" in e["error"] for e in retried), retried
+
+
+_MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def _memory_cgroup(name: str, limit: int) -> Path:
+    """A memory cgroup of ``limit`` bytes made for this test (v2, or v1's memory
+    controller), or a skip saying why none can be made here."""
+    if (_CGROUP_V2 / "cgroup.controllers").exists():
+        if "memory" not in (_CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+            pytest.skip("cgroup v2 without the memory controller enabled for children")
+        group, knob = _CGROUP_V2 / name, "memory.max"
+    elif (_MEMORY_V1 / "memory.limit_in_bytes").exists():
+        group, knob = _MEMORY_V1 / name, "memory.limit_in_bytes"
+    else:
+        pytest.skip("no memory cgroup controller mounted at /sys/fs/cgroup")
+    try:
+        group.mkdir()
+        (group / knob).write_text(str(limit))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    return group
+
+
+_IN_CGROUP = """
+import json, os, sys
+from pathlib import Path
+Path(sys.argv[1], "cgroup.procs").write_text(str(os.getpid()))
+from orchestrator.config import ReviewerProfile
+from workers.attempt import run_attempt
+from workers.reviewers import AttemptSpec, for_profile
+tmp = Path(sys.argv[2])
+# Two turns in (its report says so: not a launch that failed), it wants 256 MiB.
+script = (
+    "import json, os; json.dump(dict(num_turns=2), open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w'));"
+    "x = bytearray(256 << 20); x[::4096] = b'1' * len(x[::4096])"
+)
+profile = ReviewerProfile(name="c", kind="command", command=(sys.executable, "-c", script))
+spec = AttemptSpec("review", 1, 1, tmp / "p", tmp / "o", tmp, tmp / "a", tmp, "m")
+out = run_attempt(for_profile(profile), spec, timeout_s=30, max_turns=10)
+print(json.dumps({"classification": out.classification, "exit_code": out.exit_code,
+                  "reasons": out.reasons}))
+"""
+
+
+def test_an_agent_killed_by_its_memory_cgroup_is_the_machines_failure_not_the_jobs(tmp_path):
+    """An agent the out-of-memory killer of the worker's memory cgroup ended (a real
+    64 MiB limit, an agent that wants 256 MiB) was a failed attempt of its job: three such
+    (the machine short of memory, whatever the note) failed the job and escalated its
+    pairs. The cgroup's own count of OOM kills says it was the limit: the attempt is the
+    machine's failure, said as memory and naming the limit to raise, as a full disk is."""
+    group = _memory_cgroup(f"reviewq-test-{os.getpid()}", 64 << 20)
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _IN_CGROUP, str(group), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        # The process has ended: its cgroup is empty and goes.
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["exit_code"] == -signal.SIGKILL, out
+    assert out["classification"] == "reviewer-failure", out
+    assert out["reasons"][0].startswith("memory: "), out
+    assert "out-of-memory" in out["reasons"][0], out
+    said = attempt_words(out["classification"], out["reasons"][0])
+    assert said.startswith("the worker's memory limit was reached: the out-of-memory"), said
+    assert outcome_words(out["classification"], out["reasons"][0]) != "no model answered"

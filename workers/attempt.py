@@ -716,6 +716,7 @@ def run_attempt(
     marker = _marker(own)
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
+    ooms = oom_kills()
     proc = registered = scratch = None
     kept = keep_tmpdir and registry is not None
     try:
@@ -860,6 +861,20 @@ def run_attempt(
         out.classification = REVIEWER_FAILURE
         why = telemetry.error or _tail(spec.stderr_path)
         out.reasons = [f"disk: {room}; no output: {why}"]
+    elif (
+        exited
+        and out.exit_code == -signal.SIGKILL
+        and ooms is not None
+        and (oom_kills() or 0) > ooms
+    ):
+        # Ended by the memory limit of the worker's cgroup, which its other agents share:
+        # the machine's failure, as a full disk is. Counted against the job, three such
+        # failed it and escalated its pairs, whatever the notes said.
+        out.classification = REVIEWER_FAILURE
+        out.reasons = [
+            "memory: the out-of-memory killer of the worker's memory cgroup killed the "
+            "agent (raise its memory.max, or lower the concurrency); no output"
+        ]
     elif telemetry.error_subtype == OUTPUT_LIMIT:
         # The model answered until its output-token cap: the job is too big for one
         # answer (split, when it has several pairs), not an outage.
@@ -1334,6 +1349,34 @@ def _exit_said(code: int | None) -> str:
         return f"killed by signal {-code}"
     hint = _SIGNAL_HINT.get(sig)
     return f"killed by {sig.name}" + (f" ({hint})" if hint else "")
+
+
+def oom_kills() -> int | None:
+    """How many processes the out-of-memory killer of this process's memory cgroup has
+    killed so far (v2's ``memory.events``, v1's ``memory.oom_control``), or None where
+    that cannot be read. An agent inherits the worker's cgroup: the count rising over an
+    attempt whose agent died by SIGKILL says it was the cgroup's limit that ended it."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            files = [f"/sys/fs/cgroup{path}/memory.events"]
+            files.append(f"/sys/fs/cgroup/unified{path}/memory.events")  # hybrid mounts
+        elif "memory" in controllers.split(","):
+            files = [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+        else:
+            continue
+        for name in files:
+            try:
+                text = Path(name).read_text()
+            except OSError:
+                continue
+            if m := re.search(r"^oom_kill (\d+)$", text, re.M):
+                return int(m.group(1))
+    return None
 
 
 # What an agent says when a write found no room: the errno's text or name (a quota too).

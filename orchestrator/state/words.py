@@ -20,7 +20,7 @@ OUTCOMES = {
 }
 
 # The kind a reviewer failure's reason starts with (workers.reviewers.base.FAILURES, and
-# a worker's full disk).
+# a worker's full disk or memory limit).
 FAILURES = {
     "unreachable": "the reviewer's endpoint could not be reached",
     "auth": "the reviewer's key or login was refused",
@@ -30,6 +30,7 @@ FAILURES = {
     "not-found": "the reviewer's model was not found",
     "config": "the reviewer's settings were refused",
     "disk": "the worker's disk is full",
+    "memory": "the worker's memory limit was reached",
 }
 
 # Who said that no model answered, in a paused reviewer's stored reason: a vendor CLI, the
@@ -43,10 +44,11 @@ NOT_THE_JOBS = {
 
 def outcome_words(outcome: str, reason: str | None = None) -> str:
     """An outcome in words; with its first ``reason``, a reviewer failure that was the
-    worker's full disk says so ("no model answered" is false of it: the model may have
+    worker's full disk or memory limit says so ("no model answered" is false of it: the model may have
     answered every turn)."""
-    if outcome == "reviewer-failure" and (reason or "").startswith("disk: "):
-        return FAILURES["disk"]
+    kind = (reason or "").partition(": ")[0]
+    if outcome == "reviewer-failure" and kind in ("disk", "memory"):
+        return FAILURES[kind]
     return OUTCOMES.get(outcome, outcome)
 
 
