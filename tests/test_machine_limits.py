@@ -130,13 +130,7 @@ def test_an_agent_killed_by_its_memory_cgroup_is_the_machines_failure_not_the_jo
             cwd=Path(__file__).parent.parent,
         )
     finally:
-        # The process has ended: its cgroup is empty and goes.
-        for _ in range(50):
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
+        _removed(group)  # the process has ended: its cgroup is empty and goes
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.splitlines()[-1])
     assert out["exit_code"] == -signal.SIGKILL, out
@@ -146,3 +140,120 @@ def test_an_agent_killed_by_its_memory_cgroup_is_the_machines_failure_not_the_jo
     said = attempt_words(out["classification"], out["reasons"][0])
     assert said.startswith("the worker's memory limit was reached: the out-of-memory"), said
     assert outcome_words(out["classification"], out["reasons"][0]) != "no model answered"
+
+
+def _pids_cgroup(name: str) -> Path:
+    """A pids cgroup made for this test (v2, or v1's pids controller), or a skip."""
+    if (_CGROUP_V2 / "cgroup.controllers").exists():
+        if "pids" not in (_CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+            pytest.skip("cgroup v2 without the pids controller enabled for children")
+        group = _CGROUP_V2 / name
+    elif (Path("/sys/fs/cgroup/pids") / "cgroup.procs").exists():
+        group = Path("/sys/fs/cgroup/pids") / name
+    else:
+        pytest.skip("no pids cgroup controller mounted at /sys/fs/cgroup")
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a pids cgroup here: {exc}")
+    return group
+
+
+def _removed(group: Path) -> None:
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
+
+
+_FULL_OF_PIDS = """
+import json, os, sys, time
+from pathlib import Path
+group = Path(sys.argv[1])
+(group / "cgroup.procs").write_text(str(os.getpid()))
+from orchestrator.config import ReviewerProfile
+from workers.attempt import run_attempt
+from workers.reviewers import AttemptSpec, for_profile
+tmp = Path(sys.argv[2])
+profile = ReviewerProfile(name="c", kind="command", command=("true",))
+spec = AttemptSpec("review", 1, 1, tmp / "p", tmp / "o", tmp, tmp / "a", tmp, "m")
+# Not one process (nor thread) more than this one has: the agent's fork fails, EAGAIN.
+(group / "pids.max").write_text((group / "pids.current").read_text())
+start = time.monotonic()
+out = run_attempt(for_profile(profile), spec, timeout_s=30, max_turns=10)
+print(json.dumps({"classification": out.classification, "reasons": out.reasons,
+                  "took_s": time.monotonic() - start}))
+"""
+
+
+def test_an_agent_launch_refused_by_a_pids_limit_is_retried_then_said_as_not_started(tmp_path):
+    """A real pids cgroup at its pids.max: the agent's fork fails with EAGAIN. It is tried
+    again (a moment's shortage passes) and then said as a launch failure, which the
+    control never counts against the job (the profile backs off, then pauses)."""
+    group = _pids_cgroup(f"reviewq-test-{os.getpid()}")
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _FULL_OF_PIDS, str(group), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        _removed(group)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["classification"] == "launch-failure", out
+    assert out["reasons"] == ["could not start 'true': Resource temporarily unavailable"], out
+    assert out["took_s"] >= 1.0, out  # four tries more, 0.1 s doubling, before it gives up
+
+
+_AGENT_SHORT_OF_PIDS = """
+import json, os, sys, time
+from pathlib import Path
+group = Path(sys.argv[1])
+(group / "cgroup.procs").write_text(str(os.getpid()))
+from orchestrator.config import ReviewerProfile
+from workers.attempt import run_attempt
+from workers.reviewers import AttemptSpec, for_profile
+tmp = Path(sys.argv[2])
+# Two turns in (not a launch that failed), it starts a tool: a process more than it may.
+script = (
+    "import json, os, subprocess;"
+    "json.dump(dict(num_turns=2), open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w'));"
+    "subprocess.run(['true'])"
+)
+profile = ReviewerProfile(name="c", kind="command", command=(sys.executable, "-c", script))
+spec = AttemptSpec("review", 1, 1, tmp / "p", tmp / "o", tmp, tmp / "a", tmp, "m")
+# Room for the agent itself, not for a process it starts.
+(group / "pids.max").write_text(str(int((group / "pids.current").read_text()) + 1))
+out = run_attempt(for_profile(profile), spec, timeout_s=30, max_turns=10)
+print(json.dumps({"classification": out.classification, "reasons": out.reasons}))
+"""
+
+
+def test_an_agent_refused_a_process_by_the_pids_limit_is_the_machines_failure(tmp_path):
+    """An agent that ran and then could not start a tool (its fork refused at the real
+    pids.max of the worker's cgroup, EAGAIN) exited 1 without output: a failed attempt of
+    its job, three of which failed the job and escalated its pairs for want of a process
+    on the machine. The cgroup's count of refused forks says so: the machine's failure."""
+    group = _pids_cgroup(f"reviewq-test-{os.getpid()}")
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _AGENT_SHORT_OF_PIDS, str(group), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        _removed(group)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["classification"] == "reviewer-failure", out
+    assert out["reasons"][0].startswith("pids: the worker's pids cgroup refused"), out
+    assert "Resource temporarily unavailable" in out["reasons"][0], out
+    said = attempt_words(out["classification"], out["reasons"][0])
+    assert said.startswith("the worker's limit of processes was reached: "), said

@@ -716,7 +716,7 @@ def run_attempt(
     marker = _marker(own)
     # From here to the end of the agent's group, whatever changes under ``trees`` is its.
     window = WATCH.begin(spec.root, trees) if trees else None
-    ooms = oom_kills()
+    ooms, refused_forks = oom_kills(), forks_refused()
     proc = registered = scratch = None
     kept = keep_tmpdir and registry is not None
     try:
@@ -874,6 +874,20 @@ def run_attempt(
         out.reasons = [
             "memory: the out-of-memory killer of the worker's memory cgroup killed the "
             "agent (raise its memory.max, or lower the concurrency); no output"
+        ]
+    elif (
+        exited
+        and out.exit_code
+        and refused_forks is not None
+        and ((forks_refused() or 0) > refused_forks)
+    ):
+        # A fork the agent made (a tool, a shell) was refused at the pids.max of the
+        # worker's cgroup, which its other agents share: the machine's, as above.
+        out.classification = REVIEWER_FAILURE
+        why = telemetry.error or _tail(spec.stderr_path)
+        out.reasons = [
+            "pids: the worker's pids cgroup refused the agent a process at its pids.max "
+            f"(raise it, or lower the concurrency); {_exit_said(out.exit_code)}: {why}"
         ]
     elif telemetry.error_subtype == OUTPUT_LIMIT:
         # The model answered until its output-token cap: the job is too big for one
@@ -1351,11 +1365,11 @@ def _exit_said(code: int | None) -> str:
     return f"killed by {sig.name}" + (f" ({hint})" if hint else "")
 
 
-def oom_kills() -> int | None:
-    """How many processes the out-of-memory killer of this process's memory cgroup has
-    killed so far (v2's ``memory.events``, v1's ``memory.oom_control``), or None where
-    that cannot be read. An agent inherits the worker's cgroup: the count rising over an
-    attempt whose agent died by SIGKILL says it was the cgroup's limit that ended it."""
+def _cgroup_count(controller: str, events: str, key: str) -> int | None:
+    """The count ``key`` in the file ``events`` of this process's cgroup for
+    ``controller`` (v2's, or v1's for that controller), or None where it cannot be read.
+    An agent inherits the worker's cgroup: a count of limit hits that rose over an attempt
+    says the limit ended it."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -1363,10 +1377,11 @@ def oom_kills() -> int | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            files = [f"/sys/fs/cgroup{path}/memory.events"]
-            files.append(f"/sys/fs/cgroup/unified{path}/memory.events")  # hybrid mounts
-        elif "memory" in controllers.split(","):
-            files = [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+            files = [f"/sys/fs/cgroup{path}/{events}"]
+            files.append(f"/sys/fs/cgroup/unified{path}/{events}")  # hybrid mounts
+        elif controller in controllers.split(","):
+            v1 = "memory.oom_control" if controller == "memory" else events
+            files = [f"/sys/fs/cgroup/{controller}{path}/{v1}"]
         else:
             continue
         for name in files:
@@ -1374,9 +1389,20 @@ def oom_kills() -> int | None:
                 text = Path(name).read_text()
             except OSError:
                 continue
-            if m := re.search(r"^oom_kill (\d+)$", text, re.M):
+            if m := re.search(rf"^{key} (\d+)$", text, re.M):
                 return int(m.group(1))
     return None
+
+
+def oom_kills() -> int | None:
+    """How many processes the out-of-memory killer of this process's memory cgroup has
+    killed so far (v2's ``memory.events``, v1's ``memory.oom_control``)."""
+    return _cgroup_count("memory", "memory.events", "oom_kill")
+
+
+def forks_refused() -> int | None:
+    """How many forks this process's pids cgroup has refused at its ``pids.max``."""
+    return _cgroup_count("pids", "pids.events", "max")
 
 
 # What an agent says when a write found no room: the errno's text or name (a quota too).

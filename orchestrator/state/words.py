@@ -20,7 +20,7 @@ OUTCOMES = {
 }
 
 # The kind a reviewer failure's reason starts with (workers.reviewers.base.FAILURES, and
-# a worker's full disk or memory limit).
+# a worker's full disk, memory or process limit).
 FAILURES = {
     "unreachable": "the reviewer's endpoint could not be reached",
     "auth": "the reviewer's key or login was refused",
@@ -31,6 +31,7 @@ FAILURES = {
     "config": "the reviewer's settings were refused",
     "disk": "the worker's disk is full",
     "memory": "the worker's memory limit was reached",
+    "pids": "the worker's limit of processes was reached",
 }
 
 # Who said that no model answered, in a paused reviewer's stored reason: a vendor CLI, the
@@ -44,10 +45,10 @@ NOT_THE_JOBS = {
 
 def outcome_words(outcome: str, reason: str | None = None) -> str:
     """An outcome in words; with its first ``reason``, a reviewer failure that was the
-    worker's full disk or memory limit says so ("no model answered" is false of it: the model may have
-    answered every turn)."""
+    worker's full disk, memory or process limit says so ("no model answered" is false of
+    it: the model may have answered every turn)."""
     kind = (reason or "").partition(": ")[0]
-    if outcome == "reviewer-failure" and kind in ("disk", "memory"):
+    if outcome == "reviewer-failure" and kind in ("disk", "memory", "pids"):
         return FAILURES[kind]
     return OUTCOMES.get(outcome, outcome)
 
