@@ -70,6 +70,18 @@ _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 _configured: dict[str, object] = {}
 
 
+def _files_limit(code: int | None) -> str | None:
+    if code == errno.EMFILE:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (
+            f"this process had all the {soft} files its open-files limit allows open: "
+            "raise RLIMIT_NOFILE (ulimit -n, systemd's LimitNOFILE=)"
+        )
+    if code == errno.ENFILE:
+        return "the system's table of open files is full (sysctl fs.file-max)"
+    return None
+
+
 def out_of_files() -> str | None:
     """What a process out of file descriptors should say, or None when it has one to
     spare. SQLite says EMFILE as "unable to open database file": a control past its
@@ -78,22 +90,15 @@ def out_of_files() -> str | None:
     try:
         fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.EMFILE:
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            return (
-                f"this process has all the {soft} files its open-files limit allows open: "
-                "raise RLIMIT_NOFILE (ulimit -n, systemd's LimitNOFILE=)"
-            )
-        if exc.errno == errno.ENFILE:
-            return "the system's table of open files is full (sysctl fs.file-max)"
-        return None
+        return _files_limit(exc.errno)
     os.close(fd)
     return None
 
 
 def error_said(exc: BaseException) -> str:
-    """``str(exc)``, and the limit of open files when that is what it is short of."""
-    why = out_of_files()
+    """``str(exc)``, and the limit of open files when that is what it is short of: an
+    EMFILE of its own (the descriptors may be back by now), or none to be had now."""
+    why = _files_limit(getattr(exc, "errno", None)) or out_of_files()
     return f"{exc} ({why})" if why else str(exc)
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.state.words import attempt_words, outcome_words
 
+from .conftest import reviewq_process
 from .test_queue_integration import FAST_QUEUE, fake_profile, small_kb
 
 pytestmark = pytest.mark.integration
@@ -257,3 +258,36 @@ def test_an_agent_refused_a_process_by_the_pids_limit_is_the_machines_failure(tm
     assert "Resource temporarily unavailable" in out["reasons"][0], out
     said = attempt_words(out["classification"], out["reasons"][0])
     assert said.startswith("the worker's limit of processes was reached: "), said
+
+
+def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the_limit(kb):
+    """A sweep under `prlimit --nofile=28`, its profile at concurrency 12: the worker ran
+    out of descriptors writing its attempts' folders and starting agents. Each attempt
+    went back as a launch failure (no job lost, failed or judged, the profile paused), but
+    its reason said "Too many open files" of a file in the attempt's folder, naming
+    neither the limit nor how to raise it."""
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    small_kb(kb, notes=12)
+    profile = fake_profile().replace("concurrency = 2", "concurrency = 12")
+    kb.write("reviewq.toml", profile + FAST_QUEUE)
+    res = reviewq_process(
+        *("--root", str(kb.root), "sweep", "--reviewer", "fake", "--json"),
+        wrap=["prlimit", "--nofile=28:28", "--"],
+        timeout=30,
+    )
+    out = json.loads(res.stdout)
+    assert out["failed"] == [] and out["progress"]["by_status"]["failed"] == 0, out
+    by_status = out["progress"]["by_status"]
+    assert by_status["queued"] + by_status["completed"] == out["progress"]["total"], out
+    control = _lines(kb.state / "logs" / "reviewq.jsonl")
+    short = [
+        r
+        for e in control
+        if e["event"] == "attempt.launch_failed"
+        for r in e["reasons"]
+        if "Too many open files" in r
+    ]
+    if not short:
+        pytest.skip("the worker did not run out of descriptors at 28 here")
+    assert all("RLIMIT_NOFILE" in r for r in short), short

@@ -735,6 +735,8 @@ def run_attempt(
                     registered = register_agent(registry, spec, proc.pid, marker, named)
     except (OSError, ValueError) as exc:  # ValueError: a NUL, a name with '=' in the env
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        if limit := logs.error_said(exc).removeprefix(str(exc)):
+            detail = f"{detail}{limit}"  # the open-files limit it ran into, named
         out.reasons = [f"could not start {cmd.argv[0]!r}: {detail}"]
     finally:
         if proc is None and not kept:

@@ -339,7 +339,9 @@ def run_review(msg: dict) -> None:
         except OSError as exc:
             # This worker's disk (full, read-only): not the job's fault, and said at once
             # rather than by a lease running out.
-            reason = f"worker {WORKER_ID} could not prepare its attempt folder: {exc}"
+            reason = (
+                f"worker {WORKER_ID} could not prepare its attempt folder: {logs.error_said(exc)}"
+            )
             logs.get().error("attempt.not_started", reason=reason)
             failed = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
             failed.notices = notices
@@ -389,7 +391,7 @@ def _run_prepared(
         except Exception as exc:  # noqa: BLE001 - said and counted, not lost
             # Raised out of the task, no outcome went back: the attempt was reaped as
             # "never picked up", which counts toward nothing, and ran again for good.
-            reason = f"worker {WORKER_ID} could not run the attempt: {type(exc).__name__}: {exc}"
+            reason = f"worker {WORKER_ID} could not run the attempt: {type(exc).__name__}: {logs.error_said(exc)}"
             logs.get().error("attempt.worker_error", reason=reason)
             outcome = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
     beat.wait()  # a beat sent goes before the outcome: the attempt's story in order
