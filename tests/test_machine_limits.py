@@ -291,3 +291,47 @@ def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the
     if not short:
         pytest.skip("the worker did not run out of descriptors at 28 here")
     assert all("RLIMIT_NOFILE" in r for r in short), short
+
+
+_WATCHED = """
+import sys
+from pathlib import Path
+from workers.kbwatch import KBWatch
+root = Path(sys.argv[1])
+for i in range(30):
+    (root / "kb" / "notes" / f"d{i}").mkdir(parents=True, exist_ok=True)
+watch = KBWatch()
+token = watch.begin(root, ["kb"])
+(root / "kb" / "notes" / "d3" / "x.md").write_text("changed while the agent ran")
+print(sorted(watch.end(token)))
+watch.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "said"),
+    [
+        ("max_inotify_instances", 0, "inotify_init failed: Too many open files"),
+        ("max_inotify_watches", 5, "fs.inotify.max_user_watches reached"),
+    ],
+)
+def test_the_kb_watch_short_of_inotify_falls_back_on_scans_and_says_so(tmp_path, knob, value, said):
+    """The real inotify limits, set in a user namespace of the test's own (where they are
+    that namespace's, not the machine's: nothing else running is touched): no instance,
+    or five watches for 31 folders. The watch says why and scans instead; the change an
+    agent made is still found."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    code = f'echo {value} > /proc/sys/user/{knob} && exec {sys.executable} -c "$0" "$1"'
+    res = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "sh", "-c", code, _WATCHED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=Path(__file__).parent.parent,
+    )
+    if res.returncode != 0 and "unshare" in res.stderr:
+        pytest.skip(f"no user namespace to set the limit in: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.replace("'", '"')) == ["kb/notes/d3/x.md"]
+    assert "kbwatch.unavailable" in res.stderr and said in res.stderr, res.stderr
