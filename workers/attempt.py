@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -1367,32 +1368,37 @@ def _exit_said(code: int | None) -> str:
     return f"killed by {sig.name}" + (f" ({hint})" if hint else "")
 
 
-def _cgroup_count(controller: str, events: str, key: str) -> int | None:
-    """The count ``key`` in the file ``events`` of this process's cgroup for
-    ``controller`` (v2's, or v1's for that controller), or None where it cannot be read.
-    An agent inherits the worker's cgroup: a count of limit hits that rose over an attempt
-    says the limit ended it."""
+@functools.cache
+def _cgroup_files(controller: str, events: str) -> tuple[str, ...]:
+    """Where this process's cgroup for ``controller`` keeps ``events`` (v2's, or v1's for
+    that controller): looked up once, since a worker stays in its cgroup."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return None
+        return ()
+    files = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            files = [f"/sys/fs/cgroup{path}/{events}"]
+            files.append(f"/sys/fs/cgroup{path}/{events}")
             files.append(f"/sys/fs/cgroup/unified{path}/{events}")  # hybrid mounts
         elif controller in controllers.split(","):
             v1 = "memory.oom_control" if controller == "memory" else events
-            files = [f"/sys/fs/cgroup/{controller}{path}/{v1}"]
-        else:
+            files.append(f"/sys/fs/cgroup/{controller}{path}/{v1}")
+    return tuple(f for f in files if os.path.exists(f))
+
+
+def _cgroup_count(controller: str, events: str, key: str) -> int | None:
+    """The count ``key`` in this process's cgroup's ``events`` for ``controller``, or None
+    where it cannot be read. An agent inherits the worker's cgroup: a count of limit hits
+    that rose over an attempt says the limit ended it."""
+    for name in _cgroup_files(controller, events):
+        try:
+            text = Path(name).read_text()
+        except OSError:
             continue
-        for name in files:
-            try:
-                text = Path(name).read_text()
-            except OSError:
-                continue
-            if m := re.search(rf"^{key} (\d+)$", text, re.M):
-                return int(m.group(1))
+        if m := re.search(rf"^{key} (\d+)$", text, re.M):
+            return int(m.group(1))
     return None
 
 
