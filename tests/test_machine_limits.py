@@ -47,7 +47,7 @@ def test_a_control_out_of_open_files_names_the_limit_not_a_database_it_cannot_op
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     exe = Path(sys.executable).parent / "reviewq"
     proc = subprocess.Popen(
-        ["prlimit", "--nofile=20:20", "--", str(exe), "--root", str(kb.root), "sweep"],
+        ["prlimit", "--nofile=32:32", "--", str(exe), "--root", str(kb.root), "sweep"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -263,7 +263,7 @@ def test_an_agent_refused_a_process_by_the_pids_limit_is_the_machines_failure(tm
 
 
 def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the_limit(kb):
-    """A sweep under `prlimit --nofile=28`, its profile at concurrency 12: the worker ran
+    """A sweep under `prlimit --nofile=32`, its profile at concurrency 12: the worker ran
     out of descriptors writing its attempts' folders and starting agents. Each attempt
     went back as a launch failure (no job lost, failed or judged, the profile paused), but
     its reason said "Too many open files" of a file in the attempt's folder, naming
@@ -278,7 +278,7 @@ def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the
         # judged is what state.db and the log hold when the sweep ends or is stopped.
         reviewq_process(
             *("--root", str(kb.root), "sweep", "--reviewer", "fake"),
-            wrap=["prlimit", "--nofile=28:28", "--"],
+            wrap=["prlimit", "--nofile=32:32", "--"],
             timeout=15,
         )
     with sqlite3.connect(kb.state / "state.db") as conn:
@@ -294,7 +294,7 @@ def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the
         if "Too many open files" in r
     ]
     if not short:
-        pytest.skip("the worker did not run out of descriptors at 28 here")
+        pytest.skip("the worker did not run out of descriptors at 32 here")
     assert all("RLIMIT_NOFILE" in r for r in short), short
 
 
