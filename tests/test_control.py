@@ -3421,9 +3421,12 @@ class _Stops:
         self.asked, self.forgotten = [], []
         self.keys: set[tuple[int, int]] = set()  # the requests on the queue
 
-    def ask(self, job_id, attempt, reason):
+    def ask(self, job_id, attempt, reason, opened_at=None):
         self.asked.append((job_id, attempt, reason))
         self.keys.add((job_id, attempt))
+
+    def opened(self, job_id, attempt):
+        return None
 
     def forget(self, job_id, attempt):
         self.forgotten.append((job_id, attempt))

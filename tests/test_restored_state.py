@@ -199,3 +199,84 @@ def test_doctor_says_the_job_folders_state_db_does_not_record(kb, tmp_path):
     assert doctor.returncode == 0, doctor.stdout  # a warning: no health check fails for good
     (line,) = [x for x in doctor.stdout.splitlines() if "does not record" in x]
     assert line.startswith("warning: ") and "review-job-2" in line and "lost-history" in line
+
+
+def _events(kb, name: str) -> list[dict]:
+    path = kb.state / "logs" / "reviewq.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(x) for x in lines if f'"{name}"' in x]
+
+
+def test_a_lost_historys_agent_is_said_once_and_stopped_not_left_to_run(kb, tmp_path):
+    """Night 1 dispatched job 1 attempt 1 (alpha, not yet GOOD) and stopped before a
+    worker took it; state.db was then put back from the backup taken before that night.
+    Night 2's control dispatched job 1 attempt 1 again, for alpha now GOOD, and one
+    worker took both messages. The lost history's agent ran to its end for an outcome
+    that was dropped, each of its beats (every quarter lease) dropped with a warning of
+    its own; and both attempts ran in one folder, `attempts/job-1-attempt-1`: the first to
+    end removed it, and night 2's agent, its output gone, failed its attempt. Said once
+    for its beats and once for its outcome, the lost agent is asked to stop at its first
+    beat; night 2's agent of the same numbers runs on in its own folder and decides."""
+    from orchestrator.control.control import Control
+    from workers.app import make_app
+    from workers.queues import send
+
+    from .test_queue_integration import db, rq
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Body, not yet.\n")
+    kb.write("reviewq.toml", fake_profile(timeout='"60s"') + FAST_QUEUE)
+    ws = Workspace.open(kb.root)
+    ws.store.install_id()  # state.db made, as by an earlier night
+    ws.close()
+    _copy(kb.state / "state.db", tmp_path / "nightly.db")  # last night's backup
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+    ws = Workspace.open(kb.root)
+    make_app(ws.settings)
+    assert Control(ws, send_review=lambda m: send("run_review", m)).dispatch() == 1
+    ws.close()
+
+    _copy(tmp_path / "nightly.db", kb.state / "state.db")
+    kb.note("alpha", body="Body, GOOD now.\n")
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+    base = [EXE, "--root", str(kb.root)]
+    # Each agent sleeps as long as eight beats: the lost one beat all through its run.
+    env = {**os.environ, "FAKE_PASS_IF_CONTAINS": "GOOD", "FAKE_SLEEP": "4"}
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = None
+    worker_err = tmp_path / "worker.err"
+    try:
+        deadline = time.monotonic() + 60
+        while not _events(kb, "attempt.dispatched"):  # night 2's, behind night 1's
+            assert control.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)  # a log line, which nothing signals
+        with worker_err.open("wb") as err:
+            worker = subprocess.Popen([*base, "worker", "--workers", "2"], env=env, stderr=err)
+        while not (
+            _decided(kb)
+            and any(e["message"] == "outcome" for e in _events(kb, "message.other_history"))
+        ):
+            assert worker.poll() is None and control.poll() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.1)  # rows and log lines, which nothing signals
+    finally:
+        stop(control)
+        if worker is not None:
+            stop(worker)
+    said = [e["message"] for e in _events(kb, "message.other_history")]
+    assert said == ["heartbeat", "outcome"], said
+    with db(kb) as conn:
+        decisions = conn.execute("SELECT decision FROM acceptance").fetchall()
+        ended = conn.execute("SELECT outcome, reasons FROM attempts WHERE job_id = 1").fetchall()
+    assert [tuple(r) for r in decisions] == [("PASS",)]
+    assert [r[0] for r in ended] == ["finalized"] and "stopped" not in (ended[0][1] or "")
+    # The lost one alone was stopped, at its first beats.
+    (stopping,) = [x for x in worker_err.read_text().splitlines() if "attempt.stopping" in x]
+    assert "history state.db no longer has" in stopping
+
+
+def _decided(kb) -> bool:
+    from .test_queue_integration import db
+
+    with db(kb) as conn:
+        return conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] > 0

@@ -1046,9 +1046,15 @@ def registry_dir(state_dir: Path) -> Path:
     return state_dir / "run" / "agents"
 
 
-def attempt_folder(state_dir: Path, job_id: int, attempt: int) -> Path:
-    """A worker's private folder for one attempt, removed once its outcome is sent."""
-    return state_dir / "attempts" / f"job-{job_id}-attempt-{attempt}"
+def attempt_folder(state_dir: Path, job_id: int, attempt: int, opened_at: object = None) -> Path:
+    """A worker's private folder for one attempt, removed once its outcome is sent. Named
+    for its opening too when the message says it: a state.db put back from a backup gives
+    an attempt's numbers again while the lost history's message of them is still queued,
+    and one worker running both made the second's folder over the first's, its agent
+    still writing there (the second's outcome read the first's output, or none)."""
+    name = f"job-{job_id}-attempt-{attempt}"
+    digits = "".join(c for c in opened_at if c.isdigit()) if isinstance(opened_at, str) else ""
+    return state_dir / "attempts" / (f"{name}-{digits}" if digits else name)
 
 
 # How long a new attempt folder is left alone by a starting worker's sweep: what guards
@@ -1163,6 +1169,7 @@ def register_agent(
         "pgid": pgid,
         "job_id": spec.job_id,
         "attempt": spec.attempt,
+        "opened_at": spec.opened_at,  # which of two attempts of these numbers (stop_agent)
         # What the sessions its processes start carry (latin-1: bytes back).
         "marker": [m.decode("latin-1") for m in marker or attempt_marker(spec)],
         # Its TMPDIR (_scratch): removed by whoever reaps it, its thread having died or
@@ -1208,11 +1215,18 @@ def _group_is_agent(pgid: int, job_id: int, attempt: int | None = None) -> bool:
     )
 
 
-def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIGTERM) -> bool:
+def stop_agent(
+    state_dir: Path,
+    job_id: int,
+    attempt: int,
+    sig: int = signal.SIGTERM,
+    opened_at: object = None,
+) -> bool:
     """Signal the agent group this process runs for an attempt (found in the registry,
     and still that agent: its pid not reused); True when there was one. A SIGTERM lets it
     end as it means to; the thread waiting on it then reaps what is left of its group and
-    sessions, as after any exit."""
+    sessions, as after any exit. With ``opened_at``, not an agent of the same numbers
+    opened at another time (another history's)."""
     path = registry_dir(state_dir)
     for entry_path in path.glob(f"{socket.gethostname()}-*.json") if path.is_dir() else []:
         try:
@@ -1225,6 +1239,9 @@ def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIG
             attempt,
         ) or not _group_is_agent(entry["pgid"], job_id, attempt):
             continue
+        said = entry.get("opened_at")
+        if isinstance(said, str) and isinstance(opened_at, str) and said != opened_at:
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pgid"], sig)
             return True
@@ -1234,8 +1251,9 @@ def stop_agent(state_dir: Path, job_id: int, attempt: int, sig: int = signal.SIG
 class Reaped(NamedTuple):
     killed: list[int]  # the agents' process groups
     running: list[int]  # their processes still running after a bounded wait
-    # (job_id, attempt, worker: HOST:PID) of each attempt whose worker died, for the control
-    orphaned: list[tuple[int, int, str]]
+    # (job_id, attempt, worker: HOST:PID, opened_at or None) of each attempt whose worker
+    # died, for the control
+    orphaned: list[tuple[int, int, str, str | None]]
 
 
 def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
@@ -1244,7 +1262,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     them to end. With ``said`` (why they were left), any killed are logged as
     ``worker.reaped_orphans``."""
     killed, gone, scratches, folders, reaped = [], [], [], [], []
-    orphaned: list[tuple[int, int, str]] = []
+    orphaned: list[tuple[int, int, str, str | None]] = []
     folder = registry_dir(state_dir)
     entries = []
     for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
@@ -1275,7 +1293,9 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     # Attempts a live worker runs (one sharing this folder may run an attempt a stopped
     # worker had queued again): their folders are theirs.
     live_attempts = {
-        (e.get("job_id"), e.get("attempt")) for _, e in entries if _alive_worker(e["worker_pid"])
+        (e.get("job_id"), e.get("attempt"), e.get("opened_at"))
+        for _, e in entries
+        if _alive_worker(e["worker_pid"])
     }
     for path, entry in entries:
         if mine and entry["worker_pid"] != os.getpid():
@@ -1305,13 +1325,18 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         scratch = entry.get("scratch")
         if isinstance(scratch, str) and Path(scratch).name.startswith(_scratch_prefix(*key)):
             scratches.append(scratch)
-        if not mine and key not in live_attempts and all(isinstance(k, int) for k in key):
+        opened = entry.get("opened_at") if isinstance(entry.get("opened_at"), str) else None
+        if (
+            not mine
+            and (*key, entry.get("opened_at")) not in live_attempts
+            and all(isinstance(k, int) for k in key)
+        ):
             # Its worker died: no outcome will be sent, and nothing else removes the
             # prompt (quoting notes) and what the agent left. (A stopping worker's own
             # attempts were queued again, maybe to a worker sharing this folder: kept,
             # and so is one that worker holds, taking one up that a dead one queued.)
-            folders.append(attempt_folder(state_dir, *key).name)
-            orphaned.append((*key, f"{socket.gethostname()}:{entry['worker_pid']}"))
+            folders.append(attempt_folder(state_dir, *key, opened).name)
+            orphaned.append((*key, f"{socket.gethostname()}:{entry['worker_pid']}", opened))
         reaped.append(path)
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.

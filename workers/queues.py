@@ -1093,17 +1093,34 @@ class StopRequests:
     def _key(cls, job_id: int, attempt: int) -> str:
         return f"{cls.PREFIX}{job_id}.{attempt}"
 
-    def ask(self, job_id: int, attempt: int, reason: str) -> None:
-        self.huey.put(self._key(job_id, attempt), reason)
+    def ask(self, job_id: int, attempt: int, reason: str, opened_at: object = None) -> None:
+        """``opened_at``: the opening of the attempt whose agent is meant, as its beat
+        carried it. The key names the attempt by numbers alone, which a state.db put back
+        from a backup hands out again: with the opening, an agent of the other history
+        is not stopped by it. A worker of an earlier release reads the pair as a reason
+        and stops as before."""
+        value = {"reason": reason, "opened_at": opened_at} if isinstance(opened_at, str) else reason
+        self.huey.put(self._key(job_id, attempt), value)
 
-    def asked(self, job_id: int, attempt: int) -> str | None:
+    def asked(self, job_id: int, attempt: int, opened_at: object = None) -> str | None:
         """Why the control wants this attempt's agent stopped, or None. Looked at with a
-        read first: nearly always there is nothing, and a SQLite pop writes the file."""
+        read first: nearly always there is nothing, and a SQLite pop writes the file. A
+        request for an agent of another opening than ``opened_at`` (the review message's)
+        is left where it is, for that agent or the control's sweep."""
         key = self._key(job_id, attempt)
-        if self.huey.get(key, peek=True) is None:
+        peeked = self.huey.get(key, peek=True)
+        if peeked is None or not _meant_for(peeked, opened_at):
             return None
-        reason = self.huey.get(key)
-        return str(reason) if reason is not None else None
+        value = self.huey.get(key)
+        if isinstance(value, dict):
+            return str(value.get("reason"))
+        return str(value) if value is not None else None
+
+    def opened(self, job_id: int, attempt: int) -> str | None:
+        """The opening of the attempt the request on the queue is for, or None: none
+        said (a control of an earlier release's), or no request."""
+        value = self.huey.get(self._key(job_id, attempt), peek=True)
+        return value.get("opened_at") if isinstance(value, dict) else None
 
     def forget(self, job_id: int, attempt: int) -> None:
         self.huey.delete(self._key(job_id, attempt))
@@ -1117,6 +1134,13 @@ class StopRequests:
                 if job_id.isdigit() and attempt.isdigit():
                     found.append((int(job_id), int(attempt)))
         return found
+
+
+def _meant_for(request: object, opened_at: object) -> bool:
+    """Whether a stop request is for the agent of the attempt opened at ``opened_at``:
+    either side unsaid (a release before openings were sent) is taken as a match."""
+    said = request.get("opened_at") if isinstance(request, dict) else None
+    return not isinstance(said, str) or not isinstance(opened_at, str) or said == opened_at
 
 
 def unfed_problem(settings: Settings) -> str:

@@ -200,11 +200,11 @@ class _Beats:
         lost and run again): its agent is stopped, SIGTERM first, SIGKILL if it is still
         there when asked again a beat later. Its outcome goes back as any other, for the
         cost it ran up."""
-        reason = stop_requests().asked(self.job_id, self.attempt)
+        reason = stop_requests().asked(self.job_id, self.attempt, self.opened_at)
         if reason is None:
             return
         sig = signal.SIGTERM if self.stopped is None else signal.SIGKILL
-        if stop_agent(_the_worker().folder, self.job_id, self.attempt, sig):
+        if stop_agent(_the_worker().folder, self.job_id, self.attempt, sig, self.opened_at):
             if self.stopped is None:
                 logs.get().warning("attempt.stopping", reason=reason)
             self.stopped = reason
@@ -315,7 +315,7 @@ def run_review(msg: dict) -> None:
     if _expired(msg):
         # A run of it this worker's stop interrupted kept its folder for the run queued
         # again; declined, nothing else would ever remove it (a prompt quoting notes).
-        _remove(attempt_folder(place.folder, msg["job_id"], msg["attempt"]))
+        _remove(attempt_folder(place.folder, msg["job_id"], msg["attempt"], msg.get("opened_at")))
         return
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     with logs.bound(job_id=job_id, attempt=attempt, reviewer=name):
@@ -327,7 +327,7 @@ def run_review(msg: dict) -> None:
                 AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason]), {}, msg
             )
             return
-        folder = attempt_folder(place.folder, job_id, attempt)
+        folder = attempt_folder(place.folder, job_id, attempt, msg.get("opened_at"))
         kb, notices = _kb_for(place.kb, msg)
         try:
             with making_attempt(place.folder):
@@ -434,14 +434,14 @@ def _run_prepared(
 # at once (SIGTERM) has Huey put back every task it interrupted, from the main thread; the
 # thread of an agent the same signal killed a moment before puts its own back: both did,
 # and the attempt was queued twice (run twice, side by side on a worker with two slots).
-_put_back: dict[tuple[object, object], threading.Event] = {}
+_put_back: dict[tuple[object, object, object], threading.Event] = {}
 _put_back_lock = threading.Lock()
 
 
 def put_back(msg: dict, enqueue: Callable[[], None]) -> bool:
     """Queue an interrupted review message again with ``enqueue``, unless this process
     has already put its attempt back (False). One that fails may be put back again."""
-    key = (msg.get("job_id"), msg.get("attempt"))
+    key = (msg.get("job_id"), msg.get("attempt"), msg.get("opened_at"))
     with _put_back_lock:
         if key in _put_back:
             return False
@@ -479,13 +479,13 @@ _STOPPED_CODES = {0} | {-s for s in _STOP_SIGNALS} | {128 + s for s in _STOP_SIG
 REAPED_PATIENCE_S = 10.0
 
 
-def tell_reaped(orphaned: list[tuple[int, int, str]]) -> None:
+def tell_reaped(orphaned: list[tuple]) -> None:
     """Tell the control of the attempts whose worker died and whose agents this starting
     worker reaped (a reap notice, :mod:`orchestrator.control.messages`): each is lost and
     run again at once, where the control would have waited a lease (minutes for a real
     agent) without a beat. A queue that does not take one takes none of the rest either:
     said once for them all, and the worker goes on to its start."""
-    for i, (job_id, attempt, dead) in enumerate(orphaned):
+    for i, (job_id, attempt, dead, *opened) in enumerate(orphaned):
         notice = {
             "v": messages.VERSION,
             "job_id": job_id,
@@ -494,13 +494,16 @@ def tell_reaped(orphaned: list[tuple[int, int, str]]) -> None:
             "host": HOST,
             "reaped": dead,
         }
+        if opened and isinstance(opened[0], str):
+            # Which attempt of these numbers: a lost history's does not cost this one.
+            notice["opened_at"] = opened[0]
         try:
             send("deliver_outcome", notice, patience_s=REAPED_PATIENCE_S)
         except Exception as exc:  # noqa: BLE001 - the reaper's lease makes good the loss
             logs.get().warning(
                 "worker.reap_unsent",
-                attempts=[[j, a] for j, a, _ in orphaned[i:]],
-                reaped=sorted({w for _, _, w in orphaned[i:]}),
+                attempts=[[o[0], o[1]] for o in orphaned[i:]],
+                reaped=sorted({o[2] for o in orphaned[i:]}),
                 error=f"{type(exc).__name__}: {exc}",
                 recovery="the control gives each up a lease after its last heartbeat",
             )
@@ -535,6 +538,8 @@ def _say_refused(msg: object) -> None:
         "host": HOST,
         "refused_version": ids["version"],
     }
+    if isinstance(msg, dict) and isinstance(msg.get("opened_at"), str):
+        notice["opened_at"] = msg["opened_at"]  # a lost history's does not cost this one
     try:
         send_once("deliver_outcome", notice)
     except Exception as exc:  # noqa: BLE001 - said here already; the reaper does the rest
@@ -656,6 +661,7 @@ def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None)
         model=profile.model,
         note_path=msg.get("note_path"),
         note_file=note_file,
+        opened_at=msg["opened_at"] if isinstance(msg.get("opened_at"), str) else None,
     )
 
 

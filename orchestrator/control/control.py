@@ -155,7 +155,11 @@ class Hooks(Protocol):
 class Stops(Protocol):
     """A worker's agent asked to stop (``workers.queues.StopRequests``)."""
 
-    def ask(self, job_id: int, attempt: int, reason: str) -> None: ...
+    def ask(self, job_id: int, attempt: int, reason: str, opened_at: object = None) -> None: ...
+
+    def opened(self, job_id: int, attempt: int) -> str | None:
+        """The opening of the attempt the request on the queue is for, if it says one."""
+        ...
 
     def forget(self, job_id: int, attempt: int) -> None: ...
 
@@ -201,6 +205,9 @@ class Control:
         # When each request was last asked: said once each, and swept by the reaper once
         # no beat has asked again for a lease.
         self._stops_asked: dict[tuple[int, int], datetime] = {}
+        # The attempts of a lost history whose beats were said dropped (job, attempt,
+        # opening): said once each, not once a beat (:meth:`_this_history`).
+        self._other_history: set[tuple[object, object, object]] = set()
         self.now = now
         self.clocks = clocks
         # The clocks at the last reap, and its time.
@@ -683,7 +690,7 @@ class Control:
         # Before anything is written: another history's outcome must not leave its files
         # in this attempt's folder either.
         heartbeats = [h for h in heartbeats if self._this_history(h, "heartbeat")]
-        outcomes = [o for o in outcomes if self._this_history(o, "outcome")]
+        outcomes = [o for o in outcomes if self._this_history(o, messages.kind_of(o))]
         for o in outcomes:
             self._keep_attempt_files(o)
         self._pace(outcomes)
@@ -740,10 +747,24 @@ class Control:
 
     def _this_history(self, msg: dict, kind: str) -> bool:
         """Whether ``msg`` answers the attempt this state.db opened under its ids; one that
-        does not is dropped with a line (:func:`opened_elsewhere`)."""
+        does not is dropped (:func:`opened_elsewhere`), said once for its beats (an agent
+        beats every quarter lease: a line a beat told nothing new) and once for its
+        outcome. An agent still running for it is asked to stop: whatever it does is
+        dropped."""
         recorded = opened_elsewhere(self.store, msg)
         if recorded is None:
             return True
+        if kind == "heartbeat" and msg.get("waiting") is not True:
+            self._stop_other_history(msg)
+        key = (msg.get("job_id"), msg.get("attempt"), msg.get("opened_at"))
+        if kind == "heartbeat":
+            if key in self._other_history:
+                return False
+            if len(self._other_history) >= 4096:  # an agent that never sent its outcome
+                self._other_history.clear()
+            self._other_history.add(key)
+        else:
+            self._other_history.discard(key)
         self.log.warning(
             "message.other_history",
             message=kind,
@@ -759,6 +780,25 @@ class Control:
         )
         return False
 
+    def _stop_other_history(self, h: dict) -> None:
+        """Ask the worker of a lost history's agent to stop it, for that opening alone (a
+        worker running this history's attempt of the same numbers leaves the request)."""
+        if self.stops is None:
+            return
+        job_id, attempt = h.get("job_id"), h.get("attempt")
+        try:
+            self.stops.ask(
+                job_id,
+                attempt,
+                "it runs for an attempt of a history state.db no longer has (put back from "
+                "a backup, or its last commits lost): its outcome would be dropped",
+                opened_at=h.get("opened_at"),
+            )
+        except Exception as exc:
+            self.log.warning("attempt.stop_unsent", job_id=job_id, attempt=attempt, error=str(exc))
+            return
+        self._stops_asked[job_id, attempt] = self.now()
+
     def _ask_stop(self, h: dict, outcome: str) -> None:
         """Ask the worker that beat for an attempt no longer wanted to stop its agent, at
         each such beat (a worker takes the request once); said once. A queue that cannot
@@ -771,7 +811,7 @@ class Control:
         else:
             why = f"this attempt's outcome ({outcome}) is recorded: a second agent's is discarded"
         try:
-            self.stops.ask(job_id, attempt, why)
+            self.stops.ask(job_id, attempt, why, opened_at=h.get("opened_at"))
         except Exception as exc:
             self.log.warning("attempt.stop_unsent", job_id=job_id, attempt=attempt, error=str(exc))
             return
@@ -1382,8 +1422,23 @@ class Control:
             asked = self._stops_asked.get((job_id, attempt))
             if asked is not None and asked > quiet_since:
                 continue
-            if is_over(self.store, job_id, attempt):
+            if is_over(self.store, job_id, attempt) or self._for_another_opening(job_id, attempt):
                 self._forget_stop(job_id, attempt)
+
+    def _for_another_opening(self, job_id: int, attempt: int) -> bool:
+        """Whether the stop request of these numbers is for an attempt opened at another
+        time than the one recorded: a lost history's, left on the queue when state.db was
+        put back, which no agent of this history reads (its worker compares openings)."""
+        try:
+            said = self.stops.opened(job_id, attempt)
+        except Exception:  # noqa: BLE001 - the next sweep looks again
+            return False
+        if said is None:
+            return False
+        return (
+            opened_elsewhere(self.store, {"job_id": job_id, "attempt": attempt, "opened_at": said})
+            is not None
+        )
 
     def _note_taken(self, now: datetime) -> None:
         """Mark taken the attempts a worker took without a word yet: those dispatched

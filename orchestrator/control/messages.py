@@ -60,16 +60,24 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   ``started_at`` (as ``launched_at``) and logs ``attempt.started`` from it, as from a
   first heartbeat.
 - reap notice (worker → control, ``deliver_outcome``): ``v``, ``job_id``, ``attempt``,
-  ``worker``, ``host`` (the sender), ``reaped`` (host:pid of the dead worker): a worker
+  ``worker``, ``host`` (the sender), ``reaped`` (host:pid of the dead worker), ``opened_at``
+  (optional, as in a heartbeat: the reaped agent's, from its registry entry): a worker
   starting on a host killed a dead worker's agent of that attempt. The control loses the
   attempt at once and dispatches the job again if it is still current, dispatched or
   running, and last heard of from that worker or none; otherwise nothing changes.
 - refusal notice (worker → control, ``deliver_outcome``): ``v`` (the worker's),
-  ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``: the worker refused
+  ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``, ``opened_at`` (optional,
+  the refused message's when it had one): the worker refused
   that attempt's review message for its version. A control of the worker's version
   loses the attempt at once (still dispatched) and dispatches the job again; one of
   another version refuses the notice, and its ``message.refused`` line names the job,
   the worker and its host on the control's side.
+
+A reap or refusal notice whose ``opened_at`` is not its attempt's is dropped as a beat or
+outcome is (``message.other_history``). A stop request (``workers.queues.StopRequests``)
+holds the opening of the agent it means, as that agent's beat carried it, beside its
+reason: a worker stops only its agent of that opening, and one of an earlier release reads
+the pair as the reason and stops as before.
 
 An outcome without a heartbeat before it was always valid (a heartbeat can be lost), so
 recording the start from it did not change the version.
@@ -134,3 +142,12 @@ def earlier_review(sent_again: int) -> str:
         f"of this release sends the attempt again at once, in version {sent_again}; one of "
         "the earlier release still running on this queue must be upgraded"
     )
+
+
+def kind_of(o: dict) -> str:
+    """What a message on the control queue's outcome task is, as a log line names it."""
+    if "reaped" in o:
+        return "reap notice"
+    if "refused_version" in o:
+        return "refusal notice"
+    return "outcome"

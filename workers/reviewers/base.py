@@ -68,6 +68,9 @@ class AttemptSpec:
     note_path: str | None = None  # fix only: the note to rewrite, root-relative
     # fix only: the text the fixer was given, as a file (a worker may have no KB to read)
     note_file: Path | None = None
+    # The attempt's opening as the control recorded it (the message's ``opened_at``): two
+    # attempts of the same numbers, one of a history state.db lost, are told apart by it.
+    opened_at: str | None = None
 
     @property
     def telemetry_path(self) -> Path:
