@@ -3425,9 +3425,6 @@ class _Stops:
         self.asked.append((job_id, attempt, reason))
         self.keys.add((job_id, attempt))
 
-    def opened(self, job_id, attempt):
-        return None
-
     def forget(self, job_id, attempt):
         self.forgotten.append((job_id, attempt))
         self.keys.discard((job_id, attempt))

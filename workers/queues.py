@@ -1116,12 +1116,6 @@ class StopRequests:
             return str(value.get("reason"))
         return str(value) if value is not None else None
 
-    def opened(self, job_id: int, attempt: int) -> str | None:
-        """The opening of the attempt the request on the queue is for, or None: none
-        said (a control of an earlier release's), or no request."""
-        value = self.huey.get(self._key(job_id, attempt), peek=True)
-        return value.get("opened_at") if isinstance(value, dict) else None
-
     def forget(self, job_id: int, attempt: int) -> None:
         self.huey.delete(self._key(job_id, attempt))
 

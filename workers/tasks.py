@@ -538,8 +538,6 @@ def _say_refused(msg: object) -> None:
         "host": HOST,
         "refused_version": ids["version"],
     }
-    if isinstance(msg, dict) and isinstance(msg.get("opened_at"), str):
-        notice["opened_at"] = msg["opened_at"]  # a lost history's does not cost this one
     try:
         send_once("deliver_outcome", notice)
     except Exception as exc:  # noqa: BLE001 - said here already; the reaper does the rest

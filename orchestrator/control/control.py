@@ -157,10 +157,6 @@ class Stops(Protocol):
 
     def ask(self, job_id: int, attempt: int, reason: str, opened_at: object = None) -> None: ...
 
-    def opened(self, job_id: int, attempt: int) -> str | None:
-        """The opening of the attempt the request on the queue is for, if it says one."""
-        ...
-
     def forget(self, job_id: int, attempt: int) -> None: ...
 
     def pending(self) -> list[tuple[int, int]]:
@@ -1422,23 +1418,8 @@ class Control:
             asked = self._stops_asked.get((job_id, attempt))
             if asked is not None and asked > quiet_since:
                 continue
-            if is_over(self.store, job_id, attempt) or self._for_another_opening(job_id, attempt):
+            if is_over(self.store, job_id, attempt):
                 self._forget_stop(job_id, attempt)
-
-    def _for_another_opening(self, job_id: int, attempt: int) -> bool:
-        """Whether the stop request of these numbers is for an attempt opened at another
-        time than the one recorded: a lost history's, left on the queue when state.db was
-        put back, which no agent of this history reads (its worker compares openings)."""
-        try:
-            said = self.stops.opened(job_id, attempt)
-        except Exception:  # noqa: BLE001 - the next sweep looks again
-            return False
-        if said is None:
-            return False
-        return (
-            opened_elsewhere(self.store, {"job_id": job_id, "attempt": attempt, "opened_at": said})
-            is not None
-        )
 
     def _note_taken(self, now: datetime) -> None:
         """Mark taken the attempts a worker took without a word yet: those dispatched

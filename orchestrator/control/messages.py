@@ -66,14 +66,13 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   attempt at once and dispatches the job again if it is still current, dispatched or
   running, and last heard of from that worker or none; otherwise nothing changes.
 - refusal notice (worker → control, ``deliver_outcome``): ``v`` (the worker's),
-  ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``, ``opened_at`` (optional,
-  the refused message's when it had one): the worker refused
+  ``job_id``, ``attempt``, ``worker``, ``host``, ``refused_version``: the worker refused
   that attempt's review message for its version. A control of the worker's version
   loses the attempt at once (still dispatched) and dispatches the job again; one of
   another version refuses the notice, and its ``message.refused`` line names the job,
   the worker and its host on the control's side.
 
-A reap or refusal notice whose ``opened_at`` is not its attempt's is dropped as a beat or
+A reap notice whose ``opened_at`` is not its attempt's is dropped as a beat or
 outcome is (``message.other_history``). A stop request (``workers.queues.StopRequests``)
 holds the opening of the agent it means, as that agent's beat carried it, beside its
 reason: a worker stops only its agent of that opening, and one of an earlier release reads
