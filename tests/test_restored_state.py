@@ -33,10 +33,11 @@ def _copy(src: Path, dest: Path) -> None:
     a.close(), b.close()
 
 
-def _run_worker_until_outcomes(kb, app, count: int) -> None:
+def _run_worker_until_outcomes(kb, app, count: int, sleep_s: float = 0) -> None:
     """A real worker takes what waits on the review queue; stopped once ``count``
-    outcomes wait on the control queue (no control runs meanwhile)."""
-    env = {**os.environ, "FAKE_PASS_IF_CONTAINS": "GOOD"}
+    outcomes wait on the control queue (no control runs meanwhile). Its agents sleep
+    ``sleep_s`` first."""
+    env = {**os.environ, "FAKE_PASS_IF_CONTAINS": "GOOD", "FAKE_SLEEP": str(sleep_s)}
     worker = subprocess.Popen(
         [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
         env=env,
@@ -280,3 +281,124 @@ def _decided(kb) -> bool:
 
     with db(kb) as conn:
         return conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] > 0
+
+
+def _night_1_dispatched(kb, tmp_path, stops: bool = False):
+    """The backup taken before night 1; night 1's job 1 attempt 1 (alpha, not yet GOOD)
+    on the review queue; its control and message."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers.app import make_app
+    from workers.queues import StopRequests, send
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Body, not yet.\n")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    ws = Workspace.open(kb.root)
+    ws.store.install_id()  # state.db made, as by an earlier night
+    _copy(ws.state_dir / "state.db", tmp_path / "nightly.db")  # last night's backup
+    app = make_app(ws.settings)
+    enqueue(ws, SweepRequest(name="cli", reviewer="fake", all_gates=True))
+    sent: list[dict] = []
+    control = Control(
+        ws,
+        send_review=lambda m: (sent.append(m), send("run_review", m)),
+        hooks=FollowUp(ws),
+        stops=StopRequests(app.review) if stops else None,
+    )
+    assert control.dispatch() == 1
+    return ws, app, control, sent[0]
+
+
+def _night_2_dispatched(kb, tmp_path, monkeypatch):
+    """state.db put back, alpha GOOD now, night 2's job 1 attempt 1 on the review queue."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers import tasks
+    from workers.app import make_app
+    from workers.queues import StopRequests, send
+
+    _copy(tmp_path / "nightly.db", kb.state / "state.db")  # the operator's restore
+    kb.note("alpha", body="Body, GOOD now.\n")
+    ws = Workspace.open(kb.root)
+    app = make_app(ws.settings)
+    enqueue(ws, SweepRequest(name="cli", reviewer="fake", all_gates=True))
+    sent: list[dict] = []
+    control = Control(
+        ws,
+        send_review=lambda m: (sent.append(m), send("run_review", m)),
+        hooks=FollowUp(ws),
+        stops=StopRequests(app.review),
+    )
+    assert control.dispatch() == 1 and (sent[0]["job_id"], sent[0]["attempt"]) == (1, 1)
+    monkeypatch.setattr(tasks, "_control", control)
+    return ws, app, sent
+
+
+def _night_2_decided(ws, sent) -> None:
+    conn = ws.store.conn
+    decisions = conn.execute("SELECT decision FROM acceptance").fetchall()
+    ended = conn.execute("SELECT outcome, reasons FROM attempts WHERE job_id = 1").fetchall()
+    assert [tuple(r) for r in ended] == [("finalized", "[]")]
+    assert [tuple(r) for r in decisions] == [("PASS",)] and len(sent) == 1
+
+
+def test_a_stop_request_of_a_lost_history_does_not_stop_the_attempt_given_its_numbers(
+    kb, tmp_path, monkeypatch
+):
+    """Night 1's job 1 attempt 1 ended (FAIL), and a late beat of it (a second agent, a
+    send retried) had the control ask its worker to stop that agent: a request keyed by
+    the numbers alone, left on the queue when state.db was put back. Night 2's attempt of
+    the same numbers read it at its first beat and was stopped: no output, an attempt
+    burned, the job run again."""
+    from workers import tasks
+
+    ws, app, control, msg = _night_1_dispatched(kb, tmp_path, stops=True)
+    monkeypatch.setattr(tasks, "_control", control)
+    _run_worker_until_outcomes(kb, app, 1)
+    _take_waiting(app)  # night 1 decides FAIL
+    late = {"v": 4, "job_id": 1, "attempt": 1, "worker": "vm:1", "host": "vm"}
+    late |= {"launched": True, "started_at": "2026-01-01T00:00:00Z", "opened_at": msg["opened_at"]}
+    control.on_messages([late], [])  # its request, as night 1's control asks it
+    assert app.review.get("reviewq.stop.1.1", peek=True) is not None
+    ws.close()
+
+    ws, app, sent = _night_2_dispatched(kb, tmp_path, monkeypatch)
+    _run_worker_until_outcomes(kb, app, 1, sleep_s=2)  # a few beats, each reading requests
+    _take_waiting(app)
+    _night_2_decided(ws, sent)
+    ws.close()
+
+
+def test_a_reap_notice_of_a_lost_history_does_not_lose_the_attempt_given_its_numbers(
+    kb, tmp_path, monkeypatch
+):
+    """Night 1's worker died (SIGKILL) with its agent of job 1 attempt 1 running, and
+    state.db was put back. Night 2 dispatched job 1 attempt 1 again; the worker started
+    next on that host reaped the dead one's agent and said so: a notice by numbers alone,
+    which lost night 2's attempt (not yet taken by any worker) and ran the job again."""
+    import signal
+
+    ws, app, control, msg = _night_1_dispatched(kb, tmp_path)
+    env = {**os.environ, "FAKE_SLEEP": "60"}
+    worker = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        registry = kb.state / "worker" / "run" / "agents"
+        deadline = time.monotonic() + 60
+        while not list(registry.glob("*-*[0-9].json")):  # its agent launched
+            assert worker.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)  # a file, which nothing signals
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    ws.close()
+
+    ws, app, sent = _night_2_dispatched(kb, tmp_path, monkeypatch)
+    _run_worker_until_outcomes(kb, app, 2)  # its reap notice, then night 2's outcome
+    _take_waiting(app)
+    _night_2_decided(ws, sent)
+    ws.close()
