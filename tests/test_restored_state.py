@@ -283,9 +283,9 @@ def _decided(kb) -> bool:
         return conn.execute("SELECT count(*) FROM acceptance").fetchone()[0] > 0
 
 
-def _night_1_dispatched(kb, tmp_path, stops: bool = False):
+def _night_1_dispatched(kb, tmp_path, stops: bool = False, url: str = ""):
     """The backup taken before night 1; night 1's job 1 attempt 1 (alpha, not yet GOOD)
-    on the review queue; its control and message."""
+    on the review queue (``url``'s, or the SQLite one); its control and message."""
     from orchestrator.control.control import Control
     from orchestrator.control.followup import FollowUp
     from workers.app import make_app
@@ -293,7 +293,7 @@ def _night_1_dispatched(kb, tmp_path, stops: bool = False):
 
     kb.gate("prose/body-check", ["body"])
     kb.note("alpha", body="Body, not yet.\n")
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + (f'url = "{url}"\n' if url else ""))
     ws = Workspace.open(kb.root)
     ws.store.install_id()  # state.db made, as by an earlier night
     _copy(ws.state_dir / "state.db", tmp_path / "nightly.db")  # last night's backup
@@ -343,8 +343,9 @@ def _night_2_decided(ws, sent) -> None:
     assert [tuple(r) for r in decisions] == [("PASS",)] and len(sent) == 1
 
 
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_a_stop_request_of_a_lost_history_does_not_stop_the_attempt_given_its_numbers(
-    kb, tmp_path, monkeypatch
+    kb, tmp_path, monkeypatch, request, queue
 ):
     """Night 1's job 1 attempt 1 ended (FAIL), and a late beat of it (a second agent, a
     send retried) had the control ask its worker to stop that agent: a request keyed by
@@ -353,14 +354,15 @@ def test_a_stop_request_of_a_lost_history_does_not_stop_the_attempt_given_its_nu
     burned, the job run again."""
     from workers import tasks
 
-    ws, app, control, msg = _night_1_dispatched(kb, tmp_path, stops=True)
+    url = request.getfixturevalue("redis_url") if queue == "redis" else ""
+    ws, app, control, msg = _night_1_dispatched(kb, tmp_path, stops=True, url=url)
     monkeypatch.setattr(tasks, "_control", control)
     _run_worker_until_outcomes(kb, app, 1)
     _take_waiting(app)  # night 1 decides FAIL
     late = {"v": 4, "job_id": 1, "attempt": 1, "worker": "vm:1", "host": "vm"}
     late |= {"launched": True, "started_at": "2026-01-01T00:00:00Z", "opened_at": msg["opened_at"]}
     control.on_messages([late], [])  # its request, as night 1's control asks it
-    assert app.review.get("reviewq.stop.1.1", peek=True) is not None
+    assert app.review.get("reviewq.stop.1.1", peek=True) is not None  # a table row, a hash
     ws.close()
 
     ws, app, sent = _night_2_dispatched(kb, tmp_path, monkeypatch)
