@@ -1330,7 +1330,8 @@ def test_an_interrupted_attempt_whose_message_expired_leaves_no_folder(kb, tmp_p
         await_fifo(fifo)
         worker.send_signal(signal.SIGTERM)  # the task goes back on the queue
         assert worker.wait(timeout=30) == 0
-        assert (kb.state / "worker/attempts/job-1-attempt-1").is_dir()
+        (kept,) = (kb.state / "worker/attempts").glob("job-1-attempt-1-*")  # and its opening
+        assert kept.is_dir()
         # The message expires half a lease (1 s) and the timeout (2 s) after its dispatch,
         # before the attempt started; the reaper gives the attempt up about then.
         deadline = time.monotonic() + 60

@@ -1006,7 +1006,7 @@ def test_a_starting_worker_leaves_a_kept_folder_a_worker_beside_it_took_up_again
 
     msg = dispatched_message(kb)
     folder = tmp_path / "w"
-    kept = attempt.attempt_folder(folder, msg["job_id"], msg["attempt"])
+    kept = attempt.attempt_folder(folder, msg["job_id"], msg["attempt"], msg["opened_at"])
     kept.mkdir(parents=True)
     (kept / "prompt.md").write_text("the interrupted run's")
     os.utime(kept, (time.time() - 600, time.time() - 600))  # kept ten minutes ago
