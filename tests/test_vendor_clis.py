@@ -695,6 +695,25 @@ def test_a_model_server_that_never_answers_is_the_reviewer_s_failure_at_the_dead
     assert any(r.get("action") == "hang" for r in model.requests("hung"))
 
 
+def test_a_gemini_killed_before_it_reached_its_model_is_the_reviewer_s_failure(
+    netns, model, home, vkb
+):
+    """Gemini takes 7-21 s to start on a loaded machine, writing no chat log until it
+    sends the prompt: killed at a deadline before that, it was burned-out, counted
+    against the job as if the note were too big, though no model had been asked."""
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "hung", timeout="0.5s", connect_timeout="0.2s")
+    )
+    job_id = make_job(netns, home, vkb.root)
+    reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    assert not model.requests("hung")  # the deadline came before Gemini's first request
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    assert json.loads(a["reasons"]) == [
+        "unreachable: no model answered within the deadline of 0.5 s"
+    ]
+
+
 def _retrying(home: Path, into: Path) -> Path:
     """A copy of ``home`` whose Gemini keeps its default retries (ten, 5-30 s apart)."""
     mine = into / "home"

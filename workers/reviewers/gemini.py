@@ -232,15 +232,33 @@ class GeminiReviewer(Reviewer):
     def answered(self, spec: AttemptSpec) -> bool:
         # Gemini writes its JSON only at its end; its chat log has each model message as it
         # comes ("type": "gemini"), in the folder its projects.json names for the job folder.
+        if not self._started(spec):
+            # Killed before it named the job folder in projects.json, which it does as it
+            # starts (7-21 s on a loaded machine), long before it sends the prompt.
+            return False
         log = self._chat_log(spec)
         if log is None:
             return True  # no log to read: cannot tell
         return any(True for _ in _model_messages(log))
 
+    def _home(self) -> Path:
+        env = {**os.environ, **self.profile.env}
+        return Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini"
+
+    def _started(self, spec: AttemptSpec) -> bool:
+        """Whether Gemini got as far as naming the job folder; True when it cannot tell."""
+        try:
+            projects = json.loads((self._home() / "projects.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return False
+        except (OSError, *UNREADABLE):
+            return True
+        table = projects.get("projects") if isinstance(projects, dict) else None
+        return not isinstance(table, dict) or str(spec.job_dir.resolve()) in table
+
     def _chat_log(self, spec: AttemptSpec) -> Path | None:
         """This attempt's chat log: the session whose first words name its prompt."""
-        env = {**os.environ, **self.profile.env}
-        home = Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini"
+        home = self._home()
         try:
             projects = json.loads((home / "projects.json").read_text(encoding="utf-8"))
             name = projects["projects"][str(spec.job_dir.resolve())]
