@@ -1585,6 +1585,57 @@ def test_a_launch_or_reviewer_failure_is_logged_with_its_attempt(kb):
     ws.close()
 
 
+def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb):
+    """L43 made an agent the worker's memory cgroup killed the machine's failure: the job
+    was queued again, never counted. A job whose agent needs more than the limit every
+    time (a huge note) was then tried for good, every backoff, an agent's run and an OOM
+    kill each time; the profile paused over it, five kills in a row, and never said which
+    job. After two such kills of the same job the next are counted as the job's."""
+    from datetime import datetime, timedelta
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["alpha"], now=lambda: clock[0])
+    (job_id,) = {m["job_id"] for m in sent}
+    oom = (
+        "memory: the out-of-memory killer of the worker's memory cgroup killed the agent "
+        "(raise its memory.max, or lower the concurrency); no output"
+    )
+    for _ in range(12):  # bounded: before, every one of these queued the job again
+        msg = sent[-1]
+        control.on_messages(
+            [],
+            [
+                _outcome(
+                    ws,
+                    msg,
+                    classification="reviewer-failure",
+                    output=None,
+                    exit_code=-9,
+                    reasons=[oom],
+                )
+            ],
+        )
+        status = ws.store.conn.execute(
+            "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()[0]
+        if status != "queued":
+            break
+        clock[0] += timedelta(hours=1)  # past the backoff and any pause
+        assert control.dispatch() == 1
+    assert status == "failed", status
+    outcomes = [
+        r[0]
+        for r in ws.store.conn.execute(
+            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
+        )
+    ]
+    assert outcomes == ["reviewer-failure"] * 2 + ["no-output"] * 3, outcomes
+    [failed] = _events(ws, "job.failed")
+    assert failed["job_id"] == job_id
+    assert "more memory than" in failed["reasons"][0], failed
+    ws.close()
+
+
 def test_a_workers_notices_are_read_as_data(kb):
     """An outcome's ``notices`` (S7) come from a worker, maybe on another machine. One that
     was not a list of notices (a number; an event that is a list) made the control's

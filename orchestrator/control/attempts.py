@@ -317,6 +317,23 @@ def taken(store: Store, gone: list[tuple[int, int]], back: list[tuple[int, int]]
         )
 
 
+# Of one job, the kills by the worker's memory limit taken for the machine's failure (L43):
+# an agent of the same job killed again is taken to need more than the limit (a huge
+# note). Taken all as the machine's, such a job was queued again for good, an agent's run
+# and an OOM kill every backoff, the profile paused over it, and no job ever named.
+MACHINES_MEMORY_KILLS = 2
+
+
+def memory_kills(store: Store, job_id: int) -> int:
+    """How many attempts of the job the worker's memory limit ended (a reason ``memory:``),
+    whether taken for the machine's failure or for the job's."""
+    return store.conn.execute(
+        "SELECT count(*) FROM attempts WHERE job_id = ? "
+        "AND outcome IN ('reviewer-failure', 'no-output') AND reasons LIKE ?",
+        (job_id, '["memory: %'),
+    ).fetchone()[0]
+
+
 def record_end(
     store: Store,
     job_id: int,

@@ -28,6 +28,7 @@ from orchestrator import logs
 from orchestrator.config import ConfigError, ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
+    MACHINES_MEMORY_KILLS,
     JobMoved,
     OpenedAttempt,
     answered,
@@ -38,6 +39,7 @@ from orchestrator.control.attempts import (
     is_over,
     log_paused,
     lose,
+    memory_kills,
     not_the_jobs,
     open_attempt,
     opened_elsewhere,
@@ -966,6 +968,22 @@ class Control:
                 o.get("untouched"), o.get("output") is not None, o.get("exit_code")
             )
             o = {**o, "classification": cls, "reasons": reasons}
+        reasons = o.get("reasons") or []
+        if (
+            cls == "reviewer-failure"
+            and reasons[:1]
+            and reasons[0].startswith("memory: ")
+            and (kills := memory_kills(self.store, job_id)) >= MACHINES_MEMORY_KILLS
+        ):
+            # The same job's agent killed by the memory limit again: its own size, most
+            # likely, counted against it so that it fails, saying why, and the profile
+            # does not pause over it.
+            said = (
+                f"memory: killed by the worker's memory limit {kills + 1} times: this job "
+                "may need more memory than the worker has; "
+            )
+            o = {**o, "classification": "no-output", "reasons": [said + reasons[0][8:]]}
+            cls = "no-output"
         record_end(
             self.store,
             job_id,
