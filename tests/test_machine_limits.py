@@ -262,6 +262,72 @@ def test_an_agent_refused_a_process_by_the_pids_limit_is_the_machines_failure(tm
     assert said.startswith("the worker's limit of processes was reached: "), said
 
 
+_ANOTHER_REFUSED = """
+import json, os, subprocess, sys, threading
+from pathlib import Path
+group = Path(sys.argv[1])
+(group / "cgroup.procs").write_text(str(os.getpid()))
+from orchestrator.config import ReviewerProfile
+from workers.attempt import run_attempt
+from workers.reviewers import AttemptSpec, for_profile
+tmp = Path(sys.argv[2])
+go = tmp / "go"
+os.mkfifo(go)
+# Two turns in, it waits for the word, then fails for a reason of its own: no output.
+script = (
+    "import json, os, sys;"
+    "json.dump(dict(num_turns=2), open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w'));"
+    f"open({str(go)!r}).read();"
+    "sys.exit('error: the answer was not the bundle asked for')"
+)
+refused = []
+def another_agent():
+    # Opened once the agent has opened it: the agent runs. Another agent's process (a
+    # tool, a launch) refused at pids.max meanwhile, in the cgroup they share.
+    with open(go, "w") as word:
+        (group / "pids.max").write_text((group / "pids.current").read_text())
+        try:
+            subprocess.run(["true"])
+        except OSError as exc:
+            refused.append(exc.errno)
+        (group / "pids.max").write_text("max")
+        word.write("go")
+helper = threading.Thread(target=another_agent)
+helper.start()
+profile = ReviewerProfile(name="c", kind="command", command=(sys.executable, "-c", script))
+spec = AttemptSpec("review", 1, 1, tmp / "p", tmp / "o", tmp, tmp / "a", tmp, "m")
+out = run_attempt(for_profile(profile), spec, timeout_s=30, max_turns=10)
+helper.join()
+print(json.dumps({"classification": out.classification, "reasons": out.reasons,
+                  "refused": refused}))
+"""
+
+
+def test_an_agents_own_failure_while_another_is_refused_a_process_is_the_jobs(tmp_path):
+    """L44 took any agent that failed while the cgroup's count of refused forks rose for
+    one the pids limit ended. The count is the cgroup's, which the worker's other agents
+    and its own launches share: an agent that failed for a reason of its own (its answer
+    not the bundle asked for) while another's fork was refused was the machine's failure,
+    never counted against its job, and the profile paused over it. The agent must say it
+    was refused a process (EAGAIN), as a full disk must be said."""
+    group = _pids_cgroup(f"reviewq-test-{os.getpid()}")
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _ANOTHER_REFUSED, str(group), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        _removed(group)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["refused"] == [11], out  # EAGAIN: another process was refused meanwhile
+    assert out["classification"] == "no-output", out
+    assert not out["reasons"][0].startswith("pids: "), out
+
+
 def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the_limit(kb):
     """A sweep under `prlimit --nofile=32`, its profile at concurrency 12: the worker ran
     out of descriptors writing its attempts' folders and starting agents. Each attempt

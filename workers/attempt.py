@@ -882,12 +882,14 @@ def run_attempt(
         exited
         and out.exit_code
         and refused_forks is not None
+        and _NO_PROCESS_SAID.search(why := telemetry.error or _tail(spec.stderr_path))
         and ((forks_refused() or 0) > refused_forks)
     ):
         # A fork the agent made (a tool, a shell) was refused at the pids.max of the
-        # worker's cgroup, which its other agents share: the machine's, as above.
+        # worker's cgroup, which its other agents share: the machine's, as above. Said by
+        # the agent too: the count is the cgroup's, and one that failed for a reason of
+        # its own while another agent's fork was refused was taken for this.
         out.classification = REVIEWER_FAILURE
-        why = telemetry.error or _tail(spec.stderr_path)
         out.reasons = [
             "pids: the worker's pids cgroup refused the agent a process at its pids.max "
             f"(raise it, or lower the concurrency); {_exit_said(out.exit_code)}: {why}"
@@ -1438,6 +1440,12 @@ def forks_refused() -> int | None:
     return _cgroup_count("pids", "pids.events", "max")
 
 
+# What an agent says when a process or thread it asked for was refused (EAGAIN): bash's
+# "fork: retry: Resource temporarily unavailable", Python's BlockingIOError, node's
+# "spawn EAGAIN", a thread that could not start.
+_NO_PROCESS_SAID = re.compile(
+    r"resource temporarily unavailable|EAGAIN|can't start new thread|cannot fork", re.I
+)
 # What an agent says when a write found no room: the errno's text or name (a quota too).
 _NO_ROOM_SAID = re.compile(r"no space left on device|ENOSPC|disk quota exceeded|EDQUOT", re.I)
 _NEARLY_FULL = 64 * 1024  # bytes: no output of a review fits, nor most agents' own files
