@@ -47,7 +47,7 @@ def test_a_control_out_of_open_files_names_the_limit_not_a_database_it_cannot_op
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
     exe = Path(sys.executable).parent / "reviewq"
     proc = subprocess.Popen(
-        ["prlimit", "--nofile=32:32", "--", str(exe), "--root", str(kb.root), "sweep"],
+        ["prlimit", "--nofile=20:20", "--", str(exe), "--root", str(kb.root), "sweep"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
