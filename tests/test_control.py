@@ -1585,54 +1585,83 @@ def test_a_launch_or_reviewer_failure_is_logged_with_its_attempt(kb):
     ws.close()
 
 
+_OOM = (
+    "memory: the out-of-memory killer of the worker's memory cgroup killed the agent "
+    "(raise its memory.max, or lower the concurrency); no output"
+)
+
+
+def _killed_by_memory(ws, control, msg: dict) -> None:
+    control.on_messages(
+        [],
+        [
+            _outcome(
+                ws,
+                msg,
+                classification="reviewer-failure",
+                output=None,
+                exit_code=-9,
+                reasons=[_OOM],
+            )
+        ],
+    )
+
+
 def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb):
     """L43 made an agent the worker's memory cgroup killed the machine's failure: the job
     was queued again, never counted. A job whose agent needs more than the limit every
     time (a huge note) was then tried for good, every backoff, an agent's run and an OOM
-    kill each time; the profile paused over it, five kills in a row, and never said which
-    job. After two such kills of the same job the next are counted as the job's."""
+    kill each time, while the other jobs answered; no job failed, no person was told.
+    Killed twice while another job answered, its next kills are counted as its own."""
     from datetime import datetime, timedelta
 
     clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
-    ws, control, sent = _dispatched(kb, ["alpha"], now=lambda: clock[0])
-    (job_id,) = {m["job_id"] for m in sent}
-    oom = (
-        "memory: the out-of-memory killer of the worker's memory cgroup killed the agent "
-        "(raise its memory.max, or lower the concurrency); no output"
-    )
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"], now=lambda: clock[0])
+    huge, small = sent
+    _killed_by_memory(ws, control, huge)
+    control.on_messages([], [_outcome(ws, small)])  # the machine runs other jobs
     for _ in range(12):  # bounded: before, every one of these queued the job again
-        msg = sent[-1]
-        control.on_messages(
-            [],
-            [
-                _outcome(
-                    ws,
-                    msg,
-                    classification="reviewer-failure",
-                    output=None,
-                    exit_code=-9,
-                    reasons=[oom],
-                )
-            ],
-        )
         status = ws.store.conn.execute(
-            "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
+            "SELECT status FROM review_jobs WHERE id = ?", (huge["job_id"],)
         ).fetchone()[0]
         if status != "queued":
             break
         clock[0] += timedelta(hours=1)  # past the backoff and any pause
         assert control.dispatch() == 1
+        _killed_by_memory(ws, control, sent[-1])
     assert status == "failed", status
     outcomes = [
         r[0]
         for r in ws.store.conn.execute(
-            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
+            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (huge["job_id"],)
         )
     ]
     assert outcomes == ["reviewer-failure"] * 2 + ["no-output"] * 3, outcomes
     [failed] = _events(ws, "job.failed")
-    assert failed["job_id"] == job_id
+    assert failed["job_id"] == huge["job_id"]
     assert "more memory than" in failed["reasons"][0], failed
+    ws.close()
+
+
+def test_jobs_all_killed_by_the_memory_limit_wait_with_the_profile_paused(kb):
+    """A worker whose memory limit no agent fits in: every job's agent killed, none
+    answered. That is the machine's failure, never a verdict on the notes: no job fails,
+    the profile pauses (L45 counts a job's kills against it only while others answer)."""
+    from datetime import datetime, timedelta
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"], now=lambda: clock[0])
+    for msg in sent:
+        _killed_by_memory(ws, control, msg)
+    for _ in range(6):
+        clock[0] += timedelta(hours=1)
+        n = control.dispatch()
+        for msg in sent[-n:] if n else []:
+            _killed_by_memory(ws, control, msg)
+    statuses = {r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")}
+    assert statuses == {"queued"}, statuses
+    assert not _events(ws, "job.failed")
+    assert _events(ws, "reviewer.paused")
     ws.close()
 
 
