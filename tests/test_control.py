@@ -1591,7 +1591,14 @@ _OOM = (
 )
 
 
-def _killed_by_memory(ws, control, msg: dict) -> None:
+_REFUSED = (
+    "pids: the worker's pids cgroup refused the agent a process at its pids.max (raise it, "
+    "or lower the concurrency); exited 1: BlockingIOError: [Errno 11] Resource temporarily "
+    "unavailable"
+)
+
+
+def _killed_by_memory(ws, control, msg: dict, reason: str = _OOM) -> None:
     control.on_messages(
         [],
         [
@@ -1600,25 +1607,29 @@ def _killed_by_memory(ws, control, msg: dict) -> None:
                 msg,
                 classification="reviewer-failure",
                 output=None,
-                exit_code=-9,
-                reasons=[_OOM],
+                exit_code=-9 if reason.startswith("memory: ") else 1,
+                reasons=[reason],
             )
         ],
     )
 
 
-def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb):
+@pytest.mark.parametrize(
+    ("reason", "said"), [(_OOM, "more memory than"), (_REFUSED, "more processes than")]
+)
+def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb, reason, said):
     """L43 made an agent the worker's memory cgroup killed the machine's failure: the job
     was queued again, never counted. A job whose agent needs more than the limit every
     time (a huge note) was then tried for good, every backoff, an agent's run and an OOM
     kill each time, while the other jobs answered; no job failed, no person was told.
-    Killed twice while another job answered, its next kills are counted as its own."""
+    Killed twice while another job answered, its next kills are counted as its own; the
+    same of a job whose agent is refused processes at the pids limit every time."""
     from datetime import datetime, timedelta
 
     clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
     ws, control, sent = _dispatched(kb, ["alpha", "beta"], now=lambda: clock[0])
     huge, small = sent
-    _killed_by_memory(ws, control, huge)
+    _killed_by_memory(ws, control, huge, reason)
     control.on_messages([], [_outcome(ws, small)])  # the machine runs other jobs
     for _ in range(12):  # bounded: before, every one of these queued the job again
         status = ws.store.conn.execute(
@@ -1628,7 +1639,7 @@ def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb):
             break
         clock[0] += timedelta(hours=1)  # past the backoff and any pause
         assert control.dispatch() == 1
-        _killed_by_memory(ws, control, sent[-1])
+        _killed_by_memory(ws, control, sent[-1], reason)
     assert status == "failed", status
     outcomes = [
         r[0]
@@ -1639,7 +1650,7 @@ def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb):
     assert outcomes == ["reviewer-failure"] * 2 + ["no-output"] * 3, outcomes
     [failed] = _events(ws, "job.failed")
     assert failed["job_id"] == huge["job_id"]
-    assert "more memory than" in failed["reasons"][0], failed
+    assert said in failed["reasons"][0], failed
     ws.close()
 
 

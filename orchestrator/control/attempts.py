@@ -317,24 +317,25 @@ def taken(store: Store, gone: list[tuple[int, int]], back: list[tuple[int, int]]
         )
 
 
-# Of one job, the kills by the worker's memory limit taken for the machine's failure (L43),
-# while other jobs answer: an agent of the same job killed again is taken to need more
-# than the limit (a huge note). Taken all as the machine's, such a job was queued again
-# for good, an agent's run and an OOM kill every backoff, and no job was ever named.
-MACHINES_MEMORY_KILLS = 2
+# Of one job, the attempts the worker's memory or process limit ended taken for the
+# machine's failure (L43, L44), while other jobs answer: an agent of the same job ended
+# again is taken to need more than the limit (a huge note). Taken all as the machine's,
+# such a job was queued again for good, an agent's run and a kill every backoff, and no
+# job was ever named.
+MACHINES_LIMIT_KILLS = 2
 
 
-def memory_kills(store: Store, job_id: int) -> int:
-    """How many attempts of the job the worker's memory limit ended (a reason ``memory:``),
-    when another job has answered since the first of them; 0 when none has: a limit no
-    agent fits in is the machine's alone, and failing every job for it a verdict on
-    notes nobody read."""
+def limit_kills(store: Store, job_id: int, kind: str) -> int:
+    """How many attempts of the job the worker's limit ``kind`` ended (a reason ``memory:``,
+    ``pids:``), when another job has answered since the first of them; 0 when none has: a
+    limit no agent fits in is the machine's alone, and failing every job for it a verdict
+    on notes nobody read."""
     return store.conn.execute(
         "WITH k AS (SELECT count(*) AS n, min(recorded_at) AS first FROM attempts "
         "WHERE job_id = ? AND outcome IN ('reviewer-failure', 'no-output') AND reasons LIKE ?) "
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM attempts a, k WHERE a.recorded_at >= k.first "
         "AND a.job_id != ? AND a.outcome IN ('output', 'finalized')) THEN k.n ELSE 0 END FROM k",
-        (job_id, '["memory: %', job_id),
+        (job_id, f'["{kind}: %', job_id),
     ).fetchone()[0]
 
 

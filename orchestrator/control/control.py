@@ -28,7 +28,7 @@ from orchestrator import logs
 from orchestrator.config import ConfigError, ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
-    MACHINES_MEMORY_KILLS,
+    MACHINES_LIMIT_KILLS,
     JobMoved,
     OpenedAttempt,
     answered,
@@ -37,9 +37,9 @@ from orchestrator.control.attempts import (
     heartbeat,
     is_current,
     is_over,
+    limit_kills,
     log_paused,
     lose,
-    memory_kills,
     not_the_jobs,
     open_attempt,
     opened_elsewhere,
@@ -164,6 +164,14 @@ class Stops(Protocol):
     def pending(self) -> list[tuple[int, int]]:
         """The (job, attempt) of every request on the queue."""
         ...
+
+
+# A reviewer failure that was the worker's limit, and what a job its agent keeps meeting
+# it may need (L45).
+_NEEDS_MORE = {
+    "memory": "more memory than the worker has",
+    "pids": "more processes than the worker's pids.max allows",
+}
 
 
 class Control:
@@ -969,20 +977,21 @@ class Control:
             )
             o = {**o, "classification": cls, "reasons": reasons}
         reasons = o.get("reasons") or []
+        kind = reasons[0].partition(": ")[0] if reasons else ""
         if (
             cls == "reviewer-failure"
-            and reasons[:1]
-            and reasons[0].startswith("memory: ")
-            and (kills := memory_kills(self.store, job_id)) >= MACHINES_MEMORY_KILLS
+            and kind in _NEEDS_MORE
+            and (kills := limit_kills(self.store, job_id, kind)) >= MACHINES_LIMIT_KILLS
         ):
-            # The same job's agent killed by the memory limit again: its own size, most
-            # likely, counted against it so that it fails, saying why, and the profile
-            # does not pause over it.
+            # The same job's agent ended by the worker's limit again while others answer:
+            # its own size, most likely, counted against it so that it fails, saying why,
+            # and the profile does not pause over it.
             said = (
-                f"memory: killed by the worker's memory limit {kills + 1} times: this job "
-                "may need more memory than the worker has; "
+                f"{kind}: ended by the worker's limit {kills + 1} times: this job may need "
+                f"{_NEEDS_MORE[kind]}; "
             )
-            o = {**o, "classification": "no-output", "reasons": [said + reasons[0][8:]]}
+            rest = reasons[0][len(kind) + 2 :]
+            o = {**o, "classification": "no-output", "reasons": [said + rest]}
             cls = "no-output"
         record_end(
             self.store,
