@@ -404,3 +404,49 @@ def test_a_reap_notice_of_a_lost_history_does_not_lose_the_attempt_given_its_num
     _take_waiting(app)
     _night_2_decided(ws, sent)
     ws.close()
+
+
+def test_a_folder_kept_under_the_name_before_openings_goes_once_its_grace_is_past(kb, tmp_path):
+    """A worker of the release before openings named folders (its attempt folder
+    `job-1-attempt-1`) was stopped for the upgrade with its agent just launched: it kept
+    the folder, prompt and all, for the run it queued again. The upgraded worker, started
+    seconds later, left it to its grace (a folder that young may be one being made), and
+    ran the attempt in `job-1-attempt-1-OPENING`: nothing took the old one up, as the same
+    name had, and it stayed, a prompt quoting notes, until the worker's next start."""
+    from orchestrator.control.control import Control
+    from workers.app import make_app
+    from workers.attempt import _CLAIM_GRACE_S
+    from workers.queues import send
+
+    from .test_queue_integration import rq
+
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Body, GOOD.\n")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+    ws = Workspace.open(kb.root)
+    app = make_app(ws.settings)
+    sent: list[dict] = []
+    control = Control(ws, send_review=lambda m: (sent.append(m), send("run_review", m)))
+    assert control.dispatch() == 1
+    ws.close()
+    attempts = kb.state / "worker" / "attempts"
+    kept = attempts / "job-1-attempt-1"  # the earlier release's name for it
+    kept.mkdir(parents=True)
+    (kept / "prompt.md").write_text(sent[0]["prompt"])
+    young = time.time() - _CLAIM_GRACE_S + 4  # made seconds before the upgrade
+    os.utime(kept, (young, young))
+    env = {**os.environ, "FAKE_PASS_IF_CONTAINS": "GOOD"}
+    worker = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while app.control.pending_count() < 1 or kept.exists():
+            assert worker.poll() is None and time.monotonic() < deadline, list(attempts.iterdir())
+            time.sleep(0.1)  # a queue row and a folder's removal, which nothing signals
+    finally:
+        stop(worker)
+    assert list(attempts.iterdir()) == []

@@ -1123,6 +1123,17 @@ def remove_unclaimed(state_dir: Path) -> list[str]:
     return _remove_unheld(state_dir, names, time.time() - _CLAIM_GRACE_S)
 
 
+def unclaimed_due_s(state_dir: Path) -> float | None:
+    """Seconds until the youngest folder left in ``state_dir``'s attempts/ is past its
+    grace (:func:`remove_unclaimed`), or None when none is left."""
+    try:
+        with os.scandir(state_dir / "attempts") as found:
+            times = [e.stat(follow_symlinks=False).st_mtime for e in found]
+    except OSError:
+        return None
+    return max(0.0, max(times) + _CLAIM_GRACE_S - time.time()) if times else None
+
+
 def _remove_unheld(state_dir: Path, names: Iterable[str], before: float | None = None) -> list[str]:
     """Remove the folders ``names`` of ``state_dir``'s attempts/ that no live process
     holds (:func:`claim_attempt`), and were changed ``before`` then if given; their names.

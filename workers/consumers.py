@@ -33,6 +33,7 @@ from .attempt import (
     reap_orphans,
     remove_unclaimed,
     stop_launching,
+    unclaimed_due_s,
     worker_folder,
 )
 from .parent import follow_parent
@@ -262,8 +263,17 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     check_server(app.review, settings)  # a replica or an ACL that refuses its writes
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
     tasks.tell_reaped(reap_orphans(folder, said="their worker died").orphaned)
-    if left := remove_unclaimed(folder):
-        logs.get().info("worker.removed_attempt_folders", folders=left)
+    _remove_unclaimed(folder)
+    # A folder left for its grace is swept once more when that is past: a worker stopped
+    # a moment ago (an upgrade, a reload) kept one for the attempt it queued again, which
+    # this one runs in a folder named for its opening (an earlier release's name is not)
+    # or another worker takes. Nothing took it up, and it stayed, a prompt quoting notes,
+    # until the next start.
+    again = None
+    if (due := unclaimed_due_s(folder)) is not None:
+        again = threading.Timer(due + 1.0, _remove_unclaimed, (folder,))
+        again.daemon = True
+        again.start()
     if folder != settings.state_dir:
         # Before messages were versioned, workers shared the control's state folder and
         # registered their agents in its run/agents/ (run-job's registry now): a worker of
@@ -316,6 +326,8 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     finally:
         if watch is not None:
             watch.done.set()
+        if again is not None:
+            again.cancel()
         # Huey cannot interrupt a thread blocked on an agent: a SIGTERM ends the process
         # with the agents still running, and the interrupted tasks already queued again.
         # Stop them, however the consumer ended; none starts after this.
@@ -329,6 +341,11 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             agents_running=left.running,
         )
     restart_if_asked(consumer, "worker")
+
+
+def _remove_unclaimed(folder: Path) -> None:
+    if left := remove_unclaimed(folder):
+        logs.get().info("worker.removed_attempt_folders", folders=left)
 
 
 class FeedWatch(threading.Thread):
