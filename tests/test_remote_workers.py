@@ -711,6 +711,39 @@ def test_the_attempt_folder_of_a_worker_that_died_goes_with_its_registry_entry(t
     assert len(list(registry_dir(folder).iterdir())) == 1  # the live worker's
 
 
+def test_an_attempt_run_again_beside_a_worker_of_the_release_before_openings_is_not_reaped(
+    tmp_path,
+):
+    """Releases mixed on one worker folder at an upgrade: a worker of the release before
+    openings (its registry entries name none) died stopping, its agent of job 8 attempt
+    1 registered still, the attempt queued again and run by an upgraded worker sharing
+    the folder (its entry names the opening), and the other way round. The next worker's
+    reap took the two for different attempts: a reap notice for the attempt a live worker
+    runs, which the control loses at once when that worker has not beaten yet."""
+    import socket
+    import subprocess
+
+    from workers.attempt import reap_orphans, registry_dir
+
+    folder = tmp_path / "w"
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    opened = "2026-11-28T01:02:03.456Z"
+    entries = [
+        (dead.pid, 8, None),  # the earlier release's, dead
+        (os.getpid(), 8, opened),  # the upgraded one's, live
+        (dead.pid, 9, opened),  # an upgraded one's, dead
+        (os.getpid(), 9, None),  # an earlier release's, live
+    ]
+    registry_dir(folder).mkdir(parents=True)
+    for n, (pid, job, at) in enumerate(entries):
+        entry = {"worker_pid": pid, "pgid": dead.pid + 100000 + n, "job_id": job, "attempt": 1}
+        entry |= {"opened_at": at} if at else {}
+        (registry_dir(folder) / f"{socket.gethostname()}-{n}.json").write_text(json.dumps(entry))
+    assert reap_orphans(folder, said="their worker died").orphaned == []
+    assert len(list(registry_dir(folder).iterdir())) == 2  # the live workers'
+
+
 def test_the_reap_of_a_dead_workers_agent_leaves_the_folder_a_live_worker_holds(tmp_path):
     """A worker killed during its stop (a sweep's SIGKILL after its grace) had queued its
     attempt again and left its agent's registry entry; a worker sharing its --state took

@@ -1306,7 +1306,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     # Attempts a live worker runs (one sharing this folder may run an attempt a stopped
     # worker had queued again): their folders are theirs.
     live_attempts = {
-        (e.get("job_id"), e.get("attempt"), e.get("opened_at"))
+        (e.get("job_id"), e.get("attempt"), _opening(e))
         for _, e in entries
         if _alive_worker(e["worker_pid"])
     }
@@ -1338,10 +1338,10 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
         scratch = entry.get("scratch")
         if isinstance(scratch, str) and Path(scratch).name.startswith(_scratch_prefix(*key)):
             scratches.append(scratch)
-        opened = entry.get("opened_at") if isinstance(entry.get("opened_at"), str) else None
+        opened = _opening(entry)
         if (
             not mine
-            and (*key, entry.get("opened_at")) not in live_attempts
+            and (*key, opened) not in live_attempts
             and all(isinstance(k, int) for k in key)
         ):
             # Its worker died: no outcome will be sent, and nothing else removes the
@@ -1349,7 +1349,14 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
             # attempts were queued again, maybe to a worker sharing this folder: kept,
             # and so is one that worker holds, taking one up that a dead one queued.)
             folders.append(attempt_folder(state_dir, *key, opened).name)
-            orphaned.append((*key, f"{socket.gethostname()}:{entry['worker_pid']}", opened))
+            # Nor is the control told of it when a live worker runs those numbers and
+            # either entry names no opening (releases mixed on this folder at an
+            # upgrade): that is the attempt queued again, its folder named otherwise.
+            if not (
+                (opened is None and any(live[:2] == key for live in live_attempts))
+                or (*key, None) in live_attempts
+            ):
+                orphaned.append((*key, f"{socket.gethostname()}:{entry['worker_pid']}", opened))
         reaped.append(path)
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
@@ -1365,6 +1372,12 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     if killed and said:
         logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
     return Reaped(killed, running, orphaned)
+
+
+def _opening(entry: dict) -> str | None:
+    """A registry entry's opening; None from a worker of the release before openings."""
+    opened = entry.get("opened_at")
+    return opened if isinstance(opened, str) else None
 
 
 def read_tail(path: Path, limit: int) -> bytes:
