@@ -286,17 +286,24 @@ def _decided(kb) -> bool:
 def _night_1_dispatched(kb, tmp_path, stops: bool = False, url: str = ""):
     """The backup taken before night 1; night 1's job 1 attempt 1 (alpha, not yet GOOD)
     on the review queue (``url``'s, or the SQLite one); its control and message."""
-    from orchestrator.control.control import Control
-    from orchestrator.control.followup import FollowUp
-    from workers.app import make_app
-    from workers.queues import StopRequests, send
-
     kb.gate("prose/body-check", ["body"])
     kb.note("alpha", body="Body, not yet.\n")
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + (f'url = "{url}"\n' if url else ""))
     ws = Workspace.open(kb.root)
     ws.store.install_id()  # state.db made, as by an earlier night
     _copy(ws.state_dir / "state.db", tmp_path / "nightly.db")  # last night's backup
+    app, control, sent = _dispatched(ws, stops)
+    return ws, app, control, sent[0]
+
+
+def _dispatched(ws: Workspace, stops: bool):
+    """A sweep of every gate enqueued, and its one job dispatched by a control of the
+    test's own: the app, the control and the review messages it sent."""
+    from orchestrator.control.control import Control
+    from orchestrator.control.followup import FollowUp
+    from workers.app import make_app
+    from workers.queues import StopRequests, send
+
     app = make_app(ws.settings)
     enqueue(ws, SweepRequest(name="cli", reviewer="fake", all_gates=True))
     sent: list[dict] = []
@@ -307,30 +314,18 @@ def _night_1_dispatched(kb, tmp_path, stops: bool = False, url: str = ""):
         stops=StopRequests(app.review) if stops else None,
     )
     assert control.dispatch() == 1
-    return ws, app, control, sent[0]
+    return app, control, sent
 
 
 def _night_2_dispatched(kb, tmp_path, monkeypatch):
     """state.db put back, alpha GOOD now, night 2's job 1 attempt 1 on the review queue."""
-    from orchestrator.control.control import Control
-    from orchestrator.control.followup import FollowUp
     from workers import tasks
-    from workers.app import make_app
-    from workers.queues import StopRequests, send
 
     _copy(tmp_path / "nightly.db", kb.state / "state.db")  # the operator's restore
     kb.note("alpha", body="Body, GOOD now.\n")
     ws = Workspace.open(kb.root)
-    app = make_app(ws.settings)
-    enqueue(ws, SweepRequest(name="cli", reviewer="fake", all_gates=True))
-    sent: list[dict] = []
-    control = Control(
-        ws,
-        send_review=lambda m: (sent.append(m), send("run_review", m)),
-        hooks=FollowUp(ws),
-        stops=StopRequests(app.review),
-    )
-    assert control.dispatch() == 1 and (sent[0]["job_id"], sent[0]["attempt"]) == (1, 1)
+    app, control, sent = _dispatched(ws, stops=True)
+    assert (sent[0]["job_id"], sent[0]["attempt"]) == (1, 1)
     monkeypatch.setattr(tasks, "_control", control)
     return ws, app, sent
 
