@@ -124,18 +124,7 @@ def test_an_agent_killed_by_its_memory_cgroup_is_the_machines_failure_not_the_jo
     pairs. The cgroup's own count of OOM kills says it was the limit: the attempt is the
     machine's failure, said as memory and naming the limit to raise, as a full disk is."""
     group = _memory_cgroup(f"reviewq-test-{os.getpid()}", 64 << 20)
-    try:
-        res = subprocess.run(
-            [sys.executable, "-c", _IN_CGROUP, str(group), str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=Path(__file__).parent.parent,
-        )
-    finally:
-        _removed(group)  # the process has ended: its cgroup is empty and goes
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout.splitlines()[-1])
+    out = _in_cgroup(group, _IN_CGROUP, tmp_path)
     assert out["exit_code"] == -signal.SIGKILL, out
     assert out["classification"] == "reviewer-failure", out
     assert out["reasons"][0].startswith("memory: "), out
@@ -171,10 +160,10 @@ def _removed(group: Path) -> None:
             time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
 
 
-def _in_pids_cgroup(script: str, tmp_path: Path) -> dict:
-    """``script`` run by this Python in a pids cgroup of the test's own (removed after),
-    given the group and ``tmp_path``: what its last line says, as JSON."""
-    group = _pids_cgroup(f"reviewq-test-{os.getpid()}")
+def _in_cgroup(group: Path, script: str, tmp_path: Path) -> dict:
+    """``script`` run by this Python, given ``group`` (a cgroup of the test's own, removed
+    after: the process has ended, so it is empty) and ``tmp_path``: what its last line
+    says, as JSON."""
     try:
         res = subprocess.run(
             [sys.executable, "-c", script, str(group), str(tmp_path)],
@@ -213,7 +202,7 @@ def test_an_agent_launch_refused_by_a_pids_limit_is_retried_then_said_as_not_sta
     """A real pids cgroup at its pids.max: the agent's fork fails with EAGAIN. It is tried
     again (a moment's shortage passes) and then said as a launch failure, which the
     control never counts against the job (the profile backs off, then pauses)."""
-    out = _in_pids_cgroup(_FULL_OF_PIDS, tmp_path)
+    out = _in_cgroup(_pids_cgroup(f"reviewq-test-{os.getpid()}"), _FULL_OF_PIDS, tmp_path)
     assert out["classification"] == "launch-failure", out
     assert out["reasons"] == ["could not start 'true': Resource temporarily unavailable"], out
     assert out["took_s"] >= 1.0, out  # four tries more, 0.1 s doubling, before it gives up
@@ -248,7 +237,7 @@ def test_an_agent_refused_a_process_by_the_pids_limit_is_the_machines_failure(tm
     pids.max of the worker's cgroup, EAGAIN) exited 1 without output: a failed attempt of
     its job, three of which failed the job and escalated its pairs for want of a process
     on the machine. The cgroup's count of refused forks says so: the machine's failure."""
-    out = _in_pids_cgroup(_AGENT_SHORT_OF_PIDS, tmp_path)
+    out = _in_cgroup(_pids_cgroup(f"reviewq-test-{os.getpid()}"), _AGENT_SHORT_OF_PIDS, tmp_path)
     assert out["classification"] == "reviewer-failure", out
     assert out["reasons"][0].startswith("pids: the worker's pids cgroup refused"), out
     assert "Resource temporarily unavailable" in out["reasons"][0], out
@@ -304,7 +293,7 @@ def test_an_agents_own_failure_while_another_is_refused_a_process_is_the_jobs(tm
     not the bundle asked for) while another's fork was refused was the machine's failure,
     never counted against its job, and the profile paused over it. The agent must say it
     was refused a process (EAGAIN), as a full disk must be said."""
-    out = _in_pids_cgroup(_ANOTHER_REFUSED, tmp_path)
+    out = _in_cgroup(_pids_cgroup(f"reviewq-test-{os.getpid()}"), _ANOTHER_REFUSED, tmp_path)
     assert out["refused"] == [11], out  # EAGAIN: another process was refused meanwhile
     assert out["classification"] == "no-output", out
     assert not out["reasons"][0].startswith("pids: "), out
