@@ -33,16 +33,20 @@ def _copy(src: Path, dest: Path) -> None:
     a.close(), b.close()
 
 
+def _worker(kb, **env: str) -> subprocess.Popen:
+    """A real `reviewq worker` with one slot on ``kb``, its fake agent told ``env``."""
+    return subprocess.Popen(
+        [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
+        env={**os.environ, **env},
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _run_worker_until_outcomes(kb, app, count: int, sleep_s: float = 0) -> None:
     """A real worker takes what waits on the review queue; stopped once ``count``
     outcomes wait on the control queue (no control runs meanwhile). Its agents sleep
     ``sleep_s`` first."""
-    env = {**os.environ, "FAKE_PASS_IF_CONTAINS": "GOOD", "FAKE_SLEEP": str(sleep_s)}
-    worker = subprocess.Popen(
-        [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = _worker(kb, FAKE_PASS_IF_CONTAINS="GOOD", FAKE_SLEEP=str(sleep_s))
     try:
         deadline = time.monotonic() + 60
         while app.control.pending_count() < count:
@@ -377,12 +381,7 @@ def test_a_reap_notice_of_a_lost_history_does_not_lose_the_attempt_given_its_num
     import signal
 
     ws, app, control, msg = _night_1_dispatched(kb, tmp_path)
-    env = {**os.environ, "FAKE_SLEEP": "60"}
-    worker = subprocess.Popen(
-        [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = _worker(kb, FAKE_SLEEP="60")
     try:
         registry = kb.state / "worker" / "run" / "agents"
         deadline = time.monotonic() + 60
@@ -431,12 +430,7 @@ def test_a_folder_kept_under_the_name_before_openings_goes_once_its_grace_is_pas
     (kept / "prompt.md").write_text(sent[0]["prompt"])
     young = time.time() - _CLAIM_GRACE_S + 4  # made seconds before the upgrade
     os.utime(kept, (young, young))
-    env = {**os.environ, "FAKE_PASS_IF_CONTAINS": "GOOD"}
-    worker = subprocess.Popen(
-        [EXE, "--root", str(kb.root), "worker", "--workers", "1"],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = _worker(kb, FAKE_PASS_IF_CONTAINS="GOOD")
     try:
         deadline = time.monotonic() + 30
         while app.control.pending_count() < 1 or kept.exists():
