@@ -205,7 +205,7 @@ class GeminiReviewer(Reviewer):
         """The last model turn of the run came with no content and no usage: no model
         answered it. After a tool call Gemini takes that for an empty answer and exits 0;
         a model's own empty answer carries its token counts."""
-        log = self._chat_log(spec)
+        log = self._chat_log(spec, self._project(spec)[1])
         last = None
         for message in _model_messages(log) if log else ():
             last = message
@@ -232,11 +232,12 @@ class GeminiReviewer(Reviewer):
     def answered(self, spec: AttemptSpec) -> bool:
         # Gemini writes its JSON only at its end; its chat log has each model message as it
         # comes ("type": "gemini"), in the folder its projects.json names for the job folder.
-        if not self._started(spec):
+        started, name = self._project(spec)
+        if not started:
             # Killed before it named the job folder in projects.json, which it does as it
             # starts (7-21 s on a loaded machine), long before it sends the prompt.
             return False
-        log = self._chat_log(spec)
+        log = self._chat_log(spec, name)
         if log is None:
             return True  # no log to read: cannot tell
         return any(True for _ in _model_messages(log))
@@ -245,25 +246,29 @@ class GeminiReviewer(Reviewer):
         env = {**os.environ, **self.profile.env}
         return Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini"
 
-    def _started(self, spec: AttemptSpec) -> bool:
-        """Whether Gemini got as far as naming the job folder; True when it cannot tell."""
+    def _project(self, spec: AttemptSpec) -> tuple[bool, str | None]:
+        """Whether Gemini got as far as naming the job folder in its projects.json (True
+        when that cannot be told), and the name it gave the folder, when it did."""
         try:
             projects = json.loads((self._home() / "projects.json").read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return False
+            return False, None
         except (OSError, *UNREADABLE):
-            return True
+            return True, None
         table = projects.get("projects") if isinstance(projects, dict) else None
-        return not isinstance(table, dict) or str(spec.job_dir.resolve()) in table
+        if not isinstance(table, dict):
+            return True, None
+        name = table.get(str(spec.job_dir.resolve()), False)
+        return name is not False, name if isinstance(name, str) else None
 
-    def _chat_log(self, spec: AttemptSpec) -> Path | None:
-        """This attempt's chat log: the session whose first words name its prompt."""
-        home = self._home()
+    def _chat_log(self, spec: AttemptSpec, name: str | None) -> Path | None:
+        """This attempt's chat log: the session whose first words name its prompt, in the
+        folder ``name`` (as projects.json names the job folder: :meth:`_project`)."""
+        if name is None:
+            return None
         try:
-            projects = json.loads((home / "projects.json").read_text(encoding="utf-8"))
-            name = projects["projects"][str(spec.job_dir.resolve())]
-            logs = list((home / "tmp" / name / "chats").glob("session-*.jsonl"))
-        except (OSError, *UNREADABLE, LookupError, TypeError):
+            logs = list((self._home() / "tmp" / name / "chats").glob("session-*.jsonl"))
+        except (OSError, TypeError):
             return None
         said = f"Read the file {spec.prompt_path} "
         # Newest first by when each was last written: a log's name has the minute its
