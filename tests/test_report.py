@@ -1889,6 +1889,33 @@ def test_the_charts_words_can_be_read_on_a_phone(night, browser, tmp_path):
     page.screenshot(tmp_path / "charts-phone.png")
 
 
+def _split_words(page, cells: str) -> list[str]:
+    """The words of the ``cells`` (a CSS selector) the page shows split across lines; a
+    line may end after a hyphen or a slash, as it does in any text, and a `.run` (a long
+    path or URL quoted) anywhere."""
+    return page.evaluate(
+        """(cells => {
+        for (const d of document.querySelectorAll('details')) d.open = true;
+        const out = [];
+        for (const cell of document.querySelectorAll(cells)) {
+            const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+            for (let t = walk.nextNode(); t; t = walk.nextNode()) {
+                if (t.parentElement.closest('.run')) continue;
+                for (const m of t.data.matchAll(/[^\\s\\/-]+/g)) {
+                    const r = document.createRange();
+                    r.setStart(t, m.index);
+                    r.setEnd(t, m.index + m[0].length);
+                    const tops = new Set([...r.getClientRects()].map(c => Math.round(c.top)));
+                    if (tops.size > 1) out.push(m[0]);
+                }
+            }
+        }
+        return out;
+    })"""
+        + f"({json.dumps(cells)})"
+    )
+
+
 def test_a_tables_headers_and_figures_keep_their_words_whole_on_a_phone(night, browser, tmp_path):
     """On a phone the tables squeezed into the screen by breaking anywhere: "Reviewer"
     read "Re / vie / wer", a cost "$0. / 01 / 00", "Tokens in" "Tok / en / s / in". A
@@ -1897,23 +1924,7 @@ def test_a_tables_headers_and_figures_keep_their_words_whole_on_a_phone(night, b
     page = browser.open(
         _long_names_page(night, tmp_path).as_uri(), width=375, height=812, mobile=True
     )
-    broken = page.evaluate(
-        """(() => {
-        for (const d of document.querySelectorAll('details')) d.open = true;
-        const out = [];
-        for (const cell of document.querySelectorAll('th[scope=col], td.n')) {
-            const text = cell.firstChild;
-            if (!text || text.nodeType !== Node.TEXT_NODE) continue;
-            for (const m of text.textContent.matchAll(/\\S+/g)) {
-                const r = document.createRange();
-                r.setStart(text, m.index);
-                r.setEnd(text, m.index + m[0].length);
-                if (r.getClientRects().length > 1) out.push(m[0]);
-            }
-        }
-        return out;
-    })()"""
-    )
+    broken = _split_words(page, "th[scope=col], td.n")
     assert broken == [], broken
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
 
@@ -2037,6 +2048,43 @@ def test_a_path_without_a_hyphen_does_not_widen_its_table_on_a_phone(night, brow
         "[...document.querySelectorAll('tr.fail td:first-child')].map(td => td.textContent)"
     )
     assert widths["unbroken"] == widths["plain"], widths
+
+
+UNBROKEN_URL = "https://example.org/" + "honeybeeforagingrangesacrossurbanandruralapiaries" * 3
+
+
+def test_a_cell_quoting_a_path_or_url_does_not_widen_its_table_on_a_phone(night, browser, tmp_path):
+    """P41 let only the note and gate cells break anywhere. A failed job's "What" (its
+    notes) and "Why" (reasons quoting paths), and a finding quoting a URL, still gave their
+    column such a name's whole length as least width: "Failed jobs" 2,877 px wide on a
+    375-px phone, "FAIL findings" 1,592. They break anywhere too, and the words around
+    them stay whole."""
+    from orchestrator.report import render
+
+    job = {"id": 7, "kind": "review", "reviewer": "offline", "runner": None, "lens": None}
+    job |= {"finished_at": None, "pairs": 1}
+    pages = {}
+    for name, note, url in (
+        ("plain", "kb/notes/a.md", "https://example.org/a"),
+        ("unbroken", UNBROKEN_NOTE, UNBROKEN_URL),
+    ):
+        data = night.report()
+        why = f"no-output: the agent wrote no review of {note} in its attempt folder"
+        failed = {**job, "note_path": note, "notes": [note], "reasons": [why]}
+        data["needs_you"]["failed_jobs"], data["needs_you"]["failed_total"] = [failed], 1
+        data["reviewed"]["fails"][0]["finding"] = f"The range cited at {url} is not the source."
+        pages[name] = tmp_path / f"quoted-{name}.html"
+        pages[name].write_text(render.html(data), encoding="utf-8")
+    widths = {}
+    for name, path in pages.items():
+        page = browser.open(path.as_uri(), width=375, height=812, mobile=True)
+        widths[name] = {k: v for k, v in _table_widths(page).items() if k.startswith("fail")}
+        assert _split_words(page, "tr.fail td:not(.path), tr.failed-job td") == [], name
+    assert UNBROKEN_URL in page.evaluate(
+        "[...document.querySelectorAll('tr.fail td')].map(td => td.textContent).join()"
+    )
+    assert set(widths["plain"]) == {"failed-jobs", "fail-findings"}
+    assert all(widths["unbroken"][t] <= widths["plain"][t] for t in widths["plain"]), widths
 
 
 # A4 less Chromium's default margins (0.4 in each side), in CSS pixels.

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import re
+
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from orchestrator.logs import one_line, visible
 from orchestrator.report import charts
@@ -121,7 +123,23 @@ def failed_what(f: dict, most: int = 3) -> str:
     return ": ".join(x for x in (f["lens"], shown) if x) or "-"
 
 
+# A table cell's least width is its longest unbroken run: a URL in a finding, a note path
+# in a failed job's reasons, made its table 1,600-2,900 px wide on a 375-px phone. Letting
+# such cells break anywhere split their ordinary words ("descrip-tion") as the table
+# squeezed, so only a run longer than any word (report.css's `.run`) may break anywhere.
+RUN_MOST = 24
+
+
+def breakable(text: str) -> Markup:
+    """``text`` escaped, each run of more than RUN_MOST non-spaces in a ``.run``."""
+    return Markup("").join(
+        Markup('<span class="run">%s</span>') % part if len(part) > RUN_MOST else escape(part)
+        for part in re.split(r"(\s+)", visible(text))
+    )
+
+
 _ENV.filters["failed_what"] = failed_what
+_ENV.filters["breakable"] = breakable
 _ENV.filters["who_ran"] = who_ran
 _ENV.filters["raised_by_agents"] = raised_by_agents
 
