@@ -2242,7 +2242,8 @@ def test_a_chart_of_two_hundred_gates_does_not_fill_the_page(night, browser, tmp
 def test_a_cut_gate_name_keeps_each_letter_whole(browser):
     """A bar's name was cut by code point: an "é" written as e and a combining accent
     lost its accent (or the accent stood alone after the "…"), a family emoji (three
-    people joined by zero-width joiners) showed as one of them, a flag as half of it.
+    people joined by zero-width joiners) showed as one of them, a flag as half of it,
+    a Hangul syllable written as jamo as its first consonant.
     Chromium's own grapheme segmenter says where a letter may end."""
     from orchestrator.report.charts import LABEL_MOST, _label
 
@@ -2252,6 +2253,9 @@ def test_a_cut_gate_name_keeps_each_letter_whole(browser):
         "prose/" + "\U0001f44d\U0001f3fd" * 20,  # thumbs up, a skin tone
         "prose/a" + "\U0001f1eb\U0001f1f7" * 20,  # French flags, each two regional indicators
         "prose/" + "\u0915\u094d\u0937" * 15 + "ab",  # Devanagari with virama
+        "prose/" + "\u1100\u1161\u11a8" * 20,  # Hangul as jamo: leading, vowel, final
+        "prose/a" + "\uac00\u11a8" * 20,  # a precomposed syllable with a final jamo after
+        "prose/" + "\uac00" * 40,  # precomposed syllables, each one code point
     ]
     page = browser.open("about:blank")
     for name in names:

@@ -106,13 +106,38 @@ WIDTH = 560
 LABEL_MOST = 36
 
 
+# Hangul's syllable types, as UAX 29 pairs them into one letter (GB6-GB8): a leading
+# consonant (L) before L, a vowel (V) or a syllable (LV, LVT); LV or V before V or a
+# trailing consonant (T); LVT or T before T.
+_HANGUL_JOINED = {
+    *(("L", x) for x in ("L", "V", "LV", "LVT")),
+    *((x, y) for x in ("LV", "V") for y in ("V", "T")),
+    ("LVT", "T"),
+    ("T", "T"),
+}
+
+
+def _hangul(ch: str) -> str:
+    c = ord(ch)
+    if 0x1100 <= c <= 0x115F or 0xA960 <= c <= 0xA97C:
+        return "L"
+    if 0x1160 <= c <= 0x11A7 or 0xD7B0 <= c <= 0xD7C6:
+        return "V"
+    if 0x11A8 <= c <= 0x11FF or 0xD7CB <= c <= 0xD7FB:
+        return "T"
+    if 0xAC00 <= c <= 0xD7A3:
+        return "LV" if (c - 0xAC00) % 28 == 0 else "LVT"
+    return ""
+
+
 def _joined(name: str, i: int) -> bool:
     """Whether ``name[i]`` belongs to the letter before it: a combining mark, a
     variation selector, an emoji's skin tone or tag, either side of a zero-width joiner,
     a flag's second half, a consonant after a virama. Unicode's grapheme rules (UAX 29)
-    cut short, enough for a name's end without a segmentation library: Hangul written
-    as jamo, for one, is cut between them (a syllable made of one code point is whole)."""
+    cut short, enough for a name's end without a segmentation library."""
     c, before = ord(name[i]), name[i - 1]
+    if (_hangul(before), _hangul(name[i])) in _HANGUL_JOINED:
+        return True  # a syllable written as jamo, or a precomposed one with a final added
     if unicodedata.category(name[i]) in ("Mn", "Me", "Mc") or before == "\u200d":
         return True
     if unicodedata.combining(before) == 9 and unicodedata.category(name[i]) == "Lo":
