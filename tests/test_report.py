@@ -2178,7 +2178,7 @@ def test_a_charts_tooltips_name_the_bar_and_its_figure(night, browser, tmp_path)
     to a resting mouse, and a <title> per guide line holding the axis label's position
     ("0.1666666667" beside "prose"); its bars, whose tooltips pygal's script drew, had
     none once the script was taken out. A bar's tooltip names it in full and its figure
-    as the table under the chart gives it."""
+    as the table under the chart gives it, a cost in dollars."""
     page = browser.open(_long_names_page(night, tmp_path).as_uri(), width=1280, height=900)
     tips = page.evaluate(
         """[...document.querySelectorAll('figure.chart svg')].map(s => ({
@@ -2197,6 +2197,17 @@ def test_a_charts_tooltips_name_the_bar_and_its_figure(night, browser, tmp_path)
     assert f"{LONG_GATE}: FAIL 2" in by_gate, by_gate
     rates = next(c["said"] for c in tips if c["chart"].startswith("FAIL rate per gate"))
     assert all(t.endswith("%") for t in rates), rates
+    # A cost is in dollars wherever it is given, as on the rest of the page ("0.01" was
+    # a bare number under "Cost per reviewer").
+    for chart in ("Cost per reviewer (USD)", "Cost per night (USD)"):
+        said = next(c["said"] for c in tips if c["chart"] == chart)
+        assert all(": $" in t for t in said), said
+        cells = page.evaluate(
+            f"""[...document.querySelectorAll('figure.chart')]
+            .filter(f => f.querySelector('figcaption').textContent === {json.dumps(chart)})
+            .flatMap(f => [...f.querySelectorAll('tbody td:last-child')].map(td => td.textContent))"""
+        )
+        assert cells and all(c.startswith("$") for c in cells), (chart, cells)
 
 
 def test_a_chart_of_two_hundred_gates_does_not_fill_the_page(night, browser, tmp_path):

@@ -220,6 +220,11 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
     return Chart(title, _svg(chart, tips), [label, *decisions], rows, more=more)
 
 
+def dollars(v: float | None) -> str:
+    """A cost as the whole page gives one: "$0.0123"."""
+    return f"${v or 0:,.4f}"
+
+
 def bars(
     title: str,
     label: str,
@@ -227,13 +232,17 @@ def bars(
     items: list[tuple[str, float]],
     *,
     percent: bool = False,
+    money: bool = False,
     empty: str | None = None,
 ) -> Chart | None:
     if not items:
         return None
     if said := _nothing(title, items, empty):
         return said
-    fmt = (lambda v: f"{v:.0%}") if percent else (lambda v: f"{v:,.4f}".rstrip("0").rstrip("."))
+    if percent or money:
+        fmt = (lambda v: f"{v:.0%}") if percent else dollars
+    else:
+        fmt = lambda v: f"{v:,.4f}".rstrip("0").rstrip(".")  # noqa: E731
     extra = {"range": (0, 1)} if percent else {}  # a rate's scale is 0 to 100 %, always
     values = dict(items)
     keys, more = _most([k for k, _ in items], values.get, "the highest")
@@ -255,9 +264,8 @@ def columns(
         return None
     if said := _nothing(title, items, empty):
         return said
-    fmt = lambda v: f"${v:,.4f}"  # noqa: E731
-    chart = pygal.Bar(**_config(6, show_legend=False, value_formatter=fmt, x_label_rotation=35))
+    chart = pygal.Bar(**_config(6, show_legend=False, value_formatter=dollars, x_label_rotation=35))
     chart.x_labels = [k for k, _ in items]
     chart.add(value, [v for _, v in items])
-    tips = [[f"{k}: {fmt(v)}" for k, v in items]]
-    return Chart(title, _svg(chart, tips), [label, value], [[k, fmt(v)] for k, v in items])
+    tips = [[f"{k}: {dollars(v)}" for k, v in items]]
+    return Chart(title, _svg(chart, tips), [label, value], [[k, dollars(v)] for k, v in items])

@@ -28,8 +28,7 @@ _ENV = Environment(
 )
 
 
-def money(v: float | None) -> str:
-    return f"${v or 0:,.4f}"
+money = charts.dollars  # the text report, the page and its charts write a cost one way
 
 
 def duration(seconds: float | None) -> str:
@@ -54,6 +53,7 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             "Reviewer",
             "Cost (USD)",
             [(x["reviewer"], x["cost_usd"]) for x in r["reviewers"]],
+            money=True,
             empty="No attempt cost anything in this period.",
         ),
         "fail_rate": charts.bars(
