@@ -2107,8 +2107,9 @@ def test_the_page_printed_in_dark_mode_shows_everything_in_ink(night, browser, t
     """Printed on A4 from a screen in dark mode, the page kept the dark page's #e6e6e6
     text, on paper a print dialog leaves white (backgrounds off); every closed <details>
     (the escalations' reports but the first, the fixes' diffs, the charts' numbers)
-    printed as its summary alone; a diff's long line and a wide table were cut at the
-    page's edge, their scrolling box printed as it stood."""
+    printed as its summary alone, and once shown kept its closed marker (▶) above what
+    it now showed; a diff's long line and a wide table were cut at the page's edge,
+    their scrolling box printed as it stood."""
     import base64
 
     page = browser.open(
@@ -2132,12 +2133,16 @@ def test_the_page_printed_in_dark_mode_shows_everything_in_ink(night, browser, t
             if ([...el.childNodes].some(n => n.nodeType === Node.TEXT_NODE && n.textContent.trim()))
                 inks.add(getComputedStyle(el).color);
         const wide = document.documentElement.scrollWidth > innerWidth;
-        return {hidden, cut, wide, inks: [...inks]};
+        const marked = [...document.querySelectorAll('summary')].filter(s =>
+            getComputedStyle(s).display === 'list-item'
+            && getComputedStyle(s).listStyleType !== 'none').length;
+        return {hidden, cut, wide, marked, inks: [...inks]};
     })()"""
     )
     white = "rgb(255, 255, 255)"
     faint = [c for c in seen.pop("inks") if _contrast(c, white) < 4.5]
-    assert (seen, faint) == ({"hidden": [], "cut": [], "wide": False}, []), (seen, faint)
+    want = {"hidden": [], "cut": [], "wide": False, "marked": 0}
+    assert (seen, faint) == (want, []), (seen, faint)
     # The real print, as its dialog makes it by default: A4, no background graphics.
     w, h = A4_INCHES
     pdf = base64.b64decode(
