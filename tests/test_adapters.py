@@ -188,6 +188,7 @@ def test_codex_flags(kb2, run_cli, tmp_path):
     assert "--skip-git-repo-check" in argv
     configs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
     assert "sandbox_workspace_write.network_access=false" in configs
+    assert "features.hooks=false" in configs  # a person's trusted hooks run unsandboxed
     assert "--dangerously-bypass-approvals-and-sandbox" not in argv
 
 

@@ -425,6 +425,99 @@ def test_the_real_cli_is_refused_the_kb_whatever_the_persons_settings_allow(
     assert kb_files(vkb.root) == before
 
 
+CODEX_HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")
+
+
+def _codex_hooks_listed(netns: str, mine: Path, cwd: Path, *args: str) -> list[dict]:
+    """The hooks Codex's own app server (``hooks/list``) says a session in ``cwd`` has,
+    with their keys and current hashes, as its TUI shows them for a person to trust."""
+    proc = subprocess.Popen(
+        [*_in(netns), str(BIN["codex"]), *args, "app-server"],
+        env={"PATH": os.environ["PATH"], "HOME": str(mine), "TMPDIR": str(mine / "tmp")},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        for msg in (
+            {
+                "id": 1,
+                "method": "initialize",
+                "params": {"clientInfo": {"name": "t", "version": "1"}},
+            },
+            {"method": "initialized"},
+            {"id": 2, "method": "hooks/list", "params": {"cwds": [str(cwd)]}},
+        ):
+            proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+        for _ in range(1000):  # notifications may come first
+            line = proc.stdout.readline()
+            assert line, "the app server ended without answering hooks/list"
+            answer = json.loads(line)
+            if answer.get("id") == 2:
+                return [h for entry in answer["result"]["data"] for h in entry["hooks"]]
+        raise AssertionError("no answer to hooks/list")
+    finally:
+        proc.stdin.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _trusted_codex_hooks(netns: str, home: Path, root: Path, into: Path) -> Path:
+    """A HOME whose ``~/.codex/hooks.json`` (codex-rs/hooks engine/discovery.rs) has a
+    command hook on every event that appends to a KB note, each trusted as the person's
+    TUI trusts one: its current hash under ``[hooks.state."<key>"]`` in config.toml. A
+    user hook without that trust never runs, which is why a guessed file ran nothing."""
+    mine = into / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = root / "kb" / "notes" / "hooked.md"
+    (mine / ".codex").mkdir(exist_ok=True)
+    (mine / ".codex" / "hooks.json").write_text(
+        json.dumps(
+            {
+                "hooks": {
+                    event: [
+                        {
+                            "matcher": ".*",
+                            "hooks": [{"type": "command", "command": f"echo {event} >> {note}"}],
+                        }
+                    ]
+                    for event in CODEX_HOOK_EVENTS
+                }
+            }
+        )
+    )
+    listed = _codex_hooks_listed(netns, mine, root)
+    assert len(listed) == len(CODEX_HOOK_EVENTS), listed
+    config = mine / ".codex" / "config.toml"
+    old = config.read_text() if config.exists() else ""
+    trust = "".join(
+        f'\n[hooks.state."{h["key"]}"]\ntrusted_hash = "{h["currentHash"]}"\n' for h in listed
+    )
+    config.write_text(old + trust)
+    assert {h["trustStatus"] for h in _codex_hooks_listed(netns, mine, root)} == {"trusted"}
+    return mine
+
+
+def test_a_persons_trusted_codex_hooks_do_not_run_beside_a_review(
+    netns, model, home, vkb, tmp_path
+):
+    """Codex 0.171 runs a person's trusted hooks (~/.codex/hooks.json or ``[hooks]`` in
+    config.toml) outside its sandbox under ``codex exec`` too: each wrote into the KB."""
+    mine = _trusted_codex_hooks(netns, home, vkb.root, tmp_path)
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    hooked = vkb.root / "kb" / "notes" / "hooked.md"
+    assert not hooked.exists(), hooked.read_text()
+    assert kb_files(vkb.root) == before
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

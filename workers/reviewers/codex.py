@@ -94,6 +94,11 @@ class CodexReviewer(Reviewer):
             # ... and a notify program, which Codex runs outside its sandbox.
             "-c",
             "notify=[]",
+            # ... and hooks (~/.codex/hooks.json, [hooks] in a config.toml, a plugin's),
+            # which it runs outside its sandbox on every event under exec as well once a
+            # person has trusted them; the feature off, none is even loaded.
+            "-c",
+            "features.hooks=false",
             instruction(spec),
             *self.profile.args,
         ]
