@@ -216,6 +216,9 @@ def test_gemini_flags_and_policy(kb2, run_cli, tmp_path):
     # The job folder is the workspace (the KB's .gitignore would hide the prompt from
     # read_file), and the folder is trusted for this run only.
     assert cmd.cwd == job_dir and cmd.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+    # ... and its settings, which outrank the person's, turn hooks off.
+    settings = json.loads((job_dir / ".gemini" / "settings.json").read_text())
+    assert settings == {"hooksConfig": {"enabled": False}}
 
 
 def _gemini_args(path: str) -> str:

@@ -518,6 +518,44 @@ def test_a_persons_trusted_codex_hooks_do_not_run_beside_a_review(
     assert kb_files(vkb.root) == before
 
 
+GEMINI_HOOK_EVENTS = (
+    "SessionStart",
+    "BeforeAgent",
+    "BeforeModel",
+    "AfterModel",
+    "BeforeToolSelection",
+    "BeforeTool",
+    "AfterTool",
+    "AfterAgent",
+    "SessionEnd",
+)
+
+
+def test_a_persons_gemini_hooks_do_not_run_beside_a_review(netns, model, home, vkb, tmp_path):
+    """Gemini CLI 0.61 runs the hooks of a person's ~/.gemini/settings.json (no trust
+    asked of a user's own) on every event of a headless run: each wrote into the KB."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "hooked.md"
+    settings = mine / ".gemini" / "settings.json"
+    data = json.loads(settings.read_text())
+    data["hooks"] = {
+        event: [
+            {"matcher": ".*", "hooks": [{"type": "command", "command": f"echo {event} >> {note}"}]}
+        ]
+        for event in GEMINI_HOOK_EVENTS
+    }
+    settings.write_text(json.dumps(data))
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

@@ -90,6 +90,20 @@ def policy_text(spec: AttemptSpec) -> str:
     )
 
 
+# The job folder's .gemini/settings.json: Gemini ranks a trusted workspace's settings
+# over the person's own (~/.gemini/settings.json), whose hooks run shell commands outside
+# the policy on every event of a headless run. No flag turns them off, and the system
+# settings GEMINI_CLI_SYSTEM_SETTINGS_PATH may name are skipped unless root owns the file
+# and every folder above it. With the hook system off, an extension's hooks stay off too.
+_WORKSPACE_SETTINGS = {"hooksConfig": {"enabled": False}}
+
+
+def _workspace_settings(job_dir: Path) -> None:
+    folder = job_dir / ".gemini"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "settings.json").write_text(json.dumps(_WORKSPACE_SETTINGS), encoding="utf-8")
+
+
 class GeminiReviewer(Reviewer):
     kind = "gemini"
     package = "@google/gemini-cli"
@@ -99,6 +113,7 @@ class GeminiReviewer(Reviewer):
         policy = spec.attempt_dir / "gemini-policy.toml"
         policy.parent.mkdir(parents=True, exist_ok=True)
         policy.write_text(policy_text(spec), encoding="utf-8")
+        _workspace_settings(spec.job_dir)
         exe = self.profile.executable or "gemini"
         if os.sep in exe and not os.path.isabs(exe):
             # tools/gemini is the KB root's, where doctor finds it and the other kinds
