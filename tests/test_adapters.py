@@ -174,6 +174,7 @@ def test_claude_flags(kb2, run_cli, tmp_path):
     ]
     assert argv[i + 1].startswith("Read(//")  # "//" = an absolute path in a rule
     assert "Bash" in flag(argv, "--disallowedTools")
+    assert "--safe-mode" in argv  # no installed plugin's language server or hooks
 
 
 def test_codex_flags(kb2, run_cli, tmp_path):

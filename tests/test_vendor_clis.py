@@ -556,6 +556,79 @@ def test_a_persons_gemini_hooks_do_not_run_beside_a_review(netns, model, home, v
     assert kb_files(vkb.root) == before
 
 
+def _claude_plugin(netns: str, home: Path, root: Path, into: Path) -> Path:
+    """A HOME with a plugin installed as a person installs one (``claude plugin
+    marketplace add`` and ``claude plugin install``, the real CLI's own commands) from a
+    folder of theirs: a language server for Markdown, a command, and hooks of its own,
+    each appending its name to a KB note."""
+    mine = into / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = root / "kb" / "notes" / "hooked.md"
+    market = into / "market"
+    plugin = market / "kbtools"
+    (market / ".claude-plugin").mkdir(parents=True)
+    (market / ".claude-plugin" / "marketplace.json").write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "owner": {"name": "Me"},
+                "plugins": [{"name": "kbtools", "source": "./kbtools"}],
+            }
+        )
+    )
+    (plugin / ".claude-plugin").mkdir(parents=True)
+    server = into / "mdls"
+    server.write_text(f"#!/bin/sh\necho lsp >> {note}\nexec sleep 30\n")
+    server.chmod(0o755)
+    (plugin / ".claude-plugin" / "plugin.json").write_text(
+        json.dumps(
+            {
+                "name": "kbtools",
+                "version": "1.0.0",
+                "lspServers": {
+                    "mdls": {"command": str(server), "extensionToLanguage": {".md": "markdown"}}
+                },
+            }
+        )
+    )
+    (plugin / "hooks").mkdir()
+    hook = [{"matcher": ".*", "hooks": [{"type": "command", "command": f"echo hook >> {note}"}]}]
+    (plugin / "hooks" / "hooks.json").write_text(
+        json.dumps({"hooks": {e: hook for e in ("SessionStart", "PreToolUse", "PostToolUse")}})
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(mine),
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    for args in (("marketplace", "add", str(market)), ("install", "kbtools@mine")):
+        done = subprocess.run(
+            [*_in(netns), str(BIN["claude"]), "plugin", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    settings = json.loads((mine / ".claude" / "settings.json").read_text())
+    assert settings["enabledPlugins"] == {"kbtools@mine": True}
+    return mine
+
+
+def test_a_persons_claude_plugin_does_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
+    mine = _claude_plugin(netns, home, vkb.root, tmp_path)
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    note = vkb.root / "kb" / "notes" / "hooked.md"
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

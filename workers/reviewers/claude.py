@@ -54,6 +54,13 @@ class ClaudeReviewer(Reviewer):
             '{"disableAllHooks": true}',
             # MCP servers of the KB's .mcp.json or the person's settings are commands too.
             "--strict-mcp-config",
+            # A plugin the person installed (~/.claude/plugins, enabled in their settings)
+            # starts its language servers, commands, beside a review, whatever the tools
+            # allowed: one wrote into the KB. Safe mode loads no installed plugin (nor
+            # skills, CLAUDE.md, monitors) and keeps the settings files, where a person's
+            # env or apiKeyHelper may be their key; --restricted ignores those files, and
+            # a key given there left Claude "Not logged in".
+            "--safe-mode",
             "--verbose",  # stream-json in print mode requires it
             "--model",
             self.profile.model,
