@@ -577,14 +577,34 @@ def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
                 raise ConfigError(f"{where}: {given!r} is {own[flag]}")
         if kind == "codex":
             given = _codex_override(before, arg)
-            if given is not None and given.split()[-1].split(".")[0] in _CODEX_OWN_KEYS:
+            if given is not None and _codex_own_key(given.split()[-1]):
                 raise ConfigError(f"{where}: {given!r} is {_CONFINED}")
+            if _codex_enabled(before, arg) in _CODEX_OWN_FEATURES:
+                raise ConfigError(f"{where}: '--enable hooks' is {_CONFINED}")
 
 
 # Codex config keys reviewq sets with -c: Codex applies -c overrides in order, so a
-# profile's, which come last, undid them (a writable root at the KB; a notify program,
-# which runs outside the sandbox).
+# profile's, which come last, undid them (a writable root at the KB; a notify program
+# or hooks, which run outside the sandbox).
 _CODEX_OWN_KEYS = ("sandbox_workspace_write", "notify")
+# Features reviewq turns off (``features.NAME``, ``--enable NAME``); a whole
+# ``features`` table given with -c would replace them too.
+_CODEX_OWN_FEATURES = ("hooks",)
+
+
+def _codex_own_key(key: str) -> bool:
+    """Whether the -c override of ``key`` undoes one reviewq gives."""
+    head, _, rest = key.partition(".")
+    return head in _CODEX_OWN_KEYS or (head == "features" and rest in ("", *_CODEX_OWN_FEATURES))
+
+
+def _codex_enabled(before: str, arg: str) -> str | None:
+    """The feature ``--enable NAME`` (or ``--enable=NAME``) turns on, ``arg`` after ``before``."""
+    if before == "--enable":
+        return arg.strip()
+    if arg.startswith("--enable="):
+        return arg.removeprefix("--enable=").strip()
+    return None
 
 
 def _codex_override(before: str, arg: str) -> str | None:

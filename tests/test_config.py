@@ -226,6 +226,22 @@ BAD = [
         "[reviewers.x] args",
         "'--config notify' is a flag that lifts reviewq's confinement",
     ),
+    # ... and hooks, which Codex runs outside its sandbox once a person has trusted them.
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["-c", "features.hooks=true"]\n',
+        "[reviewers.x] args",
+        "'-c features.hooks' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--enable", "hooks"]\n',
+        "[reviewers.x] args",
+        "'--enable hooks' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--enable=hooks"]\n',
+        "[reviewers.x] args",
+        "'--enable hooks' is a flag that lifts reviewq's confinement",
+    ),
     (
         '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["-dy"]\n',
         "[reviewers.x] args",
