@@ -629,6 +629,30 @@ def test_a_persons_claude_plugin_does_not_start_beside_a_review(netns, model, ho
     assert kb_files(vkb.root) == before
 
 
+def test_a_key_in_the_persons_claude_settings_still_reaches_the_model(
+    netns, model, home, vkb, tmp_path
+):
+    """The key and endpoint a person gives Claude in ~/.claude/settings.json's ``env``
+    (the profile names none): ``--restricted``, which ignores that file, left Claude
+    "Not logged in"; safe mode keeps reading it."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    (mine / ".claude").mkdir(exist_ok=True)
+    (mine / ".claude" / "settings.json").write_text(
+        json.dumps(
+            {"env": {"ANTHROPIC_BASE_URL": model.url("review"), "ANTHROPIC_API_KEY": "sk-ant-x"}}
+        )
+    )
+    toml = profiles(model, "review")
+    given = f'ANTHROPIC_BASE_URL = "{model.url("review")}", ANTHROPIC_API_KEY = "sk-ant-scripted", '
+    assert given in toml
+    (vkb.root / "reviewq.toml").write_text(toml.replace(given, ""))
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
