@@ -1676,6 +1676,37 @@ def test_jobs_all_killed_by_the_memory_limit_wait_with_the_profile_paused(kb):
     ws.close()
 
 
+@pytest.mark.parametrize("notes", [["huge"], ["alpha", "beta"]])
+def test_a_pause_over_the_memory_limit_names_the_jobs_it_killed(kb, run_cli, notes):
+    """A lone job killed by the memory limit (or every job: a limit no agent fits in)
+    never fails (L45) and pauses its profile, again after each pause. `reviewq status`
+    said the pause's reason, the limit's words only: nothing named the job, its note or
+    what to do about a job too big for the worker, so a person at 7 a.m. had to read the
+    log's `attempt.reviewer_failed` lines to learn which note it was."""
+    from datetime import datetime, timedelta
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
+    for msg in sent:
+        _killed_by_memory(ws, control, msg)
+    for _ in range(8):  # bounded: until the profile pauses
+        if _events(ws, "reviewer.paused"):
+            break
+        clock[0] += timedelta(minutes=10)  # past the backoff
+        n = control.dispatch()
+        for msg in sent[-n:] if n else []:
+            _killed_by_memory(ws, control, msg)
+    [paused] = _events(ws, "reviewer.paused")
+    jobs = {m["job_id"]: f"kb/notes/{name}.md" for m, name in zip(sent, notes, strict=False)}
+    out = run_cli("status").stdout
+    for job_id, note in jobs.items():
+        assert f"job {job_id} ({note}," in paused["reason"], paused
+        assert f"job {job_id} ({note}," in out, out
+        assert f"reviewq job {job_id}" in out, out
+    assert "memory.max" in out, out
+    ws.close()
+
+
 def test_a_workers_notices_are_read_as_data(kb):
     """An outcome's ``notices`` (S7) come from a worker, maybe on another machine. One that
     was not a list of notices (a number; an event that is a list) made the control's

@@ -325,6 +325,49 @@ def taken(store: Store, gone: list[tuple[int, int]], back: list[tuple[int, int]]
 MACHINES_LIMIT_KILLS = 2
 
 
+# A reviewer failure that was the worker's limit, and what a job its agent keeps meeting
+# it may need (L45).
+NEEDS_MORE = {
+    "memory": "more memory than the worker has",
+    "pids": "more processes than the worker's pids.max allows",
+}
+_NAMED_JOBS = 5  # a pause's reason names this many jobs the limit ended, then a count
+
+
+def limit_killed_said(store: Store, name: str, kind: str) -> str:
+    """The jobs of the profile ``name`` whose agents the worker's limit ``kind`` ended
+    since the profile last answered, each with its note, its count and the command that
+    shows it, and what a job its agent alone keeps meeting the limit may need: said in a
+    pause's reason (L45 leaves a lone job, or jobs all ended so, waiting through pauses),
+    which named the limit only and sent the person to the log for the note. Inside the
+    caller's write."""
+    rows = store.conn.execute(
+        "SELECT a.job_id, count(*), (SELECT min(note_path) FROM review_pairs p WHERE "
+        "p.job_id = a.job_id), (SELECT count(DISTINCT note_path) FROM review_pairs p WHERE "
+        "p.job_id = a.job_id) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
+        "WHERE j.reviewer = ? AND a.outcome = 'reviewer-failure' AND a.reasons LIKE ? "
+        "AND a.recorded_at > COALESCE((SELECT max(b.recorded_at) FROM attempts b "
+        "JOIN review_jobs k ON k.id = b.job_id WHERE k.reviewer = ? AND b.outcome NOT IN "
+        "('launch-failure', 'reviewer-failure', 'dispatched', 'running', 'lost', "
+        "'superseded')), '') GROUP BY a.job_id ORDER BY count(*) DESC, a.job_id",
+        (name, f'["{kind}: %', name),
+    ).fetchall()
+    if not rows:
+        return ""
+    jobs = [
+        f"job {job_id} ({note or 'no note'}"
+        + (f" and {notes - 1} more note(s)" if notes > 1 else "")
+        + f", {n} time(s): reviewq job {job_id})"
+        for job_id, n, note, notes in rows[:_NAMED_JOBS]
+    ]
+    if len(rows) > _NAMED_JOBS:
+        jobs.append(f"{len(rows) - _NAMED_JOBS} more job(s)")
+    return (
+        f"since reviewer {name} last answered, the limit ended {', '.join(jobs)}; "
+        f"a job ended so every time while other jobs answer may need {NEEDS_MORE[kind]}"
+    )
+
+
 def limit_kills(store: Store, job_id: int, kind: str) -> int:
     """How many attempts of the job the worker's limit ``kind`` ended (a reason ``memory:``,
     ``pids:``), when another job has answered since the first of them; 0 when none has: a
@@ -604,6 +647,9 @@ def back_off(
     paused_at = None
     if count >= q.launch_failures_before_pause and paused_until is None:
         paused_at = timestamp(now)
+        kind = reasons[0].partition(": ")[0] if reasons else ""
+        if kind in NEEDS_MORE and (killed := limit_killed_said(store, name, kind)):
+            reason += f"; {killed}"
         pause = q.pause_seconds if asked is None else max(asked, q.launch_backoff_seconds)
         paused_until = timestamp(now + timedelta(seconds=pause))
         store.conn.execute(

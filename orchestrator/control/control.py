@@ -29,6 +29,7 @@ from orchestrator.config import ConfigError, ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
     MACHINES_LIMIT_KILLS,
+    NEEDS_MORE,
     JobMoved,
     OpenedAttempt,
     answered,
@@ -164,14 +165,6 @@ class Stops(Protocol):
     def pending(self) -> list[tuple[int, int]]:
         """The (job, attempt) of every request on the queue."""
         ...
-
-
-# A reviewer failure that was the worker's limit, and what a job its agent keeps meeting
-# it may need (L45).
-_NEEDS_MORE = {
-    "memory": "more memory than the worker has",
-    "pids": "more processes than the worker's pids.max allows",
-}
 
 
 class Control:
@@ -980,7 +973,7 @@ class Control:
         kind = reasons[0].partition(": ")[0] if reasons else ""
         if (
             cls == "reviewer-failure"
-            and kind in _NEEDS_MORE
+            and kind in NEEDS_MORE
             and (kills := limit_kills(self.store, job_id, kind)) >= MACHINES_LIMIT_KILLS
         ):
             # The same job's agent ended by the worker's limit again while others answer:
@@ -988,7 +981,7 @@ class Control:
             # and the profile does not pause over it.
             said = (
                 f"{kind}: ended by the worker's limit {kills + 1} times: this job may need "
-                f"{_NEEDS_MORE[kind]}; "
+                f"{NEEDS_MORE[kind]}; "
             )
             rest = reasons[0][len(kind) + 2 :]
             o = {**o, "classification": "no-output", "reasons": [said + rest]}
