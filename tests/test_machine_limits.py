@@ -134,6 +134,42 @@ def test_an_agent_killed_by_its_memory_cgroup_is_the_machines_failure_not_the_jo
     assert outcome_words(out["classification"], out["reasons"][0]) != "no model answered"
 
 
+def test_an_oom_kill_is_seen_in_a_container_without_its_own_cgroup_namespace(tmp_path):
+    """A container without a cgroup namespace of its own (Docker's v1 default): its
+    /proc/self/cgroup names the container's memory cgroup by its path on the host, and
+    the container's /sys/fs/cgroup/memory is that cgroup itself, bind-mounted. The worker
+    joined the two and found no counter: an agent the container's memory limit killed
+    was a no-output attempt of its job again. Made for real: a 64 MiB memory cgroup bound
+    over /sys/fs/cgroup/memory in a mount namespace of the test's own."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    if not (_MEMORY_V1 / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory controller here to bind as a container's")
+    group = _memory_cgroup(f"reviewq-test-{os.getpid()}", 64 << 20)
+    container = (
+        'echo $$ > "$1/cgroup.procs" && mount --bind "$1" /sys/fs/cgroup/memory && '
+        'exec "$3" -c "$0" /sys/fs/cgroup/memory "$2"'
+    )
+    try:
+        res = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", container]
+            + [_IN_CGROUP, str(group), str(tmp_path), sys.executable],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        _removed(group)
+    if res.returncode != 0 and ("unshare" in res.stderr or "mount:" in res.stderr):
+        pytest.skip(f"no mount namespace to bind the cgroup in: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["exit_code"] == -signal.SIGKILL, out
+    assert out["classification"] == "reviewer-failure", out
+    assert out["reasons"][0].startswith("memory: "), out
+
+
 def _pids_cgroup(name: str) -> Path:
     """A pids cgroup made for this test (v2, or v1's pids controller), or a skip."""
     if (_CGROUP_V2 / "cgroup.controllers").exists():

@@ -1419,24 +1419,57 @@ def _exit_said(code: int | None) -> str:
     return f"killed by {sig.name}" + (f" ({hint})" if hint else "")
 
 
+def _cgroup_mounts() -> list[tuple[str, str, str]]:
+    """Each cgroup file system this process sees: (the cgroup at its top, where it is
+    mounted, its type and controllers: ``cgroup2``, or v1's options such as ``rw,memory``)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    mounts = []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, fs = left.split(), right.split()
+        if len(fields) >= 5 and len(fs) >= 3 and fs[0] in ("cgroup", "cgroup2"):
+            # mountinfo writes a space, tab, newline or backslash as an octal escape.
+            root, point = (
+                re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), f) for f in fields[3:5]
+            )
+            mounts.append((root, point, "cgroup2" if fs[0] == "cgroup2" else fs[2]))
+    return mounts
+
+
 @functools.cache
 def _cgroup_files(controller: str, events: str) -> tuple[str, ...]:
     """Where this process's cgroup for ``controller`` keeps ``events`` (v2's, or v1's for
-    that controller): looked up once, since a worker stays in its cgroup."""
+    that controller): looked up once, since a worker stays in its cgroup. Found through
+    the mounts: in a container without a cgroup namespace of its own, /proc/self/cgroup
+    names the container's cgroup by its host path while /sys/fs/cgroup/memory is that
+    cgroup itself, and the path joined to /sys/fs/cgroup found nothing."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return ()
+    v1 = "memory.oom_control" if controller == "memory" else events
+    mounts = _cgroup_mounts()
     files = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":
-            files.append(f"/sys/fs/cgroup{path}/{events}")
-            files.append(f"/sys/fs/cgroup/unified{path}/{events}")  # hybrid mounts
+            name, seen = events, [(r, p) for r, p, kind in mounts if kind == "cgroup2"]
+            guesses = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]  # hybrid mounts
         elif controller in controllers.split(","):
-            v1 = "memory.oom_control" if controller == "memory" else events
-            files.append(f"/sys/fs/cgroup/{controller}{path}/{v1}")
-    return tuple(f for f in files if os.path.exists(f))
+            name = v1
+            seen = [(r, p) for r, p, kind in mounts if controller in kind.split(",")]
+            guesses = [f"/sys/fs/cgroup/{controller}"]
+        else:
+            continue
+        for root, point in seen:
+            if root == "/" or path == root or path.startswith(root + "/"):
+                below = path if root == "/" else path[len(root) :]
+                files.append(f"{point.rstrip('/')}{below.rstrip('/')}/{name}")
+        files += [f"{g}{path.rstrip('/')}/{name}" for g in guesses]  # no mountinfo
+    return tuple(dict.fromkeys(f for f in files if os.path.exists(f)))
 
 
 def _cgroup_count(controller: str, events: str, key: str) -> int | None:
