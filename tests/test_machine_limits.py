@@ -170,6 +170,54 @@ def test_an_oom_kill_is_seen_in_a_container_without_its_own_cgroup_namespace(tmp
     assert out["reasons"][0].startswith("memory: "), out
 
 
+# The worker's memory cgroup out of its sight, as on a machine whose counters it cannot
+# find: the v1 memory controller unmounted in a mount namespace of the test's own.
+_NO_MEMORY_CGROUP = [
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    'umount /sys/fs/cgroup/memory && exec "$0" "$@"',
+]
+
+
+def test_a_worker_that_cannot_tell_an_oom_kill_says_so_once(kb):
+    """Where the worker finds no counter of its memory cgroup's OOM kills (a v2 machine
+    whose memory controller is not enabled for its cgroup, a container whose cgroup files
+    it cannot find), an agent the limit killed is a crash of the job's again (L43), and
+    nothing said the worker could not tell. Said once: by `doctor --worker` and as the
+    worker starts, not in each attempt."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    if not (_MEMORY_V1 / "memory.oom_control").exists():
+        pytest.skip("no cgroup v1 memory controller here to take out of the worker's sight")
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    doctor = reviewq_process(
+        *("--root", str(kb.root), "doctor", "--worker"), wrap=_NO_MEMORY_CGROUP, timeout=60
+    )
+    if "umount" in doctor.stderr or "unshare" in doctor.stderr:
+        pytest.skip(f"no mount namespace to unmount the controller in: {doctor.stderr.strip()}")
+    unseen = [x for x in doctor.stdout.splitlines() if "cannot tell" in x]
+    assert unseen == [unseen[0]] and unseen[0].startswith("warning: "), doctor.stdout
+    assert "out-of-memory killer" in unseen[0], unseen
+    sweep = reviewq_process(
+        *("--root", str(kb.root), "sweep", "--reviewer", "fake"), wrap=_NO_MEMORY_CGROUP
+    )
+    assert sweep.returncode == 0, sweep.stderr
+    said = [
+        e
+        for e in _lines(kb.state / "worker" / "logs" / "reviewq.jsonl")
+        if e["event"] == "worker.limits_unseen"
+    ]
+    assert len(said) == 1 and "out-of-memory killer" in said[0]["reason"], said
+    # Where the counter is found (this machine, outside the namespace), nothing is said.
+    plain = reviewq_process("--root", str(kb.root), "doctor", "--worker", timeout=60)
+    assert "cannot tell" not in plain.stdout, plain.stdout
+
+
 def _pids_cgroup(name: str) -> Path:
     """A pids cgroup made for this test (v2, or v1's pids controller), or a skip."""
     if (_CGROUP_V2 / "cgroup.controllers").exists():

@@ -1497,6 +1497,42 @@ def forks_refused() -> int | None:
     return _cgroup_count("pids", "pids.events", "max")
 
 
+def _in_a_child_cgroup(controller: str) -> bool:
+    """Whether this process's cgroup for ``controller`` (v1's, else v2's) is below the
+    root: at the root no limit of the cgroup's own applies, so none is missed."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return False  # no cgroups here: no cgroup limit either
+    paths = {c: p for _, cs, p in (x.split(":", 2) for x in lines) for c in cs.split(",")}
+    return paths.get(controller, paths.get("", "/")) != "/"
+
+
+def limits_unseen() -> str | None:
+    """What this worker cannot tell of its agents' ends for want of its cgroup's counters
+    (L43, L44), or None: said once, as it starts and by ``doctor --worker``. Nothing said
+    it: on such a machine an OOM kill was a crash of the job's, silently."""
+    unseen = []
+    if oom_kills() is None and _in_a_child_cgroup("memory"):
+        unseen.append(
+            "an agent its memory cgroup's out-of-memory killer ended from one that crashed "
+            "(no memory.events nor memory.oom_control found for its memory cgroup)"
+        )
+    if forks_refused() is None and _in_a_child_cgroup("pids"):
+        unseen.append(
+            "an agent refused a process at its cgroup's pids.max from one that failed on "
+            "its own (no pids.events found for its pids cgroup)"
+        )
+    if not unseen:
+        return None
+    return (
+        f"this worker cannot tell {' nor '.join(unseen)}: such attempts count against "
+        "their jobs. Its cgroup's files are looked for through /proc/self/cgroup and "
+        "/proc/self/mountinfo; in a container, give it a cgroup namespace of its own "
+        "(docker run --cgroupns=private)"
+    )
+
+
 # What an agent says when a process or thread it asked for was refused (EAGAIN): bash's
 # "fork: retry: Resource temporarily unavailable", Python's BlockingIOError, node's
 # "spawn EAGAIN", a thread that could not start.

@@ -30,6 +30,7 @@ from .attempt import (
     KILL_GRACE_S,
     STOP_ASKED,
     become_subreaper,
+    limits_unseen,
     reap_orphans,
     remove_unclaimed,
     stop_launching,
@@ -294,6 +295,8 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     if fed and not beside_a_control(settings):
         for name, problem in profiles_unlike(settings, fed).items():
             logs.get().error("worker.profile_unlike", reviewer=name, reason=problem)
+    if (unseen := limits_unseen()) is not None:
+        logs.get().warning("worker.limits_unseen", reason=unseen)
     for name, profile in sorted(settings.reviewers.items()):
         if (problem := key_problem(profile)) is not None:
             # Said where the failures will be: each attempt of it ends as a reviewer

@@ -919,10 +919,12 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
     else:
         _doctor_queue(ws, report, worker_only)
     if worker_only:
-        from workers.attempt import unwritable, worker_folder
+        from workers.attempt import limits_unseen, unwritable, worker_folder
 
         if (problem := unwritable(worker_folder(ws.settings))) is not None:
             report(False, f"--state {shown(str(ws.state_dir))}: {shown(problem)}")
+        if (unseen := limits_unseen()) is not None:
+            click.echo(f"warning: {unseen}")
     remote = not worker_only and bool(ws.settings.queue.url) and _worker_here(ws) is None
     _doctor_reviewers(ws, report, remote=remote)
     if (exposed := _settings_exposed(ws.settings)) is not None:
