@@ -394,14 +394,28 @@ def test_a_worker_out_of_open_files_at_concurrency_12_loses_no_job_and_names_the
     small_kb(kb, notes=12)
     profile = fake_profile().replace("concurrency = 2", "concurrency = 12")
     kb.write("reviewq.toml", profile + FAST_QUEUE)
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    exe = Path(sys.executable).parent / "reviewq"
+    proc = subprocess.Popen(
+        ["prlimit", "--nofile=32:32", "--", str(exe), "--root", str(kb.root), "sweep"]
+        + ["--reviewer", "fake"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
         # Its control may run short too, and then waits out its queue (L41): what is
         # judged is what state.db and the log hold when the sweep ends or is stopped.
-        reviewq_process(
-            *("--root", str(kb.root), "sweep", "--reviewer", "fake"),
-            wrap=["prlimit", "--nofile=32:32", "--"],
-            timeout=15,
-        )
+        # Stopped as an operator stops it, its worker and agents with it: killed with
+        # its process group, its worker's kept agents' TMPDIRs stayed behind.
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what a stop left, if it did
+        proc.wait()
     with sqlite3.connect(kb.state / "state.db") as conn:
         statuses = {r[0] for r in conn.execute("SELECT status FROM review_jobs")}
         (jobs,) = conn.execute("SELECT count(*) FROM review_jobs").fetchone()
