@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -216,6 +217,40 @@ def test_a_worker_that_cannot_tell_an_oom_kill_says_so_once(kb):
     # Where the counter is found (this machine, outside the namespace), nothing is said.
     plain = reviewq_process("--root", str(kb.root), "doctor", "--worker", timeout=60)
     assert "cannot tell" not in plain.stdout, plain.stdout
+
+
+def test_a_worker_under_rlimit_nproc_says_it_cannot_tell_a_refused_fork(tmp_path):
+    """A worker run as a user with RLIMIT_NPROC (not root, whom it does not bind; as
+    nobody here, with a state folder nobody may write): an agent whose tool was refused a
+    process at it (EAGAIN) exited 1 without output, a failed attempt of its job (shown with
+    a real agent as nobody), and the kernel keeps no count that tells it apart. Nothing said so:
+    `doctor --worker` and the worker's start do, once."""
+    if shutil.which("setpriv") is None or shutil.which("prlimit") is None:
+        pytest.skip("needs setpriv and prlimit (util-linux) to run as nobody under a limit")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a worker as nobody")
+    state = Path(tempfile.mkdtemp(prefix="reviewq-nproc-", dir="/tmp"))  # nobody may enter
+    try:
+        os.chown(state, 65534, 65534)
+        (state / "worker.toml").write_text(fake_profile())
+        res = subprocess.run(
+            ["prlimit", "--nproc=4000:4000", "--"]
+            + ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [sys.executable, str(Path(sys.executable).parent / "reviewq")]
+            + ["--config", str(state / "worker.toml"), "--state", str(state / "w")]
+            + ["doctor", "--worker"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=state,
+            env={**os.environ, "HOME": str(state)},
+        )
+        if "Permission denied" in res.stderr:
+            pytest.skip(f"nobody cannot run this Python here: {res.stderr.strip()[-200:]}")
+        unseen = [x for x in res.stdout.splitlines() if "cannot tell" in x]
+        assert len(unseen) == 1 and "RLIMIT_NPROC (4000" in unseen[0], (res.stdout, res.stderr)
+    finally:
+        shutil.rmtree(state)
 
 
 def _pids_cgroup(name: str) -> Path:

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -1509,10 +1510,10 @@ def _in_a_child_cgroup(controller: str) -> bool:
 
 
 def limits_unseen() -> str | None:
-    """What this worker cannot tell of its agents' ends for want of its cgroup's counters
-    (L43, L44), or None: said once, as it starts and by ``doctor --worker``. Nothing said
-    it: on such a machine an OOM kill was a crash of the job's, silently."""
-    unseen = []
+    """What this worker cannot tell of its agents' ends for want of a count of the limit's
+    hits (L43, L44), or None: said once, as it starts and by ``doctor --worker``. Nothing
+    said it: on such a machine an OOM kill was a crash of the job's, silently."""
+    unseen, hints = [], []
     if oom_kills() is None and _in_a_child_cgroup("memory"):
         unseen.append(
             "an agent its memory cgroup's out-of-memory killer ended from one that crashed "
@@ -1523,13 +1524,26 @@ def limits_unseen() -> str | None:
             "an agent refused a process at its cgroup's pids.max from one that failed on "
             "its own (no pids.events found for its pids cgroup)"
         )
+    if unseen:
+        hints.append(
+            "its cgroup's files are looked for through /proc/self/cgroup and "
+            "/proc/self/mountinfo; in a container, give it a cgroup namespace of its own "
+            "(docker run --cgroupns=private)"
+        )
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if nproc != resource.RLIM_INFINITY and os.geteuid() != 0:  # root passes the limit
+        # The kernel keeps no count of the forks it refused at RLIMIT_NPROC: an agent's
+        # tool refused at it (EAGAIN, shared by every process of the user) is its job's.
+        unseen.append(
+            f"an agent refused a process at RLIMIT_NPROC ({nproc}, shared by every "
+            "process of its user) from one that failed on its own"
+        )
+        hints.append("a pids cgroup's pids.max (systemd's TasksMax=) is a limit it can tell")
     if not unseen:
         return None
     return (
         f"this worker cannot tell {' nor '.join(unseen)}: such attempts count against "
-        "their jobs. Its cgroup's files are looked for through /proc/self/cgroup and "
-        "/proc/self/mountinfo; in a container, give it a cgroup namespace of its own "
-        "(docker run --cgroupns=private)"
+        f"their jobs ({'; '.join(hints)})"
     )
 
 
