@@ -510,3 +510,40 @@ def test_the_kb_watch_short_of_inotify_falls_back_on_scans_and_says_so(tmp_path,
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.replace("'", '"')) == ["kb/notes/d3/x.md"]
     assert "kbwatch.unavailable" in res.stderr and said in res.stderr, res.stderr
+
+
+_READS = """
+import os
+from workers.attempt import oom_kills
+if oom_kills() is None:
+    raise SystemExit("no counter")
+os.write(2, b"MARK-START\\n")
+for _ in range(100):
+    oom_kills()
+os.write(2, b"MARK-END\\n")
+"""
+
+
+def test_a_counter_read_before_each_attempt_costs_three_system_calls(tmp_path):
+    """The memory cgroup's count of OOM kills is read before every attempt (L43): through
+    Path.read_text it cost nine system calls (openat, two fstat, ioctl, two lseek, two
+    read, close), counted by strace; open, read and close are all it needs."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    trace = tmp_path / "trace"
+    res = subprocess.run(
+        ["strace", "-f", "-o", str(trace), sys.executable, "-c", _READS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
+    if "no counter" in res.stderr:
+        pytest.skip("this process's memory cgroup keeps no count of OOM kills here")
+    if res.returncode != 0:
+        pytest.skip(f"strace cannot trace here: {res.stderr.strip()[-200:]}")
+    lines = trace.read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if "MARK-START" in x)
+    end = next(i for i, x in enumerate(lines) if "MARK-END" in x)
+    calls = [x.split(None, 1)[1].split("(")[0] for x in lines[start + 1 : end]]
+    assert len(calls) <= 3 * 100, sorted(set(calls))
