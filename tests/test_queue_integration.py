@@ -800,14 +800,25 @@ def test_a_quick_reviewer_turning_slow_has_no_message_wait_past_its_expiry(kb, t
     message of each slot waits behind two runs: with a timeout longer than half a lease
     that passes its expiry (lease / 2 + timeout), and the attempt is dropped unrun and
     given up as "never picked up by a worker", its job a lease and a timeout late. Here
-    two quick runs, then runs of 3.6 s against a 6-s expiry."""
+    two quick runs, then runs of 3.6 s against a 6-s expiry.
+
+    A slow run lasts 3.6 s from its start, the fake agent's own run inside them: slept
+    before it, its Python's start on a loaded machine (load 10 on 2 cores: over a second)
+    came on top and took the run past its 5-s timeout (burned out)."""
     small_kb(kb, notes=8)
     runs = tmp_path / "runs"
     agent = tmp_path / "agent.sh"
     agent.write_text(
+        "start=$(date +%s%N)\n"
         f'echo run >> "{runs}"\n'
-        f'if [ "$(wc -l < "{runs}")" -gt 2 ]; then sleep 3.6; fi\n'
-        f'exec "{sys.executable}" "{FAKE}"\n'
+        f'n=$(wc -l < "{runs}")\n'
+        f'"{sys.executable}" "{FAKE}"\n'
+        "code=$?\n"
+        'if [ "$n" -gt 2 ]; then\n'
+        "  left=$(( (3600000000 - ($(date +%s%N) - start)) / 1000000 ))\n"
+        '  [ "$left" -gt 0 ] && sleep "$(printf %d.%03d $((left / 1000)) $((left % 1000)))"\n'
+        "fi\n"
+        'exit "$code"\n'
     )
     kb.write(
         "reviewq.toml",
