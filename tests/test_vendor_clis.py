@@ -923,6 +923,13 @@ def test_a_model_server_that_never_answers_is_the_reviewer_s_failure_at_the_dead
     assert any(r.get("action") == "hang" for r in model.requests("hung"))
 
 
+def _gemini_asked(model: Model) -> int:
+    """How many of Gemini's requests the module's model server has had on ``hung``: the
+    other CLIs' runs on it (a late one among them) counted too, and failed a test under
+    load ("4 == 3")."""
+    return sum(r.get("api") == "gemini" for r in model.requests("hung"))
+
+
 def test_a_gemini_killed_before_it_reached_its_model_is_the_reviewer_s_failure(
     netns, model, home, vkb
 ):
@@ -933,14 +940,39 @@ def test_a_gemini_killed_before_it_reached_its_model_is_the_reviewer_s_failure(
         profiles(model, "hung", timeout="0.5s", connect_timeout="0.2s")
     )
     job_id = make_job(netns, home, vkb.root)
-    asked = len(model.requests("hung"))  # the model server is the module's: count from here
+    asked = _gemini_asked(model)
     reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
-    assert len(model.requests("hung")) == asked  # the deadline came before Gemini's request
+    assert _gemini_asked(model) == asked  # the deadline came before Gemini's request
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     assert json.loads(a["reasons"]) == [
         "unreachable: no model answered within the deadline of 0.5 s"
     ]
+
+
+def test_a_gemini_killed_after_it_named_the_job_folder_but_before_its_prompt_is_the_reviewer_s_failure(
+    netns, model, home, vkb, tmp_path
+):
+    """Gemini names the job folder in projects.json first thing, then starts (settings,
+    memory, tools, 7-21 s on a loaded machine) and records the prompt in its chat log as
+    it sends it. Killed in between, no chat log held the prompt and `answered` said it
+    could not tell: the attempt was burned-out, the job's, though no model was asked.
+    Here the person's GEMINI.md is a FIFO nobody writes, so Gemini waits on it there."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    os.mkfifo(mine / ".gemini" / "GEMINI.md")
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "hung", timeout="6s", connect_timeout="3s")
+    )
+    job_id = make_job(netns, mine, vkb.root)
+    asked = _gemini_asked(model)
+    reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    assert _gemini_asked(model) == asked  # no request reached the model
+    projects = json.loads((mine / ".gemini" / "projects.json").read_text())["projects"]
+    assert any(Path(k).name.startswith("review-job-") for k in projects), projects
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    assert json.loads(a["reasons"]) == ["unreachable: no model answered within the deadline of 6 s"]
 
 
 def _retrying(home: Path, into: Path) -> Path:

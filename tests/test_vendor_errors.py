@@ -502,7 +502,12 @@ def _gemini_chats(tmp_path: Path) -> tuple[AttemptSpec, Reviewer, Path]:
 
 def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
     spec, gemini, chats = _gemini_chats(tmp_path)
-    assert gemini.answered(spec)  # no log: cannot tell, the deadline stays the job's
+    # No log holds the prompt, which Gemini records as it sends it: never asked.
+    assert not gemini.answered(spec)
+    unread = chats / "session-2026-11-26T23-01-0badf00d.jsonl"
+    unread.mkdir()  # a log that cannot be read: cannot tell, the deadline stays the job's
+    assert gemini.answered(spec)
+    unread.rmdir()
     user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
     log = chats / "session-2026-11-26T23-02-4650ae9e.jsonl"
     # The session context before the instruction lists the KB's folders: long for a big KB.

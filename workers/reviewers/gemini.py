@@ -220,7 +220,7 @@ class GeminiReviewer(Reviewer):
         """The last model turn of the run came with no content and no usage: no model
         answered it. After a tool call Gemini takes that for an empty answer and exits 0;
         a model's own empty answer carries its token counts."""
-        log = self._chat_log(spec, self._project(spec)[1])
+        log, _ = self._chat_log(spec, self._project(spec)[1])
         last = None
         for message in _model_messages(log) if log else ():
             last = message
@@ -252,9 +252,11 @@ class GeminiReviewer(Reviewer):
             # Killed before it named the job folder in projects.json, which it does as it
             # starts (7-21 s on a loaded machine), long before it sends the prompt.
             return False
-        log = self._chat_log(spec, name)
+        log, told = self._chat_log(spec, name)
         if log is None:
-            return True  # no log to read: cannot tell
+            # No chat log holds the prompt, which Gemini records as it sends it (nothing
+            # but a full disk turns its recording off): never sent. Unread: cannot tell.
+            return not told
         return any(True for _ in _model_messages(log))
 
     def _home(self) -> Path:
@@ -276,27 +278,29 @@ class GeminiReviewer(Reviewer):
         name = table.get(str(spec.job_dir.resolve()), False)
         return name is not False, name if isinstance(name, str) else None
 
-    def _chat_log(self, spec: AttemptSpec, name: str | None) -> Path | None:
+    def _chat_log(self, spec: AttemptSpec, name: str | None) -> tuple[Path | None, bool]:
         """This attempt's chat log: the session whose first words name its prompt, in the
-        folder ``name`` (as projects.json names the job folder: :meth:`_project`)."""
+        folder ``name`` (as projects.json names the job folder: :meth:`_project`), and
+        whether that could be told (False: a log or the folder could not be read)."""
         if name is None:
-            return None
+            return None, False
         try:
             logs = list((self._home() / "tmp" / name / "chats").glob("session-*.jsonl"))
         except (OSError, TypeError):
-            return None
+            return None, False
         said = f"Read the file {spec.prompt_path} "
         # Newest first by when each was last written: a log's name has the minute its
         # session began and a random id, so the same attempt run again within that minute
         # (its task queued again by a stopping worker) sorted by chance before the other.
+        told = True
         for log in sorted(logs, key=_written, reverse=True):
             try:
                 with log.open("rb") as f:
                     if said in f.read(_CHAT_HEAD_BYTES).decode("utf-8", "replace"):
-                        return log
+                        return log, True
             except OSError:
-                continue
-        return None
+                told = False
+        return None, told
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "gemini"]
