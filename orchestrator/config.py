@@ -880,6 +880,23 @@ def secrets_held(settings: Settings) -> list[tuple[str, str]]:
     return held
 
 
+def settings_exposed(settings: Settings) -> str | None:
+    """A settings file holding a password or a key that other users of the machine may
+    read (a file written under umask 022 is 0644), or None; never the secret itself."""
+    path = settings.config_path
+    held = list(dict.fromkeys(where for where, _ in secrets_held(settings)))
+    try:
+        mode = path.stat().st_mode if path is not None and held else 0
+    except OSError:
+        return None
+    if not mode & 0o044:
+        return None
+    return (
+        f"{path} holds {', '.join(held)} and other users may read it (mode "
+        f"{mode & 0o777:04o}): chmod 600 {path}"
+    )
+
+
 def _config_text(path: Path, option: str = "") -> str | None:
     """The settings file's text; None where there is none. A FIFO there held every command
     for good, and a symbolic link to nothing was read as no settings at all. ``option``

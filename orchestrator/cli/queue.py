@@ -45,7 +45,7 @@ from orchestrator.cli.common import (
     warn,
     warn_enqueued,
 )
-from orchestrator.config import GROUPINGS, ConfigError, Settings, secrets_held
+from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
 from orchestrator.state.files import NOT_TRIED, disk_full, held
 from orchestrator.state.status import (
     STATUSES,
@@ -927,28 +927,11 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
             click.echo(f"warning: {unseen}")
     remote = not worker_only and bool(ws.settings.queue.url) and _worker_here(ws) is None
     _doctor_reviewers(ws, report, remote=remote)
-    if (exposed := _settings_exposed(ws.settings)) is not None:
+    if (exposed := settings_exposed(ws.settings)) is not None:
         click.echo(f"warning: {shown(exposed)}")
     if problems:
         raise Refused(f"{problems} problem(s)")
     warn([])
-
-
-def _settings_exposed(settings: Settings) -> str | None:
-    """A settings file holding a password or a key that other users of the machine may
-    read (a file written under umask 022 is 0644), or None; never the secret itself."""
-    path = settings.config_path
-    held = list(dict.fromkeys(where for where, _ in secrets_held(settings)))
-    try:
-        mode = path.stat().st_mode if path is not None and held else 0
-    except OSError:
-        return None
-    if not mode & 0o044:
-        return None
-    return (
-        f"{path} holds {', '.join(held)} and other users may read it (mode "
-        f"{mode & 0o777:04o}): chmod 600 {path}"
-    )
 
 
 def _unfed_queue(ws: Workspace) -> str | None:
