@@ -46,14 +46,14 @@ from orchestrator.cli.common import (
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
-from orchestrator.state.files import NOT_TRIED, disk_full, held
+from orchestrator.state.files import NOT_TRIED, first_failure, written_when
 from orchestrator.state.status import (
     STATUSES,
     UNWRITTEN_SHOWN,
     held_by_budget,
     more_unwritten,
 )
-from orchestrator.state.store import DAMAGED, STATE_ENTRIES, NotOurs, is_damage
+from orchestrator.state.store import STATE_ENTRIES, NotOurs, damaged_words, is_damage
 from orchestrator.state.words import attempt_words, outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
@@ -1083,7 +1083,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         store = ws.store
         damage = store.damage()
         if damage is not None:
-            report(False, _damaged(ws, damage))
+            report(False, damaged_words(ws.state_dir, damage))
             return True
         report(
             True,
@@ -1113,7 +1113,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
                 f"numbers moves its folder to {LOST_HISTORY}/"
             )
         due, error = files_due(store)
-        then = _written_when(error, "reviewq rewrite-files writes them at once")
+        then = written_when(error, "reviewq rewrite-files writes them at once")
         # Not yet tried is no problem (a transaction just committed, or a migration marked
         # them): the next tick writes them. A write that failed is one.
         report(
@@ -1132,52 +1132,25 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
         # Files decided in state.db and not yet on disk: said, since nothing else shows them.
         fixes = unwritten_fixes(store)
         for what, (n, why) in (
-            ("fixed note(s)", (len(fixes), _first_failure([f["error"] for f in fixes]))),
+            ("fixed note(s)", (len(fixes), first_failure([f["error"] for f in fixes]))),
             ("escalation report(s)", reports_due(store)),
         ):
             if n:
                 rewrite = "reviewq rewrite-files writes them at once" if "report" in what else None
                 report(
                     why == NOT_TRIED,
-                    f"{n} {what} wait to be written ({why}); {_written_when(why, rewrite)}",
+                    f"{n} {what} wait to be written ({why}); {written_when(why, rewrite)}",
                 )
     except sqlite3.DatabaseError as exc:
-        report(False, _damaged(ws, str(exc)) if is_damage(exc) else f"state.db: {exc}")
+        report(
+            False, damaged_words(ws.state_dir, str(exc)) if is_damage(exc) else f"state.db: {exc}"
+        )
     except NotOurs as exc:
         report(False, f"state.db: {exc}")
         return False  # another program's folder: no SQLite queue is made in it
     except Exception as exc:
         report(False, f"state.db: {exc}")
     return True
-
-
-def _first_failure(errors: list[str]) -> str | None:
-    """A write that failed before one not tried yet: doctor says ok of those alone."""
-    return next((e for e in errors if e != NOT_TRIED), errors[0] if errors else None)
-
-
-def _written_when(error: str | None, rewrite: str | None) -> str:
-    """When files kept back by ``error`` get written: room is what a full disk needs; any
-    other error (a folder the service user may not write, an I/O error) is mended by a
-    person, whatever the tick does. ``rewrite``: the command that writes them now."""
-    if error == NOT_TRIED:
-        return "the control process writes them at its next tick"
-    if disk_full(error):
-        return "the control process writes them at its next tick with room"
-    if held(error):
-        # Not rewrite-files: it waits for that lock, silently, as long as it is held.
-        return (
-            "the control process writes them once that process lets go of the folder; one "
-            "stopped (Ctrl-Z) or hung holds it for good: resume or end it (the log's "
-            "job.folder_held names its pid)"
-        )
-    return "the control process tries again at each tick; mend the cause" + (
-        f" ({rewrite})" if rewrite else ""
-    )
-
-
-def _damaged(ws: Workspace, what: str) -> str:
-    return f"state.db at {ws.state_dir / 'state.db'} is damaged ({what}): {DAMAGED}"
 
 
 def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:

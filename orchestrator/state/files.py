@@ -767,3 +767,28 @@ def files_due(store: Store) -> tuple[int, str | None]:
         "FROM job_files_due",
         (NOT_TRIED,),
     ).fetchone()
+
+
+def first_failure(errors: list[str]) -> str | None:
+    """A write that failed before one not tried yet: doctor says ok of those alone."""
+    return next((e for e in errors if e != NOT_TRIED), errors[0] if errors else None)
+
+
+def written_when(error: str | None, rewrite: str | None) -> str:
+    """When files kept back by ``error`` get written: room is what a full disk needs; any
+    other error (a folder the service user may not write, an I/O error) is mended by a
+    person, whatever the tick does. ``rewrite``: the command that writes them now."""
+    if error == NOT_TRIED:
+        return "the control process writes them at its next tick"
+    if disk_full(error):
+        return "the control process writes them at its next tick with room"
+    if held(error):
+        # Not rewrite-files: it waits for that lock, silently, as long as it is held.
+        return (
+            "the control process writes them once that process lets go of the folder; one "
+            "stopped (Ctrl-Z) or hung holds it for good: resume or end it (the log's "
+            "job.folder_held names its pid)"
+        )
+    return "the control process tries again at each tick; mend the cause" + (
+        f" ({rewrite})" if rewrite else ""
+    )

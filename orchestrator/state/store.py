@@ -146,6 +146,11 @@ DAMAGED = (
 )
 
 
+def damaged_words(state_dir: Path, what: str) -> str:
+    """The line on a damaged state.db (``what``: SQLite's words) and what to do about it."""
+    return f"state.db at {state_dir / 'state.db'} is damaged ({what}): {DAMAGED}"
+
+
 def is_damage(exc: sqlite3.Error) -> bool:
     """A file SQLite finds corrupt or not a database at all, or a table of the schema
     missing: no retry helps. Not a constraint or a query that is wrong (a defect)."""
