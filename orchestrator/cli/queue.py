@@ -50,6 +50,7 @@ from orchestrator.state.files import NOT_TRIED, first_failure, written_when
 from orchestrator.state.status import (
     STATUSES,
     UNWRITTEN_SHOWN,
+    control_clock_said,
     held_by_budget,
     more_unwritten,
 )
@@ -983,19 +984,6 @@ def _run_by_name(ws: Workspace, names: list[str]) -> set[str]:
         return set()
 
 
-def _control_clock_said(ws: Workspace) -> str | None:
-    """`status`'s line on a running control that reads its cron times on another clock
-    than this command, or None."""
-    from orchestrator.state.status import control_zone, zone_said
-    from orchestrator.state.store import control_pid
-
-    try:
-        pid = control_pid(ws.state_dir)
-    except OSError:  # an unreadable lock: the state folder's own check names it
-        return None
-    return zone_said(ws.settings, control_zone(ws.state_dir, pid))
-
-
 def _sweeps_unfired(ws: Workspace) -> str | None:
     """Why the [[sweeps]] entries will not run at their times, or None: no control process
     holds the state folder. A first entry passed doctor, and its night ran nothing."""
@@ -1058,7 +1046,7 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
             report(False, f"{ws.settings.config_path}: {problem}")
     if (unfired := _sweeps_unfired(ws)) is not None:
         click.echo(f"warning: {shown(unfired)}")
-    if (other := _control_clock_said(ws)) is not None:
+    if (other := control_clock_said(ws.settings)) is not None:
         # Where a new unit is checked: its control reads /etc/localtime, not the shell's TZ.
         click.echo(f"warning: {shown(other)}")
     from orchestrator.cycles.escalations import missing_reports, reports_due

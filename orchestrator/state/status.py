@@ -511,6 +511,16 @@ def zone_said(settings: Settings, zone: ControlZone | None) -> str | None:
     )
 
 
+def control_clock_said(settings: Settings) -> str | None:
+    """`status`'s line on a running control that reads its cron times on another clock
+    than this command, or None."""
+    try:
+        pid = control_pid(settings.state_dir)
+    except OSError:  # an unreadable lock: the state folder's own check names it
+        return None
+    return zone_said(settings, control_zone(settings.state_dir, pid))
+
+
 def refusal_said(line: dict) -> str:
     """Who refused what, as a ``message.refused`` line says it ("far:42 on far: an
     outcome message of version 4, this reviewq speaks 3")."""
