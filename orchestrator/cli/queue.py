@@ -973,43 +973,6 @@ def _fed_from_elsewhere(ws: Workspace) -> bool:
         close_huey(huey)
 
 
-def _run_by_name(ws: Workspace, names: list[str]) -> set[str]:
-    from orchestrator.sweeps.producer import run_by_name
-
-    if not (ws.state_dir / "state.db").is_file():
-        return set()
-    try:
-        return run_by_name(ws.read_store(), names)
-    except Exception:  # noqa: BLE001 - state.db's own problem: its check names it
-        return set()
-
-
-def _sweeps_unfired(ws: Workspace) -> str | None:
-    """Why the [[sweeps]] entries will not run at their times, or None: no control process
-    holds the state folder. A first entry passed doctor, and its night ran nothing."""
-    from orchestrator.state.store import control_pid
-
-    names = list(ws.settings.sweeps)
-    try:
-        if not names or control_pid(ws.state_dir) is not None:
-            return None
-    except OSError:  # an unreadable lock: the state folder's own check names it
-        return None
-    if _fed_from_elsewhere(ws):
-        return None
-    # The other way on, the system's cron running `sweep --name`, was told the same for good.
-    names = [n for n in names if n not in _run_by_name(ws, names)]
-    if not names:
-        return None
-    which = ", ".join(repr(n) for n in names)
-    return (
-        f"[[sweeps]] {which} {'runs at its cron' if len(names) == 1 else 'run at their crons'} "
-        f"only while a control process runs for "
-        f"{ws.state_dir}, and none does: start `reviewq control` (OPERATIONS §3), or have "
-        f"the system's cron run `reviewq sweep --name {names[0]}`"
-    )
-
-
 def _doctor_control_side(ws: Workspace, report) -> bool:
     """The KB, the gates and state.db: what the control process's machine needs. False
     when ROOT holds no KB (nothing else is checked, and nothing made there) or the state
@@ -1039,12 +1002,12 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
 
     # A gate asked of no note, a lens folder with none: each named, as `gates` names it.
     warn(gate_warnings(ws.kb, cat), every=True)
-    from orchestrator.sweeps.producer import sweep_problems
+    from orchestrator.sweeps.producer import sweep_problems, sweeps_unfired
 
     for sweep in ws.settings.sweeps.values():
         for problem in sweep_problems(ws, sweep):
             report(False, f"{ws.settings.config_path}: {problem}")
-    if (unfired := _sweeps_unfired(ws)) is not None:
+    if (unfired := sweeps_unfired(ws, functools.partial(_fed_from_elsewhere, ws))) is not None:
         click.echo(f"warning: {shown(unfired)}")
     if (other := control_clock_said(ws.settings)) is not None:
         # Where a new unit is checked: its control reads /etc/localtime, not the shell's TZ.

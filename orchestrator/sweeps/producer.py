@@ -25,7 +25,14 @@ from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import keeps_no_status, select
 from orchestrator.state.files import writing_job_folders
 from orchestrator.state.status import entry_takes_over, over_budget_runs
-from orchestrator.state.store import Store, json_column, parse_timestamp, timestamp, utcnow
+from orchestrator.state.store import (
+    Store,
+    control_pid,
+    json_column,
+    parse_timestamp,
+    timestamp,
+    utcnow,
+)
 from orchestrator.state.workspace import Workspace
 
 
@@ -369,6 +376,42 @@ def run_by_name(store: Store, names: Collection[str]) -> set[str]:
             tuple(names),
         )
     }
+
+
+def sweeps_unfired(ws: Workspace, fed_from_elsewhere: Callable[[], bool]) -> str | None:
+    """Why the [[sweeps]] entries will not run at their times, or None: no control process
+    holds the state folder. A first entry passed doctor, and its night ran nothing.
+    ``fed_from_elsewhere``: whether a control of another machine or state folder feeds
+    the queue (asked of the queue, only once no control holds this state folder)."""
+    names = list(ws.settings.sweeps)
+    try:
+        if not names or control_pid(ws.state_dir) is not None:
+            return None
+    except OSError:  # an unreadable lock: the state folder's own check names it
+        return None
+    if fed_from_elsewhere():
+        return None
+    # The other way on, the system's cron running `sweep --name`, was told the same for good.
+    names = [n for n in names if n not in _by_name_lately(ws, names)]
+    if not names:
+        return None
+    which = ", ".join(repr(n) for n in names)
+    return (
+        f"[[sweeps]] {which} {'runs at its cron' if len(names) == 1 else 'run at their crons'} "
+        f"only while a control process runs for "
+        f"{ws.state_dir}, and none does: start `reviewq control` (OPERATIONS §3), or have "
+        f"the system's cron run `reviewq sweep --name {names[0]}`"
+    )
+
+
+def _by_name_lately(ws: Workspace, names: list[str]) -> set[str]:
+    """:func:`run_by_name` where state.db can be read; none where it cannot."""
+    if not (ws.state_dir / "state.db").is_file():
+        return set()
+    try:
+        return run_by_name(ws.read_store(), names)
+    except Exception:  # noqa: BLE001 - state.db's own problem: its check names it
+        return set()
 
 
 def start_run(
