@@ -55,7 +55,7 @@ from orchestrator.state.status import (
     more_unwritten,
 )
 from orchestrator.state.store import STATE_ENTRIES, NotOurs, damaged_words, is_damage
-from orchestrator.state.words import attempt_words, outcome_words, reason_words
+from orchestrator.state.words import outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
 
@@ -477,16 +477,17 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     """
     from orchestrator.state.status import (
         Pause,
+        liveness,
         pause_words,
         raised_by_agents,
         status,
-        waiting_on,
+        too_large_notes,
     )
     from orchestrator.sweeps.producer import sweeps_not_run
 
     store = ws.read_store()
     data = status(store, ws.settings)
-    data["notes_not_reviewed"] = [asdict(p) for p in _too_large_notes(ws)]
+    data["notes_not_reviewed"] = [asdict(p) for p in too_large_notes(ws)]
     data["notes_excluded"] = len(ws.kb.excluded)  # counted by the scan just made
     data["sweeps_not_run"] = sweeps_not_run(store, ws.settings)
     if as_json:
@@ -535,108 +536,8 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         click.echo(line)
     if data["notes_excluded"]:
         click.echo(excluded_words(data["notes_excluded"]))
-    # Started now, a control runs none of these before their reviewer's pause ends; those
-    # a spent budget holds as well are not among the jobs it would run at all.
-    paused = [name for name, r in data["reviewers"].items() if r["paused_until"]]
-    spent = [b["sweep_run"] for b in data["budgets_spent"]]
-    held = sum(waiting_on(store, paused, spent).values())
-    for line in _liveness(data, held):
+    for line in liveness(store, data):
         click.echo(line)
-
-
-def _too_large_notes(ws: Workspace) -> list:
-    """The notes over [limits] max_note_bytes, which no sweep reviews; none where the KB
-    cannot be read (status is about state.db first)."""
-    from orchestrator.kb.notes import KBError
-
-    try:
-        return ws.kb.too_large_notes() if (ws.root / "kb").is_dir() else []
-    except (KBError, OSError):
-        return []
-
-
-def _liveness(data: dict, held: int) -> list[str]:
-    """Whether anything is working on the queue: the question at 7 a.m. when the counts
-    have not moved. ``held``: the jobs among them a paused reviewer holds."""
-    from orchestrator.state.store import utcnow
-
-    pid, w = data["control"]["pid"], data["workers"]
-    by_hand = data["jobs_by_hand"]
-    # Nor those a spent budget holds (said above): the sweep's next run takes them over.
-    budget = sum(b["jobs_waiting"] for b in data["budgets_spent"])
-    queued = data["jobs"]["queued"] + data["jobs"]["running"] - by_hand - budget
-    if pid is None:
-        lines = [
-            "control: not running"
-            + (f"; {queued} job(s) wait for one (reviewq control)" if queued else "")
-            + (f", {held} of them for a paused reviewer too (above)" if queued and held else "")
-        ]
-    else:
-        lines = [f"control: running (pid {pid})" if pid else "control: running"]
-        if data["control"].get("zone_said"):
-            lines.append(shown(data["control"]["zone_said"]))  # a TZ is the user's text
-        if shared := data["control"].get("shared"):
-            # Said once a run in its log: the operator of each KB read nothing of it here.
-            # From its second on: once logrotate emptied the log, `logs` without --since
-            # read the empty file alone and printed nothing.
-            at = f"{shared['at'][:19]}Z"
-            lines.append(
-                f"queue shared, said at {at}: {shared['said']} (reviewq logs --event "
-                f"queue.shared --since {at}; said until the control restarts)"
-            )
-    if by_hand:
-        lines.append(
-            f"{by_hand} job(s) made by create-jobs are run by hand (reviewq run-job N, or an "
-            "agent's output and reviewq finalize): no control process runs them"
-        )
-    unwatched = w["unwatched"]
-    line = f"workers: {w['agents_running']} agent(s) {'were ' if unwatched else ''}running"
-    if w["hosts"]:
-        line += " on " + ", ".join(w["hosts"])
-    if w["last_heard_at"]:
-        line += f"; last heard from {w['last_heard_at'][:19]}Z ({_ago(_seconds(w['last_heard_at'], utcnow()))})"
-        if failed := w.get("last_launch_failure"):
-            # Alive, and failing: the reason says where and why.
-            said = attempt_words("launch-failure", "; ".join(map(str, failed["reasons"])))
-            line += f", with a launch failure (job {failed['job_id']} attempt {failed['attempt']}: {said})"
-    else:
-        line += "; none heard from yet"
-    if unwatched:
-        # A unit killed whole left its workers' agents "running" in state.db: only a
-        # control hears them, and none does.
-        line += "; no control is running, so nobody is watching them: they may have stopped"
-    lines.append(line)
-    if refused := w.get("refused"):
-        # Its agents are in no count above: the control refuses all it says.
-        lines.append(
-            f"refused: a worker of another release, the last at {refused['at'][:19]}Z "
-            f"({refused['said']}); its agents are not counted above: run one reviewq "
-            "release everywhere (reviewq logs --event message.refused)"
-        )
-    if w["untaken"]:
-        waited = _seconds(w["untaken_since"], utcnow())
-        line = (
-            f"review queue: {w['untaken']} message(s) no worker has taken yet, the oldest sent "
-            f"{w['untaken_since'][:19]}Z ({_ago(waited)})"
-        )
-        if waited >= 60:
-            line += "; is a worker running on this queue? (reviewq doctor --worker on its machine)"
-        lines.append(line)
-    return lines
-
-
-def _seconds(then: str, now: str) -> int:
-    from datetime import datetime
-
-    return int((datetime.fromisoformat(now) - datetime.fromisoformat(then)).total_seconds())
-
-
-def _ago(s: int) -> str:
-    if s < 120:
-        return f"{max(s, 0)} s ago"
-    if s < 7200:
-        return f"{s // 60} min ago"
-    return f"{s // 3600} h {s % 3600 // 60} min ago"
 
 
 @cli.command("jobs")
