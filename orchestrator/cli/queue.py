@@ -55,7 +55,6 @@ from orchestrator.state.status import (
     more_unwritten,
 )
 from orchestrator.state.store import STATE_ENTRIES, NotOurs, damaged_words, is_damage
-from orchestrator.state.words import outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
 
@@ -555,7 +554,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
     Example:
       reviewq jobs --state failed
     """
-    from orchestrator.state.status import job_count, jobs, who_ran
+    from orchestrator.state.status import job_count, jobs, jobs_line
 
     store = ws.read_store()
     rows = jobs(store, state, limit)
@@ -566,14 +565,7 @@ def jobs_cmd(ws: Workspace, state: str | None, limit: int, as_json: bool) -> Non
         emit_json({"jobs": rows, "total": total})
         return
     for r in rows:
-        who = who_ran(r)
-        click.echo(
-            f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {who:<10} "
-            f"{r['lens'] or '-':<14} attempts {r['attempts']}"
-            # Shown apart: counted in, a job "failed after 3 attempts" read as 5.
-            + (f" (+{r['attempts_not_run']} not run)" if r["attempts_not_run"] else "")
-            + f"  ${r['cost_usd']:.4f}"
-        )
+        click.echo(jobs_line(r))
     if total > len(rows):
         # It stopped at 200 of 3,500 without a word.
         click.echo(f"… {total - len(rows)} older job(s) not shown (--limit N)")
@@ -591,7 +583,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
     Example:
       reviewq job 12
     """
-    from orchestrator.state.status import NotFound, job
+    from orchestrator.state.status import NotFound, job, job_lines
 
     try:
         data = job(ws.read_store(), job_id, ws.settings)
@@ -603,90 +595,8 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         emit_json({**data, "job_dir": folder, "escalations": root_reports(ws, data["escalations"])})
         return
 
-    def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
-        return "-" if v is None else str(v)
-
-    if data["grouping"] == "human":
-        # No reviewer, no attempt, no folder: a person's call on an escalation.
-        call = {"approved": "approve", "rejected": "reject"}.get(data["result"], data["result"])
-        esc = data["decides_escalation"]
-        click.echo(
-            f"job {job_id}: a person's decision: {dash(call)} "
-            f"({f'escalation {esc}, ' if esc else ''}{data['model_partition']})"
-        )
-        click.echo(f"  decided {data['created_at']}")
-    else:
-        # The profile as the role it played: a failed fix called its fixer the reviewer.
-        role = {"fix": "fixer", "audit": "auditor"}.get(data["kind"], "reviewer")
-        click.echo(
-            f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
-            f"{role} {dash(data['reviewer'])}"
-            + (
-                f", run by hand: {data['runner']}"
-                # A queued job a person finalized, or run-job ran with another profile,
-                # was judged by them, not by the reviewer it was queued for.
-                if data["runner"] and data["runner"] != data["reviewer"]
-                else ""
-            )
-            + ")"
-        )
-        finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
-        click.echo(f"  created {data['created_at']}{finished}")
-    for w in data["waits"]:
-        click.echo(f"  waits: {w}")
-    if data["kind"] == "fix" and data.get("result"):
-        # What became of the fix (applied, unchanged, not-applied) and of its commit.
-        commit = (
-            f"; commit {data['fix_commit']}"
-            if data.get("fix_commit")
-            else f"; no commit: {data['fix_no_commit']}"
-            if data.get("fix_no_commit")
-            else ""
-        )
-        click.echo(f"  fix: {data['result']}{commit}")
-    if data["kind"] == "fix" and data.get("feedback"):
-        # What the person asked of the fixer: its prompt carries them, and --json alone
-        # showed them. One line, as every value here.
-        click.echo(f"  asks (decide redo): {shown(data['feedback'])}")
-    for r in data["failure_reasons"]:
-        click.echo(f"  reason: {r}")
-    if data["split_into"]:
-        click.echo(f"  split into job(s) {', '.join(map(str, data['split_into']))}")
-    if data["parent_job_id"]:
-        click.echo(f"  split from job {data['parent_job_id']}")
-    if data["source_job_id"] and not data["parent_job_id"]:
-        follows = {
-            "fix": "fixes the FAILs of job",
-            "audit": "audits the PASSes of job",
-            "review": "reviews again the note fixed by job",
-        }.get(data["kind"], "follows job")
-        click.echo(f"  {follows} {data['source_job_id']}")
-    for f in data["follow_ups"]:
-        click.echo(
-            f"  follow-up: {f['kind'] if f['kind'] != 'review' else 're-review'} job {f['id']}"
-        )
-    for p in data["pairs"]:
-        click.echo(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
-    for e in data["escalations"]:
-        state = f"decided: {e['decision']}" if e["decision"] else "open; reviewq escalations"
-        click.echo(
-            f"  escalated: {shown(e['note_path'])} {e['gate_id']} (escalation {e['id']}, {state})"
-        )
-    for a in data["attempts"]:
-        cost = a["cost_usd"]
-        first = str(a["reasons"][0]) if a["reasons"] else None
-        cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)
-        click.echo(
-            # In words ("the agent did not start"); --json has the outcome as CONTRACT names it.
-            f"  attempt {a['attempt']}: {outcome_words(a['outcome'], first)}, "
-            f"exit {dash(a['exit_code'])} "
-            f"turns {dash(a['num_turns'])} "
-            f"tokens {dash(a['input_tokens'])}/{dash(a['output_tokens'])} {cost}"
-            # With workers on several machines, which one (`host:pid`, as the log says).
-            + (f" on {shown(a['worker'])}" if a.get("worker") else "")
-        )
-        for r in a["reasons"]:
-            click.echo(f"    {reason_words(str(r))}")
+    for line in job_lines(job_id, data):
+        click.echo(line)
 
 
 @cli.command("logs")

@@ -27,7 +27,7 @@ from orchestrator.state.store import (
     timestamp,
     utcnow,
 )
-from orchestrator.state.words import NOT_THE_JOBS, attempt_words, reason_words
+from orchestrator.state.words import NOT_THE_JOBS, attempt_words, outcome_words, reason_words
 
 if TYPE_CHECKING:
     from orchestrator.kb.notes import FileProblem
@@ -737,6 +737,109 @@ def who_ran(job: dict) -> str:
     """A job's reviewer as `jobs` and the report's failed jobs name it: a job create-jobs
     made has none, and the profile run-job ran it with (its ``runner``) is in brackets."""
     return job["reviewer"] or (f"({job['runner']})" if job["runner"] else "-")
+
+
+def jobs_line(r: dict) -> str:
+    """One row of ``jobs``: a job of :func:`jobs` in a line."""
+    who = who_ran(r)
+    return (
+        f"{r['id']:>6}  {r['status']:<9} {r['kind']:<6} {r['pairs']:>3} pair(s)  {who:<10} "
+        f"{r['lens'] or '-':<14} attempts {r['attempts']}"
+        # Shown apart: counted in, a job "failed after 3 attempts" read as 5.
+        + (f" (+{r['attempts_not_run']} not run)" if r["attempts_not_run"] else "")
+        + f"  ${r['cost_usd']:.4f}"
+    )
+
+
+def job_lines(job_id: int, data: dict) -> list[str]:
+    """``job N`` in words: ``data`` as :func:`job` read it."""
+    lines: list[str] = []
+
+    def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
+        return "-" if v is None else str(v)
+
+    if data["grouping"] == "human":
+        # No reviewer, no attempt, no folder: a person's call on an escalation.
+        call = {"approved": "approve", "rejected": "reject"}.get(data["result"], data["result"])
+        esc = data["decides_escalation"]
+        lines.append(
+            f"job {job_id}: a person's decision: {dash(call)} "
+            f"({f'escalation {esc}, ' if esc else ''}{data['model_partition']})"
+        )
+        lines.append(f"  decided {data['created_at']}")
+    else:
+        # The profile as the role it played: a failed fix called its fixer the reviewer.
+        role = {"fix": "fixer", "audit": "auditor"}.get(data["kind"], "reviewer")
+        lines.append(
+            f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
+            f"{role} {dash(data['reviewer'])}"
+            + (
+                f", run by hand: {data['runner']}"
+                # A queued job a person finalized, or run-job ran with another profile,
+                # was judged by them, not by the reviewer it was queued for.
+                if data["runner"] and data["runner"] != data["reviewer"]
+                else ""
+            )
+            + ")"
+        )
+        finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
+        lines.append(f"  created {data['created_at']}{finished}")
+    for w in data["waits"]:
+        lines.append(f"  waits: {w}")
+    if data["kind"] == "fix" and data.get("result"):
+        # What became of the fix (applied, unchanged, not-applied) and of its commit.
+        commit = (
+            f"; commit {data['fix_commit']}"
+            if data.get("fix_commit")
+            else f"; no commit: {data['fix_no_commit']}"
+            if data.get("fix_no_commit")
+            else ""
+        )
+        lines.append(f"  fix: {data['result']}{commit}")
+    if data["kind"] == "fix" and data.get("feedback"):
+        # What the person asked of the fixer: its prompt carries them, and --json alone
+        # showed them. One line, as every value here.
+        lines.append(f"  asks (decide redo): {logs.one_line(data['feedback'])}")
+    for r in data["failure_reasons"]:
+        lines.append(f"  reason: {r}")
+    if data["split_into"]:
+        lines.append(f"  split into job(s) {', '.join(map(str, data['split_into']))}")
+    if data["parent_job_id"]:
+        lines.append(f"  split from job {data['parent_job_id']}")
+    if data["source_job_id"] and not data["parent_job_id"]:
+        follows = {
+            "fix": "fixes the FAILs of job",
+            "audit": "audits the PASSes of job",
+            "review": "reviews again the note fixed by job",
+        }.get(data["kind"], "follows job")
+        lines.append(f"  {follows} {data['source_job_id']}")
+    for f in data["follow_ups"]:
+        lines.append(
+            f"  follow-up: {f['kind'] if f['kind'] != 'review' else 're-review'} job {f['id']}"
+        )
+    for p in data["pairs"]:
+        lines.append(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
+    for e in data["escalations"]:
+        state = f"decided: {e['decision']}" if e["decision"] else "open; reviewq escalations"
+        lines.append(
+            f"  escalated: {logs.one_line(e['note_path'])} {e['gate_id']} (escalation {e['id']}, {state})"
+        )
+    for a in data["attempts"]:
+        cost = a["cost_usd"]
+        first = str(a["reasons"][0]) if a["reasons"] else None
+        cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)
+        lines.append(
+            # In words ("the agent did not start"); --json has the outcome as CONTRACT names it.
+            f"  attempt {a['attempt']}: {outcome_words(a['outcome'], first)}, "
+            f"exit {dash(a['exit_code'])} "
+            f"turns {dash(a['num_turns'])} "
+            f"tokens {dash(a['input_tokens'])}/{dash(a['output_tokens'])} {cost}"
+            # With workers on several machines, which one (`host:pid`, as the log says).
+            + (f" on {logs.one_line(a['worker'])}" if a.get("worker") else "")
+        )
+        for r in a["reasons"]:
+            lines.append(f"    {reason_words(str(r))}")
+    return lines
 
 
 def job_count(store: Store, state: str | None = None) -> int:
