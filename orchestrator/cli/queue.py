@@ -7,7 +7,6 @@ import contextlib
 import functools
 import os
 import shutil
-import sqlite3
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -46,7 +45,6 @@ from orchestrator.cli.common import (
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
-from orchestrator.state.files import NOT_TRIED, first_failure, written_when
 from orchestrator.state.status import (
     STATUSES,
     UNWRITTEN_SHOWN,
@@ -54,7 +52,6 @@ from orchestrator.state.status import (
     held_by_budget,
     more_unwritten,
 )
-from orchestrator.state.store import STATE_ENTRIES, NotOurs, damaged_words, is_damage
 from orchestrator.state.workspace import Workspace
 
 
@@ -823,96 +820,14 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     if (other := control_clock_said(ws.settings)) is not None:
         # Where a new unit is checked: its control reads /etc/localtime, not the shell's TZ.
         click.echo(f"warning: {shown(other)}")
-    from orchestrator.cycles.escalations import missing_reports, reports_due
-    from orchestrator.state.files import (
-        LOST_HISTORY,
-        files_due,
-        missing_job_files,
-        unrecorded_job_folders,
-    )
-    from orchestrator.state.status import unwritten_fixes
+    from orchestrator.health import state_folder
 
-    # Run as the service user, doctor said all was well of a state folder whose lock, log
-    # or job folders that user could not write: the control crashed at its start.
-    for name in (".", *STATE_ENTRIES):
-        path = ws.state_dir / name
-        if path.exists() and not os.access(path, os.W_OK):
-            from workers.attempt import not_writable
+    def unwritable(path: Path) -> str:  # the workers' words, imported only when one is met
+        from workers.attempt import not_writable
 
-            report(False, not_writable(path))
-    try:
-        new = not (ws.state_dir / "state.db").exists()
-        store = ws.store
-        damage = store.damage()
-        if damage is not None:
-            report(False, damaged_words(ws.state_dir, damage))
-            return True
-        report(
-            True,
-            f"state.db created at {store.path}: nothing had run with this state folder "
-            "(is --state right?)"
-            if new
-            else f"state.db at {store.path}, schema {store.schema_version()}",
-        )
-        missing = (missing_job_files(store, ws.state_dir), missing_reports(store, ws.state_dir))
-        if any(missing):
-            report(
-                False,
-                f"{missing[0]} queued or running job folder(s) and {missing[1]} open "
-                "escalation report(s) are missing their files; reviewq rewrite-files writes "
-                "them again from state.db",
-            )
-        unrecorded = unrecorded_job_folders(store, ws.state_dir)
-        if unrecorded:
-            # A warning: the folders stay until jobs of those numbers come, and a health
-            # check that failed until then would be ignored.
-            named = ", ".join(f"review-job-{i}" for i in unrecorded[:3])
-            click.echo(
-                f"warning: {ws.state_dir / 'jobs'} holds {len(unrecorded)} folder(s) of jobs "
-                f"state.db does not record ({named}{', …' if len(unrecorded) > 3 else ''}): "
-                "state.db was put back from a backup or lost its last commits; their reviews "
-                "are not in status, the report or select, and a new job given one of those "
-                f"numbers moves its folder to {LOST_HISTORY}/"
-            )
-        due, error = files_due(store)
-        then = written_when(error, "reviewq rewrite-files writes them at once")
-        # Not yet tried is no problem (a transaction just committed, or a migration marked
-        # them): the next tick writes them. A write that failed is one.
-        report(
-            due == 0 or error == NOT_TRIED,
-            "job files written"
-            if due == 0
-            else f"{due} job(s) whose MANIFEST.json and results wait to be written "
-            f"({error}); {then}",
-        )
-        from orchestrator.state.status import pause_words, paused_reviewers
-        from orchestrator.state.store import utcnow
+        return not_writable(path)
 
-        # Its jobs held back for as long as it lasts: the health check said "ok" of it.
-        for name, pause in sorted(paused_reviewers(store, utcnow()).items()):
-            report(False, pause_words(store, name, pause))
-        # Files decided in state.db and not yet on disk: said, since nothing else shows them.
-        fixes = unwritten_fixes(store)
-        for what, (n, why) in (
-            ("fixed note(s)", (len(fixes), first_failure([f["error"] for f in fixes]))),
-            ("escalation report(s)", reports_due(store)),
-        ):
-            if n:
-                rewrite = "reviewq rewrite-files writes them at once" if "report" in what else None
-                report(
-                    why == NOT_TRIED,
-                    f"{n} {what} wait to be written ({why}); {written_when(why, rewrite)}",
-                )
-    except sqlite3.DatabaseError as exc:
-        report(
-            False, damaged_words(ws.state_dir, str(exc)) if is_damage(exc) else f"state.db: {exc}"
-        )
-    except NotOurs as exc:
-        report(False, f"state.db: {exc}")
-        return False  # another program's folder: no SQLite queue is made in it
-    except Exception as exc:
-        report(False, f"state.db: {exc}")
-    return True
+    return state_folder(ws, report, lambda text: click.echo(f"warning: {text}"), unwritable)
 
 
 def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
