@@ -539,17 +539,3 @@ def open_log(ws: Workspace) -> None:
     except OSError as exc:
         where = exc.filename or logs.log_path(ws.state_dir)
         raise Refused(f"{where}: cannot open the log: {exc.strerror or exc}") from None
-
-
-def only_reject_check(ws: Workspace):  # noqa: ANN201 - (note, gate) -> str | None
-    """Which escalations can now only be rejected, judged on the KB as it is; none when
-    the KB or its gates cannot be read (the report still shows the night)."""
-    from orchestrator.cycles.escalations import only_reject
-    from orchestrator.kb.notes import KBError
-
-    try:
-        kb, catalog = ws.kb, ws.catalog()
-    except (KBError, OSError):
-        return lambda note, gate: None
-    store = ws.read_store()
-    return lambda note, gate: only_reject(store, kb, catalog, note, gate)

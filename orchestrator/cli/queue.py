@@ -33,7 +33,6 @@ from orchestrator.cli.common import (
     no_kb_here,
     not_blank,
     nudge_control,
-    only_reject_check,
     refuse_domain_errors,
     root_rel,
     root_reports,
@@ -45,6 +44,7 @@ from orchestrator.cli.common import (
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
+from orchestrator.cycles.escalations import only_reject_check
 from orchestrator.state.status import (
     STATUSES,
     UNWRITTEN_SHOWN,

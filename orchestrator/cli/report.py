@@ -13,10 +13,10 @@ from orchestrator.cli.common import (
     cli,
     emit_json,
     not_blank,
-    only_reject_check,
     refuse_domain_errors,
     root_reports,
 )
+from orchestrator.cycles.escalations import only_reject_check
 from orchestrator.kb.notes import GATES_DIR, TYPES_DIR
 from orchestrator.state.workspace import Workspace
 

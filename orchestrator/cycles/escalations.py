@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -631,6 +632,17 @@ def only_reject(store: Store, kb, catalog, note_path: str, gate_id: str) -> str 
     person tries."""
     gate = gate_of(store, kb, catalog, note_path, gate_id)
     return _undecidable(_current_note(kb, note_path), gate)
+
+
+def only_reject_check(ws: Workspace) -> Callable[[str, str], str | None]:
+    """Which escalations can now only be rejected, judged on the KB as it is; none when
+    the KB or its gates cannot be read (the report still shows the night)."""
+    try:
+        kb, catalog = ws.kb, ws.catalog()
+    except (KBError, OSError):
+        return lambda note, gate: None
+    store = ws.read_store()
+    return lambda note, gate: only_reject(store, kb, catalog, note, gate)
 
 
 def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate or None
