@@ -29,11 +29,11 @@ from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.cycles import escalations as cycles
 from orchestrator.kb.gates import gate_warnings
-from orchestrator.kb.notes import GATES_DIR, KBError
+from orchestrator.kb.notes import GATES_DIR
 from orchestrator.review.acceptance import ack, pair_now, warn_queue
 from orchestrator.review.bundle import condensed, problem_count
 from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export
-from orchestrator.review.finalize import Provenance, manual_output, parse_telemetry
+from orchestrator.review.finalize import Provenance, manual_output, notes_gone, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import (
     current_notes,
@@ -335,22 +335,14 @@ def warn_notes_gone(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
     """One line per note of a finalized job that is no longer at its path: its verdicts
     printed as any other's read as a review of the note, which (renamed) is unreviewed
     at its new path, and (deleted) has none to review."""
-    counts: dict[str, int] = {}
-    for p in pairs:
-        counts[p["note_path"]] = counts.get(p["note_path"], 0) + 1
-    for note_path, n in counts.items():
-        try:
-            there = ws.kb.abspath(note_path).is_file()
-        except (KBError, OSError):
-            there = False
-        if not there:
-            its = "its verdicts are" if n > 1 else "its verdict is"
-            click.echo(
-                f"warning: {note_path} is no longer there (renamed or deleted since job "
-                f"{job_id} was made): {its} recorded under that path, for no note of the KB; "
-                "a note renamed is missing-review at its new path",
-                err=True,
-            )
+    for note_path, n in notes_gone(ws.kb, pairs).items():
+        its = "its verdicts are" if n > 1 else "its verdict is"
+        click.echo(
+            f"warning: {note_path} is no longer there (renamed or deleted since job "
+            f"{job_id} was made): {its} recorded under that path, for no note of the KB; "
+            "a note renamed is missing-review at its new path",
+            err=True,
+        )
 
 
 @cli.command("run-job", cls=Numbered, ids=JOB_ID.what)

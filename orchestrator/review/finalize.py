@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import faults, logs
+from orchestrator.kb.notes import KB, KBError
 from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.state.files import write_job_files_after_commit
@@ -446,3 +447,21 @@ def _mark_attempt(
         "WHERE job_id = ? AND attempt = ?",
         (outcome, json.dumps(reasons), utcnow(), job_id, attempt),
     )
+
+
+def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, int]:
+    """The notes of a finalized job's pairs that are no longer at their path (renamed or
+    deleted since the job was made, or unreadable), each with how many verdicts name it:
+    recorded under that path, for no note of the KB."""
+    counts: dict[str, int] = {}
+    for p in pairs:
+        counts[p["note_path"]] = counts.get(p["note_path"], 0) + 1
+    gone = {}
+    for note_path, n in counts.items():
+        try:
+            there = kb.abspath(note_path).is_file()
+        except (KBError, OSError):
+            there = False
+        if not there:
+            gone[note_path] = n
+    return gone
