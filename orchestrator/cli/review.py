@@ -62,29 +62,7 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
     # The type specs notes name by a path are reviewed as type/NAME: listed here too.
     cat = with_note_relative_types(ws.kb, ws.catalog(), ws.state_dir)
     if as_json:
-        emit_json(
-            {
-                "gates": [
-                    {
-                        "gate_id": g.gate_id,
-                        "path": g.path,
-                        "lens": g.lens,
-                        "name": g.name,
-                        "watches": list(g.watches),
-                        "staleness": g.staleness_text,
-                        "requires_type": list(g.requires_type),
-                        "requires_trait": list(g.requires_trait),
-                        "audit": g.audit,
-                    }
-                    for g in sorted(cat.gates.values(), key=lambda g: g.gate_id)
-                ],
-                "types": [
-                    {"gate_id": g.gate_id, "path": g.path}
-                    for g in sorted(cat.types.values(), key=lambda g: g.gate_id)
-                ],
-                "invalid": [{"path": p.path, "reason": p.reason} for p in cat.problems],
-            }
-        )
+        emit_json(cat.to_json())
     else:
         for lens in cat.lenses:
             click.echo(f"{lens}:")

@@ -86,6 +86,30 @@ class Catalog:
         specs notes name relative to themselves); the gates themselves are frozen."""
         return Catalog(dict(self.gates), dict(self.types), list(self.problems))
 
+    def to_json(self) -> dict:
+        """``gates --json`` (CONTRACT §10): the gates and type specs by id, the invalid files."""
+        return {
+            "gates": [
+                {
+                    "gate_id": g.gate_id,
+                    "path": g.path,
+                    "lens": g.lens,
+                    "name": g.name,
+                    "watches": list(g.watches),
+                    "staleness": g.staleness_text,
+                    "requires_type": list(g.requires_type),
+                    "requires_trait": list(g.requires_trait),
+                    "audit": g.audit,
+                }
+                for g in sorted(self.gates.values(), key=lambda g: g.gate_id)
+            ],
+            "types": [
+                {"gate_id": g.gate_id, "path": g.path}
+                for g in sorted(self.types.values(), key=lambda g: g.gate_id)
+            ],
+            "invalid": [{"path": p.path, "reason": p.reason} for p in self.problems],
+        }
+
     def get(self, gate_id: str) -> Gate | None:
         if gate_id.startswith(TYPE_LENS + "/"):
             return self.types.get(gate_id[len(TYPE_LENS) + 1 :])
