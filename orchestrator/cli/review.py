@@ -3,6 +3,7 @@ run-job, ack, warn-queue, export."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
@@ -30,9 +31,9 @@ from orchestrator.control.followup import finalize_by_hand
 from orchestrator.cycles import escalations as cycles
 from orchestrator.kb.gates import gate_warnings
 from orchestrator.kb.notes import GATES_DIR
-from orchestrator.review.acceptance import ack, pair_now, warn_queue
+from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.bundle import condensed, problem_count
-from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export
+from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export, watches_now
 from orchestrator.review.finalize import Provenance, manual_output, notes_gone, parse_telemetry
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import (
@@ -465,18 +466,6 @@ def export_cmd(ws: Workspace, model: str | None, wait: float) -> None:
       reviewq export --model offline
     """
 
-    def watches_now():  # noqa: ANN202 - export.Watches
-        # Called once the export holds its lock: the KB as it is then, not as it was
-        # when a wait for another export began.
-        cat = ws.catalog()
-        notes = current_notes(ws.kb, ws.state_dir)
-
-        def watches(note_path: str, gate_id: str, gate_path: str) -> list[str] | None:
-            gate = pair_now(ws.kb, cat, notes, note_path, gate_id, gate_path)
-            return list(gate.watches) if gate is not None else None
-
-        return watches
-
     def waiting() -> None:
         click.echo(
             f"another reviewq export is writing {EXPORT_DIR}: waiting for it to end "
@@ -484,5 +473,7 @@ def export_cmd(ws: Workspace, model: str | None, wait: float) -> None:
             err=True,
         )
 
-    res = export(ws.read_store(), ws.root, model, watches_now, on_wait=waiting, wait=wait)
+    # Read once the export holds its lock: the KB as it is then.
+    watches = functools.partial(watches_now, ws)
+    res = export(ws.read_store(), ws.root, model, watches, on_wait=waiting, wait=wait)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

@@ -17,8 +17,11 @@ from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gitcommit import git_env
 from orchestrator.kb.notes import canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
+from orchestrator.review.acceptance import pair_now
+from orchestrator.review.selector import current_notes
 from orchestrator.state.files import LockHeld, ReportError, flat, folder_lock
 from orchestrator.state.store import Store
+from orchestrator.state.workspace import Workspace
 
 EXPORT_DIR = "kb/reports/reviews"
 # How long an export waits for another one writing the folder: long enough for an
@@ -70,6 +73,20 @@ def watched_hash(note_text: str, watches: list[str]) -> str:
 # (note_path, gate_id, gate_path) of a recorded pair -> the regions its gate watches now,
 # or None when the pair is no longer one of the KB.
 Watches = Callable[[str, str, str], Sequence[str] | None]
+
+
+def watches_now(ws: Workspace) -> Watches:
+    """What the gate of each recorded pair watches in the KB as it is now (see
+    :data:`Watches`); read when called, which :func:`export` does once it holds its lock,
+    not as the KB was when a wait for another export began."""
+    cat = ws.catalog()
+    notes = current_notes(ws.kb, ws.state_dir)
+
+    def watches(note_path: str, gate_id: str, gate_path: str) -> list[str] | None:
+        gate = pair_now(ws.kb, cat, notes, note_path, gate_id, gate_path)
+        return list(gate.watches) if gate is not None else None
+
+    return watches
 
 
 @dataclass(frozen=True)
