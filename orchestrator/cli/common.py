@@ -9,7 +9,7 @@ import json
 import math
 import sqlite3
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
@@ -287,35 +287,12 @@ def utf8(ctx: click.Context, param: click.Parameter, value):  # noqa: ANN001, AN
     return value
 
 
-NAMED_PER_REASON = 3  # files a warning names for one reason; the rest are counted
-
-
-def capped(problems: Sequence[FileProblem], prefix: str) -> Iterator[str]:
-    """One line a file, up to NAMED_PER_REASON for each kind of reason, then one line for
-    each kind with how many more: 200 `.MD` files (or links out of the KB, FIFOs, notes
-    over the size limit) were 200 lines at every command, burying everything else. A
-    count of one more would take the line its name takes: that one is named."""
-    total: dict[str, int] = {}
-    for p in problems:
-        total[p.kind] = total.get(p.kind, 0) + 1
-    named: dict[str, int] = {}
-    for p in problems:
-        named[p.kind] = named.get(p.kind, 0) + 1
-        if named[p.kind] <= NAMED_PER_REASON or total[p.kind] == NAMED_PER_REASON + 1:
-            yield f"{prefix}{shown(p.path)}: {p.reason}"
-    for kind, n in total.items():
-        if n > NAMED_PER_REASON + 1:
-            yield (
-                f"{prefix}… and {n - NAMED_PER_REASON} more file(s) for the same reason "
-                f"({shown(kind)}); `reviewq logs --event kb.file_skipped` names each one "
-                "a sweep or enqueue left out"
-            )
-
-
 def warn(problems: Sequence[FileProblem], *, every: bool = False) -> None:
     """``every``: each file named, uncapped: where a gate's problems are read (`gates`,
     `doctor`), and the cap's pointer would lead to no log line (a requires_type warning
     is never a kb.file_skipped)."""
+    from orchestrator.kb.notes import capped
+
     for line in (
         (f"warning: {shown(p.path)}: {p.reason}" for p in problems)
         if every
@@ -324,17 +301,13 @@ def warn(problems: Sequence[FileProblem], *, every: bool = False) -> None:
         click.echo(line, err=True)
 
 
-def excluded_words(n: int) -> str:
-    """One line for the notes ``[kb] exclude`` left out: counted, never listed (an index
-    or template a note is what the setting is for, not news at every command)."""
-    return f"{n} note(s) excluded by [kb] exclude: not reviewed"
-
-
 def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
     """What an enqueue could not review, as ``warning:`` lines: the files its selection
     skipped (a command's stderr log leaves them out), and one line for each reason a
     file's pairs were skipped, with how many: said as a bare count ("skipped 34"), a
     note with a sentinel line was never named, night after night."""
+    from orchestrator.kb.notes import excluded_words
+
     warn(res.problems)
     # --current on a KB that keeps no status: field; a reviewer's partition with no review
     for hint in res.hints:

@@ -26,10 +26,8 @@ from orchestrator.cli.common import (
     Refused,
     batch_size_needs_gate_grouping,
     budget_usd,
-    capped,
     cli,
     emit_json,
-    excluded_words,
     no_kb_here,
     not_blank,
     nudge_control,
@@ -524,7 +522,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
         )
     if more := more_unwritten(len(data["fixes_unwritten"])):
         click.echo(more)
-    from orchestrator.kb.notes import FileProblem
+    from orchestrator.kb.notes import FileProblem, capped, excluded_words
 
     for line in capped(
         [FileProblem(**p) for p in data["notes_not_reviewed"]], "note not reviewed: "

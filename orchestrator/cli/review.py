@@ -16,7 +16,6 @@ from orchestrator.cli.common import (
     batch_size_needs_gate_grouping,
     cli,
     emit_json,
-    excluded_words,
     not_blank,
     one_line,
     open_log,
@@ -30,7 +29,7 @@ from orchestrator.config import GROUPINGS
 from orchestrator.control.followup import finalize_by_hand
 from orchestrator.cycles import escalations as cycles
 from orchestrator.kb.gates import gate_warnings
-from orchestrator.kb.notes import GATES_DIR
+from orchestrator.kb.notes import GATES_DIR, excluded_words
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.bundle import condensed, problem_count
 from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export, watches_now

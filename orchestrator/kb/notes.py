@@ -15,12 +15,13 @@ import posixpath
 import re
 import stat
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from orchestrator import logs
 from orchestrator.config import MAX_NOTE_BYTES, glob_regex
 from orchestrator.kb.frontmatter import parse_simple
 from orchestrator.kb.notecache import NoteCache, file_stamp
@@ -116,6 +117,37 @@ class FileProblem:
         """The reason with what differs from file to file (paths, sizes, line numbers)
         blanked: 200 files skipped for one cause are one kind, said once with a count."""
         return _PARTICULAR.sub("…", self.reason)
+
+
+NAMED_PER_REASON = 3  # files a warning names for one reason; the rest are counted
+
+
+def capped(problems: Sequence[FileProblem], prefix: str) -> Iterator[str]:
+    """One line a file, up to NAMED_PER_REASON for each kind of reason, then one line for
+    each kind with how many more: 200 `.MD` files (or links out of the KB, FIFOs, notes
+    over the size limit) were 200 lines at every command, burying everything else. A
+    count of one more would take the line its name takes: that one is named."""
+    total: dict[str, int] = {}
+    for p in problems:
+        total[p.kind] = total.get(p.kind, 0) + 1
+    named: dict[str, int] = {}
+    for p in problems:
+        named[p.kind] = named.get(p.kind, 0) + 1
+        if named[p.kind] <= NAMED_PER_REASON or total[p.kind] == NAMED_PER_REASON + 1:
+            yield f"{prefix}{logs.one_line(p.path)}: {p.reason}"
+    for kind, n in total.items():
+        if n > NAMED_PER_REASON + 1:
+            yield (
+                f"{prefix}… and {n - NAMED_PER_REASON} more file(s) for the same reason "
+                f"({logs.one_line(kind)}); `reviewq logs --event kb.file_skipped` names each one "
+                "a sweep or enqueue left out"
+            )
+
+
+def excluded_words(n: int) -> str:
+    """One line for the notes ``[kb] exclude`` left out: counted, never listed (an index
+    or template a note is what the setting is for, not news at every command)."""
+    return f"{n} note(s) excluded by [kb] exclude: not reviewed"
 
 
 class NoteParseError(ValueError):
