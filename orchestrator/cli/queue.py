@@ -45,10 +45,8 @@ from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
 from orchestrator.cycles.escalations import only_reject_check
 from orchestrator.state.status import (
     STATUSES,
-    UNWRITTEN_SHOWN,
     control_clock_said,
     held_by_budget,
-    more_unwritten,
 )
 from orchestrator.state.workspace import Workspace
 
@@ -469,14 +467,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq status --json
     """
-    from orchestrator.state.status import (
-        Pause,
-        liveness,
-        pause_words,
-        raised_by_agents,
-        status,
-        too_large_notes,
-    )
+    from orchestrator.state.status import status, status_lines, too_large_notes
     from orchestrator.sweeps.producer import sweeps_not_run
 
     store = ws.read_store()
@@ -487,50 +478,7 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
-    click.echo("jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items()))
-    click.echo(
-        f"escalations open: {data['escalations_open']}" + raised_by_agents(data["agents_failed"])
-    )
-    for a in data["agents_failed"]:
-        click.echo(f"  {a['says']}")
-    for name, r in data["reviewers"].items():
-        if r["paused_until"]:
-            pause = Pause(r["paused_until"], r["paused_reason"], r["paused_since"])
-            click.echo(pause_words(store, name, pause, r["jobs_waiting"]))
-        elif r["awaits_control_restart"]:
-            click.echo(
-                f"{r['jobs_waiting']} job(s) wait for reviewer {name}, added to "
-                f"{ws.settings.config_path or ws.root / 'reviewq.toml'} after the control "
-                "started: it runs them once restarted (systemctl reload, or kill -HUP "
-                f"{data['control']['pid']}; reviewq logs --event control.settings_stale)"
-            )
-        else:
-            click.echo(f"reviewer {name} is active")
-    for n in data["sweeps_not_run"]:
-        click.echo(shown(n["says"]))
-    for b in data["budgets_spent"]:
-        click.echo(shown(b["says"]))
-    click.echo(
-        # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
-        f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
-        f"total ${data['cost_usd']['total']:.4f}"
-    )
-    for f in data["fixes_unwritten"][:UNWRITTEN_SHOWN]:
-        click.echo(
-            f"fix not written to the KB: {f['note_path']} (fix job {f['job_id']}, since "
-            f"{f['since'][:19]}Z): {f['error']}; the control process tries again at each tick"
-        )
-    if more := more_unwritten(len(data["fixes_unwritten"])):
-        click.echo(more)
-    from orchestrator.kb.notes import FileProblem, capped, excluded_words
-
-    for line in capped(
-        [FileProblem(**p) for p in data["notes_not_reviewed"]], "note not reviewed: "
-    ):
-        click.echo(line)
-    if data["notes_excluded"]:
-        click.echo(excluded_words(data["notes_excluded"]))
-    for line in liveness(store, data):
+    for line in status_lines(ws, store, data):
         click.echo(line)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from orchestrator import logs
 from orchestrator.config import Settings
 from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.notes import FileProblem, capped, excluded_words
 from orchestrator.regularfile import NotRegular, open_regular
 from orchestrator.state.files import NOT_TRIED
 from orchestrator.state.store import (
@@ -30,7 +31,6 @@ from orchestrator.state.store import (
 from orchestrator.state.words import NOT_THE_JOBS, attempt_words, outcome_words, reason_words
 
 if TYPE_CHECKING:
-    from orchestrator.kb.notes import FileProblem
     from orchestrator.state.workspace import Workspace
 
 STATUSES = ("queued", "running", "completed", "failed", "split")
@@ -589,6 +589,52 @@ def workers_heard(store: Store, control_runs: bool = True) -> dict:
     }
 
 
+def status_lines(ws: Workspace, store: Store, data: dict) -> Iterator[str]:
+    """``status`` in words: ``data`` as :func:`status` read it, with the notes not reviewed
+    and the sweeps not run that the command adds to it."""
+    yield "jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items())
+    yield (
+        f"escalations open: {data['escalations_open']}" + raised_by_agents(data["agents_failed"])
+    )
+    for a in data["agents_failed"]:
+        yield f"  {a['says']}"
+    for name, r in data["reviewers"].items():
+        if r["paused_until"]:
+            pause = Pause(r["paused_until"], r["paused_reason"], r["paused_since"])
+            yield pause_words(store, name, pause, r["jobs_waiting"])
+        elif r["awaits_control_restart"]:
+            yield (
+                f"{r['jobs_waiting']} job(s) wait for reviewer {name}, added to "
+                f"{ws.settings.config_path or ws.root / 'reviewq.toml'} after the control "
+                "started: it runs them once restarted (systemctl reload, or kill -HUP "
+                f"{data['control']['pid']}; reviewq logs --event control.settings_stale)"
+            )
+        else:
+            yield f"reviewer {name} is active"
+    for n in data["sweeps_not_run"]:
+        yield logs.one_line(n["says"])
+    for b in data["budgets_spent"]:
+        yield logs.one_line(b["says"])
+    yield (
+        # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
+        f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
+        f"total ${data['cost_usd']['total']:.4f}"
+    )
+    for f in data["fixes_unwritten"][:UNWRITTEN_SHOWN]:
+        yield (
+            f"fix not written to the KB: {f['note_path']} (fix job {f['job_id']}, since "
+            f"{f['since'][:19]}Z): {f['error']}; the control process tries again at each tick"
+        )
+    if more := more_unwritten(len(data["fixes_unwritten"])):
+        yield more
+    yield from (
+        capped([FileProblem(**p) for p in data["notes_not_reviewed"]], "note not reviewed: ")
+    )
+    if data["notes_excluded"]:
+        yield excluded_words(data["notes_excluded"])
+    yield from liveness(store, data)
+
+
 def too_large_notes(ws: Workspace) -> list[FileProblem]:
     """The notes over [limits] max_note_bytes, which no sweep reviews; none where the KB
     cannot be read (status is about state.db first)."""
@@ -751,9 +797,8 @@ def jobs_line(r: dict) -> str:
     )
 
 
-def job_lines(job_id: int, data: dict) -> list[str]:
+def job_lines(job_id: int, data: dict) -> Iterator[str]:
     """``job N`` in words: ``data`` as :func:`job` read it."""
-    lines: list[str] = []
 
     def dash(v: object) -> str:  # "-" for a value never recorded, not "None"
         return "-" if v is None else str(v)
@@ -762,15 +807,15 @@ def job_lines(job_id: int, data: dict) -> list[str]:
         # No reviewer, no attempt, no folder: a person's call on an escalation.
         call = {"approved": "approve", "rejected": "reject"}.get(data["result"], data["result"])
         esc = data["decides_escalation"]
-        lines.append(
+        yield (
             f"job {job_id}: a person's decision: {dash(call)} "
             f"({f'escalation {esc}, ' if esc else ''}{data['model_partition']})"
         )
-        lines.append(f"  decided {data['created_at']}")
+        yield f"  decided {data['created_at']}"
     else:
         # The profile as the role it played: a failed fix called its fixer the reviewer.
         role = {"fix": "fixer", "audit": "auditor"}.get(data["kind"], "reviewer")
-        lines.append(
+        yield (
             f"job {job_id}: {data['status']} ({data['kind']}, {data['model_partition']}, "
             f"{role} {dash(data['reviewer'])}"
             + (
@@ -783,9 +828,9 @@ def job_lines(job_id: int, data: dict) -> list[str]:
             + ")"
         )
         finished = f", finished {data['finished_at']}" if data["finished_at"] else ""
-        lines.append(f"  created {data['created_at']}{finished}")
+        yield f"  created {data['created_at']}{finished}"
     for w in data["waits"]:
-        lines.append(f"  waits: {w}")
+        yield f"  waits: {w}"
     if data["kind"] == "fix" and data.get("result"):
         # What became of the fix (applied, unchanged, not-applied) and of its commit.
         commit = (
@@ -795,40 +840,38 @@ def job_lines(job_id: int, data: dict) -> list[str]:
             if data.get("fix_no_commit")
             else ""
         )
-        lines.append(f"  fix: {data['result']}{commit}")
+        yield f"  fix: {data['result']}{commit}"
     if data["kind"] == "fix" and data.get("feedback"):
         # What the person asked of the fixer: its prompt carries them, and --json alone
         # showed them. One line, as every value here.
-        lines.append(f"  asks (decide redo): {logs.one_line(data['feedback'])}")
+        yield f"  asks (decide redo): {logs.one_line(data['feedback'])}"
     for r in data["failure_reasons"]:
-        lines.append(f"  reason: {r}")
+        yield f"  reason: {r}"
     if data["split_into"]:
-        lines.append(f"  split into job(s) {', '.join(map(str, data['split_into']))}")
+        yield f"  split into job(s) {', '.join(map(str, data['split_into']))}"
     if data["parent_job_id"]:
-        lines.append(f"  split from job {data['parent_job_id']}")
+        yield f"  split from job {data['parent_job_id']}"
     if data["source_job_id"] and not data["parent_job_id"]:
         follows = {
             "fix": "fixes the FAILs of job",
             "audit": "audits the PASSes of job",
             "review": "reviews again the note fixed by job",
         }.get(data["kind"], "follows job")
-        lines.append(f"  {follows} {data['source_job_id']}")
+        yield f"  {follows} {data['source_job_id']}"
     for f in data["follow_ups"]:
-        lines.append(
-            f"  follow-up: {f['kind'] if f['kind'] != 'review' else 're-review'} job {f['id']}"
-        )
+        yield f"  follow-up: {f['kind'] if f['kind'] != 'review' else 're-review'} job {f['id']}"
     for p in data["pairs"]:
-        lines.append(f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}")
+        yield f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}"
     for e in data["escalations"]:
         state = f"decided: {e['decision']}" if e["decision"] else "open; reviewq escalations"
-        lines.append(
+        yield (
             f"  escalated: {logs.one_line(e['note_path'])} {e['gate_id']} (escalation {e['id']}, {state})"
         )
     for a in data["attempts"]:
         cost = a["cost_usd"]
         first = str(a["reasons"][0]) if a["reasons"] else None
         cost = f"${cost:.4f}" if isinstance(cost, int | float) else dash(cost)
-        lines.append(
+        yield (
             # In words ("the agent did not start"); --json has the outcome as CONTRACT names it.
             f"  attempt {a['attempt']}: {outcome_words(a['outcome'], first)}, "
             f"exit {dash(a['exit_code'])} "
@@ -838,8 +881,7 @@ def job_lines(job_id: int, data: dict) -> list[str]:
             + (f" on {logs.one_line(a['worker'])}" if a.get("worker") else "")
         )
         for r in a["reasons"]:
-            lines.append(f"    {reason_words(str(r))}")
-    return lines
+            yield f"    {reason_words(str(r))}"
 
 
 def job_count(store: Store, state: str | None = None) -> int:
