@@ -956,14 +956,8 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq escalations
     """
-    from orchestrator.cycles.escalations import by_note, current_report, open_escalations, report
-    from orchestrator.state.status import (
-        REWRITE_REPORTS,
-        agents_failed,
-        decide_calls,
-        raised_by_agents,
-        unread_report,
-    )
+    from orchestrator.cycles.escalations import by_note, escalation_lines, open_escalations
+    from orchestrator.state.status import agents_failed
 
     store = ws.read_store()
     items = open_escalations(store)
@@ -990,62 +984,8 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             }
         )
         return
-    for note, group in groups:
-        click.echo(f"{note}: {len(group)} escalation(s)")
-        for e in group:
-            path = ws.state_dir / e.report_path
-            written, missing = True, ""
-            try:
-                # The recommendation: the report's next line heads its list of cycles,
-                # which shown alone was a header with nothing under it.
-                text, written = current_report(store, ws.state_dir, e.id, e.report_path)
-                head = text.splitlines()[1:2]
-            except OSError as exc:
-                # Deleted by hand, or not a file one can read (a FIFO held this for good):
-                # its recommendation is in state.db, and so is the file.
-                head = report(store, e.id).splitlines()[1:2]
-                missing = f" ({unread_report(exc)}: {REWRITE_REPORTS})"
-            # Raised by a failed job or an audit, a pair read "0 cycle(s)" (or its earlier
-            # rejections): why it is here is the reason's head ("the reviewer failed every
-            # attempt").
-            why = (
-                f"{e.cycles} cycle(s)"
-                if "consecutive rejections" in e.reason
-                else e.reason.partition(": ")[0]
-            )
-            # The job that raised it: its attempts, stderr and log lines (`logs --job`).
-            job = f"; reviewq job {e.job_id}" if e.job_id is not None else ""
-            click.echo(f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why}{job})")
-            for line in head:
-                click.echo(f"      {line}")
-            if only[e.id]:
-                click.echo(f"      {only[e.id]}: only reject closes it")
-            click.echo(
-                f"      report: {path}{missing}"
-                + ("" if written else " (to be written at the control process's next tick)")
-            )
-        # A note's one escalation gets its call too: without it, that note alone was
-        # shown with no command to answer it.
-        calls = (
-            decide_calls(note, [(e.id, e.model_partition) for e in group])
-            if len(group) > 1
-            else {None: str(group[0].id)}
-        )
-        # A note deleted since (or a gate gone) leaves reject the only call decide takes.
-        answers = "reject" if any(only[e.id] for e in group) else "approve|redo|reject"
-        for partition, target in calls.items():
-            # One escalation (an id alone) is "it": "them at once" was said of one.
-            them = "it" if " " not in target else "them at once"
-            click.echo(
-                f"  decide {them}{f' ({partition})' if partition else ''}: "
-                f"reviewq decide {target} {answers}"
-            )
-    # Its last line, what `| tail` shows: those an agent raised counted apart, as status says.
-    click.echo(
-        f"{len(items)} open escalation(s) on {len(groups)} note(s)" + raised_by_agents(agents)
-    )
-    for a in agents:
-        click.echo(f"  {a['says']}")
+    for line in escalation_lines(ws, store, items, only, agents):
+        click.echo(line)
 
 
 @cli.command("decide", cls=Numbered, ids=ESCALATION_ID.what)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,15 @@ from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
+from orchestrator.state.status import (
+    REWRITE_REPORTS,
+    decide_calls,
+    gist,
+    quoted,
+    raised_by_agents,
+    unread_report,
+)
 from orchestrator.state.status import by_note as notes_in_order
-from orchestrator.state.status import gist, quoted
 from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 
@@ -819,6 +826,74 @@ def reports_due(store: Store) -> tuple[int, str | None]:
         (NOT_TRIED,),
     ).fetchone()
     return count, error
+
+
+def escalation_lines(
+    ws: Workspace,
+    store: Store,
+    items: list[Escalation],
+    only: dict[int, str | None],
+    agents: list[dict],
+) -> Iterator[str]:
+    """``escalations`` in words: ``items`` by note, each with its report's recommendation
+    (from state.db when the file cannot be read), why it is here and the ``decide`` calls
+    that answer it. ``only``: :func:`only_reject_check`'s answer by escalation id;
+    ``agents``: those an agent raised (``state.status.agents_failed``)."""
+    groups = by_note(items)
+    for note, group in groups:
+        yield f"{note}: {len(group)} escalation(s)"
+        for e in group:
+            path = ws.state_dir / e.report_path
+            written, missing = True, ""
+            try:
+                # The recommendation: the report's next line heads its list of cycles,
+                # which shown alone was a header with nothing under it.
+                text, written = current_report(store, ws.state_dir, e.id, e.report_path)
+                head = text.splitlines()[1:2]
+            except OSError as exc:
+                # Deleted by hand, or not a file one can read (a FIFO held this for good):
+                # its recommendation is in state.db, and so is the file.
+                head = report(store, e.id).splitlines()[1:2]
+                missing = f" ({unread_report(exc)}: {REWRITE_REPORTS})"
+            # Raised by a failed job or an audit, a pair read "0 cycle(s)" (or its earlier
+            # rejections): why it is here is the reason's head ("the reviewer failed every
+            # attempt").
+            why = (
+                f"{e.cycles} cycle(s)"
+                if "consecutive rejections" in e.reason
+                else e.reason.partition(": ")[0]
+            )
+            # The job that raised it: its attempts, stderr and log lines (`logs --job`).
+            job = f"; reviewq job {e.job_id}" if e.job_id is not None else ""
+            yield f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why}{job})"
+            for line in head:
+                yield f"      {line}"
+            if only[e.id]:
+                yield f"      {only[e.id]}: only reject closes it"
+            yield (
+                f"      report: {path}{missing}"
+                + ("" if written else " (to be written at the control process's next tick)")
+            )
+        # A note's one escalation gets its call too: without it, that note alone was
+        # shown with no command to answer it.
+        calls = (
+            decide_calls(note, [(e.id, e.model_partition) for e in group])
+            if len(group) > 1
+            else {None: str(group[0].id)}
+        )
+        # A note deleted since (or a gate gone) leaves reject the only call decide takes.
+        answers = "reject" if any(only[e.id] for e in group) else "approve|redo|reject"
+        for partition, target in calls.items():
+            # One escalation (an id alone) is "it": "them at once" was said of one.
+            them = "it" if " " not in target else "them at once"
+            yield (
+                f"  decide {them}{f' ({partition})' if partition else ''}: "
+                f"reviewq decide {target} {answers}"
+            )
+    # Its last line, what `| tail` shows: those an agent raised counted apart, as status says.
+    yield (f"{len(items)} open escalation(s) on {len(groups)} note(s)" + raised_by_agents(agents))
+    for a in agents:
+        yield f"  {a['says']}"
 
 
 def current_report(
