@@ -567,6 +567,19 @@ def _damage_words(path: Path, damaged: str) -> str:
     )
 
 
+def line_text(rec: dict) -> str:
+    """A log line as ``reviewq logs`` shows it: time, level and event, then the fields
+    (:func:`fields_text`). Takes those three and the logger out of ``rec``."""
+    # Cut to milliseconds; the zone stays: these are UTC, as every time reviewq shows.
+    stamp = str(rec.pop("timestamp", ""))
+    stamp = stamp[:-1][:23] + "Z" if stamp.endswith("Z") else stamp
+    head = f"{stamp} {str(rec.pop('level', '')):<7} {rec.pop('event', '')}"
+    rec.pop("logger", None)
+    # One line each, whatever a value holds (a file name with a line break in it
+    # printed a log line of its own).
+    return one_line(head + "  " + fields_text(rec))
+
+
 def fields_text(fields: Mapping[str, object]) -> str:
     """A log line's fields as a person reads them: ``key=value``, a string as it is and
     any other value (a dict, a list, null, true) as the JSON the log file holds: Python's

@@ -627,14 +627,7 @@ def logs_cmd(
         if as_json:
             click.echo(line)
             continue
-        # Cut to milliseconds; the zone stays: these are UTC, as every time reviewq shows.
-        stamp = str(rec.pop("timestamp", ""))
-        stamp = stamp[:-1][:23] + "Z" if stamp.endswith("Z") else stamp
-        head = f"{stamp} {str(rec.pop('level', '')):<7} {rec.pop('event', '')}"
-        rec.pop("logger", None)
-        # One line each, whatever a value holds (a file name with a line break in it
-        # printed a log line of its own).
-        click.echo(shown(head + "  " + logs.fields_text(rec)))
+        click.echo(logs.line_text(rec))
 
 
 @cli.command("doctor")
