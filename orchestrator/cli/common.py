@@ -322,15 +322,6 @@ def warn_enqueued(res) -> None:  # noqa: ANN001 - sweeps.producer.EnqueueResult
         click.echo(f"warning: {shown(why)} ({n} pair(s) skipped)", err=True)
 
 
-def skipped_count(skipped: list) -> str:  # a list of review.jobs.Skipped
-    """``skipped N``, and why: ``skipped 5 (3 waiting for an earlier bundle, 2 ...)``."""
-    kinds: dict[str, int] = {}
-    for s in skipped:
-        kinds[s.kind] = kinds.get(s.kind, 0) + 1
-    why = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-    return f"skipped {len(skipped)}" + (f" ({why})" if why else "")
-
-
 def root_rel(ws: Workspace, path: Path) -> str:
     """CONTRACT §10: paths in JSON are relative to the root when they lie under it."""
     from orchestrator.review.jobs import display_path

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.common import skipped_count
 from orchestrator.kb.notes import capped, excluded_words
+from orchestrator.review.jobs import skipped_count
 from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
 from orchestrator.state.words import outcome_words
 

@@ -36,13 +36,13 @@ from orchestrator.cli.common import (
     root_reports,
     say_if_no_control,
     shown,
-    skipped_count,
     utf8,
     warn,
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
 from orchestrator.cycles.escalations import only_reject_check
+from orchestrator.review.jobs import skipped_count
 from orchestrator.state.status import (
     STATUSES,
     control_clock_said,

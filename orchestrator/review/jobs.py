@@ -83,6 +83,15 @@ class Skipped:
     problem: bool = False
 
 
+def skipped_count(skipped: Sequence[Skipped]) -> str:
+    """``skipped N``, and why: ``skipped 5 (3 waiting for an earlier bundle, 2 ...)``."""
+    kinds: dict[str, int] = {}
+    for s in skipped:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    why = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    return f"skipped {len(skipped)}" + (f" ({why})" if why else "")
+
+
 QUEUED = "already queued or running"
 TO_MEND = "files to mend"
 NOT_ASKED = "gate not asked of the note"
