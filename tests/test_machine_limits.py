@@ -219,12 +219,51 @@ def test_a_worker_that_cannot_tell_an_oom_kill_says_so_once(kb):
     assert "cannot tell" not in plain.stdout, plain.stdout
 
 
-def test_a_worker_under_rlimit_nproc_says_it_cannot_tell_a_refused_fork(tmp_path):
-    """A worker run as a user with RLIMIT_NPROC (not root, whom it does not bind; as
-    nobody here, with a state folder nobody may write): an agent whose tool was refused a
-    process at it (EAGAIN) exited 1 without output, a failed attempt of its job (shown with
-    a real agent as nobody), and the kernel keeps no count that tells it apart. Nothing said so:
-    `doctor --worker` and the worker's start do, once."""
+# A container with a cgroup namespace of its own, its process in a 64 MiB memory cgroup
+# ($1): the machine's cgroup mounts kept as they are ("keep": mountinfo gives their root
+# as /.., above the namespace's), or its memory controller not mounted ("umount").
+_CONTAINER = """
+group=$1 how=$2; shift 2
+echo $$ > "$group/cgroup.procs" || exit 97
+exec unshare --cgroup --mount --propagation private sh -c \\
+    '[ "$0" = keep ] || umount /sys/fs/cgroup/memory || exit 98; exec "$@"' "$how" "$@"
+"""
+
+
+@pytest.mark.parametrize("how", ["keep", "umount"])
+def test_a_worker_in_a_cgroup_namespace_without_its_counter_says_so(kb, tmp_path, how):
+    """In a cgroup namespace of its own (a container's), `/` is the container's cgroup,
+    which its memory limit binds. Where the worker cannot see its counter there, an OOM
+    kill is a crash of the job's: with the machine's mounts kept it read the counter of
+    the machine's root memory cgroup at /sys/fs/cgroup/memory (the old guess, whose
+    count the kernel never raises for a kill below it), with the controller not mounted
+    it took `memory:/` for the root, where no limit applies; either way nothing said it
+    could not tell. `doctor --worker` says it, and to mount the container's cgroups."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    if not (_MEMORY_V1 / "memory.oom_control").exists():
+        pytest.skip("no cgroup v1 memory controller here to make a container's cgroup in")
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    (tmp_path / "container.sh").write_text(_CONTAINER)
+    group = _memory_cgroup(f"reviewq-test-{os.getpid()}", 64 << 20)
+    try:
+        doctor = reviewq_process(
+            *("--root", str(kb.root), "doctor", "--worker"),
+            wrap=["sh", str(tmp_path / "container.sh"), str(group), how],
+            timeout=60,
+        )
+    finally:
+        _removed(group)
+    if doctor.returncode in (97, 98) or "unshare:" in doctor.stderr:
+        pytest.skip(f"no cgroup or mount namespace here: {doctor.stderr.strip()}")
+    unseen = [x for x in doctor.stdout.splitlines() if "cannot tell" in x]
+    assert len(unseen) == 1 and "out-of-memory killer" in unseen[0], doctor.stdout
+    assert "mount the container's cgroup file system" in unseen[0], unseen
+
+
+def _doctor_as_nobody(nproc: int) -> list[str]:
+    """The lines of `doctor --worker` run as nobody under RLIMIT_NPROC ``nproc`` that say
+    the worker cannot tell something, with a state folder nobody may write; or a skip."""
     if shutil.which("setpriv") is None or shutil.which("prlimit") is None:
         pytest.skip("needs setpriv and prlimit (util-linux) to run as nobody under a limit")
     if os.geteuid() != 0:
@@ -234,7 +273,7 @@ def test_a_worker_under_rlimit_nproc_says_it_cannot_tell_a_refused_fork(tmp_path
         os.chown(state, 65534, 65534)
         (state / "worker.toml").write_text(fake_profile())
         res = subprocess.run(
-            ["prlimit", "--nproc=4000:4000", "--"]
+            ["prlimit", f"--nproc={nproc}:{nproc}", "--"]
             + ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
             + [sys.executable, str(Path(sys.executable).parent / "reviewq")]
             + ["--config", str(state / "worker.toml"), "--state", str(state / "w")]
@@ -245,12 +284,31 @@ def test_a_worker_under_rlimit_nproc_says_it_cannot_tell_a_refused_fork(tmp_path
             cwd=state,
             env={**os.environ, "HOME": str(state)},
         )
-        if "Permission denied" in res.stderr:
-            pytest.skip(f"nobody cannot run this Python here: {res.stderr.strip()[-200:]}")
-        unseen = [x for x in res.stdout.splitlines() if "cannot tell" in x]
-        assert len(unseen) == 1 and "RLIMIT_NPROC (4000" in unseen[0], (res.stdout, res.stderr)
     finally:
         shutil.rmtree(state)
+    if "Permission denied" in res.stderr:
+        pytest.skip(f"nobody cannot run this Python here: {res.stderr.strip()[-200:]}")
+    return [x for x in res.stdout.splitlines() if "cannot tell" in x]
+
+
+def test_a_worker_under_rlimit_nproc_says_it_cannot_tell_a_refused_fork():
+    """A worker run as a user with RLIMIT_NPROC (not root, whom it does not bind; as
+    nobody here, with a state folder nobody may write): an agent whose tool was refused a
+    process at it (EAGAIN) exited 1 without output, a failed attempt of its job (shown with
+    a real agent as nobody), and the kernel keeps no count that tells it apart. Nothing said so:
+    `doctor --worker` and the worker's start do, once."""
+    unseen = _doctor_as_nobody(4000)
+    assert len(unseen) == 1 and "RLIMIT_NPROC (4000" in unseen[0], unseen
+
+
+def test_a_worker_under_the_kernels_own_rlimit_nproc_says_nothing_of_it():
+    """Every user has an RLIMIT_NPROC: the kernel's own default, half of
+    kernel.threads-max, which that bounds machine-wide anyway. A worker run as its own
+    user (a systemd unit's User=) said at every start, and `doctor --worker` warned, that
+    it could not tell a fork refused at it, a limit no person set and nothing to do."""
+    default = int(Path("/proc/sys/kernel/threads-max").read_text()) // 2
+    assert _doctor_as_nobody(default) == []
+    assert _doctor_as_nobody(default - 1) != []  # one a person lowered is still said
 
 
 def _pids_cgroup(name: str) -> Path:

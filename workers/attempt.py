@@ -1446,7 +1446,9 @@ def _cgroup_files(controller: str, events: str) -> tuple[str, ...]:
     that controller): looked up once, since a worker stays in its cgroup. Found through
     the mounts: in a container without a cgroup namespace of its own, /proc/self/cgroup
     names the container's cgroup by its host path while /sys/fs/cgroup/memory is that
-    cgroup itself, and the path joined to /sys/fs/cgroup found nothing."""
+    cgroup itself, and the path joined to /sys/fs/cgroup found nothing. In one with its
+    own namespace and the machine's mounts (their root ``/..``, above the namespace's),
+    that join found the machine's root cgroup's, a count no kill below it raises."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -1469,7 +1471,8 @@ def _cgroup_files(controller: str, events: str) -> tuple[str, ...]:
             if root == "/" or path == root or path.startswith(root + "/"):
                 below = path if root == "/" else path[len(root) :]
                 files.append(f"{point.rstrip('/')}{below.rstrip('/')}/{name}")
-        files += [f"{g}{path.rstrip('/')}/{name}" for g in guesses]  # no mountinfo
+        if not seen:  # no mountinfo: a mount it lists and does not match is no one's
+            files += [f"{g}{path.rstrip('/')}/{name}" for g in guesses]
     return tuple(dict.fromkeys(f for f in files if os.path.exists(f)))
 
 
@@ -1512,15 +1515,43 @@ def forks_refused() -> int | None:
     return _cgroup_count("pids", "pids.events", "max")
 
 
+# The inode of the machine's own cgroup namespace (the kernel's PROC_CGROUP_INIT_INO).
+_INITIAL_CGROUP_NAMESPACE = 0xEFFFFFFB
+
+
 def _in_a_child_cgroup(controller: str) -> bool:
     """Whether this process's cgroup for ``controller`` (v1's, else v2's) is below the
-    root: at the root no limit of the cgroup's own applies, so none is missed."""
+    root: at the root no limit of the cgroup's own applies, so none is missed. In a
+    cgroup namespace of its own (a container's) ``/`` is the container's cgroup, which
+    its limits bind: a root there is a child."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return False  # no cgroups here: no cgroup limit either
     paths = {c: p for _, cs, p in (x.split(":", 2) for x in lines) for c in cs.split(",")}
-    return paths.get(controller, paths.get("", "/")) != "/"
+    return _own_cgroup_namespace() or paths.get(controller, paths.get("", "/")) != "/"
+
+
+def _own_cgroup_namespace() -> bool:
+    """Whether this process is in a cgroup namespace other than the machine's."""
+    try:
+        return os.stat("/proc/self/ns/cgroup").st_ino != _INITIAL_CGROUP_NAMESPACE
+    except OSError:
+        return False  # a kernel without cgroup namespaces
+
+
+def _nproc_bound() -> int | None:
+    """The RLIMIT_NPROC this worker's user may reach, or None: root passes it, and the
+    kernel's own default (half of ``kernel.threads-max``, which binds the whole machine
+    anyway) on every user is no limit a person set."""
+    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if nproc == resource.RLIM_INFINITY or os.geteuid() == 0:
+        return None
+    try:
+        default = int(Path("/proc/sys/kernel/threads-max").read_text()) // 2
+    except (OSError, ValueError):
+        return nproc
+    return nproc if nproc < default else None
 
 
 def limits_unseen() -> str | None:
@@ -1541,11 +1572,15 @@ def limits_unseen() -> str | None:
     if unseen:
         hints.append(
             "its cgroup's files are looked for through /proc/self/cgroup and "
-            "/proc/self/mountinfo; in a container, give it a cgroup namespace of its own "
-            "(docker run --cgroupns=private)"
+            "/proc/self/mountinfo; "
+            + (
+                "mount the container's cgroup file system at /sys/fs/cgroup"
+                if _own_cgroup_namespace()
+                else "in a container, give it a cgroup namespace of its own "
+                "(docker run --cgroupns=private)"
+            )
         )
-    nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    if nproc != resource.RLIM_INFINITY and os.geteuid() != 0:  # root passes the limit
+    if (nproc := _nproc_bound()) is not None:
         # The kernel keeps no count of the forks it refused at RLIMIT_NPROC: an agent's
         # tool refused at it (EAGAIN, shared by every process of the user) is its job's.
         unseen.append(
