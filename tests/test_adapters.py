@@ -177,7 +177,14 @@ def test_claude_flags(kb2, run_cli, tmp_path):
     assert "--safe-mode" in argv  # no installed plugin's language server or hooks
 
 
-def test_codex_flags(kb2, run_cli, tmp_path):
+def test_codex_flags(kb2, run_cli, tmp_path, monkeypatch):
+    # A person's MCP servers: Codex starts each outside its sandbox unless it is named.
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[mcp_servers.kb]\ncommand = "sh"\n[mcp_servers."my-db"]\nurl = "http://x"\n'
+    )
+    monkeypatch.setenv("CODEX_HOME", str(home))
     job_id = make_job(run_cli)
     assert run(kb2, job_id, "codex").ok
     argv = argv_of(tmp_path)
@@ -190,6 +197,8 @@ def test_codex_flags(kb2, run_cli, tmp_path):
     configs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
     assert "sandbox_workspace_write.network_access=false" in configs
     assert "features.hooks=false" in configs  # a person's trusted hooks run unsandboxed
+    assert "--ignore-rules" in argv  # a command a person's rules allow runs unsandboxed
+    assert {"mcp_servers.kb.enabled=false", "mcp_servers.my-db.enabled=false"} <= set(configs)
     assert "--dangerously-bypass-approvals-and-sandbox" not in argv
 
 
@@ -219,7 +228,10 @@ def test_gemini_flags_and_policy(kb2, run_cli, tmp_path):
     assert cmd.cwd == job_dir and cmd.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
     # ... and its settings, which outrank the person's, turn hooks off.
     settings = json.loads((job_dir / ".gemini" / "settings.json").read_text())
-    assert settings == {"hooksConfig": {"enabled": False}}
+    assert settings == {"hooksConfig": {"enabled": False}, "tools": {"discoveryCommand": ""}}
+    # No MCP server of the person's starts (none has that name), nor an extension.
+    assert flag(argv, "--allowed-mcp-server-names") == "reviewq-allows-no-mcp-server"
+    assert flag(argv, "--extensions") == "none"
 
 
 def _gemini_args(path: str) -> str:

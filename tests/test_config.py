@@ -232,6 +232,12 @@ BAD = [
         "[reviewers.x] args",
         "'-c features.hooks' is a flag that lifts reviewq's confinement",
     ),
+    # ... and an MCP server turned back on, a command Codex starts outside its sandbox.
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["-c", "mcp_servers.kb.enabled=true"]\n',
+        "[reviewers.x] args",
+        "'-c mcp_servers.kb.enabled' is a flag that lifts reviewq's confinement",
+    ),
     (
         '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--enable", "hooks"]\n',
         "[reviewers.x] args",

@@ -518,6 +518,54 @@ def test_a_persons_trusted_codex_hooks_do_not_run_beside_a_review(
     assert kb_files(vkb.root) == before
 
 
+def test_a_persons_codex_rules_run_no_command_outside_the_sandbox(
+    netns, model, home, vkb, tmp_path
+):
+    """A command a person's ``~/.codex/rules/*.rules`` allows (the TUI appends one there
+    for each "always allow") runs outside the sandbox (codex-rs/core exec_policy.rs:
+    ``bypass_sandbox`` when every segment of it matches an allow rule): the agent's
+    ``touch`` made a KB note. (``echo … > note`` has a redirection, no segment a rule
+    names, and stayed sandboxed: so ``hostile`` showed nothing.)"""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    (mine / ".codex" / "rules").mkdir(parents=True, exist_ok=True)
+    (mine / ".codex" / "config.toml").touch()  # the user layer, whose folder holds rules/
+    (mine / ".codex" / "rules" / "default.rules").write_text(
+        "".join(f'prefix_rule(pattern=["{word}"], decision="allow")\n' for word in ("touch", "cat"))
+    )
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "ruled"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    assert kb_files(vkb.root) == before
+
+
+def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
+    netns, model, home, vkb, tmp_path
+):
+    """An MCP server of a person's ``~/.codex/config.toml`` is a command Codex starts
+    outside its sandbox at the start of every session, ``codex exec``'s too."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "mcp.md"
+    config = mine / ".codex" / "config.toml"
+    config.parent.mkdir(exist_ok=True)
+    old = config.read_text() if config.exists() else ""
+    config.write_text(
+        old + f'\n[mcp_servers.kb]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
+    )
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
+
+
 GEMINI_HOOK_EVENTS = (
     "SessionStart",
     "BeforeAgent",
@@ -545,6 +593,29 @@ def test_a_persons_gemini_hooks_do_not_run_beside_a_review(netns, model, home, v
         ]
         for event in GEMINI_HOOK_EVENTS
     }
+    settings.write_text(json.dumps(data))
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
+
+
+def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
+    """The commands a person's ~/.gemini/settings.json starts with every session, hooks
+    aside: its MCP servers, its ``mcp.serverCommand`` and its ``tools.discoveryCommand``
+    (run for the tools it lists); each wrote into the KB."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "started.md"
+    settings = mine / ".gemini" / "settings.json"
+    data = json.loads(settings.read_text())
+    data["mcpServers"] = {"kb": {"command": "sh", "args": ["-c", f"echo mcp >> {note}"]}}
+    data["mcp"] = {"serverCommand": f"sh -c 'echo servercommand >> {note}'"}
+    data["tools"] = {"discoveryCommand": f"sh -c 'echo discovery >> {note}; echo []'"}
     settings.write_text(json.dumps(data))
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
     before = kb_files(vkb.root)

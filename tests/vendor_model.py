@@ -9,6 +9,7 @@ Scenarios (each step answers the conversation as it stands; no state is kept, so
 that retries a request gets the same answer):
   review   read the prompt, write a PASS bundle to the output path, say done
   hostile  first write a new KB note, write through ``..``, run a shell that writes, then review
+  ruled    first run one plain command that makes a KB note (``touch``), then review
   runaway  read the prompt and a note again and again, never write
   auth     every model request gets a 401 in the vendor's own error shape
   midfail  the first turn is answered; every later one gets a 503 in the vendor's shape
@@ -89,6 +90,8 @@ def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict
             ("write", (f"{job}/../escaped.md", "escaped through ..\n")),
             ("shell", f"echo shell-was-here > {root}/kb/notes/shell.md"),
         ]
+    if scenario == "ruled":  # no redirection: a command a person's rule can name
+        steps += [("shell", f"touch {root}/kb/notes/ruled.md")]
     if scenario == "runaway":
         # alternate two files: Gemini stops an agent repeating one call 5 times
         return "read", prompt_path if len(results) % 2 == 0 else f"{root}/kb/notes/alpha.md"

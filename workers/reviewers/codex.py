@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from pathlib import Path
 
 from .base import (
@@ -37,6 +38,7 @@ _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", 
 # stderr lines that are Codex talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
 _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
+_MCP_NAME = re.compile(r"[^.=\s]+")  # what a -c key can name: it splits at dots
 # Codex's words for a response stream that broke after it began: the connection closed, or
 # the server sent response.failed ("The server had an error…"). Its context-window and
 # quota errors have words of their own, so what follows these is the endpoint's failure.
@@ -99,6 +101,16 @@ class CodexReviewer(Reviewer):
             # person has trusted them; the feature off, none is even loaded.
             "-c",
             "features.hooks=false",
+            # ... and a command its ~/.codex/rules allow, which it runs unsandboxed.
+            "--ignore-rules",
+            # ... and the MCP servers of its config.toml, commands Codex starts outside its
+            # sandbox with every session: each turned off by name (`-c mcp_servers={}`
+            # is merged into the person's table and removes none).
+            *(
+                arg
+                for name in self._mcp_servers()
+                for arg in ("-c", f"mcp_servers.{name}.enabled=false")
+            ),
             instruction(spec),
             *self.profile.args,
         ]
@@ -204,13 +216,26 @@ class CodexReviewer(Reviewer):
                 if value is not None:
                     setattr(t, attr, value)
 
+    def _home(self) -> Path:
+        """The CODEX_HOME the CLI this profile starts reads."""
+        env = {**os.environ, **self.profile.env}
+        return Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
+
+    def _mcp_servers(self) -> list[str]:
+        """The MCP servers the person's config.toml names, those a -c key can name (a name
+        with a dot cannot be). A config.toml it cannot read stops Codex itself."""
+        try:
+            config = tomllib.loads((self._home() / "config.toml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return []
+        servers = config.get("mcp_servers")
+        return [n for n in servers if _MCP_NAME.fullmatch(n)] if isinstance(servers, dict) else []
+
     def _session_log(self, thread_id: str | None) -> Path | None:
         if not thread_id or not _SAFE_ID.fullmatch(thread_id):
             return None
-        env = {**os.environ, **self.profile.env}
-        home = Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
         try:
-            found = sorted((home / "sessions").glob(f"*/*/*/rollout-*{thread_id}.jsonl"))
+            found = sorted((self._home() / "sessions").glob(f"*/*/*/rollout-*{thread_id}.jsonl"))
         except OSError:
             return None
         return found[-1] if found else None

@@ -95,7 +95,13 @@ def policy_text(spec: AttemptSpec) -> str:
 # the policy on every event of a headless run. No flag turns them off, and the system
 # settings GEMINI_CLI_SYSTEM_SETTINGS_PATH may name are skipped unless root owns the file
 # and every folder above it. With the hook system off, an extension's hooks stay off too.
-_WORKSPACE_SETTINGS = {"hooksConfig": {"enabled": False}}
+# The same goes for the command the person's settings run to list tools of their own
+# (tools.discoveryCommand), at every start: an empty one runs nothing.
+_WORKSPACE_SETTINGS = {"hooksConfig": {"enabled": False}, "tools": {"discoveryCommand": ""}}
+# Only MCP servers of this name may start: none has it. The person's own servers (and
+# mcp.serverCommand, the server named "mcp") are commands Gemini starts outside its
+# policy with every session, and no setting a workspace gives removes them.
+_NO_MCP_SERVER = "reviewq-allows-no-mcp-server"
 
 
 def _workspace_settings(job_dir: Path) -> None:
@@ -131,6 +137,11 @@ class GeminiReviewer(Reviewer):
             str(policy),
             "--include-directories",
             str(spec.root.resolve()),  # the KB, to read
+            "--allowed-mcp-server-names",
+            _NO_MCP_SERVER,
+            # An extension the person installed brings MCP servers, hooks and policies.
+            "--extensions",
+            "none",
             "-p",  # after the array-valued flags, which would swallow a positional
             instruction(spec),
             *self.profile.args,
