@@ -151,17 +151,11 @@ def test_an_oom_kill_is_seen_in_a_container_without_its_own_cgroup_namespace(tmp
         'echo $$ > "$1/cgroup.procs" && mount --bind "$1" /sys/fs/cgroup/memory && '
         'exec "$3" -c "$0" /sys/fs/cgroup/memory "$2"'
     )
-    try:
-        res = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", container]
-            + [_IN_CGROUP, str(group), str(tmp_path), sys.executable],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=Path(__file__).parent.parent,
-        )
-    finally:
-        _removed(group)
+    res = _run_then_remove(
+        group,
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", container]
+        + [_IN_CGROUP, str(group), str(tmp_path), sys.executable],
+    )
     if res.returncode != 0 and ("unshare" in res.stderr or "mount:" in res.stderr):
         pytest.skip(f"no mount namespace to bind the cgroup in: {res.stderr.strip()}")
     assert res.returncode == 0, res.stderr
@@ -337,20 +331,22 @@ def _removed(group: Path) -> None:
             time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
 
 
+def _run_then_remove(group: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    """``argv`` run from the project's folder, then ``group`` (a cgroup of the test's own,
+    empty once the process has ended) removed, whatever became of it."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent
+        )
+    finally:
+        _removed(group)
+
+
 def _in_cgroup(group: Path, script: str, tmp_path: Path) -> dict:
     """``script`` run by this Python, given ``group`` (a cgroup of the test's own, removed
     after: the process has ended, so it is empty) and ``tmp_path``: what its last line
     says, as JSON."""
-    try:
-        res = subprocess.run(
-            [sys.executable, "-c", script, str(group), str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=Path(__file__).parent.parent,
-        )
-    finally:
-        _removed(group)
+    res = _run_then_remove(group, [sys.executable, "-c", script, str(group), str(tmp_path)])
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.splitlines()[-1])
 

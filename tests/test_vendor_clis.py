@@ -314,6 +314,28 @@ def make_job(netns, home, root) -> int:
     return job["review_job_id"]
 
 
+def reviewed_leaving_the_kb(
+    netns: str,
+    model: Model,
+    mine: Path,
+    vkb,
+    vendor: str,
+    scenario: str = "review",
+    planted: Path | None = None,
+) -> None:
+    """One review of alpha by ``vendor`` run from the HOME ``mine``: it passes, and the
+    KB is as it was, ``planted`` (what the person's set-up would write) not made."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, scenario))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    if planted is not None:
+        assert not planted.exists(), planted.read_text()
+    assert kb_files(vkb.root) == before
+
+
 def rows(root: Path, sql: str, *args) -> list[dict]:
     with Store.open(root / ".reviewq") as s:
         return [dict(r) for r in s.conn.execute(sql, args)]
@@ -507,15 +529,8 @@ def test_a_persons_trusted_codex_hooks_do_not_run_beside_a_review(
     """Codex 0.171 runs a person's trusted hooks (~/.codex/hooks.json or ``[hooks]`` in
     config.toml) outside its sandbox under ``codex exec`` too: each wrote into the KB."""
     mine = _trusted_codex_hooks(netns, home, vkb.root, tmp_path)
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
     hooked = vkb.root / "kb" / "notes" / "hooked.md"
-    assert not hooked.exists(), hooked.read_text()
-    assert kb_files(vkb.root) == before
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "codex", planted=hooked)
 
 
 def test_a_persons_codex_rules_run_no_command_outside_the_sandbox(
@@ -533,13 +548,7 @@ def test_a_persons_codex_rules_run_no_command_outside_the_sandbox(
     (mine / ".codex" / "rules" / "default.rules").write_text(
         "".join(f'prefix_rule(pattern=["{word}"], decision="allow")\n' for word in ("touch", "cat"))
     )
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "ruled"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
-    assert kb_files(vkb.root) == before
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "codex", scenario="ruled")
 
 
 def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
@@ -556,14 +565,7 @@ def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
     config.write_text(
         old + f'\n[mcp_servers.kb]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
     )
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
-    assert not note.exists(), note.read_text()
-    assert kb_files(vkb.root) == before
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "codex", planted=note)
 
 
 GEMINI_HOOK_EVENTS = (
@@ -594,14 +596,7 @@ def test_a_persons_gemini_hooks_do_not_run_beside_a_review(netns, model, home, v
         for event in GEMINI_HOOK_EVENTS
     }
     settings.write_text(json.dumps(data))
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
-    assert not note.exists(), note.read_text()
-    assert kb_files(vkb.root) == before
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
 
 
 def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
@@ -617,14 +612,7 @@ def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, ho
     data["mcp"] = {"serverCommand": f"sh -c 'echo servercommand >> {note}'"}
     data["tools"] = {"discoveryCommand": f"sh -c 'echo discovery >> {note}; echo []'"}
     settings.write_text(json.dumps(data))
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
-    assert not note.exists(), note.read_text()
-    assert kb_files(vkb.root) == before
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
 
 
 def _claude_plugin(netns: str, home: Path, root: Path, into: Path) -> Path:
@@ -689,15 +677,8 @@ def _claude_plugin(netns: str, home: Path, root: Path, into: Path) -> Path:
 
 def test_a_persons_claude_plugin_does_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
     mine = _claude_plugin(netns, home, vkb.root, tmp_path)
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
     note = vkb.root / "kb" / "notes" / "hooked.md"
-    assert not note.exists(), note.read_text()
-    assert kb_files(vkb.root) == before
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "claude", planted=note)
 
 
 def test_a_key_in_the_persons_claude_settings_still_reaches_the_model(
