@@ -41,8 +41,6 @@ from orchestrator.cli.common import (
     warn_enqueued,
 )
 from orchestrator.config import GROUPINGS, ConfigError, settings_exposed
-from orchestrator.cycles.escalations import only_reject_check
-from orchestrator.review.jobs import skipped_count
 from orchestrator.state.status import (
     STATUSES,
     control_clock_said,
@@ -207,6 +205,8 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
             }
         )
         return
+    from orchestrator.review.jobs import skipped_count
+
     pairs = sum(len(j.pairs) for j in res.jobs)
     click.echo(
         f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; "
@@ -340,6 +340,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
     with ProgressDisplay(enabled=not as_json and sys.stderr.isatty()) as display:
         out = run_sweep(ws, req, workers, on_progress=display.update, children=children)
     warn_enqueued(out.enqueued)
+    from orchestrator.cycles.escalations import only_reject_check
     from orchestrator.state.status import pause_words
 
     pauses = [pause_words(ws.store, name, pause) for name, pause in out.paused.items()]
@@ -949,7 +950,12 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq escalations
     """
-    from orchestrator.cycles.escalations import by_note, escalation_lines, open_escalations
+    from orchestrator.cycles.escalations import (
+        by_note,
+        escalation_lines,
+        only_reject_check,
+        open_escalations,
+    )
     from orchestrator.state.status import agents_failed
 
     store = ws.read_store()
