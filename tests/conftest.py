@@ -35,6 +35,15 @@ AGENT_TMPDIRS_LEFT: dict[str, set[Path]] = {}
 _TMPDIRS_LEFT_KEY = "agent_tmpdirs_left"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background of a script (`make test &`) has SIGINT ignored,
+    # as a shell without job control leaves it for what it starts, and so had every
+    # process the tests started: their Ctrl-C was ignored, and the Ctrl-C tests failed.
+    # A handler, unlike an ignore, is not inherited: the tests' processes get the default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _agent_tmpdirs(folder: Path) -> set[Path]:
     # An attempt's own (run-job's), or a worker thread's kept one (workers.attempt._KEPT).
     return set(folder.glob("reviewq-job-*")) | set(folder.glob("reviewq-worker-*"))
