@@ -1420,6 +1420,16 @@ def _exit_said(code: int | None) -> str:
     return f"killed by {sig.name}" + (f" ({hint})" if hint else "")
 
 
+def _own_cgroups() -> list[tuple[str, str]]:
+    """This process's cgroups as /proc/self/cgroup lists them: (the controllers, comma
+    separated, "" for v2's, the cgroup's path); none where that file cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    return [tuple(line.split(":", 2)[1:]) for line in lines if line.count(":") >= 2]
+
+
 def _cgroup_mounts() -> list[tuple[str, str, str]]:
     """Each cgroup file system this process sees: (the cgroup at its top, where it is
     mounted, its type and controllers: ``cgroup2``, or v1's options such as ``rw,memory``)."""
@@ -1449,15 +1459,10 @@ def _cgroup_files(controller: str, events: str) -> tuple[str, ...]:
     cgroup itself, and the path joined to /sys/fs/cgroup found nothing. In one with its
     own namespace and the machine's mounts (their root ``/..``, above the namespace's),
     that join found the machine's root cgroup's, a count no kill below it raises."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return ()
     v1 = "memory.oom_control" if controller == "memory" else events
     mounts = _cgroup_mounts()
     files = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for controllers, path in _own_cgroups():
         if controllers == "":
             name, seen = events, [(r, p) for r, p, kind in mounts if kind == "cgroup2"]
             guesses = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]  # hybrid mounts
@@ -1524,11 +1529,9 @@ def _in_a_child_cgroup(controller: str) -> bool:
     root: at the root no limit of the cgroup's own applies, so none is missed. In a
     cgroup namespace of its own (a container's) ``/`` is the container's cgroup, which
     its limits bind: a root there is a child."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
+    paths = {c: p for cs, p in _own_cgroups() for c in cs.split(",")}
+    if not paths:
         return False  # no cgroups here: no cgroup limit either
-    paths = {c: p for _, cs, p in (x.split(":", 2) for x in lines) for c in cs.split(",")}
     return _own_cgroup_namespace() or paths.get(controller, paths.get("", "/")) != "/"
 
 
