@@ -38,6 +38,7 @@ prices (:func:`priced`), so sweep budgets hold for every kind.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -245,3 +246,8 @@ class Reviewer(ABC):
     def executables(self) -> list[str]:
         """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""
         return []
+
+    def env_value(self, name: str) -> str | None:
+        """``name`` as the CLI this profile starts sees it: the profile's ``env`` over the
+        worker's own environment (where a vendor CLI finds its home, say)."""
+        return self.profile.env.get(name, os.environ.get(name))

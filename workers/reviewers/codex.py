@@ -9,7 +9,6 @@ response and a running token total, so a run killed at its deadline keeps what i
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -218,8 +217,8 @@ class CodexReviewer(Reviewer):
 
     def _home(self) -> Path:
         """The CODEX_HOME the CLI this profile starts reads."""
-        env = {**os.environ, **self.profile.env}
-        return Path(env.get("CODEX_HOME") or Path(env.get("HOME") or Path.home()) / ".codex")
+        home = self.env_value("CODEX_HOME")
+        return Path(home or Path(self.env_value("HOME") or Path.home()) / ".codex")
 
     def _mcp_servers(self) -> list[str]:
         """The MCP servers the person's config.toml names, those a -c key can name (a name

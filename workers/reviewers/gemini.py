@@ -271,8 +271,8 @@ class GeminiReviewer(Reviewer):
         return any(True for _ in _model_messages(log))
 
     def _home(self) -> Path:
-        env = {**os.environ, **self.profile.env}
-        return Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini"
+        home = self.env_value("GEMINI_CLI_HOME") or self.env_value("HOME")
+        return Path(home or Path.home()) / ".gemini"
 
     def _project(self, spec: AttemptSpec) -> tuple[bool, str | None]:
         """Whether Gemini got as far as naming the job folder in its projects.json (True
