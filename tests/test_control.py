@@ -1704,6 +1704,10 @@ def test_a_pause_over_the_memory_limit_names_the_jobs_it_killed(kb, run_cli, not
         assert f"job {job_id} ({note}," in out, out
         assert f"reviewq job {job_id}" in out, out
     assert "memory.max" in out, out
+    # No job of the profile ever answered: "since reviewer offline last answered" named
+    # an answer that never came.
+    assert "reviewer offline has not answered yet, the limit ended job" in out, out
+    assert "last answered" not in out, out
     ws.close()
 
 

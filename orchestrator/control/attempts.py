@@ -341,16 +341,19 @@ def limit_killed_said(store: Store, name: str, kind: str) -> str:
     pause's reason (L45 leaves a lone job, or jobs all ended so, waiting through pauses),
     which named the limit only and sent the person to the log for the note. Inside the
     caller's write."""
+    [answered] = store.conn.execute(
+        "SELECT max(b.recorded_at) FROM attempts b JOIN review_jobs k ON k.id = b.job_id "
+        "WHERE k.reviewer = ? AND b.outcome NOT IN ('launch-failure', 'reviewer-failure', "
+        "'dispatched', 'running', 'lost', 'superseded')",
+        (name,),
+    ).fetchone()
     rows = store.conn.execute(
         "SELECT a.job_id, count(*), (SELECT min(note_path) FROM review_pairs p WHERE "
         "p.job_id = a.job_id), (SELECT count(DISTINCT note_path) FROM review_pairs p WHERE "
         "p.job_id = a.job_id) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
         "WHERE j.reviewer = ? AND a.outcome = 'reviewer-failure' AND a.reasons LIKE ? "
-        "AND a.recorded_at > COALESCE((SELECT max(b.recorded_at) FROM attempts b "
-        "JOIN review_jobs k ON k.id = b.job_id WHERE k.reviewer = ? AND b.outcome NOT IN "
-        "('launch-failure', 'reviewer-failure', 'dispatched', 'running', 'lost', "
-        "'superseded')), '') GROUP BY a.job_id ORDER BY count(*) DESC, a.job_id",
-        (name, f'["{kind}: %', name),
+        "AND a.recorded_at > ? GROUP BY a.job_id ORDER BY count(*) DESC, a.job_id",
+        (name, f'["{kind}: %', answered or ""),
     ).fetchall()
     if not rows:
         return ""
@@ -363,7 +366,13 @@ def limit_killed_said(store: Store, name: str, kind: str) -> str:
     if len(rows) > _NAMED_JOBS:
         jobs.append(f"{len(rows) - _NAMED_JOBS} more job(s)")
     return (
-        f"since reviewer {name} last answered, the limit ended {', '.join(jobs)}; "
+        # A profile that never answered has no "last": every kill so far is listed.
+        (
+            f"since reviewer {name} last answered"
+            if answered
+            else f"reviewer {name} has not answered yet"
+        )
+        + f", the limit ended {', '.join(jobs)}; "
         f"a job ended so every time while other jobs answer may need {NEEDS_MORE[kind]}"
     )
 
