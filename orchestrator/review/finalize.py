@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -453,9 +454,7 @@ def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, int]:
     """The notes of a finalized job's pairs that are no longer at their path (renamed or
     deleted since the job was made, or unreadable), each with how many verdicts name it:
     recorded under that path, for no note of the KB."""
-    counts: dict[str, int] = {}
-    for p in pairs:
-        counts[p["note_path"]] = counts.get(p["note_path"], 0) + 1
+    counts = Counter(p["note_path"] for p in pairs)
     gone = {}
     for note_path, n in counts.items():
         try:
