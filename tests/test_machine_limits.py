@@ -165,6 +165,37 @@ def test_an_oom_kill_is_seen_in_a_container_without_its_own_cgroup_namespace(tmp
     assert out["reasons"][0].startswith("memory: "), out
 
 
+def test_an_oom_kill_the_worker_cannot_count_is_said_on_the_attempt(tmp_path):
+    """Where the worker finds no counter of its memory cgroup's OOM kills, an agent its
+    limit killed can only be a crash of the job's. That was said once, as the worker
+    started, in the worker's own log (on another machine, one nobody reads in the
+    morning): the job's failure said "killed by SIGKILL" and nothing more. The attempt
+    now says the worker could not tell, and where to look. Made for real: a 64 MiB memory
+    cgroup joined, then the v1 controller unmounted in a mount namespace of the test's own."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    if not (_MEMORY_V1 / "memory.oom_control").exists():
+        pytest.skip("no cgroup v1 memory controller here to take out of the worker's sight")
+    group = _memory_cgroup(f"reviewq-test-{os.getpid()}", 64 << 20)
+    joined = tmp_path / "joined"  # the script's own join, done by the shell before it
+    joined.mkdir()
+    unseen = (
+        'echo $$ > "$1/cgroup.procs" && umount /sys/fs/cgroup/memory && exec "$3" -c "$0" "$4" "$2"'
+    )
+    res = _run_then_remove(
+        group,
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", unseen]
+        + [_IN_CGROUP, str(group), str(tmp_path), sys.executable, str(joined)],
+    )
+    if res.returncode != 0 and ("unshare" in res.stderr or "umount" in res.stderr):
+        pytest.skip(f"no mount namespace to unmount the controller in: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["exit_code"] == -signal.SIGKILL, out
+    assert out["classification"] == "no-output", out
+    assert any("cannot tell" in r and "doctor --worker" in r for r in out["reasons"]), out
+
+
 # The worker's memory cgroup out of its sight, as on a machine whose counters it cannot
 # find: the v1 memory controller unmounted in a mount namespace of the test's own.
 _NO_MEMORY_CGROUP = [

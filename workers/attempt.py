@@ -929,6 +929,14 @@ def run_attempt(
         why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
         if why:
             out.reasons[0] += f": {why}"
+        if out.exit_code == -signal.SIGKILL and ooms is None and _in_a_child_cgroup("memory"):
+            # Said once as the worker starts (worker.limits_unseen), in its own log: the
+            # person reading this job's failure in the morning reads it here.
+            out.reasons.append(
+                "this worker cannot tell an agent its memory cgroup's out-of-memory killer "
+                "ended from one that crashed (no counter found for its memory cgroup: "
+                "reviewq doctor --worker on its machine)"
+            )
     if cut:
         out.reasons.append(
             f"{spec.output_path.name} is not applied: the fixer did not end cleanly, "
