@@ -5,6 +5,7 @@ migrated state.db, the loader, the message the control sends)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -18,6 +19,9 @@ from orchestrator.config import ReviewerProfile, load_settings
 from orchestrator.control.attempts import OpenedAttempt
 from orchestrator.control.control import Control
 from orchestrator.state.store import Store
+
+from .conftest import reviewq_process
+from .test_queue_integration import FAST_QUEUE
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -297,4 +301,64 @@ def test_readme_s_layout_names_every_part_of_the_core():
         or (p.suffix == ".py" and not p.name.startswith("__"))
     ]
     missing = [name for name in parts if not re.search(rf"(?<![\w/.]){re.escape(name)}", layout)]
+    assert not missing, missing
+
+
+# The maps keyed by a name (a reviewer, a status, an outcome, a run id) rather than by a
+# key of the shape: their own keys are data; their values' keys are the shape's again.
+_NAMED_MAPS = {
+    "status": {"reviewers"},
+    "sweep": {
+        "jobs",
+        "decisions",
+        "audits",
+        "attempts",
+        "paused",
+        "paused_reviewers",
+        "by_status",
+        "budget_runs",
+        "counts",
+    },
+}
+
+
+def _keys(value: object, named: set[str], key: str = "") -> set[str]:
+    """Every key of a command's JSON output, its lists' items and its maps' values too."""
+    if isinstance(value, list):
+        return set().union(*(_keys(v, named, key) for v in value))
+    if not isinstance(value, dict):
+        return set()
+    own = set() if key in named else set(value)
+    return own.union(*(_keys(v, named, k) for k, v in value.items()))
+
+
+def test_every_key_a_command_s_json_carries_is_in_contract_json_shapes(kb, run_cli):
+    """CONTRACT §10's JSON shapes are what a script reads a command's output by: `status
+    --json` had the reviewers' `awaits_control_restart` and `notes_excluded`, `sweep
+    --json` its `audits` and `fixes_unwritten`, none of them there. Run on a real sweep
+    (a control and a worker, the offline reviewer and fixer) that escalates a pair."""
+    kb.gate("prose/described", ["description"])
+    kb.note("empty-description", description="")
+    kb.note("described")
+    kb.write("reviewq.toml", FAST_QUEUE)
+    swept = reviewq_process(
+        "--root", str(kb.root), "sweep", "--reviewer", "offline", "--fix", "--json",
+        "--workers", "1",
+    )  # fmt: skip
+    assert swept.returncode == 0, swept.stderr
+    outputs = {"sweep": json.loads(swept.stdout)}
+    assert outputs["sweep"]["escalations"], outputs["sweep"]  # the shape's lists hold items
+    for name in ("status", "jobs", "escalations"):
+        res = run_cli(name, "--json")
+        assert res.exit_code == 0, res.stderr
+        outputs[name] = res.json()
+    text = _text("CONTRACT.md")
+    shapes = text[text.index("### JSON shapes") : text.index("### Export")]
+    said = set(re.findall(r'"([a-z_]+)"', shapes)) | set(re.findall(r"`([a-z_]+)`", shapes))
+    missing = sorted(
+        f"{name} --json: {key}"
+        for name, out in outputs.items()
+        for key in _keys(out, _NAMED_MAPS.get(name, set()))
+        if key not in said
+    )
     assert not missing, missing
