@@ -362,3 +362,22 @@ def test_every_key_a_command_s_json_carries_is_in_contract_json_shapes(kb, run_c
         if key not in said
     )
     assert not missing, missing
+
+
+def test_every_variable_a_command_agent_gets_is_in_contract_s_reviewers(tmp_path):
+    """CONTRACT §8 is "the way to integrate another agent": a fixer written to it could
+    not know of `REVIEWQ_NOTE_FILE`, the text it was given, which OPERATIONS tells a
+    `command` fixer to work from. A fix's spec, the one with every variable, says what a
+    command gets; each of them, and each placeholder of its argv, is in §8."""
+    from orchestrator.config import PLACEHOLDERS
+    from workers.reviewers.base import AttemptSpec
+
+    folders = (tmp_path / n for n in ("prompt.md", "output.md", "job", "attempt"))
+    spec = AttemptSpec(
+        "fix", 1, 1, *folders, tmp_path, "m", note_path="kb/notes/a.md", note_file=tmp_path / "n"
+    )
+    text = _text("CONTRACT.md")
+    section = text[text.index("## §8 Reviewers") : text.index("## §9 Sweeps")]
+    said = set(re.findall(r"`(REVIEWQ_\w+)`", section)) | set(re.findall(r"`\{(\w+)\}`", section))
+    missing = sorted(({*spec.environment()} | set(PLACEHOLDERS)) - said)
+    assert not missing, missing
