@@ -381,3 +381,24 @@ def test_every_variable_a_command_agent_gets_is_in_contract_s_reviewers(tmp_path
     said = set(re.findall(r"`(REVIEWQ_\w+)`", section)) | set(re.findall(r"`\{(\w+)\}`", section))
     missing = sorted(({*spec.environment()} | set(PLACEHOLDERS)) - said)
     assert not missing, missing
+
+
+def test_the_cron_clock_architecture_describes_is_the_one_stored(kb):
+    """ARCHITECTURE's `cron_state` row said "the last minute checked (local time)": the
+    control stores the moment it looked, in UTC (a local one would move an hour with the
+    autumn's), and the `not_run` that `status` and the report read was not on the row."""
+    from datetime import datetime, timedelta, timezone
+
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired
+
+    ws = Workspace.open(kb.root)
+    at = datetime(2026, 10, 25, 2, 30, 15, tzinfo=timezone(timedelta(hours=2)))
+    cron_fired(ws, "nightly", at, {"event": "sweep.missed", "at": at.isoformat()})
+    stored, not_run = ws.store.conn.execute(
+        "SELECT last_checked, not_run FROM cron_state WHERE name = 'nightly'"
+    ).fetchone()
+    ws.close()
+    assert stored == "2026-10-25T00:30:15+00:00" and json.loads(not_run)["event"]
+    row = next(x for x in _text("ARCHITECTURE.md").splitlines() if x.startswith("| `cron_state`"))
+    assert "local" not in row and "UTC" in row and "`not_run`" in row, row
