@@ -402,3 +402,19 @@ def test_the_cron_clock_architecture_describes_is_the_one_stored(kb):
     assert stored == "2026-10-25T00:30:15+00:00" and json.loads(not_run)["event"]
     row = next(x for x in _text("ARCHITECTURE.md").splitlines() if x.startswith("| `cron_state`"))
     assert "local" not in row and "UTC" in row and "`not_run`" in row, row
+
+
+def test_where_the_documents_give_the_state_folder_s_default_they_name_state_dir(kb):
+    """`[state] dir` moves the state folder: `--help`, README and CONTRACT's STATE said
+    its default was ROOT/.reviewq alone, and a person whose file moves it looked there."""
+    kb.write("reviewq.toml", '[state]\ndir = "elsewhere"\n')
+    assert load_settings(kb.root).state_dir == kb.root / "elsewhere"
+    state = next(p for p in cli.params if p.name == "state")
+    said = {"--help": state.help or ""}
+    for doc in DOCS:
+        text = " ".join(doc.read_text(encoding="utf-8").split())
+        for m in re.finditer(r"--state[^.;]*?default `ROOT/\.reviewq`[^;]*?\)", text):
+            said[f"{doc.name}: {m.group()[:50]}"] = m.group()
+    assert len(said) > 1
+    wrong = [where for where, text in said.items() if "[state] dir" not in text]
+    assert not wrong, wrong

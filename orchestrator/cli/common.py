@@ -441,7 +441,10 @@ class Group(click.Group):
     help="The KB root (the folder holding kb/).",
 )
 @click.option(
-    "--state", default=None, callback=not_blank, help="The state folder [default: ROOT/.reviewq]."
+    "--state",
+    default=None,
+    callback=not_blank,
+    help="The state folder [default: ROOT/.reviewq, or [state] dir].",
 )
 @click.option(
     "--config",
