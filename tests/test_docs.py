@@ -418,3 +418,27 @@ def test_where_the_documents_give_the_state_folder_s_default_they_name_state_dir
     assert len(said) > 1
     wrong = [where for where, text in said.items() if "[state] dir" not in text]
     assert not wrong, wrong
+
+
+def test_the_suspect_gate_rule_operations_gives_is_the_report_s(kb, run_cli):
+    """OPERATIONS §4: "A gate that fails at least half of its notes and at least twice the
+    median gate's rate gets a note"; the report asks three decisions in the 14 nights
+    too, so a gate that failed its two notes got none, where the page promised one."""
+    for gate in ("lens/strict", "lens/calm", "lens/quiet"):
+        kb.gate(gate, ["body"])
+    notes = [kb.note(n) for n in ("one", "two", "three")]
+    kb.accept("p", [(n, g) for n in notes for g in ("lens/calm", "lens/quiet")])
+    kb.accept("p", [(n, "lens/strict") for n in notes[:2]], decision="FAIL")
+
+    def suspects() -> list[str]:
+        res = run_cli("report", "--json", "--since", "1h")
+        assert res.exit_code == 0, res.stderr
+        return res.json()["trends"]["suspect_gates"]
+
+    assert suspects() == []  # 2 of 2 FAIL, the median 0: decided too few times
+    kb.accept("p", [(notes[2], "lens/strict")], decision="FAIL")
+    assert suspects() == ["lens/strict"]
+    ops = " ".join(_text("OPERATIONS.md").split())
+    rule = ops[ops.index("Trends over the last 14 nights") :]
+    rule = rule[: rule.index("as likely wrong as the KB is")]
+    assert re.search(r"at least (three|3) (of its )?(decisions|notes|pairs)", rule), rule
