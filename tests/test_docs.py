@@ -442,3 +442,68 @@ def test_the_suspect_gate_rule_operations_gives_is_the_report_s(kb, run_cli):
     rule = ops[ops.index("Trends over the last 14 nights") :]
     rule = rule[: rule.index("as likely wrong as the KB is")]
     assert re.search(r"at least (three|3) (of its )?(decisions|notes|pairs)", rule), rule
+
+
+_EVENT = re.compile(r"[a-z_]+(?:\.[a-z_]+)+")
+_LOGS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def _code_strings_and_events() -> tuple[set[str], set[str]]:
+    """Every string constant of the code, and the events it logs by a literal name (the
+    first argument of a log call, or either name of a conditional one)."""
+    import ast
+
+    strings, events = set(), set()
+    for path in [*REPO.glob("orchestrator/**/*.py"), *REPO.glob("workers/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.add(node.value)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _LOGS
+                and node.args
+            ):
+                first = node.args[0]
+                named = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
+                events |= {
+                    n.value
+                    for n in named
+                    if isinstance(n, ast.Constant)
+                    and isinstance(n.value, str)
+                    and _EVENT.fullmatch(n.value)
+                }
+    return strings, events
+
+
+def test_the_events_operations_names_are_the_ones_the_code_logs():
+    """OPERATIONS §5's table is where an operator looks an event up, and `logs --event`
+    and the jq recipes are what they run: an event named there that the code no longer
+    logs matches nothing, in silence; one the code logs that the table lacks is a line
+    nobody can look up. A name may be composed, as the code composes it:
+    `control.restarting` from the process's name, `job.files_failed` from `job.files`."""
+    strings, logged = _code_strings_and_events()
+    ops = _text("OPERATIONS.md")
+    table = ops[ops.index("### The events") : ops.index("## 6. When something went wrong")]
+    named = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            named |= set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", line.split(" | ")[0]))
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        named |= set(re.findall(r'\.event ?== ?"([a-z_.]+)"', text))
+        named |= {e for e in re.findall(r"--event ([a-z_.]+)", text) if not e.endswith(".")}
+
+    def logged_by_code(event: str) -> bool:
+        head, _, tail = event.rpartition(".")
+        stem = re.sub(r"_(failed|written)$", "", event)
+        return (
+            event in strings
+            or (head in strings and f".{tail}" in strings)  # f"{process}.restarting"
+            or (stem != event and stem in strings)  # f"{what}_failed", what="job.files"
+        )
+
+    unknown = sorted(e for e in named if e not in {"huey.consumer"} and not logged_by_code(e))
+    assert not unknown, unknown
+    untold = sorted(e for e in logged if f"`{e}`" not in table)
+    assert not untold, untold
