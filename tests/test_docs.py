@@ -507,3 +507,26 @@ def test_the_events_operations_names_are_the_ones_the_code_logs():
     assert not unknown, unknown
     untold = sorted(e for e in logged if f"`{e}`" not in table)
     assert not untold, untold
+
+
+def test_the_commands_contract_says_fail_on_an_invalid_gate_are_those_that_do(kb, run_cli):
+    """CONTRACT §10: "Only `gates --check` turns invalid gates into exit 1", while
+    `doctor` fails on one too (a `problem:` line): a person checking a KB with `doctor`
+    before a night read exit 1 as a broken set-up the contract said it could not be."""
+    kb.gate("lens/fine", ["body"])
+    kb.write("kb/instructions/review-gates/lens/broken.md", "---\nbroken: [\n---\nx\n")
+    kb.note("one")
+    runs = {
+        "gates --check": ("gates", "--check"),
+        "doctor": ("doctor",),
+        "select": ("select", "--all-gates", "--model", "p"),
+        "warn-queue": ("warn-queue",),
+        "enqueue": ("enqueue", "--all-gates"),
+    }
+    failing = {name for name, args in runs.items() if run_cli(*args).exit_code == 1}
+    text = " ".join(_text("CONTRACT.md").split())
+    sentence = re.search(r"Only ([^.]*?) turns? invalid gates into exit 1", text)
+    assert sentence, "CONTRACT §10 no longer says which commands fail on an invalid gate"
+    named = re.sub(r"\([^)]*\)", "", sentence.group(1))  # "(a `problem:` line …)" aside
+    said = {c.split(" [")[0] for c in re.findall(r"`([^`]+)`", named)}
+    assert said == failing, (said, failing)
