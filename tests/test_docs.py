@@ -530,3 +530,45 @@ def test_the_commands_contract_says_fail_on_an_invalid_gate_are_those_that_do(kb
     named = re.sub(r"\([^)]*\)", "", sentence.group(1))  # "(a `problem:` line …)" aside
     said = {c.split(" [")[0] for c in re.findall(r"`([^`]+)`", named)}
     assert said == failing, (said, failing)
+
+
+def test_every_file_a_state_folder_holds_is_in_operations_table_of_what_to_delete(kb):
+    """OPERATIONS §7 is what an operator reads before deleting anything in STATE. A real
+    sweep's state folder held `run/control-zone.json`, and the control keeps
+    `run/settings-stale.json` and moves a lost history into `jobs/lost-history/`: none of
+    them was in the table. Job folders, reports and the worker's folder count as their
+    rows name them."""
+    from orchestrator.state import files, status
+
+    kb.gate("lens/described", ["description"])
+    kb.note("empty", description="")
+    kb.write("reviewq.toml", FAST_QUEUE)
+    swept = reviewq_process("--root", str(kb.root), "sweep", "--fix", "--workers", "1")
+    assert swept.returncode == 0, swept.stderr
+    found = set()
+    for path in kb.state.rglob("*"):
+        rel = path.relative_to(kb.state).as_posix()
+        rel = re.sub(r"^jobs/review-job-\d+(/.*)?$", "jobs/review-job-N/", rel)
+        rel = re.sub(r"^escalations/escalation-\d+\.md$", "escalations/escalation-N.md", rel)
+        rel = re.sub(r"^logs/sweep-\w+\.stderr$", "logs/sweep-*.stderr", rel)
+        rel = re.sub(r"^worker/.*", "worker/", rel)
+        if path.is_file() or rel.endswith("/"):
+            found.add(rel)
+    assert "jobs/review-job-N/" in found and "escalations/escalation-N.md" in found, found
+    found |= {
+        status.SHARED_FILE.as_posix(),
+        status.STALE_FILE.as_posix(),
+        status.ZONE_FILE.as_posix(),
+        f"jobs/{files.LOST_HISTORY}/",
+    }
+    ops = _text("OPERATIONS.md")
+    table = ops[ops.index("## 7. What is in STATE") : ops.index("### Backups")]
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
+    named = {name: row for row in rows for name in re.findall(r"`([^`]+)`", row)}
+
+    def in_table(name: str) -> bool:
+        base = re.sub(r"-(wal|shm)$", "", name)  # SQLite's own, beside its database
+        return base in named and (base == name or f"`-{name[-3:]}`" in named[base])
+
+    missing = sorted(f for f in found if not in_table(f))
+    assert not missing, missing
