@@ -572,3 +572,17 @@ def test_every_file_a_state_folder_holds_is_in_operations_table_of_what_to_delet
 
     missing = sorted(f for f in found if not in_table(f))
     assert not missing, missing
+
+
+def test_the_mistakes_contract_lists_as_exit_1_are_not_those_that_exit_2(kb, run_cli):
+    """CONTRACT §10's decide row gave "`redo` without feedback" as an exit 1, while
+    136d4c3 made it bad usage, exit 2, as `--fixer` with approve is: a script telling a
+    refusal from a mistyped call by the code read it wrong."""
+    kb.gate("lens/one", ["body"])
+    kb.accept("p", [(kb.note("one"), "lens/one")])  # a state.db, which decide reads first
+    for args in (("decide", "1", "redo"), ("decide", "1", "approve", "--fixer", "offline")):
+        assert run_cli(*args).exit_code == 2, args
+    row = next(x for x in _text("CONTRACT.md").splitlines() if x.startswith("| `escalations"))
+    does, exits_1 = row.replace("\\|", "¦").split(" | ")[1:3]
+    assert "without feedback" not in exits_1 and "without `--feedback`" not in exits_1, exits_1
+    assert re.search(r"`redo` without `--feedback`[^|]*exit 2", does), does
