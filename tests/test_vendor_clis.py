@@ -18,12 +18,15 @@ from tests/vendor. E.g.::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import shutil
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +34,7 @@ import pytest
 
 from orchestrator.state.store import Store
 from orchestrator.state.words import reason_words
+from workers.attempt import LAUNCH_WINDOW_S
 
 HERE = Path(__file__).parent
 VENDORS = ("claude", "codex", "gemini")
@@ -804,6 +808,81 @@ def test_a_flag_the_cli_does_not_know_pauses_the_reviewer_in_the_cli_s_words(
     assert a["outcome"] == "launch-failure"
     [reason] = json.loads(a["reasons"])
     assert REFUSED_FLAG[vendor] in reason, reason
+
+
+def _bogus_flag(toml: str) -> str:
+    """``toml`` (:func:`profiles`) with a flag no CLI knows given to each profile."""
+    toml = toml.replace(
+        'model = "claude-sonnet-4-5"\n', 'model = "claude-sonnet-4-5"\nargs = ["--bogus-flag"]\n'
+    )
+    toml = toml.replace(
+        'model = "gemini-2.5-pro"\n', 'model = "gemini-2.5-pro"\nargs = ["--bogus-flag"]\n'
+    )
+    return toml.replace(
+        'args = ["-c", \'model_provider', 'args = ["--bogus-flag", "-c", \'model_provider'
+    )
+
+
+def _read_slowly(fifo: Path, content: bytes, hold_s: float, stop: threading.Event) -> None:
+    """Give ``content`` to the first reader of the FIFO ``fifo`` only after ``hold_s`` (or
+    ``stop``), then leave a regular file in its place for any later reader: a settings
+    file on a slow disk, or a CLI slow to start on a loaded machine, with no load that
+    slows every other test. A FIFO served again raced its next reader, who read nothing."""
+    fd = os.open(fifo, os.O_WRONLY)  # until the CLI opens it (or the test, to end this)
+    try:
+        stop.wait(hold_s)
+        regular = fifo.with_name(fifo.name + ".tmp")
+        regular.write_bytes(content)
+        os.replace(regular, fifo)
+        with contextlib.suppress(OSError):  # a reader that gave up
+            os.write(fd, content)
+    finally:
+        os.close(fd)
+
+
+# A file each CLI reads before it parses its arguments, and what it holds in the tests' HOME.
+READ_FIRST = {"gemini": ".gemini/settings.json", "codex": ".codex/config.toml"}
+
+
+@pytest.mark.parametrize("vendor", list(READ_FIRST))
+def test_a_cli_that_refuses_a_flag_after_a_slow_start_is_a_launch_failure(
+    netns, model, home, vkb, tmp_path, vendor
+):
+    """Gemini takes 7-21 s to start on a loaded machine. A flag it refused after the
+    launch window (15 s) was a no-output counted against the job (and failed it at its
+    last attempt), though the CLI had asked no model anything: the profile's fault. Here
+    the file it reads first, the person's settings, comes 16 s late."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    fifo = mine / READ_FIRST[vendor]
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    content = fifo.read_bytes() if fifo.exists() else b""
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    (vkb.root / "reviewq.toml").write_text(_bogus_flag(profiles(model, "review")))
+    job_id = make_job(netns, mine, vkb.root)
+    stop = threading.Event()
+    server = threading.Thread(
+        target=_read_slowly, args=(fifo, content, LAUNCH_WINDOW_S + 1, stop), daemon=True
+    )
+    server.start()
+    try:
+        res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    finally:
+        stop.set()
+        if stat.S_ISFIFO(os.lstat(fifo).st_mode):  # never read: the server waits to open it
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        server.join(timeout=10)
+    assert not server.is_alive()
+    assert f"job {job_id} queued again (the agent did not start)" in res.stderr, res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons, duration_s FROM attempts")
+    assert a["duration_s"] > LAUNCH_WINDOW_S, a
+    assert a["outcome"] == "launch-failure", a
+    [reason] = json.loads(a["reasons"])
+    assert "with no turns before asking a model: " in reason, reason
+    assert REFUSED_FLAG[vendor] in reason, reason
+    [job] = rows(vkb.root, "SELECT status FROM review_jobs")
+    assert job["status"] == "queued", job  # it was failed at once: run-job's one attempt
 
 
 def test_run_job_pauses_the_reviewer_as_the_control_does(netns, model, home, vkb):

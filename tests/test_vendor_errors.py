@@ -519,6 +519,33 @@ def test_gemini_answered_is_read_from_its_chat_log(tmp_path):
     assert gemini.answered(spec)
 
 
+def test_each_cli_says_whether_it_sent_its_prompt(tmp_path):
+    """What decides a launch failure past the 15 s launch window: a CLI that never asked a
+    model failed at its start, however slowly a loaded machine started it."""
+    spec, gemini, chats = _gemini_chats(tmp_path)
+    assert not gemini.asked(spec)  # it named the job folder, and no log holds the prompt
+    unread = chats / "session-2026-11-26T23-01-0badf00d.jsonl"
+    unread.mkdir()  # a log that cannot be read: cannot tell, so asked
+    assert gemini.asked(spec)
+    unread.rmdir()
+    user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
+    (chats / "session-2026-11-26T23-02-4650ae9e.jsonl").write_text(_lines([user]))
+    assert gemini.asked(spec)
+    (tmp_path / "home" / ".gemini" / "projects.json").unlink()
+    assert not gemini.asked(spec)  # it did not get as far as the job folder
+    for kind, first in (
+        ("claude", {"type": "system", "subtype": "init", "session_id": "s"}),
+        ("codex", {"type": "thread.started", "thread_id": "t"}),
+    ):
+        cli = for_profile(ReviewerProfile(name=kind, kind=kind, model="m"))
+        spec.stdout_path.write_text("")  # a flag refused: its words on stderr alone
+        assert not cli.asked(spec), kind
+        spec.stdout_path.write_text(_lines([first]))
+        assert cli.asked(spec), kind
+    command = for_profile(ReviewerProfile(name="cmd", kind="command", command=("true",)))
+    assert command.asked(spec)  # a command says nothing of it: the launch window decides
+
+
 def test_gemini_answered_reads_the_newest_chat_log_of_its_attempt(tmp_path):
     """A chat log is named by the minute its session began and a random id: a run of the
     same attempt again in the same folder (its task queued again by a stopping worker)

@@ -841,6 +841,7 @@ def run_attempt(
         out.touched_hashes.update(file_hashes(spec.root, sorted(others)[:_HASHED]))
         out.touched = sorted({*out.touched, *others})
     turns = telemetry.num_turns
+    slow = out.duration_s >= LAUNCH_WINDOW_S
     if refused:
         out.classification = INVALID_OUTPUT
         out.reasons = [refused]
@@ -910,11 +911,15 @@ def run_attempt(
     elif turns is not None and turns >= max_turns:
         out.classification = BURNED_OUT
         out.reasons = [f"used {turns} of {max_turns} turns with no output"]
-    elif out.exit_code != 0 and out.duration_s < LAUNCH_WINDOW_S and not turns:
+    elif out.exit_code != 0 and not turns and (not slow or not _asked(reviewer, spec)):
+        # Past the launch window too, when the CLI's own output says it never sent its
+        # prompt: Gemini takes 7-21 s to start on a loaded machine, and a flag or config
+        # it refused after that was a no-output counted against the job.
         out.classification = LAUNCH_FAILURE
         why = telemetry.error or _tail(spec.stderr_path)
+        before = " before asking a model" if slow else ""
         out.reasons = [
-            f"{_exit_said(out.exit_code)} after {out.duration_s:.1f} s with no turns: {why}"
+            f"{_exit_said(out.exit_code)} after {out.duration_s:.1f} s with no turns{before}: {why}"
         ]
         said = version_said(reviewer, spec.root)
         if said is not None and said[0] is not True:
@@ -954,6 +959,13 @@ def run_attempt(
         if len(out.touched) > _NAMED:
             out.reasons.append(f"... and {len(out.touched) - _NAMED} more file(s)")
     return out
+
+
+def _asked(reviewer: Reviewer, spec: AttemptSpec) -> bool:
+    try:
+        return reviewer.asked(spec)
+    except Exception:
+        return True  # what cannot be read says nothing: the launch window decides
 
 
 def _answered(reviewer: Reviewer, spec: AttemptSpec) -> bool:

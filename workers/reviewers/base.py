@@ -243,6 +243,12 @@ class Reviewer(ABC):
         """Whether any model response reached the CLI (the default: cannot tell, so yes)."""
         return True
 
+    def asked(self, spec: AttemptSpec) -> bool:
+        """Whether the CLI got as far as sending its prompt to a model (the default:
+        cannot tell, so yes). One that failed before then failed at its start, with
+        nothing of the job's yet read, however long a loaded machine made that start."""
+        return True
+
     def executables(self) -> list[str]:
         """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""
         return []

@@ -188,6 +188,11 @@ class ClaudeReviewer(Reviewer):
         # Claude's own messages (an API error it reports) are "<synthetic>" assistants.
         return any(_from_model(ev) for ev in json_objects(spec.stdout_path))
 
+    def asked(self, spec: AttemptSpec) -> bool:
+        # stream-json says the session's init before its first request: a run that failed
+        # with no event (a flag refused, a settings file it could not read) asked nothing.
+        return next(json_objects(spec.stdout_path), None) is not None
+
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
 

@@ -188,6 +188,11 @@ class CodexReviewer(Reviewer):
         self._from_session(t)
         return bool(t.num_turns)
 
+    def asked(self, spec: AttemptSpec) -> bool:
+        # --json says thread.started before the turn's first request: a run that failed
+        # with no event (a flag refused, a config.toml it could not load) asked nothing.
+        return next(json_objects(spec.stdout_path), None) is not None
+
     def _from_session(self, t: Telemetry) -> None:
         """Turns and tokens from Codex's session log, when it can be found: it counts every
         model response, refused tool calls and runs killed before their end included."""

@@ -270,6 +270,15 @@ class GeminiReviewer(Reviewer):
             return not told
         return any(True for _ in _model_messages(log))
 
+    def asked(self, spec: AttemptSpec) -> bool:
+        # It records the prompt in its chat log as it sends it (:meth:`answered`); its
+        # arguments, settings and key are checked before it names the job folder.
+        started, name = self._project(spec)
+        if not started:
+            return False
+        log, told = self._chat_log(spec, name)
+        return log is not None or not told
+
     def _home(self) -> Path:
         home = self.env_value("GEMINI_CLI_HOME") or self.env_value("HOME")
         return Path(home or Path.home()) / ".gemini"
