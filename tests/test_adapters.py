@@ -198,7 +198,7 @@ def test_codex_flags(kb2, run_cli, tmp_path, monkeypatch):
     assert "sandbox_workspace_write.network_access=false" in configs
     assert "features.hooks=false" in configs  # a person's trusted hooks run unsandboxed
     assert "--ignore-rules" in argv  # a command a person's rules allow runs unsandboxed
-    assert {"mcp_servers.kb.enabled=false", "mcp_servers.my-db.enabled=false"} <= set(configs)
+    assert 'mcp_servers={"kb"={enabled=false},"my-db"={enabled=false}}' in configs
     assert "--dangerously-bypass-approvals-and-sandbox" not in argv
 
 

@@ -555,21 +555,49 @@ def test_a_persons_codex_rules_run_no_command_outside_the_sandbox(
     reviewed_leaving_the_kb(netns, model, mine, vkb, "codex", scenario="ruled")
 
 
+# Where a person's Codex MCP server may be: their config.toml; there under a name with a
+# dot, which no `-c mcp_servers.<name>…` key can name (Codex splits keys at dots); the file
+# of a profile (`-p work`: $CODEX_HOME/work.config.toml) the reviewq profile's args name.
+CODEX_MCP = {
+    "config": ("config.toml", "kb"),
+    "dotted": ("config.toml", '"kb.tools"'),
+    "profile": ("work.config.toml", "kb"),
+}
+
+
+@pytest.mark.parametrize("where", list(CODEX_MCP))
 def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
-    netns, model, home, vkb, tmp_path
+    netns, model, home, vkb, tmp_path, where
 ):
-    """An MCP server of a person's ``~/.codex/config.toml`` is a command Codex starts
-    outside its sandbox at the start of every session, ``codex exec``'s too."""
+    """An MCP server of a person's Codex set-up is a command Codex starts outside its
+    sandbox at the start of every session, ``codex exec``'s too. reviewq turned off only
+    those of config.toml it could name: one named with a dot, and one of the profile
+    file `-p` picks, each started and wrote into the KB."""
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     note = vkb.root / "kb" / "notes" / "mcp.md"
-    config = mine / ".codex" / "config.toml"
+    file, name = CODEX_MCP[where]
+    config = mine / ".codex" / file
     config.parent.mkdir(exist_ok=True)
     old = config.read_text() if config.exists() else ""
     config.write_text(
-        old + f'\n[mcp_servers.kb]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
+        old
+        + f'\n[mcp_servers.{name}]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
     )
-    reviewed_leaving_the_kb(netns, model, mine, vkb, "codex", planted=note)
+    toml = profiles(model, "review")
+    if where == "profile":
+        (mine / ".codex" / "config.toml").touch()
+        toml = toml.replace(
+            'args = ["-c", \'model_provider', 'args = ["-p", "work", "-c", \'model_provider'
+        )
+    (vkb.root / "reviewq.toml").write_text(toml)
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
 
 
 GEMINI_HOOK_EVENTS = (

@@ -9,6 +9,7 @@ response and a running token total, so a run killed at its deadline keeps what i
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -37,7 +38,6 @@ _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", 
 # stderr lines that are Codex talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
 _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
-_MCP_NAME = re.compile(r"[^.=\s]+")  # what a -c key can name: it splits at dots
 # Codex's words for a response stream that broke after it began: the connection closed, or
 # the server sent response.failed ("The server had an error…"). Its context-window and
 # quota errors have words of their own, so what follows these is the endpoint's failure.
@@ -105,11 +105,7 @@ class CodexReviewer(Reviewer):
             # ... and the MCP servers of its config.toml, commands Codex starts outside its
             # sandbox with every session: each turned off by name (`-c mcp_servers={}`
             # is merged into the person's table and removes none).
-            *(
-                arg
-                for name in self._mcp_servers()
-                for arg in ("-c", f"mcp_servers.{name}.enabled=false")
-            ),
+            *_turned_off(self._mcp_servers()),
             instruction(spec),
             *self.profile.args,
         ]
@@ -226,14 +222,18 @@ class CodexReviewer(Reviewer):
         return Path(home or Path(self.env_value("HOME") or Path.home()) / ".codex")
 
     def _mcp_servers(self) -> list[str]:
-        """The MCP servers the person's config.toml names, those a -c key can name (a name
-        with a dot cannot be). A config.toml it cannot read stops Codex itself."""
-        try:
-            config = tomllib.loads((self._home() / "config.toml").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            return []
-        servers = config.get("mcp_servers")
-        return [n for n in servers if _MCP_NAME.fullmatch(n)] if isinstance(servers, dict) else []
+        """The MCP servers the person's config.toml names, and the profile file that a
+        ``-p``/``--profile`` among the profile's args picks (Codex 0.171:
+        ``$CODEX_HOME/<name>.config.toml``). A file it cannot read stops Codex itself."""
+        names: list[str] = []
+        for file in ("config.toml", *(f"{p}.config.toml" for p in _profiles(self.profile.args))):
+            try:
+                config = tomllib.loads((self._home() / file).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                continue
+            servers = config.get("mcp_servers")
+            names += [n for n in servers if n not in names] if isinstance(servers, dict) else []
+        return names
 
     def _session_log(self, thread_id: str | None) -> Path | None:
         if not thread_id or not _SAFE_ID.fullmatch(thread_id):
@@ -246,6 +246,32 @@ class CodexReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "codex"]
+
+
+def _turned_off(names: list[str]) -> list[str]:
+    """One ``-c`` that turns off each MCP server of ``names``, as an inline table Codex
+    merges into the person's: a key ``mcp_servers.<name>.enabled`` splits at dots, so a
+    server named ``kb.tools`` could not be named (and started). Only servers Codex has:
+    one it does not is "invalid transport", and Codex does not start."""
+    if not names:
+        return []
+    # A JSON string (its \uXXXX escapes too) is a TOML basic string.
+    tables = ",".join(f"{json.dumps(n)}={{enabled=false}}" for n in names)
+    return ["-c", f"mcp_servers={{{tables}}}"]
+
+
+def _profiles(args: tuple[str, ...] | list[str]) -> list[str]:
+    """The Codex profiles ``-p NAME``, ``-pNAME``, ``--profile NAME`` or ``--profile=NAME``
+    among a profile's args pick."""
+    found = []
+    for before, arg in zip(("", *args), args, strict=False):
+        if before in ("-p", "--profile"):
+            found.append(arg)
+        elif arg.startswith("--profile="):
+            found.append(arg.removeprefix("--profile="))
+        elif arg.startswith("-p") and len(arg) > 2 and not arg.startswith("--"):
+            found.append(arg[2:])
+    return found
 
 
 def _from_model(ev: dict) -> bool:
