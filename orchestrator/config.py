@@ -585,8 +585,9 @@ def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
 
 # Codex config keys reviewq sets with -c: Codex applies -c overrides in order, so a
 # profile's, which come last, undid them (a writable root at the KB; a notify program
-# or hooks or MCP servers, which run outside the sandbox).
-_CODEX_OWN_KEYS = ("sandbox_workspace_write", "notify", "mcp_servers")
+# or hooks or MCP servers, which run outside the sandbox; a project trusted again, whose
+# config layer has its own).
+_CODEX_OWN_KEYS = ("sandbox_workspace_write", "notify", "mcp_servers", "projects")
 # Features reviewq turns off (``features.NAME``, ``--enable NAME``); a whole
 # ``features`` table given with -c would replace them too.
 _CODEX_OWN_FEATURES = ("hooks",)

@@ -199,6 +199,11 @@ def test_codex_flags(kb2, run_cli, tmp_path, monkeypatch):
     assert "features.hooks=false" in configs  # a person's trusted hooks run unsandboxed
     assert "--ignore-rules" in argv  # a command a person's rules allow runs unsandboxed
     assert 'mcp_servers={"kb"={enabled=false},"my-db"={enabled=false}}' in configs
+    # No project is trusted (the KB's .codex/config.toml names MCP servers of its own).
+    [projects] = [c for c in configs if c.startswith("projects=")]
+    assert projects.startswith(f'projects={{"{job_dir}"={{trust_level="untrusted"}},')
+    assert f'"{kb2.root.resolve()}"={{trust_level="untrusted"}}' in projects
+    assert projects.endswith(',"/"={trust_level="untrusted"}}')
     assert "--dangerously-bypass-approvals-and-sandbox" not in argv
 
 

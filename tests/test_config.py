@@ -238,6 +238,13 @@ BAD = [
         "[reviewers.x] args",
         "'-c mcp_servers.kb.enabled' is a flag that lifts reviewq's confinement",
     ),
+    # ... and a project trusted again, whose .codex/config.toml names MCP servers.
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\n'
+        'args = ["-c", \'projects={"/kb"={trust_level="trusted"}}\']\n',
+        "[reviewers.x] args",
+        "'-c projects' is a flag that lifts reviewq's confinement",
+    ),
     (
         '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--enable", "hooks"]\n',
         "[reviewers.x] args",

@@ -562,6 +562,9 @@ CODEX_MCP = {
     "config": ("config.toml", "kb"),
     "dotted": ("config.toml", '"kb.tools"'),
     "profile": ("work.config.toml", "kb"),
+    # the KB's own .codex/config.toml, which Codex loads (from the project root down to the
+    # job folder) once the person has trusted the KB, as its TUI asks on a first start there
+    "project": ("config.toml", "kb"),
 }
 
 
@@ -571,19 +574,24 @@ def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
 ):
     """An MCP server of a person's Codex set-up is a command Codex starts outside its
     sandbox at the start of every session, ``codex exec``'s too. reviewq turned off only
-    those of config.toml it could name: one named with a dot, and one of the profile
-    file `-p` picks, each started and wrote into the KB."""
+    those of config.toml it could name: one named with a dot, one of the profile file
+    `-p` picks and one of the KB's own .codex/config.toml (a trusted project's) each
+    started and wrote into the KB."""
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     note = vkb.root / "kb" / "notes" / "mcp.md"
     file, name = CODEX_MCP[where]
-    config = mine / ".codex" / file
+    config = (vkb.root if where == "project" else mine) / ".codex" / file
     config.parent.mkdir(exist_ok=True)
     old = config.read_text() if config.exists() else ""
     config.write_text(
         old
         + f'\n[mcp_servers.{name}]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
     )
+    if where == "project":
+        trusted = f'[projects."{vkb.root.resolve()}"]\ntrust_level = "trusted"\n'
+        (mine / ".codex").mkdir(exist_ok=True)
+        (mine / ".codex" / "config.toml").write_text(trusted)
     toml = profiles(model, "review")
     if where == "profile":
         (mine / ".codex" / "config.toml").touch()

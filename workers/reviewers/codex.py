@@ -106,6 +106,10 @@ class CodexReviewer(Reviewer):
             # sandbox with every session: each turned off by name (`-c mcp_servers={}`
             # is merged into the person's table and removes none).
             *_turned_off(self._mcp_servers()),
+            # ... and those of a project's .codex/config.toml (the KB's, any folder's from
+            # its root down to the job folder), loaded once the person trusted the KB:
+            # untrusted for this run, whichever folder Codex takes for the project's root.
+            *_untrusted(spec.job_dir.resolve()),
             instruction(spec),
             *self.profile.args,
         ]
@@ -258,6 +262,16 @@ def _turned_off(names: list[str]) -> list[str]:
     # A JSON string (its \uXXXX escapes too) is a TOML basic string.
     tables = ",".join(f"{json.dumps(n)}={{enabled=false}}" for n in names)
     return ["-c", f"mcp_servers={{{tables}}}"]
+
+
+def _untrusted(job_dir: Path) -> list[str]:
+    """One ``-c`` that makes the job folder and every folder above it an untrusted project
+    for this run (merged into the person's ``projects`` table): Codex reads no project's
+    config layer (its MCP servers, hooks, rules) but in a trusted one."""
+    folders = ",".join(
+        f'{json.dumps(str(f))}={{trust_level="untrusted"}}' for f in (job_dir, *job_dir.parents)
+    )
+    return ["-c", f"projects={{{folders}}}"]
 
 
 def _profiles(args: tuple[str, ...] | list[str]) -> list[str]:
