@@ -655,6 +655,41 @@ def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, ho
     reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
 
 
+def test_a_persons_gemini_extension_does_not_start_beside_a_review(
+    netns, model, home, vkb, tmp_path
+):
+    """An extension installed as a person installs one (``gemini extensions install`` of
+    a folder of theirs, the real CLI's own command, its trust and consent answered) brings
+    an MCP server and hooks, commands Gemini starts with every session: ``--extensions
+    none`` keeps each from starting (B21 named it without an extension installed)."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "started.md"
+    ext = tmp_path / "kbext"
+    (ext / "hooks").mkdir(parents=True)
+    server = {"command": "sh", "args": ["-c", f"echo mcp >> {note}; sleep 30"]}
+    (ext / "gemini-extension.json").write_text(
+        json.dumps({"name": "kbext", "version": "1.0.0", "mcpServers": {"kbsrv": server}})
+    )
+    hook = [{"matcher": ".*", "hooks": [{"type": "command", "command": f"echo hook >> {note}"}]}]
+    (ext / "hooks" / "hooks.json").write_text(
+        json.dumps({"hooks": {e: hook for e in ("SessionStart", "BeforeAgent", "BeforeTool")}})
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(mine), "TMPDIR": str(mine / "tmp")}
+    done = subprocess.run(
+        [*_in(netns), str(BIN["gemini"]), "extensions", "install", str(ext), "--consent"],
+        env=env,
+        input="y\n",  # "Do you want to trust this folder and continue…?"
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert 'Extension "kbext" installed successfully and enabled.' in done.stdout + done.stderr, (
+        done
+    )
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
+
+
 def _claude_plugin(netns: str, home: Path, root: Path, into: Path) -> Path:
     """A HOME with a plugin installed as a person installs one (``claude plugin
     marketplace add`` and ``claude plugin install``, the real CLI's own commands) from a
