@@ -579,8 +579,8 @@ def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
             given = _codex_override(before, arg)
             if given is not None and _codex_own_key(given.split()[-1]):
                 raise ConfigError(f"{where}: {given!r} is {_CONFINED}")
-            if _codex_enabled(before, arg) in _CODEX_OWN_FEATURES:
-                raise ConfigError(f"{where}: '--enable hooks' is {_CONFINED}")
+            if (feature := _codex_enabled(before, arg)) in _CODEX_OWN_FEATURES:
+                raise ConfigError(f"{where}: '--enable {feature}' is {_CONFINED}")
 
 
 # Codex config keys reviewq sets with -c: Codex applies -c overrides in order, so a
@@ -590,7 +590,7 @@ def _check_own_flags(kind: str, args: tuple[str, ...], where: str) -> None:
 _CODEX_OWN_KEYS = ("sandbox_workspace_write", "notify", "mcp_servers", "projects")
 # Features reviewq turns off (``features.NAME``, ``--enable NAME``); a whole
 # ``features`` table given with -c would replace them too.
-_CODEX_OWN_FEATURES = ("hooks",)
+_CODEX_OWN_FEATURES = ("hooks", "plugins")
 
 
 def _codex_own_key(key: str) -> bool:

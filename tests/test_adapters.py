@@ -197,6 +197,7 @@ def test_codex_flags(kb2, run_cli, tmp_path, monkeypatch):
     configs = [argv[i + 1] for i, a in enumerate(argv) if a == "-c"]
     assert "sandbox_workspace_write.network_access=false" in configs
     assert "features.hooks=false" in configs  # a person's trusted hooks run unsandboxed
+    assert "features.plugins=false" in configs  # a plugin's MCP servers run unsandboxed
     assert "--ignore-rules" in argv  # a command a person's rules allow runs unsandboxed
     assert 'mcp_servers={"kb"={enabled=false},"my-db"={enabled=false}}' in configs
     # No project is trusted (the KB's .codex/config.toml names MCP servers of its own).

@@ -250,6 +250,17 @@ BAD = [
         "[reviewers.x] args",
         "'--enable hooks' is a flag that lifts reviewq's confinement",
     ),
+    # ... and plugins, whose MCP servers it starts outside its sandbox.
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--enable", "plugins"]\n',
+        "[reviewers.x] args",
+        "'--enable plugins' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["-c", "features.plugins=true"]\n',
+        "[reviewers.x] args",
+        "'-c features.plugins' is a flag that lifts reviewq's confinement",
+    ),
     (
         '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--enable=hooks"]\n',
         "[reviewers.x] args",

@@ -608,6 +608,49 @@ def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
     assert kb_files(vkb.root) == before
 
 
+def test_a_persons_codex_plugin_does_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
+    """A plugin installed as a person installs one (``codex plugin marketplace add`` of a
+    folder of theirs and ``codex plugin add``, the real CLI's own commands) brings an MCP
+    server of its own ``.mcp.json``, none of config.toml's: it started beside a review,
+    outside the sandbox, and wrote into the KB."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "mcp.md"
+    market = tmp_path / "market"
+    plugin = market / "kbtools"
+    (market / ".claude-plugin").mkdir(parents=True)
+    (market / ".claude-plugin" / "marketplace.json").write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "owner": {"name": "Me"},
+                "plugins": [{"name": "kbtools", "source": "./kbtools"}],
+            }
+        )
+    )
+    (plugin / ".codex-plugin").mkdir(parents=True)
+    (plugin / ".codex-plugin" / "plugin.json").write_text(
+        json.dumps({"name": "kbtools", "version": "1.0.0", "mcpServers": "./.mcp.json"})
+    )
+    server = {"command": "sh", "args": ["-c", f"echo plugin >> {note}; sleep 30"]}
+    (plugin / ".mcp.json").write_text(json.dumps({"mcpServers": {"kbsrv": server}}))
+    (mine / ".codex").mkdir(exist_ok=True)
+    env = {"PATH": os.environ["PATH"], "HOME": str(mine), "TMPDIR": str(mine / "tmp")}
+    for args in (("marketplace", "add", str(market)), ("add", "kbtools@mine")):
+        done = subprocess.run(
+            [*_in(netns), str(BIN["codex"]), "plugin", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        '[plugins."kbtools@mine"]\nenabled = true' in (mine / ".codex" / "config.toml").read_text()
+    )
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "codex", planted=note)
+
+
 GEMINI_HOOK_EVENTS = (
     "SessionStart",
     "BeforeAgent",

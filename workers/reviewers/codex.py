@@ -100,6 +100,10 @@ class CodexReviewer(Reviewer):
             # person has trusted them; the feature off, none is even loaded.
             "-c",
             "features.hooks=false",
+            # ... and plugins, whose MCP servers (a plugin's .mcp.json, in no config.toml)
+            # it starts outside its sandbox with every session too.
+            "-c",
+            "features.plugins=false",
             # ... and a command its ~/.codex/rules allow, which it runs unsandboxed.
             "--ignore-rules",
             # ... and the MCP servers of its config.toml, commands Codex starts outside its
