@@ -208,6 +208,25 @@ def test_codex_flags(kb2, run_cli, tmp_path, monkeypatch):
     assert "--dangerously-bypass-approvals-and-sandbox" not in argv
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("-p", "work"), ("-pwork",), ("--profile", "work"), ("--profile=work",)],
+    ids=["-p NAME", "-pNAME", "--profile NAME", "--profile=NAME"],
+)
+def test_codex_turns_off_the_mcp_servers_of_the_profile_file_its_args_pick(tmp_path, args):
+    from workers.reviewers import for_profile
+
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text('[mcp_servers."kb.tools"]\ncommand = "sh"\n')
+    (home / "work.config.toml").write_text('[mcp_servers.db]\ncommand = "sh"\n')
+    (home / "other.config.toml").write_text('[mcp_servers.other]\ncommand = "sh"\n')
+    profile = ReviewerProfile(
+        name="x", kind="codex", model="m", args=args, env={"CODEX_HOME": str(home)}
+    )
+    assert for_profile(profile)._mcp_servers() == ["kb.tools", "db"]
+
+
 def test_gemini_flags_and_policy(kb2, run_cli, tmp_path):
     job_id = make_job(run_cli)
     assert run(kb2, job_id, "gemini").ok
