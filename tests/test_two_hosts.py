@@ -37,6 +37,13 @@ def sh(*argv: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def hosts():
     """Two network namespaces joined by a veth pair: (control ns, worker ns, control IP)."""
+    with namespaces() as made:
+        yield made
+
+
+@contextlib.contextmanager
+def namespaces():
+    """:func:`hosts`, for a fixture of any scope."""
     if os.geteuid() != 0:
         pytest.skip("needs root to make network and mount namespaces")
     for tool in ("ip", "unshare", "mount", "redis-server"):

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import threading
@@ -133,7 +134,12 @@ def fix_steps(scenario: str, root: str, note: str, output: str) -> list[tuple[st
     """A fix task's steps after reading its prompt: write the fixed note to ``output``, done.
     The note's text is read from the KB on this machine (the server shares it with the CLI):
     what the prompt carries, without each CLI's own framing of a file it read."""
-    with open(f"{root}/{note}", encoding="utf-8") as f:
+    # A worker on another machine without --kb runs in its attempt folder, which holds the
+    # note the fixer is given as note.md beside the output, and no KB.
+    kb_note = f"{root}/{note}"
+    if not os.path.exists(kb_note):
+        kb_note = f"{os.path.dirname(output)}/note.md"
+    with open(kb_note, encoding="utf-8") as f:
         new = fixed(scenario, f.read())
     if scenario == "fixkb":  # the note itself, as the prompt forbids, and no output
         # Read first, as a model does: Claude's Write refuses a file not read yet on its
