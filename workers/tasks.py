@@ -428,6 +428,7 @@ def _run_prepared(
         _report(outcome, _evidence(spec), msg)
     # Sent: the control process keeps what matters; this worker holds nothing.
     _remove(folder)
+    for_profile(profile).forget(spec)  # what the CLI kept for that folder, in its home
 
 
 # The attempts this process put back on the review queue, each with its send's end. A stop

@@ -26,6 +26,8 @@ What it returns:
 - :meth:`Reviewer.unreachable` → while the process runs, past the profile's
   ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
   endpoint (it is then ended), else None.
+- :meth:`Reviewer.forget` → after the outcome is sent by a worker without ``--kb``: the
+  CLI's own state kept for the attempt's folder (a project folder in its home) removed.
 - :meth:`Reviewer.answered` → after a process killed at its deadline: whether any model
   response reached the CLI, from what it left (its events, its session or chat log). A
   deadline with no answer at all is a hung endpoint, the reviewer's failure; one after
@@ -248,6 +250,13 @@ class Reviewer(ABC):
         cannot tell, so yes). One that failed before then failed at its start, with
         nothing of the job's yet read, however long a loaded machine made that start."""
         return True
+
+    def forget(self, spec: AttemptSpec) -> None:
+        """Remove what the CLI keeps in its home for the folder it ran in when that folder
+        was the attempt's own (a worker without ``--kb``), once the outcome is sent: a
+        folder new for every attempt, so each attempt left one there for good (the default:
+        a kind that keeps nothing of the kind)."""
+        return None
 
     def executables(self) -> list[str]:
         """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""

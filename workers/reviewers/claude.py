@@ -8,7 +8,9 @@ saying so in ``api_retry`` events) and what a run killed at its deadline leaves 
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from .base import (
     OUTPUT_LIMIT,
@@ -27,6 +29,7 @@ from .vendor import (
     instruction,
     json_objects,
     last_line,
+    remove_tree,
 )
 
 # How Claude names the HTTP status of an answer it could not read.
@@ -192,6 +195,17 @@ class ClaudeReviewer(Reviewer):
         # stream-json says the session's init before its first request: a run that failed
         # with no event (a flag refused, a settings file it could not read) asked nothing.
         return next(json_objects(spec.stdout_path), None) is not None
+
+    def forget(self, spec: AttemptSpec) -> None:
+        # Claude keeps each session's transcript in projects/<its cwd, every character but
+        # a letter or digit a dash>/: with the attempt's folder as cwd, a folder an attempt.
+        cwd = os.path.realpath(spec.root)
+        if cwd != os.path.realpath(spec.attempt_dir):
+            return  # the KB: one folder for every attempt, the person's to keep
+        home = self.env_value("CLAUDE_CONFIG_DIR") or Path(
+            self.env_value("HOME") or Path.home(), ".claude"
+        )
+        remove_tree(Path(home, "projects", re.sub(r"[^A-Za-z0-9]", "-", cwd)))
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]

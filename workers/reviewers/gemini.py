@@ -35,6 +35,7 @@ from .vendor import (
     known_span,
     last_document,
     last_line,
+    remove_tree,
     unwrap,
 )
 
@@ -278,6 +279,17 @@ class GeminiReviewer(Reviewer):
             return False
         log, told = self._chat_log(spec, name)
         return log is not None or not told
+
+    def forget(self, spec: AttemptSpec) -> None:
+        # Gemini keeps tmp/<name>/ (chat logs) and history/<name>/ for each folder it runs
+        # in, the job folder, which on a worker is the attempt's: read above, then removed.
+        # Its projects.json entry stays: every Gemini running rewrites that file whole.
+        if os.path.realpath(spec.job_dir) != os.path.realpath(spec.attempt_dir):
+            return  # the control's job folder: its attempts share one
+        _, name = self._project(spec)
+        if name and name not in (".", "..") and "/" not in name:
+            for kept in ("tmp", "history"):
+                remove_tree(self._home() / kept / name)
 
     def _home(self) -> Path:
         home = self.env_value("GEMINI_CLI_HOME") or self.env_value("HOME")

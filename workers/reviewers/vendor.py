@@ -32,6 +32,12 @@ def instruction(spec: AttemptSpec) -> str:
     )
 
 
+def remove_tree(folder: Path) -> None:
+    """A folder a CLI kept for one attempt, gone; one it cannot remove (another user's, a
+    link: rmtree follows none) is left as it is, the outcome already sent."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def json_objects(path: Path) -> Iterator[dict]:
     """Every JSON object in a stdout log, whether it holds one document (a JSON object or
     array) or one per line; anything unreadable is skipped, never raised."""
