@@ -11,6 +11,8 @@ Needs root (namespaces) and the vendor CLIs; it skips, saying why, where it cann
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +181,24 @@ def test_a_review_and_a_fix_by_the_real_cli_on_another_host_leave_its_home_as_th
         assert attempts == [], f"{vendor} kept a folder per attempt in {kept}: {attempts}"
     if vendor == "gemini":
         assert [p.name for p in (site.home / ".gemini/history").iterdir()] == []
+
+
+def test_a_cli_missing_on_the_worker_s_host_is_named_with_that_host(site):
+    """The worker's file names a program its host does not have: the attempt is a launch
+    failure, never a verdict, and the profile pauses. `job N` on the control named no
+    machine for the attempt (its worker is recorded from heartbeats, and an agent that
+    never started beats none): with workers on several machines, not the one to mend."""
+    out = site.sweep("absent", "kb/notes/absent.md")
+    assert (
+        out["failed"] == [] and out["decisions"] == {} and out["attempts"] == {"launch-failure": 1}
+    ), out
+    with sqlite3.connect(site.root / ".reviewq/state.db") as conn:
+        [(job_id,)] = conn.execute("SELECT id FROM review_jobs WHERE reviewer = 'absent'")
+    said = site.reviewq("job", str(job_id)).stdout
+    assert "attempt 1: the agent did not start" in said, said
+    assert "could not start '/opt/nowhere/claude'" in said, said
+    host = os.uname().nodename
+    [line] = [x for x in said.splitlines() if x.startswith("  attempt 1:")]
+    assert f" on {host}:" in line, said
+    status = site.reviewq("status").stdout
+    assert f"its agent failed to start on {host}" in status, status

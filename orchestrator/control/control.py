@@ -955,6 +955,14 @@ class Control:
             return
         if o.get("exited_at"):
             self._started_with_outcome(o)
+        elif isinstance(o.get("worker"), str):
+            # An agent that never started (a CLI missing on that machine) beat no heartbeat:
+            # `job N` named no machine for it, and with several that is the one to mend.
+            self.store.conn.execute(
+                "UPDATE attempts SET worker = ? WHERE job_id = ? AND attempt = ? "
+                "AND worker IS NULL",
+                (o["worker"], job_id, attempt),
+            )
         cls = o["classification"]
         if cls == "reviewer-touched-kb" and changes_not_the_agents(
             self.store,
