@@ -1561,8 +1561,9 @@ def test_an_agent_that_never_started_is_not_logged_as_started(kb):
         "attempt.ended",
         "attempt.launch_failed",
     ]
+    # Never launched, but answered by a worker, which is named (S25): the machine to mend.
     assert ws.store.conn.execute("SELECT worker, launched_at FROM attempts").fetchone()[:] == (
-        None,
+        "far:42",
         None,
     )
     ws.close()
