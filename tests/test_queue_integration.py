@@ -1074,6 +1074,47 @@ def test_a_scheduled_message_moved_to_redis_leaves_the_one_the_control_holds(kb,
             control.storage.pool.disconnect()
 
 
+def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb, tmp_path):
+    """C9's move sent a message to Redis, then committed its delete from the SQLite file:
+    a control killed in between left the message in both, and the next control's move
+    sent it again (a review run twice, its agent paid twice). The move marks what it
+    sent in the script that sends it, and a message found marked is only taken off."""
+    from orchestrator.config import load_settings
+    from workers.queues import close_huey, huey_for
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE)
+    left = huey_for(load_settings(kb.root), "review")
+    left.storage.enqueue(b"a review")
+    close_huey(left)
+    fifo = make_fifo(tmp_path, "fault")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    with redis_server(tmp_path) as url:
+        kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
+        env = {**os.environ, "REVIEWQ_FAULT_QUEUE_MOVE_SENT": str(fifo)}
+        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
+        try:
+            assert int(await_fifo(fifo)) == control.pid  # sent, its delete not committed
+        finally:
+            control.kill()
+            control.wait()
+        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+        try:
+            assert _until(control.stderr, "control.started") == "control.started"
+        finally:
+            stop(control)
+            control.stderr.close()
+        review = huey_for(load_settings(kb.root), "review")
+        try:
+            assert review.storage.conn.lrange(review.storage.queue_key, 0, -1) == [b"a review"]
+            assert review.storage.conn.keys("*moved*") == []  # its mark gone with the row
+        finally:
+            close_huey(review)
+    with contextlib.closing(sqlite3.connect(kb.state / "queue" / "review.db")) as conn:
+        assert conn.execute("SELECT count(*) FROM task").fetchone()[0] == 0
+
+
 def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
     """The sweep uses the control process already running, whose next tick is ten minutes
     away: the sweep asks it to dispatch, so the jobs do not wait for that tick."""

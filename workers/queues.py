@@ -41,7 +41,7 @@ from huey.signals import SIGNAL_INTERRUPTED  # noqa: E402, F401 - workers.app's
 from huey.storage import RedisStorage, SqliteStorage  # noqa: E402
 from tenacity import Retrying, retry, retry_if_exception, stop_after_delay, wait_exponential  # noqa: E402
 
-from orchestrator import logs  # noqa: E402
+from orchestrator import faults, logs  # noqa: E402
 from orchestrator.config import ConfigError, Settings  # noqa: E402
 from orchestrator.state.store import StoreError  # noqa: E402
 
@@ -1508,15 +1508,40 @@ def send_once(task: str, *args: Any) -> None:
 _NOT_MOVED: set[str] = set()  # the SQLite queue files move_left_behind could not read
 
 
-def _schedule(storage: Any, data: bytes, ts: datetime) -> None:
-    """Schedule a message on ``storage`` from a thread other than its consumer's. The
-    control queue's own add_to_schedule is its consumer's (a retry replacing the message
-    it holds) and releases that message: called from the ticker, it took the message the
-    consumer was running off the queue before its task's commit."""
-    if isinstance(storage, _Holding):
-        super(_Holding, storage).add_to_schedule(data, ts)
-    else:
-        storage.add_to_schedule(data, ts)
+# A message the move sends is marked in the script that sends it, and the mark is
+# deleted once its row's delete from the SQLite file committed: a move killed between the
+# send and that commit left the message in both, and the next move sent it again (a review
+# run, its agent paid, twice). A mark found says it was sent: the row is only taken off.
+# Expiring, for a mark whose delete failed; a control killed mid-move and not restarted
+# within it would send that one message again.
+_MOVE_IN_LUA = """
+if redis.call('set', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then
+    if ARGV[2] == '' then
+        redis.call('lpush', KEYS[2], ARGV[1])
+    else
+        redis.call('zadd', KEYS[2], ARGV[2], ARGV[1])
+    end
+end
+"""
+_MOVED_MARK_S = 30 * 86400
+
+
+def _move_in(storage: Any, data: bytes, at: float | None) -> str:
+    """Send one message of a SQLite file onto ``storage`` (a Redis queue's), unless its
+    mark says it was sent already: queued (``at`` None) or scheduled. Scheduled through
+    the storage beneath the control queue's own add_to_schedule, which is its consumer's
+    (a retry replacing the message it holds) and releases that message: called from the
+    ticker, it took the message the consumer was running off the queue before its
+    task's commit. The mark's key, deleted once the row's delete commits."""
+    mark = f"{storage.queue_key}.moved.{_digest(data)}"
+    if at is None:  # in the file's order; Redis takes no priority
+        args = [data, "", _MOVED_MARK_S]
+        target = storage.queue_key
+    else:  # Huey's SQLite wrote a naive UTC time as the local one
+        args = [data, storage.convert_ts(datetime.fromtimestamp(at)), _MOVED_MARK_S]
+        target = storage.schedule_key
+    storage.conn.eval(_MOVE_IN_LUA, 2, mark, target, *args)
+    return mark
 
 
 def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
@@ -1525,9 +1550,10 @@ def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
     there, an agent's outcome sent before the switch (a worker ending its attempt after
     the control stopped, or one not restarted since) was never read: the control gave
     the finished attempt up as lost and its agent was paid again; a review message
-    waited out its lease and timeout before it was sent anew. Each message is taken off
-    the file, then sent: a failure between the two can send one twice, which its task
-    takes as a message already acted on, never lose one."""
+    waited out its lease and timeout before it was sent anew. Each message is sent
+    inside the transaction that deletes it from the file, marked on the Redis until that
+    commits (:func:`_move_in`): a failure before the commit leaves it in the file, to be
+    taken off unsent if it was sent, so none is lost or sent twice."""
     if not settings.queue.url:
         return
     for name, huey in hueys.items():
@@ -1548,18 +1574,20 @@ def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
             for row_id, data, at in rows:
                 table = "task" if at is None else "schedule"
                 conn.execute("BEGIN IMMEDIATE")
+                mark = None
                 try:
                     # A SQLite worker not yet restarted may take it first: then it is its.
                     if conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount:
-                        if at is None:  # in the file's order; Redis takes no priority
-                            huey.storage.enqueue(bytes(data))
-                        else:  # Huey's SQLite wrote a naive UTC time as the local one
-                            _schedule(huey.storage, bytes(data), datetime.fromtimestamp(at))
+                        mark = _move_in(huey.storage, bytes(data), at)
                         moved += 1
+                    faults.point("queue.move_sent")
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
+                if mark is not None:
+                    with contextlib.suppress(Exception):  # expires: the row is gone for good
+                        huey.storage.conn.delete(mark)
         except sqlite3.DatabaseError as exc:
             if str(path) not in _NOT_MOVED:  # once, not at every tick
                 _NOT_MOVED.add(str(path))
