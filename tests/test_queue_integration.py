@@ -1115,6 +1115,53 @@ def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb
         assert conn.execute("SELECT count(*) FROM task").fetchone()[0] == 0
 
 
+def test_two_reads_back_at_the_same_instant_say_the_queue_back_once(kb, tmp_path):
+    """The queue is back when every read that failed (Q8) succeeds again: the consumer's
+    and the scheduler's, in two threads. Each took its own failure off, then looked
+    whether any was left: back at the same instant, each found none, and both said
+    `queue.available` and ran the after-outage claim. Held here where they meet."""
+    from datetime import datetime
+
+    from orchestrator.config import load_settings
+    from workers.queues import close_huey, huey_for
+
+    small_kb(kb, notes=1)
+    with redis_server(tmp_path) as url:
+        kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
+        huey = huey_for(load_settings(kb.root), "review")
+    storage = huey.storage
+    try:
+        assert storage.dequeue() is None  # the server gone: both reads fail
+        assert storage.read_schedule(datetime.now()) == []
+        meet = threading.Barrier(2, timeout=3)
+
+        class Meeting(dict):
+            def pop(self, *args):  # noqa: ANN002, ANN202
+                found = super().pop(*args)
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    meet.wait()  # the other read, back too, takes its own off
+                return found
+
+        storage._pauses = Meeting(storage._pauses)
+        backs = []
+        storage.after_outage = lambda: backs.append(threading.current_thread().name)
+        with redis_server(tmp_path):  # the same socket: the server back
+            reads = [
+                threading.Thread(target=storage.dequeue, name="consumer"),
+                threading.Thread(
+                    target=storage.read_schedule, args=(datetime.now(),), name="scheduler"
+                ),
+            ]
+            for read in reads:
+                read.start()
+            for read in reads:
+                read.join(timeout=30)
+            assert not any(read.is_alive() for read in reads)
+        assert len(backs) == 1, backs
+    finally:
+        close_huey(huey)
+
+
 def test_a_sweep_beside_a_running_control_is_dispatched_at_once(kb):
     """The sweep uses the control process already running, whose next tick is ten minutes
     away: the sweep asks it to dispatch, so the jobs do not wait for that tick."""

@@ -16,6 +16,7 @@ import os
 import socket
 import sqlite3
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -93,6 +94,16 @@ class _PatientReads:
     _said_at = 0.0
     after_outage: Callable[[], None] | None = None  # run as a read finds the queue back
 
+    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003 - the storage's own
+        # Made here, not at the first read: on Python 3.12+ a cached_property has no
+        # lock, and two threads' first failed reads could each make a dict of their own,
+        # one read's failure then forgotten.
+        self._pauses: dict[str, float] = {}  # each read failing now: its pause
+        # The reads' threads (the consumer's, the scheduler's) end an outage together:
+        # each took its own failure off, then found none left, and both said it back.
+        self._pauses_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
     def dequeue(self):  # noqa: ANN201 - Huey's signature
         return self._patiently("dequeue", super().dequeue, None)  # type: ignore[misc]
 
@@ -103,25 +114,24 @@ class _PatientReads:
             [],
         )
 
-    @functools.cached_property
-    def _pauses(self) -> dict[str, float]:
-        """Each read failing now: its pause before it is tried again."""
-        return {}
-
     def _patiently(self, kind: str, read, empty):  # noqa: ANN001, ANN202
         try:
             data = read()
         except QUEUE_UNAVAILABLE as exc:
             now = time.monotonic()
-            if now - self._said_at >= 60:
-                self._said_at = now
+            with self._pauses_lock:
+                say = now - self._said_at >= 60
+                if say:
+                    self._said_at = now
+                pause = min(_MAX_PAUSE, max(0.1, self._pauses.get(kind, 0) * 2))
+                self._pauses[kind] = pause
+            if say:
                 logs.get().error(
                     "queue.unavailable",
                     queue=self.name,
                     error=logs.error_said(exc),
                     retry_s=_MAX_PAUSE,
                 )
-            pause = self._pauses[kind] = min(_MAX_PAUSE, max(0.1, self._pauses.get(kind, 0) * 2))
             time.sleep(pause)
             return empty
         except Exception:
@@ -134,11 +144,15 @@ class _PatientReads:
         return data
 
     def _back(self, kind: str) -> None:
-        if self._pauses.pop(kind, None) is not None and not self._pauses:
+        if not self._pauses:  # the usual read, with no outage: no lock taken
+            return
+        with self._pauses_lock:
+            if self._pauses.pop(kind, None) is None or self._pauses:
+                return
             self._said_at = 0.0
-            if self.after_outage is not None:
-                self.after_outage()  # before the line: what follows it sees it done
-            logs.get().info("queue.available", queue=self.name)
+        if self.after_outage is not None:
+            self.after_outage()  # before the line: what follows it sees it done
+        logs.get().info("queue.available", queue=self.name)
 
 
 class _Holding:
