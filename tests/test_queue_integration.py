@@ -460,6 +460,69 @@ def test_a_sighup_after_an_edit_naming_a_queue_the_start_refuses_keeps_it_runnin
     assert "redis-hots.invalid" in refused["reason"] and "does not resolve" in refused["reason"]
 
 
+def test_a_sighup_during_a_refused_reloads_check_is_a_reload_of_the_file_as_it_is_then(kb):
+    """The check before a reload's drain waits on the queue it names (up to 5 s for a
+    reply). A SIGHUP in that time, sent once the file was mended, was dropped with the
+    first one's refusal: the control said "fix the file and send SIGHUP again" of a file
+    fixed, with that SIGHUP sent, and ran on with its old settings. Here the address
+    answers, not as Redis, once the file was mended and the second SIGHUP sent."""
+    small_kb(kb, notes=1)
+    good = fake_profile() + FAST_QUEUE
+    kb.write("reviewq.toml", good)
+    listener = socket.create_server(("127.0.0.1", 0))
+    asked, answer = threading.Event(), threading.Event()
+
+    def not_redis() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                asked.set()
+                answer.wait(30)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    server = threading.Thread(target=not_redis, daemon=True)
+    server.start()
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
+            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
+            time.sleep(0.01)
+        port = listener.getsockname()[1]
+        kb.write("reviewq.toml", good + f'url = "redis://127.0.0.1:{port}/0"\n')
+        control.send_signal(signal.SIGHUP)
+        assert asked.wait(30)  # the check waits for the address's reply
+        kb.write("reviewq.toml", good)
+        control.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while _sighups_pending(control.pid):  # taken by its handler before the reply
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        answer.set()
+        said = _until(control.stderr, "control.restarting", "control.reload_refused")
+        assert said == "control.restarting"
+        assert _until(control.stderr, "control.started") == "control.started"
+    finally:
+        answer.set()
+        listener.close()
+        if control.poll() is None:
+            stop(control)
+        control.stderr.close()
+        server.join(timeout=30)
+
+
+def _sighups_pending(pid: int) -> bool:
+    """Whether a SIGHUP waits for the process's handler (its ShdPnd or SigPnd)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return any(
+        int(x.split()[1], 16) >> (signal.SIGHUP - 1) & 1
+        for x in status.splitlines()
+        if x.startswith(("ShdPnd:", "SigPnd:"))
+    )
+
+
 def _catches(pid: int, signum: int) -> bool | None:
     """Whether the process has a handler for ``signum`` (its SigCgt), None once it is gone."""
     try:

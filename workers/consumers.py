@@ -110,18 +110,24 @@ class QueueConsumer(Consumer):
         if self.reload_of is None:
             return False
         process, settings = self.reload_of
-        try:
-            now = settings.reread()
-            if now is not None:
-                # As the command checks it before its start: a url whose host name was
-                # mistyped reads well, and the new program ended at its start anyway.
-                check_queue(now)
-        except ConfigError as exc:
-            problem = str(exc)
-        else:
-            return False
-        if not (self._signum == signal.SIGHUP and self.restart_asked):
-            return False  # a stop came during the read: it stands
+        while True:
+            hups = self._hups
+            try:
+                now = settings.reread()
+                if now is not None:
+                    # As the command checks it before its start: a url whose host name was
+                    # mistyped reads well, and the new program ended at its start anyway.
+                    check_queue(now)
+            except ConfigError as exc:
+                problem = str(exc)
+            else:
+                return False
+            if not (self._signum == signal.SIGHUP and self.restart_asked):
+                return False  # a stop came during the read: it stands
+            if self._hups == hups:
+                break
+            # Another SIGHUP during the check (up to 5 s on a queue that answers late),
+            # sent once the file was mended: it asks for the file as it is now.
         self._signum, self._restart, self.restart_asked = None, False, False
         STOP_ASKED.clear()
         self._kept_on = True
@@ -176,11 +182,13 @@ class QueueConsumer(Consumer):
     # control's lock). Done by restart_if_asked instead; a SIGINT or SIGTERM meanwhile
     # turns it back into a stop.
     restart_asked = False
+    _hups = 0  # SIGHUPs taken: one during a reload's check asks for another look
 
     def _handle_signal(self, signum, frame):  # noqa: ANN001, ANN202 - Huey's signature
         # A SIGHUP after a stop was asked (Ctrl-C, then the terminal closed) is no restart:
         # taken for one, the worker asked to stop ran on without its terminal.
         stopping = self._signum is not None and not self.restart_asked
+        self._hups += signum == signal.SIGHUP
         super()._handle_signal(signum, frame)
         self.restart_asked, self._restart = self._restart and not stopping, False
         STOP_ASKED.set()
