@@ -404,6 +404,43 @@ def test_a_worker_says_when_its_queue_becomes_fed_and_when_it_stops_being_fed(
         _stop(worker)
 
 
+def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(kb, tmp_path):
+    """A Redis filled by another application under `noeviction` refuses every write, the
+    control's `reviewq.control` key too: five of its ticks later the worker said "no
+    control process has fed this queue ... it stopped, or it now uses another Redis
+    database" of a control that ran on, and sent the reader to mend a URL that was right.
+    It says the server is full."""
+    import redis
+
+    from .fault.test_outages import _fill
+
+    with redis_server(tmp_path, "--maxmemory-policy", "noeviction") as url:
+        config, args = _worker_home(tmp_path, url)
+        home = tmp_path / "remote"
+        control = _start_control(kb, url)
+        worker = None
+        try:
+            worker = subprocess.Popen(
+                [*args, "worker", "--workers", "1"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            _await_event(home, "worker.queue_fed", 0)  # it heard from the control
+            seen = len(_worker_log(home))
+            others = _fill(url)
+            said = _await_event(home, "worker.queue_full", seen)
+            assert control.poll() is None  # the control runs on
+            assert "refuses writes" in said["reason"] and "maxmemory" in said["reason"], said
+            assert "worker.queue_unfed" not in [r["event"] for r in _worker_log(home)[seen:]]
+            with contextlib.closing(redis.Redis.from_url(url)) as client:
+                client.delete(*others)  # room made: the control's next tick writes its key
+            _await_event(home, "worker.queue_fed", seen)
+        finally:
+            _stop(control)
+            if worker is not None:
+                _stop(worker)
+
+
 def test_a_queue_that_lost_its_keys_is_not_said_never_fed(tmp_path, redis_url, monkeypatch):
     """Redis restarted without its data loses the control's `reviewq.control` key with the
     messages. A worker that had seen its queue fed a moment before said "no control process

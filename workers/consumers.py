@@ -54,9 +54,11 @@ from .queues import (
     eviction_risk,
     fed_by,
     fed_late,
+    full_problem,
     move_left_behind,
     profiles_unlike,
     queue_clock,
+    refuses_writes,
     send,
     send_once,
     shown_url,
@@ -389,7 +391,7 @@ class FeedWatch(threading.Thread):
             now = queue_clock(self.huey)
         except Exception:  # noqa: BLE001 - Redis away: the consumer says so, as ever
             return None
-        problem = None
+        problem, event = None, "worker.queue_unfed"
         if fed:
             self.last_fed = fed
         # A key gone that this watch saw (Redis restarted without its data, a flush) says
@@ -400,13 +402,14 @@ class FeedWatch(threading.Thread):
             problem = None if beside_a_control(self.settings) else unfed_problem(self.settings)
         elif heard and (silent := fed_late(heard, now)) is not None:
             problem = stale_problem(self.settings, heard, silent)
+            # A full Redis refuses the control's key too: the control runs on.
+            if refuses_writes(self.huey):
+                problem, event = full_problem(self.settings, heard), "worker.queue_full"
         if fed and isinstance(fed.get("every"), int | float) and fed["every"] > 0:
             self.period = min(60.0, max(1.0, float(fed["every"])))
         if problem is not None:
             if self.unfed_said is None or now - self.unfed_said >= self.REMIND_S:
-                logs.get().warning(
-                    "worker.queue_unfed", reason=problem, still=self.unfed_said is not None
-                )
+                logs.get().warning(event, reason=problem, still=self.unfed_said is not None)
                 self.unfed_said = now
         elif self.unfed_said is not None and fed:
             self.unfed_said = None

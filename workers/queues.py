@@ -1151,6 +1151,33 @@ def _meant_for(request: object, opened_at: object) -> bool:
     return not isinstance(said, str) or not isinstance(opened_at, str) or said == opened_at
 
 
+def refuses_writes(huey: Huey) -> bool:
+    """Whether the Redis queue refuses writes for want of memory (full under
+    `noeviction`), tried with a write that changes nothing: a move from a key that is
+    never there, which Redis refuses before it runs while it is full."""
+    from redis.exceptions import OutOfMemoryError
+
+    probe = huey.storage.queue_key + ".probe"
+    try:
+        huey.storage.conn.rpoplpush(probe, probe)
+    except OutOfMemoryError:
+        return True
+    except Exception:  # noqa: BLE001 - away or refused otherwise: not this question's
+        return False
+    return False
+
+
+def full_problem(settings: Settings, fed: dict) -> str:
+    """The words for a queue whose control is silent because its Redis is full."""
+    return (
+        f"{queue_where(settings)}: the Redis server refuses writes (full: `maxmemory` under "
+        f"`noeviction`), so the control (the last, on {fed.get('host')}, state folder "
+        f"{fed.get('state')}) cannot say it feeds this queue, nor any process send a "
+        "message; make room on the server (another application's keys) or raise its "
+        "`maxmemory`"
+    )
+
+
 def unfed_problem(settings: Settings) -> str:
     """The words for a Redis queue no control process has fed, for doctor and the worker."""
     where = queue_where(settings)
