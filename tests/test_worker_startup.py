@@ -432,6 +432,10 @@ def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(k
             assert control.poll() is None  # the control runs on
             assert "refuses writes" in said["reason"] and "maxmemory" in said["reason"], said
             assert "worker.queue_unfed" not in [r["event"] for r in _worker_log(home)[seen:]]
+            doctor = _refused([*args, "doctor", "--worker"], timeout=60)  # and doctor alike
+            assert "refuses writes" in doctor.stdout and "has fed" not in doctor.stdout, (
+                doctor.stdout
+            )
             with contextlib.closing(redis.Redis.from_url(url)) as client:
                 client.delete(*others)  # room made: the control's next tick writes its key
             _await_event(home, "worker.queue_fed", seen)

@@ -782,10 +782,12 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             eviction_risk,
             fed_by,
             fed_late,
+            full_problem,
             other_feeder,
             out_of_reach,
             profiles_unlike,
             queue_clock,
+            refuses_writes,
             shared_problem,
             stale_problem,
             unfed_problem,
@@ -802,6 +804,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
                 click.echo(f"warning: {risk}")
             fed = fed_by(app.control)
             silent = fed_late(fed, queue_clock(app.control)) if fed else None
+            # A full Redis refuses the control's key too: it may well run (the worker's rule).
+            full = silent is not None and refuses_writes(app.control)
             other = None if worker_only else other_feeder(app.control, ws.state_dir)
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
@@ -818,6 +822,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             bool(fed) and silent is None,
             unfed_problem(ws.settings)
             if not fed
+            else full_problem(ws.settings, fed)
+            if full
             else stale_problem(ws.settings, fed, silent)
             if silent is not None
             else f"a control process feeds this queue (on {fed.get('host')}, state folder "
