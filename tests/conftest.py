@@ -24,6 +24,8 @@ from orchestrator.kb.gates import load_catalog
 from orchestrator.kb.notes import KB
 from orchestrator.state.store import ReviewRecord, Store
 
+from . import leftovers
+
 PROJECT = Path(__file__).resolve().parent.parent
 SHARED = PROJECT.parent / "shared"
 CORPUS = SHARED / "corpora" / "commonplace-kb.tar.gz"
@@ -42,11 +44,46 @@ def pytest_configure(config: pytest.Config) -> None:
     # A handler, unlike an ignore, is not inherited: the tests' processes get the default.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGTERM (a CI job cancelled, `timeout`, a pytest-xdist worker stopped) ended the run
+    # at once, with no finalizer run: every process and namespace the tests had going was
+    # left. As a Ctrl-C, the run stops and its fixtures stop what they started.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+    # What a run killed outright (SIGKILL, its machine's OOM killer) left, ended before
+    # this one starts its own: in each process, the pytest-xdist workers' included.
+    for what in leftovers.clean_after_dead_runs():
+        print(f"ended, left by a test run that is gone: {what}", file=sys.stderr)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _agent_tmpdirs(folder: Path) -> set[Path]:
     # An attempt's own (run-job's), or a worker thread's kept one (workers.attempt._KEPT).
     return set(folder.glob("reviewq-job-*")) | set(folder.glob("reviewq-worker-*"))
+
+
+@pytest.fixture(autouse=True)
+def no_process_left() -> Iterator[None]:
+    """Every process the test started (and what those started) is gone when it ends, also
+    when it failed or was interrupted: by a mark each inherits in its environment, found
+    wherever it went (a new session, a double fork), SIGKILLed after a grace of a second,
+    and the test fails naming it. A failed Ctrl-C test had left its agent, which ignores
+    SIGTERM and SIGINT, running for 34 minutes. (A process given an environment of its
+    own carries no mark: tests/test_vendor_clis.py looks for its own by REVIEWQ_ROOT.)"""
+    mark = leftovers.new_mark()
+    before = os.environ.get(leftovers.MARK)
+    os.environ[leftovers.MARK] = mark
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(leftovers.MARK, None)
+        else:
+            os.environ[leftovers.MARK] = before
+    left = leftovers.end(leftovers.running_with(mark), grace=1.0)
+    assert not left, f"processes the test started outlived it (now killed): {left}"
 
 
 @pytest.fixture(autouse=True)

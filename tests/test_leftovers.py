@@ -1,0 +1,164 @@
+"""What a failed or interrupted test run leaves on the machine: nothing. Each test runs a
+small test file of its own in a pytest of its own, with the suite's conftest (the
+fixtures that end what a test started), fails it or stops it as CI and a person do, and
+looks for what it started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parent.parent
+# Ignores SIGTERM and SIGINT, as the Ctrl-C tests' stubborn agent does; an hour long.
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(3600)"
+)
+
+
+def _inner_file(folder: Path, body: str) -> Path:
+    test = folder / "test_inner.py"
+    test.write_text(
+        "import subprocess, sys, time\n"
+        f"STUBBORN = {STUBBORN!r}\n"
+        f"TAG = {str(folder)!r}\n\n"
+        "def start():  # in a session of its own: out of reach of a kill of the run's group\n"
+        "    return subprocess.Popen([sys.executable, '-c', STUBBORN, TAG], "
+        "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n\n" + body
+    )
+    return test
+
+
+def _pytest(folder: Path, test: Path, *opts: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+        "-p", "tests.conftest", *opts, "--basetemp", str(folder / "base"), str(test),
+    ]  # fmt: skip
+
+
+def _tagged(folder: Path) -> list[int]:
+    """The running processes whose command line names ``folder``: the stubborn ones."""
+    tag = str(folder).encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+            if tag in Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0") and (
+                stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            ):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def inner(tmp_path: Path):
+    """A folder for the inner run; whatever it left running is killed, after the check."""
+    yield tmp_path
+    for pid in _tagged(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_failed_test_leaves_no_process_it_started(inner):
+    """A test that failed between starting a process and stopping it (the stop after an
+    assert) left the process running under init: a failed Ctrl-C test's agent, which
+    ignores SIGTERM and SIGINT, was still there 34 minutes later. One that passed and
+    forgot its process fails for it."""
+    test = _inner_file(
+        inner,
+        "def test_fails_on_purpose():\n"
+        "    proc = start()\n"
+        "    assert False, 'on purpose'\n"
+        "    proc.kill()\n\n"
+        "def test_forgets_its_process():\n"
+        "    start()\n",
+    )
+    done = subprocess.run(
+        _pytest(inner, test), cwd=PROJECT, capture_output=True, text=True, timeout=120
+    )
+    assert _tagged(inner) == []
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 failed, 1 passed, 2 errors" in done.stdout, done.stdout[-3000:]
+    assert done.stdout.count("outlived it (now killed)") >= 2, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("how", "workers"),
+    [(signal.SIGINT, []), (signal.SIGTERM, []), (signal.SIGTERM, ["-n", "1"])],
+    ids=["SIGINT", "SIGTERM", "SIGTERM-xdist"],
+)
+def test_a_run_stopped_mid_test_leaves_no_process_it_started(inner, how, workers):
+    """A run stopped by SIGTERM (CI cancelled, `timeout`) ended at once: no finalizer ran,
+    and every process its tests had going was left, under pytest-xdist its workers too.
+    Stopped as Ctrl-C stops it, the same: the test's own stop was never reached. (Under
+    pytest-xdist the controller gives a worker mid-test 10 s, then SIGTERMs it.)"""
+    test = _inner_file(
+        inner,
+        "def test_runs_a_while():\n"
+        "    proc = start()\n"
+        "    print('started', proc.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+        "    proc.kill()\n",
+    )
+    said = inner / "said.txt"  # a file, not a pipe: what the run left would hold a pipe open
+    with open(said, "w") as out:
+        run = subprocess.Popen(
+            _pytest(inner, test, *workers), cwd=PROJECT, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _tagged(inner) and time.monotonic() < deadline:
+            assert run.poll() is None, said.read_text()
+            time.sleep(0.05)  # the test's process is the sign it runs; no event to await
+        assert _tagged(inner), said.read_text()
+        run.send_signal(how)  # the run's own process, as `kill PID` and CI send it
+        run.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # and its xdist workers, if it left them
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert _tagged(inner) == [], said.read_text()
+
+
+def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
+    """A run killed outright (SIGKILL, an xdist worker killed) runs no finalizer; what it
+    left ran on, and its network namespaces (``ip netns``: ``reviewq-vendor-PID`` of
+    tests/test_vendor_clis.py) stayed, two of them seen at stop 39. The next run ends them:
+    those named by a test process that is gone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid of no process: the run that owned what follows is gone
+    left = subprocess.Popen(
+        [sys.executable, "-c", STUBBORN, str(inner)],
+        env={**os.environ, "REVIEWQ_TEST_PROCESS": f"{gone.pid}.1.1"},
+        start_new_session=True,
+    )
+    namespace = f"reviewq-vendor-{gone.pid}"
+    made = None
+    if os.geteuid() == 0 and shutil.which("ip"):
+        made = subprocess.run(["ip", "netns", "add", namespace], capture_output=True)
+    try:
+        test = _inner_file(inner, "def test_nothing():\n    pass\n")
+        done = subprocess.run(
+            _pytest(inner, test), cwd=PROJECT, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        if made is not None and made.returncode == 0:
+            assert not Path("/var/run/netns", namespace).exists()
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait()
+        if made is not None and made.returncode == 0:
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
