@@ -55,7 +55,9 @@ class Chromium:
         # under the test's folder: a unix socket's path is at most 107 bytes, and under a
         # pytest-xdist process's (/tmp/pytest-of-USER/pytest-N/popen-gwN/...) Chromium's
         # was 102, its start failing ("closed its pipe") past a 46-byte base folder.
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="rq-chromium-", dir="/tmp"))
+        # Named by this process's pid: one killed outright leaves it, and the next test
+        # run removes it (tests/leftovers.py).
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"rq-chromium-{os.getpid()}-", dir="/tmp"))
         self.proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
             env={**os.environ, "TMPDIR": str(self.tmp_dir)},

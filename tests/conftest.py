@@ -49,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # left. As a Ctrl-C, the run stops and its fixtures stop what they started.
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminated)
+    os.environ[leftovers.MARK] = leftovers.RUN_MARK
     # What a run killed outright (SIGKILL, its machine's OOM killer) left, ended before
     # this one starts its own: in each process, the pytest-xdist workers' included.
     for what in leftovers.clean_after_dead_runs():

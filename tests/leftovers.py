@@ -14,6 +14,7 @@ import itertools
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -37,6 +38,20 @@ def _start_time(pid: int) -> str | None:
 
 
 OWNER = f"{os.getpid()}.{_start_time(os.getpid())}"
+
+
+# What this process starts outside any test (a session's Chromium, a module's model
+# server) carries this, so that a run killed outright has that ended by the next too.
+RUN_MARK = f"{OWNER}.0"
+# Made by a test process and named by its pid: a Chromium's TMPDIR (tests/chromium.py),
+# a memory or pids cgroup (tests/test_machine_limits.py).
+CHROMIUM_TMP = Path("/tmp")
+CGROUP_PARENTS = [
+    Path("/sys/fs/cgroup"),
+    Path("/sys/fs/cgroup/memory"),
+    Path("/sys/fs/cgroup/pids"),
+]
+_PID_NAMED = re.compile(r"^(?:rq-chromium-|reviewq-test-)(\d+)(?:-.*)?$")
 
 
 def new_mark() -> str:
@@ -145,10 +160,48 @@ def delete_namespace(name: str) -> None:
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
+def _pid_named(folder: Path, prefix: str) -> list[Path]:
+    """``folder``'s entries named ``prefix`` and the pid of a process that is gone."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            m = _PID_NAMED.match(entry.name)
+            if entry.name.startswith(prefix) and m and not Path(f"/proc/{m.group(1)}").exists():
+                found.append(Path(entry.path))
+    return found
+
+
+def remove_cgroup(group: Path) -> None:
+    """``group`` removed, what still runs in it killed first (the kernel refuses to remove
+    a cgroup with a process in it, and frees an emptied one a moment later)."""
+    with contextlib.suppress(OSError):
+        pids = (group / "cgroup.procs").read_text().split()
+        end([int(p) for p in pids], grace=0)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)  # no event says an emptied cgroup is freed
+
+
 def clean_after_dead_runs() -> list[str]:
     """What runs that ended without their finalizers left, ended; what it was."""
     said = [f"process {p}" for p in end(orphaned_processes(), grace=0)]
     for name in orphaned_namespaces():
         delete_namespace(name)
         said.append(f"network namespace {name}")
+    for parent in CGROUP_PARENTS:
+        for group in _pid_named(parent, "reviewq-test-"):
+            with contextlib.suppress(OSError):
+                remove_cgroup(group)
+                said.append(f"cgroup {group}")
+    for folder in _pid_named(CHROMIUM_TMP, "rq-chromium-"):
+        shutil.rmtree(folder, ignore_errors=True)
+        said.append(f"Chromium's folder {folder}")
     return said

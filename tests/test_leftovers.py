@@ -147,6 +147,14 @@ def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
     made = None
     if os.geteuid() == 0 and shutil.which("ip"):
         made = subprocess.run(["ip", "netns", "add", namespace], capture_output=True)
+    # Chromium's TMPDIR (tests/chromium.py), a pids cgroup (tests/test_machine_limits.py)
+    # with a process still in it.
+    chromium = Path(f"/tmp/rq-chromium-{gone.pid}-x")
+    (chromium / "org.chromium.Chromium.x").mkdir(parents=True)
+    group = Path(f"/sys/fs/cgroup/pids/reviewq-test-{gone.pid}")
+    with contextlib.suppress(OSError):
+        group.mkdir()
+        (group / "cgroup.procs").write_text(str(left.pid))
     try:
         test = _inner_file(inner, "def test_nothing():\n    pass\n")
         done = subprocess.run(
@@ -156,9 +164,17 @@ def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
         assert left.wait(timeout=10) == -signal.SIGKILL
         if made is not None and made.returncode == 0:
             assert not Path("/var/run/netns", namespace).exists()
+        assert not chromium.exists()
+        assert not group.exists()
     finally:
+        shutil.rmtree(chromium, ignore_errors=True)
         if left.poll() is None:
             left.kill()
             left.wait()
         if made is not None and made.returncode == 0:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+        deadline = time.monotonic() + 5
+        while group.exists() and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+            time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later

@@ -23,6 +23,7 @@ import pytest
 from orchestrator.state.words import attempt_words, outcome_words
 
 from .conftest import reviewq_process
+from .leftovers import remove_cgroup
 from .test_queue_integration import FAST_QUEUE, fake_profile, small_kb
 
 pytestmark = pytest.mark.integration
@@ -354,12 +355,9 @@ def _pids_cgroup(name: str) -> Path:
 
 
 def _removed(group: Path) -> None:
-    for _ in range(50):
-        try:
-            group.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
+    # What still runs in it (an agent whose worker timed out) killed first: the group was
+    # otherwise left, its rmdir refused for 5 s and given up without a word.
+    remove_cgroup(group)
 
 
 def _run_then_remove(group: Path, argv: list[str]) -> subprocess.CompletedProcess:
