@@ -2111,6 +2111,11 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     story = rq(kb, "logs", "--job", "1").stdout
     lost = [x for x in story.splitlines() if "attempt.lost" in x]
     assert len(lost) == 1 and "reaped its agent" in lost[0], story
+    # `job N` in words: a worker spoke of it (the next one), so not "no word in time".
+    said = rq(kb, "job", "1").stdout
+    (line,) = [x for x in said.splitlines() if x.strip().startswith("attempt 1:")]
+    assert line.strip().startswith("attempt 1: lost, ") and "no word" not in said, said
+    assert f"its worker {dead} died; the worker " in said, said
 
 
 def test_a_starting_worker_whose_queue_is_down_says_the_reaped_attempts_once(tmp_path, monkeypatch):

@@ -89,6 +89,7 @@ from orchestrator.state.store import (
     timestamp,
     utcnow,
 )
+from orchestrator.state.words import NEVER_PICKED_UP, NO_HEARTBEAT
 from orchestrator.state.workspace import Workspace
 
 # The worker's events the control logs again from an outcome's ``notices``, and their fields.
@@ -1496,13 +1497,13 @@ class Control:
         lease = timedelta(seconds=self.settings.queue.lease_seconds)
         if r["outcome"] == "running" or (r["outcome"] == "dispatched" and r["taken_at"]):
             if self._silent(r["heartbeat_at"], now, lease):
-                return f"no heartbeat for {self.settings.queue.lease_seconds:g} s"
+                return f"{NO_HEARTBEAT} {self.settings.queue.lease_seconds:g} s"
             return None
         if r["outcome"] == "dispatched":
             profile = self.settings.reviewers.get(r["reviewer"] or "")
             wait = lease + timedelta(seconds=profile.timeout if profile else 0)
             if self._silent(r["started_at"], now, wait):
-                return "never picked up by a worker"
+                return NEVER_PICKED_UP
             return None
         return f"ended ({r['outcome']}) but was not acted on"
 

@@ -43,13 +43,23 @@ NOT_THE_JOBS = {
 }
 
 
+# The reaper's reasons for an attempt no worker spoke of within its lease, the one loss
+# "no word from a worker in time" is true of (the control writes them with these words).
+NO_HEARTBEAT = "no heartbeat for"
+NEVER_PICKED_UP = "never picked up by a worker"
+
+
 def outcome_words(outcome: str, reason: str | None = None) -> str:
     """An outcome in words; with its first ``reason``, a reviewer failure that was the
     worker's full disk, memory or process limit says so ("no model answered" is false of
-    it: the model may have answered every turn)."""
+    it: the model may have answered every turn), and an attempt lost otherwise than by
+    silence (its worker died and the next one said so, a worker refused its message, the
+    message was never sent) says "lost" alone, the reason saying why."""
     kind = (reason or "").partition(": ")[0]
     if outcome == "reviewer-failure" and kind in ("disk", "memory", "pids"):
         return FAILURES[kind]
+    if outcome == "lost" and reason and not reason.startswith((NO_HEARTBEAT, NEVER_PICKED_UP)):
+        return "lost"
     return OUTCOMES.get(outcome, outcome)
 
 
@@ -68,4 +78,4 @@ def attempt_words(outcome: str, reason: str | None) -> str:
         return outcome_words(outcome)
     if outcome == "reviewer-failure" and reason_words(reason) != reason:
         return reason_words(reason)
-    return f"{outcome_words(outcome)}: {reason_words(reason)}"
+    return f"{outcome_words(outcome, reason)}: {reason_words(reason)}"
