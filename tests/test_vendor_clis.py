@@ -1482,3 +1482,49 @@ def test_the_endpoint_dying_mid_fix_is_the_fixer_s_failure_and_the_fix_is_retrie
     assert acc["decision"] == "PASS"
     assert fkb.read(NOTE).endswith("# Alpha\n\nAlpha body. done\n")
     assert git_log(fkb.root)[0] == f"reviewq fix: {NOTE} (prose/body-check)"
+
+
+def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgotten(
+    netns, model, home, tmp_path, monkeypatch
+):
+    """A worker without --kb runs Claude in the attempt folder and `forget` removes the
+    projects/ folder Claude kept for it (S26). Claude names that folder by dashing its cwd,
+    but past 200 characters it cuts the name and adds a hash of the path: a worker whose
+    state folder lies deep (its attempt folder's path past ~150 characters) kept one a
+    prompt, with the notes, for good, `forget` looking for the full dashed name."""
+    from orchestrator.config import ReviewerProfile
+    from workers.attempt import attempt_folder
+    from workers.reviewers import for_profile
+    from workers.reviewers.base import AttemptSpec
+
+    state = tmp_path / "srv" / ("reviewq-worker-of-the-night-shift-" * 4) / "state"
+    folder = attempt_folder(state, 7, 1, "2026-11-28T16:00:00.123456+00:00")
+    folder.mkdir(parents=True)
+    assert len(str(folder)) > 200
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(mine),
+        "ANTHROPIC_BASE_URL": model.url("review"),
+        "ANTHROPIC_API_KEY": "sk-ant-scripted",
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    ran = subprocess.run(
+        [*_in(netns), str(BIN["claude"]), "-p", "Say hello.", "--max-turns", "1",
+         "--model", "claude-sonnet-4-5", "--output-format", "json"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    projects = mine / ".claude" / "projects"
+    kept = [p.name for p in projects.iterdir()] if projects.is_dir() else []
+    assert len(kept) == 1, (kept, ran.stdout, ran.stderr)  # the session Claude kept there
+    monkeypatch.setenv("HOME", str(mine))  # the worker's HOME, where forget looks
+    profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
+    spec = AttemptSpec(
+        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
+        folder, "claude-sonnet-4-5",
+    )  # fmt: skip
+    for_profile(profile).forget(spec)
+    assert list(projects.iterdir()) == [], "Claude's folder for the attempt was left"

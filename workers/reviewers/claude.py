@@ -32,6 +32,33 @@ from .vendor import (
     remove_tree,
 )
 
+# Claude Code's longest project folder name: a longer one is cut there and a hash of the
+# whole path added (its J$ since 2.1), so the attempt folder of a deep state folder is not
+# the name it dashed in full.
+_PROJECT_NAME_MAX = 200
+
+
+def project_name(cwd: str) -> str:
+    """The folder under ``projects/`` Claude Code keeps for sessions run in ``cwd``, as it
+    names it: each UTF-16 unit that is not an ASCII letter or digit a dash (a character
+    past U+FFFF two), past 200 of them the first 200, a dash and the path's 32-bit Java
+    string hash in base 36."""
+    units = memoryview(cwd.encode("utf-16-le", "surrogatepass")).cast("H")
+    name = "".join(chr(u) if chr(u).isascii() and chr(u).isalnum() else "-" for u in units)
+    if len(name) <= _PROJECT_NAME_MAX:
+        return name
+    h = 0
+    for u in units:
+        h = (h * 31 + u) & 0xFFFFFFFF
+    n, digits = abs(h - (1 << 32) if h >> 31 else h), ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            break
+    return f"{name[:_PROJECT_NAME_MAX]}-{digits}"
+
+
 # How Claude names the HTTP status of an answer it could not read.
 _ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
 
@@ -205,7 +232,7 @@ class ClaudeReviewer(Reviewer):
         home = self.env_value("CLAUDE_CONFIG_DIR") or Path(
             self.env_value("HOME") or Path.home(), ".claude"
         )
-        remove_tree(Path(home, "projects", re.sub(r"[^A-Za-z0-9]", "-", cwd)))
+        remove_tree(Path(home, "projects", project_name(cwd)))
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
