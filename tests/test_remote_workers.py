@@ -934,6 +934,31 @@ def test_a_worker_whose_attempt_raises_sends_a_launch_failure(tmp_path, monkeypa
     assert not list((tmp_path / "w" / "attempts").iterdir())
 
 
+def test_an_outcome_whose_send_fails_leaves_no_attempt_folder_nor_the_cli_s_state(
+    tmp_path, monkeypatch
+):
+    """The queue away past the outcome's patience (an hour): the send raised out of the
+    task, and the attempt folder (its prompt quoting the notes) stayed until the worker's
+    next start, what the CLI kept for it in the worker's HOME (S26's `forget`) for good;
+    the reaper runs the attempt again in a folder of its own, so nothing reads them."""
+    from workers import tasks
+    from workers.reviewers.base import Reviewer
+
+    _worker_in_process(tmp_path, monkeypatch)
+
+    def away(task: str, *args, **_kw) -> None:
+        if task == "deliver_outcome":
+            raise ConnectionError("the control queue did not answer for an hour")
+
+    forgot: list[Path] = []
+    monkeypatch.setattr(tasks, "send", away)
+    monkeypatch.setattr(Reviewer, "forget", lambda self, spec: forgot.append(spec.attempt_dir))
+    with pytest.raises(ConnectionError):
+        tasks.run_review(REVIEW_MSG)
+    assert not list((tmp_path / "w" / "attempts").iterdir())
+    assert [p.name for p in forgot] == ["job-7-attempt-2"]
+
+
 def test_a_worker_does_not_start_an_attempt_the_reaper_has_given_up(kb, tmp_path, monkeypatch):
     """A message left in the queue past lease + timeout (no worker was up) has been
     reaped and dispatched again: the worker that takes it later ran the agent anyway,

@@ -424,11 +424,16 @@ def _run_prepared(
         duration_s=round(outcome.duration_s, 3),
     )
     outcome.notices = notices
-    with REPORTING.beating(beat, msg["heartbeat_s"]):
-        _report(outcome, _evidence(spec), msg)
-    # Sent: the control process keeps what matters; this worker holds nothing.
-    _remove(folder)
-    for_profile(profile).forget(spec)  # what the CLI kept for that folder, in its home
+    try:
+        with REPORTING.beating(beat, msg["heartbeat_s"]):
+            _report(outcome, _evidence(spec), msg)
+    finally:
+        # Sent, the control keeps what matters; or given up (a queue away past the send's
+        # patience), the reaper runs the attempt again in a folder of its own: either way
+        # nothing here is read again, and a folder left was a prompt, with the notes, kept
+        # until the worker's next start (the CLI's, in its home, for good).
+        _remove(folder)
+        for_profile(profile).forget(spec)  # what the CLI kept for that folder, in its home
 
 
 # The attempts this process put back on the review queue, each with its send's end. A stop
