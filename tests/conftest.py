@@ -44,6 +44,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # A handler, unlike an ignore, is not inherited: the tests' processes get the default.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The same of SIGHUP under `nohup make test`: the closed-terminal tests' run-job went on
+    # to its timeout. The suite itself still outlives its terminal, as nohup asked.
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _hangup_outlived)
     # SIGTERM (a CI job cancelled, `timeout`, a pytest-xdist worker stopped) ended the run
     # at once, with no finalizer run: every process and namespace the tests had going was
     # left. As a Ctrl-C, the run stops and its fixtures stop what they started.
@@ -54,6 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # this one starts its own: in each process, the pytest-xdist workers' included.
     for what in leftovers.clean_after_dead_runs():
         print(f"ended, left by a test run that is gone: {what}", file=sys.stderr)
+
+
+def _hangup_outlived(signum: int, frame: object) -> None:
+    """SIGHUP, ignored as `nohup` asked, by a handler: unlike an ignore, not inherited."""
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -568,16 +568,21 @@ def test_run_job_says_the_missing_pairs_once(kb, run_cli):
     assert "reason: 2 pairs missing from the output: kb/notes/n0.md :: " in reasons[0], reasons
 
 
-def test_the_ctrl_c_tests_hold_in_a_suite_started_with_ctrl_c_ignored(tmp_path):
+@pytest.mark.parametrize("ignored", [signal.SIGINT, signal.SIGHUP])
+def test_the_ctrl_c_tests_hold_in_a_suite_started_with_ctrl_c_ignored(tmp_path, ignored):
     """`make test` started in the background of a script (`cmd &`, where a shell without
     job control ignores SIGINT for what it starts) passed that on to every process the
     suite started: a run-job and a sweep ignored the tests' Ctrl-C, and seven Ctrl-C tests
-    failed. Ctrl-C is what they test, so the suite takes it back (conftest)."""
-    ctrl_c = "tests/test_foreground.py::test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again[2]"
+    failed. Ctrl-C is what they test, so the suite takes it back (conftest). The same of
+    SIGHUP under `nohup make test`: the closed-terminal test's run-job ran to its timeout."""
+    ctrl_c = (
+        "tests/test_foreground.py::test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again"
+        f"[{int(ignored)}]"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", ctrl_c]
         + ["--basetemp", str(tmp_path / "suite")],
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        preexec_fn=lambda: signal.signal(ignored, signal.SIG_IGN),
         capture_output=True,
         text=True,
         timeout=120,
