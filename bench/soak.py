@@ -77,8 +77,11 @@ GATES = {
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 SITECUSTOMIZE = """\
-# Written by bench/soak.py: tracemalloc for `reviewq control` / `reviewq worker` only.
+# Written by bench/soak.py: probes for `reviewq control` / `reviewq worker` only.
+import ctypes
+import json
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -96,25 +99,53 @@ def _soak_role():
     return None
 
 
+def _soak_sqlite():
+    try:
+        lib = ctypes.CDLL("libsqlite3.so.0")  # the library _sqlite3 links: one counter
+    except OSError:
+        return None
+    lib.sqlite3_memory_used.restype = ctypes.c_int64
+    lib.sqlite3_memory_highwater.restype = ctypes.c_int64
+    lib.sqlite3_memory_highwater.argtypes = [ctypes.c_int]
+    return lib
+
+
 def _soak_watch(folder):
-    req = os.path.join(folder, f"{os.getpid()}.req")
+    pid = os.getpid()
+    lib = _soak_sqlite()
     n = 0
     while True:
-        time.sleep(0.5)
-        if os.path.exists(req):
-            os.unlink(req)
-            n += 1
-            snap = tracemalloc.take_snapshot()
-            path = os.path.join(folder, f"{os.getpid()}.{n}.snap")
-            snap.dump(path + ".tmp")
+        time.sleep(0.2)
+        snap = os.path.exists(os.path.join(folder, f"{pid}.req"))
+        if not snap and not os.path.exists(os.path.join(folder, f"{pid}.probe")):
+            continue
+        n += 1
+        if snap:
+            path = os.path.join(folder, f"{pid}.{n}.snap")
+            tracemalloc.take_snapshot().dump(path + ".tmp")
             os.rename(path + ".tmp", path)
+        probe = {
+            "n": n,
+            "py_blocks": sys.getallocatedblocks(),
+            "sqlite_used": lib.sqlite3_memory_used() if lib else None,
+            "sqlite_high": lib.sqlite3_memory_highwater(0) if lib else None,
+            "traced": tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None,
+        }
+        path = os.path.join(folder, f"{pid}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(probe, f)
+        os.rename(path + ".tmp", path)
+        for what in ("req", "probe"):
+            try:
+                os.unlink(os.path.join(folder, f"{pid}.{what}"))
+            except FileNotFoundError:
+                pass
 
 
-if os.environ.get("SOAK_TRACEMALLOC") and _soak_role():
-    tracemalloc.start(int(os.environ.get("SOAK_TRACEMALLOC_FRAMES", "1")))
-    threading.Thread(
-        target=_soak_watch, args=(os.environ["SOAK_TRACEMALLOC"],), daemon=True
-    ).start()
+if os.environ.get("SOAK_PROBE") and _soak_role():
+    if os.environ.get("SOAK_TRACEMALLOC_FRAMES"):
+        tracemalloc.start(int(os.environ["SOAK_TRACEMALLOC_FRAMES"]))
+    threading.Thread(target=_soak_watch, args=(os.environ["SOAK_PROBE"],), daemon=True).start()
 """
 
 
@@ -491,14 +522,14 @@ def report(samples: list[Sample], roles: list[str], soak: Soak, wall: float) -> 
         return
     half = samples[len(samples) // 2].cycle
     print(
-        f"\nRSS growth per 100 cycles (least squares), first half (cycles ≤ {half}) and "
+        f"\nRSS growth per 100 cycles (least squares, /proc's kB = KiB), first half (cycles ≤ {half}) and "
         "second half:"
     )
     for r in roles:
         for key in ("VmRSS", "RssAnon"):
             first = slope_per_100([(s.cycle, s.procs[r][key]) for s in samples if s.cycle <= half])
             second = slope_per_100([(s.cycle, s.procs[r][key]) for s in samples if s.cycle >= half])
-            fmt = lambda v: "n/a" if v is None else f"{v:+.0f} KB"  # noqa: E731
+            fmt = lambda v: "n/a" if v is None else f"{v:+.0f} KiB"  # noqa: E731
             print(f"  {r:8s} {key:7s} first half {fmt(first)}, second half {fmt(second)}")
         a, b = samples[0].procs[r], samples[-1].procs[r]
         print(
@@ -506,10 +537,35 @@ def report(samples: list[Sample], roles: list[str], soak: Soak, wall: float) -> 
             f"{mb(b['VmHWM']):.2f} MB, fds {a['fds']} → {b['fds']}, threads "
             f"{a['Threads']} → {b['Threads']}, CPU {b['cpu_s']:.0f} s"
         )
+    if "sqlite_used" in samples[-1].procs["control"]:
+        print("\nprobes (--probe): SQLite's memory in use (sqlite3_memory_used, MB) and Python's")
+        print("allocated blocks (sys.getallocatedblocks), each process:")
+        print("| cycle | " + " | ".join(f"{r} SQLite MB | {r} blocks" for r in roles) + " |")
+        print("|---|" + "---|---|" * len(roles))
+        for s in samples:
+            cells = []
+            for r in roles:
+                p = s.procs[r]
+                used = p.get("sqlite_used")
+                cells += [
+                    "-" if used is None else f"{used / 1e6:.2f}",
+                    str(p.get("py_blocks", "-")),
+                ]
+            print(f"| {s.cycle} | " + " | ".join(cells) + " |")
+        for r in roles:
+            for key, unit in (("sqlite_used", 1024), ("py_blocks", 1)):
+                vals = [(s.cycle, s.procs[r].get(key)) for s in samples if s.cycle >= half]
+                v = slope_per_100([(c, x // unit) for c, x in vals if x is not None])
+                what = "SQLite KiB" if unit > 1 else "blocks"
+                print(
+                    f"  {r:8s} {what} per 100 cycles, second half: "
+                    + ("n/a" if v is None else f"{v:+.0f}")
+                )
     worker_hwm = max(mb(s.procs["worker"]["VmHWM"]) for s in samples)
     verdict = "PASS" if worker_hwm <= TARGET_RSS_MB else "MISS"
     print(
         f"\nworker peak RSS (VmHWM) {worker_hwm:.1f} MB, target ≤ {TARGET_RSS_MB:.0f} MB: {verdict}"
+        + (" (under tracemalloc: not the product's figure)" if soak.args.tracemalloc else "")
     )
 
 
@@ -551,16 +607,29 @@ def tracemalloc_diff(folder: Path, roles: dict[str, int], top: int, frames: int)
                 print(f"  {st.size_diff / 1e3:+8.1f} KB {st.count_diff:+6d} blocks  {where}")
 
 
-def request_snapshots(folder: Path, pids: list[int], timeout: float = 120) -> None:
-    have = {p: len(list(folder.glob(f"{p}.*.snap"))) for p in pids}
+def probe(folder: Path, pids: list[int], snapshot: bool, timeout: float = 120) -> dict:
+    """Ask each process for its probe (and a tracemalloc snapshot): {pid: probe or {}}."""
+    before = {p: _read_probe(folder, p).get("n", 0) for p in pids}
     for p in pids:
-        (folder / f"{p}.req").touch()
+        (folder / f"{p}.{'req' if snapshot else 'probe'}").touch()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(len(list(folder.glob(f"{p}.*.snap"))) > have[p] for p in pids):
-            return
-        time.sleep(0.5)
-    print("tracemalloc: a snapshot did not come")
+    got: dict[int, dict] = {}
+    while time.monotonic() < deadline and len(got) < len(pids):
+        for p in pids:
+            pr = _read_probe(folder, p)
+            if pr.get("n", 0) > before[p]:
+                got[p] = pr
+        time.sleep(0.2)
+    if len(got) < len(pids):
+        print("probe: a process did not answer", flush=True)
+    return got
+
+
+def _read_probe(folder: Path, pid: int) -> dict:
+    try:
+        return json.loads((folder / f"{pid}.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -580,6 +649,11 @@ def main() -> int:
         help="queue with enqueue and sweep --workers 0 in turn (default), or enqueue only",
     )
     ap.add_argument("--tracemalloc", action="store_true", help="snapshots of both processes")
+    ap.add_argument(
+        "--probe",
+        action="store_true",
+        help="at each sample, SQLite's memory and Python's allocated blocks in both processes",
+    )
     ap.add_argument("--top", type=int, default=15, help="tracemalloc lines shown")
     ap.add_argument("--frames", type=int, default=12, help="tracemalloc frames kept")
     ap.add_argument("--dir", type=Path, help="work here (absent or empty; kept afterwards)")
@@ -647,11 +721,13 @@ def soak_run(args: argparse.Namespace, base: Path) -> int:
             redis_url = f"redis://127.0.0.1:{port}/0"
         write_config(soak.root, redis_url)
         env = soak.env
-        if args.tracemalloc:
-            tm = base / "tracemalloc"
+        tm = base / "tracemalloc"
+        if args.tracemalloc or args.probe:
             tm.mkdir()
             (tm / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
-            env = dict(env, SOAK_TRACEMALLOC=str(tm), SOAK_TRACEMALLOC_FRAMES=str(args.frames))
+            env = dict(env, SOAK_PROBE=str(tm))
+            if args.tracemalloc:
+                env["SOAK_TRACEMALLOC_FRAMES"] = str(args.frames)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tm), env.get("PYTHONPATH")) if p)
         for role, argv in (
             ("control", soak.rq("control")),
@@ -685,12 +761,16 @@ def soak_run(args: argparse.Namespace, base: Path) -> int:
                 break
             k += 1
             if k == 1 and args.tracemalloc:
-                request_snapshots(base / "tracemalloc", list(roles.values()))
+                probe(tm, list(roles.values()), snapshot=True)
             done = (args.cycles is not None and k >= args.cycles) or (
                 args.minutes is not None and time.monotonic() - t0 >= args.minutes * 60
             )
             if k == 1 or k % args.sample_every == 0 or done:
                 s = take_sample(k, t0, roles, soak.state, redis_cli)
+                if args.probe:
+                    got = probe(tm, list(roles.values()), snapshot=False)
+                    for role, pid in roles.items():
+                        s.procs[role].update(got.get(pid, {}))
                 samples.append(s)
                 with open(base / "samples.jsonl", "a") as f:  # for a later look
                     f.write(json.dumps(s.__dict__) + "\n")
@@ -704,7 +784,7 @@ def soak_run(args: argparse.Namespace, base: Path) -> int:
             if done:
                 break
         if args.tracemalloc:
-            request_snapshots(base / "tracemalloc", list(roles.values()))
+            probe(tm, list(roles.values()), snapshot=True)
         wall = time.monotonic() - t0
         report(samples, list(roles), soak, wall)
         if args.tracemalloc:
