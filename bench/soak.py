@@ -30,16 +30,20 @@ the second half of the samples (least squares): a second-half slope near zero, a
 under the first half's, is RSS levelling off.
 
 ``--tracemalloc`` runs both processes under tracemalloc without touching the product: a
-``sitecustomize.py`` written to the work folder (on PYTHONPATH for the two processes only)
+``sitecustomize.py`` written to DIR/tracemalloc/ (on PYTHONPATH for the two processes only)
 starts it in a process whose command line is ``reviewq control``/``worker`` and writes a
-snapshot whenever ``SOAK_DIR/PID.req`` appears; the script asks for one after the first
-sample and at the end and prints the lines that grew most between them. It costs memory
-and time of its own: RSS figures of such a run are not the product's.
+snapshot whenever ``DIR/tracemalloc/PID.req`` appears; the script asks for one after the
+first cycle and at the end and prints the lines that grew most between them. It costs
+memory and time of its own: RSS figures of such a run are not the product's. ``--probe``
+uses the same hook without tracemalloc: at each sample (``PID.probe``) each process writes
+SQLite's memory in use (``sqlite3_memory_used``: the page caches tracemalloc cannot see)
+and ``sys.getallocatedblocks()``.
 
     .venv/bin/python bench/soak.py --minutes 50                 # SQLite, as long as it takes
     .venv/bin/python bench/soak.py --cycles 20                  # smoke, about a minute or two
     .venv/bin/python bench/soak.py --minutes 20 --redis
     .venv/bin/python bench/soak.py --cycles 60 --tracemalloc    # what grows
+    .venv/bin/python bench/soak.py --minutes 30 --probe         # SQLite's caches, blocks
 
 Everything it starts (the two processes, redis-server, any sweep or enqueue in flight) is
 stopped at the end and on Ctrl-C (SIGINT, then SIGKILL after 60 s). Exit status: 0 when
