@@ -68,6 +68,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import _children, reviewq_exe  # bench/: run as a script, its folder on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "agents" / "fake_agent.py"
 TARGET_RSS_MB = 120.0  # CONTRACT §13: worker RSS
@@ -156,11 +158,6 @@ if os.environ.get("SOAK_PROBE") and _soak_role():
 # --- setup ------------------------------------------------------------------------------------
 
 
-def reviewq_exe() -> str:
-    exe = Path(sys.executable).with_name("reviewq")
-    return str(exe) if exe.exists() else shutil.which("reviewq") or "reviewq"
-
-
 def gate_text(gate_id: str) -> str:
     lens, failure, test = GATES[gate_id]
     name = gate_id.split("/")[1]
@@ -220,17 +217,6 @@ def free_port() -> int:
 # --- sampling ---------------------------------------------------------------------------------
 
 
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
 def proc_state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -252,7 +238,7 @@ def sample_proc(pid: int) -> dict:
         rest = f.read().rsplit(")", 1)[1].split()
     st["cpu_s"] = (int(rest[11]) + int(rest[12])) / CLK_TCK
     st["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
-    kids = children(pid)
+    kids = _children(pid)
     st["children"] = len(kids)
     st["zombies"] = sum(proc_state(k) == "Z" for k in kids)
     return st
