@@ -608,16 +608,9 @@ def test_a_persons_codex_mcp_server_does_not_start_beside_a_review(
     assert kb_files(vkb.root) == before
 
 
-def test_a_persons_codex_plugin_does_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
-    """A plugin installed as a person installs one (``codex plugin marketplace add`` of a
-    folder of theirs and ``codex plugin add``, the real CLI's own commands) brings an MCP
-    server of its own ``.mcp.json``, none of config.toml's: it started beside a review,
-    outside the sandbox, and wrote into the KB."""
-    mine = tmp_path / "home"
-    shutil.copytree(home, mine, symlinks=True)
-    note = vkb.root / "kb" / "notes" / "mcp.md"
-    market = tmp_path / "market"
-    plugin = market / "kbtools"
+def _marketplace(market: Path) -> Path:
+    """A person's plugin marketplace folder, ``mine``, listing one plugin, ``kbtools``
+    (the same file both Codex and Claude read): the plugin's folder, for its files."""
     (market / ".claude-plugin").mkdir(parents=True)
     (market / ".claude-plugin" / "marketplace.json").write_text(
         json.dumps(
@@ -628,6 +621,19 @@ def test_a_persons_codex_plugin_does_not_start_beside_a_review(netns, model, hom
             }
         )
     )
+    return market / "kbtools"
+
+
+def test_a_persons_codex_plugin_does_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
+    """A plugin installed as a person installs one (``codex plugin marketplace add`` of a
+    folder of theirs and ``codex plugin add``, the real CLI's own commands) brings an MCP
+    server of its own ``.mcp.json``, none of config.toml's: it started beside a review,
+    outside the sandbox, and wrote into the KB."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "mcp.md"
+    market = tmp_path / "market"
+    plugin = _marketplace(market)
     (plugin / ".codex-plugin").mkdir(parents=True)
     (plugin / ".codex-plugin" / "plugin.json").write_text(
         json.dumps({"name": "kbtools", "version": "1.0.0", "mcpServers": "./.mcp.json"})
@@ -742,17 +748,7 @@ def _claude_plugin(netns: str, home: Path, root: Path, into: Path) -> Path:
     shutil.copytree(home, mine, symlinks=True)
     note = root / "kb" / "notes" / "hooked.md"
     market = into / "market"
-    plugin = market / "kbtools"
-    (market / ".claude-plugin").mkdir(parents=True)
-    (market / ".claude-plugin" / "marketplace.json").write_text(
-        json.dumps(
-            {
-                "name": "mine",
-                "owner": {"name": "Me"},
-                "plugins": [{"name": "kbtools", "source": "./kbtools"}],
-            }
-        )
-    )
+    plugin = _marketplace(market)
     (plugin / ".claude-plugin").mkdir(parents=True)
     server = into / "mdls"
     server.write_text(f"#!/bin/sh\necho lsp >> {note}\nexec sleep 30\n")
