@@ -426,6 +426,22 @@ def test_a_sighup_after_an_edit_that_broke_the_settings_keeps_them_running(kb, t
         ]
 
 
+def _control_taking_sighup(kb) -> subprocess.Popen:  # noqa: ANN001 - the kb fixture
+    """A `reviewq control` of the KB, its JSON log on a stderr pipe, once its consumer's
+    SIGHUP handler is set (a SIGHUP before it ends the process)."""
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not _catches(control.pid, signal.SIGHUP):
+        if time.monotonic() > deadline or control.poll() is not None:
+            stop(control)
+            control.stderr.close()
+            raise AssertionError("the control set no SIGHUP handler")
+        time.sleep(0.01)
+    return control
+
+
 def test_a_sighup_after_an_edit_naming_a_queue_the_start_refuses_keeps_it_running(kb):
     """The same reload after an edit the file's reading accepts and the command's start
     refuses: `[queue] url` set (§6.6's switch) with its host name mistyped. The check
@@ -436,14 +452,8 @@ def test_a_sighup_after_an_edit_naming_a_queue_the_start_refuses_keeps_it_runnin
     small_kb(kb, notes=1)
     good = fake_profile() + FAST_QUEUE
     kb.write("reviewq.toml", good)
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    control = _control_taking_sighup(kb)
     try:
-        deadline = time.monotonic() + 30
-        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
-            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
-            time.sleep(0.01)
         kb.write("reviewq.toml", good + 'url = "redis://redis-hots.invalid:6379/0"\n')
         control.send_signal(signal.SIGHUP)
         said = _until(control.stderr, "control.reload_refused", "control.restarting")
@@ -482,14 +492,8 @@ def test_a_sighup_during_a_refused_reloads_check_is_a_reload_of_the_file_as_it_i
 
     server = threading.Thread(target=not_redis, daemon=True)
     server.start()
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    control = _control_taking_sighup(kb)
     try:
-        deadline = time.monotonic() + 30
-        while not _catches(control.pid, signal.SIGHUP):  # its consumer's handler is set
-            assert time.monotonic() < deadline and control.poll() is None, "no handler set"
-            time.sleep(0.01)
         port = listener.getsockname()[1]
         kb.write("reviewq.toml", good + f'url = "redis://127.0.0.1:{port}/0"\n')
         control.send_signal(signal.SIGHUP)
