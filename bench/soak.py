@@ -68,7 +68,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import _children, reviewq_exe  # bench/: run as a script, its folder on sys.path
+from pipeline import _children, reviewq_exe, stop  # bench/: run as a script, its folder on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "agents" / "fake_agent.py"
@@ -325,7 +325,8 @@ class Soak:
     def rq(self, *args: str) -> list[str]:
         return [reviewq_exe(), "--root", str(self.root), "--state", str(self.state), *args]
 
-    def run(self, argv: list[str], what: str, timeout: float = 300) -> str:
+    def start(self, argv: list[str]) -> subprocess.Popen:
+        """A reviewq command started, its output piped, stopped at the end if still running."""
         p = subprocess.Popen(
             argv,
             env=self.env,
@@ -335,6 +336,10 @@ class Soak:
             text=True,
         )
         self.running.append(p)
+        return p
+
+    def run(self, argv: list[str], what: str, timeout: float = 300) -> str:
+        p = self.start(argv)
         try:
             out, err = p.communicate(timeout=timeout)
         finally:
@@ -394,16 +399,7 @@ class Soak:
                 argv = self.rq("sweep", *common, "--fixer", fixer, "--workers", "0")
                 for n in notes:
                     argv += ["--note", n]
-                p = subprocess.Popen(
-                    argv,
-                    env=self.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                self.running.append(p)
-                sweeps.append((fixer, p))
+                sweeps.append((fixer, self.start(argv)))
             for fixer, p in sweeps:
                 try:
                     out, err = p.communicate(timeout=self.args.cycle_timeout)
@@ -434,16 +430,6 @@ class Soak:
 
 class SoakError(Exception):
     pass
-
-
-def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # --- report -----------------------------------------------------------------------------------
