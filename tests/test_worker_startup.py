@@ -404,21 +404,30 @@ def test_a_worker_says_when_its_queue_becomes_fed_and_when_it_stops_being_fed(
         _stop(worker)
 
 
-def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(kb, tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "words"), [("full", "maxmemory"), ("unsaved", "stop-writes-on-bgsave-error")]
+)
+def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(
+    kb, tmp_path, mode, words
+):
     """A Redis filled by another application under `noeviction` refuses every write, the
     control's `reviewq.control` key too: five of its ticks later the worker said "no
     control process has fed this queue ... it stopped, or it now uses another Redis
     database" of a control that ran on, and sent the reader to mend a URL that was right.
-    It says the server is full."""
-    import redis
+    It says the server is full. So does one whose snapshot failed (its disk full): it
+    refuses writes (MISCONF) until one succeeds, and the worker logged a traceback at
+    each read, ~40 a second, beside the same words."""
+    from .fault.test_outages import UNSAVED_OPTIONS, _refusing_writes
 
-    from .fault.test_outages import _fill
-
-    with redis_server(tmp_path, "--maxmemory-policy", "noeviction") as url:
+    rdb = tmp_path / "rdb"
+    rdb.mkdir()
+    options = ("--maxmemory-policy", "noeviction", "--dir", str(rdb))
+    with redis_server(tmp_path, *options, *(UNSAVED_OPTIONS * (mode == "unsaved"))) as url:
         config, args = _worker_home(tmp_path, url)
         home = tmp_path / "remote"
         control = _start_control(kb, url)
         worker = None
+        undo = None
         try:
             worker = subprocess.Popen(
                 [*args, "worker", "--workers", "1"],
@@ -427,19 +436,21 @@ def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(k
             )
             _await_event(home, "worker.queue_fed", 0)  # it heard from the control
             seen = len(_worker_log(home))
-            others = _fill(url)
+            undo = _refusing_writes(url, mode, rdb)
             said = _await_event(home, "worker.queue_full", seen)
             assert control.poll() is None  # the control runs on
-            assert "refuses writes" in said["reason"] and "maxmemory" in said["reason"], said
-            assert "worker.queue_unfed" not in [r["event"] for r in _worker_log(home)[seen:]]
+            assert "refuses writes" in said["reason"] and words in said["reason"], said
+            events = [r["event"] for r in _worker_log(home)[seen:]]
+            assert "worker.queue_unfed" not in events
+            assert not [e for e in events if e.startswith("huey")], events[:5]
             doctor = _refused([*args, "doctor", "--worker"], timeout=60)  # and doctor alike
-            assert "refuses writes" in doctor.stdout and "has fed" not in doctor.stdout, (
-                doctor.stdout
-            )
-            with contextlib.closing(redis.Redis.from_url(url)) as client:
-                client.delete(*others)  # room made: the control's next tick writes its key
+            assert "refuses writes" in doctor.stdout and words in doctor.stdout, doctor.stdout
+            assert "has fed" not in doctor.stdout, doctor.stdout
+            undo, _ = None, undo()  # room made: the control's next tick writes its key
             _await_event(home, "worker.queue_fed", seen)
         finally:
+            if undo is not None:  # a Redis that cannot save does not end on SIGTERM
+                undo()
             _stop(control)
             if worker is not None:
                 _stop(worker)

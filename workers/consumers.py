@@ -402,9 +402,10 @@ class FeedWatch(threading.Thread):
             problem = None if beside_a_control(self.settings) else unfed_problem(self.settings)
         elif heard and (silent := fed_late(heard, now)) is not None:
             problem = stale_problem(self.settings, heard, silent)
-            # A full Redis refuses the control's key too: the control runs on.
-            if refuses_writes(self.huey):
-                problem, event = full_problem(self.settings, heard), "worker.queue_full"
+            # A Redis that refuses writes (full, unsaved) refuses the control's key too: the
+            # control runs on.
+            if (why := refuses_writes(self.huey)) is not None:
+                problem, event = full_problem(self.settings, heard, why), "worker.queue_full"
         if fed and isinstance(fed.get("every"), int | float) and fed["every"] > 0:
             self.period = min(60.0, max(1.0, float(fed["every"])))
         if problem is not None:

@@ -444,8 +444,8 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         for name, attempt in tries.items():
             try:
                 attempt()
-            except OutOfMemoryError:
-                continue  # known, and refused while the server is full: an outage, waited for
+            except (OutOfMemoryError, _Unsaved):
+                continue  # known, and refused while full or unsaved: an outage, waited for
             except (_Demoted, ResponseError) as exc:
                 if "unknown command" in str(exc).lower():
                     missing.append(name)
@@ -575,7 +575,12 @@ def _demotable(base: type) -> type:
     UNBLOCKED a read blocked at that moment is given ("instance state changed"), and the
     EXECABORT of a transaction whose commands came before it and whose EXEC after ("because
     of: READONLY"; a message larger than the server reads at once leaves that gap): the
-    release of a control message raised it, unretried, a traceback from Huey."""
+    release of a control message raised it, unretried, a traceback from Huey.
+
+    A server whose last snapshot failed (its disk full, under Redis's default
+    `stop-writes-on-bgsave-error yes`) refuses every write with MISCONF, a ResponseError
+    too: it is kept as an unavailable queue's as well (:class:`_Unsaved`), the connection
+    kept, until a snapshot succeeds."""
     from redis.exceptions import ExecAbortError, ReadOnlyError, ResponseError
 
     class Demotable(base):
@@ -584,6 +589,10 @@ def _demotable(base: type) -> type:
                 return super().read_response(*args, **kwargs)
             except ResponseError as exc:
                 said = str(exc)
+                if said.startswith("MISCONF") or (
+                    isinstance(exc, ExecAbortError) and "MISCONF" in said
+                ):
+                    raise _Unsaved(said) from None
                 if not (
                     isinstance(exc, ReadOnlyError)
                     or said.startswith("UNBLOCKED")
@@ -1151,30 +1160,41 @@ def _meant_for(request: object, opened_at: object) -> bool:
     return not isinstance(said, str) or not isinstance(opened_at, str) or said == opened_at
 
 
-def refuses_writes(huey: Huey) -> bool:
-    """Whether the Redis queue refuses writes for want of memory (full under
-    `noeviction`), tried with a write that changes nothing: a move from a key that is
-    never there, which Redis refuses before it runs while it is full."""
+def refuses_writes(huey: Huey) -> tuple[str, str] | None:
+    """Why the Redis queue refuses every write, in :func:`full_problem`'s words, or None:
+    full (`maxmemory` under `noeviction`) or unable to save its snapshot (MISCONF).
+    Tried with a write that changes nothing: a move from a key that is never there,
+    which Redis refuses before it runs while either lasts."""
     from redis.exceptions import OutOfMemoryError
 
     probe = huey.storage.queue_key + ".probe"
     try:
         huey.storage.conn.rpoplpush(probe, probe)
     except OutOfMemoryError:
-        return True
+        return (
+            "full: `maxmemory` under `noeviction`",
+            "make room on the server (another application's keys) or raise its `maxmemory`",
+        )
+    except _Unsaved:
+        return (
+            "its last snapshot failed, and `stop-writes-on-bgsave-error` stops writes until "
+            "one succeeds",
+            "its log says why the snapshot failed (most often a full disk): mend that, and "
+            "its next snapshot (or a BGSAVE) lets writes through again",
+        )
     except Exception:  # noqa: BLE001 - away or refused otherwise: not this question's
-        return False
-    return False
+        return None
+    return None
 
 
-def full_problem(settings: Settings, fed: dict) -> str:
-    """The words for a queue whose control is silent because its Redis is full."""
+def full_problem(settings: Settings, fed: dict, why: tuple[str, str]) -> str:
+    """The words for a queue whose control is silent because its Redis refuses writes
+    (``why``: :func:`refuses_writes`'s reason and remedy)."""
+    reason, remedy = why
     return (
-        f"{queue_where(settings)}: the Redis server refuses writes (full: `maxmemory` under "
-        f"`noeviction`), so the control (the last, on {fed.get('host')}, state folder "
-        f"{fed.get('state')}) cannot say it feeds this queue, nor any process send a "
-        "message; make room on the server (another application's keys) or raise its "
-        "`maxmemory`"
+        f"{queue_where(settings)}: the Redis server refuses writes ({reason}), so the control "
+        f"(the last, on {fed.get('host')}, state folder {fed.get('state')}) cannot say it "
+        f"feeds this queue, nor any process send a message; {remedy}"
     )
 
 
@@ -1260,7 +1280,8 @@ def huey_for(settings: Settings, queue: str) -> Huey:
 
 # What a queue backend raises while it is unavailable (Redis down or restarting, or full:
 # `maxmemory` reached under `noeviction` refuses every write, BLMOVE and LPUSH alike, until
-# room is made; a SQLite queue file locked past its busy timeout): sends retry on it,
+# room is made, and so does a Redis whose last snapshot failed (MISCONF, a full disk) until
+# one succeeds; a SQLite queue file locked past its busy timeout): sends retry on it,
 # consumers wait it out.
 # Redis's own join it in _with_redis, before any Redis connection can raise them; read it
 # as `queues.QUEUE_UNAVAILABLE` where it is caught, not as a copy taken at import.
@@ -1275,15 +1296,19 @@ class _Demoted(Exception):  # noqa: N818 - a redis ConnectionError once _with_re
     pass
 
 
+class _Unsaved(Exception):  # noqa: N818 - a redis ResponseError once _with_redis ran
+    pass
+
+
 def _with_redis() -> None:
     """What a Redis queue needs of the redis package, imported here rather than with Huey
     (see the top of this module): Huey's storage module given the names its import
     went without, and Redis's unavailable errors among QUEUE_UNAVAILABLE."""
-    global QUEUE_UNAVAILABLE, _RedisTimeout, _Demoted
+    global QUEUE_UNAVAILABLE, _RedisTimeout, _Demoted, _Unsaved
     import huey.storage
     from redis import ConnectionPool, Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import OutOfMemoryError
+    from redis.exceptions import OutOfMemoryError, ResponseError
     from redis.exceptions import TimeoutError as RedisTimeout
 
     if huey.storage.Redis is None:
@@ -1294,11 +1319,14 @@ def _with_redis() -> None:
     _RedisTimeout = RedisTimeout
     if not issubclass(_Demoted, RedisConnectionError):
         _Demoted = type("ServerDemoted", (RedisConnectionError,), {})
+    if not issubclass(_Unsaved, ResponseError):
+        _Unsaved = type("WritesStopped", (ResponseError,), {})
     QUEUE_UNAVAILABLE = (
         sqlite3.OperationalError,
         RedisConnectionError,
         RedisTimeout,
         OutOfMemoryError,
+        _Unsaved,
         ConnectionError,
     )
 

@@ -804,8 +804,9 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
                 click.echo(f"warning: {risk}")
             fed = fed_by(app.control)
             silent = fed_late(fed, queue_clock(app.control)) if fed else None
-            # A full Redis refuses the control's key too: it may well run (the worker's rule).
-            full = silent is not None and refuses_writes(app.control)
+            # A Redis that refuses writes (full, unsaved) refuses the control's key too: it
+            # may well run (the worker's rule).
+            full = refuses_writes(app.control) if silent is not None else None
             other = None if worker_only else other_feeder(app.control, ws.state_dir)
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
@@ -822,8 +823,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             bool(fed) and silent is None,
             unfed_problem(ws.settings)
             if not fed
-            else full_problem(ws.settings, fed)
-            if full
+            else full_problem(ws.settings, fed, full)
+            if full is not None
             else stale_problem(ws.settings, fed, silent)
             if silent is not None
             else f"a control process feeds this queue (on {fed.get('host')}, state folder "

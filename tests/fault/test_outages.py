@@ -233,35 +233,66 @@ def _fill(url: str) -> list[str]:
     return names
 
 
-def _refusing_writes(url: str, mode: str) -> Callable[[], None]:
+# The options a Redis needs for _refusing_writes's ``unsaved``: snapshots, as Redis's own
+# default configuration takes them, and writes stopped when one fails (its default too).
+UNSAVED_OPTIONS = ("--save", "3600 1", "--stop-writes-on-bgsave-error", "yes")
+
+
+def _snapshot_said(client, status: str) -> None:  # noqa: ANN001 - a redis.Redis
+    """A BGSAVE, and its end awaited: its status ``status`` (``ok`` or ``err``)."""
+    client.bgsave()
+    deadline = time.monotonic() + 30
+    while client.info("persistence")["rdb_last_bgsave_status"] != status:
+        assert time.monotonic() < deadline, f"no {status} snapshot"
+        time.sleep(0.05)
+
+
+def _refusing_writes(url: str, mode: str, workdir: Path | None = None) -> Callable[[], None]:
     """Make the Redis at ``url`` refuse every write: ``full`` (another application's keys
-    past `maxmemory` under `noeviction`: OOM) or ``demoted`` (made a replica of a primary
-    that is not there, as a failover leaves the old primary: READONLY, its data kept).
-    What undoes it."""
+    past `maxmemory` under `noeviction`: OOM), ``demoted`` (made a replica of a primary
+    that is not there, as a failover leaves the old primary: READONLY, its data kept) or
+    ``unsaved`` (a Redis started with :data:`UNSAVED_OPTIONS` in ``workdir`` whose snapshot
+    cannot be written, as on a full disk: MISCONF, until a snapshot succeeds again; here
+    a folder where its file goes). What undoes it."""
     import redis
 
     client = redis.Redis.from_url(url)
     if mode == "full":
         others = _fill(url)
         return lambda: client.delete(*others) and client.close()
+    if mode == "unsaved":
+        assert workdir is not None
+        blocker = workdir / "dump.rdb"
+        blocker.mkdir()
+        _snapshot_said(client, "err")
+
+        def undo() -> None:
+            blocker.rmdir()
+            _snapshot_said(client, "ok")
+            client.close()
+
+        return undo
     client.replicaof("127.0.0.1", "1")
     return lambda: client.replicaof("NO", "ONE") and client.close()
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["full", "demoted"])
+@pytest.mark.parametrize("mode", ["full", "demoted", "unsaved"])
 def test_a_redis_that_refuses_writes_mid_sweep_is_waited_out(tmp_path, mode):
     """full: a Redis shared with another application that filled it to `maxmemory` under
     `noeviction` refuses every write (OOM), BLMOVE and LPUSH alike, until room is made;
-    demoted: a failover made it a replica (READONLY) until it is the primary again.
-    Either way the control's read logged a traceback at every poll (432 in 10 s), a
-    worker dropped the outcome it could not send (the agent ran again), and (full) a
-    control or doctor started meanwhile refused the server as one that "refused BLMOVE",
-    a mistake of the file."""
+    demoted: a failover made it a replica (READONLY) until it is the primary again;
+    unsaved: its snapshot failed (a full disk) and it refuses writes (MISCONF) until one
+    succeeds. Either way the control's read logged a traceback at every poll (432 in
+    10 s), a worker dropped the outcome it could not send (the agent ran again), and
+    (full, unsaved) a control or doctor started meanwhile refused the server as one that
+    "refused BLMOVE", a mistake of the file."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (CI installs it with apt)")
     redis = RedisServer(
-        tmp_path / "r.sock", tmp_path / "redis", options=("--maxmemory-policy", "noeviction")
+        tmp_path / "r.sock",
+        tmp_path / "redis",
+        options=("--maxmemory-policy", "noeviction", *(UNSAVED_OPTIONS * (mode == "unsaved"))),
     )
     redis.start()
     root, expected, cluster, fifo = _setup(
@@ -271,8 +302,8 @@ def test_a_redis_that_refuses_writes_mid_sweep_is_waited_out(tmp_path, mode):
 
     def outage():  # noqa: ANN202
         nonlocal doctor
-        undo = _refusing_writes(redis.url, mode)
-        if mode == "full":  # a replica is refused at start: a URL to mend (test_worker_startup)
+        undo = _refusing_writes(redis.url, mode, redis.workdir)
+        if mode != "demoted":  # a replica is refused at start: a URL to mend (test_worker_startup)
             doctor = cluster.rq("doctor", timeout=60)
         time.sleep(OUTAGE_S)  # the outage itself
         undo()
