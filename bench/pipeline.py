@@ -762,15 +762,23 @@ def main() -> int:
     args = ap.parse_args()
     if args.jobs < FOLDERS or min(args.concurrency, args.repeat, args.worker_processes) < 1:
         ap.error(f"--jobs must be at least {FOLDERS}; the other counts at least 1")
+    with work_folder(ap, args, "reviewq-bench-pipeline-") as base:
+        return bench(args, base)
+
+
+@contextlib.contextmanager
+def work_folder(ap: argparse.ArgumentParser, args: argparse.Namespace, prefix: str):
+    """The bench's folder: ``--dir`` (absent or empty, kept afterwards), else a temporary
+    one, removed at the end unless ``--keep``."""
     if args.dir is not None:
         if args.dir.exists() and any(args.dir.iterdir()):
             ap.error(f"--dir {args.dir}: not empty")
         args.dir.mkdir(parents=True, exist_ok=True)
         base, keep = args.dir.resolve(), True
     else:
-        base, keep = Path(tempfile.mkdtemp(prefix="reviewq-bench-pipeline-")), args.keep
+        base, keep = Path(tempfile.mkdtemp(prefix=prefix)), args.keep
     try:
-        return bench(args, base)
+        yield base
     finally:
         if keep:
             print(f"kept: {base}")

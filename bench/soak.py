@@ -57,18 +57,21 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import _children, reviewq_exe, stop  # bench/: run as a script, its folder on sys.path
+from pipeline import (  # bench/: run as a script, its folder on sys.path
+    _children,
+    reviewq_exe,
+    stop,
+    work_folder,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "agents" / "fake_agent.py"
@@ -637,25 +640,14 @@ def main() -> int:
     args = ap.parse_args()
     if args.cycles is None and args.minutes is None:
         args.cycles = 20
-    if args.dir is not None:
-        if args.dir.exists() and any(args.dir.iterdir()):
-            ap.error(f"--dir {args.dir}: not empty")
-        args.dir.mkdir(parents=True, exist_ok=True)
-        base, keep = args.dir.resolve(), True
-    else:
-        base, keep = Path(tempfile.mkdtemp(prefix="reviewq-bench-soak-")), args.keep
     # SIGTERM as Ctrl-C: the finally blocks stop what was started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        return soak_run(args, base)
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped")
-        return 1
-    finally:
-        if keep:
-            print(f"kept: {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
+    with work_folder(ap, args, "reviewq-bench-soak-") as base:
+        try:
+            return soak_run(args, base)
+        except KeyboardInterrupt:
+            print("interrupted: everything started was stopped")
+            return 1
 
 
 def soak_run(args: argparse.Namespace, base: Path) -> int:
