@@ -44,6 +44,7 @@ from orchestrator.state.store import (
     reasons_column,
     timestamp,
 )
+from orchestrator.state.words import NEVER_PICKED_UP
 
 TREND_NIGHTS = 14
 DIFF_LINES = 200  # per fix: a rewrite of a long note is summarised, not printed whole
@@ -351,8 +352,8 @@ def _stalled(
             store.conn.execute(
                 "SELECT count(*) FROM attempts a CROSS JOIN review_jobs j ON j.id = a.job_id "
                 "WHERE j.reviewer = ? AND a.outcome = 'lost' AND a.ended_at >= ? "
-                "AND a.reasons LIKE '%never picked up by a worker%'",
-                (r["reviewer"], since),
+                "AND a.reasons LIKE ?",
+                (r["reviewer"], since, f"%{NEVER_PICKED_UP}%"),
             ).fetchone()[0]
             if ended
             else 0
