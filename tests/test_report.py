@@ -320,7 +320,10 @@ def test_bad_arguments_get_one_line(night):
         (("--since", "1h", "--run", "1"), "error: --since and --run: choose one period\n"),
     ):
         res = night.rq("report", *args)
-        assert (res.returncode, res.stderr) == (1, expected), args
+        # A value that names no time, or two periods at once, is bad usage (CONTRACT: 2);
+        # a run or sweep the record lacks is refused (1).
+        code = 2 if args[0] == "--since" else 1
+        assert (res.returncode, res.stderr) == (code, expected), args
 
 
 def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
@@ -377,9 +380,9 @@ def test_a_report_may_look_back_more_than_a_year(night):
     assert res.returncode == 0, res.stderr
     res = night.rq("report", "--since", "7d")  # what a person types for "this week"
     assert res.returncode == 0 and "the last 7d" in res.stdout.splitlines()[0], res.stderr
-    res = night.rq("report", "--since", "99999999h")  # past the calendar: one line
+    res = night.rq("report", "--since", "99999999h")  # past the calendar: one line, bad usage
     assert (res.returncode, res.stderr) == (
-        1,
+        2,
         "error: --since: must be more than 0 seconds and at most 100 years\n",
     )
 
@@ -1193,7 +1196,7 @@ def test_a_job_a_later_run_takes_over_brings_no_earlier_cost(kb):
 def test_a_since_that_names_no_window_is_one_line(kb, run_cli, value, said):
     Store.open(kb.state).close()
     res = run_cli("report", "--json", "--since", value)
-    assert res.exit_code == 1, res.stdout
+    assert res.exit_code == (1 if said == "after now" else 2), res.stdout
     [line] = res.stderr.splitlines()
     assert line.startswith(f"error: --since {value!r}: ") and said in line, line
 

@@ -1,5 +1,5 @@
 """What every ``reviewq`` command shares: the click group, the domain errors that become one
-``error:`` line with exit code 1, and the small printing helpers."""
+``error:`` line (exit code 1; 2 for bad usage), and the small printing helpers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,54 @@ class Refused(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
+
+
+class BadValue(Refused):
+    """An option's value that cannot be read as what it takes, or options that cannot go
+    together: bad usage (exit 2, as CONTRACT's exit codes say), in one ``error:`` line
+    naming the option, as a refusal is said."""
+
+    exit_code = 2
+
+
+class Moment(click.ParamType):
+    """A moment as ``--since``/``--until`` take it (a duration, a date/time, a time of
+    day), read once as the command line is parsed to refuse one that names no time; the
+    command reads the text again against its own now."""
+
+    name = "moment"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 - click's signature
+        if not _readable(value):
+            return value  # not_blank and utf8 say what is wrong with it
+        from orchestrator.state.when import MomentError, moment  # a period's import only
+
+        try:
+            moment(value, param.opts[-1] if param else "moment", datetime.now(UTC))
+        except MomentError as exc:
+            raise BadValue(str(exc)) from None
+        return value
+
+
+class Level(click.ParamType):
+    """A log level by name (``fatal`` is ``critical``), as ``logs --level`` takes it."""
+
+    name = "level"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 - click's signature
+        if _readable(value) and logs.level_rank(value) is None:
+            raise BadValue(f"--level {value!r}: not a level ({', '.join(logs.LEVEL_NAMES)})")
+        return value
+
+
+def _readable(value: object) -> bool:
+    if not isinstance(value, str) or not value.strip():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def no_kb_here(root: Path) -> str:

@@ -22,6 +22,9 @@ from orchestrator.cli.common import (
     LEFT_OUT,
     SQL_INT,
     THREADS,
+    BadValue,
+    Level,
+    Moment,
     Numbered,
     Refused,
     batch_size_needs_gate_grouping,
@@ -554,6 +557,7 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
 )
 @click.option(
     "--since",
+    type=Moment(),
     default=None,
     callback=not_blank,
     help="Only lines from then on: a duration back from now (8h, 90m), a date/time "
@@ -564,12 +568,14 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
 )
 @click.option(
     "--until",
+    type=Moment(),
     default=None,
     callback=not_blank,
     help="Only lines before then (read as --since). Without --since, the log file alone.",
 )
 @click.option(
     "--level",
+    type=Level(),
     default=None,
     callback=not_blank,
     help="Only lines this grave or graver: debug, info, warning, error, critical "
@@ -605,18 +611,16 @@ def logs_cmd(
         try:
             start = moment(since, "--since", now)[0] if since else None
             end = moment(until, "--until", now)[0] if until else None
-        except MomentError as exc:
-            raise Refused(str(exc)) from None
+        except MomentError as exc:  # read as the line was parsed (Moment); now is later
+            raise BadValue(str(exc)) from None
     if start is not None and start >= now:
         raise Refused(f"--since {since!r}: after now ({now.isoformat()[:16]}Z); no line yet")
     if start is not None and end is not None and end <= start:
-        raise Refused(f"--until {until!r}: not after --since {since!r}; no line between")
+        raise BadValue(f"--until {until!r}: not after --since {since!r}; no line between")
     if end is not None and follow:
         # The lines -f waits for are written after now, past any --until a person names.
-        raise Refused(f"--until {until!r} and --follow: following shows lines yet to come")
+        raise BadValue(f"--until {until!r} and --follow: following shows lines yet to come")
     rank = logs.level_rank(level) if level else None
-    if level and rank is None:
-        raise Refused(f"--level {level!r}: not a level ({', '.join(logs.LEVEL_NAMES)})")
     if not ws.state_dir.is_dir():  # -f waited for good, in silence, on a mistyped --state
         raise Refused(f"{ws.state_dir}: no state folder here (is --state right?)")
     if not path.exists() and not follow:

@@ -9,6 +9,8 @@ import click
 
 from orchestrator.cli.common import (
     RUN_ID,
+    BadValue,
+    Moment,
     Refused,
     cli,
     emit_json,
@@ -24,6 +26,7 @@ from orchestrator.state.workspace import Workspace
 @cli.command("report")
 @click.option(
     "--since",
+    type=Moment(),
     default=None,
     callback=not_blank,
     help="A duration back from now (24h, 90m), a date/time (2026-11-22T08:00) or a time of "
@@ -61,7 +64,11 @@ def report_cmd(
       reviewq report --sweep nightly --json
     """
     from orchestrator.report import ReportError, make_report
+    from orchestrator.report.period import period_clash
     from orchestrator.sweeps.producer import sweeps_not_run
+
+    if (clash := period_clash(since, sweep, run_id)) is not None:
+        raise BadValue(clash)
 
     try:
         page = _page(ws, html, as_json)

@@ -26,6 +26,12 @@ class Period:
         return {"since": self.since, "until": self.until, "label": self.label, "run": self.run_id}
 
 
+def period_clash(since: str | None, sweep: str | None, run: int | None) -> str | None:
+    """What is wrong with naming more than one period at once, or None."""
+    chosen = [n for n, v in (("--since", since), ("--sweep", sweep), ("--run", run)) if v]
+    return f"{' and '.join(chosen)}: choose one period" if len(chosen) > 1 else None
+
+
 def resolve(
     store: Store,
     *,
@@ -37,9 +43,8 @@ def resolve(
     """``--since`` (a duration back from now, a date/time, or a time of day on the local
     clock), ``--sweep NAME`` (its last run), ``--run ID``; with none of them, since the
     last report (else the last 24 h)."""
-    chosen = [n for n, v in (("--since", since), ("--sweep", sweep), ("--run", run)) if v]
-    if len(chosen) > 1:
-        raise ReportError(f"{' and '.join(chosen)}: choose one period")
+    if (clash := period_clash(since, sweep, run)) is not None:
+        raise ReportError(clash)
     until = now or utcnow()
     end = parse_timestamp(until)
     if since:
