@@ -181,6 +181,9 @@ def test_a_review_and_a_fix_by_the_real_cli_on_another_host_leave_its_home_as_th
         assert attempts == [], f"{vendor} kept a folder per attempt in {kept}: {attempts}"
     if vendor == "gemini":
         assert [p.name for p in (site.home / ".gemini/history").iterdir()] == []
+    if vendor == "codex":  # a rollout a run, the prompt and notes in each, whatever its cwd
+        rollouts = [p.name for p in (site.home / ".codex").rglob("rollout-*.jsonl")]
+        assert rollouts == [], f"codex kept a session a run: {rollouts}"
 
 
 def test_a_cli_missing_on_the_worker_s_host_is_named_with_that_host(site):

@@ -431,9 +431,12 @@ def _run_prepared(
         # Sent, the control keeps what matters; or given up (a queue away past the send's
         # patience), the reaper runs the attempt again in a folder of its own: either way
         # nothing here is read again, and a folder left was a prompt, with the notes, kept
-        # until the worker's next start (the CLI's, in its home, for good).
-        _remove(folder)
-        for_profile(profile).forget(spec)  # what the CLI kept for that folder, in its home
+        # until the worker's next start (the CLI's, in its home, for good). What the CLI
+        # kept goes first: Codex names its session only in the folder's stdout.log.
+        try:
+            for_profile(profile).forget(spec)
+        finally:
+            _remove(folder)
 
 
 # The attempts this process put back on the review queue, each with its send's end. A stop

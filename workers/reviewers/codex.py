@@ -9,6 +9,7 @@ response and a running token total, so a run killed at its deadline keeps what i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tomllib
@@ -196,6 +197,19 @@ class CodexReviewer(Reviewer):
         # --json says thread.started before the turn's first request: a run that failed
         # with no event (a flag refused, a config.toml it could not load) asked nothing.
         return next(json_objects(spec.stdout_path), None) is not None
+
+    def forget(self, spec: AttemptSpec) -> None:
+        # Codex keeps every run's rollout (the prompt with the notes, each reply) under
+        # sessions/YYYY/MM/DD/, one file a run whatever folder it ran in: the attempt's
+        # own, found by the thread its --json named, read before the attempt folder goes.
+        thread = next(
+            (ev.get("thread_id") for ev in json_objects(spec.stdout_path) if ev.get("thread_id")),
+            None,
+        )
+        path = self._session_log(thread if isinstance(thread, str) else None)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def _from_session(self, t: Telemetry) -> None:
         """Turns and tokens from Codex's session log, when it can be found: it counts every
