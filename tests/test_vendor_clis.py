@@ -1525,3 +1525,54 @@ def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgot
     )  # fmt: skip
     for_profile(profile).forget(spec)
     assert {p.name for p in projects.iterdir()} == before, "Claude's folder of it was left"
+
+
+def test_claude_s_session_of_an_attempt_run_in_the_kb_is_forgotten_and_the_person_s_kept(
+    netns, model, home, tmp_path, monkeypatch
+):
+    """A worker with --kb runs Claude in the KB, where Claude keeps every session in one
+    projects/ folder, the person's own among them: `forget` left that folder alone, so
+    each attempt's transcript (the prompt with its notes, every reply) stayed there, one
+    file an attempt, for good. Only the attempt's own session goes now."""
+    from orchestrator.config import ReviewerProfile
+    from workers.reviewers import for_profile
+    from workers.reviewers.base import AttemptSpec
+    from workers.reviewers.claude import project_name
+
+    kb, folder = tmp_path / "kb", tmp_path / "attempt"
+    kb.mkdir()
+    folder.mkdir()
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(mine),
+        "ANTHROPIC_BASE_URL": model.url("review"),
+        "ANTHROPIC_API_KEY": "sk-ant-scripted",
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+    def session() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*_in(netns), str(BIN["claude"]), "-p", "Say hello.", "--max-turns", "1",
+             "--model", "claude-sonnet-4-5", "--output-format", "stream-json", "--verbose"],
+            cwd=kb, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    session()  # the person's own, in their KB
+    project = mine / ".claude" / "projects" / project_name(os.path.realpath(kb))
+    persons = {p.name for p in project.iterdir()}
+    assert any(n.endswith(".jsonl") for n in persons), persons
+    ran = session()  # the attempt's
+    (folder / "stdout.log").write_text(ran.stdout)
+    assert {p.name for p in project.iterdir()} - persons, (ran.stdout, ran.stderr)
+    monkeypatch.setenv("HOME", str(mine))
+    profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
+    spec = AttemptSpec(
+        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
+        kb, "claude-sonnet-4-5",
+    )  # fmt: skip
+    for_profile(profile).forget(spec)
+    assert {p.name for p in project.iterdir()} == persons, "the attempt's session was left"

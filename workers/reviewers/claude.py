@@ -8,6 +8,7 @@ saying so in ``api_retry`` events) and what a run killed at its deadline leaves 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -58,6 +59,9 @@ def project_name(cwd: str) -> str:
             break
     return f"{name[:_PROJECT_NAME_MAX]}-{digits}"
 
+
+# A session id as Claude Code makes them (a UUID): nothing else is a file name to remove.
+_SESSION_ID = re.compile(r"[0-9a-fA-F-]{8,64}")
 
 # How Claude names the HTTP status of an answer it could not read.
 _ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
@@ -227,12 +231,23 @@ class ClaudeReviewer(Reviewer):
         # Claude keeps each session's transcript in projects/<its cwd, every character but
         # a letter or digit a dash>/: with the attempt's folder as cwd, a folder an attempt.
         cwd = os.path.realpath(spec.root)
-        if cwd != os.path.realpath(spec.attempt_dir):
-            return  # the KB: one folder for every attempt, the person's to keep
         home = self.env_value("CLAUDE_CONFIG_DIR") or Path(
             self.env_value("HOME") or Path.home(), ".claude"
         )
-        remove_tree(Path(home, "projects", project_name(cwd)))
+        project = Path(home, "projects", project_name(cwd))
+        if cwd == os.path.realpath(spec.attempt_dir):
+            remove_tree(project)
+            return
+        # The KB: one folder for every attempt and the person's own sessions there, so only
+        # this attempt's session goes (its transcript, and the folder kept beside it).
+        session = next(
+            (ev["session_id"] for ev in json_objects(spec.stdout_path) if "session_id" in ev),
+            None,
+        )
+        if isinstance(session, str) and _SESSION_ID.fullmatch(session):
+            with contextlib.suppress(OSError):
+                (project / f"{session}.jsonl").unlink()
+            remove_tree(project / session)
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
