@@ -2419,8 +2419,8 @@ def test_a_redis_that_evicts_any_key_is_named_by_doctor_and_the_control(kb, tmp_
     once full, each holding every message of its queue (seen: 20 review messages gone at
     once, after another application's 818 writes to a 4 MB Redis): the reviews ran again
     a lease later and outcomes were lost, their runs paid again, and neither doctor nor
-    the control said a word. A volatile-* policy never evicts reviewq's keys (they have no
-    expiry)."""
+    the control said a word. A volatile-* policy never evicts the queues' keys (they have
+    no expiry). The words said reviewq's keys never expire: the control's claim does."""
     small_kb(kb, notes=1)
     options = ("--maxmemory", "64mb", "--maxmemory-policy", policy)
     with redis_server(tmp_path, *options) as url:
@@ -2434,6 +2434,7 @@ def test_a_redis_that_evicts_any_key_is_named_by_doctor_and_the_control(kb, tmp_
         where = f"{kb.root / 'reviewq.toml'} [queue] url {url}: "
         assert said == [f"warning: {where}{said[0].partition(where)[2]}"], doctor.stdout
         assert f"maxmemory-policy {policy}" in said[0] and "noeviction" in said[0], said
+        assert "keys never expire" not in said[0] and "claim" in said[0], said
         assert [r["reason"] for r in evicting] == [said[0].removeprefix("warning: ")]
     else:
         assert said == [] and evicting == [], (doctor.stdout, evicting)

@@ -527,7 +527,8 @@ def eviction_risk(huey: Huey, settings: Settings) -> str | None:
         f"{limit} bytes, maxmemory-policy {policy}), the queue's among them, each holding "
         "every message of its queue: the reviews sent then run again a lease later and "
         "outcomes waiting are lost, their agents' runs paid again; set maxmemory-policy "
-        "noeviction (or a volatile-* one: reviewq's keys never expire), or give reviewq a "
+        "noeviction (or a volatile-* one: it evicts only keys that expire, and reviewq's "
+        "queues do not; its control's claim and a move's marks do), or give reviewq a "
         "Redis of its own"
     )
 
