@@ -528,6 +528,9 @@ _OWN_FIELDS = {
 
 _MODEL = "a flag reviewq sets itself (the model: set the profile's model)"
 _CONFINED = "a flag that lifts reviewq's confinement of the agent (docs/CONTRACT.md §8)"
+# Claude goes on with a session already in the folder it runs in under that session's
+# id: with --kb, the person's, whose transcript `forget` then removed with the attempt's.
+_SESSION = "a flag that names the session (with --kb, a person's, forgotten with the attempt)"
 # A vendor CLI's flags args may not give, and why. Profile args come last, so a later
 # flag won over reviewq's: reviews made by another model were recorded under the
 # profile's partition, or an agent wrote where reviewq keeps it out (the KB).
@@ -545,6 +548,13 @@ _OWN_FLAGS = {
         # MCP servers and plugins (their hooks, their servers) are commands Claude starts.
         "--mcp-config": _CONFINED,
         "--plugin-dir": _CONFINED,
+        "--continue": _SESSION,
+        "-c": _SESSION,
+        "--resume": _SESSION,
+        "-r": _SESSION,
+        "--session-id": _SESSION,
+        "--from-pr": _SESSION,
+        "--teleport": _SESSION,
     },
     "codex": {
         "--model": _MODEL,

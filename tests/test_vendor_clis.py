@@ -1576,3 +1576,67 @@ def test_claude_s_session_of_an_attempt_run_in_the_kb_is_forgotten_and_the_perso
     )  # fmt: skip
     for_profile(profile).forget(spec)
     assert {p.name for p in project.iterdir()} == persons, "the attempt's session was left"
+
+
+@pytest.mark.parametrize(
+    "flag", [["--continue"], ["-c"], ["--resume"], ["--session-id"]], ids=lambda f: f[0]
+)
+def test_a_claude_profile_may_not_name_the_session_its_attempts_run_in(
+    flag, netns, model, home, tmp_path, monkeypatch, kb
+):
+    """With --kb, `forget` removes the session Claude's stream-json names (S31). Claude
+    run with --continue (or --resume ID, --session-id ID) in the KB goes on with a session
+    already there, the person's, under its own id: `forget` removed the person's
+    transcript with the attempt's. A profile's args may not name the session, as they may
+    not name the model."""
+    from orchestrator.config import ConfigError, ReviewerProfile, load_settings
+    from workers.reviewers import for_profile
+    from workers.reviewers.base import AttemptSpec
+    from workers.reviewers.claude import project_name
+
+    if flag == ["--continue"]:  # what the real CLI does, shown once
+        folder = tmp_path / "attempt"
+        folder.mkdir()
+        mine = tmp_path / "home"
+        shutil.copytree(home, mine, symlinks=True)
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(mine),
+            "ANTHROPIC_BASE_URL": model.url("review"),
+            "ANTHROPIC_API_KEY": "sk-ant-scripted",
+            "CLAUDE_CODE_MAX_RETRIES": "0",
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        }
+
+        def session(*more: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [*_in(netns), str(BIN["claude"]), "-p", "Say hello.", "--max-turns", "1",
+                 "--model", "claude-sonnet-4-5", "--output-format", "stream-json",
+                 "--verbose", *more],
+                cwd=kb.root, env=env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+
+        session()  # the person's own, in their KB
+        project = mine / ".claude" / "projects" / project_name(os.path.realpath(kb.root))
+        persons = {p.name for p in project.iterdir()}
+        ran = session(*flag)  # the attempt's, under a profile with --continue
+        (folder / "stdout.log").write_text(ran.stdout)
+        monkeypatch.setenv("HOME", str(mine))
+        profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
+        spec = AttemptSpec(
+            "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder,
+            folder, kb.root, "claude-sonnet-4-5",
+        )  # fmt: skip
+        for_profile(profile).forget(spec)
+        gone = persons - {p.name for p in project.iterdir()}
+        assert gone, (persons, ran.stdout[:2000], ran.stderr)  # the person's, with forget
+    ids = (
+        ["0b3e8f2a-5a4f-4c43-9d6e-2f6d3f8a9c10"] if flag[0] in ("--resume", "--session-id") else []
+    )
+    kb.write(
+        "reviewq.toml",
+        f'[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = {json.dumps([*flag, *ids])}\n',
+    )
+    with pytest.raises(ConfigError, match=rf"'{flag[0]}' is a flag that names the session"):
+        load_settings(kb.root)
