@@ -1640,3 +1640,35 @@ def test_a_claude_profile_may_not_name_the_session_its_attempts_run_in(
     )
     with pytest.raises(ConfigError, match=rf"'{flag[0]}' is a flag that names the session"):
         load_settings(kb.root)
+
+
+def test_codex_loads_its_config_for_a_job_folder_named_with_an_emoji(tmp_path: Path) -> None:
+    """The ``-c projects=`` that untrusts the job folder: a folder named beyond U+FFFF
+    was a JSON surrogate pair, which Codex's TOML refused, so it loaded no config."""
+    from workers.reviewers.codex import _untrusted
+
+    job = tmp_path / "kb \U0001f600 é" / "job"
+    job.mkdir(parents=True)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "OPENAI_API_KEY": "x"}
+    args = _untrusted(job)
+    ran = subprocess.run(
+        [
+            str(BIN["codex"]),
+            "exec",
+            "--skip-git-repo-check",
+            *args,
+            "-c",
+            'model_provider="none"',
+            "hi",
+        ],
+        cwd=job,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = ran.stdout + ran.stderr
+    assert "Error loading config" not in said, said

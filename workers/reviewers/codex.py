@@ -277,9 +277,15 @@ def _turned_off(names: list[str]) -> list[str]:
     one it does not is "invalid transport", and Codex does not start."""
     if not names:
         return []
-    # A JSON string (its \uXXXX escapes too) is a TOML basic string.
-    tables = ",".join(f"{json.dumps(n)}={{enabled=false}}" for n in names)
+    tables = ",".join(f"{_toml_str(n)}={{enabled=false}}" for n in names)
     return ["-c", f"mcp_servers={{{tables}}}"]
+
+
+def _toml_str(text: str) -> str:
+    """A TOML basic string: JSON's, but with characters beyond U+FFFF as they are, since
+    JSON escapes them as a surrogate pair, which TOML refuses (Codex then loads no config,
+    and a KB path holding an emoji failed every run at its start)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _untrusted(job_dir: Path) -> list[str]:
@@ -287,7 +293,7 @@ def _untrusted(job_dir: Path) -> list[str]:
     for this run (merged into the person's ``projects`` table): Codex reads no project's
     config layer (its MCP servers, hooks, rules) but in a trusted one."""
     folders = ",".join(
-        f'{json.dumps(str(f))}={{trust_level="untrusted"}}' for f in (job_dir, *job_dir.parents)
+        f'{_toml_str(str(f))}={{trust_level="untrusted"}}' for f in (job_dir, *job_dir.parents)
     )
     return ["-c", f"projects={{{folders}}}"]
 
