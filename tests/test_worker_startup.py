@@ -328,6 +328,57 @@ def test_doctor_names_the_file_and_url_of_a_queue_out_of_reach(tmp_path):
     ), problem
 
 
+def test_doctor_says_a_redis_loading_its_dataset_is_loading(tmp_path):
+    """A Redis restarted with a large dataset answers LOADING while it reads it: doctor
+    said it was "out of reach" and told the reader to "start Redis there, or put its host
+    and port in the URL", of a server up at the right address."""
+    import redis
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    rdb = tmp_path / "rdb"
+    rdb.mkdir()
+    with redis_server(tmp_path, "--dir", str(rdb), "--enable-debug-command", "local") as url:
+        client = redis.Redis.from_url(url)
+        client.execute_command("DEBUG", "POPULATE", "300000")
+        client.save()
+        client.shutdown(nosave=True)  # its data in rdb/dump.rdb
+    sock = tmp_path / "loading.sock"
+    # 50 µs a key: some 15 s of LOADING, the time doctor needs to meet it.
+    server = subprocess.Popen(
+        [exe, "--port", "0", "--unixsocket", str(sock), "--dir", str(rdb), "--save", ""]
+        + ["--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"unix://{sock}"
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        while True:  # bounded: the socket is made as the server starts
+            try:
+                client.ping()
+            except redis.exceptions.BusyLoadingError:
+                break
+            except redis.exceptions.ConnectionError:
+                assert time.monotonic() < deadline, "no loading server"
+                time.sleep(0.02)
+            else:
+                pytest.fail("the server was not loading")
+        config, args = _worker_home(tmp_path, url)
+        res = _refused([*args, "doctor", "--worker"], timeout=60)
+        (problem,) = [x for x in res.stdout.splitlines() if x.startswith("problem:")]
+        assert "still loading its dataset" in problem, problem
+        assert "start Redis there" not in problem, problem
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            client.ping()  # still loading: what doctor met was the load
+        client.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_doctor_worker_names_an_unset_api_key_variable_and_never_a_key(tmp_path, redis_url):
     """An openai profile whose api_key_env names a variable unset on the worker's machine:
     doctor --worker said all was well, and the worker failed every attempt of it (each

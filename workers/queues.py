@@ -641,6 +641,15 @@ def out_of_reach(settings: Settings, exc: BaseException) -> str:
     host name that does not resolve is refused at start, and said so."""
     if problem := _unresolved(settings.queue.url):
         return f"{queue_where(settings)}: {problem}; a worker or control started now refuses it"
+    from redis.exceptions import BusyLoadingError
+
+    if isinstance(exc, BusyLoadingError):
+        # A Redis restarted with a large dataset answers LOADING for as long as it reads
+        # it: up and at the right address, so "start Redis there" sent the reader astray.
+        return (
+            f"{queue_where(settings)}: the Redis server is still loading its dataset after a "
+            f"restart ({exc}); a worker or control started now waits for it to finish"
+        )
     return (
         f"{queue_where(settings)}: out of reach ({exc}); a worker or control started now "
         "waits for it: start Redis there, or put its host and port in the URL"
