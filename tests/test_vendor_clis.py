@@ -1480,6 +1480,19 @@ def test_the_endpoint_dying_mid_fix_is_the_fixer_s_failure_and_the_fix_is_retrie
     assert git_log(fkb.root)[0] == f"reviewq fix: {NOTE} (prose/body-check)"
 
 
+def _claude_env(home: Path, model) -> dict[str, str]:  # noqa: ANN001 - the model fixture
+    """The environment a bare Claude run against the tests' model server is given."""
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": model.url("review"),
+        "ANTHROPIC_API_KEY": "sk-ant-scripted",
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+
 def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgotten(
     netns, model, home, tmp_path, monkeypatch
 ):
@@ -1501,15 +1514,7 @@ def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgot
     shutil.copytree(home, mine, symlinks=True)  # with the module's earlier tests' sessions
     projects = mine / ".claude" / "projects"
     before = {p.name for p in projects.iterdir()} if projects.is_dir() else set()
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(mine),
-        "ANTHROPIC_BASE_URL": model.url("review"),
-        "ANTHROPIC_API_KEY": "sk-ant-scripted",
-        "CLAUDE_CODE_MAX_RETRIES": "0",
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
+    env = _claude_env(mine, model)
     ran = subprocess.run(
         [*_in(netns), str(BIN["claude"]), "-p", "Say hello.", "--max-turns", "1",
          "--model", "claude-sonnet-4-5", "--output-format", "json"],
@@ -1544,15 +1549,7 @@ def test_claude_s_session_of_an_attempt_run_in_the_kb_is_forgotten_and_the_perso
     folder.mkdir()
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(mine),
-        "ANTHROPIC_BASE_URL": model.url("review"),
-        "ANTHROPIC_API_KEY": "sk-ant-scripted",
-        "CLAUDE_CODE_MAX_RETRIES": "0",
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
+    env = _claude_env(mine, model)
 
     def session() -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -1599,15 +1596,7 @@ def test_a_claude_profile_may_not_name_the_session_its_attempts_run_in(
         folder.mkdir()
         mine = tmp_path / "home"
         shutil.copytree(home, mine, symlinks=True)
-        env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(mine),
-            "ANTHROPIC_BASE_URL": model.url("review"),
-            "ANTHROPIC_API_KEY": "sk-ant-scripted",
-            "CLAUDE_CODE_MAX_RETRIES": "0",
-            "DISABLE_AUTOUPDATER": "1",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        }
+        env = _claude_env(mine, model)
 
         def session(*more: str) -> subprocess.CompletedProcess:
             return subprocess.run(
