@@ -507,6 +507,37 @@ def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(
                 _stop(worker)
 
 
+@pytest.mark.parametrize(
+    ("mode", "words"), [("full", "maxmemory"), ("unsaved", "stop-writes-on-bgsave-error")]
+)
+def test_doctor_on_the_control_s_side_says_a_redis_refuses_writes(kb, tmp_path, mode, words):
+    """A Redis that refuses every write (full under `noeviction`, or its last snapshot
+    failed: MISCONF) was "ok: queue backend Redis answers" to a plain `reviewq doctor`,
+    and nothing else, while nothing could be sent: the operator who asks why no review
+    runs was told all is well. It says the server refuses writes, why, and what mends it."""
+    from .fault.test_outages import UNSAVED_OPTIONS, _refusing_writes
+
+    rdb = tmp_path / "rdb"
+    rdb.mkdir()
+    options = ("--maxmemory-policy", "noeviction", "--dir", str(rdb))
+    with redis_server(tmp_path, *options, *(UNSAVED_OPTIONS * (mode == "unsaved"))) as url:
+        _control_home(kb, url)
+        undo = _refusing_writes(url, mode, rdb)
+        try:
+            doctor = subprocess.run(
+                [EXE, "--root", str(kb.root), "doctor"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            undo()
+        assert "Traceback" not in doctor.stderr, doctor.stderr
+        warned = [line for line in doctor.stdout.splitlines() if "refuses writes" in line]
+        assert len(warned) == 1 and words in warned[0], doctor.stdout
+        assert warned[0].startswith("warning: "), warned
+
+
 def test_a_queue_that_lost_its_keys_is_not_said_never_fed(tmp_path, redis_url, monkeypatch):
     """Redis restarted without its data loses the control's `reviewq.control` key with the
     messages. A worker that had seen its queue fed a moment before said "no control process

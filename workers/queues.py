@@ -1197,6 +1197,17 @@ def refuses_writes(huey: Huey) -> tuple[str, str] | None:
     return None
 
 
+def refusal_problem(settings: Settings, why: tuple[str, str]) -> str:
+    """The words for a Redis queue that answers but refuses every write (``why``:
+    :func:`refuses_writes`'s reason and remedy), as doctor says it beside its "answers"."""
+    reason, remedy = why
+    return (
+        f"{queue_where(settings)}: the Redis server refuses writes ({reason}): no review is "
+        f"sent and no outcome comes back until it takes them again (the control and the "
+        f"workers wait it out); {remedy}"
+    )
+
+
 def full_problem(settings: Settings, fed: dict, why: tuple[str, str]) -> str:
     """The words for a queue whose control is silent because its Redis refuses writes
     (``why``: :func:`refuses_writes`'s reason and remedy)."""

@@ -791,6 +791,7 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             out_of_reach,
             profiles_unlike,
             queue_clock,
+            refusal_problem,
             refuses_writes,
             shared_problem,
             stale_problem,
@@ -808,9 +809,14 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
                 click.echo(f"warning: {risk}")
             fed = fed_by(app.control)
             silent = fed_late(fed, queue_clock(app.control)) if fed else None
+            refusal = refuses_writes(app.control) if ws.settings.queue.url else None
             # A Redis that refuses writes (full, unsaved) refuses the control's key too: it
             # may well run (the worker's rule).
-            full = refuses_writes(app.control) if silent is not None else None
+            full = refusal if silent is not None else None
+            if refusal is not None and (full is None or not worker_only):
+                # Else the silent control's line below says it. It was "ok" and no more,
+                # to the operator asking why nothing runs.
+                click.echo(f"warning: {refusal_problem(ws.settings, refusal)}")
             other = None if worker_only else other_feeder(app.control, ws.state_dir)
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
