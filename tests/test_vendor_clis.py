@@ -1493,6 +1493,22 @@ def _claude_env(home: Path, model) -> dict[str, str]:  # noqa: ANN001 - the mode
     }
 
 
+def _claude_forgets(monkeypatch, home: Path, folder: Path, root: Path) -> None:  # noqa: ANN001
+    """A worker whose HOME is ``home`` forgets what Claude kept for an attempt run in
+    ``root`` (the attempt ``folder`` itself, or the KB), its stream in folder/stdout.log."""
+    from orchestrator.config import ReviewerProfile
+    from workers.reviewers import for_profile
+    from workers.reviewers.base import AttemptSpec
+
+    monkeypatch.setenv("HOME", str(home))  # the worker's HOME, where forget looks
+    profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
+    spec = AttemptSpec(
+        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
+        root, "claude-sonnet-4-5",
+    )  # fmt: skip
+    for_profile(profile).forget(spec)
+
+
 def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgotten(
     netns, model, home, tmp_path, monkeypatch
 ):
@@ -1501,10 +1517,7 @@ def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgot
     but past 200 characters it cuts the name and adds a hash of the path: a worker whose
     state folder lies deep (its attempt folder's path past ~150 characters) kept one a
     prompt, with the notes, for good, `forget` looking for the full dashed name."""
-    from orchestrator.config import ReviewerProfile
     from workers.attempt import attempt_folder
-    from workers.reviewers import for_profile
-    from workers.reviewers.base import AttemptSpec
 
     state = tmp_path / "srv" / ("reviewq-worker-of-the-night-shift-" * 4) / "state"
     folder = attempt_folder(state, 7, 1, "2026-11-28T16:00:00.123456+00:00")
@@ -1522,13 +1535,7 @@ def test_claude_s_projects_folder_of_an_attempt_deep_in_a_state_folder_is_forgot
     )  # fmt: skip
     kept = {p.name for p in projects.iterdir()} - before if projects.is_dir() else set()
     assert len(kept) == 1, (kept, ran.stdout, ran.stderr)  # the session Claude kept there
-    monkeypatch.setenv("HOME", str(mine))  # the worker's HOME, where forget looks
-    profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
-    spec = AttemptSpec(
-        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
-        folder, "claude-sonnet-4-5",
-    )  # fmt: skip
-    for_profile(profile).forget(spec)
+    _claude_forgets(monkeypatch, mine, folder, folder)
     assert {p.name for p in projects.iterdir()} == before, "Claude's folder of it was left"
 
 
@@ -1539,9 +1546,6 @@ def test_claude_s_session_of_an_attempt_run_in_the_kb_is_forgotten_and_the_perso
     projects/ folder, the person's own among them: `forget` left that folder alone, so
     each attempt's transcript (the prompt with its notes, every reply) stayed there, one
     file an attempt, for good. Only the attempt's own session goes now."""
-    from orchestrator.config import ReviewerProfile
-    from workers.reviewers import for_profile
-    from workers.reviewers.base import AttemptSpec
     from workers.reviewers.claude import project_name
 
     kb, folder = tmp_path / "kb", tmp_path / "attempt"
@@ -1565,13 +1569,7 @@ def test_claude_s_session_of_an_attempt_run_in_the_kb_is_forgotten_and_the_perso
     ran = session()  # the attempt's
     (folder / "stdout.log").write_text(ran.stdout)
     assert {p.name for p in project.iterdir()} - persons, (ran.stdout, ran.stderr)
-    monkeypatch.setenv("HOME", str(mine))
-    profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
-    spec = AttemptSpec(
-        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
-        kb, "claude-sonnet-4-5",
-    )  # fmt: skip
-    for_profile(profile).forget(spec)
+    _claude_forgets(monkeypatch, mine, folder, kb)
     assert {p.name for p in project.iterdir()} == persons, "the attempt's session was left"
 
 
@@ -1586,9 +1584,7 @@ def test_a_claude_profile_may_not_name_the_session_its_attempts_run_in(
     already there, the person's, under its own id: `forget` removed the person's
     transcript with the attempt's. A profile's args may not name the session, as they may
     not name the model."""
-    from orchestrator.config import ConfigError, ReviewerProfile, load_settings
-    from workers.reviewers import for_profile
-    from workers.reviewers.base import AttemptSpec
+    from orchestrator.config import ConfigError, load_settings
     from workers.reviewers.claude import project_name
 
     if flag == ["--continue"]:  # what the real CLI does, shown once
@@ -1611,13 +1607,7 @@ def test_a_claude_profile_may_not_name_the_session_its_attempts_run_in(
         persons = {p.name for p in project.iterdir()}
         ran = session(*flag)  # the attempt's, under a profile with --continue
         (folder / "stdout.log").write_text(ran.stdout)
-        monkeypatch.setenv("HOME", str(mine))
-        profile = ReviewerProfile(name="claude", kind="claude", model="claude-sonnet-4-5")
-        spec = AttemptSpec(
-            "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder,
-            folder, kb.root, "claude-sonnet-4-5",
-        )  # fmt: skip
-        for_profile(profile).forget(spec)
+        _claude_forgets(monkeypatch, mine, folder, kb.root)
         gone = persons - {p.name for p in project.iterdir()}
         assert gone, (persons, ran.stdout[:2000], ran.stderr)  # the person's, with forget
     ids = (
