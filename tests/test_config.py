@@ -760,7 +760,7 @@ def test_a_state_folder_linked_to_a_disk_not_mounted_starts_no_new_record(
 def test_a_log_folder_that_cannot_be_made_is_one_error_line(kb, run_cli):
     kb.state.mkdir()
     (kb.state / "logs").write_text("a file where the log folder belongs\n")
-    res = run_cli("create-jobs", "--input", "-", input="{}")
+    res = run_cli("create-jobs", "--grouping", "note", "--input", "-", input="{}")
     assert res.exit_code == 1
     assert res.stderr.splitlines() == [
         f"error: {kb.state / 'logs'}: cannot open the log: File exists"

@@ -1230,6 +1230,30 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
     assert not typo.exists()  # nor its logs/, nor a state.db a later status would read
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("report", "--since", "soon"), "error: --since 'soon': not a duration"),
+        (("jobs", "--limit", "x"), "Invalid value for '--limit'"),
+        (("job", "abc"), "Invalid value for 'JOB_ID'"),
+        (("status", "--bogus"), "No such option '--bogus'"),
+        (("export", "--bogus"), "No such option '--bogus'"),
+    ],
+)
+def test_a_bad_command_line_is_bad_usage_before_any_state_folder_is_looked_at(
+    flow, run_cli, args, said
+):
+    """The group looked at the state folder before the command read its options: on a
+    folder where nothing had run, `report --since soon` said "no state.db here" (exit 1),
+    and only once that was mended said its --since was wrong. CONTRACT: bad usage is
+    exit 2, and a line that is wrong is said as it is typed, whatever the folder."""
+    typo = flow.root / "typo"
+    res = run_cli("--state", str(typo), *args)
+    assert res.exit_code == 2, res.stderr
+    assert said in res.stderr and "no state.db" not in res.stderr, res.stderr
+    assert not typo.exists()
+
+
 def test_a_first_select_reads_no_history_and_makes_no_state_db(flow, run_cli):
     res = run_cli("select", "--all-gates", "--model", "fake", "--json")
     assert res.exit_code == 0, res.stderr

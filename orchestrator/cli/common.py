@@ -458,6 +458,20 @@ class Group(click.Group):
             importlib.import_module(module)
         return super().list_commands(ctx)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """The command, its own options and arguments read once as it is found, which
+        click does before this group's look at the settings, the KB and the state folder
+        (click reads them after it): a line typed wrong was refused for a folder where
+        nothing had run (exit 1), its own mistake said only once that was mended. Bad
+        usage is exit 2, whatever the folder. The command reads its line again to run."""
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not ctx.resilient_parsing and not _asks_for_help(ctx):
+            with cmd.make_context(name, list(rest), parent=ctx):
+                pass  # closed at once: a file an option opened is closed with it
+        return name, cmd, rest
+
     def invoke(self, ctx: click.Context) -> Any:
         ctx.meta["reviewq.help"] = any(a in ("-h", "--help") for a in ctx.args)
         try:
