@@ -10,6 +10,7 @@ Needs root (namespaces) and the vendor CLIs; it skips, saying why, where it cann
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -181,9 +182,30 @@ def test_a_review_and_a_fix_by_the_real_cli_on_another_host_leave_its_home_as_th
         assert attempts == [], f"{vendor} kept a folder per attempt in {kept}: {attempts}"
     if vendor == "gemini":
         assert [p.name for p in (site.home / ".gemini/history").iterdir()] == []
+    if vendor == "gemini":  # projects.json's entry for each attempt folder, for good
+        registry = json.loads((site.home / ".gemini/projects.json").read_text())
+        named = [p for p in registry["projects"] if "attempts" in p]
+        assert named == [], f"gemini kept an entry an attempt in projects.json: {named}"
     if vendor == "codex":  # a rollout a run, the prompt and notes in each, whatever its cwd
         rollouts = [p.name for p in (site.home / ".codex").rglob("rollout-*.jsonl")]
         assert rollouts == [], f"codex kept a session a run: {rollouts}"
+        # ... and rows of each run's thread in its SQLite files: the thread, its turns and
+        # items (the prompt and every reply again), its log lines.
+        assert codex_rows(site.home / ".codex") == {}, "codex kept rows of each run"
+
+
+def codex_rows(home: Path) -> dict[str, int]:
+    """The rows of any thread in Codex's SQLite files, counted by database and table."""
+    found = {}
+    for db in sorted(home.glob("*.sqlite")):
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+                cols = {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
+                if "thread_id" in cols or table == "threads":
+                    n = conn.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]  # noqa: S608
+                    if n:
+                        found[f"{db.name}:{table}"] = n
+    return found
 
 
 def test_a_cli_missing_on_the_worker_s_host_is_named_with_that_host(site):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sqlite3
 import tomllib
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from .vendor import (
     add_counts,
     bounded,
     failure_kind,
+    first_json_object,
     instruction,
     json_objects,
     last_line,
@@ -146,6 +148,7 @@ class CodexReviewer(Reviewer):
                 error = None  # only an error that ended the run speaks for it
         if not seen:
             t = telemetry_from_file(spec.telemetry_path)
+        t.session_id = t.session_id or _thread(spec)
         self._from_session(t)
         if error and error.endswith(f"reason: {OUTPUT_LIMIT}"):
             # "Incomplete response returned, reason: max_output_tokens": the job is too big.
@@ -188,8 +191,7 @@ class CodexReviewer(Reviewer):
         if any(_from_model(ev) for ev in events):
             return True
         # The session log records each model response, one --json may not show yet.
-        thread = next((ev.get("thread_id") for ev in events if ev.get("thread_id")), None)
-        t = Telemetry(session_id=thread if isinstance(thread, str) else None)
+        t = Telemetry(session_id=_thread(spec))
         self._from_session(t)
         return bool(t.num_turns)
 
@@ -200,16 +202,33 @@ class CodexReviewer(Reviewer):
 
     def forget(self, spec: AttemptSpec) -> None:
         # Codex keeps every run's rollout (the prompt with the notes, each reply) under
-        # sessions/YYYY/MM/DD/, one file a run whatever folder it ran in: the attempt's
-        # own, found by the thread its --json named, read before the attempt folder goes.
-        thread = next(
-            (ev.get("thread_id") for ev in json_objects(spec.stdout_path) if ev.get("thread_id")),
-            None,
-        )
-        path = self._session_log(thread if isinstance(thread, str) else None)
+        # sessions/YYYY/MM/DD/, one file a run whatever folder it ran in, and rows of the
+        # thread in its SQLite files (the same items in thread_history_*.sqlite, the thread
+        # in state_*.sqlite, its log lines): the attempt's own, found by the thread its
+        # --json named, read before the attempt folder goes.
+        thread = _thread(spec)
+        path = self._session_log(thread)
         if path is not None:
             with contextlib.suppress(OSError):
                 path.unlink()
+        if thread is not None and _SAFE_ID.fullmatch(thread):
+            for db in self._databases():
+                _drop_thread(db, thread)
+
+    def _databases(self) -> list[Path]:
+        """Codex's SQLite files: in its sqlite_home (config.toml's, else CODEX_SQLITE_HOME),
+        else in its home."""
+        place = self.env_value("CODEX_SQLITE_HOME")
+        try:
+            config = tomllib.loads((self._home() / "config.toml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            config = {}
+        if isinstance(config.get("sqlite_home"), str):
+            place = config["sqlite_home"]
+        try:
+            return sorted(Path(place or self._home()).expanduser().glob("*.sqlite"))
+        except OSError:
+            return []
 
     def _from_session(self, t: Telemetry) -> None:
         """Turns and tokens from Codex's session log, when it can be found: it counts every
@@ -268,6 +287,51 @@ class CodexReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "codex"]
+
+
+def _thread(spec: AttemptSpec) -> str | None:
+    """The thread Codex's --json named in its first event (thread.started): a log past
+    what :func:`json_objects` reads (8 MiB) no longer holds it in its tail."""
+    first = first_json_object(spec.stdout_path) or {}
+    thread = first.get("thread_id")
+    if not isinstance(thread, str):
+        thread = next(
+            (ev["thread_id"] for ev in json_objects(spec.stdout_path) if ev.get("thread_id")),
+            None,
+        )
+    return thread if isinstance(thread, str) else None
+
+
+# The columns by which Codex's tables name a thread (0.171: state, thread_history, logs,
+# goals, queue, memories), each row of one thread that thread's alone.
+_THREAD_COLUMNS = ("thread_id", "parent_thread_id", "child_thread_id")
+
+
+def _drop_thread(db: Path, thread: str) -> None:
+    """Every row of ``thread`` in the Codex database ``db`` deleted, in one transaction
+    beside a Codex that may be writing it (WAL, its busy wait); a file that cannot be
+    opened or written is left as it is, the outcome already sent."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=10, isolation_level=None)
+    except sqlite3.Error:
+        return
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")  # what Codex cascades, as Codex does
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        conn.execute("BEGIN IMMEDIATE")
+        for table in tables:
+            cols = {r[1] for r in conn.execute("SELECT * FROM pragma_table_info(?)", (table,))}
+            named = [c for c in _THREAD_COLUMNS if c in cols]
+            if table == "threads" and "id" in cols:
+                named.append("id")
+            for col in named:
+                conn.execute(f'DELETE FROM "{table}" WHERE "{col}" = ?', (thread,))  # noqa: S608
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+    finally:
+        conn.close()
 
 
 def _turned_off(names: list[str]) -> list[str]:

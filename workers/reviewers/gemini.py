@@ -9,9 +9,12 @@ person's approval is refused, so everything else that writes (and the shell) sta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -282,14 +285,15 @@ class GeminiReviewer(Reviewer):
 
     def forget(self, spec: AttemptSpec) -> None:
         # Gemini keeps tmp/<name>/ (chat logs) and history/<name>/ for each folder it runs
-        # in, the job folder, which on a worker is the attempt's: read above, then removed.
-        # Its projects.json entry stays: every Gemini running rewrites that file whole.
+        # in, the job folder, which on a worker is the attempt's: read above, then removed,
+        # and the folder's entry in projects.json last (its name is read from there).
         if os.path.realpath(spec.job_dir) != os.path.realpath(spec.attempt_dir):
             return  # the control's job folder: its attempts share one
         _, name = self._project(spec)
         if name and name not in (".", "..") and "/" not in name:
             for kept in ("tmp", "history"):
                 remove_tree(self._home() / kept / name)
+            _unregister(self._home() / "projects.json", str(spec.job_dir.resolve()), name)
 
     def _home(self) -> Path:
         home = self.env_value("GEMINI_CLI_HOME") or self.env_value("HOME")
@@ -340,6 +344,50 @@ class GeminiReviewer(Reviewer):
 
 # How far into a chat log the instruction is looked for: it follows the session context,
 # which lists the folders of the workspace and the KB.
+# Gemini 0.61 rewrites projects.json whole under proper-lockfile's lock, a folder beside
+# it that it waits up to 10 s for (100 tries, 100 ms apart); reviewq waits no longer.
+_LOCK_WAIT_S = 10.0
+_LOCK_POLL_S = 0.05
+
+
+def _unregister(registry: Path, folder: str, name: str) -> None:
+    """``folder``'s entry in Gemini's ``registry`` removed when it still names ``name``,
+    under the lock Gemini takes to write it, so that a Gemini running beside it (another
+    slot's) loses neither its entry nor this removal; left as it is when the lock is
+    not had within Gemini's own wait or the file cannot be read or written."""
+    lock = Path(f"{registry}.lock")
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            lock.mkdir()
+            break
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                return
+            # Another program's lock, a folder: nothing to await but its removal.
+            time.sleep(_LOCK_POLL_S)
+        except OSError:
+            return
+    try:
+        data = json.loads(registry.read_text(encoding="utf-8"))
+        table = data.get("projects") if isinstance(data, dict) else None
+        if not isinstance(table, dict) or table.get(folder) != name:
+            return
+        del table[folder]
+        # As Gemini writes it: a file beside it, renamed over it.
+        tmp = registry.with_name(f"{registry.name}.{uuid.uuid4()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+            tmp.replace(registry)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except (OSError, *UNREADABLE):
+        return
+    finally:
+        with contextlib.suppress(OSError):
+            lock.rmdir()
+
+
 _CHAT_HEAD_BYTES = 1024 * 1024
 # What Gemini prints when a request to its model failed (a job's own 400 has a status).
 _API_ERROR = "Error when talking to Gemini API"

@@ -18,6 +18,7 @@ from pathlib import Path
 from .base import UNREADABLE, AttemptSpec, Reviewer, Telemetry, _num, bounded
 
 _MAX_LOG_BYTES = 8 * 1024 * 1024
+_MAX_FIRST_LINE_BYTES = 64 * 1024  # a session's first event is a few ids
 
 
 def instruction(spec: AttemptSpec) -> str:
@@ -62,6 +63,22 @@ def json_objects(path: Path) -> Iterator[dict]:
     for item in whole if isinstance(whole, list) else [whole]:
         if isinstance(item, dict):
             yield item
+
+
+def first_json_object(path: Path) -> dict | None:
+    """The first line of a stdout log as a JSON object, or None: where a CLI names its
+    session (Codex's thread.started), which :func:`json_objects` no longer reads once the
+    log is past its bound."""
+    try:
+        with path.open("rb") as f:
+            line = f.readline(_MAX_FIRST_LINE_BYTES)
+    except OSError:
+        return None
+    try:
+        item = json.loads(line.decode("utf-8", "replace"))
+    except UNREADABLE:
+        return None
+    return item if isinstance(item, dict) else None
 
 
 def add_counts(t: Telemetry, attr: str, *values: object) -> None:
