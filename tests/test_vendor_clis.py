@@ -1651,3 +1651,108 @@ def test_codex_loads_its_config_for_a_job_folder_named_with_an_emoji(tmp_path: P
     )
     said = ran.stdout + ran.stderr
     assert "Error loading config" not in said, said
+
+
+def _attempts_kept(home: Path) -> dict[str, list[str]]:
+    """What the CLIs keep in ``home`` of a worker's attempt folders (each named for one,
+    or holding rows of its run): Claude's projects/ folders, Gemini's tmp/ and history/
+    folders and projects.json entries, Codex's rollouts and its SQLite rows of a thread."""
+    from .test_two_hosts_vendor import codex_rows
+
+    def named(folder: Path) -> list[str]:
+        return (
+            sorted(p.name for p in folder.iterdir() if "attempt" in p.name)
+            if folder.is_dir()
+            else []
+        )
+
+    kept = {
+        "claude projects": named(home / ".claude/projects"),
+        "gemini tmp": named(home / ".gemini/tmp"),
+        "gemini history": named(home / ".gemini/history"),
+        "codex rollouts": sorted(p.name for p in (home / ".codex").rglob("rollout-*.jsonl")),
+        "codex rows": sorted(codex_rows(home / ".codex")) if (home / ".codex").is_dir() else [],
+    }
+    registry = home / ".gemini/projects.json"
+    projects = json.loads(registry.read_text())["projects"] if registry.exists() else {}
+    kept["gemini projects.json"] = sorted(p for p in projects if "attempts" in p)
+    return {k: v for k, v in kept.items() if v}
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_worker_killed_mid_attempt_forgets_the_cli_s_state_of_it_when_it_next_starts(
+    netns, model, vkb, tmp_path, vendor
+):
+    """A worker SIGKILLed while its CLI waits on the model never sent the outcome, so never
+    forgot what the CLI kept in its HOME for the attempt (Claude's session, Gemini's chat
+    log and projects.json entry, Codex's rollout and rows): the worker started again on
+    that --state reaped the agent and removed the attempt folder, and the CLI's copy of
+    the prompt, with its notes, stayed for good."""
+    from .test_partitions import Events
+
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "hung", timeout="300s", connect_timeout="200s").replace(
+            "[queue]\n", "[queue]\npoll_seconds = 0.05\n", 1
+        )
+    )
+    mine = tmp_path / "home"
+    (mine / "tmp").mkdir(parents=True)
+    (mine / ".gemini").mkdir()
+    (mine / ".gemini/settings.json").write_text(
+        json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}},
+                    "general": {"maxAttempts": 1}})
+    )  # fmt: skip
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(mine),
+        "TMPDIR": str(mine / "tmp"),
+        "LANG": "C.UTF-8",
+        "REVIEWQ_LOG_FORMAT": "json",
+    }
+    state = vkb.root / ".reviewq/worker"  # the worker's own folder, beside its control
+
+    def worker() -> tuple[subprocess.Popen, Events]:
+        proc = subprocess.Popen(
+            [*_in(netns), str(REVIEWQ), "--root", str(vkb.root), "worker", "--workers", "1"],
+            env=env, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        return proc, Events(proc.stderr)
+
+    hung = len([r for r in model.requests("hung") if r.get("api") == API[vendor]])
+    first, events = worker()
+    sweep = second = None
+    try:
+        events.wait("worker.started", 60)
+        sweep = subprocess.Popen(
+            [*_in(netns), str(REVIEWQ), "--root", str(vkb.root), "sweep", "--reviewer", vendor,
+             "--all-gates", "--workers", "0", "--json"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        # The model's log is the one sign that the CLI sent its prompt (its state written).
+        while len([r for r in model.requests("hung") if r.get("api") == API[vendor]]) == hung:
+            assert time.monotonic() < deadline, "the CLI never asked the model"
+            assert first.poll() is None and sweep.poll() is None
+            time.sleep(0.1)
+        assert _attempts_kept(mine), "the CLI kept nothing of the attempt"
+        first.kill()
+        first.wait(timeout=10)
+        # The sweep stopped too: no control to send the attempt again to the next worker.
+        sweep.terminate()
+        sweep.wait(timeout=60)
+        second, events = worker()
+        events.wait("worker.started", 60)  # after its reap of the dead one's agent
+        kept = _attempts_kept(mine)
+    finally:
+        for proc in (first, second, sweep):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        for pid in leftovers(vkb.root):  # the hung agent of the second worker, if any
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+    assert not (state / "attempts").is_dir() or list((state / "attempts").iterdir()) == []
+    assert kept == {}, f"{vendor} kept the killed worker's attempt in its HOME: {kept}"

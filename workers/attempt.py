@@ -1069,6 +1069,10 @@ def registry_dir(state_dir: Path) -> Path:
     return state_dir / "run" / "agents"
 
 
+# What a worker does with an attempt folder it removes unsent (its CLI's state forgotten).
+Forget = Callable[[Path], None]
+
+
 def attempt_folder(state_dir: Path, job_id: int, attempt: int, opened_at: object = None) -> Path:
     """A worker's private folder for one attempt, removed once its outcome is sent. Named
     for its opening too when the message says it: a state.db put back from a backup gives
@@ -1132,16 +1136,17 @@ def claim_attempt(folder: Path) -> int | None:
     return fd
 
 
-def remove_unclaimed(state_dir: Path) -> list[str]:
+def remove_unclaimed(state_dir: Path, forget: Forget | None = None) -> list[str]:
     """Remove the attempt folders in ``state_dir`` no live process holds; their names.
     Those a worker left when it died with no agent running (an attempt waiting for an
     agent slot, or sending its outcome) are in no registry entry for
-    :func:`reap_orphans` to find, and nothing else ever removed them."""
+    :func:`reap_orphans` to find, and nothing else ever removed them. ``forget`` is
+    given each folder before it goes (what its CLI kept for it, :func:`_remove_unheld`)."""
     try:
         names = [e.name for e in os.scandir(state_dir / "attempts")]
     except OSError:
         return []
-    return _remove_unheld(state_dir, names, time.time() - _CLAIM_GRACE_S)
+    return _remove_unheld(state_dir, names, time.time() - _CLAIM_GRACE_S, forget)
 
 
 def unclaimed_due_s(state_dir: Path) -> float | None:
@@ -1155,10 +1160,18 @@ def unclaimed_due_s(state_dir: Path) -> float | None:
     return max(0.0, max(times) + _CLAIM_GRACE_S - time.time()) if times else None
 
 
-def _remove_unheld(state_dir: Path, names: Iterable[str], before: float | None = None) -> list[str]:
+def _remove_unheld(
+    state_dir: Path,
+    names: Iterable[str],
+    before: float | None = None,
+    forget: Forget | None = None,
+) -> list[str]:
     """Remove the folders ``names`` of ``state_dir``'s attempts/ that no live process
     holds (:func:`claim_attempt`), and were changed ``before`` then if given; their names.
-    Looked at alone (:func:`making_attempt`): a folder being made, or made anew, waits."""
+    Looked at alone (:func:`making_attempt`): a folder being made, or made anew, waits.
+    ``forget`` gets each folder first, while its logs still name what the CLI kept in
+    its home for it: a worker killed mid-attempt never sent its outcome, so never
+    forgot it, and nothing else would."""
     removed: list[str] = []
     held = _attempts_lock(state_dir, fcntl.LOCK_EX)
     if held is None:
@@ -1177,6 +1190,8 @@ def _remove_unheld(state_dir: Path, names: Iterable[str], before: float | None =
             except OSError:
                 continue  # held: a live worker's
             else:
+                if forget is not None:
+                    forget(path)
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(name)
             finally:
@@ -1290,11 +1305,13 @@ class Reaped(NamedTuple):
     orphaned: list[tuple[int, int, str, str | None]]
 
 
-def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
+def reap_orphans(
+    state_dir: Path, mine: bool = False, said: str = "", forget: Forget | None = None
+) -> Reaped:
     """Kill the agent groups on this host whose worker process is gone (or, with
     ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
     them to end. With ``said`` (why they were left), any killed are logged as
-    ``worker.reaped_orphans``."""
+    ``worker.reaped_orphans``; ``forget`` gets each attempt folder removed, first."""
     killed, gone, scratches, folders, reaped = [], [], [], [], []
     orphaned: list[tuple[int, int, str, str | None]] = []
     folder = registry_dir(state_dir)
@@ -1389,7 +1406,7 @@ def reap_orphans(state_dir: Path, mine: bool = False, said: str = "") -> Reaped:
     for path in [*reaped, *lists]:
         path.unlink(missing_ok=True)
     if folders:
-        _remove_unheld(state_dir, folders)
+        _remove_unheld(state_dir, folders, forget=forget)
     if killed and said:
         logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
     return Reaped(killed, running, orphaned)

@@ -273,7 +273,9 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     app = make_app(settings)
     check_server(app.review, settings)  # a replica or an ACL that refuses its writes
     tasks.install_worker(tasks.WorkerPlace(settings, folder, kb))
-    tasks.tell_reaped(reap_orphans(folder, said="their worker died").orphaned)
+    tasks.tell_reaped(
+        reap_orphans(folder, said="their worker died", forget=tasks.forget_left).orphaned
+    )
     _remove_unclaimed(folder)
     # A folder left for its grace is swept once more when that is past: a worker stopped
     # a moment ago (an upgrade, a reload) kept one for the attempt it queued again, which
@@ -357,7 +359,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
 
 
 def _remove_unclaimed(folder: Path) -> None:
-    if left := remove_unclaimed(folder):
+    if left := remove_unclaimed(folder, tasks.forget_left):
         logs.get().info("worker.removed_attempt_folders", folders=left)
 
 

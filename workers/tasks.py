@@ -400,6 +400,7 @@ def _run_prepared(
     if STOPPING.is_set():
         # The worker is stopping and killed this agent; Huey queued the task again.
         logs.get().info("attempt.abandoned", reason="worker stopping; the task was queued again")
+        _forget(profile, spec)
         return
     if beat.stopped is None and stopped_with(outcome):  # not the control's own stop
         # `systemctl stop` of a unit whose KillMode signals the whole cgroup (systemd's
@@ -416,6 +417,7 @@ def _run_prepared(
             put_back(msg, functools.partial(send, "run_review", msg))
         except Exception as exc:  # noqa: BLE001 - the reaper runs it again a lease later
             logs.get().warning("attempt.requeue_failed", error=str(exc))
+        _forget(profile, spec)
         return
     logs.get().info(
         "attempt.exited",
@@ -434,9 +436,47 @@ def _run_prepared(
         # until the worker's next start (the CLI's, in its home, for good). What the CLI
         # kept goes first: Codex names its session only in the folder's stdout.log.
         try:
-            for_profile(profile).forget(spec)
+            _forget(profile, spec)
         finally:
             _remove(folder)
+
+
+def _forget(profile: ReviewerProfile, spec: AttemptSpec) -> None:
+    """What the CLI kept in its home for an attempt that has ended here (its outcome sent,
+    or its agent stopped with this worker, a new run queued): none of it is read again,
+    and a run queued again is a new session of its own. One that cannot be removed is
+    left, never failing the attempt."""
+    with contextlib.suppress(Exception):
+        for_profile(profile).forget(spec)
+
+
+def forget_left(folder: Path) -> None:
+    """What the CLIs kept for an attempt folder another run of this worker left, forgotten
+    before the folder goes (a worker SIGKILLed mid-attempt, found at the next start): its
+    profile is not written down, so each profile's adapter looks, each finding only its
+    own CLI's state of that folder (its path, the session its logs name)."""
+    place = _place
+    if place is None:
+        return
+    spec = _left_spec(folder, place.kb)
+    for profile in place.settings.reviewers.values():
+        _forget(profile, spec)
+
+
+def _left_spec(folder: Path, kb: Path | None) -> AttemptSpec:
+    """An attempt folder left as a spec of its own: what ``forget`` reads (its folder, its
+    logs, the folder its agent ran in)."""
+    return AttemptSpec(
+        task="review",
+        job_id=0,
+        attempt=0,
+        prompt_path=folder / "prompt.md",
+        output_path=folder / "output",
+        job_dir=folder,
+        attempt_dir=folder,
+        root=kb or folder,
+        model="",
+    )
 
 
 # The attempts this process put back on the review queue, each with its send's end. A stop
@@ -641,6 +681,7 @@ def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None)
     try:
         os.mkdir(folder, 0o700)  # the prompt quotes the notes
     except FileExistsError:  # a run of this attempt that was interrupted
+        _forget(profile, _left_spec(folder, kb))  # its CLI's state, that run's alone
         shutil.rmtree(folder, ignore_errors=True)
         os.mkdir(folder, 0o700)
     except FileNotFoundError:  # the worker's first attempt, or attempts/ was removed
