@@ -1756,3 +1756,53 @@ def test_a_worker_killed_mid_attempt_forgets_the_cli_s_state_of_it_when_it_next_
             subprocess.run(["kill", "-9", str(pid)], capture_output=True)
     assert not (state / "attempts").is_dir() or list((state / "attempts").iterdir()) == []
     assert kept == {}, f"{vendor} kept the killed worker's attempt in its HOME: {kept}"
+
+
+def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(
+    netns, model, tmp_path, monkeypatch, kb
+):
+    """Codex names its thread once, in its --json's first event; the logs are read from
+    their last 8 MiB (where the result is), so a run that printed more (a chatty agent, a
+    long command's output) had no thread: its rollout and rows stayed, and its token
+    counts from the rollout were lost. Run for real, its log then grown past 8 MiB."""
+    from orchestrator.config import load_settings
+    from workers.reviewers import for_profile
+    from workers.reviewers.base import AttemptSpec
+
+    from .test_two_hosts_vendor import codex_rows
+
+    kb.write("reviewq.toml", profiles(model, "review"))
+    profile = load_settings(kb.root).reviewers["codex"]
+    mine = tmp_path / "home"
+    (mine / "tmp").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(mine))  # the worker's HOME, where forget looks
+    folder = tmp_path / "attempt"
+    folder.mkdir()
+    (folder / "prompt.md").write_text("Review nothing; write PASS.\n")
+    spec = AttemptSpec(
+        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
+        folder, profile.model,
+    )  # fmt: skip
+    adapter = for_profile(profile)
+    cmd = adapter.command(spec)
+    env = {"PATH": os.environ["PATH"], "HOME": str(mine), "TMPDIR": str(mine / "tmp"), **cmd.env}
+    with (folder / "stdout.log").open("wb") as out:
+        subprocess.run(
+            [*_in(netns), *cmd.argv], cwd=cmd.cwd, env=env, stdout=out,
+            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+    assert [p.name for p in mine.rglob("rollout-*.jsonl")], "codex kept no rollout"
+    told = adapter.telemetry(spec)
+    assert told.session_id and told.input_tokens, told
+    # The same run, its log past 8 MiB: a command's long output, as Codex reports it.
+    lines = (folder / "stdout.log").read_bytes().splitlines(keepends=True)
+    chatty = json.dumps(
+        {"type": "item.completed", "item": {"id": "item_x", "type": "command_execution",
+         "aggregated_output": "x" * (1 << 20), "status": "completed"}}
+    ).encode() + b"\n"  # fmt: skip
+    (folder / "stdout.log").write_bytes(lines[0] + chatty * 9 + b"".join(lines[1:]))
+    big = adapter.telemetry(spec)
+    assert (big.session_id, big.input_tokens) == (told.session_id, told.input_tokens), big
+    adapter.forget(spec)
+    assert [p.name for p in mine.rglob("rollout-*.jsonl")] == [], "the rollout was left"
+    assert codex_rows(mine / ".codex") == {}
