@@ -1806,3 +1806,51 @@ def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(
     adapter.forget(spec)
     assert [p.name for p in mine.rglob("rollout-*.jsonl")] == [], "the rollout was left"
     assert codex_rows(mine / ".codex") == {}
+
+
+def test_claude_run_as_a_reviewer_keeps_no_session_and_its_counts(
+    netns, model, tmp_path, monkeypatch, kb
+):
+    """Claude Code 2.1.332 wrote every run's transcript (the prompt with its notes, every
+    reply) into projects/ of its cwd, the KB's folder with --kb, the person's sessions
+    beside it; only `forget`, after the outcome, removed it, so a worker killed first
+    kept it. Run as reviewq runs it, it keeps none, and its stream-json still has the
+    session and the counts."""
+    from orchestrator.config import load_settings
+    from workers.reviewers import for_profile
+    from workers.reviewers.base import AttemptSpec
+    from workers.reviewers.claude import project_name
+
+    kb.write("reviewq.toml", profiles(model, "review"))
+    profile = load_settings(kb.root).reviewers["claude"]
+    mine = tmp_path / "home"
+    (mine / "tmp").mkdir(parents=True)
+    project = mine / ".claude" / "projects" / project_name(os.path.realpath(kb.root))
+    subprocess.run(  # the person's own session in their KB
+        [*_in(netns), str(BIN["claude"]), "-p", "Say hello.", "--max-turns", "1",
+         "--model", "claude-sonnet-4-5", "--output-format", "json"],
+        cwd=kb.root, env=_claude_env(mine, model), capture_output=True, timeout=120,
+    )  # fmt: skip
+    persons = sorted(p.name for p in project.iterdir())
+    assert persons, "the person's session was not kept"
+    folder = tmp_path / "attempt"
+    folder.mkdir()
+    (folder / "prompt.md").write_text("Review nothing; write PASS.\n")
+    spec = AttemptSpec(
+        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
+        kb.root, profile.model,
+    )  # fmt: skip
+    adapter = for_profile(profile)
+    cmd = adapter.command(spec)
+    env = {"PATH": os.environ["PATH"], "HOME": str(mine), "TMPDIR": str(mine / "tmp"), **cmd.env}
+    with (folder / "stdout.log").open("wb") as out:
+        subprocess.run(
+            [*_in(netns), *cmd.argv], cwd=cmd.cwd, env=env, stdout=out,
+            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+    told = adapter.telemetry(spec)
+    assert told.session_id and told.input_tokens and told.num_turns, told
+    assert adapter.answered(spec)
+    # Nothing of the run among the person's sessions, nor anywhere else under projects/.
+    assert sorted(p.name for p in project.iterdir()) == persons
+    assert [p.name for p in project.parent.iterdir()] == [project.name]

@@ -96,6 +96,11 @@ class ClaudeReviewer(Reviewer):
             # a key given there left Claude "Not logged in".
             "--safe-mode",
             "--verbose",  # stream-json in print mode requires it
+            # No transcript in projects/ (the prompt with its notes, every reply): nothing
+            # reads it, stream-json has the counts and the session, and a worker killed
+            # mid-attempt never got to forget it. forget stays for what runs before this
+            # flag left (an earlier release's attempt folders, reaped at a start).
+            "--no-session-persistence",
             "--model",
             self.profile.model,
             "--max-turns",
