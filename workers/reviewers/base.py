@@ -26,8 +26,10 @@ What it returns:
 - :meth:`Reviewer.unreachable` → while the process runs, past the profile's
   ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
   endpoint (it is then ended), else None.
-- :meth:`Reviewer.forget` → after the outcome is sent by a worker without ``--kb``: the
-  CLI's own state kept for the attempt's folder (a project folder in its home) removed.
+- :meth:`Reviewer.forget` → on a worker, once the attempt has ended there (its outcome
+  sent, its agent stopped with the worker, or its folder found at the next start after
+  the worker was killed): the CLI's own state kept in its home for the attempt's run (a
+  project folder, a session, rows of it) removed, never a person's own.
 - :meth:`Reviewer.answered` → after a process killed at its deadline: whether any model
   response reached the CLI, from what it left (its events, its session or chat log). A
   deadline with no answer at all is a hung endpoint, the reviewer's failure; one after
