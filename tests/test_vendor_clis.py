@@ -1734,7 +1734,9 @@ def test_a_worker_killed_mid_attempt_forgets_the_cli_s_state_of_it_when_it_next_
             assert time.monotonic() < deadline, "the CLI never asked the model"
             assert first.poll() is None and sweep.poll() is None
             time.sleep(0.1)
-        assert _attempts_kept(mine), "the CLI kept nothing of the attempt"
+        # (Claude keeps no session since S37; this shows what a worker killed before
+        # it left, and that the next start leaves nothing of it.)
+        assert vendor == "claude" or _attempts_kept(mine), "the CLI kept nothing of it"
         first.kill()
         first.wait(timeout=10)
         # The sweep stopped too: no control to send the attempt again to the next worker.
