@@ -1679,15 +1679,17 @@ def _attempts_kept(home: Path) -> dict[str, list[str]]:
     return {k: v for k, v in kept.items() if v}
 
 
+@pytest.mark.parametrize("how", ["killed", "stopped"])
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_worker_killed_mid_attempt_forgets_the_cli_s_state_of_it_when_it_next_starts(
-    netns, model, vkb, tmp_path, vendor
+def test_a_worker_killed_or_stopped_mid_attempt_forgets_the_cli_s_state_of_it(
+    netns, model, vkb, tmp_path, vendor, how
 ):
     """A worker SIGKILLed while its CLI waits on the model never sent the outcome, so never
     forgot what the CLI kept in its HOME for the attempt (Claude's session, Gemini's chat
     log and projects.json entry, Codex's rollout and rows): the worker started again on
     that --state reaped the agent and removed the attempt folder, and the CLI's copy of
-    the prompt, with its notes, stayed for good."""
+    the prompt, with its notes, stayed for good. A worker stopped (SIGTERM) reaped its
+    agent and exited before the attempt's thread got to forget it: the same."""
     from .test_partitions import Events
 
     (vkb.root / "reviewq.toml").write_text(
@@ -1737,13 +1739,17 @@ def test_a_worker_killed_mid_attempt_forgets_the_cli_s_state_of_it_when_it_next_
         # (Claude keeps no session since S37; this shows what a worker killed before
         # it left, and that the next start leaves nothing of it.)
         assert vendor == "claude" or _attempts_kept(mine), "the CLI kept nothing of it"
-        first.kill()
-        first.wait(timeout=10)
-        # The sweep stopped too: no control to send the attempt again to the next worker.
-        sweep.terminate()
-        sweep.wait(timeout=60)
-        second, events = worker()
-        events.wait("worker.started", 60)  # after its reap of the dead one's agent
+        if how == "stopped":  # SIGTERM: it ends its agent and queues the task again
+            first.terminate()
+            first.wait(timeout=60)
+        else:
+            first.kill()
+            first.wait(timeout=10)
+            # The sweep stopped too: no control to send the attempt again to the next worker.
+            sweep.terminate()
+            sweep.wait(timeout=60)
+            second, events = worker()
+            events.wait("worker.started", 60)  # after its reap of the dead one's agent
         kept = _attempts_kept(mine)
     finally:
         for proc in (first, second, sweep):
@@ -1756,8 +1762,9 @@ def test_a_worker_killed_mid_attempt_forgets_the_cli_s_state_of_it_when_it_next_
                     proc.wait(timeout=10)
         for pid in leftovers(vkb.root):  # the hung agent of the second worker, if any
             subprocess.run(["kill", "-9", str(pid)], capture_output=True)
-    assert not (state / "attempts").is_dir() or list((state / "attempts").iterdir()) == []
-    assert kept == {}, f"{vendor} kept the killed worker's attempt in its HOME: {kept}"
+    if how == "killed":  # a stopped worker keeps the folder for the run queued again
+        assert not (state / "attempts").is_dir() or list((state / "attempts").iterdir()) == []
+    assert kept == {}, f"{vendor} kept the {how} worker's attempt in its HOME: {kept}"
 
 
 def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(

@@ -1311,8 +1311,10 @@ def reap_orphans(
     """Kill the agent groups on this host whose worker process is gone (or, with
     ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
     them to end. With ``said`` (why they were left), any killed are logged as
-    ``worker.reaped_orphans``; ``forget`` gets each attempt folder removed, first."""
+    ``worker.reaped_orphans``; ``forget`` gets each attempt folder removed, first, and
+    with ``mine`` each of this process's, kept, once its agent has ended."""
     killed, gone, scratches, folders, reaped = [], [], [], [], []
+    stopped: list[Path] = []
     orphaned: list[tuple[int, int, str, str | None]] = []
     folder = registry_dir(state_dir)
     entries = []
@@ -1377,6 +1379,11 @@ def reap_orphans(
         if isinstance(scratch, str) and Path(scratch).name.startswith(_scratch_prefix(*key)):
             scratches.append(scratch)
         opened = _opening(entry)
+        if mine and all(isinstance(k, int) for k in key):
+            # A stopping worker's own: its folder kept for the run queued again, but the
+            # session its CLI kept is this run's alone, and the process exits before the
+            # attempt's thread gets to forget it.
+            stopped.append(attempt_folder(state_dir, *key, opened))
         if (
             not mine
             and (*key, opened) not in live_attempts
@@ -1399,6 +1406,8 @@ def reap_orphans(
     # A SIGKILL is not yet an end: a stopping worker exited with its agents alive a
     # moment more, their files (a TMPDIR) still in use. Those ended, a zombie counts.
     running = _collect(gone) if gone else []
+    for kept in stopped if forget is not None else []:
+        forget(kept)
     for scratch in scratches:
         _drop(scratch)
     # Only then the entries that name them: a reap cut short (a worker killed as it
