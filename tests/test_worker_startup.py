@@ -328,6 +328,35 @@ def test_doctor_names_the_file_and_url_of_a_queue_out_of_reach(tmp_path):
     ), problem
 
 
+@pytest.mark.parametrize("over", ["tcp", "unix"])
+def test_doctor_says_a_redis_at_its_maxclients_is_up(tmp_path, over):
+    """A Redis at its `maxclients` closes every new connection: doctor said it was "out
+    of reach" and told the reader to "start Redis there, or put its host and port in the
+    URL", of a server up at the right address, over TCP (where the client had read "max
+    number of clients reached") and over a unix socket (where its write met the close
+    first: "Broken pipe")."""
+    import redis
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with redis_server(tmp_path, "--port", str(port), "--maxclients", "1") as sock_url:
+        url = f"redis://127.0.0.1:{port}/0" if over == "tcp" else sock_url
+        holder = redis.Redis.from_url(url)
+        holder.ping()  # the one client it takes
+        try:
+            config, args = _worker_home(tmp_path, url)
+            res = _refused([*args, "doctor", "--worker"], timeout=60)
+            assert res.returncode == 1, res.stdout
+            (problem,) = [x for x in res.stdout.splitlines() if x.startswith("problem:")]
+            assert problem.startswith(f"problem: queue backend: {config} [queue] url {url}: ")
+            assert "up but at its `maxclients`" in problem, problem
+            assert "start Redis there" not in problem, problem
+            holder.ping()  # the holder kept its connection all along
+        finally:
+            holder.close()
+
+
 def test_doctor_says_a_redis_loading_its_dataset_is_loading(tmp_path):
     """A Redis restarted with a large dataset answers LOADING while it reads it: doctor
     said it was "out of reach" and told the reader to "start Redis there, or put its host

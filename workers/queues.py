@@ -650,10 +650,44 @@ def out_of_reach(settings: Settings, exc: BaseException) -> str:
             f"{queue_where(settings)}: the Redis server is still loading its dataset after a "
             f"restart ({exc}); a worker or control started now waits for it to finish"
         )
+    if _MAXCLIENTS in str(exc) or _at_maxclients(settings.queue.url):
+        # Up at the right address, but it closes every new connection: over TCP the
+        # client reads why; over a unix socket its write meets the close first ("Broken
+        # pipe"), and only a probe that reads hears the server's line.
+        return (
+            f"{queue_where(settings)}: the Redis server is up but at its `maxclients`: it "
+            "closes every new connection, this one too; a worker or control started now "
+            "waits for one to close: end what holds its connections (another application, "
+            "processes left running: `ss -xp` or `ss -tnp` on its machine) or raise its "
+            "`maxclients` (in its configuration; a client already connected may CONFIG SET it)"
+        )
     return (
         f"{queue_where(settings)}: out of reach ({exc}); a worker or control started now "
         "waits for it: start Redis there, or put its host and port in the URL"
     )
+
+
+_MAXCLIENTS = "max number of clients reached"
+
+
+def _at_maxclients(url: str) -> bool:
+    """Whether the plain-text Redis at ``url`` answers a new connection with its
+    `maxclients` refusal (a rediss:// one is not asked: its line comes inside TLS)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("unix", "redis"):
+        return False
+    try:
+        sock = _plain_socket(parts)
+    except OSError:
+        return False
+    with sock:
+        try:  # the server writes its refusal at the accept: read whatever a PING meets
+            with contextlib.suppress(OSError):
+                sock.sendall(b"PING\r\n")
+            said = sock.recv(64)
+        except OSError:
+            return False
+    return said.startswith(b"-ERR " + _MAXCLIENTS.encode())
 
 
 def check_queue(settings: Settings) -> None:
@@ -786,16 +820,7 @@ def _probe_problem(url: str, after_tls_failed: bool = False) -> str | None:
         return None  # the client's handshake comes first: a TLS port logs a plain PING
     host, port = parts.hostname or "localhost", parts.port or 6379
     try:
-        if parts.scheme == "unix":
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(_PROBE_S)
-            try:
-                sock.connect(parts.path)
-            except OSError:
-                sock.close()
-                raise
-        else:
-            sock = socket.create_connection((host, port), timeout=_PROBE_S)
+        sock = _plain_socket(parts)
     except OSError:
         return None  # out of reach: an outage, waited for
     with sock:
@@ -816,6 +841,22 @@ def _probe_problem(url: str, after_tls_failed: bool = False) -> str | None:
     if not said and parts.scheme == "redis" and _speaks_tls(host, port):
         return "the port speaks only TLS; the URL takes rediss://"
     return None
+
+
+def _plain_socket(parts) -> socket.socket:  # noqa: ANN001 - a urlsplit result
+    """A socket connected to the server a unix:// or redis(s):// URL names, no TLS, each
+    call bounded by the probe's timeout; OSError when it cannot be reached."""
+    if parts.scheme != "unix":
+        host, port = parts.hostname or "localhost", parts.port or 6379
+        return socket.create_connection((host, port), timeout=_PROBE_S)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(_PROBE_S)
+    try:
+        sock.connect(parts.path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _speaks_tls(host: str, port: int) -> bool:
