@@ -1230,8 +1230,11 @@ def refuses_writes(huey: Huey) -> tuple[str, str] | None:
         return (
             "its last snapshot failed, and `stop-writes-on-bgsave-error` stops writes until "
             "one succeeds",
-            "its log says why the snapshot failed (most often a full disk): mend that, and "
-            "its next snapshot (or a BGSAVE) lets writes through again",
+            "its log says why the snapshot failed: make room on its disk (or its `dir` "
+            "writable), then a BGSAVE (or its next snapshot) lets writes through again; a "
+            "snapshot folder elsewhere takes a restart (Redis refuses `CONFIG SET dir` while "
+            "it runs), and `CONFIG SET stop-writes-on-bgsave-error no` lets writes through at "
+            "once but leaves it unsaved",
         )
     except Exception:  # noqa: BLE001 - away or refused otherwise: not this question's
         return None
