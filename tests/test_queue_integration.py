@@ -1182,6 +1182,54 @@ def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb
         assert conn.execute("SELECT count(*) FROM task").fetchone()[0] == 0
 
 
+def test_a_move_killed_before_its_commit_sends_once_though_a_volatile_policy_evicts(kb, tmp_path):
+    """C25's mark expired (30 days), so a Redis under a `volatile-*` policy (which
+    OPERATIONS §6.6 allows) evicts it first when full: a control killed between the
+    move's send and its commit, then Redis full before the next control's move, had the
+    message sent again (a review run twice, its agent paid twice). Here the eviction is
+    Redis's own: `maxmemory` set below what it uses, and one command."""
+    import redis
+
+    from orchestrator.config import load_settings
+    from workers.queues import close_huey, huey_for
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE)
+    left = huey_for(load_settings(kb.root), "review")
+    left.storage.enqueue(b"a review")
+    close_huey(left)
+    fifo = make_fifo(tmp_path, "fault")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    with redis_server(tmp_path, "--maxmemory-policy", "volatile-lru") as url:
+        kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
+        env = {**os.environ, "REVIEWQ_FAULT_QUEUE_MOVE_SENT": str(fifo)}
+        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
+        try:
+            assert int(await_fifo(fifo)) == control.pid  # sent, its delete not committed
+        finally:
+            control.kill()
+            control.wait()
+        with contextlib.closing(redis.Redis.from_url(url)) as client:
+            assert client.keys("*moved*")  # the mark C25 left
+            client.config_set("maxmemory", 1)  # full: every key it may evict goes
+            client.ping()  # a command, before which Redis evicts
+            client.config_set("maxmemory", 0)
+            evicted = client.info("stats")["evicted_keys"]
+        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+        try:
+            assert _until(control.stderr, "control.started") == "control.started"
+        finally:
+            stop(control)
+            control.stderr.close()
+        review = huey_for(load_settings(kb.root), "review")
+        try:
+            sent = review.storage.conn.lrange(review.storage.queue_key, 0, -1)
+            assert sent == [b"a review"], (sent, evicted)
+        finally:
+            close_huey(review)
+
+
 def test_two_reads_back_at_the_same_instant_say_the_queue_back_once(kb, tmp_path):
     """The queue is back when every read that failed (Q8) succeeds again: the consumer's
     and the scheduler's, in two threads. Each took its own failure off, then looked

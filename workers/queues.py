@@ -528,7 +528,7 @@ def eviction_risk(huey: Huey, settings: Settings) -> str | None:
         "every message of its queue: the reviews sent then run again a lease later and "
         "outcomes waiting are lost, their agents' runs paid again; set maxmemory-policy "
         "noeviction (or a volatile-* one: it evicts only keys that expire, and reviewq's "
-        "queues do not; its control's claim and a move's marks do), or give reviewq a "
+        "queues and a move's marks do not; its control's claim does), or give reviewq a "
         "Redis of its own"
     )
 
@@ -1646,10 +1646,12 @@ _NOT_MOVED: set[str] = set()  # the SQLite queue files move_left_behind could no
 # deleted once its row's delete from the SQLite file committed: a move killed between the
 # send and that commit left the message in both, and the next move sent it again (a review
 # run, its agent paid, twice). A mark found says it was sent: the row is only taken off.
-# Expiring, for a mark whose delete failed; a control killed mid-move and not restarted
-# within it would send that one message again.
+# Never expiring: a Redis under a `volatile-*` policy evicts keys that expire first when
+# full, and an expiring mark evicted before the next move had that message sent again. A
+# mark whose delete failed (Redis away just after the commit) is left: a few bytes no
+# later move meets (each message its own uuid).
 _MOVE_IN_LUA = """
-if redis.call('set', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then
+if redis.call('set', KEYS[1], '1', 'NX') then
     if ARGV[2] == '' then
         redis.call('lpush', KEYS[2], ARGV[1])
     else
@@ -1657,7 +1659,6 @@ if redis.call('set', KEYS[1], '1', 'NX', 'EX', ARGV[3]) then
     end
 end
 """
-_MOVED_MARK_S = 30 * 86400
 
 
 def _move_in(storage: Any, data: bytes, at: float | None) -> str:
@@ -1669,10 +1670,10 @@ def _move_in(storage: Any, data: bytes, at: float | None) -> str:
     task's commit. The mark's key, deleted once the row's delete commits."""
     mark = f"{storage.queue_key}.moved.{_digest(data)}"
     if at is None:  # in the file's order; Redis takes no priority
-        args = [data, "", _MOVED_MARK_S]
+        args = [data, ""]
         target = storage.queue_key
     else:  # Huey's SQLite wrote a naive UTC time as the local one
-        args = [data, storage.convert_ts(datetime.fromtimestamp(at)), _MOVED_MARK_S]
+        args = [data, storage.convert_ts(datetime.fromtimestamp(at))]
         target = storage.schedule_key
     storage.conn.eval(_MOVE_IN_LUA, 2, mark, target, *args)
     return mark
@@ -1720,7 +1721,7 @@ def move_left_behind(settings: Settings, hueys: dict[str, Huey]) -> None:
                     conn.execute("ROLLBACK")
                     raise
                 if mark is not None:
-                    with contextlib.suppress(Exception):  # expires: the row is gone for good
+                    with contextlib.suppress(Exception):  # left: the row is gone for good
                         huey.storage.conn.delete(mark)
         except sqlite3.DatabaseError as exc:
             if str(path) not in _NOT_MOVED:  # once, not at every tick
