@@ -551,8 +551,11 @@ def redis_pool(url: str):  # noqa: ANN201 - a redis ConnectionPool (redis is opt
     _with_redis()
     from redis import ConnectionPool
 
-    if url.startswith("unix://"):  # a local socket: no link to lose
-        pool = ConnectionPool.from_url(url)
+    if url.startswith("unix://"):  # a local socket: no link to lose, nor a timeout
+        # redis-py's default (5 s) timed out every write Redis held past it (`CLIENT
+        # PAUSE 8000 WRITE`, as a failover's tooling sends): "Timeout reading from
+        # socket", an outage said of a server that answered a moment later.
+        pool = ConnectionPool.from_url(url, socket_timeout=None)
     else:
         options = {getattr(socket, k): v for k, v in _REDIS_TCP.items() if hasattr(socket, k)}
         pool = ConnectionPool.from_url(

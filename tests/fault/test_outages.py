@@ -331,6 +331,89 @@ def test_a_redis_that_refuses_writes_mid_sweep_is_waited_out(tmp_path, mode):
     assert doctor is None or "problem: queue backend" not in doctor.stdout, doctor.stdout
 
 
+# Past redis-py's default socket timeout (5 s), which a unix socket's connections had.
+PAUSE_MS = 8000
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["maxclients", "pause-write", "pause-all", "loading"])
+def test_a_redis_that_stalls_or_turns_clients_away_mid_sweep_is_waited_out(tmp_path, mode):
+    """maxclients: every connection closed and the server at its `maxclients` (another
+    application's clients hold them), so every new one is refused; pause-write and
+    pause-all: `CLIENT PAUSE 8000 WRITE` (or ALL), as a failover's tooling does: over a
+    unix socket each write Redis held timed out at redis-py's default 5 s, said as an
+    outage ("Timeout reading from socket") of a server that refused nothing;
+    loading: killed and restarted from its append-only file onto a large dataset (another
+    application's 300,000 keys, 50 µs a key), answering LOADING for ~15 s. Each is an
+    outage or a stall, waited out: every pair accepted once, no traceback, said once."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    import redis as redis_py
+
+    options = ("--enable-debug-command", "local", "--aof-use-rdb-preamble", "yes")
+    if mode == "loading":
+        options += ("--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
+    redis = RedisServer(
+        tmp_path / "r.sock", tmp_path / "redis", persist=(mode == "loading"), options=options
+    )
+    redis.start()
+    root, expected, cluster, fifo = _setup(
+        tmp_path, notes=5, gates=4, queue_url=redis.url, sleep=1.0
+    )
+    loaded_s = 0.0
+
+    def outage():  # noqa: ANN202
+        nonlocal loaded_s
+        client = redis_py.Redis.from_url(redis.url)
+        try:
+            if mode == "maxclients":
+                client.config_set("maxclients", 1)  # this client is the one
+                client.client_kill_filter(_type="normal", skipme=True)
+                time.sleep(OUTAGE_S)  # the outage itself
+                client.config_set("maxclients", 10000)
+            elif mode.startswith("pause-"):
+                client.execute_command("CLIENT", "PAUSE", PAUSE_MS, mode.removeprefix("pause-"))
+                time.sleep(PAUSE_MS / 1000)  # the pause itself: Redis lifts it
+            else:
+                client.execute_command("DEBUG", "POPULATE", 300_000, "other-app")
+                client.bgrewriteaof()  # the keys into the file's RDB part, which loads slowly
+                deadline = time.monotonic() + 60
+                while (info := client.info("persistence"))["aof_rewrite_in_progress"] or info[
+                    "aof_rewrite_scheduled"
+                ]:
+                    assert time.monotonic() < deadline, "no rewrite"
+                    time.sleep(0.05)
+                redis.kill()
+                t0 = time.monotonic()
+                redis.start(timeout=120)  # its "ready" line comes once the dataset is loaded
+                loaded_s = time.monotonic() - t0
+        finally:
+            client.close()
+        return utcnow()
+
+    t_down, t_up, drain_s = _sweep_through(cluster, fifo, redis, expected, outage)
+    c, during, after = _outage_report(
+        root, expected, t_down, t_up, mode=mode, loaded_s=round(loaded_s, 1), drain_s=drain_s
+    )
+    _assert_nothing_lost(root, expected, c)
+    seen = set(during) | set(after)
+    assert not any(k.startswith("error huey") for k in seen), seen
+    assert not any("Error reading" in k or "Traceback" in k for k in seen), seen
+    if mode in ("maxclients", "loading"):
+        assert mode != "loading" or loaded_s > 5, loaded_s  # it was met loading
+        assert "error queue.unavailable" in seen or "warning queue.retrying" in seen, seen
+    said = Counter(
+        (e["process"], e.get("queue"), e["event"])
+        for e in _window(root / ".reviewq", t_down, t_up)
+        if e["event"] == "queue.unavailable"
+    )
+    assert all(n == 1 for n in said.values()), said
+    if mode.startswith("pause-"):
+        # A pause is a stall: calls wait for it, nothing refused, nothing run again.
+        assert c.attempts.get("finalized") == len(expected), c.attempts
+        assert not any("queue.unavailable" in k or "queue.retrying" in k for k in seen), seen
+
+
 # --- SQLite files held by another process --------------------------------------------------------
 
 
