@@ -1653,6 +1653,47 @@ def test_codex_loads_its_config_for_a_job_folder_named_with_an_emoji(tmp_path: P
     assert "Error loading config" not in said, said
 
 
+def test_an_mcp_server_of_the_machine_s_codex_config_does_not_start_beside_a_review(
+    netns, model, home, vkb, tmp_path
+):
+    """Codex loads /etc/codex/config.toml (its system layer) under the person's: reviewq
+    turned off only the servers of the person's files, and one the machine's file named
+    started beside the review and wrote into the KB. /etc is an overlay of the test's own,
+    in a mount namespace of the run's, so nothing is left in the machine's."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "mcp.md"
+    upper, work = tmp_path / "etc-upper", tmp_path / "etc-work"
+    (upper / "codex").mkdir(parents=True)
+    work.mkdir()
+    (upper / "codex" / "config.toml").write_text(
+        f'[mcp_servers.kb]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
+    )
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(mine),
+        "TMPDIR": str(mine / "tmp"),
+        "LANG": "C.UTF-8",
+    }
+    overlay = f"lowerdir=/etc,upperdir={upper},workdir={work}"
+    script = f'mount --make-rprivate / && mount -t overlay overlay -o {overlay} /etc && exec "$@"'
+    res = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *_in(netns), str(REVIEWQ)]
+        + ["--root", str(vkb.root), "run-job", str(job_id), "--reviewer", "codex"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert not Path("/etc/codex").exists()
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
+
+
 def _attempts_kept(home: Path) -> dict[str, list[str]]:
     """What the CLIs keep in ``home`` of a worker's attempt folders (each named for one,
     or holding rows of its run): Claude's projects/ folders, Gemini's tmp/ and history/

@@ -267,9 +267,12 @@ class CodexReviewer(Reviewer):
         ``-p``/``--profile`` among the profile's args picks (Codex 0.171:
         ``$CODEX_HOME/<name>.config.toml``). A file it cannot read stops Codex itself."""
         names: list[str] = []
-        for file in ("config.toml", *(f"{p}.config.toml" for p in _profiles(self.profile.args))):
+        files = [self._home() / "config.toml"]
+        files += [self._home() / f"{p}.config.toml" for p in _profiles(self.profile.args)]
+        # The machine's own layer too, below the person's: its servers start as theirs do.
+        for path in (*files, _SYSTEM_CONFIG):
             try:
-                config = tomllib.loads((self._home() / file).read_text(encoding="utf-8"))
+                config = tomllib.loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
                 continue
             servers = config.get("mcp_servers")
@@ -332,6 +335,10 @@ def _drop_thread(db: Path, thread: str) -> None:
             conn.execute("ROLLBACK")
     finally:
         conn.close()
+
+
+# Codex's system config layer, which every user of the machine loads under their own.
+_SYSTEM_CONFIG = Path("/etc/codex/config.toml")
 
 
 def _turned_off(names: list[str]) -> list[str]:
