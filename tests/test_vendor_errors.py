@@ -546,6 +546,21 @@ def test_each_cli_says_whether_it_sent_its_prompt(tmp_path):
     assert command.asked(spec)  # a command says nothing of it: the launch window decides
 
 
+def test_gemini_asked_finds_its_prompt_in_a_folder_named_with_a_quote(tmp_path):
+    """Gemini's chat log is JSON lines (JSON.stringify: a quote and a backslash escaped,
+    other characters as they are), so the prompt's path in it was not the path reviewq
+    looked for: a Gemini that asked in a KB under a folder named with `"` or `\\`, then
+    crashed past the launch window, read as never asked (a launch failure: the note that
+    crashed it never failed, the profile paused), and one that answered as unanswered."""
+    spec, gemini, chats = _gemini_chats(tmp_path / 'my "kb" \\ é')
+    user = {"id": "u", "type": "user", "content": [{"text": instruction(spec)}]}
+    model = {"id": "g", "type": "gemini", "content": "ok", "tokens": {"input": 1}}
+    log = chats / "session-2026-11-26T23-02-4650ae9e.jsonl"
+    log.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in (user, model)))
+    assert gemini.asked(spec)
+    assert gemini.answered(spec)
+
+
 def test_gemini_answered_reads_the_newest_chat_log_of_its_attempt(tmp_path):
     """A chat log is named by the minute its session began and a random id: a run of the
     same attempt again in the same folder (its task queued again by a stopping worker)

@@ -324,7 +324,9 @@ class GeminiReviewer(Reviewer):
             logs = list((self._home() / "tmp" / name / "chats").glob("session-*.jsonl"))
         except (OSError, TypeError):
             return None, False
-        said = f"Read the file {spec.prompt_path} "
+        # As its JSON lines hold it (JSON.stringify): a quote or backslash in the path
+        # escaped, other characters as they are.
+        said = json.dumps(f"Read the file {spec.prompt_path} ", ensure_ascii=False)[1:-1]
         # Newest first by when each was last written: a log's name has the minute its
         # session began and a random id, so the same attempt run again within that minute
         # (its task queued again by a stopping worker) sorted by chance before the other.
