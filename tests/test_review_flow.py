@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import unicodedata
 from pathlib import Path
 
@@ -1252,6 +1253,35 @@ def test_a_bad_command_line_is_bad_usage_before_any_state_folder_is_looked_at(
     assert res.exit_code == 2, res.stderr
     assert said in res.stderr and "no state.db" not in res.stderr, res.stderr
     assert not typo.exists()
+
+
+def test_a_named_pipe_given_to_input_is_opened_once(flow, tmp_path):
+    """E53's first reading of the line opened `--input`'s file and closed it at once: a
+    named pipe's writer that had written and closed by then took its text with it (the
+    second open waited for a writer for good), and one that wrote later met no reader.
+    A command with a file option is read once, as click reads it."""
+    sel = reviewq_process("--root", str(flow.root), "select", "prose", "--model", "fake", "--json")
+    assert sel.returncode == 0, sel.stderr
+    fifo = tmp_path / "selection"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with contextlib.suppress(BrokenPipeError), open(fifo, "w") as f:
+            f.write(sel.stdout)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        made = reviewq_process(
+            "--root", str(flow.root), "create-jobs", "--input", str(fifo), "--grouping", "gate",
+            "--json", timeout=30,
+        )  # fmt: skip
+    finally:
+        with contextlib.suppress(OSError):  # a writer still waiting for a reader is let go
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        writer.join(timeout=10)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["jobs"], made.stdout
 
 
 def test_a_first_select_reads_no_history_and_makes_no_state_db(flow, run_cli):

@@ -467,9 +467,12 @@ class Group(click.Group):
         nothing had run (exit 1), its own mistake said only once that was mended. Bad
         usage is exit 2, whatever the folder. The command reads its line again to run."""
         name, cmd, rest = super().resolve_command(ctx, args)
-        if cmd is not None and not ctx.resilient_parsing and not _asks_for_help(ctx):
+        # Not a command with a file option: reading its line opens the file, and a named
+        # pipe opened twice lost its writer's text between the two opens.
+        read_now = cmd is not None and not ctx.resilient_parsing and not _asks_for_help(ctx)
+        if read_now and not any(isinstance(p.type, click.File) for p in cmd.params):
             with cmd.make_context(name, list(rest), parent=ctx):
-                pass  # closed at once: a file an option opened is closed with it
+                pass
         return name, cmd, rest
 
     def invoke(self, ctx: click.Context) -> Any:
