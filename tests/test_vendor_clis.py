@@ -1808,30 +1808,18 @@ def test_a_worker_killed_or_stopped_mid_attempt_forgets_the_cli_s_state_of_it(
     assert kept == {}, f"{vendor} kept the {how} worker's attempt in its HOME: {kept}"
 
 
-def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(
-    netns, model, tmp_path, monkeypatch, kb
-):
-    """Codex names its thread once, in its --json's first event; the logs are read from
-    their last 8 MiB (where the result is), so a run that printed more (a chatty agent, a
-    long command's output) had no thread: its rollout and rows stayed, and its token
-    counts from the rollout were lost. Run for real, its log then grown past 8 MiB."""
-    from orchestrator.config import load_settings
+def _run_once(netns, profile, mine: Path, folder: Path, root: Path):  # noqa: ANN001, ANN202
+    """The adapter's command for an attempt in ``folder`` (its agent's root ``root``), run
+    for real as a worker runs it, with ``mine`` as HOME, its stdout in the folder's
+    stdout.log: the adapter and the attempt's spec, to read what it left."""
     from workers.reviewers import for_profile
     from workers.reviewers.base import AttemptSpec
 
-    from .test_two_hosts_vendor import codex_rows
-
-    kb.write("reviewq.toml", profiles(model, "review"))
-    profile = load_settings(kb.root).reviewers["codex"]
-    mine = tmp_path / "home"
-    (mine / "tmp").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(mine))  # the worker's HOME, where forget looks
-    folder = tmp_path / "attempt"
     folder.mkdir()
     (folder / "prompt.md").write_text("Review nothing; write PASS.\n")
     spec = AttemptSpec(
         "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
-        folder, profile.model,
+        root, profile.model,
     )  # fmt: skip
     adapter = for_profile(profile)
     cmd = adapter.command(spec)
@@ -1841,6 +1829,27 @@ def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(
             [*_in(netns), *cmd.argv], cwd=cmd.cwd, env=env, stdout=out,
             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=120,
         )  # fmt: skip
+    return adapter, spec
+
+
+def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(
+    netns, model, tmp_path, monkeypatch, kb
+):
+    """Codex names its thread once, in its --json's first event; the logs are read from
+    their last 8 MiB (where the result is), so a run that printed more (a chatty agent, a
+    long command's output) had no thread: its rollout and rows stayed, and its token
+    counts from the rollout were lost. Run for real, its log then grown past 8 MiB."""
+    from orchestrator.config import load_settings
+
+    from .test_two_hosts_vendor import codex_rows
+
+    kb.write("reviewq.toml", profiles(model, "review"))
+    profile = load_settings(kb.root).reviewers["codex"]
+    mine = tmp_path / "home"
+    (mine / "tmp").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(mine))  # the worker's HOME, where forget looks
+    folder = tmp_path / "attempt"
+    adapter, spec = _run_once(netns, profile, mine, folder, folder)
     assert [p.name for p in mine.rglob("rollout-*.jsonl")], "codex kept no rollout"
     told = adapter.telemetry(spec)
     assert told.session_id and told.input_tokens, told
@@ -1867,8 +1876,6 @@ def test_claude_run_as_a_reviewer_keeps_no_session_and_its_counts(
     kept it. Run as reviewq runs it, it keeps none, and its stream-json still has the
     session and the counts."""
     from orchestrator.config import load_settings
-    from workers.reviewers import for_profile
-    from workers.reviewers.base import AttemptSpec
     from workers.reviewers.claude import project_name
 
     kb.write("reviewq.toml", profiles(model, "review"))
@@ -1883,21 +1890,7 @@ def test_claude_run_as_a_reviewer_keeps_no_session_and_its_counts(
     )  # fmt: skip
     persons = sorted(p.name for p in project.iterdir())
     assert persons, "the person's session was not kept"
-    folder = tmp_path / "attempt"
-    folder.mkdir()
-    (folder / "prompt.md").write_text("Review nothing; write PASS.\n")
-    spec = AttemptSpec(
-        "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
-        kb.root, profile.model,
-    )  # fmt: skip
-    adapter = for_profile(profile)
-    cmd = adapter.command(spec)
-    env = {"PATH": os.environ["PATH"], "HOME": str(mine), "TMPDIR": str(mine / "tmp"), **cmd.env}
-    with (folder / "stdout.log").open("wb") as out:
-        subprocess.run(
-            [*_in(netns), *cmd.argv], cwd=cmd.cwd, env=env, stdout=out,
-            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=120,
-        )  # fmt: skip
+    adapter, spec = _run_once(netns, profile, mine, tmp_path / "attempt", kb.root)
     told = adapter.telemetry(spec)
     assert told.session_id and told.input_tokens and told.num_turns, told
     assert adapter.answered(spec)
