@@ -1141,6 +1141,29 @@ def test_a_scheduled_message_moved_to_redis_leaves_the_one_the_control_holds(kb,
             control.storage.pool.disconnect()
 
 
+def _kill_control_mid_move(base: list[str], fifo: Path) -> None:
+    """A control started with ``base``, SIGKILLed at C25's fault point: the message moved
+    to Redis is sent and its row's delete not committed."""
+    env = {**os.environ, "REVIEWQ_FAULT_QUEUE_MOVE_SENT": str(fifo)}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        assert int(await_fifo(fifo)) == control.pid  # sent, its delete not committed
+    finally:
+        control.kill()
+        control.wait()
+
+
+def _start_and_stop_control(base: list[str]) -> None:
+    """A control started with ``base`` until it has started (its move done), then stopped."""
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    try:
+        assert _until(control.stderr, "control.started") == "control.started"
+    finally:
+        stop(control)
+        control.stderr.close()
+
+
 def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb, tmp_path):
     """C9's move sent a message to Redis, then committed its delete from the SQLite file:
     a control killed in between left the message in both, and the next control's move
@@ -1158,20 +1181,8 @@ def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     with redis_server(tmp_path) as url:
         kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
-        env = {**os.environ, "REVIEWQ_FAULT_QUEUE_MOVE_SENT": str(fifo)}
-        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
-        try:
-            assert int(await_fifo(fifo)) == control.pid  # sent, its delete not committed
-        finally:
-            control.kill()
-            control.wait()
-        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-        try:
-            assert _until(control.stderr, "control.started") == "control.started"
-        finally:
-            stop(control)
-            control.stderr.close()
+        _kill_control_mid_move(base, fifo)
+        _start_and_stop_control(base)  # its start's move meets what was left
         review = huey_for(load_settings(kb.root), "review")
         try:
             assert review.storage.conn.lrange(review.storage.queue_key, 0, -1) == [b"a review"]
@@ -1202,26 +1213,14 @@ def test_a_move_killed_before_its_commit_sends_once_though_a_volatile_policy_evi
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     with redis_server(tmp_path, "--maxmemory-policy", "volatile-lru") as url:
         kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
-        env = {**os.environ, "REVIEWQ_FAULT_QUEUE_MOVE_SENT": str(fifo)}
-        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
-        try:
-            assert int(await_fifo(fifo)) == control.pid  # sent, its delete not committed
-        finally:
-            control.kill()
-            control.wait()
+        _kill_control_mid_move(base, fifo)
         with contextlib.closing(redis.Redis.from_url(url)) as client:
             assert client.keys("*moved*")  # the mark C25 left
             client.config_set("maxmemory", 1)  # full: every key it may evict goes
             client.ping()  # a command, before which Redis evicts
             client.config_set("maxmemory", 0)
             evicted = client.info("stats")["evicted_keys"]
-        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-        try:
-            assert _until(control.stderr, "control.started") == "control.started"
-        finally:
-            stop(control)
-            control.stderr.close()
+        _start_and_stop_control(base)  # its start's move meets what was left
         review = huey_for(load_settings(kb.root), "review")
         try:
             sent = review.storage.conn.lrange(review.storage.queue_key, 0, -1)
