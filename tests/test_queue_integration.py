@@ -1141,6 +1141,24 @@ def test_a_scheduled_message_moved_to_redis_leaves_the_one_the_control_holds(kb,
             control.storage.pool.disconnect()
 
 
+def _a_review_left_in_sqlite(kb, tmp_path: Path) -> tuple[Path, list[str]]:  # noqa: ANN001
+    """One review message left in the SQLite queue file (as a KB moved to Redis leaves
+    it): the fault FIFO a control stops at, and the command line that starts one."""
+    from orchestrator.config import load_settings
+    from workers.queues import close_huey, huey_for
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", FAST_QUEUE)
+    left = huey_for(load_settings(kb.root), "review")
+    left.storage.enqueue(b"a review")
+    close_huey(left)
+    return make_fifo(tmp_path, "fault"), [
+        str(Path(sys.executable).parent / "reviewq"),
+        "--root",
+        str(kb.root),
+    ]
+
+
 def _kill_control_mid_move(base: list[str], fifo: Path) -> None:
     """A control started with ``base``, SIGKILLed at C25's fault point: the message moved
     to Redis is sent and its row's delete not committed."""
@@ -1172,13 +1190,7 @@ def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb
     from orchestrator.config import load_settings
     from workers.queues import close_huey, huey_for
 
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", FAST_QUEUE)
-    left = huey_for(load_settings(kb.root), "review")
-    left.storage.enqueue(b"a review")
-    close_huey(left)
-    fifo = make_fifo(tmp_path, "fault")
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    fifo, base = _a_review_left_in_sqlite(kb, tmp_path)
     with redis_server(tmp_path) as url:
         kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
         _kill_control_mid_move(base, fifo)
@@ -1204,13 +1216,7 @@ def test_a_move_killed_before_its_commit_sends_once_though_a_volatile_policy_evi
     from orchestrator.config import load_settings
     from workers.queues import close_huey, huey_for
 
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", FAST_QUEUE)
-    left = huey_for(load_settings(kb.root), "review")
-    left.storage.enqueue(b"a review")
-    close_huey(left)
-    fifo = make_fifo(tmp_path, "fault")
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    fifo, base = _a_review_left_in_sqlite(kb, tmp_path)
     with redis_server(tmp_path, "--maxmemory-policy", "volatile-lru") as url:
         kb.write("reviewq.toml", FAST_QUEUE + f'url = "{url}"\n')
         _kill_control_mid_move(base, fifo)
