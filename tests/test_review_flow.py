@@ -1239,6 +1239,13 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
         (("job", "abc"), "Invalid value for 'JOB_ID'"),
         (("status", "--bogus"), "No such option '--bogus'"),
         (("export", "--bogus"), "No such option '--bogus'"),
+        # Options that cannot go together, which the commands checked in their bodies,
+        # after the group's look at the state folder (E55).
+        (("report", "--since", "1h", "--run", "1"), "error: --since and --run: choose one"),
+        (("decide", "1", "redo"), "redo needs --feedback"),
+        (("decide", "approve"), "name escalation ids or --note PATH"),
+        (("decide", "--fixer", "x", "1", "approve"), "--fixer names the fixer of a redo"),
+        (("decide", "0", "approve"), "Invalid value for ESCALATION_ID"),
     ],
 )
 def test_a_bad_command_line_is_bad_usage_before_any_state_folder_is_looked_at(

@@ -240,7 +240,30 @@ class Whole(click.ParamType):
         return int(text)
 
 
-class Numbered(click.Command):
+class Checked(click.Command):
+    """A command whose options are checked together (``check``, given the values read) as
+    its line is read: checked in its body, after the group's look at the folders, `report
+    --since 1h --run 1` or `decide 3 redo` on a folder where nothing had run said "no
+    state.db here" (exit 1), not the line's own mistake (exit 2)."""
+
+    def __init__(
+        self, *args: Any, check: Callable[..., object] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.check = check
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        if self.check is not None and not ctx.resilient_parsing:
+            try:
+                self.check(**ctx.params)
+            except click.UsageError as exc:
+                exc.ctx = exc.ctx or ctx  # its Usage: line, as click says an option's mistake
+                raise
+        return rest
+
+
+class Numbered(Checked):
     """A command whose arguments are ids (``ids``: what they are): `reviewq job -1` read
     the id as an option and said "No such option '-1'"."""
 

@@ -1004,7 +1004,37 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
         click.echo(line)
 
 
-@cli.command("decide", cls=Numbered, ids=ESCALATION_ID.what)
+def _decision(
+    args: tuple[str, ...], note: str | None, feedback: str | None, fixer: str | None, **_: object
+) -> tuple[list[int], str]:
+    """decide's escalation ids and decision, read as its line is (:class:`Checked`): a
+    call written wrongly is bad usage (exit 2), as click says of a bad option value, and
+    said before the state folder is looked at; exit 1 is kept for a call refused (decided
+    already, a note gone)."""
+    *raw_ids, decision = args
+    if decision not in ("approve", "redo", "reject"):
+        raise click.BadParameter(
+            f"{decision!r} is not approve, redo or reject", param_hint="DECISION"
+        )
+    ids = []
+    for raw in raw_ids:
+        # In the words `job`, `logs --job` and `report --run` use of their ids: escalation
+        # 0 was "no escalation 0" (a refusal, exit 1) where job 0 is bad usage.
+        try:
+            ids.append(ESCALATION_ID.convert(raw, None, None))
+        except click.BadParameter as exc:
+            raise click.BadParameter(exc.message, param_hint="ESCALATION_ID") from None
+    if not ids and not note:
+        raise click.UsageError("name escalation ids or --note PATH")
+    if fixer and decision != "redo":
+        raise click.UsageError(f"--fixer names the fixer of a redo, not of {decision}")
+    if decision == "redo" and not (feedback and feedback.strip()):
+        # As --fixer without redo: the call's own mistake, not a refusal of it.
+        raise click.UsageError("redo needs --feedback with the concrete asks for the fixer")
+    return ids, decision
+
+
+@cli.command("decide", cls=Numbered, ids=ESCALATION_ID.what, check=_decision)
 @click.argument("args", nargs=-1, required=True, metavar="[ESCALATION_ID]... DECISION")
 @click.option(
     "--note", default=None, callback=not_blank, help="Every open escalation of this note."
@@ -1037,28 +1067,7 @@ def decide_cmd(
     """
     from orchestrator.control.followup import FollowUp
 
-    # A call written wrongly is bad usage (exit 2), as click says of a bad option value;
-    # exit 1 is kept for a call refused (decided already, a note gone).
-    *raw_ids, decision = args
-    if decision not in ("approve", "redo", "reject"):
-        raise click.BadParameter(
-            f"{decision!r} is not approve, redo or reject", param_hint="DECISION"
-        )
-    ids = []
-    for raw in raw_ids:
-        # In the words `job`, `logs --job` and `report --run` use of their ids: escalation
-        # 0 was "no escalation 0" (a refusal, exit 1) where job 0 is bad usage.
-        try:
-            ids.append(ESCALATION_ID.convert(raw, None, None))
-        except click.BadParameter as exc:
-            raise click.BadParameter(exc.message, param_hint="ESCALATION_ID") from None
-    if not ids and not note:
-        raise click.UsageError("name escalation ids or --note PATH")
-    if fixer and decision != "redo":
-        raise click.UsageError(f"--fixer names the fixer of a redo, not of {decision}")
-    if decision == "redo" and not (feedback and feedback.strip()):
-        # As --fixer without redo: the call's own mistake, not a refusal of it.
-        raise click.UsageError("redo needs --feedback with the concrete asks for the fixer")
+    ids, decision = _decision(args, note, feedback, fixer)
     escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer)
     if decision == "redo":
         nudge_control(ws)

@@ -10,6 +10,7 @@ import click
 from orchestrator.cli.common import (
     RUN_ID,
     BadValue,
+    Checked,
     Moment,
     Refused,
     cli,
@@ -23,7 +24,14 @@ from orchestrator.kb.notes import GATES_DIR, TYPES_DIR
 from orchestrator.state.workspace import Workspace
 
 
-@cli.command("report")
+def _one_period(since: str | None, sweep: str | None, run_id: int | None, **_: object) -> None:
+    from orchestrator.report.period import period_clash  # a report's import only
+
+    if (clash := period_clash(since, sweep, run_id)) is not None:
+        raise BadValue(clash)
+
+
+@cli.command("report", cls=Checked, check=_one_period)
 @click.option(
     "--since",
     type=Moment(),
@@ -64,11 +72,7 @@ def report_cmd(
       reviewq report --sweep nightly --json
     """
     from orchestrator.report import ReportError, make_report
-    from orchestrator.report.period import period_clash
     from orchestrator.sweeps.producer import sweeps_not_run
-
-    if (clash := period_clash(since, sweep, run_id)) is not None:
-        raise BadValue(clash)
 
     try:
         page = _page(ws, html, as_json)
