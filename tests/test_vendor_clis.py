@@ -1815,7 +1815,7 @@ def _run_once(netns, profile, mine: Path, folder: Path, root: Path):  # noqa: AN
     from workers.reviewers import for_profile
     from workers.reviewers.base import AttemptSpec
 
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # one a worker made for the attempt, or a new one
     (folder / "prompt.md").write_text("Review nothing; write PASS.\n")
     spec = AttemptSpec(
         "review", 7, 1, folder / "prompt.md", folder / "bundle-output.md", folder, folder,
@@ -1865,6 +1865,53 @@ def test_codex_s_rollout_of_a_run_whose_stdout_passed_8_mib_is_forgotten(
     adapter.forget(spec)
     assert [p.name for p in mine.rglob("rollout-*.jsonl")] == [], "the rollout was left"
     assert codex_rows(mine / ".codex") == {}
+
+
+def test_a_stopping_worker_leaves_the_run_a_worker_beside_it_made_anew_in_its_folder(
+    netns, model, tmp_path, monkeypatch, kb
+):
+    """A stopping worker queues its attempt again, then forgets what the CLI kept of it
+    (its reap, or the attempt's thread): a worker sharing its --state takes the run up
+    at once and makes the kept folder anew, forgetting the first run's state itself, and
+    the late forget then read the new run's stdout.log and removed that run's live
+    rollout and rows. Staged as it happens, with the real Codex for both runs."""
+    from orchestrator.config import load_settings
+    from workers import tasks
+    from workers.attempt import attempt_folder
+
+    from .test_two_hosts_vendor import codex_rows
+
+    kb.write("reviewq.toml", profiles(model, "review"))
+    settings = load_settings(kb.root)
+    profile = settings.reviewers["codex"]
+    mine = tmp_path / "home"
+    (mine / "tmp").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(mine))  # the workers' HOME, where forget looks
+    state = tmp_path / "worker"  # the --state both workers share
+    monkeypatch.setattr(tasks, "_place", tasks.WorkerPlace(settings, state, None))
+    folder = attempt_folder(state, 7, 1)
+    folder.parent.mkdir(parents=True)
+    folder.mkdir()
+    claim = tasks._hold(folder)  # the stopping worker's attempt, its agent run and killed
+    try:
+        _run_once(netns, profile, mine, folder, folder)
+        first = {p.name for p in mine.rglob("rollout-*.jsonl")}
+        assert first, "codex kept no rollout"
+        # The worker beside it takes the run queued again: the folder made anew, the first
+        # run's state forgotten, the second run's agent started.
+        msg = {"task": "review", "job_id": 7, "attempt": 1, "pairs": [],
+               "output_name": "bundle-output.md", "prompt": "Review nothing; write PASS.\n"}  # fmt: skip
+        tasks._prepare(folder, msg, profile, None)
+        assert not {p.name for p in mine.rglob("rollout-*.jsonl")}
+        _run_once(netns, profile, mine, folder, folder)
+        second = {p.name for p in mine.rglob("rollout-*.jsonl")}
+        rows = codex_rows(mine / ".codex")
+        assert second and rows, "the second run kept nothing"
+        tasks.forget_stopped(folder)  # the stopping worker's reap, its agent ended
+    finally:
+        tasks._let_go(folder, claim)
+    assert {p.name for p in mine.rglob("rollout-*.jsonl")} == second
+    assert codex_rows(mine / ".codex") == rows
 
 
 def test_claude_run_as_a_reviewer_keeps_no_session_and_its_counts(

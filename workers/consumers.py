@@ -347,7 +347,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         # with the agents still running, and the interrupted tasks already queued again.
         # Stop them, however the consumer ended; none starts after this.
         stop_launching()
-        left = reap_orphans(folder, mine=True, forget=tasks.forget_left)
+        left = reap_orphans(folder, mine=True, forget=tasks.forget_stopped)
         tasks.put_backs_sent(KILL_GRACE_S)  # past that, the reaper's lease runs it again
         logs.get().info(
             "worker.stopped",

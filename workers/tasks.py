@@ -335,7 +335,7 @@ def run_review(msg: dict) -> None:
                 # Held while the attempt runs here: a worker starting beside this one
                 # (sharing its folder), and a reap of a dead one's agent, remove the
                 # attempt folders nobody holds.
-                claim = claim_attempt(folder)
+                claim = _hold(folder)
         except OSError as exc:
             # This worker's disk (full, read-only): not the job's fault, and said at once
             # rather than by a lease running out.
@@ -351,8 +351,7 @@ def run_review(msg: dict) -> None:
         try:
             _run_prepared(place, msg, profile, spec, kb, notices)
         finally:
-            if claim is not None:
-                os.close(claim)
+            _let_go(folder, claim)
 
 
 def _run_prepared(
@@ -400,7 +399,8 @@ def _run_prepared(
     if STOPPING.is_set():
         # The worker is stopping and killed this agent; Huey queued the task again.
         logs.get().info("attempt.abandoned", reason="worker stopping; the task was queued again")
-        _forget(profile, spec)
+        if _still_held(folder):
+            _forget(profile, spec)
         return
     if beat.stopped is None and stopped_with(outcome):  # not the control's own stop
         # `systemctl stop` of a unit whose KillMode signals the whole cgroup (systemd's
@@ -417,7 +417,8 @@ def _run_prepared(
             put_back(msg, functools.partial(send, "run_review", msg))
         except Exception as exc:  # noqa: BLE001 - the reaper runs it again a lease later
             logs.get().warning("attempt.requeue_failed", error=str(exc))
-        _forget(profile, spec)
+        if _still_held(folder):
+            _forget(profile, spec)
         return
     logs.get().info(
         "attempt.exited",
@@ -461,6 +462,50 @@ def forget_left(folder: Path) -> None:
     spec = _left_spec(folder, place.kb)
     for profile in place.settings.reviewers.values():
         _forget(profile, spec)
+
+
+def forget_stopped(folder: Path) -> None:
+    """:func:`forget_left` of a folder this stopping worker keeps for the run queued
+    again, while it is still the one its attempt made (:func:`_still_held`)."""
+    if _still_held(folder):
+        forget_left(folder)
+
+
+# The attempt folders this process holds (claim_attempt's descriptors), by their paths.
+_HELD: dict[Path, int] = {}
+
+
+def _hold(folder: Path) -> int | None:
+    """``folder`` claimed for this process's attempt (:func:`claim_attempt`), and kept
+    in :data:`_HELD` until :func:`_let_go`."""
+    claim = claim_attempt(folder)
+    if claim is not None:
+        _HELD[folder] = claim
+    return claim
+
+
+def _let_go(folder: Path, claim: int | None) -> None:
+    if claim is not None:
+        _HELD.pop(folder, None)
+        os.close(claim)
+
+
+def _still_held(folder: Path) -> bool:
+    """Whether the folder at ``folder`` is still the one this process's attempt made and
+    holds. A stopping worker queues its attempt again before it forgets the CLI's state of
+    it; a worker sharing its --state can take the run up at once and make the kept folder
+    anew (having forgotten this run's state itself, :func:`_prepare`), and this one's late
+    forget then read the new run's logs and removed its live session (Codex's rollout and
+    rows, Gemini's chat log). The descriptor held keeps its folder's inode from being
+    reused, so a folder made anew is never taken for it."""
+    claim = _HELD.get(folder)
+    if claim is None:
+        return False
+    try:
+        held, there = os.fstat(claim), os.stat(folder)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _left_spec(folder: Path, kb: Path | None) -> AttemptSpec:
