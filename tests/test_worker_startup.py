@@ -357,6 +357,34 @@ def test_doctor_says_a_redis_at_its_maxclients_is_up(tmp_path, over):
             holder.close()
 
 
+@pytest.mark.parametrize("over", ["tcp", "unix"])
+def test_doctor_says_a_redis_that_answers_nothing_is_stalled_and_ends(tmp_path, over):
+    """A Redis that takes connections and answers nothing (its process stopped, a `CLIENT
+    PAUSE ... ALL`, its one thread held): the queue's connections have no read timeout,
+    so that a stall is waited out, and `doctor`, the command an operator runs to ask why
+    nothing moves, waited with them for good, over TCP and, since K80, over a unix
+    socket (before it, "out of reach … start Redis there", of a server that was up)."""
+    import redis
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with redis_server(tmp_path, "--port", str(port)) as sock_url:
+        url = f"redis://127.0.0.1:{port}/0" if over == "tcp" else sock_url
+        with contextlib.closing(redis.Redis.from_url(url)) as client:
+            pid = client.info("server")["process_id"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            config, args = _worker_home(tmp_path, url)
+            res = _refused([*args, "doctor", "--worker"], timeout=90)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert res.returncode == 1, res.stdout
+    (problem,) = [x for x in res.stdout.splitlines() if x.startswith("problem:")]
+    assert problem.startswith(f"problem: queue backend: {config} [queue] url {url}: "), problem
+    assert "answered nothing" in problem and "start Redis there" not in problem, problem
+
+
 def test_doctor_says_a_redis_loading_its_dataset_is_loading(tmp_path):
     """A Redis restarted with a large dataset answers LOADING while it reads it: doctor
     said it was "out of reach" and told the reader to "start Redis there, or put its host

@@ -670,7 +670,55 @@ def out_of_reach(settings: Settings, exc: BaseException) -> str:
     )
 
 
+def stall_problem(settings: Settings) -> str | None:
+    """What to say of a Redis queue that takes a connection and answers nothing within
+    the probe's timeout, asked once; None when it answers (a refusal is an answer) or
+    cannot be reached (:func:`out_of_reach`). The queue's own connections have no read
+    timeout, so that a stall is waited out (K80), and `doctor` waited with them for good."""
+    if not settings.queue.url:
+        return None
+    _with_redis()
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis.from_url(
+        settings.queue.url,
+        socket_connect_timeout=_PROBE_S,
+        socket_timeout=_PROBE_S,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        client.ping()
+    except redis.exceptions.TimeoutError:
+        if not _takes_connections(settings.queue.url):
+            return None  # a connect that timed out: out of reach, said as such
+        return (
+            f"{queue_where(settings)}: the Redis server takes connections but answered "
+            f"nothing in {_PROBE_S:g} s: its process is stopped (a SIGSTOP, a debugger), "
+            "it is paused (CLIENT PAUSE ... ALL) or its one thread is held (a long command, "
+            "a slow disk); a worker or control waits for it: look at its process and its log"
+        )
+    except Exception:  # noqa: BLE001 - out of reach, or an answer: said by the checks after
+        return None
+    finally:
+        client.close()
+    return None
+
+
 _MAXCLIENTS = "max number of clients reached"
+_MAXCLIENTS = "max number of clients reached"
+
+
+def _takes_connections(url: str) -> bool:
+    """Whether the server ``url`` names accepts a connection (at the socket: no TLS, no
+    word read), within the probe's timeout."""
+    try:
+        sock = _plain_socket(urlsplit(url))
+    except OSError:
+        return False
+    sock.close()
+    return True
 
 
 def _at_maxclients(url: str) -> bool:

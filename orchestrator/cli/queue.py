@@ -795,9 +795,13 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
             refuses_writes,
             shared_problem,
             stale_problem,
+            stall_problem,
             unfed_problem,
         )
 
+        if (stalled := stall_problem(ws.settings)) is not None:
+            report(False, f"queue backend: {stalled}")  # what follows would wait on it
+            return
         check_queue(ws.settings)
         with make_app(ws.settings) as app:
             check_server(app.control, ws.settings)
