@@ -978,6 +978,27 @@ def redis_url(tmp_path):
         yield url
 
 
+@contextlib.contextmanager
+def stalled_redis(folder: Path, over: str):
+    """A redis-server of its own, over ``over`` ("tcp" or "unix"), whose process is
+    stopped (SIGSTOP): it takes connections and answers nothing. Its URL; it is let go
+    (SIGCONT) on the way out, and ended."""
+    import redis
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with redis_server(folder, "--port", str(port)) as sock_url:
+        url = f"redis://127.0.0.1:{port}/0" if over == "tcp" else sock_url
+        with contextlib.closing(redis.Redis.from_url(url)) as client:
+            pid = client.info("server")["process_id"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield url
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
 def test_jobs_of_a_profile_added_since_the_control_started_wait_for_its_restart(kb):
     """A profile added to reviewq.toml while the control ran, and `reviewq enqueue
     --reviewer NEW` (which read the file as it is now) queued its jobs: the control, with
@@ -2337,6 +2358,29 @@ def test_a_name_no_sweep_has_is_refused_when_it_would_mean_every_gate(kb, run_cl
         "enqueue", "--name", "adhoc", "--reviewer", "fake", "--note", str(kb.root / "kb/notes")
     )
     assert res.exit_code == 0, res.stderr  # notes named: every gate on them, as before
+
+
+@pytest.mark.parametrize("over", ["tcp", "unix"])
+def test_enqueue_beside_a_redis_that_answers_nothing_keeps_the_jobs_and_ends(kb, over):
+    """A Redis that takes connections and answers nothing (stopped, `CLIENT PAUSE ...
+    ALL`): the queue's connections have no read timeout, so that a worker or control
+    waits a stall out, and `enqueue`'s dispatch nudge, which is to give up at once (the
+    control's next tick dispatches), waited with them for good: over TCP, and over a
+    unix socket since K80. A cron's enqueue never ended."""
+    small_kb(kb)
+    with stalled_redis(kb.root.parent, over) as url:
+        kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "{url}"\n')
+        try:
+            res = rq(kb, "enqueue", "--reviewer", "fake", timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail("enqueue still waited on the stalled Redis at 90 s")
+    assert res.returncode == 0, res.stderr
+    queued = int(res.stdout.split()[1])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: could not nudge"), res.stderr
+    with db(kb) as conn:
+        rows = conn.execute("SELECT count(*) FROM review_jobs WHERE status = 'queued'").fetchone()
+    assert queued > 0 and rows[0] == queued
 
 
 @pytest.mark.parametrize("down", ["refused", "unanswered"])

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import click
 import pytest
 
-from .test_queue_integration import redis_server, redis_url
+from .test_queue_integration import redis_server, redis_url, stalled_redis
 from .test_remote_workers import EXE, worker_toml
 from .test_vendor_clis import netns
 
@@ -364,21 +364,9 @@ def test_doctor_says_a_redis_that_answers_nothing_is_stalled_and_ends(tmp_path, 
     so that a stall is waited out, and `doctor`, the command an operator runs to ask why
     nothing moves, waited with them for good, over TCP and, since K80, over a unix
     socket (before it, "out of reach … start Redis there", of a server that was up)."""
-    import redis
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    with redis_server(tmp_path, "--port", str(port)) as sock_url:
-        url = f"redis://127.0.0.1:{port}/0" if over == "tcp" else sock_url
-        with contextlib.closing(redis.Redis.from_url(url)) as client:
-            pid = client.info("server")["process_id"]
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            config, args = _worker_home(tmp_path, url)
-            res = _refused([*args, "doctor", "--worker"], timeout=90)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+    with stalled_redis(tmp_path, over) as url:
+        config, args = _worker_home(tmp_path, url)
+        res = _refused([*args, "doctor", "--worker"], timeout=90)
     assert res.returncode == 1, res.stdout
     (problem,) = [x for x in res.stdout.splitlines() if x.startswith("problem:")]
     assert problem.startswith(f"problem: queue backend: {config} [queue] url {url}: "), problem

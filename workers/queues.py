@@ -1681,6 +1681,18 @@ def send(task: str, *args: Any, patience_s: float | None = None) -> None:
     Retrying(**{**_WHILE_UNAVAILABLE, "stop": patience}, before_sleep=said_retrying)(again)
 
 
+def impatient(app: App) -> None:
+    """``app``'s sends give up after the probe's timeout of silence, for a person's
+    one-off command (its dispatch nudge, which the control's next tick makes good): the
+    queue's connections have no read timeout, so that a stall is waited out, and
+    `enqueue` beside a Redis that answered nothing (stopped, paused) never ended. Before
+    any connection is made."""
+    for huey in (app.review, app.control):
+        kwargs = getattr(getattr(huey.storage, "pool", None), "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            kwargs["socket_timeout"] = _PROBE_S
+
+
 def send_once(task: str, *args: Any) -> None:
     """Enqueue ``task`` once, without retrying: for a nudge whose loss the control's
     next tick makes good, where a person should not wait for a queue that is down."""

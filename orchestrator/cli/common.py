@@ -422,9 +422,10 @@ def nudge_control(ws: Workspace) -> None:
     """Ask the control process to dispatch now. Once: the jobs are recorded, and the
     control's next tick dispatches them if the queue cannot be reached."""
     from workers.app import make_app
-    from workers.queues import send_once
+    from workers.queues import impatient, send_once
 
-    with make_app(ws.settings):
+    with make_app(ws.settings) as app:
+        impatient(app)
         try:
             send_once("dispatch")
         except Exception as exc:
