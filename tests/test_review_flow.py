@@ -1246,19 +1246,30 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
         (("decide", "approve"), "name escalation ids or --note PATH"),
         (("decide", "--fixer", "x", "1", "approve"), "--fixer names the fixer of a redo"),
         (("decide", "0", "approve"), "Invalid value for ESCALATION_ID"),
+        # ... and after the settings were read (E56).
+        (("select", "--all-gates", "prose"), "--all-gates selects every catalog gate"),
+        (("finalize", "--review-job-id", "1", "--effort", "high"), "--effort needs --model"),
+        (("logs", "--since", "2h", "--until", "3h"), "error: --until '3h': not after --since"),
+        (("logs", "--until", "1h", "-f"), "error: --until '1h' and --follow"),
     ],
 )
+@pytest.mark.parametrize("where", ["no state.db", "settings that do not parse"])
 def test_a_bad_command_line_is_bad_usage_before_any_state_folder_is_looked_at(
-    flow, run_cli, args, said
+    flow, run_cli, tmp_path, args, said, where
 ):
     """The group looked at the state folder before the command read its options: on a
     folder where nothing had run, `report --since soon` said "no state.db here" (exit 1),
     and only once that was mended said its --since was wrong. CONTRACT: bad usage is
-    exit 2, and a line that is wrong is said as it is typed, whatever the folder."""
+    exit 2, said before the settings, the KB or the state folder are looked at."""
     typo = flow.root / "typo"
-    res = run_cli("--state", str(typo), *args)
+    settings = ()
+    if where == "settings that do not parse":
+        (tmp_path / "bad.toml").write_text("[queue\n")
+        settings = ("--config", str(tmp_path / "bad.toml"))
+    res = run_cli("--state", str(typo), *settings, *args)
     assert res.exit_code == 2, res.stderr
     assert said in res.stderr and "no state.db" not in res.stderr, res.stderr
+    assert "bad.toml" not in res.stderr, res.stderr
     assert not typo.exists()
 
 

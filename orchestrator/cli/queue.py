@@ -23,6 +23,7 @@ from orchestrator.cli.common import (
     SQL_INT,
     THREADS,
     BadValue,
+    Checked,
     Level,
     Moment,
     Numbered,
@@ -546,7 +547,30 @@ def job_cmd(ws: Workspace, job_id: int, as_json: bool) -> None:
         click.echo(line)
 
 
-@cli.command("logs")
+def _log_period(
+    since: str | None, until: str | None, follow: bool, **_: object
+) -> tuple[datetime | None, datetime | None, datetime]:
+    """logs' period as its line reads it (:class:`Checked`): its start, its end and now;
+    an --until not after --since, or with --follow, is bad usage."""
+    now = datetime.now(UTC)
+    start = end = None
+    if since or until:  # imported for a period only: `reviewq logs` alone is as fast as before
+        from orchestrator.state.when import MomentError, moment
+
+        try:
+            start = moment(since, "--since", now)[0] if since else None
+            end = moment(until, "--until", now)[0] if until else None
+        except MomentError as exc:  # read as the line was parsed (Moment); now is later
+            raise BadValue(str(exc)) from None
+    if start is not None and end is not None and end <= start:
+        raise BadValue(f"--until {until!r}: not after --since {since!r}; no line between")
+    if end is not None and follow:
+        # The lines -f waits for are written after now, past any --until a person names.
+        raise BadValue(f"--until {until!r} and --follow: following shows lines yet to come")
+    return start, end, now
+
+
+@cli.command("logs", cls=Checked, check=_log_period)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.option("--job", "job_id", type=JOB_ID, default=None, help="Only lines about this job.")
 @click.option(
@@ -603,23 +627,9 @@ def logs_cmd(
       reviewq logs --since 22:00 --level warning
     """
     path = logs.log_path(ws.state_dir)
-    now = datetime.now(UTC)
-    start = end = None
-    if since or until:  # imported for a period only: `reviewq logs` alone is as fast as before
-        from orchestrator.state.when import MomentError, moment
-
-        try:
-            start = moment(since, "--since", now)[0] if since else None
-            end = moment(until, "--until", now)[0] if until else None
-        except MomentError as exc:  # read as the line was parsed (Moment); now is later
-            raise BadValue(str(exc)) from None
+    start, end, now = _log_period(since, until, follow)
     if start is not None and start >= now:
         raise Refused(f"--since {since!r}: after now ({now.isoformat()[:16]}Z); no line yet")
-    if start is not None and end is not None and end <= start:
-        raise BadValue(f"--until {until!r}: not after --since {since!r}; no line between")
-    if end is not None and follow:
-        # The lines -f waits for are written after now, past any --until a person names.
-        raise BadValue(f"--until {until!r} and --follow: following shows lines yet to come")
     rank = logs.level_rank(level) if level else None
     if not ws.state_dir.is_dir():  # -f waited for good, in silence, on a mistyped --state
         raise Refused(f"{ws.state_dir}: no state folder here (is --state right?)")

@@ -10,6 +10,7 @@ import click
 
 from orchestrator.cli.common import (
     JOB_ID,
+    Checked,
     Numbered,
     Refused,
     a_number,
@@ -90,7 +91,14 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
         warn([*cat.problems, *said], every=True)
 
 
-@cli.command("select")
+def _all_gates_alone(selectors: tuple[str, ...], all_gates: bool, **_: object) -> None:
+    if all_gates and any(s != "type" and not s.startswith("type/") for s in selectors):
+        raise click.UsageError(
+            "--all-gates selects every catalog gate: name no bundle or gate id with it"
+        )
+
+
+@cli.command("select", cls=Checked, check=_all_gates_alone)
 @click.argument("selectors", nargs=-1)
 @click.option("--all-gates", is_flag=True, help="Every catalog gate (type pairs stay opt-in).")
 @click.option(
@@ -132,10 +140,6 @@ def select_cmd(
     Example:
       reviewq select prose frontmatter/title-body-alignment --model offline --json
     """
-    if all_gates and any(s != "type" and not s.startswith("type/") for s in selectors):
-        raise click.UsageError(
-            "--all-gates selects every catalog gate: name no bundle or gate id with it"
-        )
     note_paths = ws.kb.note_selection(notes) if notes else None
     store = ws.read_store(empty_if_new=True)
     result = select(
@@ -245,7 +249,13 @@ def create_jobs_cmd(
         click.echo(f"skipped: {shown(s.note_path)} {shown(s.gate_id)}: {shown(s.why)}", err=True)
 
 
-@cli.command("finalize")
+def _effort_with_model(model: str | None, effort: str | None, **_: object) -> None:
+    if effort and not model:
+        # The call's own mistake, as decide's redo without --feedback: bad usage (exit 2).
+        raise click.UsageError("--effort needs --model (the model that reviewed)")
+
+
+@cli.command("finalize", cls=Checked, check=_effort_with_model)
 @click.option(
     "--review-job-id",
     "job_id",
@@ -283,9 +293,6 @@ def finalize_cmd(
     Example:
       reviewq finalize --review-job-id 3 --runner claude-code --model offline
     """
-    if effort and not model:
-        # The call's own mistake, as decide's redo without --feedback: bad usage (exit 2).
-        raise click.UsageError("--effort needs --model (the model that reviewed)")
     prov = Provenance(
         runner=runner, model=model, effort=effort, telemetry=parse_telemetry(telemetry)
     )
