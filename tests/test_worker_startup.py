@@ -591,19 +591,43 @@ def test_doctor_on_the_control_s_side_says_a_redis_refuses_writes(kb, tmp_path, 
         assert warned[0].startswith("warning: "), warned
 
 
-def test_the_words_for_a_redis_whose_snapshot_failed_are_what_mends_it(kb, tmp_path):
+def _said_a_restart_and_unsaved(client, warned: str, tmp_path: Path) -> None:  # noqa: ANN001 - a redis.Redis
+    """What doctor's words say of a Redis 7 under `enable-protected-configs no`, tried."""
+    import redis
+
+    # "Redis refuses `CONFIG SET dir` while it runs": so it does.
+    assert "refuses `CONFIG SET dir`" in warned and "restart" in warned, warned
+    with pytest.raises(redis.exceptions.ResponseError, match="protected config"):
+        client.config_set("dir", str(tmp_path))
+    # "`CONFIG SET stop-writes-on-bgsave-error no` lets writes through at once but
+    # leaves it unsaved": so it does, and the refusal is back with the setting.
+    assert "`CONFIG SET stop-writes-on-bgsave-error no`" in warned, warned
+    assert "leaves it unsaved" in warned, warned
+    client.config_set("stop-writes-on-bgsave-error", "no")
+    client.set("taken", "1")
+    assert client.info("persistence")["rdb_last_bgsave_status"] == "err"
+    client.config_set("stop-writes-on-bgsave-error", "yes")
+    with pytest.raises(redis.exceptions.ResponseError, match="MISCONF"):
+        client.set("taken", "2")
+
+
+@pytest.mark.parametrize("protected", ["no", "yes"])
+def test_the_words_for_a_redis_whose_snapshot_failed_are_what_mends_it(kb, tmp_path, protected):
     """K74's remedy for a Redis that refuses writes after a failed snapshot said to mend
     what its log says and let a snapshot succeed, no more: a reader whose snapshot folder
     was the trouble reached for `CONFIG SET dir`, which Redis 7 refuses while it runs (a
     protected config), and was not told that only a restart moves it, nor what lets
-    writes through at once. Each thing the words say is tried on the real server."""
+    writes through at once. K78's words said the refusal of every Redis: one that takes
+    `CONFIG SET dir` (`enable-protected-configs yes`, Redis 6.2) was restarted for
+    nothing. Each thing the words say is tried on the real server."""
     import redis
 
-    from .fault.test_outages import UNSAVED_OPTIONS, _refusing_writes
+    from .fault.test_outages import UNSAVED_OPTIONS, _refusing_writes, _snapshot_said
 
     rdb = tmp_path / "rdb"
     rdb.mkdir()
-    with redis_server(tmp_path, "--dir", str(rdb), *UNSAVED_OPTIONS) as url:
+    options = ("--dir", str(rdb), "--enable-protected-configs", protected, *UNSAVED_OPTIONS)
+    with redis_server(tmp_path, *options) as url:
         _control_home(kb, url)
         undo = _refusing_writes(url, "unsaved", rdb)
         client = redis.Redis.from_url(url)
@@ -613,20 +637,17 @@ def test_the_words_for_a_redis_whose_snapshot_failed_are_what_mends_it(kb, tmp_p
             )
             (warned,) = [x for x in doctor.stdout.splitlines() if "refuses writes" in x]
             assert "make room on its disk" in warned and "a BGSAVE" in warned, warned
-            # "Redis refuses `CONFIG SET dir` while it runs": so it does.
-            assert "refuses `CONFIG SET dir`" in warned and "restart" in warned, warned
-            with pytest.raises(redis.exceptions.ResponseError, match="protected config"):
-                client.config_set("dir", str(tmp_path))
-            # "`CONFIG SET stop-writes-on-bgsave-error no` lets writes through at once but
-            # leaves it unsaved": so it does, and the refusal is back with the setting.
-            assert "`CONFIG SET stop-writes-on-bgsave-error no`" in warned, warned
-            assert "leaves it unsaved" in warned, warned
-            client.config_set("stop-writes-on-bgsave-error", "no")
-            client.set("taken", "1")
-            assert client.info("persistence")["rdb_last_bgsave_status"] == "err"
-            client.config_set("stop-writes-on-bgsave-error", "yes")
-            with pytest.raises(redis.exceptions.ResponseError, match="MISCONF"):
-                client.set("taken", "2")
+            if protected == "yes":
+                # "`CONFIG SET dir FOLDER` moves the snapshot elsewhere, then a BGSAVE".
+                assert "`CONFIG SET dir FOLDER` moves the snapshot" in warned, warned
+                assert "restart" not in warned, warned
+                (tmp_path / "elsewhere").mkdir()
+                client.config_set("dir", str(tmp_path / "elsewhere"))
+                _snapshot_said(client, "ok")
+                client.set("taken", "0")
+                client.config_set("dir", str(rdb))  # back, for the undo's own snapshot
+            else:
+                _said_a_restart_and_unsaved(client, warned, tmp_path)
         finally:
             undo()  # the snapshot's file made writable again, then a BGSAVE
         client.set("taken", "3")  # "then a BGSAVE lets writes through again"

@@ -1282,14 +1282,41 @@ def refuses_writes(huey: Huey) -> tuple[str, str] | None:
             "its last snapshot failed, and `stop-writes-on-bgsave-error` stops writes until "
             "one succeeds",
             "its log says why the snapshot failed: make room on its disk (or its `dir` "
-            "writable), then a BGSAVE (or its next snapshot) lets writes through again; a "
-            "snapshot folder elsewhere takes a restart (Redis refuses `CONFIG SET dir` while "
-            "it runs), and `CONFIG SET stop-writes-on-bgsave-error no` lets writes through at "
-            "once but leaves it unsaved",
+            f"writable), then a BGSAVE (or its next snapshot) lets writes through again; "
+            f"{_moving_dir(huey.storage.conn)}, and `CONFIG SET stop-writes-on-bgsave-error "
+            "no` lets writes through at once but leaves it unsaved",
         )
     except Exception:  # noqa: BLE001 - away or refused otherwise: not this question's
         return None
     return None
+
+
+def _moving_dir(conn) -> str:  # noqa: ANN001 - a redis.Redis
+    """How a snapshot folder elsewhere is had on this server: Redis 7 refuses `CONFIG SET
+    dir` at run time under `enable-protected-configs no` (its default), takes it from its
+    own machine under `local` and from anyone under `yes`, and Redis 6.2 (no such setting)
+    takes it; said as a restart alone, an operator of one that takes it restarted it."""
+    try:
+        said = conn.config_get("enable-protected-configs")
+    except Exception:  # noqa: BLE001 - CONFIG refused (an ACL, renamed): not known
+        said = None
+    setting = said.get("enable-protected-configs") if isinstance(said, dict) else None
+    if said == {} or setting == "yes":
+        return "`CONFIG SET dir FOLDER` moves the snapshot elsewhere, then a BGSAVE"
+    if setting == "local":
+        return (
+            "`CONFIG SET dir FOLDER` from a client on its own machine (`enable-protected-configs "
+            "local`) moves the snapshot elsewhere, then a BGSAVE"
+        )
+    if setting == "no":
+        return (
+            "a snapshot folder elsewhere takes a restart (Redis refuses `CONFIG SET dir` while "
+            "it runs: `enable-protected-configs no`)"
+        )
+    return (
+        "a snapshot folder elsewhere: `CONFIG SET dir FOLDER` where the server takes it "
+        "(Redis 7 refuses it under `enable-protected-configs no`, its default), else a restart"
+    )
 
 
 def refusal_problem(settings: Settings, why: tuple[str, str]) -> str:
