@@ -1914,6 +1914,33 @@ def test_a_stopping_worker_leaves_the_run_a_worker_beside_it_made_anew_in_its_fo
     assert codex_rows(mine / ".codex") == rows
 
 
+def test_gemini_s_entry_is_forgotten_past_a_lock_a_killed_gemini_left(
+    netns, model, home, tmp_path, monkeypatch, kb
+):
+    """Gemini rewrites projects.json under proper-lockfile's lock, a folder it touches
+    while it holds it; one killed meanwhile (a worker's stop, a deadline) leaves it, and
+    the next Gemini takes it over once it is 10 s old. `forget` waited for it to go, then
+    left the entry: every forget on that HOME waited 10 s (a starting worker, the
+    attempts' lock held, once a folder left) until a Gemini ran again."""
+    from orchestrator.config import load_settings
+
+    kb.write("reviewq.toml", profiles(model, "review"))
+    profile = load_settings(kb.root).reviewers["gemini"]
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    monkeypatch.setenv("HOME", str(mine))  # the worker's HOME, where forget looks
+    adapter, spec = _run_once(netns, profile, mine, tmp_path / "attempt", tmp_path / "attempt")
+    registry = mine / ".gemini" / "projects.json"
+    folder = str(spec.job_dir.resolve())
+    assert folder in json.loads(registry.read_text())["projects"], "gemini kept no entry"
+    lock = Path(f"{registry}.lock")
+    lock.mkdir()  # as a Gemini killed holding it leaves it: touched last a minute ago
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    adapter.forget(spec)
+    assert folder not in json.loads(registry.read_text())["projects"]
+    assert not lock.exists()
+
+
 def test_claude_run_as_a_reviewer_keeps_no_session_and_its_counts(
     netns, model, tmp_path, monkeypatch, kb
 ):

@@ -352,6 +352,25 @@ _LOCK_WAIT_S = 10.0
 _LOCK_POLL_S = 0.05
 
 
+# proper-lockfile's `stale` (Gemini keeps its default): a holder touches its lock every
+# half of it, so one older is a killed holder's, which the next taker removes.
+_LOCK_STALE_S = 10.0
+
+
+def _taken_over(lock: Path) -> bool:
+    """Whether ``lock`` was a killed holder's and is removed, as Gemini takes it over: a
+    Gemini killed while it held it (a worker's stop, its deadline) left it, and every
+    forget waited its 10 s and left its entry, a worker's start one wait a folder left
+    (the attempts' lock held), until a Gemini ran again."""
+    try:
+        if time.time() - lock.stat().st_mtime <= _LOCK_STALE_S:
+            return False
+        lock.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 def _unregister(registry: Path, folder: str, name: str) -> None:
     """``folder``'s entry in Gemini's ``registry`` removed when it still names ``name``,
     under the lock Gemini takes to write it, so that a Gemini running beside it (another
@@ -367,7 +386,8 @@ def _unregister(registry: Path, folder: str, name: str) -> None:
             if time.monotonic() > deadline:
                 return
             # Another program's lock, a folder: nothing to await but its removal.
-            time.sleep(_LOCK_POLL_S)
+            if not _taken_over(lock):
+                time.sleep(_LOCK_POLL_S)
         except OSError:
             return
     try:
