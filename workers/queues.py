@@ -707,7 +707,6 @@ def stall_problem(settings: Settings) -> str | None:
 
 
 _MAXCLIENTS = "max number of clients reached"
-_MAXCLIENTS = "max number of clients reached"
 
 
 def _takes_connections(url: str) -> bool:
