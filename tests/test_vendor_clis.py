@@ -1653,25 +1653,17 @@ def test_codex_loads_its_config_for_a_job_folder_named_with_an_emoji(tmp_path: P
     assert "Error loading config" not in said, said
 
 
-def test_an_mcp_server_of_the_machine_s_codex_config_does_not_start_beside_a_review(
-    netns, model, home, vkb, tmp_path
-):
-    """Codex loads /etc/codex/config.toml (its system layer) under the person's: reviewq
-    turned off only the servers of the person's files, and one the machine's file named
-    started beside the review and wrote into the KB. /etc is an overlay of the test's own,
-    in a mount namespace of the run's, so nothing is left in the machine's."""
-    mine = tmp_path / "home"
-    shutil.copytree(home, mine, symlinks=True)
-    note = vkb.root / "kb" / "notes" / "mcp.md"
+def _run_job_with_machine_codex_files(
+    netns, mine: Path, vkb, tmp_path: Path, job_id: int, files: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``reviewq run-job`` of ``job_id`` with Codex, with ``files`` (name: text) in the
+    machine's /etc/codex: /etc is an overlay of the test's own, in a mount namespace of the
+    run's, so nothing is left in the machine's."""
     upper, work = tmp_path / "etc-upper", tmp_path / "etc-work"
     (upper / "codex").mkdir(parents=True)
     work.mkdir()
-    (upper / "codex" / "config.toml").write_text(
-        f'[mcp_servers.kb]\ncommand = "sh"\nargs = ["-c", "echo mcp >> {note}; sleep 30"]\n'
-    )
-    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
-    before = kb_files(vkb.root)
-    job_id = make_job(netns, mine, vkb.root)
+    for name, text in files.items():
+        (upper / "codex" / name).write_text(text)
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(mine),
@@ -1689,9 +1681,98 @@ def test_an_mcp_server_of_the_machine_s_codex_config_does_not_start_beside_a_rev
         timeout=120,
     )
     assert not Path("/etc/codex").exists()
+    return res
+
+
+def _mcp_server(name: str, note: Path, *more: str) -> str:
+    """A Codex config's MCP server ``name`` that writes a line into ``note`` as it starts."""
+    return (
+        f'[mcp_servers.{name}]\ncommand = "sh"\n'
+        f'args = ["-c", "echo mcp >> {note}; sleep 30"]\n' + "".join(f"{m}\n" for m in more)
+    )
+
+
+@pytest.mark.parametrize("layer", ["config.toml", "managed_config.toml"])
+def test_an_mcp_server_of_the_machine_s_codex_config_does_not_start_beside_a_review(
+    netns, model, home, vkb, tmp_path, layer
+):
+    """Codex loads /etc/codex/config.toml (its system layer) under the person's, and
+    managed_config.toml (the administrator's) above the command line's -c, key by key:
+    reviewq turned off only the servers of the person's files, and one the machine's file
+    named started beside the review and wrote into the KB. A managed server that leaves
+    `enabled` unsaid is turned off by the same -c."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "mcp.md"
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    files = {layer: _mcp_server("kb", note)}
+    res = _run_job_with_machine_codex_files(netns, mine, vkb, tmp_path, job_id, files)
     assert res.returncode == 0, res.stdout + res.stderr
     assert not note.exists(), note.read_text()
     assert kb_files(vkb.root) == before
+
+
+MANAGED = "/etc/codex/managed_config.toml"
+REQUIREMENTS = "/etc/codex/requirements.toml"
+
+
+@pytest.mark.parametrize(
+    ("files", "said"),
+    [
+        (
+            {"managed_config.toml": "{server}enabled = true\n"},
+            f"{MANAGED} forces on the MCP server 'kb'",
+        ),
+        (
+            {"managed_config.toml": '[projects."{kb}"]\ntrust_level = "trusted"\n'},
+            f"{MANAGED} trusts {{kb}}, so Codex would load {{kb}}/.codex/config.toml",
+        ),
+        (
+            {"managed_config.toml": 'sandbox_mode = "read-only"\n'},
+            f'{MANAGED} sets sandbox_mode = "read-only"',
+        ),
+        (
+            {"requirements.toml": 'allowed_sandbox_modes = ["read-only"]\n'},
+            f'{REQUIREMENTS} has allowed_sandbox_modes = ["read-only"] without "workspace-write"',
+        ),
+        (
+            {"requirements.toml": 'allowed_approval_policies = ["on-request"]\n'},
+            f'{REQUIREMENTS} has allowed_approval_policies = ["on-request"] without "never"',
+        ),
+    ],
+    ids=["forced-server", "trusted-kb", "managed-sandbox", "required-sandbox", "required-approval"],
+)
+def test_a_machine_whose_managed_codex_layers_outrank_the_review_s_is_refused(
+    netns, model, home, vkb, tmp_path, files, said
+):
+    """What the managed layer forces, no -c undoes: a server it turns on (`enabled =
+    true`), and a KB it trusts (the KB's .codex/config.toml, with its MCP server, loads)
+    each started beside the review and wrote into the KB; a sandbox mode or approval
+    policy it or requirements.toml does not allow, Codex replaced (read-only: the review
+    could write nothing) and said so only as an item of its --json. Each is now refused
+    before Codex starts, in one line naming the file: a launch failure of the profile,
+    the job queued again, nothing counted against the note."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "mcp.md"
+    kb = str(vkb.root.resolve())
+    (vkb.root / ".codex").mkdir()
+    (vkb.root / ".codex" / "config.toml").write_text(_mcp_server("kb", note))
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    before = kb_files(vkb.root)
+    job_id = make_job(netns, mine, vkb.root)
+    files = {k: v.format(server=_mcp_server("kb", note), kb=kb) for k, v in files.items()}
+    res = _run_job_with_machine_codex_files(netns, mine, vkb, tmp_path, job_id, files)
+    assert not note.exists(), note.read_text()
+    assert kb_files(vkb.root) == before
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "launch-failure", (a, res.stdout + res.stderr)
+    [reason] = json.loads(a["reasons"])
+    assert said.format(kb=kb) in reason, reason
+    [job] = rows(vkb.root, "SELECT status FROM review_jobs")
+    assert job["status"] == "queued", job
 
 
 def _attempts_kept(home: Path) -> dict[str, list[str]]:

@@ -72,6 +72,11 @@ class CodexReviewer(Reviewer):
     known_versions = ("0.169.0", "0.171.0")
 
     def command(self, spec: AttemptSpec) -> Command:
+        # The machine's managed layers outrank every -c below: what they force, no flag
+        # here can undo, so such a machine is refused before Codex starts (a launch
+        # failure of the profile, never a verdict on a note).
+        if refused := _machine_refuses(spec.job_dir.resolve()):
+            raise ValueError(refused)
         argv = [
             self.profile.executable or "codex",
             "exec",  # headless: codex exec never asks for approval
@@ -269,13 +274,11 @@ class CodexReviewer(Reviewer):
         names: list[str] = []
         files = [self._home() / "config.toml"]
         files += [self._home() / f"{p}.config.toml" for p in _profiles(self.profile.args)]
-        # The machine's own layer too, below the person's: its servers start as theirs do.
-        for path in (*files, _SYSTEM_CONFIG):
-            try:
-                config = tomllib.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-                continue
-            servers = config.get("mcp_servers")
+        # The machine's own layers too: its servers start as theirs do. The managed one's
+        # are turned off the same way when it leaves `enabled` unsaid (it outranks -c key
+        # by key); one it forces on is refused by `_machine_refuses`.
+        for path in (*files, _SYSTEM_CONFIG, _MANAGED_CONFIG):
+            servers = _toml(path).get("mcp_servers")
             names += [n for n in servers if n not in names] if isinstance(servers, dict) else []
         return names
 
@@ -339,6 +342,97 @@ def _drop_thread(db: Path, thread: str) -> None:
 
 # Codex's system config layer, which every user of the machine loads under their own.
 _SYSTEM_CONFIG = Path("/etc/codex/config.toml")
+# ... and the administrator's (Codex 0.171 on Linux): managed_config.toml, a layer above
+# the command line's -c, merged key by key; requirements.toml, the values a setting may
+# take (one refused falls back to the required value, said only as an item of --json).
+_MANAGED_CONFIG = Path("/etc/codex/managed_config.toml")
+_REQUIREMENTS = Path("/etc/codex/requirements.toml")
+# The settings reviewq's command gives Codex, which a managed layer may set otherwise
+# (sandbox_mode and approval_policy are --sandbox and exec's own): a dotted key each.
+_CONTAINED = {
+    "sandbox_mode": "workspace-write",
+    "approval_policy": "never",
+    "sandbox_workspace_write.network_access": False,
+    "sandbox_workspace_write.exclude_slash_tmp": True,
+    "sandbox_workspace_write.exclude_tmpdir_env_var": True,
+    "sandbox_workspace_write.writable_roots": [],
+    "notify": [],
+    "features.hooks": False,
+    "features.plugins": False,
+}
+# The requirements that list the allowed values of a setting, and the one reviewq needs.
+_REQUIRED = {
+    "allowed_sandbox_modes": "workspace-write",
+    "allowed_approval_policies": "never",
+}
+
+
+def _machine_refuses(job_dir: Path) -> str | None:
+    """What the machine's managed Codex layers force that reviewq's command cannot undo,
+    in one line naming the file and the setting; None when nothing is."""
+    managed = _toml(_MANAGED_CONFIG)
+    servers = managed.get("mcp_servers")
+    for name, server in servers.items() if isinstance(servers, dict) else ():
+        if isinstance(server, dict) and server.get("enabled", False) is not False:
+            return (
+                f"{_MANAGED_CONFIG} forces on the MCP server {name!r} (enabled = true), "
+                "which would start beside the review outside the sandbox; no -c can turn "
+                "it off"
+            )
+    for key, wanted in _CONTAINED.items():
+        value = _dotted(managed, key)
+        if value is not None and value != wanted:
+            return (
+                f"{_MANAGED_CONFIG} sets {key} = {json.dumps(value)}, which outranks "
+                f"reviewq's {json.dumps(wanted)} and the review needs"
+            )
+    if trusted := _trusted_project(managed.get("projects"), job_dir):
+        return (
+            f"{_MANAGED_CONFIG} trusts {trusted[0]}, so Codex would load {trusted[1]} "
+            "(its MCP servers start beside the review); no -c can untrust it"
+        )
+    requirements = _toml(_REQUIREMENTS)
+    for key, wanted in _REQUIRED.items():
+        allowed = requirements.get(key)
+        if isinstance(allowed, list) and wanted not in allowed:
+            return (
+                f"{_REQUIREMENTS} has {key} = {json.dumps(allowed)} without "
+                f"{json.dumps(wanted)}, which Codex would replace for the review"
+            )
+    return None
+
+
+def _trusted_project(projects: object, job_dir: Path) -> tuple[Path, Path] | None:
+    """The folder at or above ``job_dir`` a managed ``projects`` table trusts and a
+    project config Codex would then load (a ``.codex/config.toml`` from that folder down
+    to the job folder), when there is one."""
+    if not isinstance(projects, dict):
+        return None
+    for folder in (job_dir, *job_dir.parents):
+        entry = projects.get(str(folder))
+        if not isinstance(entry, dict) or entry.get("trust_level") in (None, "untrusted"):
+            continue
+        for f in (job_dir, *job_dir.parents):
+            if f.is_relative_to(folder) and (f / ".codex" / "config.toml").is_file():
+                return folder, f / ".codex" / "config.toml"
+    return None
+
+
+def _toml(path: Path) -> dict:
+    """The table of a Codex config file; empty when there is none (one Codex cannot read
+    stops Codex itself, in its own words)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def _dotted(table: dict, key: str) -> object:
+    for part in key.split("."):
+        if not isinstance(table, dict):
+            return None
+        table = table.get(part)
+    return table
 
 
 def _turned_off(names: list[str]) -> list[str]:
