@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import select
+import shlex
 import shutil
 import stat
 import subprocess
@@ -1653,27 +1654,33 @@ def test_codex_loads_its_config_for_a_job_folder_named_with_an_emoji(tmp_path: P
     assert "Error loading config" not in said, said
 
 
-def _run_job_with_machine_codex_files(
-    netns, mine: Path, vkb, tmp_path: Path, job_id: int, files: dict[str, str]
-) -> subprocess.CompletedProcess:
-    """``reviewq run-job`` of ``job_id`` with Codex, with ``files`` (name: text) in the
-    machine's /etc/codex: /etc is an overlay of the test's own, in a mount namespace of the
-    run's, so nothing is left in the machine's."""
+def _with_machine_codex_files(tmp_path: Path, files: dict[str, str]) -> list[str]:
+    """The command prefix that runs a command with ``files`` (name: text) in the machine's
+    /etc/codex: /etc is an overlay of the test's own, in a mount namespace of the
+    command's, so nothing is left in the machine's."""
     upper, work = tmp_path / "etc-upper", tmp_path / "etc-work"
     (upper / "codex").mkdir(parents=True)
     work.mkdir()
     for name, text in files.items():
         (upper / "codex" / name).write_text(text)
+    overlay = f"lowerdir=/etc,upperdir={upper},workdir={work}"
+    script = f'mount --make-rprivate / && mount -t overlay overlay -o {overlay} /etc && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", script, "sh"]
+
+
+def _run_job_with_machine_codex_files(
+    netns, mine: Path, vkb, tmp_path: Path, job_id: int, files: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``reviewq run-job`` of ``job_id`` with Codex, with ``files`` in the machine's
+    /etc/codex for the run (:func:`_with_machine_codex_files`)."""
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(mine),
         "TMPDIR": str(mine / "tmp"),
         "LANG": "C.UTF-8",
     }
-    overlay = f"lowerdir=/etc,upperdir={upper},workdir={work}"
-    script = f'mount --make-rprivate / && mount -t overlay overlay -o {overlay} /etc && exec "$@"'
     res = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, "sh", *_in(netns), str(REVIEWQ)]
+        [*_with_machine_codex_files(tmp_path, files), *_in(netns), str(REVIEWQ)]
         + ["--root", str(vkb.root), "run-job", str(job_id), "--reviewer", "codex"],
         env=env,
         capture_output=True,
@@ -1771,6 +1778,41 @@ def test_a_machine_whose_managed_codex_layers_outrank_the_review_s_is_refused(
     assert a["outcome"] == "launch-failure", (a, res.stdout + res.stderr)
     [reason] = json.loads(a["reasons"])
     assert said.format(kb=kb) in reason, reason
+    [job] = rows(vkb.root, "SELECT status FROM review_jobs")
+    assert job["status"] == "queued", job
+
+
+def test_a_setting_codex_s_requirements_replaced_is_the_machine_s_failure(
+    netns, model, home, vkb, tmp_path
+):
+    """Requirements reviewq does not read (a ChatGPT workspace's, here a requirements.toml
+    only the CLI's own mount namespace holds) made Codex replace the review's
+    workspace-write sandbox by read-only, said only as an error item of its --json: the
+    review wrote no output and the job failed as a no-output, the machine's setting
+    counted against the note. Codex's words make it a reviewer failure of the profile's
+    settings, the job queued again."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    files = {"requirements.toml": 'allowed_sandbox_modes = ["read-only"]\n'}
+    wrapper = tmp_path / "codex-in-its-own-etc"
+    prefix = _with_machine_codex_files(tmp_path, files)
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.join([*prefix, str(BIN["codex"])])} "$@"\n')
+    wrapper.chmod(0o755)
+    config = profiles(model, "review").replace(
+        f'executable = "{BIN["codex"]}"', f'executable = "{wrapper}"'
+    )
+    (vkb.root / "reviewq.toml").write_text(config)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    assert not Path("/etc/codex").exists()
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", (a, res.stdout + res.stderr)
+    [reason] = json.loads(a["reasons"])
+    assert reason == (
+        "config: Codex's requirements replaced a setting of the review: invalid value for "
+        "`sandbox_mode`: `WorkspaceWrite` is not in the allowed set [ReadOnly] "
+        "(set by /etc/codex/requirements.toml)"
+    ), reason
     [job] = rows(vkb.root, "SELECT status FROM review_jobs")
     assert job["status"] == "queued", job
 

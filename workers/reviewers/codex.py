@@ -39,6 +39,9 @@ from .vendor import (
 # Item kinds that are one step of the agent (a model call acting); reasoning is not.
 _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", "web_search"}
 # stderr lines that are Codex talking about itself, never the reason it failed
+# Codex's words, as an error item of --json, for a setting its requirements do not allow,
+# which it replaced by the one they require (read-only for reviewq's workspace-write).
+_REPLACED = "is disallowed by requirements; falling back to required value"
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
 _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
 # Codex's words for a response stream that broke after it began: the connection closed, or
@@ -131,6 +134,7 @@ class CodexReviewer(Reviewer):
         t = Telemetry()
         seen = False
         error: str | None = None
+        replaced: str | None = None
         for ev in json_objects(spec.stdout_path):
             kind = ev.get("type")
             if kind == "thread.started" and isinstance(ev.get("thread_id"), str):
@@ -145,6 +149,8 @@ class CodexReviewer(Reviewer):
                 if ev["item"].get("type") in _STEPS:
                     add_counts(t, "num_turns", 1)
                     seen = True
+                elif _REPLACED in str(ev["item"].get("message")):
+                    replaced = replaced or str(ev["item"]["message"])
             elif kind in ("turn.failed", "error"):
                 t.error_subtype, seen = kind.replace(".", "_"), True
                 error = _message(ev) or error
@@ -167,6 +173,15 @@ class CodexReviewer(Reviewer):
             t.error = _refused_arguments(spec.stderr_path) or last_line(
                 spec.stderr_path, skip=_CHATTER
             )
+        if replaced and t.failure is None:
+            # A setting of reviewq's command the machine's requirements replaced (from a
+            # place `_machine_refuses` does not read): the run was not the one reviewq
+            # set up, whatever it did, so it speaks of the machine, never of the job.
+            # Its "Details: …" say which setting and who required it; the value it fell
+            # back to is a long debug dump.
+            said = replaced.partition("Details: ")[2] or replaced
+            t.error = bounded(f"Codex's requirements replaced a setting of the review: {said}")
+            t.failure = "config"
         return t
 
     def unreachable(self, spec: AttemptSpec) -> str | None:
