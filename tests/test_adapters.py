@@ -1040,6 +1040,30 @@ def test_doctor_names_a_vendor_cli_s_version_and_whether_reviewq_knows_it(
         assert res.exit_code == 1 and "npm install -g @" in line
 
 
+def test_doctor_names_a_machine_whose_managed_codex_layer_refuses_every_attempt(
+    run_cli, kb, tmp_path, monkeypatch
+):
+    """A managed_config.toml that forces an MCP server on refuses each Codex attempt before
+    it starts (B30, shown with the real CLI in test_vendor_clis); doctor said "ok" of the
+    profile, and the operator learnt it from a paused reviewer."""
+    from workers.reviewers import codex
+
+    managed = tmp_path / "managed_config.toml"
+    managed.write_text('[mcp_servers.kb]\ncommand = "true"\nenabled = true\n')
+    monkeypatch.setattr(codex, "_MANAGED_CONFIG", managed)
+    exe = tmp_path / "codex"
+    exe.write_text("#!/bin/sh\necho 'codex-cli 0.171.0'\n")
+    exe.chmod(0o755)
+    kb.write("reviewq.toml", f'[reviewers.x]\nkind = "codex"\nexecutable = "{exe}"\nmodel = "m"\n')
+    res = run_cli("doctor")
+    line = next(x for x in res.stdout.splitlines() if x.startswith("problem: reviewer x"))
+    assert line == (
+        f"problem: reviewer x (codex): {managed} forces on the MCP server 'kb' (enabled = "
+        "true), which would start beside the review outside the sandbox; no -c can turn it off"
+    ), line
+    assert res.exit_code == 1
+
+
 def test_doctor_reads_the_version_of_a_relative_vendor_cli_where_its_agents_start(
     run_cli, kb, tmp_path, monkeypatch
 ):

@@ -907,8 +907,8 @@ def _not_found(exe: str) -> str:
 
 
 def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
-    """Each reviewer's program is on PATH (an ``openai`` profile's endpoint answers), and
-    the key variable it names is set. ``remote``: the control's doctor on a Redis queue,
+    """Each reviewer's program is on PATH (an ``openai`` profile's endpoint answers), the
+    key variable it names is set, and nothing the machine forces refuses its attempts. ``remote``: the control's doctor on a Redis queue,
     whose agents may all run on other machines (OPERATIONS §6.6): what this machine lacks
     is said as a warning, not a problem, or a control whose workers are elsewhere never
     passed its own health check (the endpoint reachable only from the workers' network,
@@ -955,6 +955,10 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
             # A worker without it sent every request with no key: each attempt a
             # reviewer failure, and the profile paused for every worker.
             report(False, f"reviewer {name} ({profile.kind}): {problem}")
+        # The job folders are below the state folder: what the machine forces there
+        # (Codex's managed layers) refuses every attempt, said before the first one is.
+        if (problem := adapter.machine_problem(ws.state_dir / "jobs")) is not None:
+            report(False, f"{head}: {problem}")
 
 
 def _doctor_version(adapter, root: Path, runs, head: str, report) -> None:

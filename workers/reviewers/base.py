@@ -264,6 +264,11 @@ class Reviewer(ABC):
         """Programs this profile needs on PATH (for ``doctor`` and launch checks)."""
         return []
 
+    def machine_problem(self, job_dir: Path) -> str | None:
+        """What this machine forces on the CLI for which an attempt in ``job_dir`` is
+        refused before it starts, in one line (``doctor`` says it first); None: nothing."""
+        return None
+
     def env_value(self, name: str) -> str | None:
         """``name`` as the CLI this profile starts sees it: the profile's ``env`` over the
         worker's own environment (where a vendor CLI finds its home, say)."""

@@ -78,7 +78,7 @@ class CodexReviewer(Reviewer):
         # The machine's managed layers outrank every -c below: what they force, no flag
         # here can undo, so such a machine is refused before Codex starts (a launch
         # failure of the profile, never a verdict on a note).
-        if refused := _machine_refuses(spec.job_dir.resolve()):
+        if refused := self.machine_problem(spec.job_dir):
             raise ValueError(refused)
         argv = [
             self.profile.executable or "codex",
@@ -308,6 +308,9 @@ class CodexReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "codex"]
+
+    def machine_problem(self, job_dir: Path) -> str | None:
+        return _machine_refuses(job_dir.resolve())
 
 
 def _thread(spec: AttemptSpec) -> str | None:
