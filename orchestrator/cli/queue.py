@@ -908,11 +908,11 @@ def _not_found(exe: str) -> str:
 
 def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
     """Each reviewer's program is on PATH (an ``openai`` profile's endpoint answers), the
-    key variable it names is set, and nothing the machine forces refuses its attempts. ``remote``: the control's doctor on a Redis queue,
-    whose agents may all run on other machines (OPERATIONS §6.6): what this machine lacks
-    is said as a warning, not a problem, or a control whose workers are elsewhere never
-    passed its own health check (the endpoint reachable only from the workers' network,
-    the CLI installed only there)."""
+    key variable it names is set, and nothing the machine forces refuses its attempts.
+    ``remote``: the control's doctor on a Redis queue, whose agents may all run on other
+    machines (OPERATIONS §6.6): what this machine lacks is said as a warning, not a
+    problem, or a control whose workers are elsewhere never passed its own health check
+    (the endpoint reachable only from the workers' network, the CLI installed only there)."""
     from workers.openai_agent import shown as url_shown
     from workers.reviewers import Reviewer, UnsupportedKind, for_profile
     from workers.reviewers.openai import endpoint_problem, key_problem

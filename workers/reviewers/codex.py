@@ -38,10 +38,10 @@ from .vendor import (
 
 # Item kinds that are one step of the agent (a model call acting); reasoning is not.
 _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", "web_search"}
-# stderr lines that are Codex talking about itself, never the reason it failed
 # Codex's words, as an error item of --json, for a setting its requirements do not allow,
 # which it replaced by the one they require (read-only for reviewq's workspace-write).
 _REPLACED = "is disallowed by requirements; falling back to required value"
+# stderr lines that are Codex talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
 _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
 # Codex's words for a response stream that broke after it began: the connection closed, or
