@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.state.store import Store
+from workers import attempt
 
 from .conftest import process_gone, reviewq_process
 
@@ -743,15 +744,31 @@ def test_run_job_good(flow, run_cli, monkeypatch):
 
 
 def test_run_job_hang_kills_the_whole_group_at_the_deadline(flow, run_cli, monkeypatch, tmp_path):
+    """The agent and the child it started, in its group, both end at the deadline. Under
+    load the agent's start (Python, its imports, the child's) outlasted the 1-s deadline:
+    killed before it wrote its pids, the test had none to check. The deadline is judged
+    here once the agent has said them (its pids file is a FIFO the watch reads first)."""
+    from .test_queue_integration import await_fifo, make_fifo
+
     flow.write("reviewq.toml", flow.read("reviewq.toml").replace('timeout = "20s"', "timeout = 1"))
     jid = one_job(flow, run_cli)
-    pidfile = tmp_path / "pids"
+    pidfile = make_fifo(tmp_path, "pids")
     monkeypatch.setenv("FAKE_MODE", "hang")
     monkeypatch.setenv("FAKE_PIDFILE", str(pidfile))
+    pids: list[int] = []
+    watch = attempt.wait_for_exit
+
+    def once_the_child_runs(*args, **kwargs):
+        if not pids:
+            pids.extend(map(int, await_fifo(pidfile).split()))
+        return watch(*args, **kwargs)
+
+    monkeypatch.setattr(attempt, "wait_for_exit", once_the_child_runs)
     res = run_cli("run-job", jid)
     assert res.exit_code == 1
     assert "ran out of time or turns" in res.stdout and "deadline" in res.stderr
-    for pid in map(int, pidfile.read_text().split()):
+    assert len(pids) == 2
+    for pid in pids:
         assert process_gone(pid), f"process {pid} survived the deadline"
     job, attempts = job_row(flow, jid)
     assert job["status"] == "failed" and attempts[0]["outcome"] == "burned-out"
