@@ -3126,11 +3126,18 @@ def test_a_tick_waiting_ahead_of_heartbeats_reaps_no_live_attempt(kb, tmp_path, 
 
 def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path):
     """The worker's heartbeat waited out a busy queue (two minutes at most) inside the
-    loop that watches the agent: its exit and its deadline went unnoticed as long."""
+    loop that watches the agent: its exit and its deadline went unnoticed as long.
+
+    The agent says it runs as the shell it is launched as, before Python starts: the
+    fake agent's own start (~90 ms of CPU) outlasted the 1-s deadline under load, and
+    an agent killed before it said so failed the test ("nothing was written")."""
     small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile(timeout='"1s"') + FAST_QUEUE)
     started = make_fifo(tmp_path, "started")
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(started)}
+    says_it_runs = json.dumps(
+        ["sh", "-c", 'echo $$ > "$0" && exec "$1" "$2"', str(started), sys.executable, str(FAKE)]
+    )
+    kb.write("reviewq.toml", fake_profile(timeout='"1s"', command=says_it_runs) + FAST_QUEUE)
+    env = {**os.environ, "FAKE_MODE": "hang"}
     exe = str(Path(sys.executable).parent / "reviewq")
     base = [exe, "--root", str(kb.root)]
     control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
