@@ -821,21 +821,18 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
 
 
 def test_hung_agent_is_killed_at_the_deadline_with_its_group(kb, tmp_path):
+    """The agent is a shell that starts its child and writes both pids first thing: the
+    fake agent's Python start (~90 ms of CPU, then its child's) outlasted the 1-s deadline
+    under load, and the test found no pids file to check."""
     small_kb(kb, notes=1)
+    pidfile = tmp_path / "pids"
+    hangs = json.dumps(["sh", "-c", 'sleep 3600 & echo "$$ $!" > "$0"; wait', str(pidfile)])
     kb.write(
         "reviewq.toml",
-        fake_profile(timeout="1") + FAST_QUEUE.replace("[queue]\n", "[queue]\nmax_attempts = 1\n"),
+        fake_profile(timeout="1", command=hangs)
+        + FAST_QUEUE.replace("[queue]\n", "[queue]\nmax_attempts = 1\n"),
     )
-    pidfile = tmp_path / "pids"
-    res = rq(
-        kb,
-        "sweep",
-        "--reviewer",
-        "fake",
-        "frontmatter",
-        "--json",
-        env={"FAKE_MODE": "hang", "FAKE_PIDFILE": str(pidfile)},
-    )
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--json")
     assert res.returncode == 1 and "1 job(s) failed" in res.stderr
     for pid in map(int, pidfile.read_text().split()):
         assert process_gone(pid), f"process {pid} survived the deadline"
