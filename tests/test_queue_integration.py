@@ -200,7 +200,13 @@ def await_fifo(path: Path, timeout: float = 60) -> str:
         assert ready_within(fd, timeout), f"nothing was written to {path.name} within {timeout} s"
         data = b""
         while not data.endswith(b"\n"):
-            chunk = os.read(fd, 4096)
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                # A line written in parts (one without its newline, closed later): the
+                # rest, or the writer's close, is awaited as the first part was.
+                assert ready_within(fd, timeout), f"{path.name}: {data!r}, then nothing"
+                continue
             if not chunk:
                 break
             data += chunk
