@@ -24,6 +24,7 @@ import os
 import select
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -2076,6 +2077,75 @@ def test_gemini_s_entry_is_forgotten_past_a_lock_a_killed_gemini_left(
     adapter.forget(spec)
     assert folder not in json.loads(registry.read_text())["projects"]
     assert not lock.exists()
+
+
+# A worker's forget of one Gemini entry, told when to begin by a line on its stdin.
+_UNREGISTER = (
+    "import sys; from pathlib import Path; from workers.reviewers.gemini import _unregister; "
+    "sys.stdin.readline(); _unregister(Path(sys.argv[1]), sys.argv[2], sys.argv[3])"
+)
+
+
+def _held_forget(registry: Path, entry: str, inject: str, said: Path) -> subprocess.Popen:
+    """A worker's forget of ``entry`` (:data:`_UNREGISTER`) under strace, which delays the
+    calls ``inject`` names and prints the calls a lock is taken and a file written with
+    to ``said`` (a FIFO the test reads as they are made, or a file)."""
+    return subprocess.Popen(
+        ["strace", "-qq", "-e", "signal=none", "-o", str(said),
+         "-e", "trace=mkdir,rmdir,%%stat,rename,renameat,renameat2", "-e", f"inject={inject}",
+         sys.executable, "-c", _UNREGISTER, str(registry), entry, entry],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True,
+    )  # fmt: skip
+
+
+def test_two_workers_taking_a_killed_gemini_s_lock_over_at_once_lose_no_removal(tmp_path):
+    """S39's take-over looked at the lock's age, then removed it: a worker that looked
+    while it was a killed Gemini's and removed it a moment later removed the lock another
+    worker had taken over meanwhile and held, and both rewrote projects.json at once, the
+    first one's removal lost (its entry left for good). Two real workers on one HOME, the
+    first held by strace between its look and its removal, the second between its read of
+    the file and its write."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    registry = tmp_path / ".gemini" / "projects.json"
+    registry.parent.mkdir()
+    registry.write_text(json.dumps({"projects": {"/one": "/one", "/two": "/two"}}))
+    lock = Path(f"{registry}.lock")
+    lock.mkdir()  # as a Gemini killed holding it leaves it: touched last a minute ago
+    os.utime(lock, (time.time() - 60, time.time() - 60))
+    renames = "rename,renameat,renameat2"
+    os.mkfifo(tmp_path / "first.trace")
+    first = _held_forget(
+        registry, "/one", "rmdir:delay_enter=3000000:when=1", tmp_path / "first.trace"
+    )  # µs
+    second = _held_forget(
+        registry, "/two", f"{renames}:delay_enter=6000000", tmp_path / "second.trace"
+    )
+    try:
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        with open(tmp_path / "first.trace") as trace:  # strace's end: open while it runs
+            for line in trace:  # until its look at the lock, its removal then held
+                if "stat" in line and str(lock) in line and "= 0" in line:
+                    break
+            else:
+                pytest.fail(f"the first worker never looked at the lock: {first.communicate()}")
+            second.stdin.write("go\n")
+            second.stdin.flush()
+            for _ in trace:  # what else it says, to its end
+                pass
+        out = [p.communicate(timeout=60)[1] for p in (first, second)]
+        if "ptrace" in out[0]:
+            pytest.skip(f"strace cannot trace here: {out[0].strip()}")
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [first.returncode, second.returncode] == [0, 0], out
+    assert json.loads(registry.read_text())["projects"] == {}, out
+    assert not lock.exists(), out
 
 
 def test_claude_run_as_a_reviewer_keeps_no_session_and_its_counts(

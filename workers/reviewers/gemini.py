@@ -10,6 +10,7 @@ person's approval is refused, so everything else that writes (and the shell) sta
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -361,13 +362,26 @@ def _taken_over(lock: Path) -> bool:
     """Whether ``lock`` was a killed holder's and is removed, as Gemini takes it over: a
     Gemini killed while it held it (a worker's stop, its deadline) left it, and every
     forget waited its 10 s and left its entry, a worker's start one wait a folder left
-    (the attempts' lock held), until a Gemini ran again."""
+    (the attempts' lock held), until a Gemini ran again.
+
+    Its age is looked at and it is removed under a flock of its folder, which every
+    worker's take-over takes: a worker that looked while it was a killed holder's and
+    removed it a moment later removed the lock another had taken over meanwhile and
+    held, and both rewrote the file at once, one's removal lost (S40). A Gemini taking
+    it over at that moment is proper-lockfile's own race, as between two Geminis."""
     try:
+        folder = os.open(lock.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # held for a stat and an rmdir
         if time.time() - lock.stat().st_mtime <= _LOCK_STALE_S:
             return False
         lock.rmdir()
     except OSError:
         return False
+    finally:
+        os.close(folder)  # and its flock
     return True
 
 
