@@ -373,6 +373,33 @@ def test_doctor_says_a_redis_that_answers_nothing_is_stalled_and_ends(tmp_path, 
     assert "answered nothing" in problem and "start Redis there" not in problem, problem
 
 
+@pytest.mark.parametrize("side", ["worker", "control"])
+def test_doctor_says_a_redis_paused_for_writes_holds_them_and_ends(kb, tmp_path, side):
+    """`CLIENT PAUSE ... WRITE`, as a failover's tooling sends, holds every write and
+    answers the rest: K81's PING went through, and doctor then waited for good on its
+    check of the queue's commands (a move, a write), the queue's connections having no
+    read timeout."""
+    import redis
+
+    with redis_server(tmp_path) as url:
+        if side == "worker":
+            config, args = _worker_home(tmp_path, url)
+            args = [*args, "doctor", "--worker"]
+        else:
+            _control_home(kb, url)
+            config, args = kb.root / "reviewq.toml", [EXE, "--root", str(kb.root), "doctor"]
+        with contextlib.closing(redis.Redis.from_url(url)) as client:
+            client.execute_command("CLIENT", "PAUSE", "600000", "WRITE")
+            try:
+                res = _refused(args, timeout=90)
+            finally:
+                client.execute_command("CLIENT", "UNPAUSE")
+    assert res.returncode == 1, res.stdout
+    (problem,) = [x for x in res.stdout.splitlines() if x.startswith("problem: queue backend")]
+    assert problem.startswith(f"problem: queue backend: {config} [queue] url {url}: "), problem
+    assert "held a write" in problem and "CLIENT PAUSE ... WRITE" in problem, problem
+
+
 def test_doctor_says_a_redis_loading_its_dataset_is_loading(tmp_path):
     """A Redis restarted with a large dataset answers LOADING while it reads it: doctor
     said it was "out of reach" and told the reader to "start Redis there, or put its host

@@ -435,7 +435,7 @@ class RedisQueueStorage(_Holding, _PatientReads, RedisStorage):
         poll, ~40 a second)."""
         from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 
-        probe = self.queue_key + ".probe"
+        probe = _probe_key(self.queue_key)
         tries = {"RPOPLPUSH": lambda: self.conn.rpoplpush(probe, probe)}
         if self.holds:
             tries["BLMOVE"] = lambda: self.conn.blmove(probe, probe, 0.01, src="RIGHT", dest="LEFT")
@@ -700,10 +700,33 @@ def stall_problem(settings: Settings) -> str | None:
             "a slow disk); a worker or control waits for it: look at its process and its log"
         )
     except Exception:  # noqa: BLE001 - out of reach, or an answer: said by the checks after
+        client.close()
+        return None
+    try:
+        # A write as the queue's checks make one (a move from its key that is never
+        # there): `CLIENT PAUSE ... WRITE`, as a failover's tooling sends, answers the
+        # PING and holds every write, and doctor's check of the queue's commands waited.
+        review = huey_for(settings, "review")  # its key's name: no connection made
+        close_huey(review)
+        probe = _probe_key(review.storage.queue_key)
+        client.rpoplpush(probe, probe)
+    except redis.exceptions.TimeoutError:
+        return (
+            f"{queue_where(settings)}: the Redis server answers but held a write for "
+            f"{_PROBE_S:g} s: it is paused for writes (CLIENT PAUSE ... WRITE, as a "
+            "failover's tooling sends; CLIENT UNPAUSE ends it); a worker or control waits "
+            "for it: look at what paused it"
+        )
+    except Exception:  # noqa: BLE001 - an answer (a refusal too): said by the checks after
         return None
     finally:
         client.close()
     return None
+
+
+def _probe_key(queue_key: str) -> str:
+    """A key of the queue's that is never there: a move from it moves nothing."""
+    return queue_key + ".probe"
 
 
 _MAXCLIENTS = "max number of clients reached"
