@@ -1268,6 +1268,9 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
         (("finalize", "--review-job-id", "1", "--effort", "high"), "--effort needs --model"),
         (("logs", "--since", "2h", "--until", "3h"), "error: --until '3h': not after --since"),
         (("logs", "--until", "1h", "-f"), "error: --until '1h' and --follow"),
+        # enqueue's and sweep's, which select "as select" does, were never checked (E57).
+        (("enqueue", "--all-gates", "prose"), "--all-gates selects every catalog gate"),
+        (("sweep", "--all-gates", "prose"), "--all-gates selects every catalog gate"),
     ],
 )
 @pytest.mark.parametrize("where", ["no state.db", "settings that do not parse"])

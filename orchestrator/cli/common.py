@@ -263,6 +263,15 @@ class Checked(click.Command):
         return rest
 
 
+def all_gates_alone(selectors: tuple[str, ...], all_gates: bool, **_: object) -> None:
+    """select's, enqueue's and sweep's :class:`Checked` check: --all-gates with a bundle or
+    a gate id (CONTRACT's own example of options that cannot go together)."""
+    if all_gates and any(s != "type" and not s.startswith("type/") for s in selectors):
+        raise click.UsageError(
+            "--all-gates selects every catalog gate: name no bundle or gate id with it"
+        )
+
+
 class Numbered(Checked):
     """A command whose arguments are ids (``ids``: what they are): `reviewq job -1` read
     the id as an option and said "No such option '-1'"."""

@@ -28,6 +28,7 @@ from orchestrator.cli.common import (
     Moment,
     Numbered,
     Refused,
+    all_gates_alone,
     batch_size_needs_gate_grouping,
     budget_usd,
     cli,
@@ -180,7 +181,7 @@ def _request(opts: dict, trigger: str, ws: Workspace | None = None):
     )
 
 
-@cli.command("enqueue")
+@cli.command("enqueue", cls=Checked, check=all_gates_alone)
 @_sweep_options
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
@@ -302,7 +303,7 @@ def control_cmd(ws: Workspace) -> None:
         raise Refused(str(exc)) from None
 
 
-@cli.command("sweep")
+@cli.command("sweep", cls=Checked, check=all_gates_alone)
 @_sweep_options
 @click.option(
     "--workers",

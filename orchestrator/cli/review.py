@@ -14,6 +14,7 @@ from orchestrator.cli.common import (
     Numbered,
     Refused,
     a_number,
+    all_gates_alone,
     batch_size_needs_gate_grouping,
     cli,
     emit_json,
@@ -91,14 +92,7 @@ def gates(ws: Workspace, check: bool, as_json: bool) -> None:
         warn([*cat.problems, *said], every=True)
 
 
-def _all_gates_alone(selectors: tuple[str, ...], all_gates: bool, **_: object) -> None:
-    if all_gates and any(s != "type" and not s.startswith("type/") for s in selectors):
-        raise click.UsageError(
-            "--all-gates selects every catalog gate: name no bundle or gate id with it"
-        )
-
-
-@cli.command("select", cls=Checked, check=_all_gates_alone)
+@cli.command("select", cls=Checked, check=all_gates_alone)
 @click.argument("selectors", nargs=-1)
 @click.option("--all-gates", is_flag=True, help="Every catalog gate (type pairs stay opt-in).")
 @click.option(
