@@ -1291,7 +1291,7 @@ def refuses_writes(huey: Huey) -> tuple[str, str] | None:
     which Redis refuses before it runs while either lasts."""
     from redis.exceptions import OutOfMemoryError
 
-    probe = huey.storage.queue_key + ".probe"
+    probe = _probe_key(huey.storage.queue_key)
     try:
         huey.storage.conn.rpoplpush(probe, probe)
     except OutOfMemoryError:
