@@ -2079,10 +2079,12 @@ def test_gemini_s_entry_is_forgotten_past_a_lock_a_killed_gemini_left(
     assert not lock.exists()
 
 
-# A worker's forget of one Gemini entry, told when to begin by a line on its stdin.
+# A worker's forget of one Gemini entry: "ready" once imported, then begun when told by
+# a line on its stdin.
 _UNREGISTER = (
     "import sys; from pathlib import Path; from workers.reviewers.gemini import _unregister; "
-    "sys.stdin.readline(); _unregister(Path(sys.argv[1]), sys.argv[2], sys.argv[3])"
+    "print('ready', flush=True); sys.stdin.readline(); "
+    "_unregister(Path(sys.argv[1]), sys.argv[2], sys.argv[3])"
 )
 
 
@@ -2094,7 +2096,7 @@ def _held_forget(registry: Path, entry: str, inject: str, said: Path) -> subproc
         ["strace", "-qq", "-e", "signal=none", "-o", str(said),
          "-e", "trace=mkdir,rmdir,%%stat,rename,renameat,renameat2", "-e", f"inject={inject}",
          sys.executable, "-c", _UNREGISTER, str(registry), entry, entry],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True,
     )  # fmt: skip
 
@@ -2123,6 +2125,8 @@ def test_two_workers_taking_a_killed_gemini_s_lock_over_at_once_lose_no_removal(
         registry, "/two", f"{renames}:delay_enter=6000000", tmp_path / "second.trace"
     )
     try:
+        # The second imported first: its take-over then falls in the first's held moment.
+        assert second.stdout.readline() == "ready\n"
         first.stdin.write("go\n")
         first.stdin.flush()
         with open(tmp_path / "first.trace") as trace:  # strace's end: open while it runs
