@@ -2692,7 +2692,9 @@ def test_a_transaction_a_failover_aborted_is_an_outage_waited_out(tmp_path):
 def test_a_control_started_before_redis_waits_for_it(kb, refused_port):
     """The check of the Redis server's commands met a refused connection at start-up and
     exited ("internal error: ConnectionError"): a control started before Redis at boot
-    crash-looped. It waits for the queue, as the consumer always has."""
+    crash-looped. It waits for the queue, as the consumer always has. Meanwhile `status`
+    said "control: running" and nothing of the queue (it reads state.db), exit 0: it says
+    the queue is out of reach."""
     small_kb(kb)
     port = refused_port
     kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "redis://127.0.0.1:{port}/0"\n')
@@ -2714,6 +2716,7 @@ def test_a_control_started_before_redis_waits_for_it(kb, refused_port):
             if "queue.unavailable" in line:
                 break
         assert proc.poll() is None, seen
+        said = rq(kb, "status", timeout=60)
     finally:
         watchdog.cancel()
         with contextlib.suppress(ProcessLookupError):
@@ -2721,6 +2724,8 @@ def test_a_control_started_before_redis_waits_for_it(kb, refused_port):
         proc.wait(timeout=30)
     assert any("queue.unavailable" in line for line in seen), seen
     assert not any("internal error" in line for line in seen), seen
+    down = [x for x in said.stdout.splitlines() if x.startswith("queue: out of reach, said at ")]
+    assert down and "reviewq doctor" in down[0], said.stdout
 
 
 def _sweep_in_background(kb, env: dict) -> subprocess.Popen:

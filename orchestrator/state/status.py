@@ -246,6 +246,7 @@ def status(store: Store, settings: Settings) -> dict:
             "shared": shared_now(settings.state_dir, pid),
             "zone": zone.name if (zone := control_zone(settings.state_dir, pid)) else None,
             "zone_said": zone_said(settings, zone),
+            "queue_down": queue_down(logs.log_path(settings.state_dir), now) if pid else None,
         },
         "workers": {
             **workers_heard(store, control_runs=pid is not None),
@@ -353,6 +354,24 @@ def last_of(log: Path, events: tuple[bytes, ...]) -> dict | None:
     except OSError:
         return None
     return found
+
+
+# While its queue is out of reach the control says so once a minute (its reads'
+# `queue.unavailable`), and `queue.available` once it is back: a line older than this is
+# one whose end went unsaid (a send that failed once), not an outage now.
+QUEUE_DOWN_SAID_S = 90
+
+
+def queue_down(log: Path, now: str) -> dict | None:
+    """The control's last ``queue.unavailable`` when nothing since says the queue is back
+    (nor a control started since) and it is recent enough to be an outage now, or None:
+    state.db, all `status` reads otherwise, does not tell a Redis down."""
+    line = last_of(log, (b"queue.unavailable", b"queue.available", b"control.started"))
+    if not line or line.get("event") != "queue.unavailable" or not line.get("timestamp"):
+        return None
+    if _seconds(line["timestamp"], now) > QUEUE_DOWN_SAID_S:
+        return None
+    return {"at": line["timestamp"], "error": str(line.get("error", ""))}
 
 
 def worker_of_host(store: Store, host: str, since: str) -> str | None:
@@ -677,6 +696,13 @@ def liveness(store: Store, data: dict) -> list[str]:
             lines.append(
                 f"queue shared, said at {at}: {shared['said']} (reviewq logs --event "
                 f"queue.shared --since {at}; said until the control restarts)"
+            )
+        if down := data["control"].get("queue_down"):
+            # The control and its workers wait in silence but for their logs.
+            lines.append(
+                f"queue: out of reach, said at {down['at'][:19]}Z ({logs.one_line(down['error'])}); "
+                "the control and its workers wait for it (reviewq doctor; reviewq logs "
+                "--event queue.unavailable)"
             )
     if by_hand:
         lines.append(
