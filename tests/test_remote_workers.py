@@ -1198,6 +1198,12 @@ def test_doctor_on_a_worker_machine_checks_only_what_a_worker_needs(tmp_path, re
     assert fed.startswith("ok: a control process feeds this queue (on "), fed
     assert "state folder /srv/state" in fed, fed
     assert not (home / "state" / "state.db").exists()
+    # `doctor` without --worker there called the control that feeds the queue "another
+    # control process feeds this Redis database too": a control of the same queue is none.
+    plain = subprocess.run([*args, "doctor"], capture_output=True, text=True, timeout=60)
+    assert "another control process" not in plain.stdout, plain.stdout
+    assert f"problem: {home}: no kb/ folder here" in plain.stdout, plain.stdout
+    assert "`reviewq doctor --worker`" in plain.stdout, plain.stdout
     config.write_text(
         config.read_text().replace(f'["{sys.executable}", "{FAKE}"]', '["no-such-agent-cli"]')
     )

@@ -681,7 +681,7 @@ def doctor_cmd(ws: Workspace, worker_only: bool) -> None:
         # It said "ok: queue backend SQLite answers" of a queue of the worker's own.
         report(False, unfed)
     else:
-        _doctor_queue(ws, report, worker_only)
+        _doctor_queue(ws, report, worker_only, own_control=in_kb)
     if worker_only:
         from workers.attempt import limits_unseen, unwritable, worker_folder
 
@@ -744,7 +744,9 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     if not kb_dir.is_dir():
         # In the words every other command refuses it with: "KB root X holds kb/" was
         # printed as the problem, saying the opposite of what was wrong.
-        report(False, no_kb_here(ws.root))
+        # A worker's machine has none: its doctor is another one.
+        hint = "; on a worker's machine, `reviewq doctor --worker`" if ws.settings.queue.url else ""
+        report(False, no_kb_here(ws.root) + hint)
         return False  # nothing else to check here, and no state.db to make in the wrong folder
     report(True, f"KB root {ws.root} holds kb/")
     from orchestrator.review.selector import note_root_problems
@@ -785,8 +787,12 @@ def _doctor_control_side(ws: Workspace, report) -> bool:
     return state_folder(ws, report, lambda text: click.echo(f"warning: {text}"), unwritable)
 
 
-def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
-    """The queue backend answers: what every worker needs."""
+def _doctor_queue(
+    ws: Workspace, report, worker_only: bool = False, own_control: bool = True
+) -> None:
+    """The queue backend answers: what every worker needs. ``own_control`` false: ROOT
+    holds no KB, so no control of this folder feeds the queue to share it with another
+    (on a worker's machine, the control that feeds it was called "another")."""
     try:
         from workers import queues
         from workers.app import make_app
@@ -832,7 +838,8 @@ def _doctor_queue(ws: Workspace, report, worker_only: bool = False) -> None:
                 # Else the silent control's line below says it. It was "ok" and no more,
                 # to the operator asking why nothing runs.
                 click.echo(f"warning: {refusal_problem(ws.settings, refusal)}")
-            other = None if worker_only else other_feeder(app.control, ws.state_dir)
+            mine = own_control and not worker_only
+            other = other_feeder(app.control, ws.state_dir) if mine else None
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
         report(False, f"queue backend: {out_of_reach(ws.settings, exc) if away else exc}")
