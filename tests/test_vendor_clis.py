@@ -1763,8 +1763,24 @@ REQUIREMENTS = "/etc/codex/requirements.toml"
             {"requirements.toml": 'allowed_approval_policies = ["on-request"]\n'},
             f'{REQUIREMENTS} has allowed_approval_policies = ["on-request"] without "never"',
         ),
+        (
+            {"managed_config.toml": "sandbox_mode = \n"},
+            f"{MANAGED} is not TOML Codex can read (",
+        ),
+        (
+            {"requirements.toml": "allowed_sandbox_modes = [\n"},
+            f"{REQUIREMENTS} is not TOML Codex can read (",
+        ),
     ],
-    ids=["forced-server", "trusted-kb", "managed-sandbox", "required-sandbox", "required-approval"],
+    ids=[
+        "forced-server",
+        "trusted-kb",
+        "managed-sandbox",
+        "required-sandbox",
+        "required-approval",
+        "bad-managed-toml",
+        "bad-requirements-toml",
+    ],
 )
 def test_a_machine_whose_managed_codex_layers_outrank_the_review_s_is_refused(
     netns, model, home, vkb, tmp_path, files, said

@@ -388,6 +388,9 @@ _REQUIRED = {
 def _machine_refuses(job_dir: Path) -> str | None:
     """What the machine's managed Codex layers force that reviewq's command cannot undo,
     in one line naming the file and the setting; None when nothing is."""
+    for path in (_MANAGED_CONFIG, _REQUIREMENTS):
+        if unread := _unreadable(path):
+            return unread
     managed = _toml(_MANAGED_CONFIG)
     servers = managed.get("mcp_servers")
     for name, server in servers.items() if isinstance(servers, dict) else ():
@@ -417,6 +420,20 @@ def _machine_refuses(job_dir: Path) -> str | None:
                 f"{_REQUIREMENTS} has {key} = {json.dumps(allowed)} without "
                 f"{json.dumps(wanted)}, which Codex would replace for the review"
             )
+    return None
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why Codex could not read the machine's layer ``path`` (one it stops on before any
+    attempt, its last stderr line then a caret of its TOML error), or None: absent is
+    fine."""
+    if not path.exists():
+        return None
+    try:
+        tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return f"{path} is not TOML Codex can read ({why}); Codex starts no review while it is"
     return None
 
 
