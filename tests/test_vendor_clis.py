@@ -1813,6 +1813,43 @@ def test_a_machine_whose_managed_codex_layers_outrank_the_review_s_is_refused(
     assert job["status"] == "queued", job
 
 
+def _run_job_with_codex_in_its_own_etc(
+    netns, model, home, vkb, tmp_path: Path, files: dict[str, str], scenario: str = "review"
+) -> subprocess.CompletedProcess:
+    """``reviewq run-job`` of a new job with Codex, ``files`` in the machine's /etc/codex
+    of the CLI's own mount namespace only (through a wrapper ``executable``): what reviewq
+    does not read before the start, Codex's --json says."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    wrapper = tmp_path / "codex-in-its-own-etc"
+    prefix = _with_machine_codex_files(tmp_path, files)
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.join([*prefix, str(BIN["codex"])])} "$@"\n')
+    wrapper.chmod(0o755)
+    config = profiles(model, scenario).replace(
+        f'executable = "{BIN["codex"]}"', f'executable = "{wrapper}"'
+    )
+    (vkb.root / "reviewq.toml").write_text(config)
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
+    assert not Path("/etc/codex").exists()
+    return res
+
+
+def test_a_requirement_for_a_setting_the_review_does_not_give_is_no_failure(
+    netns, model, home, vkb, tmp_path
+):
+    """A requirement that only takes away what the review never uses (web search off)
+    makes Codex replace its default `web_search_mode` in the same words as the review's
+    sandbox ("… is disallowed by requirements; falling back to required value …"): a
+    review that wrote no bundle on such a machine was a reviewer failure of the profile's
+    settings, the job queued again for ever, though the run was the one reviewq set up
+    and the missing bundle the review's own."""
+    files = {"requirements.toml": 'allowed_web_search_modes = ["disabled"]\n'}
+    res = _run_job_with_codex_in_its_own_etc(netns, model, home, vkb, tmp_path, files, "idle")
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "no-output", (a, res.stdout + res.stderr)
+
+
 def test_a_setting_codex_s_requirements_replaced_is_the_machine_s_failure(
     netns, model, home, vkb, tmp_path
 ):
@@ -1822,20 +1859,8 @@ def test_a_setting_codex_s_requirements_replaced_is_the_machine_s_failure(
     review wrote no output and the job failed as a no-output, the machine's setting
     counted against the note. Codex's words make it a reviewer failure of the profile's
     settings, the job queued again."""
-    mine = tmp_path / "home"
-    shutil.copytree(home, mine, symlinks=True)
     files = {"requirements.toml": 'allowed_sandbox_modes = ["read-only"]\n'}
-    wrapper = tmp_path / "codex-in-its-own-etc"
-    prefix = _with_machine_codex_files(tmp_path, files)
-    wrapper.write_text(f'#!/bin/sh\nexec {shlex.join([*prefix, str(BIN["codex"])])} "$@"\n')
-    wrapper.chmod(0o755)
-    config = profiles(model, "review").replace(
-        f'executable = "{BIN["codex"]}"', f'executable = "{wrapper}"'
-    )
-    (vkb.root / "reviewq.toml").write_text(config)
-    job_id = make_job(netns, mine, vkb.root)
-    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "codex")
-    assert not Path("/etc/codex").exists()
+    res = _run_job_with_codex_in_its_own_etc(netns, model, home, vkb, tmp_path, files)
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "reviewer-failure", (a, res.stdout + res.stderr)
     [reason] = json.loads(a["reasons"])

@@ -93,6 +93,8 @@ def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict
         ]
     if scenario == "ruled":  # no redirection: a command a person's rule can name
         steps += [("shell", f"touch {root}/kb/notes/ruled.md")]
+    if scenario == "idle":  # reads its prompt and ends its turn, writing nothing
+        return ("read", prompt_path) if not results else ("text", "done")
     if scenario == "runaway":
         # alternate two files: Gemini stops an agent repeating one call 5 times
         return "read", prompt_path if len(results) % 2 == 0 else f"{root}/kb/notes/alpha.md"

@@ -41,6 +41,11 @@ _STEPS = {"agent_message", "command_execution", "file_change", "mcp_tool_call", 
 # Codex's words, as an error item of --json, for a setting its requirements do not allow,
 # which it replaced by the one they require (read-only for reviewq's workspace-write).
 _REPLACED = "is disallowed by requirements; falling back to required value"
+# ... and the setting it names ("Details: invalid value for `sandbox_mode`: …"). Only one
+# of reviewq's command is the machine's failure: one it never gives (`web_search_mode`,
+# whose default a requirement that only takes away replaces the same way) changes nothing
+# of the review reviewq set up.
+_REPLACED_SETTING = re.compile(r"invalid value for `([^`]+)`")
 # stderr lines that are Codex talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Reading additional input from stdin|WARNING: proceeding)")
 _SAFE_ID = re.compile(r"[A-Za-z0-9-]{8,80}")
@@ -149,7 +154,7 @@ class CodexReviewer(Reviewer):
                 if ev["item"].get("type") in _STEPS:
                     add_counts(t, "num_turns", 1)
                     seen = True
-                elif _REPLACED in str(ev["item"].get("message")):
+                elif _replaced_review_setting(str(ev["item"].get("message"))):
                     replaced = replaced or str(ev["item"]["message"])
             elif kind in ("turn.failed", "error"):
                 t.error_subtype, seen = kind.replace(".", "_"), True
@@ -435,6 +440,15 @@ def _unreadable(path: Path) -> str | None:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return f"{path} is not TOML Codex can read ({why}); Codex starts no review while it is"
     return None
+
+
+def _replaced_review_setting(message: str) -> bool:
+    """Whether Codex's ``message`` says its requirements replaced a setting reviewq's
+    command gives (one whose name it does not say is taken for one)."""
+    if _REPLACED not in message:
+        return False
+    named = _REPLACED_SETTING.search(message)
+    return named is None or named.group(1) in _CONTAINED
 
 
 def _trusted_project(projects: object, job_dir: Path) -> tuple[Path, Path] | None:
