@@ -1764,6 +1764,11 @@ REQUIREMENTS = "/etc/codex/requirements.toml"
             f'{REQUIREMENTS} has allowed_approval_policies = ["on-request"] without "never"',
         ),
         (
+            {"managed_config.toml": "model_reasoning_effort = 5\n"},
+            "Codex could not load its config: invalid type: integer `5`, expected a string "
+            "in `model_reasoning_effort`",
+        ),
+        (
             {"managed_config.toml": "sandbox_mode = \n"},
             f"{MANAGED} is not TOML Codex can read (",
         ),
@@ -1778,6 +1783,7 @@ REQUIREMENTS = "/etc/codex/requirements.toml"
         "managed-sandbox",
         "required-sandbox",
         "required-approval",
+        "bad-managed-value",
         "bad-managed-toml",
         "bad-requirements-toml",
     ],

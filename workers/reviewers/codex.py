@@ -175,8 +175,10 @@ class CodexReviewer(Reviewer):
             said = next((kind for words, kind in _SAYS if words.search(error)), None)
             t.failure = failure_kind(error) or said or ("server" if broken else None)
         elif t.num_turns is None:
-            t.error = _refused_arguments(spec.stderr_path) or last_line(
-                spec.stderr_path, skip=_CHATTER
+            t.error = (
+                _refused_arguments(spec.stderr_path)
+                or _config_refused(spec.stderr_path)
+                or last_line(spec.stderr_path, skip=_CHATTER)
             )
         if replaced and t.failure is None:
             # A setting of reviewq's command the machine's requirements replaced (from a
@@ -534,15 +536,34 @@ def _from_model(ev: dict) -> bool:
     return kind == "turn.completed" or (kind.startswith("item.") and item.get("type") != "error")
 
 
+def _stderr_start(stderr: Path) -> str:
+    """The start of Codex's stderr: a command line or config it refuses is all it says."""
+    try:
+        with stderr.open("rb") as f:
+            return f.read(64 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _config_refused(stderr: Path) -> str | None:
+    """Codex's words for a config layer it could not load, which it says over several
+    lines ("Error loading config.toml: invalid type: …" then "in `<setting>`", or a TOML
+    error's source line and caret), in one line: the last was the reason, "in `x`" or
+    "| ^", naming neither the problem nor, of a managed layer's value, the file."""
+    text = _stderr_start(stderr)
+    m = re.search(r"(?ms)^Error loading config\.toml: (.*)", text)
+    if m is None:
+        return None
+    words = [w for line in m.group(1).splitlines() if (w := line.strip()) and w[0] not in "|^"]
+    words = [w for w in words if not re.fullmatch(r"\d+ \|.*", w)]
+    return bounded("Codex could not load its config: " + " ".join(words))
+
+
 def _refused_arguments(stderr: Path) -> str | None:
     """Codex's own line for a command line it refuses ("error: unexpected argument
     '--x' found": a flag an older CLI lacks), which it follows with its usage and "For
     more information, try '--help'.", the line the reason was."""
-    try:
-        with stderr.open("rb") as f:  # its start: a refused command line is all it says
-            text = f.read(64 * 1024).decode("utf-8", "replace")
-    except OSError:
-        return None
+    text = _stderr_start(stderr)
     if "For more information, try '--help'" not in text:
         return None
     m = re.search(r"(?m)^error: .*$", text)
