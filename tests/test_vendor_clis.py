@@ -1770,11 +1770,11 @@ REQUIREMENTS = "/etc/codex/requirements.toml"
         ),
         (
             {"managed_config.toml": "sandbox_mode = \n"},
-            f"{MANAGED} is not TOML Codex can read (",
+            f"{MANAGED}: Codex cannot read it (",
         ),
         (
             {"requirements.toml": "allowed_sandbox_modes = [\n"},
-            f"{REQUIREMENTS} is not TOML Codex can read (",
+            f"{REQUIREMENTS}: Codex cannot read it (",
         ),
     ],
     ids=[

@@ -434,13 +434,13 @@ def _unreadable(path: Path) -> str | None:
     """Why Codex could not read the machine's layer ``path`` (one it stops on before any
     attempt, its last stderr line then a caret of its TOML error), or None: absent is
     fine."""
-    if not path.exists():
-        return None
-    try:
+    try:  # no exists(): an /etc/codex this user may not search raised, where Codex refuses
         tomllib.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        return f"{path} is not TOML Codex can read ({why}); Codex starts no review while it is"
+        return f"{path}: Codex cannot read it ({why}) and starts no review while it is so"
     return None
 
 
