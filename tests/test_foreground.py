@@ -367,20 +367,28 @@ def test_a_second_ctrl_c_does_not_leave_an_agent_that_ignores_the_first(kb, tmp_
     in that second ended run-job there, with the agent running and its registration,
     by which a later run-job would reap it, already gone."""
     import os
-    import time
 
     from .conftest import process_gone
+    from .test_queue_integration import await_fifo, make_fifo
 
     small_kb(kb, notes=1)
-    pidfile = tmp_path / "agent.pid"
+    started, termed = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "termed")
+    # It says it started, and that the first press's SIGTERM reached it (its grace
+    # began), each on a FIFO the test awaits: a second press sent a fixed 0.3 s after the
+    # first could come, on a loaded machine, before run-job took the first or after the
+    # grace, and the test passed without trying the scenario.
     stubborn = (
-        "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "import os, signal, sys, time; "
+        "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[2], 'w').write('term\\n')); "
         "signal.signal(signal.SIGINT, signal.SIG_IGN); "
-        "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(3600)"
+        "open(sys.argv[1], 'w').write(str(os.getpid()) + '\\n'); "
+        "time.sleep(3600)"
     )
     kb.write(
         "reviewq.toml",
-        fake_profile(command=json.dumps([sys.executable, "-c", stubborn, str(pidfile)])),
+        fake_profile(
+            command=json.dumps([sys.executable, "-c", stubborn, str(started), str(termed)])
+        ),
     )
     _one_job_for_fake(kb)
     exe = str(Path(sys.executable).parent / "reviewq")
@@ -388,14 +396,11 @@ def test_a_second_ctrl_c_does_not_leave_an_agent_that_ignores_the_first(kb, tmp_
         [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
         stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    agent = None
     try:
-        deadline = time.monotonic() + 60
-        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.05)  # the agent says it started by this file; no event to await
-        agent = int(pidfile.read_text())
+        agent = int(await_fifo(started))
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)  # the scenario: a second press within the agent's grace
+        assert await_fifo(termed) == "term"  # the scenario: within the agent's grace
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
     finally:
