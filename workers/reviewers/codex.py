@@ -34,6 +34,7 @@ from .vendor import (
     instruction,
     json_objects,
     last_line,
+    text_head,
 )
 
 # Item kinds that are one step of the agent (a model call acting); reasoning is not.
@@ -536,21 +537,12 @@ def _from_model(ev: dict) -> bool:
     return kind == "turn.completed" or (kind.startswith("item.") and item.get("type") != "error")
 
 
-def _stderr_start(stderr: Path) -> str:
-    """The start of Codex's stderr: a command line or config it refuses is all it says."""
-    try:
-        with stderr.open("rb") as f:
-            return f.read(64 * 1024).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def _config_refused(stderr: Path) -> str | None:
     """Codex's words for a config layer it could not load, which it says over several
     lines ("Error loading config.toml: invalid type: …" then "in `<setting>`", or a TOML
     error's source line and caret), in one line: the last was the reason, "in `x`" or
     "| ^", naming neither the problem nor, of a managed layer's value, the file."""
-    text = _stderr_start(stderr)
+    text = text_head(stderr, 64 * 1024)
     m = re.search(r"(?ms)^Error loading config\.toml: (.*)", text)
     if m is None:
         return None
@@ -563,7 +555,7 @@ def _refused_arguments(stderr: Path) -> str | None:
     """Codex's own line for a command line it refuses ("error: unexpected argument
     '--x' found": a flag an older CLI lacks), which it follows with its usage and "For
     more information, try '--help'.", the line the reason was."""
-    text = _stderr_start(stderr)
+    text = text_head(stderr, 64 * 1024)
     if "For more information, try '--help'" not in text:
         return None
     m = re.search(r"(?m)^error: .*$", text)

@@ -40,6 +40,7 @@ from .vendor import (
     last_document,
     last_line,
     remove_tree,
+    text_head,
     unwrap,
 )
 
@@ -468,11 +469,7 @@ _RETRY = re.compile(
 
 def _head(stderr: Path) -> str:
     """The start of Gemini's stderr, where its warnings and retries are."""
-    try:
-        with stderr.open("rb") as f:
-            return f.read(256 * 1024).decode("utf-8", "replace")
-    except OSError:
-        return ""
+    return text_head(stderr, 256 * 1024)
 
 
 def _said(stderr: Path, words: str) -> bool:

@@ -216,6 +216,16 @@ def last_document(path: Path) -> dict | None:
     return found
 
 
+def text_head(path: Path, limit: int) -> str:
+    """The first ``limit`` bytes of a CLI's log as text, where it says what it refused
+    and what it retried; empty when there is none."""
+    try:
+        with path.open("rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
     """The last line of a log that says something: not blank, not JSON punctuation, not
     matching ``skip`` (a CLI's chatter such as Codex's "Reading additional input")."""
