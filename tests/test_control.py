@@ -3062,7 +3062,13 @@ def test_status_says_whether_a_control_runs_and_when_a_worker_was_last_heard_fro
         beat = {"v": 4, "job_id": first["job_id"], "attempt": 1, "worker": "far:42", "host": "far"}
         control.on_messages([{**beat, "launched": True}], [])
         data = json.loads(run_cli("status", "--json").stdout)
-        assert data["control"] == {"pid": 4242, "shared": None, "zone": None, "zone_said": None}
+        assert data["control"] == {
+            "pid": 4242,
+            "shared": None,
+            "zone": None,
+            "zone_said": None,
+            "queue_down": None,
+        }
         heard = data["workers"]
         assert (heard["agents_running"], heard["hosts"], heard["untaken"]) == (1, ["far"], 0)
         assert heard["last_heard_at"] and heard["untaken_since"] is None
