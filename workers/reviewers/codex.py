@@ -301,7 +301,7 @@ class CodexReviewer(Reviewer):
         # are turned off the same way when it leaves `enabled` unsaid (it outranks -c key
         # by key); one it forces on is refused by `_machine_refuses`.
         for path in (*files, _SYSTEM_CONFIG, _MANAGED_CONFIG):
-            servers = _toml(path).get("mcp_servers")
+            servers = _layer(path)[0].get("mcp_servers")
             names += [n for n in servers if n not in names] if isinstance(servers, dict) else []
         return names
 
@@ -396,10 +396,9 @@ _REQUIRED = {
 def _machine_refuses(job_dir: Path) -> str | None:
     """What the machine's managed Codex layers force that reviewq's command cannot undo,
     in one line naming the file and the setting; None when nothing is."""
-    for path in (_MANAGED_CONFIG, _REQUIREMENTS):
-        if unread := _unreadable(path):
-            return unread
-    managed = _toml(_MANAGED_CONFIG)
+    (managed, unread), (requirements, unread_too) = _layer(_MANAGED_CONFIG), _layer(_REQUIREMENTS)
+    if unread or unread_too:
+        return unread or unread_too
     servers = managed.get("mcp_servers")
     for name, server in servers.items() if isinstance(servers, dict) else ():
         if isinstance(server, dict) and server.get("enabled", False) is not False:
@@ -420,7 +419,6 @@ def _machine_refuses(job_dir: Path) -> str | None:
             f"{_MANAGED_CONFIG} trusts {trusted[0]}, so Codex would load {trusted[1]} "
             "(its MCP servers start beside the review); no -c can untrust it"
         )
-    requirements = _toml(_REQUIREMENTS)
     for key, wanted in _REQUIRED.items():
         allowed = requirements.get(key)
         if isinstance(allowed, list) and wanted not in allowed:
@@ -428,20 +426,6 @@ def _machine_refuses(job_dir: Path) -> str | None:
                 f"{_REQUIREMENTS} has {key} = {json.dumps(allowed)} without "
                 f"{json.dumps(wanted)}, which Codex would replace for the review"
             )
-    return None
-
-
-def _unreadable(path: Path) -> str | None:
-    """Why Codex could not read the machine's layer ``path`` (one it stops on before any
-    attempt, its last stderr line then a caret of its TOML error), or None: absent is
-    fine."""
-    try:  # no exists(): an /etc/codex this user may not search raised, where Codex refuses
-        tomllib.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        return f"{path}: Codex cannot read it ({why}) and starts no review while it is so"
     return None
 
 
@@ -470,13 +454,17 @@ def _trusted_project(projects: object, job_dir: Path) -> tuple[Path, Path] | Non
     return None
 
 
-def _toml(path: Path) -> dict:
-    """The table of a Codex config file; empty when there is none (one Codex cannot read
-    stops Codex itself, in its own words)."""
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return {}
+def _layer(path: Path) -> tuple[dict, str | None]:
+    """The table of a Codex config file (empty when there is none or it cannot be read)
+    and why Codex could not read it, or None: absent is fine. One it cannot read stops it
+    before any review, its last stderr line then a caret of its TOML error."""
+    try:  # no exists(): an /etc/codex this user may not search raised, where Codex refuses
+        return tomllib.loads(path.read_text(encoding="utf-8")), None
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return {}, f"{path}: Codex cannot read it ({why}) and starts no review while it is so"
 
 
 def _dotted(table: dict, key: str) -> object:
