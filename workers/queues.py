@@ -682,45 +682,44 @@ def stall_problem(settings: Settings) -> str | None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    client = redis.Redis.from_url(
+    # Closed on every way out (a client is its own context manager).
+    with redis.Redis.from_url(
         settings.queue.url,
         socket_connect_timeout=_PROBE_S,
         socket_timeout=_PROBE_S,
         retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        client.ping()
-    except redis.exceptions.TimeoutError:
-        if not _takes_connections(settings.queue.url):
-            return None  # a connect that timed out: out of reach, said as such
-        return (
-            f"{queue_where(settings)}: the Redis server takes connections but answered "
-            f"nothing in {_PROBE_S:g} s: its process is stopped (a SIGSTOP, a debugger), "
-            "it is paused (CLIENT PAUSE ... ALL) or its one thread is held (a long command, "
-            "a slow disk); a worker or control waits for it: look at its process and its log"
-        )
-    except Exception:  # noqa: BLE001 - out of reach, or an answer: said by the checks after
-        client.close()
-        return None
-    try:
-        # A write as the queue's checks make one (a move from its key that is never
-        # there): `CLIENT PAUSE ... WRITE`, as a failover's tooling sends, answers the
-        # PING and holds every write, and doctor's check of the queue's commands waited.
-        review = huey_for(settings, "review")  # its key's name: no connection made
-        close_huey(review)
-        probe = _probe_key(review.storage.queue_key)
-        client.rpoplpush(probe, probe)
-    except redis.exceptions.TimeoutError:
-        return (
-            f"{queue_where(settings)}: the Redis server answers but held a write for "
-            f"{_PROBE_S:g} s: it is paused for writes (CLIENT PAUSE ... WRITE, as a "
-            "failover's tooling sends; CLIENT UNPAUSE ends it); a worker or control waits "
-            "for it: look at what paused it"
-        )
-    except Exception:  # noqa: BLE001 - an answer (a refusal too): said by the checks after
-        return None
-    finally:
-        client.close()
+    ) as client:
+        try:
+            client.ping()
+        except redis.exceptions.TimeoutError:
+            if not _takes_connections(settings.queue.url):
+                return None  # a connect that timed out: out of reach, said as such
+            return (
+                f"{queue_where(settings)}: the Redis server takes connections but answered "
+                f"nothing in {_PROBE_S:g} s: its process is stopped (a SIGSTOP, a debugger), "
+                "it is paused (CLIENT PAUSE ... ALL) or its one thread is held (a long "
+                "command, a slow disk); a worker or control waits for it: look at its "
+                "process and its log"
+            )
+        except Exception:  # noqa: BLE001 - out of reach, or an answer: said by the checks after
+            return None
+        try:
+            # A write as the queue's checks make one (a move from its key that is never
+            # there): `CLIENT PAUSE ... WRITE`, as a failover's tooling sends, answers the
+            # PING and holds every write, and doctor's check of the queue's commands waited.
+            review = huey_for(settings, "review")  # its key's name: no connection made
+            close_huey(review)
+            probe = _probe_key(review.storage.queue_key)
+            client.rpoplpush(probe, probe)
+        except redis.exceptions.TimeoutError:
+            return (
+                f"{queue_where(settings)}: the Redis server answers but held a write for "
+                f"{_PROBE_S:g} s: it is paused for writes (CLIENT PAUSE ... WRITE, as a "
+                "failover's tooling sends; CLIENT UNPAUSE ends it); a worker or control "
+                "waits for it: look at what paused it"
+            )
+        except Exception:  # noqa: BLE001 - an answer (a refusal too): said by the checks after
+            return None
     return None
 
 
