@@ -752,6 +752,15 @@ def _reviewer(name: str, value: object) -> ReviewerProfile:
     return profile
 
 
+def gates_named(selectors: tuple[str, ...]) -> list[str]:
+    """The selectors that name a bundle or a gate id. All gates (``--all-gates``,
+    ``all_gates = true``) combine only with ``type`` and ``type/NAME``: beside them, a
+    bundle was dropped without a word and every gate reviewed."""
+    return [
+        s for s in selectors if (n := s.strip().strip("/")) != "type" and not n.startswith("type/")
+    ]
+
+
 def _sweep(value: object, index: int) -> SweepConfig:
     where = f"[[sweeps]] #{index + 1}"
     if not isinstance(value, dict):
@@ -791,6 +800,11 @@ def _sweep(value: object, index: int) -> SweepConfig:
     all_gates = t.flag("all_gates", not select)
     if not select and not all_gates:  # else "nothing to select" at every cron minute
         raise ConfigError(f"{where}: selects nothing: name gates in select, or all_gates = true")
+    if all_gates and (named := gates_named(select)):
+        raise ConfigError(
+            f"{where} select: all_gates selects every catalog gate: name no bundle or gate id "
+            f"beside it ({', '.join(map(repr, named))})"
+        )
     return SweepConfig(
         name=name,
         select=select,

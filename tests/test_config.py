@@ -512,6 +512,13 @@ BAD_SWEEPS = [
         "[[sweeps]] 'n'",
         "selects nothing: name gates in select, or all_gates = true",
     ),
+    # As `--all-gates prose` on the command line: the bundle was silently dropped, every
+    # gate reviewed each night.
+    (
+        '[[sweeps]]\nname = "n"\nall_gates = true\nselect = ["type", "prose"]\n',
+        "[[sweeps]] 'n' select",
+        "all_gates selects every catalog gate: name no bundle or gate id beside it ('prose')",
+    ),
     ('[[sweeps]]\nname = "n"\nfixer = ""\n', "[[sweeps]] 'n' fixer", "empty"),
     ('[[sweeps]]\nname = "n\\u001b]0;T\\u0007"\n', "[[sweeps]] #1 name", "invisible character"),
 ]

@@ -18,6 +18,7 @@ import click
 from click.core import ParameterSource
 
 from orchestrator import logs
+from orchestrator.config import gates_named
 from orchestrator.logs import one_line as shown
 from orchestrator.state.store import DAMAGED, is_damage
 from orchestrator.state.workspace import Workspace
@@ -266,7 +267,7 @@ class Checked(click.Command):
 def all_gates_alone(selectors: tuple[str, ...], all_gates: bool, **_: object) -> None:
     """select's, enqueue's and sweep's :class:`Checked` check: --all-gates with a bundle or
     a gate id (CONTRACT's own example of options that cannot go together)."""
-    if all_gates and any(s != "type" and not s.startswith("type/") for s in selectors):
+    if all_gates and gates_named(selectors):
         raise click.UsageError(
             "--all-gates selects every catalog gate: name no bundle or gate id with it"
         )
