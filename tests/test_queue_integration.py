@@ -4175,3 +4175,22 @@ def test_a_retry_due_while_redis_is_full_is_kept_until_it_can_be_queued(tmp_path
         assert data is not None, "the retry was lost"
         assert huey.deserialize_task(data).id == task.id
         huey.storage.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"), [("", 5.0), ("?socket_timeout=1", 1.0), ("?socket_timeout=30", 5.0)]
+)
+def test_a_nudge_gives_up_no_later_than_the_url_s_own_timeout(kb, query, expected):
+    """A person's one-off command gives up its nudge after the probe's 5 s of silence; a
+    URL's own shorter `socket_timeout` was raised to those 5 s (K85)."""
+    from orchestrator.config import load_settings
+    from workers.app import make_app
+    from workers.queues import impatient
+
+    kb.write("reviewq.toml", f'[queue]\nurl = "redis://127.0.0.1:1/0{query}"\n')
+    with make_app(load_settings(kb.root)) as app:  # no connection is made
+        impatient(app)
+        timeouts = {
+            h.storage.pool.connection_kwargs["socket_timeout"] for h in (app.review, app.control)
+        }
+    assert timeouts == {expected}

@@ -1734,11 +1734,12 @@ def impatient(app: App) -> None:
     one-off command (its dispatch nudge, which the control's next tick makes good): the
     queue's connections have no read timeout, so that a stall is waited out, and
     `enqueue` beside a Redis that answered nothing (stopped, paused) never ended. Before
-    any connection is made."""
+    any connection is made. A URL's own shorter ``socket_timeout`` is kept."""
     for huey in (app.review, app.control):
         kwargs = getattr(getattr(huey.storage, "pool", None), "connection_kwargs", None)
         if isinstance(kwargs, dict):
-            kwargs["socket_timeout"] = _PROBE_S
+            own = kwargs.get("socket_timeout")
+            kwargs["socket_timeout"] = min(own, _PROBE_S) if own else _PROBE_S
 
 
 def send_once(task: str, *args: Any) -> None:
