@@ -12,6 +12,8 @@ import re
 import select
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -1942,3 +1944,40 @@ def test_an_agent_killed_by_a_machine_limit_is_said_by_its_signal(tmp_path):
     out = run_attempt(for_profile(profile), spec, timeout_s=30, max_turns=1)
     assert out.exit_code == -signal.SIGXFSZ, out
     assert "killed by SIGXFSZ" in out.reasons[0] and "RLIMIT_FSIZE" in out.reasons[0], out.reasons
+
+
+def test_a_trusted_folder_whose_codex_folder_cannot_be_searched_is_refused_in_one_line(tmp_path):
+    """A managed layer trusts a folder above the job folder whose `.codex` this user may
+    not search: `Path.is_file` raised PermissionError there (it passes over only "not
+    found"), out of the adapter's check, where Codex cannot rule out a config it would
+    load either. Run without the capabilities that pass a mode (as root here)."""
+    from .conftest import bound_by_file_modes
+
+    wrap = bound_by_file_modes()
+    trusted = tmp_path / "srv"
+    job_dir = trusted / "state" / "jobs" / "job-1"
+    job_dir.mkdir(parents=True)
+    (trusted / ".codex").mkdir()
+    (trusted / ".codex" / "config.toml").write_text("[mcp_servers.x]\ncommand = 'true'\n")
+    (trusted / ".codex").chmod(0o000)
+    managed = tmp_path / "managed_config.toml"
+    managed.write_text(f'[projects."{trusted}"]\ntrust_level = "trusted"\n')
+    script = (
+        "import sys; from pathlib import Path; from workers.reviewers import codex; "
+        "codex._MANAGED_CONFIG = Path(sys.argv[1]); print(codex._machine_refuses(Path(sys.argv[2])))"
+    )
+    try:
+        res = subprocess.run(
+            [*wrap, sys.executable, "-c", script, str(managed), str(job_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )
+    finally:
+        (trusted / ".codex").chmod(0o755)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == (
+        f"{managed} trusts {trusted}, so Codex would load {trusted}/.codex/config.toml, "
+        "which this user cannot read (Permission denied); no -c can untrust it"
+    ), res.stdout

@@ -415,9 +415,14 @@ def _machine_refuses(job_dir: Path) -> str | None:
                 f"reviewq's {json.dumps(wanted)} and the review needs"
             )
     if trusted := _trusted_project(managed.get("projects"), job_dir):
+        folder, config, unread = trusted
+        if unread:
+            why = f", which this user cannot read ({unread})"
+        else:
+            why = " (its MCP servers start beside the review)"
         return (
-            f"{_MANAGED_CONFIG} trusts {trusted[0]}, so Codex would load {trusted[1]} "
-            "(its MCP servers start beside the review); no -c can untrust it"
+            f"{_MANAGED_CONFIG} trusts {folder}, so Codex would load {config}{why}; "
+            "no -c can untrust it"
         )
     for key, wanted in _REQUIRED.items():
         allowed = requirements.get(key)
@@ -438,10 +443,11 @@ def _replaced_review_setting(message: str) -> bool:
     return named is None or named.group(1) in _CONTAINED
 
 
-def _trusted_project(projects: object, job_dir: Path) -> tuple[Path, Path] | None:
+def _trusted_project(projects: object, job_dir: Path) -> tuple[Path, Path, str | None] | None:
     """The folder at or above ``job_dir`` a managed ``projects`` table trusts and a
     project config Codex would then load (a ``.codex/config.toml`` from that folder down
-    to the job folder), when there is one."""
+    to the job folder), when there is one; with why this user cannot tell, for one in a
+    ``.codex`` it may not search (neither can Codex rule it out)."""
     if not isinstance(projects, dict):
         return None
     for folder in (job_dir, *job_dir.parents):
@@ -449,8 +455,14 @@ def _trusted_project(projects: object, job_dir: Path) -> tuple[Path, Path] | Non
         if not isinstance(entry, dict) or entry.get("trust_level") in (None, "untrusted"):
             continue
         for f in (job_dir, *job_dir.parents):
-            if f.is_relative_to(folder) and (f / ".codex" / "config.toml").is_file():
-                return folder, f / ".codex" / "config.toml"
+            config = f / ".codex" / "config.toml"
+            if not f.is_relative_to(folder):
+                continue
+            try:  # is_file() passes over only "not found": EACCES raised out of the check
+                if config.is_file():
+                    return folder, config, None
+            except OSError as e:
+                return folder, config, e.strerror or str(e)
     return None
 
 
