@@ -1516,7 +1516,8 @@ def test_doctor_outside_a_kb_root_makes_no_state_folder(run_cli, tmp_path):
 
 class Answering:
     """A loopback HTTP server whose every answer comes from ``handler(request, method,
-    body) -> (status, bytes, headers)``; it records (method, path, Authorization)."""
+    body) -> (status, bytes, headers)``, or None when it wrote its answer itself; it
+    records (method, path, Authorization)."""
 
     def __init__(self, handler) -> None:  # noqa: ANN001
         self.seen: list[tuple[str, str, str | None]] = []
@@ -1526,7 +1527,10 @@ class Answering:
             def _answer(self, method: str) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 outer.seen.append((method, self.path, self.headers.get("Authorization")))
-                status, data, headers = handler(self, method, body)
+                answer = handler(self, method, body)
+                if answer is None:  # the handler wrote its own answer (a cut chunked body)
+                    return
+                status, data, headers = answer
                 self.send_response(status)
                 for name, value in headers:
                     self.send_header(name, value)
@@ -1706,6 +1710,32 @@ def test_openai_answer_cut_off_midway_is_said_so_and_is_the_servers_failure(
     assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
     said = f"cut its answer off after 20 of {len(whole)} bytes"
     assert said in _stderr(kb2) and "Traceback" not in _stderr(kb2)
+
+
+def test_openai_chunked_answer_cut_off_midway_is_said_so_not_out_of_reach(
+    kb2, run_cli, monkeypatch, answering
+):
+    """A chunked body whose connection closed before its last chunk (a proxy restarted
+    mid-answer) was said "cannot reach …: IncompleteRead(0 bytes read)", out of reach:
+    the operator looked at a network the server had answered on."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    whole = _chat("Summary: fine.")[1]
+
+    def cut(request, method, body):  # noqa: ANN001
+        request.wfile.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + f"{len(whole):x}\r\n".encode()
+            + whole[:20]
+        )
+        request.close_connection = True
+
+    openai_profile(kb2, answering(cut).url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert res.outcome.reasons[0].startswith("server: http://127.0.0.1:"), res.outcome.reasons
+    assert "cut its answer off before the end of its chunked body" in res.outcome.reasons[0]
+    assert "Traceback" not in _stderr(kb2)
 
 
 @pytest.mark.parametrize(

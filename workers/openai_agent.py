@@ -269,6 +269,12 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
             detail=detail or str(exc.reason),
             retry_after=retry_after(exc.headers.get("Retry-After")),
         ) from None
+    except http.client.IncompleteRead:
+        # A chunked body whose connection closed before its last chunk (a Content-Length
+        # one cut short comes back as bytes, below): the server was reached and answered,
+        # and "cannot reach" sent the operator to the network.
+        said = "cut its answer off before the end of its chunked body"
+        raise AgentError(f"{shown(url)} {said}", failure="server", detail=said) from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise AgentError(f"cannot reach {shown(url)}: {reason}", failure="unreachable") from None
