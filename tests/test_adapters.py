@@ -94,6 +94,13 @@ def run(kb, job_id: int, reviewer: str) -> ForegroundResult:
         ws.close()
 
 
+def parts_of(kb, job_id: int) -> list[int]:
+    """The one-pair jobs a burned-out job was split into."""
+    with Store.open(kb.state) as store:
+        sql = "SELECT id FROM review_jobs WHERE parent_job_id = ? ORDER BY id"
+        return [r[0] for r in store.conn.execute(sql, (job_id,))]
+
+
 def argv_of(tmp_path: Path) -> list[str]:
     return json.loads((tmp_path / "argv.json").read_text())
 
@@ -472,19 +479,18 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def answer(self, body: dict) -> dict:
-        prompt = body["messages"][0]["content"]
-        blocks = [
-            f"{line}\nSummary: served.\nFindings:\n- none\n## Result: PASS\n"
-            f"{line.replace('START', 'END')}\n"
-            for line in prompt.splitlines()
-            if line.startswith("=== PAIR REVIEW START: ")
-        ]
         return {
             "id": "chatcmpl-fake-1",
             "object": "chat.completion",
             "model": body["model"],
             "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "\n".join(blocks)}}
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": _bundle_for(body["messages"][0]["content"]),
+                    },
+                }
             ],
             "usage": {"prompt_tokens": 321, "completion_tokens": 45, "total_tokens": 366},
         }
@@ -541,7 +547,8 @@ def test_openai_answer_in_parts_or_without_content_is_read_as_the_model_s(
     """A message whose content is a list of parts (Mistral's reasoning models) was read as
     an empty answer and counted against the job; one with no content at all (mlx-lm, a
     model stopped inside its reasoning) was taken for a broken server and paused the
-    profile. The first is its text parts, the thinking left out; the second is empty."""
+    profile. The first is its text parts, the thinking left out; the second is empty, and
+    stopped at max_tokens, the job's: burned out (E60)."""
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     openai_profile(kb2, server.url)
     server.answer = lambda body: {
@@ -550,8 +557,9 @@ def test_openai_answer_in_parts_or_without_content_is_read_as_the_model_s(
         ],
         "usage": {"prompt_tokens": 900, "completion_tokens": 2048},
     }
-    res = run(kb2, make_job(run_cli), "local")
-    assert res.outcome.classification == "no-output", res.outcome.reasons
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "burned-out", res.outcome.reasons
     assert "answered with an empty message (finish_reason length)" in res.outcome.reasons[0]
     plain = FakeServer.answer
 
@@ -566,9 +574,10 @@ def test_openai_answer_in_parts_or_without_content_is_read_as_the_model_s(
         return answer
 
     server.answer = in_parts
-    res = run(kb2, make_job(run_cli), "local")  # run-job failed the first job
-    assert res.ok, (res.outcome.reasons, res.finalized)
-    assert [p["decision"] for p in res.finalized.pairs] == ["PASS", "PASS"]
+    for part in parts_of(kb2, job_id):  # the first job was split
+        res = run(kb2, part, "local")
+        assert res.ok, (res.outcome.reasons, res.finalized)
+        assert [p["decision"] for p in res.finalized.pairs] == ["PASS"]
 
 
 def test_openai_prompt_cache_reads_are_priced_as_such(kb2, run_cli, monkeypatch, server):
@@ -696,7 +705,8 @@ def test_openai_answer_that_is_about_the_request_is_a_counted_attempt_however_fa
 ):
     """The server answered (a 400 about the request, or an empty message cut at
     max_tokens): quickly it was a launch failure, paused the profile and never failed the
-    job; slowly, a counted attempt. One answer now gets one classification, its usage kept."""
+    job; slowly, a counted attempt. One answer now gets one classification, its usage kept
+    (the cut one burned out, as a job too big for one answer: E60)."""
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     openai_profile(kb2, server.url)
     server.status = 400
@@ -704,20 +714,21 @@ def test_openai_answer_that_is_about_the_request_is_a_counted_attempt_however_fa
     assert res.outcome.classification == "no-output", res.outcome.reasons
     assert "HTTP 400 from " in res.outcome.reasons[0]
     assert res.outcome.telemetry["num_turns"] == 1
+    # Behind a gateway whose path says "network": the URL is no word of the server's.
+    openai_profile(kb2, server.url + "/network-gw")
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "no-output", res.outcome.reasons
+    openai_profile(kb2, server.url)
     server.status = 200
     server.answer = lambda body: {
         "choices": [{"index": 0, "message": {"content": None}, "finish_reason": "length"}],
         "usage": {"prompt_tokens": 900, "completion_tokens": 8192},
     }
     res = run(kb2, make_job(run_cli), "local")
-    assert res.outcome.classification == "no-output", res.outcome.reasons
+    assert res.outcome.classification == "burned-out", res.outcome.reasons
     assert "answered with an empty message (finish_reason length)" in res.outcome.reasons[0]
     t = res.outcome.telemetry
     assert (t["num_turns"], t["input_tokens"], t["output_tokens"]) == (1, 900, 8192)
-    # Behind a gateway whose path says "network": the URL is no word of the server's.
-    openai_profile(kb2, server.url + "/network-gw")
-    res = run(kb2, make_job(run_cli), "local")
-    assert res.outcome.classification == "no-output", res.outcome.reasons
 
 
 def test_openai_error_is_judged_by_the_servers_words_not_the_url(tmp_path):
@@ -1736,6 +1747,60 @@ def test_openai_chunked_answer_cut_off_midway_is_said_so_not_out_of_reach(
     assert res.outcome.reasons[0].startswith("server: http://127.0.0.1:"), res.outcome.reasons
     assert "cut its answer off before the end of its chunked body" in res.outcome.reasons[0]
     assert "Traceback" not in _stderr(kb2)
+
+
+def _bundle_for(prompt: str) -> str:
+    """A PASS for every pair the prompt names, as a model that followed it writes."""
+    return "\n".join(
+        f"{line}\nSummary: served.\nFindings:\n- none\n## Result: PASS\n"
+        f"{line.replace('START', 'END')}\n"
+        for line in prompt.splitlines()
+        if line.startswith("=== PAIR REVIEW START: ")
+    )
+
+
+@pytest.mark.parametrize(
+    ("cut_at", "outcome"),
+    [("the second block", "burned-out"), ("nothing", "burned-out"), ("chatter", "output")],
+)
+def test_openai_answer_stopped_at_its_token_limit_is_burned_out(
+    kb2, run_cli, monkeypatch, answering, cut_at, outcome
+):
+    """``finish_reason: "length"``: the model stopped at max_tokens. Its bundle cut short
+    was judged as written: "unterminated block … (no END)" (and, in the retry prompt, an
+    END to remember, not less to write) three times over, the job never split, its pairs
+    escalated; an empty answer so cut was a no-output. Claude's and Codex's output-token
+    limits burn the attempt out (F30); so does this one. A whole bundle whose cut came in
+    the chatter after it is the job's output."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+
+    def stopped(request, method, body):  # noqa: ANN001
+        whole = _bundle_for(json.loads(body)["messages"][0]["content"])
+        content = {
+            "the second block": whole[: whole.rindex("## Result")],
+            "nothing": "",
+            "chatter": whole + "\nI hope this review hel",
+        }[cut_at]
+        choice = {"message": {"content": content}, "finish_reason": "length"}
+        usage = {"prompt_tokens": 900, "completion_tokens": 2048}
+        return 200, json.dumps({"choices": [choice], "usage": usage}).encode(), []
+
+    openai_profile(kb2, answering(stopped).url)
+    job_id = make_job(run_cli)
+    res = run(kb2, job_id, "local")
+    assert res.outcome.classification == outcome, res.outcome.reasons
+    assert res.outcome.telemetry["output_tokens"] == 2048  # what it used counts
+    if outcome == "output":
+        assert res.ok and [p["decision"] for p in res.finalized.pairs] == ["PASS", "PASS"]
+        return
+    reason = res.outcome.reasons[0]
+    assert reason.startswith("the model reached its output-token limit: http://127.0.0.1:")
+    assert reason.endswith("(finish_reason length)"), res.outcome.reasons
+    assert len(parts_of(kb2, job_id)) == 2  # split into one-pair jobs
+    from workers.openai_agent import OUTPUT_LIMIT
+    from workers.reviewers.base import OUTPUT_LIMIT as BASE_OUTPUT_LIMIT
+
+    assert OUTPUT_LIMIT == BASE_OUTPUT_LIMIT  # the agent imports nothing of reviewq's
 
 
 @pytest.mark.parametrize(

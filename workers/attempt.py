@@ -824,11 +824,12 @@ def run_attempt(
         out.output = None
     # A bundle has END lines, so one cut short shows: left by an agent whose own report
     # says its model stopped answering (a rate limit between two writes of a long bundle),
-    # it is that outage, not an invalid output counted against the job.
+    # it is that outage, not an invalid output counted against the job; left by one whose
+    # model stopped at its output-token limit, it is a job too big for one answer.
     partial = (
         spec.task != "fix"
         and out.output is not None
-        and telemetry.failure is not None
+        and (telemetry.failure is not None or telemetry.error_subtype == OUTPUT_LIMIT)
         and not _whole_bundle(spec, out.output, max_output_bytes)
     )
     if partial:

@@ -41,6 +41,10 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 _DETAIL_CHARS = 300
 _LONGEST_WAIT_S = 366 * 86400.0  # of a Retry-After: a year (pause_seconds caps it anyway)
 _DETAIL_READ = 64 * 1024
+# workers.reviewers.base.OUTPUT_LIMIT (the agent imports nothing of reviewq's): the model
+# stopped at its output-token limit, so the attempt is burned out and a job of several
+# pairs splits.
+OUTPUT_LIMIT = "max_output_tokens"
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -61,7 +65,8 @@ class AgentError(Exception):
     ``answered``: the server took the request and answered it (an HTTP error about the
     request, an empty message), with ``detail``, what it said without the URL (which may
     hold any word: the kind of failure is read from ``detail`` alone), and ``usage``;
-    ``retry_after``: the seconds its ``Retry-After`` header asked the client to wait."""
+    ``retry_after``: the seconds its ``Retry-After`` header asked the client to wait;
+    ``subtype``: :data:`OUTPUT_LIMIT` when the model stopped at its output-token limit."""
 
     def __init__(
         self,
@@ -73,9 +78,11 @@ class AgentError(Exception):
         detail: str | None = None,
         usage: object = None,
         retry_after: float | None = None,
+        subtype: str | None = None,
     ):
         super().__init__(message)
         self.retry_after = retry_after
+        self.subtype = subtype
         self.status = status
         self.failure = failure
         self.answered = answered
@@ -309,18 +316,23 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     # stopped inside its reasoning): taken for a broken server, it paused the profile.
     content = answer_text(message.get("content"))
     if not isinstance(content, str) or not content.strip():
-        finish = (
-            data["choices"][0].get("finish_reason")
-            if isinstance(data["choices"][0], dict)
-            else None
-        )
-        said = "answered with an empty message" + (
-            f" (finish_reason {finish})" if isinstance(finish, str) else ""
-        )
+        finish = finish_reason(data)
+        said = "answered with an empty message" + (f" (finish_reason {finish})" if finish else "")
         raise AgentError(
-            f"{shown(url)} {said}", answered=True, detail=said, usage=data.get("usage")
+            f"{shown(url)} {said}",
+            answered=True,
+            detail=said,
+            usage=data.get("usage"),
+            subtype=OUTPUT_LIMIT if finish == "length" else None,
         )
     return content, data
+
+
+def finish_reason(data: dict) -> str | None:
+    """Why the model stopped, as the answer's first choice says (``stop``, ``length``…)."""
+    choice = data["choices"][0]
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return finish if isinstance(finish, str) else None
 
 
 def answer_text(content: object) -> str | None:
@@ -382,6 +394,18 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
         tmp.replace(output)  # the output appears whole or not at all
     finally:
         tmp.unlink(missing_ok=True)
+    if finish_reason(data) == "length":
+        # Written all the same: a bundle whole before the cut is the job's output (the
+        # worker judges it); one cut short is no invalid output ("unterminated block", an
+        # END to remember three times over) but a job too big for one answer.
+        said = f"stopped at its output-token limit after {len(content)} characters"
+        raise AgentError(
+            f"{shown(url)} {said} (finish_reason length)",
+            answered=True,
+            detail=f"{said} (finish_reason length)",
+            usage=data.get("usage"),
+            subtype=OUTPUT_LIMIT,
+        )
 
 
 _FENCE = re.compile(r"(`{3,}|~{3,})\s*(markdown|md)?\s*")
@@ -461,6 +485,8 @@ def _said(exc: AgentError) -> int:
             report["detail"] = exc.detail
             if exc.retry_after is not None:  # the pause the server asked for
                 report["retry_after_s"] = exc.retry_after
+            if exc.subtype is not None:
+                report["error_subtype"] = exc.subtype
         with contextlib.suppress(OSError):  # stderr has said it
             Path(os.environ["REVIEWQ_TELEMETRY_PATH"]).write_text(json.dumps(report))
     return 1
