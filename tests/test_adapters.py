@@ -1804,6 +1804,42 @@ def test_openai_answer_stopped_at_its_token_limit_is_burned_out(
 
 
 @pytest.mark.parametrize(
+    ("message", "finish", "said"),
+    [
+        (
+            {"content": "=== PAIR REVIEW START: kb/notes/alpha.md :: kb/instr"},
+            "content_filter",
+            "its provider's content filter stopped its answer after 52 characters "
+            "(finish_reason content_filter)",
+        ),
+        (
+            {"content": None, "refusal": "I can't help with\nthat request."},
+            "stop",
+            "refused: I can't help with that request.",
+        ),
+    ],
+    ids=["content-filter", "refusal"],
+)
+def test_openai_answer_refused_or_filtered_is_the_job_s_and_says_so(
+    kb2, run_cli, monkeypatch, answering, message, finish, said
+):
+    """A provider's content filter that cut the answer short had the cut text judged as
+    the bundle: "unterminated block … (no END)" three times over, and the person the job
+    was escalated to never read that a filter had stopped it. A refusal (OpenAI's
+    ``refusal``, the content null) was "answered with an empty message (finish_reason
+    stop)", its words lost. Each is the job's, as Codex's filter is (F32): a counted
+    no-output, in its own words."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    choice = {"message": {"role": "assistant", **message}, "finish_reason": finish}
+    answer = json.dumps({"choices": [choice], "usage": {"prompt_tokens": 700}}).encode()
+    openai_profile(kb2, answering(lambda request, method, body: (200, answer, [])).url)
+    res = run(kb2, make_job(run_cli), "local")
+    assert res.outcome.classification == "no-output", res.outcome.reasons
+    assert res.outcome.reasons[0].endswith(f"/v1/chat/completions {said}"), res.outcome.reasons
+    assert res.outcome.telemetry["input_tokens"] == 700
+
+
+@pytest.mark.parametrize(
     ("status", "body", "failure"),
     [
         # A LiteLLM proxy in front of the model, its budget spent (its own words).

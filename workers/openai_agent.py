@@ -315,6 +315,28 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     # A message with no "content" is an empty answer (mlx-lm leaves it out when the model
     # stopped inside its reasoning): taken for a broken server, it paused the profile.
     content = answer_text(message.get("content"))
+    refusal = message.get("refusal")
+    if (not content or not content.strip()) and isinstance(refusal, str) and refusal.strip():
+        # OpenAI says a refusal apart from the content, which is null: "an empty message"
+        # lost its words. The model's words are shown, never judged for a kind of outage
+        # (``detail``): a refusal that spoke of a quota was the job's all the same.
+        raise AgentError(
+            f"{shown(url)} refused: {_one_line(refusal, key)}",
+            answered=True,
+            detail="refused",
+            usage=data.get("usage"),
+        )
+    if finish_reason(data) == "content_filter":
+        # The provider's filter stopped the answer: what came before it is no bundle to
+        # judge ("unterminated block", an END to remember), and the person the job is
+        # escalated to reads that a filter stopped it. The job's, as Codex's is (F32).
+        said = "its provider's content filter stopped its answer" + (
+            f" after {len(content)} characters" if content else ""
+        )
+        said += " (finish_reason content_filter)"
+        raise AgentError(
+            f"{shown(url)} {said}", answered=True, detail=said, usage=data.get("usage")
+        )
     if not isinstance(content, str) or not content.strip():
         finish = finish_reason(data)
         said = "answered with an empty message" + (f" (finish_reason {finish})" if finish else "")
