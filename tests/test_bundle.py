@@ -479,6 +479,38 @@ def test_a_pair_named_in_another_unicode_normal_form_is_that_pair(on_disk, writt
     assert res.results[0].note_path == expected.note_path
 
 
+@pytest.mark.parametrize(
+    ("on_disk", "written"),
+    [
+        ("\u200bzw", "zw"),  # a zero-width space pasted with the name
+        ("soft\u00adhyphen", "softhyphen"),
+        (
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+            "\u0645\u06cc\u062e\u0648\u0627\u0647\u0645",
+        ),
+        ("plain", "pl\u200bain"),  # and one the copy added
+    ],
+    ids=["zero-width-space", "soft-hyphen", "persian-half-space", "added"],
+)
+def test_a_pair_named_without_an_invisible_character_of_its_name_is_that_pair(
+    on_disk, written
+) -> None:
+    """A note whose name holds a character no one sees (a zero-width space, a soft hyphen,
+    a Persian half-space) copied by a model that left it out: the pair was "unexpected
+    pair: 'kb/notes/zw.md :: …'" and "missing pair: kb/notes/zw.md :: …" at once, two
+    reasons that print the same, and a retry that copied it so again failed the same way
+    until the job was escalated. It names that pair, as a copy in another normal form
+    does; two pairs it could name are not guessed between."""
+    expected = ExpectedPair(f"kb/notes/{on_disk}.md", GATE)
+    copied = ExpectedPair(f"kb/notes/{written}.md", GATE)
+    res = parse(block(copied), (expected,))
+    assert res.ok, res.reasons
+    assert res.results[0].note_path == expected.note_path
+    both = (expected, copied)
+    res = parse(block(copied) + block(copied, result="## Result: FAIL"), both)
+    assert_rejected(res, "duplicated pair", f"missing pair: {expected.note_path}")
+
+
 def test_two_pairs_that_differ_only_in_normal_form_are_not_guessed_between() -> None:
     one = ExpectedPair("kb/notes/cafe\u0301.md", GATE)
     two = ExpectedPair("kb/notes/caf\u00e9.md", GATE)

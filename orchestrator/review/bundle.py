@@ -230,7 +230,7 @@ def _scan(
     found: dict[str, tuple[str, str]] = {}
     first_start: dict[str, int] = {}
     block: _Block | None = None
-    composed: dict[str, str | None] | None = None  # built when a name is not found as is
+    folded: dict[str, str | None] | None = None  # built when a name is not found as is
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
@@ -258,10 +258,10 @@ def _scan(
                 reasons.append(f"line {number}: malformed sentinel: {_show(line)}")
             continue
         kind, key = match.groups()
-        if key not in keys and not key.isascii():
-            if composed is None:
-                composed = _composed(keys)
-            key = composed.get(unicodedata.normalize("NFC", key)) or key
+        if key not in keys:
+            if folded is None:
+                folded = _folded(keys)
+            key = folded.get(_fold(key)) or key
         if _SEP not in key:
             reasons.append(
                 f"line {number}: malformed sentinel, no ' :: ' between note and gate: {_show(line)}"
@@ -305,15 +305,21 @@ def _scan(
     return found
 
 
-def _composed(keys: dict[str, ExpectedPair]) -> dict[str, str | None]:
-    """Expected keys by their composed (NFC) form, None where two share one: a name saved
-    decomposed on a Mac and copied composed by a model names that pair."""
+def _folded(keys: dict[str, ExpectedPair]) -> dict[str, str | None]:
+    """Expected keys by :func:`_fold`, None where two share one: a name saved decomposed
+    on a Mac and copied composed by a model, or one whose zero-width space or soft hyphen
+    the model left out (or put in), names that pair. Copied exactly but for what no
+    reader sees, it was "unexpected" and "missing" in two reasons that print the same."""
     out: dict[str, str | None] = {}
     for k in keys:
-        if not k.isascii():
-            nfc = unicodedata.normalize("NFC", k)
-            out[nfc] = None if nfc in out else k
+        f = _fold(k)
+        out[f] = None if f in out else k
     return out
+
+
+def _fold(key: str) -> str:
+    """A pair's name as a reader sees it: composed, without invisible characters."""
+    return key if key.isascii() else _INVISIBLE.sub("", unicodedata.normalize("NFC", key))
 
 
 def _near_sentinel(line: str) -> bool:
