@@ -200,6 +200,20 @@ def test_an_output_saved_as_utf16_says_so_alone(codec: str) -> None:
     )
 
 
+def test_not_utf8_names_the_line_and_the_block_of_the_offending_byte() -> None:
+    """A byte that is not UTF-8 (a tool that wrote Latin-1 into a rationale) was "output
+    is not UTF-8 (byte 4187)": CONTRACT §5 has every defect said with its line and
+    pair, and no person or model finds a byte's offset in a bundle."""
+    body = "Summary: the note says caf\xe9.\n## Result: PASS"
+    data = (block(A) + "\n").encode() + start(B).encode() + b"\r\n" + body.encode("latin-1")
+    data += b"\r\n" + end(B).encode() + b"\r\n"
+    res = parse_bundle(data, (A, B))
+    offset = data.index(b"\xe9")
+    assert res.reasons == (f"line 7: output is not UTF-8 (byte {offset}) in block for {KEY_B}",)
+    res = parse_bundle(b"\xef\xbb\xbfSee:\n\xff\n" + block(A).encode(), (A,))
+    assert res.reasons == ("line 2: output is not UTF-8 (byte 8)",)  # outside any block
+
+
 def test_not_utf8_still_reports_the_other_defects() -> None:
     data = b"\xc3(\n" + block(B).encode()
     assert_rejected(

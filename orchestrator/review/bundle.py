@@ -190,14 +190,19 @@ def parse_bundle(
             "output is UTF-16 (it begins with a UTF-16 byte-order mark): save it as UTF-8"
         )
         return _rejected(reasons.done())
+    bad: tuple[int, str] | None = None  # where the first byte that is not UTF-8 is
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        reasons.append(f"output is not UTF-8 (byte {exc.start})")
+        # Said by _scan with its line and block: the byte's offset alone found nothing.
         # Keep going on a lossy decoding: the retry prompt should list every other defect too.
         text = data.decode("utf-8", errors="replace")
-
-    found = _scan(text.removeprefix("\ufeff"), keys, reasons)
+        at = len(data[: exc.start].decode("utf-8"))  # what comes before it is UTF-8
+        bad = (at, f"output is not UTF-8 (byte {exc.start})")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+        bad = bad and (bad[0] - 1, bad[1])
+    found = _scan(text, keys, reasons, bad)
     if reasons:
         return _rejected(reasons.done())
     return ParseResult(
@@ -223,15 +228,23 @@ class _Block:
 
 
 def _scan(
-    text: str, keys: dict[str, ExpectedPair], reasons: list[str]
+    text: str,
+    keys: dict[str, ExpectedPair],
+    reasons: list[str],
+    bad: tuple[int, str] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Walk the lines once; return (decision, rationale) per good block, and add every
-    defect to ``reasons``."""
+    defect to ``reasons``. ``bad``: the offset in ``text`` of a byte that was not UTF-8,
+    and the reason to say on its line."""
     found: dict[str, tuple[str, str]] = {}
     first_start: dict[str, int] = {}
     block: _Block | None = None
     folded: dict[str, str | None] | None = None  # built when a name is not found as is
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
+        if bad is not None and bad[0] < after:
+            where = f" in block for {block.name}" if block is not None else ""
+            reasons.append(f"line {number}: {bad[1]}{where}")
+            bad = None
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
             if (line[:1] in "=*_" or _INVISIBLE.match(line)) and _near_sentinel(line):
@@ -299,6 +312,8 @@ def _scan(
                 if outcome is not None:
                     found.setdefault(key, outcome)
             block = None
+    if bad is not None:  # never left unsaid: the reason is what refuses the lossy text
+        reasons.append(bad[1])
     if block is not None:
         reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
     reasons.extend(f"{_MISSING}{key}" for key in keys if key not in first_start)
