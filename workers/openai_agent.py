@@ -420,11 +420,14 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
         # Written all the same: a bundle whole before the cut is the job's output (the
         # worker judges it); one cut short is no invalid output ("unterminated block", an
         # END to remember three times over) but a job too big for one answer.
-        said = f"stopped at its output-token limit after {len(content)} characters"
+        said = (
+            f"stopped at its output-token limit after {len(content)} characters "
+            "(finish_reason length)"
+        )
         raise AgentError(
-            f"{shown(url)} {said} (finish_reason length)",
+            f"{shown(url)} {said}",
             answered=True,
-            detail=f"{said} (finish_reason length)",
+            detail=said,
             usage=data.get("usage"),
             subtype=OUTPUT_LIMIT,
         )

@@ -201,7 +201,8 @@ def parse_bundle(
         bad = (at, f"output is not UTF-8 (byte {exc.start})")
     if text.startswith("\ufeff"):
         text = text[1:]
-        bad = bad and (bad[0] - 1, bad[1])
+        if bad is not None:
+            bad = (bad[0] - 1, bad[1])
     found = _scan(text, keys, reasons, bad)
     if reasons:
         return _rejected(reasons.done())
