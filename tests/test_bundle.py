@@ -7,11 +7,13 @@ import pytest
 from orchestrator.review.bundle import (
     DECISIONS,
     DEFAULT_MAX_BYTES,
+    MAX_REASONS,
     SENTINEL_LIKE,
     ExpectedPair,
     ParseResult,
     end_line,
     parse_bundle,
+    problem_count,
     sentinel_like_lines,
     start_line,
 )
@@ -212,6 +214,13 @@ def test_not_utf8_names_the_line_and_the_block_of_the_offending_byte() -> None:
     assert res.reasons == (f"line 7: output is not UTF-8 (byte {offset}) in block for {KEY_B}",)
     res = parse_bundle(b"\xef\xbb\xbfSee:\n\xff\n" + block(A).encode(), (A,))
     assert res.reasons == ("line 2: output is not UTF-8 (byte 8)",)  # outside any block
+    # Said first, as before, however many defects come before its line: past the cap it
+    # was only counted, and the retry fixed the rest and met the encoding again.
+    forged = "".join(f"=== PAIR REVIEW START: kb/notes/n{i}.md :: g.md ===\n" for i in range(60))
+    res = parse_bundle(forged.encode() + b"\xe9\n" + block(A).encode(), (A,))
+    said = f"line 61: output is not UTF-8 (byte {len(forged)}) in block for 'kb/notes/n59.md"
+    assert res.reasons[0].startswith(said), res.reasons
+    assert len(res.reasons) == MAX_REASONS + 1 and problem_count(res.reasons) > 60
 
 
 def test_not_utf8_still_reports_the_other_defects() -> None:

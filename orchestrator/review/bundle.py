@@ -104,6 +104,13 @@ class _Reasons(list):
         for reason in reasons:
             self.append(reason)
 
+    def first(self, reason: str) -> None:
+        """``reason`` before all others, the last one kept then counted instead."""
+        self.insert(0, reason)
+        if len(self) > MAX_REASONS:
+            self.pop()
+            self.more += 1
+
     def done(self) -> list[str]:
         return [*self, f"... and {self.more} more problem(s)"] if self.more else list(self)
 
@@ -231,12 +238,13 @@ class _Block:
 def _scan(
     text: str,
     keys: dict[str, ExpectedPair],
-    reasons: list[str],
+    reasons: _Reasons,
     bad: tuple[int, str] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Walk the lines once; return (decision, rationale) per good block, and add every
     defect to ``reasons``. ``bad``: the offset in ``text`` of a byte that was not UTF-8,
-    and the reason to say on its line."""
+    and the reason to say, on its line, first: the file's own defect, past the cap only
+    counted, met the retry that mended the rest again."""
     found: dict[str, tuple[str, str]] = {}
     first_start: dict[str, int] = {}
     block: _Block | None = None
@@ -244,7 +252,7 @@ def _scan(
     for number, (offset, raw, after) in enumerate(_iter_lines(text), 1):
         if bad is not None and bad[0] < after:
             where = f" in block for {block.name}" if block is not None else ""
-            reasons.append(f"line {number}: {bad[1]}{where}")
+            reasons.first(f"line {number}: {bad[1]}{where}")
             bad = None
         line = raw.strip()
         if not (line.startswith("===") and SENTINEL_LIKE.match(line)):
@@ -314,7 +322,7 @@ def _scan(
                     found.setdefault(key, outcome)
             block = None
     if bad is not None:  # never left unsaid: the reason is what refuses the lossy text
-        reasons.append(bad[1])
+        reasons.first(bad[1])
     if block is not None:
         reasons.append(f"line {block.start}: unterminated block for {block.name} (no END)")
     reasons.extend(f"{_MISSING}{key}" for key in keys if key not in first_start)
