@@ -500,6 +500,32 @@ def test_the_jobs_a_paused_reviewer_holds_are_counted(night, browser, tmp_path):
     assert [line.startswith(said) for line in shown[1]] == [True], shown
 
 
+def test_a_paused_reviewers_endpoint_keeps_the_page_in_a_phones_screen(browser, tmp_path):
+    """The morning walkthrough (stop 44): an `openai` profile whose endpoint was down
+    paused, and its reason quoted the URL it could not reach, a run of some 50 characters
+    with no space or hyphen. The paused line is no table cell that scrolls in its box: the
+    whole page was wider than a 375-px phone, every section scrolling sideways."""
+    import socket
+
+    root = tmp_path / "kb-root"
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    with socket.socket() as held:  # bound and never listening: every connection refused
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}/llm/gateway"
+        (root / "reviewq.toml").write_text(
+            f'[reviewers.gateway]\nkind = "openai"\nmodel = "m"\nbase_url = "{url}"\n' + QUEUE
+        )
+        n = Night(root)
+        res = n.rq("sweep", "--reviewer", "gateway", "--note", str(root / FIXED_NOTE), GATE)
+    assert res.returncode == 1 and "paused" in res.stderr, res.stderr
+    page_path = tmp_path / "paused-endpoint.html"
+    assert n.rq("report", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    (said,) = page.evaluate("[...document.querySelectorAll('li.paused')].map(li => li.innerText)")
+    assert f"cannot reach {url}/v1/chat/completions" in said, said
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
 def test_an_escalation_names_the_job_that_raised_it(night, browser, tmp_path):
     """An escalation read "the reviewer failed every attempt: exited 1 …" in `escalations`,
     its report and on the page, and none of them named the job whose attempts failed:
