@@ -4016,3 +4016,27 @@ def test_jobs_waiting_for_a_restart_are_not_read_again_at_each_dispatch(kb, monk
     assert len(looks) == 1
     assert _statuses(ws) == ["queued"] * 20
     ws.close()
+
+
+def test_an_escalation_raised_in_a_batch_of_outcomes_names_its_own_job(kb, run_cli):
+    """The morning walkthrough (stop 44): two jobs' last attempts failed and their
+    outcomes came to the control in one batch. The escalations the second job raised were
+    logged with the ids bound for the batch's first message (`escalation.raised job_id=20
+    attempt=3` for job 19's pairs): `reviewq logs --job 19` showed the job failed and none
+    of what it raised, and `--job 20` showed them as its own."""
+    from workers.tasks import _keep
+
+    kb.write("reviewq.toml", "[queue]\nmax_attempts = 1\n")
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    crashed = [_outcome(ws, m, classification="no-output", output=None, exit_code=3) for m in sent]
+    _keep(control, None, [("outcome", o, None, None) for o in crashed], set(), False)
+    raised = dict(ws.store.conn.execute("SELECT id, job_id FROM escalations").fetchall())
+    assert sorted(raised.values()) == sorted(m["job_id"] for m in sent)
+    lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    said = [e for e in map(json.loads, lines) if e["event"] == "escalation.raised"]
+    assert {e["escalation_id"]: e["job_id"] for e in said} == raised
+    assert all("attempt" not in e or e["job_id"] == sent[0]["job_id"] for e in said), said
+    for m in sent:
+        told = run_cli("logs", "--job", str(m["job_id"]), "--event", "escalation.").stdout
+        assert len(told.splitlines()) == 1, told
+    ws.close()

@@ -302,6 +302,9 @@ def escalate(
         functools.partial(
             logs.get().warning,
             "escalation.raised",
+            # Its own: said after a batch's commit, it took the ids bound for the batch's
+            # first message, another job's (`logs --job N` missed what job N raised).
+            job_id=job_id,
             escalation_id=esc_id,
             note_path=note_path,
             gate_id=gate_id,
