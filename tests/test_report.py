@@ -526,6 +526,34 @@ def test_a_paused_reviewers_endpoint_keeps_the_page_in_a_phones_screen(browser, 
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
 
 
+def test_a_gate_escalated_in_two_partitions_is_one_gate_of_its_note(browser, tmp_path):
+    """The morning walkthrough (stop 44): a note escalated on eleven gates by one reviewer
+    and on one of them by another read "(12 gate(s))" in the report and "12 gate(s): …,
+    frontmatter/description-present" on the page, that gate named twice: a count of
+    escalations under the name of gates."""
+    root = tmp_path / "kb-root"
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    (root / "reviewq.toml").write_text(
+        profile("crashy", partition="crash", FAKE_MODE="crash", FAKE_TURNS="1") + QUEUE
+    )
+    n = Night(root)
+    for reviewer, code in (("offline", 0), ("crashy", 1)):  # 3 rejections; a crash
+        res = n.rq("sweep", "--reviewer", reviewer, "--fix", "--note", str(root / CITY), GATE)
+        assert res.returncode == code, res.stderr
+    assert len(json.loads(n.rq("escalations", "--json").stdout)["escalations"]) == 2
+    page_path = tmp_path / "two-partitions.html"
+    res = n.rq("report", "--html", str(page_path))
+    said = f"{CITY} (1 gate(s), 2 escalation(s) in 2 partitions): "
+    assert f"\n  {said}" in res.stdout, res.stdout
+    (g,) = n.report()["needs_you"]["escalations"]
+    assert g["gates"] == [GATE] and len(g["escalations"]) == 2
+    page = browser.open(page_path.as_uri())
+    (meta,) = page.evaluate(
+        "[...document.querySelectorAll('article.escalated-note h4 + p.meta')].map(p => p.innerText)"
+    )
+    assert meta == f"1 gate(s), 2 escalation(s) in 2 partitions: {GATE}", meta
+
+
 def test_an_escalation_names_the_job_that_raised_it(night, browser, tmp_path):
     """An escalation read "the reviewer failed every attempt: exited 1 …" in `escalations`,
     its report and on the page, and none of them named the job whose attempts failed:

@@ -448,7 +448,8 @@ def _escalated_note(
     return {
         "note_path": note,
         "escalations": escs,
-        "gates": [e["gate_id"] for e in escs],
+        # Each once: a gate escalated in two partitions is one gate of the note.
+        "gates": list(dict.fromkeys(e["gate_id"] for e in escs)),
         "fix_attempts": attempts,
         # The command the summary shows: the call the escalations recommend (reject after
         # rejections; redo when an agent failed every attempt and judged nothing; approve

@@ -167,6 +167,20 @@ def paused_line(paused: list[dict]) -> str:
 _ENV.filters["paused_line"] = paused_line
 
 
+def gates_said(g: dict) -> str:
+    """An escalated note's "3 gate(s)", and its escalations when they are more (a gate
+    escalated in two partitions): their count under the name of gates named one twice."""
+    said = f"{len(g['gates'])} gate(s)"
+    escs = g["escalations"]
+    if len(escs) > len(g["gates"]):
+        partitions = len({e["model_partition"] for e in escs})
+        said += f", {len(escs)} escalation(s) in {partitions} partitions"
+    return said
+
+
+_ENV.filters["gates_said"] = gates_said
+
+
 def decide_line(g: dict) -> str:
     """An escalated note's calls as the sweep's summary offers them, the recommended one
     named: the recommended command alone ("reviewq decide 1 reject") read as if it were
@@ -223,7 +237,7 @@ def text(data: dict, html_path: str | None) -> str:
     for a in n["agents_failed"]:
         lines.append(f"  {a['says']}")
     for g in n["escalations"][:5]:
-        lines.append(f"  {g['note_path']} ({len(g['gates'])} gate(s)): {decide_line(g)}")
+        lines.append(f"  {g['note_path']} ({gates_said(g)}): {decide_line(g)}")
         for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
             lines.append(f"    {why}: only reject closes it")
     # Each list cut here says how many it left out and where they are: "… 3 more note(s)"
