@@ -147,6 +147,14 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
             terminalreporter.write_line(f"{test}: {', '.join(paths)}")
 
 
+def page_text(path: Path) -> str:
+    """A report page's HTML without the spans `render.breakable` puts round a run of more
+    than 24 characters (a path, a URL), for a test that looks for a sentence in it."""
+    import re
+
+    return re.sub(r'<span class="run">(.*?)</span>', r"\1", path.read_text(encoding="utf-8"))
+
+
 def gate_text(
     gate_id: str,
     watches: list[str],

@@ -7,7 +7,6 @@ import contextlib
 import gc
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -22,7 +21,7 @@ from pathlib import Path
 import markupsafe
 import pytest
 
-from .conftest import PROJECT, process_gone, ready_within, reviewq_process, stop
+from .conftest import PROJECT, page_text, process_gone, ready_within, reviewq_process, stop
 
 pytestmark = pytest.mark.integration
 FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
@@ -796,8 +795,7 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     assert f"problem: {said}" in rq(kb, "doctor").stdout.splitlines()
     assert f"  waits: {said}" in rq(kb, "job", "1").stdout.splitlines()
     assert f"  {held}" in rq(kb, "report").stdout.splitlines()
-    # A run of more than 24 characters (the missing program's path) is a span that breaks.
-    page = re.sub(r'<span class="run">(.*?)</span>', r"\1", (kb.state / "report.html").read_text())
+    page = page_text(kb.state / "report.html")
     assert (
         str(markupsafe.escape(held)).replace(
             "reviewq resume fake", '<code class="cmd">reviewq resume fake</code>'

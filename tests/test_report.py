@@ -18,7 +18,7 @@ import pytest
 from orchestrator.state.store import Store
 
 from .chromium import Chromium, executable, group_members
-from .conftest import PROJECT, process_gone, reviewq_process
+from .conftest import PROJECT, page_text, process_gone, reviewq_process
 from .test_cycles_integration import profile
 from .test_queue_integration import FAST_QUEUE
 
@@ -1038,7 +1038,7 @@ def test_jobs_that_do_not_move_after_an_outage_name_it(kb, run_cli):
     said = "the reviewer's endpoint could not be reached: cannot reach http://127.0.0.1:9/"
     res = run_cli("report", "--since", "10m")
     assert f"its last attempt did not run ({said}" in res.stdout, res.stdout
-    page = (kb.state / "report.html").read_text()
+    page = page_text(kb.state / "report.html")
     assert f"({said}" in page.replace("&#39;", "'")
     for shown in (res.stdout, page):
         assert "reviewer-failure" not in shown and "unreachable:" not in shown
