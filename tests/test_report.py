@@ -500,30 +500,71 @@ def test_the_jobs_a_paused_reviewer_holds_are_counted(night, browser, tmp_path):
     assert [line.startswith(said) for line in shown[1]] == [True], shown
 
 
+@contextlib.contextmanager
+def _dead_endpoint(tmp_path, queue: str = QUEUE):
+    """A copy of the example KB whose `openai` profile `gateway` points at a loopback port
+    bound and never listening (every connection refused) while this holds it; the night
+    and that URL."""
+    import socket
+
+    root = tmp_path / "kb-root"
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}/llm/gateway"
+        (root / "reviewq.toml").write_text(
+            f'[reviewers.gateway]\nkind = "openai"\nmodel = "m"\nbase_url = "{url}"\n' + queue
+        )
+        yield Night(root), url
+
+
+def _sweep_paused(n: Night) -> None:
+    """One pair for `gateway`: the sweep ends on its pause."""
+    res = n.rq("sweep", "--reviewer", "gateway", "--note", str(n.root / FIXED_NOTE), GATE)
+    assert res.returncode == 1 and "paused" in res.stderr, res.stderr
+
+
 def test_a_paused_reviewers_endpoint_keeps_the_page_in_a_phones_screen(browser, tmp_path):
     """The morning walkthrough (stop 44): an `openai` profile whose endpoint was down
     paused, and its reason quoted the URL it could not reach, a run of some 50 characters
     with no space or hyphen. The paused line is no table cell that scrolls in its box: the
     whole page was wider than a 375-px phone, every section scrolling sideways."""
-    import socket
-
-    root = tmp_path / "kb-root"
-    shutil.copytree(PROJECT / "kb", root / "kb")
-    with socket.socket() as held:  # bound and never listening: every connection refused
-        held.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{held.getsockname()[1]}/llm/gateway"
-        (root / "reviewq.toml").write_text(
-            f'[reviewers.gateway]\nkind = "openai"\nmodel = "m"\nbase_url = "{url}"\n' + QUEUE
-        )
-        n = Night(root)
-        res = n.rq("sweep", "--reviewer", "gateway", "--note", str(root / FIXED_NOTE), GATE)
-    assert res.returncode == 1 and "paused" in res.stderr, res.stderr
+    with _dead_endpoint(tmp_path) as (n, url):
+        _sweep_paused(n)
     page_path = tmp_path / "paused-endpoint.html"
     assert n.rq("report", "--html", str(page_path)).returncode == 0
     page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
     (said,) = page.evaluate("[...document.querySelectorAll('li.paused')].map(li => li.innerText)")
     assert f"cannot reach {url}/v1/chat/completions" in said, said
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
+def test_a_reviewer_paused_again_with_no_answer_between_is_paused_since_the_first(tmp_path):
+    """The morning walkthrough (stop 44): an endpoint down all night pauses its profile,
+    the pause runs out, the next tries fail, and it pauses again, every `pause_seconds`.
+    `status`, the report and `job N` said "paused since" the last of those pauses: at 7
+    a.m. an outage that began at 01:30 read as a quarter of an hour old."""
+    from datetime import datetime
+
+    queue = QUEUE.replace("pause_seconds = 3600", "pause_seconds = 1")
+    with _dead_endpoint(tmp_path, queue) as (n, _):
+        _sweep_paused(n)
+        first = json.loads(n.rq("status", "--json").stdout)["reviewers"]["gateway"]
+        until = datetime.fromisoformat(first["paused_until"].replace("Z", "+00:00"))
+        time.sleep(max(0.0, (until - datetime.now(until.tzinfo)).total_seconds()) + 0.1)
+        _sweep_paused(n)  # the queued job tried again once the pause ran out: paused again
+    again = json.loads(n.rq("status", "--json").stdout)["reviewers"]["gateway"]
+    assert again["paused_until"] > first["paused_until"]
+    assert again["paused_since"] == first["paused_since"], (first, again)
+    with n.db() as db:
+        assert (
+            db.execute(
+                "SELECT count(*) FROM attempts WHERE outcome = 'reviewer-failure'"
+            ).fetchone()[0]
+            == 2
+        )
+    said = f"paused since {first['paused_since'][:19]}Z until {again['paused_until'][:19]}Z"
+    assert said in n.rq("status").stdout
 
 
 def test_a_gate_escalated_in_two_partitions_is_one_gate_of_its_note(browser, tmp_path):

@@ -566,7 +566,9 @@ class Backoff:
 
     delay: float  # seconds the job waits before its next try (its not_before)
     paused_until: str | None  # the profile's pause, this failure's or an earlier one's
-    paused_at: str | None  # set when this failure paused the profile
+    # Set when this failure paused the profile: since when it is paused (an earlier pause
+    # that ran out with no answer since, else now).
+    paused_at: str | None
     count: int  # the profile's failures in a row, this one included
     reason: str  # the pause's reason, as stored
     not_before: str  # now + delay, as stored
@@ -656,6 +658,12 @@ def back_off(
     paused_at = None
     if count >= q.launch_failures_before_pause and paused_until is None:
         paused_at = timestamp(now)
+        # Paused again with no answer since the last pause ran out (answered() clears it):
+        # one outage, said since its first pause. "Paused since" the last of them read a
+        # night's outage as a quarter of an hour old.
+        (since,) = store.conn.execute(
+            "SELECT COALESCE(paused_at, ?) FROM reviewer_state WHERE name = ?", (paused_at, name)
+        ).fetchone()
         kind = reasons[0].partition(": ")[0] if reasons else ""
         if kind in NEEDS_MORE and (killed := limit_killed_said(store, name, kind)):
             reason += f"; {killed}"
@@ -664,8 +672,9 @@ def back_off(
         store.conn.execute(
             "UPDATE reviewer_state SET paused_until = ?, paused_reason = ?, "
             "paused_at = ?, launch_failures = 0 WHERE name = ?",
-            (paused_until, reason, paused_at, name),
+            (paused_until, reason, since, name),
         )
+        paused_at = since
     return Backoff(delay, paused_until, paused_at, count, reason, not_before)
 
 
@@ -685,7 +694,12 @@ def log_paused(log, name: str, off: Backoff, **extra: object) -> None:  # noqa: 
 def answered(store: Store, name: str) -> None:
     """The profile ``name`` ran an attempt that was not its failure: its count of failures
     in a row starts over. Inside the caller's write."""
+    # A pause that ran out is over once the profile answers: the next one starts anew
+    # (back_off keeps paused_at until then, for a pause after pause with no answer).
+    now = utcnow()
     store.conn.execute(
-        "UPDATE reviewer_state SET launch_failures = 0 WHERE name = ? AND launch_failures > 0",
-        (name,),
+        "UPDATE reviewer_state SET launch_failures = 0, paused_at = CASE WHEN paused_until > ? "
+        "THEN paused_at END WHERE name = ? AND (launch_failures > 0 OR (paused_at IS NOT NULL "
+        "AND NOT COALESCE(paused_until > ?, 0)))",
+        (now, name, now),
     )
