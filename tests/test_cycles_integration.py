@@ -1470,7 +1470,8 @@ def test_a_notes_escalations_in_two_partitions_are_offered_one_call_each(kb):
     # The terminal offers the note's approve and reject, and that one redo: not a
     # note-wide redo, which decide refuses.
     assert (
-        "  kb/notes/empty.md (2 gate(s)): reviewq decide --note kb/notes/empty.md "
+        "  kb/notes/empty.md (1 gate(s), 2 escalation(s) in 2 partitions): reviewq decide "
+        "--note kb/notes/empty.md "
         f'approve|reject, or reviewq decide {ids[min(ids)]} redo --feedback "…" '
         "(recommended: reject)\n"
     ) in summary.stdout, summary.stdout
