@@ -2148,6 +2148,20 @@ def test_a_path_without_a_hyphen_does_not_widen_its_table_on_a_phone(night, brow
     assert widths["unbroken"] == widths["plain"], widths
 
 
+def test_a_fail_findings_note_and_gate_read_in_whole_parts_on_a_phone(night, browser, tmp_path):
+    """The morning walkthrough (stop 44): on a 375-px phone "FAIL findings" squeezed its
+    note and gate columns to some 50 px, every path broken inside its words, five letters
+    a line ("kb/not / es/ext / ract- / only- / cappe / d- / honey. / md", "acces / sibilit /
+    y/am / biguo / us-"): P41's break-anywhere gave those cells no least width at all. A
+    path breaks at its slashes and hyphens; the table scrolls in its box when it must."""
+    page_path = tmp_path / "phone-fails.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    assert page.evaluate("document.querySelectorAll('tr.fail td.path').length") >= 2
+    assert _split_words(page, "tr.fail td.path, tr.warn td.path") == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
 UNBROKEN_URL = "https://example.org/" + "honeybeeforagingrangesacrossurbanandruralapiaries" * 3
 
 

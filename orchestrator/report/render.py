@@ -140,6 +140,16 @@ def breakable(text: str) -> Markup:
 
 _ENV.filters["failed_what"] = failed_what
 _ENV.filters["breakable"] = breakable
+
+
+def path_breaks(path: str) -> Markup:
+    """``path`` escaped, free to break after each slash (``<wbr>``) as after its hyphens:
+    Chromium breaks a line on neither side of a "/" by itself, so a narrow cell split
+    "frontmatter/description-" inside its words."""
+    return Markup("/<wbr>").join(escape(part) for part in path.split("/"))
+
+
+_ENV.filters["path_breaks"] = path_breaks
 _ENV.filters["who_ran"] = who_ran
 _ENV.filters["raised_by_agents"] = raised_by_agents
 
