@@ -1655,6 +1655,92 @@ def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb, r
     ws.close()
 
 
+_CRASHED = "exited 139 after 0.1 s with no turns: Segmentation fault (core dumped)"
+
+
+def _crashed(ws, control, msg: dict, worker: str = "far:42") -> None:
+    """The outcome a worker sends for an agent that exited at once without a turn (a
+    `command` reviewer cannot say it sent its prompt): a launch failure."""
+    control.on_messages(
+        [],
+        [
+            _outcome(
+                ws,
+                msg,
+                classification="launch-failure",
+                output=None,
+                exit_code=139,
+                reasons=[_CRASHED],
+                worker=worker,
+                host=worker.partition(":")[0],
+            )
+        ],
+    )
+
+
+def _until_settled(ws, control, sent, job_id, clock, worker="far:42") -> str:
+    """Crash ``job_id``'s agent at each dispatch (bounded) until the job is no longer
+    queued; its status."""
+    from datetime import timedelta
+
+    for _ in range(12):  # bounded: before, every one of these queued the job again
+        status = ws.store.conn.execute(
+            "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
+        ).fetchone()[0]
+        if status != "queued":
+            return status
+        clock[0] += timedelta(hours=1)  # past the backoff and any pause
+        assert control.dispatch() == 1
+        _crashed(ws, control, sent[-1], worker)
+    return status
+
+
+def test_a_job_its_agent_always_crashes_on_fails_and_says_so(kb):
+    """A `command` reviewer that crashed at once on one note (a segfault in its first
+    0.1 s) was a launch failure each time: the job was tried again all night with a
+    backoff, never failed nor named, and five in a row paused the profile for every
+    other job. Crashed twice on a machine where the profile's agents answer other jobs,
+    its next crashes there are counted as its own, as the memory limit's kills are."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["crashes", "fine"], now=lambda: clock[0])
+    crashes, fine = sent
+    _crashed(ws, control, crashes)
+    control.on_messages([], [_outcome(ws, fine)])  # the profile answers on that machine
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock) == "failed"
+    outcomes = [
+        r[0]
+        for r in ws.store.conn.execute(
+            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (crashes["job_id"],)
+        )
+    ]
+    assert outcomes == ["launch-failure"] * 2 + ["no-output"] * 3, outcomes
+    [failed] = _events(ws, "job.failed")
+    assert failed["job_id"] == crashes["job_id"]
+    assert failed["reasons"][0].startswith(_CRASHED), failed
+    assert "5 times on far, where other jobs of offline answered" in failed["reasons"][0], failed
+    assert not _events(ws, "reviewer.paused")
+    ws.close()
+
+
+def test_a_job_that_crashes_only_where_no_job_answers_stays_the_machine_s(kb):
+    """The same crash on a machine where no job of the profile answers (a CLI broken on
+    that one; the others answer elsewhere) says nothing of the job: it waits, and that
+    machine's failures pause the profile as before."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["crashes", "fine"], now=lambda: clock[0])
+    crashes, fine = sent
+    _crashed(ws, control, crashes, worker="broken:7")
+    control.on_messages([], [_outcome(ws, fine)])  # on far
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock, "broken:7") == "queued"
+    assert not _events(ws, "job.failed")
+    assert _events(ws, "reviewer.paused")
+    ws.close()
+
+
 def test_jobs_all_killed_by_the_memory_limit_wait_with_the_profile_paused(kb):
     """A worker whose memory limit no agent fits in: every job's agent killed, none
     answered. That is the machine's failure, never a verdict on the notes: no job fails,

@@ -391,6 +391,36 @@ def limit_kills(store: Store, job_id: int, kind: str) -> int:
     ).fetchone()[0]
 
 
+# An agent that exits at once without a turn, on one job again and again, on a machine
+# where the profile's agents answer other jobs: the job's own, most likely (a note that
+# crashes a `command` reviewer, a prompt the CLI refuses at once). Taken all as the
+# machine's, such a job was tried all night with a backoff, never failed nor named, and
+# five in a row paused the profile for every other job. Counted as the limits' kills are.
+JOBS_OWN_CRASHES = 2
+NO_TURNS = " with no turns"  # the worker's words for an agent that ran and asked nothing
+
+
+def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> tuple[int, str]:
+    """How many attempts of the job ended so (a launch failure ``NO_TURNS``, or the
+    ``no-output`` it became) on ``worker``'s machine, when another job of the profile
+    ``reviewer`` has answered there since the first of them, and the machine; 0 when none
+    has: an agent broken on that machine is the machine's, whatever job it met."""
+    host = worker.rpartition(":")[0] if isinstance(worker, str) else ""
+    if not host:
+        return 0, ""
+    [n] = store.conn.execute(
+        "WITH k AS (SELECT count(*) AS n, min(recorded_at) AS first FROM attempts "
+        "WHERE job_id = ?1 AND outcome IN ('launch-failure', 'no-output') AND instr(reasons, ?4) "
+        "AND substr(worker, 1, length(?2) + 1) = ?2 || ':') "
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM k, attempts a JOIN review_jobs j ON j.id = a.job_id "
+        "WHERE a.recorded_at >= k.first AND a.job_id != ?1 AND j.reviewer = ?3 "
+        "AND a.outcome IN ('output', 'finalized') AND substr(a.worker, 1, length(?2) + 1) = ?2 || ':') "
+        "THEN k.n ELSE 0 END FROM k",
+        (job_id, host, reviewer, NO_TURNS),
+    ).fetchone()
+    return n, host
+
+
 def record_end(
     store: Store,
     job_id: int,

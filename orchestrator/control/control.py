@@ -28,8 +28,10 @@ from orchestrator import logs
 from orchestrator.config import ConfigError, ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
+    JOBS_OWN_CRASHES,
     MACHINES_LIMIT_KILLS,
     NEEDS_MORE,
+    NO_TURNS,
     JobMoved,
     OpenedAttempt,
     answered,
@@ -44,6 +46,7 @@ from orchestrator.control.attempts import (
     not_the_jobs,
     open_attempt,
     opened_elsewhere,
+    own_crashes,
     record_end,
     supersede,
     taken,
@@ -994,6 +997,22 @@ class Control:
             )
             rest = reasons[0][len(kind) + 2 :]
             o = {**o, "classification": "no-output", "reasons": [said + rest]}
+            cls = "no-output"
+        elif (
+            cls == "launch-failure"
+            and NO_TURNS in (reasons[0] if reasons else "")
+            and (crashed := own_crashes(self.store, job_id, job["reviewer"], o.get("worker")))[0]
+            >= JOBS_OWN_CRASHES
+        ):
+            # The same job's agent ended at once again, where this profile's agents answer
+            # other jobs: the job's own, counted against it so that it fails, saying why,
+            # and the profile does not pause over it.
+            n, host = crashed
+            said = (
+                f"{reasons[0]}; ended so on this job {n + 1} times on {host}, where other "
+                f"jobs of {job['reviewer']} answered: the job's own, most likely"
+            )
+            o = {**o, "classification": "no-output", "reasons": [said, *reasons[1:]]}
             cls = "no-output"
         record_end(
             self.store,
