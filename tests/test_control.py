@@ -4126,3 +4126,37 @@ def test_an_escalation_raised_in_a_batch_of_outcomes_names_its_own_job(kb, run_c
         told = run_cli("logs", "--job", str(m["job_id"]), "--event", "escalation.").stdout
         assert len(told.splitlines()) == 1, told
     ws.close()
+
+
+def test_each_outcome_of_a_batch_is_logged_with_its_own_attempt(kb):
+    """The morning walkthrough (stop 44) again: `job.retrying` and `job.failed` of a
+    batch's outcomes name their job but not their attempt, so the batch's first message's
+    attempt (bound for the task) was merged into the others' lines, and `job.failed`,
+    written after the commit, had none. Job alpha's second attempt and beta's first fail
+    in one batch: each line says its own."""
+    from workers.tasks import _keep
+
+    kb.write("reviewq.toml", "[queue]\nmax_attempts = 2\n")
+    ws, control, sent = _dispatched(kb, ["alpha", "beta"])
+    alpha, beta = sent
+
+    def failed(m):
+        return _outcome(ws, m, classification="no-output", output=None, exit_code=3)
+
+    control.on_messages([], [failed(alpha)])
+    assert control.dispatch() == 1
+    again = sent[-1]
+    assert (again["job_id"], again["attempt"]) == (alpha["job_id"], 2)
+    _keep(control, None, [("outcome", failed(m), None, None) for m in (again, beta)], set(), False)
+    lines = (ws.state_dir / "logs" / "reviewq.jsonl").read_text().splitlines()
+    said = {
+        (e["event"], e["job_id"]): e.get("attempt")
+        for e in map(json.loads, lines)
+        if e["event"] in ("job.retrying", "job.failed")
+    }
+    assert said == {
+        ("job.retrying", alpha["job_id"]): 1,
+        ("job.failed", alpha["job_id"]): 2,
+        ("job.retrying", beta["job_id"]): 1,
+    }, said
+    ws.close()

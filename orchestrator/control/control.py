@@ -1051,7 +1051,7 @@ class Control:
                         "UPDATE attempts SET outcome = 'invalid-output', reasons = ? WHERE job_id = ? AND attempt = ?",
                         (json.dumps([problem]), job["id"], attempt),
                     )
-                self._failed_attempt(job, [problem])
+                self._failed_attempt(job, attempt, [problem])
             else:
                 with self.store.write():
                     self.store.conn.execute(
@@ -1081,7 +1081,7 @@ class Control:
             )
         else:
             self._reset_launch_failures(job["reviewer"])
-            self._failed_attempt(job, o.get("reasons") or [cls])
+            self._failed_attempt(job, attempt, o.get("reasons") or [cls])
 
     def _relay(self, o: dict) -> None:
         """Say in this log what the worker said of the attempt in its own (``notices``):
@@ -1191,11 +1191,13 @@ class Control:
                 # What finalize read and decided in this transaction: not read again.
                 self.hooks.after_completed(job["id"], job, res.decided)
         elif res.status == "invalid":
-            self._failed_attempt(job, res.failure_reasons)
+            self._failed_attempt(job, attempt, res.failure_reasons)
         else:
             self._supersede(job["id"], attempt)
 
-    def _failed_attempt(self, job, reasons: list[str]) -> None:
+    def _failed_attempt(self, job, attempt: int, reasons: list[str]) -> None:
+        # Each line names its attempt: in a batch, the one bound for the task is the first
+        # message's, and job.failed is written after the commit, outside it.
         reasons = condensed(reasons)
         failed = self.store.conn.execute(
             f"SELECT count(*) FROM attempts WHERE job_id = ? AND outcome IN ({FAILED_SQL})",
@@ -1214,6 +1216,7 @@ class Control:
                     self.log.error,
                     "job.failed",
                     job_id=job["id"],
+                    attempt=attempt,
                     reviewer=job["reviewer"],
                     attempts=failed,
                     reasons=reasons[:10],
@@ -1226,6 +1229,7 @@ class Control:
         self.log.warning(
             "job.retrying",
             job_id=job["id"],
+            attempt=attempt,
             reviewer=job["reviewer"],
             failed_attempts=failed,
             limit=limit,
