@@ -1678,11 +1678,15 @@ def _crashed(ws, control, msg: dict, worker: str = "far:42") -> None:
     )
 
 
-def _until_settled(ws, control, sent, job_id, clock, worker="far:42") -> str:
+def _until_settled(
+    ws, control, sent, job_id, clock, worker="far:42", answers=(), answerer="far:42"
+) -> str:
     """Crash ``job_id``'s agent at each dispatch (bounded) until the job is no longer
-    queued; its status."""
+    queued, each crash followed by the next of ``answers`` (jobs dispatched before,
+    answered by ``answerer``) while there are some; its status."""
     from datetime import timedelta
 
+    answers = list(answers)
     for _ in range(12):  # bounded: before, every one of these queued the job again
         status = ws.store.conn.execute(
             "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
@@ -1692,7 +1696,20 @@ def _until_settled(ws, control, sent, job_id, clock, worker="far:42") -> str:
         clock[0] += timedelta(hours=1)  # past the backoff and any pause
         assert control.dispatch() == 1
         _crashed(ws, control, sent[-1], worker)
+        if answers:
+            msg = answers.pop(0)
+            host = answerer.partition(":")[0]
+            control.on_messages([], [_outcome(ws, msg, worker=answerer, host=host)])
     return status
+
+
+def _crash_outcomes(ws, job_id: int) -> list[str]:
+    return [
+        r[0]
+        for r in ws.store.conn.execute(
+            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
+        )
+    ]
 
 
 def test_a_job_its_agent_always_crashes_on_fails_and_says_so(kb):
@@ -1704,22 +1721,21 @@ def test_a_job_its_agent_always_crashes_on_fails_and_says_so(kb):
     from datetime import datetime
 
     clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
-    ws, control, sent = _dispatched(kb, ["crashes", "fine"], now=lambda: clock[0])
-    crashes, fine = sent
+    notes = ["crashes", *(f"fine-{i}" for i in range(4))]
+    ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
+    crashes, *fine = sent
     _crashed(ws, control, crashes)
-    control.on_messages([], [_outcome(ws, fine)])  # the profile answers on that machine
-    assert _until_settled(ws, control, sent, crashes["job_id"], clock) == "failed"
-    outcomes = [
-        r[0]
-        for r in ws.store.conn.execute(
-            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (crashes["job_id"],)
-        )
-    ]
+    control.on_messages([], [_outcome(ws, fine.pop(0))])  # the profile answers on that worker
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock, answers=fine) == "failed"
+    outcomes = _crash_outcomes(ws, crashes["job_id"])
     assert outcomes == ["launch-failure"] * 2 + ["no-output"] * 3, outcomes
     [failed] = _events(ws, "job.failed")
     assert failed["job_id"] == crashes["job_id"]
     assert failed["reasons"][0].startswith(_CRASHED), failed
-    assert "5 times on far, where other jobs of offline answered" in failed["reasons"][0], failed
+    assert (
+        "5 times on worker far:42, where other jobs of offline answered since"
+        in failed["reasons"][0]
+    ), failed
     assert not _events(ws, "reviewer.paused")
     ws.close()
 
@@ -1738,6 +1754,48 @@ def test_a_job_that_crashes_only_where_no_job_answers_stays_the_machine_s(kb):
     assert _until_settled(ws, control, sent, crashes["job_id"], clock, "broken:7") == "queued"
     assert not _events(ws, "job.failed")
     assert _events(ws, "reviewer.paused")
+    ws.close()
+
+
+def test_a_job_that_crashed_once_before_an_outage_is_not_failed_by_the_outage(kb):
+    """A job whose agent crashed once early in the night (a flag the profile's CLI refused
+    until the operator mended it; the previous night), other jobs answering after, then
+    the CLI's login expired: every agent exits at once without a turn and none answers.
+    Counted from that first crash, with answers since, its next two crashes made it the
+    job's own: three `no-output`s failed it for the machine's fault, and each reset the
+    profile's run of launch failures, so the profile did not pause for the outage."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["crashes", "fine"], now=lambda: clock[0])
+    crashes, fine = sent
+    _crashed(ws, control, crashes)
+    control.on_messages([], [_outcome(ws, fine)])  # answered before the login expired
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock) == "queued"
+    assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
+    assert not _events(ws, "job.failed")
+    assert _events(ws, "reviewer.paused")
+    ws.close()
+
+
+def test_a_job_crashing_on_a_worker_whose_neighbour_answers_stays_the_worker_s(kb):
+    """Two workers on one host, one started with a PATH (or HOME) whose CLI crashes at
+    once: the other's answers on that host made each job the broken one took three
+    times a job of its own, failed for a worker's fault."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    notes = ["crashes", *(f"fine-{i}" for i in range(6))]
+    ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
+    crashes, *fine = sent
+    _crashed(ws, control, crashes)
+    control.on_messages([], [_outcome(ws, fine.pop(0), worker="far:43")])
+    settled = _until_settled(
+        ws, control, sent, crashes["job_id"], clock, answers=fine, answerer="far:43"
+    )
+    assert settled == "queued"
+    assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
+    assert not _events(ws, "job.failed")
     ws.close()
 
 

@@ -391,34 +391,36 @@ def limit_kills(store: Store, job_id: int, kind: str) -> int:
     ).fetchone()[0]
 
 
-# An agent that exits at once without a turn, on one job again and again, on a machine
+# An agent that exits at once without a turn, on one job again and again, on a worker
 # where the profile's agents answer other jobs: the job's own, most likely (a note that
 # crashes a `command` reviewer, a prompt the CLI refuses at once). Taken all as the
 # machine's, such a job was tried all night with a backoff, never failed nor named, and
-# five in a row paused the profile for every other job. Counted as the limits' kills are.
+# five in a row paused the profile for every other job.
 JOBS_OWN_CRASHES = 2
 NO_TURNS = " with no turns"  # the worker's words for an agent that ran and asked nothing
 
 
-def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> tuple[int, str]:
+def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> int:
     """How many attempts of the job ended so (a launch failure ``NO_TURNS``, or the
-    ``no-output`` it became) on ``worker``'s machine, when another job of the profile
-    ``reviewer`` has answered there since the first of them, and the machine; 0 when none
-    has: an agent broken on that machine is the machine's, whatever job it met."""
-    host = worker.rpartition(":")[0] if isinstance(worker, str) else ""
-    if not host:
-        return 0, ""
+    ``no-output`` it became) on ``worker``, when another job of the profile ``reviewer``
+    has answered on that worker since the last of them; 0 when none has. The worker, not
+    its host: two workers on one host may run their CLI with another PATH or HOME (C28).
+    Since the last, not the first: an answer before the job's last crash says nothing of
+    the CLI now, and counted from a crash of an earlier night, a login that expired made
+    the job its own after two exits where none answered (C27)."""
+    if not isinstance(worker, str) or not worker:
+        return 0
     [n] = store.conn.execute(
-        "WITH k AS (SELECT count(*) AS n, min(recorded_at) AS first FROM attempts "
+        "WITH k AS (SELECT count(*) AS n, max(recorded_at) AS last FROM attempts "
         "WHERE job_id = ?1 AND outcome IN ('launch-failure', 'no-output') AND instr(reasons, ?4) "
-        "AND substr(worker, 1, length(?2) + 1) = ?2 || ':') "
+        "AND worker = ?2) "
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM k, attempts a JOIN review_jobs j ON j.id = a.job_id "
-        "WHERE a.recorded_at >= k.first AND a.job_id != ?1 AND j.reviewer = ?3 "
-        "AND a.outcome IN ('output', 'finalized') AND substr(a.worker, 1, length(?2) + 1) = ?2 || ':') "
+        "WHERE a.recorded_at >= k.last AND a.job_id != ?1 AND j.reviewer = ?3 "
+        "AND a.outcome IN ('output', 'finalized') AND a.worker = ?2) "
         "THEN k.n ELSE 0 END FROM k",
-        (job_id, host, reviewer, NO_TURNS),
+        (job_id, worker, reviewer, NO_TURNS),
     ).fetchone()
-    return n, host
+    return n
 
 
 def record_end(

@@ -1001,16 +1001,15 @@ class Control:
         elif (
             cls == "launch-failure"
             and NO_TURNS in (reasons[0] if reasons else "")
-            and (crashed := own_crashes(self.store, job_id, job["reviewer"], o.get("worker")))[0]
+            and (n := own_crashes(self.store, job_id, job["reviewer"], o.get("worker")))
             >= JOBS_OWN_CRASHES
         ):
             # The same job's agent ended at once again, where this profile's agents answer
             # other jobs: the job's own, counted against it so that it fails, saying why,
             # and the profile does not pause over it.
-            n, host = crashed
             said = (
-                f"{reasons[0]}; ended so on this job {n + 1} times on {host}, where other "
-                f"jobs of {job['reviewer']} answered: the job's own, most likely"
+                f"{reasons[0]}; ended so on this job {n + 1} times on worker {o['worker']}, "
+                f"where other jobs of {job['reviewer']} answered since: the job's own, most likely"
             )
             o = {**o, "classification": "no-output", "reasons": [said, *reasons[1:]]}
             cls = "no-output"
