@@ -756,9 +756,14 @@ def gates_named(selectors: tuple[str, ...]) -> list[str]:
     """The selectors that name a bundle or a gate id. All gates (``--all-gates``,
     ``all_gates = true``) combine only with ``type`` and ``type/NAME``: beside them, a
     bundle was dropped without a word and every gate reviewed."""
-    return [
-        s for s in selectors if (n := s.strip().strip("/")) != "type" and not n.startswith("type/")
-    ]
+    return [s for s in selectors if not type_selector(s)]
+
+
+def type_selector(selector: str) -> bool:
+    """Whether a selector asks for the type lens or one type spec (``type``, ``type/NAME``),
+    read as the catalog reads it, without the spaces and slashes around it."""
+    n = selector.strip().strip("/")
+    return n == "type" or n.startswith("type/")
 
 
 def _sweep(value: object, index: int) -> SweepConfig:

@@ -262,6 +262,25 @@ def test_gates_lists_the_type_specs_notes_name_by_a_path(kb, run_cli):
     }
 
 
+@pytest.mark.parametrize("spelled", [" type ", "type/", " type/local"])
+def test_a_type_selector_spelled_with_a_space_or_slash_reads_the_types_notes_name(
+    kb, run_cli, spelled
+):
+    """E58 took `" type "` and `"type/"` beside all_gates as the type lens, and the catalog
+    resolves them so; but the specs notes name by a path joined the catalog only for
+    `type` and `type/NAME` exactly: `" type "` left `type/local` out without a word, and
+    `" type/local"` was refused as "no type spec kb/types/local.md"."""
+    from .test_select import note_text_with_type
+
+    kb.gate("prose/clarity", ["body"])
+    kb.write("kb/notes/sub/types/local.md", "---\nname: local\n---\n# Local type\n")
+    kb.write("kb/notes/sub/rel.md", note_text_with_type("./types/local.md"))
+    for argv in ([spelled], ["--all-gates", spelled]):
+        res = run_cli("select", *argv, "--json")
+        assert res.exit_code == 0, res.stderr
+        assert "type/local" in {t["gate_id"] for t in res.json()["targets"]}, argv
+
+
 @pytest.mark.corpus
 def test_commonplace_catalog_loads_clean(commonplace, run_cli):
     res = run_cli("gates", "--check", "--json", root=commonplace)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.config import type_selector
 from orchestrator.kb.gates import Catalog, Gate, SelectionError, applies, lens_folder_warnings
 from orchestrator.kb.notecache import NoteCache, RatioMemo, SelectMemo
 from orchestrator.kb.notes import (
@@ -249,7 +250,7 @@ def select(
         notes = [n for n in notes if n.status == "current"]
     sel.notes = {n.path: n for n in notes}
 
-    if any(s == "type" or s.startswith("type/") for s in selectors):
+    if any(type_selector(s) for s in selectors):  # " type " too, as resolve reads it (C29)
         catalog = catalog.copy()  # the workspace's cached catalog stays as the files say
         known = len(catalog.problems)
         add_note_relative_types(kb, catalog, notes)
