@@ -1678,29 +1678,52 @@ def _crashed(ws, control, msg: dict, worker: str = "far:42") -> None:
     )
 
 
-def _until_settled(
-    ws, control, sent, job_id, clock, worker="far:42", answers=(), answerer="far:42"
-) -> str:
+def _until_settled(ws, control, sent, job_id, clock, worker="far:42", between=None) -> str:
     """Crash ``job_id``'s agent at each dispatch (bounded) until the job is no longer
-    queued, each crash followed by the next of ``answers`` (jobs dispatched before,
-    answered by ``answerer``) while there are some; its status."""
+    queued, calling ``between`` after each crash (another job's answer); its status."""
     from datetime import timedelta
 
-    answers = list(answers)
+    crashed = _latest(sent, job_id)["attempt"]
     for _ in range(12):  # bounded: before, every one of these queued the job again
         status = ws.store.conn.execute(
             "SELECT status FROM review_jobs WHERE id = ?", (job_id,)
         ).fetchone()[0]
-        if status != "queued":
+        if status not in ("queued", "running"):  # running: dispatched with another job's
             return status
         clock[0] += timedelta(hours=1)  # past the backoff and any pause
-        assert control.dispatch() == 1
-        _crashed(ws, control, sent[-1], worker)
-        if answers:
-            msg = answers.pop(0)
-            host = answerer.partition(":")[0]
-            control.on_messages([], [_outcome(ws, msg, worker=answerer, host=host)])
+        control.dispatch()  # it may have gone with another job's, right after a no-output
+        msg = _latest(sent, job_id)
+        assert msg["attempt"] > crashed, msg
+        _crashed(ws, control, msg, worker)
+        crashed = msg["attempt"]
+        if between is not None:
+            between()
     return status
+
+
+def _latest(sent: list[dict], job_id: int) -> dict:
+    return [m for m in sent if m["job_id"] == job_id][-1]
+
+
+def _answers(kb, ws, control, sent, worker="far:42"):
+    """A call that makes a new job (a note added, a sweep), dispatches it and has
+    ``worker`` answer it: an agent of the profile launched after the crashes before it."""
+    names = iter(range(100))
+
+    def answer() -> None:
+        kb.note(f"answered-{next(names)}")
+        (job,) = enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True)).jobs
+        control.dispatch()
+        msg = _latest(sent, job.review_job_id)
+        host = worker.partition(":")[0]
+        control.on_messages([], [_outcome(ws, msg, worker=worker, host=host)])
+
+    return answer
+
+
+def _in_flight(ws, control, msgs: list[dict]):
+    """A call that has the next of ``msgs`` (attempts dispatched before) answer."""
+    return lambda: control.on_messages([], [_outcome(ws, msgs.pop(0))]) if msgs else None
 
 
 def _crash_outcomes(ws, job_id: int) -> list[str]:
@@ -1721,12 +1744,12 @@ def test_a_job_its_agent_always_crashes_on_fails_and_says_so(kb):
     from datetime import datetime
 
     clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
-    notes = ["crashes", *(f"fine-{i}" for i in range(4))]
-    ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
-    crashes, *fine = sent
+    ws, control, sent = _dispatched(kb, ["crashes"], now=lambda: clock[0])
+    [crashes] = sent
+    answer = _answers(kb, ws, control, sent)  # the profile answers on that worker
     _crashed(ws, control, crashes)
-    control.on_messages([], [_outcome(ws, fine.pop(0))])  # the profile answers on that worker
-    assert _until_settled(ws, control, sent, crashes["job_id"], clock, answers=fine) == "failed"
+    answer()
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock, between=answer) == "failed"
     outcomes = _crash_outcomes(ws, crashes["job_id"])
     assert outcomes == ["launch-failure"] * 2 + ["no-output"] * 3, outcomes
     [failed] = _events(ws, "job.failed")
@@ -1778,6 +1801,27 @@ def test_a_job_that_crashed_once_before_an_outage_is_not_failed_by_the_outage(kb
     ws.close()
 
 
+def test_answers_of_agents_launched_before_a_job_s_crash_do_not_make_it_its_own(kb):
+    """The CLI broke under a running worker (updated, its login expired) while long
+    reviews it had launched before ran on and answered one after another: each answer
+    recorded after the job's last crash made its next crash the job's own, and three
+    `no-output`s failed it for the machine's fault. An agent launched before the crash
+    says nothing of the CLI as it is now."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    notes = ["crashes", *(f"long-{i}" for i in range(7))]  # the profile's 8 slots
+    ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
+    crashes, *running = sent
+    answer = _in_flight(ws, control, running)
+    _crashed(ws, control, crashes)
+    answer()
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock, between=answer) == "queued"
+    assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
+    assert not _events(ws, "job.failed")
+    ws.close()
+
+
 def test_a_job_crashing_on_a_worker_whose_neighbour_answers_stays_the_worker_s(kb):
     """Two workers on one host, one started with a PATH (or HOME) whose CLI crashes at
     once: the other's answers on that host made each job the broken one took three
@@ -1785,15 +1829,12 @@ def test_a_job_crashing_on_a_worker_whose_neighbour_answers_stays_the_worker_s(k
     from datetime import datetime
 
     clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
-    notes = ["crashes", *(f"fine-{i}" for i in range(6))]
-    ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
-    crashes, *fine = sent
+    ws, control, sent = _dispatched(kb, ["crashes"], now=lambda: clock[0])
+    crashes = sent[0]
+    answer = _answers(kb, ws, control, sent, worker="far:43")
     _crashed(ws, control, crashes)
-    control.on_messages([], [_outcome(ws, fine.pop(0), worker="far:43")])
-    settled = _until_settled(
-        ws, control, sent, crashes["job_id"], clock, answers=fine, answerer="far:43"
-    )
-    assert settled == "queued"
+    answer()
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock, between=answer) == "queued"
     assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
     assert not _events(ws, "job.failed")
     ws.close()

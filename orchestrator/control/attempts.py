@@ -402,20 +402,22 @@ NO_TURNS = " with no turns"  # the worker's words for an agent that ran and aske
 
 def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> int:
     """How many attempts of the job ended so (a launch failure ``NO_TURNS``, or the
-    ``no-output`` it became) on ``worker``, when another job of the profile ``reviewer``
-    has answered on that worker since the last of them; 0 when none has. The worker, not
-    its host: two workers on one host may run their CLI with another PATH or HOME (C28).
-    Since the last, not the first: an answer before the job's last crash says nothing of
-    the CLI now, and counted from a crash of an earlier night, a login that expired made
-    the job its own after two exits where none answered (C27)."""
+    ``no-output`` it became) on ``worker``, when an agent of another job of the profile
+    ``reviewer`` dispatched after the last of them has answered on that worker; 0 when
+    none has. The worker, not its host: two workers on one host may run their CLI with
+    another PATH or HOME (C28). After the last, not the first: counted from a crash of an
+    earlier night, a login that expired made the job its own at its second exit where
+    none answered (C27). Dispatched after it (a later attempt id), not recorded after it:
+    long reviews launched before the CLI broke answer for minutes after (C30), and the
+    ids are one sequence where two clocks may not agree."""
     if not isinstance(worker, str) or not worker:
         return 0
     [n] = store.conn.execute(
-        "WITH k AS (SELECT count(*) AS n, max(recorded_at) AS last FROM attempts "
+        "WITH k AS (SELECT count(*) AS n, max(id) AS last FROM attempts "
         "WHERE job_id = ?1 AND outcome IN ('launch-failure', 'no-output') AND instr(reasons, ?4) "
         "AND worker = ?2) "
         "SELECT CASE WHEN EXISTS (SELECT 1 FROM k, attempts a JOIN review_jobs j ON j.id = a.job_id "
-        "WHERE a.recorded_at >= k.last AND a.job_id != ?1 AND j.reviewer = ?3 "
+        "WHERE a.id > k.last AND a.job_id != ?1 AND j.reviewer = ?3 "
         "AND a.outcome IN ('output', 'finalized') AND a.worker = ?2) "
         "THEN k.n ELSE 0 END FROM k",
         (job_id, worker, reviewer, NO_TURNS),
