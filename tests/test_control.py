@@ -1599,7 +1599,7 @@ _REFUSED = (
 )
 
 
-def _killed_by_memory(ws, control, msg: dict, reason: str = _OOM) -> None:
+def _killed_by_memory(ws, control, msg: dict, reason: str = _OOM, worker="far:42") -> None:
     control.on_messages(
         [],
         [
@@ -1610,6 +1610,8 @@ def _killed_by_memory(ws, control, msg: dict, reason: str = _OOM) -> None:
                 output=None,
                 exit_code=-9 if reason.startswith("memory: ") else 1,
                 reasons=[reason],
+                worker=worker,
+                host=worker.partition(":")[0],
             )
         ],
     )
@@ -1625,33 +1627,50 @@ def test_a_job_its_agent_always_dies_of_the_memory_limit_fails_and_says_so(kb, r
     kill each time, while the other jobs answered; no job failed, no person was told.
     Killed twice while another job answered, its next kills are counted as its own; the
     same of a job whose agent is refused processes at the pids limit every time."""
-    from datetime import datetime, timedelta
+    from datetime import datetime
 
     clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
-    ws, control, sent = _dispatched(kb, ["alpha", "beta"], now=lambda: clock[0])
-    huge, small = sent
-    _killed_by_memory(ws, control, huge, reason)
-    control.on_messages([], [_outcome(ws, small)])  # the machine runs other jobs
-    for _ in range(12):  # bounded: before, every one of these queued the job again
-        status = ws.store.conn.execute(
-            "SELECT status FROM review_jobs WHERE id = ?", (huge["job_id"],)
-        ).fetchone()[0]
-        if status != "queued":
-            break
-        clock[0] += timedelta(hours=1)  # past the backoff and any pause
-        assert control.dispatch() == 1
-        _killed_by_memory(ws, control, sent[-1], reason)
+    ws, control, sent = _dispatched(kb, ["alpha"], now=lambda: clock[0])
+    [huge] = sent
+    answer = _answers(kb, ws, control, sent)  # the worker runs other jobs between
+
+    def kill(msg: dict) -> None:
+        _killed_by_memory(ws, control, msg, reason)
+
+    kill(huge)
+    answer()
+    status = _until_settled(ws, control, sent, huge["job_id"], clock, between=answer, end=kill)
     assert status == "failed", status
-    outcomes = [
-        r[0]
-        for r in ws.store.conn.execute(
-            "SELECT outcome FROM attempts WHERE job_id = ? ORDER BY attempt", (huge["job_id"],)
-        )
-    ]
+    outcomes = _crash_outcomes(ws, huge["job_id"])
     assert outcomes == ["reviewer-failure"] * 2 + ["no-output"] * 3, outcomes
     [failed] = _events(ws, "job.failed")
     assert failed["job_id"] == huge["job_id"]
     assert said in failed["reasons"][0], failed
+    ws.close()
+
+
+@pytest.mark.parametrize("reason", [_OOM, _REFUSED])
+def test_a_job_killed_by_one_worker_s_limit_where_another_answers_stays_the_worker_s(kb, reason):
+    """A worker whose memory (or pids) limit no agent fits in, beside one that answers:
+    L45 counted a job's kills as its own once any job answered, of any profile on any
+    worker, so each job the small worker took three times more failed, "may need more
+    memory than the worker has", for that worker's limit alone."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["alpha"], now=lambda: clock[0])
+    [huge] = sent
+    answer = _answers(kb, ws, control, sent, worker="big:43")
+
+    def kill(msg: dict) -> None:
+        _killed_by_memory(ws, control, msg, reason, worker="small:42")
+
+    kill(huge)
+    answer()
+    settled = _until_settled(ws, control, sent, huge["job_id"], clock, between=answer, end=kill)
+    assert settled == "queued"
+    assert set(_crash_outcomes(ws, huge["job_id"])) == {"reviewer-failure"}
+    assert not _events(ws, "job.failed")
     ws.close()
 
 
@@ -1678,9 +1697,12 @@ def _crashed(ws, control, msg: dict, worker: str = "far:42") -> None:
     )
 
 
-def _until_settled(ws, control, sent, job_id, clock, worker="far:42", between=None) -> str:
-    """Crash ``job_id``'s agent at each dispatch (bounded) until the job is no longer
-    queued, calling ``between`` after each crash (another job's answer); its status."""
+def _until_settled(
+    ws, control, sent, job_id, clock, worker="far:42", between=None, end=None
+) -> str:
+    """Crash ``job_id``'s agent (or ``end`` its attempt's message) at each dispatch
+    (bounded) until the job is no longer queued, calling ``between`` after each (another
+    job's answer); its status."""
     from datetime import timedelta
 
     crashed = _latest(sent, job_id)["attempt"]
@@ -1694,7 +1716,7 @@ def _until_settled(ws, control, sent, job_id, clock, worker="far:42", between=No
         control.dispatch()  # it may have gone with another job's, right after a no-output
         msg = _latest(sent, job_id)
         assert msg["attempt"] > crashed, msg
-        _crashed(ws, control, msg, worker)
+        (end or (lambda m: _crashed(ws, control, m, worker)))(msg)
         crashed = msg["attempt"]
         if between is not None:
             between()

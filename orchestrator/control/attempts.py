@@ -377,18 +377,36 @@ def limit_killed_said(store: Store, name: str, kind: str) -> str:
     )
 
 
-def limit_kills(store: Store, job_id: int, kind: str) -> int:
+def limit_kills(store: Store, job_id: int, reviewer: str, worker: object, kind: str) -> int:
     """How many attempts of the job the worker's limit ``kind`` ended (a reason ``memory:``,
-    ``pids:``), when another job has answered since the first of them; 0 when none has: a
-    limit no agent fits in is the machine's alone, and failing every job for it a verdict
-    on notes nobody read."""
-    return store.conn.execute(
-        "WITH k AS (SELECT count(*) AS n, min(recorded_at) AS first FROM attempts "
-        "WHERE job_id = ? AND outcome IN ('reviewer-failure', 'no-output') AND reasons LIKE ?) "
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM attempts a, k WHERE a.recorded_at >= k.first "
-        "AND a.job_id != ? AND a.outcome IN ('output', 'finalized')) THEN k.n ELSE 0 END FROM k",
-        (job_id, f'["{kind}: %', job_id),
-    ).fetchone()[0]
+    ``pids:``), counted as :func:`own_failures` counts: a limit no agent fits in is the
+    worker's alone, and failing every job for it a verdict on notes nobody read."""
+    return own_failures(store, job_id, reviewer, worker, f'["{kind}: %')
+
+
+def own_failures(store: Store, job_id: int, reviewer: str, worker: object, like: str) -> int:
+    """How many attempts of the job failed on ``worker`` with reasons ``LIKE like`` (kept
+    so when they became its ``no-output``), when an agent of another job of the profile
+    ``reviewer``, dispatched after the last of them, has answered on that worker; 0 when
+    none has. The worker, not its host nor any: two workers may differ in their PATH,
+    HOME or limits (C28, C31). After the last, not the first: counted from one of an
+    earlier night, an outage made the job its own at its second failure where none
+    answered (C27). Dispatched after it (a greater attempt id), not recorded after it:
+    agents launched before the machine broke answer for minutes after (C30), and the ids
+    are one sequence where two clocks may not agree."""
+    if not isinstance(worker, str) or not worker:
+        return 0
+    [n] = store.conn.execute(
+        "WITH k AS (SELECT count(*) AS n, max(id) AS last FROM attempts WHERE job_id = ?1 "
+        "AND outcome IN ('launch-failure', 'reviewer-failure', 'no-output') "
+        "AND reasons LIKE ?4 AND worker = ?2) "
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM k, attempts a JOIN review_jobs j ON j.id = a.job_id "
+        "WHERE a.id > k.last AND a.job_id != ?1 AND j.reviewer = ?3 "
+        "AND a.outcome IN ('output', 'finalized') AND a.worker = ?2) "
+        "THEN k.n ELSE 0 END FROM k",
+        (job_id, worker, reviewer, like),
+    ).fetchone()
+    return n
 
 
 # An agent that exits at once without a turn, on one job again and again, on a worker
@@ -402,27 +420,9 @@ NO_TURNS = " with no turns"  # the worker's words for an agent that ran and aske
 
 def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> int:
     """How many attempts of the job ended so (a launch failure ``NO_TURNS``, or the
-    ``no-output`` it became) on ``worker``, when an agent of another job of the profile
-    ``reviewer`` dispatched after the last of them has answered on that worker; 0 when
-    none has. The worker, not its host: two workers on one host may run their CLI with
-    another PATH or HOME (C28). After the last, not the first: counted from a crash of an
-    earlier night, a login that expired made the job its own at its second exit where
-    none answered (C27). Dispatched after it (a later attempt id), not recorded after it:
-    long reviews launched before the CLI broke answer for minutes after (C30), and the
-    ids are one sequence where two clocks may not agree."""
-    if not isinstance(worker, str) or not worker:
-        return 0
-    [n] = store.conn.execute(
-        "WITH k AS (SELECT count(*) AS n, max(id) AS last FROM attempts "
-        "WHERE job_id = ?1 AND outcome IN ('launch-failure', 'no-output') AND instr(reasons, ?4) "
-        "AND worker = ?2) "
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM k, attempts a JOIN review_jobs j ON j.id = a.job_id "
-        "WHERE a.id > k.last AND a.job_id != ?1 AND j.reviewer = ?3 "
-        "AND a.outcome IN ('output', 'finalized') AND a.worker = ?2) "
-        "THEN k.n ELSE 0 END FROM k",
-        (job_id, worker, reviewer, NO_TURNS),
-    ).fetchone()
-    return n
+    ``no-output`` it became), counted as :func:`own_failures` counts: an agent broken on
+    that worker is the worker's, whatever job it met."""
+    return own_failures(store, job_id, reviewer, worker, f"%{NO_TURNS}%")
 
 
 def record_end(

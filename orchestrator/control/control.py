@@ -986,7 +986,8 @@ class Control:
         if (
             cls == "reviewer-failure"
             and kind in NEEDS_MORE
-            and (kills := limit_kills(self.store, job_id, kind)) >= MACHINES_LIMIT_KILLS
+            and (kills := limit_kills(self.store, job_id, job["reviewer"], o.get("worker"), kind))
+            >= MACHINES_LIMIT_KILLS
         ):
             # The same job's agent ended by the worker's limit again while others answer:
             # its own size, most likely, counted against it so that it fails, saying why,
