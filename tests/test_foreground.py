@@ -220,14 +220,14 @@ def test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again(kb, tmp_path
     (enqueue then skipped its pairs); SIGTERM or a closed terminal (SIGHUP) left the
     agent running unwatched as well, and no worker ever reaped it."""
     import os
-    import time
 
     from .conftest import process_gone
+    from .test_queue_integration import await_fifo, make_fifo
 
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile())
     _one_job_for_fake(kb)
-    pids = tmp_path / "pids"
+    pids = make_fifo(tmp_path, "pids")  # the agent's write of its pids is the event awaited
     env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
     exe = str(Path(sys.executable).parent / "reviewq")
     proc = subprocess.Popen(
@@ -238,11 +238,7 @@ def test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again(kb, tmp_path
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.05)  # the agent says it started by this file; no event to await
-        leader, child = map(int, pids.read_text().split())
+        leader, child = map(int, await_fifo(pids).split())
         proc.send_signal(how)
         assert proc.wait(timeout=30) == 130
         assert "error: interrupted" in proc.stderr.read()
