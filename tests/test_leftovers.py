@@ -11,10 +11,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from .leftovers import remove_cgroup
+from .test_queue_integration import await_fifo, make_fifo
 
 PROJECT = Path(__file__).resolve().parent.parent
 # Ignores SIGTERM and SIGINT, as the Ctrl-C tests' stubborn agent does; an hour long.
@@ -102,11 +104,15 @@ def test_a_run_stopped_mid_test_leaves_no_process_it_started(inner, how, workers
     and every process its tests had going was left, under pytest-xdist its workers too.
     Stopped as Ctrl-C stops it, the same: the test's own stop was never reached. (Under
     pytest-xdist the controller gives a worker mid-test 10 s, then SIGTERMs it.)"""
+    started = make_fifo(inner, "started")  # the inner test says it is mid-test: awaited
     test = _inner_file(
         inner,
         "def test_runs_a_while():\n"
         "    proc = start()\n"
-        "    print('started', proc.pid, flush=True)\n"
+        # Closed in a with: a signal that came in the close of a file object freed unnamed
+        # raised in its dealloc, where Python drops the exception (the run went on 60 s).
+        f"    with open({str(started)!r}, 'w') as fifo:\n"
+        "        fifo.write(f'started {proc.pid}\\n')\n"
         "    time.sleep(60)\n"
         "    proc.kill()\n",
     )
@@ -117,10 +123,7 @@ def test_a_run_stopped_mid_test_leaves_no_process_it_started(inner, how, workers
             start_new_session=True,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not _tagged(inner) and time.monotonic() < deadline:
-            assert run.poll() is None, said.read_text()
-            time.sleep(0.05)  # the test's process is the sign it runs; no event to await
+        await_fifo(started)
         assert _tagged(inner), said.read_text()
         run.send_signal(how)  # the run's own process, as `kill PID` and CI send it
         run.wait(timeout=60)
@@ -173,8 +176,4 @@ def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
             left.wait()
         if made is not None and made.returncode == 0:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-        deadline = time.monotonic() + 5
-        while group.exists() and time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                group.rmdir()
-            time.sleep(0.1)  # the kernel frees an emptied cgroup a moment later
+        remove_cgroup(group)
