@@ -1659,8 +1659,7 @@ def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, r
         url = request.getfixturevalue("redis_url")
         queue = FAST_QUEUE.replace("[queue]\n", f'[queue]\nurl = "{url}"\n')
     kb.write("reviewq.toml", fake_profile(timeout='"600s"') + queue)
-    fifo = make_fifo(tmp_path, "started")
-    pidfile = tmp_path / "pids"
+    fifo, pidfile = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "pids")
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     env = {
         **os.environ,
@@ -1677,6 +1676,9 @@ def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, r
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         agents.append(int(await_fifo(fifo).split()[0]))
+        # Its child's too, said after it started it (a file read after the finalize below
+        # could be read before the agent wrote it).
+        agents += [int(p) for p in await_fifo(pidfile).split()]
         job_dir = kb.state / "jobs" / "review-job-1"
         (pair,) = json.loads((job_dir / "MANIFEST.json").read_text())["pairs"]
         sentinel = f"{pair['note_path']} :: {pair['gate_path']}"
@@ -1686,7 +1688,6 @@ def test_an_agent_whose_attempt_was_finalized_by_hand_is_stopped(kb, tmp_path, r
         )
         res = rq(kb, "finalize", "--review-job-id", "1", "--model", "fake")
         assert res.returncode == 0, res.stderr
-        agents += [int(p) for p in pidfile.read_text().split()]
         _await_exit(agents, timeout=30)  # a heartbeat is every 0.5 s here
     finally:
         for proc in (worker, control):

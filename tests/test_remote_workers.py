@@ -1876,7 +1876,7 @@ def test_a_second_agent_of_an_attempt_already_finalized_is_stopped(kb, tmp_path,
 
     small(kb, notes=1)
     kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE + f'url = "{redis_url}"\n')
-    fifo, pidfile = make_fifo(tmp_path, "started"), tmp_path / "pids"
+    fifo, pidfile = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "pids")
     hang = {"FAKE_MODE": "hang", "FAKE_NOTIFY_FIFO": str(fifo), "FAKE_PIDFILE": str(pidfile)}
     env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
     control = subprocess.Popen([EXE, "--root", str(kb.root), "control"], env=env, stderr=subprocess.PIPE)  # fmt: skip
@@ -1893,10 +1893,11 @@ def test_a_second_agent_of_an_attempt_already_finalized_is_stopped(kb, tmp_path,
         (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
         procs.append(start_worker(tmp_path / "a", redis_url, hang, "--workers", "1")[0])
         agents.append(int(await_fifo(fifo).split()[0]))
+        # With its child, said once it started it: a file read after the agent's stop
+        # was not there when the stop came first.
+        agents += [int(p) for p in await_fifo(pidfile).split()]
         procs.append(start_worker(tmp_path / "b", redis_url, {}, "--workers", "1")[0])
         _await_exit(agents, timeout=60)  # a heartbeat is every 0.5 s here
-        agents += [int(p) for p in pidfile.read_text().split()]  # with its child
-        _await_exit(agents, timeout=30)
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
