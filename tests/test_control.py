@@ -4281,3 +4281,29 @@ def test_each_outcome_of_a_batch_is_logged_with_its_own_attempt(kb):
         ("job.retrying", beta["job_id"]): 1,
     }, said
     ws.close()
+
+
+def test_a_pause_over_agents_that_crash_at_once_names_their_jobs(kb, run_cli):
+    """A `command` reviewer that crashes on one note, whose jobs are the last of the run:
+    nothing answers after them to prove the worker sound, so they pause the profile (U45
+    after C27–C30). The pause quoted the crash alone ("its agent failed to start on far:
+    exited 139 … Segmentation fault"): at 7 a.m. it read as a broken reviewer, where the
+    other jobs had answered and one note was at fault. It names the jobs, their notes and
+    counts, as a pause over the memory limit does (L48)."""
+    from datetime import datetime
+
+    clock = [datetime(2030, 1, 2, 3, 0).astimezone()]
+    ws, control, sent = _dispatched(kb, ["crashes", "fine"], now=lambda: clock[0])
+    crashes, fine = sent
+    control.on_messages([], [_outcome(ws, fine)])  # the profile answered, then
+    _crashed(ws, control, crashes)
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock) == "queued"
+    paused, *_ = _events(ws, "reviewer.paused")  # and again after each pause: bounded above
+    job = crashes["job_id"]
+    assert paused["reason"].endswith(
+        "; since reviewer offline last answered, its agent exited at once on "
+        f"job {job} (kb/notes/crashes.md, 5 time(s): reviewq job {job})"
+    ), paused["reason"]
+    status = run_cli("status").stdout
+    assert f"kb/notes/crashes.md, 10 time(s): reviewq job {job}" in status, status
+    ws.close()

@@ -331,6 +331,7 @@ NEEDS_MORE = {
     "memory": "more memory than the worker has",
     "pids": "more processes than the worker's pids.max allows",
 }
+NO_TURNS = " with no turns"  # the worker's words for an agent that ran and asked nothing
 _NAMED_JOBS = 5  # a pause's reason names this many jobs the limit ended, then a count
 
 
@@ -341,6 +342,27 @@ def limit_killed_said(store: Store, name: str, kind: str) -> str:
     pause's reason (L45 leaves a lone job, or jobs all ended so, waiting through pauses),
     which named the limit only and sent the person to the log for the note. Inside the
     caller's write."""
+    said = _jobs_ended_said(store, name, "reviewer-failure", f'["{kind}: %', "the limit ended")
+    if not said:
+        return ""
+    return f"{said}; a job ended so every time while other jobs answer may need {NEEDS_MORE[kind]}"
+
+
+def crashed_said(store: Store, name: str) -> str:
+    """The jobs of the profile ``name`` whose agents exited at once without a turn since
+    the profile last answered, as :func:`limit_killed_said` names them: a pause over an
+    agent that crashes on a few notes (its jobs the last of a run, where nothing proves
+    the worker sound, U45) quoted the crash alone, and the person at 7 a.m. read a broken
+    reviewer where one note was at fault. Inside the caller's write."""
+    return _jobs_ended_said(
+        store, name, "launch-failure", f"%{NO_TURNS}%", "its agent exited at once on"
+    )
+
+
+def _jobs_ended_said(store: Store, name: str, outcome: str, like: str, what: str) -> str:
+    """ "since reviewer NAME last answered, WHAT job N (NOTE, K time(s): reviewq job N), …"
+    for the profile's attempts of ``outcome`` with reasons ``LIKE like`` since its last
+    answer (all of them, for a profile that never answered); "" when there are none."""
     [answered] = store.conn.execute(
         "SELECT max(b.recorded_at) FROM attempts b JOIN review_jobs k ON k.id = b.job_id "
         "WHERE k.reviewer = ? AND b.outcome NOT IN ('launch-failure', 'reviewer-failure', "
@@ -351,9 +373,9 @@ def limit_killed_said(store: Store, name: str, kind: str) -> str:
         "SELECT a.job_id, count(*), (SELECT min(note_path) FROM review_pairs p WHERE "
         "p.job_id = a.job_id), (SELECT count(DISTINCT note_path) FROM review_pairs p WHERE "
         "p.job_id = a.job_id) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
-        "WHERE j.reviewer = ? AND a.outcome = 'reviewer-failure' AND a.reasons LIKE ? "
+        "WHERE j.reviewer = ? AND a.outcome = ? AND a.reasons LIKE ? "
         "AND a.recorded_at > ? GROUP BY a.job_id ORDER BY count(*) DESC, a.job_id",
-        (name, f'["{kind}: %', answered or ""),
+        (name, outcome, like, answered or ""),
     ).fetchall()
     if not rows:
         return ""
@@ -365,16 +387,13 @@ def limit_killed_said(store: Store, name: str, kind: str) -> str:
     ]
     if len(rows) > _NAMED_JOBS:
         jobs.append(f"{len(rows) - _NAMED_JOBS} more job(s)")
-    return (
-        # A profile that never answered has no "last": every kill so far is listed.
-        (
-            f"since reviewer {name} last answered"
-            if answered
-            else f"reviewer {name} has not answered yet"
-        )
-        + f", the limit ended {', '.join(jobs)}; "
-        f"a job ended so every time while other jobs answer may need {NEEDS_MORE[kind]}"
+    # A profile that never answered has no "last": every one so far is listed.
+    since = (
+        f"since reviewer {name} last answered"
+        if answered
+        else f"reviewer {name} has not answered yet"
     )
+    return f"{since}, {what} {', '.join(jobs)}"
 
 
 def limit_kills(store: Store, job_id: int, reviewer: str, worker: object, kind: str) -> int:
@@ -415,7 +434,6 @@ def own_failures(store: Store, job_id: int, reviewer: str, worker: object, like:
 # machine's, such a job was tried all night with a backoff, never failed nor named, and
 # five in a row paused the profile for every other job.
 JOBS_OWN_CRASHES = 2
-NO_TURNS = " with no turns"  # the worker's words for an agent that ran and asked nothing
 
 
 def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> int:
@@ -701,6 +719,8 @@ def back_off(
         kind = reasons[0].partition(": ")[0] if reasons else ""
         if kind in NEEDS_MORE and (killed := limit_killed_said(store, name, kind)):
             reason += f"; {killed}"
+        elif reasons and NO_TURNS in reasons[0] and (crashed := crashed_said(store, name)):
+            reason += f"; {crashed}"
         pause = q.pause_seconds if asked is None else max(asked, q.launch_backoff_seconds)
         paused_until = timestamp(now + timedelta(seconds=pause))
         store.conn.execute(
