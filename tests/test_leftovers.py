@@ -20,9 +20,11 @@ from .test_queue_integration import await_fifo, make_fifo
 
 PROJECT = Path(__file__).resolve().parent.parent
 # Ignores SIGTERM and SIGINT, as the Ctrl-C tests' stubborn agent does; an hour long.
+# Says "ready" on its stdout once it runs its own code: its command line is readable in
+# /proc from then on (a parent's Popen returns as the exec begins, before it is).
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(3600)"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN); print('ready', flush=True); time.sleep(3600)"
 )
 
 
@@ -32,9 +34,10 @@ def _inner_file(folder: Path, body: str) -> Path:
         "import subprocess, sys, time\n"
         f"STUBBORN = {STUBBORN!r}\n"
         f"TAG = {str(folder)!r}\n\n"
-        "def start():  # in a session of its own: out of reach of a kill of the run's group\n"
+        "def start(stdout=subprocess.DEVNULL):  # in a session of its own: out of reach of a "
+        "kill of the run's group\n"
         "    return subprocess.Popen([sys.executable, '-c', STUBBORN, TAG], "
-        "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n\n" + body
+        "start_new_session=True, stdout=stdout, stderr=subprocess.DEVNULL)\n\n" + body
     )
     return test
 
@@ -108,7 +111,10 @@ def test_a_run_stopped_mid_test_leaves_no_process_it_started(inner, how, workers
     test = _inner_file(
         inner,
         "def test_runs_a_while():\n"
-        "    proc = start()\n"
+        "    proc = start(stdout=subprocess.PIPE)\n"
+        # Its "ready": _tagged finds it. Said at once, the outer look could come while its
+        # exec still loaded Python, its command line empty (seen once in a suite under -n 3).
+        "    proc.stdout.readline()\n"
         # Closed in a with: a signal that came in the close of a file object freed unnamed
         # raised in its dealloc, where Python drops the exception (the run went on 60 s).
         f"    with open({str(started)!r}, 'w') as fifo:\n"
