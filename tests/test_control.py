@@ -1823,6 +1823,17 @@ def test_a_job_that_crashed_once_before_an_outage_is_not_failed_by_the_outage(kb
     ws.close()
 
 
+def _crashes_stay_the_machine_s(ws, control, sent, crashes, clock, answer) -> None:
+    """``crashes``' agent crashes at each try, ``answer`` answering another job between:
+    the job waits, its every crash a launch failure, and nothing fails."""
+    _crashed(ws, control, crashes)
+    answer()
+    assert _until_settled(ws, control, sent, crashes["job_id"], clock, between=answer) == "queued"
+    assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
+    assert not _events(ws, "job.failed")
+    ws.close()
+
+
 def test_answers_of_agents_launched_before_a_job_s_crash_do_not_make_it_its_own(kb):
     """The CLI broke under a running worker (updated, its login expired) while long
     reviews it had launched before ran on and answered one after another: each answer
@@ -1835,13 +1846,7 @@ def test_answers_of_agents_launched_before_a_job_s_crash_do_not_make_it_its_own(
     notes = ["crashes", *(f"long-{i}" for i in range(7))]  # the profile's 8 slots
     ws, control, sent = _dispatched(kb, notes, now=lambda: clock[0])
     crashes, *running = sent
-    answer = _in_flight(ws, control, running)
-    _crashed(ws, control, crashes)
-    answer()
-    assert _until_settled(ws, control, sent, crashes["job_id"], clock, between=answer) == "queued"
-    assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
-    assert not _events(ws, "job.failed")
-    ws.close()
+    _crashes_stay_the_machine_s(ws, control, sent, crashes, clock, _in_flight(ws, control, running))
 
 
 def test_a_job_crashing_on_a_worker_whose_neighbour_answers_stays_the_worker_s(kb):
@@ -1854,12 +1859,7 @@ def test_a_job_crashing_on_a_worker_whose_neighbour_answers_stays_the_worker_s(k
     ws, control, sent = _dispatched(kb, ["crashes"], now=lambda: clock[0])
     crashes = sent[0]
     answer = _answers(kb, ws, control, sent, worker="far:43")
-    _crashed(ws, control, crashes)
-    answer()
-    assert _until_settled(ws, control, sent, crashes["job_id"], clock, between=answer) == "queued"
-    assert set(_crash_outcomes(ws, crashes["job_id"])) == {"launch-failure"}
-    assert not _events(ws, "job.failed")
-    ws.close()
+    _crashes_stay_the_machine_s(ws, control, sent, crashes, clock, answer)
 
 
 def test_jobs_all_killed_by_the_memory_limit_wait_with_the_profile_paused(kb):
