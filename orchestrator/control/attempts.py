@@ -317,12 +317,14 @@ def taken(store: Store, gone: list[tuple[int, int]], back: list[tuple[int, int]]
         )
 
 
-# Of one job, the attempts the worker's memory or process limit ended taken for the
-# machine's failure (L43, L44), while other jobs answer: an agent of the same job ended
-# again is taken to need more than the limit (a huge note). Taken all as the machine's,
-# such a job was queued again for good, an agent's run and a kill every backoff, and no
-# job was ever named.
-MACHINES_LIMIT_KILLS = 2
+# Of one job, the failures of the machine's kind taken for the machine's while other jobs
+# answer; the next are the job's own. A worker's memory or process limit that ends the
+# same job's agent again (L43, L44): a job that needs more (a huge note). An agent that
+# exits at once without a turn on the same job again (U45): a note that crashes a
+# `command` reviewer, a prompt the CLI refuses at once. Taken all as the machine's, such
+# a job was tried all night with a backoff, never failed nor named, and five in a row
+# paused the profile for every other job.
+MACHINES_FAILURES = 2
 
 
 # A reviewer failure that was the worker's limit, and what a job its agent keeps meeting
@@ -428,19 +430,38 @@ def own_failures(store: Store, job_id: int, reviewer: str, worker: object, like:
     return n
 
 
-# An agent that exits at once without a turn, on one job again and again, on a worker
-# where the profile's agents answer other jobs: the job's own, most likely (a note that
-# crashes a `command` reviewer, a prompt the CLI refuses at once). Taken all as the
-# machine's, such a job was tried all night with a backoff, never failed nor named, and
-# five in a row paused the profile for every other job.
-JOBS_OWN_CRASHES = 2
-
-
 def own_crashes(store: Store, job_id: int, reviewer: str, worker: object) -> int:
     """How many attempts of the job ended so (a launch failure ``NO_TURNS``, or the
     ``no-output`` it became), counted as :func:`own_failures` counts: an agent broken on
     that worker is the worker's, whatever job it met."""
     return own_failures(store, job_id, reviewer, worker, f"%{NO_TURNS}%")
+
+
+def the_jobs_own(
+    store: Store, job_id: int, reviewer: str, worker: object, outcome: str, reasons: list[str]
+) -> list[str] | None:
+    """The reasons of a failure of the machine's kind (``outcome``, ``reasons``) that is
+    the job's own by :data:`MACHINES_FAILURES`, saying why, for a ``no-output`` counted
+    against it so that it fails and the profile does not pause over it; None when it
+    stays the machine's. Inside the caller's write."""
+    first = reasons[0] if reasons else ""
+    kind = first.partition(": ")[0]
+    if outcome == "reviewer-failure" and kind in NEEDS_MORE:
+        kills = limit_kills(store, job_id, reviewer, worker, kind)
+        if kills >= MACHINES_FAILURES:
+            return [
+                f"{kind}: ended by the worker's limit {kills + 1} times: this job may need "
+                f"{NEEDS_MORE[kind]}; {first[len(kind) + 2 :]}"
+            ]
+    elif outcome == "launch-failure" and NO_TURNS in first:
+        crashes = own_crashes(store, job_id, reviewer, worker)
+        if crashes >= MACHINES_FAILURES:
+            return [
+                f"{first}; ended so on this job {crashes + 1} times on worker {worker}, "
+                f"where other jobs of {reviewer} answered since: the job's own, most likely",
+                *reasons[1:],
+            ]
+    return None
 
 
 def record_end(

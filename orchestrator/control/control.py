@@ -28,10 +28,6 @@ from orchestrator import logs
 from orchestrator.config import ConfigError, ReviewerProfile
 from orchestrator.control import messages
 from orchestrator.control.attempts import (
-    JOBS_OWN_CRASHES,
-    MACHINES_LIMIT_KILLS,
-    NEEDS_MORE,
-    NO_TURNS,
     JobMoved,
     OpenedAttempt,
     answered,
@@ -40,16 +36,15 @@ from orchestrator.control.attempts import (
     heartbeat,
     is_current,
     is_over,
-    limit_kills,
     log_paused,
     lose,
     not_the_jobs,
     open_attempt,
     opened_elsewhere,
-    own_crashes,
     record_end,
     supersede,
     taken,
+    the_jobs_own,
     write_attempt_files,
 )
 from orchestrator.cycles.escalations import (
@@ -981,38 +976,11 @@ class Control:
                 o.get("untouched"), o.get("output") is not None, o.get("exit_code")
             )
             o = {**o, "classification": cls, "reasons": reasons}
-        reasons = o.get("reasons") or []
-        kind = reasons[0].partition(": ")[0] if reasons else ""
-        if (
-            cls == "reviewer-failure"
-            and kind in NEEDS_MORE
-            and (kills := limit_kills(self.store, job_id, job["reviewer"], o.get("worker"), kind))
-            >= MACHINES_LIMIT_KILLS
-        ):
-            # The same job's agent ended by the worker's limit again while others answer:
-            # its own size, most likely, counted against it so that it fails, saying why,
-            # and the profile does not pause over it.
-            said = (
-                f"{kind}: ended by the worker's limit {kills + 1} times: this job may need "
-                f"{NEEDS_MORE[kind]}; "
-            )
-            rest = reasons[0][len(kind) + 2 :]
-            o = {**o, "classification": "no-output", "reasons": [said + rest]}
-            cls = "no-output"
-        elif (
-            cls == "launch-failure"
-            and NO_TURNS in (reasons[0] if reasons else "")
-            and (n := own_crashes(self.store, job_id, job["reviewer"], o.get("worker")))
-            >= JOBS_OWN_CRASHES
-        ):
-            # The same job's agent ended at once again, where this profile's agents answer
-            # other jobs: the job's own, counted against it so that it fails, saying why,
-            # and the profile does not pause over it.
-            said = (
-                f"{reasons[0]}; ended so on this job {n + 1} times on worker {o['worker']}, "
-                f"where other jobs of {job['reviewer']} answered since: the job's own, most likely"
-            )
-            o = {**o, "classification": "no-output", "reasons": [said, *reasons[1:]]}
+        own = the_jobs_own(
+            self.store, job_id, job["reviewer"], o.get("worker"), cls, o.get("reasons") or []
+        )
+        if own is not None:
+            o = {**o, "classification": "no-output", "reasons": own}
             cls = "no-output"
         record_end(
             self.store,
