@@ -185,6 +185,22 @@ def test_empty_file(data: bytes) -> None:
     assert_rejected(parse_bundle(data, (A,)), "output is empty")
 
 
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (b"\xef\xbb\xbf", "output is empty (a byte-order mark alone)"),
+        (b"\xef\xbb\xbf\r\n \n", "output is empty (a byte-order mark alone)"),
+        (b"\0" * 4096, "output is empty (4096 NUL bytes)"),
+        (b"\0\n\0 ", "output is empty (2 NUL bytes)"),
+    ],
+)
+def test_an_output_of_nothing_but_a_bom_or_nuls_is_empty(data: bytes, said: str) -> None:
+    """A file an editor saved with nothing in it but its byte-order mark, or one a crash
+    left as its size in NULs, was "missing pair" for every pair of the job: the retry and
+    the person looked for pairs, where nothing had been written at all."""
+    assert parse_bundle(data, (A, B)).reasons == (said,)
+
+
 def test_not_utf8_names_the_offending_byte() -> None:
     data = block(A).encode()[:10] + b"\xff" + block(A).encode()[10:]
     assert_rejected(parse_bundle(data, (A,)), "output is not UTF-8 (byte 10)")

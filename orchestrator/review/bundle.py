@@ -188,8 +188,8 @@ def parse_bundle(
         size = f"{len(data)} bytes, over" if len(data) > max_bytes + 1 else "larger than"
         reasons.append(f"output is {size} the {max_bytes}-byte limit")
         return _rejected(reasons.done())
-    if not data.strip():
-        reasons.append("output is empty")
+    if empty := _emptiness(data):
+        reasons.append(empty)
         return _rejected(reasons.done())
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         # Decoded lossily, every pair of it read as missing: the one defect is the encoding.
@@ -218,6 +218,20 @@ def parse_bundle(
             PairResult(pair.note_path, pair.gate_path, *found[key]) for key, pair in keys.items()
         ),
         reasons=(),
+    )
+
+
+def _emptiness(data: bytes) -> str | None:
+    """How an output holds nothing, or None. An editor's byte-order mark alone, or the NULs
+    a crash leaves of a file's size, are nothing written too: read as text, every pair of
+    the job would be "missing", sending the retry and the person after pairs."""
+    body = data.removeprefix(b"\xef\xbb\xbf")
+    if body.strip(b" \t\r\n\x0b\x0c\0"):
+        return None
+    if nuls := body.count(b"\0"):
+        return f"output is empty ({nuls} NUL bytes)"
+    return (
+        "output is empty" if len(body) == len(data) else "output is empty (a byte-order mark alone)"
     )
 
 
