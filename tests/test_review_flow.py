@@ -2030,6 +2030,28 @@ def test_a_finalize_of_a_note_renamed_since_its_job_was_made_says_so(flow, run_c
     ]
 
 
+def test_a_finalize_of_a_note_edited_since_its_job_was_made_says_so(flow, run_cli):
+    """A person who edits a note while its review runs by hand read "PASS kb/notes/…"
+    as a verdict on the text in front of them: it is one on the text the job read, and
+    `select` lists the pair again. run-job says it too."""
+    job = alpha_job(run_cli)
+    write_output(flow, job)
+    note = flow.root / NOTE_A
+    note.write_text(note.read_text() + "\nA line the person added.\n")
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    assert f"PASS  {NOTE_A}  prose/body-check" in res.stdout.splitlines()
+    assert res.stderr.splitlines() == [
+        f"warning: {NOTE_A} changed since job {job['review_job_id']} read it: its verdict is "
+        "of the text the job read, not of the note as it is now (`reviewq select` lists "
+        "the pair again where a gate watches what changed)"
+    ]
+    again = json.loads(select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A))
+    assert [(t["note_path"], t["reason"]) for t in again["targets"]] == [
+        (NOTE_A, "note-changed")
+    ], again
+
+
 def test_a_redo_approved_since_and_then_deleted_is_not_escalated_again(flow, run_cli):
     """A redo, then the pair failed three times more by hand and a person approved it,
     then the note was deleted before the fix ran: the fix read "decided" (the approve

@@ -35,7 +35,13 @@ from orchestrator.kb.notes import GATES_DIR, excluded_words
 from orchestrator.review.acceptance import ack, warn_queue
 from orchestrator.review.bundle import condensed, problem_count
 from orchestrator.review.export import EXPORT_DIR, EXPORT_WAIT, export, watches_now
-from orchestrator.review.finalize import Provenance, manual_output, notes_gone, parse_telemetry
+from orchestrator.review.finalize import (
+    Provenance,
+    manual_output,
+    notes_changed,
+    notes_gone,
+    parse_telemetry,
+)
 from orchestrator.review.jobs import create_jobs, display_path, parse_select_json, reviewer_for
 from orchestrator.review.selector import (
     current_notes,
@@ -299,7 +305,7 @@ def finalize_cmd(
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
         click.echo(f"job {job_id} completed")
     if result.ok:
-        warn_notes_gone(ws, job_id, result.pairs)
+        warn_notes_since(ws, job_id, result.pairs)
     show_followed(ws, followed, err=as_json)
     if not result.ok:
         for r in condensed(result.failure_reasons):  # as run-job and the control say them
@@ -310,16 +316,25 @@ def finalize_cmd(
         )
 
 
-def warn_notes_gone(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
-    """One line per note of a finalized job that is no longer at its path: its verdicts
-    printed as any other's read as a review of the note, which (renamed) is unreviewed
-    at its new path, and (deleted) has none to review."""
+def warn_notes_since(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
+    """One line per note of a finalized job that is no longer the one it read: its verdicts
+    printed as any other's read as a review of the note in front of the person, which
+    (renamed) is unreviewed at its new path, (deleted) has none to review, and (edited)
+    was judged on its older text."""
     for note_path, n in notes_gone(ws.kb, pairs).items():
         its = "its verdicts are" if n > 1 else "its verdict is"
         click.echo(
             f"warning: {note_path} is no longer there (renamed or deleted since job "
             f"{job_id} was made): {its} recorded under that path, for no note of the KB; "
             "a note renamed is missing-review at its new path",
+            err=True,
+        )
+    for note_path, n in notes_changed(ws.store, ws.kb, job_id).items():
+        its = "its verdicts are" if n > 1 else "its verdict is"
+        click.echo(
+            f"warning: {note_path} changed since job {job_id} read it: {its} of the text "
+            "the job read, not of the note as it is now (`reviewq select` lists the pair "
+            "again where a gate watches what changed)",
             err=True,
         )
 
@@ -356,7 +371,7 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         for p in res.finalized.pairs:
             click.echo(f"{p['decision']:<5} {p['note_path']}  {p['gate_id']}")
         click.echo(f"job {job_id} completed")
-        warn_notes_gone(ws, job_id, res.finalized.pairs)
+        warn_notes_since(ws, job_id, res.finalized.pairs)
         show_followed(ws, res.followed)
         return
     if res.job_status in ("completed", "failed", "split"):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import faults, logs
-from orchestrator.kb.notes import KB, KBError
+from orchestrator.kb.notes import KB, KBError, sha256_bytes
 from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.state.files import write_job_files_after_commit
@@ -448,6 +448,29 @@ def _mark_attempt(
         "WHERE job_id = ? AND attempt = ?",
         (outcome, json.dumps(reasons), utcnow(), job_id, attempt),
     )
+
+
+def notes_changed(store: Store, kb: KB, job_id: int) -> dict[str, int]:
+    """The notes of a job whose text at their path is not the text the job read (a person's
+    edit while it ran by hand), each with how many of its verdicts name it: verdicts on the
+    older text. A note gone or unreadable is not among them (:func:`notes_gone` says it)."""
+    read = Counter(
+        tuple(row)
+        for row in store.conn.execute(
+            "SELECT p.note_path, s.sha256 FROM review_pairs p "
+            "JOIN snapshots s ON s.id = p.note_snapshot_id WHERE p.job_id = ?",
+            (job_id,),
+        )
+    )
+    changed = {}
+    for (note_path, sha), n in read.items():
+        try:
+            now = sha256_bytes(kb.read_bytes(note_path))
+        except (KBError, OSError):
+            continue
+        if now != sha:
+            changed[note_path] = n
+    return changed
 
 
 def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, int]:
