@@ -195,6 +195,22 @@ def test_the_page_counts_the_jobs_as_the_terminal_does(st):
     assert "<p>Jobs: 1 completed, 1 failed, 1 queued.\n" in render.html(d)
 
 
+def test_the_jobs_line_says_the_queue_holds_more_than_the_period_moved(st):
+    """ "Jobs: 1 completed, 1 queued." beside "14 job(s) waiting" for a paused reviewer:
+    the line counts the jobs that moved in the period, and jobs queued before it that
+    never moved were on the page only as the pause's backlog, a sum that disagreed."""
+    from orchestrator.report import render
+
+    store, sd = st
+    job(store, 1, created=T.format("01:00"), finished=T.format("01:05"))
+    job(store, 2, created=T.format("01:00"), status="queued")
+    for jid in (3, 4):
+        job(store, jid, created="2026-11-22T01:00:00.000Z", status="queued")
+    d = report(store, sd, T.format("07:00"), remember=False)
+    assert "jobs: 1 completed, 1 queued (3 queued in all)\n" in render.text(d, None)
+    assert "<p>Jobs: 1 completed, 1 queued (3 queued in all).\n" in render.html(d)
+
+
 def test_a_notes_fix_jobs_are_found_by_an_index(st):
     # The report's --full section looks up each escalated note's last fixes: without an
     # index, a scan of every job per note (29.7 s for 2,000 notes over 200,000 jobs).

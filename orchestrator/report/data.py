@@ -605,6 +605,11 @@ def _reviewed(
         args,
     ):
         jobs.setdefault(kind, {})[st] = n
+    # The period's jobs are those that moved in it; the queue's backlog is said beside them
+    # (a pause's "14 job(s) waiting" disagreed with their "1 queued").
+    (queued_all,) = store.conn.execute(
+        "SELECT count(*) FROM review_jobs WHERE status = 'queued' AND grouping != 'human'"
+    ).fetchone()
     first, last = store.conn.execute(
         f"SELECT min(j.created_at), max(COALESCE(j.finished_at, j.updated_at)) FROM review_jobs j "
         f"WHERE {scope} AND j.grouping != 'human'",
@@ -631,6 +636,7 @@ def _reviewed(
         "reviewers": reviewers,
         "attempts": attempts,
         "jobs": jobs,
+        "queued_all": queued_all,
         "cost_usd": round(cost, 6),
         "tokens": sum(r["input_tokens"] + r["output_tokens"] for r in reviewers),
         "wall_time_s": round(wall, 1),

@@ -155,12 +155,17 @@ _ENV.filters["raised_by_agents"] = raised_by_agents
 
 
 def jobs_line(reviewed: dict) -> str:
-    """The period's jobs by status, all reviewers together: "2 completed, 1 failed"."""
+    """The period's jobs by status, all reviewers together: "2 completed, 1 failed", and
+    the queue's whole backlog where it holds jobs queued before the period that never moved:
+    "1 queued (3 queued in all)"."""
     jobs: dict[str, int] = {}
     for by_status in reviewed["jobs"].values():
         for st, c in by_status.items():
             jobs[st] = jobs.get(st, 0) + c
-    return ", ".join(f"{c} {st}" for st, c in sorted(jobs.items())) or "none"
+    said = ", ".join(f"{c} {st}" for st, c in sorted(jobs.items())) or "none"
+    if reviewed["queued_all"] > jobs.get("queued", 0):
+        said += f" ({reviewed['queued_all']} queued in all)"
+    return said
 
 
 _ENV.filters["jobs_line"] = jobs_line
