@@ -1545,6 +1545,21 @@ def escalate_alpha(flow, run_cli, selector: str = "prose") -> list[int]:
     return [e["id"] for e in run_cli("escalations", "--json").json()["escalations"]]
 
 
+def test_an_escalation_after_a_redo_says_so_in_the_terminal(flow, run_cli):
+    """A pair the person had sent back with `redo` yesterday escalated again: `reviewq
+    escalations` showed it as any new one, and only the page said what they had asked.
+    Its lines name the last decision on the pair, when, and the asks."""
+    (esc,) = escalate_alpha(flow, run_cli)
+    res = run_cli("decide", str(esc), "redo", "--feedback", "Cite the source.", "--fixer", "fake")
+    assert res.exit_code == 0, res.stderr
+    (again,) = escalate_alpha(flow, run_cli)
+    with Store.open(flow.state) as s:
+        (at,) = s.conn.execute("SELECT decided_at FROM escalations WHERE id = ?", (esc,)).fetchone()
+    lines = run_cli("escalations").stdout.splitlines()
+    said = f"      after a redo of escalation {esc} at {at[:16]}Z, asking: Cite the source."
+    assert lines[lines.index(next(x for x in lines if f"escalation {again}:" in x)) + 2] == said
+
+
 def test_a_redo_of_a_note_grown_past_the_size_limit_is_refused_not_a_whole_note_prompt(
     flow, run_cli
 ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -831,6 +832,18 @@ def reports_due(store: Store) -> tuple[int, str | None]:
     return count, error
 
 
+def redone_before(store: Store, e: Escalation) -> sqlite3.Row | None:
+    """The escalation of ``e``'s pair a person last decided, if that decision was a redo:
+    ``e`` is then the pair failing again after their asks, which it read as a new one."""
+    row = store.conn.execute(
+        "SELECT id, decision, decided_at, feedback FROM escalations WHERE model_partition = ? "
+        "AND note_path = ? AND gate_id = ? AND id < ? AND decision IS NOT NULL "
+        "ORDER BY id DESC LIMIT 1",
+        (e.model_partition, e.note_path, e.gate_id, e.id),
+    ).fetchone()
+    return row if row is not None and row["decision"] == "redo" else None
+
+
 def escalation_lines(
     ws: Workspace,
     store: Store,
@@ -871,6 +884,11 @@ def escalation_lines(
             yield f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why}{job})"
             for line in head:
                 yield f"      {line}"
+            if (redo := redone_before(store, e)) is not None:
+                yield (
+                    f"      after a redo of escalation {redo['id']} at "
+                    f"{redo['decided_at'][:16]}Z, asking: {logs.one_line(redo['feedback'] or '')}"
+                )
             if only[e.id]:
                 yield f"      {only[e.id]}: only reject closes it"
             yield (
