@@ -6,7 +6,9 @@ page is opened in real headless Chromium."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import shutil
 import sqlite3
 import tempfile
@@ -779,6 +781,58 @@ def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
         )
         assert [t for t in tiles if not (t[1] and t[2])] == [], (width, tiles)
         assert ["59 min 59 s", True, True] in tiles and ["$1,234.5678", True, True] in tiles
+
+
+def test_no_charts_scale_labels_run_into_each_other(night, browser, tmp_path):
+    """A sweep of a real KB (356 notes, 42 gates, 13,647 pairs) drew "0 200400600800
+    1000…3000" under "Decisions per lens", "120160200240280320" under "Decisions per
+    gate" and "0%10%20%…100%" under the FAIL rates: pygal put up to 16 figures on a scale
+    the gates' names had left a third of the width, each running into the next."""
+    from orchestrator.report import render
+
+    data = night.report()
+    lenses = ("accessibility", "complexity", "frontmatter", "prose", "semantic", "sentence")
+    gates = [
+        f"{lens}/a-gate-named-as-real-catalogs-name-them-{i}" for i in range(7) for lens in lenses
+    ]
+    data["reviewed"].update(
+        by_lens={lens: {"PASS": 1400 + 300 * i, "FAIL": 8} for i, lens in enumerate(lenses)},
+        by_gate={g: {"PASS": 330 + i, "FAIL": i % 2} for i, g in enumerate(gates)},
+    )
+    data["trends"]["fail_rate_by_gate"] = [
+        {"gate_id": g, "rate": 0.004 * (i % 3), "suspect": False} for i, g in enumerate(gates)
+    ]
+    page_path = tmp_path / "a-real-kbs-night.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    for width, mobile in ((1280, False), (390, True)):
+        page = browser.open(page_path.as_uri(), width=width, height=900, mobile=mobile)
+        scales = page.evaluate(
+            r"""[...document.querySelectorAll('figure svg')].map(svg => {
+            const caption = svg.closest('figure').querySelector('figcaption');
+            return [caption ? caption.textContent : '?',
+                    [...svg.querySelectorAll('g.axis')].map(axis =>
+                        [...axis.querySelectorAll(':scope > g.guides > text')]
+                        .filter(t => t.textContent)
+                        .map(t => { const b = t.getBoundingClientRect();
+                                    const turn = /rotate\(([-\d.]+)/.exec(t.getAttribute('transform') || '');
+                                    return [t.textContent, b.left, b.right, b.top, b.bottom,
+                                            turn ? Number(turn[1]) : 0,
+                                            parseFloat(getComputedStyle(t).fontSize)]; }))];
+        })"""
+        )
+        assert len(scales) >= 3, scales
+        crowded = []
+        for caption, axes in scales:
+            for labels in axes:
+                for a, b in itertools.combinations(labels, 2):
+                    if a[5]:  # turned alike: apart by their lines, across the turn
+                        across = abs(b[1] - a[1]) * math.sin(math.radians(abs(a[5])))
+                        apart = across >= a[6]
+                    else:
+                        apart = a[2] <= b[1] or b[2] <= a[1] or a[4] <= b[3] or b[4] <= a[3]
+                    if not apart:
+                        crowded.append((width, caption, a[0], b[0]))
+        assert crowded == [], crowded
 
 
 def test_the_request_check_sees_a_page_that_fetches(browser, tmp_path):

@@ -4,12 +4,15 @@ screen reader and for anyone who wants the figures."""
 
 from __future__ import annotations
 
+import math
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from xml.etree import ElementTree as ET
 
 import pygal
 from pygal.style import Style
+from pygal.util import text_len
 
 SVG_NS = "http://www.w3.org/2000/svg"
 ET.register_namespace("", SVG_NS)
@@ -181,6 +184,40 @@ def _most(keys: list[str], weight, what: str) -> tuple[list[str], str]:
     )
 
 
+# Units between two figures of a scale beyond their own width, and what pygal's margins
+# and spacing take of a horizontal chart's width besides its bars' names.
+FIGURE_GAP = 16
+MARGINS = 60
+
+
+def _figures(
+    top: float, fmt: Callable[[float], str], names: list[str], unit: float = 1
+) -> list[float]:
+    """The value scale of a horizontal chart: steps of 1, 2, 2.5 or 5 times a power of
+    ten, each a whole number of ``unit`` (what ``fmt`` shows: 1 a count, 0.01 a rate,
+    0.0001 a cost), the finest whose figures fit side by side in the width its bars' names
+    leave. pygal's own scale put up to 16 figures there whatever the width: a real KB's
+    night drew "0 200400600…3000", each figure running into the next, and its FAIL rates
+    "0%10%20%…100%"."""
+    if top <= 0:
+        return [0]
+    names_units = max((text_len(len(n), STYLE.label_font_size) for n in names), default=0)
+    room = WIDTH - names_units - MARGINS
+    power = 10.0 ** (math.floor(math.log10(top)) - 2)
+    while True:
+        for times in (1, 2, 2.5, 5):
+            step = times * power
+            if abs(step / unit - round(step / unit)) > 1e-6 or step < unit:
+                continue  # 2.5 % shown as "2%", a quarter of a pair
+            ticks = [k * step for k in range(int(top / step + 1e-9) + 1)]
+            widest = max(text_len(len(fmt(t)), STYLE.major_label_font_size) for t in ticks)
+            if len(ticks) >= 2 and len(ticks) * (widest + FIGURE_GAP) <= room:
+                return ticks
+            if len(ticks) < 2:
+                return [0, top]  # nothing finer fits: the ends alone
+        power *= 10
+
+
 def _config(rows: int, **kw) -> dict:
     # No pygal title: the page's <figcaption> names the chart once, in HTML.
     return {
@@ -211,8 +248,13 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
         d for d in ("PASS", "WARN", "FAIL", "ERROR") if any(d in c for c in counts.values())
     ]
     style = Style(**{**STYLE.__dict__, "colors": tuple(COLOURS[d] for d in decisions)})
-    chart = pygal.HorizontalStackedBar(**_config(len(keys), style=style))
-    chart.x_labels = [_label(k) for k in keys]
+    names = [_label(k) for k in keys]
+    fmt = "{:,.0f}".format
+    top = max(sum(counts[k].values()) for k in keys)
+    chart = pygal.HorizontalStackedBar(
+        **_config(len(keys), style=style, value_formatter=fmt, y_labels=_figures(top, fmt, names))
+    )
+    chart.x_labels = names
     for d in decisions:
         chart.add(d, [counts[k].get(d, 0) for k in keys])
     tips = [[f"{k}: {d} {counts[k].get(d, 0)}" for k in keys] for d in decisions]
@@ -246,10 +288,18 @@ def bars(
     extra = {"range": (0, 1)} if percent else {}  # a rate's scale is 0 to 100 %, always
     values = dict(items)
     keys, more = _most([k for k, _ in items], values.get, "the highest")
+    names = [_label(k) for k in keys][::-1]
+    top = 1.0 if percent else max(values[k] for k in keys)
     chart = pygal.HorizontalBar(
-        **_config(len(keys), show_legend=False, value_formatter=fmt, **extra)
+        **_config(
+            len(keys),
+            show_legend=False,
+            value_formatter=fmt,
+            y_labels=_figures(top, fmt, names, 0.01 if percent else 0.0001),
+            **extra,
+        )
     )
-    chart.x_labels = [_label(k) for k in keys][::-1]
+    chart.x_labels = names
     chart.add(value, [values[k] for k in keys][::-1])
     tips = [[f"{k}: {fmt(values[k])}" for k in keys][::-1]]
     rows = [[k, fmt(v)] for k, v in items]
