@@ -768,6 +768,21 @@ def _command_profile(kb, tmp_path, script: str, timeout: str = "30s") -> None:
             "launch-failure",
             "exited 7 after",
         ),
+        # E64 made an output of a byte-order mark alone, or of NULs, "empty": the same
+        # file left by a wrapper that writes the mark first (PowerShell's Out-File) or
+        # sets the file's size ahead (truncate) was judged as output, invalid, the job's.
+        (
+            "printf '\\357\\273\\277' > \"$REVIEWQ_OUTPUT_PATH\"\n"
+            'echo "curl: (7) Connection refused" >&2\nexit 7\n',
+            "launch-failure",
+            "exited 7 after",
+        ),
+        (
+            'truncate -s 4096 "$REVIEWQ_OUTPUT_PATH"\n'
+            'echo "curl: (7) Connection refused" >&2\nexit 7\n',
+            "launch-failure",
+            "exited 7 after",
+        ),
         # An agent that says in its telemetry that no model answered: the reviewer's
         # failure, however long it took (past 15 s it was a counted no-output).
         (
@@ -784,7 +799,7 @@ def _command_profile(kb, tmp_path, script: str, timeout: str = "30s") -> None:
             "exited 3 without writing bundle-output.md: model said: prompt too long",
         ),
     ],
-    ids=["empty-file", "telemetry-failure", "stderr-in-reason"],
+    ids=["empty-file", "bom-file", "nul-file", "telemetry-failure", "stderr-in-reason"],
 )
 def test_a_command_agent_that_failed_is_classified_by_what_it_said(
     kb2, run_cli, tmp_path, script, classification, reason

@@ -192,6 +192,7 @@ def test_empty_file(data: bytes) -> None:
         (b"\xef\xbb\xbf\r\n \n", "output is empty (a byte-order mark alone)"),
         (b"\0" * 4096, "output is empty (4096 NUL bytes)"),
         (b"\0\n\0 ", "output is empty (2 NUL bytes)"),
+        (b"\xef\xbb\xbf\0", "output is empty (1 NUL byte)"),
     ],
 )
 def test_an_output_of_nothing_but_a_bom_or_nuls_is_empty(data: bytes, said: str) -> None:

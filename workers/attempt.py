@@ -36,7 +36,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from orchestrator import logs
 from orchestrator.config import Settings
-from orchestrator.review.bundle import ExpectedPair, parse_bundle
+from orchestrator.review.bundle import ExpectedPair, emptiness, parse_bundle
 from orchestrator.review.finalize import FinalizeError, read_output
 from orchestrator.state.store import utcnow
 
@@ -802,10 +802,11 @@ def run_attempt(
     too_large = out.output is not None and len(out.output) > max_output_bytes
     if too_large:
         out.output = None  # not carried anywhere: the size is the whole story
-    if out.output is not None and not out.output.strip() and (out.exit_code or telemetry.failure):
+    if out.output is not None and emptiness(out.output) and (out.exit_code or telemetry.failure):
         # An empty file a failed agent left (a wrapper's `exec > "$REVIEWQ_OUTPUT_PATH"`
-        # before a request that was refused) is no output: judged as invalid, the
-        # reviewer's outage failed the job and escalated it.
+        # before a request that was refused; a byte-order mark or NULs alone, as E64 reads
+        # them) is no output: judged as invalid, the reviewer's outage failed the job and
+        # escalated it.
         out.output = None
     # A note has no END line: one a fixer left when it failed or was stopped (a streaming
     # CLI whose connection broke, the deadline) may be cut short anywhere, and applied it

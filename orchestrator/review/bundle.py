@@ -188,7 +188,7 @@ def parse_bundle(
         size = f"{len(data)} bytes, over" if len(data) > max_bytes + 1 else "larger than"
         reasons.append(f"output is {size} the {max_bytes}-byte limit")
         return _rejected(reasons.done())
-    if empty := _emptiness(data):
+    if empty := emptiness(data):
         reasons.append(empty)
         return _rejected(reasons.done())
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -221,15 +221,16 @@ def parse_bundle(
     )
 
 
-def _emptiness(data: bytes) -> str | None:
+def emptiness(data: bytes) -> str | None:
     """How an output holds nothing, or None. An editor's byte-order mark alone, or the NULs
     a crash leaves of a file's size, are nothing written too: read as text, every pair of
-    the job would be "missing", sending the retry and the person after pairs."""
+    the job would be "missing", sending the retry and the person after pairs. The one
+    reading of "empty": an attempt's agent that failed and left such a file wrote nothing."""
     body = data.removeprefix(b"\xef\xbb\xbf")
     if body.strip(b" \t\r\n\x0b\x0c\0"):
         return None
     if nuls := body.count(b"\0"):
-        return f"output is empty ({nuls} NUL bytes)"
+        return f"output is empty ({nuls} NUL byte{'s' if nuls > 1 else ''})"
     return (
         "output is empty" if len(body) == len(data) else "output is empty (a byte-order mark alone)"
     )
