@@ -2149,6 +2149,19 @@ def test_run_job_of_a_fix_says_what_followed_it(kb):
     assert lines[done + 1] == f"follow-up: review job {again} queued"
 
 
+def test_run_job_of_an_applied_fix_does_not_say_its_note_changed(kb):
+    """E65 said after every fix run-job applied "warning: NOTE changed since job N read
+    it: its verdict is of the text the job read": a fix has no verdict, and the change
+    was its own."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    fix = queued_fix_of_a_fail(kb)
+    res = rq(kb, "run-job", str(fix), "--reviewer", "fixer")
+    assert res.returncode == 0, res.stderr
+    assert "FIXED" in kb.read(NOTE)
+    assert res.stderr == ""
+
+
 def test_a_commands_stderr_has_no_json_log_lines_off_a_terminal(kb):
     """Run from cron (stderr a pipe, mailed to the operator), run-job of a failing job
     printed the escalation's JSON log line next to its `error:` and `escalated:` lines:

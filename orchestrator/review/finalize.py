@@ -453,12 +453,13 @@ def _mark_attempt(
 def notes_changed(store: Store, kb: KB, job_id: int) -> dict[str, int]:
     """The notes of a job whose text at their path is not the text the job read (a person's
     edit while it ran by hand), each with how many of its verdicts name it: verdicts on the
-    older text. A note gone or unreadable is not among them (:func:`notes_gone` says it)."""
+    older text. A note gone or unreadable is not among them (:func:`notes_gone` says it),
+    nor a fix's: it gives no verdict, and the change is its own."""
     read = Counter(
         tuple(row)
         for row in store.conn.execute(
-            "SELECT p.note_path, s.sha256 FROM review_pairs p "
-            "JOIN snapshots s ON s.id = p.note_snapshot_id WHERE p.job_id = ?",
+            "SELECT p.note_path, s.sha256 FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "JOIN snapshots s ON s.id = p.note_snapshot_id WHERE j.id = ? AND j.kind != 'fix'",
             (job_id,),
         )
     )
