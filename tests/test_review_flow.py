@@ -2067,6 +2067,30 @@ def test_a_finalize_of_a_note_edited_since_its_job_was_made_says_so(flow, run_cl
     ], again
 
 
+@pytest.mark.parametrize(
+    "saved",
+    [
+        lambda data: b"\xef\xbb\xbf" + data,  # an editor's save with a byte-order mark
+        lambda data: data.replace(b"title: Alpha", b"title: 'Alpha'"),  # the YAML re-quoted
+    ],
+    ids=["bom", "requoted"],
+)
+def test_a_finalize_of_a_note_saved_alike_since_its_job_was_made_says_nothing(flow, run_cli, saved):
+    """E65 compared bytes: a note saved again with a byte-order mark, or its frontmatter
+    re-quoted, was "changed since job N read it: its verdict is of the text the job read,
+    not of the note as it is now", of a note that reads as it did (select finds the pair
+    fresh)."""
+    job = alpha_job(run_cli)
+    write_output(flow, job)
+    note = flow.root / NOTE_A
+    note.write_bytes(saved(note.read_bytes()))
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr == ""
+    again = json.loads(select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A))
+    assert again["targets"] == [], again
+
+
 def test_a_redo_approved_since_and_then_deleted_is_not_escalated_again(flow, run_cli):
     """A redo, then the pair failed three times more by hand and a person approved it,
     then the note was deleted before the fix ran: the fix read "decided" (the approve

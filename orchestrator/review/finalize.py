@@ -18,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import faults, logs
-from orchestrator.kb.notes import KB, KBError, sha256_bytes
+from orchestrator.kb.notes import (
+    KB,
+    KBError,
+    NoteParseError,
+    decode,
+    parse_note_text,
+    sha256_bytes,
+)
 from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
+from orchestrator.review.freshness import NoteComparison
 from orchestrator.state.files import write_job_files_after_commit
 from orchestrator.state.status import FAILED_SQL, split_words
 from orchestrator.state.store import Store, storable_number, utcnow
@@ -454,24 +462,31 @@ def notes_changed(store: Store, kb: KB, job_id: int) -> dict[str, int]:
     """The notes of a job whose text at their path is not the text the job read (a person's
     edit while it ran by hand), each with how many of its verdicts name it: verdicts on the
     older text. A note gone or unreadable is not among them (:func:`notes_gone` says it),
-    nor a fix's: it gives no verdict, and the change is its own."""
-    read = Counter(
-        tuple(row)
-        for row in store.conn.execute(
-            "SELECT p.note_path, s.sha256 FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
-            "JOIN snapshots s ON s.id = p.note_snapshot_id WHERE j.id = ? AND j.kind != 'fix'",
-            (job_id,),
-        )
-    )
+    nor a fix's: it gives no verdict, and the change is its own. Nor one that reads as the
+    job's did, as select reads it (saved with a byte-order mark, its YAML re-quoted)."""
     changed = {}
-    for (note_path, sha), n in read.items():
+    for note_path, snapshot_id, sha, n in store.conn.execute(
+        "SELECT p.note_path, p.note_snapshot_id, s.sha256, count(*) FROM review_jobs j "
+        "JOIN review_pairs p ON p.job_id = j.id JOIN snapshots s ON s.id = p.note_snapshot_id "
+        "WHERE j.id = ? AND j.kind != 'fix' GROUP BY 1, 2",
+        (job_id,),
+    ):
         try:
-            now = sha256_bytes(kb.read_bytes(note_path))
+            now = kb.read_bytes(note_path)
         except (KBError, OSError):
             continue
-        if now != sha:
-            changed[note_path] = n
+        if sha256_bytes(now) != sha and not _reads_alike(store.snapshot_text(snapshot_id), now):
+            changed[note_path] = changed.get(note_path, 0) + n
     return changed
+
+
+def _reads_alike(text: str | None, data: bytes) -> bool:
+    """Whether a note's bytes read as ``text`` in every region select compares."""
+    try:
+        old, new = parse_note_text(text or ""), parse_note_text(decode(data))
+    except NoteParseError:
+        return False
+    return not NoteComparison(old, new).changed
 
 
 def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, int]:
