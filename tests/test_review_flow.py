@@ -2067,6 +2067,25 @@ def test_a_finalize_of_a_note_edited_since_its_job_was_made_says_so(flow, run_cl
     ], again
 
 
+def test_a_finalize_of_a_note_grown_over_the_limit_says_no_sweep_reviews_it(flow, run_cli):
+    """A note grown past [limits] max_note_bytes since its job was made was read whole to
+    be hashed (a 512 MiB one: 0.56 GB held by finalize), and said as one `select` lists
+    again, where no sweep reviews it now."""
+    flow.write("reviewq.toml", flow.read("reviewq.toml") + "\n[limits]\nmax_note_bytes = 2048\n")
+    job = alpha_job(run_cli)
+    write_output(flow, job)
+    note = flow.root / NOTE_A
+    note.write_text(note.read_text() + "x" * 4096 + "\n")
+    size = note.stat().st_size
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        f"warning: {NOTE_A} changed since job {job['review_job_id']} read it: its verdict is "
+        "of the text the job read, not of the note as it is now (it is now "
+        f"{size} bytes, over [limits] max_note_bytes (2048), and no sweep reviews it)"
+    ]
+
+
 @pytest.mark.parametrize(
     "saved",
     [

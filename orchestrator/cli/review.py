@@ -329,12 +329,16 @@ def warn_notes_since(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
             "a note renamed is missing-review at its new path",
             err=True,
         )
-    for note_path, n in notes_changed(ws.store, ws.kb, job_id).items():
+    for note_path, (n, too_large) in notes_changed(ws.store, ws.kb, job_id).items():
         its = "its verdicts are" if n > 1 else "its verdict is"
+        then = (
+            f"it is now {too_large}, and no sweep reviews it"
+            if too_large
+            else "`reviewq select` lists the pair again where a gate watches what changed"
+        )
         click.echo(
             f"warning: {note_path} changed since job {job_id} read it: {its} of the text "
-            "the job read, not of the note as it is now (`reviewq select` lists the pair "
-            "again where a gate watches what changed)",
+            f"the job read, not of the note as it is now ({then})",
             err=True,
         )
 

@@ -458,13 +458,15 @@ def _mark_attempt(
     )
 
 
-def notes_changed(store: Store, kb: KB, job_id: int) -> dict[str, int]:
+def notes_changed(store: Store, kb: KB, job_id: int) -> dict[str, tuple[int, str | None]]:
     """The notes of a job whose text at their path is not the text the job read (a person's
-    edit while it ran by hand), each with how many of its verdicts name it: verdicts on the
-    older text. A note gone or unreadable is not among them (:func:`notes_gone` says it),
-    nor a fix's: it gives no verdict, and the change is its own. Nor one that reads as the
-    job's did, as select reads it (saved with a byte-order mark, its YAML re-quoted)."""
-    changed = {}
+    edit while it ran by hand), each with how many of its verdicts name it (verdicts on the
+    older text) and why no sweep reviews it now, if it has grown past max_note_bytes: said,
+    not read (a note grown to 512 MiB was held whole to be hashed). A note gone or
+    unreadable is not among them (:func:`notes_gone` says it), nor a fix's: it gives no
+    verdict, and the change is its own. Nor one that reads as the job's did, as select
+    reads it (saved with a byte-order mark, its YAML re-quoted)."""
+    changed: dict[str, tuple[int, str | None]] = {}
     for note_path, snapshot_id, sha, n in store.conn.execute(
         "SELECT p.note_path, p.note_snapshot_id, s.sha256, count(*) FROM review_jobs j "
         "JOIN review_pairs p ON p.job_id = j.id JOIN snapshots s ON s.id = p.note_snapshot_id "
@@ -472,11 +474,14 @@ def notes_changed(store: Store, kb: KB, job_id: int) -> dict[str, int]:
         (job_id,),
     ):
         try:
-            now = kb.read_bytes(note_path)
+            too_large = kb.too_large(kb.abspath(note_path).stat().st_size)
+            now = None if too_large else kb.read_bytes(note_path)
         except (KBError, OSError):
             continue
-        if sha256_bytes(now) != sha and not _reads_alike(store.snapshot_text(snapshot_id), now):
-            changed[note_path] = changed.get(note_path, 0) + n
+        if now is None or (
+            sha256_bytes(now) != sha and not _reads_alike(store.snapshot_text(snapshot_id), now)
+        ):
+            changed[note_path] = (changed.get(note_path, (0, None))[0] + n, too_large)
     return changed
 
 
