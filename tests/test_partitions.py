@@ -221,22 +221,31 @@ class TwoHosts:
 
     def start(self, sweep: bool = True) -> None:
         self.start_redis()
+        self.start_control()
+        self._follow_starts()
+        self.start_worker()
+        if sweep:
+            self.start_sweep()
+
+    def start_control(self) -> dict:
+        """A control process on the control's host (again, after one stopped): its
+        ``control.started`` line."""
         self.control = self.procs.start(
             [*self.in_ctl, EXE, "--root", str(self.root), "control"],
             env=self.env, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.clog = Events(self.control.stderr)
-        self.clog.wait("control.started", 60)
-        self._follow_starts()
+        return self.clog.wait("control.started", 60)
+
+    def start_worker(self) -> dict:
+        """A worker on the worker's host (again, after one died): its ``worker.started``."""
         self.worker = self.procs.start(
             [*self.in_wrk, EXE, "--config", str(self.home / "worker.toml"),
              "--state", str(self.home / "state"), "worker", "--workers", str(self.threads)],
             env=self.env, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.wlog = Events(self.worker.stderr)
-        self.wlog.wait("worker.started", 60)
-        if sweep:
-            self.start_sweep()
+        return self.wlog.wait("worker.started", 60)
 
     def start_sweep(self) -> None:
         self.sweep = self.procs.start(

@@ -1004,6 +1004,9 @@ class Control:
             exit_code=o.get("exit_code"),
             duration_s=round(o.get("duration_s") or 0, 3),
             cost_usd=(o.get("telemetry") or {}).get("cost_usd"),
+            # When the agent ended there, as the worker's attempt.exited: heard late (the
+            # control stopped, the queue away) the line's own time is not that.
+            exited_at=o.get("ended_at") if isinstance(o.get("ended_at"), str) else None,
         )
         profile = self.settings.reviewers.get(job["reviewer"] or "")
         if cls == "output" and job["kind"] == "fix":
@@ -1106,13 +1109,17 @@ class Control:
 
     def _log_started(self, msg: dict) -> None:
         """``attempt.started`` from a worker's message: its first heartbeat (``launched``)
-        or, when that did not come first, its outcome."""
+        or, when that did not come first, its outcome. The line is said when the control
+        hears it: ``launched_at`` is when the agent started on its machine (an attempt run
+        while no control ran read as started after it had ended)."""
+        launched = msg.get("started_at")
         self.log.info(
             "attempt.started",
             job_id=msg["job_id"],
             attempt=msg["attempt"],
             worker=msg.get("worker"),
             host=msg.get("host", ""),
+            launched_at=launched if isinstance(launched, str) and launched else None,
         )
 
     def _finalize(self, job, attempt: int, o: dict) -> None:

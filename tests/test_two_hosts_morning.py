@@ -1,0 +1,127 @@
+"""The morning after a night on two machines (stop 45): redis-server and the control in one
+network namespace, the worker in another (``tests/test_two_hosts.py``'s hosts and
+``tests/test_partitions.py``'s ``TwoHosts``). In the night the worker is SIGKILLed while its
+agents run, the control is stopped, the agents end unheard, a new worker starts and runs
+what waits on the queue while no control runs, and the control starts again. Then the
+morning's commands are read on the control's machine, and the worker's log on its own.
+
+One night for the module; each test reads one thing of it. Needs root (namespaces); it
+skips, saying why, where it cannot make them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import select
+import signal
+import sqlite3
+import subprocess
+from datetime import datetime
+from types import SimpleNamespace
+
+import pytest
+
+from .test_partitions import TwoHosts
+from .test_two_hosts import EXE, namespaces
+
+pytestmark = pytest.mark.integration
+
+
+def await_exit(pid: int, timeout: float = 60) -> None:
+    """Until a process that is not this one's child has ended (its pidfd turns readable)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(timeout * 1000), f"process {pid} still runs after {timeout} s"
+    finally:
+        os.close(fd)
+
+
+def at(stamp: str) -> datetime:
+    """A log line's time or a recorded one (3 or 6 decimals): compared as times."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def the_night(two: TwoHosts) -> SimpleNamespace:
+    two.start(sweep=False)
+    enq = subprocess.run(
+        [*two.in_ctl, EXE, "--root", str(two.root), "enqueue", "--all-gates", "--reviewer", "fake"],
+        env=two.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert enq.returncode == 0, enq.stderr
+    held = [two.agent_started()[0]]  # the first worker's agent runs, held by the test
+    dead = f"{two.wlog.wait('worker.started', 1)['worker']}"
+    two.worker.send_signal(signal.SIGKILL)
+    two.worker.wait(timeout=30)
+    two.control.send_signal(signal.SIGINT)  # the control stopped too, cleanly
+    two.control.wait(timeout=60)
+    two.free_agents()  # the dead worker's agents end with no one to tell
+    while True:
+        try:
+            held.append(int(two._starts.get_nowait().split()[0]))
+        except queue.Empty:
+            break
+    two.agents += held[1:]
+    for pid in held:
+        await_exit(pid)
+    second = two.start_worker()["worker"]  # while no control runs: it runs what waits
+    ran = two.wlog.wait("attempt.exited", 60)
+    restarted = two.start_control()
+    with sqlite3.connect(two.root / ".reviewq/state.db") as db:
+        left = [j for (j,) in db.execute("SELECT id FROM review_jobs WHERE status != 'completed'")]
+    for job_id in left:
+        two.clog.wait("job.finalized", 120, job_id=job_id)
+    return SimpleNamespace(dead=dead, second=second, ran=ran, restarted=restarted)
+
+
+@pytest.fixture(scope="module")
+def night(tmp_path_factory):
+    with namespaces() as hosts:
+        two = TwoHosts(tmp_path_factory.mktemp("morning"), hosts, notes=2)
+        try:
+            yield two, the_night(two)
+        finally:
+            two.stop()
+
+
+def rq(two: TwoHosts, *args: str) -> subprocess.CompletedProcess:
+    """A morning command on the control's machine."""
+    res = subprocess.run(
+        [*two.in_ctl, EXE, "--root", str(two.root), *args],
+        env=two.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return res
+
+
+def story(two: TwoHosts, job_id: int) -> list[dict]:
+    return [
+        json.loads(x) for x in rq(two, "logs", "--job", str(job_id), "--json").stdout.splitlines()
+    ]
+
+
+def test_the_story_of_an_attempt_run_while_no_control_ran_says_when_it_ran(night):
+    """`logs --job N` stamped attempt.started and attempt.ended with the time the control
+    heard them: an attempt that ran on the worker while the control was stopped read as
+    started at the control's restart and ended a few ms later, its duration of seconds
+    beside them, and no line said when the agent had run (stop 45)."""
+    two, n = night
+    lines = story(two, n.ran["job_id"])
+    (started,) = [
+        e for e in lines if e["event"] == "attempt.started" and e["attempt"] == n.ran["attempt"]
+    ]
+    (ended,) = [
+        e for e in lines if e["event"] == "attempt.ended" and e["attempt"] == n.ran["attempt"]
+    ]
+    back = at(n.restarted["timestamp"])
+    # Heard after the restart, run before it: each line says when, on the worker.
+    assert at(started["timestamp"]) >= back and at(ended["timestamp"]) >= back
+    launched, exited = at(started["launched_at"]), at(ended["exited_at"])
+    assert launched <= exited <= at(n.ran["timestamp"]) < back, (started, ended, n.ran)
+    assert started["host"] == ended["host"] and started["worker"] == n.second
