@@ -125,3 +125,27 @@ def test_the_story_of_an_attempt_run_while_no_control_ran_says_when_it_ran(night
     launched, exited = at(started["launched_at"]), at(ended["exited_at"])
     assert launched <= exited <= at(n.ran["timestamp"]) < back, (started, ended, n.ran)
     assert started["host"] == ended["host"] and started["worker"] == n.second
+
+
+def test_the_workers_own_log_names_the_dead_workers_attempts_it_took_up(night):
+    """A worker started after one SIGKILLed on its host told the control of the dead
+    worker's attempts (the control's `attempt.lost`), but its own log said nothing of them
+    when their agents had ended before it started: on the worker's machine the night read
+    as two starts with nothing between (stop 45)."""
+    two, n = night
+    lost = sorted(
+        [e["job_id"], e["attempt"]]
+        for e in (
+            json.loads(x)
+            for x in rq(two, "logs", "--event", "attempt.lost", "--json").stdout.splitlines()
+        )
+    )
+    assert lost, "the night lost no attempt"
+    own = [
+        json.loads(x)
+        for x in (two.home / "state/logs/reviewq.jsonl").read_text().splitlines()
+        if '"worker.reaped_orphans"' in x
+    ]
+    (line,) = own
+    assert sorted(line["attempts"]) == lost and line["died"] == [n.dead], line
+    assert line["process_groups"] == []  # nothing was left running to kill

@@ -1312,8 +1312,8 @@ def reap_orphans(
 ) -> Reaped:
     """Kill the agent groups on this host whose worker process is gone (or, with
     ``mine``, this process's own, as a stopping worker does), and wait (bounded) for
-    them to end. With ``said`` (why they were left), any killed are logged as
-    ``worker.reaped_orphans``; ``forget`` gets each attempt folder removed, first, and
+    them to end. With ``said`` (why they were left), any killed, and the dead workers'
+    attempts, are logged as ``worker.reaped_orphans``; ``forget`` gets each attempt folder removed, first, and
     with ``mine`` each of this process's, kept, once its agent has ended."""
     killed, gone, scratches, folders, reaped = [], [], [], [], []
     stopped: list[Path] = []
@@ -1418,8 +1418,17 @@ def reap_orphans(
         path.unlink(missing_ok=True)
     if folders:
         _remove_unheld(state_dir, folders, forget=forget)
-    if killed and said:
-        logs.get().warning("worker.reaped_orphans", process_groups=killed, reason=said)
+    if (killed or orphaned) and said:
+        # Said of the attempts too, with or without agents left to kill: a dead worker's
+        # agent that had ended before this start (a quick one, a restart minutes later)
+        # left no trace in this machine's log of the attempts the control runs again.
+        logs.get().warning(
+            "worker.reaped_orphans",
+            process_groups=killed,
+            reason=said,
+            attempts=[[o[0], o[1]] for o in orphaned],
+            died=sorted({o[2] for o in orphaned}),
+        )
     return Reaped(killed, running, orphaned)
 
 
