@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from .conftest import page_text
 from .test_partitions import TwoHosts
 from .test_two_hosts import EXE, namespaces
 
@@ -149,3 +150,14 @@ def test_the_workers_own_log_names_the_dead_workers_attempts_it_took_up(night):
     (line,) = own
     assert sorted(line["attempts"]) == lost and line["died"] == [n.dead], line
     assert line["process_groups"] == []  # nothing was left running to kill
+
+
+def test_the_report_counts_attempts_lost_when_their_worker_died_as_lost(night):
+    """The report's "Attempts by outcome" said "lost (no word from a worker in time) 2"
+    of attempts whose worker died and whose successor said so at once, where `job N` says
+    "lost" and the reason (S27): the page contradicted the job (stop 45)."""
+    two, _ = night
+    rq(two, "report")
+    page = page_text(two.root / ".reviewq/report.html")
+    said = page.split("<h3>Attempts by outcome</h3>", 1)[1].split("</p>", 1)[0]
+    assert "lost" in said and "no word from a worker" not in said, said

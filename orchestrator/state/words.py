@@ -54,11 +54,14 @@ def outcome_words(outcome: str, reason: str | None = None) -> str:
     worker's full disk, memory or process limit says so ("no model answered" is false of
     it: the model may have answered every turn), and an attempt lost otherwise than by
     silence (its worker died and the next one said so, a worker refused its message, the
-    message was never sent) says "lost" alone, the reason saying why."""
+    message was never sent) says "lost" alone, the reason saying why, and so does one
+    counted with no reason."""
     kind = (reason or "").partition(": ")[0]
     if outcome == "reviewer-failure" and kind in ("disk", "memory", "pids"):
         return FAILURES[kind]
-    if outcome == "lost" and reason and not reason.startswith((NO_HEARTBEAT, NEVER_PICKED_UP)):
+    if outcome == "lost" and not (reason or "").startswith((NO_HEARTBEAT, NEVER_PICKED_UP)):
+        # Without a reason (a count of a night's attempts, the report's and a sweep's) it
+        # is no more than lost: a worker that died and was followed did speak.
         return "lost"
     return OUTCOMES.get(outcome, outcome)
 
