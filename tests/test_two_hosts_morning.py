@@ -161,3 +161,14 @@ def test_the_report_counts_attempts_lost_when_their_worker_died_as_lost(night):
     page = page_text(two.root / ".reviewq/report.html")
     said = page.split("<h3>Attempts by outcome</h3>", 1)[1].split("</p>", 1)[0]
     assert "lost" in said and "no word from a worker" not in said, said
+
+
+def test_status_names_the_worker_it_last_heard_from(night):
+    """`status` said "workers: 0 agent(s) running; last heard from 2026-…Z (52 s ago)": a
+    time, not which worker, so with workers on two machines the one gone quiet was not
+    named (stop 45)."""
+    two, n = night
+    data = json.loads(rq(two, "status", "--json").stdout)["workers"]
+    assert data["last_heard_from"] == n.second
+    (line,) = [x for x in rq(two, "status").stdout.splitlines() if x.startswith("workers:")]
+    assert f"; last heard from {n.second} at {data['last_heard_at'][:19]}Z (" in line, line

@@ -554,9 +554,9 @@ def refusal_said(line: dict) -> str:
 
 def workers_heard(store: Store, control_runs: bool = True) -> dict:
     """What state.db says of the workers, the only trace of them on the control's side:
-    the agents running now and on which hosts, when a worker was last heard from (a
-    heartbeat or an outcome, on the control's clock; not a message found gone from the
-    queue, which a restarted Redis loses as well), and since when the
+    the agents running now and on which hosts, when and which worker (host:pid) was
+    last heard from (a heartbeat or an outcome, on the control's clock; not a message
+    found gone from the queue, which a restarted Redis loses as well), and since when the
     oldest message no worker has taken waits on the review queue. A launch failure is a
     worker's answer too, though it names no worker on its attempt (no agent ran there): a
     worker that answered every message so read as silent for hours; the last one, when
@@ -571,28 +571,34 @@ def workers_heard(store: Store, control_runs: bool = True) -> dict:
             f"SELECT worker FROM attempts WHERE {OPEN_SQL} AND outcome = 'running' ORDER BY worker"
         )
     ]
+    # (time, worker): with workers on several machines, "last heard from" a time named
+    # none of them, and one gone quiet was not told from the others.
     heard = [
-        t
-        for (t,) in store.conn.execute(
-            "SELECT max(heartbeat_at) FROM attempts WHERE worker IS NOT NULL "
-            "UNION ALL SELECT max(recorded_at) FROM attempts WHERE worker IS NOT NULL "
-            "AND outcome NOT IN ('dispatched', 'running', 'lost', 'superseded')"
+        (t, w)
+        for sql in (
+            "SELECT heartbeat_at, worker FROM attempts WHERE worker IS NOT NULL "
+            "ORDER BY heartbeat_at DESC LIMIT 1",
+            "SELECT recorded_at, worker FROM attempts WHERE worker IS NOT NULL "
+            "AND outcome NOT IN ('dispatched', 'running', 'lost', 'superseded') "
+            "ORDER BY recorded_at DESC LIMIT 1",
         )
+        for t, w in store.conn.execute(sql)
         if t
     ]
     failed = store.conn.execute(
-        "SELECT job_id, attempt, reasons, recorded_at FROM attempts "
+        "SELECT job_id, attempt, reasons, recorded_at, worker FROM attempts "
         "WHERE outcome = 'launch-failure' AND recorded_at IS NOT NULL "
         "ORDER BY recorded_at DESC, id DESC LIMIT 1"
     ).fetchone()
     last_failure = None
-    if failed is not None and (not heard or failed["recorded_at"] >= max(heard)):
-        heard.append(failed["recorded_at"])
+    if failed is not None and (not heard or failed["recorded_at"] >= max(t for t, _ in heard)):
+        heard.append((failed["recorded_at"], failed["worker"]))
         last_failure = {
             "job_id": failed["job_id"],
             "attempt": failed["attempt"],
             "reasons": reasons_column(failed["reasons"]),
         }
+    last = max(heard, key=lambda h: h[0]) if heard else (None, None)
     untaken = store.conn.execute(
         f"SELECT count(*), min(started_at) FROM attempts WHERE {OPEN_SQL} "
         "AND outcome = 'dispatched' AND taken_at IS NULL AND worker IS NULL"
@@ -601,7 +607,8 @@ def workers_heard(store: Store, control_runs: bool = True) -> dict:
         "agents_running": len(running),
         "unwatched": 0 if control_runs else len(running),
         "hosts": sorted({w.rsplit(":", 1)[0] for w in running if w}),
-        "last_heard_at": max(heard) if heard else None,
+        "last_heard_at": last[0],
+        "last_heard_from": last[1],
         "last_launch_failure": last_failure,
         "untaken": untaken[0],
         "untaken_since": untaken[1],
@@ -714,7 +721,8 @@ def liveness(store: Store, data: dict) -> list[str]:
     if w["hosts"]:
         line += " on " + ", ".join(w["hosts"])
     if w["last_heard_at"]:
-        line += f"; last heard from {w['last_heard_at'][:19]}Z ({_ago(_seconds(w['last_heard_at'], utcnow()))})"
+        who = f"{w['last_heard_from']} at " if w.get("last_heard_from") else ""
+        line += f"; last heard from {who}{w['last_heard_at'][:19]}Z ({_ago(_seconds(w['last_heard_at'], utcnow()))})"
         if failed := w.get("last_launch_failure"):
             # Alive, and failing: the reason says where and why.
             said = attempt_words("launch-failure", "; ".join(map(str, failed["reasons"])))
