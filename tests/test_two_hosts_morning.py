@@ -172,3 +172,21 @@ def test_status_names_the_worker_it_last_heard_from(night):
     assert data["last_heard_from"] == n.second
     (line,) = [x for x in rq(two, "status").stdout.splitlines() if x.startswith("workers:")]
     assert f"; last heard from {n.second} at {data['last_heard_at'][:19]}Z (" in line, line
+
+
+def test_the_morning_commands_on_the_worker_s_machine_say_it_is_a_worker_s_folder(night):
+    """On the worker's machine `status` said "no state.db here; nothing has run with this
+    state folder yet (is --state or --root right?)" of the folder a worker had run in all
+    night, and `report` "no kb/ folder here (is --root …?)": both sent the operator to
+    mend a flag that was right, on the wrong machine (stop 45)."""
+    two, _ = night
+    for args in (["status"], ["report"], ["job", "1"]):
+        res = subprocess.run(
+            [*two.in_wrk, EXE, "--config", str(two.home / "worker.toml"),
+             "--state", str(two.home / "state"), *args],
+            env=two.env, capture_output=True, text=True, timeout=60, cwd=two.home,
+        )  # fmt: skip
+        assert res.returncode == 1, res
+        (line,) = res.stderr.splitlines()
+        assert line.startswith(f"error: {two.home / 'state'} is a worker's own folder"), line
+        assert "`reviewq control` runs" in line and "doctor --worker" in line, line

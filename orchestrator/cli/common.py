@@ -21,7 +21,7 @@ from orchestrator import logs
 from orchestrator.config import gates_named
 from orchestrator.logs import one_line as shown
 from orchestrator.state.store import DAMAGED, is_damage
-from orchestrator.state.workspace import Workspace
+from orchestrator.state.workspace import Workspace, workers_own
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -579,8 +579,9 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
             click.echo(f"warning: {shown(ignored)}", err=True)
     if ctx.invoked_subcommand not in READ_ONLY | NO_KB and not (ws.root / "kb").is_dir():
         # Said before anything is made: a command run in the wrong folder left a .reviewq/
-        # (and `export` a kb/reports/) behind in it.
-        raise Refused(no_kb_here(ws.root))
+        # (and `export` a kb/reports/) behind in it. On a worker's machine, which has none,
+        # the folder given is the worker's own: that is the mistake to name.
+        raise Refused(workers_own(ws.state_dir) or no_kb_here(ws.root))
     if ctx.invoked_subcommand in STATE_AFTER_ARGS:
         return
     if ctx.invoked_subcommand in NEEDS_STATE:

@@ -68,6 +68,7 @@ class Workspace:
             # Where job folders say something has run, what is missing is its record.
             raise StoreError(
                 lost_record(path, "missing")
+                or workers_own(self.state_dir)
                 or f"{self.state_dir}: no state.db here; nothing has run with this state "
                 "folder yet (is --state or --root right?)"
             )
@@ -88,3 +89,18 @@ class Workspace:
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+def workers_own(state_dir: Path) -> str | None:
+    """Why a command about the record finds none in ``state_dir``, when it is a worker's
+    own folder (its attempt folders, made by no control; state.db is the control's alone):
+    "nothing has run with this state folder yet" was said of the folder a worker ran in
+    all night, on a second machine. None for any other folder."""
+    if (state_dir / "state.db").exists() or not (state_dir / "attempts").is_dir():
+        return None
+    return (
+        f"{state_dir} is a worker's own folder (a worker ran here; state.db is the "
+        "control's alone): status, report, job and the other commands about the record run "
+        "on the machine where `reviewq control` runs (here, `reviewq doctor --worker` names "
+        "its host and state folder, and `reviewq logs` reads this worker's log)"
+    )
