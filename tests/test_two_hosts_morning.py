@@ -18,6 +18,7 @@ import select
 import signal
 import sqlite3
 import subprocess
+import sys
 from datetime import datetime
 from types import SimpleNamespace
 
@@ -190,3 +191,25 @@ def test_the_morning_commands_on_the_worker_s_machine_say_it_is_a_worker_s_folde
         (line,) = res.stderr.splitlines()
         assert line.startswith(f"error: {two.home / 'state'} is a worker's own folder"), line
         assert "`reviewq control` runs" in line and "doctor --worker" in line, line
+
+
+def test_doctor_on_the_worker_s_machine_says_the_control_is_of_another_release(night):
+    """A worker machine given another reviewq release than the control's (a `pip install`
+    of a newer checkout): `doctor --worker` said "ok: a control process feeds this queue"
+    and exit 0, and the worker it vouched for refused every message (`message.refused`),
+    which only the control's `status` told (stop 45). The release is the messages'
+    version, set here as a newer reviewq's would be."""
+    two, _ = night
+    newer = (
+        "import sys; from orchestrator.control import messages; messages.VERSION += 1; "
+        "from orchestrator.cli import main; sys.argv[0] = 'reviewq'; main()"
+    )
+    res = subprocess.run(
+        [*two.in_wrk, sys.executable, "-c", newer, "--config", str(two.home / "worker.toml"),
+         "--state", str(two.home / "state"), "doctor", "--worker"],
+        env=two.env, capture_output=True, text=True, timeout=60, cwd=two.home,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout
+    (line,) = [x for x in res.stdout.splitlines() if "sends messages of version" in x]
+    assert line.startswith("problem: the control process that feeds this queue (on "), line
+    assert "install the control's reviewq release on this machine" in line, line

@@ -44,6 +44,7 @@ from tenacity import Retrying, retry, retry_if_exception, stop_after_delay, wait
 
 from orchestrator import faults, logs  # noqa: E402
 from orchestrator.config import ConfigError, Settings  # noqa: E402
+from orchestrator.control import messages  # noqa: E402
 from orchestrator.state.store import StoreError  # noqa: E402
 
 from .doorbell import Doorbell  # noqa: E402
@@ -988,6 +989,7 @@ def mark_fed(
                     "reviewers": reviewers or {},
                     "queue_at": now,
                     "every": every,
+                    "v": messages.VERSION,  # its release's messages: a worker's must match
                 }
             ),
         )
@@ -1045,6 +1047,22 @@ def profiles_unlike(settings: Settings, fed: dict) -> dict[str, str]:
                 f"partition = {partition!r}"
             )
     return found
+
+
+def release_unlike(fed: dict) -> str | None:
+    """How the control that wrote ``fed`` (:func:`mark_fed`) speaks another message version
+    than this reviewq: every message either sends the other refuses (``message.refused``),
+    and no job runs on this worker. None when they match, or the key does not say (a
+    control of an earlier release)."""
+    theirs = fed.get("v")
+    if not isinstance(theirs, int) or theirs == messages.VERSION:
+        return None
+    return (
+        f"the control process that feeds this queue (on {fed.get('host')}, state folder "
+        f"{fed.get('state')}) sends messages of version {theirs}, this reviewq speaks "
+        f"{messages.VERSION}: each refuses the other's messages and no job would run here; "
+        "install the control's reviewq release on this machine (or upgrade both)"
+    )
 
 
 def fed_by(huey: Huey) -> dict | None:

@@ -810,6 +810,7 @@ def _doctor_queue(
             queue_clock,
             refusal_problem,
             refuses_writes,
+            release_unlike,
             shared_problem,
             stale_problem,
             stall_problem,
@@ -862,6 +863,8 @@ def _doctor_queue(
             else f"a control process feeds this queue (on {fed.get('host')}, state folder "
             f"{fed.get('state')}, last at {fed.get('at')})",
         )
+        if fed and (unlike := release_unlike(fed)) is not None:
+            report(False, unlike)
         for problem in profiles_unlike(ws.settings, fed or {}).values():
             report(False, problem)
 
