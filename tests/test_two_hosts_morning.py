@@ -50,13 +50,26 @@ def at(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
+# An endpoint on the worker's loopback where nothing listens: no model answers its jobs.
+GATEWAY = (
+    '\n[reviewers.gateway]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9"\n'
+    'connect_timeout = "5s"\n'
+)
+
+
 def the_night(two: TwoHosts) -> SimpleNamespace:
+    for settings in (two.root / "reviewq.toml", two.home / "worker.toml"):
+        settings.write_text(settings.read_text() + GATEWAY)
     two.start(sweep=False)
-    enq = subprocess.run(
-        [*two.in_ctl, EXE, "--root", str(two.root), "enqueue", "--all-gates", "--reviewer", "fake"],
-        env=two.env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert enq.returncode == 0, enq.stderr
+    for asked in (
+        ["--all-gates", "--reviewer", "fake"],
+        ["prose", "--reviewer", "gateway", "--note", str(two.root / "kb/notes/n0.md")],
+    ):
+        enq = subprocess.run(
+            [*two.in_ctl, EXE, "--root", str(two.root), "enqueue", *asked],
+            env=two.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert enq.returncode == 0, enq.stderr
     held = [two.agent_started()[0]]  # the first worker's agent runs, held by the test
     dead = f"{two.wlog.wait('worker.started', 1)['worker']}"
     two.worker.send_signal(signal.SIGKILL)
@@ -76,9 +89,17 @@ def the_night(two: TwoHosts) -> SimpleNamespace:
     ran = two.wlog.wait("attempt.exited", 60)
     restarted = two.start_control()
     with sqlite3.connect(two.root / ".reviewq/state.db") as db:
-        left = [j for (j,) in db.execute("SELECT id FROM review_jobs WHERE status != 'completed'")]
+        left = [
+            j
+            for (j,) in db.execute(
+                "SELECT id FROM review_jobs WHERE status != 'completed' AND reviewer = 'fake'"
+            )
+        ]
+        failed = db.execute("SELECT 1 FROM attempts WHERE outcome = 'reviewer-failure'").fetchone()
     for job_id in left:
         two.clog.wait("job.finalized", 120, job_id=job_id)
+    if failed is None:  # the gateway's first try waited behind the held agents
+        two.clog.wait("attempt.reviewer_failed", 60)
     return SimpleNamespace(dead=dead, second=second, ran=ran, restarted=restarted)
 
 
@@ -213,3 +234,19 @@ def test_doctor_on_the_worker_s_machine_says_the_control_is_of_another_release(n
     (line,) = [x for x in res.stdout.splitlines() if "sends messages of version" in x]
     assert line.startswith("problem: the control process that feeds this queue (on "), line
     assert "install the control's reviewq release on this machine" in line, line
+
+
+def test_a_failure_of_the_worker_s_machine_names_that_machine_in_the_control_s_log(night):
+    """`logs --level warning`, the morning's read, showed `attempt.reviewer_failed …
+    reasons=["unreachable: cannot reach http://127.0.0.1:18045/…"]` with no host: on the
+    control's machine it read as the control's own loopback, where the endpoint was the
+    worker's (the host was only in the `attempt.ended` line, an info line) (stop 45)."""
+    two, _ = night
+    lines = [
+        json.loads(x)
+        for x in rq(two, "logs", "--event", "attempt.reviewer_failed", "--json").stdout.splitlines()
+    ]
+    assert lines
+    for line in lines:
+        assert line["host"] and line["worker"].startswith(f"{line['host']}:"), line
+        assert "127.0.0.1:9" in line["reasons"][0], line

@@ -1039,9 +1039,11 @@ class Control:
                 "attempt.launch_failed" if cls == "launch-failure" else "attempt.reviewer_failed"
             )
             host = o.get("host") if isinstance(o.get("host"), str) else None
+            worker = o.get("worker") if isinstance(o.get("worker"), str) else None
             self._launch_failed(
-                job, attempt, profile, o.get("reasons") or [], event, host or None, _asked(o)
-            )
+                job, attempt, profile, o.get("reasons") or [], event, host or None, _asked(o),
+                worker,
+            )  # fmt: skip
         elif cls == "burned-out" and job["kind"] == "review" and self._pair_count(job_id) > 1:
             # Only a review asks less in parts: a fix rewrites its note whole, and an
             # audit split into reviews would accept what it was only to check.
@@ -1220,6 +1222,7 @@ class Control:
         event: str = "attempt.launch_failed",
         host: str | None = None,
         retry_after: float | None = None,
+        worker: str | None = None,
     ) -> None:
         q = self.settings.queue
         # Now, and again at the commit: after an earlier outcome's reset of the same batch.
@@ -1234,8 +1237,17 @@ class Control:
             # for the next tick kept the profile idle up to reaper_seconds past it.
             wake, after = self.dispatch_in, off.wait_s(self.now())
             self.store.after_commit(lambda: wake(after))
+        # Where it failed: read on the control's machine, "cannot reach
+        # http://127.0.0.1:…" named no machine, and the one it names is the worker's.
         self.log.warning(
-            event, job_id=job["id"], attempt=attempt, reviewer=name, **off.when, reasons=reasons
+            event,
+            job_id=job["id"],
+            attempt=attempt,
+            reviewer=name,
+            worker=worker,
+            host=host,
+            **off.when,
+            reasons=reasons,
         )
         if off.paused_at:
             log_paused(self.log, name, off)
