@@ -566,6 +566,45 @@ def test_a_batch_stays_on_the_queue_until_its_transaction_commits(kb, monkeypatc
     ws.close()
 
 
+def _unreadable(huey, what: str) -> bytes:  # noqa: ANN001 - a Huey
+    """A message Huey cannot read: a pickle cut short, or a task this release does not
+    register (a later release's)."""
+    from huey.registry import Message
+
+    if what == "truncated":
+        return huey.serializer.serialize(Message(*[None] * len(Message._fields)))[:20]
+    fields = dict.fromkeys(Message._fields) | {"id": "x", "name": "deliver_outcomes_v5"}
+    return huey.serializer.serialize(Message(**{**fields, "args": (), "kwargs": {}}))
+
+
+@pytest.mark.parametrize("what", ["truncated", "unknown-task"])
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_message_huey_cannot_read_fails_no_batch_and_is_dropped_in_one_line(
+    kb, monkeypatch, request, queue, what
+):
+    """Waiting behind the message run, an unreadable one made the batch's read raise:
+    every batch and every tick failed (a traceback each, each message's retries spent)
+    until it reached the head, where Huey read it into a traceback three times before it
+    was dropped; on the review queue a worker said only the traceback."""
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
+    logs.configure(ws.state_dir)
+    task = app.control.dequeue()
+    app.control.storage.enqueue(_unreadable(app.control, what), 0)
+    app.control.execute(task)
+    assert batches == [(3, 3)] and app.control.pending_count() == 1  # passed over, left
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
+    assert statuses == ["completed"] * 3
+    assert app.control.dequeue() is None and app.control.pending_count() == 0
+    app.review.storage.enqueue(_unreadable(app.review, what), 0)  # a worker's read
+    assert app.review.dequeue() is None and app.review.pending_count() == 0
+    lines = log_lines(kb)
+    dropped = [e for e in lines if e["event"] == "message.dropped"]
+    assert [e["queue"] for e in dropped] == [app.control.storage.name, app.review.storage.name]
+    assert all(e["reason"].startswith("unreadable (") for e in dropped)
+    assert not [e for e in lines if "exception" in e or e["event"] == "control.task_failed"]
+    ws.close()
+
+
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
     kb, monkeypatch, request, queue

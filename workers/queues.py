@@ -192,9 +192,7 @@ class _Holding:
         if again:
             self._tries += 1
             if self._tries >= self.GIVE_UP:
-                return self._drop(
-                    self._tries, "handed out and never run (unreadable, or Huey failed around it)"
-                )
+                return self._drop(self._tries, "handed out and never run (Huey failed around it)")
         else:
             self._tries = 0
         return data
@@ -1405,11 +1403,35 @@ class _Unrevoked:
         return super().delete(key)  # type: ignore[misc]
 
 
-class _SqliteHuey(_Unrevoked, SqliteHuey):
+class _Readable:
+    """A message Huey cannot read (a pickle cut short or damaged, a task name this release
+    does not register: a later release's) is dropped as it is met, in one line: Huey's
+    consumer logged a traceback at each read, and the control queue handed the same one
+    out three times before it went. Nothing reads it later: its attempt runs again once
+    the control gives it up (a review message found gone, an outcome never come)."""
+
+    def dequeue(self):  # noqa: ANN201 - Huey's signature
+        data = self.storage.dequeue()  # type: ignore[attr-defined]
+        if data is None:
+            return None
+        try:
+            return self.deserialize_task(data)  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling raises
+            # Off the queue: a held one released, any other taken by the read already.
+            self.storage._drop(  # type: ignore[attr-defined]
+                1,
+                f"unreadable ({type(exc).__name__}: {exc}): damaged, or sent by a reviewq "
+                "release with a task this one does not have; its attempt runs again once "
+                "the control gives it up",
+            )
+            return None
+
+
+class _SqliteHuey(_Readable, _Unrevoked, SqliteHuey):
     pass
 
 
-class _RedisHuey(_Unrevoked, RedisHuey):
+class _RedisHuey(_Readable, _Unrevoked, RedisHuey):
     pass
 
 
@@ -1558,7 +1580,14 @@ def waiting(huey: Huey, limit: int, max_bytes: int | None = None) -> list[tuple[
             )
     except QUEUE_UNAVAILABLE:
         return []
-    return [(token, huey.deserialize_task(data)) for token, data in found]
+    read = []
+    for token, data in found:
+        # One Huey cannot read is passed over, left where it is: the consumer drops it,
+        # saying so, when it comes to it. Raised here, it failed every batch behind which
+        # it waited, and every tick.
+        with contextlib.suppress(Exception):
+            read.append((token, huey.deserialize_task(data)))
+    return read
 
 
 def attempts_on(huey: Huey, wanted: set[tuple[int, int]]) -> set[tuple[int, int]] | None:
