@@ -606,6 +606,52 @@ def test_a_message_huey_cannot_read_fails_no_batch_and_is_dropped_in_one_line(
 
 
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
+def test_a_message_of_the_wrong_shape_is_said_in_one_line_and_run_never(
+    kb, monkeypatch, request, queue, tmp_path
+):
+    """A message of this version lacking a field, or holding one of another type, failed
+    its task at every try (Huey's traceback each, 21 of them over a minute), and failed
+    each batch it was taken in; some were kept misread (a string of reasons taken letter
+    by letter, the attempt counted failed). A worker read a review message so into a
+    traceback."""
+    from workers import tasks
+    from workers.queues import send
+
+    ws, app, control, batches = _three_outcomes_waiting(kb, monkeypatch, request, queue)
+    logs.configure(ws.state_dir)
+    jobs = [r[0] for r in ws.store.conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    beat = {"v": 4, "job_id": jobs[0], "attempt": 1, "host": "w"}  # no worker
+    first = app.control.dequeue()  # the held message runs with those waiting behind it
+    send("attempt_heartbeat", beat)
+    send("deliver_outcome", {"v": 4, "job_id": jobs[1], "attempt": 1, "classification": "no-output", "reasons": "oops", "files": {}})  # fmt: skip
+    app.control.execute(first)
+    assert batches == [(3, 3)]  # the rest of the batch kept
+    send("deliver_outcome", {"v": 4, "job_id": str(jobs[2]), "attempt": 1, "files": {}})
+    app.control.execute(app.control.dequeue())  # one alone, the task's own
+    assert app.control.pending_count() == app.control.scheduled_count() == 0
+    statuses = [r[0] for r in ws.store.conn.execute("SELECT status FROM review_jobs")]
+    assert statuses == ["completed"] * 3
+    _, sent = _worker_in_process(tmp_path, monkeypatch)
+    tasks.run_review({k: v for k, v in REVIEW_MSG.items() if k != "prompt"})
+    assert sent == [] and not (tmp_path / "w" / "attempts").exists()
+    lines = log_lines(kb)  # the worker's here too: one process
+    said = [
+        (e["message"], e["field"], e["reason"]) for e in lines if e["event"] == "message.malformed"
+    ]
+    assert [s[:2] for s in said] == [
+        ("heartbeat", "worker"),
+        ("outcome", "reasons"),
+        ("outcome", "job_id"),
+        ("review", "prompt"),
+    ]
+    assert "'reasons' is a str (list or null expected)" in said[1][2]
+    assert "'job_id' is a str (int expected)" in said[2][2]
+    assert "'prompt' is missing (str expected)" in said[3][2]
+    assert not [e for e in lines if "exception" in e or e["event"] == "control.task_failed"]
+    ws.close()
+
+
+@pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_the_outcome_a_control_process_was_running_when_it_died_is_run_again(
     kb, monkeypatch, request, queue
 ):

@@ -311,6 +311,9 @@ def run_review(msg: dict) -> None:
         logs.get().error("message.refused", **{**refused, "worker": WORKER_ID})
         _say_refused(msg)
         return
+    if (bad := messages.malformed("review", msg)) is not None:
+        logs.get().error("message.malformed", **{**bad, "worker": WORKER_ID})
+        return
     place = _the_worker()
     if _expired(msg):
         # A run of it this worker's stop interrupted kept its folder for the run queued
@@ -902,11 +905,8 @@ def _take_waiting(kind: str | None, first: dict | None) -> int:
     lost outcome would cost an agent's run). Other tasks are left where they are (a
     dispatch nudge is dropped: the dispatch here does its work). With no message of its
     own (``kind`` None: a tick), only those waiting. Returns how many were taken."""
-    if kind is not None:
-        refused = messages.refusal(kind, first)
-        if refused is not None:
-            logs.get().error("message.refused", **refused)
-            return 0
+    if kind is not None and not _taken_as_it_is(kind, first):
+        return 0
     control = _the_control()
     huey = _control_queue()
     batch: list[_Taken] = [(kind, first, None, None)] if kind is not None else []
@@ -927,11 +927,8 @@ def _take_waiting(kind: str | None, first: dict | None) -> int:
             continue
         taken.append(token)
         msg = task.args[0] if task.args else None
-        refused = messages.refusal(name, msg)
-        if refused is not None:
-            logs.get().error("message.refused", **refused)
-            continue
-        batch.append((name, msg, task, token))
+        if _taken_as_it_is(name, msg):
+            batch.append((name, msg, task, token))
     # Taken off once kept, or once back on the queue with one retry less (_one_by_one);
     # not on an interrupt, which leaves the transaction uncommitted and the messages owed.
     wanted = nudged or any(b[0] == "outcome" for b in batch)
@@ -946,6 +943,20 @@ def _take_waiting(kind: str | None, first: dict | None) -> int:
     if wanted and not dispatched:
         control.dispatch()
     return len(taken)
+
+
+def _taken_as_it_is(kind: str, msg: object) -> bool:
+    """Whether a heartbeat or outcome is of this version and shape; one that is not is
+    said in one line and taken off the queue unrun."""
+    refused = messages.refusal(kind, msg)
+    if refused is not None:
+        logs.get().error("message.refused", **refused)
+        return False
+    bad = messages.malformed(kind, msg)  # type: ignore[arg-type] - a dict of this version
+    if bad is not None:
+        logs.get().error("message.malformed", **bad)
+        return False
+    return True
 
 
 def _let_gather() -> None:

@@ -72,6 +72,9 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   another version refuses the notice, and its ``message.refused`` line names the job,
   the worker and its host on the control's side.
 
+A message of this version lacking a field a process reads, or holding one of another
+type (:func:`malformed`), is dropped with one line as one of another version is.
+
 A reap notice whose ``opened_at`` is not its attempt's is dropped as a beat or
 outcome is (``message.other_history``). A stop request (``workers.queues.StopRequests``)
 holds the opening of the agent it means, as that agent's beat carried it, beside its
@@ -114,10 +117,14 @@ def refusal(kind: str, msg: object) -> dict | None:
         "message": kind,
         "version": v,
         "expected": VERSION,
-        "reason": f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} message of version {v!r}, "
+        "reason": f"{_a(kind)} message of version {v!r}, "
         f"this reviewq speaks {VERSION}: {_what_to_do(kind, v)}",
         **ids,
     }
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def _what_to_do(kind: str, v: object) -> str:
@@ -141,6 +148,75 @@ def earlier_review(sent_again: int) -> str:
         f"of this release sends the attempt again at once, in version {sent_again}; one of "
         "the earlier release still running on this queue must be upgraded"
     )
+
+
+# The fields of this version a process reads as it takes a message, with their types
+# (None: may be absent or null). Those it looks at with care (``notices``, ``files``,
+# ``redact``, ``untouched``, the sender's names) are not here.
+_NUMBER = (int, float)
+_FIELDS: dict[str, dict[str, tuple]] = {
+    "review": {
+        "job_id": (int,),
+        "attempt": (int,),
+        "task": (str,),
+        "reviewer": (str,),
+        "prompt": (str,),
+        "pairs": (list,),
+        "timeout_s": _NUMBER,
+        "heartbeat_s": _NUMBER,
+        "max_output_bytes": (int,),
+    },
+    "heartbeat": {"job_id": (int,), "attempt": (int,), "worker": (str,)},
+    "outcome": {
+        "job_id": (int,),
+        "attempt": (int,),
+        "classification": (str,),
+        "output": (bytes, None),
+        "reasons": (list, None),
+        "telemetry": (dict, None),
+        "touched": (list, None),
+        "touched_hashes": (dict, None),
+        "exit_code": (int, None),
+        "duration_s": (*_NUMBER, None),
+        "started_at": (str, None),
+        "ended_at": (str, None),
+    },
+    "reap notice": {"job_id": (int,), "attempt": (int,)},
+    "refusal notice": {"job_id": (int,), "attempt": (int,)},
+}
+
+
+def malformed(kind: str, msg: dict) -> dict | None:
+    """What to log when ``msg``, of this version, lacks a field it must have or holds one
+    of another type (None: take it). A message is data from another machine: such a one
+    failed its task at every try (Huey's traceback each time, a minute of retries), or
+    was kept with its fields misread (a string of reasons taken letter by letter)."""
+    kind = kind_of(msg) if kind == "outcome" else kind
+    for name, types in _FIELDS[kind].items():
+        value = msg.get(name)
+        if None in types and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, tuple(t for t in types if t)):
+            wanted = " or ".join("null" if t is None else t.__name__ for t in types)
+            got = (
+                "missing"
+                if name not in msg
+                else "null"
+                if value is None
+                else _a(type(value).__name__)
+            )
+            ids = {k: msg.get(k) for k in ("job_id", "attempt") if isinstance(msg.get(k), int)}
+            ids |= {k: msg[k] for k in ("worker", "host") if isinstance(msg.get(k), str)}
+            return {
+                "message": kind,
+                "field": name,
+                "reason": f"{_a(kind)} message whose "
+                f"{name!r} is {got} ({wanted} expected): damaged, or its sender's reviewq is "
+                "not this release; dropped (an attempt it leaves unheard of is dispatched again "
+                "by the reaper)",
+                **ids,
+            }
+    return None
 
 
 def kind_of(o: dict) -> str:
