@@ -4186,3 +4186,46 @@ def test_a_nudge_gives_up_no_later_than_the_url_s_own_timeout(kb, query, expecte
             h.storage.pool.connection_kwargs["socket_timeout"] for h in (app.review, app.control)
         }
     assert timeouts == {expected}
+
+
+@pytest.mark.parametrize("queue", ["review", "control"])
+def test_a_queue_file_deleted_while_its_processes_run_is_followed_to_the_new_one(kb, queue):
+    """`rm STATE/queue/review.db*` (or control.db) while the control and a worker ran:
+    each went on with the file it had open, deleted, and a process started after (a
+    worker restarted) made a new one at the path. The control sent its reviews into the
+    deleted file and the new worker waited on the other, for good (the reaper found each
+    message still on the control's queue and sent it there again); or the old worker sent
+    its outcomes where no control read them. Each process now looks, at most once a
+    second, whether the path still names the file it has open, and opens it again."""
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+    procs = [control, worker]
+    # A bound: a control that never logs what is awaited is killed, and its stream ends.
+    guard = threading.Timer(90, lambda: [p.kill() for p in procs])
+    guard.start()
+    review = ("enqueue", "--reviewer", "fake", "frontmatter", "--note")
+    try:
+        assert rq(kb, *review, "kb/notes/n0.md").returncode == 0
+        _until(control.stderr, "job.finalized")
+        for path in (kb.state / "queue").glob(f"{queue}.db*"):
+            path.unlink()
+        stop(worker)  # restarted: it opens the file at the path
+        worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+        procs.append(worker)
+        assert rq(kb, *review, "kb/notes/n1.md").returncode == 0
+        _until(control.stderr, "job.finalized")
+    finally:
+        guard.cancel()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    with db(kb) as conn:
+        rows = conn.execute("SELECT job_id, attempt, outcome FROM attempts ORDER BY job_id")
+        assert [tuple(r) for r in rows] == [(1, 1, "finalized"), (2, 1, "finalized")]
+    replaced = [e for e in log_lines(kb) if e["event"] == "queue.file_replaced"]
+    assert replaced and all(e["file"].endswith(f"queue/{queue}.db") for e in replaced)

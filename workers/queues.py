@@ -255,10 +255,59 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
         self.bell = Doorbell(Path(filename).with_suffix(".bell"))
         self.blocking = self.bell.usable
 
+    # How often a process looks whether the queue file's path still names the file it has
+    # open (a stat): at most once a second, as the doorbell does.
+    FILE_LOOK_S = 1.0
+    _opened: tuple[int, int] | None = None  # (st_dev, st_ino) of the file the connection has
+    _looked_at = 0.0
+
     def _create_connection(self):  # noqa: ANN202 - Huey's signature
         conn = super()._create_connection()
         conn.execute("pragma synchronous=1")
+        self._opened = _file_id(self.filename)
+        self._looked_at = time.monotonic()
+        if self._opened is not None and self._replaced_once:
+            for sql in self.ddl:  # a file made anew at the path: Huey's tables in it
+                conn.execute(sql)
         return conn
+
+    _replaced_once = False
+    file_generation = 0  # how many times the file at the path was opened anew
+
+    def _same_file(self, now: float | None = None) -> None:
+        """Close the connection if the file at the path is no longer the one it has open
+        (deleted, or another moved there, while this process ran): each process went on
+        with the file it had, and one started after made another at the path, so the
+        control sent reviews no new worker read, or a new worker outcomes no control read,
+        for good. Its next use opens the file at the path. Under the storage's lock;
+        ``now`` given: looked at whenever it was last (a message about to be written)."""
+        if now is None:
+            now = time.monotonic()
+            if now - self._looked_at < self.FILE_LOOK_S:
+                return
+        if self._conn is None:
+            return
+        self._looked_at = now
+        there = _file_id(self.filename)
+        if there == self._opened:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+        self._conn = None
+        self._replaced_once = True
+        # Row ids name rows of the old file: one held, or a batch's read by waiting(), must
+        # not take another message of the same id off the new one.
+        self.file_generation += 1
+        self.held = None
+        logs.get().warning(
+            "queue.file_replaced",
+            queue=self.name,
+            file=self.filename,
+            reason="the queue file was deleted or replaced while this process ran (never do "
+            "that with a reviewq process running): it now uses the file at that path; "
+            "messages left in the old one are gone, and the control's reaper sends their "
+            "attempts again",
+        )
 
     @contextlib.contextmanager
     def db(self, commit=False, close=False):  # noqa: ANN001, ANN201 - Huey's signature
@@ -268,6 +317,7 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
         # locked for the other processes (a sweep's control and worker, told to stop)
         # until this one ended.
         with self.lock:
+            self._same_file()
             conn = self.conn
             cursor = conn.cursor()
             try:
@@ -289,7 +339,19 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
                     conn.close()
                     self._conn = None
 
+    def take_rows(self, tokens: list[object]) -> None:
+        """Delete the rows :func:`waiting` read, by their tokens, of this file alone: the
+        look at the path comes first (:meth:`db`), so a row of a file gone is never taken
+        for the row of the same id in the file that replaced it."""
+        with self.db(commit=True) as curs:
+            ids = [i for file, i in tokens if file == self.file_generation]  # type: ignore[misc]
+            curs.execute(
+                "delete from task where id in (select value from json_each(?))", (json.dumps(ids),)
+            )
+
     def enqueue(self, data, priority=None):  # noqa: ANN001, ANN201 - Huey's signature
+        with self.lock:  # a message written to a file deleted is one nothing will read
+            self._same_file(time.monotonic())
         super().enqueue(data, priority)
         self.bell.ring()
 
@@ -326,6 +388,8 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
 
     def _take_off(self, token: object) -> None:
         with self.db(commit=True) as curs:
+            if token != self.held:  # the file was replaced as this began: its id is another's
+                return
             curs.execute("delete from task where id = ?", (token,))
             curs.execute(
                 "delete from counter where queue = ? and key = ?", (self.name, f"first:{token}")
@@ -477,6 +541,15 @@ for _, data in ipairs(redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1])) do
     redis.call('zrem', KEYS[1], data)
 end
 """
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """Which file ``path`` names (device, inode), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _digest(data: bytes) -> str:
@@ -1572,12 +1645,14 @@ def waiting(huey: Huey, limit: int, max_bytes: int | None = None) -> list[tuple[
                 results=True,
             )
             ids = _within(sizes, budget)
-            found = storage.sql(
+            rows = storage.sql(
                 "select id, data from task where id in (select value from json_each(?)) "
                 "order by priority desc, id",
                 (json.dumps(ids),),
                 results=True,
             )
+            # A row id with the file it names a row of (QueueStorage._same_file).
+            found = [((storage.file_generation, i), data) for i, data in rows]
     except QUEUE_UNAVAILABLE:
         return []
     read = []
@@ -1696,8 +1771,7 @@ def acknowledge(huey: Huey, tokens: list[object]) -> None:
             pipe.lrem(storage.queue_key, -1, data)  # from the tail: the oldest copy
         pipe.execute()
     else:
-        marks = ", ".join("?" * len(tokens))
-        storage.sql(f"delete from task where id in ({marks})", tokens, commit=True)
+        storage.take_rows(tokens)
 
 
 @retry(**_WHILE_UNAVAILABLE)
