@@ -100,6 +100,47 @@ def test_a_control_with_a_wrong_redis_password_is_refused_at_start(kb, redis_wit
     assert "not-the-password" not in line
 
 
+def test_a_password_the_redis_server_stops_taking_mid_run_is_said_at_once_with_the_file(
+    kb, redis_with_password
+):
+    """The Redis password changed under a running control and its workers (a rotation,
+    the file not yet mended): their connections closed and every read met "invalid
+    username-password pair" for good, said once a minute as a passing outage (or first
+    "Connection closed by server.", the refusal a minute later), naming neither the file
+    nor what mends it, as the start's refusal does."""
+    import redis
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from workers.app import make_app
+
+    from .test_queue_integration import log_lines
+
+    url = _with_credentials(redis_with_password, f":{PASSWORD}")
+    kb.write("reviewq.toml", f'[queue]\nurl = "{url}"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    with make_app(ws.settings) as app:
+        assert app.review.dequeue() is None  # connected: an empty queue
+        socket_path = redis_with_password.removeprefix("unix://")
+        with contextlib.closing(
+            redis.Redis(unix_socket_path=socket_path, password=PASSWORD)
+        ) as admin:
+            admin.config_set("requirepass", "rotated")
+            admin.client_kill_filter(_type="normal", skipme=True)
+        for _ in range(3):  # the reads a consumer makes, each failing
+            assert app.review.dequeue() is None
+    said = [e for e in log_lines(kb) if e["event"] == "queue.unavailable"]
+    refused = [e for e in said if "reason" in e]
+    assert refused, said
+    (line,) = refused  # said once in the outage, not at each read
+    where = f"{kb.root / 'reviewq.toml'} [queue] url unix://:***@"
+    assert line["reason"].startswith(where), line
+    assert "refused this client" in line["reason"] and "redis://USER:PASSWORD@" in line["reason"]
+    assert PASSWORD not in json.dumps(said)
+    ws.close()
+
+
 @contextlib.contextmanager
 def _answering(reply: bytes, *, read_first: bool):
     """A loopback port whose server sends ``reply`` to every connection (after reading

@@ -94,6 +94,8 @@ class _PatientReads:
 
     _said_at = 0.0
     after_outage: Callable[[], None] | None = None  # run as a read finds the queue back
+    where = ""  # the file and URL, as queue_where says them (huey_for)
+    _refusal_said = False  # a refused password said in this outage
 
     def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003 - the storage's own
         # Made here, not at the first read: on Python 3.12+ a cached_property has no
@@ -120,18 +122,25 @@ class _PatientReads:
             data = read()
         except QUEUE_UNAVAILABLE as exc:
             now = time.monotonic()
+            # A password the server no longer takes (changed under a running process) is
+            # no passing outage: said at once, with the file to mend, whatever was said
+            # of the outage before it (its connections closed), then once a minute.
+            refused = isinstance(exc, _CREDENTIALS_REFUSED)
             with self._pauses_lock:
-                say = now - self._said_at >= 60
+                say = now - self._said_at >= 60 or (refused and not self._refusal_said)
                 if say:
                     self._said_at = now
+                    self._refusal_said = self._refusal_said or refused
                 pause = min(_MAX_PAUSE, max(0.1, self._pauses.get(kind, 0) * 2))
                 self._pauses[kind] = pause
             if say:
+                why = {"reason": f"{self.where}: {credentials_refused(exc)}"} if refused else {}
                 logs.get().error(
                     "queue.unavailable",
                     queue=self.name,
                     error=logs.error_said(exc),
                     retry_s=_MAX_PAUSE,
+                    **why,
                 )
             time.sleep(pause)
             return empty
@@ -151,6 +160,7 @@ class _PatientReads:
             if self._pauses.pop(kind, None) is None or self._pauses:
                 return
             self._said_at = 0.0
+            self._refusal_said = False
         if self.after_outage is not None:
             self.after_outage()  # before the line: what follows it sees it done
         logs.get().info("queue.available", queue=self.name)
@@ -864,10 +874,7 @@ def check_queue(settings: Settings) -> None:
     try:
         client.ping()
     except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
-        raise ConfigError(
-            f"{where}: the Redis server refused this client ({exc}); set the user and "
-            "password it expects in the URL (redis://USER:PASSWORD@HOST:6379/0)"
-        ) from None
+        raise ConfigError(f"{where}: {credentials_refused(exc)}") from None
     except InvalidResponse as exc:
         raise ConfigError(f"{where}: not a Redis server ({exc}); check the host and port") from None
     except ResponseError as exc:
@@ -898,6 +905,14 @@ def check_queue(settings: Settings) -> None:
         return  # away: waited for
     finally:
         client.close()
+
+
+def credentials_refused(exc: BaseException) -> str:
+    """The words for a Redis server that refuses this client's user or password."""
+    return (
+        f"the Redis server refused this client ({exc}); set the user and password it "
+        "expects in the URL (redis://USER:PASSWORD@HOST:6379/0)"
+    )
 
 
 def _unresolved(url: str) -> str | None:
@@ -1518,7 +1533,7 @@ def huey_for(settings: Settings, queue: str) -> Huey:
     url = settings.queue.url
     if url:
         # blocking=True: idle workers wait on BRPOP and see a message at once.
-        return _RedisHuey(
+        huey = _RedisHuey(
             f"reviewq-{queue}",
             connection_pool=redis_pool(url),
             results=False,
@@ -1528,6 +1543,8 @@ def huey_for(settings: Settings, queue: str) -> Huey:
             storage_class=RedisQueueStorage,
             holds=queue == "control",
         )
+        huey.storage.where = queue_where(settings)
+        return huey
     folder = settings.state_dir / "queue"
     try:
         make_folder(folder, "its SQLite queues")
@@ -1577,15 +1594,24 @@ class _Unsaved(Exception):  # noqa: N818 - a redis ResponseError once _with_redi
     pass
 
 
+# A Redis that refuses this client's user or password (redis's own, once _with_redis ran).
+_CREDENTIALS_REFUSED: tuple[type[BaseException], ...] = ()
+
+
 def _with_redis() -> None:
     """What a Redis queue needs of the redis package, imported here rather than with Huey
     (see the top of this module): Huey's storage module given the names its import
     went without, and Redis's unavailable errors among QUEUE_UNAVAILABLE."""
-    global QUEUE_UNAVAILABLE, _RedisTimeout, _Demoted, _Unsaved
+    global QUEUE_UNAVAILABLE, _RedisTimeout, _Demoted, _Unsaved, _CREDENTIALS_REFUSED
     import huey.storage
     from redis import ConnectionPool, Redis
+    from redis.exceptions import (
+        AuthenticationError,
+        AuthorizationError,
+        OutOfMemoryError,
+        ResponseError,
+    )
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import OutOfMemoryError, ResponseError
     from redis.exceptions import TimeoutError as RedisTimeout
 
     if huey.storage.Redis is None:
@@ -1594,6 +1620,7 @@ def _with_redis() -> None:
         huey.storage.TimeoutError = RedisTimeout
         huey.storage.RedisStorage.redis_client = Redis
     _RedisTimeout = RedisTimeout
+    _CREDENTIALS_REFUSED = (AuthenticationError, AuthorizationError)
     if not issubclass(_Demoted, RedisConnectionError):
         _Demoted = type("ServerDemoted", (RedisConnectionError,), {})
     if not issubclass(_Unsaved, ResponseError):
