@@ -2517,6 +2517,42 @@ def test_a_redis_server_that_cannot_hold_control_messages_is_refused_in_one_line
     assert doctor.returncode == 1 and f"problem: queue backend: {expected}" in doctor.stdout
 
 
+def test_a_redis_that_takes_no_message_as_large_as_an_outcome_is_refused_in_one_line(kb, tmp_path):
+    """A Redis whose `proto-max-bulk-len` is under an outcome's size (an output of up to
+    `max_output_bytes`, its logs' tails and telemetry) closes the connection on each send
+    of a larger one: taken for an outage, the outcome was retried for an hour as "Broken
+    pipe", its attempt kept alive by its beats, then dropped and the agent run again."""
+    small_kb(kb)
+    with redis_server(tmp_path, "--proto-max-bulk-len", "2mb") as url:
+        kb.write("reviewq.toml", fake_profile() + f'[queue]\nurl = "{url}"\n')
+        control = rq(kb, "control", timeout=60)
+        doctor = rq(kb, "doctor", timeout=60)
+        home = tmp_path / "remote"
+        home.mkdir()
+        (home / "worker.toml").write_text(fake_profile() + f'[queue]\nurl = "{url}"\n')
+        worker = reviewq_process(
+            "--config", str(home / "worker.toml"), "--state", str(home / "state"), "worker",
+            timeout=60,
+        )  # fmt: skip
+        kb.write(
+            "reviewq.toml",
+            fake_profile() + f'[queue]\nurl = "{url}"\n[limits]\nmax_output_bytes = 524288\n',
+        )
+        smaller = rq(kb, "doctor", timeout=60)
+    said = (
+        f"{kb.root / 'reviewq.toml'} [queue] url {url}: the Redis server takes no message over "
+        "2097152 bytes (its proto-max-bulk-len), and an agent's outcome may be 6488064"
+    )
+    assert control.returncode == 1 and control.stderr.startswith(f"error: {said}"), control.stderr
+    assert len(control.stderr.splitlines()) == 1
+    assert (
+        "CONFIG SET proto-max-bulk-len" in control.stderr and "max_output_bytes" in control.stderr
+    )
+    assert doctor.returncode == 1 and f"problem: queue backend: {said}" in doctor.stdout
+    assert worker.returncode == 1 and "2097152 bytes (its proto-max-bulk-len)" in worker.stderr
+    assert "proto-max-bulk-len" not in smaller.stdout, smaller.stdout  # 1.7 MiB fits
+
+
 @pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "volatile-lru", "noeviction"])
 def test_a_redis_that_evicts_any_key_is_named_by_doctor_and_the_control(kb, tmp_path, policy):
     """A Redis shared as a cache (maxmemory, an allkeys-* policy) evicts the queue's keys

@@ -585,6 +585,35 @@ def check_server(huey: Huey, settings: Settings) -> None:
             f"{queue_where(settings)}: the Redis server lacks {' and '.join(missing)}, which "
             "the control queue needs (Redis 6.2 or later)"
         )
+    if (small := _too_small(storage, settings)) is not None:
+        raise ConfigError(f"{queue_where(settings)}: {small}")
+
+
+# What an outcome holds beside the output: its logs' tails, its telemetry, the rest.
+_OUTCOME_BESIDE_OUTPUT = 2 * messages.LOG_TAIL_BYTES + messages.TELEMETRY_BYTES + 64 * 1024
+
+
+def _too_small(storage: RedisQueueStorage, settings: Settings) -> str | None:
+    """Why the server cannot take an outcome as large as one may be, or None: Redis closes
+    the connection on a message over its `proto-max-bulk-len` (1 MiB at the least), which
+    the client takes for an outage ("Broken pipe"): such an outcome was retried for an hour,
+    its attempt kept alive by its beats, then dropped and its agent run again. A server
+    that does not tell (CONFIG refused: an ACL, a managed Redis) is not guessed at."""
+    try:
+        said = storage.conn.config_get("proto-max-bulk-len")
+        limit = int(said["proto-max-bulk-len"])
+    except Exception:  # noqa: BLE001 - refused, renamed, away: nothing is known
+        return None
+    need = settings.max_output_bytes + _OUTCOME_BESIDE_OUTPUT
+    if limit >= need:
+        return None
+    return (
+        f"the Redis server takes no message over {limit} bytes (its proto-max-bulk-len), "
+        f"and an agent's outcome may be {need} (an output of up to {settings.max_output_bytes} "
+        "bytes, [limits] max_output_bytes, with its logs): a larger one would be retried as an "
+        "outage and its agent run again; raise it (`CONFIG SET proto-max-bulk-len 64mb`, and "
+        "in its configuration file) or lower max_output_bytes"
+    )
 
 
 def eviction_risk(huey: Huey, settings: Settings) -> str | None:
