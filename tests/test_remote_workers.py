@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -1504,6 +1505,23 @@ def test_a_held_message_that_never_runs_is_given_up_after_three_tries(tmp_path):
     assert [queue.dequeue() for _ in range(4)] == [b"unreadable"] * 3 + [b"next"]
     queue.release()
     assert queue.dequeue() is None and queue.queue_size() == 0
+
+
+def test_a_queue_folder_removed_under_a_running_process_is_made_again(tmp_path):
+    """Followed to the file at the path (K88), a process whose queue folder was removed
+    whole (`rm -r STATE/queue`) met "unable to open database file" at every try, where it
+    had gone on with the file it had open."""
+    from workers.queues import QueueStorage
+
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    queue = QueueStorage("review", str(folder / "review.db"), idle_look=0.01)
+    queue.enqueue(b"before", 0)
+    shutil.rmtree(folder)
+    queue.enqueue(b"after", 0)  # into a file at the path, its folder made again
+    assert (folder / "review.db").is_file()
+    assert queue.dequeue() == b"after" and queue.dequeue() is None
+    queue.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])

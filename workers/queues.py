@@ -272,6 +272,9 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
     _looked_at = 0.0
 
     def _create_connection(self):  # noqa: ANN202 - Huey's signature
+        if self._replaced_once:  # its folder gone too (`rm -r STATE/queue`): made again
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(self.filename), mode=0o700, exist_ok=True)
         conn = super()._create_connection()
         conn.execute("pragma synchronous=1")
         self._opened = _file_id(self.filename)
