@@ -182,7 +182,8 @@ _FIELDS: dict[str, dict[str, tuple]] = {
         "ended_at": (str, None),
     },
     "reap notice": {"job_id": (int,), "attempt": (int,)},
-    "refusal notice": {"job_id": (int,), "attempt": (int,)},
+    # A worker's notice names the attempt as the message it refused did (maybe not at all).
+    "refusal notice": {"job_id": (int,), "attempt": (int, None)},
 }
 
 
