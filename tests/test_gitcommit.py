@@ -650,3 +650,44 @@ def test_a_redos_long_asks_do_not_keep_its_fix_from_its_commit(repo):
     out = commit_fix(repo, NOTE, before, after, message(NOTE, ["g"], 7, "fake", "fake", asks=asks))
     assert out.sha and out.why_not is None, out
     assert git(repo, "log", "-1", "--format=%b", out.sha).count("\n  ok") == 30_000
+
+
+def test_a_persons_uncommitted_mode_change_is_not_committed_as_reviewqs(repo):
+    """A note made executable by a person (chmod, not committed) went into the fix's
+    commit as "mode change 100644 => 100755" under reviewq's name: the fix keeps the
+    file's mode, and git commits the file as it is. It gets no commit, as an edit does."""
+    os.chmod(repo / NOTE, 0o755)
+    out = fix(repo)
+    assert out.sha is None and not out.again, out
+    assert out.why_not == (
+        "the note's file mode was changed (100644 to 100755) and not committed; "
+        "a commit would take it as reviewq's"
+    )
+    assert commits(repo) == ["the KB"]
+
+
+def test_a_git_am_under_way_holds_the_commit_until_it_ends(repo):
+    """`git am` stopped at a patch keeps HEAD on the branch: the fix was committed between
+    the patches it had applied, and the person's `git am --abort` then no longer gave
+    their branch back ("You seem to have moved HEAD ... Not rewinding"), the half-applied
+    series left on it. The commit waits for the am to end, as for a merge."""
+    git(repo, "checkout", "-q", "-b", "side")
+    _another_commit(repo, "one.txt")
+    _another_commit(repo, "two.txt")
+    patches = git(repo, "format-patch", "-2", "-o", str(repo.parent / "patches")).split()
+    git(repo, "checkout", "-q", "main")
+    (repo / "two.txt").write_text("main\n")
+    git(repo, "add", "two.txt")
+    git(repo, "commit", "-q", "-m", "main's two")
+    am = subprocess.run(["git", "am", "-q", *patches], cwd=repo, capture_output=True, check=False)
+    assert am.returncode != 0  # the first patch applied, stopped at the second
+    before = (repo / NOTE).read_bytes()
+    out = fix(repo)
+    assert out.sha is None and out.again, out
+    assert out.why_not == "a `git am` is under way; the commit is made once it ends"
+    git(repo, "am", "--abort")  # the person gives up the series: their branch as it was
+    assert commits(repo) == ["main's two", "the KB"]
+    after = (repo / NOTE).read_bytes()
+    msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
+    done = commit_fix(repo, NOTE, before, after, msg)
+    assert done.sha and commits(repo)[0].startswith(f"reviewq fix: {NOTE}"), done

@@ -15,6 +15,7 @@ import contextlib
 import os
 import re
 import signal
+import stat
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -261,13 +262,30 @@ _UNDER_WAY = (("rebase-merge", "rebase"), ("rebase-apply", "rebase"), ("BISECT_S
 
 
 def _in_progress(root: Path) -> str | None:
-    """``rebase`` or ``bisect`` when one is under way in the KB's repository, else None."""
+    """``rebase``, ``git am`` or ``bisect`` when one is under way in the KB's repository,
+    else None."""
     p = _git(root, "rev-parse", *(arg for name, _ in _UNDER_WAY for arg in ("--git-path", name)))
     paths = p.stdout.splitlines() if p.returncode == 0 else []
     for path, (_, what) in zip(paths, _UNDER_WAY, strict=False):
         if (root / path).exists():  # relative to the working folder git ran in, or absolute
-            return what
+            # git am keeps its patches where the old rebase did, and says so (`git status`).
+            return "git am" if (root / path / "applying").exists() else what
     return None
+
+
+def _mode_changed(root: Path, rel: str, index_mode: str) -> str | None:
+    """The note's change of mode ("100644 to 100755") when its executable bit is not the
+    index's (``index_mode``) and git would see it (core.fileMode), else None. A fix keeps
+    the file's mode, and git commits the file as it is: a person's chmod went into the
+    fix's commit as reviewq's. Read from the file, not `git diff`, which runs the note's
+    clean filters."""
+    if index_mode not in ("100644", "100755"):
+        return None
+    said = _git(root, "config", "--type=bool", "core.fileMode").stdout.strip()
+    if said == "false":
+        return None
+    mode = "100755" if (root / rel).stat().st_mode & stat.S_IXUSR else "100644"
+    return None if mode == index_mode else f"{index_mode} to {mode}"
 
 
 def _first_line(p: subprocess.CompletedProcess) -> str:
@@ -430,6 +448,12 @@ def _commit(
             why_not="HEAD is detached (no branch is checked out); a commit there would be "
             "left behind at the next checkout"
         )
+    if _in_progress(root) == "git am":
+        # HEAD stays on the branch between its patches; a commit among them kept the
+        # person's `git am --abort` from giving their branch back ("Not rewinding").
+        return CommitOutcome(
+            why_not="a `git am` is under way; the commit is made once it ends", again=True
+        )
     keep_crlf = _crlf_kept(root, rel, head_blob)
     fixed = _stored_sha(root, rel, after, keep_crlf=keep_crlf)
     if head_blob == fixed:
@@ -454,6 +478,11 @@ def _commit(
     if head_blob != _stored_sha(root, rel, before, keep_crlf=keep_crlf):
         return CommitOutcome(
             why_not="the note had uncommitted edits; a commit would take them as reviewq's"
+        )
+    if mode := _mode_changed(root, rel, staged[1]):
+        return CommitOutcome(
+            why_not=f"the note's file mode was changed ({mode}) and not committed; "
+            "a commit would take it as reviewq's"
         )
     env = {}
     # A machine with no git identity still gets a commit, as reviewq; so does one where
