@@ -536,10 +536,9 @@ def test_a_fix_written_then_reverted_before_its_row_went_is_not_written_again(cy
     assert ws.store.conn.execute("SELECT count(*) FROM fix_writes_due").fetchone()[0] == 0
 
 
-def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit(kb, monkeypatch):
-    """The commit was decided from state.db only: after a crash between `git commit`
-    and its record, HEAD held the fixed text, and the job was recorded as "the note had
-    uncommitted edits" with no commit."""
+def _fix_committed_by_a_run_that_died(kb, monkeypatch):
+    """A fix of kb/notes/alpha.md in a real repository, committed by a run killed right
+    after `git commit`, before its record: the open workspace and a git runner."""
     import subprocess
 
     import orchestrator.cycles.fixes as fixes
@@ -576,14 +575,43 @@ def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit
     with pytest.raises(Killed):
         _run(control, sent, fixed.encode())
     monkeypatch.undo()
+    return ws, git
+
+
+def _next_tick_records(kb) -> tuple:
+    """The fix job's (fix_commit, fix_no_commit) once the next control's tick ran."""
     again = Workspace.open(kb.root)
-    Control(again, send_review=lambda m: None, hooks=FollowUp(again)).write_due_files()
-    row = again.store.conn.execute(
-        "SELECT fix_commit, fix_no_commit FROM review_jobs WHERE kind = 'fix'"
-    ).fetchone()
-    assert tuple(row) == (git("rev-parse", "HEAD").strip(), None)
+    try:
+        Control(again, send_review=lambda m: None, hooks=FollowUp(again)).write_due_files()
+        return tuple(
+            again.store.conn.execute(
+                "SELECT fix_commit, fix_no_commit FROM review_jobs WHERE kind = 'fix'"
+            ).fetchone()
+        )
+    finally:
+        again.close()
+
+
+def test_a_fix_committed_by_a_run_that_died_before_recording_it_keeps_its_commit(kb, monkeypatch):
+    """The commit was decided from state.db only: after a crash between `git commit`
+    and its record, HEAD held the fixed text, and the job was recorded as "the note had
+    uncommitted edits" with no commit."""
+    ws, git = _fix_committed_by_a_run_that_died(kb, monkeypatch)
+    assert _next_tick_records(kb) == (git("rev-parse", "HEAD").strip(), None)
     assert git("log", "--format=%s").count("reviewq fix:") == 1
-    again.close()
+    ws.close()
+
+
+def test_a_fix_committed_before_a_crash_and_edited_since_keeps_its_commit(kb, monkeypatch):
+    """A person's edit of the note after the commit a killed run had made, before the next
+    tick: the job was recorded as "the note was changed after the fix was written, before
+    its commit" with no commit, while `git log` held reviewq's commit of it (the one a
+    `git revert` undoes, which the report and `reviewq job` no longer named)."""
+    ws, git = _fix_committed_by_a_run_that_died(kb, monkeypatch)
+    sha = git("rev-parse", "HEAD").strip()
+    kb.write("kb/notes/alpha.md", kb.read("kb/notes/alpha.md") + "A person's line.\n")
+    assert _next_tick_records(kb) == (sha, None)
+    assert "A person's line." in kb.read("kb/notes/alpha.md")  # theirs, uncommitted
     ws.close()
 
 

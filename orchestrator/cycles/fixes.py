@@ -20,7 +20,13 @@ from orchestrator import logs
 from orchestrator.cycles.escalations import held_pairs
 from orchestrator.kb.atomicfile import atomic_write, clear_leftovers, mode_of
 from orchestrator.kb.gates import Catalog, Gate
-from orchestrator.kb.gitcommit import CHANGED_BEFORE_COMMIT, CommitOutcome, commit_fix, message
+from orchestrator.kb.gitcommit import (
+    CHANGED_BEFORE_COMMIT,
+    CommitOutcome,
+    commit_fix,
+    commit_made,
+    message,
+)
 from orchestrator.kb.notes import (
     KB,
     KBError,
@@ -503,7 +509,7 @@ def _write_fix_in(
     if due["written"]:
         if current != due["new_sha256"]:
             # Written, then changed (a person's revert or edit) before its row went: theirs.
-            _changed_since(store, job, due["path"], git_commit)
+            _changed_since(kb, store, job, due["path"], git_commit, real, text(due["new_sha256"]))
             return True  # written, by an earlier pass
     elif current != due["new_sha256"]:  # else written already, by a run that then died
         if current != due["old_sha256"]:
@@ -574,11 +580,16 @@ def _read_in(folder: int, name: str) -> bytes:
         return f.read()
 
 
-def _changed_since(store: Store, job, note_path: str, git_commit: bool) -> None:
-    reason = CHANGED_BEFORE_COMMIT
+def _changed_since(
+    kb: KB, store: Store, job, note_path: str, git_commit: bool, rel: str | None, fixed: bytes
+) -> None:
     logs.get().info("fix.changed_since", job_id=job["id"], note_path=note_path)
     if git_commit and job["fix_commit"] is None and job["fix_no_commit"] is None:
-        _record_commit(store, job, note_path, CommitOutcome(why_not=reason))
+        # A run killed after its `git commit`, before recording it: the commit is in `git
+        # log`, and "no commit" hid the one a `git revert` of the fix undoes.
+        made = rel and commit_made(kb.root, rel, fixed, _commit_message(store, job, rel))
+        commit = CommitOutcome(sha=made) if made else CommitOutcome(why_not=CHANGED_BEFORE_COMMIT)
+        _record_commit(store, job, note_path, commit)
 
 
 def _not_written(store: Store, job, note_path: str) -> None:
@@ -717,13 +728,17 @@ def commit_applied_fix(
     note file is replaced (it compares HEAD with the text the fixer was given). Not
     ``patient`` (its commit already waited a tick), it tries once: a lock still held must
     not stall the tick."""
+    return commit_fix(kb.root, rel, given, data, _commit_message(store, job, rel), patient=patient)
+
+
+def _commit_message(store: Store, job, rel: str) -> str:  # noqa: ANN001 - a review_jobs row
     pairs = store.conn.execute(
         "SELECT gate_id, rationale FROM review_pairs WHERE job_id = ? ORDER BY id", (job["id"],)
     ).fetchall()
     found = [
         f"{p['gate_id']}: {f}" for p in pairs for f in finding_lines(p["rationale"], limit=None)
     ]
-    msg = message(
+    return message(
         rel,
         [p["gate_id"] for p in pairs],
         job["id"],
@@ -732,7 +747,6 @@ def commit_applied_fix(
         found=found,
         asks=job["feedback"],
     )
-    return commit_fix(kb.root, rel, given, data, msg, patient=patient)
 
 
 def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> None:

@@ -372,6 +372,15 @@ def commit_fix(
         return CommitOutcome(why_not=f"git could not run: {exc}")
 
 
+def commit_made(root: Path, rel: str, after: bytes, msg: str) -> str | None:
+    """The commit of this very fix (``after``, ``msg``) in HEAD's history, whatever the
+    note holds now; None if there is none or git cannot say."""
+    try:
+        return _earlier_commit(root, rel, msg, _stored_sha(root, rel, after))
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 CHANGED_BEFORE_COMMIT = "the note was changed after the fix was written, before its commit"
 
 
