@@ -629,11 +629,7 @@ def test_a_review_message_the_queue_lost_runs_again_a_lease_later(kb):
         )
         _until(control.stderr, "job.finalized")
     finally:
-        guard.cancel()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        _stop_all(guard, procs)
     with db(kb) as conn:
         rows = conn.execute("SELECT attempt, outcome, reasons FROM attempts ORDER BY attempt")
         outcomes = [(r[0], r[1], json.loads(r[2] or "[]")) for r in rows]
@@ -3212,6 +3208,15 @@ def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path)
                 os.killpg(agent, signal.SIGKILL)
 
 
+def _stop_all(guard: threading.Timer, procs: list[subprocess.Popen]) -> None:
+    """The bound called off, and every process the test started stopped and waited for."""
+    guard.cancel()
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
 def _until(stream, *events: str, timeout: float = 60) -> str:
     """Read a child's JSON log lines on its stderr until one says one of ``events`` (the
     one it says is returned), for up to ``timeout`` seconds: a child that neither logs it
@@ -4255,11 +4260,7 @@ def test_a_queue_file_deleted_while_its_processes_run_is_followed_to_the_new_one
         assert rq(kb, *review, "kb/notes/n1.md").returncode == 0
         _until(control.stderr, "job.finalized")
     finally:
-        guard.cancel()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+        _stop_all(guard, procs)
     with db(kb) as conn:
         rows = conn.execute("SELECT job_id, attempt, outcome FROM attempts ORDER BY job_id")
         assert [tuple(r) for r in rows] == [(1, 1, "finalized"), (2, 1, "finalized")]
