@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import select
 import signal
 import sqlite3
@@ -193,7 +194,11 @@ def test_status_names_the_worker_it_last_heard_from(night):
     data = json.loads(rq(two, "status", "--json").stdout)["workers"]
     assert data["last_heard_from"] == n.second
     (line,) = [x for x in rq(two, "status").stdout.splitlines() if x.startswith("workers:")]
-    assert f"; last heard from {n.second} at {data['last_heard_at'][:19]}Z (" in line, line
+    # The night goes on (the gateway's profile tries again as each pause runs out): the
+    # line, read second, may have heard the same worker since.
+    said = re.search(r"; last heard from (\S+) at (\S+)Z \(", line)
+    assert said is not None, line
+    assert said[1] == n.second and said[2] >= data["last_heard_at"][:19], (line, data)
 
 
 def test_the_morning_commands_on_the_worker_s_machine_say_it_is_a_worker_s_folder(night):
