@@ -1041,9 +1041,15 @@ class Control:
             host = o.get("host") if isinstance(o.get("host"), str) else None
             worker = o.get("worker") if isinstance(o.get("worker"), str) else None
             self._launch_failed(
-                job, attempt, profile, o.get("reasons") or [], event, host or None, _asked(o),
-                worker,
-            )  # fmt: skip
+                job,
+                attempt,
+                profile,
+                o.get("reasons") or [],
+                event=event,
+                host=host or None,
+                retry_after=_asked(o),
+                worker=worker,
+            )
         elif cls == "burned-out" and job["kind"] == "review" and self._pair_count(job_id) > 1:
             # Only a review asks less in parts: a fix rewrites its note whole, and an
             # audit split into reviews would accept what it was only to check.
