@@ -507,12 +507,16 @@ def server() -> Iterator[FakeServer]:
 
 
 def openai_profile(
-    kb, base_url: str, args: str = '["temperature=0", "max_tokens=2048"]', extra: str = ""
+    kb,
+    base_url: str,
+    args: str = '["temperature=0", "max_tokens=2048"]',
+    extra: str = "",
+    timeout: str = "30s",
 ) -> None:
     kb.write(
         "reviewq.toml",
         PROFILES + f'\n[reviewers.local]\nkind = "openai"\nmodel = "qwen3:8b"\npartition = "fake"\n'
-        f'base_url = "{base_url}"\napi_key_env = "REVIEWQ_TEST_KEY"\ntimeout = "30s"\n'
+        f'base_url = "{base_url}"\napi_key_env = "REVIEWQ_TEST_KEY"\ntimeout = "{timeout}"\n'
         f"args = {args}\n{extra}",
     )
 
@@ -981,6 +985,76 @@ def test_openai_endpoint_that_takes_no_connection_is_unreachable_after_connect_t
     assert res.outcome.reasons[0].startswith("unreachable: cannot reach http://127.0.0.1:")
     assert "within 1 s: timed out" in res.outcome.reasons[0]
     assert res.outcome.duration_s < 20
+
+
+@contextlib.contextmanager
+def _hanging_endpoint(answers_its_model_list: bool) -> Iterator[str]:
+    """An endpoint that takes the request and never answers it; a GET of its model list is
+    answered (a server busy writing a long answer) or held as well (a hung server)."""
+    released = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers["Content-Length"]))
+            released.wait()
+
+        def do_GET(self) -> None:  # noqa: N802
+            if not answers_its_model_list:
+                released.wait()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "11")
+            self.end_headers()
+            self.wfile.write(b'{"data":[]}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        released.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+def test_openai_endpoint_that_takes_the_request_and_hangs_is_an_outage_not_the_job_s(
+    kb2, run_cli, monkeypatch
+):
+    """A server that took the request and then answered nothing, its model list neither,
+    was waited on until the deadline and taken for a job too big for its time: the job
+    split and its parts' attempts counted, a night of them escalated for a hung server.
+    It is the server's failure, said before the deadline."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    with _hanging_endpoint(answers_its_model_list=False) as url:
+        openai_profile(kb2, url, extra='connect_timeout = "1s"\n')
+        job_id = make_job(run_cli)
+        res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "reviewer-failure", res.outcome.reasons
+    assert res.outcome.reasons[0].startswith(
+        f"server: {url}/v1/chat/completions took the request, then stopped answering: "
+        f"no HTTP answer from {url}/v1/models within 1 s: timed out"
+    ), res.outcome.reasons
+    assert parts_of(kb2, job_id) == []
+
+
+def test_openai_endpoint_still_answering_past_the_deadline_burns_the_job_out(
+    kb2, run_cli, monkeypatch
+):
+    """A server that answers its model list while the answer is awaited is busy with the
+    job: the deadline stays the job's (burned-out, the job split), not the server's."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    with _hanging_endpoint(answers_its_model_list=True) as url:
+        openai_profile(kb2, url, extra='connect_timeout = "2s"\n', timeout="7s")
+        job_id = make_job(run_cli)
+        res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "burned-out", res.outcome.reasons
+    assert len(parts_of(kb2, job_id)) == 2
 
 
 # --- errors before the agent starts ----------------------------------------------------------

@@ -13,7 +13,9 @@ not answer as one) and exits 1, so the attempt is classified from what happened.
 
 The endpoint (or the proxy the environment names for it) must accept a TCP connection
 within ``REVIEWQ_OPENAI_CONNECT_TIMEOUT`` seconds: an address that drops packets is then
-reported as out of reach, not waited on until the attempt's deadline.
+reported as out of reach, not waited on until the attempt's deadline. While the answer is
+awaited, the endpoint is asked for its model list every as many seconds: one that stops
+answering that too is a hung server, reported as such, not a job too big for its time.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import email.utils
 import http.client
 import json
 import os
+import queue
 import re
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -350,6 +354,50 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
     return content, data
 
 
+# Looks at the model list that found no answer in a row before the server is called hung:
+# one may be a blip of a loaded server.
+SILENT_LOOKS = 2
+
+
+def watched(url: str, body: dict, key: str, timeout: float, every: float) -> tuple[str, dict]:
+    """:func:`complete`, while the endpoint is asked for its model list every ``every``
+    seconds on a connection of its own. A non-streamed answer comes whole at the end, so a
+    server that took the request and then hung (a stuck model load, a proxy holding the
+    connection) looked like a model still writing: the deadline took it for a job too big
+    for its time, split the job and counted its parts' attempts. A server that answers
+    the look is busy with the job, and the deadline stays the job's; one that answers
+    neither is an outage."""
+    # Both threads report here, so an answer that comes during a slow look is taken at once.
+    news: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+
+    def call() -> None:
+        try:
+            news.put(("answer", complete(url, body, key, timeout)))
+        except BaseException as exc:  # noqa: BLE001 - raised again by the waiting thread
+            news.put(("answer", exc))
+
+    def look() -> None:
+        news.put(("look", probe(url.removesuffix("/chat/completions"), every)))
+
+    threading.Thread(target=call, daemon=True).start()  # the exit ends what still waits
+    looking, silent = False, 0
+    while True:
+        try:
+            kind, value = news.get(timeout=None if looking else every)
+        except queue.Empty:
+            threading.Thread(target=look, daemon=True).start()
+            looking = True
+            continue
+        if kind == "answer":
+            if isinstance(value, BaseException):
+                raise value
+            return value  # type: ignore[return-value]
+        looking, silent = False, silent + 1 if value else 0
+        if silent >= SILENT_LOOKS:
+            said = f"took the request, then stopped answering: {value}"
+            raise AgentError(f"{shown(url)} {said}", failure="server", detail=said)
+
+
 def finish_reason(data: dict) -> str | None:
     """Why the model stopped, as the answer's first choice says (``stop``, ``length``…)."""
     choice = data["choices"][0]
@@ -397,7 +445,7 @@ def run(env: Mapping[str, str], args: Sequence[str] = ()) -> None:
         **extra_fields(args),
     }
     reach(url, connect_timeout)
-    content, data = complete(url, body, key, timeout)
+    content, data = watched(url, body, key, timeout, connect_timeout)
     if env.get("REVIEWQ_TASK") == "fix":
         content = unwrapped_note(content, _given_note(env))
     telemetry = _turn(data.get("usage"))
