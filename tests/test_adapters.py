@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -479,21 +479,26 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def answer(self, body: dict) -> dict:
-        return {
-            "id": "chatcmpl-fake-1",
-            "object": "chat.completion",
-            "model": body["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": _bundle_for(body["messages"][0]["content"]),
-                    },
-                }
-            ],
-            "usage": {"prompt_tokens": 321, "completion_tokens": 45, "total_tokens": 366},
-        }
+        return _review(body)
+
+
+def _review(body: dict) -> dict:
+    """A chat completion that reviews every pair of the request's prompt with PASS."""
+    return {
+        "id": "chatcmpl-fake-1",
+        "object": "chat.completion",
+        "model": body["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": _bundle_for(body["messages"][0]["content"]),
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 321, "completion_tokens": 45, "total_tokens": 366},
+    }
 
 
 @pytest.fixture
@@ -988,36 +993,59 @@ def test_openai_endpoint_that_takes_no_connection_is_unreachable_after_connect_t
 
 
 @contextlib.contextmanager
-def _hanging_endpoint(answers_its_model_list: bool) -> Iterator[str]:
-    """An endpoint that takes the request and never answers it; a GET of its model list is
-    answered (a server busy writing a long answer) or held as well (a hung server)."""
-    released = threading.Event()
+def _slow_endpoint(
+    model_list: str, writes_for: float | None = None, serial: bool = False
+) -> Iterator[str]:
+    """An endpoint that takes the request and answers it (every pair PASS) after
+    ``writes_for`` seconds, the time its model writes, or never. Its model list (a GET)
+    ``answers``; ``answers once``, then is held (a server that hung with the request in
+    flight); ``waits for the answer`` (llama-cpp-python's /v1/models takes the lock its
+    completion holds); or ``closes`` the connection at once. ``serial``: one request at a
+    time (http.server.HTTPServer, as mlx_lm.server was): a look waits behind the answer."""
+    released, answered = threading.Event(), threading.Event()
+    looks = 0
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-            self.rfile.read(int(self.headers["Content-Length"]))
-            released.wait()
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if released.wait(writes_for):  # None: until released
+                return  # the test is over: nothing to say
+            self._send(json.dumps(_review(body)).encode())
+            answered.set()
 
         def do_GET(self) -> None:  # noqa: N802
-            if not answers_its_model_list:
+            nonlocal looks
+            looks += 1
+            if model_list == "closes":
+                self.close_connection = True
+                return
+            if model_list == "answers once" and looks > 1:
                 released.wait()
                 return
+            if model_list == "waits for the answer":
+                answered.wait()
+            self._send(b'{"data":[]}')
+
+        def _send(self, data: bytes) -> None:
             self.send_response(200)
-            self.send_header("Content-Length", "11")
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(b'{"data":[]}')
+            self.wfile.write(data)
 
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd = (HTTPServer if serial else ThreadingHTTPServer)(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
+    # Looks whose agent has gone are answered into closed connections: no traceback.
+    httpd.handle_error = lambda *args: None  # type: ignore[method-assign]
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
         released.set()
+        answered.set()
         httpd.shutdown()
         httpd.server_close()
         thread.join()
@@ -1031,7 +1059,7 @@ def test_openai_endpoint_that_takes_the_request_and_hangs_is_an_outage_not_the_j
     split and its parts' attempts counted, a night of them escalated for a hung server.
     It is the server's failure, said before the deadline."""
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
-    with _hanging_endpoint(answers_its_model_list=False) as url:
+    with _slow_endpoint("answers once") as url:
         openai_profile(kb2, url, extra='connect_timeout = "1s"\n')
         job_id = make_job(run_cli)
         res = run(kb2, job_id, "local")
@@ -1049,12 +1077,34 @@ def test_openai_endpoint_still_answering_past_the_deadline_burns_the_job_out(
     """A server that answers its model list while the answer is awaited is busy with the
     job: the deadline stays the job's (burned-out, the job split), not the server's."""
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
-    with _hanging_endpoint(answers_its_model_list=True) as url:
+    with _slow_endpoint("answers") as url:
         openai_profile(kb2, url, extra='connect_timeout = "2s"\n', timeout="7s")
         job_id = make_job(run_cli)
         res = run(kb2, job_id, "local")
     assert res.outcome.classification == "burned-out", res.outcome.reasons
     assert len(parts_of(kb2, job_id)) == 2
+
+
+@pytest.mark.parametrize(
+    ("model_list", "serial"),
+    [("answers", True), ("waits for the answer", False), ("closes", False)],
+    ids=["serial-server", "model-list-waits-for-the-model", "model-list-closes"],
+)
+def test_openai_endpoint_whose_model_list_waits_while_it_writes_is_busy_not_hung(
+    kb2, run_cli, monkeypatch, model_list, serial
+):
+    """E74 called a server hung when two looks at its model list found no HTTP answer: one
+    that answers a request at a time (http.server's HTTPServer), or whose list waits for
+    the model (llama-cpp-python), or that closes a GET it does not serve, never answers a
+    look while it writes, so every job longer than two looks was a reviewer-failure that
+    paused the profile, and its retry the same. Silence is a hang only of a server seen
+    to answer a look while the request was in flight."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    with _slow_endpoint(model_list, writes_for=5, serial=serial) as url:
+        openai_profile(kb2, url, extra='connect_timeout = "0.5s"\n')
+        job_id = make_job(run_cli)
+        res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "output", res.outcome.reasons
 
 
 # --- errors before the agent starts ----------------------------------------------------------

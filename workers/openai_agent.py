@@ -365,8 +365,12 @@ def watched(url: str, body: dict, key: str, timeout: float, every: float) -> tup
     server that took the request and then hung (a stuck model load, a proxy holding the
     connection) looked like a model still writing: the deadline took it for a job too big
     for its time, split the job and counted its parts' attempts. A server that answers
-    the look is busy with the job, and the deadline stays the job's; one that answers
-    neither is an outage."""
+    the look is busy with the job, and the deadline stays the job's; one that answered a
+    look and then answers neither is an outage. Silence alone says nothing: a server that
+    answers one request at a time (http.server's, as mlx_lm.server's was), or whose list
+    waits for the model (llama-cpp-python's takes the lock its completion holds), or that
+    closes a GET it does not serve, never answers a look while it writes, and was called
+    hung of every job longer than two looks."""
     # Both threads report here, so an answer that comes during a slow look is taken at once.
     news: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
 
@@ -380,7 +384,7 @@ def watched(url: str, body: dict, key: str, timeout: float, every: float) -> tup
         news.put(("look", probe(url.removesuffix("/chat/completions"), every)))
 
     threading.Thread(target=call, daemon=True).start()  # the exit ends what still waits
-    looking, silent = False, 0
+    looking, heard, silent = False, False, 0
     while True:
         try:
             kind, value = news.get(timeout=None if looking else every)
@@ -392,7 +396,8 @@ def watched(url: str, body: dict, key: str, timeout: float, every: float) -> tup
             if isinstance(value, BaseException):
                 raise value
             return value  # type: ignore[return-value]
-        looking, silent = False, silent + 1 if value else 0
+        looking, heard = False, heard or value is None
+        silent = silent + 1 if value and heard else 0
         if silent >= SILENT_LOOKS:
             said = f"took the request, then stopped answering: {value}"
             raise AgentError(f"{shown(url)} {said}", failure="server", detail=said)
