@@ -999,8 +999,10 @@ def _slow_endpoint(
     """An endpoint that takes the request and answers it (every pair PASS) after
     ``writes_for`` seconds, the time its model writes, or never. Its model list (a GET)
     ``answers``; ``answers once``, then is held (a server that hung with the request in
-    flight); ``waits for the answer`` (llama-cpp-python's /v1/models takes the lock its
-    completion holds); or ``closes`` the connection at once. ``serial``: one request at a
+    flight); ``answers slowly once busy`` (the first look at once, the next in 0.2 s, as
+    a loaded machine schedules the server's process); ``waits for the answer``
+    (llama-cpp-python's /v1/models takes the lock its completion holds); or ``closes`` the
+    connection at once. ``serial``: one request at a
     time (http.server.HTTPServer, as mlx_lm.server was): a look waits behind the answer."""
     released, answered = threading.Event(), threading.Event()
     looks = 0
@@ -1022,6 +1024,8 @@ def _slow_endpoint(
             if model_list == "answers once" and looks > 1:
                 released.wait()
                 return
+            if model_list == "answers slowly once busy" and looks > 1:
+                released.wait(0.2)
             if model_list == "waits for the answer":
                 answered.wait()
             self._send(b'{"data":[]}')
@@ -1102,6 +1106,20 @@ def test_openai_endpoint_whose_model_list_waits_while_it_writes_is_busy_not_hung
     monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
     with _slow_endpoint(model_list, writes_for=5, serial=serial) as url:
         openai_profile(kb2, url, extra='connect_timeout = "0.5s"\n')
+        job_id = make_job(run_cli)
+        res = run(kb2, job_id, "local")
+    assert res.outcome.classification == "output", res.outcome.reasons
+
+
+def test_openai_connect_timeout_for_a_tcp_handshake_does_not_call_a_busy_server_hung(
+    kb2, run_cli, monkeypatch
+):
+    """E74 waited for a look's HTTP answer no longer than ``connect_timeout``, sized for a
+    TCP connection (the kernel's work): at 0.05 s a busy server whose process answered its
+    model list in 0.2 s was hung after its first look, and asked it 20 times a second."""
+    monkeypatch.setenv("REVIEWQ_TEST_KEY", KEY)
+    with _slow_endpoint("answers slowly once busy", writes_for=3) as url:
+        openai_profile(kb2, url, extra='connect_timeout = "0.05s"\n')
         job_id = make_job(run_cli)
         res = run(kb2, job_id, "local")
     assert res.outcome.classification == "output", res.outcome.reasons

@@ -357,6 +357,11 @@ def complete(url: str, body: dict, key: str, timeout: float) -> tuple[str, dict]
 # Looks at the model list that found no answer in a row before the server is called hung:
 # one may be a blip of a loaded server.
 SILENT_LOOKS = 2
+# A look's wait, and the time between looks, at least: a TCP connection is the kernel's
+# work, an HTTP answer the server's process's, which a loaded machine schedules late. A
+# connect_timeout sized for the first (0.05 s on loopback) called a busy server hung, and
+# asked it for its model list 20 times a second.
+LOOK_S = 1.0
 
 
 def watched(url: str, body: dict, key: str, timeout: float, every: float) -> tuple[str, dict]:
@@ -371,6 +376,7 @@ def watched(url: str, body: dict, key: str, timeout: float, every: float) -> tup
     waits for the model (llama-cpp-python's takes the lock its completion holds), or that
     closes a GET it does not serve, never answers a look while it writes, and was called
     hung of every job longer than two looks."""
+    every = max(every, LOOK_S)
     # Both threads report here, so an answer that comes during a slow look is taken at once.
     news: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
 
