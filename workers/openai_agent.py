@@ -14,8 +14,9 @@ not answer as one) and exits 1, so the attempt is classified from what happened.
 The endpoint (or the proxy the environment names for it) must accept a TCP connection
 within ``REVIEWQ_OPENAI_CONNECT_TIMEOUT`` seconds: an address that drops packets is then
 reported as out of reach, not waited on until the attempt's deadline. While the answer is
-awaited, the endpoint is asked for its model list every as many seconds: one that stops
-answering that too is a hung server, reported as such, not a job too big for its time.
+awaited, the endpoint is asked for its model list every as many seconds (1 at least): one
+that answered and then stops answering that too is a hung server, reported as such, not a
+job too big for its time.
 """
 
 from __future__ import annotations
