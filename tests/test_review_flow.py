@@ -2253,3 +2253,21 @@ def test_an_ack_is_a_line_of_the_log(flow, run_cli):
         "model_partition": "fake",
         "decision": "WARN",
     }
+
+
+def test_an_export_with_a_gate_made_invalid_names_its_file(flow, run_cli):
+    """A gate file broken while a person edits it (a region misspelt in `watches`): the
+    export removed every GATE-REVIEW file of the gate and its rows of the index with exit 0
+    and not a word, where `warn-queue` names the file (found on a real KB: 329 files gone)."""
+    flow.accept("fake", [(NOTE_A, "prose/body-check")], decision="WARN")
+    exported = flow.root / "kb/reports/reviews/gates/kb__notes__alpha.md/prose/body-check.md"
+    assert run_cli("export").exit_code == 0
+    assert exported.is_file()
+    gate = "kb/instructions/review-gates/prose/body-check.md"
+    flow.write(gate, flow.read(gate).replace("watches:\n- body\n", "watches:\n- bodyy\n"))
+    res = run_cli("export")
+    assert res.exit_code == 0
+    assert res.stderr == (
+        f"warning: {gate}: watches ['bodyy']: regions are title, description, frontmatter, body\n"
+    )
+    assert not exported.exists()

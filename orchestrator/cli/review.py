@@ -492,7 +492,8 @@ def export_cmd(ws: Workspace, model: str | None, wait: float) -> None:
             err=True,
         )
 
-    # Read once the export holds its lock: the KB as it is then.
-    watches = functools.partial(watches_now, ws)
+    # Read once the export holds its lock: the KB as it is then. An invalid gate's files
+    # are removed as those of a gate no longer reviewed (CONTRACT §10): its file named.
+    watches = functools.partial(watches_now, ws, on_problems=functools.partial(warn, every=True))
     res = export(ws.read_store(), ws.root, model, watches, on_wait=waiting, wait=wait)
     click.echo(f"exported {res.files} review(s); index {display_path(ws.root, res.csv_path)}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gitcommit import git_env
-from orchestrator.kb.notes import canonical_json, parse_note_text
+from orchestrator.kb.notes import FileProblem, canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
 from orchestrator.review.acceptance import pair_now
 from orchestrator.review.selector import current_notes
@@ -75,11 +75,17 @@ def watched_hash(note_text: str, watches: list[str]) -> str:
 Watches = Callable[[str, str, str], Sequence[str] | None]
 
 
-def watches_now(ws: Workspace) -> Watches:
+def watches_now(
+    ws: Workspace, on_problems: Callable[[Sequence[FileProblem]], None] | None = None
+) -> Watches:
     """What the gate of each recorded pair watches in the KB as it is now (see
     :data:`Watches`); read when called, which :func:`export` does once it holds its lock,
-    not as the KB was when a wait for another export began."""
+    not as the KB was when a wait for another export began. ``on_problems`` is given the
+    catalog's invalid files: a gate broken while a person edits it has its reviews left
+    out of this export, which is to be said, not done in silence."""
     cat = ws.catalog()
+    if on_problems is not None:
+        on_problems(cat.problems)
     notes = current_notes(ws.kb, ws.state_dir)
 
     def watches(note_path: str, gate_id: str, gate_path: str) -> list[str] | None:
