@@ -2271,3 +2271,21 @@ def test_an_export_with_a_gate_made_invalid_names_its_file(flow, run_cli):
         f"warning: {gate}: watches ['bodyy']: regions are title, description, frontmatter, body\n"
     )
     assert not exported.exists()
+
+
+def test_export_and_warn_queue_refuse_notes_select_cannot_read(flow, run_cli, tmp_path):
+    """ROOT's `kb/` a link to a folder outside it: `select` refuses its note root, but
+    `export` read it as a KB of no notes, removed every GATE-REVIEW file and wrote an empty
+    index ("exported 0 review(s)", exit 0), and `warn-queue` said "0 warning(s)"."""
+    flow.accept("fake", [(NOTE_A, "prose/body-check")], decision="WARN")
+    assert run_cli("export").exit_code == 0
+    elsewhere = tmp_path / "elsewhere"
+    (flow.root / "kb").rename(elsewhere)
+    (flow.root / "kb").symlink_to(elsewhere)
+    refused = f"error: note root kb/notes: outside the KB root {flow.root}\n"
+    for command in ("export", "warn-queue"):
+        res = run_cli(command)
+        assert (res.exit_code, res.stdout, res.stderr) == (1, "", refused), command
+    exported = elsewhere / "reports/reviews"
+    assert (exported / "gates/kb__notes__alpha.md/prose/body-check.md").is_file()
+    assert len((exported / "csv/gate_reviews.csv").read_text().splitlines()) == 2

@@ -46,6 +46,7 @@ from orchestrator.review.jobs import create_jobs, display_path, parse_select_jso
 from orchestrator.review.selector import (
     current_notes,
     partition_problem,
+    require_note_roots,
     select,
     with_note_relative_types,
 )
@@ -445,6 +446,7 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq warn-queue --json
     """
+    require_note_roots(ws.kb)
     notes = current_notes(ws.kb, ws.state_dir)
     catalog = ws.catalog()
     # A gate invalid now (a typo while editing it) hides its findings: said, not silent.
@@ -492,6 +494,7 @@ def export_cmd(ws: Workspace, model: str | None, wait: float) -> None:
             err=True,
         )
 
+    require_note_roots(ws.kb)  # before the folder is made: a --root one level off
     # Read once the export holds its lock: the KB as it is then. An invalid gate's files
     # are removed as those of a gate no longer reviewed (CONTRACT §10): its file named.
     watches = functools.partial(watches_now, ws, on_problems=functools.partial(warn, every=True))

@@ -148,6 +148,15 @@ def note_root_problems(kb: KB, state_dir: Path | None = None) -> list[str]:
     return problems
 
 
+def require_note_roots(kb: KB, state_dir: Path | None = None) -> None:
+    """Refuse (:class:`SelectError`, the first of :func:`note_root_problems`) a KB whose
+    notes cannot be read as its notes: every command that reads them says so. `export`
+    read a `kb/` linked from outside ROOT as a KB of no notes and removed every review's
+    file; `warn-queue` said "0 warning(s)"."""
+    for problem in note_root_problems(kb, state_dir):
+        raise SelectError(problem)
+
+
 def partition_problem(store: Store, model: str) -> str | None:
     """Why ``--model`` may be a typo, or None: no review is recorded in it while others
     have some. Every pair read as missing-review, and that select's JSON, piped to
@@ -225,8 +234,7 @@ def select(
     if bad:
         raise SelectError(f"unknown reason {sorted(bad)[0]!r}: choose from {', '.join(REASONS)}")
 
-    for problem in note_root_problems(kb, state_dir or cache_dir):
-        raise SelectError(problem)
+    require_note_roots(kb, state_dir or cache_dir)
     if cache_dir is not None and not cache_dir.exists():
         # A first `select` makes the state folder: as private, and as hidden from git, as
         # the first state.db would have made it. Not by a reader who may not write the KB:
