@@ -102,6 +102,18 @@ def problems(kb) -> dict[str, str]:
             GOOD_BODY,
             "requires_type names an empty value",
         ),
+        # CONTRACT §1's own `[]` was said to be no "list of strings": the person looked at
+        # the type of a value that is a list (stop 46, E68).
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: []",
+            GOOD_BODY,
+            "requires_type names an empty value",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_trait: []",
+            GOOD_BODY,
+            "requires_trait names an empty value",
+        ),
         (
             "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_trait: ''",
             GOOD_BODY,

@@ -246,10 +246,10 @@ def _type_list(value: object, field_name: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str) or (
-        isinstance(value, list) and value and all(isinstance(v, str) for v in value)
+        isinstance(value, list) and all(isinstance(v, str) for v in value)
     ):
         values = as_str_tuple(value)
-        if not all(v.strip() for v in values):
+        if not values or not all(v.strip() for v in values):
             # An empty type or trait is no note's: the gate was asked of no note, silently,
             # where an empty list was already refused.
             raise ValueError(f"{field_name} names an empty value (leave it out to ask every note)")
