@@ -2289,3 +2289,27 @@ def test_export_and_warn_queue_refuse_notes_select_cannot_read(flow, run_cli, tm
     exported = elsewhere / "reports/reviews"
     assert (exported / "gates/kb__notes__alpha.md/prose/body-check.md").is_file()
     assert len((exported / "csv/gate_reviews.csv").read_text().splitlines()) == 2
+
+
+def test_an_earlier_exports_file_that_cannot_be_removed_is_said_as_such(flow, tmp_path):
+    """A folder of an earlier export the person made read-only: the export said "cannot
+    write the export at …/x.md" of the file it was removing, and the person looked for why
+    a review of this export could not be written (found on a real KB, stop 46)."""
+    from .conftest import bound_by_file_modes, reviewq_process
+
+    flow.accept("fake", [(NOTE_A, "prose/body-check")])
+    lens = flow.root / "kb/reports/reviews/gates/kb__notes__gone.md/prose"
+    lens.mkdir(parents=True)
+    (lens / "body-check.md").write_text("<!-- GATE-REVIEW\nnote-path: kb/notes/gone.md\n-->\n")
+    lens.chmod(0o555)
+    try:
+        res = reviewq_process("--root", str(flow.root), "export", wrap=bound_by_file_modes())
+    finally:
+        lens.chmod(0o755)
+    assert (res.returncode, res.stderr) == (
+        1,
+        f"error: cannot remove {lens}/body-check.md, left by an earlier export: Permission "
+        "denied (this export's files and index are written)\n",
+    )
+    index = flow.root / "kb/reports/reviews/csv/gate_reviews.csv"
+    assert NOTE_A in index.read_text()

@@ -247,11 +247,19 @@ def _remove_others(folder: Path, written: set[Path]) -> None:
     files an export wrote go (a person's README stays), and links are not followed."""
     for top, _dirs, names in os.walk(folder, topdown=False):
         here = Path(top)
-        for name in names:
-            if here / name not in written and _exported(here / name):
-                (here / name).unlink()
-        if here != folder and not any(here.iterdir()):
-            here.rmdir()
+        try:
+            for name in names:
+                if here / name not in written and _exported(here / name):
+                    (here / name).unlink()
+            if here != folder and not any(here.iterdir()):
+                here.rmdir()
+        except OSError as exc:
+            # Said as a write ("cannot write the export at OLD.md"), it sent the person
+            # looking for why a file of this export could not be written.
+            raise ReportError(
+                f"cannot remove {exc.filename or here}, left by an earlier export: "
+                f"{exc.strerror or exc} (this export's files and index are written)"
+            ) from None
 
 
 def _exported(path: Path) -> bool:
