@@ -2313,3 +2313,24 @@ def test_an_earlier_exports_file_that_cannot_be_removed_is_said_as_such(flow, tm
     )
     index = flow.root / "kb/reports/reviews/csv/gate_reviews.csv"
     assert NOTE_A in index.read_text()
+
+
+def test_warn_queue_shows_a_warn_of_the_gate_as_it_is_beside_a_later_one_of_its_old_text(
+    flow, run_cli
+):
+    """Partition `b` WARNed of the gate as it is; partition `a`'s later WARN was of its old
+    text (a job made before the edit, finished after it). The latest WARN was skipped as
+    gate-changed and took `b`'s with it: no finding listed for a pair one stands for."""
+    gate = "kb/instructions/review-gates/prose/body-check.md"
+    old = flow.read(gate)
+    flow.write(gate, old.replace("Check it.", "Check it twice."))
+    flow.accept("b", [(NOTE_A, "prose/body-check")], decision="WARN")
+    now = flow.read(gate)
+    flow.write(gate, old)
+    flow.accept("a", [(NOTE_A, "prose/body-check")], decision="WARN")
+    flow.write(gate, now)
+    res = run_cli("warn-queue", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert [(w["note_path"], w["model_partition"]) for w in res.json()["warnings"]] == [
+        (NOTE_A, "b")
+    ]

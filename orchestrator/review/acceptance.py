@@ -172,10 +172,13 @@ def warn_queue(
         key = (r["note_path"], r["gate_id"])
         if key in seen:
             continue
-        seen.add(key)
         gate = pair_now(kb, catalog, notes, r["note_path"], r["gate_id"], r["gate_path"])
         if gate is None or gate.sha256 != r["sha256"]:
-            continue  # gate-changed, or no pair now: the finding may no longer hold
+            # gate-changed, or no pair now: the finding may no longer hold. Another
+            # partition's earlier WARN of the gate as it is now still does: a pair taken
+            # as said by this one hid it.
+            continue
+        seen.add(key)
         out.append(
             WarnItem(
                 r["note_path"],
