@@ -2334,3 +2334,16 @@ def test_warn_queue_shows_a_warn_of_the_gate_as_it_is_beside_a_later_one_of_its_
     assert [(w["note_path"], w["model_partition"]) for w in res.json()["warnings"]] == [
         (NOTE_A, "b")
     ]
+
+
+def test_ack_of_a_pair_its_review_answered_error_says_so(flow, run_cli):
+    """A pair whose one review answered ERROR: `ack` said "no completed review", and
+    `reviewq jobs` lists that job as completed (a real KB's reviewer that could not judge)."""
+    job = flow.accept("fake", [(NOTE_A, "prose/body-check")], decision="ERROR")
+    res = run_cli("ack", "--model", "fake", NOTE_A, "prose/body-check")
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: {NOTE_A} prose/body-check: no completed review in partition fake (job {job} "
+        "answered ERROR, which is never accepted nor carried forward); nothing acked\n",
+    )
+    assert acceptance_rows(flow) == []

@@ -76,6 +76,10 @@ def ack(
             # A misspelt --model reads as a pair never reviewed: said, as select says it.
             known = store.partitions_instead(model)
             none = f" (it holds no review at all; known: {', '.join(known)})" if known else ""
+            if not known and (job := _error_only(store, model, note.path, gate_id)):
+                # "No completed review" sent the person to `reviewq jobs`, which lists
+                # the pair's job as completed.
+                none = f" (job {job} answered ERROR, which is never accepted nor carried forward)"
             raise AckError(
                 f"{note.path} {gate_id}: no completed review in partition {model}{none}; "
                 "nothing acked"
@@ -107,6 +111,18 @@ def ack(
         if within is not None:
             within(store, model, acked)
     return acked
+
+
+def _error_only(store: Store, model: str, note_path: str, gate_id: str) -> int | None:
+    """The latest completed review job in ``model`` that answered the pair ERROR."""
+    row = store.conn.execute(
+        "SELECT p.job_id FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+        "WHERE p.note_path = ? AND p.gate_id = ? AND j.model_partition = ? "
+        "AND j.status = 'completed' AND j.kind = 'review' AND p.decision = 'ERROR' "
+        "ORDER BY p.id DESC LIMIT 1",
+        (note_path, gate_id, model),
+    ).fetchone()
+    return row[0] if row else None
 
 
 def _gone_words(catalog: Catalog, gate_id: str, row) -> str:  # noqa: ANN001 - a pair row
