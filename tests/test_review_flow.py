@@ -2347,3 +2347,16 @@ def test_ack_of_a_pair_its_review_answered_error_says_so(flow, run_cli):
         "answered ERROR, which is never accepted nor carried forward); nothing acked\n",
     )
     assert acceptance_rows(flow) == []
+
+
+@pytest.mark.parametrize("bundle", ["prose", "type"])
+def test_ack_of_a_bundle_says_it_takes_gate_ids(flow, run_cli, bundle):
+    """`ack NOTE prose` after a trivial edit (the bundle `select` and `enqueue` take) was
+    "prose: no such gate" of a lens `reviewq gates` lists."""
+    flow.accept("fake", [(NOTE_A, "prose/body-check")])
+    res = run_cli("ack", "--model", "fake", NOTE_A, bundle)
+    assert (res.exit_code, res.stderr) == (
+        1,
+        f"error: {bundle}: a bundle, not a gate id: ack names each gate ({bundle}/NAME, as "
+        "`reviewq gates` lists them); nothing acked\n",
+    )

@@ -132,6 +132,10 @@ def _gone_words(catalog: Catalog, gate_id: str, row) -> str:  # noqa: ANN001 - a
     for p in catalog.problems:
         if p.path in paths or ("/" in gate_id and names_invalid(gate_id, p.path)):
             return f"its gate file is invalid ({p.path}: {p.reason})"
+    if gate_id in catalog.lenses or gate_id == "type":
+        # A bundle, as `select` and `enqueue` take it: "no such gate" of a lens the
+        # person saw listed by `reviewq gates`.
+        return f"a bundle, not a gate id: ack names each gate ({gate_id}/NAME, as `reviewq gates` lists them)"
     return "no such gate"
 
 
