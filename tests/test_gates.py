@@ -114,6 +114,18 @@ def problems(kb) -> dict[str, str]:
             GOOD_BODY,
             "requires_trait names an empty value",
         ),
+        # The key with its value deleted was read as absent: the gate asked of every note
+        # (a real KB's trait gate, 111 pairs more to pay for; stop 46, E73).
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_trait:",
+            GOOD_BODY,
+            "requires_trait names an empty value",
+        ),
+        (
+            "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_type: ~",
+            GOOD_BODY,
+            "requires_type names an empty value",
+        ),
         (
             "gate_id: prose/x\nname: X\nlens: prose\nwatches: [body]\nrequires_trait: ''",
             GOOD_BODY,

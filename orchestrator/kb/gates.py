@@ -242,9 +242,15 @@ def _parse_staleness(value: object) -> tuple[str, float | None]:
     raise ValueError(f"staleness {value!r}: expected 'changed' or 'rewrite(T)'")
 
 
-def _type_list(value: object, field_name: str) -> tuple[str, ...]:
-    if value is None:
+def _type_list(meta: dict, field_name: str) -> tuple[str, ...]:
+    """The values of ``field_name`` in a gate's frontmatter; () when the key is absent."""
+    if field_name not in meta:
         return ()
+    value = meta[field_name]
+    if value is None:
+        # The key with its value deleted (`requires_trait:`) read as absent: the gate,
+        # meant for some notes, was asked of every note, silently, and paid for.
+        raise ValueError(f"{field_name} names an empty value (leave it out to ask every note)")
     if isinstance(value, str) or (
         isinstance(value, list) and all(isinstance(v, str) for v in value)
     ):
@@ -293,10 +299,8 @@ def parse_gate(rel: str, data: bytes) -> Gate:
     staleness, threshold = _parse_staleness(meta.get("staleness"))
     if threshold is not None and "body" not in watches:
         raise ValueError("staleness rewrite(T) applies to the body, which this gate does not watch")
-    requires_type = tuple(
-        type_key(t) or t for t in _type_list(meta.get("requires_type"), "requires_type")
-    )
-    requires_trait = _type_list(meta.get("requires_trait"), "requires_trait")
+    requires_type = tuple(type_key(t) or t for t in _type_list(meta, "requires_type"))
+    requires_trait = _type_list(meta, "requires_trait")
     missing = [h for h in _REQUIRED_HEADINGS if h not in _headings(parsed.body)]
     if missing:
         raise ValueError("body lacks " + " and ".join(f"'## {h.capitalize()}'" for h in missing))
@@ -391,7 +395,7 @@ def requires_type_warnings(kb: KB, catalog: Catalog) -> list[FileProblem]:
     specs = {g.path for g in catalog.types.values()}
     out = []
     for gate in sorted(catalog.gates.values(), key=lambda g: g.path):
-        given = _type_list(parse_note_text(gate.text).meta.get("requires_type"), "requires_type")
+        given = _type_list(parse_note_text(gate.text).meta, "requires_type")
         for value, key in zip(given, gate.requires_type, strict=True):
             if key not in specs and not _is_kb_file(kb, key):
                 out.append(
