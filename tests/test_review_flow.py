@@ -2045,6 +2045,25 @@ def test_a_finalize_of_a_note_renamed_since_its_job_was_made_says_so(flow, run_c
     ]
 
 
+def test_a_finalize_of_a_note_made_a_symlink_out_of_the_kb_says_so(flow, run_cli, tmp_path):
+    """A note replaced by a symlink to a file outside the KB between the job's making and
+    its finalize was said "no longer there (renamed or deleted …)": the person looked for
+    a rename, where the note is there, a link that select leaves out (stop 46)."""
+    job = alpha_job(run_cli)
+    write_output(flow, job)
+    outside = tmp_path / "elsewhere.md"
+    outside.write_bytes((flow.root / NOTE_A).read_bytes())
+    (flow.root / NOTE_A).unlink()
+    (flow.root / NOTE_A).symlink_to(outside)
+    res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        f"warning: {NOTE_A} is now a symlink out of the KB (made one since job "
+        f"{job['review_job_id']} was made): its verdict is recorded under that path, for no "
+        "note of the KB; no sweep reviews a note outside the KB"
+    ]
+
+
 def test_a_finalize_of_a_note_edited_since_its_job_was_made_says_so(flow, run_cli):
     """A person who edits a note while its review runs by hand read "PASS kb/notes/…"
     as a verdict on the text in front of them: it is one on the text the job read, and

@@ -322,12 +322,20 @@ def warn_notes_since(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
     printed as any other's read as a review of the note in front of the person, which
     (renamed) is unreviewed at its new path, (deleted) has none to review, and (edited)
     was judged on its older text."""
-    for note_path, n in notes_gone(ws.kb, pairs).items():
+    for note_path, (n, outside) in notes_gone(ws.kb, pairs).items():
         its = "its verdicts are" if n > 1 else "its verdict is"
+        # A link put on the note is there to see: "renamed or deleted" sent the person
+        # looking for a rename that never happened.
         click.echo(
-            f"warning: {note_path} is no longer there (renamed or deleted since job "
-            f"{job_id} was made): {its} recorded under that path, for no note of the KB; "
-            "a note renamed is missing-review at its new path",
+            (
+                f"warning: {note_path} is now a symlink out of the KB (made one since job "
+                f"{job_id} was made): {its} recorded under that path, for no note of the "
+                "KB; no sweep reviews a note outside the KB"
+                if outside
+                else f"warning: {note_path} is no longer there (renamed or deleted since job "
+                f"{job_id} was made): {its} recorded under that path, for no note of the KB; "
+                "a note renamed is missing-review at its new path"
+            ),
             err=True,
         )
     for note_path, (n, too_large) in notes_changed(ws.store, ws.kb, job_id).items():

@@ -494,17 +494,21 @@ def _reads_alike(text: str | None, data: bytes) -> bool:
     return not NoteComparison(old, new).changed
 
 
-def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, int]:
+def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, tuple[int, bool]]:
     """The notes of a finalized job's pairs that are no longer at their path (renamed or
     deleted since the job was made, or unreadable), each with how many verdicts name it:
-    recorded under that path, for no note of the KB."""
+    recorded under that path, for no note of the KB; and whether the path is there but
+    leads out of the KB (a link put on the note, which select leaves out), which is
+    neither renamed nor deleted."""
     counts = Counter(p["note_path"] for p in pairs)
     gone = {}
     for note_path, n in counts.items():
+        outside = False
         try:
             there = kb.abspath(note_path).is_file()
         except (KBError, OSError):
             there = False
+            outside = os.path.lexists(Path(kb.root, note_path))
         if not there:
-            gone[note_path] = n
+            gone[note_path] = (n, outside)
     return gone
