@@ -193,6 +193,11 @@ def test_empty_file(data: bytes) -> None:
         (b"\0" * 4096, "output is empty (4096 NUL bytes)"),
         (b"\0\n\0 ", "output is empty (2 NUL bytes)"),
         (b"\xef\xbb\xbf\0", "output is empty (1 NUL byte)"),
+        (
+            "\u00a0\u3000\u2028\n".encode(),
+            "output is empty (only Unicode spaces: U+00A0, U+2028, U+3000)",
+        ),
+        ("\ufeff \u3000\0\u3000".encode(), "output is empty (only Unicode spaces: U+3000)"),
     ],
 )
 def test_an_output_of_nothing_but_a_bom_or_nuls_is_empty(data: bytes, said: str) -> None:

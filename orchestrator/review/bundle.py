@@ -227,13 +227,30 @@ def emptiness(data: bytes) -> str | None:
     the job would be "missing", sending the retry and the person after pairs. The one
     reading of "empty": an attempt's agent that failed and left such a file wrote nothing."""
     body = data.removeprefix(b"\xef\xbb\xbf")
-    if body.strip(b" \t\r\n\x0b\x0c\0"):
-        return None
+    if rest := body.strip(b" \t\r\n\x0b\x0c\0"):
+        return _unicode_spaces(rest)
     if nuls := body.count(b"\0"):
         return f"output is empty ({nuls} NUL byte{'s' if nuls > 1 else ''})"
     return (
         "output is empty" if len(body) == len(data) else "output is empty (a byte-order mark alone)"
     )
+
+
+def _unicode_spaces(rest: bytes) -> str | None:
+    """How ``rest`` (an output's bytes past its ASCII blanks) holds nothing but Unicode
+    spaces (U+00A0, U+3000, U+2028 …), or None: read as text, such an output was every
+    pair "missing" as E64's were. Decoded only when it starts past ASCII: an output with
+    a pair in it starts with one (and a large one is not decoded twice for this)."""
+    if rest[0] < 0x80:
+        return None
+    try:
+        text = rest.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if text.replace("\0", "").strip():
+        return None
+    spaces = sorted({f"U+{ord(c):04X}" for c in text if ord(c) > 0x7F})
+    return f"output is empty (only Unicode spaces: {', '.join(spaces[:5])})"
 
 
 @dataclass
