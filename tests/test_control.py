@@ -3281,7 +3281,11 @@ def test_status_says_whether_a_control_runs_and_when_a_worker_was_last_heard_fro
         assert heard["last_heard_at"] and heard["untaken_since"] is None
         out = run_cli("status").stdout
         assert "control: running (pid 4242)" in out
-        assert "workers: 1 agent(s) running on far; last heard from " in out
+        # The second message is gone from the queue, no agent of it started yet.
+        assert (
+            "workers: 1 agent(s) running on far, and 1 job(s) taken by a worker with no agent "
+            "started yet (it waits for a free agent slot, or is starting one); last heard from "
+        ) in out
         assert "review queue:" not in out
 
         control.on_messages([], [_outcome(ws, first), _outcome(ws, second)])

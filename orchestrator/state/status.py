@@ -599,6 +599,16 @@ def workers_heard(store: Store, control_runs: bool = True) -> dict:
             "reasons": reasons_column(failed["reasons"]),
         }
     last = max(heard, key=lambda h: h[0]) if heard else (None, None)
+    # Taken by a worker that has no agent slot free for them yet (its beats say
+    # ``waiting``), or gone from the queue before a beat: the jobs' "running" beside
+    # "0 agent(s) running" read as a contradiction.
+    held = [
+        w
+        for (w,) in store.conn.execute(
+            f"SELECT worker FROM attempts WHERE {OPEN_SQL} "
+            "AND outcome = 'dispatched' AND taken_at IS NOT NULL ORDER BY worker"
+        )
+    ]
     untaken = store.conn.execute(
         f"SELECT count(*), min(started_at) FROM attempts WHERE {OPEN_SQL} "
         "AND outcome = 'dispatched' AND taken_at IS NULL AND worker IS NULL"
@@ -607,6 +617,8 @@ def workers_heard(store: Store, control_runs: bool = True) -> dict:
         "agents_running": len(running),
         "unwatched": 0 if control_runs else len(running),
         "hosts": sorted({w.rsplit(":", 1)[0] for w in running if w}),
+        "agents_waiting": len(held),
+        "waiting_hosts": sorted({w.rsplit(":", 1)[0] for w in held if w}),
         "last_heard_at": last[0],
         "last_heard_from": last[1],
         "last_launch_failure": last_failure,
@@ -720,6 +732,12 @@ def liveness(store: Store, data: dict) -> list[str]:
     line = f"workers: {w['agents_running']} agent(s) {'were ' if unwatched else ''}running"
     if w["hosts"]:
         line += " on " + ", ".join(w["hosts"])
+    if w.get("agents_waiting"):
+        on = f" on {', '.join(w['waiting_hosts'])}" if w.get("waiting_hosts") else ""
+        line += (
+            f", and {w['agents_waiting']} job(s) taken by a worker{on} with no agent started "
+            "yet (it waits for a free agent slot, or is starting one)"
+        )
     if w["last_heard_at"]:
         who = f"{w['last_heard_from']} at " if w.get("last_heard_from") else ""
         line += f"; last heard from {who}{w['last_heard_at'][:19]}Z ({_ago(_seconds(w['last_heard_at'], utcnow()))})"

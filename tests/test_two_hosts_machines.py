@@ -1,0 +1,131 @@
+"""Which machine did what, read in the morning (stop 46): redis-server and the control on
+one host (``ctl46``), a worker on the other (``wrk46``), each in its own network and UTS
+namespace (``tests/test_partitions.py``'s ``TwoHosts``, each process under its own host
+name). In the night ``wrk46`` holds more ``fake`` messages than it has agent slots, fails a
+``broken`` job three times, and is SIGKILLed while its agent runs; a worker on ``ctl46``
+takes up what it left. Then `status`, `logs` and `report` (terminal, ``--json`` and the page in
+headless Chromium) are read on the control's machine.
+
+One night for the module; each test reads one thing of it. Needs root (namespaces); it
+skips, saying why, where it cannot make them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from .test_partitions import FAKE, TwoHosts
+from .test_two_hosts import EXE, namespaces
+from .test_two_hosts_morning import await_exit, rq
+
+pytestmark = pytest.mark.integration
+
+CTL, WRK = "ctl46", "wrk46"
+
+
+def named(prefix: list[str], host: str) -> list[str]:
+    """``prefix`` (a network namespace's) with a UTS namespace of its own named ``host``:
+    two namespaces of one machine otherwise share its name, and every worker id with it."""
+    return [*prefix, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host]
+
+
+def profile(name: str, env: str = "") -> str:
+    return (
+        f'\n[reviewers.{name}]\nkind = "command"\ncommand = ["{sys.executable}", "{FAKE}"]\n'
+        f'partition = "{name}"\ntimeout = "60s"\n' + (f"env = {{ {env} }}\n" if env else "")
+    )
+
+
+def waiting(two: TwoHosts) -> bool:
+    """Whether state.db has heard both of the worker's `fake` attempts: one's agent beat
+    (running), the other's `waiting` beat (taken, no agent started)."""
+    with sqlite3.connect(two.root / ".reviewq/state.db") as db:
+        return db.execute(
+            "SELECT count(*) FILTER (WHERE outcome = 'running'), count(*) FILTER (WHERE "
+            "outcome = 'dispatched' AND taken_at IS NOT NULL AND worker IS NOT NULL) "
+            "FROM attempts"
+        ).fetchone() == (1, 1)
+
+
+def jobs_of(two: TwoHosts, reviewer: str) -> list[int]:
+    with sqlite3.connect(two.root / ".reviewq/state.db") as db:
+        return [
+            j for (j,) in db.execute("SELECT id FROM review_jobs WHERE reviewer = ?", (reviewer,))
+        ]
+
+
+def the_night(two: TwoHosts) -> SimpleNamespace:
+    two.in_ctl, two.in_wrk = named(two.in_ctl, CTL), named(two.in_wrk, WRK)
+    bad = 'FAKE_MODE = "bad"'
+    settings = two.root / "reviewq.toml"
+    settings.write_text(settings.read_text() + profile("broken", bad))
+    # wrk46: one `fake` agent at a time, and three threads: of the note's two `fake` jobs
+    # one waits there for the slot, and the third thread runs the `broken` job meanwhile.
+    worker = two.home / "worker.toml"
+    worker.write_text(
+        worker.read_text().replace("concurrency = 2", "concurrency = 1") + profile("broken", bad)
+    )
+    two.threads = 3
+    two.start(sweep=False)
+    rq(two, "enqueue", "--all-gates", "--reviewer", "fake")
+    held = two.agent_started()[0]
+    # No line says a message waits for a slot, nor that an agent beat: their beats set
+    # the attempts' worker in state.db, looked for here (bounded) before `status` reads it.
+    for _ in range(600):
+        if waiting(two):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no worker said it waits for an agent slot")
+    before = json.loads(rq(two, "status", "--json").stdout)
+    said = rq(two, "status").stdout
+    rq(two, "enqueue", "prose", "--reviewer", "broken", "--note", str(two.root / "kb/notes/n0.md"))
+    two.clog.wait("job.failed", 60, reviewer="broken")
+    # ctl46's worker (the control's settings: `fake` answers at once) takes the rest once
+    # wrk46 dies holding its agent and its attempts are lost a lease later.
+    two.procs.start(
+        [*two.in_ctl, EXE, "--root", str(two.root), "worker", "--workers", "2"],
+        env=two.env, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    two.worker.send_signal(signal.SIGKILL)
+    two.worker.wait(timeout=30)
+    two.free_agents()
+    await_exit(held)
+    two.clog.wait("attempt.lost", 60)
+    for job_id in jobs_of(two, "fake"):
+        two.clog.wait("job.finalized", 120, job_id=job_id)
+    return SimpleNamespace(before=before, said=said)
+
+
+@pytest.fixture(scope="module")
+def night(tmp_path_factory):
+    with namespaces() as hosts:
+        two = TwoHosts(tmp_path_factory.mktemp("machines"), hosts, notes=1)
+        try:
+            yield two, the_night(two)
+        finally:
+            two.stop()
+
+
+def test_status_says_the_jobs_a_worker_holds_waiting_for_an_agent_slot(night):
+    """`status` said "jobs: running 2" beside "workers: 1 agent(s) running" while the
+    second `fake` message waited on wrk46 for its one agent slot: "running" read as a
+    contradiction, and nothing said that a worker held the job (stop 46)."""
+    two, n = night
+    workers = n.before["workers"]
+    assert n.before["jobs"]["running"] >= 2, n.before
+    assert (workers["agents_running"], workers.get("agents_waiting")) == (1, 1), workers
+    assert workers["waiting_hosts"] == [WRK], workers
+    (line,) = [x for x in n.said.splitlines() if x.startswith("workers:")]
+    assert line.startswith(
+        f"workers: 1 agent(s) running on {WRK}, and 1 job(s) taken by a worker on {WRK} with no "
+        "agent started yet (it waits for a free agent slot, or is starting one); last heard"
+    ), line
