@@ -129,3 +129,18 @@ def test_status_says_the_jobs_a_worker_holds_waiting_for_an_agent_slot(night):
         f"workers: 1 agent(s) running on {WRK}, and 1 job(s) taken by a worker on {WRK} with no "
         "agent started yet (it waits for a free agent slot, or is starting one); last heard"
     ), line
+
+
+def test_a_job_retried_and_failed_on_a_worker_s_machine_names_that_machine(night):
+    """`job.retrying` and `job.failed` named no host, where `attempt.reviewer_failed` does
+    (U54): with workers on two machines, which one failed the job was in the info line
+    before it alone (stop 46)."""
+    two, _ = night
+    for event in ("job.retrying", "job.failed"):
+        lines = [
+            json.loads(x) for x in rq(two, "logs", "--event", event, "--json").stdout.splitlines()
+        ]
+        assert lines, event
+        for line in lines:
+            assert line["host"] == WRK and line["worker"].startswith(f"{WRK}:"), line
+        assert f"host={WRK}" in rq(two, "logs", "--event", event).stdout

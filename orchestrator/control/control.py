@@ -1022,7 +1022,7 @@ class Control:
                         "UPDATE attempts SET outcome = 'invalid-output', reasons = ? WHERE job_id = ? AND attempt = ?",
                         (json.dumps([problem]), job["id"], attempt),
                     )
-                self._failed_attempt(job, attempt, [problem])
+                self._failed_attempt(job, attempt, [problem], _where(o))
             else:
                 with self.store.write():
                     self.store.conn.execute(
@@ -1038,17 +1038,16 @@ class Control:
             event = (
                 "attempt.launch_failed" if cls == "launch-failure" else "attempt.reviewer_failed"
             )
-            host = o.get("host") if isinstance(o.get("host"), str) else None
-            worker = o.get("worker") if isinstance(o.get("worker"), str) else None
+            where = _where(o)
             self._launch_failed(
                 job,
                 attempt,
                 profile,
                 o.get("reasons") or [],
                 event=event,
-                host=host or None,
+                host=where["host"],
                 retry_after=_asked(o),
-                worker=worker,
+                worker=where["worker"],
             )
         elif cls == "burned-out" and job["kind"] == "review" and self._pair_count(job_id) > 1:
             # Only a review asks less in parts: a fix rewrites its note whole, and an
@@ -1060,7 +1059,7 @@ class Control:
             )
         else:
             self._reset_launch_failures(job["reviewer"])
-            self._failed_attempt(job, attempt, o.get("reasons") or [cls])
+            self._failed_attempt(job, attempt, o.get("reasons") or [cls], _where(o))
 
     def _relay(self, o: dict) -> None:
         """Say in this log what the worker said of the attempt in its own (``notices``):
@@ -1174,13 +1173,14 @@ class Control:
                 # What finalize read and decided in this transaction: not read again.
                 self.hooks.after_completed(job["id"], job, res.decided)
         elif res.status == "invalid":
-            self._failed_attempt(job, attempt, res.failure_reasons)
+            self._failed_attempt(job, attempt, res.failure_reasons, _where(o))
         else:
             self._supersede(job["id"], attempt)
 
-    def _failed_attempt(self, job, attempt: int, reasons: list[str]) -> None:
+    def _failed_attempt(self, job, attempt: int, reasons: list[str], where: dict) -> None:
         # Each line names its attempt: in a batch, the one bound for the task is the first
-        # message's, and job.failed is written after the commit, outside it.
+        # message's, and job.failed is written after the commit, outside it. And the
+        # machine (``where``, :func:`_where`): on a night of two, the one that failed it.
         reasons = condensed(reasons)
         failed = self.store.conn.execute(
             f"SELECT count(*) FROM attempts WHERE job_id = ? AND outcome IN ({FAILED_SQL})",
@@ -1203,6 +1203,7 @@ class Control:
                     reviewer=job["reviewer"],
                     attempts=failed,
                     reasons=reasons[:10],
+                    **where,
                 )
             )
             if self.hooks is not None:
@@ -1217,6 +1218,7 @@ class Control:
             failed_attempts=failed,
             limit=limit,
             reasons=reasons[:10],
+            **where,
         )
 
     def _launch_failed(
@@ -1569,6 +1571,12 @@ def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int, li
         )
     ]
     return jobs, reports, left
+
+
+def _where(o: dict) -> dict:
+    """The worker (host:pid) and host an outcome came from, each None where it names
+    none: a worker's message is read as data."""
+    return {k: o[k] if isinstance(o.get(k), str) and o[k] else None for k in ("worker", "host")}
 
 
 def _asked(o: dict) -> float | None:
