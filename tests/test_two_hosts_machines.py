@@ -22,7 +22,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from .conftest import page_text
 from .test_partitions import FAKE, TwoHosts
+from .test_report import browser  # noqa: F401 - the module's headless Chromium
 from .test_two_hosts import EXE, namespaces
 from .test_two_hosts_morning import await_exit, rq
 
@@ -144,3 +146,39 @@ def test_a_job_retried_and_failed_on_a_worker_s_machine_names_that_machine(night
         for line in lines:
             assert line["host"] == WRK and line["worker"].startswith(f"{WRK}:"), line
         assert f"host={WRK}" in rq(two, "logs", "--event", event).stdout
+
+
+def test_the_report_says_which_machine_ran_failed_and_lost_what(night, browser, tmp_path):  # noqa: F811
+    """The report named no machine: on a night served by workers on two hosts, a person
+    could not tell which host did what, nor that one's worker died with its attempts
+    (stop 46)."""
+    two, n = night
+    data = json.loads(rq(two, "report", "--json").stdout)["reviewed"]
+    machines = {m["host"]: m for m in data.get("machines", [])}
+    assert sorted(machines) == [CTL, WRK], data.get("machines")
+    ctl, wrk = machines[CTL], machines[WRK]
+    assert ctl["attempts"] >= 1 and (ctl["failed"], ctl["lost"], ctl["workers"]) == (0, 0, 1)
+    # Its agents: the held `fake` one and the `broken` job's three; lost, the two `fake`
+    # attempts it held when it died (one running, one waiting for the slot).
+    assert (wrk["attempts"], wrk["failed"], wrk["lost"], wrk["workers"]) == (4, 3, 2, 1), wrk
+    # Its last word came before it died, and ctl46 ran its jobs after.
+    assert wrk["last_heard_at"] < ctl["last_heard_at"], (wrk, ctl)
+    (line,) = [x for x in rq(two, "report").stdout.splitlines() if x.startswith("machines:")]
+    assert f"{WRK}: 4 attempt(s) run, 3 failed, 2 lost (1 worker" in line
+    page = two.root / ".reviewq/report.html"
+    said = page_text(page).split('<h3 id="machines">Machines</h3>', 1)[1].split("</table>")[0]
+    assert f"<td>{WRK}</td>" in said and f"<td>{CTL}</td>" in said, said
+    for width, mobile in ((1280, False), (390, True)):
+        shown = browser.open(page.as_uri(), width=width, height=900, mobile=mobile)
+        assert shown.evaluate("document.documentElement.scrollWidth") <= width
+        cells = shown.evaluate(
+            "[...document.querySelectorAll('#machines + .table td')].map(td => td.innerText)"
+        )
+        assert cells[:4] == [CTL, str(ctl["attempts"]), "0", "0"], cells
+        assert cells[5:9] == [WRK, "4", "3", "2"], cells
+        box = shown.evaluate(
+            "(t => [t.scrollWidth, t.clientWidth])(document.querySelector('#machines + .table'))"
+        )
+        top = shown.evaluate("document.getElementById('machines').offsetTop")
+        shown.screenshot(tmp_path / f"machines-{width}.png", top, 220)
+        assert box[0] <= box[1], (width, box)  # the table fits, not scrolled

@@ -591,6 +591,7 @@ def _reviewed(
     )
     for r in reviewers:  # sums of floats: 0.31, not 0.3100000000000001, in --json
         r["cost_usd"], r["agent_s"] = round(r["cost_usd"], 6), round(r["agent_s"], 3)
+    machines = _machines(store, spent, args, period)
     attempts = dict(
         store.conn.execute(
             f"SELECT a.outcome, count(*) FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id "
@@ -635,6 +636,7 @@ def _reviewed(
         "by_gate": by_gate,
         "reviewers": reviewers,
         "attempts": attempts,
+        "machines": machines,
         "jobs": jobs,
         "queued_all": queued_all,
         "cost_usd": round(cost, 6),
@@ -650,6 +652,39 @@ def _reviewed(
             f"SELECT count(*) {pair_scope} AND p.decision = 'FAIL' AND ({FAIL_THEN}) IS NULL", args
         ).fetchone()[0],
     }
+
+
+def _machines(store: Store, spent: str, args: tuple, period: Period) -> list[dict]:
+    """The period's attempts by the host of the worker that took them: with workers on
+    two machines the page named none, and which did what, or that one died (its attempts
+    lost), was in the logs alone. ``workers``: the worker processes (host:pid) there, a
+    restart one more; ``last_heard_at``: its last heartbeat or outcome (the control's
+    clock). Attempts no worker took (not run, a ``run-job``'s) are in no row."""
+    hosts: dict[str, dict] = {}
+    # Heard: a beat or an outcome it sent, as status reads it; not the reaper's record of
+    # its attempts lost, which a dead worker's host read as heard from at the reap.
+    for worker, run, failed, lost, beat, answered in store.conn.execute(
+        "SELECT a.worker, SUM(CASE WHEN a.launched_at IS NULL THEN 0 ELSE 1 END), "
+        f"SUM(CASE WHEN {FAILED_ATTEMPT} THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN a.outcome = 'lost' THEN 1 ELSE 0 END), max(a.heartbeat_at), "
+        "max(CASE WHEN a.outcome NOT IN ('dispatched', 'running', 'lost', 'superseded') "
+        "THEN a.recorded_at END) "
+        f"FROM review_jobs j CROSS JOIN attempts a ON a.job_id = j.id WHERE {spent} "
+        f"AND {_attempts_in(period)} AND a.worker IS NOT NULL GROUP BY 1",
+        args,
+    ):
+        m = hosts.setdefault(
+            worker.rsplit(":", 1)[0],
+            {"workers": 0, "attempts": 0, "failed": 0, "lost": 0, "last_heard_at": None},
+        )
+        m["workers"] += 1
+        m["attempts"] += run
+        m["failed"] += failed
+        m["lost"] += lost
+        m["last_heard_at"] = max(
+            (t for t in (beat, answered, m["last_heard_at"]) if t), default=None
+        )
+    return [{"host": h, **m} for h, m in sorted(hosts.items())]
 
 
 # What came of a FAIL of the period, or NULL when nothing did: a run without --fix sends

@@ -171,6 +171,16 @@ def jobs_line(reviewed: dict) -> str:
 _ENV.filters["jobs_line"] = jobs_line
 
 
+def machine_words(m: dict) -> str:
+    """One host of the report's machines: "worker45: 40 attempt(s) run, 3 failed, 2 lost
+    (2 worker processes, last heard 07:28:25Z)"."""
+    return (
+        f"{m['host']}: {m['attempts']} attempt(s) run, {m['failed']} failed, {m['lost']} lost "
+        f"({m['workers']} worker process(es), last heard "
+        f"{(m['last_heard_at'] or '-')[:19].replace('T', ' ')}{'Z' if m['last_heard_at'] else ''})"
+    )
+
+
 def paused_line(paused: list[dict]) -> str:
     """ "2 paused reviewer(s), 4 job(s) waiting for them": the backlog behind a pause."""
     held = sum(p["jobs_waiting"] for p in paused)
@@ -248,6 +258,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
     if r["fails_left_total"]:
         needs.append(f"{r['fails_left_total']} {FAILS_LEFT}")
+    if r["machines"]:
+        lines.append("machines: " + "; ".join(machine_words(m) for m in r["machines"]))
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
     for a in n["agents_failed"]:
         lines.append(f"  {a['says']}")
