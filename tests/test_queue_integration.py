@@ -4266,3 +4266,56 @@ def test_a_queue_file_deleted_while_its_processes_run_is_followed_to_the_new_one
         assert [tuple(r) for r in rows] == [(1, 1, "finalized"), (2, 1, "finalized")]
     replaced = [e for e in log_lines(kb) if e["event"] == "queue.file_replaced"]
     assert replaced and all(e["file"].endswith(f"queue/{queue}.db") for e in replaced)
+
+
+def test_a_tick_whose_send_waited_out_a_full_queue_disk_is_not_said_lost(kb):
+    """The control's queue folder on a full disk for longer than 5 reaper periods: the
+    tick's send was retried (`queue.retrying`) until the disk had room, and at the next
+    period the tick just queued was said `control.tick_lost waited_s=22.6` ("lost with a
+    Redis restarted empty") and a second was sent: the line named the wrong cause, the
+    retry time counted as a wait on the queue (stop 45's leftover, stop 46)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs for the queue")
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    folder = kb.state / "queue"
+    folder.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    procs: list[subprocess.Popen] = []
+    guard = threading.Timer(150, lambda: [p.kill() for p in procs])
+    guard.start()
+    fill = folder / "fill"
+    try:
+        procs.append(subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE))
+        control = procs[0]
+        _until(control.stderr, "control.started")
+        with open(fill, "wb") as f, contextlib.suppress(OSError):  # ENOSPC: full
+            while True:
+                f.write(b"\0" * 65536)
+        _until(control.stderr, "queue.retrying")
+        full_since = time.monotonic()
+        # The sends retried for longer than a tick may wait (10 s here) before the disk
+        # has room again.
+        while time.monotonic() - full_since < 11:
+            assert _until(control.stderr, "queue.retrying", "control.tick_lost") == "queue.retrying"
+        # Queued now, run by no tick until the retried one is: its job's finalize comes
+        # after the ticker's next look at that tick.
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode in (0, 1)
+        fill.unlink()
+        procs.append(
+            subprocess.Popen(
+                [*base, "worker", "--workers", "1"], env=env, stderr=subprocess.DEVNULL
+            )
+        )
+        said = _until(control.stderr, "control.tick_lost", "job.finalized", timeout=90)
+        assert said == "job.finalized"
+    finally:
+        _stop_all(guard, procs)
+        fill.unlink(missing_ok=True)
+        subprocess.run(["umount", str(folder)], check=False)

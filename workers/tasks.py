@@ -1081,7 +1081,8 @@ def tick() -> None:
     from orchestrator.sweeps.producer import enqueue_due_sweeps
 
     control = _the_control()
-    _tick_sent_at[0] = 0.0
+    with _tick_lock:
+        _tick_sent_at[0] = 0.0
     if _applied_waiting():
         control.reap()
     control.write_due_files()
@@ -1153,8 +1154,10 @@ def _publish(control: Control) -> None:
 
 
 # When the tick now waiting in the queue was sent (0: none waits). Only the ticker
-# thread sends and only tick() clears, so a plain list cell is enough.
+# thread sends and only tick() clears; the lock keeps a clear from being undone by the
+# ticker's restamp of a send that took long (see request_tick).
 _tick_sent_at = [0.0]
+_tick_lock = threading.Lock()
 
 
 def request_tick(lost_after: float) -> None:
@@ -1173,3 +1176,8 @@ def request_tick(lost_after: float) -> None:
     except BaseException:
         _tick_sent_at[0] = 0.0  # not queued: the next period tries again
         raise
+    # It waits from when it was queued: a send retried through a full queue disk for 20 s
+    # read as a tick "lost" at once (a Redis restarted empty), and a second was sent.
+    with _tick_lock:
+        if _tick_sent_at[0] == now:  # not run yet
+            _tick_sent_at[0] = time.monotonic()
