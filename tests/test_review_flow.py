@@ -2058,8 +2058,8 @@ def test_a_finalize_of_a_note_made_a_symlink_out_of_the_kb_says_so(flow, run_cli
     res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
     assert res.exit_code == 0, res.stderr
     assert res.stderr.splitlines() == [
-        f"warning: {NOTE_A} is now a symlink out of the KB (made one since job "
-        f"{job['review_job_id']} was made): its verdict is recorded under that path, for no "
+        f"warning: {NOTE_A} has become a symlink out of the KB since job "
+        f"{job['review_job_id']} was made: its verdict is recorded under that path, for no "
         "note of the KB; no sweep reviews a note outside the KB"
     ]
 

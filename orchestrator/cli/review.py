@@ -328,8 +328,8 @@ def warn_notes_since(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
         # looking for a rename that never happened.
         click.echo(
             (
-                f"warning: {note_path} is now a symlink out of the KB (made one since job "
-                f"{job_id} was made): {its} recorded under that path, for no note of the "
+                f"warning: {note_path} has become a symlink out of the KB since job {job_id} "
+                f"was made: {its} recorded under that path, for no note of the "
                 "KB; no sweep reviews a note outside the KB"
                 if outside
                 else f"warning: {note_path} is no longer there (renamed or deleted since job "
