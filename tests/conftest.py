@@ -35,6 +35,9 @@ HOST_TMP = Path(tempfile.gettempdir())
 # the process that reports (pytest-xdist's controller, whose own fixtures run no test).
 AGENT_TMPDIRS_LEFT: dict[str, set[Path]] = {}
 _TMPDIRS_LEFT_KEY = "agent_tmpdirs_left"
+# The host's as the run began: those made outside any test's window (a module's fixture,
+# set up before the test's own TMPDIR, that SIGKILLs a worker) were named by no test.
+_HOST_TMPDIRS_AT_START: set[Path] = set()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # this one starts its own: in each process, the pytest-xdist workers' included.
     for what in leftovers.clean_after_dead_runs():
         print(f"ended, left by a test run that is gone: {what}", file=sys.stderr)
+    _HOST_TMPDIRS_AT_START.update(_agent_tmpdirs(HOST_TMP))
 
 
 def _hangup_outlived(signum: int, frame: object) -> None:
@@ -141,6 +145,10 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
         test: sorted(str(p) for p in paths if p.exists())
         for test, paths in AGENT_TMPDIRS_LEFT.items()
     }
+    named = {p for paths in left.values() for p in paths}
+    unowned = sorted(map(str, _agent_tmpdirs(HOST_TMP) - _HOST_TMPDIRS_AT_START))
+    if unowned := [p for p in unowned if p not in named]:
+        left["made outside any test (a module's fixture?), or by another run"] = unowned
     if left := {test: paths for test, paths in left.items() if paths}:
         terminalreporter.write_sep("=", "agents' TMPDIRs left behind", yellow=True)
         for test, paths in sorted(left.items()):

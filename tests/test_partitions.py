@@ -196,6 +196,10 @@ class TwoHosts:
         self.procs = Procs()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("REVIEWQ_", "FAKE_"))}
         self.env["REVIEWQ_LOG_FORMAT"] = "json"
+        # A TMPDIR of its own: a module's fixture is made before the test's own TMPDIR is
+        # set, so a worker it SIGKILLs left its kept agents' TMPDIRs in the host's /tmp.
+        self.env["TMPDIR"] = str(tmp_path / "tmp")
+        (tmp_path / "tmp").mkdir()
         self.in_ctl = ["ip", "netns", "exec", ctl]
         self.in_wrk = ["ip", "netns", "exec", wrk]
         self.agents: list[int] = []
