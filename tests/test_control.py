@@ -2969,6 +2969,51 @@ def test_the_next_run_of_an_edited_sweeps_entry_takes_over_what_its_spent_budget
     ws.close()
 
 
+def test_a_renamed_sweeps_entry_takes_over_what_its_old_names_spent_budget_held(kb):
+    """Renamed (`nightly` to `nightly-prose`, the control sent SIGHUP), an entry took over
+    none of what its old name's spent run held: those jobs waited for "a run of that
+    sweep with the same options" under a name no entry had, and every run of the renamed
+    entry skipped their pairs as already queued, each night, for good. Not taken by an
+    entry of another model (that budget is not for it)."""
+    from orchestrator.state.status import held_by_budget
+
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta"):
+        kb.note(name)
+    other = '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+    entry = '[[sweeps]]\nname = "{}"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n'
+    kb.write("reviewq.toml", other + entry.format("nightly"))
+    ws = Workspace.open(kb.root)
+    first = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
+    with ws.store.write():  # the first run's attempts spend its budget
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+            (first.jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+    ws.close()
+    kb.write("reviewq.toml", other + entry.format("elsewhere") + 'reviewer = "other"\n')
+    ws = Workspace.open(kb.root)
+    elsewhere = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["elsewhere"], ws.root))
+    assert len(elsewhere.jobs) == 2  # its own model's pairs; the held ones stay held
+    ws.close()
+    kb.write("reviewq.toml", other + entry.format("nightly-prose"))
+    ws = Workspace.open(kb.root)
+    assert held_by_budget(ws.store, {first.run_id: 2}, ws.settings) == [
+        f"2 job(s) of sweep 'nightly' (run {first.run_id}) wait: its budget of $0.5 is spent; "
+        "the next run of a [[sweeps]] entry now of its model (reviewq enqueue --name "
+        "nightly-prose) takes them over (with a new --budget-usd)"
+    ]
+    renamed = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly-prose"], ws.root))
+    rows = ws.store.conn.execute(
+        "SELECT sweep, sweep_run_id FROM review_jobs WHERE model_partition = 'offline'"
+    ).fetchall()
+    assert (
+        renamed.jobs == [] and [tuple(r) for r in rows] == [("nightly-prose", renamed.run_id)] * 2
+    )
+    ws.close()
+
+
 def test_a_spent_run_of_an_entry_from_before_the_upgrade_is_taken_over_and_said_so(kb):
     """Runs recorded before their options said 'configured' were never taken over by an
     entry edited since (the jobs held for good that the takeover was made for), and the

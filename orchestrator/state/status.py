@@ -1107,6 +1107,24 @@ def entry_takes_over(settings: Settings, were: object, trigger: str, reviewer: s
     return old is None or old.partition == settings.reviewer(reviewer).partition
 
 
+def entries_taking_over(settings: Settings, name: str, were: object, trigger: str) -> list[str]:
+    """The ``[[sweeps]]`` entries whose next run takes over the queued jobs of a spent run
+    of sweep ``name`` (``were``: its options, ``trigger``): its own entry's
+    (:func:`entry_takes_over`); and, once no entry has that name (renamed or removed, not
+    only left out as wrong), any entry's of the model its reviewer wrote. Renamed, an
+    entry took over none of what its old name's spent run held: the pairs of those jobs
+    were skipped as queued by every run of it, each night, for good."""
+    if (entry := settings.sweeps.get(name)) is not None:
+        return [name] if entry_takes_over(settings, were, trigger, entry.reviewer) else []
+    if name in settings.sweeps_left_out or any(k.startswith("#") for k in settings.sweeps_left_out):
+        return []  # perhaps only left out (a "#N" one named none): mended, it takes them
+    return [
+        e.name
+        for e in settings.sweeps.values()
+        if entry_takes_over(settings, were, trigger, e.reviewer)
+    ]
+
+
 def held_by_budget(
     store: Store, runs: dict[int, int], settings: Settings | None, one_job: bool = False
 ) -> list[str]:
@@ -1123,10 +1141,13 @@ def held_by_budget(
         # As sweeps.producer takes them over: an entry's run by the entry's next run,
         # however it was edited since (not once its reviewer writes another partition,
         # nor while the entry is gone or left out); an ad-hoc run by one with its options.
-        entry = settings.sweeps.get(name) if settings is not None else None
-        if entry is not None and entry_takes_over(settings, options, trigger, entry.reviewer):
+        entries = [] if settings is None else entries_taking_over(settings, name, options, trigger)
+        if entries == [name]:
             command = f"reviewq enqueue --name {shlex.quote(name)}"
             who = f"the next run of its [[sweeps]] entry ({command})"
+        elif entries:
+            which = " or ".join(f"reviewq enqueue --name {shlex.quote(e)}" for e in entries)
+            who = f"the next run of a [[sweeps]] entry now of its model ({which})"
         else:
             who = "a run of that sweep with the same options"
         if one_job:

@@ -24,7 +24,7 @@ from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import keeps_no_status, select
 from orchestrator.state.files import writing_job_folders
-from orchestrator.state.status import entry_takes_over, over_budget_runs
+from orchestrator.state.status import entries_taking_over, over_budget_runs
 from orchestrator.state.store import (
     Store,
     control_pid,
@@ -262,8 +262,9 @@ def _enqueue(
             # that started it answers for them (two runs at once, as a sweep started by
             # hand just before its cron time, took each other's work, and the older one's
             # summary lost the failures of what it had enqueued). Which runs: _taken_over.
+            # Under this sweep's name: `report --sweep` and the summary read them as its.
             store.conn.execute(
-                "UPDATE review_jobs SET sweep_run_id = ? WHERE sweep = ? AND status = 'queued' "
+                "UPDATE review_jobs SET sweep_run_id = ?, sweep = ? WHERE status = 'queued' "
                 "AND sweep_run_id IN (SELECT value FROM json_each(?))",
                 (run_id, req.name, json.dumps(_taken_over(ws, req.name, options))),
             )
@@ -344,20 +345,21 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
     it was enqueued with), and those of a profile, still configured, that writes another
     partition than the new run's reviewer (this budget is for the model the entry uses
     now). Those of a profile since removed are taken over: dispatch fails them, and
-    their pairs are free."""
+    their pairs are free. An entry since renamed (or removed): its spent runs are
+    taken over by the runs of an entry now of their model (``entries_taking_over``)."""
     now = json.loads(json.dumps(options))  # as stored: lists, not tuples
     same = {**now, "configured": None}  # who started a run is not what its jobs follow
     taken = []
-    for run_id, text, trigger in ws.store.conn.execute(
-        "SELECT id, options, trigger FROM sweep_runs WHERE name = ? AND id IN "
+    for run_id, was, text, trigger in ws.store.conn.execute(
+        "SELECT id, name, options, trigger FROM sweep_runs WHERE id IN "
         "(SELECT value FROM json_each(?))",
-        (name, json.dumps(sorted(over_budget_runs(ws.store)))),
+        (json.dumps(sorted(over_budget_runs(ws.store))),),
     ):
         were = json_column(text)
         if not isinstance(were, dict):
             continue
-        if {**were, "configured": None} == same or (
-            now["configured"] and entry_takes_over(ws.settings, were, trigger, now["reviewer"])
+        if (was == name and {**were, "configured": None} == same) or (
+            now["configured"] and name in entries_taking_over(ws.settings, was, were, trigger)
         ):
             taken.append(run_id)
     return taken
