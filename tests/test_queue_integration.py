@@ -3978,6 +3978,39 @@ def test_a_cron_sweep_in_a_partition_with_no_review_among_others_logs_it(kb):
     assert said[0]["level"] == "warning"
 
 
+def test_a_cron_sweep_whose_scope_holds_no_pair_logs_it(kb):
+    """An entry whose notes have none of the gates it selects (a `type/NAME` no note there
+    is, a folder emptied by a move) enqueued nothing every night, said only by the zeros
+    of its `sweep.enqueued` line; an entry with all its pairs fresh says nothing."""
+    from datetime import datetime
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write("kb/types/definition.md", "---\ntitle: Definition\n---\nA definition.\n")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "defs"\ncron = "0 3 * * *"\nselect = ["type/definition"]\n'
+        'notes = ["kb/notes"]\n'
+        '[[sweeps]]\nname = "all"\ncron = "0 3 * * *"\n',
+    )
+    kb.accept("offline", [("kb/notes/n0.md", "prose/body-check")])
+    kb.accept("offline", [("kb/notes/n0.md", "frontmatter/title-check")])
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())  # the clock starts
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    ws.close()
+    said = [e for e in log_lines(kb) if e["event"] == "sweep.selects_nothing"]
+    assert [(e["sweep"], e["select"], e["notes"], e["level"]) for e in said] == [
+        ("defs", ["type/definition"], ["kb/notes"], "warning")
+    ]
+    ran = [e for e in log_lines(kb) if e["event"] == "sweep.enqueued"]
+    assert sorted((e["sweep"], e["jobs"]) for e in ran) == [("all", 0), ("defs", 0)]
+
+
 def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_on(kb):
     """A control under systemd reads /etc/localtime (UTC on most servers); the operator's
     shell has TZ=Europe/Berlin. `0 2 * * *` fired at 03:00 on their clock, and nothing

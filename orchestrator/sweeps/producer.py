@@ -311,6 +311,18 @@ def _enqueue(
         )
         for p in selection.problems:
             logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
+        if req.trigger == "cron" and not any(counts.values()):
+            # No pair in its scope, fresh or stale: a command's "0 pair(s)" is read by the
+            # person who ran it, a cron run's zeros by no one, every night.
+            logs.get().warning(
+                "sweep.selects_nothing",
+                sweep=req.name,
+                select=list(req.selectors) or "all gates",
+                notes=list(options.get("notes") or []) or "all notes",
+                reason="no note in its scope has a gate it selects (a folder emptied, a "
+                "gate's requires_type or requires_trait no note there meets): its runs "
+                "enqueue nothing until the entry or the KB changes",
+            )
         if known:
             # A command says it as its hint; the sweep the control fires, only here.
             logs.get().warning(
