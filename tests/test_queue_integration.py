@@ -2131,6 +2131,50 @@ def test_a_control_killed_right_after_a_cron_enqueue_does_not_enqueue_that_minut
     ws.close()
 
 
+def test_an_entry_removed_then_added_again_is_not_said_missed_for_its_time_away(kb):
+    """An entry taken out of reviewq.toml for some nights (or its cron taken out, the
+    system's cron running it by name) and put back: the control that ran all along said
+    the night it came back "was missed: no control process looked at its clock then",
+    in `status` and in the report's "needs you", of a time no entry named. An entry only
+    left out as wrong keeps its clock: mended, its missed night is said."""
+    from datetime import datetime
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import cron_fired, due_sweeps, sweeps_not_run
+
+    small_kb(kb, notes=1)
+    other = '[[sweeps]]\nname = "summer"\ncron = "0 4 1 7 *"\n'
+    nightly = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n'
+
+    def at(d: int, h: int, m: int, s: int = 0):
+        return datetime(2026, 1, d, h, m, s).astimezone()
+
+    def control(config: str, *times: datetime) -> list[str]:  # a control's looks
+        kb.write("reviewq.toml", config)
+        ws = Workspace.open(kb.root)
+        logs.configure(ws.state_dir)
+        fired = []
+        for t in times:
+            for sweep in due_sweeps(ws, t):
+                fired.append(sweep.name)
+                cron_fired(ws, sweep.name, t)
+        said = [n["sweep"] for n in sweeps_not_run(ws.store, ws.settings)]
+        ws.close()
+        return fired + said
+
+    assert control(other + nightly, at(2, 2, 58), at(2, 3, 0, 30)) == ["nightly"]
+    for gone in (other, other + '[[sweeps]]\nname = "nightly"\n'):  # removed; its cron only
+        assert control(gone, at(2, 10, 0), at(4, 10, 0)) == []
+        assert control(other + nightly, at(4, 10, 0, 30), at(5, 3, 0, 30)) == ["nightly"]
+    log = kb.state / "logs/reviewq.jsonl"
+    assert "sweep.missed" not in log.read_text()
+    # Left out as wrong (its cron mistyped) while its night passed: that one is said.
+    bad = other + nightly.replace("0 3 * * *", "0 3 * * * *")
+    assert control(bad, at(5, 10, 0), at(6, 10, 0)) == []
+    assert control(other + nightly, at(6, 10, 0, 30)) == ["nightly"]
+
+
 def test_a_day_field_with_a_star_must_match_with_the_other_as_in_cron5(kb):
     """`0 3 */2 * 1-5` is odd days that are weekdays in cron(5); croniter's default read
     either, and it fired on weekends too."""

@@ -613,9 +613,30 @@ def due_sweeps(
             _move_clock(ws, sweep.name, now, own, missed)
             continue
         due.append(sweep)
+    _forget_clocks(ws, own)
     if failures is None and own:
         raise own[0]
     return due
+
+
+def _forget_clocks(ws: Workspace, failures: list[Exception]) -> None:
+    """Drop the clock of a sweep no entry has, or whose entry has no cron, while this
+    control looks at the others: put back nights later, it starts afresh (its first look)
+    rather than be said missed "as no control looked" at a time no entry named. Not while
+    an entry is only left out as wrong (one named "#N" may be any): mended, its missed
+    night is news."""
+    left_out = ws.settings.sweeps_left_out
+    if any(name.startswith("#") for name in left_out):
+        return
+    keep = json.dumps([n for n, s in ws.settings.sweeps.items() if s.cron] + list(left_out))
+    gone = "name NOT IN (SELECT value FROM json_each(?))"
+    try:
+        # Read first: a write at every tick took state.db's lock for nothing.
+        if ws.store.conn.execute(f"SELECT 1 FROM cron_state WHERE {gone}", (keep,)).fetchone():
+            with ws.store.write():
+                ws.store.conn.execute(f"DELETE FROM cron_state WHERE {gone}", (keep,))
+    except (sqlite3.OperationalError, OSError) as exc:
+        failures.append(exc)
 
 
 def _first_look(ws: Workspace, sweep: SweepConfig, now: datetime) -> datetime | None:
