@@ -4055,6 +4055,63 @@ def test_a_cron_sweep_whose_scope_holds_no_pair_logs_it(kb):
     assert sorted((e["sweep"], e["jobs"]) for e in ran) == [("all", 0), ("defs", 0)]
 
 
+def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_control_restarts(
+    kb,
+):
+    """`budget_usd` lowered mid-run (spending faster than meant) and the control sent
+    SIGHUP: the run went on spending to the budget it started with, the lowered one
+    waiting for the next night, said nowhere. A cron run's open budget follows its entry's
+    down as the control starts; a run by name keeps its own (`--budget-usd` is a person's)."""
+    from orchestrator.state.store import utcnow
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=4)
+    entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = {}\n'
+    kb.write("reviewq.toml", FAST_QUEUE + entry.format("1.0"))
+    ws = Workspace.open(kb.root)
+    runs = [
+        enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, trigger))
+        for trigger in ("cron", "enqueue")
+    ]
+    assert len(runs[0].jobs) == 8 and runs[1].jobs == []
+    with ws.store.write():  # the cron run spent $0.03 of its $1
+        ws.store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, 0.03)",
+            (runs[0].jobs[0].review_job_id, utcnow(), utcnow()),
+        )
+        # The run by name holds one job too (taken from the cron run's, for the test).
+        ws.store.conn.execute(
+            "UPDATE review_jobs SET sweep_run_id = ? WHERE id = ?",
+            (runs[1].run_id, runs[0].jobs[1].review_job_id),
+        )
+    ws.close()
+    kb.write("reviewq.toml", FAST_QUEUE + entry.format("0.02"))
+    control = subprocess.Popen(
+        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "control"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _await_logged(kb, "control.started")
+        _await_logged(kb, "sweep.budget_reached")
+        status = rq(kb, "status", "--json")
+    finally:
+        stop(control)
+    assert status.returncode == 0, status.stderr
+    spent = json.loads(status.stdout)["budgets_spent"]
+    assert [(b["sweep_run"], b["budget_usd"], b["jobs_waiting"]) for b in spent] == [
+        (runs[0].run_id, 0.02, 7)
+    ]
+    lowered = [e for e in log_lines(kb) if e["event"] == "sweep.budget_lowered"]
+    assert [(e["sweep_run"], e["was"], e["budget_usd"]) for e in lowered] == [
+        (runs[0].run_id, 1.0, 0.02)
+    ]
+    with db(kb) as conn:
+        kept = conn.execute("SELECT budget_usd FROM sweep_runs WHERE id = ?", (runs[1].run_id,))
+        assert kept.fetchone()[0] == 1.0
+
+
 def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_on(kb):
     """A control under systemd reads /etc/localtime (UTC on most servers); the operator's
     shell has TZ=Europe/Berlin. `0 2 * * *` fired at 03:00 on their clock, and nothing

@@ -377,6 +377,38 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
     return taken
 
 
+def lower_budgets(ws: Workspace) -> list[dict]:
+    """Lower the budget of the cron runs still open (jobs queued or running) of each
+    ``[[sweeps]]`` entry whose ``budget_usd`` is now below theirs, at the control's tick
+    (its settings are those it started with, or a SIGHUP's restart read): a budget lowered mid-run (spending faster than meant) was
+    the next night's, and the run went on spending to the old one, said nowhere. Not a
+    run by name (its ``--budget-usd`` may be a person's, given anew); not raised (a run
+    whose budget is spent is taken over by the next, OPERATIONS 6.7). Returns what
+    changed, each logged ``sweep.budget_lowered``."""
+    lowered = []
+    for sweep in ws.settings.sweeps.values():
+        if sweep.budget_usd is None:
+            continue
+        rows = ws.store.conn.execute(
+            "SELECT id, budget_usd FROM sweep_runs WHERE name = ? AND trigger = 'cron' "
+            "AND budget_usd > ? AND id IN (SELECT sweep_run_id FROM review_jobs WHERE "
+            "status IN ('queued', 'running')) ORDER BY id",
+            (sweep.name, sweep.budget_usd),
+        ).fetchall()
+        if not rows:
+            continue  # read at each tick: no write for nothing
+        with ws.store.write():
+            ws.store.conn.executemany(
+                "UPDATE sweep_runs SET budget_usd = ? WHERE id = ?",
+                [(sweep.budget_usd, run_id) for run_id, _ in rows],
+            )
+        for run_id, was in rows:
+            said = {"sweep": sweep.name, "sweep_run": run_id, "was": was}
+            lowered.append({**said, "budget_usd": sweep.budget_usd})
+            logs.get().warning("sweep.budget_lowered", **said, budget_usd=sweep.budget_usd)
+    return lowered
+
+
 def run_by_name(store: Store, names: Collection[str]) -> set[str]:
     """The entries of ``names`` whose last run was ``reviewq sweep --name NAME`` alone, as
     the system's cron runs one with no control process (OPERATIONS §3), not the control's."""
