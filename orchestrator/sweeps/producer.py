@@ -24,7 +24,11 @@ from orchestrator.review.acceptance import pair_now
 from orchestrator.review.jobs import CreatedJob, Skipped, create_jobs
 from orchestrator.review.selector import keeps_no_status, select
 from orchestrator.state.files import writing_job_folders
-from orchestrator.state.status import entries_taking_over, over_budget_runs
+from orchestrator.state.status import (
+    entries_taking_over,
+    over_budget_runs,
+    runs_with_queued_jobs,
+)
 from orchestrator.state.store import (
     Store,
     control_pid,
@@ -378,34 +382,42 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
 
 
 def lower_budgets(ws: Workspace) -> list[dict]:
-    """Lower the budget of the cron runs still open (jobs queued or running) of each
-    ``[[sweeps]]`` entry whose ``budget_usd`` is now below theirs, at the control's tick
-    (its settings are those it started with, or a SIGHUP's restart read): a budget lowered mid-run (spending faster than meant) was
-    the next night's, and the run went on spending to the old one, said nowhere. Not a
-    run by name (its ``--budget-usd`` may be a person's, given anew); not raised (a run
-    whose budget is spent is taken over by the next, OPERATIONS 6.7). Returns what
+    """Lower the budget of the cron runs with queued jobs of each ``[[sweeps]]`` entry
+    whose ``budget_usd`` is now below theirs, at the control's tick (its settings are
+    those it started with, or a SIGHUP's restart read): a budget lowered mid-run (spending
+    faster than meant) was the next night's, and the run went on spending to the old one,
+    said nowhere. Not a run by name (its ``--budget-usd`` may be a person's, given anew);
+    not raised (a spent run is taken over by the next, OPERATIONS 6.7). Returns what
     changed, each logged ``sweep.budget_lowered``."""
-    lowered = []
-    for sweep in ws.settings.sweeps.values():
-        if sweep.budget_usd is None:
-            continue
-        rows = ws.store.conn.execute(
-            "SELECT id, budget_usd FROM sweep_runs WHERE name = ? AND trigger = 'cron' "
-            "AND budget_usd > ? AND id IN (SELECT sweep_run_id FROM review_jobs WHERE "
-            "status IN ('queued', 'running')) ORDER BY id",
-            (sweep.name, sweep.budget_usd),
-        ).fetchall()
-        if not rows:
-            continue  # read at each tick: no write for nothing
-        with ws.store.write():
-            ws.store.conn.executemany(
-                "UPDATE sweep_runs SET budget_usd = ? WHERE id = ?",
-                [(sweep.budget_usd, run_id) for run_id, _ in rows],
-            )
-        for run_id, was in rows:
-            said = {"sweep": sweep.name, "sweep_run": run_id, "was": was}
-            lowered.append({**said, "budget_usd": sweep.budget_usd})
-            logs.get().warning("sweep.budget_lowered", **said, budget_usd=sweep.budget_usd)
+    budgets = {
+        s.name: s.budget_usd for s in ws.settings.sweeps.values() if s.budget_usd is not None
+    }
+    if not budgets:
+        return []
+    # The runs with queued jobs, as dispatch walks them: a scan of sweep_runs by name at
+    # each tick grew with every run ever recorded (a `* * * * *` entry adds 1,440 a day).
+    rows = [
+        (run_id, name, was, budgets[name])
+        for run_id, name, was in ws.store.conn.execute(
+            "SELECT id, name, budget_usd FROM sweep_runs WHERE id IN (SELECT value FROM "
+            "json_each(?)) AND trigger = 'cron' AND budget_usd IS NOT NULL ORDER BY id",
+            (json.dumps(runs_with_queued_jobs(ws.store)),),
+        )
+        if name in budgets and was > budgets[name]
+    ]
+    if not rows:
+        return []  # read at each tick: no write for nothing
+    with ws.store.write():
+        ws.store.conn.executemany(
+            "UPDATE sweep_runs SET budget_usd = ? WHERE id = ?",
+            [(budget, run_id) for run_id, _, _, budget in rows],
+        )
+    lowered = [
+        {"sweep": name, "sweep_run": run_id, "was": was, "budget_usd": budget}
+        for run_id, name, was, budget in rows
+    ]
+    for said in lowered:
+        logs.get().warning("sweep.budget_lowered", **said)
     return lowered
 
 
