@@ -3014,6 +3014,43 @@ def test_a_renamed_sweeps_entry_takes_over_what_its_old_names_spent_budget_held(
     ws.close()
 
 
+def test_enqueue_by_name_says_the_jobs_it_took_over_from_a_spent_run(kb, run_cli):
+    """`status` says "the next run of its [[sweeps]] entry (reviewq enqueue --name
+    nightly) takes them over"; run, that command said "queued 0 job(s), 0 pair(s) …;
+    skipped 2 (2 already queued or running)", as if it had done nothing, and its log line
+    said `jobs: 0`: the two jobs it took over were in no word of it."""
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta"):
+        kb.note(name)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n')
+
+    def spend(run_id: int) -> None:  # a job of the run records the whole budget
+        with sqlite3.connect(kb.state / "state.db") as conn:
+            job = conn.execute(
+                "SELECT id FROM review_jobs WHERE sweep_run_id = ? LIMIT 1", (run_id,)
+            ).fetchone()[0]
+            conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+                "VALUES (?, ?, 'invalid-output', ?, ?, 0.5)",
+                (job, 10 + run_id, utcnow(), utcnow()),
+            )
+
+    first = json.loads(run_cli("enqueue", "--name", "nightly", "--json").stdout)
+    assert len(first["jobs"]) == 2 and first["taken_over"] == 0
+    spend(first["sweep_run"])
+    res = run_cli("enqueue", "--name", "nightly")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.rstrip().endswith(
+        "; took over 2 queued job(s) of run(s) 1, whose budget was spent"
+    ), res.stdout
+    spend(2)
+    again = json.loads(run_cli("enqueue", "--name", "nightly", "--json").stdout)
+    assert again["jobs"] == [] and again["taken_over"] == 2
+    lines = (kb.state / "logs/reviewq.jsonl").read_text().splitlines()
+    said = [json.loads(x) for x in lines if '"sweep.enqueued"' in x]
+    assert [e.get("taken_over") for e in said] == [None, {"1": 2}, {"2": 2}]
+
+
 def test_a_spent_run_of_an_entry_from_before_the_upgrade_is_taken_over_and_said_so(kb):
     """Runs recorded before their options said 'configured' were never taken over by an
     entry edited since (the jobs held for good that the takeover was made for), and the

@@ -107,7 +107,7 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
     # and "waiting for a person); cost $0.39" on the next).
     console.print(
         f"enqueued {len(enq.jobs)} job(s) ({sum(len(j.pairs) for j in enq.jobs)} pairs), "
-        f"{skipped_count(enq.skipped)}; "
+        f"{skipped_count(enq.skipped)}{enq.taken_over_words()}; "
         f"cost ${s['cost_usd']:.4f}",
         soft_wrap=True,
     )

@@ -207,6 +207,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
                 "jobs": [j.to_json() for j in res.jobs],
                 "skipped": [asdict(s) for s in res.skipped],
                 "notes_excluded": res.excluded,
+                "taken_over": sum(res.taken_over.values()),
             }
         )
         return
@@ -215,7 +216,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     pairs = sum(len(j.pairs) for j in res.jobs)
     click.echo(
         f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; "
-        f"{skipped_count(res.skipped)}"
+        f"{skipped_count(res.skipped)}{res.taken_over_words()}"
     )
 
 

@@ -135,6 +135,19 @@ class EnqueueResult:
     problems: list[FileProblem] = field(default_factory=list)  # files the selection skipped
     hints: list[str] = field(default_factory=list)  # the selection's (Selection.hints)
     excluded: int = 0  # notes [kb] exclude left out (Selection.excluded)
+    # Queued jobs of spent runs this run took over (run id -> how many): the command a
+    # spent budget's line names said "queued 0 job(s)" of them, as if it had done nothing.
+    taken_over: dict[int, int] = field(default_factory=dict)
+
+    def taken_over_words(self) -> str:
+        """``; took over …``, or nothing: said beside the jobs a run queued."""
+        if not self.taken_over:
+            return ""
+        runs = ", ".join(str(r) for r in sorted(self.taken_over))
+        return (
+            f"; took over {sum(self.taken_over.values())} queued job(s) of run(s) {runs}, "
+            "whose budget was spent"
+        )
 
 
 def enqueue(
@@ -252,6 +265,7 @@ def _enqueue(
     # restarted control ran the sweep again). The selection stays outside, and the jobs'
     # notes are packed as it read them (no note is read under the write lock).
     ids: list[int] = []
+    taken_over: dict[int, int] = {}
     # Held until the folders are written: a control running beside (a sweep's starts at
     # the commit) leaves them to this process, not writing each a second time.
     with writing_job_folders(ws.state_dir), store.write():
@@ -267,10 +281,18 @@ def _enqueue(
             # hand just before its cron time, took each other's work, and the older one's
             # summary lost the failures of what it had enqueued). Which runs: _taken_over.
             # Under this sweep's name: `report --sweep` and the summary read them as its.
+            taken = _taken_over(ws, req.name, options)
+            taken_over = dict(
+                store.conn.execute(
+                    "SELECT sweep_run_id, count(*) FROM review_jobs WHERE status = 'queued' "
+                    "AND sweep_run_id IN (SELECT value FROM json_each(?)) GROUP BY sweep_run_id",
+                    (json.dumps(taken),),
+                ).fetchall()
+            )
             store.conn.execute(
                 "UPDATE review_jobs SET sweep_run_id = ?, sweep = ? WHERE status = 'queued' "
                 "AND sweep_run_id IN (SELECT value FROM json_each(?))",
-                (run_id, req.name, json.dumps(_taken_over(ws, req.name, options))),
+                (run_id, req.name, json.dumps(taken)),
             )
         batch = create_jobs(
             ws.kb,
@@ -312,6 +334,7 @@ def _enqueue(
             skipped=len(batch.skipped),
             counts=counts,
             excluded=selection.excluded,
+            **({"taken_over": taken_over} if taken_over else {}),
         )
         for p in selection.problems:
             logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
@@ -348,6 +371,7 @@ def _enqueue(
         list(selection.problems),
         list(selection.hints),
         selection.excluded,
+        taken_over,
     )
 
 
