@@ -280,7 +280,6 @@ def _enqueue(
             # that started it answers for them (two runs at once, as a sweep started by
             # hand just before its cron time, took each other's work, and the older one's
             # summary lost the failures of what it had enqueued). Which runs: _taken_over.
-            # Under this sweep's name: `report --sweep` and the summary read them as its.
             taken = _taken_over(ws, req.name, options)
             taken_over = dict(
                 store.conn.execute(
@@ -289,6 +288,7 @@ def _enqueue(
                     (json.dumps(taken),),
                 ).fetchall()
             )
+            # Under this sweep's name: `report --sweep` and the summary read them as its.
             store.conn.execute(
                 "UPDATE review_jobs SET sweep_run_id = ?, sweep = ? WHERE status = 'queued' "
                 "AND sweep_run_id IN (SELECT value FROM json_each(?))",
