@@ -1496,6 +1496,131 @@ def test_the_endpoint_dying_mid_fix_is_the_fixer_s_failure_and_the_fix_is_retrie
     assert git_log(fkb.root)[0] == f"reviewq fix: {NOTE} (prose/body-check)"
 
 
+def fixer_profiles(model: Model, scenario: str, fixer_scenario: str) -> str:
+    """:func:`fix_profiles` for the reviewers, plus a ``VENDOR-fixer`` profile of each
+    vendor pointed at ``fixer_scenario``: the fix meets its own endpoint."""
+    fixers = "[reviewers.claude]" + profiles(model, fixer_scenario).split("[reviewers.claude]")[1]
+    for vendor in VENDORS:
+        fixers = fixers.replace(f"[reviewers.{vendor}]", f"[reviewers.{vendor}-fixer]")
+    return fix_profiles(model, scenario) + fixers
+
+
+def fixer_sweep(netns, home, root: Path, vendor: str) -> dict:  # noqa: ANN001 - fixtures
+    res = reviewq(
+        netns, home, root, "sweep", "--reviewer", vendor, "--fixer", f"{vendor}-fixer",
+        "--all-gates", "--fix", "--json",
+    )  # fmt: skip
+    assert res.stdout.startswith("{"), res.stdout + res.stderr
+    return {**json.loads(res.stdout), "stderr": res.stderr}
+
+
+def shown(netns, home, root: Path, job_id: int) -> tuple[str, list[dict]]:  # noqa: ANN001
+    """What a person sees of job ``job_id``: `reviewq job N`, and `reviewq logs --job N`."""
+    said = reviewq(netns, home, root, "job", str(job_id))
+    assert said.returncode == 0, said.stderr
+    logged = reviewq(netns, home, root, "logs", "--job", str(job_id), "--json")
+    return said.stdout, [json.loads(line) for line in logged.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_writing_crlf_and_a_bom_is_applied_in_the_note_s_form(
+    netns, model, home, fkb, vendor
+):
+    """The fixer writes its note with a byte order mark and CRLF line ends, the KB's note
+    has neither: the fix is applied in the note's form, and git sees one line changed."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixcrlf"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [], out
+    assert [f["result"] for f in fix_jobs(fkb.root)] == ["applied"]
+    text = (fkb.root / NOTE).read_bytes()
+    assert text.endswith(b"# Alpha\n\nAlpha body. done\n") and b"\r" not in text, text
+    assert not text.startswith(b"\xef\xbb\xbf"), text
+    diff = subprocess.run(
+        ["git", "-C", str(fkb.root), "show", "--numstat", "--format=", "HEAD"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert diff.split() == ["1", "1", NOTE], diff
+    [acc] = rows(fkb.root, "SELECT decision FROM acceptance")
+    assert acc["decision"] == "PASS"
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_writing_nothing_goes_to_a_person_as_the_fixer_s_failure(
+    netns, model, home, fkb, vendor
+):
+    """The fixer reads its prompt and ends, writing nothing: each attempt a no-output,
+    and the FAIL goes to a person as the fixer's failure (redo), not a verdict."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixidle"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
+    [esc] = out["escalations"]
+    assert esc["reason"].startswith(
+        "the fixer failed every attempt: exited 0 without writing fixed-note.md"
+    ), esc
+    assert esc["call"] == "redo", esc
+    [fix] = fix_jobs(fkb.root)
+    assert fix["status"] == "failed"
+    outcomes = rows(fkb.root, "SELECT outcome FROM attempts WHERE job_id = ?", fix["id"])
+    assert [a["outcome"] for a in outcomes] == ["no-output"] * 3
+    said, events = shown(netns, home, fkb.root, fix["id"])
+    assert f"job {fix['id']}: failed" in said and "fixed-note.md" in said, said
+    assert "job.failed" in [e["event"] for e in events], events
+
+
+FIXER_OUTAGE = {
+    "auth": "auth: ",
+    "mid-s429": "rate-limit: ",
+    "mid-s500": "server: ",
+}
+
+
+@pytest.mark.parametrize("scenario", list(FIXER_OUTAGE))
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_s_outage_holds_the_fix_and_is_no_verdict_on_the_note(
+    netns, model, home, fkb, vendor, scenario
+):
+    """The review FAILs the note; the fixer's endpoint refuses its key, rate-limits it or
+    fails: the fix job waits on the paused fixer, nothing is escalated or written, and
+    `job N`, `logs --job N` and the report say the fixer's outage."""
+    (fkb.root / "reviewq.toml").write_text(fixer_profiles(model, "fix", scenario))
+    out = fixer_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [] and out["failed"] == [], out
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
+    [fix] = fix_jobs(fkb.root)
+    assert fix["status"] == "queued", fix
+    [a] = rows(fkb.root, "SELECT outcome, reasons FROM attempts WHERE job_id = ?", fix["id"])
+    assert a["outcome"] == "reviewer-failure", a
+    reason = json.loads(a["reasons"])[0]
+    assert reason.startswith(FIXER_OUTAGE[scenario]), reason
+    said, events = shown(netns, home, fkb.root, fix["id"])
+    assert f"job {fix['id']}: queued" in said and reason_words(reason) in said, said
+    [failed] = [e for e in events if e["event"] == "attempt.reviewer_failed"]
+    assert failed["reasons"][0] == reason, failed
+    report = json.loads(reviewq(netns, home, fkb.root, "report", "--json").stdout)
+    [paused] = report["needs_you"]["paused_reviewers"]
+    assert paused["reviewer"] == f"{vendor}-fixer" and paused["jobs_waiting"] == 1, paused
+    assert report["needs_you"]["escalations"] == [], report["needs_you"]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_whose_endpoint_fails_after_it_wrote_the_note_has_nothing_applied(
+    netns, model, home, fkb, vendor
+):
+    """The fixer writes its whole note, then its next turn gets a 500: the CLI did not end
+    cleanly, so its note is not applied (it may be cut short); the fixer's outage holds
+    the fix job, and nothing is escalated or committed."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixthen-s500"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [] and out["failed"] == [], out
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and git_log(fkb.root)[0] == "the KB"
+    [fix] = fix_jobs(fkb.root)
+    assert fix["status"] == "queued" and fix["result"] is None, fix
+    [a] = rows(fkb.root, "SELECT outcome, reasons FROM attempts WHERE job_id = ?", fix["id"])
+    reasons = json.loads(a["reasons"])
+    assert a["outcome"] == "reviewer-failure" and reasons[0].startswith("server: "), a
+    assert reasons[1].startswith("fixed-note.md is not applied: the fixer did not end cleanly")
+
+
 def _claude_env(home: Path, model) -> dict[str, str]:  # noqa: ANN001 - the model fixture
     """The environment a bare Claude run against the tests' model server is given."""
     return {

@@ -29,6 +29,11 @@ that retries a request gets the same answer):
   fixnofm  … the fixed note's frontmatter is broken YAML
   fixdrop  … the fix's first turn after reading its prompt has its connection closed
            unanswered, once per KB root; every later request is answered as ``fix``
+  fixcrlf  … the fixed note is written with a byte order mark and CRLF line ends
+  fixidle  … the fixer reads its prompt and says done, writing nothing
+  fixthen-auth, fixthen-s429, fixthen-s500 …
+           as ``fix``, but the fix's turn after it wrote its output gets that error (a 401
+           as ``auth``, the others as ``s429``…): the note written whole, then the outage
   s403, s429, s429ra, s500, s529
            every model request gets that HTTP status in the vendor's own error shape and
            words (s429ra with ``retry-after: 1``; s529: Anthropic's 529 overloaded_error,
@@ -115,7 +120,9 @@ def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict
 # A fix prompt names its note so (prompts/fix.md); what it reads first tells a fix from a review.
 _FIX_NOTE = re.compile(r"You are editing one note of a markdown knowledge base: `([^`]+)`")
 FAIL_WORD = "TODO"  # a fix scenario's review FAILs a note that says it, PASSes one that does not
-FIX_SCENARIOS = ("fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop")
+FIX_SCENARIOS = (
+    "fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop", "fixcrlf", "fixidle"
+)  # fmt: skip
 HUGE_NOTE_BYTES = 64 * 1024
 
 
@@ -129,6 +136,8 @@ def fixed(scenario: str, text: str) -> str:
     new = text.replace(FAIL_WORD, "done")
     if scenario == "fixhuge":
         new += "\n" + "A line the fixer made up. " * (HUGE_NOTE_BYTES // 26) + "\n"
+    if scenario == "fixcrlf":
+        new = "\ufeff" + new.replace("\n", "\r\n")
     return new
 
 
@@ -143,6 +152,8 @@ def fix_steps(scenario: str, root: str, note: str, output: str) -> list[tuple[st
         kb_note = f"{os.path.dirname(output)}/note.md"
     with open(kb_note, encoding="utf-8") as f:
         new = fixed(scenario, f.read())
+    if scenario == "fixidle":
+        return [("text", "done")]
     if scenario == "fixkb":  # the note itself, as the prompt forbids, and no output
         # Read first, as a model does: Claude's Write refuses a file not read yet on its
         # own, and that refusal had stood in for the permission rules' (no denial said).
@@ -495,7 +506,17 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._error_event(api)
             return
-        kind, arg = plan(scenario, instruction, results)
+        if scenario.startswith("fixthen-") and len(results) >= 2 and _FIX_NOTE.search(results[0]):
+            failing = scenario.removeprefix("fixthen-")
+            self._record(method="POST", scenario=scenario, path=path, api=api, status=failing)
+            if failing == "auth":
+                self._auth_error(api)
+            else:
+                self._status_error(api, failing)
+            return
+        kind, arg = plan(
+            "fix" if scenario.startswith("fixthen-") else scenario, instruction, results
+        )
         n = self._record(
             method="POST",
             scenario=scenario,
