@@ -1399,6 +1399,15 @@ def fix_jobs(root: Path) -> list[dict]:
     return rows(root, "SELECT id, status, result, fix_commit FROM review_jobs WHERE kind = 'fix'")
 
 
+# How each CLI's refusal of the fixer's write over the KB note is said (Gemini's stderr
+# names the tool, not the file).
+REFUSED_WRITE = {
+    "claude": f"the agent's Write to {NOTE} refused by Claude Code's permissions",
+    "codex": f"the agent's command on {NOTE} (Read-only file system) refused by Codex's sandbox",
+    "gemini": "the agent's write_file refused by Gemini CLI's policy",
+}
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_fixer_writing_the_kb_note_itself_is_refused_and_the_note_kept(
     netns, model, home, fkb, vendor
@@ -1410,10 +1419,8 @@ def test_a_fixer_writing_the_kb_note_itself_is_refused_and_the_note_kept(
     out = fix_sweep(netns, home, fkb.root, vendor)
     assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
     [esc] = out["escalations"]
-    said = "the fixer failed every attempt: exited 0 without writing fixed-note.md"
-    if vendor == "claude":  # its result names the refusal; the others' only their logs
-        said += f": the agent's Write to {NOTE} refused by Claude Code's permissions"
-    assert esc["reason"] == said
+    said = "the fixer failed every attempt: exited 0 without writing fixed-note.md: "
+    assert esc["reason"] == said + REFUSED_WRITE[vendor]
     assert [f["status"] for f in fix_jobs(fkb.root)] == ["failed"]
     asked = [r["action"] for r in model.requests("fixkb") if r.get("arg") == str(fkb.root / NOTE)]
     assert "write" in asked  # it was asked, and refused

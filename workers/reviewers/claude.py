@@ -30,6 +30,7 @@ from .vendor import (
     instruction,
     json_objects,
     last_line,
+    refused_said,
     remove_tree,
 )
 
@@ -270,11 +271,8 @@ def _refused(spec: AttemptSpec, denials: object) -> str | None:
         what = str(d.get("tool_name") or "a tool")
         if isinstance(path, str):
             what += f" to {path.removeprefix(root)}"
-        if what not in said:  # a model that tries the same write again
-            said.append(what)
-    if not said:
-        return None
-    return bounded("the agent's " + ", ".join(said) + " refused by Claude Code's permissions")
+        said.append(what)
+    return refused_said(said, "Claude Code's permissions")
 
 
 def _from_model(ev: dict) -> bool:

@@ -34,6 +34,7 @@ from .vendor import (
     instruction,
     json_objects,
     last_line,
+    refused_said,
     text_head,
 )
 
@@ -166,7 +167,7 @@ class CodexReviewer(Reviewer):
         if not seen:
             t = telemetry_from_file(spec.telemetry_path)
         t.session_id = t.session_id or _thread(spec)
-        self._from_session(t)
+        refused = self._from_session(t, spec.root)
         if error and error.endswith(f"reason: {OUTPUT_LIMIT}"):
             # "Incomplete response returned, reason: max_output_tokens": the job is too big.
             t.error, t.error_subtype = bounded(error), OUTPUT_LIMIT
@@ -181,6 +182,8 @@ class CodexReviewer(Reviewer):
                 or _config_refused(spec.stderr_path)
                 or last_line(spec.stderr_path, skip=_CHATTER)
             )
+        if t.error is None and t.failure is None:
+            t.error = refused_said(refused, "Codex's sandbox")
         if replaced and t.failure is None:
             # A setting of reviewq's command the machine's requirements replaced (from a
             # place `_machine_refuses` does not read): the run was not the one reviewq
@@ -220,7 +223,7 @@ class CodexReviewer(Reviewer):
             return True
         # The session log records each model response, one --json may not show yet.
         t = Telemetry(session_id=_thread(spec))
-        self._from_session(t)
+        self._from_session(t, spec.root)
         return bool(t.num_turns)
 
     def asked(self, spec: AttemptSpec) -> bool:
@@ -258,17 +261,23 @@ class CodexReviewer(Reviewer):
         except OSError:
             return []
 
-    def _from_session(self, t: Telemetry) -> None:
+    def _from_session(self, t: Telemetry, root: Path) -> list[str]:
         """Turns and tokens from Codex's session log, when it can be found: it counts every
-        model response, refused tool calls and runs killed before their end included."""
+        model response, refused tool calls and runs killed before their end included. It
+        returns the agent's commands the sandbox refused a path (its --json stream leaves
+        out a failed command at times; the log has each command's output)."""
         path = self._session_log(t.session_id)
         if path is None:
-            return
-        turns, total = 0, None
+            return []
+        turns, total, refused = 0, None, []
         for rec in json_objects(path):
             payload = rec.get("payload") if isinstance(rec.get("payload"), dict) else {}
             if rec.get("type") == "token_usage_record":
                 turns += 1
+            elif (
+                rec.get("type") == "response_item" and payload.get("type") == "function_call_output"
+            ):
+                refused += _sandbox_refused(root, payload.get("output"))
             elif rec.get("type") == "event_msg" and payload.get("type") == "token_count":
                 info = payload.get("info")
                 if isinstance(info, dict) and isinstance(info.get("total_token_usage"), dict):
@@ -284,6 +293,7 @@ class CodexReviewer(Reviewer):
                 value = _num(total.get(key), int)
                 if value is not None:
                     setattr(t, attr, value)
+        return refused
 
     def _home(self) -> Path:
         """The CODEX_HOME the CLI this profile starts reads."""
@@ -560,6 +570,28 @@ def _refused_arguments(stderr: Path) -> str | None:
         return None
     m = re.search(r"(?m)^error: .*$", text)
     return bounded(m.group(0)) if m else None
+
+
+# What a command's shell says of a path the sandbox keeps it from writing (the KB is
+# mounted read-only in it): "/bin/bash: line 1: /kb/notes/a.md: Read-only file system".
+_SANDBOX_SAYS = re.compile(
+    r"(/[^\n:]+): (Read-only file system|Operation not permitted|Permission denied)$", re.M
+)
+
+
+# A failed command's output in the session log: "Process exited with code 1 … Output: …".
+_FAILED = re.compile(r"^Process exited with code [1-9]", re.M)
+
+
+def _sandbox_refused(root: Path, output: object) -> list[str]:
+    """The paths a failed command of the agent was refused, each said as a call."""
+    if not isinstance(output, str) or not _FAILED.search(output):
+        return []
+    under = str(root.resolve()) + "/"
+    return [
+        f"command on {path.removeprefix(under)} ({words})"
+        for path, words in _SANDBOX_SAYS.findall(output)
+    ]
 
 
 def _message(ev: dict) -> str | None:

@@ -39,6 +39,7 @@ from .vendor import (
     known_span,
     last_document,
     last_line,
+    refused_said,
     remove_tree,
     text_head,
     unwrap,
@@ -46,6 +47,10 @@ from .vendor import (
 
 # stderr lines that are Gemini talking about itself, never the reason it failed
 _CHATTER = re.compile(r"^(Warning: 256-color|Ripgrep is not available|Loaded cached credentials)")
+
+# Gemini's words for a tool call reviewq's policy denied (a write outside the job folder:
+# a fixer's over the KB note); they name the tool, not the file.
+_DENIED = re.compile(r"^Error executing tool (\w+): Tool execution denied by policy", re.M)
 
 # Gemini's words when the model calls a file tool its registry lacks.
 _NO_WRITE_TOOL = re.compile(r'Tool "(?:write_file|replace)" not found')
@@ -176,6 +181,8 @@ class GeminiReviewer(Reviewer):
                 f"write its output; reviewq is known to work with {known_span(self.known_versions)}"
             )
             t.failure = "config"
+        elif t.error is None and t.failure is None:
+            t.error = refused_said(_DENIED.findall(_head(spec.stderr_path)), "Gemini CLI's policy")
         return t
 
     def _telemetry(self, spec: AttemptSpec) -> Telemetry:

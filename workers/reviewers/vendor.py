@@ -90,6 +90,17 @@ def add_counts(t: Telemetry, attr: str, *values: object) -> None:
             setattr(t, attr, (getattr(t, attr) or 0) + n)
 
 
+def refused_said(calls: list[str], by: str) -> str | None:
+    """The tool calls an agent's CLI refused it, said in one line ("the agent's Write to
+    kb/notes/a.md refused by Claude Code's permissions"); None if none. An agent that
+    wrote no output for it reads as "exited 0 without writing …" alone otherwise: a
+    fixer's write over the KB note was only in the CLI's own log."""
+    said = list(dict.fromkeys(calls))  # a model that tries the same write again
+    if not said:
+        return None
+    return bounded("the agent's " + ", ".join(said) + f" refused by {by}")
+
+
 # --- the CLIs' own errors -----------------------------------------------------------------
 # An attempt whose CLI never got an answer from a model says nothing about the note: an
 # expired key, a rate limit, a spent quota or an endpoint out of reach is the reviewer's
