@@ -1628,6 +1628,35 @@ def test_a_fixer_whose_endpoint_fails_after_it_wrote_the_note_has_nothing_applie
     assert reasons[1].startswith("fixed-note.md is not applied: the fixer did not end cleanly")
 
 
+@pytest.mark.parametrize("frontmatter", [False, True], ids=["bare", "frontmatter"])
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_s_note_wrapped_in_a_code_fence_is_never_applied(
+    netns, model, home, fkb, vendor, frontmatter
+):
+    """The fixer writes its note inside a ```markdown fence, though the prompt says no
+    fences. A note without frontmatter was applied so, committed and re-reviewed to PASS:
+    the whole note turned into a code block. One with frontmatter was refused as having
+    none, which never named the fence. Each attempt is the fixer's invalid output naming
+    it, and nothing reaches the KB."""
+    if not frontmatter:
+        (fkb.root / NOTE).write_text(FIX_NOTE_BODY)
+        subprocess.run(["git", "-C", str(fkb.root), "-c", "user.name=t", "-c",
+                        "user.email=t@example.org", "commit", "-qam", "the KB"], check=True)  # fmt: skip
+    given = fkb.read(NOTE)
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixfence"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert fkb.read(NOTE) == given and kb_changes(fkb.root) == ""
+    assert git_log(fkb.root)[0] == "the KB"
+    [esc] = out["escalations"]
+    assert esc["reason"] == (
+        "the fixer failed every attempt: the fixed note is wrapped in a code fence "
+        "(```markdown … ```): the note's text alone is asked for"
+    ), esc
+    [fix] = fix_jobs(fkb.root)
+    outcomes = rows(fkb.root, "SELECT outcome FROM attempts WHERE job_id = ?", fix["id"])
+    assert [a["outcome"] for a in outcomes] == ["invalid-output"] * 3
+
+
 def _claude_env(home: Path, model) -> dict[str, str]:  # noqa: ANN001 - the model fixture
     """The environment a bare Claude run against the tests' model server is given."""
     return {

@@ -31,6 +31,7 @@ that retries a request gets the same answer):
            unanswered, once per KB root; every later request is answered as ``fix``
   fixcrlf  … the fixed note is written with a byte order mark and CRLF line ends
   fixidle  … the fixer reads its prompt and says done, writing nothing
+  fixfence … the fixed note is written whole inside a ```markdown code fence
   fixthen-auth, fixthen-s429, fixthen-s500 …
            as ``fix``, but the fix's turn after it wrote its output gets that error (a 401
            as ``auth``, the others as ``s429``…): the note written whole, then the outage
@@ -121,7 +122,8 @@ def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict
 _FIX_NOTE = re.compile(r"You are editing one note of a markdown knowledge base: `([^`]+)`")
 FAIL_WORD = "TODO"  # a fix scenario's review FAILs a note that says it, PASSes one that does not
 FIX_SCENARIOS = (
-    "fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop", "fixcrlf", "fixidle"
+    "fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop", "fixcrlf", "fixidle",
+    "fixfence",
 )  # fmt: skip
 HUGE_NOTE_BYTES = 64 * 1024
 
@@ -136,6 +138,8 @@ def fixed(scenario: str, text: str) -> str:
     new = text.replace(FAIL_WORD, "done")
     if scenario == "fixhuge":
         new += "\n" + "A line the fixer made up. " * (HUGE_NOTE_BYTES // 26) + "\n"
+    if scenario == "fixfence":  # a chat model's habit, though the prompt says no fences
+        new = f"```markdown\n{new}```\n"
     if scenario == "fixcrlf":
         new = "\ufeff" + new.replace("\n", "\r\n")
     return new

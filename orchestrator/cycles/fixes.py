@@ -345,6 +345,20 @@ def _controls_added(new: str, given: str) -> list[str]:
     return [c for c in dict.fromkeys(_CONTROL.findall(new)) if c not in had]
 
 
+# A fence's opening line: three or more backticks or tildes, and an info string.
+_OPENING_FENCE = re.compile(r"(`{3,}|~{3,})[ \t]*([^`\s]*)[ \t]*")
+
+
+def _fenced_whole(text: str) -> tuple[str, str] | None:
+    """The opening and closing lines of a code fence around the whole of ``text``, its
+    first line to its last (a note given back fenced), or None."""
+    lines = text.removeprefix("\ufeff").strip().splitlines()
+    opening = _OPENING_FENCE.fullmatch(lines[0]) if len(lines) >= 2 else None
+    if opening is None or lines[-1].strip() != opening.group(1):
+        return None
+    return lines[0].strip(), opening.group(1)
+
+
 def _has_frontmatter(text: str) -> bool:
     try:
         return split_frontmatter(text)[0] is not None
@@ -376,6 +390,15 @@ def apply_fix(
         parse_note_text(new_text)
     except NoteParseError as exc:
         return FixResult("invalid", f"the fixed note is unusable: {exc}")
+    if (fence := _fenced_whole(new_text)) is not None and _fenced_whole(given) is None:
+        # A chat model's habit, though the prompt asks for no fences: applied, a note
+        # without frontmatter became one code block (re-reviewed, and committed, so);
+        # one with it was refused as having none, a reason the retry could not act on.
+        return FixResult(
+            "invalid",
+            f"the fixed note is wrapped in a code fence ({fence[0]} … {fence[1]}): "
+            "the note's text alone is asked for",
+        )
     if new_block is None and _has_frontmatter(given):
         # Title, description and type became body text, and the gates that select the
         # note by its type no longer saw it: no review would have caught it.
