@@ -1657,6 +1657,31 @@ def test_a_fixer_s_note_wrapped_in_a_code_fence_is_never_applied(
     assert [a["outcome"] for a in outcomes] == ["invalid-output"] * 3
 
 
+def test_a_gemini_fixer_whose_cli_rewrites_the_note_s_escapes_has_nothing_applied(
+    netns, model, home, fkb
+):
+    """Gemini CLI unescapes ``\\n``, ``\\"`` … in what write_file writes for a model it
+    takes for neither Gemini 2 nor 3 (``gemini-flash-latest``, an alias Google serves):
+    the code sample of a note its fixer gave back as it was, but for the finding, was
+    applied with a line break in its string, committed as the fix and re-reviewed. The
+    text the model gave is in Gemini's chat log: the note that differs is not applied."""
+    sample = '    printf("a\\n");\n'
+    (fkb.root / NOTE).write_text(FIX_NOTE_BODY + "\n" + sample)
+    subprocess.run(["git", "-C", str(fkb.root), "-c", "user.name=t", "-c",
+                    "user.email=t@example.org", "commit", "-qam", "the KB"], check=True)  # fmt: skip
+    given = fkb.read(NOTE)
+    toml = fix_profiles(model, "fix").replace(
+        'model = "gemini-2.5-pro"', 'model = "gemini-flash-latest"'
+    )
+    (fkb.root / "reviewq.toml").write_text(toml)
+    out = fix_sweep(netns, home, fkb.root, "gemini")
+    assert fkb.read(NOTE) == given and git_log(fkb.root)[0] == "the KB"
+    [esc] = out["escalations"]
+    assert esc["reason"].startswith(
+        "the fixer failed every attempt: Gemini CLI changed fixed-note.md as it wrote it"
+    ), esc
+
+
 def _claude_env(home: Path, model) -> dict[str, str]:  # noqa: ANN001 - the model fixture
     """The environment a bare Claude run against the tests' model server is given."""
     return {

@@ -799,6 +799,14 @@ def run_attempt(
         out.output, refused = read_output(spec.output_path, max_output_bytes), None
     except FinalizeError as exc:
         out.output, refused = None, str(exc)
+    if spec.task == "fix" and out.output is not None:
+        # A fixer's note is applied whole: one its CLI changed as it wrote it (Gemini's
+        # unescaping) would change the note beyond the findings, and pass a re-review.
+        try:
+            refused = reviewer.output_altered(spec, out.output)
+        except Exception:  # noqa: BLE001 - a record no adapter foresaw: the note as read
+            refused = None
+        out.output = None if refused else out.output
     too_large = out.output is not None and len(out.output) > max_output_bytes
     if too_large:
         out.output = None  # not carried anywhere: the size is the whole story

@@ -243,6 +243,11 @@ class Reviewer(ABC):
         its output does not say so (the default: no kind can tell)."""
         return None
 
+    def output_altered(self, spec: AttemptSpec, output: bytes) -> str | None:
+        """Why ``output`` is not the text the agent's model gave its write tool, when the
+        CLI's own record shows it changed it (the default: cannot tell, so None)."""
+        return None
+
     def answered(self, spec: AttemptSpec) -> bool:
         """Whether any model response reached the CLI (the default: cannot tell, so yes)."""
         return True

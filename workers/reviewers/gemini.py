@@ -240,6 +240,31 @@ class GeminiReviewer(Reviewer):
             t.error, t.failure = _DROPPED, "server"
         return t
 
+    def output_altered(self, spec: AttemptSpec, output: bytes) -> str | None:
+        # Gemini CLI unescapes \\n, \\" … in write_file's content for a model it takes
+        # for neither Gemini 2 nor 3 (0.61's aggressiveUnescape): the text its model gave
+        # is the call's args in the chat log. Only when write_file alone wrote the output
+        # (an edit since would differ rightly), and only a log that could be read speaks.
+        log, _ = self._chat_log(spec, self._project(spec)[1])
+        target = spec.output_path.resolve()
+        calls: dict[str, tuple[str, object]] = {}  # a call is written again as it grows
+        for m in _model_messages(log) if log is not None else ():
+            for call in m.get("toolCalls") if isinstance(m.get("toolCalls"), list) else []:
+                args = call.get("args") if isinstance(call, dict) else None
+                path = args.get("file_path") if isinstance(args, dict) else None
+                if isinstance(path, str) and (spec.job_dir / path).resolve() == target:
+                    calls[str(call.get("id"))] = (str(call.get("name")), args.get("content"))
+        if not calls or any(name != "write_file" for name, _ in calls.values()):
+            return None
+        meant = list(calls.values())[-1][1]
+        if not isinstance(meant, str) or meant.encode("utf-8") == output:
+            return None
+        return (
+            f"Gemini CLI changed {spec.output_path.name} as it wrote it: the text its model "
+            f'gave write_file differs from the file (its unescaping of \\n, \\" … for '
+            f"model {self.profile.model}, which it takes for neither Gemini 2 nor 3); not applied"
+        )
+
     def _dropped(self, spec: AttemptSpec) -> bool:
         """The last model turn of the run came with no content and no usage: no model
         answered it. After a tool call Gemini takes that for an empty answer and exits 0;
