@@ -3051,6 +3051,54 @@ def test_enqueue_by_name_says_the_jobs_it_took_over_from_a_spent_run(kb, run_cli
     assert [e.get("taken_over") for e in said] == [None, {"1": 2}, {"2": 2}]
 
 
+def test_two_sweeps_entries_renamed_into_each_other_take_over_each_others_spent_runs(kb):
+    """Two entries of two models swapped names (the control sent SIGHUP): each old name
+    was an entry still, of the other model, so neither spent run was taken over. Their
+    jobs waited for "a run of that sweep with the same options" and each entry's runs
+    skipped their pairs as already queued, every minute of a real control, for good."""
+    from orchestrator.state.status import held_by_budget
+
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta"):
+        kb.note(name)
+    other = '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+    entry = '[[sweeps]]\nname = "{}"\ncron = "0 3 * * *"\nbudget_usd = 0.5\nreviewer = "{}"\n'
+
+    def settings(a: str, b: str) -> Workspace:
+        kb.write("reviewq.toml", other + entry.format(a, "offline") + entry.format(b, "other"))
+        return Workspace.open(kb.root)
+
+    ws = settings("prose", "facts")
+    spent = {}
+    for name in ("prose", "facts"):
+        run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps[name], ws.root))
+        with ws.store.write():  # each run's attempts spend its budget
+            ws.store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+                "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
+                (run.jobs[0].review_job_id, utcnow(), utcnow()),
+            )
+        spent[name] = run.run_id
+    ws.close()
+    ws = settings("facts", "prose")  # swapped: "facts" now reviews with offline
+    assert held_by_budget(ws.store, {spent["prose"]: 2}, ws.settings) == [
+        f"2 job(s) of sweep 'prose' (run {spent['prose']}) wait: its budget of $0.5 is spent; "
+        "the next run of a [[sweeps]] entry now of its model (reviewq enqueue --name "
+        "facts) takes them over (with a new --budget-usd)"
+    ]
+    for name in ("facts", "prose"):
+        run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps[name], ws.root))
+        assert run.jobs == [] and run.taken_over == {
+            spent["prose" if name == "facts" else "facts"]: 2
+        }
+    rows = ws.store.conn.execute("SELECT model_partition, sweep FROM review_jobs ORDER BY id")
+    assert (
+        sorted(tuple(r) for r in rows)
+        == [("offline", "facts")] * 2 + [("other-model", "prose")] * 2
+    )
+    ws.close()
+
+
 def test_a_spent_run_of_an_entry_from_before_the_upgrade_is_taken_over_and_said_so(kb):
     """Runs recorded before their options said 'configured' were never taken over by an
     entry edited since (the jobs held for good that the takeover was made for), and the

@@ -1111,11 +1111,13 @@ def entries_taking_over(settings: Settings, name: str, were: object, trigger: st
     """The ``[[sweeps]]`` entries whose next run takes over the queued jobs of a spent run
     of sweep ``name`` (``were``: its options, ``trigger``): its own entry's
     (:func:`entry_takes_over`); and, once no entry has that name (renamed or removed, not
-    only left out as wrong), any entry's of the model its reviewer wrote. Renamed, an
-    entry took over none of what its old name's spent run held: the pairs of those jobs
-    were skipped as queued by every run of it, each night, for good."""
-    if (entry := settings.sweeps.get(name)) is not None:
-        return [name] if entry_takes_over(settings, were, trigger, entry.reviewer) else []
+    only left out as wrong) or the entry of that name reviews another model now, any
+    entry's of the model its reviewer wrote. Renamed, an entry took over none of what its
+    old name's spent run held: the pairs of those jobs were skipped as queued by every run
+    of it, each night, for good (two entries whose names were swapped, too)."""
+    entry = settings.sweeps.get(name)
+    if entry is not None and entry_takes_over(settings, were, trigger, entry.reviewer):
+        return [name]
     if name in settings.sweeps_left_out or any(k.startswith("#") for k in settings.sweeps_left_out):
         return []  # perhaps only left out (a "#N" one named none): mended, it takes them
     return [
@@ -1139,8 +1141,8 @@ def held_by_budget(
         ).fetchone()
         options = json_column(options)
         # As sweeps.producer takes them over: an entry's run by the entry's next run,
-        # however it was edited since (not once its reviewer writes another partition,
-        # nor while the entry is gone or left out); an ad-hoc run by one with its options.
+        # however it was edited since; once gone or of another model, by an entry now of
+        # its model (not while it is left out); an ad-hoc run by one with its options.
         entries = [] if settings is None else entries_taking_over(settings, name, options, trigger)
         if entries == [name]:
             command = f"reviewq enqueue --name {shlex.quote(name)}"
