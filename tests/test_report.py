@@ -931,6 +931,28 @@ def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):
     assert "FAIL findings: 2" in page and page.count('<tr class="fail">') == 2
 
 
+def test_two_sweeps_on_one_machine_are_not_said_a_restarted_worker(kb, run_cli):
+    """Each `reviewq sweep` runs a worker process of its own: two nights of `make run` (or
+    of the system cron's `reviewq sweep --name`) on one machine, both ending well, and the
+    page's machines said "vm (2 workers: restarted)", sending the person after a crash
+    that never was. The page says the processes, as the terminal and --json do."""
+    kb.gate("prose/has-body", ["body"])
+    kb.note("a", body="Body of a.\n")
+    for body in ("Body of a.\n", "Body of a, edited.\n"):  # the edit: a second night's pair
+        kb.note("a", body=body)
+        res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline")
+        assert res.returncode == 0, res.stderr
+    (machine,) = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["reviewed"][
+        "machines"
+    ]
+    assert (machine["workers"], machine["attempts"], machine["lost"]) == (2, 2, 0)
+    res = run_cli("report", "--since", "1h", "--html", str(kb.root / "r.html"))
+    assert "(2 worker process(es), last heard" in res.stdout
+    page = page_text(kb.root / "r.html")
+    said = page.split('<h3 id="machines">Machines</h3>', 1)[1].split("</table>")[0]
+    assert "restarted" not in said and "(2 worker processes)" in said, said
+
+
 def test_the_fails_no_one_took_are_counted_in_needs_you(kb, run_cli, browser, tmp_path):
     """The terminal said "needs you: nothing" and then listed the FAILs a run without --fix
     sent to no one, under it; the page's Needs you said "Nothing: …" and its tile 0."""
