@@ -4112,6 +4112,65 @@ def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_co
         assert kept.fetchone()[0] == 1.0
 
 
+def test_a_budget_is_lowered_only_on_the_runs_its_entry_takes_over(kb):
+    """Two entries of two models swapped names (`prose` of offline at $1, `facts` of
+    `other` at $0.5; swapped, `prose` of `other` at $0.02), the control restarted: the
+    open cron run named `prose`, of the offline model, took the $0.02 of the entry now
+    so named, another model's budget, and was held as spent with $0.03 of its $1, while
+    the run of `other` whose jobs that entry takes over (C38) went on to its $0.5. A
+    lowered budget holds the runs its entry takes over, as the takeover reads them."""
+    from orchestrator.state.store import utcnow
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=2)
+    other = '[reviewers.other]\nkind = "offline"\npartition = "other-model"\n'
+    entry = '[[sweeps]]\nname = "{}"\ncron = "0 3 * * *"\nreviewer = "{}"\nbudget_usd = {}\n'
+    kb.write(
+        "reviewq.toml",
+        FAST_QUEUE
+        + other
+        + entry.format("prose", "offline", 1.0)
+        + entry.format("facts", "other", 0.5),
+    )
+    ws = Workspace.open(kb.root)
+    runs = {}
+    for name in ("prose", "facts"):
+        run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps[name], ws.root, "cron"))
+        with ws.store.write():  # each spent $0.03 of its budget
+            ws.store.conn.execute(
+                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+                "VALUES (?, 1, 'invalid-output', ?, ?, 0.03)",
+                (run.jobs[0].review_job_id, utcnow(), utcnow()),
+            )
+        runs[name] = run.run_id
+    ws.close()
+    kb.write(
+        "reviewq.toml",
+        FAST_QUEUE
+        + other
+        + entry.format("facts", "offline", 1.0)
+        + entry.format("prose", "other", 0.02),
+    )
+    control = subprocess.Popen(
+        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "control"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _await_logged(kb, "control.started")
+        _await_logged(kb, "sweep.budget_reached")
+        status = rq(kb, "status", "--json")
+    finally:
+        stop(control)
+    assert status.returncode == 0, status.stderr
+    spent = json.loads(status.stdout)["budgets_spent"]
+    assert [(b["sweep_run"], b["budget_usd"]) for b in spent] == [(runs["facts"], 0.02)]
+    lowered = [e for e in log_lines(kb) if e["event"] == "sweep.budget_lowered"]
+    assert [(e["sweep"], e["sweep_run"], e["was"], e["budget_usd"]) for e in lowered] == [
+        ("prose", runs["facts"], 0.5, 0.02)
+    ]
+
+
 def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_on(kb):
     """A control under systemd reads /etc/localtime (UTC on most servers); the operator's
     shell has TZ=Europe/Berlin. `0 2 * * *` fired at 03:00 on their clock, and nothing

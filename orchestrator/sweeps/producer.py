@@ -410,9 +410,12 @@ def lower_budgets(ws: Workspace) -> list[dict]:
     whose ``budget_usd`` is now below theirs, at the control's tick (its settings are
     those it started with, or a SIGHUP's restart read): a budget lowered mid-run (spending
     faster than meant) was the next night's, and the run went on spending to the old one,
-    said nowhere. Not a run by name (its ``--budget-usd`` may be a person's, given anew);
-    not raised (a spent run is taken over by the next, OPERATIONS 6.7). Returns what
-    changed, each logged ``sweep.budget_lowered``."""
+    said nowhere. An entry's runs are those whose jobs it takes over once spent
+    (:func:`entries_taking_over`, one entry alone): by name, two entries of two models
+    swapped names and each run took the other model's budget. Not a run by name (its
+    ``--budget-usd`` may be a person's, given anew); not raised (a spent run is taken over
+    by the next, OPERATIONS 6.7). Returns what changed, each logged
+    ``sweep.budget_lowered``."""
     budgets = {
         s.name: s.budget_usd for s in ws.settings.sweeps.values() if s.budget_usd is not None
     }
@@ -420,25 +423,31 @@ def lower_budgets(ws: Workspace) -> list[dict]:
         return []
     # The runs with queued jobs, as dispatch walks them: a scan of sweep_runs by name at
     # each tick grew with every run ever recorded (a `* * * * *` entry adds 1,440 a day).
-    rows = [
-        (run_id, name, was, budgets[name])
-        for run_id, name, was in ws.store.conn.execute(
-            "SELECT id, name, budget_usd FROM sweep_runs WHERE id IN (SELECT value FROM "
-            "json_each(?)) AND trigger = 'cron' AND budget_usd IS NOT NULL ORDER BY id",
-            (json.dumps(runs_with_queued_jobs(ws.store)),),
-        )
-        if name in budgets and was > budgets[name]
-    ]
+    rows = []
+    for run_id, name, was, text, trigger in ws.store.conn.execute(
+        "SELECT id, name, budget_usd, options, trigger FROM sweep_runs WHERE id IN (SELECT "
+        "value FROM json_each(?)) AND trigger = 'cron' AND budget_usd IS NOT NULL ORDER BY id",
+        (json.dumps(runs_with_queued_jobs(ws.store)),),
+    ):
+        owners = entries_taking_over(ws.settings, name, json_column(text), trigger)
+        if len(owners) == 1 and owners[0] in budgets and was > budgets[owners[0]]:
+            rows.append((run_id, name, was, owners[0]))
     if not rows:
         return []  # read at each tick: no write for nothing
     with ws.store.write():
         ws.store.conn.executemany(
             "UPDATE sweep_runs SET budget_usd = ? WHERE id = ?",
-            [(budget, run_id) for run_id, _, _, budget in rows],
+            [(budgets[entry], run_id) for run_id, _, _, entry in rows],
         )
     lowered = [
-        {"sweep": name, "sweep_run": run_id, "was": was, "budget_usd": budget}
-        for run_id, name, was, budget in rows
+        {
+            "sweep": entry,
+            "sweep_run": run_id,
+            "was": was,
+            "budget_usd": budgets[entry],
+            **({"run_name": name} if name != entry else {}),
+        }
+        for run_id, name, was, entry in rows
     ]
     for said in lowered:
         logs.get().warning("sweep.budget_lowered", **said)
