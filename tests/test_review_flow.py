@@ -2045,20 +2045,35 @@ def test_a_finalize_of_a_note_renamed_since_its_job_was_made_says_so(flow, run_c
     ]
 
 
-def test_a_finalize_of_a_note_made_a_symlink_out_of_the_kb_says_so(flow, run_cli, tmp_path):
+@pytest.mark.parametrize(
+    "linked", ["note", "folder"], ids=["the note made a link", "its folder made a link"]
+)
+def test_a_finalize_of_a_note_made_a_symlink_out_of_the_kb_says_so(flow, run_cli, tmp_path, linked):
     """A note replaced by a symlink to a file outside the KB between the job's making and
     its finalize was said "no longer there (renamed or deleted …)": the person looked for
-    a rename, where the note is there, a link that select leaves out (stop 46)."""
+    a rename, where the note is there, a link that select leaves out (stop 46). Its
+    folder made the link, the note is no link: said so (C41)."""
     job = alpha_job(run_cli)
     write_output(flow, job)
-    outside = tmp_path / "elsewhere.md"
-    outside.write_bytes((flow.root / NOTE_A).read_bytes())
-    (flow.root / NOTE_A).unlink()
-    (flow.root / NOTE_A).symlink_to(outside)
+    note = flow.root / NOTE_A
+    link = note if linked == "note" else note.parent
+    outside = tmp_path / "elsewhere" / (note.name if linked == "note" else "")
+    if linked == "note":
+        outside.parent.mkdir()
+        outside.write_bytes(note.read_bytes())
+        note.unlink()
+    else:
+        shutil.move(note.parent, outside)
+    link.symlink_to(outside)
     res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
     assert res.exit_code == 0, res.stderr
+    how = (
+        "has become a symlink out of the KB"
+        if linked == "note"
+        else "now leads out of the KB through a folder made a symlink"
+    )
     assert res.stderr.splitlines() == [
-        f"warning: {NOTE_A} has become a symlink out of the KB since job "
+        f"warning: {NOTE_A} {how} since job "
         f"{job['review_job_id']} was made: its verdict is recorded under that path, for no "
         "note of the KB; no sweep reviews a note outside the KB"
     ]

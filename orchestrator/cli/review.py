@@ -328,7 +328,7 @@ def warn_notes_since(ws: Workspace, job_id: int, pairs: list[dict]) -> None:
         # looking for a rename that never happened.
         click.echo(
             (
-                f"warning: {note_path} has become a symlink out of the KB since job {job_id} "
+                f"warning: {note_path} {outside} since job {job_id} "
                 f"was made: {its} recorded under that path, for no note of the "
                 "KB; no sweep reviews a note outside the KB"
                 if outside

@@ -494,21 +494,26 @@ def _reads_alike(text: str | None, data: bytes) -> bool:
     return not NoteComparison(old, new).changed
 
 
-def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, tuple[int, bool]]:
+def notes_gone(kb: KB, pairs: list[dict]) -> dict[str, tuple[int, str | None]]:
     """The notes of a finalized job's pairs that are no longer at their path (renamed or
     deleted since the job was made, or unreadable), each with how many verdicts name it:
-    recorded under that path, for no note of the KB; and whether the path is there but
-    leads out of the KB (a link put on the note, which select leaves out), which is
-    neither renamed nor deleted."""
+    recorded under that path, for no note of the KB; and, when the path is there but
+    leads out of the KB (which select leaves out), how: neither renamed nor deleted."""
     counts = Counter(p["note_path"] for p in pairs)
     gone = {}
     for note_path, n in counts.items():
-        outside = False
+        outside = None
         try:
             there = kb.abspath(note_path).is_file()
         except (KBError, OSError):
             there = False
-            outside = os.path.lexists(Path(kb.root, note_path))
+            path = Path(kb.root, note_path)
+            if path.is_symlink():
+                outside = "has become a symlink out of the KB"
+            elif os.path.lexists(path):
+                # The note is where it was; a folder on its path is the link, and "the
+                # note has become one" sent the person to a file that is no link.
+                outside = "now leads out of the KB through a folder made a symlink"
         if not there:
             gone[note_path] = (n, outside)
     return gone
