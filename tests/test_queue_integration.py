@@ -4088,16 +4088,7 @@ def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_co
         )
     ws.close()
     kb.write("reviewq.toml", FAST_QUEUE + entry.format("0.02"))
-    control = subprocess.Popen(
-        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "control"],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _await_logged(kb, "control.started")
-        _await_logged(kb, "sweep.budget_reached")
-        status = rq(kb, "status", "--json")
-    finally:
-        stop(control)
+    status = _status_once_a_budget_is_reached(kb)
     assert status.returncode == 0, status.stderr
     spent = json.loads(status.stdout)["budgets_spent"]
     assert [(b["sweep_run"], b["budget_usd"], b["jobs_waiting"]) for b in spent] == [
@@ -4110,6 +4101,21 @@ def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_co
     with db(kb) as conn:
         kept = conn.execute("SELECT budget_usd FROM sweep_runs WHERE id = ?", (runs[1].run_id,))
         assert kept.fetchone()[0] == 1.0
+
+
+def _status_once_a_budget_is_reached(kb) -> subprocess.CompletedProcess:  # noqa: ANN001
+    """`status --json` once a control started on the config as it now is held a run's
+    budget as reached."""
+    control = subprocess.Popen(
+        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "control"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _await_logged(kb, "control.started")
+        _await_logged(kb, "sweep.budget_reached")
+        return rq(kb, "status", "--json")
+    finally:
+        stop(control)
 
 
 def test_a_budget_is_lowered_only_on_the_runs_its_entry_takes_over(kb):
@@ -4152,16 +4158,7 @@ def test_a_budget_is_lowered_only_on_the_runs_its_entry_takes_over(kb):
         + entry.format("facts", "offline", 1.0)
         + entry.format("prose", "other", 0.02),
     )
-    control = subprocess.Popen(
-        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "control"],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _await_logged(kb, "control.started")
-        _await_logged(kb, "sweep.budget_reached")
-        status = rq(kb, "status", "--json")
-    finally:
-        stop(control)
+    status = _status_once_a_budget_is_reached(kb)
     assert status.returncode == 0, status.stderr
     spent = json.loads(status.stdout)["budgets_spent"]
     assert [(b["sweep_run"], b["budget_usd"]) for b in spent] == [(runs["facts"], 0.02)]
