@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.state.store import utcnow
+from orchestrator.state.store import parse_timestamp, utcnow
 
 from .harness import (
     Cluster,
@@ -402,16 +402,24 @@ def test_a_redis_that_stalls_or_turns_clients_away_mid_sweep_is_waited_out(tmp_p
     if mode in ("maxclients", "loading"):
         assert mode != "loading" or loaded_s > 5, loaded_s  # it was met loading
         assert "error queue.unavailable" in seen or "warning queue.retrying" in seen, seen
-    said = Counter(
-        (e["process"], e.get("queue"), e["event"])
-        for e in _window(root / ".reviewq", t_down, t_up)
-        if e["event"] == "queue.unavailable"
-    )
-    assert all(n == 1 for n in said.values()), said
+    _said_once_a_minute(root / ".reviewq", t_down, t_up)
     if mode.startswith("pause-"):
         # A pause is a stall: calls wait for it, nothing refused, nothing run again.
         assert c.attempts.get("finalized") == len(expected), c.attempts
         assert not any("queue.unavailable" in k or "queue.retrying" in k for k in seen), seen
+
+
+def _said_once_a_minute(state: Path, start: str, end: str) -> None:
+    """Each process says its queue out of reach once a minute while it is (workers.queues):
+    once in an outage shorter than a minute, which a loaded machine's may not be (Redis
+    loading its dataset: ~15 s unloaded, 76-113 s under a CPU quota, said twice)."""
+    said = Counter(
+        (e["process"], e.get("queue"))
+        for e in _window(state, start, end)
+        if e["event"] == "queue.unavailable"
+    )
+    minutes = (parse_timestamp(end) - parse_timestamp(start)).total_seconds() // 60
+    assert all(n <= 1 + minutes for n in said.values()), (said, minutes)
 
 
 # --- SQLite files held by another process --------------------------------------------------------
