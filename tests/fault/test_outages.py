@@ -344,7 +344,7 @@ def test_a_redis_that_stalls_or_turns_clients_away_mid_sweep_is_waited_out(tmp_p
     unix socket each write Redis held timed out at redis-py's default 5 s, said as an
     outage ("Timeout reading from socket") of a server that refused nothing;
     loading: killed and restarted from its append-only file onto a large dataset (another
-    application's 300,000 keys, 50 µs a key), answering LOADING for ~15 s. Each is an
+    application's 30,000 keys, 500 µs a key), answering LOADING for ~15 s. Each is an
     outage or a stall, waited out: every pair accepted once, no traceback, said once."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (CI installs it with apt)")
@@ -352,7 +352,9 @@ def test_a_redis_that_stalls_or_turns_clients_away_mid_sweep_is_waited_out(tmp_p
 
     options = ("--enable-debug-command", "local", "--aof-use-rdb-preamble", "yes")
     if mode == "loading":
-        options += ("--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024")
+        # Few keys, each slept long: a sleep's wake-up waits its turn on a loaded machine, and
+        # 300,000 of 50 µs (15 s unloaded) took 145 s under a CPU quota.
+        options += ("--key-load-delay", "500", "--loading-process-events-interval-bytes", "1024")
     redis = RedisServer(
         tmp_path / "r.sock", tmp_path / "redis", persist=(mode == "loading"), options=options
     )
@@ -375,7 +377,7 @@ def test_a_redis_that_stalls_or_turns_clients_away_mid_sweep_is_waited_out(tmp_p
                 client.execute_command("CLIENT", "PAUSE", PAUSE_MS, mode.removeprefix("pause-"))
                 time.sleep(PAUSE_MS / 1000)  # the pause itself: Redis lifts it
             else:
-                client.execute_command("DEBUG", "POPULATE", 300_000, "other-app")
+                client.execute_command("DEBUG", "POPULATE", 30_000, "other-app")
                 client.bgrewriteaof()  # the keys into the file's RDB part, which loads slowly
                 deadline = time.monotonic() + 60
                 while (info := client.info("persistence"))["aof_rewrite_in_progress"] or info[
