@@ -659,7 +659,8 @@ def _machines(store: Store, spent: str, args: tuple, period: Period) -> list[dic
     two machines the page named none, and which did what, or that one died (its attempts
     lost), was in the logs alone. ``workers``: the worker processes (host:pid) there, a
     restart one more, and each ``reviewq sweep``'s own worker too (so not said to be a
-    restart); ``last_heard_at``: its last heartbeat or outcome (the control's clock). Attempts no worker took (not run, a ``run-job``'s) are in no row."""
+    restart); ``last_heard_at``: its last heartbeat or outcome (the control's clock).
+    Attempts no worker took (not run, a ``run-job``'s) are in no row."""
     hosts: dict[str, dict] = {}
     # Heard: a beat or an outcome it sent, as status reads it; not the reaper's record of
     # its attempts lost, which a dead worker's host read as heard from at the reap.

@@ -385,8 +385,9 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
     it was enqueued with), and those of a profile, still configured, that writes another
     partition than the new run's reviewer (this budget is for the model the entry uses
     now). Those of a profile since removed are taken over: dispatch fails them, and
-    their pairs are free. An entry since renamed (or removed, or of another model now): its spent runs
-    are taken over by the runs of an entry now of their model (``entries_taking_over``)."""
+    their pairs are free. An entry since renamed (or removed, or of another model now):
+    its spent runs are taken over by the runs of an entry now of their model
+    (``entries_taking_over``)."""
     now = json.loads(json.dumps(options))  # as stored: lists, not tuples
     same = {**now, "configured": None}  # who started a run is not what its jobs follow
     taken = []
