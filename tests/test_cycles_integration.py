@@ -1657,12 +1657,13 @@ def _summary_of_escalations(escalations: list[dict], capsys) -> str:  # noqa: AN
     from types import SimpleNamespace
 
     from orchestrator.cli.display import render_summary
+    from orchestrator.sweeps.producer import EnqueueResult
 
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.0, "failed": []}
     out = SimpleNamespace(
         # Each a verdict (reject) unless it says otherwise: the order puts those first.
         summary={**summary, "escalations": [{"call": "reject", **e} for e in escalations]},
-        enqueued=SimpleNamespace(jobs=[], skipped=[], problems=[], model_partition="p", excluded=0),
+        enqueued=EnqueueResult(run_id=1, model_partition="p"),
     )
     render_summary(out, lambda note, gate: None)
     return capsys.readouterr().out
@@ -2232,6 +2233,7 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     from types import SimpleNamespace
 
     from orchestrator.cli.display import render_summary
+    from orchestrator.sweeps.producer import EnqueueResult
 
     skipped = [SimpleNamespace(kind="already queued or running")] * 5 + [
         SimpleNamespace(kind="waiting for a person")
@@ -2239,12 +2241,11 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     summary = {"jobs": {}, "decisions": {}, "attempts": {}, "cost_usd": 0.39, "failed": []}
     out = SimpleNamespace(
         summary=summary,
-        enqueued=SimpleNamespace(
+        enqueued=EnqueueResult(
+            run_id=1,
+            model_partition="p",
             jobs=[SimpleNamespace(pairs=[1] * 134)] * 41,
             skipped=skipped,
-            problems=[],
-            model_partition="p",
-            excluded=0,
         ),
     )
     pause = (
