@@ -1115,6 +1115,39 @@ def test_an_export_leaves_no_file_of_an_earlier_one(flow, run_cli):
     assert not (gates / "kb__notes__renamed.md").exists()
 
 
+def test_an_export_of_an_unchanged_state_writes_no_file(flow, run_cli):
+    """Every export replaced every GATE-REVIEW file and the index with the same bytes: on the
+    real KB (12,832 files) each run took 7 s and gave every file a new inode and mtime, so
+    the KB's `git status` read them all again (stop 46). A file whose bytes differ (a
+    person's edit) is written again, alone."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    reviews = flow.root / "kb" / "reports" / "reviews"
+
+    def files() -> dict[Path, tuple[int, int]]:
+        return {
+            p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in reviews.rglob("*") if p.is_file()
+        }
+
+    def export() -> None:
+        res = reviewq_process("--root", str(flow.root), "export")
+        assert res.returncode == 0, res.stderr
+
+    export()
+    before = files()
+    assert len(before) > 2
+    export()
+    assert files() == before
+    edited = next(p for p in before if p.suffix == ".md")
+    text = edited.read_text()
+    edited.write_text(text + "A person's line.\n")
+    export()
+    after = files()
+    assert edited.read_text() == text
+    assert {p for p in before if after[p] != before[p]} == {edited}
+
+
 @contextlib.contextmanager
 def export_behind_a_held_lock(flow, *args: str):
     """``reviewq export ARGS`` started while this test holds the export folder's lock (as

@@ -10,6 +10,8 @@ import re
 import stat
 from pathlib import Path
 
+from orchestrator.regularfile import NotRegular, open_regular
+
 # Temp names: this process's pid and a counter (O_EXCL still refuses a leftover of a dead
 # process that had the same pid). tempfile.mkstemp's random names cost more than the write.
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -145,3 +147,29 @@ def atomic_write(
             os.fsync(folder)
         finally:
             os.close(folder)
+
+
+def replace_if_changed(path: Path, data: str | bytes) -> bool:
+    """``path`` written as :func:`atomic_write` writes it, unless it holds ``data`` already:
+    a view rendered whole on every run (the export's 12,832 files of a real KB) keeps the
+    files whose bytes are the same as they were, inode and mtime too, so `git status` and
+    a backup do not read them all again. Whatever is there and not a regular file (a
+    link, a folder) goes to the write, which replaces it or says why not. True when
+    written."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if _holds(path, raw):
+        return False
+    atomic_write(path, raw)
+    return True
+
+
+def _holds(path: Path, raw: bytes) -> bool:
+    try:
+        fd = open_regular(path, follow=False)
+    except (NotRegular, OSError):
+        return False  # a link is not read: its bytes are whatever it points at
+    if fd is None:
+        return False
+    with open(fd, "rb") as f:
+        # The size first: a changed file is told without a read, most often.
+        return os.fstat(fd).st_size == len(raw) and f.read(len(raw) + 1) == raw

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.kb.atomicfile import atomic_write
+from orchestrator.kb.atomicfile import replace_if_changed
 from orchestrator.kb.gitcommit import git_env
 from orchestrator.kb.notes import FileProblem, canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
@@ -222,11 +222,11 @@ def _write(  # noqa: ANN001 - rows: a cursor
         body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"
         path = base / "gates" / flat(note_path) / f"{gate_id}.md"
         _not_a_link(path.parent)
-        atomic_write(path, header + body)
+        replace_if_changed(path, header + body)
         written.add(path)
         writer.writerow([fields[k] for k in CSV_HEADER])
     csv_path = base / "csv" / "gate_reviews.csv"
-    atomic_write(csv_path, buf.getvalue())
+    replace_if_changed(csv_path, buf.getvalue())
     _remove_others(base / "gates", written)
     return ExportResult(files, csv_path)
 
