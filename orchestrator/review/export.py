@@ -61,11 +61,14 @@ def git_head(root: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def watched_hash(note_text: str, watches: list[str]) -> str:
+def note_regions(note_text: str) -> dict[str, str]:
     try:
-        regions = parse_note_text(note_text).regions()
+        return parse_note_text(note_text).regions()
     except ValueError:
-        regions = {"body": note_text}
+        return {"body": note_text}
+
+
+def watched_hash(regions: dict[str, str], watches: list[str]) -> str:
     picked = {w: regions.get(w, "") for w in sorted(watches)}
     return hashlib.sha256(canonical_json(picked).encode("utf-8")).hexdigest()
 
@@ -187,6 +190,9 @@ def _write(  # noqa: ANN001 - rows: a cursor
     files = 0
     written: set[Path] = set()
     last: tuple[str, str] | None = None
+    # A note's rows come together and mostly share its text: parsed once, not once per
+    # gate (12,831 parses of 329 notes were half of an unchanged export's time).
+    parsed: tuple[int, dict[str, str]] | None = None
     # One row at a time, in (note, gate) order: the first row of a pair is its latest, and
     # memory holds one pair's texts, not every acceptance's.
     for r in rows:
@@ -201,13 +207,15 @@ def _write(  # noqa: ANN001 - rows: a cursor
             continue
         files += 1
         watch = watch or ["title", "description", "frontmatter", "body"]
+        if parsed is None or parsed[0] != r["note_snapshot_id"]:
+            parsed = (r["note_snapshot_id"], note_regions(r["note_text"]))
         fields = {
             "note_path": note_path,
             "gate_id": gate_id,
             "model_partition": r["model_partition"],
             "gate_hash": git_blob_hash(r["gate_text"]),
             "recorded_commit": commit,
-            "watched_hash": watched_hash(r["note_text"], watch),
+            "watched_hash": watched_hash(parsed[1], watch),
             "recorded_at": r["accepted_at"],
         }
         fix_commit = fix_commits.get(r["note_snapshot_id"])
