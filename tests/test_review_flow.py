@@ -1119,7 +1119,7 @@ def test_an_export_of_an_unchanged_state_writes_no_file(flow, run_cli):
     """Every export replaced every GATE-REVIEW file and the index with the same bytes: on the
     real KB (12,832 files) each run took 7 s and gave every file a new inode and mtime, so
     the KB's `git status` read them all again (stop 46). A file whose bytes differ (a
-    person's edit) is written again, alone."""
+    person's edit, a link put in its place) is written again, alone."""
     assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
     for job in (1, 2):
         assert run_cli("run-job", str(job)).exit_code == 0
@@ -1146,6 +1146,13 @@ def test_an_export_of_an_unchanged_state_writes_no_file(flow, run_cli):
     after = files()
     assert edited.read_text() == text
     assert {p for p in before if after[p] != before[p]} == {edited}
+    # A link there holding the same bytes is not read through: it is replaced by the file.
+    outside = flow.root.parent / "same-bytes.md"
+    outside.write_text(text)
+    edited.unlink()
+    edited.symlink_to(outside)
+    export()
+    assert not edited.is_symlink() and edited.read_text() == text
 
 
 @contextlib.contextmanager
