@@ -1,7 +1,7 @@
 """Benchmark of ``reviewq create-jobs --grouping note`` on the commonplace KB (CONTRACT §13).
 
-It extracts ``commonplace-kb.tar.gz`` (a real KB: ~356 notes, 7 lenses; see
-``../shared/corpora/README.md``) into a temporary folder, runs ``reviewq --root DIR
+It extracts ``commonplace-kb.tar.gz`` (a real KB: ~356 notes, 7 lenses, kept outside
+this repository) into a temporary folder, runs ``reviewq --root DIR
 select --all-gates --model bench --json > sel.json`` once, then times
 
     reviewq --root DIR create-jobs --input sel.json --grouping note --json > /dev/null
