@@ -9,9 +9,14 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -21,8 +26,18 @@ from orchestrator.state.store import Store
 
 from .chromium import Chromium, executable, group_members
 from .conftest import PROJECT, page_text, process_gone, reviewq_process
+from .fault.harness import ContinueGate
 from .test_cycles_integration import profile
-from .test_queue_integration import FAST_QUEUE
+from .test_queue_integration import (
+    FAST_QUEUE,
+    _await_exit,
+    _stop_all,
+    _until,
+    await_fifo,
+    fake_profile,
+    make_fifo,
+    small_kb,
+)
 
 pytestmark = pytest.mark.integration
 CITY = "kb/notes/city-honey-carries-a-street-tree-signature.md"
@@ -1091,9 +1106,15 @@ def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
     assert [
         (s["reviewer"], s["queued"], s["running"], s["never_picked_up"]) for s in needs["stalled"]
     ] == [("fake", 2, 0, 1)]
-    assert needs["count"] == 1
+    assert needs["no_worker"]["says"] == (
+        "2 job(s) wait and no control process is running: start one (reviewq control)"
+    )
+    assert needs["count"] == 2
     res = run_cli("report", "--since", "10m")
-    assert "needs you: 1 reviewer(s) whose jobs do not move" in res.stdout
+    assert (
+        "needs you: 2 job(s) waiting with no control process; 1 reviewer(s) whose jobs do not move"
+        in res.stdout
+    )
     assert "  reviewer fake: 2 queued and 0 running job(s), nothing has run since " in res.stdout
     assert "1 attempt(s) were never picked up by a worker: is a worker running?" in res.stdout
     page = (kb.state / "report.html").read_text()
@@ -2481,3 +2502,90 @@ def test_a_cut_gate_name_keeps_each_letter_whole(browser):
         }})()"""
         )
         assert whole, (name, head, tail)
+
+
+def _hours_back(kb, hours: int) -> None:
+    """Every time state.db holds of jobs and attempts moved ``hours`` back: the night
+    they were stamped in, read the next morning."""
+    columns = {
+        "review_jobs": ("created_at", "updated_at", "finished_at"),
+        "attempts": (
+            "started_at", "taken_at", "launched_at", "heartbeat_at", "ended_at", "recorded_at"
+        ),
+    }  # fmt: skip
+    with sqlite3.connect(kb.state / "state.db") as conn:
+        for table, cols in columns.items():
+            for col in cols:
+                conn.execute(
+                    f"UPDATE {table} SET {col} = strftime('%Y-%m-%dT%H:%M:%fZ', "
+                    f"substr({col}, 1, 23), '-{hours} hours') WHERE {col} IS NOT NULL"
+                )
+
+
+def test_a_night_whose_worker_was_killed_says_no_worker_is_heard_from(kb, browser, tmp_path):
+    """The worker killed (SIGKILL) with an agent running, the control kept dispatching its
+    job to a queue no one took from, and the morning report said "needs you: nothing",
+    where `status` said the worker was last heard from hours ago: a night whose workers
+    died read as a quiet one."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE)
+    started, gate = make_fifo(tmp_path, "started"), ContinueGate(tmp_path / "go")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    held = {**env, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "1"], env=held, stderr=subprocess.DEVNULL
+    )
+    procs, agent = [control, worker], None
+    guard = threading.Timer(120, lambda: [p.kill() for p in procs])
+    guard.start()
+    try:
+        assert (
+            reviewq_process(
+                "--root", str(kb.root), "enqueue", "--reviewer", "fake", "frontmatter"
+            ).returncode
+            == 0
+        )
+        agent = int(await_fifo(started).split()[0])  # the agent runs, held at the gate
+        _until(control.stderr, "attempt.started")  # and the control has heard so
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        _until(control.stderr, "attempt.lost")  # the reaper gave its attempt up
+        _hours_back(kb, 6)
+        data = json.loads(reviewq_process("--root", str(kb.root), "report", "--json").stdout)
+        idle = data["needs_you"]["no_worker"]
+        assert (idle["jobs_waiting"], idle["control_running"]) == (1, True), idle
+        assert idle["last_heard_from"].endswith(f":{worker.pid}"), idle
+        said = (
+            f"1 job(s) wait and no worker has been heard from since {idle['last_heard_at'][:19]}Z"
+        )
+        assert idle["says"].startswith(said) and "6 h " in idle["says"], idle
+        assert idle["says"].endswith(
+            "start one: reviewq worker (reviewq doctor --worker on its machine)"
+        )
+        assert data["needs_you"]["count"] >= 1
+        page_path = tmp_path / "no-worker.html"
+        res = reviewq_process("--root", str(kb.root), "report", "--html", str(page_path))
+        assert "needs you: 1 job(s) waiting with no worker" in res.stdout, res.stdout
+        assert f"\n  {idle['says']}\n" in res.stdout, res.stdout
+        for width in (1280, 390):
+            page = browser.open(page_path.as_uri(), width=width, height=900, mobile=width < 500)
+            shown = page.evaluate(
+                """[[...document.querySelectorAll('ul.needs li')].map(li => li.innerText),
+                [...document.querySelectorAll('.no-worker')].map(p => p.innerText)]"""
+            )
+            assert shown[0][0] == "1 job(s) waiting with no worker", shown
+            assert shown[1] == [idle["says"]], shown
+            assert page.evaluate("document.documentElement.scrollWidth") <= width
+        # Started as it says, a worker runs the job, and nothing more is said of workers.
+        procs.append(subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL))
+        _until(control.stderr, "job.finalized")
+        data = json.loads(reviewq_process("--root", str(kb.root), "report", "--json").stdout)
+        assert data["needs_you"]["no_worker"] is None
+    finally:
+        _stop_all(guard, procs)
+        gate.open_gate()  # the killed worker's agent, left running, ends
+        if agent:
+            _await_exit([agent])
+        gate.close()

@@ -25,6 +25,7 @@ from orchestrator.state.status import (
     agents_failed,
     by_note,
     decide_calls,
+    idle_words,
     over_budget_runs,
     pause_why,
     pause_words,
@@ -36,6 +37,7 @@ from orchestrator.state.status import (
     unread_report,
     unwritten_fixes,
     waiting_on,
+    workers_heard,
 )
 from orchestrator.state.store import (
     Store,
@@ -258,13 +260,17 @@ def _needs_you(
         for name, pause in sorted(pauses.items())
     ]
     try:  # profiles added since the running control started: their jobs wait for it
-        restart = set(stale_now(state_dir, control_pid(state_dir)))
+        pid = control_pid(state_dir)
+        restart = set(stale_now(state_dir, pid))
     except OSError:
-        restart = set()
-    stalled = _stalled(store, now, {p["reviewer"] for p in paused}, held, restart)
+        pid, restart = None, set()
+    open_jobs = _open_jobs(store, now, held)
+    idle = _no_worker(store, now, [r for r in open_jobs if r["reviewer"] not in pauses], pid)
+    stalled = _stalled(store, now, open_jobs, {p["reviewer"] for p in paused}, restart)
     return {
         # Everything below that waits on a person, for the page's tile.
-        "count": len(open_escs)
+        "count": (idle is not None)
+        + len(open_escs)
         + len(failed)
         + len(paused)
         + len(budgets)
@@ -281,6 +287,7 @@ def _needs_you(
         "fixes_unwritten": _cut(unwritten, limit),
         "fixes_unwritten_total": len(unwritten),
         "stalled": stalled,
+        "no_worker": idle,
     }
 
 
@@ -307,26 +314,61 @@ def _has(store: Store, reviewer: str, where: str) -> bool:
     )
 
 
-def _stalled(
-    store: Store, now: str, paused: set[str], held: set[int], restart: set[str] = frozenset()
-) -> list[dict]:
-    """Reviewers whose open jobs have not moved for :data:`STALLED_AFTER`: no attempt of
-    theirs launched, sent a heartbeat or ended since. Read at ``now``, whatever the
-    period: with no worker running, the jobs were queued before the window and nothing
-    happened to them in it, so the report said "needs you: nothing" over a night's backlog.
-    Jobs that wait on a pause or a spent budget are shown there instead."""
-    cutoff = timestamp(parse_timestamp(now) - STALLED_AFTER)
-    out = []
-    for r in _rows(
+def _open_jobs(store: Store, now: str, held: set[int]) -> list[dict]:
+    """Each reviewer's open jobs a control process would run at ``now`` (``queued``,
+    ``running``, the ``oldest`` one's creation): not those made by hand (create-jobs), in a
+    launch's backoff, or queued in a run over its budget (``held``), which wait for its
+    next run and are said there."""
+    return _rows(
         store,
-        # Queued jobs of a run over its budget wait for its next run, and are said there.
         "SELECT reviewer, SUM(status = 'queued') AS queued, SUM(status = 'running') AS running, "
         "MIN(created_at) AS oldest FROM review_jobs WHERE reviewer IS NOT NULL "
         "AND (status = 'running' OR (status = 'queued' AND (sweep_run_id IS NULL OR "
         "sweep_run_id NOT IN (SELECT value FROM json_each(?))))) "
         "AND (not_before IS NULL OR not_before <= ?) GROUP BY reviewer ORDER BY reviewer",
         (json.dumps(sorted(held)), now),
-    ):
+    )
+
+
+def _no_worker(store: Store, now: str, open_jobs: list[dict], pid: int | None) -> dict | None:
+    """Jobs that wait (``open_jobs``, but a paused reviewer's) with nothing to run them
+    for :data:`STALLED_AFTER`: no control process, or no worker heard from (on the
+    control's clock, as `status` reads it). A night whose workers were killed at 01:00 said
+    only that each reviewer's jobs did not move, asking whether a control ran: the one
+    thing to do, start a worker, was in `status` alone."""
+    waiting = sum(r["queued"] + r["running"] for r in open_jobs)
+    if not waiting:
+        return None
+    heard = workers_heard(store, control_runs=pid is not None)
+    since = max(heard["last_heard_at"] or "", min(r["oldest"] for r in open_jobs))
+    if since >= timestamp(parse_timestamp(now) - STALLED_AFTER):
+        return None  # heard from a moment ago, or queued only a moment ago
+    return {
+        "jobs_waiting": waiting,
+        "control_running": pid is not None,
+        "last_heard_at": heard["last_heard_at"],
+        "last_heard_from": heard["last_heard_from"],
+        "says": idle_words(waiting, pid is not None, heard, now),
+    }
+
+
+def _stalled(
+    store: Store,
+    now: str,
+    open_jobs: list[dict],
+    paused: set[str],
+    restart: set[str] = frozenset(),
+) -> list[dict]:
+    """Reviewers whose open jobs (:func:`_open_jobs`) have not moved for
+    :data:`STALLED_AFTER`: no attempt of theirs launched, sent a heartbeat or ended since.
+    Read at ``now``, whatever the period: with no worker running, the jobs were queued
+    before the window and nothing happened to them in it, so the report said "needs you:
+    nothing" over a night's backlog. Jobs that wait on a pause or a spent budget are shown
+    there instead."""
+    cutoff = timestamp(parse_timestamp(now) - STALLED_AFTER)
+    out = []
+    for r in open_jobs:
+        r = dict(r)
         if r["reviewer"] in paused:
             continue
         # Each read walks the attempts by time from the newest, through their indexes,

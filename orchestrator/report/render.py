@@ -111,6 +111,15 @@ def stalled(st: dict) -> str:
 
 
 _ENV.filters["stalled"] = stalled
+
+
+def no_worker_line(idle: dict) -> str:
+    """The jobs nothing runs, as the terminal's "needs you" and the page's list count them."""
+    what = "worker" if idle["control_running"] else "control process"
+    return f"{idle['jobs_waiting']} job(s) waiting with no {what}"
+
+
+_ENV.filters["no_worker_line"] = no_worker_line
 _ENV.filters["outcome_words"] = outcome_words
 
 
@@ -239,6 +248,8 @@ def text(data: dict, html_path: str | None) -> str:
         "fix was written)",
     ]
     needs = []
+    if n["no_worker"]:  # first: nothing below moves until it is started
+        needs.append(no_worker_line(n["no_worker"]))
     if n["escalations_open"]:
         needs.append(
             f"{n['escalations_open']} escalation(s) on {n['escalated_notes']} note(s)"
@@ -261,6 +272,8 @@ def text(data: dict, html_path: str | None) -> str:
     if r["machines"]:
         lines.append("machines: " + "; ".join(machine_words(m) for m in r["machines"]))
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
+    if n["no_worker"]:
+        lines.append(f"  {n['no_worker']['says']}")
     for a in n["agents_failed"]:
         lines.append(f"  {a['says']}")
     for g in n["escalations"][:5]:

@@ -771,6 +771,25 @@ def liveness(store: Store, data: dict) -> list[str]:
     return lines
 
 
+def idle_words(waiting: int, control_runs: bool, heard: dict, now: str) -> str:
+    """Jobs that wait with nothing to run them, as the report's "needs you" says it, in the
+    words :func:`liveness` has for each part: no control process ("reviewq control"), or
+    no worker heard from (``heard``: :func:`workers_heard`) since when, and by which."""
+    if not control_runs:
+        return (
+            f"{waiting} job(s) wait and no control process is running: start one (reviewq control)"
+        )
+    at = heard["last_heard_at"]
+    since = "yet"
+    if at:
+        who = f"; the last was {heard['last_heard_from']}" if heard.get("last_heard_from") else ""
+        since = f"since {at[:19]}Z ({_ago(_seconds(at, now))}{who})"
+    return (
+        f"{waiting} job(s) wait and no worker has been heard from {since}; start one: "
+        "reviewq worker (reviewq doctor --worker on its machine)"
+    )
+
+
 def _seconds(then: str, now: str) -> int:
     return int((datetime.fromisoformat(now) - datetime.fromisoformat(then)).total_seconds())
 
