@@ -636,7 +636,7 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
     ]
     assert run_cli("enqueue", "--name", "nightly").exit_code == 0  # run now, as it says
     out = run_cli("status").stdout
-    assert "sweep 'nightly'" not in out and "sweep 'lens'" in out
+    assert "sweep 'nightly': its run" not in out and "sweep 'lens': its run" in out
 
 
 @pytest.fixture
@@ -873,7 +873,7 @@ def test_a_cron_sweep_that_failed_on_a_file_name_with_a_line_break_is_one_report
     ws.close()
     shown = "KBError: --note kb/notes/a\\nb\\x1b[31m.md: no such note"
     for out in (run_cli("status").stdout, run_cli("report").stdout):
-        (line,) = [x for x in out.splitlines() if "sweep 'lens'" in x]
+        (line,) = [x for x in out.splitlines() if "sweep 'lens': its run" in x]
         assert f"failed: {shown}; it runs at its next time" in line, out
 
 
@@ -4441,3 +4441,75 @@ def test_a_pause_over_agents_that_crash_at_once_names_their_jobs(kb, run_cli):
     status = run_cli("status").stdout
     assert f"kb/notes/crashes.md, 10 time(s): reviewq job {job}" in status, status
     ws.close()
+
+
+@pytest.fixture
+def berlin(monkeypatch):
+    """The local clock of Europe/Berlin, whose daylight time a cron's next time crosses."""
+    import time
+
+    if not pathlib.Path("/usr/share/zoneinfo/Europe/Berlin").exists():
+        pytest.skip("no tzdata here")
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize(
+    ("cron", "now", "after"),
+    [
+        # The spring change skips 02:30: it runs at 03:00, the first minute there is.
+        ("30 2 * * *", "2026-03-28T12:00:00+01:00", "2026-03-29T03:00:00+02:00"),
+        # The autumn change repeats 02:30: run at the first, the next is tomorrow's.
+        ("30 2 * * *", "2026-10-25T02:40:00+01:00", "2026-10-26T02:30:00+01:00"),
+        # A wildcard hour runs by the clock as it reads again (cron(8)): both 02:30s.
+        ("30 * * * *", "2026-10-25T02:40:00+02:00", "2026-10-25T02:30:00+01:00"),
+        ("0 2 * * *", "2026-11-29T02:00:00+01:00", "2026-11-30T02:00:00+01:00"),
+        ("0 2 29 2 *", "2026-11-29T02:00:00+01:00", "2028-02-29T02:00:00+01:00"),
+        # Refused when the settings load (the entry left out); if it came here, no time.
+        ("0 2 30 2 *", "2026-11-29T02:00:00+01:00", None),
+    ],
+)
+def test_a_cron_sweeps_next_time_is_the_one_its_control_fires(berlin, cron, now, after):
+    from datetime import datetime
+
+    from orchestrator.sweeps.producer import next_match
+
+    after = after and datetime.fromisoformat(after)
+    assert next_match(cron, datetime.fromisoformat(now)) == after
+
+
+def test_status_says_each_cron_sweeps_last_run_and_next_time(kb, berlin):
+    """`status` said of a `[[sweeps]]` entry only a missed night or a spent budget: after a
+    config change an operator could not tell whether the entry was read, when it last ran
+    and with what, nor when it runs next."""
+    from .conftest import reviewq_process
+
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\n'
+        '[[sweeps]]\nname = "lens"\ncron = "30 4 * * 1"\nselect = ["prose"]\n',
+    )
+    res = reviewq_process("--root", str(kb.root), "enqueue", "--name", "nightly")
+    assert res.returncode == 0, res.stderr
+    res = reviewq_process("--root", str(kb.root), "status", "--json")
+    assert res.returncode == 0, res.stderr
+    nightly, lens = json.loads(res.stdout)["sweeps"]
+    assert (nightly["sweep"], nightly["cron"], lens["sweep"]) == ("nightly", "0 2 * * *", "lens")
+    assert (nightly["last_run"]["id"], nightly["last_run"]["jobs"]) == (1, 1), nightly
+    assert nightly["last_run"]["trigger"] == "enqueue" and lens["last_run"] is None
+    assert nightly["next_wall"].endswith(("T02:00+01:00", "T02:00+02:00")), nightly
+    assert nightly["next_at"] > nightly["last_run"]["started_at"]
+    text = reviewq_process("--root", str(kb.root), "status").stdout
+    (line,) = [x for x in text.splitlines() if x.startswith("sweep 'nightly'")]
+    assert (
+        line.startswith("sweep 'nightly' (0 2 * * *): last ran ")
+        and "Z; run 1, 1 job(s), by reviewq enqueue), next 02:00 on " in line
+    )
+    assert ", next 02:00 on " in line and line.endswith("on this machine's clock (Europe/Berlin)")
+    (line,) = [x for x in text.splitlines() if x.startswith("sweep 'lens'")]
+    assert line.startswith("sweep 'lens' (30 4 * * 1): never run yet, next 04:30 on "), line

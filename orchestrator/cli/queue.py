@@ -475,13 +475,14 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
       reviewq status --json
     """
     from orchestrator.state.status import status, status_lines, too_large_notes
-    from orchestrator.sweeps.producer import sweeps_not_run
+    from orchestrator.sweeps.producer import sweeps_not_run, sweeps_schedule
 
     store = ws.read_store()
     data = status(store, ws.settings)
     data["notes_not_reviewed"] = [asdict(p) for p in too_large_notes(ws)]
     data["notes_excluded"] = len(ws.kb.excluded)  # counted by the scan just made
     data["sweeps_not_run"] = sweeps_not_run(store, ws.settings)
+    data["sweeps"] = sweeps_schedule(store, ws.settings, datetime.now(UTC))
     if as_json:
         emit_json(data)
         return

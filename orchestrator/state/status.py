@@ -649,6 +649,8 @@ def status_lines(ws: Workspace, store: Store, data: dict) -> Iterator[str]:
             )
         else:
             yield f"reviewer {name} is active"
+    for n in data["sweeps"]:
+        yield logs.one_line(n["says"])  # a name is the user's text
     for n in data["sweeps_not_run"]:
         yield logs.one_line(n["says"])
     for b in data["budgets_spent"]:

@@ -879,21 +879,102 @@ def _last_match(cron: str, now: datetime) -> datetime | None:
         match = cron_iter(cron, wall + timedelta(minutes=1)).get_prev(datetime)
     except CroniterError:
         return None
-    # A wall time the spring change skips (02:30 on the night 02:00 becomes 03:00) runs
-    # at the first minute that exists after it, as cron(8) does; astimezone() alone would
-    # read it as an instant an hour earlier, already past LATE when 03:00 comes. A wall
-    # time the autumn change repeats is taken at its first instant (fold 0), except by a
-    # cron whose minute or hour is `*`: cron(8) runs those "wildcard" entries by the clock
-    # as it reads again, so `0 * * * *` runs at both 01:00s (fold 0 alone left two hours
-    # between its runs).
+    match = _on_the_clock(match)
+    if _wildcard(cron) and (again := match.replace(fold=1).astimezone()) <= now:
+        return again
+    return match.astimezone()
+
+
+def next_match(cron: str, now: datetime) -> datetime | None:
+    """The instant of the first minute after ``now`` that ``cron`` fires at in local wall
+    time, as :func:`_last_match` reads its minutes (`status` says it); None if no date to
+    come matches."""
+    from croniter import CroniterError  # not at import: most processes have no cron sweep
+
+    # From an hour back: a wall time the autumn change repeats comes again after it passed.
+    wall = now.astimezone().replace(second=0, microsecond=0, tzinfo=None) - timedelta(hours=1)
+    folds = (0, 1) if _wildcard(cron) else (0,)
+    try:
+        times = cron_iter(cron, wall)
+        for _ in range(24 * 60 + 2):  # at most the hour back's minutes and one more
+            match = _on_the_clock(times.get_next(datetime))
+            after = [t for f in folds if (t := match.replace(fold=f).astimezone()) > now]
+            if after:
+                return min(after)
+    except CroniterError:
+        return None
+    return None
+
+
+def _on_the_clock(match: datetime) -> datetime:
+    """A naive wall time as cron(8) runs it: one the spring change skips (02:30 on the
+    night 02:00 becomes 03:00) at the first minute that exists after it; astimezone()
+    alone would read it as an instant an hour earlier, already past LATE when 03:00 comes.
+    One the autumn change repeats stays naive: read at its first instant (fold 0)."""
     for _ in range(24 * 60):
         if match.astimezone().replace(tzinfo=None) == match:
             break
         match += timedelta(minutes=1)
+    return match
+
+
+def _wildcard(cron: str) -> bool:
+    """Whether cron(8) runs ``cron`` by the clock as it reads again in the hour the autumn
+    change repeats: its minute or hour is `*` (a "wildcard" entry), so `0 * * * *` runs at
+    both 01:00s (fold 0 alone left two hours between its runs); others run at the first."""
     minute, hour = cron.split()[:2]
-    if "*" in minute[:1] + hour[:1] and (again := match.replace(fold=1).astimezone()) <= now:
-        return again
-    return match.astimezone()
+    return "*" in minute[:1] + hour[:1]
+
+
+def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dict]:
+    """Each cron `[[sweeps]]` entry's last run (by its clock or by name: ``last_run``
+    ``{"id", "started_at", "trigger", "jobs"}``, null if none yet) and next time
+    (``next_at`` UTC, ``next_wall`` on this machine's clock; null if no date to come
+    matches), and the line `status` says: after a config change an operator could not
+    tell whether the entry was read, when it last ran nor when it runs next. On this
+    machine's clock, as the control reads its crons (status says when it reads another)."""
+    from orchestrator.state.when import local_zone
+
+    out = []
+    for sweep in settings.sweeps.values():
+        if not sweep.cron:
+            continue
+        row = store.conn.execute(
+            "SELECT id, started_at, trigger, jobs FROM sweep_runs WHERE name = ? "
+            "ORDER BY started_at DESC, id DESC LIMIT 1",
+            (sweep.name,),
+        ).fetchone()
+        last = dict(row) if row is not None else None
+        nxt = next_match(sweep.cron, now)
+        ran = "never run yet"
+        if last is not None:
+            wall, utc = _wall_said(parse_timestamp(last["started_at"]))
+            by = _BY.get(last["trigger"], f"by {last['trigger']}")
+            ran = f"last ran {wall} ({utc}; run {last['id']}, {last['jobs']} job(s), {by})"
+        comes = "no time to come matches its cron"
+        if nxt:
+            comes = "next {} ({})".format(*_wall_said(nxt))
+        out.append(
+            {
+                "sweep": sweep.name,
+                "cron": sweep.cron,
+                "last_run": last,
+                "next_at": timestamp(nxt) if nxt else None,
+                "next_wall": _wall(nxt) if nxt else None,
+                "says": f"sweep {sweep.name!r} ({sweep.cron}): {ran}, {comes}, on this "
+                f"machine's clock ({local_zone()})",
+            }
+        )
+    return out
+
+
+# Who started a run, as `status` says it.
+_BY = {"cron": "by its clock", "enqueue": "by reviewq enqueue", "sweep": "by reviewq sweep"}
+
+
+def _wall_said(at: datetime) -> tuple[str, str]:
+    """An instant as a person reads it on this machine's clock, and in UTC."""
+    return f"{at.astimezone():%H:%M on %Y-%m-%d}", f"{timestamp(at)[:16]}Z"
 
 
 def _instant(text: str) -> datetime:
