@@ -1107,7 +1107,8 @@ def test_jobs_that_do_not_move_need_someone_whatever_the_period(kb, run_cli):
         (s["reviewer"], s["queued"], s["running"], s["never_picked_up"]) for s in needs["stalled"]
     ] == [("fake", 2, 0, 1)]
     assert needs["no_worker"]["says"] == (
-        "2 job(s) wait and no control process is running: start one (reviewq control)"
+        "2 job(s) wait and no control process is running, and no worker has been heard from "
+        "yet: start one of each (reviewq control; reviewq worker)"
     )
     assert needs["count"] == 2
     res = run_cli("report", "--since", "10m")

@@ -777,15 +777,17 @@ def idle_words(waiting: int, control_runs: bool, heard: dict, now: str) -> str:
     """Jobs that wait with nothing to run them, as the report's "needs you" says it, in the
     words :func:`liveness` has for each part: no control process ("reviewq control"), or
     no worker heard from (``heard``: :func:`workers_heard`) since when, and by which."""
-    if not control_runs:
-        return (
-            f"{waiting} job(s) wait and no control process is running: start one (reviewq control)"
-        )
     at = heard["last_heard_at"]
     since = "yet"
     if at:
         who = f"; the last was {heard['last_heard_from']}" if heard.get("last_heard_from") else ""
         since = f"since {at[:19]}Z ({_ago(_seconds(at, now))}{who})"
+    if not control_runs:
+        # A control alone runs nothing: "start one (reviewq control)" left the jobs waiting.
+        return (
+            f"{waiting} job(s) wait and no control process is running, and no worker has "
+            f"been heard from {since}: start one of each (reviewq control; reviewq worker)"
+        )
     return (
         f"{waiting} job(s) wait and no worker has been heard from {since}; start one: "
         "reviewq worker (reviewq doctor --worker on its machine)"
