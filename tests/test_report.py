@@ -2570,6 +2570,10 @@ def test_a_night_whose_worker_was_killed_says_no_worker_is_heard_from(kb, browse
         res = reviewq_process("--root", str(kb.root), "report", "--html", str(page_path))
         assert "needs you: 1 job(s) waiting with no worker" in res.stdout, res.stdout
         assert f"\n  {idle['says']}\n" in res.stdout, res.stdout
+        # Each reviewer's jobs that do not move no longer ask what the line answers.
+        (line,) = [x for x in res.stdout.splitlines() if x.startswith("  reviewer fake: ")]
+        assert "job(s), no attempt has moved since " in line, line  # queued, or sent again
+        assert "is the control process running, with workers?" not in res.stdout
         for width in (1280, 390):
             page = browser.open(page_path.as_uri(), width=width, height=900, mobile=width < 500)
             shown = page.evaluate(
@@ -2578,6 +2582,7 @@ def test_a_night_whose_worker_was_killed_says_no_worker_is_heard_from(kb, browse
             )
             assert shown[0][0] == "1 job(s) waiting with no worker", shown
             assert shown[1] == [idle["says"]], shown
+            assert "is the control process running" not in page.evaluate("document.body.innerText")
             assert page.evaluate("document.documentElement.scrollWidth") <= width
         # Started as it says, a worker runs the job, and nothing more is said of workers.
         procs.append(subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL))

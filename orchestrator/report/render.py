@@ -84,8 +84,9 @@ def html(data: dict) -> str:
     return _ENV.get_template("report.html.j2").render(d=data, charts=build_charts(data))
 
 
-def stalled(st: dict) -> str:
-    """One reviewer's jobs that do not move, and the likeliest why, in one sentence."""
+def stalled(st: dict, no_worker: dict | None = None) -> str:
+    """One reviewer's jobs that do not move, and the likeliest why, in one sentence.
+    ``no_worker``: the report's line on jobs nothing runs, which answers the question."""
     since = (st["last_moved"] or st["oldest"])[:16] + "Z"
     moved = "nothing has run" if st["last_moved"] is None else "no attempt has moved"
     why = (
@@ -94,6 +95,8 @@ def stalled(st: dict) -> str:
         if st["never_picked_up"]
         else "; is the control process running, with workers?"
     )
+    if no_worker and not st["never_picked_up"]:
+        why = ""  # said once above, with who was heard from last and what to start
     if st.get("awaits_control_restart"):
         # The likeliest why, for certain: said by the control itself (settings_stale).
         why = (
@@ -307,7 +310,7 @@ def text(data: dict, html_path: str | None) -> str:
     if more := more_unwritten(n["fixes_unwritten_total"]):
         lines.append(f"  {more}")
     for st in n["stalled"]:
-        lines.append(f"  reviewer {st['reviewer']}: {stalled(st)}")
+        lines.append(f"  reviewer {st['reviewer']}: {stalled(st, n['no_worker'])}")
     # Only the FAILs nothing came of: a fixed one, or an escalated one (its decide line
     # is above), named here read as work left.
     for f in [f for f in r["fails"] if f["then"] is None][:FAILS_SHOWN]:
