@@ -221,9 +221,11 @@ def test_status_reads_a_year_of_attempts_through_indexes(kb):
 
 def _stalled_look(store: Store, now: str) -> tuple[list[dict], int]:
     """The report's look for stalled reviewers at ``now``, and the SQLite steps it took."""
-    from orchestrator.report.data import _stalled
+    from orchestrator.report.data import _open_jobs, _stalled
 
-    return answer_and_steps(store.conn, lambda: _stalled(store, now, set(), set()))
+    return answer_and_steps(
+        store.conn, lambda: _stalled(store, now, _open_jobs(store, now, set()), set())
+    )
 
 
 def test_the_reports_look_for_a_stalled_reviewer_reads_no_more_with_its_history(tmp_path):
