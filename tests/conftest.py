@@ -155,6 +155,36 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
             terminalreporter.write_line(f"{test}: {', '.join(paths)}")
 
 
+def spend(store: Store, job_id: int, usd: float) -> None:
+    """A first attempt of job ``job_id`` that cost ``usd`` (an invalid output): what a
+    budget test spends of a sweep run's budget without running an agent."""
+    from orchestrator.state.store import utcnow
+
+    with store.write():
+        store.conn.execute(
+            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
+            "VALUES (?, 1, 'invalid-output', ?, ?, ?)",
+            (job_id, utcnow(), utcnow(), usd),
+        )
+
+
+@contextlib.contextmanager
+def local_clock(monkeypatch: pytest.MonkeyPatch, zone: str) -> Iterator[None]:
+    """This process's local clock on ``zone`` (``TZ`` and ``time.tzset``) for the block,
+    and back after it; the test skips where the zone's tzdata is not installed."""
+    import time
+
+    if not Path(f"/usr/share/zoneinfo/{zone}").exists():
+        pytest.skip("no tzdata here")
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 def page_text(path: Path) -> str:
     """A report page's HTML without the spans `render.breakable` puts round a run of more
     than 24 characters (a path, a URL), for a test that looks for a sentence in it."""

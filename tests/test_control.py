@@ -16,6 +16,8 @@ from orchestrator.state.store import Store, utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
+from .conftest import local_clock, spend
+
 
 def _open_escalation(ws: Workspace, reason: str, material: list[str], recommend: str) -> int:
     """An open escalation of alpha against prose/clarity, raised as the control would."""
@@ -3072,12 +3074,7 @@ def test_two_sweeps_entries_renamed_into_each_other_take_over_each_others_spent_
     spent = {}
     for name in ("prose", "facts"):
         run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps[name], ws.root))
-        with ws.store.write():  # each run's attempts spend its budget
-            ws.store.conn.execute(
-                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-                "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
-                (run.jobs[0].review_job_id, utcnow(), utcnow()),
-            )
+        spend(ws.store, run.jobs[0].review_job_id, 0.5)  # each run's attempts spend its budget
         spent[name] = run.run_id
     ws.close()
     ws = settings("facts", "prose")  # swapped: "facts" now reviews with offline
@@ -4446,15 +4443,8 @@ def test_a_pause_over_agents_that_crash_at_once_names_their_jobs(kb, run_cli):
 @pytest.fixture
 def berlin(monkeypatch):
     """The local clock of Europe/Berlin, whose daylight time a cron's next time crosses."""
-    import time
-
-    if not pathlib.Path("/usr/share/zoneinfo/Europe/Berlin").exists():
-        pytest.skip("no tzdata here")
-    monkeypatch.setenv("TZ", "Europe/Berlin")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    with local_clock(monkeypatch, "Europe/Berlin"):
+        yield
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,15 @@ from pathlib import Path
 import markupsafe
 import pytest
 
-from .conftest import PROJECT, page_text, process_gone, ready_within, reviewq_process, stop
+from .conftest import (
+    PROJECT,
+    page_text,
+    process_gone,
+    ready_within,
+    reviewq_process,
+    spend,
+    stop,
+)
 
 pytestmark = pytest.mark.integration
 FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
@@ -4135,7 +4143,6 @@ def test_a_budget_is_lowered_only_on_the_runs_its_entry_takes_over(kb):
     so named, another model's budget, and was held as spent with $0.03 of its $1, while
     the run of `other` whose jobs that entry takes over (C38) went on to its $0.5. A
     lowered budget holds the runs its entry takes over, as the takeover reads them."""
-    from orchestrator.state.store import utcnow
     from orchestrator.state.workspace import Workspace
     from orchestrator.sweeps.producer import SweepRequest, enqueue
 
@@ -4153,12 +4160,7 @@ def test_a_budget_is_lowered_only_on_the_runs_its_entry_takes_over(kb):
     runs = {}
     for name in ("prose", "facts"):
         run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps[name], ws.root, "cron"))
-        with ws.store.write():  # each spent $0.03 of its budget
-            ws.store.conn.execute(
-                "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-                "VALUES (?, 1, 'invalid-output', ?, ?, 0.03)",
-                (run.jobs[0].review_job_id, utcnow(), utcnow()),
-            )
+        spend(ws.store, run.jobs[0].review_job_id, 0.03)  # each spent $0.03 of its budget
         runs[name] = run.run_id
     ws.close()
     kb.write(

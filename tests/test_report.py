@@ -25,7 +25,7 @@ import pytest
 from orchestrator.state.store import Store
 
 from .chromium import Chromium, executable, group_members
-from .conftest import PROJECT, page_text, process_gone, reviewq_process
+from .conftest import PROJECT, local_clock, page_text, process_gone, reviewq_process
 from .fault.harness import ContinueGate
 from .test_cycles_integration import profile
 from .test_queue_integration import (
@@ -1793,13 +1793,8 @@ def test_a_period_that_cost_nothing_says_so_instead_of_a_chart(kb, run_cli, brow
 @pytest.fixture
 def new_york(monkeypatch):
     """The local clock of America/New_York, for the times of day --since reads on it."""
-    if not Path("/usr/share/zoneinfo/America/New_York").exists():
-        pytest.skip("no tzdata here")
-    monkeypatch.setenv("TZ", "America/New_York")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    with local_clock(monkeypatch, "America/New_York"):
+        yield
 
 
 def _since(value: str, now: str) -> str:

@@ -25,8 +25,8 @@ import pytest
 from .conftest import page_text
 from .test_partitions import FAKE, TwoHosts
 from .test_report import browser  # noqa: F401 - the module's headless Chromium
-from .test_two_hosts import EXE, namespaces
-from .test_two_hosts_morning import await_exit, rq
+from .test_two_hosts import EXE
+from .test_two_hosts_morning import a_night, await_exit, rq
 
 pytestmark = pytest.mark.integration
 
@@ -109,12 +109,8 @@ def the_night(two: TwoHosts) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def night(tmp_path_factory):
-    with namespaces() as hosts:
-        two = TwoHosts(tmp_path_factory.mktemp("machines"), hosts, notes=1)
-        try:
-            yield two, the_night(two)
-        finally:
-            two.stop()
+    with a_night(tmp_path_factory, "machines", 1, the_night) as made:
+        yield made
 
 
 def test_status_says_the_jobs_a_worker_holds_waiting_for_an_agent_slot(night):

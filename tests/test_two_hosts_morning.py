@@ -11,6 +11,7 @@ skips, saying why, where it cannot make them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -20,6 +21,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import SimpleNamespace
 
@@ -104,14 +106,22 @@ def the_night(two: TwoHosts) -> SimpleNamespace:
     return SimpleNamespace(dead=dead, second=second, ran=ran, restarted=restarted)
 
 
-@pytest.fixture(scope="module")
-def night(tmp_path_factory):
+@contextlib.contextmanager
+def a_night(tmp_path_factory, name: str, notes: int, story: Callable) -> Iterator[tuple]:  # noqa: ANN001
+    """A module's night on two hosts: its folders, what ``story`` made of it, and every
+    process of it stopped after the module's tests."""
     with namespaces() as hosts:
-        two = TwoHosts(tmp_path_factory.mktemp("morning"), hosts, notes=2)
+        two = TwoHosts(tmp_path_factory.mktemp(name), hosts, notes=notes)
         try:
-            yield two, the_night(two)
+            yield two, story(two)
         finally:
             two.stop()
+
+
+@pytest.fixture(scope="module")
+def night(tmp_path_factory):
+    with a_night(tmp_path_factory, "morning", 2, the_night) as made:
+        yield made
 
 
 def rq(two: TwoHosts, *args: str) -> subprocess.CompletedProcess:
