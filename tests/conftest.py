@@ -185,6 +185,13 @@ def local_clock(monkeypatch: pytest.MonkeyPatch, zone: str) -> Iterator[None]:
         time.tzset()
 
 
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The local clock of America/New_York (daylight time ends 2026-11-01 02:00 EDT)."""
+    with local_clock(monkeypatch, "America/New_York"):
+        yield
+
+
 def page_text(path: Path) -> str:
     """A report page's HTML without the spans `render.breakable` puts round a run of more
     than 24 characters (a path, a URL), for a test that looks for a sentence in it."""

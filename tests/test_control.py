@@ -644,33 +644,21 @@ def test_status_says_a_cron_sweep_missed_or_failed_until_a_run_of_it_starts(
 @pytest.fixture
 def kolkata(monkeypatch):
     """The process's zone is Kolkata's (UTC+05:30, no daylight time)."""
-    import time
-
-    monkeypatch.setenv("TZ", "Asia/Kolkata")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+    with local_clock(monkeypatch, "Asia/Kolkata"):
+        yield
 
 
 def test_a_controls_zone_from_a_copied_localtime_is_compared_by_its_rules(tmp_path, monkeypatch):
     """/etc/localtime copied, not linked (some images do), names no zone: compared by
     name, a control reading it as Berlin was said to be off the clock of a shell with
     TZ=Europe/Berlin."""
-    import time
-
     from orchestrator.state.when import same_clock
 
     copy = tmp_path / "localtime"
     shutil.copyfile("/usr/share/zoneinfo/Europe/Berlin", copy)
-    monkeypatch.setenv("TZ", "Europe/Berlin")
-    time.tzset()
-    try:
+    with local_clock(monkeypatch, "Europe/Berlin"):
         assert same_clock(str(copy))
         assert not same_clock("Asia/Kolkata")
-    finally:
-        monkeypatch.undo()
-        time.tzset()
 
 
 def _as_control_then_shell(monkeypatch, state_dir, control_tz, between=lambda: None):
@@ -765,7 +753,6 @@ def test_zones_whose_daylight_time_starts_days_apart_are_not_one_clock(monkeypat
     `0 3 * * *` fires an hour apart. Compared on a day a month over the year, the two read
     as one clock whenever no sampled day fell in those two (from 10 November 2026, none did),
     and a shell in Jerusalem was told nothing of a control in Athens."""
-    import time
     from datetime import UTC, datetime
 
     from orchestrator.state import when
@@ -776,14 +763,9 @@ def test_zones_whose_daylight_time_starts_days_apart_are_not_one_clock(monkeypat
             return datetime(2026, 11, 10, 12, 0, tzinfo=UTC).astimezone(tz)
 
     monkeypatch.setattr(when, "datetime", Frozen)
-    monkeypatch.setenv("TZ", "Asia/Jerusalem")
-    time.tzset()
-    try:
+    with local_clock(monkeypatch, "Asia/Jerusalem"):
         assert not when.same_clock("Europe/Athens")
         assert when.same_clock("Asia/Tel_Aviv")  # another name of Jerusalem's clock
-    finally:
-        monkeypatch.undo()
-        time.tzset()
 
 
 def test_a_cron_sweep_missed_off_utc_is_said_at_its_cron_time_on_the_controls_clock(

@@ -2276,18 +2276,6 @@ def test_a_configured_sweeps_notes_are_roots_and_notes_named_with_it_make_it_ad_
     ]
 
 
-@pytest.fixture
-def new_york(monkeypatch):
-    """The process's local time zone is New York's (DST ends 2026-11-01 02:00 EDT)."""
-    import time
-
-    monkeypatch.setenv("TZ", "America/New_York")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
 def test_an_hour_the_autumn_change_repeats_fires_a_sweep_once(kb, new_york):
     from datetime import UTC, datetime
 

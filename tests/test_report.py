@@ -1335,14 +1335,9 @@ def test_a_nightly_sweep_is_one_night_of_cost_on_the_local_clock(kb, monkeypatch
             )
     from orchestrator.report import make_report
 
-    monkeypatch.setenv("TZ", "Pacific/Honolulu")
-    time.tzset()
-    try:
-        with Store.open(kb.state) as store:  # read at 08:00 the next morning
-            rep = make_report(store, kb.state, since="12h", remember=False, now=hst(26, 8, 0))
-    finally:
-        monkeypatch.undo()
-        time.tzset()
+    with local_clock(monkeypatch, "Pacific/Honolulu"), Store.open(kb.state) as store:
+        # read at 08:00 the next morning
+        rep = make_report(store, kb.state, since="12h", remember=False, now=hst(26, 8, 0))
     nights = rep.data["trends"]["cost_by_night"]
     assert nights[-1] == {"night": "2026-11-25", "cost_usd": 2.0}, nights
 
@@ -1790,13 +1785,6 @@ def test_a_period_that_cost_nothing_says_so_instead_of_a_chart(kb, run_cli, brow
     assert "No cost in the last 14 nights." in night and "$1" not in night, night
 
 
-@pytest.fixture
-def new_york(monkeypatch):
-    """The local clock of America/New_York, for the times of day --since reads on it."""
-    with local_clock(monkeypatch, "America/New_York"):
-        yield
-
-
 def _since(value: str, now: str) -> str:
     from orchestrator.report.period import resolve
 
@@ -1861,18 +1849,11 @@ def test_a_since_date_whose_midnight_the_clock_skips_starts_when_the_day_does(mo
     """In Santiago daylight time begins at midnight (6 September 2026: 23:59:59 -04, then
     01:00 -03): `--since 2026-09-06` began at 23:00 on the 5th, an hour of the day before
     in the window, and `2026-09-06T00:30` at 23:30 on the 5th."""
-    if not Path("/usr/share/zoneinfo/America/Santiago").exists():
-        pytest.skip("no tzdata here")
-    monkeypatch.setenv("TZ", "America/Santiago")
-    time.tzset()
-    try:
+    with local_clock(monkeypatch, "America/Santiago"):
         now = "2026-09-10T00:00:00.000Z"
         assert _since("2026-09-06", now) == "2026-09-06T04:00:00.000Z"
         assert _since("2026-09-06T00:30", now) == "2026-09-06T04:00:00.000Z"
         assert _since("2026-09-07", now) == "2026-09-07T03:00:00.000Z"
-    finally:
-        monkeypatch.undo()
-        time.tzset()
 
 
 def _crashed_and_rejected(kb) -> tuple[str, str]:
