@@ -2888,12 +2888,7 @@ def test_a_run_takes_over_the_queued_jobs_of_an_earlier_run_only_once_its_budget
         return [r[0] for r in rows]
 
     assert second.jobs == [] and runs() == [first.run_id] * 2
-    with ws.store.write():  # the first run's attempts spend its budget
-        ws.store.conn.execute(
-            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
-            (first.jobs[0].review_job_id, utcnow(), utcnow()),
-        )
+    spend(ws.store, first.jobs[0].review_job_id, 0.5)  # the first run's attempts spend its budget
     third = enqueue(ws, req)
     assert runs() == [third.run_id] * 2
     ws.store.close()
@@ -2926,12 +2921,7 @@ def test_the_next_run_of_an_edited_sweeps_entry_takes_over_what_its_spent_budget
     first = run_of_entry(entry)
     assert len(first.jobs) == 2
     ws = Workspace.open(kb.root)
-    with ws.store.write():  # the first run's attempts spend its budget
-        ws.store.conn.execute(
-            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
-            (first.jobs[0].review_job_id, utcnow(), utcnow()),
-        )
+    spend(ws.store, first.jobs[0].review_job_id, 0.5)  # the first run's attempts spend its budget
 
     def runs() -> list[int]:
         rows = ws.store.conn.execute(
@@ -2969,12 +2959,7 @@ def test_a_renamed_sweeps_entry_takes_over_what_its_old_names_spent_budget_held(
     kb.write("reviewq.toml", other + entry.format("nightly"))
     ws = Workspace.open(kb.root)
     first = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root))
-    with ws.store.write():  # the first run's attempts spend its budget
-        ws.store.conn.execute(
-            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-            "VALUES (?, 1, 'invalid-output', ?, ?, 0.5)",
-            (first.jobs[0].review_job_id, utcnow(), utcnow()),
-        )
+    spend(ws.store, first.jobs[0].review_job_id, 0.5)  # the first run's attempts spend its budget
     ws.close()
     kb.write("reviewq.toml", other + entry.format("elsewhere") + 'reviewer = "other"\n')
     ws = Workspace.open(kb.root)
@@ -3153,12 +3138,7 @@ def test_a_spent_budget_run_does_not_starve_other_jobs_of_its_reviewer(kb):
     )  # fmt: skip
     nightly = enqueue(ws, req)
     assert len(nightly.jobs) == 25
-    with ws.store.write():  # the nightly run has spent its budget
-        ws.store.conn.execute(
-            "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-            "VALUES (?, 1, 'invalid-output', ?, ?, 0.6)",
-            (nightly.jobs[0].review_job_id, utcnow(), utcnow()),
-        )
+    spend(ws.store, nightly.jobs[0].review_job_id, 0.6)  # the nightly run has spent its budget
     # An operator enqueues one note by hand, same reviewer, no budget.
     (mine,) = enqueue(
         ws, SweepRequest(name="cli", reviewer="offline", all_gates=True,
