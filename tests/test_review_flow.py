@@ -1155,6 +1155,72 @@ def test_an_export_of_an_unchanged_state_writes_no_file(flow, run_cli):
     assert not edited.is_symlink() and edited.read_text() == text
 
 
+def git_at(root: Path, *args: str, at: str | None = None) -> str:
+    """``git ARGS`` in ``root``, its commits dated ``at`` (else now)."""
+    env = {**os.environ, **({"GIT_COMMITTER_DATE": at, "GIT_AUTHOR_DATE": at} if at else {})}
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_a_reviews_commit_is_the_one_head_was_at_when_it_was_recorded(tmp_path):
+    """Read from HEAD's first-parent line: a commit in the second of the review may have
+    come after it, and one dated back was made no earlier than its parent."""
+    from orchestrator.review.export import HeadHistory
+
+    assert HeadHistory(tmp_path).at("2026-01-01T00:00:00Z") == ""  # not a repository
+    git_at(tmp_path, "init", "-q")
+    assert HeadHistory(tmp_path).at("2026-01-01T00:00:00Z") == ""  # no commit yet
+    made = {}
+    for name, at in (("a", "2026-01-01T00:00:00Z"), ("b", "2026-03-01T00:00:00Z"),
+                     ("c", "2026-02-01T00:00:00Z")):  # fmt: skip
+        git_at(tmp_path, "commit", "-q", "--allow-empty", "-m", name, at=at)
+        made[name] = git_at(tmp_path, "rev-parse", "HEAD")
+    head = HeadHistory(tmp_path)
+    assert head.at("2025-12-31T23:59:59.999Z") == ""
+    assert head.at("2026-01-01T00:00:00.999Z") == ""
+    assert head.at("2026-01-01T00:00:01.000Z") == made["a"]
+    assert head.at("2026-02-15T00:00:00.000Z") == made["a"]  # c, dated back, came after b
+    assert head.at("2026-03-01T00:00:00.500Z") == made["a"]
+    assert head.at("2026-03-01T00:00:01.000Z") == made["c"]
+    assert head.at("not a time") == ""
+
+
+def test_an_export_committed_to_the_kb_is_not_changed_by_the_next_export(flow, run_cli):
+    """Every file's `recorded-commit` was the KB's HEAD at the export: a KB that commits
+    its export (the folder is in it) had all 12,832 files of the real KB changed by each
+    next export, and committed again, night after night (stop 46). It is now the commit
+    HEAD was at when the review was recorded: what a later commit leaves as it is."""
+
+    def git(*args: str, at: str | None = None) -> str:
+        return git_at(flow.root, *args, at=at)
+
+    def recorded() -> dict[str, str]:
+        with open(flow.root / "kb/reports/reviews/csv/gate_reviews.csv", newline="") as f:
+            return {
+                f"{r['note_path']} {r['gate_id']}": r["recorded_commit"] for r in csv.DictReader(f)
+            }
+
+    git("init", "-q")
+    flow.write(".gitignore", ".reviewq/\n")
+    git("add", "-A")
+    git("commit", "-qm", "the KB", at="2026-01-01T00:00:00Z")
+    reviewed_at = git("rev-parse", "HEAD")
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    assert run_cli("export").exit_code == 0
+    assert set(recorded().values()) == {reviewed_at}
+    reviews = flow.root / "kb/reports/reviews"
+    files = {p: p.read_bytes() for p in reviews.rglob("*") if p.is_file()}
+    git("add", "-A")
+    git("commit", "-qm", "the night's export")  # the second the last review was recorded in
+    assert run_cli("export").exit_code == 0
+    assert {p: p.read_bytes() for p in reviews.rglob("*") if p.is_file()} == files
+    assert git("status", "--porcelain") == ""
+
+
 @contextlib.contextmanager
 def export_behind_a_held_lock(flow, *args: str):
     """``reviewq export ARGS`` started while this test holds the export folder's lock (as

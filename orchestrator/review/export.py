@@ -3,14 +3,18 @@ accepted reviews in state.db."""
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import csv
 import hashlib
 import io
 import json
+import operator
 import os
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from orchestrator.kb.atomicfile import replace_if_changed
@@ -45,20 +49,50 @@ def git_blob_hash(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def git_head(root: Path) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=root,
-            env=git_env(),
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+class HeadHistory:
+    """The commits of HEAD's first-parent line, newest first: :meth:`at` names the one
+    HEAD was at when a review was recorded. Read once an export (one ``git log``); none
+    outside git or before a first commit."""
+
+    def __init__(self, root: Path) -> None:
+        self._shas: list[str] = []
+        # When each commit could have been made at the earliest: not before its parent
+        # (a commit dated back, a clock behind, did not move HEAD back in time). Never
+        # rising from the newest, so the newest made before a time is found by bisection.
+        self._made: list[int] = []
+        try:
+            out = subprocess.run(
+                ["git", "log", "--first-parent", "--format=%ct %H", "HEAD"],
+                cwd=root,
+                env=git_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return
+        if out.returncode != 0:
+            return
+        for line in reversed(out.stdout.splitlines()):
+            at, _, sha = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                self._made.append(max(int(at), self._made[-1]) if self._made else int(at))
+                self._shas.append(sha)
+        self._made.reverse()
+        self._shas.reverse()
+
+    def at(self, recorded_at: str) -> str:
+        """The commit HEAD was at when ``recorded_at`` (state.db's UTC time): the newest
+        made before it; "" before the first. A commit time is whole seconds: one in the
+        second the review was recorded in may have come after it (the export committed
+        at once), and is not taken."""
+        try:
+            when = datetime.fromisoformat(recorded_at.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return ""
+        i = bisect.bisect_left(self._made, 1 - when, key=operator.neg)
+        return self._shas[i] if i < len(self._shas) else ""
 
 
 def note_regions(note_text: str) -> dict[str, str]:
@@ -167,7 +201,9 @@ def export(
                 + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
                 (model,) if model else (),
             )
-            return _write(rows, base, git_head(root), watches() if watches else None, fix_commits)
+            return _write(
+                rows, base, HeadHistory(root), watches() if watches else None, fix_commits
+            )
     except LockHeld as exc:
         holder = f" (pid {exc.holder})" if exc.holder is not None else ""
         raise ReportError(
@@ -181,7 +217,7 @@ def export(
 
 
 def _write(  # noqa: ANN001 - rows: a cursor
-    rows, base: Path, commit: str, watches: Watches | None, fix_commits: dict[int, str]
+    rows, base: Path, head: HeadHistory, watches: Watches | None, fix_commits: dict[int, str]
 ) -> ExportResult:
     """The GATE-REVIEW files and the index, from acceptance rows in (note, gate) order."""
     buf = io.StringIO()
@@ -214,7 +250,7 @@ def _write(  # noqa: ANN001 - rows: a cursor
             "gate_id": gate_id,
             "model_partition": r["model_partition"],
             "gate_hash": git_blob_hash(r["gate_text"]),
-            "recorded_commit": commit,
+            "recorded_commit": head.at(r["accepted_at"]),
             "watched_hash": watched_hash(parsed[1], watch),
             "recorded_at": r["accepted_at"],
         }
