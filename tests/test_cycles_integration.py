@@ -451,6 +451,39 @@ def test_a_review_that_passes_the_note_mended_by_hand_closes_its_escalation(cyc,
     assert json.loads(rq(cyc, "sweep", "--reviewer", "fake", "--json").stdout)["enqueued_jobs"] == 1
 
 
+def test_a_gates_escalations_are_listed_and_decided_together(cyc):
+    """A gate that let every note down (a reviewer miscalibrated for it one night: 222
+    notes of the real KB escalated on one gate) was decided by typing each id, or a
+    --note per note: `--gate` names every open escalation of the gate."""
+    cyc.gate("prose/other-check", ["body"])
+    cyc.note("beta", body="Beta body.\n")
+    escalate(cyc)
+
+    def listed(*args: str) -> list[tuple[str, str]]:
+        out = json.loads(rq(cyc, "escalations", "--json", *args).stdout)["escalations"]
+        return sorted((e["note_path"], e["gate_id"]) for e in out)
+
+    notes = (NOTE, "kb/notes/beta.md")
+    assert listed("--gate", "prose/body-check") == [(n, "prose/body-check") for n in notes]
+    both = rq(cyc, "decide", "--note", NOTE, "--gate", "prose/other-check", "approve")
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.splitlines() == [
+        f"approved: {NOTE} prose/other-check (recorded as a human review)"
+    ]
+    res = rq(cyc, "decide", "--gate", "prose/body-check", "reject")
+    assert res.returncode == 0, res.stderr
+    assert listed() == [("kb/notes/beta.md", "prose/other-check")]
+    gone = rq(cyc, "decide", "--gate", "prose/body-check", "approve")
+    assert gone.returncode == 1
+    assert gone.stderr.strip().splitlines() == [
+        "error: --gate prose/body-check: no open escalation of this gate (open: "
+        "prose/other-check 1)"
+    ]
+    assert rq(cyc, "escalations", "--gate", "prose/body-check").stdout == (
+        "0 open escalation(s) of prose/body-check on 0 note(s)\n"
+    )
+
+
 def test_reject_holds_the_pair_until_the_note_changes(cyc):
     esc = escalate(cyc)
     assert rq(cyc, "decide", str(esc), "reject").returncode == 0

@@ -1366,7 +1366,7 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
         # after the group's look at the state folder (E55).
         (("report", "--since", "1h", "--run", "1"), "error: --since and --run: choose one"),
         (("decide", "1", "redo"), "redo needs --feedback"),
-        (("decide", "approve"), "name escalation ids or --note PATH"),
+        (("decide", "approve"), "name escalation ids, --note PATH or --gate GATE_ID"),
         (("decide", "--fixer", "x", "1", "approve"), "--fixer names the fixer of a redo"),
         (("decide", "0", "approve"), "Invalid value for ESCALATION_ID"),
         # ... and after the settings were read (E56).
@@ -1834,7 +1834,7 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
     "args, says",
     [
         (("1", "aprove"), "Invalid value for DECISION: 'aprove' is not approve, redo or reject"),
-        (("approve",), "name escalation ids or --note PATH"),
+        (("approve",), "name escalation ids, --note PATH or --gate GATE_ID"),
         (("one", "approve"), "Invalid value for ESCALATION_ID: 'one' is not an escalation id"),
         (("--", "-1", "reject"), "'-1' is not an escalation id"),
         # As `job 0` and `logs --job 0`: bad usage, not a refusal ("no escalation 0").

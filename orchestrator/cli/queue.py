@@ -989,14 +989,16 @@ def _doctor_version(adapter, root: Path, runs, head: str, report) -> None:
 
 @cli.command("escalations")
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--gate", default=None, callback=not_blank, help="Only the escalations of this gate.")
 @click.pass_obj
 @refuse_domain_errors
-def escalations_cmd(ws: Workspace, as_json: bool) -> None:
+def escalations_cmd(ws: Workspace, as_json: bool, gate: str | None) -> None:
     """The human's queue: pairs rejected three times (or refuted by an audit), by note.
 
     \b
-    Example:
+    Examples:
       reviewq escalations
+      reviewq escalations --gate prose/unsupported-figures
     """
     from orchestrator.cycles.escalations import (
         by_note,
@@ -1007,7 +1009,7 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
     from orchestrator.state.status import agents_failed
 
     store = ws.read_store()
-    items = open_escalations(store)
+    items = [e for e in open_escalations(store) if gate is None or e.gate_id == gate]
     groups = by_note(items)
     agents = agents_failed([asdict(e) for e in items])
     why_only_reject = only_reject_check(ws)
@@ -1031,12 +1033,17 @@ def escalations_cmd(ws: Workspace, as_json: bool) -> None:
             }
         )
         return
-    for line in escalation_lines(ws, store, items, only, agents):
+    for line in escalation_lines(ws, store, items, only, agents, gate):
         click.echo(line)
 
 
 def _decision(
-    args: tuple[str, ...], note: str | None, feedback: str | None, fixer: str | None, **_: object
+    args: tuple[str, ...],
+    note: str | None,
+    feedback: str | None,
+    fixer: str | None,
+    gate: str | None = None,
+    **_: object,
 ) -> tuple[list[int], str]:
     """decide's escalation ids and decision, read as its line is (:class:`Checked`): a
     call written wrongly is bad usage (exit 2), as click says of a bad option value, and
@@ -1055,8 +1062,8 @@ def _decision(
             ids.append(ESCALATION_ID.convert(raw, None, None))
         except click.BadParameter as exc:
             raise click.BadParameter(exc.message, param_hint="ESCALATION_ID") from None
-    if not ids and not note:
-        raise click.UsageError("name escalation ids or --note PATH")
+    if not ids and not note and not gate:
+        raise click.UsageError("name escalation ids, --note PATH or --gate GATE_ID")
     if fixer and decision != "redo":
         raise click.UsageError(f"--fixer names the fixer of a redo, not of {decision}")
     if decision == "redo" and not (feedback and feedback.strip()):
@@ -1069,6 +1076,12 @@ def _decision(
 @click.argument("args", nargs=-1, required=True, metavar="[ESCALATION_ID]... DECISION")
 @click.option(
     "--note", default=None, callback=not_blank, help="Every open escalation of this note."
+)
+@click.option(
+    "--gate",
+    default=None,
+    callback=not_blank,
+    help="Every open escalation of this gate (with --note: of that note).",
 )
 @click.option(
     "--feedback",
@@ -1085,7 +1098,12 @@ def _decision(
 @click.pass_obj
 @refuse_domain_errors
 def decide_cmd(
-    ws: Workspace, args: tuple[str, ...], note: str | None, feedback: str | None, fixer: str | None
+    ws: Workspace,
+    args: tuple[str, ...],
+    note: str | None,
+    gate: str | None,
+    feedback: str | None,
+    fixer: str | None,
 ) -> None:
     """Answer escalations at once: approve (accept as is), redo (one fix with your asks
     per note), reject. DECISION is approve, redo or reject.
@@ -1095,11 +1113,12 @@ def decide_cmd(
       reviewq decide 3 redo --feedback "Say what 'OA' stands for in the first paragraph."
       reviewq decide --note kb/notes/city-honey.md approve
       reviewq decide 4 5 6 reject
+      reviewq decide --gate prose/unsupported-figures approve
     """
     from orchestrator.control.followup import FollowUp
 
-    ids, decision = _decision(args, note, feedback, fixer)
-    escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer)
+    ids, decision = _decision(args, note, feedback, fixer, gate)
+    escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer, gate)
     if decision == "redo":
         nudge_control(ws)
         from orchestrator.state.status import job as job_row

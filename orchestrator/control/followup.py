@@ -540,15 +540,16 @@ class FollowUp:
         decision: str,
         feedback: str | None,
         fixer: str | None = None,
+        gate: str | None = None,
     ) -> tuple[list[dict], dict[str, int | None]]:
-        """A person's one call on escalations (these ids and/or all of a note's): recorded
-        in one transaction; a redo then queues one fix job per note carrying every gate's
-        findings and the person's asks, by ``fixer`` if given, else the escalation's.
-        Returns the escalations and note → fix job.
+        """A person's one call on escalations (these ids, and all of a note's, a gate's or
+        a note's of a gate): recorded in one transaction; a redo then queues one fix job
+        per note carrying every gate's findings and the person's asks, by ``fixer`` if
+        given, else the escalation's. Returns the escalations and note → fix job.
 
         The decisions and the fix jobs commit together: a redo recorded without its fix
         job would close the escalation and lose the person's asks."""
-        esc_ids = cycles.resolve(self.store, ids, note, self.ws.root)
+        esc_ids = cycles.resolve(self.store, ids, note, self.ws.root, gate)
         if decision == "redo":
             self._one_partition_per_note(esc_ids)
         jobs: dict[str, int | None] = {}

@@ -537,26 +537,73 @@ def by_note(items: list[Escalation]) -> list[tuple[str, list[Escalation]]]:
     return notes_in_order(items, lambda e: e.note_path, lambda e: e.call)
 
 
-def resolve(store: Store, ids: list[int], note: str | None, root: Path | None = None) -> list[int]:
+def resolve(
+    store: Store,
+    ids: list[int],
+    note: str | None,
+    root: Path | None = None,
+    gate: str | None = None,
+) -> list[int]:
     """The escalations a decision settles: these ids, and every open one of ``note`` (as
-    the report prints it, relative to the KB root, or a path to the file from here)."""
-    if not ids and not note:
-        raise DecideError("name escalation ids or --note PATH")
+    the report prints it, relative to the KB root, or a path to the file from here) and
+    of ``gate`` (both: the note's of that gate)."""
+    if not ids and not note and not gate:
+        raise DecideError("name escalation ids, --note PATH or --gate GATE_ID")
     out = list(dict.fromkeys(ids))
-    if note:
-        keys = [note.removeprefix("./")]
-        if root is not None:
-            # Outside the root, or a symlink loop (pathlib's RuntimeError): no match.
-            with contextlib.suppress(ValueError, OSError, RuntimeError):
-                keys.append(Path(note).resolve().relative_to(root.resolve()).as_posix())
-        rows = store.conn.execute(
-            "SELECT id FROM escalations WHERE note_path IN (?, ?) AND decision IS NULL ORDER BY id",
-            (keys[0], keys[-1]),
-        ).fetchall()
+    if note or gate:
+        rows = open_ids(store, _note_keys(note, root) if note else None, gate)
         if not rows:
-            raise DecideError(f"--note {note}: no open escalation for this note")
-        out.extend(r[0] for r in rows if r[0] not in out)
+            raise DecideError(_none_open(store, note, gate))
+        out.extend(r for r in rows if r not in out)
     return out
+
+
+def open_ids(store: Store, notes: list[str] | None, gate: str | None) -> list[int]:
+    """The open escalations of any of ``notes`` (None: any note) and of ``gate`` (None:
+    any gate), by id."""
+    where = ["decision IS NULL"]
+    args: list[str] = []
+    if notes is not None:
+        where.append(f"note_path IN ({', '.join('?' * len(notes))})")
+        args += notes
+    if gate is not None:
+        where.append("gate_id = ?")
+        args.append(gate)
+    return [
+        r[0]
+        for r in store.conn.execute(
+            f"SELECT id FROM escalations WHERE {' AND '.join(where)} ORDER BY id", args
+        )
+    ]
+
+
+def _note_keys(note: str, root: Path | None) -> list[str]:
+    """``--note``'s path as the report prints it, and as a path to the file from here."""
+    keys = [note.removeprefix("./")]
+    if root is not None:
+        # Outside the root, or a symlink loop (pathlib's RuntimeError): no match.
+        with contextlib.suppress(ValueError, OSError, RuntimeError):
+            keys.append(Path(note).resolve().relative_to(root.resolve()).as_posix())
+    return keys
+
+
+def _none_open(store: Store, note: str | None, gate: str | None) -> str:
+    """Why ``--note``/``--gate`` named nothing, with the gates that have open escalations
+    when a gate was named (a typo, or decided already)."""
+    if gate is None:
+        return f"--note {note}: no open escalation for this note"
+    opened = ", ".join(
+        f"{g} {n}"
+        for g, n in store.conn.execute(
+            "SELECT gate_id, count(*) FROM escalations WHERE decision IS NULL "
+            "GROUP BY gate_id ORDER BY gate_id"
+        )
+    )
+    named = f"--note {note} --gate {gate}" if note else f"--gate {gate}"
+    return (
+        f"{named}: no open escalation of this gate{' for this note' if note else ''} "
+        f"(open: {opened or 'none'})"
+    )
 
 
 def escalation_row(store: Store, esc_id: int):
@@ -850,11 +897,13 @@ def escalation_lines(
     items: list[Escalation],
     only: dict[int, str | None],
     agents: list[dict],
+    gate: str | None = None,
 ) -> Iterator[str]:
     """``escalations`` in words: ``items`` by note, each with its report's recommendation
     (from state.db when the file cannot be read), why it is here and the ``decide`` calls
     that answer it. ``only``: :func:`only_reject_check`'s answer by escalation id;
-    ``agents``: those an agent raised (``state.status.agents_failed``)."""
+    ``agents``: those an agent raised (``state.status.agents_failed``); ``gate``: the one
+    gate ``items`` are of, when the person asked for one."""
     groups = by_note(items)
     for note, group in groups:
         yield f"{note}: {len(group)} escalation(s)"
@@ -912,7 +961,10 @@ def escalation_lines(
                 f"reviewq decide {target} {answers}"
             )
     # Its last line, what `| tail` shows: those an agent raised counted apart, as status says.
-    yield (f"{len(items)} open escalation(s) on {len(groups)} note(s)" + raised_by_agents(agents))
+    of = f" of {gate}" if gate else ""
+    yield (
+        f"{len(items)} open escalation(s){of} on {len(groups)} note(s)" + raised_by_agents(agents)
+    )
     for a in agents:
         yield f"  {a['says']}"
 
