@@ -1426,6 +1426,34 @@ def test_a_fixer_writing_the_kb_note_itself_is_refused_and_the_note_kept(
     assert "write" in asked  # it was asked, and refused
 
 
+# Codex's words for a patch its sandbox refused, beside the paths the patch named
+PATCH_REFUSED = (
+    f"the agent's apply_patch to {NOTE} (writing outside of the project), apply_patch to "
+    ".reviewq/worker/attempts/../escaped.md (writing outside of the project) refused by "
+    "Codex's sandbox"
+)
+
+
+# A model outside Codex's catalog is given no apply_patch tool: its patch comes as a
+# command Codex takes for the tool. A catalog model's (gpt-5.5) is the tool's own call.
+@pytest.mark.parametrize("codex_model", ["scripted-codex", "gpt-5.5"])
+def test_a_codex_fixer_s_patch_of_the_kb_note_refused_is_said(netns, model, home, fkb, codex_model):
+    """The Codex fixer patches the KB note in place and adds a file through ``..`` with
+    its own apply_patch, and writes no output: Codex refuses both, saying so in its
+    session log alone (its --json shows neither call, its stderr no path). The attempt
+    said only "exited 0 without writing fixed-note.md"; it names what was refused."""
+    toml = fix_profiles(model, "fixpatch").replace('"scripted-codex"', f'"{codex_model}"')
+    (fkb.root / "reviewq.toml").write_text(toml)
+    out = fix_sweep(netns, home, fkb.root, "codex")
+    assert fkb.read(NOTE).endswith(FIX_NOTE_BODY) and kb_changes(fkb.root) == ""
+    assert not list(fkb.state.rglob("escaped.md"))
+    [esc] = out["escalations"]
+    said = "the fixer failed every attempt: exited 0 without writing fixed-note.md: "
+    assert esc["reason"] == said + PATCH_REFUSED, esc
+    mine = [r for r in model.requests("fixpatch") if str(r.get("arg")).startswith(str(fkb.root))]
+    assert [r["action"] for r in mine].count("patch") == 6  # two an attempt, each refused
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_fixer_writing_beside_its_output_gets_only_its_note_applied(
     netns, model, home, fkb, vendor

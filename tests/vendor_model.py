@@ -32,6 +32,8 @@ that retries a request gets the same answer):
   fixcrlf  … the fixed note is written with a byte order mark and CRLF line ends
   fixidle  … the fixer reads its prompt and says done, writing nothing
   fixfence … the fixed note is written whole inside a ```markdown code fence
+  fixpatch … the fixer reads the KB note, patches it in place and adds a file through
+           ``..``, and no output (Codex: its apply_patch; the others write the files)
   fixthen-auth, fixthen-s429, fixthen-s500 …
            as ``fix``, but the fix's turn after it wrote its output gets that error (a 401
            as ``auth``, the others as ``s429``…): the note written whole, then the outage
@@ -83,7 +85,7 @@ def bundle(prompt: str, fail_on: str | None = None) -> str:
 
 
 def plan(scenario: str, instruction: str, results: list[str]) -> tuple[str, dict | str]:
-    """The next action: ("read", path) | ("write", (path, text)) | ("shell", cmd) |
+    """The next action: ("read", path) | ("write" or "patch", (path, text)) | ("shell", cmd) |
     ("text", words), from the scenario and the tool results the conversation holds."""
     m = _INSTRUCTION.search(instruction)
     if not m:
@@ -123,7 +125,7 @@ _FIX_NOTE = re.compile(r"You are editing one note of a markdown knowledge base: 
 FAIL_WORD = "TODO"  # a fix scenario's review FAILs a note that says it, PASSes one that does not
 FIX_SCENARIOS = (
     "fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop", "fixcrlf", "fixidle",
-    "fixfence",
+    "fixfence", "fixpatch",
 )  # fmt: skip
 HUGE_NOTE_BYTES = 64 * 1024
 
@@ -162,6 +164,14 @@ def fix_steps(scenario: str, root: str, note: str, output: str) -> list[tuple[st
         # Read first, as a model does: Claude's Write refuses a file not read yet on its
         # own, and that refusal had stood in for the permission rules' (no denial said).
         return [("read", f"{root}/{note}"), ("write", (f"{root}/{note}", new)), ("text", "done")]
+    if scenario == "fixpatch":  # Codex's own edit tool, on the note and outside the job folder
+        job = output.rsplit("/", 2)[0]
+        return [
+            ("read", f"{root}/{note}"),
+            ("patch", (f"{root}/{note}", new)),
+            ("patch", (f"{job}/../escaped.md", "escaped through ..\n")),
+            ("text", "done"),
+        ]
     steps: list[tuple[str, object]] = []
     if scenario == "fixout":  # a second file beside the output, and one outside the KB
         job = output.rsplit("/", 2)[0]
@@ -327,11 +337,21 @@ def responses_item(kind: str, arg: object, tools: set[str], n: int) -> dict:
         cmd = f"cat {arg}"
     elif kind == "shell":
         cmd = str(arg)
+    elif kind == "patch":
+        path, text = arg  # type: ignore[misc]
+        patch = apply_patch(path, text)
+        if "apply_patch" in tools:  # the freeform tool a catalog model is given
+            return {"type": "custom_tool_call", "id": f"ctc_{n}", "call_id": f"call_{n}",
+                    "name": "apply_patch", "input": patch}  # fmt: skip
+        # Any other model's: Codex takes the command for its own tool and applies it itself
+        cmd = f"apply_patch <<'REVIEWQ_EOF'\n{patch}REVIEWQ_EOF\n"
     else:
         path, text = arg  # type: ignore[misc]
         cmd = f"cat > {path} <<'REVIEWQ_EOF'\n{text}REVIEWQ_EOF\n"
     if "exec_command" in tools:  # Codex 0.16x: unified exec
         name, args = "exec_command", {"cmd": cmd, "login": False}
+    elif "shell_command" in tools:  # a catalog model's (gpt-5.5) shell: one string
+        name, args = "shell_command", {"command": cmd, "login": False}
     else:
         name, args = "shell", {"command": ["bash", "-c", cmd]}
     return {
@@ -341,6 +361,23 @@ def responses_item(kind: str, arg: object, tools: set[str], n: int) -> dict:
         "name": name,
         "arguments": json.dumps(args),
     }
+
+
+def apply_patch(path: str, text: str) -> str:
+    """Codex's patch that makes ``path`` hold ``text``: the file's lines replaced, or the
+    file added when there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+    except OSError:
+        old = None
+    if old is None:
+        body = f"*** Add File: {path}\n" + "".join(f"+{line}\n" for line in text.splitlines())
+    else:
+        body = f"*** Update File: {path}\n@@\n"
+        body += "".join(f"-{line}\n" for line in old.splitlines())
+        body += "".join(f"+{line}\n" for line in text.splitlines())
+    return f"*** Begin Patch\n{body}*** End Patch\n"
 
 
 # --- Gemini -------------------------------------------------------------------------------
@@ -521,6 +558,8 @@ class Handler(BaseHTTPRequestHandler):
         kind, arg = plan(
             "fix" if scenario.startswith("fixthen-") else scenario, instruction, results
         )
+        if kind == "patch" and api != "responses":
+            kind = "write"  # a patch tool is Codex's alone
         n = self._record(
             method="POST",
             scenario=scenario,
@@ -528,7 +567,7 @@ class Handler(BaseHTTPRequestHandler):
             api=api,
             step=len(results),
             action=kind,
-            arg=arg if kind != "write" else arg[0],  # type: ignore[index]
+            arg=arg if kind not in ("write", "patch") else arg[0],  # type: ignore[index]
             results=[r[:300] for r in results],
             tools=sorted(self._tools(api, body)),
         )

@@ -264,20 +264,25 @@ class CodexReviewer(Reviewer):
     def _from_session(self, t: Telemetry, root: Path) -> list[str]:
         """Turns and tokens from Codex's session log, when it can be found: it counts every
         model response, refused tool calls and runs killed before their end included. It
-        returns the agent's commands the sandbox refused a path (its --json stream leaves
-        out a failed command at times; the log has each command's output)."""
+        returns the agent's commands the sandbox refused a path, and its patches refused
+        (its --json stream leaves out a failed command at times and a refused patch always,
+        and its stderr names no path of one; the log has each call and its output)."""
         path = self._session_log(t.session_id)
         if path is None:
             return []
         turns, total, refused = 0, None, []
+        patches: dict[str, list[str]] = {}  # a call's patched paths, for its output
         for rec in json_objects(path):
             payload = rec.get("payload") if isinstance(rec.get("payload"), dict) else {}
+            kind = payload.get("type") if rec.get("type") == "response_item" else None
             if rec.get("type") == "token_usage_record":
                 turns += 1
-            elif (
-                rec.get("type") == "response_item" and payload.get("type") == "function_call_output"
-            ):
-                refused += _sandbox_refused(root, payload.get("output"))
+            elif kind in ("function_call", "custom_tool_call"):
+                patches[str(payload.get("call_id"))] = _patched(payload)
+            elif kind in ("function_call_output", "custom_tool_call_output"):
+                output = payload.get("output")
+                refused += _sandbox_refused(root, output)
+                refused += _patch_refused(root, patches.get(str(payload.get("call_id"))), output)
             elif rec.get("type") == "event_msg" and payload.get("type") == "token_count":
                 info = payload.get("info")
                 if isinstance(info, dict) and isinstance(info.get("total_token_usage"), dict):
@@ -592,6 +597,41 @@ def _sandbox_refused(root: Path, output: object) -> list[str]:
         f"command on {path.removeprefix(under)} ({words})"
         for path, words in _SANDBOX_SAYS.findall(output)
     ]
+
+
+# The files a patch names (Codex's apply_patch format): "*** Update File: /kb/notes/a.md".
+_PATCH_FILES = re.compile(r"^\*\*\* (?:(?:Add|Update|Delete) File|Move to): (.+?)\s*$", re.M)
+# Codex's output for a patch it refused: "patch rejected: writing outside of the project;
+# rejected by user approval settings" (exec never asks a person, so nothing is approved).
+_PATCH_REJECTED = re.compile(r"^patch rejected(?:: ([^;\n]+))?")
+
+
+def _patched(call: dict) -> list[str]:
+    """The files a call of the agent patches: the apply_patch tool's input (a catalog
+    model's), or an ``apply_patch`` command (any model's: Codex takes it for the tool)."""
+    text = call.get("input")
+    if not isinstance(text, str):
+        try:
+            args = json.loads(str(call.get("arguments")))
+        except ValueError:
+            args = None
+        said = args.values() if isinstance(args, dict) else ()
+        text = "\n".join(
+            w for v in said for w in (v if isinstance(v, list) else [v]) if isinstance(w, str)
+        )
+    return _PATCH_FILES.findall(text)
+
+
+def _patch_refused(root: Path, paths: list[str] | None, output: object) -> list[str]:
+    """The files of a patch Codex refused (its output says so), each said as a call."""
+    m = _PATCH_REJECTED.match(output) if isinstance(output, str) else None
+    if m is None:
+        return []
+    under = str(root.resolve()) + "/"
+    why = f" ({m.group(1).strip()})" if m.group(1) else ""
+    if not paths:
+        return [f"apply_patch{why}"]
+    return [f"apply_patch to {p.removeprefix(under)}{why}" for p in paths]
 
 
 def _message(ev: dict) -> str | None:
