@@ -1400,11 +1400,11 @@ def fix_jobs(root: Path) -> list[dict]:
 
 
 # How each CLI's refusal of the fixer's write over the KB note is said (Gemini's stderr
-# names the tool, not the file).
+# names the tool alone; its chat log, the file too).
 REFUSED_WRITE = {
     "claude": f"the agent's Write to {NOTE} refused by Claude Code's permissions",
     "codex": f"the agent's command on {NOTE} (Read-only file system) refused by Codex's sandbox",
-    "gemini": "the agent's write_file refused by Gemini CLI's policy",
+    "gemini": f"the agent's write_file to {NOTE} refused by Gemini CLI's policy",
 }
 
 

@@ -49,8 +49,10 @@ from .vendor import (
 _CHATTER = re.compile(r"^(Warning: 256-color|Ripgrep is not available|Loaded cached credentials)")
 
 # Gemini's words for a tool call reviewq's policy denied (a write outside the job folder:
-# a fixer's over the KB note); they name the tool, not the file.
-_DENIED = re.compile(r"^Error executing tool (\w+): Tool execution denied by policy", re.M)
+# a fixer's over the KB note), as its chat log keeps them in the call's result; on stderr
+# they name the tool, not the file.
+_DENIED_WORDS = "Tool execution denied by policy"
+_DENIED = re.compile(rf"^Error executing tool (\w+): {_DENIED_WORDS}", re.M)
 
 # Gemini's words when the model calls a file tool its registry lacks.
 _NO_WRITE_TOOL = re.compile(r'Tool "(?:write_file|replace)" not found')
@@ -182,8 +184,27 @@ class GeminiReviewer(Reviewer):
             )
             t.failure = "config"
         elif t.error is None and t.failure is None:
-            t.error = refused_said(_DENIED.findall(_head(spec.stderr_path)), "Gemini CLI's policy")
+            t.error = refused_said(self._denied(spec), "Gemini CLI's policy")
         return t
+
+    def _denied(self, spec: AttemptSpec) -> list[str]:
+        """The tool calls Gemini's policy denied, each with the file it named: its chat log
+        keeps each call's args and result; its stderr names the tool alone, which is said
+        when the log cannot be read."""
+        log, _ = self._chat_log(spec, self._project(spec)[1])
+        calls = _tool_calls(log) if log is not None else None
+        if calls is None:
+            return _DENIED.findall(_head(spec.stderr_path))
+        under = str(spec.root.resolve()) + "/"
+        said = []
+        for call in calls.values():
+            if _DENIED_WORDS not in json.dumps(call.get("result"), ensure_ascii=False):
+                continue
+            args = call.get("args") if isinstance(call.get("args"), dict) else {}
+            path = args.get("file_path")
+            what = str(call.get("name") or "a tool")
+            said.append(what + (f" to {path.removeprefix(under)}" if isinstance(path, str) else ""))
+        return said
 
     def _telemetry(self, spec: AttemptSpec) -> Telemetry:
         docs = [
@@ -247,13 +268,12 @@ class GeminiReviewer(Reviewer):
         # (an edit since would differ rightly), and only a log that could be read speaks.
         log, _ = self._chat_log(spec, self._project(spec)[1])
         target = spec.output_path.resolve()
-        calls: dict[str, tuple[str, object]] = {}  # a call is written again as it grows
-        for m in _model_messages(log) if log is not None else ():
-            for call in m.get("toolCalls") if isinstance(m.get("toolCalls"), list) else []:
-                args = call.get("args") if isinstance(call, dict) else None
-                path = args.get("file_path") if isinstance(args, dict) else None
-                if isinstance(path, str) and (spec.job_dir / path).resolve() == target:
-                    calls[str(call.get("id"))] = (str(call.get("name")), args.get("content"))
+        calls: dict[str, tuple[str, object]] = {}
+        for key, call in (_tool_calls(log) if log is not None else {}).items():
+            args = call.get("args")
+            path = args.get("file_path") if isinstance(args, dict) else None
+            if isinstance(path, str) and (spec.job_dir / path).resolve() == target:
+                calls[key] = (str(call.get("name")), args.get("content"))
         if not calls or any(name != "write_file" for name, _ in calls.values()):
             return None
         meant = list(calls.values())[-1][1]
@@ -481,6 +501,17 @@ def _model_messages(log: Path) -> Iterator[dict]:
         for m in [*messages, rec]:
             if isinstance(m, dict) and m.get("type") == "gemini":
                 yield m
+
+
+def _tool_calls(log: Path) -> dict[str, dict]:
+    """The model's tool calls in a chat log by id, each in its last state: a call is
+    written again as it grows (its result, its status)."""
+    calls: dict[str, dict] = {}
+    for m in _model_messages(log):
+        for call in m.get("toolCalls") if isinstance(m.get("toolCalls"), list) else []:
+            if isinstance(call, dict):
+                calls[str(call.get("id"))] = call
+    return calls
 
 
 def _written(path: Path) -> tuple[float, str]:
