@@ -2135,6 +2135,9 @@ def test_openai_fixer_that_wraps_the_note_in_chatter_gives_the_note(kb2, monkeyp
             "\ufeff---\ntitle: A\n---\nBody, fixed.\n```md\n---\nx: 1\n---\n```\n",
             "answer",
         ),
+        # A note without frontmatter fenced whole: left for the fix's checks, which refuse
+        # it whatever the kind (it may be one code block), as they do a CLI's file.
+        ("# A\n\nBody.\n", "```markdown\n# A\n\nFixed.\n```\n", "answer"),
         # A chat-wrapped answer for a note with frontmatter: the block is the note.
         ("---\ntitle: A\n---\nBody.\n", "Here:\n```md\n---\ntitle: A\n---\nFixed.\n```\n", "block"),
     ],

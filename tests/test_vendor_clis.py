@@ -1656,20 +1656,15 @@ def test_a_fixer_whose_endpoint_fails_after_it_wrote_the_note_has_nothing_applie
     assert reasons[1].startswith("fixed-note.md is not applied: the fixer did not end cleanly")
 
 
-@pytest.mark.parametrize("frontmatter", [False, True], ids=["bare", "frontmatter"])
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_fixer_s_note_wrapped_in_a_code_fence_is_never_applied(
-    netns, model, home, fkb, vendor, frontmatter
-):
+def test_a_fixer_s_note_wrapped_in_a_code_fence_is_never_applied(netns, model, home, fkb, vendor):
     """The fixer writes its note inside a ```markdown fence, though the prompt says no
-    fences. A note without frontmatter was applied so, committed and re-reviewed to PASS:
-    the whole note turned into a code block. One with frontmatter was refused as having
-    none, which never named the fence. Each attempt is the fixer's invalid output naming
-    it, and nothing reaches the KB."""
-    if not frontmatter:
-        (fkb.root / NOTE).write_text(FIX_NOTE_BODY)
-        subprocess.run(["git", "-C", str(fkb.root), "-c", "user.name=t", "-c",
-                        "user.email=t@example.org", "commit", "-qam", "the KB"], check=True)  # fmt: skip
+    fences, of a note without frontmatter (which may be one code block, so its fence is
+    not taken off): before B41 it was applied so, committed and re-reviewed to PASS. Each
+    attempt is the fixer's invalid output naming the fence, and nothing reaches the KB."""
+    (fkb.root / NOTE).write_text(FIX_NOTE_BODY)
+    subprocess.run(["git", "-C", str(fkb.root), "-c", "user.name=t", "-c",
+                    "user.email=t@example.org", "commit", "-qam", "the KB"], check=True)  # fmt: skip
     given = fkb.read(NOTE)
     (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixfence"))
     out = fix_sweep(netns, home, fkb.root, vendor)
@@ -1683,6 +1678,25 @@ def test_a_fixer_s_note_wrapped_in_a_code_fence_is_never_applied(
     [fix] = fix_jobs(fkb.root)
     outcomes = rows(fkb.root, "SELECT outcome FROM attempts WHERE job_id = ?", fix["id"])
     assert [a["outcome"] for a in outcomes] == ["invalid-output"] * 3
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_fixer_s_note_with_frontmatter_wrapped_in_a_code_fence_is_applied_without_it(
+    netns, model, home, fkb, vendor
+):
+    """The same fence around a note with frontmatter, which no note starts with: the
+    note inside it is the fixer's, as the `openai` kind's answer so wrapped is taken. It
+    was refused from a CLI, three attempts and an escalation, where the `openai` kind's
+    was applied; it is applied, committed and re-reviewed."""
+    (fkb.root / "reviewq.toml").write_text(fix_profiles(model, "fixfence"))
+    out = fix_sweep(netns, home, fkb.root, vendor)
+    assert out["escalations"] == [], out
+    assert fkb.read(NOTE).endswith("---\n# Alpha\n\nAlpha body. done\n")
+    assert "```" not in fkb.read(NOTE)
+    assert [f["result"] for f in fix_jobs(fkb.root)] == ["applied"]
+    assert git_log(fkb.root)[:2] == [f"reviewq fix: {NOTE} (prose/body-check)", NOTE]
+    [acc] = rows(fkb.root, "SELECT decision FROM acceptance")
+    assert acc["decision"] == "PASS"
 
 
 def test_a_gemini_fixer_whose_cli_rewrites_the_note_s_escapes_has_nothing_applied(

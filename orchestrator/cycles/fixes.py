@@ -349,14 +349,25 @@ def _controls_added(new: str, given: str) -> list[str]:
 _OPENING_FENCE = re.compile(r"(`{3,}|~{3,})[ \t]*([^`\s]*)[ \t]*")
 
 
-def _fenced_whole(text: str) -> tuple[str, str] | None:
+def _fenced_whole(text: str) -> tuple[str, str, str] | None:
     """The opening and closing lines of a code fence around the whole of ``text``, its
-    first line to its last (a note given back fenced), or None."""
-    lines = text.removeprefix("\ufeff").strip().splitlines()
-    opening = _OPENING_FENCE.fullmatch(lines[0]) if len(lines) >= 2 else None
+    first line to its last (a note given back fenced), and the text inside; or None."""
+    lines = text.removeprefix("\ufeff").strip().splitlines(keepends=True)
+    opening = _OPENING_FENCE.fullmatch(lines[0].strip()) if len(lines) >= 2 else None
     if opening is None or lines[-1].strip() != opening.group(1):
         return None
-    return lines[0].strip(), opening.group(1)
+    return lines[0].strip(), opening.group(1), "".join(lines[1:-1])
+
+
+def _unfenced(text: str, given: str) -> str:
+    """The fixer's text, or the note inside a fence around it all when the given note
+    starts with frontmatter and is not so fenced: no such note starts with a fence, so the
+    fence is a chat model's wrapping (the `openai` agent takes its answer's so), while a
+    note without frontmatter may be one code block, and is judged as written."""
+    fence = _fenced_whole(text)
+    if fence is None or _fenced_whole(given) is not None or not _has_frontmatter(given):
+        return text
+    return fence[2] if _has_frontmatter(fence[2]) else text
 
 
 def _has_frontmatter(text: str) -> bool:
@@ -385,7 +396,7 @@ def apply_fix(
         (job["id"],),
     ).fetchone()[0]
     try:
-        new_text = in_the_notes_form(decode(output), given)
+        new_text = in_the_notes_form(_unfenced(decode(output), given), given)
         new_block, _ = split_frontmatter(new_text)
         parse_note_text(new_text)
     except NoteParseError as exc:
@@ -393,7 +404,8 @@ def apply_fix(
     if (fence := _fenced_whole(new_text)) is not None and _fenced_whole(given) is None:
         # A chat model's habit, though the prompt asks for no fences: applied, a note
         # without frontmatter became one code block (re-reviewed, and committed, so);
-        # one with it was refused as having none, a reason the retry could not act on.
+        # one whose fence holds no frontmatter the note had was refused as having none,
+        # a reason the retry could not act on (one that holds it is taken: _unfenced).
         return FixResult(
             "invalid",
             f"the fixed note is wrapped in a code fence ({fence[0]} … {fence[1]}): "
