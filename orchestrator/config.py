@@ -531,6 +531,10 @@ _CONFINED = "a flag that lifts reviewq's confinement of the agent (docs/CONTRACT
 # Claude goes on with a session already in the folder it runs in under that session's
 # id: with --kb, the person's, whose transcript `forget` then removed with the attempt's.
 _SESSION = "a flag that names the session (with --kb, a person's, forgotten with the attempt)"
+# Codex's session log is where reviewq reads a killed run's tokens and the calls Codex
+# refused (its --json shows neither): a run without one had a fixer's refused patch of the
+# KB note said as a bare no-output. reviewq removes the log itself (forget).
+_RECORD = "a flag that keeps no session log of the run, where reviewq reads its tokens and the calls Codex refused"
 # A vendor CLI's flags args may not give, and why. Profile args come last, so a later
 # flag won over reviewq's: reviews made by another model were recorded under the
 # profile's partition, or an agent wrote where reviewq keeps it out (the KB).
@@ -564,6 +568,7 @@ _OWN_FLAGS = {
         "--dangerously-bypass-approvals-and-sandbox": _CONFINED,
         "--cd": _CONFINED,
         "-C": _CONFINED,
+        "--ephemeral": _RECORD,
     },
     "gemini": {
         "--model": _MODEL,

@@ -266,6 +266,13 @@ BAD = [
         "[reviewers.x] args",
         "'--enable hooks' is a flag that lifts reviewq's confinement",
     ),
+    # ... and a Codex run that keeps no session log, where reviewq reads a killed run's
+    # tokens and the calls Codex refused (a fixer's patch of the KB note went unsaid).
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--ephemeral"]\n',
+        "[reviewers.x] args",
+        "'--ephemeral' is a flag that keeps no session log of the run",
+    ),
     (
         '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["-dy"]\n',
         "[reviewers.x] args",
