@@ -1454,6 +1454,26 @@ def test_a_codex_fixer_s_patch_of_the_kb_note_refused_is_said(netns, model, home
     assert [r["action"] for r in mine].count("patch") == 6  # two an attempt, each refused
 
 
+@pytest.mark.parametrize("codex_model", ["scripted-codex", "gpt-5.5"])
+def test_a_codex_fixer_writing_its_note_with_apply_patch_has_it_applied(
+    netns, model, home, fkb, codex_model
+):
+    """Codex's instructions tell its models to make every edit with apply_patch: the
+    fixer adds its output so, of a note whose lines end in blanks and whose last has no
+    line end, and the fix is applied as the model gave it, committed and re-reviewed."""
+    (fkb.root / NOTE).write_text("---\ntitle: Alpha\n---\nTwo blanks.  \n\tAlpha TODO\n\nLast")
+    subprocess.run(["git", "-C", str(fkb.root), "-c", "user.name=t", "-c",
+                    "user.email=t@example.org", "commit", "-qam", "the KB"], check=True)  # fmt: skip
+    toml = fix_profiles(model, "fixpatchout").replace('"scripted-codex"', f'"{codex_model}"')
+    (fkb.root / "reviewq.toml").write_text(toml)
+    out = fix_sweep(netns, home, fkb.root, "codex")
+    assert out["escalations"] == [], out
+    assert fkb.read(NOTE) == "---\ntitle: Alpha\n---\nTwo blanks.  \n\tAlpha done\n\nLast"
+    assert [f["result"] for f in fix_jobs(fkb.root)] == ["applied"]
+    [acc] = rows(fkb.root, "SELECT decision FROM acceptance")
+    assert acc["decision"] == "PASS"
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_fixer_writing_beside_its_output_gets_only_its_note_applied(
     netns, model, home, fkb, vendor

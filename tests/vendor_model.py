@@ -34,6 +34,7 @@ that retries a request gets the same answer):
   fixfence … the fixed note is written whole inside a ```markdown code fence
   fixpatch … the fixer reads the KB note, patches it in place and adds a file through
            ``..``, and no output (Codex: its apply_patch; the others write the files)
+  fixpatchout … the fixer adds its output with a patch (Codex: its apply_patch)
   fixthen-auth, fixthen-s429, fixthen-s500 …
            as ``fix``, but the fix's turn after it wrote its output gets that error (a 401
            as ``auth``, the others as ``s429``…): the note written whole, then the outage
@@ -125,7 +126,7 @@ _FIX_NOTE = re.compile(r"You are editing one note of a markdown knowledge base: 
 FAIL_WORD = "TODO"  # a fix scenario's review FAILs a note that says it, PASSes one that does not
 FIX_SCENARIOS = (
     "fix", "fixkb", "fixout", "fixsame", "fixhuge", "fixnofm", "fixdrop", "fixcrlf", "fixidle",
-    "fixfence", "fixpatch",
+    "fixfence", "fixpatch", "fixpatchout",
 )  # fmt: skip
 HUGE_NOTE_BYTES = 64 * 1024
 
@@ -172,6 +173,8 @@ def fix_steps(scenario: str, root: str, note: str, output: str) -> list[tuple[st
             ("patch", (f"{job}/../escaped.md", "escaped through ..\n")),
             ("text", "done"),
         ]
+    if scenario == "fixpatchout":  # Codex's own edit tool writes the output
+        return [("patch", (output, new)), ("text", "done")]
     steps: list[tuple[str, object]] = []
     if scenario == "fixout":  # a second file beside the output, and one outside the KB
         job = output.rsplit("/", 2)[0]
