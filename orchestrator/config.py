@@ -534,7 +534,10 @@ _SESSION = "a flag that names the session (with --kb, a person's, forgotten with
 # Codex's session log is where reviewq reads a killed run's tokens and the calls Codex
 # refused (its --json shows neither): a run without one had a fixer's refused patch of the
 # KB note said as a bare no-output. reviewq removes the log itself (forget).
-_RECORD = "a flag that keeps no session log of the run, where reviewq reads its tokens and the calls Codex refused"
+_RECORD = (
+    "a flag that keeps no session log of the run, where reviewq reads its tokens and the "
+    "calls Codex refused"
+)
 # A vendor CLI's flags args may not give, and why. Profile args come last, so a later
 # flag won over reviewq's: reviews made by another model were recorded under the
 # profile's partition, or an agent wrote where reviewq keeps it out (the KB).

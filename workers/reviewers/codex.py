@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .base import (
     OUTPUT_LIMIT,
+    UNREADABLE,
     AttemptSpec,
     Command,
     Reviewer,
@@ -613,7 +614,7 @@ def _patched(call: dict) -> list[str]:
     if not isinstance(text, str):
         try:
             args = json.loads(str(call.get("arguments")))
-        except ValueError:
+        except UNREADABLE:
             args = None
         said = args.values() if isinstance(args, dict) else ()
         text = "\n".join(

@@ -198,7 +198,9 @@ class GeminiReviewer(Reviewer):
         under = str(spec.root.resolve()) + "/"
         said = []
         for call in calls.values():
-            if _DENIED_WORDS not in json.dumps(call.get("result"), ensure_ascii=False):
+            # An error's words alone: a file read that quotes them is no refusal.
+            said_so = _DENIED_WORDS in json.dumps(call.get("result"), ensure_ascii=False)
+            if call.get("status") != "error" or not said_so:
                 continue
             args = call.get("args") if isinstance(call.get("args"), dict) else {}
             path = args.get("file_path")
