@@ -155,16 +155,17 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
             terminalreporter.write_line(f"{test}: {', '.join(paths)}")
 
 
-def spend(store: Store, job_id: int, usd: float) -> None:
+def spend(store: Store, job_id: int, usd: float, attempt: int = 1) -> None:
     """A first attempt of job ``job_id`` that cost ``usd`` (an invalid output): what a
-    budget test spends of a sweep run's budget without running an agent."""
+    budget test spends of a sweep run's budget without running an agent. ``attempt``: a
+    number of its own, for a job a real control dispatches afterwards (its attempt 1)."""
     from orchestrator.state.store import utcnow
 
     with store.write():
         store.conn.execute(
             "INSERT INTO attempts (job_id, attempt, outcome, started_at, ended_at, cost_usd) "
-            "VALUES (?, 1, 'invalid-output', ?, ?, ?)",
-            (job_id, utcnow(), utcnow(), usd),
+            "VALUES (?, ?, 'invalid-output', ?, ?, ?)",
+            (job_id, attempt, utcnow(), utcnow(), usd),
         )
 
 

@@ -4168,6 +4168,25 @@ def test_a_budget_is_lowered_only_on_the_runs_its_entry_takes_over(kb):
     ]
 
 
+def test_a_sweep_by_name_says_in_its_json_the_jobs_it_took_over_from_a_spent_run(kb):
+    """N18 counted a spent run's jobs a run takes over in `enqueue`'s line and JSON and in
+    the sweep's summary; `sweep --json` had no `taken_over`: a script reading it saw
+    `enqueued_jobs: 0` of a run that had taken 2 jobs over and run them."""
+    from orchestrator.state.workspace import Workspace
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = 0.5\n')
+    first = json.loads(rq(kb, "enqueue", "--name", "nightly", "--json").stdout)
+    assert len(first["jobs"]) == 2
+    ws = Workspace.open(kb.root)
+    spend(ws.store, first["jobs"][0]["review_job_id"], 0.5, attempt=99)
+    ws.close()
+    res = rq(kb, "sweep", "--name", "nightly", "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert (out["enqueued_jobs"], out["taken_over"], out["progress"]["done"]) == (0, 2, 2), out
+
+
 def test_status_in_a_shell_off_the_controls_zone_says_which_clock_the_crons_run_on(kb):
     """A control under systemd reads /etc/localtime (UTC on most servers); the operator's
     shell has TZ=Europe/Berlin. `0 2 * * *` fired at 03:00 on their clock, and nothing

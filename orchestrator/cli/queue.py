@@ -356,6 +356,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
                 "sweep_run": out.enqueued.run_id,
                 "enqueued_jobs": len(out.enqueued.jobs),
                 "skipped": len(out.enqueued.skipped),
+                "taken_over": sum(out.enqueued.taken_over.values()),
                 "files_not_reviewed": [asdict(p) for p in out.enqueued.problems],
                 "notes_excluded": out.enqueued.excluded,
                 "progress": out.progress.__dict__,
