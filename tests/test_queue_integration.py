@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import markupsafe
@@ -4059,6 +4059,29 @@ def test_a_cron_sweep_whose_scope_holds_no_pair_logs_it(kb):
     ]
     ran = [e for e in log_lines(kb) if e["event"] == "sweep.enqueued"]
     assert sorted((e["sweep"], e["jobs"]) for e in ran) == [("all", 0), ("defs", 0)]
+
+
+def test_a_late_cron_run_names_the_cron_minute_it_stands_for(kb):
+    """A control down at 03:00 and back at 03:04 runs the `0 3 * * *` entry late (within
+    LATE); its `sweep.enqueued` line said only its tick's time, so a person grepping the
+    log for the 03:00 run found a run of 03:04 no cron names (`sweep.missed` and
+    `sweep.failed` name the cron minute)."""
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 58).astimezone())  # the clock starts
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 4, 30).astimezone())  # back late
+    ws.close()
+    three = datetime(2026, 1, 2, 3, 0).astimezone()
+    (said,) = [e for e in log_lines(kb) if e["event"] == "sweep.enqueued"]
+    assert (said["jobs"], said["trigger"]) == (2, "cron")
+    assert said["at"] == three.astimezone(UTC).isoformat().replace("+00:00", "Z"), said
+    assert said["wall"] == three.isoformat(timespec="minutes"), said
 
 
 def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_control_restarts(

@@ -157,10 +157,12 @@ def enqueue(
     just_reviewed: Collection[tuple[str, str]] = (),
     also: Callable[[], None] | None = None,
     committed: Callable[[list[int]], None] | None = None,
+    cron_minute: datetime | None = None,
 ) -> EnqueueResult:
-    """:func:`_enqueue`, then the memory its selection and packing took given back."""
+    """:func:`_enqueue`, then the memory its selection and packing took given back.
+    ``cron_minute``: the minute a cron run stands for, which its log line names."""
     try:
-        return _enqueue(ws, req, run_id, just_reviewed, also, committed)
+        return _enqueue(ws, req, run_id, just_reviewed, also, committed, cron_minute)
     finally:
         give_back_memory()
 
@@ -190,6 +192,7 @@ def _enqueue(
     just_reviewed: Collection[tuple[str, str]],
     also: Callable[[], None] | None,
     committed: Callable[[list[int]], None] | None,
+    cron_minute: datetime | None = None,
 ) -> EnqueueResult:
     """Select, create and record queued jobs for one sweep run. Pairs already queued or
     running, and pairs held for a human (escalated), are skipped and counted. With
@@ -335,6 +338,9 @@ def _enqueue(
             counts=counts,
             excluded=selection.excluded,
             **({"taken_over": taken_over} if taken_over else {}),
+            # A run late (a control back at 03:04) stands for its cron minute all the
+            # same: said by the tick's time alone, the 03:00 run was one no cron names.
+            **({"at": _at(cron_minute), "wall": _wall(cron_minute)} if cron_minute else {}),
         )
         for p in selection.problems:
             logs.get().warning("kb.file_skipped", path=p.path, reason=p.reason)
@@ -679,7 +685,7 @@ def due_sweeps(
                     "the control process was away then (its machine suspended or paused, "
                     "the process stopped, or its clock stepped forward)"
                 )
-            at = fired.astimezone(UTC).isoformat().replace("+00:00", "Z")
+            at = _at(fired)
             logs.get().warning(
                 "sweep.missed",
                 sweep=sweep.name,
@@ -814,6 +820,11 @@ def _not_run_words(n: dict) -> str:
     )
 
 
+def _at(fired: datetime) -> str:
+    """A cron minute in UTC (``2026-01-01T21:30:00Z``), as the log and `status` say it."""
+    return fired.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _wall(fired: datetime) -> str:
     """A cron minute as the control's clock read it (``2026-01-02T03:00+05:30``): how its
     `[[sweeps]]` entry names it, which `status` may read on another clock."""
@@ -842,6 +853,7 @@ def enqueue_due_sweeps(
                 # The clock moves with the run: moved after it, a control killed between
                 # the two commits ran the sweep again once restarted.
                 also=functools.partial(cron_fired, ws, sweep.name, now),
+                cron_minute=fired,
             )
             _retrying.pop(retrying, None)
         except (sqlite3.OperationalError, OSError) as exc:
@@ -857,7 +869,7 @@ def enqueue_due_sweeps(
                 error=error,
                 recovery="the sweep runs again at its next matching minute",
             )
-            at = (fired or now).astimezone(UTC).isoformat().replace("+00:00", "Z")
+            at = _at(fired or now)
             failed = {
                 "event": "sweep.failed",
                 "at": at,
