@@ -4084,6 +4084,34 @@ def test_a_late_cron_run_names_the_cron_minute_it_stands_for(kb):
     assert said["wall"] == three.isoformat(timespec="minutes"), said
 
 
+def test_a_cron_sweep_whose_notes_cannot_be_read_does_not_blame_its_gates_or_folders(kb):
+    """N15's `sweep.selects_nothing` said "no note in its scope has a gate it selects (a
+    folder emptied, a gate's requires_type …)" of an entry whose notes are all there but
+    could not be read (broken YAML, beside it in `kb.file_skipped`): the person went looking
+    at the folder and the gates, not at the notes."""
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write("kb/notes/pests/mites.md", "---\ntitle: [unclosed\n---\nVarroa.\n")
+    kb.write("kb/notes/pests/wax.md", "---\ntitle: Wax moth\n")  # never closed
+    kb.write(
+        "reviewq.toml",
+        '[[sweeps]]\nname = "pests"\ncron = "0 3 * * *"\nnotes = ["kb/notes/pests"]\n',
+    )
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())  # the clock starts
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    ws.close()
+    skipped = [e["path"] for e in log_lines(kb) if e["event"] == "kb.file_skipped"]
+    assert sorted(skipped) == ["kb/notes/pests/mites.md", "kb/notes/pests/wax.md"]
+    (said,) = [e for e in log_lines(kb) if e["event"] == "sweep.selects_nothing"]
+    assert said["reason"].startswith("2 file(s) in its scope could not be read"), said
+    assert "folder emptied" not in said["reason"] and said["files_skipped"] == 2
+
+
 def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_control_restarts(
     kb,
 ):

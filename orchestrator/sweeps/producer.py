@@ -347,14 +347,28 @@ def _enqueue(
         if req.trigger == "cron" and not any(counts.values()):
             # No pair in its scope, fresh or stale: a command's "0 pair(s)" is read by the
             # person who ran it, a cron run's zeros by no one, every night.
+            reason = (
+                "no note in its scope has a gate it selects (a folder emptied, a gate's "
+                "requires_type or requires_trait no note there meets)"
+            )
+            # The catalog's invalid gates are said by every selection, of any scope: the
+            # files of its own scope that could not be read are the others.
+            invalid = {p.path for p in ws.catalog().problems}
+            unread = [p for p in selection.problems if p.path not in invalid]
+            if unread:
+                # Its notes there, unread (broken YAML…): blaming the folder and the gates
+                # sent the person looking at what was right.
+                reason = (
+                    f"{len(unread)} file(s) in its scope could not be read (kb.file_skipped "
+                    "names each, and why), and no note read there has a gate it selects"
+                )
             logs.get().warning(
                 "sweep.selects_nothing",
                 sweep=req.name,
                 select=list(req.selectors) or "all gates",
                 notes=list(options.get("notes") or []) or "all notes",
-                reason="no note in its scope has a gate it selects (a folder emptied, a "
-                "gate's requires_type or requires_trait no note there meets): its runs "
-                "enqueue nothing until the entry or the KB changes",
+                reason=f"{reason}: its runs enqueue nothing until the entry or the KB changes",
+                **({"files_skipped": len(unread)} if unread else {}),
             )
         if known:
             # A command says it as its hint; the sweep the control fires, only here.
