@@ -4160,6 +4160,45 @@ def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_co
         assert kept.fetchone()[0] == 1.0
 
 
+def test_a_lowered_budget_raised_again_gives_the_open_run_its_budget_back(kb):
+    """`budget_usd` lowered mid-run held the cron run (N17); the person, having found why it
+    spent fast, put the $1 back and sent the control SIGHUP: the run stayed held at the
+    $0.02 no line of reviewq.toml said any more, its 7 jobs waiting for the next night.
+    Raised again, the run gets its budget back, up to the one it started with."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=4)
+    entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = {}\n'
+    kb.write("reviewq.toml", FAST_QUEUE + entry.format("1.0"))
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
+    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)  # $0.03 of its $1
+    ws.close()
+    kb.write("reviewq.toml", FAST_QUEUE + entry.format("0.02"))
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    procs = [subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)]
+    try:
+        _await_logged(kb, "sweep.budget_reached")  # held at the lowered $0.02
+        procs.append(
+            subprocess.Popen([*base, "worker", "--workers", "2"], stderr=subprocess.DEVNULL)
+        )
+        kb.write("reviewq.toml", FAST_QUEUE + entry.format("5.0"))  # more than it started with
+        procs[0].send_signal(signal.SIGHUP)
+        _await_logged(kb, "control.started", 2)
+        _await_logged(kb, "job.finalized", 8)
+        status = json.loads(rq(kb, "status", "--json").stdout)
+    finally:
+        for proc in procs:
+            stop(proc)
+    assert status["jobs"]["completed"] == 8 and status["budgets_spent"] == []
+    with db(kb) as conn:
+        kept = conn.execute("SELECT budget_usd FROM sweep_runs WHERE id = ?", (run.run_id,))
+        assert kept.fetchone()[0] == 1.0  # its own, not the $5 meant for the next night
+    said = [e for e in log_lines(kb) if e["event"] == "sweep.budget_restored"]
+    assert [(e["sweep_run"], e["was"], e["budget_usd"]) for e in said] == [(run.run_id, 0.02, 1.0)]
+
+
 def _status_once_a_budget_is_reached(kb) -> subprocess.CompletedProcess:  # noqa: ANN001
     """`status --json` once a control started on the config as it now is held a run's
     budget as reached."""

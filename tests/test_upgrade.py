@@ -437,7 +437,7 @@ def test_a_state_db_of_release_22_killed_mid_migration_keeps_22_and_migrates_nex
     import signal
     import sys
 
-    from orchestrator.state.migrations import MIGRATIONS
+    from orchestrator.state.migrations import LATEST, MIGRATIONS
 
     count, cost = _a_night_at_schema_22(kb.state)
     new = {"attempts_started", "attempts_ended", "attempts_recorded", "attempts_heartbeat",
@@ -465,7 +465,7 @@ def test_a_state_db_of_release_22_killed_mid_migration_keeps_22_and_migrates_nex
     assert data["workers"]["last_launch_failure"] == {"job_id": 300, "attempt": 3, "reasons": []}
     assert data["jobs"]["completed"] == 300
     with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
-        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (23,)
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
         indexes = {
             r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
         }

@@ -1078,7 +1078,7 @@ def _applied_waiting() -> bool:
 
 
 def tick() -> None:
-    from orchestrator.sweeps.producer import enqueue_due_sweeps, lower_budgets
+    from orchestrator.sweeps.producer import enqueue_due_sweeps, follow_budgets
 
     control = _the_control()
     with _tick_lock:
@@ -1086,7 +1086,7 @@ def tick() -> None:
     if _applied_waiting():
         control.reap()
     control.write_due_files()
-    lower_budgets(control.ws)  # before dispatch reads them
+    follow_budgets(control.ws)  # before dispatch reads them
     enqueue_due_sweeps(control.ws, control.now(), away=control.away)
     control.dispatch()
     _publish(control)

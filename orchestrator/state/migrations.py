@@ -587,4 +587,17 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        24,
+        "the budget a cron run started with, once its entry's lowered it",
+        """
+        -- A budget lowered mid-run holds the open cron run (sweeps.follow_budgets); put
+        -- back, the run was held at the lowered one for the night, the budget it started
+        -- with lost. NULL: never lowered (or lowered before this was kept).
+        ALTER TABLE sweep_runs ADD COLUMN budget_started REAL;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -426,53 +426,60 @@ def _taken_over(ws: Workspace, name: str, options: dict) -> list[int]:
     return taken
 
 
-def lower_budgets(ws: Workspace) -> list[dict]:
-    """Lower the budget of the cron runs with queued jobs of each ``[[sweeps]]`` entry
-    whose ``budget_usd`` is now below theirs, at the control's tick (its settings are
-    those it started with, or a SIGHUP's restart read): a budget lowered mid-run (spending
-    faster than meant) was the next night's, and the run went on spending to the old one,
-    said nowhere. An entry's runs are those whose jobs it takes over once spent
+def follow_budgets(ws: Workspace) -> list[dict]:
+    """Move the budget of the cron runs with queued jobs of each ``[[sweeps]]`` entry to
+    its ``budget_usd`` now, at the control's tick (its settings are those it started
+    with, or a SIGHUP's restart read): down to a lower one (a budget lowered mid-run,
+    spending faster than meant, was the next night's, and the run went on spending to the
+    old one, said nowhere), and, raised again, back up to the budget the run started with
+    (put back, the run stayed held at the lowered one all night, no line of the file
+    saying it). Not past it: a raise beyond is the next run's, as the entry's other edits
+    are. An entry's runs are those whose jobs it takes over once spent
     (:func:`entries_taking_over`, one entry alone): by name, two entries of two models
     swapped names and each run took the other model's budget. Not a run by name (its
-    ``--budget-usd`` may be a person's, given anew); not raised (a spent run is taken over
-    by the next, OPERATIONS 6.7). Returns what changed, each logged
-    ``sweep.budget_lowered``."""
-    budgets = {
-        s.name: s.budget_usd for s in ws.settings.sweeps.values() if s.budget_usd is not None
-    }
-    if not budgets:
-        return []
+    ``--budget-usd`` may be a person's, given anew). Returns what changed, each logged
+    ``sweep.budget_lowered`` or ``sweep.budget_restored``."""
+    budgets = {s.name: s.budget_usd for s in ws.settings.sweeps.values()}
     # The runs with queued jobs, as dispatch walks them: a scan of sweep_runs by name at
     # each tick grew with every run ever recorded (a `* * * * *` entry adds 1,440 a day).
     rows = []
-    for run_id, name, was, text, trigger in ws.store.conn.execute(
-        "SELECT id, name, budget_usd, options, trigger FROM sweep_runs WHERE id IN (SELECT "
-        "value FROM json_each(?)) AND trigger = 'cron' AND budget_usd IS NOT NULL ORDER BY id",
+    for run_id, name, was, started, text, trigger in ws.store.conn.execute(
+        "SELECT id, name, budget_usd, budget_started, options, trigger FROM sweep_runs WHERE "
+        "id IN (SELECT value FROM json_each(?)) AND trigger = 'cron' AND budget_usd IS NOT "
+        "NULL ORDER BY id",
         (json.dumps(runs_with_queued_jobs(ws.store)),),
     ):
         owners = entries_taking_over(ws.settings, name, json_column(text), trigger)
-        if len(owners) == 1 and owners[0] in budgets and was > budgets[owners[0]]:
-            rows.append((run_id, name, was, owners[0]))
+        if len(owners) != 1 or owners[0] not in budgets:
+            continue
+        entry, own = owners[0], started if started is not None else was
+        now = budgets[entry]
+        # No budget now: the run's own is the most it gets back.
+        to = own if now is None else min(own, now)
+        if to != was:
+            rows.append((run_id, name, was, own, to, entry))
     if not rows:
         return []  # read at each tick: no write for nothing
     with ws.store.write():
         ws.store.conn.executemany(
-            "UPDATE sweep_runs SET budget_usd = ? WHERE id = ?",
-            [(budgets[entry], run_id) for run_id, _, _, entry in rows],
+            "UPDATE sweep_runs SET budget_usd = ?, budget_started = ? WHERE id = ?",
+            [(to, own, run_id) for run_id, _, _, own, to, _ in rows],
         )
-    lowered = [
-        {
+    moved = []
+    for run_id, name, was, _, to, entry in rows:
+        said = {
             "sweep": entry,
             "sweep_run": run_id,
             "was": was,
-            "budget_usd": budgets[entry],
+            "budget_usd": to,
             **({"run_name": name} if name != entry else {}),
         }
-        for run_id, name, was, entry in rows
-    ]
-    for said in lowered:
-        logs.get().warning("sweep.budget_lowered", **said)
-    return lowered
+        if to < was:
+            logs.get().warning("sweep.budget_lowered", **said)
+        else:  # what the person meant: news, not a warning
+            logs.get().info("sweep.budget_restored", **said)
+        moved.append(said)
+    return moved
 
 
 def run_by_name(store: Store, names: Collection[str]) -> set[str]:
