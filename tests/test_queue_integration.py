@@ -4112,6 +4112,41 @@ def test_a_cron_sweep_whose_notes_cannot_be_read_does_not_blame_its_gates_or_fol
     assert "folder emptied" not in said["reason"] and said["files_skipped"] == 2
 
 
+def test_a_cron_entry_that_enqueues_nothing_keeps_one_run_of_it_not_one_a_minute(kb, run_cli):
+    """A `* * * * *` entry whose pairs are all queued (no worker up, or all fresh) added a
+    `sweep_runs` row a minute that no job refers to: 372 bytes a row with its index, 195 MB
+    of state.db a year, for runs of nothing. What reads them needs its last run alone
+    (`status`'s last run, a missed night's end, `report --sweep`)."""
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "often"\ncron = "* * * * *"\n')
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    first = datetime(2026, 1, 2, 3, 0, 5).astimezone()
+    producer.enqueue_due_sweeps(ws, first - timedelta(minutes=1))  # the clock starts
+    for minute in range(6):
+        producer.enqueue_due_sweeps(ws, first + timedelta(minutes=minute))
+        if minute == 2:  # a run by hand, of nothing too: a person's, kept
+            enqueue = producer.SweepRequest.from_config(
+                ws.settings.sweeps["often"], ws.root, "enqueue"
+            )
+            producer.enqueue(ws, enqueue)
+    ws.close()
+    with db(kb) as conn:
+        runs = [
+            tuple(r) for r in conn.execute("SELECT id, trigger, jobs FROM sweep_runs ORDER BY id")
+        ]
+    assert runs == [(1, "cron", 2), (5, "enqueue", 0), (8, "cron", 0)], runs
+    (entry,) = json.loads(run_cli("status", "--json").stdout)["sweeps"]
+    assert entry["last_run"]["id"] == 8
+    assert "sweep often (run 8)" in run_cli("report", "--sweep", "often").stdout
+    gone = run_cli("report", "--run", "7")
+    assert gone.exit_code == 1 and "enqueued nothing" in gone.stderr, gone.stderr
+
+
 def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_control_restarts(
     kb,
 ):

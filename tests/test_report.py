@@ -332,7 +332,11 @@ def test_bad_arguments_get_one_line(night):
             "error: --since 'soon': not a duration (30m, 12h, 7d), a date (2026-11-22) or a "
             "time of day (08:00)\n",
         ),
-        (("--run", "999"), "error: --run 999: no such sweep run\n"),
+        (
+            ("--run", "999"),
+            "error: --run 999: no such sweep run (a cron run that enqueued nothing is kept "
+            "only until its sweep's next run)\n",
+        ),
         (("--sweep", "nope"), "error: --sweep 'nope': no run of this sweep is recorded\n"),
         (("--since", "1h", "--run", "1"), "error: --since and --run: choose one period\n"),
     ):

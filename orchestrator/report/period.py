@@ -64,7 +64,11 @@ def resolve(
                 "SELECT id, name, started_at FROM sweep_runs WHERE id = ?", (run,)
             ).fetchone()
             if row is None:
-                raise ReportError(f"--run {run}: no such sweep run")
+                # A cron run of nothing is kept only until the next run of its sweep.
+                raise ReportError(
+                    f"--run {run}: no such sweep run (a cron run that enqueued nothing is "
+                    "kept only until its sweep's next run)"
+                )
         else:
             row = store.conn.execute(
                 "SELECT id, name, started_at FROM sweep_runs WHERE name = ? ORDER BY id DESC LIMIT 1",
