@@ -376,6 +376,34 @@ def test_a_control_of_the_earlier_release_started_during_the_migration_keeps_it_
     assert f"the control process (pid {earlier[0].pid}) of the release that made it" in line
 
 
+def test_a_state_db_of_release_24_keeps_of_its_cron_runs_of_nothing_the_last_alone(kb, run_cli):
+    """A release before N23 kept a `sweep_runs` row a minute of a `* * * * *` entry that
+    enqueued nothing: migrated, those go at once, and what reads the runs finds the same
+    (the last run of each sweep, those with jobs, those that took jobs over, a person's)."""
+    conn = old_state(kb.state, 24)
+    runs = [  # (id, name, trigger, jobs)
+        (1, "often", "cron", 2), (2, "often", "cron", 0), (3, "often", "cron", 0),
+        (4, "often", "enqueue", 0), (5, "often", "cron", 0), (6, "often", "cron", 0),
+        (7, "nightly", "cron", 0), (8, "nightly", "cron", 0), (9, "often", "cron", 0),
+    ]  # fmt: skip
+    conn.executemany(
+        "INSERT INTO sweep_runs (id, name, trigger, options, started_at, jobs) "
+        "VALUES (?, ?, ?, '{}', '2026-11-26T03:00:00.000Z', ?)",
+        runs,
+    )
+    conn.execute(  # run 5 took a spent run's job over
+        "INSERT INTO review_jobs (id, status, model_partition, grouping, reviewer, job_dir, "
+        "created_at, updated_at, sweep_run_id) VALUES (1, 'queued', 'm', 'note', 'r', "
+        "'jobs/review-job-1', '2026-11-26T03:00:00.000Z', '2026-11-26T03:00:00.000Z', 5)"
+    )
+    conn.commit()
+    conn.close()
+    assert run_cli("status", "--json").exit_code == 0
+    with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
+        kept = [r[0] for r in conn.execute("SELECT id FROM sweep_runs ORDER BY id")]
+    assert kept == [1, 4, 5, 8, 9]
+
+
 # A reviewq command whose process SIGKILLs itself once migration 23 has run its first N
 # statements (its transaction open, its indexes half made or all made and not yet
 # recorded), argv[1] the KB root.

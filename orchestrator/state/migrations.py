@@ -600,4 +600,20 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        25,
+        "the cron runs of nothing a release before this kept",
+        """
+        -- A cron run that enqueued nothing and took nothing over is deleted by its
+        -- sweep's next (sweeps.forget_empty_runs); those kept before, a row a minute of a
+        -- `* * * * *` entry, go at once. The last run of each sweep stays: status and the
+        -- report read it.
+        DELETE FROM sweep_runs WHERE trigger = 'cron' AND jobs = 0
+            AND id NOT IN (SELECT max(id) FROM sweep_runs GROUP BY name)
+            AND NOT EXISTS (SELECT 1 FROM review_jobs j WHERE j.sweep_run_id = sweep_runs.id);
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
