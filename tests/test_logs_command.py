@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from .conftest import ready_within
 
 EXE = str(Path(sys.executable).parent / "reviewq")
 
@@ -21,29 +23,60 @@ def _line(event: str) -> str:
     return json.dumps({"event": event, "level": "info", "timestamp": "2026-11-23T01:02:03.456Z"})
 
 
-@pytest.fixture
-def follower(kb):
-    """``reviewq logs -f --json`` running on the KB's log; ``next_line()`` waits (10 s at
-    most) for the next line it prints."""
-    log = kb.state / "logs" / "reviewq.jsonl"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(_line("first") + "\n")
+def logrotate_of(log: Path, tmp_path: Path, *directives: str) -> Callable[[], None]:
+    """A run of the real logrotate over ``log`` with ``directives`` (copytruncate,
+    compress…), forced, keeping its state in ``tmp_path``: to call."""
+    conf = tmp_path / "logrotate.conf"
+    conf.write_text(f"{log} {{\n" + "".join(f" {d}\n" for d in directives) + " rotate 5\n}\n")
+    state = tmp_path / "logrotate.state"
+
+    def rotate() -> None:
+        subprocess.run(
+            [shutil.which("logrotate"), "-f", "-s", str(state), str(conf)], check=True, timeout=60
+        )
+
+    return rotate
+
+
+@contextlib.contextmanager
+def logs_following(root: Path, *args: str) -> Iterator[Callable[[], str]]:
+    """``reviewq logs -f --json ARGS`` running on ROOT's log; the function it gives waits
+    (10 s at most) for the event of the next line it prints, and has the process as
+    ``.proc``."""
     proc = subprocess.Popen(
-        [EXE, "--root", str(kb.root), "logs", "-f", "--json"],
+        [EXE, "--root", str(root), "logs", "-f", "--json", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    said: queue.Queue[str] = queue.Queue()
+    # A thread reads: poll() on the pipe missed lines already in the reader's buffer.
+    reader = threading.Thread(target=lambda: [said.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
 
     def next_line() -> str:
-        assert ready_within(proc.stdout, 10), "logs -f printed nothing within 10 s"
-        return json.loads(proc.stdout.readline())["event"]
+        try:
+            return json.loads(said.get(timeout=10))["event"]
+        except queue.Empty:
+            raise AssertionError("logs -f printed nothing within 10 s") from None
 
+    next_line.proc = proc
     try:
-        yield log, next_line
+        yield next_line
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        reader.join(timeout=10)
+
+
+@pytest.fixture
+def follower(kb):
+    """:func:`logs_following` on the KB's log, which holds one line ("first")."""
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(_line("first") + "\n")
+    with logs_following(kb.root) as next_line:
+        yield log, next_line
 
 
 def test_logs_follows_a_log_truncated_in_place(follower):

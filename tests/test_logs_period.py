@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import queue
 import shutil
-import subprocess
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -15,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import reviewq_process
-from tests.test_logs_command import EXE
+from tests.test_logs_command import logrotate_of, logs_following
 
 NOW = datetime.now(UTC)
 
@@ -191,29 +188,11 @@ def test_a_bare_time_of_day_is_read_on_this_machines_clock(rotated_set):
 
 
 def test_follow_since_shows_the_period_then_new_lines(rotated_set):
-    proc = subprocess.Popen(
-        [EXE, "--root", str(rotated_set.parent.parent), "logs", "-f", "--since", "10h", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    said: queue.Queue[str] = queue.Queue()
-    # A thread reads: select() on the pipe missed lines already in the reader's buffer.
-    reader = threading.Thread(target=lambda: [said.put(x) for x in proc.stdout], daemon=True)
-    reader.start()
-    try:
-
-        def next_event() -> str:
-            return json.loads(said.get(timeout=10))["event"]
-
+    with logs_following(rotated_set.parent.parent, "--since", "10h") as next_event:
         assert [next_event() for _ in range(3)] == ["late.evening", "night", "morning"]
         with open(rotated_set / "reviewq.jsonl", "a") as f:
             f.write(_line("new", 0) + "\n")
         assert next_event() == "new"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        reader.join(timeout=10)
 
 
 def test_damage_is_said_only_in_the_period_and_counted_only_there(rotated_set, run_cli):
@@ -311,15 +290,7 @@ def _rotated_by_logrotate(log: Path, tmp_path: Path, *events: str) -> Callable[[
     delaycompress), once after each of ``events``' lines (a warning and an info line);
     and logrotate's run once more, to call."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    conf = tmp_path / "logrotate.conf"
-    conf.write_text(f"{log} {{\n copytruncate\n compress\n delaycompress\n rotate 5\n}}\n")
-    state = tmp_path / "logrotate.state"
-
-    def rotate() -> None:
-        subprocess.run(
-            [shutil.which("logrotate"), "-f", "-s", str(state), str(conf)], check=True, timeout=60
-        )
-
+    rotate = logrotate_of(log, tmp_path, "copytruncate", "compress", "delaycompress")
     for event in events:
         hours = _HOURS_AGO[event]
         with open(log, "a") as f:
