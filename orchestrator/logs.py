@@ -120,27 +120,35 @@ _UNFINISHED_WAIT_S = 0.02
 
 
 def lines(
-    path: Path, follow: bool = False, wait: Callable[[], None] | None = None
+    path: Path,
+    follow: bool = False,
+    wait: Callable[[], None] | None = None,
+    said: Callable[[str], None] | None = None,
 ) -> Iterator[str]:
     """The log's whole lines; with ``follow``, then each new one as it is written, for
     ever (``wait`` between looks). A line still being written waits for its end; without
     ``follow``, a few looks at most, then it is given as it is (cut short by a crash). A
     file truncated in place (``copytruncate``, as OPERATIONS §5 rotates it) or replaced
-    by a new one is read again from its start when followed; without ``follow``, one
-    truncated under the read raises :class:`Truncated` (the rest is in the copy)."""
+    by a new one is read again from its start when followed, once the lines written to
+    it since the last look are read from the copy (else told to ``said``); without
+    ``follow``, one truncated under the read raises :class:`Truncated` (the rest is in
+    the copy)."""
     if wait is None:
         wait = functools.partial(time.sleep, 0.5 if follow else _UNFINISHED_WAIT_S)
     while follow and not path.exists():
         wait()
     looks = 0
     while True:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            partial, last = "", None
+        # Bytes, decoded line by line: the place read up to is a byte offset, which the
+        # copy copytruncate made is read on from.
+        with open(path, "rb") as f:
+            partial, last, shown = b"", None, b""
             while True:
                 chunk = f.readline()
-                if chunk.endswith("\n"):
-                    yield partial + chunk
-                    partial = ""
+                if chunk.endswith(b"\n"):
+                    shown = partial + chunk
+                    yield _decoded(shown)
+                    partial = b""
                     continue
                 partial += chunk  # the end of the file, for now
                 if not follow:
@@ -154,7 +162,7 @@ def lines(
                         wait()
                         continue
                     if partial:
-                        yield partial
+                        yield _decoded(partial)
                     return
                 now = _end_of(path)
                 if now is not None and _started_again(f, now, last if not chunk else None):
@@ -162,12 +170,54 @@ def lines(
                         # Renamed away: what was written to it since the last look first.
                         for chunk in f:
                             partial += chunk
-                            if partial.endswith("\n"):
-                                yield partial
-                                partial = ""
+                            if partial.endswith(b"\n"):
+                                yield _decoded(partial)
+                                partial = b""
+                    elif f.tell():  # emptied in place: what it held since the last look
+                        yield from _copied_since(path, f.tell(), shown, partial, said)
                     break
                 last = now
                 wait()
+
+
+def _decoded(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace")
+
+
+# How many of the log's copies, newest first, are looked in for what copytruncate took.
+_COPIES_LOOKED_IN = 3
+
+
+def _copied_since(
+    path: Path, end: int, shown: bytes, partial: bytes, said: Callable[[str], None] | None
+) -> Iterator[str]:
+    """The lines a follower had not read when ``path`` was copied and emptied in place
+    (logrotate's ``copytruncate``): those of its copy (``.1``, or ``.1.gz`` compressed
+    since) from the start of ``partial``, the copy known as the one whose bytes before
+    ``end`` are ``shown`` and ``partial``, the last line read and the one begun.
+    None found (the copy compressed as reviewq does not read, or removed): said."""
+    read = shown + partial
+    copies = sorted(_copies(path), key=lambda p: (_end_of(p) or (0, 0, 0))[2], reverse=True)
+    for copy in copies[:_COPIES_LOOKED_IN]:
+        try:
+            with _open_bytes(copy) as f:
+                f.seek(end - len(read))
+                if f.read(len(read)) != read:
+                    continue
+                f.seek(end - len(partial))
+                rest = f.readline()
+                while rest:
+                    yield _decoded(rest)
+                    rest = f.readline()
+            return
+        except (*_unreadable(), ValueError):  # compressed as reviewq does not read, damaged
+            continue
+    if said is not None:
+        said(
+            f"warning: {one_line(str(path))}: emptied in place (logrotate's copytruncate): "
+            "the lines written since the last look are in its rotated copy, not found "
+            "(`reviewq logs --since` reads the copies)"
+        )
 
 
 class Truncated(Exception):  # noqa: N818 - what happened, not a failure of the reader
@@ -367,12 +417,20 @@ def _unreadable() -> tuple[type[BaseException], ...]:
 
 
 def _open_text(path: Path):  # noqa: ANN202 - a text file, compressed or not
+    return _opened(path, "rt", encoding="utf-8", errors="replace")
+
+
+def _open_bytes(path: Path):  # noqa: ANN202 - a binary file, compressed or not
+    return _opened(path, "rb")
+
+
+def _opened(path: Path, mode: str, **text: str):  # noqa: ANN202 - a file, compressed or not
     opener = _OPENERS.get(path.suffix)
     if opener:
         # Imported here: every process imports this module, few read a `.gz` (1-6 ms).
         module = importlib.import_module(opener)
-        return module.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        return module.open(path, mode, **text)
+    return open(path, mode, **text)  # noqa: SIM115 - the caller's to close
 
 
 def _first_time(path: Path) -> datetime:
@@ -528,7 +586,7 @@ def _file_lines(
     it, a rotated copy to its end."""
     if name == log:
         try:
-            yield from lines(log, follow, wait)
+            yield from lines(log, follow, wait, said)
         except Truncated:
             said(
                 f"warning: {one_line(str(log))}: emptied while read (logrotate's "

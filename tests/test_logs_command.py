@@ -8,6 +8,7 @@ import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -93,6 +94,55 @@ def test_logs_follows_a_log_truncated_in_place(follower):
         # machine can miss: this test flaked so.
         f.write(_line("new") + "\n")
     assert next_line() == "new"
+
+
+@pytest.mark.skipif(shutil.which("logrotate") is None, reason="logrotate is not installed")
+@pytest.mark.parametrize("compress", [["compress", "delaycompress"], ["compress"], []])
+def test_logs_follow_shows_the_lines_copytruncate_took_into_the_copy(follower, tmp_path, compress):
+    # The follower looks every 0.5 s: what the writers wrote since its last look was
+    # copied into reviewq.jsonl.1 (or .1.gz) and emptied out of the log, and `logs -f`
+    # read on from the start of the emptied file: every rotation passed over those lines
+    # in silence (475 of 3,000 lines a writer wrote 4 ms apart, 6 rotations).
+    log, next_line = follower
+    assert next_line() == "first"
+    rotate = logrotate_of(log, tmp_path, "copytruncate", *compress)
+    # Held still between two looks, as it is most of the time: the lines come meanwhile.
+    os.kill(next_line.proc.pid, signal.SIGSTOP)
+    os.waitpid(next_line.proc.pid, os.WUNTRACED)
+    with open(log, "a") as f:
+        f.write(_line("since the last look") + "\n")
+    rotate()
+    with open(log, "a") as f:
+        f.write(_line("new") + "\n")  # shorter than what was read: found at any look
+    os.kill(next_line.proc.pid, signal.SIGCONT)
+    assert [next_line(), next_line()] == ["since the last look", "new"]
+
+
+def test_logs_follow_says_lines_copytruncate_took_into_a_copy_it_cannot_read(tmp_path):
+    from orchestrator import logs
+
+    log = tmp_path / "reviewq.jsonl"
+    log.write_text(_line("first") + "\n")
+    looks = []
+
+    def wait() -> None:  # between two looks: a line, then copied as zstd and emptied
+        looks.append(1)
+        if len(looks) == 1:
+            with open(log, "a") as f:
+                f.write(_line("since the last look") + "\n")
+            (tmp_path / "reviewq.jsonl.1.zst").write_bytes(b"(zstd)")
+            with open(log, "r+") as f:
+                f.truncate(0)
+            log.write_text(_line("new") + "\n")
+
+    said: list[str] = []
+    got = logs.entries(log, logs.Wanted(), said.append, follow=True, wait=wait)
+    assert [next(got)[0]["event"], next(got)[0]["event"]] == ["first", "new"]
+    assert said == [
+        f"warning: {log}: emptied in place (logrotate's copytruncate): the lines written "
+        "since the last look are in its rotated copy, not found (`reviewq logs --since` "
+        "reads the copies)"
+    ]
 
 
 def test_logs_follows_a_log_replaced_by_a_new_file(follower):
