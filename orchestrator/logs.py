@@ -334,7 +334,8 @@ def _jobs_of(rec: dict) -> list[object]:
     audit.queued) is its source job's story too, and a split (job.split, into=[…]) is
     the story of the jobs it made; so are a fix's re-reviews (fix.rereview, jobs=[…]) and
     their withdrawal (fix.rereview_withdrawn: the one line that says why such a job
-    failed). A count (`jobs=3`) names no job."""
+    failed), and a pause lifted by hand (reviewer.resumed: the jobs it held). A count
+    (`jobs=3`) names no job."""
     named = [j for ids in (rec.get("into"), rec.get("jobs")) if isinstance(ids, list) for j in ids]
     return [rec.get("job_id"), rec.get("source_job_id"), *named]
 

@@ -833,6 +833,28 @@ def test_missing_agent_binary_pauses_the_reviewer_burns_no_attempt_and_resume_li
     assert res.returncode == 1 and res.stderr.startswith("error: no reviewer profile 'fakee'")
 
 
+def test_the_story_of_a_job_a_pause_held_holds_the_resume_that_let_it_run(kb):
+    """`logs --job N` of a job the pause held said it waited (`waits_for_pause_until`, 15
+    minutes on), then had it run at once: the line that says why, the person's `reviewq
+    resume`, named no job and was in no job's story."""
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
+    assert rq(kb, "sweep", "--reviewer", "fake").returncode == 1  # paused, the jobs queued
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "resume", "fake").returncode == 0
+    assert rq(kb, "sweep", "--reviewer", "fake").returncode == 0
+    with db(kb) as conn:
+        jobs = [r[0] for r in conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+    assert len(jobs) > 1
+    for job in jobs:
+        res = rq(kb, "logs", "--job", str(job), "--json")
+        events = [json.loads(line)["event"] for line in res.stdout.splitlines()]
+        resumed = events.index("reviewer.resumed")
+        # After the failures that held it, before the attempt that ran it.
+        assert "attempt.dispatched" in events[:resumed], (job, events)
+        assert events[resumed + 1 :].count("attempt.dispatched") == 1, (job, events)
+
+
 def test_hung_agent_is_killed_at_the_deadline_with_its_group(kb, tmp_path):
     """The agent is a shell that starts its child and writes both pids first thing: the
     fake agent's Python start (~90 ms of CPU, then its child's) outlasted the 1-s deadline

@@ -413,17 +413,20 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
     from orchestrator.state.status import pause_said, pause_span
 
     store = ws.store
-    lifted = lift_pause(store, reviewer, datetime.now(UTC))
-    if lifted is None:
+    found = lift_pause(store, reviewer, datetime.now(UTC))
+    if found is None:
         ws.settings.reviewer(reviewer)  # a mistyped name is an error, not "not paused"
         click.echo(f"reviewer {reviewer} is not paused")
         return
+    lifted, held = found
     logs.get().info(
         "reviewer.resumed",
         reviewer=reviewer,
         paused_since=lifted.since,
         paused_until=lifted.until,
         reason=lifted.reason,
+        # Each held job's story (logs --job N): why it ran before its pause's end.
+        jobs=held,
     )
     nudge_control(ws)
     # The pause as status and doctor said it, in the past.

@@ -1587,11 +1587,12 @@ def _asked(o: dict) -> float | None:
     return float(asked) if storable_number(asked) else None
 
 
-def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
+def lift_pause(store: Store, name: str, now: datetime) -> tuple[Pause, list[int]] | None:
     """Resume a paused reviewer profile at once (its cause fixed: a key renewed, a CLI
-    installed), with its queued jobs' launch backoff: the pause that was lifted, or None
-    when ``name`` was not paused. The control process reads pauses from state.db at each
-    dispatch, so it need not be stopped."""
+    installed), with its queued jobs' launch backoff: the pause that was lifted and the
+    jobs it held (the profile's queued ones), or None when ``name`` was not paused. The
+    control process reads pauses from state.db at each dispatch, so it need not be
+    stopped."""
     with store.write():
         row = store.conn.execute(
             "SELECT paused_until, paused_reason, paused_at FROM reviewer_state "
@@ -1611,4 +1612,8 @@ def lift_pause(store: Store, name: str, now: datetime) -> Pause | None:
             "WHERE reviewer = ? AND status = 'queued'",
             (name,),
         )
-    return Pause(row[0], row[1], row[2])
+        held = store.conn.execute(
+            "SELECT id FROM review_jobs WHERE reviewer = ? AND status = 'queued' ORDER BY id",
+            (name,),
+        ).fetchall()
+    return Pause(row[0], row[1], row[2]), [job for (job,) in held]
