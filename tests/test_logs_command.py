@@ -720,3 +720,21 @@ def test_job_says_only_the_damaged_lines_that_name_the_job_and_counts_the_others
         "(the same command without --job says each)"
     )
     assert len(run_cli("logs").stderr.splitlines()) == 4  # without --job, each
+
+
+def test_a_job_the_record_does_not_hold_is_refused_not_shown_as_a_quiet_one(kb, run_cli):
+    """`logs --job 99999`, a number mistyped at 7 a.m., printed nothing and exited 0, as a
+    job with nothing logged would: CONTRACT refuses a job that does not exist (exit 1)."""
+    from orchestrator.state.store import Store
+
+    log = kb.state / "logs" / "reviewq.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text(json.dumps({**json.loads(_line("job.created")), "job_id": 3}) + "\n")
+    Store.open(kb.state).close()  # a record that holds no job (put back from a backup)
+    res = run_cli("logs", "--job", "7")
+    assert (res.exit_code, res.stdout) == (1, "")
+    assert res.stderr == f"error: --job 7: no review job 7 in {kb.state / 'state.db'}\n"
+    # Lines of a job the record lost are still shown, and -f may wait for one to come.
+    assert run_cli("logs", "--job", "3").stdout.count("job.created") == 1
+    (kb.state / "state.db").unlink()  # a worker's own folder: no record to ask
+    assert run_cli("logs", "--job", "7").exit_code == 0

@@ -643,13 +643,32 @@ def logs_cmd(
     if not path.exists() and not follow:
         raise Refused(f"no log yet at {path}")
     wanted = logs.Wanted(since=start, until=end, job_id=job_id, event=event, level=rank)
+    shown_any = False
     for rec, line in logs.entries(
         path, wanted, functools.partial(click.echo, err=True), follow=follow
     ):
+        shown_any = True
         if as_json:
             click.echo(line)
             continue
         click.echo(logs.line_text(rec))
+    if job_id is not None and not shown_any and _no_such_job(ws, job_id):
+        # A mistyped number read as a job with nothing logged (CONTRACT: refused, 1).
+        where = shown(str(ws.state_dir / "state.db"))
+        raise Refused(f"--job {job_id}: no review job {job_id} in {where}")
+
+
+def _no_such_job(ws: Workspace, job_id: int) -> bool:
+    """state.db is there and records no job ``job_id``. A worker's folder has none, and
+    a state.db that cannot be read says nothing: the log is where its trouble is read."""
+    from orchestrator.state.status import job_recorded
+
+    if not (ws.state_dir / "state.db").exists():
+        return False
+    try:
+        return not job_recorded(ws.read_store(), job_id)
+    except Exception:  # noqa: BLE001 - a damaged or locked state.db: not the question here
+        return False
 
 
 @cli.command("doctor")

@@ -973,6 +973,13 @@ def _in_state(state: str | None) -> tuple[str, tuple]:
     return " WHERE j.grouping != 'human'", ()
 
 
+def job_recorded(store: Store, job_id: int) -> bool:
+    return (
+        store.conn.execute("SELECT 1 FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
+        is not None
+    )
+
+
 def job(store: Store, job_id: int, settings: Settings) -> dict:
     row = store.conn.execute("SELECT * FROM review_jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
