@@ -334,9 +334,14 @@ def _jobs_of(rec: dict) -> list[object]:
     audit.queued) is its source job's story too, and a split (job.split, into=[…]) is
     the story of the jobs it made; so are a fix's re-reviews (fix.rereview, jobs=[…]) and
     their withdrawal (fix.rereview_withdrawn: the one line that says why such a job
-    failed), and a pause lifted by hand (reviewer.resumed: the jobs it held). A count
-    (`jobs=3`) names no job."""
+    failed), and a pause lifted by hand (reviewer.resumed: the jobs it held). So is a
+    worker's reap of a dead one's attempts (worker.reaped_orphans, worker.reap_unsent:
+    attempts=[[job, attempt], …]), on its own machine the one line about them. A count
+    (`jobs=3`, `attempts=3`) names no job."""
     named = [j for ids in (rec.get("into"), rec.get("jobs")) if isinstance(ids, list) for j in ids]
+    pairs = rec.get("attempts")
+    if isinstance(pairs, list):
+        named += [p[0] for p in pairs if isinstance(p, list) and p]
     return [rec.get("job_id"), rec.get("source_job_id"), *named]
 
 
@@ -570,7 +575,8 @@ def _names_job(text: str, job_id: int) -> bool:
     return bool(
         re.search(
             rf'"(?:job_id|source_job_id)"\s*:\s*{job_id}(?![\d.])'
-            rf'|"(?:into|jobs)"\s*:\s*\[[^\]]*?(?<![\d.]){job_id}(?![\d.])',
+            rf'|"(?:into|jobs)"\s*:\s*\[[^\]]*?(?<![\d.]){job_id}(?![\d.])'
+            rf'|"attempts"\s*:\s*\[[\d\s,\[\]]*?\[\s*{job_id}\s*,',
             text,
         )
     )

@@ -2246,6 +2246,12 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     story = rq(kb, "logs", "--job", "1").stdout
     lost = [x for x in story.splitlines() if "attempt.lost" in x]
     assert len(lost) == 1 and "reaped its agent" in lost[0], story
+    # And on the worker's machine, its own log's story of the job holds the reap
+    # (`attempts=[[1, 1]]`): `logs --job 1` there showed nothing of it.
+    home = tmp_path / "remote"
+    own = ("--config", str(home / "worker.toml"), "--state", str(home / "state"))
+    mine = rq(kb, *own, "logs", "--job", "1", "--event", "worker.").stdout
+    assert [x.split()[2] for x in mine.splitlines()] == ["worker.reaped_orphans"], mine
     # `job N` in words: a worker spoke of it (the next one), so not "no word in time".
     said = rq(kb, "job", "1").stdout
     (line,) = [x for x in said.splitlines() if x.strip().startswith("attempt 1:")]
