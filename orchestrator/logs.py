@@ -387,6 +387,11 @@ def rotated(path: Path) -> list[tuple[datetime, Path, Listed]]:
     return sorted((_first_time(p), p, at) for p, at in names.items() if p not in compressing)
 
 
+def copies(path: Path) -> list[Path]:
+    """The log's rotated copies beside it, by name."""
+    return sorted(_copies(path))
+
+
 def _copies(path: Path) -> list[Path]:
     """The files beside the log named as logrotate names its copies."""
     try:

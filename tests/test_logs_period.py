@@ -66,6 +66,22 @@ def test_since_reads_the_rotated_copies_that_reach_into_the_period(rotated_set, 
     assert res.exit_code == 0 and _events(res) == ["morning"]
 
 
+def test_nothing_shown_from_a_rotated_log_says_where_the_lines_are(rotated_set, run_cli):
+    """At 7 a.m., after cron.daily's logrotate: `logs --job 5` (or `--until 06:00`, or the
+    night's event) printed nothing and exited 0, the lines in the copies `--since` reads."""
+    said = (
+        f"warning: {rotated_set / 'reviewq.jsonl'}: no line shown of it, and logrotate left "
+        "2 older copies beside it (reviewq.jsonl.1, reviewq.jsonl.2.gz): --since reads "
+        "those too (`reviewq logs --since 3d …`)\n"
+    )
+    for args in (["--event", "evening"], ["--until", "8h"]):
+        res = run_cli("logs", *args)
+        assert (res.exit_code, res.stdout, res.stderr) == (0, "", said), args
+    assert _events(run_cli("logs", "--event", "evening", "--since", "3d")) == ["evening"]
+    res = run_cli("logs", "--event", "morning")  # a line shown: nothing to say
+    assert res.stderr == "" and _events(res) == ["morning"]
+
+
 def test_a_copy_the_period_does_not_reach_is_not_read(rotated_set, run_cli):
     # Cut short (a compression killed half-way): its first line tells its time, its end
     # is said once it is read.

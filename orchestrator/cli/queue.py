@@ -656,6 +656,15 @@ def logs_cmd(
         # A mistyped number read as a job with nothing logged (CONTRACT: refused, 1).
         where = shown(str(ws.state_dir / "state.db"))
         raise Refused(f"--job {job_id}: no review job {job_id} in {where}")
+    if not shown_any and start is None and (copies := logs.copies(path)):
+        # After the morning's rotation the night is in the copies, which --since reads.
+        named = ", ".join(shown(c.name) for c in copies[:3]) + (", …" if len(copies) > 3 else "")
+        click.echo(
+            f"warning: {shown(str(path))}: no line shown of it, and logrotate left "
+            f"{len(copies)} older cop{'y' if len(copies) == 1 else 'ies'} beside it ({named}): "
+            "--since reads those too (`reviewq logs --since 3d …`)",
+            err=True,
+        )
 
 
 def _no_such_job(ws: Workspace, job_id: int) -> bool:
