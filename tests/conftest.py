@@ -77,6 +77,17 @@ def _agent_tmpdirs(folder: Path) -> set[Path]:
     return set(folder.glob("reviewq-job-*")) | set(folder.glob("reviewq-worker-*"))
 
 
+def _not_another_runs(paths: set[Path]) -> set[Path]:
+    """``paths`` but those of a worker of another run that still runs (the host's /tmp is
+    shared: another checkout's suite, a person's worker), named as this run's before."""
+
+    def others(p: Path) -> bool:
+        pid = p.name.split("-")[2] if p.name.startswith("reviewq-worker-") else ""
+        return pid.isdigit() and leftovers.of_another_run(int(pid))
+
+    return {p for p in paths if not others(p)}
+
+
 @pytest.fixture(autouse=True)
 def no_process_left() -> Iterator[None]:
     """Every process the test started (and what those started) is gone when it ends, also
@@ -125,7 +136,7 @@ def own_tmpdir(
         for kept in list(attempt._KEPT_ALL):
             attempt._drop(kept)
         attempt._KEPT_ALL.clear()
-    if new := (_agent_tmpdirs(HOST_TMP) - before) | _agent_tmpdirs(folder):
+    if new := _not_another_runs(_agent_tmpdirs(HOST_TMP) - before) | _agent_tmpdirs(folder):
         # On the test's report, not in this process's dict: a pytest-xdist test process
         # prints no summary, and its reports are what reach the one that does.
         request.node.user_properties.append((_TMPDIRS_LEFT_KEY, sorted(map(str, new))))
@@ -146,7 +157,7 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest'
         for test, paths in AGENT_TMPDIRS_LEFT.items()
     }
     named = {p for paths in left.values() for p in paths}
-    unowned = sorted(map(str, _agent_tmpdirs(HOST_TMP) - _HOST_TMPDIRS_AT_START))
+    unowned = sorted(map(str, _not_another_runs(_agent_tmpdirs(HOST_TMP) - _HOST_TMPDIRS_AT_START)))
     if unowned := [p for p in unowned if p not in named]:
         left["made outside any test (a module's fixture?), or by another run"] = unowned
     if left := {test: paths for test, paths in left.items() if paths}:

@@ -119,6 +119,22 @@ def end(pids: list[int], grace: float) -> list[str]:
             os.close(fd)
 
 
+def of_another_run(pid: int) -> bool:
+    """Whether ``pid`` runs now and is no process of this run: a worker of another test
+    run on this host, or one a person started, whose agents' TMPDIRs in the host's /tmp
+    this run is not to name. (Gone, it cannot be told: it counts as this run's.)"""
+    try:
+        environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    if not _running(pid):
+        return False
+    key = f"\0{MARK}=".encode()
+    at = environ.find(key)
+    value = environ[at + len(key) :].split(b"\0", 1)[0].decode(errors="replace") if at >= 0 else ""
+    return not value.startswith(f"{OWNER}.")
+
+
 def running_with(mark: str) -> list[int]:
     """The processes that carry ``mark``: those a test started and what they started."""
     return [pid for pid, value in _marks().items() if value == mark and _running(pid)]

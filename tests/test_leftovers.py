@@ -183,3 +183,44 @@ def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
         if made is not None and made.returncode == 0:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         remove_cgroup(group)
+
+
+def test_an_agents_tmpdir_of_another_runs_live_worker_is_not_named_as_this_runs(tmp_path):
+    """The host's /tmp is shared: a worker of another run (another checkout's suite, a
+    person's `reviewq worker`) makes its agents' TMPDIRs there while a test runs, and
+    the run named each as its own test's, left behind. One whose worker still runs and
+    is not this run's is left out; one whose worker is gone cannot be told, and stays."""
+    from . import leftovers
+    from .conftest import _not_another_runs
+
+    def sleeper(mark: str | None) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k != leftovers.MARK}
+        env |= {leftovers.MARK: mark} if mark is not None else {}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+            env=env, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout.readline() == "ready\n"  # its environment is readable from now
+        return proc
+
+    procs = {
+        "ours": sleeper(f"{leftovers.OWNER}.99"),
+        "another run's": sleeper("1.2.3"),
+        "a person's": sleeper(None),
+    }
+    gone = sleeper(None)
+    gone.kill()
+    gone.wait()
+    try:
+        paths = {
+            name: tmp_path / f"reviewq-worker-{p.pid}-0123456789abcdef"
+            for name, p in (*procs.items(), ("gone", gone))
+        }
+        kept = _not_another_runs(set(paths.values()) | {tmp_path / "reviewq-job-1-attempt-1-x"})
+        assert kept == {paths["ours"], paths["gone"], tmp_path / "reviewq-job-1-attempt-1-x"}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+            p.stdout.close()
+        gone.stdout.close()
