@@ -3816,7 +3816,7 @@ def test_status_does_not_name_a_worker_for_the_outcomes_an_upgrade_left_on_the_q
     old["refused_version"] = 3
     log.write_text(f"{started}\n{refused('outcome', 0.2)}\n")
     assert (
-        "(vm:7 on vm: an outcome message of version 2, this reviewq speaks 4)"
+        "(vm:7 on vm: a refusal notice message of version 2, this reviewq speaks 4)"
         in run_cli("status").stdout
     )
     ws.close()

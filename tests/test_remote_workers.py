@@ -304,7 +304,7 @@ def test_messages_of_another_version_are_refused_with_one_line(kb, monkeypatch):
 
 
 def test_the_control_names_the_worker_whose_message_of_another_version_it_refused(kb, monkeypatch):
-    """A newer worker's notice of a refused review reaches an older control as an outcome
+    """A newer worker's notice of a refused review reaches an older control as a notice
     of another version: its one line names the job, the worker and its host."""
     from orchestrator import logs
     from workers import tasks
@@ -317,7 +317,7 @@ def test_the_control_names_the_worker_whose_message_of_another_version_it_refuse
     tasks.deliver_outcome(notice)
     (line,) = [e for e in log_lines(kb) if e["event"] == "message.refused"]
     assert (line["message"], line["version"], line["expected"]) == (
-        "outcome",
+        "refusal notice",
         messages.VERSION + 1,
         messages.VERSION,
     )

@@ -8,6 +8,7 @@ import os
 import socket
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -498,3 +499,52 @@ def test_a_state_db_of_release_22_killed_mid_migration_keeps_22_and_migrates_nex
             r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
         }
         assert new <= indexes
+
+
+# Today's reviewq speaking message version 3, as the release before the reap notice did:
+# its heartbeats, outcomes and refusal notices are that release's (only the reap notice,
+# which it never sends, is new in 4).
+_RELEASE_3 = """import sys
+from orchestrator.control import messages
+messages.VERSION = 3
+from orchestrator.cli import main
+sys.exit(main())
+"""
+
+
+def release_3(kb, *args: str, **kw) -> subprocess.Popen:
+    """A process of the release of message version 3 on the KB, its log on stderr."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _RELEASE_3, "--root", str(kb.root), *args],
+        stderr=subprocess.PIPE,
+        **kw,
+    )
+
+
+def test_the_controls_line_names_an_earlier_workers_refusal_notice_as_one(kb, run_cli):
+    """A worker of the earlier release on today's control's queue refuses each review
+    message and tells the control, which refuses the notice in turn: its line and
+    `status` called the notice "an outcome message of version 3", as if an agent had run
+    and its review been thrown away."""
+    from tests.test_queue_integration import FAST_QUEUE, _until, fake_profile, rq, small_kb
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+    exe = str(Path(sys.executable).parent / "reviewq")
+    control = subprocess.Popen([exe, "--root", str(kb.root), "control"], stderr=subprocess.PIPE)
+    worker = release_3(kb, "worker", stdout=subprocess.DEVNULL)
+    try:
+        assert _until(control.stderr, "message.refused") == "message.refused"
+    finally:
+        for proc in (worker, control):
+            proc.terminate()
+            proc.communicate(timeout=60)
+    line = next(
+        json.loads(x)
+        for x in (kb.state / "logs" / "reviewq.jsonl").read_text().splitlines()
+        if '"message.refused"' in x
+    )
+    assert line["message"] == "refusal notice" and line["refused_version"] == 4
+    assert line["reason"].startswith("a refusal notice message of version 3, this reviewq speaks 4")
+    assert "a refusal notice message of version 3" in run_cli("status").stdout

@@ -102,8 +102,12 @@ def version_of(msg: object) -> object:
 
 
 def refusal(kind: str, msg: object) -> dict | None:
-    """What to log when ``msg`` is not of this version (None: take it)."""
+    """What to log when ``msg`` is not of this version (None: take it). ``kind``
+    "outcome" is the control queue's task, which carries the notices too: each is named
+    as what it is (:func:`kind_of`)."""
     v = version_of(msg)
+    if kind == "outcome" and isinstance(msg, dict):
+        kind = kind_of(msg)
     if v == VERSION:
         return None
     ids: dict = {}
