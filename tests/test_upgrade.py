@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -548,3 +549,51 @@ def test_the_controls_line_names_an_earlier_workers_refusal_notice_as_one(kb, ru
     assert line["message"] == "refusal notice" and line["refused_version"] == 4
     assert line["reason"].startswith("a refusal notice message of version 3, this reviewq speaks 4")
     assert "a refusal notice message of version 3" in run_cli("status").stdout
+
+
+def test_a_drained_workers_last_outcome_an_upgrade_left_on_the_queue_is_kept(kb, tmp_path):
+    """An upgrade by the book, the worker drained (its agent ended and its outcome was
+    sent), then the control stopped before it took that outcome: the new control refused
+    the outcome of version 3 ("run the same reviewq release"), though version 4 only
+    added the reap notice, and the reaper ran the agent again a lease later: every
+    attempt ending as the old release stopped was paid twice."""
+    from tests.test_queue_integration import (
+        FAST_QUEUE,
+        _until,
+        await_fifo,
+        fake_profile,
+        make_fifo,
+        rq,
+        small_kb,
+    )
+
+    small_kb(kb, notes=1)
+    started, go, runs = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go"), tmp_path / "runs"
+    env = f'env = {{ FAKE_NOTIFY_FIFO = "{started}", FAKE_CONTINUE_FIFO = "{go}", FAKE_LOG = "{runs}" }}'
+    kb.write("reviewq.toml", fake_profile(extra=env) + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "prose").returncode == 0
+    old_control = release_3(kb, "control", stdout=subprocess.DEVNULL)
+    old_worker = release_3(kb, "worker", stdout=subprocess.DEVNULL)
+    exe = str(Path(sys.executable).parent / "reviewq")
+    control = None
+    try:
+        await_fifo(started)  # the agent runs
+        old_control.terminate()
+        old_control.communicate(timeout=60)
+        fd = os.open(go, os.O_WRONLY)
+        os.write(fd, b"go\n")
+        os.close(fd)
+        old_worker.send_signal(signal.SIGINT)  # drains: the outcome is sent
+        old_worker.communicate(timeout=60)
+        control = subprocess.Popen([exe, "--root", str(kb.root), "control"], stderr=subprocess.PIPE)
+        assert _until(control.stderr, "job.finalized", "message.refused") == "job.finalized"
+    finally:
+        for proc in (old_worker, old_control, control):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.communicate(timeout=60)
+    assert runs.read_text().splitlines() == ["review 1 1"]
+    with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
+        assert conn.execute("SELECT job_id, attempt, outcome FROM attempts").fetchall() == [
+            (1, 1, "finalized")
+        ]

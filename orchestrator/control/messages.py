@@ -5,7 +5,9 @@ carries ``v``; a process refuses a message of another version with one log line 
 does nothing else with it. Nothing is lost by that: a refused review leaves its attempt
 ``dispatched`` and a refused heartbeat or outcome leaves it silent, so the reaper takes
 it as lost and dispatches it again, for a worker of the matching version to take; such
-an attempt was never launched, so it does not count toward failing its job.
+an attempt was never launched, so it does not count toward failing its job. The control
+reads the heartbeats and outcomes of an earlier version whose shape is this one's as its
+own (``READ_AS_OWN``).
 
 Shapes (version 4; version 3 had no reap notice, which its control took for an outcome and
 failed on; version 2 sent a heartbeat as each agent started, which the control
@@ -101,14 +103,22 @@ def version_of(msg: object) -> object:
     return 1
 
 
+# Earlier versions whose messages of a kind this version reads as its own: version 4
+# added only the reap notice, so a heartbeat or an outcome of version 3 is one of 4's. A
+# drained worker's last outcomes, left on the control queue by an upgrade, were refused and
+# their agents' runs paid again. Not a refusal notice: taken, the attempt would be sent
+# again at once to the worker of that release that refused it, and again, every tick.
+READ_AS_OWN: dict[str, tuple[int, ...]] = {"heartbeat": (3,), "outcome": (3,)}
+
+
 def refusal(kind: str, msg: object) -> dict | None:
-    """What to log when ``msg`` is not of this version (None: take it). ``kind``
-    "outcome" is the control queue's task, which carries the notices too: each is named
-    as what it is (:func:`kind_of`)."""
+    """What to log when ``msg`` is not of this version, nor of one it reads as its own
+    (None: take it). ``kind`` "outcome" is the control queue's task, which carries the
+    notices too: each is named as what it is (:func:`kind_of`)."""
     v = version_of(msg)
     if kind == "outcome" and isinstance(msg, dict):
         kind = kind_of(msg)
-    if v == VERSION:
+    if v == VERSION or v in READ_AS_OWN.get(kind, ()):
         return None
     ids: dict = {}
     if isinstance(msg, dict):
