@@ -2894,6 +2894,30 @@ def test_a_run_takes_over_the_queued_jobs_of_an_earlier_run_only_once_its_budget
     ws.store.close()
 
 
+def test_status_counts_the_jobs_a_cron_sweeps_last_run_took_over(kb):
+    """`enqueue --name nightly` took over the 2 jobs its spent run held and ran them, and
+    `status` said of that run "run 3, 0 job(s)": the jobs it runs were in no count."""
+    from datetime import UTC, datetime
+
+    from orchestrator.sweeps.producer import sweeps_schedule
+
+    kb.gate("prose/clarity", ["body"])
+    for name in ("alpha", "beta"):
+        kb.note(name)
+    kb.write("reviewq.toml", '[[sweeps]]\nname = "nightly"\ncron = "0 2 * * *"\nbudget_usd = 0.5\n')
+    ws = Workspace.open(kb.root)
+    req = SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root)
+    first = enqueue(ws, req)
+    spend(ws.store, first.jobs[0].review_job_id, 0.5)
+    taking = enqueue(ws, req)
+    assert taking.taken_over == {first.run_id: 2} and taking.jobs == []
+    (said,) = sweeps_schedule(ws.store, ws.settings, datetime.now(UTC))
+    assert said["last_run"]["id"] == taking.run_id
+    assert (said["last_run"]["jobs"], said["last_run"]["taken_over"]) == (0, 2), said
+    assert f"run {taking.run_id}, 0 job(s) and 2 taken over, by its clock)" in said["says"]
+    ws.store.close()
+
+
 def test_the_next_run_of_an_edited_sweeps_entry_takes_over_what_its_spent_budget_held(kb):
     """OPERATIONS 6.7. The takeover compared the runs' options as text: once the entry
     was edited (a batch size, fix = true, another auditor), its next runs never took over

@@ -980,7 +980,8 @@ def _wildcard(cron: str) -> bool:
 
 def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dict]:
     """Each cron `[[sweeps]]` entry's last run (by its clock or by name: ``last_run``
-    ``{"id", "started_at", "trigger", "jobs"}``, null if none yet) and next time
+    ``{"id", "started_at", "trigger", "jobs", "taken_over"}``, null if none yet: the jobs
+    it enqueued and those of a spent run it took over) and next time
     (``next_at`` UTC, ``next_wall`` on this machine's clock; null if no date to come
     matches), and the line `status` says: after a config change an operator could not
     tell whether the entry was read, when it last ran nor when it runs next. On this
@@ -1000,9 +1001,11 @@ def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dic
         nxt = next_match(sweep.cron, now)
         ran = "never run yet"
         if last is not None:
+            last["taken_over"] = _jobs_taken_over(store, last["id"], last["started_at"])
             wall, utc = _wall_said(parse_timestamp(last["started_at"]))
             by = _BY.get(last["trigger"], f"by {last['trigger']}")
-            ran = f"last ran {wall} ({utc}; run {last['id']}, {last['jobs']} job(s), {by})"
+            taken = f" and {last['taken_over']} taken over" if last["taken_over"] else ""
+            ran = f"last ran {wall} ({utc}; run {last['id']}, {last['jobs']} job(s){taken}, {by})"
         comes = "no time to come matches its cron"
         if nxt:
             comes = "next {} ({})".format(*_wall_said(nxt))
@@ -1018,6 +1021,16 @@ def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dic
             }
         )
     return out
+
+
+def _jobs_taken_over(store: Store, run_id: int, started_at: str) -> int:
+    """The review jobs of run ``run_id`` made before it started: an earlier run's, whose
+    spent budget held them, that it took over (its fixes and re-reviews are its own)."""
+    return store.conn.execute(
+        "SELECT count(*) FROM review_jobs WHERE sweep_run_id = ? AND created_at < ? "
+        "AND kind = 'review' AND source_job_id IS NULL AND parent_job_id IS NULL",
+        (run_id, started_at),
+    ).fetchone()[0]
 
 
 # Who started a run, as `status` says it.
