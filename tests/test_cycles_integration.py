@@ -1809,6 +1809,21 @@ def test_a_fix_that_drops_the_frontmatter_is_refused(kb):
     )
 
 
+@pytest.mark.parametrize("blank", ["", "\n\n"])
+def test_a_fixer_that_writes_an_empty_note_is_said_to_have_written_it_empty(cyc, tmp_path, blank):
+    """A fixer that exited 0 leaving fixed-note.md empty (a crash before it wrote, an
+    editor's empty save) was said to have written "no frontmatter; the note it was given
+    had": the retries were asked for frontmatter, and the person told the fixer drops it."""
+    script = tmp_path / "blank_fixer.py"
+    script.write_text(
+        f"import os, pathlib\npathlib.Path(os.environ['REVIEWQ_OUTPUT_PATH']).write_text({blank!r})\n"
+    )
+    config(cyc, profile("fake", FAKE_DECISIONS="FAIL"), profile("blank", script))
+    res = rq(cyc, "sweep", "--reviewer", "fake", "--fixer", "blank", "--fix", "--json")
+    (esc,) = json.loads(res.stdout)["escalations"]
+    assert esc["reason"] == "the fixer failed every attempt: the fixed note is empty", esc
+
+
 def test_a_fix_that_grows_the_note_past_max_note_bytes_is_refused(kb):
     """Applied and committed, the fixer's made-up 64 KiB left a note no sweep reviews
     again: its FAIL stood, nothing was escalated, and `status` said "note not reviewed"."""

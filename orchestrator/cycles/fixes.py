@@ -401,6 +401,11 @@ def apply_fix(
         parse_note_text(new_text)
     except NoteParseError as exc:
         return FixResult("invalid", f"the fixed note is unusable: {exc}")
+    if not new_text.strip() and new_text != given:
+        # Before the frontmatter check: said to have "no frontmatter", an empty output
+        # sent the retries after frontmatter and told the person the fixer drops it.
+        # (An empty note given back empty changed nothing: below.)
+        return FixResult("invalid", "the fixed note is empty")
     if (fence := _fenced_whole(new_text)) is not None and _fenced_whole(given) is None:
         # A chat model's habit, though the prompt asks for no fences: applied, a note
         # without frontmatter became one code block (re-reviewed, and committed, so);
@@ -426,11 +431,9 @@ def apply_fix(
     if current != given:
         return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
     if new_text == given:
-        # Before the empty check: an empty note given back empty changed nothing, and
-        # called invalid, three of those escalated as a fixer to repair.
+        # An empty note given back empty changed nothing: called invalid, three of those
+        # escalated as a fixer to repair.
         return FixResult("unchanged", "the fix changed nothing")
-    if not new_text.strip():
-        return FixResult("invalid", "the fixed note is empty")
     if added := _controls_added(new_text, given):
         # A NUL made git take the note for a binary file (the fix's commit showed only
         # "Binary files differ"), and an escape acts on the terminal that prints the note.
