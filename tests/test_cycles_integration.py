@@ -318,6 +318,27 @@ def test_redo_puts_the_asks_in_the_next_fix_prompt_and_restarts_the_count(cyc):
     assert [tuple(e) for e in escalations] == [(3, "redo"), (3, None)]
 
 
+def test_a_redo_whose_fix_a_persons_edit_dropped_gives_its_asks_to_the_next_fix(cyc):
+    """The person asks for two things, then does one of them by hand before the redo's
+    fix is applied: the fix is dropped for their edit, which left no FAIL current, and
+    the fixes the review of their text started were never told the asks, though
+    `escalations` said the pair came back "after a redo …, asking: …"."""
+    esc = escalate(cyc)
+    asks = "Name the hive type in the first sentence; cite the 2019 survey."
+    assert rq(cyc, "decide", str(esc), "redo", "--feedback", asks).returncode == 0
+    cyc.write(NOTE, cyc.read(NOTE) + "A hive of the Langstroth type.\n")  # one ask, by hand
+    rq(cyc, "sweep", "--reviewer", "fake", "--fix", "--json")
+    with db(cyc) as conn:
+        fixes = conn.execute(
+            "SELECT job_dir, feedback, result FROM review_jobs WHERE kind = 'fix' ORDER BY id"
+        ).fetchall()
+    dropped = [f for f in fixes if f["result"] == "not-applied"]
+    assert len(dropped) == 1 and dropped[0]["feedback"] == asks
+    redone = [f for f in fixes if f["result"] != "not-applied" and f["feedback"] == asks]
+    assert redone, [tuple(f) for f in fixes]
+    assert asks in (cyc.state / redone[0]["job_dir"] / "attempt-1" / "prompt.md").read_text()
+
+
 def test_approve_records_a_human_review(cyc):
     esc = escalate(cyc)
     res = rq(cyc, "decide", str(esc), "approve")

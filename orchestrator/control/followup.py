@@ -851,17 +851,23 @@ class FollowUp:
         fix carries the asks of that fix on to the next one. A redo that queued no fix (no
         FAIL on record: it released the pair) gives its asks to the first fix of the note
         after it, while the note is the text the person decided on: the released pair's
-        next review starts that fix, and without them the person's words reached no one."""
+        next review starts that fix, and without them the person's words reached no one.
+        So does a redo whose fix a person's edit dropped (``not-applied``) with no FAIL
+        left current to fix then: the review of their text starts the fix its asks go to,
+        as a FAIL their edit left current gets them at once (:meth:`fix_output`)."""
         if job["source_job_id"] is not None:
             src = self.job(job["source_job_id"])
             return src["feedback"] if src is not None and src["kind"] == "fix" else None
         rows = self.store.conn.execute(
             "SELECT e.feedback FROM escalations e WHERE e.decision = 'redo' "
             "AND e.note_path = ?1 AND e.model_partition = ?2 AND trim(e.feedback) != '' "
-            "AND EXISTS (SELECT 1 FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
+            "AND (EXISTS (SELECT 1 FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
             "WHERE p.job_id = ?3 AND p.note_path = ?1 AND n.sha256 = e.note_sha256) "
+            "OR EXISTS (SELECT 1 FROM review_jobs d WHERE d.kind = 'fix' AND d.note_path = ?1 "
+            "AND d.created_at >= e.decided_at AND d.result = 'not-applied' AND d.feedback = e.feedback)) "
             "AND NOT EXISTS (SELECT 1 FROM review_jobs f WHERE f.kind = 'fix' "
-            "AND f.note_path = ?1 AND f.created_at >= e.decided_at) "
+            "AND f.note_path = ?1 AND f.created_at >= e.decided_at "
+            "AND f.result IS NOT 'not-applied') "
             "ORDER BY e.decided_at, e.id",
             (note_path, job["model_partition"], job["id"]),
         ).fetchall()
