@@ -339,6 +339,22 @@ def test_a_redo_whose_fix_a_persons_edit_dropped_gives_its_asks_to_the_next_fix(
     assert asks in (cyc.state / redone[0]["job_dir"] / "attempt-1" / "prompt.md").read_text()
 
 
+def test_a_fix_dropped_for_an_edit_made_while_it_was_queued_says_when(cyc):
+    """Edited before the queued fix ran, the note's dropped fix said "the note changed
+    while the fixer ran": the person read of an edit during a run that had not begun."""
+    esc = escalate(cyc)
+    assert rq(cyc, "decide", str(esc), "redo", "--feedback", "Say more.").returncode == 0
+    cyc.write(NOTE, cyc.read(NOTE) + "Said more, by hand.\n")
+    rq(cyc, "sweep", "--reviewer", "fake", "--fix")
+    with db(cyc) as conn:
+        (fix,) = conn.execute("SELECT id FROM review_jobs WHERE result = 'not-applied'").fetchone()
+    said = rq(cyc, "job", str(fix)).stdout
+    assert (
+        "reason: the note was edited after the fixer was given it (while its fix job was "
+        "queued or ran); the person's text is kept" in said
+    ), said
+
+
 def test_approve_records_a_human_review(cyc):
     esc = escalate(cyc)
     res = rq(cyc, "decide", str(esc), "approve")

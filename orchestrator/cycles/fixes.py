@@ -429,7 +429,12 @@ def apply_fix(
     # changed nothing (not a rejection of the person's text) or matches the person's
     # edit (their work, not the fixer's: it is not recorded or committed as a fix).
     if current != given:
-        return FixResult("stale", "the note changed while the fixer ran; the person's text is kept")
+        # "While the fixer ran" was said of an edit made before a queued fix began.
+        return FixResult(
+            "stale",
+            "the note was edited after the fixer was given it (while its fix job was queued "
+            "or ran); the person's text is kept",
+        )
     if new_text == given:
         # An empty note given back empty changed nothing: called invalid, three of those
         # escalated as a fixer to repair.
