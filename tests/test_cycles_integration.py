@@ -355,6 +355,24 @@ def test_a_fix_dropped_for_an_edit_made_while_it_was_queued_says_when(cyc):
     ), said
 
 
+@pytest.mark.parametrize("changed", ["note", "gate"])
+def test_a_redo_that_released_its_pair_says_what_changed_since_the_fail(cyc, changed):
+    """The person changed the gate (or the note) after the escalation: the redo said the
+    note "has no FAIL on record about its current text" of a note nobody had edited."""
+    esc = escalate(cyc)
+    if changed == "note":
+        cyc.write(NOTE, cyc.read(NOTE) + "Mended by hand.\n")
+    else:
+        gate = next((cyc.root / "kb/instructions/review-gates").rglob("body-check.md"))
+        gate.write_text(gate.read_text() + "\nA sharper test, by hand.\n")
+    res = rq(cyc, "decide", str(esc), "redo", "--feedback", "Say more.")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(
+        f"redo: no fix job queued ({NOTE} has no FAIL on record about its current text and "
+        f"gates: prose/body-check {changed}-changed); released: "
+    ), res.stdout
+
+
 def test_approve_records_a_human_review(cyc):
     esc = escalate(cyc)
     res = rq(cyc, "decide", str(esc), "approve")

@@ -1150,7 +1150,7 @@ def decide_cmd(
     from orchestrator.control.followup import FollowUp
 
     ids, decision = _decision(args, note, feedback, fixer, gate)
-    escs, jobs = FollowUp(ws).decide(ids, note, decision, feedback, fixer, gate)
+    escs, jobs, released = FollowUp(ws).decide(ids, note, decision, feedback, fixer, gate)
     if decision == "redo":
         nudge_control(ws)
         from orchestrator.state.status import job as job_row
@@ -1166,7 +1166,10 @@ def decide_cmd(
                 f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s): "
                 f"{', '.join(gates)}) with your asks"
                 if job_id
-                else f"redo: no fix job queued ({note_path} has no FAIL on record about its current text); "
+                # Why, as select says it: "about its current text" was said of a note
+                # nobody had edited, its gate changed since the FAIL.
+                else f"redo: no fix job queued ({note_path} has no FAIL on record about its "
+                f"current text and gates{''.join(': ' + w for w in [', '.join(released[note_path])] if w)}); "
                 "released: the next sweep reviews it again, and a fix that review starts carries your asks"
             )
         if any(jobs.values()):

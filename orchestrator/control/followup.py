@@ -541,11 +541,13 @@ class FollowUp:
         feedback: str | None,
         fixer: str | None = None,
         gate: str | None = None,
-    ) -> tuple[list[dict], dict[str, int | None]]:
+    ) -> tuple[list[dict], dict[str, int | None], dict[str, list[str]]]:
         """A person's one call on escalations (these ids, and all of a note's, a gate's or
         a note's of a gate): recorded in one transaction; a redo then queues one fix job
         per note carrying every gate's findings and the person's asks, by ``fixer`` if
-        given, else the escalation's. Returns the escalations and note → fix job.
+        given, else the escalation's. Returns the escalations, note → fix job, and note →
+        why each pair a redo released is to be reviewed again ("prose/x gate-changed"), as
+        ``select`` says it.
 
         The decisions and the fix jobs commit together: a redo recorded without its fix
         job would close the escalation and lose the person's asks."""
@@ -553,6 +555,7 @@ class FollowUp:
         if decision == "redo":
             self._one_partition_per_note(esc_ids)
         jobs: dict[str, int | None] = {}
+        released: dict[str, list[str]] = {}
         with self.store.write():
             escs = cycles.decide_many(
                 self.store,
@@ -574,7 +577,7 @@ class FollowUp:
                 for note_path, job_id in jobs.items():
                     mine = [e for e in escs if e["note_path"] == note_path]
                     if job_id is None:
-                        self._check_released(note_path, mine)
+                        released[note_path] = self._check_released(note_path, mine)
                         continue
                     # A gate the fix does not carry (an auditor refuted its PASS) is not
                     # fixed: decided with the others by --note, it was closed as a redo
@@ -586,7 +589,7 @@ class FollowUp:
                         )
                     }
                     self._check_stale(note_path, [e for e in mine if e["gate_id"] not in carried])
-        return escs, jobs
+        return escs, jobs, released
 
     def _one_partition_per_note(self, esc_ids: list[int]) -> None:
         """A note has one fix job at a time, and a fix job is a partition's: a redo of one
@@ -611,7 +614,7 @@ class FollowUp:
                     f"and the other once its fix has ended ({calls})"
                 )
 
-    def _check_released(self, note_path: str, escs: list[dict]) -> None:
+    def _check_released(self, note_path: str, escs: list[dict]) -> list[str]:
         """A redo that queued no fix job is still worth something when it releases stale
         pairs for the next sweep (a job that failed every attempt, CONTRACT §7). Otherwise
         the person's asks would go nowhere, so the whole decision is refused."""
@@ -622,11 +625,13 @@ class FollowUp:
                 f"would not reach it; redo once it has ended (reviewq job {open_job}), or "
                 "decide all of the note's escalations in one call (--note)"
             )
-        self._check_stale(note_path, escs)
+        return self._check_stale(note_path, escs)
 
-    def _check_stale(self, note_path: str, escs: list[dict]) -> None:
+    def _check_stale(self, note_path: str, escs: list[dict]) -> list[str]:
         """Refuse the decision if a redo of one of ``escs`` would do nothing: no fix for
-        it, and its pair fresh, so no sweep would review it either."""
+        it, and its pair fresh, so no sweep would review it either. Else why each is
+        stale, as ``select`` says it ("prose/x gate-changed")."""
+        why = []
         for e in escs:
             try:
                 stale = select(
@@ -647,6 +652,8 @@ class FollowUp:
                     "passed since), so a redo would do nothing; approve or reject it, or "
                     "edit the note yourself"
                 )
+            why.append(f"{e['gate_id']} {stale[0].reason}")
+        return why
 
     def redo(
         self, esc: dict, feedback: str, gates: set[str] | None = None, fixer: str | None = None
