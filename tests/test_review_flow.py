@@ -1651,19 +1651,37 @@ def escalate_alpha(flow, run_cli, selector: str = "prose") -> list[int]:
     return [e["id"] for e in run_cli("escalations", "--json").json()["escalations"]]
 
 
-def test_an_escalation_after_a_redo_says_so_in_the_terminal(flow, run_cli):
-    """A pair the person had sent back with `redo` yesterday escalated again: `reviewq
-    escalations` showed it as any new one, and only the page said what they had asked.
-    Its lines name the last decision on the pair, when, and the asks."""
+def escalated_after_a_redo(flow, run_cli) -> tuple[int, int, str]:
+    """Alpha escalated, sent back with a redo asking "Cite the source.", and escalated
+    again: the first escalation, the second, and when the redo was decided."""
     (esc,) = escalate_alpha(flow, run_cli)
     res = run_cli("decide", str(esc), "redo", "--feedback", "Cite the source.", "--fixer", "fake")
     assert res.exit_code == 0, res.stderr
     (again,) = escalate_alpha(flow, run_cli)
     with Store.open(flow.state) as s:
         (at,) = s.conn.execute("SELECT decided_at FROM escalations WHERE id = ?", (esc,)).fetchone()
+    return esc, again, at
+
+
+def test_an_escalation_after_a_redo_says_so_in_the_terminal(flow, run_cli):
+    """A pair the person had sent back with `redo` yesterday escalated again: `reviewq
+    escalations` showed it as any new one, and only the page said what they had asked.
+    Its lines name the last decision on the pair, when, and the asks."""
+    esc, again, at = escalated_after_a_redo(flow, run_cli)
     lines = run_cli("escalations").stdout.splitlines()
     said = f"      after a redo of escalation {esc} at {at[:16]}Z, asking: Cite the source."
     assert lines[lines.index(next(x for x in lines if f"escalation {again}:" in x)) + 2] == said
+
+
+def test_an_escalation_after_a_redo_says_so_in_its_report(flow, run_cli):
+    """U56 said it in `escalations`; the report file it points to (and the page shows)
+    listed the new cycles' fixes "changed nothing" with no word that they had carried
+    the person's asks: read alone, a second redo with the same asks looked worth a try."""
+    esc, again, at = escalated_after_a_redo(flow, run_cli)
+    (row,) = [e for e in run_cli("escalations", "--json").json()["escalations"] if e["id"] == again]
+    report = (flow.root / row["report_path"]).read_text().splitlines()
+    said = f"After a redo of escalation {esc} at {at[:16]}Z, asking: Cite the source."
+    assert report[report.index("Material:") - 2] == said, report
 
 
 def test_a_redo_of_a_note_grown_past_the_size_limit_is_refused_not_a_whole_note_prompt(

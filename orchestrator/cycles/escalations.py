@@ -401,6 +401,12 @@ def report(store: Store, esc_id: int) -> str:
         f"- Cycle {i}: FAIL — {ev['gist']}" + (f" (job {ev['job_id']})" if ev["job_id"] else "")
         for i, ev in enumerate(reversed(events), 1)
     ] or ["- (no rejection cycles: " + e["reason"] + ")"]
+    # The cycles' fixes carried the person's asks: read without it, a second redo with
+    # the same asks looked worth a try (`escalations` said it, the file did not).
+    redo = redone_before(store, e["model_partition"], e["note_path"], e["gate_id"], esc_id)
+    if redo is not None:
+        said = after_a_redo(redo)
+        cycles.append(said[0].upper() + said[1:])
     lines = [
         f"Gate review: {e['note_path']} — {e['gate_id']}",
         f"Recommend {e['call']}: {recommend.rstrip('.')}.",
@@ -879,16 +885,27 @@ def reports_due(store: Store) -> tuple[int, str | None]:
     return count, error
 
 
-def redone_before(store: Store, e: Escalation) -> sqlite3.Row | None:
-    """The escalation of ``e``'s pair a person last decided, if that decision was a redo:
-    ``e`` is then the pair failing again after their asks, which it read as a new one."""
+def redone_before(
+    store: Store, partition: str, note_path: str, gate_id: str, esc_id: int
+) -> sqlite3.Row | None:
+    """The escalation of the pair a person last decided before ``esc_id``, if that
+    decision was a redo: ``esc_id`` is then the pair failing again after their asks,
+    which `escalations` and its report read as a new one."""
     row = store.conn.execute(
         "SELECT id, decision, decided_at, feedback FROM escalations WHERE model_partition = ? "
         "AND note_path = ? AND gate_id = ? AND id < ? AND decision IS NOT NULL "
         "ORDER BY id DESC LIMIT 1",
-        (e.model_partition, e.note_path, e.gate_id, e.id),
+        (partition, note_path, gate_id, esc_id),
     ).fetchone()
     return row if row is not None and row["decision"] == "redo" else None
+
+
+def after_a_redo(redo: sqlite3.Row) -> str:
+    """What an escalation after a redo says of it (:func:`redone_before`'s row)."""
+    return (
+        f"after a redo of escalation {redo['id']} at {redo['decided_at'][:16]}Z, asking: "
+        f"{logs.one_line(redo['feedback'] or '')}"
+    )
 
 
 def escalation_lines(
@@ -933,11 +950,10 @@ def escalation_lines(
             yield f"  escalation {e.id}: {e.gate_id}  ({e.model_partition}, {why}{job})"
             for line in head:
                 yield f"      {line}"
-            if (redo := redone_before(store, e)) is not None:
-                yield (
-                    f"      after a redo of escalation {redo['id']} at "
-                    f"{redo['decided_at'][:16]}Z, asking: {logs.one_line(redo['feedback'] or '')}"
-                )
+            if (
+                redo := redone_before(store, e.model_partition, e.note_path, e.gate_id, e.id)
+            ) is not None:
+                yield f"      {after_a_redo(redo)}"
             if only[e.id]:
                 yield f"      {only[e.id]}: only reject closes it"
             yield (
