@@ -2107,6 +2107,22 @@ def test_a_fail_against_a_gate_changed_since_is_not_handed_to_a_fixer(kb):
         ws.close()
 
 
+def test_a_note_wide_redo_says_the_pair_it_released_beside_its_fix(cyc):
+    """`decide --note N redo` of two escalations, one gate edited since its FAIL: the fix
+    took the other's FAIL and the edited gate's pair was released for the next sweep,
+    said of nowhere (a redo that queued no fix says it since E79)."""
+    cyc.gate("prose/other-check", ["body"])
+    escalate(cyc)
+    cyc.gate("prose/other-check", ["body"], body="## Failure mode\n\nNew.\n\n## Test\n\nNew.\n")
+    res = rq(cyc, "decide", "--note", NOTE, "redo", "--feedback", "Say more.")
+    assert res.returncode == 0, res.stderr
+    (said,) = res.stdout.splitlines()[:1]
+    assert said.startswith("redo: fix job ") and said.endswith(
+        f"queued for {NOTE} (1 gate(s): prose/body-check) with your asks; released, for the "
+        "next sweep to review again: prose/other-check gate-changed"
+    ), said
+
+
 def test_rejecting_an_agents_failure_records_no_verdict(kb):
     """A reject wrote the person's FAIL over any PASS on record: over a PASS of an earlier
     text, when the reviewer then failed every attempt on the new one (an escalation that

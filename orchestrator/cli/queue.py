@@ -1156,21 +1156,24 @@ def decide_cmd(
         from orchestrator.state.status import job as job_row
 
         for note_path, job_id in jobs.items():
+            # Why, as select says it ("prose/x gate-changed"): "about its current text" was
+            # said of a note nobody had edited, its gate changed since the FAIL.
+            why = ", ".join(released.get(note_path, []))
+            if not job_id:
+                click.echo(
+                    f"redo: no fix job queued ({note_path} has no FAIL on record about its "
+                    f"current text and gates{': ' + why if why else ''}); released: the next "
+                    "sweep reviews it again, and a fix that review starts carries your asks"
+                )
+                continue
             # The job carries every current FAIL of the note, not only the decided ones.
-            gates = (
-                [p["gate_id"] for p in job_row(ws.store, job_id, ws.settings)["pairs"]]
-                if job_id
-                else []
-            )
+            gates = [p["gate_id"] for p in job_row(ws.store, job_id, ws.settings)["pairs"]]
             click.echo(
                 f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s): "
                 f"{', '.join(gates)}) with your asks"
-                if job_id
-                # Why, as select says it: "about its current text" was said of a note
-                # nobody had edited, its gate changed since the FAIL.
-                else f"redo: no fix job queued ({note_path} has no FAIL on record about its "
-                f"current text and gates{''.join(': ' + w for w in [', '.join(released[note_path])] if w)}); "
-                "released: the next sweep reviews it again, and a fix that review starts carries your asks"
+                # Decided with them by --note, a pair the fix does not carry was said of
+                # nowhere: the next sweep reviews it.
+                + (f"; released, for the next sweep to review again: {why}" if why else "")
             )
         if any(jobs.values()):
             say_if_no_control(ws, "the fix")

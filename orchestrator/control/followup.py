@@ -588,7 +588,9 @@ class FollowUp:
                             "SELECT gate_id FROM review_pairs WHERE job_id = ?", (job_id,)
                         )
                     }
-                    self._check_stale(note_path, [e for e in mine if e["gate_id"] not in carried])
+                    left = [e for e in mine if e["gate_id"] not in carried]
+                    if why := self._check_stale(note_path, left):
+                        released[note_path] = why
         return escs, jobs, released
 
     def _one_partition_per_note(self, esc_ids: list[int]) -> None:
