@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.review.export import EXPORT_DIR
 from orchestrator.state.store import Store
 from workers import attempt
 
@@ -1202,23 +1203,58 @@ def test_an_export_committed_to_the_kb_is_not_changed_by_the_next_export(flow, r
                 f"{r['note_path']} {r['gate_id']}": r["recorded_commit"] for r in csv.DictReader(f)
             }
 
-    git("init", "-q")
-    flow.write(".gitignore", ".reviewq/\n")
-    git("add", "-A")
-    git("commit", "-qm", "the KB", at="2026-01-01T00:00:00Z")
-    reviewed_at = git("rev-parse", "HEAD")
-    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
-    for job in (1, 2):
-        assert run_cli("run-job", str(job)).exit_code == 0
+    reviewed_at = reviewed_in_git(flow, run_cli)
     assert run_cli("export").exit_code == 0
     assert set(recorded().values()) == {reviewed_at}
-    reviews = flow.root / "kb/reports/reviews"
-    files = {p: p.read_bytes() for p in reviews.rglob("*") if p.is_file()}
+    files = exported_files(flow)
     git("add", "-A")
     git("commit", "-qm", "the night's export")  # the second the last review was recorded in
     assert run_cli("export").exit_code == 0
-    assert {p: p.read_bytes() for p in reviews.rglob("*") if p.is_file()} == files
+    assert exported_files(flow) == files
     assert git("status", "--porcelain") == ""
+
+
+def reviewed_in_git(flow, run_cli) -> str:
+    """The KB committed to a new repository and its pairs reviewed: the commit."""
+    git_at(flow.root, "init", "-q")
+    flow.write(".gitignore", ".reviewq/\n")
+    git_at(flow.root, "add", "-A")
+    git_at(flow.root, "commit", "-qm", "the KB", at="2026-01-01T00:00:00Z")
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    return git_at(flow.root, "rev-parse", "HEAD")
+
+
+def exported_files(flow) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in (flow.root / EXPORT_DIR).rglob("*") if p.is_file()}
+
+
+def test_an_export_git_cannot_read_the_history_of_writes_nothing(flow, run_cli, monkeypatch):
+    """A KB git will not read, owned by another user (an export run as root, or by a
+    cron of another user, with no `safe.directory`): every `recorded-commit` was written
+    empty, as if the KB were outside git, with "exported" and no word of git's refusal.
+    A KB that commits its export had every file rewritten, and again by the next export
+    git read (E82's own defect), and a tool reading the commit was told there was none."""
+    reviewed_in_git(flow, run_cli)
+    assert run_cli("export").exit_code == 0
+    files = exported_files(flow)
+    if os.geteuid() == 0:
+        os.chown(flow.root, 65534, 65534)
+    else:  # git's own check, told the owner is another
+        monkeypatch.setenv("GIT_TEST_ASSUME_DIFFERENT_OWNER", "1")
+    try:
+        res = run_cli("export")
+    finally:
+        if os.geteuid() == 0:
+            os.chown(flow.root, 0, 0)
+    assert res.exit_code == 1, res.stdout
+    assert res.stderr == (
+        "error: cannot read the KB's git history for recorded-commit: git cannot use the "
+        f"KB's repository: fatal: detected dubious ownership in repository at '{flow.root}'; "
+        "nothing exported\n"
+    )
+    assert exported_files(flow) == files
 
 
 @contextlib.contextmanager

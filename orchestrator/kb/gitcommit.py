@@ -112,6 +112,28 @@ class GitFailed(subprocess.SubprocessError):
     """A git command the commit needs failed; the message is git's own first line."""
 
 
+def in_repository(root: Path) -> bool:
+    """Whether ``root`` is in a git work tree; :class:`GitFailed` when git cannot use the
+    repository there (dubious ownership, a broken .git), in git's own words: taken for "not
+    a repository", it was a KB without history to whoever read what reviewq said."""
+    inside = _git(root, "rev-parse", "--is-inside-work-tree")
+    if inside.returncode != 0 and "not a git repository" not in inside.stderr:
+        raise GitFailed(f"git cannot use the KB's repository: {_first_line(inside)}")
+    return inside.returncode == 0 and inside.stdout.strip() == "true"
+
+
+def first_parent_line(root: Path) -> list[str]:
+    """``git log --first-parent --format='%ct %H'`` of HEAD, newest first: none outside a
+    repository or before its first commit. :class:`GitFailed` or :class:`GitTimeout` when
+    git cannot read it."""
+    if not in_repository(root) or _git(root, "rev-parse", "-q", "--verify", "HEAD").returncode:
+        return []
+    out = _git(root, "log", "--first-parent", "--format=%ct %H", "HEAD")
+    if out.returncode != 0:
+        raise GitFailed(f"git log: {_first_line(out)}")
+    return out.stdout.splitlines()
+
+
 def _git(
     root: Path, *args: str, env: dict | None = None, data: bytes | None = None
 ) -> subprocess.CompletedProcess:
@@ -421,12 +443,11 @@ def _commit_unchanged(
 def _commit(
     root: Path, rel: str, before: bytes, after: bytes, msg: str, lock_tries: int
 ) -> CommitOutcome:
-    inside = _git(root, "rev-parse", "--is-inside-work-tree")
-    if inside.returncode != 0 and "not a git repository" not in inside.stderr:
-        # Dubious ownership, a broken .git: git's own words, not "not a repository".
-        return CommitOutcome(why_not=f"git cannot use the KB's repository: {_first_line(inside)}")
-    if inside.returncode != 0 or inside.stdout.strip() != "true":
-        return CommitOutcome(why_not="the KB is not in a git repository")
+    try:
+        if not in_repository(root):
+            return CommitOutcome(why_not="the KB is not in a git repository")
+    except GitFailed as exc:
+        return CommitOutcome(why_not=str(exc))
     # "./" makes the path relative to the KB root, wherever the repository's top is.
     head = _git(root, "rev-parse", "--verify", "--quiet", f"HEAD:./{rel}")
     if head.returncode != 0:

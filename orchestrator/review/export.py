@@ -11,14 +11,13 @@ import io
 import json
 import operator
 import os
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from orchestrator.kb.atomicfile import replace_if_changed
-from orchestrator.kb.gitcommit import git_env
+from orchestrator.kb.gitcommit import GitFailed, GitTimeout, first_parent_line
 from orchestrator.kb.notes import FileProblem, canonical_json, parse_note_text
 from orchestrator.regularfile import NotRegular, open_regular
 from orchestrator.review.acceptance import pair_now
@@ -52,7 +51,7 @@ def git_blob_hash(text: str) -> str:
 class HeadHistory:
     """The commits of HEAD's first-parent line, newest first: :meth:`at` names the one
     HEAD was at when a review was recorded. Read once an export (one ``git log``); none
-    outside git or before a first commit."""
+    outside git or before a first commit; :class:`ReportError` when git cannot read it."""
 
     def __init__(self, root: Path) -> None:
         self._shas: list[str] = []
@@ -61,20 +60,16 @@ class HeadHistory:
         # rising from the newest, so the newest made before a time is found by bisection.
         self._made: list[int] = []
         try:
-            out = subprocess.run(
-                ["git", "log", "--first-parent", "--format=%ct %H", "HEAD"],
-                cwd=root,
-                env=git_env(),
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return
-        if out.returncode != 0:
-            return
-        for line in reversed(out.stdout.splitlines()):
+            lines = first_parent_line(root)
+        except OSError:
+            return  # no git to run: outside git, as far as this machine can tell
+        except (GitFailed, GitTimeout) as exc:
+            # Written empty, as outside git, the commits of a KB that commits its export
+            # were rewritten whole, and again by the next export git could read.
+            raise ReportError(
+                f"cannot read the KB's git history for recorded-commit: {exc}; nothing exported"
+            ) from None
+        for line in reversed(lines):
             at, _, sha = line.partition(" ")
             with contextlib.suppress(ValueError):
                 self._made.append(max(int(at), self._made[-1]) if self._made else int(at))
