@@ -535,8 +535,34 @@ def test_a_gates_escalations_are_listed_and_decided_together(cyc):
         "prose/other-check 1)"
     ]
     assert rq(cyc, "escalations", "--gate", "prose/body-check").stdout == (
+        "--gate prose/body-check: no open escalation of this gate (open: prose/other-check 1)\n"
         "0 open escalation(s) of prose/body-check on 0 note(s)\n"
     )
+
+
+def test_a_gate_with_no_open_escalation_is_said_with_the_gates_that_have_some(cyc):
+    """`escalations --gate` of a lens's name, a gate id with a trailing slash (or a typo)
+    said "0 open escalation(s) of prose on 0 note(s)", as of a gate all decided: the
+    person read that nothing waited while every escalation of the lens did. `decide`
+    named the open gates; with --note, it named every note's, counted over all notes,
+    so the gate it offered for the note could be refused again."""
+    cyc.gate("prose/other-check", ["body"])
+    cyc.note("beta", body="Beta body.\n")
+    escalate(cyc)
+    approve = ("decide", "--note", NOTE, "--gate", "prose/other-check", "approve")
+    assert rq(cyc, *approve).returncode == 0
+    for gate in ("prose", "prose/body-check/"):
+        assert rq(cyc, "escalations", "--gate", gate).stdout == (
+            f"--gate {gate}: no open escalation of this gate (open: prose/body-check 2, "
+            "prose/other-check 1)\n"
+            f"0 open escalation(s) of {gate} on 0 note(s)\n"
+        )
+    res = rq(cyc, *approve)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"error: --note {NOTE} --gate prose/other-check: no open escalation of this gate for "
+        "this note (open: prose/body-check 1)"
+    ]
 
 
 def test_reject_holds_the_pair_until_the_note_changes(cyc):

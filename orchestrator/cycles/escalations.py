@@ -557,9 +557,10 @@ def resolve(
         raise DecideError("name escalation ids, --note PATH or --gate GATE_ID")
     out = list(dict.fromkeys(ids))
     if note or gate:
-        rows = open_ids(store, _note_keys(note, root) if note else None, gate)
+        keys = _note_keys(note, root) if note else None
+        rows = open_ids(store, keys, gate)
         if not rows:
-            raise DecideError(_none_open(store, note, gate))
+            raise DecideError(none_open(store, gate, note, keys))
         out.extend(r for r in rows if r not in out)
     return out
 
@@ -593,16 +594,22 @@ def _note_keys(note: str, root: Path | None) -> list[str]:
     return keys
 
 
-def _none_open(store: Store, note: str | None, gate: str | None) -> str:
+def none_open(
+    store: Store, gate: str | None, note: str | None = None, keys: list[str] | None = None
+) -> str:
     """Why ``--note``/``--gate`` named nothing, with the gates that have open escalations
-    when a gate was named (a typo, or decided already)."""
+    (of the note's ``keys``, with a note) when a gate was named (a typo, a lens's name, or
+    decided already)."""
     if gate is None:
         return f"--note {note}: no open escalation for this note"
+    # The note's own: a gate open on another note, offered here, was refused again.
+    of_note = f"AND note_path IN ({', '.join('?' * len(keys))}) " if keys else ""
     opened = ", ".join(
         f"{g} {n}"
         for g, n in store.conn.execute(
-            "SELECT gate_id, count(*) FROM escalations WHERE decision IS NULL "
-            "GROUP BY gate_id ORDER BY gate_id"
+            f"SELECT gate_id, count(*) FROM escalations WHERE decision IS NULL {of_note}"
+            "GROUP BY gate_id ORDER BY gate_id",
+            keys or (),
         )
     )
     named = f"--note {note} --gate {gate}" if note else f"--gate {gate}"
@@ -922,6 +929,10 @@ def escalation_lines(
     ``agents``: those an agent raised (``state.status.agents_failed``); ``gate``: the one
     gate ``items`` are of, when the person asked for one."""
     groups = by_note(items)
+    if gate and not items:
+        # "0 open escalation(s) of prose" alone read as nothing waiting, where every
+        # escalation of the lens did.
+        yield none_open(store, gate)
     for note, group in groups:
         yield f"{note}: {len(group)} escalation(s)"
         for e in group:
