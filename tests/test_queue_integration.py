@@ -4256,6 +4256,48 @@ def test_a_lowered_budget_raised_again_gives_the_open_run_its_budget_back(kb):
     assert [(e["sweep_run"], e["was"], e["budget_usd"]) for e in said] == [(run.run_id, 0.02, 1.0)]
 
 
+def test_a_budget_given_to_an_entry_that_had_none_holds_its_open_run(kb):
+    """The brake most wanted: an entry with no `budget_usd` spending faster than meant
+    (a reviewer looping on turns), a budget added and the control sent SIGHUP. N17 and
+    N22 moved only the runs that had one: the open cron run went on spending, unbounded,
+    the new budget the next night's, and nothing said so. It takes the budget, and,
+    the line taken out again, gets its none back."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=4)
+    entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n'
+    kb.write("reviewq.toml", FAST_QUEUE + entry)
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
+    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)  # $0.03 of no budget
+    ws.close()
+    kb.write("reviewq.toml", FAST_QUEUE + entry + "budget_usd = 0.02\n")
+    status = _status_once_a_budget_is_reached(kb)
+    assert status.returncode == 0, status.stderr
+    spent = json.loads(status.stdout)["budgets_spent"]
+    assert [(b["sweep_run"], b["budget_usd"], b["jobs_waiting"]) for b in spent] == [
+        (run.run_id, 0.02, 8)
+    ]
+    kb.write("reviewq.toml", FAST_QUEUE + entry)
+    control = subprocess.Popen(
+        [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root), "control"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _await_logged(kb, "sweep.budget_restored")
+    finally:
+        stop(control)
+    moved = [e for e in log_lines(kb) if e["event"].startswith("sweep.budget_")]
+    assert [(e["event"], e["was"], e["budget_usd"]) for e in moved if "was" in e] == [
+        ("sweep.budget_lowered", None, 0.02),
+        ("sweep.budget_restored", 0.02, None),
+    ]
+    with db(kb) as conn:
+        kept = conn.execute("SELECT budget_usd FROM sweep_runs WHERE id = ?", (run.run_id,))
+        assert kept.fetchone()[0] is None
+
+
 def _status_once_a_budget_is_reached(kb) -> subprocess.CompletedProcess:  # noqa: ANN001
     """`status --json` once a control started on the config as it now is held a run's
     budget as reached."""

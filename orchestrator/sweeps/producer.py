@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import math
 import shlex
 import sqlite3
 from collections.abc import Callable, Collection, Iterable
@@ -441,23 +442,24 @@ def follow_budgets(ws: Workspace) -> list[dict]:
     swapped names and each run took the other model's budget. Not a run by name (its
     ``--budget-usd`` may be a person's, given anew). Returns what changed, each logged
     ``sweep.budget_lowered`` or ``sweep.budget_restored``."""
-    budgets = {s.name: s.budget_usd for s in ws.settings.sweeps.values()}
+    budgets = {s.name: _or_none(s.budget_usd) for s in ws.settings.sweeps.values()}
     # The runs with queued jobs, as dispatch walks them: a scan of sweep_runs by name at
     # each tick grew with every run ever recorded (a `* * * * *` entry adds 1,440 a day).
     rows = []
     for run_id, name, was, started, text, trigger in ws.store.conn.execute(
         "SELECT id, name, budget_usd, budget_started, options, trigger FROM sweep_runs WHERE "
-        "id IN (SELECT value FROM json_each(?)) AND trigger = 'cron' AND budget_usd IS NOT "
-        "NULL ORDER BY id",
+        "id IN (SELECT value FROM json_each(?)) AND trigger = 'cron' ORDER BY id",
         (json.dumps(runs_with_queued_jobs(ws.store)),),
     ):
         owners = entries_taking_over(ws.settings, name, json_column(text), trigger)
         if len(owners) != 1 or owners[0] not in budgets:
             continue
+        # A run started with no budget is moved too: a budget given to an entry that had
+        # none (spending faster than meant) is the brake most wanted, and the run went on
+        # spending unbounded. Its "none" is kept as infinity, the most it gets back.
+        was = _or_none(was)
         entry, own = owners[0], started if started is not None else was
-        now = budgets[entry]
-        # No budget now: the run's own is the most it gets back.
-        to = own if now is None else min(own, now)
+        to = min(own, budgets[entry])
         if to != was:
             rows.append((run_id, name, was, own, to, entry))
     if not rows:
@@ -465,15 +467,15 @@ def follow_budgets(ws: Workspace) -> list[dict]:
     with ws.store.write():
         ws.store.conn.executemany(
             "UPDATE sweep_runs SET budget_usd = ?, budget_started = ? WHERE id = ?",
-            [(to, own, run_id) for run_id, _, _, own, to, _ in rows],
+            [(_none_or(to), own, run_id) for run_id, _, _, own, to, _ in rows],
         )
     moved = []
     for run_id, name, was, _, to, entry in rows:
         said = {
             "sweep": entry,
             "sweep_run": run_id,
-            "was": was,
-            "budget_usd": to,
+            "was": _none_or(was),
+            "budget_usd": _none_or(to),
             **({"run_name": name} if name != entry else {}),
         }
         if to < was:
@@ -482,6 +484,15 @@ def follow_budgets(ws: Workspace) -> list[dict]:
             logs.get().info("sweep.budget_restored", **said)
         moved.append(said)
     return moved
+
+
+def _or_none(budget: float | None) -> float:
+    """No budget as the infinite one, which every budget is below."""
+    return math.inf if budget is None else budget
+
+
+def _none_or(budget: float) -> float | None:
+    return None if budget == math.inf else budget
 
 
 def run_by_name(store: Store, names: Collection[str]) -> set[str]:
