@@ -64,11 +64,7 @@ def resolve(
                 "SELECT id, name, started_at FROM sweep_runs WHERE id = ?", (run,)
             ).fetchone()
             if row is None:
-                # A cron run of nothing is kept only until the next run of its sweep.
-                raise ReportError(
-                    f"--run {run}: no such sweep run (a cron run that enqueued nothing is "
-                    "kept only until its sweep's next run)"
-                )
+                raise ReportError(f"--run {run}: no such sweep run ({_why_no_run(store, run)})")
         else:
             row = store.conn.execute(
                 "SELECT id, name, started_at FROM sweep_runs WHERE name = ? ORDER BY id DESC LIMIT 1",
@@ -104,3 +100,13 @@ def record(store: Store, period: Period, html_path: str | None) -> None:
             "INSERT INTO report_runs (since, until, html_path, made_at) VALUES (?, ?, ?, ?)",
             (period.since, period.until, html_path, utcnow()),
         )
+
+
+def _why_no_run(store: Store, run: int) -> str:
+    """Why sweep run ``run`` is not in state.db: past the last, it never was (told of the
+    runs of nothing deleted, the person looked for one); else a cron run of nothing,
+    kept only until the next run of its sweep."""
+    last = store.conn.execute("SELECT max(id) FROM sweep_runs").fetchone()[0]
+    if last is None or run > last:
+        return f"the last is run {last}" if last else "no run is recorded"
+    return "a cron run that enqueued nothing is kept only until its sweep's next run"
