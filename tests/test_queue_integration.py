@@ -4256,6 +4256,31 @@ def test_a_lowered_budget_raised_again_gives_the_open_run_its_budget_back(kb):
     assert [(e["sweep_run"], e["was"], e["budget_usd"]) for e in said] == [(run.run_id, 0.02, 1.0)]
 
 
+def test_a_lowered_budget_holds_the_run_before_a_dispatch_waiting_in_the_queue(kb):
+    """A control sent SIGHUP with the budget lowered took first what waited in its queue:
+    a dispatch (an attempt's end, a person's `enqueue` or `decide` sent it) ran before its
+    first tick lowered the budget, and started attempts of a run the new budget held as
+    spent (seen with a real control and worker: job 9 started under the budget before).
+    The control's settings move the budgets before it takes a message."""
+    from orchestrator.cli.common import nudge_control
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=4)
+    entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = {}\n'
+    kb.write("reviewq.toml", FAST_QUEUE + entry.format("1.0"))
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
+    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)  # $0.03 of its $1
+    nudge_control(ws)  # a dispatch waits in the control's queue
+    ws.close()
+    kb.write("reviewq.toml", FAST_QUEUE + entry.format("0.02"))
+    status = _status_once_a_budget_is_reached(kb)
+    assert status.returncode == 0, status.stderr
+    assert [e["event"] for e in log_lines(kb) if e["event"] == "attempt.dispatched"] == []
+    assert json.loads(status.stdout)["jobs"]["queued"] == len(run.jobs)
+
+
 def test_a_budget_given_to_an_entry_that_had_none_holds_its_open_run(kb):
     """The brake most wanted: an entry with no `budget_usd` spending faster than meant
     (a reviewer looping on turns), a budget added and the control sent SIGHUP. N17 and

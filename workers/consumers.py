@@ -485,7 +485,7 @@ def run_control(ws: Workspace) -> None:
     from orchestrator.control.followup import FollowUp
     from orchestrator.state.status import keep_shared, keep_stale, keep_zone
     from orchestrator.state.when import local_zone
-    from orchestrator.sweeps.producer import sweep_problems
+    from orchestrator.sweeps.producer import follow_budgets, sweep_problems
 
     settings = ws.settings
     # state.db first: one refused as another program's had control.lock and queue/ made
@@ -616,6 +616,10 @@ def run_control(ws: Workspace) -> None:
             logs.get().error(
                 "sweep.invalid", sweep=sweep.name, problem=problem, config=str(settings.config_path)
             )
+    # Before the first message: a dispatch waiting in the queue (an attempt's end, a
+    # person's `enqueue`, sent before a SIGHUP) ran before the first tick, and started
+    # attempts of a run the budget read now holds as spent.
+    follow_budgets(ws)
     thread.start()
     try:
         consumer.run()
