@@ -571,6 +571,10 @@ _OWN_FLAGS = {
         "--dangerously-bypass-approvals-and-sandbox": _CONFINED,
         "--cd": _CONFINED,
         "-C": _CONFINED,
+        # A writable root beside the workspace: the KB given, a fixer wrote the note
+        # itself, past every check of a fix (Claude's --add-dir and Gemini's
+        # --include-directories leave their permissions and policy refusing it).
+        "--add-dir": _CONFINED,
         "--ephemeral": _RECORD,
     },
     "gemini": {

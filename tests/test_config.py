@@ -266,6 +266,13 @@ BAD = [
         "[reviewers.x] args",
         "'--enable hooks' is a flag that lifts reviewq's confinement",
     ),
+    # Codex's writable roots beside its workspace: the KB given, a fixer wrote the note
+    # itself, past every check of a fix (the real CLI, C47).
+    (
+        '[reviewers.x]\nkind = "codex"\nmodel = "m"\nargs = ["--add-dir=/srv/kb"]\n',
+        "[reviewers.x] args",
+        "'--add-dir' is a flag that lifts reviewq's confinement",
+    ),
     # ... and a Codex run that keeps no session log, where reviewq reads a killed run's
     # tokens and the calls Codex refused (a fixer's patch of the KB note went unsaid).
     (
