@@ -1165,6 +1165,23 @@ def git_at(root: Path, *args: str, at: str | None = None) -> str:
     ).stdout.strip()  # fmt: skip
 
 
+def test_an_export_is_readable_by_others_as_the_report_page_is(flow, run_cli):
+    """Its files were written 0600, the temp file's mode: a view for people and other tools
+    that the KB's other users (a team's shared checkout, a site built from it by another
+    account) could not read, while the report page is 0644. An earlier export's 0600
+    file of the same bytes is given the mode too."""
+    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
+    for job in (1, 2):
+        assert run_cli("run-job", str(job)).exit_code == 0
+    assert run_cli("export").exit_code == 0
+    files = [p for p in (flow.root / "kb/reports/reviews").rglob("*") if p.is_file()]
+    assert len(files) > 2
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o644}
+    files[0].chmod(0o600)
+    assert run_cli("export").exit_code == 0
+    assert files[0].stat().st_mode & 0o777 == 0o644
+
+
 def test_a_reviews_commit_is_the_one_head_was_at_when_it_was_recorded(tmp_path):
     """Read from HEAD's first-parent line: a commit in the second of the review may have
     come after it, and one dated back was made no earlier than its parent."""

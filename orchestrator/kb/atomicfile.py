@@ -149,21 +149,21 @@ def atomic_write(
             os.close(folder)
 
 
-def replace_if_changed(path: Path, data: str | bytes) -> bool:
-    """``path`` written as :func:`atomic_write` writes it, unless it holds ``data`` already:
-    a view rendered whole on every run (the export's 12,832 files of a real KB) keeps the
-    files whose bytes are the same as they were, inode and mtime too, so `git status` and
-    a backup do not read them all again. Whatever is there and not a regular file (a
-    link, a folder) goes to the write, which replaces it or says why not. True when
-    written."""
+def replace_if_changed(path: Path, data: str | bytes, mode: int | None = None) -> bool:
+    """``path`` written as :func:`atomic_write` writes it (``mode`` too), unless it holds
+    ``data`` already, with that mode: a view rendered whole on every run (the export's
+    12,832 files of a real KB) keeps the files whose bytes are the same as they were,
+    inode and mtime too, so `git status` and a backup do not read them all again. Whatever
+    is there and not a regular file (a link, a folder) goes to the write, which replaces
+    it or says why not. True when written."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    if _holds(path, raw):
+    if _holds(path, raw, mode):
         return False
-    atomic_write(path, raw)
+    atomic_write(path, raw, mode=mode)
     return True
 
 
-def _holds(path: Path, raw: bytes) -> bool:
+def _holds(path: Path, raw: bytes, mode: int | None) -> bool:
     try:
         fd = open_regular(path, follow=False)
     except (NotRegular, OSError):
@@ -171,5 +171,8 @@ def _holds(path: Path, raw: bytes) -> bool:
     if fd is None:
         return False
     with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if mode is not None and st.st_mode & 0o7777 != mode:
+            return False
         # The size first: a changed file is told without a read, most often.
-        return os.fstat(fd).st_size == len(raw) and f.read(len(raw) + 1) == raw
+        return st.st_size == len(raw) and f.read(len(raw) + 1) == raw

@@ -31,6 +31,9 @@ EXPORT_DIR = "kb/reports/reviews"
 # export of a large KB; a holder past it is stuck, and cron's next exports must not pile
 # up behind it for good, each silent.
 EXPORT_WAIT = 300.0
+# A view for people and other tools, in the KB: readable by its other users (a team's
+# shared checkout, a site built from it by another account), as the report page is.
+VIEW_MODE = 0o644
 HEADER = "<!-- GATE-REVIEW\n"  # how an export's own files begin: the only ones it removes
 CSV_HEADER = [
     "note_path",
@@ -261,11 +264,11 @@ def _write(  # noqa: ANN001 - rows: a cursor
         body = f"\n## {gate_id} — {note_path}\n\n{(r['rationale'] or '').strip()}\n\n## Result: {r['decision']}\n"
         path = base / "gates" / flat(note_path) / f"{gate_id}.md"
         _not_a_link(path.parent)
-        replace_if_changed(path, header + body)
+        replace_if_changed(path, header + body, mode=VIEW_MODE)
         written.add(path)
         writer.writerow([fields[k] for k in CSV_HEADER])
     csv_path = base / "csv" / "gate_reviews.csv"
-    replace_if_changed(csv_path, buf.getvalue())
+    replace_if_changed(csv_path, buf.getvalue(), mode=VIEW_MODE)
     _remove_others(base / "gates", written)
     return ExportResult(files, csv_path)
 
