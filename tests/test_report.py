@@ -953,6 +953,37 @@ def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):
     assert "FAIL findings: 2" in page and page.count('<tr class="fail">') == 2
 
 
+def test_a_cut_list_names_the_command_that_shows_the_rest_of_its_period(
+    kb, run_cli, browser, tmp_path
+):
+    """A big night's page cut its lists at 50 and said "… and 493 more: reviewq report
+    --full". Run after the report it follows, that command reported since that report, a
+    period of nothing: the rest were in no page. The cut names the report's own period."""
+    kb.gate("frontmatter/has-description", ["description"])
+    for i in range(51):  # one past the page's 50
+        kb.note(f"n{i:02d}", body=f"Body of n{i:02d}.\n", description="")
+    res = reviewq_process(
+        "--root", str(kb.root), "sweep", "--reviewer", "offline", "--grouping", "gate",
+        "--batch-size", "60",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    res = run_cli("report")  # the morning's: the next one starts where it ends
+    assert res.exit_code == 0, res.stderr
+    page = browser.open((kb.state / "report.html").as_uri())
+    cut = page.evaluate("document.querySelector('#fail-findings ~ p.meta').innerText")
+    assert cut.startswith("… and 1 more: reviewq report --full"), cut
+    command = page.evaluate("document.querySelector('#fail-findings ~ p.meta code').innerText")
+    said = res.stdout
+    argv = command.split()
+    assert argv[:2] == ["reviewq", "report"], command
+    res = run_cli(*argv[1:], "--html", str(tmp_path / "full.html"))
+    assert res.exit_code == 0, res.stderr
+    full = browser.open((tmp_path / "full.html").as_uri())
+    assert full.evaluate("document.querySelectorAll('tr.fail').length") == 51
+    # The terminal names the same command for the FAILs it leaves out.
+    assert f"on the page, every one with {command}\n" in said, said
+
+
 def test_two_sweeps_on_one_machine_are_not_said_a_restarted_worker(kb, run_cli):
     """Each `reviewq sweep` runs a worker process of its own: two nights of `make run` (or
     of the system cron's `reviewq sweep --name`) on one machine, both ending well, and the

@@ -359,7 +359,8 @@ def test_a_nights_fixes_not_written_are_counted_past_the_first_few(st, kb, run_c
     assert (len(n["fixes_unwritten"]), n["fixes_unwritten_total"], n["count"]) == (2, 5, 5)
     page = render.html(data)
     assert page.count('<li class="unwritten">') == 2
-    assert "… and 3 more: <code>reviewq report --full</code>" in page
+    since = data["period"]["since"]
+    assert f"… and 3 more: <code>reviewq report --full --since {since}</code>" in page
     assert "5 fixed note(s) not written to the KB</a>" in page
     store.conn.close()
     kb.state.mkdir()
@@ -387,7 +388,8 @@ def test_the_pages_list_of_fixes_not_applied_says_how_many_more(st):
     assert data["kb_changes"]["human_edits_total"] == 4
     page = render.html(data)
     assert page.count('<li class="human-edit">') == 3
-    assert "… and 1 more: <code>reviewq report --full</code>" in page
+    since = data["period"]["since"]
+    assert f"… and 1 more: <code>reviewq report --full --since {since}</code>" in page
 
 
 def test_a_failed_job_run_by_hand_names_the_profile_it_ran_with(st):

@@ -183,6 +183,18 @@ def jobs_line(reviewed: dict) -> str:
 _ENV.filters["jobs_line"] = jobs_line
 
 
+def full_command(period: dict) -> str:
+    """The command that lists every item of this report's lists: its own period, named.
+    `reviewq report --full` alone reports since the last report, which this one has just
+    become: run after it, the rest of a cut list was in no page."""
+    if period["run"] is not None:
+        return f"reviewq report --full --run {period['run']}"
+    return f"reviewq report --full --since {period['since']}"
+
+
+_ENV.filters["full_command"] = full_command
+
+
 def machine_words(m: dict) -> str:
     """One host of the report's machines: "worker45: 40 attempt(s) run, 3 failed, 2 lost
     (2 worker processes, last heard 07:28:25Z)"."""
@@ -320,7 +332,7 @@ def text(data: dict, html_path: str | None) -> str:
     if r["fails_left_total"] > FAILS_SHOWN:
         lines.append(
             f"  … {r['fails_left_total'] - FAILS_SHOWN} more {FAILS_LEFT}: on the page, every "
-            "one with --full"
+            f"one with {full_command(data['period'])}"
         )
     for gate in data["trends"]["suspect_gates"]:
         lines.append(f"  gate {gate} fails far more notes than the others: check the gate too")
