@@ -984,6 +984,24 @@ def test_a_cut_list_names_the_command_that_shows_the_rest_of_its_period(
     assert f"on the page, every one with {command}\n" in said, said
 
 
+def test_a_sweeps_summary_names_a_few_failed_jobs_and_counts_the_rest(kb):
+    """A night whose reviewer crashed on some notes printed a `failed job N: …` line for
+    each of its 165 failed jobs, above the escalations they raised (cut at 20 notes): the
+    mail of the night was 165 lines of one reason before the first thing to decide."""
+    kb.gate("prose/has-body", ["body"])
+    for i in range(5):
+        kb.note(f"n{i}", body=f"Body of n{i}.\n")
+    kb.write(
+        "reviewq.toml",
+        profile("crashy", partition="crash", FAKE_MODE="crash", FAKE_TURNS="1") + QUEUE,
+    )
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "crashy")
+    assert res.returncode == 1 and "error: 5 job(s) failed" in res.stderr, res.stderr
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("failed job ")]
+    assert len(said) == 3, res.stdout
+    assert "\n… 2 more failed job(s): reviewq jobs --state failed\n" in res.stdout, res.stdout
+
+
 def test_two_sweeps_on_one_machine_are_not_said_a_restarted_worker(kb, run_cli):
     """Each `reviewq sweep` runs a worker process of its own: two nights of `make run` (or
     of the system cron's `reviewq sweep --name`) on one machine, both ending well, and the

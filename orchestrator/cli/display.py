@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.kb.notes import capped, excluded_words
 from orchestrator.review.jobs import skipped_count
-from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten
+from orchestrator.state.status import FAILED_SHOWN, UNWRITTEN_SHOWN, more_failed, more_unwritten
 from orchestrator.state.words import outcome_words
 
 # rich (~50 ms) is imported where a bar or a table is drawn: a sweep with --json draws
@@ -120,8 +120,12 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
             console.print(line, soft_wrap=True)
     if enq.excluded:
         console.print(excluded_words(enq.excluded), soft_wrap=True)
-    for f in s["failed"]:
+    # A few, the rest counted: a night whose reviewer crashed printed 165 lines of one
+    # reason before the first escalation to decide.
+    for f in s["failed"][:FAILED_SHOWN]:
         console.print(f"failed job {f['job_id']}: " + "; ".join(f["reasons"]), soft_wrap=True)
+    if more := more_failed(len(s["failed"])):
+        console.print(more, soft_wrap=True)
     if s.get("escalations"):
         # A note's escalations are one decision: one line a note (a partition, when they
         # are in several), with the command.

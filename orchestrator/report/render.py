@@ -10,7 +10,14 @@ from markupsafe import Markup, escape
 
 from orchestrator.logs import one_line, visible
 from orchestrator.report import charts
-from orchestrator.state.status import UNWRITTEN_SHOWN, more_unwritten, raised_by_agents, who_ran
+from orchestrator.state.status import (
+    FAILED_SHOWN,
+    UNWRITTEN_SHOWN,
+    more_failed,
+    more_unwritten,
+    raised_by_agents,
+    who_ran,
+)
 from orchestrator.state.words import attempt_words, outcome_words
 
 FAILS_SHOWN = 3  # the terminal's FAIL findings; the page lists up to the report's cut
@@ -302,13 +309,13 @@ def text(data: dict, html_path: str | None) -> str:
             f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s): "
             "reviewq escalations lists every one"
         )
-    for f in n["failed_jobs"][:3]:
+    for f in n["failed_jobs"][:FAILED_SHOWN]:
         lines.append(
             f"  job {f['id']} failed ({failed_what(f)}): "
             f"{(f['reasons'] or ['no reason recorded'])[0]}"
         )
-    if n["failed_total"] > 3:
-        lines.append(f"  … {n['failed_total'] - 3} more failed job(s): reviewq jobs --state failed")
+    if more := more_failed(n["failed_total"]):
+        lines.append(f"  {more}")
     for p in n["paused_reviewers"]:
         lines.append(f"  {p['says']}")
     for b in n["budgets_reached"]:

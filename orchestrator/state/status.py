@@ -827,6 +827,14 @@ def unwritten_fixes(store: Store, failed_only: bool = False) -> list[dict]:
 # write (a read-only mount, another owner) keeps every fix of a night out, and status,
 # the sweep's summary and the page said each, hundreds of lines burying the rest.
 UNWRITTEN_SHOWN = 3
+FAILED_SHOWN = 3  # failed jobs a summary names; the rest counted
+
+
+def more_failed(total: int, shown: int = FAILED_SHOWN) -> str | None:
+    """The line that counts the failed jobs past those named, and says where each is."""
+    if total <= shown:
+        return None
+    return f"… {total - shown} more failed job(s): reviewq jobs --state failed"
 
 
 def more_unwritten(total: int, shown: int = UNWRITTEN_SHOWN) -> str | None:
