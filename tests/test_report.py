@@ -1085,6 +1085,17 @@ def test_the_fails_named_are_those_no_fixer_or_person_took(night, tmp_path):
     assert r["fails_left_total"] == 2 and r["fails_total"] == len(r["fails"]) == 13
 
 
+def test_the_fails_are_listed_worst_first_those_mended_last(night):
+    """The page cuts its FAIL findings at 50: on a night of 543, after the FAILs nothing
+    came of, it listed them by note path, 18 of its 50 rows FAILs already fixed and
+    passed ("reviewed again") ahead of 280 escalated ones still waiting for a person."""
+    rank = {None: 0, "escalated": 1, "fix": 2, "reviewed-again": 3}
+    fails = night.report()["reviewed"]["fails"]
+    then = [f["then"] for f in fails]
+    assert {"escalated", "reviewed-again"} <= set(then), then
+    assert then == sorted(then, key=rank.__getitem__), then
+
+
 def test_a_page_that_cannot_be_written_is_not_remembered_as_shown(kb, run_cli):
     Store.open(kb.state).close()
     blocker = kb.root / "not-a-folder"
