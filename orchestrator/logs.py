@@ -142,9 +142,18 @@ def lines(
         # Bytes, decoded line by line: the place read up to is a byte offset, which the
         # copy copytruncate made is read on from.
         with open(path, "rb") as f:
-            partial, last, shown = b"", None, b""
+            partial, last, shown, end = b"", None, b"", 0
             while True:
                 chunk = f.readline()
+                if follow:
+                    # Checked after the read (before, it could be emptied in between).
+                    if _overwritten(f, end, shown + partial):
+                        # Emptied in place and written past the place read up to while
+                        # the follower was held (a pager not read, a suspend, or only
+                        # between two looks), which its size and inode do not tell.
+                        yield from _copied_since(path, end, shown, partial, said)
+                        break
+                    end += len(chunk)
                 if chunk.endswith(b"\n"):
                     shown = partial + chunk
                     yield _decoded(shown)
@@ -180,8 +189,21 @@ def lines(
                 wait()
 
 
+def _overwritten(f, end: int, read: bytes) -> bool:  # noqa: ANN001 - an open file
+    """The bytes of ``f`` before ``end`` are no longer ``read``, the ones read there."""
+    return bool(read) and os.pread(f.fileno(), len(read), end - len(read)) != read
+
+
 def _decoded(line: bytes) -> str:
     return line.decode("utf-8", errors="replace")
+
+
+def _decoded_lines(f) -> Iterator[str]:  # noqa: ANN001 - a binary file
+    """The lines of ``f`` from its place on, decoded."""
+    rest = f.readline()
+    while rest:
+        yield _decoded(rest)
+        rest = f.readline()
 
 
 # How many of the log's copies, newest first, are looked in for what copytruncate took.
@@ -194,24 +216,26 @@ def _copied_since(
     """The lines a follower had not read when ``path`` was copied and emptied in place
     (logrotate's ``copytruncate``): those of its copy (``.1``, or ``.1.gz`` compressed
     since) from the start of ``partial``, the copy known as the one whose bytes before
-    ``end`` are ``shown`` and ``partial``, the last line read and the one begun.
+    ``end`` are ``shown`` and ``partial``, the last line read and the one begun; then
+    the whole of each newer copy, oldest first (rotated again before the next look).
     None found (the copy compressed as reviewq does not read, or removed): said."""
     read = shown + partial
     copies = sorted(_copies(path), key=lambda p: (_end_of(p) or (0, 0, 0))[2], reverse=True)
-    for copy in copies[:_COPIES_LOOKED_IN]:
+    copies = copies[:_COPIES_LOOKED_IN]
+    for newer, copy in enumerate(copies):
         try:
             with _open_bytes(copy) as f:
                 f.seek(end - len(read))
                 if f.read(len(read)) != read:
                     continue
                 f.seek(end - len(partial))
-                rest = f.readline()
-                while rest:
-                    yield _decoded(rest)
-                    rest = f.readline()
-            return
+                yield from _decoded_lines(f)
         except (*_unreadable(), ValueError):  # compressed as reviewq does not read, damaged
             continue
+        for copy in reversed(copies[:newer]):
+            with contextlib.suppress(*_unreadable(), ValueError), _open_bytes(copy) as f:
+                yield from _decoded_lines(f)
+        return
     if said is not None:
         said(
             f"warning: {one_line(str(path))}: emptied in place (logrotate's copytruncate): "

@@ -106,16 +106,70 @@ def test_logs_follow_shows_the_lines_copytruncate_took_into_the_copy(follower, t
     log, next_line = follower
     assert next_line() == "first"
     rotate = logrotate_of(log, tmp_path, "copytruncate", *compress)
-    # Held still between two looks, as it is most of the time: the lines come meanwhile.
+    with held(next_line):
+        _write(log, "since the last look")
+        rotate()
+        _write(log, "new")  # shorter than what was read: found at any look
+    assert [next_line(), next_line()] == ["since the last look", "new"]
+
+
+@contextlib.contextmanager
+def held(next_line: Callable[[], str]) -> Iterator[None]:
+    """The follower held still between two looks (SIGSTOP, as a pager not read holds it
+    in its write), let go at the end."""
     os.kill(next_line.proc.pid, signal.SIGSTOP)
     os.waitpid(next_line.proc.pid, os.WUNTRACED)
+    try:
+        yield
+    finally:
+        os.kill(next_line.proc.pid, signal.SIGCONT)
+
+
+def _write(log: Path, *events: str) -> None:
     with open(log, "a") as f:
-        f.write(_line("since the last look") + "\n")
-    rotate()
-    with open(log, "a") as f:
-        f.write(_line("new") + "\n")  # shorter than what was read: found at any look
-    os.kill(next_line.proc.pid, signal.SIGCONT)
-    assert [next_line(), next_line()] == ["since the last look", "new"]
+        f.writelines(_line(e) + "\n" for e in events)
+
+
+@pytest.mark.skipif(shutil.which("logrotate") is None, reason="logrotate is not installed")
+@pytest.mark.parametrize("compress", [["compress"], []])
+def test_logs_follow_shows_the_lines_of_two_rotations_between_two_looks(
+    follower, tmp_path, compress
+):
+    # A follower held (a pager not read) across two rotations read the rest of the copy
+    # it had been reading (.2) and passed over, in silence, the whole newer one (.1).
+    log, next_line = follower
+    assert next_line() == "first"
+    rotate = logrotate_of(log, tmp_path, "copytruncate", *compress)
+    with held(next_line):
+        _write(log, "since the last look")
+        rotate()
+        _write(log, "between the rotations")
+        rotate()
+        _write(log, "new")
+    assert [next_line(), next_line(), next_line()] == [
+        "since the last look",
+        "between the rotations",
+        "new",
+    ]
+
+
+@pytest.mark.skipif(shutil.which("logrotate") is None, reason="logrotate is not installed")
+def test_logs_follow_finds_a_copytruncate_the_log_has_grown_past_since(follower, tmp_path):
+    # Held while the emptied log grew past the place read up to, the follower took it for
+    # the same file grown: it read on from that place, in the middle of a line (said as a
+    # damaged line), and passed over the copied line and the first ones after it.
+    log, next_line = follower
+    assert next_line() == "first"
+    rotate = logrotate_of(log, tmp_path, "copytruncate")
+    with held(next_line):
+        _write(log, "since the last look")
+        rotate()
+        _write(log, "new, longer than what was read", "and more")
+    assert [next_line(), next_line(), next_line()] == [
+        "since the last look",
+        "new, longer than what was read",
+        "and more",
+    ]
 
 
 def test_logs_follow_says_lines_copytruncate_took_into_a_copy_it_cannot_read(tmp_path):
