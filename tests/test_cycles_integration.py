@@ -1890,11 +1890,17 @@ def test_a_fix_that_drops_the_frontmatter_is_refused(kb):
     )
 
 
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
 @pytest.mark.parametrize("blank", ["", "\n\n"])
-def test_a_fixer_that_writes_an_empty_note_is_said_to_have_written_it_empty(cyc, tmp_path, blank):
+def test_a_fixer_that_writes_an_empty_note_is_said_to_have_written_it_empty(
+    cyc, tmp_path, blank, bom
+):
     """A fixer that exited 0 leaving fixed-note.md empty (a crash before it wrote, an
     editor's empty save) was said to have written "no frontmatter; the note it was given
-    had": the retries were asked for frontmatter, and the person told the fixer drops it."""
+    had": the retries were asked for frontmatter, and the person told the fixer drops it.
+    So was it still of a note saved with a byte order mark, given to the empty text."""
+    note = cyc.root / "kb/notes/alpha.md"
+    note.write_bytes(bom.encode() + note.read_bytes())
     script = tmp_path / "blank_fixer.py"
     script.write_text(
         f"import os, pathlib\npathlib.Path(os.environ['REVIEWQ_OUTPUT_PATH']).write_text({blank!r})\n"

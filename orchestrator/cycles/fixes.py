@@ -401,10 +401,11 @@ def apply_fix(
         parse_note_text(new_text)
     except NoteParseError as exc:
         return FixResult("invalid", f"the fixed note is unusable: {exc}")
-    if not new_text.strip() and new_text != given:
+    if not new_text.removeprefix("\ufeff").strip() and new_text != given:
         # Before the frontmatter check: said to have "no frontmatter", an empty output
         # sent the retries after frontmatter and told the person the fixer drops it.
-        # (An empty note given back empty changed nothing: below.)
+        # (An empty note given back empty changed nothing: below. The mark is the given
+        # note's, put back by in_the_notes_form: no text of the fixer's.)
         return FixResult("invalid", "the fixed note is empty")
     if (fence := _fenced_whole(new_text)) is not None and _fenced_whole(given) is None:
         # A chat model's habit, though the prompt asks for no fences: applied, a note
