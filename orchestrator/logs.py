@@ -220,8 +220,9 @@ def _copied_since(
     the whole of each newer copy, oldest first (rotated again before the next look).
     None found (the copy compressed as reviewq does not read, or removed): said."""
     read = shown + partial
-    copies = sorted(_copies(path), key=lambda p: (_end_of(p) or (0, 0, 0))[2], reverse=True)
-    copies = copies[:_COPIES_LOOKED_IN]
+    copies = sorted(
+        _whole_copies(_copies(path), path), key=lambda p: (_end_of(p) or (0, 0, 0))[2], reverse=True
+    )[:_COPIES_LOOKED_IN]
     for newer, copy in enumerate(copies):
         try:
             with _open_bytes(copy) as f:
@@ -403,12 +404,19 @@ def rotated(path: Path) -> list[tuple[datetime, Path, Listed]]:
     one whose first lines say no time, by its modification time. Each with the file it
     was when listed."""
     names = {p: _end_of(p) for p in _copies(path) if _compression(p, path) in _READ}
-    # `compress` writes `X.gz` beside `X` and removes `X` once the `.gz` is whole: in
-    # between, `X` is the whole copy (read both, each of its lines came twice).
+    whole = _whole_copies(names, path)
+    return sorted((_first_time(p), p, at) for p, at in names.items() if p in whole)
+
+
+def _whole_copies(copies: Iterable[Path], path: Path) -> list[Path]:
+    """``copies`` but a compressed one whose copy is still beside it: `compress` writes
+    `X.gz` beside `X` and removes `X` once the `.gz` is whole; in between, `X` is the
+    whole copy (read both, each of its lines came twice)."""
+    copies = list(copies)
     compressing = {
-        _compressed(p, ext) for p in names if not _compression(p, path) for ext in _OPENERS
+        _compressed(p, ext) for p in copies if not _compression(p, path) for ext in _OPENERS
     }
-    return sorted((_first_time(p), p, at) for p, at in names.items() if p not in compressing)
+    return [p for p in copies if p not in compressing]
 
 
 def copies(path: Path) -> list[Path]:

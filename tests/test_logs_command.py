@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import queue
@@ -197,6 +198,41 @@ def test_logs_follow_says_lines_copytruncate_took_into_a_copy_it_cannot_read(tmp
         "since the last look are in its rotated copy, not found (`reviewq logs --since` "
         "reads the copies)"
     ]
+
+
+def test_logs_follow_reads_a_copy_being_compressed_once(tmp_path):
+    # `compress` writes reviewq.jsonl.1.gz beside reviewq.jsonl.1 and removes the .1 once
+    # the .gz is whole: a follower held across two rotations that looked in between read
+    # the newer copy twice, each of its lines shown twice.
+    from orchestrator import logs
+
+    log = tmp_path / "reviewq.jsonl"
+    log.write_text(_line("first") + "\n")
+
+    def rotated() -> Path:  # copytruncate, then compress: the copy not removed yet
+        copy, done = tmp_path / "reviewq.jsonl.1", tmp_path / "reviewq.jsonl.1.gz"
+        if done.exists():
+            done.rename(tmp_path / "reviewq.jsonl.2.gz")
+        copy.write_bytes(log.read_bytes())
+        with open(log, "r+") as f:
+            f.truncate(0)
+        done.write_bytes(gzip.compress(copy.read_bytes()))
+        return copy
+
+    looks = []
+
+    def wait() -> None:  # held across two rotations, the second one's copy compressing
+        looks.append(1)
+        if len(looks) == 1:
+            _write(log, "since the last look")
+            rotated().unlink()  # compressed
+            _write(log, "between the rotations")
+            rotated()
+            _write(log, "new")
+
+    got = logs.entries(log, logs.Wanted(), print, follow=True, wait=wait)
+    events = [next(got)[0]["event"] for _ in range(4)]
+    assert events == ["first", "since the last look", "between the rotations", "new"]
 
 
 def test_logs_follows_a_log_replaced_by_a_new_file(follower):
