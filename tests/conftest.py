@@ -83,7 +83,13 @@ def _not_another_runs(paths: set[Path]) -> set[Path]:
 
     def others(p: Path) -> bool:
         pid = p.name.split("-")[2] if p.name.startswith("reviewq-worker-") else ""
-        return pid.isdigit() and leftovers.of_another_run(int(pid))
+        if not pid.isdigit():
+            return False
+        try:
+            changed_at = p.stat().st_mtime
+        except OSError:
+            return False  # gone meanwhile: cannot be told, named as a gone worker's is
+        return leftovers.of_another_run(int(pid), changed_at)
 
     return {p for p in paths if not others(p)}
 

@@ -119,20 +119,38 @@ def end(pids: list[int], grace: float) -> list[str]:
             os.close(fd)
 
 
-def of_another_run(pid: int) -> bool:
+def of_another_run(pid: int, changed_at: float) -> bool:
     """Whether ``pid`` runs now and is no process of this run: a worker of another test
     run on this host, or one a person started, whose agents' TMPDIRs in the host's /tmp
-    this run is not to name. (Gone, it cannot be told: it counts as this run's.)"""
+    this run is not to name. (Gone, it cannot be told: it counts as this run's.) One
+    that began after ``changed_at``, the folder's last change, is not the worker that
+    made it: the pid was taken again (pid_max is 32768 on many hosts)."""
     try:
         environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    if not _running(pid):
+    if not _running(pid) or _started_at(pid) > changed_at + _START_SLACK_S:
         return False
     key = f"\0{MARK}=".encode()
     at = environ.find(key)
     value = environ[at + len(key) :].split(b"\0", 1)[0].decode(errors="replace") if at >= 0 else ""
     return not value.startswith(f"{OWNER}.")
+
+
+# /proc gives a start to the clock tick, read against the uptime to the hundredth.
+_START_SLACK_S = 1.0
+
+
+def _started_at(pid: int) -> float:
+    """When the process began, on the wall clock (0 when it cannot be read)."""
+    ticks = _start_time(pid)
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    if ticks is None:
+        return 0.0
+    return time.time() - uptime + int(ticks) / os.sysconf("SC_CLK_TCK")
 
 
 def running_with(mark: str) -> list[int]:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,10 +204,14 @@ def test_an_agents_tmpdir_of_another_runs_live_worker_is_not_named_as_this_runs(
         assert proc.stdout.readline() == "ready\n"  # its environment is readable from now
         return proc
 
-    procs = {
+    procs = {"a person's": sleeper(None)}
+    # Another run's mark names a live owner (here the person's process): one of a run
+    # that is gone ("1.2.3") was ended by any other suite starting on the host meanwhile.
+    owner = procs["a person's"].pid
+    procs |= {
         "ours": sleeper(f"{leftovers.OWNER}.99"),
-        "another run's": sleeper("1.2.3"),
-        "a person's": sleeper(None),
+        "another run's": sleeper(f"{owner}.{leftovers._start_time(owner)}.1"),
+        "its pid taken again": sleeper(None),
     }
     gone = sleeper(None)
     gone.kill()
@@ -216,8 +221,19 @@ def test_an_agents_tmpdir_of_another_runs_live_worker_is_not_named_as_this_runs(
             name: tmp_path / f"reviewq-worker-{p.pid}-0123456789abcdef"
             for name, p in (*procs.items(), ("gone", gone))
         }
+        for path in paths.values():
+            path.mkdir()
+        # Last changed by this run's worker a minute before the process now of its pid
+        # began (pid_max is 32768 here: a run of the suite goes round it).
+        a_minute_ago = time.time() - 60
+        os.utime(paths["its pid taken again"], (a_minute_ago, a_minute_ago))
         kept = _not_another_runs(set(paths.values()) | {tmp_path / "reviewq-job-1-attempt-1-x"})
-        assert kept == {paths["ours"], paths["gone"], tmp_path / "reviewq-job-1-attempt-1-x"}
+        assert kept == {
+            paths["ours"],
+            paths["gone"],
+            paths["its pid taken again"],
+            tmp_path / "reviewq-job-1-attempt-1-x",
+        }
     finally:
         for p in procs.values():
             p.kill()
