@@ -220,9 +220,7 @@ def _copied_since(
     the whole of each newer copy, oldest first (rotated again before the next look).
     None found (the copy compressed as reviewq does not read, or removed): said."""
     read = shown + partial
-    copies = sorted(
-        _whole_copies(_copies(path), path), key=lambda p: (_end_of(p) or (0, 0, 0))[2], reverse=True
-    )[:_COPIES_LOOKED_IN]
+    copies = _newest_first(_whole_copies(_copies(path), path))[:_COPIES_LOOKED_IN]
     for newer, copy in enumerate(copies):
         try:
             with _open_bytes(copy) as f:
@@ -420,8 +418,13 @@ def _whole_copies(copies: Iterable[Path], path: Path) -> list[Path]:
 
 
 def copies(path: Path) -> list[Path]:
-    """The log's rotated copies beside it, by name."""
-    return sorted(_copies(path))
+    """The log's rotated copies beside it, newest first (by the last write to each: by
+    name, `.10.gz` came before `.2.gz`, and a date extension's oldest first)."""
+    return _newest_first(_copies(path))
+
+
+def _newest_first(copies: Iterable[Path]) -> list[Path]:
+    return sorted(copies, key=lambda p: (_end_of(p) or (0, 0, 0))[2], reverse=True)
 
 
 def _copies(path: Path) -> list[Path]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -80,6 +82,21 @@ def test_nothing_shown_from_a_rotated_log_says_where_the_lines_are(rotated_set, 
     assert _events(run_cli("logs", "--event", "evening", "--since", "3d")) == ["evening"]
     res = run_cli("logs", "--event", "morning")  # a line shown: nothing to say
     assert res.stderr == "" and _events(res) == ["morning"]
+
+
+def test_the_copies_named_when_nothing_is_shown_are_the_newest(rotated_set, run_cli):
+    # Named by their names' order, `rotate 14` gave ".1, .10.gz, .11.gz": two of the
+    # oldest, not the ones the night is in.
+    for n in range(3, 12):
+        copy = rotated_set / f"reviewq.jsonl.{n}.gz"
+        _write(copy, _line(f"day.{n}", 24 * n))
+        os.utime(copy, (time.time() - 86400 * n,) * 2)
+    res = run_cli("logs", "--event", "evening")
+    assert res.stderr == (
+        f"warning: {rotated_set / 'reviewq.jsonl'}: no line shown of it, and logrotate left "
+        "11 older copies beside it (reviewq.jsonl.1, reviewq.jsonl.2.gz, reviewq.jsonl.3.gz, "
+        "…): --since reads those too (`reviewq logs --since 3d …`)\n"
+    )
 
 
 def test_a_copy_the_period_does_not_reach_is_not_read(rotated_set, run_cli):
