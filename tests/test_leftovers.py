@@ -204,22 +204,22 @@ def test_an_agents_tmpdir_of_another_runs_live_worker_is_not_named_as_this_runs(
         assert proc.stdout.readline() == "ready\n"  # its environment is readable from now
         return proc
 
-    procs = {"a person's": sleeper(None)}
-    # Another run's mark names a live owner (here the person's process): one of a run
-    # that is gone ("1.2.3") was ended by any other suite starting on the host meanwhile.
-    owner = procs["a person's"].pid
-    procs |= {
-        "ours": sleeper(f"{leftovers.OWNER}.99"),
-        "another run's": sleeper(f"{owner}.{leftovers._start_time(owner)}.1"),
-        "its pid taken again": sleeper(None),
-    }
-    gone = sleeper(None)
-    gone.kill()
-    gone.wait()
+    # Only "ours" carries the test's mark (no_process_left ends what does): each is started
+    # in the try that ends it (one that failed to start left those before it for 60 s).
+    procs: dict[str, subprocess.Popen] = {}
     try:
+        procs["a person's"] = sleeper(None)
+        # Another run's mark names a live owner (here the person's process): one of a run
+        # that is gone ("1.2.3") was ended by any other suite starting on the host meanwhile.
+        owner = procs["a person's"].pid
+        procs["ours"] = sleeper(os.environ[leftovers.MARK])
+        procs["another run's"] = sleeper(f"{owner}.{leftovers._start_time(owner)}.1")
+        procs["its pid taken again"] = sleeper(None)
+        procs["gone"] = sleeper(None)
+        procs["gone"].kill()
+        procs["gone"].wait()
         paths = {
-            name: tmp_path / f"reviewq-worker-{p.pid}-0123456789abcdef"
-            for name, p in (*procs.items(), ("gone", gone))
+            name: tmp_path / f"reviewq-worker-{p.pid}-0123456789abcdef" for name, p in procs.items()
         }
         for path in paths.values():
             path.mkdir()
@@ -239,4 +239,3 @@ def test_an_agents_tmpdir_of_another_runs_live_worker_is_not_named_as_this_runs(
             p.kill()
             p.wait()
             p.stdout.close()
-        gone.stdout.close()
