@@ -72,6 +72,22 @@ def small_kb(kb, notes: int = 3) -> None:
         kb.note(f"n{i}", body=f"Body {i}.\n")
 
 
+def ticks_past_three(kb) -> None:
+    """A control's ticks at 02:59 (the cron clock starts) and 03:00:05 on this machine's
+    clock, logged to the state folder: a `0 3 * * *` entry's run, as its tick makes it."""
+    from datetime import datetime
+
+    from orchestrator import logs
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps import producer
+
+    ws = Workspace.open(kb.root)
+    logs.configure(ws.state_dir)
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())
+    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
+    ws.close()
+
+
 def test_sweep_of_the_example_kb_with_the_offline_reviewer(tmp_path):
     root = tmp_path / "example"
     shutil.copytree(PROJECT / "kb", root / "kb")
@@ -4025,11 +4041,6 @@ def test_a_cron_sweep_in_a_partition_with_no_review_among_others_logs_it(kb):
     """enqueue and sweep said it on stderr, but the nightly sweep the control fires kept
     it in a list no one read: a partition misspelt in reviewq.toml paid for the whole KB
     again, night after night, with not a line in the log."""
-    from datetime import datetime
-
-    from orchestrator import logs
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps import producer
 
     small_kb(kb, notes=1)
     kb.write(
@@ -4038,11 +4049,7 @@ def test_a_cron_sweep_in_a_partition_with_no_review_among_others_logs_it(kb):
         '[[sweeps]]\nname = "nightly"\nreviewer = "r"\ncron = "0 3 * * *"\n',
     )
     kb.accept("m1", [("kb/notes/n0.md", "prose/body-check")])
-    ws = Workspace.open(kb.root)
-    logs.configure(ws.state_dir)
-    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())  # the clock starts
-    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
-    ws.close()
+    ticks_past_three(kb)
     said = [e for e in log_lines(kb) if e["event"] == "sweep.partition_unreviewed"]
     assert [(e["sweep"], e["reviewer"], e["partition"], e["known"]) for e in said] == [
         ("nightly", "r", "m-1", ["m1"])
@@ -4054,11 +4061,6 @@ def test_a_cron_sweep_whose_scope_holds_no_pair_logs_it(kb):
     """An entry whose notes have none of the gates it selects (a `type/NAME` no note there
     is, a folder emptied by a move) enqueued nothing every night, said only by the zeros
     of its `sweep.enqueued` line; an entry with all its pairs fresh says nothing."""
-    from datetime import datetime
-
-    from orchestrator import logs
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps import producer
 
     small_kb(kb, notes=1)
     kb.write("kb/types/definition.md", "---\ntitle: Definition\n---\nA definition.\n")
@@ -4070,11 +4072,7 @@ def test_a_cron_sweep_whose_scope_holds_no_pair_logs_it(kb):
     )
     kb.accept("offline", [("kb/notes/n0.md", "prose/body-check")])
     kb.accept("offline", [("kb/notes/n0.md", "frontmatter/title-check")])
-    ws = Workspace.open(kb.root)
-    logs.configure(ws.state_dir)
-    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())  # the clock starts
-    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
-    ws.close()
+    ticks_past_three(kb)
     said = [e for e in log_lines(kb) if e["event"] == "sweep.selects_nothing"]
     assert [(e["sweep"], e["select"], e["notes"], e["level"]) for e in said] == [
         ("defs", ["type/definition"], ["kb/notes"], "warning")
@@ -4111,9 +4109,6 @@ def test_a_cron_sweep_whose_notes_cannot_be_read_does_not_blame_its_gates_or_fol
     folder emptied, a gate's requires_type …)" of an entry whose notes are all there but
     could not be read (broken YAML, beside it in `kb.file_skipped`): the person went looking
     at the folder and the gates, not at the notes."""
-    from orchestrator import logs
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps import producer
 
     small_kb(kb, notes=1)
     kb.write("kb/notes/pests/mites.md", "---\ntitle: [unclosed\n---\nVarroa.\n")
@@ -4122,11 +4117,7 @@ def test_a_cron_sweep_whose_notes_cannot_be_read_does_not_blame_its_gates_or_fol
         "reviewq.toml",
         '[[sweeps]]\nname = "pests"\ncron = "0 3 * * *"\nnotes = ["kb/notes/pests"]\n',
     )
-    ws = Workspace.open(kb.root)
-    logs.configure(ws.state_dir)
-    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 2, 59).astimezone())  # the clock starts
-    producer.enqueue_due_sweeps(ws, datetime(2026, 1, 2, 3, 0, 5).astimezone())
-    ws.close()
+    ticks_past_three(kb)
     skipped = [e["path"] for e in log_lines(kb) if e["event"] == "kb.file_skipped"]
     assert sorted(skipped) == ["kb/notes/pests/mites.md", "kb/notes/pests/wax.md"]
     (said,) = [e for e in log_lines(kb) if e["event"] == "sweep.selects_nothing"]
