@@ -4208,21 +4208,31 @@ def test_a_budget_lowered_below_what_a_cron_run_spent_holds_its_jobs_once_the_co
         assert kept.fetchone()[0] == 1.0
 
 
+def nightly_run_that_spent(kb, entry: str, then=None):  # noqa: ANN001, ANN201
+    """The cron run of ``entry`` (a `[[sweeps]]` named nightly, over four notes), $0.03 of
+    it spent by hand: what a budget test changes reviewq.toml under. ``then`` is called
+    with the workspace before it closes. The enqueue's result."""
+    from orchestrator.state.workspace import Workspace
+    from orchestrator.sweeps.producer import SweepRequest, enqueue
+
+    small_kb(kb, notes=4)
+    kb.write("reviewq.toml", FAST_QUEUE + entry)
+    ws = Workspace.open(kb.root)
+    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
+    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)
+    if then is not None:
+        then(ws)
+    ws.close()
+    return run
+
+
 def test_a_lowered_budget_raised_again_gives_the_open_run_its_budget_back(kb):
     """`budget_usd` lowered mid-run held the cron run (N17); the person, having found why it
     spent fast, put the $1 back and sent the control SIGHUP: the run stayed held at the
     $0.02 no line of reviewq.toml said any more, its 7 jobs waiting for the next night.
     Raised again, the run gets its budget back, up to the one it started with."""
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest, enqueue
-
-    small_kb(kb, notes=4)
     entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = {}\n'
-    kb.write("reviewq.toml", FAST_QUEUE + entry.format("1.0"))
-    ws = Workspace.open(kb.root)
-    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
-    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)  # $0.03 of its $1
-    ws.close()
+    run = nightly_run_that_spent(kb, entry.format("1.0"))  # $0.03 of its $1
     kb.write("reviewq.toml", FAST_QUEUE + entry.format("0.02"))
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
     procs = [subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)]
@@ -4254,17 +4264,10 @@ def test_a_lowered_budget_holds_the_run_before_a_dispatch_waiting_in_the_queue(k
     spent (seen with a real control and worker: job 9 started under the budget before).
     The control's settings move the budgets before it takes a message."""
     from orchestrator.cli.common import nudge_control
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest, enqueue
 
-    small_kb(kb, notes=4)
     entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\nbudget_usd = {}\n'
-    kb.write("reviewq.toml", FAST_QUEUE + entry.format("1.0"))
-    ws = Workspace.open(kb.root)
-    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
-    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)  # $0.03 of its $1
-    nudge_control(ws)  # a dispatch waits in the control's queue
-    ws.close()
+    # $0.03 of its $1 spent, and a dispatch waiting in the control's queue.
+    run = nightly_run_that_spent(kb, entry.format("1.0"), then=nudge_control)
     kb.write("reviewq.toml", FAST_QUEUE + entry.format("0.02"))
     status = _status_once_a_budget_is_reached(kb)
     assert status.returncode == 0, status.stderr
@@ -4278,16 +4281,8 @@ def test_a_budget_given_to_an_entry_that_had_none_holds_its_open_run(kb):
     N22 moved only the runs that had one: the open cron run went on spending, unbounded,
     the new budget the next night's, and nothing said so. It takes the budget, and,
     the line taken out again, gets its none back."""
-    from orchestrator.state.workspace import Workspace
-    from orchestrator.sweeps.producer import SweepRequest, enqueue
-
-    small_kb(kb, notes=4)
     entry = '[[sweeps]]\nname = "nightly"\ncron = "0 3 * * *"\n'
-    kb.write("reviewq.toml", FAST_QUEUE + entry)
-    ws = Workspace.open(kb.root)
-    run = enqueue(ws, SweepRequest.from_config(ws.settings.sweeps["nightly"], ws.root, "cron"))
-    spend(ws.store, run.jobs[0].review_job_id, 0.03, attempt=99)  # $0.03 of no budget
-    ws.close()
+    run = nightly_run_that_spent(kb, entry)  # $0.03 of no budget
     kb.write("reviewq.toml", FAST_QUEUE + entry + "budget_usd = 0.02\n")
     status = _status_once_a_budget_is_reached(kb)
     assert status.returncode == 0, status.stderr
