@@ -3629,6 +3629,13 @@ def test_a_create_jobs_job_run_job_ran_and_failed_names_the_profile(kb, run_cli)
     assert ran.exit_code != 0
     (line,) = [ln for ln in run_cli("jobs").stdout.splitlines() if ln.split()[0] == str(job_id)]
     assert line.split()[1] == "failed" and " (crashy) " in line, line
+    # Which note, and why: a morning's `jobs --state failed` of 165 rows named neither, and
+    # each had to be opened with `job N` (stop 47's big night).
+    (row,) = run_cli("jobs", "--state", "failed", "--json").json()["jobs"]
+    assert (row["note_path"], row["notes"]) == ("kb/notes/alpha.md", 1), row
+    assert row["failure_reasons"] and line.endswith(
+        f"  kb/notes/alpha.md: {row['failure_reasons'][0]}"
+    ), line
     head = run_cli("job", str(job_id)).stdout.splitlines()[0]
     assert head == f"job {job_id}: failed (review, offline, reviewer -, run by hand: crashy)"
     report = run_cli("report", "--since", "1h", "--json").json()

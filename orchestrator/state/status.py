@@ -848,9 +848,14 @@ def more_unwritten(total: int, shown: int = UNWRITTEN_SHOWN) -> str | None:
 
 
 def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]:
+    """The jobs ``jobs`` lists, newest first: each with its first note (``note_path``, by
+    name; ``notes``: how many) and, failed, its ``failure_reasons``."""
     sql = (
         "SELECT j.id, j.kind, j.status, j.model_partition, j.reviewer, j.runner, j.lens, j.sweep, j.attempt, "
         "j.created_at, j.finished_at, (SELECT count(*) FROM review_pairs p WHERE p.job_id = j.id) AS pairs, "
+        "COALESCE(j.note_path, (SELECT min(p.note_path) FROM review_pairs p WHERE p.job_id = j.id)) "
+        "AS note_path, (SELECT count(DISTINCT p.note_path) FROM review_pairs p WHERE p.job_id = j.id) "
+        "AS notes, j.failure_reasons, "
         "(SELECT COALESCE(SUM(cost_usd), 0) FROM attempts a WHERE a.job_id = j.id) AS cost_usd, "
         "(SELECT count(*) FROM attempts a WHERE a.job_id = j.id "
         f"AND NOT {NOT_RUN_SQL} AND NOT {WAITING_SQL}) AS attempts, "
@@ -859,7 +864,10 @@ def jobs(store: Store, state: str | None = None, limit: int = 200) -> list[dict]
     )
     where, args = _in_state(state)
     sql += where + " ORDER BY j.id DESC LIMIT ?"
-    return [dict(r) for r in store.conn.execute(sql, (*args, limit))]
+    return [
+        {**dict(r), "failure_reasons": reasons_column(r["failure_reasons"])}
+        for r in store.conn.execute(sql, (*args, limit))
+    ]
 
 
 def who_ran(job: dict) -> str:
@@ -877,6 +885,14 @@ def jobs_line(r: dict) -> str:
         # Shown apart: counted in, a job "failed after 3 attempts" read as 5.
         + (f" (+{r['attempts_not_run']} not run)" if r["attempts_not_run"] else "")
         + f"  ${r['cost_usd']:.4f}"
+        # Which note, and for a failed job why: a morning's 165 failed rows named neither.
+        + (f"  {logs.one_line(r['note_path'])}" if r["note_path"] else "")
+        + (f" and {r['notes'] - 1} more note(s)" if r["notes"] > 1 else "")
+        + (
+            f": {logs.one_line(r['failure_reasons'][0])}"
+            if r["status"] == "failed" and r["failure_reasons"]
+            else ""
+        )
     )
 
 
