@@ -1231,7 +1231,14 @@ def one_line(text: str) -> str:
 
 
 def _not_said_by_commands(record: logging.LogRecord) -> bool:
-    return not (isinstance(record.msg, dict) and record.msg.get("event") in SAID_BY_COMMANDS)
+    if not isinstance(record.msg, dict):
+        return True
+    event = record.msg.get("event")
+    # A job ended by hand is said by the command that ended it (``finalize``, ``run-job``:
+    # its reasons, then the error line); its log line before them said each reason twice.
+    return event not in SAID_BY_COMMANDS and not (
+        event == "job.failed" and record.msg.get("by_hand")
+    )
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:

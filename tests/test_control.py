@@ -3627,6 +3627,10 @@ def test_a_create_jobs_job_run_job_ran_and_failed_names_the_profile(kb, run_cli)
     job_id = _one_job_by_hand(kb, run_cli)
     ran = run_cli("run-job", str(job_id), "--reviewer", "crashy")
     assert ran.exit_code != 0
+    # Failed at once, its pairs free: the one line says how to have them run again.
+    assert ran.stderr.splitlines()[-1].startswith(
+        f"error: job {job_id} failed; its pairs are free for a new job: reviewq select "
+    )
     (line,) = [ln for ln in run_cli("jobs").stdout.splitlines() if ln.split()[0] == str(job_id)]
     assert line.split()[1] == "failed" and " (crashy) " in line, line
     # Which note, and why: a morning's `jobs --state failed` of 165 rows named neither, and

@@ -407,6 +407,51 @@ def test_finalize_says_the_missing_pairs_once(flow, run_cli):
     assert "2 problem(s) in its output" in res.stderr, res.stderr
 
 
+def test_a_failed_finalize_says_each_reason_once_and_the_job_a_mended_output_goes_to(flow, run_cli):
+    """A bad output by hand printed each reason twice (the `job.failed` log line, its
+    reasons a JSON list, then the command's own `reason:` lines), and neither its error
+    nor the refusal to finalize the job again said what to do with the mended output:
+    its pairs are free (CONTRACT §5), and the command given makes the job that takes it."""
+    sel = select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A)
+    job = create(run_cli, sel, "--grouping", "note")["jobs"][0]
+    out = flow.root / job["bundle_output_path"]
+    write_output(flow, job)
+    good = out.read_text()
+    out.write_text(good.replace("## Result: PASS", "## Result: **PASS**"))
+    job_id = str(job["review_job_id"])
+    finalize = ("--root", str(flow.root), "finalize", "--model", "fake", "--review-job-id")
+    res = reviewq_process(*finalize, job_id)
+    assert res.returncode == 1, res.stderr
+    reasons = [line for line in res.stderr.splitlines() if line.startswith("reason:")]
+    assert len(reasons) == 2 and all("**PASS**" in r for r in reasons), res.stderr
+    assert res.stderr.count("**PASS**") == 2, res.stderr  # said once each
+    error = res.stderr.splitlines()[-1]
+    refused = reviewq_process(*finalize, job_id).stderr.strip()
+    assert "finalizing it again is refused" in refused, refused
+    shown = run_cli("job", job_id).stdout
+    said = "its pairs are free for a new job: "
+    lines = (error, refused, *shown.splitlines())
+    commands = {line.split(said, 1)[1] for line in lines if said in line}
+    assert len(commands) == 1, lines
+    # Run as a person would, from the KB root: it makes the job the mended output ends.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    made = subprocess.run(
+        commands.pop(),
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=flow.root,
+        env={**os.environ, "PATH": path},
+    )
+    assert made.returncode == 0 and "1 job(s) created" in made.stdout, made
+    new_id = made.stdout.split()[1].rstrip(":")
+    (flow.root / job["bundle_output_path"].replace(f"-{job_id}/", f"-{new_id}/")).write_text(good)
+    done = reviewq_process(*finalize, new_id)
+    assert done.returncode == 0 and f"job {new_id} completed" in done.stdout, done.stderr
+    # Its pairs decided by a later job, the failed one has no new job to say.
+    assert said not in run_cli("job", job_id).stdout
+
+
 def test_failed_rereview_keeps_the_earlier_acceptance(flow, run_cli):
     sel = select_json(run_cli, "prose", "--model", "fake", "--note", NOTE_A)
     job = create(run_cli, sel, "--grouping", "note")["jobs"][0]

@@ -50,6 +50,7 @@ from orchestrator.review.selector import (
     select,
     with_note_relative_types,
 )
+from orchestrator.state.status import new_job_words
 from orchestrator.state.words import outcome_words, reason_words
 from orchestrator.state.workspace import Workspace
 
@@ -311,9 +312,10 @@ def finalize_cmd(
     if not result.ok:
         for r in condensed(result.failure_reasons):  # as run-job and the control say them
             click.echo(f"reason: {r}", err=True)
+        again = new_job_words(ws.store, job_id)
         raise Refused(
             f"job {job_id} failed: {problem_count(result.failure_reasons)} problem(s) in its "
-            "output; nothing accepted"
+            "output; nothing accepted" + (f"; {again}" if again else "")
         )
 
 
@@ -414,7 +416,8 @@ def run_job_cmd(ws: Workspace, job_id: int, reviewer: str | None) -> None:
         state = f"runs on in another attempt (reviewq job {job_id} shows it)"
     elif res.finalized is not None and res.finalized.status == "split":
         state = "split; its one-pair jobs are queued (reviewq jobs --state queued)"
-    raise Refused(f"job {job_id} {state}")
+    again = new_job_words(ws.store, job_id) if state == "failed" else None
+    raise Refused(f"job {job_id} {state}" + (f"; {again}" if again else ""))
 
 
 @cli.command("ack")

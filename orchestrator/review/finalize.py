@@ -30,7 +30,7 @@ from orchestrator.regularfile import FOLDER, SYMLINK, NotRegular, open_regular
 from orchestrator.review.bundle import ExpectedPair, parse_bundle
 from orchestrator.review.freshness import NoteComparison
 from orchestrator.state.files import write_job_files_after_commit
-from orchestrator.state.status import FAILED_SQL, split_words
+from orchestrator.state.status import FAILED_SQL, new_job_words, split_words
 from orchestrator.state.store import Store, storable_number, utcnow
 
 ACCEPTED_DECISIONS = ("PASS", "WARN", "FAIL")
@@ -172,8 +172,10 @@ def check_finalizable(store: Store, job_id: int, prov: Provenance, job=None):  #
         # with an output for it looking for a finalize nobody ran.
         raise FinalizeError(split_words(store, job_id))
     if job["status"] in ("completed", "failed"):
+        again = new_job_words(store, job_id)
         raise FinalizeError(
             f"job {job_id} is {job['status']} already; finalizing it again is refused"
+            + (f"; {again}" if again else "")
         )
     if prov.effort and not prov.model:
         raise FinalizeError("--effort needs --model")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from orchestrator import logs
-from orchestrator.config import Settings
+from orchestrator.config import GROUPINGS, Settings
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.notes import FileProblem, capped, excluded_words
 from orchestrator.regularfile import NotRegular, open_regular
@@ -946,6 +946,8 @@ def job_lines(job_id: int, data: dict) -> Iterator[str]:
         yield f"  asks (decide redo): {logs.one_line(data['feedback'])}"
     for r in data["failure_reasons"]:
         yield f"  reason: {r}"
+    if data.get("new_job"):
+        yield f"  {data['new_job']}"
     if data["split_into"]:
         yield f"  split into job(s) {', '.join(map(str, data['split_into']))}"
     if data["parent_job_id"]:
@@ -1010,6 +1012,7 @@ def job(store: Store, job_id: int, settings: Settings) -> dict:
         raise NotFound(f"no review job {job_id}")
     out = dict(row)
     out["failure_reasons"] = reasons_column(out["failure_reasons"])
+    out["new_job"] = new_job_words(store, job_id)
     out["telemetry"] = json_column(out.pop("telemetry_json"))
     out["pairs"] = [
         dict(r)
@@ -1577,6 +1580,40 @@ def split_into(store: Store, job_id: int) -> list[int]:
             "SELECT id FROM review_jobs WHERE parent_job_id = ? ORDER BY id", (job_id,)
         )
     ]
+
+
+def new_job_words(store: Store, job_id: int) -> str | None:
+    """The commands that make a new job of a failed review job's pairs still free (in no
+    open job, decided by no later one, under no open escalation), as a clause; None when
+    none is. A failed ``finalize`` or ``run-job`` frees them (CONTRACT §5), and "failed
+    already; finalizing it again is refused" left a person with a mended output and no job
+    to give it to. With every pair free, the new job's sentinel lines are the old one's."""
+    job = store.conn.execute(
+        "SELECT kind, status, model_partition, grouping FROM review_jobs WHERE id = ?",
+        (job_id,),
+    ).fetchone()
+    if job is None or job["kind"] != "review" or job["status"] != "failed":
+        return None
+    free = store.conn.execute(
+        "SELECT DISTINCT p.note_path, p.gate_id FROM review_pairs p WHERE p.job_id = ? "
+        "AND NOT EXISTS (SELECT 1 FROM review_pairs q JOIN review_jobs o ON o.id = q.job_id "
+        "WHERE q.note_path = p.note_path AND q.gate_id = p.gate_id "
+        "AND o.model_partition = ? AND (o.status IN ('queued', 'running') "
+        "OR (q.job_id > p.job_id AND q.decision IS NOT NULL))) "
+        "AND NOT EXISTS (SELECT 1 FROM escalations e WHERE e.note_path = p.note_path "
+        "AND e.gate_id = p.gate_id AND e.model_partition = ? AND e.decision IS NULL)",
+        (job_id, job["model_partition"], job["model_partition"]),
+    ).fetchall()
+    if not free:
+        return None
+    gates = " ".join(shlex.quote(g) for g in sorted({r["gate_id"] for r in free}))
+    notes = " ".join(f"--note {shlex.quote(n)}" for n in sorted({r["note_path"] for r in free}))
+    grouping = job["grouping"] if job["grouping"] in GROUPINGS else GROUPINGS[0]
+    return (
+        f"its pairs are free for a new job: reviewq select {gates} {notes} "
+        f"--model {shlex.quote(job['model_partition'])} --json "
+        f"| reviewq create-jobs --input - --grouping {grouping}"
+    )
 
 
 def split_words(store: Store, job_id: int) -> str:
