@@ -1,0 +1,63 @@
+"""The commit HEAD is at, read from git's own files (export's recorded-commit, kept as
+a job's snapshot of a note is taken): held against `git rev-parse HEAD` in repositories
+as people keep them."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.kb.githead import head_commit
+
+from .test_fix_commits import git
+from .test_gitcommit import _committed
+
+
+def rev_parse(root) -> str:
+    return git(root, "rev-parse", "HEAD").strip()
+
+
+def test_outside_git_and_before_the_first_commit_there_is_none(tmp_path):
+    assert head_commit(tmp_path) == ""
+    git(tmp_path, "init", "-q", "-b", "main")
+    assert head_commit(tmp_path) == ""
+
+
+@pytest.mark.parametrize(
+    "layout", ["loose", "packed", "detached", "a branch with a slash", "a worktree"]
+)
+def test_head_is_the_one_git_names(tmp_path, layout):
+    root = tmp_path / "kbroot"
+    _committed(root, root, "the KB")
+    git(root, "commit", "-q", "--allow-empty", "-m", "second")
+    if layout == "packed":
+        git(root, "pack-refs", "--all")
+        assert not (root / ".git/refs/heads/main").exists()
+    elif layout == "detached":
+        git(root, "checkout", "-q", "--detach", "HEAD~1")
+    elif layout == "a branch with a slash":
+        git(root, "checkout", "-q", "-b", "review/night", "HEAD~1")
+    elif layout == "a worktree":  # a .git file naming its folder; refs the repository's
+        git(root, "worktree", "add", "-q", "-b", "other", str(tmp_path / "wt"), "HEAD~1")
+        git(root, "pack-refs", "--all")
+        root = tmp_path / "wt"
+        assert (root / ".git").is_file()
+    assert head_commit(root) == rev_parse(root)
+
+
+def test_a_kb_in_a_folder_of_a_larger_repository_names_that_repositorys_head(tmp_path):
+    top = tmp_path / "monorepo"
+    root = top / "docs" / "kbroot"
+    _committed(root, top, "the monorepo")
+    assert head_commit(root) == rev_parse(top)
+    assert head_commit(root / "kb" / "notes") == rev_parse(top)
+
+
+def test_what_git_files_cannot_say_for_certain_is_unknown(tmp_path):
+    """None, not a guess: export reads such reviews' commit from git's history."""
+    root = tmp_path / "kbroot"
+    _committed(root, root, "the KB")
+    (root / ".git/HEAD").write_text("not a ref\n")
+    assert head_commit(root) is None
+    (root / ".git/HEAD").write_text("ref: refs/heads/.invalid\n")
+    (root / ".git/reftable").mkdir()  # git 2.45's binary refs
+    assert head_commit(root) is None
