@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -1259,15 +1260,8 @@ def test_an_export_committed_to_the_kb_is_not_changed_by_the_next_export(flow, r
     def git(*args: str, at: str | None = None) -> str:
         return git_at(flow.root, *args, at=at)
 
-    def recorded() -> dict[str, str]:
-        with open(flow.root / "kb/reports/reviews/csv/gate_reviews.csv", newline="") as f:
-            return {
-                f"{r['note_path']} {r['gate_id']}": r["recorded_commit"] for r in csv.DictReader(f)
-            }
-
     reviewed_at = reviewed_in_git(flow, run_cli)
-    assert run_cli("export").exit_code == 0
-    assert set(recorded().values()) == {reviewed_at}
+    assert set(recorded_commits(flow, run_cli).values()) == {reviewed_at}
     files = exported_files(flow)
     git("add", "-A")
     git("commit", "-qm", "the night's export")  # the second the last review was recorded in
@@ -1282,10 +1276,101 @@ def reviewed_in_git(flow, run_cli) -> str:
     flow.write(".gitignore", ".reviewq/\n")
     git_at(flow.root, "add", "-A")
     git_at(flow.root, "commit", "-qm", "the KB", at="2026-01-01T00:00:00Z")
-    assert run_cli("enqueue", "--all-gates", "--reviewer", "offline").exit_code == 0
-    for job in (1, 2):
-        assert run_cli("run-job", str(job)).exit_code == 0
+    assert review_stale(run_cli) == [1, 2, 3, 4]
     return git_at(flow.root, "rev-parse", "HEAD")
+
+
+def review_stale(run_cli) -> list[int]:
+    """Every stale pair reviewed by the offline reviewer, its jobs run: their ids."""
+    res = run_cli("enqueue", "--all-gates", "--reviewer", "offline", "--json")
+    assert res.exit_code == 0, res.stderr
+    jobs = [j["review_job_id"] for j in res.json()["jobs"]]
+    for job in jobs:
+        assert run_cli("run-job", str(job)).exit_code == 0
+    return jobs
+
+
+def recorded_commits(flow, run_cli) -> dict[str, str]:
+    """An export's `recorded_commit` of each pair ("NOTE GATE"), from its index."""
+    res = run_cli("export")
+    assert res.exit_code == 0, res.stderr
+    with open(flow.root / EXPORT_DIR / "csv/gate_reviews.csv", newline="") as f:
+        return {f"{r['note_path']} {r['gate_id']}": r["recorded_commit"] for r in csv.DictReader(f)}
+
+
+def commit_alpha(flow, body: str, at: str | None = None) -> str:
+    """alpha's body changed and committed (dated ``at``): the commit."""
+    flow.note("alpha", body=body)
+    git_at(flow.root, "commit", "-qam", "alpha", at=at)
+    return git_at(flow.root, "rev-parse", "HEAD")
+
+
+ALPHA_BODY = f"{NOTE_A} prose/body-check"
+
+
+def test_a_review_before_a_rebase_names_the_commit_it_reviewed(flow, run_cli):
+    """E84: read by commit times, a review of a local commit rebased afterwards onto
+    upstream work (made elsewhere, earlier) named the upstream commit under it, which
+    HEAD never held and which has not the reviewed text: the rebased commit is dated
+    after the review. The commit is now kept as the job's snapshot of the note is taken."""
+    first = reviewed_in_git(flow, run_cli)
+    git_at(flow.root, "checkout", "-qb", "upstream")
+    flow.write("upstream.txt", "made elsewhere\n")
+    git_at(flow.root, "add", "upstream.txt")
+    git_at(flow.root, "commit", "-qm", "upstream", at="2026-02-01T00:00:00Z")
+    git_at(flow.root, "checkout", "-q", "-")
+    local = commit_alpha(
+        flow, "# Alpha\n\nAlpha body, rewritten here.\n", at="2026-03-01T00:00:00Z"
+    )
+    assert review_stale(run_cli) == [5]
+    git_at(flow.root, "rebase", "-q", "upstream")
+    assert git_at(flow.root, "rev-parse", "HEAD") != local
+    assert recorded_commits(flow, run_cli) == {
+        **dict.fromkeys(
+            [f"{n} {g}" for n in (NOTE_A, NOTE_B) for g in ("frontmatter/desc-check",
+             "frontmatter/title-check", "prose/body-check")], first,
+        ),
+        ALPHA_BODY: local,
+    }  # fmt: skip
+
+
+def test_a_commit_dated_ahead_holds_no_later_review_back(flow, run_cli):
+    """E85: read by commit times, a commit of a clock a year fast held every later commit
+    back to its date (each made no earlier than its parent): a review of the commit after
+    it named the one before both."""
+    first = reviewed_in_git(flow, run_cli)
+    flow.write("ahead.txt", "a clock a year fast\n")
+    git_at(flow.root, "add", "ahead.txt")
+    git_at(flow.root, "commit", "-qm", "ahead", at="2027-11-01T00:00:00Z")
+    reviewed = commit_alpha(flow, "# Alpha\n\nAlpha body, after it.\n")
+    assert review_stale(run_cli) == [5]
+    got = recorded_commits(flow, run_cli)
+    assert (got[ALPHA_BODY], got[f"{NOTE_B} prose/body-check"]) == (reviewed, first)
+
+
+def test_an_acks_commit_is_the_one_head_was_at_as_it_read_the_note(flow, run_cli):
+    """E85 by `ack`: the text it records is the note as it read it, at the commit HEAD
+    was at then, a commit dated ahead or not."""
+    first = reviewed_in_git(flow, run_cli)
+    ahead = commit_alpha(flow, "# Alpha\n\nAlpha body.\n\n", at="2027-11-01T00:00:00Z")
+    res = run_cli("ack", "--model", "offline", NOTE_A, "prose/body-check")
+    assert res.exit_code == 0, res.stderr
+    got = recorded_commits(flow, run_cli)
+    assert (got[ALPHA_BODY], got[f"{NOTE_B} prose/body-check"]) == (ahead, first)
+
+
+def test_a_review_recorded_in_its_commits_second_names_that_commit(flow, run_cli, monkeypatch):
+    """E86: read by commit times, a commit in the second a review was recorded in was not
+    taken (it may have come after it): a review recorded in the second of its note's
+    commit (a re-review a moment after its fix's commit) named the commit before it."""
+    from orchestrator.review import finalize
+
+    first = reviewed_in_git(flow, run_cli)
+    reviewed = commit_alpha(flow, "# Alpha\n\nAlpha body, fixed.\n", at="2026-06-01T00:00:00Z")
+    monkeypatch.setattr(finalize, "utcnow", lambda: "2026-06-01T00:00:00.500Z")
+    assert review_stale(run_cli) == [5]
+    got = recorded_commits(flow, run_cli)
+    assert (got[ALPHA_BODY], got[f"{NOTE_B} prose/body-check"]) == (reviewed, first)
 
 
 def exported_files(flow) -> dict[Path, bytes]:
@@ -1297,8 +1382,10 @@ def test_an_export_git_cannot_read_the_history_of_writes_nothing(flow, run_cli, 
     cron of another user, with no `safe.directory`): every `recorded-commit` was written
     empty, as if the KB were outside git, with "exported" and no word of git's refusal.
     A KB that commits its export had every file rewritten, and again by the next export
-    git read (E82's own defect), and a tool reading the commit was told there was none."""
-    reviewed_in_git(flow, run_cli)
+    git read (E82's own defect), and a tool reading the commit was told there was none.
+    Git's history is read only for reviews recorded before their commit was kept
+    (migration 26): the others export as they are."""
+    reviewed = reviewed_in_git(flow, run_cli)
     assert run_cli("export").exit_code == 0
     files = exported_files(flow)
     if os.geteuid() == 0:
@@ -1306,10 +1393,13 @@ def test_an_export_git_cannot_read_the_history_of_writes_nothing(flow, run_cli, 
     else:  # git's own check, told the owner is another
         monkeypatch.setenv("GIT_TEST_ASSUME_DIFFERENT_OWNER", "1")
     try:
+        kept = recorded_commits(flow, run_cli)
+        as_release_25(flow)
         res = run_cli("export")
     finally:
         if os.geteuid() == 0:
             os.chown(flow.root, 0, 0)
+    assert set(kept.values()) == {reviewed}
     assert res.exit_code == 1, res.stdout
     assert res.stderr == (
         "error: cannot read the KB's git history for recorded-commit: git cannot use the "
@@ -1317,6 +1407,58 @@ def test_an_export_git_cannot_read_the_history_of_writes_nothing(flow, run_cli, 
         "nothing exported\n"
     )
     assert exported_files(flow) == files
+
+
+def test_a_jobs_commit_is_read_from_gits_files_in_a_larger_repository(flow, run_cli, monkeypatch):
+    """The commit is read as the job's snapshot is taken, with no git process (the
+    control makes a re-review's jobs as outcomes arrive): here no git on PATH, the KB a
+    folder of a larger repository, its HEAD detached, its refs packed."""
+    top = flow.root.parent
+    git_at(top, "init", "-q")
+    (top / ".gitignore").write_text(".reviewq/\n")
+    git_at(top, "add", "-A")
+    git_at(top, "commit", "-qm", "the monorepo")
+    git_at(top, "commit", "-q", "--allow-empty", "-m", "later")
+    git_at(top, "checkout", "-q", "--detach", "HEAD~1")
+    git_at(top, "pack-refs", "--all")
+    held = git_at(top, "rev-parse", "HEAD")
+    monkeypatch.setenv("PATH", str(top / "no-git-here"))
+    assert review_stale(run_cli) == [1, 2, 3, 4]
+    assert set(recorded_commits(flow, run_cli).values()) == {held}
+
+
+def as_release_25(flow) -> None:
+    """state.db made back into one of the release before migration 26, its reviews and
+    queued jobs as they are: no commit kept with them."""
+    with contextlib.closing(sqlite3.connect(flow.state / "state.db")) as conn, conn:
+        conn.execute("ALTER TABLE acceptance DROP COLUMN note_commit")
+        conn.execute("ALTER TABLE review_pairs DROP COLUMN note_commit")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 26")
+
+
+def test_reviews_of_a_state_db_before_migration_26_keep_their_commit_by_times(flow, run_cli):
+    """A state.db of the release before: its reviews, and a job it queued and this one
+    runs, have no commit kept; export reads theirs from commit times as it did. A review
+    of a job this release makes keeps its commit, a commit dated ahead or not."""
+    from orchestrator.state.migrations import LATEST
+
+    first = reviewed_in_git(flow, run_cli)
+    flow.note("alpha", body="# Alpha\n\nAlpha body, edited.\n")  # uncommitted
+    res = run_cli("enqueue", "--all-gates", "--reviewer", "offline")
+    assert res.exit_code == 0, res.stderr
+    as_release_25(flow)
+    assert run_cli("run-job", "5").exit_code == 0  # migrated by it
+    with contextlib.closing(sqlite3.connect(flow.state / "state.db")) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
+        assert conn.execute(
+            "SELECT count(*) FROM acceptance WHERE note_commit IS NULL"
+        ).fetchone() == (6,)
+    got = recorded_commits(flow, run_cli)
+    assert (got[ALPHA_BODY], got[f"{NOTE_B} prose/body-check"]) == (first, first)
+    ahead = commit_alpha(flow, "# Alpha\n\nAlpha body, a year ahead.\n", at="2027-11-01T00:00:00Z")
+    assert review_stale(run_cli) == [6]
+    got = recorded_commits(flow, run_cli)
+    assert (got[ALPHA_BODY], got[f"{NOTE_B} prose/body-check"]) == (ahead, first)
 
 
 @contextlib.contextmanager
@@ -1747,6 +1889,18 @@ def escalate_alpha(flow, run_cli, selector: str = "prose") -> list[int]:
         res = run_cli("finalize", "--review-job-id", str(job["review_job_id"]))
         assert res.exit_code == 0, res.stderr
     return [e["id"] for e in run_cli("escalations", "--json").json()["escalations"]]
+
+
+def test_a_persons_approval_names_the_commit_head_was_at_as_they_decided(flow, run_cli):
+    """E85 by `decide approve`: a person's review of the note as it is, at the commit HEAD
+    was at as it was read, a commit dated ahead or not."""
+    first = reviewed_in_git(flow, run_cli)
+    (esc,) = escalate_alpha(flow, run_cli)
+    git_at(flow.root, "commit", "-qam", "alpha's edits", at="2027-11-01T00:00:00Z")
+    ahead = git_at(flow.root, "rev-parse", "HEAD")
+    assert run_cli("decide", str(esc), "approve").exit_code == 0
+    got = recorded_commits(flow, run_cli)
+    assert (got[ALPHA_BODY], got[f"{NOTE_B} prose/body-check"]) == (ahead, first)
 
 
 def escalated_after_a_redo(flow, run_cli) -> tuple[int, int, str]:

@@ -798,8 +798,8 @@ class FollowUp:
             for p in chosen:
                 self.store.conn.execute(
                     "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
-                    "gate_snapshot_id) SELECT ?, note_path, gate_id, gate_path, lens, note_snapshot_id, gate_snapshot_id "
-                    "FROM review_pairs WHERE id = ?",
+                    "gate_snapshot_id, note_commit) SELECT ?, note_path, gate_id, gate_path, lens, "
+                    "note_snapshot_id, gate_snapshot_id, note_commit FROM review_pairs WHERE id = ?",
                     (audit_id, p["id"]),
                 )
             write_job_files_after_commit(self.store, self.ws.state_dir, audit_id)

@@ -20,6 +20,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
 from orchestrator.kb.gates import not_asked
+from orchestrator.kb.githead import head_commit
 from orchestrator.kb.notes import KBError, Note, NoteParseError, read_file, sha256_bytes
 from orchestrator.regularfile import make_folder
 from orchestrator.review.acceptance import Acked
@@ -635,6 +636,9 @@ def decide_many(
     """Record one person's call on several escalations in one transaction: every one is
     checked first, so one that cannot be decided leaves all of them open."""
     found = []
+    # Where the KB's history stands as the notes are read: a person's approve or reject
+    # is a review of the text as it is now (recorded-commit, CONTRACT §10).
+    commit = head_commit(kb.root)
     for esc_id in esc_ids:
         e = escalation_row(store, esc_id)
         note = gate = None
@@ -656,7 +660,7 @@ def decide_many(
     decided = []
     with store.write():
         for e, note, gate in checked:
-            recorded = _record(store, state_dir, e, decision, feedback, note, gate)
+            recorded = _record(store, state_dir, e, decision, feedback, note, gate, commit)
             decided.append({**dict(e), "recorded": recorded})
 
         def log() -> None:
@@ -768,7 +772,14 @@ def _check(
 
 
 def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
-    store: Store, state_dir: Path, e, decision: str, feedback: str | None, note: _NoteNow, gate
+    store: Store,
+    state_dir: Path,
+    e,
+    decision: str,
+    feedback: str | None,
+    note: _NoteNow,
+    gate,
+    commit: str | None,
 ) -> str | None:
     """Record the decision; the human review it wrote (PASS, FAIL), if any."""
     esc_id = e["id"]
@@ -787,14 +798,14 @@ def _record(  # noqa: ANN001 - e: an escalations row; gate: a Gate or None
         store.after_commit(lambda: write_due_reports(store, state_dir, [esc_id], late=False))
         if decision == "approve":
             said = f"Approved by a person (escalation {esc_id})."
-            _human_review(store, e, note, gate, "PASS", said, feedback, now)
+            _human_review(store, e, note, gate, "PASS", said, feedback, now, commit)
             return "PASS"
         if decision == "reject" and _refuted_pass_stands(store, e, note, gate):
             # An audit's refutation, upheld: the reviewer's PASS stood accepted, so the
             # pair was fresh and exported as passing, and the person's reject showed
             # nowhere. It is now the person's FAIL, held until the note or gate changes.
             said = f"Rejected by a person (escalation {esc_id}): {e['reason']}."
-            _human_review(store, e, note, gate, "FAIL", said, feedback, now)
+            _human_review(store, e, note, gate, "FAIL", said, feedback, now, commit)
             return "FAIL"
     return None
 
@@ -816,7 +827,15 @@ def _refuted_pass_stands(store: Store, e, note: _NoteNow, gate) -> bool:  # noqa
 
 
 def _human_review(  # noqa: ANN001 - e: an escalations row; note: _NoteNow; gate: a Gate
-    store: Store, e, note, gate, decision: str, said: str, feedback: str | None, now: str
+    store: Store,
+    e,
+    note,
+    gate,
+    decision: str,
+    said: str,
+    feedback: str | None,
+    now: str,
+    commit: str | None,
 ) -> None:
     """A person's decision on the pair, recorded as a review of the note as it is and
     accepted (``source`` human): a job of grouping ``human`` with one pair."""
@@ -842,10 +861,10 @@ def _human_review(  # noqa: ANN001 - e: an escalations row; note: _NoteNow; gate
         rationale += "\n\n" + "\n".join(f"> {line}".rstrip() for line in feedback.splitlines())
     pair_id = store.conn.execute(
         "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
-        "gate_snapshot_id, decision, rationale, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "RETURNING id",
+        "gate_snapshot_id, decision, rationale, decided_at, note_commit) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (job_id, e["note_path"], gate.gate_id, gate.path, gate.lens, note_snap, gate_snap,
-         decision, rationale, now),
+         decision, rationale, now, commit),
     ).fetchone()[0]  # fmt: skip
     store.upsert_acceptance(
         model_partition=e["model_partition"],
@@ -857,6 +876,7 @@ def _human_review(  # noqa: ANN001 - e: an escalations row; note: _NoteNow; gate
         decision=decision,
         source="human",
         at=now,
+        note_commit=commit,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.kb.gates import Catalog, Gate, applies, names_invalid, not_asked
+from orchestrator.kb.githead import head_commit
 from orchestrator.kb.notes import KB, Note, NoteParseError
 from orchestrator.state.store import Store
 
@@ -47,6 +48,9 @@ def ack(
             f"{note_path or '.'}: not a note (a .md file under the note roots: {roots}); "
             "the note comes first: reviewq ack --model P NOTE GATE_ID..."
         )
+    # Where the KB's history stands as the note is read: the text acked is this one, not
+    # the review's (recorded-commit, CONTRACT §10).
+    commit = head_commit(kb.root)
     try:
         note = kb.read_note(kb.check_rel(note_path))
     except OSError as exc:  # a folder, a file gone: its reason, not Python's errno
@@ -103,6 +107,7 @@ def ack(
                 gate_snapshot_id=store.snapshot(gate.path, gate.text, gate.sha256),
                 decision=row["decision"],
                 source="ack",
+                note_commit=commit,
             )
         acked = [
             Acked(note.path, g.gate_id, r["decision"], r["job_id"], r["rationale"], kept)

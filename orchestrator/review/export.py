@@ -53,8 +53,12 @@ def git_blob_hash(text: str) -> str:
 
 class HeadHistory:
     """The commits of HEAD's first-parent line, newest first: :meth:`at` names the one
-    HEAD was at when a review was recorded. Read once an export (one ``git log``); none
-    outside git or before a first commit; :class:`ReportError` when git cannot read it."""
+    HEAD was at when a review was recorded, for a review recorded before state.db kept
+    its commit (migration 26). Read once an export that has such a review (one ``git
+    log``); none outside git or before a first commit; :class:`ReportError` when git
+    cannot read it. Commit times are not where HEAD was: after a rebase, a commit dated
+    ahead, or a commit in the review's own second it names another commit, which is why
+    the commit is now kept as the job's snapshot of the note is taken."""
 
     def __init__(self, root: Path) -> None:
         self._shas: list[str] = []
@@ -199,9 +203,20 @@ def export(
                 + "ORDER BY a.note_path, a.gate_id, a.accepted_at DESC",
                 (model,) if model else (),
             )
-            return _write(
-                rows, base, HeadHistory(root), watches() if watches else None, fix_commits
+            # The commit each review's note text was taken at is kept with it; only the
+            # reviews recorded before it was (migration 26) are read from git's history
+            # by times, and git is run only when there is one.
+            head = (
+                HeadHistory(root)
+                if store.conn.execute(
+                    "SELECT 1 FROM acceptance WHERE note_commit IS NULL "
+                    + ("AND model_partition = ? " if model else "")
+                    + "LIMIT 1",
+                    (model,) if model else (),
+                ).fetchone()
+                else None
             )
+            return _write(rows, base, head, watches() if watches else None, fix_commits)
     except LockHeld as exc:
         holder = f" (pid {exc.holder})" if exc.holder is not None else ""
         raise ReportError(
@@ -215,7 +230,11 @@ def export(
 
 
 def _write(  # noqa: ANN001 - rows: a cursor
-    rows, base: Path, head: HeadHistory, watches: Watches | None, fix_commits: dict[int, str]
+    rows,
+    base: Path,
+    head: HeadHistory | None,
+    watches: Watches | None,
+    fix_commits: dict[int, str],
 ) -> ExportResult:
     """The GATE-REVIEW files and the index, from acceptance rows in (note, gate) order."""
     buf = io.StringIO()
@@ -248,7 +267,7 @@ def _write(  # noqa: ANN001 - rows: a cursor
             "gate_id": gate_id,
             "model_partition": r["model_partition"],
             "gate_hash": git_blob_hash(r["gate_text"]),
-            "recorded_commit": head.at(r["accepted_at"]),
+            "recorded_commit": _recorded_commit(r, head),
             "watched_hash": watched_hash(parsed[1], watch),
             "recorded_at": r["accepted_at"],
         }
@@ -271,6 +290,13 @@ def _write(  # noqa: ANN001 - rows: a cursor
     replace_if_changed(csv_path, buf.getvalue(), mode=VIEW_MODE)
     _remove_others(base / "gates", written)
     return ExportResult(files, csv_path)
+
+
+def _recorded_commit(row, head: HeadHistory | None) -> str:  # noqa: ANN001 - an acceptance row
+    """The commit kept with the review; by times for one recorded before it was kept."""
+    if row["note_commit"] is not None:
+        return row["note_commit"]
+    return head.at(row["accepted_at"]) if head is not None else ""
 
 
 def _in_comment(value: object) -> str:

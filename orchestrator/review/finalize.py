@@ -262,8 +262,8 @@ def finalize(
             job_id, "superseded", [f"attempt {attempt} is not the current attempt {job['attempt']}"]
         )
     pairs = store.conn.execute(
-        "SELECT id, note_path, gate_id, gate_path, note_snapshot_id, gate_snapshot_id FROM review_pairs "
-        "WHERE job_id = ? ORDER BY id",
+        "SELECT id, note_path, gate_id, gate_path, note_snapshot_id, gate_snapshot_id, note_commit "
+        "FROM review_pairs WHERE job_id = ? ORDER BY id",
         (job_id,),
     ).fetchall()
     parsed = parse_bundle(
@@ -323,6 +323,8 @@ def finalize(
                     gate_snapshot_id=p["gate_snapshot_id"],
                     decision=r.decision,
                     at=now,
+                    # The snapshot's, not HEAD's now: the verdict is of the prompt's text.
+                    note_commit=p["note_commit"],
                 )
             results.append(
                 {

@@ -17,6 +17,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.config import GROUPINGS, Settings
 from orchestrator.kb.gates import TYPE_LENS, Catalog, Gate, not_asked, parse_gate, type_gate
+from orchestrator.kb.githead import head_commit
 from orchestrator.kb.notecache import file_stamp
 from orchestrator.kb.notes import (
     KB,
@@ -207,6 +208,9 @@ class _Item:
     gate: Gate
     note_text: str
     note_sha: str
+    # The commit HEAD was at when the note's text was taken (export's recorded-commit):
+    # "" outside git, None unknown (a pair recorded before state.db kept it).
+    note_commit: str | None = None
 
 
 class _Loader:
@@ -350,6 +354,13 @@ def create_jobs(
     if not model_partition:
         raise JobError("no model partition: pass --model (the input's model_partition is null)")
     batch = JobBatch()
+    # Where the KB's history stands as the notes' texts are taken for the prompts: what
+    # each review judges is that snapshot, not the note when its verdict comes back (a
+    # commit, a rebase meanwhile), so the commit is kept with it (CONTRACT §10). Read
+    # once for the batch from git's own files, no git process: the control makes a
+    # re-review's jobs as outcomes arrive. A fix's text, written and committed after
+    # this commits, is given its commit then (fixes.record_fix_commit).
+    commit = head_commit(kb.root)
     loader = _Loader(kb, catalog, pending or {}, selected or {})
     active = store.active_pairs(model_partition)
     held = set(exclude)
@@ -390,7 +401,7 @@ def create_jobs(
         if why is not None:
             batch.skipped.append(Skipped(raw, gate_id, why, NOT_ASKED, problem=True))
             continue
-        items.append(_Item(note.path, gate, note.text, note.sha256))
+        items.append(_Item(note.path, gate, note.text, note.sha256, commit))
     # Let go before the write reads them again: at twenty-fold, 270,000 open pairs are
     # ~120 MB, and two copies at once were the top of an enqueue's peak.
     del active, seen, held, loader
@@ -503,7 +514,7 @@ def _create_one(
     for it in group:
         store.conn.execute(
             "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
-            "gate_snapshot_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "gate_snapshot_id, note_commit) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 job_id,
                 it.note_path,
@@ -512,6 +523,7 @@ def _create_one(
                 it.gate.lens,
                 snap(it.note_path, it.note_text, it.note_sha),
                 snap(it.gate.path, it.gate.text, it.gate.sha256),
+                it.note_commit,
             ),
         )
         pairs.append(JobPair(it.note_path, it.gate.gate_id, it.gate.path))
@@ -564,7 +576,7 @@ def load_job_items(store: Store, job_id: int) -> list[_Item]:
     """A job's pairs rebuilt from the snapshots it was created from (for retry prompts)."""
     rows = store.conn.execute(
         "SELECT p.note_path, p.gate_id, p.gate_path, p.lens, n.text AS note_text, n.sha256 AS note_sha, "
-        "g.text AS gate_text FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
+        "g.text AS gate_text, p.note_commit FROM review_pairs p JOIN snapshots n ON n.id = p.note_snapshot_id "
         "JOIN snapshots g ON g.id = p.gate_snapshot_id WHERE p.job_id = ? ORDER BY p.id",
         (job_id,),
     ).fetchall()
@@ -574,6 +586,7 @@ def load_job_items(store: Store, job_id: int) -> list[_Item]:
             _snapshot_gate(r["lens"] == TYPE_LENS, r["gate_path"], r["gate_text"]),
             r["note_text"],
             r["note_sha"],
+            r["note_commit"],  # a split job's parts judge the texts it was made of
         )
         for r in rows
     ]

@@ -616,4 +616,21 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        26,
+        "the commit a review's note text was taken at",
+        """
+        -- The commit the KB's HEAD was at when a job's snapshot of the note was taken (its
+        -- prompt's text, what the review judged), kept with the pair and with the
+        -- acceptance made of it; export's recorded-commit. Read afterwards from commit
+        -- times, a rebase, a commit dated ahead or one in the review's own second named
+        -- a commit HEAD never held or the one before. '' outside git or before the first
+        -- commit; NULL unknown (kept before this): export reads it from commit times.
+        ALTER TABLE review_pairs ADD COLUMN note_commit TEXT;
+        ALTER TABLE acceptance ADD COLUMN note_commit TEXT;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -90,6 +90,7 @@ class Acceptance:
     decision: str
     source: str
     accepted_at: str
+    note_commit: str | None = None  # export's recorded-commit; None: recorded before it was kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -813,13 +814,19 @@ class Store:
         decision: str,
         source: str = "review",
         at: str | None = None,
+        note_commit: str | None = None,
     ) -> None:
+        """``note_commit``: the commit HEAD was at when the accepted note text was taken
+        (CONTRACT §10's recorded-commit; "" outside git, None unknown)."""
         self.conn.execute(
-            "INSERT INTO acceptance VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "INSERT INTO acceptance (model_partition, note_path, gate_id, review_pair_id, "
+            "note_snapshot_id, gate_snapshot_id, decision, source, accepted_at, note_commit) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (model_partition, note_path, gate_id) DO UPDATE SET "
             "review_pair_id = excluded.review_pair_id, note_snapshot_id = excluded.note_snapshot_id, "
             "gate_snapshot_id = excluded.gate_snapshot_id, decision = excluded.decision, "
-            "source = excluded.source, accepted_at = excluded.accepted_at",
+            "source = excluded.source, accepted_at = excluded.accepted_at, "
+            "note_commit = excluded.note_commit",
             (
                 model_partition,
                 note_path,
@@ -830,6 +837,7 @@ class Store:
                 decision,
                 source,
                 at or utcnow(),
+                note_commit,
             ),
         )
 
