@@ -52,6 +52,17 @@ def test_a_kb_in_a_folder_of_a_larger_repository_names_that_repositorys_head(tmp
     assert head_commit(root / "kb" / "notes") == rev_parse(top)
 
 
+def test_a_kb_fenced_off_from_an_enclosing_repository_is_outside_git(tmp_path, monkeypatch):
+    """E88: GIT_CEILING_DIRECTORIES is the person's fence, which a fix commit keeps:
+    read past it, a KB's reviews named the commit of the repository above it."""
+    outer = tmp_path / "srv"
+    root = outer / "kbroot"
+    _committed(root, outer, "the server")
+    assert head_commit(root) == rev_parse(outer)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", f"/nonexistent:{outer}")
+    assert head_commit(root) == ""
+
+
 def test_what_git_files_cannot_say_for_certain_is_unknown(tmp_path):
     """None, not a guess: export reads such reviews' commit from git's history."""
     root = tmp_path / "kbroot"

@@ -51,8 +51,17 @@ def head_commit(root: Path) -> str | None:
 
 def _git_dir(root: Path) -> Path | None:
     """The git folder of the work tree ``root`` is in, as git finds it: the nearest
-    ``.git`` up from ``root`` (a folder, or a file naming one: a worktree, a submodule)."""
+    ``.git`` up from ``root`` (a folder, or a file naming one: a worktree, a submodule),
+    not above a folder of GIT_CEILING_DIRECTORIES: the person's fence, which a fix commit
+    keeps too (``gitcommit.git_env``)."""
+    fences = {
+        os.path.normpath(p)
+        for p in os.environ.get("GIT_CEILING_DIRECTORIES", "").split(os.pathsep)
+        if os.path.isabs(p)
+    }
     for folder in (root, *root.parents):
+        if folder != root and str(folder) in fences:
+            return None
         dot = folder / ".git"
         try:
             mode = os.stat(dot).st_mode  # one call a folder: a KB outside git stats each
