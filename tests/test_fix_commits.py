@@ -119,6 +119,31 @@ def test_a_fix_is_one_commit_of_one_note_with_trailers(repo):
     assert f"fix-commit: {sha}\n" in exported.read_text()
 
 
+def test_the_rereview_of_a_committed_fix_names_the_fix_commit(repo):
+    """E87: the re-review's job is made, and HEAD read, in the transaction that decides
+    the fix, before the fixed note is written and committed: kept as read, its
+    `recorded-commit` was the commit before the fix, whose text it never judged. The
+    fix's commit is its, once made; an uncommitted fix's re-review keeps HEAD (the text
+    is the work tree's, as a person's uncommitted edit)."""
+    head_before = git(repo.root, "rev-parse", "HEAD").strip()
+    sweep(repo)
+    job = fix_job(repo)
+    sha = job["fix_commit"]
+    assert sha and sha != head_before
+    with db(repo) as conn:
+        kept = conn.execute(
+            "SELECT p.note_commit, a.note_commit FROM review_pairs p JOIN review_jobs j "
+            "ON j.id = p.job_id JOIN acceptance a ON a.review_pair_id = p.id "
+            "WHERE j.source_job_id = ? AND j.kind = 'review'",
+            (job["id"],),
+        ).fetchall()
+    assert [tuple(r) for r in kept] == [(sha, sha)]
+    res = reviewq_process("--root", str(repo.root), "export", "--model", "fake")
+    assert res.returncode == 0, res.stderr
+    exported = repo.root / "kb/reports/reviews/gates/kb__notes__alpha.md/prose/body-check.md"
+    assert f"recorded-commit: {sha}\n" in exported.read_text()
+
+
 def test_a_note_with_uncommitted_edits_gets_no_commit_and_keeps_them(repo):
     repo.write(NOTE, repo.read(NOTE) + "A person's unfinished sentence\n")
     head_before = git(repo.root, "rev-parse", "HEAD").strip()

@@ -801,6 +801,8 @@ def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> 
             "WHERE id = ? AND fix_commit IS NULL AND fix_no_commit IS NULL",
             (commit.sha, commit.why_not, job["id"]),
         )
+        if commit.sha:
+            _rereviews_judge(store, job["id"], commit.sha)
     if commit.why_not:
         logs.get().warning(
             "fix.uncommitted" if commit.sha is None else "fix.commit_mixed",
@@ -809,6 +811,25 @@ def _record_commit(store: Store, job, note_path: str, commit: CommitOutcome) -> 
             commit=commit.sha,
             reason=commit.why_not,
         )
+
+
+def _rereviews_judge(store: Store, job_id: int, sha: str) -> None:
+    """The fix's re-reviews judge the fixed text, which its commit holds: their jobs were
+    made (HEAD read) before the text was written and committed, so this commit is theirs
+    (export's recorded-commit), and their acceptance's when one finished first."""
+    mine = (
+        "SELECT p.id FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+        "WHERE j.source_job_id = ?1 AND j.kind = 'review' AND p.note_snapshot_id = "
+        "(SELECT fixed_snapshot_id FROM review_jobs WHERE id = ?1)"
+    )
+    store.conn.execute(
+        f"UPDATE review_pairs SET note_commit = ?2 WHERE id IN ({mine})", (job_id, sha)
+    )
+    store.conn.execute(
+        f"UPDATE acceptance SET note_commit = ?2 WHERE review_pair_id IN ({mine}) "
+        "AND note_snapshot_id = (SELECT fixed_snapshot_id FROM review_jobs WHERE id = ?1)",
+        (job_id, sha),
+    )
 
 
 def _gates(store: Store, job_id: int) -> list[str]:
