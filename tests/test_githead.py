@@ -69,6 +69,10 @@ def test_what_git_files_cannot_say_for_certain_is_unknown(tmp_path):
     _committed(root, root, "the KB")
     (root / ".git/HEAD").write_text("not a ref\n")
     assert head_commit(root) is None
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".git").write_bytes(b"gitdir: \xff\n")  # a .git file that is not text
+    assert head_commit(other) is None
     (root / ".git/HEAD").write_text("ref: refs/heads/.invalid\n")
     (root / ".git/reftable").mkdir()  # git 2.45's binary refs
     assert head_commit(root) is None

@@ -26,7 +26,10 @@ def head_commit(root: Path) -> str | None:
     """The commit HEAD of the repository holding ``root`` is at (a branch's tip or a
     detached HEAD's commit): "" outside git or before the first commit, None when git's
     files cannot say it with certainty."""
-    git_dir = _git_dir(root)
+    try:
+        git_dir = _git_dir(root)
+    except (OSError, ValueError):
+        return None  # a .git file that cannot be read: git cannot say either
     if git_dir is None:
         return ""
     try:
@@ -53,7 +56,7 @@ def _git_dir(root: Path) -> Path | None:
     """The git folder of the work tree ``root`` is in, as git finds it: the nearest
     ``.git`` up from ``root`` (a folder, or a file naming one: a worktree, a submodule),
     not above a folder of GIT_CEILING_DIRECTORIES: the person's fence, which a fix commit
-    keeps too (``gitcommit.git_env``)."""
+    keeps too (``gitcommit.git_env``). OSError when a ``.git`` file cannot be read."""
     fences = {
         os.path.normpath(p)
         for p in os.environ.get("GIT_CEILING_DIRECTORIES", "").split(os.pathsep)
@@ -70,10 +73,7 @@ def _git_dir(root: Path) -> Path | None:
         if stat.S_ISDIR(mode):
             return dot
         if stat.S_ISREG(mode):
-            try:
-                line = dot.read_text(encoding="utf-8").strip()
-            except (OSError, ValueError):
-                return None
+            line = dot.read_text(encoding="utf-8").strip()
             return folder / line[len("gitdir:") :].strip() if line.startswith("gitdir:") else None
     return None
 

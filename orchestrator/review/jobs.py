@@ -359,7 +359,7 @@ def create_jobs(
     # commit, a rebase meanwhile), so the commit is kept with it (CONTRACT §10). Read
     # once for the batch from git's own files, no git process: the control makes a
     # re-review's jobs as outcomes arrive. A fix's text, written and committed after
-    # this commits, is given its commit then (fixes.record_fix_commit).
+    # this commits, is given its commit then (cycles.fixes._rereviews_judge).
     commit = head_commit(kb.root)
     loader = _Loader(kb, catalog, pending or {}, selected or {})
     active = store.active_pairs(model_partition)
