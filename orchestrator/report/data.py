@@ -275,7 +275,7 @@ def _needs_you(
         + len(paused)
         + len(budgets)
         + len(unwritten)
-        + len(stalled),
+        + len(stalled_apart(stalled, idle)),
         "escalations": groups,
         "escalations_open": len(open_escs),
         "agents_failed": agents_failed(open_escs),
@@ -289,6 +289,14 @@ def _needs_you(
         "stalled": stalled,
         "no_worker": idle,
     }
+
+
+def stalled_apart(stalled: list[dict], no_worker: dict | None) -> list[dict]:
+    """The reviewers whose jobs do not move that are a thing to do apart from ``no_worker``:
+    said, it counts their jobs already (every open job but a paused reviewer's), and a big
+    night's one stall was two items of "needs you", the tile counting it twice. A reviewer
+    whose jobs wait for the control to be restarted is another thing to do."""
+    return [s for s in stalled if no_worker is None or s["awaits_control_restart"]]
 
 
 # A reviewer's newest launched attempt by ``col``: attempts first (CROSS JOIN), walked

@@ -10,6 +10,7 @@ from markupsafe import Markup, escape
 
 from orchestrator.logs import one_line, visible
 from orchestrator.report import charts
+from orchestrator.report.data import stalled_apart
 from orchestrator.state.status import (
     FAILED_SHOWN,
     UNWRITTEN_SHOWN,
@@ -121,6 +122,7 @@ def stalled(st: dict, no_worker: dict | None = None) -> str:
 
 
 _ENV.filters["stalled"] = stalled
+_ENV.globals["stalled_apart"] = stalled_apart
 
 
 def no_worker_line(idle: dict) -> str:
@@ -287,8 +289,8 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(f"{len(n['sweeps_not_run'])} cron sweep(s) that did not run")
     if n["fixes_unwritten_total"]:
         needs.append(f"{n['fixes_unwritten_total']} fixed note(s) not written to the KB")
-    if n["stalled"]:
-        needs.append(f"{len(n['stalled'])} reviewer(s) whose jobs do not move")
+    if apart := stalled_apart(n["stalled"], n["no_worker"]):
+        needs.append(f"{len(apart)} reviewer(s) whose jobs do not move")
     if r["fails_left_total"]:
         needs.append(f"{r['fails_left_total']} {FAILS_LEFT}")
     if r["machines"]:
