@@ -925,6 +925,55 @@ def test_a_gate_that_fails_most_notes_is_called_into_question(kb, run_cli):
     assert "<b>frontmatter/has-description</b> fails 100% of the notes it judged" in page
 
 
+def test_the_fail_rates_are_worst_first_on_the_page_the_terminal_and_in_json(
+    kb, run_cli, browser, tmp_path
+):
+    """ "FAIL rate per gate" was ordered by gate id: on a night of 17 gates the worst was
+    wherever its name fell, and a reader looked for the longest bar. Worst first, ties by
+    gate id, in the chart (top down), its table, the suspect gates' lines and --json."""
+    for gate, watches in (
+        ("accessibility/has-title", ["title"]),
+        ("frontmatter/has-body", ["body"]),
+        ("frontmatter/has-title", ["title"]),
+        ("prose/a-description", ["description"]),
+        ("prose/description-or-body", ["description", "body"]),
+    ):
+        kb.gate(gate, watches)
+    kb.note("a", description="")
+    kb.note("b", description="")
+    kb.note("c", body="")
+    kb.note("d")
+    res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--json")
+    assert res.returncode == 0, res.stderr
+    worst_first = [
+        "prose/description-or-body",  # 3 of 4
+        "prose/a-description",  # 2 of 4
+        "frontmatter/has-body",  # 1 of 4
+        "accessibility/has-title",
+        "frontmatter/has-title",
+    ]
+    trends = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["trends"]
+    assert [g["gate_id"] for g in trends["fail_rate_by_gate"]] == worst_first
+    assert trends["suspect_gates"] == worst_first[:2]
+    page_path = tmp_path / "r.html"
+    res = run_cli("report", "--since", "1h", "--html", str(page_path))
+    said = [x.split()[1] for x in res.stdout.splitlines() if x.startswith("  gate ")]
+    assert said == worst_first[:2], res.stdout
+    page = browser.open(page_path.as_uri())
+    shown = page.evaluate(
+        """(() => {
+        const f = [...document.querySelectorAll('figure.chart')]
+            .find(f => f.querySelector('figcaption').textContent.startsWith('FAIL rate'));
+        const bars = [...f.querySelectorAll('g.bar')]
+            .map(b => [b.querySelector('rect').getBoundingClientRect().top, b.querySelector('title').textContent])
+            .sort((x, y) => x[0] - y[0]).map(b => b[1].split(':')[0]);
+        return {bars, rows: [...f.querySelectorAll('tbody th')].map(th => th.textContent),
+                suspect: [...document.querySelectorAll('.suspect-gate b')].map(b => b.textContent)};
+    })()"""
+    )
+    assert shown == {"bars": worst_first, "rows": worst_first, "suspect": worst_first[:2]}, shown
+
+
 def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):
     """A first sweep without --fix: its FAILs go to no fixer and no person, and a later
     --fix sweep finds them fresh. The report said "FAIL 2" and "needs you: nothing", and

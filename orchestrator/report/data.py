@@ -797,6 +797,9 @@ def _trends(store: Store, period: Period) -> dict:
         gate_rates.append({"gate_id": gate, "fail": fails, "decided": decided})
     for g in gate_rates:
         g["rate"] = round(g["fail"] / g["decided"], 4) if g["decided"] else 0.0
+    # Worst first, as a reader looks for it (then the most FAILs, then by id): by gate id,
+    # a night's worst of 17 gates was wherever its name fell in the chart and the JSON.
+    gate_rates.sort(key=lambda g: (-g["fail"] / (g["decided"] or 1), -g["fail"], g["gate_id"]))
     median = statistics.median([g["rate"] for g in gate_rates]) if gate_rates else 0.0
     for g in gate_rates:
         # Far above the rest: most notes fail it while the typical gate passes them.
