@@ -201,6 +201,23 @@ class Page:
             raise RuntimeError(f"{expression}: {res['exceptionDetails']}")
         return res["result"].get("value")
 
+    def press(self, key: str, code: int) -> None:
+        """A key pressed and released, as a keyboard sends it (``"Tab"``, 9)."""
+        for kind in ("keyDown", "keyUp"):
+            self.browser.call(
+                "Input.dispatchKeyEvent",
+                {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": code},
+                self.session,
+            )
+
+    def ax_node(self, expression: str) -> dict:
+        """The accessibility tree's node of the element ``expression`` evaluates to, as a
+        screen reader is given it (``role``, ``name``): Chromium's, through the protocol."""
+        obj = self.browser.call("Runtime.evaluate", {"expression": expression}, self.session)
+        params = {"objectId": obj["result"]["objectId"], "fetchRelatives": False}
+        self.browser.call("Accessibility.enable", session=self.session)
+        return self.browser.call("Accessibility.getPartialAXTree", params, self.session)["nodes"][0]
+
     def requests(self) -> list[str]:
         """Every URL the page asked for (the protocol reports even those it blocked)."""
         self.evaluate("1")  # a round trip: events sent before it have been read

@@ -2260,6 +2260,37 @@ def test_a_screen_reader_hears_each_tables_name_and_the_notes_under_their_headin
     assert all(b <= a + 1 for a, b in zip(levels, levels[1:], strict=False)), levels
 
 
+def test_every_place_the_keyboard_stops_is_named_and_shows_its_focus(night, browser, tmp_path):
+    """At 200 % zoom on a 1,000-px window (500 CSS px), Chromium's Tab stops at each box
+    that scrolls sideways and holds nothing focusable: each chart's (its SVG hidden from a
+    screen reader, the table under it being its words) and a wide table's. Six of those
+    stops had no name and no role: a screen reader said nothing there, or "blank"."""
+    page_path = tmp_path / "night.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=500, height=900)
+    stops = page.evaluate(
+        "document.querySelectorAll('a[href], summary, .plot, .table, pre').length"
+    )
+    unnamed, unseen, plots = [], [], 0
+    for _ in range(stops + 1):  # at most every stop once, and back to the page
+        page.press("Tab", 9)
+        what = page.evaluate(
+            "(e => e === document.body ? null : [e.tagName + '.' + e.className, "
+            "e.matches(':focus-visible') && getComputedStyle(e).outlineStyle !== 'none'])"
+            "(document.activeElement)"
+        )
+        if what is None:
+            break
+        plots += what[0] == "DIV.plot"
+        node = page.ax_node("document.activeElement")
+        if not (node.get("name") or {}).get("value", "").strip():
+            unnamed.append((what[0], node["role"]["value"]))
+        if not what[1]:
+            unseen.append(what[0])
+    assert plots >= 5  # the charts' boxes scroll here, each a stop
+    assert unnamed == [] and unseen == [], (unnamed, unseen)
+
+
 def test_a_screen_reader_hears_each_charts_name(night, browser, tmp_path):
     """A chart's picture is hidden from a screen reader (its numbers are the table under
     it), but the figure around it had no name in Chromium's accessibility tree: six times
