@@ -2291,6 +2291,26 @@ def test_every_place_the_keyboard_stops_is_named_and_shows_its_focus(night, brow
     assert unnamed == [] and unseen == [], (unnamed, unseen)
 
 
+def test_what_a_column_counts_is_said_where_no_mouse_rests(night, browser, tmp_path):
+    """The Reviewers table's "Not run" and the Machines table's "Run" and "Lost" said what
+    they count in a `title` alone: shown to a mouse resting on the header, never on a
+    phone or to the keyboard. Said under each table, and each table described by it."""
+    page_path = tmp_path / "night.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    shown = page.evaluate("document.body.innerText")
+    for said in (
+        "Not run: no worker, program or model answered",
+        "Run: the attempts whose agent started there",
+        "Lost: their worker died or went silent",
+    ):
+        assert said in shown, said
+    assert page.evaluate("document.querySelectorAll('main [title]:not(svg *)').length") == 0
+    for table in ("reviewers", "machines"):
+        node = page.ax_node(f"document.querySelector('table[aria-labelledby={table}]')")
+        assert node["description"]["value"].startswith(("Not run: ", "Run: ")), node
+
+
 def test_a_screen_reader_hears_each_charts_name(night, browser, tmp_path):
     """A chart's picture is hidden from a screen reader (its numbers are the table under
     it), but the figure around it had no name in Chromium's accessibility tree: six times
