@@ -3,8 +3,8 @@
 It builds a state folder holding one night of ``--jobs`` review jobs (default 10,000; 5
 pairs each over ``--notes`` notes and 40 gates in 4 lenses, about 4 % FAIL and 2 % WARN),
 one attempt per job with cost and tokens, 3 % failed jobs, a fix job per 20 review jobs
-(applied, with the note text before and after), open escalations on 1 % of the notes with
-their gate-review files, and 13 earlier nights of a tenth the size for the trends. Rows go
+(applied, with the note text before and after), open escalations as a real night leaves
+them (``escalate``), and 13 earlier nights of a tenth the size for the trends. Rows go
 in with plain SQL in one transaction (the setup time is printed). It then times
 
     reviewq --root DIR report --since 24h --html DIR/report.html
@@ -36,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from orchestrator.cycles import escalations  # noqa: E402
 from orchestrator.state.store import Store, timestamp  # noqa: E402
 
 TARGET_S = 2.0
@@ -58,6 +59,14 @@ def note_text(i: int, rng: random.Random) -> str:
     return f"---\ntitle: Note {i}\ndescription: About note {i}.\n---\n{body}\n"
 
 
+def gate_text(gate_id: str) -> str:
+    lens, name = gate_id.split("/")
+    return (
+        f"---\ngate_id: {gate_id}\nname: {name}\nlens: {lens}\nwatches: [body]\n---\n\n"
+        "## Failure mode\n\nIt fails.\n\n## Test\n\nCheck it.\n"
+    )
+
+
 def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
     rng = random.Random(seed)
     (root / "kb" / "notes").mkdir(parents=True)
@@ -76,6 +85,14 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
         c = store.conn
         with store.write():
             texts = [note_text(i, rng) for i in range(notes)]
+            # The KB as the night left it: an escalation whose note or gate is gone can
+            # only be rejected, and the page said so of every one.
+            for i, text in enumerate(texts):
+                (root / f"kb/notes/n{i:05d}.md").write_text(text)
+            for g in GATES:
+                gate_file = root / f"kb/instructions/review-gates/{g}.md"
+                gate_file.parent.mkdir(parents=True, exist_ok=True)
+                gate_file.write_text(gate_text(g))
             note_snaps = [
                 c.execute(
                     "INSERT INTO snapshots (path, sha256, text, created_at) VALUES (?, ?, ?, ?) RETURNING id",
@@ -111,8 +128,8 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                          timestamp(t), timestamp(t + timedelta(seconds=30)), timestamp(t + timedelta(seconds=30)))
                     )  # fmt: skip
                     note = rng.randrange(notes)
-                    if failed and note % 100 == 0:
-                        # Every 100th note has escalations: a failed job on one of its
+                    if failed and note % ESCALATED_EVERY == 0:
+                        # Every 20th note has escalations: a failed job on one of its
                         # pairs is that escalation's in the report, not a failed job to count.
                         note = note + 1 if note + 1 < notes else note - 1
                     for g in range(5):
@@ -192,23 +209,71 @@ def build(root: Path, jobs: int, notes: int, seed: int) -> dict:
                          note_snaps[note], gate_snaps[0]),
                     )  # fmt: skip
                     counts["fixes"] += 1
-                (state / "escalations").mkdir(exist_ok=True)
-                for note in range(0, notes, 100):
-                    for g in GATES[:3]:
-                        esc = c.execute(
-                            "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, "
-                            "fixer, report_path, raised_at) VALUES ('claude', ?, ?, '3 consecutive rejections', 3, "
-                            "'claude', 'claude', '', ?) RETURNING id",
-                            (f"kb/notes/n{note:05d}.md", g, timestamp(now)),
-                        ).fetchone()[0]
-                        rel = f"escalations/escalation-{esc}.md"
-                        c.execute("UPDATE escalations SET report_path = ? WHERE id = ?", (rel, esc))
-                        (state / rel).write_text(
-                            f"Gate review: kb/notes/n{note:05d}.md — {g}\nRecommend reject: a finding.\n"
-                            "Cycles (3 consecutive rejection(s) in partition claude):\n- Cycle 1: FAIL — x\n"
-                        )
-                        counts["escalations"] += 1
+                night_run, night_start = run, start
+            escalate(
+                store, state, job_id, (note_snaps, gate_snaps), night_run, night_start, rng, counts
+            )
     return counts
+
+
+ESCALATED_EVERY = 20  # one note in 20 has open escalations, as on stop 47's real night
+
+
+def escalate(store, state, job_id, snaps, run, start, rng, counts) -> None:
+    """Open escalations as a real night leaves them (stop 47's: 458 on 149 notes, the
+    page's 50 with the most gates holding 217): one note in 20, each with 1 to 8 of its
+    lens's gates escalated after three rejections (a FAIL, then two fixes that changed
+    nothing, each a fix job the page lists under the note), its call, material and report
+    file written by the product's own ``escalations.report``. Its first version wrote one
+    line-long file for 3 gates of one note in 100: a page of 0.3 MB where a real night of
+    1,859 jobs made 0.5 MB."""
+    (state / "escalations").mkdir(exist_ok=True)
+    c, (note_snaps, gate_snaps) = store.conn, snaps
+    for note in range(0, len(note_snaps), ESCALATED_EVERY):
+        path = f"kb/notes/n{note:05d}.md"
+        lens = rng.randrange(4)
+        for g in rng.sample(GATES[lens * 10 : lens * 10 + 10], rng.randint(1, 8)):
+            finding = f"high: the note does not meet {g}: its third paragraph says more than its sources do."
+            fixes = []
+            for k in range(2):
+                t = timestamp(start + timedelta(minutes=10 + k))
+                job_id += 1
+                fixes.append(
+                    c.execute(
+                        "INSERT INTO review_jobs (id, kind, status, model_partition, grouping, reviewer, job_dir, "
+                        "sweep, sweep_run_id, note_path, review_reviewer, result, created_at, updated_at, "
+                        "finished_at) VALUES (?, 'fix', 'completed', 'claude', 'fix', 'claude', '', 'nightly', "
+                        "?, ?, 'claude', 'unchanged', ?, ?, ?) RETURNING id",
+                        (job_id, run, path, t, t, t),
+                    ).fetchone()[0]
+                )
+                c.execute(
+                    "INSERT INTO review_pairs (job_id, note_path, gate_id, gate_path, lens, note_snapshot_id, "
+                    "gate_snapshot_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (fixes[-1], path, g, f"kb/instructions/review-gates/{g}.md", g.split("/")[0],
+                     note_snaps[note], gate_snaps[GATES.index(g)]),
+                )  # fmt: skip
+            for k, (kind, gist) in enumerate(
+                [("review-fail", finding), ("fix-unchanged", "the fix changed nothing"),
+                 ("fix-unchanged", "the fix changed nothing")], 1
+            ):  # fmt: skip
+                c.execute(
+                    "INSERT INTO cycle_events (model_partition, note_path, gate_id, rejection, kind, "
+                    "job_id, gist, at) VALUES ('claude', ?, ?, ?, ?, ?, ?, ?)",
+                    (path, g, k, kind, fixes[k - 2] if k > 1 else None, gist, timestamp(start)),
+                )
+            esc = c.execute(
+                "INSERT INTO escalations (model_partition, note_path, gate_id, reason, cycles, reviewer, "
+                "fixer, report_path, raised_at, material, recommend, call, job_id) VALUES ('claude', ?, ?, "
+                "'3 consecutive rejections (the last fix changed nothing)', 3, 'claude', 'claude', '', ?, "
+                "?, ?, 'reject', ?) RETURNING id",
+                (path, g, timestamp(start + timedelta(minutes=12)), json.dumps([finding]),
+                 finding + "; the fixer's last attempt changed nothing", fixes[-1]),
+            ).fetchone()[0]  # fmt: skip
+            rel = f"escalations/escalation-{esc}.md"
+            c.execute("UPDATE escalations SET report_path = ? WHERE id = ?", (rel, esc))
+            (state / rel).write_text(escalations.report(store, esc))
+            counts["escalations"] += 1
 
 
 def timed(cmd: list[str]) -> tuple[float, int, int]:
