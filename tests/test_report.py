@@ -751,12 +751,7 @@ def test_the_charts_bars_take_the_decisions_colours_of_either_mode(night, browse
     their own (charts.COLOURS), drawn at pygal's 70 % opacity: the light page's WARN
     bars were 1.9:1 on white beside a darker WARN in the text, and on the dark page the
     FAIL and PASS bars 2.1:1 and 2.3:1, ERROR's purple 1.5:1 (a bar needs 3:1)."""
-    from orchestrator.report import render
-
-    data = night.report()
-    data["reviewed"]["by_lens"] = {"prose": {"PASS": 5, "WARN": 3, "FAIL": 2, "ERROR": 1}}
-    page_path = tmp_path / "bars.html"
-    page_path.write_text(render.html(data), encoding="utf-8")
+    page_path = _four_decisions_page(night, tmp_path)
     for scheme in ("dark", "light"):
         page = browser.open(page_path.as_uri(), color_scheme=scheme)
         text, bars, bg = page.evaluate(
@@ -768,7 +763,10 @@ def test_the_charts_bars_take_the_decisions_colours_of_either_mode(night, browse
                 const cs = getComputedStyle(r);
                 let o = Number(cs.fillOpacity);
                 for (let e = r; e; e = e.parentElement) o *= Number(getComputedStyle(e).opacity);
-                return [cs.fill, o];
+                // A texture's colour is the one under its marks (P57).
+                const id = cs.fill.match(/url\\("?#([^")]+)"?\\)/);
+                const under = id && document.getElementById(id[1]).querySelector('rect');
+                return [under ? getComputedStyle(under).fill : cs.fill, o];
             }),
             getComputedStyle(document.body).backgroundColor]"""
         )
@@ -777,6 +775,52 @@ def test_the_charts_bars_take_the_decisions_colours_of_either_mode(night, browse
             assert fill == text[d], (scheme, d, fill, text)
         for fill, opacity in bars:
             assert opacity == 1 and _contrast(fill, bg) >= 3, (scheme, fill, opacity, bg)
+
+
+def _four_decisions_page(night, tmp_path) -> Path:
+    """The night's page with a lens of every decision, for the charts' bars."""
+    from orchestrator.report import render
+
+    data = night.report()
+    data["reviewed"]["by_lens"] = {"prose": {"PASS": 5, "WARN": 3, "FAIL": 2, "ERROR": 1}}
+    page_path = tmp_path / "bars.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    return page_path
+
+
+# Each decision's bars and legend swatch in "Decisions per lens": their fill, and for a
+# texture (a pattern) the colour under its marks.
+_DECISION_FILLS = """(() => {
+    const svg = [...document.querySelectorAll('figure.chart')].find(f =>
+        f.querySelector('figcaption').textContent === 'Decisions per lens').querySelector('svg');
+    const base = fill => {
+        const id = fill.match(/url\\("?#([^")]+)"?\\)/);
+        return id ? getComputedStyle(svg.querySelector('#' + CSS.escape(id[1]) + ' > rect')).fill : fill;
+    };
+    return [0, 1, 2, 3].map(i => {
+        const bars = [...svg.querySelectorAll(`g.series.serie-${i} g.bar rect`)]
+            .map(r => getComputedStyle(r).fill);
+        const swatch = getComputedStyle(svg.querySelector(`.legend rect.color-${i}`)).fill;
+        return {bars, swatch, base: base(swatch)};
+    });
+})()"""
+
+
+def test_a_decision_is_told_by_more_than_its_colour_in_the_charts(night, browser, tmp_path):
+    """The stacked bars told PASS, WARN, FAIL and ERROR apart by colour alone: to a
+    reader without red-green vision (Chromium's deuteranopia emulation, as some 5 % of
+    men see) the light page's green, orange and red are one olive (#756b38, #827301,
+    #817420; 1.01-1.13:1 between them), and the legend's swatches no help. WARN, FAIL and
+    ERROR now have a texture each, in their bars and their swatch alike, over the colour."""
+    page = browser.open(_four_decisions_page(night, tmp_path).as_uri())
+    series = page.evaluate(_DECISION_FILLS)
+    fills = [s["swatch"] for s in series]
+    for s in series:
+        assert s["bars"] == [s["swatch"]], series  # a bar wears its swatch's texture
+    assert fills[0].startswith("rgb(") and all(f.startswith("url(") for f in fills[1:]), fills
+    assert len(set(fills)) == 4, fills
+    browser.call("Emulation.setEmulatedVisionDeficiency", {"type": "deuteranopia"}, page.session)
+    page.screenshot(tmp_path / "deuteranopia.png")
 
 
 def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path):

@@ -71,9 +71,57 @@ def _name(el: ET.Element) -> str:
     return el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
 
 
-def _svg(chart: pygal.graph.graph.Graph, tips: list[list[str]]) -> str:
+# Marks in the page's background colour over a decision's own, in its bars and its legend
+# swatch alike: by colour alone, the light page's green, orange and red were one olive to
+# a reader without red-green vision (#756b38, #827301, #817420). PASS stays plain.
+TEXTURES: dict[str, tuple[int, list[tuple[str, dict[str, str]]]]] = {
+    "WARN": (45, [("rect", {"width": "2", "height": "6"})]),  # stripes
+    "FAIL": (
+        45,
+        [("rect", {"width": "2", "height": "6"}), ("rect", {"width": "6", "height": "2"})],
+    ),
+    "ERROR": (0, [("circle", {"cx": "3", "cy": "3", "r": "1.5"})]),  # dots
+}
+
+
+def _textured(tree: ET.Element, decisions: list[str]) -> None:
+    """Each series' bars and legend swatch filled with its decision's texture, if any."""
+    defs = ET.Element(f"{{{SVG_NS}}}defs")
+    tree.insert(0, defs)
+    series = [g for g in tree.iter() if (g.get("class") or "").startswith("series ")]
+    legends = {g.get("id"): g for g in tree.iter() if _name(g) == "g" and g.get("id")}
+    for i, d in enumerate(decisions):
+        if d not in TEXTURES:
+            continue
+        angle, marks = TEXTURES[d]
+        pid = f"{tree.get('id')}-{d}"
+        pattern = ET.SubElement(
+            defs,
+            f"{{{SVG_NS}}}pattern",
+            id=pid,
+            width="6",
+            height="6",
+            patternUnits="userSpaceOnUse",
+            patternTransform=f"rotate({angle})",
+        )
+        ET.SubElement(
+            pattern, f"{{{SVG_NS}}}rect", width="6", height="6", style=f"fill:{COLOURS[d]}"
+        )
+        for tag, attrs in marks:
+            ET.SubElement(pattern, f"{{{SVG_NS}}}{tag}", attrs, style="fill:var(--bg, #fff)")
+        legend = legends.get(f"activate-serie-{i}")
+        swatches = [] if legend is None else [r for r in legend if _name(r) == "rect"]
+        bars = [r for r in series[i].iter() if _name(r) == "rect"] if i < len(series) else []
+        for rect in bars + swatches:
+            rect.set("style", f"fill:url(#{pid})")
+
+
+def _svg(
+    chart: pygal.graph.graph.Graph, tips: list[list[str]], decisions: list[str] | None = None
+) -> str:
     """The chart as inline SVG; ``tips``, per series and bar in the order they were added,
-    the words a mouse resting on that bar is shown."""
+    the words a mouse resting on that bar is shown; ``decisions``, the series' decisions,
+    each textured as :data:`TEXTURES` says."""
     tree = chart.render_tree()
     for parent in tree.iter():
         for child in list(parent):
@@ -94,6 +142,8 @@ def _svg(chart: pygal.graph.graph.Graph, tips: list[list[str]]) -> str:
         for serie, words in zip(bars, tips, strict=True):
             for bar, said in zip(serie, words, strict=True):
                 ET.SubElement(bar, f"{{{SVG_NS}}}title").text = said
+    if decisions:
+        _textured(tree, decisions)
     svg = ET.tostring(tree, encoding="unicode")
     return svg.replace("<svg ", '<svg role="img" aria-hidden="true" focusable="false" ', 1)
 
@@ -259,7 +309,7 @@ def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> C
         chart.add(d, [counts[k].get(d, 0) for k in keys])
     tips = [[f"{k}: {d} {counts[k].get(d, 0)}" for k in keys] for d in decisions]
     rows = [[k, *(counts[k].get(d, 0) for d in decisions)] for k in counts]
-    return Chart(title, _svg(chart, tips), [label, *decisions], rows, more=more)
+    return Chart(title, _svg(chart, tips, decisions), [label, *decisions], rows, more=more)
 
 
 def dollars(v: float | None) -> str:
