@@ -633,4 +633,20 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        27,
+        "escalations read by their pair and by the job that raised them",
+        """
+        -- The report asks of each FAIL of its period whether it was escalated (report.data's
+        -- FAIL_THEN), and of each failed job whether it raised an escalation: with only the
+        -- open ones indexed (escalations_open), each question read every escalation ever
+        -- decided. A night's report of 10,000 jobs took 59 s beside 20,000 decided
+        -- escalations, 3 s without them.
+        CREATE INDEX escalations_pair ON escalations (note_path, gate_id, model_partition, raised_at);
+        CREATE INDEX escalations_job ON escalations (job_id);
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
