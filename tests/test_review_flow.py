@@ -1433,7 +1433,9 @@ def as_release_25(flow) -> None:
     with contextlib.closing(sqlite3.connect(flow.state / "state.db")) as conn, conn:
         conn.execute("ALTER TABLE acceptance DROP COLUMN note_commit")
         conn.execute("ALTER TABLE review_pairs DROP COLUMN note_commit")
-        conn.execute("DELETE FROM schema_migrations WHERE version = 26")
+        conn.execute("DROP INDEX escalations_pair")  # and migration 27's, after it
+        conn.execute("DROP INDEX escalations_job")
+        conn.execute("DELETE FROM schema_migrations WHERE version >= 26")
 
 
 def test_reviews_of_a_state_db_before_migration_26_keep_their_commit_by_times(flow, run_cli):
