@@ -518,7 +518,7 @@ def test_the_reports_reads_of_escalations_grow_not_with_those_decided_long_ago(t
             store.conn.execute(pair, (done, f"kb/notes/f{n}.md", "FAIL", now))
         store.conn.execute(  # each FAIL the pair's latest review: nothing came of it yet
             "INSERT INTO acceptance SELECT 'm', note_path, gate_id, id, 1, 1, decision, "
-            "'review', decided_at FROM review_pairs WHERE decision IS NOT NULL"
+            "'review', decided_at, NULL FROM review_pairs WHERE decision IS NOT NULL"
         )
         store.conn.execute(pair, (failed, "kb/notes/x.md", None, None))
 
