@@ -1365,25 +1365,9 @@ def reap_orphans(
             continue
         if not mine and _alive_worker(entry["worker_pid"]):
             continue
-        marker = tuple(m.encode("latin-1") for m in entry.get("marker") or [])
-        # Still that attempt's agent: its pid, taken since by another KB's agent for a
-        # job of the same number (or this job's next attempt, a live worker's), is not.
-        ours = _group_is_agent(entry["pgid"], entry["job_id"])
-        ours = ours and (not marker or _carries(entry["pgid"], marker))
-        doomed: list[int] = []
-        if ours:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(entry["pgid"], signal.SIGKILL)
-                killed.append(entry["pgid"])
-            doomed = session_members(entry["pgid"])
-        # Sessions the agent's processes started (setsid, Node's detached spawn) outlive
-        # its group, and the agent itself may be gone (then its own session's members
-        # too): found by the attempt's marker.
-        doomed += _marked(_sessions(), marker, entry["pgid"] if ours else -1)
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        gone += ([entry["pgid"]] if ours else []) + doomed
+        group, doomed = _end_agent(entry)
+        killed += group
+        gone += group + doomed
         key = (entry.get("job_id"), entry.get("attempt"))
         scratch = entry.get("scratch")
         if isinstance(scratch, str) and Path(scratch).name.startswith(_scratch_prefix(*key)):
@@ -1438,6 +1422,70 @@ def reap_orphans(
             died=sorted({o[2] for o in orphaned}),
         )
     return Reaped(killed, running, orphaned)
+
+
+def _end_agent(entry: dict) -> tuple[list[int], list[int]]:
+    """SIGKILL a registry entry's agent: its group and session, and the sessions its
+    processes started; (its group, when still the agent's; the other processes)."""
+    marker = tuple(m.encode("latin-1") for m in entry.get("marker") or [])
+    # Still that attempt's agent: its pid, taken since by another KB's agent for a
+    # job of the same number (or this job's next attempt, a live worker's), is not.
+    ours = _group_is_agent(entry["pgid"], entry["job_id"])
+    ours = ours and (not marker or _carries(entry["pgid"], marker))
+    group: list[int] = []
+    doomed: list[int] = []
+    if ours:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(entry["pgid"], signal.SIGKILL)
+            group.append(entry["pgid"])
+        doomed = session_members(entry["pgid"])
+    # Sessions the agent's processes started (setsid, Node's detached spawn) outlive
+    # its group, and the agent itself may be gone (then its own session's members
+    # too): found by the attempt's marker.
+    doomed += _marked(_sessions(), marker, entry["pgid"] if ours else -1)
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return group, doomed
+
+
+def end_agents_of(state_dir: Path, worker_pid: int) -> tuple[list[int], list[list[int]]]:
+    """End the agents a worker that has just died left running (its guard's work,
+    :mod:`workers.guard`): their process groups, and the ``[job, attempt]`` each ran.
+    Their registry entries, TMPDIRs and attempt folders stay: the next worker started
+    there takes the attempts up and tells the control of them (:func:`reap_orphans`)."""
+    folder = registry_dir(state_dir)
+    ended: list[int] = []
+    attempts: list[list[int]] = []
+    for path in folder.glob(f"{socket.gethostname()}-*.json") if folder.is_dir() else []:
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # one being written as it died: the next start's reap finds it
+        if entry.get("worker_pid") == worker_pid:
+            ended += _end_agent(entry)[0]
+            key = [entry.get("job_id"), entry.get("attempt")]
+            attempts += [key] if all(isinstance(k, int) for k in key) else []
+    return ended, sorted(attempts)
+
+
+def start_own(argv: list[str], stdin: int) -> subprocess.Popen:
+    """Start a process of this worker's own that is not an agent (its guard), in a
+    session of its own (a terminal's Ctrl-C is the worker's to take): a subreaper's
+    child outside :data:`_AGENTS` is taken for one an agent left."""
+    with _LAUNCHING:
+        proc = subprocess.Popen(argv, stdin=stdin, start_new_session=True, cwd="/")
+        _AGENTS.add(proc.pid)
+    return proc
+
+
+def own_ended(proc: subprocess.Popen, within_s: float = KILL_GRACE_S) -> None:
+    """Wait (bounded) for a process :func:`start_own` started, and forget it."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=within_s)
+    with _LAUNCHING:
+        if proc.returncode is not None:
+            _AGENTS.discard(proc.pid)
 
 
 def _opening(entry: dict) -> str | None:

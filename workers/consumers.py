@@ -37,6 +37,7 @@ from .attempt import (
     unclaimed_due_s,
     worker_folder,
 )
+from .guard import Guard
 from .parent import follow_parent
 from .queues import (
     CLAIM_KEY,
@@ -336,6 +337,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     )
     if watch is not None:
         watch.start()
+    guard = _guarded(folder)
     try:
         consumer.run()
     finally:
@@ -355,7 +357,22 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
             agents_killed=left.killed,
             agents_running=left.running,
         )
+        if guard is not None:
+            guard.leave()
     restart_if_asked(consumer, "worker")
+
+
+def _guarded(folder: Path) -> Guard | None:
+    """The worker's guard (:mod:`workers.guard`); None, said, where it cannot start."""
+    try:
+        return Guard(folder)
+    except OSError as exc:
+        logs.get().warning(
+            "worker.unguarded",
+            reason=f"cannot start its guard ({exc}): a kill of this worker leaves "
+            "its agents running until the next worker started on this host",
+        )
+        return None
 
 
 def _remove_unclaimed(folder: Path) -> None:

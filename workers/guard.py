@@ -1,0 +1,81 @@
+"""A worker's agents end with it. Each runs in a session of its own, so a worker killed
+(SIGKILL, the OOM killer, a crash) left them running unwatched: past their deadline, an
+agent of a real vendor paid for the while, until the next worker on that host reaped
+them, if one was ever started. The worker's guard, a process of its own, holds the read
+end of a pipe whose write end only the worker holds (not inherited by agents, closed by an
+exec): the kernel closes it as the worker dies, however it dies, and the guard ends the
+agents the worker's registry names. A worker that ends by itself (a stop, a reload's
+exec) writes a byte first, and the guard leaves.
+
+``PR_SET_PDEATHSIG`` on each agent was the other way: it needs a ``preexec_fn``, which
+costs each launch its vfork and is not safe beside threads, it follows the thread that
+started the agent rather than the worker, and it signals the agent alone, not the
+processes of its group and the sessions they started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+# What a worker that ends by itself writes before it closes its end.
+LEAVING = b"."
+
+
+class Guard:
+    """The guard of this worker process, for ``state_dir``'s registry of its agents."""
+
+    def __init__(self, state_dir: Path) -> None:
+        from .attempt import start_own
+        from .reviewers.base import python_module
+
+        read, self._write = os.pipe()  # neither inherited by an agent (PEP 446)
+        try:
+            argv = [*python_module("workers.guard"), str(state_dir), str(os.getpid())]
+            self.proc = start_own(argv, stdin=read)
+        except BaseException:
+            os.close(self._write)
+            raise
+        finally:
+            os.close(read)
+
+    def leave(self) -> None:
+        """This worker ends by itself: its guard goes, and ends nothing."""
+        from .attempt import own_ended
+
+        with contextlib.suppress(OSError):
+            os.write(self._write, LEAVING)
+        os.close(self._write)
+        own_ended(self.proc)
+
+
+def main(argv: list[str]) -> int:
+    state_dir, worker_pid = Path(argv[0]), int(argv[1])
+    if os.read(0, 1) == LEAVING:
+        return 0
+    # Imported only now: a guard waits for months in a bare interpreter.
+    import socket
+
+    from orchestrator import logs
+
+    from .attempt import end_agents_of
+
+    groups, attempts = end_agents_of(state_dir, worker_pid)
+    # Said as it happens, in the worker's own log: the next worker's start (minutes or
+    # days later, if ever) is the only other word of it on this machine.
+    logs.configure(state_dir, process="worker")
+    logs.get().warning(
+        "worker.died",
+        worker=f"{socket.gethostname()}:{worker_pid}",
+        process_groups=groups,
+        attempts=attempts,
+        reason="killed or crashed; its guard ended the agents it ran. The next worker "
+        "started on this host tells the control, which runs them again (or, with "
+        "none, its lease: attempt.lost)",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
