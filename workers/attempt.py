@@ -1466,7 +1466,7 @@ def end_agents_of(state_dir: Path, worker_pid: int) -> tuple[list[int], list[lis
             ended += _end_agent(entry)[0]
             key = [entry.get("job_id"), entry.get("attempt")]
             attempts += [key] if all(isinstance(k, int) for k in key) else []
-    return ended, sorted(attempts)
+    return sorted(ended), sorted(attempts)
 
 
 def start_own(argv: list[str], stdin: int) -> subprocess.Popen:
