@@ -1103,6 +1103,47 @@ def test_a_worker_whose_clock_is_off_times_expiry_by_the_queues_clock(
     assert '"attempt.expired"' not in own and '"attempt.exited"' in own
 
 
+@pytest.mark.parametrize("skew", ["+600s", "-600s"], ids=["ahead", "behind"])
+def test_a_workers_times_of_an_attempt_are_stored_on_the_queues_clock(
+    kb, tmp_path, redis_url, skew
+):
+    """A worker whose clock is ten minutes off (the whole process and its agents, as on
+    another machine: libfaketime): the control stored its `launched_at` and `ended_at` as
+    the worker said them, beside its own `started_at` and `recorded_at`, so a 1-s attempt
+    launched ten minutes after it was dispatched (ahead) or before (behind), and the
+    control's `attempt.started` line named a launch ten minutes off its own stamp."""
+    from orchestrator.state.store import parse_timestamp
+
+    libs = sorted(Path("/usr").glob("lib*/**/faketime/libfaketime.so.1"))
+    if not libs:
+        pytest.skip("libfaketime is not installed: no other clock to give a worker")
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    home = tmp_path / "remote"
+    home.mkdir()
+    config = worker_toml(home / "worker.toml", redis_url, {"FAKE_SLEEP": "1"})
+    worker = subprocess.Popen(
+        [EXE, "--config", str(config), "--state", str(home / "state"), "worker"],
+        cwd=home,
+        env={**os.environ, "LD_PRELOAD": str(libs[0]), "FAKETIME": skew},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json", timeout=60)
+    finally:
+        stop(worker)
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        rows = conn.execute(
+            "SELECT started_at, launched_at, ended_at, recorded_at FROM attempts"
+        ).fetchall()
+    assert rows
+    for row in rows:
+        started, launched, ended, recorded = (parse_timestamp(t).timestamp() for t in row)
+        # In the order they came, within the second a clock is taken as agreeing.
+        assert started - 2 <= launched <= ended <= recorded + 2, dict(row)
+
+
 def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
     kb, tmp_path, monkeypatch
 ):

@@ -21,12 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import logs
 from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
+from orchestrator.state.store import parse_timestamp, timestamp
 
 from . import queues
 from .attempt import (
@@ -369,6 +371,7 @@ def _run_prepared(
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     folder = spec.attempt_dir
     beat = _Beats(job_id, attempt, msg.get("opened_at"))
+    ahead_s = _queue_ahead_s()
 
     with _agent_slot(profile, beat, msg) as got:
         if _expired(msg) or not got:  # it waited for a free agent slot past its lease
@@ -386,7 +389,7 @@ def _run_prepared(
                 max_output_bytes=msg["max_output_bytes"],
                 on_tick=beat.send,
                 tick_s=msg["heartbeat_s"],
-                on_launch=beat.launched,
+                on_launch=lambda at: beat.launched(_on_queue_clock(at, ahead_s)),
                 registry=registry_dir(place.folder),
                 keep_tmpdir=True,
             )
@@ -430,6 +433,8 @@ def _run_prepared(
         duration_s=round(outcome.duration_s, 3),
     )
     outcome.notices = notices
+    outcome.started_at = _on_queue_clock(outcome.started_at, ahead_s)
+    outcome.ended_at = _on_queue_clock(outcome.ended_at, ahead_s)
     try:
         with REPORTING.beating(beat, msg["heartbeat_s"]):
             _report(outcome, _evidence(spec), msg)
@@ -443,6 +448,29 @@ def _run_prepared(
             _forget(profile, spec)
         finally:
             _remove(folder)
+
+
+def _queue_ahead_s() -> float:
+    """How far the queue's clock is ahead of this machine's (behind: negative), or 0
+    within a second or where it cannot be read. The control stores an attempt's launch
+    and end as its worker says them, beside its own times: a worker's clock ten minutes
+    ahead gave an attempt of 6 s a `launched_at` ten minutes after the control's line
+    saying it, and `ended_at` ten minutes after its start (a report's window, and which
+    attempt ended last, read them so). The queue's clock is the one both sides read."""
+    with contextlib.suppress(Exception):  # the queue away: the outcome waits for it anyway
+        ahead = queue_clock(the_app().review) - time.time()
+        return ahead if abs(ahead) >= 1.0 else 0.0
+    return 0.0
+
+
+def _on_queue_clock(stamp: str, ahead_s: float) -> str:
+    """A time this machine's clock gave (state.db's form), moved onto the queue's."""
+    if not ahead_s or not stamp:
+        return stamp
+    try:
+        return timestamp(parse_timestamp(stamp) + timedelta(seconds=ahead_s))
+    except ValueError:
+        return stamp
 
 
 def _forget(profile: ReviewerProfile, spec: AttemptSpec) -> None:
