@@ -2302,6 +2302,27 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     assert f"its worker {dead} died; the worker " in said, said
 
 
+def test_a_worker_that_cannot_start_its_guard_says_what_a_kill_of_it_leaves(
+    tmp_path, monkeypatch
+):
+    """A guard that cannot start (a pids limit: EAGAIN) does not stop the worker, which
+    says in one line that a kill of it leaves its agents to the next worker's start."""
+    import errno
+
+    from workers import consumers
+
+    def refused(folder: Path) -> None:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    logs.configure(tmp_path)
+    monkeypatch.setattr(consumers, "Guard", refused)
+    assert consumers._guarded(tmp_path) is None
+    lines = [json.loads(x) for x in (tmp_path / "logs/reviewq.jsonl").read_text().splitlines()]
+    (said,) = [e for e in lines if e["event"] == "worker.unguarded"]
+    assert said["reason"].startswith("cannot start its guard ([Errno 11] Resource"), said
+    assert "leaves its agents running until the next worker" in said["reason"], said
+
+
 def test_a_starting_worker_whose_queue_is_down_says_the_reaped_attempts_once(tmp_path, monkeypatch):
     """The reap notices go before the worker's start: with the queue down, each waited its
     own patience (10 s) and said its own line; the first failure now says them all, once."""
