@@ -2302,9 +2302,7 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     assert f"its worker {dead} died; the worker " in said, said
 
 
-def test_a_worker_that_cannot_start_its_guard_says_what_a_kill_of_it_leaves(
-    tmp_path, monkeypatch
-):
+def test_a_worker_that_cannot_start_its_guard_says_what_a_kill_of_it_leaves(tmp_path, monkeypatch):
     """A guard that cannot start (a pids limit: EAGAIN) does not stop the worker, which
     says in one line that a kill of it leaves its agents to the next worker's start."""
     import errno
