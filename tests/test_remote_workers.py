@@ -1339,6 +1339,35 @@ def test_doctor_on_a_worker_machine_checks_only_what_a_worker_needs(tmp_path, re
     assert "problem: reviewer fake (command): no-such-agent-cli not on PATH" in bad.stdout
 
 
+def test_a_worker_of_another_release_than_its_control_says_so_as_it_starts(
+    kb, tmp_path, redis_url, monkeypatch
+):
+    """A worker upgraded while its control was not (§6.6, walked at stop 48): its log
+    said `worker.started` and nothing else, though every message either side sent would
+    be refused; on a quiet queue nothing was said until the night's first job. The control
+    here is of the next release (its `reviewq.control` key, written as it would)."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import load_settings
+    from workers.queues import huey_for, mark_fed
+
+    from .test_queue_integration import _await_logged
+
+    kb.write("reviewq.toml", f'[queue]\nurl = "{redis_url}"\n')
+    monkeypatch.setattr(messages, "VERSION", messages.VERSION + 1)
+    mark_fed(huey_for(load_settings(kb.root), "control"), kb.state, every=60.0)
+    worker, home = start_worker(tmp_path, redis_url)
+    try:
+        _await_logged(SimpleNamespace(state=home / "state"), "worker.started")
+    finally:
+        stop(worker)
+    lines = [json.loads(x) for x in (home / "state/logs/reviewq.jsonl").read_text().splitlines()]
+    (said,) = [e for e in lines if e["event"] == "worker.release_unlike"]
+    assert said["level"] == "error", said
+    assert f"sends messages of version {messages.VERSION}, this reviewq speaks " in said["reason"]
+    assert "install the control's reviewq release on this machine" in said["reason"], said
+
+
 def test_a_worker_with_no_queue_url_away_from_the_control_refuses_to_start(tmp_path):
     """A worker.toml without `[queue] url` on a second machine: the worker waited, for
     good, on a SQLite queue of its own that no control process feeds, and said only

@@ -60,6 +60,7 @@ from .queues import (
     profiles_unlike,
     queue_clock,
     refuses_writes,
+    release_unlike,
     send,
     send_once,
     shown_url,
@@ -398,6 +399,7 @@ class FeedWatch(threading.Thread):
         self.period = 10.0
         self.unfed_said: float | None = None  # when it was last said (the queue's clock)
         self.last_fed: dict = {}  # what a control last wrote, as this watch saw it
+        self.version_seen: object = None  # the control's message version last looked at
 
     def run(self) -> None:
         while not self.done.wait(self.period):
@@ -425,6 +427,13 @@ class FeedWatch(threading.Thread):
             # control runs on.
             if (why := refuses_writes(self.huey)) is not None:
                 problem, event = full_problem(self.settings, heard, why), "worker.queue_full"
+        if fed and fed.get("v") != self.version_seen:
+            # A worker upgraded while its control was not (or the control since): its
+            # start said nothing, and on a quiet queue nothing was said until the night,
+            # each message then refused one by one (`message.refused`).
+            self.version_seen = fed.get("v")
+            if (unlike := release_unlike(fed)) is not None:
+                logs.get().error("worker.release_unlike", reason=unlike)
         if fed and isinstance(fed.get("every"), int | float) and fed["every"] > 0:
             self.period = min(60.0, max(1.0, float(fed["every"])))
         if problem is not None:
