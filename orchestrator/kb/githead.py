@@ -3,7 +3,8 @@
 
 Read where jobs are made (a sweep's batch, the control's re-review of a fix): a ``git``
 process each time was milliseconds a job where the control makes a thousand in seconds;
-these are a few small reads, and outside git a stat of ``.git`` in each folder up to ``/``.
+these are a few small reads, and outside git two stats in each folder up to ``/`` (the
+folder's file system, its ``.git``).
 Only what git itself keeps as plain files is read (a ``.git`` folder or a ``.git`` file
 naming one, a worktree's ``commondir``, loose refs and ``packed-refs``); a layout it
 cannot read with certainty (the reftable format, a ref it cannot make out) is unknown,
@@ -29,14 +30,14 @@ def head_commit(root: Path) -> str | None:
     try:
         git_dir = _git_dir(root)
     except (OSError, ValueError):
-        return None  # a .git file that cannot be read: git cannot say either
+        return None  # a .git file or a folder that cannot be read: git cannot say either
     if git_dir is None:
         return ""
     try:
-        head = (git_dir / "HEAD").read_text(encoding="ascii").strip()
+        head = _text(git_dir / "HEAD")
         common = git_dir
         if (git_dir / "commondir").exists():  # a worktree's folder: refs are the repository's
-            common = git_dir / (git_dir / "commondir").read_text(encoding="ascii").strip()
+            common = git_dir / _text(git_dir / "commondir")
     except (OSError, ValueError):
         return None
     if (common / "reftable").is_dir():
@@ -55,16 +56,18 @@ def head_commit(root: Path) -> str | None:
 def _git_dir(root: Path) -> Path | None:
     """The git folder of the work tree ``root`` is in, as git finds it: the nearest
     ``.git`` up from ``root`` (a folder, or a file naming one: a worktree, a submodule),
-    not above a folder of GIT_CEILING_DIRECTORIES: the person's fence, which a fix commit
-    keeps too (``gitcommit.git_env``). OSError when a ``.git`` file cannot be read."""
-    fences = {
-        os.path.normpath(p)
-        for p in os.environ.get("GIT_CEILING_DIRECTORIES", "").split(os.pathsep)
-        if os.path.isabs(p)
-    }
+    not above a folder of GIT_CEILING_DIRECTORIES (the person's fence, which a fix commit
+    keeps too: ``gitcommit.git_env``) nor past the edge of ``root``'s file system (unless
+    GIT_DISCOVERY_ACROSS_FILESYSTEM). OSError when a ``.git`` file cannot be read,
+    ValueError when it is not one git reads (git stops there)."""
+    fences = _ceilings()
+    device = None if _across_file_systems() else os.stat(root).st_dev
     for folder in (root, *root.parents):
-        if folder != root and str(folder) in fences:
-            return None
+        if folder != root:
+            if str(folder) in fences:
+                return None
+            if device is not None and os.stat(folder).st_dev != device:
+                return None  # a mount point: git says "not a git repository"
         dot = folder / ".git"
         try:
             mode = os.stat(dot).st_mode  # one call a folder: a KB outside git stats each
@@ -73,9 +76,39 @@ def _git_dir(root: Path) -> Path | None:
         if stat.S_ISDIR(mode):
             return dot
         if stat.S_ISREG(mode):
-            line = dot.read_text(encoding="utf-8").strip()
-            return folder / line[len("gitdir:") :].strip() if line.startswith("gitdir:") else None
+            line = _text(dot)
+            if not line.startswith("gitdir:"):
+                raise ValueError(f"{dot}: invalid gitfile format")
+            return folder / line[len("gitdir:") :].strip()
     return None
+
+
+def _ceilings() -> set[str]:
+    """GIT_CEILING_DIRECTORIES as git compares them with the folders it goes up through
+    (real paths, as ``root`` is): each entry with its links resolved, but those after an
+    empty entry, which git takes as written; relative entries git ignores."""
+    fences = set()
+    as_written = False
+    for entry in os.environ.get("GIT_CEILING_DIRECTORIES", "").split(os.pathsep):
+        if not entry:
+            as_written = True
+        elif os.path.isabs(entry):
+            fences.add(entry if as_written else os.path.realpath(entry))
+    return fences
+
+
+def _across_file_systems() -> bool:
+    """GIT_DISCOVERY_ACROSS_FILESYSTEM, read as git reads a boolean."""
+    value = os.environ.get("GIT_DISCOVERY_ACROSS_FILESYSTEM", "").strip().lower()
+    if value in ("true", "yes", "on"):
+        return True
+    return value.isdigit() and int(value) != 0
+
+
+def _text(path: Path) -> str:
+    """A file of git's, stripped: ref names are bytes to git, whatever their encoding, and
+    ``surrogateescape`` gives a path back those same bytes."""
+    return path.read_bytes().decode("utf-8", "surrogateescape").strip()
 
 
 def _ref(git_dir: Path, common: Path, name: str) -> str | None:
@@ -84,13 +117,13 @@ def _ref(git_dir: Path, common: Path, name: str) -> str | None:
     # refs/heads/… and the like are the repository's; HEAD-like names are the worktree's.
     base = common if name.startswith("refs/") else git_dir
     try:
-        return (base / name).read_text(encoding="ascii").strip()
+        return _text(base / name)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         pass  # not a loose ref: packed, or none
     except (OSError, ValueError):
         return None
     try:
-        packed = (common / "packed-refs").read_text(encoding="ascii")
+        packed = _text(common / "packed-refs")
     except FileNotFoundError:
         return ""
     except (OSError, ValueError):
