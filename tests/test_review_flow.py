@@ -408,36 +408,31 @@ def test_finalize_says_the_missing_pairs_once(flow, run_cli):
     assert "2 problem(s) in its output" in res.stderr, res.stderr
 
 
-def test_a_failed_finalize_says_each_reason_once_and_the_job_a_mended_output_goes_to(flow, run_cli):
-    """A bad output by hand printed each reason twice (the `job.failed` log line, its
-    reasons a JSON list, then the command's own `reason:` lines), and neither its error
-    nor the refusal to finalize the job again said what to do with the mended output:
-    its pairs are free (CONTRACT §5), and the command given makes the job that takes it."""
-    sel = select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A)
-    job = create(run_cli, sel, "--grouping", "note")["jobs"][0]
+FREE_FOR = "its pairs are free for a new job: "
+
+
+def fail_by_hand(flow, job: dict) -> tuple[str, subprocess.CompletedProcess]:
+    """The fake agent's output of ``job``, spoiled (each Result in bold) and finalized by
+    hand, as a person would: the good output, and the failed `finalize`."""
     out = flow.root / job["bundle_output_path"]
     write_output(flow, job)
     good = out.read_text()
     out.write_text(good.replace("## Result: PASS", "## Result: **PASS**"))
-    job_id = str(job["review_job_id"])
-    finalize = ("--root", str(flow.root), "finalize", "--model", "fake", "--review-job-id")
-    res = reviewq_process(*finalize, job_id)
+    res = reviewq_process(*finalize_by_hand(flow, job["review_job_id"]))
     assert res.returncode == 1, res.stderr
-    reasons = [line for line in res.stderr.splitlines() if line.startswith("reason:")]
-    assert len(reasons) == 2 and all("**PASS**" in r for r in reasons), res.stderr
-    assert res.stderr.count("**PASS**") == 2, res.stderr  # said once each
-    error = res.stderr.splitlines()[-1]
-    refused = reviewq_process(*finalize, job_id).stderr.strip()
-    assert "finalizing it again is refused" in refused, refused
-    shown = run_cli("job", job_id).stdout
-    said = "its pairs are free for a new job: "
-    lines = (error, refused, *shown.splitlines())
-    commands = {line.split(said, 1)[1] for line in lines if said in line}
-    assert len(commands) == 1, lines
-    # Run as a person would, from the KB root: it makes the job the mended output ends.
+    return good, res
+
+
+def finalize_by_hand(flow, job_id: int | str) -> tuple[str, ...]:
+    return ("--root", str(flow.root), "finalize", "--model", "fake", "--review-job-id", str(job_id))
+
+
+def new_job_of(flow, command: str, output: str) -> str:
+    """``command`` (what a failed job says after FREE_FOR) run as a person would, from the
+    KB root: it makes one job, which ``output`` (the failed job's, mended) completes."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     made = subprocess.run(
-        commands.pop(),
+        command,
         shell=True,
         capture_output=True,
         text=True,
@@ -446,11 +441,48 @@ def test_a_failed_finalize_says_each_reason_once_and_the_job_a_mended_output_goe
     )
     assert made.returncode == 0 and "1 job(s) created" in made.stdout, made
     new_id = made.stdout.split()[1].rstrip(":")
-    (flow.root / job["bundle_output_path"].replace(f"-{job_id}/", f"-{new_id}/")).write_text(good)
-    done = reviewq_process(*finalize, new_id)
+    (flow.root / f".reviewq/jobs/review-job-{new_id}/bundle-output.md").write_text(output)
+    done = reviewq_process(*finalize_by_hand(flow, new_id))
     assert done.returncode == 0 and f"job {new_id} completed" in done.stdout, done.stderr
+    return new_id
+
+
+def test_a_failed_finalize_says_each_reason_once_and_the_job_a_mended_output_goes_to(flow, run_cli):
+    """A bad output by hand printed each reason twice (the `job.failed` log line, its
+    reasons a JSON list, then the command's own `reason:` lines), and neither its error
+    nor the refusal to finalize the job again said what to do with the mended output:
+    its pairs are free (CONTRACT §5), and the command given makes the job that takes it."""
+    sel = select_json(run_cli, "frontmatter", "--model", "fake", "--note", NOTE_A)
+    job = create(run_cli, sel, "--grouping", "note")["jobs"][0]
+    good, res = fail_by_hand(flow, job)
+    reasons = [line for line in res.stderr.splitlines() if line.startswith("reason:")]
+    assert len(reasons) == 2 and all("**PASS**" in r for r in reasons), res.stderr
+    assert res.stderr.count("**PASS**") == 2, res.stderr  # said once each
+    error = res.stderr.splitlines()[-1]
+    job_id = str(job["review_job_id"])
+    refused = reviewq_process(*finalize_by_hand(flow, job_id)).stderr.strip()
+    assert "finalizing it again is refused" in refused, refused
+    shown = run_cli("job", job_id).stdout
+    lines = (error, refused, *shown.splitlines())
+    commands = {line.split(FREE_FOR, 1)[1] for line in lines if FREE_FOR in line}
+    assert len(commands) == 1, lines
+    new_job_of(flow, commands.pop(), good)
     # Its pairs decided by a later job, the failed one has no new job to say.
-    assert said not in run_cli("job", job_id).stdout
+    assert FREE_FOR not in run_cli("job", job_id).stdout
+
+
+def test_the_new_job_a_failed_gate_grouped_job_names_is_one_job_of_its_pairs(flow, run_cli):
+    """C61: the command a failed job of more notes than `create-jobs`' default batch (5)
+    says made its pairs into two jobs: a job of six notes (`enqueue --batch-size 6`, a
+    sweep's batch_size) was made again as five and one, and its mended output, six
+    pairs' sentinels, fitted neither."""
+    for name in ("gamma", "delta", "epsilon", "zeta"):
+        flow.note(name, body=f"{name.title()} body.\n")
+    sel = select_json(run_cli, "prose/body-check", "--model", "fake")
+    job = create(run_cli, sel, "--grouping", "gate", "--batch-size", "6")["jobs"][0]
+    assert len(job["pairs"]) == 6
+    good, res = fail_by_hand(flow, job)
+    new_job_of(flow, res.stderr.splitlines()[-1].split(FREE_FOR, 1)[1], good)
 
 
 def test_failed_rereview_keeps_the_earlier_acceptance(flow, run_cli):

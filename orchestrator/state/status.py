@@ -1607,12 +1607,16 @@ def new_job_words(store: Store, job_id: int) -> str | None:
     if not free:
         return None
     gates = " ".join(shlex.quote(g) for g in sorted({r["gate_id"] for r in free}))
-    notes = " ".join(f"--note {shlex.quote(n)}" for n in sorted({r["note_path"] for r in free}))
+    paths = sorted({r["note_path"] for r in free})
+    notes = " ".join(f"--note {shlex.quote(n)}" for n in paths)
     grouping = job["grouping"] if job["grouping"] in GROUPINGS else GROUPINGS[0]
+    # One job of all its notes: create-jobs' default batch is five, and a job of more
+    # (a sweep's batch_size) was made again as two that its mended output fits neither.
+    batch = f" --batch-size {len(paths)}" if grouping == "gate" else ""
     return (
         f"its pairs are free for a new job: reviewq select {gates} {notes} "
         f"--model {shlex.quote(job['model_partition'])} --json "
-        f"| reviewq create-jobs --input - --grouping {grouping}"
+        f"| reviewq create-jobs --input - --grouping {grouping}{batch}"
     )
 
 
