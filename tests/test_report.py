@@ -397,6 +397,29 @@ def test_a_page_replaces_only_an_earlier_page(night, tmp_path):
     assert '<meta name="generator" content="reviewq">' in old.read_text()
 
 
+def test_a_damaged_page_in_the_state_folder_is_written_again(night):
+    """STATE/report.html is reviewq's own rendering (OPERATIONS §7: the next report writes
+    it again). Emptied, or NULs where a power loss left them, it was "--html …: exists
+    and is not a reviewq report" at every morning's report, exit 1, for good, naming an
+    option nobody gave. A file of another kind there is still refused, by its path."""
+    page = night.state / "report.html"
+    for damaged in (b"", b"\0" * 4096, b"<html><body>cut sh"):
+        page.write_bytes(damaged)
+        res = night.rq("report", "--since", "24h")
+        assert res.returncode == 0, res.stderr
+        assert '<meta name="generator" content="reviewq">' in page.read_text()
+    page.unlink()
+    page.mkdir()
+    try:
+        res = night.rq("report", "--since", "24h")
+        assert (res.returncode, res.stderr) == (
+            1,
+            f"error: {page}: not a regular file; remove it, or give --html another file\n",
+        )
+    finally:
+        page.rmdir()
+
+
 def test_a_report_may_look_back_more_than_a_year(night):
     """The one-year limit on durations is for reviewq.toml; --since went through the same
     check, so an all-time report (`--since 9000h`) was refused."""

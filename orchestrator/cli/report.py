@@ -94,6 +94,7 @@ def report_cmd(
             only_reject=only_reject_check(ws),
             not_run=functools.partial(sweeps_not_run, settings=ws.settings),
             settings=ws.settings,
+            page_given=html is not None,
         )
     except ReportError as exc:
         raise Refused(str(exc)) from None

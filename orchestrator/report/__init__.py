@@ -48,14 +48,17 @@ def make_report(
     only_reject: _data.OnlyReject | None = None,
     not_run: Callable[[Store], list[dict]] | None = None,
     settings: Settings | None = None,
+    page_given: bool = True,
 ) -> Report:
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
     records a report of the default period so the next one starts where it ends;
     ``only_reject`` tells which escalations can now only be rejected; ``not_run`` reads
     the cron sweeps whose last time ran nothing (it knows the settings); ``settings``
-    names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds."""
+    names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds.
+    ``page_given``: ``html_path`` is --html's, not the state folder's own page."""
+    where = f"--html {html_path}" if page_given else str(html_path)
     if html_path is not None:
-        _may_replace(html_path)
+        _may_replace(html_path, where, page_given)
     # One snapshot, ending at a time no write in flight was stamped before: the sections
     # of a report made while the control process writes agree, and the next report
     # starts where this one ends with nothing between them.
@@ -79,7 +82,7 @@ def make_report(
         try:
             atomic_write(html_path, page, mode=0o644)
         except OSError as exc:
-            raise ReportError(f"--html {html_path}: cannot write ({exc.strerror or exc})") from None
+            raise ReportError(f"{where}: cannot write ({exc.strerror or exc})") from None
     if remember and not (since or sweep or run is not None):
         # Only a report of the default period moves "since the last report": a look at
         # the last two hours or one run would leave the rest of the night in no report.
@@ -92,25 +95,30 @@ def make_report(
 _OURS = (b'<meta name="generator" content="reviewq">', b"default-src 'none'; style-src")
 
 
-def _may_replace(path: Path) -> None:
+def _may_replace(path: Path, where: str, given: bool) -> None:
     """A page is written only where nothing is, or over an earlier page: ``--html`` naming
-    state.db, a note or reviewq.toml replaced it with the page, without a word."""
+    state.db, a note or reviewq.toml replaced it with the page, without a word. The state
+    folder's own page (not ``given``) is a rendering of state.db: a file there that is no
+    page (emptied, NULs after a power loss) is written over, as OPERATIONS §7 says; it
+    was refused at every report, for good. ``where`` names the path in a refusal."""
     try:
         fd = open_regular(path, follow=False)
     except NotRegular as exc:
-        if exc.kind == SYMLINK:
-            raise ReportError(f"--html {path}: is a symbolic link; name the file itself") from None
-        raise ReportError(f"--html {path}: not a regular file; name the page's own file") from None
+        what = "is a symbolic link" if exc.kind == SYMLINK else "not a regular file"
+        # Nobody named the state folder's page: what to do is to remove what is there.
+        remedy = "name the file itself" if exc.kind == SYMLINK else "name the page's own file"
+        remedy = remedy if given else "remove it, or give --html another file"
+        raise ReportError(f"{where}: {what}; {remedy}") from None
     except OSError as exc:
-        raise ReportError(f"--html {path}: cannot be replaced ({exc.strerror or exc})") from None
+        raise ReportError(f"{where}: cannot be replaced ({exc.strerror or exc})") from None
     if fd is None:
         return
     try:
         head = os.read(fd, 2048)
     finally:
         os.close(fd)
-    if not any(mark in head for mark in _OURS):
+    if given and not any(mark in head for mark in _OURS):
         raise ReportError(
-            f"--html {path}: exists and is not a reviewq report; nothing was written "
+            f"{where}: exists and is not a reviewq report; nothing was written "
             "(remove it or name another file)"
         )
