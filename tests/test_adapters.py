@@ -1173,6 +1173,33 @@ def test_doctor_finds_a_relative_program_where_its_agents_start(run_cli, kb, tmp
     assert "tools/nope.sh is no program under the KB root" in line, line
 
 
+def test_doctor_says_what_is_wrong_with_a_program_given_by_its_path(run_cli, kb, tmp_path):
+    """A program named by its path is looked for there alone: doctor said "not on PATH" of
+    a script that was there but not executable (each launch "Permission denied"), of a
+    folder, and of an absolute path to nothing, and a person went to mend PATH."""
+    script = tmp_path / "review.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o644)
+    kb.write("tools/plain.sh", "#!/bin/sh\nexit 0\n")
+    (kb.root / "tools" / "dir.sh").mkdir()
+    for program, said in (
+        (script, f"{script} is not executable (chmod +x {script})"),
+        (tmp_path, f"{tmp_path} is a folder, not a program"),
+        (tmp_path / "gone.sh", f"{tmp_path / 'gone.sh'}: no such file"),
+        ("tools/plain.sh", f"tools/plain.sh is not executable (chmod +x {kb.root}/tools/plain.sh)"),
+        ("tools/dir.sh", "tools/dir.sh is a folder, not a program"),
+    ):
+        kb.write("reviewq.toml", f'[reviewers.x]\nkind = "command"\ncommand = ["{program}"]\n')
+        res = run_cli("doctor")
+        line = next(x for x in res.stdout.splitlines() if "reviewer x" in x)
+        assert (res.exit_code, line) == (1, f"problem: reviewer x (command): {said}")
+    kb.write(
+        "reviewq.toml", f'[reviewers.c]\nkind = "claude"\nmodel = "m"\nexecutable = "{script}"\n'
+    )
+    line = next(x for x in run_cli("doctor").stdout.splitlines() if "reviewer c" in x)
+    assert line == f"problem: reviewer c (claude): {script} is not executable (chmod +x {script})"
+
+
 @pytest.mark.parametrize(
     ("kind", "says", "verdict", "words"),
     [

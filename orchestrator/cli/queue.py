@@ -937,18 +937,25 @@ def _worker_here(ws: Workspace) -> str | None:
         return None
 
 
-def _program_missing(root: Path, exe: str) -> bool:
-    # A relative path such as tools/review.py runs from the folder its agents start in,
-    # the KB root (a sweep's, a `worker --kb`'s), not from wherever doctor was typed.
-    if os.sep in exe and not os.path.isabs(exe):
-        exe = str(root / exe)
-    return shutil.which(exe) is None
-
-
-def _not_found(exe: str) -> str:
-    if os.sep in exe and not os.path.isabs(exe):
-        return f"{exe} is no program under the KB root (agents start there)"
-    return f"{exe} not on PATH"
+def _program_problem(root: Path, exe: str) -> str | None:
+    """Why ``exe`` cannot be run as its agents run it, or None. A relative path such as
+    tools/review.py runs from the folder its agents start in, the KB root (a sweep's, a
+    `worker --kb`'s), not from wherever doctor was typed."""
+    if os.sep not in exe:
+        return None if shutil.which(exe) else f"{exe} not on PATH"
+    path = Path(exe) if os.path.isabs(exe) else root / exe
+    if shutil.which(str(path)):
+        return None
+    # A path given is looked for there alone: "not on PATH" sent a person to fix PATH for
+    # a script that was there but not executable (the worker's launch said "Permission
+    # denied"), or for a path to nothing.
+    if path.is_dir():
+        return f"{exe} is a folder, not a program"
+    if path.exists():
+        return f"{exe} is not executable (chmod +x {path})"
+    if os.path.isabs(exe):
+        return f"{exe}: no such file"
+    return f"{exe} is no program under the KB root (agents start there)"
 
 
 def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
@@ -985,8 +992,9 @@ def _doctor_reviewers(ws: Workspace, report, remote: bool = False) -> None:
             continue
         profile = adapter.profile
         head = f"reviewer {name} ({profile.kind})"
-        if missing := [exe for exe in adapter.executables() if _program_missing(ws.root, exe)]:
-            report(False, f"{head}: {', '.join(_not_found(exe) for exe in missing)}")
+        programs = (_program_problem(ws.root, exe) for exe in adapter.executables())
+        if missing := [problem for problem in programs if problem is not None]:
+            report(False, f"{head}: {', '.join(missing)}")
         elif adapter.known_versions is not None:
             _doctor_version(adapter, ws.root, runs, head, report)
         elif profile.kind != "openai":
