@@ -333,6 +333,12 @@ BAD = [
         "[reviewers.offline] connect_timeout",
         "not read for kind 'offline'",
     ),
+    # Its agent reads no argument: a `--strict` given it changed nothing, without a word.
+    (
+        '[reviewers.offline]\nkind = "offline"\nargs = ["--strict"]\n',
+        "[reviewers.offline] args",
+        "not read for kind 'offline' (only claude, codex, gemini, command, openai)",
+    ),
     # The kind is judged before the value: told "must be shorter than timeout" (or that
     # a claude profile's base_url is no http URL), a person mended a key that was then
     # refused anyway, for a reason the first line had not said.
