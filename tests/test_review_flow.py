@@ -2056,6 +2056,32 @@ def test_rewrite_files_that_cannot_write_a_folder_says_so_and_exits_1(flow, run_
     assert "rewrite-files again" in last
 
 
+def test_rewrite_files_writes_an_ended_jobs_files_that_wait_to_be_written(flow, run_cli):
+    """A job's files are written after its finalize commits, so those a write failed are
+    mostly an ended job's. doctor said "reviewq rewrite-files writes them at once", and
+    `rewrite-files` wrote queued and running jobs' only: "wrote the files of 0 job(s)",
+    exit 0, and doctor's problem stayed (rewrite-files --all's own refusal sent a person
+    to the same plain command)."""
+    job = alpha_job(run_cli)
+    jid = str(job["review_job_id"])
+    write_output(flow, job, decisions="PASS")
+    manifest = flow.state / "jobs" / f"review-job-{jid}" / "MANIFEST.json"
+    manifest.unlink()
+    (manifest / "in-the-way").mkdir(parents=True)  # a folder where the file goes
+    run_cli("finalize", "--review-job-id", jid)
+    said = run_cli("doctor").stdout
+    assert "problem: 1 job(s) whose MANIFEST.json and results wait to be written" in said, said
+    assert "(reviewq rewrite-files writes them at once)" in said, said
+    shutil.rmtree(manifest)  # the cause mended
+    res = run_cli("rewrite-files")
+    assert (res.exit_code, res.stdout) == (
+        0,
+        "wrote the files of 1 job(s) and 0 escalation report(s)\n",
+    ), res.stderr
+    assert json.loads(manifest.read_text())["status"] == "completed"
+    assert "wait to be written" not in run_cli("doctor").stdout
+
+
 def test_a_jobs_folder_linked_to_a_disk_not_mounted_is_named_with_the_way_out(
     flow, run_cli, tmp_path
 ):

@@ -444,9 +444,9 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
 @click.pass_obj
 @refuse_domain_errors
 def rewrite_files_cmd(ws: Workspace, everything: bool) -> None:
-    """Write the folders (MANIFEST.json, results/) of queued and running jobs and the
-    reports of open escalations again from state.db: they render it, and this brings back
-    what was deleted or damaged by hand. Fixes are not written to the KB again. A running
+    """Write the folders (MANIFEST.json, results/) of queued and running jobs, of any job
+    whose files wait to be written, and the reports of open escalations again from
+    state.db: they render it, and this brings back what was deleted or damaged by hand. Fixes are not written to the KB again. A running
     control process may stay up.
 
     \b

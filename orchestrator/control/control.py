@@ -1532,16 +1532,23 @@ class Control:
 
 def rewrite_files(ws: Workspace, everything: bool = False) -> tuple[int, int, list[str]]:
     """The folders (MANIFEST.json, results/, a missing prompt.md) of queued and running
-    jobs and the reports of open escalations, written again from state.db: files that
-    render state, deleted or damaged by hand. With ``everything``, ended jobs' and
-    decided escalations' too; without, a disk freed of ended jobs' folders (OPERATIONS
-    6.4) is not filled again. Returns (jobs, reports) written, and what could not be
-    (``review job N: error``, ``escalation N: error``). Applied fixes are not: the KB is
-    the person's, and a note may have changed since."""
+    jobs, of any job whose files still wait to be written, and the reports of open
+    escalations, written again from state.db: files that render state, deleted or
+    damaged by hand. With ``everything``, ended jobs' and decided escalations' too;
+    without, a disk freed of ended jobs' folders (OPERATIONS 6.4) is not filled again.
+    Returns (jobs, reports) written, and what could not be (``review job N: error``,
+    ``escalation N: error``). Applied fixes are not: the KB is the person's, and a note
+    may have changed since."""
     store = ws.store
     # A person's decision is recorded as a job with no folder (job_dir ''): rendered, its
     # MANIFEST.json, prompt.md and results/ went into STATE itself, each over the last.
-    live = "" if everything else " AND status IN ('queued', 'running')"
+    # Due: a job's files follow its finalize, so a write that failed is mostly an ended
+    # job's, which doctor sends here ("writes them at once"); left out, they stayed due.
+    live = (
+        ""
+        if everything
+        else " AND (status IN ('queued', 'running') OR id IN (SELECT job_id FROM job_files_due))"
+    )
     ids = [
         r[0]
         for r in store.conn.execute(
