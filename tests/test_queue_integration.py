@@ -4680,6 +4680,56 @@ def test_a_queue_file_deleted_while_its_processes_run_is_followed_to_the_new_one
     assert replaced and all(e["file"].endswith(f"queue/{queue}.db") for e in replaced)
 
 
+def test_commands_on_a_full_state_disk_say_the_disk_is_full(kb):
+    """The state folder's disk full (OPERATIONS §6.4): SQLite cannot grow state.db's WAL
+    index there and says "disk I/O error", which `status`, `doctor` and every command
+    read as "state.db: not a reviewq database"; a worker's queue file the same way was
+    "another process holds it longer than the busy timeout … run the command again"; and
+    a control whose state.db another process held open (its WAL index made already) met
+    ENOSPC writing its pid to control.lock: "internal error … (please report it)"."""
+    from .fault.harness import SmallDisk
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs for the state folder")
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+    for bell in (kb.state / "queue").glob("*.bell"):
+        bell.unlink()  # FIFOs, which SmallDisk's copy refuses; any process makes them again
+    disk = SmallDisk(kb.state, "2m")
+    try:
+        disk.mount()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    full = f"the disk of {kb.state} is full"
+    try:
+        disk.fill()
+        for args in (("status",), ("worker", "--workers", "1"), ("control",)):
+            res = rq(kb, *args, timeout=60)
+            last = res.stderr.strip().splitlines()[-1]
+            assert (res.returncode, last.startswith("error: ")) == (1, True), res.stderr
+            assert full in last and "free space there (OPERATIONS §6.4)" in last, res.stderr
+        said = rq(kb, "doctor", timeout=60).stdout
+        assert f"problem: state.db: {kb.state / 'state.db'}: cannot be opened" in said, said
+        assert f"problem: queue backend: disk I/O error; {full}" in said, said
+        assert "not a reviewq database" not in said, said
+        (kb.state / ".filler").unlink()
+        held = sqlite3.connect(kb.state / "state.db")  # another process's, WAL index made
+        try:
+            held.execute("SELECT count(*) FROM review_jobs").fetchone()
+            disk.fill()
+            res = rq(kb, "control", timeout=60)
+        finally:
+            held.close()
+        assert res.returncode == 1, res.stderr
+        assert res.stderr.strip().splitlines()[-1] == (
+            f"error: {kb.state / 'control.lock'}: No space left on device; {full} "
+            f"(0 bytes free): free space there (OPERATIONS §6.4)"
+        ), res.stderr
+    finally:
+        disk.unmount()
+
+
 def test_a_tick_whose_send_waited_out_a_full_queue_disk_is_not_said_lost(kb):
     """The control's queue folder on a full disk for longer than 5 reaper periods: the
     tick's send was retried (`queue.retrying`) until the disk had room, and at the next

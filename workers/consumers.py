@@ -498,8 +498,12 @@ def _lock(state_dir: Path) -> int:
             raise AlreadyRunning(
                 f"a control process already runs for {state_dir} (exactly one may)"
             ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+    except OSError as exc:  # a full disk: said naming the file, not as a bug
+        os.close(fd)
+        raise OSError(exc.errno, exc.strerror, str(state_dir / "control.lock")) from None
     return fd
 
 

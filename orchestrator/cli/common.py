@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import wraps
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -20,12 +21,10 @@ from click.core import ParameterSource
 from orchestrator import logs
 from orchestrator.config import gates_named
 from orchestrator.logs import one_line as shown
-from orchestrator.state.store import DAMAGED, is_damage
+from orchestrator.state.store import DAMAGED, DISK_FULL, disk_error, is_damage, no_room
 from orchestrator.state.workspace import Workspace, workers_own
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from orchestrator.control.followup import Followed
     from orchestrator.kb.notes import FileProblem
 
@@ -194,6 +193,14 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             raise Refused(str(exc)) from None
         except PermissionError as exc:
             raise denied(exc) from None
+        except OSError as exc:
+            # A file of the state folder on a full disk (the control's pid in its lock):
+            # "internal error … (please report it)".
+            folder = Path(exc.filename).parent if isinstance(exc.filename, str) else None
+            room = no_room(folder) if folder and exc.errno in DISK_FULL else None
+            if room is None:
+                raise
+            raise Refused(f"{exc.filename}: {exc.strerror}; {room}") from None
         except sqlite3.DatabaseError as exc:
             if is_damage(exc):
                 # Called an internal error to report, or a lock to wait out, it sent a
@@ -205,6 +212,13 @@ def refuse_domain_errors(fn: Callable) -> Callable:
             if not isinstance(exc, sqlite3.OperationalError):
                 raise  # a constraint, a query: a defect, said as one
             # Nothing was changed: the transaction rolled back. Say what and how to go on.
+            ws = click.get_current_context().find_object(Workspace)
+            folders = (ws.state_dir, ws.state_dir / "queue") if ws is not None else ()
+            if disk_error(exc) and (room := no_room(*folders)):
+                raise Refused(
+                    f"state.db or a queue file cannot be written ({exc}); {room}. "
+                    "Nothing was changed."
+                ) from None
             if "readonly" in str(exc) or "unable to open" in str(exc):
                 raise Refused(
                     f"state.db or a queue file cannot be written here ({exc}): reviewq needs "

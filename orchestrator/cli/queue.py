@@ -51,6 +51,7 @@ from orchestrator.state.status import (
     control_clock_said,
     held_by_budget,
 )
+from orchestrator.state.store import disk_error, no_room
 from orchestrator.state.workspace import Workspace
 
 
@@ -877,7 +878,10 @@ def _doctor_queue(
             other = other_feeder(app.control, ws.state_dir) if mine else None
     except Exception as exc:
         away = ws.settings.queue.url and isinstance(exc, queues.QUEUE_UNAVAILABLE)
-        report(False, f"queue backend: {out_of_reach(ws.settings, exc) if away else exc}")
+        # A SQLite queue on a full disk is "disk I/O error" alone (its WAL index not grown).
+        full = disk_error(exc) and no_room(ws.state_dir, ws.state_dir / "queue")
+        said = out_of_reach(ws.settings, exc) if away else f"{exc}; {full}" if full else exc
+        report(False, f"queue backend: {said}")
         return
     if other is not None:
         report(False, shared_problem(ws.settings, other))

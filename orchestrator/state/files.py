@@ -26,7 +26,7 @@ from orchestrator.kb.atomicfile import atomic_write, name_head
 from orchestrator.kb.gates import TYPE_LENS, parse_gate
 from orchestrator.kb.notes import REGIONS
 from orchestrator.regularfile import make_folder
-from orchestrator.state.store import Store, json_column, reasons_column, utcnow
+from orchestrator.state.store import DISK_FULL, Store, json_column, reasons_column, utcnow
 
 # A job id → its prompt.md text (None: the job has no job-level prompt). Prompts are
 # rendered a layer above (orchestrator.review.jobs), which passes this in.
@@ -34,9 +34,6 @@ PromptRenderer = Callable[[int], "str | None"]
 
 # A due row's error until a write is tried and fails.
 NOT_TRIED = "not written yet"
-
-# A full disk or quota: every file after this one would fail alike.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # Due rows settled together (one transaction) by a pass of write_due_job_files.
 SETTLE_EVERY = 64

@@ -8,6 +8,7 @@ killed mid-way leaves nothing partial.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -159,6 +160,38 @@ def is_damage(exc: sqlite3.Error) -> bool:
     return name in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or str(exc).startswith("no such table")
 
 
+# A full disk or quota: every file after this one would fail alike.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Less room than this on a state folder's disk is none for reviewq: SQLite grows a WAL
+# index and a log a page or a frame at a time, and a job's prompt takes more.
+ROOM_BYTES = 1 << 20
+
+
+def no_room(*folders: Path) -> str | None:
+    """What to do about the first of ``folders`` whose disk has less than ROOM_BYTES free
+    (to this user: root may use the blocks kept for it), or None. SQLite says a WAL index
+    it could not grow on a full disk as "disk I/O error" (SQLITE_IOERR_SHMSIZE), never
+    "disk is full": read as it came, it was "not a reviewq database" or a lock to wait
+    out (OPERATIONS §6.4 says what to free)."""
+    for folder in folders:
+        try:
+            st = os.statvfs(folder)
+        except OSError:  # not there (a queue folder not made yet): the next one says
+            continue
+        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+        if free < ROOM_BYTES:
+            return (
+                f"the disk of {folder} is full ({free} bytes free): free space there "
+                "(OPERATIONS §6.4)"
+            )
+    return None
+
+
+def disk_error(exc: BaseException) -> bool:
+    """Whether SQLite's error is one a full disk gives (SQLITE_FULL, SQLITE_IOERR_*)."""
+    return getattr(exc, "sqlite_errorname", "").startswith(("SQLITE_FULL", "SQLITE_IOERR"))
+
+
 def lost_record(path: Path, how: str) -> str | None:
     """Why no new record may start at ``path``: state.db ``how`` (missing, empty, damaged,
     without reviewq's tables: deleted, a restore whose `.recover` failed, a crash) in a state
@@ -280,6 +313,13 @@ class Store:
                     raise StoreError(
                         f"{self.path}: cannot be opened for writing ({exc}); reviewq needs "
                         "write access to the state folder, even to read it"
+                    ) from None
+                if disk_error(exc):
+                    # The disk, not the file: "not a reviewq database" sent a person to
+                    # repair or move aside the one file they must not lose.
+                    room = no_room(self.path.parent)
+                    raise StoreError(
+                        f"{self.path}: cannot be opened ({exc}){f'; {room}' if room else ''}"
                     ) from None
                 name = getattr(exc, "sqlite_errorname", "")
                 # No header (a page of zeros after a crash) beside the folders of the jobs
