@@ -4730,6 +4730,37 @@ def test_commands_on_a_full_state_disk_say_the_disk_is_full(kb):
         disk.unmount()
 
 
+def test_a_sweeps_child_whose_stderr_is_on_a_full_disk_is_said_so(kb):
+    """A sweep's child that keeps failing has its last stderr line quoted; on a full disk
+    that line could not be written, and the sweep said "worker exited 1 four times
+    (nothing on stderr)", pointing at the empty file, the disk unnamed. The worker fails
+    here because its folder is a file; its stderr's folder is a full tmpfs."""
+    from .fault.harness import SmallDisk
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs for the logs")
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+    (kb.state / "worker").write_text("a file where the worker's folder goes\n")
+    logs = kb.state / "logs"
+    disk = SmallDisk(logs, "256k")
+    try:
+        disk.mount()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    try:
+        disk.fill()
+        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "1", timeout=120)
+    finally:
+        disk.unmount()
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: worker exited 1 four times (nothing on stderr: the disk of {logs} is full "
+        f"(0 bytes free): free space there (OPERATIONS §6.4)); see {logs / 'sweep-worker.stderr'}"
+    ), res.stderr
+
+
 def test_a_tick_whose_send_waited_out_a_full_queue_disk_is_not_said_lost(kb):
     """The control's queue folder on a full disk for longer than 5 reaper periods: the
     tick's send was retried (`queue.retrying`) until the disk had room, and at the next

@@ -36,7 +36,7 @@ from orchestrator.state.status import (
     refusal_said,
     summary,
 )
-from orchestrator.state.store import control_pid, utcnow
+from orchestrator.state.store import control_pid, no_room, utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import EnqueueResult, SweepRequest, enqueue
 
@@ -420,7 +420,12 @@ class Children:
                 lines = f.read().decode("utf-8", "replace").strip().splitlines()
         except OSError:
             return "its stderr cannot be read"
-        return lines[-1].removeprefix("error: ") if lines else "nothing on stderr"
+        if lines:
+            return lines[-1].removeprefix("error: ")
+        # Its last words were for a file on a full disk: "nothing on stderr" alone sent a
+        # person to an empty file, the disk unnamed.
+        room = no_room(Path(self.stderr[name].name).parent)
+        return f"nothing on stderr: {room}" if room else "nothing on stderr"
 
     # How long running agents get to finish after a Ctrl-C, then they are stopped and
     # their attempts put back on the queue (nothing burned): a real review takes minutes.
