@@ -4761,6 +4761,56 @@ def test_a_sweeps_child_whose_stderr_is_on_a_full_disk_is_said_so(kb):
     ), res.stderr
 
 
+def test_a_sweep_waiting_on_a_full_state_disk_says_so_and_goes_on_once_there_is_room(kb):
+    """The state folder's disk full while a sweep waits on its jobs: the control defers
+    them and says so in a log on that disk, which takes no line, and the sweep in the
+    foreground waited without a word. It now says it once (`sweep.disk_full`), goes on
+    waiting, and ends once there is room and a worker runs the jobs."""
+    from .fault.harness import SmallDisk
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs for the state folder")
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "doctor").returncode in (0, 1)  # makes the state folder and state.db
+    for bell in (kb.state / "queue").glob("*.bell"):
+        bell.unlink()  # FIFOs, which SmallDisk's copy refuses; any process makes them again
+    disk = SmallDisk(kb.state, "8m")
+    try:
+        disk.mount()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    procs: list[subprocess.Popen] = []
+    guard = threading.Timer(150, lambda: [p.kill() for p in procs])
+    guard.start()
+    try:
+        sweep = subprocess.Popen(
+            [*base, "sweep", "--reviewer", "fake", "--workers", "0"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        procs.append(sweep)
+        _await_logged(kb, "control.started")  # the sweep's: filled before, it never starts
+        disk.fill()
+        _until(sweep.stderr, "sweep.disk_full", timeout=30)
+        (kb.state / ".filler").unlink()
+        procs.append(
+            subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+        )
+        _, err = sweep.communicate(timeout=120)
+        assert sweep.returncode == 0, err.decode()
+        assert err.count(b'"sweep.disk_full"') == 0  # said once, read above
+        with contextlib.closing(db(kb)) as conn:
+            done = dict(conn.execute("SELECT status, count(*) FROM review_jobs GROUP BY status"))
+        assert done == {"completed": 4}
+    finally:
+        _stop_all(guard, procs)
+        disk.unmount()
+
+
 def test_a_tick_whose_send_waited_out_a_full_queue_disk_is_not_said_lost(kb):
     """The control's queue folder on a full disk for longer than 5 reaper periods: the
     tick's send was retried (`queue.retrying`) until the disk had room, and at the next

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import runpy
 import select
@@ -591,6 +592,7 @@ def _sweep(
     # sweep writes the folders (a worker of another release refusing each message at
     # once) is heard by this look-out too.
     no_worker = NoWorker(store, watching=workers == 0, log=logs.log_path(ws.state_dir))
+    no_room_said = NoRoom(ws.state_dir)
     started: list[Children] = []
 
     def start_children(ids: list[int]) -> None:
@@ -635,6 +637,7 @@ def _sweep(
                     break
                 children.check()
                 no_worker.check()
+                no_room_said.check()
                 time.sleep(looks.wait_after(p.open, time.monotonic(), took=took))
         except KeyboardInterrupt:
             interrupted = True
@@ -663,6 +666,31 @@ def _progress(ws: Workspace, jobs: SweepJobs, paused: dict[str, Pause] | None = 
     if paused is None:
         paused = paused_reviewers(ws.store, utcnow())
     return progress(ws.store, jobs, set(paused), over_budget_runs(ws.store))
+
+
+class NoRoom:
+    """Said once, by a sweep whose state folder's disk has no room left: its jobs wait
+    (dispatch deferred, outcomes retried) until there is, and every line saying so goes
+    to a log on that disk, which takes none. A sweep in the foreground waited without a
+    word, for good. It goes on waiting: room may come (OPERATIONS §6.4)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, state_dir: Path) -> None:
+        self.folders = (state_dir, state_dir / "queue")
+        self.next = time.monotonic()
+
+    def check(self) -> None:
+        if time.monotonic() < self.next:
+            return
+        self.next = time.monotonic() + self.EVERY_S
+        if (room := no_room(*self.folders)) is not None:
+            self.next = math.inf
+            logs.get().warning(
+                "sweep.disk_full",
+                reason=room,
+                recovery="the sweep waits: its jobs go on once there is room",
+            )
 
 
 class NoWorker:
