@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -808,15 +809,20 @@ def test_an_audit_that_fails_under_run_job_goes_to_a_person(kb):
     assert escs[0][1].startswith("the auditor (auditor) failed when run by hand"), escs[0][1]
 
 
-def failing_agent(kb, script: Path, body: str) -> None:
-    """Configure ``fake`` as an agent that answers with turns (so its failure is no launch
-    failure) and then does ``body``: Python, with json, os and sys imported."""
+def failing_script(script: Path, body: str) -> Path:
+    """``script``, an agent that answers with turns (so its failure is no launch failure)
+    and then does ``body``: Python, with json, os and sys imported."""
     script.write_text(
         "import json, os, sys\n"
         "open(os.environ['REVIEWQ_TELEMETRY_PATH'], 'w').write(json.dumps({'num_turns': 2}))\n"
         + body
     )
-    config(kb, profile("fake", script=script))
+    return script
+
+
+def failing_agent(kb, script: Path, body: str) -> None:
+    """Configure ``fake`` as :func:`failing_script`'s agent."""
+    config(kb, profile("fake", script=failing_script(script, body)))
 
 
 def test_a_sweep_summary_prints_a_failure_reason_with_brackets_as_it_is(cyc, tmp_path):
@@ -850,7 +856,7 @@ def test_an_agents_failure_is_one_line_however_the_file_it_touched_is_named(cyc,
     said = [rq(cyc, cmd).stdout for cmd in ("status", "report", "escalations")]
     for out in (sweep.stdout, *said):
         [line] = [x for x in out.splitlines() if x.startswith("  reviewer fake failed")]
-        assert line.endswith("the reviewer changed kb/notes/x\\ny.md: repair it first"), out
+        assert "the reviewer changed kb/notes/x\\ny.md: repair it first, then" in line, out
 
 
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):
@@ -922,6 +928,40 @@ def test_the_sweeps_summary_and_escalations_count_apart_what_an_agent_raised(cyc
     assert lines[-1].startswith(says), lines
     [agent] = json.loads(rq(cyc, "escalations", "--json").stdout)["agents_failed"]
     assert (agent["escalations"], agent["notes"]) == (1, 1), agent
+
+
+def test_a_failed_agents_line_names_the_call_to_run_once_it_is_repaired(kb, tmp_path):
+    """The line for an agent that failed every attempt ended "repair it first" and named
+    no call for after the repair: the report lists five notes' calls, and a big night's
+    crashed fixer left 24. Its call is one `decide` of them all, leaving out the one only
+    a reject can close (it would refuse the call), and run as said it does the job."""
+    kb.gate("prose/body-check", ["body"])
+    for name in ("alpha", "beta", "gamma"):
+        kb.note(name, body=f"{name.title()} body.\n")
+    reviewer = profile("fake", FAKE_PASS_IF_CONTAINS="FIXED")
+    mends = {"FAKE_FIX_APPEND": "FIXED: the body says more now."}
+    crash = failing_script(tmp_path / "crash.py", "sys.exit(3)\n")
+    config(kb, reviewer, profile("mender", script=crash))
+    assert rq(kb, "sweep", "--reviewer", "fake", "--fix", "--fixer", "mender").returncode == 1
+    escs = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    (kb.root / "kb/notes/gamma.md").unlink()
+    ids = " ".join(str(e["id"]) for e in escs if e["note_path"] != "kb/notes/gamma.md")
+    call = f'reviewq decide {ids} redo --feedback "…"'
+    [agent] = json.loads(rq(kb, "status", "--json").stdout)["agents_failed"]
+    assert agent["decide"] == [call], agent
+    for cmd in ("status", "report", "escalations"):
+        [line] = [x for x in rq(kb, cmd).stdout.splitlines() if x.startswith("  fixer mender ")]
+        assert line.endswith(
+            f"repair it first, then {call} (1 more that only reject closes: reviewq escalations)"
+        ), line
+    config(kb, reviewer, profile("mender", **mends))  # repaired
+    said = shlex.split(call.replace("…", "The fixer is mended."))
+    assert rq(kb, *said[1:]).returncode == 0
+    assert rq(kb, "sweep", "--reviewer", "fake").returncode == 0
+    for name in ("alpha", "beta"):
+        assert "FIXED: the body says more now." in kb.read(f"kb/notes/{name}.md")
+    left = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert [e["note_path"] for e in left] == ["kb/notes/gamma.md"]
 
 
 def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):

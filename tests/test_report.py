@@ -2093,7 +2093,8 @@ def test_the_escalations_an_agent_raised_are_counted_apart_with_the_agent(
     crashed, _ = _crashed_and_rejected(kb)
     says = (
         "reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
-        "on them; the last: exited 1: model returned garbage: repair it first"
+        "on them; the last: exited 1: model returned garbage: repair it first, then "
+        'reviewq decide 1 2 redo --feedback "…"'
     )
     page_path = tmp_path / "report.html"
     text = run_cli("report", "--since", "1h", "--html", str(page_path)).stdout
@@ -2127,7 +2128,8 @@ def test_status_counts_apart_the_escalations_an_agent_raised(kb, run_cli):
     at = lines.index("escalations open: 3 (2 of them raised by an agent that failed)")
     assert lines[at + 1] == (
         "  reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
-        "on them; the last: exited 1: model returned garbage: repair it first"
+        "on them; the last: exited 1: model returned garbage: repair it first, then "
+        'reviewq decide 1 2 redo --feedback "…"'
     ), lines
     [agent] = run_cli("status", "--json").json()["agents_failed"]
     assert (agent["escalations"], agent["notes"]) == (2, 1), agent

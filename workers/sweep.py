@@ -25,6 +25,7 @@ from pathlib import Path
 from stat import S_ISREG
 
 from orchestrator import logs
+from orchestrator.cycles.escalations import only_reject_check
 from orchestrator.state.status import (
     OPEN_SQL,
     Pause,
@@ -649,7 +650,12 @@ def _sweep(
     paused = paused_reviewers(ws.store, utcnow())
     final = _progress(ws, jobs, paused)
     out = SweepOutcome(
-        enqueued, jobs.first_id, summary(store, jobs), final, paused, children.failed
+        enqueued,
+        jobs.first_id,
+        summary(store, jobs, only_reject_check(ws)),
+        final,
+        paused,
+        children.failed,
     )
     logs.get().info(
         "sweep.finished",

@@ -479,11 +479,12 @@ def status_cmd(ws: Workspace, as_json: bool) -> None:
     Example:
       reviewq status --json
     """
+    from orchestrator.cycles.escalations import only_reject_check
     from orchestrator.state.status import status, status_lines, too_large_notes
     from orchestrator.sweeps.producer import sweeps_not_run, sweeps_schedule
 
     store = ws.read_store()
-    data = status(store, ws.settings)
+    data = status(store, ws.settings, only_reject_check(ws))
     data["notes_not_reviewed"] = [asdict(p) for p in too_large_notes(ws)]
     data["notes_excluded"] = len(ws.kb.excluded)  # counted by the scan just made
     data["sweeps_not_run"] = sweeps_not_run(store, ws.settings)
@@ -1055,8 +1056,8 @@ def escalations_cmd(ws: Workspace, as_json: bool, gate: str | None) -> None:
     store = ws.read_store()
     items = [e for e in open_escalations(store) if gate is None or e.gate_id == gate]
     groups = by_note(items)
-    agents = agents_failed([asdict(e) for e in items])
     why_only_reject = only_reject_check(ws)
+    agents = agents_failed([asdict(e) for e in items], why_only_reject)
     only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
     if as_json:
         emit_json(

@@ -278,7 +278,7 @@ def _needs_you(
         + len(stalled_apart(stalled, idle)),
         "escalations": groups,
         "escalations_open": len(open_escs),
-        "agents_failed": agents_failed(open_escs),
+        "agents_failed": agents_failed(open_escs, only_reject),
         "escalated_notes": len(ordered),
         "failed_jobs": _cut(failed, limit),
         "failed_total": len(failed),

@@ -180,7 +180,9 @@ def _second(ts: str) -> str:
     return ts[:19] + "Z" if len(ts) > 19 else ts
 
 
-def status(store: Store, settings: Settings) -> dict:
+def status(
+    store: Store, settings: Settings, only_reject: Callable[[str, str], str | None] | None = None
+) -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     for s, n in store.conn.execute(
         "SELECT status, count(*) FROM review_jobs WHERE grouping != 'human' GROUP BY status"
@@ -225,7 +227,7 @@ def status(store: Store, settings: Settings) -> dict:
         "jobs_by_hand": by_hand,
         "budgets_spent": budgets,
         "escalations_open": len(escalations),
-        "agents_failed": agents_failed(escalations),
+        "agents_failed": agents_failed(escalations, only_reject),
         "reviewers": {
             name: {
                 "paused_until": pause.until if pause else None,
@@ -1338,8 +1340,11 @@ def progress(
     return p
 
 
-def summary(store: Store, jobs: SweepJobs) -> dict:
-    """Jobs, decisions, attempts and cost of the sweep's jobs (:class:`SweepJobs`)."""
+def summary(
+    store: Store, jobs: SweepJobs, only_reject: Callable[[str, str], str | None] | None = None
+) -> dict:
+    """Jobs, decisions, attempts and cost of the sweep's jobs (:class:`SweepJobs`);
+    ``only_reject``: as :func:`agents_failed` takes it."""
     ours, args = jobs.where("j.id")
     rows = store.conn.execute(
         f"SELECT j.reviewer, j.status, count(*) FROM review_jobs j WHERE {ours} AND j.reviewer IS NOT NULL "
@@ -1387,7 +1392,7 @@ def summary(store: Store, jobs: SweepJobs) -> dict:
         "cost_usd": round(cost, 6),
         "failed": failed,
         "escalations": escalations,
-        "agents_failed": agents_failed(escalations),
+        "agents_failed": agents_failed(escalations, only_reject),
         # This run's own: an older one is status's and the report's to tell.
         "fixes_unwritten": _of(store, jobs, unwritten_fixes(store, failed_only=True)),
     }
@@ -1430,10 +1435,14 @@ def open_escalations(store: Store) -> list[dict]:
     ]
 
 
-def agents_failed(open_escs: list[dict]) -> list[dict]:
+def agents_failed(
+    open_escs: list[dict], only_reject: Callable[[str, str], str | None] | None = None
+) -> list[dict]:
     """The open escalations raised by an agent that failed every attempt, by agent, most
     first: a crashing reviewer's 527 read as 527 verdicts among "556 escalation(s)", and
-    the first thing to do, repair it, was said only inside each one's report."""
+    the first thing to do, repair it, was said only inside each one's report. Each says
+    what to run once it is repaired (``decide``): ``only_reject(note, gate)``, where the
+    KB can be read, leaves out those only a reject can close, which would refuse the call."""
     by: dict[str, list[dict]] = {}
     for e in open_escs:
         if e["call"] == "reject":  # a verdict: rejections, an audit's refutation
@@ -1444,21 +1453,45 @@ def agents_failed(open_escs: list[dict]) -> list[dict]:
             if head.startswith(f"the {role} ") and e[role]:
                 head = f"{role} {e[role]}" + head.removeprefix(f"the {role}")
         by.setdefault(head, []).append({**e, "why": why})
+    out = []
+    for agent, escs in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        notes = {e["note_path"] for e in escs}
+        stuck = [e for e in escs if only_reject and only_reject(e["note_path"], e["gate_id"])]
+        decide = after_repair([e for e in escs if e not in stuck])
+        then = f", then {'; '.join(decide)}" if decide else ""
+        if stuck:
+            then += f" ({len(stuck)} more that only reject closes: reviewq escalations)"
+        out.append(
+            {
+                "agent": agent,
+                "escalations": len(escs),
+                "notes": len(notes),
+                "last_reason": escs[-1]["why"],
+                "decide": decide,
+                # One line, printed as it is: a reason may quote a file an agent named
+                # with a line break or an escape sequence ("the reviewer changed …").
+                "says": logs.one_line(
+                    f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
+                    f"verdict on them; the last: {escs[-1]['why']}: repair it first{then}"
+                ),
+            }
+        )
+    return out
+
+
+def after_repair(escs: list[dict]) -> list[str]:
+    """The ``decide`` calls that answer an agent's escalations once it is repaired, each
+    with the call their reports recommend (a redo: the job again, or the pairs released
+    for the next sweep; approve where an audit failed), one per partition: a note gets
+    one fix job, of one partition. "repair it first" named no way on, and the report lists
+    five notes' calls of a big night's 24."""
+    calls: dict[tuple[str, str], list[int]] = {}
+    for e in escs:
+        calls.setdefault((e["model_partition"], e["call"]), []).append(e["id"])
     return [
-        {
-            "agent": agent,
-            "escalations": len(escs),
-            "notes": len({e["note_path"] for e in escs}),
-            "last_reason": escs[-1]["why"],
-            # One line, printed as it is: a reason may quote a file an agent named with
-            # a line break or an escape sequence ("the reviewer changed …").
-            "says": logs.one_line(
-                f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
-                f"verdict on them; the last: {escs[-1]['why']}: repair it first"
-            ),
-        }
-        for agent, escs in sorted(by.items(), key=lambda kv: -len(kv[1]))
-        for notes in [{e["note_path"] for e in escs}]
+        f"reviewq decide {' '.join(map(str, sorted(ids)))} {call}"
+        + (' --feedback "…"' if call == "redo" else "")
+        for (_, call), ids in sorted(calls.items())
     ]
 
 
