@@ -277,6 +277,22 @@ def escalate(cyc) -> int:
     return json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"][0]["id"]
 
 
+def test_the_job_an_escalation_names_shows_what_its_reviewer_said(cyc):
+    """`job N`, the job an escalation names for a person deciding it, listed "FAIL  note
+    gate" with no finding (CONTRACT §5 says the rationale is shown there): what the
+    reviewer said was in results/ and --json only. It stands under its verdict now."""
+    config(cyc, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"))
+    assert rq(cyc, "sweep", "--reviewer", "fake", "--fix").returncode == 0
+    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    lines = rq(cyc, "job", str(esc["job_id"])).stdout.splitlines()
+    at = lines.index(f"  FAIL  {NOTE}  prose/body-check")
+    assert lines[at + 1 : at + 4] == [
+        "        Summary: fake review 0.",
+        "        Findings:",
+        "        - low: finding 0 for prose/body-check",
+    ], lines
+
+
 def test_an_escalation_of_a_gate_the_retyped_note_no_longer_has_can_only_be_rejected(kb):
     """Approved, the pair's PASS stood for a gate the note is no longer asked (export and
     warn-queue hide it; select would not ask it); a redo fixed the note against it."""

@@ -965,6 +965,12 @@ def job_lines(job_id: int, data: dict) -> Iterator[str]:
         yield f"  follow-up: {f['kind'] if f['kind'] != 'review' else 're-review'} job {f['id']}"
     for p in data["pairs"]:
         yield f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}"
+        # What the reviewer said, under its verdict (CONTRACT §5): a person deciding an
+        # escalation opened the job it names and read "FAIL" with no finding. The agent's
+        # text, so each line made printable.
+        for line in (p["rationale"] or "").splitlines():
+            if line.strip():
+                yield f"        {logs.one_line(line.rstrip())}"
     for e in data["escalations"]:
         state = f"decided: {e['decision']}" if e["decision"] else "open; reviewq escalations"
         yield (
