@@ -2165,6 +2165,28 @@ def test_a_rejected_pair_is_not_said_to_wait_for_a_person(kb):
     assert "skipped 1 (1 rejected by a person)" in out.stdout, out.stdout
 
 
+def test_a_note_mended_while_escalated_is_said_to_be_held_unreviewed_by_a_reject(cyc):
+    """A person mended the note the escalation named and rejected, as it recommended: the
+    reject held their text unreviewed (CONTRACT §7: unchanged since the decision) under
+    the FAIL of the earlier one, and neither `escalations` nor `decide` said so; "not
+    reviewed again until the note or gate changes" was said of a note just changed."""
+    esc = escalate(cyc)
+    cyc.write(NOTE, cyc.read(NOTE) + "The person's own mend.\n")
+    said = (
+        "changed since its FAIL (prose/body-check note-changed): a reject holds the pair as "
+        "it is now, unreviewed, under the FAIL of the earlier text"
+    )
+    listed = rq(cyc, "escalations").stdout.splitlines()
+    assert f"      {said} (a redo has the next sweep review it; approve accepts it)" in listed
+    res = rq(cyc, "decide", str(esc), "reject")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        f"rejected: {NOTE} prose/body-check is not reviewed again until the note or gate "
+        f"changes; {said}"
+    ]
+    assert "skipped 1 (1 rejected by a person)" in rq(cyc, "sweep", "--reviewer", "fake").stdout
+
+
 def test_an_approvals_words_cannot_forge_the_exported_result(cyc):
     """The person's feedback went into the approval's rationale as it was: a line of it
     reading "## Result: FAIL" stood above the real result in the exported review."""

@@ -1191,6 +1191,9 @@ def decide_cmd(
         if any(jobs.values()):
             say_if_no_control(ws, "the fix")
         return
+    from orchestrator.cycles.escalations import HELD_AS_IT_IS, changed_since_fail
+
+    changed = changed_since_fail(ws, ws.store, escs) if decision == "reject" else {}
     for e in escs:
         if decision == "approve":
             click.echo(f"approved: {e['note_path']} {e['gate_id']} (recorded as a human review)")
@@ -1198,7 +1201,13 @@ def decide_cmd(
             replaced = (
                 " (recorded as your FAIL in place of the refuted PASS)" if e["recorded"] else ""
             )
+            # "until the note … changes" of a note the person had just mended.
+            held = (
+                f"; changed since its FAIL ({changed[e['id']]}): {HELD_AS_IT_IS}"
+                if e["id"] in changed
+                else ""
+            )
             click.echo(
                 f"rejected: {e['note_path']} {e['gate_id']} is not reviewed again until the "
-                f"note or gate changes{replaced}"
+                f"note or gate changes{replaced}{held}"
             )

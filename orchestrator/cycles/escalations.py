@@ -14,18 +14,19 @@ import functools
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write
-from orchestrator.kb.gates import not_asked
+from orchestrator.kb.gates import SelectionError, not_asked
 from orchestrator.kb.githead import head_commit
 from orchestrator.kb.notes import KBError, Note, NoteParseError, read_file, sha256_bytes
 from orchestrator.regularfile import make_folder
 from orchestrator.review.acceptance import Acked
 from orchestrator.review.finalize import texts_taken_at
 from orchestrator.review.jobs import display_path
+from orchestrator.review.selector import SelectError, select
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
 from orchestrator.state.status import (
     REWRITE_REPORTS,
@@ -720,6 +721,49 @@ def only_reject_check(ws: Workspace) -> Callable[[str, str], str | None]:
     return lambda note, gate: only_reject(store, kb, catalog, note, gate)
 
 
+def changed_since_fail(ws: Workspace, store: Store, escs: list[dict]) -> dict[int, str]:
+    """Which escalations after a verdict have their pair stale now, and why as ``select``
+    says it ("prose/x note-changed"): the note (or gate) changed since the FAIL, by a
+    person mending it while it waited. A reject holds the pair as it is at the decision
+    (CONTRACT §7): their mend stays unreviewed under the FAIL of the earlier text, which
+    nothing said, so a person who mended the note and rejected as recommended froze it."""
+    try:
+        catalog = ws.catalog()
+    except (KBError, OSError):
+        return {}  # the KB or its gates unreadable: the list is still shown
+    by_partition: dict[str, list[dict]] = {}
+    for e in escs:
+        # An agent's failure judged no text to have changed since; a gate gone from the
+        # catalog is a selector select refuses, for every pair asked with it.
+        if e["call"] == "reject" and catalog.get(e["gate_id"]) is not None:
+            by_partition.setdefault(e["model_partition"], []).append(e)
+    out: dict[int, str] = {}
+    for partition, mine in by_partition.items():
+        try:
+            targets = select(
+                ws.kb,
+                catalog,
+                store,
+                selectors=sorted({e["gate_id"] for e in mine}),
+                note_paths=sorted({e["note_path"] for e in mine}),
+                model=partition,
+                diffs=False,
+            ).targets
+        except (SelectionError, SelectError, KBError, OSError):
+            continue  # a note or gate gone: `escalations` says only reject closes it
+        stale = {(t.note_path, t.gate_id): t.reason for t in targets}
+        for e in mine:
+            if (why := stale.get((e["note_path"], e["gate_id"]))) is not None:
+                out[e["id"]] = f"{e['gate_id']} {why}"
+    return out
+
+
+# What `escalations` and `decide reject` say of a pair :func:`changed_since_fail` names.
+HELD_AS_IT_IS = (
+    "a reject holds the pair as it is now, unreviewed, under the FAIL of the earlier text"
+)
+
+
 def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate or None
     """What keeps approve and redo from this note and gate, or None."""
     if note.problem is not None:
@@ -949,6 +993,7 @@ def escalation_lines(
     ``agents``: those an agent raised (``state.status.agents_failed``); ``gate``: the one
     gate ``items`` are of, when the person asked for one."""
     groups = by_note(items)
+    changed = changed_since_fail(ws, store, [asdict(e) for e in items])
     if gate and not items:
         # "0 open escalation(s) of prose" alone read as nothing waiting, where every
         # escalation of the lens did.
@@ -987,6 +1032,11 @@ def escalation_lines(
                 yield f"      {after_a_redo(redo)}"
             if only[e.id]:
                 yield f"      {only[e.id]}: only reject closes it"
+            elif e.id in changed:
+                yield (
+                    f"      changed since its FAIL ({changed[e.id]}): {HELD_AS_IT_IS} (a "
+                    "redo has the next sweep review it; approve accepts it)"
+                )
             yield (
                 f"      report: {path}{missing}"
                 + ("" if written else " (to be written at the control process's next tick)")
