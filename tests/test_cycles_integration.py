@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -17,10 +18,11 @@ from orchestrator.cycles.fixes import create_fix_job
 from orchestrator.kb.gates import load_catalog
 from orchestrator.kb.notes import KB
 from orchestrator.review.jobs import job_dir
+from orchestrator.state.status import RESTART_AFTER_AN_EDIT
 from orchestrator.state.store import Store
 
-from .conftest import reviewq_process
-from .test_queue_integration import FAST_QUEUE, await_fifo, make_fifo
+from .conftest import reviewq_process, stop
+from .test_queue_integration import FAST_QUEUE, _await_logged, await_fifo, make_fifo
 
 pytestmark = pytest.mark.integration
 FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
@@ -872,7 +874,7 @@ def test_an_agents_failure_is_one_line_however_the_file_it_touched_is_named(cyc,
     said = [rq(cyc, cmd).stdout for cmd in ("status", "report", "escalations")]
     for out in (sweep.stdout, *said):
         [line] = [x for x in out.splitlines() if x.startswith("  reviewer fake failed")]
-        assert "the reviewer changed kb/notes/x\\ny.md: repair it first, then" in line, out
+        assert "the reviewer changed kb/notes/x\\ny.md: repair it first" in line, out
 
 
 def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_reject(cyc):
@@ -968,7 +970,8 @@ def test_a_failed_agents_line_names_the_call_to_run_once_it_is_repaired(kb, tmp_
     for cmd in ("status", "report", "escalations"):
         [line] = [x for x in rq(kb, cmd).stdout.splitlines() if x.startswith("  fixer mender ")]
         assert line.endswith(
-            f"repair it first, then {call} (1 more that only reject closes: reviewq escalations)"
+            f"repair it first{RESTART_AFTER_AN_EDIT}, then {call} (1 more that only reject "
+            "closes: reviewq escalations)"
         ), line
     config(kb, reviewer, profile("mender", **mends))  # repaired
     said = shlex.split(call.replace("…", "The fixer is mended."))
@@ -978,6 +981,41 @@ def test_a_failed_agents_line_names_the_call_to_run_once_it_is_repaired(kb, tmp_
         assert "FIXED: the body says more now." in kb.read(f"kb/notes/{name}.md")
     left = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
     assert [e["note_path"] for e in left] == ["kb/notes/gamma.md"]
+
+
+def test_a_fixer_repaired_by_an_edit_fixes_once_the_workers_restart_as_its_line_says(kb, tmp_path):
+    """With a control and a worker running, the fixer repaired by an edit of its profile
+    in reviewq.toml and the call its line named run after: the worker ran the profile it
+    had read at its start, the crashing one, and the fixes failed every attempt again
+    and were escalated again. The line says to restart the workers after such an edit;
+    done so (SIGHUP), the call fixes the note."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    reviewer = profile("fake", FAKE_PASS_IF_CONTAINS="FIXED")
+    crash = failing_script(tmp_path / "crash.py", "sys.exit(3)\n")
+    config(kb, reviewer, profile("mender", script=crash))
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], stderr=subprocess.DEVNULL)
+    try:
+        enqueued = rq(kb, "enqueue", "prose", "--reviewer", "fake", "--fix", "--fixer", "mender")
+        assert enqueued.returncode == 0, enqueued.stderr
+        _await_logged(kb, "escalation.raised")
+        [agent] = json.loads(rq(kb, "status", "--json").stdout)["agents_failed"]
+        assert (
+            "repair it first (restart the workers, or send them SIGHUP, after an edit of its "
+            "profile), then reviewq decide 1 redo"
+        ) in agent["says"], agent
+        config(kb, reviewer, profile("mender", FAKE_FIX_APPEND="FIXED: the body says more."))
+        worker.send_signal(signal.SIGHUP)
+        _await_logged(kb, "worker.started", count=2)
+        said = shlex.split(agent["decide"][0].replace("…", "The fixer is mended."))
+        assert rq(kb, *said[1:]).returncode == 0
+        _await_logged(kb, "fix.applied")
+    finally:
+        for proc in (worker, control):
+            stop(proc)
+    assert "FIXED: the body says more." in kb.read(NOTE)
 
 
 def test_a_failed_job_of_a_run_without_fix_names_no_fixer(cyc):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.state.status import RESTART_AFTER_AN_EDIT
 from orchestrator.state.store import Store
 
 from .chromium import Chromium, executable, group_members
@@ -2093,8 +2094,8 @@ def test_the_escalations_an_agent_raised_are_counted_apart_with_the_agent(
     crashed, _ = _crashed_and_rejected(kb)
     says = (
         "reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
-        "on them; the last: exited 1: model returned garbage: repair it first, then "
-        'reviewq decide 1 2 redo --feedback "…"'
+        "on them; the last: exited 1: model returned garbage: repair it first"
+        f'{RESTART_AFTER_AN_EDIT}, then reviewq decide 1 2 redo --feedback "…"'
     )
     page_path = tmp_path / "report.html"
     text = run_cli("report", "--since", "1h", "--html", str(page_path)).stdout
@@ -2128,8 +2129,8 @@ def test_status_counts_apart_the_escalations_an_agent_raised(kb, run_cli):
     at = lines.index("escalations open: 3 (2 of them raised by an agent that failed)")
     assert lines[at + 1] == (
         "  reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
-        "on them; the last: exited 1: model returned garbage: repair it first, then "
-        'reviewq decide 1 2 redo --feedback "…"'
+        "on them; the last: exited 1: model returned garbage: repair it first"
+        f'{RESTART_AFTER_AN_EDIT}, then reviewq decide 1 2 redo --feedback "…"'
     ), lines
     [agent] = run_cli("status", "--json").json()["agents_failed"]
     assert (agent["escalations"], agent["notes"]) == (2, 1), agent

@@ -1478,11 +1478,18 @@ def agents_failed(
                 # with a line break or an escape sequence ("the reviewer changed …").
                 "says": logs.one_line(
                     f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
-                    f"verdict on them; the last: {escs[-1]['why']}: repair it first{then}"
+                    f"verdict on them; the last: {escs[-1]['why']}: repair it first"
+                    f"{RESTART_AFTER_AN_EDIT}{then}"
                 ),
             }
         )
     return out
+
+
+# A worker reads its profiles at its start: a repair made by editing one, with workers
+# running, left them the broken one, and the call run after it failed every attempt again
+# (found with a real control and worker).
+RESTART_AFTER_AN_EDIT = " (restart the workers, or send them SIGHUP, after an edit of its profile)"
 
 
 def after_repair(escs: list[dict]) -> list[str]:
