@@ -809,6 +809,13 @@ def test_an_audit_that_fails_every_attempt_escalates_in_the_reviews_partition(kb
         in summary
     )
     assert json.loads(rq(kb, "report", "--json").stdout)["needs_you"]["failed_jobs"] == []
+    # Its agent's line (E90) names that approve, not a repair first: nothing audits the
+    # PASS again once the auditor is repaired.
+    (line,) = [x for x in summary.splitlines() if x.startswith("  the auditor (auditor) ")]
+    assert line.endswith(
+        f": reviewq decide {esc['id']} approve accepts their PASSes unaudited; repair it for "
+        f"the audits to come{RESTART_AFTER_AN_EDIT}"
+    ), line
 
 
 def test_an_audit_that_fails_under_run_job_goes_to_a_person(kb):

@@ -1464,9 +1464,17 @@ def agents_failed(
         notes = {e["note_path"] for e in escs}
         stuck = [e for e in escs if only_reject and only_reject(e["note_path"], e["gate_id"])]
         decide = after_repair([e for e in escs if e not in stuck])
-        then = f", then {'; '.join(decide)}" if decide else ""
+        calls = "; ".join(decide)
+        if escs[0]["call"] == "approve":
+            # An auditor's: the reviewer's PASS stands and nothing audits it again (a redo
+            # has nothing to fix), so its repair is for the audits to come, not first.
+            todo = (f"{calls} accepts their PASSes unaudited; " if calls else "") + (
+                f"repair it for the audits to come{RESTART_AFTER_AN_EDIT}"
+            )
+        else:
+            todo = f"repair it first{RESTART_AFTER_AN_EDIT}" + (f", then {calls}" if calls else "")
         if stuck:
-            then += f" ({len(stuck)} more that only reject closes: reviewq escalations)"
+            todo += f" ({len(stuck)} more that only reject closes: reviewq escalations)"
         out.append(
             {
                 "agent": agent,
@@ -1478,8 +1486,7 @@ def agents_failed(
                 # with a line break or an escape sequence ("the reviewer changed …").
                 "says": logs.one_line(
                     f"{agent} on {len(escs)} pair(s) of {len(notes)} note(s), which is no "
-                    f"verdict on them; the last: {escs[-1]['why']}: repair it first"
-                    f"{RESTART_AFTER_AN_EDIT}{then}"
+                    f"verdict on them; the last: {escs[-1]['why']}: {todo}"
                 ),
             }
         )
