@@ -2223,6 +2223,8 @@ def test_a_note_mended_while_escalated_is_said_to_be_held_unreviewed_by_a_reject
     )
     listed = rq(cyc, "escalations").stdout.splitlines()
     assert f"      {said} (a redo has the next sweep review it; approve accepts it)" in listed
+    (shown,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    assert shown["changed_since_fail"] == "prose/body-check note-changed", shown
     res = rq(cyc, "decide", str(esc), "reject")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [

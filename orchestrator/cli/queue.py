@@ -1047,6 +1047,7 @@ def escalations_cmd(ws: Workspace, as_json: bool, gate: str | None) -> None:
     """
     from orchestrator.cycles.escalations import (
         by_note,
+        changed_since_fail,
         escalation_lines,
         only_reject_check,
         open_escalations,
@@ -1059,6 +1060,7 @@ def escalations_cmd(ws: Workspace, as_json: bool, gate: str | None) -> None:
     why_only_reject = only_reject_check(ws)
     agents = agents_failed([asdict(e) for e in items], why_only_reject)
     only = {e.id: why_only_reject(e.note_path, e.gate_id) for e in items}
+    changed = changed_since_fail(ws, store, [asdict(e) for e in items])
     if as_json:
         emit_json(
             {
@@ -1067,6 +1069,7 @@ def escalations_cmd(ws: Workspace, as_json: bool, gate: str | None) -> None:
                         **e.to_json(),
                         "report_path": root_rel(ws, ws.state_dir / e.report_path),
                         "only_reject": only[e.id],
+                        "changed_since_fail": changed.get(e.id),
                     }
                     for e in items
                 ],
@@ -1078,7 +1081,7 @@ def escalations_cmd(ws: Workspace, as_json: bool, gate: str | None) -> None:
             }
         )
         return
-    for line in escalation_lines(ws, store, items, only, agents, gate):
+    for line in escalation_lines(ws, store, items, only, agents, gate, changed):
         click.echo(line)
 
 

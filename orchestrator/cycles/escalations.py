@@ -14,7 +14,7 @@ import functools
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import logs
@@ -986,14 +986,16 @@ def escalation_lines(
     only: dict[int, str | None],
     agents: list[dict],
     gate: str | None = None,
+    changed: dict[int, str] | None = None,
 ) -> Iterator[str]:
     """``escalations`` in words: ``items`` by note, each with its report's recommendation
     (from state.db when the file cannot be read), why it is here and the ``decide`` calls
     that answer it. ``only``: :func:`only_reject_check`'s answer by escalation id;
+    ``changed``: :func:`changed_since_fail`'s;
     ``agents``: those an agent raised (``state.status.agents_failed``); ``gate``: the one
     gate ``items`` are of, when the person asked for one."""
     groups = by_note(items)
-    changed = changed_since_fail(ws, store, [asdict(e) for e in items])
+    changed = changed or {}
     if gate and not items:
         # "0 open escalation(s) of prose" alone read as nothing waiting, where every
         # escalation of the lens did.
