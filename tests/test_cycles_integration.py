@@ -21,7 +21,7 @@ from orchestrator.review.jobs import job_dir
 from orchestrator.state.status import RESTART_AFTER_AN_EDIT
 from orchestrator.state.store import Store
 
-from .conftest import reviewq_process, stop
+from .conftest import page_text, reviewq_process, stop
 from .test_queue_integration import FAST_QUEUE, _await_logged, await_fifo, make_fifo
 
 pytestmark = pytest.mark.integration
@@ -2213,18 +2213,23 @@ def test_a_rejected_pair_is_not_said_to_wait_for_a_person(kb):
 def test_a_note_mended_while_escalated_is_said_to_be_held_unreviewed_by_a_reject(cyc):
     """A person mended the note the escalation named and rejected, as it recommended: the
     reject held their text unreviewed (CONTRACT §7: unchanged since the decision) under
-    the FAIL of the earlier one, and neither `escalations` nor `decide` said so; "not
-    reviewed again until the note or gate changes" was said of a note just changed."""
+    the FAIL of the earlier one, and neither `escalations`, the report nor `decide` said
+    so; "not reviewed again until the note or gate changes" was said of a note just
+    changed."""
     esc = escalate(cyc)
     cyc.write(NOTE, cyc.read(NOTE) + "The person's own mend.\n")
     said = (
         "changed since its FAIL (prose/body-check note-changed): a reject holds the pair as "
         "it is now, unreviewed, under the FAIL of the earlier text"
     )
+    ways = "(a redo has the next sweep review it; approve accepts it)"
     listed = rq(cyc, "escalations").stdout.splitlines()
-    assert f"      {said} (a redo has the next sweep review it; approve accepts it)" in listed
+    assert f"      {said} {ways}" in listed, listed
     (shown,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
     assert shown["changed_since_fail"] == "prose/body-check note-changed", shown
+    page = cyc.root / "report.html"  # the report says it too, under the note's call
+    assert f"    {said} {ways}" in rq(cyc, "report", "--html", str(page)).stdout.splitlines()
+    assert f'<p class="meta">C{said[1:]} {ways}.</p>' in page_text(page)
     res = rq(cyc, "decide", str(esc), "reject")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [

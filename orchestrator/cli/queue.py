@@ -1194,7 +1194,8 @@ def decide_cmd(
         if any(jobs.values()):
             say_if_no_control(ws, "the fix")
         return
-    from orchestrator.cycles.escalations import HELD_AS_IT_IS, changed_since_fail
+    from orchestrator.cycles.escalations import changed_since_fail
+    from orchestrator.state.status import HELD_AS_IT_IS
 
     changed = changed_since_fail(ws, ws.store, escs) if decision == "reject" else {}
     for e in escs:

@@ -19,7 +19,7 @@ from orchestrator.cli.common import (
     refuse_domain_errors,
     root_reports,
 )
-from orchestrator.cycles.escalations import only_reject_check
+from orchestrator.cycles.escalations import changed_since_fail, only_reject_check
 from orchestrator.kb.notes import GATES_DIR, TYPES_DIR
 from orchestrator.state.workspace import Workspace
 
@@ -92,6 +92,7 @@ def report_cmd(
             # A script's --json does not move "since the last report" under a person's feet.
             remember=not as_json,
             only_reject=only_reject_check(ws),
+            changed_since=functools.partial(changed_since_fail, ws, store),
             not_run=functools.partial(sweeps_not_run, settings=ws.settings),
             settings=ws.settings,
             page_given=html is not None,

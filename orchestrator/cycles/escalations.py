@@ -32,6 +32,7 @@ from orchestrator.state.status import (
     REWRITE_REPORTS,
     decide_calls,
     gist,
+    held_by_a_reject,
     quoted,
     raised_by_agents,
     unread_report,
@@ -758,12 +759,6 @@ def changed_since_fail(ws: Workspace, store: Store, escs: list[dict]) -> dict[in
     return out
 
 
-# What `escalations` and `decide reject` say of a pair :func:`changed_since_fail` names.
-HELD_AS_IT_IS = (
-    "a reject holds the pair as it is now, unreviewed, under the FAIL of the earlier text"
-)
-
-
 def _undecidable(note: _NoteNow, gate) -> str | None:  # noqa: ANN001 - a Gate or None
     """What keeps approve and redo from this note and gate, or None."""
     if note.problem is not None:
@@ -1035,10 +1030,7 @@ def escalation_lines(
             if only[e.id]:
                 yield f"      {only[e.id]}: only reject closes it"
             elif e.id in changed:
-                yield (
-                    f"      changed since its FAIL ({changed[e.id]}): {HELD_AS_IT_IS} (a "
-                    "redo has the next sweep review it; approve accepts it)"
-                )
+                yield f"      {held_by_a_reject(changed[e.id])}"
             yield (
                 f"      report: {path}{missing}"
                 + ("" if written else " (to be written at the control process's next tick)")

@@ -49,10 +49,12 @@ def make_report(
     not_run: Callable[[Store], list[dict]] | None = None,
     settings: Settings | None = None,
     page_given: bool = True,
+    changed_since: _data.ChangedSince | None = None,
 ) -> Report:
     """Gather the period's data and, with ``html_path``, write the page. ``remember``
     records a report of the default period so the next one starts where it ends;
-    ``only_reject`` tells which escalations can now only be rejected; ``not_run`` reads
+    ``only_reject`` tells which escalations can now only be rejected (``changed_since``,
+    which changed since their FAIL); ``not_run`` reads
     the cron sweeps whose last time ran nothing (it knows the settings); ``settings``
     names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds.
     ``page_given``: ``html_path`` is --html's, not the state folder's own page."""
@@ -73,6 +75,7 @@ def make_report(
             only_reject=only_reject,
             not_run=not_run(store) if not_run is not None else [],
             settings=settings,
+            changed_since=changed_since,
         )
     if html_path is not None:
         # The page renders rows already committed. It is written before the report is

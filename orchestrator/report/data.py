@@ -70,6 +70,7 @@ _COMMIT_PENDING = (
 
 # Why an open escalation can now only be rejected, given its note and gate, or None.
 OnlyReject = Callable[[str, str], "str | None"]
+ChangedSince = Callable[[list[dict]], dict[int, str]]
 
 
 def gather(
@@ -82,9 +83,11 @@ def gather(
     only_reject: OnlyReject | None = None,
     not_run: list[dict] | None = None,
     settings: Settings | None = None,
+    changed_since: ChangedSince | None = None,
 ) -> dict:
     """``only_reject`` looks at the KB: without it (no KB to read) every escalation is
-    shown as decidable. ``not_run``: the cron sweeps whose last time ran nothing (they
+    shown as decidable; so does ``changed_since`` (escalation rows -> why each pair that
+    is stale since its FAIL is so, by id). ``not_run``: the cron sweeps whose last time ran nothing (they
     need the settings to read), each with the line that says it (``says``). ``settings``
     names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds."""
     scope, args = _scope(period)
@@ -92,6 +95,12 @@ def gather(
     needs = _needs_you(
         store, state_dir, scope, args, limit, now, unwritten, only_reject, period.run_id, settings
     )
+    # A note mended while its escalation waited: a reject, as recommended, holds the mend
+    # unreviewed (CONTRACT §7); said under it, as `escalations` says it.
+    shown = [e for g in needs["escalations"] for e in g["escalations"]]
+    changed = changed_since(shown) if changed_since else {}
+    for e in shown:
+        e["changed_since_fail"] = changed.get(e["id"])
     # Whatever the period, as a pause is: a night with no sweep looked quiet.
     needs["sweeps_not_run"] = list(not_run or [])
     needs["count"] += len(needs["sweeps_not_run"])

@@ -14,6 +14,7 @@ from orchestrator.report.data import stalled_apart
 from orchestrator.state.status import (
     FAILED_SHOWN,
     UNWRITTEN_SHOWN,
+    held_by_a_reject,
     more_failed,
     more_unwritten,
     raised_by_agents,
@@ -163,6 +164,15 @@ _ENV.filters["failed_what"] = failed_what
 _ENV.filters["breakable"] = breakable
 
 
+def held_sentence(why: str) -> str:
+    """:func:`held_by_a_reject` as the page's sentence under an escalation."""
+    said = held_by_a_reject(why)
+    return said[:1].upper() + said[1:]
+
+
+_ENV.filters["held_sentence"] = held_sentence
+
+
 def path_breaks(path: str) -> Markup:
     """``path`` escaped, free to break after each slash (``<wbr>``) as after its hyphens:
     Chromium breaks a line on neither side of a "/" by itself, so a narrow cell split
@@ -304,6 +314,9 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {g['note_path']} ({gates_said(g)}): {decide_line(g)}")
         for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
             lines.append(f"    {why}: only reject closes it")
+        for e in g["escalations"]:
+            if e.get("changed_since_fail") and not e["only_reject"]:
+                lines.append(f"    {held_by_a_reject(e['changed_since_fail'])}")
     # Each list cut here says how many it left out and where they are: "… 3 more note(s)"
     # said no where, and the failed jobs and fixes past the third went without a word.
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):

@@ -1493,6 +1493,22 @@ def agents_failed(
     return out
 
 
+# What `escalations`, `decide reject` and the report say of a pair stale since its FAIL
+# (``cycles.escalations.changed_since_fail``: a person mended the note while it waited).
+HELD_AS_IT_IS = (
+    "a reject holds the pair as it is now, unreviewed, under the FAIL of the earlier text"
+)
+
+
+def held_by_a_reject(why: str) -> str:
+    """The line under an escalation whose pair changed since its FAIL (``why``, as select
+    says it: "prose/x note-changed"), before the person decides it."""
+    return (
+        f"changed since its FAIL ({why}): {HELD_AS_IT_IS} (a redo has the next sweep review "
+        "it; approve accepts it)"
+    )
+
+
 # A worker reads its profiles at its start: a repair made by editing one, with workers
 # running, left them the broken one, and the call run after it failed every attempt again
 # (found with a real control and worker).
