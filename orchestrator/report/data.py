@@ -22,6 +22,7 @@ from orchestrator.state.status import (
     REWRITE_REPORTS,
     WAITING_SQL,
     WITHDRAWN_SQL,
+    OnlyReject,
     agents_failed,
     by_note,
     decide_calls,
@@ -68,8 +69,6 @@ _COMMIT_PENDING = (
 )
 
 
-# Why an open escalation can now only be rejected, given its note and gate, or None.
-OnlyReject = Callable[[str, str], "str | None"]
 ChangedSince = Callable[[list[dict]], dict[int, str]]
 
 
@@ -86,9 +85,10 @@ def gather(
     changed_since: ChangedSince | None = None,
 ) -> dict:
     """``only_reject`` looks at the KB: without it (no KB to read) every escalation is
-    shown as decidable; so does ``changed_since`` (escalation rows -> why each pair that
-    is stale since its FAIL is so, by id). ``not_run``: the cron sweeps whose last time ran nothing (they
-    need the settings to read), each with the line that says it (``says``). ``settings``
+    shown as decidable; so does ``changed_since`` (escalation rows -> why each pair stale
+    since its FAIL is so, by id). ``not_run``: the cron sweeps whose last time ran
+    nothing (they need the settings to read), each with the line that says it (``says``).
+    ``settings``
     names the ``[[sweeps]]`` entries whose next run takes over what a spent budget holds."""
     scope, args = _scope(period)
     unwritten = unwritten_fixes(store)  # both sections show them

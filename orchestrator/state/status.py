@@ -180,9 +180,12 @@ def _second(ts: str) -> str:
     return ts[:19] + "Z" if len(ts) > 19 else ts
 
 
-def status(
-    store: Store, settings: Settings, only_reject: Callable[[str, str], str | None] | None = None
-) -> dict:
+# Why an open escalation can now only be rejected, given its note and gate, or None
+# (``cycles.escalations.only_reject_check``: it reads the KB, which this module does not).
+OnlyReject = Callable[[str, str], "str | None"]
+
+
+def status(store: Store, settings: Settings, only_reject: OnlyReject | None = None) -> dict:
     counts = dict.fromkeys(STATUSES, 0)
     for s, n in store.conn.execute(
         "SELECT status, count(*) FROM review_jobs WHERE grouping != 'human' GROUP BY status"
@@ -1346,9 +1349,7 @@ def progress(
     return p
 
 
-def summary(
-    store: Store, jobs: SweepJobs, only_reject: Callable[[str, str], str | None] | None = None
-) -> dict:
+def summary(store: Store, jobs: SweepJobs, only_reject: OnlyReject | None = None) -> dict:
     """Jobs, decisions, attempts and cost of the sweep's jobs (:class:`SweepJobs`);
     ``only_reject``: as :func:`agents_failed` takes it."""
     ours, args = jobs.where("j.id")
@@ -1441,9 +1442,7 @@ def open_escalations(store: Store) -> list[dict]:
     ]
 
 
-def agents_failed(
-    open_escs: list[dict], only_reject: Callable[[str, str], str | None] | None = None
-) -> list[dict]:
+def agents_failed(open_escs: list[dict], only_reject: OnlyReject | None = None) -> list[dict]:
     """The open escalations raised by an agent that failed every attempt, by agent, most
     first: a crashing reviewer's 527 read as 527 verdicts among "556 escalation(s)", and
     the first thing to do, repair it, was said only inside each one's report. Each says
