@@ -334,15 +334,19 @@ def test_bad_arguments_get_one_line(night):
     for args, expected in (
         (
             ("--since", "soon"),
-            "error: --since 'soon': not a duration (30m, 12h, 7d), a date (2026-11-22) or a "
-            "time of day (08:00)\n",
+            "error: reviewq report: --since 'soon': not a duration (30m, 12h, 7d), a date "
+            "(2026-11-22) or a time of day (08:00) (see reviewq report --help)\n",
         ),
         (
             ("--run", "999"),
             f"error: --run 999: no such sweep run (the last is run {last})\n",
         ),
         (("--sweep", "nope"), "error: --sweep 'nope': no run of this sweep is recorded\n"),
-        (("--since", "1h", "--run", "1"), "error: --since and --run: choose one period\n"),
+        (
+            ("--since", "1h", "--run", "1"),
+            "error: reviewq report: --since and --run: choose one period (see reviewq report "
+            "--help)\n",
+        ),
     ):
         res = night.rq("report", *args)
         # A value that names no time, or two periods at once, is bad usage (CONTRACT: 2);
@@ -431,7 +435,8 @@ def test_a_report_may_look_back_more_than_a_year(night):
     res = night.rq("report", "--since", "99999999h")  # past the calendar: one line, bad usage
     assert (res.returncode, res.stderr) == (
         2,
-        "error: --since: must be more than 0 seconds and at most 100 years\n",
+        "error: reviewq report: --since: must be more than 0 seconds and at most 100 years "
+        "(see reviewq report --help)\n",
     )
 
 
@@ -1577,7 +1582,8 @@ def test_a_since_that_names_no_window_is_one_line(kb, run_cli, value, said):
     res = run_cli("report", "--json", "--since", value)
     assert res.exit_code == (1 if said == "after now" else 2), res.stdout
     [line] = res.stderr.splitlines()
-    assert line.startswith(f"error: --since {value!r}: ") and said in line, line
+    where = "" if res.exit_code == 1 else "reviewq report: "  # bad usage names its command
+    assert line.startswith(f"error: {where}--since {value!r}: ") and said in line, line
 
 
 def test_an_escalation_whose_report_is_not_written_yet_shows_what_state_db_holds(kb, tmp_path):

@@ -971,22 +971,22 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
         (("create-jobs", "--input", "{bad}", "--grouping", "note"), "bad.json: not UTF-8 text"),
         (("--state", "{file}/state", "worker"), "cannot make the worker's folder"),
         (("export", "--model", "typo"), "--model typo: no review recorded in this partition"),
-        (("export", "--model", ""), "Invalid value for '--model': empty"),
-        (("report", "--since", " "), "Invalid value for '--since': empty"),
-        (("report", "--sweep", ""), "Invalid value for '--sweep': empty"),
-        (("--root", "", "status"), "Invalid value for '--root': empty"),
-        (("--state", " ", "status"), "Invalid value for '--state': empty"),
-        (("--config", "", "status"), "Invalid value for '--config': empty"),
-        (("select", "prose", "--model", ""), "Invalid value for '--model': empty"),
+        (("export", "--model", ""), "--model: empty"),
+        (("report", "--since", " "), "--since: empty"),
+        (("report", "--sweep", ""), "--sweep: empty"),
+        (("--root", "", "status"), "--root: empty"),
+        (("--state", " ", "status"), "--state: empty"),
+        (("--config", "", "status"), "--config: empty"),
+        (("select", "prose", "--model", ""), "--model: empty"),
         # An unset shell variable: `--note ''` swept (and with --fix rewrote) every note.
-        (("select", "--all-gates", "--note", ""), "Invalid value for '--note': empty"),
-        (("sweep", "--fix", "--note", "{note}", "--note", " "), "'--note': empty"),
-        (("enqueue", "--all-gates", "--reviewer", ""), "Invalid value for '--reviewer': empty"),
-        (("enqueue", "--fix", "--fixer", ""), "Invalid value for '--fixer': empty"),
-        (("enqueue", "--auditor", ""), "Invalid value for '--auditor': empty"),
-        (("enqueue", "--name", ""), "Invalid value for '--name': empty"),
-        (("run-job", "1", "--reviewer", ""), "Invalid value for '--reviewer': empty"),
-        (("logs", "--event", ""), "Invalid value for '--event': empty"),
+        (("select", "--all-gates", "--note", ""), "--note: empty"),
+        (("sweep", "--fix", "--note", "{note}", "--note", " "), "--note: empty"),
+        (("enqueue", "--all-gates", "--reviewer", ""), "--reviewer: empty"),
+        (("enqueue", "--fix", "--fixer", ""), "--fixer: empty"),
+        (("enqueue", "--auditor", ""), "--auditor: empty"),
+        (("enqueue", "--name", ""), "--name: empty"),
+        (("run-job", "1", "--reviewer", ""), "--reviewer: empty"),
+        (("logs", "--event", ""), "--event: empty"),
         # Said as they are: "is null" for a number; "[Errno 21] Is a directory: '/…'".
         (
             ("create-jobs", "--input", "{num}", "--grouping", "note"),
@@ -1002,13 +1002,13 @@ def test_run_job_of_a_fix_sweep_starts_the_fix(kb, run_cli):
             ("finalize", "--review-job-id", "1", "--telemetry-json", '{{"cost_usd": Infinity}}'),
             "--telemetry-json: cost_usd inf: expected a number, 0 or more",
         ),
-        (("decide", "--note", "", "reject"), "Invalid value for '--note': empty"),
+        (("decide", "--note", "", "reject"), "--note: empty"),
         # Unicode digits: '١' decided escalation 1, '²' was an internal error (ValueError).
         (("decide", "\u0661", "reject"), "'\u0661' is not an escalation id"),
         (("decide", "\u00b2", "reject"), "'\u00b2' is not an escalation id"),
         # Bytes that are not UTF-8 (a Latin-1 terminal): UnicodeEncodeError at the store.
         (("decide", "1", "redo", "--feedback", "fix \udcff it"), "fix \\udcff it: not UTF-8"),
-        (("decide", "--note", "kb/notes/\udcff.md", "reject"), "'--note': kb/notes/\\udcff.md"),
+        (("decide", "--note", "kb/notes/\udcff.md", "reject"), "--note: kb/notes/\\udcff.md"),
     ],
 )
 def test_bad_arguments_get_one_clear_line(flow, run_cli, args, says):
@@ -1631,23 +1631,23 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("report", "--since", "soon"), "error: --since 'soon': not a duration"),
-        (("jobs", "--limit", "x"), "Invalid value for '--limit'"),
-        (("job", "abc"), "Invalid value for 'JOB_ID'"),
-        (("status", "--bogus"), "No such option '--bogus'"),
-        (("export", "--bogus"), "No such option '--bogus'"),
+        (("report", "--since", "soon"), "--since 'soon': not a duration"),
+        (("jobs", "--limit", "x"), "--limit: "),
+        (("job", "abc"), "JOB_ID: "),
+        (("status", "--bogus"), "no such option '--bogus'"),
+        (("export", "--bogus"), "no such option '--bogus'"),
         # Options that cannot go together, which the commands checked in their bodies,
         # after the group's look at the state folder (E55).
-        (("report", "--since", "1h", "--run", "1"), "error: --since and --run: choose one"),
+        (("report", "--since", "1h", "--run", "1"), "--since and --run: choose one"),
         (("decide", "1", "redo"), "redo needs --feedback"),
         (("decide", "approve"), "name escalation ids, --note PATH or --gate GATE_ID"),
         (("decide", "--fixer", "x", "1", "approve"), "--fixer names the fixer of a redo"),
-        (("decide", "0", "approve"), "Invalid value for ESCALATION_ID"),
+        (("decide", "0", "approve"), "ESCALATION_ID: "),
         # ... and after the settings were read (E56).
         (("select", "--all-gates", "prose"), "--all-gates selects every catalog gate"),
         (("finalize", "--review-job-id", "1", "--effort", "high"), "--effort needs --model"),
-        (("logs", "--since", "2h", "--until", "3h"), "error: --until '3h': not after --since"),
-        (("logs", "--until", "1h", "-f"), "error: --until '1h' and --follow"),
+        (("logs", "--since", "2h", "--until", "3h"), "--until '3h': not after --since"),
+        (("logs", "--until", "1h", "-f"), "--until '1h' and --follow"),
         # enqueue's and sweep's, which select "as select" does, were never checked (E57).
         (("enqueue", "--all-gates", "prose"), "--all-gates selects every catalog gate"),
         (("sweep", "--all-gates", "prose"), "--all-gates selects every catalog gate"),
@@ -1668,9 +1668,87 @@ def test_a_bad_command_line_is_bad_usage_before_any_state_folder_is_looked_at(
         settings = ("--config", str(tmp_path / "bad.toml"))
     res = run_cli("--state", str(typo), *settings, *args)
     assert res.exit_code == 2, res.stderr
-    assert said in res.stderr and "no state.db" not in res.stderr, res.stderr
+    assert said in _said_once(res.stderr, f"reviewq {args[0]}"), res.stderr
     assert "bad.toml" not in res.stderr, res.stderr
     assert not typo.exists()
+
+
+def _commands() -> list[str]:
+    """Every command of the group, as `reviewq --help` lists them: a new one is in the
+    tests below by itself."""
+    import click
+
+    from orchestrator.cli import cli
+
+    return cli.list_commands(click.Context(cli))
+
+
+def _said_once(stderr: str, where: str) -> str:
+    """The one line a bad command line gets: `error: reviewq CMD: …`, naming the
+    command's help, no `Usage:` block and no traceback; its reason."""
+    (line,) = stderr.splitlines()
+    head, tail = f"error: {where}: ", f" (see {where} --help)"
+    assert line.startswith(head) and line.endswith(tail), line
+    return line[len(head) : -len(tail)]
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_commands_bad_usage_is_one_line(flow, command):
+    """click said an unknown option (and a missing argument, a bad choice, a bad number) in
+    three lines, `Usage:`, `Try '… --help'`, `Error: …`, the reason last and the option
+    named only there. The real console script, every command of the group."""
+    res = reviewq_process("--root", str(flow.root), command, "--no-such-option", timeout=60)
+    assert (res.returncode, res.stdout) == (2, ""), res.stderr
+    said = _said_once(res.stderr, f"reviewq {command}")
+    assert said == "no such option '--no-such-option'"
+
+
+def _bad_values(command: str) -> list[tuple[tuple[str, ...], str]]:
+    """Command lines of ``command`` each wrong in one parameter the command declares: a
+    choice none of its choices, a number given a word, a required argument left out; with
+    the option or argument the line must name."""
+    import click
+
+    from orchestrator.cli import cli
+
+    cmd = cli.get_command(click.Context(cli), command)
+    lines = []
+    for p in cmd.params:
+        taken = isinstance(p.type, click.Choice) or p.type.name.startswith(("integer", "float"))
+        if isinstance(p, click.Option) and taken:
+            lines.append(((max(p.opts, key=len), "x"), max(p.opts, key=len)))
+    required = [p for p in cmd.params if isinstance(p, click.Argument) and p.required]
+    if required:
+        lines.append(((), required[0].human_readable_name))
+    return lines
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_commands_bad_values_are_one_line_naming_the_parameter(flow, run_cli, command):
+    for args, named in _bad_values(command):
+        res = run_cli(command, *args)
+        assert (res.exit_code, res.stdout) == (2, ""), (args, res.stderr)
+        assert named in _said_once(res.stderr, f"reviewq {command}"), args
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--no-such-option", "status"), "no such option '--no-such-option'"),
+        (("no-such-command",), "no such command 'no-such-command'"),
+        (("--root",), "option '--root' requires an argument"),
+        (("--root", "", "status"), "--root: empty"),
+    ],
+)
+def test_the_groups_own_bad_usage_is_one_line(flow, args, said):
+    res = reviewq_process(*args, cwd=flow.root, timeout=60)
+    assert (res.returncode, res.stdout) == (2, ""), res.stderr
+    assert _said_once(res.stderr, "reviewq") == said
+
+
+def test_reviewq_alone_still_prints_its_help(flow):
+    res = reviewq_process(cwd=flow.root, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("Usage: reviewq "), res.stderr
 
 
 def test_a_named_pipe_given_to_input_is_opened_once(flow, tmp_path):
@@ -2163,9 +2241,9 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (("1", "aprove"), "Invalid value for DECISION: 'aprove' is not approve, redo or reject"),
+        (("1", "aprove"), "DECISION: 'aprove' is not approve, redo or reject"),
         (("approve",), "name escalation ids, --note PATH or --gate GATE_ID"),
-        (("one", "approve"), "Invalid value for ESCALATION_ID: 'one' is not an escalation id"),
+        (("one", "approve"), "ESCALATION_ID: 'one' is not an escalation id"),
         (("--", "-1", "reject"), "'-1' is not an escalation id"),
         # As `job 0` and `logs --job 0`: bad usage, not a refusal ("no escalation 0").
         (("0", "approve"), "'0' is not an escalation id (a whole number, 1 or more)"),
@@ -2182,7 +2260,7 @@ def test_decide_called_wrongly_is_bad_usage(flow, run_cli, args, says):
     escalate_alpha(flow, run_cli)
     res = run_cli("decide", *args)
     assert res.exit_code == 2, res.stderr
-    assert says in res.stderr and "Usage: " in res.stderr
+    assert says in _said_once(res.stderr, "reviewq decide")
     assert run_cli("escalations", "--json").json()["escalations"][0]["id"] == 1  # still open
 
 
@@ -2392,19 +2470,19 @@ def test_job_held_by_a_spent_budget_says_so_of_itself(flow, run_cli):
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("job", "abc"), "Invalid value for 'JOB_ID': 'abc' is not a job id (a whole number, 1 or more)"),
-        (("job", "0"), "Invalid value for 'JOB_ID': '0' is not a job id (a whole number, 1 or more)"),
-        (("job", "1e3"), "Invalid value for 'JOB_ID': '1e3' is not a job id (a whole number, 1 or more)"),
-        (("job", str(2**63)), f"Invalid value for 'JOB_ID': '{2**63}' is too large for a job id"),
-        (("logs", "--job", "x"), "Invalid value for '--job': 'x' is not a job id (a whole number, 1 or more)"),
-        (("run-job", "x"), "Invalid value for 'JOB_ID': 'x' is not a job id (a whole number, 1 or more)"),
-        (("jobs", "--limit", "0"), "Invalid value for '--limit': '0' is not a count (a whole number, 1 or more)"),
-        (("report", "--run", "r"), "Invalid value for '--run': 'r' is not a sweep run id (a whole number, 1 or more)"),
-        (("export", "--wait", "nan"), "Invalid value for '--wait': nan is not a number"),
+        (("job", "abc"), "JOB_ID: 'abc' is not a job id (a whole number, 1 or more)"),
+        (("job", "0"), "JOB_ID: '0' is not a job id (a whole number, 1 or more)"),
+        (("job", "1e3"), "JOB_ID: '1e3' is not a job id (a whole number, 1 or more)"),
+        (("job", str(2**63)), f"JOB_ID: '{2**63}' is too large for a job id"),
+        (("logs", "--job", "x"), "--job: 'x' is not a job id (a whole number, 1 or more)"),
+        (("run-job", "x"), "JOB_ID: 'x' is not a job id (a whole number, 1 or more)"),
+        (("jobs", "--limit", "0"), "--limit: '0' is not a count (a whole number, 1 or more)"),
+        (("report", "--run", "r"), "--run: 'r' is not a sweep run id (a whole number, 1 or more)"),
+        (("export", "--wait", "nan"), "--wait: nan is not a number"),
         # Read as options, they were "No such option '-1'".
-        (("job", "-1"), "Invalid value for 'JOB_ID': '-1' is not a job id (a whole number, 1 or more)"),
-        (("run-job", "-3"), "Invalid value for 'JOB_ID': '-3' is not a job id (a whole number, 1 or more)"),
-        (("decide", "2", "-1", "reject"), "Invalid value for ESCALATION_ID: '-1' is not an escalation id (a whole number, 1 or more)"),
+        (("job", "-1"), "JOB_ID: '-1' is not a job id (a whole number, 1 or more)"),
+        (("run-job", "-3"), "JOB_ID: '-3' is not a job id (a whole number, 1 or more)"),
+        (("decide", "2", "-1", "reject"), "ESCALATION_ID: '-1' is not an escalation id (a whole number, 1 or more)"),
     ],
 )  # fmt: skip
 def test_a_number_that_is_not_one_is_named_in_one_clear_line(flow, run_cli, args, said):
@@ -2413,7 +2491,7 @@ def test_a_number_that_is_not_one_is_named_in_one_clear_line(flow, run_cli, args
     create(run_cli, select_json(run_cli, "prose", "--model", "fake"), "--grouping", "note")
     res = run_cli(*args)
     assert res.exit_code == 2
-    assert [x for x in res.stderr.splitlines() if x.startswith("Error:")] == [f"Error: {said}"]
+    assert _said_once(res.stderr, f"reviewq {args[0]}") == said
 
 
 @pytest.mark.parametrize("control", [False, True])

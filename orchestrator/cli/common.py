@@ -9,7 +9,7 @@ import json
 import math
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from functools import wraps
 from pathlib import Path
@@ -123,12 +123,71 @@ class Refused(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
-class BadValue(Refused):
+class BadValue(click.UsageError):
     """An option's value that cannot be read as what it takes, or options that cannot go
-    together: bad usage (exit 2, as CONTRACT's exit codes say), in one ``error:`` line
-    naming the option, as a refusal is said."""
+    together: bad usage (exit 2, as CONTRACT's exit codes say), its message naming the
+    option; said in one line as click's own are (:func:`usage_line`)."""
 
-    exit_code = 2
+
+class Usage(click.UsageError):
+    """Bad usage as it is said: one ``error:`` line (exit 2)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.message, err=True)
+
+
+def usage_line(exc: click.UsageError) -> str:
+    """Bad usage in one line naming the command, the option or argument, what is wrong
+    and where the command's help is: click's three lines (``Usage:``, ``Try…``,
+    ``Error:``) put the reason last, under a usage line that names no option, and its
+    MissingParameter of a choice spread its choices over lines of their own."""
+    if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+        named = _param_named(exc)
+        said = f"{named}: {exc.message}" if named else exc.message
+    else:
+        said = exc.format_message()
+    said = " ".join(said.split())
+    if said.endswith(".") and not said.endswith(".."):
+        said = said[:-1]
+    if said[:2].istitle():  # click's sentences ("No such option …"), inside a line
+        said = said[0].lower() + said[1:]
+    where = _command_words(exc.ctx)
+    return f"error: {where}: {said} (see {where} --help)"
+
+
+def _param_named(exc: click.BadParameter) -> str | None:
+    """The option (its longest name) or argument a BadParameter is about, unquoted."""
+    hint = exc.param_hint
+    if hint is None and exc.param is not None:
+        param = exc.param
+        if isinstance(param, click.Option):
+            return max(param.opts, key=len)
+        return param.human_readable_name
+    if isinstance(hint, str):
+        return hint.strip("'\"")
+    return " / ".join(h.strip("'\"") for h in hint) if hint else None
+
+
+def _command_words(ctx: click.Context | None) -> str:
+    """``reviewq`` and the command a context is of (not the program's own name: a test's
+    runner names it after the function)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["reviewq", *reversed(names)])
+
+
+@contextlib.contextmanager
+def usage_in_one_line() -> Iterator[None]:
+    """Turn bad usage met inside into :class:`Usage`: the one place every command's (and
+    the group's) is said. `reviewq` alone still prints the help."""
+    try:
+        yield
+    except (Usage, click.exceptions.NoArgsIsHelpError):
+        raise
+    except click.UsageError as exc:
+        raise Usage(usage_line(exc), exc.ctx) from None
 
 
 class Moment(click.ParamType):
@@ -256,10 +315,11 @@ class Whole(click.ParamType):
 
 
 class Checked(click.Command):
-    """A command whose options are checked together (``check``, given the values read) as
-    its line is read: checked in its body, after the group's look at the folders, `report
-    --since 1h --run 1` or `decide 3 redo` on a folder where nothing had run said "no
-    state.db here" (exit 1), not the line's own mistake (exit 2)."""
+    """Every command (the group's ``command_class``): its options may be checked together
+    (``check``, given the values read) as its line is read: checked in its body, after the
+    group's look at the folders, `report --since 1h --run 1` or `decide 3 redo` on a folder
+    where nothing had run said "no state.db here" (exit 1), not the line's own mistake
+    (exit 2)."""
 
     def __init__(
         self, *args: Any, check: Callable[..., object] | None = None, **kwargs: Any
@@ -268,13 +328,15 @@ class Checked(click.Command):
         self.check = check
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        rest = super().parse_args(ctx, args)
-        if self.check is not None and not ctx.resilient_parsing:
-            try:
+        try:
+            rest = super().parse_args(ctx, args)
+            if self.check is not None and not ctx.resilient_parsing:
                 self.check(**ctx.params)
-            except click.UsageError as exc:
-                exc.ctx = exc.ctx or ctx  # its Usage: line, as click says an option's mistake
-                raise
+        except click.UsageError as exc:
+            # The command it is said of (usage_line): click's parser leaves it out of some
+            # (`logs --until` with no value), and a check's own.
+            exc.ctx = exc.ctx or ctx
+            raise
         return rest
 
 
@@ -496,6 +558,8 @@ class Group(click.Group):
     """The ``reviewq`` group: a bug in any command leaves its traceback in the log file.
     A command's module is imported when the command is asked for (:data:`COMMANDS`)."""
 
+    command_class = Checked
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             importlib.import_module(COMMANDS[cmd_name])
@@ -523,10 +587,21 @@ class Group(click.Group):
                 pass
         return name, cmd, rest
 
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        with usage_in_one_line():  # the group's own options (`reviewq --bogus status`)
+            return super().make_context(info_name, args, parent, **extra)
+
     def invoke(self, ctx: click.Context) -> Any:
         ctx.meta["reviewq.help"] = any(a in ("-h", "--help") for a in ctx.args)
         try:
-            return super().invoke(ctx)
+            with usage_in_one_line():  # the command's name, options and arguments, and body
+                return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except PermissionError as exc:
