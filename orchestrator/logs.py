@@ -317,7 +317,7 @@ def _end_of(path: Path) -> tuple[int, int, int] | None:
 @dataclass(frozen=True)
 class Wanted:
     """Which lines ``reviewq logs`` shows: the period (UTC, ``until`` excluded), a job, an
-    event or a prefix of one ending in a dot, and the least grave level."""
+    event (:func:`event_matches`), and the least grave level."""
 
     since: datetime | None = None
     until: datetime | None = None
@@ -333,11 +333,7 @@ class Wanted:
             # A level no writer reviewq knows of uses is shown: it could be the gravest.
             if rank is not None and rank < self.level:
                 return False
-        event = self.event
-        if event and not (
-            rec.get("event") == event
-            or (event.endswith(".") and str(rec.get("event", "")).startswith(event))
-        ):
+        if self.event and not event_matches(self.event, rec.get("event")):
             return False
         return self.job_id is None or self.job_id in _jobs_of(rec)
 
@@ -350,6 +346,17 @@ class Wanted:
         if at is None:
             return None
         return not ((self.since and at < self.since) or (self.until and at >= self.until))
+
+
+def event_matches(given: str, event: object) -> bool:
+    """``logs --event``: the event named, in any case, or every event under it, whole dotted
+    words, with or without the dot (`attempt` and `attempt.` are every `attempt.*`; not
+    `attempt.start`, a word cut short). Matched exactly, `JOB.FAILED` and `attempt`
+    showed nothing and exited 0, a quiet night to the person who typed them: reviewq's
+    events are lower case, and no two differ by case alone."""
+    want = given.casefold().rstrip(".")
+    got = str(event).casefold() if event is not None else ""
+    return got == want or got.startswith(want + ".")
 
 
 def _jobs_of(rec: dict) -> list[object]:

@@ -514,6 +514,45 @@ def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
         assert "without writing bundle-output.md" in json.dumps(r), r
 
 
+def test_an_event_is_matched_in_any_case_and_by_its_dotted_words(kb, run_cli):
+    """`logs --event JOB.FAILED`, and `--event attempt` (every attempt's lines, as a person
+    says it), showed nothing and exited 0 after a night whose jobs failed: matched exactly,
+    case and dot included. A real sweep's log, its crashing agent failing the job."""
+    from .test_cycles_integration import profile
+    from .test_queue_integration import FAST_QUEUE
+
+    kb.gate("frontmatter/has-description", ["description"])
+    kb.note("a")
+    kb.write("reviewq.toml", profile("fake", FAKE_MODE="nothing") + FAST_QUEUE)
+    sweep = subprocess.run(
+        [EXE, "--root", str(kb.root), "sweep", "--all-gates", "--reviewer", "fake"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sweep.returncode == 1 and "failed job" in sweep.stdout, sweep.stderr
+
+    def events(*args: str) -> list[str]:
+        res = run_cli("logs", "--json", *args)
+        assert res.exit_code == 0, res.stderr
+        return [json.loads(x)["event"] for x in res.stdout.splitlines()]
+
+    night = events()
+    failed = [e for e in night if e == "job.failed"]
+    attempts = [e for e in night if e.startswith("attempt.")]
+    assert failed and len(set(attempts)) > 1, night
+    for given, expected in (
+        ("job.failed", failed),
+        ("JOB.FAILED", failed),
+        ("Job.Failed", failed),
+        ("attempt.", attempts),
+        ("attempt", attempts),
+        ("ATTEMPT", attempts),
+        ("attempt.start", []),  # dotted words, not any text an event begins with
+    ):
+        assert events("--event", given) == expected, given
+
+
 def test_a_split_jobs_log_begins_with_the_split_that_made_it(kb, run_cli):
     """`reviewq logs --job 44` of a job a split made began with its first dispatch, from
     nowhere: the job.split line naming it (`into=[44, 45]`) was only job 43's, while a fix

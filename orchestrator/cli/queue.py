@@ -586,7 +586,8 @@ def _log_period(
     "--event",
     default=None,
     callback=not_blank,
-    help="Only this event, or a prefix such as 'attempt.'.",
+    help="Only this event, in any case (job.failed), or every event under a dotted prefix "
+    "(attempt or attempt.: each attempt.* event; whole words: not attempt.start).",
 )
 @click.option(
     "--since",
