@@ -335,7 +335,11 @@ class Wanted:
                 return False
         if self.event and not event_matches(self.event, rec.get("event")):
             return False
-        return self.job_id is None or self.job_id in _jobs_of(rec)
+        return (
+            self.job_id is None
+            or self.job_id in _jobs_of(rec)
+            or _in_ranges(self.job_id, rec.get("job_ranges"))
+        )
 
     def in_period(self, rec: dict) -> bool | None:
         """Whether a line falls in the period (True without one); None when it says no
@@ -364,7 +368,7 @@ def _jobs_of(rec: dict) -> list[object]:
     audit.queued) is its source job's story too, and a split (job.split, into=[…]) is
     the story of the jobs it made; so are a fix's re-reviews (fix.rereview, jobs=[…]) and
     their withdrawal (fix.rereview_withdrawn: the one line that says why such a job
-    failed), and a pause lifted by hand (reviewer.resumed: the jobs it held). So is a
+    failed), and a pause lifted (reviewer.resumed: the jobs it held, in job_ranges). So is a
     worker's reap of a dead one's attempts (worker.reaped_orphans, worker.reap_unsent:
     attempts=[[job, attempt], …]), on its own machine the one line about them. A count
     (`jobs=3`, `attempts=3`) names no job."""
@@ -373,6 +377,38 @@ def _jobs_of(rec: dict) -> list[object]:
     if isinstance(pairs, list):
         named += [p[0] for p in pairs if isinstance(p, list) and p]
     return [rec.get("job_id"), rec.get("source_job_id"), *named]
+
+
+# How many runs of consecutive job ids a line names (``job_ranges``); the jobs past them
+# are counted. A lifted pause named every job it held, thousands on one line.
+RANGES_NAMED = 10
+
+
+def id_ranges(ids: Iterable[int]) -> tuple[list[list[int]], int]:
+    """Job ids as runs of consecutive ones, ``[first, last]``, the first
+    :data:`RANGES_NAMED` of them, and how many ids those leave out. The jobs of one
+    reviewer a sweep made are most often one run: each named, in a few numbers."""
+    ranges: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if ranges and ranges[-1][1] == i - 1:
+            ranges[-1][1] = i
+        else:
+            ranges.append([i, i])
+    left = sum(last - first + 1 for first, last in ranges[RANGES_NAMED:])
+    return ranges[:RANGES_NAMED], left
+
+
+def _in_ranges(job_id: int, ranges: object) -> bool:
+    """Whether ``job_id`` is in a line's ``job_ranges`` (:func:`id_ranges`)."""
+    if not isinstance(ranges, list):
+        return False
+    return any(
+        isinstance(r, list)
+        and len(r) == 2
+        and all(isinstance(x, int) for x in r)
+        and r[0] <= job_id <= r[1]
+        for r in ranges
+    )
 
 
 def _when(rec: dict) -> datetime | None:

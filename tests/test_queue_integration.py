@@ -871,6 +871,31 @@ def test_the_story_of_a_job_a_pause_held_holds_the_resume_that_let_it_run(kb):
         assert events[resumed + 1 :].count("attempt.dispatched") == 1, (job, events)
 
 
+def test_a_lifted_pause_names_the_jobs_it_held_in_a_bounded_line(kb):
+    """`reviewer.resumed` named every job the pause held, one id each: a big KB's paused
+    night put thousands of ids on one line of `logs`. Named as runs of ids, at most
+    RANGES_NAMED of them, the rest counted, each named job's story still holds it."""
+    from orchestrator import logs
+
+    small_kb(kb, notes=20)
+    kb.write("reviewq.toml", fake_profile(command='["/nonexistent/agent-cli"]') + FAST_QUEUE)
+    assert rq(kb, "sweep", "--reviewer", "fake").returncode == 1  # paused, the jobs queued
+    with db(kb) as conn:
+        held = [r[0] for r in conn.execute("SELECT id FROM review_jobs WHERE status = 'queued'")]
+    assert len(held) == 40
+    assert rq(kb, "resume", "fake").returncode == 0
+    (line,) = [x for x in log_lines(kb) if x["event"] == "reviewer.resumed"]
+    assert (line["held"], line["job_ranges"]) == (40, [[min(held), max(held)]]), line
+    shown = rq(kb, "logs", "--event", "reviewer.resumed")
+    assert len(shown.stdout) < 400, shown.stdout
+    story = rq(kb, "logs", "--job", str(max(held)), "--event", "reviewer.")
+    assert story.stdout.count("reviewer.resumed") == 1, story.stdout
+    # Runs past the first ten are counted, not named.
+    apart = list(range(1, 2 * logs.RANGES_NAMED + 6, 2))  # 1, 3, 5, …: a run each
+    assert logs.id_ranges(apart) == ([[i, i] for i in apart[: logs.RANGES_NAMED]], 3)
+    assert logs.id_ranges([4, 2, 3, 3, 9]) == ([[2, 4], [9, 9]], 0)
+
+
 def test_hung_agent_is_killed_at_the_deadline_with_its_group(kb, tmp_path):
     """The agent is a shell that starts its child and writes both pids first thing: the
     fake agent's Python start (~90 ms of CPU, then its child's) outlasted the 1-s deadline
