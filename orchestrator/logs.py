@@ -368,7 +368,8 @@ def _jobs_of(rec: dict) -> list[object]:
     audit.queued) is its source job's story too, and a split (job.split, into=[…]) is
     the story of the jobs it made; so are a fix's re-reviews (fix.rereview, jobs=[…]) and
     their withdrawal (fix.rereview_withdrawn: the one line that says why such a job
-    failed), and a pause lifted (reviewer.resumed: the jobs it held, in job_ranges). So is a
+    failed), and a pause lifted or run out (reviewer.resumed, reviewer.pause_ended: the jobs
+    it held, in job_ranges). So is a
     worker's reap of a dead one's attempts (worker.reaped_orphans, worker.reap_unsent:
     attempts=[[job, attempt], …]), on its own machine the one line about them. A count
     (`jobs=3`, `attempts=3`) names no job."""
@@ -396,6 +397,19 @@ def id_ranges(ids: Iterable[int]) -> tuple[list[list[int]], int]:
             ranges.append([i, i])
     left = sum(last - first + 1 for first, last in ranges[RANGES_NAMED:])
     return ranges[:RANGES_NAMED], left
+
+
+def held_jobs(ids: Iterable[int]) -> dict:
+    """The fields of a line about the jobs a pause held (``reviewer.resumed``,
+    ``reviewer.pause_ended``): how many, and the runs of their ids that name them in each
+    one's story (``logs --job N``)."""
+    ids = list(ids)
+    ranges, unnamed = id_ranges(ids)
+    return {
+        "held": len(ids),
+        "job_ranges": ranges,
+        **({"jobs_unnamed": unnamed} if unnamed else {}),
+    }
 
 
 def _in_ranges(job_id: int, ranges: object) -> bool:

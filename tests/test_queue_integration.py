@@ -896,6 +896,56 @@ def test_a_lifted_pause_names_the_jobs_it_held_in_a_bounded_line(kb):
     assert logs.id_ranges([4, 2, 3, 3, 9]) == ([[2, 4], [9, 9]], 0)
 
 
+def test_a_pause_that_runs_out_says_so_before_its_jobs_run_again(kb, tmp_path):
+    """A reviewer paused after its agent failed to start ran its jobs again once the pause
+    ran out, and no line said so: the log said `reviewer.paused … paused_until=…`, then the
+    held jobs' attempts, and the person reading it could not tell when work went on, nor
+    why those jobs ran. A real control and worker; the agent installed during the pause."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("n0", body="Body.\n")  # one job: none dispatched beside it runs the new agent
+    agent = tmp_path / "agent.py"  # not there yet: python says so, exit 2, a launch failure
+    kb.write(
+        "reviewq.toml",
+        fake_profile(command=json.dumps([sys.executable, str(agent)]))
+        + FAST_QUEUE
+        + "launch_failures_before_pause = 1\npause_seconds = 2\n",
+    )
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    worker = None
+    try:
+        _until(control.stderr, "control.started")
+        worker = subprocess.Popen([*base, "worker"], stderr=subprocess.DEVNULL)
+        assert rq(kb, "enqueue", "--all-gates", "--reviewer", "fake").returncode == 0
+        assert _until(control.stderr, "reviewer.paused") == "reviewer.paused"
+        shutil.copy(FAKE, agent)
+        said = _until(control.stderr, "reviewer.pause_ended", "job.finalized")
+        assert said == "reviewer.pause_ended"
+        assert _until(control.stderr, "job.finalized") == "job.finalized"
+    finally:
+        for proc in (worker, control):
+            if proc is not None and proc.poll() is None:
+                stop(proc)
+        control.stderr.close()
+    lines = log_lines(kb)
+    paused = [x for x in lines if x["event"] == "reviewer.paused"]
+    ended = [x for x in lines if x["event"] == "reviewer.pause_ended"]
+    # Once each pause (the agent copied in late, a second pause has its own end).
+    assert len(ended) == len(paused) and ended[0]["paused_until"] == paused[0]["paused_until"]
+    assert ended[0]["reviewer"] == "fake" and "failed to start" in ended[0]["reason"], ended
+    with db(kb) as conn:
+        jobs = [r[0] for r in conn.execute("SELECT id FROM review_jobs ORDER BY id")]
+        assert conn.execute("SELECT paused_until FROM reviewer_state").fetchone()[0] is None
+    assert ended[0]["held"] == len(jobs) == 1
+    for job in jobs:  # in each held job's story, after the wait, before the run
+        res = rq(kb, "logs", "--job", str(job), "--json")
+        events = [json.loads(line)["event"] for line in res.stdout.splitlines()]
+        end = events.index("reviewer.pause_ended")
+        assert "attempt.dispatched" in events[:end], (job, events)
+        assert "job.finalized" in events[end:], (job, events)
+
+
 def test_hung_agent_is_killed_at_the_deadline_with_its_group(kb, tmp_path):
     """The agent is a shell that starts its child and writes both pids first thing: the
     fake agent's Python start (~90 ms of CPU, then its child's) outlasted the 1-s deadline

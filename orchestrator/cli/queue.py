@@ -420,18 +420,15 @@ def resume_cmd(ws: Workspace, reviewer: str) -> None:
         click.echo(f"reviewer {reviewer} is not paused")
         return
     lifted, held = found
-    ranges, unnamed = logs.id_ranges(held)
     logs.get().info(
         "reviewer.resumed",
         reviewer=reviewer,
         paused_since=lifted.since,
         paused_until=lifted.until,
         reason=lifted.reason,
-        held=len(held),
         # Each held job's story (logs --job N): why it ran before its pause's end. As
         # runs of ids, bounded: every id, one a job, was thousands on one line.
-        job_ranges=ranges,
-        **({"jobs_unnamed": unnamed} if unnamed else {}),
+        **logs.held_jobs(held),
     )
     nudge_control(ws)
     # The pause as status and doctor said it, in the past.

@@ -242,6 +242,23 @@ class Control:
     def paused(self) -> dict[str, Pause]:
         return paused_reviewers(self.store, timestamp(self.now()))
 
+    def _end_pauses(self, now: str) -> None:
+        """Say each pause that ran out once (``reviewer.pause_ended``), in the dispatch
+        pass's transaction, before the attempts it opens for the jobs the pause held: the
+        log said when a reviewer was paused, and nothing when its work went on."""
+        for name, pause, jobs in end_pauses(self.store, now):
+            self.store.after_commit(
+                functools.partial(
+                    self.log.info,
+                    "reviewer.pause_ended",
+                    reviewer=name,
+                    paused_since=pause.since,
+                    paused_until=pause.until,
+                    reason=pause.reason,
+                    **logs.held_jobs(jobs),
+                )
+            )
+
     def dispatch(self) -> int:
         """Open attempts for queued jobs and send them to the review queue.
 
@@ -264,6 +281,7 @@ class Control:
         ``unwritten`` (a pass inside an outcome batch's transaction), a job whose folder
         is not written yet is listed there and left for a pass after the commit."""
         now = timestamp(self.now())
+        self._end_pauses(now)
         open_counts = dict(
             self.store.conn.execute(
                 "SELECT j.reviewer, count(*) FROM attempts a JOIN review_jobs j ON j.id = a.job_id "
@@ -1619,8 +1637,37 @@ def lift_pause(store: Store, name: str, now: datetime) -> tuple[Pause, list[int]
             "WHERE reviewer = ? AND status = 'queued'",
             (name,),
         )
-        held = store.conn.execute(
+    return Pause(row[0], row[1], row[2]), _held(store, name)
+
+
+def end_pauses(store: Store, now: str) -> list[tuple[str, Pause, list[int]]]:
+    """End the pauses whose time ran out by ``now``: each profile's pause (kept as it was
+    until now, read as over by every look at ``paused_until > now``) and the jobs it held.
+    ``paused_at`` stays: a pause after it with no answer between is one outage
+    (:func:`back_off`). Inside the caller's write."""
+    # Read before: RETURNING gives the row as the update left it.
+    ended = store.conn.execute(
+        "SELECT name, paused_until, paused_reason, paused_at FROM reviewer_state "
+        "WHERE paused_until <= ?",
+        (now,),
+    ).fetchall()
+    if ended:
+        store.conn.execute(
+            "UPDATE reviewer_state SET paused_until = NULL, paused_reason = NULL "
+            "WHERE paused_until <= ?",
+            (now,),
+        )
+    return [
+        (name, Pause(until, why, since), _held(store, name)) for name, until, why, since in ended
+    ]
+
+
+def _held(store: Store, name: str) -> list[int]:
+    """The queued jobs of profile ``name``: those its pause held."""
+    return [
+        job
+        for (job,) in store.conn.execute(
             "SELECT id FROM review_jobs WHERE reviewer = ? AND status = 'queued' ORDER BY id",
             (name,),
-        ).fetchall()
-    return Pause(row[0], row[1], row[2]), [job for (job,) in held]
+        )
+    ]
