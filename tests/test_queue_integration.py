@@ -4182,6 +4182,46 @@ def test_a_late_cron_run_names_the_cron_minute_it_stands_for(kb):
     assert said["wall"] == three.isoformat(timespec="minutes"), said
 
 
+def test_status_names_the_cron_minute_a_late_run_stands_for_and_when_it_started(kb):
+    """A control down at the entry's minute and back five minutes on runs it late (within
+    LATE), and `status` said "last ran 03:05 on …": a time no cron names, so the person
+    asking whether the 03:00 run ran could not tell it was this one. A real control, its
+    clock last looked at before the minute (then it went down)."""
+    from orchestrator.state.store import Store, timestamp
+
+    small_kb(kb, notes=1)
+    now = datetime.now().astimezone()
+    minute = (now - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    cron = f"{minute.minute} {minute.hour} * * *"
+    kb.write("reviewq.toml", f'[[sweeps]]\nname = "nightly"\ncron = "{cron}"\n' + FAST_QUEUE)
+    Store.open(kb.state).close()
+    looked = (minute - timedelta(minutes=3)).astimezone(UTC).isoformat()
+    with contextlib.closing(db(kb)) as conn, conn:
+        conn.execute("INSERT INTO cron_state (name, last_checked) VALUES ('nightly', ?)", (looked,))
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    try:
+        assert _until(control.stderr, "sweep.enqueued", "sweep.missed") == "sweep.enqueued"
+    finally:
+        stop(control)
+        control.stderr.close()
+    res = rq(kb, "status", "--json")
+    assert res.returncode == 0, res.stderr
+    (nightly,) = json.loads(res.stdout)["sweeps"]
+    last = nightly["last_run"]
+    assert (last["trigger"], last["cron_at"]) == ("cron", timestamp(minute)), last
+    started = datetime.fromisoformat(last["started_at"].replace("Z", "+00:00")).astimezone()
+    late = int((started - minute).total_seconds() // 60)
+    assert late >= 5, last
+    (line,) = [x for x in rq(kb, "status").stdout.splitlines() if x.startswith("sweep 'nightly'")]
+    assert line.startswith(
+        f"sweep 'nightly' ({cron}): last ran its {minute:%H:%M on %Y-%m-%d} "
+        f"({timestamp(minute)[:16]}Z), {late} min late at {started:%H:%M} (run 1, 2 job(s), "
+        "by its clock), next "
+    ), line
+
+
 def test_a_cron_sweep_whose_notes_cannot_be_read_does_not_blame_its_gates_or_folders(kb):
     """N15's `sweep.selects_nothing` said "no note in its scope has a gate it selects (a
     folder emptied, a gate's requires_type …)" of an entry whose notes are all there but

@@ -649,4 +649,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        28,
+        "the cron minute a run by its clock stands for",
+        """
+        -- A control back at 03:07 runs the 03:00 entry late; `status` said its start,
+        -- a time no cron names. NULL: a run by hand, or one recorded before this.
+        ALTER TABLE sweep_runs ADD COLUMN cron_at TEXT;
+        """,
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -277,7 +277,7 @@ def _enqueue(
             # First of what runs at the commit: before the folders' writing.
             store.after_commit(lambda: committed(ids))
         if run_id is None:
-            run_id = start_run(store, req.name, req.trigger, options, req.budget_usd)
+            run_id = start_run(store, req.name, req.trigger, options, req.budget_usd, cron_minute)
             # Work left queued by an earlier run of this sweep whose budget is spent
             # belongs to this run now, so it is dispatched under this run's budget. Only
             # then: a run still under its budget dispatches its own jobs, and the sweep
@@ -564,13 +564,26 @@ def forget_empty_runs(store: Store, name: str, run_id: int) -> None:
 
 
 def start_run(
-    store: Store, name: str, trigger: str, options: dict, budget_usd: float | None = None
+    store: Store,
+    name: str,
+    trigger: str,
+    options: dict,
+    budget_usd: float | None = None,
+    cron_minute: datetime | None = None,
 ) -> int:
-    """A new ``sweep_runs`` row; its ``options`` are what its jobs' follow-ups read."""
+    """A new ``sweep_runs`` row; its ``options`` are what its jobs' follow-ups read, and
+    ``cron_minute`` the minute a cron run stands for (`status` says it)."""
     return store.conn.execute(
-        "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at) "
-        "VALUES (?, ?, ?, ?, ?) RETURNING id",
-        (name, trigger, json.dumps(options), budget_usd, utcnow()),
+        "INSERT INTO sweep_runs (name, trigger, options, budget_usd, started_at, cron_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+        (
+            name,
+            trigger,
+            json.dumps(options),
+            budget_usd,
+            utcnow(),
+            timestamp(cron_minute) if cron_minute else None,
+        ),
     ).fetchone()[0]
 
 
@@ -1004,7 +1017,7 @@ def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dic
         if not sweep.cron:
             continue
         row = store.conn.execute(
-            "SELECT id, started_at, trigger, jobs FROM sweep_runs WHERE name = ? "
+            "SELECT id, started_at, trigger, jobs, cron_at FROM sweep_runs WHERE name = ? "
             "ORDER BY started_at DESC, id DESC LIMIT 1",
             (sweep.name,),
         ).fetchone()
@@ -1013,10 +1026,10 @@ def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dic
         ran = "never run yet"
         if last is not None:
             last["taken_over"] = _jobs_taken_over(store, last["id"], last["started_at"])
-            wall, utc = _wall_said(parse_timestamp(last["started_at"]))
             by = _BY.get(last["trigger"], f"by {last['trigger']}")
             taken = f" and {last['taken_over']} taken over" if last["taken_over"] else ""
-            ran = f"last ran {wall} ({utc}; run {last['id']}, {last['jobs']} job(s){taken}, {by})"
+            what = f"run {last['id']}, {last['jobs']} job(s){taken}, {by}"
+            ran = f"last ran {_ran_when(last, what)}"
         comes = "no time to come matches its cron"
         if nxt:
             comes = "next {} ({})".format(*_wall_said(nxt))
@@ -1032,6 +1045,22 @@ def sweeps_schedule(store: Store, settings: Settings, now: datetime) -> list[dic
             }
         )
     return out
+
+
+def _ran_when(last: dict, what: str) -> str:
+    """When a run ran, as `status` says it: the cron minute a run by its clock stands for
+    and, begun in a later minute (its control down then, or its tick retried), how late and
+    when: said by its start alone, the 03:00 run begun at 03:07 was one no cron names."""
+    started = parse_timestamp(last["started_at"])
+    if not last["cron_at"]:
+        return "{} ({}; {what})".format(*_wall_said(started), what=what)
+    minute = parse_timestamp(last["cron_at"])
+    late = int((started - minute).total_seconds() // 60)
+    if late < 1:
+        return "{} ({}; {what})".format(*_wall_said(minute), what=what)
+    return "its {} ({}), {late} min late at {at:%H:%M} ({what})".format(
+        *_wall_said(minute), late=late, at=started.astimezone(), what=what
+    )
 
 
 def _jobs_taken_over(store: Store, run_id: int, started_at: str) -> int:
