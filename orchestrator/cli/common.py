@@ -372,6 +372,19 @@ class Numbered(Checked):
             ) from None
 
 
+class WholeWithin(click.IntRange):
+    """click's IntRange, named for what it reads: it said "'x' is not a valid integer
+    range" of `--workers x`, a range nobody typed."""
+
+    name = "integer"
+
+
+class NumberWithin(click.FloatRange):
+    """click's FloatRange, named as :class:`WholeWithin` is ("not a valid float range")."""
+
+    name = "number"
+
+
 SQL_INT = Whole("a count")
 JOB_ID = Whole("a job id")
 RUN_ID = Whole("a sweep run id")

@@ -28,6 +28,7 @@ from orchestrator.cli.common import (
     Moment,
     Numbered,
     Refused,
+    WholeWithin,
     all_gates_alone,
     batch_size_needs_gate_grouping,
     budget_usd,
@@ -85,7 +86,7 @@ def _sweep_options(fn):
             click.option(
                 "--grouping", type=click.Choice(GROUPINGS), default="note", show_default=True
             ),
-            click.option("--batch-size", default=5, show_default=True, type=click.IntRange(min=1)),
+            click.option("--batch-size", default=5, show_default=True, type=WholeWithin(min=1)),
             click.option(
                 "--fix", is_flag=True, help="Send FAIL notes to the fixer (docs/CONTRACT.md §7)."
             ),
@@ -226,7 +227,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
     "--workers",
     default=2,
     show_default=True,
-    type=click.IntRange(min=1, max=THREADS),
+    type=WholeWithin(min=1, max=THREADS),
     help="Agents run at once.",
 )
 @click.option(
@@ -311,7 +312,7 @@ def control_cmd(ws: Workspace) -> None:
     "--workers",
     default=2,
     show_default=True,
-    type=click.IntRange(min=0, max=THREADS),
+    type=WholeWithin(min=0, max=THREADS),
     help="Worker threads; 0 uses only workers already running.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

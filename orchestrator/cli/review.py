@@ -12,7 +12,9 @@ from orchestrator.cli.common import (
     JOB_ID,
     Checked,
     Numbered,
+    NumberWithin,
     Refused,
+    WholeWithin,
     a_number,
     all_gates_alone,
     batch_size_needs_gate_grouping,
@@ -201,7 +203,7 @@ def select_cmd(
     "--batch-size",
     default=5,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=WholeWithin(min=1),
     help="Notes per job with --grouping gate.",
 )
 @click.option(
@@ -482,7 +484,7 @@ def warn_queue_cmd(ws: Workspace, as_json: bool) -> None:
 )
 @click.option(
     "--wait",
-    type=click.FloatRange(min=0, max=86400),
+    type=NumberWithin(min=0, max=86400),
     callback=a_number,
     default=EXPORT_WAIT,
     show_default=True,
