@@ -565,8 +565,8 @@ def test_a_runner_that_would_move_the_terminal_is_refused_in_one_line(flow, run_
     write_output(flow, job)
     res = run_cli("finalize", "--review-job-id", jid, "--runner", runner)
     assert res.exit_code == 2, res.stdout
-    [line] = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
-    assert "'--runner'" in line and "control character" in line, line
+    line = _said_once(res.stderr, "reviewq finalize")
+    assert line.startswith("--runner: ") and "control character" in line, line
     assert "\x1b" not in res.stderr and "\x9b" not in res.stderr and "\nfake" not in res.stderr
     assert acceptance_rows(flow) == []
     for shown in (run_cli("jobs").stdout, run_cli("job", jid).stdout):
@@ -1732,6 +1732,30 @@ def test_every_commands_bad_values_are_one_line_naming_the_parameter(flow, run_c
         said = _said_once(res.stderr, f"reviewq {command}")
         # click's ranges said "'x' is not a valid integer range": a range nobody typed.
         assert named in said and "range" not in said, said
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_the_groups_options_after_a_command_say_where_they_go(flow, run_cli, command):
+    """`reviewq status --state DIR` said "no such option '--state'" and sent the person to
+    `reviewq status --help`, which lists none of the group's options: where they go was
+    nowhere in the answer. Each of the group's options after each command that has no
+    option of that name (`jobs --state` filters by a job's state)."""
+    import click
+
+    from orchestrator.cli import cli
+
+    ctx = click.Context(cli)
+    own = {o for p in cli.get_command(ctx, command).params for o in p.opts}
+    for p in cli.params:
+        name = max(p.opts, key=len)
+        if not isinstance(p, click.Option) or name in own:
+            continue
+        res = run_cli(command, name, "somewhere")
+        assert (res.exit_code, res.stdout) == (2, ""), res.stderr
+        assert res.stderr == (
+            f"error: reviewq {command}: no such option '{name}'; {name} is reviewq's own "
+            f"option, given before the command: reviewq {name} … {command} (see reviewq --help)\n"
+        )
 
 
 @pytest.mark.parametrize(

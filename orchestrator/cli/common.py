@@ -141,9 +141,21 @@ def usage_line(exc: click.UsageError) -> str:
     and where the command's help is: click's three lines (``Usage:``, ``Try…``,
     ``Error:``) put the reason last, under a usage line that names no option, and its
     MissingParameter of a choice spread its choices over lines of their own."""
+    where = _command_words(exc.ctx)
+    help_of = where
     if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
         named = _param_named(exc)
         said = f"{named}: {exc.message}" if named else exc.message
+    elif (group_option := _groups_option(exc)) is not None:
+        # `reviewq status --state DIR`: the group's options come before the command, and
+        # the command's help, where the line sent the person, lists none of them (nor is
+        # the command's option click found like it, `--note` for `--root`, the one meant).
+        words = where.split()
+        said = (
+            f"{exc.message.rstrip('.')}; {group_option} is reviewq's own option, given "
+            f"before the command: {words[0]} {group_option} … {' '.join(words[1:])}"
+        )
+        help_of = words[0]
     else:
         said = exc.format_message()
     said = " ".join(said.split())
@@ -151,8 +163,17 @@ def usage_line(exc: click.UsageError) -> str:
         said = said[:-1]
     if said[:2].istitle():  # click's sentences ("No such option …"), inside a line
         said = said[0].lower() + said[1:]
-    where = _command_words(exc.ctx)
-    return f"error: {where}: {said} (see {where} --help)"
+    return f"error: {where}: {said} (see {help_of} --help)"
+
+
+def _groups_option(exc: click.UsageError) -> str | None:
+    """The group's option a command was given as its own (an unknown option of the
+    command that is one of ``reviewq``'s), or None."""
+    if not isinstance(exc, click.NoSuchOption) or exc.ctx is None or exc.ctx.parent is None:
+        return None
+    group = exc.ctx.find_root().command
+    mine = any(exc.option_name in p.opts for p in group.params if isinstance(p, click.Option))
+    return exc.option_name if mine else None
 
 
 def _param_named(exc: click.BadParameter) -> str | None:
