@@ -1773,6 +1773,33 @@ def test_the_groups_own_bad_usage_is_one_line(flow, args, said):
     assert _said_once(res.stderr, "reviewq") == said
 
 
+def test_input_from_a_closed_stdin_is_one_line(flow):
+    """`create-jobs --input -` started with stdin closed (cron's `<&-`, a service with no
+    stdin) was "internal error: AttributeError: 'NoneType' object has no attribute
+    'flush' (please report it)", exit 1: click's file type opened a stdin that is None."""
+    res = reviewq_process(
+        "--root", str(flow.root), "create-jobs", "--input", "-", "--grouping", "note",
+        wrap=["sh", "-c", 'exec "$@" <&-', "sh"], timeout=60,
+    )  # fmt: skip
+    assert (res.returncode, res.stdout) == (2, ""), res.stderr
+    assert _said_once(res.stderr, "reviewq create-jobs").startswith("--input: '-': stdin is closed")
+
+
+def test_a_file_name_in_a_usage_line_is_shown_escaped(flow):
+    """click's file type quotes the name as typed: a control character in it went raw to
+    the terminal inside U81's line (a terminal escape; a bidi override, which click does
+    not strip off a pipe, turned the rest of the line around), and a line break was read
+    as a space, naming a file that is not there (`'/tmp/a b'`)."""
+    for name, said in (("a\u202eb", "a\\u202eb"), ("a\nb", "a\\nb")):
+        res = reviewq_process(
+            "--root", str(flow.root), "create-jobs", "--input", str(flow.root / name),
+            "--grouping", "note", timeout=60,
+        )  # fmt: skip
+        assert (res.returncode, res.stdout) == (2, ""), res.stderr
+        line = _said_once(res.stderr, "reviewq create-jobs")
+        assert line == f"--input: '{flow.root}/{said}': No such file or directory", line
+
+
 def test_reviewq_alone_still_prints_its_help(flow):
     res = reviewq_process(cwd=flow.root, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("Usage: reviewq "), res.stderr

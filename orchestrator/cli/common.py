@@ -144,8 +144,10 @@ def usage_line(exc: click.UsageError) -> str:
     where = _command_words(exc.ctx)
     help_of = where
     if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter):
+        # Escaped: click's file type quotes a file's name as typed, control characters
+        # and all (a line break became a space below, naming another file).
         named = _param_named(exc)
-        said = f"{named}: {exc.message}" if named else exc.message
+        said = f"{named}: {shown(exc.message)}" if named else shown(exc.message)
     elif (group_option := _groups_option(exc)) is not None:
         # `reviewq status --state DIR`: the group's options come before the command, and
         # the command's help, where the line sent the person, lists none of them (nor is
@@ -391,6 +393,16 @@ class Numbered(Checked):
             raise click.BadParameter(
                 f"{token!r} is not {self.ids} (a whole number, 1 or more)", ctx, arg, hint
             ) from None
+
+
+class InputFile(click.File):
+    """click's file to read, ``-`` for stdin: a process started with stdin closed (cron's
+    ``<&-``) has none, and click's opening of it ended in an AttributeError."""
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 - click's signature
+        if value == "-" and sys.stdin is None:
+            self.fail("'-': stdin is closed; give the file's path, or pipe it in", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class WholeWithin(click.IntRange):

@@ -11,6 +11,7 @@ import click
 from orchestrator.cli.common import (
     JOB_ID,
     Checked,
+    InputFile,
     Numbered,
     NumberWithin,
     Refused,
@@ -190,7 +191,7 @@ def select_cmd(
     "--input",
     "input_file",
     required=True,
-    type=click.File("r", encoding="utf-8"),
+    type=InputFile("r", encoding="utf-8"),
     help="select --json output, or - for stdin.",
 )
 @click.option(
