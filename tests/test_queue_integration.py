@@ -4845,6 +4845,40 @@ def test_commands_on_a_full_state_disk_say_the_disk_is_full(kb):
         disk.unmount()
 
 
+def test_commands_on_a_state_disk_out_of_inodes_say_so(kb):
+    """A state disk with bytes free and no inode left (a tmpfs' nr_inodes, a small ext4's
+    many job folders): SQLite cannot make state.db's WAL or its index there and says
+    "unable to open database file", which `status` read as "state.db: not a reviewq
+    database" the first time and "reviewq needs write access to the state folder" after,
+    to root; S49's look at the disk counted its bytes alone."""
+    from .fault.harness import SmallDisk
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs for the state folder")
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+    for bell in (kb.state / "queue").glob("*.bell"):
+        bell.unlink()  # FIFOs, which SmallDisk's copy refuses; any process makes them again
+    disk = SmallDisk(kb.state, "64m", inodes=400)
+    try:
+        disk.mount()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    try:
+        disk.fill_inodes()
+        for args in (("status",), ("status",), ("worker", "--workers", "1"), ("control",)):
+            res = rq(kb, *args, timeout=60)
+            last = res.stderr.strip().splitlines()[-1]
+            assert (res.returncode, last.startswith("error: ")) == (1, True), res.stderr
+            assert f"the disk of {kb.state} is out of inodes" in last, res.stderr
+            assert "not a reviewq database" not in last and "access" not in last, last
+        said = rq(kb, "doctor", timeout=60).stdout
+        assert "is out of inodes" in said and "not a reviewq database" not in said, said
+    finally:
+        disk.unmount()
+
+
 def test_a_sweeps_child_whose_stderr_is_on_a_full_disk_is_said_so(kb):
     """A sweep's child that keeps failing has its last stderr line quoted; on a full disk
     that line could not be written, and the sweep said "worker exited 1 four times

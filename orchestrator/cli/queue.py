@@ -52,7 +52,7 @@ from orchestrator.state.status import (
     control_clock_said,
     held_by_budget,
 )
-from orchestrator.state.store import disk_error, no_room
+from orchestrator.state.store import DISK_FULL, disk_error, no_room
 from orchestrator.state.workspace import Workspace
 
 
@@ -272,9 +272,11 @@ def worker_cmd(ws: Workspace, workers: int, kb: Path | None) -> None:
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
+        # ENOSPC with bytes free, as `df -h` shows them, is a disk out of inodes: said.
+        room = no_room(folder.parent) if exc.errno in DISK_FULL else None
         raise Refused(
             f"--state {shown(str(ws.settings.state_dir))}: cannot make the worker's folder "
-            f"{shown(str(folder))}: {exc.strerror or exc}"
+            f"{shown(str(folder))}: {exc.strerror or exc}{f'; {room}' if room else ''}"
         ) from None
     for path in worker_paths(folder)[1:]:
         with contextlib.suppress(OSError):  # said below, with the one it stopped at

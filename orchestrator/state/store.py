@@ -165,6 +165,9 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # Less room than this on a state folder's disk is none for reviewq: SQLite grows a WAL
 # index and a log a page or a frame at a time, and a job's prompt takes more.
 ROOM_BYTES = 1 << 20
+# Fewer free inodes than this is none for reviewq: a job's folder is a dozen files, and
+# SQLite makes a WAL and its index beside each database it opens.
+ROOM_FILES = 64
 
 
 def no_room(*folders: Path) -> str | None:
@@ -178,18 +181,31 @@ def no_room(*folders: Path) -> str | None:
             st = os.statvfs(folder)
         except OSError:  # not there (a queue folder not made yet): the next one says
             continue
-        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+        root = os.geteuid() == 0
+        free = (st.f_bfree if root else st.f_bavail) * st.f_frsize
         if free < ROOM_BYTES:
             return (
                 f"the disk of {folder} is full ({free} bytes free): free space there "
                 "(OPERATIONS §6.4)"
             )
+        # Bytes free and no inode (a tmpfs' nr_inodes, a small ext4 of many job folders):
+        # no file can be made. f_files is 0 where the file system counts none (btrfs).
+        files = st.f_ffree if root else st.f_favail
+        if st.f_files and files < ROOM_FILES:
+            return (
+                f"the disk of {folder} is out of inodes ({files} free, {free} bytes free): "
+                "no file can be made there; delete files there (OPERATIONS §6.4)"
+            )
     return None
 
 
 def disk_error(exc: BaseException) -> bool:
-    """Whether SQLite's error is one a full disk gives (SQLITE_FULL, SQLITE_IOERR_*)."""
-    return getattr(exc, "sqlite_errorname", "").startswith(("SQLITE_FULL", "SQLITE_IOERR"))
+    """Whether SQLite's error is one a full disk gives (SQLITE_FULL, SQLITE_IOERR_*; and
+    SQLITE_CANTOPEN, a WAL or its index that could not be made, on a disk out of inodes):
+    :func:`no_room` says whether the disk is why."""
+    return getattr(exc, "sqlite_errorname", "").startswith(
+        ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN")
+    )
 
 
 def lost_record(path: Path, how: str) -> str | None:
@@ -307,6 +323,7 @@ class Store:
                 self.conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.DatabaseError as exc:
                 self.conn.close()
+                self._no_room(exc)
                 if "unable to open" in str(exc) or "readonly" in str(exc):
                     # A permission, not a damaged file: "not a reviewq database" would send
                     # the operator to repair the one file they must not lose.
@@ -315,12 +332,7 @@ class Store:
                         "write access to the state folder, even to read it"
                     ) from None
                 if disk_error(exc):
-                    # The disk, not the file: "not a reviewq database" sent a person to
-                    # repair or move aside the one file they must not lose.
-                    room = no_room(self.path.parent)
-                    raise StoreError(
-                        f"{self.path}: cannot be opened ({exc}){f'; {room}' if room else ''}"
-                    ) from None
+                    raise StoreError(f"{self.path}: cannot be opened ({exc})") from None
                 name = getattr(exc, "sqlite_errorname", "")
                 # No header (a page of zeros after a crash) beside the folders of the jobs
                 # it recorded is reviewq's record damaged, not another file.
@@ -394,10 +406,19 @@ class Store:
             "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"
         ).fetchone()[0]
 
+    def _no_room(self, exc: sqlite3.DatabaseError) -> None:
+        """Raise the StoreError of a state.db that cannot be opened for its disk's want of
+        room (bytes or inodes): "not a reviewq database" sent a person to repair or move
+        aside the one file they must not lose, and "needs write access" to a permission
+        they had."""
+        if disk_error(exc) and (room := no_room(self.path.parent)):
+            raise StoreError(f"{self.path}: cannot be opened ({exc}); {room}") from None
+
     def _migrate(self) -> None:
         try:
             current = self.schema_version()
         except sqlite3.DatabaseError as exc:
+            self._no_room(exc)
             raise StoreError(f"{self.path}: not a reviewq database ({exc})") from None
         if current > LATEST:
             raise StoreError(

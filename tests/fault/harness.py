@@ -447,9 +447,10 @@ class SmallDisk:
     """A tmpfs of ``size`` mounted over an existing folder, its contents copied in: the
     folder's own disk, which the test can fill. Needs the right to mount (root)."""
 
-    def __init__(self, folder: Path, size: str = "1m") -> None:
+    def __init__(self, folder: Path, size: str = "1m", inodes: int | None = None) -> None:
         self.folder = folder
         self.size = size
+        self.inodes = inodes  # tmpfs' nr_inodes: a disk that runs out of files, not bytes
         self.mounted = False
 
     def mount(self) -> None:
@@ -457,7 +458,7 @@ class SmallDisk:
         shutil.copytree(self.folder, aside / "c")
         try:
             res = subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={self.size}", "tmpfs", str(self.folder)],
+                ["mount", "-t", "tmpfs", "-o", self._options(), "tmpfs", str(self.folder)],
                 capture_output=True,
                 text=True,
             )
@@ -470,6 +471,23 @@ class SmallDisk:
         self.mounted = True
         shutil.copytree(aside / "c", self.folder, dirs_exist_ok=True)
         shutil.rmtree(aside, ignore_errors=True)
+
+    def _options(self) -> str:
+        return f"size={self.size}" + (f",nr_inodes={self.inodes}" if self.inodes else "")
+
+    def fill_inodes(self) -> Path:
+        """Take every inode left with empty files, its bytes left free."""
+        fillers = self.folder / ".fillers"
+        with contextlib.suppress(FileExistsError):
+            fillers.mkdir()
+        for n in range(self.inodes or 0):
+            try:
+                (fillers / str(n)).touch()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                return fillers
+        raise AssertionError(f"{self.folder} took more files than its nr_inodes")
 
     def free_bytes(self) -> int:
         st = os.statvfs(self.folder)
