@@ -18,7 +18,7 @@ from orchestrator.cycles.fixes import create_fix_job
 from orchestrator.kb.gates import load_catalog
 from orchestrator.kb.notes import KB
 from orchestrator.review.jobs import job_dir
-from orchestrator.state.status import RESTART_AFTER_AN_EDIT
+from orchestrator.state.status import RATIONALE_LINES, RESTART_AFTER_AN_EDIT
 from orchestrator.state.store import Store
 
 from .conftest import page_text, reviewq_process, stop
@@ -293,6 +293,36 @@ def test_the_job_an_escalation_names_shows_what_its_reviewer_said(cyc):
         "        Findings:",
         "        - low: finding 0 for prose/body-check",
     ], lines
+
+
+def test_a_long_rationale_in_job_n_is_cut_and_says_where_the_rest_is(cyc):
+    """E91 printed every line of each rationale: a reviewer that quoted the note or its own
+    log at length (an output may be 5 MB) buried the job's escalation and attempts, what a
+    person deciding it opened `job N` for, under thousands of lines per pair. A bidi
+    control in a line stays escaped."""
+    quoted = "\n".join(f"quoted line {n} \u202e" for n in range(500))
+    config(
+        cyc,
+        profile(
+            "fake",
+            FAKE_PASS_IF_CONTAINS="NEVER",
+            FAKE_FIX_APPEND="another try",
+            FAKE_QUOTE="LONG",
+            LONG=quoted,
+        ),
+    )
+    assert rq(cyc, "sweep", "--reviewer", "fake", "--fix").returncode == 0
+    (esc,) = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    job = str(esc["job_id"])
+    lines = rq(cyc, "job", job).stdout.splitlines()
+    at = lines.index(f"  FAIL  {NOTE}  prose/body-check")
+    shown = lines[at + 1 : at + 1 + RATIONALE_LINES]
+    assert shown[3] == "        - low: my LONG is quoted line 0 \\u202e", shown
+    assert lines[at + 1 + RATIONALE_LINES] == (
+        f"        … {503 - RATIONALE_LINES} more line(s): reviewq job {job} --json"
+    ), lines[at + RATIONALE_LINES :]
+    assert lines[at + 2 + RATIONALE_LINES].startswith("  escalated:"), lines[at:]
+    assert len(json.loads(rq(cyc, "job", job, "--json").stdout)["pairs"][0]["rationale"]) > 10000
 
 
 def test_an_escalation_of_a_gate_the_retyped_note_no_longer_has_can_only_be_rejected(kb):

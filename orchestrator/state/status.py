@@ -901,6 +901,11 @@ def jobs_line(r: dict) -> str:
     )
 
 
+# Lines of a rationale `job N` shows under its verdict: a reviewer's quoting at length
+# (an output may be 5 MB) buried the escalation and attempts below under thousands.
+RATIONALE_LINES = 20
+
+
 def job_lines(job_id: int, data: dict) -> Iterator[str]:
     """``job N`` in words: ``data`` as :func:`job` read it."""
 
@@ -970,10 +975,12 @@ def job_lines(job_id: int, data: dict) -> Iterator[str]:
         yield f"  {p['decision'] or '-':<5} {p['note_path']}  {p['gate_id']}"
         # What the reviewer said, under its verdict (CONTRACT §5): a person deciding an
         # escalation opened the job it names and read "FAIL" with no finding. The agent's
-        # text, so each line made printable.
-        for line in (p["rationale"] or "").splitlines():
-            if line.strip():
-                yield f"        {logs.one_line(line.rstrip())}"
+        # text, so each line made printable; its first lines, the rest in --json.
+        said = [line.rstrip() for line in (p["rationale"] or "").splitlines() if line.strip()]
+        for line in said[:RATIONALE_LINES]:
+            yield f"        {logs.one_line(line)}"
+        if len(said) > RATIONALE_LINES:
+            yield f"        … {len(said) - RATIONALE_LINES} more line(s): reviewq job {job_id} --json"
     for e in data["escalations"]:
         state = f"decided: {e['decision']}" if e["decision"] else "open; reviewq escalations"
         yield (
