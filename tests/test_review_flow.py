@@ -1800,6 +1800,22 @@ def test_a_file_name_in_a_usage_line_is_shown_escaped(flow):
         assert line == f"--input: '{flow.root}/{said}': No such file or directory", line
 
 
+@pytest.mark.parametrize("placeholder", ["…", " ... "])
+def test_a_redo_with_the_placeholder_feedback_is_bad_usage(flow, placeholder):
+    """An agent's failed-every-attempt line (E90) gives `reviewq decide 1 2 redo --feedback
+    "…"` to run once it is repaired: pasted as it is, the fix jobs were queued with "…" as
+    the person's concrete asks, kept verbatim in their prompts."""
+    res = reviewq_process(
+        "--root", str(flow.root), "decide", "1", "2", "redo", "--feedback", placeholder,
+        timeout=60,
+    )  # fmt: skip
+    assert (res.returncode, res.stdout) == (2, ""), res.stderr
+    assert _said_once(res.stderr, "reviewq decide") == (
+        f"--feedback {placeholder.strip()!r} is the line's placeholder: write the concrete "
+        "asks for the fixer in its place"
+    )
+
+
 def test_reviewq_alone_still_prints_its_help(flow):
     res = reviewq_process(cwd=flow.root, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("Usage: reviewq "), res.stderr

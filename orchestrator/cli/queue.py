@@ -1122,6 +1122,13 @@ def _decision(
     if decision == "redo" and not (feedback and feedback.strip()):
         # As --fixer without redo: the call's own mistake, not a refusal of it.
         raise click.UsageError("redo needs --feedback with the concrete asks for the fixer")
+    if decision == "redo" and feedback and feedback.strip() in ("…", "..."):
+        # The placeholder of the call an agent's failed line gives (E90), pasted as it is:
+        # its fix jobs were queued with "…" as the person's asks.
+        raise click.UsageError(
+            f"--feedback {feedback.strip()!r} is the line's placeholder: write the concrete "
+            "asks for the fixer in its place"
+        )
     return ids, decision
 
 
