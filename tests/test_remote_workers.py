@@ -1144,6 +1144,72 @@ def test_a_workers_times_of_an_attempt_are_stored_on_the_queues_clock(
         assert started - 2 <= launched <= ended <= recorded + 2, dict(row)
 
 
+def test_an_attempt_whose_workers_clock_is_stepped_meanwhile_ends_on_the_queues_clock(
+    kb, tmp_path, redis_url
+):
+    """A worker's clock ten minutes ahead, stepped back to the right time while its agent
+    runs (NTP started, or the operator set it once told of the skew): how far the queue's
+    clock was off was read once, before the launch, and the end moved by it, so the attempt
+    ended ten minutes before it was launched (`ended_at` beside `recorded_at`, ten minutes
+    behind)."""
+    from orchestrator.state.store import parse_timestamp
+
+    from .test_queue_integration import await_fifo, make_fifo
+
+    libs = sorted(Path("/usr").glob("lib*/**/faketime/libfaketime.so.1"))
+    if not libs:
+        pytest.skip("libfaketime is not installed: no other clock to give a worker")
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    started, go = make_fifo(tmp_path, "started"), make_fifo(tmp_path, "go")
+    env = {"FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(go)}
+    home = tmp_path / "remote"
+    home.mkdir()
+    clock = tmp_path / "clock"
+    clock.write_text("+600s\n")
+    faked = {
+        "LD_PRELOAD": str(libs[0]),
+        "FAKETIME_TIMESTAMP_FILE": str(clock),
+        "FAKETIME_NO_CACHE": "1",  # the file read at each call: a step seen at once
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # a wall clock's step, as NTP's
+    }
+    worker = subprocess.Popen(
+        [
+            EXE,
+            "--config",
+            str(worker_toml(home / "worker.toml", redis_url, env)),
+            "--state",
+            str(home / "state"),
+            "worker",
+        ],
+        cwd=home,
+        env={**os.environ, **faked},
+        stderr=subprocess.DEVNULL,
+    )
+    sweep = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "sweep", "--reviewer", "fake", "--workers", "0", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        await_fifo(started)
+        clock.write_text("+0s\n")
+        with open(go, "w") as fifo:
+            fifo.write("go\n")
+        _, err = sweep.communicate(timeout=60)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+        stop(worker)
+    assert sweep.returncode == 0, err
+    with db(kb) as conn:
+        (row,) = conn.execute("SELECT started_at, launched_at, ended_at, recorded_at FROM attempts")
+    started_at, launched, ended, recorded = (parse_timestamp(t).timestamp() for t in row)
+    assert started_at - 2 <= launched <= ended <= recorded + 2, dict(row)
+
+
 def test_an_attempt_that_waited_for_an_agent_slot_past_its_lease_is_not_started(
     kb, tmp_path, monkeypatch
 ):

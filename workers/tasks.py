@@ -371,7 +371,13 @@ def _run_prepared(
     job_id, attempt, name = msg["job_id"], msg["attempt"], msg["reviewer"]
     folder = spec.attempt_dir
     beat = _Beats(job_id, attempt, msg.get("opened_at"))
-    ahead_s = _queue_ahead_s()
+    # How far the queue's clock is, read at the launch and again at the end: a clock
+    # stepped meanwhile (NTP started, set by hand) ended an attempt before its launch.
+    launch_ahead: list[float] = []
+
+    def launched(at: str) -> None:
+        launch_ahead.append(_queue_ahead_s())
+        beat.launched(_on_queue_clock(at, launch_ahead[0]))
 
     with _agent_slot(profile, beat, msg) as got:
         if _expired(msg) or not got:  # it waited for a free agent slot past its lease
@@ -389,7 +395,7 @@ def _run_prepared(
                 max_output_bytes=msg["max_output_bytes"],
                 on_tick=beat.send,
                 tick_s=msg["heartbeat_s"],
-                on_launch=lambda at: beat.launched(_on_queue_clock(at, ahead_s)),
+                on_launch=launched,
                 registry=registry_dir(place.folder),
                 keep_tmpdir=True,
             )
@@ -433,8 +439,9 @@ def _run_prepared(
         duration_s=round(outcome.duration_s, 3),
     )
     outcome.notices = notices
-    outcome.started_at = _on_queue_clock(outcome.started_at, ahead_s)
-    outcome.ended_at = _on_queue_clock(outcome.ended_at, ahead_s)
+    end_ahead = _queue_ahead_s()
+    outcome.started_at = _on_queue_clock(outcome.started_at, (launch_ahead or [end_ahead])[0])
+    outcome.ended_at = _on_queue_clock(outcome.ended_at, end_ahead)
     try:
         with REPORTING.beating(beat, msg["heartbeat_s"]):
             _report(outcome, _evidence(spec), msg)
