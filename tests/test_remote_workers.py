@@ -12,6 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,9 +43,12 @@ def worker_toml(path: Path, url: str, env: dict[str, str] | None = None) -> Path
     return path
 
 
-def start_worker(tmp_path: Path, url: str, env: dict[str, str] | None = None, *extra: str):
+def start_worker(
+    tmp_path: Path, url: str, env: dict[str, str] | None = None, *extra: str, stderr=None
+):
     """``reviewq --config worker.toml --state W worker`` from an empty folder: no KB, no
-    state folder of the control process, nothing but the file and its own folder."""
+    state folder of the control process, nothing but the file and its own folder; its
+    stderr to ``stderr`` (a file), or nowhere."""
     home = tmp_path / "remote"
     home.mkdir(exist_ok=True)
     config = worker_toml(home / "worker.toml", url, env)
@@ -60,7 +65,7 @@ def start_worker(tmp_path: Path, url: str, env: dict[str, str] | None = None, *e
             *extra,
         ],
         cwd=home,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr or subprocess.DEVNULL,
     ), home
 
 
@@ -2321,17 +2326,21 @@ def test_a_hostile_workers_ranges_redact_no_more_than_their_bound_in_linear_time
     assert "ééé" not in "".join(secrets)
 
 
-def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_reaped(
-    kb, tmp_path, redis_url
-):
-    """A worker SIGKILLed with its agent running, started again: its reap at start found
-    the dead one's attempt, and said so in its own log alone. The control waited
-    a lease without a heartbeat (minutes for a real agent; 300 s here) before it ran the
-    job again. The new worker tells it, and the attempt is lost and sent again at once,
-    the story in the control's `logs --job`; the one pair accepted once. The agent ended
-    with its worker, before any other started (its guard): it ran on, past its deadline
-    and paid for, until a worker started on that host, if one ever did."""
-    from .test_queue_integration import _await_exit, _await_logged, await_fifo, make_fifo
+@dataclass
+class _Hanging:
+    worker: subprocess.Popen
+    sweep: subprocess.Popen
+    agent: int  # the first attempt's, a 600-s agent
+    env: dict[str, str]  # the worker's reviewer's
+    fifo: Path  # where each attempt's agent says it runs
+
+
+@contextlib.contextmanager
+def _hanging_agent(kb, tmp_path: Path, redis_url: str, stderr=None) -> Iterator[_Hanging]:
+    """A remote worker on a real redis-server running a sweep's one job, whose first
+    attempt's agent hangs for 600 s (the next behaves), its heartbeat heard; the sweep,
+    the worker (the one a test puts in ``.worker``) and the agent are ended after."""
+    from .test_queue_integration import _await_logged, await_fifo, make_fifo
 
     small(kb, notes=1)
     kb.write(
@@ -2342,33 +2351,68 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     )
     fifo = make_fifo(tmp_path, "started")
     env = {"FAKE_MODE_1": "hang", "FAKE_MODE": "good", "FAKE_NOTIFY_FIFO": str(fifo)}
-    worker, _ = start_worker(tmp_path, redis_url, env)
+    worker, _ = start_worker(tmp_path, redis_url, env, stderr=stderr)
     sweep = subprocess.Popen(
         [EXE, "--root", str(kb.root), "sweep", "--reviewer", "fake", "--workers", "0", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    agent = None
+    run = None
     try:
         agent, worker_pid, attempt = map(int, await_fifo(fifo).split())
         assert (worker_pid, attempt) == (worker.pid, 1)
         _await_logged(kb, "attempt.started")  # its first heartbeat: running, by that worker
-        worker.kill()
-        worker.wait(timeout=10)
-        _await_exit([agent], timeout=30)  # a 600-s agent: ended by its guard alone
-        os.unlink(fifo)  # the next attempt need not report
-        worker, _ = start_worker(tmp_path, redis_url, env)
-        out, err = sweep.communicate(timeout=60)  # far less than the lease
+        run = _Hanging(worker, sweep, agent, env, fifo)
+        yield run
     finally:
         if sweep.poll() is None:
             sweep.kill()
             sweep.wait()
-        stop(worker)
-        if agent is not None:
+        if run is not None:  # first: a worker's stop waits for the agents it runs
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent, signal.SIGKILL)
-    assert sweep.returncode == 0, err
+                os.killpg(run.agent, signal.SIGKILL)
+        stop(run.worker if run is not None else worker)
+
+
+def _guard_of(worker: subprocess.Popen) -> int:
+    """The worker's guard: its child (of any of its threads) running ``workers.guard``."""
+    children = [
+        int(pid)
+        for task in Path(f"/proc/{worker.pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    (guard,) = [p for p in children if b"workers.guard" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return guard
+
+
+def _died(tmp_path: Path) -> list[dict]:
+    """The ``worker.died`` lines of :func:`start_worker`'s worker's own log."""
+    own = tmp_path / "remote/state/logs/reviewq.jsonl"
+    return [e for e in map(json.loads, own.read_text().splitlines()) if e["event"] == "worker.died"]
+
+
+def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_reaped(
+    kb, tmp_path, redis_url
+):
+    """A worker SIGKILLed with its agent running, started again: its reap at start found
+    the dead one's attempt, and said so in its own log alone. The control waited
+    a lease without a heartbeat (minutes for a real agent; 300 s here) before it ran the
+    job again. The new worker tells it, and the attempt is lost and sent again at once,
+    the story in the control's `logs --job`; the one pair accepted once. The agent ended
+    with its worker, before any other started (its guard): it ran on, past its deadline
+    and paid for, until a worker started on that host, if one ever did."""
+    from .test_queue_integration import _await_exit
+
+    with _hanging_agent(kb, tmp_path, redis_url) as run:
+        worker_pid, agent = run.worker.pid, run.agent
+        run.worker.kill()
+        run.worker.wait(timeout=10)
+        _await_exit([agent], timeout=30)  # a 600-s agent: ended by its guard alone
+        os.unlink(run.fifo)  # the next attempt need not report
+        run.worker, _ = start_worker(tmp_path, redis_url, run.env)
+        out, err = run.sweep.communicate(timeout=60)  # far less than the lease
+    assert run.sweep.returncode == 0, err
     with db(kb) as conn:
         outcomes = [tuple(r) for r in conn.execute("SELECT attempt, outcome FROM attempts")]
         (reasons,) = conn.execute("SELECT reasons FROM attempts WHERE attempt = 1").fetchone()
@@ -2395,6 +2439,30 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     (line,) = [x for x in said.splitlines() if x.strip().startswith("attempt 1:")]
     assert line.strip().startswith("attempt 1: lost, ") and "no word" not in said, said
     assert f"its worker {dead} died; the worker " in said, said
+
+
+def test_a_guard_given_its_workers_stop_signals_guards_on(kb, tmp_path, redis_url):
+    """A unit whose KillMode signals every process of its cgroup (systemd's default), or a
+    `pkill -f` of a state folder's name, gave the guard its worker's stop signals: SIGINT
+    ended it with a KeyboardInterrupt's traceback in the worker's stderr (its journal),
+    SIGTERM and SIGHUP silently, and the worker, still draining or running on, was
+    unguarded: killed then, its 600-s agent ran on. The guard ends by its pipe alone."""
+    from .test_queue_integration import _await_exit
+
+    with (
+        open(tmp_path / "worker.stderr", "wb") as stderr,
+        _hanging_agent(kb, tmp_path, redis_url, stderr=stderr) as run,
+    ):
+        guard = _guard_of(run.worker)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(guard, sig)
+        run.worker.kill()
+        run.worker.wait(timeout=10)
+        _await_exit([run.agent], timeout=30)
+        _await_exit([guard], timeout=30)
+    (died,) = _died(tmp_path)
+    assert died["process_groups"] == [run.agent], died
+    assert "Traceback" not in (tmp_path / "worker.stderr").read_text()
 
 
 def test_a_worker_that_cannot_start_its_guard_says_what_a_kill_of_it_leaves(tmp_path, monkeypatch):

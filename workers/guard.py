@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -52,6 +53,12 @@ class Guard:
 
 def main(argv: list[str]) -> int:
     state_dir, worker_pid = Path(argv[0]), int(argv[1])
+    # Its worker's stop signals are the worker's: a unit whose KillMode signals the whole
+    # cgroup (systemd's default), or a `pkill -f` of the state folder's name, ended the
+    # guard (SIGINT with a traceback in the worker's journal) and left the worker, still
+    # draining or running on, unguarded. It ends by its pipe alone.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     if os.read(0, 1) == LEAVING:
         return 0
     # Imported only now: a guard waits for months in a bare interpreter.
