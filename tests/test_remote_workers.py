@@ -2465,6 +2465,33 @@ def test_a_guard_given_its_workers_stop_signals_guards_on(kb, tmp_path, redis_ur
     assert "Traceback" not in (tmp_path / "worker.stderr").read_text()
 
 
+def test_a_worker_whose_guard_ends_says_so_and_starts_another(kb, tmp_path, redis_url):
+    """A guard killed (SIGKILL, by hand or a cgroup's OOM killer) under a live worker:
+    the worker said nothing, and a kill of it then left its agents running until the next
+    worker's start, for good with none. It says `worker.guard_ended` and starts another,
+    which ends the agent as the first would have."""
+    from types import SimpleNamespace
+
+    from .test_queue_integration import _await_exit, _await_logged
+
+    with _hanging_agent(kb, tmp_path, redis_url) as run:
+        first = _guard_of(run.worker)
+        os.kill(first, signal.SIGKILL)
+        own = SimpleNamespace(state=tmp_path / "remote/state")
+        _await_logged(own, "worker.guard_ended", timeout=30)
+        second = _guard_of(run.worker)
+        assert second != first
+        run.worker.kill()
+        run.worker.wait(timeout=10)
+        _await_exit([run.agent, second], timeout=30)  # the guard logs, then ends
+    lines = [json.loads(x) for x in (own.state / "logs/reviewq.jsonl").read_text().splitlines()]
+    (said,) = [e for e in lines if e["event"] == "worker.guard_ended"]
+    assert said["reason"].startswith(f"its guard (pid {first}) ended (killed by SIGKILL"), said
+    assert said["reason"].endswith("another guards the worker now"), said
+    (died,) = _died(tmp_path)
+    assert died["process_groups"] == [run.agent], died
+
+
 def test_a_worker_that_cannot_start_its_guard_says_what_a_kill_of_it_leaves(tmp_path, monkeypatch):
     """A guard that cannot start (a pids limit: EAGAIN) does not stop the worker, which
     says in one line that a kill of it leaves its agents to the next worker's start."""

@@ -904,7 +904,7 @@ def run_attempt(
         out.classification = REVIEWER_FAILURE
         out.reasons = [
             "pids: the worker's pids cgroup refused the agent a process at its pids.max "
-            f"(raise it, or lower the concurrency); {_exit_said(out.exit_code)}: {why}"
+            f"(raise it, or lower the concurrency); {exit_said(out.exit_code)}: {why}"
         ]
     elif telemetry.error_subtype == OUTPUT_LIMIT:
         # The model answered until its output-token cap: the job is too big for one
@@ -929,7 +929,7 @@ def run_attempt(
         why = telemetry.error or _tail(spec.stderr_path)
         before = " before asking a model" if slow else ""
         out.reasons = [
-            f"{_exit_said(out.exit_code)} after {out.duration_s:.1f} s with no turns{before}: {why}"
+            f"{exit_said(out.exit_code)} after {out.duration_s:.1f} s with no turns{before}: {why}"
         ]
         said = version_said(reviewer, spec.root)
         if said is not None and said[0] is not True:
@@ -939,7 +939,7 @@ def run_attempt(
     else:
         out.classification = NO_OUTPUT
         out.reasons = [
-            _exit_said(out.exit_code) + ("" if cut else f" without writing {spec.output_path.name}")
+            exit_said(out.exit_code) + ("" if cut else f" without writing {spec.output_path.name}")
         ]
         why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
         if why:
@@ -1521,7 +1521,7 @@ _SIGNAL_HINT = {
 }
 
 
-def _exit_said(code: int | None) -> str:
+def exit_said(code: int | None) -> str:
     """How an agent ended, in words: its exit code, or the signal that killed it."""
     if code is None or code >= 0:
         return f"exited {code}"

@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 # What a worker that ends by itself writes before it closes its end.
@@ -25,15 +26,25 @@ LEAVING = b"."
 
 
 class Guard:
-    """The guard of this worker process, for ``state_dir``'s registry of its agents."""
+    """The guard of this worker process, for ``state_dir``'s registry of its agents. One
+    that ends under the live worker (killed by hand or by a cgroup's OOM killer) is said,
+    and another started: the worker noticed nothing, and a kill of it then left its
+    agents running until the next worker's start."""
 
     def __init__(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self._lock = threading.Lock()  # a leave and a restart, one at a time
+        self._leaving = False
+        self._start()
+        threading.Thread(target=self._watch, name="guard-watch", daemon=True).start()
+
+    def _start(self) -> None:
         from .attempt import start_own
         from .reviewers.base import python_module
 
         read, self._write = os.pipe()  # neither inherited by an agent (PEP 446)
         try:
-            argv = [*python_module("workers.guard"), str(state_dir), str(os.getpid())]
+            argv = [*python_module("workers.guard"), str(self._state_dir), str(os.getpid())]
             self.proc = start_own(argv, stdin=read)
         except BaseException:
             os.close(self._write)
@@ -41,13 +52,43 @@ class Guard:
         finally:
             os.close(read)
 
+    def _watch(self) -> None:
+        from orchestrator import logs
+
+        from .attempt import exit_said, own_ended
+
+        while True:
+            ended = self.proc
+            ended.wait()
+            with self._lock:
+                if self._leaving:
+                    return
+                own_ended(ended, 0)
+                os.close(self._write)
+                said = f"its guard (pid {ended.pid}) ended ({exit_said(ended.returncode)})"
+                try:
+                    self._start()
+                except OSError as exc:
+                    logs.get().warning(
+                        "worker.unguarded",
+                        reason=f"{said}, and another cannot start ({exc}): a kill of this "
+                        "worker leaves its agents running until the next worker started "
+                        "on this host",
+                    )
+                    return
+            logs.get().warning(
+                "worker.guard_ended", reason=f"{said}; another guards the worker now"
+            )
+
     def leave(self) -> None:
         """This worker ends by itself: its guard goes, and ends nothing."""
         from .attempt import own_ended
 
-        with contextlib.suppress(OSError):
-            os.write(self._write, LEAVING)
-        os.close(self._write)
+        with self._lock:
+            self._leaving = True
+            with contextlib.suppress(OSError):
+                os.write(self._write, LEAVING)
+            os.close(self._write)
         own_ended(self.proc)
 
 
