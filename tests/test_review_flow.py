@@ -1467,6 +1467,7 @@ def as_release_25(flow) -> None:
         conn.execute("ALTER TABLE review_pairs DROP COLUMN note_commit")
         conn.execute("DROP INDEX escalations_pair")  # and migration 27's, after it
         conn.execute("DROP INDEX escalations_job")
+        conn.execute("ALTER TABLE sweep_runs DROP COLUMN cron_at")  # and migration 28's
         conn.execute("DELETE FROM schema_migrations WHERE version >= 26")
 
 
