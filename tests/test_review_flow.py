@@ -1459,15 +1459,31 @@ def test_a_jobs_commit_is_read_from_gits_files_in_a_larger_repository(flow, run_
     assert set(recorded_commits(flow, run_cli).values()) == {held}
 
 
+# What each migration after release 25 adds, taken away again. Each one merged after
+# this test was written made it fail on its own statement run twice ("duplicate column
+# name: cron_at", 27's indexes before): the next one is named here, or the test says so.
+AFTER_RELEASE_25 = {
+    26: (
+        "ALTER TABLE acceptance DROP COLUMN note_commit",
+        "ALTER TABLE review_pairs DROP COLUMN note_commit",
+    ),
+    27: ("DROP INDEX escalations_pair", "DROP INDEX escalations_job"),
+    28: ("ALTER TABLE sweep_runs DROP COLUMN cron_at",),
+}
+
+
 def as_release_25(flow) -> None:
     """state.db made back into one of the release before migration 26, its reviews and
     queued jobs as they are: no commit kept with them."""
+    from orchestrator.state.migrations import LATEST
+
+    assert max(AFTER_RELEASE_25) == LATEST, (
+        f"migration {LATEST}: name in AFTER_RELEASE_25 what it adds, to be taken away"
+    )
     with contextlib.closing(sqlite3.connect(flow.state / "state.db")) as conn, conn:
-        conn.execute("ALTER TABLE acceptance DROP COLUMN note_commit")
-        conn.execute("ALTER TABLE review_pairs DROP COLUMN note_commit")
-        conn.execute("DROP INDEX escalations_pair")  # and migration 27's, after it
-        conn.execute("DROP INDEX escalations_job")
-        conn.execute("ALTER TABLE sweep_runs DROP COLUMN cron_at")  # and migration 28's
+        for version in sorted(AFTER_RELEASE_25, reverse=True):
+            for statement in AFTER_RELEASE_25[version]:
+                conn.execute(statement)
         conn.execute("DELETE FROM schema_migrations WHERE version >= 26")
 
 
