@@ -3218,12 +3218,14 @@ def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_pa
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         children.start()
         agent, worker, _ = map(int, await_fifo(fifo).split())
+        guard = guard_of(worker)
         children.restarts["worker"] = 3  # three deaths already, in a row
         os.kill(worker, signal.SIGKILL)
         children.procs["worker"].wait(timeout=30)
         children.check()
         assert children.failed and "worker" not in children.procs
         _await_exit([agent], timeout=10)  # killed: it hangs for an hour otherwise
+        _await_exit([guard])  # which says the death in the worker's log, then ends
     finally:
         children.stop()
         ws.close()
@@ -3372,6 +3374,18 @@ def test_a_busy_control_queue_does_not_hold_up_the_agents_deadline(kb, tmp_path)
         if agent:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent, signal.SIGKILL)
+
+
+def guard_of(worker: int) -> int:
+    """A live worker's guard (:mod:`workers.guard`): its child, which outlives it a while
+    when it is killed (its imports, the agents' end, a log line), longer than the grace
+    after a test under load."""
+    for task in Path(f"/proc/{worker}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):  # a child just ended
+                if b"workers.guard" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return int(pid)
+    raise AssertionError(f"worker {worker} has no guard")
 
 
 def _stop_all(guard: threading.Timer, procs: list[subprocess.Popen]) -> None:
