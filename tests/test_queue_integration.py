@@ -1242,13 +1242,7 @@ def test_messages_left_in_the_sqlite_queue_are_moved_to_redis_when_the_url_is_se
         assert left.execute("SELECT count(*) FROM task").fetchone()[0] > 0
     with redis_server(tmp_path) as url:
         kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE + f'url = "{url}"\n')
-        env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-        control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-        try:
-            assert _until(control.stderr, "job.finalized", "attempt.lost") == "job.finalized"
-        finally:
-            stop(control)
-            control.stderr.close()
+        assert _control_until(base, "job.finalized", "attempt.lost") == "job.finalized"
     with left:
         assert left.execute("SELECT count(*) FROM task").fetchone()[0] == 0
     left.close()
@@ -1325,15 +1319,21 @@ def _kill_control_mid_move(base: list[str], fifo: Path) -> None:
         control.wait()
 
 
-def _start_and_stop_control(base: list[str]) -> None:
-    """A control started with ``base`` until it has started (its move done), then stopped."""
+def _control_until(base: list[str], *events: str) -> str:
+    """A control started with ``base`` until its log says one of ``events`` (the one it
+    says is returned), then stopped."""
     env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
     control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
     try:
-        assert _until(control.stderr, "control.started") == "control.started"
+        return _until(control.stderr, *events)
     finally:
         stop(control)
         control.stderr.close()
+
+
+def _start_and_stop_control(base: list[str]) -> None:
+    """A control started with ``base`` until it has started (its move done), then stopped."""
+    assert _control_until(base, "control.started") == "control.started"
 
 
 def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb, tmp_path):
@@ -4213,13 +4213,7 @@ def test_status_names_the_cron_minute_a_late_run_stands_for_and_when_it_started(
     with contextlib.closing(db(kb)) as conn, conn:
         conn.execute("INSERT INTO cron_state (name, last_checked) VALUES ('nightly', ?)", (looked,))
     base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-    try:
-        assert _until(control.stderr, "sweep.enqueued", "sweep.missed") == "sweep.enqueued"
-    finally:
-        stop(control)
-        control.stderr.close()
+    assert _control_until(base, "sweep.enqueued", "sweep.missed") == "sweep.enqueued"
     res = rq(kb, "status", "--json")
     assert res.returncode == 0, res.stderr
     (nightly,) = json.loads(res.stdout)["sweeps"]
