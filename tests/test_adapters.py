@@ -1188,6 +1188,11 @@ def test_doctor_says_what_is_wrong_with_a_program_given_by_its_path(run_cli, kb,
         (tmp_path / "gone.sh", f"{tmp_path / 'gone.sh'}: no such file"),
         ("tools/plain.sh", f"tools/plain.sh is not executable (chmod +x {kb.root}/tools/plain.sh)"),
         ("tools/dir.sh", "tools/dir.sh is a folder, not a program"),
+        # No shell starts an agent: "is no program under the KB root" of a home's script.
+        (
+            "~/bin/review.sh",
+            "~/bin/review.sh: ~ is not expanded (no shell starts it); give the full path",
+        ),
     ):
         kb.write("reviewq.toml", f'[reviewers.x]\nkind = "command"\ncommand = ["{program}"]\n')
         res = run_cli("doctor")
@@ -1198,6 +1203,33 @@ def test_doctor_says_what_is_wrong_with_a_program_given_by_its_path(run_cli, kb,
     )
     line = next(x for x in run_cli("doctor").stdout.splitlines() if "reviewer c" in x)
     assert line == f"problem: reviewer c (claude): {script} is not executable (chmod +x {script})"
+
+
+def test_doctor_names_a_program_whose_folder_cannot_be_searched(kb, tmp_path):
+    """A program under a folder this user may not search: `Path.is_dir` raised
+    PermissionError (it passes over only "not found"), and doctor stopped at that reviewer
+    with "error: …: Permission denied (run reviewq as a user who may read and write the
+    state folder and the KB)", its later checks not made. Run without the capabilities
+    that pass a mode (as root here)."""
+    from .conftest import bound_by_file_modes, reviewq_process
+
+    wrap = bound_by_file_modes()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "review.sh").write_text("#!/bin/sh\nexit 0\n")
+    (locked / "review.sh").chmod(0o755)
+    kb.write("reviewq.toml", f'[reviewers.x]\nkind = "command"\ncommand = ["{locked}/review.sh"]\n')
+    locked.chmod(0o000)
+    try:
+        res = reviewq_process("--root", str(kb.root), "doctor", wrap=wrap)
+    finally:
+        locked.chmod(0o755)
+    assert re.fullmatch(r"error: \d+ problem\(s\)\n", res.stderr), res.stderr
+    line = next(x for x in res.stdout.splitlines() if "reviewer x" in x)
+    assert line == (
+        f"problem: reviewer x (command): {locked}/review.sh: a folder of its path may not be "
+        "searched by this user (Permission denied)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import shutil
+import stat
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -953,15 +954,28 @@ def _program_problem(root: Path, exe: str) -> str | None:
     `worker --kb`'s), not from wherever doctor was typed."""
     if os.sep not in exe:
         return None if shutil.which(exe) else f"{exe} not on PATH"
+    if exe.startswith("~"):
+        # An agent is started with no shell: "no program under the KB root" of ~/bin/x.
+        return f"{exe}: ~ is not expanded (no shell starts it); give the full path"
     path = Path(exe) if os.path.isabs(exe) else root / exe
     if shutil.which(str(path)):
         return None
     # A path given is looked for there alone: "not on PATH" sent a person to fix PATH for
     # a script that was there but not executable (the worker's launch said "Permission
     # denied"), or for a path to nothing.
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except PermissionError as exc:
+        # A folder on the way this user may not search: is_dir raised, and doctor ended
+        # there with a line about the state folder and the KB.
+        return f"{exe}: a folder of its path may not be searched by this user ({exc.strerror})"
+    except OSError as exc:  # a loop of links, a name too long
+        return f"{exe}: {exc.strerror or exc}"
+    if mode is not None and stat.S_ISDIR(mode):
         return f"{exe} is a folder, not a program"
-    if path.exists():
+    if mode is not None:
         return f"{exe} is not executable (chmod +x {path})"
     if os.path.isabs(exe):
         return f"{exe}: no such file"
