@@ -357,10 +357,11 @@ def event_matches(given: str, event: object) -> bool:
     words, with or without the dot (`attempt` and `attempt.` are every `attempt.*`; not
     `attempt.start`, a word cut short). Matched exactly, `JOB.FAILED` and `attempt`
     showed nothing and exited 0, a quiet night to the person who typed them: reviewq's
-    events are lower case, and no two differ by case alone."""
-    want = given.casefold().rstrip(".")
+    events are lower case, and no two differ by case alone. A trailing `*` is the same
+    prefix (`attempt.*`, as the help writes it); `*` alone is every event."""
+    want = given.casefold().rstrip(".*")
     got = str(event).casefold() if event is not None else ""
-    return got == want or got.startswith(want + ".")
+    return not want or got == want or got.startswith(want + ".")
 
 
 def _jobs_of(rec: dict) -> list[object]:

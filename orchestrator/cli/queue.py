@@ -592,7 +592,7 @@ def _log_period(
     default=None,
     callback=not_blank,
     help="Only this event, in any case (job.failed), or every event under a dotted prefix "
-    "(attempt or attempt.: each attempt.* event; whole words: not attempt.start).",
+    "(attempt, attempt. or 'attempt.*': each attempt.* event; whole words: not attempt.start).",
 )
 @click.option(
     "--since",
