@@ -477,13 +477,8 @@ def test_a_fatal_level_is_critical_on_a_commands_stderr():
         assert line == "error: store.lost"
 
 
-def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
-    """OPERATIONS' "everything that went wrong tonight" jq recipe picked `reason` only: a
-    job that failed its attempts, a retry and a reviewer failure log `reasons`, so each
-    such line read `"reason": null`, a failure with no why."""
-    jq = shutil.which("jq")
-    if jq is None:
-        pytest.skip("jq is not installed")
+def _night_whose_job_failed(kb) -> None:  # noqa: ANN001 - a KBBuilder
+    """A real sweep's night of one note whose agent writes nothing: its job failed."""
     from .test_cycles_integration import profile
     from .test_queue_integration import FAST_QUEUE
 
@@ -497,6 +492,16 @@ def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
         timeout=120,
     )
     assert sweep.returncode == 1 and "failed job" in sweep.stdout, sweep.stderr
+
+
+def test_the_went_wrong_recipe_shows_why_a_job_failed(kb):
+    """OPERATIONS' "everything that went wrong tonight" jq recipe picked `reason` only: a
+    job that failed its attempts, a retry and a reviewer failure log `reasons`, so each
+    such line read `"reason": null`, a failure with no why."""
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.skip("jq is not installed")
+    _night_whose_job_failed(kb)
     docs = (Path(__file__).parents[1] / "docs" / "OPERATIONS.md").read_text().splitlines()
     recipe = docs[docs.index("# everything that went wrong tonight") + 1]
     assert recipe.startswith("jq ") and recipe.endswith(" $L"), recipe
@@ -518,19 +523,7 @@ def test_an_event_is_matched_in_any_case_and_by_its_dotted_words(kb, run_cli):
     """`logs --event JOB.FAILED`, and `--event attempt` (every attempt's lines, as a person
     says it), showed nothing and exited 0 after a night whose jobs failed: matched exactly,
     case and dot included. A real sweep's log, its crashing agent failing the job."""
-    from .test_cycles_integration import profile
-    from .test_queue_integration import FAST_QUEUE
-
-    kb.gate("frontmatter/has-description", ["description"])
-    kb.note("a")
-    kb.write("reviewq.toml", profile("fake", FAKE_MODE="nothing") + FAST_QUEUE)
-    sweep = subprocess.run(
-        [EXE, "--root", str(kb.root), "sweep", "--all-gates", "--reviewer", "fake"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert sweep.returncode == 1 and "failed job" in sweep.stdout, sweep.stderr
+    _night_whose_job_failed(kb)
 
     def events(*args: str) -> list[str]:
         res = run_cli("logs", "--json", *args)

@@ -44,11 +44,17 @@ def worker_toml(path: Path, url: str, env: dict[str, str] | None = None) -> Path
 
 
 def start_worker(
-    tmp_path: Path, url: str, env: dict[str, str] | None = None, *extra: str, stderr=None
+    tmp_path: Path,
+    url: str,
+    env: dict[str, str] | None = None,
+    *extra: str,
+    stderr=None,
+    process_env: dict[str, str] | None = None,
 ):
     """``reviewq --config worker.toml --state W worker`` from an empty folder: no KB, no
     state folder of the control process, nothing but the file and its own folder; its
-    stderr to ``stderr`` (a file), or nowhere."""
+    stderr to ``stderr`` (a file), or nowhere; ``process_env`` over this process's
+    environment (another machine's clock), where ``env`` is its agents'."""
     home = tmp_path / "remote"
     home.mkdir(exist_ok=True)
     config = worker_toml(home / "worker.toml", url, env)
@@ -65,6 +71,7 @@ def start_worker(
             *extra,
         ],
         cwd=home,
+        env={**os.environ, **process_env} if process_env else None,
         stderr=stderr or subprocess.DEVNULL,
     ), home
 
@@ -130,12 +137,14 @@ def test_a_worker_with_only_the_queue_reviews_and_fixes(kb, tmp_path, redis_url)
     assert "attempt.started" in story.stdout and "attempt.ended" in story.stdout
 
 
-def _swept_by_a_remote_worker(kb, tmp_path, redis_url, env: dict[str, str]):  # noqa: ANN001, ANN202
+def _swept_by_a_remote_worker(kb, tmp_path, redis_url, env: dict[str, str], process_env=None):  # noqa: ANN001, ANN202
     """A sweep of one note whose agent runs in a worker with ``env`` (where the agent
-    quotes $AGENT_TOKEN in its rationale), the control's settings knowing none of it."""
+    quotes $AGENT_TOKEN in its rationale), the control's settings knowing none of it; the
+    worker's process with ``process_env`` (:func:`start_worker`)."""
     small(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
-    worker, _ = start_worker(tmp_path, redis_url, {"FAKE_QUOTE": "AGENT_TOKEN", **env})
+    env = {"FAKE_QUOTE": "AGENT_TOKEN", **env}
+    worker, _ = start_worker(tmp_path, redis_url, env, process_env=process_env)
     try:
         res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json")
     finally:
@@ -1083,28 +1092,13 @@ def test_a_worker_whose_clock_is_off_times_expiry_by_the_queues_clock(
     """The expiry was the control's epoch time, read against the worker's own clock: one
     running ahead declined every message (dispatched, reaped and dispatched again for
     good); one running behind would start attempts already given up."""
-    small(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
     skew = tmp_path / "skew"
     skew.mkdir()
     (skew / "sitecustomize.py").write_text(
         f"import time\n_real = time.time\ntime.time = lambda: _real() + {skew_s}\n"
     )
-    home = tmp_path / "remote"
-    home.mkdir()
-    config = worker_toml(home / "worker.toml", redis_url)
-    worker = subprocess.Popen(
-        [EXE, "--config", str(config), "--state", str(home / "state"), "worker"],
-        cwd=home,
-        env={**os.environ, "PYTHONPATH": str(skew)},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json", timeout=60)
-    finally:
-        stop(worker)
-    assert res.returncode == 0, res.stderr
-    own = (home / "state" / "logs" / "reviewq.jsonl").read_text()
+    _swept_by_a_remote_worker(kb, tmp_path, redis_url, {}, process_env={"PYTHONPATH": str(skew)})
+    own = (tmp_path / "remote" / "state" / "logs" / "reviewq.jsonl").read_text()
     assert '"attempt.expired"' not in own and '"attempt.exited"' in own
 
 
@@ -1122,22 +1116,8 @@ def test_a_workers_times_of_an_attempt_are_stored_on_the_queues_clock(
     libs = sorted(Path("/usr").glob("lib*/**/faketime/libfaketime.so.1"))
     if not libs:
         pytest.skip("libfaketime is not installed: no other clock to give a worker")
-    small(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
-    home = tmp_path / "remote"
-    home.mkdir()
-    config = worker_toml(home / "worker.toml", redis_url, {"FAKE_SLEEP": "1"})
-    worker = subprocess.Popen(
-        [EXE, "--config", str(config), "--state", str(home / "state"), "worker"],
-        cwd=home,
-        env={**os.environ, "LD_PRELOAD": str(libs[0]), "FAKETIME": skew},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        res = rq(kb, "sweep", "--reviewer", "fake", "--workers", "0", "--json", timeout=60)
-    finally:
-        stop(worker)
-    assert res.returncode == 0, res.stderr
+    clock = {"LD_PRELOAD": str(libs[0]), "FAKETIME": skew}
+    _swept_by_a_remote_worker(kb, tmp_path, redis_url, {"FAKE_SLEEP": "1"}, process_env=clock)
     with db(kb) as conn:
         rows = conn.execute(
             "SELECT started_at, launched_at, ended_at, recorded_at FROM attempts"
@@ -2376,7 +2356,12 @@ def _hanging_agent(kb, tmp_path: Path, redis_url: str, stderr=None) -> Iterator[
         if run is not None:  # first: a worker's stop waits for the agents it runs
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.agent, signal.SIGKILL)
-        stop(run.worker if run is not None else worker)
+        ended = run.worker if run is not None else worker
+        stop(ended)
+        # A killed worker's kept TMPDIR is the next worker's start to remove (its guard
+        # leaves it, as it leaves the registry): none starts here.
+        for kept in Path(os.environ["TMPDIR"]).glob(f"reviewq-worker-{ended.pid}-*"):
+            shutil.rmtree(kept, ignore_errors=True)
 
 
 def _guard_of(worker: subprocess.Popen) -> int:
