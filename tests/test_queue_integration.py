@@ -3991,6 +3991,15 @@ def test_a_sweeps_control_leaves_the_folders_the_sweep_is_writing_to_it(kb, monk
     control_ws.close()
 
 
+def _await_control_queue_empty(kb, timeout: float = 30) -> None:  # noqa: ANN001 - a KBBuilder
+    """Until the control's SQLite queue holds no message: what was sent to it is taken."""
+    deadline = time.monotonic() + timeout
+    with contextlib.closing(sqlite3.connect(kb.state / "queue" / "control.db")) as queue:
+        while queue.execute("SELECT count(*) FROM task").fetchone()[0]:
+            assert time.monotonic() < deadline, f"the control took nothing in {timeout} s"
+            time.sleep(0.02)
+
+
 def test_a_job_whose_folder_an_enqueue_is_writing_is_dispatched_once_it_is_written(kb):
     """Stop 31 starts a sweep's control at the jobs' commit, while the sweep still writes
     their folders: its dispatch met a folder the sweep held, logged two ERROR lines and
@@ -4006,6 +4015,10 @@ def test_a_job_whose_folder_an_enqueue_is_writing_is_dispatched_once_it_is_writt
     kb.write("reviewq.toml", fake_profile())  # the default reaper_seconds: a minute
     env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
     control, _ = _start_control(kb, env, "service")
+    # The tick the control sends as it starts, taken before the enqueue: run late (a busy
+    # machine), it found the job's files due and wrote them itself, in the moment between
+    # this test's lock and the enqueue's own write (`late`, below; a fresh clone's run).
+    _await_control_queue_empty(kb)
     ws = Workspace.open(kb.root)
     try:
         make_app(ws.settings)
