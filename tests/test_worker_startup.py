@@ -615,9 +615,13 @@ def test_a_worker_beside_a_full_redis_does_not_say_its_running_control_stopped(
             said = _await_event(home, "worker.queue_full", seen)
             assert control.poll() is None  # the control runs on
             assert "refuses writes" in said["reason"] and words in said["reason"], said
-            events = [r["event"] for r in _worker_log(home)[seen:]]
+            records = _worker_log(home)[seen:]
+            events = [r["event"] for r in records]
             assert "worker.queue_unfed" not in events
-            assert not [e for e in events if e.startswith("huey")], events[:5]
+            # Huey's errors (a traceback a read); its own start lines (info) may come after
+            # `worker.started`, the worker's guard started between them (a busy machine).
+            huey = [r for r in records if r["event"].startswith("huey") and r["level"] != "info"]
+            assert not huey, huey[:3]
             doctor = _refused([*args, "doctor", "--worker"], timeout=60)  # and doctor alike
             assert "refuses writes" in doctor.stdout and words in doctor.stdout, doctor.stdout
             assert "has fed" not in doctor.stdout, doctor.stdout
