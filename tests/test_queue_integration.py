@@ -4816,13 +4816,9 @@ def test_a_queue_file_deleted_while_its_processes_run_is_followed_to_the_new_one
     assert replaced and all(e["file"].endswith(f"queue/{queue}.db") for e in replaced)
 
 
-def test_commands_on_a_full_state_disk_say_the_disk_is_full(kb):
-    """The state folder's disk full (OPERATIONS §6.4): SQLite cannot grow state.db's WAL
-    index there and says "disk I/O error", which `status`, `doctor` and every command
-    read as "state.db: not a reviewq database"; a worker's queue file the same way was
-    "another process holds it longer than the busy timeout … run the command again"; and
-    a control whose state.db another process held open (its WAL index made already) met
-    ENOSPC writing its pid to control.lock: "internal error … (please report it)"."""
+def _queued_on_a_small_disk(kb, size: str, **limits: int):  # noqa: ANN001, ANN202 - a KBBuilder; a SmallDisk
+    """A job queued, then the state folder moved onto a small tmpfs of its own (mounted:
+    the caller unmounts it); skips where no tmpfs can be mounted."""
     from .fault.harness import SmallDisk
 
     if os.geteuid() != 0 or shutil.which("mount") is None:
@@ -4832,11 +4828,22 @@ def test_commands_on_a_full_state_disk_say_the_disk_is_full(kb):
     assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
     for bell in (kb.state / "queue").glob("*.bell"):
         bell.unlink()  # FIFOs, which SmallDisk's copy refuses; any process makes them again
-    disk = SmallDisk(kb.state, "2m")
+    disk = SmallDisk(kb.state, size, **limits)
     try:
         disk.mount()
     except PermissionError as exc:
         pytest.skip(str(exc))
+    return disk
+
+
+def test_commands_on_a_full_state_disk_say_the_disk_is_full(kb):
+    """The state folder's disk full (OPERATIONS §6.4): SQLite cannot grow state.db's WAL
+    index there and says "disk I/O error", which `status`, `doctor` and every command
+    read as "state.db: not a reviewq database"; a worker's queue file the same way was
+    "another process holds it longer than the busy timeout … run the command again"; and
+    a control whose state.db another process held open (its WAL index made already) met
+    ENOSPC writing its pid to control.lock: "internal error … (please report it)"."""
+    disk = _queued_on_a_small_disk(kb, "2m")
     full = f"the disk of {kb.state} is full"
     try:
         disk.fill()
@@ -4872,20 +4879,7 @@ def test_commands_on_a_state_disk_out_of_inodes_say_so(kb):
     "unable to open database file", which `status` read as "state.db: not a reviewq
     database" the first time and "reviewq needs write access to the state folder" after,
     to root; S49's look at the disk counted its bytes alone."""
-    from .fault.harness import SmallDisk
-
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a small tmpfs for the state folder")
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile())
-    assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
-    for bell in (kb.state / "queue").glob("*.bell"):
-        bell.unlink()  # FIFOs, which SmallDisk's copy refuses; any process makes them again
-    disk = SmallDisk(kb.state, "64m", inodes=400)
-    try:
-        disk.mount()
-    except PermissionError as exc:
-        pytest.skip(str(exc))
+    disk = _queued_on_a_small_disk(kb, "64m", inodes=400)
     try:
         disk.fill_inodes()
         for args in (("status",), ("status",), ("worker", "--workers", "1"), ("control",)):
