@@ -365,6 +365,9 @@ def test_redo_puts_the_asks_in_the_next_fix_prompt_and_restarts_the_count(cyc):
     # A fresh count: the new cycle counted 1, 2, 3 again and escalated once more.
     assert [r[0] for r in events][-3:] == [1, 2, 3]
     assert [tuple(e) for e in escalations] == [(3, "redo"), (3, None)]
+    # Its report says the asks as they were written, their full stop not doubled.
+    report = (cyc.state / "escalations" / f"escalation-{esc}.md").read_text()
+    assert f", with the asks: {asks}\n" in report
 
 
 def test_a_redo_whose_fix_a_persons_edit_dropped_gives_its_asks_to_the_next_fix(cyc):

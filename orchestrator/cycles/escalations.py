@@ -433,7 +433,8 @@ def report(store: Store, esc_id: int) -> str:
         if e["decision"] == "superseded"
         else f"Decided: {e['decision']} at {e['decided_at'][:19]}Z"
         + (f", with the asks: {e['feedback']}" if e["feedback"] else "")
-        + "."
+        # The asks are a person's sentence, most often with its own full stop.
+        + ("" if (e["feedback"] or "").rstrip().endswith((".", "!", "?")) else ".")
         if e["decision"]
         else f"Decision: `reviewq decide {esc_id} approve` accepts the note as it is for "
         f"{e['gate_id']} (recorded as a human review); "
