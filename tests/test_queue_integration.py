@@ -1336,6 +1336,23 @@ def _start_and_stop_control(base: list[str]) -> None:
     assert _control_until(base, "control.started") == "control.started"
 
 
+def test_a_sweep_counts_the_attempts_it_ran_that_a_control_before_it_dispatched(kb):
+    """A control stopped (an upgrade, a crash) after it dispatched an attempt leaves its
+    message on the queue; the sweep after it runs that attempt and pays for it, but
+    counted an older job's attempts by when they were opened: its summary and its
+    `sweep.finished` line said none of them and none of their cost."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    assert _control_until(base, "attempt.dispatched") == "attempt.dispatched"
+    res = rq(kb, "sweep", "--reviewer", "fake", "frontmatter", "--json", env={"FAKE_TURNS": "1"})
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["enqueued_jobs"] == 0  # its pairs are the dispatched job's
+    assert out["attempts"] == {"finalized": 1} and out["cost_usd"] == 0.01
+
+
 def test_a_move_killed_between_its_send_and_its_commit_sends_the_message_once(kb, tmp_path):
     """C9's move sent a message to Redis, then committed its delete from the SQLite file:
     a control killed in between left the message in both, and the next control's move

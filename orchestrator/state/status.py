@@ -1320,11 +1320,14 @@ class SweepJobs:
 
     def attempts_where(self) -> tuple[str, tuple]:
         """The same over ``attempts a`` joined to ``review_jobs j``: of an older job, only
-        the attempts made since the sweep began (not yesterday's retries)."""
+        the attempts made since the sweep began (not yesterday's retries), opened or
+        launched since: a control stopped before it (an upgrade, a crash) left attempts it
+        had opened with their messages on the queue, which the sweep's worker runs."""
         new, args = self._new("j.id")
         return (
-            f"({new} OR (j.id IN (SELECT value FROM json_each(?)) AND a.started_at >= ?))",
-            (*args, json.dumps(self.earlier), self.started_at),
+            f"({new} OR (j.id IN (SELECT value FROM json_each(?)) "
+            "AND (a.started_at >= ? OR a.launched_at >= ?)))",
+            (*args, json.dumps(self.earlier), self.started_at, self.started_at),
         )
 
 
