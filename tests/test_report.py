@@ -861,17 +861,30 @@ def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path
         assert low == [], (scheme, low)
 
 
+# A reader's own text spacing, as WCAG 1.4.12 asks a page to bear without loss: a user
+# style sheet of the four spacings at their least.
+TEXT_SPACING = """(() => { const s = document.createElement('style');
+    s.textContent = '* { line-height: 1.5 !important; letter-spacing: 0.12em !important; '
+        + 'word-spacing: 0.16em !important; } p { margin-bottom: 2em !important; }';
+    document.head.appendChild(s); })()"""
+
+
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
-    four figures ran out of its tile's box, at a laptop's width."""
+    four figures ran out of its tile's box, at a laptop's width. With WCAG 1.4.12's text
+    spacing the cost ran 40 px past its tile's border and widened a phone's page."""
     from orchestrator.report import render
 
     data = night.report()
     data["reviewed"].update(wall_time_s=3599, cost_usd=1234.5678)
     page_path = tmp_path / "long-figures.html"
     page_path.write_text(render.html(data), encoding="utf-8")
-    for width, mobile in ((1280, False), (390, True)):
+    screens = ((1280, False), (390, True))
+    for (width, mobile), spacing in itertools.product(screens, (None, TEXT_SPACING)):
         page = browser.open(page_path.as_uri(), width=width, height=900, mobile=mobile)
+        if spacing:
+            page.evaluate(spacing)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
         tiles = page.evaluate(
             """[...document.querySelectorAll('.tiles li')].map(li => {
             const b = li.querySelector('b');
@@ -880,7 +893,7 @@ def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
                     b.scrollWidth <= li.clientWidth];
         })"""
         )
-        assert [t for t in tiles if not (t[1] and t[2])] == [], (width, tiles)
+        assert [t for t in tiles if not (t[1] and t[2])] == [], (width, bool(spacing), tiles)
         assert ["59 min 59 s", True, True] in tiles and ["$1,234.5678", True, True] in tiles
 
 
