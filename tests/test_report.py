@@ -2411,14 +2411,46 @@ def test_a_screen_reader_hears_each_charts_name(night, browser, tmp_path):
     captions = page.evaluate(
         "[...document.querySelectorAll('figure.chart figcaption')].map(c => c.textContent)"
     )
-    browser.call("Accessibility.enable", session=page.session)
-    nodes = browser.call("Accessibility.getFullAXTree", {}, page.session)["nodes"]
-    named = [
+    named = [name for name in _heard(page, "figure") if not name.startswith("Diff: ")]
+    assert len(captions) >= 5 and sorted(named) == sorted(captions), (named, captions)
+
+
+def _heard(page, role: str) -> list[str]:
+    """The names of the page's elements of ``role`` a screen reader is given, in
+    Chromium's accessibility tree (those it ignores left out)."""
+    page.browser.call("Accessibility.enable", session=page.session)
+    nodes = page.browser.call("Accessibility.getFullAXTree", {}, page.session)["nodes"]
+    return [
         n.get("name", {}).get("value", "")
         for n in nodes
-        if n.get("role", {}).get("value") == "figure" and not n.get("ignored")
+        if n.get("role", {}).get("value") == role and not n.get("ignored")
     ]
-    assert len(captions) >= 5 and sorted(named) == sorted(captions), (named, captions)
+
+
+def test_a_screen_reader_hears_which_note_each_list_of_calls_settles(night, browser, tmp_path):
+    """Every escalated note's list of calls was named "The calls that settle this note":
+    fifty notes on a big night, fifty lists of one name in a screen reader's list of
+    lists, each to be entered to learn which note it was for."""
+    page_path = tmp_path / "ax-calls.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    calls = [name for name in _heard(page, "list") if name.startswith("The calls that settle")]
+    notes = [g["note_path"] for g in night.report()["needs_you"]["escalations"]]
+    assert len(notes) >= 2 and calls == [f"The calls that settle {n}" for n in notes], calls
+
+
+def test_a_screen_reader_is_given_each_diffs_name(night, browser, tmp_path):
+    """A diff's "Diff: 1 line(s) added, 0 removed" was the `aria-label` of a `<pre>`, a
+    generic element, whose name ARIA forbids and screen readers leave unsaid (Chromium's
+    tree gave it, as role `generic`)."""
+    page_path = tmp_path / "ax-diff.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=375, height=812, mobile=True)
+    node = page.ax_node("document.querySelector('article.fix pre.diff')")
+    assert (node["role"]["value"], node["name"]["value"]) == (
+        "figure",
+        "Diff: 1 line(s) added, 0 removed",
+    ), node
 
 
 # A note path of 165 characters with no hyphen to break at (a KB's names need none).
