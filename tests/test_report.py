@@ -1011,12 +1011,14 @@ def test_a_gate_that_fails_most_notes_is_called_into_question(kb, run_cli):
     assert "<b>frontmatter/has-description</b> fails 100% of the notes it judged" in page
 
 
-def test_the_fail_rates_are_worst_first_on_the_page_the_terminal_and_in_json(
+def test_the_charts_are_worst_first_on_the_page_the_terminal_and_in_json(
     kb, run_cli, browser, tmp_path
 ):
     """ "FAIL rate per gate" was ordered by gate id: on a night of 17 gates the worst was
     wherever its name fell, and a reader looked for the longest bar. Worst first, ties by
-    gate id, in the chart (top down), its table, the suspect gates' lines and --json."""
+    gate id, in the chart (top down), its table, the suspect gates' lines and --json.
+    "Decisions per lens", "Decisions per gate" and the attempt failure rates were still
+    by name (stop 48), "Cost per reviewer" too: each is worst (or dearest) first."""
     for gate, watches in (
         ("accessibility/has-title", ["title"]),
         ("frontmatter/has-body", ["body"]),
@@ -1028,9 +1030,15 @@ def test_the_fail_rates_are_worst_first_on_the_page_the_terminal_and_in_json(
     kb.note("a", description="")
     kb.note("b", description="")
     kb.note("c", body="")
-    kb.note("d")
+    d = str(kb.root / kb.note("d"))
     res = reviewq_process("--root", str(kb.root), "sweep", "--reviewer", "offline", "--json")
     assert res.returncode == 0, res.stderr
+    # A reviewer named after offline that fails every attempt (and costs $0.01 each).
+    kb.write("reviewq.toml", profile("zz-crashy", FAKE_MODE="crash", FAKE_TURNS="1") + QUEUE)
+    res = reviewq_process(
+        "--root", str(kb.root), "sweep", "--reviewer", "zz-crashy", "--note", d, "--json"
+    )
+    assert res.returncode == 1, res.stderr  # its job failed, as the sweep says
     worst_first = [
         "prose/description-or-body",  # 3 of 4
         "prose/a-description",  # 2 of 4
@@ -1038,9 +1046,14 @@ def test_the_fail_rates_are_worst_first_on_the_page_the_terminal_and_in_json(
         "accessibility/has-title",
         "frontmatter/has-title",
     ]
-    trends = json.loads(run_cli("report", "--since", "1h", "--json").stdout)["trends"]
+    data = json.loads(run_cli("report", "--since", "1h", "--json").stdout)
+    trends = data["trends"]
     assert [g["gate_id"] for g in trends["fail_rate_by_gate"]] == worst_first
     assert trends["suspect_gates"] == worst_first[:2]
+    assert list(data["reviewed"]["by_gate"]) == worst_first  # 3, 2, 1, 0 and 0 FAILs
+    assert list(data["reviewed"]["by_lens"]) == ["prose", "frontmatter", "accessibility"]
+    failing = [r["reviewer"] for r in trends["attempt_failure_by_reviewer"]]
+    assert failing == ["zz-crashy", "offline"]
     page_path = tmp_path / "r.html"
     res = run_cli("report", "--since", "1h", "--html", str(page_path))
     said = [x.split()[1] for x in res.stdout.splitlines() if x.startswith("  gate ")]
@@ -1048,16 +1061,31 @@ def test_the_fail_rates_are_worst_first_on_the_page_the_terminal_and_in_json(
     page = browser.open(page_path.as_uri())
     shown = page.evaluate(
         """(() => {
-        const f = [...document.querySelectorAll('figure.chart')]
-            .find(f => f.querySelector('figcaption').textContent.startsWith('FAIL rate'));
-        const bars = [...f.querySelectorAll('g.bar')]
-            .map(b => [b.querySelector('rect').getBoundingClientRect().top, b.querySelector('title').textContent])
-            .sort((x, y) => x[0] - y[0]).map(b => b[1].split(':')[0]);
-        return {bars, rows: [...f.querySelectorAll('tbody th')].map(th => th.textContent),
+        const chart = caption => {
+            const f = [...document.querySelectorAll('figure.chart')]
+                .find(f => f.querySelector('figcaption').textContent.startsWith(caption));
+            const bars = [...f.querySelectorAll('g.bar')]
+                .map(b => [b.querySelector('rect').getBoundingClientRect().top,
+                           b.querySelector('title').textContent.split(':')[0]])
+                .sort((x, y) => x[0] - y[0]).map(b => b[1]);
+            return {bars: [...new Set(bars)],  // a stacked bar's parts, one name
+                    rows: [...f.querySelectorAll('tbody th')].map(th => th.textContent)};
+        };
+        return {rates: chart('FAIL rate'), gates: chart('Decisions per gate'),
+                lenses: chart('Decisions per lens'), failing: chart('Attempt failure'),
+                cost: chart('Cost per reviewer'),
                 suspect: [...document.querySelectorAll('.suspect-gate b')].map(b => b.textContent)};
     })()"""
     )
-    assert shown == {"bars": worst_first, "rows": worst_first, "suspect": worst_first[:2]}, shown
+    lenses = list(data["reviewed"]["by_lens"])
+    assert shown == {
+        "rates": {"bars": worst_first, "rows": worst_first},
+        "gates": {"bars": worst_first, "rows": worst_first},
+        "lenses": {"bars": lenses, "rows": lenses},
+        "failing": {"bars": failing, "rows": failing},
+        "cost": {"bars": ["zz-crashy", "offline"], "rows": ["zz-crashy", "offline"]},
+        "suspect": worst_first[:2],
+    }, shown
 
 
 def test_the_fails_of_a_run_without_fix_are_named(kb, run_cli):

@@ -617,6 +617,17 @@ def _first_work(store: Store, scope: str, args: tuple) -> str | None:
     ).fetchone()[0]
 
 
+# The decisions a reader looks for, weightiest first.
+WORST = ("FAIL", "ERROR", "WARN")
+
+
+def worst_first(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Decisions per lens or gate, the most FAILs first (then ERRORs, WARNs, the name), as
+    the FAIL rates are: by name, the worst of 40 gates was wherever its name fell in the
+    chart and the JSON."""
+    return dict(sorted(counts.items(), key=lambda kv: (*(-kv[1].get(d, 0) for d in WORST), kv[0])))
+
+
 def _reviewed(
     store: Store, scope: str, spent: str, args: tuple, limit: int | None, period: Period
 ) -> dict:
@@ -636,6 +647,7 @@ def _reviewed(
         decisions[d] = decisions.get(d, 0) + n
         by_lens.setdefault(lens, {})[d] = by_lens.get(lens, {}).get(d, 0) + n
         by_gate.setdefault(gate, {})[d] = n
+    by_lens, by_gate = worst_first(by_lens), worst_first(by_gate)
     reviewers = _rows(
         store,
         "SELECT COALESCE(j.reviewer, '-') AS reviewer, "
@@ -834,6 +846,7 @@ def _trends(store: Store, period: Period) -> dict:
     )
     for r in per_reviewer:
         r["rate"] = round(r["failed"] / r["attempts"], 4) if r["attempts"] else 0.0
+    per_reviewer.sort(key=lambda r: (-r["rate"], -r["failed"], r["reviewer"]))  # worst first
     return {
         "nights": nights,
         "fail_rate_by_gate": gate_rates,

@@ -61,7 +61,8 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             "Cost per reviewer (USD)",
             "Reviewer",
             "Cost (USD)",
-            [(x["reviewer"], x["cost_usd"]) for x in r["reviewers"]],
+            # Dearest first, as the other charts are worst first (the table is by name).
+            sorted(((x["reviewer"], x["cost_usd"]) for x in r["reviewers"]), key=lambda x: -x[1]),
             money=True,
             empty="No attempt cost anything in this period.",
         ),
