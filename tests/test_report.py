@@ -495,6 +495,26 @@ def test_the_page_opens_from_disk_with_nothing_fetched(night, browser, tmp_path)
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_escalations_report_on_the_page_leaves_its_calls_to_the_notes_list(
+    night, browser, tmp_path
+):
+    """Each escalation's report repeated its own calls ("Decision: `reviewq decide 39
+    approve` accepts …; … redo …; … reject …"), some 45 % of its bytes, under the note's
+    list of calls: on a 10,000-job night 0.4 MB of a 0.9 MB page. The page leaves that
+    line out (what each call does is said once above); the report's file keeps it."""
+    page_path = tmp_path / "reports.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri())
+    reports = page.evaluate("[...document.querySelectorAll('pre.report')].map(p => p.textContent)")
+    files = [p.read_text() for p in (night.state / "escalations").glob("escalation-*.md")]
+    assert len(reports) == len(files) >= 4
+    assert all("\nDecision: `reviewq decide " in f for f in files)
+    assert [r for r in reports if "reviewq decide" in r] == [], reports
+    assert all(r.startswith("Gate review: ") and "\nMaterial:" in r for r in reports), reports
+    said = page.evaluate("document.querySelector('#escalations + p.meta').textContent")
+    assert all(f"{call} " in said for call in ("approve", "redo", "reject")), said
+
+
 def test_the_calls_are_offered_as_the_sweep_offers_them_the_recommended_one_marked(
     night, browser, tmp_path
 ):

@@ -29,6 +29,7 @@ from orchestrator.review.jobs import display_path
 from orchestrator.review.selector import SelectError, select
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
 from orchestrator.state.status import (
+    CALLS_SAID,
     REWRITE_REPORTS,
     decide_calls,
     gist,
@@ -436,7 +437,7 @@ def report(store: Store, esc_id: int) -> str:
         # The asks are a person's sentence, most often with its own full stop.
         + ("" if (e["feedback"] or "").rstrip().endswith((".", "!", "?")) else ".")
         if e["decision"]
-        else f"Decision: `reviewq decide {esc_id} approve` accepts the note as it is for "
+        else f"{CALLS_SAID}{esc_id} approve` accepts the note as it is for "
         f"{e['gate_id']} (recorded as a human review); "
         + _redo_does(esc_id)
         + f"`reviewq decide {esc_id} reject` stops reviewing this pair until the note or the "

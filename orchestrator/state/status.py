@@ -1509,6 +1509,11 @@ HELD_AS_IT_IS = (
 )
 
 
+# How an open escalation's report (CONTRACT §7) starts the line of its own calls: the
+# page, which offers a note's calls once above its reports, leaves that line out.
+CALLS_SAID = "Decision: `reviewq decide "
+
+
 def held_by_a_reject(why: str) -> str:
     """The line under an escalation whose pair changed since its FAIL (``why``, as select
     says it: "prose/x note-changed"), before the person decides it."""
