@@ -179,7 +179,8 @@ def without_calls(report: str) -> str:
     """An escalation's report without the line of its own calls: the page offers the
     note's calls once above its reports, and said again in each report they were some
     45 % of its bytes (0.4 MB of a 10,000-job night's page)."""
-    return "\n".join(ln for ln in report.split("\n") if not ln.startswith(CALLS_SAID))
+    kept = "\n".join(ln for ln in report.split("\n") if not ln.startswith(CALLS_SAID))
+    return kept.rstrip("\n")  # the blank line that stood before it, at the end
 
 
 _ENV.filters["without_calls"] = without_calls
