@@ -917,6 +917,19 @@ def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
         assert ["59 min 59 s", True, True] in tiles and ["$1,234.5678", True, True] in tiles
 
 
+def test_a_small_phone_shows_the_tiles_two_a_row(night, browser, tmp_path):
+    """On a 320-px phone (or 400 % zoom) the seven tiles stood one a row, some 500 px: the
+    first screen held the tiles alone, and what needs you began below it."""
+    page_path = tmp_path / "small-phone.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri(), width=320, height=568, mobile=True)
+    tops = page.evaluate(
+        "[...document.querySelectorAll('.tiles li')].map(li => li.getBoundingClientRect().top)"
+    )
+    assert len(tops) == 7 and len(set(tops)) == 4, tops
+    assert page.evaluate("document.documentElement.scrollWidth") <= 320
+
+
 def test_no_charts_scale_labels_run_into_each_other(night, browser, tmp_path):
     """A sweep of a real KB (356 notes, 42 gates, 13,647 pairs) drew "0 200400600800
     1000…3000" under "Decisions per lens", "120160200240280320" under "Decisions per
