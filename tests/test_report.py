@@ -892,11 +892,12 @@ TEXT_SPACING = """(() => { const s = document.createElement('style');
 def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
     """A night's wall time ("59 min 59 s") broke into two lines in its tile, and a cost of
     four figures ran out of its tile's box, at a laptop's width. With WCAG 1.4.12's text
-    spacing the cost ran 40 px past its tile's border and widened a phone's page."""
+    spacing the cost ran 40 px past its tile's border and widened a phone's page. A
+    count of five figures read "48535" beside "141,900,000 tokens"."""
     from orchestrator.report import render
 
     data = night.report()
-    data["reviewed"].update(wall_time_s=3599, cost_usd=1234.5678)
+    data["reviewed"].update(wall_time_s=3599, cost_usd=1234.5678, pairs=48535)
     page_path = tmp_path / "long-figures.html"
     page_path.write_text(render.html(data), encoding="utf-8")
     screens = ((1280, False), (390, True))
@@ -915,6 +916,7 @@ def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
         )
         assert [t for t in tiles if not (t[1] and t[2])] == [], (width, bool(spacing), tiles)
         assert ["59 min 59 s", True, True] in tiles and ["$1,234.5678", True, True] in tiles
+        assert ["48,535", True, True] in tiles  # as the page writes tokens: "141,900,000"
 
 
 def test_a_small_phone_shows_the_tiles_two_a_row(night, browser, tmp_path):

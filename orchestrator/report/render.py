@@ -50,6 +50,9 @@ def duration(seconds: float | None) -> str:
 
 _ENV.globals["FAILS_LEFT"] = FAILS_LEFT
 _ENV.filters["money"] = money
+# A count as the page writes every figure, tokens and costs alike: "48,535" (a tile said
+# "48535" beside "141,900,000 tokens").
+_ENV.filters["thousands"] = "{:,}".format
 _ENV.filters["duration"] = duration
 
 
