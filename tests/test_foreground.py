@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -590,3 +591,50 @@ def test_the_ctrl_c_tests_hold_in_a_suite_started_with_ctrl_c_ignored(tmp_path, 
         cwd=Path(__file__).parent.parent,
     )
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_a_killed_run_job_s_agent_ends_and_its_job_is_queued_again(kb, tmp_path):
+    """A run-job SIGKILLed (the OOM killer, `kill -9`) left its agent running, and its
+    job and attempt running in state.db: `status` said "running 1", `job 1` "attempt 1:
+    running", `doctor` all ok, an `enqueue` skipped its pairs, all for good without a
+    control; only the next run-job of that job reaped the agent, and it recorded the
+    attempt as superseded, no word of the kill. Its guard now ends the agent and gives
+    the attempt up, as a run-job stopped by a signal does itself."""
+    import os
+
+    from .test_queue_integration import _await_exit, _await_logged, await_fifo, make_fifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    pids = make_fifo(tmp_path, "pids")  # the agent's write of its pids is the event awaited
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    proc = subprocess.Popen(
+        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
+        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    agent: list[int] = []
+    try:
+        agent = [int(p) for p in await_fifo(pids).split()]
+        proc.kill()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        _await_exit(agent, timeout=30)
+        # The guard's word is the event: it has given the attempt up when it says so.
+        _await_logged(kb, "run_job.died", timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in agent:  # a run before the guard: the agent's group outlived the test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    (died,) = [x for x in log_lines(kb) if x["event"] == "run_job.died"]
+    assert died["attempts"] == [[1, 1]] and died["pid"] == proc.pid
+    with db(kb) as conn:
+        job = conn.execute("SELECT status FROM review_jobs WHERE id = 1").fetchone()[0]
+        attempt = conn.execute("SELECT outcome, reasons FROM attempts WHERE job_id = 1").fetchone()
+    assert job == "queued"
+    assert attempt["outcome"] == "lost" and "was killed" in attempt["reasons"]
+    shown = rq(kb, "job", "1")
+    assert "job 1: queued" in shown.stdout and "attempt 1: lost" in shown.stdout, shown.stdout

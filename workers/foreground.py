@@ -55,6 +55,7 @@ from .attempt import (
     registry_dir,
     run_attempt,
 )
+from .guard import RUN_JOB, Guard
 from .parent import terminate_raises
 from .reviewers import AttemptSpec, for_profile
 
@@ -94,26 +95,50 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
     )
     if row is not None and row[0]:
         _refuse_unwritten(store, ws.state_dir / row[0], job_id)
-    with terminate_raises([], ctrl_c=True):
-        opened = open_attempt(
-            store,
-            ws.state_dir,
-            ws.root,
-            job_id,
-            profile.name,
-            partition=profile.partition,
-            note_roots=ws.settings.note_roots,
+    # Killed outright (SIGKILL, the OOM killer), a run-job left its agent running and its
+    # attempt open until the next run-job of that job: its guard ends the one and gives
+    # up the other, as a worker's ends its agents (K96).
+    guard = _guarded(ws.state_dir)
+    try:
+        with terminate_raises([], ctrl_c=True):
+            with store.write():
+                opened = open_attempt(
+                    store,
+                    ws.state_dir,
+                    ws.root,
+                    job_id,
+                    profile.name,
+                    partition=profile.partition,
+                    note_roots=ws.settings.note_roots,
+                )
+                if guard is not None:
+                    guard.tell(job_id, opened.attempt, opened.opened_at)
+            try:
+                return _run(ws, job_id, profile, reviewer, opened)
+            except BaseException as exc:
+                # Ctrl-C, SIGTERM, a closed terminal (or an error), at any moment after
+                # the attempt opened: the agent is stopped (run_attempt kills its group)
+                # and the job queued again. Left as they were, the job and attempt stayed
+                # running for good without a control process, whether the agent ran or
+                # its output was being finalized.
+                _stopped(store, job_id, opened.attempt, exc)
+                raise
+    finally:
+        if guard is not None:
+            guard.leave()
+
+
+def _guarded(state_dir: Path) -> Guard | None:
+    """This run-job's guard; None, said, where it cannot start (a pids limit)."""
+    try:
+        return Guard(state_dir, of=RUN_JOB)
+    except OSError as exc:
+        logs.get().warning(
+            "run_job.unguarded",
+            reason=f"cannot start its guard ({exc}): a kill of this run-job leaves its "
+            "agent running and its attempt open until the next run-job of the job",
         )
-        try:
-            return _run(ws, job_id, profile, reviewer, opened)
-        except BaseException as exc:
-            # Ctrl-C, SIGTERM, a closed terminal (or an error), at any moment after the
-            # attempt opened: the agent is stopped (run_attempt kills its group) and the
-            # job queued again. Left as they were, the job and attempt stayed running for
-            # good without a control process, whether the agent ran or its output was
-            # being finalized.
-            _stopped(store, job_id, opened.attempt, exc)
-            raise
+        return None
 
 
 def _refuse_unwritten(store, folder: Path, job_id: int) -> None:  # noqa: ANN001 - a Store

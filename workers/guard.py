@@ -5,7 +5,9 @@ them, if one was ever started. The worker's guard, a process of its own, holds t
 end of a pipe whose write end only the worker holds (not inherited by agents, closed by an
 exec): the kernel closes it as the worker dies, however it dies, and the guard ends the
 agents the worker's registry names. A worker that ends by itself (a stop, a reload's
-exec) writes a byte first, and the guard leaves.
+exec) writes a byte first, and the guard leaves. A ``reviewq run-job`` has one too: it
+writes the attempt it opened down the pipe, and its guard, the run-job killed, also gives
+that attempt up in state.db (:func:`taken_back`).
 
 ``PR_SET_PDEATHSIG`` on each agent was the other way: it needs a ``preexec_fn``, which
 costs each launch its vfork and is not safe beside threads, it follows the thread that
@@ -23,6 +25,8 @@ from pathlib import Path
 
 # What a worker that ends by itself writes before it closes its end.
 LEAVING = b"."
+# The guard of a run-job (its third argument): what it is told is an attempt to give up.
+RUN_JOB = "run-job"
 
 
 class Guard:
@@ -31,10 +35,11 @@ class Guard:
     and another started: the worker noticed nothing, and a kill of it then left its
     agents running until the next worker's start."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self._state_dir = state_dir
+    def __init__(self, state_dir: Path, of: str = "worker") -> None:
+        self._state_dir, self._of = state_dir, of
         self._lock = threading.Lock()  # a leave and a restart, one at a time
         self._leaving = False
+        self._told = b""  # what a guard started again is told again
         self._start()
         threading.Thread(target=self._watch, name="guard-watch", daemon=True).start()
 
@@ -45,7 +50,8 @@ class Guard:
         read, self._write = os.pipe()  # neither inherited by an agent (PEP 446)
         try:
             argv = [*python_module("workers.guard"), str(self._state_dir), str(os.getpid())]
-            self.proc = start_own(argv, stdin=read)
+            self.proc = start_own([*argv, self._of] if self._of == RUN_JOB else argv, stdin=read)
+            os.write(self._write, self._told)
         except BaseException:
             os.close(self._write)
             raise
@@ -80,6 +86,15 @@ class Guard:
                 "worker.guard_ended", reason=f"{said}; another guards the worker now"
             )
 
+    def tell(self, job_id: int, attempt: int, opened_at: str) -> None:
+        """The attempt this run-job opened: given up by the guard if the run-job dies.
+        Told inside the transaction that opens it: a kill before its commit leaves no
+        such attempt, which the guard then leaves alone (its opening is not there)."""
+        line = f"attempt {job_id} {attempt} {opened_at}\n".encode()
+        with self._lock:
+            self._told += line
+            os.write(self._write, line)
+
     def leave(self) -> None:
         """This worker ends by itself: its guard goes, and ends nothing."""
         from .attempt import own_ended
@@ -94,13 +109,17 @@ class Guard:
 
 def main(argv: list[str]) -> int:
     state_dir, worker_pid = Path(argv[0]), int(argv[1])
+    of = argv[2] if len(argv) > 2 else "worker"
     # Its worker's stop signals are the worker's: a unit whose KillMode signals the whole
     # cgroup (systemd's default), or a `pkill -f` of the state folder's name, ended the
     # guard (SIGINT with a traceback in the worker's journal) and left the worker, still
     # draining or running on, unguarded. It ends by its pipe alone.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    if os.read(0, 1) == LEAVING:
+    told = b""
+    while chunk := os.read(0, 4096):  # until its process closes its end, as it dies
+        told += chunk
+    if told.endswith(LEAVING):
         return 0
     # Imported only now: a guard waits for months in a bare interpreter.
     import socket
@@ -109,6 +128,8 @@ def main(argv: list[str]) -> int:
 
     from .attempt import end_agents_of
 
+    if of == RUN_JOB:
+        return _run_job_died(state_dir, worker_pid, told)
     groups, attempts = end_agents_of(state_dir, worker_pid)
     # Said as it happens, in the worker's own log: the next worker's start (minutes or
     # days later, if ever) is the only other word of it on this machine.
@@ -123,6 +144,57 @@ def main(argv: list[str]) -> int:
         "none, its lease: attempt.lost)",
     )
     return 0
+
+
+def _run_job_died(state_dir: Path, pid: int, told: bytes) -> int:
+    """A run-job killed: its agent ended, and the attempt it had open given up, its job
+    queued again, as a stopped run-job does itself. Left running, `status` and `job N`
+    said the job ran for good with no control (an `enqueue` skipped its pairs), and
+    only the next run-job of that job reaped the agent. No worker follows a run-job to
+    take its entry up: the reap is whole here (its TMPDIR too), as the next run-job's."""
+    from orchestrator import logs
+
+    from .attempt import reap_orphans
+
+    groups = reap_orphans(state_dir).killed
+    lost = []
+    for line in told.decode("utf-8", "replace").splitlines():
+        match line.split():
+            case ["attempt", job, attempt, opened] if job.isdigit() and attempt.isdigit():
+                if taken_back(state_dir, int(job), int(attempt), opened, pid):
+                    lost.append([int(job), int(attempt)])
+    logs.configure(state_dir, process=RUN_JOB)
+    logs.get().warning(
+        "run_job.died",
+        pid=pid,
+        process_groups=groups,
+        attempts=lost,
+        reason="killed or crashed; its guard ended its agent and queued the job again",
+    )
+    return 0
+
+
+def taken_back(state_dir: Path, job_id: int, attempt: int, opened_at: str, pid: int) -> bool:
+    """A killed run-job's attempt given up by its guard, its job queued again, when it is
+    still that job's current attempt, opened when the run-job said (a kill before its
+    commit left none, and a control may have opened one of that number since)."""
+    from orchestrator.control.attempts import is_current, lose
+    from orchestrator.state.store import Store
+
+    with Store.open(state_dir) as store, store.write():
+        row = store.conn.execute(
+            "SELECT started_at FROM attempts WHERE job_id = ? AND attempt = ?", (job_id, attempt)
+        ).fetchone()
+        if row is None or row[0] != opened_at or not is_current(store, job_id, attempt):
+            return False
+        lose(
+            store,
+            job_id,
+            attempt,
+            f"run-job (pid {pid}) was killed or crashed; its guard ended its agent and "
+            "queued the job again",
+        )
+    return True
 
 
 if __name__ == "__main__":
