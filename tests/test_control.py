@@ -4264,7 +4264,9 @@ def test_a_stale_reap_notice_undoes_no_outcome_and_no_other_workers_attempt(kb):
     assert state(dead) == ("queued", 1, "lost")
     assert {e["job_id"] for e in _events(ws, "attempt.reap_stale")} == {ended, moved}
     (lost,) = _events(ws, "attempt.lost")
-    assert lost["job_id"] == dead and "reaped its agent" in lost["reason"]
+    assert (
+        lost["job_id"] == dead and "found the attempt unfinished, its agent ended" in lost["reason"]
+    )
     notice(dead)  # told twice (a redelivered message): no second loss
     assert state(dead) == ("queued", 1, "lost") and len(_events(ws, "attempt.lost")) == 1
     # A message is data: a dead worker named by anything but a string loses nothing.

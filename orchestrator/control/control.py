@@ -886,7 +886,12 @@ class Control:
         before the worker died) or after another worker took it up (a message put back)
         changes nothing."""
         job_id, attempt, dead = o.get("job_id"), o.get("attempt"), o.get("reaped")
-        reason = f"its worker {dead} died; the worker {o.get('worker')} that followed it reaped its agent"
+        # Its agent was ended by the dead worker's guard as it died (K93), or else by this
+        # worker's start: "reaped its agent" was said of both, false of the first (K97).
+        reason = (
+            f"its worker {dead} died; the worker {o.get('worker')} that followed it found "
+            "the attempt unfinished, its agent ended"
+        )
         row = self.store.conn.execute(
             _REAPABLE + " AND a.job_id = ? AND a.attempt = ? "
             "AND a.outcome IN ('dispatched', 'running') AND (a.worker IS NULL OR a.worker = ?)",
