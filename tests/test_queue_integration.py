@@ -369,6 +369,61 @@ def test_a_sighup_restarts_a_sweeps_control_and_worker_in_place(kb, tmp_path):
     assert json.loads(out)["jobs"]["fake"]["completed"] == 1
 
 
+def test_a_draining_worker_starts_no_agent_for_a_message_it_holds_for_a_slot(kb, tmp_path):
+    """A worker's second thread took a message and waited for the profile's one agent
+    slot; Ctrl-C (a drain: the running agent finishes) let that slot go to it as the
+    agent ended, and the draining worker started a new agent and ran it whole (600 s
+    here; a real review's timeout) before it stopped. What it holds unstarted goes back
+    to the queue, for the next worker."""
+    from .fault.harness import ContinueGate, StartFifo
+
+    small_kb(kb, notes=2)
+    one_slot = fake_profile(timeout='"600s"').replace("concurrency = 2", "concurrency = 1")
+    kb.write("reviewq.toml", one_slot + FAST_QUEUE)
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    runs = tmp_path / "runs"
+    env = {
+        **os.environ,
+        "FAKE_NOTIFY_FIFO": str(starts.path),
+        "FAKE_CONTINUE_FIFO": str(gate.path),
+        "FAKE_LOG": str(runs),
+    }
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*base, "worker", "--workers", "2"], env=env, stderr=subprocess.DEVNULL
+    )
+    later = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        starts.await_starts(1)
+        deadline = time.monotonic() + 60
+        while True:  # the other message taken, its thread waiting for the slot (its beats)
+            with db(kb) as conn:
+                held = conn.execute(
+                    "SELECT count(*) FROM attempts WHERE outcome = 'dispatched' "
+                    "AND taken_at IS NOT NULL"
+                ).fetchone()[0]
+            if held:
+                break
+            assert time.monotonic() < deadline, "no worker thread waited for the slot"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGINT)
+        _await_logged(kb, "huey.consumer", message="Received SIGINT")
+        gate.open_gate()  # the running agent ends: its slot is free
+        assert worker.wait(timeout=60) == 0
+        assert len(runs.read_text().splitlines()) == 1  # before: 2, the second in the drain
+        later = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+        _await_logged(kb, "job.finalized", count=2)  # the one held is run by the next worker
+    finally:
+        for proc in (later, worker, control):
+            if proc is not None:
+                stop(proc)
+        gate.close()
+        starts.close()
+    assert len(runs.read_text().splitlines()) == 2
+
+
 def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):
     """Ctrl-C to a foreground worker (a drain while its agent finishes), then its terminal
     closed (SIGHUP): the SIGHUP was taken for a restart, and the worker asked to stop ran

@@ -281,7 +281,7 @@ def _agent_slot(profile: ReviewerProfile, beat: _Beats, msg: dict) -> Iterator[b
     process gives the attempt up as one no worker took."""
     sem = _semaphore(profile)
     got = sem.acquire(blocking=False)
-    while not got:
+    while not got and not STOP_ASKED.is_set():  # a drain starts no agent: see _run_prepared
         late = _late_s(msg)
         if late is not None and late > 0:
             break
@@ -380,6 +380,18 @@ def _run_prepared(
         beat.launched(_on_queue_clock(at, launch_ahead[0]))
 
     with _agent_slot(profile, beat, msg) as got:
+        if STOP_ASKED.is_set():
+            # A drain (Ctrl-C, a reload's SIGHUP) lets the running agents finish. A message
+            # held for a slot got the slot of the agent that ended in it, or one was taken
+            # as the stop came: the draining worker started its agent and ran it whole (a
+            # review's timeout) before it stopped. Not started, it goes back to the queue.
+            logs.get().info(
+                "attempt.abandoned",
+                reason="worker stopping before its agent started; the task was queued again",
+            )
+            _queue_again(msg)
+            _remove(folder)
+            return
         if _expired(msg) or not got:  # it waited for a free agent slot past its lease
             _remove(folder)
             return
@@ -425,10 +437,7 @@ def _run_prepared(
             "agent too: KillMode=mixed keeps it to the worker); the task was queued again",
             exit_code=outcome.exit_code,
         )
-        try:
-            put_back(msg, functools.partial(send, "run_review", msg))
-        except Exception as exc:  # noqa: BLE001 - the reaper runs it again a lease later
-            logs.get().warning("attempt.requeue_failed", error=str(exc))
+        _queue_again(msg)
         if _still_held(folder):
             _forget(profile, spec)
         return
@@ -455,6 +464,15 @@ def _run_prepared(
             _forget(profile, spec)
         finally:
             _remove(folder)
+
+
+def _queue_again(msg: dict) -> None:
+    """This worker's review message back on the queue, its agent not run (or stopped with
+    the worker), for another worker or this one restarted."""
+    try:
+        put_back(msg, functools.partial(send, "run_review", msg))
+    except Exception as exc:  # noqa: BLE001 - the reaper runs it again a lease later
+        logs.get().warning("attempt.requeue_failed", error=str(exc))
 
 
 def _queue_ahead_s() -> float:
