@@ -278,11 +278,13 @@ def test_worker_killed_mid_attempt_completes_through_the_reaper(kb, tmp_path):
             stat = Path(f"/proc/{pid}/stat").read_text()
             assert stat[stat.index("(") + 1 : stat.rindex(")")] == name, stat
             assert int(stat.rsplit(")", 1)[1].split()[1]) == sweep.pid, stat
+        guard = guard_of(worker_pid)
         os.kill(worker_pid, signal.SIGKILL)
         # The sweep restarts its worker; the reaper sees the lost lease and opens attempt 2.
         os.unlink(fifo)  # later attempts need not report
         out, err = sweep.communicate(timeout=120)
         orphan_gone = process_gone(agent_pid)  # before the cleanup below could kill it
+        _await_exit([guard])  # it ends the agent, then says so in the log: not past the test
     finally:
         if sweep.poll() is None:
             sweep.kill()
@@ -1747,11 +1749,13 @@ def test_status_after_a_unit_killed_whole_says_nobody_watches_its_agents(kb, tmp
             "agents_running"
         ] != 1:
             assert time.monotonic() < deadline, watched
+        guard = guard_of(worker.pid)
         for pid in (control.pid, worker.pid):
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):  # the worker's guard may be first
             os.killpg(agent_pid, signal.SIGKILL)
         assert control.wait(timeout=30) == worker.wait(timeout=30) == -signal.SIGKILL
+        _await_exit([guard])  # a unit killed whole: its guard too, here by its own end
     finally:
         for proc in (worker, control):
             if proc.poll() is None:
@@ -1832,11 +1836,12 @@ def test_a_worker_started_removes_the_folder_of_an_attempt_a_dead_one_had_not_la
         while len(list(attempts.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)  # the second attempt's folder, made before it waits for a slot
         assert len(list(attempts.iterdir())) == 2
+        guard = guard_of(worker.pid)
         worker.kill()
         worker.wait(timeout=30)
-        # The agent it ran (the next worker reaps its folder), unless its guard was first.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(agent_pid, signal.SIGKILL)
+        # Its guard ends the agent it ran (the next worker reaps its folder), and is gone
+        # before that worker starts: else the two reaped side by side.
+        _await_exit([agent_pid, guard], timeout=30)
         for left in attempts.iterdir():
             os.utime(left, (time.time() - 600, time.time() - 600))  # left ten minutes ago
         worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)

@@ -24,7 +24,16 @@ from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
 from .conftest import ready_within, stop
-from .test_queue_integration import FAKE, FAST_QUEUE, db, fake_profile, log_lines, redis_url, rq
+from .test_queue_integration import (
+    FAKE,
+    FAST_QUEUE,
+    db,
+    fake_profile,
+    guard_of,
+    log_lines,
+    redis_url,
+    rq,
+)
 
 pytestmark = pytest.mark.integration
 __all__ = ["redis_url"]  # a fixture, used by name
@@ -2364,17 +2373,6 @@ def _hanging_agent(kb, tmp_path: Path, redis_url: str, stderr=None) -> Iterator[
             shutil.rmtree(kept, ignore_errors=True)
 
 
-def _guard_of(worker: subprocess.Popen) -> int:
-    """The worker's guard: its child (of any of its threads) running ``workers.guard``."""
-    children = [
-        int(pid)
-        for task in Path(f"/proc/{worker.pid}/task").iterdir()
-        for pid in (task / "children").read_text().split()
-    ]
-    (guard,) = [p for p in children if b"workers.guard" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    return guard
-
-
 def _died(tmp_path: Path) -> list[dict]:
     """The ``worker.died`` lines of :func:`start_worker`'s worker's own log."""
     own = tmp_path / "remote/state/logs/reviewq.jsonl"
@@ -2394,10 +2392,12 @@ def test_a_worker_restarted_after_a_crash_tells_the_control_of_the_attempt_it_re
     from .test_queue_integration import _await_exit
 
     with _hanging_agent(kb, tmp_path, redis_url) as run:
-        worker_pid, agent = run.worker.pid, run.agent
+        worker_pid, agent, guard = run.worker.pid, run.agent, guard_of(run.worker.pid)
         run.worker.kill()
         run.worker.wait(timeout=10)
-        _await_exit([agent], timeout=30)  # a 600-s agent: ended by its guard alone
+        # A 600-s agent: ended by its guard alone, which then says so and ends, before
+        # the next worker starts (the order of the two words in the worker's log).
+        _await_exit([agent, guard], timeout=30)
         os.unlink(run.fifo)  # the next attempt need not report
         run.worker, _ = start_worker(tmp_path, redis_url, run.env)
         out, err = run.sweep.communicate(timeout=60)  # far less than the lease
@@ -2445,7 +2445,7 @@ def test_a_guard_given_its_workers_stop_signals_guards_on(kb, tmp_path, redis_ur
         open(tmp_path / "worker.stderr", "wb") as stderr,
         _hanging_agent(kb, tmp_path, redis_url, stderr=stderr) as run,
     ):
-        guard = _guard_of(run.worker)
+        guard = guard_of(run.worker.pid)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             os.kill(guard, sig)
         run.worker.kill()
@@ -2467,11 +2467,11 @@ def test_a_worker_whose_guard_ends_says_so_and_starts_another(kb, tmp_path, redi
     from .test_queue_integration import _await_exit, _await_logged
 
     with _hanging_agent(kb, tmp_path, redis_url) as run:
-        first = _guard_of(run.worker)
+        first = guard_of(run.worker.pid)
         os.kill(first, signal.SIGKILL)
         own = SimpleNamespace(state=tmp_path / "remote/state")
         _await_logged(own, "worker.guard_ended", timeout=30)
-        second = _guard_of(run.worker)
+        second = guard_of(run.worker.pid)
         assert second != first
         run.worker.kill()
         run.worker.wait(timeout=10)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import process_gone
-from .test_queue_integration import FAKE, await_fifo, make_fifo
+from .test_queue_integration import FAKE, _await_exit, await_fifo, guard_of, make_fifo
 
 pytestmark = pytest.mark.integration
 EXE = str(Path(sys.executable).parent / "reviewq")
@@ -194,8 +194,10 @@ def test_a_sweep_through_a_worker_on_another_host(hosts, tmp_path):
         # One SIGKILL of the remote worker while its first agent runs.
         agent_pid, worker_pid, _ = map(int, await_fifo(fifo, timeout=120).split())
         assert worker_pid == worker.pid
+        guard = guard_of(worker_pid)
         os.kill(worker_pid, signal.SIGKILL)
         worker.wait(timeout=30)
+        _await_exit([guard])  # it ends the agent and says so before the next worker starts
         os.unlink(fifo)  # later agents need not report
         restarted = procs.start(worker_argv, env=env, stderr=subprocess.DEVNULL)
         out, err = sweep.communicate(timeout=240)
