@@ -691,3 +691,26 @@ def test_a_git_am_under_way_holds_the_commit_until_it_ends(repo):
     msg = message(NOTE, ["prose/body-check"], 7, "fake", "fake")
     done = commit_fix(repo, NOTE, before, after, msg)
     assert done.sha and commits(repo)[0].startswith(f"reviewq fix: {NOTE}"), done
+
+
+def test_files_as_the_commit_holds_them_are_an_update_and_an_edit_or_a_new_file_is_not(
+    repo, tmp_path
+):
+    """K100's test of whose change it was: a clone pulled to the next commit holds each
+    changed file as that commit does; an edit over it, or a file no commit holds, does
+    not (an agent's change while the copy was updated is still the agent's)."""
+    copy = tmp_path / "copy"
+    git(tmp_path, "clone", "-q", str(repo), str(copy))
+    (repo / NOTE).write_bytes(b"# Alpha\n\nA person's edit.\n")
+    (repo / "kb/notes/beta.md").write_bytes(b"# Beta\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "edits")
+    git(copy, "pull", "-q", "--ff-only")
+    head = git(copy, "rev-parse", "HEAD").strip()
+    changed = [NOTE, "kb/notes/beta.md", "kb/notes/gone.md"]
+    assert gitcommit.as_committed(copy, head, changed)
+    (copy / NOTE).write_bytes(b"# Alpha\n\nAn agent's edit.\n")
+    assert not gitcommit.as_committed(copy, head, changed)
+    git(copy, "checkout", "-q", "--", NOTE)
+    (copy / "kb/notes/gone.md").write_bytes(b"an agent's new file\n")
+    assert not gitcommit.as_committed(copy, head, changed)

@@ -226,6 +226,55 @@ def test_a_stale_kb_copy_on_a_worker_machine_is_said_in_the_controls_log(kb, tmp
     assert "attempt.kb_stale" in story.stdout, story.stdout
 
 
+def test_a_kb_copy_pulled_while_its_agents_run_is_not_their_change(kb, tmp_path, redis_url):
+    """A remote worker's --kb copy updated (`git pull`) while its agents ran: every
+    running attempt ended `reviewer-touched-kb`, run again and counted toward failing its
+    job (and, the third time, escalating its pairs to a person) for an update a person
+    made. Files that are as the commit HEAD moved to are the update's, said so on both
+    sides; the attempts are judged as their agents left them."""
+    from .fault.harness import ContinueGate, StartFifo
+    from .test_fix_commits import git
+
+    small(kb, notes=2)
+    git(kb.root, "init", "-q")
+    git(kb.root, "config", "user.name", "A Person")
+    git(kb.root, "config", "user.email", "person@example.org")
+    git(kb.root, "add", "kb")
+    git(kb.root, "commit", "-qm", "the KB")
+    copy = tmp_path / "copy"
+    git(tmp_path, "clone", "-q", str(kb.root), str(copy))
+    kb.write("reviewq.toml", fake_profile(timeout='"600s"') + FAST_QUEUE + f'url = "{redis_url}"\n')
+    starts, gate = StartFifo(tmp_path / "started"), ContinueGate(tmp_path / "go")
+    env = {"FAKE_NOTIFY_FIFO": str(starts.path), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    worker, _ = start_worker(tmp_path, redis_url, env, "--kb", str(copy))
+    sweep = subprocess.Popen(
+        [EXE, "--root", str(kb.root), "sweep", "--reviewer", "fake", "--workers", "0", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        starts.await_starts(2)  # both agents run, each on a note of kb/notes
+        kb.note("n2", body="A note a person added.\n")
+        kb.write("kb/notes/n1.md", kb.read("kb/notes/n1.md") + "A person's line.\n")
+        git(kb.root, "add", "kb")
+        git(kb.root, "commit", "-qm", "a person's edits")
+        git(copy, "pull", "-q", "--ff-only")
+        gate.open_gate()
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+        stop(worker)
+        gate.close()
+        starts.close()
+    assert sweep.returncode == 0, err
+    with db(kb) as conn:
+        outcomes = [r[0] for r in conn.execute("SELECT outcome FROM attempts")]
+    assert outcomes == ["finalized", "finalized"], outcomes  # before: reviewer-touched-kb
+    said = [e for e in log_lines(kb) if e["event"] == "attempt.kb_updated"]
+    assert len(said) == 2 and all("HEAD moved from" in e["reason"] for e in said), said
+
+
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
 def test_a_1_mib_prompt_and_a_5_mib_output_travel_in_the_messages(kb, request, queue):
     kb.gate("prose/body-check", ["body"])

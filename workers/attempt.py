@@ -698,6 +698,7 @@ def run_attempt(
     guarded = list(guarded)
     before = file_hashes(spec.root, guarded)
     trees = list(trees)
+    head = _head(spec.root) if guarded or trees else None
     out = AttemptOutcome(
         spec.job_id, spec.attempt, LAUNCH_FAILURE, reviewer.profile.name, started_at=utcnow()
     )
@@ -962,6 +963,14 @@ def run_attempt(
             f"{spec.output_path.name} is not judged: it was left unfinished when the "
             "model stopped answering"
         )
+    if out.touched and (update := _updated(spec.root, head, out.touched)) is not None:
+        # A `git pull` of the KB (a worker's --kb copy kept up to date) while the agent
+        # ran changed the files it watched: each attempt running then ended as the
+        # reviewer's change to the KB, counted toward failing its job and escalating its
+        # pairs, for a person's update (K100). Judged as without it, and said.
+        logs.get().warning("attempt.kb_updated", reason=update)
+        out.notices.append({"event": "attempt.kb_updated", "reason": update})
+        out.touched, out.touched_hashes = [], {}
     if out.touched:
         out.untouched = [out.classification, out.reasons]
         out.classification = TOUCHED_KB
@@ -969,6 +978,30 @@ def run_attempt(
         if len(out.touched) > _NAMED:
             out.reasons.append(f"... and {len(out.touched) - _NAMED} more file(s)")
     return out
+
+
+def _head(root: Path) -> str | None:
+    """The commit the KB's HEAD is at, or None outside git (or where git cannot say)."""
+    from orchestrator.kb.githead import head_commit
+
+    return head_commit(root) or None
+
+
+def _updated(root: Path, head: str | None, touched: list[str]) -> str | None:
+    """Why the files an attempt saw change are an update of the KB, not the agent's: its
+    HEAD moved while the agent ran, and each of them is as the new commit holds it (a
+    file the agent made or edited is not); None when they are not."""
+    from orchestrator.kb.gitcommit import as_committed
+
+    now = _head(root)
+    if head is None or now is None or now == head or not as_committed(root, now, touched):
+        return None
+    return (
+        f"the KB at {root} was updated while the agent ran (HEAD moved from {head[:12]} to "
+        f"{now[:12]}; the {len(touched)} file(s) changed are as that commit holds them): "
+        "not the agent's doing, the attempt is judged without it; update a worker's --kb "
+        "copy while the worker is stopped"
+    )
 
 
 def _asked(reviewer: Reviewer, spec: AttemptSpec) -> bool:

@@ -447,7 +447,7 @@ def _run_prepared(
         exit_code=outcome.exit_code,
         duration_s=round(outcome.duration_s, 3),
     )
-    outcome.notices = notices
+    outcome.notices = [*notices, *outcome.notices]
     end_ahead = _queue_ahead_s()
     outcome.started_at = _on_queue_clock(outcome.started_at, (launch_ahead or [end_ahead])[0])
     outcome.ended_at = _on_queue_clock(outcome.ended_at, end_ahead)

@@ -91,7 +91,7 @@ from orchestrator.state.words import NEVER_PICKED_UP, NO_HEARTBEAT
 from orchestrator.state.workspace import Workspace
 
 # The worker's events the control logs again from an outcome's ``notices``, and their fields.
-RELAYED = {"attempt.kb_stale": ("note_path", "reason")}
+RELAYED = {"attempt.kb_stale": ("note_path", "reason"), "attempt.kb_updated": ("reason",)}
 NOTICE_CHARS = 1000  # of each of a notice's fields: a worker's line, not its file
 PREFETCH = 2  # open attempts per profile = PREFETCH x concurrency; see dispatch()
 # ... and QUICK_PREFETCH x concurrency while its agents run shorter than QUICK_S, if two

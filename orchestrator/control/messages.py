@@ -56,7 +56,7 @@ process relied on to tell a worker's attempts from messages still waiting, and h
   what it stores of the output, not in the agent's file nor in what it parses; a control
   takes its absence as none), ``notices`` (optional: events the worker logged of the
   attempt that the control logs again, ``{"event", fields…}``, only those it knows, once
-  each, their text fields bounded: ``attempt.kb_stale``; any other entry is passed
+  each, their text fields bounded: ``attempt.kb_stale``, ``attempt.kb_updated``; any other entry is passed
   over). An outcome with ``exited_at`` (the agent was launched) for an attempt still
   ``dispatched`` carries its start: the control process records ``worker`` and
   ``started_at`` (as ``launched_at``) and logs ``attempt.started`` from it, as from a

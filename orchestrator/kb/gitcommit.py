@@ -122,6 +122,22 @@ def in_repository(root: Path) -> bool:
     return inside.returncode == 0 and inside.stdout.strip() == "true"
 
 
+def as_committed(root: Path, commit: str, rels: list[str]) -> bool:
+    """Whether each file ``rels`` under ``root`` is as ``commit`` holds it, or is absent
+    from both: what an update of the work tree to that commit (a `git pull`) leaves. A
+    file the commit does not hold (an agent's new one) is not; git unable to say, no."""
+    try:
+        tracked = _git(root, "ls-tree", "-r", "-z", "--name-only", commit, "--", *rels)
+        if tracked.returncode != 0:
+            return False
+        held = set(tracked.stdout.split("\0")) - {""}
+        if any(rel not in held and os.path.lexists(root / rel) for rel in rels):
+            return False
+        return not held or _git(root, "diff", "--quiet", commit, "--", *held).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def first_parent_line(root: Path) -> list[str]:
     """``git log --first-parent --format='%ct %H'`` of HEAD, newest first: none outside a
     repository or before its first commit. :class:`GitFailed` or :class:`GitTimeout` when
