@@ -426,6 +426,36 @@ def test_a_draining_worker_starts_no_agent_for_a_message_it_holds_for_a_slot(kb,
     assert len(runs.read_text().splitlines()) == 2
 
 
+def test_a_worker_stopped_at_once_after_its_outcome_went_does_not_queue_the_attempt_again(
+    kb, tmp_path
+):
+    """SIGTERM (a stop at once) to a worker whose thread had sent its attempt's outcome and
+    was forgetting the CLI's session and removing the attempt's folder: Huey took the task
+    for one it cut short and put the review message back, and the next worker ran the
+    agent again, paid for, for an attempt the control had already decided."""
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    sent = make_fifo(tmp_path, "sent")
+    env = {**os.environ, "REVIEWQ_FAULT_WORKER_OUTCOME_SENT": str(sent)}
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        assert int(await_fifo(sent)) == worker.pid  # the outcome is on the control queue
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+        with sqlite3.connect(kb.state / "queue" / "review.db") as queue:
+            (queued,) = queue.execute("SELECT count(*) FROM task WHERE queue = 'review'").fetchone()
+        _await_logged(kb, "job.finalized")
+    finally:
+        for proc in (worker, control):
+            stop(proc)
+    assert queued == 0  # before: 1, the decided attempt's message put back
+    (interrupted,) = [x for x in log_lines(kb) if x["event"] == "task.interrupted"]
+    assert interrupted["requeued"] is False, interrupted
+
+
 def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):
     """Ctrl-C to a foreground worker (a drain while its agent finishes), then its terminal
     closed (SIGHUP): the SIGHUP was taken for a restart, and the worker asked to stop ran

@@ -34,13 +34,16 @@ def make_app(settings: Settings) -> App:
             args = getattr(task, "args", None) or ({},)
             msg = args[0] if isinstance(args[0], dict) else {}
             ids = {k: msg[k] for k in ("job_id", "attempt") if k in msg}
+            # Not one whose outcome went before the stop (its thread was cleaning up):
+            # nothing is to run again, and its next run was an agent paid for nothing.
+            requeued = not held and not (ids and tasks.outcome_sent(msg))
             logs.get().warning(
-                "task.interrupted", task=getattr(task, "name", "?"), requeued=not held, **ids
+                "task.interrupted", task=getattr(task, "name", "?"), requeued=requeued, **ids
             )
-            if not held and ids:
+            if requeued and ids:
                 # Once: the thread of an agent this stop killed may have put it back.
                 tasks.put_back(msg, functools.partial(huey.enqueue, task))
-            elif not held:
+            elif requeued:
                 huey.enqueue(task)
 
         huey.signal(SIGNAL_INTERRUPTED)(requeue_interrupted)

@@ -25,7 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import logs
+from orchestrator import faults, logs
 from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
 from orchestrator.state.store import parse_timestamp, timestamp
@@ -454,6 +454,8 @@ def _run_prepared(
     try:
         with REPORTING.beating(beat, msg["heartbeat_s"]):
             _report(outcome, _evidence(spec), msg)
+        _delivered(msg)
+        faults.point("worker.outcome_sent")
     finally:
         # Sent, the control keeps what matters; or given up (a queue away past the send's
         # patience), the reaper runs the attempt again in a folder of its own: either way
@@ -586,12 +588,35 @@ def _left_spec(folder: Path, kb: Path | None) -> AttemptSpec:
 # and the attempt was queued twice (run twice, side by side on a worker with two slots).
 _put_back: dict[tuple[object, object, object], threading.Event] = {}
 _put_back_lock = threading.Lock()
+# The attempts whose outcome this process sent, the latest few: a stop at once that came
+# while the thread forgot the CLI's session and removed the attempt's folder had Huey put
+# the task back as one it cut short, and the next worker ran the agent again (K101).
+_sent: dict[tuple[object, object, object], None] = {}
+_SENT_KEPT = 1024  # far more than a worker's threads: only those in flight matter
+
+
+def _key(msg: dict) -> tuple[object, object, object]:
+    return (msg.get("job_id"), msg.get("attempt"), msg.get("opened_at"))
+
+
+def _delivered(msg: dict) -> None:
+    """The outcome of ``msg``'s attempt is on the control queue: it is never put back."""
+    with _put_back_lock:
+        _sent[_key(msg)] = None
+        while len(_sent) > _SENT_KEPT:
+            del _sent[next(iter(_sent))]
+
+
+def outcome_sent(msg: dict) -> bool:
+    """Whether this process sent the outcome of ``msg``'s attempt."""
+    with _put_back_lock:
+        return _key(msg) in _sent
 
 
 def put_back(msg: dict, enqueue: Callable[[], None]) -> bool:
     """Queue an interrupted review message again with ``enqueue``, unless this process
     has already put its attempt back (False). One that fails may be put back again."""
-    key = (msg.get("job_id"), msg.get("attempt"), msg.get("opened_at"))
+    key = _key(msg)
     with _put_back_lock:
         if key in _put_back:
             return False
