@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -273,6 +274,49 @@ def test_a_kb_copy_pulled_while_its_agents_run_is_not_their_change(kb, tmp_path,
     assert outcomes == ["finalized", "finalized"], outcomes  # before: reviewer-touched-kb
     said = [e for e in log_lines(kb) if e["event"] == "attempt.kb_updated"]
     assert len(said) == 2 and all("HEAD moved from" in e["reason"] for e in said), said
+
+
+def test_a_worker_whose_disk_is_full_leaves_no_attempt_folder_behind(kb, tmp_path, redis_url):
+    """A worker whose own --state disk filled up (unlisted, tried): each attempt it took
+    failed as "could not prepare its attempt folder: No space left on device" (not the
+    job's fault: a launch failure, the profile paused after five), and left its folder,
+    a prompt begun, for good while it ran: only a worker's start removes those. Each
+    attempt's folder goes with its failure."""
+    import shutil
+
+    from .fault.harness import SmallDisk
+    from .test_queue_integration import _await_logged
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs for the worker's folder")
+    small(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
+    state = tmp_path / "remote" / "state"
+    state.mkdir(parents=True)
+    disk = SmallDisk(state, "256k")
+    try:
+        disk.mount()
+    except PermissionError as exc:
+        pytest.skip(str(exc))
+    control = subprocess.Popen([EXE, "--root", str(kb.root), "control"], stderr=subprocess.DEVNULL)
+    worker = None
+    try:
+        worker, _ = start_worker(tmp_path, redis_url)
+        own = SimpleNamespace(state=state)
+        _await_logged(own, "worker.started")
+        disk.fill()
+        assert rq(kb, "enqueue", "--reviewer", "fake").returncode == 0
+        _await_logged(kb, "reviewer.paused")  # five attempts failed on the worker's disk
+        stop(worker)
+        left = sorted(p.name for p in (state / "attempts").iterdir())
+    finally:
+        for proc in (worker, control):
+            if proc is not None:
+                stop(proc)
+        subprocess.run(["umount", str(state)], check=False)
+    (failed,) = [e for e in log_lines(kb) if e["event"] == "reviewer.paused"]
+    assert "No space left on device" in failed["reason"], failed
+    assert left == []  # before: job-1-attempt-1-… to job-1-attempt-5-…
 
 
 @pytest.mark.parametrize("queue", ["sqlite", "redis"])
@@ -2511,8 +2555,6 @@ def test_a_worker_whose_guard_ends_says_so_and_starts_another(kb, tmp_path, redi
     the worker said nothing, and a kill of it then left its agents running until the next
     worker's start, for good with none. It says `worker.guard_ended` and starts another,
     which ends the agent as the first would have."""
-    from types import SimpleNamespace
-
     from .test_queue_integration import _await_exit, _await_logged
 
     with _hanging_agent(kb, tmp_path, redis_url) as run:

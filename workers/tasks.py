@@ -348,6 +348,9 @@ def run_review(msg: dict) -> None:
                 f"worker {WORKER_ID} could not prepare its attempt folder: {logs.error_said(exc)}"
             )
             logs.get().error("attempt.not_started", reason=reason)
+            # Its folder, made in part (a prompt begun), goes too: left, only a worker's
+            # start removed it, and a full disk left one for each attempt taken (K102).
+            _remove(folder)
             failed = AttemptOutcome(job_id, attempt, LAUNCH_FAILURE, name, reasons=[reason])
             failed.notices = notices
             _report(failed, {}, msg)
