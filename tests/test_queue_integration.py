@@ -17,6 +17,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import markupsafe
 import pytest
@@ -454,6 +455,49 @@ def test_a_worker_stopped_at_once_after_its_outcome_went_does_not_queue_the_atte
     assert queued == 0  # before: 1, the decided attempt's message put back
     (interrupted,) = [x for x in log_lines(kb) if x["event"] == "task.interrupted"]
     assert interrupted["requeued"] is False, interrupted
+
+
+def test_a_worker_stopped_at_once_while_its_outcome_is_on_its_way_queues_it_only_if_unsent(
+    kb, tmp_path
+):
+    """SIGTERM while a thread was sending its attempt's outcome (a control queue held,
+    a large outcome on a slow link): Huey put the message back as cut short, and the
+    send then went through: the control decided the attempt and the next worker ran its
+    agent again for nothing. The send is given the stop's grace; put back only if it
+    has not gone by then."""
+    from .fault.harness import ContinueGate
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    gate = ContinueGate(tmp_path / "go")
+    started = make_fifo(tmp_path, "started")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+    outcomes = None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        await_fifo(started)
+        outcomes = sqlite3.connect(kb.state / "queue" / "control.db", isolation_level=None)
+        outcomes.execute("BEGIN IMMEDIATE")  # the outcome's send waits (and retries)
+        gate.open_gate()
+        own = SimpleNamespace(state=kb.state / "worker")
+        _await_logged(own, "attempt.exited")  # logged as its outcome's send begins
+        worker.send_signal(signal.SIGTERM)
+        _await_logged(own, "task.interrupted")  # Huey's word: the send still waits
+        outcomes.execute("COMMIT")  # the send goes through, within the stop's grace
+        assert worker.wait(timeout=30) == 0
+        with sqlite3.connect(kb.state / "queue" / "review.db") as queue:
+            (queued,) = queue.execute("SELECT count(*) FROM task WHERE queue = 'review'").fetchone()
+        _await_logged(kb, "job.finalized")
+    finally:
+        if outcomes is not None:
+            outcomes.close()
+        for proc in (worker, control):
+            stop(proc)
+        gate.close()
+    assert queued == 0  # before: 1, the message put back while its outcome was on its way
 
 
 def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):

@@ -455,9 +455,9 @@ def _run_prepared(
     outcome.started_at = _on_queue_clock(outcome.started_at, (launch_ahead or [end_ahead])[0])
     outcome.ended_at = _on_queue_clock(outcome.ended_at, end_ahead)
     try:
-        with REPORTING.beating(beat, msg["heartbeat_s"]):
+        with _sending(msg), REPORTING.beating(beat, msg["heartbeat_s"]):
             _report(outcome, _evidence(spec), msg)
-        _delivered(msg)
+            _delivered(msg)
         faults.point("worker.outcome_sent")
     finally:
         # Sent, the control keeps what matters; or given up (a queue away past the send's
@@ -602,6 +602,36 @@ def _key(msg: dict) -> tuple[object, object, object]:
     return (msg.get("job_id"), msg.get("attempt"), msg.get("opened_at"))
 
 
+# The review messages whose attempt's outcome a thread is sending now, by attempt: a stop
+# at once that comes meanwhile leaves each to its send, for the stop's grace (K103).
+_on_its_way: dict[tuple[object, object, object], dict] = {}
+_sends_done = threading.Condition(_put_back_lock)
+
+
+@contextlib.contextmanager
+def _sending(msg: dict) -> Iterator[None]:
+    with _put_back_lock:
+        _on_its_way[_key(msg)] = msg
+    try:
+        yield
+    finally:
+        with _put_back_lock:
+            _on_its_way.pop(_key(msg), None)
+            _sends_done.notify_all()
+
+
+def sends_finished(timeout_s: float) -> None:
+    """A stopping worker's outcomes on their way get ``timeout_s`` to go; a message whose
+    outcome has not gone by then is put back, its agent to run again."""
+    deadline = time.monotonic() + timeout_s
+    with _put_back_lock:
+        while _on_its_way and _sends_done.wait(max(0.0, deadline - time.monotonic())):
+            pass
+        unsent = [m for k, m in _on_its_way.items() if k not in _sent]
+    for msg in unsent:
+        _queue_again(msg)
+
+
 def _delivered(msg: dict) -> None:
     """The outcome of ``msg``'s attempt is on the control queue: it is never put back."""
     with _put_back_lock:
@@ -611,9 +641,10 @@ def _delivered(msg: dict) -> None:
 
 
 def outcome_sent(msg: dict) -> bool:
-    """Whether this process sent the outcome of ``msg``'s attempt."""
+    """Whether this process sent the outcome of ``msg``'s attempt, or is sending it (then
+    :func:`sends_finished` puts it back if the send has not gone by the stop's end)."""
     with _put_back_lock:
-        return _key(msg) in _sent
+        return _key(msg) in _sent or _key(msg) in _on_its_way
 
 
 def put_back(msg: dict, enqueue: Callable[[], None]) -> bool:
