@@ -157,19 +157,26 @@ def _run_job_died(state_dir: Path, pid: int, told: bytes) -> int:
     from .attempt import reap_orphans
 
     groups = reap_orphans(state_dir).killed
-    lost = []
+    lost, kept = [], ""
     for line in told.decode("utf-8", "replace").splitlines():
         match line.split():
             case ["attempt", job, attempt, opened] if job.isdigit() and attempt.isdigit():
-                if taken_back(state_dir, int(job), int(attempt), opened, pid):
-                    lost.append([int(job), int(attempt)])
+                try:
+                    if taken_back(state_dir, int(job), int(attempt), opened, pid):
+                        lost.append([int(job), int(attempt)])
+                except Exception as exc:  # noqa: BLE001 - a locked or full state.db: said
+                    kept = (
+                        f"; its attempt {attempt} of job {job} could not be given up "
+                        f"({type(exc).__name__}: {exc}): a control loses it a lease on, or "
+                        "the next run-job of the job supersedes it"
+                    )
     logs.configure(state_dir, process=RUN_JOB)
     logs.get().warning(
         "run_job.died",
         pid=pid,
         process_groups=groups,
         attempts=lost,
-        reason="killed or crashed; its guard ended its agent and queued the job again",
+        reason=f"killed or crashed; its guard ended its agent and queued the job again{kept}",
     )
     return 0
 
