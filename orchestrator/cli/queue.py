@@ -27,6 +27,7 @@ from orchestrator.cli.common import (
     Checked,
     Level,
     Moment,
+    NumberWithin,
     Numbered,
     Refused,
     WholeWithin,
@@ -109,7 +110,7 @@ def _sweep_options(fn):
             ),
             click.option(
                 "--budget-usd",
-                type=float,
+                type=NumberWithin(),
                 default=None,
                 callback=budget_usd,
                 help="Start no new attempt once this run's recorded cost reaches it.",
