@@ -713,6 +713,22 @@ def test_a_config_path_to_no_file_names_the_option(kb, run_cli):
     )
 
 
+@pytest.mark.parametrize("option", ["--config", "--root", "--state"])
+def test_a_terminal_escape_in_a_path_option_is_shown_escaped_in_its_refusal(
+    kb, run_cli, option
+):
+    """`--config` (or `--root`) with a terminal escape in it printed its refusal with the
+    escape raw, recolouring the terminal, where every other refusal shows a name escaped
+    (``logs.one_line``). A runner strips a raw escape from what it captures, so its
+    escaped form is what is looked for."""
+    where = kb.root / "x\x1b[31mred"
+    if option == "--state":
+        where.write_text("")  # a file where the state folder goes: "not a folder"
+    res = run_cli(option, str(where), "status")
+    assert res.exit_code == 1
+    assert res.stderr.count("\n") == 1 and "x\\x1b[31mred" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dangling symlink", "not utf-8"])
 def test_a_settings_file_that_cannot_be_read_as_text_is_one_error_line(kb, run_cli, kind):
     """A FIFO as reviewq.toml held every command for good; a symbolic link to nothing was

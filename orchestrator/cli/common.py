@@ -698,7 +698,9 @@ def cli(ctx: click.Context, root: str, state: str | None, config: str | None) ->
     try:
         ws = Workspace.open(root, state, config)
     except domain_errors() as exc:
-        raise Refused(str(exc)) from None
+        # The paths given (a terminal escape typed or pasted into one), shown as every
+        # other refusal shows a name.
+        raise Refused(shown(str(exc))) from None
     ctx.obj = ws
     ctx.call_on_close(ws.close)
     # Commands that change state log to the state folder's log and say only warnings on
@@ -733,7 +735,7 @@ def require_state(ws: Workspace) -> None:
     try:
         ws.require_state()
     except domain_errors() as exc:
-        raise Refused(str(exc)) from None
+        raise Refused(shown(str(exc))) from None
 
 
 def open_log(ws: Workspace) -> None:
