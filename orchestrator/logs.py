@@ -16,6 +16,7 @@ copies a period reaches into.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import functools
 import importlib
@@ -584,6 +585,26 @@ def _rotated_since(name: Path, listed: Listed, log: Path) -> bool:
     if now is None:
         return name == log or not any(_compressed(name, ext).exists() for ext in _OPENERS)
     return now[0] != listed[0] or (name == log and now[1] < listed[1])
+
+
+def event_unmatched(path: Path, wanted: Wanted) -> str:
+    """Why ``logs --event`` showed nothing, for its one line: an event no line of the log
+    read is (a misspelt name, with the events it is nearest), or one whose lines the other
+    filters left out. A misspelt event showed nothing and exited 0, a quiet night to the
+    person who typed it."""
+    seen = {
+        str(rec.get("event"))
+        for rec, _ in entries(path, Wanted(wanted.since, wanted.until), lambda _: None)
+    }
+    if any(event_matches(wanted.event or "", e) for e in seen):
+        return "no line of that event matched the other filters"
+    near = difflib.get_close_matches((wanted.event or "").casefold(), sorted(seen), n=3)
+    if near:
+        return f"no line of the log read is that event (did you mean {', '.join(near)}?)"
+    return (
+        f"no line of the log read is that event ({len(seen)} other event(s) in it; "
+        "docs/OPERATIONS.md §5 lists every event)"
+    )
 
 
 def entries(

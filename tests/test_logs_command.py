@@ -550,6 +550,31 @@ def test_an_event_is_matched_in_any_case_and_by_its_dotted_words(kb, run_cli):
         assert events("--event", given) == expected, given
 
 
+def test_an_event_that_matched_nothing_is_said_in_one_line(kb, run_cli):
+    """A misspelt `logs --event escalation.raisd` showed nothing and exited 0: a quiet
+    night to the person who typed it. One line says which it was: an event no line of the
+    log is (with the names nearest it), or one the other filters left out."""
+    _night_whose_job_failed(kb)
+
+    def said(*args: str) -> str:
+        res = run_cli("logs", "--event", *args)
+        assert (res.exit_code, res.stdout, res.stderr.count("\n")) == (0, "", 1), res
+        return res.stderr
+
+    assert said("job.faild").startswith(
+        "warning: --event job.faild: no line of the log read is that event "
+        "(did you mean job.failed"
+    )
+    assert said("no.such").startswith(
+        "warning: --event no.such: no line of the log read is that event ("
+    )
+    assert said("job.failed", "--level", "critical") == (
+        "warning: --event job.failed: no line of that event matched the other filters\n"
+    )
+    shown = run_cli("logs", "--event", "job.failed")
+    assert shown.stdout and not shown.stderr
+
+
 def test_a_split_jobs_log_begins_with_the_split_that_made_it(kb, run_cli):
     """`reviewq logs --job 44` of a job a split made began with its first dispatch, from
     nowhere: the job.split line naming it (`into=[44, 45]`) was only job 43's, while a fix

@@ -661,6 +661,9 @@ def logs_cmd(
             click.echo(line)
             continue
         click.echo(logs.line_text(rec))
+    if event and not shown_any and not follow:
+        said = logs.event_unmatched(path, wanted)
+        click.echo(f"warning: --event {shown(event)}: {said}", err=True)
     if job_id is not None and not shown_any and _no_such_job(ws, job_id):
         # A mistyped number read as a job with nothing logged (CONTRACT: refused, 1).
         where = shown(str(ws.state_dir / "state.db"))
