@@ -1069,6 +1069,11 @@ def test_a_pause_that_runs_out_says_so_before_its_jobs_run_again(kb, tmp_path):
         jobs = [r[0] for r in conn.execute("SELECT id FROM review_jobs ORDER BY id")]
         assert conn.execute("SELECT paused_until FROM reviewer_state").fetchone()[0] is None
     assert ended[0]["held"] == len(jobs) == 1
+    # The night's warnings show each pause and its end: its end at info, `--level warning`
+    # showed a reviewer paused at 02:10 and nothing after, paused still to its reader.
+    graver = rq(kb, "logs", "--level", "warning", "--event", "reviewer.", "--json").stdout
+    said = [json.loads(line)["event"] for line in graver.splitlines()]
+    assert said == ["reviewer.paused", "reviewer.pause_ended"] * len(paused), said
     for job in jobs:  # in each held job's story, after the wait, before the run
         res = rq(kb, "logs", "--job", str(job), "--json")
         events = [json.loads(line)["event"] for line in res.stdout.splitlines()]

@@ -245,11 +245,13 @@ class Control:
     def _end_pauses(self, now: str) -> None:
         """Say each pause that ran out once (``reviewer.pause_ended``), in the dispatch
         pass's transaction, before the attempts it opens for the jobs the pause held: the
-        log said when a reviewer was paused, and nothing when its work went on."""
+        log said when a reviewer was paused, and nothing when its work went on. A warning,
+        as the pause is an error: `logs --level warning` showed the pause and not its end,
+        and the agent, unrepaired by anyone, is tried again from here."""
         for name, pause, jobs in end_pauses(self.store, now):
             self.store.after_commit(
                 functools.partial(
-                    self.log.info,
+                    self.log.warning,
                     "reviewer.pause_ended",
                     reviewer=name,
                     paused_since=pause.since,
