@@ -714,9 +714,7 @@ def test_a_config_path_to_no_file_names_the_option(kb, run_cli):
 
 
 @pytest.mark.parametrize("option", ["--config", "--root", "--state"])
-def test_a_terminal_escape_in_a_path_option_is_shown_escaped_in_its_refusal(
-    kb, run_cli, option
-):
+def test_a_terminal_escape_in_a_path_option_is_shown_escaped_in_its_refusal(kb, run_cli, option):
     """`--config` (or `--root`) with a terminal escape in it printed its refusal with the
     escape raw, recolouring the terminal, where every other refusal shows a name escaped
     (``logs.one_line``). A runner strips a raw escape from what it captures, so its

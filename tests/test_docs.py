@@ -580,9 +580,13 @@ def test_the_mistakes_contract_lists_as_exit_1_are_not_those_that_exit_2(kb, run
     refusal from a mistyped call by the code read it wrong."""
     kb.gate("lens/one", ["body"])
     kb.accept("p", [(kb.note("one"), "lens/one")])  # a state.db, which decide reads first
-    for args in (("decide", "1", "redo"), ("decide", "1", "approve", "--fixer", "offline")):
+    # (A redo of a verdict without asks is bad usage too, once its escalation is read: E96.)
+    for args in (
+        ("decide", "1", "redo", "--feedback", " "),
+        ("decide", "1", "approve", "--fixer", "offline"),
+    ):
         assert run_cli(*args).exit_code == 2, args
     row = next(x for x in _text("CONTRACT.md").splitlines() if x.startswith("| `escalations"))
     does, exits_1 = row.replace("\\|", "¦").split(" | ")[1:3]
     assert "without feedback" not in exits_1 and "without `--feedback`" not in exits_1, exits_1
-    assert re.search(r"`redo` without `--feedback`[^|]*exit 2", does), does
+    assert re.search(r"`redo` of a verdict without `--feedback`[^|]*exit 2", does), does

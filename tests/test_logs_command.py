@@ -562,8 +562,7 @@ def test_an_event_that_matched_nothing_is_said_in_one_line(kb, run_cli):
         return res.stderr
 
     assert said("job.faild").startswith(
-        "warning: --event job.faild: no line of the log read is that event "
-        "(did you mean job.failed"
+        "warning: --event job.faild: no line of the log read is that event (did you mean job.failed"
     )
     assert said("no.such").startswith(
         "warning: --event no.such: no line of the log read is that event ("

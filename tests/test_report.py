@@ -2177,7 +2177,7 @@ def test_the_escalations_an_agent_raised_are_counted_apart_with_the_agent(
     says = (
         "reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
         "on them; the last: exited 1: model returned garbage: repair it first"
-        f'{RESTART_AFTER_AN_EDIT}, then reviewq decide 1 2 redo --feedback "…"'
+        f"{RESTART_AFTER_AN_EDIT}, then reviewq decide 1 2 redo"
     )
     page_path = tmp_path / "report.html"
     text = run_cli("report", "--since", "1h", "--html", str(page_path)).stdout
@@ -2212,7 +2212,7 @@ def test_status_counts_apart_the_escalations_an_agent_raised(kb, run_cli):
     assert lines[at + 1] == (
         "  reviewer fake failed every attempt on 2 pair(s) of 1 note(s), which is no verdict "
         "on them; the last: exited 1: model returned garbage: repair it first"
-        f'{RESTART_AFTER_AN_EDIT}, then reviewq decide 1 2 redo --feedback "…"'
+        f"{RESTART_AFTER_AN_EDIT}, then reviewq decide 1 2 redo"
     ), lines
     [agent] = run_cli("status", "--json").json()["agents_failed"]
     assert (agent["escalations"], agent["notes"]) == (2, 1), agent

@@ -1656,7 +1656,8 @@ def test_a_read_command_on_a_state_folder_never_used_says_so(flow, run_cli, args
         # Options that cannot go together, which the commands checked in their bodies,
         # after the group's look at the state folder (E55).
         (("report", "--since", "1h", "--run", "1"), "--since and --run: choose one"),
-        (("decide", "1", "redo"), "redo needs --feedback"),
+        # (A redo without asks is bad usage only of a verdict: said once it is read.)
+        (("decide", "1", "redo", "--feedback", " "), "--feedback is empty"),
         (("decide", "approve"), "name escalation ids, --note PATH or --gate GATE_ID"),
         (("decide", "--fixer", "x", "1", "approve"), "--fixer names the fixer of a redo"),
         (("decide", "0", "approve"), "ESCALATION_ID: "),
@@ -2338,7 +2339,7 @@ def test_paths_in_job_and_report_json_are_relative_to_the_root(flow, run_cli):
         (("2", "x", "reject"), "'x' is not an escalation id (a whole number, 1 or more)"),
         (("1", "approve", "--fixer", "offline"), "--fixer names the fixer of a redo"),
         (("1", "redo"), "redo needs --feedback with the concrete asks for the fixer"),
-        (("1", "redo", "--feedback", "  "), "redo needs --feedback"),
+        (("1", "redo", "--feedback", "  "), "--feedback is empty"),
     ],
 )
 def test_decide_called_wrongly_is_bad_usage(flow, run_cli, args, says):

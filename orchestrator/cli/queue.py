@@ -27,8 +27,8 @@ from orchestrator.cli.common import (
     Checked,
     Level,
     Moment,
-    NumberWithin,
     Numbered,
+    NumberWithin,
     Refused,
     WholeWithin,
     all_gates_alone,
@@ -1137,9 +1137,11 @@ def _decision(
         raise click.UsageError("name escalation ids, --note PATH or --gate GATE_ID")
     if fixer and decision != "redo":
         raise click.UsageError(f"--fixer names the fixer of a redo, not of {decision}")
-    if decision == "redo" and not (feedback and feedback.strip()):
-        # As --fixer without redo: the call's own mistake, not a refusal of it.
-        raise click.UsageError("redo needs --feedback with the concrete asks for the fixer")
+    if feedback is not None and not feedback.strip():
+        raise click.UsageError(
+            "--feedback is empty: write the concrete asks for the fixer (after an agent's "
+            "failure, a redo needs none: leave it out)"
+        )
     if decision == "redo" and feedback and feedback.strip() in ("…", "..."):
         # The placeholder of the call an agent's failed line gives (E90), pasted as it is:
         # its fix jobs were queued with "…" as the person's asks.
@@ -1194,9 +1196,14 @@ def decide_cmd(
       reviewq decide --gate prose/unsupported-figures approve
     """
     from orchestrator.control.followup import FollowUp
+    from orchestrator.cycles.escalations import NeedsFeedback
 
     ids, decision = _decision(args, note, feedback, fixer, gate)
-    escs, jobs, released = FollowUp(ws).decide(ids, note, decision, feedback, fixer, gate)
+    try:
+        escs, jobs, released = FollowUp(ws).decide(ids, note, decision, feedback, fixer, gate)
+    except NeedsFeedback as exc:
+        # As --fixer without redo: the call's own mistake, not a refusal of it (exit 2).
+        raise click.UsageError(str(exc)) from None
     if decision == "redo":
         nudge_control(ws)
         from orchestrator.state.status import job as job_row
@@ -1216,7 +1223,8 @@ def decide_cmd(
             gates = [p["gate_id"] for p in job_row(ws.store, job_id, ws.settings)["pairs"]]
             click.echo(
                 f"redo: fix job {job_id} queued for {note_path} ({len(gates)} gate(s): "
-                f"{', '.join(gates)}) with your asks"
+                f"{', '.join(gates)})"
+                + (" with your asks" if feedback else "")
                 # Decided with them by --note, a pair the fix does not carry was said of
                 # nowhere: the next sweep reviews it.
                 + (f"; released, for the next sweep to review again: {why}" if why else "")

@@ -38,7 +38,7 @@ from orchestrator.review.finalize import (
 from orchestrator.review.jobs import clear_job_folder, create_jobs, display_path
 from orchestrator.review.selector import SelectError, current_notes, select
 from orchestrator.state.files import write_job_files_after_commit
-from orchestrator.state.status import findings
+from orchestrator.state.status import findings, redo_call
 from orchestrator.state.store import utcnow
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue, start_run
@@ -597,18 +597,18 @@ class FollowUp:
         """A note has one fix job at a time, and a fix job is a partition's: a redo of one
         note's escalations in two partitions made one and closed both, and the other's
         pair stayed an accepted FAIL that no sweep would review or fix again."""
-        by_note: dict[str, dict[str, list[int]]] = {}
-        for esc_id, note_path, partition in self.store.conn.execute(
-            "SELECT id, note_path, model_partition FROM escalations "
+        by_note: dict[str, dict[str, list[tuple[int, str]]]] = {}
+        for esc_id, note_path, partition, call in self.store.conn.execute(
+            "SELECT id, note_path, model_partition, call FROM escalations "
             "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
             (json.dumps(esc_ids),),
         ):
-            by_note.setdefault(note_path, {}).setdefault(partition, []).append(esc_id)
+            by_note.setdefault(note_path, {}).setdefault(partition, []).append((esc_id, call))
         for note_path, parts in by_note.items():
             if len(parts) > 1:
                 calls = "; ".join(
-                    f"{p}: reviewq decide {' '.join(map(str, ids))} redo --feedback …"
-                    for p, ids in sorted(parts.items())
+                    f"{p}: " + redo_call(" ".join(str(i) for i, _ in escs), [c for _, c in escs])
+                    for p, escs in sorted(parts.items())
                 )
                 raise DecideError(
                     f"{note_path}: its escalations are in {len(parts)} partitions, and a note "

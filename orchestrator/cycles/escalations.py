@@ -34,6 +34,7 @@ from orchestrator.state.status import (
     decide_calls,
     gist,
     held_by_a_reject,
+    needs_asks,
     quoted,
     raised_by_agents,
     unread_report,
@@ -48,6 +49,11 @@ DECISIONS = ("approve", "redo", "reject")
 
 class DecideError(ValueError):
     """A decision that cannot be taken (unknown or closed escalation, bad call)."""
+
+
+class NeedsFeedback(DecideError):
+    """A redo of a verdict on the note without the person's asks: the call's own mistake
+    (bad usage), found once the escalations it names are read."""
 
 
 def count(store: Store, partition: str, note_path: str, gate_id: str) -> int:
@@ -439,7 +445,7 @@ def report(store: Store, esc_id: int) -> str:
         if e["decision"]
         else f"{CALLS_SAID}{esc_id} approve` accepts the note as it is for "
         f"{e['gate_id']} (recorded as a human review); "
-        + _redo_does(esc_id)
+        + _redo_does(esc_id, e["call"])
         + f"`reviewq decide {esc_id} reject` stops reviewing this pair until the note or the "
         "gate changes (a PASS on record, as one an auditor refuted, becomes your FAIL).",
         "",
@@ -447,14 +453,17 @@ def report(store: Store, esc_id: int) -> str:
     return "\n".join(lines)
 
 
-def _redo_does(esc_id: int) -> str:
+def _redo_does(esc_id: int, call: str) -> str:
     """What a redo does, as decide does it, judged when it is run (the note may change
     meanwhile). It said "queues a fix" of every escalation: with no FAIL about the note's
     text on record (the reviewer failed every attempt, the note was edited since, an
     auditor refuted a PASS) none is queued."""
+    asks = needs_asks(call)
+    feedback = ' --feedback "..."' if asks else ""
     return (
-        f'`reviewq decide {esc_id} redo --feedback "..."` queues a fix with your concrete '
-        "asks while a FAIL about the note as it is now is on record (a fresh count starts); "
+        f"`reviewq decide {esc_id} redo{feedback}` queues a fix "
+        f"{'with your concrete asks' if asks else '(with your asks, given as --feedback)'} "
+        "while a FAIL about the note as it is now is on record (a fresh count starts); "
         "else it releases the pair for the next sweep if it needs a review (never reviewed, "
         "or the note or gate changed), and is refused if it would do neither; "
     )
@@ -795,8 +804,11 @@ def _check(
         raise DecideError(
             f"escalation {esc_id} was decided already ({e['decision']} at {e['decided_at']})"
         )
-    if decision == "redo" and not (feedback and feedback.strip()):
-        raise DecideError("redo needs --feedback with the concrete asks for the fixer")
+    if decision == "redo" and not (feedback and feedback.strip()) and needs_asks(e["call"]):
+        raise NeedsFeedback(
+            f"redo needs --feedback with the concrete asks for the fixer: escalation {esc_id} "
+            "is a verdict on the note (a redo after an agent's failure needs none)"
+        )
     # A reject needs neither text: it holds the pair until the note or the gate is back
     # or changed. Refusing it would leave an escalation of a deleted note open for good.
     if decision == "reject":

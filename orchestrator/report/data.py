@@ -32,6 +32,7 @@ from orchestrator.state.status import (
     pause_words,
     paused_reviewers,
     quoted,
+    redo_call,
     resume_command,
     spent_budgets,
     stale_now,
@@ -522,7 +523,7 @@ def _escalated_note(
         else "redo",
         "commands": {
             "approve": f"reviewq decide {target} approve",
-            "redo": f'reviewq decide {redo} redo --feedback "…"',
+            "redo": redo_call(redo, [e["call"] for e in escs]),
             "reject": f"reviewq decide {target} reject",
         },
     }

@@ -1529,6 +1529,21 @@ def held_by_a_reject(why: str) -> str:
 RESTART_AFTER_AN_EDIT = " (restart the workers, or send them SIGHUP, after an edit of its profile)"
 
 
+def needs_asks(call: str) -> bool:
+    """Whether a redo of an escalation recommending ``call`` needs the person's asks: a
+    verdict on the note does (the fixer is told what to change); an agent that failed every
+    attempt judged nothing, and its redo runs the job again, with nothing for the person
+    to say about the note."""
+    return call != "redo"
+
+
+def redo_call(target: str, calls: Iterable[str]) -> str:
+    """The ``decide`` line of a redo of ``target`` (ids, ``--note PATH``), whose
+    escalations recommend ``calls``: with the asks' placeholder where one is a verdict."""
+    asks = ' --feedback "…"' if any(map(needs_asks, calls)) else ""
+    return f"reviewq decide {target} redo{asks}"
+
+
 def after_repair(escs: list[dict]) -> list[str]:
     """The ``decide`` calls that answer an agent's escalations once it is repaired, each
     with the call their reports recommend (a redo: the job again, or the pairs released
@@ -1539,8 +1554,9 @@ def after_repair(escs: list[dict]) -> list[str]:
     for e in escs:
         calls.setdefault((e["model_partition"], e["call"]), []).append(e["id"])
     return [
-        f"reviewq decide {' '.join(map(str, sorted(ids)))} {call}"
-        + (' --feedback "…"' if call == "redo" else "")
+        redo_call(" ".join(map(str, sorted(ids))), [call])
+        if call == "redo"
+        else f"reviewq decide {' '.join(map(str, sorted(ids)))} {call}"
         for (_, call), ids in sorted(calls.items())
     ]
 
