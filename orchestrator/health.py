@@ -24,6 +24,7 @@ from orchestrator.state.status import pause_words, paused_reviewers, unwritten_f
 from orchestrator.state.store import (
     STATE_ENTRIES,
     NotOurs,
+    control_pid,
     damaged_words,
     is_damage,
     utcnow,
@@ -83,8 +84,12 @@ def state_folder(
                 "are not in status, the report or select, and a new job given one of those "
                 f"numbers moves its folder to {LOST_HISTORY}/"
             )
+        try:
+            control = control_pid(ws.state_dir) is not None
+        except OSError:
+            control = True  # a lock that cannot be read: said as it always was
         due, error = files_due(store)
-        then = written_when(error, "reviewq rewrite-files writes them at once")
+        then = written_when(error, "reviewq rewrite-files writes them at once", control)
         # Not yet tried is no problem (a transaction just committed, or a migration marked
         # them): the next tick writes them. A write that failed is one.
         report(
@@ -107,7 +112,8 @@ def state_folder(
                 rewrite = "reviewq rewrite-files writes them at once" if "report" in what else None
                 report(
                     why == NOT_TRIED,
-                    f"{n} {what} wait to be written ({why}); {written_when(why, rewrite)}",
+                    f"{n} {what} wait to be written ({why}); "
+                    + written_when(why, rewrite, control),
                 )
     except sqlite3.DatabaseError as exc:
         report(

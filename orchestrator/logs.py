@@ -16,6 +16,7 @@ copies a period reaches into.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import difflib
 import errno
 import functools
@@ -1238,6 +1239,22 @@ def _formatted_once(base: type) -> type:
 # on its stderr they came twice, or as a JSON line where select said it plainly. An
 # escalation a command raises (finalize, run-job) is its `escalated:` line.
 SAID_BY_COMMANDS = frozenset({"kb.file_skipped", "escalation.raised", "sweep.partition_unreviewed"})
+# Events the command running now says itself, in its own summary (:func:`said_by_command`).
+_SAID_HERE: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "reviewq_said_here", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def said_by_command(*events: str) -> Iterator[None]:
+    """Within it, ``events`` stay in the log file and off the command's stderr: the command
+    sums them up in one line of its own (`rewrite-files --all` on a read-only jobs/ printed
+    a `job.files_failed` line for each of 49 jobs before its own one-line refusal)."""
+    token = _SAID_HERE.set(_SAID_HERE.get() | frozenset(events))
+    try:
+        yield
+    finally:
+        _SAID_HERE.reset(token)
 
 
 def _warning_line(logger: object, name: str, event_dict: dict) -> str:
@@ -1315,7 +1332,7 @@ def _not_said_by_commands(record: logging.LogRecord) -> bool:
     event = record.msg.get("event")
     # A job ended by hand is said by the command that ended it (``finalize``, ``run-job``:
     # its reasons, then the error line); its log line before them said each reason twice.
-    return event not in SAID_BY_COMMANDS and not (
+    return event not in SAID_BY_COMMANDS | _SAID_HERE.get() and not (
         event == "job.failed" and record.msg.get("by_hand")
     )
 

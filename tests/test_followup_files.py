@@ -172,9 +172,13 @@ def test_doctor_says_when_a_fixed_note_waits_to_be_written(cycle, monkeypatch, r
         "1 fixed note(s) wait to be written" in line and "Input/output error" in line
         for line in lines
     ), lines
-    # Not a full disk: no tick mends it by itself ("writes them at its next tick" said so).
+    # Not a full disk: no tick mends it by itself ("writes them at its next tick" said so),
+    # and no control process runs here (the test's is in-process, holding no lock).
     (line,) = [x for x in lines if "fixed note(s)" in x]
-    assert line.endswith("; the control process tries again at each tick; mend the cause"), line
+    assert line.endswith(
+        "; mend the cause; no control process runs for this state folder: they wait for one "
+        "(reviewq control)"
+    ), line
     control.write_due_files()
     lines = run_cli("doctor").stdout.splitlines()
     assert not any("wait to be written" in line for line in lines), lines
@@ -1190,8 +1194,9 @@ def test_files_due_that_no_tick_has_tried_yet_are_no_problem_for_doctor(kb, run_
     res = run_cli("doctor")
     assert res.exit_code == 0, res.stdout
     assert (
-        f"ok: {marked} escalation report(s) wait to be written (not written yet); the control "
-        "process writes them at its next tick" in res.stdout
+        f"ok: {marked} escalation report(s) wait to be written (not written yet); no control "
+        "process runs for this state folder: reviewq rewrite-files writes them at once"
+        in res.stdout
     ), res.stdout
 
 

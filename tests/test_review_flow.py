@@ -2238,7 +2238,7 @@ def test_rewrite_files_writes_an_ended_jobs_files_that_wait_to_be_written(flow, 
     run_cli("finalize", "--review-job-id", jid)
     said = run_cli("doctor").stdout
     assert "problem: 1 job(s) whose MANIFEST.json and results wait to be written" in said, said
-    assert "(reviewq rewrite-files writes them at once)" in said, said
+    assert "reviewq rewrite-files writes them at once" in said, said
     shutil.rmtree(manifest)  # the cause mended
     res = run_cli("rewrite-files")
     assert (res.exit_code, res.stdout) == (
@@ -2247,6 +2247,33 @@ def test_rewrite_files_writes_an_ended_jobs_files_that_wait_to_be_written(flow, 
     ), res.stderr
     assert json.loads(manifest.read_text())["status"] == "completed"
     assert "wait to be written" not in run_cli("doctor").stdout
+
+
+def test_job_files_rewrite_files_cannot_write_are_one_line_and_doctor_names_no_control(
+    flow, run_cli
+):
+    """`rewrite-files` of jobs whose files it could not write printed a `job.files_failed`
+    line on its stderr for each job (49 on a read-only jobs/) before its own one-line
+    refusal, which says them all; and doctor said "the control process tries again at
+    each tick" with no control process running, so nothing would."""
+    sel = select_json(run_cli, "prose", "--model", "fake")
+    jobs = create(run_cli, sel, "--grouping", "note")["jobs"]
+    assert len(jobs) == 2, jobs
+    for job in jobs:  # a folder where each job's MANIFEST.json goes
+        manifest = flow.state / "jobs" / f"review-job-{job['review_job_id']}" / "MANIFEST.json"
+        manifest.unlink()
+        (manifest / "in-the-way").mkdir(parents=True)
+    res = reviewq_process("--root", str(flow.root), "rewrite-files", "--all")
+    assert res.returncode == 1, res.stderr
+    [line] = res.stderr.splitlines()
+    assert line.startswith("error: 2 job folder(s) or report(s) could not be written: "), line
+    assert "job.files_failed" in (flow.state / "logs" / "reviewq.jsonl").read_text()
+    said = run_cli("doctor").stdout
+    assert (
+        "wait to be written ([Errno 21] Is a directory: "
+        f"'{flow.state / 'jobs' / 'review-job-1' / 'MANIFEST.json'}'); mend the cause; no "
+        "control process runs for this state folder: reviewq rewrite-files writes them at once"
+    ) in said, said
 
 
 def test_a_jobs_folder_linked_to_a_disk_not_mounted_is_named_with_the_way_out(

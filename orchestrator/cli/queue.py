@@ -463,7 +463,8 @@ def rewrite_files_cmd(ws: Workspace, everything: bool) -> None:
     """
     from orchestrator.control.control import rewrite_files
 
-    jobs, reports, left = rewrite_files(ws, everything)
+    with logs.said_by_command("job.files_failed", "escalation.report_failed"):
+        jobs, reports, left = rewrite_files(ws, everything)
     click.echo(f"wrote the files of {jobs} job(s) and {reports} escalation report(s)")
     if left:
         raise Refused(

@@ -771,10 +771,22 @@ def first_failure(errors: list[str]) -> str | None:
     return next((e for e in errors if e != NOT_TRIED), errors[0] if errors else None)
 
 
-def written_when(error: str | None, rewrite: str | None) -> str:
+NO_CONTROL = "no control process runs for this state folder"
+
+
+def written_when(error: str | None, rewrite: str | None, control: bool = True) -> str:
     """When files kept back by ``error`` get written: room is what a full disk needs; any
     other error (a folder the service user may not write, an I/O error) is mended by a
-    person, whatever the tick does. ``rewrite``: the command that writes them now."""
+    person, whatever the tick does. ``rewrite``: the command that writes them now.
+    ``control``: whether a control process runs to do it (doctor said "the control
+    process writes them at its next tick" with none running, and the files waited)."""
+    if not control and not held(error):
+        now = f": {rewrite}" if rewrite else ": they wait for one (reviewq control)"
+        if error == NOT_TRIED:
+            return NO_CONTROL + now
+        if disk_full(error):
+            return f"make room; {NO_CONTROL}{now}"
+        return f"mend the cause; {NO_CONTROL}{now}"
     if error == NOT_TRIED:
         return "the control process writes them at its next tick"
     if disk_full(error):
