@@ -506,8 +506,18 @@ _ONLY_FOR = {
     # Only these kinds can tell an endpoint out of reach from a slow answer: a command's
     # or offline profile's took it in silence and ran to its deadline, the job's loss.
     "connect_timeout": ("claude", "codex", "gemini", "openai"),
-    # The offline reviewer is a program of reviewq's own that reads no argument.
+    # The offline reviewer is a program of reviewq's own that reads no argument, and
+    # reports one turn and $0: a turn limit or a price given it changed nothing.
     "args": ("claude", "codex", "gemini", "command", "openai"),
+    **dict.fromkeys(
+        (
+            "max_turns",
+            "price_input_per_mtok",
+            "price_output_per_mtok",
+            "price_cached_input_per_mtok",
+        ),
+        ("claude", "codex", "gemini", "command", "openai"),
+    ),
 }
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # ${NAME} anywhere, or a whole value $NAME in capitals, as a shell writes a variable

@@ -339,6 +339,21 @@ BAD = [
         "[reviewers.offline] args",
         "not read for kind 'offline' (only claude, codex, gemini, command, openai)",
     ),
+    # Its agent reports one turn and $0: a turn limit or a price (a copy of another
+    # profile's) loaded and changed nothing (stop 48 left them).
+    *(
+        (
+            f'[reviewers.offline]\nkind = "offline"\n{key} = 2\n',
+            f"[reviewers.offline] {key}",
+            "not read for kind 'offline' (only claude, codex, gemini, command, openai)",
+        )
+        for key in (
+            "max_turns",
+            "price_input_per_mtok",
+            "price_output_per_mtok",
+            "price_cached_input_per_mtok",
+        )
+    ),
     # The kind is judged before the value: told "must be shorter than timeout" (or that
     # a claude profile's base_url is no http URL), a person mended a key that was then
     # refused anyway, for a reason the first line had not said.
