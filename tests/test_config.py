@@ -887,14 +887,15 @@ def test_a_state_folder_that_cannot_be_written_is_named_as_such(kb, run_cli):
     assert run_cli("enqueue", "prose").exit_code == 0
     for leftover in ("state.db-wal", "state.db-shm"):
         (kb.state / leftover).unlink(missing_ok=True)
+    # (`status`, which only reads, reads such a folder: S55.)
     for target, command, says in (
-        (kb.state, "status", "cannot be opened for writing (unable to open database file)"),
+        (kb.state, "resume", "cannot be opened for writing (unable to open database file)"),
         (kb.state / "state.db", "report", "cannot be written here (attempt to write a readonly"),
     ):
         if not _immutable(target):
             pytest.skip("chattr +i is not available on this file system")
         try:
-            res = run_cli(command)
+            res = run_cli(command, *(["offline"] if command == "resume" else []))
         finally:
             subprocess.run(["chattr", "-i", str(target)], check=True)
         assert res.exit_code == 1 and says in res.stderr, res.stderr
@@ -1027,6 +1028,41 @@ def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
             ], args
     finally:
         kb.state.chmod(0o700)
+
+
+def test_the_commands_that_only_read_read_a_state_folder_they_may_not_write(kb):
+    """`status` (and `escalations`, `jobs`, `job N`) on a state folder the user may read
+    and not write (a read-only mount, a copy of the service's, mode 0555) said "reviewq
+    needs write access to the state folder, even to read it": SQLite's WAL wants its -shm
+    file, which such a folder cannot take, and reading needs none. As root, the process
+    runs without CAP_DAC_OVERRIDE, so the modes hold for it too."""
+    import sys
+
+    from .conftest import bound_by_file_modes, reviewq_process
+
+    wrap = bound_by_file_modes()
+    kb.gate("prose/clarity", ["body"])
+    kb.note("alpha")
+    assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0
+    exe = str(Path(sys.executable).parent / "reviewq")
+    modes = {p: p.stat().st_mode for p in [kb.state, *kb.state.rglob("*")]}
+    for path in modes:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        for args in (["status"], ["escalations"], ["jobs"], ["job", "1"]):
+            res = subprocess.run(
+                [*wrap, exe, "--root", str(kb.root), *args],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+            )
+            assert (res.returncode, res.stderr) == (0, ""), args
+        assert "jobs: queued 1" in res.stdout or "job 1: queued" in res.stdout, res.stdout
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+    assert not (kb.state / "state.db-shm").exists()  # nothing was written to it
 
 
 def test_good_queue_urls_and_durations_load(kb):

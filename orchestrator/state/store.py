@@ -16,6 +16,7 @@ import os
 import secrets
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -254,9 +255,11 @@ def control_pid(state_dir: Path) -> int | None:
         fd = os.open(lock, os.O_RDWR)
     except FileNotFoundError:
         return None
-    except PermissionError:
-        # Another user's (a control once run as root): a local lock is looked at as well
-        # through a descriptor that only reads.
+    except OSError as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+        # Another user's (a control once run as root), or on a read-only mount: a local
+        # lock is looked at as well through a descriptor that only reads.
         fd = os.open(lock, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -281,7 +284,13 @@ T = TypeVar("T")
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike, *, readonly: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike, *, readonly: bool = False, reading: bool = False
+    ) -> None:
+        """``readonly``: a state.db that is not there is an empty in-memory schema.
+        ``reading``: a command that only reads may read a state folder it may not write
+        (a read-only mount, a backup, another user's): opened for reading alone, never
+        migrated."""
         self.path = Path(path)
         self._after_commit: list[Callable[[], None]] = []
         # The work a commit's callbacks leave to one step after them all (their due rows
@@ -325,6 +334,8 @@ class Store:
                 self.conn.close()
                 self._no_room(exc)
                 if "unable to open" in str(exc) or "readonly" in str(exc):
+                    if reading and self._read_only():
+                        return
                     # A permission, not a damaged file: "not a reviewq database" would send
                     # the operator to repair the one file they must not lose.
                     raise StoreError(
@@ -346,9 +357,41 @@ class Store:
         self.conn.execute("PRAGMA temp_store = MEMORY")
         self.conn.row_factory = sqlite3.Row
 
+    def _read_only(self) -> bool:
+        """Open state.db for reading alone, where it cannot be written: False when even
+        that fails (said as before). SQLite reads a WAL database read-only through its
+        -shm file; without one it can make, the file is read as immutable, which is whole
+        only when no -wal file holds commits not yet copied into it."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+        tries = [uri] + ([] if wal.exists() and wal.stat().st_size else [uri + "&immutable=1"])
+        for each in tries:
+            conn = sqlite3.connect(each, uri=True, isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                version = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+                current = version.fetchone()[0]
+            except sqlite3.DatabaseError:
+                conn.close()
+                continue
+            if current != LATEST:
+                conn.close()
+                raise StoreError(
+                    f"{self.path}: schema version {current}, which this reviewq reads at "
+                    f"{LATEST}: migrating it needs write access to the state folder"
+                )
+            self.conn = conn
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self.conn.execute("PRAGMA temp_store = MEMORY")
+            self.conn.row_factory = sqlite3.Row
+            return True
+        return False
+
     @classmethod
-    def open(cls, state_dir: str | os.PathLike, *, readonly: bool = False) -> Store:
-        return cls(Path(state_dir) / "state.db", readonly=readonly)
+    def open(
+        cls, state_dir: str | os.PathLike, *, readonly: bool = False, reading: bool = False
+    ) -> Store:
+        return cls(Path(state_dir) / "state.db", readonly=readonly, reading=reading)
 
     def close(self) -> None:
         self.conn.close()

@@ -82,7 +82,7 @@ class Workspace:
                 if empty_if_new and not lost_record(self.state_dir / "state.db", "missing"):
                     return Store.open(self.state_dir, readonly=True)
                 self.require_state()
-            self._store = Store.open(self.state_dir)
+            self._store = Store.open(self.state_dir, reading=True)
         return self._store
 
     def close(self) -> None:
