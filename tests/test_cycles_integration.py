@@ -933,6 +933,31 @@ def test_a_reviewer_that_fails_every_attempt_is_escalated_for_a_redo_not_a_rejec
     ) in summary
 
 
+def test_a_redo_of_a_note_whose_reviewer_failed_in_two_partitions_is_one_call(cyc):
+    """A note whose reviewer failed every attempt in two partitions: `decide --note NOTE
+    redo` was refused ("a note gets one fix job at a time, of one partition; redo one
+    partition now and the other once its fix has ended"), though such a redo queues no
+    fix job, only releases the pairs; the person was sent to two calls and a wait for a
+    fix that would never be. One call releases both, for each partition's next sweep."""
+    config(
+        cyc,
+        profile("one", FAKE_MODE="bad", partition="one"),
+        profile("two", FAKE_MODE="bad", partition="two"),
+    )
+    for reviewer in ("one", "two"):
+        assert rq(cyc, "sweep", "--reviewer", reviewer).returncode == 1
+    escs = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
+    assert sorted(e["model_partition"] for e in escs) == ["one", "two"], escs
+    redo = rq(cyc, "decide", "--note", NOTE, "redo")
+    assert redo.returncode == 0, redo.stderr
+    assert redo.stdout.startswith(f"redo: no fix job queued ({NOTE} has no FAIL on record")
+    assert redo.stdout.count("prose/body-check missing-review") == 1, redo.stdout
+    assert json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"] == []
+    for partition in ("one", "two"):
+        again = rq(cyc, "select", "prose", "--model", partition, "--json").stdout
+        assert [t["reason"] for t in json.loads(again)["targets"]] == ["missing-review"]
+
+
 def test_a_failed_jobs_escalations_quote_only_their_own_pairs_reasons(cyc):
     """Every escalation of a failed bundle quoted the job's reasons whole: "invalid result
     line for N :: G1" stood under G2, whose block was well formed, and read as its own."""

@@ -1212,12 +1212,14 @@ def decide_cmd(
         for note_path, job_id in jobs.items():
             # Why, as select says it ("prose/x gate-changed"): "about its current text" was
             # said of a note nobody had edited, its gate changed since the FAIL.
-            why = ", ".join(released.get(note_path, []))
+            # Each once: the same gate released in two partitions was said twice.
+            why = ", ".join(dict.fromkeys(released.get(note_path, [])))
             if not job_id:
                 click.echo(
                     f"redo: no fix job queued ({note_path} has no FAIL on record about its "
                     f"current text and gates{': ' + why if why else ''}); released: the next "
-                    "sweep reviews it again, and a fix that review starts carries your asks"
+                    "sweep reviews it again"
+                    + (", and a fix that review starts carries your asks" if feedback else "")
                 )
                 continue
             # The job carries every current FAIL of the note, not only the decided ones.

@@ -596,25 +596,51 @@ class FollowUp:
     def _one_partition_per_note(self, esc_ids: list[int]) -> None:
         """A note has one fix job at a time, and a fix job is a partition's: a redo of one
         note's escalations in two partitions made one and closed both, and the other's
-        pair stayed an accepted FAIL that no sweep would review or fix again."""
-        by_note: dict[str, dict[str, list[tuple[int, str]]]] = {}
-        for esc_id, note_path, partition, call in self.store.conn.execute(
-            "SELECT id, note_path, model_partition, call FROM escalations "
+        pair stayed an accepted FAIL that no sweep would review or fix again. Only the
+        partitions with a FAIL to fix count: a redo where the reviewer failed every attempt
+        queues no fix, it releases the pairs for the next sweep, and such a note's redo
+        was refused in two partitions, and named twice, for no fix job at all."""
+        by_note: dict[str, dict[str, list[tuple[int, str, str]]]] = {}
+        for esc_id, note_path, partition, call, gate_id in self.store.conn.execute(
+            "SELECT id, note_path, model_partition, call, gate_id FROM escalations "
             "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
             (json.dumps(esc_ids),),
         ):
-            by_note.setdefault(note_path, {}).setdefault(partition, []).append((esc_id, call))
+            by_note.setdefault(note_path, {}).setdefault(partition, []).append(
+                (esc_id, call, gate_id)
+            )
         for note_path, parts in by_note.items():
+            parts = {
+                p: escs
+                for p, escs in parts.items()
+                if self._fails_to_fix(note_path, p, {g for _, _, g in escs})
+            }
             if len(parts) > 1:
                 calls = "; ".join(
-                    f"{p}: " + redo_call(" ".join(str(i) for i, _ in escs), [c for _, c in escs])
+                    f"{p}: "
+                    + redo_call(" ".join(str(i) for i, _, _ in escs), [c for _, c, _ in escs])
                     for p, escs in sorted(parts.items())
                 )
                 raise DecideError(
-                    f"{note_path}: its escalations are in {len(parts)} partitions, and a note "
+                    f"{note_path}: its escalations are in {len(parts)} partitions with a FAIL "
+                    "to fix, and a note "
                     f"gets one fix job at a time, of one partition; redo one partition now "
                     f"and the other once its fix has ended ({calls})"
                 )
+
+    def _fails_to_fix(self, note_path: str, partition: str, gates: set[str]) -> bool:
+        """Whether a redo of ``gates`` of the note in ``partition`` would queue a fix job
+        (:func:`create_fix_job`'s own test): a FAIL about its current text on record.
+        A note that cannot be read is said by the decision's own checks."""
+        try:
+            note = self.ws.kb.read_note(self.ws.kb.check_rel(note_path))
+        except (KBError, NoteParseError, OSError):
+            return True
+        return bool(
+            current_failures(
+                self.ws.kb, self.store, self.ws.catalog(), partition, note_path, note, gates
+            )
+        )
 
     def _check_released(self, note_path: str, escs: list[dict]) -> list[str]:
         """A redo that queued no fix job is still worth something when it releases stale
