@@ -948,6 +948,10 @@ def test_a_redo_of_a_note_whose_reviewer_failed_in_two_partitions_is_one_call(cy
         assert rq(cyc, "sweep", "--reviewer", reviewer).returncode == 1
     escs = json.loads(rq(cyc, "escalations", "--json").stdout)["escalations"]
     assert sorted(e["model_partition"] for e in escs) == ["one", "two"], escs
+    # Offered as one call wherever the note's calls are (one a partition before).
+    call = f"reviewq decide --note {NOTE} approve|redo|reject"
+    assert f"  decide them at once: {call}\n" in rq(cyc, "escalations").stdout
+    assert f"{call} (recommended: redo)" in rq(cyc, "report").stdout
     redo = rq(cyc, "decide", "--note", NOTE, "redo")
     assert redo.returncode == 0, redo.stderr
     assert redo.stdout.startswith(f"redo: no fix job queued ({NOTE} has no FAIL on record")

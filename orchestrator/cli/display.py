@@ -62,9 +62,10 @@ class ProgressDisplay:
 _NOTES_SHOWN = 20  # escalated notes listed with their decide command; the rest counted
 
 
-def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noqa: ANN001
+def render_summary(out, only_reject, pauses: Sequence[str] = (), store=None) -> None:  # noqa: ANN001
     """``only_reject(note, gate)``: why an escalation can now only be rejected, or None.
-    ``pauses``: each paused reviewer, as status says it."""
+    ``pauses``: each paused reviewer, as status says it. ``store``: state.db, for the
+    calls that answer a note's escalations in several partitions (``decide_calls``)."""
     # Stored text as it is: every line carries some (an agent's stderr in a failed job's
     # reasons, a note's name). As markup, "[/INST]" made the summary an internal error;
     # as emoji codes, "a:fire:b.md" in a decide line was no longer the note's name.
@@ -153,7 +154,7 @@ def render_summary(out, only_reject, pauses: Sequence[str] = ()) -> None:  # noq
         for a in agents:
             console.print(f"  {a['says']}", soft_wrap=True)
         for note_path, escs in notes[:_NOTES_SHOWN]:
-            calls = decide_calls(note_path, [(e["id"], e["model_partition"]) for e in escs])
+            calls = decide_calls(note_path, [(e["id"], e["model_partition"]) for e in escs], store)
             for partition, target in calls.items():
                 gates = [e["gate_id"] for e in escs if partition in (None, e["model_partition"])]
                 why = next(filter(None, (only_reject(note_path, g) for g in gates)), None)

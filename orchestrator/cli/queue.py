@@ -380,7 +380,7 @@ def sweep_cmd(ws: Workspace, workers: int, as_json: bool, **opts) -> None:
             }
         )
     else:
-        render_summary(out, only_reject_check(ws), pauses)
+        render_summary(out, only_reject_check(ws), pauses, ws.store)
     problems = []
     if out.summary["failed"]:
         problems.append(f"{len(out.summary['failed'])} job(s) failed")

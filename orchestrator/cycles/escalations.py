@@ -1052,7 +1052,7 @@ def escalation_lines(
         # A note's one escalation gets its call too: without it, that note alone was
         # shown with no command to answer it.
         calls = (
-            decide_calls(note, [(e.id, e.model_partition) for e in group])
+            decide_calls(note, [(e.id, e.model_partition) for e in group], store)
             if len(group) > 1
             else {None: str(group[0].id)}
         )

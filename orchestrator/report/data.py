@@ -502,7 +502,7 @@ def _escalated_note(
         attempts.append(f)
     ids = " ".join(str(e["id"]) for e in escs)
     target = f"--note {shlex.quote(note)}" if len(escs) > 1 else ids
-    calls = decide_calls(note, [(e["id"], e["model_partition"]) for e in escs])
+    calls = decide_calls(note, [(e["id"], e["model_partition"]) for e in escs], store)
     # A redo takes one partition's at a time (one fix job a note): the others next time.
     redo = target if None in calls else next(iter(calls.values()))
     return {

@@ -1595,16 +1595,35 @@ def by_note(
     return sorted(groups.items(), key=key)
 
 
-def decide_calls(note_path: str, escalations: list[tuple[int, str]]) -> dict[str | None, str]:
+def decide_calls(
+    note_path: str, escalations: list[tuple[int, str]], store: Store | None = None
+) -> dict[str | None, str]:
     """What `reviewq decide` takes to answer a note's (id, partition) escalations at once:
-    the note, or each partition's ids when they are in several (a redo makes one fix job,
-    of one partition, and decide refuses the note). Partition (None: all) -> arguments."""
+    the note, or each partition's ids when they are in several that may each want a fix
+    (a redo makes one fix job, of one partition, and decide refuses the note). With
+    ``store``, a partition that holds no FAIL of the note (its reviewer failed every
+    attempt) wants none: its redo only releases the pairs, and the note is one call
+    (E97). Partition (None: all) -> arguments."""
     parts: dict[str, list[int]] = {}
     for esc_id, partition in escalations:
         parts.setdefault(partition, []).append(esc_id)
-    if len(parts) == 1:
+    if len(parts) == 1 or (store is not None and len(_failing_in(store, note_path, parts)) < 2):
         return {None: f"--note {shlex.quote(note_path)}"}
     return {p: " ".join(map(str, ids)) for p, ids in sorted(parts.items())}
+
+
+def _failing_in(store: Store, note_path: str, partitions: Iterable[str]) -> set[str]:
+    """Which of ``partitions`` hold an accepted FAIL of the note, of any text: those a
+    redo may make a fix job in (decide's own test, which reads the KB, is narrower)."""
+    return {
+        p
+        for p in partitions
+        if store.conn.execute(
+            "SELECT 1 FROM acceptance WHERE model_partition = ? AND note_path = ? "
+            "AND decision = 'FAIL' LIMIT 1",
+            (p, note_path),
+        ).fetchone()
+    }
 
 
 # --- what an escalation's report quotes ------------------------------------------------
