@@ -106,6 +106,7 @@ class FollowUp:
         opts = cycles.run_options(self.store, job)
         pairs = decided if decided is not None else self._pairs(job_id)
         fix_notes: set[str] = set()
+        waiting: dict[str, list[tuple[dict, str, str]]] = {}
         for p in pairs:
             if p["decision"] != "FAIL" or not self._accepted(job, p):
                 continue
@@ -125,7 +126,7 @@ class FollowUp:
                         "and the pair is stale: the next sweep reviews it as it is",
                     )
                 )
-            elif n >= cycles.ESCALATE_AT:
+            elif n >= cycles.ESCALATE_AT and not (opts.get("fix") and self._fixed_too_few(job, p)):
                 # Each follow-up in a savepoint of its own: one that cannot be made must not
                 # undo the others (a third rejection's escalation above all).
                 with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
@@ -134,9 +135,13 @@ class FollowUp:
                     )
             elif opts.get("fix"):
                 fix_notes.add(p["note_path"])
+                if n >= cycles.ESCALATE_AT:
+                    said = (f"{n} consecutive rejections", cycles.gist(p["rationale"]))
+                    waiting.setdefault(p["note_path"], []).append((p, *said))
         for note_path in sorted(fix_notes):
-            with self._or_logged(job_id, f"fix of {note_path}"):
-                self._start_fix(job, note_path, opts, feedback=self._asks(job, note_path))
+            self._fix_or_escalate(
+                job, note_path, opts, self._asks(job, note_path), waiting.get(note_path, [])
+            )
         with self._or_logged(job_id, "audit"):
             self._audit(job, pairs, opts)
         if opts.get("sequential"):
@@ -329,11 +334,38 @@ class FollowUp:
         )
 
     # --- fixes ------------------------------------------------------------------------
+    def _fixed_too_few(self, job, p) -> bool:  # noqa: ANN001 - rows
+        """Whether a pair at its third rejection or more was given to the fixer less than
+        twice since its count began: its FAILs came in while fixes of the note's other
+        FAILs were open (their own fix skipped), and the re-reviews after those fixes
+        counted. Escalated, a person was asked about a finding no fix had tried; it gets
+        the fixes the cycle promises first (CONTRACT §7)."""
+        given = cycles.fixes_given(self.store, job["model_partition"], p["note_path"], p["gate_id"])
+        return given < cycles.ESCALATE_AT - 1
+
+    def _fix_or_escalate(
+        self, job, note_path: str, opts: dict, feedback: str | None, waiting: list
+    ) -> None:
+        """Start a fix of the note's current FAILs; ``waiting``, pairs past three
+        rejections held back for it (``_fixed_too_few``), each with the reason and
+        recommendation of its escalation, are escalated if none starts and none is open
+        (the note grew past the limit, is excluded or unreadable): else no fix would ever
+        follow, and no sweep reviews a FAIL of an unchanged note again. With one open,
+        they are re-reviewed after it as FAILs that came in while it was open."""
+        with self._or_logged(job["id"], f"fix of {note_path}"):
+            if self._start_fix(job, note_path, opts, feedback=feedback) is not None:
+                return
+        if open_fix_job(self.store, note_path) is not None:
+            return
+        for p, reason, recommend in waiting:
+            with self._or_logged(job["id"], f"escalation of {p['note_path']} {p['gate_id']}"):
+                self._escalate_pair(job, p, reason, opts, recommend)
+
     def _start_fix(
         self, job, note_path: str, opts: dict, feedback: str | None = None, include=None
-    ) -> None:
+    ) -> int | None:
         fixer = opts.get("fixer") or job["reviewer"]
-        create_fix_job(
+        return create_fix_job(
             self.ws.kb,
             self.ws.catalog(),
             self.store,
@@ -402,20 +434,24 @@ class FollowUp:
                 )
             self.log.warning("fix.unchanged", job_id=job["id"], note_path=job["note_path"])
             opts = cycles.run_options(self.store, job)
+            waiting = []
             for p, n in again:
-                if n >= cycles.ESCALATE_AT:
-                    self._escalate_pair(
-                        job,
-                        p,
-                        f"{n} consecutive rejections (the last fix changed nothing)",
-                        opts,
-                        cycles.gist(p["rationale"]).rstrip(".")
-                        + "; the fixer's last attempt changed nothing",
-                    )
-            # Another fix of what is left: its pairs under three, and the note's FAILs
-            # that came in while it was open (their own fix was skipped for it), even
-            # when all of its own were escalated. The escalated wait for a person.
-            self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
+                if n < cycles.ESCALATE_AT:
+                    continue
+                said = (
+                    f"{n} consecutive rejections (the last fix changed nothing)",
+                    cycles.gist(p["rationale"]).rstrip(".")
+                    + "; the fixer's last attempt changed nothing",
+                )
+                if self._fixed_too_few(job, p):
+                    waiting.append((p, *said))
+                else:
+                    self._escalate_pair(job, p, said[0], opts, said[1])
+            # Another fix of what is left: its pairs under three or given to the fixer
+            # once, and the note's FAILs that came in while it was open (their own fix was
+            # skipped for it), even when all of its own were escalated. The escalated wait
+            # for a person.
+            self._fix_or_escalate(job, job["note_path"], opts, job["feedback"], waiting)
             return None
         # The note is written, logged (fix.applied) and committed once this commits.
         finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")

@@ -95,6 +95,34 @@ def reject(
     return n
 
 
+def rejections(
+    store: Store, partition: str, note_path: str, gate_id: str, n: int, until: str | None = None
+) -> list[sqlite3.Row]:
+    """The pair's last ``n`` rejections (recorded by ``until``), oldest first, each with the
+    fix it judged (``fix_id``: the fix job whose re-review it is, or which changed nothing)
+    and whether that fix carried the pair (``carried``). A re-review of a fix made for the
+    note's other FAILs (this one came in while it was open) judged no fix of this gate."""
+    rows = store.conn.execute(
+        "SELECT c.rejection, c.kind, c.job_id, c.gist, f.id AS fix_id, "
+        "EXISTS (SELECT 1 FROM review_pairs fp WHERE fp.job_id = f.id "
+        "AND fp.note_path = c.note_path AND fp.gate_id = c.gate_id) AS carried "
+        "FROM cycle_events c LEFT JOIN review_jobs j ON j.id = c.job_id "
+        "LEFT JOIN review_jobs f ON f.kind = 'fix' "
+        "AND f.id = CASE WHEN j.kind = 'fix' THEN j.id ELSE j.source_job_id END "
+        "WHERE c.model_partition = ?1 AND c.note_path = ?2 AND c.gate_id = ?3 "
+        "AND (?4 IS NULL OR c.at <= ?4) ORDER BY c.id DESC LIMIT ?5",
+        (partition, note_path, gate_id, until, n),
+    ).fetchall()
+    return rows[::-1]
+
+
+def fixes_given(store: Store, partition: str, note_path: str, gate_id: str) -> int:
+    """How many fixes carried the pair's finding and were judged since its count began:
+    the cycle escalates a pair after the fixer was given it twice (CONTRACT §7)."""
+    n = count(store, partition, note_path, gate_id)
+    return sum(r["carried"] for r in rejections(store, partition, note_path, gate_id, n))
+
+
 def record_decisions(store: Store, job, results: list[dict]) -> None:
     """Inside finalize's transaction: FAIL counts a rejection, PASS and WARN reset the count.
     Audit jobs judge a PASS, not the note's history, and leave counts alone."""
@@ -401,15 +429,12 @@ def report(store: Store, esc_id: int) -> str:
     """The gate-review report (CONTRACT §7): three lines in, a person can vote."""
     e = store.conn.execute("SELECT * FROM escalations WHERE id = ?", (esc_id,)).fetchone()
     # The rejections up to the escalation: written again later, the report says the same.
-    events = store.conn.execute(
-        "SELECT rejection, kind, job_id, gist FROM cycle_events WHERE model_partition = ? AND note_path = ? "
-        "AND gate_id = ? AND at <= ? ORDER BY id DESC LIMIT ?",
-        (e["model_partition"], e["note_path"], e["gate_id"], e["raised_at"], e["cycles"]),
-    ).fetchall()
+    events = rejections(
+        store, e["model_partition"], e["note_path"], e["gate_id"], e["cycles"], e["raised_at"]
+    )
     recommend, material = quoted(store, e)
     cycles = [
-        f"- Cycle {i}: FAIL — {ev['gist']}" + (f" (job {ev['job_id']})" if ev["job_id"] else "")
-        for i, ev in enumerate(reversed(events), 1)
+        f"- Cycle {i}: FAIL — {ev['gist']}" + _judged(ev) for i, ev in enumerate(events, 1)
     ] or ["- (no rejection cycles: " + e["reason"] + ")"]
     # The cycles' fixes carried the person's asks: read without it, a second redo with
     # the same asks looked worth a try (`escalations` said it, the file did not).
@@ -451,6 +476,17 @@ def report(store: Store, esc_id: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _judged(ev: sqlite3.Row) -> str:
+    """A cycle line's job, and the fix a re-review judged: one made for the note's other
+    FAILs read as a try of the fixer's at this gate."""
+    if not ev["job_id"]:
+        return ""
+    if ev["fix_id"] is None or ev["fix_id"] == ev["job_id"]:
+        return f" (job {ev['job_id']})"
+    which = "which carried this gate" if ev["carried"] else "which did not carry this gate"
+    return f" (job {ev['job_id']}, after fix {ev['fix_id']}, {which})"
 
 
 def _redo_does(esc_id: int, call: str) -> str:
