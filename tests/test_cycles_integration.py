@@ -1498,12 +1498,13 @@ def test_an_unchanged_fix_that_escalates_its_pairs_still_fixes_the_notes_other_f
     assert [r[0] for r in carried] == ["frontmatter/desc-check"]
 
 
-def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_escalates(kb):
-    """Two lenses of a note reviewed in separate jobs, as a sweep does (stop 49's real
-    night): the prose FAIL started a fix, the sentence FAIL came while it was open (its own
-    fix skipped), was re-reviewed after it and FAILed again while the next prose fix was
-    open. Its third FAIL escalated it, a gate no fix had ever carried, its report reading
-    "fixer fake" as if the fixer had tried twice."""
+# Each round the prose review ends first, then the sentence review, then the note's fix.
+ROUND = (("review", "prose/"), ("review", "sentence/"), ("fix", ""))
+
+
+def two_lenses_failing(kb) -> None:
+    """A note FAILed by a prose gate and a sentence gate, reviewed in separate jobs, and a
+    fixer that changes the note but mends nothing; queued with fixing on."""
     kb.gate("prose/body-check", ["body"])
     kb.gate("sentence/body-words", ["body"])
     kb.note("alpha", body="Alpha body.\n")
@@ -1511,48 +1512,79 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
     res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--json")
     assert res.returncode == 0, res.stderr
 
-    def queued(kind: str, lens: str = "") -> int | None:
-        with db(kb) as conn:
-            row = conn.execute(
-                "SELECT j.id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
-                "WHERE j.status = 'queued' AND j.kind = ? AND p.gate_id LIKE ? ORDER BY j.id",
-                (kind, f"{lens}%"),
-            ).fetchone()
-        return row[0] if row else None
 
-    # Each round the prose review ends first, then the sentence review, then the fix.
+def queued_job(kb, kind: str, lens: str = "") -> int | None:
+    with db(kb) as conn:
+        row = conn.execute(
+            "SELECT j.id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+            "WHERE j.status = 'queued' AND j.kind = ? AND p.gate_id LIKE ? ORDER BY j.id",
+            (kind, f"{lens}%"),
+        ).fetchone()
+    return row[0] if row else None
+
+
+def run_in_turn(kb, steps) -> None:  # noqa: ANN001 - (kind, lens) pairs
+    """Each step runs the first queued job of its kind and lens, if one is queued."""
+    for kind, lens in steps:
+        if (job := queued_job(kb, kind, lens)) is not None:
+            res = rq(kb, "run-job", str(job), "--reviewer", "fake")
+            assert res.returncode == 0, res.stderr
+
+
+def fixes_of(kb, gate_id: str) -> list[int]:
+    with db(kb) as conn:
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT j.id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+                "WHERE j.kind = 'fix' AND p.gate_id = ? ORDER BY j.id",
+                (gate_id,),
+            )
+        ]
+
+
+def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_escalates(kb):
+    """Two lenses of a note reviewed in separate jobs, as a sweep does (stop 49's real
+    night): the prose FAIL started a fix, the sentence FAIL came while it was open (its own
+    fix skipped), was re-reviewed after it and FAILed again while the next prose fix was
+    open. Its third FAIL escalated it, a gate no fix had ever carried, its report reading
+    "fixer fake" as if the fixer had tried twice."""
+    two_lenses_failing(kb)
     for _ in range(8):
-        for kind, lens in (("review", "prose/"), ("review", "sentence/"), ("fix", "")):
-            if (job := queued(kind, lens)) is not None:
-                res = rq(kb, "run-job", str(job), "--reviewer", "fake")
-                assert res.returncode == 0, res.stderr
-        if (queued("review"), queued("fix")) == (None, None):
+        run_in_turn(kb, ROUND)
+        if (queued_job(kb, "review"), queued_job(kb, "fix")) == (None, None):
             break
     else:
         pytest.fail("jobs are still queued after 8 rounds")
+    prose, sentence = fixes_of(kb, "prose/body-check"), fixes_of(kb, "sentence/body-words")
     with db(kb) as conn:
-        carried = {
-            gate: [r[0] for r in conn.execute(
-                "SELECT j.id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
-                "WHERE j.kind = 'fix' AND p.gate_id = ? ORDER BY j.id",
-                (gate,),
-            )]
-            for gate in ("prose/body-check", "sentence/body-words")
-        }  # fmt: skip
         escs = {e["gate_id"]: e for e in conn.execute("SELECT * FROM escalations")}
     assert sorted(escs) == ["prose/body-check", "sentence/body-words"]
     # Each gate escalated after two fixes that carried its finding, as the cycle promises.
-    assert [len(carried[g]) for g in sorted(escs)] == [2, 2]
+    assert (len(prose), len(sentence)) == (2, 2)
     assert (escs["prose/body-check"]["cycles"], escs["sentence/body-words"]["cycles"]) == (3, 5)
     # Its report says which fixes carried the gate: the first two were the prose's.
     report = (kb.state / escs["sentence/body-words"]["report_path"]).read_text()
     after = [line.partition(", after ")[2] for line in report.splitlines() if "- Cycle" in line]
-    prose, sentence = carried["prose/body-check"], carried["sentence/body-words"]
     assert after == [
         "",
         *(f"fix {f}, which did not carry this gate)" for f in prose),
         *(f"fix {f}, which carried this gate)" for f in sentence),
     ]
+
+
+def test_a_third_fail_no_fix_carried_escalates_when_no_fix_can_be_made(kb):
+    """The sentence FAIL held back for a fix of its own (above), when the note was
+    excluded since (no fixer rewrites an index unasked): no fix follows, and no sweep
+    reviews a FAIL of an unchanged note again, so it goes to a person at three."""
+    two_lenses_failing(kb)
+    run_in_turn(kb, [*ROUND, *ROUND, ROUND[0]])
+    kb.write("reviewq.toml", kb.read("reviewq.toml") + '[kb]\nexclude = ["alpha.md"]\n')
+    run_in_turn(kb, [ROUND[1]])
+    with db(kb) as conn:
+        escs = dict(conn.execute("SELECT gate_id, cycles FROM escalations").fetchall())
+    assert escs == {"prose/body-check": 3, "sentence/body-words": 3}
+    assert (fixes_of(kb, "sentence/body-words"), queued_job(kb, "fix")) == ([], None)
 
 
 def test_a_sweep_answers_for_the_older_jobs_it_ran(kb):
