@@ -1573,6 +1573,27 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
     ]
 
 
+def test_a_sweep_escalates_each_pair_of_two_lenses_after_two_fixes_that_carried_it(kb):
+    """The real night's sweep (its control, workers and agents), four notes failing two
+    lenses reviewed side by side: whichever FAIL of a note comes while another's fix is
+    open, each pair goes to a person only after two fixes of the note carried it."""
+    two_lenses_failing(kb)
+    for name in ("beta", "gamma", "delta"):
+        kb.note(name, body=f"{name.title()} body.\n")
+    res = rq(kb, "sweep", "--reviewer", "fake", "--fix", "--workers", "2", "--json")
+    assert res.returncode == 0, res.stderr
+    escalated = json.loads(res.stdout)["escalations"]
+    assert len(escalated) == 8
+    with db(kb) as conn:
+        for e in escalated:
+            (carried,) = conn.execute(
+                "SELECT count(*) FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+                "WHERE j.kind = 'fix' AND p.note_path = ? AND p.gate_id = ?",
+                (e["note_path"], e["gate_id"]),
+            ).fetchone()
+            assert carried >= 2, (e["note_path"], e["gate_id"], carried)
+
+
 def test_a_third_fail_no_fix_carried_escalates_when_no_fix_can_be_made(kb):
     """The sentence FAIL held back for a fix of its own (above), when the note was
     excluded since (no fixer rewrites an index unasked): no fix follows, and no sweep
