@@ -106,7 +106,7 @@ class FollowUp:
         opts = cycles.run_options(self.store, job)
         pairs = decided if decided is not None else self._pairs(job_id)
         fix_notes: set[str] = set()
-        waiting: dict[str, list[tuple[dict, str, str]]] = {}
+        waiting: dict[str, list[tuple]] = {}  # (pair, reason, recommend) by note
         for p in pairs:
             if p["decision"] != "FAIL" or not self._accepted(job, p):
                 continue
