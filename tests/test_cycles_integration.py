@@ -1504,11 +1504,16 @@ ROUND = (("review", "prose/"), ("review", "sentence/"), ("fix", ""))
 
 def two_lenses_failing(kb) -> None:
     """A note FAILed by a prose gate and a sentence gate, reviewed in separate jobs, and a
-    fixer that changes the note but mends nothing; queued with fixing on."""
+    fixer that changes the note but mends nothing (``nofix``: one that changes nothing);
+    queued with fixing on."""
     kb.gate("prose/body-check", ["body"])
     kb.gate("sentence/body-words", ["body"])
     kb.note("alpha", body="Alpha body.\n")
-    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"))
+    config(
+        kb,
+        profile("fake", FAKE_PASS_IF_CONTAINS="NEVER", FAKE_FIX_APPEND="another try"),
+        profile("nofix"),
+    )
     res = rq(kb, "enqueue", "--all-gates", "--reviewer", "fake", "--fix", "--json")
     assert res.returncode == 0, res.stderr
 
@@ -1523,11 +1528,13 @@ def queued_job(kb, kind: str, lens: str = "") -> int | None:
     return row[0] if row else None
 
 
-def run_in_turn(kb, steps) -> None:  # noqa: ANN001 - (kind, lens) pairs
-    """Each step runs the first queued job of its kind and lens, if one is queued."""
+def run_in_turn(kb, steps, fixer: str = "fake") -> None:  # noqa: ANN001 - (kind, lens) pairs
+    """Each step runs the first queued job of its kind and lens, if one is queued; a fix
+    by the ``fixer`` profile."""
     for kind, lens in steps:
         if (job := queued_job(kb, kind, lens)) is not None:
-            res = rq(kb, "run-job", str(job), "--reviewer", "fake")
+            who = fixer if kind == "fix" else "fake"
+            res = rq(kb, "run-job", str(job), "--reviewer", who)
             assert res.returncode == 0, res.stderr
 
 
@@ -1571,6 +1578,29 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
         *(f"fix {f}, which did not carry this gate)" for f in prose),
         *(f"fix {f}, which carried this gate)" for f in sentence),
     ]
+
+
+def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):
+    """The sentence FAIL held back at three (above) got a fix of its own that changed
+    nothing: a rejection with no re-review, its fourth, after one fix that carried it.
+    Escalated then, the person was asked after one try; another fix follows first."""
+    two_lenses_failing(kb)
+    run_in_turn(kb, [*ROUND, *ROUND, *ROUND[:2]])
+    run_in_turn(kb, [ROUND[2], ROUND[2]], fixer="nofix")
+    with db(kb) as conn:
+        (esc,) = conn.execute(
+            "SELECT * FROM escalations WHERE gate_id = 'sentence/body-words'"
+        ).fetchall()
+    assert esc["cycles"] == 5
+    assert esc["reason"] == "5 consecutive rejections (the last fix changed nothing)"
+    report = (kb.state / esc["report_path"]).read_text()
+    sentence = fixes_of(kb, "sentence/body-words")
+    assert [
+        line.rpartition(" (")[2]
+        for line in report.splitlines()
+        if "- Cycle 4" in line or "- Cycle 5" in line
+    ] == [f"job {f})" for f in sentence]
+    assert queued_job(kb, "fix") is None
 
 
 def test_a_sweep_escalates_each_pair_of_two_lenses_after_two_fixes_that_carried_it(kb):
