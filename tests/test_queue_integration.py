@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -1041,24 +1042,15 @@ def test_a_pause_that_runs_out_says_so_before_its_jobs_run_again(kb, tmp_path):
         + FAST_QUEUE
         + "launch_failures_before_pause = 1\npause_seconds = 2\n",
     )
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-    worker = None
-    try:
-        _until(control.stderr, "control.started")
-        worker = subprocess.Popen([*base, "worker"], stderr=subprocess.DEVNULL)
+    with _started_control(kb) as started:
+        started.start_worker()
+        log = started.control.stderr
         assert rq(kb, "enqueue", "--all-gates", "--reviewer", "fake").returncode == 0
-        assert _until(control.stderr, "reviewer.paused") == "reviewer.paused"
+        assert _until(log, "reviewer.paused") == "reviewer.paused"
         shutil.copy(FAKE, agent)
-        said = _until(control.stderr, "reviewer.pause_ended", "job.finalized")
+        said = _until(log, "reviewer.pause_ended", "job.finalized")
         assert said == "reviewer.pause_ended"
-        assert _until(control.stderr, "job.finalized") == "job.finalized"
-    finally:
-        for proc in (worker, control):
-            if proc is not None and proc.poll() is None:
-                stop(proc)
-        control.stderr.close()
+        assert _until(log, "job.finalized") == "job.finalized"
     lines = log_lines(kb)
     paused = [x for x in lines if x["event"] == "reviewer.paused"]
     ended = [x for x in lines if x["event"] == "reviewer.pause_ended"]
@@ -1276,12 +1268,8 @@ def test_jobs_of_a_profile_added_since_the_control_started_wait_for_its_restart(
     that it must be restarted to run them, and its SIGHUP runs them."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-    worker = None
-    try:
-        _until(control.stderr, "control.started")
+    with _started_control(kb) as started:
+        log = started.control.stderr
         added = (
             fake_profile()
             .replace("[reviewers.fake]", "[reviewers.fake2]")
@@ -1289,16 +1277,11 @@ def test_jobs_of_a_profile_added_since_the_control_started_wait_for_its_restart(
         )
         kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + added)
         assert rq(kb, "enqueue", "--reviewer", "fake2", "frontmatter").returncode == 0
-        said = _until(control.stderr, "control.settings_stale", "job.failed")
+        said = _until(log, "control.settings_stale", "job.failed")
         assert said == "control.settings_stale"
-        control.send_signal(signal.SIGHUP)
-        worker = subprocess.Popen([*base, "worker"], stderr=subprocess.DEVNULL)
-        assert _until(control.stderr, "job.finalized", "job.failed") == "job.finalized"
-    finally:
-        for proc in (worker, control):
-            if proc is not None and proc.poll() is None:
-                stop(proc)
-        control.stderr.close()
+        started.control.send_signal(signal.SIGHUP)
+        started.start_worker()
+        assert _until(log, "job.finalized", "job.failed") == "job.finalized"
     stale = [x for x in log_lines(kb) if x["event"] == "control.settings_stale"]
     assert len(stale) == 1 and stale[0]["reviewer"] == "fake2"
     assert stale[0]["config"] == str(kb.root / "reviewq.toml")
@@ -1311,11 +1294,8 @@ def test_status_says_the_jobs_of_a_profile_added_since_the_control_started_wait_
     for until the control is restarted, and no more once it was."""
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
-    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
-    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
-    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
-    try:
-        _until(control.stderr, "control.started")
+    with _started_control(kb) as started:
+        control = started.control
         added = (
             fake_profile()
             .replace("[reviewers.fake]", "[reviewers.fake2]")
@@ -1341,10 +1321,6 @@ def test_status_says_the_jobs_of_a_profile_added_since_the_control_started_wait_
         control.send_signal(signal.SIGHUP)
         assert _until(control.stderr, "control.started") == "control.started"
         assert "reviewer fake2 is active" in rq(kb, "status").stdout
-    finally:
-        if control.poll() is None:
-            stop(control)
-        control.stderr.close()
 
 
 def test_messages_left_in_the_sqlite_queue_are_moved_to_redis_when_the_url_is_set(kb, tmp_path):
@@ -1453,6 +1429,36 @@ def _kill_control_mid_move(base: list[str], fifo: Path) -> None:
     finally:
         control.kill()
         control.wait()
+
+
+class _Started:
+    """A control of :func:`_started_control`, and the worker started beside it, if any."""
+
+    def __init__(self, control: subprocess.Popen, base: list[str]) -> None:
+        self.control, self.base = control, base
+        self.worker: subprocess.Popen | None = None
+
+    def start_worker(self) -> None:
+        self.worker = subprocess.Popen([*self.base, "worker"], stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def _started_control(kb) -> Iterator[_Started]:  # noqa: ANN001 - a KBBuilder
+    """A real control on ``kb`` whose JSON log lines come on its stderr, once it has said
+    `control.started`; the worker started beside it (``start_worker``) and the control are
+    stopped at the end, the worker first, if they still run."""
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_LOG_FORMAT": "json"}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.PIPE)
+    started = _Started(control, base)
+    try:
+        _until(control.stderr, "control.started")
+        yield started
+    finally:
+        for proc in (started.worker, control):
+            if proc is not None and proc.poll() is None:
+                stop(proc)
+        control.stderr.close()
 
 
 def _control_until(base: list[str], *events: str) -> str:
