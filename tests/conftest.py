@@ -349,6 +349,13 @@ def refused_port() -> Iterator[int]:
         yield held.getsockname()[1]
 
 
+def libfaketime() -> Path | None:
+    """libfaketime's preload library (a process on a clock of its own), None where it is
+    not installed."""
+    libs = sorted(Path("/usr").glob("lib*/**/faketime/libfaketime.so.1"))
+    return libs[0] if libs else None
+
+
 def bound_by_file_modes() -> list[str]:
     """The command prefix that makes a process obey file modes: as root, without the
     capabilities that pass them (CAP_DAC_OVERRIDE); skips the test if that cannot be had."""

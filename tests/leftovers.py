@@ -51,6 +51,7 @@ CGROUP_PARENTS = [
     Path("/sys/fs/cgroup/memory"),
     Path("/sys/fs/cgroup/pids"),
 ]
+SHM = Path("/dev/shm")
 _PID_NAMED = re.compile(r"^(?:rq-chromium-|reviewq-test-)(\d+)(?:-.*)?$")
 
 
@@ -113,10 +114,21 @@ def end(pids: list[int], grace: float) -> list[str]:
         for fd in waiting:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)  # the process, never a reuse
+            _remove_faketime_files(fds[fd])
         return said
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _remove_faketime_files(pid: int) -> None:
+    """What libfaketime made for ``pid``, a process ended outright, removed. Preloaded into
+    a process whose environment names none (tests/test_remote_workers.py's worker on
+    another clock), it makes a semaphore and a shared memory object named by that pid in
+    /dev/shm, which only that process's own exit removes: one SIGKILLed left both for good."""
+    for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+        with contextlib.suppress(FileNotFoundError):
+            (SHM / name).unlink()
 
 
 def of_another_run(pid: int, changed_at: float) -> bool:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from .leftovers import remove_cgroup
+from .conftest import libfaketime
+from .leftovers import SHM, remove_cgroup
 from .test_queue_integration import await_fifo, make_fifo
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -144,15 +145,24 @@ def test_a_run_stopped_mid_test_leaves_no_process_it_started(inner, how, workers
 def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
     """A run killed outright (SIGKILL, an xdist worker killed) runs no finalizer; what it
     left ran on, and its network namespaces (``ip netns``: ``reviewq-vendor-PID`` of
-    tests/test_vendor_clis.py) stayed, two of them seen at stop 39. The next run ends them:
-    those named by a test process that is gone."""
+    tests/test_vendor_clis.py) stayed, two of them seen at stop 39, and so did libfaketime's
+    files in /dev/shm of a process it ran under. The next run ends them: those named by a
+    test process that is gone."""
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid of no process: the run that owned what follows is gone
+    # On a clock of its own (tests/test_remote_workers.py's worker): libfaketime's files in
+    # /dev/shm, named by its pid, go only with its own exit, which a SIGKILL skips.
+    lib = libfaketime()
+    clock = {"LD_PRELOAD": str(lib), "FAKETIME": "+600s"} if lib else {}
     left = subprocess.Popen(
         [sys.executable, "-c", STUBBORN, str(inner)],
-        env={**os.environ, "REVIEWQ_TEST_PROCESS": f"{gone.pid}.1.1"},
+        env={**os.environ, "REVIEWQ_TEST_PROCESS": f"{gone.pid}.1.1", **clock},
         start_new_session=True,
+        stdout=subprocess.PIPE,
     )
+    assert left.stdout.readline() == b"ready\n"  # its preloaded library has run
+    faked = [SHM / f"faketime_shm_{left.pid}", SHM / f"sem.faketime_sem_{left.pid}"]
+    assert not lib or all(p.exists() for p in faked)
     namespace = f"reviewq-vendor-{gone.pid}"
     made = None
     if os.geteuid() == 0 and shutil.which("ip"):
@@ -176,11 +186,15 @@ def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
             assert not Path("/var/run/netns", namespace).exists()
         assert not chromium.exists()
         assert not group.exists()
+        assert not [p for p in faked if p.exists()]
     finally:
         shutil.rmtree(chromium, ignore_errors=True)
         if left.poll() is None:
             left.kill()
             left.wait()
+        left.stdout.close()
+        for path in faked:
+            path.unlink(missing_ok=True)
         if made is not None and made.returncode == 0:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         remove_cgroup(group)

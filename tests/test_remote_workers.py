@@ -24,7 +24,7 @@ from orchestrator.control import messages
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
-from .conftest import ready_within, stop
+from .conftest import libfaketime, ready_within, stop
 from .test_queue_integration import (
     FAKE,
     FAST_QUEUE,
@@ -1215,10 +1215,9 @@ def test_a_workers_times_of_an_attempt_are_stored_on_the_queues_clock(
     control's `attempt.started` line named a launch ten minutes off its own stamp."""
     from orchestrator.state.store import parse_timestamp
 
-    libs = sorted(Path("/usr").glob("lib*/**/faketime/libfaketime.so.1"))
-    if not libs:
+    if (lib := libfaketime()) is None:
         pytest.skip("libfaketime is not installed: no other clock to give a worker")
-    clock = {"LD_PRELOAD": str(libs[0]), "FAKETIME": skew}
+    clock = {"LD_PRELOAD": str(lib), "FAKETIME": skew}
     _swept_by_a_remote_worker(kb, tmp_path, redis_url, {"FAKE_SLEEP": "1"}, process_env=clock)
     with db(kb) as conn:
         rows = conn.execute(
@@ -1243,8 +1242,7 @@ def test_an_attempt_whose_workers_clock_is_stepped_meanwhile_ends_on_the_queues_
 
     from .test_queue_integration import await_fifo, make_fifo
 
-    libs = sorted(Path("/usr").glob("lib*/**/faketime/libfaketime.so.1"))
-    if not libs:
+    if (lib := libfaketime()) is None:
         pytest.skip("libfaketime is not installed: no other clock to give a worker")
     small(kb, notes=1)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE + f'url = "{redis_url}"\n')
@@ -1255,7 +1253,7 @@ def test_an_attempt_whose_workers_clock_is_stepped_meanwhile_ends_on_the_queues_
     clock = tmp_path / "clock"
     clock.write_text("+600s\n")
     faked = {
-        "LD_PRELOAD": str(libs[0]),
+        "LD_PRELOAD": str(lib),
         "FAKETIME_TIMESTAMP_FILE": str(clock),
         "FAKETIME_NO_CACHE": "1",  # the file read at each call: a step seen at once
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # a wall clock's step, as NTP's
