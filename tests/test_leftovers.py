@@ -200,6 +200,42 @@ def test_a_new_run_ends_what_a_run_killed_outright_left(inner):
         remove_cgroup(group)
 
 
+def test_a_run_killed_outright_leaves_no_redis_server_of_its_tests(inner):
+    """redis-server writes its title over its environment, the test's mark with it: neither
+    the test's end nor the next run found one by its mark, and one of a run killed outright
+    (SIGKILL, an xdist worker killed) ran on, its socket in the run's folder, for good."""
+    from .conftest import ends_within
+
+    said = make_fifo(inner, "pid")
+    test = _inner_file(
+        inner,
+        "import redis\n"
+        "from tests.test_queue_integration import redis_server\n\n"
+        "def test_holds_a_redis_server(tmp_path):\n"
+        "    with redis_server(tmp_path) as url:\n"
+        "        pid = redis.Redis.from_url(url).info('server')['process_id']\n"
+        f"        with open({str(said)!r}, 'w') as fifo:\n"
+        "            fifo.write(f'{pid}\\n')\n"
+        "        time.sleep(60)\n",
+    )
+    run = subprocess.Popen(
+        _pytest(inner, test), cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    pid = None
+    try:
+        pid = int(await_fifo(said))
+        run.kill()
+        run.wait()
+        assert ends_within(pid, 10), f"redis-server {pid} outlived the run killed outright"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_an_agents_tmpdir_of_another_runs_live_worker_is_not_named_as_this_runs(tmp_path):
     """The host's /tmp is shared: a worker of another run (another checkout's suite, a
     person's `reviewq worker`) makes its agents' TMPDIRs there while a test runs, and
