@@ -3377,27 +3377,32 @@ def _a_sweeps_children_and_a_hanging_agent(kb, tmp_path, monkeypatch):
 
 def test_a_sweep_that_gives_up_on_its_worker_kills_the_agents_it_left(kb, tmp_path, monkeypatch):
     """A worker that died a fourth time was not restarted, and its agent ran on unwatched
-    to its timeout: only a next worker on the host kills a dead one's agents."""
+    to its timeout: only a next worker on the host kills a dead one's agents. The worker's
+    guard (K93) ends them as well; it is held stopped until the agent has ended, so that
+    what ended it can only be the sweep."""
     ws, children, fifo = _a_sweeps_children_and_a_hanging_agent(kb, tmp_path, monkeypatch)
-    agent = None
+    agent = guard = None
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         children.start()
         agent, worker, _ = map(int, await_fifo(fifo).split())
         guard = guard_of(worker)
+        os.kill(guard, signal.SIGSTOP)
         children.restarts["worker"] = 3  # three deaths already, in a row
         os.kill(worker, signal.SIGKILL)
         children.procs["worker"].wait(timeout=30)
         children.check()
         assert children.failed and "worker" not in children.procs
         _await_exit([agent], timeout=10)  # killed: it hangs for an hour otherwise
-        _await_exit([guard])  # which says the death in the worker's log, then ends
     finally:
+        if guard is not None:
+            os.kill(guard, signal.SIGCONT)
         children.stop()
         ws.close()
         if agent is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent, signal.SIGKILL)
+    _await_exit([guard])  # which says the death in the worker's log, then ends
 
 
 @pytest.mark.parametrize("owner", ["sweep", "service"])
