@@ -356,6 +356,15 @@ def libfaketime() -> Path | None:
     return libs[0] if libs else None
 
 
+def dies_with_this_process() -> list[str]:
+    """The command prefix under which a process gets a SIGTERM as this one (the test's)
+    dies: for one that writes over its environment (redis-server, its title), where neither
+    a test's end nor the next run finds the test's mark. Empty where setpriv is missing."""
+    import shutil
+
+    return ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
+
+
 def bound_by_file_modes() -> list[str]:
     """The command prefix that makes a process obey file modes: as root, without the
     capabilities that pass them (CAP_DAC_OVERRIDE); skips the test if that cannot be had."""

@@ -25,6 +25,7 @@ import pytest
 
 from .conftest import (
     PROJECT,
+    dies_with_this_process,
     page_text,
     process_gone,
     ready_within,
@@ -1202,12 +1203,9 @@ def redis_server(folder: Path, *options: str, prefix: tuple[str, ...] = ()):
     if exe is None:
         pytest.skip("redis-server is not installed (CI installs it with apt)")
     sock = folder / "redis.sock"
-    # It writes its title over its environment, the test's mark with it, so no end of a
-    # test or run finds it by the mark: it gets a SIGTERM as the test's process dies.
-    dies_with_us = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
     proc = subprocess.Popen(
         [
-            *dies_with_us,
+            *dies_with_this_process(),
             *prefix,
             exe,
             "--port",

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import click
 import pytest
 
+from .conftest import dies_with_this_process
 from .test_queue_integration import redis_server, redis_url, stalled_redis
 from .test_remote_workers import EXE, worker_toml
 from .test_vendor_clis import netns
@@ -463,8 +464,9 @@ def test_doctor_says_a_redis_loading_its_dataset_is_loading(tmp_path):
     sock = tmp_path / "loading.sock"
     # 50 µs a key: some 15 s of LOADING, the time doctor needs to meet it.
     server = subprocess.Popen(
-        [exe, "--port", "0", "--unixsocket", str(sock), "--dir", str(rdb), "--save", ""]
-        + ["--key-load-delay", "50", "--loading-process-events-interval-bytes", "1024"],
+        [*dies_with_this_process(), exe, "--port", "0", "--unixsocket", str(sock)]
+        + ["--dir", str(rdb), "--save", "", "--key-load-delay", "50"]
+        + ["--loading-process-events-interval-bytes", "1024"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
