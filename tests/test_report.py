@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -917,6 +918,50 @@ def test_every_tile_holds_its_figure_on_one_line(night, browser, tmp_path):
         assert [t for t in tiles if not (t[1] and t[2])] == [], (width, bool(spacing), tiles)
         assert ["59 min 59 s", True, True] in tiles and ["$1,234.5678", True, True] in tiles
         assert ["48,535", True, True] in tiles  # as the page writes tokens: "141,900,000"
+
+
+def _counted_in_thousands(data: dict) -> None:
+    """Every count the page writes, made one of five figures: the night's own counts and
+    its charts' decisions (ids, years and commands stay as they are)."""
+    big = lambda n: n and 10_000 + n  # noqa: E731 - a zero stays "none"
+    r, n, k = data["reviewed"], data["needs_you"], data["kb_changes"]
+    r["jobs"] = {who: {st: big(c) for st, c in by.items()} for who, by in r["jobs"].items()}
+    r["attempts"] = {o: big(c) for o, c in r["attempts"].items()}
+    for chart in ("by_lens", "by_gate"):
+        r[chart] = {g: {dn: big(c) for dn, c in by.items()} for g, by in r[chart].items()}
+    for row in (*r["reviewers"], *r["machines"], *n["failed_jobs"], *n["stalled"]):
+        for key in ("attempts", "failed", "not_run", "lost", "pairs", "queued", "running"):
+            if isinstance(row.get(key), int):
+                row[key] = big(row[key])
+    for d, keys in (
+        (r, ("pairs", "queued_all", "fails_total", "warns_total", "fails_left_total")),
+        (n, ("count", "escalations_open", "failed_total", "fixes_unwritten_total")),
+        (k, ("fixes_applied", "fixes_committed", "human_edits_total")),
+    ):
+        d.update({key: big(d[key]) for key in keys if isinstance(d.get(key), int)})
+
+
+def test_the_page_writes_every_count_with_thousands_separators(night, browser, tmp_path):
+    """P66 put separators in the tiles, the headings and the tokens, but the reviewers'
+    and machines' tables, the attempts by outcome, the jobs' line, the "… and N more"
+    lines and the charts' tables of numbers still said "10003" beside "141,900,000"."""
+    from orchestrator.report import render
+
+    data = night.report()
+    _counted_in_thousands(data)
+    page_path = tmp_path / "counts.html"
+    page_path.write_text(render.html(data), encoding="utf-8")
+    page = browser.open(page_path.as_uri(), width=1280, height=900)
+    page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+    text = page.evaluate("document.body.innerText")
+    # Five figures or more with no separator, not a date's year, a cost's decimals or an
+    # id in a command or a hash (letters beside them).
+    bare = [
+        text[max(0, m.start() - 30) : m.end() + 10]
+        for m in re.finditer(r"(?<![\w.,$])\d{5,}(?![\w,-])", text)
+    ]
+    assert bare == []
+    assert "10,00" in text
 
 
 def test_a_small_phone_shows_the_tiles_two_a_row(night, browser, tmp_path):

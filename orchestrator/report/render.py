@@ -104,7 +104,7 @@ def stalled(st: dict, no_worker: dict | None = None) -> str:
     since = (st["last_moved"] or st["oldest"])[:16] + "Z"
     moved = "nothing has run" if st["last_moved"] is None else "no attempt has moved"
     why = (
-        f"; {st['never_picked_up']} attempt(s) were never picked up by a worker: is a "
+        f"; {st['never_picked_up']:,} attempt(s) were never picked up by a worker: is a "
         "worker running?"
         if st["never_picked_up"]
         else "; is the control process running, with workers?"
@@ -122,7 +122,7 @@ def stalled(st: dict, no_worker: dict | None = None) -> str:
         said = attempt_words(*st["last_not_run"].partition(": ")[::2])
         outage = f"; its last attempt did not run ({said})"
     return (
-        f"{st['queued']} queued and {st['running']} running job(s), {moved} since {since}"
+        f"{st['queued']:,} queued and {st['running']:,} running job(s), {moved} since {since}"
         f"{outage}{why}"
     )
 
@@ -134,7 +134,7 @@ _ENV.globals["stalled_apart"] = stalled_apart
 def no_worker_line(idle: dict) -> str:
     """The jobs nothing runs, as the terminal's "needs you" and the page's list count them."""
     what = "worker" if idle["control_running"] else "control process"
-    return f"{idle['jobs_waiting']} job(s) waiting with no {what}"
+    return f"{idle['jobs_waiting']:,} job(s) waiting with no {what}"
 
 
 _ENV.filters["no_worker_line"] = no_worker_line
@@ -209,9 +209,9 @@ def jobs_line(reviewed: dict) -> str:
     for by_status in reviewed["jobs"].values():
         for st, c in by_status.items():
             jobs[st] = jobs.get(st, 0) + c
-    said = ", ".join(f"{c} {st}" for st, c in sorted(jobs.items())) or "none"
+    said = ", ".join(f"{c:,} {st}" for st, c in sorted(jobs.items())) or "none"
     if reviewed["queued_all"] > jobs.get("queued", 0):
-        said += f" ({reviewed['queued_all']} queued in all)"
+        said += f" ({reviewed['queued_all']:,} queued in all)"
     return said
 
 
@@ -234,7 +234,7 @@ def machine_words(m: dict) -> str:
     """One host of the report's machines: "worker45: 40 attempt(s) run, 3 failed, 2 lost
     (2 worker processes, last heard 07:28:25Z)"."""
     return (
-        f"{m['host']}: {m['attempts']} attempt(s) run, {m['failed']} failed, {m['lost']} lost "
+        f"{m['host']}: {m['attempts']:,} attempt(s) run, {m['failed']:,} failed, {m['lost']:,} lost "
         f"({m['workers']} worker process(es), last heard "
         f"{(m['last_heard_at'] or '-')[:19].replace('T', ' ')}{'Z' if m['last_heard_at'] else ''})"
     )
@@ -244,7 +244,7 @@ def paused_line(paused: list[dict]) -> str:
     """ "2 paused reviewer(s), 4 job(s) waiting for them": the backlog behind a pause."""
     held = sum(p["jobs_waiting"] for p in paused)
     return f"{len(paused)} paused reviewer(s)" + (
-        f", {held} job(s) waiting for them" if held else ""
+        f", {held:,} job(s) waiting for them" if held else ""
     )
 
 
