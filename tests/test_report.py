@@ -516,6 +516,23 @@ def test_an_escalations_report_on_the_page_leaves_its_calls_to_the_notes_list(
     assert all(f"{call} " in said for call in ("approve", "redo", "reject")), said
 
 
+def test_the_page_says_what_each_call_does_as_the_reports_said_it(night, browser, tmp_path):
+    """P63 left each report's line of calls off the page for one line above the notes,
+    which said "redo queues one fix": a redo with no FAIL about the note as it is now on
+    record (its reviewer failed every attempt, the note edited since) queues none, and a
+    reject turns a PASS on record into the person's FAIL, as every report had said."""
+    page_path = tmp_path / "calls-said.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    page = browser.open(page_path.as_uri())
+    said = page.evaluate("document.querySelector('#escalations + p.meta').textContent")
+    for f in (night.state / "escalations").glob("escalation-*.md"):
+        calls = next(ln for ln in f.read_text().splitlines() if ln.startswith("Decision: "))
+        redo_if = calls.partition("concrete asks ")[2].partition("; `reviewq decide")[0]
+        assert redo_if.startswith("while a FAIL") and redo_if in said, (redo_if, said)
+        reject_pass = "(" + calls.rpartition(" (")[2].rstrip(".")
+        assert reject_pass.endswith("FAIL)") and reject_pass in said, (reject_pass, said)
+
+
 def test_the_calls_are_offered_as_the_sweep_offers_them_the_recommended_one_marked(
     night, browser, tmp_path
 ):

@@ -30,6 +30,8 @@ from orchestrator.review.selector import SelectError, select
 from orchestrator.state.files import NOT_TRIED, settle_due, write_each
 from orchestrator.state.status import (
     CALLS_SAID,
+    REDO_IF,
+    REJECT_ON_A_PASS,
     REWRITE_REPORTS,
     decide_calls,
     gist,
@@ -472,7 +474,7 @@ def report(store: Store, esc_id: int) -> str:
         f"{e['gate_id']} (recorded as a human review); "
         + _redo_does(esc_id, e["call"])
         + f"`reviewq decide {esc_id} reject` stops reviewing this pair until the note or the "
-        "gate changes (a PASS on record, as one an auditor refuted, becomes your FAIL).",
+        f"gate changes {REJECT_ON_A_PASS}.",
         "",
     ]
     return "\n".join(lines)
@@ -499,9 +501,7 @@ def _redo_does(esc_id: int, call: str) -> str:
     return (
         f"`reviewq decide {esc_id} redo{feedback}` queues a fix "
         f"{'with your concrete asks' if asks else '(with your asks, given as --feedback)'} "
-        "while a FAIL about the note as it is now is on record (a fresh count starts); "
-        "else it releases the pair for the next sweep if it needs a review (never reviewed, "
-        "or the note or gate changed), and is refused if it would do neither; "
+        f"{REDO_IF}; "
     )
 
 

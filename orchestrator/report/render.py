@@ -14,6 +14,8 @@ from orchestrator.report.data import stalled_apart
 from orchestrator.state.status import (
     CALLS_SAID,
     FAILED_SHOWN,
+    REDO_IF,
+    REJECT_ON_A_PASS,
     UNWRITTEN_SHOWN,
     held_by_a_reject,
     more_failed,
@@ -49,6 +51,8 @@ def duration(seconds: float | None) -> str:
 
 
 _ENV.globals["FAILS_LEFT"] = FAILS_LEFT
+_ENV.globals["REDO_IF"] = REDO_IF
+_ENV.globals["REJECT_ON_A_PASS"] = REJECT_ON_A_PASS
 _ENV.filters["money"] = money
 # A count as the page writes every figure, tokens and costs alike: "48,535" (a tile said
 # "48535" beside "141,900,000 tokens").

@@ -1512,6 +1512,15 @@ HELD_AS_IT_IS = (
 # How an open escalation's report (CONTRACT §7) starts the line of its own calls: the
 # page, which offers a note's calls once above its reports, leaves that line out.
 CALLS_SAID = "Decision: `reviewq decide "
+# What a redo and a reject do beyond their gist, said in each report's line of calls and
+# once on the page above its notes: there, "redo queues one fix" alone was wrong of a note
+# with no FAIL on record about it as it is now (its reviewer failed every attempt).
+REDO_IF = (
+    "while a FAIL about the note as it is now is on record (a fresh count starts); "
+    "else it releases the pair for the next sweep if it needs a review (never reviewed, "
+    "or the note or gate changed), and is refused if it would do neither"
+)
+REJECT_ON_A_PASS = "(a PASS on record, as one an auditor refuted, becomes your FAIL)"
 
 
 def held_by_a_reject(why: str) -> str:
