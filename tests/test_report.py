@@ -956,6 +956,9 @@ def _counted_in_thousands(data: dict) -> None:
         (k, ("fixes_applied", "fixes_committed", "human_edits_total")),
     ):
         d.update({key: big(d[key]) for key in keys if isinstance(d.get(key), int)})
+    for fix in k["fixes"]:
+        if fix.get("diff"):
+            fix["diff"]["more"] = 12_345  # a fix that rewrote a long note
 
 
 def test_the_page_writes_every_count_with_thousands_separators(night, browser, tmp_path):
