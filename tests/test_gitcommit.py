@@ -714,3 +714,45 @@ def test_files_as_the_commit_holds_them_are_an_update_and_an_edit_or_a_new_file_
     git(copy, "checkout", "-q", "--", NOTE)
     (copy / "kb/notes/gone.md").write_bytes(b"an agent's new file\n")
     assert not gitcommit.as_committed(copy, head, changed)
+
+
+def test_a_pull_or_a_merge_is_an_update_and_a_commit_or_a_checkout_is_not(repo, tmp_path):
+    """C87's test of how HEAD moved since a launch, in git's own reflog: a `git pull`
+    (fast-forward, or a merge of a copy's own commit) or a fetch and a merge brought
+    what was made elsewhere; a commit or a checkout of another branch was made here."""
+    copy = tmp_path / "copy"
+    git(tmp_path, "clone", "-q", str(repo), str(copy))
+    for where in (repo, copy):
+        git(where, "config", "user.name", "A Person")
+        git(where, "config", "user.email", "person@example.org")
+
+    def upstream_edit(line: str) -> None:
+        (repo / "kb/notes/beta.md").write_text(f"# Beta\n\n{line}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", line)
+
+    def head() -> str:
+        return git(copy, "rev-parse", "HEAD").strip()
+
+    launch = head()
+    upstream_edit("a fast-forward")
+    git(copy, "pull", "-q", "--ff-only")
+    assert gitcommit.moved_by_update(copy, launch)
+    launch = head()
+    (copy / "kb/notes/gamma.md").write_text("# Gamma\n")
+    git(copy, "add", "-A")
+    git(copy, "commit", "-q", "-m", "the copy's own")
+    assert not gitcommit.moved_by_update(copy, launch)  # a commit made here
+    launch = head()
+    upstream_edit("a merge")
+    git(copy, "pull", "-q", "--no-rebase", "--no-edit")
+    assert gitcommit.moved_by_update(copy, launch)
+    launch = head()
+    upstream_edit("a fetch and a merge")
+    git(copy, "fetch", "-q")
+    git(copy, "merge", "-q", "--no-edit", "origin/HEAD")
+    assert gitcommit.moved_by_update(copy, launch)
+    launch = head()
+    git(copy, "checkout", "-q", "-b", "other", "HEAD~1")
+    assert not gitcommit.moved_by_update(copy, launch)  # another branch
+    assert not gitcommit.moved_by_update(copy, "0" * 40)  # a launch the reflog never saw

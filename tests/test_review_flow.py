@@ -863,6 +863,39 @@ def test_run_job_touching_the_kb_fails_the_attempt(flow, run_cli, monkeypatch):
     assert acceptance_rows(flow) == []
 
 
+@pytest.mark.parametrize(
+    "mode, moves",
+    [("touch", "commit -qam an-agent-s-edit"), ("good", "checkout -q other")],
+    ids=["its-edit-committed", "another-branch"],
+)
+def test_an_agent_that_moves_the_kb_s_head_itself_touched_the_kb(
+    flow, run_cli, monkeypatch, mode, moves
+):
+    """K100 took every file as the commit HEAD moved to holds it for an update of the KB
+    (a `git pull`): an agent that committed its own edit, or checked out another branch,
+    was excused and its review accepted, the KB left on its commit or branch (C87). Only
+    a move git's reflog says is an update is the update's."""
+    from .test_fix_commits import git
+
+    git(flow.root, "init", "-q", "-b", "main")
+    git(flow.root, "config", "user.name", "A Person")
+    git(flow.root, "config", "user.email", "person@example.org")
+    git(flow.root, "add", "kb")
+    git(flow.root, "commit", "-qm", "the KB")
+    git(flow.root, "checkout", "-qb", "other")
+    flow.write(NOTE_A, flow.read(NOTE_A) + "Another branch's line.\n")
+    git(flow.root, "commit", "-qam", "another branch")
+    git(flow.root, "checkout", "-q", "main")
+    jid = one_job(flow, run_cli)
+    monkeypatch.setenv("FAKE_MODE", mode)
+    monkeypatch.setenv("FAKE_GIT", moves)
+    res = run_cli("run-job", jid)
+    assert res.exit_code == 1 and f"the reviewer changed {NOTE_A}" in res.stderr, res.stderr
+    job, attempts = job_row(flow, jid)
+    assert attempts[0]["outcome"] == "reviewer-touched-kb" and job["status"] == "failed"
+    assert acceptance_rows(flow) == []
+
+
 def test_run_job_crash_is_a_launch_failure_and_requeues(flow, run_cli, monkeypatch):
     jid = one_job(flow, run_cli)
     monkeypatch.setenv("FAKE_MODE", "crash")

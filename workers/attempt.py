@@ -989,12 +989,16 @@ def _head(root: Path) -> str | None:
 
 def _updated(root: Path, head: str | None, touched: list[str]) -> str | None:
     """Why the files an attempt saw change are an update of the KB, not the agent's: its
-    HEAD moved while the agent ran, and each of them is as the new commit holds it (a
-    file the agent made or edited is not); None when they are not."""
-    from orchestrator.kb.gitcommit import as_committed
+    HEAD moved while the agent ran, by an update as git's reflog says (a pull, a merge;
+    not a commit nor a checkout, which an agent's own edit or branch is, C87), and each
+    of them is as the new commit holds it (a file the agent made or edited is not); None
+    when they are not."""
+    from orchestrator.kb.gitcommit import as_committed, moved_by_update
 
     now = _head(root)
-    if head is None or now is None or now == head or not as_committed(root, now, touched):
+    if head is None or now is None or now == head:
+        return None
+    if not moved_by_update(root, head) or not as_committed(root, now, touched):
         return None
     return (
         f"the KB at {root} was updated while the agent ran (HEAD moved from {head[:12]} to "

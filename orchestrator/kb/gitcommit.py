@@ -138,6 +138,31 @@ def as_committed(root: Path, commit: str, rels: list[str]) -> bool:
         return False
 
 
+# How git's reflog of HEAD begins a move that brought the work tree what was made
+# elsewhere: a `git pull` (fast-forward, merge or rebase), a fetch then a merge, rebase or
+# reset. A commit, a checkout of another branch, a cherry-pick or a revert is a change
+# made in this copy (C87). How many moves are read back, at most, to find the launch's.
+_UPDATES = ("pull", "merge ", "rebase", "reset: moving to ")
+_MOVES = 200
+
+
+def moved_by_update(root: Path, since: str) -> bool:
+    """Whether each move of HEAD since it was at ``since``, as git's reflog of HEAD says
+    it, brought what was made elsewhere (:data:`_UPDATES`); git unable to say (no reflog
+    back to ``since``), no."""
+    try:
+        log = _git(root, "log", "-g", f"-n{_MOVES}", "--format=%H %gs", "HEAD")
+    except (OSError, subprocess.SubprocessError):
+        return False
+    moves = []
+    for line in log.stdout.splitlines() if log.returncode == 0 else []:
+        sha, _, subject = line.partition(" ")
+        if sha == since:
+            return bool(moves) and all(m.startswith(_UPDATES) for m in moves)
+        moves.append(subject)
+    return False
+
+
 def first_parent_line(root: Path) -> list[str]:
     """``git log --first-parent --format='%ct %H'`` of HEAD, newest first: none outside a
     repository or before its first commit. :class:`GitFailed` or :class:`GitTimeout` when

@@ -20,6 +20,8 @@ FAKE_AUDIT_DECISION: what an audit (REVIEWQ_TASK=audit) decides for every pair
 FAKE_CONTINUE_FIFO: after FAKE_NOTIFY_FIFO, wait until the test writes to this FIFO
 A fix task (REVIEWQ_TASK=fix) rewrites the note from the prompt, adding FAKE_FIX_APPEND.
 FAKE_MODE_<n>: the mode for attempt n only
+FAKE_GIT:    after the mode's edit, run git with these (space-separated) arguments in the
+             KB root: an agent that commits its edit, or checks out another branch
 FAKE_SIGINT_EXIT: on SIGINT, exit with this status at once, writing nothing (Claude Code exits 0)
 FAKE_NOTIFY_FIFO: if this FIFO exists, write "pid ppid attempt" to it on start (blocks
              until the test reads it: the test's way to await "the agent is running")
@@ -114,6 +116,8 @@ if mode == "multi-nothing" and len(pairs) > 1:
 if mode == "touch":
     note = root / pairs[0]["note_path"]
     note.write_text(note.read_text() + "\nedited by the reviewer\n")
+if env.get("FAKE_GIT"):
+    subprocess.run(["git", *env["FAKE_GIT"].split()], cwd=root, check=True, capture_output=True)
 decisions = env.get("FAKE_DECISIONS", "PASS").split(",")
 marker = env.get("FAKE_PASS_IF_CONTAINS")
 blocks = []
