@@ -638,3 +638,46 @@ def test_a_killed_run_job_s_agent_ends_and_its_job_is_queued_again(kb, tmp_path)
     assert attempt["outcome"] == "lost" and "was killed" in attempt["reasons"]
     shown = rq(kb, "job", "1")
     assert "job 1: queued" in shown.stdout and "attempt 1: lost" in shown.stdout, shown.stdout
+
+
+@pytest.mark.parametrize(
+    "moment, status, given_up",
+    [("finalize.mid_transaction", "queued", [[1, 1]]), ("run_job.ended", "completed", [])],
+    ids=["while-it-finalizes", "after-its-finalize"],
+)
+def test_a_run_job_killed_as_it_finalizes_or_after_is_said_as_it_was(
+    kb, tmp_path, moment, status, given_up
+):
+    """K96's guard said "ended its agent and queued the job again" of every run-job
+    killed, also of one killed after its finalize's commit: `logs` told of a job queued
+    again that was completed, and of an agent that had exited (C88). Killed inside the
+    finalize's transaction, the attempt is given up; after its commit, nothing is."""
+    import os
+
+    from .test_queue_integration import _await_logged, await_fifo, make_fifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    fault = make_fifo(tmp_path, "fault")
+    env = {**os.environ, "REVIEWQ_FAULT_" + moment.upper().replace(".", "_"): str(fault)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    proc = subprocess.Popen(
+        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
+        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert int(await_fifo(fault)) == proc.pid  # held at the moment
+        proc.kill()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        _await_logged(kb, "run_job.died", timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (died,) = [x for x in log_lines(kb) if x["event"] == "run_job.died"]
+    assert died["attempts"] == given_up and died["process_groups"] == []
+    assert "ended its agent" not in died["reason"], died["reason"]
+    assert ("queued the job again" in died["reason"]) == bool(given_up), died["reason"]
+    with db(kb) as conn:
+        assert conn.execute("SELECT status FROM review_jobs").fetchone()[0] == status

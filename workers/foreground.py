@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from orchestrator import logs
+from orchestrator import faults, logs
 from orchestrator.control.attempts import (
     AttemptError,
     answered,
@@ -114,7 +114,9 @@ def run_job(ws: Workspace, job_id: int, reviewer_name: str) -> ForegroundResult:
                 if guard is not None:
                     guard.tell(job_id, opened.attempt, opened.opened_at)
             try:
-                return _run(ws, job_id, profile, reviewer, opened)
+                result = _run(ws, job_id, profile, reviewer, opened)
+                faults.point("run_job.ended")  # its end committed, its guard not yet told
+                return result
             except BaseException as exc:
                 # Ctrl-C, SIGTERM, a closed terminal (or an error), at any moment after
                 # the attempt opened: the agent is stopped (run_attempt kills its group)

@@ -166,17 +166,25 @@ def _run_job_died(state_dir: Path, pid: int, told: bytes) -> int:
                         lost.append([int(job), int(attempt)])
                 except Exception as exc:  # noqa: BLE001 - a locked or full state.db: said
                     kept = (
-                        f"; its attempt {attempt} of job {job} could not be given up "
+                        f"its attempt {attempt} of job {job} could not be given up "
                         f"({type(exc).__name__}: {exc}): a control loses it a lease on, or "
                         "the next run-job of the job supersedes it"
                     )
+    # What was done, not what might have been: killed after its attempt ended (or before
+    # one opened), it left no agent and nothing to give up, and a job said "queued
+    # again" was completed (C88).
+    ended = "its guard ended its agent" if groups else "no agent of it was running"
+    if lost:
+        given = "gave its attempt up and queued the job again"
+    else:
+        given = kept or "it had no attempt open (none opened yet, or its attempt had ended)"
     logs.configure(state_dir, process=RUN_JOB)
     logs.get().warning(
         "run_job.died",
         pid=pid,
         process_groups=groups,
         attempts=lost,
-        reason=f"killed or crashed; its guard ended its agent and queued the job again{kept}",
+        reason=f"killed or crashed; {ended}; {given}",
     )
     return 0
 
