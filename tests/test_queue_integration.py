@@ -465,8 +465,8 @@ def test_a_worker_stopped_at_once_while_its_outcome_is_on_its_way_queues_it_only
     """SIGTERM while a thread was sending its attempt's outcome (a control queue held,
     a large outcome on a slow link): Huey put the message back as cut short, and the
     send then went through: the control decided the attempt and the next worker ran its
-    agent again for nothing. The send is given the stop's grace; put back only if it
-    has not gone by then."""
+    agent again for nothing. The send is given the stop's grace, and is not put back
+    (C89: one still on its way past the grace is left to the control's reaper)."""
     from .fault.harness import ContinueGate
 
     small_kb(kb, notes=1)
@@ -500,6 +500,66 @@ def test_a_worker_stopped_at_once_while_its_outcome_is_on_its_way_queues_it_only
             stop(proc)
         gate.close()
     assert queued == 0  # before: 1, the message put back while its outcome was on its way
+
+
+def test_a_worker_stopped_at_once_beside_a_paused_redis_ends_and_runs_nothing_twice(
+    kb, tmp_path, redis_url
+):
+    """K103 put back, once its 5 s were over, a message whose outcome was still on its way:
+    beside a Redis holding writes (`CLIENT PAUSE ... WRITE`, a failover's tooling) the
+    put-back waited on the same Redis, the stop lasted as long as the pause, and as it
+    ended both landed: the control finalized the attempt and the next worker ran its
+    agent again (C89). The outcome still on its way is left; the worker ends while the
+    pause holds, and the attempt is run again once, by the control's reaper."""
+    import redis
+
+    from .fault.harness import ContinueGate
+
+    small_kb(kb, notes=1)
+    queue = f'[queue]\nurl = "{redis_url}"\nlease_seconds = 3\nreaper_seconds = 0.5\n'
+    kb.write("reviewq.toml", fake_profile() + queue)
+    gate, runs = ContinueGate(tmp_path / "go"), tmp_path / "runs"
+    started = make_fifo(tmp_path, "started")
+    env = {**os.environ, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(gate.path)}
+    env["FAKE_LOG"] = str(runs)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], env=env, stderr=subprocess.DEVNULL)
+    client = redis.Redis.from_url(redis_url)
+    paused, after = False, None
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
+        await_fifo(started)
+        client.execute_command("CLIENT", "PAUSE", "600000", "WRITE")
+        paused = True
+        gate.open_gate()
+        own = SimpleNamespace(state=kb.state / "worker")
+        _await_logged(own, "attempt.exited")  # logged as its outcome's send begins
+        worker.send_signal(signal.SIGTERM)
+        _await_logged(own, "task.interrupted")
+        try:
+            ended = worker.wait(timeout=60)  # before: not while the pause held
+        except subprocess.TimeoutExpired:
+            ended = None
+        client.execute_command("CLIENT", "UNPAUSE")
+        paused = False
+        assert ended == 0
+        after = subprocess.Popen(
+            [*base, "worker"], env={**env, "FAKE_NOTIFY_FIFO": "", "FAKE_CONTINUE_FIFO": ""}
+        )
+        _await_logged(kb, "job.finalized")
+    finally:
+        if paused:
+            client.execute_command("CLIENT", "UNPAUSE")
+        client.close()
+        for proc in (worker, after, control):
+            if proc is not None:
+                stop(proc)
+        gate.close()
+    assert runs.read_text().splitlines() == ["review 1 1", "review 1 2"]  # none run twice
+    with db(kb) as conn:
+        outcomes = [r[0] for r in conn.execute("SELECT outcome FROM attempts ORDER BY attempt")]
+    assert outcomes == ["lost", "finalized"], outcomes
 
 
 def test_a_sighup_after_a_stop_does_not_make_it_a_restart(kb, tmp_path):

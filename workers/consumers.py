@@ -351,7 +351,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         # Stop them, however the consumer ended; none starts after this.
         stop_launching()
         left = reap_orphans(folder, mine=True, forget=tasks.forget_stopped)
-        tasks.sends_finished(KILL_GRACE_S)  # an outcome on its way: sent, or put back
+        tasks.sends_finished(KILL_GRACE_S)  # an outcome on its way: its grace to go
         tasks.put_backs_sent(KILL_GRACE_S)  # past that, the reaper's lease runs it again
         logs.get().info(
             "worker.stopped",

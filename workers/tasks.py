@@ -621,15 +621,15 @@ def _sending(msg: dict) -> Iterator[None]:
 
 
 def sends_finished(timeout_s: float) -> None:
-    """A stopping worker's outcomes on their way get ``timeout_s`` to go; a message whose
-    outcome has not gone by then is put back, its agent to run again."""
+    """A stopping worker's outcomes on their way get ``timeout_s`` to go. One still on
+    its way then is not put back: a queue that holds its writes (Redis under `CLIENT
+    PAUSE`, a busy control.db) lands it later, and the put-back beside it, waiting on the
+    same queue, had the stop wait for the queue and the agent run again for a decided
+    attempt (C89). Never landed, the control's reaper runs the attempt again a lease on."""
     deadline = time.monotonic() + timeout_s
     with _put_back_lock:
         while _on_its_way and _sends_done.wait(max(0.0, deadline - time.monotonic())):
             pass
-        unsent = [m for k, m in _on_its_way.items() if k not in _sent]
-    for msg in unsent:
-        _queue_again(msg)
 
 
 def _delivered(msg: dict) -> None:
@@ -642,7 +642,7 @@ def _delivered(msg: dict) -> None:
 
 def outcome_sent(msg: dict) -> bool:
     """Whether this process sent the outcome of ``msg``'s attempt, or is sending it (then
-    :func:`sends_finished` puts it back if the send has not gone by the stop's end)."""
+    :func:`sends_finished` gives it the stop's grace)."""
     with _put_back_lock:
         return _key(msg) in _sent or _key(msg) in _on_its_way
 
