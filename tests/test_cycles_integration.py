@@ -1570,6 +1570,14 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
     # Each gate escalated after two fixes that carried its finding, as the cycle promises.
     assert (len(prose), len(sentence)) == (2, 2)
     assert (escs["prose/body-check"]["cycles"], escs["sentence/body-words"]["cycles"]) == (3, 5)
+    # Its count past three says how many of them the fixer had a hand in (C100), where a
+    # person reads it without the report's cycle lines.
+    assert [escs[g]["reason"] for g in sorted(escs)] == [
+        "3 consecutive rejections",
+        "5 consecutive rejections, 2 of them after fixes that carried it",
+    ]
+    listed = rq(kb, "escalations").stdout
+    assert "(fake, 5 cycle(s), 2 of them after fixes that carried it; reviewq job" in listed
     # Its report says which fixes carried the gate: the first two were the prose's.
     report = (kb.state / escs["sentence/body-words"]["report_path"]).read_text()
     after = [line.partition(", after ")[2] for line in report.splitlines() if "- Cycle" in line]
@@ -1592,7 +1600,10 @@ def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb)
             "SELECT * FROM escalations WHERE gate_id = 'sentence/body-words'"
         ).fetchall()
     assert esc["cycles"] == 5
-    assert esc["reason"] == "5 consecutive rejections (the last fix changed nothing)"
+    assert esc["reason"] == (
+        "5 consecutive rejections, 2 of them after fixes that carried it "
+        "(the last fix changed nothing)"
+    )
     report = (kb.state / esc["report_path"]).read_text()
     sentence = fixes_of(kb, "sentence/body-words")
     assert [
@@ -1635,6 +1646,11 @@ def test_a_third_fail_no_fix_carried_escalates_when_no_fix_can_be_made(kb):
     with db(kb) as conn:
         escs = dict(conn.execute("SELECT gate_id, cycles FROM escalations").fetchall())
     assert escs == {"prose/body-check": 3, "sentence/body-words": 3}
+    with db(kb) as conn:
+        (reason,) = conn.execute(
+            "SELECT reason FROM escalations WHERE gate_id = 'sentence/body-words'"
+        ).fetchone()
+    assert reason == "3 consecutive rejections, 0 of them after fixes that carried it"
     assert (fixes_of(kb, "sentence/body-words"), queued_job(kb, "fix")) == ([], None)
 
 

@@ -131,12 +131,12 @@ class FollowUp:
                 # undo the others (a third rejection's escalation above all).
                 with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
                     self._escalate_pair(
-                        job, p, f"{n} consecutive rejections", opts, cycles.gist(p["rationale"])
+                        job, p, self._rejections_said(job, p, n), opts, cycles.gist(p["rationale"])
                     )
             elif opts.get("fix"):
                 fix_notes.add(p["note_path"])
                 if n >= cycles.ESCALATE_AT:
-                    said = (f"{n} consecutive rejections", cycles.gist(p["rationale"]))
+                    said = (self._rejections_said(job, p, n), cycles.gist(p["rationale"]))
                     waiting.setdefault(p["note_path"], []).append((p, *said))
         for note_path in sorted(fix_notes):
             self._fix_or_escalate(
@@ -343,6 +343,15 @@ class FollowUp:
         given = cycles.fixes_given(self.store, job["model_partition"], p["note_path"], p["gate_id"])
         return given < cycles.ESCALATE_AT - 1
 
+    def _rejections_said(self, job, p, n: int) -> str:  # noqa: ANN001 - rows
+        """An escalation's reason: its count, and how many of those rejections followed a
+        fix that carried the gate when that is not all but the first review. A count past
+        three read "5 consecutive rejections; … fixer fake" in the report's assessment, as
+        if the fixer had tried four times at the gate; only its cycle lines said otherwise."""
+        given = cycles.fixes_given(self.store, job["model_partition"], p["note_path"], p["gate_id"])
+        said = f"{n} consecutive rejections"
+        return said if n - given <= 1 else f"{said}, {given} of them after fixes that carried it"
+
     def _fix_or_escalate(
         self, job, note_path: str, opts: dict, feedback: str | None, waiting: list
     ) -> None:
@@ -439,7 +448,7 @@ class FollowUp:
                 if n < cycles.ESCALATE_AT:
                     continue
                 said = (
-                    f"{n} consecutive rejections (the last fix changed nothing)",
+                    self._rejections_said(job, p, n) + " (the last fix changed nothing)",
                     cycles.gist(p["rationale"]).rstrip(".")
                     + "; the fixer's last attempt changed nothing",
                 )

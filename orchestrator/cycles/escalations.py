@@ -1063,8 +1063,10 @@ def escalation_lines(
             # Raised by a failed job or an audit, a pair read "0 cycle(s)" (or its earlier
             # rejections): why it is here is the reason's head ("the reviewer failed every
             # attempt").
+            # A count past three says how many followed a fix that carried the gate (C100).
+            of_them = e.reason.partition(", ")[2].partition(" (")[0]
             why = (
-                f"{e.cycles} cycle(s)"
+                f"{e.cycles} cycle(s)" + (f", {of_them}" if of_them else "")
                 if "consecutive rejections" in e.reason
                 else e.reason.partition(": ")[0]
             )
