@@ -662,15 +662,17 @@ def logs_cmd(
             click.echo(line)
             continue
         click.echo(logs.line_text(rec))
-    if event and not shown_any and not follow:
+    # After the morning's rotation the night is in the copies, which --since reads: said
+    # alone, as an event "no line of the log read is" would send the person to its name.
+    copies = logs.copies(path) if not shown_any and start is None else []
+    if event and not shown_any and not follow and not copies:
         said = logs.event_unmatched(path, wanted)
         click.echo(f"warning: --event {shown(event)}: {said}", err=True)
     if job_id is not None and not shown_any and _no_such_job(ws, job_id):
         # A mistyped number read as a job with nothing logged (CONTRACT: refused, 1).
         where = shown(str(ws.state_dir / "state.db"))
         raise Refused(f"--job {job_id}: no review job {job_id} in {where}")
-    if not shown_any and start is None and (copies := logs.copies(path)):
-        # After the morning's rotation the night is in the copies, which --since reads.
+    if copies:
         named = ", ".join(shown(c.name) for c in copies[:3]) + (", …" if len(copies) > 3 else "")
         click.echo(
             f"warning: {shown(str(path))}: no line shown of it, and logrotate left "
