@@ -37,6 +37,26 @@ def _one_job_for_fake(kb) -> None:
     assert made.returncode == 0, made.stderr
 
 
+def _hanging_run_job(kb, tmp_path):  # noqa: ANN001, ANN202 - fixtures
+    """Job 1 run by `reviewq run-job` in its own session with an agent that hangs: the
+    process and the FIFO its agent writes its pids to (the event a test awaits)."""
+    import os
+
+    from .test_queue_integration import make_fifo
+
+    small_kb(kb, notes=1)
+    kb.write("reviewq.toml", fake_profile())
+    _one_job_for_fake(kb)
+    pids = make_fifo(tmp_path, "pids")
+    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
+    exe = str(Path(sys.executable).parent / "reviewq")
+    proc = subprocess.Popen(
+        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
+        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    return proc, pids
+
+
 def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
     small_kb(kb, notes=1)
     # A lease of 1 s and a reaper every 0.2 s: an attempt with no heartbeats is lost at once.
@@ -223,21 +243,9 @@ def test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again(kb, tmp_path
     import os
 
     from .conftest import process_gone
-    from .test_queue_integration import await_fifo, make_fifo
+    from .test_queue_integration import await_fifo
 
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile())
-    _one_job_for_fake(kb)
-    pids = make_fifo(tmp_path, "pids")  # the agent's write of its pids is the event awaited
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
-    exe = str(Path(sys.executable).parent / "reviewq")
-    proc = subprocess.Popen(
-        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc, pids = _hanging_run_job(kb, tmp_path)
     try:
         leader, child = map(int, await_fifo(pids).split())
         proc.send_signal(how)
@@ -602,18 +610,9 @@ def test_a_killed_run_job_s_agent_ends_and_its_job_is_queued_again(kb, tmp_path)
     the attempt up, as a run-job stopped by a signal does itself."""
     import os
 
-    from .test_queue_integration import _await_exit, _await_logged, await_fifo, make_fifo
+    from .test_queue_integration import _await_exit, _await_logged, await_fifo
 
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile())
-    _one_job_for_fake(kb)
-    pids = make_fifo(tmp_path, "pids")  # the agent's write of its pids is the event awaited
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
-    exe = str(Path(sys.executable).parent / "reviewq")
-    proc = subprocess.Popen(
-        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
-        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    proc, pids = _hanging_run_job(kb, tmp_path)
     agent: list[int] = []
     try:
         agent = [int(p) for p in await_fifo(pids).split()]
