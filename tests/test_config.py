@@ -997,11 +997,9 @@ def test_output_to_a_full_disk_is_one_line_naming_stdout(kb):
         ], args
 
 
-def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
-    """The 7 a.m. look as another user than the service's (a state folder of mode 0700):
-    `status`, `report`, `escalations`, `decide` said "internal error: PermissionError …
-    (please report it)": the group's look for state.db ran outside the commands' guard.
-    As root, the process runs without CAP_DAC_OVERRIDE, so the mode holds for it too."""
+def _one_job_for_a_user_bound_by_modes(kb):  # noqa: ANN001, ANN202 - a fixture
+    """A KB with one queued job, and a runner of reviewq commands on it as a process
+    without CAP_DAC_OVERRIDE, which file modes bind as they bind any user."""
     import sys
 
     from .conftest import bound_by_file_modes, reviewq_process
@@ -1011,16 +1009,29 @@ def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
     kb.note("alpha")
     assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0
     exe = str(Path(sys.executable).parent / "reviewq")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*wrap, exe, "--root", str(kb.root), *args],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+
+    return run
+
+
+def test_a_state_folder_another_user_owns_is_one_line_in_every_command(kb):
+    """The 7 a.m. look as another user than the service's (a state folder of mode 0700):
+    `status`, `report`, `escalations`, `decide` said "internal error: PermissionError …
+    (please report it)": the group's look for state.db ran outside the commands' guard.
+    As root, the process runs without CAP_DAC_OVERRIDE, so the mode holds for it too."""
+    as_bound = _one_job_for_a_user_bound_by_modes(kb)
     kb.state.chmod(0)
     try:
         for args in (["status"], ["report"], ["escalations"], ["decide", "1", "approve"]):
-            res = subprocess.run(
-                [*wrap, exe, "--root", str(kb.root), *args],
-                capture_output=True,
-                text=True,
-                stdin=subprocess.DEVNULL,
-                timeout=60,
-            )
+            res = as_bound(*args)
             assert res.returncode == 1, (args, res.stderr)
             assert res.stderr.splitlines() == [
                 f"error: {kb.state / 'state.db'}: Permission denied (run reviewq as a user "
@@ -1036,27 +1047,13 @@ def test_the_commands_that_only_read_read_a_state_folder_they_may_not_write(kb):
     needs write access to the state folder, even to read it": SQLite's WAL wants its -shm
     file, which such a folder cannot take, and reading needs none. As root, the process
     runs without CAP_DAC_OVERRIDE, so the modes hold for it too."""
-    import sys
-
-    from .conftest import bound_by_file_modes, reviewq_process
-
-    wrap = bound_by_file_modes()
-    kb.gate("prose/clarity", ["body"])
-    kb.note("alpha")
-    assert reviewq_process("--root", str(kb.root), "enqueue", "prose").returncode == 0
-    exe = str(Path(sys.executable).parent / "reviewq")
+    as_bound = _one_job_for_a_user_bound_by_modes(kb)
     modes = {p: p.stat().st_mode for p in [kb.state, *kb.state.rglob("*")]}
     for path in modes:
         path.chmod(0o555 if path.is_dir() else 0o444)
     try:
         for args in (["status"], ["escalations"], ["jobs"], ["job", "1"]):
-            res = subprocess.run(
-                [*wrap, exe, "--root", str(kb.root), *args],
-                capture_output=True,
-                text=True,
-                stdin=subprocess.DEVNULL,
-                timeout=60,
-            )
+            res = as_bound(*args)
             assert (res.returncode, res.stderr) == (0, ""), args
         assert "jobs: queued 1" in res.stdout or "job 1: queued" in res.stdout, res.stdout
     finally:
