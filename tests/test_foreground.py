@@ -37,9 +37,11 @@ def _one_job_for_fake(kb) -> None:
     assert made.returncode == 0, made.stderr
 
 
-def _hanging_run_job(kb, tmp_path):  # noqa: ANN001, ANN202 - fixtures
-    """Job 1 run by `reviewq run-job` in its own session with an agent that hangs: the
-    process and the FIFO its agent writes its pids to (the event a test awaits)."""
+def _run_job_in_session(kb, tmp_path, fifo: str, *fifo_vars: str, **env: str):  # noqa: ANN001, ANN202 - fixtures
+    """Job 1 of a one-note KB run by `reviewq run-job` in its own session for the fake
+    reviewer: the process, and the FIFO named ``fifo`` that each of ``fifo_vars`` (a fault
+    point, the agent's pid file) names in its environment with ``env`` (the event a test
+    awaits)."""
     import os
 
     from .test_queue_integration import make_fifo
@@ -47,14 +49,14 @@ def _hanging_run_job(kb, tmp_path):  # noqa: ANN001, ANN202 - fixtures
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile())
     _one_job_for_fake(kb)
-    pids = make_fifo(tmp_path, "pids")
-    env = {**os.environ, "FAKE_MODE": "hang", "FAKE_PIDFILE": str(pids)}
+    path = make_fifo(tmp_path, fifo)
+    env = {**os.environ, **env, **dict.fromkeys(fifo_vars, str(path))}
     exe = str(Path(sys.executable).parent / "reviewq")
     proc = subprocess.Popen(
         [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
         env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    return proc, pids
+    return proc, path
 
 
 def test_run_job_keeps_its_lease_while_a_control_process_reaps(kb):
@@ -245,7 +247,7 @@ def test_a_stopped_run_job_stops_its_agent_and_queues_the_job_again(kb, tmp_path
     from .conftest import process_gone
     from .test_queue_integration import await_fifo
 
-    proc, pids = _hanging_run_job(kb, tmp_path)
+    proc, pids = _run_job_in_session(kb, tmp_path, "pids", "FAKE_PIDFILE", FAKE_MODE="hang")
     try:
         leader, child = map(int, await_fifo(pids).split())
         proc.send_signal(how)
@@ -340,18 +342,9 @@ def test_a_run_job_stopped_while_it_finalizes_queues_the_job_again(kb, tmp_path)
     exited 130 and left the job and its attempt running for good."""
     import os
 
-    from .test_queue_integration import make_fifo
-
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile())
-    _one_job_for_fake(kb)
-    fifo = make_fifo(tmp_path, "finalize")
-    env = {**os.environ, "REVIEWQ_FAULT_FINALIZE_MID_TRANSACTION": str(fifo)}
-    exe = str(Path(sys.executable).parent / "reviewq")
-    proc = subprocess.Popen(
-        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
-        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    proc, fifo = _run_job_in_session(
+        kb, tmp_path, "finalize", "REVIEWQ_FAULT_FINALIZE_MID_TRANSACTION"
+    )
     try:
         with open(fifo) as f:  # the process is mid-finalize once it says its pid
             assert int(f.read().split()[0]) == proc.pid
@@ -612,7 +605,7 @@ def test_a_killed_run_job_s_agent_ends_and_its_job_is_queued_again(kb, tmp_path)
 
     from .test_queue_integration import _await_exit, _await_logged, await_fifo
 
-    proc, pids = _hanging_run_job(kb, tmp_path)
+    proc, pids = _run_job_in_session(kb, tmp_path, "pids", "FAKE_PIDFILE", FAKE_MODE="hang")
     agent: list[int] = []
     try:
         agent = [int(p) for p in await_fifo(pids).split()]
@@ -651,20 +644,11 @@ def test_a_run_job_killed_as_it_finalizes_or_after_is_said_as_it_was(
     killed, also of one killed after its finalize's commit: `logs` told of a job queued
     again that was completed, and of an agent that had exited (C88). Killed inside the
     finalize's transaction, the attempt is given up; after its commit, nothing is."""
-    import os
 
-    from .test_queue_integration import _await_logged, await_fifo, make_fifo
+    from .test_queue_integration import _await_logged, await_fifo
 
-    small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile())
-    _one_job_for_fake(kb)
-    fault = make_fifo(tmp_path, "fault")
-    env = {**os.environ, "REVIEWQ_FAULT_" + moment.upper().replace(".", "_"): str(fault)}
-    exe = str(Path(sys.executable).parent / "reviewq")
-    proc = subprocess.Popen(
-        [exe, "--root", str(kb.root), "run-job", "1", "--reviewer", "fake"],
-        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    point = "REVIEWQ_FAULT_" + moment.upper().replace(".", "_")
+    proc, fault = _run_job_in_session(kb, tmp_path, "fault", point)
     try:
         assert int(await_fifo(fault)) == proc.pid  # held at the moment
         proc.kill()
