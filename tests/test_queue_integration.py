@@ -5255,3 +5255,22 @@ def test_a_tick_whose_send_waited_out_a_full_queue_disk_is_not_said_lost(kb):
         _stop_all(guard, procs)
         fill.unlink(missing_ok=True)
         subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_sweep_in_a_process_whose_worker_stopped_runs_its_agents(kb, run_cli):
+    """A worker's stop marks (K98's "a drain starts no agent") are the process's: a sweep
+    run in a process where a worker had stopped (a test process; a forked child inherits
+    them) had its worker abandon every message as "worker stopping before its agent
+    started", and the sweep waited for good (the suite's in-process commands test, twice)."""
+    from workers.attempt import STOP_ASKED, STOPPING
+
+    small_kb(kb)
+    STOP_ASKED.set()
+    STOPPING.set()
+    try:
+        res = run_cli("sweep", "--reviewer", "offline", "--workers", "1", "--json")
+    finally:
+        STOP_ASKED.clear()
+        STOPPING.clear()
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["failed"] == []

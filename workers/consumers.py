@@ -29,6 +29,7 @@ from .app import make_app
 from .attempt import (
     KILL_GRACE_S,
     STOP_ASKED,
+    STOPPING,
     become_subreaper,
     limits_unseen,
     reap_orphans,
@@ -265,6 +266,11 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
     """Consume the review queue with ``workers`` threads, one agent each. The worker opens
     no state folder but its own (``worker_folder``); ``kb`` is an optional read-only copy
     of the KB root for agents that follow links."""
+    # Its own stop not asked yet: the marks are the process's, and one forked from a
+    # process whose worker had stopped (a test's, a sweep's in-process run after one)
+    # abandoned every message as "worker stopping before its agent started" (K104).
+    STOP_ASKED.clear()
+    STOPPING.clear()
     folder = worker_folder(settings)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     logs.configure(folder, stderr_level="INFO", process="worker")
