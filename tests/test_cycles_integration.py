@@ -2730,7 +2730,8 @@ def test_job_names_the_escalations_its_failure_raised(kb):
 def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     """Mailed by cron (80 columns, no terminal), the summary broke its lines where rich
     wrapped them: 'skipped 9 (5 already queued or running, 4' and on the next line
-    'waiting for a person); cost $0.39'. A table keeps its width; a sentence its line."""
+    'waiting for a person); cost $0.39'. A table keeps its width; a sentence its line.
+    Its counts were bare ("5494 pairs") where the report's page wrote "5,494" (P66)."""
     from types import SimpleNamespace
 
     from orchestrator.cli.display import render_summary
@@ -2749,6 +2750,7 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
             skipped=skipped,
         ),
     )
+    summary.update(decisions={"PASS": 12_345}, attempts={"finalized": 23_456})
     pause = (
         "reviewer a-reviewer-with-a-long-name is paused since 2026-11-26T03:45:00Z until "
         "2026-11-26T04:00:00Z (or until reviewq resume a-reviewer-with-a-long-name, once the "
@@ -2757,10 +2759,13 @@ def test_a_sweep_summary_line_is_not_broken_off_a_terminal(capsys):
     render_summary(out, lambda note, gate: None, [pause])
     printed = capsys.readouterr().out.splitlines()
     assert (
-        "enqueued 41 job(s) (5494 pairs), skipped 9 (5 already queued or running, 4 waiting "
+        "enqueued 41 job(s) (5,494 pairs), skipped 9 (5 already queued or running, 4 waiting "
         "for a person); cost $0.3900" in printed
     ), printed
     assert pause in printed
+    # Its counts as the page (P66) and the terminal's report write them.
+    assert [ln for ln in printed if "12,345" in ln or "23,456" in ln] != []
+    assert [ln for ln in printed if "12345" in ln or "23456" in ln] == []
 
 
 def _a_fail_run_with_its_fix_queued(kb) -> int:

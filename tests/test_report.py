@@ -976,14 +976,31 @@ def test_the_page_writes_every_count_with_thousands_separators(night, browser, t
     page = browser.open(page_path.as_uri(), width=1280, height=900)
     page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
     text = page.evaluate("document.body.innerText")
-    # Five figures or more with no separator, not a date's year, a cost's decimals or an
-    # id in a command or a hash (letters beside them).
-    bare = [
+    assert _bare_counts(text) == []
+    assert "10,00" in text
+
+
+def _bare_counts(text: str) -> list[str]:
+    """Five figures or more with no separator, each with the words around it: not a
+    date's year, a cost's decimals or an id in a command or a hash (letters beside them)."""
+    return [
         text[max(0, m.start() - 30) : m.end() + 10]
         for m in re.finditer(r"(?<![\w.,$])\d{5,}(?![\w,-])", text)
     ]
-    assert bare == []
-    assert "10,00" in text
+
+
+def test_the_terminal_writes_every_count_with_thousands_separators(night):
+    """The page said "10,003" (P66) where the terminal's report of the same night said
+    "pairs reviewed: 10003 (PASS 10001, …)", "10002 failed job(s)", "… 10001 more …"."""
+    from orchestrator.report import render
+
+    data = night.report()
+    _counted_in_thousands(data)
+    data["reviewed"]["decisions"] = {d: 10_000 + i for i, d in enumerate(("PASS", "WARN", "FAIL"))}
+    data["kb_changes"]["fix_results"] = {"unchanged": 12_345}
+    said = render.text(data, None)
+    assert _bare_counts(said) == [], said
+    assert "(PASS 10,000, WARN 10,001, FAIL 10,002, ERROR 0)" in said, said
 
 
 def test_a_small_phone_shows_the_tiles_two_a_row(night, browser, tmp_path):

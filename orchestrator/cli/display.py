@@ -81,41 +81,44 @@ def render_summary(out, only_reject, pauses: Sequence[str] = (), store=None) -> 
     for reviewer, counts in sorted(s["jobs"].items()):
         jobs.add_row(
             reviewer,
-            *(str(counts.get(c, 0)) for c in ("queued", "running", "completed", "failed", "split")),
+            *(
+                f"{counts.get(c, 0):,}"
+                for c in ("queued", "running", "completed", "failed", "split")
+            ),
         )
     console.print(jobs)
     decisions = Table(title="Decisions", show_edge=False)
     for d in ("PASS", "WARN", "FAIL", "ERROR"):
         decisions.add_column(d, justify="right")
-    decisions.add_row(*(str(s["decisions"].get(d, 0)) for d in ("PASS", "WARN", "FAIL", "ERROR")))
+    decisions.add_row(*(f"{s['decisions'].get(d, 0):,}" for d in ("PASS", "WARN", "FAIL", "ERROR")))
     console.print(decisions)
     if s.get("audits"):
         a = s["audits"]
         console.print(
-            f"audits of PASS decisions: {a.get('PASS', 0)} upheld, {a.get('FAIL', 0)} refuted"
-            + (f", {a.get('ERROR', 0)} not judged" if a.get("ERROR") else ""),
+            f"audits of PASS decisions: {a.get('PASS', 0):,} upheld, {a.get('FAIL', 0):,} refuted"
+            + (f", {a.get('ERROR', 0):,} not judged" if a.get("ERROR") else ""),
             soft_wrap=True,
         )
     attempts = Table(title="Attempts", show_edge=False)
     attempts.add_column("outcome")
     attempts.add_column("count", justify="right")
     for outcome, n in sorted(s["attempts"].items()):
-        attempts.add_row(outcome_words(outcome), str(n))
+        attempts.add_row(outcome_words(outcome), f"{n:,}")
     console.print(attempts)
     enq = out.enqueued
     # soft_wrap on every sentence: a line keeps its words together however narrow the
     # console (cron mails what it prints at 80 columns: "skipped 9 (5 …, 4" on one line
     # and "waiting for a person); cost $0.39" on the next).
     console.print(
-        f"enqueued {len(enq.jobs)} job(s) ({sum(len(j.pairs) for j in enq.jobs)} pairs), "
+        f"enqueued {len(enq.jobs):,} job(s) ({sum(len(j.pairs) for j in enq.jobs):,} pairs), "
         f"{skipped_count(enq.skipped)}{enq.taken_over_words()}; "
-        f"cost ${s['cost_usd']:.4f}",
+        f"cost ${s['cost_usd']:,.4f}",
         soft_wrap=True,
     )
     if enq.problems:
         # Said on stderr before the summary, and so lost to a summary kept alone (cron mail
         # of stdout, a redirect): a note over [limits] max_note_bytes was never reviewed.
-        console.print(f"{len(enq.problems)} file(s) left out of the sweep:", soft_wrap=True)
+        console.print(f"{len(enq.problems):,} file(s) left out of the sweep:", soft_wrap=True)
         # As the warnings: a few a reason, the rest counted (the log names each).
         for line in capped(enq.problems, "  "):
             console.print(line, soft_wrap=True)
@@ -144,10 +147,10 @@ def render_summary(out, only_reject, pauses: Sequence[str] = (), store=None) -> 
         # mail of a night whose reviewer crashed read "556 escalation(s)" as verdicts.
         agents = s.get("agents_failed", [])
         console.print(
-            f"{len(s['escalations'])} escalation(s) on {len(notes)} note(s)"
+            f"{len(s['escalations']):,} escalation(s) on {len(notes):,} note(s)"
             + raised_by_agents(agents)
             + " wait for a person "
-            + (f"({elsewhere} of other partitions: {', '.join(others)}) " if others else "")
+            + (f"({elsewhere:,} of other partitions: {', '.join(others)}) " if others else "")
             + "(reviewq escalations):",
             soft_wrap=True,
         )
@@ -168,7 +171,7 @@ def render_summary(out, only_reject, pauses: Sequence[str] = (), store=None) -> 
                 )
         if len(notes) > _NOTES_SHOWN:
             console.print(
-                f"  … and {len(notes) - _NOTES_SHOWN} more note(s): reviewq escalations lists all",
+                f"  … and {len(notes) - _NOTES_SHOWN:,} more note(s): reviewq escalations lists all",
                 soft_wrap=True,
             )
     unwritten = s.get("fixes_unwritten", [])

@@ -147,7 +147,7 @@ def capped(problems: Sequence[FileProblem], prefix: str) -> Iterator[str]:
 def excluded_words(n: int) -> str:
     """One line for the notes ``[kb] exclude`` left out: counted, never listed (an index
     or template a note is what the setting is for, not news at every command)."""
-    return f"{n} note(s) excluded by [kb] exclude: not reviewed"
+    return f"{n:,} note(s) excluded by [kb] exclude: not reviewed"
 
 
 class NoteParseError(ValueError):

@@ -292,13 +292,13 @@ def text(data: dict, html_path: str | None) -> str:
     lines = [
         f"reviewq report: {data['period']['label']}, to {data['period']['until'][:16]}Z",
         "jobs: " + jobs_line(r),
-        f"pairs reviewed: {r['pairs']} (PASS {dec.get('PASS', 0)}, WARN {dec.get('WARN', 0)}, "
-        f"FAIL {dec.get('FAIL', 0)}, ERROR {dec.get('ERROR', 0)})",
+        f"pairs reviewed: {r['pairs']:,} (PASS {dec.get('PASS', 0):,}, WARN {dec.get('WARN', 0):,}, "
+        f"FAIL {dec.get('FAIL', 0):,}, ERROR {dec.get('ERROR', 0):,})",
         f"cost: {money(r['cost_usd'])}, {r['tokens']:,} tokens, wall time {duration(r['wall_time_s'])}",
-        f"fixes: {k['fixes_applied']} applied ({k['fixes_committed']} committed), "
-        f"{k['fix_results'].get('unchanged', 0)} changed nothing, "
+        f"fixes: {k['fixes_applied']:,} applied ({k['fixes_committed']:,} committed), "
+        f"{k['fix_results'].get('unchanged', 0):,} changed nothing, "
         # Not "while the fixer ran": a write that waited (a full disk) meets later edits too.
-        f"{k['human_edits_total']} not applied (the note was edited, moved or decided before the "
+        f"{k['human_edits_total']:,} not applied (the note was edited, moved or decided before the "
         "fix was written)",
     ]
     needs = []
@@ -306,11 +306,11 @@ def text(data: dict, html_path: str | None) -> str:
         needs.append(no_worker_line(n["no_worker"]))
     if n["escalations_open"]:
         needs.append(
-            f"{n['escalations_open']} escalation(s) on {n['escalated_notes']} note(s)"
+            f"{n['escalations_open']:,} escalation(s) on {n['escalated_notes']:,} note(s)"
             + raised_by_agents(n["agents_failed"])
         )
     if n["failed_total"]:
-        needs.append(f"{n['failed_total']} failed job(s)")
+        needs.append(f"{n['failed_total']:,} failed job(s)")
     if n["paused_reviewers"]:
         needs.append(paused_line(n["paused_reviewers"]))
     if n["budgets_reached"]:
@@ -318,11 +318,11 @@ def text(data: dict, html_path: str | None) -> str:
     if n["sweeps_not_run"]:
         needs.append(f"{len(n['sweeps_not_run'])} cron sweep(s) that did not run")
     if n["fixes_unwritten_total"]:
-        needs.append(f"{n['fixes_unwritten_total']} fixed note(s) not written to the KB")
+        needs.append(f"{n['fixes_unwritten_total']:,} fixed note(s) not written to the KB")
     if apart := stalled_apart(n["stalled"], n["no_worker"]):
         needs.append(f"{len(apart)} reviewer(s) whose jobs do not move")
     if r["fails_left_total"]:
-        needs.append(f"{r['fails_left_total']} {FAILS_LEFT}")
+        needs.append(f"{r['fails_left_total']:,} {FAILS_LEFT}")
     if r["machines"]:
         lines.append("machines: " + "; ".join(machine_words(m) for m in r["machines"]))
     lines.append("needs you: " + ("; ".join(needs) if needs else "nothing"))
@@ -341,7 +341,7 @@ def text(data: dict, html_path: str | None) -> str:
     # said no where, and the failed jobs and fixes past the third went without a word.
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):
         lines.append(
-            f"  … {n['escalated_notes'] - min(5, len(n['escalations']))} more note(s): "
+            f"  … {n['escalated_notes'] - min(5, len(n['escalations'])):,} more note(s): "
             "reviewq escalations lists every one"
         )
     for f in n["failed_jobs"][:FAILED_SHOWN]:
@@ -373,7 +373,7 @@ def text(data: dict, html_path: str | None) -> str:
         )
     if r["fails_left_total"] > FAILS_SHOWN:
         lines.append(
-            f"  … {r['fails_left_total'] - FAILS_SHOWN} more {FAILS_LEFT}: on the page, every "
+            f"  … {r['fails_left_total'] - FAILS_SHOWN:,} more {FAILS_LEFT}: on the page, every "
             f"one with {full_command(data['period'])}"
         )
     for gate in data["trends"]["suspect_gates"]:

@@ -89,8 +89,8 @@ def skipped_count(skipped: Sequence[Skipped]) -> str:
     kinds: dict[str, int] = {}
     for s in skipped:
         kinds[s.kind] = kinds.get(s.kind, 0) + 1
-    why = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-    return f"skipped {len(skipped)}" + (f" ({why})" if why else "")
+    why = ", ".join(f"{n:,} {kind}" for kind, n in kinds.items())
+    return f"skipped {len(skipped):,}" + (f" ({why})" if why else "")
 
 
 QUEUED = "already queued or running"

@@ -839,7 +839,7 @@ def more_failed(total: int, shown: int = FAILED_SHOWN) -> str | None:
     """The line that counts the failed jobs past those named, and says where each is."""
     if total <= shown:
         return None
-    return f"… {total - shown} more failed job(s): reviewq jobs --state failed"
+    return f"… {total - shown:,} more failed job(s): reviewq jobs --state failed"
 
 
 def more_unwritten(total: int, shown: int = UNWRITTEN_SHOWN) -> str | None:
@@ -847,7 +847,7 @@ def more_unwritten(total: int, shown: int = UNWRITTEN_SHOWN) -> str | None:
     if total <= shown:
         return None
     return (
-        f"… and {total - shown} more fixed note(s) not written to the KB: "
+        f"… and {total - shown:,} more fixed note(s) not written to the KB: "
         "reviewq status --json names each"
     )
 
@@ -1575,7 +1575,7 @@ def raised_by_agents(agents: list[dict]) -> str:
     the sweep's summary, `escalations`): how many :func:`agents_failed` counts, which are
     no verdict on a note. Said in one place, the total read as that many verdicts."""
     n = sum(a["escalations"] for a in agents)
-    return f" ({n} of them raised by an agent that failed)" if n else ""
+    return f" ({n:,} of them raised by an agent that failed)" if n else ""
 
 
 _E = TypeVar("_E")

@@ -146,7 +146,7 @@ class EnqueueResult:
             return ""
         runs = ", ".join(str(r) for r in sorted(self.taken_over))
         return (
-            f"; took over {sum(self.taken_over.values())} queued job(s) of run(s) {runs}, "
+            f"; took over {sum(self.taken_over.values()):,} queued job(s) of run(s) {runs}, "
             "whose budget was spent"
         )
 
