@@ -126,8 +126,11 @@ class Chromium:
         height: int = 900,
         mobile: bool = False,
         color_scheme: str | None = None,
+        forced_colors: bool = False,
     ) -> Page:
-        """``color_scheme``: the system's as the page's media queries see it (``dark``)."""
+        """``color_scheme``: the system's as the page's media queries see it (``dark``).
+        ``forced_colors``: the system's own few colours forced on the page, as Windows'
+        contrast themes do (``@media (forced-colors: active)``)."""
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"
@@ -139,8 +142,10 @@ class Chromium:
             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile},
             session,
         )
-        if color_scheme:
-            features = [{"name": "prefers-color-scheme", "value": color_scheme}]
+        features = [{"name": "prefers-color-scheme", "value": color_scheme}] if color_scheme else []
+        if forced_colors:
+            features.append({"name": "forced-colors", "value": "active"})
+        if features:
             self.call("Emulation.setEmulatedMedia", {"features": features}, session)
         self.call("Page.navigate", {"url": url}, session)
         self.wait_event("Page.loadEventFired", session)

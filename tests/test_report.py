@@ -901,6 +901,29 @@ def test_the_needs_you_links_can_be_read_in_either_mode(night, browser, tmp_path
         assert low == [], (scheme, low)
 
 
+def test_the_tile_that_needs_you_is_marked_in_forced_colours(night, browser, tmp_path):
+    """The "need you" tile was marked by its red border alone: in forced colours (Windows'
+    contrast themes, Chromium's emulation of them) every border is the system's one text
+    colour, and it looked as the six tiles beside it. Compared as drawn: the tiles'
+    borders and outlines, colours aside."""
+    page_path = tmp_path / "forced.html"
+    assert night.rq("report", "--since", "24h", "--html", str(page_path)).returncode == 0
+    for forced in (False, True):
+        page = browser.open(page_path.as_uri(), forced_colors=forced)
+        assert page.evaluate("matchMedia('(forced-colors: active)').matches") is forced
+        drawn = page.evaluate(
+            """[...document.querySelectorAll('.tiles li')].map(li => {
+            const s = getComputedStyle(li);
+            return [li.className, ['Top', 'Right', 'Bottom', 'Left'].map(side =>
+                s['border' + side + 'Width'] + ' ' + s['border' + side + 'Style']).join()
+                + ' ' + s.outlineWidth + ' ' + s.outlineStyle];
+        })"""
+        )
+        alert = [how for cls, how in drawn if cls == "alert"]
+        others = {how for cls, how in drawn if cls != "alert"}
+        assert len(alert) == 1 and alert[0] not in others, (forced, drawn)
+
+
 # A reader's own text spacing, as WCAG 1.4.12 asks a page to bear without loss: a user
 # style sheet of the four spacings at their least.
 TEXT_SPACING = """(() => { const s = document.createElement('style');
