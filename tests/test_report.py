@@ -2159,6 +2159,31 @@ def test_a_period_that_cost_nothing_says_so_instead_of_a_chart(kb, run_cli, brow
     assert "No cost in the last 14 nights." in night and "$1" not in night, night
 
 
+def test_a_night_with_nothing_to_chart_says_so_in_each_charts_place(kb, run_cli, browser, tmp_path):
+    """On a first night (or an empty one) the charts of decisions, of the FAIL rates and
+    of the attempts' failures were left out without a word: five of the six headings a
+    reader looks for were gone, and the page read as broken."""
+    Store.open(kb.state).close()  # a state folder where nothing has run yet
+    page_path = tmp_path / "first-night.html"
+    assert run_cli("report", "--html", str(page_path)).exit_code == 0
+    page = browser.open(page_path.as_uri())
+    figures = page.evaluate(
+        """[...document.querySelectorAll('figure.chart')].map(f => [
+        f.querySelector('figcaption').textContent, f.querySelector('p.empty')?.textContent])"""
+    )
+    assert figures == [
+        ["Decisions per lens", "No pair was decided in this period."],
+        ["Decisions per gate", "No pair was decided in this period."],
+        ["Cost per reviewer (USD)", "No attempt cost anything in this period."],
+        ["FAIL rate per gate, last 14 nights", "No gate decided a note in the last 14 nights."],
+        ["Cost per night (USD)", "No cost in the last 14 nights."],
+        [
+            "Attempt failure rate per reviewer profile (agents that ran)",
+            "No agent ran in the last 14 nights.",
+        ],
+    ], figures
+
+
 def _since(value: str, now: str) -> str:
     from orchestrator.report.period import resolve
 

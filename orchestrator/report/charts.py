@@ -60,11 +60,10 @@ class Chart:
     more: str = ""
 
 
-def _nothing(title: str, items: list[tuple[str, float]], empty: str | None) -> Chart | None:
-    """A chart of all zeros as a sentence, when ``empty`` gives one."""
-    if empty is None or any(v for _, v in items):
-        return None
-    return Chart(title, "", [], [], empty)
+def _nothing(title: str, empty: str | None, drawn: bool) -> Chart | None:
+    """A chart with nothing to draw (no rows, or all zeros on a scale pygal would make up)
+    as ``empty``'s sentence, when it gives one."""
+    return None if drawn or empty is None else Chart(title, "", [], [], empty)
 
 
 def _name(el: ET.Element) -> str:
@@ -284,10 +283,12 @@ def _config(rows: int, **kw) -> dict:
     }
 
 
-def decisions_by(title: str, label: str, counts: dict[str, dict[str, int]]) -> Chart | None:
+def decisions_by(
+    title: str, label: str, counts: dict[str, dict[str, int]], empty: str | None = None
+) -> Chart | None:
     """Stacked horizontal bars: PASS, WARN, FAIL, ERROR per lens or gate."""
     if not counts:
-        return None
+        return _nothing(title, empty, drawn=False)
     shown, more = _most(
         list(counts),
         lambda k: tuple(counts[k].get(d, 0) for d in ("FAIL", "ERROR", "WARN")),
@@ -327,10 +328,11 @@ def bars(
     money: bool = False,
     empty: str | None = None,
 ) -> Chart | None:
+    # A rate's scale is 0 to 100 % whatever its figures: all at 0 % is a chart still.
+    if said := _nothing(title, empty, drawn=bool(items) and (percent or any(v for _, v in items))):
+        return said
     if not items:
         return None
-    if said := _nothing(title, items, empty):
-        return said
     if percent or money:
         fmt = (lambda v: f"{v:.0%}") if percent else dollars
     else:
@@ -360,10 +362,10 @@ def columns(
     title: str, label: str, value: str, items: list[tuple[str, float]], empty: str | None = None
 ) -> Chart | None:
     """Vertical bars over time (cost per night)."""
+    if said := _nothing(title, empty, drawn=any(v for _, v in items)):
+        return said
     if not items:
         return None
-    if said := _nothing(title, items, empty):
-        return said
     chart = pygal.Bar(**_config(6, show_legend=False, value_formatter=dollars, x_label_rotation=35))
     chart.x_labels = [k for k, _ in items]
     chart.add(value, [v for _, v in items])

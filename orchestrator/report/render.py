@@ -62,9 +62,13 @@ _ENV.filters["duration"] = duration
 
 def build_charts(data: dict) -> dict[str, charts.Chart | None]:
     r, t = data["reviewed"], data["trends"]
+    nights = len(t["nights"])
+    # Each chart of nothing says so: left out, the charts of a first or empty night went
+    # without a word, and the page read as broken.
+    undecided = "No pair was decided in this period."
     return {
-        "by_lens": charts.decisions_by("Decisions per lens", "Lens", r["by_lens"]),
-        "by_gate": charts.decisions_by("Decisions per gate", "Gate", r["by_gate"]),
+        "by_lens": charts.decisions_by("Decisions per lens", "Lens", r["by_lens"], undecided),
+        "by_gate": charts.decisions_by("Decisions per gate", "Gate", r["by_gate"], undecided),
         "cost_by_reviewer": charts.bars(
             "Cost per reviewer (USD)",
             "Reviewer",
@@ -75,18 +79,19 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             empty="No attempt cost anything in this period.",
         ),
         "fail_rate": charts.bars(
-            f"FAIL rate per gate, last {len(t['nights'])} nights",
+            f"FAIL rate per gate, last {nights} nights",
             "Gate",
             "FAIL rate",
             [(g["gate_id"], g["rate"]) for g in t["fail_rate_by_gate"]],
             percent=True,
+            empty=f"No gate decided a note in the last {nights} nights.",
         ),
         "cost_by_night": charts.columns(
             "Cost per night (USD)",
             "Night",
             "Cost (USD)",
             [(n["night"], n["cost_usd"]) for n in t["cost_by_night"]],
-            empty=f"No cost in the last {len(t['nights'])} nights.",
+            empty=f"No cost in the last {nights} nights.",
         ),
         "attempt_failures": charts.bars(
             "Attempt failure rate per reviewer profile (agents that ran)",
@@ -94,6 +99,7 @@ def build_charts(data: dict) -> dict[str, charts.Chart | None]:
             "Failed attempts",
             [(x["reviewer"], x["rate"]) for x in t["attempt_failure_by_reviewer"]],
             percent=True,
+            empty=f"No agent ran in the last {nights} nights.",
         ),
     }
 
