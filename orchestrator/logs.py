@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.events import EVENTS, FOREIGN
+
 if TYPE_CHECKING:
     import structlog
 
@@ -588,24 +590,51 @@ def _rotated_since(name: Path, listed: Listed, log: Path) -> bool:
     return now[0] != listed[0] or (name == log and now[1] < listed[1])
 
 
+def _events_in(path: Path, wanted: Wanted) -> set[str]:
+    """The events of the lines of ``wanted``'s period, whatever its other filters."""
+    period = Wanted(wanted.since, wanted.until)
+    return {str(rec.get("event")) for rec, _ in entries(path, period, lambda _: None)}
+
+
 def event_unmatched(path: Path, wanted: Wanted) -> str:
-    """Why ``logs --event`` showed nothing, for its one line: an event no line of the log
-    read is (a misspelt name, with the events it is nearest), or one whose lines the other
-    filters left out. A misspelt event showed nothing and exited 0, a quiet night to the
-    person who typed it."""
-    seen = {
-        str(rec.get("event"))
-        for rec, _ in entries(path, Wanted(wanted.since, wanted.until), lambda _: None)
-    }
+    """Why ``logs --event`` of an event reviewq writes showed nothing, for its one line: no
+    line of the log read is that event (a quiet night), or the other filters left its
+    lines out."""
+    seen = _events_in(path, wanted)
     if any(event_matches(wanted.event or "", e) for e in seen):
         return "no line of that event matched the other filters"
-    near = difflib.get_close_matches((wanted.event or "").casefold(), sorted(seen), n=3)
-    if near:
-        return f"no line of the log read is that event (did you mean {', '.join(near)}?)"
+    return f"no line of the log read is that event ({len(seen)} other event(s) in it)"
+
+
+def known_event(given: str) -> bool:
+    """Whether ``logs --event`` names an event reviewq writes or a family of them
+    (:func:`event_matches`), or a logger whose records the log takes under its name."""
     return (
-        f"no line of the log read is that event ({len(seen)} other event(s) in it; "
-        "docs/OPERATIONS.md §5 lists every event)"
+        any(event_matches(given, e) for e in EVENTS)
+        or given.casefold().partition(".")[0].rstrip("*") in FOREIGN
     )
+
+
+def event_unknown(path: Path, wanted: Wanted) -> str | None:
+    """Why ``logs --event`` names no event at all, or None: reviewq writes no such event
+    and no line of the log is one, the rotated copies' too (a misspelt name, with the
+    names nearest it). A misspelt event showed nothing and exited 0, a quiet night to the
+    person who typed it. A line of a name reviewq does not know (another release's) is
+    shown all the same."""
+    given = wanted.event
+    if not given or known_event(given):
+        return None
+    # Every copy, not the log alone: after the morning's rotation the night is in them.
+    since = wanted.since or datetime.min.replace(tzinfo=UTC)
+    seen = _events_in(path, Wanted(since, wanted.until)) if path.exists() else set()
+    if any(event_matches(given, e) for e in seen):
+        return None
+    near = difflib.get_close_matches(given.casefold(), sorted(EVENTS | seen), n=3)
+    said = "reviewq writes no such event and no line of the log is one"
+    if near:
+        return f"{said} (did you mean {', '.join(near)}?)"
+    families = sorted({e.partition(".")[0] + "." for e in EVENTS})
+    return f"{said} (its events are under {', '.join(families)})"
 
 
 def entries(

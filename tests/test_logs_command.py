@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import reviewq_process
+
 EXE = str(Path(sys.executable).parent / "reviewq")
 
 
@@ -541,19 +543,21 @@ def test_an_event_is_matched_in_any_case_and_by_its_dotted_words(kb, run_cli):
         ("attempt.", attempts),
         ("attempt", attempts),
         ("ATTEMPT", attempts),
-        ("attempt.start", []),  # dotted words, not any text an event begins with
         # The help's own words for them ("each attempt.* event"), typed as a shell's glob:
         # matched as text, they showed nothing, exit 0.
         ("attempt.*", attempts),
         ("*", night),
     ):
         assert events("--event", given) == expected, given
+    # Dotted words, not any text an event begins with: a name of no event (U95).
+    res = run_cli("logs", "--event", "attempt.start")
+    assert res.exit_code == 2 and "did you mean attempt.started" in res.stderr, res.stderr
 
 
 def test_an_event_that_matched_nothing_is_said_in_one_line(kb, run_cli):
-    """A misspelt `logs --event escalation.raisd` showed nothing and exited 0: a quiet
-    night to the person who typed it. One line says which it was: an event no line of the
-    log is (with the names nearest it), or one the other filters left out."""
+    """A `logs --event` of an event reviewq writes that showed nothing exited 0 in
+    silence, a quiet night or a name misspelt alike. One line says which it was: an event
+    no line of the log is, or one the other filters left out."""
     _night_whose_job_failed(kb)
 
     def said(*args: str) -> str:
@@ -561,17 +565,45 @@ def test_an_event_that_matched_nothing_is_said_in_one_line(kb, run_cli):
         assert (res.exit_code, res.stdout, res.stderr.count("\n")) == (0, "", 1), res
         return res.stderr
 
-    assert said("job.faild").startswith(
-        "warning: --event job.faild: no line of the log read is that event (did you mean job.failed"
-    )
-    assert said("no.such").startswith(
-        "warning: --event no.such: no line of the log read is that event ("
+    assert said("fix.applied").startswith(
+        "warning: --event fix.applied: no line of the log read is that event ("
     )
     assert said("job.failed", "--level", "critical") == (
         "warning: --event job.failed: no line of that event matched the other filters\n"
     )
     shown = run_cli("logs", "--event", "job.failed")
     assert shown.stdout and not shown.stderr
+
+
+def test_an_event_reviewq_does_not_write_is_bad_usage_naming_the_nearest(kb, run_cli):
+    """A misspelt `logs --event escalation.raisd` was a warning and exit 0, a quiet night
+    to a script, and `-f` waited for good on it; the one place listing the events was
+    docs/OPERATIONS.md, which an installed reviewq does not have. A name reviewq does not
+    write and no line of the log (its rotated copies too) is, is bad usage: exit 2 at
+    once, naming the nearest events, or their families. A line of such a name (another
+    release's event) is shown."""
+    _night_whose_job_failed(kb)
+    usage = "error: reviewq logs: --event {!r}: reviewq writes no such event and no line of the log is one ({}) (see reviewq logs --help)\n"  # noqa: E501
+    res = run_cli("logs", "--event", "escalation.raisd")
+    assert (res.exit_code, res.stdout) == (2, ""), res
+    assert res.stderr == usage.format(
+        "escalation.raisd",
+        "did you mean escalation.raised, escalation.skipped, escalation.decided?",
+    )
+    res = run_cli("logs", "--event", "zzz")
+    assert res.exit_code == 2 and "(its events are under acceptance., attempt., " in res.stderr
+    # Following, it is said at once rather than waited on for good.
+    follow = reviewq_process(
+        "--root", str(kb.root), "logs", "-f", "--event", "job.faild", timeout=30
+    )
+    assert follow.returncode == 2 and "did you mean job.failed" in follow.stderr, follow.stderr
+    # An event of another release, in a rotated copy only: shown there, as U94 has it.
+    copy = kb.state / "logs" / "reviewq.jsonl.1"
+    copy.write_text(_line("queue.renamed_since") + "\n")
+    res = run_cli("logs", "--event", "queue.renamed_since")
+    assert res.exit_code == 0 and "logrotate left 1 older copy" in res.stderr, res.stderr
+    res = run_cli("logs", "--event", "queue.renamed_since", "--since", "2026-11-22")
+    assert res.exit_code == 0 and "queue.renamed_since" in res.stdout, res
 
 
 def test_a_split_jobs_log_begins_with_the_split_that_made_it(kb, run_cli):

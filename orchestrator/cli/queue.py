@@ -653,6 +653,8 @@ def logs_cmd(
     if not path.exists() and not follow:
         raise Refused(f"no log yet at {path}")
     wanted = logs.Wanted(since=start, until=end, job_id=job_id, event=event, level=rank)
+    if unknown := logs.event_unknown(path, wanted):  # before -f waits for good on it
+        raise BadValue(f"--event {event!r}: {unknown}")
     shown_any = False
     for rec, line in logs.entries(
         path, wanted, functools.partial(click.echo, err=True), follow=follow
