@@ -1003,6 +1003,27 @@ def test_the_page_writes_every_count_with_thousands_separators(night, browser, t
     assert "10,00" in text
 
 
+def test_a_notes_escalations_changed_since_their_fails_are_one_line_in_the_terminal(night):
+    """On `bench/report.py`'s night each of the first five notes, escalated on eight gates
+    and edited since, had "changed since its FAIL (…): a reject holds the pair as it is
+    now, …" eight times, one a gate: forty near-identical lines before the failed jobs."""
+    from orchestrator.report import render
+
+    data = night.report()
+    g = next(g for g in data["needs_you"]["escalations"] if len(g["escalations"]) > 2)
+    *mended, moved = g["escalations"]
+    for e in mended:
+        e.update(changed_since_fail=f"{e['gate_id']} note-changed", only_reject=None)
+    moved.update(changed_since_fail=f"{moved['gate_id']} gate-changed", only_reject=None)
+    held = [ln for ln in render.text(data, None).splitlines() if "changed since" in ln]
+    assert held == [
+        f"    changed since their FAILs ({', '.join(e['gate_id'] for e in mended)} note-changed; "
+        f"{moved['gate_id']} gate-changed): a reject holds each pair as it is now, unreviewed, "
+        "under the FAIL of the earlier text (a redo has the next sweep review them; approve "
+        "accepts them)"
+    ], held
+
+
 def _bare_counts(text: str) -> list[str]:
     """Five figures or more with no separator, each with the words around it: not a
     date's year, a cost's decimals or an id in a command or a hash (letters beside them)."""

@@ -340,9 +340,12 @@ def text(data: dict, html_path: str | None) -> str:
         lines.append(f"  {g['note_path']} ({gates_said(g)}): {decide_line(g)}")
         for why in dict.fromkeys(e["only_reject"] for e in g["escalations"] if e["only_reject"]):
             lines.append(f"    {why}: only reject closes it")
-        for e in g["escalations"]:
-            if e.get("changed_since_fail") and not e["only_reject"]:
-                lines.append(f"    {held_by_a_reject(e['changed_since_fail'])}")
+        if held := [
+            e["changed_since_fail"]
+            for e in g["escalations"]
+            if e.get("changed_since_fail") and not e["only_reject"]
+        ]:
+            lines.append(f"    {held_by_a_reject(*held)}")
     # Each list cut here says how many it left out and where they are: "… 3 more note(s)"
     # said no where, and the failed jobs and fixes past the third went without a word.
     if len(n["escalations"]) > 5 or n["escalated_notes"] > len(n["escalations"]):

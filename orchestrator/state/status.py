@@ -1523,12 +1523,25 @@ REDO_IF = (
 REJECT_ON_A_PASS = "(a PASS on record, as one an auditor refuted, becomes your FAIL)"
 
 
-def held_by_a_reject(why: str) -> str:
+def held_by_a_reject(why: str, *more: str) -> str:
     """The line under an escalation whose pair changed since its FAIL (``why``, as select
-    says it: "prose/x note-changed"), before the person decides it."""
+    says it: "prose/x note-changed"), before the person decides it; or under a note's
+    escalations, ``more`` of them so: one line, its gates named by reason (the terminal's
+    report said the same long line once for each of a note's eight gates)."""
+    if not more:
+        return (
+            f"changed since its FAIL ({why}): {HELD_AS_IT_IS} (a redo has the next sweep "
+            "review it; approve accepts it)"
+        )
+    gates: dict[str, list[str]] = {}
+    for one in (why, *more):
+        gate, _, reason = one.partition(" ")
+        gates.setdefault(reason, []).append(gate)
+    said = "; ".join(f"{', '.join(g)} {reason}" for reason, g in gates.items())
+    each = HELD_AS_IT_IS.replace("holds the pair", "holds each pair")
     return (
-        f"changed since its FAIL ({why}): {HELD_AS_IT_IS} (a redo has the next sweep review "
-        "it; approve accepts it)"
+        f"changed since their FAILs ({said}): {each} (a redo has the next sweep review them; "
+        "approve accepts them)"
     )
 
 
