@@ -1003,6 +1003,26 @@ def test_the_page_writes_every_count_with_thousands_separators(night, browser, t
     assert "10,00" in text
 
 
+def test_status_writes_every_count_with_thousands_separators(night):
+    """`status` on `bench/report.py`'s state said "jobs: queued 0, running 0, completed
+    24120, failed 676" and "escalations open: 10011" where the report writes "24,120"."""
+    from orchestrator.state.status import status_lines
+    from orchestrator.state.workspace import Workspace
+
+    data = json.loads(night.rq("status", "--json").stdout)
+    data["jobs"] = {st: 10_000 + i for i, st in enumerate(data["jobs"])}
+    data["escalations_open"] = 10_011
+    data["cost_usd"] = {"today": 1234.5, "total": 12345.5}
+    ws = Workspace.open(night.root)
+    store = ws.read_store()
+    try:
+        said = "\n".join(status_lines(ws, store, data))
+    finally:
+        store.close()
+    assert _bare_counts(said) == [], said
+    assert "escalations open: 10,011" in said and "total $12,345.5000" in said, said
+
+
 def test_a_notes_escalations_changed_since_their_fails_are_one_line_in_the_terminal(night):
     """On `bench/report.py`'s night each of the first five notes, escalated on eight gates
     and edited since, had "changed since its FAIL (…): a reject holds the pair as it is
@@ -1026,10 +1046,11 @@ def test_a_notes_escalations_changed_since_their_fails_are_one_line_in_the_termi
 
 def _bare_counts(text: str) -> list[str]:
     """Five figures or more with no separator, each with the words around it: not a
-    date's year, a cost's decimals or an id in a command or a hash (letters beside them)."""
+    date's year, a cost's decimals, a process id (host:pid) or an id in a command or a
+    hash (letters beside them)."""
     return [
         text[max(0, m.start() - 30) : m.end() + 10]
-        for m in re.finditer(r"(?<![\w.,$])\d{5,}(?![\w,-])", text)
+        for m in re.finditer(r"(?<![\w.,$:])\d{5,}(?![\w,-])", text)
     ]
 
 

@@ -119,7 +119,7 @@ def pause_words(store: Store, name: str, pause: Pause, waiting: int = 0) -> str:
     without the command, none with the start, told one pause five ways. ``waiting``: the
     queued jobs it holds, said first where a count is wanted (status, the report)."""
     who = (
-        f"{waiting} job(s) wait for reviewer {name}, paused"
+        f"{waiting:,} job(s) wait for reviewer {name}, paused"
         if waiting
         else f"reviewer {name} is paused"
     )
@@ -635,9 +635,9 @@ def workers_heard(store: Store, control_runs: bool = True) -> dict:
 def status_lines(ws: Workspace, store: Store, data: dict) -> Iterator[str]:
     """``status`` in words: ``data`` as :func:`status` read it, with the notes not reviewed
     and the sweeps not run that the command adds to it."""
-    yield "jobs: " + ", ".join(f"{k} {v}" for k, v in data["jobs"].items())
+    yield "jobs: " + ", ".join(f"{k} {v:,}" for k, v in data["jobs"].items())
     yield (
-        f"escalations open: {data['escalations_open']}" + raised_by_agents(data["agents_failed"])
+        f"escalations open: {data['escalations_open']:,}" + raised_by_agents(data["agents_failed"])
     )
     for a in data["agents_failed"]:
         yield f"  {a['says']}"
@@ -647,7 +647,7 @@ def status_lines(ws: Workspace, store: Store, data: dict) -> Iterator[str]:
             yield pause_words(store, name, pause, r["jobs_waiting"])
         elif r["awaits_control_restart"]:
             yield (
-                f"{r['jobs_waiting']} job(s) wait for reviewer {name}, added to "
+                f"{r['jobs_waiting']:,} job(s) wait for reviewer {name}, added to "
                 f"{ws.settings.config_path or ws.root / 'reviewq.toml'} after the control "
                 "started: it runs them once restarted (systemctl reload, or kill -HUP "
                 f"{data['control']['pid']}; reviewq logs --event control.settings_stale)"
@@ -662,8 +662,8 @@ def status_lines(ws: Workspace, store: Store, data: dict) -> Iterator[str]:
         yield logs.one_line(b["says"])
     yield (
         # The UTC day: read at 7 a.m. on local time (cron's), "today" said nothing of which.
-        f"cost: today (UTC) ${data['cost_usd']['today']:.4f}, "
-        f"total ${data['cost_usd']['total']:.4f}"
+        f"cost: today (UTC) ${data['cost_usd']['today']:,.4f}, "
+        f"total ${data['cost_usd']['total']:,.4f}"
     )
     for f in data["fixes_unwritten"][:UNWRITTEN_SHOWN]:
         yield (
@@ -707,8 +707,8 @@ def liveness(store: Store, data: dict) -> list[str]:
     if pid is None:
         lines = [
             "control: not running"
-            + (f"; {queued} job(s) wait for one (reviewq control)" if queued else "")
-            + (f", {held} of them for a paused reviewer too (above)" if queued and held else "")
+            + (f"; {queued:,} job(s) wait for one (reviewq control)" if queued else "")
+            + (f", {held:,} of them for a paused reviewer too (above)" if queued and held else "")
         ]
     else:
         lines = [f"control: running (pid {pid})" if pid else "control: running"]
@@ -732,7 +732,7 @@ def liveness(store: Store, data: dict) -> list[str]:
             )
     if by_hand:
         lines.append(
-            f"{by_hand} job(s) made by create-jobs are run by hand (reviewq run-job N, or an "
+            f"{by_hand:,} job(s) made by create-jobs are run by hand (reviewq run-job N, or an "
             "agent's output and reviewq finalize): no control process runs them"
         )
     unwatched = w["unwatched"]
@@ -742,7 +742,7 @@ def liveness(store: Store, data: dict) -> list[str]:
     if w.get("agents_waiting"):
         on = f" on {', '.join(w['waiting_hosts'])}" if w.get("waiting_hosts") else ""
         line += (
-            f", and {w['agents_waiting']} job(s) taken by a worker{on} with no agent started "
+            f", and {w['agents_waiting']:,} job(s) taken by a worker{on} with no agent started "
             "yet (it waits for a free agent slot, or is starting one)"
         )
     if w["last_heard_at"]:
@@ -769,7 +769,7 @@ def liveness(store: Store, data: dict) -> list[str]:
     if w["untaken"]:
         waited = _seconds(w["untaken_since"], utcnow())
         line = (
-            f"review queue: {w['untaken']} message(s) no worker has taken yet, the oldest sent "
+            f"review queue: {w['untaken']:,} message(s) no worker has taken yet, the oldest sent "
             f"{w['untaken_since'][:19]}Z ({_ago(waited)})"
         )
         if waited >= 60:
