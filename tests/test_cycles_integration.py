@@ -1457,7 +1457,8 @@ def test_an_unchanged_fix_that_escalates_its_pairs_still_fixes_the_notes_other_f
     """A fix that changed nothing brought its pair to three rejections and escalated it;
     another fix followed only while one of its own pairs was under three. A FAIL of
     another lens, which came in while that fix was open (its fix skipped for it), was a
-    FAIL of the note as it is, and nothing fixed, reviewed or escalated it."""
+    FAIL of the note as it is, and nothing fixed, reviewed or escalated it. The pair due
+    for a person waits for the other's fixes, carried by them, and they go together."""
     kb.gate("prose/body-check", ["body"])
     kb.gate("frontmatter/desc-check", ["description"])
     kb.note("alpha", body="Alpha body.\n")
@@ -1487,15 +1488,21 @@ def test_an_unchanged_fix_that_escalates_its_pairs_still_fixes_the_notes_other_f
     assert res.returncode == 0, res.stderr
     last = open_fix()
     assert rq(kb, "run-job", str(last), "--reviewer", "nofix").returncode == 0
-    escalated = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
-    assert [e["gate_id"] for e in escalated] == ["prose/body-check"]
+    assert json.loads(rq(kb, "escalations", "--json").stdout)["escalations"] == []
     with db(kb) as conn:
         carried = conn.execute(
             "SELECT p.gate_id FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
-            "WHERE j.kind = 'fix' AND j.id > ?",
+            "WHERE j.kind = 'fix' AND j.id > ? ORDER BY p.gate_id",
             (last,),
         ).fetchall()
-    assert [r[0] for r in carried] == ["frontmatter/desc-check"]
+    assert [r[0] for r in carried] == ["frontmatter/desc-check", "prose/body-check"]
+    for _ in range(2):  # the other's two, which change nothing either
+        assert rq(kb, "run-job", str(open_fix()), "--reviewer", "nofix").returncode == 0
+    escalated = json.loads(rq(kb, "escalations", "--json").stdout)["escalations"]
+    assert [(e["gate_id"], e["reason"]) for e in escalated] == [
+        ("frontmatter/desc-check", "3 consecutive rejections (the last fix changed nothing)"),
+        ("prose/body-check", "5 consecutive rejections (the last fix changed nothing)"),
+    ]
 
 
 # Each round the prose review ends first, then the sentence review, then the note's fix.
@@ -1567,13 +1574,14 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
     with db(kb) as conn:
         escs = {e["gate_id"]: e for e in conn.execute("SELECT * FROM escalations")}
     assert sorted(escs) == ["prose/body-check", "sentence/body-words"]
-    # Each gate escalated after two fixes that carried its finding, as the cycle promises.
-    assert (len(prose), len(sentence)) == (2, 2)
-    assert (escs["prose/body-check"]["cycles"], escs["sentence/body-words"]["cycles"]) == (3, 5)
+    # Each gate escalated after two fixes that carried its finding, as the cycle promises;
+    # the prose gate, due first, rode along in the sentence gate's two (C106).
+    assert (len(prose), len(sentence)) == (4, 2)
+    assert (escs["prose/body-check"]["cycles"], escs["sentence/body-words"]["cycles"]) == (5, 5)
     # Its count past three says how many of them the fixer had a hand in (C100), where a
     # person reads it without the report's cycle lines.
     assert [escs[g]["reason"] for g in sorted(escs)] == [
-        "3 consecutive rejections",
+        "5 consecutive rejections",
         "5 consecutive rejections, 2 of them after fixes that carried it",
     ]
     listed = rq(kb, "escalations").stdout
@@ -1583,9 +1591,67 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
     after = [line.partition(", after ")[2] for line in report.splitlines() if "- Cycle" in line]
     assert after == [
         "",
-        *(f"fix {f}, which did not carry this gate)" for f in prose),
+        *(f"fix {f}, which did not carry this gate)" for f in prose[:2]),
         *(f"fix {f}, which carried this gate)" for f in sentence),
     ]
+
+
+def escalated_on_a_text_gone(kb) -> list[str]:
+    """The open escalations `reviewq escalations` says changed since their FAIL."""
+    listed = rq(kb, "escalations").stdout
+    return [line for line in listed.splitlines() if "changed since its FAIL" in line]
+
+
+def test_a_notes_pairs_of_two_lenses_are_escalated_together_on_its_last_text(kb):
+    """The prose gate above reached its two fixes first and was escalated while the
+    sentence gate, held back for fixes of its own (C80), went on being fixed: those fixes
+    rewrote the body, and the person was asked about a prose FAIL of a text gone, while
+    the note was still being rewritten ("changed since its FAIL")."""
+    two_lenses_failing(kb)
+    for _ in range(8):
+        run_in_turn(kb, ROUND)
+        if (queued_job(kb, "review"), queued_job(kb, "fix")) == (None, None):
+            break
+    else:
+        pytest.fail("jobs are still queued after 8 rounds")
+    assert escalated_on_a_text_gone(kb) == []
+    with db(kb) as conn:
+        (last_fix,) = conn.execute("SELECT max(id) FROM review_jobs WHERE kind = 'fix'").fetchone()
+        escs = conn.execute("SELECT * FROM escalations ORDER BY gate_id").fetchall()
+        after = [
+            r[0]
+            for r in conn.execute("SELECT id FROM review_jobs WHERE source_job_id = ?", (last_fix,))
+        ]
+    # Raised together by the last re-review of the note's last fix to come back, each
+    # report saying so under its cycles.
+    assert [e["gate_id"] for e in escs] == ["prose/body-check", "sentence/body-words"]
+    assert len({e["job_id"] for e in escs}) == 1 and escs[0]["job_id"] in after
+    for e, other in zip(escs, reversed(escs), strict=True):
+        report = (kb.state / e["report_path"]).read_text()
+        assert f"Raised with {other['gate_id']} of this note, once none of its" in report
+    # Decided as one, they get one fix of the note.
+    res = rq(kb, "decide", "--note", NOTE, "redo", "--feedback", "Say it in fewer words.")
+    assert res.returncode == 0, res.stderr
+    assert queued_job(kb, "fix") == fixes_of(kb, "prose/body-check")[-1]
+    assert fixes_of(kb, "sentence/body-words")[-1] == queued_job(kb, "fix")
+
+
+@pytest.mark.parametrize("then", ["nofix", "bad"])
+def test_a_pair_waiting_for_a_lens_re_review_escalates_when_it_passes_or_fails(kb, then):
+    """The prose pair due (three rejections, two fixes that carried it) waits while the
+    sentence gate's re-review is queued (C106). That re-review PASSes, or its reviewer
+    fails: no fix follows, and nothing else would end the wait."""
+    two_lenses_failing(kb)
+    kb.write("reviewq.toml", kb.read("reviewq.toml") + profile("bad", FAKE_MODE="bad"))
+    run_in_turn(kb, [*ROUND, *ROUND, ROUND[0]])
+    with db(kb) as conn:
+        assert conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
+    res = rq(kb, "run-job", str(queued_job(kb, "review", "sentence/")), "--reviewer", then)
+    assert res.returncode == (0 if then == "nofix" else 1), res.stderr
+    with db(kb) as conn:
+        escs = conn.execute("SELECT gate_id, cycles, reason FROM escalations").fetchall()
+    assert [tuple(e) for e in escs] == [("prose/body-check", 3, "3 consecutive rejections")]
+    assert (queued_job(kb, "fix"), escalated_on_a_text_gone(kb)) == (None, [])
 
 
 def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):
@@ -1617,7 +1683,8 @@ def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb)
 def test_a_sweep_escalates_each_pair_of_two_lenses_after_two_fixes_that_carried_it(kb):
     """The real night's sweep (its control, workers and agents), four notes failing two
     lenses reviewed side by side: whichever FAIL of a note comes while another's fix is
-    open, each pair goes to a person only after two fixes of the note carried it."""
+    open, each pair goes to a person only after two fixes of the note carried it, and all
+    of a note's together, on its last text (C106)."""
     two_lenses_failing(kb)
     for name in ("beta", "gamma", "delta"):
         kb.note(name, body=f"{name.title()} body.\n")
@@ -1633,6 +1700,7 @@ def test_a_sweep_escalates_each_pair_of_two_lenses_after_two_fixes_that_carried_
                 (e["note_path"], e["gate_id"]),
             ).fetchone()
             assert carried >= 2, (e["note_path"], e["gate_id"], carried)
+    assert escalated_on_a_text_gone(kb) == []
 
 
 def test_a_third_fail_no_fix_carried_escalates_when_no_fix_can_be_made(kb):

@@ -68,11 +68,19 @@ class FollowUp:
         "without starting"). A review's pairs are then left free for the next sweep, as
         OPERATIONS says (escalated, each read "the reviewer failed every attempt" though
         none ran). A fix's FAILs and an audit's PASSes still go to a person: they are
-        accepted, so no sweep would meet them again."""
-        if at_once and self.job(job_id)["kind"] == "review":
+        accepted, so no sweep would meet them again. A failed review's notes' pairs held
+        for it (:meth:`_fix_or_escalate`) go to a person then: nothing else ends the wait."""
+        job = self.job(job_id)
+        if not (at_once and job["kind"] == "review"):
+            with self._or_logged(job_id, "after a failed job"):
+                self._after_failed(job_id, reasons, f"failed {at_once or 'every attempt'}")
+        if job["kind"] != "review":
             return
-        with self._or_logged(job_id, "after a failed job"):
-            self._after_failed(job_id, reasons, f"failed {at_once or 'every attempt'}")
+        with self._or_logged(job_id, "escalations held for its review"):
+            opts = cycles.run_options(self.store, job)
+            for note_path in sorted({p["note_path"] for p in self._pairs(job_id)}):
+                if opts.get("fix"):
+                    self._fix_or_escalate(job, note_path, opts, None, fix=False)
 
     @contextmanager
     def _or_logged(self, job_id: int, what: str) -> Iterator[None]:
@@ -106,7 +114,7 @@ class FollowUp:
         opts = cycles.run_options(self.store, job)
         pairs = decided if decided is not None else self._pairs(job_id)
         fix_notes: set[str] = set()
-        waiting: dict[str, list[tuple]] = {}  # (pair, reason, recommend) by note
+        waiting: dict[str, list] = {}  # pairs past three by note, for a note unreadable now
         for p in pairs:
             if p["decision"] != "FAIL" or not self._accepted(job, p):
                 continue
@@ -126,7 +134,7 @@ class FollowUp:
                         "and the pair is stale: the next sweep reviews it as it is",
                     )
                 )
-            elif n >= cycles.ESCALATE_AT and not (opts.get("fix") and self._fixed_too_few(job, p)):
+            elif n >= cycles.ESCALATE_AT and not opts.get("fix"):
                 # Each follow-up in a savepoint of its own: one that cannot be made must not
                 # undo the others (a third rejection's escalation above all).
                 with self._or_logged(job_id, f"escalation of {p['note_path']} {p['gate_id']}"):
@@ -136,12 +144,13 @@ class FollowUp:
             elif opts.get("fix"):
                 fix_notes.add(p["note_path"])
                 if n >= cycles.ESCALATE_AT:
-                    said = (self._rejections_said(job, p, n), cycles.gist(p["rationale"]))
-                    waiting.setdefault(p["note_path"], []).append((p, *said))
-        for note_path in sorted(fix_notes):
-            self._fix_or_escalate(
-                job, note_path, opts, self._asks(job, note_path), waiting.get(note_path, [])
-            )
+                    waiting.setdefault(p["note_path"], []).append(p)
+        if opts.get("fix"):
+            # A note's PASS too may end the wait of its pairs held for its review.
+            for note_path in sorted({p["note_path"] for p in pairs}):
+                fix = note_path in fix_notes
+                asks = self._asks(job, note_path) if fix else None
+                self._fix_or_escalate(job, note_path, opts, asks, waiting.get(note_path), fix=fix)
         with self._or_logged(job_id, "audit"):
             self._audit(job, pairs, opts)
         if opts.get("sequential"):
@@ -280,27 +289,27 @@ class FollowUp:
         """The note's current FAILs a fix job did not carry: they came in while it was
         open (their own fix was skipped for it). Left out when it failed, they stayed
         accepted FAILs that nothing would fix, escalate or review again."""
+        fails = self._note_failures(job, job["note_path"]) or []  # None: the next sweep says
+        return [p for p in fails if p["gate_id"] not in covered]
+
+    def _note_failures(self, job, note_path: str) -> list[dict] | None:  # noqa: ANN001 - a row
+        """The note's current FAILs in the job's partition, as pairs (those a fix is given),
+        or None when the note cannot be read (deleted or broken since)."""
         kb = self.ws.kb
         try:
-            note = kb.read_note(kb.check_rel(job["note_path"]))
+            note = kb.read_note(kb.check_rel(note_path))
         except (KBError, NoteParseError, OSError):
-            return []  # deleted or broken since: the next sweep says so
+            return None
         return [
             {
-                "note_path": job["note_path"],
+                "note_path": note_path,
                 "gate_id": t.gate_id,
                 "gate_path": t.gate_path,
                 "rationale": t.rationale,
             }
             for t in current_failures(
-                kb,
-                self.store,
-                self.ws.catalog(),
-                job["model_partition"],
-                job["note_path"],
-                note,
+                kb, self.store, self.ws.catalog(), job["model_partition"], note_path, note
             )
-            if t.gate_id not in covered
         ]
 
     def _escalate_pair(
@@ -339,7 +348,8 @@ class FollowUp:
         twice since its count began: its FAILs came in while fixes of the note's other
         FAILs were open (their own fix skipped), and the re-reviews after those fixes
         counted. Escalated, a person was asked about a finding no fix had tried; it gets
-        the fixes the cycle promises first (CONTRACT §7)."""
+        the fixes the cycle promises first, and the note's other pairs wait for them
+        (CONTRACT §7)."""
         given = cycles.fixes_given(self.store, job["model_partition"], p["note_path"], p["gate_id"])
         return given < cycles.ESCALATE_AT - 1
 
@@ -353,22 +363,75 @@ class FollowUp:
         return said if n - given <= 1 else f"{said}, {given} of them after fixes that carried it"
 
     def _fix_or_escalate(
-        self, job, note_path: str, opts: dict, feedback: str | None, waiting: list
+        self,
+        job,
+        note_path: str,
+        opts: dict,
+        feedback: str | None,
+        waiting: list | None = None,
+        *,
+        fix: bool = True,
     ) -> None:
-        """Start a fix of the note's current FAILs; ``waiting``, pairs past three
-        rejections held back for it (``_fixed_too_few``), each with the reason and
-        recommendation of its escalation, are escalated if none starts and none is open
-        (the note grew past the limit, is excluded or unreadable): else no fix would ever
-        follow, and no sweep reviews a FAIL of an unchanged note again. With one open,
-        they are re-reviewed after it as FAILs that came in while it was open."""
-        with self._or_logged(job["id"], f"fix of {note_path}"):
-            if self._start_fix(job, note_path, opts, feedback=feedback) is not None:
-                return
-        if open_fix_job(self.store, note_path) is not None:
+        """The note's pairs go to a person together, once none of them is left to fix
+        (CONTRACT §7). With ``fix``, a fix of the note's current FAILs is started if one of
+        them is under three rejections or was given to the fixer less than twice
+        (:meth:`_fixed_too_few`); the pairs due for a person ride along in it. While a fix
+        of the note is open or a review of it is queued or running (a lens whose re-review
+        has not come back), they wait: escalated one at a time, the first was about a text
+        the held-back gate's later fixes rewrote ("changed since its FAIL"), and a person
+        was asked about text that no longer existed while the note was still being
+        rewritten. Then every pair past three is escalated, on the note's last text: with
+        ``fix``, those held back too when no fix could be made (the note grew past the
+        limit, is excluded), as no sweep reviews a FAIL of an unchanged note again.
+        ``waiting``: the job's own pairs past three, escalated as they stand if the note
+        cannot be read now."""
+        partition = job["model_partition"]
+        if not fix and not cycles.any_past_three(self.store, partition, note_path):
+            return  # nothing of the note waits (a read of it for every PASS, spared)
+        fails = self._note_failures(job, note_path)
+        if fix and any(not self._due(job, p) for p in fails or []):
+            with self._or_logged(job["id"], f"fix of {note_path}"):
+                self._start_fix(job, note_path, opts, feedback=feedback)
+        if open_fix_job(self.store, note_path) is not None or self._review_open(job, note_path):
             return
-        for p, reason, recommend in waiting:
-            with self._or_logged(job["id"], f"escalation of {p['note_path']} {p['gate_id']}"):
+        for p in (
+            waiting or []
+            if fails is None
+            else [p for p in fails if self._due(job, p) or (fix and self._past_three(job, p))]
+        ):
+            last = cycles.rejections(self.store, partition, note_path, p["gate_id"], 1)
+            unchanged = bool(last) and last[-1]["kind"] == "fix-unchanged"
+            n = cycles.count(self.store, partition, note_path, p["gate_id"])
+            reason, recommend = self._rejections_said(job, p, n), cycles.gist(p["rationale"])
+            if unchanged:
+                reason += " (the last fix changed nothing)"
+                recommend = recommend.rstrip(".") + "; the fixer's last attempt changed nothing"
+            with self._or_logged(job["id"], f"escalation of {note_path} {p['gate_id']}"):
                 self._escalate_pair(job, p, reason, opts, recommend)
+
+    def _past_three(self, job, p) -> bool:  # noqa: ANN001 - a row
+        n = cycles.count(self.store, job["model_partition"], p["note_path"], p["gate_id"])
+        return n >= cycles.ESCALATE_AT
+
+    def _due(self, job, p) -> bool:  # noqa: ANN001 - a row
+        """Whether the pair is due for a person: three rejections, two fixes that carried it."""
+        return self._past_three(job, p) and not self._fixed_too_few(job, p)
+
+    def _review_open(self, job, note_path: str) -> bool:  # noqa: ANN001 - a row
+        """Whether a review of the note in the job's partition, other than the job, is
+        queued or running: its verdict may start a fix of the note still. Not one made by
+        `create-jobs` (no reviewer): run by hand, if ever, it would hold the note's pairs
+        from a person for good."""
+        return (
+            self.store.conn.execute(
+                "SELECT 1 FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+                "WHERE j.kind = 'review' AND j.status IN ('queued', 'running') "
+                "AND j.reviewer IS NOT NULL AND j.model_partition = ? AND p.note_path = ? "
+                "AND j.id != ? LIMIT 1",
+                (job["model_partition"], note_path, job["id"]),
+            ).fetchone()
+            is not None
+        )
 
     def _start_fix(
         self, job, note_path: str, opts: dict, feedback: str | None = None, include=None
@@ -416,7 +479,7 @@ class FollowUp:
             # other FAILs the fix carried (the person's pair is left out if they approved
             # it; an acked FAIL is the current finding).
             opts = cycles.run_options(self.store, job)
-            self._start_fix(job, job["note_path"], opts, feedback=job["feedback"])
+            self._fix_or_escalate(job, job["note_path"], opts, job["feedback"])
             return None
         if res.status == "unchanged":
             # Counts as a rejection with no re-review (CONTRACT §7).
@@ -443,24 +506,12 @@ class FollowUp:
                 )
             self.log.warning("fix.unchanged", job_id=job["id"], note_path=job["note_path"])
             opts = cycles.run_options(self.store, job)
-            waiting = []
-            for p, n in again:
-                if n < cycles.ESCALATE_AT:
-                    continue
-                said = (
-                    self._rejections_said(job, p, n) + " (the last fix changed nothing)",
-                    cycles.gist(p["rationale"]).rstrip(".")
-                    + "; the fixer's last attempt changed nothing",
-                )
-                if self._fixed_too_few(job, p):
-                    waiting.append((p, *said))
-                else:
-                    self._escalate_pair(job, p, said[0], opts, said[1])
             # Another fix of what is left: its pairs under three or given to the fixer
             # once, and the note's FAILs that came in while it was open (their own fix was
-            # skipped for it), even when all of its own were escalated. The escalated wait
-            # for a person.
-            self._fix_or_escalate(job, job["note_path"], opts, job["feedback"], waiting)
+            # skipped for it), even when all of its own are due for a person; those go to
+            # a person with the note's others once none is left to fix.
+            past = [p for p, n in again if n >= cycles.ESCALATE_AT]
+            self._fix_or_escalate(job, job["note_path"], opts, job["feedback"], past)
             return None
         # The note is written, logged (fix.applied) and committed once this commits.
         finish_fix_job(self.store, self.ws.state_dir, job["id"], "completed", "applied", "")

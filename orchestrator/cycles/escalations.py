@@ -66,6 +66,16 @@ def count(store: Store, partition: str, note_path: str, gate_id: str) -> int:
     return row[0] if row else 0
 
 
+def any_past_three(store: Store, partition: str, note_path: str) -> bool:
+    """Whether a pair of the note has reached three rejections in the partition."""
+    row = store.conn.execute(
+        "SELECT 1 FROM cycles WHERE model_partition = ? AND note_path = ? AND rejections >= ? "
+        "LIMIT 1",
+        (partition, note_path, ESCALATE_AT),
+    ).fetchone()
+    return row is not None
+
+
 def reset(store: Store, partition: str, note_path: str, gate_id: str) -> None:
     store.conn.execute(
         "INSERT INTO cycles VALUES (?, ?, ?, 0, ?) ON CONFLICT (model_partition, note_path, gate_id) "
@@ -438,6 +448,11 @@ def report(store: Store, esc_id: int) -> str:
     cycles = [
         f"- Cycle {i}: FAIL — {ev['gist']}" + _judged(ev) for i, ev in enumerate(events, 1)
     ] or ["- (no rejection cycles: " + e["reason"] + ")"]
+    if together := _raised_with(store, e):
+        cycles.append(
+            f"Raised with {', '.join(together)} of this note, once none of its FAILs was left "
+            "to fix: each is of the same text."
+        )
     # The cycles' fixes carried the person's asks: read without it, a second redo with
     # the same asks looked worth a try (`escalations` said it, the file did not).
     redo = redone_before(store, e["model_partition"], e["note_path"], e["gate_id"], esc_id)
@@ -478,6 +493,22 @@ def report(store: Store, esc_id: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _raised_with(store: Store, e: sqlite3.Row) -> list[str]:
+    """The note's other gates escalated after the verdicts of the same job (CONTRACT §7:
+    a note's pairs go to a person together, on its last text)."""
+    if e["job_id"] is None or e["call"] != "reject" or e["cycles"] < ESCALATE_AT:
+        return []
+    return [
+        g
+        for (g,) in store.conn.execute(
+            "SELECT gate_id FROM escalations WHERE job_id = ? AND note_path = ? "
+            "AND model_partition = ? AND call = 'reject' AND cycles >= ? AND id != ? "
+            "ORDER BY gate_id",
+            (e["job_id"], e["note_path"], e["model_partition"], ESCALATE_AT, e["id"]),
+        )
+    ]
 
 
 def _judged(ev: sqlite3.Row) -> str:
