@@ -47,7 +47,7 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
     ws, job, sent, control = _one_queued_job(kb)
     real_write_prompt = attempts._write_prompt
 
-    def disk_full(attempt_dir, prompt):
+    def disk_full(attempt_dir, prompt, shown):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(attempts, "_write_prompt", disk_full)
@@ -62,6 +62,30 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
     control.dispatch()
     assert [m["job_id"] for m in sent] == [job.review_job_id]
     assert sent[0]["attempt"] == 1
+    ws.store.close()
+
+
+@pytest.mark.parametrize("jobs_prompt", ["as rendered", "an earlier release's", "deleted"])
+def test_a_dispatched_attempt_keeps_its_prompt_only_where_the_jobs_is_not_it(kb, jobs_prompt):
+    """N26: a first review attempt's prompt is the job's prompt.md but for the output path
+    it names; both were kept (54 MB each after a real KB's night). The attempt's is
+    written only where the job's, its path put for the job's, is not the prompt sent."""
+    ws, job, sent, control = _one_queued_job(kb)
+    folder = ws.state_dir / "jobs" / f"review-job-{job.review_job_id}"
+    prompt = folder / "prompt.md"
+    if jobs_prompt == "an earlier release's":
+        prompt.write_text(prompt.read_text().replace("Write exactly one file", "Write one file"))
+    elif jobs_prompt == "deleted":
+        prompt.unlink()
+    control.dispatch()
+    [msg] = sent
+    kept = folder / "attempt-1" / "prompt.md"
+    if jobs_prompt == "as rendered":
+        assert not kept.exists() and (folder / "attempt-1").is_dir()
+        shown = (f"`{job.bundle_output_path}`", f"`{msg['output_shown']}`")
+        assert prompt.read_text().replace(*shown) == msg["prompt"]
+    else:
+        assert kept.read_text() == msg["prompt"]
     ws.store.close()
 
 

@@ -1170,7 +1170,9 @@ def test_invalid_output_is_retried_with_the_reasons_then_fails(kb, tmp_path):
     retry_prompt = (kb.state / job_dir / "attempt-2" / "prompt.md").read_text()
     assert retry_prompt.startswith("## Your previous attempt was rejected")
     assert "invalid result line" in retry_prompt and "Verdict: PASS" in retry_prompt
-    assert "previous attempt" not in (kb.state / job_dir / "attempt-1" / "prompt.md").read_text()
+    # The first attempt's prompt is the job's with its own output path (N26).
+    assert not (kb.state / job_dir / "attempt-1" / "prompt.md").exists()
+    assert "previous attempt" not in (kb.state / job_dir / "prompt.md").read_text()
 
 
 def test_a_quick_reviewer_turning_slow_has_no_message_wait_past_its_expiry(kb, tmp_path):

@@ -129,7 +129,7 @@ def test_a_worker_with_only_the_queue_reviews_and_fixes(kb, tmp_path, redis_url)
     # The job folder holds what the worker reported, as if the agent had run here.
     attempt = kb.state / job_dir / "attempt-1"
     names = {p.name for p in attempt.iterdir()}
-    assert {"prompt.md", "bundle-output.md", "stdout.log", "stderr.log"} <= names
+    assert {"bundle-output.md", "stdout.log", "stderr.log"} <= names  # its prompt: the job's
     assert "=== PAIR REVIEW START" in (attempt / "bundle-output.md").read_text()
     # The worker wrote nowhere but its own folder, and keeps no attempt once reported.
     assert not (kb.state / "worker").exists()
@@ -341,7 +341,7 @@ def test_a_1_mib_prompt_and_a_5_mib_output_travel_in_the_messages(kb, request, q
         job_dir = conn.execute("SELECT job_dir FROM review_jobs").fetchone()[0]
         assert conn.execute("SELECT decision FROM acceptance").fetchone()[0] == "PASS"
     attempt = kb.state / job_dir / "attempt-1"
-    assert (attempt / "prompt.md").stat().st_size > 1024 * 1024
+    assert (kb.state / job_dir / "prompt.md").stat().st_size > 1024 * 1024
     assert abs((attempt / "bundle-output.md").stat().st_size - size) < 64
 
 

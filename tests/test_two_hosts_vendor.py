@@ -162,14 +162,16 @@ def test_a_review_and_a_fix_by_the_real_cli_on_another_host_leave_its_home_as_th
         (p for p in jobs.iterdir() if f"kb/notes/{vendor}.md" in (p / "MANIFEST.json").read_text()),
         key=lambda p: int(p.name.rsplit("-", 1)[1]),
     )
-    logs = ["attempt-1/prompt.md", "attempt-1/stderr.log", "attempt-1/stdout.log"]
+    logs = ["attempt-1/stderr.log", "attempt-1/stdout.log"]
     result = f"results/kb__notes__{vendor}.md--prose__body-check.md"
-    for job in (review, again):
+    for job in (review, again):  # a first review attempt's prompt is the job's (N26)
         assert files(job) == sorted(
             ["MANIFEST.json", "attempt-1", "attempt-1/bundle-output.md", *logs, "prompt.md",
              "results", result]
         ), job  # fmt: skip
-    assert files(fix) == sorted(["MANIFEST.json", "attempt-1", "attempt-1/fixed-note.md", *logs])
+    assert files(fix) == sorted(
+        ["MANIFEST.json", "attempt-1", "attempt-1/fixed-note.md", "attempt-1/prompt.md", *logs]
+    )
     # Nothing of the attempts is left on the worker's host but the CLIs' sessions.
     assert files(site.far / "state/attempts") == []
     assert [p.name for p in (site.home / "tmp").iterdir() if p.name.startswith("reviewq-job")] == []

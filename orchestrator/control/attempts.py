@@ -176,7 +176,11 @@ def open_attempt(
         trees = tuple(sorted({p.split("/", 1)[0] for p in (*guarded, *note_roots)}))
         prompt_path = attempt_dir / "prompt.md"
         _another_historys(state_dir, attempt_dir, job_id)
-        _write_prompt(attempt_dir, prompt)
+        # A queue worker gets the prompt in its message, so the file is only the record:
+        # a first review attempt's is the job's prompt.md but for its output path (54 MB
+        # a night twice over on a real KB), and is not kept twice. run-job's agent reads it.
+        shown = (display_path(root, folder / "bundle-output.md"), display_path(root, output))
+        _write_prompt(attempt_dir, prompt, shown if outcome == "dispatched" else None)
     return OpenedAttempt(
         job_id,
         attempt,
@@ -224,10 +228,13 @@ _PROMPT = "an attempt's prompt"
 _NOT_RUN = "the job is not run through it"
 
 
-def _write_prompt(attempt_dir: Path, prompt: str) -> None:
+def _write_prompt(attempt_dir: Path, prompt: str, shown: tuple[str, str] | None) -> None:
     """An attempt's ``prompt.md``, in its own folder made in its job's: either swapped for
     a link to a folder elsewhere (an agent of an earlier attempt) had the prompt, the
-    notes' text in it, written out there, and the job run (:class:`LinkedFolder`)."""
+    notes' text in it, written out there, and the job run (:class:`LinkedFolder`).
+    ``shown``: the job's output path and the attempt's as the prompts name them, when the
+    file is a record only; none is written when the job's ``prompt.md`` with the one put
+    for the other is this prompt (CONTRACT §2)."""
     try:
         job = open_own_folder(attempt_dir.parent, _PROMPT, then=_NOT_RUN)
     except FileNotFoundError:  # a person deleted it: made again, as its files are
@@ -237,15 +244,38 @@ def _write_prompt(attempt_dir: Path, prompt: str) -> None:
         # 0700: the prompt quotes the notes, as the job's own 0600 prompt.md does.
         with contextlib.suppress(FileExistsError):
             os.mkdir(attempt_dir.name, 0o700, dir_fd=job)
+        data = prompt.encode("utf-8")
+        if shown is not None and _for_attempt(_the_jobs_prompt(job, len(data)), shown) == data:
+            return
     finally:
         os.close(job)
     folder = open_own_folder(attempt_dir, _PROMPT, depth=2, then=_NOT_RUN)
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with open(os.open("prompt.md", flags, 0o666, dir_fd=folder), "w", encoding="utf-8") as f:
-            f.write(prompt)
+        with open(os.open("prompt.md", flags, 0o666, dir_fd=folder), "wb") as f:
+            f.write(data)
     finally:
         os.close(folder)
+
+
+def _for_attempt(prompt: bytes | None, shown: tuple[str, str]) -> bytes | None:
+    """The job's prompt with the attempt's output path where it names its own."""
+    if prompt is None:
+        return None
+    job, attempt = (f"`{s}`".encode() for s in shown)
+    return prompt.replace(job, attempt)
+
+
+def _the_jobs_prompt(job: int, limit: int) -> bytes | None:
+    """The job's ``prompt.md`` (``job``: its folder's descriptor), if no longer than
+    ``limit`` bytes; None when there is none to compare (not yet written, a link)."""
+    try:
+        fd = os.open("prompt.md", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=job)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 def render_audit_preamble(store: Store, job_id: int) -> str:
