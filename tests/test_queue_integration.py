@@ -124,6 +124,40 @@ def test_sweep_of_the_example_kb_with_the_offline_reviewer(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == [".reviewq", "kb"]
 
 
+def _queue_logs(kb) -> dict[str, int]:
+    """The SQLite queues' write-ahead logs left in STATE/queue, by name: their sizes."""
+    return {p.name: p.stat().st_size for p in (kb.state / "queue").glob("*.db-wal")}
+
+
+def test_a_sweeps_end_leaves_no_write_ahead_log_of_its_queues(kb):
+    """N27: the SQLite queues' WALs stayed after a clean end (4.4 MB of review.db-wal
+    after a real night): the control and worker exited with their queue connections
+    open, and SQLite checkpoints and removes a WAL as the last connection closes."""
+    small_kb(kb)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    res = rq(kb, "sweep", "--reviewer", "fake", "--json")
+    assert res.returncode == 0, res.stderr
+    assert {name: size for name, size in _queue_logs(kb).items() if size} == {}
+
+
+def test_a_control_and_worker_stopped_leave_no_write_ahead_log_of_their_queues(kb):
+    """N27, as the Procfile runs them: stopped as an operator does (Ctrl-C, systemd's
+    SIGINT), the last to close a queue removes its WAL."""
+    small_kb(kb, notes=2)
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    control = subprocess.Popen([*base, "control"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker"], stderr=subprocess.DEVNULL)
+    try:
+        assert rq(kb, "enqueue", "--reviewer", "fake", "--all-gates").returncode == 0
+        _await_logged(kb, "job.finalized", count=4)
+    finally:
+        for proc in (worker, control):
+            stop(proc)
+    assert (worker.returncode, control.returncode) == (0, 0)
+    assert {name: size for name, size in _queue_logs(kb).items() if size} == {}
+
+
 def test_a_second_sweep_is_idempotent(kb):
     small_kb(kb)
     kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)

@@ -359,6 +359,7 @@ def run_worker(settings: Settings, workers: int, kb: Path | None = None) -> None
         left = reap_orphans(folder, mine=True, forget=tasks.forget_stopped)
         tasks.sends_finished(KILL_GRACE_S)  # an outcome on its way: its grace to go
         tasks.put_backs_sent(KILL_GRACE_S)  # past that, the reaper's lease runs it again
+        app.close()  # the last connection to close a SQLite queue removes its WAL
         logs.get().info(
             "worker.stopped",
             worker=tasks.WORKER_ID,
@@ -670,6 +671,10 @@ def run_control(ws: Workspace) -> None:
             os.close(lock)
             with contextlib.suppress(Exception):  # unreleased, it lapses in five ticks
                 unclaim_queue(app.control, install, ws.state_dir)
+        # The last connection to close a SQLite queue checkpoints it and removes its WAL
+        # (left open to the exit, review.db-wal stayed at its night's high-water mark).
+        thread.join(timeout=KILL_GRACE_S)  # woken: a send under way ends first
+        app.close()
         logs.get().info("control.stopped")
     restart_if_asked(consumer, "control")
 
