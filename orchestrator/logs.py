@@ -1073,7 +1073,7 @@ def configure(
     if state_dir is not None:
         path = log_path(state_dir)
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
         if path.exists() or path.is_symlink():  # a link to nowhere fails here too
             # Opened on its first line, a log that cannot be was found only then: a
             # command past its checks went on with tracebacks, the control crashed.
@@ -1153,7 +1153,15 @@ class _LogFile(logging.FileHandler):
     _renamed_at: float | None = None  # when the file written was first seen renamed away
 
     def _open(self):  # noqa: ANN202 - logging's signature
-        stream = super()._open()
+        # Owner-only, as regularfile.private makes the state folder's files (this layer
+        # may not import it): the log quotes notes' paths, gates' words and agents' ends.
+        stream = open(  # noqa: SIM115 - logging's stream, closed by the handler
+            self.baseFilename,
+            self.mode,
+            encoding=self.encoding,
+            errors=self.errors,
+            opener=lambda path, flags: os.open(path, flags, 0o600),
+        )
         st = os.fstat(stream.fileno())
         self._opened = (st.st_dev, st.st_ino)
         return stream

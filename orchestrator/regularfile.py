@@ -4,6 +4,7 @@ symbolic link's bytes belong to whatever it points at, so neither is read."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -44,6 +45,22 @@ def open_regular(path: Path, follow: bool = True) -> int | None:
     return fd
 
 
+def private(path: str | os.PathLike, flags: int, dir_fd: int | None = None) -> int:
+    """``os.open`` of a file of the state folder, made owner-only (0600) whatever the
+    umask: prompts, outputs, results and state.db quote notes, and the state folder may
+    have been made wider by hand (systemd's ``StateDirectory=``). An ``opener`` for
+    ``open``."""
+    return os.open(path, flags, 0o600, dir_fd=dir_fd)
+
+
+def make_private(path: Path) -> None:
+    """``path`` made an empty owner-only file unless something is there: a database SQLite
+    is about to make (its -wal and -shm take the database's mode). Never opened when it
+    is there: closing a descriptor drops the process's locks on the file."""
+    with contextlib.suppress(FileExistsError):
+        os.close(private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC))
+
+
 class NotAFolder(OSError):
     """A folder of the state folder that is a file, or a link to nothing, with the way out."""
 
@@ -54,7 +71,7 @@ def make_folder(path: Path, holds: str) -> None:
     error, or a reason at every job, naming neither the link nor the mount to mend.
     ``holds`` says what reviewq keeps in it."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
         link = f"a link to {os.readlink(path)}, " if path.is_symlink() else ""
         why = link + ("a file" if path.exists() else "which is not there")

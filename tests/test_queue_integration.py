@@ -124,6 +124,33 @@ def test_sweep_of_the_example_kb_with_the_offline_reviewer(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == [".reviewq", "kb"]
 
 
+def test_what_a_night_writes_in_the_state_folder_is_its_owners_alone(tmp_path):
+    """N28: under umask 022 a sweep of the example KB with fixes left 0644 files and 0755
+    folders beside the 0600/0700 ones: every attempt's prompt.md, the result files,
+    state.db and the queues, the logs, the job folders and jobs/ itself; each quotes the
+    notes or the agents, and a state folder made wider by hand (systemd's
+    StateDirectory=) showed them to every user. Each is made owner-only now."""
+    import stat
+
+    root = tmp_path / "example"
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    umask = os.umask(0o022)
+    try:
+        res = reviewq_process("--root", str(root), "sweep", "--fix", "--workers", "2", timeout=300)
+    finally:
+        os.umask(umask)
+    assert res.returncode in (0, 1), res.stderr  # 1: escalations wait for a person
+    state = root / ".reviewq"
+    kinds = {p.relative_to(state).parts[0] for p in state.rglob("*")}
+    assert {"jobs", "escalations", "logs", "queue", "state.db", "worker"} <= kinds
+    others = {
+        str(p.relative_to(state)): oct(stat.S_IMODE(p.lstat().st_mode))
+        for p in (state, *state.rglob("*"))
+        if stat.S_IMODE(p.lstat().st_mode) & 0o077
+    }
+    assert others == {}
+
+
 def _queue_logs(kb) -> dict[str, int]:
     """The SQLite queues' write-ahead logs left in STATE/queue, by name: their sizes."""
     return {p.name: p.stat().st_size for p in (kb.state / "queue").glob("*.db-wal")}

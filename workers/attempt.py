@@ -36,6 +36,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from orchestrator import logs
 from orchestrator.config import Settings
+from orchestrator.regularfile import private
 from orchestrator.review.bundle import ExpectedPair, emptiness, parse_bundle
 from orchestrator.review.finalize import FinalizeError, read_output
 from orchestrator.state.store import utcnow
@@ -165,9 +166,9 @@ def _start(
     argv: list[str], env: _Env, cwd: Path | None, stdout: Path, stderr: Path
 ) -> subprocess.Popen:
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    out = os.open(stdout, flags, 0o666)
+    out = private(stdout, flags)
     try:
-        err = os.open(stderr, flags, 0o666)
+        err = private(stderr, flags)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -525,10 +526,10 @@ def _kept_scratch(registry: Path, profile_env: dict[str, str]) -> str | None:
     listed = registry / f"{socket.gethostname()}-{pid}{_KEPT_SUFFIX}"
     try:
         try:
-            fd = os.open(listed, flags, 0o666)
+            fd = private(listed, flags)
         except FileNotFoundError:
-            registry.mkdir(parents=True, exist_ok=True)
-            fd = os.open(listed, flags, 0o666)
+            registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = private(listed, flags)
         try:
             os.write(fd, os.fsencode(path) + b"\n")
         finally:
@@ -1275,10 +1276,10 @@ def register_agent(
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
         try:
-            fd = os.open(path, flags, 0o666)
+            fd = private(path, flags)
         except FileNotFoundError:  # the folder is made once, not looked for each agent
-            folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, flags, 0o666)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = private(path, flags)
         try:
             os.write(fd, json.dumps(entry).encode())
         finally:

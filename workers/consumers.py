@@ -21,6 +21,7 @@ from pathlib import Path
 from orchestrator import logs
 from orchestrator.config import ConfigError, Settings
 from orchestrator.control.messages import VERSION
+from orchestrator.regularfile import private
 from orchestrator.state.store import PROBE_WAIT_S
 from orchestrator.state.workspace import Workspace
 
@@ -492,7 +493,7 @@ def _lock(state_dir: Path) -> int:
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd = _kept_lock(state_dir)
     if fd is None:
-        fd = os.open(state_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = private(state_dir / "control.lock", os.O_RDWR | os.O_CREAT)
     deadline = time.monotonic() + PROBE_WAIT_S
     while True:
         try:

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from orchestrator.logs import import_without
-from orchestrator.regularfile import NotAFolder, make_folder
+from orchestrator.regularfile import NotAFolder, make_folder, make_private
 
 # `huey.storage` imports the redis package for its Redis backend whatever the queue
 # (redis.asyncio and all: ~50-90 ms of CPU in each process of a sweep on SQLite). The
@@ -275,6 +275,8 @@ class QueueStorage(_Holding, _PatientReads, SqliteStorage):
         if self._replaced_once:  # its folder gone too (`rm -r STATE/queue`): made again
             with contextlib.suppress(OSError):
                 os.makedirs(os.path.dirname(self.filename), mode=0o700, exist_ok=True)
+        with contextlib.suppress(OSError):  # SQLite says what keeps it from the file
+            make_private(Path(self.filename))
         conn = super()._create_connection()
         conn.execute("pragma synchronous=1")
         self._opened = _file_id(self.filename)

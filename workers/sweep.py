@@ -26,6 +26,7 @@ from stat import S_ISREG
 
 from orchestrator import logs
 from orchestrator.cycles.escalations import only_reject_check
+from orchestrator.regularfile import private
 from orchestrator.state.status import (
     OPEN_SQL,
     Pause,
@@ -282,11 +283,11 @@ class Children:
             PARENT_ENV: str(os.getpid()),
         }
         log_dir = ws.state_dir / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The children's stderr: their warnings, errors and last words, kept for crashes
         # (the structured log has the rest).
         self.stderr = {
-            name: open(log_dir / f"sweep-{name}.stderr", "ab")  # noqa: SIM115 - closed in stop()
+            name: open(log_dir / f"sweep-{name}.stderr", "ab", opener=private)  # noqa: SIM115 - closed in stop()
             for name in self.specs
         }
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import faults, logs
 from orchestrator.config import ReviewerProfile, Settings
 from orchestrator.control import messages
+from orchestrator.regularfile import private
 from orchestrator.state.store import parse_timestamp, timestamp
 
 from . import queues
@@ -875,7 +876,7 @@ def _prepare(folder: Path, msg: dict, profile: ReviewerProfile, kb: Path | None)
 
 def _write(path: Path, text: str) -> None:
     """A new file of the attempt's folder, in the fewest system calls (open, write, close)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    fd = private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
     try:
         data = memoryview(text.encode())
         while data:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from orchestrator.config import QueueSettings, ReviewerProfile
 from orchestrator.cycles.fixes import render_fix_prompt
+from orchestrator.regularfile import private
 from orchestrator.review.jobs import display_path, load_job_items, render_job_prompt
 from orchestrator.review.prompts import render_retry, template
 from orchestrator.state.files import (
@@ -238,7 +239,7 @@ def _write_prompt(attempt_dir: Path, prompt: str, shown: tuple[str, str] | None)
     try:
         job = open_own_folder(attempt_dir.parent, _PROMPT, then=_NOT_RUN)
     except FileNotFoundError:  # a person deleted it: made again, as its files are
-        attempt_dir.parent.mkdir(parents=True, exist_ok=True)
+        attempt_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         job = open_own_folder(attempt_dir.parent, _PROMPT, then=_NOT_RUN)
     try:
         # 0700: the prompt quotes the notes, as the job's own 0600 prompt.md does.
@@ -252,7 +253,7 @@ def _write_prompt(attempt_dir: Path, prompt: str, shown: tuple[str, str] | None)
     folder = open_own_folder(attempt_dir, _PROMPT, depth=2, then=_NOT_RUN)
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with open(os.open("prompt.md", flags, 0o666, dir_fd=folder), "wb") as f:
+        with open(private("prompt.md", flags, dir_fd=folder), "wb") as f:
             f.write(data)
     finally:
         os.close(folder)

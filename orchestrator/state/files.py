@@ -25,7 +25,7 @@ from orchestrator import logs
 from orchestrator.kb.atomicfile import atomic_write, name_head
 from orchestrator.kb.gates import TYPE_LENS, parse_gate
 from orchestrator.kb.notes import REGIONS
-from orchestrator.regularfile import make_folder
+from orchestrator.regularfile import make_folder, private
 from orchestrator.state.store import DISK_FULL, Store, json_column, reasons_column, utcnow
 
 # A job id → its prompt.md text (None: the job has no job-level prompt). Prompts are
@@ -58,7 +58,7 @@ def set_aside(jobs: Path, folder: Path, name: str, job_id: int, why: str) -> Pat
     outputs and logs are the only record of runs paid for, which a job or attempt given
     its number again must neither delete nor write among. Where it went."""
     aside = jobs / LOST_HISTORY
-    aside.mkdir(exist_ok=True)
+    aside.mkdir(mode=0o700, exist_ok=True)
     stamp = utcnow().replace(":", "").replace("-", "")
     for n in itertools.count():
         target = aside / (f"{name}.{stamp}" + (f"-{n}" if n else ""))
@@ -184,7 +184,7 @@ def write_job_files(
 ) -> None:
     """A job's folder regenerated from the database: MANIFEST.json, one result file per
     decided pair, and (given ``prompt``, if missing) the job's prompt.md."""
-    job_dir.mkdir(parents=True, exist_ok=True)
+    job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if prompt is not None and not (job_dir / "prompt.md").exists():
         text = prompt(job_id)
         if text is not None:
@@ -205,9 +205,9 @@ def write_job_files(
                     f"- gate: {p['gate_path']}\n- decided at: {p['decided_at']}\n\n"
                     f"{(p['rationale'] or '').strip()}\n\n## Result: {p['decision']}\n"
                 )
-                (staging / result_file_name(p["note_path"], p["gate_id"])).write_text(
-                    text, encoding="utf-8"
-                )
+                name = staging / result_file_name(p["note_path"], p["gate_id"])
+                with open(name, "w", encoding="utf-8", opener=private) as f:
+                    f.write(text)
             _swap_folder(staging, job_dir / "results")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -286,7 +286,7 @@ def write_due_job_files(
 
         def make() -> None:
             make_folder(job_dir.parent, "its job folders")
-            job_dir.mkdir(exist_ok=True)
+            job_dir.mkdir(mode=0o700, exist_ok=True)
 
         # Made only when the lock finds no folder: most are there (a job's end, a
         # dispatch), and three mkdirs of a folder that is there cost more than its lock.

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.kb.notes import sha256_text
+from orchestrator.regularfile import make_private, private
 from orchestrator.state.migrations import LATEST, MIGRATIONS
 
 BUSY_TIMEOUT_MS = 10_000
@@ -130,7 +131,8 @@ def _ignored_by_git(folder: Path) -> None:
         with os.scandir(folder) as entries:
             if ignore.exists() or any(e.name not in _TOP_ENTRIES for e in entries):
                 return
-        ignore.write_text("# reviewq's state folder: nothing here belongs in git.\n*\n")
+        with open(ignore, "w", encoding="utf-8", opener=private) as f:
+            f.write("# reviewq's state folder: nothing here belongs in git.\n*\n")
 
 
 def make_state_folder(folder: Path, *, new: bool) -> None:
@@ -315,6 +317,8 @@ class Store:
             if not self.path.exists() and (lost := lost_record(self.path, "missing")):
                 raise StoreError(lost)
             make_state_folder(self.path.parent, new=not self.path.exists())
+            with contextlib.suppress(OSError):  # SQLite says what keeps it from the file
+                make_private(self.path)
             # check_same_thread=False: the control consumer opens the store in its main
             # thread and uses it from its one worker thread, never from two at once.
             self.conn = sqlite3.connect(
