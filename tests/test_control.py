@@ -3247,7 +3247,7 @@ def test_a_state_folder_that_cannot_be_written_for_a_moment_does_not_fail_the_qu
     control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
     import orchestrator.control.attempts as attempts
 
-    def broken(attempt_dir, prompt):  # the attempt's prompt.md, written in its folder
+    def broken(attempt_dir, prompt, shown):  # the attempt's prompt.md, written in its folder
         raise OSError(code, errno.errorcode[code])
 
     monkeypatch.setattr(attempts, "_write_prompt", broken)
