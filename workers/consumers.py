@@ -674,7 +674,8 @@ def run_control(ws: Workspace) -> None:
                 unclaim_queue(app.control, install, ws.state_dir)
         # The last connection to close a SQLite queue checkpoints it and removes its WAL
         # (left open to the exit, review.db-wal stayed at its night's high-water mark).
-        thread.join(timeout=KILL_GRACE_S)  # woken: a send under way ends first
+        # The ticker is not waited for: a send it retries (a queue out of reach) would
+        # hold the stop; a connection it opens again after this is closed by the exit.
         app.close()
         logs.get().info("control.stopped")
     restart_if_asked(consumer, "control")
