@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import pathlib
 import shutil
 import sqlite3
@@ -65,7 +66,9 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
     ws.store.close()
 
 
-@pytest.mark.parametrize("jobs_prompt", ["as rendered", "an earlier release's", "deleted"])
+@pytest.mark.parametrize(
+    "jobs_prompt", ["as rendered", "an earlier release's", "deleted", "a FIFO"]
+)
 def test_a_dispatched_attempt_keeps_its_prompt_only_where_the_jobs_is_not_it(kb, jobs_prompt):
     """N26: a first review attempt's prompt is the job's prompt.md but for the output path
     it names; both were kept (54 MB each after a real KB's night). The attempt's is
@@ -77,6 +80,9 @@ def test_a_dispatched_attempt_keeps_its_prompt_only_where_the_jobs_is_not_it(kb,
         prompt.write_text(prompt.read_text().replace("Write exactly one file", "Write one file"))
     elif jobs_prompt == "deleted":
         prompt.unlink()
+    elif jobs_prompt == "a FIFO":  # put there by hand: read as nothing, not waited on
+        prompt.unlink()
+        os.mkfifo(prompt)
     control.dispatch()
     [msg] = sent
     kept = folder / "attempt-1" / "prompt.md"

@@ -269,9 +269,11 @@ def _for_attempt(prompt: bytes | None, shown: tuple[str, str]) -> bytes | None:
 
 def _the_jobs_prompt(job: int, limit: int) -> bytes | None:
     """The job's ``prompt.md`` (``job``: its folder's descriptor), if no longer than
-    ``limit`` bytes; None when there is none to compare (not yet written, a link)."""
+    ``limit`` bytes; None when there is none to compare (not yet written, a link). A FIFO
+    put there reads as empty, not waited on."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open("prompt.md", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=job)
+        fd = os.open("prompt.md", flags, dir_fd=job)
     except OSError:
         return None
     with open(fd, "rb") as f:
