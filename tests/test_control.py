@@ -467,6 +467,41 @@ def test_a_job_finalized_by_hand_frees_its_reviewer_s_dispatch_slot(kb):
     ws.close()
 
 
+def test_a_persons_redo_goes_before_queued_first_reviews_and_an_audit_keeps_its_place(kb):
+    """A person's `redo` queued a fix behind the whole night's first reviews (job-id
+    order): the person who asked for it at 8 a.m. waited for the night's queue. It is a fix
+    like the cycle's, taken first; an audit, queued by a PASS, keeps its place by age (the
+    PASS stands meanwhile) and waits behind the first reviews queued before it."""
+    kb.gate("prose/clarity", ["body"], audit=True)
+    kb.note("alpha")
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    control.dispatch()
+    msg = sent.pop(0)
+    control.on_outcome(_outcome(ws, msg, output=_bundle(ws.store, msg["job_id"], "FAIL")))
+    esc = _open_escalation(ws, "3 consecutive rejections", ["high: thin."], "reject")
+    for i in range(6 * ws.settings.reviewers["offline"].concurrency):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", reviewer="offline", all_gates=True))
+    assert control.dispatch() > 0 and control.dispatch() == 0  # the reviewer's slots full
+    _, fixes, _ = FollowUp(ws).decide([esc], None, "redo", "Say what the body means.")
+    # An outcome frees a slot: its PASS queues an audit, and the redo's fix takes the slot.
+    control.on_outcome(_outcome(ws, sent.pop(0)))
+    assert control.dispatch() == 1
+    assert (sent[-1]["job_id"], sent[-1]["task"]) == (fixes["kb/notes/alpha.md"], "fix")
+    # The next slot goes to a first review queued before the audit, not to the audit.
+    control.on_outcome(_outcome(ws, sent.pop(0)))
+    assert control.dispatch() == 1
+    assert sent[-1]["task"] == "review"
+    audits = ws.store.conn.execute(
+        "SELECT status FROM review_jobs WHERE kind = 'audit' ORDER BY id"
+    ).fetchall()
+    assert [a[0] for a in audits] == ["queued", "queued"]
+    ws.close()
+
+
 # A profile whose two runs to the timeout fit in a message's expiry (lease / 2 + timeout),
 # so that quick agents may keep three open attempts a slot (Control._open_at_most).
 QUICK_ENOUGH = '[reviewers.offline]\nkind = "offline"\ntimeout = "20s"\nconcurrency = 4\n'

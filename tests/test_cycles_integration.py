@@ -29,12 +29,15 @@ FAKE = Path(__file__).parent / "agents" / "fake_agent.py"
 NOTE = "kb/notes/alpha.md"
 
 
-def profile(name: str, script: Path = FAKE, partition: str = "fake", **env: str) -> str:
+def profile(
+    name: str, script: Path = FAKE, partition: str = "fake", *, concurrency: int = 2, **env: str
+) -> str:
     """A ``command`` reviewer profile running ``script`` (the fake agent) with ``env``."""
     env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())
     return (
         f'[reviewers.{name}]\nkind = "command"\ncommand = ["{sys.executable}", "{script}"]\n'
-        f'partition = "{partition}"\ntimeout = "30s"\nconcurrency = 2\nenv = {{ {env_toml} }}\n'
+        f'partition = "{partition}"\ntimeout = "30s"\nconcurrency = {concurrency}\n'
+        f"env = {{ {env_toml} }}\n"
     )
 
 
@@ -3115,3 +3118,54 @@ def test_a_reviewers_findings_cannot_forge_a_section_of_the_fixers_prompt(cyc):
         "Gates",
         f"The note as it is now (`{NOTE}`)",
     ]
+
+
+def a_night_with_one_fail_first(kb, behind: int) -> None:
+    """The first note of a sweep FAILs its review, ``behind`` notes after it PASS, and
+    the fixer mends it: one agent slot (concurrency 1), fixing on."""
+    kb.gate("prose/body-check", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    for n in range(behind):
+        kb.note(f"n{n:02}", body="FIXED already.\n")
+    config(
+        kb,
+        profile(
+            "fake",
+            concurrency=1,
+            FAKE_PASS_IF_CONTAINS="FIXED",
+            FAKE_FIX_APPEND="FIXED: the body says more now.",
+            FAKE_TURNS="1",  # $0.01 an attempt
+        ),
+    )
+
+
+def dispatch_order(kb) -> list[str]:
+    """Each attempt's job, in the order dispatch opened them: ``first`` (a sweep's
+    review), ``fix`` or ``re-review``."""
+    with db(kb) as conn:
+        return [
+            "fix" if r["kind"] == "fix" else "re-review" if r["source_job_id"] else "first"
+            for r in conn.execute(
+                "SELECT j.kind, j.source_job_id FROM attempts a "
+                "JOIN review_jobs j ON j.id = a.job_id ORDER BY a.id"
+            )
+        ]
+
+
+def test_a_fix_and_its_re_review_go_before_the_first_reviews_queued_ahead_of_them(kb):
+    """Jobs went in job-id order: a fix queued at 18:06 of a real night ran at 18:16,
+    after 1,790 first reviews queued before it, and its re-review after any queued
+    meanwhile. With a budget, the cycle (fix, re-review, fix, re-review, a person) never
+    ended and the morning had FAILs nobody tried to fix. Dispatch takes the cycle's jobs
+    first: each waits for no more first reviews than were open when it was queued."""
+    a_night_with_one_fail_first(kb, behind=24)
+    res = rq(kb, "sweep", "--reviewer", "fake", "--fix", "--workers", "1", "--json")
+    assert res.returncode == 0, res.stderr
+    assert "FIXED: the body says more now." in kb.read(NOTE)
+    order = dispatch_order(kb)
+    assert sorted(order) == ["first"] * 25 + ["fix", "re-review"]
+    assert order[0] == "first"  # alpha's review, the sweep's first job
+    # At most PREFETCH (2) x concurrency attempts are open at once: alpha's and one
+    # other, then up to two more before the fix and before the re-review. In id order
+    # they came last.
+    assert order.index("fix") <= 3 and order.index("re-review") <= order.index("fix") + 3, order

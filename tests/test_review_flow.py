@@ -1502,6 +1502,7 @@ AFTER_RELEASE_25 = {
     ),
     27: ("DROP INDEX escalations_pair", "DROP INDEX escalations_job"),
     28: ("ALTER TABLE sweep_runs DROP COLUMN cron_at",),
+    29: ("DROP INDEX review_jobs_cycle_queued",),
 }
 
 

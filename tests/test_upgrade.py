@@ -597,3 +597,45 @@ def test_a_drained_workers_last_outcome_an_upgrade_left_on_the_queue_is_kept(kb,
         assert conn.execute("SELECT job_id, attempt, outcome FROM attempts").fetchall() == [
             (1, 1, "finalized")
         ]
+
+
+def test_a_state_db_of_release_28_with_a_night_queued_finds_its_fixes_by_the_new_index(kb, run_cli):
+    """Migration 29 on a state.db with a night queued (2,000 first reviews, a fix and its
+    re-review queued behind them, an audit, a fix already run): the next command migrates
+    it; the index holds the queued fix and re-review alone, and the control's read of a
+    reviewer's cycle jobs goes through it, not through every queued job."""
+    from orchestrator.control.control import CYCLE_SQL, QUEUED_SQL
+    from orchestrator.state.migrations import LATEST
+
+    conn = old_state(kb.state, 28)
+    at = "2026-11-28T18:00:00.000Z"
+    rows = [(j, "review", "queued", None) for j in range(1, 2001)]
+    rows += [
+        (2001, "fix", "completed", 7),
+        (2002, "fix", "queued", 9),
+        (2003, "review", "queued", 2002),
+    ]
+    rows += [(2004, "audit", "queued", 11)]
+    conn.executemany(
+        "INSERT INTO review_jobs (id, kind, status, source_job_id, model_partition, grouping, "
+        "reviewer, job_dir, created_at, updated_at) VALUES (?, ?, ?, ?, 'm', 'note', 'r', "
+        "'jobs/review-job-' || ?1, ?5, ?5)",
+        [(*r, at) for r in rows],
+    )
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.commit()
+    conn.close()
+    res = run_cli("status")
+    assert res.exit_code == 0, res.stderr
+    read = QUEUED_SQL.format(which=CYCLE_SQL)
+    args = ("r", at, "[]", 50)
+    with contextlib.closing(sqlite3.connect(kb.state / "state.db")) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_migrations").fetchone() == (LATEST,)
+        assert [r[0] for r in conn.execute(read, args)] == [2002, 2003]
+        plan = " ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {read}", args))
+        assert "USING INDEX review_jobs_cycle_queued" in plan, plan
+        indexed = conn.execute(
+            "SELECT id FROM review_jobs INDEXED BY review_jobs_cycle_queued "
+            f"WHERE status = 'queued' AND {CYCLE_SQL} ORDER BY id"
+        ).fetchall()
+        assert indexed == [(2002,), (2003,)]

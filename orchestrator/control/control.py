@@ -110,6 +110,25 @@ HELD_RETRY_S = 0.2
 # CLOCK_MONOTONIC, beside the wall clock, which counts a suspend in any case.
 _BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
+# The jobs of the feedback cycle (CONTRACT §7), which dispatch takes before a reviewer's
+# first reviews: a fix (a person's redo too) and a re-review of one (a one-pair job split
+# from it keeps its source). Not an audit: its PASS stands meanwhile, no FAIL waits on it.
+# Word for word the review_jobs_cycle_queued index's term: SQLite reads a partial index
+# only for a query that has it.
+CYCLE_SQL = "(kind = 'fix' OR (kind = 'review' AND source_job_id IS NOT NULL))"
+# A reviewer's queued jobs that may go now (a launch failure's backoff over, their run's
+# budget not spent), by id, of those ``which`` says. Whether its files are due comes with
+# the job: a folder written and not due again (the usual case) then costs one look at its
+# MANIFEST.json, not three and a read of job_files_due of its own.
+QUEUED_SQL = (
+    "SELECT id, kind, reviewer, sweep_run_id, model_partition, job_dir, "
+    "EXISTS (SELECT 1 FROM job_files_due d WHERE d.job_id = review_jobs.id) AS due, "
+    f"{CYCLE_SQL} AS cycle "
+    "FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
+    "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
+    "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) AND {which} ORDER BY id LIMIT ?"
+)
+
 # The current attempt of each running job: what the reaper looks at.
 _REAPABLE = (
     "SELECT a.job_id, a.attempt, a.outcome, a.heartbeat_at, a.started_at, a.taken_at, "
@@ -310,20 +329,21 @@ class Control:
             free = 50 if profile is None else self._open_at_most(profile) - open_counts.get(name, 0)
             if name in paused or free <= 0:
                 continue
-            # Whether its files are due comes with the job: a folder written and not due
-            # again (the usual case) then costs one look at its MANIFEST.json, not three
-            # and a read of job_files_due of its own.
-            jobs += self.store.conn.execute(
-                "SELECT id, kind, reviewer, sweep_run_id, model_partition, job_dir, "
-                "EXISTS (SELECT 1 FROM job_files_due d WHERE d.job_id = review_jobs.id) AS due "
-                "FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
-                "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
-                "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) ORDER BY id LIMIT ?",
-                (name, now, spent, free + 16),
+            # The feedback cycle's jobs first (CYCLE_SQL), then the first reviews, each by
+            # id: two reads of the reviewer's queue, each an index's (the cycle's partial
+            # one), each cut to its free slots.
+            cycle = self.store.conn.execute(
+                QUEUED_SQL.format(which=CYCLE_SQL), (name, now, spent, free + 16)
             ).fetchall()
+            jobs += cycle
+            if len(cycle) < free + 16:
+                jobs += self.store.conn.execute(
+                    QUEUED_SQL.format(which=f"NOT {CYCLE_SQL}"),
+                    (name, now, spent, free + 16 - len(cycle)),
+                ).fetchall()
         if not jobs:
             return []
-        jobs.sort(key=lambda j: j["id"])
+        jobs.sort(key=lambda j: (not j["cycle"], j["id"]))
         opened_all: list[tuple[OpenedAttempt, ReviewerProfile]] = []
         for job in jobs:
             name = job["reviewer"]
