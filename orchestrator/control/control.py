@@ -367,7 +367,11 @@ class Control:
             if unwritten is not None and not there:
                 # Most likely a follow-up this very transaction made: rendered here, a
                 # batch rolled back would leave the folder of a job state.db never had.
+                # Its slot is kept for it, for the pass after the commit: taken by a job
+                # behind it here, a fix waited for that job's run (one at a time, under a
+                # budget, as many as a slot allows).
                 unwritten.append(job["id"])
+                open_counts[name] = open_counts.get(name, 0) + 1
                 continue
             # A job made by another process has its folder written after that process's
             # commit; an agent must not start before its MANIFEST.json is there.
