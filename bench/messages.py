@@ -10,6 +10,13 @@ new one with ``PYTHONPATH=OLD_CHECKOUT``.
 
     .venv/bin/python bench/messages.py --jobs 10000
     .venv/bin/python bench/messages.py --jobs 10000 --redis
+
+With ``--passes K`` it times instead the dispatch pass an outcome runs beside a long
+queue: the reviewer at concurrency 1, its slots full, K times one open attempt ended (in
+SQL, untimed) and ``dispatch`` timed as it reads the queued jobs and opens the next.
+``--without-index NAME`` drops that index after the enqueue, to show what it saves.
+
+    .venv/bin/python bench/messages.py --jobs 20000 --passes 200
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=10000)
     ap.add_argument("--redis", action="store_true", help="the queues on a redis-server")
+    ap.add_argument("--passes", type=int, default=0, help="time K outcome-sized passes")
+    ap.add_argument("--without-index", metavar="NAME", help="drop this index first")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-messages-"))
     redis = None
@@ -52,7 +61,8 @@ def main() -> int:
             (folder / f"n{i:05d}.md").write_text(NOTE.format(i=i, d=i % 9 + 5))
         config = (
             '[reviewers.instant]\nkind = "command"\ncommand = ["true"]\npartition = "instant"\n'
-            f"concurrency = {args.jobs}\n"  # dispatch opens every job at once
+            # dispatch opens every job at once; or one slot, one pass an outcome
+            f"concurrency = {1 if args.passes else args.jobs}\n"
         )
         if args.redis:
             sock = base / "redis.sock"
@@ -88,6 +98,10 @@ def main() -> int:
             send("run_review", msg)
 
         control = Control(ws, send_review=send_review, hooks=FollowUp(ws))
+        if args.without_index:
+            ws.store.conn.execute(f"DROP INDEX {args.without_index}")
+        if args.passes:
+            return outcome_passes(ws, control, len(jobs), args)
         t0 = time.perf_counter()
         sent = 0
         while True:
@@ -125,6 +139,49 @@ def main() -> int:
             redis.terminate()
             redis.wait(timeout=10)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def outcome_passes(ws, control, jobs: int, args) -> int:  # noqa: ANN001 - bench objects
+    """Time ``args.passes`` dispatch passes, each after one open attempt ended: what the
+    pass of each outcome costs beside ``jobs`` queued jobs."""
+    control.dispatch()  # the slots filled, untimed
+    times = []
+    for _ in range(args.passes):
+        with ws.store.write():
+            job_id, attempt = ws.store.conn.execute(
+                "SELECT job_id, attempt FROM attempts WHERE outcome IN ('dispatched', 'running') "
+                "ORDER BY id LIMIT 1"
+            ).fetchone()
+            ws.store.conn.execute(
+                "UPDATE attempts SET outcome = 'finalized' WHERE job_id = ? AND attempt = ?",
+                (job_id, attempt),
+            )
+            ws.store.conn.execute(
+                "UPDATE review_jobs SET status = 'completed' WHERE id = ?", (job_id,)
+            )
+        t0 = time.perf_counter()
+        opened = control.dispatch()
+        times.append(time.perf_counter() - t0)
+        if opened != 1:
+            break
+    ws.close()
+    if opened != 1:
+        print(f"a pass opened {opened} attempt(s), not 1", file=sys.stderr)
+        return 1
+    times.sort()
+    print(
+        json.dumps(
+            {
+                "jobs_queued": jobs,
+                "passes": len(times),
+                "without_index": args.without_index,
+                "pass_ms_median": round(1000 * times[len(times) // 2], 3),
+                "pass_ms_min": round(1000 * times[0], 3),
+            },
+            indent=1,
+        )
+    )
+    return 0
 
 
 if __name__ == "__main__":
