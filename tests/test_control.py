@@ -502,6 +502,38 @@ def test_a_persons_redo_goes_before_queued_first_reviews_and_an_audit_keeps_its_
     ws.close()
 
 
+def test_a_fix_goes_after_the_reviews_of_its_note_queued_before_it(kb):
+    """Taken before the queue (C101), a fix rewrote its note before the note's other
+    lens, queued behind the night's first reviews, was reviewed: that review judged the
+    text the fix replaced, and its FAIL, stale, started no fix and escalated nothing (a
+    real `sweep --fix` of four two-lens notes left one pair so). The note's reviews queued
+    before its fix go with it, first."""
+    kb.gate("prose/clarity", ["body"])
+    kb.gate("style/tone", ["body"])
+    kb.note("zulu")  # its style job after the other notes'
+    ws = Workspace.open(kb.root)
+    sent: list[dict] = []
+    control = Control(ws, send_review=sent.append, hooks=FollowUp(ws))
+    enqueue(ws, SweepRequest(name="cli", selectors=("prose",), fix=True))
+    control.dispatch()
+    msg = sent.pop(0)
+    for i in range(6 * ws.settings.reviewers["offline"].concurrency):
+        kb.note(f"n{i}")
+    enqueue(ws, SweepRequest(name="cli", selectors=("style",), fix=True))
+    (style,) = ws.store.conn.execute(
+        "SELECT job_id FROM review_pairs WHERE note_path = 'kb/notes/zulu.md' "
+        "AND gate_id = 'style/tone'"
+    ).fetchone()
+    assert control.dispatch() > 0 and control.dispatch() == 0  # the reviewer's slots full
+    assert style not in {m["job_id"] for m in sent}
+    control.on_outcome(_outcome(ws, msg, output=_bundle(ws.store, msg["job_id"], "FAIL")))
+    control.on_outcome(_outcome(ws, sent.pop(0)))
+    assert control.dispatch() == 2
+    (fix,) = ws.store.conn.execute("SELECT id FROM review_jobs WHERE kind = 'fix'").fetchone()
+    assert [(m["job_id"], m["task"]) for m in sent[-2:]] == [(style, "review"), (fix, "fix")]
+    ws.close()
+
+
 # A profile whose two runs to the timeout fit in a message's expiry (lease / 2 + timeout),
 # so that quick agents may keep three open attempts a slot (Control._open_at_most).
 QUICK_ENOUGH = '[reviewers.offline]\nkind = "offline"\ntimeout = "20s"\nconcurrency = 4\n'

@@ -122,11 +122,23 @@ CYCLE_SQL = "(kind = 'fix' OR (kind = 'review' AND source_job_id IS NOT NULL))"
 # MANIFEST.json, not three and a read of job_files_due of its own.
 QUEUED_SQL = (
     "SELECT id, kind, reviewer, sweep_run_id, model_partition, job_dir, "
-    "EXISTS (SELECT 1 FROM job_files_due d WHERE d.job_id = review_jobs.id) AS due, "
-    f"{CYCLE_SQL} AS cycle "
+    "EXISTS (SELECT 1 FROM job_files_due d WHERE d.job_id = review_jobs.id) AS due "
     "FROM review_jobs WHERE reviewer = ? AND status = 'queued' "
     "AND (not_before IS NULL OR not_before <= ?) AND (sweep_run_id IS NULL "
     "OR sweep_run_id NOT IN (SELECT value FROM json_each(?))) AND {which} ORDER BY id LIMIT ?"
+)
+
+# Of a reviewer's queued first reviews (QUEUED_SQL's ``which``, its one more parameter the
+# reviewer), those of a note whose fix, queued for the same reviewer, came after them: they
+# read the text the fixer will rewrite, so they go with the cycle, before the fix, as id
+# order had them. Gone past them, the fix made their verdicts about a text the note no
+# longer has (a FAIL stale, no fix, no escalation; a PASS for nothing), each paid for.
+# The fixes come from the cycle's index; a note's pairs from review_pairs_key.
+HELD_BY_FIX_SQL = (
+    "kind = 'review' AND source_job_id IS NULL AND id IN (SELECT p.job_id FROM review_pairs p "
+    "JOIN (SELECT note_path, id AS fix_id FROM review_jobs WHERE reviewer = ? "
+    f"AND status = 'queued' AND {CYCLE_SQL} AND kind = 'fix') f "
+    "ON p.note_path = f.note_path AND p.job_id < f.fix_id)"
 )
 
 # The current attempt of each running job: what the reaper looks at.
@@ -322,6 +334,7 @@ class Control:
         # Per reviewer, only as many queued jobs as it has free slots (plus a margin): the
         # queue can hold thousands, dispatch runs per job.
         jobs = []
+        front: set[int] = set()  # the ids of the jobs taken first
         for name in reviewers_with_queued_jobs(self.store):
             profile = self.settings.reviewers.get(name)
             if profile is None and self._added_since(name):
@@ -329,21 +342,32 @@ class Control:
             free = 50 if profile is None else self._open_at_most(profile) - open_counts.get(name, 0)
             if name in paused or free <= 0:
                 continue
-            # The feedback cycle's jobs first (CYCLE_SQL), then the first reviews, each by
-            # id: two reads of the reviewer's queue, each an index's (the cycle's partial
-            # one), each cut to its free slots.
+            # The feedback cycle's jobs first (CYCLE_SQL) with the reviews their fixes
+            # follow (HELD_BY_FIX_SQL), then the first reviews, each by id: reads of the
+            # reviewer's queue through indexes (the cycle's partial one), cut to its free
+            # slots.
+            room = free + 16
             cycle = self.store.conn.execute(
-                QUEUED_SQL.format(which=CYCLE_SQL), (name, now, spent, free + 16)
+                QUEUED_SQL.format(which=CYCLE_SQL), (name, now, spent, room)
             ).fetchall()
-            jobs += cycle
-            if len(cycle) < free + 16:
-                jobs += self.store.conn.execute(
-                    QUEUED_SQL.format(which=f"NOT {CYCLE_SQL}"),
-                    (name, now, spent, free + 16 - len(cycle)),
+            if any(j["kind"] == "fix" for j in cycle):
+                cycle += self.store.conn.execute(
+                    QUEUED_SQL.format(which=HELD_BY_FIX_SQL), (name, now, spent, name, room)
                 ).fetchall()
+            front.update(j["id"] for j in cycle)
+            jobs += cycle
+            if len(cycle) < room:
+                jobs += [
+                    j
+                    for j in self.store.conn.execute(
+                        QUEUED_SQL.format(which=f"NOT {CYCLE_SQL}"),
+                        (name, now, spent, room),
+                    )
+                    if j["id"] not in front
+                ][: room - len(cycle)]
         if not jobs:
             return []
-        jobs.sort(key=lambda j: (not j["cycle"], j["id"]))
+        jobs.sort(key=lambda j: (j["id"] not in front, j["id"]))
         opened_all: list[tuple[OpenedAttempt, ReviewerProfile]] = []
         for job in jobs:
             name = job["reviewer"]
