@@ -36,6 +36,7 @@ import pytest
 
 from orchestrator.state.store import Store
 from orchestrator.state.words import reason_words
+from tests.test_gitcommit import _read_only
 from workers.attempt import LAUNCH_WINDOW_S
 
 HERE = Path(__file__).parent
@@ -995,6 +996,40 @@ def test_a_cli_that_refuses_a_flag_after_a_slow_start_is_a_launch_failure(
     assert REFUSED_FLAG[vendor] in reason, reason
     [job] = rows(vkb.root, "SELECT status FROM review_jobs")
     assert job["status"] == "queued", job  # it was failed at once: run-job's one attempt
+
+
+# What each CLI says when the HOME it keeps its state in is read-only (a service's
+# ProtectHome=read-only): Claude Code runs without writing there.
+READ_ONLY_HOME = {
+    "claude": None,
+    "codex": "Read-only file system (os error 30)",
+    "gemini": "An unexpected critical error occurred:Error: EROFS: read-only file system",
+}
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_home_the_cli_cannot_write_is_a_launch_failure_in_its_words(
+    netns, model, home, vkb, tmp_path, vendor
+):
+    """Gemini CLI 0.61 stops at its start when it cannot write ~/.gemini (its
+    installation id, projects.json), ending its stderr with the stack of its critical
+    error: the reason was its last frame, "at async main (file:///…/gemini-….js:17457:5)",
+    which says nothing of a read-only HOME."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    job_id = make_job(netns, mine, vkb.root)
+    with _read_only(mine):
+        res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    said = READ_ONLY_HOME[vendor]
+    if said is None:
+        assert a["outcome"] == "finalized", a
+        return
+    assert a["outcome"] == "launch-failure", a  # the machine's, no verdict: the job waits
+    assert f"job {job_id} queued again (the agent did not start)" in res.stderr, res.stderr
+    [reason] = json.loads(a["reasons"])
+    assert said in reason, reason
 
 
 def test_run_job_pauses_the_reviewer_as_the_control_does(netns, model, home, vkb):

@@ -382,6 +382,16 @@ def test_a_codex_error_is_judged_by_its_words_not_the_url_in_it(tmp_path, host):
     assert _telemetry(tmp_path, "codex", _codex_failed(down)).failure == "unreachable"
 
 
+# Gemini CLI 0.61 with a read-only HOME: its critical error, then that error's stack.
+GEMINI_CRITICAL_STDERR = """\
+An unexpected critical error occurred:Error: EROFS: read-only file system, open '/h/.gemini/projects.json.2c.tmp'
+    at async open (node:internal/fs/promises:637:25)
+    at new ProjectRegistry (file:///n/@google/gemini-cli/bundle/chunk-JDPZ4CE3.js:252867:7)
+    at file:///n/@google/gemini-cli/bundle/chunk-JDPZ4CE3.js:253321:32
+    at async main (file:///n/@google/gemini-cli/bundle/gemini-3HFX2LNT.js:17457:5)
+"""
+
+
 @pytest.mark.parametrize(
     ("kind", "stderr", "reason"),
     [
@@ -389,6 +399,7 @@ def test_a_codex_error_is_judged_by_its_words_not_the_url_in_it(tmp_path, host):
         ("codex", CODEX_STDERR, None),
         ("gemini", GEMINI_401_STDERR, "API key expired. Please renew the API key."),
         ("gemini", GEMINI_UNTRUSTED_STDERR, "Gemini CLI is not running in a trusted directory."),
+        ("gemini", GEMINI_CRITICAL_STDERR, "An unexpected critical error occurred:Error: EROFS"),
     ],
 )
 def test_the_reason_is_the_cli_s_message_never_a_stray_line(tmp_path, kind, stderr, reason):

@@ -237,9 +237,15 @@ def text_head(path: Path, limit: int) -> str:
         return ""
 
 
+# A frame of a Node stack trace ("at async main (file:///…/gemini.js:17457:5)"): where an
+# error was raised, never what it was. Gemini ends its stderr with its critical error's stack.
+_STACK_FRAME = re.compile(r"^at (?:[^()]+ )?\(?(?:file://|node:|/)[^()]*:\d+:\d+\)?$")
+
+
 def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
-    """The last line of a log that says something: not blank, not JSON punctuation, not
-    matching ``skip`` (a CLI's chatter such as Codex's "Reading additional input")."""
+    """The last line of a log that says something: not blank, not JSON punctuation, not a
+    stack frame, not matching ``skip`` (a CLI's chatter such as Codex's "Reading
+    additional input")."""
     try:
         with path.open("rb") as f:
             f.seek(0, 2)
@@ -250,7 +256,12 @@ def last_line(path: Path, skip: re.Pattern[str] | None = None) -> str | None:
     for line in reversed(lines):
         # As it will be shown: a line of escape sequences only (a window title) says nothing.
         text = bounded(line)
-        if not text or re.fullmatch(r"[\[\]{}(),]+", text) or (skip and skip.search(text)):
+        if (
+            not text
+            or re.fullmatch(r"[\[\]{}(),]+", text)
+            or _STACK_FRAME.match(text)
+            or (skip and skip.search(text))
+        ):
             continue
         return text
     return None
