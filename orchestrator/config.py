@@ -550,6 +550,10 @@ _RECORD = (
     "a flag that keeps no session log of the run, where reviewq reads its tokens and the "
     "calls Codex refused"
 )
+# The CLI's output is where reviewq reads a run's turns, tokens and cost, and the error
+# that says no model answered: with Claude's or Gemini's text output an expired key and a
+# 500 were "exited 1 with no turns" under a warning line, and budgets counted nothing.
+_OUTPUT = "a flag reviewq sets itself (its output, read for the turns, tokens and errors)"
 # A vendor CLI's flags args may not give, and why. Profile args come last, so a later
 # flag won over reviewq's: reviews made by another model were recorded under the
 # profile's partition, or an agent wrote where reviewq keeps it out (the KB).
@@ -567,6 +571,7 @@ _OWN_FLAGS = {
         # MCP servers and plugins (their hooks, their servers) are commands Claude starts.
         "--mcp-config": _CONFINED,
         "--plugin-dir": _CONFINED,
+        "--output-format": _OUTPUT,
         "--continue": _SESSION,
         "-c": _SESSION,
         "--resume": _SESSION,
@@ -596,7 +601,16 @@ _OWN_FLAGS = {
         "--yolo": _CONFINED,
         "-y": _CONFINED,
         "--policy": _CONFINED,
+        # A policy of the admin tier outranks reviewq's own.
+        "--admin-policy": _CONFINED,
         "--allowed-tools": _CONFINED,
+        # Array flags, which add to reviewq's: a name allowed started the person's MCP
+        # server of that name, and an extension beside "none" loads.
+        "--allowed-mcp-server-names": _CONFINED,
+        "--extensions": _CONFINED,
+        "-e": _CONFINED,
+        "--output-format": _OUTPUT,
+        "-o": _OUTPUT,
     },
 }
 

@@ -285,6 +285,35 @@ BAD = [
         "[reviewers.x] args",
         "'-y' is a flag that lifts reviewq's confinement",
     ),
+    # Gemini's array flags add to reviewq's: a person's MCP server of the name allowed
+    # started beside the review and wrote into the KB (the real CLI, B49).
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["--allowed-mcp-server-names", "kb"]\n',
+        "[reviewers.x] args",
+        "'--allowed-mcp-server-names' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["-e", "kbtools"]\n',
+        "[reviewers.x] args",
+        "'-e' is a flag that lifts reviewq's confinement",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["--adminPolicy", "/etc/p.toml"]\n',
+        "[reviewers.x] args",
+        "'--adminPolicy' is a flag that lifts reviewq's confinement",
+    ),
+    # ... and an output reviewq cannot read: a 401 and a 500 read as "exited 1 with no
+    # turns" under a warning, and a review's turns, tokens and cost went unrecorded (B50).
+    (
+        '[reviewers.x]\nkind = "claude"\nmodel = "m"\nargs = ["--output-format", "text"]\n',
+        "[reviewers.x] args",
+        "'--output-format' is a flag reviewq sets itself (its output",
+    ),
+    (
+        '[reviewers.x]\nkind = "gemini"\nmodel = "m"\nargs = ["-o", "text"]\n',
+        "[reviewers.x] args",
+        "'-o' is a flag reviewq sets itself (its output",
+    ),
     # No program: every launch failed, said only by doctor ("not on PATH").
     (
         '[reviewers.x]\nkind = "command"\ncommand = ["", "{prompt_path}"]\n',

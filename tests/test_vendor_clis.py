@@ -707,6 +707,33 @@ def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, ho
     reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
 
 
+def test_a_gemini_profile_may_not_allow_the_persons_mcp_server_by_name(
+    netns, model, home, vkb, tmp_path
+):
+    """Gemini's ``--allowed-mcp-server-names`` is an array: given again in a profile's
+    args it adds to reviewq's name that no server has, and the person's server so named
+    started beside the review and wrote into the KB (the job failed as "the reviewer
+    changed kb/notes/started.md"). Refused when the settings load, as ``--yolo`` is."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "started.md"
+    settings = mine / ".gemini" / "settings.json"
+    data = json.loads(settings.read_text())
+    data["mcpServers"] = {"kb": {"command": "sh", "args": ["-c", f"echo mcp >> {note}"]}}
+    settings.write_text(json.dumps(data))
+    job_id = make_job(netns, mine, vkb.root)
+    (vkb.root / "reviewq.toml").write_text(
+        profiles(model, "review").replace(
+            'model = "gemini-2.5-pro"\n',
+            'model = "gemini-2.5-pro"\nargs = ["--allowed-mcp-server-names", "kb"]\n',
+        )
+    )
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "gemini")
+    assert res.returncode != 0 and not note.exists()
+    [line] = res.stderr.splitlines()
+    assert "'--allowed-mcp-server-names' is a flag that lifts reviewq's confinement" in line
+
+
 def test_a_persons_gemini_extension_does_not_start_beside_a_review(
     netns, model, home, vkb, tmp_path
 ):
