@@ -37,6 +37,7 @@ import pytest
 from orchestrator.state.store import Store
 from orchestrator.state.words import reason_words
 from tests.test_gitcommit import _read_only
+from tests.vendor_model import REFUSAL
 from workers.attempt import LAUNCH_WINDOW_S
 
 HERE = Path(__file__).parent
@@ -1207,6 +1208,24 @@ def test_a_codex_answer_its_content_filter_stopped_is_the_job_s(netns, model, ho
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "no-output", a
     assert "content_filter" in json.loads(a["reasons"])[0], a
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_model_that_refuses_the_review_is_a_no_output_in_its_words(
+    netns, model, home, vkb, vendor
+):
+    """A model that declines the task in words and writes nothing answered the job (the
+    `openai` kind's refusal is the same counted no-output): the reason was "exited 0
+    without writing bundle-output.md" alone, a CLI that forgot its task to the operator
+    and to the retry's prompt, never the refusal."""
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "refuse"))
+    job_id = make_job(netns, home, vkb.root)
+    res = reviewq(netns, home, vkb.root, "run-job", str(job_id), "--reviewer", vendor)
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "no-output", a
+    said = f"exited 0 without writing bundle-output.md: its model ended saying: {REFUSAL}"
+    assert json.loads(a["reasons"]) == [said], a
+    assert said in res.stdout + res.stderr
 
 
 @pytest.mark.parametrize("vendor", VENDORS)

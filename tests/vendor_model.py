@@ -19,6 +19,7 @@ that retries a request gets the same answer):
   filtered the first turn is answered; the Responses API ends every later answer incomplete,
            reason content_filter: the note's own words were refused, no outage
   event    every model request is answered 200 with a stream that holds only an error event
+  refuse   every model request is answered with a refusal in words, and no tool call
   hung     every model request is read and never answered: the connection stays open
   fix      a review FAILs a note that says TODO and PASSes it otherwise; a fix task (its
            prompt read first) writes the note without the TODO to its output, says done
@@ -129,6 +130,7 @@ FIX_SCENARIOS = (
     "fixfence", "fixpatch", "fixpatchout",
 )  # fmt: skip
 HUGE_NOTE_BYTES = 64 * 1024
+REFUSAL = "I'm sorry, but I can't help with reviewing this note."
 
 
 def fixed(scenario: str, text: str) -> str:
@@ -521,6 +523,11 @@ class Handler(BaseHTTPRequestHandler):
             self._record(method="POST", scenario=scenario, path=path, api=api, status=failing)
             self._status_error(api, failing)
             return
+        if scenario == "refuse":
+            # The model declines the task in words and calls no tool: its answer to the job.
+            self._record(method="POST", scenario=scenario, path=path, api=api, action=scenario)
+            self._answer(api, path, body, "text", REFUSAL, 0)
+            return
         if scenario == "event":
             self._record(method="POST", scenario=scenario, path=path, api=api, action=scenario)
             self._error_event(api)
@@ -577,6 +584,10 @@ class Handler(BaseHTTPRequestHandler):
         if scenario == "maxtokens" or (scenario == "filtered" and results):
             self._max_tokens(api, body, n, scenario)
             return
+        self._answer(api, path, body, kind, arg, n)
+
+    def _answer(self, api: str, path: str, body: dict, kind: str, arg: object, n: int) -> None:
+        """The model's turn ``kind`` (``arg``), streamed in ``api``'s own shape."""
         if api == "anthropic":
             model = body.get("model", "scripted")
             if body.get("stream"):

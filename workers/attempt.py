@@ -944,6 +944,10 @@ def run_attempt(
             exit_said(out.exit_code) + ("" if cut else f" without writing {spec.output_path.name}")
         ]
         why = telemetry.error or (_tail(spec.stderr_path) if out.exit_code else "")
+        if not why and telemetry.last_words:
+            # A refusal reads as a CLI that forgot its task otherwise, to the operator
+            # and to the retry's prompt alike.
+            why = f"its model ended saying: {telemetry.last_words}"
         if why:
             out.reasons[0] += f": {why}"
         if out.exit_code == -signal.SIGKILL and ooms is None and _in_a_child_cgroup("memory"):

@@ -23,6 +23,9 @@ What it returns:
   pauses as after a launch failure. When the model stopped at its output-token limit
   (the job asked for more than one answer holds), ``error_subtype`` is
   :data:`OUTPUT_LIMIT`: the attempt is burned out, so a job of several pairs splits.
+  ``last_words`` holds the model's last message of a run that ended without an error
+  (one bounded line): said after a no-output's reason, where a refusal ("I can't help
+  with that") is the model's answer to the job, as the ``openai`` kind says its refusal.
 - :meth:`Reviewer.unreachable` → while the process runs, past the profile's
   ``connect_timeout``: the CLI's own words if its output so far says it has not reached its
   endpoint (it is then ended), else None.
@@ -134,10 +137,13 @@ class Telemetry:
     # The seconds the endpoint asked the client to wait before its next request (an HTTP
     # Retry-After with a 429 or 503): the job's wait and the profile's pause honour it.
     retry_after_s: float | None = None
+    last_words: str | None = None  # the model's last message, for a run with no output
     raw: dict | None = None
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "raw" and v is not None}
+        # last_words is said in the reason of an attempt that needs it, not kept twice
+        skip = ("raw", "last_words")
+        return {k: v for k, v in self.__dict__.items() if k not in skip and v is not None}
 
 
 def _num(value: object, kind: type) -> int | float | None:
@@ -192,6 +198,12 @@ def telemetry_from_file(path: Path) -> Telemetry:
         retry_after_s=_num(data.get("retry_after_s"), float),
         raw=data,
     )
+
+
+def last_words(message: object) -> str | None:
+    """A model's last message as :attr:`Telemetry.last_words`: one bounded line; None
+    for no words."""
+    return (bounded(message) or None) if isinstance(message, str) else None
 
 
 def priced(t: Telemetry, profile: ReviewerProfile) -> Telemetry:

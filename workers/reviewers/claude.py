@@ -20,6 +20,7 @@ from .base import (
     Reviewer,
     Telemetry,
     _num,
+    last_words,
     telemetry_from_file,
 )
 from .vendor import (
@@ -178,6 +179,8 @@ class ClaudeReviewer(Reviewer):
                 # No HTTP status: no model answered at all (a TLS failure, a closed socket,
                 # an aborted request), in whatever words.
                 t.failure = "unreachable"
+        if r.get("is_error") is not True:
+            t.last_words = last_words(r.get("result"))
         if t.error is None and (refused := _refused(spec, r.get("permission_denials"))):
             # Else the attempt said only "exited 0 without writing …": a fixer's write
             # over the KB note, refused by the rules above, was in Claude's log alone.

@@ -24,6 +24,7 @@ from .base import (
     Reviewer,
     Telemetry,
     _num,
+    last_words,
     telemetry_from_file,
 )
 from .vendor import (
@@ -143,6 +144,7 @@ class CodexReviewer(Reviewer):
         seen = False
         error: str | None = None
         replaced: str | None = None
+        words: str | None = None  # the model's last message
         for ev in json_objects(spec.stdout_path):
             kind = ev.get("type")
             if kind == "thread.started" and isinstance(ev.get("thread_id"), str):
@@ -157,6 +159,8 @@ class CodexReviewer(Reviewer):
                 if ev["item"].get("type") in _STEPS:
                     add_counts(t, "num_turns", 1)
                     seen = True
+                if ev["item"].get("type") == "agent_message":
+                    words = last_words(ev["item"].get("text")) or words
                 elif _replaced_review_setting(str(ev["item"].get("message"))):
                     replaced = replaced or str(ev["item"]["message"])
             elif kind in ("turn.failed", "error"):
@@ -167,6 +171,7 @@ class CodexReviewer(Reviewer):
                 error = None  # only an error that ended the run speaks for it
         if not seen:
             t = telemetry_from_file(spec.telemetry_path)
+        t.last_words = words if error is None else None
         t.session_id = t.session_id or _thread(spec)
         refused = self._from_session(t, spec.root)
         if error and error.endswith(f"reason: {OUTPUT_LIMIT}"):

@@ -26,6 +26,7 @@ from .base import (
     Reviewer,
     Telemetry,
     _num,
+    last_words,
     telemetry_from_file,
 )
 from .vendor import (
@@ -261,6 +262,8 @@ class GeminiReviewer(Reviewer):
             and self._dropped(spec)
         ):
             t.error, t.failure = _DROPPED, "server"
+        else:
+            t.last_words = last_words(doc.get("response"))
         return t
 
     def output_altered(self, spec: AttemptSpec, output: bytes) -> str | None:
