@@ -850,6 +850,34 @@ def test_a_key_in_the_persons_claude_settings_still_reaches_the_model(
     assert "PASS  kb/notes/alpha.md  prose/body-check" in res.stdout
 
 
+def test_a_persons_claude_settings_env_over_the_profile_s_is_refused_naming_it(
+    netns, model, home, vkb, tmp_path
+):
+    """Claude Code puts ~/.claude/settings.json's ``env`` over its environment: a person's
+    endpoint and key there took the place of the profile's, the review went to that
+    endpoint, and its 401 paused the profile as "auth: Invalid API key" whatever key
+    reviewq.toml gave. The attempt is refused before Claude starts, naming the file."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    (mine / ".claude").mkdir(exist_ok=True)
+    settings = mine / ".claude" / "settings.json"
+    person = {"ANTHROPIC_BASE_URL": model.url("auth"), "ANTHROPIC_API_KEY": "sk-ant-person"}
+    settings.write_text(json.dumps({"env": person}))
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    job_id = make_job(netns, mine, vkb.root)
+    asked = len(model.requests("auth"))
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
+    assert len(model.requests("auth")) == asked  # the person's endpoint was not asked
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "launch-failure", a  # the set-up's, no verdict: the job waits
+    [reason] = json.loads(a["reasons"])
+    said = f"{settings}: its env gives ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL a value of its own"
+    assert said in reason and "sk-ant" not in reason, reason
+    assert f"job {job_id} queued again" in res.stderr, res.stderr
+    doctor = reviewq(netns, mine, vkb.root, "doctor")
+    assert f"problem: reviewer claude (claude): {said}" in doctor.stdout + doctor.stderr
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

@@ -9,6 +9,7 @@ saying so in ``api_retry`` events) and what a run killed at its deadline leaves 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from pathlib import Path
@@ -75,6 +76,8 @@ class ClaudeReviewer(Reviewer):
     known_versions = ("2.1.300", "2.1.332")
 
     def command(self, spec: AttemptSpec) -> Command:
+        if refused := self._env_outranked(spec.root):
+            raise ValueError(refused)
         exe = self.profile.executable or "claude"
         job = spec.job_dir.resolve()
         root = spec.root.resolve()
@@ -240,10 +243,7 @@ class ClaudeReviewer(Reviewer):
         # Claude keeps each session's transcript in projects/<its cwd, every character but
         # a letter or digit a dash>/: with the attempt's folder as cwd, a folder an attempt.
         cwd = os.path.realpath(spec.root)
-        home = self.env_value("CLAUDE_CONFIG_DIR") or Path(
-            self.env_value("HOME") or Path.home(), ".claude"
-        )
-        project = Path(home, "projects", project_name(cwd))
+        project = self._home() / "projects" / project_name(cwd)
         if cwd == os.path.realpath(spec.attempt_dir):
             remove_tree(project)
             return
@@ -260,6 +260,40 @@ class ClaudeReviewer(Reviewer):
 
     def executables(self) -> list[str]:
         return [self.profile.executable or "claude"]
+
+    def _home(self) -> Path:
+        """The folder the CLI this profile starts keeps its settings and sessions in."""
+        home = self.env_value("CLAUDE_CONFIG_DIR")
+        return Path(home) if home else Path(self.env_value("HOME") or Path.home(), ".claude")
+
+    def machine_problem(self, job_dir: Path) -> str | None:
+        return self._env_outranked(None)
+
+    def _env_outranked(self, root: Path | None) -> str | None:
+        """The settings file (the person's; the KB ``root``'s own) whose ``env`` gives a
+        variable of the profile's env another value, in one line; None: none does. Claude
+        Code puts a settings file's env over its own environment: the profile's endpoint
+        and key went unused, and a review went to the person's endpoint (an expired key
+        there paused the profile whatever key reviewq.toml gave)."""
+        files = [self._home() / "settings.json"]
+        if root is not None:
+            files += [root / ".claude" / "settings.json", root / ".claude" / "settings.local.json"]
+        for path in files:
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # none, or one Claude says it cannot read in its own words
+            env = doc.get("env") if isinstance(doc, dict) else None
+            if not isinstance(env, dict):
+                continue
+            clash = sorted(k for k, v in self.profile.env.items() if k in env and env[k] != v)
+            if clash:
+                return (
+                    f"{path}: its env gives {', '.join(clash)} a value of its own, which "
+                    f"Claude Code puts over the profile's env (the review would go to that "
+                    f"endpoint or key): remove {', '.join(clash)} from one of the two"
+                )
+        return None
 
 
 def _refused(spec: AttemptSpec, denials: object) -> str | None:
