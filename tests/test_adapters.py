@@ -263,7 +263,11 @@ def test_gemini_flags_and_policy(kb2, run_cli, tmp_path):
     assert cmd.cwd == job_dir and cmd.env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
     # ... and its settings, which outrank the person's, turn hooks off.
     settings = json.loads((job_dir / ".gemini" / "settings.json").read_text())
-    assert settings == {"hooksConfig": {"enabled": False}, "tools": {"discoveryCommand": ""}}
+    assert settings == {
+        "hooksConfig": {"enabled": False},
+        "tools": {"discoveryCommand": ""},
+        "model": {"maxSessionTurns": -1},
+    }
     # No MCP server of the person's starts (none has that name), nor an extension.
     assert flag(argv, "--allowed-mcp-server-names") == "reviewq-allows-no-mcp-server"
     assert flag(argv, "--extensions") == "none"

@@ -708,6 +708,19 @@ def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, ho
     reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
 
 
+def test_a_persons_gemini_turn_limit_does_not_stop_a_review(netns, model, home, vkb, tmp_path):
+    """``model.maxSessionTurns`` in ~/.gemini/settings.json (a person's cap on a chat)
+    stopped the review after its first turn, "exited 53 … Reached max session turns for
+    this session": the profile paused for the person's setting, every job held."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    settings = mine / ".gemini" / "settings.json"
+    settings.write_text(
+        json.dumps({**json.loads(settings.read_text()), "model": {"maxSessionTurns": 1}})
+    )
+    reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini")
+
+
 def test_a_gemini_profile_may_not_allow_the_persons_mcp_server_by_name(
     netns, model, home, vkb, tmp_path
 ):

@@ -110,8 +110,14 @@ def policy_text(spec: AttemptSpec) -> str:
 # settings GEMINI_CLI_SYSTEM_SETTINGS_PATH may name are skipped unless root owns the file
 # and every folder above it. With the hook system off, an extension's hooks stay off too.
 # The same goes for the command the person's settings run to list tools of their own
-# (tools.discoveryCommand), at every start: an empty one runs nothing.
-_WORKSPACE_SETTINGS = {"hooksConfig": {"enabled": False}, "tools": {"discoveryCommand": ""}}
+# (tools.discoveryCommand), at every start: an empty one runs nothing. A turn limit of the
+# person's (model.maxSessionTurns) stopped a review midway, "exit 53", the profile paused
+# for their setting: the attempt's deadline and reviewq's own count of turns bound a run.
+_WORKSPACE_SETTINGS = {
+    "hooksConfig": {"enabled": False},
+    "tools": {"discoveryCommand": ""},
+    "model": {"maxSessionTurns": -1},
+}
 # Only MCP servers of this name may start: none has it. The person's own servers (and
 # mcp.serverCommand, the server named "mcp") are commands Gemini starts outside its
 # policy with every session, and no setting a workspace gives removes them.
