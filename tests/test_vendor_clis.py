@@ -891,6 +891,30 @@ def test_a_persons_claude_settings_env_over_the_profile_s_is_refused_naming_it(
     assert f"problem: reviewer claude (claude): {said}" in doctor.stdout + doctor.stderr
 
 
+def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
+    netns, model, home, vkb, tmp_path
+):
+    """``permissions.deny: ["Write", "Edit"]`` in ~/.claude/settings.json takes the
+    tools away before any permission is asked: the model's Write was "No such tool
+    available", Claude exited 0, and every job was a no-output counted against it (failed
+    at run-job's one attempt) for the person's setting."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    (mine / ".claude").mkdir(exist_ok=True)
+    deny = {"permissions": {"deny": ["Write", "Edit"]}}
+    (mine / ".claude" / "settings.json").write_text(json.dumps(deny))
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    job_id = make_job(netns, mine, vkb.root)
+    res = reviewq(netns, mine, vkb.root, "run-job", str(job_id), "--reviewer", "claude")
+    assert "not the job's fault); reviewer claude paused until " in res.stderr, res.stderr
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "reviewer-failure", a
+    [reason] = json.loads(a["reasons"])
+    assert reason.startswith("config: Claude Code started without its Write tool"), reason
+    [job] = rows(vkb.root, "SELECT status FROM review_jobs")
+    assert job["status"] == "queued", job
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

@@ -68,6 +68,10 @@ _SESSION_ID = re.compile(r"[0-9a-fA-F-]{8,64}")
 
 # How Claude names the HTTP status of an answer it could not read.
 _ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
+_NO_WRITE = (
+    "Claude Code started without its Write tool (a `permissions.deny` rule of the person's "
+    "or the KB's settings), so it cannot write its output"
+)
 
 
 class ClaudeReviewer(Reviewer):
@@ -188,6 +192,11 @@ class ClaudeReviewer(Reviewer):
             # Else the attempt said only "exited 0 without writing …": a fixer's write
             # over the KB note, refused by the rules above, was in Claude's log alone.
             t.error = refused
+        if t.failure is None and _without_write(events):
+            # A deny rule of the person's (or the KB's) settings takes Write away before
+            # any permission is asked: no attempt can make its output, and each was the
+            # job's no-output ("its model ended saying: done"), failed after three.
+            t.error, t.failure = _NO_WRITE, "config"
         return t
 
     def _unfinished(self, spec: AttemptSpec, events: list[dict]) -> Telemetry:
@@ -294,6 +303,16 @@ class ClaudeReviewer(Reviewer):
                     f"endpoint or key): remove {', '.join(clash)} from one of the two"
                 )
         return None
+
+
+def _without_write(events: list[dict]) -> bool:
+    """Whether Claude's first event (system init) lists the tools it was given, Write not
+    among them."""
+    init = next(
+        (e for e in events if e.get("type") == "system" and e.get("subtype") == "init"), None
+    )
+    tools = init.get("tools") if init is not None else None
+    return isinstance(tools, list) and "Write" not in tools
 
 
 def _refused(spec: AttemptSpec, denials: object) -> str | None:
