@@ -891,17 +891,19 @@ def test_a_persons_claude_settings_env_over_the_profile_s_is_refused_naming_it(
     assert f"problem: reviewer claude (claude): {said}" in doctor.stdout + doctor.stderr
 
 
+@pytest.mark.parametrize(("denied", "tool"), [(["Write", "Edit"], "Write"), (["Read"], "Read")])
 def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
-    netns, model, home, vkb, tmp_path
+    netns, model, home, vkb, tmp_path, denied, tool
 ):
-    """``permissions.deny: ["Write", "Edit"]`` in ~/.claude/settings.json takes the
-    tools away before any permission is asked: the model's Write was "No such tool
-    available", Claude exited 0, and every job was a no-output counted against it (failed
-    at run-job's one attempt) for the person's setting."""
+    """``permissions.deny`` of Write (or of Read) in ~/.claude/settings.json takes the
+    tool away before any permission is asked: the model's call was "No such tool
+    available" (a Read deny refuses the output's Write too), Claude exited 0, and every
+    job was a no-output counted against it (failed at run-job's one attempt) for the
+    person's setting."""
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     (mine / ".claude").mkdir(exist_ok=True)
-    deny = {"permissions": {"deny": ["Write", "Edit"]}}
+    deny = {"permissions": {"deny": denied}}
     (mine / ".claude" / "settings.json").write_text(json.dumps(deny))
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
     job_id = make_job(netns, mine, vkb.root)
@@ -910,7 +912,7 @@ def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     [reason] = json.loads(a["reasons"])
-    assert reason.startswith("config: Claude Code started without its Write tool"), reason
+    assert reason.startswith(f"config: Claude Code started without its {tool} tool"), reason
     [job] = rows(vkb.root, "SELECT status FROM review_jobs")
     assert job["status"] == "queued", job
 

@@ -68,10 +68,8 @@ _SESSION_ID = re.compile(r"[0-9a-fA-F-]{8,64}")
 
 # How Claude names the HTTP status of an answer it could not read.
 _ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
-_NO_WRITE = (
-    "Claude Code started without its Write tool (a `permissions.deny` rule of the person's "
-    "or the KB's settings), so it cannot write its output"
-)
+# The tools no attempt goes without, and what each does for it.
+_NEEDED = {"Read": "read its prompt", "Write": "write its output"}
 
 
 class ClaudeReviewer(Reviewer):
@@ -192,11 +190,16 @@ class ClaudeReviewer(Reviewer):
             # Else the attempt said only "exited 0 without writing …": a fixer's write
             # over the KB note, refused by the rules above, was in Claude's log alone.
             t.error = refused
-        if t.failure is None and _without_write(events):
-            # A deny rule of the person's (or the KB's) settings takes Write away before
-            # any permission is asked: no attempt can make its output, and each was the
-            # job's no-output ("its model ended saying: done"), failed after three.
-            t.error, t.failure = _NO_WRITE, "config"
+        if t.failure is None and (missing := _missing_tools(events)):
+            # A deny rule of the person's (or the KB's) settings takes a tool away before
+            # any permission is asked: no attempt can read its prompt or make its output,
+            # and each was the job's no-output, failed after three.
+            t.failure = "config"
+            t.error = bounded(
+                f"Claude Code started without its {' and '.join(missing)} tool (a "
+                "`permissions.deny` rule of the person's or the KB's settings), so it cannot "
+                + " or ".join(_NEEDED[m] for m in missing)
+            )
         return t
 
     def _unfinished(self, spec: AttemptSpec, events: list[dict]) -> Telemetry:
@@ -305,14 +308,14 @@ class ClaudeReviewer(Reviewer):
         return None
 
 
-def _without_write(events: list[dict]) -> bool:
-    """Whether Claude's first event (system init) lists the tools it was given, Write not
-    among them."""
+def _missing_tools(events: list[dict]) -> list[str]:
+    """The tools of :data:`_NEEDED` missing from those Claude's first event (system init)
+    lists as given it; none when it lists none."""
     init = next(
         (e for e in events if e.get("type") == "system" and e.get("subtype") == "init"), None
     )
     tools = init.get("tools") if init is not None else None
-    return isinstance(tools, list) and "Write" not in tools
+    return [t for t in _NEEDED if t not in tools] if isinstance(tools, list) else []
 
 
 def _refused(spec: AttemptSpec, denials: object) -> str | None:
