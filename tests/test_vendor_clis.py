@@ -891,15 +891,27 @@ def test_a_persons_claude_settings_env_over_the_profile_s_is_refused_naming_it(
     assert f"problem: reviewer claude (claude): {said}" in doctor.stdout + doctor.stderr
 
 
-@pytest.mark.parametrize(("denied", "tool"), [(["Write", "Edit"], "Write"), (["Read"], "Read")])
+@pytest.mark.parametrize(
+    ("denied", "said"),
+    [
+        (["Write", "Edit"], "Claude Code started without its Write tool"),
+        (["Read"], "Claude Code started without its Read tool"),
+        (
+            ["Edit(**/.reviewq/**)"],
+            "Claude Code's permissions refused the write of its output, "
+            ".reviewq/jobs/review-job-1/attempt-1/bundle-output.md",
+        ),
+    ],
+    ids=["write", "read", "state-folder"],
+)
 def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
-    netns, model, home, vkb, tmp_path, denied, tool
+    netns, model, home, vkb, tmp_path, denied, said
 ):
     """``permissions.deny`` of Write (or of Read) in ~/.claude/settings.json takes the
     tool away before any permission is asked: the model's call was "No such tool
     available" (a Read deny refuses the output's Write too), Claude exited 0, and every
     job was a no-output counted against it (failed at run-job's one attempt) for the
-    person's setting."""
+    person's setting. So was one whose rule covers the state folder (B55)."""
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     (mine / ".claude").mkdir(exist_ok=True)
@@ -912,7 +924,7 @@ def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
     [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
     assert a["outcome"] == "reviewer-failure", a
     [reason] = json.loads(a["reasons"])
-    assert reason.startswith(f"config: Claude Code started without its {tool} tool"), reason
+    assert reason.startswith(f"config: {said}"), reason
     [job] = rows(vkb.root, "SELECT status FROM review_jobs")
     assert job["status"] == "queued", job
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from .base import (
@@ -200,6 +201,15 @@ class ClaudeReviewer(Reviewer):
                 "`permissions.deny` rule of the person's or the KB's settings), so it cannot "
                 + " or ".join(_NEEDED[m] for m in missing)
             )
+        if t.failure is None and _output_denied(spec, r.get("permission_denials")):
+            # Only a rule of the person's (or the KB's) settings refuses the one file
+            # reviewq's rules let it write: every attempt's, not the job's doing.
+            t.failure = "config"
+            t.error = bounded(
+                f"Claude Code's permissions refused the write of its output, "
+                f"{_shown(spec, spec.output_path)} (a `permissions.deny` rule of the "
+                "person's or the KB's settings)"
+            )
         return t
 
     def _unfinished(self, spec: AttemptSpec, events: list[dict]) -> Telemetry:
@@ -318,19 +328,36 @@ def _missing_tools(events: list[dict]) -> list[str]:
     return [t for t in _NEEDED if t not in tools] if isinstance(tools, list) else []
 
 
-def _refused(spec: AttemptSpec, denials: object) -> str | None:
-    """The tool calls Claude's permissions refused, said in one line; None if none."""
-    said: list[str] = []
-    root = str(spec.root.resolve()) + "/"
+def _denied_paths(denials: object) -> Iterator[tuple[str, str | None]]:
+    """(the tool, the file it named or None) of each call Claude's permissions refused."""
     for d in denials if isinstance(denials, list) else []:
         if not isinstance(d, dict):
             continue
         inp = d.get("tool_input")
         path = inp.get("file_path") if isinstance(inp, dict) else None
-        what = str(d.get("tool_name") or "a tool")
-        if isinstance(path, str):
-            what += f" to {path.removeprefix(root)}"
-        said.append(what)
+        yield str(d.get("tool_name") or "a tool"), path if isinstance(path, str) else None
+
+
+def _shown(spec: AttemptSpec, path: str | Path) -> str:
+    """``path`` as said to a person: relative to the KB root when under it."""
+    return str(path).removeprefix(str(spec.root.resolve()) + "/")
+
+
+def _output_denied(spec: AttemptSpec, denials: object) -> bool:
+    """Whether Claude's permissions refused a write of the attempt's own output."""
+    output = os.path.realpath(spec.output_path)
+    return any(
+        path is not None and os.path.realpath(Path(spec.root, path)) == output
+        for _, path in _denied_paths(denials)
+    )
+
+
+def _refused(spec: AttemptSpec, denials: object) -> str | None:
+    """The tool calls Claude's permissions refused, said in one line; None if none."""
+    said = [
+        tool + (f" to {_shown(spec, path)}" if path is not None else "")
+        for tool, path in _denied_paths(denials)
+    ]
     return refused_said(said, "Claude Code's permissions")
 
 
