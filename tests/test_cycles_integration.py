@@ -1657,6 +1657,23 @@ def test_a_pair_waiting_for_a_lens_re_review_escalates_when_it_passes_or_fails(k
     assert (queued_job(kb, "fix"), escalated_on_a_text_gone(kb)) == (None, [])
 
 
+def test_a_pair_waiting_is_not_held_by_a_review_of_a_run_without_fix(kb):
+    """The prose pair due waits for the sentence gate's re-review (C106); a review of the
+    note by a run without --fix, queued meanwhile, held it as well: it can start no fix,
+    its outcome ends no wait, and once the re-review had PASSed nothing raised the pair."""
+    two_lenses_failing(kb)
+    run_in_turn(kb, [*ROUND, *ROUND, ROUND[0]])
+    kb.gate("frontmatter/desc-check", ["description"])
+    res = rq(kb, "enqueue", "frontmatter/", "--note", NOTE, "--reviewer", "nofix", "--json")
+    assert res.returncode == 0, res.stderr
+    for lens in ("sentence/", "frontmatter/"):
+        res = rq(kb, "run-job", str(queued_job(kb, "review", lens)), "--reviewer", "nofix")
+        assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        escs = conn.execute("SELECT gate_id, cycles FROM escalations").fetchall()
+    assert [tuple(e) for e in escs] == [("prose/body-check", 3)]
+
+
 def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):
     """The sentence FAIL held back at three (above) got a fix of its own that changed
     nothing: a rejection with no re-review, its fourth, after one fix that carried it.

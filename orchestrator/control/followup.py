@@ -376,11 +376,11 @@ class FollowUp:
         (CONTRACT §7). With ``fix``, a fix of the note's current FAILs is started if one of
         them is under three rejections or was given to the fixer less than twice
         (:meth:`_fixed_too_few`); the pairs due for a person ride along in it. While a fix
-        of the note is open or a review of it is queued or running (a lens whose re-review
-        has not come back), they wait: escalated one at a time, the first was about a text
-        the held-back gate's later fixes rewrote ("changed since its FAIL"), and a person
-        was asked about text that no longer existed while the note was still being
-        rewritten. Then every pair past three is escalated, on the note's last text: with
+        of the note is open or a review of it that may start one is queued or running (a
+        lens whose re-review has not come back, :meth:`_still_worked_on`), they wait:
+        escalated one at a time, the first was about a text the held-back gate's later
+        fixes rewrote ("changed since its FAIL"), and a person was asked about text that
+        no longer existed while the note was still being rewritten. Then every pair past three is escalated, on the note's last text: with
         ``fix``, those held back too when no fix could be made (the note grew past the
         limit, is excluded), as no sweep reviews a FAIL of an unchanged note again.
         ``waiting``: the job's own pairs past three, escalated as they stand if the note
@@ -392,7 +392,7 @@ class FollowUp:
         if fix and any(not self._due(job, p) for p in fails or []):
             with self._or_logged(job["id"], f"fix of {note_path}"):
                 self._start_fix(job, note_path, opts, feedback=feedback)
-        if open_fix_job(self.store, note_path) is not None or self._review_open(job, note_path):
+        if self._still_worked_on(job, note_path):
             return
         for p in (
             waiting or []
@@ -417,17 +417,22 @@ class FollowUp:
         """Whether the pair is due for a person: three rejections, two fixes that carried it."""
         return self._past_three(job, p) and not self._fixed_too_few(job, p)
 
-    def _review_open(self, job, note_path: str) -> bool:  # noqa: ANN001 - a row
-        """Whether a review of the note in the job's partition, other than the job, is
-        queued or running: its verdict may start a fix of the note still. Not one made by
-        `create-jobs` (no reviewer): run by hand, if ever, it would hold the note's pairs
-        from a person for good."""
+    def _still_worked_on(self, job, note_path: str) -> bool:  # noqa: ANN001 - a row
+        """Whether a job of the note, other than the job, is queued or running whose
+        outcome may still rewrite it and then ends the wait of its pairs: a fix, or a
+        review in the job's partition of a run with fixing on (its FAIL starts a fix). Not
+        a review of a run without --fix or made by `create-jobs` (no reviewer), which
+        starts no fix (C107): held for it, the pairs waited for good."""
         return (
             self.store.conn.execute(
-                "SELECT 1 FROM review_jobs j JOIN review_pairs p ON p.job_id = j.id "
+                "SELECT 1 FROM review_jobs WHERE kind = 'fix' AND note_path = ?2 "
+                "AND status IN ('queued', 'running') AND id != ?3 "
+                "UNION ALL SELECT 1 FROM review_jobs j "
+                "JOIN review_pairs p ON p.job_id = j.id AND p.note_path = ?2 "
+                "JOIN sweep_runs r ON r.id = j.sweep_run_id "
                 "WHERE j.kind = 'review' AND j.status IN ('queued', 'running') "
-                "AND j.reviewer IS NOT NULL AND j.model_partition = ? AND p.note_path = ? "
-                "AND j.id != ? LIMIT 1",
+                "AND j.reviewer IS NOT NULL AND j.model_partition = ?1 AND j.id != ?3 "
+                "AND json_extract(r.options, '$.fix') LIMIT 1",
                 (job["model_partition"], note_path, job["id"]),
             ).fetchone()
             is not None
