@@ -1674,6 +1674,36 @@ def test_a_pair_waiting_is_not_held_by_a_review_of_a_run_without_fix(kb):
     assert [tuple(e) for e in escs] == [("prose/body-check", 3)]
 
 
+def test_a_pair_waiting_is_not_held_by_a_fix_of_another_partition(kb):
+    """The prose pair due in partition fake waits for the sentence gate's re-review (C106);
+    a fix of the note in partition other, open when that re-review PASSed, held it too:
+    its outcomes follow partition other's pairs alone, and nothing raised the pair."""
+    two_lenses_failing(kb)
+    kb.write(
+        "reviewq.toml",
+        kb.read("reviewq.toml")
+        + profile("other", partition="other", FAKE_PASS_IF_CONTAINS="NEVER")
+        + profile("bad", partition="other", FAKE_MODE="bad"),
+    )
+    run_in_turn(kb, [*ROUND, *ROUND, ROUND[0]])
+    res = rq(kb, "enqueue", "prose/", "--reviewer", "other", "--fix", "--fixer", "bad", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        (other,) = conn.execute(
+            "SELECT id FROM review_jobs WHERE model_partition = 'other'"
+        ).fetchone()
+    assert rq(kb, "run-job", str(other), "--reviewer", "other").returncode == 0
+    other_fix = queued_job(kb, "fix")
+    res = rq(kb, "run-job", str(queued_job(kb, "review", "sentence/")), "--reviewer", "nofix")
+    assert res.returncode == 0, res.stderr
+    assert rq(kb, "run-job", str(other_fix), "--reviewer", "bad").returncode == 1
+    with db(kb) as conn:
+        escs = conn.execute(
+            "SELECT model_partition, gate_id FROM escalations ORDER BY model_partition"
+        ).fetchall()
+    assert [tuple(e) for e in escs] == [("fake", "prose/body-check"), ("other", "prose/body-check")]
+
+
 def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):
     """The sentence FAIL held back at three (above) got a fix of its own that changed
     nothing: a rejection with no re-review, its fourth, after one fix that carried it.

@@ -418,15 +418,16 @@ class FollowUp:
         return self._past_three(job, p) and not self._fixed_too_few(job, p)
 
     def _still_worked_on(self, job, note_path: str) -> bool:  # noqa: ANN001 - a row
-        """Whether a job of the note, other than the job, is queued or running whose
-        outcome may still rewrite it and then ends the wait of its pairs: a fix, or a
-        review in the job's partition of a run with fixing on (its FAIL starts a fix). Not
+        """Whether a job of the note in the job's partition, other than the job, is queued
+        or running whose outcome may still rewrite it and then ends the wait of its pairs:
+        a fix, or a review of a run with fixing on (its FAIL starts a fix). Not a fix of
+        another partition, whose outcomes follow that partition's pairs alone (C108), nor
         a review of a run without --fix or made by `create-jobs` (no reviewer), which
-        starts no fix (C107): held for it, the pairs waited for good."""
+        starts no fix (C107): held for them, the pairs waited for good."""
         return (
             self.store.conn.execute(
                 "SELECT 1 FROM review_jobs WHERE kind = 'fix' AND note_path = ?2 "
-                "AND status IN ('queued', 'running') AND id != ?3 "
+                "AND model_partition = ?1 AND status IN ('queued', 'running') AND id != ?3 "
                 "UNION ALL SELECT 1 FROM review_jobs j "
                 "JOIN review_pairs p ON p.job_id = j.id AND p.note_path = ?2 "
                 "JOIN sweep_runs r ON r.id = j.sweep_run_id "
