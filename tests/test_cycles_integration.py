@@ -1704,6 +1704,31 @@ def test_a_pair_waiting_is_not_held_by_a_fix_of_another_partition(kb):
     assert [tuple(e) for e in escs] == [("fake", "prose/body-check"), ("other", "prose/body-check")]
 
 
+def test_a_notes_pairs_raised_by_one_review_of_a_run_without_fix_say_no_fix(kb):
+    """Two gates of a note, reviewed in one job each night of sweeps without --fix (a
+    person editing the body between them), reach their third rejection in the same job.
+    Their reports read "Raised with … once none of its FAILs was left to fix" (C106's
+    words for a note whose fixes were waited for), though no fix was ever on."""
+    kb.gate("prose/body-check", ["body"])
+    kb.gate("prose/body-words", ["body"])
+    kb.note("alpha", body="Alpha body.\n")
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="NEVER"))
+    for night in range(3):
+        if night:
+            kb.note("alpha", body=f"Alpha body, edited {night}.\n")
+        res = rq(kb, "sweep", "--reviewer", "fake", "--json")
+        assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        escs = conn.execute("SELECT * FROM escalations ORDER BY gate_id").fetchall()
+    assert [(e["gate_id"], e["cycles"]) for e in escs] == [
+        ("prose/body-check", 3),
+        ("prose/body-words", 3),
+    ]
+    report = (kb.state / escs[0]["report_path"]).read_text()
+    assert "Raised with prose/body-words of this note, by the same review: each is" in report
+    assert "left to fix" not in report
+
+
 def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):
     """The sentence FAIL held back at three (above) got a fix of its own that changed
     nothing: a rejection with no re-review, its fourth, after one fix that carried it.

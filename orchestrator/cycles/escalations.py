@@ -449,10 +449,7 @@ def report(store: Store, esc_id: int) -> str:
         f"- Cycle {i}: FAIL — {ev['gist']}" + _judged(ev) for i, ev in enumerate(events, 1)
     ] or ["- (no rejection cycles: " + e["reason"] + ")"]
     if together := _raised_with(store, e):
-        cycles.append(
-            f"Raised with {', '.join(together)} of this note, once none of its FAILs was left "
-            "to fix: each is of the same text."
-        )
+        cycles.append(together)
     # The cycles' fixes carried the person's asks: read without it, a second redo with
     # the same asks looked worth a try (`escalations` said it, the file did not).
     redo = redone_before(store, e["model_partition"], e["note_path"], e["gate_id"], esc_id)
@@ -495,12 +492,14 @@ def report(store: Store, esc_id: int) -> str:
     return "\n".join(lines)
 
 
-def _raised_with(store: Store, e: sqlite3.Row) -> list[str]:
-    """The note's other gates escalated after the verdicts of the same job (CONTRACT §7:
-    a note's pairs go to a person together, on its last text)."""
+def _raised_with(store: Store, e: sqlite3.Row) -> str | None:
+    """The report's line naming the note's other gates escalated after the verdicts of the
+    same job (CONTRACT §7: a note's pairs go to a person together, on its last text), or
+    None. Of a run without --fix it says only that: "once none of its FAILs was left to
+    fix" told of fixes waited for that were never on (C109)."""
     if e["job_id"] is None or e["call"] != "reject" or e["cycles"] < ESCALATE_AT:
-        return []
-    return [
+        return None
+    together = [
         g
         for (g,) in store.conn.execute(
             "SELECT gate_id FROM escalations WHERE job_id = ? AND note_path = ? "
@@ -509,6 +508,17 @@ def _raised_with(store: Store, e: sqlite3.Row) -> list[str]:
             (e["job_id"], e["note_path"], e["model_partition"], ESCALATE_AT, e["id"]),
         )
     ]
+    if not together:
+        return None
+    job = store.conn.execute(
+        "SELECT sweep_run_id FROM review_jobs WHERE id = ?", (e["job_id"],)
+    ).fetchone()
+    when = (
+        "once none of its FAILs was left to fix"
+        if job is not None and run_options(store, job).get("fix")
+        else "by the same review"
+    )
+    return f"Raised with {', '.join(together)} of this note, {when}: each is of the same text."
 
 
 def _judged(ev: sqlite3.Row) -> str:
