@@ -1704,11 +1704,9 @@ def test_a_pair_waiting_is_not_held_by_a_fix_of_another_partition(kb):
     assert [tuple(e) for e in escs] == [("fake", "prose/body-check"), ("other", "prose/body-check")]
 
 
-def test_a_notes_pairs_raised_by_one_review_of_a_run_without_fix_say_no_fix(kb):
-    """Two gates of a note, reviewed in one job each night of sweeps without --fix (a
-    person editing the body between them), reach their third rejection in the same job.
-    Their reports read "Raised with … once none of its FAILs was left to fix" (C106's
-    words for a note whose fixes were waited for), though no fix was ever on."""
+def three_nights_without_fix(kb) -> list[sqlite3.Row]:
+    """Two gates of a note reviewed in one job each night of sweeps without --fix, a person
+    editing the body between them: both escalated by the third night's job."""
     kb.gate("prose/body-check", ["body"])
     kb.gate("prose/body-words", ["body"])
     kb.note("alpha", body="Alpha body.\n")
@@ -1724,9 +1722,26 @@ def test_a_notes_pairs_raised_by_one_review_of_a_run_without_fix_say_no_fix(kb):
         ("prose/body-check", 3),
         ("prose/body-words", 3),
     ]
+    return escs
+
+
+def test_a_notes_pairs_raised_by_one_review_of_a_run_without_fix_say_no_fix(kb):
+    """Two gates of a note reach their third rejection in the same job of a run without
+    --fix. Their reports read "Raised with … once none of its FAILs was left to fix"
+    (C106's words for a note whose fixes were waited for), though no fix was ever on."""
+    escs = three_nights_without_fix(kb)
     report = (kb.state / escs[0]["report_path"]).read_text()
     assert "Raised with prose/body-words of this note, by the same review: each is" in report
     assert "left to fix" not in report
+
+
+def test_a_count_past_three_of_a_run_without_fix_names_no_fixes(kb):
+    """A third rejection of a run without --fix, no fix ever run: C100's words for a count
+    the fixer had a hand in read "3 consecutive rejections, 0 of them after fixes that
+    carried it" in `escalations` and the report, a fix cycle that was never on."""
+    escs = three_nights_without_fix(kb)
+    assert {e["reason"] for e in escs} == {"3 consecutive rejections"}
+    assert "after fixes" not in rq(kb, "escalations").stdout
 
 
 def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):

@@ -357,10 +357,14 @@ class FollowUp:
         """An escalation's reason: its count, and how many of those rejections followed a
         fix that carried the gate when that is not all but the first review. A count past
         three read "5 consecutive rejections; … fixer fake" in the report's assessment, as
-        if the fixer had tried four times at the gate; only its cycle lines said otherwise."""
+        if the fixer had tried four times at the gate; only its cycle lines said otherwise.
+        Not of a run without --fix that no fix had a hand in: "0 of them after fixes" told
+        of a fix cycle never on (C110)."""
         given = cycles.fixes_given(self.store, job["model_partition"], p["note_path"], p["gate_id"])
         said = f"{n} consecutive rejections"
-        return said if n - given <= 1 else f"{said}, {given} of them after fixes that carried it"
+        if n - given <= 1 or not (given or cycles.run_options(self.store, job).get("fix")):
+            return said
+        return f"{said}, {given} of them after fixes that carried it"
 
     def _fix_or_escalate(
         self,
