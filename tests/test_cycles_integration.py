@@ -1744,6 +1744,37 @@ def test_a_count_past_three_of_a_run_without_fix_names_no_fixes(kb):
     assert "after fixes" not in rq(kb, "escalations").stdout
 
 
+def test_a_control_killed_in_the_outcome_that_ends_a_wait_raises_it_after_a_restart(kb, tmp_path):
+    """The prose pair due waits for the sentence gate's re-review (C106); the control
+    process is SIGKILLed inside the transaction of that re-review's PASS, which raises the
+    pair: nothing of it is kept, and a new control's sweep takes the outcome again and
+    raises it."""
+    two_lenses_failing(kb)
+    run_in_turn(kb, [*ROUND, *ROUND, ROUND[0]])
+    config(kb, profile("fake", FAKE_PASS_IF_CONTAINS="another try"), profile("nofix"))
+    fifo = make_fifo(tmp_path, "fault")
+    base = [str(Path(sys.executable).parent / "reviewq"), "--root", str(kb.root)]
+    env = {**os.environ, "REVIEWQ_FAULT_FINALIZE_MID_TRANSACTION": str(fifo)}
+    control = subprocess.Popen([*base, "control"], env=env, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([*base, "worker", "--workers", "1"], stderr=subprocess.DEVNULL)
+    try:
+        assert int(await_fifo(fifo)) == control.pid  # inside the re-review's finalize
+        control.kill()
+        control.wait()
+        with db(kb) as conn:
+            assert conn.execute("SELECT count(*) FROM escalations").fetchone()[0] == 0
+    finally:
+        if control.poll() is None:
+            control.kill()
+        stop(worker)
+    res = rq(kb, "sweep", "--reviewer", "fake", "--fix", "--json")
+    assert res.returncode == 0, res.stderr
+    with db(kb) as conn:
+        escs = conn.execute("SELECT gate_id, cycles FROM escalations").fetchall()
+    assert [tuple(e) for e in escs] == [("prose/body-check", 3)]
+    assert (queued_job(kb, "review"), queued_job(kb, "fix")) == (None, None)
+
+
 def test_a_held_back_pairs_fixes_that_change_nothing_are_the_two_it_is_given(kb):
     """The sentence FAIL held back at three (above) got a fix of its own that changed
     nothing: a rejection with no re-review, its fourth, after one fix that carried it.
