@@ -67,7 +67,7 @@ def test_a_full_disk_at_dispatch_leaves_the_job_queued_until_there_is_room(kb, m
 
 
 @pytest.mark.parametrize(
-    "jobs_prompt", ["as rendered", "an earlier release's", "deleted", "a FIFO"]
+    "jobs_prompt", ["as rendered", "an earlier release's", "deleted", "a FIFO", "another history's"]
 )
 def test_a_dispatched_attempt_keeps_its_prompt_only_where_the_jobs_is_not_it(kb, jobs_prompt):
     """N26: a first review attempt's prompt is the job's prompt.md but for the output path
@@ -83,10 +83,13 @@ def test_a_dispatched_attempt_keeps_its_prompt_only_where_the_jobs_is_not_it(kb,
     elif jobs_prompt == "a FIFO":  # put there by hand: read as nothing, not waited on
         prompt.unlink()
         os.mkfifo(prompt)
+    elif jobs_prompt == "another history's":  # N29: state.db put back, attempt 1 again
+        (folder / "attempt-1").mkdir(mode=0o700)
+        (folder / "attempt-1" / "prompt.md").write_text("## Your previous attempt was rejected\n")
     control.dispatch()
     [msg] = sent
     kept = folder / "attempt-1" / "prompt.md"
-    if jobs_prompt == "as rendered":
+    if jobs_prompt in ("as rendered", "another history's"):
         assert not kept.exists() and (folder / "attempt-1").is_dir()
         shown = (f"`{job.bundle_output_path}`", f"`{msg['output_shown']}`")
         assert prompt.read_text().replace(*shown) == msg["prompt"]

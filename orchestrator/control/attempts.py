@@ -246,12 +246,17 @@ def _write_prompt(attempt_dir: Path, prompt: str, shown: tuple[str, str] | None)
         with contextlib.suppress(FileExistsError):
             os.mkdir(attempt_dir.name, 0o700, dir_fd=job)
         data = prompt.encode("utf-8")
-        if shown is not None and _for_attempt(_the_jobs_prompt(job, len(data)), shown) == data:
-            return
+        kept = shown is None or _for_attempt(_the_jobs_prompt(job, len(data)), shown) != data
     finally:
         os.close(job)
     folder = open_own_folder(attempt_dir, _PROMPT, depth=2, then=_NOT_RUN)
     try:
+        if not kept:
+            # One there is not this attempt's (another history's, state.db put back): it
+            # was written over before N26, and read as what this attempt's agent was sent.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("prompt.md", dir_fd=folder)
+            return
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         with open(private("prompt.md", flags, dir_fd=folder), "wb") as f:
             f.write(data)
