@@ -130,8 +130,6 @@ def test_what_a_night_writes_in_the_state_folder_is_its_owners_alone(tmp_path):
     state.db and the queues, the logs, the job folders and jobs/ itself; each quotes the
     notes or the agents, and a state folder made wider by hand (systemd's
     StateDirectory=) showed them to every user. Each is made owner-only now."""
-    import stat
-
     root = tmp_path / "example"
     shutil.copytree(PROJECT / "kb", root / "kb")
     umask = os.umask(0o022)
@@ -143,12 +141,37 @@ def test_what_a_night_writes_in_the_state_folder_is_its_owners_alone(tmp_path):
     state = root / ".reviewq"
     kinds = {p.relative_to(state).parts[0] for p in state.rglob("*")}
     assert {"jobs", "escalations", "logs", "queue", "state.db", "worker"} <= kinds
-    others = {
+    assert _not_owners_alone(state) == {}
+
+
+def _not_owners_alone(state: Path) -> dict[str, str]:
+    """The entries of ``state`` (itself among them) others may read or search, by mode."""
+    import stat
+
+    return {
         str(p.relative_to(state)): oct(stat.S_IMODE(p.lstat().st_mode))
         for p in (state, *state.rglob("*"))
         if stat.S_IMODE(p.lstat().st_mode) & 0o077
     }
-    assert others == {}
+
+
+def test_the_caches_select_and_export_keep_in_the_state_folder_are_its_owners_alone(tmp_path):
+    """N30: N28 left the caches' folders out: `select` (its memo of answers), `export`,
+    `warn-queue` and the control's follow-ups (the note cache) made `cache/` and
+    `cache/select/` 0755 under umask 022, the names of every note readable by all."""
+    root = tmp_path / "example"
+    shutil.copytree(PROJECT / "kb", root / "kb")
+    umask = os.umask(0o022)
+    try:
+        res = reviewq_process(
+            "--root", str(root), "select", "--all-gates", "--model", "offline", "--json"
+        )
+    finally:
+        os.umask(umask)
+    assert res.returncode == 0, res.stderr
+    state = root / ".reviewq"
+    assert (state / "cache" / "select").is_dir()  # its memo of the answer
+    assert _not_owners_alone(state) == {}
 
 
 def _queue_logs(kb) -> dict[str, int]:

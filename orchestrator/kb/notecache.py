@@ -49,7 +49,16 @@ def _entries(path: Path, version: int) -> dict:
 def _keep(path: Path, version: int, entries: dict) -> None:
     """Write a cache file that :func:`_entries` reads back."""
     with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-        atomic_write(path, pickle.dumps({"version": version, "entries": entries}, protocol=5))
+        _write(path, pickle.dumps({"version": version, "entries": entries}, protocol=5))
+
+
+def _write(path: Path, data: bytes, depth: int = 1) -> None:
+    """A cache file, its folders up to ``depth`` above it made owner-only, as every folder
+    of the state folder is (N28): made by the umask, they showed others the notes' names."""
+    for folder in reversed(path.parents[:depth]):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+    atomic_write(path, data)
 
 
 class NoteCache:
@@ -181,7 +190,7 @@ class SelectMemo:
 
     def put(self, key: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
-            atomic_write(self.folder / f"{key}.json", data)
+            _write(self.folder / f"{key}.json", data, depth=2)
             files = sorted(
                 self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True
             )
