@@ -136,6 +136,30 @@ def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
     ws.close()
 
 
+def test_the_note_run_job_gives_a_fixer_is_its_owners_alone_whatever_the_umask(kb):
+    """U97: N28 made every file reviewq writes in the state folder 0600, but run-job wrote
+    the note it gives a fixer (``attempt-N/note.md``, the note's whole text) with the
+    umask's 0644, beside the attempt's 0600 prompt."""
+    import os
+    import stat
+
+    kb.gate("prose/body-check", ["body"])
+    note = kb.note("alpha", body="Alpha body.\n")
+    kb.write("reviewq.toml", fake_profile())
+    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
+    ws = Workspace.open(kb.root)
+    job_id = queue_fix(ws.kb, ws.store, ws.state_dir, note)
+    ws.close()
+    umask = os.umask(0o022)
+    try:
+        res = reviewq_process("--root", str(kb.root), "run-job", str(job_id))
+    finally:
+        os.umask(umask)
+    assert res.returncode == 0, res.stderr
+    given = kb.state / "jobs" / f"review-job-{job_id}" / "attempt-1" / "note.md"
+    assert stat.S_IMODE(given.stat().st_mode) == 0o600
+
+
 def test_run_job_with_a_reviewer_of_another_partition_is_one_line_and_starts_nothing(kb, run_cli):
     small_kb(kb, notes=1)
     kb.write("reviewq.toml", fake_profile())

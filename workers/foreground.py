@@ -34,6 +34,7 @@ from orchestrator.control.followup import (
     fix_output_by_hand,
 )
 from orchestrator.cycles.fixes import changes_not_the_agents, judged_without_the_change
+from orchestrator.regularfile import private
 from orchestrator.review.finalize import FinalizeResult, Provenance
 from orchestrator.review.jobs import prompt_renderer, split_job
 from orchestrator.state.files import (
@@ -316,7 +317,8 @@ def _given_note(opened) -> Path | None:  # noqa: ANN001 - an OpenedAttempt
         return None
     opened.attempt_dir.mkdir(parents=True, exist_ok=True)
     path = opened.attempt_dir / "note.md"
-    path.write_text(opened.note_text, encoding="utf-8")
+    with open(path, "w", encoding="utf-8", opener=private) as f:  # the note's text (N28)
+        f.write(opened.note_text)
     return path
 
 
