@@ -53,6 +53,30 @@ def test_a_ring_before_the_wait_is_kept_for_it(tmp_path):
     assert bell.wait(LONG) is True
 
 
+def test_a_ring_the_bell_is_closed_under_writes_into_no_other_file(tmp_path):
+    """U98: the control closes its queues as it stops (N27) without waiting for its ticker,
+    whose send may be ringing the bell: the ring had the bell's descriptor, the close
+    closed it, and the ring's byte went to that number, the next file opened taking it
+    (state.db, a log), or failed as EBADF, logged as the queue unavailable."""
+    bell = Doorbell(tmp_path / "q.bell")
+    assert bell.usable
+    taken: list[int] = []
+
+    def closed_meanwhile(fd: int) -> int:  # between the ring's look at its bell and its write
+        bell.close()
+        taken.append(os.open(tmp_path / "state.db", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        return fd
+
+    bell._still_ours = closed_meanwhile  # type: ignore[method-assign]
+    bell._checked_at = float("-inf")  # its look at the bell on disk is due
+    try:
+        bell.ring()
+    finally:
+        for fd in taken:
+            os.close(fd)
+    assert (tmp_path / "state.db").read_bytes() == b""
+
+
 def test_one_ring_wakes_one_of_several_waiters(tmp_path):
     bell = Doorbell(tmp_path / "q.bell")
     results: list[bool] = []

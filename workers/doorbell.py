@@ -120,8 +120,13 @@ class Doorbell:
             return
         if time.monotonic() - self._checked_at >= _RECHECK_S:
             fd = self._still_ours(fd)
-        with contextlib.suppress(*_EMPTY):
-            os.write(fd, b"\0")
+        # Under the lock close takes, to a bell still open: the control closes its queues
+        # as it stops without waiting for its ticker (N27), whose send may be here; the
+        # byte went to whatever file took the closed number next. A bell closed is done
+        # with: the message waits in the queue for the next reader, who looks as it starts.
+        with self._lock, contextlib.suppress(*_EMPTY):
+            if self._fd == fd:
+                os.write(fd, b"\0")
 
     def drain(self) -> int:
         """Drop the bytes waiting (their messages were taken, or are about to be looked
