@@ -1068,6 +1068,27 @@ def test_the_terminal_writes_every_count_with_thousands_separators(night):
     assert "(PASS 10,000, WARN 10,001, FAIL 10,002, ERROR 0)" in said, said
 
 
+def test_enqueue_and_create_jobs_write_their_counts_with_thousands_separators(kb, run_cli):
+    """P71: P67 gave the sweep's summary "enqueued 1,000 job(s) (1,000 pairs)", but the
+    same jobs queued by `reviewq enqueue` said "queued 1000 job(s), 1000 pair(s)", and
+    `create-jobs` "0 job(s) created, 1000 pair(s) skipped"; --json stays bare."""
+    kb.gate("prose/body-check", ["body"])
+    for i in range(1000):
+        kb.note(f"n{i:04}")
+    res = run_cli("enqueue", "--all-gates")
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.startswith("queued 1,000 job(s), 1,000 pair(s) for reviewer offline; "), (
+        res.stdout
+    )
+    assert "skipped 0" in res.stdout
+    selected = run_cli("select", "--all-gates", "--model", "offline", "--json").stdout
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", input=selected)
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == "0 job(s) created, 1,000 pair(s) skipped\n"
+    res = run_cli("create-jobs", "--input", "-", "--grouping", "note", "--json", input=selected)
+    assert len(json.loads(res.stdout)["skipped"]) == 1000
+
+
 def test_a_small_phone_shows_the_tiles_two_a_row(night, browser, tmp_path):
     """On a 320-px phone (or 400 % zoom) the seven tiles stood one a row, some 500 px: the
     first screen held the tiles alone, and what needs you began below it."""

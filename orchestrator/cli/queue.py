@@ -219,7 +219,7 @@ def enqueue_cmd(ws: Workspace, as_json: bool, **opts) -> None:
 
     pairs = sum(len(j.pairs) for j in res.jobs)
     click.echo(
-        f"queued {len(res.jobs)} job(s), {pairs} pair(s) for reviewer {req.reviewer}; "
+        f"queued {len(res.jobs):,} job(s), {pairs:,} pair(s) for reviewer {req.reviewer}; "
         f"{skipped_count(res.skipped)}{res.taken_over_words()}"
     )
 

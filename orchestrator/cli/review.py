@@ -249,7 +249,7 @@ def create_jobs_cmd(
             click.echo(
                 f"job {job.review_job_id}: {len(job.pairs)} pair(s)  prompt {job.prompt_path}  output {job.bundle_output_path}"
             )
-        click.echo(f"{len(batch.jobs)} job(s) created, {len(batch.skipped)} pair(s) skipped")
+        click.echo(f"{len(batch.jobs):,} job(s) created, {len(batch.skipped):,} pair(s) skipped")
     for s in batch.skipped:
         click.echo(f"skipped: {shown(s.note_path)} {shown(s.gate_id)}: {shown(s.why)}", err=True)
 
