@@ -450,7 +450,8 @@ _LOGS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 def _code_strings_and_events() -> tuple[set[str], set[str]]:
     """Every string constant of the code, and the events it logs by a literal name (the
-    first argument of a log call, or either name of a conditional one)."""
+    first argument of a log call, or either name of a conditional one), or composes from
+    one: ``write_each``'s ``what`` with ``_failed`` and ``_written``, a ``Later``'s event."""
     import ast
 
     strings, events = set(), set()
@@ -458,6 +459,12 @@ def _code_strings_and_events() -> tuple[set[str], set[str]]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 strings.add(node.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                said = {k.arg: k.value for k in node.keywords}
+                if node.func.id == "write_each" and isinstance(said.get("what"), ast.Constant):
+                    events |= {f"{said['what'].value}_{end}" for end in ("failed", "written")}
+                elif node.func.id == "Later" and isinstance(node.args[0], ast.Constant):
+                    events.add(node.args[0].value)
             elif (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
