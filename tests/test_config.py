@@ -896,6 +896,20 @@ def test_the_help_of_name_says_it_runs_a_sweeps_entry(run_cli, command):
     assert "the [[sweeps]] entry of that name" in " ".join(res.stdout.split())
 
 
+def test_no_commands_help_says_none_of_a_range(run_cli):
+    """P72: `--budget-usd`, a number with no bound (its check says "0 or more"), was
+    printed by click as "--budget-usd NUMBER  Start no new attempt … reaches it.
+    [x<=None]" in `enqueue --help` and `sweep --help`."""
+    import click
+
+    from orchestrator.cli import cli
+
+    names = cli.list_commands(click.Context(cli))
+    assert "sweep" in names
+    said = {name: run_cli(name, "--help").stdout for name in names}
+    assert {name: text for name, text in said.items() if "None" in text} == {}
+
+
 def _immutable(path) -> bool:
     """chattr +i: even root cannot write it (tests run as root, where modes do not stop it)."""
     import shutil

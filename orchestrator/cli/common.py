@@ -417,6 +417,13 @@ class NumberWithin(click.FloatRange):
 
     name = "number"
 
+    def _describe_range(self) -> str:
+        # With no bound (a check of its own says what it takes), click's help said
+        # "[x<=None]" (P72).
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()
+
 
 SQL_INT = Whole("a count")
 JOB_ID = Whole("a job id")
