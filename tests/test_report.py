@@ -1023,6 +1023,17 @@ def test_status_writes_every_count_with_thousands_separators(night):
     assert "escalations open: 10,011" in said and "total $12,345.5000" in said, said
 
 
+def test_the_no_worker_line_writes_its_count_with_thousands_separators():
+    """`status` and the page's "Jobs that do not move" said "20000 job(s) wait and no
+    worker has been heard from …" beside counts written "24,120" (U100)."""
+    from orchestrator.state.status import idle_words
+
+    heard = {"last_heard_at": "2026-11-29T03:00:00.000Z", "last_heard_from": "host:123"}
+    for control_runs in (False, True):
+        said = idle_words(20_000, control_runs, heard, "2026-11-29T07:00:00.000Z")
+        assert said.startswith("20,000 job(s) wait") and _bare_counts(said) == [], said
+
+
 def test_a_notes_escalations_changed_since_their_fails_are_one_line_in_the_terminal(night):
     """On `bench/report.py`'s night each of the first five notes, escalated on eight gates
     and edited since, had "changed since its FAIL (…): a reject holds the pair as it is

@@ -790,11 +790,11 @@ def idle_words(waiting: int, control_runs: bool, heard: dict, now: str) -> str:
     if not control_runs:
         # A control alone runs nothing: "start one (reviewq control)" left the jobs waiting.
         return (
-            f"{waiting} job(s) wait and no control process is running, and no worker has "
+            f"{waiting:,} job(s) wait and no control process is running, and no worker has "
             f"been heard from {since}: start one of each (reviewq control; reviewq worker)"
         )
     return (
-        f"{waiting} job(s) wait and no worker has been heard from {since}; start one: "
+        f"{waiting:,} job(s) wait and no worker has been heard from {since}; start one: "
         "reviewq worker (reviewq doctor --worker on its machine)"
     )
 
