@@ -929,6 +929,38 @@ def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
     assert job["status"] == "queued", job
 
 
+@pytest.mark.parametrize("place", ["managed-settings.json", "managed-settings.d/10-site.json"])
+def test_a_machines_claude_managed_settings_env_over_the_profile_s_is_refused_naming_it(
+    netns, model, home, vkb, tmp_path, place
+):
+    """Claude Code reads the administrator's settings, /etc/claude-code/managed-settings.json
+    and the files of managed-settings.d/, above every other, and puts their ``env`` over its
+    environment as it does the person's: B52 read the person's file and the KB's alone, so
+    such an env sent the review to the machine's endpoint, whose 401 paused the profile as
+    "auth: Invalid API key" whatever key reviewq.toml gave. Refused before Claude starts,
+    naming the file, and said by doctor."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    site = {"ANTHROPIC_BASE_URL": model.url("auth"), "ANTHROPIC_API_KEY": "sk-ant-site"}
+    (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
+    job_id = make_job(netns, mine, vkb.root)
+    asked = len(model.requests("auth"))
+    prefix = _with_machine_files(tmp_path, "claude-code", {place: json.dumps({"env": site})})
+    res = _run_with_machine_files(
+        prefix, netns, mine, vkb, "run-job", str(job_id), "--reviewer", "claude"
+    )
+    assert len(model.requests("auth")) == asked, (
+        res.stdout + res.stderr
+    )  # the machine's endpoint was not asked
+    [a] = rows(vkb.root, "SELECT outcome, reasons FROM attempts")
+    assert a["outcome"] == "launch-failure", a
+    [reason] = json.loads(a["reasons"])
+    said = f"/etc/claude-code/{place}: its env gives ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL a value of its own"
+    assert said in reason and "sk-ant" not in reason, reason
+    doctor = _run_with_machine_files(prefix, netns, mine, vkb, "doctor")
+    assert f"problem: reviewer claude (claude): {said}" in doctor.stdout + doctor.stderr
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_sweep_with_the_real_cli(netns, model, home, vkb, vendor):
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))
@@ -2077,38 +2109,48 @@ def test_codex_loads_its_config_for_a_job_folder_named_with_an_emoji(tmp_path: P
     assert "Error loading config" not in said, said
 
 
-def _with_machine_codex_files(tmp_path: Path, files: dict[str, str]) -> list[str]:
+def _with_machine_files(tmp_path: Path, folder: str, files: dict[str, str]) -> list[str]:
     """The command prefix that runs a command with ``files`` (name: text) in the machine's
-    /etc/codex: /etc is an overlay of the test's own, in a mount namespace of the
+    /etc/``folder``: /etc is an overlay of the test's own, in a mount namespace of the
     command's, so nothing is left in the machine's."""
     upper, work = tmp_path / "etc-upper", tmp_path / "etc-work"
-    (upper / "codex").mkdir(parents=True)
+    (upper / folder).mkdir(parents=True)
     work.mkdir()
     for name, text in files.items():
-        (upper / "codex" / name).write_text(text)
+        (upper / folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (upper / folder / name).write_text(text)
     overlay = f"lowerdir=/etc,upperdir={upper},workdir={work}"
     script = f'mount --make-rprivate / && mount -t overlay overlay -o {overlay} /etc && exec "$@"'
     return ["unshare", "-m", "sh", "-c", script, "sh"]
 
 
-def _run_job_with_machine_codex_files(
-    netns, mine: Path, vkb, tmp_path: Path, job_id: int, files: dict[str, str]
+def _run_with_machine_files(
+    prefix: list[str], netns, mine: Path, vkb, *args: str
 ) -> subprocess.CompletedProcess:
-    """``reviewq run-job`` of ``job_id`` with Codex, with ``files`` in the machine's
-    /etc/codex for the run (:func:`_with_machine_codex_files`)."""
+    """``reviewq *args`` in ``prefix``'s /etc (:func:`_with_machine_files`)."""
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(mine),
         "TMPDIR": str(mine / "tmp"),
         "LANG": "C.UTF-8",
     }
-    res = subprocess.run(
-        [*_with_machine_codex_files(tmp_path, files), *_in(netns), str(REVIEWQ)]
-        + ["--root", str(vkb.root), "run-job", str(job_id), "--reviewer", "codex"],
+    return subprocess.run(
+        [*prefix, *_in(netns), str(REVIEWQ), "--root", str(vkb.root), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def _run_job_with_machine_codex_files(
+    netns, mine: Path, vkb, tmp_path: Path, job_id: int, files: dict[str, str]
+) -> subprocess.CompletedProcess:
+    """``reviewq run-job`` of ``job_id`` with Codex, with ``files`` in the machine's
+    /etc/codex for the run (:func:`_with_machine_files`)."""
+    prefix = _with_machine_files(tmp_path, "codex", files)
+    res = _run_with_machine_files(
+        prefix, netns, mine, vkb, "run-job", str(job_id), "--reviewer", "codex"
     )
     assert not Path("/etc/codex").exists()
     return res
@@ -2236,7 +2278,7 @@ def _run_job_with_codex_in_its_own_etc(
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     wrapper = tmp_path / "codex-in-its-own-etc"
-    prefix = _with_machine_codex_files(tmp_path, files)
+    prefix = _with_machine_files(tmp_path, "codex", files)
     wrapper.write_text(f'#!/bin/sh\nexec {shlex.join([*prefix, str(BIN["codex"])])} "$@"\n')
     wrapper.chmod(0o755)
     config = profiles(model, scenario).replace(

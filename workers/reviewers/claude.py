@@ -71,6 +71,9 @@ _SESSION_ID = re.compile(r"[0-9a-fA-F-]{8,64}")
 _ANSWERED = re.compile(r"\(HTTP (\d{3})\)")
 # The tools no attempt goes without, and what each does for it.
 _NEEDED = {"Read": "read its prompt", "Write": "write its output"}
+# The administrator's settings on Linux, above every other file's (the drop-ins' too, read
+# in name order): their env is put over Claude's environment like the person's.
+_MANAGED = Path("/etc/claude-code")
 
 
 class ClaudeReviewer(Reviewer):
@@ -292,12 +295,17 @@ class ClaudeReviewer(Reviewer):
         return self._env_outranked(None)
 
     def _env_outranked(self, root: Path | None) -> str | None:
-        """The settings file (the person's; the KB ``root``'s own) whose ``env`` gives a
-        variable of the profile's env another value, in one line; None: none does. Claude
-        Code puts a settings file's env over its own environment: the profile's endpoint
-        and key went unused, and a review went to the person's endpoint (an expired key
-        there paused the profile whatever key reviewq.toml gave)."""
-        files = [self._home() / "settings.json"]
+        """The settings file (the machine's managed ones, the person's, the KB ``root``'s
+        own) whose ``env`` gives a variable of the profile's env another value, in one
+        line; None: none does. Claude Code puts a settings file's env over its own
+        environment: the profile's endpoint and key went unused, and a review went to the
+        person's endpoint (an expired key there paused the profile whatever key
+        reviewq.toml gave)."""
+        try:  # no is_dir(): a folder this user may not read is one Claude cannot either
+            drop_ins = sorted(_MANAGED.joinpath("managed-settings.d").glob("[!.]*.json"))
+        except OSError:
+            drop_ins = []
+        files = [_MANAGED / "managed-settings.json", *drop_ins, self._home() / "settings.json"]
         if root is not None:
             files += [root / ".claude" / "settings.json", root / ".claude" / "settings.local.json"]
         for path in files:
