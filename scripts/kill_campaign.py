@@ -8,6 +8,7 @@ job left open, an agent left running, a log line that is not JSON, 'database is 
 
     .venv/bin/python scripts/kill_campaign.py --seeds 20 --jobs 200
     .venv/bin/python scripts/kill_campaign.py --seeds 5 --redis   # the same on redis-server
+    .venv/bin/python scripts/kill_campaign.py --seeds 5 --fix     # with fixes and re-reviews
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-gap", type=float, default=1.5)
     ap.add_argument("--drain-timeout", type=float, default=600)
     ap.add_argument("--redis", action="store_true", help="the queue on a redis-server")
+    ap.add_argument(
+        "--fix",
+        action="store_true",
+        help="enqueue with --fix: half the notes FAIL, are fixed and re-reviewed",
+    )
     ap.add_argument("--keep", action="store_true", help="keep each seed's folder")
     ap.add_argument("--json", dest="json_out", help="write every row and violation here")
     args = ap.parse_args(argv)
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 gap=(args.min_gap, args.max_gap),
                 drain_timeout=args.drain_timeout,
                 queue_url=redis.url if redis else "",
+                fix=args.fix,
             )
             res = run_campaign(cfg, workdir)
         finally:

@@ -40,14 +40,18 @@ PARTITION = "fake"
 TERMINAL = ("completed", "failed", "split")
 WATCHES = (["title"], ["description"], ["body"], ["title", "body"])
 LOCKED = "database is locked"
+# A campaign with fixes: a review PASSes a note holding this line, FAILs it otherwise, and
+# the fixer appends it; half the notes are written with it (their reviews PASS).
+FIX_LINE = "Fixed by the fake fixer."
 
 
 # --- the KB and its configuration -------------------------------------------------------------
 
 
-def build_kb(root: Path, notes: int, gates: int) -> list[tuple[str, str]]:
+def build_kb(root: Path, notes: int, gates: int, fix: bool = False) -> list[tuple[str, str]]:
     """``notes`` notes and ``gates`` gates, each gate in a lens of its own, so that
-    ``--grouping note`` packs one pair per job. Returns every (note_path, gate_id)."""
+    ``--grouping note`` packs one pair per job; with ``fix``, every other note holds
+    :data:`FIX_LINE`. Returns every (note_path, gate_id)."""
     gate_ids = []
     for g in range(gates):
         lens, name = f"lens{g}", f"check{g}"
@@ -68,7 +72,8 @@ def build_kb(root: Path, notes: int, gates: int) -> list[tuple[str, str]]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             f"---\ntitle: Note {n}\ndescription: What note {n} says.\n---\n\n"
-            f"# Note {n}\n\nThe body of note {n}, long enough to review.\n",
+            f"# Note {n}\n\nThe body of note {n}, long enough to review.\n"
+            + (f"{FIX_LINE}\n" if fix and n % 2 else ""),
             encoding="utf-8",
         )
         note_paths.append(rel)
@@ -775,22 +780,30 @@ def check(root: Path, expected: list[tuple[str, str]], partition: str = PARTITIO
         }
         c.accepted, c.escalated = len(accepted), len(escalated)
         c.losses = sorted(set(expected) - accepted - escalated)
-        # Accepted exactly once: one decided pair of a completed review job per (note, gate)...
+        # Accepted exactly once: one decided pair of a completed review job per (note, gate)
+        # and text of the note (a fix's re-review decides the pair again, of the new text)...
         c.duplicates = [
-            tuple(r)
+            (r[0], r[1], r[2])
             for r in conn.execute(
                 "SELECT p.note_path, p.gate_id, count(*) FROM review_pairs p JOIN review_jobs j "
                 "ON j.id = p.job_id WHERE j.kind = 'review' AND j.status = 'completed' AND "
-                "j.model_partition = ? AND p.decision IS NOT NULL GROUP BY 1, 2 HAVING count(*) > 1",
+                "j.model_partition = ? AND p.decision IS NOT NULL "
+                "GROUP BY p.note_path, p.gate_id, p.note_snapshot_id HAVING count(*) > 1",
                 (partition,),
             )
         ]
-        # ...and no acceptance row written twice: every insert or update bumps the counter.
+        # ...and no acceptance row written twice: every insert or update bumps the counter,
+        # once for each such decision.
         version = conn.execute(
             "SELECT value FROM counters WHERE name = 'acceptance_version'"
         ).fetchone()[0]
-        rows = conn.execute("SELECT count(*) FROM acceptance").fetchone()[0]
-        c.reacceptances = version - rows
+        decided = conn.execute(
+            "SELECT count(*) FROM review_pairs p JOIN review_jobs j ON j.id = p.job_id "
+            "WHERE j.kind = 'review' AND j.status = 'completed' AND j.model_partition = ? "
+            "AND p.decision IS NOT NULL",
+            (partition,),
+        ).fetchone()[0]
+        c.reacceptances = version - decided
         c.without_evidence = [
             (r[0], r[1])
             for r in conn.execute(
@@ -824,6 +837,19 @@ def check(root: Path, expected: list[tuple[str, str]], partition: str = PARTITIO
     return c
 
 
+def fixes_miswritten(root: Path, notes: set[str]) -> list[str]:
+    """The notes whose :data:`FIX_LINE` count is not the number of fixes written to them
+    (fix_writes, one row a write): a fix applied twice, or one recorded and not written."""
+    with contextlib.closing(state_db(root)) as conn:
+        written = Counter(r[0] for r in conn.execute("SELECT path FROM fix_writes"))
+    built = {n for n in notes if int(n.rsplit("-", 1)[1].removesuffix(".md")) % 2}
+    return sorted(
+        n
+        for n in notes
+        if (root / n).read_text(encoding="utf-8").count(FIX_LINE) != written[n] + (n in built)
+    )
+
+
 # --- the kill campaign --------------------------------------------------------------------------
 
 
@@ -840,6 +866,7 @@ class CampaignConfig:
     control_weight: float = 1 / 3  # the chance a kill hits the control process
     drain_timeout: float = 600
     queue_url: str = ""
+    fix: bool = False  # enqueue with --fix: half the notes FAIL, are fixed and re-reviewed
 
 
 @dataclass
@@ -858,6 +885,7 @@ class CampaignResult:
     stop_codes: dict[str, int | None] = field(default_factory=dict)
     check: Check = field(default_factory=Check)
     error: str = ""
+    fixes_miswritten: list[str] = field(default_factory=list)  # (fixes_miswritten)
 
     @property
     def kills_control(self) -> int:
@@ -892,8 +920,15 @@ class CampaignResult:
             v.append(
                 f"the final sweep exited {self.sweep_code}: {self.sweep_stderr.strip()[-500:]}"
             )
-        if self.sweep_new_jobs:
+        # With fixes, a fix's write can leave a pair its re-review did not cover stale (a
+        # gate watching the whole body): the drain's sweep reviews it, as a night's would.
+        if self.sweep_new_jobs and not self.config.fix:
             v.append(f"the final sweep enqueued {self.sweep_new_jobs} new job(s); 0 expected")
+        if self.fixes_miswritten:
+            v.append(
+                f"{len(self.fixes_miswritten)} note(s) whose fixes were not each written once: "
+                f"{self.fixes_miswritten[:5]}"
+            )
         if self.orphans_left:
             v.append(
                 f"{len(self.orphans_left)} agent process(es) left running: "
@@ -942,13 +977,15 @@ def run_campaign(cfg: CampaignConfig, workdir: Path | None = None, log=print) ->
     root = Path(tempfile.mkdtemp(prefix=f"kills-{cfg.seed}-", dir=workdir)).resolve()
     res = CampaignResult(cfg, root)
     notes = math.ceil(cfg.jobs / cfg.gates)
-    expected = build_kb(root, notes, cfg.gates)
-    write_config(root, queue_url=cfg.queue_url, fake_sleep=cfg.fake_sleep)
+    expected = build_kb(root, notes, cfg.gates, cfg.fix)
+    fixing = {"FAKE_PASS_IF_CONTAINS": FIX_LINE, "FAKE_FIX_APPEND": FIX_LINE} if cfg.fix else None
+    write_config(root, queue_url=cfg.queue_url, fake_sleep=cfg.fake_sleep, fake_env=fixing)
     cluster = Cluster(root, workers=cfg.workers, threads=cfg.threads)
     targets = ["control", *cluster.worker_names()]
     try:
         cluster.start()
-        enq = cluster.rq("enqueue", "--all-gates", "--reviewer", "fake", "--json")
+        fix = ["--fix"] if cfg.fix else []
+        enq = cluster.rq("enqueue", "--all-gates", "--reviewer", "fake", *fix, "--json")
         if enq.returncode != 0:
             raise RuntimeError(f"enqueue failed: {enq.stderr.strip()[-500:]}")
         res.enqueued_jobs = len(json.loads(enq.stdout)["jobs"])
@@ -979,6 +1016,7 @@ def run_campaign(cfg: CampaignConfig, workdir: Path | None = None, log=print) ->
     res.orphans_left = agent_processes(root)
     kill_agents(res.orphans_left)
     res.check = check(root, expected)
+    res.fixes_miswritten = fixes_miswritten(root, {n for n, _ in expected}) if cfg.fix else []
     events, _ = read_log(root / ".reviewq")
     res.orphans_reaped = sum(
         len(e.get("process_groups") or []) for e in events if e["event"] == "worker.reaped_orphans"
