@@ -9,6 +9,7 @@ invariant read back from state.db, the log and /proc.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -20,7 +21,15 @@ from orchestrator.review.finalize import finalize
 from orchestrator.state.workspace import Workspace
 from orchestrator.sweeps.producer import SweepRequest, enqueue
 
-from .harness import CampaignConfig, build_kb, format_row, header, run_campaign, write_config
+from .harness import (
+    CampaignConfig,
+    build_kb,
+    format_row,
+    header,
+    run_campaign,
+    state_db,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 SEED = int(os.environ.get("REVIEWQ_KILL_SEED", "7"))
@@ -76,6 +85,22 @@ def test_short_kill_campaign_on_redis(tmp_path):
     _assert_campaign(res)
     assert res.check.accepted == 40
     assert not (res.root / ".reviewq" / "queue").exists()  # the queue really was Redis
+
+
+@pytest.mark.timeout(240)
+def test_short_kill_campaign_with_fixes(tmp_path):
+    """Fixes and re-reviews, which dispatch takes before first reviews (C101-C103), under
+    the same kills: nothing lost or accepted twice of one text, each fix written once."""
+    res = run_campaign(
+        CampaignConfig(seed=SEED + 2, jobs=48, gates=4, kills=4, workers=2, threads=2, fix=True),
+        workdir=tmp_path,
+    )
+    print(_report(res))
+    _assert_campaign(res)
+    with contextlib.closing(state_db(res.root)) as conn:
+        fixes = conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
+        decided = dict(conn.execute("SELECT decision, count(*) FROM acceptance GROUP BY 1"))
+    assert fixes >= 6 and decided == {"PASS": 48}, _report(res)  # each FAILing note fixed
 
 
 def _bundle_output(pairs: list[tuple[str, str]]) -> bytes:
