@@ -98,9 +98,11 @@ def test_short_kill_campaign_with_fixes(tmp_path):
     print(_report(res))
     _assert_campaign(res)
     with contextlib.closing(state_db(res.root)) as conn:
-        fixes = conn.execute("SELECT count(*) FROM review_jobs WHERE kind = 'fix'").fetchone()[0]
-        decided = dict(conn.execute("SELECT decision, count(*) FROM acceptance GROUP BY 1"))
-    assert fixes >= 6 and decided == {"PASS": 48}, _report(res)  # each FAILing note fixed
+        fixed = {r[0] for r in conn.execute("SELECT path FROM fix_writes")}
+    # Each FAILing note (every other one) fixed. Not every pair PASSes in the end: a first
+    # review ending after its note's fix judged the text replaced (RELIABILITY, the review
+    # of stop 50's dispatch order).
+    assert fixed == {f"kb/notes/note-{n:04d}.md" for n in range(0, 12, 2)}, _report(res)
 
 
 def _bundle_output(pairs: list[tuple[str, str]]) -> bytes:
