@@ -901,8 +901,13 @@ def test_a_persons_claude_settings_env_over_the_profile_s_is_refused_naming_it(
             "Claude Code's permissions refused the write of its output, "
             ".reviewq/jobs/review-job-1/attempt-1/bundle-output.md",
         ),
+        (
+            ["Read(**/prompt.md)"],
+            "Claude Code's permissions refused the read of its prompt, "
+            ".reviewq/jobs/review-job-1/attempt-1/prompt.md",
+        ),
     ],
-    ids=["write", "read", "state-folder"],
+    ids=["write", "read", "state-folder", "prompt"],
 )
 def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
     netns, model, home, vkb, tmp_path, denied, said
@@ -911,7 +916,9 @@ def test_a_persons_claude_deny_of_write_is_the_profile_s_failure_not_the_job_s(
     tool away before any permission is asked: the model's call was "No such tool
     available" (a Read deny refuses the output's Write too), Claude exited 0, and every
     job was a no-output counted against it (failed at run-job's one attempt) for the
-    person's setting. So was one whose rule covers the state folder (B55)."""
+    person's setting. So was one whose rule covers the state folder (B55), and one that
+    refuses the read of the attempt's prompt alone (B57: the model, given no task, wrote
+    an empty output, and the job failed at once as "output is empty")."""
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     (mine / ".claude").mkdir(exist_ok=True)

@@ -204,14 +204,14 @@ class ClaudeReviewer(Reviewer):
                 "`permissions.deny` rule of the person's or the KB's settings), so it cannot "
                 + " or ".join(_NEEDED[m] for m in missing)
             )
-        if t.failure is None and _output_denied(spec, r.get("permission_denials")):
+        if t.failure is None and (own := _own_file_denied(spec, r.get("permission_denials"))):
             # Only a rule of the person's (or the KB's) settings refuses the one file
-            # reviewq's rules let it write: every attempt's, not the job's doing.
+            # reviewq's rules let it write, or the prompt it reads: every attempt's, not
+            # the job's doing.
             t.failure = "config"
             t.error = bounded(
-                f"Claude Code's permissions refused the write of its output, "
-                f"{_shown(spec, spec.output_path)} (a `permissions.deny` rule of the "
-                "person's or the KB's settings)"
+                f"Claude Code's permissions refused {own} (a `permissions.deny` rule of "
+                "the person's or the KB's settings)"
             )
         return t
 
@@ -351,13 +351,17 @@ def _shown(spec: AttemptSpec, path: str | Path) -> str:
     return str(path).removeprefix(str(spec.root.resolve()) + "/")
 
 
-def _output_denied(spec: AttemptSpec, denials: object) -> bool:
-    """Whether Claude's permissions refused a write of the attempt's own output."""
-    output = os.path.realpath(spec.output_path)
-    return any(
-        path is not None and os.path.realpath(Path(spec.root, path)) == output
-        for _, path in _denied_paths(denials)
-    )
+def _own_file_denied(spec: AttemptSpec, denials: object) -> str | None:
+    """What of the attempt's own Claude's permissions refused, said ("the write of its
+    output, PATH"): the output it writes or the prompt it reads; None if neither."""
+    own = {
+        os.path.realpath(spec.output_path): ("the write of its output", spec.output_path),
+        os.path.realpath(spec.prompt_path): ("the read of its prompt", spec.prompt_path),
+    }
+    for _, path in _denied_paths(denials):
+        if path is not None and (hit := own.get(os.path.realpath(Path(spec.root, path)))):
+            return f"{hit[0]}, {_shown(spec, hit[1])}"
+    return None
 
 
 def _refused(spec: AttemptSpec, denials: object) -> str | None:
