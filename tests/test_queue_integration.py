@@ -554,7 +554,10 @@ def test_a_worker_stopped_at_once_while_its_outcome_is_on_its_way_queues_it_only
     from .fault.harness import ContinueGate
 
     small_kb(kb, notes=1)
-    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE)
+    # A heartbeat due while control.db is held waits too, and the outcome behind it: on a
+    # loaded machine the agent's exit came past its first beat (F119). The first beat is
+    # awaited below; the next is a quarter of this lease away.
+    kb.write("reviewq.toml", fake_profile() + FAST_QUEUE.replace("= 2\n", "= 120\n", 1))
     gate = ContinueGate(tmp_path / "go")
     started = make_fifo(tmp_path, "started")
     env = {**os.environ, "FAKE_NOTIFY_FIFO": str(started), "FAKE_CONTINUE_FIFO": str(gate.path)}
@@ -565,6 +568,7 @@ def test_a_worker_stopped_at_once_while_its_outcome_is_on_its_way_queues_it_only
     try:
         assert rq(kb, "enqueue", "--reviewer", "fake", "frontmatter").returncode == 0
         await_fifo(started)
+        _await_logged(kb, "attempt.started")  # its first beat, a second after the launch
         outcomes = sqlite3.connect(kb.state / "queue" / "control.db", isolation_level=None)
         outcomes.execute("BEGIN IMMEDIATE")  # the outcome's send waits (and retries)
         gate.open_gate()
