@@ -1149,7 +1149,9 @@ def test_a_cli_that_refuses_a_flag_after_a_slow_start_is_a_launch_failure(
 READ_ONLY_HOME = {
     "claude": None,
     "codex": "Read-only file system (os error 30)",
-    "gemini": "An unexpected critical error occurred:Error: EROFS: read-only file system",
+    # Refused before it starts (B58): with a projects.json there from an earlier run, it
+    # retried its lock for good, silent, and the attempt ran to its deadline.
+    "gemini": ".gemini: Gemini CLI cannot write its home folder",
 }
 
 
@@ -1160,7 +1162,9 @@ def test_a_home_the_cli_cannot_write_is_a_launch_failure_in_its_words(
     """Gemini CLI 0.61 stops at its start when it cannot write ~/.gemini (its
     installation id, projects.json), ending its stderr with the stack of its critical
     error: the reason was its last frame, "at async main (file:///…/gemini-….js:17457:5)",
-    which says nothing of a read-only HOME."""
+    which says nothing of a read-only HOME. Once a run had left its projects.json there
+    (the module's HOME, an earlier test's), it tried to lock that file for good instead,
+    saying nothing, and the attempt was "no model answered within the deadline" (B58)."""
     mine = tmp_path / "home"
     shutil.copytree(home, mine, symlinks=True)
     (vkb.root / "reviewq.toml").write_text(profiles(model, "review"))

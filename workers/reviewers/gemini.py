@@ -136,6 +136,8 @@ class GeminiReviewer(Reviewer):
     known_versions = ("0.61.0", "0.61.0")
 
     def command(self, spec: AttemptSpec) -> Command:
+        if refused := self.machine_problem(spec.job_dir):
+            raise ValueError(refused)
         policy = spec.attempt_dir / "gemini-policy.toml"
         policy.parent.mkdir(parents=True, exist_ok=True)
         policy.write_text(policy_text(spec), encoding="utf-8")
@@ -359,6 +361,21 @@ class GeminiReviewer(Reviewer):
             for kept in ("tmp", "history"):
                 remove_tree(self._home() / kept / name)
             _unregister(self._home() / "projects.json", str(spec.job_dir.resolve()), name)
+
+    def machine_problem(self, job_dir: Path) -> str | None:
+        """Gemini CLI locks ``projects.json`` in its home as it starts, and in a folder it
+        cannot write (a read-only mount) it tries the lock again for good, saying nothing:
+        the attempt ran to its deadline, said as "no model answered", and paused the
+        reviewer as if its endpoint were down (B58). A home with no ``.gemini`` yet it
+        cannot make, Gemini refuses at once in its own words (B48)."""
+        home = self._home()
+        if home.is_dir() and not os.access(home, os.W_OK):
+            return (
+                f"{home}: Gemini CLI cannot write its home folder, where it locks "
+                "projects.json as it starts (it would wait for that lock until the deadline): "
+                "give the profile a HOME or GEMINI_CLI_HOME it can write"
+            )
+        return None
 
     def _home(self) -> Path:
         home = self.env_value("GEMINI_CLI_HOME") or self.env_value("HOME")
