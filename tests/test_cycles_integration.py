@@ -1548,6 +1548,15 @@ def run_in_turn(kb, steps, fixer: str = "fake") -> None:  # noqa: ANN001 - (kind
             assert res.returncode == 0, res.stderr
 
 
+def run_rounds_until_none_queued(kb, rounds: int = 8) -> None:
+    """:data:`ROUND` again until no review or fix is queued, at most ``rounds`` times."""
+    for _ in range(rounds):
+        run_in_turn(kb, ROUND)
+        if (queued_job(kb, "review"), queued_job(kb, "fix")) == (None, None):
+            return
+    pytest.fail(f"jobs are still queued after {rounds} rounds")
+
+
 def fixes_of(kb, gate_id: str) -> list[int]:
     with db(kb) as conn:
         return [
@@ -1567,12 +1576,7 @@ def test_a_fail_whose_fix_was_skipped_for_another_lens_is_fixed_twice_before_it_
     open. Its third FAIL escalated it, a gate no fix had ever carried, its report reading
     "fixer fake" as if the fixer had tried twice."""
     two_lenses_failing(kb)
-    for _ in range(8):
-        run_in_turn(kb, ROUND)
-        if (queued_job(kb, "review"), queued_job(kb, "fix")) == (None, None):
-            break
-    else:
-        pytest.fail("jobs are still queued after 8 rounds")
+    run_rounds_until_none_queued(kb)
     prose, sentence = fixes_of(kb, "prose/body-check"), fixes_of(kb, "sentence/body-words")
     with db(kb) as conn:
         escs = {e["gate_id"]: e for e in conn.execute("SELECT * FROM escalations")}
@@ -1611,12 +1615,7 @@ def test_a_notes_pairs_of_two_lenses_are_escalated_together_on_its_last_text(kb)
     rewrote the body, and the person was asked about a prose FAIL of a text gone, while
     the note was still being rewritten ("changed since its FAIL")."""
     two_lenses_failing(kb)
-    for _ in range(8):
-        run_in_turn(kb, ROUND)
-        if (queued_job(kb, "review"), queued_job(kb, "fix")) == (None, None):
-            break
-    else:
-        pytest.fail("jobs are still queued after 8 rounds")
+    run_rounds_until_none_queued(kb)
     assert escalated_on_a_text_gone(kb) == []
     with db(kb) as conn:
         (last_fix,) = conn.execute("SELECT max(id) FROM review_jobs WHERE kind = 'fix'").fetchone()

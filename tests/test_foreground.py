@@ -117,13 +117,18 @@ def test_a_reaper_between_run_jobs_end_and_its_finalize_does_not_take_the_attemp
     other.close()
 
 
-def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
+def _a_queued_fix(kb) -> tuple[str, int, Workspace]:
+    """A note whose one gate FAILed, and the fix job queued for it (the workspace open)."""
     kb.gate("prose/body-check", ["body"])
     note = kb.note("alpha", body="Alpha body.\n")
     kb.write("reviewq.toml", fake_profile())
     kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
     ws = Workspace.open(kb.root)
-    job_id = queue_fix(ws.kb, ws.store, ws.state_dir, note)
+    return note, queue_fix(ws.kb, ws.store, ws.state_dir, note), ws
+
+
+def test_run_job_of_a_fix_job_applies_the_fixed_note(kb, monkeypatch):
+    note, job_id, ws = _a_queued_fix(kb)
     monkeypatch.setenv("FAKE_FIX_APPEND", "FIXED by run-job.")
     res = run_job(ws, job_id, "fake")
     assert res.outcome.classification == "output", res.outcome.reasons
@@ -143,12 +148,7 @@ def test_the_note_run_job_gives_a_fixer_is_its_owners_alone_whatever_the_umask(k
     import os
     import stat
 
-    kb.gate("prose/body-check", ["body"])
-    note = kb.note("alpha", body="Alpha body.\n")
-    kb.write("reviewq.toml", fake_profile())
-    kb.accept("fake", [(note, "prose/body-check")], decision="FAIL")
-    ws = Workspace.open(kb.root)
-    job_id = queue_fix(ws.kb, ws.store, ws.state_dir, note)
+    _, job_id, ws = _a_queued_fix(kb)
     ws.close()
     umask = os.umask(0o022)
     try:

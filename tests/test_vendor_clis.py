@@ -692,16 +692,23 @@ def test_a_persons_gemini_hooks_do_not_run_beside_a_review(netns, model, home, v
     reviewed_leaving_the_kb(netns, model, mine, vkb, "gemini", planted=note)
 
 
+def _a_home_with_a_persons_mcp_server(home, vkb, tmp_path) -> tuple[Path, Path, dict]:
+    """A copy of the module's HOME whose Gemini settings (returned, not yet written) start
+    a person's MCP server that writes into the KB's note ``started.md``."""
+    mine = tmp_path / "home"
+    shutil.copytree(home, mine, symlinks=True)
+    note = vkb.root / "kb" / "notes" / "started.md"
+    data = json.loads((mine / ".gemini" / "settings.json").read_text())
+    data["mcpServers"] = {"kb": {"command": "sh", "args": ["-c", f"echo mcp >> {note}"]}}
+    return mine, note, data
+
+
 def test_a_persons_gemini_commands_do_not_start_beside_a_review(netns, model, home, vkb, tmp_path):
     """The commands a person's ~/.gemini/settings.json starts with every session, hooks
     aside: its MCP servers, its ``mcp.serverCommand`` and its ``tools.discoveryCommand``
     (run for the tools it lists); each wrote into the KB."""
-    mine = tmp_path / "home"
-    shutil.copytree(home, mine, symlinks=True)
-    note = vkb.root / "kb" / "notes" / "started.md"
+    mine, note, data = _a_home_with_a_persons_mcp_server(home, vkb, tmp_path)
     settings = mine / ".gemini" / "settings.json"
-    data = json.loads(settings.read_text())
-    data["mcpServers"] = {"kb": {"command": "sh", "args": ["-c", f"echo mcp >> {note}"]}}
     data["mcp"] = {"serverCommand": f"sh -c 'echo servercommand >> {note}'"}
     data["tools"] = {"discoveryCommand": f"sh -c 'echo discovery >> {note}; echo []'"}
     settings.write_text(json.dumps(data))
@@ -728,12 +735,8 @@ def test_a_gemini_profile_may_not_allow_the_persons_mcp_server_by_name(
     args it adds to reviewq's name that no server has, and the person's server so named
     started beside the review and wrote into the KB (the job failed as "the reviewer
     changed kb/notes/started.md"). Refused when the settings load, as ``--yolo`` is."""
-    mine = tmp_path / "home"
-    shutil.copytree(home, mine, symlinks=True)
-    note = vkb.root / "kb" / "notes" / "started.md"
+    mine, note, data = _a_home_with_a_persons_mcp_server(home, vkb, tmp_path)
     settings = mine / ".gemini" / "settings.json"
-    data = json.loads(settings.read_text())
-    data["mcpServers"] = {"kb": {"command": "sh", "args": ["-c", f"echo mcp >> {note}"]}}
     settings.write_text(json.dumps(data))
     job_id = make_job(netns, mine, vkb.root)
     (vkb.root / "reviewq.toml").write_text(
