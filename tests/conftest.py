@@ -117,6 +117,20 @@ def no_process_left() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def no_stop_marks_left() -> Iterator[None]:
+    """This process's stop marks clear when a test ends. A test whose Huey consumer took a
+    signal (test_doorbell's SIGINT to this process) left STOP_ASKED set, and K98's check
+    then abandoned every in-process attempt of a later test of that xdist worker as
+    "worker stopping before its agent started": eleven of test_remote_workers' failed
+    together, in the order xdist happened to give them (F120)."""
+    yield
+    attempt = sys.modules.get("workers.attempt")
+    if attempt is not None:
+        attempt.STOP_ASKED.clear()
+        attempt.STOPPING.clear()
+
+
+@pytest.fixture(autouse=True)
 def own_tmpdir(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
