@@ -588,7 +588,7 @@ def test_an_event_reviewq_does_not_write_is_bad_usage_naming_the_nearest(kb, run
     assert (res.exit_code, res.stdout) == (2, ""), res
     assert res.stderr == usage.format(
         "escalation.raisd",
-        "did you mean escalation.raised, escalation.skipped, escalation.decided?",
+        "did you mean escalation.raised, escalation.skipped, escalation.report_failed?",
     )
     res = run_cli("logs", "--event", "zzz")
     assert res.exit_code == 2 and "(its events are under acceptance., attempt., " in res.stderr
